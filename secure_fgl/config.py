@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: optimiser names accepted by ``--optimizer``
+OPTIMIZERS = ("adam", "sgd")
+
+
 class ConfigError(ValueError):
     """A run setting is invalid; the message names the setting and the fix."""
 
@@ -30,6 +34,7 @@ class RunConfig:
     hidden: int = 16
     num_layers: int = 2
     dropout: float = 0.5
+    optimizer: str = "adam"             # adam | sgd (FedGCN's released code: SGD, lr 0.5)
     lr: float = 0.01
     weight_decay: float = 5e-4
     rounds: int = 50
@@ -66,6 +71,8 @@ class RunConfig:
             raise ConfigError(f"--dp-epsilon must be > 0 (omit it for no DP), got {self.dp_epsilon}")
         if self.dp_placement not in ("local", "distributed"):
             raise ConfigError(f"--dp-placement must be 'local' or 'distributed', got {self.dp_placement!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.local_epochs < 1:
             raise ConfigError(f"--local-epochs must be >= 1, got {self.local_epochs}")
         return self

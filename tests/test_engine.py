@@ -41,11 +41,13 @@ def test_gin_forward_backward():
     out.sum().backward()
 
 
-def test_fedavg_with_one_client_equals_centralized():
+@pytest.mark.parametrize("optimizer, lr", [("adam", 0.01), ("sgd", 0.5)])
+def test_fedavg_with_one_client_equals_centralized(optimizer, lr):
     """With K=1 and one local epoch, FedAvg's averaged model is the client's model: the
-    same trajectory as centralized training on the whole graph."""
-    a = run_experiment(cfg(algorithm="fedavg", clients=1, partition="iid", rounds=8), progress=False)
-    b = run_experiment(cfg(algorithm="centralized", clients=1, partition="iid", rounds=8), progress=False)
+    same trajectory as centralized training on the whole graph, with either optimiser."""
+    opt = dict(clients=1, partition="iid", rounds=8, optimizer=optimizer, lr=lr)
+    a = run_experiment(cfg(algorithm="fedavg", **opt), progress=False)
+    b = run_experiment(cfg(algorithm="centralized", **opt), progress=False)
     ra = [r["test_acc"] for r in a["rounds"]]
     rb = [r["test_acc"] for r in b["rounds"]]
     assert ra == pytest.approx(rb, abs=1e-6)
@@ -71,6 +73,12 @@ def test_result_format_and_comm_from_transcript(tmp_path):
 def test_local_sends_nothing():
     res = run_experiment(cfg(algorithm="local"), progress=False)
     assert res["comm"]["bytes_up"] == 0
+
+
+def test_sgd_and_adam_train_differently():
+    sgd = run_experiment(cfg(optimizer="sgd", lr=0.5), progress=False)
+    adam = run_experiment(cfg(), progress=False)
+    assert [r["train_loss"] for r in sgd["rounds"]] != pytest.approx([r["train_loss"] for r in adam["rounds"]])
 
 
 def test_seeded_runs_are_reproducible():
@@ -105,7 +113,7 @@ def test_early_stopping_with_patience():
 
 @pytest.mark.parametrize("kw, needle", [
     (dict(rounds=0), "--rounds"), (dict(beta=0.0), "--beta"), (dict(clients=0), "--clients"),
-    (dict(mode="rot13"), "--mode"), (dict(algorithm="nope"), "--algorithm"),
+    (dict(mode="rot13"), "--mode"), (dict(algorithm="nope"), "--algorithm"), (dict(optimizer="lbfgs"), "--optimizer"),
 ])
 def test_bad_config_names_the_setting(kw, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -147,7 +147,9 @@ class ModelAveraging(FederatedAlgorithm):
                            num_layers=cfg.num_layers, dropout=cfg.dropout)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        """``--optimizer``: Adam (Kipf's setting, default) or plain SGD (FedGCN's released code)."""
+        opt = torch.optim.SGD if self.cfg.optimizer == "sgd" else torch.optim.Adam
+        return opt(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x, edge_index)`` client k trains on (FedGCN replaces x by received sums)."""
