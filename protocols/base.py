@@ -177,6 +177,18 @@ class Protocol(ABC):
         """Values one unit of transport carries (one ciphertext); rows are aligned to it."""
         return 1
 
+    def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
+        """Values per block of a :meth:`row_sum` in ``layout`` (default: :meth:`block_capacity`).
+        A backend may pick a smaller transport unit for the sparse layout, where a client
+        pays for every block it touches (finer blocks -> fewer untouched rows paid for)."""
+        return self.block_capacity(spec)
+
+    def rows_per_block(self, spec: ValueSpec, dim: int, num_rows: int, layout: str = "sparse") -> int:
+        """Public rows per block of a :meth:`row_sum` with rows of width ``dim``:
+        ``max(1, min(num_rows, capacity // dim))``.  A function of public shapes only, so
+        callers can plan a row numbering aligned to the blocks (FedGCN's ``row_order``)."""
+        return max(1, min(int(num_rows), self.row_block_capacity(spec, layout) // max(1, int(dim))))
+
     # ------------------------------------------------------------------ shape 1
     def weighted_sum(self, tag: str, rnd: int, values: Mapping[int, ArrayLike],
                      weights: Mapping[int, float] | None = None, *, spec: ValueSpec | None = None,
@@ -259,7 +271,7 @@ class Protocol(ABC):
             ids_np[k], rows_np[k] = ids, rows
         if dim is None:
             raise ShapeError("no contributions", tag=tag, round=rnd)
-        rpb = max(1, min(num_rows, self.block_capacity(spec) // dim))
+        rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
         if self.dp is not None and dp is not None:

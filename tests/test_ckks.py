@@ -470,3 +470,15 @@ def test_protocol_bench_quick(tmp_path):
         assert r["bytes_up_per_client"] > 0 and math.isfinite(r["max_abs_error"])
         if r["workload"].startswith("cora"):
             assert r["max_abs_error"] == 0
+
+
+def test_sparse_rows_use_the_smaller_ring_at_equal_bytes_per_value():
+    """Packed counts cost the same per value on N=4096 and N=8192; the sparse row_sum takes
+    the half-size blocks (fewer untouched rows paid for), the dense one keeps N=8192."""
+    ck = make_protocol("ckks", 10)
+    spec = ValueSpec(integer=True, max_abs=255.0, sum_max=255)
+    d = 1434
+    assert ck.rows_per_block(spec, d, 2708, "dense") == ck.block_capacity(spec) // d
+    sparse = ck.rows_per_block(spec, d, 2708, "sparse")
+    assert sparse == ck.row_block_capacity(spec, "sparse") // d
+    assert sparse < ck.rows_per_block(spec, d, 2708, "dense")
