@@ -74,11 +74,11 @@ def plan(args) -> list[dict]:
                        optimizer="adam", lr=0.01)
     for ds in args.datasets:
         for seed in args.seeds:
-            if "centralized" in args.methods:
+            if "centralized" in args.methods and not args.secure_only:
                 jobs.append(dict(dataset=ds, beta=10000.0, seed=seed, algorithm="centralized", hops=None,
                                  mode="plain", **central_cfg))
             for beta in args.betas:
-                for hops in args.hops:
+                for hops in ([] if args.secure_only else args.hops):
                     jobs.append(dict(dataset=ds, beta=float(beta), seed=seed, algorithm="fedgcn", hops=hops,
                                      mode="plain", **fed_cfg))
                 if beta in args.secure_betas:
@@ -183,6 +183,8 @@ def main(argv=None) -> None:
     ap.add_argument("--secure-modes", nargs="*", default=["ckks", "mask"])
     ap.add_argument("--secure-hops", nargs="+", type=int, default=[1])
     ap.add_argument("--secure-betas", nargs="*", type=float, default=[1.0, 100.0, 10000.0])
+    ap.add_argument("--secure-only", action="store_true",
+                    help="plan only the secure-mode runs (e.g. a second process beside a plain sweep)")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--local-epochs", type=int, default=3)
