@@ -31,6 +31,27 @@ def test_node_models_forward_backward(name):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_sgc_reuses_propagation_only_for_the_same_unmodified_input(dropout):
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(12, 5), torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    model = build_model("sgc", 5, 8, 3, dropout=dropout).eval()
+
+    def uncached(*inputs):                        # a new model with the same weights holds nothing
+        ref = build_model("sgc", 5, 8, 3, dropout=dropout).eval()
+        ref.load_state_dict(model.state_dict())
+        return ref(*inputs)
+
+    for inputs in [(x, edge_index), (x, edge_index), (torch.randn(12, 5), edge_index)]:
+        torch.testing.assert_close(model(*inputs), uncached(*inputs))
+    model(x, edge_index)
+    x.mul_(2.0)                                   # modified in place: the held propagation is stale
+    torch.testing.assert_close(model(x, edge_index), uncached(x, edge_index))
+    model.train()
+    model(x, edge_index).sum().backward()
+    assert model.conv.lin.weight.grad is not None
+
+
 def test_gin_forward_backward():
     x = torch.randn(7, 4)
     edge_index = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 0, 5, 6]])
