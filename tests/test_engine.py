@@ -52,6 +52,20 @@ def test_sgc_reuses_propagation_only_for_the_same_unmodified_input(dropout):
     assert model.conv.lin.weight.grad is not None
 
 
+@pytest.mark.parametrize("dims", [(40, 8), (8, 40)])
+def test_narrowing_sage_conv_equals_pyg_sage_conv(dims):
+    from torch_geometric.nn import SAGEConv
+
+    from secure_fgl.models.node import NarrowingSAGEConv
+    torch.manual_seed(0)
+    x = torch.randn(7, dims[0])
+    edge_index = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]])       # nodes 4-6 have no neighbours
+    ours, ref = NarrowingSAGEConv(*dims), SAGEConv(*dims)
+    torch.nn.init.normal_(ours.lin_l.bias)
+    ref.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x, edge_index), ref(x, edge_index))
+
+
 def test_gin_forward_backward():
     x = torch.randn(7, 4)
     edge_index = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 0, 5, 6]])

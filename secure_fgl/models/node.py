@@ -57,9 +57,24 @@ class GCN(_Stack):
                           for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout)
 
 
+class NarrowingSAGEConv(SAGEConv):
+    """Mean-aggregator ``SAGEConv`` (``W_l mean_{j in N(i)} x_j + b + W_r x_i``) that, when the
+    layer narrows (in > out channels), computes ``W_l mean_j x_j`` as ``mean_j (W_l x_j)``: the
+    same value (a mean commutes with a linear map; a node without neighbours gets ``b`` either
+    way), with the neighbour aggregation over ``out`` instead of ``in`` channels (PubMed's 500
+    features -> 64: ~8x less scatter work).  Same parameters and state dict as ``SAGEConv``."""
+
+    def forward(self, x, edge_index, size=None):
+        if not isinstance(x, torch.Tensor) or self.in_channels <= self.out_channels:
+            return super().forward(x, edge_index, size)
+        h = F.linear(x, self.lin_l.weight)
+        out = self.propagate(edge_index, x=(h, h), size=size) + self.lin_l.bias
+        return out + self.lin_r(x)
+
+
 class SAGE(_Stack):
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
-        super().__init__([SAGEConv(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout)
+        super().__init__([NarrowingSAGEConv(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout)
 
 
 class GAT(_Stack):
