@@ -66,6 +66,25 @@ def test_narrowing_sage_conv_equals_pyg_sage_conv(dims):
     torch.testing.assert_close(ours(x, edge_index), ref(x, edge_index))
 
 
+@pytest.mark.parametrize("density", [0.01, 0.9])
+def test_dropout_keeps_each_entry_with_probability_1_minus_p(density):
+    from secure_fgl.models.node import dropout
+    torch.manual_seed(0)
+    x = (torch.rand(400, 300) < density) * torch.randn(400, 300)
+    x.requires_grad_(True)
+    out = dropout(x, 0.3, True)
+    kept = out != 0
+    assert not kept[x == 0].any()                                   # zeros stay zero
+    torch.testing.assert_close(out[kept], x[kept] / 0.7)            # survivors rescaled
+    n = int((x != 0).sum())
+    rate = kept.sum().item() / n
+    assert abs(rate - 0.7) < 5 * (0.21 / n) ** 0.5                  # binomial, 5 sigma
+    out.sum().backward()
+    nz = x != 0
+    assert torch.equal(x.grad[nz] != 0, kept[nz])                    # gradient only through survivors
+    assert dropout(x, 0.3, False) is x
+
+
 def test_gin_forward_backward():
     x = torch.randn(7, 4)
     edge_index = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 0, 5, 6]])

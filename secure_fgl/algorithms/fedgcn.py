@@ -166,6 +166,7 @@ from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
 
 from ..config import ConfigError
 from ..data.federated import ClientSubgraph
+from ..models.node import dropout
 from .base import ModelAveraging
 
 #: tag of the pre-training exchange
@@ -461,7 +462,7 @@ class FedGCNNet(nn.Module):
         self.dropout = dropout
 
     def _layer(self, i: int, h: torch.Tensor, g: PropGraph) -> torch.Tensor:
-        h = F.dropout(h, self.dropout, self.training)
+        h = dropout(h, self.dropout, self.training)
         return self.lin(h) if i == 0 else self.convs[i - 1](h, g.edge_index, g.edge_weight)
 
     def embed(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:

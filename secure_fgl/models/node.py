@@ -18,6 +18,28 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv, SGConv
 
+#: :func:`dropout` draws its mask only at the non-zero entries below this density
+SPARSE_DROPOUT_DENSITY = 0.25
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout(x, p, training)`` in distribution, with the random mask drawn only at the
+    non-zero entries when ``x`` is mostly zero (a dropped zero is still zero): bag-of-words
+    inputs and their neighbour sums (Cora 1.3 %, CiteSeer 0.9 % non-zero) cost in proportion to
+    their non-zeros, as in Kipf & Welling's sparse dropout, instead of one random draw per entry."""
+    if not training or p == 0.0 or x.dim() != 2:
+        return F.dropout(x, p, training)
+    if p >= 1.0:
+        return torch.zeros_like(x)
+    if int(torch.count_nonzero(x)) > SPARSE_DROPOUT_DENSITY * x.numel():
+        return F.dropout(x, p, True)
+    rows, cols = x.nonzero(as_tuple=True)
+    keep = torch.rand(rows.numel(), device=x.device) >= p
+    rows, cols = rows[keep], cols[keep]
+    out = torch.zeros_like(x)
+    out[rows, cols] = x[rows, cols] / (1.0 - p)
+    return out
+
 
 class _Stack(nn.Module):
     """Layers applied in sequence with ReLU + dropout between them."""
@@ -34,12 +56,12 @@ class _Stack(nn.Module):
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """Hidden representation entering the last layer."""
         for layer in self.layers[:-1]:
-            x = F.dropout(x, self.dropout, self.training)
+            x = dropout(x, self.dropout, self.training)
             x = F.relu(self._layer(layer, x, edge_index))
         return x
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        h = F.dropout(self.embed(x, edge_index), self.dropout, self.training)
+        h = dropout(self.embed(x, edge_index), self.dropout, self.training)
         return self._layer(self.layers[-1], h, edge_index)
 
 
