@@ -164,7 +164,7 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     _dense_workload("floats_1e6" if not quick else f"floats_{nf}", "bench/floats", nf * 4, exact,
                     lambda proto: proto.weighted_sum("bench/floats", 0, vals, spec=spec_b),
                     k, wanted, records, skipped)
-    del vals, exact
+    vals = exact = None                     # free the arrays (the lambda above has run)
 
     # (c) 92,231-parameter model weighted_mean -----------------------------------------------
     nm = cfg["n_model"]
