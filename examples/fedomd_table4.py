@@ -13,6 +13,8 @@ every method -- the paper gives hidden 64 only for FedMLP):
 * ``FedOMD``            -- :mod:`secure_fgl.algorithms.fedomd` (GCN + 1 orthogonal layer + CMD);
 * ``FedOMD w/o CMD``    -- Table 6 "Ortho only" (``cmd_weight=0``);
 * ``FedOMD w/o Ortho``  -- Table 6 "CMD only" (plain GCN hidden layer, no L_ortho);
+* ``FedOMD [train vs all]`` -- the client side of eq. 11 over its training nodes, the global
+  statistics over all nodes (``stats_nodes='train_vs_all'``, eq. 11's ``Z^train`` literally);
 * ``... [dropout stats]`` -- the same with the moments taken from dropout (training-mode)
   passes, ``stats_pass='train'`` (see :mod:`secure_fgl.algorithms.fedomd`);
 * ``FedAvg (GCN)``      -- FedAvg of a 2-layer GCN;
@@ -29,10 +31,14 @@ Full run (days on a shared CPU)::
 
     python examples/fedomd_table4.py --data-root ../shared/datasets
 
-Reduced run (the one reported in the FedOMD issue note)::
+Reduced run (Cora M=3/5 and CiteSeer M=3, 3 seeds, at most 300 rounds, patience 100)::
 
     OMP_NUM_THREADS=1 python examples/fedomd_table4.py --data-root ../shared/datasets \\
-        --datasets cora --parties 3 5 --seeds 0 1 --rounds 300 --patience 100 --out runs/fedomd_table4_small
+        --datasets cora --parties 3 5 --seeds 0 1 2 --rounds 300 --patience 100 \\
+        --methods "FedOMD" "FedOMD w/o CMD" "FedOMD w/o Ortho" "FedOMD [train vs all]" \\
+                  "FedAvg (GCN)" "LocGCN" "FedProx (MLP)" "FedProx (GCN)" "FedGCN" \\
+        --out runs/fedomd_table4_fixed
+    # then the same with --datasets citeseer --parties 3 (same --out: one table)
 
 Every run writes ``<out>/<dataset>/M<m>/<method>-<mode>/seed<s>/result.json`` and is skipped when
 that file exists (an interrupted sweep resumes); ``<out>/table4.md`` is rewritten from all results
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -79,7 +86,7 @@ PAPER = {
     ("photo", "FedGCN"): {3: 57.82, 5: 53.65, 7: 51.69, 9: 49.04},
 }
 RESOLUTION = {"cora": 1.0, "citeseer": 1.0, "computers": 20.0, "photo": 20.0}
-METHODS = ("FedOMD", "FedOMD w/o CMD", "FedOMD w/o Ortho", "FedOMD [dropout stats]",
+METHODS = ("FedOMD", "FedOMD w/o CMD", "FedOMD w/o Ortho", "FedOMD [train vs all]", "FedOMD [dropout stats]",
            "FedOMD w/o Ortho [dropout stats]", "FedAvg (GCN)", "LocGCN", "FedMLP",
            "FedProx (MLP)", "FedProx (GCN)", "FedGCN")
 #: method -> (algorithm, model, options)
@@ -87,6 +94,7 @@ SPEC = {
     "FedOMD": ("fedomd", "gcn", {}),
     "FedOMD w/o CMD": ("fedomd", "gcn", {"cmd_weight": 0.0}),
     "FedOMD w/o Ortho": ("fedomd", "gcn", {"orthogonal": False}),
+    "FedOMD [train vs all]": ("fedomd", "gcn", {"stats_nodes": "train_vs_all"}),
     "FedOMD [dropout stats]": ("fedomd", "gcn", {"stats_pass": "train"}),
     "FedOMD w/o Ortho [dropout stats]": ("fedomd", "gcn", {"orthogonal": False, "stats_pass": "train"}),
     "FedAvg (GCN)": ("fedavg", "gcn", {}),
@@ -119,6 +127,7 @@ def collect(out: Path) -> list[dict]:
         meta = json.loads((path.parent / "meta.json").read_text())
         rows.append({"dataset": path.parts[-5], "parties": int(path.parts[-4][1:]), "method": meta["method"],
                      "mode": meta["mode"], "seed": r["config"]["seed"], "test": 100 * r["final"]["test_acc"],
+                     "val": 100 * r["final"]["val_acc"],
                      "party_mean": 100 * r["final"]["test_acc_client_mean"],
                      "best_round": r["final"]["best_round"], "rounds_run": r["final"]["rounds_run"],
                      "seconds": r["time"]["total"], "kib_up": r["comm"]["bytes_up"] / 2 ** 10})
@@ -131,17 +140,21 @@ def _ms(values: list[float]) -> str:
 
 def write_table(out: Path, command: str) -> str:
     rows = collect(out)
-    lines = ["# FedOMD Table 4 / Table 6 reproduction", "", f"Command: `{command}`", "",
-             "Test accuracy (%) at the best mean-validation round, mean ± std over seeds; "
-             "`overall` node-weighted over all parties, `party mean` unweighted over parties; "
-             "`paper` = FedOMD Table 4 (Table 6 for the ablation rows).", ""]
+    log = out / "commands.txt"                     # every sweep that wrote into ``out``
+    commands = list(dict.fromkeys(log.read_text().splitlines())) if log.exists() else [command]
+    lines = ["# FedOMD Table 4 / Table 6 reproduction", "", "Commands:", "",
+             *[f"    OMP_NUM_THREADS=1 {c}" for c in commands], "",
+             ("Test accuracy (%) at the best mean-validation round, mean ± std over seeds (`val`: the "
+              "validation accuracy of that round, node-weighted -- the number to choose variants by); "
+              "`overall` node-weighted over all parties, `party mean` unweighted over parties; "
+              "`paper` = FedOMD Table 4 (Table 6 for the ablation rows)."), ""]
     for dataset in sorted({r["dataset"] for r in rows}):
         sel = [r for r in rows if r["dataset"] == dataset]
         ms = sorted({r["parties"] for r in sel})
         lines += [f"## {dataset}", "",
-                  "| method | mode | n | " + " | ".join(f"M={m} overall | M={m} party mean | M={m} paper"
+                  "| method | mode | n | " + " | ".join(f"M={m} val | M={m} overall | M={m} party mean | M={m} paper"
                                                        for m in ms) + " | s / run | KiB up / run |",
-                  "|---|---|---|" + "---|---|---|" * len(ms) + "---|---|"]
+                  "|---|---|---|" + "---|---|---|---|" * len(ms) + "---|---|"]
         keys = sorted({(r["method"], r["mode"]) for r in sel},
                       key=lambda k: (METHODS.index(k[0]) if k[0] in METHODS else 99, k[1] != "plain", k[1]))
         for method, mode in keys:
@@ -150,7 +163,7 @@ def write_table(out: Path, command: str) -> str:
             for m in ms:
                 rm = [r for r in rs if r["parties"] == m]
                 paper = PAPER.get((dataset, method), {}).get(m)
-                cells += [_ms([r["test"] for r in rm]), _ms([r["party_mean"] for r in rm]),
+                cells += [_ms([r["val"] for r in rm]), _ms([r["test"] for r in rm]), _ms([r["party_mean"] for r in rm]),
                           f"{paper:.2f}" if paper is not None else "–"]
             n = max(sum(1 for r in rs if r["parties"] == m) for m in ms)
             lines.append(f"| {method} | {mode} | {n} | " + " | ".join(cells) +
@@ -179,7 +192,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:]))
+    command = "python " + shlex.join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:]))
+    if not args.table_only:
+        with (out / "commands.txt").open("a") as f:
+            f.write(command + "\n")
     if args.table_only:
         print(write_table(out, command))
         return
@@ -200,7 +216,7 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         try:
             r = run_experiment(cfg, progress=False, fed=fed_cache[key])
-        except Exception as e:                      # e.g. FedGCN / a backend not in this build: note it, go on
+        except Exception as e:  # noqa: BLE001 -- e.g. a backend not in this build: note it, go on
             print(f"[skip] {dataset} M={m} {method} {mode} seed {seed}: {type(e).__name__}: {e}", flush=True)
             continue
         (d / "meta.json").write_text(json.dumps({"method": method, "mode": mode}))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -11,11 +12,20 @@ from hypothesis import strategies as st
 
 from protocols import SERVER, Transcript, make_protocol
 from secure_fgl.algorithms.cmd import central_moments, clip_activations, cmd
-from secure_fgl.algorithms.fedomd import (FedOMD, FedOMDOptions, exchange_hidden_statistics,
-                                          stats_dp_requests)
+from secure_fgl.algorithms.fedomd import (
+    FedOMD,
+    FedOMDOptions,
+    GlobalStats,
+    exchange_hidden_statistics,
+    stats_dp_requests,
+)
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
-from secure_fgl.models.orthogonal import OrthoGCN, newton_orthogonalize, orthogonality_loss
+from secure_fgl.models.orthogonal import (
+    OrthoGCN,
+    newton_orthogonalize,
+    orthogonality_loss,
+)
 
 K = 4
 ORDERS = (2, 3, 4, 5)
@@ -24,7 +34,7 @@ UNREADABLE = {"ciphertext", "masked", "share"}
 SMALL_SBM = {"num_nodes": 240, "num_features": 24}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_protocol(mode: str):
     """One protocol per mode for the property test (keys set up once; rounds stay unique)."""
     return make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
@@ -120,7 +130,7 @@ def test_cmd_zero_for_identical_samples_and_grows_with_shift():
     assert cmd(x, x.clone()).item() == pytest.approx(0.0, abs=1e-6)
     values = [cmd(x, x + s).item() for s in (0.05, 0.1, 0.2, 0.3)]
     assert values[0] > 0
-    assert all(a < b for a, b in zip(values, values[1:]))
+    assert all(a < b for a, b in itertools.pairwise(values))
 
 
 def test_cmd_sees_higher_moments_and_scaling():
@@ -169,8 +179,8 @@ def test_model_exposes_hidden_layers():
 
 # ------------------------------------------------------------------ end to end
 def _cfg(mode: str, **kw) -> RunConfig:
-    base = dict(algorithm="fedomd", dataset="sbm", clients=3, mode=mode, partition="louvain", split="fedomd",
-                rounds=3, hidden=8, synthetic=SMALL_SBM, seed=1)
+    base = {"algorithm": "fedomd", "dataset": "sbm", "clients": 3, "mode": mode, "partition": "louvain",
+            "split": "fedomd", "rounds": 3, "hidden": 8, "synthetic": SMALL_SBM, "seed": 1}
     base.update(kw)
     return RunConfig(**base)
 
@@ -210,6 +220,48 @@ def test_dp_run_accounts_statistics():
     per_tag = res["privacy"]["per_tag"]
     assert {"fedomd/model", "fedomd/hidden1/mean", "fedomd/hidden2/moments"} <= set(per_tag)
     assert res["privacy"]["total_epsilon"] <= 20.0 + 1e-6
+
+
+def _algo(stats_nodes: str) -> FedOMD:
+    from secure_fgl.experiment import load_federation
+    cfg = _cfg("plain")
+    fed = load_federation(cfg)
+    return FedOMD(fed, make_protocol("plain", fed.num_clients), cfg, torch.device("cpu"),
+                  FedOMDOptions(stats_nodes=stats_nodes))
+
+
+@pytest.mark.parametrize("stats_nodes", ("all", "train", "train_vs_all"))
+def test_statistics_node_sets(stats_nodes):
+    """'all': both sides of eq. 11 over all local nodes; 'train': both over the training nodes;
+    'train_vs_all': exchanged statistics over all nodes, the client's own term over its
+    training nodes (d_CMD is then 0 when the global moments equal those of its training nodes)."""
+    algo = _algo(stats_nodes)
+    k = max(range(len(algo.clients)), key=lambda i: int(algo.clients[i].train_mask.sum()))
+    c = algo.clients[k]
+    n_all, n_train = c.x.shape[0], int(c.train_mask.sum())
+    assert 0 < n_train < n_all
+    sent = algo.client_hidden(k)
+    assert sent[0].shape[0] == (n_train if stats_nodes == "train" else n_all)
+    model = algo.models[k].eval()
+    with torch.no_grad():
+        _, hidden = model(*algo.client_inputs(k), return_hidden=True)
+    own = [algo._select(k, z, "local") for z in hidden]
+    assert own[0].shape[0] == (n_all if stats_nodes == "all" else n_train)
+    algo.global_stats = []
+    for z in own:                                     # global target = the client's own side
+        mu, mom = central_moments(clip_activations(z, 0.0, 1.0), ORDERS)
+        algo.global_stats.append(GlobalStats(mu, mom))
+    assert algo.cmd_loss(k, hidden).item() == pytest.approx(0.0, abs=1e-6)
+    algo.global_stats = [GlobalStats(g.mean + 0.1, g.moments) for g in algo.global_stats]
+    assert algo.cmd_loss(k, hidden).item() > 0.1
+
+
+def test_means_only_cmd_order_1():
+    """``cmd_order = 1``: only round 1 (the means) is exchanged and d_CMD is the mean term."""
+    res = run_experiment(_cfg("plain", options={"cmd_order": 1}), progress=False)
+    tags = set(res["comm"]["per_tag"])
+    assert "fedomd/hidden1/mean" in tags and not any(t.endswith("/moments") for t in tags)
+    assert res["rounds"][-1]["cmd_loss"] >= 0
 
 
 def test_bad_options_are_refused():

@@ -21,7 +21,7 @@ gradient of its own moments).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -76,4 +76,4 @@ def cmd(x: torch.Tensor, y: torch.Tensor, low: float = 0.0, high: float = 1.0,
     return cmd_from_moments(mx, cx, my, cy, low, high)
 
 
-__all__ = ["FEDOMD_ORDERS", "clip_activations", "central_moments", "cmd_from_moments", "cmd"]
+__all__ = ["FEDOMD_ORDERS", "central_moments", "clip_activations", "cmd", "cmd_from_moments"]

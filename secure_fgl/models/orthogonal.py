@@ -166,4 +166,4 @@ class OrthoGCN(nn.Module):
         return orthogonality_loss(ws) if ws else self.first.lin.weight.new_zeros(())
 
 
-__all__ = ["OrthoGCN", "OrthoConv", "newton_orthogonalize", "orthogonality_loss"]
+__all__ = ["OrthoConv", "OrthoGCN", "newton_orthogonalize", "orthogonality_loss"]
