@@ -24,6 +24,15 @@ from .tables import MODE_ORDER, attack_entries, final_acc, run_eps  # noqa: E402
 COLORS = {"plain": "tab:red", "ckks": "tab:blue", "mask": "tab:green"}
 
 
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay out, write as PNG and close ``fig``; returns the path."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def _eps_positions(eps_values: list[float]) -> tuple[dict, float]:
     finite = sorted(e for e in eps_values if e is not None)
     inf_pos = (max(finite) * 4) if finite else 1.0
@@ -120,11 +129,7 @@ def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str 
     for idx in range(len(names), nrow * ncol):
         axes[idx // ncol][idx % ncol].axis("off")
     fig.suptitle(f"{algorithm} on {dataset}: accuracy and leakage vs ε", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path) -> Path | None:
@@ -159,11 +164,7 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
     ax.set_xlabel("mean normalised leakage (0 = chance, 1 = full)")
     ax.set_ylabel("test accuracy")
     ax.set_title(f"{algorithm} on {dataset}: privacy-utility frontier", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def exposure_by_degree(results: list[dict], path: str | Path) -> Path | None:
@@ -197,8 +198,4 @@ def exposure_by_degree(results: list[dict], path: str | Path) -> Path | None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("FedGCN: per-node exposure vs cross-client degree", fontsize=10)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
