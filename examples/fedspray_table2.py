@@ -54,9 +54,11 @@ METHODS = ("FedSpray", "FedAvg", "Local")
 #: term only on training nodes and unlabelled nodes with max q > 0.7); opt in with --methods
 REF_VARIANT = "FedSpray (ref-code λ1=1, KD q>0.7)"
 ABLATION = "FedSpray (S=0)"
+#: feature-only baselines (no graph): what a structure-free teacher such as the S = 0 encoder can reach
+MLP_BASELINES = ("Local (MLP)", "FedAvg (MLP)")
 SLUGS = {"FedSpray": "fedspray", "FedAvg": "fedavg", "Local": "local", ABLATION: "fedspray_s0",
-         REF_VARIANT: "fedspray_refcode"}
-ORDER = ("FedSpray", "FedAvg", "Local", ABLATION, REF_VARIANT)
+         REF_VARIANT: "fedspray_refcode", "Local (MLP)": "local_mlp", "FedAvg (MLP)": "fedavg_mlp"}
+ORDER = ("FedSpray", "FedAvg", "Local", ABLATION, REF_VARIANT, *MLP_BASELINES)
 
 
 def method_config(method: str, backbone: str, mode: str, args, dataset: str, seed: int) -> RunConfig:
@@ -67,9 +69,10 @@ def method_config(method: str, backbone: str, mode: str, args, dataset: str, see
         if method == REF_VARIANT:
             options.update(lambda1=1.0, kd_threshold=0.7)
         return RunConfig(algorithm="fedspray", **common, options=options)
-    algo = {"FedAvg": "fedavg_minority", "Local": "local_minority"}[method]
+    algo = {"FedAvg": "fedavg_minority", "Local": "local_minority"}[method.split(" (")[0]]
+    model = "mlp" if method in MLP_BASELINES else backbone
     # the FedSpray paper's settings for every method: 2 layers, hidden 64, Adam lr 0.003, 5 local epochs
-    return RunConfig(algorithm=algo, model=backbone, hidden=64, num_layers=2, dropout=0.0, lr=0.003,
+    return RunConfig(algorithm=algo, model=model, hidden=64, num_layers=2, dropout=0.0, lr=0.003,
                      weight_decay=0.0, local_epochs=5, **common)
 
 
@@ -88,8 +91,16 @@ def collect(out: Path) -> list[dict]:
                      "test": 100 * r["final"]["test_acc"], "minority": 100 * r["final"]["minority_acc"],
                      "best_round": r["final"]["best_round"], "seconds": r["time"]["total"],
                      "mb_up": r["comm"]["bytes_up"] / 2**20, "mb_down": r["comm"]["bytes_down"] / 2**20,
-                     "rounds": r["config"]["rounds"]})
+                     "rounds": r["config"]["rounds"], "teacher": _teacher_at_best(r)})
     return rows
+
+
+def _teacher_at_best(result: dict) -> float | None:
+    """FedSpray's teacher accuracy (%) at the reported round (``None``: not FedSpray, or a run
+    made before the diagnostic existed)."""
+    best = result["final"]["best_round"]
+    row = next((r for r in result["rounds"] if r["round"] == best), {})
+    return 100 * row["teacher_test_acc"] if "teacher_test_acc" in row else None
 
 
 def _ms(values: list[float]) -> str:
@@ -100,20 +111,24 @@ def write_table(out: Path, command: str) -> str:
     rows = collect(out)
     lines = ["# FedSpray Table 2 / 3 reproduction", "", f"Command: `{command}`", "",
              "Accuracy (%) at the best-validation round, mean ± std over seeds (n = number of seeds). "
-             "Minority = test nodes not of the client's majority (training) class, node-weighted over clients.", ""]
+             "Minority = test nodes not of the client's majority (training) class, node-weighted over clients. "
+             "Teacher = FedSpray's soft targets p (global encoder + aligned proxies) on the test nodes at "
+             "the same round, over the runs that logged it.", ""]
     groups = sorted({(r["dataset"], r["backbone"]) for r in rows})
     for dataset, backbone in groups:
         sel = [r for r in rows if r["dataset"] == dataset and r["backbone"] == backbone]
         lines += [f"## {dataset}, {backbone}", "",
-                  "| method | mode | n | rounds | overall | minority | paper overall | paper minority | s / run | MiB up / run |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| method | mode | n | rounds | overall | minority | teacher | paper overall | paper minority | s / run "
+                  "| MiB up / run |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         keys = sorted({(r["method"], r["mode"]) for r in sel},
                       key=lambda m: (ORDER.index(m[0]) if m[0] in ORDER else len(ORDER), m[1] != "plain", m[1]))
         for method, mode in keys:
             rs = [r for r in sel if r["method"] == method and r["mode"] == mode]
             paper = PAPER.get((dataset, backbone, method))
             lines.append(f"| {method} | {mode} | {len(rs)} | {rs[0]['rounds']} | {_ms([r['test'] for r in rs])} | "
-                         f"{_ms([r['minority'] for r in rs])} | {paper[0] if paper else '–'} | "
+                         f"{_ms([r['minority'] for r in rs])} | {_ms([r['teacher'] for r in rs if r['teacher'] is not None])} | "
+                         f"{paper[0] if paper else '–'} | "
                          f"{paper[1] if paper else '–'} | {statistics.mean(r['seconds'] for r in rs):.0f} | "
                          f"{statistics.mean(r['mb_up'] for r in rs):.1f} |")
         lines.append("")
@@ -127,8 +142,9 @@ def main(argv=None) -> None:
     ap.add_argument("--datasets", nargs="+", default=["pubmed"])
     ap.add_argument("--clients", type=int, default=7, help="clients for datasets without a paper value")
     ap.add_argument("--backbones", nargs="+", default=["gcn", "sgc", "sage"], choices=["gcn", "sgc", "sage"])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS) + ["FedSpray-ref"],
-                    help="'FedSpray-ref': FedSpray with the reference code's settings (lambda1 = 1, KD q > 0.7)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS) + ["FedSpray-ref", *MLP_BASELINES],
+                    help="'FedSpray-ref': FedSpray with the reference code's settings (lambda1 = 1, KD q > 0.7); "
+                         "'Local (MLP)' / 'FedAvg (MLP)': feature-only baselines (the backbone is ignored)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--no-ablation", action="store_true", help="skip Table 3 (FedSpray with S = 0)")

@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import SERVER, Transcript, make_protocol
 from secure_fgl.algorithms.fedspray import (FedSpray, align_proxies, class_weights,
@@ -200,6 +201,27 @@ def test_algorithm_soft_targets_use_convex_proxies():
     torch.testing.assert_close(s[unl], q[unl] @ algo.proxies)
     torch.testing.assert_close(s[c.train_mask], algo.proxies[c.y[c.train_mask]])
     torch.testing.assert_close(p.sum(-1), torch.ones(c.num_nodes))
+
+
+def test_teacher_accuracy_is_the_global_encoders_soft_targets():
+    fed = _fed_with_absent_classes()
+    algo = FedSpray(fed, make_protocol("plain", K), RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
+                    torch.device("cpu"), FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8))
+    algo.train_round(0)                          # local copies now differ from the global encoder
+    ev = algo.evaluate()
+    reference = FedSpray(fed, make_protocol("plain", K),
+                         RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
+                         torch.device("cpu"), FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8))
+    enc = reference.encoders[0]
+    vector_to_parameters(algo.global_encoder.clone(), enc.parameters())
+    reference.proxies = algo.proxies
+    correct = total = 0
+    for k, c in enumerate(algo.clients):
+        p, _, _ = reference.soft_targets(k, enc)
+        correct += int((p[c.test_mask].argmax(-1) == c.y[c.test_mask]).sum())
+        total += int(c.test_mask.sum())
+    assert total > 0 and ev["teacher_test_acc"] == correct / total
+    assert not torch.equal(parameters_to_vector(algo.encoders[0].parameters()), algo.global_encoder)
 
 
 # --------------------------------------------------------------------------- end to end

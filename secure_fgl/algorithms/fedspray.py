@@ -309,6 +309,23 @@ class FedSprayCore(FederatedAlgorithm):
         gnn.eval()
         return gnn(c.x, c.edge_index)
 
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """The engine's accuracies of the personalized GNNs, plus ``teacher_test_acc``: the
+        accuracy, node-weighted over all clients' test nodes, of the soft targets ``p`` (eq. 9-10)
+        that the GNNs distil from -- the global encoder ``w_r`` with the aligned proxies ``S_r``
+        (a diagnostic of the teacher's quality; model selection still uses the GNNs)."""
+        out = super().evaluate()
+        teacher = self.__dict__.setdefault("_teacher", copy.deepcopy(self.encoders[0]))
+        vector_to_parameters(self.global_encoder.clone(), teacher.parameters())
+        correct = total = 0
+        for k, c in enumerate(self.clients):
+            p, _, _ = self.soft_targets(k, teacher)
+            correct += int((p[c.test_mask].argmax(-1) == c.y[c.test_mask]).sum())
+            total += int(c.test_mask.sum())
+        out["teacher_test_acc"] = correct / total if total else 0.0
+        return out
+
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {"gnns": [m.state_dict() for m in self.gnns],
