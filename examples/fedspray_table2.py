@@ -91,7 +91,8 @@ def collect(out: Path) -> list[dict]:
                      "test": 100 * r["final"]["test_acc"], "minority": 100 * r["final"]["minority_acc"],
                      "best_round": r["final"]["best_round"], "seconds": r["time"]["total"],
                      "mb_up": r["comm"]["bytes_up"] / 2**20, "mb_down": r["comm"]["bytes_down"] / 2**20,
-                     "rounds": r["config"]["rounds"], "teacher": _teacher_at_best(r)})
+                     "rounds": r["config"]["rounds"], "teacher": _teacher_at_best(r),
+                     "last_test": 100 * r["final"]["last_test_acc"], "last_minority": 100 * r["final"]["last_minority_acc"]})
     return rows
 
 
@@ -113,14 +114,15 @@ def write_table(out: Path, command: str) -> str:
              "Accuracy (%) at the best-validation round, mean ± std over seeds (n = number of seeds). "
              "Minority = test nodes not of the client's majority (training) class, node-weighted over clients. "
              "Teacher = FedSpray's soft targets p (global encoder + aligned proxies) on the test nodes at "
-             "the same round, over the runs that logged it.", ""]
+             "the same round, over the runs that logged it. `last`: the same two accuracies after the final round "
+             "(no model selection).", ""]
     groups = sorted({(r["dataset"], r["backbone"]) for r in rows})
     for dataset, backbone in groups:
         sel = [r for r in rows if r["dataset"] == dataset and r["backbone"] == backbone]
         lines += [f"## {dataset}, {backbone}", "",
-                  "| method | mode | n | rounds | overall | minority | teacher | paper overall | paper minority | s / run "
-                  "| MiB up / run |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| method | mode | n | rounds | overall | minority | teacher | last overall | last minority "
+                  "| paper overall | paper minority | s / run | MiB up / run |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         keys = sorted({(r["method"], r["mode"]) for r in sel},
                       key=lambda m: (ORDER.index(m[0]) if m[0] in ORDER else len(ORDER), m[1] != "plain", m[1]))
         for method, mode in keys:
@@ -128,6 +130,7 @@ def write_table(out: Path, command: str) -> str:
             paper = PAPER.get((dataset, backbone, method))
             lines.append(f"| {method} | {mode} | {len(rs)} | {rs[0]['rounds']} | {_ms([r['test'] for r in rs])} | "
                          f"{_ms([r['minority'] for r in rs])} | {_ms([r['teacher'] for r in rs if r['teacher'] is not None])} | "
+                         f"{_ms([r['last_test'] for r in rs])} | {_ms([r['last_minority'] for r in rs])} | "
                          f"{paper[0] if paper else '–'} | "
                          f"{paper[1] if paper else '–'} | {statistics.mean(r['seconds'] for r in rs):.0f} | "
                          f"{statistics.mean(r['mb_up'] for r in rs):.1f} |")
