@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.report.tables import fmt_stats
@@ -118,6 +120,11 @@ def method_config(method: str, dataset: str, parties: int, seed: int, mode: str,
                      hidden=args.hidden, num_layers=2, dropout=0.5, lr=0.01, weight_decay=1e-4,
                      rounds=args.rounds, local_epochs=1, patience=args.patience, seed=seed,
                      data_root=args.data_root)
+
+
+def max_degree(fed) -> int:
+    """Largest node degree of the whole graph (FedGCN's ``degree_cap`` must be at least this)."""
+    return int(torch.bincount(fed.graph.edge_index[0], minlength=fed.graph.num_nodes).max())
 
 
 def collect(out: Path) -> list[dict]:
@@ -213,6 +220,8 @@ def main(argv=None) -> None:
         if key not in fed_cache:                    # the same partition and splits for every method
             fed_cache.clear()
             fed_cache[key] = load_federation(cfg)
+        if cfg.algorithm == "fedgcn":                # the public degree bound must cover the graph's
+            cfg.options.setdefault("degree_cap", max(254, max_degree(fed_cache[key])))   # (Photo: 1434)
         t0 = time.perf_counter()
         try:
             r = run_experiment(cfg, progress=False, fed=fed_cache[key])
