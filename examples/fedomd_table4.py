@@ -40,6 +40,11 @@ Reduced run (Cora M=3/5 and CiteSeer M=3, 3 seeds, at most 300 rounds, patience 
         --out runs/fedomd_table4_fixed
     # then the same with --datasets citeseer --parties 3 (same --out: one table)
 
+Each sweep appends its command to ``<out>/commands.txt`` and the table lists them all at its top
+(the reported table combines Cora/CiteSeer M = 3..9, Photo/Computers M = 3 and partial Photo M = 5).
+FedGCN's public ``degree_cap`` is raised to the graph's largest degree where that exceeds 254
+(Photo, Computers); its bound check refuses a smaller cap rather than wrap packed sums.
+
 Every run writes ``<out>/<dataset>/M<m>/<method>-<mode>/seed<s>/result.json`` and is skipped when
 that file exists (an interrupted sweep resumes); ``<out>/table4.md`` is rewritten from all results
 after every run (``--table-only`` just rewrites it).
