@@ -70,8 +70,9 @@ numbers in the FedSpray issue note):
 * **Why S = 0 does not collapse here.**  Zeroing the proxies leaves the teacher's accuracy where it
   was (81.7 % with S, 81.7 % without), so the GNNs distil the same thing and end within 0.3
   points (overall) and 0.9 points (minority) of full FedSpray -- on PubMed's 500 TF-IDF features
-  the feature encoder carries the teacher, and the class proxies add nothing we can measure.  The paper's 77.11 / 42.01 for S = 0 is below even
-  the local MLP; we cannot reach it with a feature-only teacher.
+  the feature encoder carries the teacher, and the class proxies add nothing we can measure.  The
+  paper's 77.11 / 42.01 for S = 0 is below even the local MLP; we cannot reach it with a
+  feature-only teacher.
 * **Why SGC/SAGE minority accuracy swings over seeds.**  With ``lambda1 = 5``, on the unstable
   seeds the best *overall* validation accuracy falls in rounds 2-5, before distillation has done
   anything, and the engine reports that round (minority 19-38 %); after round 300 the same runs sit
