@@ -205,12 +205,11 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python " + shlex.join([sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:]))
-    if not args.table_only:
-        with (out / "commands.txt").open("a") as f:
-            f.write(command + "\n")
     if args.table_only:
         print(write_table(out, command))
         return
+    with (out / "commands.txt").open("a") as f:
+        f.write(command + "\n")
     jobs = [(dataset, m, seed, method, mode)
             for dataset in args.datasets for m in args.parties for seed in args.seeds for method in args.methods
             for mode in ["plain"] + (list(args.secure_modes) if method == "FedOMD" else [])]

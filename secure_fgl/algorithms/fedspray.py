@@ -96,7 +96,7 @@ from protocols import DPRequest, Protocol, ValueSpec
 from ..config import ConfigError
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from .base import PARAM_BOUND, FederatedAlgorithm
+from .base import PARAM_BOUND, FederatedAlgorithm, accuracy
 from .minority import MinorityAccuracy
 
 BACKBONES = ("gcn", "sgc", "sage")
@@ -341,12 +341,9 @@ class FedSprayCore(FederatedAlgorithm):
         out = super().evaluate()
         teacher = self.__dict__.setdefault("_teacher", copy.deepcopy(self.encoders[0]))
         vector_to_parameters(self.global_encoder.clone(), teacher.parameters())
-        correct = total = 0
-        for k, c in enumerate(self.clients):
-            p, _, _ = self.soft_targets(k, teacher)
-            correct += int((p[c.test_mask].argmax(-1) == c.y[c.test_mask]).sum())
-            total += int(c.test_mask.sum())
-        out["teacher_test_acc"] = correct / total if total else 0.0
+        counts = [accuracy(self.soft_targets(k, teacher)[0], c.y, c.test_mask) for k, c in enumerate(self.clients)]
+        total = sum(t for _, t in counts)
+        out["teacher_test_acc"] = sum(n for n, _ in counts) / total if total else 0.0
         return out
 
     # ------------------------------------------------------------------ checkpoints
