@@ -146,7 +146,8 @@ class Protocol(ABC):
     num_clients: K, the number of clients of the run (ids ``0..K-1``).
     transcript:  where messages are recorded (a fresh one if ``None``).
     dp:          a :class:`protocols.dp.DPConfig` or ``None`` (no DP).
-    seed:        seeds key generation and DP noise (reproducible runs).
+    seed:        the run's public seed, recorded only: keys, masks and DP noise come from the OS
+                 CSPRNG (:mod:`protocols.csprng`), never from it.
     """
 
     mode: str = "base"
@@ -163,7 +164,7 @@ class Protocol(ABC):
         self.dp = None
         if dp is not None:
             from .dp import DPEngine  # local import: dp depends on accountant/opacus
-            self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode, seed=seed)
+            self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
         #: test hook: called on every client->server message before the server reads it
         self.intercept: Callable[[Message], Message] | None = None
 
