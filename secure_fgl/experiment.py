@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from protocols import Transcript, make_protocol
+from protocols.transcript import Message
 
 from .algorithms import get_algorithm
 from .config import ConfigError, RunConfig
@@ -75,14 +76,14 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
     algo = algo_cls(fed, protocol, cfg, device, options)
 
     def save_extra():
-        return {"transcript": [m.without_payload() for m in protocol.transcript.messages],
+        return {"transcript": [dataclasses.asdict(m.without_payload()) for m in protocol.transcript.messages],
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
                 "setup_time": times.get("setup", 0.0)}
 
     def load_extra(extra):
-        protocol.transcript.messages = list(extra["transcript"])
+        protocol.transcript.messages = [Message(**m) for m in extra["transcript"]]
         protocol.transcript.plaintext_equiv = {k: list(v) for k, v in extra["plaintext_equiv"].items()}
         if extra.get("dp") is not None and protocol.dp is not None:
             protocol.dp.load_state_dict(extra["dp"])
