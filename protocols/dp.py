@@ -113,7 +113,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -273,6 +273,9 @@ class DPEngine:
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
         self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
+        #: called with :meth:`state_dict` after every release, before its values leave the client
+        self.on_release: Callable[[dict], None] | None = None
+        self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
 
     # ------------------------------------------------------------------ budget
     def declare(self, *tags: str) -> None:
@@ -354,12 +357,16 @@ class DPEngine:
         return st, float(sens), st.noise_multiplier * float(sens)
 
     def _commit(self, tag: str, st: _TagState, sens: float, req: DPRequest, total_std: float) -> None:
+        """Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
+        ledger) before the noisy values are returned, i.e. before any upload leaves."""
         st.used += 1
         st.sensitivity = max(st.sensitivity, sens)
         st.clip = float(req.clip) if math.isfinite(req.clip) else self._mean_clip.get(tag)
         st.integer = st.integer or bool(req.integer)
         self.accountant.step(tag, st.noise_multiplier, 1.0, sensitivity=sens)
         self.last_std = float(total_std)
+        if self.on_release is not None:
+            self.on_release(self.state_dict())
 
     def _client_std(self, sigma, n) -> np.ndarray:
         """Per-client noise std given the number of contributors n (scalar or per row)."""
@@ -478,15 +485,25 @@ class DPEngine:
         return {"config": dataclasses.asdict(self.config), "shares": dict(self._shares), "frozen": self._frozen,
                 "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
                 "mean_clip": dict(self._mean_clip), "last_std": self.last_std,
-                "accountant": self.accountant.state_dict()}
+                "replayed_releases": self.replayed_releases, "accountant": self.accountant.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        saved = {k: state["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
-        mine = {k: getattr(self.config, k) for k in saved}
-        if saved != mine:
-            raise ConfigurationError(f"checkpoint DP settings {saved} differ from this run's {mine}; "
-                                     "resume with the same --dp-* options")
-        self.accountant.load_state_dict(state["accountant"])
+    def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
+        """Resume from a checkpoint's ``state``.  ``ledger`` is the latest :attr:`on_release`
+        state: releases it holds beyond the checkpoint left the client before a crash, and their
+        rounds run again after the resume, so the accountant keeps them (the run ends with more
+        releases than planned, reported as ``replayed_releases``; epsilon counts them all)."""
+        for st in (state, ledger or state):
+            saved = {k: st["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
+            mine = {k: getattr(self.config, k) for k in saved}
+            if saved != mine:
+                raise ConfigurationError(f"checkpoint DP settings {saved} differ from this run's {mine}; "
+                                         "resume with the same --dp-* options")
+        def releases(st: dict) -> int:
+            return sum(int(n) for runs in st["accountant"]["runs"].values() for _, _, n in runs)
+
+        newest = ledger if ledger is not None and releases(ledger) > releases(state) else state
+        self.accountant.load_state_dict(newest["accountant"])
+        self.replayed_releases = int(newest.get("replayed_releases", 0)) + releases(newest) - releases(state)
         self._shares = dict(state["shares"])
         self._frozen = bool(state["frozen"])
         self._tags = {t: _TagState(**st) for t, st in state["tags"].items()}
@@ -499,6 +516,7 @@ class DPEngine:
         rep = self.accountant.report()
         rep["epsilon_budget"] = self.config.epsilon
         rep["placement"] = self.config.placement
+        rep["replayed_releases"] = self.replayed_releases
         for tag, st in self._tags.items():
             entry = rep["per_tag"].setdefault(tag, {"epsilon": 0.0, "releases": 0,
                                                     "noise_multiplier": st.noise_multiplier,
