@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import validate
-from .errors import ConfigurationError, IntegrityError, NonFiniteError, ShapeError
+from .errors import ConfigurationError, IntegrityError, ShapeError
 from .transcript import Message, Transcript
 
 ArrayLike = Any  # numpy array or torch tensor
@@ -194,7 +194,7 @@ class Protocol(ABC):
         """``sum_k w_k * v_k`` delivered to ``recipients`` (default: the contributors)."""
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
-        w = self._weights(tag, rnd, weights, arrays)
+        w = validate.weights(weights, arrays, tag, rnd)
         flat = {k: (a.ravel() * (1.0 if w is None else w[k])) for k, a in arrays.items()}
         total = self._sum_vectors(tag, rnd, flat, spec or ValueSpec(), recipients, dp,
                                   row_len=int(np.prod(shape[1:])) if len(shape) else 1)
@@ -214,7 +214,7 @@ class Protocol(ABC):
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
-        w = self._weights(tag, rnd, weights, arrays) or {k: 1.0 for k in arrays}
+        w = validate.weights(weights, arrays, tag, rnd) or {k: 1.0 for k in arrays}
         spec = spec or ValueSpec()
         if self.dp is not None and dp is not None:
             flat, dp_sum, spec_sum, wscale = self.dp.mean_contributions(
@@ -261,8 +261,6 @@ class Protocol(ABC):
             if np.unique(ids).size != ids.size:
                 raise ShapeError("row ids must be unique within a contribution", tag=tag, round=rnd, client=k)
             ids_np[k], rows_np[k] = ids, rows
-        if dim is None:
-            raise ShapeError("no contributions", tag=tag, round=rnd)
         rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
@@ -353,7 +351,7 @@ class Protocol(ABC):
         Returns ``(mu [d], {j: [d]})``.
         """
         validate.exchange(tag, rnd)
-        orders = [validate.count(j, "a moment order", tag, rnd, maximum=64) for j in validate.sequence(orders, "orders", tag, rnd)]
+        orders = validate.moment_orders(orders, tag, rnd)
         arrays = {}
         for k, a in validate.contributions(samples, self.num_clients, tag, rnd, "samples").items():
             a = validate.real_array(a, tag, rnd, k, "samples", allow_empty=True)
@@ -383,14 +381,6 @@ class Protocol(ABC):
                                  tag=tag, round=rnd, client=k)
             arrays[k] = a
         return arrays
-
-    @staticmethod
-    def _weights(tag: str, rnd: int, weights: Mapping[int, float] | None, clients) -> dict[int, float] | None:
-        """Validated float weights of ``clients`` (``None`` stays ``None``)."""
-        if weights is None:
-            return None
-        return {k: validate.weight(w, tag, rnd, k)
-                for k, w in validate.per_client(weights, clients, "weights", tag, rnd).items()}
 
     @staticmethod
     def _expand_to_blocks(ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int,

@@ -155,3 +155,15 @@ def sequence(items: Any, what: str, tag: str, rnd: int) -> list:
     if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise ConfigurationError(f"{what} must be a sequence, got {type(items).__name__}", tag=tag, round=rnd)
     return list(items)
+
+
+def weights(items: Any, clients: Any, tag: str, rnd: int) -> dict[int, float] | None:
+    """Validated float weights of ``clients`` (``None`` stays ``None``)."""
+    if items is None:
+        return None
+    return {k: weight(w, tag, rnd, k) for k, w in per_client(items, clients, "weights", tag, rnd).items()}
+
+
+def moment_orders(orders: Any, tag: str, rnd: int) -> list[int]:
+    """Moment orders: integers in [1, 64]."""
+    return [count(j, "a moment order", tag, rnd, maximum=64) for j in sequence(orders, "orders", tag, rnd)]

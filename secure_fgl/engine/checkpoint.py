@@ -1,7 +1,7 @@
 """Checkpoints that carry no code: plain data under ``torch.load(weights_only=True)``.
 
-A pickle can name any callable, so loading a crafted ``checkpoint.pt`` with
-``weights_only=False`` runs code.  Checkpoints here hold only tensors, dicts, lists, tuples,
+A pickle can name any callable, so loading a crafted ``checkpoint.pt`` with an
+unrestricted unpickler runs code.  Checkpoints here hold only tensors, dicts, lists, tuples,
 numbers, strings, booleans and ``None``; numpy arrays travel as tensors wrapped in
 ``{"__ndarray__": tensor}`` and numpy scalars as Python numbers.  Dataclasses (the train
 state, transcript messages) are converted by their owners before saving.
