@@ -96,10 +96,10 @@ class MaskKeyPair:
         A peer key that is not 32 bytes, or a low-order point (all-zero shared secret, which
         ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`."""
         where = dict(tag=binding.tag, round=binding.round, client=peer_id)
-        if not isinstance(peer_public, (bytes, bytearray)) or len(peer_public) != PUBLIC_KEY_BYTES:
-            raise IntegrityError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got "
-                                 f"{len(peer_public) if isinstance(peer_public, (bytes, bytearray)) else type(peer_public).__name__}",
-                                 **where)
+        if not isinstance(peer_public, (bytes, bytearray)):
+            raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
+        if len(peer_public) != PUBLIC_KEY_BYTES:
+            raise IntegrityError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}", **where)
         try:
             shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
         except ValueError:
