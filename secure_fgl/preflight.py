@@ -57,6 +57,13 @@ def check_out(cfg: RunConfig) -> None:
             raise ConfigError(f"--resume: {ckpt} is corrupt (not a torch checkpoint); delete it and drop --resume")
 
 
+def check_logs(cfg: RunConfig) -> None:
+    import importlib.util
+    if "tensorboard" in cfg.log.split(",") and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--log tensorboard needs the tensorboard package: pip install 'secure-fgl[tensorboard]' "
+                          "(or use --log csv)")
+
+
 def check_options(cfg: RunConfig, options_cls) -> object:
     import dataclasses
     own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
@@ -89,6 +96,7 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     cfg.device = cfg.device.lower()
     options = check_options(cfg, get_options_class(cfg.algorithm))
     check_out(cfg)
+    check_logs(cfg)
     algo_cls = get_algorithm(cfg.algorithm)
     check_config = getattr(algo_cls, "check_config", None)   # an algorithm's own cross-field rules
     if check_config is not None:
