@@ -15,11 +15,31 @@ from .validation import ConfigError, check_settings, did_you_mean, flag_name, ma
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def check_dataset(cfg: RunConfig, algo_cls) -> None:
+def dataset_tasks() -> dict[str, str]:
+    """Every ``--dataset`` name -> ``'node'`` or ``'graph'`` (registry, GCFL groups, generators)."""
     from .data.datasets import DATASETS
-    task = DATASETS[match_choice("--dataset", cfg.dataset, tuple(DATASETS))].task
-    algo_task = getattr(algo_cls, "task", "node")
-    if task != algo_task:
+    from .data.graph_classification import GCFL_GROUPS
+    tasks = {name: info.task for name, info in DATASETS.items()}
+    tasks.update({group: "graph" for group in GCFL_GROUPS})
+    try:                                            # the graph-level generator, where this build has it
+        from .data.synthetic_graphs import SYNTHETIC_GRAPHS
+        tasks[SYNTHETIC_GRAPHS] = "graph"
+    except ImportError:
+        pass
+    return tasks
+
+
+def algorithm_task(name: str, algo_cls) -> str | None:
+    """``'node'``/``'graph'`` as the class declares (``task``) or the catalog says; None if unknown."""
+    from .algorithms.catalog import ABOUT
+    return getattr(algo_cls, "task", None) or (ABOUT[name].task if name in ABOUT else None)
+
+
+def check_dataset(cfg: RunConfig, algo_cls) -> None:
+    tasks = dataset_tasks()
+    task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
+    algo_task = algorithm_task(cfg.algorithm, algo_cls)
+    if algo_task is not None and task != algo_task:
         raise ConfigError(f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "
                           f"{cfg.algorithm} trains {algo_task} classification; pick a {algo_task}-classification "
                           "dataset (list: secure-fgl datasets)")

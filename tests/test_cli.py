@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import re
 import subprocess
 import sys
 
@@ -161,6 +161,9 @@ BAD = [
     (["compare", "/nonexistent/runs"], "no result.json"),
     (["plot", "/nonexistent/run"], "no result.json"),
     (["datasets", "--bogus"], "--bogus"),
+    (["report", "--algorithms", "fedgcn", "--datasets", "coraa", "--out", "{tmp}/rep"], "did you mean cora"),
+    (["report", "--datasets", "sbm", "--options", '{"fedgcn": {"hopz": 1}}', "--out", "{tmp}/rep"],
+     "did you mean --hops"),
     (["run", "--mode", "plain", "--model", "gat", "--rounds", "1"], "--model gcn"),
     # found only once the graph is loaded (its size): still one line (--quiet: no progress lines)
     (["run", "--mode", "plain", "--algorithm", "fedavg", "--clients", "100000", "--quiet"], "100000"),
@@ -194,7 +197,7 @@ def test_bad_input_is_one_line_exit_2(args, needle, bad_files, capsys, monkeypat
     assert code == 2, captured
     assert "Traceback" not in captured.err
     lines = [ln for ln in captured.err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("secure-fgl: error: "), captured.err
+    assert len(lines) == 1 and re.match(r"secure-fgl( report)?: error: ", lines[0]), captured.err
     assert needle.lower() in lines[0].lower(), lines[0]
 
 

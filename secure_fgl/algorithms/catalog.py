@@ -14,6 +14,7 @@ class About:
     paper: str
     exchanges: str                      # what crosses the wire, by exchange tag
     modes: tuple[str, ...] = ("plain", "ckks", "mask")
+    task: str = "node"                  # node | graph classification
 
 
 ABOUT: dict[str, About] = {

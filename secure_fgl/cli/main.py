@@ -58,7 +58,7 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
     groups = {g: run.add_argument_group(g) for g in GROUPS}
     for f in dataclasses.fields(RunConfig):
         if f.name not in CONFIG_ONLY:
-            _add_setting(groups[f.metadata["group"]], RunConfig, f, f.name)
+            _add_setting(groups[f.metadata.get("group", "training")], RunConfig, f, f.name)
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
     from ..algorithms import OPTIONS, get_options_class

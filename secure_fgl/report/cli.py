@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in spec.algorithms:
             get_algorithm(name)            # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
-            spec.runs(args.out)            # validates every config before the first run starts
+            from ..preflight import preflight
+            for _, cfg in spec.runs(args.out):   # every config, option, dataset and attack name checked
+                preflight(dataclasses.replace(cfg, out=None))   # before the first run starts
             status = run_sweep(spec, args.out, progress=not args.quiet)
             done = sum(s["status"] == "done" for s in status)
             skipped = sum(s["status"] == "skipped" for s in status)
