@@ -38,6 +38,7 @@ def algorithm_task(name: str, algo_cls) -> str | None:
 def check_dataset(cfg: RunConfig, algo_cls) -> None:
     tasks = dataset_tasks()
     task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
+    cfg.dataset = cfg.dataset.lower()        # one spelling in results (the data layer ignores case)
     algo_task = algorithm_task(cfg.algorithm, algo_cls)
     if algo_task is not None and task != algo_task:
         raise ConfigError(f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "

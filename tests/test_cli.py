@@ -46,9 +46,11 @@ def test_config_file_mirrors_flags_and_flags_override(tmp_path, capsys):
 
 
 def test_names_are_case_insensitive():
+    from secure_fgl.preflight import preflight
     cfg = config_from_args(*build_parser().parse_known_args(["run", "--algorithm", "FedAvg", "--mode", "CKKS",
-                                                            "--optimizer", "SGD"]))
-    assert (cfg.algorithm, cfg.mode, cfg.optimizer) == ("fedavg", "ckks", "sgd")
+                                                            "--optimizer", "SGD", "--dataset", "CORA"]))
+    preflight(cfg)
+    assert (cfg.algorithm, cfg.mode, cfg.optimizer, cfg.dataset) == ("fedavg", "ckks", "sgd", "cora")
 
 
 def test_optional_numeric_flags_are_parsed_as_numbers():

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="secure_fgl privacy/utility report")
     p.add_argument("--no-run", action="store_true", help="only render the report from existing runs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-best-model", action="store_true",
+                   help="do not keep each run's best_model.pt (kept by default)")
     return p
 
 
@@ -68,6 +70,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             config[key] = v
     if args.synthetic:
         config["synthetic"] = json.loads(args.synthetic)
+    if args.no_best_model:
+        config["save_best_model"] = False
     return SweepSpec(algorithms=_csv(args.algorithms), datasets=_csv(args.datasets), modes=_csv(args.modes),
                      epsilons=[parse_epsilon(e) for e in _csv(args.dp_epsilons)], seeds=_seeds(args.seeds),
                      attacks=_csv(args.attacks), config=config,
