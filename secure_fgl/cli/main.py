@@ -52,8 +52,10 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment", allow_abbrev=False,
                          description="Run one experiment. Settings come from --preset, then --config, then flags; "
                                      "each flag shows its default, unit, choices and range.")
+    from ..presets import preset_names
     run.add_argument("--preset", metavar="NAME",
-                     help="a paper's setting shipped with the package (list: secure-fgl algorithms NAME)")
+                     help=f"a paper's setting shipped with the package {{{'|'.join(preset_names())}}} "
+                          "(described by secure-fgl algorithms NAME)")
     run.add_argument("--config", metavar="FILE", help="TOML/YAML/JSON file whose keys mirror the flags")
     groups = {g: run.add_argument_group(g) for g in GROUPS}
     for f in dataclasses.fields(RunConfig):
