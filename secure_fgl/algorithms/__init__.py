@@ -42,11 +42,7 @@ def algorithm_name(name: str) -> str:
 def get_options_class(name: str) -> type:
     """The Options dataclass of algorithm ``name`` (from :data:`OPTIONS`, else its class)."""
     key = algorithm_name(name)
-    if key in OPTIONS:
-        return _load(OPTIONS[key])
-    if key in ALGORITHMS:
-        return get_algorithm(key).Options
-    return _load("options:NoOptions")
+    return _load(OPTIONS[key]) if key in OPTIONS else get_algorithm(key).Options
 
 
 def get_algorithm(name: str) -> type[FederatedAlgorithm]:

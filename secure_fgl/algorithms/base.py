@@ -19,6 +19,7 @@ entry stays in the public range ``ValueSpec(max_abs=PARAM_BOUND)``.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,10 +33,14 @@ from protocols import DPRequest, Protocol, ValueSpec
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
 from ..models import build_model
-from .options import NoOptions
 
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
 PARAM_BOUND = 100.0
+
+
+@dataclass
+class NoOptions:
+    """This algorithm has no settings of its own."""
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:

@@ -13,11 +13,6 @@ from ..validation import setting
 
 
 @dataclass
-class NoOptions:
-    """This algorithm has no settings of its own."""
-
-
-@dataclass
 class FedProxOptions:
     """FedProx (Li et al., MLSys 2020) settings."""
 
