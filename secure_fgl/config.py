@@ -6,75 +6,106 @@ given on the command line as ``--<field>`` flags and stored under ``options``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
 OPTIMIZERS = ("adam", "sgd")
-
-
-class ConfigError(ValueError):
-    """A run setting is invalid; the message names the setting and the fix."""
+#: ``secure_fgl.models.MODELS`` (kept here so that ``--help`` needs no torch; a test checks they agree)
+MODEL_NAMES = ("gcn", "sage", "gat", "sgc", "mlp", "gin")
 
 
 @dataclass
 class RunConfig:
-    algorithm: str = "fedgcn"
-    dataset: str = "sbm"
-    clients: int = 10
-    mode: str = "ckks"                  # plain | ckks | mask
-    partition: str = "dirichlet"        # dirichlet | louvain | iid | native (csbm-fed: the generator's clients)
-    beta: float = 10000.0               # Dirichlet concentration (FedGCN: 1, 100, 10000)
-    resolution: float = 1.0             # Louvain resolution
-    keep_largest: bool = False          # Louvain: keep the K largest communities as clients (FedSpray)
-    split: str = "public"               # public | fedspray | fgssl | fedomd | random:a/b/c
-    model: str = "gcn"
-    hidden: int = 16
-    num_layers: int = 2
-    dropout: float = 0.5
-    optimizer: str = "adam"             # adam | sgd (FedGCN's released code: SGD, lr 0.5)
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    rounds: int = 50
-    local_epochs: int = 1
-    client_fraction: float = 1.0        # share of clients sampled each round
-    patience: int | None = None         # early stopping on mean validation accuracy
-    dp_epsilon: float | None = None     # total DP budget of the run (None: no DP)
-    dp_delta: float = 1e-5
-    dp_placement: str = "local"         # local | distributed
-    dp_clip: float = 1.0                # L2 clip of each DP-protected contribution
-    dp_exchanges: str = "all"           # 'all' or comma-separated tag prefixes to privatise (e.g. fedgcn/neighbour_sums)
-    device: str = "auto"
-    data_root: str | None = None
-    seed: int = 0
-    out: str | None = None
-    resume: bool = False
-    attacks: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
-    synthetic: dict[str, Any] = field(default_factory=dict)   # kwargs of the synthetic generator
+    # data
+    dataset: str = setting("sbm", group="data", help="dataset name (list: secure-fgl datasets)")
+    data_root: str | None = setting(None, group="data", unit="path",
+                                    help="dataset folder (default $SECURE_FGL_DATA, else ~/.cache/secure_fgl/datasets)")
+    split: str = setting("public", group="data", help="train/val/test split: public | fedspray | fgssl | fedomd | "
+                                                      "random:a/b/c")
+    synthetic: dict[str, Any] = setting(group="data", default_factory=dict,
+                                        help="keyword arguments of the synthetic generator (config files only)")
+    # federation
+    algorithm: str = setting("fedgcn", group="federation", help="algorithm (list: secure-fgl algorithms)")
+    clients: int = setting(10, group="federation", min=1, unit="parties", help="number of clients")
+    partition: str = setting("dirichlet", group="federation", choices=("dirichlet", "louvain", "iid", "native"),
+                             help="how nodes are split over clients (native: csbm-fed's own clients)")
+    beta: float = setting(10000.0, group="federation", min=0, min_exclusive=True,
+                          help="Dirichlet concentration (FedGCN: 1, 100, 10000; large = iid-like)")
+    resolution: float = setting(1.0, group="federation", min=0, min_exclusive=True, help="Louvain resolution")
+    keep_largest: bool = setting(False, group="federation",
+                                 help="Louvain: keep the K largest communities as clients (FedSpray)")
+    client_fraction: float = setting(1.0, group="federation", min=0, max=1, min_exclusive=True, unit="fraction",
+                                     help="share of clients sampled each round")
+    # model
+    model: str = setting("gcn", group="model", choices=MODEL_NAMES, help="GNN architecture")
+    hidden: int = setting(16, group="model", min=1, unit="units", help="hidden layer width")
+    num_layers: int = setting(2, group="model", min=1, unit="layers", help="number of GNN layers")
+    dropout: float = setting(0.5, group="model", min=0, max=0.99, unit="probability", help="dropout rate")
+    # training
+    optimizer: str = setting("adam", group="training", choices=OPTIMIZERS,
+                             help="clients' optimiser (FedGCN's released code: sgd, lr 0.5)")
+    lr: float = setting(0.01, group="training", min=0, min_exclusive=True, help="learning rate")
+    weight_decay: float = setting(5e-4, group="training", min=0, help="L2 weight decay")
+    rounds: int = setting(50, group="training", min=1, unit="rounds", help="communication rounds")
+    local_epochs: int = setting(1, group="training", min=1, unit="epochs", help="local steps per round")
+    patience: int | None = setting(None, group="training", min=1, unit="rounds",
+                                   help="stop after this many rounds without a better mean validation accuracy")
+    seed: int = setting(0, group="training", min=0, help="seed of data, partition and model (not of keys/noise)")
+    device: str = setting("auto", group="training", help="auto | cpu | cuda | cuda:N | mps")
+    # privacy
+    dp_epsilon: float | None = setting(None, group="privacy", min=0, min_exclusive=True,
+                                       help="total DP budget of the run (omit: no DP)")
+    dp_delta: float = setting(1e-5, group="privacy", min=0, max=1, min_exclusive=True, help="DP delta")
+    dp_placement: str = setting("local", group="privacy", choices=("local", "distributed"),
+                                help="who adds the noise: each client (local) or a share each (distributed)")
+    dp_clip: float = setting(1.0, group="privacy", min=0, min_exclusive=True, unit="L2 norm",
+                             help="clip of each DP-protected contribution")
+    dp_exchanges: str = setting("all", group="privacy",
+                                help="'all' or comma-separated exchange tag prefixes to privatise "
+                                     "(e.g. fedgcn/neighbour_sums)")
+    # secure mode
+    mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask"),
+                        help="exchange protocol (list: secure-fgl modes)")
+    # output
+    out: str | None = setting(None, group="output", unit="path",
+                              help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")
+    resume: bool = setting(False, group="output", help="continue from OUT/checkpoint.pt")
+    save_best_model: bool = setting(True, group="output", help="write OUT/best_model.pt (best-validation weights)")
+    log: str = setting("", group="output", help="per-round logs in OUT: csv, tensorboard or csv,tensorboard")
+    # attacks
+    attacks: list[str] = setting(group="attacks", default_factory=list,
+                                 help="'all' or comma-separated attack names (list: secure-fgl attacks)")
+    options: dict[str, Any] = setting(group="algorithm", default_factory=dict,
+                                      help="the algorithm's own options (see secure-fgl algorithms NAME)")
 
     def validate(self) -> "RunConfig":
-        from protocols import MODES
-        if self.clients < 1:
-            raise ConfigError(f"--clients must be >= 1, got {self.clients}")
-        if self.rounds < 1:
-            raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
-        if self.beta <= 0:
-            raise ConfigError(f"--beta must be > 0 (Dirichlet concentration), got {self.beta}")
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if not 0 < self.client_fraction <= 1:
-            raise ConfigError(f"--client-fraction must be in (0, 1], got {self.client_fraction}")
-        if self.dp_epsilon is not None and self.dp_epsilon <= 0:
-            raise ConfigError(f"--dp-epsilon must be > 0 (omit it for no DP), got {self.dp_epsilon}")
-        if self.dp_placement not in ("local", "distributed"):
-            raise ConfigError(f"--dp-placement must be 'local' or 'distributed', got {self.dp_placement!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.local_epochs < 1:
-            raise ConfigError(f"--local-epochs must be >= 1, got {self.local_epochs}")
+        """Every field against its type, range and choices (names matched case-insensitively and
+        replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
+        from .algorithms import algorithm_name
+        self.algorithm = algorithm_name(str(self.algorithm))
+        values = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in ("synthetic", "options", "attacks")}
+        for name, value in check_settings(type(self), values).items():
+            setattr(self, name, value)
+        if not isinstance(self.synthetic, dict):
+            raise ConfigError(f"synthetic must be a table of generator arguments, got {self.synthetic!r}")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"options must be a table of algorithm options, got {self.options!r}")
+        if isinstance(self.attacks, str):
+            self.attacks = [a.strip() for a in self.attacks.split(",") if a.strip()]
+        if not isinstance(self.attacks, list) or not all(isinstance(a, str) for a in self.attacks):
+            raise ConfigError(f"attacks must be a list of names, got {self.attacks!r}")
+        if self.split not in ("public", "fedspray", "fgssl", "fedomd") and not self.split.startswith("random:"):
+            raise ConfigError(f"--split {self.split!r} is not one of public, fedspray, fgssl, fedomd, random:a/b/c"
+                              + did_you_mean(self.split, ("public", "fedspray", "fgssl", "fedomd")))
+        self.log = ",".join(match_choice("--log", x.strip(), ("csv", "tensorboard"))
+                            for x in self.log.split(",") if x.strip())
+        if self.dp_exchanges != "all" and self.dp_epsilon is None:
+            raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
         return self
 
     def to_dict(self) -> dict:
@@ -85,30 +116,41 @@ class RunConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+            name = sorted(unknown)[0]
+            raise ConfigError(f"unknown setting {name!r}" + (did_you_mean(name, known)
+                                                              or f"; known: {', '.join(sorted(known))}"))
         return cls(**d)
 
 
 def load_config_file(path: str | Path) -> dict:
     """Read a TOML, YAML or JSON file whose keys mirror the CLI flags (``-`` or ``_``)."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    if path.suffix == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        raw = tomllib.loads(text)
-    elif path.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ModuleNotFoundError:
-            raise ConfigError("YAML config files need PyYAML: pip install pyyaml (or use TOML)") from None
-        raw = yaml.safe_load(text) or {}
-    elif path.suffix == ".json":
-        raw = json.loads(text)
-    else:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist" if not path.exists() else f"config file {path} "
+                          "is not a file")
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(f"config file {path} must end in .toml, .yaml/.yml or .json")
-    return {k.replace("-", "_"): v for k, v in raw.items()}
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            raw = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ModuleNotFoundError:
+                raise ConfigError("YAML config files need PyYAML: pip install pyyaml (or use TOML)") from None
+            raw = yaml.safe_load(text) or {}
+        else:
+            raw = json.loads(text)
+    except ConfigError:
+        raise
+    except Exception as e:  # each parser has its own error type; all mean "not valid syntax"
+        detail = " ".join(str(e).split())
+        raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {detail}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a table of settings, got {type(raw).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in raw.items()}

@@ -2,16 +2,21 @@
 (attacks) -> ``result.json``.  The CLI, the report sweeps and the examples call
 :func:`run_experiment`; it is the API a researcher scripts against.
 
-``result.json`` (written atomically):
+``result.json`` (written atomically; schema ``secure_fgl/schemas/result.schema.json``, version
+policy in :mod:`secure_fgl.results`):
 
-* ``config``  — the full :class:`RunConfig`;
+* ``schema_version``, ``secure_fgl_version``, ``git_commit``, ``started_at``, ``finished_at``,
+  ``library_versions`` — provenance; ``status`` — ``attacks_running`` or ``complete``;
+* ``config``  — the full :class:`RunConfig` (``options`` with every default filled in);
+* ``options`` — the algorithm's resolved options; ``device`` — the device actually used;
 * ``final``   — ``test_acc`` (fraction, at the best-validation round), ``val_acc``,
   ``last_test_acc``, ``best_round``, ``per_client`` and algorithm-specific metrics;
 * ``rounds``  — per-round metrics;
 * ``comm``    — ``bytes_up``/``bytes_down``/``bytes_p2p`` in total and ``per_tag``, from the transcript;
 * ``time``    — seconds per phase (data, setup = pre-training exchanges, train, eval, attacks, total);
 * ``privacy`` — epsilon spent per exchange tag and in total, or ``null`` without DP;
-* ``attacks`` — attack results (a list) when ``--attacks`` was given.
+* ``attacks`` — attack results (a list) when ``--attacks`` was given (failures recorded inside);
+* ``files``   — the run folder's other files (``best_model.pt``, ``checkpoint.pt``, ...).
 """
 from __future__ import annotations
 
@@ -25,24 +30,18 @@ from protocols import Transcript, make_protocol
 from protocols.transcript import Message
 
 from .algorithms import get_algorithm
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
+from .engine.hooks import make_hooks
+from .engine.progress import Phases
+from .preflight import preflight
+from .provenance import now_utc, provenance
+from .results import SCHEMA_VERSION
 
 #: the DP accountant's state after the latest release, written before that release's upload
 #: leaves: a run resumed after a crash counts releases its checkpoint missed
 DP_LEDGER = "dp_ledger.json"
-
-
-def build_options(cfg: RunConfig, algo_cls) -> Any:
-    """The algorithm's Options dataclass filled from ``cfg.options`` (unknown keys refused)."""
-    opts_cls = algo_cls.Options
-    known = {f.name for f in dataclasses.fields(opts_cls)}
-    unknown = set(cfg.options) - known
-    if unknown:
-        raise ConfigError(f"algorithm {cfg.algorithm!r} has no option(s) {', '.join(sorted(unknown))}"
-                          + (f"; its options are {', '.join(sorted(known))}" if known else "; it takes none"))
-    return opts_cls(**cfg.options)
 
 
 def load_federation(cfg: RunConfig):
@@ -61,20 +60,27 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp, seed=cfg.seed)
 
 
-def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
-    """Run one configuration; returns the result dict (also written to ``cfg.out``)."""
-    cfg.validate()
+def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: Phases | None = None) -> dict:
+    """Run one configuration; returns the result dict (also written to ``cfg.out``).
+
+    Every setting is checked (:func:`~secure_fgl.preflight.preflight`) before any data is
+    loaded.  With ``cfg.out``, ``result.json`` is written once training ends (``status:
+    attacks_running`` when attacks follow) and rewritten after the attacks (``complete``)."""
+    started = provenance()
+    options = preflight(cfg, check_data=fed is None)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
     algo_cls = get_algorithm(cfg.algorithm)
-    options = build_options(cfg, algo_cls)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     out_dir = Path(cfg.out) if cfg.out else None
+    phases = phases if phases is not None else Phases(enabled=progress)
 
     t0 = time.perf_counter()
     if fed is None:
-        fed = load_federation(cfg)
+        with phases("data", f"loading {cfg.dataset} and partitioning it over {cfg.clients} clients "
+                            f"({cfg.partition})"):
+            fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
 
     protocol = make_run_protocol(cfg, fed.num_clients)
@@ -104,9 +110,12 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
         protocol.dp.on_release = lambda dp_state: write_json_atomic(ledger, dp_state)
     t0 = time.perf_counter()
     if not resuming:
-        algo.setup()
+        with phases("setup", f"{cfg.mode} keys and {cfg.algorithm}'s pre-training exchanges"):
+            algo.setup()
         times["setup"] = time.perf_counter() - t0
-    state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra))
+    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x), save_best=cfg.save_best_model,
+                       resume=resuming)
+    state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
 
     best = state.best or algo.evaluate()
@@ -116,17 +125,46 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
              "rounds_run": state.next_round, "stopped_early": state.stopped_early,
              "per_client": best["per_client"], **algo.final_metrics()}
 
-    result = {"config": cfg.to_dict(), "final": final, "rounds": state.rounds, "comm": None,
-              "time": None, "privacy": protocol.privacy_report(), "attacks": [],
-              "num_clients": fed.num_clients, "device": str(device)}
+    result = {"schema_version": SCHEMA_VERSION, **started, "finished_at": None, "status": "complete",
+              "config": {**cfg.to_dict(), "options": dataclasses.asdict(options)},
+              "options": dataclasses.asdict(options), "device": str(device), "num_clients": fed.num_clients,
+              "final": final, "rounds": state.rounds, "comm": protocol.transcript.comm(), "time": times,
+              "privacy": protocol.privacy_report(), "attacks": [], "files": _files(out_dir)}
     if cfg.attacks:
+        result["status"] = "attacks_running"
+        _write(out_dir, result)             # training is never lost to an attack failure
         t0 = time.perf_counter()
-        from attacks.runner import run_attacks  # top layer: attacks read the finished run
-        result["attacks"] = run_attacks(cfg.attacks, algo=algo, protocol=protocol, fed=fed, cfg=cfg)
+        with phases("attacks", f"{', '.join(cfg.attacks)} on the finished run"):
+            result["attacks"] = _run_attacks(cfg, algo, protocol, fed)
         times["attacks"] = time.perf_counter() - t0
+        result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
     times["total"] = time.perf_counter() - t_start
-    result["time"] = times
+    result["finished_at"] = now_utc()
+    result["files"] = _files(out_dir)
+    _write(out_dir, result)
+    return result
+
+
+def _run_attacks(cfg: RunConfig, algo, protocol, fed) -> list[dict]:
+    """The attack entries; a crash of the runner itself becomes one entry with its error."""
+    from attacks.runner import run_attacks  # top layer: attacks read the finished run
+    try:
+        return run_attacks(cfg.attacks, algo=algo, protocol=protocol, fed=fed, cfg=cfg)
+    except Exception as e:  # the run's result must survive; the error is recorded in it
+        return [{"name": "attack_runner", "applicable": False, "error": f"{type(e).__name__}: {e}"}]
+
+
+def _files(out_dir: Path | None) -> dict:
+    """Files of the run folder (name -> what it holds)."""
+    if out_dir is None:
+        return {}
+    what = {"checkpoint.pt": "last-round state for --resume (private: 0600)",
+            "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
+            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars", "run.log": "progress log"}
+    return {name: desc for name, desc in what.items() if (out_dir / name).exists()}
+
+
+def _write(out_dir: Path | None, result: dict) -> None:
     if out_dir is not None:
         write_json_atomic(out_dir / "result.json", result)
-    return result

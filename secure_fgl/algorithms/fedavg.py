@@ -2,18 +2,13 @@
 clients' local subgraphs; cross-client edges are ignored (FedGCN's "0-hop")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from .base import ModelAveraging
+from .options import FedProxOptions
 
 
 class FedAvg(ModelAveraging):
     name = "fedavg"
-
-
-@dataclass
-class FedProxOptions:
-    mu: float = 0.01   # proximal term weight (Li et al. 2020, eq. 2)
 
 
 class FedProx(ModelAveraging):

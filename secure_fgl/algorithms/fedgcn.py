@@ -152,7 +152,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -168,6 +167,7 @@ from ..config import ConfigError
 from ..data.federated import ClientSubgraph
 from ..models.node import dropout
 from .base import ModelAveraging
+from .options import FedGCNOptions
 
 #: tag of the pre-training exchange
 TAG = "fedgcn/neighbour_sums"
@@ -179,20 +179,6 @@ ROW_ORDERS = ("given", "signature")
 SEGMENT_DP_MAX_WORK = 4_000_000
 NORMS = ("row", "sym", "none")
 DP_LEVELS = ("edge", "node")
-
-
-@dataclass
-class FedGCNOptions:
-    """FedGCN (Yao et al. 2023) pre-training exchange settings."""
-
-    hops: int = 1                 # 0: no exchange (= FedAvg) | 1: own rows | 2: + cross-edge endpoints
-    layout: str = "sparse"        # row_sum layout: 'sparse' (touched blocks) | 'dense' (all blocks)
-    row_order: str = "given"      # sparse row numbering: 'given' (dataset ids) | 'signature' (module doc)
-    degree_cap: int = 254         # public degree bound; sum_max = 255 fits an 8-bit packed field
-    dp_level: str = "edge"        # DP sensitivity: 'edge' sqrt(2)*C | 'node' sqrt(cap+1)*C
-    dp_row_clip: float | None = None  # C, L2 bound of a node's term [x, 1] under DP (None: --dp-clip)
-    norm: str = "row"             # 'row' D^-1(A+I)X | 'sym' D^-1/2(A+I)D^-1/2 X | 'none' (A+I)X
-    feature_bound: float = 10.0   # public bound on |x| for non-binary features (float encoding)
 
 
 class PropGraph(NamedTuple):
@@ -531,6 +517,9 @@ class FedGCN(ModelAveraging):
                               f"(or --hops 0 for FedAvg with --model {cfg.model})")
         if o.hops > 0 and cfg.num_layers < 1:
             raise ConfigError(f"--num-layers must be >= 1, got {cfg.num_layers}")
+
+    #: run before any data is loaded (secure_fgl.preflight)
+    check_config = _validate
 
     def build_model(self) -> nn.Module:
         if self.opts.hops == 0:

@@ -138,27 +138,10 @@ from protocols import DPRequest, ValueSpec
 from ..models.orthogonal import OrthoGCN
 from .base import ModelAveraging
 from .cmd import central_moments, clip_activations, cmd_from_moments
+from .options import FedOMDOptions
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
 STATS_NODES = ("all", "train", "train_vs_all")
-
-
-@dataclass
-class FedOMDOptions:
-    """FedOMD settings (defaults: FedOMD sec. 4.5 / 5.1; readings in the module docstring)."""
-
-    ortho_weight: float = 0.0005     # alpha, eq. 12
-    cmd_weight: float = 10.0         # beta, eq. 12 (0: no CMD term, no statistics exchange)
-    ortho_layers: int = 1            # OrthoConv layers (Table 1; "two hidden layers" in Table 7)
-    orthogonal: bool = True          # False: plain GCNConv hidden layers and no L_ortho (Table 6)
-    newton_steps: int = 5            # ONI Newton iterations; 0 = W / ||W||_F (eq. 8 literally)
-    ortho_propagate: bool = True     # OrthoConv propagates with S~ (False: eq. 8 literally)
-    cmd_order: int = 5               # highest central moment order J (Algorithm 1: 5)
-    act_low: float = 0.0             # a, eq. 11
-    act_high: float = 1.0            # b, eq. 11
-    stats_nodes: str = "all"         # 'all' local nodes | 'train' nodes only
-    stats_pass: str = "eval"         # 'eval': statistics/CMD from dropout-free passes | 'train'
-    dp_rows: int = 1                 # DP unit: hidden rows it can change (1: one row; N: a client)
 
 
 @dataclass

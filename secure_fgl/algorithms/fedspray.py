@@ -83,7 +83,6 @@ numbers in the FedSpray issue note):
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -98,29 +97,12 @@ from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
 from .base import PARAM_BOUND, FederatedAlgorithm, accuracy
 from .minority import MinorityAccuracy
+from .options import FedSprayOptions
 
 BACKBONES = ("gcn", "sgc", "sage")
 #: with DP on, aligned proxy entries are clamped to +-this (post-processing; the noisy class-weight
 #: total in eq. 15's denominator can come out near zero)
 DP_PROXY_BOUND = 10.0
-
-
-@dataclass
-class FedSprayOptions:
-    """FedSpray settings (defaults: Fu et al. 2024, sec. 5.1.3)."""
-
-    backbone: str = "gcn"            # personalized GNN: gcn | sgc | sage
-    gnn_hidden: int = 64             # hidden size of the 2-layer GNN
-    gnn_dropout: float = 0.0         # not used in the paper / reference code
-    proxy_dim: int = 64              # d_s, also the embedding size of g_e
-    model_lr: float = 0.003          # Adam lr of the GNN and of the encoder
-    proxy_lr: float = 0.02           # Adam lr of the structure proxies
-    lambda1: float = 5.0             # KD weight in the GNN loss (eq. 7)
-    lambda2: float = 1.0             # KD weight in the encoder loss (eq. 11)
-    phase_epochs: int = 5            # E: epochs of each of the two local phases
-    kd_threshold: float = 0.0        # unlabelled nodes enter eq. 6 only if max q > this (reference: 0.7)
-    proxy_weighting: str = "ratio"   # eq. 15 weights: class 'ratio' (paper) or class 'count'
-    ablate_proxy: bool = False       # Table 3: S = 0
 
 
 def classwise_weighted_mean(values: dict[int, np.ndarray], weights: dict[int, np.ndarray],

@@ -1,104 +1,102 @@
 """The ``secure-fgl`` command.
 
-    secure-fgl run [flags]          one experiment (no flags: the main job, secure FedGCN on the built-in graph)
-    secure-fgl datasets             every dataset, its task and whether its files are present
-    secure-fgl report [flags]       privacy/utility sweep -> report.md, report.html, PNG figures
-    secure-fgl bench --suite NAME   benchmarks that print measured ratios
+    secure-fgl run [flags]            one experiment (no flags: the main job, secure FedGCN on the built-in graph)
+    secure-fgl run --preset NAME      a paper's setting (flags override it)
+    secure-fgl algorithms [NAME]      algorithms; one's paper, exchanges, options and presets
+    secure-fgl attacks | modes        the attack suite; the secure modes
+    secure-fgl datasets               every dataset, its task and whether its files are present
+    secure-fgl compare DIR...         a table of finished runs
+    secure-fgl plot RUN               one run's curves -> RUN/curves.png
+    secure-fgl report [flags]         privacy/utility sweep -> report.md, report.html, PNG figures
+    secure-fgl bench --suite NAME     benchmarks that print measured ratios
 
-Bad input prints one line naming the problem and the fix and exits with code 2.
+Every setting is checked before any work starts; bad input prints one line naming the
+problem and the fix and exits with code 2.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
-import types
-import typing
+import time
 
 from ..config import ConfigError, RunConfig, load_config_file
+from ..validation import describe, did_you_mean, field_type, flag_name
 
-#: run flags that are not plain RunConfig fields
-_SKIP = {"options", "synthetic", "attacks"}
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [ConfigError]
-    from protocols.errors import ProtocolError
-    errs.append(ProtocolError)
-    try:
-        from ..data.errors import DataError
-        errs.append(DataError)
-    except ImportError:
-        pass
-    return tuple(errs)
+#: ``run --help`` sections, in order (each RunConfig field names its group)
+GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "output", "attacks")
+#: RunConfig fields set only in config files (tables)
+CONFIG_ONLY = ("synthetic", "options")
 
 
-def _arg_type(tp):
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _arg_type(args[0])
-    return {"int": int, "float": float, "str": str, "bool": bool}.get(getattr(tp, "__name__", str(tp)), str)
+class UsageError(Exception):
+    """Bad command line (argparse's complaints, made one line)."""
 
 
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
 
 
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip=()) -> None:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        tp = _arg_type(hints[f.name])
-        if tp is bool:
-            parser.add_argument(flag, dest=f.name, type=_bool, nargs="?", const=True, default=None,
-                                help=f"(default {f.default})")
-        else:
-            parser.add_argument(flag, dest=f.name, type=tp, default=None,
-                                help=f"(default {f.default})" if f.default is not dataclasses.MISSING else None)
+def _help(text: str) -> str:
+    return text.replace("%", "%%")
 
 
-def _algorithm_option_classes():
-    from ..algorithms import ALGORITHMS
-    out = {}
-    for name, spec in ALGORITHMS.items():
-        module, cls = spec.split(":")
-        try:
-            mod = importlib.import_module(f"secure_fgl.algorithms.{module}")
-        except ModuleNotFoundError:
-            continue
-        out[name] = getattr(mod, cls).Options
-    return out
+def _add_setting(group, cls, f: dataclasses.Field, dest: str) -> None:
+    tp, _ = field_type(cls, f.name)
+    kw = {"nargs": "?", "const": "true", "metavar": "BOOL"} if tp is bool else {"metavar": f.name.upper()}
+    group.add_argument(flag_name(f.name), dest=dest, default=argparse.SUPPRESS, help=_help(describe(f)), **kw)
+
+
+def _add_run_parser(sub) -> argparse.ArgumentParser:
+    run = sub.add_parser("run", help="run one experiment", allow_abbrev=False,
+                         description="Run one experiment. Settings come from --preset, then --config, then flags; "
+                                     "each flag shows its default, unit, choices and range.")
+    from ..presets import preset_names
+    run.add_argument("--preset", metavar="NAME",
+                     help=f"a paper's setting shipped with the package {{{'|'.join(preset_names())}}} "
+                          "(described by secure-fgl algorithms NAME)")
+    run.add_argument("--config", metavar="FILE", help="TOML/YAML/JSON file whose keys mirror the flags")
+    groups = {g: run.add_argument_group(g) for g in GROUPS}
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in CONFIG_ONLY:
+            _add_setting(groups[f.metadata.get("group", "training")], RunConfig, f, f.name)
+    groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
+    groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
+    from ..algorithms import OPTIONS, get_options_class
+    added: set[str] = set()
+    for name in OPTIONS:
+        cls = get_options_class(name)
+        group = run.add_argument_group(f"{name} options (--algorithm {name})")
+        for f in dataclasses.fields(cls):
+            if f.name not in added:
+                added.add(f.name)
+                _add_setting(group, cls, f, f"opt_{f.name}")
+    run.epilog = ("Options of algorithms not listed above: secure-fgl algorithms NAME. Any --<option> of the "
+                  "chosen algorithm is accepted.")
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="secure-fgl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-
-    run = sub.add_parser("run", help="run one experiment")
-    run.add_argument("--config", help="TOML/YAML/JSON file whose keys mirror these flags")
-    _add_dataclass_flags(run, RunConfig, skip=_SKIP)
-    run.add_argument("--attacks", help="'all' or a comma-separated list of attack names")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
-    opts = run.add_argument_group("algorithm options (apply to the algorithm that has them)")
-    for cls in _algorithm_option_classes().values():
-        _add_option_flags(opts, cls)
-
-    sub.add_parser("datasets", help="list datasets and whether their files are present").add_argument(
-        "--data-root", dest="data_root", default=None)
-
-    report = sub.add_parser("report", help="privacy/utility sweep and report")
-    report.add_argument("rest", nargs=argparse.REMAINDER)
-
-    bench = sub.add_parser("bench", help="benchmarks (print measured ratios)")
+    from ..provenance import package_version
+    parser = Parser(prog="secure-fgl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"secure-fgl {package_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run_parser(sub)
+    algos = sub.add_parser("algorithms", help="list algorithms, or describe one", allow_abbrev=False)
+    algos.add_argument("name", nargs="?")
+    sub.add_parser("attacks", help="list the attacks", allow_abbrev=False)
+    sub.add_parser("modes", help="list the secure modes", allow_abbrev=False)
+    sub.add_parser("datasets", help="list datasets and whether their files are present",
+                   allow_abbrev=False).add_argument("--data-root", dest="data_root", default=None)
+    compare = sub.add_parser("compare", help="table of finished runs", allow_abbrev=False)
+    compare.add_argument("runs", nargs="+", metavar="DIR")
+    plot = sub.add_parser("plot", help="draw one run's curves", allow_abbrev=False)
+    plot.add_argument("run", metavar="RUN")
+    plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
+    sub.add_parser("report", help="privacy/utility sweep and report (secure-fgl report --help)", add_help=False)
+    bench = sub.add_parser("bench", help="benchmarks (print measured ratios)", allow_abbrev=False)
     bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn"])
     bench.add_argument("--out", default="runs/bench")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
@@ -106,120 +104,163 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_option_flags(group, cls) -> None:
-    """``--<field>`` for each field of an algorithm's Options (shared names added once)."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        if any(flag in a.option_strings for a in group._actions):
-            continue
-        tp = _arg_type(hints[f.name])
-        bool_kw = {"nargs": "?", "const": True} if tp is bool else {}
-        group.add_argument(flag, dest=f"opt_{f.name}", type=_bool if tp is bool else tp, default=None, **bool_kw,
-                           help=f"{cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ''}")
+def _extra_options(extra: list[str]) -> dict:
+    """``--name value`` / ``--name=value`` / bare ``--flag`` left over by argparse: algorithm options."""
+    out, i = {}, 0
+    while i < len(extra):
+        token = extra[i]
+        if not token.startswith("--") or token == "--":
+            raise UsageError(f"unexpected argument {token!r}")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+                value, i = extra[i + 1], i + 1
+            else:
+                value = "true"
+        out[name.replace("-", "_")] = value
+        i += 1
+    return out
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values: dict = {}
-    if args.config:
-        values.update(load_config_file(args.config))
-    for f in dataclasses.fields(RunConfig):
-        if f.name in _SKIP:
-            continue
-        v = getattr(args, f.name, None)
-        if v is not None:
-            values[f.name] = v
-    if args.attacks:
-        values["attacks"] = [a.strip() for a in args.attacks.split(",") if a.strip()]
-    elif isinstance(values.get("attacks"), str):
-        values["attacks"] = [a.strip() for a in values["attacks"].split(",") if a.strip()]
-    options = dict(values.get("options", {}))
-    for key, v in vars(args).items():
-        if key.startswith("opt_") and v is not None:
-            options[key[4:]] = v
-    # keep only the options the chosen algorithm knows; a flag it lacks is an error
-    from ..algorithms import get_algorithm
-    algo = get_algorithm(values.get("algorithm", RunConfig.algorithm))
-    known = {f.name for f in dataclasses.fields(algo.Options)}
-    stray = set(options) - known
-    if stray:
-        raise ConfigError(f"--{sorted(stray)[0].replace('_', '-')} does not apply to algorithm "
-                          f"{algo.name!r}" + (f" (its options: {', '.join('--' + k.replace('_', '-') for k in sorted(known))})"
-                                               if known else " (it has no options)"))
+def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
+    """A preset/config file's settings and its algorithm options (a table, or top-level keys
+    that are options of the algorithm)."""
+    layer = dict(layer)
+    options = dict(layer.pop("options", None) or {})
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    for key in [k for k in layer if k not in known and k in options_fields]:
+        options[key] = layer.pop(key)
+    return layer, options
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConfig:
+    """Preset < config file < flags, merged and checked (types, ranges, names)."""
+    from ..algorithms import get_options_class
+    layers = []
+    if getattr(args, "preset", None):
+        from ..presets import load_preset
+        layers.append(load_preset(args.preset))
+    if getattr(args, "config", None):
+        layers.append(load_config_file(args.config))
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
+    algorithm = flags.get("algorithm") or next((l["algorithm"] for l in reversed(layers) if "algorithm" in l),
+                                               RunConfig.algorithm)
+    option_fields = {f.name for f in dataclasses.fields(get_options_class(str(algorithm)))}
+    values, options = {}, {}
+    for layer in layers:
+        settings, opts = _split_layer(layer, option_fields)
+        values.update(settings)
+        options.update(opts)
+    values.update(flags)
+    options.update({k[4:]: v for k, v in vars(args).items() if k.startswith("opt_")})
+    options.update(_extra_options(list(extra)))
     values["options"] = options
     return RunConfig.from_dict(values).validate()
 
 
-def _print_summary(result: dict) -> None:
-    cfg, final, comm, t = result["config"], result["final"], result["comm"], result["time"]
-    lines = [
-        f"algorithm {cfg['algorithm']}  dataset {cfg['dataset']}  clients {result['num_clients']}  "
-        f"mode {cfg['mode']}  dp_epsilon {cfg['dp_epsilon']}  device {result['device']}",
-        f"test accuracy   {final['test_acc']:.4f}  (val {final['val_acc']:.4f}, best round {final['best_round']})",
-    ]
-    for key in sorted(k for k in final if k.endswith("_acc") and k not in ("test_acc", "val_acc", "train_acc")):
-        if isinstance(final[key], float):
-            lines.append(f"{key:<15} {final[key]:.4f}")
-    lines.append(f"{'exchange':<34}{'up (MB)':>12}{'down (MB)':>12}{'plain-equiv up (MB)':>22}")
-    for tag, v in comm["per_tag"].items():
-        plain = v.get("plaintext_bytes_up")
-        plain_txt = f"{plain / 1e6:.3f}" if plain is not None else "-"
-        lines.append(f"{tag:<34}{v['bytes_up'] / 1e6:>12.3f}{v['bytes_down'] / 1e6:>12.3f}{plain_txt:>22}")
-    lines.append(f"{'total':<34}{comm['bytes_up'] / 1e6:>12.3f}{comm['bytes_down'] / 1e6:>12.3f}"
-                 f"{comm.get('plaintext_bytes_up', 0) / 1e6:>22.3f}")
-    lines.append("time (s): " + "  ".join(f"{k} {v:.2f}" for k, v in t.items()))
-    if result.get("privacy"):
-        lines.append(f"privacy: total epsilon {result['privacy'].get('total_epsilon')}")
-    for a in result.get("attacks") or []:
-        lines.append(f"attack {a.get('name')}: {a.get('metric')}={a.get('value')} (chance {a.get('chance')})")
-    print("\n".join(lines))
+def _default_out(cfg: RunConfig) -> str:
+    return f"runs/{cfg.algorithm}-{cfg.dataset}-{cfg.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_command(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..engine.progress import Phases
+    from ..preflight import preflight
+    cfg = config_from_args(args, extra)
+    preflight(cfg)
+    if cfg.out is None:
+        cfg.out = _default_out(cfg)
+    phases = Phases(enabled=not args.quiet, log_file=args.log_file)
+    phases.log(f"run folder: {cfg.out}")
+    from ..experiment import run_experiment
+    from .summary import format_summary
+    result = run_experiment(cfg, progress=not args.quiet, phases=phases)
+    print(format_summary(result))
+    print(f"result: {cfg.out}/result.json")
+    return 0
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    if argv and argv[0] == "report":           # the report command owns its flags (secure_fgl.report.cli)
+        from ..report.cli import main as report_main
+        return report_main(argv[1:])
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "run":
+        return run_command(args, extra)
+    if extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "algorithms":
+        from .discover import algorithms_command
+        return algorithms_command(args.name)
+    if args.command == "attacks":
+        from .discover import attacks_command
+        return attacks_command()
+    if args.command == "modes":
+        from .discover import modes_command
+        return modes_command()
+    if args.command == "compare":
+        from .discover import compare_command
+        return compare_command(args.runs)
+    if args.command == "plot":
+        from .discover import plot_command
+        return plot_command(args.run, args.out)
+    if args.command == "datasets":
+        from ..data import dataset_status
+        rows = dataset_status(args.data_root)
+        print(f"{'name':<14}{'task':<8}{'present':<9}path")
+        for r in rows:
+            print(f"{r['name']:<14}{r['task']:<8}{'yes' if r['present'] else 'no':<9}{r['path'] or '(built in)'}")
+        return 0
+    if args.command == "bench":
+        if args.suite == "protocols":
+            from ..bench.protocols import run_protocol_bench
+            run_protocol_bench(args.out, quick=args.quick)
+        else:
+            from ..bench.fedgcn import run_fedgcn_bench
+            run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
+        return 0
+    parser.print_help()
+    return 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [ConfigError, UsageError]
+    if "protocols" in sys.modules or "torch" in sys.modules:
+        from protocols.errors import ProtocolError
+        from ..data.errors import DataError
+        errs += [ProtocolError, DataError]
+    return tuple(errs)
+
+
+def _unknown_command(argv: list[str], parser) -> str | None:
+    commands = list(parser._subparsers._group_actions[0].choices)
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        return f"unknown command {argv[0]!r}" + (did_you_mean(argv[0], commands) or
+                                                 f"; choose one of {', '.join(commands)}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
     parser = build_parser()
-    if not argv:
-        argv = ["run"]
-    if argv[0] == "report":
-        # the report command owns its flags (secure_fgl.report.cli)
-        args = argparse.Namespace(command="report", rest=argv[1:])
-    else:
-        args = parser.parse_args(argv)
     try:
-        if args.command == "run":
-            from ..experiment import run_experiment
-            cfg = config_from_args(args)
-            result = run_experiment(cfg, progress=not args.quiet)
-            _print_summary(result)
-            if cfg.out:
-                print(f"result: {cfg.out}/result.json")
-            return 0
-        if args.command == "datasets":
-            from ..data import dataset_status
-            rows = dataset_status(args.data_root)
-            print(f"{'name':<14}{'task':<8}{'present':<9}path")
-            for r in rows:
-                print(f"{r['name']:<14}{r['task']:<8}{'yes' if r['present'] else 'no':<9}{r['path'] or '(built in)'}")
-            return 0
-        if args.command == "report":
-            from ..report.cli import main as report_main
-            return report_main(args.rest)
-        if args.command == "bench":
-            if args.suite == "protocols":
-                from ..bench.protocols import run_protocol_bench
-                run_protocol_bench(args.out, quick=args.quick)
-            else:
-                from ..bench.fedgcn import run_fedgcn_bench
-                run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
-            return 0
-        parser.print_help()
-        return 2
-    except _user_errors() as e:
-        print(f"secure-fgl: error: {e}", file=sys.stderr)
-        return 2
+        message = _unknown_command(argv, parser)
+        if message:
+            raise UsageError(message)
+        return _dispatch(parser, argv)
+    except SystemExit as e:                    # --help / --version
+        return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
-        print("secure-fgl: interrupted (rerun with --resume to continue from the last checkpoint)", file=sys.stderr)
+        print("secure-fgl: interrupted (rerun with the same --out and --resume to continue from the last "
+              "checkpoint)", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            raise
+        text = " ".join(str(e).split())
+        if isinstance(e, UsageError) and text.startswith("unrecognized arguments"):
+            text += did_you_mean(text.split()[-1], [a for act in parser._actions for a in act.option_strings])
+        print(f"secure-fgl: error: {text}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from .files import save_torch_atomic
 
 FORMAT = "secure_fgl-checkpoint/1"
 #: settings that may change between a run and its resumption
-RESUMABLE_KEYS = frozenset({"rounds", "patience", "device", "data_root", "out", "resume", "attacks"})
+RESUMABLE_KEYS = frozenset({"rounds", "patience", "device", "data_root", "out", "resume", "attacks", "log",
+                            "save_best_model"})
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:

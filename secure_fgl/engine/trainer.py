@@ -40,9 +40,10 @@ def _summary(ev: dict) -> dict:
 
 
 def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True,
-          extra_state=None) -> TrainState:
+          extra_state=None, hooks=()) -> TrainState:
     """Run rounds ``next_round..rounds-1``; ``extra_state`` is a (save, load) pair of
-    callables for run-level state the checkpoint must carry (transcript, accountant)."""
+    callables for run-level state the checkpoint must carry (transcript, accountant);
+    ``hooks``: ``hook(row, state, algo)`` after each round (:mod:`.hooks`)."""
     state = TrainState()
     ckpt = out_dir / CHECKPOINT if out_dir is not None else None
     if cfg.resume and ckpt is not None and ckpt.exists():
@@ -74,7 +75,9 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
             state.stopped_early = True
         state.next_round = rnd + 1
         bar.set_postfix(loss=f"{metrics.get('train_loss', 0):.3f}", val=f"{ev['val_acc']:.3f}",
-                        test=f"{ev['test_acc']:.3f}")
+                        best_val=f"{state.best['val_acc']:.3f}")   # test accuracy only at the end
+        for hook in hooks:
+            hook(row, state, algo)
         if ckpt is not None:
             save_checkpoint(ckpt, cfg, {"algorithm": algo.state_dict(), "train": asdict(state), "rng": rng_state(),
                                         "extra": extra_state[0]() if extra_state is not None else None})

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="secure_fgl privacy/utility report")
     p.add_argument("--no-run", action="store_true", help="only render the report from existing runs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-best-model", action="store_true",
+                   help="do not keep each run's best_model.pt (kept by default)")
     return p
 
 
@@ -67,6 +70,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             config[key] = v
     if args.synthetic:
         config["synthetic"] = json.loads(args.synthetic)
+    if args.no_best_model:
+        config["save_best_model"] = False
     return SweepSpec(algorithms=_csv(args.algorithms), datasets=_csv(args.datasets), modes=_csv(args.modes),
                      epsilons=[parse_epsilon(e) for e in _csv(args.dp_epsilons)], seeds=_seeds(args.seeds),
                      attacks=_csv(args.attacks), config=config,
@@ -84,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in spec.algorithms:
             get_algorithm(name)            # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
-            spec.runs(args.out)            # validates every config before the first run starts
+            from ..preflight import preflight
+            for _, cfg in spec.runs(args.out):   # every config, option, dataset and attack name checked
+                preflight(dataclasses.replace(cfg, out=None))   # before the first run starts
             status = run_sweep(spec, args.out, progress=not args.quiet)
             done = sum(s["status"] == "done" for s in status)
             skipped = sum(s["status"] == "skipped" for s in status)

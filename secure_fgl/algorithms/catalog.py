@@ -1,0 +1,47 @@
+"""What each algorithm is, for ``secure-fgl algorithms [NAME]`` (no torch import).
+
+An algorithm missing here is still listed: its class docstring's first line stands in for
+``summary``.  Presets (``secure_fgl/configs/*.toml``) name their algorithm and are found by it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class About:
+    summary: str
+    paper: str
+    exchanges: str                      # what crosses the wire, by exchange tag
+    modes: tuple[str, ...] = ("plain", "ckks", "mask")
+    task: str = "node"                  # node | graph classification
+
+
+ABOUT: dict[str, About] = {
+    "fedavg": About("clients train a GNN on their own subgraph; the server averages the weights "
+                    "(cross-client edges ignored)",
+                    "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized "
+                    "Data, AISTATS 2017",
+                    "fedavg/model: weighted mean of model updates, every round"),
+    "fedprox": About("FedAvg with a proximal term mu/2 ||w - w_global||^2 in the local loss",
+                     "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
+                     "fedprox/model: weighted mean of model updates, every round"),
+    "local": About("each client trains alone on its subgraph; nothing is exchanged (lower reference)",
+                   "-", "none"),
+    "centralized": About("one model on the whole graph (upper reference); accuracy reported per client",
+                         "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none"),
+    "fedgcn": About("one pre-training exchange of neighbour-feature sums (0/1/2 hops), then FedAvg of a GCN",
+                    "Yao, Jin, Ravi & Joe-Wong, FedGCN: Convergence-Communication Tradeoffs in Federated "
+                    "Training of Graph Convolutional Networks, NeurIPS 2023",
+                    "fedgcn/neighbour_sums: row sums [A~X, degree] once before training; fedgcn/model: "
+                    "weighted mean of model updates, every round"),
+    "fedomd": About("orthogonal GCN layers and a central-moment (CMD) loss against pooled hidden statistics",
+                    "Federated Graph Learning with Center Moment Constraints for Node Classification (FedOMD)",
+                    "fedomd/hidden<l>/mean and /moments: pooled mean and central moments of hidden "
+                    "features, every round; fedomd/model: weighted mean of model updates"),
+    "fedspray": About("personalized GNNs distilled from a global feature-structure encoder with class-wise "
+                      "structure proxies",
+                      "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
+                      "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
+                      "weighted mean of structure proxies (weights stay secret), every round"),
+}

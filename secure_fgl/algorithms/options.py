@@ -1,0 +1,87 @@
+"""Each algorithm's own settings, described for ``--help`` and checked before any work.
+
+Kept apart from the algorithms (no torch import) so that ``secure-fgl --help`` is fast.
+A new algorithm lists its Options class in :data:`secure_fgl.algorithms.OPTIONS` (or keeps it
+as the ``Options`` attribute of its class, found on use); every field is a
+:func:`~secure_fgl.validation.setting` with its help line, unit, choices and range.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..validation import setting
+
+
+@dataclass
+class FedProxOptions:
+    """FedProx (Li et al., MLSys 2020) settings."""
+
+    mu: float = setting(0.01, min=0, help="proximal term weight mu (FedProx eq. 2)")
+
+
+@dataclass
+class FedGCNOptions:
+    """FedGCN (Yao et al. 2023) pre-training exchange settings."""
+
+    hops: int = setting(1, choices=(0, 1, 2), unit="hops",
+                        help="neighbour sums exchanged before training: 0 none (= FedAvg), 1 own rows, "
+                             "2 also cross-edge endpoints")
+    layout: str = setting("sparse", choices=("sparse", "dense"),
+                          help="encrypted row-sum layout: sparse (blocks a client touches) or dense (every block)")
+    row_order: str = setting("given", choices=("given", "signature"),
+                             help="sparse row numbering: given (dataset ids) or signature (fewer blocks; "
+                                  "publishes a histogram, see the fedgcn module doc)")
+    degree_cap: int = setting(254, min=1, unit="edges",
+                              help="public degree bound; 254 makes sums fit an 8-bit packed field")
+    dp_level: str = setting("edge", choices=("edge", "node"),
+                            help="what DP protects: one edge (sensitivity sqrt(2)C) or one node (sqrt(cap+1)C)")
+    dp_row_clip: float | None = setting(None, min=0, min_exclusive=True, unit="L2 norm",
+                                        help="C, L2 bound of a node's term [x, 1] under DP (default: --dp-clip)")
+    norm: str = setting("row", choices=("row", "sym", "none"),
+                        help="first-layer normalisation: row D^-1(A+I)X, sym D^-1/2(A+I)D^-1/2 X, none (A+I)X")
+    feature_bound: float = setting(10.0, min=0, min_exclusive=True,
+                                   help="public bound on |x| for non-binary features (float encoding)")
+
+
+@dataclass
+class FedOMDOptions:
+    """FedOMD settings (defaults: FedOMD sec. 4.5 / 5.1; readings in the fedomd module doc)."""
+
+    ortho_weight: float = setting(0.0005, min=0, help="alpha, weight of the orthogonality loss (eq. 12)")
+    cmd_weight: float = setting(10.0, min=0, help="beta, weight of the CMD loss (eq. 12; 0: no statistics "
+                                                  "exchange)")
+    ortho_layers: int = setting(1, min=1, unit="layers", help="OrthoConv hidden layers (Table 1)")
+    orthogonal: bool = setting(True, help="false: plain GCNConv hidden layers and no L_ortho (Table 6)")
+    newton_steps: int = setting(5, min=0, unit="iterations",
+                                help="ONI Newton iterations; 0 = W / ||W||_F (eq. 8 literally)")
+    ortho_propagate: bool = setting(True, help="OrthoConv propagates with S~ (false: eq. 8 literally)")
+    cmd_order: int = setting(5, min=1, help="highest central moment order J (Algorithm 1: 5)")
+    act_low: float = setting(0.0, help="a, lower activation bound of eq. 11")
+    act_high: float = setting(1.0, help="b, upper activation bound of eq. 11")
+    stats_nodes: str = setting("all", choices=("all", "train", "train_vs_all"),
+                               help="node set of the exchanged statistics")
+    stats_pass: str = setting("eval", choices=("eval", "train"),
+                              help="statistics from dropout-free (eval) or training passes")
+    dp_rows: int = setting(1, min=1, unit="rows", help="DP unit: hidden rows it can change (1: one row; N: a "
+                                                       "client)")
+
+
+@dataclass
+class FedSprayOptions:
+    """FedSpray settings (defaults: Fu et al. 2024, sec. 5.1.3)."""
+
+    backbone: str = setting("gcn", choices=("gcn", "sgc", "sage"), help="personalized GNN")
+    gnn_hidden: int = setting(64, min=1, unit="units", help="hidden size of the 2-layer GNN")
+    gnn_dropout: float = setting(0.0, min=0, max=0.99, unit="probability",
+                                 help="GNN dropout (not used in the paper / reference code)")
+    proxy_dim: int = setting(64, min=1, unit="units", help="d_s, proxy size, also the embedding size of g_e")
+    model_lr: float = setting(0.003, min=0, min_exclusive=True, help="Adam lr of the GNN and of the encoder")
+    proxy_lr: float = setting(0.02, min=0, min_exclusive=True, help="Adam lr of the structure proxies")
+    lambda1: float = setting(5.0, min=0, help="KD weight in the GNN loss (eq. 7)")
+    lambda2: float = setting(1.0, min=0, help="KD weight in the encoder loss (eq. 11)")
+    phase_epochs: int = setting(5, min=1, unit="epochs", help="E: epochs of each of the two local phases")
+    kd_threshold: float = setting(0.0, min=0, max=1, unit="probability",
+                                  help="unlabelled nodes enter eq. 6 only if max q > this (reference code: 0.7)")
+    proxy_weighting: str = setting("ratio", choices=("ratio", "count"),
+                                   help="eq. 15 weights: class ratio (paper) or class count")
+    ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")

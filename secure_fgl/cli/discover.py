@@ -1,0 +1,141 @@
+"""Discovery and analysis commands: ``algorithms [NAME]``, ``attacks``, ``modes``, ``compare``, ``plot``."""
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+from ..validation import ConfigError, describe, flag_name
+
+MODES = {
+    "plain": "no protection: the server reads every contribution (baseline and attack target)",
+    "ckks": "TenSEAL CKKS homomorphic encryption: clients make the keys, the server adds ciphertexts with a "
+            "public context only and never decrypts",
+    "mask": "pairwise-mask secure aggregation (X25519 + HKDF + AES-CTR, Shamir shares for dropouts): the "
+            "server sees only masked vectors whose sum unmasks",
+}
+
+
+def _wrap(text: str, indent: str = "  ") -> str:
+    return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _summary(name: str) -> str:
+    from ..algorithms.catalog import ABOUT
+    if name in ABOUT:
+        return ABOUT[name].summary
+    from ..algorithms import get_algorithm
+    doc = (get_algorithm(name).__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else "-"
+
+
+def algorithms_command(name: str | None) -> int:
+    from ..algorithms import ALGORITHMS, algorithm_name, get_options_class
+    from ..algorithms.catalog import ABOUT
+    from ..presets import preset_description, presets_of
+    if name is None:
+        for key in ALGORITHMS:
+            print(f"{key:<14}{_summary(key)}")
+        print("\nsecure-fgl algorithms NAME: its paper, exchanges, options and presets")
+        return 0
+    key = algorithm_name(name)
+    about = ABOUT.get(key)
+    print(f"{key}: {_summary(key)}")
+    if about is not None:
+        print(_wrap(f"paper: {about.paper}"))
+        print(_wrap(f"exchanges: {about.exchanges}"))
+        print(_wrap(f"modes: {', '.join(about.modes)}"))
+    cls = get_options_class(key)
+    fields = dataclasses.fields(cls)
+    print("options:" if fields else "options: none")
+    for f in fields:
+        print(f"  {flag_name(f.name):<20}{describe(f)}")
+    presets = presets_of(key)
+    print("presets:" if presets else "presets: none")
+    for p in presets:
+        print(f"  {p:<20}{preset_description(p)}   (secure-fgl run --preset {p})")
+    return 0
+
+
+def attacks_command() -> int:
+    from attacks.runner import ATTACKS
+    for name, cls in ATTACKS.items():
+        doc = (cls.__doc__ or "").strip().splitlines()
+        targets = ", ".join(cls.algorithms) if cls.algorithms else "any algorithm"
+        print(f"{name:<30}{doc[0] if doc else '-'}")
+        print(f"{'':<30}exchange {cls.exchange}; targets {targets}")
+    print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")
+    return 0
+
+
+def modes_command() -> int:
+    for name, text in MODES.items():
+        print(f"{name:<7}{text}")
+    print("\nAll modes take --dp-epsilon for differential privacy on top (see README, privacy).")
+    return 0
+
+
+COMPARE_COLUMNS = (("config.algorithm", "algorithm", "{}"), ("config.dataset", "dataset", "{}"),
+                   ("config.mode", "mode", "{}"), ("config.clients", "clients", "{}"),
+                   ("config.seed", "seed", "{}"), ("config.dp_epsilon", "eps", "{:g}"),
+                   ("final.test_acc", "test_acc", "{:.4f}"), ("final.val_acc", "val_acc", "{:.4f}"),
+                   ("final.best_round", "best", "{}"), ("comm.bytes_up", "up_MB", "{:.2f}"),
+                   ("time.total", "total_s", "{:.1f}"))
+
+
+def compare_command(paths: list[str]) -> int:
+    from ..results import find_results, flatten
+    import json
+    files = find_results(*paths)
+    if not files:
+        raise ConfigError(f"no result.json under {', '.join(paths)}; give run folders (secure-fgl run --out DIR)")
+    rows = []
+    for path in files:
+        flat = flatten(json.loads(path.read_text()))
+        row = [str(path.parent)]
+        for key, _, fmt in COMPARE_COLUMNS:
+            value = flat.get(key)
+            if key == "comm.bytes_up" and value is not None:
+                value = value / 1e6
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    header = ["run"] + [label for _, label, _ in COMPARE_COLUMNS]
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return 0
+
+
+def plot_command(run: str, out: str | None) -> int:
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    path = Path(run) / "result.json" if Path(run).is_dir() else Path(run)
+    if not path.is_file():
+        raise ConfigError(f"no result.json at {run}; give a run folder (secure-fgl run --out DIR)")
+    result = json.loads(path.read_text())
+    rounds = result.get("rounds") or []
+    if not rounds:
+        raise ConfigError(f"{path} has no rounds to plot")
+    xs = [r["round"] for r in rounds]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(xs, [r.get("train_loss") for r in rounds])
+    ax_loss.set(xlabel="round", ylabel="train loss")
+    for key in ("train_acc", "val_acc", "test_acc"):
+        if key in rounds[0]:
+            ax_acc.plot(xs, [r[key] for r in rounds], label=key.replace("_acc", ""))
+    best = result["final"].get("best_round")
+    if best is not None and best >= 0:
+        ax_acc.axvline(best, color="grey", linestyle=":", label="best validation")
+    ax_acc.set(xlabel="round", ylabel="accuracy")
+    ax_acc.legend()
+    cfg = result["config"]
+    fig.suptitle(f"{cfg['algorithm']} / {cfg['dataset']} / {cfg['mode']}, {result['num_clients']} clients")
+    fig.tight_layout()
+    target = Path(out) if out else path.parent / "curves.png"
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    print(f"curves: {target}")
+    return 0

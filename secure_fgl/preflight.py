@@ -1,0 +1,128 @@
+"""Checks that need the registries (datasets, algorithms, attacks, the run folder), made once
+before any data is loaded: a bad name or a bad folder is a one-line ConfigError, not a
+traceback after training.  :func:`preflight` returns the algorithm's filled Options."""
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+
+from .config import RunConfig
+from .validation import ConfigError, check_settings, did_you_mean, flag_name, match_choice
+
+#: accepted ``--device`` spellings
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def dataset_tasks() -> dict[str, str]:
+    """Every ``--dataset`` name -> ``'node'`` or ``'graph'`` (registry, GCFL groups, generators)."""
+    from .data.datasets import DATASETS
+    from .data.graph_classification import GCFL_GROUPS
+    tasks = {name: info.task for name, info in DATASETS.items()}
+    tasks.update({group: "graph" for group in GCFL_GROUPS})
+    try:                                            # the graph-level generator, where this build has it
+        from .data.synthetic_graphs import SYNTHETIC_GRAPHS
+        tasks[SYNTHETIC_GRAPHS] = "graph"
+    except ImportError:
+        pass
+    return tasks
+
+
+def algorithm_task(name: str, algo_cls) -> str | None:
+    """``'node'``/``'graph'`` as the class declares (``task``) or the catalog says; None if unknown."""
+    from .algorithms.catalog import ABOUT
+    return getattr(algo_cls, "task", None) or (ABOUT[name].task if name in ABOUT else None)
+
+
+def check_dataset(cfg: RunConfig, algo_cls) -> None:
+    tasks = dataset_tasks()
+    task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
+    cfg.dataset = cfg.dataset.lower()        # one spelling in results (the data layer ignores case)
+    algo_task = algorithm_task(cfg.algorithm, algo_cls)
+    if algo_task is not None and task != algo_task:
+        raise ConfigError(f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "
+                          f"{cfg.algorithm} trains {algo_task} classification; pick a {algo_task}-classification "
+                          "dataset (list: secure-fgl datasets)")
+    if cfg.data_root is not None and not Path(cfg.data_root).is_dir():
+        raise ConfigError(f"--data-root {cfg.data_root} is not a folder; give the folder holding the datasets "
+                          "(e.g. $SECURE_FGL_DATA)")
+
+
+def check_attacks(cfg: RunConfig) -> None:
+    if not cfg.attacks:
+        return
+    from attacks.runner import ATTACKS
+    names = []
+    for name in cfg.attacks:
+        names.append("all" if name.lower() == "all" else match_choice("--attacks", name, tuple(ATTACKS)))
+    cfg.attacks = names
+
+
+def check_out(cfg: RunConfig) -> None:
+    if cfg.out is None:
+        if cfg.resume:
+            raise ConfigError("--resume needs --out DIR, the folder of the interrupted run")
+        return
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the run's files")
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"--out {out}: {parent} is not writable; choose another folder")
+    if cfg.resume:
+        ckpt = out / "checkpoint.pt"
+        if not ckpt.is_file():
+            raise ConfigError(f"--resume: no checkpoint at {ckpt}; drop --resume to start afresh")
+        if not zipfile.is_zipfile(ckpt):
+            raise ConfigError(f"--resume: {ckpt} is corrupt (not a torch checkpoint); delete it and drop --resume")
+
+
+def check_logs(cfg: RunConfig) -> None:
+    import importlib.util
+    if "tensorboard" in cfg.log.split(",") and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--log tensorboard needs the tensorboard package: pip install 'secure-fgl[tensorboard]' "
+                          "(or use --log csv)")
+
+
+def check_options(cfg: RunConfig, options_cls) -> object:
+    import dataclasses
+    own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
+    for key in cfg.options:
+        flag = flag_name(str(key))
+        if flag not in own:
+            run_flags = [flag_name(f.name) for f in dataclasses.fields(RunConfig)
+                         if f.name not in ("options", "synthetic")]
+            known = f"its options: {', '.join(own)}" if own else "it has no options"
+            raise ConfigError(f"{flag} is not a run flag nor an option of --algorithm {cfg.algorithm} ({known})"
+                              + did_you_mean(flag, own + run_flags))
+    values = check_settings(options_cls, cfg.options, what=f"an option of --algorithm {cfg.algorithm}")
+    cfg.options = values
+    opts = options_cls(**values)
+    lo, hi = getattr(opts, "act_low", 0.0), getattr(opts, "act_high", 1.0)
+    if lo >= hi:
+        raise ConfigError(f"--act-low must be below --act-high, got {lo} and {hi}")
+    return opts
+
+
+def preflight(cfg: RunConfig, *, check_data: bool = True):
+    """Validate ``cfg`` in place (canonical names); returns the algorithm's Options instance.
+    ``check_data=False`` when the caller brings its own federation (no dataset lookup)."""
+    from .algorithms import algorithm_name, get_algorithm, get_options_class
+    cfg.algorithm = algorithm_name(cfg.algorithm)
+    cfg.validate()
+    if not DEVICE_PATTERN.match(cfg.device.lower()):
+        raise ConfigError(f"--device {cfg.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
+                          + did_you_mean(cfg.device, ("auto", "cpu", "cuda", "mps")))
+    cfg.device = cfg.device.lower()
+    options = check_options(cfg, get_options_class(cfg.algorithm))
+    check_out(cfg)
+    check_logs(cfg)
+    algo_cls = get_algorithm(cfg.algorithm)
+    check_config = getattr(algo_cls, "check_config", None)   # an algorithm's own cross-field rules
+    if check_config is not None:
+        check_config(options, cfg)
+    if check_data:
+        check_dataset(cfg, algo_cls)
+    check_attacks(cfg)
+    return options
