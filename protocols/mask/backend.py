@@ -196,6 +196,11 @@ class MaskProtocol(Protocol):
         self.last_encoding: FixedPoint | None = None
         self.last_timing: dict[str, float] = {}
         self.last_stats: dict | None = None
+        #: attack simulations only: keep every client's secrets of the last exchange (its memory),
+        #: so that a coalition attack can use what its colluding clients hold; off by default
+        self.keep_client_state = False
+        self.last_client_state: dict[int, _Participant] = {}
+        self.last_binding: ExchangeBinding | None = None
 
     # ------------------------------------------------------------------ public knobs
     @property
@@ -504,6 +509,8 @@ class MaskProtocol(Protocol):
             recv_s[int(r)] = (t_decode - t_recv) + time.perf_counter() - t0
 
         self.last_included = included
+        self.last_binding = binding
+        self.last_client_state = dict(state) if self.keep_client_state else {}
         self.last_dropped = {k: drops[k] for k in missing}
         self.last_timing = {
             "encode_s": sum(encode_s.values()),                      # all clients, quantise + bound check
