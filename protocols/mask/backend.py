@@ -14,43 +14,50 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    the contributors of ``b``.
 2. *AdvertiseKeys* — a fresh X25519 mask key pair per client per exchange; public
    keys go to the server, which broadcasts them (:mod:`.keys`).
-3. *ShareKeys* (when dropout recovery is on) — each client Shamir-shares its mask
-   secret key (and, in ``reveal_to_server`` mode, its self-mask seed) with the other
-   participants, threshold ``t`` (:mod:`.shamir`).  Shares travel client to client
-   (recorded as ``share`` messages; in a deployment they are encrypted under a
-   pairwise channel key and relayed by the server, which cannot read them).
-4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes,
+3. *ShareKeys* — each client draws a fresh self-mask seed ``b_k`` (os.urandom) and
+   Shamir-shares it, and (when dropout recovery is on) the secret key of its mask key pair,
+   with the other participants, threshold ``t`` (:mod:`.shamir`).  Shares travel over the
+   encrypted client-to-client channel relayed by the server (:mod:`protocols.channel`;
+   recorded as ``ciphertext`` messages with ``relay='server'``): the server cannot read them.
+4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes (Bonawitz
+   double masking, plus an output mask),
 
-       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + R_k     (mod 2^b)
+       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k) + R_k     (mod 2^b)
 
-   with ``j`` ranging over the other contributors of that block.  ``R_k`` is the
-   *output mask* ``PRG(HKDF(G, k))`` (default) or the Bonawitz self mask
-   ``PRG(b_k)`` (``reveal_to_server=True``); see below.
+   with ``j`` ranging over the other contributors of that block, ``b_k`` the self mask and
+   ``R_k`` the output mask (default; absent with ``reveal_to_server=True``), see below.
 5. *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
-   between survivors.  For a client that dropped after step 3, the surviving clients
-   send the server their shares of its mask secret key; the server reconstructs it
-   (verifying it against the advertised public key), recomputes the dangling masks
-   and removes them — the sum then covers the survivors only and recipients are told
-   who was included.  Too few survivors (``< t``), recovery disabled, or DP noise
-   placed 'distributed' (a survivors' sum would be short of noise): DropoutError.
-   Never a wrong sum.
+   between survivors.  The server asks each responding client, per other client, for its
+   share of ``b_u`` (survivors ``u``) **or** of the mask secret key (clients ``d`` that dropped
+   after step 3) — never both; an honest client refuses a request naming one client in both
+   lists (:class:`~protocols.errors.UnmaskingRefusedError`).  The server rebuilds each
+   ``b_u`` and removes ``PRG(b_u)``; it rebuilds each dropped key (verified against the
+   advertised public key), recomputes the dangling masks and removes them — the sum then
+   covers the survivors only and recipients are told who was included.  Too few responders
+   (``< t``), recovery disabled, or DP noise placed 'distributed' (a survivors' sum would be
+   short of noise): DropoutError.  Never a wrong sum.
 6. *Delivery* — each recipient gets exactly the blocks it asked for, removes the
    output mask and decodes.
 
+Every client->server and client->client message is signed (Ed25519) in the envelope of
+:mod:`protocols.message`, with stages ``advertise_keys``, ``share_keys``, ``masked_upload``,
+``unmask`` (and ``block_ids`` in the sparse layout); the server and each recipient verify it
+before use (:mod:`protocols.auth`).
+
+**Individual inputs are protected by ``b_k``** (Bonawitz et al. §4): if a "dropped" client's
+upload arrives late after the server rebuilt its mask key, the server (and any coalition of
+fewer than ``t`` clients) still faces ``PRG(b_k)``, whose shares it never asked for.
+
 **Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
 recipients of every exchange are clients, so the server need not: every client holds
-a 32-byte *group seed* ``G`` (drawn by client 0 and sent peer to peer at the first
-exchange, like the CKKS secret key; recorded as ``secret_key`` messages the server
-never sees), and contributor ``k`` adds ``R_k = PRG(HKDF(G; exchange, k))`` to each
-of its blocks.  The server's sum is ``sum q(x_k) + sum_k R_k``: uniformly random to
-it.  A recipient subtracts ``R_k`` for every included contributor of each block it
-receives (dropout-robust, because the server tells it who was included).  ``R_k``
-also plays the role of Bonawitz' self mask ``b_k``: if a "dropped" client's upload
-arrived late after its key was reconstructed, the server would still see only
-``q(x_k) + R_k``.  With ``reveal_to_server=True`` the backend is the standard
-protocol: self masks ``PRG(b_k)`` with ``b_k`` Shamir-shared and reconstructed by the
-server for the survivors, and downloads are recorded as ``plain`` (the server can
-read the aggregate it sends).
+a 32-byte *group seed* ``G`` (drawn by client 0 and sent to every client over the relayed
+encrypted channel at the first exchange), and contributor ``k`` adds
+``R_k = PRG(HKDF(G; exchange, k))`` to each of its blocks.  The server's sum is
+``sum q(x_k) + sum_k R_k``: uniformly random to it.  A recipient subtracts ``R_k`` for every
+included contributor of each block it receives (dropout-robust, because the server tells it
+who was included).  ``R_k`` hides only the aggregate: every client knows ``G``.  With
+``reveal_to_server=True`` there is no output mask and downloads are recorded as ``plain``
+(the server can read the aggregate it sends).
 
 **What still leaks.**  The server learns which clients took part and, in the sparse
 layout, which block ids each client touches; a block with a single contributor is
@@ -61,14 +68,16 @@ legitimately learn the aggregates they receive (DESIGN.md, threat model).
 
 **Collusion.**  Every client holds ``G``, so the server plus any one client sees the
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
-plus ``c < t`` colluding clients (too few shares to rebuild the victim's mask key) as
-long as at least one other honest client contributes the same block.  Honest-but-curious only: no signatures or
-consistency checks against an active server (Bonawitz' §4 malicious variant).
+plus ``c < t`` colluding clients (too few shares to rebuild the victim's ``b_k`` or mask key)
+as long as at least one other honest client contributes the same block
+(:mod:`attacks.coalition` measures it).  Honest-but-curious server: no SecAgg+ consistency
+round, so a server that lies about who dropped is outside the model.
 
 **Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
 *next* exchange at a given stage: ``'keys'`` (before advertising keys: simply not a
 participant), ``'upload'`` (after sharing keys, before uploading: needs recovery),
-``'unmask'`` (after uploading, does not answer the recovery round).  A dropped client
+``'unmask'`` (after uploading, does not answer the recovery round), ``'late'`` (like
+``'upload'``, but its masked upload arrives after recovery: recorded, never aggregated).  A dropped client
 still receives its download (it reconnects for the result), so callers get every
 recipient's result; :attr:`MaskProtocol.last_included` names the clients whose
 contributions the result covers.
