@@ -48,10 +48,14 @@ ArrayLike = Any  # numpy array or torch tensor
 
 
 def to_numpy(x: ArrayLike) -> np.ndarray:
-    """A float64 numpy copy of a numpy array or (any-device) torch tensor."""
+    """A float64 numpy copy of a numpy array or (any-device) torch tensor of real numbers;
+    ShapeError for complex, string or object data (never a silent cast)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise ShapeError(f"contributions must be real numbers, got dtype {a.dtype}")
+    return a.astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -466,6 +470,18 @@ class Protocol(ABC):
         first = received[recips[0]]
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
 
+    @staticmethod
+    def _check_exchange_id(tag, rnd) -> None:
+        """The envelope carries the tag as UTF-8 and the round as a signed 64-bit integer."""
+        if not isinstance(rnd, (int, np.integer)) or isinstance(rnd, bool) or not 0 <= int(rnd) < 1 << 63:
+            raise ConfigurationError(f"round must be an integer in [0, 2^63), got {rnd!r}")
+        if not isinstance(tag, str) or not 0 < len(tag) <= 1024:
+            raise ConfigurationError(f"tag must be a non-empty string of at most 1024 characters, got {tag!r:.80}")
+        try:
+            tag.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError(f"tag {tag!r:.80} is not valid UTF-8") from None
+
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
         """The DP request if the run has DP and ``tag`` is in its scope, else ``None``."""
         if dp is None or self.dp is None or not self.dp.config.in_scope(tag):
@@ -475,6 +491,7 @@ class Protocol(ABC):
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         """Run the backend and account what the same exchange costs as plaintext float32
         (the plain backend's wire format), so every mode reports its expansion factor."""
+        self._check_exchange_id(ctx.tag, ctx.round)
         self.exchange += 1
         received = self._aggregate(ctx)
         ids = 4 if ctx.layout == "sparse" else 0
