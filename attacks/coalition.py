@@ -149,3 +149,74 @@ def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
             isolated += len(others) == 1
     return {"blocks_received": received, "isolated": isolated,
             "fraction": isolated / received if received else 0.0}
+
+
+# ----------------------------------------------------------------------------- the runner's attack
+from attacks.base import Attack, AttackResult, View  # noqa: E402  (after the functions it wraps)
+
+
+def _probe_mask(proto, coalition: list[int], late: bool) -> float:
+    """Mean fraction of a non-coalition client's upload the coalition recovers, on a probe
+    exchange of the same protocol settings (random inputs; the break does not depend on data)."""
+    from protocols.mask import MaskProtocol
+    probe = MaskProtocol(proto.num_clients, reveal_to_server=proto.reveal_to_server,
+                         dropout_recovery=proto.dropout_recovery, threshold=proto.threshold)
+    probe.keep_client_state = True
+    victims = [k for k in range(proto.num_clients) if k not in coalition]
+    if not victims or proto.num_clients < 3:
+        return float("nan")
+    if late:
+        probe.drop_clients([victims[0]], stage="late")
+    rng = np.random.default_rng(0)
+    probe.weighted_sum("probe/x", 0, {k: rng.uniform(-1, 1, 512) for k in range(proto.num_clients)})
+    return float(np.mean([mask_break(probe, "probe/x", 0, v, coalition)["recovered"]
+                          for v in (victims[:1] if late else victims)]))
+
+
+class CoalitionAttack(Attack):
+    """Server + c colluding clients (default c=1: client 0): (a) upload fraction read by breaking
+    the protocol, (b) fraction of received blocks the aggregate isolates (see module docstring)."""
+
+    name = "coalition"
+    exchange = "*"
+    default_observer = "coalition:[server,0]"
+    knowledge = ("public", "coalition_keys")
+
+    def run(self, view: View, knowledge) -> AttackResult:
+        keys = knowledge["coalition_keys"]
+        proto, coalition = keys["protocol"], sorted(keys["clients"])
+        if SERVER not in view.parties or not coalition:
+            return self.not_applicable("the coalition needs the server and at least one client")
+        mode = getattr(proto, "mode", "plain")
+        tags = sorted({m.tag for m in view.messages if m.receiver == SERVER
+                       and m.kind in ("plain", "ciphertext", "masked")})
+        per_tag, broken = {}, []
+        for tag in tags:
+            rnd = max(m.round for m in view.messages if m.tag == tag and m.receiver == SERVER)
+            iso = implied_isolation(proto, tag, rnd, coalition)
+            entry = {"implied_isolated_fraction": iso["fraction"], "blocks_received": iso["blocks_received"]}
+            if mode == "ckks":
+                ups = [m for m in view.messages if m.tag == tag and m.round == rnd and m.receiver == SERVER
+                       and m.kind == "ciphertext" and party_client(m.sender) not in coalition]
+                read = ckks_break(proto, tag, rnd, coalition) if ups else {}
+                entry["break_read_fraction"] = len(read) / len(ups) if ups and any(m.payload for m in ups) else None
+            elif mode == "plain":
+                entry["break_read_fraction"] = 1.0
+            per_tag[tag] = entry
+            if entry.get("break_read_fraction") is not None:
+                broken.append(entry["break_read_fraction"])
+        metrics = {"per_exchange": per_tag, "coalition_clients": coalition,
+                   "implied_isolated_fraction": max((e["implied_isolated_fraction"] for e in per_tag.values()),
+                                                    default=0.0)}
+        chance = 0.0
+        if mode == "mask":
+            metrics["break_probe_recovered"] = _probe_mask(proto, coalition, late=False)
+            metrics["break_late_upload_recovered"] = _probe_mask(proto, coalition, late=True)
+            value = max(metrics["break_probe_recovered"], metrics["break_late_upload_recovered"])
+            chance = 2.0 ** -32
+        else:
+            value = max(broken) if broken else None
+        return self.result(metric="break_read_fraction", value=value, chance=chance, metrics=metrics)
+
+    def score(self, result: AttackResult, truth) -> AttackResult:
+        return result

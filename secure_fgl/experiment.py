@@ -112,6 +112,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
         result["attacks"] = run_attacks(cfg.attacks, algo=algo, protocol=protocol, fed=fed, cfg=cfg)
         times["attacks"] = time.perf_counter() - t0
     result["comm"] = protocol.transcript.comm()
+    # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
+    result["key_fingerprints"] = protocol.identity_fingerprints()
     times["total"] = time.perf_counter() - t_start
     result["time"] = times
     if out_dir is not None:

@@ -225,3 +225,19 @@ def test_aggregate_minus_own_isolates_a_single_other_contributor():
         iso = implied_isolation(proto, "r/s", 0, coalition=[0])
         assert iso["blocks_received"] >= 1 and iso["fraction"] == 1.0, (mode, iso)
         assert np.allclose(out[0][0] - 1.0, 2.0, atol=1e-3)   # the aggregate minus own row = client 1's row
+
+
+@pytest.mark.parametrize("mode", ["mask", "ckks"])
+def test_coalition_attack_in_the_runner_registry(mode):
+    from attacks.base import View
+    from attacks.runner import ATTACKS
+    attack = ATTACKS["coalition"]()
+    proto = make_protocol(mode, 4)
+    proto.weighted_sum("fedavg/model", 0, _values(4, 40), spec=SPEC)
+    view = View.of(proto.transcript, attack.observer)
+    res = attack(view, {"public": {}, "coalition_keys": {"protocol": proto, "clients": [0]}})
+    assert res.applicable and res.metric == "break_read_fraction"
+    if mode == "mask":     # double masking: nothing beyond chance, even for a late upload
+        assert res.value <= 1e-3 and res.metrics["break_late_upload_recovered"] <= 1e-3
+    else:                  # one shared CKKS key: the coalition client decrypts every upload
+        assert res.value == 1.0
