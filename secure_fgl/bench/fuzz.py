@@ -92,11 +92,6 @@ def _truncate(m, rng):
     return _with_payload_bytes(m, data[:int(rng.integers(0, len(data)))])
 
 
-def _sealed_by_victim(fz, m, **changes):
-    """A message the victim really signed, but with other routing (another recipient/stage/session)."""
-    return fz.proto._seal(dataclasses.replace(m, **changes), changes.pop("_stage", "upload"))
-
-
 def _stage_of(fz):
     return "masked_upload" if fz.mode == "mask" else "upload"
 
