@@ -50,6 +50,7 @@ KNOWLEDGE: dict[str, str] = {
     "query_api": "LinkTeller: query access to a client's inference API with attacker-chosen features",
     "aux_labelled": "K1: a labelled auxiliary sample from the same distribution (ids, features, labels, edges)",
     "hidden_fn": "the released model's hidden-feature map, applicable to auxiliary data",
+    "coalition_keys": "the colluding clients' own protocol secrets (CKKS key ring; mask seeds, shares, group seed)",
 }
 
 

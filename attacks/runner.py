@@ -28,6 +28,7 @@ candidates         training (members) and test (non-members) node ids, balanced,
 query_api          client t's deployed model as an inference API on its own subgraph (LinkTeller)
 aux_labelled       K1: labels of a seeded 30 % node sample, read in its graph neighbourhood
 hidden_fn          the released model's first hidden layer (FedOMD prototypes)
+coalition_keys     the protocol object, read only for the colluding clients' own secrets
 =================  ==========================================================================
 
 Ground truth (``fed.graph``, ``fed.clients``) enters only :meth:`Attack.score`.
@@ -49,6 +50,7 @@ from protocols.transcript import SERVER, client_party
 
 from .audit import audit_protocol
 from .base import Attack, AttackResult, GroundTruth, View, observer_parties
+from .coalition import CoalitionAttack
 from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout, own_degrees
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
@@ -58,7 +60,7 @@ ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
     ProxyLabelDistribution, MomentLabelDistribution,
-    MembershipInference, PosteriorLinkInference, InfluenceLinkInference)}
+    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack)}
 
 
 def applies_to(cls: type[Attack], algorithm: str) -> bool:
@@ -254,6 +256,11 @@ class RunContext:
             model.eval()
             return torch.stack(outs).mean(0).cpu().numpy()
         return fn
+
+    def coalition_keys(self, observer: str, **_) -> dict:
+        """The colluding clients' own protocol secrets (simulated client memory)."""
+        return {"protocol": self.protocol,
+                "clients": [int(p[6:]) for p in observer_parties(observer) if p.startswith("client")]}
 
     def knowledge_for(self, attack: Attack, observer: str) -> dict:
         out = {}

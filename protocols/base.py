@@ -28,6 +28,7 @@ equal-length blocks with per-recipient block selection.
 from __future__ import annotations
 
 import hashlib
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -35,8 +36,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import validate
-from .errors import ConfigurationError, IntegrityError, ShapeError
-from .transcript import Message, Transcript
+from .auth import KeyRegistry, ReplayCache, SigningKey, verify
+from .channel import ChannelKey, associated_data
+from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
+from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
+from .transcript import SERVER, Message, Transcript, client_party, party_client
+
+#: tag of the once-per-run registration of the clients' public keys
+AUTH_TAG = "auth/keys"
 
 ArrayLike = Any  # numpy array or torch tensor
 
@@ -162,8 +169,18 @@ class Protocol(ABC):
         if dp is not None:
             from .dp import DPEngine  # local import: dp depends on accountant/opacus
             self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
-        #: test hook: called on every client->server message before the server reads it
+        #: test hook: called on every client->server (and relayed client->client) message in transit
         self.intercept: Callable[[Message], Message] | None = None
+        #: public run id and this session's nonce (os.urandom; a resumed run gets a new session)
+        self.run_id = os.urandom(NONCE_BYTES)
+        self.session = os.urandom(NONCE_BYTES)
+        #: number of the current exchange in this session (bound into every envelope)
+        self.exchange = 0
+        #: the registered public keys (trust on first use; see :mod:`protocols.auth`)
+        self.registry = KeyRegistry()
+        self._signing = {k: SigningKey() for k in range(self.num_clients)}          # client side
+        self._channel = {k: ChannelKey(client_party(k)) for k in range(self.num_clients)}
+        self._replay: dict[str, ReplayCache] = {}                                  # per receiving party
 
     # ------------------------------------------------------------------ identity
     @property
@@ -428,6 +445,18 @@ class Protocol(ABC):
         first = received[recips[0]]
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
 
+    @staticmethod
+    def _check_exchange_id(tag, rnd) -> None:
+        """The envelope carries the tag as UTF-8 and the round as a signed 64-bit integer."""
+        if not isinstance(rnd, (int, np.integer)) or isinstance(rnd, bool) or not 0 <= int(rnd) < 1 << 63:
+            raise ConfigurationError(f"round must be an integer in [0, 2^63), got {rnd!r}")
+        if not isinstance(tag, str) or not 0 < len(tag) <= 1024:
+            raise ConfigurationError(f"tag must be a non-empty string of at most 1024 characters, got {tag!r:.80}")
+        try:
+            tag.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError(f"tag {tag!r:.80} is not valid UTF-8") from None
+
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
         """The DP request if the run has DP and ``tag`` is in its scope, else ``None``."""
         if dp is None or self.dp is None or not self.dp.config.in_scope(tag):
@@ -437,6 +466,8 @@ class Protocol(ABC):
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         """Run the backend and account what the same exchange costs as plaintext float32
         (the plain backend's wire format), so every mode reports its expansion factor."""
+        self._check_exchange_id(ctx.tag, ctx.round)
+        self.exchange += 1
         received = self._aggregate(ctx)
         ids = 4 if ctx.layout == "sparse" else 0
         up = sum(t.values.size * 4 + t.ids.size * ids for t in ctx.contributions.values())
@@ -444,12 +475,82 @@ class Protocol(ABC):
         self.transcript.account_plaintext(ctx.tag, up, down)
         return received
 
-    def _deliver(self, msg: Message) -> Message:
-        """Record a client->server message, passing it through the test hook first."""
+    def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message:
+        """Client ``msg.sender`` signs ``msg`` and sends it to the server; it passes the test
+        hook in transit, is recorded (unless ``record`` is false) and the server verifies it
+        (:func:`protocols.auth.verify`) before anything reads it."""
+        sender, tag, rnd = msg.sender, msg.tag, msg.round
+        msg = self._seal(msg, stage, part)
         if self.intercept is not None:
             msg = self.intercept(msg)
-        self.transcript.record(msg)
+        if record:
+            self.transcript.record(msg)
+        self._authenticate(msg, sender, SERVER, stage, part, tag, rnd)
         return msg
+
+    # ------------------------------------------------------------------ authentication
+    def identity_fingerprints(self) -> dict[str, dict[str, str]]:
+        """SHA-256 fingerprints of every registered client key (for result.json)."""
+        return self.registry.fingerprints()
+
+    def _ensure_registered(self, rnd: int) -> None:
+        """Trust on first use: each client registers its signing and channel keys once per run."""
+        if self.registry.signing:
+            return
+        for k in range(self.num_clients):
+            party = client_party(k)
+            payload = {"signing": self._signing[k].public_bytes, "channel": self._channel[k].public_bytes}
+            self.registry.register(party, payload["signing"], payload["channel"])
+            msg = self._seal(Message(rnd, AUTH_TAG, party, SERVER, "public_key", (2, 32), 0, self.mode, "",
+                                     payload, note="Ed25519 signing key and X25519 channel key (TOFU)"), "register")
+            self.transcript.record(msg)
+            self._authenticate(msg, party, SERVER, "register", 0, AUTH_TAG, rnd)
+
+    def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
+        """Client side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
+        self._ensure_registered(msg.round)
+        k = party_client(msg.sender)
+        digest, length = body_digest(msg.payload)
+        env = Envelope(self.run_id, self.session, msg.protocol, msg.fingerprint, self.exchange, int(msg.round),
+                       msg.tag, stage, int(part), msg.sender, msg.receiver, msg.kind, tuple(int(d) for d in msg.shape),
+                       digest, length)
+        header = env.header_bytes()
+        return replace(msg, auth=self._signing[k].sign(header) + header,
+                       nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
+
+    def _authenticate(self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str,
+                      rnd: int) -> None:
+        """Receiver side: verify ``msg`` (signature, sender, recipient, session, exchange, stage,
+        digest, replay) expected in exchange (``tag``, ``rnd``); an IntegrityError subclass
+        naming the client and exchange otherwise."""
+        where = dict(tag=tag, round=rnd, client=party_client(sender))
+        expected = dict(run_id=self.run_id, session=self.session, exchange=self.exchange, stage=stage, part=part,
+                        sender=sender, recipient=recipient)
+        try:
+            verify(msg, expected, self.registry, self._replay.setdefault(recipient, ReplayCache()), where)
+        except MalformedMessageError as e:
+            if e.client is None:
+                raise MalformedMessageError(str(e), **where) from None
+            raise
+
+    def _relay(self, rnd: int, tag: str, a: int, b: int, stage: str, secret: bytes, note: str,
+               fingerprint: str | None = None, keep_payload: bool = True, part: int = 0) -> bytes:
+        """Client ``a`` sends ``secret`` to client ``b`` through the server over the encrypted
+        channel (:mod:`protocols.channel`); returns what ``b`` decrypts after verifying it."""
+        self._ensure_registered(rnd)
+        pa, pb = client_party(a), client_party(b)
+        ad = associated_data(self.run_id, self.session, self.exchange, rnd, tag, stage, pa, pb)
+        sealed = self._channel[a].seal(pb, self.registry.channel[pb], self.run_id, secret, ad)
+        fp = self.fingerprint if fingerprint is None else fingerprint
+        msg = self._seal(Message(rnd, tag, pa, pb, "ciphertext", (len(sealed),), 0, self.mode, fp, sealed,
+                                 note=note + " (channel-encrypted, relayed by the server)", relay=SERVER), stage,
+                         part)
+        if self.intercept is not None:
+            msg = self.intercept(msg)
+        self.transcript.record(msg if keep_payload else msg.without_payload())
+        self._authenticate(msg, pa, pb, stage, part, tag, rnd)
+        return self._channel[b].open(pa, self.registry.channel[pa], self.run_id, msg.payload, ad,
+                                     dict(tag=tag, round=rnd, client=a))
 
     def _check_envelope(self, msg: Message, ctx: ExchangeContext, client: int) -> None:
         """Server side: refuse a message that does not belong to this exchange."""

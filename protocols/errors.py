@@ -55,3 +55,30 @@ class DropoutError(ProtocolError):
 
 class PrivacyBudgetError(ProtocolError):
     """A DP release was requested that the configured budget does not cover."""
+
+
+class MalformedMessageError(IntegrityError):
+    """A message's bytes do not parse: truncated, trailing garbage, a bad length or field."""
+
+
+class DigestError(IntegrityError):
+    """A message body does not match the SHA-256 digest its sender signed (changed in transit)."""
+
+
+class AuthenticationError(IntegrityError):
+    """A message's signature does not verify under its claimed sender's registered key,
+    or the sender it names is not the party expected in this slot (spoofing)."""
+
+
+class ReplayError(IntegrityError):
+    """A message was seen before (same session, exchange, stage, sender, part), or belongs to
+    another session or an earlier exchange of this one."""
+
+
+class MisdirectedError(IntegrityError):
+    """A message addressed to another recipient was delivered here."""
+
+
+class UnmaskingRefusedError(ProtocolError):
+    """An honest client refused an unmasking request that would reveal an individual input
+    (both the self-mask and the mask-key shares of one client)."""

@@ -36,7 +36,9 @@ class Message:
     anyone who sees it; ``ciphertext`` needs the CKKS secret key; ``masked`` is a
     one-time-padded vector; ``share`` is a secret share; ``metadata`` are ids/counts
     the protocol publishes on purpose (e.g. which row blocks a client touches in the
-    sparse layout).  ``nbytes`` is the serialized size actually sent.
+    sparse layout).  ``nbytes`` is the serialized size actually sent: for a signed message,
+    signature + envelope header + canonical body.  A client-to-client message relayed by the
+    server has ``relay == "server"`` and appears in the server's :meth:`Transcript.view`.
     """
 
     round: int
@@ -50,6 +52,10 @@ class Message:
     fingerprint: str
     payload: Any = None
     note: str = ""
+    #: ``signature || envelope header`` (:mod:`protocols.message`) of a signed message, else b""
+    auth: bytes = b""
+    #: the party that relayed a client-to-client message ("server"), else ""
+    relay: str = ""
 
     def without_payload(self) -> "Message":
         return replace(self, payload=None)
@@ -98,8 +104,8 @@ class Transcript:
                 and (sender is None or m.sender == sender) and (receiver is None or m.receiver == receiver)]
 
     def view(self, party: str) -> list[Message]:
-        """Every message ``party`` sent or received: what it can read, given its keys."""
-        return [m for m in self.messages if m.receiver == party or m.sender == party]
+        """Every message ``party`` sent, received or relayed: what it can read, given its keys."""
+        return [m for m in self.messages if m.receiver == party or m.sender == party or m.relay == party]
 
     def tags(self) -> list[str]:
         return sorted({m.tag for m in self.messages})

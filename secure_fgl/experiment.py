@@ -139,6 +139,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["attacks"] = time.perf_counter() - t0
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
+    # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
+    result["key_fingerprints"] = protocol.identity_fingerprints()
     times["total"] = time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)

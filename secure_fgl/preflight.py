@@ -73,6 +73,8 @@ def check_out(cfg: RunConfig) -> None:
     if cfg.resume:
         ckpt = out / "checkpoint.pt"
         if not ckpt.is_file():
+            if (out / "dp_ledger.json").is_file():    # a DP run that crashed before its first checkpoint
+                return
             raise ConfigError(f"--resume: no checkpoint at {ckpt}; drop --resume to start afresh")
         if not zipfile.is_zipfile(ckpt):
             raise ConfigError(f"--resume: {ckpt} is corrupt (not a torch checkpoint); delete it and drop --resume")

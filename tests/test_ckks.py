@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tenseal as ts
+
+from protocols.message import encode_body
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -285,10 +287,11 @@ def test_server_context_is_public_and_cannot_decrypt():
         vec.decrypt()
     keymsgs = ck.transcript.select(tag="ckks/keys")
     pub = [m for m in keymsgs if m.receiver == SERVER]
-    sec = [m for m in keymsgs if m.kind == "secret_key"]
-    assert len(pub) == 1 and pub[0].kind == "public_key" and pub[0].nbytes == len(pub[0].payload)
+    sec = [m for m in keymsgs if m.relay == SERVER]      # secret context: channel ciphertext, relayed
+    assert len(pub) == 1 and pub[0].kind == "public_key"
+    assert pub[0].nbytes == len(pub[0].auth) + 4 + len(encode_body(pub[0].payload))   # signed envelope
     assert ck.fingerprint == pub[0].fingerprint
-    assert len(sec) == 2 and all(m.sender == "client0" and m.receiver.startswith("client") and m.payload is None
+    assert len(sec) == 2 and all(m.sender == "client0" and m.receiver.startswith("client") and m.kind == "ciphertext"
                                  and m.nbytes > 10_000 for m in sec)
     # a secret context serialized for the server is refused
     from protocols.ckks.keys import MAGIC
@@ -312,7 +315,7 @@ def test_server_receives_only_ciphertexts_and_public_key():
         assert m.kind in ("ciphertext", "public_key", "metadata")
         if m.kind == "ciphertext":
             assert isinstance(m.payload, list) and all(isinstance(f, bytes) for f in m.payload)
-            assert m.nbytes == sum(len(f) for f in m.payload)
+            assert m.nbytes == len(m.auth) + 4 + len(encode_body(m.payload))   # signed envelope + frames
         elif m.kind == "metadata":        # sparse layout: block ids only (the documented leak)
             assert set(m.payload) == {"block_ids"} and np.issubdtype(m.payload["block_ids"].dtype, np.integer)
     assert not any(isinstance(m.payload, np.ndarray) and m.payload.dtype.kind == "f" for m in inbound)
@@ -353,7 +356,7 @@ def _run(proto, tag="x", k=3, n=6, spec=None, values=None):
 
 def _tamper(proto, client, fn):
     def hook(msg):
-        if msg.kind == "ciphertext" and msg.sender == f"client{client}":
+        if msg.kind == "ciphertext" and msg.sender == f"client{client}" and msg.receiver == SERVER:  # uploads
             return fn(msg)
         return msg
     proto.intercept = hook
@@ -395,9 +398,10 @@ def test_ciphertext_from_another_context_refused():
     _tamper(ck, 0, lambda m: replace(m, payload=foreign.payload, fingerprint=foreign.fingerprint))
     with pytest.raises(IntegrityError, match="fingerprint"):
         _run(ck)
-    # (2) ciphertext of another parameter set under this exchange's fingerprint: does not load
+    # (2) ciphertext of another parameter set under this exchange's fingerprint, signed by its
+    # (malicious) sender so that it passes authentication: does not load
     ck2 = make_protocol("ckks", 3, params="n4096")
-    _tamper(ck2, 0, lambda m: replace(m, payload=foreign.payload))
+    _tamper(ck2, 0, lambda m: ck2._seal(replace(m, payload=foreign.payload), "upload"))
     with pytest.raises(IntegrityError, match="deserialize|parameters"):
         _run(ck2)
     assert _nothing_delivered(ck2, "x")
@@ -409,7 +413,8 @@ def test_wrong_scale_refused():
     def rescaled(m):
         key = ck._keys.get(ck._active)
         ct = ts.ckks_vector(key.context, [1.0] * 6, 2.0 ** 30)
-        return replace(m, payload=[wire.frame(ct.serialize(), ck._active.padded_ciphertext_bytes)])
+        return ck._seal(replace(m, payload=[wire.frame(ct.serialize(), ck._active.padded_ciphertext_bytes)]),
+                        "upload")    # signed by its sender: caught by the server's load check
     _tamper(ck, 1, rescaled)
     with pytest.raises(IntegrityError, match="parameters"):
         _run(ck, k=2)
@@ -419,7 +424,7 @@ def test_wrong_scale_refused():
 def test_wrong_shape_refused(how):
     ck = make_protocol("ckks", 3, params="n8192")
 
-    def reshape(m):
+    def reshaped(m):
         if how == "drop":
             return replace(m, payload=[])
         if how == "extra":
@@ -429,6 +434,9 @@ def test_wrong_shape_refused(how):
         key = ck._keys.get(ck._active)          # a ciphertext carrying the wrong number of slots
         ct = ts.ckks_vector(key.context, [1.0] * 7, 2.0 ** ck.last_plan_scale)
         return replace(m, payload=[wire.frame(ct.serialize(), ck._active.padded_ciphertext_bytes)])
+
+    def reshape(m):     # signed by its (faulty) sender, so authentication passes: the shape check catches it
+        return ck._seal(reshaped(m), "upload")
     ck.last_plan_scale = ck.plan(ValueSpec(max_abs=10, tolerance=1e-6), block_len=6).scale_bits
     _tamper(ck, 1, reshape)
     with pytest.raises(ShapeError, match="client 1"):

@@ -119,8 +119,9 @@ def test_result_format_and_comm_from_transcript(tmp_path):
     assert on_disk["privacy"] is None and on_disk["attacks"] == []
     tag = on_disk["comm"]["per_tag"]["fedavg/model"]
     n_params = sum(p.numel() for p in build_model("gcn", 64, 16, 3).parameters())
-    # 3 clients x 5 rounds x ([update, weight] as float32)
-    assert tag["bytes_up"] == 3 * 5 * (n_params + 1) * 4
+    # 3 clients x 5 rounds x ([update, weight] as float32), each in a signed envelope (< 600 B)
+    assert tag["plaintext_bytes_up"] == 3 * 5 * (n_params + 1) * 4
+    assert 0 < tag["bytes_up"] - tag["plaintext_bytes_up"] <= 3 * 5 * 600
     assert res["comm"]["bytes_up"] == on_disk["comm"]["bytes_up"]
 
 
@@ -149,7 +150,10 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert [r["test_acc"] for r in resumed["rounds"]] == [r["test_acc"] for r in full["rounds"]]
     assert [r["train_loss"] for r in resumed["rounds"]] == pytest.approx([r["train_loss"] for r in full["rounds"]])
     assert resumed["final"]["test_acc"] == full["final"]["test_acc"]
-    assert resumed["comm"]["bytes_up"] == full["comm"]["bytes_up"]
+    # the model exchange costs the same; the resumed session registers its clients' keys once more
+    tags = full["comm"]["per_tag"]
+    assert resumed["comm"]["per_tag"]["fedavg/model"] == tags["fedavg/model"]
+    assert resumed["comm"]["per_tag"]["auth/keys"]["messages"] == 2 * tags["auth/keys"]["messages"]
 
 
 def test_client_sampling_uses_a_fraction():

@@ -22,11 +22,13 @@ from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key
 from protocols.mask.prg import keystream, ring_mask, stream_id
 from protocols.mask.quantize import choose_encoding
 from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split
+from protocols.errors import DigestError
+from protocols.message import encode_body
 
 #: examples per property test; raise MASK_EXAMPLES for a longer local soak
 FAST = settings(max_examples=int(os.environ.get("MASK_EXAMPLES", 25)), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
-SERVER_KINDS = {"masked", "public_key", "metadata", "share"}
+SERVER_KINDS = {"masked", "public_key", "metadata", "share", "ciphertext"}   # ciphertext: relayed channel
 
 
 def _ring_sum_decoded(proto: MaskProtocol, flats: dict[int, np.ndarray]) -> np.ndarray:
@@ -255,13 +257,15 @@ def test_server_view_holds_no_plaintext_and_no_secret():
         payloads = m.payload.values() if isinstance(m.payload, dict) else [m.payload]
         for p in payloads:
             assert not (isinstance(p, np.ndarray) and p.dtype.kind == "f"), (m.kind, m.sender)
-    # client-only material never reaches the server
+    # client-only material reaches the server only as channel ciphertexts it relays
     assert all(m.kind not in ("secret_key",) for m in view)
-    assert any(m.kind == "secret_key" and m.sender == "client0" for m in proto.transcript.messages)
-    # every recorded message has its real size: uploads are 8 bytes per value (+ ids in sparse)
+    assert any(m.kind == "ciphertext" and m.relay == "server" and "group seed" in m.note and m.sender == "client0"
+               for m in view)
+    # every recorded message has its real wire size: signature + envelope header + canonical body
     up = [m for m in proto.transcript.select(tag="fedgcn/sums") if m.kind == "masked" and m.receiver == "server"]
     for m in up:
-        assert m.nbytes == len(m.payload["data"]) + 4 * len(m.payload["block_ids"])
+        assert m.nbytes == len(m.auth) + 4 + len(encode_body(m.payload))
+        assert m.nbytes - (len(m.payload["data"]) + 4 * len(m.payload["block_ids"])) < 600
 
 
 def _upload_of(proto, client, tag):
@@ -425,8 +429,9 @@ TAMPERS = {
     "sender": (lambda m: dataclasses.replace(m, sender="client2"), IntegrityError),
     "truncated": (lambda m: dataclasses.replace(m, payload={**m.payload, "data": m.payload["data"][:-5]}),
                   IntegrityError),
-    "shape": (lambda m: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + 1)), ShapeError),
-    "dtype": (_bad_dtype, ShapeError),
+    # caught by the signed envelope (shape) and the body digest (dtype) before any parsing
+    "shape": (lambda m: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + 1)), IntegrityError),
+    "dtype": (_bad_dtype, IntegrityError),
     "block_ids": (lambda m: dataclasses.replace(m, payload={**m.payload, "block_ids": m.payload["block_ids"] + 1}),
                   IntegrityError),
 }
@@ -453,7 +458,7 @@ def test_tampered_setup_messages_are_rejected():
     with pytest.raises(IntegrityError, match="round"):
         proto.row_sum("x/r", 0, {k: (np.array([k]), np.ones((1, 2))) for k in range(3)},
                       {0: np.array([0])}, 10)
-    # a corrupted recovery share is caught by the public-key check, never used silently
+    # a recovery share corrupted in transit is caught by the body digest, never used silently
     proto = MaskProtocol(4)
     proto.drop_clients({0})
 
@@ -463,7 +468,7 @@ def test_tampered_setup_messages_are_rejected():
             return dataclasses.replace(m, payload={**m.payload, "mask_key": sk})
         return m
     proto.intercept = corrupt
-    with pytest.raises(IntegrityError, match="client 0"):
+    with pytest.raises(DigestError, match="client 1"):
         proto.weighted_sum("x/t", 0, {k: np.zeros(4) for k in range(4)})
 
 
@@ -491,7 +496,7 @@ def test_auto_ring_picks_the_smallest_sufficient_ring():
     got = proto.weighted_sum("t/ring", 0, counts, spec=ValueSpec(max_abs=1, integer=True))
     assert proto.last_encoding.ring_bits == 8 and np.array_equal(got, sum(counts.values()))
     up = [m for m in proto.transcript.select(tag="t/ring") if m.kind == "masked" and m.receiver == "server"]
-    assert up[0].nbytes == 3000                                    # one byte per count
+    assert up[0].nbytes - len(up[0].auth) - 4 - 3000 < 100         # one byte per count + envelope
     floats = {k: np.random.default_rng(k).uniform(-1, 1, 3000) for k in range(K)}
     got = proto.weighted_sum("t/ring", 1, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-4))
     assert proto.last_encoding.ring_bits == 32                     # float32-sized wire

@@ -184,14 +184,18 @@ class CKKSProtocol(Protocol):
             return self._keys.get(chain)
         key = self._keys.create(chain)                 # client 0 makes the key pair
         note = f"CKKS {chain.describe()}, {self.encryption} encryption"
+        secret = key.context.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
+                                       save_relin_keys=False)
+        secret += bytes(max(0, key.secret_nbytes - len(secret)))   # padded: sizes are public
         for k in range(1, self.num_clients):
-            self.transcript.record(Message(rnd, KEYS_TAG, client_party(0), client_party(k), "secret_key", (),
-                                           key.secret_nbytes, self.mode, key.fingerprint, None,
-                                           note=f"secret context ({note}); bytes not kept"))
-        msg = Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (), len(key.public_bytes),
-                      self.mode, key.fingerprint, key.public_bytes,
-                      note=f"public context without secret/Galois/relin keys ({note})")
-        self.transcript.record(msg)
+            # the secret context travels over the encrypted channel, relayed by the server; the
+            # simulation's clients then share client 0's context object (same bytes)
+            self._relay(rnd, KEYS_TAG, 0, k, "key_setup", secret, f"secret context ({note})",
+                        fingerprint=key.fingerprint, keep_payload=len(secret) <= self.keep_payload_bytes, part=len(self._servers))
+        msg = self._deliver(Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (), len(key.public_bytes),
+                                    self.mode, key.fingerprint, key.public_bytes,
+                                    note=f"public context without secret/Galois/relin keys ({note})"),
+                            "key_setup", len(self._servers))
         self._servers[chain.name] = ServerContext(msg.payload, chain)   # server: public bytes only
         return key
 
@@ -360,7 +364,7 @@ class CKKSProtocol(Protocol):
             if ctx.layout == "sparse":
                 msg = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "metadata", (ids.size,),
                                             4 * ids.size, self.mode, fp, {"block_ids": ids.astype(np.int32)},
-                                            note="block ids of the sparse layout"))
+                                            note="block ids of the sparse layout"), "block_ids")
                 t = time.perf_counter()
                 self._check_envelope(msg, ctx, k)
                 got = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
@@ -383,7 +387,7 @@ class CKKSProtocol(Protocol):
         decode_s: dict[int, float] = {}
         sent: dict[int, list[Message]] = {k: [] for k in contributors}
         try:
-            for b0, b1 in chunks:
+            for part, (b0, b1) in enumerate(chunks):
                 parts = {}
                 for k in contributors:                      # clients encrypt their blocks of this chunk
                     table = ctx.contributions[k]
@@ -395,8 +399,11 @@ class CKKSProtocol(Protocol):
                     msg = Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
                                   (int(i1 - i0), ctx.block_len), sum(len(f) for f in frames), self.mode, fp, frames,
                                   note=f"{plan.describe()}")
-                    if self.intercept is not None:
-                        msg = self.intercept(msg)
+                    try:       # signed; the server verifies it before reading (recorded below)
+                        msg = self._deliver(msg, "upload", part, record=False)
+                    except ProtocolError:
+                        sent[k].append(msg)
+                        raise
                     sent[k].append(msg)
                     parts[k] = msg
                 t = time.perf_counter()

@@ -14,43 +14,50 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    the contributors of ``b``.
 2. *AdvertiseKeys* — a fresh X25519 mask key pair per client per exchange; public
    keys go to the server, which broadcasts them (:mod:`.keys`).
-3. *ShareKeys* (when dropout recovery is on) — each client Shamir-shares its mask
-   secret key (and, in ``reveal_to_server`` mode, its self-mask seed) with the other
-   participants, threshold ``t`` (:mod:`.shamir`).  Shares travel client to client
-   (recorded as ``share`` messages; in a deployment they are encrypted under a
-   pairwise channel key and relayed by the server, which cannot read them).
-4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes,
+3. *ShareKeys* — each client draws a fresh self-mask seed ``b_k`` (os.urandom) and
+   Shamir-shares it, and (when dropout recovery is on) the secret key of its mask key pair,
+   with the other participants, threshold ``t`` (:mod:`.shamir`).  Shares travel over the
+   encrypted client-to-client channel relayed by the server (:mod:`protocols.channel`;
+   recorded as ``ciphertext`` messages with ``relay='server'``): the server cannot read them.
+4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes (Bonawitz
+   double masking, plus an output mask),
 
-       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + R_k     (mod 2^b)
+       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k) + R_k     (mod 2^b)
 
-   with ``j`` ranging over the other contributors of that block.  ``R_k`` is the
-   *output mask* ``PRG(HKDF(G, k))`` (default) or the Bonawitz self mask
-   ``PRG(b_k)`` (``reveal_to_server=True``); see below.
+   with ``j`` ranging over the other contributors of that block, ``b_k`` the self mask and
+   ``R_k`` the output mask (default; absent with ``reveal_to_server=True``), see below.
 5. *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
-   between survivors.  For a client that dropped after step 3, the surviving clients
-   send the server their shares of its mask secret key; the server reconstructs it
-   (verifying it against the advertised public key), recomputes the dangling masks
-   and removes them — the sum then covers the survivors only and recipients are told
-   who was included.  Too few survivors (``< t``), recovery disabled, or DP noise
-   placed 'distributed' (a survivors' sum would be short of noise): DropoutError.
-   Never a wrong sum.
+   between survivors.  The server asks each responding client, per other client, for its
+   share of ``b_u`` (survivors ``u``) **or** of the mask secret key (clients ``d`` that dropped
+   after step 3) — never both; an honest client refuses a request naming one client in both
+   lists (:class:`~protocols.errors.UnmaskingRefusedError`).  The server rebuilds each
+   ``b_u`` and removes ``PRG(b_u)``; it rebuilds each dropped key (verified against the
+   advertised public key), recomputes the dangling masks and removes them — the sum then
+   covers the survivors only and recipients are told who was included.  Too few responders
+   (``< t``), recovery disabled, or DP noise placed 'distributed' (a survivors' sum would be
+   short of noise): DropoutError.  Never a wrong sum.
 6. *Delivery* — each recipient gets exactly the blocks it asked for, removes the
    output mask and decodes.
 
+Every client->server and client->client message is signed (Ed25519) in the envelope of
+:mod:`protocols.message`, with stages ``advertise_keys``, ``share_keys``, ``masked_upload``,
+``unmask`` (and ``block_ids`` in the sparse layout); the server and each recipient verify it
+before use (:mod:`protocols.auth`).
+
+**Individual inputs are protected by ``b_k``** (Bonawitz et al. §4): if a "dropped" client's
+upload arrives late after the server rebuilt its mask key, the server (and any coalition of
+fewer than ``t`` clients) still faces ``PRG(b_k)``, whose shares it never asked for.
+
 **Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
 recipients of every exchange are clients, so the server need not: every client holds
-a 32-byte *group seed* ``G`` (drawn by client 0 and sent peer to peer at the first
-exchange, like the CKKS secret key; recorded as ``secret_key`` messages the server
-never sees), and contributor ``k`` adds ``R_k = PRG(HKDF(G; exchange, k))`` to each
-of its blocks.  The server's sum is ``sum q(x_k) + sum_k R_k``: uniformly random to
-it.  A recipient subtracts ``R_k`` for every included contributor of each block it
-receives (dropout-robust, because the server tells it who was included).  ``R_k``
-also plays the role of Bonawitz' self mask ``b_k``: if a "dropped" client's upload
-arrived late after its key was reconstructed, the server would still see only
-``q(x_k) + R_k``.  With ``reveal_to_server=True`` the backend is the standard
-protocol: self masks ``PRG(b_k)`` with ``b_k`` Shamir-shared and reconstructed by the
-server for the survivors, and downloads are recorded as ``plain`` (the server can
-read the aggregate it sends).
+a 32-byte *group seed* ``G`` (drawn by client 0 and sent to every client over the relayed
+encrypted channel at the first exchange), and contributor ``k`` adds
+``R_k = PRG(HKDF(G; exchange, k))`` to each of its blocks.  The server's sum is
+``sum q(x_k) + sum_k R_k``: uniformly random to it.  A recipient subtracts ``R_k`` for every
+included contributor of each block it receives (dropout-robust, because the server tells it
+who was included).  ``R_k`` hides only the aggregate: every client knows ``G``.  With
+``reveal_to_server=True`` there is no output mask and downloads are recorded as ``plain``
+(the server can read the aggregate it sends).
 
 **What still leaks.**  The server learns which clients took part and, in the sparse
 layout, which block ids each client touches; a block with a single contributor is
@@ -61,14 +68,16 @@ legitimately learn the aggregates they receive (DESIGN.md, threat model).
 
 **Collusion.**  Every client holds ``G``, so the server plus any one client sees the
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
-plus ``c < t`` colluding clients (too few shares to rebuild the victim's mask key) as
-long as at least one other honest client contributes the same block.  Honest-but-curious only: no signatures or
-consistency checks against an active server (Bonawitz' §4 malicious variant).
+plus ``c < t`` colluding clients (too few shares to rebuild the victim's ``b_k`` or mask key)
+as long as at least one other honest client contributes the same block
+(:mod:`attacks.coalition` measures it).  Honest-but-curious server: no SecAgg+ consistency
+round, so a server that lies about who dropped is outside the model.
 
 **Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
 *next* exchange at a given stage: ``'keys'`` (before advertising keys: simply not a
 participant), ``'upload'`` (after sharing keys, before uploading: needs recovery),
-``'unmask'`` (after uploading, does not answer the recovery round).  A dropped client
+``'unmask'`` (after uploading, does not answer the recovery round), ``'late'`` (like
+``'upload'``, but its masked upload arrives after recovery: recorded, never aggregated).  A dropped client
 still receives its download (it reconnects for the result), so callers get every
 recipient's result; :attr:`MaskProtocol.last_included` names the clients whose
 contributions the result covers.
@@ -88,7 +97,7 @@ from typing import Iterable
 import numpy as np
 
 from ..base import ExchangeContext, Protocol
-from ..errors import ConfigurationError, DropoutError, IntegrityError, ShapeError
+from ..errors import ConfigurationError, DropoutError, IntegrityError, ShapeError, UnmaskingRefusedError
 from ..transcript import SERVER, Message, client_party
 from .keys import PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key
 from .prg import ring_mask, stream_id
@@ -97,7 +106,7 @@ from .shamir import SHARE_BYTES, Share, combine, split
 
 #: values per transport block (the layout granularity of the sparse leak)
 MASK_BLOCK = 4096
-DROP_STAGES = ("keys", "upload", "unmask")
+DROP_STAGES = ("keys", "upload", "unmask", "late")
 _ID = 4  # bytes of a client or block id on the wire (int32)
 _SHARE_WIRE = _ID + SHARE_BYTES
 
@@ -113,6 +122,30 @@ class _Participant:
     self_seed: bytes | None = None
     seeds: dict[int, bytes] = field(default_factory=dict)        # peer -> pairwise seed
     held: dict[int, tuple[Share, Share | None]] = field(default_factory=dict)  # owner -> shares
+
+
+def _parse_held(raw: bytes, with_key: bool, ctx, owner: int) -> tuple[Share | None, Share]:
+    """A recipient's (mask-key share, self-mask share) of ``owner`` from the decrypted channel bytes."""
+    n = 4 + SHARE_BYTES
+    if len(raw) != (2 if with_key else 1) * n:
+        raise IntegrityError(f"share message of {len(raw)} bytes", tag=ctx.tag, round=ctx.round, client=owner)
+    shares = [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
+    return (shares[0], shares[1]) if with_key else (None, shares[0])
+
+
+def _unmask_answer(held: dict, want_key: list[int], want_self: list[int], ctx, responder: int) -> tuple[dict, dict]:
+    """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
+    Unmasking): mask-key shares of dropped clients OR self-mask shares of survivors, never
+    both for one client — both would let the server unmask that client's individual input."""
+    both = sorted(set(want_key) & set(want_self))
+    if both:
+        raise UnmaskingRefusedError(f"the server asked for both the self-mask and the mask-key shares of client(s) "
+                                    f"{both}; an honest client refuses (that would reveal their inputs)",
+                                    tag=ctx.tag, round=ctx.round, client=responder)
+    if any(held[d][0] is None for d in want_key):
+        raise DropoutError("mask-key shares were not distributed (dropout_recovery=False)",
+                           tag=ctx.tag, round=ctx.round, client=responder)
+    return ({d: held[d][0].to_bytes() for d in want_key}, {u: held[u][1].to_bytes() for u in want_self})
 
 
 def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
@@ -162,8 +195,6 @@ class MaskProtocol(Protocol):
         self.dropout_recovery = bool(dropout_recovery)
         self.threshold = None if threshold is None else int(threshold)
         self.block_size = int(block_size)
-        #: public per-run nonce bound into every derived key and stream (not secret)
-        self.run_id = new_secret_seed()[:16]
         self._seq = 0
         self._group_seed: dict[int, bytes] = {}   # client -> its copy of G (never the server)
         self._pending_drops: dict[int, str] = {}
@@ -174,6 +205,11 @@ class MaskProtocol(Protocol):
         self.last_encoding: FixedPoint | None = None
         self.last_timing: dict[str, float] = {}
         self.last_stats: dict | None = None
+        #: attack simulations only: keep every client's secrets of the last exchange (its memory),
+        #: so that a coalition attack can use what its colluding clients hold; off by default
+        self.keep_client_state = False
+        self.last_client_state: dict[int, _Participant] = {}
+        self.last_binding: ExchangeBinding | None = None
 
     # ------------------------------------------------------------------ public knobs
     @property
@@ -207,16 +243,13 @@ class MaskProtocol(Protocol):
         return Message(ctx.round, ctx.tag, sender, receiver, kind, tuple(shape), int(nbytes), self.mode,
                        self.fingerprint, payload, note)
 
-    def _upload(self, ctx, k, kind, shape, nbytes, payload, note="") -> Message:
-        """Client ``k`` -> server, through the test hook; the server checks the envelope."""
-        msg = self._deliver(self._msg(ctx, client_party(k), SERVER, kind, shape, nbytes, payload, note))
+    def _upload(self, ctx, k, kind, shape, nbytes, payload, note="", stage="masked_upload") -> Message:
+        """Client ``k`` -> server, signed, through the test hook; the server verifies it."""
+        msg = self._deliver(self._msg(ctx, client_party(k), SERVER, kind, shape, nbytes, payload, note), stage)
         self._check_envelope(msg, ctx, k)
         self._check_sender(msg, ctx, k, kind)
         return msg
 
-    def _p2p(self, ctx, a, b, kind, shape, nbytes, note="") -> None:
-        """Client ``a`` -> client ``b`` (the server never sees these; payload not kept)."""
-        self.transcript.record(self._msg(ctx, client_party(a), client_party(b), kind, shape, nbytes, None, note))
 
     @staticmethod
     def _check_sender(msg: Message, ctx: ExchangeContext, k: int, kind: str) -> None:
@@ -271,17 +304,18 @@ class MaskProtocol(Protocol):
         sid_pair = stream_id("pairwise", self.run_id, self._seq, tag, rnd)
         sid_self = stream_id("self", self.run_id, self._seq, tag, rnd)
         sid_out = stream_id("output", self.run_id, self._seq, tag, rnd)
-        uploaders = [k for k in participants if drops.get(k) != "upload"]
+        uploaders = [k for k in participants if drops.get(k) not in ("upload", "late")]
         responders = [k for k in uploaders if drops.get(k) != "unmask"]
-        use_self = self.reveal_to_server and self.dropout_recovery and len(participants) >= 2
+        use_self = len(participants) >= 2          # Bonawitz self mask b_k (double masking)
         share_keys = self.dropout_recovery and len(participants) >= 2
 
         # -- group seed for output masks: client 0 -> every client, once per run
         if not self.reveal_to_server and not self._group_seed:
             g = new_secret_seed()
-            self._group_seed = {c: g for c in range(self.num_clients)}
+            self._group_seed = {0: g}
             for c in range(1, self.num_clients):
-                self._p2p(ctx, 0, c, "secret_key", (32,), 32, note="output-mask group seed")
+                self._group_seed[c] = self._relay(rnd, tag, 0, c, "share_keys", g, "output-mask group seed",
+                                                    part=1)
 
         # -- 1. metadata: who touches which block (sparse layout only)
         announced = {k: state[k].ids for k in participants}
@@ -289,7 +323,7 @@ class MaskProtocol(Protocol):
             for k in participants:
                 ids = state[k].ids
                 msg = self._upload(ctx, k, "metadata", ids.shape, _ID * ids.size,
-                                   {"block_ids": ids.astype(np.int32)}, note="block ids")
+                                   {"block_ids": ids.astype(np.int32)}, note="block ids", stage="block_ids")
                 got = np.asarray(msg.payload["block_ids"], dtype=np.int64) if isinstance(msg.payload, dict) else None
                 if got is None or got.ndim != 1 or np.any(np.diff(got) <= 0) or \
                         (got.size and (got[0] < 0 or got[-1] >= ctx.num_blocks)):
@@ -318,7 +352,7 @@ class MaskProtocol(Protocol):
         for k in participants:
             state[k].keys = MaskKeyPair.generate()
             msg = self._upload(ctx, k, "public_key", (PUBLIC_KEY_BYTES,), PUBLIC_KEY_BYTES,
-                               state[k].keys.public_bytes, note="X25519 mask key")
+                               state[k].keys.public_bytes, note="X25519 mask key", stage="advertise_keys")
             if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
                 raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", tag=tag, round=rnd, client=k)
             public[k] = bytes(msg.payload)
@@ -332,19 +366,22 @@ class MaskProtocol(Protocol):
                 st.seeds[j] = st.keys.pairwise_seed(k, j, public[j], binding)
 
         # -- 3. ShareKeys
-        if share_keys:
+        if use_self:
             xs = [j + 1 for j in participants]
             for k in participants:
                 st = state[k]
-                st.self_seed = new_secret_seed() if use_self else None
-                sk_sh = split(st.keys.private_bytes(), xs, t)
-                b_sh = split(st.self_seed, xs, t) if use_self else None
+                st.self_seed = new_secret_seed()
+                sk_sh = split(st.keys.private_bytes(), xs, t) if share_keys else None
+                b_sh = split(st.self_seed, xs, t)
                 for j in participants:
-                    state[j].held[k] = (sk_sh[j + 1], b_sh[j + 1] if b_sh else None)
-                    if j != k:
-                        n_sh = 2 if use_self else 1
-                        self._p2p(ctx, k, j, "share", (n_sh,), n_sh * _SHARE_WIRE,
-                                  note="Shamir shares of mask key" + (" and self-mask seed" if use_self else ""))
+                    own = (sk_sh[j + 1] if sk_sh else None, b_sh[j + 1])
+                    if j == k:
+                        state[j].held[k] = own
+                        continue
+                    raw = b"".join(s.to_bytes() for s in own if s is not None)
+                    got = self._relay(rnd, tag, k, j, "share_keys", raw, "Shamir shares of self-mask seed"
+                                      + (" and mask key" if share_keys else ""))
+                    state[j].held[k] = _parse_held(got, share_keys, ctx, k)
         t_setup = time.perf_counter()
 
         # -- 4. MaskedInputCollection
@@ -356,23 +393,12 @@ class MaskProtocol(Protocol):
         for k in uploaders:
             t0 = time.perf_counter()
             st = state[k]
-            y = st.encoded
-            for j, seed in st.seeds.items():
-                c = st.common[j]
-                m = ring_mask(seed, sid_pair, c, L, dtype)
-                pos = _positions(st.ids, c)
-                if j > k:
-                    y[pos] += m
-                else:
-                    y[pos] -= m
-            if use_self:
-                y += ring_mask(st.self_seed, sid_self, st.ids, L, dtype)
-            if out_keys:
-                y += ring_mask(out_keys[k], sid_out, st.ids, L, dtype)
+            y = self._masked(st, k, L, dtype, sid_pair, sid_self, sid_out, out_keys.get(k))
             payload = {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}
             client_s[k] = time.perf_counter() - t0 + encode_s[k]
             nbytes = y.nbytes + (_ID * st.ids.size if ctx.layout == "sparse" else 0)
-            inbox[k] = self._deliver(self._msg(ctx, client_party(k), SERVER, "masked", y.shape, nbytes, payload))
+            msg = self._msg(ctx, client_party(k), SERVER, "masked", y.shape, nbytes, payload)
+            inbox[k] = self._deliver(msg, "masked_upload")
         t_server = time.perf_counter()
 
         # -- 5. server: envelopes first, then payloads, then dropouts, then sums
@@ -381,7 +407,7 @@ class MaskProtocol(Protocol):
         for k, msg in inbox.items():
             self._check_sender(msg, ctx, k, "masked")
         uploads = {k: self._read_upload(ctx, k, msg, announced[k], enc) for k, msg in inbox.items()}
-        dropped_upload = [k for k in participants if drops.get(k) == "upload"]
+        dropped_upload = [k for k in participants if drops.get(k) in ("upload", "late")]
         missing = sorted(k for k in contributors if k in drops)
         if missing and len(uploaders) < t:
             raise self._dropout_error(ctx, missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
@@ -402,13 +428,13 @@ class MaskProtocol(Protocol):
                 raise self._dropout_error(ctx, missing, f"only {len(responders)} clients answered the unmasking "
                                                         f"round, fewer than the threshold t={t}")
             sk_shares, b_shares = defaultdict(list), defaultdict(list)
+            want_b = uploaders if use_self else []           # the server's request: survivors' b_k ...
             for j in responders:
-                held = state[j].held
-                sk_part = {d: held[d][0].to_bytes() for d in dropped_upload}
-                b_part = {u: held[u][1].to_bytes() for u in uploaders} if use_self else {}
+                sk_part, b_part = _unmask_answer(state[j].held, dropped_upload, want_b, ctx, j)
                 msg = self._upload(ctx, j, "share", (len(sk_part) + len(b_part),),
                                    (len(sk_part) + len(b_part)) * (_ID + _SHARE_WIRE),
-                                   {"mask_key": sk_part, "self_mask": b_part}, note="unmasking shares")
+                                   {"mask_key": sk_part, "self_mask": b_part}, note="unmasking shares",
+                                   stage="unmask")
                 try:
                     for d, raw in msg.payload["mask_key"].items():
                         sk_shares[int(d)].append(Share.from_bytes(raw))
@@ -437,6 +463,17 @@ class MaskProtocol(Protocol):
                                          client=u) from None
                 total[_positions(union, announced[u])] -= ring_mask(b_u, sid_self, announced[u], L, dtype)
         t_down = time.perf_counter()
+
+        # a dropped client's upload that arrives after recovery is recorded, never aggregated
+        # (the late-upload attack of the tests reads it: b_k still hides it)
+        for k in participants:
+            if drops.get(k) == "late":
+                st = state[k]
+                y = self._masked(st, k, L, dtype, sid_pair, sid_self, sid_out, out_keys.get(k))
+                self.transcript.record(self._seal(self._msg(
+                    ctx, client_party(k), SERVER, "masked", y.shape, 0,
+                    {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}, "late upload, not aggregated"),
+                    "masked_upload"))
 
         # -- 6. delivery: each recipient gets its blocks and who is included
         included = tuple(uploaders)
@@ -481,6 +518,8 @@ class MaskProtocol(Protocol):
             recv_s[int(r)] = (t_decode - t_recv) + time.perf_counter() - t0
 
         self.last_included = included
+        self.last_binding = binding
+        self.last_client_state = dict(state) if self.keep_client_state else {}
         self.last_dropped = {k: drops[k] for k in missing}
         self.last_timing = {
             "encode_s": sum(encode_s.values()),                      # all clients, quantise + bound check
@@ -497,6 +536,24 @@ class MaskProtocol(Protocol):
                        "output_mask": not self.reveal_to_server, "error_bound": enc.error_bound},
         }
         return result
+
+    @staticmethod
+    def _masked(st: _Participant, k: int, L: int, dtype, sid_pair, sid_self, sid_out, out_key) -> np.ndarray:
+        """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) [+ PRG(R_k)]`` mod ``2^b``."""
+        y = st.encoded.copy()
+        for j, seed in st.seeds.items():
+            c = st.common[j]
+            m = ring_mask(seed, sid_pair, c, L, dtype)
+            pos = _positions(st.ids, c)
+            if j > k:
+                y[pos] += m
+            else:
+                y[pos] -= m
+        if st.self_seed is not None:
+            y += ring_mask(st.self_seed, sid_self, st.ids, L, dtype)
+        if out_key is not None:
+            y += ring_mask(out_key, sid_out, st.ids, L, dtype)
+        return y
 
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, ctx: ExchangeContext, k: int, msg: Message, ids: np.ndarray,

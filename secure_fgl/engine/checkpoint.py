@@ -3,7 +3,8 @@
 A pickle can name any callable, so loading a crafted ``checkpoint.pt`` with an
 unrestricted unpickler runs code.  Checkpoints here hold only tensors, dicts, lists, tuples,
 numbers, strings, booleans and ``None``; numpy arrays travel as tensors wrapped in
-``{"__ndarray__": tensor}`` and numpy scalars as Python numbers.  Dataclasses (the train
+``{"__ndarray__": tensor}``, bytes as ``{"__bytes__": uint8 tensor}`` and numpy scalars as
+Python numbers.  Dataclasses (the train
 state, transcript messages) are converted by their owners before saving.
 
 ``--resume`` also checks the checkpoint's *config fingerprint* — every setting that shapes
@@ -48,7 +49,9 @@ def to_plain(obj: Any) -> Any:
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj).copy())}
     if isinstance(obj, np.generic):
         return obj.item()
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.Tensor)):
+    if isinstance(obj, (bytes, bytearray)):        # weights_only refuses the bytes global
+        return {"__bytes__": torch.tensor(list(obj), dtype=torch.uint8)}
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
         return obj
     raise TypeError(f"cannot checkpoint a {type(obj).__name__}: convert it to plain data first")
 
@@ -58,6 +61,8 @@ def from_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         if obj.keys() == {"__ndarray__"}:
             return obj["__ndarray__"].numpy()
+        if obj.keys() == {"__bytes__"}:
+            return obj["__bytes__"].numpy().tobytes()
         return {k: from_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(from_plain(v) for v in obj)

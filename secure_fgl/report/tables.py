@@ -29,6 +29,7 @@ SECONDARY: dict[str, list[tuple[str, float | str | None]]] = {
     "gradient_inversion_isolated": [("support_auc", 0.5), ("label_acc", "label_chance")],
     "fedspray_label_dist": [("exact_clients", 0.0)],
     "fedomd_label_dist": [("client_size_exact", 0.0)],
+    "coalition": [("implied_isolated_fraction", 0.0)],
     "membership": [("advantage", 0.0), ("tpr_at_1fpr", 0.01)],
     "link_posterior": [("auc_random", 0.5), ("feature_baseline_auc_2hop", None)],
     "link_influence": [("auc_random", 0.5)],

@@ -1,0 +1,222 @@
+"""Server + c colluding clients: what they read by breaking the protocol, and what the aggregate implies.
+
+The observer is the server together with clients ``C`` (``|C| = c``, default 1), pooling
+everything they hold: the server's view of the transcript (uploads, relayed channel
+ciphertexts, unmasking shares) and each colluding client's own secrets (its CKKS key ring;
+in mask mode its pairwise seeds, its Shamir shares of the others' secrets and the group seed).
+Two quantities are reported separately, per exchange:
+
+(a) **break** -- the fraction of a non-coalition client's individual upload the coalition
+    reads by attacking the cryptography.  Shared-key CKKS: every upload (each client holds
+    the secret key).  Mask (Bonawitz double masking): the coalition removes the output mask
+    ``R_v`` (group seed), the pairwise masks it shares with the victim, any secret it can
+    rebuild from ``>= t`` Shamir shares (server's unmasking shares + the coalition's own),
+    and compares what is left with the victim's encoded input (exact ring equality; chance
+    ``2^-b`` per entry).  With ``c < t`` and at least one honest peer: 0 beyond chance.
+(b) **implied** -- the fraction of the blocks a coalition client receives whose aggregate has
+    exactly one non-coalition contributor: aggregate minus the coalition's own inputs is that
+    client's value, in every mode (e.g. a FedGCN row with two contributors).  Legitimate
+    output, not a protocol break; it is what secure aggregation cannot hide.
+
+Scoring uses each victim's encoded input kept in the simulated client memory
+(``MaskProtocol.keep_client_state``) or the exchange's contributions; it never enters the
+estimate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.mask.keys import MaskKeyPair, output_mask_key
+from protocols.mask.prg import ring_mask, stream_id
+from protocols.mask.shamir import Share, combine
+from protocols.transcript import SERVER, client_party, party_client
+
+
+def _rebuild(shares: list[Share], t: int) -> bytes | None:
+    pts = {s.x: s for s in shares}
+    if len(pts) < t:
+        return None
+    try:
+        return combine(pts.values(), t)
+    except ValueError:
+        return None
+
+
+def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> dict:
+    """(a) for one mask upload: the coalition's best unmasking of ``victim``'s upload of the last
+    exchange (needs ``proto.keep_client_state``).  Returns ``{'recovered': fraction of entries
+    equal to the victim's encoded input, 'chance', 'removed': [...], 'estimate': ring array}``."""
+    state, binding = proto.last_client_state, proto.last_binding
+    if not state or binding is None:
+        raise ValueError("run the exchange with proto.keep_client_state = True")
+    msgs = [m for m in proto.transcript.view(SERVER) if m.tag == tag and m.round == rnd]
+    ups = [m for m in msgs if m.kind == "masked" and m.sender == client_party(victim) and m.receiver == SERVER]
+    if not ups or ups[-1].payload is None:
+        raise ValueError(f"no upload of client {victim} in the server's view")
+    enc, t = proto.last_encoding, int(proto.last_stats["params"]["threshold"])
+    dtype, L = enc.dtype, int(ups[-1].shape[1])
+    ids = np.asarray(ups[-1].payload["block_ids"], dtype=np.int64)
+    y = np.frombuffer(ups[-1].payload["data"], dtype=dtype).reshape(ids.size, L).copy()
+    sid = {p: stream_id(p, proto.run_id, binding.seq, tag, rnd) for p in ("pairwise", "self", "output")}
+    public = {party_client(m.sender): bytes(m.payload) for m in msgs
+              if m.kind == "public_key" and m.receiver == SERVER and isinstance(m.payload, bytes)}
+    blocks = {party_client(m.sender): np.asarray(m.payload["block_ids"], np.int64) for m in msgs
+              if m.kind == "metadata" and m.receiver == SERVER and isinstance(m.payload, dict)}
+    # shares the coalition pools: the server's unmasking shares + the colluding clients' own
+    sk_sh, b_sh = {j: [] for j in public}, {j: [] for j in public}
+    for m in msgs:
+        if m.kind == "share" and m.receiver == SERVER and isinstance(m.payload, dict):
+            for d, raw in m.payload.get("mask_key", {}).items():
+                sk_sh.setdefault(int(d), []).append(Share.from_bytes(raw))
+            for u, raw in m.payload.get("self_mask", {}).items():
+                b_sh.setdefault(int(u), []).append(Share.from_bytes(raw))
+    for c in coalition:
+        for owner, (sk, b) in state[c].held.items():
+            if sk is not None:
+                sk_sh.setdefault(owner, []).append(sk)
+            b_sh.setdefault(owner, []).append(b)
+    keys = {j: MaskKeyPair.from_private_bytes(raw) for j in public
+            if (raw := _rebuild(sk_sh.get(j, []), t)) is not None}
+    removed = []
+    for j in sorted(public):
+        if j == victim:
+            continue
+        common = np.intersect1d(ids, blocks.get(j, ids), assume_unique=True)
+        if not common.size:
+            continue
+        if victim in keys:
+            seed = keys[victim].pairwise_seed(victim, j, public[j], binding)
+        elif j in keys:
+            seed = keys[j].pairwise_seed(j, victim, public[victim], binding)
+        elif j in coalition:
+            seed = state[j].seeds.get(victim)
+        else:
+            continue
+        m = ring_mask(seed, sid["pairwise"], common, L, dtype)
+        pos = np.searchsorted(ids, common)
+        y[pos] = y[pos] - m if j > victim else y[pos] + m    # victim added +PRG for j > victim
+        removed.append(f"pairwise({victim},{j})")
+    b = _rebuild(b_sh.get(victim, []), t)
+    if b is not None:
+        y -= ring_mask(b, sid["self"], ids, L, dtype)
+        removed.append("self mask")
+    if not proto.reveal_to_server and coalition:
+        y -= ring_mask(output_mask_key(proto._group_seed[coalition[0]], victim, binding), sid["output"], ids, L,
+                       dtype)
+        removed.append("output mask")
+    truth = state[victim].encoded
+    return {"recovered": float(np.mean(y == truth)), "chance": 2.0 ** -enc.ring_bits, "removed": removed,
+            "estimate": y, "decoded": enc.decode(y), "truth": enc.decode(truth)}
+
+
+def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.ndarray]:
+    """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
+    ring decrypts (all of them: one secret key).  Returns victim -> decrypted values."""
+    import tenseal as ts
+
+    from protocols.ckks import wire
+    if not coalition:
+        return {}
+    out = {}
+    chain = proto._active
+    context = proto._keys.get(chain).context            # the colluding client's copy of the key
+    for m in proto.transcript.view(SERVER):
+        if m.tag == tag and m.round == rnd and m.kind == "ciphertext" and m.receiver == SERVER \
+                and isinstance(m.payload, list) and party_client(m.sender) not in coalition:
+            vals = [np.asarray(ts.ckks_vector_from(context, wire.unframe(f)).decrypt()) for f in m.payload]
+            out[party_client(m.sender)] = np.concatenate(vals) if vals else np.zeros(0)
+    return out
+
+
+def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
+    """(b) fraction of the blocks coalition clients receive whose aggregate has exactly one
+    non-coalition contributor (aggregate minus own inputs = that client's value)."""
+    msgs = [m for m in proto.transcript.messages if m.tag == tag and m.round == rnd]
+    uploaders = sorted({party_client(m.sender) for m in msgs if m.receiver == SERVER
+                        and m.kind in ("plain", "ciphertext", "masked")})
+    blocks = {party_client(m.sender): set(np.asarray(m.payload["block_ids"]).tolist()) for m in msgs
+              if m.receiver == SERVER and m.kind == "metadata" and isinstance(m.payload, dict)}
+    received = isolated = 0
+    for m in msgs:
+        r = party_client(m.receiver)
+        if m.sender != SERVER or r not in coalition or m.kind not in ("plain", "ciphertext", "masked"):
+            continue
+        got = m.payload.get("block_ids") if isinstance(m.payload, dict) else None
+        bids = np.arange(int(m.shape[0])) if got is None else np.asarray(got)
+        for b in bids.tolist():
+            others = [k for k in uploaders if k not in coalition and (k not in blocks or b in blocks[k])]
+            received += 1
+            isolated += len(others) == 1
+    return {"blocks_received": received, "isolated": isolated,
+            "fraction": isolated / received if received else 0.0}
+
+
+# ----------------------------------------------------------------------------- the runner's attack
+from attacks.base import Attack, AttackResult, View  # noqa: E402  (after the functions it wraps)
+
+
+def _probe_mask(proto, coalition: list[int], late: bool) -> float:
+    """Mean fraction of a non-coalition client's upload the coalition recovers, on a probe
+    exchange of the same protocol settings (random inputs; the break does not depend on data)."""
+    from protocols.mask import MaskProtocol
+    probe = MaskProtocol(proto.num_clients, reveal_to_server=proto.reveal_to_server,
+                         dropout_recovery=proto.dropout_recovery, threshold=proto.threshold)
+    probe.keep_client_state = True
+    victims = [k for k in range(proto.num_clients) if k not in coalition]
+    if not victims or proto.num_clients < 3:
+        return float("nan")
+    if late:
+        probe.drop_clients([victims[0]], stage="late")
+    rng = np.random.default_rng(0)
+    probe.weighted_sum("probe/x", 0, {k: rng.uniform(-1, 1, 512) for k in range(proto.num_clients)})
+    return float(np.mean([mask_break(probe, "probe/x", 0, v, coalition)["recovered"]
+                          for v in (victims[:1] if late else victims)]))
+
+
+class CoalitionAttack(Attack):
+    """Server + c colluding clients (default c=1: client 0): (a) upload fraction read by breaking
+    the protocol, (b) fraction of received blocks the aggregate isolates (see module docstring)."""
+
+    name = "coalition"
+    exchange = "*"
+    default_observer = "coalition:[server,0]"
+    knowledge = ("public", "coalition_keys")
+
+    def run(self, view: View, knowledge) -> AttackResult:
+        keys = knowledge["coalition_keys"]
+        proto, coalition = keys["protocol"], sorted(keys["clients"])
+        if SERVER not in view.parties or not coalition:
+            return self.not_applicable("the coalition needs the server and at least one client")
+        mode = getattr(proto, "mode", "plain")
+        tags = sorted({m.tag for m in view.messages if m.receiver == SERVER
+                       and m.kind in ("plain", "ciphertext", "masked")})
+        per_tag, broken = {}, []
+        for tag in tags:
+            rnd = max(m.round for m in view.messages if m.tag == tag and m.receiver == SERVER)
+            iso = implied_isolation(proto, tag, rnd, coalition)
+            entry = {"implied_isolated_fraction": iso["fraction"], "blocks_received": iso["blocks_received"]}
+            if mode == "ckks":
+                ups = [m for m in view.messages if m.tag == tag and m.round == rnd and m.receiver == SERVER
+                       and m.kind == "ciphertext" and party_client(m.sender) not in coalition]
+                read = ckks_break(proto, tag, rnd, coalition) if ups else {}
+                entry["break_read_fraction"] = len(read) / len(ups) if ups and any(m.payload for m in ups) else None
+            elif mode == "plain":
+                entry["break_read_fraction"] = 1.0
+            per_tag[tag] = entry
+            if entry.get("break_read_fraction") is not None:
+                broken.append(entry["break_read_fraction"])
+        metrics = {"per_exchange": per_tag, "coalition_clients": coalition,
+                   "implied_isolated_fraction": max((e["implied_isolated_fraction"] for e in per_tag.values()),
+                                                    default=0.0)}
+        chance = 0.0
+        if mode == "mask":
+            metrics["break_probe_recovered"] = _probe_mask(proto, coalition, late=False)
+            metrics["break_late_upload_recovered"] = _probe_mask(proto, coalition, late=True)
+            value = max(metrics["break_probe_recovered"], metrics["break_late_upload_recovered"])
+            chance = 2.0 ** -32
+        else:
+            value = max(broken) if broken else None
+        return self.result(metric="break_read_fraction", value=value, chance=chance, metrics=metrics)
+
+    def score(self, result: AttackResult, truth) -> AttackResult:
+        return result

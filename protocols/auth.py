@@ -1,0 +1,147 @@
+"""Client identities: Ed25519 signing keys, the run's key registry, and message verification.
+
+Every client holds an Ed25519 signing key (RFC 8032, ``cryptography``; drawn from the OS
+CSPRNG, never from the run seed) and an X25519 channel key (:mod:`protocols.channel`).
+**Trust assumption: trust on first use.**  At its first message of a run each client
+registers both public keys with the server (a self-signed ``register`` message); the
+server relays the registry to the clients.  The registry never changes afterwards: a
+second, different key for the same party raises :class:`AuthenticationError`.  The
+SHA-256 fingerprints of the registered keys (:meth:`KeyRegistry.fingerprints`) are
+written to ``result.json`` so that they can be compared out of band; passing
+``pinned`` (party -> fingerprint) to the registry turns TOFU into a pinned manifest.
+TOFU assumes the server does not substitute keys at registration (honest-but-curious).
+
+Verification (:func:`verify`), done by the server for every client->server message and by
+the recipient for every relayed client->client message, before the content is used:
+strict header parse, signature under the claimed sender's key, the sender expected in this
+slot, the recipient, the session and exchange (replays), the body digest, then a replay
+cache keyed by ``(session, exchange, stage, sender, recipient, part)``.  Each failure has
+its own :class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import AuthenticationError, DigestError, MisdirectedError, ReplayError
+from .message import SIGNATURE_BYTES, Envelope, body_digest
+from .transcript import party_client
+
+_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+
+
+class SigningKey:
+    """A client's Ed25519 key pair (the private half never leaves the client)."""
+
+    def __init__(self):
+        self._private = Ed25519PrivateKey.generate()
+        self.public_bytes = self._private.public_key().public_bytes(**_RAW)
+
+    def sign(self, header: bytes) -> bytes:
+        return self._private.sign(header)
+
+
+def key_fingerprint(public_bytes: bytes) -> str:
+    """SHA-256 of a public key, hex (what is printed and pinned)."""
+    return hashlib.sha256(public_bytes).hexdigest()
+
+
+@dataclass
+class KeyRegistry:
+    """Party -> registered public keys (signing, channel); trust on first use unless ``pinned``."""
+
+    pinned: dict[str, str] | None = None
+    signing: dict[str, bytes] = field(default_factory=dict)
+    channel: dict[str, bytes] = field(default_factory=dict)
+
+    def register(self, party: str, signing_public: bytes, channel_public: bytes) -> None:
+        if party in self.signing:
+            if (self.signing[party], self.channel[party]) != (signing_public, channel_public):
+                raise AuthenticationError(f"{party} tried to register a second, different key; the registry "
+                                          "is fixed at first use", client=party_client(party))
+            return
+        if self.pinned is not None and self.pinned.get(party) != key_fingerprint(signing_public):
+            raise AuthenticationError(f"{party}'s signing key does not match the pinned manifest",
+                                      client=party_client(party))
+        try:
+            Ed25519PublicKey.from_public_bytes(signing_public)
+        except ValueError:
+            raise AuthenticationError(f"{party} registered a malformed signing key",
+                                      client=party_client(party)) from None
+        self.signing[party] = bytes(signing_public)
+        self.channel[party] = bytes(channel_public)
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        """Party -> {'signing': sha256 hex, 'channel': sha256 hex}."""
+        return {p: {"signing": key_fingerprint(self.signing[p]), "channel": key_fingerprint(self.channel[p])}
+                for p in sorted(self.signing)}
+
+    def check_signature(self, party: str, header: bytes, signature: bytes, where: dict) -> None:
+        key = self.signing.get(party)
+        if key is None:
+            raise AuthenticationError(f"no registered key for sender {party!r}", **where)
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(bytes(signature), bytes(header))
+        except (InvalidSignature, ValueError, TypeError):
+            raise AuthenticationError(f"the signature of {party}'s message does not verify under its registered "
+                                      "key: the message was forged or changed in transit", **where) from None
+
+
+def split_auth(auth: Any) -> tuple[bytes, bytes]:
+    """``(signature, header)`` of the ``auth`` bytes a transcript Message carries."""
+    from .errors import MalformedMessageError
+    if not isinstance(auth, (bytes, bytearray)) or len(auth) <= SIGNATURE_BYTES:
+        raise MalformedMessageError("the message carries no signed envelope (truncated or stripped)")
+    return bytes(auth[:SIGNATURE_BYTES]), bytes(auth[SIGNATURE_BYTES:])
+
+
+@dataclass
+class ReplayCache:
+    """Keys of the messages a receiver has accepted."""
+
+    seen: set = field(default_factory=set)
+
+    def admit(self, env: Envelope, where: dict) -> None:
+        key = (env.session, env.exchange, env.stage, env.sender, env.recipient, env.part)
+        if key in self.seen:
+            raise ReplayError(f"replay: {env.sender}'s '{env.stage}' message (part {env.part}) of this exchange "
+                              "was already received", **where)
+        self.seen.add(key)
+
+
+def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where: dict) -> Envelope:
+    """Check a delivered transcript ``Message`` against its signed envelope and what the
+    receiver expects (``expected``: run_id, session, exchange, stage, part, sender, recipient).
+    Returns the envelope; raises an IntegrityError subclass otherwise."""
+    signature, header = split_auth(getattr(msg, "auth", None))
+    env = Envelope.from_header(header)
+    registry.check_signature(env.sender, header, signature, where)
+    if env.sender != expected["sender"] or msg.sender != expected["sender"]:
+        raise AuthenticationError(f"sender spoofing: expected a message from {expected['sender']}, the envelope "
+                                  f"is signed by {env.sender} and claims {msg.sender!r}", **where)
+    if env.recipient != expected["recipient"] or msg.receiver != expected["recipient"]:
+        raise MisdirectedError(f"message addressed to {env.recipient!r} delivered to {expected['recipient']!r}",
+                               **where)
+    if env.run_id != expected["run_id"] or env.session != expected["session"]:
+        raise ReplayError("message of another run or session (replayed from elsewhere)", **where)
+    if env.exchange != expected["exchange"]:
+        raise ReplayError(f"message of exchange {env.exchange} replayed in exchange {expected['exchange']}", **where)
+    for name, got in (("protocol", msg.protocol), ("fingerprint", msg.fingerprint), ("round", msg.round),
+                      ("tag", msg.tag), ("kind", msg.kind), ("shape", tuple(msg.shape))):
+        if getattr(env, name) != got:
+            raise AuthenticationError(f"the message's {name} {got!r} differs from the signed envelope's "
+                                      f"{getattr(env, name)!r} (changed in transit)", **where)
+    if env.stage != expected["stage"] or env.part != expected["part"]:
+        raise ReplayError(f"a '{env.stage}' message (part {env.part}) delivered where '{expected['stage']}' part "
+                          f"{expected['part']} was expected", **where)
+    digest, length = body_digest(msg.payload)
+    if digest != env.digest or length != env.body_len:
+        raise DigestError("the message body does not match the digest its sender signed: changed in transit",
+                          **where)
+    cache.admit(env, where)
+    return env

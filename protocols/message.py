@@ -1,0 +1,318 @@
+"""The signed message envelope every backend sends, and its canonical byte encoding.
+
+One message on the wire is ``signature (64) || header || body`` where
+
+    header = MAGIC || field_1 || ... || field_n        (each field: u32 length || bytes)
+    fields = run id, session nonce, protocol, context fingerprint, exchange number, round,
+             tag, stage, part, sender, recipient, kind, shape, body digest = SHA-256(body),
+             body length
+
+and ``signature = Ed25519(sender's signing key, header)`` (:mod:`protocols.auth`).  The
+header binds the body through its digest, so signing costs the same for any body size;
+the digest is the only O(body) step.  Encoding is canonical (one byte string per
+envelope) and parsing is strict: a truncated message, trailing bytes, a wrong magic, a
+bad length, a non-UTF-8 string or an integer out of range raise
+:class:`~protocols.errors.MalformedMessageError`.
+
+The body is the canonical encoding (:func:`encode_body`) of the Python payload the
+backends exchange (bytes, str, int, float, None, numpy arrays of numeric dtype, lists,
+dicts): one type byte, then length-prefixed content; dict items sorted by their encoded
+key, tuples encoded as lists.  :func:`body_digest` hashes that stream without building it.
+
+The stage names of each backend (the exchange steps of Bonawitz et al. CCS 2017 §4 for
+``mask``) are :data:`STAGES`; ``part`` numbers the pieces of a streamed stage (CKKS chunks).
+The **session nonce** is fresh per protocol object (os.urandom): a resumed run re-sends a
+round under a new session, which is not a replay; the **exchange number** counts the
+exchanges of a session, so a message of an earlier exchange is a replay even when tag and
+round are reused.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import MalformedMessageError
+
+MAGIC = b"SFGLMSG1"
+SIGNATURE_BYTES = 64
+DIGEST_BYTES = 32
+NONCE_BYTES = 16
+#: stages of each backend, in protocol order ('register' and 'block_ids' are shared)
+STAGES = {
+    "mask": ("register", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask", "download"),
+    "ckks": ("register", "key_setup", "block_ids", "upload", "download"),
+    "plain": ("register", "block_ids", "upload", "download"),
+}
+_U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
+_MAX_FIELD = 1 << 16          # header strings are short; anything longer is garbage
+_MAX_DIMS = 32
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Header of one message; ``body`` (its canonical bytes) is optional on the receiving
+    side of the simulation, where the digest is checked against the delivered payload."""
+
+    run_id: bytes
+    session: bytes
+    protocol: str
+    fingerprint: str
+    exchange: int
+    round: int
+    tag: str
+    stage: str
+    part: int
+    sender: str
+    recipient: str
+    kind: str
+    shape: tuple
+    digest: bytes
+    body_len: int
+    body: bytes | None = field(default=None, compare=False)
+
+    # ------------------------------------------------------------------ encoding
+    def header_bytes(self) -> bytes:
+        """The canonical signed header."""
+        for name, value, size in (("run id", self.run_id, NONCE_BYTES), ("session", self.session, NONCE_BYTES),
+                                  ("digest", self.digest, DIGEST_BYTES)):
+            if not isinstance(value, bytes) or len(value) != size:
+                raise MalformedMessageError(f"envelope {name} must be {size} bytes")
+        if not (0 <= self.exchange < 1 << 64 and -(1 << 63) <= self.round < 1 << 63 and 0 <= self.part < 1 << 32
+                and 0 <= self.body_len < 1 << 64):
+            raise MalformedMessageError("envelope exchange/round/part/body length out of range "
+                                        f"({self.exchange}, {self.round}, {self.part}, {self.body_len})")
+        if len(self.shape) > _MAX_DIMS or any(not 0 <= int(d) < 1 << 63 for d in self.shape):
+            raise MalformedMessageError(f"envelope shape {self.shape!r} is not a list of non-negative sizes")
+        fields = [self.run_id, self.session, _text(self.protocol), _text(self.fingerprint),
+                  _U64.pack(self.exchange), _I64.pack(self.round), _text(self.tag), _text(self.stage),
+                  _U32.pack(self.part), _text(self.sender), _text(self.recipient), _text(self.kind),
+                  b"".join(_U64.pack(int(d)) for d in self.shape), self.digest, _U64.pack(self.body_len)]
+        return MAGIC + b"".join(_U32.pack(len(f)) + f for f in fields)
+
+    def to_bytes(self, signature: bytes) -> bytes:
+        """``signature || u32 header length || header || body`` — what goes on the wire."""
+        if self.body is None:
+            raise MalformedMessageError("an envelope without its body cannot be serialized")
+        header = self.header_bytes()
+        return bytes(signature) + _U32.pack(len(header)) + header + self.body
+
+    @classmethod
+    def from_header(cls, header: bytes, body: bytes | None = None) -> "Envelope":
+        """Strict parse of :meth:`header_bytes`."""
+        if not isinstance(header, (bytes, bytearray)) or not header.startswith(MAGIC):
+            raise MalformedMessageError("envelope header does not start with the message magic")
+        view, pos, parts = bytes(header), len(MAGIC), []
+        for _ in range(15):
+            if pos + 4 > len(view):
+                raise MalformedMessageError("envelope header truncated")
+            (n,) = _U32.unpack_from(view, pos)
+            pos += 4
+            if n > _MAX_FIELD or pos + n > len(view):
+                raise MalformedMessageError(f"envelope field length {n} exceeds the header")
+            parts.append(view[pos:pos + n])
+            pos += n
+        if pos != len(view):
+            raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
+        (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest,
+         body_len) = parts
+        for name, raw, size in (("exchange", exch, 8), ("round", rnd, 8), ("part", part, 4), ("body length",
+                                body_len, 8), ("run id", run_id, NONCE_BYTES), ("session", session, NONCE_BYTES),
+                                ("digest", digest, DIGEST_BYTES)):
+            if len(raw) != size:
+                raise MalformedMessageError(f"envelope {name} field is {len(raw)} bytes, expected {size}")
+        if len(shape) % 8 or len(shape) > 8 * _MAX_DIMS:
+            raise MalformedMessageError("envelope shape field is not a list of u64 sizes")
+        env = cls(run_id, session, _untext(protocol), _untext(fp), _U64.unpack(exch)[0], _I64.unpack(rnd)[0],
+                  _untext(tag), _untext(stage), _U32.unpack(part)[0], _untext(sender), _untext(recipient),
+                  _untext(kind), tuple(v for (v,) in _U64.iter_unpack(shape)), digest, _U64.unpack(body_len)[0],
+                  body)
+        if any(d >= 1 << 63 for d in env.shape):
+            raise MalformedMessageError("envelope shape entry out of range")
+        if env.protocol in STAGES and env.stage not in STAGES[env.protocol]:
+            raise MalformedMessageError(f"unknown stage {env.stage!r} for protocol {env.protocol!r}")
+        if body is not None and (len(body) != env.body_len or hashlib.sha256(body).digest() != env.digest):
+            raise MalformedMessageError("message body does not match the length and digest in its header")
+        return env
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> tuple["Envelope", bytes]:
+        """Strict parse of :meth:`to_bytes`: ``(envelope with body, signature)``."""
+        if not isinstance(data, (bytes, bytearray)) or len(data) < SIGNATURE_BYTES + 4:
+            raise MalformedMessageError("message truncated before its header")
+        data = bytes(data)
+        signature = data[:SIGNATURE_BYTES]
+        (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
+        start = SIGNATURE_BYTES + 4
+        if start + n > len(data):
+            raise MalformedMessageError("message truncated inside its header")
+        header = data[start:start + n]
+        env = cls.from_header(header)
+        body = data[start + n:]
+        if len(body) != env.body_len:
+            raise MalformedMessageError(f"message body is {len(body)} bytes, its header says {env.body_len}")
+        return cls.from_header(header, body), signature
+
+
+def _text(s: str) -> bytes:
+    if not isinstance(s, str):
+        raise MalformedMessageError(f"envelope text field must be str, got {type(s).__name__}")
+    try:
+        raw = s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedMessageError(f"envelope text field {s!r} is not valid UTF-8") from None
+    if len(raw) > _MAX_FIELD:
+        raise MalformedMessageError("envelope text field too long")
+    return raw
+
+
+def _untext(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedMessageError("envelope text field is not valid UTF-8") from None
+
+
+# ---------------------------------------------------------------------- canonical body
+def _walk(obj: Any, out: Callable[[bytes], None]) -> None:
+    """Feed the canonical encoding of ``obj`` to ``out`` piece by piece."""
+    if obj is None:
+        out(b"N")
+    elif isinstance(obj, bool):
+        out(b"T" if obj else b"F")
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        b = bytes(obj) if not isinstance(obj, bytes) else obj
+        out(b"B" + _U64.pack(len(b)))
+        out(b)
+    elif isinstance(obj, str):
+        b = _text(obj) if len(obj) <= _MAX_FIELD else obj.encode("utf-8", "strict")
+        out(b"S" + _U64.pack(len(b)) + b)
+    elif isinstance(obj, (int, np.integer)):
+        v = int(obj)
+        b = v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True)
+        out(b"I" + _U32.pack(len(b)) + b)
+    elif isinstance(obj, (float, np.floating)):
+        out(b"D" + struct.pack(">d", float(obj)))
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":
+            raise MalformedMessageError(f"array payloads must be numeric, got dtype {obj.dtype}")
+        a = np.ascontiguousarray(obj)
+        d = a.dtype.str.encode()
+        out(b"A" + _U32.pack(len(d)) + d + _U32.pack(a.ndim) + b"".join(_U64.pack(s) for s in a.shape))
+        out(memoryview(a).cast("B") if a.size else b"")
+    elif isinstance(obj, (list, tuple)):
+        out(b"L" + _U64.pack(len(obj)))
+        for item in obj:
+            _walk(item, out)
+    elif isinstance(obj, dict):
+        items = []
+        for key, value in obj.items():
+            kb = []
+            _walk(key, kb.append)
+            items.append((b"".join(kb), value))
+        items.sort(key=lambda kv: kv[0])
+        out(b"M" + _U64.pack(len(items)))
+        for kb, value in items:
+            out(kb)
+            _walk(value, out)
+    else:
+        raise MalformedMessageError(f"payload of type {type(obj).__name__} has no canonical encoding")
+
+
+def encode_body(payload: Any) -> bytes:
+    """Canonical bytes of a payload."""
+    parts: list[bytes] = []
+    _walk(payload, lambda b: parts.append(bytes(b)))
+    return b"".join(parts)
+
+
+def body_digest(payload: Any) -> tuple[bytes, int]:
+    """``(SHA-256, length)`` of :func:`encode_body` of ``payload``, computed in one streaming pass."""
+    h, n = hashlib.sha256(), [0]
+
+    def feed(b):
+        h.update(b)
+        n[0] += len(b)
+    _walk(payload, feed)
+    return h.digest(), n[0]
+
+
+def decode_body(data: bytes) -> Any:
+    """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise)."""
+    data = bytes(data)
+    value, pos = _read(data, 0, 0)
+    if pos != len(data):
+        raise MalformedMessageError(f"{len(data) - pos} trailing bytes after the message body")
+    return value
+
+
+def _need(data: bytes, pos: int, n: int) -> int:
+    if n < 0 or pos + n > len(data):
+        raise MalformedMessageError("message body truncated")
+    return pos + n
+
+
+def _read(data: bytes, pos: int, depth: int):
+    if depth > 16:
+        raise MalformedMessageError("message body nested too deeply")
+    end = _need(data, pos, 1)
+    t = data[pos:end]
+    pos = end
+    if t == b"N":
+        return None, pos
+    if t in (b"T", b"F"):
+        return t == b"T", pos
+    if t in (b"B", b"S"):
+        (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
+        end = _need(data, pos + 8, n)
+        raw = data[pos + 8:end]
+        return (raw if t == b"B" else _untext(raw)), end
+    if t == b"I":
+        (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
+        end = _need(data, pos + 4, n)
+        return int.from_bytes(data[pos + 4:end], "big", signed=True), end
+    if t == b"D":
+        end = _need(data, pos, 8)
+        return struct.unpack(">d", data[pos:end])[0], end
+    if t == b"A":
+        (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
+        end = _need(data, pos + 4, n)
+        try:
+            dtype = np.dtype(_untext(data[pos + 4:end]))
+        except TypeError:
+            raise MalformedMessageError("array body has an unknown dtype") from None
+        if dtype.kind not in "biuf":
+            raise MalformedMessageError(f"array body has non-numeric dtype {dtype}")
+        pos = end
+        (ndim,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
+        if ndim > _MAX_DIMS:
+            raise MalformedMessageError("array body has too many dimensions")
+        end = _need(data, pos + 4, 8 * ndim)
+        shape = tuple(v for (v,) in _U64.iter_unpack(data[pos + 4:end]))
+        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        stop = _need(data, end, size)
+        return np.frombuffer(data[end:stop], dtype=dtype).reshape(shape), stop
+    if t in (b"L", b"M"):
+        (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
+        pos += 8
+        if n > len(data):
+            raise MalformedMessageError("message body count exceeds its length")
+        if t == b"L":
+            items = []
+            for _ in range(n):
+                v, pos = _read(data, pos, depth + 1)
+                items.append(v)
+            return items, pos
+        out = {}
+        for _ in range(n):
+            k, pos = _read(data, pos, depth + 1)
+            v, pos = _read(data, pos, depth + 1)
+            try:
+                out[k] = v
+            except TypeError:
+                raise MalformedMessageError("message body has an unhashable dict key") from None
+        return out, pos
+    raise MalformedMessageError(f"unknown body type byte {t!r}")

@@ -1,0 +1,349 @@
+"""Fuzz suite: messages tampered in transit and malformed inputs, per backend and category.
+
+Every case runs one real exchange (K=3 clients, 16 floats in [-1, 1]) of the ``mask`` or
+``ckks`` backend; the test hook ``Protocol.intercept`` tampers with one message in transit
+(or the call itself is malformed), and the outcome is classified:
+
+* ``rejected``          -- a :class:`~protocols.errors.ProtocolError` of the expected class was raised
+                           (nothing aggregated);
+* ``accepted_correct``  -- no error and the result equals the honest sum (within the plan's bound);
+* ``accepted_wrong``    -- no error and a wrong result (the failure this suite exists to find);
+* ``unexpected``        -- any other exception type.
+
+Categories with ``in_model: true`` are what a third party or a faulty channel can do (the
+protocol must catch all of them: target 0 accepted-wrong, 0 unexpected).  ``in_model: false``
+are a malicious *sender's* own content, signed by it (a ciphertext corrupted before signing,
+values encoded past the client check): outside the honest-but-curious model; reported, and
+caught where a recipient can (a decoded packed sum out of its public range raises BoundError).
+
+Run: ``secure-fgl bench --suite fuzz --cases 20000 --out DIR`` (prints a table per category,
+writes ``DIR/fuzz.json``); ``tests/test_fuzz.py`` runs a small sample.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from protocols import ValueSpec, make_protocol
+from protocols.errors import IntegrityError, ProtocolError
+from protocols.message import Envelope, SIGNATURE_BYTES, body_digest
+from protocols.transcript import SERVER
+
+K = 3
+N_VALUES = 16
+SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
+VICTIM = "client1"
+
+
+def _flip(data: bytes, rng, start: int = 0) -> bytes:
+    b = bytearray(data)
+    i = int(rng.integers(start, len(b)))
+    b[i] ^= 1 << int(rng.integers(0, 8))
+    return bytes(b)
+
+
+def _is_upload(m) -> bool:
+    return m.sender == VICTIM and m.receiver == SERVER and m.kind in ("masked", "ciphertext")
+
+
+def _payload_bytes(m) -> bytes:
+    return m.payload["data"] if isinstance(m.payload, dict) else m.payload[0]
+
+
+def _with_payload_bytes(m, data: bytes):
+    if isinstance(m.payload, dict):
+        return dataclasses.replace(m, payload={**m.payload, "data": data})
+    return dataclasses.replace(m, payload=[data] + list(m.payload[1:]))
+
+
+def _recomputed_digest(m, rng):
+    """Flip a body bit and rewrite the header's digest to match (the signature cannot follow)."""
+    m = _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
+    env = Envelope.from_header(m.auth[SIGNATURE_BYTES:])
+    digest, n = body_digest(m.payload)
+    return dataclasses.replace(m, auth=m.auth[:SIGNATURE_BYTES] + dataclasses.replace(env, digest=digest,
+                                                                                     body_len=n).header_bytes())
+
+
+@dataclass
+class Case:
+    """One fuzz category: which messages it hits and how (or a malformed call)."""
+
+    name: str
+    backends: tuple[str, ...]
+    in_model: bool
+    target: Callable | None = None            # message predicate (None: the call itself is fuzzed)
+    tamper: Callable | None = None            # (msg, rng, fuzzer) -> msg
+    call: Callable | None = None              # (fuzzer, rng) -> (values, kwargs, round, tag) for malformed calls
+    expected: type = IntegrityError
+
+
+def _truncate(m, rng):
+    if rng.random() < 0.5:
+        return dataclasses.replace(m, auth=m.auth[:int(rng.integers(0, len(m.auth)))])
+    data = _payload_bytes(m)
+    return _with_payload_bytes(m, data[:int(rng.integers(0, len(data)))])
+
+
+def _stage_of(fz):
+    return "masked_upload" if fz.mode == "mask" else "upload"
+
+
+def _malicious_ckks(m, rng, fz):
+    """The sender corrupts its own ciphertext before framing and signing it."""
+    from protocols.ckks import wire
+    raw = bytearray(wire.unframe(m.payload[0]))
+    i = int(rng.integers(len(raw) // 2, len(raw)))
+    raw[i] ^= 1 << int(rng.integers(0, 8))
+    framed = wire.frame(bytes(raw), fz.proto._active.padded_ciphertext_bytes)
+    return fz.proto._seal(dataclasses.replace(m, payload=[framed] + list(m.payload[1:])), "upload", 0)
+
+
+def _malicious_mask(m, rng, fz):
+    """The sender adds an offset to its own ring elements before signing (values past the check)."""
+    dtype = np.dtype(fz.proto.last_encoding.dtype)
+    y = np.frombuffer(m.payload["data"], dtype=dtype).copy()
+    with np.errstate(over="ignore"):        # ring arithmetic wraps by design
+        y[int(rng.integers(0, y.size))] += dtype.type(int(rng.integers(1, 1 << 8)))
+    return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "data": y.tobytes()}), "masked_upload")
+
+
+def _call_nonfinite(fz, rng):
+    vals = fz.values(rng)
+    vals[1][int(rng.integers(0, N_VALUES))] = [np.nan, np.inf, -np.inf][int(rng.integers(0, 3))]
+    return vals, {}, fz.next_round(), "fuzz/x"
+
+
+def _call_empty(fz, rng):
+    choice = int(rng.integers(0, 3))
+    if choice == 0:
+        return {}, {}, fz.next_round(), "fuzz/x"
+    vals = fz.values(rng)
+    vals[1] = np.zeros(0) if choice == 1 else np.zeros((N_VALUES, 0))
+    return vals, {}, fz.next_round(), "fuzz/x"
+
+
+def _call_absurd(fz, rng):
+    choice = int(rng.integers(0, 6))
+    vals = fz.values(rng)
+    rnd, tag = fz.next_round(), "fuzz/x"
+    if choice == 0:
+        rnd = (1 << 63) + int(rng.integers(0, 1 << 20))
+    elif choice == 1:
+        tag = "fuzz/\udcff"
+    elif choice == 2:
+        tag = ""
+    elif choice == 3:
+        vals[1] = vals[1].astype(np.complex128) + 1j
+    elif choice == 4:
+        vals[1] = np.array(["a"] * N_VALUES)
+    else:
+        vals = {7: vals[0], 1: vals[1], 2: vals[2]}           # a client id outside 0..K-1
+    return vals, {}, rnd, tag
+
+
+CASES = [
+    Case("truncation", ("mask", "ckks"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
+    Case("bitflip_frame", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, auth=_flip(m.auth, r))),
+    Case("bitflip_body_recomputed_digest", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: _recomputed_digest(m, r)),
+    Case("bitflip_mask_data", ("mask",), True, _is_upload,
+         lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
+    Case("bitflip_ckks_ciphertext", ("ckks",), True, _is_upload,
+         lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
+    Case("bitflip_mask_public_key", ("mask",), True,
+         lambda m: m.sender == VICTIM and m.kind == "public_key" and m.tag == "fuzz/x",
+         lambda m, r, f: dataclasses.replace(m, payload=_flip(m.payload, r))),
+    Case("bitflip_shares", ("mask",), True,
+         lambda m: m.sender == VICTIM and ((m.kind == "ciphertext" and m.relay == SERVER) or m.kind == "share"),
+         lambda m, r, f: (dataclasses.replace(m, payload=_flip(m.payload, r)) if isinstance(m.payload, bytes) else
+                          dataclasses.replace(m, payload={**m.payload, "self_mask": {
+                              u: _flip(raw, r) for u, raw in m.payload["self_mask"].items()}}))),
+    Case("wrong_fingerprint", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, fingerprint=os.urandom(8).hex())),
+    Case("wrong_round", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, round=m.round + int(r.integers(1, 1 << 30)))),
+    Case("wrong_tag", ("mask", "ckks"), True, _is_upload, lambda m, r, f: dataclasses.replace(m, tag="fuzz/other")),
+    Case("wrong_stage", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: f.proto._seal(m, "download")),
+    Case("wrong_recipient", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: f.proto._seal(dataclasses.replace(m, receiver="client2"), _stage_of(f))),
+    Case("wrong_session", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.other_session(m)),
+    Case("replay_same_round", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=True)),
+    Case("replay_later_round", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=False)),
+    # the victim's upload delivered a second time, in client 2's slot; and a message of an
+    # earlier stage of the victim re-delivered at a later stage (mask)
+    Case("duplicate_upload", ("mask", "ckks"), True,
+         lambda m: m.sender == "client2" and m.receiver == SERVER and m.kind in ("masked", "ciphertext"),
+         lambda m, r, f: f.victim_upload(m)),
+    Case("duplicate_earlier_stage", ("mask",), True,
+         lambda m: m.sender == VICTIM and m.receiver == SERVER and m.tag == "fuzz/x" and m.kind == "share",
+         lambda m, r, f: f.earlier_upload(m)),
+    Case("other_client_payload", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, payload=f.other_payload(m))),
+    Case("sender_spoofing", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, sender="client2")),
+    Case("changed_block_ids", ("mask",), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "block_ids": m.payload["block_ids"] + 1})),
+    Case("changed_shape", ("mask", "ckks"), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + int(r.integers(1, 9))))),
+    Case("changed_dtype", ("mask",), True, _is_upload,
+         lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(
+             m.payload["data"], np.uint8).astype(np.float32)})),
+    Case("nonfinite_input", ("mask", "ckks"), True, call=_call_nonfinite, expected=ProtocolError),
+    Case("empty_input", ("mask", "ckks"), True, call=_call_empty, expected=ProtocolError),
+    Case("absurd_metadata", ("mask", "ckks"), True, call=_call_absurd, expected=ProtocolError),
+    Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
+    Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
+]
+
+
+class Fuzzer:
+    """One protocol object per backend (one CKKS context for every case)."""
+
+    def __init__(self, mode: str, seed: int = 0):
+        self.mode = mode
+        self.proto = make_protocol(mode, K, **({"params": "n4096"} if mode == "ckks" else {}))
+        self.round = 0
+        self.sent: dict[tuple, object] = {}       # (exchange, sender, kind, receiver) -> message, as signed
+        self.prev_exchange: dict[tuple, object] = {}
+
+    def values(self, rng) -> dict[int, np.ndarray]:
+        return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}
+
+    def next_round(self) -> int:
+        self.round += 1
+        return self.round
+
+    # -- helpers the tampers use
+    def _record(self, m):
+        self.sent[(self.proto.exchange, m.sender, m.kind, m.receiver, m.tag)] = m
+
+    def other_session(self, m):
+        current, self.proto.session = self.proto.session, os.urandom(16)
+        try:
+            return self.proto._seal(m, _stage_of(self))
+        finally:
+            self.proto.session = current
+
+    def replay(self, m, same_round: bool):
+        old = self.prev_exchange.get((m.sender, m.kind, m.receiver))
+        if old is None:
+            return m
+        return old if not same_round else dataclasses.replace(old, round=m.round)
+
+    def earlier_upload(self, m):
+        for (ex, sender, kind, receiver, tag), old in self.sent.items():
+            if ex == self.proto.exchange and sender == m.sender and receiver == SERVER and old is not m \
+                    and kind != m.kind:
+                return old
+        return self.prev_exchange.get((m.sender, m.kind, m.receiver), m)
+
+    def victim_upload(self, m):
+        for (ex, sender, kind, receiver, tag), old in self.sent.items():
+            if ex == self.proto.exchange and sender == VICTIM and kind == m.kind and receiver == SERVER:
+                return old
+        return m
+
+    def other_payload(self, m):
+        for (ex, sender, kind, receiver, tag), old in self.sent.items():
+            if ex == self.proto.exchange and kind == m.kind and receiver == SERVER and sender != m.sender:
+                return old.payload
+        return self.prev_exchange.get(("client0", m.kind, SERVER), m).payload
+
+    # -- one case
+    def run(self, case: Case, rng) -> str:
+        tampered = []
+
+        def hook(m):
+            if m.tag != "fuzz/x":
+                return m
+            if case.target is not None and case.target(m) and not tampered:
+                out = case.tamper(m, rng, self)
+                tampered.append(out is not m)
+                self._record(m)
+                return out
+            self._record(m)
+            return m
+
+        if case.call is not None:
+            vals, kw, rnd, tag = case.call(self, rng)
+        else:
+            vals, kw, rnd, tag = self.values(rng), {}, self.next_round(), "fuzz/x"
+        self.proto.intercept = hook
+        try:
+            got = self.proto.weighted_sum(tag, rnd, vals, spec=SPEC, **kw)
+        except case.expected:
+            return "rejected"
+        except ProtocolError:
+            return "unexpected" if case.expected is not ProtocolError else "rejected"
+        except Exception:          # noqa: BLE001 -- classifying every other exception is the point
+            return "unexpected"
+        finally:
+            self.proto.intercept = None
+            self.prev_exchange = {(m.sender, m.kind, m.receiver): m for (ex, *_), m in self.sent.items()
+                                  if ex == self.proto.exchange} or self.prev_exchange
+            self.sent = {k: v for k, v in self.sent.items() if k[0] == self.proto.exchange}
+        want = sum(np.asarray(v, dtype=np.float64) for v in vals.values())
+        ok = np.shape(got) == np.shape(want) and np.allclose(got, want, atol=SPEC.tolerance * 10)
+        return "accepted_correct" if ok else "accepted_wrong"
+
+
+def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks"), categories=None) -> list[dict]:
+    """``cases`` fuzz cases split evenly over every (backend, category) pair; one record per pair."""
+    selected = [c for c in CASES if categories is None or c.name in categories]
+    pairs = [(b, c) for b in backends for c in selected if b in c.backends]
+    per = max(1, cases // max(1, len(pairs)))
+    rng = np.random.default_rng(seed)
+    fuzzers = {b: Fuzzer(b) for b in backends}
+    out = []
+    for b, c in pairs:
+        fz = fuzzers[b]
+        fz.values(rng)
+        counts = {"rejected": 0, "accepted_correct": 0, "accepted_wrong": 0, "unexpected": 0}
+        for _ in range(per):
+            counts[fz.run(c, rng)] += 1
+        out.append({"backend": b, "category": c.name, "in_model": c.in_model, "cases": per, **counts})
+    return out
+
+
+def format_table(records: list[dict]) -> str:
+    head = f"{'backend':<6} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} " \
+           f"{'acc-WRONG':>9} {'unexpected':>10}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(f"{r['backend']:<6} {r['category']:<32} {'in' if r['in_model'] else 'out':<5} {r['cases']:>6} "
+                     f"{r['rejected']:>9} {r['accepted_correct']:>7} {r['accepted_wrong']:>9} {r['unexpected']:>10}")
+    return "\n".join(lines)
+
+
+def run_fuzz_bench(out_dir: str, cases: int = 20000, seed: int = 0) -> list[dict]:
+    t0 = time.perf_counter()
+    records = run_fuzz(cases, seed=seed)
+    print(format_table(records))
+    inm = [r for r in records if r["in_model"]]
+    print(f"in-model: {sum(r['cases'] for r in inm)} cases, accepted-WRONG {sum(r['accepted_wrong'] for r in inm)}, "
+          f"unexpected {sum(r['unexpected'] for r in inm)}; {time.perf_counter() - t0:.0f} s")
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "fuzz.json").write_text(json.dumps(records, indent=1))
+    print(f"wrote {path / 'fuzz.json'}")
+    return records
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=20000)
+    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    run_fuzz_bench(a.out, a.cases, a.seed)
