@@ -182,7 +182,8 @@ def test_secret_shares_never_reach_the_server():
     payloads = [m.payload for m in view if isinstance(m.payload, (bytes, bytearray))]
     assert payloads
     for c, client in p._clients.items():
-        for s_hat in (client._share.s_hat, client._own.s_hat):
+        assert client._broadcast is not None
+        for s_hat in (client._share.s_hat, client._own.s_hat, client._broadcast.s_hat):
             for form in (s_hat, p.ring.intt(s_hat)):
                 for dtype in ("<u4", "<i8"):
                     probe = np.ascontiguousarray(form, dtype=dtype).tobytes()[:256]
@@ -190,7 +191,7 @@ def test_secret_shares_never_reach_the_server():
 
 
 def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
-    """The noise a recipient decrypts, against the secret-dependent noise e_ct = c0 + s c1 - Delta m
+    """(A broadcast exchange: switched to the broadcast key.)  The noise a recipient decrypts, against the secret-dependent noise e_ct = c0 + s c1 - Delta m
     of the aggregate: uncorrelated with smudging, strongly correlated without it (power check);
     and distributed alike under two independent collective keys (KS test)."""
     k = 3
@@ -211,7 +212,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
             coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, key, ct)[0])
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
-        return residual(s, agg), residual(p._clients[0]._own.s_hat, out)
+        return residual(s, agg), residual(p._clients[0]._broadcast.s_hat, out)
 
     e_ct, seen = noises(fresh(k))
     assert abs(corr(e_ct, seen)) < 0.05

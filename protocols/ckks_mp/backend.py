@@ -29,7 +29,10 @@ One exchange (:meth:`CKKSMPProtocol._aggregate`):
    ``ckks``).
 3. **Keys** (first exchange; tag ``ckks-mp/keys``): the server publishes a fresh random
    32-byte CRS seed; every client expands ``a``, sends ``p_i`` and its recipient key
-   ``p_R`` (kind ``public_key``); the server adds the ``p_i`` and broadcasts ``p``.
+   ``p_R`` (kind ``public_key``); the server adds the ``p_i`` and broadcasts ``p``.  Client 0
+   also makes the clients' common broadcast key pair ``(s_B, p_B)`` and sends ``s_B`` to each
+   other client encrypted under that client's ``p_R`` (relayed by the server, which cannot
+   open it; the server plus any client learns only what that client receives anyway).
    On ``--resume`` a new protocol object runs the key generation again.
 4. **Upload**: each client sends its blocks encrypted under ``p`` (kind ``ciphertext``;
    sparse layout: its block ids as ``metadata``).  The server checks the envelope and every
@@ -37,7 +40,9 @@ One exchange (:meth:`CKKSMPProtocol._aggregate`):
    uploaded with the missing public offsets.
 5. **Key switch, scoped per recipient**: the server sends every client the ``c1`` of the
    requested blocks (kind ``ciphertext``); every client sends, for every recipient, its
-   PCKS shares of that recipient's blocks (kind ``share``); a missing share aborts with
+   PCKS shares of that recipient's blocks (kind ``share``) — or, when every client receives
+   the same blocks (weighted means), one set of shares to the broadcast key ``p_B``, which
+   saves a factor K in share bytes; a missing share aborts with
    DropoutError naming the client, a malformed one with IntegrityError.  The server adds
    the K shares and sends each recipient only its blocks, now under its own key.
 6. **Recipients decrypt** with their own secret; a residual above the worst-case noise
@@ -59,7 +64,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..base import ExchangeContext, Protocol
+from ..base import ExchangeContext, Protocol, ValueSpec
 from ..ckks.packing import find_violation
 from ..ckks.params import per_client_limits
 from ..errors import (BoundError, DropoutError, IntegrityError, NonFiniteError, PackingOverflowError,
@@ -74,6 +79,8 @@ from .ring import RNSRing
 from .sampling import common_polynomial
 
 KEYS_TAG = "ckks-mp/keys"
+#: how the broadcast secret s_B travels: coefficients + 1 in {0, 1, 2}, one client's key
+_KEY_SPEC = ValueSpec(integer=True, max_abs=2, sum_max=2)
 
 
 @lru_cache(maxsize=4)
@@ -106,6 +113,7 @@ class CKKSMPProtocol(Protocol):
         self._clients: dict[int, MPClient] = {}            # client side (secrets live here only)
         self._collective_pk: np.ndarray | None = None      # server side: public
         self._recipient_pks: dict[int, np.ndarray] = {}    # server side: public
+        self._broadcast_pk: np.ndarray | None = None       # server side: public
         self._a_hat: np.ndarray | None = None
         self._fingerprint: str | None = None
         #: statistics of the key set-up and of the last exchange (bytes, seconds) — for benchmarks
@@ -175,6 +183,9 @@ class CKKSMPProtocol(Protocol):
         t = time.perf_counter()
         self._a_hat = common_polynomial(seed, self.params.primes, self.params.n)
         self._collective_pk = collective_public_key(self.ring, shares)
+        server_s += time.perf_counter() - t
+        self._deal_broadcast_key(rnd, client_s)
+        t = time.perf_counter()
         pk_bytes = encryption.to_bytes(self._collective_pk)
         self._fingerprint = hashlib.sha256(self.mode.encode() + self.params.describe().encode() + seed
                                            + pk_bytes).hexdigest()[:16]
@@ -184,9 +195,50 @@ class CKKSMPProtocol(Protocol):
                                  len(pk_bytes), self.mode, self._fingerprint, pk_bytes,
                                  note="collective public key p = sum_i p_i"))
             client.collective_pk = encryption.from_bytes(self.ring, pk_bytes, (level, self.params.n))
+        comm = self.transcript.comm()["per_tag"][KEYS_TAG]
         self.setup_stats = {"client_s": client_s, "server_s": server_s,
-                            "bytes_up_per_client": 2 * poly_bytes, "bytes_down_per_client": 32 + poly_bytes,
+                            "bytes_up_per_client": comm["bytes_up"] / self.num_clients,
+                            "bytes_down_per_client": comm["bytes_down"] / self.num_clients,
                             "params": self.params.describe()}
+
+    def _deal_broadcast_key(self, rnd: int, client_s: dict[int, float]) -> None:
+        """Client 0 makes the broadcast key pair, publishes ``p_B`` and sends ``s_B`` to every other
+        client encrypted under that client's recipient key (relayed by the server, which cannot
+        open it).  Adds the clients' seconds to ``client_s``."""
+        level, n = self.params.num_primes, self.params.n
+        dealer = self._clients[0]
+        t = time.perf_counter()
+        p_b = dealer.make_broadcast_key()
+        plan = plan_exchange(self.params, _KEY_SPEC, 1)
+        sealed = {j: dealer.seal_broadcast_key(plan, self._recipient_pks[j]) for j in range(1, self.num_clients)}
+        client_s[0] += time.perf_counter() - t
+        msg = self._send(Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (level, n), len(p_b),
+                                 self.mode, "", p_b, note="broadcast public key p_B = -a s_B + e_B"))
+        if msg is None:
+            raise DropoutError("the broadcast public key is missing; rerun the key set-up", tag=KEYS_TAG, client=0)
+        try:
+            self._broadcast_pk = encryption.from_bytes(self.ring, msg.payload, (level, n))
+        except ValueError as exc:
+            raise IntegrityError(f"malformed broadcast public key: {exc}", tag=KEYS_TAG, client=0) from exc
+        for j, data in sealed.items():
+            msg = self._send(Message(rnd, KEYS_TAG, client_party(0), SERVER, "ciphertext", (1, 2, plan.level, n),
+                                     len(data), self.mode, "", data,
+                                     note=f"broadcast secret s_B encrypted to client {j}'s recipient key"))
+            if msg is None:
+                raise DropoutError(f"the broadcast key for client {j} is missing; rerun the key set-up",
+                                   tag=KEYS_TAG, client=0)
+            self._record(Message(rnd, KEYS_TAG, SERVER, client_party(j), "ciphertext", msg.shape, msg.nbytes,
+                                 self.mode, "", msg.payload, note="relayed sealed broadcast secret"))
+            t = time.perf_counter()
+            try:
+                ct = encryption.from_bytes(self.ring, msg.payload, (1, 2, plan.level, n))
+            except ValueError as exc:
+                raise IntegrityError(f"sealed broadcast key rejected: {exc}", tag=KEYS_TAG, client=0) from exc
+            residual, ok = self._clients[j].open_broadcast_key(plan, ct, self._broadcast_pk)
+            client_s[j] += time.perf_counter() - t
+            if residual > plan.noise_bound or not ok:
+                raise IntegrityError(f"client {j} could not open the sealed broadcast key (corrupted)",
+                                     tag=KEYS_TAG, client=0)
 
     @property
     def fingerprint(self) -> str:
@@ -305,7 +357,10 @@ class CKKSMPProtocol(Protocol):
                     agg[i, j, 0] = self.ring.add(agg[i, j, 0], pad)
         server_s += time.perf_counter() - t
 
-        # 5. public-key switching per recipient: c1 down to every client, shares up, sum down
+        # 5. public-key switching: c1 down to every client, shares up, sums down.  When every
+        # client receives the same blocks (a broadcast: weighted means, model averages) the
+        # blocks are switched once, to the clients' common broadcast key; otherwise once per
+        # recipient, to its own key (scoped return).
         c1 = agg[:, :, 1]                                   # [blocks, pieces, L, N]
         c1_bytes = encryption.to_bytes(c1)
         for k in range(K):
@@ -313,47 +368,56 @@ class CKKSMPProtocol(Protocol):
                                  len(c1_bytes), self.mode, fp, c1_bytes,
                                  note="c1 of the aggregate blocks to key-switch"))
         smudge = smudging_bits(self.params, K)
-        recipients = {int(r): [index[int(b)] for b in np.asarray(bids).ravel()] for r, bids in ctx.requests.items()}
-        share_msgs: dict[int, dict[int, Message | None]] = {r: {} for r in recipients}
+        rows_of = {int(r): [index[int(b)] for b in np.asarray(bids).ravel()] for r, bids in ctx.requests.items()}
+        first = next(iter(rows_of.values()))
+        if set(rows_of) == set(range(K)) and all(rows == first for rows in rows_of.values()):
+            groups = [("the broadcast key", self._broadcast_pk, first, sorted(rows_of), True)]
+        else:
+            groups = [(f"recipient {r}'s key", self._recipient_pks[r], rows, [r], False) for r, rows in rows_of.items()]
+        share_msgs: list[dict[int, Message | None]] = [{} for _ in groups]
         for k in range(K):
-            client = self._clients[k]
             c1_k = encryption.from_bytes(self.ring, c1_bytes, c1.shape)
-            t = time.perf_counter()
-            for r, rows in recipients.items():
-                data = client.pcks_shares(plan, c1_k[rows].reshape(-1, level, n), self._recipient_pks[r], smudge) \
+            for g, (label, pk, rows, _, _) in enumerate(groups):
+                t = time.perf_counter()
+                data = self._clients[k].pcks_shares(plan, c1_k[rows].reshape(-1, level, n), pk, smudge) \
                     if rows else b""
                 down_s[k] += time.perf_counter() - t
-                share_msgs[r][k] = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "share",
+                share_msgs[g][k] = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "share",
                                                       (len(rows), pieces), len(data), self.mode, fp, data,
-                                                      note=f"PCKS shares to recipient {r}"))
-                t = time.perf_counter()
-        received: dict[int, dict[int, np.ndarray]] = {}
-        lengths = [b - a for a, b in spans]
-        for r, rows in recipients.items():
-            t = time.perf_counter()
+                                                      note=f"PCKS shares to {label}"))
+        t = time.perf_counter()
+        switched = []
+        for g, (label, _, rows, _, _) in enumerate(groups):   # every share of every group checked first
             shares = []
             for k in range(K):
-                msg = share_msgs[r][k]
+                msg = share_msgs[g][k]
                 if msg is None:
-                    raise DropoutError(f"the client's key-switching share for recipient {r} is missing: n-out-of-n "
+                    raise DropoutError(f"the client's key-switching share to {label} is missing: n-out-of-n "
                                        "decryption needs every client; nothing was delivered", **where(k))
                 self._check_envelope(msg, ctx, k)
                 try:
                     shares.append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces,) + ct_shape))
                 except ValueError as exc:
-                    raise IntegrityError(f"key-switching share for recipient {r} rejected: {exc}", **where(k)) from exc
-            out = combine_shares(self.ring, agg[rows].reshape((-1,) + ct_shape)[:, 0], shares) if rows else np.zeros((0,) + ct_shape)
+                    raise IntegrityError(f"key-switching share to {label} rejected: {exc}", **where(k)) from exc
+            switched.append(combine_shares(self.ring, agg[rows].reshape((-1,) + ct_shape)[:, 0], shares)
+                            if rows else np.zeros((0,) + ct_shape, dtype=np.int64))
+        server_s += time.perf_counter() - t
+
+        # 6. each recipient receives only its blocks and decrypts them with its own (or the broadcast) secret
+        received: dict[int, dict[int, np.ndarray]] = {}
+        lengths = [b - a for a, b in spans]
+        for (label, _, rows, members, broadcast), out in zip(groups, switched):
             out_bytes = encryption.to_bytes(out)
-            server_s += time.perf_counter() - t
-            self._record(Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext", (len(rows), pieces),
-                                 len(out_bytes), self.mode, fp, out_bytes,
-                                 note=f"aggregate blocks key-switched to recipient {r}'s key"))
-            # 6. the recipient decrypts with its own secret
+            for r in members:
+                self._record(Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext", (len(rows), pieces),
+                                     len(out_bytes), self.mode, fp, out_bytes,
+                                     note=f"aggregate blocks key-switched to {label}"))
+            # members of a broadcast group decrypt the same bytes: decoded once, the time charged to each
             t = time.perf_counter()
             cts = encryption.from_bytes(self.ring, out_bytes, out.shape)
-            decoded = self._clients[r].decrypt_delivery(plan, cts, lengths * len(rows))
+            decoded = self._clients[members[0]].decrypt_delivery(plan, cts, lengths * len(rows), broadcast)
             blocks = {}
-            for i, b in enumerate(np.asarray(ctx.requests[r]).ravel()):
+            for i, b in enumerate(np.asarray(ctx.requests[members[0]]).ravel()):
                 parts = []
                 for j in range(pieces):
                     fields, residual, in_range = decoded[i * pieces + j]
@@ -361,13 +425,15 @@ class CKKSMPProtocol(Protocol):
                         why = (f"noise 2^{math.log2(residual):.1f} above the worst-case bound "
                                f"2^{math.log2(plan.noise_bound):.1f}" if residual > plan.noise_bound
                                else "a packed field out of range")
-                        raise IntegrityError(f"recipient {r}: block {int(b)} decrypts with {why}: a key-switching "
-                                             "share or ciphertext was corrupted; nothing was delivered",
+                        raise IntegrityError(f"block {int(b)} switched to {label} decrypts with {why}: a "
+                                             "key-switching share or ciphertext was corrupted; nothing was delivered",
                                              tag=ctx.tag, round=ctx.round)
                     parts.append(encoding.dequantize(fields, plan))
                 blocks[int(b)] = np.concatenate(parts)
-            received[r] = blocks
-            down_s[r] += time.perf_counter() - t
+            elapsed = time.perf_counter() - t
+            for r in members:
+                received[r] = {b: v.copy() for b, v in blocks.items()}
+                down_s[r] += elapsed
         self.last_stats = {"tag": ctx.tag, "params": plan.describe(), "client_upload_s": up_s,
                            "client_download_s": down_s, "server_s": server_s, "level": level,
                            "smudging_bits": smudge, "error_bound": plan.error_bound}
