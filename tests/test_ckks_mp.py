@@ -191,9 +191,10 @@ def test_secret_shares_never_reach_the_server():
 
 
 def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
-    """(A broadcast exchange: switched to the broadcast key.)  The noise a recipient decrypts, against the secret-dependent noise e_ct = c0 + s c1 - Delta m
-    of the aggregate: uncorrelated with smudging, strongly correlated without it (power check);
-    and distributed alike under two independent collective keys (KS test)."""
+    """The noise a recipient decrypts (a broadcast exchange: switched to the broadcast key), against
+    the secret-dependent noise e_ct = c0 + s c1 - Delta m of the aggregate: uncorrelated with
+    smudging, strongly correlated without it (power check); and distributed alike under two
+    independent collective keys (KS test)."""
     k = 3
     spec = ValueSpec(integer=True, max_abs=3, sum_max=9)
     vals = {c: np.full(20_000, float(c)) for c in range(k)}
@@ -221,6 +222,23 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     monkeypatch.setattr(mp_backend, "smudging_bits", lambda params, k: 0)
     e_ct3, seen3 = noises(fresh(k))
     assert corr(e_ct3, seen3) > 0.5            # without smudging the recipient sees the secret-dependent noise
+
+
+def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
+    k = 3
+    p = fresh(k)
+    p.weighted_mean("bcast", 0, {c: np.ones(4) for c in range(k)}, spec=ValueSpec(max_abs=1))
+    shares = [m for m in p.transcript.select(tag="bcast") if m.kind == "share"]
+    assert len(shares) == k and all("broadcast key" in m.note for m in shares)
+    spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
+    rpb = p.rows_per_block(spec, 2, 10 ** 7)
+    rows = np.arange(k) * rpb                                  # one row in each of k blocks
+    contrib = {c: (rows, np.ones((k, 2))) for c in range(k)}
+    got = p.row_sum("scoped-count", 0, contrib, {c: rows[c:c + 1] for c in range(k)}, k * rpb,
+                    layout="sparse", spec=spec)
+    assert all(np.array_equal(got[c], np.full((1, 2), k)) for c in range(k))
+    shares = [m for m in p.transcript.select(tag="scoped-count") if m.kind == "share"]
+    assert len(shares) == k * k and not any("broadcast" in m.note for m in shares)
 
 
 # ------------------------------------------------------------------ refusals

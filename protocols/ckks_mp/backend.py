@@ -60,6 +60,7 @@ import hashlib
 import math
 import os
 import time
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -142,8 +143,7 @@ class CKKSMPProtocol(Protocol):
 
     def _record(self, msg: Message) -> None:
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
-            msg = msg.without_payload()
-            msg = Message(**{**msg.__dict__, "note": msg.note + "; payload not kept (size)"})
+            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
         self.transcript.record(msg)
 
     def _ensure_keys(self, rnd: int) -> None:
@@ -273,8 +273,8 @@ class CKKSMPProtocol(Protocol):
             if bad is not None:
                 i, v, why = bad
                 raise BoundError(f"entry {i % ctx.block_len} of block {int(ids[i // ctx.block_len])} is {v:g}, "
-                                 f"which {why} of this exchange ({plan.describe()}; ValueSpec max_abs={spec.max_abs:g}, "
-                                 f"sum_max={spec.sum_max}). Nothing was encrypted. Fix: clip the values or declare "
+                                 f"which {why} of this exchange ({plan.describe()}; ValueSpec "
+                                 f"max_abs={spec.max_abs:g}, sum_max={spec.sum_max}). Nothing was encrypted. Fix: clip the values or declare "
                                  "a larger public bound", **where)
         if spec.integer and self.audit_sum_bound:
             top, bottom = (1 << plan.width) - 1 - self.num_clients * offset, -self.num_clients * offset
@@ -319,7 +319,9 @@ class CKKSMPProtocol(Protocol):
                 meta = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "metadata", (ids.size,),
                                           4 * ids.size, self.mode, fp, {"block_ids": ids.astype(np.int32)},
                                           note="block ids of the sparse layout"))
-                ids = np.asarray((meta.payload or {}).get("block_ids", []), dtype=np.int64) if meta else ids
+                if meta is None:
+                    raise DropoutError("the client's block ids are missing; nothing was aggregated", **where(k))
+                ids = np.asarray((meta.payload or {}).get("block_ids", []), dtype=np.int64)
             t = time.perf_counter()
             data = self._clients[k].encrypt_blocks(plan, np.asarray(table.values, dtype=np.float64))
             up_s[k] = time.perf_counter() - t
@@ -369,6 +371,8 @@ class CKKSMPProtocol(Protocol):
                                  note="c1 of the aggregate blocks to key-switch"))
         smudge = smudging_bits(self.params, K)
         rows_of = {int(r): [index[int(b)] for b in np.asarray(bids).ravel()] for r, bids in ctx.requests.items()}
+        if not rows_of:
+            raise ShapeError("the exchange has no recipients", tag=ctx.tag, round=ctx.round)
         first = next(iter(rows_of.values()))
         if set(rows_of) == set(range(K)) and all(rows == first for rows in rows_of.values()):
             groups = [("the broadcast key", self._broadcast_pk, first, sorted(rows_of), True)]
