@@ -1,6 +1,7 @@
 """ckks-mp: ring arithmetic, collective decryption, exact packing, coalition attacks, refusals."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -285,3 +286,27 @@ def test_out_of_range_refused_before_encryption():
     assert not p3.transcript.select(tag="overflow")
     with pytest.raises(BoundError, match="tolerance"):
         p.weighted_sum("tol", 0, {0: np.ones(3), 1: np.ones(3)}, spec=ValueSpec(max_abs=1e4, tolerance=1e-30))
+
+
+def test_dp_noised_exchanges_stay_within_the_widened_range():
+    """Distributed DP noise (integer and float) passes through ckks-mp: the plan widens the range
+    by the public DP offset, and the decoded sum equals the sum of the noised contributions."""
+    from protocols import DPRequest
+    from protocols.dp import DPConfig
+    k = 3
+    p = fresh(k, dp=DPConfig(epsilon=4.0, placement="distributed", tags=("dp/int", "dp/float")))
+    seen = {}
+    original = p._aggregate
+
+    def spy(ctx):
+        seen["sum"] = sum(t.values for t in ctx.contributions.values())
+        return original(ctx)
+    p._aggregate = spy
+    counts = {c: np.full(50, 2.0) for c in range(k)}
+    got = p.weighted_sum("dp/int", 0, counts, spec=ValueSpec(integer=True, max_abs=2, sum_max=2 * k),
+                         dp=DPRequest(clip=math.inf, sensitivity=1.0))
+    assert np.array_equal(got, seen["sum"][0][:50])
+    floats = {c: np.full(20, 0.5) for c in range(k)}
+    got = p.weighted_sum("dp/float", 0, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-5),
+                         dp=DPRequest(clip=1.0))
+    assert np.abs(got - seen["sum"][0][:20]).max() <= p.last_stats["error_bound"]
