@@ -16,7 +16,8 @@ Forward: Cooley-Tukey butterflies with the powers of ``psi`` in bit-reversed ord
 powers, then multiplication by ``N^{-1}`` (Longa and Naehrig, "Speeding up the Number
 Theoretic Transform for Faster Ideal Lattice-Based Cryptography", CANS 2016, Alg. 1-2).
 Each of the ``log2 N`` stages is one numpy operation over all primes and a batch of
-polynomials.  A ring with fewer primes (a lower "level") uses the first ``L`` rows of the
+polynomials, with one ``%`` (the twiddle product) and branch-free conditional subtractions
+for the sums.  A ring with fewer primes (a lower "level") uses the first ``L`` rows of the
 tables: residues mod the first ``L`` primes are a valid element of ``R_{q_0...q_{L-1}}``.
 """
 from __future__ import annotations
@@ -69,6 +70,17 @@ def primitive_root_2n(q: int, n: int) -> int:
         if pow(psi, n, q) == q - 1:
             return psi
     raise ValueError(f"no primitive {2 * n}-th root of unity mod {q}")
+
+
+def _reduce_signed(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``d`` in ``(-q, q)`` -> ``[0, q)`` in place (adds ``q`` where the sign bit is set)."""
+    d += q & (d >> 63)
+    return d
+
+
+def _reduce_once(x: np.ndarray, q: np.ndarray) -> None:
+    """``x`` in ``[0, 2q)`` -> ``[0, q)`` in place (subtracts ``q`` where ``x >= q``)."""
+    x -= q & ((q - 1 - x) >> 63)
 
 
 def _bit_reverse(n: int) -> np.ndarray:
@@ -161,11 +173,12 @@ class RNSRing:
             t //= 2
             x = x.reshape(-1, level, m, 2 * t)
             s = self._psi_rev[:level, m:2 * m].reshape(1, level, m, 1)
-            u = x[..., :t].copy()
-            v = x[..., t:] * s % q
-            x[..., :t] = u + v
-            x[..., t:] = u - v
-            x %= q
+            v = x[..., t:] * s
+            v %= q
+            d = x[..., :t] - v
+            x[..., :t] += v
+            x[..., t:] = _reduce_signed(d, q)
+            _reduce_once(x[..., :t], q)
             m *= 2
         return x.reshape(lead + (level, n))
 
@@ -179,10 +192,12 @@ class RNSRing:
             h = m // 2
             x = x.reshape(-1, level, h, 2 * t)
             s = self._psi_inv_rev[:level, h:2 * h].reshape(1, level, h, 1)
-            u = x[..., :t].copy()
-            v = x[..., t:].copy()
-            x[..., :t] = (u + v) % q
-            x[..., t:] = (u - v) % q * s % q
+            d = _reduce_signed(x[..., :t] - x[..., t:], q)
+            x[..., :t] += x[..., t:]
+            _reduce_once(x[..., :t], q)
+            d *= s
+            d %= q
+            x[..., t:] = d
             t *= 2
             m = h
         x = x.reshape(-1, level, n) * self._n_inv[:level].reshape(1, level, 1) % self.q[:level].reshape(1, level, 1)
