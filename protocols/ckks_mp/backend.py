@@ -66,11 +66,11 @@ from functools import lru_cache
 import numpy as np
 
 from ..base import ExchangeContext, Protocol, ValueSpec
-from ..ckks.packing import find_violation
 from ..ckks.params import per_client_limits
-from ..errors import (BoundError, DropoutError, IntegrityError, NonFiniteError, PackingOverflowError,
+from ..errors import (BoundError, DropoutError, IntegrityError, PackingOverflowError,
                       ShapeError)
 from ..transcript import SERVER, Message, client_party
+from ..validation import first_out_of_range
 from . import encoding, encryption
 from .keys import collective_public_key
 from .keyswitch import combine_shares
@@ -249,33 +249,15 @@ class CKKSMPProtocol(Protocol):
     # ------------------------------------------------------------------ client side
     def _validate(self, ctx: ExchangeContext, plan: Plan) -> None:
         """Every contribution against the public plan; raises before anything is encrypted."""
-        if not ctx.contributions:
-            raise ShapeError("no contributions", tag=ctx.tag, round=ctx.round)
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
-        for k, table in ctx.contributions.items():
-            where = dict(tag=ctx.tag, round=ctx.round, client=k)
-            if not 0 <= int(k) < self.num_clients:
-                raise ShapeError(f"unknown client id {k}", **where)
-            ids, vals = np.asarray(table.ids), np.asarray(table.values)
-            if ids.ndim != 1 or vals.shape != (ids.size, ctx.block_len):
-                raise ShapeError(f"contribution of shape {vals.shape} with {ids.size} block ids; expected "
-                                 f"[{ids.size}, {ctx.block_len}]", **where)
-            if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0
-                             or ids.max() >= ctx.num_blocks or (np.diff(ids) <= 0).any()):
-                raise ShapeError(f"block ids must be increasing integers in [0, {ctx.num_blocks})", **where)
-            if ctx.layout == "dense" and not np.array_equal(ids, np.arange(ctx.num_blocks)):
-                raise ShapeError("the dense layout needs every block from every client", **where)
-            if not np.isfinite(vals).all():
-                raise NonFiniteError("contribution holds NaN or inf; check the local training for divergence",
-                                     **where)
-            bad = find_violation(vals, lo, hi, spec.integer)
-            if bad is not None:
-                i, v, why = bad
-                raise BoundError(f"entry {i % ctx.block_len} of block {int(ids[i // ctx.block_len])} is {v:g}, "
-                                 f"which {why} of this exchange ({plan.describe()}; ValueSpec "
-                                 f"max_abs={spec.max_abs:g}, sum_max={spec.sum_max}). Nothing was encrypted. Fix: clip the values or declare "
-                                 "a larger public bound", **where)
+        bad = first_out_of_range(ctx, self.num_clients, lo, hi)
+        if bad is not None:
+            k, block, entry, v, why = bad
+            raise BoundError(f"entry {entry} of block {block} is {v:g}, which {why} of this exchange "
+                             f"({plan.describe()}; ValueSpec max_abs={spec.max_abs:g}, sum_max={spec.sum_max}). "
+                             "Nothing was encrypted. Fix: clip the values or declare a larger public bound",
+                             tag=ctx.tag, round=ctx.round, client=k)
         if spec.integer and self.audit_sum_bound:
             top, bottom = (1 << plan.width) - 1 - self.num_clients * offset, -self.num_clients * offset
             total = np.zeros((ctx.num_blocks, ctx.block_len))
