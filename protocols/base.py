@@ -34,17 +34,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigurationError, IntegrityError, NonFiniteError, ShapeError
+from . import validate
+from .errors import ConfigurationError, IntegrityError, ShapeError
 from .transcript import Message, Transcript
 
 ArrayLike = Any  # numpy array or torch tensor
-
-
-def to_numpy(x: ArrayLike) -> np.ndarray:
-    """A float64 numpy copy of a numpy array or (any-device) torch tensor."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -128,6 +122,11 @@ class DPRequest:
     weight_bound: float | None = None
 
     def __post_init__(self):
+        for name in ("clip", "sensitivity", "releases", "weight_bound"):
+            value = getattr(self, name)
+            optional = value is None and name in ("sensitivity", "weight_bound")
+            if not optional and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))):
+                raise ConfigurationError(f"DPRequest.{name} must be a number, got {type(value).__name__}")
         if not self.clip > 0:
             raise ConfigurationError(f"DPRequest.clip must be > 0 (math.inf: no clipping), got {self.clip!r}")
         if self.sensitivity is not None and not (np.isfinite(self.sensitivity) and self.sensitivity > 0):
@@ -146,7 +145,8 @@ class Protocol(ABC):
     num_clients: K, the number of clients of the run (ids ``0..K-1``).
     transcript:  where messages are recorded (a fresh one if ``None``).
     dp:          a :class:`protocols.dp.DPConfig` or ``None`` (no DP).
-    seed:        seeds key generation and DP noise (reproducible runs).
+    seed:        the run's public seed, recorded only: keys, masks and DP noise come from the OS
+                 CSPRNG (:mod:`protocols.csprng`), never from it.
     """
 
     mode: str = "base"
@@ -155,15 +155,13 @@ class Protocol(ABC):
 
     def __init__(self, num_clients: int, *, transcript: Transcript | None = None,
                  dp: Any = None, seed: int = 0):
-        if num_clients < 1:
-            raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
-        self.num_clients = int(num_clients)
+        self.num_clients = validate.count(num_clients, "num_clients", None, None)
         self.transcript = transcript if transcript is not None else Transcript()
         self.seed = int(seed)
         self.dp = None
         if dp is not None:
             from .dp import DPEngine  # local import: dp depends on accountant/opacus
-            self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode, seed=seed)
+            self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
         #: test hook: called on every client->server message before the server reads it
         self.intercept: Callable[[Message], Message] | None = None
 
@@ -196,7 +194,8 @@ class Protocol(ABC):
         """``sum_k w_k * v_k`` delivered to ``recipients`` (default: the contributors)."""
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
-        flat = {k: (a.ravel() * (1.0 if weights is None else float(weights[k]))) for k, a in arrays.items()}
+        w = validate.weights(weights, arrays, tag, rnd)
+        flat = {k: (a.ravel() * (1.0 if w is None else w[k])) for k, a in arrays.items()}
         total = self._sum_vectors(tag, rnd, flat, spec or ValueSpec(), recipients, dp,
                                   row_len=int(np.prod(shape[1:])) if len(shape) else 1)
         return total.reshape(shape)
@@ -215,9 +214,7 @@ class Protocol(ABC):
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
-        w = {k: 1.0 if weights is None else float(weights[k]) for k in arrays}
-        if any(not (np.isfinite(v) and v >= 0) for v in w.values()):
-            raise ConfigurationError("weights must be finite and non-negative", tag=tag, round=rnd)
+        w = validate.weights(weights, arrays, tag, rnd) or {k: 1.0 for k in arrays}
         spec = spec or ValueSpec()
         if self.dp is not None and dp is not None:
             flat, dp_sum, spec_sum, wscale = self.dp.mean_contributions(
@@ -246,31 +243,24 @@ class Protocol(ABC):
         requests:      client -> row ids it receives.
         Returns client -> ``[len(request), d]`` totals, in the order of its request.
         """
+        validate.exchange(tag, rnd)
+        num_rows = validate.count(num_rows, "num_rows", tag, rnd)
         dp = self._dp_in_scope(tag, dp)
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
         spec = spec or ValueSpec()
         ids_np, rows_np = {}, {}
         dim = None
-        for k, (ids, rows) in contributions.items():
-            ids = np.asarray(to_numpy(ids), dtype=np.int64).ravel()
-            rows = to_numpy(rows)
-            if rows.ndim != 2 or rows.shape[0] != ids.size:
-                raise ShapeError(f"rows must be [len(row_ids), d], got {rows.shape} for {ids.size} ids",
-                                 tag=tag, round=rnd, client=k)
+        for k, item in validate.contributions(contributions, self.num_clients, tag, rnd).items():
+            ids, rows = validate.row_contribution(item, num_rows, tag, rnd, k)
             if dim is None:
                 dim = rows.shape[1]
             if rows.shape[1] != dim:
                 raise ShapeError(f"row width {rows.shape[1]} differs from the other clients' {dim}",
                                  tag=tag, round=rnd, client=k)
-            if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
-                raise ShapeError(f"row ids must lie in [0, {num_rows})", tag=tag, round=rnd, client=k)
             if np.unique(ids).size != ids.size:
                 raise ShapeError("row ids must be unique within a contribution", tag=tag, round=rnd, client=k)
-            self._check_finite(tag, rnd, k, rows)
             ids_np[k], rows_np[k] = ids, rows
-        if dim is None:
-            raise ShapeError("no contributions", tag=tag, round=rnd)
         rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
@@ -292,10 +282,8 @@ class Protocol(ABC):
                 values = np.zeros((bids.size, rpb, dim))
                 values[pos, ids_np[k] % rpb] = rows_np[k]
                 tables[k] = BlockTable(bids, values.reshape(bids.size, block_len))
-        req_rows = {k: np.asarray(to_numpy(r), dtype=np.int64).ravel() for k, r in requests.items()}
-        for k, r in req_rows.items():
-            if r.size and (r.min() < 0 or r.max() >= num_rows):
-                raise ShapeError(f"requested row ids must lie in [0, {num_rows})", tag=tag, round=rnd, client=k)
+        req_rows = {k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
+                    for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()}
         req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
                       for k, r in req_rows.items()}
         ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
@@ -325,14 +313,14 @@ class Protocol(ABC):
         """
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
+        class_weights = validate.per_client(weights, arrays, "class weights", tag, rnd)
         flat = {}
         for k, a in arrays.items():
             if a.ndim != 2:
                 raise ShapeError(f"class values must be [C, d], got {a.shape}", tag=tag, round=rnd, client=k)
-            w = to_numpy(weights[k]).ravel()
+            w = validate.real_array(class_weights[k], tag, rnd, k, "class weights").ravel()
             if w.shape != (a.shape[0],):
                 raise ShapeError(f"class weights must be [{a.shape[0]}], got {w.shape}", tag=tag, round=rnd, client=k)
-            self._check_finite(tag, rnd, k, w)
             if (w < 0).any():
                 raise ShapeError("class weights must be non-negative", tag=tag, round=rnd, client=k)
             flat[k] = np.concatenate([(a * w[:, None]).ravel(), w])
@@ -362,13 +350,14 @@ class Protocol(ABC):
         order ``j``; recipients get the pooled central moments ``E[(x - mu)^j]``.
         Returns ``(mu [d], {j: [d]})``.
         """
+        validate.exchange(tag, rnd)
+        orders = validate.moment_orders(orders, tag, rnd)
         arrays = {}
-        for k, a in samples.items():
-            a = to_numpy(a)
-            if a.ndim != 2:
-                raise ShapeError(f"samples must be [n_k, d], got {a.shape}", tag=tag, round=rnd, client=k)
-            self._check_finite(tag, rnd, k, a)
-            arrays[int(k)] = a
+        for k, a in validate.contributions(samples, self.num_clients, tag, rnd, "samples").items():
+            a = validate.real_array(a, tag, rnd, k, "samples", allow_empty=True)
+            if a.ndim != 2 or a.shape[1] == 0:
+                raise ShapeError(f"samples must be [n_k, d >= 1], got {a.shape}", tag=tag, round=rnd, client=k)
+            arrays[k] = a
         counts = {k: float(a.shape[0]) for k, a in arrays.items()}
         means = {k: a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for k, a in arrays.items()}
         mu = self.weighted_mean(f"{tag}/mean", rnd, means, counts, spec=spec, dp=dp)
@@ -379,29 +368,19 @@ class Protocol(ABC):
 
     # ------------------------------------------------------------------ internals
     def _dense_inputs(self, tag: str, rnd: int, values: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
-        """Validated float64 copies of equal-shaped contributions of known clients."""
-        if not values:
-            raise ShapeError("no contributions", tag=tag, round=rnd)
+        """Validated float64 copies of equal-shaped contributions of known clients (and a valid
+        tag and round: every dense exchange starts here)."""
+        validate.exchange(tag, rnd)
         arrays, shape = {}, None
-        for k, v in values.items():
-            if not 0 <= int(k) < self.num_clients:
-                raise ShapeError(f"unknown client id {k} (clients are 0..{self.num_clients - 1})",
-                                 tag=tag, round=rnd, client=k)
-            a = to_numpy(v)
+        for k, v in validate.contributions(values, self.num_clients, tag, rnd).items():
+            a = validate.real_array(v, tag, rnd, k)
             if shape is None:
                 shape = a.shape
             elif a.shape != shape:
                 raise ShapeError(f"shape {a.shape} differs from the other clients' {shape}",
                                  tag=tag, round=rnd, client=k)
-            self._check_finite(tag, rnd, k, a)
-            arrays[int(k)] = a
+            arrays[k] = a
         return arrays
-
-    @staticmethod
-    def _check_finite(tag: str, rnd: int, client: int, a: np.ndarray) -> None:
-        if not np.isfinite(a).all():
-            raise NonFiniteError("contribution holds NaN or inf; check the local training for divergence",
-                                 tag=tag, round=rnd, client=client)
 
     @staticmethod
     def _expand_to_blocks(ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int,
@@ -441,7 +420,7 @@ class Protocol(ABC):
             padded = np.zeros(num_blocks * block_len)
             padded[:length] = v
             tables[k] = BlockTable(np.arange(num_blocks), padded.reshape(num_blocks, block_len))
-        recips = list(flat) if recipients is None else [int(r) for r in recipients]
+        recips = list(flat) if recipients is None else validate.recipients(recipients, self.num_clients, tag, rnd)
         ctx = ExchangeContext(tag, rnd, spec, tables, {r: np.arange(num_blocks) for r in recips},
                               num_blocks, block_len, "dense",
                               dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0)

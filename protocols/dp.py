@@ -47,7 +47,7 @@ Integer exchanges (``ValueSpec.integer`` / ``DPRequest.integer``): discrete Gaus
 Integer encodings (packed BFV/CKKS fields, the mask ring) stay exact only with integer
 noise, so integer exchanges get the **discrete Gaussian** N_Z(0, sigma^2) (P[x] ~
 exp(-x^2 / 2 sigma^2) on the integers), sampled by Canonne-Kamath-Steinke 2020 Alg. 3
-(discrete-Laplace proposal + rejection; floating-point, vectorised).  Privacy argument:
+(discrete-Laplace proposal + rejection; vectorised, :meth:`SecureRandom.discrete_gaussian`).  Privacy argument:
 the multivariate discrete Gaussian with L2 sensitivity Delta satisfies (Delta/sigma)^2/2-zCDP
 (CKS20 Thm 14) — the same Rényi curve alpha/(2 z^2) as the continuous Gaussian, so the
 RDP accountant's bound holds verbatim.  In distributed placement the sum of n independent
@@ -100,21 +100,26 @@ the set of blocks a client uploads (a documented leak of that layout: use ``dens
 over the support).  Noise on every uploaded row of a block, including rows the client
 does not hold, hides *which* rows inside a block it holds.
 
-Seeds: every draw comes from ``numpy.random.Generator(PCG64(SeedSequence(seed, sha256(tag),
-round, client, release index)))``: runs are reproducible and no two releases share noise.
+Randomness: every noise draw comes from :class:`protocols.csprng.SecureRandom`, an
+AES-256-CTR keystream keyed by ``os.urandom(32)`` when the engine is built and never
+persisted (not in :meth:`DPEngine.state_dict`, a checkpoint or ``result.json``).  The run's
+``--seed`` plays no part: knowing it, nobody can regenerate the noise and subtract it, so
+DP runs are not bit-reproducible by design (everything else still follows ``--seed``).
+See :mod:`protocols.csprng` for the sampler and the floating-point/timing caveats (Jin et
+al., S&P 2022).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .accountant import MECHANISMS, PrivacyAccountant, calibrate_noise_multiplier, epsilon_of
 from .base import DPRequest, ValueSpec
+from .csprng import SecureRandom
 from .errors import ConfigurationError, PrivacyBudgetError
 
 PLACEMENTS = ("local", "distributed")
@@ -218,35 +223,11 @@ def clip_rows(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarr
     return out.reshape(x.shape)
 
 
-def sample_discrete_gaussian(rng: np.random.Generator, sigma, size) -> np.ndarray:
-    """Samples of N_Z(0, sigma^2) (P[x] ~ exp(-x^2/(2 sigma^2)), x integer) as float64.
-
-    Canonne-Kamath-Steinke 2020, Alg. 3: propose a discrete Laplace Y with scale
-    t = floor(sigma) + 1 (difference of two geometric variables), accept with probability
-    exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).  ``sigma`` may be an array broadcastable to
-    ``size`` (per-entry std)."""
-    shape = tuple(np.atleast_1d(size)) if not isinstance(size, tuple) else size
-    n = int(np.prod(shape)) if shape else 1
-    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), shape).reshape(-1)
-    out = np.zeros(n)
-    todo = np.flatnonzero(sig > 0)
-    chunk = 1 << 20
-    while todo.size:
-        idx = todo[:chunk]
-        s = sig[idx]
-        t = np.floor(s) + 1.0
-        p = -np.expm1(-1.0 / t)                       # 1 - exp(-1/t)
-        y = (rng.geometric(p) - rng.geometric(p)).astype(np.float64)
-        accept = rng.random(idx.size) < np.exp(-((np.abs(y) - s * s / t) ** 2) / (2.0 * s * s))
-        out[idx[accept]] = y[accept]
-        todo = np.concatenate([idx[~accept], todo[chunk:]])
-    return out.reshape(shape)
-
-
-def gaussian_noise(rng: np.random.Generator, std, size, *, integer: bool = False) -> np.ndarray:
-    """Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise."""
+def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np.ndarray:
+    """Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise
+    (integer-valued), from the OS-keyed keystream ``rng``."""
     if integer:
-        return sample_discrete_gaussian(rng, std, size)
+        return rng.discrete_gaussian(std, size)
     return rng.standard_normal(size) * np.asarray(std, dtype=np.float64)
 
 
@@ -270,7 +251,7 @@ class DPEngine:
     read it as ``ExchangeContext.dp_noise_std`` to leave headroom).
     """
 
-    def __init__(self, config: DPConfig, *, num_clients: int, protocol_mode: str, seed: int = 0):
+    def __init__(self, config: DPConfig, *, num_clients: int, protocol_mode: str):
         if isinstance(config, Mapping):
             config = DPConfig(**config)
         if not isinstance(config, DPConfig):
@@ -284,14 +265,17 @@ class DPEngine:
         self.config = config
         self.num_clients = int(num_clients)
         self.protocol_mode = protocol_mode
-        self.seed = int(seed)
         self.last_std = 0.0
+        self._noise = SecureRandom()      # OS-keyed; never persisted
         self.accountant = PrivacyAccountant(config.accountant, config.delta)
         self._shares: dict[str, float] = (dict(config.split) if config.split is not None
                                           else {t: 1.0 for t in config.tags})
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
         self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
+        #: called with :meth:`state_dict` after every release, before its values leave the client
+        self.on_release: Callable[[dict], None] | None = None
+        self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
 
     # ------------------------------------------------------------------ budget
     def declare(self, *tags: str) -> None:
@@ -373,17 +357,16 @@ class DPEngine:
         return st, float(sens), st.noise_multiplier * float(sens)
 
     def _commit(self, tag: str, st: _TagState, sens: float, req: DPRequest, total_std: float) -> None:
+        """Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
+        ledger) before the noisy values are returned, i.e. before any upload leaves."""
         st.used += 1
         st.sensitivity = max(st.sensitivity, sens)
         st.clip = float(req.clip) if math.isfinite(req.clip) else self._mean_clip.get(tag)
         st.integer = st.integer or bool(req.integer)
         self.accountant.step(tag, st.noise_multiplier, 1.0, sensitivity=sens)
         self.last_std = float(total_std)
-
-    def _rng(self, tag: str, rnd: int, client: int, release: int) -> np.random.Generator:
-        words = np.frombuffer(hashlib.sha256(f"secure_fgl/dp/{tag}".encode()).digest()[:16], dtype=np.uint32)
-        entropy = [self.seed % (1 << 64), *map(int, words), int(rnd) % (1 << 64), int(client), int(release)]
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+        if self.on_release is not None:
+            self.on_release(self.state_dict())
 
     def _client_std(self, sigma, n) -> np.ndarray:
         """Per-client noise std given the number of contributors n (scalar or per row)."""
@@ -419,7 +402,7 @@ class DPEngine:
             v = np.asarray(v, dtype=np.float64).ravel()
             v = clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel() if req.per_row \
                 else clip_l2(v, req.clip, integer=req.integer)
-            out[k] = v + gaussian_noise(self._rng(tag, rnd, k, st.used), std, v.shape, integer=req.integer)
+            out[k] = v + gaussian_noise(self._noise, std, v.shape, integer=req.integer)
         self._commit(tag, st, sens, req, std * math.sqrt(n))
         return out
 
@@ -446,7 +429,7 @@ class DPEngine:
                 std = np.maximum(std, MIN_CLIENT_DGAUSS_STD)
             if std.size:
                 worst = max(worst, float(np.max(std * np.sqrt(n_r))))
-            out[k] = r + gaussian_noise(self._rng(tag, rnd, k, st.used), std[:, None], r.shape,
+            out[k] = r + gaussian_noise(self._noise, std[:, None], r.shape,
                                         integer=req.integer)
         self._commit(tag, st, sens, req, worst)
         return out
@@ -498,19 +481,29 @@ class DPEngine:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """Plain-data state: allocation, per-tag calibration and release counts, accountant
-        (a resumed run continues the same noise streams and the same budget)."""
+        (a resumed run continues the same budget; the noise key is not part of it)."""
         return {"config": dataclasses.asdict(self.config), "shares": dict(self._shares), "frozen": self._frozen,
                 "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
                 "mean_clip": dict(self._mean_clip), "last_std": self.last_std,
-                "accountant": self.accountant.state_dict()}
+                "replayed_releases": self.replayed_releases, "accountant": self.accountant.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        saved = {k: state["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
-        mine = {k: getattr(self.config, k) for k in saved}
-        if saved != mine:
-            raise ConfigurationError(f"checkpoint DP settings {saved} differ from this run's {mine}; "
-                                     "resume with the same --dp-* options")
-        self.accountant.load_state_dict(state["accountant"])
+    def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
+        """Resume from a checkpoint's ``state``.  ``ledger`` is the latest :attr:`on_release`
+        state: releases it holds beyond the checkpoint left the client before a crash, and their
+        rounds run again after the resume, so the accountant keeps them (the run ends with more
+        releases than planned, reported as ``replayed_releases``; epsilon counts them all)."""
+        for st in (state, ledger or state):
+            saved = {k: st["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
+            mine = {k: getattr(self.config, k) for k in saved}
+            if saved != mine:
+                raise ConfigurationError(f"checkpoint DP settings {saved} differ from this run's {mine}; "
+                                         "resume with the same --dp-* options")
+        def releases(st: dict) -> int:
+            return sum(int(n) for runs in st["accountant"]["runs"].values() for _, _, n in runs)
+
+        newest = ledger if ledger is not None and releases(ledger) > releases(state) else state
+        self.accountant.load_state_dict(newest["accountant"])
+        self.replayed_releases = int(newest.get("replayed_releases", 0)) + releases(newest) - releases(state)
         self._shares = dict(state["shares"])
         self._frozen = bool(state["frozen"])
         self._tags = {t: _TagState(**st) for t, st in state["tags"].items()}
@@ -523,6 +516,7 @@ class DPEngine:
         rep = self.accountant.report()
         rep["epsilon_budget"] = self.config.epsilon
         rep["placement"] = self.config.placement
+        rep["replayed_releases"] = self.replayed_releases
         for tag, st in self._tags.items():
             entry = rep["per_tag"].setdefault(tag, {"epsilon": 0.0, "releases": 0,
                                                     "noise_multiplier": st.noise_multiplier,

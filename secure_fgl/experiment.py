@@ -16,16 +16,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from protocols import Transcript, make_protocol
+from protocols.transcript import Message
 
 from .algorithms import get_algorithm
 from .config import ConfigError, RunConfig
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
+
+#: the DP accountant's state after the latest release, written before that release's upload
+#: leaves: a run resumed after a crash counts releases its checkpoint missed
+DP_LEDGER = "dp_ledger.json"
 
 
 def build_options(cfg: RunConfig, algo_cls) -> Any:
@@ -75,20 +81,27 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
     algo = algo_cls(fed, protocol, cfg, device, options)
 
     def save_extra():
-        return {"transcript": [m.without_payload() for m in protocol.transcript.messages],
+        return {"transcript": [dataclasses.asdict(m.without_payload()) for m in protocol.transcript.messages],
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
                 "setup_time": times.get("setup", 0.0)}
 
     def load_extra(extra):
-        protocol.transcript.messages = list(extra["transcript"])
+        protocol.transcript.messages = [Message(**m) for m in extra["transcript"]]
         protocol.transcript.plaintext_equiv = {k: list(v) for k, v in extra["plaintext_equiv"].items()}
         if extra.get("dp") is not None and protocol.dp is not None:
-            protocol.dp.load_state_dict(extra["dp"])
+            protocol.dp.load_state_dict(extra["dp"], ledger=json.loads(ledger.read_text()) if ledger.exists() else None)
         times["setup"] = extra.get("setup_time", 0.0)
 
     resuming = cfg.resume and out_dir is not None and (out_dir / "checkpoint.pt").exists()
+    if protocol.dp is not None and out_dir is not None:    # write-ahead record of every DP release
+        ledger = out_dir / DP_LEDGER
+        if not cfg.resume:
+            ledger.unlink(missing_ok=True)
+        elif not resuming and ledger.exists():             # crashed before the first checkpoint
+            protocol.dp.load_state_dict(protocol.dp.state_dict(), ledger=json.loads(ledger.read_text()))
+        protocol.dp.on_release = lambda dp_state: write_json_atomic(ledger, dp_state)
     t0 = time.perf_counter()
     if not resuming:
         algo.setup()

@@ -137,7 +137,7 @@ class ServerContext:
     def __init__(self, public_bytes: bytes, chain: ChainParams):
         check_security(chain)
         head = len(MAGIC) + KEY_ID_BYTES
-        if not public_bytes.startswith(MAGIC) or len(public_bytes) <= head + 4:
+        if not isinstance(public_bytes, bytes) or not public_bytes.startswith(MAGIC) or len(public_bytes) <= head + 4:
             raise IntegrityError("public context bytes are malformed (bad header)")
         (n_bytes,) = struct.unpack(">I", public_bytes[head:head + 4])
         try:

@@ -31,6 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from .. import validate
+from ..errors import ConfigurationError, IntegrityError
+
 PUBLIC_KEY_BYTES = 32
 SEED_BYTES = 32
 _RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
@@ -44,6 +47,13 @@ class ExchangeBinding:
     seq: int
     tag: str
     round: int
+
+    def __post_init__(self):
+        validate.exchange(self.tag, self.round)
+        validate.count(self.seq, "the exchange sequence number", self.tag, self.round, minimum=0,
+                       maximum=2 ** 63 - 1)
+        if not isinstance(self.run_id, bytes):
+            raise ConfigurationError("an exchange binding needs a bytes run id", tag=self.tag, round=self.round)
 
     def encode(self) -> bytes:
         return _join(self.seq.to_bytes(8, "big"), self.tag.encode(), self.round.to_bytes(8, "big", signed=True))
@@ -81,10 +91,20 @@ class MaskKeyPair:
                                            serialization.NoEncryption())
 
     def pairwise_seed(self, own_id: int, peer_id: int, peer_public: bytes, binding: ExchangeBinding) -> bytes:
-        """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else."""
+        """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.
+
+        A peer key that is not 32 bytes, or a low-order point (all-zero shared secret, which
+        ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`."""
+        where = dict(tag=binding.tag, round=binding.round, client=peer_id)
+        if not isinstance(peer_public, (bytes, bytearray)):
+            raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
         if len(peer_public) != PUBLIC_KEY_BYTES:
-            raise ValueError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}")
-        shared = self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+            raise IntegrityError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}", **where)
+        try:
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        except ValueError:
+            raise IntegrityError("the peer's X25519 public key is a low-order point (all-zero shared secret): "
+                                 "refused", **where) from None
         (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
         info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encode(),
                      lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)

@@ -35,6 +35,7 @@ import torch
 from torch_geometric.data import Data
 
 from .errors import DataError
+from .safe_files import restricted_pickle, verify_checksums
 from . import synthetic
 
 __all__ = [
@@ -115,7 +116,8 @@ def _pyg_load(cls: Any, info: DatasetInfo, root: Path, **kw: Any) -> Any:
 
 def _load_planetoid(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
     from torch_geometric.datasets import Planetoid
-    return _pyg_load(Planetoid, info, root)[0]
+    with restricted_pickle():                   # the raw files are pickles: no code may run
+        return _pyg_load(Planetoid, info, root)[0]
 
 
 def _load_amazon(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
@@ -326,6 +328,8 @@ def _load_real(info: DatasetInfo, data_root: str | os.PathLike | None, allow_dow
     cache_root = resolve_cache_dir(cache_dir) / "processed"
     if not _is_present(info, root) and not allow_download:
         _stage(info, root, cache_root, allow_download)      # raises the DataError
+    if _raw_present(info, root):
+        verify_checksums(info.folder, info.expected_dir(root))
     with _locked(cache_root / f".{info.folder}.lock"):
         _stage(info, root, cache_root, allow_download)
         return info.loader(info, cache_root, allow_download)

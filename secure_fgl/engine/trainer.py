@@ -3,22 +3,23 @@
 Model selection: the reported test accuracy is the one at the round of best mean
 validation accuracy (node-weighted over clients); with ``patience`` set, training stops
 after that many rounds without improvement.  A checkpoint is written after every
-round; resuming from it continues with the same RNG state, so an interrupted run ends
-with the same result as an uninterrupted one.
+round (plain data only, bound to the run's settings: :mod:`.checkpoint`); resuming from it
+continues with the same RNG state, so an interrupted run ends with the same result as an
+uninterrupted one — except under DP: the noise comes from a fresh OS-keyed generator after
+a resume (:mod:`protocols.csprng`), so DP runs are not bit-reproducible, by design.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from ..algorithms.base import FederatedAlgorithm
 from ..config import RunConfig
 from .device import rng_state, set_rng_state
-from .files import save_torch_atomic
+from .checkpoint import load_checkpoint, save_checkpoint
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -45,9 +46,9 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
     state = TrainState()
     ckpt = out_dir / CHECKPOINT if out_dir is not None else None
     if cfg.resume and ckpt is not None and ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
+        saved = load_checkpoint(ckpt, cfg)
         algo.load_state_dict(saved["algorithm"])
-        state = saved["train"]
+        state = TrainState(**saved["train"])
         set_rng_state(saved["rng"])
         if extra_state is not None:
             extra_state[1](saved["extra"])
@@ -75,7 +76,7 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
         bar.set_postfix(loss=f"{metrics.get('train_loss', 0):.3f}", val=f"{ev['val_acc']:.3f}",
                         test=f"{ev['test_acc']:.3f}")
         if ckpt is not None:
-            save_torch_atomic(ckpt, {"algorithm": algo.state_dict(), "train": state, "rng": rng_state(),
-                                     "extra": extra_state[0]() if extra_state is not None else None})
+            save_checkpoint(ckpt, cfg, {"algorithm": algo.state_dict(), "train": asdict(state), "rng": rng_state(),
+                                        "extra": extra_state[0]() if extra_state is not None else None})
     bar.close()
     return state
