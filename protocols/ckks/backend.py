@@ -56,7 +56,7 @@ from ..base import ExchangeContext, Protocol, ValueSpec
 from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOverflowError,
                       ProtocolError, ShapeError)
 from ..transcript import SERVER, Message, client_party
-from ..validation import first_out_of_range
+from ..validate import first_out_of_range
 from . import wire
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,

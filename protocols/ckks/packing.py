@@ -42,7 +42,7 @@ C = 41, F = 5: 20,480 counts per ciphertext.
 Packed integers stay below 2^53, so the float64 hand-off to CKKS is exact; decoding
 rounds to the nearest integer (the noise bound is <= 1/8) and unpacks with int64 shifts.
 All bound checks happen on the clients BEFORE anything is encrypted
-(:func:`protocols.validation.find_violation`).
+(:func:`protocols.validate.find_violation`).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class PackingLayout:
     def pack(self, values: np.ndarray) -> np.ndarray:
         """Integer-valued ``values`` (length n) -> float64 slot values (length ``slots_for(n)``).
 
-        The caller has validated ``-offset <= v`` and the field range (:func:`protocols.validation.find_violation`).
+        The caller has validated ``-offset <= v`` and the field range (:func:`protocols.validate.find_violation`).
         """
         v = np.asarray(values)
         n = v.size

@@ -70,7 +70,7 @@ from ..ckks.params import per_client_limits
 from ..errors import (BoundError, DropoutError, IntegrityError, PackingOverflowError,
                       ShapeError)
 from ..transcript import SERVER, Message, client_party
-from ..validation import first_out_of_range
+from ..validate import first_out_of_range
 from . import encoding, encryption
 from .keys import collective_public_key
 from .keyswitch import combine_shares
