@@ -310,3 +310,12 @@ def test_dp_noised_exchanges_stay_within_the_widened_range():
     got = p.weighted_sum("dp/float", 0, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-5),
                          dp=DPRequest(clip=1.0))
     assert np.abs(got - seen["sum"][0][:20]).max() <= p.last_stats["error_bound"]
+
+
+def test_protocol_bench_includes_ckks_mp(tmp_path):
+    from secure_fgl.bench.protocols import run_protocol_bench
+    recs = run_protocol_bench(tmp_path, quick=True, clients=3, backends=("ckks-mp",))
+    assert {r["workload"].split("_")[0] for r in recs} == {"cora", "floats", "model"}
+    for r in recs:
+        assert r["backend"] == "ckks-mp" and r["bytes_up_per_client"] > 0 and r["key_setup"]["bytes_up_per_client"] > 0
+        assert r["max_abs_error"] == 0 if r["workload"].startswith("cora") else r["max_abs_error"] <= 1e-4
