@@ -12,11 +12,11 @@ from .errors import (BoundError, ConfigurationError, DropoutError, IntegrityErro
 from .plain import PlainProtocol
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
-MODES = ("plain", "ckks", "mask")
+MODES = ("plain", "ckks", "mask", "ckks-mp")
 
 
 def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
-    """Build the protocol object for ``mode`` ('plain' | 'ckks' | 'mask').
+    """Build the protocol object for ``mode`` ('plain' | 'ckks' | 'mask' | 'ckks-mp').
 
     ``options`` go to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
     """
@@ -29,6 +29,9 @@ def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
     if mode == "mask":
         from .mask import MaskProtocol
         return MaskProtocol(num_clients, **options)
+    if mode == "ckks-mp":
+        from .ckks_mp import CKKSMPProtocol
+        return CKKSMPProtocol(num_clients, **options)
     raise ConfigurationError(f"unknown protocol mode {mode!r}; choose one of {', '.join(MODES)}")
 
 

@@ -124,7 +124,7 @@ from .errors import ConfigurationError, PrivacyBudgetError
 
 PLACEMENTS = ("local", "distributed")
 #: protocol modes in which only recipients see the sum (distributed placement is sound)
-SECURE_MODES = ("ckks", "mask")
+SECURE_MODES = ("ckks", "mask", "ckks-mp")
 #: per-client floor of discrete-Gaussian std in distributed placement (see module docstring)
 MIN_CLIENT_DGAUSS_STD = 2.0
 

@@ -53,12 +53,12 @@ import numpy as np
 import tenseal as ts
 
 from ..base import ExchangeContext, Protocol, ValueSpec
-from ..errors import (BoundError, ConfigurationError, IntegrityError, NonFiniteError, PackingOverflowError,
+from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOverflowError,
                       ProtocolError, ShapeError)
 from ..transcript import SERVER, Message, client_party
+from ..validate import first_out_of_range
 from . import wire
 from .keys import ClientKey, ClientKeyRing, ServerContext
-from .packing import find_violation
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
                      check_security, choose_chain, per_client_limits, plan_float, plan_packed)
 
@@ -221,38 +221,19 @@ class CKKSProtocol(Protocol):
     # ------------------------------------------------------------------ client side
     def _validate(self, ctx: ExchangeContext, plan: EncodingPlan, chunks: list[tuple[int, int]]) -> None:
         """Every client's contribution against the public plan; raises before any encryption."""
-        if not ctx.contributions:
-            raise ShapeError("no contributions", tag=ctx.tag, round=ctx.round)
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
         packed = plan.layout is not None
         audit = spec.integer and self.audit_sum_bound
-        for k, table in ctx.contributions.items():
-            where = dict(tag=ctx.tag, round=ctx.round, client=k)
-            if not 0 <= int(k) < self.num_clients:
-                raise ShapeError(f"unknown client id {k}", **where)
-            ids = np.asarray(table.ids)
-            vals = np.asarray(table.values)
-            if ids.ndim != 1 or vals.shape != (ids.size, ctx.block_len):
-                raise ShapeError(f"contribution of shape {vals.shape} with {ids.size} block ids; expected "
-                                 f"[{ids.size}, {ctx.block_len}]", **where)
-            if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0
-                             or ids.max() >= ctx.num_blocks or (np.diff(ids) <= 0).any()):
-                raise ShapeError(f"block ids must be increasing integers in [0, {ctx.num_blocks})", **where)
-            if ctx.layout == "dense" and not np.array_equal(ids, np.arange(ctx.num_blocks)):
-                raise ShapeError("the dense layout needs every block from every client", **where)
-            if not np.isfinite(vals).all():
-                raise NonFiniteError("contribution holds NaN or inf; check the local training for divergence",
-                                     **where)
-            bad = find_violation(vals, lo, hi, spec.integer)
-            if bad is not None:
-                i, v, why = bad
-                err = PackingOverflowError if (packed and "range" in why) else BoundError
-                raise err(f"entry {i % ctx.block_len} of block {int(ids[i // ctx.block_len])} is {v:g}, which "
-                          f"{why} of this exchange's {plan.describe()} encoding (ValueSpec max_abs={spec.max_abs:g}, "
-                          f"sum_max={spec.sum_max}, integer={spec.integer}"
-                          + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
-                          "values or declare a larger public bound", **where)
+        bad = first_out_of_range(ctx, self.num_clients, lo, hi)
+        if bad is not None:
+            k, block, entry, v, why = bad
+            err = PackingOverflowError if (packed and "range" in why) else BoundError
+            raise err(f"entry {entry} of block {block} is {v:g}, which "
+                      f"{why} of this exchange's {plan.describe()} encoding (ValueSpec max_abs={spec.max_abs:g}, "
+                      f"sum_max={spec.sum_max}, integer={spec.integer}"
+                      + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
+                      "values or declare a larger public bound", tag=ctx.tag, round=ctx.round, client=k)
         if not audit:
             return
         if packed:

@@ -42,7 +42,7 @@ C = 41, F = 5: 20,480 counts per ciphertext.
 Packed integers stay below 2^53, so the float64 hand-off to CKKS is exact; decoding
 rounds to the nearest integer (the noise bound is <= 1/8) and unpacks with int64 shifts.
 All bound checks happen on the clients BEFORE anything is encrypted
-(:func:`find_violation`).
+(:func:`protocols.validate.find_violation`).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class PackingLayout:
     def pack(self, values: np.ndarray) -> np.ndarray:
         """Integer-valued ``values`` (length n) -> float64 slot values (length ``slots_for(n)``).
 
-        The caller has validated ``-offset <= v`` and the field range (:func:`find_violation`).
+        The caller has validated ``-offset <= v`` and the field range (:func:`protocols.validate.find_violation`).
         """
         v = np.asarray(values)
         n = v.size
@@ -127,18 +127,3 @@ class PackingLayout:
         fields = np.right_shift(p[None, :], self._shifts()) & self.mask
         out = fields.reshape(-1)[:n] - self.num_clients * self.offset
         return out.astype(np.float64), residual, in_range
-
-
-def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> tuple[int, float, str] | None:
-    """First entry of ``values`` outside ``[lo, hi]`` (or non-integer): ``(flat index, value, why)``."""
-    v = np.asarray(values).reshape(-1)
-    if integer:
-        bad = np.nonzero(v != np.rint(v))[0]
-        if bad.size:
-            i = int(bad[0])
-            return i, float(v[i]), "is not an integer"
-    bad = np.nonzero((v < lo) | (v > hi))[0]
-    if bad.size:
-        i = int(bad[0])
-        return i, float(v[i]), ("is below" if v[i] < lo else "is above") + f" the public range [{lo:g}, {hi:g}]"
-    return None

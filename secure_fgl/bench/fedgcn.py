@@ -5,7 +5,8 @@ Two parts (``secure-fgl bench --suite fedgcn``; ``quick=True`` shrinks both for 
 1. **Cora, 1-hop, 10 clients** (Dirichlet beta 10000, seed 0).  For every backend --
    ``plain``, ``ckks`` (add-only chain, packed integer counts), ``mask``, and the reference
    ``ckks-default`` (the common N=8192 [60,40,40,60] context, one float per slot:
-   ``make_protocol('ckks', K, params='default', packing=False)``) -- and both row layouts:
+   ``make_protocol('ckks', K, params='default', packing=False)``) and ``ckks-mp`` (multiparty
+   keys, :mod:`protocols.ckks_mp`) -- and both row layouts:
    pre-training bytes up/down per client and in total (transcript, tag
    ``fedgcn/neighbour_sums``; CKKS key set-up is the separate tag ``ckks/keys``), the float32
    message of the same rows (``rows x (d+1) x 4``), the upload ratio against it, the wall time
@@ -50,6 +51,7 @@ BACKENDS = {
     "ckks": ("ckks", {}),
     "mask": ("mask", {}),
     "ckks-default": ("ckks", {"params": "default", "packing": False}),
+    "ckks-mp": ("ckks-mp", {}),
 }
 
 
@@ -88,7 +90,7 @@ def _pretrain(fed, backend: str, layout: str, hops: int = 1, model_round: bool =
            "per_client_up": [p["bytes_up"] for p in m["pretrain_per_client"]],
            "per_client_down": [p["bytes_down"] for p in m["pretrain_per_client"]],
            "rows_up": m["pretrain_rows_up"], "rows_down": m["pretrain_rows_down"],
-           "key_bytes": sum(x.nbytes for x in proto.transcript.messages if x.tag == "ckks/keys")}
+           "key_bytes": sum(x.nbytes for x in proto.transcript.messages if x.tag.endswith("/keys"))}
     stats = getattr(proto, "last_stats", None)
     if stats:
         rec["ckks_plan"] = {k: stats.get(k) for k in ("params", "encoding", "fields_per_slot", "field_bits",
@@ -116,7 +118,7 @@ def cora_part(data_root, quick: bool) -> list[dict]:
     fed = _fed_cora(data_root, quick)
     out = []
     for layout, row_order in CORA_LAYOUTS:
-        for backend in ("plain", "ckks", "mask", "ckks-default"):
+        for backend in ("plain", "ckks", "mask", "ckks-default", "ckks-mp"):
             try:
                 rec = _pretrain(fed, backend, layout, row_order=row_order)
             except ImportError as e:           # a backend not built yet

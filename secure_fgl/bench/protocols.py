@@ -13,7 +13,9 @@ Workloads (10 clients each; ``quick=True`` shrinks them for a smoke test):
 Backends: ``plain`` (float32 on the wire), ``ckks-float`` (add-only chain, one value per slot),
 ``ckks-packed`` (integer workload only), ``ckks-default`` (the common N=8192 [60,40,40,60]
 context at scale 2^40, one float per slot, public-key encryption: the FedGraph-style
-reference), and ``mask`` when :mod:`protocols.mask` imports.
+reference), ``mask`` when :mod:`protocols.mask` imports, and ``ckks-mp`` (multiparty keys,
+:mod:`protocols.ckks_mp`; its bytes up include the key-switching shares, and ``key_setup``
+holds the one-off collective key generation).
 
 Per record: ``bytes_up_per_client`` (from the transcript, the exchange's tag only; key
 set-up is reported separately under ``ckks/keys``), ``plaintext_bytes_up_per_client``
@@ -81,6 +83,7 @@ def _backends(workload_integer: bool):
         out.append(("ckks-packed", "ckks", {"packing": True}))
     out.append(("ckks-default", "ckks", {"params": "default", "encryption": "asymmetric", "packing": False}))
     out.append(("mask", "mask", {}))
+    out.append(("ckks-mp", "ckks-mp", {}))
     return out
 
 
@@ -104,6 +107,12 @@ def _record(workload, backend, proto, tag, k, plaintext_bytes, wall, err, extra=
         rec["server_s"] = float(stats["server_s"])
         rec["params"] = stats["params"]
         rec["client_s_all"] = float(sum(up.values()) + sum(down.values()))
+    rec["bytes_down_per_client"] = comm.get("bytes_down", 0) / k
+    setup = getattr(proto, "setup_stats", None)
+    if setup:   # ckks-mp: collective key generation, once per run
+        rec["key_setup"] = {"client_s": float(np.mean(list(setup["client_s"].values()))),
+                            "server_s": setup["server_s"], "bytes_up_per_client": setup["bytes_up_per_client"],
+                            "bytes_down_per_client": setup["bytes_down_per_client"]}
     if extra:
         rec.update(extra)
     return rec
@@ -241,6 +250,17 @@ def _targets(records) -> dict:
     if ck:
         out["c_ckks_bytes_vs_f32"] = ck["bytes_up_per_client"] / ck["plaintext_bytes_up_per_client"]
         lines.append(f"(c) CKKS upload = {out['c_ckks_bytes_vs_f32']:.2f}x float32 (target <= 8.0)")
+    for workload in ("cora", "floats", "gcn", "model"):
+        mp = _find(records, workload, "ckks-mp")
+        shared = _find(records, workload, "ckks-packed" if workload == "cora" else "ckks-float")
+        if mp and shared:
+            key = f"ckks_mp_{workload}"
+            out[key] = {"bytes_up_vs_f32": mp["bytes_up_per_client"] / mp["plaintext_bytes_up_per_client"],
+                        "bytes_up_vs_shared_ckks": mp["bytes_up_per_client"] / shared["bytes_up_per_client"],
+                        "time_vs_shared_ckks": _cs(mp) / _cs(shared) if _cs(shared) else None}
+            lines.append(f"ckks-mp {mp['workload']}: upload {out[key]['bytes_up_vs_f32']:.2f}x float32, "
+                         f"{out[key]['bytes_up_vs_shared_ckks']:.2f}x shared-key ckks; client+server time "
+                         f"{out[key]['time_vs_shared_ckks'] or float('nan'):.2f}x shared-key ckks")
     out["lines"] = lines
     return out
 

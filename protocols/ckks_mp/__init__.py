@@ -1,0 +1,18 @@
+"""Multiparty CKKS backend (``ckks-mp``): collective keys, no party holds the secret key.
+
+Modules, one concept each:
+
+* :mod:`.params`     — ring, 128-bit security check, worst-case noise bounds, encoding plan;
+* :mod:`.ring`       — RNS ring ``Z_Q[X]/(X^N+1)`` and the negacyclic NTT;
+* :mod:`.sampling`   — OS-CSPRNG samplers and the public common polynomial ``a``;
+* :mod:`.encoding`   — fixed-point fields packed into coefficients, CRT decoding;
+* :mod:`.keys`       — collective key generation (Mouchet et al. 2021, Protocol 1);
+* :mod:`.encryption` — public-key encryption, decryption, wire format;
+* :mod:`.keyswitch`  — collective public-key switching (PCKS, Protocol 5);
+* :mod:`.party`      — the client half (key shares, encryption, shares, decryption);
+* :mod:`.backend`    — :class:`CKKSMPProtocol`, the exchange.
+"""
+from .backend import CKKSMPProtocol
+from .params import MPParams, Plan, check_security, plan_exchange
+
+__all__ = ["CKKSMPProtocol", "MPParams", "Plan", "check_security", "plan_exchange"]

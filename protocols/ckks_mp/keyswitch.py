@@ -1,0 +1,43 @@
+"""Collective public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch").
+
+A ciphertext ``(c0, c1)`` under the collective secret ``s = sum_i s_i`` is re-encrypted to a
+recipient's public key ``(p_R = -a s_R + e_R, a)`` without anyone decrypting it.  Client i
+sends
+
+    ``h0_i = s_i c1 + p_R u_i + e0_i``,   ``h1_i = a u_i + e1_i``,
+
+with ``u_i`` ternary, ``e1_i`` centered binomial, and ``e0_i`` the **smudging noise**, uniform
+in ``[-2^b, 2^b)`` (:func:`.params.smudging_bits`).  The server adds all K shares and outputs
+
+    ``(c0 + sum_i h0_i, sum_i h1_i)``,
+
+which decrypts under ``s_R`` to ``c0 + s c1 + sum_i (e_R u_i + e0_i + s_R e1_i)``.  Each share
+is an RLWE encryption under ``p_R`` (masked by ``p_R u_i``), so the server learns nothing; a
+missing share leaves ``s_i c1`` uncancelled (the result is uniform), hence n-out-of-n.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ring import RNSRing
+from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
+
+
+def pcks_share(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, p_r_hat: np.ndarray, a_hat: np.ndarray,
+               eta: int, smudge_bits: int) -> np.ndarray:
+    """Client i's share ``[B, 2, L, N]`` (NTT form) for ciphertexts with ``c1_hat`` ``[B, L, N]``."""
+    batch, level = c1_hat.shape[0], c1_hat.shape[1]
+    u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
+    e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
+    e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
+    h0 = ring.add(ring.add(ring.mul(c1_hat, s_hat[:level]), ring.mul(p_r_hat[:level], u_hat)), ring.ntt(e0))
+    h1 = ring.add(ring.mul(a_hat[:level], u_hat), ring.ntt(e1))
+    return np.stack([h0, h1], axis=1)
+
+
+def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L, N]``."""
+    h = shares[0]
+    for share in shares[1:]:
+        h = ring.add(h, share)
+    return np.stack([ring.add(c0_hat, h[:, 0]), h[:, 1]], axis=1)

@@ -1,0 +1,184 @@
+"""Parameters, worst-case noise bounds and the per-exchange encoding plan of ``ckks-mp``.
+
+Ring: ``N = 8192``, ``Q = q_0 ... q_6``, seven NTT primes just below 2^31 (216.997 bits).
+The HE security standard (Albrecht et al. 2018, Table 1, classical 128-bit, ternary
+secret) allows ``log2 Q <= 218`` at ``N = 8192``; :func:`check_security` enforces it.
+An exchange may use only the first ``L`` primes (a smaller ``Q`` is more secure).
+
+Noise bounds (all worst case: ternary secrets, centered-binomial errors |e| <= eta,
+``||a b||_inf <= N ||a||_inf ||b||_inf``; K = number of clients of the run):
+
+* collective key ``p = sum_i p_i = -a s + e``, ``||s||_inf <= K``, ``||e||_inf <= K eta``;
+* a fresh encryption ``(p u + e0 + Delta m, a u + e1)`` decrypts under ``s`` to
+  ``Delta m + e u + e0 + s e1``: at most ``2 N K eta + eta``;
+  the sum of K of them: ``B_ct = K (2 N K eta + eta)``;
+* public-key switching (PCKS, Mouchet et al. 2021, Protocol 5) to a recipient key
+  ``(p_R = -a s_R + e_R, a)``: client i sends ``h0_i = s_i c1 + p_R u_i + e0_i``,
+  ``h1_i = a u_i + e1_i`` with smudging noise ``e0_i`` uniform in ``[-2^b, 2^b)``; the
+  recipient's decryption ``c0 + sum h0_i + s_R sum h1_i`` carries
+  ``B_ks = B_ct + K 2^b + 2 K N eta``.
+
+Smudging (the defence against the Li-Micciancio IND-CPA^D key-recovery attack on
+approximate HE, "On the Security of Homomorphic Encryption on Approximate Numbers",
+EUROCRYPT 2021): the noise a recipient decrypts must not depend on the collective
+secret ``s``.  ``B_ct`` is the only term depending on ``s``; the uniform smudging noise of
+a single honest client hides any shift ``|d| <= B_ct`` per coefficient within statistical
+distance ``|d| / 2^(b+1)``, so over the ``N`` coefficients of a ciphertext within
+``N B_ct / 2^(b+1) <= 2^-lambda`` when ``b = ceil(lambda + log2(N B_ct))`` (lambda = 40 by
+default; distances add over key switches: T switches -> ``T 2^-lambda``).
+
+Encoding: every value becomes a non-negative integer field (integers as they are, floats
+as ``round(x 2^f)``), ``F`` fields of ``w`` bits are packed into one coefficient in base
+``2^w``, and the coefficient is scaled by ``Delta = 2^D`` with ``2^D >= 4 B_ks``, so the
+recipient rounds ``d / Delta`` to the exact packed integer (``|noise| <= Delta / 4``) and
+detects a corrupted share or ciphertext when the residual exceeds ``B_ks``.  A coefficient
+carries ``C`` exact bits, the largest ``C`` with ``(2^C - 1) Delta + B_ks < Q_L / 2``;
+``F = floor(C / w)``.  Float error: each client's rounding is at most ``2^-(f+1)``, so the
+sum is within ``K 2^-(f+1)`` of the exact float sum; ``f`` is the smallest integer meeting
+``ValueSpec.tolerance``.  Integers are exact.  The field width comes from PUBLIC bounds
+only (:func:`protocols.ckks.params.per_client_limits` / ``integer_sum_range``, shared with
+``ckks``), never from the data.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ckks.packing import field_width
+from ..ckks.params import MAX_COEFF_BITS_128, integer_sum_range, per_client_limits
+from ..errors import BoundError, ConfigurationError
+from .ring import ntt_primes
+
+#: field values are extracted with int64 arithmetic
+MAX_FIELD_BITS = 62
+
+
+@dataclass(frozen=True)
+class MPParams:
+    """Ring and noise parameters of a multiparty run (public)."""
+
+    n: int = 8192
+    num_primes: int = 7
+    eta: int = 21
+    smudging_lambda: int = 40
+
+    @property
+    def primes(self) -> tuple[int, ...]:
+        return ntt_primes(self.n, self.num_primes)
+
+    def log_q(self, level: int | None = None) -> float:
+        return sum(math.log2(q) for q in self.primes[:level or self.num_primes])
+
+    def modulus(self, level: int) -> int:
+        return math.prod(self.primes[:level])
+
+    def describe(self) -> str:
+        return (f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
+                f"smudging 2^-{self.smudging_lambda}")
+
+
+def check_security(params: MPParams) -> None:
+    """Refuse parameters outside the HE standard's 128-bit table (ternary secret)."""
+    limit = MAX_COEFF_BITS_128.get(params.n)
+    if limit is None or params.log_q() > limit:
+        raise ConfigurationError(
+            f"{params.describe()} exceeds the HE standard's 128-bit bound (log2 Q <= {limit} at N={params.n}). "
+            "Fix: use fewer primes or a larger N")
+    if params.eta * 2 < 2 * 3.19 ** 2:
+        raise ConfigurationError(f"eta={params.eta} gives error std {math.sqrt(params.eta / 2):.2f} < 3.19 "
+                                 "(HE standard); use eta >= 21")
+
+
+def fresh_sum_bound(params: MPParams, k: int) -> int:
+    """``B_ct``: worst-case noise of a sum of K fresh encryptions under the collective key."""
+    return k * (2 * params.n * k * params.eta + params.eta)
+
+
+def smudging_bits(params: MPParams, k: int) -> int:
+    """``b``: smudging noise uniform in ``[-2^b, 2^b)`` hides ``B_ct`` within ``2^-lambda``."""
+    return math.ceil(params.smudging_lambda + math.log2(params.n * fresh_sum_bound(params, k)))
+
+
+def keyswitch_bound(params: MPParams, k: int) -> int:
+    """``B_ks``: worst-case noise a recipient decrypts after public-key switching."""
+    return fresh_sum_bound(params, k) + k * (1 << smudging_bits(params, k)) + 2 * k * params.n * params.eta
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one exchange is encoded (all parties derive the same plan from public data)."""
+
+    level: int            # primes used, L
+    scale_bits: int       # D, Delta = 2^D
+    frac_bits: int        # f: floats are round(x 2^f); 0 for integers
+    width: int            # w, bits per field
+    fields: int           # F, fields per coefficient
+    offset: int           # per-client offset making every field non-negative
+    num_clients: int      # K: recipients subtract K * offset
+    noise_bound: int      # B_ks
+    error_bound: float    # bound on |decoded sum - exact sum| (0 for integers)
+    n: int
+    integer: bool
+
+    @property
+    def capacity(self) -> int:
+        """Values per ciphertext."""
+        return self.fields * self.n
+
+    @property
+    def ciphertext_bytes(self) -> int:
+        return 2 * self.level * self.n * 4
+
+    def describe(self) -> str:
+        kind = "integers" if self.integer else f"fixed-point 2^-{self.frac_bits}"
+        return f"L={self.level} Delta=2^{self.scale_bits} {self.fields}x{self.width}-bit fields ({kind})"
+
+
+def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> int:
+    """Largest C with ``(2^C - 1) 2^D + B_ks < Q_L / 2`` (exact integer arithmetic)."""
+    half = params.modulus(level) // 2
+    room = half - noise
+    if room <= 0:
+        return 0
+    return ((room - 1) // (1 << scale_bits) + 1).bit_length() - 1
+
+
+def plan_exchange(params: MPParams, spec, k: int, dp_std: float = 0.0, block_len: int | None = None,
+                  *, tag: str | None = None, round: int | None = None) -> Plan:
+    """The cheapest plan (fewest ciphertext bytes for blocks of ``block_len`` values; ``None``:
+    per value of an unbounded stream; ties to fewer primes) meeting the exchange's bounds."""
+    noise = keyswitch_bound(params, k)
+    scale_bits = (4 * noise - 1).bit_length()
+    lo, hi, offset = per_client_limits(spec, dp_std, k)
+    if spec.integer:
+        frac, error = 0, 0.0
+        width = field_width(integer_sum_range(spec, k, offset))
+    else:
+        tol = float(spec.tolerance)
+        if not tol > 0:
+            raise BoundError(f"ValueSpec.tolerance must be > 0, got {tol}", tag=tag, round=round)
+        frac = math.ceil(math.log2(k / (2.0 * tol)))
+        error = k * 2.0 ** -(frac + 1)
+        offset = math.ceil(max(abs(lo), abs(hi)) * 2.0 ** frac)
+        width = field_width(2 * k * offset)
+    best, best_cost = None, None
+    for level in range(1, params.num_primes + 1):
+        fields = capacity_bits(params, level, scale_bits, noise) // width
+        if fields < 1 or width > MAX_FIELD_BITS:
+            continue
+        per_ct = fields * params.n
+        cost = (level / per_ct) if block_len is None else math.ceil(block_len / per_ct) * level
+        if best_cost is None or cost < best_cost - 1e-12:
+            best = Plan(level, scale_bits, frac, width, fields, offset, k, noise, error, params.n,
+                        bool(spec.integer))
+            best_cost = cost
+    if best is None:
+        top = capacity_bits(params, params.num_primes, scale_bits, noise)
+        raise BoundError(
+            f"a field needs {width} bits (public range of the K={k} sum"
+            + ("" if spec.integer else f" at precision 2^-{frac} for tolerance {spec.tolerance:g}")
+            + f") but a coefficient of {params.describe()} carries {min(top, MAX_FIELD_BITS)} exact bits above the "
+            "smudging noise. Fix: " + ("lower ValueSpec.sum_max/max_abs" if spec.integer else
+                                       "raise ValueSpec.tolerance or lower ValueSpec.max_abs"),
+            tag=tag, round=round)
+    return best

@@ -1,0 +1,89 @@
+"""The client half of ``ckks-mp``: what one client holds and computes.
+
+A :class:`MPClient` holds its collective-key share ``s_i`` and its own recipient key pair
+``s_R`` — both secret, both sampled from the OS CSPRNG, neither ever serialized — and the
+clients' common broadcast secret ``s_B`` (made by client 0, sent to each other client
+encrypted under that client's recipient key, so the relaying server never holds it).  It
+encrypts its contribution under the collective public key, computes its public-key-switching
+shares for every recipient, and, as a recipient, decrypts what was switched to its key.  The
+server half (:mod:`.backend`) only ever sees the bytes these methods return.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import encoding, encryption, keyswitch
+from .keys import KeyPair, key_pair
+from .params import MPParams, Plan
+from .ring import RNSRing
+
+
+class MPClient:
+    """One client: key shares, encryption, PCKS shares, decryption of its own deliveries."""
+
+    def __init__(self, client: int, ring: RNSRing, params: MPParams, a_hat: np.ndarray):
+        self.client = client
+        self.ring, self.params, self.a_hat = ring, params, a_hat
+        self._share: KeyPair = key_pair(ring, a_hat, params.eta)       # s_i: collective-key share
+        self._own: KeyPair = key_pair(ring, a_hat, params.eta)         # s_R: recipient key
+        self.collective_pk: np.ndarray | None = None                   # set from the server's broadcast
+        self._broadcast: KeyPair | None = None                         # s_B: every client's, the server's never
+
+    # ------------------------------------------------------------------ public keys
+    @property
+    def public_share(self) -> bytes:
+        """``p_i = -a s_i + e_i`` (NTT form) on the wire."""
+        return encryption.to_bytes(self._share.p_hat)
+
+    @property
+    def recipient_public_key(self) -> bytes:
+        """``p_R = -a s_R + e_R`` (NTT form) on the wire."""
+        return encryption.to_bytes(self._own.p_hat)
+
+    # ------------------------------------------------------------------ broadcast key
+    def make_broadcast_key(self) -> bytes:
+        """Dealer (client 0): sample ``s_B`` and return the broadcast public key ``p_B``."""
+        self._broadcast = key_pair(self.ring, self.a_hat, self.params.eta)
+        return encryption.to_bytes(self._broadcast.p_hat)
+
+    def seal_broadcast_key(self, plan: Plan, recipient_pk: np.ndarray) -> bytes:
+        """``s_B`` (coefficients + 1 in {0, 1, 2}) encrypted under another client's recipient key."""
+        coeffs = self.ring.intt(self._broadcast.s_hat)[0]
+        signed = np.where(coeffs > self.ring.primes[0] // 2, coeffs - self.ring.primes[0], coeffs)
+        plain = encoding.encode(self.ring, plan, signed + 1)[None]
+        return encryption.to_bytes(encryption.encrypt(self.ring, recipient_pk, self.a_hat, plain, self.params.eta))
+
+    def open_broadcast_key(self, plan: Plan, ct_hat: np.ndarray, p_b: np.ndarray) -> tuple[int, bool]:
+        """Decrypt the sealed ``s_B`` with ``s_R``; returns ``(residual, in range)`` for the caller's check."""
+        (fields, residual, in_range), = self.decrypt_delivery(plan, ct_hat, [self.ring.n])
+        s = fields - 1
+        in_range = in_range and bool(((s >= -1) & (s <= 1)).all())
+        s_hat = self.ring.ntt(self.ring.from_signed(s, self.params.num_primes))
+        self._broadcast = KeyPair(s_hat, p_b)
+        return residual, in_range
+
+    # ------------------------------------------------------------------ upload
+    def encrypt_blocks(self, plan: Plan, rows: np.ndarray) -> bytes:
+        """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` ciphertexts under the collective key."""
+        per_ct = plan.capacity
+        pieces = [row[a:a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
+        if not pieces:
+            return b""
+        plain = np.stack([encoding.encode(self.ring, plan, encoding.quantize(p, plan)) for p in pieces])
+        return encryption.to_bytes(encryption.encrypt(self.ring, self.collective_pk, self.a_hat, plain,
+                                                      self.params.eta))
+
+    # ------------------------------------------------------------------ key switching
+    def pcks_shares(self, plan: Plan, c1_hat: np.ndarray, recipient_pk: np.ndarray, smudge_bits: int) -> bytes:
+        """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` to ``recipient_pk``."""
+        return encryption.to_bytes(keyswitch.pcks_share(self.ring, self._share.s_hat, c1_hat, recipient_pk,
+                                                        self.a_hat, self.params.eta, smudge_bits))
+
+    # ------------------------------------------------------------------ download
+    def decrypt_delivery(self, plan: Plan, ct_hat: np.ndarray, lengths: list[int],
+                         broadcast: bool = False) -> list[tuple[np.ndarray, int, bool]]:
+        """Decrypt key-switched ciphertexts ``[B, 2, L, N]`` with ``s_R`` (``s_B`` if ``broadcast``);
+        per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`)."""
+        key = self._broadcast if broadcast else self._own
+        plain = encryption.decrypt(self.ring, key.s_hat, ct_hat)
+        return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

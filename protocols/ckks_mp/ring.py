@@ -1,0 +1,204 @@
+"""RNS polynomial ring ``R_Q = Z_Q[X] / (X^N + 1)`` with a vectorised negacyclic NTT.
+
+``Q = q_0 q_1 ... q_{L-1}`` is a product of distinct primes ``q_j = 1 (mod 2N)`` below
+2^31, so a product of two residues is below 2^62 and every modular product is exact in
+int64 numpy arithmetic.  A polynomial is an int64 array ``[..., L, N]`` of residues in
+``[0, q_j)`` (the Chinese remainder theorem makes ``R_Q`` the product of the ``R_{q_j}``).
+
+The NTT evaluates a polynomial at the odd powers of a primitive 2N-th root of unity
+``psi_j`` (mod ``q_j``), so a product in ``R_{q_j}`` (negacyclic convolution) becomes a
+slot-wise product:
+
+    ``NTT(a * b) = NTT(a) . NTT(b)``   in ``Z_{q_j}[X] / (X^N + 1)``.
+
+Forward: Cooley-Tukey butterflies with the powers of ``psi`` in bit-reversed order
+(output in bit-reversed order); inverse: Gentleman-Sande butterflies with the inverse
+powers, then multiplication by ``N^{-1}`` (Longa and Naehrig, "Speeding up the Number
+Theoretic Transform for Faster Ideal Lattice-Based Cryptography", CANS 2016, Alg. 1-2).
+Each of the ``log2 N`` stages is one numpy operation over all primes and a batch of
+polynomials, with one ``%`` (the twiddle product) and branch-free conditional subtractions
+for the sums.  A ring with fewer primes (a lower "level") uses the first ``L`` rows of the
+tables: residues mod the first ``L`` primes are a valid element of ``R_{q_0...q_{L-1}}``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+
+def is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for ``n < 3.4e14`` (bases 2, 3, 5, 7, 11, 13, 17)."""
+    if n < 2:
+        return False
+    for p in (2, 3, 5, 7, 11, 13, 17):
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in (2, 3, 5, 7, 11, 13, 17):
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+@lru_cache(maxsize=None)
+def ntt_primes(n: int, count: int, below: int = 1 << 31) -> tuple[int, ...]:
+    """The ``count`` largest primes ``q < below`` with ``q = 1 (mod 2n)``, descending."""
+    out, q = [], (below - 1) // (2 * n) * (2 * n) + 1
+    while len(out) < count:
+        if q < 2 * n:
+            raise ValueError(f"not enough NTT primes below {below} for N={n}")
+        if q < below and is_prime(q):
+            out.append(q)
+        q -= 2 * n
+    return tuple(out)
+
+
+def primitive_root_2n(q: int, n: int) -> int:
+    """Smallest-base primitive 2n-th root of unity mod prime ``q`` (``psi^n = -1``)."""
+    for g in range(2, q):
+        psi = pow(g, (q - 1) // (2 * n), q)
+        if pow(psi, n, q) == q - 1:
+            return psi
+    raise ValueError(f"no primitive {2 * n}-th root of unity mod {q}")
+
+
+def _reduce_signed(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``d`` in ``(-q, q)`` -> ``[0, q)`` in place (adds ``q`` where the sign bit is set)."""
+    d += q & (d >> 63)
+    return d
+
+
+def _reduce_once(x: np.ndarray, q: np.ndarray) -> None:
+    """``x`` in ``[0, 2q)`` -> ``[0, q)`` in place (subtracts ``q`` where ``x >= q``)."""
+    x -= q & ((q - 1 - x) >> 63)
+
+
+def _bit_reverse(n: int) -> np.ndarray:
+    bits = n.bit_length() - 1
+    idx = np.arange(n)
+    rev = np.zeros(n, dtype=np.int64)
+    for b in range(bits):
+        rev |= ((idx >> b) & 1) << (bits - 1 - b)
+    return rev
+
+
+class RNSRing:
+    """Arithmetic in ``R_Q``, ``Q = prod(primes)``, on int64 residue arrays ``[..., L, N]``."""
+
+    def __init__(self, n: int, primes: tuple[int, ...]):
+        if n & (n - 1) or n < 2:
+            raise ValueError(f"N must be a power of two, got {n}")
+        for q in primes:
+            if not (is_prime(q) and q % (2 * n) == 1 and q < 1 << 31):
+                raise ValueError(f"{q} is not an NTT-friendly prime below 2^31 for N={n}")
+        self.n = n
+        self.primes = tuple(int(q) for q in primes)
+        self.q = np.array(self.primes, dtype=np.int64)[:, None]          # [L, 1]
+        rev = _bit_reverse(n)
+        fwd, inv = [], []
+        for q in self.primes:
+            psi = primitive_root_2n(q, n)
+            powers = np.array([pow(psi, int(e), q) for e in range(n)], dtype=np.int64)
+            ipowers = np.array([pow(psi, (2 * n - int(e)) % (2 * n), q) for e in range(n)], dtype=np.int64)
+            fwd.append(powers[rev])
+            inv.append(ipowers[rev])
+        self._psi_rev = np.stack(fwd)        # [L, N]
+        self._psi_inv_rev = np.stack(inv)
+        self._n_inv = np.array([pow(n, -1, q) for q in self.primes], dtype=np.int64)[:, None]
+
+    # ------------------------------------------------------------------ helpers
+    def modulus(self, level: int) -> int:
+        """``Q_level = q_0 ... q_{level-1}`` as a Python int."""
+        out = 1
+        for q in self.primes[:level]:
+            out *= q
+        return out
+
+    def _q(self, level: int, ndim: int) -> np.ndarray:
+        return self.q[:level].reshape((level,) + (1,) * (ndim - 1))
+
+    def from_signed(self, x: np.ndarray, level: int) -> np.ndarray:
+        """Small signed integer polynomial(s) ``[..., N]`` (|x| < 2^62) -> residues ``[..., L, N]``."""
+        x = np.asarray(x, dtype=np.int64)
+        return np.mod(x[..., None, :], self.q[:level])
+
+    def from_limbs(self, limbs: np.ndarray, limb_bits: int, shift: int, level: int) -> np.ndarray:
+        """``sum_l limbs[l] 2^(limb_bits l) - 2^shift`` (non-negative limbs < 2^31) -> residues.
+
+        Carries big integers (e.g. smudging noise of ~80 bits) into RNS without multi-precision."""
+        q = self.q[:level]
+        out = np.zeros(limbs.shape[1:-1] + (level, self.n), dtype=np.int64)
+        for i, limb in enumerate(limbs):
+            w = np.array([pow(2, limb_bits * i, int(p)) for p in self.primes[:level]], dtype=np.int64)[:, None]
+            out = (out + np.mod(limb[..., None, :], q) * w) % q
+        sub = np.array([pow(2, shift, int(p)) for p in self.primes[:level]], dtype=np.int64)[:, None]
+        return (out - sub) % q
+
+    # ------------------------------------------------------------------ arithmetic
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        s = a + b
+        q = self._q(a.shape[-2], 2)
+        return np.where(s >= q, s - q, s)
+
+    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        d = a - b
+        q = self._q(a.shape[-2], 2)
+        return np.where(d < 0, d + q, d)
+
+    def neg(self, a: np.ndarray) -> np.ndarray:
+        q = self._q(a.shape[-2], 2)
+        return np.where(a == 0, 0, q - a)
+
+    def mul(self, a_hat: np.ndarray, b_hat: np.ndarray) -> np.ndarray:
+        """Slot-wise product of two polynomials in NTT form."""
+        return a_hat * b_hat % self._q(a_hat.shape[-2], 2)
+
+    def ntt(self, a: np.ndarray) -> np.ndarray:
+        """Negacyclic NTT of ``a`` ``[..., L, N]`` (output in bit-reversed order)."""
+        lead, (level, n) = a.shape[:-2], a.shape[-2:]
+        x = np.array(a, dtype=np.int64).reshape(-1, level, n)
+        q = self.q[:level].reshape(1, level, 1, 1)
+        m, t = 1, n
+        while m < n:
+            t //= 2
+            x = x.reshape(-1, level, m, 2 * t)
+            s = self._psi_rev[:level, m:2 * m].reshape(1, level, m, 1)
+            v = x[..., t:] * s
+            v %= q
+            d = x[..., :t] - v
+            x[..., :t] += v
+            x[..., t:] = _reduce_signed(d, q)
+            _reduce_once(x[..., :t], q)
+            m *= 2
+        return x.reshape(lead + (level, n))
+
+    def intt(self, a_hat: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`ntt` (coefficients in natural order, residues in ``[0, q_j)``)."""
+        lead, (level, n) = a_hat.shape[:-2], a_hat.shape[-2:]
+        x = np.array(a_hat, dtype=np.int64).reshape(-1, level, n)
+        q = self.q[:level].reshape(1, level, 1, 1)
+        m, t = n, 1
+        while m > 1:
+            h = m // 2
+            x = x.reshape(-1, level, h, 2 * t)
+            s = self._psi_inv_rev[:level, h:2 * h].reshape(1, level, h, 1)
+            d = _reduce_signed(x[..., :t] - x[..., t:], q)
+            x[..., :t] += x[..., t:]
+            _reduce_once(x[..., :t], q)
+            d *= s
+            d %= q
+            x[..., t:] = d
+            t *= 2
+            m = h
+        x = x.reshape(-1, level, n) * self._n_inv[:level].reshape(1, level, 1) % self.q[:level].reshape(1, level, 1)
+        return x.reshape(lead + (level, n))

@@ -1,0 +1,85 @@
+"""Randomness of the multiparty scheme: secret samplers and the common reference polynomial.
+
+Secret randomness (key shares ``s_i``, encryption randomness ``u``, errors ``e``, smudging
+noise) is read from the operating system's CSPRNG (``os.urandom``); numpy's generators are
+never used for it (they are not cryptographic and the run seed would fix them).
+
+* :func:`ternary` — uniform over ``{-1, 0, 1}`` (secret and ephemeral keys; the HE standard's
+  ternary-secret table applies).
+* :func:`centered_binomial` — ``sum_{i<eta} (b_i - b'_i)`` with fair bits: mean 0, variance
+  ``eta / 2``, support ``[-eta, eta]``.  ``eta = 21`` gives standard deviation 3.24, at least
+  the HE standard's error width 3.19, and a hard bound |e| <= 21 that makes every noise
+  bound of :mod:`.params` a worst-case bound, not a tail estimate.
+* :func:`smudging_limbs` — uniform integers in ``[-2^b, 2^b)`` as 30-bit limbs (``b`` ~ 80
+  exceeds int64; :meth:`RNSRing.from_limbs` carries them into RNS).
+
+The common random polynomial ``a`` (Mouchet et al. 2021, "CRS") is public: it is expanded
+from a public per-run seed by AES-256-CTR (:func:`protocols.mask.prg.keystream`), read as
+31-bit words with rejection above each prime, so every party derives the same ``a`` and
+nothing secret depends on the seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from ..mask.prg import keystream
+
+LIMB_BITS = 30
+
+
+def ternary(shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform ``{-1, 0, 1}`` int64 array (rejection of the byte 255 keeps it exactly uniform)."""
+    count = int(np.prod(shape))
+    out = np.empty(0, dtype=np.int64)
+    while out.size < count:
+        raw = np.frombuffer(os.urandom(count - out.size + 64), dtype=np.uint8)
+        raw = raw[raw < 255]
+        out = np.concatenate([out, raw.astype(np.int64) % 3 - 1])
+    return out[:count].reshape(shape)
+
+
+def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
+    """Centered binomial int64 array with parameter ``eta`` (|e| <= eta)."""
+    count = int(np.prod(shape))
+    nbytes = -(-2 * eta // 8)
+    bits = np.unpackbits(np.frombuffer(os.urandom(count * nbytes), dtype=np.uint8).reshape(count, nbytes),
+                         axis=1)
+    bits = bits.astype(np.int64)
+    e = bits[:, :eta].sum(axis=1) - bits[:, eta:2 * eta].sum(axis=1)
+    return e.reshape(shape)
+
+
+def smudging_limbs(shape: tuple[int, ...], bits: int) -> np.ndarray:
+    """Limbs ``[ceil((bits+1)/30), *shape]`` of a uniform integer in ``[0, 2^(bits+1))``;
+    subtracting ``2^bits`` (done in RNS) makes it uniform in ``[-2^bits, 2^bits)``."""
+    total = bits + 1
+    nl = -(-total // LIMB_BITS)
+    count = int(np.prod(shape))
+    raw = np.frombuffer(os.urandom(nl * count * 4), dtype=np.uint32).astype(np.int64).reshape((nl,) + tuple(shape))
+    limbs = raw & ((1 << LIMB_BITS) - 1)
+    top = total - LIMB_BITS * (nl - 1)
+    limbs[-1] &= (1 << top) - 1
+    return limbs
+
+
+def common_polynomial(seed: bytes, primes: tuple[int, ...], n: int, label: str = "a") -> np.ndarray:
+    """The public uniform polynomial ``a`` in ``R_Q`` (NTT form) expanded from ``seed``.
+
+    Uniform residues are uniform in NTT form too (the NTT is a bijection), so the words
+    are read directly as NTT-domain values."""
+    key = hashlib.sha256(b"secure_fgl/ckks-mp/crs/v1" + label.encode() + seed).digest()
+    out = np.empty((len(primes), n), dtype=np.int64)
+    for j, q in enumerate(primes):
+        sid = hashlib.sha256(key + j.to_bytes(4, "big")).digest()[:8]
+        vals, offset = np.empty(0, dtype=np.int64), 0
+        while vals.size < n:
+            need = (n - vals.size) * 4 * 2 + 64
+            words = np.frombuffer(keystream(key, sid, offset, need), dtype=np.uint32).astype(np.int64)
+            offset += need
+            words &= (1 << 31) - 1
+            vals = np.concatenate([vals, words[words < q]])
+        out[j] = vals[:n]
+    return out

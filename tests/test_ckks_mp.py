@@ -1,0 +1,321 @@
+"""ckks-mp: ring arithmetic, collective decryption, exact packing, coalition attacks, refusals."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.stats import ks_2samp
+
+from protocols import (MODES, BoundError, ConfigurationError, DropoutError, IntegrityError, PackingOverflowError,
+                       ValueSpec, make_protocol)
+from protocols.ckks_mp import MPParams, check_security, encoding, encryption
+from protocols.ckks_mp import backend as mp_backend
+from protocols.ckks_mp.ring import RNSRing, ntt_primes
+from protocols.transcript import SERVER, client_party
+
+FAST = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                      HealthCheck.function_scoped_fixture])
+_PROTOCOLS: dict[int, object] = {}
+
+
+def proto(k: int):
+    """One protocol (one collective key set-up) per K, reused across examples and tests."""
+    if k not in _PROTOCOLS:
+        _PROTOCOLS[k] = make_protocol("ckks-mp", k)
+    p = _PROTOCOLS[k]
+    p.intercept = None
+    return p
+
+
+def fresh(k: int, **options):
+    return make_protocol("ckks-mp", k, **options)
+
+
+def secret(p, k: int):
+    """Client k's collective-key share s_i (NTT form) — the attacker's loot in coalition tests."""
+    return p._clients[k]._share.s_hat
+
+
+def corr(x, y) -> float:
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def centred_coeffs(p, residues) -> np.ndarray:
+    """Centred coefficients of a decryption, as floats (the attacker's view of ``Delta m + e``)."""
+    return np.array([float(c) for c in encoding.crt_centered(p.ring, residues)])
+
+
+# ------------------------------------------------------------------ ring and parameters
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n_log=st.integers(1, 5))
+def test_ntt_product_is_negacyclic_convolution(seed, n_log):
+    n = 2 ** n_log
+    ring = RNSRing(n, ntt_primes(n, 3))
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(-10 ** 6, 10 ** 6, n), rng.integers(-50, 50, n)
+    ref = np.zeros(n, dtype=object)
+    for i in range(n):
+        for j in range(n):
+            sign = 1 if i + j < n else -1
+            ref[(i + j) % n] += sign * int(a[i]) * int(b[j])
+    got = ring.intt(ring.mul(ring.ntt(ring.from_signed(a, 3)), ring.ntt(ring.from_signed(b, 3))))
+    assert np.array_equal(got, ring.from_signed(ref.astype(np.int64), 3))
+    assert np.array_equal(ring.intt(ring.ntt(ring.from_signed(a, 3))), ring.from_signed(a, 3))
+
+
+def test_parameters_meet_128_bit_security_and_refuse_more():
+    params = MPParams()
+    check_security(params)
+    assert params.log_q() <= 218 and all(q % (2 * params.n) == 1 for q in params.primes)
+    with pytest.raises(ConfigurationError, match="128-bit"):
+        check_security(MPParams(num_primes=8))
+    with pytest.raises(ConfigurationError, match="eta"):
+        check_security(MPParams(eta=4))
+
+
+def test_mode_is_registered():
+    assert "ckks-mp" in MODES
+    from secure_fgl.config import RunConfig
+    assert RunConfig(mode="ckks-mp").validate().mode == "ckks-mp"
+
+
+# ------------------------------------------------------------------ correctness
+@FAST
+@given(k=st.integers(1, 8), length=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_collective_decryption_equals_plaintext_sum(k, length, seed):
+    p = proto(k)
+    rng = np.random.default_rng(seed)
+    vals = {c: rng.uniform(-3, 3, size=length) for c in range(k)}
+    spec = ValueSpec(max_abs=3.0, tolerance=1e-6)
+    got = p.weighted_sum(f"sum{length}", seed, vals, spec=spec)
+    bound = p.last_stats["error_bound"]
+    assert 0 < bound <= 1e-6
+    assert np.abs(got - sum(vals.values())).max() <= bound
+
+
+def test_packed_integers_exact_and_dense_rows():
+    k, n, d = 5, 300, 40
+    p = proto(k)
+    rng = np.random.default_rng(3)
+    contrib = {c: (np.arange(n), (rng.random((n, d)) < 0.3).astype(float)) for c in range(k)}
+    requests = {c: np.arange(n)[c::k] for c in range(k)}
+    spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
+    got = p.row_sum("packed", 0, contrib, requests, n, layout="dense", spec=spec)
+    total = sum(r for _, r in contrib.values())
+    for c in range(k):
+        assert np.array_equal(got[c], total[requests[c]])
+    plan = p.plan(spec)
+    assert plan.fields > 1 and plan.integer and plan.error_bound == 0
+
+
+def test_offsets_padded_when_a_client_skips_a_block():
+    p = proto(3)
+    spec = ValueSpec(max_abs=2.0, tolerance=1e-5)
+    contrib = {0: (np.array([0, 1]), np.ones((2, 3))), 1: (np.array([5]), -np.ones((1, 3)))}
+    got = p.row_sum("sparse", 0, contrib, {2: np.array([0, 5, 9])}, 10, layout="sparse", spec=spec)
+    assert np.allclose(got[2], [[1, 1, 1], [-1, -1, -1], [0, 0, 0]], atol=1e-5)
+
+
+# ------------------------------------------------------------------ coalition attacks
+def _upload_of(p, tag: str, k: int) -> bytes:
+    return next(m.payload for m in p.transcript.select(tag=tag, sender=client_party(k), receiver=SERVER)
+                if m.kind == "ciphertext")
+
+
+def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
+    k = 4
+    p = proto(k)
+    rng = np.random.default_rng(7)
+    n_vals = 6000
+    vals = {c: rng.integers(0, 200, n_vals).astype(float) for c in range(k)}
+    spec = ValueSpec(integer=True, max_abs=200, sum_max=800)
+    p.weighted_sum("victim", 0, vals, spec=spec)
+    plan = p.plan(spec, block_len=n_vals)
+    victim = k - 1
+    cts = encryption.from_bytes(p.ring, _upload_of(p, "victim", victim), (1, 2, plan.level, p.params.n))[0]
+    truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))
+    used = encoding.used_coefficients(plan, n_vals)
+    colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
+    attack = centred_coeffs(p, encryption.decrypt(p.ring, colluders, cts))
+    assert abs(corr(attack[:used], truth[:used])) < 0.1
+    # positive control: with the victim's share too, the same decryption recovers the upload
+    everyone = p.ring.add(colluders, secret(p, victim))
+    exact = centred_coeffs(p, encryption.decrypt(p.ring, everyone, cts))
+    assert corr(exact[:used], truth[:used]) > 0.999999
+
+
+def test_coalition_cannot_read_another_recipients_rows():
+    k, n, d = 4, 200, 30
+    p = proto(k)
+    rng = np.random.default_rng(11)
+    contrib = {c: (np.arange(n), rng.integers(0, 50, (n, d)).astype(float)) for c in range(k)}
+    requests = {c: np.arange(n)[c * 50:(c + 1) * 50] for c in range(k)}
+    spec = ValueSpec(integer=True, max_abs=50, sum_max=200)
+    got = p.row_sum("scoped", 0, contrib, requests, n, layout="sparse", spec=spec)
+    target = 3
+    down = [m for m in p.transcript.select(tag="scoped", sender=SERVER, receiver=client_party(target))
+            if m.kind == "ciphertext" and "key-switched" in m.note][0]
+    plan = p.plan(spec, block_len=d * p.rows_per_block(spec, d, n))
+    cts = encryption.from_bytes(p.ring, down.payload, (down.shape[0] * down.shape[1], 2, plan.level, p.params.n))
+    used = encoding.used_coefficients(plan, plan.capacity)
+    own = centred_coeffs(p, encryption.decrypt(p.ring, p._clients[target]._own.s_hat, cts[0]))
+    colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
+    for key in (colluders, p._clients[0]._own.s_hat):    # their collective shares, or a colluder's own key
+        attack = centred_coeffs(p, encryption.decrypt(p.ring, key, cts[0]))
+        assert abs(corr(attack[:used], own[:used])) < 0.1
+    # a recipient receives exactly its rows and nothing else
+    total = sum(r for _, r in contrib.values())
+    assert set(got) == set(requests)
+    for c in range(k):
+        assert np.array_equal(got[c], total[requests[c]])
+
+
+def test_secret_shares_never_reach_the_server():
+    p = proto(3)
+    p.weighted_sum("custody", 0, {c: np.ones(5) for c in range(3)}, spec=ValueSpec(max_abs=1))
+    view = p.transcript.view(SERVER)
+    assert view and all(m.kind != "secret_key" for m in view)
+    payloads = [m.payload for m in view if isinstance(m.payload, (bytes, bytearray))]
+    assert payloads
+    for c, client in p._clients.items():
+        assert client._broadcast is not None
+        for s_hat in (client._share.s_hat, client._own.s_hat, client._broadcast.s_hat):
+            for form in (s_hat, p.ring.intt(s_hat)):
+                for dtype in ("<u4", "<i8"):
+                    probe = np.ascontiguousarray(form, dtype=dtype).tobytes()[:256]
+                    assert not any(probe in data for data in payloads)
+
+
+def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
+    """The noise a recipient decrypts (a broadcast exchange: switched to the broadcast key), against
+    the secret-dependent noise e_ct = c0 + s c1 - Delta m of the aggregate: uncorrelated with
+    smudging, strongly correlated without it (power check); and distributed alike under two
+    independent collective keys (KS test)."""
+    k = 3
+    spec = ValueSpec(integer=True, max_abs=3, sum_max=9)
+    vals = {c: np.full(20_000, float(c)) for c in range(k)}
+
+    def noises(p):
+        p.weighted_sum("noise", 0, vals, spec=spec)
+        plan = p.plan(spec, block_len=20_000)
+        shape = (1, 2, plan.level, p.params.n)
+        agg = sum(encryption.from_bytes(p.ring, _upload_of(p, "noise", c), shape) for c in range(k)) % \
+            p.ring.q[:plan.level]
+        s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
+        down = [m for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
+                if "key-switched" in m.note][0]
+        out = encryption.from_bytes(p.ring, down.payload, shape)
+        def residual(key, ct):
+            coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, key, ct)[0])
+            d = plan.scale_bits
+            return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
+        return residual(s, agg), residual(p._clients[0]._broadcast.s_hat, out)
+
+    e_ct, seen = noises(fresh(k))
+    assert abs(corr(e_ct, seen)) < 0.05
+    e_ct2, seen2 = noises(fresh(k))
+    assert ks_2samp(seen, seen2).pvalue > 1e-3
+    monkeypatch.setattr(mp_backend, "smudging_bits", lambda params, k: 0)
+    e_ct3, seen3 = noises(fresh(k))
+    assert corr(e_ct3, seen3) > 0.5            # without smudging the recipient sees the secret-dependent noise
+
+
+def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
+    k = 3
+    p = fresh(k)
+    p.weighted_mean("bcast", 0, {c: np.ones(4) for c in range(k)}, spec=ValueSpec(max_abs=1))
+    shares = [m for m in p.transcript.select(tag="bcast") if m.kind == "share"]
+    assert len(shares) == k and all("broadcast key" in m.note for m in shares)
+    spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
+    rpb = p.rows_per_block(spec, 2, 10 ** 7)
+    rows = np.arange(k) * rpb                                  # one row in each of k blocks
+    contrib = {c: (rows, np.ones((k, 2))) for c in range(k)}
+    got = p.row_sum("scoped-count", 0, contrib, {c: rows[c:c + 1] for c in range(k)}, k * rpb,
+                    layout="sparse", spec=spec)
+    assert all(np.array_equal(got[c], np.full((1, 2), k)) for c in range(k))
+    shares = [m for m in p.transcript.select(tag="scoped-count") if m.kind == "share"]
+    assert len(shares) == k * k and not any("broadcast" in m.note for m in shares)
+
+
+# ------------------------------------------------------------------ refusals
+def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False):
+    def hook(msg):
+        if msg.kind != kind or msg.sender != client_party(sender):
+            return msg
+        if not corrupt:
+            return None
+        data = bytearray(msg.payload)
+        word = int.from_bytes(data[:4], "little")
+        new = 0xFFFFFFFF if unreduced else (word + 1) % 2147352577
+        data[:4] = new.to_bytes(4, "little")
+        return replace(msg, payload=bytes(data))
+    return hook
+
+
+@pytest.mark.parametrize("kind", ["share", "ciphertext"])
+def test_missing_message_aborts_naming_the_client(kind):
+    p = proto(3)
+    p.intercept = _drop(kind, 1)
+    with pytest.raises(DropoutError, match="client 1") as err:
+        p.weighted_sum(f"missing-{kind}", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
+    assert err.value.client == 1
+
+
+@pytest.mark.parametrize("unreduced", [True, False])
+def test_corrupted_share_is_refused(unreduced):
+    p = proto(3)
+    p.intercept = _drop("share", 2, corrupt=True, unreduced=unreduced)
+    with pytest.raises(IntegrityError, match="client 2" if unreduced else "corrupted"):
+        p.weighted_sum(f"corrupt-{unreduced}", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
+
+
+def test_out_of_range_refused_before_encryption():
+    p = proto(2)
+    with pytest.raises(BoundError, match="client 1"):
+        p.weighted_sum("range", 0, {0: np.ones(3), 1: np.array([0.0, 5.0, 0.0])}, spec=ValueSpec(max_abs=1))
+    assert not p.transcript.select(tag="range")
+    p3 = proto(3)           # each value within max_abs, but the sum 9 overflows the 3-bit field of sum_max=4
+    with pytest.raises(PackingOverflowError, match="sum_max"):
+        p3.weighted_sum("overflow", 0, {c: np.full(3, 3.0) for c in range(3)},
+                        spec=ValueSpec(integer=True, max_abs=3, sum_max=4))
+    assert not p3.transcript.select(tag="overflow")
+    with pytest.raises(BoundError, match="tolerance"):
+        p.weighted_sum("tol", 0, {0: np.ones(3), 1: np.ones(3)}, spec=ValueSpec(max_abs=1e4, tolerance=1e-30))
+
+
+def test_dp_noised_exchanges_stay_within_the_widened_range():
+    """Distributed DP noise (integer and float) passes through ckks-mp: the plan widens the range
+    by the public DP offset, and the decoded sum equals the sum of the noised contributions."""
+    from protocols import DPRequest
+    from protocols.dp import DPConfig
+    k = 3
+    p = fresh(k, dp=DPConfig(epsilon=4.0, placement="distributed", tags=("dp/int", "dp/float")))
+    seen = {}
+    original = p._aggregate
+
+    def spy(ctx):
+        seen["sum"] = sum(t.values for t in ctx.contributions.values())
+        return original(ctx)
+    p._aggregate = spy
+    counts = {c: np.full(50, 2.0) for c in range(k)}
+    got = p.weighted_sum("dp/int", 0, counts, spec=ValueSpec(integer=True, max_abs=2, sum_max=2 * k),
+                         dp=DPRequest(clip=math.inf, sensitivity=1.0))
+    assert np.array_equal(got, seen["sum"][0][:50])
+    floats = {c: np.full(20, 0.5) for c in range(k)}
+    got = p.weighted_sum("dp/float", 0, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-5),
+                         dp=DPRequest(clip=1.0))
+    assert np.abs(got - seen["sum"][0][:20]).max() <= p.last_stats["error_bound"]
+
+
+def test_protocol_bench_includes_ckks_mp(tmp_path):
+    from secure_fgl.bench.protocols import run_protocol_bench
+    recs = run_protocol_bench(tmp_path, quick=True, clients=3, backends=("ckks-mp",))
+    assert {r["workload"].split("_")[0] for r in recs} == {"cora", "floats", "model"}
+    for r in recs:
+        assert r["backend"] == "ckks-mp" and r["bytes_up_per_client"] > 0 and r["key_setup"]["bytes_up_per_client"] > 0
+        assert r["max_abs_error"] == 0 if r["workload"].startswith("cora") else r["max_abs_error"] <= 1e-4
