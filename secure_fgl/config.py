@@ -68,7 +68,7 @@ class RunConfig:
                                 help="'all' or comma-separated exchange tag prefixes to privatise "
                                      "(e.g. fedgcn/neighbour_sums)")
     # secure mode
-    mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask"),
+    mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
                         help="exchange protocol (list: secure-fgl modes)")
     # output
     out: str | None = setting(None, group="output", unit="path",

@@ -253,3 +253,15 @@ def test_presets_parse_and_flags_override(preset):
     check_options(cfg, get_options_class(cfg.algorithm))
     if preset == "fedgcn-table2":
         assert (cfg.optimizer, cfg.lr, cfg.local_epochs, cfg.options["hops"]) == ("sgd", 0.5, 3, 1)
+
+
+def test_cli_modes_are_the_protocol_registry():
+    """config.py stays torch/protocol-free for a fast --help, so its mode choices are a copy:
+    they must name exactly the protocols' modes, and `secure-fgl modes` describes each."""
+    import protocols
+    from secure_fgl.cli.discover import MODES as described
+    from secure_fgl.config import RunConfig
+    import dataclasses
+    field = {f.name: f for f in dataclasses.fields(RunConfig)}["mode"]
+    assert tuple(field.metadata["choices"]) == tuple(protocols.MODES)
+    assert set(described) == set(protocols.MODES)
