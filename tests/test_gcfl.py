@@ -175,3 +175,27 @@ def test_synthetic_groups():
     fed = two_task_graphs(4, graphs_per_client=20, seed=2)
     assert [c.dataset[-1] for c in fed.clients] == [str(g) for g in client_groups(4)]
     assert all(len(c.train) + len(c.val) + len(c.test) == 20 for c in fed.clients)
+
+
+def test_server_reads_similarity_and_infers_same_dataset_pairs():
+    from attacks.base import View
+    from attacks.gcfl import same_dataset_auc, server_similarity
+    rng = np.random.default_rng(7)
+    direction = rng.normal(size=3000)
+    datasets = ["A", "B", "A", "B", "A"]
+    vectors = {k: (direction if d == "A" else -direction) * 0.01 + rng.normal(size=3000) * 0.01
+               for k, d in enumerate(datasets)}
+    expect = cosine_matrix(np.stack(list(vectors.values())))
+    weights = {k: 0.1 * (k + 1) for k in vectors}
+    plain = make_protocol("plain", 5)
+    plain.weighted_mean("gcfl/model", 0, vectors, weights)
+    clients, sim = server_similarity(View.of(plain.transcript, "server"), 3000)
+    np.testing.assert_allclose(sim, expect, atol=1e-5)     # float32 uploads
+    assert same_dataset_auc(clients, sim, datasets) == 1.0
+    ckks = make_protocol("ckks", 5, seed=0)
+    ckks.weighted_mean("gcfl/model", 0, vectors, weights)
+    assert server_similarity(View.of(ckks.transcript, "server"), 3000) is None   # ciphertexts only
+    pairwise_cosine(ckks, "gcfl/similarity", 0, vectors, decider=2)
+    clients, sim = server_similarity(View.of(ckks.transcript, "server"), 3000)
+    assert clients == list(range(5)) and np.abs(sim - expect).max() < 1e-4
+    assert same_dataset_auc(clients, sim, datasets) == 1.0
