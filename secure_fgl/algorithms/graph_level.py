@@ -56,7 +56,6 @@ class GraphFederated(FederatedAlgorithm):
     #: modes whose exchanges this algorithm can run
     supported_modes: ClassVar[tuple[str, ...]] = ("plain", "ckks", "mask")
     aggregate_models: ClassVar[bool] = True
-    prox_mu: float = 0.0
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         if protocol.mode not in self.supported_modes:
@@ -65,6 +64,7 @@ class GraphFederated(FederatedAlgorithm):
             raise ConfigError(f"{self.name} has no DP path: drop --dp-epsilon")
         self.fed, self.protocol, self.cfg, self.device = fed, protocol, cfg, device
         self.opts = options if options is not None else self.Options()
+        self.prox_mu = float(getattr(self.opts, "mu", 0.0))     # FedProx options carry mu
         self.clients = fed.clients
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -215,10 +215,6 @@ class GraphFedAvg(GraphFederated):
 class GraphFedProx(GraphFederated):
     name = "gc-fedprox"
     Options = GraphProxOptions
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
-        self.prox_mu = self.opts.mu
 
 
 class GraphSelfTrain(GraphFederated):
