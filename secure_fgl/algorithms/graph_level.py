@@ -34,7 +34,13 @@ from ..config import ConfigError
 from ..models.gcfl_gin import GCFLGIN
 from .base import PARAM_BOUND, FederatedAlgorithm
 
-__all__ = ["GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain", "GraphFedAvg", "GraphFedProx"]
+#: largest absolute error the secure aggregate of an update may carry: below float32 resolution of
+#: the weights.  The default ValueSpec tolerance (1e-4) let ckks plan a 40-bit chain whose error
+#: (~1e-4) is ~10 % of an Adam step (lr 1e-3), and ckks runs drifted from plain from round 1.
+UPDATE_TOLERANCE = 1e-8
+
+__all__ = ["UPDATE_TOLERANCE", "GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain",
+           "GraphFedAvg", "GraphFedProx"]
 
 
 @dataclass
@@ -142,7 +148,8 @@ class GraphFederated(FederatedAlgorithm):
         total = float(self.num_train.sum())
         return self.protocol.weighted_mean(f"{self.name}/model", rnd, {k: updates[k] for k in members},
                                            {k: self.num_train[k] / total for k in members},
-                                           spec=ValueSpec(max_abs=PARAM_BOUND), recipients=members)
+                                           spec=ValueSpec(max_abs=PARAM_BOUND, tolerance=UPDATE_TOLERANCE),
+                                           recipients=members)
 
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         """Every member restarts from its anchor plus the cluster's mean update."""
