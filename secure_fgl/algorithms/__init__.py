@@ -18,6 +18,11 @@ ALGORITHMS: dict[str, str] = {
     "fedgcn": "fedgcn:FedGCN",
     "fedomd": "fedomd:FedOMD",
     "fedspray": "fedspray:FedSpray",
+    "gc-selftrain": "graph_level:GraphSelfTrain",
+    "gc-fedavg": "graph_level:GraphFedAvg",
+    "gc-fedprox": "graph_level:GraphFedProx",
+    "gcfl": "gcfl:GCFL",
+    "gcflplus": "gcfl:GCFLPlus",
 }
 
 OPTIONS: dict[str, str] = {

@@ -1,0 +1,70 @@
+"""What GCFL's clustering statistics tell the server: which clients hold the same kind of data.
+
+The server of GCFL decides the clusters, so it legitimately learns the pairwise cosine
+similarities of the members' updates (:mod:`protocols.pairwise`).  This attack asks how much
+that matrix reveals about the clients' *datasets*: for every pair of clients it guesses "same
+dataset" from the similarity, scored by the rank AUC over pairs (chance 0.5; ground truth:
+each client's dataset name).
+
+What the server reads (its :class:`~attacks.base.View` only):
+
+* ``plain``: the readable model uploads of the latest round (``<algorithm>/model``: each
+  client's weighted update ``[n_i dW_i, n_i]``, weight slot dropped) -> cosine of every pair;
+* ``ckks``: the uploads are ciphertexts; the latest decrypted similarity vector the decider
+  returned (``<algorithm>/similarity``, kind plain) for the members of that split, in the
+  order of their encrypted uploads.  No split, no matrix: the attack is not applicable.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.pairwise import cosine_matrix
+from protocols.transcript import SERVER, party_client
+
+from .base import View, dense_vector, roc_auc
+
+__all__ = ["server_similarity", "same_dataset_auc"]
+
+
+def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> tuple[list[int], np.ndarray] | None:
+    """``(clients, [m, m] cosine matrix)`` the server can read, or ``None``.  ``num_shared``:
+    the public number of shared parameters (the upload is ``[n_i dW_i, n_i]`` + padding)."""
+    model_tag, sim_tag = f"{algorithm}/model", f"{algorithm}/similarity"
+    rnd = view.latest_round(model_tag, receiver=SERVER)
+    if rnd is not None:
+        ups = {}
+        for m in view.select(model_tag, receiver=SERVER, round=rnd):     # a split round averages twice
+            vec = dense_vector(view.payload(m), num_shared)
+            if vec is not None and party_client(m.sender) not in ups:
+                ups[party_client(m.sender)] = vec
+        ups = list(ups.items())
+        if len(ups) >= 2:
+            return [k for k, _ in ups], cosine_matrix(np.stack([v for _, v in ups]))
+    rnd = view.latest_round(sim_tag, receiver=SERVER)
+    if rnd is None:
+        return None
+    members, values = [], None
+    for msg in view.select(sim_tag, receiver=SERVER, round=rnd):   # uploads, then the decider's reply
+        if msg.kind == "plain":
+            values = view.payload(msg)
+            if values is not None:
+                last = (members, np.asarray(values, dtype=np.float64))
+            members = []
+        else:
+            members.append(party_client(msg.sender))
+    if values is None:
+        return None
+    members, values = last
+    upper = np.zeros((len(members), len(members)))
+    upper[np.triu_indices(len(members), 1)] = values
+    return members, upper + upper.T + np.eye(len(members))
+
+
+def same_dataset_auc(clients: list[int], similarity: np.ndarray, datasets: list[str]) -> float:
+    """Rank AUC of "same dataset" over all pairs of ``clients`` scored by ``similarity``
+    (``nan`` when every pair is same, or every pair different)."""
+    i, j = np.triu_indices(len(clients), 1)
+    labels = [int(datasets[clients[a]] == datasets[clients[b]]) for a, b in zip(i, j)]
+    if len(set(labels)) < 2:
+        return float("nan")
+    return roc_auc(similarity[i, j], labels)

@@ -1,0 +1,69 @@
+"""Pairwise statistics for clustering (DESIGN.md exchange shape 4; GCFL, Xie et al., NeurIPS
+2021, sec. 4): whoever decides the clusters learns the ``m x m`` cosine-similarity matrix of
+the members' updates, and the scalars it is told, nothing more.
+
+* :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``.
+  ``plain``: the server computes it from the updates it already holds (no new bytes).
+  ``ckks``: :mod:`protocols.ckks.pairwise` -- clients upload their normalised updates
+  encrypted under a key pair of a designated client, the server evaluates the inner
+  products homomorphically, the designated client decrypts and returns only the matrix.
+  ``mask``: refused -- additive masks hide each vector but give no inner products.
+* :func:`report_scalars` -- clients send one public scalar each in the clear (GCFL's
+  ``||dW_i||`` for eq. 5, the cluster mean's norm for eq. 4, GCFL+'s gradient norms): a
+  maximum or a time series cannot be computed under additive HE, so these are the
+  documented leak of the decision rule.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .base import ArrayLike, Protocol, to_numpy
+from .errors import ConfigurationError, NonFiniteError, ShapeError
+from .transcript import SERVER, Message, client_party
+
+__all__ = ["pairwise_cosine", "report_scalars", "PAIRWISE_MODES", "cosine_matrix"]
+
+#: modes in which :func:`pairwise_cosine` runs
+PAIRWISE_MODES = ("plain", "ckks")
+
+
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """Cosine similarities of the rows of ``vectors`` (a zero row has similarity 0 to all)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.maximum(norms, 1e-12)
+    return unit @ unit.T
+
+
+def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
+    if len(updates) < 2:
+        raise ShapeError("pairwise statistics need at least two clients", tag=tag, round=rnd)
+    return protocol._dense_inputs(tag, rnd, {k: to_numpy(v).ravel() for k, v in updates.items()})
+
+
+def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *,
+                    decider: int = 0) -> np.ndarray:
+    """The ``[m, m]`` cosine matrix of ``updates`` (rows in the order of ``updates``), known
+    afterwards to the server (the party that decides the clusters)."""
+    if protocol.mode not in PAIRWISE_MODES:
+        raise ConfigurationError(f"pairwise statistics need inner products of updates, which --mode "
+                                 f"{protocol.mode} cannot compute: use --mode ckks", tag=tag, round=rnd)
+    arrays = _validated(protocol, tag, rnd, updates)
+    if protocol.mode == "plain":
+        return cosine_matrix(np.stack(list(arrays.values())))
+    from .ckks.pairwise import encrypted_cosine
+    return encrypted_cosine(protocol, tag, rnd, arrays, decider=decider)
+
+
+def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
+    """Each client sends one float64 to the server in the clear; returns what the server got."""
+    out = {}
+    for k, v in values.items():
+        v = float(v)
+        if not np.isfinite(v):
+            raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
+        msg = protocol._deliver(Message(rnd, tag, client_party(int(k)), SERVER, "plain", (1,), 8,
+                                        protocol.mode, protocol.fingerprint, payload=v))
+        out[int(k)] = float(msg.payload)
+    return out

@@ -1,0 +1,201 @@
+"""GCFL / GCFL+ (issue 19): clustering decisions, DTW, per-cluster FedAvg, the pairwise
+statistics exchange in plain and ckks, and short end-to-end runs per mode."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from protocols import make_protocol
+from protocols.errors import ConfigurationError
+from protocols.pairwise import cosine_matrix, pairwise_cosine
+from secure_fgl.algorithms import get_algorithm
+from secure_fgl.algorithms.clustering import bipartition, dtw_distances, should_split
+from secure_fgl.config import ConfigError, RunConfig
+from secure_fgl.data.synthetic_graphs import client_groups, two_task_graphs
+from secure_fgl.experiment import run_experiment
+
+FAST = dict(dataset="synthetic-graphs", clients=6, hidden=16, num_layers=3, lr=1e-2, seed=0)
+
+
+def test_stoer_wagner_recovers_planted_blocks():
+    rng = np.random.default_rng(0)
+    members = [3, 7, 8, 11, 12, 20, 21, 25]
+    block = np.array([0, 1, 0, 1, 1, 0, 0, 1])
+    sim = np.where(block[:, None] == block[None, :], 1.8, 0.2) + rng.uniform(0, 0.1, (8, 8))
+    sim = (sim + sim.T) / 2
+    a, b = bipartition(sim, members)
+    assert {tuple(a), tuple(b)} == {tuple(m for m, g in zip(members, block) if g == 0),
+                                    tuple(m for m, g in zip(members, block) if g == 1)}
+
+
+def _dtw_brute_force(s, t):
+    """min over every monotone warping path of sqrt(sum of squared differences)."""
+    best = np.inf
+    n, m = len(s), len(t)
+    # a path is a sequence of steps (1,0), (0,1), (1,1) from (0,0) to (n-1,m-1)
+    def walk(i, j, acc):
+        nonlocal best
+        acc += (s[i] - t[j]) ** 2
+        if (i, j) == (n - 1, m - 1):
+            best = min(best, acc)
+            return
+        for di, dj in ((1, 0), (0, 1), (1, 1)):
+            if i + di < n and j + dj < m:
+                walk(i + di, j + dj, acc)
+    walk(0, 0, 0.0)
+    return np.sqrt(best)
+
+
+def test_dtw_matches_brute_force():
+    rng = np.random.default_rng(1)
+    seqs = [rng.normal(size=int(rng.integers(2, 6))) for _ in range(5)]
+    got = dtw_distances(seqs)
+    for i, j in itertools.product(range(5), repeat=2):
+        assert got[i, j] == pytest.approx(_dtw_brute_force(seqs[i], seqs[j]) if i != j else 0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("dm,dx,size,rnd", itertools.product([0.01, 0.05, 0.2], [0.05, 0.1, 0.5], [2, 3, 10],
+                                                            [19, 20, 50]))
+def test_split_criteria_are_eq4_eq5(dm, dx, size, rnd):
+    assert should_split(dm, dx, size, rnd, eps1=0.05, eps2=0.1) == (dm < 0.05 and dx > 0.1 and size > 2
+                                                                    and rnd + 1 > 20)
+
+
+def _algo(name, mode="plain", **options):
+    fed = two_task_graphs(6, graphs_per_client=30, seed=0)
+    cfg = RunConfig(algorithm=name, mode=mode, rounds=1, **FAST, options=options)
+    return get_algorithm(name)(fed, make_protocol(mode, 6, seed=0), cfg, torch.device("cpu"),
+                               get_algorithm(name).Options(**options))
+
+
+def _updates(algo, scale=0.01):
+    gen = torch.Generator().manual_seed(3)
+    dim = algo.anchors[0].numel()
+    return {k: scale * torch.randn(dim, generator=gen) for k in range(len(algo.clients))}
+
+
+def _fedavg(updates, weights, members):
+    w = np.array([weights[k] for k in members])
+    return sum(w_k * updates[k].double().numpy() for w_k, k in zip(w, members)) / w.sum()
+
+
+def test_criteria_fire_exactly_at_the_eq4_eq5_boundary():
+    probe = _algo("gcfl")
+    updates = _updates(probe)
+    members = list(range(6))
+    delta_mean = float(np.linalg.norm(_fedavg(updates, probe.num_train, members)))
+    delta_max = max(float(u.norm()) for u in updates.values())
+    for eps1, eps2, fires in [(delta_mean * 1.001, delta_max * 0.999, True),
+                              (delta_mean * 0.999, delta_max * 0.999, False),
+                              (delta_mean * 1.001, delta_max * 1.001, False)]:
+        algo = _algo("gcfl", eps1=eps1, eps2=eps2)
+        algo.last_eval = [{"test_acc": 0.5}] * 6
+        algo.cluster_round(25, updates)
+        assert (len(algo.clusters) == 2) == fires
+        if fires:
+            assert algo.splits[0]["delta_mean"] == pytest.approx(delta_mean, rel=1e-6)
+            assert algo.splits[0]["delta_max"] == pytest.approx(delta_max, rel=1e-6)
+    algo = _algo("gcfl", eps1=1e9, eps2=0.0)      # criteria hold, but round <= 20 or size <= 2
+    algo.cluster_round(19, updates)
+    algo.clusters = [[0, 1], [2, 3], [4, 5]]
+    algo.cluster_round(20, updates)
+    assert algo.clusters == [[0, 1], [2, 3], [4, 5]] and not algo.splits
+
+
+def test_fedavg_within_a_cluster_is_fedavg_on_the_cluster():
+    algo = _algo("gcfl", eps1=0.0, eps2=1e9)        # never splits
+    algo.clusters = [[0, 2, 4], [1, 3, 5]]
+    start = [a.clone() for a in algo.anchors]
+    updates = _updates(algo)
+    algo.cluster_round(30, updates)
+    for members in algo.clusters:
+        expect = _fedavg(updates, algo.num_train, members)
+        for k in members:
+            np.testing.assert_allclose(algo.anchors[k].numpy(), start[k].numpy() + expect, atol=1e-6)
+            np.testing.assert_allclose(algo.shared_vector(k).numpy(), algo.anchors[k].numpy(), atol=0)
+
+
+def test_secure_pairwise_cosine_equals_plain_within_bound():
+    from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=9000)
+    vectors = {k: (base if k % 2 else -base) * 0.01 + rng.normal(size=9000) * 0.005 for k in range(5)}
+    vectors[4] = np.zeros(9000)                     # a zero update has cosine 0 with everyone
+    expect = cosine_matrix(np.stack(list(vectors.values())))
+    plain = pairwise_cosine(make_protocol("plain", 5), "t", 0, vectors)
+    np.testing.assert_allclose(plain, expect, atol=1e-12)
+    proto = make_protocol("ckks", 5, seed=0)
+    got = pairwise_cosine(proto, "t", 0, vectors, decider=1)
+    assert np.abs(got - expect).max() <= PAIRWISE_TOLERANCE
+    # the server got ciphertexts only; the decider got only the pair results (one message)
+    ups = [m for m in proto.transcript.select(tag="t") if m.receiver == "server" and m.sender != "client1"]
+    assert {m.kind for m in ups} == {"ciphertext"}
+    to_decider = proto.transcript.select(tag="t", receiver="client1")
+    assert len(to_decider) == 1 and to_decider[0].shape == (10, 1)
+    keys = proto.transcript.select(tag="t/keys", receiver="server")
+    from protocols.ckks.pairwise import _KEYS
+    assert len(keys) == 1 and not _KEYS[proto].evaluation.is_private()
+    with pytest.raises(ConfigurationError, match="ckks"):
+        pairwise_cosine(make_protocol("mask", 5, seed=0), "t", 0, vectors)
+
+
+def test_gcfl_in_ckks_makes_the_plain_clusters():
+    runs = {}
+    for mode in ("plain", "ckks"):
+        cfg = RunConfig(algorithm="gcfl", mode=mode, rounds=22, **FAST, options={"eps1": 0.5, "eps2": 0.0})
+        runs[mode] = run_experiment(cfg, progress=False)["final"]
+    assert runs["plain"]["splits"], "the forced criteria must split"
+    assert runs["ckks"]["clusters"] == runs["plain"]["clusters"]
+    assert abs(runs["ckks"]["test_acc"] - runs["plain"]["test_acc"]) <= 0.1
+    assert 0 <= runs["plain"]["test_acc_best_cached"] <= 1
+
+
+@pytest.mark.parametrize("algorithm,mode", [("gcflplus", "mask"), ("gcflplus", "plain"), ("gc-fedprox", "plain"),
+                                            ("gc-selftrain", "plain"), ("gc-fedavg", "ckks")])
+def test_short_runs(algorithm, mode):
+    opts = {"eps1": 0.5, "eps2": 0.0, "seq_length": 2} if algorithm == "gcflplus" else {}
+    r = run_experiment(RunConfig(algorithm=algorithm, mode=mode, rounds=23 if opts else 3, **FAST, options=opts),
+                       progress=False)
+    assert len(r["final"]["per_client_test_acc_last"]) == 6
+    assert 0 <= r["final"]["test_acc"] <= 1
+    if opts:
+        assert r["final"]["splits"]
+
+
+def test_gcfl_refuses_mask_in_one_line_naming_ckks():
+    with pytest.raises(ConfigError) as e:
+        run_experiment(RunConfig(algorithm="gcfl", mode="mask", rounds=1, **FAST), progress=False)
+    assert "ckks" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_synthetic_groups():
+    fed = two_task_graphs(4, graphs_per_client=20, seed=2)
+    assert [c.dataset[-1] for c in fed.clients] == [str(g) for g in client_groups(4)]
+    assert all(len(c.train) + len(c.val) + len(c.test) == 20 for c in fed.clients)
+
+
+def test_server_reads_similarity_and_infers_same_dataset_pairs():
+    from attacks.base import View
+    from attacks.gcfl import same_dataset_auc, server_similarity
+    rng = np.random.default_rng(7)
+    direction = rng.normal(size=3000)
+    datasets = ["A", "B", "A", "B", "A"]
+    vectors = {k: (direction if d == "A" else -direction) * 0.01 + rng.normal(size=3000) * 0.01
+               for k, d in enumerate(datasets)}
+    expect = cosine_matrix(np.stack(list(vectors.values())))
+    weights = {k: 0.1 * (k + 1) for k in vectors}
+    plain = make_protocol("plain", 5)
+    plain.weighted_mean("gcfl/model", 0, vectors, weights)
+    clients, sim = server_similarity(View.of(plain.transcript, "server"), 3000)
+    np.testing.assert_allclose(sim, expect, atol=1e-5)     # float32 uploads
+    assert same_dataset_auc(clients, sim, datasets) == 1.0
+    ckks = make_protocol("ckks", 5, seed=0)
+    ckks.weighted_mean("gcfl/model", 0, vectors, weights)
+    assert server_similarity(View.of(ckks.transcript, "server"), 3000) is None   # ciphertexts only
+    pairwise_cosine(ckks, "gcfl/similarity", 0, vectors, decider=2)
+    clients, sim = server_similarity(View.of(ckks.transcript, "server"), 3000)
+    assert clients == list(range(5)) and np.abs(sim - expect).max() < 1e-4
+    assert same_dataset_auc(clients, sim, datasets) == 1.0
