@@ -466,14 +466,19 @@ class Protocol(ABC):
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         """Run the backend and account what the same exchange costs as plaintext float32
         (the plain backend's wire format), so every mode reports its expansion factor."""
-        self._check_exchange_id(ctx.tag, ctx.round)
-        self.exchange += 1
+        self._begin_exchange(ctx.tag, ctx.round)
         received = self._aggregate(ctx)
         ids = 4 if ctx.layout == "sparse" else 0
         up = sum(t.values.size * 4 + t.ids.size * ids for t in ctx.contributions.values())
         down = sum(len(b) * (ctx.block_len * 4 + ids) for b in ctx.requests.values())
         self.transcript.account_plaintext(ctx.tag, up, down)
         return received
+
+    def _begin_exchange(self, tag: str, rnd: int) -> None:
+        """A new exchange: its number is bound into every envelope, so a message of an earlier
+        exchange with the same tag and round is a replay.  Every exchange shape calls it once."""
+        self._check_exchange_id(tag, rnd)
+        self.exchange += 1
 
     def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message:
         """Client ``msg.sender`` signs ``msg`` and sends it to the server; it passes the test

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .base import ArrayLike, Protocol, to_numpy
+from . import validate
+from .base import ArrayLike, Protocol
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .transcript import SERVER, Message, client_party
 
@@ -39,7 +40,8 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
 def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
     if len(updates) < 2:
         raise ShapeError("pairwise statistics need at least two clients", tag=tag, round=rnd)
-    return protocol._dense_inputs(tag, rnd, {k: to_numpy(v).ravel() for k, v in updates.items()})
+    return protocol._dense_inputs(tag, rnd, {k: validate.real_array(v, tag, rnd, k, "update").ravel()
+                                                 for k, v in updates.items()})
 
 
 def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *,
@@ -59,11 +61,12 @@ def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int
 def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
     """Each client sends one float64 to the server in the clear; returns what the server got."""
     out = {}
+    protocol._begin_exchange(tag, rnd)
     for k, v in values.items():
         v = float(v)
         if not np.isfinite(v):
             raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
         msg = protocol._deliver(Message(rnd, tag, client_party(int(k)), SERVER, "plain", (1,), 8,
-                                        protocol.mode, protocol.fingerprint, payload=v))
+                                        protocol.mode, protocol.fingerprint, payload=v), stage="report")
         out[int(k)] = float(msg.payload)
     return out

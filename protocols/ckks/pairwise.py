@@ -114,6 +114,7 @@ def encrypted_cosine(protocol: Protocol, tag: str, rnd: int, arrays: dict[int, n
     scale = 2.0 ** PAIRWISE_SCALE_BITS
     # -- clients: normalise (bounds checked before encryption), encrypt with the public key, upload
     uploads, nonzero = {}, {}
+    protocol._begin_exchange(tag, rnd)
     for k, v in arrays.items():
         norm = float(np.linalg.norm(v))
         nonzero[k] = norm > 0
