@@ -34,7 +34,9 @@ class RunConfig:
     hidden: int = 16
     num_layers: int = 2
     dropout: float = 0.5
+    heads: int = 8                      # GAT: attention heads of the hidden layers
     optimizer: str = "adam"             # adam | sgd (FedGCN's released code: SGD, lr 0.5)
+    momentum: float = 0.0               # SGD momentum (FGSSL: 0.9)
     lr: float = 0.01
     weight_decay: float = 5e-4
     rounds: int = 50
@@ -73,6 +75,12 @@ class RunConfig:
             raise ConfigError(f"--dp-placement must be 'local' or 'distributed', got {self.dp_placement!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.momentum and self.optimizer != "sgd":
+            raise ConfigError("--momentum applies to --optimizer sgd only (Adam has its own moments)")
+        if self.heads < 1:
+            raise ConfigError(f"--heads must be >= 1, got {self.heads}")
         if self.local_epochs < 1:
             raise ConfigError(f"--local-epochs must be >= 1, got {self.local_epochs}")
         return self

@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, str] = {
     "fedgcn": "fedgcn:FedGCN",
     "fedomd": "fedomd:FedOMD",
     "fedspray": "fedspray:FedSpray",
+    "fgssl": "fgssl:FGSSL",
 }
 
 
