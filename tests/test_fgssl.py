@@ -151,3 +151,11 @@ def test_bad_options_name_the_fix():
         run_experiment(_cfg("plain", options={"variant": "code"}), progress=False)
     with pytest.raises(ConfigError, match="--momentum"):
         _cfg("plain", optimizer="adam").validate()
+
+
+def test_without_both_terms_fgssl_is_fedavg():
+    """Table 2's first row: with lambda_C = lambda_D = 0 the client objective is FedAvg's."""
+    fgssl = run_experiment(_cfg("plain", options={"lambda_c": 0.0, "lambda_d": 0.0}), progress=False)
+    fedavg = run_experiment(_cfg("plain", algorithm="fedavg"), progress=False)
+    assert [r["train_loss"] for r in fgssl["rounds"]] == [r["train_loss"] for r in fedavg["rounds"]]
+    assert fgssl["final"]["test_acc"] == fedavg["final"]["test_acc"]
