@@ -18,9 +18,12 @@ Tables (writes ``<out>/table1.md``)::
 
     python examples/fgssl_table1.py --data-root ../shared/datasets --out runs/fgssl
 
+FGSSL and its ablations use the lambdas the grid under ``<out>/grid`` chose (``FGSSLOptions``
+defaults when there is none); the released-code variant uses its own weight 3.
+
 ``--datasets``, ``--seeds``, ``--rounds``, ``--methods``, ``--secure-modes`` reduce the sweep;
 every run's equivalent ``secure_fgl.cli.main run`` command is printed and collected in
-``<out>/commands.txt``.  Every run writes ``<out>/<dataset>/<method>-<mode>/seed<s>/result.json``
+``<out>/commands.txt``.  Every run writes ``<out>/table/<dataset>/<method>-<mode>/seed<s>/result.json``
 and is skipped when that file exists (an interrupted sweep resumes); the tables are rewritten
 from all results found after every run (``--table-only`` just rewrites them).
 """
@@ -51,7 +54,7 @@ PAPER = {("cora", "FGSSL"): 88.34, ("cora", "FedAvg (GAT)"): 86.63, ("cora", "Fe
          ("pubmed", "Local (GAT)"): 83.81}
 #: method -> (algorithm, FGSSL options)
 METHODS = {"FGSSL": ("fgssl", {}),
-           "FGSSL (released code)": ("fgssl", {"variant": "released-code"}),
+           "FGSSL (released code)": ("fgssl", {"variant": "released-code", "lambda_c": 3.0, "lambda_d": 0.0}),
            "FedAvg (GAT)": ("fedavg", None), "FedProx (GAT)": ("fedprox", None), "Local (GAT)": ("local", None),
            "FGSSL w/o FNSC": ("fgssl", {"lambda_c": 0.0}), "FGSSL w/o FGSD": ("fgssl", {"lambda_d": 0.0})}
 ABLATION_DATASETS = ("cora", "citeseer")
@@ -66,9 +69,10 @@ def base_config(args, dataset: str, seed: int, mode: str = "plain") -> dict:
 
 
 def method_config(method: str, args, dataset: str, seed: int, mode: str = "plain", **options) -> RunConfig:
+    """``options`` (e.g. the grid's lambdas) under the method's own (an ablation's zero wins)."""
     algorithm, opts = METHODS[method]
     return RunConfig(algorithm=algorithm, **base_config(args, dataset, seed, mode),
-                     options={**(opts or {}), **options} if algorithm == "fgssl" else {})
+                     options={**options, **(opts or {})} if algorithm == "fgssl" else {})
 
 
 def cli_command(cfg: RunConfig) -> str:
@@ -145,7 +149,7 @@ def write_grid(out: Path) -> str:
     lines = ["# FGSSL lambda grid (Cora, validation split)", "",
              "Validation / test accuracy (%) at the best-validation round, mean ± std over seeds (n).", "",
              "| lambda_C | lambda_D | n | rounds | val | test |", "|---|---|---|---|---|---|"]
-    for lc, ld in itertools.product(GRID_C, GRID_D):
+    for lc, ld in sorted({(r["options"]["lambda_c"], r["options"]["lambda_d"]) for r in rows}):
         rs = [r for r in rows if (r["options"]["lambda_c"], r["options"]["lambda_d"]) == (lc, ld)]
         if rs:
             lines.append(f"| {lc} | {ld} | {len(rs)} | {rs[0]['rounds']} | {_ms([r['val'] for r in rs])} | "
@@ -203,6 +207,8 @@ def main(argv=None) -> None:
     ap.add_argument("--secure-modes", nargs="*", default=["ckks", "mask"], choices=["ckks", "mask", "ckks-mp"],
                     help="modes FGSSL also runs in on Cora (compared with plain, same seeds)")
     ap.add_argument("--grid", action="store_true", help="run the lambda grid on Cora (validation) instead")
+    ap.add_argument("--grid-lambda-c", nargs="+", type=float, default=list(GRID_C))
+    ap.add_argument("--grid-lambda-d", nargs="+", type=float, default=list(GRID_D))
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--out", default="runs/fgssl")
     ap.add_argument("--table-only", action="store_true")
@@ -214,10 +220,13 @@ def main(argv=None) -> None:
         if not args.table_only:
             jobs = [(out / "grid" / f"c{lc}-d{ld}" / f"seed{s}", "FGSSL",
                      method_config("FGSSL", args, "cora", s, lambda_c=lc, lambda_d=ld))
-                    for s in args.seeds for lc, ld in itertools.product(GRID_C, GRID_D)]
+                    for s in args.seeds for lc, ld in itertools.product(args.grid_lambda_c, args.grid_lambda_d)]
             run_all(jobs, out, lambda: write_grid(out))
         print(write_grid(out))
         return
+    choice = grid_choice(collect(out / "grid"))
+    lambdas = {"lambda_c": choice[0], "lambda_d": choice[1]} if choice else {}
+    print(f"FGSSL lambdas: {lambdas or 'FGSSLOptions defaults (no grid results under ' + str(out / 'grid') + ')'}")
     if not args.table_only:
         jobs = []
         for dataset in args.datasets:
@@ -227,7 +236,7 @@ def main(argv=None) -> None:
                         continue
                     modes = ["plain"] + (list(args.secure_modes) if method == "FGSSL" and dataset == "cora" else [])
                     jobs += [(out / "table" / dataset / f"{SLUGS[method]}-{mode}" / f"seed{seed}", method,
-                              method_config(method, args, dataset, seed, mode)) for mode in modes]
+                              method_config(method, args, dataset, seed, mode, **lambdas)) for mode in modes]
         run_all(jobs, out, lambda: write_tables(out))
     print(write_tables(out))
 
