@@ -40,7 +40,8 @@ two *local* views (weak and strong) of the training nodes, with same-class posit
 SupCon denominator over all positives and negatives, symmetrised (PyGCL ``DualBranchContrast``,
 ``InfoNCE(tau=0.1)``, mode L2L).  The global-model contrast is computed there but overwritten, and
 the structure-distillation terms are computed but never added to the loss; ``lambda_d`` is unused
-in this variant and ``lambda_c`` weighs the InfoNCE term (the released 3 is its default there).
+in this variant and ``lambda_c`` weighs the InfoNCE term (the released code's weight is 3:
+``--lambda-c 3``).
 
 Other settings of the paper (sec. 4.1) are run settings, not options: 2-layer GAT with hidden 128
 (``--model gat --hidden 128``; the released ``MYGAT`` uses one head per layer: ``--heads 1``), SGD
@@ -68,10 +69,11 @@ VARIANTS = ("paper", "released-code")
 
 @dataclass
 class FGSSLOptions:
-    """FGSSL settings (Huang et al. 2023; lambdas chosen on Cora's validation split, docs/fgssl.md)."""
+    """FGSSL settings (Huang et al. 2023; the paper states no lambdas: ours are the best of a grid
+    on Cora's validation split, see docs/fgssl.md)."""
 
-    lambda_c: float = 3.0             # weight of FNSC (eq. 12); released-code variant: of InfoNCE
-    lambda_d: float = 1.0             # weight of FGSD (eq. 12)
+    lambda_c: float = 0.5             # weight of FNSC (eq. 12); released-code variant: of InfoNCE (code: 3)
+    lambda_d: float = 0.5             # weight of FGSD (eq. 12)
     tau: float = 0.1                  # contrast temperature (eq. 7)
     omega: float = 5.0                # distillation temperature (eq. 9-10)
     weak_edge_drop: float = 0.3       # Aug_w: edge removing
