@@ -178,7 +178,7 @@ def write_tables(out: Path) -> str:
             rs = [r for r in sel if r["method"] == method and r["mode"] == mode]
             paper = PAPER.get((dataset, method), "–")
             lines.append(f"| {method} | {mode} | {len(rs)} | {rs[0]['rounds']} | {_ms([r['test'] for r in rs])} | "
-                         f"{_ms([r['last_test'] for r in rs])} | {_ms([r['best_round'] for r in rs])} | {paper} | "
+                         f"{_ms([r['last_test'] for r in rs])} | {statistics.mean(r['best_round'] for r in rs):.0f} | {paper} | "
                          f"{statistics.mean(r['seconds'] for r in rs):.0f} | "
                          f"{statistics.mean(r['mb_up'] for r in rs):.1f} |")
         secure = [r for r in sel if r["method"] == "FGSSL" and r["mode"] != "plain"]
