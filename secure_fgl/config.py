@@ -45,10 +45,12 @@ class RunConfig:
     hidden: int = setting(16, group="model", min=1, unit="units", help="hidden layer width")
     num_layers: int = setting(2, group="model", min=1, unit="layers", help="number of GNN layers")
     dropout: float = setting(0.5, group="model", min=0, max=0.99, unit="probability", help="dropout rate")
+    heads: int = setting(8, group="model", min=1, unit="heads", help="GAT: attention heads of the hidden layers")
     # training
     optimizer: str = setting("adam", group="training", choices=OPTIMIZERS,
                              help="clients' optimiser (FedGCN's released code: sgd, lr 0.5)")
     lr: float = setting(0.01, group="training", min=0, min_exclusive=True, help="learning rate")
+    momentum: float = setting(0.0, group="training", min=0, max=0.999, help="SGD momentum (FGSSL: 0.9)")
     weight_decay: float = setting(5e-4, group="training", min=0, help="L2 weight decay")
     rounds: int = setting(50, group="training", min=1, unit="rounds", help="communication rounds")
     local_epochs: int = setting(1, group="training", min=1, unit="epochs", help="local steps per round")
@@ -106,6 +108,8 @@ class RunConfig:
                             for x in self.log.split(",") if x.strip())
         if self.dp_exchanges != "all" and self.dp_epsilon is None:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
+        if self.momentum and self.optimizer != "sgd":
+            raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self
 
     def to_dict(self) -> dict:

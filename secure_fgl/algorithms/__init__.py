@@ -23,6 +23,7 @@ ALGORITHMS: dict[str, str] = {
     "gc-fedprox": "graph_level:GraphFedProx",
     "gcfl": "gcfl:GCFL",
     "gcflplus": "gcfl:GCFLPlus",
+    "fgssl": "fgssl:FGSSL",
 }
 
 OPTIONS: dict[str, str] = {

@@ -144,12 +144,16 @@ class ModelAveraging(FederatedAlgorithm):
     def build_model(self) -> nn.Module:
         cfg = self.cfg
         return build_model(cfg.model, self.fed.num_features, cfg.hidden, self.fed.num_classes,
-                           num_layers=cfg.num_layers, dropout=cfg.dropout)
+                           num_layers=cfg.num_layers, dropout=cfg.dropout, heads=cfg.heads)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        """``--optimizer``: Adam (Kipf's setting, default) or plain SGD (FedGCN's released code)."""
-        opt = torch.optim.SGD if self.cfg.optimizer == "sgd" else torch.optim.Adam
-        return opt(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        """``--optimizer``: Adam (Kipf's setting, default) or SGD with ``--momentum`` (FedGCN's
+        released code: plain SGD; FGSSL: momentum 0.9)."""
+        cfg = self.cfg
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x, edge_index)`` client k trains on (FedGCN replaces x by received sums)."""

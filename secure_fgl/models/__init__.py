@@ -10,12 +10,14 @@ MODELS: dict[str, type[nn.Module]] = {"gcn": GCN, "sage": SAGE, "gat": GAT, "sgc
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
-                dropout: float = 0.5) -> nn.Module:
+                dropout: float = 0.5, heads: int = 8) -> nn.Module:
+    """``heads`` applies to GAT only (attention heads of its hidden layers)."""
     try:
         cls = MODELS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
-    return cls(in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout)
+    extra = {"heads": heads} if cls is GAT else {}
+    return cls(in_dim, hidden, out_dim, num_layers=num_layers, dropout=dropout, **extra)
 
 
 __all__ = ["build_model", "MODELS", "GCN", "SAGE", "GAT", "SGC", "MLP", "GIN"]

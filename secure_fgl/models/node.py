@@ -60,9 +60,13 @@ class _Stack(nn.Module):
             x = F.relu(self._layer(layer, x, edge_index))
         return x
 
+    def embed_and_logits(self, x: torch.Tensor, edge_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(embed(x), forward(x))`` from one pass (FGSSL contrasts the first, distils the second)."""
+        h = self.embed(x, edge_index)
+        return h, self._layer(self.layers[-1], dropout(h, self.dropout, self.training), edge_index)
+
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        h = dropout(self.embed(x, edge_index), self.dropout, self.training)
-        return self._layer(self.layers[-1], h, edge_index)
+        return self.embed_and_logits(x, edge_index)[1]
 
 
 def _dims(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[tuple[int, int]]:
