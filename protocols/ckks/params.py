@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import BoundError, ConfigurationError, PackingOverflowError
+from ..precision import kway_sum_bound, largest_scale_bits
 from .packing import PackingLayout, field_width
 
 #: HE standard, classical 128-bit security, ternary secret: max total coeff-modulus bits per N
@@ -228,10 +229,9 @@ def noise_bound(chain: ChainParams, scale_bits: float, num_terms: int, encryptio
 
 
 def max_float_scale_bits(chain: ChainParams, sum_bound: float) -> int:
-    """Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin)."""
-    q = chain.data_modulus()
-    s = math.floor(math.log2(q / 4.0) - math.log2(max(sum_bound, 2.0 ** -30)))
-    return s
+    """Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin;
+    the rule of :func:`protocols.precision.largest_scale_bits`)."""
+    return largest_scale_bits(sum_bound, chain.data_modulus() / 4.0)
 
 
 def slot_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
@@ -334,7 +334,7 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
     if spec.integer:
         bound = float(integer_sum_range(spec, num_clients, offset))
     else:
-        bound = max(abs(lo), abs(hi)) * num_clients
+        bound = kway_sum_bound(max(abs(lo), abs(hi)), num_clients)
     if fixed_scale_bits is not None:
         s = fixed_scale_bits
         limit = chain.data_modulus() / 4.0 / 2.0 ** s

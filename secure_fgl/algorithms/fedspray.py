@@ -96,7 +96,7 @@ from protocols import DPRequest, Protocol, ValueSpec
 from ..config import ConfigError
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from .base import PARAM_BOUND, FederatedAlgorithm, accuracy
+from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_precision
 from .minority import MinorityAccuracy
 
 BACKBONES = ("gcn", "sgc", "sage")
@@ -309,7 +309,7 @@ class FedSprayCore(FederatedAlgorithm):
         dp = DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.encoder_weight(k) for k in updates},
-            spec=ValueSpec(max_abs=PARAM_BOUND), dp=dp, recipients=range(K))
+            spec=model_precision(len(updates), K).spec(), dp=dp, recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
         if not self.opts.ablate_proxy:
