@@ -57,15 +57,21 @@ class ValueSpec:
                (e.g. a degree cap + 1 for neighbour-feature counts).
     tolerance: largest absolute error acceptable in a float sum; backends whose
                computed error bound exceeds it refuse the exchange.
+    owner_checked_sum: ``sum_max`` holds whenever every client passes its own check (e.g.
+               FedGCN: row v's total counts deg(v) + 1 terms and v's owner refuses a degree
+               above the cap).  Encodings then size packed fields from ``sum_max``; without
+               it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
+               (:func:`protocols.precision.kway_sum_bound`).
     """
 
     max_abs: float = 1e4
     integer: bool = False
     sum_max: int | None = None
     tolerance: float = 1e-4
+    owner_checked_sum: bool = False
 
     def sum_bound(self, num_clients: int) -> float:
-        if self.integer and self.sum_max is not None:
+        if self.integer and self.sum_max is not None and self.owner_checked_sum:
             return float(self.sum_max)
         return float(self.max_abs) * num_clients
 

@@ -294,9 +294,15 @@ def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, flo
 
 
 def integer_sum_range(spec, num_clients: int, offset: int) -> int:
-    """Largest value a packed field can hold after the K-way sum: sum_max + 2 K offset."""
+    """Largest value a packed field can hold after the K-way sum, plus 2 K offset: ``K * hi``
+    for K contributions that each passed the client check ``<= hi``, or ``sum_max`` where a
+    data owner's check enforces it (``ValueSpec.owner_checked_sum``).  Either way no sum of
+    contributions that pass their clients' checks can carry into the next field."""
     _, hi, _ = per_client_limits(spec, 0.0, num_clients)
-    base = int(spec.sum_max) if spec.sum_max is not None else int(hi) * num_clients
+    if spec.sum_max is not None and getattr(spec, "owner_checked_sum", False):
+        base = int(spec.sum_max)
+    else:
+        base = int(kway_sum_bound(hi, num_clients))
     return base + 2 * num_clients * offset
 
 
@@ -313,7 +319,8 @@ def plan_packed(chain: ChainParams, spec, num_clients: int, dp_std: float, encry
     fields = cap // width
     if fields < 1:
         raise PackingOverflowError(
-            f"a packed field needs {width} bits for the public sum range {rng} (sum_max + 2*K*DP offset) "
+            f"a packed field needs {width} bits for the public sum range {rng} (K*max_abs or owner-checked "
+            f"sum_max, + 2*K*DP offset) "
             f"but a slot of {chain.describe()} at scale 2^{scale_bits} holds only {cap} exact bits. Fix: "
             f"lower ValueSpec.sum_max / the DP noise, or use packing=False", tag=tag, round=round)
     layout = PackingLayout(width=width, fields=fields, slots=chain.slots, offset=offset,

@@ -68,7 +68,10 @@ Degree cap
 (``sum_max = degree_cap + 1``) and the node-level DP sensitivity.  Each owner checks its
 own nodes (it knows their exact degree) before anything is encrypted and the run is
 refused with :class:`protocols.BoundError` naming the fix if one exceeds the cap: CKKS would
-otherwise wrap silently.
+otherwise wrap silently.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
+bounds the K-way sum (``ValueSpec.owner_checked_sum``) and packed fields stay
+``log2(degree_cap + 1)`` bits instead of the ``log2(K (degree_cap + 1))`` that per-client
+entry bounds alone would need.
 
 Differential privacy (``--dp-epsilon``)
 ---------------------------------------
@@ -570,7 +573,7 @@ class FedGCN(ModelAveraging):
         features), or by ``C`` under DP."""
         cap1 = self.opts.degree_cap + 1
         if self._integer_exchange():
-            return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1))
+            return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
         if self._dp_on:
             bound = self.row_clip()
         else:
