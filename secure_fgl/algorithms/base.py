@@ -35,6 +35,7 @@ from protocols.precision import MeanPrecision
 
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
+from ..engine import rng
 from ..models import build_model
 
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
@@ -78,6 +79,8 @@ class FederatedAlgorithm:
         self.opts = options if options is not None else self.Options()
         self.clients: list[ClientSubgraph] = [self._to_device(c) for c in fed.clients]
         self.rng = np.random.default_rng(cfg.seed)
+        #: the round being trained (keys each client's per-step generator)
+        self.round = 0
 
     # ------------------------------------------------------------------ hooks
     def setup(self) -> None:
@@ -188,14 +191,16 @@ class ModelAveraging(FederatedAlgorithm):
         model.train()
         x, edge_index = self.client_inputs(k)
         loss = torch.zeros(())
-        for _ in range(self.cfg.local_epochs):
+        for step in range(self.cfg.local_epochs):
             opt.zero_grad()
-            loss = self.local_loss(k, model(x, edge_index))
+            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, step)):
+                loss = self.local_loss(k, model(x, edge_index))
             loss.backward()
             opt.step()
         return float(loss.detach())
 
     def train_round(self, rnd: int) -> dict:
+        self.round = rnd
         sampled = self.sample_clients(rnd)
         losses = [self.local_update(k) for k in sampled if self.clients[k].train_mask.any()]
         if self.aggregate_models:

@@ -67,8 +67,10 @@ Degree cap
 ``degree_cap`` is a *public* bound on every degree; it fixes the packed field width
 (``sum_max = degree_cap + 1``) and the node-level DP sensitivity.  Each owner checks its
 own nodes (it knows their exact degree) before anything is encrypted and the run is
-refused with :class:`protocols.BoundError` naming the fix if one exceeds the cap: CKKS would
-otherwise wrap silently.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
+refused with :class:`protocols.BoundError` naming the maximum degree over all clients if one
+exceeds the cap: CKKS and the masked sums would otherwise wrap silently.  The plaintext
+protocol sums floats and needs no cap; it is enforced there only for node-level DP, whose
+sensitivity it bounds.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
 bounds the K-way sum (``ValueSpec.owner_checked_sum``) and packed fields stay
 ``log2(degree_cap + 1)`` bits instead of the ``log2(K (degree_cap + 1))`` that per-client
 entry bounds alone would need.
@@ -591,16 +593,29 @@ class FedGCN(ModelAveraging):
         return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
                          integer=self._integer_exchange())
 
+    def _degree_cap_needed(self) -> bool:
+        """The cap is a bound some encoding or guarantee relies on: the secure modes size their
+        packing / modulus with it, and node-level DP takes its sensitivity from it.  The
+        plaintext protocol sums floats and needs no cap."""
+        return self.protocol.mode != "plain" or (self._dp_on and self.opts.dp_level == "node")
+
     def _check_degree_cap(self) -> None:
         cap = self.opts.degree_cap
-        for k, c in enumerate(self.clients):
-            deg = local_degrees(c) - 1
-            over = int((deg > cap).sum())
+        if self._degree_cap_needed():
+            # each owner checks its own nodes; the refusal names the maximum over all clients
+            # so that one change of the flag is enough
+            over = {k: local_degrees(c) - 1 for k, c in enumerate(self.clients)}
+            over = {k: deg[deg > cap] for k, deg in over.items()}
+            over = {k: deg for k, deg in over.items() if deg.numel()}
             if over:
-                raise BoundError(f"{over} node(s) of this client have degree above --degree-cap {cap} "
-                                 f"(largest {int(deg.max())}); packed sums would wrap. Raise --degree-cap "
-                                 f"to at least {int(deg.max())} (it is a public bound)", tag=TAG, round=0,
-                                 client=k)
+                worst = max(over, key=lambda k: int(over[k].max()))
+                largest = int(over[worst].max())
+                why = ("node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                       if self.protocol.mode == "plain" else f"{self.protocol.mode} sums sized to it would wrap")
+                raise BoundError(f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
+                                 f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
+                                 f"Raise --degree-cap to at least {largest} (it is a public bound)", tag=TAG,
+                                 round=0, client=worst)
         if self.fed.binary_features or self._dp_on:
             return
         fb = self.opts.feature_bound

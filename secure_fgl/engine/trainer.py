@@ -11,14 +11,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms.base import FederatedAlgorithm
 from ..config import RunConfig
 from .device import rng_state, set_rng_state
 from .files import save_torch_atomic
+
+if TYPE_CHECKING:                     # the algorithms import engine.rng
+    from ..algorithms.base import FederatedAlgorithm
 
 CHECKPOINT = "checkpoint.pt"
 
