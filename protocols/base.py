@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .baseline import row_sum_bytes, vector_sum_bytes
 from .errors import ConfigurationError, IntegrityError, NonFiniteError, ShapeError
 from .transcript import Message, Transcript
 
@@ -104,6 +105,7 @@ class ExchangeContext:
     block_len: int
     layout: str = "dense"                    # 'dense' | 'sparse'
     dp_noise_std: float = 0.0                # std of the DP noise already in the values (for bounds)
+    float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,9 @@ class Protocol(ABC):
             ids_np[k], rows_np[k] = ids, rows
         if dim is None:
             raise ShapeError("no contributions", tag=tag, round=rnd)
+        req_rows = {k: np.asarray(to_numpy(r), dtype=np.int64).ravel() for k, r in requests.items()}
+        up, down = row_sum_bytes({k: i.size for k, i in ids_np.items()}, {k: r.size for k, r in req_rows.items()},
+                                 dim, num_rows, layout)
         rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
@@ -298,14 +303,14 @@ class Protocol(ABC):
                 values = np.zeros((bids.size, rpb, dim))
                 values[pos, ids_np[k] % rpb] = rows_np[k]
                 tables[k] = BlockTable(bids, values.reshape(bids.size, block_len))
-        req_rows = {k: np.asarray(to_numpy(r), dtype=np.int64).ravel() for k, r in requests.items()}
         for k, r in req_rows.items():
             if r.size and (r.min() < 0 or r.max() >= num_rows):
                 raise ShapeError(f"requested row ids must lie in [0, {num_rows})", tag=tag, round=rnd, client=k)
         req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
                       for k, r in req_rows.items()}
         ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0)
+                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+                              float32_bytes=(sum(up.values()), sum(down.values())))
         received = self._run(ctx)
         out = {}
         for k, r in req_rows.items():
@@ -450,7 +455,8 @@ class Protocol(ABC):
         recips = list(flat) if recipients is None else [int(r) for r in recipients]
         ctx = ExchangeContext(tag, rnd, spec, tables, {r: np.arange(num_blocks) for r in recips},
                               num_blocks, block_len, "dense",
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0)
+                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+                              float32_bytes=vector_sum_bytes(len(flat), length, len(recips)))
         received = self._run(ctx)
         first = received[recips[0]]
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
@@ -462,13 +468,10 @@ class Protocol(ABC):
         return dp
 
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        """Run the backend and account what the same exchange costs as plaintext float32
-        (the plain backend's wire format), so every mode reports its expansion factor."""
+        """Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
+        the same in every mode), so every mode reports its expansion factor against it."""
         received = self._aggregate(ctx)
-        ids = 4 if ctx.layout == "sparse" else 0
-        up = sum(t.values.size * 4 + t.ids.size * ids for t in ctx.contributions.values())
-        down = sum(len(b) * (ctx.block_len * 4 + ids) for b in ctx.requests.values())
-        self.transcript.account_plaintext(ctx.tag, up, down)
+        self.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
         return received
 
     def _deliver(self, msg: Message) -> Message:

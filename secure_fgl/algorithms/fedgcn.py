@@ -168,6 +168,7 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
+from protocols.baseline import row_sum_bytes
 
 from ..config import ConfigError
 from ..data.federated import ClientSubgraph
@@ -684,21 +685,23 @@ class FedGCN(ModelAveraging):
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 
     def _pretrain_stats(self, contributions, requests) -> dict:
-        """Bytes of the exchange from the transcript, next to what float32 rows would cost
-        (``rows x (d+1) x 4``: sparse -- the rows a client uploads / requests; dense -- all N rows)."""
+        """Bytes of the exchange from the transcript, next to its float32 baseline
+        (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
+        client uploads / requests; dense -- all rows), the same in every mode."""
         width = self.fed.num_features + 1
-        N = self.fed.graph.num_nodes
-        dense = self.opts.layout == "dense"
         tr = self.protocol.transcript
+        rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
+        rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
+        f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.opts.layout)
+        dense = self.opts.layout == "dense"
         per_client = []
         for k in range(len(self.clients)):
             up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
             down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
-            rows_up = N if dense else int(contributions[k][0].numel())
-            rows_down = N if dense else int(requests[k].numel())     # dense: every block comes down
-            per_client.append({"client": k, "bytes_up": up, "bytes_down": down, "rows_up": rows_up,
-                               "rows_down": rows_down, "plaintext_equiv_bytes_up": rows_up * width * 4,
-                               "plaintext_equiv_bytes_down": rows_down * width * 4})
+            per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
+                               "rows_up": self.exchange_rows if dense else rows_up[k],
+                               "rows_down": self.exchange_rows if dense else rows_down[k],
+                               "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
         tot = {key: sum(p[key] for p in per_client) for key in
                ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
                 "plaintext_equiv_bytes_down")}

@@ -20,7 +20,7 @@ reference), and ``mask`` when :mod:`protocols.mask` imports.
 
 Per record: ``bytes_up_per_client`` (from the transcript, the exchange's tag only; key
 set-up is reported separately under ``ckks/keys``), ``plaintext_bytes_up_per_client``
-(float32 of the logical data), ``client_s`` (mean per client: encode+encrypt+serialize its
+(the float32 baseline of :mod:`protocols.baseline`, from the transcript), ``client_s`` (mean per client: encode+encrypt+serialize its
 upload plus deserialize+decrypt+decode its download; CKKS only — from the protocol's
 ``last_stats``), ``server_s`` (server verification + addition), ``total_s`` (wall clock of the
 whole call, all parties in one process), ``max_abs_error`` against the exact float64 result.
@@ -94,12 +94,12 @@ def _make(mode: str, k: int, opts: dict):
         return exc
 
 
-def _record(workload, backend, proto, tag, k, plaintext_bytes, wall, err, extra=None):
-    comm = proto.transcript.comm()["per_tag"].get(tag, {"bytes_up": 0})
+def _record(workload, backend, proto, tag, k, wall, err, extra=None):
+    comm = proto.transcript.comm()["per_tag"][tag]
     stats = getattr(proto, "last_stats", None)
     rec = {"workload": workload, "backend": backend, "clients": k,
            "bytes_up_per_client": comm["bytes_up"] / k,
-           "plaintext_bytes_up_per_client": plaintext_bytes,
+           "plaintext_bytes_up_per_client": comm["plaintext_bytes_up"] / k,   # protocols.baseline
            "client_s": None, "server_s": None, "total_s": wall, "max_abs_error": err}
     if stats and stats.get("tag") == tag:
         up, down = stats["client_upload_s"], stats["client_download_s"]
@@ -136,7 +136,6 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     truth = np.asarray(ai @ x)
     requests = {j: np.nonzero(part == j)[0] for j in range(k)}
     spec_a = ValueSpec(integer=True, sum_max=c["cap"] + 1, max_abs=c["cap"] + 1, owner_checked_sum=True)
-    plain_bytes = c["n"] * c["d"] * 4
     for name, mode, opts in _backends(True):
         if not wanted(name):
             continue
@@ -153,7 +152,7 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
             continue
         wall = time.perf_counter() - t
         err = max(float(np.abs(got[j] - truth[requests[j]]).max()) if requests[j].size else 0.0 for j in range(k))
-        records.append(_record("cora_neighbour_sums", name, proto, "bench/neighbour_sums", k, plain_bytes, wall, err,
+        records.append(_record("cora_neighbour_sums", name, proto, "bench/neighbour_sums", k, wall, err,
                                {"workload_shape": {key: c[key] for key in ("n", "d", "cap")}}))
         _print_last(records)
         del proto, got
@@ -165,7 +164,7 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     vals = {j: np.clip(rng.normal(0, 0.3, nf), -1, 1) for j in range(k)}
     exact = sum(vals.values())
     spec_b = ValueSpec(max_abs=1.0, tolerance=1e-5)
-    _dense_workload("floats_1e6" if not quick else f"floats_{nf}", "bench/floats", nf * 4, exact,
+    _dense_workload("floats_1e6" if not quick else f"floats_{nf}", "bench/floats", exact,
                     lambda proto: proto.weighted_sum("bench/floats", 0, vals, spec=spec_b),
                     k, wanted, records, skipped)
     vals = exact = None                     # free the arrays (the lambda above has run)
@@ -176,7 +175,7 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     weights = {j: float(rng.integers(50, 500)) for j in range(k)}
     exact = sum(models[j] * weights[j] for j in range(k)) / sum(weights.values())
     spec_c = ValueSpec(max_abs=1e4, tolerance=1e-4)
-    _dense_workload("gcn_cora_92k" if not quick else f"model_{nm}", "bench/model", nm * 4, exact,
+    _dense_workload("gcn_cora_92k" if not quick else f"model_{nm}", "bench/model", exact,
                     lambda proto: proto.weighted_mean("bench/model", 0, models, weights, spec=spec_c),
                     k, wanted, records, skipped)
 
@@ -192,7 +191,7 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     return records
 
 
-def _dense_workload(workload, tag, plaintext_bytes, exact, call, k, wanted, records, skipped) -> None:
+def _dense_workload(workload, tag, exact, call, k, wanted, records, skipped) -> None:
     """Time ``call(proto)`` on every float backend and record its bytes, time and error."""
     for name, mode, opts in _backends(False):
         if not wanted(name):
@@ -209,7 +208,7 @@ def _dense_workload(workload, tag, plaintext_bytes, exact, call, k, wanted, reco
             skipped[f"{name}@{tag}"] = repr(exc)
             continue
         wall = time.perf_counter() - t
-        records.append(_record(workload, name, proto, tag, k, plaintext_bytes, wall,
+        records.append(_record(workload, name, proto, tag, k, wall,
                                float(np.abs(got - exact).max())))
         _print_last(records)
         del proto
