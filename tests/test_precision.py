@@ -53,6 +53,12 @@ def test_contributions_that_pass_the_client_check_sum_exactly(mode, data):
     assert np.array_equal(got, sum(vals.values()))
     if mode == "ckks":
         assert proto.last_stats["encoding"] == "packed"
+        proto.audit_sum_bound = True          # the test aid (plaintext K-way sums) never fires here
+        try:
+            assert np.array_equal(proto.weighted_sum("bounds", len(proto.transcript.messages), vals, spec=spec),
+                                  got)
+        finally:
+            proto.audit_sum_bound = False
 
 
 @pytest.mark.parametrize("mode", ["ckks", "mask"])
