@@ -12,25 +12,27 @@ from secure_fgl.experiment import run_experiment
 from secure_fgl.models.node import dropout
 
 
-def splitmix_reference(key: int, index: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser in numpy uint64 (wrapping arithmetic by definition)."""
+def lowbias32_reference(key: int, index: np.ndarray) -> np.ndarray:
+    """Wellons' lowbias32 of ``key XOR i`` in numpy uint32 (wrapping arithmetic by definition)."""
     with np.errstate(over="ignore"):
-        z = (index.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(40)).astype(np.float64) / 2.0 ** 24
+        z = index.astype(np.uint32) ^ np.uint32(key % 2 ** 32)
+        z = (z ^ (z >> np.uint32(16))) * np.uint32(0x7FEB352D)
+        z = (z ^ (z >> np.uint32(15))) * np.uint32(0x846CA68B)
+        z = z ^ (z >> np.uint32(16))
+    return (z >> np.uint32(8)).astype(np.float64) / 2.0 ** 24
 
 
-def test_uniform_at_is_splitmix64_and_uniform():
+def test_uniform_at_is_lowbias32_and_uniform():
     index = np.arange(0, 3_000_000, 3)
-    key = 2 ** 62 + 12345
-    u = rng.uniform_at(key, torch.from_numpy(index)).double().numpy()
-    np.testing.assert_array_equal(u, splitmix_reference(key, index))
+    for key in (-2 ** 31, -12345, 0, 2 ** 31 - 1):
+        u = rng.uniform_at(key, torch.from_numpy(index)).double().numpy()
+        np.testing.assert_array_equal(u, lowbias32_reference(key, index))
     assert 0.0 <= u.min() and u.max() < 1.0
     assert abs(u.mean() - 0.5) < 5 * (1 / 12 / u.size) ** 0.5
     counts = np.histogram(u, bins=16, range=(0, 1))[0]
-    assert np.abs(counts - u.size / 16).max() < 5 * (u.size / 16) ** 0.5      # ~chi-by-eye, 5 sigma
+    assert np.abs(counts - u.size / 16).max() < 5 * (u.size / 16) ** 0.5      # each bin within 5 sigma
+    pairs = rng.uniform_at(7, torch.arange(0, 2_000_000)).double().numpy().reshape(-1, 2)
+    assert abs(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1]) < 5 / pairs.shape[0] ** 0.5   # neighbours uncorrelated
 
 
 def test_client_generator_streams():

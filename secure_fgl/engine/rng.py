@@ -12,10 +12,11 @@ by 1e-7 (or whose decrypted zeros are not exactly zero) must still draw the same
   block (a context variable, so the models need no extra argument).
 * :func:`draw_key` — one 63-bit key per random operation, from the active generator (or,
   outside :func:`using`, from torch's global generator): a fixed number of draws per call.
-* :func:`uniform_at` — counter-based uniforms ``u = h(key, i)`` in ``[0, 1)`` for flat
-  positions ``i`` (splitmix64's finaliser as the mixing function ``h``; Steele et al.,
-  OOPSLA 2014), so a mask entry depends only on the key and its position: the same whether
-  it is computed at all entries or only at the non-zeros of a sparse input.
+* :func:`uniform_at` — counter-based uniforms ``u = h(key XOR i)`` in ``[0, 1)`` for flat
+  positions ``i`` (``h`` = Wellons' ``lowbias32`` integer hash, a bijection of 32-bit words
+  with low avalanche bias; 32-bit because int32 products vectorise on CPUs and int64 ones do
+  not), so a mask entry depends only on the key and its position: the same whether it is
+  computed at all entries or only at the non-zeros of a sparse input.
 
 These are simulation seeds for reproducible training, not cryptographic randomness
 (keys, masks and DP noise come from the OS CSPRNG elsewhere).
@@ -32,10 +33,9 @@ import torch
 _ACTIVE: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("training_generator",
                                                                                  default=None)
 
-# splitmix64 constants as signed int64 (torch has no uint64 arithmetic; products wrap mod 2^64)
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+# lowbias32's multipliers as signed int32 (torch has no uint32 arithmetic; products wrap mod 2^32)
+_MIX1 = 0x7FEB352D
+_MIX2 = 0x846CA68B - (1 << 32)
 _UNIFORM_BITS = 24          # float32 has a 24-bit significand: u = top 24 bits / 2^24
 
 
@@ -58,20 +58,21 @@ def using(generator: torch.Generator) -> Iterator[torch.Generator]:
 
 
 def draw_key() -> int:
-    """One key in ``[0, 2^63)`` from the active generator (torch's global one outside :func:`using`)."""
-    return int(torch.randint(0, 2 ** 63 - 1, (1,), generator=_ACTIVE.get()))
+    """One 32-bit key (as a signed int32) from the active generator (torch's global one
+    outside :func:`using`)."""
+    return int(torch.randint(-2 ** 31, 2 ** 31, (1,), generator=_ACTIVE.get()))
 
 
 def _logical_shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+    return (z >> bits) & ((1 << (32 - bits)) - 1)
 
 
 def uniform_at(key: int, index: torch.Tensor) -> torch.Tensor:
-    """float32 uniforms in ``[0, 1)``, one per int64 position in ``index``:
-    ``z = key + (i + 1) * golden``, then splitmix64's finaliser
-    ``z ^= z >> 30; z *= m1; z ^= z >> 27; z *= m2; z ^= z >> 31`` and the top 24 bits."""
-    z = index.to(torch.int64).add(1).mul_(_GOLDEN).add_(key)
-    z = (z ^ _logical_shift_right(z, 30)).mul_(_MIX1)
-    z = (z ^ _logical_shift_right(z, 27)).mul_(_MIX2)
-    z = z ^ _logical_shift_right(z, 31)
-    return _logical_shift_right(z, 64 - _UNIFORM_BITS).to(torch.float32).mul_(2.0 ** -_UNIFORM_BITS)
+    """float32 uniforms in ``[0, 1)``, one per position in ``index`` (taken mod 2^32):
+    ``z = key XOR i``, then ``z ^= z >> 16; z *= 0x7feb352d; z ^= z >> 15; z *= 0x846ca68b;
+    z ^= z >> 16`` and the top 24 bits."""
+    z = index.to(torch.int32) ^ key
+    z = (z ^ _logical_shift_right(z, 16)).mul_(_MIX1)
+    z = (z ^ _logical_shift_right(z, 15)).mul_(_MIX2)
+    z = z ^ _logical_shift_right(z, 16)
+    return _logical_shift_right(z, 32 - _UNIFORM_BITS).to(torch.float32).mul_(2.0 ** -_UNIFORM_BITS)

@@ -37,7 +37,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return torch.zeros_like(x)
     key = rng.draw_key()
     if int(torch.count_nonzero(x)) > SPARSE_DROPOUT_DENSITY * x.numel():
-        keep = rng.uniform_at(key, torch.arange(x.numel(), device=x.device).view_as(x)) >= p
+        keep = rng.uniform_at(key, torch.arange(x.numel(), dtype=torch.int32, device=x.device).view_as(x)) >= p
         return x * keep / (1.0 - p)
     rows, cols = x.nonzero(as_tuple=True)
     keep = rng.uniform_at(key, rows * x.shape[1] + cols) >= p
