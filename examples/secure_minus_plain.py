@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def run_all(args) -> list[dict]:
             r = json.loads(line)
             done[key(r["experiment"], r["seed"], RunConfig(mode=r["mode"], rounds=r["rounds"]))] = r
     feds = {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     for name, seed, cfg in plan(args):
         k = key(name, seed, cfg)
         if k in done:
@@ -105,7 +107,7 @@ def run_all(args) -> list[dict]:
         row = {"experiment": name, "seed": seed, "mode": cfg.mode, "rounds": cfg.rounds,
                "test_acc": res["final"]["test_acc"], "best_round": res["final"]["best_round"],
                "trajectory": [r["test_acc"] for r in res["rounds"]], "seconds": time.perf_counter() - t0,
-               "config": cfg.to_dict()}
+               "config": cfg.to_dict(), "commit": commit}
         done[k] = row
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
