@@ -91,7 +91,8 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import DPRequest, Protocol, ValueSpec
+from protocols import DPRequest, Protocol
+from protocols.precision import MeanPrecision
 
 from ..config import ConfigError
 from ..models import build_model
@@ -152,8 +153,12 @@ def align_proxies(protocol: Protocol, tag: str, rnd: int, local: Mapping[int, to
     """Server-side proxy alignment (eq. 15) as one :meth:`Protocol.classwise_mean` exchange.
 
     Each client sends ``[w_k * S^(k), w_k]``: in secure modes the server sees neither the weights
-    nor which rows are zero.  Rows of classes with zero total weight keep ``previous``."""
-    mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=ValueSpec(max_abs=PARAM_BOUND),
+    nor which rows are zero.  Rows of classes with zero total weight keep ``previous``.  Weights
+    are at most 1 (class ratios); the exchange is planned for class totals of 1
+    (:class:`protocols.precision.MeanPrecision`), a class of total ``T`` gets the bound
+    ``eps (1 + B) / (T - eps)``."""
+    mean, present = protocol.classwise_mean(tag, rnd, local, weights,
+                                            spec=MeanPrecision(value_bound=PARAM_BOUND).spec(),
                                             dp=dp, recipients=recipients)
     present_t = torch.as_tensor(present, device=previous.device)
     return torch.where(present_t[:, None], torch.as_tensor(mean, dtype=previous.dtype, device=previous.device),
