@@ -73,7 +73,7 @@ def command(cfg: RunConfig) -> str:
     default = RunConfig().to_dict()
     d = cfg.to_dict()
     flags = {k: v for k, v in d.items() if k not in ("options", "synthetic", "attacks", "data_root")
-             and v != default[k]}
+             and (v != default[k] or k == "mode")}
     flags.update(d["options"])
     return "python -m secure_fgl.cli.main run " + " ".join(
         f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items())
