@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import validate
+from .baseline import row_sum_bytes, vector_sum_bytes
 from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .channel import ChannelKey, associated_data
 from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
@@ -58,15 +59,21 @@ class ValueSpec:
                (e.g. a degree cap + 1 for neighbour-feature counts).
     tolerance: largest absolute error acceptable in a float sum; backends whose
                computed error bound exceeds it refuse the exchange.
+    owner_checked_sum: ``sum_max`` holds whenever every client passes its own check (e.g.
+               FedGCN: row v's total counts deg(v) + 1 terms and v's owner refuses a degree
+               above the cap).  Encodings then size packed fields from ``sum_max``; without
+               it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
+               (:func:`protocols.precision.kway_sum_bound`).
     """
 
     max_abs: float = 1e4
     integer: bool = False
     sum_max: int | None = None
     tolerance: float = 1e-4
+    owner_checked_sum: bool = False
 
     def sum_bound(self, num_clients: int) -> float:
-        if self.integer and self.sum_max is not None:
+        if self.integer and self.sum_max is not None and self.owner_checked_sum:
             return float(self.sum_max)
         return float(self.max_abs) * num_clients
 
@@ -99,6 +106,7 @@ class ExchangeContext:
     block_len: int
     layout: str = "dense"                    # 'dense' | 'sparse'
     dp_noise_std: float = 0.0                # std of the DP noise already in the values (for bounds)
+    float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
 
 
 @dataclass(frozen=True)
@@ -278,6 +286,10 @@ class Protocol(ABC):
             if np.unique(ids).size != ids.size:
                 raise ShapeError("row ids must be unique within a contribution", tag=tag, round=rnd, client=k)
             ids_np[k], rows_np[k] = ids, rows
+        req_rows = {k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
+                    for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()}
+        up, down = row_sum_bytes({k: i.size for k, i in ids_np.items()}, {k: r.size for k, r in req_rows.items()},
+                                 dim, num_rows, layout)
         rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
@@ -299,12 +311,11 @@ class Protocol(ABC):
                 values = np.zeros((bids.size, rpb, dim))
                 values[pos, ids_np[k] % rpb] = rows_np[k]
                 tables[k] = BlockTable(bids, values.reshape(bids.size, block_len))
-        req_rows = {k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
-                    for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()}
         req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
                       for k, r in req_rows.items()}
         ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0)
+                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+                              float32_bytes=(sum(up.values()), sum(down.values())))
         received = self._run(ctx)
         out = {}
         for k, r in req_rows.items():
@@ -440,7 +451,8 @@ class Protocol(ABC):
         recips = list(flat) if recipients is None else validate.recipients(recipients, self.num_clients, tag, rnd)
         ctx = ExchangeContext(tag, rnd, spec, tables, {r: np.arange(num_blocks) for r in recips},
                               num_blocks, block_len, "dense",
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0)
+                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+                              float32_bytes=vector_sum_bytes(len(flat), length, len(recips)))
         received = self._run(ctx)
         first = received[recips[0]]
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
@@ -464,14 +476,11 @@ class Protocol(ABC):
         return dp
 
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        """Run the backend and account what the same exchange costs as plaintext float32
-        (the plain backend's wire format), so every mode reports its expansion factor."""
+        """Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
+        the same in every mode), so every mode reports its expansion factor against it."""
         self._begin_exchange(ctx.tag, ctx.round)
         received = self._aggregate(ctx)
-        ids = 4 if ctx.layout == "sparse" else 0
-        up = sum(t.values.size * 4 + t.ids.size * ids for t in ctx.contributions.values())
-        down = sum(len(b) * (ctx.block_len * 4 + ids) for b in ctx.requests.values())
-        self.transcript.account_plaintext(ctx.tag, up, down)
+        self.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
         return received
 
     def _begin_exchange(self, tag: str, rnd: int) -> None:

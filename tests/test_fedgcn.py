@@ -167,11 +167,36 @@ def test_zero_hop_equals_fedavg(fed):
 
 
 # ----------------------------------------------------------------------------- bounds
-def test_degree_above_cap_is_refused_loudly(fed):
-    algo = make_algo(fed, hops=1, degree_cap=2)
-    with pytest.raises(BoundError, match="degree-cap"):
+@pytest.mark.parametrize("mode", [secure_mode("mask")])
+def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(fed, mode):
+    algo = make_algo(fed, mode, hops=1, degree_cap=2)
+    largest = max(fed_degrees(c) for c in algo.clients)
+    with pytest.raises(BoundError, match=f"degree-cap.*largest {largest}.*at least {largest}"):
         algo.setup()
     assert algo.protocol.transcript.select(tag=TAG) == []     # refused before anything was sent
+    raised = make_algo(fed, mode, hops=1, degree_cap=largest)  # following the message once is enough
+    raised.setup()
+
+
+def fed_degrees(c) -> int:
+    """Largest degree of client c's own nodes (local plus cross edges, self loop not counted)."""
+    from secure_fgl.algorithms.fedgcn import local_degrees
+    return int(local_degrees(c).max()) - 1
+
+
+def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
+    """The plaintext protocol sums floats: the cap protects no encoding there, so plain runs and
+    gets the exact sums; node-level DP's sensitivity relies on the cap, so it is still enforced."""
+    capped, free = make_algo(fed, hops=1, degree_cap=2), make_algo(fed, hops=1)
+    capped.setup()
+    free.setup()
+    for k in capped.received:
+        assert torch.equal(capped.received[k], free.received[k])
+    from protocols.dp import DPConfig
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0)
+    proto = make_protocol("plain", K, dp=DPConfig(epsilon=8.0), seed=0)
+    with pytest.raises(BoundError, match="node-level DP"):
+        make_algo(fed, cfg=cfg, protocol=proto, hops=1, degree_cap=2, dp_level="node").setup()
 
 
 def test_option_validation():

@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import BoundError, ConfigurationError, PackingOverflowError
+from ..precision import kway_sum_bound, largest_scale_bits
 from .packing import PackingLayout, field_width
 
 #: HE standard, classical 128-bit security, ternary secret: max total coeff-modulus bits per N
@@ -228,10 +229,9 @@ def noise_bound(chain: ChainParams, scale_bits: float, num_terms: int, encryptio
 
 
 def max_float_scale_bits(chain: ChainParams, sum_bound: float) -> int:
-    """Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin)."""
-    q = chain.data_modulus()
-    s = math.floor(math.log2(q / 4.0) - math.log2(max(sum_bound, 2.0 ** -30)))
-    return s
+    """Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin;
+    the rule of :func:`protocols.precision.largest_scale_bits`)."""
+    return largest_scale_bits(sum_bound, chain.data_modulus() / 4.0)
 
 
 def slot_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
@@ -294,9 +294,15 @@ def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, flo
 
 
 def integer_sum_range(spec, num_clients: int, offset: int) -> int:
-    """Largest value a packed field can hold after the K-way sum: sum_max + 2 K offset."""
+    """Largest value a packed field can hold after the K-way sum, plus 2 K offset: ``K * hi``
+    for K contributions that each passed the client check ``<= hi``, or ``sum_max`` where a
+    data owner's check enforces it (``ValueSpec.owner_checked_sum``).  Either way no sum of
+    contributions that pass their clients' checks can carry into the next field."""
     _, hi, _ = per_client_limits(spec, 0.0, num_clients)
-    base = int(spec.sum_max) if spec.sum_max is not None else int(hi) * num_clients
+    if spec.sum_max is not None and getattr(spec, "owner_checked_sum", False):
+        base = int(spec.sum_max)
+    else:
+        base = int(kway_sum_bound(hi, num_clients))
     return base + 2 * num_clients * offset
 
 
@@ -313,7 +319,8 @@ def plan_packed(chain: ChainParams, spec, num_clients: int, dp_std: float, encry
     fields = cap // width
     if fields < 1:
         raise PackingOverflowError(
-            f"a packed field needs {width} bits for the public sum range {rng} (sum_max + 2*K*DP offset) "
+            f"a packed field needs {width} bits for the public sum range {rng} (K*max_abs or owner-checked "
+            f"sum_max, + 2*K*DP offset) "
             f"but a slot of {chain.describe()} at scale 2^{scale_bits} holds only {cap} exact bits. Fix: "
             f"lower ValueSpec.sum_max / the DP noise, or use packing=False", tag=tag, round=round)
     layout = PackingLayout(width=width, fields=fields, slots=chain.slots, offset=offset,
@@ -334,7 +341,7 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
     if spec.integer:
         bound = float(integer_sum_range(spec, num_clients, offset))
     else:
-        bound = max(abs(lo), abs(hi)) * num_clients
+        bound = kway_sum_bound(max(abs(lo), abs(hi)), num_clients)
     if fixed_scale_bits is not None:
         s = fixed_scale_bits
         limit = chain.data_modulus() / 4.0 / 2.0 ** s

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BoundError, ConfigurationError, NonFiniteError
+from ..precision import kway_sum_bound, largest_scale_bits
 
 #: ring sizes with a native numpy unsigned dtype
 RING_DTYPES = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
@@ -170,7 +171,8 @@ def _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits,
         return K * (bound * 2.0 ** f + 0.5) < half * (1 - 2 ** -50)
 
     if frac_bits is None:
-        f = int(math.floor(math.log2((half / K - 0.5) / bound))) if half / K > 0.5 else -1
+        # the shared rule (protocols.precision): K * B * 2^f <= headroom, less K/2 for rounding
+        f = largest_scale_bits(kway_sum_bound(bound, K), half - K / 2.0) if half > K / 2.0 else -1
         while f > -64 and not fits(f):
             f -= 1
         while fits(f + 1):

@@ -13,8 +13,10 @@ server-side weighted mean ``w = sum_k n_k w_k / sum_k n_k`` (n_k = training node
 client k) is computed by the protocol's weighted-mean exchange (tag ``<name>/model``).
 Clients send their update ``w_k - w`` (equal to sending ``w_k`` for the mean, and the
 quantity DP-FedAvg clips; McMahan et al., ICLR 2018).
-The weights are divided by the public graph size before they are sent, so every
-entry stays in the public range ``ValueSpec(max_abs=PARAM_BOUND)``.
+The weights are divided by the public size of the training split, so each is in
+``[0, 1]`` and they total 1 under full participation; the exchange is planned by
+:class:`protocols.precision.MeanPrecision` from these public bounds (:func:`model_precision`),
+so the averaged update is within ``FLOAT32_MEAN_TOLERANCE`` of the exact mean.
 """
 from __future__ import annotations
 
@@ -28,14 +30,26 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import DPRequest, Protocol, ValueSpec
+from protocols import DPRequest, Protocol
+from protocols.precision import MeanPrecision
 
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
+from ..engine import rng
 from ..models import build_model
 
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
 PARAM_BOUND = 100.0
+
+
+def model_precision(num_contributors: int, num_clients: int) -> MeanPrecision:
+    """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
+    over all clients: ``T_min = 1`` under full participation (exact), else the expected share
+    ``m / K`` of the sampled clients (a planning value; the recipients' bound
+    :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds
+    regardless)."""
+    share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
+    return MeanPrecision(value_bound=PARAM_BOUND, weight_bound=1.0, min_weight_total=share)
 
 
 @dataclass
@@ -65,6 +79,8 @@ class FederatedAlgorithm:
         self.opts = options if options is not None else self.Options()
         self.clients: list[ClientSubgraph] = [self._to_device(c) for c in fed.clients]
         self.rng = np.random.default_rng(cfg.seed)
+        #: the round being trained (keys each client's per-step generator)
+        self.round = 0
 
     # ------------------------------------------------------------------ hooks
     def setup(self) -> None:
@@ -169,8 +185,9 @@ class ModelAveraging(FederatedAlgorithm):
         return loss
 
     def aggregation_weight(self, k: int) -> float:
-        """FedAvg weight n_k / N (training nodes over the public graph size)."""
-        return float(self.clients[k].train_mask.sum()) / float(self.fed.graph.num_nodes)
+        """FedAvg weight ``n_k / n_train`` (training nodes over the public size of the
+        training split): in ``[0, 1]``, total 1 over the clients."""
+        return float(self.clients[k].train_mask.sum()) / max(1.0, float(self.fed.graph.train_mask.sum()))
 
     # -- one round
     def local_update(self, k: int) -> float:
@@ -178,14 +195,16 @@ class ModelAveraging(FederatedAlgorithm):
         model.train()
         x, edge_index = self.client_inputs(k)
         loss = torch.zeros(())
-        for _ in range(self.cfg.local_epochs):
+        for step in range(self.cfg.local_epochs):
             opt.zero_grad()
-            loss = self.local_loss(k, model(x, edge_index))
+            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, step)):
+                loss = self.local_loss(k, model(x, edge_index))
             loss.backward()
             opt.step()
         return float(loss.detach())
 
     def train_round(self, rnd: int) -> dict:
+        self.round = rnd
         sampled = self.sample_clients(rnd)
         losses = [self.local_update(k) for k in sampled if self.clients[k].train_mask.any()]
         if self.aggregate_models:
@@ -205,7 +224,7 @@ class ModelAveraging(FederatedAlgorithm):
         # tiny n_k/N weights would drown in the noise on the weight total
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
         mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
-                                                  spec=ValueSpec(max_abs=PARAM_BOUND), dp=dp,
+                                                  spec=model_precision(len(contributors), len(self.clients)).spec(), dp=dp,
                                                   recipients=range(len(self.clients)))
         self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                   device=self.device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..engine import rng
 from .base import ModelAveraging
 
 
@@ -25,9 +26,11 @@ class Centralized(ModelAveraging):
 
     def train_round(self, rnd: int) -> dict:
         self.model.train()
-        for _ in range(self.cfg.local_epochs):
+        for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
-            loss = F.cross_entropy(self.model(self.x, self.edge_index)[self.train_mask], self.y[self.train_mask])
+            with rng.using(rng.client_generator(self.cfg.seed, rnd, 0, step)):   # the one "client"
+                logits = self.model(self.x, self.edge_index)
+            loss = F.cross_entropy(logits[self.train_mask], self.y[self.train_mask])
             loss.backward()
             self.optimizer.step()
         self._logits = None

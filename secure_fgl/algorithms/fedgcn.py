@@ -67,8 +67,13 @@ Degree cap
 ``degree_cap`` is a *public* bound on every degree; it fixes the packed field width
 (``sum_max = degree_cap + 1``) and the node-level DP sensitivity.  Each owner checks its
 own nodes (it knows their exact degree) before anything is encrypted and the run is
-refused with :class:`protocols.BoundError` naming the fix if one exceeds the cap: CKKS would
-otherwise wrap silently.
+refused with :class:`protocols.BoundError` naming the maximum degree over all clients if one
+exceeds the cap: CKKS and the masked sums would otherwise wrap silently.  The plaintext
+protocol sums floats and needs no cap; it is enforced there only for node-level DP, whose
+sensitivity it bounds.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
+bounds the K-way sum (``ValueSpec.owner_checked_sum``) and packed fields stay
+``log2(degree_cap + 1)`` bits instead of the ``log2(K (degree_cap + 1))`` that per-client
+entry bounds alone would need.
 
 Differential privacy (``--dp-epsilon``)
 ---------------------------------------
@@ -162,6 +167,7 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
+from protocols.baseline import row_sum_bytes
 
 from ..config import ConfigError
 from ..data.federated import ClientSubgraph
@@ -559,7 +565,7 @@ class FedGCN(ModelAveraging):
         features), or by ``C`` under DP."""
         cap1 = self.opts.degree_cap + 1
         if self._integer_exchange():
-            return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1))
+            return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
         if self._dp_on:
             bound = self.row_clip()
         else:
@@ -577,16 +583,29 @@ class FedGCN(ModelAveraging):
         return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
                          integer=self._integer_exchange())
 
+    def _degree_cap_needed(self) -> bool:
+        """The cap is a bound some encoding or guarantee relies on: the secure modes size their
+        packing / modulus with it, and node-level DP takes its sensitivity from it.  The
+        plaintext protocol sums floats and needs no cap."""
+        return self.protocol.mode != "plain" or (self._dp_on and self.opts.dp_level == "node")
+
     def _check_degree_cap(self) -> None:
         cap = self.opts.degree_cap
-        for k, c in enumerate(self.clients):
-            deg = local_degrees(c) - 1
-            over = int((deg > cap).sum())
+        if self._degree_cap_needed():
+            # each owner checks its own nodes; the refusal names the maximum over all clients
+            # so that one change of the flag is enough
+            over = {k: local_degrees(c) - 1 for k, c in enumerate(self.clients)}
+            over = {k: deg[deg > cap] for k, deg in over.items()}
+            over = {k: deg for k, deg in over.items() if deg.numel()}
             if over:
-                raise BoundError(f"{over} node(s) of this client have degree above --degree-cap {cap} "
-                                 f"(largest {int(deg.max())}); packed sums would wrap. Raise --degree-cap "
-                                 f"to at least {int(deg.max())} (it is a public bound)", tag=TAG, round=0,
-                                 client=k)
+                worst = max(over, key=lambda k: int(over[k].max()))
+                largest = int(over[worst].max())
+                why = ("node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                       if self.protocol.mode == "plain" else f"{self.protocol.mode} sums sized to it would wrap")
+                raise BoundError(f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
+                                 f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
+                                 f"Raise --degree-cap to at least {largest} (it is a public bound)", tag=TAG,
+                                 round=0, client=worst)
         if self.fed.binary_features or self._dp_on:
             return
         fb = self.opts.feature_bound
@@ -655,21 +674,23 @@ class FedGCN(ModelAveraging):
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 
     def _pretrain_stats(self, contributions, requests) -> dict:
-        """Bytes of the exchange from the transcript, next to what float32 rows would cost
-        (``rows x (d+1) x 4``: sparse -- the rows a client uploads / requests; dense -- all N rows)."""
+        """Bytes of the exchange from the transcript, next to its float32 baseline
+        (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
+        client uploads / requests; dense -- all rows), the same in every mode."""
         width = self.fed.num_features + 1
-        N = self.fed.graph.num_nodes
-        dense = self.opts.layout == "dense"
         tr = self.protocol.transcript
+        rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
+        rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
+        f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.opts.layout)
+        dense = self.opts.layout == "dense"
         per_client = []
         for k in range(len(self.clients)):
             up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
             down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
-            rows_up = N if dense else int(contributions[k][0].numel())
-            rows_down = N if dense else int(requests[k].numel())     # dense: every block comes down
-            per_client.append({"client": k, "bytes_up": up, "bytes_down": down, "rows_up": rows_up,
-                               "rows_down": rows_down, "plaintext_equiv_bytes_up": rows_up * width * 4,
-                               "plaintext_equiv_bytes_down": rows_down * width * 4})
+            per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
+                               "rows_up": self.exchange_rows if dense else rows_up[k],
+                               "rows_down": self.exchange_rows if dense else rows_down[k],
+                               "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
         tot = {key: sum(p[key] for p in per_client) for key in
                ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
                 "plaintext_equiv_bytes_down")}

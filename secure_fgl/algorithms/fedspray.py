@@ -90,12 +90,13 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import DPRequest, Protocol, ValueSpec
+from protocols import DPRequest, Protocol
+from protocols.precision import MeanPrecision
 
 from ..config import ConfigError
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from .base import PARAM_BOUND, FederatedAlgorithm, accuracy
+from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_precision
 from .minority import MinorityAccuracy
 from .options import FedSprayOptions
 
@@ -134,8 +135,12 @@ def align_proxies(protocol: Protocol, tag: str, rnd: int, local: Mapping[int, to
     """Server-side proxy alignment (eq. 15) as one :meth:`Protocol.classwise_mean` exchange.
 
     Each client sends ``[w_k * S^(k), w_k]``: in secure modes the server sees neither the weights
-    nor which rows are zero.  Rows of classes with zero total weight keep ``previous``."""
-    mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=ValueSpec(max_abs=PARAM_BOUND),
+    nor which rows are zero.  Rows of classes with zero total weight keep ``previous``.  Weights
+    are at most 1 (class ratios); the exchange is planned for class totals of 1
+    (:class:`protocols.precision.MeanPrecision`), a class of total ``T`` gets the bound
+    ``eps (1 + B) / (T - eps)``."""
+    mean, present = protocol.classwise_mean(tag, rnd, local, weights,
+                                            spec=MeanPrecision(value_bound=PARAM_BOUND).spec(),
                                             dp=dp, recipients=recipients)
     present_t = torch.as_tensor(present, device=previous.device)
     return torch.where(present_t[:, None], torch.as_tensor(mean, dtype=previous.dtype, device=previous.device),
@@ -291,7 +296,7 @@ class FedSprayCore(FederatedAlgorithm):
         dp = DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.encoder_weight(k) for k in updates},
-            spec=ValueSpec(max_abs=PARAM_BOUND), dp=dp, recipients=range(K))
+            spec=model_precision(len(updates), K).spec(), dp=dp, recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
         if not self.opts.ablate_proxy:

@@ -61,6 +61,7 @@ from torch.nn.utils import vector_to_parameters
 from torch_geometric.utils import softmax as segment_softmax
 
 from ..config import ConfigError
+from ..engine import rng
 from .base import ModelAveraging
 from .graph_augment import AugmentRates, augment, view_generator
 
@@ -196,7 +197,8 @@ class FGSSL(ModelAveraging):
         loss = torch.zeros(())
         for epoch in range(self.cfg.local_epochs):
             opt.zero_grad()
-            loss = self.fgssl_loss(k, epoch)
+            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, epoch)):   # dropout, as FedAvg's
+                loss = self.fgssl_loss(k, epoch)
             loss.backward()
             opt.step()
         return float(loss.detach())

@@ -13,13 +13,16 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from ..algorithms.base import FederatedAlgorithm
 from ..config import RunConfig
 from .device import rng_state, set_rng_state
 from .checkpoint import load_checkpoint, save_checkpoint
+
+if TYPE_CHECKING:                     # the algorithms import engine.rng
+    from ..algorithms.base import FederatedAlgorithm
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -18,23 +18,29 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv, SGConv
 
-#: :func:`dropout` draws its mask only at the non-zero entries below this density
+from ..engine import rng
+
+#: :func:`dropout` computes its mask only at the non-zero entries below this density
 SPARSE_DROPOUT_DENSITY = 0.25
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``F.dropout(x, p, training)`` in distribution, with the random mask drawn only at the
-    non-zero entries when ``x`` is mostly zero (a dropped zero is still zero): bag-of-words
-    inputs and their neighbour sums (Cora 1.3 %, CiteSeer 0.9 % non-zero) cost in proportion to
-    their non-zeros, as in Kipf & Welling's sparse dropout, instead of one random draw per entry."""
+    """``F.dropout(x, p, training)`` in distribution, with randomness that does not depend on the
+    values: one key per call (:func:`~secure_fgl.engine.rng.draw_key`) and entry ``(i, j)`` kept
+    when ``uniform_at(key, i * cols + j) >= p``, so the mask is a function of the key and the
+    position only.  When ``x`` is mostly zero (a dropped zero is still zero) the mask is computed
+    only at the non-zeros: bag-of-words inputs and their neighbour sums (Cora 1.3 %, CiteSeer
+    0.9 % non-zero) cost in proportion to their non-zeros, as in Kipf & Welling's sparse dropout."""
     if not training or p == 0.0 or x.dim() != 2:
         return F.dropout(x, p, training)
     if p >= 1.0:
         return torch.zeros_like(x)
+    key = rng.draw_key()
     if int(torch.count_nonzero(x)) > SPARSE_DROPOUT_DENSITY * x.numel():
-        return F.dropout(x, p, True)
+        keep = rng.uniform_at(key, torch.arange(x.numel(), dtype=torch.int32, device=x.device).view_as(x)) >= p
+        return x * keep / (1.0 - p)
     rows, cols = x.nonzero(as_tuple=True)
-    keep = torch.rand(rows.numel(), device=x.device) >= p
+    keep = rng.uniform_at(key, rows * x.shape[1] + cols) >= p
     rows, cols = rows[keep], cols[keep]
     out = torch.zeros_like(x)
     out[rows, cols] = x[rows, cols] / (1.0 - p)

@@ -1,0 +1,165 @@
+"""Secure minus plain: the same runs (same seeds) in plain, ckks and mask, and their differences.
+
+Grid (issue 13's evidence): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 clients, Dirichlet
+beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --rounds 100
+--local-epochs 3``, as ``examples/fedgcn_table2.py``); FedSpray (GCN backbone) on PubMed with
+``examples/fedspray_table2.py``'s setting (7 Louvain clients, its split); FedOMD on Cora with
+``examples/fedomd_table4.py``'s setting (Louvain parties, its split).
+
+Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there), with the
+test accuracy at the best-validation round and the per-round test accuracies.  The table
+(``OUT/table.md``, printed) gives per (experiment, mode) the secure-minus-plain accuracy in
+points over the seeds (mean and max |.|), and how many rounds' test accuracies equal plain's
+exactly ("trajectory").  The command of every run is printed with it.
+
+    python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
+    python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \\
+        --fedomd-rounds 50                                                     # reduced
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from secure_fgl.config import RunConfig
+from secure_fgl.experiment import load_federation, run_experiment
+
+MODES = ("plain", "ckks", "mask")
+
+
+def fedgcn(dataset: str, beta: float, seed: int, mode: str, args) -> RunConfig:
+    return RunConfig(algorithm="fedgcn", dataset=dataset, clients=10, beta=beta, seed=seed, mode=mode,
+                     rounds=args.rounds, local_epochs=3, optimizer="sgd", lr=0.5,
+                     data_root=args.data_root, options={"hops": 1})
+
+
+def fedspray(seed: int, mode: str, args) -> RunConfig:
+    return RunConfig(algorithm="fedspray", dataset="pubmed", clients=7, mode=mode, partition="louvain",
+                     keep_largest=True, split="fedspray", rounds=args.fedspray_rounds, seed=seed,
+                     data_root=args.data_root, options={"backbone": "gcn"})
+
+
+def fedomd(seed: int, mode: str, args) -> RunConfig:
+    return RunConfig(algorithm="fedomd", model="gcn", dataset="cora", clients=5, mode=mode, partition="louvain",
+                     resolution=1.0, split="fedomd", hidden=64, num_layers=2, dropout=0.5, lr=0.01,
+                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_rounds,
+                     seed=seed, data_root=args.data_root)
+
+
+def plan(args) -> list[tuple[str, int, RunConfig]]:
+    """(experiment name, seed, config) for every run; plain first within each (experiment, seed)."""
+    jobs = []
+    for ds in args.datasets:
+        seeds = args.pubmed_seeds if ds == "pubmed" else args.seeds
+        for beta in args.betas:
+            for seed in seeds:
+                jobs += [(f"FedGCN 1-hop {ds} β={beta:g}", seed, fedgcn(ds, beta, seed, m, args)) for m in MODES]
+    for seed in args.other_seeds:
+        if args.fedspray_rounds:
+            jobs += [("FedSpray pubmed", seed, fedspray(seed, m, args)) for m in MODES]
+        if args.fedomd_rounds:
+            jobs += [("FedOMD cora", seed, fedomd(seed, m, args)) for m in MODES]
+    return jobs
+
+
+def command(cfg: RunConfig) -> str:
+    """The CLI line equivalent to ``cfg`` (every setting that differs from the default)."""
+    default = RunConfig().to_dict()
+    d = cfg.to_dict()
+    flags = {k: v for k, v in d.items() if k not in ("options", "synthetic", "attacks", "data_root")
+             and (v != default[k] or k == "mode")}
+    flags.update(d["options"])
+    return "python -m secure_fgl.cli.main run " + " ".join(
+        f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items())
+
+
+def key(name: str, seed: int, cfg: RunConfig) -> str:
+    return json.dumps([name, seed, cfg.mode, cfg.rounds])
+
+
+def run_all(args) -> list[dict]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "runs.jsonl"
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done[key(r["experiment"], r["seed"], RunConfig(mode=r["mode"], rounds=r["rounds"]))] = r
+    feds = {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for name, seed, cfg in plan(args):
+        k = key(name, seed, cfg)
+        if k in done:
+            continue
+        fkey = (name, seed)
+        if fkey not in feds:
+            feds.clear()                                  # one federation in memory at a time
+            feds[fkey] = load_federation(cfg)
+        t0 = time.perf_counter()
+        res = run_experiment(cfg, progress=False, fed=feds[fkey])
+        row = {"experiment": name, "seed": seed, "mode": cfg.mode, "rounds": cfg.rounds,
+               "test_acc": res["final"]["test_acc"], "best_round": res["final"]["best_round"],
+               "trajectory": [r["test_acc"] for r in res["rounds"]], "seconds": time.perf_counter() - t0,
+               "config": cfg.to_dict(), "commit": commit}
+        done[k] = row
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{name} seed {seed} {cfg.mode}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s)", flush=True)
+    return list(done.values())
+
+
+def table(runs: list[dict]) -> str:
+    plain = {(r["experiment"], r["seed"], r["rounds"]): r for r in runs if r["mode"] == "plain"}
+    lines = ["| experiment | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) | "
+             "rounds with test acc equal to plain's |", "|---|---|---|---|---|---|"]
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        p = plain.get((r["experiment"], r["seed"], r["rounds"]))
+        if r["mode"] != "plain" and p is not None:
+            groups.setdefault((r["experiment"], r["mode"]), []).append((p, r))
+    for (name, mode), pairs in sorted(groups.items()):
+        d = [100 * (s["test_acc"] - p["test_acc"]) for p, s in pairs]
+        eq = sum(sum(a == b for a, b in zip(p["trajectory"], s["trajectory"])) for p, s in pairs)
+        tot = sum(len(p["trajectory"]) for p, _ in pairs)
+        lines.append(f"| {name} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
+                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {statistics.mean(d):+.2f} "
+                     f"({max(abs(x) for x in d):.2f}) | {eq}/{tot} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", nargs="*", default=["cora", "citeseer", "pubmed"])
+    ap.add_argument("--betas", nargs="+", type=float, default=[1.0, 10000.0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--pubmed-seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--rounds", type=int, default=100, help="FedGCN rounds (released code: 100)")
+    ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
+    ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
+    ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")
+    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")
+    ap.add_argument("--out", default="runs/secure_minus_plain")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runs = [json.loads(x) for x in (Path(args.out) / "runs.jsonl").read_text().splitlines()] \
+        if args.table_only else run_all(args)
+    text = table(runs)
+    cmds = sorted({command(RunConfig.from_dict(r["config"])) for r in runs} if runs else set())
+    (Path(args.out) / "table.md").write_text(text + "\n\nRuns:\n\n" + "\n".join(f"    {c}" for c in cmds) + "\n")
+    print(text)
+    print("\nRuns:")
+    for c in cmds:
+        print("   ", c)
+
+
+if __name__ == "__main__":
+    main()

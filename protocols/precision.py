@@ -1,0 +1,109 @@
+"""Precision planning: one rule for every fixed-point codec, from public bounds only.
+
+Both secure backends carry reals as fixed point: CKKS encodes ``round(x * 2^s)`` into a
+slot (:mod:`protocols.ckks.params`), the mask backend ``round(x * 2^f)`` into the ring
+``Z_{2^b}`` (:mod:`protocols.mask.quantize`).  Each has a *headroom* ``H`` (``q_0 / 4``
+for one CKKS data prime, ``2^(b-1)`` for the ring) that the K-way sum must never reach,
+because past it the sum wraps silently.  The only bound every client can check alone is
+its own entries, ``|x_k| <= B`` (``ValueSpec.max_abs``), so the sum is planned from
+
+    ``S = K * B``                                   (:func:`kway_sum_bound`)
+
+and the scale is the largest ``2^s`` with ``S * 2^s <= H`` (:func:`largest_scale_bits`).
+The codec's absolute error ``eps`` of the decoded sum (CKKS noise, rounding) then follows
+from ``s``; a plan is refused when ``eps`` exceeds ``ValueSpec.tolerance``.
+
+Weighted means (FedAvg, FedSpray eq. 14)
+----------------------------------------
+``Protocol.weighted_mean`` sums ``[w_k v_k, w_k]`` and divides after decoding.  The
+absolute tolerance of the sums is meaningful only relative to the weight total: with
+FedAvg weights ``n_k / N`` (training nodes over graph size, ~3e-4 on PubMed) a 1e-4
+tolerance is a percent-level error of the averaged update.  :class:`MeanPrecision` plans
+the exchange from the quantities actually aggregated:
+
+* every weight is in ``[0, W]`` and every value entry in ``[-B, B]`` (public), so every
+  entry of ``[w v, w]`` is bounded by ``W * max(B, 1)`` — the spec's ``max_abs``;
+* with sum errors ``eps_num, eps_den <= eps`` and weight total ``T = sum_k w_k``,
+
+      ``|mean~ - mean| <= (eps_num + |mean| eps_den) / (T - eps_den)``
+                     ``<= eps (1 + B) / (T_min - eps)``         (:meth:`MeanPrecision.error_bound`)
+
+  so a target ``delta`` on the mean holds for ``eps = delta T_min / (1 + B + delta)``
+  (the spec's ``tolerance``), where ``T_min`` is a public lower bound on the total.
+
+Algorithms therefore normalise their weights so that ``T_min`` is of order one (FedAvg:
+``w_k = n_k / n_train`` with the public size ``n_train`` of the training split, so
+``W = 1`` and ``T = 1`` under full participation) and pass ``W``, ``B``, ``T_min`` and the
+target ``delta``; the codecs see only the resulting :class:`~protocols.base.ValueSpec`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: the float32 resolution (2^-24) of a unit-size value: averaged updates are planned to be as
+#: precise as the float32 wire of the plain protocol carries a unit-size parameter
+FLOAT32_MEAN_TOLERANCE = 2.0 ** -24
+
+
+def kway_sum_bound(entry_bound: float, num_contributors: int) -> float:
+    """``K * B``: the bound on the K-way sum that K client-checked entries guarantee."""
+    return float(entry_bound) * max(1, int(num_contributors))
+
+
+def largest_scale_bits(sum_bound: float, headroom: float) -> int:
+    """Largest integer ``s`` with ``sum_bound * 2^s <= headroom``."""
+    s = math.floor(math.log2(headroom) - math.log2(max(float(sum_bound), 2.0 ** -30)))
+    while sum_bound * 2.0 ** s > headroom:
+        s -= 1
+    return s
+
+
+@dataclass(frozen=True)
+class MeanPrecision:
+    """Public precision plan of ``sum_k w_k v_k / sum_k w_k`` (module doc).
+
+    value_bound:      B, public bound on ``|v_k|`` entries;
+    weight_bound:     W, public bound on every weight ``w_k >= 0``;
+    min_weight_total: T_min, public lower bound on ``sum_k w_k`` (> 0);
+    tolerance:        delta, target bound on ``|decoded mean - exact mean|`` per entry.
+    """
+
+    value_bound: float
+    weight_bound: float = 1.0
+    min_weight_total: float = 1.0
+    tolerance: float = FLOAT32_MEAN_TOLERANCE
+
+    def __post_init__(self):
+        for name in ("value_bound", "weight_bound", "min_weight_total", "tolerance"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"MeanPrecision.{name} must be finite and > 0, got {v!r}")
+
+    @property
+    def entry_bound(self) -> float:
+        """Bound on every entry of ``[w v, w]``: ``W * max(B, 1)``."""
+        return self.weight_bound * max(self.value_bound, 1.0)
+
+    @property
+    def sum_tolerance(self) -> float:
+        """``eps = delta T_min / (1 + B + delta)``: the sum error that keeps the mean within delta."""
+        return self.tolerance * self.min_weight_total / (1.0 + self.value_bound + self.tolerance)
+
+    def spec(self):
+        """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector."""
+        from .base import ValueSpec
+        return ValueSpec(max_abs=self.entry_bound, tolerance=self.sum_tolerance)
+
+    def error_bound(self, sum_error: float, weight_total: float | None = None,
+                    mean_abs: float | None = None) -> float:
+        """Bound on the mean's error given the codec's sum error bound ``sum_error``.
+
+        Without arguments beyond ``sum_error`` the public worst case (``T = T_min``,
+        ``|mean| <= B``); recipients, who know the decoded total and mean, may pass them for
+        the bound of this round."""
+        total = self.min_weight_total if weight_total is None else float(weight_total)
+        mean = self.value_bound if mean_abs is None else float(mean_abs)
+        if total <= sum_error:
+            return math.inf
+        return sum_error * (1.0 + mean) / (total - sum_error)

@@ -1,0 +1,138 @@
+"""Precision plan (protocols/precision.py) and bounds every client enforces alone.
+
+* Any K contributions that pass their clients' checks sum exactly with the server-side audit
+  off (ckks packed and mask): the field / ring is sized from what the clients check.
+* A weighted mean with tiny FedAvg-like weights is within the plan's stated bound of the
+  exact mean in every mode, and FedAvg's per-round parameters stay within the stated bound of
+  plain's for 10 rounds; integer exchanges are bit-identical across modes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocols import BoundError, PackingOverflowError, ValueSpec, make_protocol
+from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, kway_sum_bound, largest_scale_bits
+
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+_PROTOCOLS: dict[tuple[str, int], object] = {}
+
+
+def protocol(mode: str, k: int):
+    """One protocol per (mode, K), reused across examples (CKKS key generation is slow)."""
+    if (mode, k) not in _PROTOCOLS:
+        _PROTOCOLS[(mode, k)] = make_protocol(mode, k)
+    return _PROTOCOLS[(mode, k)]
+
+
+def test_shared_scale_rule():
+    assert kway_sum_bound(3.0, 10) == 30.0
+    for bound, headroom in [(1000.0, 2.0 ** 58), (0.3, 2.0 ** 31), (1e-9, 1.0)]:
+        s = largest_scale_bits(bound, headroom)
+        assert bound * 2.0 ** s <= headroom < bound * 2.0 ** (s + 1)
+
+
+@pytest.mark.parametrize("mode", ["ckks", "mask"])
+@SETTINGS
+@given(data=st.data())
+def test_contributions_that_pass_the_client_check_sum_exactly(mode, data):
+    """The sum_max of the spec is NOT owner-checked here, and deliberately too small: the
+    encoding must not trust it (the audit that would catch it is off, as on a real server)."""
+    k = data.draw(st.integers(2, 4), label="K")
+    cap = data.draw(st.integers(1, 300), label="max_abs")
+    n = data.draw(st.integers(1, 40), label="n")
+    entries = st.one_of(st.just(cap), st.integers(0, cap))         # the worst case is drawn often
+    vals = {c: np.array(data.draw(st.lists(entries, min_size=n, max_size=n)), dtype=float) for c in range(k)}
+    spec = ValueSpec(integer=True, max_abs=float(cap), sum_max=cap + 1)
+    proto = protocol(mode, k)
+    assert not getattr(proto, "audit_sum_bound", False)
+    got = proto.weighted_sum("bounds", len(proto.transcript.messages), vals, spec=spec)
+    assert np.array_equal(got, sum(vals.values()))
+    if mode == "ckks":
+        assert proto.last_stats["encoding"] == "packed"
+        proto.audit_sum_bound = True          # the test aid (plaintext K-way sums) never fires here
+        try:
+            assert np.array_equal(proto.weighted_sum("bounds", len(proto.transcript.messages), vals, spec=spec),
+                                  got)
+        finally:
+            proto.audit_sum_bound = False
+
+
+@pytest.mark.parametrize("mode", ["ckks", "mask"])
+def test_an_entry_above_the_client_bound_is_refused_before_anything_is_sent(mode):
+    proto = make_protocol(mode, 2)
+    spec = ValueSpec(integer=True, max_abs=3.0, sum_max=4)
+    with pytest.raises((BoundError, PackingOverflowError), match="client 1"):
+        proto.weighted_sum("bounds", 0, {0: np.array([3.0]), 1: np.array([4.0])}, spec=spec)
+    assert not proto.transcript.select(tag="bounds")
+
+
+def test_owner_checked_sum_keeps_narrow_fields():
+    """FedGCN's spec (sum_max enforced by the owners' degree check) packs log2(cap+1)-bit fields;
+    without the owner check the plan widens them to cover K * max_abs."""
+    ck = protocol("ckks", 4)
+    owner = ck.plan(ValueSpec(integer=True, max_abs=169.0, sum_max=169, owner_checked_sum=True))
+    alone = ck.plan(ValueSpec(integer=True, max_abs=169.0, sum_max=169))
+    assert owner.layout.width == 8 and alone.layout.width == (4 * 169).bit_length()
+
+
+def test_mean_precision_bound_is_sound():
+    plan = MeanPrecision(value_bound=100.0, min_weight_total=0.5)
+    eps = plan.sum_tolerance
+    assert plan.error_bound(eps) <= plan.tolerance * (1 + 1e-12)
+    assert plan.spec().max_abs == 100.0 and plan.spec().tolerance == eps
+    # worst case: numerator and denominator off by eps in opposite directions, mean at the bound
+    num, den = 100.0 * 0.5, 0.5
+    assert abs((num + eps) / (den - eps) - num / den) <= plan.error_bound(eps) + 1e-13   # float64 slack
+
+
+@pytest.mark.parametrize("mode", ["plain", "ckks", "mask"])
+def test_weighted_mean_with_tiny_weights_within_the_stated_bound(mode):
+    """PubMed-like FedAvg weights: the mean is as precise relative to itself as the plan says."""
+    k = 5
+    rng = np.random.default_rng(0)
+    counts = rng.integers(5, 20, size=k).astype(float)
+    w = {c: counts[c] / counts.sum() for c in range(k)}           # n_k / n_train: total 1
+    v = {c: rng.normal(0, 1e-3, size=500) for c in range(k)}     # small updates
+    plan = MeanPrecision(value_bound=100.0)
+    proto = protocol(mode, k)
+    got = proto.weighted_mean("model", len(proto.transcript.messages), v, w, spec=plan.spec())
+    exact = sum(w[c] * v[c] for c in range(k)) / sum(w.values())
+    err = np.abs(got - exact).max()
+    if mode == "plain":      # float32 wire: relative float32 rounding only
+        assert err <= 2.0 ** -22 * np.abs(exact).max() + 1e-12
+    else:
+        assert err <= plan.tolerance
+        assert err <= 1e-3 * np.abs(exact).max()           # far below a 0.1 % relative error
+
+
+def _fedavg(mode: str, rounds: int = 10):
+    from secure_fgl.config import RunConfig
+    from secure_fgl.algorithms import get_algorithm
+    from secure_fgl.engine import resolve_device
+    from secure_fgl.experiment import load_federation, make_run_protocol
+    from secure_fgl.preflight import preflight
+    cfg = RunConfig(algorithm="fedavg", dataset="sbm", clients=4, mode=mode, rounds=rounds, dropout=0.0,
+                    optimizer="sgd", lr=0.5, local_epochs=2, seed=3)
+    fed = load_federation(cfg)
+    cls = get_algorithm("fedavg")
+    torch.manual_seed(cfg.seed)
+    algo = cls(fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False))
+    trajectory = []
+    for r in range(rounds):
+        algo.train_round(r)
+        trajectory.append(algo.global_params.double().clone())
+    return trajectory
+
+
+def test_fedavg_parameters_follow_plain_within_the_stated_bound():
+    """Per round, |secure - plain| <= r * (the plan's bound + plain's float32 wire rounding)."""
+    plain = _fedavg("plain")
+    for mode in ("ckks", "mask"):
+        sec = _fedavg(mode)
+        for r, (p, s) in enumerate(zip(plain, sec), start=1):
+            f32 = 2.0 ** -23 * float(p.abs().max())
+            assert float((s - p).abs().max()) <= r * (FLOAT32_MEAN_TOLERANCE + f32), (mode, r)
