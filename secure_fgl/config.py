@@ -46,6 +46,10 @@ class RunConfig:
     dp_placement: str = "local"         # local | distributed
     dp_clip: float = 1.0                # L2 clip of each DP-protected contribution
     dp_exchanges: str = "all"           # 'all' or comma-separated tag prefixes to privatise (e.g. fedgcn/neighbour_sums)
+    dp_unit: str | None = None          # edge | node | client: what one DP guarantee protects (None: edge for
+                                        # algorithms with a neighbour-sum exchange, else client); secure_fgl/privacy.py
+    dp_split: str | None = None         # 'tag=share,...': relative shares of the budget (default: even)
+    dp_accountant: str = "exact"        # exact (Gaussian composition) | prv | rdp
     device: str = "auto"
     data_root: str | None = None
     seed: int = 0
@@ -71,6 +75,12 @@ class RunConfig:
             raise ConfigError(f"--dp-epsilon must be > 0 (omit it for no DP), got {self.dp_epsilon}")
         if self.dp_placement not in ("local", "distributed"):
             raise ConfigError(f"--dp-placement must be 'local' or 'distributed', got {self.dp_placement!r}")
+        if self.dp_unit is not None and self.dp_unit not in ("edge", "node", "client"):
+            raise ConfigError(f"--dp-unit must be edge, node or client, got {self.dp_unit!r}")
+        if self.dp_accountant not in ("exact", "prv", "rdp"):
+            raise ConfigError(f"--dp-accountant must be exact, prv or rdp, got {self.dp_accountant!r}")
+        if self.dp_epsilon is None and (self.dp_unit is not None or self.dp_split is not None):
+            raise ConfigError("--dp-unit / --dp-split need --dp-epsilon (the run's total DP budget)")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.local_epochs < 1:

@@ -10,7 +10,8 @@
 * ``rounds``  — per-round metrics;
 * ``comm``    — ``bytes_up``/``bytes_down``/``bytes_p2p`` in total and ``per_tag``, from the transcript;
 * ``time``    — seconds per phase (data, setup = pre-training exchanges, train, eval, attacks, total);
-* ``privacy`` — epsilon spent per exchange tag and in total, or ``null`` without DP;
+* ``privacy`` — unit, epsilon spent, delta, accountant and every release (:mod:`secure_fgl.privacy`),
+  or ``null`` without DP;
 * ``attacks`` — attack results (a list) when ``--attacks`` was given.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .algorithms import get_algorithm
 from .config import ConfigError, RunConfig
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
+from .privacy import dp_config, privacy_section
 
 #: the DP accountant's state after the latest release, written before that release's upload
 #: leaves: a run resumed after a crash counts releases its checkpoint missed
@@ -53,12 +55,7 @@ def load_federation(cfg: RunConfig):
 
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None):
-    dp = None
-    if cfg.dp_epsilon is not None:
-        from protocols.dp import DPConfig
-        scope = () if cfg.dp_exchanges == "all" else tuple(t.strip() for t in cfg.dp_exchanges.split(",") if t.strip())
-        dp = DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=cfg.dp_placement, scope=scope)
-    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp, seed=cfg.seed)
+    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed)
 
 
 def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
@@ -117,8 +114,10 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
              "per_client": best["per_client"], **algo.final_metrics()}
 
     result = {"config": cfg.to_dict(), "final": final, "rounds": state.rounds, "comm": None,
-              "time": None, "privacy": protocol.privacy_report(), "attacks": [],
+              "time": None, "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
               "num_clients": fed.num_clients, "device": str(device)}
+    for line in (result["privacy"] or {}).get("warnings", []) + (result["privacy"] or {}).get("uncovered", []):
+        print(f"privacy: {line}")
     if cfg.attacks:
         t0 = time.perf_counter()
         from attacks.runner import run_attacks  # top layer: attacks read the finished run

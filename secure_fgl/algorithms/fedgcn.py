@@ -84,9 +84,9 @@ norm).  The ones entry is never altered, so the count column stays ``d̃_v`` plu
 
 Then one term changes any row by at most ``C`` in L2:
 
-* ``dp_level='edge'`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
+* ``--dp-unit edge`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
   L2 sensitivity ``sqrt(2) · C`` (:func:`protocols.dp.edge_level_sensitivity`);
-* ``dp_level='node'`` -- one node's term appears in its own row and in the rows of its at
+* ``--dp-unit node`` -- one node's term appears in its own row and in the rows of its at
   most ``D = degree_cap`` neighbours (the cap is enforced): sensitivity ``sqrt(D + 1) · C``
   (:func:`protocols.dp.node_level_sensitivity`).
 
@@ -178,7 +178,6 @@ ROW_ORDERS = ("given", "signature")
 #: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
 SEGMENT_DP_MAX_WORK = 4_000_000
 NORMS = ("row", "sym", "none")
-DP_LEVELS = ("edge", "node")
 
 
 @dataclass
@@ -189,7 +188,6 @@ class FedGCNOptions:
     layout: str = "sparse"        # row_sum layout: 'sparse' (touched blocks) | 'dense' (all blocks)
     row_order: str = "given"      # sparse row numbering: 'given' (dataset ids) | 'signature' (module doc)
     degree_cap: int = 254         # public degree bound; sum_max = 255 fits an 8-bit packed field
-    dp_level: str = "edge"        # DP sensitivity: 'edge' sqrt(2)*C | 'node' sqrt(cap+1)*C
     dp_row_clip: float | None = None  # C, L2 bound of a node's term [x, 1] under DP (None: --dp-clip)
     norm: str = "row"             # 'row' D^-1(A+I)X | 'sym' D^-1/2(A+I)D^-1/2 X | 'none' (A+I)X
     feature_bound: float = 10.0   # public bound on |x| for non-binary features (float encoding)
@@ -515,8 +513,6 @@ class FedGCN(ModelAveraging):
                               "uploads every block anyway); use --layout sparse or --row-order given")
         if o.norm not in NORMS:
             raise ConfigError(f"--norm must be one of {', '.join(NORMS)}, got {o.norm!r}")
-        if o.dp_level not in DP_LEVELS:
-            raise ConfigError(f"--dp-level must be 'edge' or 'node', got {o.dp_level!r}")
         if o.degree_cap < 1:
             raise ConfigError(f"--degree-cap must be >= 1, got {o.degree_cap}")
         if o.dp_row_clip is not None:
@@ -583,10 +579,16 @@ class FedGCN(ModelAveraging):
             return None
         from protocols.dp import edge_level_sensitivity, node_level_sensitivity
         C = self.row_clip()
-        sens = (edge_level_sensitivity(C) if self.opts.dp_level == "edge"
+        from ..privacy import resolve_unit
+        sens = (edge_level_sensitivity(C) if resolve_unit(self.cfg) == "edge"
                 else node_level_sensitivity(C, self.opts.degree_cap))
         return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
                          integer=self._integer_exchange())
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """Data each release touches: the sums read features over edges; the model trains GCN
+        layers over the client's exact local edges (:mod:`secure_fgl.privacy`)."""
+        return {TAG: {"features", "edges"}, f"{self.name}/model": {"features", "labels", "edges"}}
 
     def _check_degree_cap(self) -> None:
         cap = self.opts.degree_cap
