@@ -15,6 +15,7 @@ ALGORITHMS: dict[str, str] = {
     "local": "local:Local",
     "centralized": "centralized:Centralized",
     "fedgcn": "fedgcn:FedGCN",
+    "fedgcn-gap": "gap:FedGCNGAP",
     "fedomd": "fedomd:FedOMD",
     "fedspray": "fedspray:FedSpray",
 }
