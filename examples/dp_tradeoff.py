@@ -57,6 +57,8 @@ def main() -> None:
             for name, cfg in settings:
                 res = run_experiment(cfg, progress=False, fed=fed)
                 acc.setdefault(name, []).append(res["final"]["test_acc"])
+                if cfg.algorithm == "fedgcn-gap" and cfg.dp_epsilon is None:    # the encoder is eps-independent
+                    acc.setdefault("feature-only GAP encoder", []).append(res["final"]["encoder_test_acc"])
                 spent = (res["privacy"] or {}).get("total_epsilon")
                 commands.append(command(cfg))
                 print(f"{dataset} seed {seed} {name}: test acc {res['final']['test_acc']:.4f}"

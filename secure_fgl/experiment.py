@@ -115,7 +115,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None) -> dict:
 
     result = {"config": cfg.to_dict(), "final": final, "rounds": state.rounds, "comm": None,
               "time": None, "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
-              "num_clients": fed.num_clients, "device": str(device)}
+              "num_clients": fed.num_clients, "num_classes": fed.num_classes,
+              "device": str(device)}
     for line in (result["privacy"] or {}).get("warnings", []) + (result["privacy"] or {}).get("uncovered", []):
         print(f"privacy: {line}")
     if cfg.attacks:

@@ -49,3 +49,16 @@ def test_conflicting_settings_are_refused():
     with pytest.raises(ConfigError, match="positive shares"):
         parse_split("a=1,b")
     assert parse_split("a=3, b=1") == {"a": 3.0, "b": 1.0}
+
+
+def test_leakage_matrix_marks_an_at_chance_setting():
+    from secure_fgl.report.tables import leakage_matrix
+
+    def run(eps, acc, seed):
+        return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": "plain", "dp_epsilon": eps,
+                           "seed": seed}, "final": {"test_acc": acc}, "attacks": [], "num_classes": 5}
+    results = [run(None, 0.84, 0), run(None, 0.85, 1), run(1.0, 0.19, 0), run(1.0, 0.21, 1)]
+    table = leakage_matrix(results, "fedgcn", "sbm")
+    row = next(r for r in table.rows if r[0] == "model at chance?")
+    assert row[table.header.index("plain ε=1")] == "AT CHANCE"
+    assert row[table.header.index("plain")] == "no"

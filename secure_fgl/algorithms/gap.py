@@ -212,7 +212,10 @@ class FedGCNGAP(ModelAveraging):
         return head if correct[0] >= correct[1] else enc
 
     def final_metrics(self) -> dict:
-        return {"hops": self.opts.hops, "encoder_dim": self.opts.encoder_dim}
+        """Also the test accuracy of the encoder's own classifier: the feature-only MLP reference."""
+        enc = self.encoder.evaluate()
+        return {"hops": self.opts.hops, "encoder_dim": self.opts.encoder_dim,
+                "encoder_test_acc": enc["test_acc"], "encoder_val_acc": enc["val_acc"]}
 
     def state_dict(self) -> dict:
         state = super().state_dict()
