@@ -16,6 +16,7 @@ from pathlib import Path
 
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.report.headline import accuracy_vs_epsilon
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, math.inf)
 
@@ -42,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     epsilons = [float(e) for e in args.epsilons.split(",")]
-    rows, commands = [], []
+    rows, commands, results = [], [], []
     for dataset in args.datasets.split(","):
         acc: dict[str, list[float]] = {}
         for seed in seeds:
@@ -56,6 +57,7 @@ def main() -> None:
                          for e in epsilons]
             for name, cfg in settings:
                 res = run_experiment(cfg, progress=False, fed=fed)
+                results.append({k: res[k] for k in ("config", "final", "privacy", "num_classes")})
                 acc.setdefault(name, []).append(res["final"]["test_acc"])
                 if cfg.algorithm == "fedgcn-gap" and cfg.dp_epsilon is None:    # the encoder is eps-independent
                     acc.setdefault("feature-only GAP encoder", []).append(res["final"]["encoder_test_acc"])
@@ -72,7 +74,10 @@ def main() -> None:
     print("\ncommands:\n" + "\n".join(dict.fromkeys(commands)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tradeoff.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    (out / "tradeoff.json").write_text(json.dumps({"args": vars(args), "rows": rows, "results": results},
+                                                  indent=1, default=str))
+    for p in accuracy_vs_epsilon(results, out / "accuracy_vs_epsilon"):
+        print(f"figure: {p}")
 
 
 if __name__ == "__main__":

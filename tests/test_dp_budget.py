@@ -62,3 +62,16 @@ def test_leakage_matrix_marks_an_at_chance_setting():
     row = next(r for r in table.rows if r[0] == "model at chance?")
     assert row[table.header.index("plain ε=1")] == "AT CHANCE"
     assert row[table.header.index("plain")] == "no"
+
+
+def test_headline_figure_writes_png_pdf_svg(tmp_path):
+    from secure_fgl.report.headline import accuracy_vs_epsilon
+
+    def run(algo, eps, acc, seed):
+        return {"config": {"algorithm": algo, "model": "mlp", "dataset": "sbm", "mode": "plain",
+                           "dp_epsilon": eps, "seed": seed, "dp_unit": None},
+                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5}
+    results = [run("fedgcn-gap", e, a + 0.01 * s, s) for s in (0, 1) for e, a in ((1.0, 0.6), (8.0, 0.7), (None, 0.84))]
+    results += [run("fedavg", None, 0.6, s) for s in (0, 1)]
+    paths = accuracy_vs_epsilon(results, tmp_path / "fig")
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
