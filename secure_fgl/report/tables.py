@@ -196,10 +196,10 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
         else:
             audit_row.append("PASS" if all(a.get("value") == 1.0 for a in aud) else "FAIL")
     rows.append(audit_row + ["—"])
-    rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     chance = accuracy_chance(runs)
     rows.append(["model at chance?"] + [at_chance_label([final_acc(r) for r in by_setting[s]], chance)
                                         for s in settings] + [fmt_num(chance)])
+    rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     seeds = sorted({r["config"]["seed"] for r in runs})
     return Table(f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))", header, rows,
                  note="Cells: mean ± std over seeds. n/a: the observer could read nothing the attack needs; "
