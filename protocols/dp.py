@@ -14,16 +14,21 @@ Mechanism (per release of tag ``t``)
 * **Noise**: the released *sum* gets Gaussian noise of std ``sigma = z_t * Delta`` per
   entry, ``Delta`` the L2 sensitivity of the sum (``DPRequest.sensitivity``, default below),
   ``z_t`` the noise multiplier of the tag.
-* **Calibration**: ``z_t = get_noise_multiplier(target_epsilon=eps_t, target_delta=delta,
-  sample_rate=1.0, steps=R_t, accountant=...)`` (Opacus), the smallest z whose R_t-fold
-  composition spends at most ``eps_t``, where ``R_t = DPRequest.releases`` and ``eps_t`` the
-  tag's share of the budget: ``DPConfig.split`` (relative weights), else an even split over
-  ``DPConfig.tags`` / :meth:`DPEngine.declare`, else (nothing declared) the whole budget goes
-  to the first tag released and any other tag is refused.  The allocation is frozen at the
-  first release.  The one accountant composes *all* tags; after calibrating a tag we check
-  that the planned releases of every tag so far compose to <= ``epsilon`` (at q = 1 Gaussian
-  releases compose like one Gaussian with ``1/z^2 = sum_t R_t / z_t^2``, which is below the
-  sum of the shares; if a check ever failed, that tag's z would be raised until it holds).
+* **Calibration** (the whole run at once): at q = 1 Gaussian releases compose exactly like
+  one Gaussian mechanism with ``mu^2 = sum_t R_t / z_t^2`` (Dong, Roth & Su 2022).  The run
+  first finds the ``mu`` of the single Gaussian that spends exactly ``epsilon`` at ``delta``
+  under its accountant (:meth:`DPEngine.total_mu`; ``1 / get_noise_multiplier(eps, delta,
+  steps=1)`` for Opacus' RDP/PRV, the analytic Gaussian for "exact"), then gives tag ``t`` the
+  share ``s_t`` of ``mu^2``: ``z_t = sqrt(R_t) / (mu sqrt(s_t))``, ``R_t = DPRequest.releases``.
+  When every tag makes its planned releases the run spends ``epsilon`` (to the accountant's
+  numerics), not less: splitting epsilon itself across tags would leave most of it unspent
+  (eps 4 over two tags spent 2.94).  Shares: ``DPConfig.split`` (relative weights), else an
+  even split over ``DPConfig.tags`` / :meth:`DPEngine.declare`, else (nothing declared) the
+  whole budget goes to the first tag released and any other tag is refused.  The allocation
+  is frozen at the first release.  After calibrating a tag we check that the planned releases
+  of every tag so far compose to <= ``epsilon`` (if the accountant's numerics ever disagreed,
+  that tag's z would be raised until it holds).  A tag's ``epsilon_budget`` in the report is
+  what its releases alone would spend.
   The release ``R_t + 1`` of a tag raises :class:`PrivacyBudgetError`.  A release is counted
   when its noise is drawn, even if the exchange then fails (conservative).
 
@@ -290,10 +295,15 @@ class DPEngine:
             if self.config.in_scope(str(t)):
                 self._shares.setdefault(str(t), 1.0)
 
-    def budget(self, tag: str) -> float:
-        """The epsilon share of ``tag`` (0.0 if the tag has no share)."""
+    def share(self, tag: str) -> float:
+        """The fraction of the run's mu^2 (Gaussian-DP budget) given to ``tag``."""
         shares = self._shares or {tag: 1.0}
-        return self.config.epsilon * shares.get(tag, 0.0) / sum(shares.values())
+        return shares.get(tag, 0.0) / sum(shares.values())
+
+    def total_mu(self) -> float:
+        """mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
+        run's accountant (see "Calibration" in the module docstring)."""
+        return 1.0 / calibrate_noise_multiplier(self.config.epsilon, self.config.delta, 1, self.config.accountant)
 
     def noise_multiplier(self, tag: str) -> float | None:
         st = self._tags.get(tag)
@@ -310,9 +320,9 @@ class DPEngine:
                 f"{sorted(self._shares)}. Declare every DP tag of the run before the first release: "
                 f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
                 tag=tag)
-        eps = self.budget(tag)
         mech, delta = self.config.accountant, self.config.delta
-        z = calibrate_noise_multiplier(eps, delta, releases, mech)
+        z = math.sqrt(releases) / (self.total_mu() * math.sqrt(self.share(tag)))
+        eps = epsilon_of([(z, 1.0, releases)], delta, mech)
         plan = [(s.noise_multiplier, 1.0, s.releases) for s in self._tags.values()]
 
         def total(zz: float) -> float:

@@ -69,6 +69,13 @@ class RunConfig:
     dp_exchanges: str = setting("all", group="privacy",
                                 help="'all' or comma-separated exchange tag prefixes to privatise "
                                      "(e.g. fedgcn/neighbour_sums)")
+    dp_unit: str | None = setting(None, group="privacy", choices=("edge", "node", "client"),
+                                  help="what one DP guarantee protects (default: edge for algorithms with a "
+                                       "neighbour-sum exchange, else client; docs/dp.md)")
+    dp_split: str | None = setting(None, group="privacy",
+                                   help="'tag=share,...': relative shares of --dp-epsilon per exchange (default even)")
+    dp_accountant: str = setting("exact", group="privacy", choices=("exact", "prv", "rdp"),
+                                 help="composition: exact Gaussian (default), PRV or RDP")
     # secure mode
     mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
                         help="exchange protocol (list: secure-fgl modes)")
@@ -108,6 +115,8 @@ class RunConfig:
                             for x in self.log.split(",") if x.strip())
         if self.dp_exchanges != "all" and self.dp_epsilon is None:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
+        if self.dp_epsilon is None and (self.dp_unit is not None or self.dp_split is not None):
+            raise ConfigError("--dp-unit / --dp-split need --dp-epsilon (the run's total DP budget)")
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

@@ -14,7 +14,8 @@ policy in :mod:`secure_fgl.results`):
 * ``rounds``  — per-round metrics;
 * ``comm``    — ``bytes_up``/``bytes_down``/``bytes_p2p`` in total and ``per_tag``, from the transcript;
 * ``time``    — seconds per phase (data, setup = pre-training exchanges, train, eval, attacks, total);
-* ``privacy`` — epsilon spent per exchange tag and in total, or ``null`` without DP;
+* ``privacy`` — unit, epsilon spent, delta, accountant and every release (:mod:`secure_fgl.privacy`),
+  or ``null`` without DP;
 * ``attacks`` — attack results (a list) when ``--attacks`` was given (failures recorded inside);
 * ``files``   — the run folder's other files (``best_model.pt``, ``checkpoint.pt``, ...).
 """
@@ -24,7 +25,6 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from protocols import Transcript, make_protocol
 from protocols.transcript import Message
@@ -38,6 +38,7 @@ from .engine.progress import Phases
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
+from .privacy import dp_config, privacy_section
 
 #: the DP accountant's state after the latest release, written before that release's upload
 #: leaves: a run resumed after a crash counts releases its checkpoint missed
@@ -55,12 +56,7 @@ def load_federation(cfg: RunConfig):
 
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None):
-    dp = None
-    if cfg.dp_epsilon is not None:
-        from protocols.dp import DPConfig
-        scope = () if cfg.dp_exchanges == "all" else tuple(t.strip() for t in cfg.dp_exchanges.split(",") if t.strip())
-        dp = DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=cfg.dp_placement, scope=scope)
-    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp, seed=cfg.seed)
+    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed)
 
 
 def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: Phases | None = None) -> dict:
@@ -132,7 +128,10 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
               "config": {**cfg.to_dict(), "options": dataclasses.asdict(options)},
               "options": dataclasses.asdict(options), "device": str(device), "num_clients": fed.num_clients,
               "final": final, "rounds": state.rounds, "comm": protocol.transcript.comm(), "time": times,
-              "privacy": protocol.privacy_report(), "attacks": [], "files": _files(out_dir)}
+              "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
+              "num_classes": getattr(fed, "num_classes", None), "files": _files(out_dir)}
+    for line in (result["privacy"] or {}).get("warnings", []) + (result["privacy"] or {}).get("uncovered", []):
+        print(f"privacy warning: {line}")
     if cfg.attacks:
         result["status"] = "attacks_running"
         _write(out_dir, result)             # training is never lost to an attack failure

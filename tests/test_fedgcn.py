@@ -193,16 +193,16 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
     for k in capped.received:
         assert torch.equal(capped.received[k], free.received[k])
     from protocols.dp import DPConfig
-    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0)
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node")
     proto = make_protocol("plain", K, dp=DPConfig(epsilon=8.0), seed=0)
     with pytest.raises(BoundError, match="node-level DP"):
-        make_algo(fed, cfg=cfg, protocol=proto, hops=1, degree_cap=2, dp_level="node").setup()
+        make_algo(fed, cfg=cfg, protocol=proto, hops=1, degree_cap=2).setup()
 
 
 def test_option_validation():
     from secure_fgl.config import ConfigError
     f = make_federated("sbm", num_clients=2, seed=0, num_nodes=40, num_features=8)
-    for bad in ({"hops": 3}, {"layout": "x"}, {"norm": "x"}, {"dp_level": "x"}, {"degree_cap": 0}):
+    for bad in ({"hops": 3}, {"layout": "x"}, {"norm": "x"}, {"degree_cap": 0}):
         with pytest.raises(ConfigError):
             make_algo(f, **bad)
 
@@ -217,10 +217,9 @@ def test_dp_noise_has_the_stated_scale():
     ax, deg = full_graph_operator(f)
     stds = {}
     for level in ("edge", "node"):
-        cfg = RunConfig(mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0)
+        cfg = RunConfig(mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level)
         proto = make_protocol("plain", K, dp=DPConfig(epsilon=4.0), seed=11)
-        algo = make_algo(f, cfg=cfg, protocol=proto, hops=1, layout="dense", degree_cap=30,
-                         dp_level=level, dp_row_clip=3.0)
+        algo = make_algo(f, cfg=cfg, protocol=proto, hops=1, layout="dense", degree_cap=30, dp_row_clip=3.0)
         algo.setup()
         C = 3.0
         delta = math.sqrt(2) * C if level == "edge" else math.sqrt(31) * C

@@ -16,6 +16,7 @@ ALGORITHMS: dict[str, str] = {
     "local": "local:Local",
     "centralized": "centralized:Centralized",
     "fedgcn": "fedgcn:FedGCN",
+    "fedgcn-gap": "gap:FedGCNGAP",
     "fedomd": "fedomd:FedOMD",
     "fedspray": "fedspray:FedSpray",
     "gc-selftrain": "graph_level:GraphSelfTrain",

@@ -218,8 +218,7 @@ class ModelAveraging(FederatedAlgorithm):
         updates = {k: parameters_to_vector(self.models[k].parameters()).detach() - self.global_params
                    for k in contributors}
         tag = f"{self.name}/model"
-        dp_on = self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag)
-        dp = DPRequest(clip=self.cfg.dp_clip, releases=self.cfg.rounds) if dp_on else None
+        dp = self.model_dp_request(tag)
         # DP-FedAvg (McMahan et al., ICLR 2018) averages clipped updates with equal weights:
         # tiny n_k/N weights would drown in the noise on the weight total
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
@@ -230,6 +229,11 @@ class ModelAveraging(FederatedAlgorithm):
                                                                   device=self.device)
         for m in self.models:
             vector_to_parameters(self.global_params.clone(), m.parameters())
+
+    def model_dp_request(self, tag: str) -> DPRequest | None:
+        """Client-level DP-FedAvg on the model exchange when the run's DP scope covers ``tag``."""
+        dp_on = self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag)
+        return DPRequest(clip=self.cfg.dp_clip, releases=self.cfg.rounds) if dp_on else None
 
     @torch.no_grad()
     def client_logits(self, k: int) -> torch.Tensor:

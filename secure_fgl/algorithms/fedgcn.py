@@ -89,9 +89,9 @@ norm).  The ones entry is never altered, so the count column stays ``d̃_v`` plu
 
 Then one term changes any row by at most ``C`` in L2:
 
-* ``dp_level='edge'`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
+* ``--dp-unit edge`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
   L2 sensitivity ``sqrt(2) · C`` (:func:`protocols.dp.edge_level_sensitivity`);
-* ``dp_level='node'`` -- one node's term appears in its own row and in the rows of its at
+* ``--dp-unit node`` -- one node's term appears in its own row and in the rows of its at
   most ``D = degree_cap`` neighbours (the cap is enforced): sensitivity ``sqrt(D + 1) · C``
   (:func:`protocols.dp.node_level_sensitivity`).
 
@@ -184,7 +184,6 @@ ROW_ORDERS = ("given", "signature")
 #: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
 SEGMENT_DP_MAX_WORK = 4_000_000
 NORMS = ("row", "sym", "none")
-DP_LEVELS = ("edge", "node")
 
 
 class PropGraph(NamedTuple):
@@ -507,8 +506,6 @@ class FedGCN(ModelAveraging):
                               "uploads every block anyway); use --layout sparse or --row-order given")
         if o.norm not in NORMS:
             raise ConfigError(f"--norm must be one of {', '.join(NORMS)}, got {o.norm!r}")
-        if o.dp_level not in DP_LEVELS:
-            raise ConfigError(f"--dp-level must be 'edge' or 'node', got {o.dp_level!r}")
         if o.degree_cap < 1:
             raise ConfigError(f"--degree-cap must be >= 1, got {o.degree_cap}")
         if o.dp_row_clip is not None:
@@ -578,7 +575,8 @@ class FedGCN(ModelAveraging):
             return None
         from protocols.dp import edge_level_sensitivity, node_level_sensitivity
         C = self.row_clip()
-        sens = (edge_level_sensitivity(C) if self.opts.dp_level == "edge"
+        from ..privacy import resolve_unit
+        sens = (edge_level_sensitivity(C) if resolve_unit(self.cfg) == "edge"
                 else node_level_sensitivity(C, self.opts.degree_cap))
         return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
                          integer=self._integer_exchange())
@@ -587,7 +585,13 @@ class FedGCN(ModelAveraging):
         """The cap is a bound some encoding or guarantee relies on: the secure modes size their
         packing / modulus with it, and node-level DP takes its sensitivity from it.  The
         plaintext protocol sums floats and needs no cap."""
-        return self.protocol.mode != "plain" or (self._dp_on and self.opts.dp_level == "node")
+        from ..privacy import resolve_unit
+        return self.protocol.mode != "plain" or (self._dp_on and resolve_unit(self.cfg) == "node")
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """Data each release touches: the sums read features over edges; the model trains GCN
+        layers over the client's exact local edges (:mod:`secure_fgl.privacy`)."""
+        return {TAG: {"features", "edges"}, f"{self.name}/model": {"features", "labels", "edges"}}
 
     def _check_degree_cap(self) -> None:
         cap = self.opts.degree_cap

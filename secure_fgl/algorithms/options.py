@@ -33,8 +33,6 @@ class FedGCNOptions:
                                   "publishes a histogram, see the fedgcn module doc)")
     degree_cap: int = setting(254, min=1, unit="edges",
                               help="public degree bound; 254 makes sums fit an 8-bit packed field")
-    dp_level: str = setting("edge", choices=("edge", "node"),
-                            help="what DP protects: one edge (sensitivity sqrt(2)C) or one node (sqrt(cap+1)C)")
     dp_row_clip: float | None = setting(None, min=0, min_exclusive=True, unit="L2 norm",
                                         help="C, L2 bound of a node's term [x, 1] under DP (default: --dp-clip)")
     norm: str = setting("row", choices=("row", "sym", "none"),

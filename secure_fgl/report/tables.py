@@ -138,6 +138,28 @@ def _cell(entries: list[dict], key: str) -> str:
     return "n/a"
 
 
+def accuracy_chance(runs: list[dict]) -> float | None:
+    """Chance accuracy 1 / number of classes (``result['num_classes']``), if the runs record it."""
+    k = next((r.get("num_classes") for r in runs if r.get("num_classes")), None)
+    return 1.0 / k if k else None
+
+
+#: a setting's model is "at chance" when its mean test accuracy is within this of chance
+#: (or within one std over seeds, if larger)
+AT_CHANCE_MARGIN = 0.05
+
+
+def at_chance_label(accs: list[float | None], chance: float | None) -> str:
+    """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``:
+    a privacy result read off a model that learned nothing means nothing."""
+    vals = [float(a) for a in accs if a is not None]
+    if not vals or chance is None:
+        return "—"
+    mean = sum(vals) / len(vals)
+    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+    return "AT CHANCE" if mean - chance <= max(std, AT_CHANCE_MARGIN) else "no"
+
+
 # ----------------------------------------------------------------------------- tables
 def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
@@ -175,12 +197,16 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
         else:
             audit_row.append("PASS" if all(a.get("value") == 1.0 for a in aud) else "FAIL")
     rows.append(audit_row + ["—"])
+    chance = accuracy_chance(runs)
+    rows.append(["model at chance?"] + [at_chance_label([final_acc(r) for r in by_setting[s]], chance)
+                                        for s in settings] + [fmt_num(chance)])
     rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     seeds = sorted({r["config"]["seed"] for r in runs})
     return Table(f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))", header, rows,
                  note="Cells: mean ± std over seeds. n/a: the observer could read nothing the attack needs; "
                       "n/a (chance): ... and the transcript audit passed, so the result is at chance. "
-                      "(↓ leakier): lower values leak more (distance to the truth).")
+                      "(↓ leakier): lower values leak more (distance to the truth). model at chance?: AT CHANCE when "
+                      "the mean test accuracy is within max(std, 0.05) of 1/classes -- read no privacy result off it.")
 
 
 def _eps_spent(r: dict) -> tuple[str, str]:

@@ -1,0 +1,230 @@
+r"""FedGCN-GAP: edge-level differentially private FedGCN by aggregation perturbation.
+
+Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, *GAP: Differentially Private Graph Neural
+Networks with Aggregation Perturbation*, USENIX Security 2023, sec. 4 (encoder, aggregation
+and classification modules), run federated: the neighbour sums go through FedGCN's
+``row_sum`` exchange (Yao et al., NeurIPS 2023) instead of a central server's graph.
+
+Three stages, the only edge-dependent values being noisy sums:
+
+1. **Encoder** (edge-free).  FedAvg (tag ``fedgcn-gap/encoder/model``) trains
+   ``logits = W_c relu(E(x))`` with ``E(x) = W_2 relu(W_1 x)`` on each client's features and
+   labels only.  No edge enters, so under edge-level DP it costs no budget.
+2. **Aggregation** (the private part).  ``H_0 = E(x) / ||E(x)||`` (row-normalised: every row
+   has norm 1).  For hop ``h = 1..K``, client ``k`` contributes for every node ``v`` it knows
+   ``P^{(k)}_v = sum_{j in V_k} Ã_vj H_{h-1, j}`` (:func:`~secure_fgl.algorithms.fedgcn.partial_neighbour_sums`,
+   ``Ã = A + I``), the protocol adds them with edge-level Gaussian noise
+   (tag ``fedgcn-gap/hop/h``, one release each, composed by the run's accountant):
+
+   .. math::  \tilde S_{h,v} = \sum_{j} Ã_{vj} H_{h-1,j} + N(0, \sigma_h^2 I),
+              \qquad H_{h,v} = \tilde S_{h,v} / \|\tilde S_{h,v}\|
+
+   Adding or removing one edge ``{u, v}`` changes row ``u`` by ``H_{h-1,v}`` and row ``v`` by
+   ``H_{h-1,u}``, both of norm 1: L2 sensitivity ``sqrt(2)``
+   (:func:`protocols.dp.edge_level_sensitivity` with C = 1).  ``H_{h-1}`` is itself a
+   post-processing of the earlier noisy hops, so the composition is adaptive Gaussian.
+3. **Head** (edge-free given the noisy sums).  FedAvg (tag ``fedgcn-gap/model``) trains an
+   MLP on ``[H_0, H_1, ..., H_K]`` -- post-processing of the DP sums and of edge-free data.
+
+What it protects: edge-level DP (one edge added or removed anywhere in the federated
+graph) for everything the clients release, with the reported ``(epsilon, delta)``.  No exact
+edge reaches a model: no GCN layer over local edges, no denoising with own edges.  It does
+*not* protect a node's features or labels (the encoder and head exchanges are exact): that
+is node-level DP, not implemented here.  Each client finally picks, per its own validation
+nodes, the head or the encoder's own classifier (post-processing; ``select='val'``), so the
+model never does worse on validation than the feature-only MLP it started from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from protocols import BoundError, DPRequest, ValueSpec
+
+from ..config import ConfigError
+from ..models import build_model
+from .base import ModelAveraging
+from .fedgcn import local_degrees, partial_neighbour_sums
+
+HOP_TAG = "fedgcn-gap/hop"
+SELECT = ("val", "head")
+
+
+@dataclass
+class GAPOptions:
+    """FedGCN-GAP settings (GAP's defaults: 16-dim embeddings, 2 hops)."""
+
+    hops: int = 2                 # K noisy aggregation hops (each a separate release)
+    encoder_dim: int = 16         # dimension of the row-normalised embeddings that are summed
+    encoder_hidden: int = 64      # hidden width of the encoder MLP
+    encoder_rounds: int | None = None  # FedAvg rounds of the encoder (None: --rounds)
+    layout: str = "sparse"        # row_sum layout of the hop exchanges
+    degree_cap: int = 254         # public degree bound (fixes the value bound of the sums)
+    select: str = "val"           # 'val': per client, head or encoder by validation accuracy | 'head'
+
+
+class Encoder(nn.Module):
+    """``E(x) = W_2 relu(W_1 x)``; the classifier ``W_c relu(E(x))`` trains it."""
+
+    uses_graph = False
+
+    def __init__(self, in_dim: int, hidden: int, dim: int, num_classes: int, dropout: float):
+        super().__init__()
+        self.lin1, self.lin2, self.cls = nn.Linear(in_dim, hidden), nn.Linear(hidden, dim), nn.Linear(dim, num_classes)
+        self.dropout = dropout
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.lin1(F.dropout(x, self.dropout, self.training)))
+        return self.lin2(F.dropout(h, self.dropout, self.training))
+
+    def forward(self, x: torch.Tensor, edge_index=None) -> torch.Tensor:
+        return self.cls(F.relu(self.embed(x)))
+
+
+def row_normalise(h: torch.Tensor) -> torch.Tensor:
+    """Each row scaled to unit L2 norm (a zero row stays zero)."""
+    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+class _EncoderTraining(ModelAveraging):
+    """Stage 1: FedAvg of the encoder on features and labels (no edges)."""
+
+    name = "fedgcn-gap/encoder"
+
+    def __init__(self, parent: "FedGCNGAP"):
+        self.parent = parent
+        super().__init__(parent.fed, parent.protocol, parent.cfg, parent.device, parent.opts)
+
+    def build_model(self) -> nn.Module:
+        o, f = self.parent.opts, self.parent.fed
+        return Encoder(f.num_features, o.encoder_hidden, o.encoder_dim, f.num_classes, self.cfg.dropout)
+
+    def client_inputs(self, k: int):
+        return self.clients[k].x, self.parent.no_edges
+
+    def model_dp_request(self, tag: str) -> DPRequest | None:
+        return self.parent.model_dp_request(tag)
+
+
+class FedGCNGAP(ModelAveraging):
+    """Edge-level DP FedGCN by aggregation perturbation (module docstring)."""
+
+    name = "fedgcn-gap"
+    Options = GAPOptions
+
+    def __init__(self, fed, protocol, cfg, device, options=None):
+        opts = options if options is not None else GAPOptions()
+        if opts.hops < 1:
+            raise ConfigError(f"fedgcn-gap needs --hops >= 1 noisy aggregation hops, got {opts.hops}")
+        if opts.select not in SELECT:
+            raise ConfigError(f"--select must be one of {', '.join(SELECT)}, got {opts.select!r}")
+        if opts.encoder_dim < 1 or opts.degree_cap < 1:
+            raise ConfigError("--encoder-dim and --degree-cap must be >= 1")
+        self.opts = opts
+        super().__init__(fed, protocol, cfg, device, opts)
+        self.no_edges = torch.empty(2, 0, dtype=torch.long, device=device)
+        self.encoder = _EncoderTraining(self)
+        self._inputs: list[torch.Tensor] | None = None
+        dp = self.protocol.dp
+        if dp is not None and dp.config.split is None:
+            dp.declare(*self.hop_tags())          # even split over the hops
+
+    def hop_tags(self) -> list[str]:
+        return [f"{HOP_TAG}/{h}" for h in range(1, self.opts.hops + 1)]
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """The hop sums read embeddings over edges; the encoder and head touch no exact edge."""
+        return {HOP_TAG: {"features", "labels", "edges"}, f"{self.name}/encoder": {"features", "labels"},
+                f"{self.name}/model": {"features", "labels"}}
+
+    def build_model(self) -> nn.Module:
+        cfg = self.cfg
+        return build_model("mlp", (self.opts.hops + 1) * self.opts.encoder_dim, cfg.hidden, self.fed.num_classes,
+                           num_layers=cfg.num_layers, dropout=cfg.dropout)
+
+    def model_dp_request(self, tag: str) -> DPRequest | None:
+        """Edge-level: the model exchanges touch no edge, so they carry no noise."""
+        from ..privacy import resolve_unit
+        if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
+            return None
+        return super().model_dp_request(tag)
+
+    # -- stage 1 and 2
+    def embeddings(self, k: int) -> torch.Tensor:
+        """``H_0`` of client k's own nodes: the encoder's row-normalised embeddings (float64)."""
+        model = self.encoder.models[k]
+        model.eval()
+        with torch.no_grad():
+            return row_normalise(model.embed(self.clients[k].x).to(torch.float64))
+
+    def hop_request(self, hop: int) -> DPRequest | None:
+        if self.protocol.dp is None:
+            return None
+        from protocols.dp import edge_level_sensitivity
+        return DPRequest(clip=float("inf"), per_row=True, sensitivity=edge_level_sensitivity(1.0), releases=1)
+
+    def aggregate_hops(self, h0: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Stage 2: ``[H_0, H_1, ..., H_K]`` concatenated per client (own nodes, float32)."""
+        cap = self.opts.degree_cap
+        for k, c in enumerate(self.clients):
+            deg = local_degrees(c) - 1
+            if c.num_nodes and int(deg.max()) > cap:
+                raise BoundError(f"a node has degree {int(deg.max())} above --degree-cap {cap}; raise --degree-cap "
+                                 "(a public bound)", tag=HOP_TAG, round=0, client=k)
+        spec = ValueSpec(max_abs=float(cap + 1))
+        hops, prev = [h0], h0
+        for h, tag in enumerate(self.hop_tags(), start=1):
+            contributions = {k: tuple(t.cpu() for t in partial_neighbour_sums(c, prev[k]))
+                             for k, c in enumerate(self.clients)}
+            requests = {k: c.global_ids.cpu() for k, c in enumerate(self.clients)}
+            received = self.protocol.row_sum(tag, 0, contributions, requests, num_rows=self.fed.graph.num_nodes,
+                                             layout=self.opts.layout, spec=spec, dp=self.hop_request(h))
+            prev = [row_normalise(torch.as_tensor(received[k], dtype=torch.float64, device=self.device))
+                    for k in range(len(self.clients))]
+            hops.append(prev)
+        return [torch.cat([hop[k] for hop in hops], dim=1).to(torch.float32) for k in range(len(self.clients))]
+
+    def setup(self) -> None:
+        rounds = self.opts.encoder_rounds or self.cfg.rounds
+        for r in range(rounds):
+            self.encoder.train_round(r)
+        self._inputs = self.aggregate_hops([self.embeddings(k) for k in range(len(self.clients))])
+
+    # -- stage 3
+    def client_inputs(self, k: int):
+        if self._inputs is None:
+            raise RuntimeError("FedGCNGAP.setup() (encoder and noisy hops) must run before training")
+        return self._inputs[k], self.no_edges
+
+    @torch.no_grad()
+    def client_logits(self, k: int) -> torch.Tensor:
+        head = super().client_logits(k)
+        if self.opts.select == "head":
+            return head
+        enc = self.encoder.client_logits(k)
+        c = self.clients[k]
+        if not c.val_mask.any():
+            return head
+        correct = [int((lg[c.val_mask].argmax(-1) == c.y[c.val_mask]).sum()) for lg in (head, enc)]
+        return head if correct[0] >= correct[1] else enc
+
+    def final_metrics(self) -> dict:
+        """Also the test accuracy of the encoder's own classifier: the feature-only MLP reference."""
+        enc = self.encoder.evaluate()
+        return {"hops": self.opts.hops, "encoder_dim": self.opts.encoder_dim,
+                "encoder_test_acc": enc["test_acc"], "encoder_val_acc": enc["val_acc"]}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["gap"] = {"encoder": self.encoder.state_dict(),
+                        "inputs": [z.cpu() for z in self._inputs] if self._inputs is not None else None}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.encoder.load_state_dict(state["gap"]["encoder"])
+        saved = state["gap"]["inputs"]
+        self._inputs = None if saved is None else [z.to(self.device) for z in saved]

@@ -1,0 +1,171 @@
+r"""What a run's differential privacy protects: the unit, the budget, every release.
+
+A DP run names its **unit of privacy** (``--dp-unit``):
+
+* ``edge``   -- neighbouring graphs differ in one edge (u, v);
+* ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``);
+* ``client`` -- one client's whole contribution (DP-FedAvg, McMahan et al., ICLR 2018).
+
+Units nest: a release that is client-level DP is also node- and edge-level DP (one client
+holds the node or edge); a node-level release is also edge-level.  A run is ``unit``-level
+DP with the reported ``(total_epsilon, delta)`` when every release that depends on data the
+unit protects is privatised at that unit or a coarser one; everything else the clients
+release is post-processing of DP releases or of data the unit does not protect.  The run's
+``privacy`` section (:func:`privacy_section`) lists every release (tag), the data it
+touches, the unit its noise covers and its epsilon, and names in ``uncovered`` each release
+that breaks the claim (e.g. FedGCN's GCN layers propagate over exact local edges, so under
+an edge-level claim its model exchange must be privatised too, or the claim is false).
+
+Budget (``--dp-epsilon``, ``--dp-split``, ``--dp-accountant``): ``epsilon`` is the total for
+the run; tags share it as shares of the Gaussian-DP budget ``mu^2`` (:mod:`protocols.dp`,
+"Calibration"), so the run spends what was asked.  The default accountant ``exact`` composes
+the unsampled Gaussian releases exactly (analytic Gaussian of the composed mu).
+
+Client-level DP with few clients: the mean of K clipped updates has norm <= C while its
+noise has norm ~ z C sqrt(d) / K (d parameters).  The section stores this
+``noise_to_signal`` ratio per client-level release and a warning when it exceeds 1.
+"""
+from __future__ import annotations
+
+import math
+
+from .config import ConfigError, RunConfig
+
+UNITS = ("edge", "node", "client")
+#: the units a release privatised at a given unit also protects
+COVERS = {"client": {"client", "node", "edge"}, "node": {"node", "edge"}, "edge": {"edge"}}
+#: the data each unit protects (a release touching any of it must be privatised)
+PROTECTS = {"edge": {"edges"}, "node": {"features", "labels", "edges"},
+            "client": {"features", "labels", "edges"}}
+
+
+def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
+    """Tags of the run's neighbour-sum (``row_sum``) exchanges, whose noise is edge- or node-level."""
+    if cfg.algorithm == "fedgcn" and int(cfg.options.get("hops", 1)) > 0:
+        return ("fedgcn/neighbour_sums",)
+    if cfg.algorithm == "fedgcn-gap":
+        return ("fedgcn-gap/hop",)
+    return ()
+
+
+def resolve_unit(cfg: RunConfig) -> str:
+    """``--dp-unit``, else edge for algorithms with a neighbour-sum exchange, else client."""
+    if cfg.dp_unit is not None:
+        return cfg.dp_unit
+    return "edge" if row_sum_tags(cfg) else "client"
+
+
+def parse_scope(cfg: RunConfig) -> tuple[str, ...]:
+    return () if cfg.dp_exchanges == "all" else tuple(t.strip() for t in cfg.dp_exchanges.split(",") if t.strip())
+
+
+def parse_split(text: str | None) -> dict[str, float] | None:
+    """``'tag=share,tag=share'`` -> ``{tag: share}`` (relative weights)."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        tag, sep, share = part.partition("=")
+        try:
+            out[tag.strip()] = float(share)
+        except ValueError:
+            sep = ""
+        if not sep or not tag.strip() or not out[tag.strip()] > 0:
+            raise ConfigError(f"--dp-split takes tag=share,... with positive shares, got {part!r} "
+                              "(e.g. fedgcn/neighbour_sums=3,fedgcn/model=1)")
+    return out
+
+
+def _in_scope(scope: tuple[str, ...], tag: str) -> bool:
+    return not scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") or p.startswith(tag)
+                            for p in scope)
+
+
+def dp_config(cfg: RunConfig):
+    """The run's :class:`protocols.dp.DPConfig` (``None`` without DP); refuses conflicting settings."""
+    if cfg.dp_epsilon is None:
+        return None
+    from protocols.dp import DPConfig
+    unit, scope, split = resolve_unit(cfg), parse_scope(cfg), parse_split(cfg.dp_split)
+    sums = [t for t in row_sum_tags(cfg) if _in_scope(scope, t)]
+    if unit == "client" and sums:
+        raise ConfigError(f"--dp-unit client cannot privatise the neighbour-sum exchange {sums[0]} (one client's "
+                          "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
+                          f"{cfg.algorithm}/model")
+    if unit == "node" and cfg.algorithm == "fedgcn-gap":
+        raise ConfigError("fedgcn-gap implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
+    if split is not None:
+        out = [t for t in split if scope and not _in_scope(scope, t)]
+        if out:
+            raise ConfigError(f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
+                              "without DP; split only privatised exchanges")
+    return DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=cfg.dp_placement, scope=scope,
+                    split=split, accountant=cfg.dp_accountant)
+
+
+def _released_tags(protocol) -> list[str]:
+    """Tags of every exchange whose values left a client, in first-release order (key set-up
+    tags, ``*/keys`` such as ``auth/keys`` and ``ckks/keys``, carry key material, no data)."""
+    seen = []
+    for m in protocol.transcript.messages:
+        if m.sender.startswith("client") and m.tag not in seen and not m.tag.endswith("/keys"):
+            seen.append(m.tag)
+    return seen
+
+
+def release_dependencies(algo, tag: str) -> set[str]:
+    """The private data a release of ``tag`` is computed from: ``algo.release_dependencies()``
+    when the algorithm states it, else the conservative answer (all of it; an MLP model
+    exchange without a neighbour-sum exchange touches no edge)."""
+    stated = getattr(algo, "release_dependencies", None)
+    if stated is not None:
+        for prefix, deps in stated().items():
+            if tag == prefix or tag.startswith(prefix.rstrip("/") + "/"):
+                return set(deps)
+    cfg = algo.cfg
+    if tag.endswith("/model") and cfg.model == "mlp" and not row_sum_tags(cfg):
+        return {"features", "labels"}
+    return {"features", "labels", "edges"}
+
+
+def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
+    """The ``privacy`` section of ``result.json`` (``None`` without DP); see the module docstring."""
+    rep = protocol.privacy_report()
+    if rep is None:
+        return None
+    unit, sums = resolve_unit(cfg), row_sum_tags(cfg)
+    per_tag = rep.get("per_tag", {})
+    params = getattr(algo, "global_params", None)
+    dim = int(params.numel()) if params is not None else None
+    releases, uncovered, warnings = [], [], []
+    for tag in _released_tags(protocol):
+        deps = release_dependencies(algo, tag)
+        entry = {"tag": tag, "touches": sorted(deps), "dp": tag in per_tag}
+        if tag in per_tag:
+            t = per_tag[tag]
+            rel_unit = unit if any(tag == s or tag.startswith(s) for s in sums) else "client"
+            entry.update({"unit": rel_unit, "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
+                          "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"],
+                          "share": protocol.dp.share(tag)})
+            covered = unit in COVERS[rel_unit]
+            if rel_unit == "client" and dim and isinstance(t["noise_multiplier"], float):
+                ratio = t["noise_multiplier"] * math.sqrt(dim) / max(1, len(algo.clients))
+                entry["noise_to_signal"] = ratio
+                if ratio > 1:
+                    warnings.append(f"{tag}: client-level noise on the mean of {len(algo.clients)} clients has "
+                                    f"~{ratio:.3g}x the norm of the largest possible mean update ({dim} "
+                                    f"parameters); client-level DP needs about {math.ceil(ratio) * len(algo.clients)}"
+                                    " clients or more to learn. Use --dp-unit edge/node or fewer parameters")
+        else:
+            covered = not (deps & PROTECTS[unit])
+        entry["covered"] = covered
+        if not covered:
+            uncovered.append(f"{tag} is released {'with ' + entry['unit'] + '-level' if entry['dp'] else 'without'}"
+                             f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
+                             "does not hold for it")
+        releases.append(entry)
+    return {"unit": unit, "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
+            "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
+            "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
+            "uncovered": uncovered, "warnings": warnings, "per_tag": per_tag,
+            "replayed_releases": rep.get("replayed_releases", 0)}
