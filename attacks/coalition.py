@@ -137,7 +137,8 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
     ``values``, exchanged under ``spec``) with the sum of its collective-key shares
     ``sum_{i in C} s_i`` -- the best key it holds, since ``s = sum_i s_i`` over all K clients.
     Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
-    plaintext, 'chance': 1/sqrt(used), 'used': coefficients carrying data}``; with ``c < K``
+    plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
+    data, 'used': coefficients carrying data}``; with ``c < K``
     the missing shares leave ``c1 s_j`` uniformly random, so ``abs_corr`` is at chance.
     With the victim's share in ``coalition`` the same decryption is exact (positive control)."""
     from protocols.ckks_mp import encoding, encryption
