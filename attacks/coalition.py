@@ -13,6 +13,9 @@ Two quantities are reported separately, per exchange:
     rebuild from ``>= t`` Shamir shares (server's unmasking shares + the coalition's own),
     and compares what is left with the victim's encoded input (exact ring equality; chance
     ``2^-b`` per entry).  With ``c < t`` and at least one honest peer: 0 beyond chance.
+    Multiparty CKKS (``ckks-mp``): the coalition decrypts a victim's upload with the sum of its
+    ``c`` collective-key shares (the secret key is the sum of all ``K``); reported as the
+    |correlation| with the victim's plaintext on a probe exchange (chance ``1/sqrt(n)``).
 (b) **implied** -- the fraction of the blocks a coalition client receives whose aggregate has
     exactly one non-coalition contributor: aggregate minus the coalition's own inputs is that
     client's value, in every mode (e.g. a FedGCN row with two contributors).  Legitimate
@@ -128,6 +131,32 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.
     return out
 
 
+def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray,
+                  spec) -> dict:
+    """(a) for multiparty CKKS: the coalition decrypts ``victim``'s upload (one block of
+    ``values``, exchanged under ``spec``) with the sum of its collective-key shares
+    ``sum_{i in C} s_i`` -- the best key it holds, since ``s = sum_i s_i`` over all K clients.
+    Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
+    plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
+    data, 'used': coefficients carrying data}``; with ``c < K``
+    the missing shares leave ``c1 s_j`` uniformly random, so ``abs_corr`` is at chance.
+    With the victim's share in ``coalition`` the same decryption is exact (positive control)."""
+    from protocols.ckks_mp import encoding, encryption
+    ring = proto.ring
+    plan = proto.plan(spec, block_len=len(values))
+    data = next(m.payload for m in proto.transcript.view(SERVER) if m.tag == tag and m.round == rnd
+                and m.kind == "ciphertext" and m.sender == client_party(victim) and m.receiver == SERVER)
+    ct = encryption.from_bytes(ring, data, (1, 2, plan.level, proto.params.n))[0]
+    key = proto._clients[coalition[0]]._share.s_hat          # the colluding clients' collective-key shares
+    for c in coalition[1:]:
+        key = ring.add(key, proto._clients[c]._share.s_hat)
+    used = encoding.used_coefficients(plan, len(values))
+    attack = np.array(encoding.crt_centered(ring, encryption.decrypt(ring, key, ct))[:used], dtype=np.float64)
+    truth = np.array(encoding.crt_centered(ring, encoding.encode(ring, plan, encoding.quantize(values, plan)))[:used],
+                     dtype=np.float64)
+    return {"abs_corr": float(abs(np.corrcoef(attack, truth)[0, 1])), "chance": float(1.0 / np.sqrt(used)), "used": used}
+
+
 def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
     """(b) fraction of the blocks coalition clients receive whose aggregate has exactly one
     non-coalition contributor (aggregate minus own inputs = that client's value)."""
@@ -173,6 +202,22 @@ def _probe_mask(proto, coalition: list[int], late: bool) -> float:
                           for v in (victims[:1] if late else victims)]))
 
 
+def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
+    """(a) for ckks-mp on a probe exchange of the same parameters (random integers; fresh keys:
+    the break does not depend on data or key values): the coalition's decryption of the first
+    non-coalition client's upload.  None when every client is in the coalition."""
+    from protocols import ValueSpec, make_protocol
+    victims = [k for k in range(proto.num_clients) if k not in coalition]
+    if not victims:
+        return None
+    probe = make_protocol("ckks-mp", proto.num_clients, params=proto.params)
+    rng = np.random.default_rng(0)
+    spec = ValueSpec(integer=True, max_abs=200, sum_max=200 * proto.num_clients)
+    vals = {k: rng.integers(0, 200, 4096).astype(float) for k in range(proto.num_clients)}
+    probe.weighted_sum("probe/x", 0, vals, spec=spec)
+    return ckks_mp_break(probe, "probe/x", 0, victims[0], coalition, vals[victims[0]], spec)
+
+
 class CoalitionAttack(Attack):
     """Server + c colluding clients (default c=1: client 0): (a) upload fraction read by breaking
     the protocol, (b) fraction of received blocks the aggregate isolates (see module docstring)."""
@@ -214,6 +259,13 @@ class CoalitionAttack(Attack):
             metrics["break_late_upload_recovered"] = _probe_mask(proto, coalition, late=True)
             value = max(metrics["break_probe_recovered"], metrics["break_late_upload_recovered"])
             chance = 2.0 ** -32
+        elif mode == "ckks-mp":
+            probe = _probe_ckks_mp(proto, coalition)
+            if probe is None:
+                return self.not_applicable("every client is in the coalition: it holds the whole secret key")
+            metrics["break_probe_abs_corr"] = probe["abs_corr"]
+            return self.result(metric="break_probe_abs_corr", value=probe["abs_corr"], chance=probe["chance"],
+                               metrics=metrics)
         else:
             value = max(broken) if broken else None
         return self.result(metric="break_read_fraction", value=value, chance=chance, metrics=metrics)

@@ -49,6 +49,14 @@ def check_dataset(cfg: RunConfig, algo_cls) -> None:
                           "(e.g. $SECURE_FGL_DATA)")
 
 
+def check_mode(cfg: RunConfig, algo_cls) -> None:
+    """An algorithm that declares ``supported_modes`` (and its ``mode_refusal`` line) refuses the
+    other modes before any data is loaded."""
+    modes = getattr(algo_cls, "supported_modes", None)
+    if modes is not None and cfg.mode not in modes:
+        raise ConfigError(algo_cls.mode_refusal(cfg.mode))
+
+
 def check_attacks(cfg: RunConfig) -> None:
     if not cfg.attacks:
         return
@@ -124,6 +132,7 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     check_config = getattr(algo_cls, "check_config", None)   # an algorithm's own cross-field rules
     if check_config is not None:
         check_config(options, cfg)
+    check_mode(cfg, algo_cls)
     if check_data:
         check_dataset(cfg, algo_cls)
     check_attacks(cfg)

@@ -128,25 +128,32 @@ def _upload_of(p, tag: str, k: int) -> bytes:
 
 
 def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
+    from attacks.coalition import ckks_mp_break
     k = 4
     p = proto(k)
     rng = np.random.default_rng(7)
-    n_vals = 6000
-    vals = {c: rng.integers(0, 200, n_vals).astype(float) for c in range(k)}
+    vals = {c: rng.integers(0, 200, 6000).astype(float) for c in range(k)}
     spec = ValueSpec(integer=True, max_abs=200, sum_max=800)
     p.weighted_sum("victim", 0, vals, spec=spec)
-    plan = p.plan(spec, block_len=n_vals)
     victim = k - 1
-    cts = encryption.from_bytes(p.ring, _upload_of(p, "victim", victim), (1, 2, plan.level, p.params.n))[0]
-    truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))
-    used = encoding.used_coefficients(plan, n_vals)
-    colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
-    attack = centred_coeffs(p, encryption.decrypt(p.ring, colluders, cts))
-    assert abs(corr(attack[:used], truth[:used])) < 0.1
+    attack = ckks_mp_break(p, "victim", 0, victim, [0, 1, 2], vals[victim], spec)
+    assert attack["abs_corr"] < 0.1 and attack["abs_corr"] < 5 * attack["chance"]
     # positive control: with the victim's share too, the same decryption recovers the upload
-    everyone = p.ring.add(colluders, secret(p, victim))
-    exact = centred_coeffs(p, encryption.decrypt(p.ring, everyone, cts))
-    assert corr(exact[:used], truth[:used]) > 0.999999
+    assert ckks_mp_break(p, "victim", 0, victim, [0, 1, 2, victim], vals[victim], spec)["abs_corr"] > 0.999999
+
+
+def test_coalition_attack_in_the_runner_registry():
+    from attacks.base import View
+    from attacks.runner import ATTACKS
+    p = proto(3)
+    p.weighted_sum("fedavg/model", 0, {c: np.full(8, 0.5) for c in range(3)}, spec=ValueSpec(max_abs=1))
+    attack = ATTACKS["coalition"]()
+    view = View.of(p.transcript, attack.observer)
+    res = attack(view, {"public": {}, "coalition_keys": {"protocol": p, "clients": [0, 1]}})
+    assert res.applicable and res.metric == "break_probe_abs_corr"
+    assert res.value < 5 * res.chance
+    everyone = attack(view, {"public": {}, "coalition_keys": {"protocol": p, "clients": [0, 1, 2]}})
+    assert not everyone.applicable and "whole secret key" in everyone.reason
 
 
 def test_coalition_cannot_read_another_recipients_rows():

@@ -145,6 +145,10 @@ BAD = [
     (["run", "--algorithm", "fedspray", "--proxy-weighting", "uniform"], "--proxy-weighting"),
     (["run", "--algorithm", "fedprox", "--mu", "-1"], "--mu"),
     (["run", "--algorithm", "fedprox", "--mu", "abc"], "--mu"),
+    (["run", "--algorithm", "gcfl", "--eps1", "-1"], "--eps1"),
+    (["run", "--algorithm", "gcflplus", "--seq-length", "0"], "--seq-length"),
+    (["run", "--algorithm", "gcfl", "--mode", "mask"], "--mode ckks"),
+    (["run", "--algorithm", "gcfl", "--dataset", "cora"], "graph-classification dataset"),
     # folders, files, leftovers
     (["run", "--resume"], "--resume"),
     (["run", "--resume", "--out", "{tmp}/empty"], "no checkpoint"),
@@ -220,8 +224,13 @@ def test_run_help_is_grouped_and_every_option_has_its_own_help(capsys):
                   "attacks:", "fedomd options"):
         assert group in out
     from secure_fgl.algorithms import OPTIONS, get_options_class
-    helps = [f.metadata["help"] for name in OPTIONS for f in dataclasses.fields(get_options_class(name))]
-    assert all(helps) and len(set(helps)) == len(helps)
+    helps: dict[str, str] = {}              # one line per flag (algorithms may share an option)
+    for name in OPTIONS:
+        for f in dataclasses.fields(get_options_class(name)):
+            assert f.metadata.get("help"), f"{name} --{f.name} has no help line"
+            helps.setdefault(f.name, f.metadata["help"])
+    assert len(set(helps.values())) == len(helps)
+    assert "gcfl options" in out and "--eps1 EPS1" in out and "--seq-length SEQ_LENGTH" in out
 
 
 def test_model_names_match_the_model_registry():
@@ -236,6 +245,9 @@ def test_discovery_commands(capsys):
     assert main(["algorithms", "FedGCN"]) == 0
     out = capsys.readouterr().out
     assert "NeurIPS 2023" in out and "--hops" in out and "fedgcn-table2" in out and "fedgcn/neighbour_sums" in out
+    assert main(["algorithms", "gcfl"]) == 0
+    out = capsys.readouterr().out
+    assert "NeurIPS 2021" in out and "modes: plain, ckks" in out and "--eps1" in out and "gcfl/similarity" in out
     assert main(["attacks"]) == 0
     assert "fedgcn_readout" in capsys.readouterr().out
     assert main(["modes"]) == 0

@@ -199,3 +199,13 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
     clients, sim = server_similarity(View.of(ckks.transcript, "server"), 3000)
     assert clients == list(range(5)) and np.abs(sim - expect).max() < 1e-4
     assert same_dataset_auc(clients, sim, datasets) == 1.0
+
+
+@pytest.mark.parametrize("name", ["gc-selftrain", "gc-fedavg", "gc-fedprox", "gcfl", "gcflplus"])
+def test_catalog_and_torch_free_options_match_the_class(name):
+    """`secure-fgl algorithms` and `run --help` read torch-free copies: they must agree with the class."""
+    from secure_fgl.algorithms import get_options_class
+    from secure_fgl.algorithms.catalog import ABOUT
+    cls = get_algorithm(name)
+    assert get_options_class(name) is cls.Options
+    assert ABOUT[name].task == "graph" and ABOUT[name].modes == tuple(cls.supported_modes)

@@ -32,6 +32,11 @@ OPTIONS: dict[str, str] = {
     "fedgcn": "options:FedGCNOptions",
     "fedomd": "options:FedOMDOptions",
     "fedspray": "options:FedSprayOptions",
+    "gc-selftrain": "options:GraphOptions",
+    "gc-fedavg": "options:GraphOptions",
+    "gc-fedprox": "options:GraphProxOptions",
+    "gcfl": "options:GCFLOptions",
+    "gcflplus": "options:GCFLPlusOptions",
 }
 
 

@@ -17,6 +17,8 @@ class About:
     task: str = "node"                  # node | graph classification
 
 
+GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
+
 ABOUT: dict[str, About] = {
     "fedavg": About("clients train a GNN on their own subgraph; the server averages the weights "
                     "(cross-client edges ignored)",
@@ -44,4 +46,24 @@ ABOUT: dict[str, About] = {
                       "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
                       "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
                       "weighted mean of structure proxies (weights stay secret), every round"),
+    "gc-selftrain": About("graph classification: each client trains its GIN alone on its graphs; nothing is "
+                          "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none", task="graph"),
+    "gc-fedavg": About("graph classification: FedAvg of the shared GIN layers; input and classifier layers "
+                       "stay local (GCFL's FedAvg baseline)", GCFL_PAPER,
+                       "gc-fedavg/model: weighted mean of shared-layer updates, every round", task="graph"),
+    "gc-fedprox": About("graph classification: gc-fedavg with a proximal term on the shared GIN layers "
+                        "(GCFL's FedProx baseline)", GCFL_PAPER,
+                        "gc-fedprox/model: weighted mean of shared-layer updates, every round", task="graph"),
+    "gcfl": About("graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
+                  "similarity of their updates) when the cluster's mean update is small and one is large; "
+                  "shared GIN layers averaged per cluster", GCFL_PAPER,
+                  "gcfl/model: weighted mean of shared-layer updates per cluster, every round; "
+                  "gcfl/mean_norm and gcfl/update_norms: norms reported in clear; gcfl/similarity: pairwise "
+                  "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
+                  modes=("plain", "ckks"), task="graph"),
+    "gcflplus": About("graph classification: GCFL whose split compares sequences of gradient norms by DTW "
+                      "(no inner products of updates)", GCFL_PAPER,
+                      "gcflplus/model: weighted mean of shared-layer updates per cluster, every round; "
+                      "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
+                      "clear, every round", task="graph"),
 }

@@ -30,30 +30,16 @@ the cached entries it belongs to -- a selection on test data, reported only for 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine, report_scalars
 
 from .clustering import bipartition, dtw_distances, dtw_similarity, should_split
-from .graph_level import GraphFederated, GraphOptions
+from .graph_level import GraphFederated
+from .options import GCFLOptions, GCFLPlusOptions
 
 __all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFL", "GCFLPlus"]
-
-
-@dataclass
-class GCFLOptions(GraphOptions):
-    eps1: float = 0.05     # split when ||weighted mean update|| < eps1 (eq. 4) ...
-    eps2: float = 0.1      # ... and max_i ||dW_i|| > eps2 (eq. 5); reference defaults
-    decider: int = 0       # ckks: the client that holds the pairwise key and decrypts the matrix
-
-
-@dataclass
-class GCFLPlusOptions(GCFLOptions):
-    seq_length: int = 5          # gradient norms per client in the DTW (reference default)
-    standardize: bool = False    # divide each sequence by its std before DTW (reference option)
 
 
 class GCFL(GraphFederated):

@@ -19,7 +19,6 @@ running accuracy of the last local epoch (as the reference's ``train_gc``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -33,6 +32,7 @@ from protocols import ValueSpec
 from ..config import ConfigError
 from ..models.gcfl_gin import GCFLGIN
 from .base import PARAM_BOUND, FederatedAlgorithm
+from .options import GraphOptions, GraphProxOptions
 
 #: largest absolute error the secure aggregate of an update may carry: below float32 resolution of
 #: the weights.  The default ValueSpec tolerance (1e-4) let ckks plan a 40-bit chain whose error
@@ -41,16 +41,6 @@ UPDATE_TOLERANCE = 1e-8
 
 __all__ = ["UPDATE_TOLERANCE", "GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain",
            "GraphFedAvg", "GraphFedProx"]
-
-
-@dataclass
-class GraphOptions:
-    batch_size: int = 128          # graphs per mini-batch (GCFL)
-
-
-@dataclass
-class GraphProxOptions(GraphOptions):
-    mu: float = 0.01               # FedProx proximal weight (GCFL sec. 6.1)
 
 
 class GraphFederated(FederatedAlgorithm):

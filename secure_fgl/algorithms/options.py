@@ -83,3 +83,36 @@ class FedSprayOptions:
     proxy_weighting: str = setting("ratio", choices=("ratio", "count"),
                                    help="eq. 15 weights: class ratio (paper) or class count")
     ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")
+
+
+@dataclass
+class GraphOptions:
+    """Graph-classification baselines' settings (GCFL, Xie et al. NeurIPS 2021, sec. 6.1)."""
+
+    batch_size: int = setting(128, min=1, unit="graphs", help="graphs per mini-batch of local training")
+
+
+@dataclass
+class GraphProxOptions(GraphOptions):
+    """gc-fedprox: FedProx on the shared GIN layers only (GCFL sec. 6.1)."""
+
+    mu: float = setting(0.01, min=0, help="proximal weight mu on the shared GIN layers (FedProx eq. 2)")
+
+
+@dataclass
+class GCFLOptions(GraphOptions):
+    """GCFL cluster-split thresholds (Xie et al. NeurIPS 2021, eq. 4-5; reference defaults)."""
+
+    eps1: float = setting(0.05, min=0, help="split a cluster when the norm of its weighted mean update is "
+                                            "below eps1 (eq. 4) ...")
+    eps2: float = setting(0.1, min=0, help="... and the largest member update norm is above eps2 (eq. 5)")
+    decider: int = setting(0, min=0, unit="client",
+                           help="ckks: the client that holds the pairwise key and decrypts the similarity matrix")
+
+
+@dataclass
+class GCFLPlusOptions(GCFLOptions):
+    """GCFL+: DTW over gradient-norm sequences (paper sec. 5)."""
+
+    seq_length: int = setting(5, min=1, unit="rounds", help="gradient norms per client compared by DTW")
+    standardize: bool = setting(False, help="divide each gradient-norm sequence by its std before DTW")
