@@ -144,6 +144,13 @@ neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only f
   ``--layout dense`` (every client uploads every block: 1.64x the float32 rows of the whole
   graph on Cora, meeting the 2x target of the issue) reveals none of this.  Only for the
   sparse layout; at most 62 clients (the class is an int64 bitmask).
+* ``'owner'``: rows grouped by their recipients (the owner at 1 hop; at 2 hops ``S(v)``, every
+  client with an edge to ``v`` asks for it too), each group starting a new block
+  (:func:`recipient_numbering`).  A recipient decrypts whole blocks, so under ``'given'`` and
+  ``'signature'`` it also reads the totals of rows other clients asked for (Cora, ckks: 7 rows
+  per block); under ``'owner'`` it reads only its own rows and padding.  Costs the padding of
+  one partly filled block per group and reveals the group sizes (each client's node count at
+  1 hop; the histogram ``h`` at 2 hops).  Measured in ``docs/client_leakage.md``.
 
 What the exchange still reveals
 -------------------------------
@@ -180,7 +187,7 @@ from .base import ModelAveraging
 TAG = "fedgcn/neighbour_sums"
 HOPS = (0, 1, 2)
 LAYOUTS = ("sparse", "dense")
-ROW_ORDERS = ("given", "signature")
+ROW_ORDERS = ("given", "signature", "owner")
 #: the block-cutting dynamic programme runs when (rows x rows-per-block) is at most this; above
 #: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
 SEGMENT_DP_MAX_WORK = 4_000_000
@@ -194,7 +201,7 @@ class FedGCNOptions:
 
     hops: int = 1                 # 0: no exchange (= FedAvg) | 1: own rows | 2: + cross-edge endpoints
     layout: str = "sparse"        # row_sum layout: 'sparse' (touched blocks) | 'dense' (all blocks)
-    row_order: str = "given"      # sparse row numbering: 'given' (dataset ids) | 'signature' (module doc)
+    row_order: str = "given"      # sparse row numbering: 'given' (dataset ids) | 'signature' | 'owner' (module doc)
     degree_cap: int = 254         # public degree bound; sum_max = 255 fits an 8-bit packed field
     dp_level: str = "edge"        # DP sensitivity: 'edge' sqrt(2)*C | 'node' sqrt(cap+1)*C
     dp_row_clip: float | None = None  # C, L2 bound of a node's term [x, 1] under DP (None: --dp-clip)
@@ -409,6 +416,36 @@ def denoise_with_own_data(c: ClientSubgraph, totals: torch.Tensor, sent_own: tor
     out = totals.clone()
     out[:n] = exact_own + remote
     return out
+
+
+def recipient_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int,
+                        hops: int) -> tuple[np.ndarray, int]:
+    """``row_order='owner'``: exchange row id of every global node and the exchange's number of
+    rows.  Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
+    every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
+    so no block holds rows of two different recipient sets: a client decrypts only rows it
+    asked for (and padding).  Inside a group, nodes follow the reflected-Gray rank of ``S(v)``
+    (rows touched by the same clients share blocks), then their global id."""
+    masks = touch_signatures(clients, owner, num_nodes)
+    group = owner.detach().cpu().numpy().astype(np.int64) if hops <= 1 else masks
+    order = np.lexsort((np.arange(num_nodes), _inverse_gray(masks), group))
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if num_nodes else np.zeros(0, np.int64)
+    sizes = np.diff(np.r_[starts, num_nodes])
+    padded = -(-sizes // rpb) * rpb
+    first_row = np.r_[0, np.cumsum(padded)[:-1]]
+    perm = np.empty(num_nodes, dtype=np.int64)
+    perm[order] = np.repeat(first_row - starts, sizes) + np.arange(num_nodes)
+    return perm, int(padded.sum())
+
+
+def whole_block_rows(rows: np.ndarray, rpb: int, num_rows: int, layout: str) -> np.ndarray:
+    """Sorted row ids of every block a recipient of ``rows`` decrypts (dense: all blocks)."""
+    if layout == "dense":
+        return np.arange(num_rows, dtype=np.int64)
+    blocks = np.unique(np.asarray(rows, dtype=np.int64) // rpb)
+    ids = (blocks[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
+    return ids[ids < num_rows]
 
 
 def center_by_own_mean(z: torch.Tensor, num_own: int) -> torch.Tensor:
@@ -661,21 +698,34 @@ class FedGCN(ModelAveraging):
             sent[k] = rows[:c.num_nodes]
         num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
         self.exchange_rows = num_rows
-        if o.row_order == "signature" and o.layout == "sparse":
+        perm = np.arange(num_rows, dtype=np.int64)
+        if o.row_order != "given" and o.layout == "sparse":
             rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, "sparse")
-            perm, num_rows = exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+            perm, num_rows = (exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+                              if o.row_order == "signature" else
+                              recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops))
             perm_t = torch.as_tensor(perm)
             # the same permutation on both sides: each row's total comes back unchanged
             contributions = {k: (perm_t[ids], rows) for k, (ids, rows) in contributions.items()}
             requests = {k: perm_t[r] for k, r in requests.items()}
             self.exchange_rows = num_rows
-        received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
+        # a recipient decrypts whole blocks: it asks for every row of them (the same blocks come
+        # down) and keeps what it read in ``self.decrypted`` (what the client-side attack reads)
+        rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, o.layout)
+        readable = {k: whole_block_rows(r.numpy(), rpb, num_rows, o.layout) for k, r in requests.items()}
+        received = self.protocol.row_sum(TAG, 0, contributions, readable, num_rows=num_rows,
                                          layout=o.layout, spec=spec, dp=dp)
+        node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
+        node_of_row[perm] = np.arange(perm.size)
         self._inputs = []
         self.received = {}
+        #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
+        self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for k, c in enumerate(self.clients):
-            totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
-            self.received[k] = totals            # what client k decrypted: [S_v[:d], S_v[d]] per row
+            self.decrypted[k] = (node_of_row[readable[k]], received[k].astype(np.float32))
+            asked = np.searchsorted(readable[k], requests[k].numpy())
+            totals = torch.as_tensor(received[k][asked], dtype=torch.float64, device=self.device)
+            self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row
             if dp is not None:
                 totals = denoise_with_own_data(c, totals, sent[k].to(self.device), o.norm,
                                                noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)))
