@@ -480,12 +480,13 @@ class ClientSubtraction(Attack):
             return self.not_applicable("no FedGCN neighbour-sum exchange in the transcript")
         w = row_width(pub, view, tags)
         relative = _prescaled(pub)
-        got, seen, opaque = _collect_rows(view, tags, w, n, sender=SERVER)
-        totals = {t: v for (t, k), v in got.items() if k == c}
-        source = "transcript"
-        if not totals and knowledge.get("received"):
-            totals = {t: v for t, v in knowledge["received"].items() if fnmatch.fnmatchcase(t, self.exchange)}
-            source = "client's decrypted results"
+        # everything the client decrypted (whole blocks, keyed by node id); else its readable downloads
+        totals = {t: v for t, v in (knowledge.get("received") or {}).items() if fnmatch.fnmatchcase(t, self.exchange)}
+        source = "client's decrypted blocks"
+        if not totals:
+            got, _, _ = _collect_rows(view, tags, w, n, sender=SERVER)
+            totals = {t: v for (t, k), v in got.items() if k == c}
+            source = "transcript"
         if not totals:
             return self.not_applicable(f"the totals {me} receives are ciphertext/masked in the transcript and no "
                                        "decrypted copy of its own results is available")

@@ -15,9 +15,9 @@ knowledge          source (what a real party would hold)
 public             cfg + algorithm options + graph size/feature type (public protocol facts)
 topology           ``fed.graph.edge_index`` + ``fed.owner`` (K2: a server that built the split)
 own_data           ``fed.clients[k]`` of the observer client (its own data)
-received           the observer client's decoded results: readable downloads in the transcript,
-                   else (ckks/mask) FedGCN's first-layer input ``algo.client_inputs(k)``, which
-                   is a function of the totals that client decrypted (its own legitimate output)
+received           the observer client's decoded results: FedGCN's ``algo.decrypted[k]``, every row
+                   of every block that client decrypted (its own legitimate output; more than
+                   the rows it asked for where blocks mix recipients), keyed by node id
 own_contributions  ``None`` (coalition members read their own uploads in the transcript; in
                    secure modes their plaintext is not recorded, so isolation is refused)
 released_model     ``algo.models[0]`` (the global model every client receives)
@@ -125,30 +125,23 @@ class RunContext:
         return {k: self.fed.clients[k] for k in ks}
 
     def received(self, observer: str, **_):
-        """FedGCN totals of the observer's own rows, from its first-layer input (its own output)."""
-        if getattr(self.algo, "name", "") != "fedgcn" or not hasattr(self.algo, "client_inputs"):
+        """FedGCN totals of every row the observer client decrypted (the whole blocks it received,
+        not only the rows it asked for), keyed by node id."""
+        decrypted = getattr(self.algo, "decrypted", None)
+        if getattr(self.algo, "name", "") != "fedgcn" or not decrypted:
             return None
         parties = observer_parties(observer)
         if len(parties) != 1 or not parties[0].startswith("client"):
             return None
-        k = int(parties[0][6:])
-        try:
-            z = self.algo.client_inputs(k)[0]
-        except Exception:
-            return None
-        c = self.fed.clients[k]
-        n = c.num_nodes
-        z = z.detach().cpu().numpy().astype(np.float64)[:n]
-        deg = own_degrees(c)
-        norm = str(self._options().get("norm", "row"))
-        feats = z * deg[:, None] if norm == "row" else z * np.sqrt(deg)[:, None] if norm == "sym" else z
+        nodes, rows = decrypted[int(parties[0][6:])]
         from .fedgcn import EXCHANGE
         tag = "fedgcn/neighbour_sums"
         tags = [m.tag for m in self.protocol.transcript.messages if fnmatch.fnmatchcase(m.tag, EXCHANGE)
                 and not m.tag.endswith("/model")]
         if tags:
             tag = tags[0]
-        return {tag: (c.global_ids.cpu().numpy(), np.concatenate([feats, deg[:, None]], axis=1))}
+        real = nodes >= 0                                 # padding rows hold no node
+        return {tag: (nodes[real], rows[real].astype(np.float64))}
 
     def own_contributions(self, **_):
         return None

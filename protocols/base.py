@@ -266,7 +266,10 @@ class Protocol(ABC):
 
         contributions: client -> ``(row_ids [m], rows [m, d])``, global row ids.
         requests:      client -> row ids it receives.
-        Returns client -> ``[len(request), d]`` totals, in the order of its request.
+        Returns client -> ``[len(request), d]`` totals, in the order of its request.  A recipient
+        decrypts whole blocks, so it also reads the totals of the other rows of its blocks:
+        :attr:`last_readable` holds, per recipient, ``(row ids, totals)`` of every row it read
+        (what a curious client can use; the float32 baseline counts only the requested rows).
         """
         validate.exchange(tag, rnd)
         num_rows = validate.count(num_rows, "num_rows", tag, rnd)
@@ -274,6 +277,7 @@ class Protocol(ABC):
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
         spec = spec or ValueSpec()
+        self.last_readable: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         ids_np, rows_np = {}, {}
         dim = None
         for k, item in validate.contributions(contributions, self.num_clients, tag, rnd).items():
@@ -325,6 +329,8 @@ class Protocol(ABC):
                 else np.zeros((0, dim))
             pos = np.searchsorted(bids, r // rpb) * rpb + r % rpb
             out[k] = stacked[pos]
+            rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
+            self.last_readable[k] = (rows[rows < num_rows], stacked[rows < num_rows])
         return out
 
     # ------------------------------------------------------------------ shape 3

@@ -522,6 +522,6 @@ def test_runner_on_a_secure_run_reports_at_chance_only_after_audit():
     assert by["transcript_audit"]["value"] == 1.0
     assert not by["fedgcn_readout"]["applicable"] and by["fedgcn_readout"]["at_chance"] is True
     sub = by["fedgcn_client_subtraction"]
-    assert sub["applicable"] and sub["value"] > 0 and sub["source"] == "client's decrypted results"
+    assert sub["applicable"] and sub["value"] > 0 and sub["source"] == "client's decrypted blocks"
     for a in res["attacks"]:
         assert {"name", "observer", "exchange", "metric", "value", "chance", "applicable"} <= set(a)

@@ -184,13 +184,6 @@ def test_split_parsing():
             parse_split(bad)
 
 
-def test_public_split_needs_masks(small_sbm):
-    data = small_sbm.clone()
-    del data.train_mask
-    with pytest.raises(DataError, match="no public"):
-        apply_split(data, iid_partition(600, 2, 0), "public")
-
-
 # ---------------------------------------------------------------------------
 # build_federated
 # ---------------------------------------------------------------------------
@@ -257,3 +250,20 @@ def test_make_federated_native_clients():
 def test_make_federated_unknown_partition():
     with pytest.raises(DataError, match="partition"):
         make_federated("sbm", num_clients=2, partition="metis", num_nodes=100, num_features=20)
+
+
+def test_shchur_split_is_the_default_without_public_masks():
+    """Shchur et al. (2018): 20 training and 30 validation nodes per class, the rest test; the
+    default for graphs without a public split (Amazon, Coauthor)."""
+    from torch_geometric.data import Data
+    from secure_fgl.data.splits import apply_split
+    y = torch.cat([torch.zeros(100), torch.ones(60), torch.full((30,), 2)]).long()
+    owner = torch.zeros(190, dtype=torch.long)
+    owner[:5] = -1                                                 # dropped nodes are in no split
+    tr, va, te = apply_split(Data(y=y, num_nodes=190), owner, "public", seed=1)
+    for cls, (n_tr, n_va, n_te) in enumerate([(20, 30, 45), (20, 30, 10), (20, 10, 0)]):
+        assert (int((tr & (y == cls)).sum()), int((va & (y == cls)).sum()), int((te & (y == cls)).sum())) \
+            == (n_tr, n_va, n_te)
+    assert not (tr | va | te)[:5].any()
+    again = apply_split(Data(y=y, num_nodes=190), owner, "shchur", seed=1)
+    assert all(torch.equal(a, b) for a, b in zip((tr, va, te), again))

@@ -62,11 +62,11 @@ def test_cora_public_split_and_attributes():
 
 
 @needs("Computers")
-def test_amazon_has_no_masks_and_needs_a_split():
+def test_amazon_has_no_masks_and_gets_the_shchur_split():
     d = load_node_dataset("Computers", ROOT)
     assert d.num_classes == 10 and getattr(d, "train_mask", None) is None
-    with pytest.raises(DataError, match="no public"):
-        make_federated("Computers", 3, "iid", split="public", data_root=ROOT)
+    fp = make_federated("Computers", 3, "iid", split="public", data_root=ROOT)
+    assert int(fp.graph.train_mask.sum()) == 20 * 10 and int(fp.graph.val_mask.sum()) == 30 * 10
     fg = make_federated("Computers", 3, "iid", split="fgssl", data_root=ROOT)
     assert sum(c.num_nodes for c in fg.clients) == d.num_nodes
 

@@ -337,3 +337,38 @@ def test_row_order_validation(fed):
         make_algo(fed, layout="dense", row_order="signature")
     with pytest.raises(ConfigError, match="row-order"):
         make_algo(fed, row_order="random")
+
+
+# ----------------------------------------------------------------------------- what a recipient decrypts
+@pytest.mark.parametrize("hops", [1, 2])
+def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
+    """A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
+    clients asked for; with ``row_order='owner'`` exactly its own requested rows (plus padding),
+    and the totals it asked for are unchanged."""
+    given, owner = make_algo(fed, hops=hops), make_algo(fed, hops=hops, row_order="owner")
+    given.setup()
+    owner.setup()
+    foreign_read = 0
+    for k, c in enumerate(given.clients):
+        asked = set(requested_rows(c, hops).tolist())
+        nodes_given = given.decrypted[k][0]
+        foreign_read += len(set(nodes_given.tolist()) - asked)
+        nodes_owner = owner.decrypted[k][0]
+        assert set(nodes_owner[nodes_owner >= 0].tolist()) == asked
+        assert torch.equal(owner.received[k], given.received[k])
+    assert foreign_read > 0                               # the leak the owner order removes
+    assert owner.exchange_rows >= fed.graph.num_nodes
+
+
+def test_client_subtraction_reads_every_decrypted_row(fed):
+    """The client-side attack scores every row of the blocks a client decrypted, not only its own."""
+    from attacks.runner import run_attacks
+    cfg = RunConfig(mode="plain", rounds=1, clients=K, attacks="fedgcn_client_subtraction")
+    out = {}
+    for order in ("given", "owner"):
+        algo = make_algo(fed, cfg=cfg, hops=1, row_order=order)
+        algo.setup()
+        res = [r for r in run_attacks(cfg.attacks, algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg)
+               if r.get("name") == "fedgcn_client_subtraction"]
+        out[order] = res[0]["value"]
+    assert out["given"] > out["owner"] > 0                # foreign rows in the blocks add exposures

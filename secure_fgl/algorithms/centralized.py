@@ -1,8 +1,11 @@
 """Centralized training: the whole graph on one machine (the upper reference).
 
 The federation is kept only for evaluation: accuracy is reported per client on the
-nodes each client owns, so numbers are comparable with the federated methods."""
+nodes each client owns, so numbers are comparable with the federated methods.
+``center``: subtract the mean of every node's features (FedGCN's ``--center`` on the whole graph)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
@@ -11,14 +14,24 @@ from ..engine import rng
 from .base import ModelAveraging
 
 
+@dataclass
+class CentralizedOptions:
+    """Centralized training settings."""
+
+    center: bool = False          # centre the input features (as FedGCN's --center)
+
+
 class Centralized(ModelAveraging):
     name = "centralized"
+    Options = CentralizedOptions
     aggregate_models = False
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         super().__init__(fed, protocol, cfg, device, options)
         g = fed.graph
         self.x, self.edge_index = g.x.to(device), g.edge_index.to(device)
+        if self.opts.center:
+            self.x = self.x - self.x.mean(0, keepdim=True)
         self.y, self.train_mask = g.y.to(device), g.train_mask.to(device)
         self.model, self.optimizer = self.models[0], self.optimizers[0]
         self.models, self.optimizers = [self.model], [self.optimizer]

@@ -58,6 +58,11 @@ remaining layers propagate over the graph the client knows:
   ``Â_k[v, j] = d̃_v^{-1/2} d̃_j^{-1/2}`` with the degrees received through the ones column:
   the rows of own nodes are exactly the rows of the global ``Â``.
 
+Input centring (``center`` option, off by default): each client subtracts the mean of its own
+rows from its first-layer input (:func:`center_by_own_mean`), for every ``hops`` (0-hop: the
+raw features).  Needed on dense bag-of-words graphs (Amazon Photo/Computers): measured in
+``docs/fedgcn_amazon_coauthor.md``.
+
 Training: FedAvg (``ModelAveraging``) over these models, the model exchange through the
 protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
 lr 0.01, weight decay 5e-4) come from :class:`~secure_fgl.config.RunConfig`.
@@ -142,6 +147,13 @@ neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only f
   ``--layout dense`` (every client uploads every block: 1.64x the float32 rows of the whole
   graph on Cora, meeting the 2x target of the issue) reveals none of this.  Only for the
   sparse layout; at most 62 clients (the class is an int64 bitmask).
+* ``'owner'``: rows grouped by their recipients (the owner at 1 hop; at 2 hops ``S(v)``, every
+  client with an edge to ``v`` asks for it too), each group starting a new block
+  (:func:`recipient_numbering`).  A recipient decrypts whole blocks, so under ``'given'`` and
+  ``'signature'`` it also reads the totals of rows other clients asked for (Cora, ckks: 7 rows
+  per block); under ``'owner'`` it reads only its own rows and padding.  Costs the padding of
+  one partly filled block per group and reveals the group sizes (each client's node count at
+  1 hop; the histogram ``h`` at 2 hops).  Measured in ``docs/client_leakage.md``.
 
 What the exchange still reveals
 -------------------------------
@@ -179,7 +191,7 @@ from .options import FedGCNOptions
 TAG = "fedgcn/neighbour_sums"
 HOPS = (0, 1, 2)
 LAYOUTS = ("sparse", "dense")
-ROW_ORDERS = ("given", "signature")
+ROW_ORDERS = ("given", "signature", "owner")
 #: the block-cutting dynamic programme runs when (rows x rows-per-block) is at most this; above
 #: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
 SEGMENT_DP_MAX_WORK = 4_000_000
@@ -392,6 +404,36 @@ def denoise_with_own_data(c: ClientSubgraph, totals: torch.Tensor, sent_own: tor
     out = totals.clone()
     out[:n] = exact_own + remote
     return out
+
+
+def recipient_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int,
+                        hops: int) -> tuple[np.ndarray, int]:
+    """``row_order='owner'``: exchange row id of every global node and the exchange's number of
+    rows.  Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
+    every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
+    so no block holds rows of two different recipient sets: a client decrypts only rows it
+    asked for (and padding).  Inside a group, nodes follow the reflected-Gray rank of ``S(v)``
+    (rows touched by the same clients share blocks), then their global id."""
+    masks = touch_signatures(clients, owner, num_nodes)
+    group = owner.detach().cpu().numpy().astype(np.int64) if hops <= 1 else masks
+    order = np.lexsort((np.arange(num_nodes), _inverse_gray(masks), group))
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if num_nodes else np.zeros(0, np.int64)
+    sizes = np.diff(np.r_[starts, num_nodes])
+    padded = -(-sizes // rpb) * rpb
+    first_row = np.r_[0, np.cumsum(padded)[:-1]]
+    perm = np.empty(num_nodes, dtype=np.int64)
+    perm[order] = np.repeat(first_row - starts, sizes) + np.arange(num_nodes)
+    return perm, int(padded.sum())
+
+
+def center_by_own_mean(z: torch.Tensor, num_own: int) -> torch.Tensor:
+    """``Z - 1 mean(Z[own rows])``: the first-layer input centred with a statistic of the
+    client's own rows (no communication).  Neighbour means of dense bag-of-words rows (Amazon:
+    ~35 % of the words per row) share a large common component; centring it away removes the
+    dominant direction of the first layer's Hessian (LeCun et al., "Efficient BackProp", 1998,
+    sec. 4.3) so Adam at Kipf's lr 0.01 converges in the rounds given."""
+    return z - z[:num_own].mean(0, keepdim=True)
 
 
 def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
@@ -624,7 +666,8 @@ class FedGCN(ModelAveraging):
         """The pre-training communication round (sec. 4, "Training Algorithm", steps 1-3)."""
         o = self.opts
         if o.hops == 0:
-            self._inputs = [(c.x, c.edge_index) for c in self.clients]
+            self._inputs = [(center_by_own_mean(c.x, c.num_nodes) if o.center else c.x, c.edge_index)
+                            for c in self.clients]
             self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0,
                              "pretrain_plaintext_equiv_bytes_up": 0, "pretrain_plaintext_equiv_bytes_down": 0,
                              "pretrain_time": 0.0}
@@ -642,9 +685,12 @@ class FedGCN(ModelAveraging):
             sent[k] = rows[:c.num_nodes]
         num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
         self.exchange_rows = num_rows
-        if o.row_order == "signature" and o.layout == "sparse":
+        perm = np.arange(num_rows, dtype=np.int64)
+        if o.row_order != "given" and o.layout == "sparse":
             rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, "sparse")
-            perm, num_rows = exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+            perm, num_rows = (exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+                              if o.row_order == "signature" else
+                              recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops))
             perm_t = torch.as_tensor(perm)
             # the same permutation on both sides: each row's total comes back unchanged
             contributions = {k: (perm_t[ids], rows) for k, (ids, rows) in contributions.items()}
@@ -652,11 +698,19 @@ class FedGCN(ModelAveraging):
             self.exchange_rows = num_rows
         received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
                                          layout=o.layout, spec=spec, dp=dp)
+        # a recipient decrypts whole blocks: ``self.decrypted`` keeps every row it read (what the
+        # client-side attack reads), not only the rows it asked for
+        node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
+        node_of_row[perm] = np.arange(perm.size)
         self._inputs = []
         self.received = {}
+        #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
+        self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for k, c in enumerate(self.clients):
+            read_rows, read_totals = self.protocol.last_readable[k]
+            self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
             totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
-            self.received[k] = totals            # what client k decrypted: [S_v[:d], S_v[d]] per row
+            self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row
             if dp is not None:
                 totals = denoise_with_own_data(c, totals, sent[k].to(self.device), o.norm,
                                                noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)))
@@ -673,7 +727,8 @@ class FedGCN(ModelAveraging):
             # the ones column (equal without DP; with DP the counts carry noise)
             degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
             z = normalise(totals, degrees, o.norm).to(torch.float32)
-            self._inputs.append((z, propagation_graph(c, o.hops, degrees)))
+            self._inputs.append((center_by_own_mean(z, c.num_nodes) if o.center else z,
+                                 propagation_graph(c, o.hops, degrees)))
         self.pretrain = self._pretrain_stats(contributions, requests)
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 

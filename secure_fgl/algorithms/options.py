@@ -28,9 +28,9 @@ class FedGCNOptions:
                              "2 also cross-edge endpoints")
     layout: str = setting("sparse", choices=("sparse", "dense"),
                           help="encrypted row-sum layout: sparse (blocks a client touches) or dense (every block)")
-    row_order: str = setting("given", choices=("given", "signature"),
-                             help="sparse row numbering: given (dataset ids) or signature (fewer blocks; "
-                                  "publishes a histogram, see the fedgcn module doc)")
+    row_order: str = setting("given", choices=("given", "signature", "owner"),
+                             help="sparse row numbering: given (dataset ids), signature (fewer blocks; publishes "
+                                  "a histogram) or owner (no block mixes recipients; see the fedgcn module doc)")
     degree_cap: int = setting(254, min=1, unit="edges",
                               help="public degree bound; 254 makes sums fit an 8-bit packed field")
     dp_row_clip: float | None = setting(None, min=0, min_exclusive=True, unit="L2 norm",
@@ -39,6 +39,8 @@ class FedGCNOptions:
                         help="first-layer normalisation: row D^-1(A+I)X, sym D^-1/2(A+I)D^-1/2 X, none (A+I)X")
     feature_bound: float = setting(10.0, min=0, min_exclusive=True,
                                    help="public bound on |x| for non-binary features (float encoding)")
+    center: bool = setting(False, help="subtract the client's own mean from its first-layer input (dense "
+                                       "bag-of-words graphs such as Amazon Photo; see the fedgcn module doc)")
 
 
 @dataclass

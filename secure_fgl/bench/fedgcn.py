@@ -15,7 +15,9 @@ Two parts (``secure-fgl bench --suite fedgcn``; ``quick=True`` shrinks both for 
    The sparse layout runs twice: with the dataset's row numbering (``row_order='given'``) and
    with the signature numbering (``row_order='signature'``, layout label ``sparse-sig``; rows
    numbered by the set of clients touching them, blocks cut to minimise uploads -- see
-   :mod:`secure_fgl.algorithms.fedgcn`, it reveals a histogram of those sets).
+   :mod:`secure_fgl.algorithms.fedgcn`, it reveals a histogram of those sets) and with the
+   owner numbering (``row_order='owner'``, label ``sparse-own``; rows grouped by recipient,
+   so no client decrypts another client's rows).
    Targets: packed CKKS upload <= 2.0x float32 (dense layout, where every client sends
    every row: the paper's "twice the raw data"; sparse-sig against the rows each client
    touches); packed CKKS pre-training >= 5x faster than the reference context on the same
@@ -107,11 +109,11 @@ def _pretrain(fed, backend: str, layout: str, hops: int = 1, model_round: bool =
 
 
 #: (layout, row_order) runs of the Cora part
-CORA_LAYOUTS = (("sparse", "given"), ("sparse", "signature"), ("dense", "given"))
+CORA_LAYOUTS = (("sparse", "given"), ("sparse", "signature"), ("sparse", "owner"), ("dense", "given"))
 
 
 def _label(layout: str, row_order: str) -> str:
-    return layout if row_order == "given" else f"{layout}-sig"
+    return layout if row_order == "given" else f"{layout}-{row_order[:3]}"
 
 
 def cora_part(data_root, quick: bool) -> list[dict]:
@@ -210,7 +212,8 @@ def to_markdown(res: dict) -> str:
               "Bytes are totals over the 10 clients (MB); `f32` = the float32 rows the exchange carries "
               "(sparse: the rows a client touches; dense: every row); time = whole `FedGCN.setup()`. "
               "`sparse-sig`: sparse layout with `row_order='signature'` (rows numbered by the set of "
-              "clients touching them; reveals a histogram of those sets).", "",
+              "clients touching them; reveals a histogram of those sets); `sparse-own`: `row_order='owner'` "
+              "(blocks never mix recipients: a client decrypts only its own rows).", "",
               "| backend | layout | up MB | f32 up MB | up/f32 | down MB | f32 down MB | per-client up MB "
               "(min–max) | per-client down MB (min–max) | pretrain s | model round up MB (f32) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -249,7 +252,7 @@ def _summary(cora: list[dict]) -> dict:
     def get(b, lay):
         return next((r for r in cora if r["backend"] == b and r["layout"] == lay and "error" not in r), None)
     out = {}
-    for lay in ("dense", "sparse", "sparse-sig"):
+    for lay in ("dense", "sparse", "sparse-sig", "sparse-own"):
         ck, ref, pl = get("ckks", lay), get("ckks-default", lay), get("plain", lay)
         if ck:
             extra = ""

@@ -8,7 +8,12 @@ and give client ``k`` ``round(a * n_k)`` training, ``round(b * n_k)`` validation
 ==========  =======================  ===============================================
 name        train / val / test       source
 ==========  =======================  ===============================================
-public      dataset's own masks      Planetoid public split (Yang et al., 2016)
+public      dataset's own masks      Planetoid public split (Yang et al., 2016); datasets
+                                     without one (Amazon, Coauthor) get ``shchur``
+shchur      20 / 30 / rest per class  Shchur et al., "Pitfalls of Graph Neural Network
+                                     Evaluation" (2018), sec. 4: 20 training and 30
+                                     validation nodes per class, the rest test (global,
+                                     stratified by class, not per client)
 fedspray    40 / 30 / 30 per client  FedSpray (Fu et al., 2024) sec. 5.1.1
 fgssl       60 / 20 / 20 per client  FGSSL (Huang et al., 2023), Experiments,
                                      "Implement Details"
@@ -35,13 +40,17 @@ SPLITS: dict[str, tuple[float, float, float, int]] = {
     "fedomd": (0.01, 0.2, 0.2, 1),
 }
 
-_HINT = "use 'public', 'fedspray', 'fgssl', 'fedomd' or 'random:a/b/c' (e.g. random:0.6/0.2/0.2)"
+#: Shchur et al. (2018): training and validation nodes per class
+SHCHUR_PER_CLASS = (20, 30)
+
+_HINT = ("use 'public', 'shchur', 'fedspray', 'fgssl', 'fedomd' or 'random:a/b/c' "
+         "(e.g. random:0.6/0.2/0.2)")
 
 
 def parse_split(split: str) -> tuple[float, float, float, int] | None:
     """``None`` for ``'public'``, else ``(train, val, test, min_train)`` fractions."""
     s = str(split).strip().lower()
-    if s == "public":
+    if s in ("public", "shchur"):
         return None
     if s in SPLITS:
         return SPLITS[s]
@@ -90,6 +99,20 @@ def _per_client_masks(owner: np.ndarray, fracs: tuple[float, float, float, int],
     return train, val, test
 
 
+def _per_class_masks(y: np.ndarray, owner: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shchur et al.'s split: per class, a seeded random ``SHCHUR_PER_CLASS`` training and
+    validation nodes among the kept ones (fewer if the class is smaller), the rest test."""
+    n_train, n_val = SHCHUR_PER_CLASS
+    rng = np.random.default_rng([seed, 22])
+    train, val = np.zeros(y.shape[0], bool), np.zeros(y.shape[0], bool)
+    valid = owner >= 0
+    for cls in np.unique(y[valid]):
+        members = rng.permutation(np.flatnonzero(valid & (y == cls)))
+        train[members[:n_train]] = True
+        val[members[n_train:n_train + n_val]] = True
+    return train, val, valid & ~train & ~val
+
+
 def apply_split(data: Data, owner: torch.Tensor, split: str = "public",
                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Global ``(train_mask, val_mask, test_mask)`` for a partitioned graph (see module doc)."""
@@ -100,10 +123,9 @@ def apply_split(data: Data, owner: torch.Tensor, split: str = "public",
     fracs = parse_split(split)
     if fracs is None:
         masks = [getattr(data, m, None) for m in ("train_mask", "val_mask", "test_mask")]
-        if any(m is None for m in masks):
-            name = getattr(data, "name", "this dataset")
-            raise DataError(f"{name} has no public train/val/test masks: use split='fgssl', "
-                            "'fedspray', 'fedomd' or 'random:a/b/c'")
+        if str(split).strip().lower() == "shchur" or any(m is None for m in masks):
+            tr, va, te = _per_class_masks(data.y.detach().cpu().numpy(), own, seed)
+            return torch.from_numpy(tr), torch.from_numpy(va), torch.from_numpy(te)
         valid = torch.from_numpy(own >= 0)
         out = []
         for m in masks:
