@@ -28,6 +28,8 @@ ALGORITHMS: dict[str, str] = {
 }
 
 OPTIONS: dict[str, str] = {
+    "fedavg": "options:NoOptions",
+    "local": "options:NoOptions",
     "fedprox": "options:FedProxOptions",
     "fedgcn": "options:FedGCNOptions",
     "fedomd": "options:FedOMDOptions",
@@ -37,6 +39,9 @@ OPTIONS: dict[str, str] = {
     "gc-fedprox": "options:GraphProxOptions",
     "gcfl": "options:GCFLOptions",
     "gcflplus": "options:GCFLPlusOptions",
+    "centralized": "options:CentralizedOptions",
+    "fgssl": "options:FGSSLOptions",
+    "fedgcn-gap": "options:GAPOptions",
 }
 
 

@@ -21,7 +21,6 @@ so the averaged update is within ``FLOAT32_MEAN_TOLERANCE`` of the exact mean.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,6 +36,7 @@ from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
 from ..engine import rng
 from ..models import build_model
+from .options import NoOptions
 
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
 PARAM_BOUND = 100.0
@@ -50,11 +50,6 @@ def model_precision(num_contributors: int, num_clients: int) -> MeanPrecision:
     regardless)."""
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
     return MeanPrecision(value_bound=PARAM_BOUND, weight_bound=1.0, min_weight_total=share)
-
-
-@dataclass
-class NoOptions:
-    """This algorithm has no settings of its own."""
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:

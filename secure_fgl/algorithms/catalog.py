@@ -13,10 +13,12 @@ class About:
     summary: str
     paper: str
     exchanges: str                      # what crosses the wire, by exchange tag
-    modes: tuple[str, ...] = ("plain", "ckks", "mask")
+    modes: tuple[str, ...] = ("plain", "ckks", "mask", "ckks-mp")
     task: str = "node"                  # node | graph classification
 
 
+#: the graph-level algorithms do not run in ckks-mp yet
+GRAPH_MODES = ("plain", "ckks", "mask")
 GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
 
 ABOUT: dict[str, About] = {
@@ -47,13 +49,15 @@ ABOUT: dict[str, About] = {
                       "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
                       "weighted mean of structure proxies (weights stay secret), every round"),
     "gc-selftrain": About("graph classification: each client trains its GIN alone on its graphs; nothing is "
-                          "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none", task="graph"),
+                          "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none", GRAPH_MODES, task="graph"),
     "gc-fedavg": About("graph classification: FedAvg of the shared GIN layers; input and classifier layers "
                        "stay local (GCFL's FedAvg baseline)", GCFL_PAPER,
-                       "gc-fedavg/model: weighted mean of shared-layer updates, every round", task="graph"),
+                       "gc-fedavg/model: weighted mean of shared-layer updates, every round", GRAPH_MODES,
+                       task="graph"),
     "gc-fedprox": About("graph classification: gc-fedavg with a proximal term on the shared GIN layers "
                         "(GCFL's FedProx baseline)", GCFL_PAPER,
-                        "gc-fedprox/model: weighted mean of shared-layer updates, every round", task="graph"),
+                        "gc-fedprox/model: weighted mean of shared-layer updates, every round", GRAPH_MODES,
+                        task="graph"),
     "gcfl": About("graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
                   "similarity of their updates) when the cluster's mean update is small and one is large; "
                   "shared GIN layers averaged per cluster", GCFL_PAPER,
@@ -65,5 +69,16 @@ ABOUT: dict[str, About] = {
                       "(no inner products of updates)", GCFL_PAPER,
                       "gcflplus/model: weighted mean of shared-layer updates per cluster, every round; "
                       "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
-                      "clear, every round", task="graph"),
+                      "clear, every round", GRAPH_MODES, task="graph"),
+    "fgssl": About("node-level semantic contrast with the received global model (FNSC) and neighbour-"
+                   "similarity distillation (FGSD) in each client's loss; FedAvg server",
+                   "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",
+                   "fgssl/model: weighted mean of model updates, every round"),
+    "fedgcn-gap": About("edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
+                        "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "
+                        "a model)",
+                        "Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, GAP: Differentially Private Graph "
+                        "Neural Networks with Aggregation Perturbation, USENIX Security 2023",
+                        "fedgcn-gap/encoder: weighted mean of encoder updates; fedgcn-gap/hop/<h>: noisy "
+                        "row sums of embeddings, once per hop; fedgcn-gap/model: weighted mean of head updates"),
 }

@@ -5,20 +5,13 @@ nodes each client owns, so numbers are comparable with the federated methods.
 ``center``: subtract the mean of every node's features (FedGCN's ``--center`` on the whole graph)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
 from ..engine import rng
 from .base import ModelAveraging
-
-
-@dataclass
-class CentralizedOptions:
-    """Centralized training settings."""
-
-    center: bool = False          # centre the input features (as FedGCN's --center)
+from .options import CentralizedOptions
 
 
 class Centralized(ModelAveraging):

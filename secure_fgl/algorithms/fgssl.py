@@ -53,7 +53,6 @@ so every mode trains on the same views.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
@@ -63,25 +62,10 @@ from torch_geometric.utils import softmax as segment_softmax
 from ..config import ConfigError
 from ..engine import rng
 from .base import ModelAveraging
+from .options import FGSSLOptions
 from .graph_augment import AugmentRates, augment, view_generator
 
 VARIANTS = ("paper", "released-code")
-
-
-@dataclass
-class FGSSLOptions:
-    """FGSSL settings (Huang et al. 2023; the paper states no lambdas: ours are the best of a grid
-    on Cora's validation split, see docs/fgssl.md)."""
-
-    lambda_c: float = 0.5             # weight of FNSC (eq. 12); released-code variant: of InfoNCE (code: 3)
-    lambda_d: float = 0.5             # weight of FGSD (eq. 12)
-    tau: float = 0.1                  # contrast temperature (eq. 7)
-    omega: float = 5.0                # distillation temperature (eq. 9-10)
-    weak_edge_drop: float = 0.3       # Aug_w: edge removing
-    weak_feature_mask: float = 0.3    # Aug_w: feature masking
-    strong_edge_drop: float = 0.8     # Aug_s: edge removing
-    strong_feature_mask: float = 0.5  # Aug_s: feature masking
-    variant: str = "paper"            # 'paper' (eq. 12) | 'released-code' (CE + lambda_c * local InfoNCE)
 
 
 def class_contrast(anchor: torch.Tensor, sample: torch.Tensor, y: torch.Tensor, tau: float,

@@ -36,7 +36,6 @@ model never does worse on validation than the feature-only MLP it started from.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -47,23 +46,11 @@ from protocols import BoundError, DPRequest, ValueSpec
 from ..config import ConfigError
 from ..models import build_model
 from .base import ModelAveraging
+from .options import GAPOptions
 from .fedgcn import local_degrees, partial_neighbour_sums
 
 HOP_TAG = "fedgcn-gap/hop"
 SELECT = ("val", "head")
-
-
-@dataclass
-class GAPOptions:
-    """FedGCN-GAP settings (GAP's defaults: 16-dim embeddings, 2 hops)."""
-
-    hops: int = 2                 # K noisy aggregation hops (each a separate release)
-    encoder_dim: int = 16         # dimension of the row-normalised embeddings that are summed
-    encoder_hidden: int = 64      # hidden width of the encoder MLP
-    encoder_rounds: int | None = None  # FedAvg rounds of the encoder (None: --rounds)
-    layout: str = "sparse"        # row_sum layout of the hop exchanges
-    degree_cap: int = 254         # public degree bound (fixes the value bound of the sums)
-    select: str = "val"           # 'val': per client, head or encoder by validation accuracy | 'head'
 
 
 class Encoder(nn.Module):

@@ -13,6 +13,11 @@ from ..validation import setting
 
 
 @dataclass
+class NoOptions:
+    """This algorithm has no settings of its own."""
+
+
+@dataclass
 class FedProxOptions:
     """FedProx (Li et al., MLSys 2020) settings."""
 
@@ -118,3 +123,46 @@ class GCFLPlusOptions(GCFLOptions):
 
     seq_length: int = setting(5, min=1, unit="rounds", help="gradient norms per client compared by DTW")
     standardize: bool = setting(False, help="divide each gradient-norm sequence by its std before DTW")
+
+
+@dataclass
+class CentralizedOptions:
+    """Centralized (one model on the whole graph) settings."""
+
+    center: bool = setting(False, help="subtract the mean of every node's features (as FedGCN's --center)")
+
+
+@dataclass
+class FGSSLOptions:
+    """FGSSL settings (Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a
+    grid on Cora's validation split, see docs/fgssl.md)."""
+
+    lambda_c: float = setting(0.5, min=0, help="weight of FNSC (eq. 12); released-code variant: of the local "
+                                               "InfoNCE (the code uses 3)")
+    lambda_d: float = setting(0.5, min=0, help="weight of FGSD (eq. 12)")
+    tau: float = setting(0.1, min=0, min_exclusive=True, help="contrast temperature (eq. 7)")
+    omega: float = setting(5.0, min=0, min_exclusive=True, help="distillation temperature (eq. 9-10)")
+    weak_edge_drop: float = setting(0.3, min=0, max=1, unit="probability", help="weak view: edge removing")
+    weak_feature_mask: float = setting(0.3, min=0, max=1, unit="probability", help="weak view: feature masking")
+    strong_edge_drop: float = setting(0.8, min=0, max=1, unit="probability", help="strong view: edge removing")
+    strong_feature_mask: float = setting(0.5, min=0, max=1, unit="probability",
+                                         help="strong view: feature masking")
+    variant: str = setting("paper", choices=("paper", "released-code"),
+                           help="objective: the paper's eq. 12 or the released code's CE + lambda_c * InfoNCE")
+
+
+@dataclass
+class GAPOptions:
+    """FedGCN-GAP settings (Sajadmanesh et al., USENIX Security 2023; GAP's defaults: 16-dim
+    embeddings, 2 hops)."""
+
+    hops: int = setting(2, min=1, unit="hops", help="noisy aggregation hops (each a separate DP release)")
+    encoder_dim: int = setting(16, min=1, unit="units", help="dimension of the row-normalised embeddings summed")
+    encoder_hidden: int = setting(64, min=1, unit="units", help="hidden width of the encoder MLP")
+    encoder_rounds: int | None = setting(None, min=1, unit="rounds", help="FedAvg rounds of the encoder "
+                                                                          "(default: --rounds)")
+    layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
+    degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
+    select: str = setting("val", choices=("val", "head"),
+                          help="per client: head or encoder by validation accuracy (val), or always the head")
+
