@@ -164,8 +164,40 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                              f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
                              "does not hold for it")
         releases.append(entry)
+    section_coalition = coalition_guarantee(releases, sums, len(algo.clients), rep["delta"]) \
+        if rep["placement"] == "distributed" else None
     return {"unit": unit, "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
+            "coalition": section_coalition,
             "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
             "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
             "uncovered": uncovered, "warnings": warnings, "per_tag": per_tag,
             "replayed_releases": rep.get("replayed_releases", 0)}
+
+
+def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients: int, delta: float,
+                        colluding: int = 1) -> dict:
+    """The weaker guarantee of distributed noise against the server plus ``colluding`` clients.
+
+    With distributed placement each of the n contributors of a sum adds a share sigma^2/n of the
+    noise variance; a coalition knows (and subtracts) its members' shares, leaving (n - c)/n of it.
+    Worst case per release: n = K for dense exchanges (every client contributes), n = c + 1 for
+    row sums (a row may have only one contributor outside the coalition).  The epsilon against the
+    coalition composes the releases at their reduced noise multipliers z sqrt((n - c)/n) (exact
+    Gaussian composition, :func:`protocols.accountant.gaussian_mu`)."""
+    from protocols.accountant import gaussian_epsilon, gaussian_mu
+    history = []
+    for r in releases:
+        if not r.get("dp"):
+            continue
+        n = colluding + 1 if any(r["tag"] == t or r["tag"].startswith(t) for t in sums) else max(num_clients, 1)
+        left = max(n - colluding, 0) / n
+        if left == 0:
+            return {"colluding_clients": colluding, "total_epsilon": math.inf,
+                    "note": f"{r['tag']}: the coalition holds every noise share"}
+        history.append((r["noise_multiplier"] * math.sqrt(left), 1.0, int(r["releases"])))
+    eps = gaussian_epsilon(gaussian_mu(history), delta) if history else 0.0
+    return {"colluding_clients": colluding, "total_epsilon": eps,
+            "note": f"distributed noise: the server plus {colluding} colluding client(s) subtract their noise "
+                    f"shares; worst case (K-c)/K of the variance on dense exchanges and 1/(c+1) on row sums, "
+                    f"so the guarantee against them is epsilon {eps:.3g} (delta {delta:g}), not the run's total"}
+

@@ -11,7 +11,7 @@ TINY = {"num_nodes": 120, "num_features": 12}
 
 
 def tiny_run(**kw):
-    cfg = RunConfig(mode="plain", clients=3, rounds=2, dp_epsilon=4.0, synthetic=dict(TINY), **kw)
+    cfg = RunConfig(**{"mode": "plain", "clients": 3, "rounds": 2, "dp_epsilon": 4.0, "synthetic": dict(TINY), **kw})
     return run_experiment(cfg, progress=False)["privacy"]
 
 
@@ -75,3 +75,16 @@ def test_headline_figure_writes_png_pdf_svg(tmp_path):
     results += [run("fedavg", None, 0.6, s) for s in (0, 1)]
     paths = accuracy_vs_epsilon(results, tmp_path / "fig")
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
+
+
+def test_distributed_noise_states_the_weaker_guarantee_against_a_coalition():
+    """Distributed placement: the section states the epsilon against the server + 1 client, computed
+    from the releases at their reduced noise (row sums: half the variance in the worst case)."""
+    from protocols.accountant import gaussian_epsilon, gaussian_mu
+    p = tiny_run(mode="mask", dp_placement="distributed", options={"layout": "dense"})
+    c = p["coalition"]
+    assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
+    left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}          # 1/(c+1) on row sums, (K-c)/K else
+    hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
+    assert c["total_epsilon"] == pytest.approx(gaussian_epsilon(gaussian_mu(hist), 1e-5), rel=1e-9)
+    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # local noise: each client adds all
