@@ -11,8 +11,10 @@ written to ``result.json`` so that they can be compared out of band; passing
 ``pinned`` (party -> fingerprint) to the registry turns TOFU into a pinned manifest.
 TOFU assumes the server does not substitute keys at registration (honest-but-curious).
 
-Verification (:func:`verify`), done by the server for every client->server message and by
-the recipient for every relayed client->client message, before the content is used:
+The server has its own Ed25519 signing key, registered with every client the same way
+(TOFU) and listed with theirs.  Verification (:func:`verify`), done by the server for every
+client->server message and by the recipient for every server->client download and every
+relayed client->client message, before the content is used:
 strict header parse, signature under the claimed sender's key, the sender expected in this
 slot, the recipient, the session and exchange (replays), the body digest, then a replay
 cache keyed by ``(session, exchange, stage, sender, recipient, part)``.  Each failure has
@@ -59,9 +61,10 @@ class KeyRegistry:
     signing: dict[str, bytes] = field(default_factory=dict)
     channel: dict[str, bytes] = field(default_factory=dict)
 
-    def register(self, party: str, signing_public: bytes, channel_public: bytes) -> None:
+    def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
+        """Register ``party``'s keys (the server has a signing key only)."""
         if party in self.signing:
-            if (self.signing[party], self.channel[party]) != (signing_public, channel_public):
+            if (self.signing[party], self.channel.get(party)) != (signing_public, channel_public):
                 raise AuthenticationError(f"{party} tried to register a second, different key; the registry "
                                           "is fixed at first use", client=party_client(party))
             return
@@ -74,11 +77,13 @@ class KeyRegistry:
             raise AuthenticationError(f"{party} registered a malformed signing key",
                                       client=party_client(party)) from None
         self.signing[party] = bytes(signing_public)
-        self.channel[party] = bytes(channel_public)
+        if channel_public is not None:
+            self.channel[party] = bytes(channel_public)
 
     def fingerprints(self) -> dict[str, dict[str, str]]:
-        """Party -> {'signing': sha256 hex, 'channel': sha256 hex}."""
-        return {p: {"signing": key_fingerprint(self.signing[p]), "channel": key_fingerprint(self.channel[p])}
+        """Party -> {'signing': sha256 hex, 'channel': sha256 hex} (the server: signing only)."""
+        return {p: {"signing": key_fingerprint(self.signing[p]),
+                    **({"channel": key_fingerprint(self.channel[p])} if p in self.channel else {})}
                 for p in sorted(self.signing)}
 
     def check_signature(self, party: str, header: bytes, signature: bytes, where: dict) -> None:

@@ -177,7 +177,7 @@ class Protocol(ABC):
         if dp is not None:
             from .dp import DPEngine  # local import: dp depends on accountant/opacus
             self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
-        #: test hook: called on every client->server (and relayed client->client) message in transit
+        #: test hook: called on every message in transit (uploads, downloads, relayed client->client)
         self.intercept: Callable[[Message], Message] | None = None
         #: public run id and this session's nonce (os.urandom; a resumed run gets a new session)
         self.run_id = os.urandom(NONCE_BYTES)
@@ -187,6 +187,7 @@ class Protocol(ABC):
         #: the registered public keys (trust on first use; see :mod:`protocols.auth`)
         self.registry = KeyRegistry()
         self._signing = {k: SigningKey() for k in range(self.num_clients)}          # client side
+        self._server_signing = SigningKey()                                         # server side
         self._channel = {k: ChannelKey(client_party(k)) for k in range(self.num_clients)}
         self._replay: dict[str, ReplayCache] = {}                                  # per receiving party
 
@@ -495,28 +496,54 @@ class Protocol(ABC):
         self._check_exchange_id(tag, rnd)
         self.exchange += 1
 
-    def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message:
+    def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message | None:
         """Client ``msg.sender`` signs ``msg`` and sends it to the server; it passes the test
         hook in transit, is recorded (unless ``record`` is false) and the server verifies it
-        (:func:`protocols.auth.verify`) before anything reads it."""
-        sender, tag, rnd = msg.sender, msg.tag, msg.round
+        (:func:`protocols.auth.verify`) before anything reads it.  ``None`` when the hook
+        drops it (a dropout)."""
+        return self._transmit(msg, stage, part, record)
+
+    def _download(self, msg: Message, stage: str = "download", part: int = 0, *,
+                  record: bool = True) -> Message | None:
+        """The server signs ``msg`` (to client ``msg.receiver``) with its own key; it passes the
+        test hook in transit, is recorded (unless ``record`` is false) and the recipient
+        verifies it (signature, sender, recipient, session, exchange, stage, digest, replay)
+        before decoding anything.  ``None`` when the hook drops it."""
+        return self._transmit(msg, stage, part, record)
+
+    def _transmit(self, msg: Message, stage: str, part: int, record: bool) -> Message | None:
+        sender, receiver, tag, rnd = msg.sender, msg.receiver, msg.tag, msg.round
         msg = self._seal(msg, stage, part)
         if self.intercept is not None:
             msg = self.intercept(msg)
+            if msg is None:
+                return None
         if record:
-            self.transcript.record(msg)
-        self._authenticate(msg, sender, SERVER, stage, part, tag, rnd)
+            self._record_message(msg)
+        self._authenticate(msg, sender, receiver, stage, part, tag, rnd)
         return msg
+
+    def _record_message(self, msg: Message) -> None:
+        """Put a message that crossed the wire in the transcript (a backend may strip large payloads)."""
+        self.transcript.record(msg)
 
     # ------------------------------------------------------------------ authentication
     def identity_fingerprints(self) -> dict[str, dict[str, str]]:
-        """SHA-256 fingerprints of every registered client key (for result.json)."""
+        """SHA-256 fingerprints of every registered key, the server's signing key included (for result.json)."""
         return self.registry.fingerprints()
 
     def _ensure_registered(self, rnd: int) -> None:
-        """Trust on first use: each client registers its signing and channel keys once per run."""
+        """Trust on first use: each client registers its signing and channel keys once per run,
+        and the server its signing key with each client (its downloads are signed too)."""
         if self.registry.signing:
             return
+        self.registry.register(SERVER, self._server_signing.public_bytes)
+        for k in range(self.num_clients):
+            msg = self._seal(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
+                                     {"signing": self._server_signing.public_bytes},
+                                     note="the server's Ed25519 signing key (TOFU)"), "register")
+            self.transcript.record(msg)
+            self._authenticate(msg, SERVER, client_party(k), "register", 0, AUTH_TAG, rnd)
         for k in range(self.num_clients):
             party = client_party(k)
             payload = {"signing": self._signing[k].public_bytes, "channel": self._channel[k].public_bytes}
@@ -527,15 +554,16 @@ class Protocol(ABC):
             self._authenticate(msg, party, SERVER, "register", 0, AUTH_TAG, rnd)
 
     def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
-        """Client side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
+        """Sender side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
         self._ensure_registered(msg.round)
         k = party_client(msg.sender)
+        key = self._server_signing if k is None else self._signing[k]
         digest, length = body_digest(msg.payload)
         env = Envelope(self.run_id, self.session, msg.protocol, msg.fingerprint, self.exchange, int(msg.round),
                        msg.tag, stage, int(part), msg.sender, msg.receiver, msg.kind, tuple(int(d) for d in msg.shape),
                        digest, length)
         header = env.header_bytes()
-        return replace(msg, auth=self._signing[k].sign(header) + header,
+        return replace(msg, auth=key.sign(header) + header,
                        nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
 
     def _authenticate(self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str,
@@ -543,7 +571,7 @@ class Protocol(ABC):
         """Receiver side: verify ``msg`` (signature, sender, recipient, session, exchange, stage,
         digest, replay) expected in exchange (``tag``, ``rnd``); an IntegrityError subclass
         naming the client and exchange otherwise."""
-        where = dict(tag=tag, round=rnd, client=party_client(sender))
+        where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
         expected = dict(run_id=self.run_id, session=self.session, exchange=self.exchange, stage=stage, part=part,
                         sender=sender, recipient=recipient)
         try:

@@ -47,6 +47,7 @@ STAGES = {
     "mask": ("register", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask", "download", "report"),
     "ckks": ("register", "key_setup", "block_ids", "upload", "download", "report"),
     "plain": ("register", "block_ids", "upload", "download", "report"),
+    "ckks-mp": ("register", "key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
 }
 _U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
 _MAX_FIELD = 1 << 16          # header strings are short; anything longer is garbage

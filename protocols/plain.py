@@ -43,8 +43,9 @@ class PlainProtocol(Protocol):
         for r, bids in ctx.requests.items():
             blocks = {int(b): totals.get(int(b), zero).astype(np.float32) for b in bids}
             values = np.stack(list(blocks.values())) if blocks else np.zeros((0, ctx.block_len), np.float32)
-            self.transcript.record(Message(ctx.round, ctx.tag, SERVER, client_party(r), "plain", values.shape,
-                                           values.nbytes, self.mode, self.fingerprint,
-                                           {"block_ids": np.asarray(bids, np.int32), "values": values}))
+            msg = self._download(Message(ctx.round, ctx.tag, SERVER, client_party(r), "plain", values.shape,
+                                         values.nbytes, self.mode, self.fingerprint,
+                                         {"block_ids": np.asarray(bids, np.int32), "values": values}))
+            blocks = dict(zip((int(b) for b in msg.payload["block_ids"]), msg.payload["values"]))
             out[r] = {b: v.astype(np.float64) for b, v in blocks.items()}
         return out

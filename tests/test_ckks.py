@@ -131,7 +131,7 @@ def test_scoped_return_downloads_only_requested_blocks():
         assert np.array_equal(got[c], full[r])
     downs = {m.receiver: m for m in ck.transcript.select(tag="fedgcn/neighbour_sums", sender=SERVER)}
     assert downs["client0"].shape[0] == 1 and downs["client1"].shape[0] == 1 and downs["client2"].shape[0] == 0
-    assert downs["client2"].nbytes == 0
+    assert downs["client2"].payload == [] and downs["client2"].nbytes < 512   # the signed envelope only
     assert len(downs["client0"].payload) == ck.last_stats["ciphertexts_per_block"]
 
 

@@ -12,9 +12,11 @@ from scipy.stats import ks_2samp
 
 from protocols import (MODES, BoundError, ConfigurationError, DropoutError, IntegrityError,
                        ValueSpec, make_protocol)
+from protocols.errors import DigestError
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
+from protocols.message import Envelope
 from protocols.transcript import SERVER, client_party
 
 FAST = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -250,7 +252,7 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
 
 
 # ------------------------------------------------------------------ refusals
-def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False):
+def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False, p=None):
     def hook(msg):
         if msg.kind != kind or msg.sender != client_party(sender):
             return msg
@@ -260,7 +262,8 @@ def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False
         word = int.from_bytes(data[:4], "little")
         new = 0xFFFFFFFF if unreduced else (word + 1) % 2147352577
         data[:4] = new.to_bytes(4, "little")
-        return replace(msg, payload=bytes(data))
+        env = Envelope.from_header(msg.auth[64:])            # the client itself signs the corrupted share
+        return p._seal(replace(msg, payload=bytes(data)), env.stage, env.part)
     return hook
 
 
@@ -276,9 +279,35 @@ def test_missing_message_aborts_naming_the_client(kind):
 @pytest.mark.parametrize("unreduced", [True, False])
 def test_corrupted_share_is_refused(unreduced):
     p = proto(3)
-    p.intercept = _drop("share", 2, corrupt=True, unreduced=unreduced)
+    p.intercept = _drop("share", 2, corrupt=True, unreduced=unreduced, p=p)
     with pytest.raises(IntegrityError, match="client 2" if unreduced else "corrupted"):
         p.weighted_sum(f"corrupt-{unreduced}", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
+
+
+@pytest.mark.parametrize("stage", ["upload", "keyswitch", "download"])
+def test_message_changed_in_transit_is_refused(stage):
+    """Every ckks-mp message is signed: a bit flipped in transit (upload, key-switch share or c1,
+    final download) is refused before it is used."""
+    p = proto(3)
+
+    def flip(msg):
+        if msg.tag != f"transit-{stage}" or msg.kind not in ("ciphertext", "share") \
+                or Envelope.from_header(msg.auth[64:]).stage != stage or "client1" not in (msg.sender, msg.receiver):
+            return msg
+        return replace(msg, payload=bytes([msg.payload[0] ^ 1]) + msg.payload[1:])
+    p.intercept = flip
+    with pytest.raises(DigestError, match="client 1"):
+        p.weighted_sum(f"transit-{stage}", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
+
+
+def test_key_setup_is_signed_and_the_broadcast_key_travels_encrypted():
+    p = fresh(3)
+    p.weighted_sum("setup", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
+    keys = p.transcript.select(tag=mp_backend.KEYS_TAG)
+    assert keys and all(m.auth and Envelope.from_header(m.auth[64:]).stage == "key_setup" for m in keys)
+    relayed = [m for m in keys if m.relay == SERVER]
+    assert sorted(m.receiver for m in relayed) == ["client1", "client2"]
+    assert "server" in p.identity_fingerprints()
 
 
 def test_out_of_range_refused_before_encryption():

@@ -114,6 +114,60 @@ def test_replay_in_same_and_later_exchange_refused():
         proto._authenticate(up, "client1", SERVER, "masked_upload", 0, "x/t", 3)
 
 
+# ---------------------------------------------------------------------- signed downloads
+def _flip_body(payload):
+    """The payload with one bit of its first array or byte string flipped."""
+    if isinstance(payload, dict):
+        key = "values" if "values" in payload else "data"
+        arr = np.array(payload[key], copy=True)
+        arr.view(np.uint8).reshape(-1)[0] ^= 1
+        return {**payload, key: arr}
+    frames = list(payload)
+    frames[0] = bytes([frames[0][0] ^ 1]) + frames[0][1:]
+    return frames
+
+
+def _is_download(m, to="client1"):
+    return m.tag == "x/t" and m.sender == SERVER and m.receiver == to and Envelope.from_header(m.auth[64:]).stage \
+        == "download"
+
+
+@pytest.mark.parametrize("mode", ["plain", "mask", "ckks"])
+@pytest.mark.parametrize("attack,err", [("bitflip", DigestError), ("replay", ReplayError),
+                                        ("redirect", MisdirectedError), ("forge", AuthenticationError)])
+def test_tampered_download_is_refused_by_its_recipient(mode, attack, err):
+    proto = make_protocol(mode, 3)
+    x = _values(3, 50)
+    proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    old = next(m for m in proto.transcript.messages if _is_download(m))
+    assert old.auth and old.nbytes > 64                       # signed by the server; wire bytes counted
+    held = {}
+
+    def hook(m):
+        if m.tag == "x/t" and m.sender == SERVER and m.receiver == "client0":
+            held["client0"] = m
+        if not _is_download(m):
+            return m
+        if attack == "bitflip":
+            return dataclasses.replace(m, payload=_flip_body(m.payload))
+        if attack == "replay":                                  # round 0's download again in round 0
+            return old
+        if attack == "redirect":                                # client 0's download handed to client 1
+            return held["client0"]
+        return dataclasses.replace(m, auth=bytes([m.auth[0] ^ 1]) + m.auth[1:])
+    proto.intercept = hook
+    with pytest.raises(err, match="client 1"):
+        proto.weighted_sum("x/t", 0, x, spec=SPEC)
+
+
+def test_server_key_is_registered_with_every_client():
+    proto, _ = _signed()
+    regs = [m for m in proto.transcript.messages if m.sender == SERVER and m.kind == "public_key"
+            and Envelope.from_header(m.auth[64:]).stage == "register"]
+    assert sorted(m.receiver for m in regs) == ["client0", "client1", "client2"]
+    assert all(m.payload["signing"] == proto.registry.signing[SERVER] for m in regs)
+
+
 def test_resumed_run_resends_round_under_new_session():
     a, b = MaskProtocol(3), MaskProtocol(3)
     assert a.session != b.session
@@ -124,7 +178,8 @@ def test_resumed_run_resends_round_under_new_session():
 def test_key_fingerprints_registered_once():
     proto, _ = _signed()
     fps = proto.identity_fingerprints()
-    assert sorted(fps) == ["client0", "client1", "client2"] and all(len(v["signing"]) == 64 for v in fps.values())
+    assert sorted(fps) == ["client0", "client1", "client2", "server"]
+    assert all(len(v["signing"]) == 64 for v in fps.values()) and "channel" not in fps["server"]
     with pytest.raises(AuthenticationError):
         proto.registry.register("client0", proto._signing[1].public_bytes, proto._channel[0].public_bytes)
 

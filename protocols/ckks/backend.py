@@ -362,14 +362,11 @@ class CKKSProtocol(Protocol):
         needed = np.zeros(ctx.num_blocks, dtype=bool)
         for bids in ctx.requests.values():
             needed[np.asarray(bids, dtype=np.int64)] = True
-        max_down = max((len(b) for b in ctx.requests.values()), default=0) * n_pieces * chain.ciphertext_bytes
-        keep_down = max_down <= self.keep_payload_bytes
 
         decoded: dict[int, np.ndarray] = {}
-        down_frames: dict[int, list[bytes]] = {}
-        down_bytes: dict[int, int] = {}
         decode_s: dict[int, float] = {}
         sent: dict[int, list[Message]] = {k: [] for k in contributors}
+        got: dict[int, list[Message]] = {r: [] for r in ctx.requests}
         try:
             for part, (b0, b1) in enumerate(chunks):
                 parts = {}
@@ -430,27 +427,33 @@ class CKKSProtocol(Protocol):
                               for bid, accs in sums.items()}
                 del loaded, sums, parts
                 server_s += time.perf_counter() - t
-                for bid, frames in out_frames.items():      # recipients decrypt (once per block, shared key)
-                    t = time.perf_counter()
-                    decoded[bid] = np.concatenate([self._decrypt(key.context, plan, f, b - a, ctx)
-                                                   for f, (a, b) in zip(frames, bounds)])
-                    decode_s[bid] = time.perf_counter() - t
-                    down_bytes[bid] = sum(len(f) for f in frames)
-                    if keep_down:
-                        down_frames[bid] = frames
+                for r, bids in ctx.requests.items():         # signed download of this chunk's blocks
+                    mine = [int(b) for b in np.asarray(bids).ravel() if b0 <= int(b) < b1]
+                    frames = [f for b in mine for f in out_frames.get(b, [wire.EMPTY] * n_pieces)]
+                    msg = Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext", (len(mine), ctx.block_len),
+                                  sum(len(f) for f in frames), self.mode, fp, frames,
+                                  note=plan.describe())
+                    try:       # the recipient verifies it before decrypting (recorded below)
+                        msg = self._download(msg, "download", part, record=False)
+                    finally:
+                        got[r].append(msg)
+                    for i, bid in enumerate(mine):           # decrypt once per block (shared key)
+                        if bid in out_frames and bid not in decoded:
+                            t = time.perf_counter()
+                            delivered = msg.payload[i * n_pieces:(i + 1) * n_pieces]
+                            decoded[bid] = np.concatenate([self._decrypt(key.context, plan, f, b - a, ctx)
+                                                           for f, (a, b) in zip(delivered, bounds)])
+                            decode_s[bid] = time.perf_counter() - t
         finally:
-            self._record_uploads(sent, ctx)
+            self._record_streamed(sent, ctx)
+            self._record_streamed(got, ctx)
 
         zero = np.zeros(ctx.block_len)
         out: dict[int, dict[int, np.ndarray]] = {}
         bytes_down, client_down_s = {}, {}
         for r, bids in ctx.requests.items():
             bids = [int(b) for b in np.asarray(bids).ravel()]
-            nbytes = sum(down_bytes.get(b, 0) for b in bids)
-            payload = [f for b in bids for f in down_frames.get(b, [wire.EMPTY] * n_pieces)] if keep_down else None
-            self.transcript.record(Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext",
-                                           (len(bids), ctx.block_len), nbytes, self.mode, fp, payload,
-                                           note=plan.describe() + ("" if keep_down else "; payload not kept")))
+            nbytes = sum(m.nbytes for m in got[r])
             out[r] = {b: decoded.get(b, zero) for b in bids}
             bytes_down[r] = nbytes
             client_down_s[r] = sum(decode_s.get(b, 0.0) for b in bids)
@@ -466,8 +469,8 @@ class CKKSProtocol(Protocol):
         }
         return out
 
-    def _record_uploads(self, sent: dict[int, list[Message]], ctx: ExchangeContext) -> None:
-        """One upload Message per client per exchange; large or streamed payloads are stripped."""
+    def _record_streamed(self, sent: dict[int, list[Message]], ctx: ExchangeContext) -> None:
+        """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
         for k, msgs in sent.items():
             if not msgs:
                 continue

@@ -31,8 +31,8 @@ One exchange (:meth:`CKKSMPProtocol._aggregate`):
    32-byte CRS seed; every client expands ``a``, sends ``p_i`` and its recipient key
    ``p_R`` (kind ``public_key``); the server adds the ``p_i`` and broadcasts ``p``.  Client 0
    also makes the clients' common broadcast key pair ``(s_B, p_B)`` and sends ``s_B`` to each
-   other client encrypted under that client's ``p_R`` (relayed by the server, which cannot
-   open it; the server plus any client learns only what that client receives anyway).
+   other client encrypted under that client's ``p_R`` and again over the signed client-to-client
+   channel (:mod:`protocols.channel`; relayed by the server, which cannot open it; the server plus any client learns only what that client receives anyway).
    On ``--resume`` a new protocol object runs the key generation again.
 4. **Upload**: each client sends its blocks encrypted under ``p`` (kind ``ciphertext``;
    sparse layout: its block ids as ``metadata``).  The server checks the envelope and every
@@ -49,8 +49,11 @@ One exchange (:meth:`CKKSMPProtocol._aggregate`):
    bound or a field out of range raises IntegrityError (a corrupted share or ciphertext).
 
 Semi-honest server: clients key-switch the ``c1`` the server says is the aggregate; a
-malicious server could ask them to switch a single upload instead (not defended here:
-it needs the signed-transcript work of the protocol-security issue).  Transcript payloads
+malicious server could ask them to switch a single upload instead (not defended here: the
+server's signature authenticates the request, it does not prove the ``c1`` is the aggregate).
+Every message is signed and verified before use (:mod:`protocols.auth`): client->server through
+``_deliver``, server->client through ``_download``, stages ``STAGES['ckks-mp']`` of
+:mod:`protocols.message` (key_setup, block_ids, upload, keyswitch, download).  Transcript payloads
 larger than ``keep_payload_bytes`` are dropped before recording (the note says so);
 ``nbytes`` is always the real size.
 """
@@ -133,15 +136,8 @@ class CKKSMPProtocol(Protocol):
             return self.params.n          # _aggregate raises the error with the exchange named
 
     # ------------------------------------------------------------------ keys
-    def _send(self, msg: Message) -> Message | None:
-        """A client->server message through the test hook; recorded (payload kept if small)."""
-        if self.intercept is not None:
-            msg = self.intercept(msg)
-        if msg is not None:
-            self._record(msg)
-        return msg
-
-    def _record(self, msg: Message) -> None:
+    def _record_message(self, msg: Message) -> None:
+        """Recorded with its payload if small."""
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
             msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
         self.transcript.record(msg)
@@ -153,14 +149,15 @@ class CKKSMPProtocol(Protocol):
         seed = os.urandom(32)                                  # public CRS seed, chosen by the server
         level = self.params.num_primes
         poly_bytes = level * self.params.n * 4
-        for k in range(self.num_clients):
-            self._record(Message(rnd, KEYS_TAG, SERVER, client_party(k), "metadata", (32,), 32, self.mode, "",
-                                 seed, note="public seed of the common random polynomial a"))
+        seeds = {k: self._download(Message(rnd, KEYS_TAG, SERVER, client_party(k), "metadata", (32,), 32, self.mode,
+                                           "", seed, note="public seed of the common random polynomial a"),
+                                   "key_setup").payload
+                 for k in range(self.num_clients)}
         server_s = time.perf_counter() - t0
         client_s, shares = {}, []
         for k in range(self.num_clients):
             t = time.perf_counter()
-            a_hat = common_polynomial(seed, self.params.primes, self.params.n)
+            a_hat = common_polynomial(seeds[k], self.params.primes, self.params.n)
             client = MPClient(k, self.ring, self.params, a_hat)
             self._clients[k] = client
             msgs = [Message(rnd, KEYS_TAG, client_party(k), SERVER, "public_key", (level, self.params.n),
@@ -168,7 +165,7 @@ class CKKSMPProtocol(Protocol):
                     for data, note in ((client.public_share, "collective public key share p_i = -a s_i + e_i"),
                                        (client.recipient_public_key, "recipient public key p_R = -a s_R + e_R"))]
             client_s[k] = time.perf_counter() - t
-            delivered = [self._send(m) for m in msgs]
+            delivered = [self._deliver(m, "key_setup", part) for part, m in enumerate(msgs)]
             t = time.perf_counter()
             if any(m is None for m in delivered):
                 raise DropoutError("a client's public key share is missing: the collective key cannot be "
@@ -191,10 +188,10 @@ class CKKSMPProtocol(Protocol):
                                            + pk_bytes).hexdigest()[:16]
         server_s += time.perf_counter() - t
         for k, client in self._clients.items():
-            self._record(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (level, self.params.n),
-                                 len(pk_bytes), self.mode, self._fingerprint, pk_bytes,
-                                 note="collective public key p = sum_i p_i"))
-            client.collective_pk = encryption.from_bytes(self.ring, pk_bytes, (level, self.params.n))
+            msg = self._download(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (level, self.params.n),
+                                         len(pk_bytes), self.mode, self._fingerprint, pk_bytes,
+                                         note="collective public key p = sum_i p_i"), "key_setup", 1)
+            client.collective_pk = encryption.from_bytes(self.ring, msg.payload, (level, self.params.n))
         comm = self.transcript.comm()["per_tag"][KEYS_TAG]
         self.setup_stats = {"client_s": client_s, "server_s": server_s,
                             "bytes_up_per_client": comm["bytes_up"] / self.num_clients,
@@ -203,8 +200,8 @@ class CKKSMPProtocol(Protocol):
 
     def _deal_broadcast_key(self, rnd: int, client_s: dict[int, float]) -> None:
         """Client 0 makes the broadcast key pair, publishes ``p_B`` and sends ``s_B`` to every other
-        client encrypted under that client's recipient key (relayed by the server, which cannot
-        open it).  Adds the clients' seconds to ``client_s``."""
+        client encrypted under that client's recipient key, through the signed, encrypted
+        client-to-client channel (relayed by the server, which cannot open it).  Adds the clients' seconds to ``client_s``."""
         level, n = self.params.num_primes, self.params.n
         dealer = self._clients[0]
         t = time.perf_counter()
@@ -212,8 +209,8 @@ class CKKSMPProtocol(Protocol):
         plan = plan_exchange(self.params, _KEY_SPEC, 1)
         sealed = {j: dealer.seal_broadcast_key(plan, self._recipient_pks[j]) for j in range(1, self.num_clients)}
         client_s[0] += time.perf_counter() - t
-        msg = self._send(Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (level, n), len(p_b),
-                                 self.mode, "", p_b, note="broadcast public key p_B = -a s_B + e_B"))
+        msg = self._deliver(Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (level, n), len(p_b),
+                                    self.mode, "", p_b, note="broadcast public key p_B = -a s_B + e_B"), "key_setup", 2)
         if msg is None:
             raise DropoutError("the broadcast public key is missing; rerun the key set-up", tag=KEYS_TAG, client=0)
         try:
@@ -221,17 +218,12 @@ class CKKSMPProtocol(Protocol):
         except ValueError as exc:
             raise IntegrityError(f"malformed broadcast public key: {exc}", tag=KEYS_TAG, client=0) from exc
         for j, data in sealed.items():
-            msg = self._send(Message(rnd, KEYS_TAG, client_party(0), SERVER, "ciphertext", (1, 2, plan.level, n),
-                                     len(data), self.mode, "", data,
-                                     note=f"broadcast secret s_B encrypted to client {j}'s recipient key"))
-            if msg is None:
-                raise DropoutError(f"the broadcast key for client {j} is missing; rerun the key set-up",
-                                   tag=KEYS_TAG, client=0)
-            self._record(Message(rnd, KEYS_TAG, SERVER, client_party(j), "ciphertext", msg.shape, msg.nbytes,
-                                 self.mode, "", msg.payload, note="relayed sealed broadcast secret"))
+            opened = self._relay(rnd, KEYS_TAG, 0, j, "key_setup", data,
+                                 f"broadcast secret s_B encrypted to client {j}'s recipient key", fingerprint="",
+                                 keep_payload=len(data) <= self.keep_payload_bytes)
             t = time.perf_counter()
             try:
-                ct = encryption.from_bytes(self.ring, msg.payload, (1, 2, plan.level, n))
+                ct = encryption.from_bytes(self.ring, opened, (1, 2, plan.level, n))
             except ValueError as exc:
                 raise IntegrityError(f"sealed broadcast key rejected: {exc}", tag=KEYS_TAG, client=0) from exc
             residual, ok = self._clients[j].open_broadcast_key(plan, ct, self._broadcast_pk)
@@ -298,18 +290,18 @@ class CKKSMPProtocol(Protocol):
             table = ctx.contributions[k]
             ids = np.asarray(table.ids, dtype=np.int64)
             if ctx.layout == "sparse":
-                meta = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "metadata", (ids.size,),
-                                          4 * ids.size, self.mode, fp, {"block_ids": ids.astype(np.int32)},
-                                          note="block ids of the sparse layout"))
+                meta = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "metadata", (ids.size,),
+                                             4 * ids.size, self.mode, fp, {"block_ids": ids.astype(np.int32)},
+                                             note="block ids of the sparse layout"), "block_ids")
                 if meta is None:
                     raise DropoutError("the client's block ids are missing; nothing was aggregated", **where(k))
                 ids = np.asarray((meta.payload or {}).get("block_ids", []), dtype=np.int64)
             t = time.perf_counter()
             data = self._clients[k].encrypt_blocks(plan, np.asarray(table.values, dtype=np.float64))
             up_s[k] = time.perf_counter() - t
-            msg = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
-                                     (int(ids.size), ctx.block_len), len(data), self.mode, fp, data,
-                                     note=f"{ids.size * pieces} ciphertexts, {plan.describe()}"))
+            msg = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
+                                        (int(ids.size), ctx.block_len), len(data), self.mode, fp, data,
+                                        note=f"{ids.size * pieces} ciphertexts, {plan.describe()}"), "upload")
             uploads[k] = (ids, msg)
         t = time.perf_counter()
         parsed = {}
@@ -347,10 +339,10 @@ class CKKSMPProtocol(Protocol):
         # recipient, to its own key (scoped return).
         c1 = agg[:, :, 1]                                   # [blocks, pieces, L, N]
         c1_bytes = encryption.to_bytes(c1)
-        for k in range(K):
-            self._record(Message(ctx.round, ctx.tag, SERVER, client_party(k), "ciphertext", (len(needed), pieces),
-                                 len(c1_bytes), self.mode, fp, c1_bytes,
-                                 note="c1 of the aggregate blocks to key-switch"))
+        c1_of = {k: self._download(Message(ctx.round, ctx.tag, SERVER, client_party(k), "ciphertext",
+                                           (len(needed), pieces), len(c1_bytes), self.mode, fp, c1_bytes,
+                                           note="c1 of the aggregate blocks to key-switch"), "keyswitch").payload
+                 for k in range(K)}
         smudge = smudging_bits(self.params, K)
         rows_of = {int(r): [index[int(b)] for b in np.asarray(bids).ravel()] for r, bids in ctx.requests.items()}
         if not rows_of:
@@ -362,15 +354,15 @@ class CKKSMPProtocol(Protocol):
             groups = [(f"recipient {r}'s key", self._recipient_pks[r], rows, [r], False) for r, rows in rows_of.items()]
         share_msgs: list[dict[int, Message | None]] = [{} for _ in groups]
         for k in range(K):
-            c1_k = encryption.from_bytes(self.ring, c1_bytes, c1.shape)
+            c1_k = encryption.from_bytes(self.ring, c1_of[k], c1.shape)
             for g, (label, pk, rows, _, _) in enumerate(groups):
                 t = time.perf_counter()
                 data = self._clients[k].pcks_shares(plan, c1_k[rows].reshape(-1, level, n), pk, smudge) \
                     if rows else b""
                 down_s[k] += time.perf_counter() - t
-                share_msgs[g][k] = self._send(Message(ctx.round, ctx.tag, client_party(k), SERVER, "share",
-                                                      (len(rows), pieces), len(data), self.mode, fp, data,
-                                                      note=f"PCKS shares to {label}"))
+                share_msgs[g][k] = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "share",
+                                                         (len(rows), pieces), len(data), self.mode, fp, data,
+                                                         note=f"PCKS shares to {label}"), "keyswitch", g)
         t = time.perf_counter()
         switched = []
         for g, (label, _, rows, _, _) in enumerate(groups):   # every share of every group checked first
@@ -394,13 +386,13 @@ class CKKSMPProtocol(Protocol):
         lengths = [b - a for a, b in spans]
         for (label, _, rows, members, broadcast), out in zip(groups, switched):
             out_bytes = encryption.to_bytes(out)
-            for r in members:
-                self._record(Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext", (len(rows), pieces),
-                                     len(out_bytes), self.mode, fp, out_bytes,
-                                     note=f"aggregate blocks key-switched to {label}"))
-            # members of a broadcast group decrypt the same bytes: decoded once, the time charged to each
+            delivered = [self._download(Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext",
+                                                (len(rows), pieces), len(out_bytes), self.mode, fp, out_bytes,
+                                                note=f"aggregate blocks key-switched to {label}")).payload
+                         for r in members]
+            # members of a broadcast group decrypt the same (verified) bytes: decoded once, the time charged to each
             t = time.perf_counter()
-            cts = encryption.from_bytes(self.ring, out_bytes, out.shape)
+            cts = encryption.from_bytes(self.ring, delivered[0], out.shape)
             decoded = self._clients[members[0]].decrypt_delivery(plan, cts, lengths * len(rows), broadcast)
             blocks = {}
             for i, b in enumerate(np.asarray(ctx.requests[members[0]]).ravel()):

@@ -344,8 +344,10 @@ class MaskProtocol(Protocol):
         if ctx.layout == "sparse":
             for k in participants:
                 m = sum(2 * _ID + _ID * c.size for c in state[k].common.values())
-                self.transcript.record(self._msg(ctx, SERVER, client_party(k), "metadata",
-                                                 (len(state[k].common),), m, None, "block ids shared with each peer"))
+                msg = self._download(self._msg(ctx, SERVER, client_party(k), "metadata", (len(state[k].common),), m,
+                                               {int(j): c.astype(np.int32) for j, c in state[k].common.items()},
+                                               "block ids shared with each peer"), "block_ids")
+                state[k].common = {int(j): np.asarray(c, dtype=np.int64) for j, c in msg.payload.items()}
 
         # -- 2. AdvertiseKeys
         public = {}
@@ -357,13 +359,12 @@ class MaskProtocol(Protocol):
                 raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", tag=tag, round=rnd, client=k)
             public[k] = bytes(msg.payload)
         for k in participants:
-            self.transcript.record(self._msg(ctx, SERVER, client_party(k), "public_key",
-                                             (len(public), PUBLIC_KEY_BYTES),
-                                             len(public) * (_ID + PUBLIC_KEY_BYTES), None, "broadcast of mask keys"))
-        for k in participants:
+            msg = self._download(self._msg(ctx, SERVER, client_party(k), "public_key", (len(public), PUBLIC_KEY_BYTES),
+                                           len(public) * (_ID + PUBLIC_KEY_BYTES), dict(public),
+                                           "broadcast of mask keys"), "advertise_keys")
             st = state[k]
             for j in st.common:
-                st.seeds[j] = st.keys.pairwise_seed(k, j, public[j], binding)
+                st.seeds[j] = st.keys.pairwise_seed(k, j, msg.payload[j], binding)
 
         # -- 3. ShareKeys
         if use_self:
@@ -492,10 +493,9 @@ class MaskProtocol(Protocol):
             nbytes = rows.nbytes + _ID * len(included)
             if ctx.layout == "sparse":
                 nbytes += _ID * bids.size + (bids.size * -(-len(participants) // 8) if out_keys else 0)
-            sent[r] = (bids, rows)
-            self.transcript.record(self._msg(ctx, SERVER, client_party(int(r)), kind, rows.shape, nbytes,
-                                             {"block_ids": bids.astype(np.int32), "data": rows,
-                                              "included": included}))
+            msg = self._download(self._msg(ctx, SERVER, client_party(int(r)), kind, rows.shape, nbytes,
+                                           {"block_ids": bids.astype(np.int32), "data": rows, "included": included}))
+            sent[r] = (np.asarray(msg.payload["block_ids"], dtype=np.int64), msg.payload["data"])
         t_recv = time.perf_counter()
 
         # -- recipients remove the output masks of the included contributors and decode

@@ -2,7 +2,8 @@
 
 Every case runs one real exchange (K=3 clients, 16 floats in [-1, 1]) of the ``mask`` or
 ``ckks`` backend; the test hook ``Protocol.intercept`` tampers with one message in transit
-(or the call itself is malformed), and the outcome is classified:
+(an upload, a relayed share, or the server's signed download to a client), or the call
+itself is malformed, and the outcome is classified:
 
 * ``rejected``          -- a :class:`~protocols.errors.ProtocolError` of the expected class was raised
                            (nothing aggregated);
@@ -53,6 +54,11 @@ def _is_upload(m) -> bool:
     return m.sender == VICTIM and m.receiver == SERVER and m.kind in ("masked", "ciphertext")
 
 
+def _is_download(m) -> bool:
+    return m.sender == SERVER and m.receiver == VICTIM and m.kind in ("masked", "ciphertext", "plain") \
+        and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage == "download"
+
+
 def _payload_bytes(m) -> bytes:
     return m.payload["data"] if isinstance(m.payload, dict) else m.payload[0]
 
@@ -90,6 +96,27 @@ def _truncate(m, rng):
         return dataclasses.replace(m, auth=m.auth[:int(rng.integers(0, len(m.auth)))])
     data = _payload_bytes(m)
     return _with_payload_bytes(m, data[:int(rng.integers(0, len(data)))])
+
+
+def _tamper_download(m, rng, fz):
+    """The server's signed download to the victim, changed in transit: a body bit or a
+    signature/header bit flipped, the previous exchange's download replayed, or client 0's
+    download of this exchange handed to the victim."""
+    choice = int(rng.integers(0, 4))
+    if choice == 2 and fz.prev_exchange.get((SERVER, m.kind, VICTIM)) is not None:
+        return fz.prev_exchange[(SERVER, m.kind, VICTIM)]
+    if choice == 3:
+        for (ex, sender, kind, receiver, tag), old in fz.sent.items():
+            if ex == fz.proto.exchange and sender == SERVER and kind == m.kind and receiver == "client0":
+                return old
+    if choice == 1:
+        return dataclasses.replace(m, auth=_flip(m.auth, rng))
+    if isinstance(m.payload, dict):                 # mask: the ring elements, flipped in place
+        data = np.array(m.payload["data"], copy=True)
+        flat = data.view(np.uint8).reshape(-1)
+        flat[int(rng.integers(0, flat.size))] ^= np.uint8(1 << int(rng.integers(0, 8)))
+        return dataclasses.replace(m, payload={**m.payload, "data": data})
+    return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
 
 
 def _stage_of(fz):
@@ -198,6 +225,7 @@ CASES = [
     Case("changed_dtype", ("mask",), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(
              m.payload["data"], np.uint8).astype(np.float32)})),
+    Case("download_tampering", ("mask", "ckks"), True, _is_download, _tamper_download),
     Case("nonfinite_input", ("mask", "ckks"), True, call=_call_nonfinite, expected=ProtocolError),
     Case("empty_input", ("mask", "ckks"), True, call=_call_empty, expected=ProtocolError),
     Case("absurd_metadata", ("mask", "ckks"), True, call=_call_absurd, expected=ProtocolError),
