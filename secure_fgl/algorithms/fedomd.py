@@ -141,12 +141,10 @@ from .base import ModelAveraging
 from .cmd import central_moments, clip_activations, cmd_from_moments
 from .options import FedOMDOptions
 
-#: target error of every pooled statistic (mean, central moments of order 2..5).  The moments of
-#: features in ``[0, 1]`` reach 1e-6 and below, and Adam turns a gradient perturbation near its
-#: ``eps`` (1e-8) into a step of order ``lr``: a 5e-9 error of the statistics (the former fixed
-#: 1e-4 sum tolerance in a 32-bit mask ring) moved the parameters by 3e-3 after one round on Cora.
-#: ``2^-40`` is ``2^-24`` (float32) relative to a statistic of size ``2^-16``; both codecs meet it
-#: (mask: 64-bit ring; ckks: N=8192 [60, 60]).
+#: target error of every pooled statistic (mean, central moments of order 2..5): ``2^-24``
+#: (float32) relative to a statistic of size ``2^-16`` -- the higher central moments of features
+#: in ``[0, 1]`` are that small, and Adam turns a gradient perturbation near its ``eps`` into a
+#: step of order ``lr`` (docs/secure_equals_plain.md, "FedOMD").  Mask and ckks both meet it.
 STATS_MEAN_TOLERANCE = 2.0 ** -40
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
