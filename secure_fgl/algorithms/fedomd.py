@@ -134,11 +134,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from protocols import DPRequest, ValueSpec
+from protocols.precision import MeanPrecision
 
 from ..models.orthogonal import OrthoGCN
 from .base import ModelAveraging
 from .cmd import central_moments, clip_activations, cmd_from_moments
 from .options import FedOMDOptions
+
+#: target error of every pooled statistic (mean, central moments of order 2..5): ``2^-24``
+#: (float32) relative to a statistic of size ``2^-16`` -- the higher central moments of features
+#: in ``[0, 1]`` are that small, and Adam turns a gradient perturbation near its ``eps`` into a
+#: step of order ``lr`` (docs/secure_equals_plain.md, "FedOMD").  Mask and ckks both meet it.
+STATS_MEAN_TOLERANCE = 2.0 ** -40
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
 STATS_NODES = ("all", "train", "train_vs_all")
@@ -263,11 +270,28 @@ class FedOMD(ModelAveraging):
         return self.opts.cmd_weight > 0
 
     # ------------------------------------------------------------------ statistics
-    def stats_spec(self) -> ValueSpec:
-        """Public bound on one client's entries: ``n_k * |value|`` with ``n_k <= N``."""
+    def stats_node_total(self) -> int:
+        """Public size of the exchanged statistics' node set over all clients, the total of the
+        weights ``n_k``: the partitioned graph's node count, or its training split's size."""
+        if self.opts.stats_nodes == "train":
+            return int(self.fed.graph.train_mask.sum())
+        return int((self.fed.owner >= 0).sum())
+
+    def stats_precision(self, num_contributors: int) -> MeanPrecision:
+        """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
+        values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (the node set's
+        public total), ``T_min = N`` under full participation (else the expected share ``m/K``
+        of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic."""
         a, b = self.opts.act_low, self.opts.act_high
         per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in self.orders])
-        return ValueSpec(max_abs=float(self.fed.graph.num_nodes) * per_node)
+        total = float(max(1, self.stats_node_total()))
+        share = min(1.0, num_contributors / len(self.clients))
+        return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
+                             tolerance=STATS_MEAN_TOLERANCE)
+
+    def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
+        """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`."""
+        return self.stats_precision(len(self.clients) if num_contributors is None else num_contributors).spec()
 
     def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
         if not self.cfg.dp_epsilon:
@@ -295,7 +319,7 @@ class FedOMD(ModelAveraging):
             raise ValueError("no client has nodes for the FedOMD statistics "
                              "(stats_nodes='train' with no training nodes?); use --stats-nodes all")
         stats = exchange_hidden_statistics(self.protocol, rnd, hidden, self.orders, self.opts.act_low,
-                                           self.opts.act_high, spec=self.stats_spec(), dp=self.stats_dp(),
+                                           self.opts.act_high, spec=self.stats_spec(len(clients)), dp=self.stats_dp(),
                                            tag=self.name)
         return [GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()})
                 for s in stats]
