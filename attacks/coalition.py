@@ -121,12 +121,13 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.
     if not coalition:
         return {}
     out = {}
-    chain = proto._active
-    context = proto._keys.get(chain).context            # the colluding client's copy of the key
     for m in proto.transcript.view(SERVER):
         if m.tag == tag and m.round == rnd and m.kind == "ciphertext" and m.receiver == SERVER \
                 and isinstance(m.payload, list) and party_client(m.sender) not in coalition:
-            vals = [np.asarray(ts.ckks_vector_from(context, wire.unframe(f)).decrypt()) for f in m.payload]
+            key = proto._keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
+            if key is None:
+                continue
+            vals = [np.asarray(ts.ckks_vector_from(key.context, wire.unframe(f)).decrypt()) for f in m.payload]
             out[party_client(m.sender)] = np.concatenate(vals) if vals else np.zeros(0)
     return out
 

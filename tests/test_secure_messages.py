@@ -271,6 +271,18 @@ def test_ckks_shared_key_coalition_reads_every_upload():
         assert np.allclose(vals[:30], x[v], atol=1e-3)
 
 
+def test_ckks_coalition_reads_an_earlier_exchange_under_another_chain():
+    """Each upload is decrypted with the key of the chain it names (its fingerprint), not the last
+    exchange's: an integer exchange (packed chain) followed by a float one (another chain)."""
+    ck = make_protocol("ckks", 3)
+    ints = {k: np.arange(6, dtype=float) % 3 for k in range(3)}
+    ck.weighted_sum("ints", 0, ints, spec=ValueSpec(integer=True, max_abs=3, sum_max=9))
+    ck.weighted_sum("floats", 0, _values(3, 31), spec=ValueSpec(max_abs=1, tolerance=1e-9))
+    assert {m.fingerprint for m in ck.transcript.select(tag="ints")} != \
+        {m.fingerprint for m in ck.transcript.select(tag="floats")}
+    assert sorted(ckks_break(ck, "ints", 0, coalition=[0])) == [1, 2]
+
+
 def test_aggregate_minus_own_isolates_a_single_other_contributor():
     for mode in ("mask", "ckks", "plain"):
         proto = make_protocol(mode, 2)          # a block with two contributors: client 0 and client 1

@@ -109,6 +109,10 @@ class ClientKeyRing:
     def get(self, chain: ChainParams) -> ClientKey:
         return self._keys[chain.name]
 
+    def by_fingerprint(self, fingerprint: str) -> ClientKey | None:
+        """The key whose public context has ``fingerprint`` (the one a message names), if any."""
+        return next((k for k in self._keys.values() if k.fingerprint == fingerprint), None)
+
     def create(self, chain: ChainParams) -> ClientKey:
         ctx = make_secret_context(chain, self.encryption)
         secret = ctx.serialize(save_public_key=False, save_secret_key=True,
