@@ -97,7 +97,8 @@ def collect(root: Path) -> list[dict]:
                      "mode": r["config"]["mode"], "seed": r["config"]["seed"], "rounds": r["config"]["rounds"],
                      "test": 100 * r["final"]["test_acc"], "val": 100 * r["final"]["val_acc"],
                      "last_test": 100 * r["final"]["last_test_acc"], "best_round": r["final"]["best_round"],
-                     "seconds": r["time"]["total"], "mb_up": r["comm"]["bytes_up"] / 2**20})
+                     "seconds": r["time"]["total"], "mb_up": r["comm"]["bytes_up"] / 2**20,
+                     "curve": {k: [100 * x[k] for x in r["rounds"]] for k in ("train_acc", "val_acc", "test_acc")}})
     return rows
 
 
@@ -159,10 +160,45 @@ def write_tables(out: Path) -> str:
                       "| mode | seed | secure | plain | difference |", "|---|---|---|---|---|"]
             lines += [f"| {s['mode']} | {s['seed']} | {s['test']:.2f} | {p['test']:.2f} | {s['test'] - p['test']:+.2f} |"
                       for s, p in sorted(pairs, key=lambda sp: (sp[0]["mode"], sp[0]["seed"]))]
+        lines += paired_differences(sel) + learning_curves(sel)
         lines.append("")
     text = "\n".join(lines)
     (out / "table1.md").write_text(text)
     return text
+
+
+def paired_differences(rows: list[dict], reference: str = "FedAvg (GAT)") -> list[str]:
+    """Each plain method minus ``reference`` on the same seed (test and validation points)."""
+    ref = {r["seed"]: r for r in rows if r["method"] == reference and r["mode"] == "plain"}
+    lines = []
+    for method in [m for m in METHODS if m != reference]:
+        pairs = [(r, ref[r["seed"]]) for r in rows if r["method"] == method and r["mode"] == "plain" and r["seed"] in ref]
+        if pairs:
+            seeds = sorted(r["seed"] for r, _ in pairs)
+            lines.append(f"| {method} | {len(pairs)} | {', '.join(map(str, seeds))} | "
+                         f"{_ms([r['test'] - f['test'] for r, f in pairs])} | {_ms([r['val'] - f['val'] for r, f in pairs])} |")
+    return (["", f"Minus {reference}, same seed (points; best-validation round of each run):", "",
+             "| method | n | seeds | test | val |", "|---|---|---|---|---|"] + lines) if lines else []
+
+
+def learning_curves(rows: list[dict], windows: int = 4) -> list[str]:
+    """Train / validation / test accuracy of the global model averaged over windows of rounds
+    (plain runs, then the mean over seeds)."""
+    methods = [m for m in METHODS if any(r["method"] == m and r["mode"] == "plain" for r in rows)]
+    rounds = min(len(r["curve"]["val_acc"]) for r in rows if r["mode"] == "plain")
+    size = rounds // windows
+    if size == 0:
+        return []
+    bounds = [(w * size, (w + 1) * size) for w in range(windows)]
+    lines = ["", "Mean accuracy over rounds (train / val / test %, plain runs, mean over seeds):", "",
+             "| method | n | " + " | ".join(f"rounds {a + 1}-{b}" for a, b in bounds) + " |",
+             "|---|---|" + "---|" * windows]
+    for method in methods:
+        rs = [r for r in rows if r["method"] == method and r["mode"] == "plain"]
+        cells = [" / ".join(f"{statistics.mean(statistics.mean(r['curve'][k][a:b]) for r in rs):.1f}"
+                            for k in ("train_acc", "val_acc", "test_acc")) for a, b in bounds]
+        lines.append(f"| {method} | {len(rs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv=None) -> None:
