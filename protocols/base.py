@@ -64,6 +64,10 @@ class ValueSpec:
                above the cap).  Encodings then size packed fields from ``sum_max``; without
                it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
                (:func:`protocols.precision.kway_sum_bound`).
+    float64_wire: the plain protocol carries these values as float64 instead of float32: set
+               by plans whose target error is below float32 resolution
+               (:meth:`protocols.precision.MeanPrecision.spec`), so plain computes what the
+               secure codecs compute.  The float32 byte baseline is unchanged.
     """
 
     max_abs: float = 1e4
@@ -71,6 +75,7 @@ class ValueSpec:
     sum_max: int | None = None
     tolerance: float = 1e-4
     owner_checked_sum: bool = False
+    float64_wire: bool = False
 
     def sum_bound(self, num_clients: int) -> float:
         if self.integer and self.sum_max is not None and self.owner_checked_sum:
