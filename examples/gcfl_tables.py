@@ -200,7 +200,9 @@ def table(out: Path, args) -> str:
     cmds = out / "commands.txt"
     if cmds.exists():
         lines += ["", "## Commands (one CLI line per run; the script ran them in-process)", "", "```"]
-        lines += cmds.read_text().splitlines() + ["```"]
+        done = [c for c in dict.fromkeys(cmds.read_text().splitlines())        # finished runs, once each
+                if (Path(shlex.split(c)[shlex.split(c).index("--out") + 1]) / "result.json").exists()]
+        lines += done + ["```"]
     return "\n".join(lines) + "\n"
 
 
