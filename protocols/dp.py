@@ -39,11 +39,18 @@ Placement
   The released sum carries std ``sigma * sqrt(n)`` (n contributors).  Here ``Delta`` must
   bound the change of the *concatenation* of all uploads; for the units below it is the
   same number as for the sum.
-* ``distributed``: each of the n contributors adds N(0, sigma^2 / n), so the *sum* carries
-  exactly sigma (``sigma/sqrt(K)`` when all K take part) — only sound when nobody but the
-  recipients sees anything but the sum, hence only with ``ckks`` / ``mask``.  A client
-  dropping out *after* noising leaves the sum short of noise: the guarantee assumes the
-  backend either recovers every noised upload or refuses the exchange.
+* ``distributed``: each of the n contributors adds N(0, sigma^2 / m) with
+  ``m = max(1, n - d - c)``, so the *sum* carries at least sigma even after ``d`` contributors
+  drop out (``DPConfig.dropouts``) and ``c`` colluding contributors (``DPConfig.colluders``)
+  subtract their own shares (over-provisioning; Truex et al. 2019, Kairouz et al. 2021 "the
+  distributed discrete Gaussian": each party adds noise for the worst-case number of honest
+  survivors).  With d = c = 0 it is ``sigma/sqrt(n)`` per contributor and the full sum
+  carries exactly sigma.  Argument: at most ``d`` drop and at most ``c`` are corrupt, so at
+  least ``n - d - c`` honest noise shares of variance ``sigma^2/m`` stay in the sum, i.e. at
+  least sigma^2; when ``n - d - c < 1`` every contributor adds all of sigma^2 (a row left with
+  no honest contributor holds no honest data).  Only sound when nobody but the recipients
+  sees anything but the sum, hence only with ``ckks`` / ``mask``; a backend must refuse an
+  exchange that lost more than ``d`` contributors after noising (the mask backend does).
   For :meth:`Protocol.row_sum` n is counted per uploaded row (the clients uploading the
   block holding it), so every uploaded row of the sum carries sigma.
 
@@ -166,6 +173,10 @@ class DPConfig:
     scope:       tag prefixes that are privatised (empty: every exchange that asks for DP);
                  e.g. ``('fedgcn/neighbour_sums',)`` noises only FedGCN's one-shot release and
                  leaves the model exchange exact.  Out-of-scope tags get no noise and no budget.
+    dropouts:    distributed placement: contributors that may drop out after noising while
+                 the sum still carries sigma (more drops: the backend refuses the exchange).
+    colluders:   distributed placement: colluding contributors whose noise shares may be
+                 subtracted while the sum still carries sigma for the others.
     """
 
     epsilon: float
@@ -175,6 +186,8 @@ class DPConfig:
     tags: Sequence[str] = ()
     split: Mapping[str, float] | None = None
     scope: Sequence[str] = ()
+    dropouts: int = 0
+    colluders: int = 0
 
     def in_scope(self, tag: str) -> bool:
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
@@ -189,6 +202,10 @@ class DPConfig:
             raise ConfigurationError(f"DPConfig.placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.accountant not in MECHANISMS:
             raise ConfigurationError(f"DPConfig.accountant must be one of {MECHANISMS}, got {self.accountant!r}")
+        for name in ("dropouts", "colluders"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 0):
+                raise ConfigurationError(f"DPConfig.{name} must be an integer >= 0, got {v!r}")
         object.__setattr__(self, "tags", tuple(self.tags))
         if len(set(self.tags)) != len(self.tags):
             raise ConfigurationError(f"DPConfig.tags holds duplicates: {self.tags}")
@@ -379,11 +396,12 @@ class DPEngine:
             self.on_release(self.state_dict())
 
     def _client_std(self, sigma, n) -> np.ndarray:
-        """Per-client noise std given the number of contributors n (scalar or per row)."""
+        """Per-client noise std given the number of contributors n (scalar or per row):
+        sigma (local), sigma / sqrt(max(1, n - dropouts - colluders)) (distributed)."""
         n = np.asarray(n, dtype=np.float64)
         if self.config.placement == "local":
             return np.broadcast_to(np.float64(sigma), n.shape).copy()
-        return sigma / np.sqrt(np.maximum(n, 1.0))
+        return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
 
     # ------------------------------------------------------------------ exchanges
     def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,

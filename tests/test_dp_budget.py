@@ -77,14 +77,20 @@ def test_headline_figure_writes_png_pdf_svg(tmp_path):
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
 
 
-def test_distributed_noise_states_the_weaker_guarantee_against_a_coalition():
-    """Distributed placement: the section states the epsilon against the server + 1 client, computed
-    from the releases at their reduced noise (row sums: half the variance in the worst case)."""
+def test_distributed_noise_states_the_guarantee_against_a_coalition():
+    """Distributed placement (the default in secure modes) over-provisions against one colluding
+    client: the coalition keeps the run's epsilon.  Calibrated for none (--dp-colluders 0), the
+    section states the weaker epsilon, from the releases at their reduced noise (row sums: half
+    the variance in the worst case, the model mean (K-1)/K)."""
     from protocols.accountant import gaussian_epsilon, gaussian_mu
-    p = tiny_run(mode="mask", dp_placement="distributed", options={"layout": "dense"})
+    p = tiny_run(mode="mask", options={"layout": "dense"})
+    c = p["coalition"]
+    assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
+    assert c["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
+    p = tiny_run(mode="mask", dp_colluders=0, options={"layout": "dense"})
     c = p["coalition"]
     assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
     left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}          # 1/(c+1) on row sums, (K-c)/K else
     hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
     assert c["total_epsilon"] == pytest.approx(gaussian_epsilon(gaussian_mu(hist), 1e-5), rel=1e-9)
-    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # local noise: each client adds all
+    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # plain: local noise, each adds all
