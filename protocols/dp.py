@@ -295,6 +295,7 @@ class DPEngine:
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
         self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
+        self._local_step: dict[str, int] = {}      # last step counted per local-release tag
         #: called with :meth:`state_dict` after every release, before its values leave the client
         self.on_release: Callable[[dict], None] | None = None
         self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
@@ -402,6 +403,25 @@ class DPEngine:
         if self.config.placement == "local":
             return np.broadcast_to(np.float64(sigma), n.shape).copy()
         return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
+
+    # ------------------------------------------------------------------ local releases
+    def local_noise(self, tag: str, step: int, size: int, req: DPRequest) -> np.ndarray:
+        """N(0, (z_t Delta)^2) noise of size ``size`` for a release one client computes and
+        noises alone from its own records (a DP-SGD step, :mod:`secure_fgl.dpsgd`); Delta =
+        ``req.sensitivity`` or ``req.clip``.  Clients hold disjoint records, so step ``step`` of
+        every client is one release (parallel composition, McSherry 2009): the first call with a
+        new, larger ``step`` counts it, later calls for the same step do not."""
+        new = step > self._local_step.get(tag, -1)
+        if new:
+            st, sens, sigma = self._begin(tag, step, req, req.clip)
+        else:
+            st, sens = self._tags[tag], float(req.sensitivity or req.clip)
+            sigma = st.noise_multiplier * sens
+        noise = gaussian_noise(self._noise, sigma, int(size))
+        if new:
+            self._local_step[tag] = int(step)
+            self._commit(tag, st, sens, req, sigma)
+        return noise
 
     # ------------------------------------------------------------------ exchanges
     def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
@@ -512,7 +532,7 @@ class DPEngine:
         (a resumed run continues the same budget; the noise key is not part of it)."""
         return {"config": dataclasses.asdict(self.config), "shares": dict(self._shares), "frozen": self._frozen,
                 "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
-                "mean_clip": dict(self._mean_clip), "last_std": self.last_std,
+                "mean_clip": dict(self._mean_clip), "last_std": self.last_std, "local_step": dict(self._local_step),
                 "replayed_releases": self.replayed_releases, "accountant": self.accountant.state_dict()}
 
     def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
@@ -536,6 +556,7 @@ class DPEngine:
         self._frozen = bool(state["frozen"])
         self._tags = {t: _TagState(**st) for t, st in state["tags"].items()}
         self._mean_clip = dict(state["mean_clip"])
+        self._local_step = dict(state.get("local_step", {}))
         self.last_std = float(state["last_std"])
 
     # ------------------------------------------------------------------ report

@@ -146,10 +146,19 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
     params = getattr(algo, "global_params", None)
     dim = int(params.numel()) if params is not None else None
     releases, uncovered, warnings = [], [], []
-    for tag in _released_tags(protocol):
+    local_units = getattr(algo, "release_units", dict)()     # releases a client makes alone (DP-SGD steps)
+    exchanged = _released_tags(protocol)
+    for tag in exchanged + [t for t in per_tag if t not in exchanged]:
         deps = release_dependencies(algo, tag)
         entry = {"tag": tag, "touches": sorted(deps), "dp": tag in per_tag}
-        if tag in per_tag:
+        if tag in local_units and tag in per_tag:
+            t = per_tag[tag]
+            entry.update({"unit": local_units[tag], "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
+                          "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"], "share": protocol.dp.share(tag),
+                          "note": "DP-SGD: protects a training node's features and label as a record of this model; "
+                                  "the model exchanges are post-processing of these noisy gradients"})
+            covered = True      # protects features/labels of training nodes; touches no edge
+        elif tag in per_tag:
             t = per_tag[tag]
             rel_unit = unit if any(tag == s or tag.startswith(s) for s in sums) else "client"
             entry.update({"unit": rel_unit, "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
@@ -175,7 +184,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
     section_coalition = coalition_guarantee(releases, sums, len(algo.clients), rep["delta"],
                                             colluding=max(1, cfg.dp_colluders), calibrated=cfg.dp_colluders,
                                             dropouts=cfg.dp_dropouts) if rep["placement"] == "distributed" else None
-    return {"unit": unit, "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
+    return {"unit": unit, "units": sorted({r["unit"] for r in releases if r.get("unit")}),
+            "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
             "coalition": section_coalition,
             "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
             "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
@@ -202,7 +212,9 @@ def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients
     for r in releases:
         if not r.get("dp"):
             continue
-        if any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
+        if r.get("unit") == "sample":          # DP-SGD: each client adds all of its own noise
+            left = 1.0
+        elif any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
             left = 1.0 / (1 + max(0, colluding - calibrated))
         else:
             honest = num_clients - dropouts - colluding

@@ -51,6 +51,7 @@ from torch import nn
 from protocols import BoundError, DPRequest, ValueSpec
 
 from ..config import ConfigError
+from ..dpsgd import DPSGD
 from ..models import build_model
 from .base import ModelAveraging
 from .options import GAPOptions
@@ -86,6 +87,10 @@ class _EncoderTraining(ModelAveraging):
     def model_dp_request(self, tag: str) -> DPRequest | None:
         return self.parent.model_dp_request(tag)
 
+    def local_update(self, k: int) -> float:
+        sgd = self.parent.dpsgd.get(self.name)
+        return sgd.local_update(self, k) if sgd else super().local_update(k)
+
 
 class FedGCNGAP(ModelAveraging):
     """Edge-level DP FedGCN by aggregation perturbation (module docstring)."""
@@ -111,8 +116,16 @@ class FedGCNGAP(ModelAveraging):
         self.encoder_val_acc = 0.0
         self.uses_head = True
         dp = self.protocol.dp
+        #: DP-SGD per training stage (``--dpsgd``): encoder and head, a training node as a record
+        self.dpsgd: dict[str, DPSGD] = {}
+        if opts.dpsgd:
+            if dp is None:
+                raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
+            epochs, enc_rounds = cfg.local_epochs, opts.encoder_rounds or cfg.rounds
+            self.dpsgd = {stage: DPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds * epochs)
+                          for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))}
         if dp is not None and dp.config.split is None:
-            dp.declare(*self.hop_tags())          # even split over the hops
+            dp.declare(*self.hop_tags(), *(s.tag for s in self.dpsgd.values()))   # even split
 
     def hop_tags(self) -> list[str]:
         return [f"{HOP_TAG}/{h}" for h in range(1, self.opts.hops + 1)]
@@ -120,7 +133,15 @@ class FedGCNGAP(ModelAveraging):
     def release_dependencies(self) -> dict[str, set[str]]:
         """The hop sums read embeddings over edges; the encoder and head touch no exact edge."""
         return {HOP_TAG: {"features", "labels", "edges"}, f"{self.name}/encoder": {"features", "labels"},
-                f"{self.name}/model": {"features", "labels"}}
+                f"{self.name}/model": {"features", "labels"}, f"{self.name}/dpsgd": {"features", "labels"}}
+
+    def release_units(self) -> dict[str, str]:
+        """Units of the DP releases other than the hop sums: DP-SGD steps protect a training node."""
+        return {s.tag: "sample" for s in self.dpsgd.values()}
+
+    def local_update(self, k: int) -> float:
+        sgd = self.dpsgd.get(self.name)
+        return sgd.local_update(self, k) if sgd else super().local_update(k)
 
     def build_model(self) -> nn.Module:
         cfg = self.cfg

@@ -164,4 +164,6 @@ class GAPOptions:
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
     select: str = setting("val", choices=("val", "head"),
                           help="head or encoder by the federation's validation accuracy (val), or always the head")
+    dpsgd: bool = setting(False, help="train the encoder and the head by DP-SGD (a training node is a record; "
+                                      "clip --dp-clip; shares --dp-epsilon with the hops)")
 
