@@ -64,17 +64,29 @@ def test_leakage_matrix_marks_an_at_chance_setting():
     assert row[table.header.index("plain")] == "no"
 
 
-def test_headline_figure_writes_png_pdf_svg(tmp_path):
+def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, monkeypatch):
+    import matplotlib.figure
+
     from secure_fgl.report.headline import accuracy_vs_epsilon
 
     def run(algo, eps, acc, seed):
+        attack = {"name": "link_inference", "applicable": True, "value": 0.5 + acc / 4, "chance": 0.5,
+                  "metric": "AUC"}
         return {"config": {"algorithm": algo, "model": "mlp", "dataset": "sbm", "mode": "plain",
                            "dp_epsilon": eps, "seed": seed, "dp_unit": None},
-                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5}
+                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5,
+                "attacks": [attack, {"name": "transcript_audit", "applicable": False}]}
     results = [run("fedgcn-gap", e, a + 0.01 * s, s) for s in (0, 1) for e, a in ((1.0, 0.6), (8.0, 0.7), (None, 0.84))]
     results += [run("fedavg", None, 0.6, s) for s in (0, 1)]
+    drawn = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **kw: (drawn.append(fig), real_savefig(fig, *a, **kw))[1])
     paths = accuracy_vs_epsilon(results, tmp_path / "fig")
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
+    acc_ax, attack_ax = drawn[0].axes                       # accuracy, then one panel for the one attack
+    assert "chance (1/5)" in [t.get_text() for t in acc_ax.get_legend().get_texts()]
+    assert attack_ax.get_ylabel() == "AUC" and "chance (0.5)" in [t.get_text() for t in attack_ax.get_legend().get_texts()]
 
 
 def test_distributed_noise_states_the_guarantee_against_a_coalition():
