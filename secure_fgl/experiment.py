@@ -90,6 +90,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     def save_extra():
         return {"transcript": transcript_state.encode(),
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
+                "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
                 "setup_time": times.get("setup", 0.0)}
@@ -97,6 +98,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     def load_extra(extra):
         transcript_state.restore(extra["transcript"])
         protocol.transcript.plaintext_equiv = {k: list(v) for k, v in extra["plaintext_equiv"].items()}
+        for k, v in (extra.get("batches") or {}).items():
+            protocol.transcript.attribute(k, tuple(tuple(p) for p in v))
         if extra.get("dp") is not None and protocol.dp is not None:
             protocol.dp.load_state_dict(extra["dp"], ledger=json.loads(ledger.read_text()) if ledger.exists() else None)
         times["setup"] = extra.get("setup_time", 0.0)

@@ -31,3 +31,63 @@ def test_transcript_state_encodes_only_new_messages():
     proto.weighted_sum("a", 1, {0: np.ones(2), 1: np.ones(2)})
     second = state.encode()
     assert second.startswith(first + "\n") and second.count("\n") + 1 == len(proto.transcript.messages)
+
+
+# ----------------------------------------------------------------------------- batched small exchanges
+import pytest  # noqa: E402
+
+from protocols.batch import batched_weighted_mean  # noqa: E402
+
+
+def _parts(rng, K=3):
+    return {"x/a/mean": {k: rng.random(5) for k in range(K)},
+            "x/b/mean": {k: rng.random((2, 4)) for k in range(K)}}
+
+
+@pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
+def test_batched_weighted_means_equal_the_unbatched_ones(mode):
+    rng = np.random.default_rng(0)
+    parts, weights = _parts(rng), {0: 3.0, 1: 1.0, 2: 5.0}
+    got = batched_weighted_mean(make_protocol(mode, 3), "x/stats", 0, parts, weights)
+    separate = make_protocol(mode, 3)
+    for tag, values in parts.items():
+        np.testing.assert_allclose(got[tag], separate.weighted_mean(tag, 0, values, weights), rtol=0, atol=1e-6)
+        assert got[tag].shape == next(iter(values.values())).shape
+
+
+@pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
+def test_batch_attribution_per_tag_sums_to_the_total(mode):
+    rng = np.random.default_rng(1)
+    proto = make_protocol(mode, 3)
+    for r in range(2):
+        batched_weighted_mean(proto, "x/stats", r, _parts(rng), {0: 1.0, 1: 2.0, 2: 3.0})
+    proto.weighted_mean("x/model", 0, {k: rng.random(7) for k in range(3)})
+    comm = proto.transcript.comm()
+    assert "x/stats" not in comm["per_tag"] and {"x/a/mean", "x/b/mean"} <= set(comm["per_tag"])
+    assert {"x/a/mean", "x/b/mean"} <= set(proto.transcript.tags())
+    for key in ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down"):
+        assert sum(v.get(key, 0) for v in comm["per_tag"].values()) == comm[key]
+    a, b = comm["per_tag"]["x/a/mean"], comm["per_tag"]["x/b/mean"]
+    assert 0 < a["bytes_up"] < b["bytes_up"] and a["batched_in"] == "x/stats"   # 5 of 13 entries vs 8
+    # the float32 baseline: 3 clients x 2 rounds x (1 + 5 + 8) entries x 4 bytes, split 5 : 8 (+ weight)
+    assert a["plaintext_bytes_up"] + b["plaintext_bytes_up"] == 3 * 2 * 14 * 4
+
+
+@pytest.mark.parametrize("mode", ("plain", "ckks"))
+def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
+    import torch
+
+    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    torch.manual_seed(0)
+    hidden = {k: [torch.rand(6 + 4 * k, 3), torch.rand(6 + 4 * k, 2)] for k in range(3)}
+    per_layer = make_protocol(mode, 3)
+    batched = make_protocol(mode, 3)
+    a = exchange_hidden_statistics(per_layer, 0, hidden, (2, 3), 0.0, 1.0)
+    b = exchange_hidden_statistics(batched, 0, hidden, (2, 3), 0.0, 1.0, batch=True)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-6)
+        for j in (2, 3):
+            torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=1e-6)
+    uploads = lambda p: [m for m in p.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]  # noqa: E731
+    assert len(uploads(batched)) == 2 * 3 and len(uploads(per_layer)) == 4 * 3     # 2 stages x 3 clients
+    assert set(batched.transcript.comm()["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
