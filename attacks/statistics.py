@@ -119,8 +119,8 @@ def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarr
     return pi / pi.sum() if pi.sum() > 0 else np.full(M.shape[0], 1.0 / M.shape[0])
 
 
-#: the batched statistics stage whose first layer this attack reads (secure_fgl.algorithms.stats_batch)
-BATCHED_MEANS = "*/stats/mean"
+#: batched statistics whose first entries are ``[n_k, n_k mu^1]`` (secure_fgl.algorithms.stats_batch)
+BATCHED_MEANS = ("*/stats/mean", "*/stats/raw")
 
 
 class MomentLabelDistribution(Attack):
@@ -137,7 +137,7 @@ class MomentLabelDistribution(Attack):
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
         batched = not tags           # protocols.batch layout [n_k, n_k mu^1, n_k mu^2, ...] (stats_batch)
-        tags = tags or view.tags(BATCHED_MEANS)
+        tags = tags or [t for pattern in BATCHED_MEANS for t in view.tags(pattern)]
         if not tags:
             return self.not_applicable("no hidden-statistics exchange in the transcript")
         aux = knowledge["aux_labelled"]

@@ -91,3 +91,20 @@ def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
     uploads = lambda p: [m for m in p.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]  # noqa: E731
     assert len(uploads(batched)) == 2 * 3 and len(uploads(per_layer)) == 4 * 3     # 2 stages x 3 clients
     assert set(batched.transcript.comm()["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
+
+
+def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
+    import torch
+
+    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    torch.manual_seed(1)
+    hidden = {k: [torch.rand(8 + 3 * k, 4), torch.rand(8 + 3 * k, 2)] for k in range(3)}
+    exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, hidden, (2, 3, 4, 5), 0.0, 1.0)
+    proto = make_protocol("ckks", 3)
+    raw = exchange_hidden_statistics(proto, 0, hidden, (2, 3, 4, 5), 0.0, 1.0, batch=True, raw_moments=True)
+    for x, y in zip(exact, raw):
+        torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-6)
+        for j in (2, 3, 4, 5):
+            torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=2 ** j * 1e-6)
+    ups = [m for m in proto.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]
+    assert len(ups) == 3 and {m.tag for m in ups} == {"fedomd/stats/raw"}                 # one per client

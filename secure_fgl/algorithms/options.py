@@ -71,6 +71,8 @@ class FedOMDOptions:
                                                        "client)")
     batch_stats: bool = setting(True, help="all hidden layers' statistics in two uploads per client per round "
                                            "(protocols.batch; not with DP); false: two per layer")
+    raw_moments: bool = setting(False, help="with batch_stats: one upload per round (raw moments, central ones "
+                                            "by binomial expansion; error up to 2^J x the two-stage one)")
 
 
 @dataclass
