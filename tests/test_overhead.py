@@ -108,3 +108,22 @@ def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
             torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=2 ** j * 1e-6)
     ups = [m for m in proto.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]
     assert len(ups) == 3 and {m.tag for m in ups} == {"fedomd/stats/raw"}                 # one per client
+
+
+# ----------------------------------------------------------------------------- memory at scale
+def test_block_rows_equal_the_dense_blocks_in_every_chunk():
+    from protocols.row_blocks import BlockRows
+    rng = np.random.default_rng(2)
+    rpb, dim, num_rows = 4, 3, 50
+    ids = rng.choice(num_rows, 17, replace=False)
+    rows = rng.random((17, dim))
+    bids = np.unique(ids // rpb)
+    dense = np.zeros((bids.size, rpb, dim))
+    dense[np.searchsorted(bids, ids // rpb), ids % rpb] = rows
+    dense = dense.reshape(bids.size, rpb * dim)
+    lazy = BlockRows(bids, ids, rows, rpb)
+    assert lazy.shape == dense.shape and np.array_equal(np.asarray(lazy), dense)
+    for i0 in range(bids.size):
+        for i1 in range(i0, bids.size + 1):
+            assert np.array_equal(lazy[i0:i1], dense[i0:i1])
+    assert np.array_equal(lazy[-1], dense[-1]) and np.array_equal(lazy.astype(np.float32), dense.astype(np.float32))

@@ -707,7 +707,7 @@ class FedGCN(ModelAveraging):
         #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
         self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for k, c in enumerate(self.clients):
-            read_rows, read_totals = self.protocol.last_readable[k]
+            read_rows, read_totals = self.protocol.last_readable.pop(k)     # kept once, as float32
             self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
             totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
             self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row
