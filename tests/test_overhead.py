@@ -127,3 +127,18 @@ def test_block_rows_equal_the_dense_blocks_in_every_chunk():
         for i1 in range(i0, bids.size + 1):
             assert np.array_equal(lazy[i0:i1], dense[i0:i1])
     assert np.array_equal(lazy[-1], dense[-1]) and np.array_equal(lazy.astype(np.float32), dense.astype(np.float32))
+
+
+# ----------------------------------------------------------------------------- the overhead benchmark
+def test_overhead_worker_record_has_the_issue_fields():
+    from secure_fgl.bench.overhead import run_worker, tag_table, workload_config
+    values = {**workload_config("cora-fedomd", "ckks", quick=True), "dataset": "sbm", "rounds": 1,
+              "clients": 3}
+    rec = run_worker(values)
+    assert rec["wall_s"] > 0 and rec["peak_rss_mb"] > 0 and rec["bytes_up"] > 0
+    # data exchanges only, against the one float32 baseline (key set-up counted apart)
+    assert rec["bytes_up_ratio_to_plain"] == rec["bytes_up"] / rec["bytes_up_float32"] > 1
+    assert rec["bytes_up_keys"] > 0
+    assert rec["per_tag"]["fedomd/hidden1/mean"]["plaintext_bytes_up"] > 0
+    lines = tag_table([{"workload": "w", "mode": "ckks", **rec}])
+    assert any("fedomd/hidden1/moments" in line for line in lines)

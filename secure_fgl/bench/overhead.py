@@ -18,8 +18,10 @@ apart as ``bytes_up_keys``), and ``bytes_up_ratio_to_plain`` divides them by the
 baseline of :mod:`protocols.baseline` (the same number in every mode), per run and per tag.
 
 Scale points (:func:`secure_fgl.bench.fedgcn.scale_part`, each in a fresh process): the secure
-FedGCN pre-training (ckks, sparse layout, 10 clients) on synthetic graphs: time, bytes, peak RSS,
-ns per (edge x feature).
+FedGCN pre-training (ckks, sparse layout, 10 clients) on synthetic graphs -- SBMs with binary
+features (1e5 nodes x 64, 1e6 nodes / 4M edges x 16; ckks packed) and an ogbn-arxiv-sized
+contextual SBM (169k nodes, 1.17M edges, 128 Gaussian features; ckks float): time, bytes, peak
+RSS, ns per (edge x feature).
 
 Writes ``OUT/overhead.json``: a list of records ``{workload, mode, wall_s, wall_ratio_to_plain,
 bytes_up, bytes_up_ratio_to_plain, peak_rss_mb, ...}`` (scale points have ``workload``
@@ -119,11 +121,23 @@ def run_workloads(workloads, modes, quick: bool, data_root=None) -> list[dict]:
     return records
 
 
-def run_scale(sizes, quick: bool) -> list[dict]:
+#: ogbn-arxiv's shape (169,343 nodes, 1,166,243 edges, 128 float features, 40 classes) as a
+#: contextual SBM with Gaussian features (ckks float encoding)
+ARXIV_SHAPE = (169_343, 128, ("csbm", {"avg_degree": 2 * 1_166_243 / 169_343, "num_classes": 40}))
+
+
+def run_scale(sizes, arxiv: bool) -> list[dict]:
+    """The SBM sizes (binary features: 64 up to 1e5 nodes, 16 above; ckks packed) and the
+    ogbn-arxiv-sized point, each in a fresh process (:func:`secure_fgl.bench.fedgcn.scale_part`)."""
     from .fedgcn import scale_part
+    recs = scale_part(sizes, lambda n: 64 if n <= 100_000 else 16)
+    if arxiv:
+        n, feats, graph = ARXIV_SHAPE
+        recs += scale_part([n], feats, graph=graph)
     out = []
-    for rec in scale_part(sizes, lambda n: 64 if n <= 100_000 else 16):
-        rec = {"workload": f"scale-{rec['nodes']}", "mode": rec.get("backend", "ckks"),
+    for rec in recs:
+        name = "arxiv-sized" if rec.get("dataset") == "csbm" else f"scale-{rec['nodes']}"
+        rec = {"workload": name, "mode": rec.get("backend", "ckks"),
                "wall_s": rec.get("pretrain_s"), "wall_ratio_to_plain": None,
                "bytes_up_ratio_to_plain": rec.get("ratio_up"), "peak_rss_mb": rec.get("rss_peak_mb"),
                "ns_per_edge_feature": (rec["s_per_edge_feature"] * 1e9 if "s_per_edge_feature" in rec else None),
@@ -167,7 +181,7 @@ def tag_table(records: list[dict]) -> list[str]:
 
 
 def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
-                       sizes=None) -> list[dict]:
+                       sizes=None, arxiv: bool = True) -> list[dict]:
     """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -176,11 +190,11 @@ def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=N
     records = run_workloads(workloads or list(WORKLOADS), modes, quick, data_root)
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
-    if sizes:
-        records += run_scale(sizes, quick)
+    if sizes or arxiv:
+        records += run_scale(sizes or [], arxiv=arxiv and not quick)
     for line in tag_table(records):
         print(line)
-    scale = [r for r in records if r["workload"].startswith("scale-")]
+    scale = [r for r in records if r["workload"].startswith(("scale-", "arxiv"))]
     if scale:
         print(f"{'scale point':<17}{'mode':<7}{'pre s':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}{'ns/(E*F)':>10}")
         for r in scale:
@@ -204,12 +218,13 @@ def main(argv=None) -> None:
     ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp"])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
+    ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
     a = ap.parse_args(argv)
     if a.worker is not None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
         return
     run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
-                       sizes=a.sizes)
+                       sizes=a.sizes, arxiv=not a.no_arxiv)
 
 
 if __name__ == "__main__":
