@@ -187,7 +187,7 @@ def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=N
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
-    records = run_workloads(workloads or list(WORKLOADS), modes, quick, data_root)
+    records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root)
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
