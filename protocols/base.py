@@ -41,7 +41,7 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .channel import ChannelKey, associated_data
 from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
-from .row_blocks import BlockRows
+from .row_blocks import BlockRows, ReadableRows
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -279,7 +279,7 @@ class Protocol(ABC):
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
         spec = spec or ValueSpec()
-        self.last_readable: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.last_readable: Mapping[int, tuple[np.ndarray, np.ndarray]] = {}
         ids_np, rows_np = {}, {}
         dim = None
         for k, item in validate.contributions(contributions, self.num_clients, tag, rnd).items():
@@ -323,8 +323,7 @@ class Protocol(ABC):
                 else np.zeros((0, dim))
             pos = np.searchsorted(bids, r // rpb) * rpb + r % rpb
             out[k] = stacked[pos]
-            rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
-            self.last_readable[k] = (rows[rows < num_rows], stacked[rows < num_rows])
+        self.last_readable = ReadableRows(received, dict(req_blocks), rpb, dim, num_rows)
         return out
 
     # ------------------------------------------------------------------ shape 3

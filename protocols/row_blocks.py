@@ -75,3 +75,43 @@ class BlockRows:
 
     def astype(self, dtype) -> np.ndarray:
         return np.asarray(self, dtype=dtype)
+
+
+class ReadableRows:
+    """Recipient -> ``(row ids, totals)`` of every row of the blocks it decrypted
+    (:attr:`protocols.base.Protocol.last_readable`), built when asked for from the decoded blocks
+    the recipients share, instead of one dense copy per recipient held at once."""
+
+    def __init__(self, received: dict, requested_blocks: dict, rows_per_block: int, dim: int, num_rows: int):
+        self._received, self._blocks = received, requested_blocks
+        self.rpb, self.dim, self.num_rows = int(rows_per_block), int(dim), int(num_rows)
+
+    def __getitem__(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        bids = np.asarray(self._blocks[k])
+        rows = (bids[:, None] * self.rpb + np.arange(self.rpb)[None, :]).ravel()
+        keep = rows < self.num_rows
+        if not bids.size:
+            return rows[keep], np.zeros((0, self.dim))
+        stacked = np.stack([self._received[k][int(b)] for b in bids]).reshape(bids.size * self.rpb, self.dim)
+        return rows[keep], stacked[keep]
+
+    def pop(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The entry of ``k``, then forget it (the caller keeps its own copy)."""
+        value = self[k]
+        del self._blocks[k]
+        return value
+
+    def __contains__(self, k) -> bool:
+        return k in self._blocks
+
+    def __iter__(self):
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def keys(self):
+        return self._blocks.keys()
+
+    def items(self):
+        return ((k, self[k]) for k in self._blocks)

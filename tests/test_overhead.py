@@ -142,3 +142,22 @@ def test_overhead_worker_record_has_the_issue_fields():
     assert rec["per_tag"]["fedomd/hidden1/mean"]["plaintext_bytes_up"] > 0
     lines = tag_table([{"workload": "w", "mode": "ckks", **rec}])
     assert any("fedomd/hidden1/moments" in line for line in lines)
+
+
+@pytest.mark.parametrize("mode", ("plain", "ckks"))
+def test_row_sum_streams_blocks_and_readable_rows_hold_the_requested_totals(mode):
+    rng = np.random.default_rng(3)
+    num_rows, d = 40, 3
+    contributions = {k: (ids, rng.integers(0, 3, (ids.size, d)).astype(float))
+                     for k, ids in ((k, np.sort(rng.choice(num_rows, 12, replace=False))) for k in range(3))}
+    requests = {k: np.sort(rng.choice(num_rows, 5, replace=False)) for k in range(3)}
+    proto = make_protocol(mode, 3)
+    out = proto.row_sum("r", 0, contributions, requests, num_rows, layout="sparse")
+    exact = np.zeros((num_rows, d))
+    for ids, rows in contributions.values():
+        exact[ids] += rows
+    for k, req in requests.items():
+        np.testing.assert_allclose(out[k], exact[req], atol=1e-6)
+        rows, totals = proto.last_readable[k]
+        assert set(req) <= set(rows) and rows.max() < num_rows
+        np.testing.assert_allclose(totals, exact[rows], atol=1e-6)

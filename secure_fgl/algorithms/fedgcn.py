@@ -682,7 +682,7 @@ class FedGCN(ModelAveraging):
             ids, rows = partial_neighbour_sums(c, terms)
             contributions[k] = (ids.cpu(), rows.cpu())
             requests[k] = requested_rows(c, o.hops).cpu()
-            sent[k] = rows[:c.num_nodes]
+            sent[k] = rows[:c.num_nodes] if dp is not None else None    # a view: keeps the rows alive
         num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
         self.exchange_rows = num_rows
         perm = np.arange(num_rows, dtype=np.int64)
@@ -698,6 +698,7 @@ class FedGCN(ModelAveraging):
             self.exchange_rows = num_rows
         received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
                                          layout=o.layout, spec=spec, dp=dp)
+        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}   # free the rows
         # a recipient decrypts whole blocks: ``self.decrypted`` keeps every row it read (what the
         # client-side attack reads), not only the rows it asked for
         node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
