@@ -69,6 +69,10 @@ class FedOMDOptions:
                               help="statistics from dropout-free (eval) or training passes")
     dp_rows: int = setting(1, min=1, unit="rows", help="DP unit: hidden rows it can change (1: one row; N: a "
                                                        "client)")
+    batch_stats: bool = setting(True, help="all hidden layers' statistics in two uploads per client per round "
+                                           "(protocols.batch; not with DP); false: two per layer")
+    raw_moments: bool = setting(False, help="with batch_stats: one upload per round (raw moments, central ones "
+                                            "by binomial expansion; error up to 2^J x the two-stage one)")
 
 
 @dataclass
