@@ -63,7 +63,9 @@ class ValueSpec:
                FedGCN: row v's total counts deg(v) + 1 terms and v's owner refuses a degree
                above the cap).  Encodings then size packed fields from ``sum_max``; without
                it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
-               (:func:`protocols.precision.kway_sum_bound`).
+               (:func:`protocols.precision.kway_sum_bound`).  For a float exchange it says
+               that ``max_abs`` bounds the K-way sum too (packed fixed point,
+               :mod:`protocols.ckks.fixed_point`, sizes its fields from it).
     """
 
     max_abs: float = 1e4

@@ -58,6 +58,7 @@ from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOve
 from ..transcript import SERVER, Message, client_party
 from ..validate import first_out_of_range
 from . import wire
+from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point, server_load
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
                      check_security, choose_chain, per_client_limits, plan_float, plan_packed)
@@ -89,6 +90,11 @@ class CKKSProtocol(Protocol):
                         them against the plan's bound, which a real server cannot do.  Not
                         needed for safety: the plan sizes fields from bounds each client
                         checks alone (:func:`.params.integer_sum_range`).
+    fixed_point_bits:   ``None`` (default): float exchanges use one real per slot; an integer
+                        b (e.g. 20): float exchanges travel as packed fixed point, fields of
+                        at least b bits in both parts of every complex slot, quantum from the
+                        public bounds (:mod:`protocols.ckks.fixed_point`; error ``K Delta``
+                        per summed entry instead of the spec's tolerance).
     """
 
     mode = "ckks"
@@ -96,7 +102,8 @@ class CKKSProtocol(Protocol):
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 64 << 20,
-                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False):
+                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
+                 fixed_point_bits: int | None = None):
         super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed)
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
@@ -110,6 +117,11 @@ class CKKSProtocol(Protocol):
         self.chunk_bytes = int(chunk_bytes)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
+        if fixed_point_bits is not None and (isinstance(fixed_point_bits, bool) or not isinstance(fixed_point_bits, int)
+                                             or not 2 <= fixed_point_bits <= 52):
+            raise ConfigurationError(f"fixed_point_bits must be an integer in [2, 52] or None, got {fixed_point_bits!r} "
+                                     f"(e.g. {DEFAULT_FIELD_BITS})")
+        self.fixed_point_bits = fixed_point_bits
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
 
@@ -138,6 +150,9 @@ class CKKSProtocol(Protocol):
                 if spec.integer and self.packing and chain.data_primes == 1:
                     plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
                                                     tag=tag, round=rnd)
+                elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
+                    plans[chain.name] = plan_fixed_point(chain, spec, self.num_clients, dp_std, self.encryption,
+                                                         self.fixed_point_bits, tag=tag, round=rnd)
                 else:
                     plans[chain.name] = plan_float(
                         chain, spec, self.num_clients, dp_std, self.encryption,
@@ -262,10 +277,12 @@ class CKKSProtocol(Protocol):
 
     @staticmethod
     def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
-        slots = (plan.layout.pack(values) if plan.layout is not None else values).tolist()
+        fixed = isinstance(plan.layout, FixedPointLayout)
+        slots = None if fixed else (plan.layout.pack(values) if plan.layout is not None else values).tolist()
         size = plan.chain.padded_ciphertext_bytes
         for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
-            ct = ts.ckks_vector(context, slots, plan.scale).serialize()
+            ct = (plan.layout.encrypt(context, plan, values) if fixed
+                  else ts.ckks_vector(context, slots, plan.scale).serialize())
             if len(ct) <= size:
                 return wire.frame(ct, size)
         raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
@@ -273,10 +290,13 @@ class CKKSProtocol(Protocol):
 
     @staticmethod
     def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, ctx: ExchangeContext) -> np.ndarray:
-        dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
-        if plan.layout is None:
-            return np.rint(dec) if plan.exact else dec
-        vals, residual, in_range = plan.layout.unpack(dec, n)
+        if isinstance(plan.layout, FixedPointLayout):
+            vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
+        else:
+            dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
+            if plan.layout is None:
+                return np.rint(dec) if plan.exact else dec
+            vals, residual, in_range = plan.layout.unpack(dec, n)
         if residual > 0.25 or not in_range:
             raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
                              f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
@@ -296,6 +316,11 @@ class CKKSProtocol(Protocol):
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
+        if isinstance(plan.layout, FixedPointLayout):
+            try:
+                return server_load(server.chain, body, plan.scale)
+            except ValueError as exc:
+                raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
         try:
             vec = ts.ckks_vector_from(server.context, body)
         except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
@@ -330,6 +355,8 @@ class CKKSProtocol(Protocol):
         blocks_per_chunk = max(1, self.chunk_bytes // max(1, len(contributors) * n_pieces * chain.ciphertext_bytes))
         chunks = [(b0, min(ctx.num_blocks, b0 + blocks_per_chunk)) for b0 in range(0, ctx.num_blocks, blocks_per_chunk)]
         self._validate(ctx, plan, chunks)               # clients: nothing encrypted before this passes
+        if isinstance(plan.layout, FixedPointLayout):   # clients quantise their validated values
+            ctx = plan.layout.quantize_exchange(ctx, self.seed)
         key = self._ensure_keys(chain, ctx.round)
         server = self._servers[chain.name]
         self._active = chain

@@ -256,7 +256,7 @@ class EncodingPlan:
 
     chain: ChainParams
     scale_bits: int
-    encoding: str                     # 'float' | 'packed'
+    encoding: str                     # 'float' | 'packed' | 'fixed' (protocols.ckks.fixed_point)
     error_bound: float                # bound on |decoded sum - exact sum| per entry, before rounding
     exact: bool                       # results are rounded to integers (integer exchanges)
     layout: PackingLayout | None = None
@@ -271,7 +271,7 @@ class EncodingPlan:
         return float(2 ** self.scale_bits)
 
     def describe(self) -> str:
-        enc = (f"packed {self.layout.fields}x{self.layout.width}b" if self.layout else "float")
+        enc = (f"{self.encoding} {self.layout.fields}x{self.layout.width}b" if self.layout else "float")
         return f"{self.chain.describe()} scale 2^{self.scale_bits} {enc}"
 
 
