@@ -203,6 +203,11 @@ class Protocol(ABC):
         """Values one unit of transport carries (one ciphertext); rows are aligned to it."""
         return 1
 
+    def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
+        """Values per block of a dense vector sum of ``length`` values (default:
+        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less)."""
+        return self.block_capacity(spec)
+
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Values per block of a :meth:`row_sum` in ``layout`` (default: :meth:`block_capacity`).
         A backend may pick a smaller transport unit for the sparse layout, where a client
@@ -449,7 +454,7 @@ class Protocol(ABC):
                 dp = replace(dp, integer=True)
             flat = self.dp.privatize_vectors(tag, rnd, flat, dp, row_len=row_len)
         length = next(iter(flat.values())).size
-        cap = max(1, self.block_capacity(spec))
+        cap = max(1, self.vector_block_capacity(spec, length))
         num_blocks = max(1, -(-length // cap))
         block_len = min(cap, length) if num_blocks == 1 else cap
         tables = {}

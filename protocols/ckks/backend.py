@@ -179,6 +179,14 @@ class CKKSProtocol(Protocol):
         except ProtocolError:
             return self._candidates[0].slots   # _aggregate raises the error with the exchange named
 
+    def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
+        """The capacity of the plan with the fewest bytes for ``length`` values (whole
+        ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes)."""
+        try:
+            return choose_chain(self._plans(spec, self._dp_std_hint()), length).values_per_ciphertext
+        except ProtocolError:
+            return self._candidates[0].slots
+
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Sparse layout: the smallest ring among the plans whose bytes per value are within
         :data:`SPARSE_RING_TOLERANCE` of the cheapest.  A client pays for every block it
