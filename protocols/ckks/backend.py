@@ -151,8 +151,13 @@ class CKKSProtocol(Protocol):
                     plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
                                                     tag=tag, round=rnd)
                 elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
-                    plans[chain.name] = plan_fixed_point(chain, spec, self.num_clients, dp_std, self.encryption,
-                                                         self.fixed_point_bits, tag=tag, round=rnd)
+                    # both encodings compete: fixed point where it saves ciphertexts, float (within
+                    # the spec's tolerance) where it costs no more bytes (params.choose_chain)
+                    plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
+                                                                    self.encryption, self.fixed_point_bits,
+                                                                    tag=tag, round=rnd)
+                    plans[chain.name] = plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
+                                                   tag=tag, round=rnd)
                 else:
                     plans[chain.name] = plan_float(
                         chain, spec, self.num_clients, dp_std, self.encryption,
@@ -201,8 +206,8 @@ class CKKSProtocol(Protocol):
             return self._candidates[0].slots
         per_value = {n: p.chain.ciphertext_bytes / p.values_per_ciphertext for n, p in plans.items()}
         best = min(per_value.values())
-        near = [p for n, p in plans.items() if per_value[n] <= best * (1.0 + SPARSE_RING_TOLERANCE)]
-        return min(near, key=lambda p: (p.values_per_ciphertext, per_value[p.chain.name])).values_per_ciphertext
+        near = [n for n in plans if per_value[n] <= best * (1.0 + SPARSE_RING_TOLERANCE)]
+        return plans[min(near, key=lambda n: (plans[n].values_per_ciphertext, per_value[n]))].values_per_ciphertext
 
     # ------------------------------------------------------------------ keys
     def _ensure_keys(self, chain: ChainParams, rnd: int) -> ClientKey:

@@ -367,11 +367,13 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
 
 def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -> EncodingPlan:
     """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values
-    (``None``: per value of an unbounded stream).  Ties go to the larger N (fewer
-    ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd)."""
+    (``None``: per value of an unbounded stream).  Ties go to float over packed fixed point
+    (same bytes, the spec's tolerance instead of the coarser quantum), then to the larger N
+    (fewer ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd)."""
     def cost(p: EncodingPlan):
         per_ct = p.values_per_ciphertext
         nbytes = (p.chain.ciphertext_bytes / per_ct if block_len is None
                   else math.ceil(block_len / per_ct) * p.chain.ciphertext_bytes)
-        return (round(nbytes, 6), -p.chain.poly_modulus_degree, -p.chain.coeff_mod_bit_sizes[0])
+        return (round(nbytes, 6), p.encoding == "fixed", -p.chain.poly_modulus_degree,
+                -p.chain.coeff_mod_bit_sizes[0])
     return min(plans.values(), key=cost)
