@@ -104,7 +104,7 @@ def test_a_field_too_narrow_for_the_kway_sum_is_refused():
 @given(data=st.data())
 def test_ckks_fixed_point_mean_within_the_stated_bound(data):
     k = data.draw(st.integers(2, 4), label="K")
-    n = data.draw(st.integers(1, 9000), label="n")
+    n = data.draw(st.integers(4000, 9000), label="n")    # sizes where fixed point saves bytes
     plan = MeanPrecision(value_bound=1.0)
     weights = np.array(data.draw(st.lists(st.floats(0.05, 1.0), min_size=k, max_size=k)))
     weights = weights / weights.sum()
@@ -120,8 +120,16 @@ def test_ckks_fixed_point_mean_within_the_stated_bound(data):
     assert np.abs(got - exact).max() <= bound
     up = [m.nbytes for m in proto.transcript.messages[before:] if m.tag == "fx/model" and m.kind == "ciphertext"
           and m.receiver == "server"]
-    cts = -(-(n + 1) // proto.plan(plan.spec()).values_per_ciphertext) if n + 1 > 8192 else 1
-    assert len(up) == k and max(up) <= cts * 131_600   # whole ciphertexts: one per 16,384 (8,192 at N=4096) values
+    assert len(up) == k and max(up) <= 4 * 3 * (n + 1) + 66_000      # <= 3x float32 + one ciphertext of padding
+
+
+def test_small_exchanges_keep_float_precision():
+    """A few values fit one ciphertext either way: fixed point would save too little to pay
+    for its coarser quantum (params.FIXED_POINT_MIN_SAVING)."""
+    proto = fixed_ckks(2)
+    got = proto.weighted_mean("fx/small", 0, {0: [0.25] * 200, 1: [0.5] * 200}, {0: 0.5, 1: 0.5},
+                              spec=MeanPrecision(value_bound=100.0).spec())
+    assert proto.last_stats["encoding"] == "float" and np.abs(got - 0.375).max() < 1e-8
 
 
 def test_a_full_fixed_point_ciphertext_costs_at_most_3x_float32():
@@ -134,12 +142,13 @@ def test_a_full_fixed_point_ciphertext_costs_at_most_3x_float32():
 @given(data=st.data())
 def test_an_entry_above_the_bound_is_refused_before_encryption(data):
     k = 3
-    n = data.draw(st.integers(1, 50), label="n")
+    n = data.draw(st.integers(5000, 8000), label="n")
     bad_client = data.draw(st.integers(0, k - 1), label="client")
     vals = {c: np.zeros(n) for c in range(k)}
     vals[bad_client][data.draw(st.integers(0, n - 1), label="entry")] = data.draw(st.floats(1.0001, 1e6), label="v")
     proto = fixed_ckks(k)
     before = len(proto.transcript.messages)
+    assert proto.plan(ValueSpec(max_abs=1.0), block_len=n).encoding == "fixed"
     with pytest.raises(BoundError) as err:
         proto.weighted_sum("fx/refuse", 0, vals, spec=ValueSpec(max_abs=1.0))
     assert err.value.client == bad_client and "Nothing was encrypted" in str(err.value)
@@ -151,7 +160,9 @@ def test_a_ciphertext_of_another_plan_is_refused_by_the_server():
 
     from protocols.ckks import wire
     proto = make_protocol("ckks", 2, fixed_point_bits=20)
-    proto.weighted_sum("fx/ok", 0, {0: [0.1], 1: [0.2]}, spec=ValueSpec(max_abs=1.0))   # keys exist
+    vals = {0: np.full(6000, 0.1), 1: np.full(6000, 0.2)}
+    proto.weighted_sum("fx/ok", 0, vals, spec=ValueSpec(max_abs=1.0))   # keys exist
+    assert proto.last_stats["encoding"] == "fixed"
     context = proto._keys.get(proto._active).context
     alien = wire.frame(ts.ckks_vector(context, [0.1], 2.0 ** 30).serialize(), proto._active.padded_ciphertext_bytes)
 
@@ -162,7 +173,7 @@ def test_a_ciphertext_of_another_plan_is_refused_by_the_server():
         return msg
     proto.intercept = swap
     with pytest.raises(IntegrityError):
-        proto.weighted_sum("fx/alien", 0, {0: [0.1], 1: [0.2]}, spec=ValueSpec(max_abs=1.0))
+        proto.weighted_sum("fx/alien", 0, vals, spec=ValueSpec(max_abs=1.0))
 
 
 def _fedavg_first_round(**extra):
