@@ -28,10 +28,12 @@ of range, unpack, multiply by the quantum.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -170,8 +172,16 @@ def _scratch_path() -> str:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="sfgl-ckks-", dir=base)
         os.close(fd)
+        atexit.register(_remove, path)
         _scratch.path = path
     return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _to_bytes(obj) -> bytes:
@@ -206,7 +216,6 @@ class ClientCodec:
     """SEAL encoder, encryptor and decryptor over the keys of a client's TenSEAL context."""
 
     def __init__(self, context: ts.Context, chain: ChainParams, encryption: str):
-        self.context = context                  # kept: the cache is keyed by its id
         sc = _chain_context(chain)
         self.encoder = sealapi.CKKSEncoder(sc)
         path = _scratch_path()
@@ -240,14 +249,15 @@ class ClientCodec:
         return np.asarray(self.encoder.decode_complex(plain))
 
 
-_client_codecs: dict[int, ClientCodec] = {}
+#: per client context, its SEAL objects (dropped with the context)
+_client_codecs: "weakref.WeakKeyDictionary[ts.Context, ClientCodec]" = weakref.WeakKeyDictionary()
 
 
 def client_codec(context: ts.Context, chain: ChainParams, encryption: str) -> ClientCodec:
     """The (cached) SEAL objects of a client's context."""
-    codec = _client_codecs.get(id(context))
-    if codec is None or codec.context is not context:
-        codec = _client_codecs[id(context)] = ClientCodec(context, chain, encryption)
+    codec = _client_codecs.get(context)
+    if codec is None:
+        codec = _client_codecs[context] = ClientCodec(context, chain, encryption)
     return codec
 
 
