@@ -205,3 +205,27 @@ def test_fedavg_round_equals_plain_within_the_stated_bound():
     f32 = 2.0 ** -23 * float(plain.abs().max())
     diff = float((fixed - plain).abs().max())
     assert 0 < diff <= bound + f32
+
+
+def test_real_valued_row_sums_within_the_stated_bound():
+    """FedGCN-shaped real-valued neighbour sums (sparse layout, owner-checked totals): every
+    requested row within the plan's K Delta of the exact total, at <= 3x float32 per value."""
+    k, num_rows, dim = 3, 600, 21
+    rng = np.random.default_rng(4)
+    spec = ValueSpec(max_abs=30.0, owner_checked_sum=True)          # (cap + 1) x feature bound
+    contributions = {}
+    for c in range(k):
+        ids = np.sort(rng.choice(num_rows, 250, replace=False))
+        contributions[c] = (ids, rng.uniform(0, 10.0, (ids.size, dim)))   # 3 x 10 <= 30 per entry
+    requests = {c: np.sort(rng.choice(num_rows, 100, replace=False)) for c in range(k)}
+    proto = fixed_ckks(k)
+    got = proto.row_sum("fx/rows", 0, contributions, requests, num_rows, layout="sparse", spec=spec)
+    stats = proto.last_stats
+    assert stats["encoding"] == "fixed"
+    total = np.zeros((num_rows, dim))
+    for ids, rows in contributions.values():
+        total[ids] += rows
+    for c, r in requests.items():
+        assert np.abs(got[c] - total[r]).max() <= stats["error_bound"]
+    plan = proto.plan(spec, block_len=proto.row_block_capacity(spec, "sparse"))
+    assert plan.chain.ciphertext_bytes / plan.values_per_ciphertext <= 3 * 4
