@@ -16,6 +16,7 @@ Two parts (10 clients; ratios against the one float32 baseline of :mod:`protocol
    ``ckks-fixed``.  Binary ones (Amazon, Coauthor) are exact packed integers under row
    normalisation (``ckks``, the same with or without fixed point) and real-valued under
    ``norm='sym'`` (``ckks-fixed`` only: float slots would cost >= 8x by construction).
+   Degree cap: the graph's largest degree (at least 254), a public bound.
 
 Run: ``python -m secure_fgl.bench.fixed_point --out runs/bench_fixed [--parts models features]
 [--datasets pubmed amazon-photo coauthor-cs]``; writes ``OUT/fixed_point.json``.
@@ -72,14 +73,15 @@ def models_part(update_bound: float) -> list[dict]:
     return out
 
 
-def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str) -> dict:
+def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str, degree_cap: int) -> dict:
     from protocols import make_protocol
     from secure_fgl.algorithms.fedgcn import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
     mode, opts = BACKENDS[backend]
     proto = make_protocol(mode, K, **opts)
     algo = FedGCN(fed, proto, RunConfig(mode=mode, clients=K, rounds=1), torch.device("cpu"),
-                  FedGCNOptions(hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm))
+                  FedGCNOptions(hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm,
+                                degree_cap=degree_cap))
     t = time.perf_counter()
     algo.setup()
     seconds = time.perf_counter() - t
@@ -99,6 +101,9 @@ def features_part(datasets, data_root, feature_bound: float) -> list[dict]:
     out = []
     for name in datasets:
         fed = load_federation(RunConfig(dataset=name, clients=K, beta=1.0, seed=0, data_root=data_root))
+        # public degree cap: the graph's largest degree, at least FedGCN's default 254
+        # (examples/fedgcn_amazon_coauthor.py)
+        cap = max(254, int(torch.bincount(fed.graph.edge_index[0], minlength=fed.graph.num_nodes).max()))
         # real-valued features: float slots against fixed point; binary ones: exact packed
         # integers under row normalisation (the same in both modes), fixed point under sym
         runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.binary_features
@@ -106,9 +111,9 @@ def features_part(datasets, data_root, feature_bound: float) -> list[dict]:
         for norm, backends in runs:
             for row_order in ("given", "signature"):
                 for backend in backends:
-                    rec = _pretrain(fed, backend, row_order, feature_bound, norm)
+                    rec = _pretrain(fed, backend, row_order, feature_bound, norm, cap)
                     rec.update({"dataset": name, "binary_features": bool(fed.binary_features),
-                                "feature_bound": feature_bound})
+                                "feature_bound": feature_bound, "degree_cap": cap})
                     out.append(rec)
                     print(f"{name:<15}{norm:<5}{row_order:<10}{backend:<11}{rec['upload_ratio']:>7.2f}x "
                           f"{rec['bytes_up'] / 1e6:>9.1f} MB {rec['pretrain_s']:>7.1f} s  {rec['params']}", flush=True)
