@@ -82,14 +82,29 @@ class FixedPoint:
     num_clients: int
     width: int
     fields: int
+    integer: bool = False     # integer values: quantum 1, no rounding, exact sums
 
     def __post_init__(self):
         if self.width * self.fields > 52:
             raise ValueError("a packed carrier must stay below 2^52 to pass through float64 exactly")
-        if self.levels < 1:
+        if self.integer:
+            if self.sum_bound > (1 << (self.width - 1)) - 1:
+                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold integer sums up to "
+                                           f"{self.sum_bound:g}. Fix: use wider fields")
+        elif self.levels < 1:
             raise PackingOverflowError(
                 f"{self.width}-bit fields leave no room for a {self.num_clients}-way sum (2^{self.width - 1} - 1 "
                 f"must exceed K = {self.num_clients}). Fix: use wider fields (fewer per slot)")
+
+    @classmethod
+    def integers(cls, entry_bound: float, sum_bound: int, num_clients: int, capacity_bits: int) -> "FixedPoint":
+        """Integer entries with ``|sum| <= sum_bound``: the narrowest signed fields that hold the
+        sum, as many as fit ``capacity_bits`` (packed exactly, no rounding)."""
+        width = int(sum_bound).bit_length() + 1
+        if width > capacity_bits:
+            raise PackingOverflowError(f"integer sums up to {sum_bound} need {width}-bit signed fields, above the "
+                                       f"{capacity_bits} exact bits of a slot component. Fix: lower the public bound")
+        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True)
 
     @classmethod
     def plan(cls, entry_bound: float, num_clients: int, width: int, fields: int, *,
@@ -108,20 +123,23 @@ class FixedPoint:
 
     @property
     def quantum(self) -> float:
-        """``Delta = S / (2^(b-1) - 1 - K)``."""
-        return self.sum_bound / self.levels
+        """``Delta = S / (2^(b-1) - 1 - K)`` (1 for integers)."""
+        return 1.0 if self.integer else self.sum_bound / self.levels
 
     @property
     def sum_error(self) -> float:
-        """Bound on ``|decoded sum - exact sum|`` per entry: ``K Delta``."""
-        return self.num_clients * self.quantum
+        """Bound on ``|decoded sum - exact sum|`` per entry: ``K Delta`` (0 for integers)."""
+        return 0.0 if self.integer else self.num_clients * self.quantum
 
     def describe(self) -> str:
         return f"fixed point {self.fields}x{self.width}b, quantum {self.quantum:.3g} (sum bound {self.sum_bound:g})"
 
     # ------------------------------------------------------------------ quantisation (client side)
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum)."""
+        """Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum; integers
+        are taken as they are)."""
+        if self.integer:
+            return np.rint(np.asarray(x, dtype=np.float64)).astype(np.int64)
         y = np.asarray(x, dtype=np.float64) / self.quantum
         low = np.floor(y)
         return (low + (rng.random(y.shape) < (y - low))).astype(np.int64)

@@ -229,3 +229,21 @@ def test_real_valued_row_sums_within_the_stated_bound():
         assert np.abs(got[c] - total[r]).max() <= stats["error_bound"]
     plan = proto.plan(spec, block_len=proto.row_block_capacity(spec, "sparse"))
     assert plan.chain.ciphertext_bytes / plan.values_per_ciphertext <= 3 * 4
+
+
+@CKKS_SETTINGS
+@given(data=st.data())
+def test_integer_exchanges_sum_exactly_in_signed_complex_fields(data):
+    """Integer exchanges (FedGCN's counts) as exact signed fields in both halves of each slot:
+    any K contributions that pass the client check sum exactly (no owner-checked bound here:
+    fields sized from K * max_abs)."""
+    k = 3
+    cap = data.draw(st.integers(20, 300), label="max_abs")
+    n = data.draw(st.integers(20000, 24000), label="n")          # where the complex fields save bytes
+    rng = np.random.default_rng(data.draw(st.integers(0, 99), label="seed"))
+    vals = {c: rng.integers(0, cap + 1, n).astype(float) for c in range(k)}
+    vals[0][: n // 3] = cap                                           # the worst case
+    proto = fixed_ckks(k)
+    got = proto.weighted_sum("fx/int", 0, vals, spec=ValueSpec(integer=True, max_abs=float(cap)))
+    assert proto.last_stats["encoding"] == "fixed" and proto.last_stats["error_bound"] == 0.0
+    assert np.array_equal(got, sum(vals.values()))

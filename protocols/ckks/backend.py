@@ -148,6 +148,10 @@ class CKKSProtocol(Protocol):
         for chain in self._candidates:
             try:
                 if spec.integer and self.packing and chain.data_primes == 1:
+                    if self.fixed_point_bits:       # exact signed fields in both halves of each slot
+                        plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
+                                                                        self.encryption, self.fixed_point_bits,
+                                                                        tag=tag, round=rnd)
                     plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
                                                     tag=tag, round=rnd)
                 elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
@@ -255,7 +259,7 @@ class CKKSProtocol(Protocol):
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
         packed = plan.layout is not None
-        audit = spec.integer and self.audit_sum_bound
+        audit = spec.integer and self.audit_sum_bound and not isinstance(plan.layout, FixedPointLayout)
         bad = first_out_of_range(ctx, self.num_clients, lo, hi)
         if bad is not None:
             k, block, entry, v, why = bad

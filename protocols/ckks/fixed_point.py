@@ -43,7 +43,7 @@ from tenseal import sealapi
 
 from ..errors import BoundError, PackingOverflowError
 from ..fixed_point import FixedPoint, rounding_rng
-from .params import (MIN_SCALE_BITS, ROUNDING_TARGET, ChainParams, EncodingPlan, noise_bound,
+from .params import (MIN_SCALE_BITS, ROUNDING_TARGET, ChainParams, EncodingPlan, integer_sum_range, noise_bound,
                      per_client_limits)
 
 #: default smallest field width of packed fixed point (2 fields per component on a 60-bit prime)
@@ -93,7 +93,7 @@ class FixedPointLayout:
         """A client's blocks ``[n_blocks, block_len]`` as int64 digits (randomized rounding;
         conditional rounding about each block's own norm when the exchange carries DP)."""
         rng = rounding_rng(seed, tag, rnd, client)
-        if not dp:
+        if not dp or self.codec.integer:
             return self.codec.quantize(values, rng)
         return np.stack([self.codec.conditional_quantize(row, rng, float(np.linalg.norm(row)))
                          for row in np.asarray(values, dtype=np.float64)]) if len(values) else \
@@ -139,17 +139,27 @@ class FixedPointLayout:
 
 def plan_fixed_point(chain: ChainParams, spec, num_clients: int, dp_std: float, encryption: str,
                      field_bits: int, *, tag: str | None = None, round: int | None = None) -> EncodingPlan:
-    """Packed fixed-point plan of a float exchange (module doc)."""
+    """Packed fixed-point plan of a float exchange (module doc); integer exchanges get exact
+    signed fields of the width their public sum bound needs (no DP offsets: digits are signed)."""
     if chain.data_primes != 1:
         raise BoundError(f"packed fixed point needs one data prime; {chain.describe()} has {chain.data_primes}",
                          tag=tag, round=round)
-    _, bound, _ = per_client_limits(spec, dp_std, num_clients)
+    _, bound, offset = per_client_limits(spec, dp_std, num_clients)
     tail = bound - float(spec.max_abs)
     owner = bool(getattr(spec, "owner_checked_sum", False))
     scale_bits = MIN_SCALE_BITS
     while noise_bound(chain, scale_bits, num_clients, encryption) > ROUNDING_TARGET:
         scale_bits += 1
     cap = signed_capacity_bits(chain, scale_bits)
+    if spec.integer:
+        # |sum| <= the unsigned range of params.integer_sum_range without its 2 K o of offsets, + K o
+        total = integer_sum_range(spec, num_clients, 0) + num_clients * offset
+        try:
+            codec = FixedPoint.integers(bound, total, num_clients, cap)
+        except PackingOverflowError as exc:
+            raise PackingOverflowError(str(exc), tag=tag, round=round) from None
+        return EncodingPlan(chain, scale_bits, "fixed", 0.0, True, FixedPointLayout(codec, chain.slots, encryption),
+                            float(total))
     fields = cap // int(field_bits)
     if fields < 1:
         raise PackingOverflowError(f"a {field_bits}-bit fixed-point field does not fit the {cap} exact bits of a "
