@@ -14,8 +14,9 @@ Two parts (10 clients; ratios against the one float32 baseline of :mod:`protocol
    float32 rows the exchange carries, seconds of ``setup()``, the plan.  Real-valued features
    (PubMed TF-IDF, public clip ``--feature-bound``): ``ckks`` (float slots) against
    ``ckks-fixed``.  Binary ones (Amazon, Coauthor) are exact packed integers under row
-   normalisation (``ckks``, the same with or without fixed point) and real-valued under
-   ``norm='sym'`` (``ckks-fixed`` only: float slots would cost >= 8x by construction).
+   normalisation (``ckks``: unsigned fields in real slots; ``ckks-fixed``: exact signed fields
+   in both halves of each slot) and real-valued under ``norm='sym'`` (``ckks-fixed`` only:
+   float slots would cost >= 8x by construction).
    Degree cap: the graph's largest degree (at least 254), a public bound.
 
 Run: ``python -m secure_fgl.bench.fixed_point --out runs/bench_fixed [--parts models features]
@@ -95,7 +96,8 @@ def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str
     return rec
 
 
-def features_part(datasets, data_root, feature_bound: float) -> list[dict]:
+def features_part(datasets, data_root, feature_bound: float, row_orders=("given", "signature"),
+                  norms=("row", "sym")) -> list[dict]:
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import load_federation
     out = []
@@ -105,11 +107,12 @@ def features_part(datasets, data_root, feature_bound: float) -> list[dict]:
         # (examples/fedgcn_amazon_coauthor.py)
         cap = max(254, int(torch.bincount(fed.graph.edge_index[0], minlength=fed.graph.num_nodes).max()))
         # real-valued features: float slots against fixed point; binary ones: exact packed
-        # integers under row normalisation (the same in both modes), fixed point under sym
+        # integers under row normalisation (real slots against signed fields in complex
+        # slots), fixed point under sym
         runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.binary_features
-                else [("row", ("ckks",)), ("sym", ("ckks-fixed",))])
-        for norm, backends in runs:
-            for row_order in ("given", "signature"):
+                else [("row", ("ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
+        for norm, backends in [(n, b) for n, b in runs if n in norms]:
+            for row_order in row_orders:
                 for backend in backends:
                     rec = _pretrain(fed, backend, row_order, feature_bound, norm, cap)
                     rec.update({"dataset": name, "binary_features": bool(fed.binary_features),
@@ -127,6 +130,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/bench_fixed")
     ap.add_argument("--parts", nargs="+", default=["models", "features"], choices=["models", "features"])
     ap.add_argument("--datasets", nargs="+", default=["pubmed", "amazon-photo", "coauthor-cs"])
+    ap.add_argument("--row-orders", nargs="+", default=["given", "signature"], choices=["given", "signature"])
+    ap.add_argument("--norms", nargs="+", default=["row", "sym"], choices=["row", "sym"])
     ap.add_argument("--update-bound", type=float, default=1.0)
     ap.add_argument("--feature-bound", type=float, default=1.3, help="public clip of real-valued features")
     ap.add_argument("--data-root", default=None)
@@ -136,7 +141,7 @@ def main(argv=None) -> None:
     if "models" in a.parts:
         res["models"] = models_part(a.update_bound)
     if "features" in a.parts:
-        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound)
+        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound, a.row_orders, a.norms)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fixed_point.json").write_text(json.dumps(res, indent=1))
