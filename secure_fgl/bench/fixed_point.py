@@ -97,7 +97,7 @@ def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str
 
 
 def features_part(datasets, data_root, feature_bound: float, row_orders=("given", "signature"),
-                  norms=("row", "sym")) -> list[dict]:
+                  norms=("row", "sym"), backends=tuple(BACKENDS)) -> list[dict]:
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import load_federation
     out = []
@@ -111,9 +111,9 @@ def features_part(datasets, data_root, feature_bound: float, row_orders=("given"
         # slots), fixed point under sym
         runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.binary_features
                 else [("row", ("ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
-        for norm, backends in [(n, b) for n, b in runs if n in norms]:
+        for norm, pair in [(n, b) for n, b in runs if n in norms]:
             for row_order in row_orders:
-                for backend in backends:
+                for backend in [b for b in pair if b in backends]:
                     rec = _pretrain(fed, backend, row_order, feature_bound, norm, cap)
                     rec.update({"dataset": name, "binary_features": bool(fed.binary_features),
                                 "feature_bound": feature_bound, "degree_cap": cap})
@@ -132,6 +132,7 @@ def main(argv=None) -> None:
     ap.add_argument("--datasets", nargs="+", default=["pubmed", "amazon-photo", "coauthor-cs"])
     ap.add_argument("--row-orders", nargs="+", default=["given", "signature"], choices=["given", "signature"])
     ap.add_argument("--norms", nargs="+", default=["row", "sym"], choices=["row", "sym"])
+    ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     ap.add_argument("--update-bound", type=float, default=1.0)
     ap.add_argument("--feature-bound", type=float, default=1.3, help="public clip of real-valued features")
     ap.add_argument("--data-root", default=None)
@@ -141,7 +142,8 @@ def main(argv=None) -> None:
     if "models" in a.parts:
         res["models"] = models_part(a.update_bound)
     if "features" in a.parts:
-        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound, a.row_orders, a.norms)
+        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound, a.row_orders, a.norms,
+                                        a.backends)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fixed_point.json").write_text(json.dumps(res, indent=1))
