@@ -238,8 +238,8 @@ def test_integer_exchanges_sum_exactly_in_signed_complex_fields(data):
     any K contributions that pass the client check sum exactly (no owner-checked bound here:
     fields sized from K * max_abs)."""
     k = 3
-    cap = data.draw(st.integers(20, 300), label="max_abs")
-    n = data.draw(st.integers(20000, 24000), label="n")          # where the complex fields save bytes
+    cap = data.draw(st.integers(100, 300), label="max_abs")         # 9-10 bit unsigned fields: 4 per real
+    n = data.draw(st.integers(20000, 24000), label="n")          # slot; signed complex ones fit n in one N=8192
     rng = np.random.default_rng(data.draw(st.integers(0, 99), label="seed"))
     vals = {c: rng.integers(0, cap + 1, n).astype(float) for c in range(k)}
     vals[0][: n // 3] = cap                                           # the worst case
