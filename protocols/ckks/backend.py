@@ -55,6 +55,7 @@ import tenseal as ts
 from ..base import ExchangeContext, Protocol, ValueSpec
 from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOverflowError,
                       ProtocolError, ShapeError)
+from ..fixed_point import rounding_rng
 from ..transcript import SERVER, Message, client_party
 from ..validate import first_out_of_range
 from . import wire
@@ -372,8 +373,8 @@ class CKKSProtocol(Protocol):
         blocks_per_chunk = max(1, self.chunk_bytes // max(1, len(contributors) * n_pieces * chain.ciphertext_bytes))
         chunks = [(b0, min(ctx.num_blocks, b0 + blocks_per_chunk)) for b0 in range(0, ctx.num_blocks, blocks_per_chunk)]
         self._validate(ctx, plan, chunks)               # clients: nothing encrypted before this passes
-        if isinstance(plan.layout, FixedPointLayout):   # clients quantise their validated values
-            ctx = plan.layout.quantize_exchange(ctx, self.seed)
+        rounding = ({k: rounding_rng(self.seed, ctx.tag, ctx.round, k) for k in ctx.contributions}
+                    if isinstance(plan.layout, FixedPointLayout) else None)
         key = self._ensure_keys(chain, ctx.round)
         server = self._servers[chain.name]
         self._active = chain
@@ -418,8 +419,10 @@ class CKKSProtocol(Protocol):
                     table = ctx.contributions[k]
                     i0, i1 = np.searchsorted(table.ids, [b0, b1])
                     t = time.perf_counter()
-                    frames = [self._encrypt(key.context, plan, row[a:b])
-                              for row in table.values[i0:i1] for a, b in bounds]
+                    rows = table.values[i0:i1]
+                    if rounding is not None:                # packed fixed point: quantise this chunk
+                        rows = plan.layout.quantize(rows, rounding[k], ctx.dp_noise_std > 0)
+                    frames = [self._encrypt(key.context, plan, row[a:b]) for row in rows for a, b in bounds]
                     client_up_s[k] += time.perf_counter() - t
                     msg = Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
                                   (int(i1 - i0), ctx.block_len), sum(len(f) for f in frames), self.mode, fp, frames,

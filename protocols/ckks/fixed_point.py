@@ -42,7 +42,7 @@ import tenseal as ts
 from tenseal import sealapi
 
 from ..errors import BoundError, PackingOverflowError
-from ..fixed_point import FixedPoint, rounding_rng
+from ..fixed_point import FixedPoint
 from .params import (MIN_SCALE_BITS, ROUNDING_TARGET, ChainParams, EncodingPlan, integer_sum_range, noise_bound,
                      per_client_limits)
 
@@ -88,16 +88,15 @@ class FixedPointLayout:
         return max(1, math.ceil(self.codec.carriers_for(n) / 2))
 
     # ------------------------------------------------------------------ client side
-    def quantize(self, values: np.ndarray, seed: int, tag: str, rnd: int, client: int,
-                 dp: bool) -> np.ndarray:
-        """A client's blocks ``[n_blocks, block_len]`` as int64 digits (randomized rounding;
-        conditional rounding about each block's own norm when the exchange carries DP)."""
-        rng = rounding_rng(seed, tag, rnd, client)
-        if not dp or self.codec.integer:
+    def quantize(self, values: np.ndarray, rng: np.random.Generator, dp: bool) -> np.ndarray:
+        """A client's blocks ``[n_blocks, block_len]`` as int64 digits: randomized rounding with
+        the client's rounding generator (:func:`protocols.fixed_point.rounding_rng`, consumed in
+        block order, so chunk-by-chunk quantisation draws what one call would); conditional
+        rounding about each block's own norm when the exchange carries DP noise."""
+        values = np.asarray(values, dtype=np.float64)
+        if not dp or self.codec.integer or not len(values):
             return self.codec.quantize(values, rng)
-        return np.stack([self.codec.conditional_quantize(row, rng, float(np.linalg.norm(row)))
-                         for row in np.asarray(values, dtype=np.float64)]) if len(values) else \
-            np.zeros(np.shape(values), dtype=np.int64)
+        return np.stack([self.codec.conditional_quantize(row, rng, float(np.linalg.norm(row))) for row in values])
 
     def slot_values(self, digits: np.ndarray) -> list[complex]:
         """int64 digits -> complex slot values (carriers: real parts first, then imaginary)."""
@@ -106,15 +105,6 @@ class FixedPointLayout:
         both = np.zeros(2 * s, dtype=np.int64)
         both[:carriers.size] = carriers
         return (both[:s].astype(np.float64) + 1j * both[s:].astype(np.float64)).tolist()
-
-    def quantize_exchange(self, ctx, seed: int):
-        """The exchange with every client's blocks quantised (client side, after validation)."""
-        from dataclasses import replace
-        from ..base import BlockTable
-        dp = ctx.dp_noise_std > 0
-        tables = {k: BlockTable(t.ids, self.quantize(t.values, seed, ctx.tag, ctx.round, k, dp))
-                  for k, t in ctx.contributions.items()}
-        return replace(ctx, contributions=tables)
 
     def encrypt(self, context: ts.Context, plan: EncodingPlan, digits: np.ndarray) -> bytes:
         """Serialized SEAL ciphertext of one piece of a block (client side)."""
