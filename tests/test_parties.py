@@ -12,7 +12,7 @@ from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
 from protocols.registry import backend, modes, secure_modes
 
-SPLIT_MODES = ["plain", "mask"]
+SPLIT_MODES = ["plain", "mask", "ckks"]
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
 
 
