@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, verify
-from .base import BlockTable
+from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
@@ -412,12 +412,4 @@ class ServerHalf(Party):
 
     def check_envelope(self, msg: Message, fingerprint: str, k: int) -> None:
         """Refuse a message that does not belong to this exchange."""
-        p = self.plan
-        expected = (self.mode, fingerprint, p.round, p.tag)
-        got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
-        if got != expected:
-            names = ("protocol", "context fingerprint", "round", "tag")
-            bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-            raise IntegrityError("message rejected: wrong " + "; ".join(bad)
-                                 + ". The client must use this run's public context and current exchange",
-                                 **self.where(k))
+        check_exchange_fields(msg, self.mode, fingerprint, self.plan.round, self.plan.tag, k)

@@ -109,6 +109,23 @@ def test_dropped_client_is_named_not_waited_for():
     with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
         mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
     assert err.value.clients == (1, 2)
+    ckks = make_protocol("ckks", 3)
+    ckks.link.drop(2, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage") as err:
+        ckks.weighted_sum("x/t", 0, x, spec=SPEC)
+    assert err.value.clients == (2,)
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_each_client_is_told_only_its_own_request(mode):
+    proto = make_protocol(mode, 3)
+    rows = {k: (np.array([k, 10 + k]), np.ones((2, 2))) for k in range(3)}
+    requests = {0: np.array([1]), 1: np.array([7, 12]), 2: np.array([], dtype=np.int64)}
+    proto.row_sum("x/r", 0, rows, requests, 20, spec=ValueSpec(max_abs=1.0, tolerance=1e-4))
+    plans = [m for m in proto.transcript.messages if m.kind == "control" and m.note == "exchange plan"]
+    assert sorted(m.receiver for m in plans) == ["client0", "client1", "client2"]
+    for m in plans:
+        assert list(m.payload["requests"]) == [int(m.receiver[6:])]
 
 
 def test_registry_lists_every_backend_once():
