@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from protocols import SERVER, ValueSpec, make_protocol
+from protocols import SERVER, BlockTable, ExchangeContext, ValueSpec, make_protocol
 from protocols.errors import ConfigurationError, DropoutError
 from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
@@ -69,19 +69,21 @@ def test_transcript_bytes_are_the_bytes_on_the_link(mode):
 
 @pytest.mark.parametrize("mode", SPLIT_MODES)
 def test_client_half_holds_nothing_of_another_client(mode):
-    proto = make_protocol(mode, 3)
-    x = _values(3)
-    proto.weighted_sum("x/t", 0, x, spec=SPEC)
-    proto.weighted_sum("x/t", 1, x, spec=SPEC)
+    K, n = 3, 40
+    proto = make_protocol(mode, K)
+    rng = np.random.default_rng(0)
+    tables = {k: BlockTable(np.arange(1), rng.uniform(-1, 1, (1, n))) for k in range(K)}
+    ctx = ExchangeContext("x/t", 0, SPEC, tables, {k: np.arange(1) for k in range(K)}, 1, n)
+    out = proto._aggregate(ctx)
+    assert np.allclose(out[0][0], sum(t.values[0] for t in tables.values()), atol=1e-4)
     for k, half in proto.clients.items():
-        half.provider = None          # the facade's provider closes over the algorithm's dict
         mine = _reachable(half)
         for j, other in proto.clients.items():
             if j != k:
-                assert id(other) not in mine and id(other.signing) not in mine and id(other.channel) not in mine
-        assert id(proto.server) not in mine and id(proto.server.signing) not in mine
-        for j, v in x.items():
-            assert id(v) not in mine
+                assert not {id(other), id(other.signing), id(other.channel)} & mine
+                assert not {id(tables[j]), id(tables[j].values)} & mine      # another client's contribution
+        assert not {id(proto.server), id(proto.server.signing), id(proto.server.transcript), id(ctx)} & mine
+        assert not {id(out[j][0]) for j in out if j != k} & mine                # nor another's result
 
 
 def test_client_half_is_built_from_public_bytes_only():
