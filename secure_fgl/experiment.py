@@ -86,7 +86,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     algo = algo_cls(fed, protocol, cfg, device, options)
 
     def save_extra():
-        return {"transcript": [dataclasses.asdict(m.without_payload()) for m in protocol.transcript.messages],
+        # a shallow copy of each message (its fields are immutable) without its payload
+        return {"transcript": [{**vars(m), "payload": None} for m in protocol.transcript.messages],
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
