@@ -41,13 +41,16 @@ MAGIC = b"SFGLMSG1"
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
 NONCE_BYTES = 16
-#: stages of each backend, in protocol order ('register', 'block_ids' and 'report' -- a value a client
-#: publishes in the clear by design, e.g. GCFL's update norms -- are shared)
+#: stages of each backend, in protocol order ('register', 'directory' (the clients' public keys),
+#: 'plan' (the public plan of an exchange, :mod:`protocols.plan`), 'block_ids' and 'report' -- a value a
+#: client publishes in the clear by design, e.g. GCFL's update norms -- are shared)
+SHARED_STAGES = ("register", "directory", "plan")
 STAGES = {
-    "mask": ("register", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask", "download", "report"),
-    "ckks": ("register", "key_setup", "block_ids", "upload", "download", "report"),
-    "plain": ("register", "block_ids", "upload", "download", "report"),
-    "ckks-mp": ("register", "key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
+    "mask": SHARED_STAGES + ("group_seed", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask",
+                             "download", "report"),
+    "ckks": SHARED_STAGES + ("key_setup", "block_ids", "upload", "download", "report"),
+    "plain": SHARED_STAGES + ("block_ids", "upload", "download", "report"),
+    "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
 }
 _U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
 _MAX_FIELD = 1 << 16          # header strings are short; anything longer is garbage
@@ -143,20 +146,23 @@ class Envelope:
     @classmethod
     def from_bytes(cls, data: bytes) -> tuple["Envelope", bytes]:
         """Strict parse of :meth:`to_bytes`: ``(envelope with body, signature)``."""
-        if not isinstance(data, (bytes, bytearray)) or len(data) < SIGNATURE_BYTES + 4:
-            raise MalformedMessageError("message truncated before its header")
-        data = bytes(data)
-        signature = data[:SIGNATURE_BYTES]
-        (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
-        start = SIGNATURE_BYTES + 4
-        if start + n > len(data):
-            raise MalformedMessageError("message truncated inside its header")
-        header = data[start:start + n]
+        signature, header, body = split_message(data)
         env = cls.from_header(header)
-        body = data[start + n:]
         if len(body) != env.body_len:
             raise MalformedMessageError(f"message body is {len(body)} bytes, its header says {env.body_len}")
         return cls.from_header(header, body), signature
+
+
+def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """``(signature, header, body)`` of a message's wire bytes; MalformedMessageError if truncated."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
+        raise MalformedMessageError("message truncated before its header")
+    data = memoryview(data)
+    (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
+    start = SIGNATURE_BYTES + 4
+    if start + n > len(data):
+        raise MalformedMessageError("message truncated inside its header")
+    return bytes(data[:SIGNATURE_BYTES]), bytes(data[start:start + n]), bytes(data[start + n:])
 
 
 def _text(s: str) -> bytes:

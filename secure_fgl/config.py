@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from protocols.registry import modes
+
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -83,7 +85,7 @@ class RunConfig:
     dp_accountant: str = setting("exact", group="privacy", choices=("exact", "prv", "rdp"),
                                  help="composition: exact Gaussian (default), PRV or RDP")
     # secure mode
-    mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
+    mode: str = setting("ckks", group="secure mode", choices=modes(),
                         help="exchange protocol (list: secure-fgl modes)")
     fixed_point_bits: int | None = setting(None, group="secure mode", min=2, max=52, unit="bits",
                                            help="ckks: float exchanges as packed fixed point, fields of at least "

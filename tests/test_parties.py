@@ -1,0 +1,141 @@
+"""Backends split into client and server halves: only bytes cross the link, and what each half holds."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from protocols import SERVER, BlockTable, ExchangeContext, ValueSpec, make_protocol
+from protocols.errors import ConfigurationError, DropoutError
+from protocols.framing import message_from_bytes, unpack_bundle
+from protocols.link import ClientLink
+from protocols.registry import backend, modes, secure_modes
+
+SPLIT_MODES = ["plain", "mask", "ckks"]
+SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
+
+
+class RecordingLink(ClientLink):
+    """Wraps a link and keeps every byte string handed to and returned by the client halves."""
+
+    def __init__(self, inner):
+        self.inner, self.crossed = inner, []
+
+    def call(self, stage, requests):
+        responses = self.inner.call(stage, requests)
+        self.crossed += list(requests.values()) + list(responses.values())
+        return responses
+
+
+def _values(K, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: rng.uniform(-1, 1, n) for k in range(K)}
+
+
+def _reachable(root, limit=200_000):
+    """ids of every object reachable from ``root`` (modules and classes are not followed)."""
+    seen, stack = set(), [root]
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type) or type(obj).__name__ == "module":
+            continue
+        seen.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return seen
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_transcript_bytes_are_the_bytes_on_the_link(mode):
+    proto = make_protocol(mode, 3)
+    link = RecordingLink(proto.link)
+    proto.link = link
+    x = _values(3)
+    got = proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    assert np.allclose(got, sum(x.values()), atol=1e-4)
+    crossings = [b for bundle in link.crossed for b in unpack_bundle(bundle)]
+    assert crossings, "nothing crossed the link"
+    # a client -> client message crosses twice (to the server, then on to its recipient) and is one message
+    on_link = list(dict.fromkeys(crossings))
+    relayed = [m for m in proto.transcript.messages if m.relay == SERVER]
+    assert len(crossings) - len(on_link) == len(relayed)
+    # every message that crossed is in the transcript with nbytes == len(its bytes), and vice versa
+    recorded = sorted(m.nbytes for m in proto.transcript.messages)
+    assert sorted(len(b) for b in on_link) == recorded
+    assert sum(m.nbytes for m in proto.transcript.messages) == sum(len(b) for b in on_link)
+    for b in on_link:
+        assert message_from_bytes(b).nbytes == len(b)
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_client_half_holds_nothing_of_another_client(mode):
+    K, n = 3, 40
+    proto = make_protocol(mode, K)
+    rng = np.random.default_rng(0)
+    tables = {k: BlockTable(np.arange(1), rng.uniform(-1, 1, (1, n))) for k in range(K)}
+    ctx = ExchangeContext("x/t", 0, SPEC, tables, {k: np.arange(1) for k in range(K)}, 1, n)
+    out = proto._aggregate(ctx)
+    assert np.allclose(out[0][0], sum(t.values[0] for t in tables.values()), atol=1e-4)
+    for k, half in proto.clients.items():
+        mine = _reachable(half)
+        for j, other in proto.clients.items():
+            if j != k:
+                assert not {id(other), id(other.signing), id(other.channel)} & mine
+                assert not {id(tables[j]), id(tables[j].values)} & mine      # another client's contribution
+        assert not {id(proto.server), id(proto.server.signing), id(proto.server.transcript), id(ctx)} & mine
+        assert not {id(out[j][0]) for j in out if j != k} & mine                # nor another's result
+
+
+def test_client_half_is_built_from_public_bytes_only():
+    proto = make_protocol("plain", 2)
+    setup = proto.setup.to_bytes()
+    assert isinstance(setup, bytes) and proto.clients[0].setup == proto.clients[1].setup
+    fresh = type(proto.clients[0])(0, setup)
+    assert fresh.signing.public_bytes != proto.clients[0].signing.public_bytes    # keys made inside, fresh
+
+
+def test_dropped_client_is_named_not_waited_for():
+    """A client whose answer never comes back is a dropout: plain refuses naming it; mask recovers
+    the survivors' sum above the threshold and refuses, naming the clients, below it."""
+    x = _values(3)
+    plain = make_protocol("plain", 3)
+    plain.link.drop(1, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 1 did not upload"):
+        plain.weighted_sum("x/t", 0, x, spec=SPEC)
+    mask = make_protocol("mask", 3)                 # t = 2 of 3
+    mask.weighted_sum("x/t", 0, x, spec=SPEC)
+    mask.link.drop(1, "masked_upload")              # gone from its upload on, in this and later exchanges
+    got = mask.weighted_sum("x/t", 1, x, spec=SPEC, recipients=[0, 2])
+    assert mask.last_included == (0, 2) and np.allclose(got, x[0] + x[2], atol=1e-4)
+    mask.link.drop(2, "masked_upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
+        mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
+    assert err.value.clients == (1, 2)
+    ckks = make_protocol("ckks", 3)
+    ckks.link.drop(2, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage") as err:
+        ckks.weighted_sum("x/t", 0, x, spec=SPEC)
+    assert err.value.clients == (2,)
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_each_client_is_told_only_its_own_request(mode):
+    proto = make_protocol(mode, 3)
+    rows = {k: (np.array([k, 10 + k]), np.ones((2, 2))) for k in range(3)}
+    requests = {0: np.array([1]), 1: np.array([7, 12]), 2: np.array([], dtype=np.int64)}
+    proto.row_sum("x/r", 0, rows, requests, 20, spec=ValueSpec(max_abs=1.0, tolerance=1e-4))
+    plans = [m for m in proto.transcript.messages if m.kind == "control" and m.note == "exchange plan"]
+    assert sorted(m.receiver for m in plans) == ["client0", "client1", "client2"]
+    for m in plans:
+        assert list(m.payload["requests"]) == [int(m.receiver[6:])]
+
+
+def test_registry_lists_every_backend_once():
+    assert modes() == ("plain", "ckks", "mask", "ckks-mp")
+    assert "plain" not in secure_modes() and set(secure_modes()) == {"ckks", "mask", "ckks-mp"}
+    assert backend("MASK").upload_kind == "masked"
+    with pytest.raises(ConfigurationError, match="choose one of plain, ckks, mask, ckks-mp"):
+        make_protocol("rot13", 2)
+    from secure_fgl.config import RunConfig
+    from dataclasses import fields
+    assert tuple(f.metadata.get("choices", ()) for f in fields(RunConfig) if f.name == "mode")[0] == modes()
