@@ -23,6 +23,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Mapping
 
+from .errors import ProtocolError
+
 if TYPE_CHECKING:  # pragma: no cover
     from .party import ClientHalf
 
@@ -66,16 +68,26 @@ class InProcessLink(ClientLink):
         self._muted.pop(int(client), None)
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Every client reads its request, as separate processes would (a relayed key in a
+        bundle reaches its client even when another client refuses this stage); then the first
+        refusal, in client order, is re-raised."""
         out: dict[int, bytes] = {}
+        refusal: ProtocolError | None = None
         for k, request in requests.items():
             if k in self._gone and self._gone[k] in (stage, "*"):
                 self._gone[k] = "*"
                 continue
             if k not in self.halves:
                 continue
-            answer = self.halves[k].handle(stage, request)
+            try:
+                answer = self.halves[k].handle(stage, request)
+            except ProtocolError as exc:
+                refusal = refusal or exc
+                continue
             if stage in self._muted.get(k, ()):
                 self.lost[(k, stage)] = answer
                 continue
             out[k] = answer
+        if refusal is not None:
+            raise refusal
         return out
