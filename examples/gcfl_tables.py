@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from secure_fgl.algorithms.clustering import cut_flip_bound  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
-from secure_fgl.experiment import run_experiment  # noqa: E402
+from sweep import Job, run_sweep  # noqa: E402
 
 #: setting -> (dataset flag, clients, eps1, eps2, seq_length)  (authors' runnerfile)
 SETTINGS = {
@@ -220,24 +220,18 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        for setting in args.settings:
-            for seed in args.seeds:
-                for method in args.methods:
-                    modes = ["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])
-                    for mode in modes:
-                        d = run_dir(out, setting, method, mode, seed)
-                        if (d / "result.json").exists():
-                            continue
-                        cfg = config(setting, method, mode, seed, args)
-                        cfg.out = str(d)
-                        with open(out / "commands.txt", "a") as f:
-                            f.write(command(cfg, d) + "\n")
-                        r = run_experiment(cfg, progress=False)
-                        (d / "checkpoint.pt").unlink(missing_ok=True)
-                        print(f"{setting} {method} {mode} seed {seed}: "
-                              f"{statistics.mean(r['final']['per_client_test_acc_last']):.3f} "
-                              f"({r['time']['total']:.0f} s)", flush=True)
-                        (out / "tables.md").write_text(table(out, args))
+        jobs = [Job(run_dir(out, setting, method, mode, seed), config(setting, method, mode, seed, args),
+                    {"setting": setting, "method": method})
+                for setting in args.settings for seed in args.seeds for method in args.methods
+                for mode in ["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])]
+
+        def done(job: Job, r: dict, seconds: float) -> None:
+            print(f"{job.meta['setting']} {job.meta['method']} {job.cfg.mode} seed {job.cfg.seed}: "
+                  f"{statistics.mean(r['final']['per_client_test_acc_last']):.3f} ({r['time']['total']:.0f} s)",
+                  flush=True)
+            (out / "tables.md").write_text(table(out, args))
+        run_sweep(jobs, done, fed_key=None, log=out / "commands.txt", command=lambda cfg: command(cfg, Path(cfg.out)),
+                  skip_errors=False)
     (out / "tables.md").write_text(table(out, args))
     print((out / "tables.md").read_text())
 
