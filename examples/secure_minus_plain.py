@@ -4,17 +4,24 @@ Grid (issue 13's evidence): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 client
 beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --rounds 100
 --local-epochs 3``, as ``examples/fedgcn_table2.py``); FedSpray (GCN backbone) on PubMed with
 ``examples/fedspray_table2.py``'s setting (7 Louvain clients, its split); FedOMD on Cora with
-``examples/fedomd_table4.py``'s setting (Louvain parties, its split).
+``examples/fedomd_table4.py``'s setting (Louvain parties, its split; at most 1000 rounds with
+patience 200 on the validation accuracy, as that script).
 
 Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there), with the
 test accuracy at the best-validation round and the per-round test accuracies.  The table
-(``OUT/table.md``, printed) gives per (experiment, mode) the secure-minus-plain accuracy in
-points over the seeds (mean and max |.|), and how many rounds' test accuracies equal plain's
-exactly ("trajectory").  The command of every run is printed with it.
+(``OUT/table.md``, printed) gives per (experiment, rounds, mode) the secure-minus-plain accuracy
+in points over the seeds (mean and max |.|) at the best-validation round and at the last round,
+and how many rounds' test accuracies equal plain's exactly ("trajectory").  The command of every run is printed with it.
 
     python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
     python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \\
         --fedomd-rounds 50                                                     # reduced
+    python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \\
+        --datasets cora citeseer --betas 1 --seeds 0                           # packed fixed point
+
+With ``--fixed-point-bits`` the ckks runs carry their float exchanges as packed fixed point
+(``--update-bound`` and ``--feature-bound`` are the public bounds it is planned from); they
+are recorded as mode ``ckks-fixedB``.
 """
 from __future__ import annotations
 
@@ -48,12 +55,30 @@ def fedspray(seed: int, mode: str, args) -> RunConfig:
 def fedomd(seed: int, mode: str, args) -> RunConfig:
     return RunConfig(algorithm="fedomd", model="gcn", dataset="cora", clients=5, mode=mode, partition="louvain",
                      resolution=1.0, split="fedomd", hidden=64, num_layers=2, dropout=0.5, lr=0.01,
-                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_rounds,
+                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_patience,
                      seed=seed, data_root=args.data_root)
+
+
+def packed(cfg: RunConfig, args) -> RunConfig:
+    """``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only)."""
+    if cfg.mode == "ckks" and args.fixed_point_bits:
+        cfg.fixed_point_bits, cfg.update_bound = args.fixed_point_bits, args.update_bound
+        if cfg.algorithm == "fedgcn" and args.feature_bound:
+            cfg.options["feature_bound"] = args.feature_bound
+    return cfg
+
+
+def label(cfg: RunConfig) -> str:
+    return cfg.mode + (f"-fixed{cfg.fixed_point_bits}" if cfg.fixed_point_bits else "")
 
 
 def plan(args) -> list[tuple[str, int, RunConfig]]:
     """(experiment name, seed, config) for every run; plain first within each (experiment, seed)."""
+    jobs = [(name, seed, packed(cfg, args)) for name, seed, cfg in _grid(args) if cfg.mode in args.modes]
+    return jobs
+
+
+def _grid(args) -> list[tuple[str, int, RunConfig]]:
     jobs = []
     for ds in args.datasets:
         seeds = args.pubmed_seeds if ds == "pubmed" else args.seeds
@@ -79,8 +104,8 @@ def command(cfg: RunConfig) -> str:
         f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items())
 
 
-def key(name: str, seed: int, cfg: RunConfig) -> str:
-    return json.dumps([name, seed, cfg.mode, cfg.rounds])
+def key(name: str, seed: int, mode: str, rounds: int) -> str:
+    return json.dumps([name, seed, mode, rounds])
 
 
 def run_all(args) -> list[dict]:
@@ -91,11 +116,11 @@ def run_all(args) -> list[dict]:
     if path.exists():
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            done[key(r["experiment"], r["seed"], RunConfig(mode=r["mode"], rounds=r["rounds"]))] = r
+            done[key(r["experiment"], r["seed"], r["mode"], r["rounds"])] = r
     feds = {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     for name, seed, cfg in plan(args):
-        k = key(name, seed, cfg)
+        k = key(name, seed, label(cfg), cfg.rounds)
         if k in done:
             continue
         fkey = (name, seed)
@@ -104,33 +129,44 @@ def run_all(args) -> list[dict]:
             feds[fkey] = load_federation(cfg)
         t0 = time.perf_counter()
         res = run_experiment(cfg, progress=False, fed=feds[fkey])
-        row = {"experiment": name, "seed": seed, "mode": cfg.mode, "rounds": cfg.rounds,
+        row = {"experiment": name, "seed": seed, "mode": label(cfg), "rounds": cfg.rounds,
                "test_acc": res["final"]["test_acc"], "best_round": res["final"]["best_round"],
                "trajectory": [r["test_acc"] for r in res["rounds"]], "seconds": time.perf_counter() - t0,
-               "config": cfg.to_dict(), "commit": commit}
+               "config": cfg.to_dict(), "commit": commit,
+               "upload_ratio": {t: round(c["bytes_up"] / c["plaintext_bytes_up"], 3)
+                                for t, c in res["comm"]["per_tag"].items() if c.get("plaintext_bytes_up")}}
         done[k] = row
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"{name} seed {seed} {cfg.mode}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s)", flush=True)
+        print(f"{name} seed {seed} {label(cfg)}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s), upload / "
+              f"float32: {row['upload_ratio']}", flush=True)
     return list(done.values())
 
 
 def table(runs: list[dict]) -> str:
     plain = {(r["experiment"], r["seed"], r["rounds"]): r for r in runs if r["mode"] == "plain"}
-    lines = ["| experiment | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) | "
-             "rounds with test acc equal to plain's |", "|---|---|---|---|---|---|"]
+    lines = ["| experiment | rounds (run) | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) "
+             "| last round: plain acc, secure − plain | rounds with test acc equal to plain's |",
+             "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list] = {}
     for r in runs:
         p = plain.get((r["experiment"], r["seed"], r["rounds"]))
         if r["mode"] != "plain" and p is not None:
-            groups.setdefault((r["experiment"], r["mode"]), []).append((p, r))
-    for (name, mode), pairs in sorted(groups.items()):
-        d = [100 * (s["test_acc"] - p["test_acc"]) for p, s in pairs]
+            groups.setdefault((r["experiment"], r["rounds"], r["mode"]), []).append((p, r))
+
+    def points(pairs, acc):
+        d = [100 * (acc(s) - acc(p)) for p, s in pairs]
+        return f"{statistics.mean(d):+.2f} ({max(abs(x) for x in d):.2f})"
+
+    for (name, rounds, mode), pairs in sorted(groups.items()):
         eq = sum(sum(a == b for a, b in zip(p["trajectory"], s["trajectory"])) for p, s in pairs)
-        tot = sum(len(p["trajectory"]) for p, _ in pairs)
-        lines.append(f"| {name} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
-                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {statistics.mean(d):+.2f} "
-                     f"({max(abs(x) for x in d):.2f}) | {eq}/{tot} |")
+        tot = sum(max(len(p["trajectory"]), len(s["trajectory"])) for p, s in pairs)
+        ran = sorted({len(x["trajectory"]) for pair in pairs for x in pair})
+        ran = f"{rounds}" if ran == [rounds] else f"{rounds} ({ran[0]}-{ran[-1]})"
+        last = statistics.mean(p["trajectory"][-1] for p, _ in pairs)
+        lines.append(f"| {name} | {ran} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
+                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {points(pairs, lambda r: r['test_acc'])} | "
+                     f"{last:.4f}, {points(pairs, lambda r: r['trajectory'][-1])} | {eq}/{tot} |")
     return "\n".join(lines)
 
 
@@ -144,6 +180,12 @@ def main(argv=None) -> None:
     ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
     ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")
+    ap.add_argument("--fedomd-patience", type=int, default=200, help="FedOMD early stopping (fedomd_table4.py: 200)")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--fixed-point-bits", type=int, default=None, help="ckks runs: packed fixed point")
+    ap.add_argument("--update-bound", type=float, default=None, help="with --fixed-point-bits: public update bound")
+    ap.add_argument("--feature-bound", type=float, default=None,
+                    help="with --fixed-point-bits: FedGCN's public feature bound")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")

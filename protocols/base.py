@@ -64,7 +64,13 @@ class ValueSpec:
                FedGCN: row v's total counts deg(v) + 1 terms and v's owner refuses a degree
                above the cap).  Encodings then size packed fields from ``sum_max``; without
                it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
-               (:func:`protocols.precision.kway_sum_bound`).
+               (:func:`protocols.precision.kway_sum_bound`).  For a float exchange it says
+               that ``max_abs`` bounds the K-way sum too (packed fixed point,
+               :mod:`protocols.ckks.fixed_point`, sizes its fields from it).
+    float64_wire: the plain protocol carries these values as float64 instead of float32: set
+               by plans whose target error is below float32 resolution
+               (:meth:`protocols.precision.MeanPrecision.spec`), so plain computes what the
+               secure codecs compute.  The float32 byte baseline is unchanged.
     """
 
     max_abs: float = 1e4
@@ -72,6 +78,7 @@ class ValueSpec:
     sum_max: int | None = None
     tolerance: float = 1e-4
     owner_checked_sum: bool = False
+    float64_wire: bool = False
 
     def sum_bound(self, num_clients: int) -> float:
         if self.integer and self.sum_max is not None and self.owner_checked_sum:
@@ -201,6 +208,11 @@ class Protocol(ABC):
     def block_capacity(self, spec: ValueSpec) -> int:
         """Values one unit of transport carries (one ciphertext); rows are aligned to it."""
         return 1
+
+    def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
+        """Values per block of a dense vector sum of ``length`` values (default:
+        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less)."""
+        return self.block_capacity(spec)
 
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Values per block of a :meth:`row_sum` in ``layout`` (default: :meth:`block_capacity`).
@@ -439,7 +451,7 @@ class Protocol(ABC):
                 dp = replace(dp, integer=True)
             flat = self.dp.privatize_vectors(tag, rnd, flat, dp, row_len=row_len)
         length = next(iter(flat.values())).size
-        cap = max(1, self.block_capacity(spec))
+        cap = max(1, self.vector_block_capacity(spec, length))
         num_blocks = max(1, -(-length // cap))
         block_len = min(cap, length) if num_blocks == 1 else cap
         tables = {}

@@ -1,8 +1,10 @@
 """The plaintext protocol: the baseline and the attack target.
 
 Each client uploads its contribution as float32 (the wire format of a plaintext
-system); the server reads every contribution, sums them and sends each recipient
-the blocks it asked for.  Nothing is hidden: this is what the attack suite reads.
+system), or as float64 where the exchange's spec asks for more than float32 resolution
+(``ValueSpec.float64_wire``: FedOMD's pooled statistics); the server reads every
+contribution, sums them in float64 and sends each recipient the blocks it asked for, in
+the same width.  Nothing is hidden: this is what the attack suite reads.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ class PlainProtocol(Protocol):
         return PLAIN_BLOCK
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
+        wire = np.float64 if ctx.spec.float64_wire else np.float32
         inbox = {}
         for k, table in ctx.contributions.items():
-            payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(np.float32)}
+            payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(wire)}
             nbytes = payload["values"].nbytes + (payload["block_ids"].nbytes if ctx.layout == "sparse" else 0)
             inbox[k] = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "plain",
                                              table.values.shape, nbytes, self.mode, self.fingerprint, payload))
@@ -41,8 +44,8 @@ class PlainProtocol(Protocol):
         out = {}
         zero = np.zeros(ctx.block_len)
         for r, bids in ctx.requests.items():
-            blocks = {int(b): totals.get(int(b), zero).astype(np.float32) for b in bids}
-            values = np.stack(list(blocks.values())) if blocks else np.zeros((0, ctx.block_len), np.float32)
+            blocks = {int(b): totals.get(int(b), zero).astype(wire) for b in bids}
+            values = np.stack(list(blocks.values())) if blocks else np.zeros((0, ctx.block_len), wire)
             msg = self._download(Message(ctx.round, ctx.tag, SERVER, client_party(r), "plain", values.shape,
                                          values.nbytes, self.mode, self.fingerprint,
                                          {"block_ids": np.asarray(bids, np.int32), "values": values}))

@@ -62,8 +62,14 @@ class RunConfig:
     dp_epsilon: float | None = setting(None, group="privacy", min=0, min_exclusive=True,
                                        help="total DP budget of the run (omit: no DP)")
     dp_delta: float = setting(1e-5, group="privacy", min=0, max=1, min_exclusive=True, help="DP delta")
-    dp_placement: str = setting("local", group="privacy", choices=("local", "distributed"),
-                                help="who adds the noise: each client (local) or a share each (distributed)")
+    dp_placement: str = setting("auto", group="privacy", choices=("auto", "local", "distributed"),
+                                help="who adds the noise: each client all of it (local) or a share each "
+                                     "(distributed); auto: distributed in ckks/mask/ckks-mp, local in plain")
+    dp_dropouts: int = setting(0, group="privacy", min=0, unit="clients",
+                               help="distributed noise: over-provision for this many dropouts after noising "
+                                    "(more are refused)")
+    dp_colluders: int = setting(1, group="privacy", min=0, unit="clients",
+                                help="distributed noise: over-provision against this many colluding clients")
     dp_clip: float = setting(1.0, group="privacy", min=0, min_exclusive=True, unit="L2 norm",
                              help="clip of each DP-protected contribution")
     dp_exchanges: str = setting("all", group="privacy",
@@ -79,6 +85,13 @@ class RunConfig:
     # secure mode
     mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
                         help="exchange protocol (list: secure-fgl modes)")
+    fixed_point_bits: int | None = setting(None, group="secure mode", min=2, max=52, unit="bits",
+                                           help="ckks: float exchanges as packed fixed point, fields of at least "
+                                                "this many bits, 2 per slot half at 20 (omit: one float per slot; "
+                                                "docs/performance.md)")
+    update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
+                                         help="public bound on |model update entry| that model exchanges are "
+                                              "planned for (default 100); clients refuse larger updates")
     # output
     out: str | None = setting(None, group="output", unit="path",
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")
@@ -117,6 +130,8 @@ class RunConfig:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
         if self.dp_epsilon is None and (self.dp_unit is not None or self.dp_split is not None):
             raise ConfigError("--dp-unit / --dp-split need --dp-epsilon (the run's total DP budget)")
+        if self.fixed_point_bits is not None and self.mode != "ckks":
+            raise ConfigError("--fixed-point-bits packs the ckks exchanges; use --mode ckks or omit it")
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

@@ -56,7 +56,8 @@ def load_federation(cfg: RunConfig):
 
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None):
-    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed)
+    extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
+    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
 def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: Phases | None = None) -> dict:

@@ -55,9 +55,11 @@ import tenseal as ts
 from ..base import ExchangeContext, Protocol, ValueSpec
 from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOverflowError,
                       ProtocolError, ShapeError)
+from ..fixed_point import rounding_rng
 from ..transcript import SERVER, Message, client_party
 from ..validate import first_out_of_range
 from . import wire
+from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point, server_load
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
                      check_security, choose_chain, per_client_limits, plan_float, plan_packed)
@@ -89,6 +91,11 @@ class CKKSProtocol(Protocol):
                         them against the plan's bound, which a real server cannot do.  Not
                         needed for safety: the plan sizes fields from bounds each client
                         checks alone (:func:`.params.integer_sum_range`).
+    fixed_point_bits:   ``None`` (default): float exchanges use one real per slot; an integer
+                        b (e.g. 20): float exchanges travel as packed fixed point, fields of
+                        at least b bits in both parts of every complex slot, quantum from the
+                        public bounds (:mod:`protocols.ckks.fixed_point`; error ``K Delta``
+                        per summed entry instead of the spec's tolerance).
     """
 
     mode = "ckks"
@@ -96,7 +103,8 @@ class CKKSProtocol(Protocol):
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 64 << 20,
-                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False):
+                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
+                 fixed_point_bits: int | None = None):
         super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed)
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
@@ -110,6 +118,11 @@ class CKKSProtocol(Protocol):
         self.chunk_bytes = int(chunk_bytes)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
+        if fixed_point_bits is not None and (isinstance(fixed_point_bits, bool) or not isinstance(fixed_point_bits, int)
+                                             or not 2 <= fixed_point_bits <= 52):
+            raise ConfigurationError(f"fixed_point_bits must be an integer in [2, 52] or None, got {fixed_point_bits!r} "
+                                     f"(e.g. {DEFAULT_FIELD_BITS})")
+        self.fixed_point_bits = fixed_point_bits
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
 
@@ -136,8 +149,20 @@ class CKKSProtocol(Protocol):
         for chain in self._candidates:
             try:
                 if spec.integer and self.packing and chain.data_primes == 1:
+                    if self.fixed_point_bits:       # exact signed fields in both halves of each slot
+                        plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
+                                                                        self.encryption, self.fixed_point_bits,
+                                                                        tag=tag, round=rnd)
                     plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
                                                     tag=tag, round=rnd)
+                elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
+                    # both encodings compete: fixed point where it saves ciphertexts, float (within
+                    # the spec's tolerance) where it costs no more bytes (params.choose_chain)
+                    plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
+                                                                    self.encryption, self.fixed_point_bits,
+                                                                    tag=tag, round=rnd)
+                    plans[chain.name] = plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
+                                                   tag=tag, round=rnd)
                 else:
                     plans[chain.name] = plan_float(
                         chain, spec, self.num_clients, dp_std, self.encryption,
@@ -164,6 +189,14 @@ class CKKSProtocol(Protocol):
         except ProtocolError:
             return self._candidates[0].slots   # _aggregate raises the error with the exchange named
 
+    def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
+        """The capacity of the plan with the fewest bytes for ``length`` values (whole
+        ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes)."""
+        try:
+            return choose_chain(self._plans(spec, self._dp_std_hint()), length).values_per_ciphertext
+        except ProtocolError:
+            return self._candidates[0].slots
+
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Sparse layout: the smallest ring among the plans whose bytes per value are within
         :data:`SPARSE_RING_TOLERANCE` of the cheapest.  A client pays for every block it
@@ -178,8 +211,8 @@ class CKKSProtocol(Protocol):
             return self._candidates[0].slots
         per_value = {n: p.chain.ciphertext_bytes / p.values_per_ciphertext for n, p in plans.items()}
         best = min(per_value.values())
-        near = [p for n, p in plans.items() if per_value[n] <= best * (1.0 + SPARSE_RING_TOLERANCE)]
-        return min(near, key=lambda p: (p.values_per_ciphertext, per_value[p.chain.name])).values_per_ciphertext
+        near = [n for n in plans if per_value[n] <= best * (1.0 + SPARSE_RING_TOLERANCE)]
+        return plans[min(near, key=lambda n: (plans[n].values_per_ciphertext, per_value[n]))].values_per_ciphertext
 
     # ------------------------------------------------------------------ keys
     def _ensure_keys(self, chain: ChainParams, rnd: int) -> ClientKey:
@@ -227,7 +260,7 @@ class CKKSProtocol(Protocol):
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
         packed = plan.layout is not None
-        audit = spec.integer and self.audit_sum_bound
+        audit = spec.integer and self.audit_sum_bound and not isinstance(plan.layout, FixedPointLayout)
         bad = first_out_of_range(ctx, self.num_clients, lo, hi)
         if bad is not None:
             k, block, entry, v, why = bad
@@ -262,10 +295,12 @@ class CKKSProtocol(Protocol):
 
     @staticmethod
     def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
-        slots = (plan.layout.pack(values) if plan.layout is not None else values).tolist()
+        fixed = isinstance(plan.layout, FixedPointLayout)
+        slots = None if fixed else (plan.layout.pack(values) if plan.layout is not None else values).tolist()
         size = plan.chain.padded_ciphertext_bytes
         for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
-            ct = ts.ckks_vector(context, slots, plan.scale).serialize()
+            ct = (plan.layout.encrypt(context, plan, values) if fixed
+                  else ts.ckks_vector(context, slots, plan.scale).serialize())
             if len(ct) <= size:
                 return wire.frame(ct, size)
         raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
@@ -273,10 +308,13 @@ class CKKSProtocol(Protocol):
 
     @staticmethod
     def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, ctx: ExchangeContext) -> np.ndarray:
-        dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
-        if plan.layout is None:
-            return np.rint(dec) if plan.exact else dec
-        vals, residual, in_range = plan.layout.unpack(dec, n)
+        if isinstance(plan.layout, FixedPointLayout):
+            vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
+        else:
+            dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
+            if plan.layout is None:
+                return np.rint(dec) if plan.exact else dec
+            vals, residual, in_range = plan.layout.unpack(dec, n)
         if residual > 0.25 or not in_range:
             raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
                              f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
@@ -296,6 +334,11 @@ class CKKSProtocol(Protocol):
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
+        if isinstance(plan.layout, FixedPointLayout):
+            try:
+                return server_load(server.chain, body, plan.scale)
+            except ValueError as exc:
+                raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
         try:
             vec = ts.ckks_vector_from(server.context, body)
         except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
@@ -330,6 +373,8 @@ class CKKSProtocol(Protocol):
         blocks_per_chunk = max(1, self.chunk_bytes // max(1, len(contributors) * n_pieces * chain.ciphertext_bytes))
         chunks = [(b0, min(ctx.num_blocks, b0 + blocks_per_chunk)) for b0 in range(0, ctx.num_blocks, blocks_per_chunk)]
         self._validate(ctx, plan, chunks)               # clients: nothing encrypted before this passes
+        rounding = ({k: rounding_rng(self.seed, ctx.tag, ctx.round, k) for k in ctx.contributions}
+                    if isinstance(plan.layout, FixedPointLayout) else None)
         key = self._ensure_keys(chain, ctx.round)
         server = self._servers[chain.name]
         self._active = chain
@@ -374,8 +419,10 @@ class CKKSProtocol(Protocol):
                     table = ctx.contributions[k]
                     i0, i1 = np.searchsorted(table.ids, [b0, b1])
                     t = time.perf_counter()
-                    frames = [self._encrypt(key.context, plan, row[a:b])
-                              for row in table.values[i0:i1] for a, b in bounds]
+                    rows = table.values[i0:i1]
+                    if rounding is not None:                # packed fixed point: quantise this chunk
+                        rows = plan.layout.quantize(rows, rounding[k], ctx.dp_noise_std > 0)
+                    frames = [self._encrypt(key.context, plan, row[a:b]) for row in rows for a, b in bounds]
                     client_up_s[k] += time.perf_counter() - t
                     msg = Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
                                   (int(i1 - i0), ctx.block_len), sum(len(f) for f in frames), self.mode, fp, frames,

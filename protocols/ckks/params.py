@@ -108,6 +108,8 @@ MAX_FLOAT_SCALE_BITS = 50
 MIN_SCALE_BITS = 16
 #: fixed scale of the reference (multi-prime) parameter set
 REFERENCE_SCALE_BITS = 40
+#: packed fixed point replaces a feasible float plan only when it saves at least this share of its bytes
+FIXED_POINT_MIN_SAVING = 0.25
 #: DP noise: a per-client public offset of this many sigmas keeps packed fields non-negative;
 #: P(|N(0,1)| > 7) = 2.6e-12 per entry, so a 4e7-entry exchange is refused with prob ~1e-4
 DP_TAIL_SIGMAS = 7.0
@@ -256,7 +258,7 @@ class EncodingPlan:
 
     chain: ChainParams
     scale_bits: int
-    encoding: str                     # 'float' | 'packed'
+    encoding: str                     # 'float' | 'packed' | 'fixed' (protocols.ckks.fixed_point)
     error_bound: float                # bound on |decoded sum - exact sum| per entry, before rounding
     exact: bool                       # results are rounded to integers (integer exchanges)
     layout: PackingLayout | None = None
@@ -271,7 +273,7 @@ class EncodingPlan:
         return float(2 ** self.scale_bits)
 
     def describe(self) -> str:
-        enc = (f"packed {self.layout.fields}x{self.layout.width}b" if self.layout else "float")
+        enc = (f"{self.encoding} {self.layout.fields}x{self.layout.width}b" if self.layout else "float")
         return f"{self.chain.describe()} scale 2^{self.scale_bits} {enc}"
 
 
@@ -368,10 +370,19 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
 def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -> EncodingPlan:
     """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values
     (``None``: per value of an unbounded stream).  Ties go to the larger N (fewer
-    ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd)."""
+    ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd).
+    Packed fixed point (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance)
+    is taken only where it saves at least :data:`FIXED_POINT_MIN_SAVING` of the best float
+    plan's bytes: a small exchange (a few class proxies) keeps float precision."""
     def cost(p: EncodingPlan):
         per_ct = p.values_per_ciphertext
         nbytes = (p.chain.ciphertext_bytes / per_ct if block_len is None
                   else math.ceil(block_len / per_ct) * p.chain.ciphertext_bytes)
         return (round(nbytes, 6), -p.chain.poly_modulus_degree, -p.chain.coeff_mod_bit_sizes[0])
-    return min(plans.values(), key=cost)
+    best = min(plans.values(), key=cost)
+    floats = [p for p in plans.values() if p.encoding != "fixed"]
+    if best.encoding == "fixed" and floats:
+        best_float = min(floats, key=cost)
+        if cost(best)[0] > (1.0 - FIXED_POINT_MIN_SAVING) * cost(best_float)[0]:
+            return best_float
+    return best

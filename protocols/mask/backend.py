@@ -89,6 +89,7 @@ server's "broadcast" of public keys is one message per participant.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -413,9 +414,11 @@ class MaskProtocol(Protocol):
         if missing and len(uploaders) < t:
             raise self._dropout_error(ctx, missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
                                                     f"than the threshold t={t}")
-        if missing and self._distributed_noise(ctx):
-            raise self._dropout_error(ctx, missing, "with distributed DP every client adds 1/n of the noise "
-                                      "variance, so a sum without them would be short of DP noise")
+        if len(missing) > self._provisioned_dropouts(ctx):
+            raise self._dropout_error(ctx, missing, "with distributed DP every client adds a share of the noise "
+                                      f"variance provisioned for at most {self._provisioned_dropouts(ctx)} "
+                                      "dropout(s), so a sum without them would be short of DP noise "
+                                      "(--dp-dropouts)")
         if dropped_upload and not share_keys:
             raise self._dropout_error(ctx, dropped_upload, "they were counted in (the other clients masked "
                                       "toward them) and dropout recovery is disabled (dropout_recovery=False)")
@@ -599,6 +602,11 @@ class MaskProtocol(Protocol):
         """True when the exchange's DP noise is split across the clients (dropouts then break DP)."""
         return (ctx.dp_noise_std > 0 and self.dp is not None
                 and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed")
+
+    def _provisioned_dropouts(self, ctx: ExchangeContext) -> float:
+        """Dropouts the exchange's distributed DP noise was over-provisioned for
+        (:attr:`protocols.dp.DPConfig.dropouts`); unlimited without distributed noise."""
+        return self.dp.config.dropouts if self._distributed_noise(ctx) else math.inf
 
     @staticmethod
     def _dropout_error(ctx, clients: list[int], why: str) -> DropoutError:

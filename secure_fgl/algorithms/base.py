@@ -43,14 +43,15 @@ from .options import NoOptions
 PARAM_BOUND = 100.0
 
 
-def model_precision(num_contributors: int, num_clients: int) -> MeanPrecision:
+def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None) -> MeanPrecision:
     """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
     over all clients: ``T_min = 1`` under full participation (exact), else the expected share
     ``m / K`` of the sampled clients (a planning value; the recipients' bound
     :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds
-    regardless)."""
+    regardless).  ``value_bound``: the public bound on update entries (``--update-bound``;
+    default :data:`PARAM_BOUND`); packed fixed point takes its quantum from it."""
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
-    return MeanPrecision(value_bound=PARAM_BOUND, weight_bound=1.0, min_weight_total=share)
+    return MeanPrecision(value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share)
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
@@ -219,7 +220,8 @@ class ModelAveraging(FederatedAlgorithm):
         # tiny n_k/N weights would drown in the noise on the weight total
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
         mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
-                                                  spec=model_precision(len(contributors), len(self.clients)).spec(), dp=dp,
+                                                  spec=model_precision(len(contributors), len(self.clients),
+                                                                       self.cfg.update_bound).spec(), dp=dp,
                                                   recipients=range(len(self.clients)))
         self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                   device=self.device)

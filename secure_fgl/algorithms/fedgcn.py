@@ -609,7 +609,9 @@ class FedGCN(ModelAveraging):
             bound = self.row_clip()
         else:
             bound = 1.0 if self.fed.binary_features else max(float(self.opts.feature_bound), 1.0)
-        return ValueSpec(max_abs=cap1 * bound)
+        # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
+        # (owners check degree and feature bound): cap1 * bound bounds the sum too
+        return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
 
     def dp_request(self) -> DPRequest | None:
         """Sensitivity of the exchange (module docstring, "Differential privacy")."""

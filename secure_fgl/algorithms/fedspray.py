@@ -296,7 +296,7 @@ class FedSprayCore(FederatedAlgorithm):
         dp = DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.encoder_weight(k) for k in updates},
-            spec=model_precision(len(updates), K).spec(), dp=dp, recipients=range(K))
+            spec=model_precision(len(updates), K, self.cfg.update_bound).spec(), dp=dp, recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
         if not self.opts.ablate_proxy:
