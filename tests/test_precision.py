@@ -147,8 +147,7 @@ def _fedomd(mode: str, rounds: int = 4):
     from secure_fgl.experiment import load_federation, make_run_protocol
     from secure_fgl.preflight import preflight
     cfg = RunConfig(algorithm="fedomd", dataset="sbm", clients=3, mode=mode, partition="louvain", split="fedomd",
-                    rounds=rounds, hidden=8, synthetic={"num_nodes": 240, "num_features": 24}, seed=1,
-                    options={"batch_stats": False})   # per-layer weighted means (batched: test_overhead.py)
+                    rounds=rounds, hidden=8, synthetic={"num_nodes": 240, "num_features": 24}, seed=1)
     fed = load_federation(cfg)
     torch.manual_seed(cfg.seed)
     algo = get_algorithm("fedomd")(fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"),
