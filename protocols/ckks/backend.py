@@ -433,6 +433,7 @@ class CKKSProtocol(Protocol):
                         sent[k].append(msg)
                         raise
                     sent[k].append(msg)
+                    self._drop_streamed_payloads(sent[k])
                     parts[k] = msg
                 t = time.perf_counter()
                 loaded = {}
@@ -484,6 +485,7 @@ class CKKSProtocol(Protocol):
                         msg = self._download(msg, "download", part, record=False)
                     finally:
                         got[r].append(msg)
+                        self._drop_streamed_payloads(got[r])
                     for i, bid in enumerate(mine):           # decrypt once per block (shared key)
                         if bid in out_frames and bid not in decoded:
                             t = time.perf_counter()
@@ -515,6 +517,13 @@ class CKKSProtocol(Protocol):
             "server_s": server_s, "setup_s": setup_s,
         }
         return out
+
+    def _drop_streamed_payloads(self, msgs: list[Message]) -> None:
+        """A client's messages of one exchange, once streamed (several chunks) or large, are
+        recorded without payloads (:meth:`_record_streamed`): drop the ciphertexts as soon as
+        they are sent instead of holding every chunk of every client until the exchange ends."""
+        if len(msgs) > 1 or (msgs and msgs[-1].nbytes > self.keep_payload_bytes):
+            msgs[:] = [m.without_payload() for m in msgs]
 
     def _record_streamed(self, sent: dict[int, list[Message]], ctx: ExchangeContext) -> None:
         """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
