@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import ExchangeContext, Protocol
+from .errors import BoundError
 from .transcript import SERVER, Message, client_party
 
 #: values per transport block; only the layout granularity (no ciphertext here)
@@ -28,6 +29,7 @@ class PlainProtocol(Protocol):
         wire = np.float64 if ctx.spec.float64_wire else np.float32
         inbox = {}
         for k, table in ctx.contributions.items():
+            _check_wire_range(table.values, wire, ctx, k, "contribution")
             payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(wire)}
             nbytes = payload["values"].nbytes + (payload["block_ids"].nbytes if ctx.layout == "sparse" else 0)
             inbox[k] = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "plain",
@@ -43,6 +45,8 @@ class PlainProtocol(Protocol):
                     totals[bid] = row.astype(np.float64)
         out = {}
         zero = np.zeros(ctx.block_len)
+        for total in totals.values():
+            _check_wire_range(total, wire, ctx, None, "sum")
         for r, bids in ctx.requests.items():
             blocks = {int(b): totals.get(int(b), zero).astype(wire) for b in bids}
             values = np.stack(list(blocks.values())) if blocks else np.zeros((0, ctx.block_len), wire)
@@ -52,3 +56,12 @@ class PlainProtocol(Protocol):
             blocks = dict(zip((int(b) for b in msg.payload["block_ids"]), msg.payload["values"]))
             out[r] = {b: v.astype(np.float64) for b, v in blocks.items()}
         return out
+
+
+def _check_wire_range(values: np.ndarray, wire, ctx: ExchangeContext, client: int | None, what: str) -> None:
+    """Refuse values the wire format cannot carry (a float32 cast would turn them into inf)."""
+    limit = float(np.finfo(wire).max)
+    if values.size and float(np.abs(values).max()) > limit:
+        raise BoundError(f"a {what} entry exceeds the {np.dtype(wire).name} wire range ({limit:.4g}); nothing was "
+                         "aggregated. Fix: scale the values or declare a ValueSpec bound they respect",
+                         tag=ctx.tag, round=ctx.round, client=client)
