@@ -29,8 +29,8 @@ class PlainProtocol(Protocol):
         wire = np.float64 if ctx.spec.float64_wire else np.float32
         inbox = {}
         for k, table in ctx.contributions.items():
-            _check_wire_range(table.values, wire, ctx, k, "contribution")
             payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(wire)}
+            _check_wire_range(payload["values"], wire, ctx, k, "contribution")
             nbytes = payload["values"].nbytes + (payload["block_ids"].nbytes if ctx.layout == "sparse" else 0)
             inbox[k] = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "plain",
                                              table.values.shape, nbytes, self.mode, self.fingerprint, payload))
@@ -59,9 +59,10 @@ class PlainProtocol(Protocol):
 
 
 def _check_wire_range(values: np.ndarray, wire, ctx: ExchangeContext, client: int | None, what: str) -> None:
-    """Refuse values the wire format cannot carry (a float32 cast would turn them into inf)."""
+    """Refuse values the wire format cannot carry: finite inputs (checked before) that the cast
+    to ``wire`` turned into inf, or a float64 sum beyond the wire's range."""
     limit = float(np.finfo(wire).max)
-    if values.size and float(np.abs(values).max()) > limit:
+    if values.size and not float(np.abs(values).max()) <= limit:
         raise BoundError(f"a {what} entry exceeds the {np.dtype(wire).name} wire range ({limit:.4g}); nothing was "
                          "aggregated. Fix: scale the values or declare a ValueSpec bound they respect",
                          tag=ctx.tag, round=ctx.round, client=client)
