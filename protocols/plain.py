@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import DropoutError, IntegrityError, ShapeError
+from .errors import BoundError, DropoutError, IntegrityError, ShapeError
 from .party import ClientHalf, ServerHalf
 from .split import SplitProtocol
 from .transcript import SERVER
@@ -41,6 +41,7 @@ class PlainClient(ClientHalf):
             table = self.contribution()
             wire = np.float64 if self.plan.spec.float64_wire else np.float32
             payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values).astype(wire)}
+            _check_wire_range(payload["values"], wire, "contribution", self.where())
             return [self.seal(self.message(SERVER, "plain", table.values.shape, payload, fp), "upload")]
         if stage == "download":
             for msg in inbox:
@@ -86,6 +87,8 @@ class PlainServer(ServerHalf):
         if missing:
             raise DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload; nothing was "
                                "aggregated", **self.where(missing[0]))
+        for total in totals.values():
+            _check_wire_range(total, np.float64 if plan.spec.float64_wire else np.float32, "sum", self.where())
         zero = np.zeros(plan.block_len)
         downloads = {}
         for r, bids in plan.requests.items():
@@ -106,3 +109,12 @@ class PlainProtocol(SplitProtocol):
 
     def block_capacity(self, spec) -> int:
         return PLAIN_BLOCK
+
+
+def _check_wire_range(values: np.ndarray, wire, what: str, where: dict) -> None:
+    """Refuse values the wire format cannot carry: finite inputs (checked before) that the cast
+    to ``wire`` turned into inf, or a float64 sum beyond the wire's range."""
+    limit = float(np.finfo(wire).max)
+    if values.size and not float(np.abs(values).max()) <= limit:
+        raise BoundError(f"a {what} entry exceeds the {np.dtype(wire).name} wire range ({limit:.4g}); nothing was "
+                         "aggregated. Fix: scale the values or declare a ValueSpec bound they respect", **where)

@@ -160,16 +160,18 @@ def test_secure_pairwise_cosine_equals_plain_within_bound():
         pairwise_cosine(make_protocol("mask", 5, seed=0), "t", 0, vectors)
 
 
-def test_gcfl_in_ckks_makes_the_plain_clusters():
+@pytest.mark.parametrize("algorithm,mode", [("gcfl", "ckks"), ("gcflplus", "mask")])
+def test_secure_mode_makes_the_plain_clusters(algorithm, mode):
+    opts = {"eps1": 0.5, "eps2": 0.0, **({"seq_length": 2} if algorithm == "gcflplus" else {})}
     runs = {}
-    for mode in ("plain", "ckks"):
-        cfg = RunConfig(algorithm="gcfl", mode=mode, rounds=22, **FAST, options={"eps1": 0.5, "eps2": 0.0})
-        runs[mode] = run_experiment(cfg, progress=False)["final"]
+    for m in ("plain", mode):
+        cfg = RunConfig(algorithm=algorithm, mode=m, rounds=22, **FAST, options=opts)
+        runs[m] = run_experiment(cfg, progress=False)["final"]
     assert runs["plain"]["splits"], "the forced criteria must split"
-    assert runs["ckks"]["clusters"] == runs["plain"]["clusters"]
+    assert runs[mode]["clusters"] == runs["plain"]["clusters"]
     # the grid mean makes the model exchange bit-identical, so training and eq. 4-5 are too
-    assert runs["ckks"]["per_client_test_acc_last"] == runs["plain"]["per_client_test_acc_last"]
-    assert [(s["round"], s["into"], s["delta_mean"], s["delta_max"]) for s in runs["ckks"]["splits"]] == \
+    assert runs[mode]["per_client_test_acc_last"] == runs["plain"]["per_client_test_acc_last"]
+    assert [(s["round"], s["into"], s["delta_mean"], s["delta_max"]) for s in runs[mode]["splits"]] == \
         [(s["round"], s["into"], s["delta_mean"], s["delta_max"]) for s in runs["plain"]["splits"]]
     assert 0 <= runs["plain"]["test_acc_best_cached"] <= 1
 

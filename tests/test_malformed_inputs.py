@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from protocols import DPRequest, ProtocolError, make_protocol
@@ -226,6 +226,7 @@ JUNK = st.one_of(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(value=2.0 ** 64, weight=2.0 ** 64, tag="0", rnd=0, client=0)   # past float32's range: refused, not inf
 @given(value=JUNK, weight=JUNK, tag=st.one_of(st.text(max_size=8), JUNK),
        rnd=st.one_of(st.integers(-(2 ** 70), 2 ** 70), JUNK), client=st.one_of(st.integers(-3, 6), st.none(), st.text(max_size=2), st.floats(), st.booleans(),
                         st.complex_numbers()))

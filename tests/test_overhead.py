@@ -161,3 +161,15 @@ def test_row_sum_streams_blocks_and_readable_rows_hold_the_requested_totals(mode
         rows, totals = proto.last_readable[k]
         assert set(req) <= set(rows) and rows.max() < num_rows
         np.testing.assert_allclose(totals, exact[rows], atol=1e-6)
+
+
+def test_batched_means_meet_the_mean_precision_plan_in_ckks():
+    from protocols.precision import MeanPrecision
+    rng = np.random.default_rng(4)
+    plan = MeanPrecision(value_bound=1.0, weight_bound=300.0, min_weight_total=300.0, tolerance=2.0 ** -40)
+    weights = {0: 100.0, 1: 120.0, 2: 80.0}
+    parts = {"s/a/mean": {k: rng.random(6) for k in range(3)}, "s/b/moments": {k: rng.random((3, 6)) for k in range(3)}}
+    got = batched_weighted_mean(make_protocol("ckks", 3), "s/stats", 0, parts, weights, spec=plan.spec())
+    for tag, values in parts.items():
+        exact = sum(weights[k] * values[k] for k in weights) / sum(weights.values())
+        assert np.abs(got[tag] - exact).max() <= plan.tolerance
