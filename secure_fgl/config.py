@@ -79,6 +79,19 @@ class RunConfig:
     # secure mode
     mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
                         help="exchange protocol (list: secure-fgl modes)")
+    # runtime (docs/runtime.md)
+    executor: str = setting("inline", group="runtime", choices=("inline", "local", "ray"),
+                            help="where clients run: inline (one object plays every party), local (one runtime "
+                                 "per client, this process) or ray (Ray actors; pip install -e '.[ray]')")
+    ray_address: str | None = setting(None, group="runtime",
+                                      help="Ray cluster to join: auto or HOST:PORT (default: start a local one)")
+    ray_num_cpus: int | None = setting(None, group="runtime", min=1, unit="CPUs",
+                                       help="CPUs of the local Ray cluster (default: all)")
+    ray_workers: int | None = setting(None, group="runtime", min=1, unit="actors",
+                                      help="Ray actors hosting the clients (default: one per CPU of the cluster)")
+    round_timeout: float = setting(600.0, group="runtime", min=0, min_exclusive=True, unit="seconds",
+                                   help="how long one call to the clients may take before the silent ones "
+                                        "count as dropouts")
     # output
     out: str | None = setting(None, group="output", unit="path",
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")

@@ -83,7 +83,12 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     times["data"] = time.perf_counter() - t0
 
     protocol = make_run_protocol(cfg, fed.num_clients)
-    algo = algo_cls(fed, protocol, cfg, device, options)
+    if cfg.executor == "inline":
+        algo = algo_cls(fed, protocol, cfg, device, options)
+    else:                                      # one runtime per client, a server strategy (docs/runtime.md)
+        from .runtime.build import make_executor, make_strategy
+        executor = make_executor(cfg, str(device))
+        algo = make_strategy(cfg, fed, protocol, options, executor)
 
     def save_extra():
         return {"transcript": [dataclasses.asdict(m.without_payload()) for m in protocol.transcript.messages],
@@ -143,6 +148,9 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["comm"] = protocol.transcript.comm()
     # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
     result["key_fingerprints"] = protocol.identity_fingerprints()
+    if cfg.executor != "inline":
+        result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
+        algo.executor.shutdown()
     times["total"] = time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)

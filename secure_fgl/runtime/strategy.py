@@ -1,0 +1,212 @@
+"""The algorithm's server side: a :class:`Strategy` drives the clients through an executor.
+
+A strategy holds the protocol's server side, the run's public facts and the round state; it
+addresses client runtimes only through :meth:`Executor.call <.executor.Executor.call>` and
+sees only what comes back.  It is what :func:`secure_fgl.engine.trainer.train` drives
+(``setup``, ``train_round``, ``evaluate``, ``state_dict``), in place of an in-process
+:class:`~secure_fgl.algorithms.base.FederatedAlgorithm`.
+
+Evaluation: every client reports ``(correct, total)`` per split; each report is a message
+in the transcript (tag ``eval/counts``, client -> server, its frame's length in bytes), so
+``comm`` counts it.
+
+Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): before
+an exchange, a lost contributor is handed to the protocol as a dropout at the upload stage:
+``mask`` recovers the survivors' sum (Shamir shares of the lost clients' mask keys) or raises
+:class:`protocols.DropoutError` naming them below the threshold; ``ckks``/``ckks-mp`` have no
+recovery and raise DropoutError naming them; ``plain`` averages the survivors.  Lost clients
+stay lost for the rest of the run (their process is gone); ``--resume`` restarts every client
+from its last checkpoint.  Until the protocol backends run in client halves (issue 14,
+helper h14a), the protocol object encodes in the driver: a contribution crosses from its
+client runtime to the driver as a frame.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from protocols import SERVER, DropoutError, client_party
+from protocols.transcript import Message
+
+from ..algorithms.base import model_precision
+from . import wire
+
+#: algorithms with a client logic and a strategy (the others run in-process only)
+CONVERTED = ("fedavg", "fedprox", "local", "fedgcn")
+EVAL_TAG = "eval/counts"
+SPLITS = ("train", "val", "test")
+
+
+class Strategy:
+    """Base: the round loop's interface over an executor (module docstring)."""
+
+    name = "base"
+    personalized = False
+
+    def __init__(self, executor, protocol, cfg, facts, options: dict):
+        self.executor, self.protocol, self.cfg, self.facts, self.opts = executor, protocol, cfg, facts, options
+        self.name = cfg.algorithm
+        self.round = 0
+        #: client -> why it was lost (its runtime died or timed out); never asked again
+        self.lost: dict[int, str] = {}
+
+    @property
+    def num_clients(self) -> int:
+        return self.facts.num_clients
+
+    def alive(self, clients: Iterable[int] | None = None) -> list[int]:
+        clients = range(self.num_clients) if clients is None else clients
+        return [k for k in clients if k not in self.lost]
+
+    # ------------------------------------------------------------------ messaging
+    def ask(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None,
+            ) -> dict[int, dict]:
+        """Send each client its request; returns the unpacked responses of those that answered
+        (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
+        transcript as a client -> server message of its frame's length."""
+        frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
+        responses, lost = self.executor.call(method, frames)
+        if lost:
+            self.lost.update(lost)
+            warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
+                          + "; ".join(sorted(set(lost.values()))), RuntimeWarning, stacklevel=2)
+        if record is not None:
+            for k, frame in responses.items():
+                self.record(record[0], client_party(k), SERVER, record[1], len(frame))
+        return {k: wire.unpack(v) for k, v in responses.items()}
+
+    def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
+        """Like :meth:`ask` for requests whose answer is empty; ``record`` records the requests
+        (server -> client) instead."""
+        if record is not None:
+            for k, r in requests.items():
+                if k not in self.lost:
+                    self.record(record[0], SERVER, client_party(k), record[1], len(wire.pack(r)))
+        self.ask(method, requests)
+
+    def record(self, tag: str, sender: str, receiver: str, kind: str, nbytes: int, note: str = "",
+               relay: str = "") -> None:
+        self.protocol.transcript.record(Message(self.round, tag, sender, receiver, kind, (nbytes,), nbytes,
+                                                self.protocol.mode, "", note=note, relay=relay))
+
+    def check_lost(self, clients: Iterable[int], what: str) -> None:
+        """DropoutError naming the lost ones among ``clients`` (an exchange that cannot lose any)."""
+        gone = sorted(k for k in clients if k in self.lost)
+        if gone:
+            raise DropoutError(f"client(s) {gone} were lost ({'; '.join(sorted({self.lost[k] for k in gone}))}) "
+                               f"before {what}; nothing was aggregated. Restart them and run again with --resume",
+                               round=self.round)
+
+    # ------------------------------------------------------------------ round loop
+    def setup(self) -> None:
+        """One-off exchanges before training (default: none)."""
+
+    def train_round(self, rnd: int) -> dict:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        """The node-weighted and per-client accuracies of :meth:`FederatedAlgorithm.evaluate
+        <secure_fgl.algorithms.base.FederatedAlgorithm.evaluate>`, from the clients' counts."""
+        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        per_client, sums = [], {s: [0, 0] for s in SPLITS}
+        for k in sorted(counts):
+            row = {"client": k}
+            for split in SPLITS:
+                correct, total = (int(v) for v in counts[k][split])
+                sums[split][0] += correct
+                sums[split][1] += total
+                row[f"{split}_acc"] = correct / total if total else None
+                row[f"num_{split}"] = total
+            per_client.append(row)
+        out = {f"{s}_acc": (v[0] / v[1] if v[1] else 0.0) for s, v in sums.items()}
+        for split in ("val", "test"):
+            accs = [r[f"{split}_acc"] for r in per_client if r[f"{split}_acc"] is not None]
+            out[f"{split}_acc_client_mean"] = float(np.mean(accs)) if accs else 0.0
+        out["per_client"] = per_client
+        return out
+
+    def final_metrics(self) -> dict:
+        return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _client_file(self, k: int) -> str:
+        return str(Path(self.cfg.out) / "clients" / f"client{k}.pt")
+
+    def state_dict(self) -> dict:
+        """Each client writes its own checkpoint where it runs; the driver keeps their digests."""
+        saved = self.ask("save", {k: {"path": self._client_file(k)} for k in self.alive()})
+        return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "server": self.server_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        digests = {int(k): v for k, v in state["clients"].items()}
+        missing = sorted(set(range(self.num_clients)) - set(digests))
+        if missing:
+            raise DropoutError(f"the checkpoint has no state for client(s) {missing} (lost before it was written); "
+                               "start a new run", round=self.round)
+        self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
+        self.check_lost(range(self.num_clients), "the resume")
+        self.load_server_state(state["server"])
+
+    def server_state(self) -> dict:
+        return {}
+
+    def load_server_state(self, state: dict) -> None:
+        pass
+
+
+class ModelAveragingStrategy(Strategy):
+    """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
+    deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
+    (``aggregate_models`` false) only trains.  Client sampling is
+    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.aggregate_models = cfg.algorithm != "local"
+        self.personalized = cfg.algorithm == "local"
+
+    def sample_clients(self, rnd: int) -> list[int]:
+        K = self.num_clients
+        if self.cfg.client_fraction >= 1:
+            return list(range(K))
+        m = max(1, int(round(self.cfg.client_fraction * K)))
+        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
+
+    def train_round(self, rnd: int) -> dict:
+        self.round = rnd
+        sampled = self.sample_clients(rnd)
+        done = self.ask("local_update", {k: {"round": rnd} for k in sampled})
+        losses = [r["loss"] for r in done.values() if r["trained"]]
+        if self.aggregate_models:
+            contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
+            self.aggregate(rnd, contributors)
+        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
+
+    def aggregate(self, rnd: int, contributors: list[int]) -> None:
+        tag = f"{self.name}/model"
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
+        updates = {k: r["update"] for k, r in sent.items()}
+        weights = {k: float(r["weight"]) for k, r in sent.items()}
+        gone = [k for k in contributors if k not in sent]
+        if gone:
+            self._handle_dropouts(tag, gone, updates, weights)
+        if not updates:
+            raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+        spec = model_precision(len(contributors), self.num_clients).spec()
+        mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
+
+    def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
+        """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
+        mode = self.protocol.mode
+        if mode == "plain":
+            return                                        # the survivors' mean
+        if mode != "mask":
+            self.check_lost(gone, f"the {mode} exchange {tag} (no dropout recovery in {mode})")
+        length = next(iter(updates.values())).size if updates else 0
+        for k in gone:                                    # advertised keys, never uploads
+            updates[k], weights[k] = np.zeros(length), 0.0
+        self.protocol.drop_clients(gone, stage="upload")
