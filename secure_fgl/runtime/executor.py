@@ -54,11 +54,13 @@ class Executor:
         """Build client ``k``'s runtime from its set-up frame ``frames[k]``."""
         raise NotImplementedError
 
-    def call(self, method: str, requests: Mapping[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
+    def call(self, method: str, requests: Mapping[int, bytes], label: str = "") -> tuple[dict[int, bytes],
+                                                                                          dict[int, str]]:
+        """``label`` (e.g. the exchange tag) keys :attr:`ExecutorStats.per_method` next to ``method``."""
         t0 = time.perf_counter()
         responses, lost = self._call(method, dict(requests))
-        self.stats.add(method, {k: v for k, v in requests.items() if k in responses}, responses,
-                       time.perf_counter() - t0)
+        self.stats.add(f"{method}:{label}" if label else method,
+                       {k: v for k, v in requests.items() if k in responses}, responses, time.perf_counter() - t0)
         return responses, lost
 
     def _call(self, method: str, requests: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:

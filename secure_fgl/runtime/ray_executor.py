@@ -45,6 +45,7 @@ class ClientHost:
 
     def start(self, frames: dict[int, bytes]) -> list[int]:
         from .client import ClientRuntime
+        self.runtimes = {}
         for k, frame in frames.items():
             self.runtimes[k] = ClientRuntime(frame, self.device)
         return sorted(self.runtimes)
@@ -58,6 +59,11 @@ class ClientHost:
         info = psutil.Process().memory_full_info()
         return {"pid": os.getpid(), "rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss)),
                 "clients": len(self.runtimes)}
+
+
+#: idle ClientHost actors of this driver, reused by the next run on the same cluster (an actor costs
+#: seconds to start: a fresh process importing torch); a dead one is dropped
+_IDLE_HOSTS: list = []
 
 
 class RayExecutor(Executor):
@@ -87,8 +93,9 @@ class RayExecutor(Executor):
         ray, K = self.ray, len(frames)
         W = max(1, min(self.workers_wanted, K))
         cpu = min(1.0, self.cpus / W)
+        reused = [_IDLE_HOSTS.pop() for _ in range(min(W, len(_IDLE_HOSTS)))]
         host = ray.remote(num_cpus=cpu, max_restarts=0)(ClientHost)
-        self.actors = [host.remote(self.device) for _ in range(W)]
+        self.actors = reused + [host.remote(self.device) for _ in range(W - len(reused))]
         clients = sorted(frames)
         self.placement = {k: i * W // K for i, k in enumerate(clients)}
         refs = [a.start.remote({k: frames[k] for k in clients if self.placement[k] == j})
@@ -138,8 +145,13 @@ class RayExecutor(Executor):
                 "dead_actors": {str(j): why for j, why in self.dead.items()}}
 
     def shutdown(self) -> None:
-        for a in self.actors:
-            self.ray.kill(a, no_restart=True)
+        """Kill the actors and the cluster this executor started; on a cluster it joined, keep
+        the live actors (emptied by the next run's ``start``) for reuse."""
+        for j, a in enumerate(self.actors):
+            if self.started_cluster or j in self.dead:
+                self.ray.kill(a, no_restart=True)
+            else:
+                _IDLE_HOSTS.append(a)
         self.actors = []
         if self.started_cluster:
             self.ray.shutdown()

@@ -68,7 +68,8 @@ class Strategy:
         (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
         transcript as a client -> server message of its frame's length."""
         frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
-        responses, lost = self.executor.call(method, frames)
+        tags = {r.get("tag") for r in requests.values()} - {None}
+        responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
         if lost:
             self.lost.update(lost)
             warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
