@@ -136,9 +136,13 @@ def payload_side_fields(msg: Message) -> list[str]:
 
 
 def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secure: bool | None = None) -> AuditReport:
-    """Audit a list of messages (``Transcript.messages``).  ``secure`` defaults to ``mode != 'plain'``."""
+    """Audit a list of messages (``Transcript.messages``).  ``secure`` defaults to true unless ``mode``
+    is a registered backend that is not secure (:mod:`protocols.registry`)."""
     messages = list(messages)
-    secure = (mode != "plain") if secure is None else bool(secure)
+    if secure is None:      # only a registered backend that says so is audited as not secure
+        from protocols.registry import modes, secure_modes
+        secure = mode in secure_modes() or mode not in modes()
+    secure = bool(secure)
     failures, warnings = [], []
 
     parties: dict[str, dict] = defaultdict(lambda: {"sent": defaultdict(lambda: [0, 0]),
@@ -236,5 +240,5 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
 
 
 def audit_protocol(protocol) -> AuditReport:
-    """Audit a protocol object's transcript; secure iff its mode is not ``plain``."""
+    """Audit a protocol object's transcript; secure iff its backend is (:mod:`protocols.registry`)."""
     return audit_transcript(protocol.transcript.messages, mode=getattr(protocol, "mode", "unknown"))

@@ -12,27 +12,17 @@ from .errors import (BoundError, ConfigurationError, DropoutError, IntegrityErro
 from .plain import PlainProtocol
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
-MODES = ("plain", "ckks", "mask", "ckks-mp")
+from .registry import backend_class, modes
+
+MODES = modes()
 
 
 def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
-    """Build the protocol object for ``mode`` ('plain' | 'ckks' | 'mask' | 'ckks-mp').
+    """Build the protocol object for ``mode`` (a registered backend, :mod:`protocols.registry`).
 
     ``options`` go to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
     """
-    mode = mode.lower()
-    if mode == "plain":
-        return PlainProtocol(num_clients, **options)
-    if mode == "ckks":
-        from .ckks import CKKSProtocol
-        return CKKSProtocol(num_clients, **options)
-    if mode == "mask":
-        from .mask import MaskProtocol
-        return MaskProtocol(num_clients, **options)
-    if mode == "ckks-mp":
-        from .ckks_mp import CKKSMPProtocol
-        return CKKSMPProtocol(num_clients, **options)
-    raise ConfigurationError(f"unknown protocol mode {mode!r}; choose one of {', '.join(MODES)}")
+    return backend_class(mode)(num_clients, **options)
 
 
 __all__ = ["make_protocol", "MODES", "Protocol", "PlainProtocol", "ValueSpec", "DPRequest", "BlockTable",

@@ -126,10 +126,11 @@ from .accountant import MECHANISMS, PrivacyAccountant, calibrate_noise_multiplie
 from .base import DPRequest, ValueSpec
 from .csprng import SecureRandom
 from .errors import ConfigurationError, PrivacyBudgetError
+from .registry import distributed_dp_modes
 
 PLACEMENTS = ("local", "distributed")
 #: protocol modes in which only recipients see the sum (distributed placement is sound)
-SECURE_MODES = ("ckks", "mask", "ckks-mp")
+SECURE_MODES = distributed_dp_modes()
 #: per-client floor of discrete-Gaussian std in distributed placement (see module docstring)
 MIN_CLIENT_DGAUSS_STD = 2.0
 

@@ -41,13 +41,16 @@ MAGIC = b"SFGLMSG1"
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
 NONCE_BYTES = 16
-#: stages of each backend, in protocol order ('register', 'block_ids' and 'report' -- a value a client
-#: publishes in the clear by design, e.g. GCFL's update norms -- are shared)
+#: stages of each backend, in protocol order ('register', 'directory' (the clients' public keys),
+#: 'plan' (the public plan of an exchange, :mod:`protocols.plan`), 'block_ids' and 'report' -- a value a
+#: client publishes in the clear by design, e.g. GCFL's update norms -- are shared)
+SHARED_STAGES = ("register", "directory", "plan")
 STAGES = {
-    "mask": ("register", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask", "download", "report"),
-    "ckks": ("register", "key_setup", "block_ids", "upload", "download", "report"),
-    "plain": ("register", "block_ids", "upload", "download", "report"),
-    "ckks-mp": ("register", "key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
+    "mask": SHARED_STAGES + ("block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask", "download",
+                             "report"),
+    "ckks": SHARED_STAGES + ("key_setup", "block_ids", "upload", "download", "report"),
+    "plain": SHARED_STAGES + ("block_ids", "upload", "download", "report"),
+    "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
 }
 _U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
 _MAX_FIELD = 1 << 16          # header strings are short; anything longer is garbage

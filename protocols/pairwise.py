@@ -22,12 +22,13 @@ import numpy as np
 from . import validate
 from .base import ArrayLike, Protocol
 from .errors import ConfigurationError, NonFiniteError, ShapeError
+from .registry import pairwise_modes
 from .transcript import SERVER, Message, client_party
 
 __all__ = ["pairwise_cosine", "report_scalars", "PAIRWISE_MODES", "cosine_matrix"]
 
 #: modes in which :func:`pairwise_cosine` runs
-PAIRWISE_MODES = ("plain", "ckks")
+PAIRWISE_MODES = pairwise_modes()
 
 
 def cosine_matrix(vectors: np.ndarray) -> np.ndarray:

@@ -3,49 +3,102 @@
 Each client uploads its contribution as float32 (the wire format of a plaintext
 system); the server reads every contribution, sums them and sends each recipient
 the blocks it asked for.  Nothing is hidden: this is what the attack suite reads.
+
+Stages (:mod:`protocols.party`): ``upload`` — the server sends each party its plan, each
+contributor answers with its blocks; ``download`` — the server sends each recipient its
+summed blocks, which the recipient's half decodes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .base import ExchangeContext, Protocol
-from .transcript import SERVER, Message, client_party
+from .errors import DropoutError, IntegrityError, ShapeError
+from .party import ClientHalf, ServerHalf
+from .split import SplitProtocol
+from .transcript import SERVER
 
 #: values per transport block; only the layout granularity (no ciphertext here)
 PLAIN_BLOCK = 4096
 
 
-class PlainProtocol(Protocol):
+def plain_fingerprint(num_clients: int) -> str:
+    import hashlib
+    return hashlib.sha256(f"plain:{num_clients}".encode()).hexdigest()[:16]
+
+
+class PlainClient(ClientHalf):
+    """A client of the plaintext protocol: uploads float32 blocks, reads its summed blocks."""
+
     mode = "plain"
-    upload_kind = "plain"
 
-    def block_capacity(self, spec) -> int:
-        return PLAIN_BLOCK
-
-    def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        inbox = {}
-        for k, table in ctx.contributions.items():
+    def on_stage(self, stage, inbox):
+        fp = plain_fingerprint(self.setup.num_clients)
+        if stage == "upload":
+            if self.id not in self.plan.contributors:
+                return []
+            table = self.contribution()
             payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(np.float32)}
-            nbytes = payload["values"].nbytes + (payload["block_ids"].nbytes if ctx.layout == "sparse" else 0)
-            inbox[k] = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "plain",
-                                             table.values.shape, nbytes, self.mode, self.fingerprint, payload))
+            return [self.seal(self.message(SERVER, "plain", table.values.shape, payload, fp), "upload")]
+        if stage == "download":
+            for msg in inbox:
+                self.check(msg, SERVER, "download", 0, self.where())
+                p = msg.payload
+                try:
+                    ids, values = np.asarray(p["block_ids"], dtype=np.int64), np.asarray(p["values"])
+                except (KeyError, TypeError) as e:
+                    raise IntegrityError(f"malformed download ({e})", **self.where()) from None
+                if values.shape != (ids.size, self.plan.block_len):
+                    raise ShapeError(f"download of shape {values.shape}", **self.where())
+                self.deliver({int(b): v.astype(np.float64) for b, v in zip(ids, values)})
+        return []
+
+
+class PlainServer(ServerHalf):
+    """The plaintext server: reads and sums every upload."""
+
+    mode = "plain"
+
+    def run(self, plan, link):
+        fp = plain_fingerprint(self.setup.num_clients)
+        self.begin(plan, link, fp)
+        got = self.call(link, "upload", {})
         totals: dict[int, np.ndarray] = {}
-        for k, msg in inbox.items():
-            self._check_envelope(msg, ctx, k)
-            for bid, row in zip(msg.payload["block_ids"], msg.payload["values"]):
+        missing = []
+        for k in plan.contributors:
+            msg = self.responses(got, k, "upload", "plain")
+            if msg is None:
+                missing.append(k)
+                continue
+            self.check_envelope(msg, fp, k)
+            try:
+                ids, values = msg.payload["block_ids"], msg.payload["values"]
+            except (KeyError, TypeError) as e:
+                raise IntegrityError(f"malformed upload ({e})", **self.where(k)) from None
+            for bid, row in zip(ids, values):
                 bid = int(bid)
                 if bid in totals:
                     totals[bid] += row.astype(np.float64)
                 else:
                     totals[bid] = row.astype(np.float64)
-        out = {}
-        zero = np.zeros(ctx.block_len)
-        for r, bids in ctx.requests.items():
-            blocks = {int(b): totals.get(int(b), zero).astype(np.float32) for b in bids}
-            values = np.stack(list(blocks.values())) if blocks else np.zeros((0, ctx.block_len), np.float32)
-            msg = self._download(Message(ctx.round, ctx.tag, SERVER, client_party(r), "plain", values.shape,
-                                         values.nbytes, self.mode, self.fingerprint,
-                                         {"block_ids": np.asarray(bids, np.int32), "values": values}))
-            blocks = dict(zip((int(b) for b in msg.payload["block_ids"]), msg.payload["values"]))
-            out[r] = {b: v.astype(np.float64) for b, v in blocks.items()}
-        return out
+        if missing:
+            raise DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload; nothing was "
+                               "aggregated", **self.where(missing[0]))
+        zero = np.zeros(plan.block_len)
+        downloads = {}
+        for r, bids in plan.requests.items():
+            values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(np.float32) if bids.size
+                      else np.zeros((0, plan.block_len), np.float32))
+            downloads[r] = [(self.message(r, "plain", values.shape,
+                                          {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
+        self.call(link, "download", downloads)
+        return tuple(plan.contributors)
+
+
+class PlainProtocol(SplitProtocol):
+    mode = "plain"
+    upload_kind = "plain"
+    client_half = PlainClient
+    server_half = PlainServer
+
+    def block_capacity(self, spec) -> int:
+        return PLAIN_BLOCK

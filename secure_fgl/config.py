@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from protocols.registry import modes
+
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -77,7 +79,7 @@ class RunConfig:
     dp_accountant: str = setting("exact", group="privacy", choices=("exact", "prv", "rdp"),
                                  help="composition: exact Gaussian (default), PRV or RDP")
     # secure mode
-    mode: str = setting("ckks", group="secure mode", choices=("plain", "ckks", "mask", "ckks-mp"),
+    mode: str = setting("ckks", group="secure mode", choices=modes(),
                         help="exchange protocol (list: secure-fgl modes)")
     # runtime (docs/runtime.md)
     executor: str = setting("inline", group="runtime", choices=("inline", "local", "ray"),

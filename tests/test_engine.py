@@ -159,8 +159,8 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_client_sampling_uses_a_fraction():
     res = run_experiment(cfg(clients=4, client_fraction=0.5, partition="iid"), progress=False)
     msgs = res["comm"]["per_tag"]["fedavg/model"]
-    # 2 of 4 clients upload each round; all 4 receive the model
-    assert msgs["messages"] == 5 * (2 + 4)
+    # 2 of 4 clients upload each round; all 4 receive the model (and, first, the exchange's plan)
+    assert msgs["messages"] == 5 * (2 + 4 + 4)
 
 
 def test_early_stopping_with_patience():

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocols.registry import graph_level_modes, modes, pairwise_modes
+
 
 @dataclass(frozen=True)
 class About:
     summary: str
     paper: str
     exchanges: str                      # what crosses the wire, by exchange tag
-    modes: tuple[str, ...] = ("plain", "ckks", "mask", "ckks-mp")
+    modes: tuple[str, ...] = modes()
     task: str = "node"                  # node | graph classification
 
 
 #: the graph-level algorithms do not run in ckks-mp yet
-GRAPH_MODES = ("plain", "ckks", "mask")
+GRAPH_MODES = graph_level_modes()
 GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
 
 ABOUT: dict[str, About] = {
@@ -64,7 +66,7 @@ ABOUT: dict[str, About] = {
                   "gcfl/model: weighted mean of shared-layer updates per cluster, every round; "
                   "gcfl/mean_norm and gcfl/update_norms: norms reported in clear; gcfl/similarity: pairwise "
                   "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
-                  modes=("plain", "ckks"), task="graph"),
+                  modes=pairwise_modes(), task="graph"),
     "gcflplus": About("graph classification: GCFL whose split compares sequences of gradient norms by DTW "
                       "(no inner products of updates)", GCFL_PAPER,
                       "gcflplus/model: weighted mean of shared-layer updates per cluster, every round; "

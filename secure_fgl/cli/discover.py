@@ -5,18 +5,11 @@ import dataclasses
 import textwrap
 from pathlib import Path
 
+from protocols.registry import backend, modes
+
 from ..validation import ConfigError, describe, flag_name
 
-MODES = {
-    "plain": "no protection: the server reads every contribution (baseline and attack target)",
-    "ckks": "TenSEAL CKKS homomorphic encryption: clients make the keys, the server adds ciphertexts with a "
-            "public context only and never decrypts",
-    "mask": "pairwise-mask secure aggregation with Bonawitz double masking (X25519 + HKDF + AES-CTR, Shamir "
-            "shares for dropouts): the server sees only masked vectors whose sum unmasks",
-    "ckks-mp": "multiparty CKKS (Mouchet et al. 2021): each client holds only a share of the secret key, "
-               "decryption needs every client and is key-switched to each recipient; use --layout dense "
-               "for FedGCN",
-}
+MODES = {name: backend(name).summary for name in modes()}
 
 
 def _wrap(text: str, indent: str = "  ") -> str:

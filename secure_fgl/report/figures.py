@@ -19,9 +19,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from protocols.registry import colours  # noqa: E402
+
 from .tables import MODE_ORDER, attack_entries, final_acc, run_eps  # noqa: E402
 
-COLORS = {"plain": "tab:red", "ckks": "tab:blue", "mask": "tab:green"}
+COLORS = colours()
 
 
 

@@ -18,7 +18,9 @@ from typing import Iterable
 
 import numpy as np
 
-MODE_ORDER = ("plain", "ckks", "mask")
+from protocols.registry import modes
+
+MODE_ORDER = modes()
 #: secondary metrics shown under an attack's primary row, with their chance level
 SECONDARY: dict[str, list[tuple[str, float | str | None]]] = {
     "fedgcn_readout": [("precision", None), ("bit_auc", 0.5), ("nip", None)],

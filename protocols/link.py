@@ -1,0 +1,71 @@
+"""The transport seam between a backend's server half and its client halves.
+
+The server half drives an exchange stage by stage.  For each stage it hands the link one
+request per client (bytes: a bundle of signed messages, :mod:`protocols.framing`) and gets
+back the responses of the clients that answered:
+
+    responses = link.call(stage, {client_id: request_bytes})    # {client_id: response_bytes}
+
+* A client whose response is **missing** (it died, timed out, or its transport failed)
+  has dropped out; the backend decides what that means (mask: recovery above the
+  threshold, else :class:`~protocols.errors.DropoutError` naming the clients; plain and
+  ckks: an error naming them).
+* A :class:`~protocols.errors.ProtocolError` raised by a client half is **re-raised**: the
+  client refused the exchange (a bound it checked, a message that failed verification),
+  so nothing is aggregated and the error names that client.
+
+:class:`InProcessLink` calls client halves living in this process (the default; what
+tests and most research use).  A distributed link (Ray actors, gRPC) implements the same
+``call`` with the same bytes.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .party import ClientHalf
+
+
+class ClientLink(ABC):
+    """Batch transport: one stage's requests out, the answering clients' responses back."""
+
+    @abstractmethod
+    def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Deliver ``requests[k]`` to client ``k``'s half for ``stage``; return the responses of
+        the clients that answered.  Missing key: that client dropped out.  A ProtocolError a
+        client half raised is re-raised."""
+
+
+class InProcessLink(ClientLink):
+    """Client halves in this process, called one after the other.
+
+    ``drop(k, stage)`` simulates client ``k`` disconnecting: from that stage on (of any later
+    exchange too, until :meth:`reconnect`) its requests go unanswered.
+    """
+
+    def __init__(self, halves: Mapping[int, "ClientHalf"]):
+        self.halves = dict(halves)
+        self._gone: dict[int, str] = {}
+        #: bytes handed to and returned by the client halves, per call (for accounting tests)
+        self.log: list[tuple[str, dict[int, int], dict[int, int]]] | None = None
+
+    def drop(self, client: int, stage: str) -> None:
+        """Client ``client`` stops answering at ``stage`` (and after)."""
+        self._gone[int(client)] = stage
+
+    def reconnect(self, client: int) -> None:
+        self._gone.pop(int(client), None)
+
+    def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for k, request in requests.items():
+            if k in self._gone and self._gone[k] in (stage, "*"):
+                self._gone[k] = "*"
+                continue
+            if k not in self.halves:
+                continue
+            out[k] = self.halves[k].handle(stage, request)
+        if self.log is not None:
+            self.log.append((stage, {k: len(v) for k, v in requests.items()}, {k: len(v) for k, v in out.items()}))
+        return out

@@ -1,0 +1,405 @@
+"""The two halves of a protocol backend: one client half per client, one server half.
+
+A backend is split along the privacy boundary (DESIGN.md, "Parties"):
+
+* :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
+  only (:class:`PartySetup`), so it can live in another process or machine.  It makes its
+  own keys (Ed25519 signing, X25519 channel, and whatever the backend needs) from the OS
+  CSPRNG, asks its ``provider`` for its contribution, encodes / encrypts / masks and signs
+  it, verifies what the server sends, and decodes its own result (:meth:`ClientHalf.result`).
+* :class:`ServerHalf` — verifies, aggregates and routes.  It never holds a secret key or
+  unmasking material; it records every message it sends or receives in the transcript.
+
+Between them only bytes travel, through a :class:`~protocols.link.ClientLink`: for each named
+stage (:data:`protocols.message.STAGES`) the server hands the link one request bundle per
+client and gets back the bundles of the clients that answered (:mod:`protocols.framing`).
+Every message is a signed envelope (:mod:`protocols.message`), verified by its receiver
+(:func:`protocols.auth.verify`) before anything reads it.
+
+Stages every backend shares:
+
+``register``  (once per run) the server sends each client its signing key; each client
+              answers with its signing and channel public keys (trust on first use).
+``directory`` (backends whose clients talk to each other through the server) the server
+              sends each client the registered public keys of all clients; it travels in
+              the client's next request bundle.
+``plan``      the first message of every exchange: :class:`~protocols.plan.ExchangePlan`
+              for that client; it travels in the bundle of the exchange's first stage.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from .auth import KeyRegistry, ReplayCache, SigningKey, verify
+from .base import BlockTable
+from .channel import ChannelKey, associated_data
+from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
+from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
+from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
+from .plan import ExchangePlan
+from .transcript import SERVER, Message, Transcript, client_party, party_client
+
+#: tag of the once-per-run registration of the clients' public keys
+AUTH_TAG = "auth/keys"
+
+#: what a client half asks for its contribution: the plan of the exchange (tag, round,
+#: layout, blocks) -> its blocks.  Given at exchange time (the facade reads the dict the
+#: algorithm passed; a client runtime computes it from its own data).
+Provider = Callable[[ExchangePlan], BlockTable]
+
+
+@dataclass(frozen=True)
+class PartySetup:
+    """The public facts of a run every party starts from (no key, no data)."""
+
+    mode: str
+    num_clients: int
+    run_id: bytes
+    session: bytes
+    options: dict
+
+    def to_bytes(self) -> bytes:
+        return encode_body({"mode": self.mode, "num_clients": int(self.num_clients), "run_id": self.run_id,
+                            "session": self.session, "options": dict(self.options)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "PartySetup":
+        try:
+            p = decode_body(data)
+            setup = cls(str(p["mode"]), int(p["num_clients"]), bytes(p["run_id"]), bytes(p["session"]),
+                        dict(p["options"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MalformedMessageError(f"malformed party setup ({e})") from None
+        if len(setup.run_id) != NONCE_BYTES or len(setup.session) != NONCE_BYTES or setup.num_clients < 1:
+            raise MalformedMessageError("party setup with a bad run id, session or client count")
+        return setup
+
+
+def envelope_of(msg: Message) -> Envelope:
+    """The signed header of a sealed message."""
+    return Envelope.from_header(bytes(msg.auth[SIGNATURE_BYTES:]))
+
+
+class Party:
+    """What both halves share: a name, a signing key, the keys it trusts, a replay cache."""
+
+    def __init__(self, name: str, setup: PartySetup):
+        self.name, self.setup = name, setup
+        self.signing = SigningKey()
+        self.registry = KeyRegistry()
+        self.replay = ReplayCache()
+        #: number of the exchange in progress (set by the server; bound into every envelope)
+        self.exchange = 0
+
+    def seal(self, msg: Message, stage: str, part: int = 0) -> tuple[Message, bytes]:
+        """Sign ``msg`` as this party: ``(sealed message, its wire bytes)``; ``nbytes == len(bytes)``."""
+        body = encode_body(msg.payload)
+        env = Envelope(self.setup.run_id, self.setup.session, msg.protocol, msg.fingerprint, self.exchange,
+                       int(msg.round), msg.tag, stage, int(part), msg.sender, msg.receiver, msg.kind,
+                       tuple(int(d) for d in msg.shape), hashlib.sha256(body).digest(), len(body))
+        header = env.header_bytes()
+        signature = self.signing.sign(header)
+        wire = signature + len(header).to_bytes(4, "big") + header + body
+        return replace(msg, auth=signature + header, nbytes=len(wire)), wire
+
+    def check(self, msg: Message, sender: str, stage: str, part: int, where: dict) -> Message:
+        """Verify a received message (signature, sender, recipient, session, exchange, stage,
+        digest, replay); an IntegrityError subclass naming ``where`` otherwise."""
+        expected = dict(run_id=self.setup.run_id, session=self.setup.session, exchange=self.exchange, stage=stage,
+                        part=part, sender=sender, recipient=self.name)
+        try:
+            verify(msg, expected, self.registry, self.replay, where)
+        except MalformedMessageError as e:
+            if e.client is None:
+                raise MalformedMessageError(str(e), **where) from None
+            raise
+        return msg
+
+    @staticmethod
+    def parse(data: bytes, where: dict) -> list[Message]:
+        """The messages of a received bundle (strict; errors name ``where``)."""
+        try:
+            return [message_from_bytes(b) for b in unpack_bundle(data)]
+        except MalformedMessageError as e:
+            raise MalformedMessageError(str(e), **where) from None
+
+
+class ClientHalf(Party):
+    """Client ``client_id``'s half of a backend, built from public setup bytes only.
+
+    Subclasses implement :meth:`on_stage`.  ``provider`` answers "my contribution for this
+    plan"; :meth:`result` is the client's own decoded result of its last exchange.
+    """
+
+    mode = "base"
+
+    def __init__(self, client_id: int, setup: bytes, provider: Provider | None = None):
+        parsed = PartySetup.from_bytes(setup)
+        super().__init__(client_party(int(client_id)), parsed)
+        self.id = int(client_id)
+        self.channel = ChannelKey(self.name)
+        self.provider = provider
+        self.plan: ExchangePlan | None = None
+        self._result: tuple[int, dict[int, np.ndarray]] | None = None
+
+    # ------------------------------------------------------------------ transport entry point
+    def handle(self, stage: str, request: bytes) -> bytes:
+        """Answer one stage: parse and verify the request bundle, return the response bundle."""
+        where = self.where()
+        inbox = []
+        out: list[bytes] = []
+        for msg in self.parse(request, where):
+            env = envelope_of(msg)
+            if env.exchange > self.exchange and env.stage in ("register", "plan") and msg.sender == SERVER:
+                self.exchange = env.exchange          # a new exchange starts (older ones are replays)
+            if env.stage == "register" and msg.sender == SERVER:
+                out.append(self._register(msg))
+            elif env.stage == "directory" and msg.sender == SERVER:
+                self._directory(msg)
+            elif env.stage == "plan" and msg.sender == SERVER:
+                self._accept_plan(msg)
+            else:
+                inbox.append(msg)
+        out += [wire for _, wire in self.on_stage(stage, inbox)]
+        return pack_bundle(out)
+
+    def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
+        """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""
+        raise NotImplementedError
+
+    def result(self) -> dict[int, np.ndarray]:
+        """This client's decoded result of its last exchange: block id -> summed block."""
+        if self._result is None or self.plan is None or self._result[0] != self.plan.exchange:
+            raise DropoutError("no result was delivered to this client for its last exchange", **self.where())
+        return self._result[1]
+
+    # ------------------------------------------------------------------ helpers for backends
+    def where(self) -> dict:
+        p = self.plan
+        return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
+
+    def message(self, receiver: str, kind: str, shape: tuple, payload: Any, fingerprint: str, note: str = "",
+                tag: str | None = None) -> Message:
+        p = self.plan
+        return Message(p.round, tag or p.tag, self.name, receiver, kind, tuple(int(s) for s in shape), 0, self.mode,
+                       fingerprint, payload, note)
+
+    def contribution(self) -> BlockTable:
+        """Ask the provider for this exchange's contribution and check it against the plan."""
+        if self.provider is None:
+            raise ProtocolError("this client half has no provider of contributions", **self.where())
+        table = self.provider(self.plan)
+        self.plan.check_table(table, self.id)
+        return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), np.asarray(table.values))
+
+    def deliver(self, blocks: dict[int, np.ndarray]) -> None:
+        self._result = (self.plan.exchange, blocks)
+
+    def open_relayed(self, msg: Message, stage: str, part: int = 0) -> bytes:
+        """Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`)."""
+        peer = msg.sender
+        self.check(msg, peer, stage, part, self.where())
+        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, msg.round, msg.tag, stage, peer,
+                             self.name)
+        return self.channel.open(peer, self.registry.channel[peer], self.setup.run_id, msg.payload, ad,
+                                 dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
+
+    def seal_relayed(self, peer: int, stage: str, secret: bytes, note: str, fingerprint: str, part: int = 0,
+                     tag: str | None = None) -> tuple[Message, bytes]:
+        """``secret`` for client ``peer``, channel-encrypted and signed; the server relays it."""
+        pb = client_party(peer)
+        tag = tag or self.plan.tag
+        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, self.plan.round, tag, stage,
+                             self.name, pb)
+        sealed = self.channel.seal(pb, self.registry.channel[pb], self.setup.run_id, secret, ad)
+        msg = self.message(pb, "ciphertext", (len(sealed),), sealed, fingerprint,
+                           note + " (channel-encrypted, relayed by the server)", tag=tag)
+        return self.seal(replace(msg, relay=SERVER), stage, part)
+
+    # ------------------------------------------------------------------ shared stages
+    def _register(self, msg: Message) -> bytes:
+        payload = msg.payload if isinstance(msg.payload, dict) else {}
+        where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
+        try:
+            self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # trust on first use
+        except (TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed server key ({e})", **where) from None
+        self.check(msg, SERVER, "register", 0, where)
+        mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes}
+        reply = Message(msg.round, AUTH_TAG, self.name, SERVER, "public_key", (2, 32), 0, self.mode, "", mine,
+                        note="Ed25519 signing key and X25519 channel key (TOFU)")
+        return self.seal(reply, "register")[1]
+
+    def _directory(self, msg: Message) -> None:
+        where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
+        self.check(msg, SERVER, "directory", 0, where)
+        try:
+            for party, keys in msg.payload.items():
+                if party != self.name:
+                    self.registry.register(str(party), bytes(keys["signing"]), bytes(keys["channel"]))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed key directory ({e})", **where) from None
+
+    def _accept_plan(self, msg: Message) -> None:
+        self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
+        plan = ExchangePlan.from_payload(msg.payload)
+        if (plan.tag, plan.round, plan.exchange) != (msg.tag, msg.round, self.exchange):
+            raise IntegrityError("the exchange plan does not match its signed envelope",
+                                 tag=msg.tag, round=msg.round, client=self.id)
+        self.plan = plan
+
+
+class ServerHalf(Party):
+    """The server's half of a backend: verify, aggregate, route; no secret key, no unmasking
+    material.  Subclasses implement :meth:`run`."""
+
+    mode = "base"
+    #: clients send each other messages through the server (they need the key directory)
+    relays_between_clients = False
+
+    def __init__(self, setup: PartySetup, transcript: Transcript | None = None):
+        super().__init__(SERVER, setup)
+        self.transcript = transcript if transcript is not None else Transcript()
+        #: test hook: called on every message in transit (may alter it, or drop it: ``None``)
+        self.intercept: Callable[[Message], Message | None] | None = None
+        self.plan: ExchangePlan | None = None
+        self._outbox: dict[int, list[bytes]] = {}
+        self.registered: set[int] = set()
+
+    def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
+        """Run one exchange over ``link``; returns the clients whose contributions the
+        result covers (the recipients decode it in their halves)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers for backends
+    def where(self, client: int | None = None) -> dict:
+        p = self.plan
+        return dict(tag=p.tag if p else None, round=p.round if p else None, client=client)
+
+    def message(self, receiver: int, kind: str, shape: tuple, payload: Any, fingerprint: str, note: str = "",
+                tag: str | None = None) -> Message:
+        p = self.plan
+        return Message(p.round, tag or p.tag, SERVER, client_party(receiver), kind, tuple(int(s) for s in shape), 0,
+                       self.mode, fingerprint, payload, note)
+
+    def begin(self, plan: ExchangePlan, link, fingerprint: str) -> None:
+        """Start an exchange: register the clients (first time), queue each party's plan."""
+        self.plan = plan
+        self.exchange = plan.exchange
+        self.register(link, plan.round, plan.parties)
+        for k in plan.parties:
+            msg = self.message(k, "metadata", (), plan.for_client(k).to_payload(), fingerprint, note="exchange plan")
+            self.queue(k, msg, "plan")
+
+    def queue(self, client: int, msg: Message, stage: str, part: int = 0) -> None:
+        """Seal ``msg`` now; it travels in ``client``'s next request bundle."""
+        wire = self._outgoing(msg, stage, part)
+        if wire is not None:
+            self._outbox.setdefault(client, []).append(wire)
+
+    def forward(self, client: int, msg: Message) -> None:
+        """Relay a client's message (already recorded when it arrived) to ``client``."""
+        self._outbox.setdefault(client, []).append(message_to_bytes(msg))
+
+    def call(self, link, stage: str, messages: dict[int, list[tuple[Message, int]]]) -> dict[int, list[Message]]:
+        """One stage: seal and record ``messages`` (client -> [(message, part)]) plus each client's
+        queued ones, send them as one bundle per client, and return the parsed (recorded, not yet
+        verified) responses of the clients that answered."""
+        requests = {}
+        for k in sorted(set(messages) | set(self._outbox)):
+            wires = self._outbox.pop(k, [])
+            for msg, part in messages.get(k, []):
+                wire = self._outgoing(msg, stage, part)
+                if wire is not None:
+                    wires.append(wire)
+            requests[k] = pack_bundle(wires)
+        responses = link.call(stage, requests)
+        out = {}
+        for k, data in responses.items():
+            msgs = []
+            for msg in self.parse(data, self.where(k)):
+                if self.intercept is not None:
+                    msg = self.intercept(msg)
+                    if msg is None:
+                        continue
+                self.record(msg)
+                msgs.append(msg)
+            out[k] = msgs
+        return out
+
+    def record(self, msg: Message) -> None:
+        """Put a message that crossed the link in the transcript (a backend may strip payloads)."""
+        self.transcript.record(msg)
+
+    def _outgoing(self, msg: Message, stage: str, part: int) -> bytes | None:
+        sealed, wire = self.seal(msg, stage, part)
+        if self.intercept is not None:
+            changed = self.intercept(sealed)
+            if changed is None:
+                return None
+            if changed is not sealed:
+                sealed, wire = changed, message_to_bytes(changed)
+        self.record(sealed)
+        return wire
+
+    def register(self, link, rnd: int, clients) -> None:
+        """Trust on first use: the server's signing key to each new client, its keys back."""
+        new = [k for k in clients if k not in self.registered]
+        if not new:
+            return
+        self.registry.register(SERVER, self.signing.public_bytes)
+        msgs = {k: [(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
+                             {"signing": self.signing.public_bytes},
+                             note="the server's Ed25519 signing key (TOFU)"), 0)] for k in new}
+        replies = self.call(link, "register", msgs)
+        for k in new:
+            where = dict(tag=AUTH_TAG, round=rnd, client=k)
+            got = [m for m in replies.get(k, []) if m.sender == client_party(k)]
+            if len(got) != 1 or not isinstance(got[0].payload, dict):
+                raise DropoutError(f"client {k} did not register its keys", **where)
+            keys = got[0].payload
+            try:
+                self.registry.register(client_party(k), bytes(keys["signing"]), bytes(keys["channel"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed key registration ({e})", **where) from None
+            self.check(got[0], client_party(k), "register", 0, where)
+            self.registered.add(k)
+        if self.relays_between_clients:
+            directory = {client_party(k): {"signing": self.registry.signing[client_party(k)],
+                                           "channel": self.registry.channel[client_party(k)]}
+                         for k in sorted(self.registered)}
+            for k in sorted(self.registered):
+                self.queue(k, Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32),
+                                      0, self.mode, "", directory, note="the clients' registered public keys"),
+                           "directory")
+
+    def responses(self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None,
+                  part: int = 0) -> Message | None:
+        """Client ``k``'s one verified ``stage`` message to the server (``None``: it sent none)."""
+        mine = [m for m in got.get(k, []) if m.receiver == SERVER]
+        if not mine:
+            return None
+        if len(mine) != 1:
+            raise IntegrityError(f"{len(mine)} messages where one '{stage}' message was expected",
+                                 **self.where(k))
+        msg = self.check(mine[0], client_party(k), stage, part, self.where(k))
+        if kind is not None and msg.kind != kind:
+            raise IntegrityError(f"message rejected: expected a '{kind}' message from {client_party(k)}, got "
+                                 f"'{msg.kind}'", **self.where(k))
+        return msg
+
+    def check_envelope(self, msg: Message, fingerprint: str, k: int) -> None:
+        """Refuse a message that does not belong to this exchange."""
+        p = self.plan
+        expected = (self.mode, fingerprint, p.round, p.tag)
+        got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
+        if got != expected:
+            names = ("protocol", "context fingerprint", "round", "tag")
+            bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
+            raise IntegrityError("message rejected: wrong " + "; ".join(bad)
+                                 + ". The client must use this run's public context and current exchange",
+                                 **self.where(k))

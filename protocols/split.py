@@ -1,0 +1,107 @@
+"""The algorithms' protocol facade over a backend split into client and server halves.
+
+:class:`SplitProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
+(``weighted_mean``, ``row_sum``, ``classwise_mean``, ``central_moments``) for algorithms that
+hold every client's contribution in one dict, and runs each exchange as the parties would:
+
+1. the server side computes the public :class:`~protocols.plan.ExchangePlan` (:meth:`plan_exchange`);
+2. each client half's provider returns that client's blocks from the dict the algorithm passed;
+3. the server half drives the backend's stages over the :class:`~protocols.link.ClientLink`
+   (default :class:`~protocols.link.InProcessLink`: the halves in this process), only bytes
+   crossing;
+4. each recipient's half decodes its own result, which the facade hands back.
+
+The client halves are built from the public setup bytes alone, exactly as a remote process
+would build them; the facade keeps references to them only to play the algorithm's clients
+(and, for the attack suite, to read what a colluding client holds).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .base import ExchangeContext, Protocol
+from .link import ClientLink, InProcessLink
+from .party import ClientHalf, PartySetup, ServerHalf
+from .plan import ExchangePlan
+from .transcript import SERVER, Message, party_client
+
+
+class SplitProtocol(Protocol):
+    """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
+
+    ``link``: the transport to the client halves (default: in-process halves built here).
+    """
+
+    client_half: type[ClientHalf] = ClientHalf
+    server_half: type[ServerHalf] = ServerHalf
+
+    def __init__(self, num_clients: int, *, link: ClientLink | None = None, **base_options):
+        super().__init__(num_clients, **base_options)
+        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options())
+        self.server = self.server_half(self.setup, self.transcript)
+        setup_bytes = self.setup.to_bytes()
+        self.clients: dict[int, ClientHalf] = ({} if link is not None else
+                                               {k: self.client_half(k, setup_bytes) for k in range(self.num_clients)})
+        self.link = link if link is not None else InProcessLink(self.clients)
+        # the facade's view of the parties' public keys (tests re-sign messages as a party)
+        self.registry = self.server.registry
+        self._server_signing = self.server.signing
+        self._signing = {k: c.signing for k, c in self.clients.items()}
+        self._channel = {k: c.channel for k, c in self.clients.items()}
+
+    def public_options(self) -> dict:
+        """Run-level public backend options every client half is built with."""
+        return {}
+
+    # the test hook lives on the server half (every message crosses it)
+    @property
+    def intercept(self):
+        return self.server.intercept if hasattr(self, "server") else None
+
+    @intercept.setter
+    def intercept(self, hook):
+        if hasattr(self, "server"):
+            self.server.intercept = hook
+
+    # ------------------------------------------------------------------ one exchange
+    def plan_exchange(self, ctx: ExchangeContext) -> ExchangePlan:
+        """The public plan of the exchange (a backend adds its encoding)."""
+        return ExchangePlan(ctx.tag, ctx.round, self.exchange, ctx.layout, ctx.num_blocks, ctx.block_len,
+                            tuple(sorted(int(k) for k in ctx.contributions)),
+                            {int(r): np.asarray(b, dtype=np.int64).ravel() for r, b in ctx.requests.items()},
+                            ctx.spec, float(ctx.dp_noise_std), self.plan_encoding(ctx))
+
+    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        return {}
+
+    def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
+        plan = self.plan_exchange(ctx)
+        contributions = ctx.contributions
+        for k, half in self.clients.items():
+            half.provider = (lambda p, k=k: contributions[k])
+        self.server.run(plan, self.link)
+        return {r: self.clients[r].result() for r in plan.requests}
+
+    def _begin_exchange(self, tag: str, rnd: int) -> None:
+        super()._begin_exchange(tag, rnd)
+        self.server.exchange = self.exchange
+
+    # ------------------------------------------------------------------ authentication (facade view)
+    def _ensure_registered(self, rnd: int) -> None:
+        self.server.register(self.link, rnd, range(self.num_clients))
+
+    def _party(self, name: str):
+        k = party_client(name)
+        return self.server if k is None else self.clients[k]
+
+    def _authenticate(self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str,
+                      rnd: int) -> None:
+        """Verify ``msg`` as its recipient's half does (its keys, its replay cache)."""
+        where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
+        self._party(recipient).check(msg, sender, stage, part, where)
+
+    def client_results(self) -> Mapping[int, dict]:
+        """Each client half's last decoded result (for tests)."""
+        return {k: c._result for k, c in self.clients.items()}

@@ -1,0 +1,107 @@
+"""Backends split into client and server halves: only bytes cross the link, and what each half holds."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from protocols import ValueSpec, make_protocol
+from protocols.errors import ConfigurationError, DropoutError
+from protocols.framing import message_from_bytes, unpack_bundle
+from protocols.link import ClientLink
+from protocols.registry import backend, modes, secure_modes
+
+SPLIT_MODES = ["plain"]
+SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
+
+
+class RecordingLink(ClientLink):
+    """Wraps a link and keeps every byte string handed to and returned by the client halves."""
+
+    def __init__(self, inner):
+        self.inner, self.crossed = inner, []
+
+    def call(self, stage, requests):
+        responses = self.inner.call(stage, requests)
+        self.crossed += list(requests.values()) + list(responses.values())
+        return responses
+
+
+def _values(K, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: rng.uniform(-1, 1, n) for k in range(K)}
+
+
+def _reachable(root, limit=200_000):
+    """ids of every object reachable from ``root`` (modules and classes are not followed)."""
+    seen, stack = set(), [root]
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type) or type(obj).__name__ == "module":
+            continue
+        seen.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return seen
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_transcript_bytes_are_the_bytes_on_the_link(mode):
+    proto = make_protocol(mode, 3)
+    link = RecordingLink(proto.link)
+    proto.link = link
+    x = _values(3)
+    got = proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    assert np.allclose(got, sum(x.values()), atol=1e-4)
+    on_link = [b for bundle in link.crossed for b in unpack_bundle(bundle)]
+    assert on_link, "nothing crossed the link"
+    # every message that crossed is in the transcript with nbytes == len(its bytes), and vice versa
+    recorded = sorted(m.nbytes for m in proto.transcript.messages)
+    assert sorted(len(b) for b in on_link) == recorded
+    for b in on_link:
+        assert message_from_bytes(b).nbytes == len(b)
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_client_half_holds_nothing_of_another_client(mode):
+    proto = make_protocol(mode, 3)
+    x = _values(3)
+    proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    proto.weighted_sum("x/t", 1, x, spec=SPEC)
+    for k, half in proto.clients.items():
+        half.provider = None          # the facade's provider closes over the algorithm's dict
+        mine = _reachable(half)
+        for j, other in proto.clients.items():
+            if j != k:
+                assert id(other) not in mine and id(other.signing) not in mine and id(other.channel) not in mine
+        assert id(proto.server) not in mine and id(proto.server.signing) not in mine
+        for j, v in x.items():
+            assert id(v) not in mine
+
+
+def test_client_half_is_built_from_public_bytes_only():
+    proto = make_protocol("plain", 2)
+    setup = proto.setup.to_bytes()
+    assert isinstance(setup, bytes) and proto.clients[0].setup == proto.clients[1].setup
+    fresh = type(proto.clients[0])(0, setup)
+    assert fresh.signing.public_bytes != proto.clients[0].signing.public_bytes    # keys made inside, fresh
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_dropped_client_is_named_not_waited_for(mode):
+    proto = make_protocol(mode, 3)
+    proto.weighted_sum("x/t", 0, _values(3), spec=SPEC)
+    proto.link.drop(1, "upload")
+    with pytest.raises(DropoutError, match="1"):
+        proto.weighted_sum("x/t", 1, _values(3), spec=SPEC)
+
+
+def test_registry_lists_every_backend_once():
+    assert modes() == ("plain", "ckks", "mask", "ckks-mp")
+    assert "plain" not in secure_modes() and set(secure_modes()) == {"ckks", "mask", "ckks-mp"}
+    assert backend("MASK").upload_kind == "masked"
+    with pytest.raises(ConfigurationError, match="choose one of plain, ckks, mask, ckks-mp"):
+        make_protocol("rot13", 2)
+    from secure_fgl.config import RunConfig
+    from dataclasses import fields
+    assert tuple(f.metadata.get("choices", ()) for f in fields(RunConfig) if f.name == "mode")[0] == modes()
