@@ -82,12 +82,13 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
 
-    protocol = make_run_protocol(cfg, fed.num_clients)
     if cfg.executor == "inline":
+        protocol = make_run_protocol(cfg, fed.num_clients)
         algo = algo_cls(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
-        from .runtime.build import make_executor, make_strategy
+        from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         executor = make_executor(cfg, str(device))
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
         algo = make_strategy(cfg, fed, protocol, options, executor)
 
     def save_extra():

@@ -12,6 +12,7 @@ import dataclasses
 
 from ..config import ConfigError
 from .client import client_frame
+from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import PublicFacts
 from .strategy import CONVERTED, ModelAveragingStrategy, Strategy
@@ -40,13 +41,28 @@ def check_runtime(cfg) -> None:
         raise ConfigError(f"--executor {cfg.executor} runs plain, ckks and mask; ckks-mp runs with --executor inline")
 
 
+def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
+    """The run's protocol; a backend split into halves gets the executor as its link
+    (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
+    from protocols import make_protocol
+    from protocols.registry import backend_class
+    from protocols.split import SplitProtocol
+
+    from ..experiment import make_run_protocol
+    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+        return make_run_protocol(cfg, num_clients)
+    from ..privacy import dp_config
+    return make_protocol(cfg.mode, num_clients, dp=dp_config(cfg), seed=cfg.seed, link=RuntimeLink(executor))
+
+
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
     facts = PublicFacts.of(fed)
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     owner = fed.owner
+    setup = protocol.setup.to_bytes() if split_backend(protocol) else None
     frames = {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
-                                        c.cross_edges[1].new_empty(0), cfg, facts, opts)
+                                        c.cross_edges[1].new_empty(0), cfg, facts, opts, setup)
               for c in fed.clients}
     executor.start(frames)
     if cfg.algorithm == "fedgcn":

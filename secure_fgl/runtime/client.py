@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import RunConfig
@@ -27,13 +28,15 @@ DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "
 
 
 def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
-                 options: dict) -> bytes:
+                 options: dict, party_setup: bytes | None = None) -> bytes:
     """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
-    cross edges (a client knows who holds the other end of its edges), the run's settings
-    and the public facts."""
+    cross edges (a client knows who holds the other end of its edges), the run's settings,
+    the public facts and, for a backend split into halves, its public setup bytes
+    (:class:`protocols.party.PartySetup`)."""
+    setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     return wire.pack({**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner,
                       "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
-                      "options": options})
+                      "options": options, **setup})
 
 
 class ClientRuntime:
@@ -50,10 +53,19 @@ class ClientRuntime:
         self.cfg = RunConfig.from_dict(f["config"])
         self.facts = PublicFacts(**f["facts"])
         self.logic = make_logic(self, f["options"])
+        #: this client's half of a split protocol backend: its keys are generated here
+        self.half = None
+        if "party_setup" in f:
+            from protocols.registry import backend_class
+            self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
+            self.half.provider = self.logic.table
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``receive``, ``evaluate``,
-        ``save`` or ``load`` (a request frame in, a response frame out)."""
+        ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
+        protocol half's stage, bundles of signed messages in and out)."""
+        if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
+            return self.half.handle(method[5:], request)
         req = wire.unpack(request)
         if method == "save":
             return wire.pack(self._save(Path(req["path"])))

@@ -32,6 +32,7 @@ from ..algorithms.fedgcn import (TAG, FedGCNNet, PropGraph, _inverse_gray, _loca
                                  exchange_spec, local_degrees, neighbour_terms, normalise, partial_neighbour_sums,
                                  propagation_graph, requested_rows, segment_blocks)
 from ..algorithms.options import FedGCNOptions
+from .exchange import plan_rows, request_blocks, rows_result, run_split
 from .logic import ModelAveragingLogic
 from .strategy import ModelAveragingStrategy
 
@@ -136,8 +137,13 @@ class FedGCNLogic(ModelAveragingLogic):
             return refusal
         ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, None, binary=self.facts.binary_features,
                                                               seed=self.cfg.seed))
-        return {"ids": self._rows(ids).numpy(), "rows": rows.cpu().numpy(),
-                "request": self._rows(requested_rows(c, o.hops)).numpy()}
+        ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
+        if not req.get("split"):
+            return {"ids": ids, "rows": rows, "request": request}
+        self.keep(tag, ids, rows)               # the half uploads it; only public facts leave here
+        self.request_rows = request
+        return {"rows_up": ids.size, "rows_down": request.size,
+                "request_blocks": request_blocks(request, int(req["rpb"]), int(req["num_blocks"]), o.layout)}
 
     def _check_bounds(self, req: dict) -> dict | None:
         """The owner's check of its own nodes against the public caps (before anything is sent)."""
@@ -161,7 +167,11 @@ class FedGCNLogic(ModelAveragingLogic):
         if tag != TAG:
             return super().receive(req)
         c, o = self.data, self.fopts
-        totals = torch.as_tensor(req["totals"], dtype=torch.float64, device=self.rt.device)
+        if "totals" in req:
+            totals = req["totals"]
+        else:                                   # this client's own decoded blocks
+            totals = rows_result(self.rt.half.result(), self.request_rows, int(req["rpb"]), self.facts.num_features + 1)
+        totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
         counts = totals[:, -1].round()
         if not torch.equal(counts[:c.num_nodes], own_deg):
@@ -209,17 +219,31 @@ class FedGCNStrategy(ModelAveragingStrategy):
         num_rows = f.num_nodes
         if o.row_order != "given" and o.layout == "sparse":
             num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
-        sent = self.ask("contribute", {k: {"tag": TAG, "round": 0, "check_degree": self.protocol.mode != "plain"}
-                                       for k in range(K)})
+        dim = f.num_features + 1
+        rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
+        ask = {"tag": TAG, "round": 0, "check_degree": self.protocol.mode != "plain", "split": self.split,
+               "rpb": rpb, "num_blocks": -(-num_rows // rpb)}
+        sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
-        contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
-        requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
-        received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec)
-        self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
+        if self.split:                          # the clients' halves run the exchange
+            rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
+            rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
+            run_split(self.protocol, plan_rows(self.protocol, TAG, 0, rows_up,
+                                               {k: r["request_blocks"] for k, r in sent.items()}, rows_down,
+                                               num_rows, dim, o.layout, spec))
+            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb} for k in range(K)})
+        else:
+            contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
+            requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
+            rows_up = {k: int(r["ids"].size) for k, r in sent.items()}
+            rows_down = {k: int(r["request"].size) for k, r in sent.items()}
+            received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout,
+                                             spec=spec)
+            self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
         self.check_lost(range(K), f"the delivery of {TAG}")
         self.exchange_rows = num_rows
-        self.pretrain = self._pretrain_stats(contributions, requests)
+        self.pretrain = self._pretrain_stats(rows_up, rows_down)
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 
     def _number_rows(self, rpb: int) -> int:
@@ -268,12 +292,10 @@ class FedGCNStrategy(ModelAveragingStrategy):
         raise BoundError(f"a feature has |x| = {r['largest']:.4g} above --feature-bound {o.feature_bound}; raise "
                          "--feature-bound (a public bound) or scale the features", tag=TAG, round=0, client=worst)
 
-    def _pretrain_stats(self, contributions, requests) -> dict:
+    def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
         """Bytes of the exchange from the transcript and its float32 baseline (as
         :meth:`secure_fgl.algorithms.fedgcn.FedGCN._pretrain_stats`, totals only)."""
-        width, K, tr = self.facts.num_features + 1, self.num_clients, self.protocol.transcript
-        rows_up = {k: int(contributions[k][0].numel()) for k in range(K)}
-        rows_down = {k: int(requests[k].numel()) for k in range(K)}
+        width, tr = self.facts.num_features + 1, self.protocol.transcript
         f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.fopts.layout)
         up = sum(m.nbytes for m in tr.select(tag=TAG, receiver=SERVER))
         down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER))

@@ -25,9 +25,12 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from protocols import BlockTable
+
 from ..algorithms.base import accuracy
 from ..engine import rng
 from ..models import build_model
+from .exchange import dense_result, dense_table, rows_table
 
 
 class ClientLogic:
@@ -36,12 +39,25 @@ class ClientLogic:
     def __init__(self, runtime, options: dict):
         self.rt, self.opts = runtime, options
         self.cfg, self.facts, self.data = runtime.cfg, runtime.facts, runtime.data
+        #: tag -> the contribution kept for the protocol half (split backends)
+        self.pending: dict[str, tuple] = {}
 
     def local_update(self, req: dict) -> dict:
         return {}
 
     def contribute(self, req: dict) -> dict:
         raise ValueError(f"client {self.rt.client_id} contributes nothing to {req.get('tag')!r}")
+
+    def keep(self, tag: str, *contribution) -> None:
+        """Hold a contribution for the protocol half to ask for (:meth:`table`)."""
+        self.pending[tag] = contribution
+
+    def table(self, plan) -> BlockTable:
+        """The provider of this client's protocol half: the kept contribution as the plan's blocks."""
+        if plan.tag not in self.pending:
+            raise ValueError(f"client {self.rt.client_id} has no contribution for {plan.tag!r}")
+        kept = self.pending.pop(plan.tag)
+        return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
     def receive(self, req: dict) -> dict:
         raise ValueError(f"client {self.rt.client_id} expects no result of {req.get('tag')!r}")
@@ -118,13 +134,25 @@ class ModelAveragingLogic(ClientLogic):
     def contribute(self, req: dict) -> dict:
         if req["tag"] != f"{self.cfg.algorithm}/model":
             return super().contribute(req)
-        update = parameters_to_vector(self.model.parameters()).detach() - self.global_params
-        return {"update": update.cpu().numpy().astype(np.float64), "weight": self.weight()}
+        update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
+        update = update.astype(np.float64)
+        if req.get("split"):                     # the half uploads [w v, w] (protocols.base.weighted_mean)
+            w = self.weight()
+            self.keep(req["tag"], np.concatenate([update * w, [w]]))
+            return {"length": update.size + 1}
+        return {"update": update, "weight": self.weight()}
 
     def receive(self, req: dict) -> dict:
         if req["tag"] != f"{self.cfg.algorithm}/model":
             return super().receive(req)
-        mean = torch.as_tensor(req["mean_update"], dtype=torch.float32, device=self.rt.device)
+        if "mean_update" in req:
+            mean = req["mean_update"]
+        else:                                    # this client's own decoded result: [sum w v, sum w]
+            total = dense_result(self.rt.half.result(), int(req["length"]))
+            if not total[-1] > 0:
+                raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
+            mean = total[:-1] / total[-1]
+        mean = torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
         self.global_params = self.global_params + mean
         vector_to_parameters(self.global_params.clone(), self.model.parameters())
         return {}

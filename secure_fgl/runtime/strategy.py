@@ -33,6 +33,7 @@ from protocols.transcript import Message
 
 from ..algorithms.base import model_precision
 from . import wire
+from .exchange import plan_dense, run_split, split_backend
 
 #: algorithms with a client logic and a strategy (the others run in-process only)
 CONVERTED = ("fedavg", "fedprox", "local", "fedgcn")
@@ -52,6 +53,10 @@ class Strategy:
         self.round = 0
         #: client -> why it was lost (its runtime died or timed out); never asked again
         self.lost: dict[int, str] = {}
+        #: the backend runs in client halves inside the runtimes (:mod:`.exchange`)
+        self.split = split_backend(protocol)
+        if self.split:
+            protocol.link.on_lost = self.lost.update
 
     @property
     def num_clients(self) -> int:
@@ -188,6 +193,15 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int]) -> None:
         tag = f"{self.name}/model"
+        spec = model_precision(len(contributors), self.num_clients).spec()
+        if self.split:                                   # the clients' halves run the exchange
+            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
+            if not sent:
+                raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+            length = int(next(iter(sent.values()))["length"])
+            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), self.alive(), length, spec))
+            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in self.alive()})
+            return
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
         updates = {k: r["update"] for k, r in sent.items()}
         weights = {k: float(r["weight"]) for k, r in sent.items()}
@@ -196,7 +210,6 @@ class ModelAveragingStrategy(Strategy):
             self._handle_dropouts(tag, gone, updates, weights)
         if not updates:
             raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-        spec = model_precision(len(contributors), self.num_clients).spec()
         mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
         self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
 
