@@ -44,6 +44,37 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     assert tags[ORDER_TAG]["bytes_down"] == stats[f"contribute:{IDS_TAG}"]["bytes_to_clients"]
 
 
+class RecordingRayExecutor(RayExecutor):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.frames: list[bytes] = []
+
+    def _call(self, method, requests):
+        responses, lost = super()._call(method, requests)
+        if method.startswith("half:"):
+            self.frames += list(requests.values()) + list(responses.values())
+        return responses, lost
+
+
+def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
+    from secure_fgl.runtime.build import make_runtime_protocol
+    cfg = small("fedgcn", "plain", executor="ray", options={"row_order": "signature"}, rounds=2).validate()
+    fed = load_federation(cfg)
+    executor = RecordingRayExecutor()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {"row_order": "signature"}, executor)
+    try:
+        assert strategy.split and protocol.clients == {}      # the halves (and their keys) live in the actors
+        strategy.setup()
+        for r in range(cfg.rounds):
+            strategy.train_round(r)
+    finally:
+        executor.shutdown()
+    recorded = sum(m.nbytes for m in protocol.transcript.messages
+                   if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG))
+    assert recorded == protocol_bytes_crossing(executor.frames) > 0
+
+
 class KillingRayExecutor(RayExecutor):
     """Kills the actor hosting ``victim`` when round ``at``'s model exchange begins."""
 
@@ -94,34 +125,3 @@ def test_silent_actors_time_out_instead_of_hanging():
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
-
-
-class RecordingRayExecutor(RayExecutor):
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.frames: list[bytes] = []
-
-    def _call(self, method, requests):
-        responses, lost = super()._call(method, requests)
-        if method.startswith("half:"):
-            self.frames += list(requests.values()) + list(responses.values())
-        return responses, lost
-
-
-def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
-    from secure_fgl.runtime.build import make_runtime_protocol
-    cfg = small("fedgcn", "plain", executor="ray", options={"row_order": "signature"}, rounds=2).validate()
-    fed = load_federation(cfg)
-    executor = RecordingRayExecutor()
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
-    strategy = make_strategy(cfg, fed, protocol, {"row_order": "signature"}, executor)
-    try:
-        assert strategy.split and protocol.clients == {}      # the halves (and their keys) live in the actors
-        strategy.setup()
-        for r in range(cfg.rounds):
-            strategy.train_round(r)
-    finally:
-        executor.shutdown()
-    recorded = sum(m.nbytes for m in protocol.transcript.messages
-                   if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG))
-    assert recorded == protocol_bytes_crossing(executor.frames) > 0
