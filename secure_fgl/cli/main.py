@@ -24,7 +24,7 @@ from ..config import ConfigError, RunConfig, load_config_file
 from ..validation import describe, did_you_mean, field_type, flag_name
 
 #: ``run --help`` sections, in order (each RunConfig field names its group)
-GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "output", "attacks")
+GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "runtime", "output", "attacks")
 #: RunConfig fields set only in config files (tables)
 CONFIG_ONLY = ("synthetic", "options")
 
