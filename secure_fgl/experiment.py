@@ -118,7 +118,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         with phases("setup", f"{cfg.mode} keys and {cfg.algorithm}'s pre-training exchanges"):
             algo.setup()
         times["setup"] = time.perf_counter() - t0
-    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x), save_best=cfg.save_best_model,
+    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
+                       save_best=cfg.save_best_model and cfg.executor == "inline",   # runtimes: no server model
                        resume=resuming)
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
