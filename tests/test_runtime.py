@@ -141,18 +141,18 @@ def test_unconverted_algorithms_refuse_the_runtime_in_one_line():
         run_experiment(small(executor="local", dp_epsilon=1.0), progress=False)
 
 
-class RecordingExecutor(LocalExecutor):
-    """Keeps every frame handed to and returned from the runtimes' protocol halves."""
-
-    def __init__(self):
-        super().__init__()
-        self.frames: list[bytes] = []
+class Recording:
+    """Executor mix-in: keeps every frame handed to and returned from the runtimes' protocol halves."""
 
     def _call(self, method, requests):
         responses, lost = super()._call(method, requests)
         if method.startswith("half:"):
-            self.frames += list(requests.values()) + list(responses.values())
+            self.frames = getattr(self, "frames", []) + list(requests.values()) + list(responses.values())
         return responses, lost
+
+
+class RecordingExecutor(Recording, LocalExecutor):
+    pass
 
 
 def protocol_bytes_crossing(frames) -> int:

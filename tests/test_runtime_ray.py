@@ -12,7 +12,7 @@ from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
-from test_runtime import protocol_bytes_crossing, small
+from test_runtime import Recording, protocol_bytes_crossing, small
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 
@@ -44,16 +44,8 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     assert tags[ORDER_TAG]["bytes_down"] == stats[f"contribute:{IDS_TAG}"]["bytes_to_clients"]
 
 
-class RecordingRayExecutor(RayExecutor):
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.frames: list[bytes] = []
-
-    def _call(self, method, requests):
-        responses, lost = super()._call(method, requests)
-        if method.startswith("half:"):
-            self.frames += list(requests.values()) + list(responses.values())
-        return responses, lost
+class RecordingRayExecutor(Recording, RayExecutor):
+    pass
 
 
 def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():

@@ -27,7 +27,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import BlockTable
 
-from ..algorithms.base import accuracy
+from ..algorithms.base import SPLITS, accuracy
 from ..engine import rng
 from ..models import build_model
 from .exchange import dense_result, dense_table, rows_table
@@ -68,7 +68,7 @@ class ClientLogic:
     @torch.no_grad()
     def evaluate(self, req: dict) -> dict:
         logits, c = self.logits(), self.data
-        return {split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in ("train", "val", "test")}
+        return {split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS}
 
     def state_dict(self) -> dict:
         return {}

@@ -16,9 +16,11 @@ an exchange, a lost contributor is handed to the protocol as a dropout at the up
 :class:`protocols.DropoutError` naming them below the threshold; ``ckks``/``ckks-mp`` have no
 recovery and raise DropoutError naming them; ``plain`` averages the survivors.  Lost clients
 stay lost for the rest of the run (their process is gone); ``--resume`` restarts every client
-from its last checkpoint.  Until the protocol backends run in client halves (issue 14,
-helper h14a), the protocol object encodes in the driver: a contribution crosses from its
-client runtime to the driver as a frame.
+from its last checkpoint.
+
+Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
+client halves inside the runtimes (:mod:`.exchange`); any other backend object still encodes in
+the driver, so a contribution crosses from its runtime to the driver as a frame.
 """
 from __future__ import annotations
 
@@ -31,14 +33,13 @@ import numpy as np
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import Message
 
-from ..algorithms.base import model_precision
+from ..algorithms.base import accuracy_summary, model_precision
 from . import wire
 from .exchange import plan_dense, run_split, split_backend
 
 #: algorithms with a client logic and a strategy (the others run in-process only)
 CONVERTED = ("fedavg", "fedprox", "local", "fedgcn")
 EVAL_TAG = "eval/counts"
-SPLITS = ("train", "val", "test")
 
 
 class Strategy:
@@ -117,22 +118,7 @@ class Strategy:
         """The node-weighted and per-client accuracies of :meth:`FederatedAlgorithm.evaluate
         <secure_fgl.algorithms.base.FederatedAlgorithm.evaluate>`, from the clients' counts."""
         counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
-        per_client, sums = [], {s: [0, 0] for s in SPLITS}
-        for k in sorted(counts):
-            row = {"client": k}
-            for split in SPLITS:
-                correct, total = (int(v) for v in counts[k][split])
-                sums[split][0] += correct
-                sums[split][1] += total
-                row[f"{split}_acc"] = correct / total if total else None
-                row[f"num_{split}"] = total
-            per_client.append(row)
-        out = {f"{s}_acc": (v[0] / v[1] if v[1] else 0.0) for s, v in sums.items()}
-        for split in ("val", "test"):
-            accs = [r[f"{split}_acc"] for r in per_client if r[f"{split}_acc"] is not None]
-            out[f"{split}_acc_client_mean"] = float(np.mean(accs)) if accs else 0.0
-        out["per_client"] = per_client
-        return out
+        return accuracy_summary(counts)
 
     def final_metrics(self) -> dict:
         return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
