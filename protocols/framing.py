@@ -23,7 +23,7 @@ import struct
 
 from .errors import MalformedMessageError
 from .message import SIGNATURE_BYTES, Envelope, decode_body, encode_body
-from .transcript import SERVER, Message
+from .transcript import Message
 
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 #: bytes a bundle adds around its messages: the count, then one length per message
@@ -38,8 +38,7 @@ def message_to_bytes(msg: Message) -> bytes:
 
 
 def message_from_bytes(data: bytes) -> Message:
-    """Strict parse of :func:`message_to_bytes`; ``nbytes`` is ``len(data)``.  A message between
-    two clients is marked as relayed by the server (the only route between clients)."""
+    """Strict parse of :func:`message_to_bytes`; ``nbytes`` is ``len(data)``."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
         raise MalformedMessageError("message truncated before its header")
     data = bytes(data)
@@ -50,9 +49,8 @@ def message_from_bytes(data: bytes) -> Message:
     header = data[start:start + n]
     env = Envelope.from_header(header)
     payload = decode_body(data[start + n:])
-    relay = SERVER if SERVER not in (env.sender, env.recipient) else ""
     return Message(env.round, env.tag, env.sender, env.recipient, env.kind, env.shape, len(data), env.protocol,
-                   env.fingerprint, payload, auth=data[:SIGNATURE_BYTES] + header, relay=relay)
+                   env.fingerprint, payload, auth=data[:SIGNATURE_BYTES] + header)
 
 
 def pack_bundle(messages: list[bytes]) -> bytes:

@@ -40,22 +40,30 @@ class ClientLink(ABC):
 class InProcessLink(ClientLink):
     """Client halves in this process, called one after the other.
 
-    ``drop(k, stage)`` simulates client ``k`` disconnecting: from that stage on (of any later
-    exchange too, until :meth:`reconnect`) its requests go unanswered.
+    Dropout simulation: ``drop(k, stage)`` — client ``k`` disconnects: from that stage on (of any
+    later exchange too, until :meth:`reconnect`) its requests go unanswered and unread;
+    ``mute(k, stages)`` — client ``k`` reads its requests at those stages but its answers are
+    lost (kept in :attr:`lost`, e.g. to replay a late upload).
     """
 
     def __init__(self, halves: Mapping[int, "ClientHalf"]):
         self.halves = dict(halves)
         self._gone: dict[int, str] = {}
-        #: bytes handed to and returned by the client halves, per call (for accounting tests)
-        self.log: list[tuple[str, dict[int, int], dict[int, int]]] | None = None
+        self._muted: dict[int, frozenset] = {}
+        #: (client, stage) -> the answer a muted client gave and the link lost
+        self.lost: dict[tuple[int, str], bytes] = {}
 
     def drop(self, client: int, stage: str) -> None:
         """Client ``client`` stops answering at ``stage`` (and after)."""
         self._gone[int(client)] = stage
 
+    def mute(self, client: int, stages) -> None:
+        """The answers of client ``client`` at ``stages`` are lost in transit."""
+        self._muted[int(client)] = frozenset(stages)
+
     def reconnect(self, client: int) -> None:
         self._gone.pop(int(client), None)
+        self._muted.pop(int(client), None)
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
         out: dict[int, bytes] = {}
@@ -65,7 +73,9 @@ class InProcessLink(ClientLink):
                 continue
             if k not in self.halves:
                 continue
-            out[k] = self.halves[k].handle(stage, request)
-        if self.log is not None:
-            self.log.append((stage, {k: len(v) for k, v in requests.items()}, {k: len(v) for k, v in out.items()}))
+            answer = self.halves[k].handle(stage, request)
+            if stage in self._muted.get(k, ()):
+                self.lost[(k, stage)] = answer
+                continue
+            out[k] = answer
         return out

@@ -106,10 +106,13 @@ class Party:
         wire = signature + len(header).to_bytes(4, "big") + header + body
         return replace(msg, auth=signature + header, nbytes=len(wire)), wire
 
-    def check(self, msg: Message, sender: str, stage: str, part: int, where: dict) -> Message:
+    def check(self, msg: Message, sender: str, stage: str, part: int, where: dict,
+              exchange: int | None = None) -> Message:
         """Verify a received message (signature, sender, recipient, session, exchange, stage,
-        digest, replay); an IntegrityError subclass naming ``where`` otherwise."""
-        expected = dict(run_id=self.setup.run_id, session=self.setup.session, exchange=self.exchange, stage=stage,
+        digest, replay); an IntegrityError subclass naming ``where`` otherwise.  ``exchange``:
+        the exchange it must belong to (default: the one in progress)."""
+        expected = dict(run_id=self.setup.run_id, session=self.setup.session,
+                        exchange=self.exchange if exchange is None else exchange, stage=stage,
                         part=part, sender=sender, recipient=self.name)
         try:
             verify(msg, expected, self.registry, self.replay, where)
@@ -199,11 +202,13 @@ class ClientHalf(Party):
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
         self._result = (self.plan.exchange, blocks)
 
-    def open_relayed(self, msg: Message, stage: str, part: int = 0) -> bytes:
-        """Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`)."""
+    def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
+        """Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`);
+        ``exchange``: the exchange it was sent in (default: the one in progress)."""
         peer = msg.sender
-        self.check(msg, peer, stage, part, self.where())
-        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, msg.round, msg.tag, stage, peer,
+        exchange = self.exchange if exchange is None else exchange
+        self.check(msg, peer, stage, part, self.where(), exchange)
+        ad = associated_data(self.setup.run_id, self.setup.session, exchange, msg.round, msg.tag, stage, peer,
                              self.name)
         return self.channel.open(peer, self.registry.channel[peer], self.setup.run_id, msg.payload, ad,
                                  dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
@@ -260,6 +265,8 @@ class ServerHalf(Party):
     mode = "base"
     #: clients send each other messages through the server (they need the key directory)
     relays_between_clients = False
+    #: stages whose answers may hold client -> client messages, which the server forwards
+    relay_stages: frozenset = frozenset()
 
     def __init__(self, setup: PartySetup, transcript: Transcript | None = None):
         super().__init__(SERVER, setup)
@@ -286,18 +293,20 @@ class ServerHalf(Party):
         return Message(p.round, tag or p.tag, SERVER, client_party(receiver), kind, tuple(int(s) for s in shape), 0,
                        self.mode, fingerprint, payload, note)
 
-    def begin(self, plan: ExchangePlan, link, fingerprint: str) -> None:
-        """Start an exchange: register the clients (first time), queue each party's plan."""
+    def begin(self, plan: ExchangePlan, link, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
+        """Start an exchange: register the clients (first time), queue each party's plan (and
+        ``extra`` clients', which take part in a setup step only)."""
         self.plan = plan
         self.exchange = plan.exchange
-        self.register(link, plan.round, plan.parties)
-        for k in plan.parties:
-            msg = self.message(k, "metadata", (), plan.for_client(k).to_payload(), fingerprint, note="exchange plan")
+        parties = sorted(set(plan.parties) | set(extra))
+        self.register(link, plan.round, parties)
+        for k in parties:
+            msg = self.message(k, "control", (), plan.for_client(k).to_payload(), fingerprint, note="exchange plan")
             self.queue(k, msg, "plan")
 
     def queue(self, client: int, msg: Message, stage: str, part: int = 0) -> None:
         """Seal ``msg`` now; it travels in ``client``'s next request bundle."""
-        wire = self._outgoing(msg, stage, part)
+        wire = self._outgoing(msg, stage, part, self.intercept)
         if wire is not None:
             self._outbox.setdefault(client, []).append(wire)
 
@@ -305,15 +314,19 @@ class ServerHalf(Party):
         """Relay a client's message (already recorded when it arrived) to ``client``."""
         self._outbox.setdefault(client, []).append(message_to_bytes(msg))
 
-    def call(self, link, stage: str, messages: dict[int, list[tuple[Message, int]]]) -> dict[int, list[Message]]:
-        """One stage: seal and record ``messages`` (client -> [(message, part)]) plus each client's
-        queued ones, send them as one bundle per client, and return the parsed (recorded, not yet
-        verified) responses of the clients that answered."""
+    def call(self, link, stage: str, messages: dict[int, list[tuple[Message, int]]], *,
+             hook: bool = True) -> dict[int, list[Message]]:
+        """One stage, to the clients in ``messages``: seal and record their messages (client ->
+        [(message, part)]) after the ones queued for them, send one bundle per client, and return
+        the parsed (recorded, not yet verified) responses of the clients that answered.  A client
+        -> client message in a response is forwarded to its recipient's next bundle.  ``hook``:
+        pass the messages through the test hook :attr:`intercept`."""
+        intercept = self.intercept if hook else None
         requests = {}
-        for k in sorted(set(messages) | set(self._outbox)):
+        for k in sorted(messages):
             wires = self._outbox.pop(k, [])
             for msg, part in messages.get(k, []):
-                wire = self._outgoing(msg, stage, part)
+                wire = self._outgoing(msg, stage, part, intercept)
                 if wire is not None:
                     wires.append(wire)
             requests[k] = pack_bundle(wires)
@@ -322,10 +335,14 @@ class ServerHalf(Party):
         for k, data in responses.items():
             msgs = []
             for msg in self.parse(data, self.where(k)):
-                if self.intercept is not None:
-                    msg = self.intercept(msg)
+                if intercept is not None:
+                    msg = intercept(msg)
                     if msg is None:
                         continue
+                peer = party_client(msg.receiver)
+                if stage in self.relay_stages and peer is not None and msg.sender == client_party(k):
+                    msg = replace(msg, relay=SERVER)                 # client -> client: relay it
+                    self.forward(peer, msg)
                 self.record(msg)
                 msgs.append(msg)
             out[k] = msgs
@@ -335,10 +352,10 @@ class ServerHalf(Party):
         """Put a message that crossed the link in the transcript (a backend may strip payloads)."""
         self.transcript.record(msg)
 
-    def _outgoing(self, msg: Message, stage: str, part: int) -> bytes | None:
+    def _outgoing(self, msg: Message, stage: str, part: int, intercept=None) -> bytes | None:
         sealed, wire = self.seal(msg, stage, part)
-        if self.intercept is not None:
-            changed = self.intercept(sealed)
+        if intercept is not None:
+            changed = intercept(sealed)
             if changed is None:
                 return None
             if changed is not sealed:
@@ -355,7 +372,7 @@ class ServerHalf(Party):
         msgs = {k: [(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
                              {"signing": self.signing.public_bytes},
                              note="the server's Ed25519 signing key (TOFU)"), 0)] for k in new}
-        replies = self.call(link, "register", msgs)
+        replies = self.call(link, "register", msgs, hook=False)   # key set-up precedes any exchange
         for k in new:
             where = dict(tag=AUTH_TAG, round=rnd, client=k)
             got = [m for m in replies.get(k, []) if m.sender == client_party(k)]
@@ -373,14 +390,15 @@ class ServerHalf(Party):
                                            "channel": self.registry.channel[client_party(k)]}
                          for k in sorted(self.registered)}
             for k in sorted(self.registered):
-                self.queue(k, Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32),
-                                      0, self.mode, "", directory, note="the clients' registered public keys"),
-                           "directory")
+                msg = Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32), 0,
+                              self.mode, "", directory, note="the clients' registered public keys")
+                self._outbox.setdefault(k, []).append(self._outgoing(msg, "directory", 0))
 
     def responses(self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None,
                   part: int = 0) -> Message | None:
-        """Client ``k``'s one verified ``stage`` message to the server (``None``: it sent none)."""
-        mine = [m for m in got.get(k, []) if m.receiver == SERVER]
+        """Client ``k``'s one verified ``stage`` message to the server (``None``: it sent none).
+        Every message of its answer but the relayed ones must be that one (else it is refused)."""
+        mine = [m for m in got.get(k, []) if m.relay != SERVER]
         if not mine:
             return None
         if len(mine) != 1:

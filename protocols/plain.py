@@ -61,7 +61,7 @@ class PlainServer(ServerHalf):
     def run(self, plan, link):
         fp = plain_fingerprint(self.setup.num_clients)
         self.begin(plan, link, fp)
-        got = self.call(link, "upload", {})
+        got = self.call(link, "upload", {k: [] for k in plan.parties})
         totals: dict[int, np.ndarray] = {}
         missing = []
         for k in plan.contributors:

@@ -13,9 +13,9 @@ from typing import Any, Iterable, Literal
 
 SERVER = "server"
 
-Kind = Literal["plain", "ciphertext", "masked", "public_key", "secret_key", "metadata", "share"]
+Kind = Literal["plain", "ciphertext", "masked", "public_key", "secret_key", "metadata", "share", "control"]
 #: kinds a party can read without a key it does not hold
-READABLE_KINDS = frozenset({"plain", "public_key", "metadata"})
+READABLE_KINDS = frozenset({"plain", "public_key", "metadata", "control"})
 
 
 def client_party(client: int) -> str:
@@ -36,7 +36,8 @@ class Message:
     anyone who sees it; ``ciphertext`` needs the CKKS secret key; ``masked`` is a
     one-time-padded vector; ``share`` is a secret share; ``metadata`` are ids/counts
     the protocol publishes on purpose (e.g. which row blocks a client touches in the
-    sparse layout).  ``nbytes`` is the serialized size actually sent: for a signed message,
+    sparse layout); ``control`` is what the server composes from public facts alone (the plan of
+    an exchange, an unmasking request) and carries nothing of a client.  ``nbytes`` is the serialized size actually sent: for a signed message,
     signature + envelope header + canonical body.  A client-to-client message relayed by the
     server has ``relay == "server"`` and appears in the server's :meth:`Transcript.view`.
     """

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols import (BoundError, ConfigurationError, DropoutError, IntegrityError, NonFiniteError,
-                       PlainProtocol, ShapeError, ValueSpec, make_protocol)
+                       SERVER, PlainProtocol, ShapeError, ValueSpec, make_protocol)
 from protocols.mask import MaskProtocol
 from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key
 from protocols.mask.prg import keystream, ring_mask, stream_id
@@ -28,7 +28,8 @@ from protocols.message import encode_body
 #: examples per property test; raise MASK_EXAMPLES for a longer local soak
 FAST = settings(max_examples=int(os.environ.get("MASK_EXAMPLES", 25)), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
-SERVER_KINDS = {"masked", "public_key", "metadata", "share", "ciphertext"}   # ciphertext: relayed channel
+SERVER_KINDS = {"masked", "public_key", "metadata", "share", "ciphertext",   # ciphertext: relayed channel
+                "control"}                                                 # control: plans the server sends
 
 
 def _ring_sum_decoded(proto: MaskProtocol, flats: dict[int, np.ndarray]) -> np.ndarray:
@@ -308,7 +309,7 @@ def test_server_sum_is_masked_by_default_and_revealed_on_request():
         ring_sum = sum(_upload_of(proto, k, "t/s") for k in range(K))   # unsigned: wraps mod 2^b
         decoded = enc.decode(ring_sum)[:n]
         down = [m for m in proto.transcript.select(tag="t/s")
-                if m.sender == "server" and m.kind not in ("public_key", "metadata")]
+                if m.sender == "server" and m.kind not in ("public_key", "metadata", "control")]
         assert len(down) == K
         if reveal:   # standard Bonawitz: the server's sum (after self-mask removal) is the aggregate
             assert all(m.kind == "plain" for m in down)
@@ -477,7 +478,8 @@ def test_out_of_range_and_nan_rejected_before_anything_is_sent():
     vals = {0: np.zeros(5), 1: np.array([0, 0, 2.5, 0, 0]), 2: np.zeros(5)}
     with pytest.raises(BoundError, match="client 1"):
         proto.weighted_sum("x/b", 0, vals, spec=ValueSpec(max_abs=2.0))
-    assert not proto.transcript.messages
+    # the clients got the exchange's plan (and the once-per-run keys), but none of them sent anything
+    assert not [m for m in proto.transcript.messages if m.receiver == SERVER and m.tag == "x/b"]
     vals[1] = np.array([0, np.nan, 0, 0, 0])
     with pytest.raises(NonFiniteError, match="client 1"):
         proto.weighted_sum("x/b", 0, vals)
@@ -486,7 +488,7 @@ def test_out_of_range_and_nan_rejected_before_anything_is_sent():
                           {0: np.arange(1)}, 1, 2)
     with pytest.raises(NonFiniteError, match="client 0"):
         proto._aggregate(ctx)
-    assert not proto.transcript.messages
+    assert not [m for m in proto.transcript.messages if m.receiver == SERVER and m.tag == "x/b"]
 
 
 def test_auto_ring_picks_the_smallest_sufficient_ring():

@@ -6,13 +6,13 @@ import gc
 import numpy as np
 import pytest
 
-from protocols import ValueSpec, make_protocol
+from protocols import SERVER, ValueSpec, make_protocol
 from protocols.errors import ConfigurationError, DropoutError
 from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
 from protocols.registry import backend, modes, secure_modes
 
-SPLIT_MODES = ["plain"]
+SPLIT_MODES = ["plain", "mask"]
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
 
 
@@ -53,11 +53,16 @@ def test_transcript_bytes_are_the_bytes_on_the_link(mode):
     x = _values(3)
     got = proto.weighted_sum("x/t", 0, x, spec=SPEC)
     assert np.allclose(got, sum(x.values()), atol=1e-4)
-    on_link = [b for bundle in link.crossed for b in unpack_bundle(bundle)]
-    assert on_link, "nothing crossed the link"
+    crossings = [b for bundle in link.crossed for b in unpack_bundle(bundle)]
+    assert crossings, "nothing crossed the link"
+    # a client -> client message crosses twice (to the server, then on to its recipient) and is one message
+    on_link = list(dict.fromkeys(crossings))
+    relayed = [m for m in proto.transcript.messages if m.relay == SERVER]
+    assert len(crossings) - len(on_link) == len(relayed)
     # every message that crossed is in the transcript with nbytes == len(its bytes), and vice versa
     recorded = sorted(m.nbytes for m in proto.transcript.messages)
     assert sorted(len(b) for b in on_link) == recorded
+    assert sum(m.nbytes for m in proto.transcript.messages) == sum(len(b) for b in on_link)
     for b in on_link:
         assert message_from_bytes(b).nbytes == len(b)
 
@@ -87,13 +92,23 @@ def test_client_half_is_built_from_public_bytes_only():
     assert fresh.signing.public_bytes != proto.clients[0].signing.public_bytes    # keys made inside, fresh
 
 
-@pytest.mark.parametrize("mode", SPLIT_MODES)
-def test_dropped_client_is_named_not_waited_for(mode):
-    proto = make_protocol(mode, 3)
-    proto.weighted_sum("x/t", 0, _values(3), spec=SPEC)
-    proto.link.drop(1, "upload")
-    with pytest.raises(DropoutError, match="1"):
-        proto.weighted_sum("x/t", 1, _values(3), spec=SPEC)
+def test_dropped_client_is_named_not_waited_for():
+    """A client whose answer never comes back is a dropout: plain refuses naming it; mask recovers
+    the survivors' sum above the threshold and refuses, naming the clients, below it."""
+    x = _values(3)
+    plain = make_protocol("plain", 3)
+    plain.link.drop(1, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 1 did not upload"):
+        plain.weighted_sum("x/t", 0, x, spec=SPEC)
+    mask = make_protocol("mask", 3)                 # t = 2 of 3
+    mask.weighted_sum("x/t", 0, x, spec=SPEC)
+    mask.link.drop(1, "masked_upload")              # gone from its upload on, in this and later exchanges
+    got = mask.weighted_sum("x/t", 1, x, spec=SPEC, recipients=[0, 2])
+    assert mask.last_included == (0, 2) and np.allclose(got, x[0] + x[2], atol=1e-4)
+    mask.link.drop(2, "masked_upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
+        mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
+    assert err.value.clients == (1, 2)
 
 
 def test_registry_lists_every_backend_once():

@@ -1,6 +1,7 @@
 """Pairwise-mask secure aggregation (Bonawitz et al., CCS 2017) as a protocol backend.
 
-One call of :meth:`MaskProtocol._aggregate` is one aggregation instance of the
+One exchange (:meth:`MaskServer.run` driving one :class:`MaskClient` per client over a
+:class:`~protocols.link.ClientLink`, only bytes crossing) is one aggregation instance of the
 protocol of Bonawitz, Ivanov, Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and
 Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
 (CCS 2017, §4, Fig. 4), in its honest-but-curious form, over the ring ``Z_{2^b}``:
@@ -51,7 +52,7 @@ fewer than ``t`` clients) still faces ``PRG(b_k)``, whose shares it never asked 
 **Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
 recipients of every exchange are clients, so the server need not: every client holds
 a 32-byte *group seed* ``G`` (drawn by client 0 and sent to every client over the relayed
-encrypted channel at the first exchange), and contributor ``k`` adds
+encrypted channel before the first exchange, stage ``group_seed``), and contributor ``k`` adds
 ``R_k = PRG(HKDF(G; exchange, k))`` to each of its blocks.  The server's sum is
 ``sum q(x_k) + sum_k R_k``: uniformly random to it.  A recipient subtracts ``R_k`` for every
 included contributor of each block it receives (dropout-robust, because the server tells it
@@ -73,21 +74,28 @@ as long as at least one other honest client contributes the same block
 (:mod:`attacks.coalition` measures it).  Honest-but-curious server: no SecAgg+ consistency
 round, so a server that lies about who dropped is outside the model.
 
-**Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
-*next* exchange at a given stage: ``'keys'`` (before advertising keys: simply not a
-participant), ``'upload'`` (after sharing keys, before uploading: needs recovery),
-``'unmask'`` (after uploading, does not answer the recovery round), ``'late'`` (like
-``'upload'``, but its masked upload arrives after recovery: recorded, never aggregated).  A dropped client
-still receives its download (it reconnects for the result), so callers get every
-recipient's result; :attr:`MaskProtocol.last_included` names the clients whose
-contributions the result covers.
+**Stages on the link** (one batch call each; a client whose answer is missing has dropped):
+``group_seed`` (once per run, client 0 only: ``G`` for every other client), ``block_ids``
+(sparse layout only: plan in, block ids out), ``advertise_keys`` (plan or shared block ids
+in, public mask key out), ``share_keys`` (key broadcast in, channel-encrypted shares for each
+peer out, which the server forwards), ``masked_upload`` (peers' shares in, masked blocks
+out), ``unmask`` (the server's request in, shares out), ``download`` (summed blocks, who is
+included and, in the sparse layout with output masks, a per-block bitmap of contributors).
+A client that misses ``advertise_keys`` or ``share_keys`` is not a participant; one that
+misses ``masked_upload`` is recovered (or the exchange refused) as in step 5.
 
-Simulation shortcuts (results are identical, only the compute is shared): the output
-mask a recipient removes is computed once per exchange for all recipients, and the
-server's "broadcast" of public keys is one message per participant.
+**Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
+*next* exchange at a given stage (their answers are lost on the in-process link):
+``'keys'`` (before advertising keys: simply not a participant), ``'upload'`` (after sharing
+keys, before uploading: needs recovery), ``'unmask'`` (after uploading, does not answer the
+recovery round), ``'late'`` (like ``'upload'``, but its masked upload arrives after recovery:
+recorded, never aggregated).  A dropped client still receives its download (it reconnects
+for the result), so callers get every recipient's result; :attr:`MaskProtocol.last_included`
+names the clients whose contributions the result covers.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import defaultdict
@@ -96,9 +104,12 @@ from typing import Iterable
 
 import numpy as np
 
-from ..base import ExchangeContext, Protocol
+from ..base import ExchangeContext
 from ..errors import ConfigurationError, DropoutError, IntegrityError, ShapeError, UnmaskingRefusedError
-from ..transcript import SERVER, Message, client_party
+from ..framing import message_from_bytes
+from ..party import ClientHalf, ServerHalf, envelope_of
+from ..split import SplitProtocol
+from ..transcript import SERVER, Message, client_party, party_client
 from .keys import PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key
 from .prg import ring_mask, stream_id
 from .quantize import FixedPoint, choose_encoding
@@ -107,8 +118,10 @@ from .shamir import SHARE_BYTES, Share, combine, split
 #: values per transport block (the layout granularity of the sparse leak)
 MASK_BLOCK = 4096
 DROP_STAGES = ("keys", "upload", "unmask", "late")
+#: link stages at which a client dropped at each simulated stage goes silent
+_SILENT_AT = {"keys": ("block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask"),
+              "upload": ("masked_upload", "unmask"), "late": ("masked_upload", "unmask"), "unmask": ("unmask",)}
 _ID = 4  # bytes of a client or block id on the wire (int32)
-_SHARE_WIRE = _ID + SHARE_BYTES
 
 
 @dataclass
@@ -142,9 +155,9 @@ def _unmask_answer(held: dict, want_key: list[int], want_self: list[int], ctx, r
         raise UnmaskingRefusedError(f"the server asked for both the self-mask and the mask-key shares of client(s) "
                                     f"{both}; an honest client refuses (that would reveal their inputs)",
                                     tag=ctx.tag, round=ctx.round, client=responder)
-    if any(held[d][0] is None for d in want_key):
-        raise DropoutError("mask-key shares were not distributed (dropout_recovery=False)",
-                           tag=ctx.tag, round=ctx.round, client=responder)
+    if any(d not in held or held[d][0] is None for d in want_key) or any(u not in held for u in want_self):
+        raise DropoutError("the server asked for shares this client does not hold (dropout_recovery=False, or a "
+                           "client that never shared)", tag=ctx.tag, round=ctx.round, client=responder)
     return ({d: held[d][0].to_bytes() for d in want_key}, {u: held[u][1].to_bytes() for u in want_self})
 
 
@@ -155,7 +168,515 @@ def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
     return np.searchsorted(ids, subset)
 
 
-class MaskProtocol(Protocol):
+def mask_fingerprint(num_clients: int, options: dict) -> str:
+    """Public fingerprint of the run's mask parameters (every party computes it from the setup)."""
+    o = options
+    params = (f"mask:{num_clients}:ring{o['ring_bits']}:frac{o['frac_bits']}:reveal{int(o['reveal_to_server'])}:"
+              f"recovery{int(o['dropout_recovery'])}:t{o['threshold']}:block{o['block_size']}")
+    return hashlib.sha256(params.encode()).hexdigest()[:16]
+
+
+def _streams(run_id: bytes, seq: int, tag: str, rnd: int) -> dict[str, bytes]:
+    return {p: stream_id(p, run_id, seq, tag, rnd) for p in ("pairwise", "self", "output")}
+
+
+def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_key: bytes | None) -> np.ndarray:
+    """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) [+ PRG(R_k)]`` mod ``2^b``."""
+    y = st.encoded.copy()
+    for j, seed in st.seeds.items():
+        c = st.common[j]
+        m = ring_mask(seed, sid["pairwise"], c, L, dtype)
+        pos = _positions(st.ids, c)
+        if j > k:
+            y[pos] += m
+        else:
+            y[pos] -= m
+    if st.self_seed is not None:
+        y += ring_mask(st.self_seed, sid["self"], st.ids, L, dtype)
+    if out_key is not None:
+        y += ring_mask(out_key, sid["output"], st.ids, L, dtype)
+    return y
+
+
+def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
+    names = ", ".join(str(c) for c in clients)
+    err = DropoutError(f"client(s) {names} dropped out: {why}; nothing was aggregated. Re-run the exchange "
+                       "without them, or lower the threshold / enable dropout_recovery",
+                       tag=where.get("tag"), round=where.get("round"), client=clients[0] if clients else None)
+    err.clients = tuple(clients)
+    return err
+
+
+# ====================================================================== client half
+class MaskClient(ClientHalf):
+    """One client of the mask protocol: its mask keys, self-mask seed, shares it holds for its
+    peers and its copy of the group seed never leave this object (except as channel ciphertexts
+    and the unmasking answers Bonawitz et al. prescribe)."""
+
+    mode = "mask"
+
+    def __init__(self, client_id: int, setup: bytes, provider=None):
+        super().__init__(client_id, setup, provider)
+        self.options = self.setup.options
+        self.fingerprint = mask_fingerprint(self.setup.num_clients, self.options)
+        self.group_seed: bytes | None = None
+        self.state: _Participant | None = None
+        self.encoding: FixedPoint | None = None
+        #: seconds spent by this client in the last exchange, per step
+        self.timing: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ plumbing
+    def _binding(self) -> ExchangeBinding:
+        p = self.plan
+        return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
+
+    def _message(self, kind, shape, payload, note=""):
+        return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
+
+    def _take_group_seed(self, inbox: list[Message]) -> list[Message]:
+        rest = []
+        for m in inbox:
+            if m.sender != SERVER and envelope_of(m).stage == "group_seed":
+                if self.group_seed is not None:
+                    raise IntegrityError("a second output-mask group seed was sent; the first one stands",
+                                         **self.where())
+                self.group_seed = self.open_relayed(m, "group_seed", exchange=envelope_of(m).exchange)
+            else:
+                rest.append(m)
+        return rest
+
+    def _from_server(self, inbox: list[Message], stage: str, kind: str) -> Message:
+        mine = [m for m in inbox if m.sender == SERVER]
+        if len(mine) != 1:
+            raise IntegrityError(f"expected one '{stage}' message from the server, got {len(mine)}", **self.where())
+        msg = self.check(mine[0], SERVER, stage, 0, self.where())
+        if msg.kind != kind:
+            raise IntegrityError(f"expected a '{kind}' message, got '{msg.kind}'", **self.where())
+        return msg
+
+    # ------------------------------------------------------------------ stages
+    def on_stage(self, stage, inbox):
+        inbox = self._take_group_seed(inbox)
+        if stage == "register":
+            return []
+        step = getattr(self, "stage_" + stage, None)
+        if step is None:
+            raise IntegrityError(f"unknown stage {stage!r}", **self.where())
+        return step(inbox)
+
+    def stage_group_seed(self, inbox):
+        """Client 0, once per run: ``G`` for every other client over the relayed channel."""
+        if self.group_seed is None:
+            self.group_seed = new_secret_seed()
+        return [self.seal_relayed(c, "group_seed", self.group_seed, "output-mask group seed", self.fingerprint)
+                for c in range(self.setup.num_clients) if c != self.id]
+
+    def _prepare(self) -> None:
+        """Local encoding: every bound is checked before any message leaves."""
+        self.state, self.timing = None, {}
+        if self.id not in self.plan.contributors:
+            return
+        enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
+        t0 = time.perf_counter()
+        table = self.contribution()
+        encoded = enc.encode(table.values, tag=self.plan.tag, round=self.plan.round, client=self.id)
+        self.state = _Participant(table.ids, encoded)
+        self.timing["encode_s"] = time.perf_counter() - t0
+
+    def stage_block_ids(self, inbox):
+        self._prepare()
+        if self.state is None:
+            return []
+        ids = self.state.ids
+        return [self.seal(self._message("metadata", ids.shape, {"block_ids": ids.astype(np.int32)}, "block ids"),
+                          "block_ids")]
+
+    def stage_advertise_keys(self, inbox):
+        if self.plan.layout == "dense":
+            self._prepare()
+        if self.state is None:
+            return []
+        st = self.state
+        if self.plan.layout == "sparse":
+            msg = self._from_server(inbox, "block_ids", "metadata")
+            try:
+                st.common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
+            except (AttributeError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
+        st.keys = MaskKeyPair.generate()
+        return [self.seal(self._message("public_key", (PUBLIC_KEY_BYTES,), st.keys.public_bytes, "X25519 mask key"),
+                          "advertise_keys")]
+
+    def stage_share_keys(self, inbox):
+        st = self.state
+        if st is None or st.keys is None:
+            return []
+        t0 = time.perf_counter()
+        msg = self._from_server(inbox, "advertise_keys", "public_key")
+        if not isinstance(msg.payload, dict) or self.id not in msg.payload:
+            raise IntegrityError("the key broadcast does not list this client", **self.where())
+        public = {int(j): bytes(v) for j, v in msg.payload.items()}
+        participants = sorted(public)
+        binding = self._binding()
+        if self.plan.layout == "dense":
+            st.common = {j: st.ids for j in participants if j != self.id}
+        st.common = {j: c for j, c in st.common.items() if j in public and j != self.id and c.size}
+        st.seeds = {j: st.keys.pairwise_seed(self.id, j, public[j], binding) for j in st.common}
+        out = []
+        if len(participants) >= 2:                       # Bonawitz self mask b_k (double masking)
+            share_key = bool(self.options["dropout_recovery"])
+            t = int(self.plan.encoding["threshold"])
+            xs = [j + 1 for j in participants]
+            st.self_seed = new_secret_seed()
+            sk_sh = split(st.keys.private_bytes(), xs, t) if share_key else None
+            b_sh = split(st.self_seed, xs, t)
+            for j in participants:
+                own = (sk_sh[j + 1] if sk_sh else None, b_sh[j + 1])
+                if j == self.id:
+                    st.held[j] = own
+                    continue
+                raw = b"".join(s.to_bytes() for s in own if s is not None)
+                out.append(self.seal_relayed(j, "share_keys", raw, "Shamir shares of self-mask seed"
+                                             + (" and mask key" if share_key else ""), self.fingerprint))
+        self.timing["setup_s"] = time.perf_counter() - t0
+        return out
+
+    def stage_masked_upload(self, inbox):
+        st = self.state
+        if st is None or st.keys is None:
+            return []
+        t0 = time.perf_counter()
+        share_key = bool(self.options["dropout_recovery"])
+        for m in inbox:
+            if m.sender == SERVER:
+                continue
+            owner = party_client(m.sender)
+            st.held[owner] = _parse_held(self.open_relayed(m, "share_keys"), share_key, self.plan, owner)
+        if st.self_seed is not None:       # mask only toward the peers that shared (they are the participants)
+            st.seeds = {j: s for j, s in st.seeds.items() if j in st.held}
+        y = self._upload_words()
+        payload = {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}
+        self.timing["mask_s"] = time.perf_counter() - t0
+        return [self.seal(self._message("masked", y.shape, payload), "masked_upload")]
+
+    def _upload_words(self) -> np.ndarray:
+        st, enc, p = self.state, self.encoding, self.plan
+        out_key = None
+        if not self.options["reveal_to_server"]:
+            out_key = output_mask_key(self._seed(), self.id, self._binding())
+        return _masked(st, self.id, p.block_len, enc.dtype, _streams(self.setup.run_id, p.exchange, p.tag, p.round),
+                       out_key)
+
+    def _seed(self) -> bytes:
+        if self.group_seed is None:
+            raise IntegrityError("no output-mask group seed was received", **self.where())
+        return self.group_seed
+
+    def stage_unmask(self, inbox):
+        if self.state is None:
+            return []
+        msg = self._from_server(inbox, "unmask", "control")
+        try:
+            want_key = [int(d) for d in msg.payload["mask_key"]]
+            want_self = [int(u) for u in msg.payload["self_mask"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
+        sk_part, b_part = _unmask_answer(self.state.held, want_key, want_self, self.plan, self.id)
+        n = len(sk_part) + len(b_part)
+        return [self.seal(self._message("share", (n,), {"mask_key": sk_part, "self_mask": b_part},
+                                        "unmasking shares"), "unmask")]
+
+    def stage_download(self, inbox):
+        msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
+        t0 = time.perf_counter()
+        p, L = self.plan, self.plan.block_len
+        enc = self.encoding = FixedPoint(**p.encoding["fixed_point"])
+        try:
+            bids = np.asarray(msg.payload["block_ids"], dtype=np.int64).ravel()
+            rows = np.asarray(msg.payload["data"])
+            included = [int(k) for k in msg.payload["included"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed download ({e})", **self.where()) from None
+        if rows.dtype != enc.dtype or rows.shape != (bids.size, L):
+            raise IntegrityError(f"download of {rows.dtype} {rows.shape}, expected {enc.dtype} {(bids.size, L)}",
+                                 **self.where())
+        if not self.options["reveal_to_server"] and bids.size:
+            rows = rows.copy()
+            sid = _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"]
+            binding = self._binding()
+            bitmap = None
+            if p.layout == "sparse":
+                bitmap = np.unpackbits(np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1,
+                                       count=len(included)).astype(bool)
+            for i, k in enumerate(included):       # remove each included contributor's output mask
+                sel = np.arange(bids.size) if bitmap is None else np.nonzero(bitmap[:, i])[0]
+                if sel.size:
+                    rows[sel] -= ring_mask(output_mask_key(self._seed(), k, binding), sid, bids[sel], L, enc.dtype)
+        dec = enc.decode(rows)
+        self.deliver({int(b): dec[i] for i, b in enumerate(bids)})
+        self.timing["decode_s"] = time.perf_counter() - t0
+        return []
+
+    def late_upload(self) -> bytes:
+        """Simulation of a client that dropped before uploading: the upload it sends anyway, late."""
+        y = self._upload_words()
+        payload = {"block_ids": self.state.ids.astype(np.int32), "data": y.tobytes()}
+        return self.seal(self._message("masked", y.shape, payload, "late upload, not aggregated"),
+                         "masked_upload")[1]
+
+
+# ====================================================================== server half
+class MaskServer(ServerHalf):
+    """The mask server: sums masked uploads, runs the recovery round, routes the sums.  It holds
+    public keys, masked vectors and, after the unmasking round, only the shares Bonawitz et al.
+    give it (one kind per client)."""
+
+    mode = "mask"
+    relays_between_clients = True
+    relay_stages = frozenset({"group_seed", "share_keys"})
+    _NOTES = {"group_seed": "output-mask group seed", "share_keys": "Shamir shares of self-mask seed and mask key"}
+
+    def __init__(self, setup, transcript=None):
+        super().__init__(setup, transcript)
+        self.fingerprint = mask_fingerprint(setup.num_clients, setup.options)
+        self.group_seed_sent = False
+        #: clients missing in the last exchange -> the stage at which their answer was missing
+        self.last_missing: dict[int, str] = {}
+        self.last_included: tuple[int, ...] = ()
+        self.last_timing: dict[str, float] = {}
+
+    def record(self, msg: Message) -> None:
+        if msg.relay == SERVER and not msg.note:     # what the server knows a relayed ciphertext is
+            stage = envelope_of(msg).stage if len(msg.auth) > 64 else ""
+            note = self._NOTES.get(stage, "channel message")
+            msg = dataclasses.replace(msg, note=note + " (channel-encrypted, relayed by the server)")
+        super().record(msg)
+
+    def _msg(self, k, kind, shape, payload, note=""):
+        return self.message(k, kind, shape, payload, self.fingerprint, note)
+
+    def run(self, plan, link):
+        o = self.setup.options
+        enc = FixedPoint(**plan.encoding["fixed_point"])
+        t = int(plan.encoding["threshold"])
+        contributors = list(plan.contributors)
+        n0, L, sparse = len(contributors), plan.block_len, plan.layout == "sparse"
+        where = self.where
+        self.last_missing = {}
+        t_start = time.perf_counter()
+        deal = not o["reveal_to_server"] and not self.group_seed_sent
+        if deal:                          # every client gets G: all register (and get the directory) now
+            self.register(link, plan.round, range(self.setup.num_clients))
+        self.begin(plan, link, self.fingerprint, extra=(0,) if deal else ())
+        if deal:                          # client 0 deals the output-mask group seed, once per run
+            got = self.call(link, "group_seed", {0: []})
+            if 0 not in got or len([m for m in got[0] if m.relay == SERVER]) != self.setup.num_clients - 1:
+                raise _dropout_error(where(), [0], "client 0 did not deal the output-mask group seed")
+            self.group_seed_sent = True
+
+        # -- 1. metadata (sparse) and AdvertiseKeys
+        announced: dict[int, np.ndarray] = {}
+        if sparse:
+            got = self.call(link, "block_ids", {k: [] for k in plan.parties})
+            for k in contributors:
+                msg = self.responses(got, k, "block_ids", "metadata")
+                if msg is None:
+                    self.last_missing[k] = "block_ids"
+                    continue
+                self.check_envelope(msg, self.fingerprint, k)
+                ids = np.asarray(msg.payload["block_ids"], dtype=np.int64) if isinstance(msg.payload, dict) \
+                    else None
+                if ids is None or ids.ndim != 1 or np.any(np.diff(ids) <= 0) or \
+                        (ids.size and (ids[0] < 0 or ids[-1] >= plan.num_blocks)):
+                    raise IntegrityError("block-id metadata must be a sorted list of unique ids in range", **where(k))
+                announced[k] = ids
+            common = {}
+            listed = sorted(announced)
+            for i, a in enumerate(listed):
+                for b in listed[i + 1:]:
+                    c = np.intersect1d(announced[a], announced[b], assume_unique=True)
+                    if c.size:
+                        common[(a, b)] = c
+            for k in listed:
+                mine = {j: c for (a, b), c in common.items() for j in (a, b) if k in (a, b) and j != k}
+                self.queue(k, self._msg(k, "metadata", (len(mine),), {int(j): c.astype(np.int32)
+                                                                     for j, c in mine.items()},
+                                        "block ids shared with each peer"), "block_ids")
+        else:
+            announced = {k: np.arange(plan.num_blocks) for k in contributors}
+        got = self.call(link, "advertise_keys", {k: [] for k in (contributors if sparse else plan.parties)})
+        public = {}
+        for k in contributors:
+            msg = self.responses(got, k, "advertise_keys", "public_key")
+            if msg is None or k not in announced:
+                self.last_missing.setdefault(k, "advertise_keys")
+                continue
+            self.check_envelope(msg, self.fingerprint, k)
+            if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
+                raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", **where(k))
+            public[k] = bytes(msg.payload)
+        participants = sorted(public)
+        if self.last_missing and len(participants) < t:
+            raise _dropout_error(where(), sorted(self.last_missing), f"only {len(participants)} of {n0} "
+                                 f"contributors advertised keys, fewer than the threshold t={t}")
+
+        # -- 2./3. broadcast of the keys; ShareKeys (the shares are relayed to their holders)
+        for k in participants:
+            self.queue(k, self._msg(k, "public_key", (len(public), PUBLIC_KEY_BYTES), dict(public),
+                                    "broadcast of mask keys"), "advertise_keys")
+        got = self.call(link, "share_keys", {k: [] for k in participants})
+        use_self = len(participants) >= 2
+        share_keys = bool(o["dropout_recovery"]) and use_self
+        if use_self:
+            sharers = [k for k in participants
+                       if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER)
+                       == [j for j in participants if j != k]]
+            for k in participants:
+                if k not in sharers:
+                    self.last_missing.setdefault(k, "share_keys")
+        else:
+            sharers = participants
+        t_setup = time.perf_counter()
+
+        # -- 4. MaskedInputCollection
+        got = self.call(link, "masked_upload", {k: [] for k in sharers})
+        t_server = time.perf_counter()
+        inbox = {}
+        for k in sharers:
+            msg = self.responses(got, k, "masked_upload")
+            if msg is not None:
+                self.check_envelope(msg, self.fingerprint, k)
+                if msg.kind != "masked":
+                    raise IntegrityError(f"message rejected: expected a 'masked' message from {client_party(k)} "
+                                         f"to the server, got '{msg.kind}'", **where(k))
+                inbox[k] = msg
+            else:
+                self.last_missing.setdefault(k, "masked_upload")
+        uploads = {k: self._read_upload(k, msg, announced[k], enc) for k, msg in inbox.items()}
+        uploaders = sorted(uploads)
+        dropped_upload = [k for k in sharers if k not in uploads]
+        missing = sorted(self.last_missing)
+        if missing and len(uploaders) < t:
+            raise _dropout_error(where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
+                                                   f"than the threshold t={t}")
+        if missing and plan.encoding.get("distributed_noise"):
+            raise _dropout_error(where(), missing, "with distributed DP every client adds 1/n of the noise "
+                                 "variance, so a sum without them would be short of DP noise")
+        if dropped_upload and not share_keys:
+            raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
+                                 "toward them) and dropout recovery is disabled (dropout_recovery=False)")
+        union = np.unique(np.concatenate([announced[k] for k in uploaders])) if uploaders else np.zeros(0, np.int64)
+        total = np.zeros((union.size, L), dtype=enc.dtype)
+        for k, y in uploads.items():
+            total[_positions(union, announced[k])] += y
+
+        # -- 5. Unmasking
+        if dropped_upload or use_self:
+            want_b = uploaders if use_self else []
+            request = {"mask_key": np.asarray(dropped_upload, np.int32), "self_mask": np.asarray(want_b, np.int32)}
+            got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped_upload) + len(want_b),),
+                                                            request, "unmasking request"), 0)] for j in uploaders})
+            sk_shares, b_shares = defaultdict(list), defaultdict(list)
+            responders = []
+            for j in uploaders:
+                msg = self.responses(got, j, "unmask", "share")
+                if msg is None:
+                    self.last_missing.setdefault(j, "unmask")
+                    continue
+                self.check_envelope(msg, self.fingerprint, j)
+                responders.append(j)
+                try:
+                    for d, raw in msg.payload["mask_key"].items():
+                        sk_shares[int(d)].append(Share.from_bytes(raw))
+                    for u, raw in msg.payload["self_mask"].items():
+                        b_shares[int(u)].append(Share.from_bytes(raw))
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    raise IntegrityError(f"malformed unmasking shares ({e})", **where(j)) from None
+            if len(responders) < t:
+                raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
+                                     f"the unmasking round, fewer than the threshold t={t}")
+            sid = _streams(self.setup.run_id, plan.exchange, plan.tag, plan.round)
+            binding = ExchangeBinding(self.setup.run_id, plan.exchange, plan.tag, plan.round)
+            for d in dropped_upload:
+                keys = self._reconstruct_key(d, sk_shares[d], t, public[d])
+                for j in uploaders:
+                    c = np.intersect1d(announced[d], announced[j], assume_unique=True)
+                    if not c.size:
+                        continue
+                    m = ring_mask(keys.pairwise_seed(d, j, public[j], binding), sid["pairwise"], c, L, enc.dtype)
+                    pos = _positions(union, c)
+                    if d > j:      # j added +PRG(s_jd)
+                        total[pos] -= m
+                    else:          # j subtracted it
+                        total[pos] += m
+            for u in want_b:
+                try:
+                    b_u = combine(b_shares[u], t)
+                except ValueError as e:
+                    raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
+                total[_positions(union, announced[u])] -= ring_mask(b_u, sid["self"], announced[u], L, enc.dtype)
+        t_down = time.perf_counter()
+
+        # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed what
+        included = tuple(uploaders)
+        kind = "plain" if o["reveal_to_server"] else "masked"
+        downloads = {}
+        for r, bids in plan.requests.items():
+            rows = np.zeros((bids.size, L), dtype=enc.dtype)   # a block nobody contributed sums to 0
+            if union.size:
+                at = np.minimum(np.searchsorted(union, bids), union.size - 1)
+                hit = union[at] == bids
+                rows[hit] = total[at[hit]]
+            payload = {"block_ids": bids.astype(np.int32), "data": rows, "included": np.asarray(included, np.int32)}
+            if sparse and not o["reveal_to_server"]:
+                bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
+                    else np.zeros((bids.size, 0), bool)
+                payload["contributors"] = np.packbits(bitmap, axis=1)
+            downloads[r] = [(self._msg(r, kind, rows.shape, payload), 0)]
+        self.call(link, "download", downloads)
+        self.last_included = included
+        self.last_timing = {"setup_s": t_setup - t_start, "server_s": t_down - t_server}
+        return included
+
+    # ------------------------------------------------------------------ server-side checks
+    def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:
+        """Parse one masked upload; refuse anything but the announced blocks as ring elements."""
+        where, L = self.where(k), self.plan.block_len
+        p = msg.payload
+        if not isinstance(p, dict) or "data" not in p or "block_ids" not in p:
+            raise IntegrityError("masked upload must carry 'block_ids' and 'data'", **where)
+        got_ids = np.asarray(p["block_ids"]).ravel()
+        if got_ids.shape != ids.shape or not np.array_equal(got_ids.astype(np.int64), ids):
+            raise IntegrityError("masked upload covers other block ids than the client announced", **where)
+        expected = (ids.size, L)
+        if tuple(msg.shape) != expected:
+            raise ShapeError(f"masked upload declares shape {tuple(msg.shape)}, expected {expected}", **where)
+        data = p["data"]
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ShapeError(f"masked payload must be raw bytes of {enc.ring_bits}-bit ring elements, got "
+                             f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}",
+                             **where)
+        want = ids.size * L * enc.bytes_per_value
+        if len(data) != want:
+            raise IntegrityError(f"masked payload is {len(data)} bytes, expected {want} "
+                                 f"({ids.size} blocks x {L} values x {enc.bytes_per_value} bytes): truncated or "
+                                 "corrupted", **where)
+        return np.frombuffer(bytes(data), dtype=enc.dtype).reshape(expected)
+
+    def _reconstruct_key(self, d: int, shares: list[Share], t: int, public: bytes) -> MaskKeyPair:
+        try:
+            keys = MaskKeyPair.from_private_bytes(combine(shares, t))
+        except ValueError as e:
+            raise IntegrityError(f"cannot reconstruct the mask key of dropped client {d}: {e}",
+                                 **self.where(d)) from None
+        if keys.public_bytes != public:
+            raise IntegrityError(f"shares of dropped client {d}'s mask key are inconsistent (the reconstructed "
+                                 "key does not match its advertised public key)", **self.where(d))
+        return keys
+
+
+# ====================================================================== the algorithms' facade
+class MaskProtocol(SplitProtocol):
     """Pairwise-mask secure aggregation over ``Z_{2^ring_bits}``.
 
     Parameters (besides those of :class:`~protocols.base.Protocol`)
@@ -177,11 +698,12 @@ class MaskProtocol(Protocol):
 
     mode = "mask"
     upload_kind = "masked"
+    client_half = MaskClient
+    server_half = MaskServer
 
     def __init__(self, num_clients: int, *, ring_bits: int | str = "auto", frac_bits: int | None = None,
                  reveal_to_server: bool = False, dropout_recovery: bool = True,
                  threshold: int | None = None, block_size: int = MASK_BLOCK, **base_options):
-        super().__init__(num_clients, **base_options)
         if ring_bits not in (8, 16, 32, 64, "auto"):
             raise ConfigurationError(f"ring_bits must be 8, 16, 32, 64 or 'auto', got {ring_bits!r}")
         if threshold is not None and int(threshold) < 2:
@@ -195,8 +717,7 @@ class MaskProtocol(Protocol):
         self.dropout_recovery = bool(dropout_recovery)
         self.threshold = None if threshold is None else int(threshold)
         self.block_size = int(block_size)
-        self._seq = 0
-        self._group_seed: dict[int, bytes] = {}   # client -> its copy of G (never the server)
+        super().__init__(num_clients, **base_options)
         self._pending_drops: dict[int, str] = {}
         #: clients whose contributions the last result covers, and who dropped (client -> stage)
         self.last_included: tuple[int, ...] = ()
@@ -211,19 +732,26 @@ class MaskProtocol(Protocol):
         self.last_client_state: dict[int, _Participant] = {}
         self.last_binding: ExchangeBinding | None = None
 
+    def public_options(self) -> dict:
+        return {"ring_bits": self.ring_bits, "frac_bits": self.frac_bits, "reveal_to_server": self.reveal_to_server,
+                "dropout_recovery": self.dropout_recovery, "threshold": self.threshold,
+                "block_size": self.block_size}
+
     # ------------------------------------------------------------------ public knobs
     @property
     def fingerprint(self) -> str:
-        params = (f"{self.mode}:{self.num_clients}:ring{self.ring_bits}:frac{self.frac_bits}:"
-                  f"reveal{int(self.reveal_to_server)}:recovery{int(self.dropout_recovery)}:"
-                  f"t{self.threshold}:block{self.block_size}")
-        return hashlib.sha256(params.encode()).hexdigest()[:16]
+        return mask_fingerprint(self.num_clients, self.public_options())
+
+    @property
+    def _group_seed(self) -> dict[int, bytes]:
+        """Each in-process client's copy of the output-mask group seed (what a colluding client holds)."""
+        return {k: c.group_seed for k, c in self.clients.items() if c.group_seed is not None}
 
     def block_capacity(self, spec) -> int:
         return self.block_size
 
     def drop_clients(self, clients: Iterable[int], stage: str = "upload") -> None:
-        """Simulate ``clients`` leaving the next exchange at ``stage`` ('keys' | 'upload' | 'unmask')."""
+        """Simulate ``clients`` leaving the next exchange at ``stage`` ('keys' | 'upload' | 'unmask' | 'late')."""
         if stage not in DROP_STAGES:
             raise ConfigurationError(f"stage must be one of {', '.join(DROP_STAGES)}, got {stage!r}")
         for c in clients:
@@ -237,374 +765,67 @@ class MaskProtocol(Protocol):
         t = n // 2 + 1 if self.threshold is None else self.threshold
         return max(1, min(t, n))
 
-    # ------------------------------------------------------------------ messages
-    def _msg(self, ctx: ExchangeContext, sender: str, receiver: str, kind: str, shape: tuple, nbytes: int,
-             payload=None, note: str = "") -> Message:
-        return Message(ctx.round, ctx.tag, sender, receiver, kind, tuple(shape), int(nbytes), self.mode,
-                       self.fingerprint, payload, note)
+    # ------------------------------------------------------------------ one exchange
+    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        n0 = len(ctx.contributions)
+        enc = choose_encoding(max_abs=ctx.spec.max_abs, integer=ctx.spec.integer, tolerance=ctx.spec.tolerance,
+                              num_contributors=n0, ring_bits=self.ring_bits, dp_noise_std=ctx.dp_noise_std,
+                              frac_bits=self.frac_bits, tag=ctx.tag, round=ctx.round)
+        self.last_encoding = enc          # public; set before any message (test hooks read it)
+        distributed = (ctx.dp_noise_std > 0 and self.dp is not None
+                       and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed")
+        return {"fixed_point": dataclasses.asdict(enc), "threshold": self.threshold_for(n0),
+                "distributed_noise": bool(distributed)}
 
-    def _upload(self, ctx, k, kind, shape, nbytes, payload, note="", stage="masked_upload") -> Message:
-        """Client ``k`` -> server, signed, through the test hook; the server verifies it."""
-        msg = self._deliver(self._msg(ctx, client_party(k), SERVER, kind, shape, nbytes, payload, note), stage)
-        self._check_envelope(msg, ctx, k)
-        self._check_sender(msg, ctx, k, kind)
-        return msg
-
-
-    @staticmethod
-    def _check_sender(msg: Message, ctx: ExchangeContext, k: int, kind: str) -> None:
-        if msg.sender != client_party(k) or msg.receiver != SERVER or msg.kind != kind:
-            raise IntegrityError(f"message rejected: expected a '{kind}' message from {client_party(k)} to the "
-                                 f"server, got '{msg.kind}' from {msg.sender!r} to {msg.receiver!r}",
-                                 tag=ctx.tag, round=ctx.round, client=k)
-
-    # ------------------------------------------------------------------ the exchange
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        tag, rnd, L = ctx.tag, ctx.round, ctx.block_len
         drops, self._pending_drops = self._pending_drops, {}
         contributors = sorted(int(k) for k in ctx.contributions)
         if not contributors:
-            raise ShapeError("no contributions", tag=tag, round=rnd)
+            raise ShapeError("no contributions", tag=ctx.tag, round=ctx.round)
         stray = sorted(set(drops) - set(contributors))
         if stray:
             raise ConfigurationError(f"drop_clients named {stray}, which do not contribute to this exchange",
-                                     tag=tag, round=rnd)
-        n0 = len(contributors)
-        t = self.threshold_for(n0)
-        t_start = time.perf_counter()
-
-        # -- 0. local encoding: every bound is checked before any message exists
-        enc = choose_encoding(max_abs=ctx.spec.max_abs, integer=ctx.spec.integer, tolerance=ctx.spec.tolerance,
-                              num_contributors=n0, ring_bits=self.ring_bits, dp_noise_std=ctx.dp_noise_std,
-                              frac_bits=self.frac_bits, tag=tag, round=rnd)
-        participants = [k for k in contributors if drops.get(k) != "keys"]
-        state: dict[int, _Participant] = {}
-        encode_s: dict[int, float] = {}
-        for k in participants:
-            table = ctx.contributions[k]
-            ids = np.asarray(table.ids, dtype=np.int64).ravel()
-            vals = np.asarray(table.values)
-            if vals.ndim != 2 or vals.shape != (ids.size, L):
-                raise ShapeError(f"contribution blocks must be [{ids.size}, {L}], got {vals.shape}",
-                                 tag=tag, round=rnd, client=k)
-            if ids.size and (np.any(np.diff(ids) <= 0) or ids[0] < 0 or ids[-1] >= ctx.num_blocks):
-                raise ShapeError(f"block ids must be sorted, unique and in [0, {ctx.num_blocks})",
-                                 tag=tag, round=rnd, client=k)
-            if ctx.layout == "dense" and ids.size != ctx.num_blocks:
-                raise ShapeError("the dense layout needs every block from every client", tag=tag, round=rnd, client=k)
-            t0 = time.perf_counter()
-            state[k] = _Participant(ids, enc.encode(vals, tag=tag, round=rnd, client=k))
-            encode_s[k] = time.perf_counter() - t0
-        if drops and len(participants) < t:
-            raise self._dropout_error(ctx, sorted(drops), f"only {len(participants)} of {n0} contributors "
-                                                          f"advertised keys, fewer than the threshold t={t}")
-        self.last_encoding = enc
-        self._seq += 1
-        binding = ExchangeBinding(self.run_id, self._seq, tag, rnd)
-        sid_pair = stream_id("pairwise", self.run_id, self._seq, tag, rnd)
-        sid_self = stream_id("self", self.run_id, self._seq, tag, rnd)
-        sid_out = stream_id("output", self.run_id, self._seq, tag, rnd)
-        uploaders = [k for k in participants if drops.get(k) not in ("upload", "late")]
-        responders = [k for k in uploaders if drops.get(k) != "unmask"]
-        use_self = len(participants) >= 2          # Bonawitz self mask b_k (double masking)
-        share_keys = self.dropout_recovery and len(participants) >= 2
-
-        # -- group seed for output masks: client 0 -> every client, once per run
-        if not self.reveal_to_server and not self._group_seed:
-            g = new_secret_seed()
-            self._group_seed = {0: g}
-            for c in range(1, self.num_clients):
-                self._group_seed[c] = self._relay(rnd, tag, 0, c, "share_keys", g, "output-mask group seed",
-                                                    part=1)
-
-        # -- 1. metadata: who touches which block (sparse layout only)
-        announced = {k: state[k].ids for k in participants}
-        if ctx.layout == "sparse":
-            for k in participants:
-                ids = state[k].ids
-                msg = self._upload(ctx, k, "metadata", ids.shape, _ID * ids.size,
-                                   {"block_ids": ids.astype(np.int32)}, note="block ids", stage="block_ids")
-                got = np.asarray(msg.payload["block_ids"], dtype=np.int64) if isinstance(msg.payload, dict) else None
-                if got is None or got.ndim != 1 or np.any(np.diff(got) <= 0) or \
-                        (got.size and (got[0] < 0 or got[-1] >= ctx.num_blocks)):
-                    raise IntegrityError("block-id metadata must be a sorted list of unique ids in range",
-                                         tag=tag, round=rnd, client=k)
-                if not np.array_equal(got, ids):
-                    raise IntegrityError("block-id metadata was altered in transit (it differs from the ids the "
-                                         "client sent)", tag=tag, round=rnd, client=k)
-        common: dict[tuple[int, int], np.ndarray] = {}
-        for i, a in enumerate(participants):
-            for b in participants[i + 1:]:
-                c = announced[a] if ctx.layout == "dense" else np.intersect1d(announced[a], announced[b],
-                                                                             assume_unique=True)
-                if c.size:
-                    common[(a, b)] = c
-                    state[a].common[b] = c
-                    state[b].common[a] = c
-        if ctx.layout == "sparse":
-            for k in participants:
-                m = sum(2 * _ID + _ID * c.size for c in state[k].common.values())
-                msg = self._download(self._msg(ctx, SERVER, client_party(k), "metadata", (len(state[k].common),), m,
-                                               {int(j): c.astype(np.int32) for j, c in state[k].common.items()},
-                                               "block ids shared with each peer"), "block_ids")
-                state[k].common = {int(j): np.asarray(c, dtype=np.int64) for j, c in msg.payload.items()}
-
-        # -- 2. AdvertiseKeys
-        public = {}
-        for k in participants:
-            state[k].keys = MaskKeyPair.generate()
-            msg = self._upload(ctx, k, "public_key", (PUBLIC_KEY_BYTES,), PUBLIC_KEY_BYTES,
-                               state[k].keys.public_bytes, note="X25519 mask key", stage="advertise_keys")
-            if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
-                raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", tag=tag, round=rnd, client=k)
-            public[k] = bytes(msg.payload)
-        for k in participants:
-            msg = self._download(self._msg(ctx, SERVER, client_party(k), "public_key", (len(public), PUBLIC_KEY_BYTES),
-                                           len(public) * (_ID + PUBLIC_KEY_BYTES), dict(public),
-                                           "broadcast of mask keys"), "advertise_keys")
-            st = state[k]
-            for j in st.common:
-                st.seeds[j] = st.keys.pairwise_seed(k, j, msg.payload[j], binding)
-
-        # -- 3. ShareKeys
-        if use_self:
-            xs = [j + 1 for j in participants]
-            for k in participants:
-                st = state[k]
-                st.self_seed = new_secret_seed()
-                sk_sh = split(st.keys.private_bytes(), xs, t) if share_keys else None
-                b_sh = split(st.self_seed, xs, t)
-                for j in participants:
-                    own = (sk_sh[j + 1] if sk_sh else None, b_sh[j + 1])
-                    if j == k:
-                        state[j].held[k] = own
-                        continue
-                    raw = b"".join(s.to_bytes() for s in own if s is not None)
-                    got = self._relay(rnd, tag, k, j, "share_keys", raw, "Shamir shares of self-mask seed"
-                                      + (" and mask key" if share_keys else ""))
-                    state[j].held[k] = _parse_held(got, share_keys, ctx, k)
-        t_setup = time.perf_counter()
-
-        # -- 4. MaskedInputCollection
-        out_keys = {}
-        if not self.reveal_to_server:
-            out_keys = {k: output_mask_key(self._group_seed[k], k, binding) for k in participants}
-        inbox, client_s = {}, {}
-        dtype = enc.dtype
-        for k in uploaders:
-            t0 = time.perf_counter()
-            st = state[k]
-            y = self._masked(st, k, L, dtype, sid_pair, sid_self, sid_out, out_keys.get(k))
-            payload = {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}
-            client_s[k] = time.perf_counter() - t0 + encode_s[k]
-            nbytes = y.nbytes + (_ID * st.ids.size if ctx.layout == "sparse" else 0)
-            msg = self._msg(ctx, client_party(k), SERVER, "masked", y.shape, nbytes, payload)
-            inbox[k] = self._deliver(msg, "masked_upload")
-        t_server = time.perf_counter()
-
-        # -- 5. server: envelopes first, then payloads, then dropouts, then sums
-        for k, msg in inbox.items():
-            self._check_envelope(msg, ctx, k)
-        for k, msg in inbox.items():
-            self._check_sender(msg, ctx, k, "masked")
-        uploads = {k: self._read_upload(ctx, k, msg, announced[k], enc) for k, msg in inbox.items()}
-        dropped_upload = [k for k in participants if drops.get(k) in ("upload", "late")]
-        missing = sorted(k for k in contributors if k in drops)
-        if missing and len(uploaders) < t:
-            raise self._dropout_error(ctx, missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
-                                                    f"than the threshold t={t}")
-        if missing and self._distributed_noise(ctx):
-            raise self._dropout_error(ctx, missing, "with distributed DP every client adds 1/n of the noise "
-                                      "variance, so a sum without them would be short of DP noise")
-        if dropped_upload and not share_keys:
-            raise self._dropout_error(ctx, dropped_upload, "they were counted in (the other clients masked "
-                                      "toward them) and dropout recovery is disabled (dropout_recovery=False)")
-        union = np.unique(np.concatenate([announced[k] for k in uploaders])) if uploaders else np.zeros(0, np.int64)
-        total = np.zeros((union.size, L), dtype=dtype)
-        for k, y in uploads.items():
-            total[_positions(union, announced[k])] += y
-
-        if dropped_upload or use_self:
-            if len(responders) < t:
-                raise self._dropout_error(ctx, missing, f"only {len(responders)} clients answered the unmasking "
-                                                        f"round, fewer than the threshold t={t}")
-            sk_shares, b_shares = defaultdict(list), defaultdict(list)
-            want_b = uploaders if use_self else []           # the server's request: survivors' b_k ...
-            for j in responders:
-                sk_part, b_part = _unmask_answer(state[j].held, dropped_upload, want_b, ctx, j)
-                msg = self._upload(ctx, j, "share", (len(sk_part) + len(b_part),),
-                                   (len(sk_part) + len(b_part)) * (_ID + _SHARE_WIRE),
-                                   {"mask_key": sk_part, "self_mask": b_part}, note="unmasking shares",
-                                   stage="unmask")
-                try:
-                    for d, raw in msg.payload["mask_key"].items():
-                        sk_shares[int(d)].append(Share.from_bytes(raw))
-                    for u, raw in msg.payload["self_mask"].items():
-                        b_shares[int(u)].append(Share.from_bytes(raw))
-                except (KeyError, TypeError, ValueError, AttributeError) as e:
-                    raise IntegrityError(f"malformed unmasking shares ({e})", tag=tag, round=rnd, client=j) from None
-            for d in dropped_upload:
-                keys = self._reconstruct_key(ctx, d, sk_shares[d], t, public[d])
-                for j in uploaders:
-                    pair = (min(d, j), max(d, j))
-                    if pair not in common:
-                        continue
-                    c = common[pair]
-                    m = ring_mask(keys.pairwise_seed(d, j, public[j], binding), sid_pair, c, L, dtype)
-                    pos = _positions(union, c)
-                    if d > j:      # j added +PRG(s_jd)
-                        total[pos] -= m
-                    else:          # j subtracted it
-                        total[pos] += m
-            for u in (uploaders if use_self else []):
-                try:
-                    b_u = combine(b_shares[u], t)
-                except ValueError as e:
-                    raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", tag=tag, round=rnd,
-                                         client=u) from None
-                total[_positions(union, announced[u])] -= ring_mask(b_u, sid_self, announced[u], L, dtype)
-        t_down = time.perf_counter()
-
-        # a dropped client's upload that arrives after recovery is recorded, never aggregated
-        # (the late-upload attack of the tests reads it: b_k still hides it)
-        for k in participants:
-            if drops.get(k) == "late":
-                st = state[k]
-                y = self._masked(st, k, L, dtype, sid_pair, sid_self, sid_out, out_keys.get(k))
-                self.transcript.record(self._seal(self._msg(
-                    ctx, client_party(k), SERVER, "masked", y.shape, 0,
-                    {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}, "late upload, not aggregated"),
-                    "masked_upload"))
-
-        # -- 6. delivery: each recipient gets its blocks and who is included
-        included = tuple(uploaders)
-        kind = "plain" if self.reveal_to_server else "masked"
-        sent = {}
-        for r, bids in ctx.requests.items():
-            bids = np.asarray(bids, dtype=np.int64).ravel()
-            if bids.size and (bids.min() < 0 or bids.max() >= ctx.num_blocks):
-                raise ShapeError(f"requested block ids must lie in [0, {ctx.num_blocks})", tag=tag, round=rnd,
-                                 client=r)
-            rows = np.zeros((bids.size, L), dtype=dtype)   # a block nobody contributed sums to 0
-            if union.size:
-                where = np.minimum(np.searchsorted(union, bids), union.size - 1)
-                hit = union[where] == bids
-                rows[hit] = total[where[hit]]
-            nbytes = rows.nbytes + _ID * len(included)
-            if ctx.layout == "sparse":
-                nbytes += _ID * bids.size + (bids.size * -(-len(participants) // 8) if out_keys else 0)
-            msg = self._download(self._msg(ctx, SERVER, client_party(int(r)), kind, rows.shape, nbytes,
-                                           {"block_ids": bids.astype(np.int32), "data": rows, "included": included}))
-            sent[r] = (np.asarray(msg.payload["block_ids"], dtype=np.int64), msg.payload["data"])
-        t_recv = time.perf_counter()
-
-        # -- recipients remove the output masks of the included contributors and decode
-        out_total = None
-        if out_keys and sent:
-            wanted = np.unique(np.concatenate([b for b, _ in sent.values()]))
-            out_total = np.zeros((wanted.size, L), dtype=dtype)
-            for k in uploaders:
-                ids = np.intersect1d(announced[k], wanted, assume_unique=True)
-                if ids.size:
-                    out_total[_positions(wanted, ids)] += ring_mask(out_keys[k], sid_out, ids, L, dtype)
-        t_decode = time.perf_counter()
-        result, recv_s = {}, {}
-        for r, (bids, rows) in sent.items():
-            t0 = time.perf_counter()
-            if out_total is not None and bids.size:
-                rows = rows - out_total[_positions(wanted, bids)]
-            dec = enc.decode(rows)
-            result[int(r)] = {int(b): dec[i] for i, b in enumerate(bids)}
-            recv_s[int(r)] = (t_decode - t_recv) + time.perf_counter() - t0
-
-        self.last_included = included
-        self.last_binding = binding
-        self.last_client_state = dict(state) if self.keep_client_state else {}
-        self.last_dropped = {k: drops[k] for k in missing}
-        self.last_timing = {
-            "encode_s": sum(encode_s.values()),                      # all clients, quantise + bound check
-            "setup_s": t_setup - t_start - sum(encode_s.values()),   # metadata, keys, shares (all clients)
-            "client_mask_s": float(np.mean(list(client_s.values()))) if client_s else 0.0,  # one client
-            "server_s": t_down - t_server,                           # checks, sum, recovery
-            "recipient_s": float(np.mean(list(recv_s.values()))) if recv_s else 0.0,        # one recipient
-        }
-        # the same figures in the shape the CKKS backend reports (secure_fgl.bench reads it)
-        self.last_stats = {
-            "tag": tag, "round": rnd, "client_upload_s": client_s, "client_download_s": recv_s,
-            "server_s": t_down - t_server, "setup_s": self.last_timing["setup_s"],
-            "params": {"ring_bits": enc.ring_bits, "frac_bits": enc.frac_bits, "threshold": t,
-                       "output_mask": not self.reveal_to_server, "error_bound": enc.error_bound},
-        }
+                                     tag=ctx.tag, round=ctx.round)
+        for k, stage in drops.items():
+            self.link.mute(k, _SILENT_AT[stage])
+        self.last_client_state = {}
+        try:
+            result = super()._aggregate(ctx)
+        finally:
+            for k in drops:
+                self.link.reconnect(k)
+        plan = self.server.plan
+        self.last_binding = ExchangeBinding(self.run_id, plan.exchange, ctx.tag, ctx.round)
+        self.last_included = self.server.last_included
+        self.last_dropped = {k: drops.get(k, stage) for k, stage in self.server.last_missing.items()}
+        for k in sorted(drops):          # the upload of a 'late' client arrives after recovery: recorded only
+            if drops[k] == "late":
+                self.server.record(dataclasses.replace(message_from_bytes(self.clients[k].late_upload()),
+                                                       note="late upload, not aggregated"))
+        halves = {k: self.clients[k] for k in contributors}
+        if self.keep_client_state:
+            self.last_client_state = {k: h.state for k, h in halves.items() if h.state is not None}
+        self._collect_stats(ctx, halves, plan)
         return result
 
-    @staticmethod
-    def _masked(st: _Participant, k: int, L: int, dtype, sid_pair, sid_self, sid_out, out_key) -> np.ndarray:
-        """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) [+ PRG(R_k)]`` mod ``2^b``."""
-        y = st.encoded.copy()
-        for j, seed in st.seeds.items():
-            c = st.common[j]
-            m = ring_mask(seed, sid_pair, c, L, dtype)
-            pos = _positions(st.ids, c)
-            if j > k:
-                y[pos] += m
-            else:
-                y[pos] -= m
-        if st.self_seed is not None:
-            y += ring_mask(st.self_seed, sid_self, st.ids, L, dtype)
-        if out_key is not None:
-            y += ring_mask(out_key, sid_out, st.ids, L, dtype)
-        return y
-
-    # ------------------------------------------------------------------ server-side checks
-    def _read_upload(self, ctx: ExchangeContext, k: int, msg: Message, ids: np.ndarray,
-                     enc: FixedPoint) -> np.ndarray:
-        """Parse one masked upload; refuse anything but the announced blocks as ring elements."""
-        tag, rnd, L = ctx.tag, ctx.round, ctx.block_len
-        p = msg.payload
-        if not isinstance(p, dict) or "data" not in p or "block_ids" not in p:
-            raise IntegrityError("masked upload must carry 'block_ids' and 'data'", tag=tag, round=rnd, client=k)
-        got_ids = np.asarray(p["block_ids"]).ravel()
-        if got_ids.shape != ids.shape or not np.array_equal(got_ids.astype(np.int64), ids):
-            raise IntegrityError("masked upload covers other block ids than the client announced",
-                                 tag=tag, round=rnd, client=k)
-        expected = (ids.size, L)
-        if tuple(msg.shape) != expected:
-            raise ShapeError(f"masked upload declares shape {tuple(msg.shape)}, expected {expected}",
-                             tag=tag, round=rnd, client=k)
-        data = p["data"]
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ShapeError(f"masked payload must be raw bytes of {enc.ring_bits}-bit ring elements, got "
-                             f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}",
-                             tag=tag, round=rnd, client=k)
-        want = ids.size * L * enc.bytes_per_value
-        if len(data) != want:
-            raise IntegrityError(f"masked payload is {len(data)} bytes, expected {want} "
-                                 f"({ids.size} blocks x {L} values x {enc.bytes_per_value} bytes): truncated or "
-                                 "corrupted", tag=tag, round=rnd, client=k)
-        return np.frombuffer(bytes(data), dtype=enc.dtype).reshape(expected)
-
-    def _reconstruct_key(self, ctx, d: int, shares: list[Share], t: int, public: bytes) -> MaskKeyPair:
-        try:
-            keys = MaskKeyPair.from_private_bytes(combine(shares, t))
-        except ValueError as e:
-            raise IntegrityError(f"cannot reconstruct the mask key of dropped client {d}: {e}",
-                                 tag=ctx.tag, round=ctx.round, client=d) from None
-        if keys.public_bytes != public:
-            raise IntegrityError(f"shares of dropped client {d}'s mask key are inconsistent (the reconstructed "
-                                 "key does not match its advertised public key)", tag=ctx.tag, round=ctx.round,
-                                 client=d)
-        return keys
-
-    def _distributed_noise(self, ctx: ExchangeContext) -> bool:
-        """True when the exchange's DP noise is split across the clients (dropouts then break DP)."""
-        return (ctx.dp_noise_std > 0 and self.dp is not None
-                and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed")
-
-    @staticmethod
-    def _dropout_error(ctx, clients: list[int], why: str) -> DropoutError:
-        names = ", ".join(str(c) for c in clients)
-        err = DropoutError(f"client(s) {names} dropped out: {why}; nothing was aggregated. Re-run the exchange "
-                           "without them, or lower the threshold / enable dropout_recovery",
-                           tag=ctx.tag, round=ctx.round, client=clients[0] if clients else None)
-        err.clients = tuple(clients)
-        return err
+    def _collect_stats(self, ctx, halves, plan) -> None:
+        timing = {k: h.timing for k, h in halves.items()}
+        up = {k: t.get("encode_s", 0.0) + t.get("mask_s", 0.0) for k, t in timing.items() if "mask_s" in t}
+        down = {r: self.clients[r].timing.get("decode_s", 0.0) for r in plan.requests}
+        encode = sum(t.get("encode_s", 0.0) for t in timing.values())
+        setup = self.server.last_timing.get("setup_s", 0.0)
+        self.last_timing = {
+            "encode_s": encode,                                            # all clients, quantise + bound check
+            "setup_s": setup,                                              # metadata, keys, shares (wall clock)
+            "client_mask_s": float(np.mean([t.get("mask_s", 0.0) for t in timing.values()])) if timing else 0.0,
+            "server_s": self.server.last_timing.get("server_s", 0.0),     # checks, sum, recovery
+            "recipient_s": float(np.mean(list(down.values()))) if down else 0.0,
+        }
+        enc = self.last_encoding
+        self.last_stats = {
+            "tag": ctx.tag, "round": ctx.round, "client_upload_s": up, "client_download_s": down,
+            "server_s": self.last_timing["server_s"], "setup_s": setup,
+            "params": {"ring_bits": enc.ring_bits, "frac_bits": enc.frac_bits,
+                       "threshold": int(plan.encoding["threshold"]), "output_mask": not self.reveal_to_server,
+                       "error_bound": enc.error_bound},
+        }
