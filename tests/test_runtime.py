@@ -12,7 +12,7 @@ from protocols import DropoutError
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
-from secure_fgl.runtime.build import make_strategy
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.fedgcn import ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
@@ -93,25 +93,25 @@ def test_local_executor_matches_the_in_process_algorithm(algorithm, options):
 
 
 class FlakyExecutor(LocalExecutor):
-    """Client ``victim``'s runtime stops answering from its ``after``-th contribute call on."""
+    """Client ``victim``'s runtime stops answering at the ``nth`` call of ``method`` (and after)."""
 
-    def __init__(self, victim: int, after: int = 1):
+    def __init__(self, victim: int, method: str = "contribute", nth: int = 2):
         super().__init__()
-        self.victim, self.after, self.contributes = victim, after, 0
+        self.victim, self.method, self.nth, self.seen = victim, method, nth, 0
 
     def _call(self, method, requests):
-        if method == "contribute":
-            self.contributes += 1
-        if self.contributes > self.after and self.victim in requests:
+        self.seen += method == self.method
+        if self.seen >= self.nth and self.victim in requests:
             rest = {k: v for k, v in requests.items() if k != self.victim}
             return super()._call(method, rest)[0], {self.victim: "test: process gone"}
         return super()._call(method, requests)
 
 
-def _run_with(cfg, executor):
+def _run_with(cfg, executor, halves_in_runtimes=False):
     cfg.validate()
     fed = load_federation(cfg)
-    protocol = make_run_protocol(cfg, fed.num_clients)
+    protocol = (make_runtime_protocol(cfg, fed.num_clients, executor) if halves_in_runtimes
+                else make_run_protocol(cfg, fed.num_clients))
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     strategy.setup()
     return strategy, protocol, [strategy.train_round(r) for r in range(cfg.rounds)]
@@ -124,6 +124,16 @@ def test_lost_client_mask_recovers_the_survivors_mean_ckks_names_it():
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
     with pytest.warns(RuntimeWarning), pytest.raises(DropoutError, match=r"client\(s\) \[1\].*ckks"):
         _run_with(small(mode="ckks"), FlakyExecutor(victim=1))
+
+
+def test_client_lost_inside_the_mask_exchange_of_its_runtime_half_is_recovered():
+    """The mask halves run in the runtimes; client 1 answers the key stages, then vanishes before its
+    masked upload of round 1: the server half recovers the survivors' sum from the Shamir shares."""
+    executor = FlakyExecutor(victim=1, method="half:masked_upload", nth=2)
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload"):
+        strategy, protocol, rows = _run_with(small(mode="mask"), executor, halves_in_runtimes=True)
+    assert strategy.split and protocol.clients == {}
+    assert rows[1]["clients_lost"] == 1 and protocol.last_included == (0, 2)
 
 
 def test_resume_continues_each_client_from_its_own_checkpoint(tmp_path):
@@ -168,7 +178,6 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
     cfg = small(algorithm, mode="plain", executor="local").validate()
     fed = load_federation(cfg)
     executor = RecordingExecutor()
-    from secure_fgl.runtime.build import make_runtime_protocol
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     assert strategy.split and protocol.clients == {}

@@ -68,24 +68,24 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
 
 
 class KillingRayExecutor(RayExecutor):
-    """Kills the actor hosting ``victim`` when round ``at``'s model exchange begins."""
+    """Kills the actor hosting ``victim`` just before the ``nth`` call of ``method``."""
 
-    def __init__(self, victim: int, at: int = 1, **kw):
+    def __init__(self, victim: int, method: str, nth: int = 2, **kw):
         super().__init__(**kw)
-        self.victim, self.at, self.contributes = victim, at, 0
+        self.victim, self.method, self.nth, self.seen = victim, method, nth, 0
 
     def _call(self, method, requests):
-        if method == "contribute":
-            self.contributes += 1
-            if self.contributes == self.at + 1:
-                self.kill_actor_of(self.victim)
+        self.seen += method == self.method
+        if self.seen == self.nth and method == self.method:
+            self.kill_actor_of(self.victim)
         return super()._call(method, requests)
 
 
 def _run(mode, executor, rounds=3):
+    from secure_fgl.runtime.build import make_runtime_protocol
     cfg = small(mode=mode, rounds=rounds).validate()
     fed = load_federation(cfg)
-    protocol = make_run_protocol(cfg, fed.num_clients)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     try:
         rows = [strategy.train_round(r) for r in range(cfg.rounds)]
@@ -94,17 +94,18 @@ def _run(mode, executor, rounds=3):
     return strategy, protocol, rows
 
 
-def test_killed_actor_is_a_mask_dropout_with_recovery():
-    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in contribute of round 1: actor 1 died"):
-        strategy, protocol, rows = _run("mask", KillingRayExecutor(victim=2))
-    assert [r["clients_lost"] for r in rows] == [0, 1, 1]
+def test_actor_killed_inside_the_mask_exchange_is_a_dropout_with_recovery():
+    """Client 2's actor dies after the key stages of round 1, before its masked upload."""
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round 1: actor 1 died"):
+        strategy, protocol, rows = _run("mask", KillingRayExecutor(victim=2, method="half:masked_upload"))
+    assert strategy.split and [r["clients_lost"] for r in rows] == [0, 1, 1]
     assert protocol.last_included == (0, 1)              # the survivors' sum, by mask recovery
     assert strategy.final_metrics()["executor"]["dead_actors"] == {"1": "actor 1 died (ActorDiedError)"}
 
 
 def test_killed_actor_stops_a_ckks_exchange_naming_its_clients():
     with pytest.warns(RuntimeWarning), pytest.raises(DropoutError, match=r"client\(s\) \[2\] were lost .*ckks"):
-        _run("ckks", KillingRayExecutor(victim=2))
+        _run("ckks", KillingRayExecutor(victim=2, method="contribute"))
 
 
 def test_silent_actors_time_out_instead_of_hanging():

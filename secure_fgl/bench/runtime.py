@@ -149,9 +149,12 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
 
 
 def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local", "ray"), modes=("ckks", "mask"),
-                      ray_cpus: int | None = None) -> dict:
+                      ray_cpus: int | None = None, repeats: int | None = None) -> dict:
+    """The grid of the module docstring (``repeats`` overrides the settings' count)."""
     from ..data import make_federated
     s = _settings(quick)
+    if repeats is not None:
+        s["repeats"] = int(repeats)
     ray_cpus = ray_cpus or os.cpu_count()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,23 +26,23 @@ from protocols.baseline import row_sum_bytes, vector_sum_bytes
 from protocols.link import ClientLink
 
 
-def split_backend(protocol) -> bool:
-    """The protocol runs as client and server halves (its clients can live elsewhere)."""
-    return hasattr(protocol, "server") and hasattr(protocol, "setup") and hasattr(protocol, "link")
-
-
 class RuntimeLink(ClientLink):
     """The executor as the protocol's transport: stage ``s`` for client ``k`` is the runtime
     method ``half:s``; a client that did not answer is missing from the result (a dropout)."""
 
-    def __init__(self, executor, on_lost: Callable[[dict], None] = lambda lost: None):
+    def __init__(self, executor, on_lost: Callable[[dict, str], None] = lambda lost, method: None):
         self.executor, self.on_lost = executor, on_lost
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
         responses, lost = self.executor.call(f"half:{stage}", requests)
-        if lost:
-            self.on_lost(lost)
+        self.on_lost(lost, f"half:{stage}")
         return responses
+
+
+def split_backend(protocol) -> bool:
+    """The protocol's client halves live in the runtimes: a split backend built with
+    :class:`RuntimeLink` (:func:`~.build.make_runtime_protocol`)."""
+    return isinstance(getattr(protocol, "link", None), RuntimeLink)
 
 
 # ---------------------------------------------------------------- client side
@@ -101,9 +101,11 @@ def plan_rows(protocol, tag: str, rnd: int, rows_up: dict[int, int], requests: d
 
 
 def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
-    """Run one exchange's server half over the protocol's link; returns the clients included."""
+    """Run one exchange's server half over the protocol's link; returns the clients whose
+    contributions the result covers (also kept as ``protocol.last_included``)."""
     protocol._begin_exchange(ctx.tag, ctx.round)
     protocol._ensure_registered(ctx.round)
     included = protocol.server.run(protocol.plan_exchange(ctx), protocol.link)
     protocol.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
+    protocol.last_included = tuple(included)
     return included

@@ -57,7 +57,7 @@ class Strategy:
         #: the backend runs in client halves inside the runtimes (:mod:`.exchange`)
         self.split = split_backend(protocol)
         if self.split:
-            protocol.link.on_lost = self.lost.update
+            protocol.link.on_lost = self.lose
 
     @property
     def num_clients(self) -> int:
@@ -76,14 +76,18 @@ class Strategy:
         frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
         tags = {r.get("tag") for r in requests.values()} - {None}
         responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
-        if lost:
-            self.lost.update(lost)
-            warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
-                          + "; ".join(sorted(set(lost.values()))), RuntimeWarning, stacklevel=2)
+        self.lose(lost, method)
         if record is not None:
             for k, frame in responses.items():
                 self.record(record[0], client_party(k), SERVER, record[1], len(frame))
         return {k: wire.unpack(v) for k, v in responses.items()}
+
+    def lose(self, lost: dict[int, str], method: str) -> None:
+        """Record clients that did not answer ``method`` (a warning names them)."""
+        if lost:
+            self.lost.update(lost)
+            warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
+                          + "; ".join(sorted(set(lost.values()))), RuntimeWarning, stacklevel=3)
 
     def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
         """Like :meth:`ask` for requests whose answer is empty; ``record`` records the requests
