@@ -11,6 +11,7 @@ sees another client's data: the runtime is built from its own frame only.
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph
 from ..engine.checkpoint import from_plain, to_plain
-from ..engine.files import save_torch_atomic
+from ..engine.files import write_bytes_atomic
 from . import wire
 from .facts import PublicFacts
 
@@ -81,9 +82,11 @@ class ClientRuntime:
 
     # -- checkpoints: written where the client runs (weights-only plain data)
     def _save(self, path: Path) -> dict:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_torch_atomic(path, to_plain(self.logic.state_dict()))
-        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        buf = io.BytesIO()
+        torch.save(to_plain(self.logic.state_dict()), buf)
+        data = buf.getvalue()
+        write_bytes_atomic(path, data)
+        return {"sha256": hashlib.sha256(data).hexdigest()}
 
     def _load(self, path: Path, sha256: str) -> dict:
         if not path.exists():
