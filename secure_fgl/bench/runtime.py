@@ -162,7 +162,7 @@ def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local"
     if "ray" in executors:
         import ray
         t0 = time.perf_counter()
-        ray.init(num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False)
         res["ray_init_s"] = time.perf_counter() - t0
     try:
         for clients in s["clients"]:

@@ -80,7 +80,7 @@ class RayExecutor(Executor):
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
                 self.started_cluster = True
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers_wanted = int(workers) if workers else self.cpus
