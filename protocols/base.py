@@ -49,6 +49,19 @@ AUTH_TAG = "auth/keys"
 ArrayLike = Any  # numpy array or torch tensor
 
 
+def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
+    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
+    this exchange's (IntegrityError naming the client and what differs)."""
+    expected = (protocol, fingerprint, rnd, tag)
+    got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
+    if got != expected:
+        names = ("protocol", "context fingerprint", "round", "tag")
+        bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
+        raise IntegrityError("message rejected: wrong " + "; ".join(bad)
+                             + ". The client must use this run's public context and current exchange",
+                             tag=tag, round=rnd, client=client)
+
+
 @dataclass(frozen=True)
 class ValueSpec:
     """Public bounds of one exchange's values — they fix the encoding, never the data.
@@ -602,14 +615,7 @@ class Protocol(ABC):
 
     def _check_envelope(self, msg: Message, ctx: ExchangeContext, client: int) -> None:
         """Server side: refuse a message that does not belong to this exchange."""
-        expected = (self.mode, self.fingerprint, ctx.round, ctx.tag)
-        got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
-        if got != expected:
-            names = ("protocol", "context fingerprint", "round", "tag")
-            bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-            raise IntegrityError("message rejected: wrong " + "; ".join(bad)
-                                 + ". The client must use this run's public context and current exchange",
-                                 tag=ctx.tag, round=ctx.round, client=client)
+        check_exchange_fields(msg, self.mode, self.fingerprint, ctx.round, ctx.tag, client)
 
     @abstractmethod
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:

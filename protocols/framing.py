@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 
 from .errors import MalformedMessageError
-from .message import SIGNATURE_BYTES, Envelope, decode_body, encode_body
+from .message import SIGNATURE_BYTES, Envelope, decode_body, encode_body, split_message
 from .transcript import Message
 
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
@@ -39,18 +39,10 @@ def message_to_bytes(msg: Message) -> bytes:
 
 def message_from_bytes(data: bytes) -> Message:
     """Strict parse of :func:`message_to_bytes`; ``nbytes`` is ``len(data)``."""
-    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
-        raise MalformedMessageError("message truncated before its header")
-    data = bytes(data)
-    (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
-    start = SIGNATURE_BYTES + 4
-    if start + n > len(data):
-        raise MalformedMessageError("message truncated inside its header")
-    header = data[start:start + n]
+    signature, header, body = split_message(data)
     env = Envelope.from_header(header)
-    payload = decode_body(data[start + n:])
     return Message(env.round, env.tag, env.sender, env.recipient, env.kind, env.shape, len(data), env.protocol,
-                   env.fingerprint, payload, auth=data[:SIGNATURE_BYTES] + header)
+                   env.fingerprint, decode_body(body), auth=signature + header)
 
 
 def pack_bundle(messages: list[bytes]) -> bytes:

@@ -146,20 +146,23 @@ class Envelope:
     @classmethod
     def from_bytes(cls, data: bytes) -> tuple["Envelope", bytes]:
         """Strict parse of :meth:`to_bytes`: ``(envelope with body, signature)``."""
-        if not isinstance(data, (bytes, bytearray)) or len(data) < SIGNATURE_BYTES + 4:
-            raise MalformedMessageError("message truncated before its header")
-        data = bytes(data)
-        signature = data[:SIGNATURE_BYTES]
-        (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
-        start = SIGNATURE_BYTES + 4
-        if start + n > len(data):
-            raise MalformedMessageError("message truncated inside its header")
-        header = data[start:start + n]
+        signature, header, body = split_message(data)
         env = cls.from_header(header)
-        body = data[start + n:]
         if len(body) != env.body_len:
             raise MalformedMessageError(f"message body is {len(body)} bytes, its header says {env.body_len}")
         return cls.from_header(header, body), signature
+
+
+def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """``(signature, header, body)`` of a message's wire bytes; MalformedMessageError if truncated."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
+        raise MalformedMessageError("message truncated before its header")
+    data = bytes(data)
+    (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
+    start = SIGNATURE_BYTES + 4
+    if start + n > len(data):
+        raise MalformedMessageError("message truncated inside its header")
+    return data[:SIGNATURE_BYTES], data[start:start + n], data[start + n:]
 
 
 def _text(s: str) -> bytes:

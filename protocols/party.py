@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, verify
-from .base import BlockTable
+from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
@@ -157,8 +157,8 @@ class ClientHalf(Party):
         out: list[bytes] = []
         for msg in self.parse(request, where):
             env = envelope_of(msg)
-            if env.exchange > self.exchange and env.stage in ("register", "plan") and msg.sender == SERVER:
-                self.exchange = env.exchange          # a new exchange starts (older ones are replays)
+            if env.exchange > self.exchange and msg.sender == SERVER:
+                self.exchange = env.exchange          # the server numbers exchanges; older ones are replays
             if env.stage == "register" and msg.sender == SERVER:
                 out.append(self._register(msg))
             elif env.stage == "directory" and msg.sender == SERVER:
@@ -186,10 +186,10 @@ class ClientHalf(Party):
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
 
     def message(self, receiver: str, kind: str, shape: tuple, payload: Any, fingerprint: str, note: str = "",
-                tag: str | None = None) -> Message:
+                tag: str | None = None, round: int | None = None) -> Message:
         p = self.plan
-        return Message(p.round, tag or p.tag, self.name, receiver, kind, tuple(int(s) for s in shape), 0, self.mode,
-                       fingerprint, payload, note)
+        return Message(p.round if round is None else round, tag or p.tag, self.name, receiver, kind,
+                       tuple(int(s) for s in shape), 0, self.mode, fingerprint, payload, note)
 
     def contribution(self) -> BlockTable:
         """Ask the provider for this exchange's contribution and check it against the plan."""
@@ -214,15 +214,15 @@ class ClientHalf(Party):
                                  dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
 
     def seal_relayed(self, peer: int, stage: str, secret: bytes, note: str, fingerprint: str, part: int = 0,
-                     tag: str | None = None) -> tuple[Message, bytes]:
+                     tag: str | None = None, round: int | None = None) -> tuple[Message, bytes]:
         """``secret`` for client ``peer``, channel-encrypted and signed; the server relays it."""
         pb = client_party(peer)
         tag = tag or self.plan.tag
-        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, self.plan.round, tag, stage,
-                             self.name, pb)
+        rnd = self.plan.round if round is None else round
+        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, rnd, tag, stage, self.name, pb)
         sealed = self.channel.seal(pb, self.registry.channel[pb], self.setup.run_id, secret, ad)
         msg = self.message(pb, "ciphertext", (len(sealed),), sealed, fingerprint,
-                           note + " (channel-encrypted, relayed by the server)", tag=tag)
+                           note + " (channel-encrypted, relayed by the server)", tag=tag, round=rnd)
         return self.seal(replace(msg, relay=SERVER), stage, part)
 
     # ------------------------------------------------------------------ shared stages
@@ -412,12 +412,4 @@ class ServerHalf(Party):
 
     def check_envelope(self, msg: Message, fingerprint: str, k: int) -> None:
         """Refuse a message that does not belong to this exchange."""
-        p = self.plan
-        expected = (self.mode, fingerprint, p.round, p.tag)
-        got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
-        if got != expected:
-            names = ("protocol", "context fingerprint", "round", "tag")
-            bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-            raise IntegrityError("message rejected: wrong " + "; ".join(bad)
-                                 + ". The client must use this run's public context and current exchange",
-                                 **self.where(k))
+        check_exchange_fields(msg, self.mode, fingerprint, self.plan.round, self.plan.tag, k)

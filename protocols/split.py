@@ -80,10 +80,13 @@ class SplitProtocol(Protocol):
         if self.server.plan is not None and self.server.plan.exchange >= self.exchange:
             self._begin_exchange(ctx.tag, ctx.round)     # called directly (tests): a fresh exchange number
         plan = self.plan_exchange(ctx)
-        contributions = ctx.contributions
-        for k, half in self.clients.items():
-            half.provider = (lambda p, k=k: contributions[k])
-        self.server.run(plan, self.link)
+        for k, half in self.clients.items():        # each half is handed its own table only
+            half.provider = (lambda p, table=ctx.contributions.get(k): table)
+        try:
+            self.server.run(plan, self.link)
+        finally:
+            for half in self.clients.values():
+                half.provider = None
         return {r: self.clients[r].result() for r in plan.requests}
 
     def _begin_exchange(self, tag: str, rnd: int) -> None:

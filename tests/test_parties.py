@@ -6,13 +6,13 @@ import gc
 import numpy as np
 import pytest
 
-from protocols import SERVER, ValueSpec, make_protocol
+from protocols import SERVER, BlockTable, ExchangeContext, ValueSpec, make_protocol
 from protocols.errors import ConfigurationError, DropoutError
 from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
 from protocols.registry import backend, modes, secure_modes
 
-SPLIT_MODES = ["plain", "mask"]
+SPLIT_MODES = ["plain", "mask", "ckks"]
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
 
 
@@ -69,19 +69,21 @@ def test_transcript_bytes_are_the_bytes_on_the_link(mode):
 
 @pytest.mark.parametrize("mode", SPLIT_MODES)
 def test_client_half_holds_nothing_of_another_client(mode):
-    proto = make_protocol(mode, 3)
-    x = _values(3)
-    proto.weighted_sum("x/t", 0, x, spec=SPEC)
-    proto.weighted_sum("x/t", 1, x, spec=SPEC)
+    K, n = 3, 40
+    proto = make_protocol(mode, K)
+    rng = np.random.default_rng(0)
+    tables = {k: BlockTable(np.arange(1), rng.uniform(-1, 1, (1, n))) for k in range(K)}
+    ctx = ExchangeContext("x/t", 0, SPEC, tables, {k: np.arange(1) for k in range(K)}, 1, n)
+    out = proto._aggregate(ctx)
+    assert np.allclose(out[0][0], sum(t.values[0] for t in tables.values()), atol=1e-4)
     for k, half in proto.clients.items():
-        half.provider = None          # the facade's provider closes over the algorithm's dict
         mine = _reachable(half)
         for j, other in proto.clients.items():
             if j != k:
-                assert id(other) not in mine and id(other.signing) not in mine and id(other.channel) not in mine
-        assert id(proto.server) not in mine and id(proto.server.signing) not in mine
-        for j, v in x.items():
-            assert id(v) not in mine
+                assert not {id(other), id(other.signing), id(other.channel)} & mine
+                assert not {id(tables[j]), id(tables[j].values)} & mine      # another client's contribution
+        assert not {id(proto.server), id(proto.server.signing), id(proto.server.transcript), id(ctx)} & mine
+        assert not {id(out[j][0]) for j in out if j != k} & mine                # nor another's result
 
 
 def test_client_half_is_built_from_public_bytes_only():
@@ -109,6 +111,23 @@ def test_dropped_client_is_named_not_waited_for():
     with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
         mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
     assert err.value.clients == (1, 2)
+    ckks = make_protocol("ckks", 3)
+    ckks.link.drop(2, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage") as err:
+        ckks.weighted_sum("x/t", 0, x, spec=SPEC)
+    assert err.value.clients == (2,)
+
+
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_each_client_is_told_only_its_own_request(mode):
+    proto = make_protocol(mode, 3)
+    rows = {k: (np.array([k, 10 + k]), np.ones((2, 2))) for k in range(3)}
+    requests = {0: np.array([1]), 1: np.array([7, 12]), 2: np.array([], dtype=np.int64)}
+    proto.row_sum("x/r", 0, rows, requests, 20, spec=ValueSpec(max_abs=1.0, tolerance=1e-4))
+    plans = [m for m in proto.transcript.messages if m.kind == "control" and m.note == "exchange plan"]
+    assert sorted(m.receiver for m in plans) == ["client0", "client1", "client2"]
+    for m in plans:
+        assert list(m.payload["requests"]) == [int(m.receiver[6:])]
 
 
 def test_registry_lists_every_backend_once():

@@ -67,7 +67,7 @@ def test_an_entry_above_the_client_bound_is_refused_before_anything_is_sent(mode
     spec = ValueSpec(integer=True, max_abs=3.0, sum_max=4)
     with pytest.raises((BoundError, PackingOverflowError), match="client 1"):
         proto.weighted_sum("bounds", 0, {0: np.array([3.0]), 1: np.array([4.0])}, spec=spec)
-    assert not proto.transcript.select(tag="bounds")
+    assert not proto.transcript.select(tag="bounds", receiver="server")    # no client sent anything of it
 
 
 def test_owner_checked_sum_keeps_narrow_fields():

@@ -1,18 +1,24 @@
 """The CKKS backend: clients encrypt, the server only adds, recipients decrypt.
 
-One exchange (:meth:`CKKSProtocol._aggregate`), in order:
+One exchange (:meth:`CKKSServer.run` driving one :class:`CKKSClient` per client over a
+:class:`~protocols.link.ClientLink`, only bytes crossing), in order:
 
 1. **Plan** (public): from the exchange's :class:`~protocols.base.ValueSpec`, K and the DP
    noise std, :mod:`protocols.ckks.params` picks a one-data-prime chain, the scale and
    float or packed integer encoding, and checks the error bound (BoundError otherwise).
+   The plan travels to every party in the exchange's ``plan`` message; a client re-checks
+   the chain's security before using it.
 2. **Client-side validation, before anything is encrypted**: shapes, finiteness, every
    value inside the public range of the encoding (BoundError / PackingOverflowError
    naming the client), and — integer exchanges only — a simulation-side audit that the
    K-way sum respects the public sum bound (no party could check this in a deployment;
    there the bound must be enforced where the data is made, e.g. by a degree cap).
-3. **Keys**: on first use of a chain, client 0 makes the key pair and the server
-   receives the public context (:mod:`protocols.ckks.keys`).
-4. **Upload, streamed in chunks of blocks**: each client encrypts its blocks (one
+3. **Keys** (stage ``key_setup``): on first use of a chain the server asks client 0, which
+   makes the key pair, sends the public context to the server and the (padded) secret
+   context to every other client over the relayed encrypted channel
+   (:mod:`protocols.ckks.keys`); each client deserializes its own copy.
+4. **Upload, streamed in chunks of blocks** (stage ``upload``, one link call per chunk,
+   ``part`` = chunk number): each client encrypts its blocks (one
    ciphertext per block piece; rows stay aligned to ciphertexts because the base lays
    rows out in blocks of :meth:`block_capacity` values) and sends framed bytes
    (:mod:`protocols.ckks.wire`).  For each chunk the server checks the envelope
@@ -27,9 +33,8 @@ One exchange (:meth:`CKKSProtocol._aggregate`), in order:
 5. **Server adds** per block id the ciphertexts of the clients that uploaded it (no
    plaintext multiply, no rotation: no Galois or relinearisation keys) and sends each
    recipient only the blocks it requested (FedGCN scoped return).
-6. **Recipients decrypt** and decode (round + unpack for integers).  All clients share the
-   key, so the simulation decrypts each summed block once and hands the same array to
-   every recipient that asked for it; the time is charged to each of them.
+6. **Recipients decrypt** (stage ``download``, one call per chunk) and decode (round +
+   unpack for integers), each its own blocks with its own copy of the key.
 
 Transcript: per client per exchange one upload Message (kind ``ciphertext``; payload =
 the list of framed serialized ciphertexts, kept only when <= ``keep_payload_bytes``
@@ -38,27 +43,30 @@ note says so; ``nbytes`` is always the real byte count).  In the sparse layout e
 client also sends its block ids as a ``metadata`` message (the documented sparse-layout
 leak).  Each recipient gets one download Message (kind ``ciphertext``).  The test hook
 ``self.intercept`` sees every client->server message before the server reads it (in a
-streamed exchange: each chunk's part of a client's upload); the key set-up messages of
-``ckks/keys`` are recorded directly (they precede the exchange and are not the server's
-input to it).  Every ciphertext has a fixed padded size per chain, so every message size is
+streamed exchange: each chunk's part of a client's upload) and every download.  Every ciphertext has a fixed padded size per chain, so every message size is
 a function of public shapes only.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import struct
 import time
 from dataclasses import replace
 
 import numpy as np
 import tenseal as ts
 
-from ..base import ExchangeContext, Protocol, ValueSpec
-from ..errors import (BoundError, ConfigurationError, IntegrityError, PackingOverflowError,
-                      ProtocolError, ShapeError)
+from ..base import ExchangeContext, ValueSpec
+from ..errors import (BoundError, ConfigurationError, DropoutError, IntegrityError, MalformedMessageError,
+                      PackingOverflowError, ProtocolError, ShapeError)
+from ..party import ClientHalf, ServerHalf, envelope_of
+from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party
-from ..validate import first_out_of_range
+from ..validate import check_block_table, find_violation, first_out_of_range
 from . import wire
 from .keys import ClientKey, ClientKeyRing, ServerContext
+from .packing import PackingLayout
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
                      check_security, choose_chain, per_client_limits, plan_float, plan_packed)
 
@@ -66,9 +74,503 @@ KEYS_TAG = "ckks/keys"
 #: sparse row_sum: a smaller ring is preferred when its bytes per value are at most this much
 #: above the cheapest plan's (packed counts: N=4096 costs 0.15 % more per value than N=8192)
 SPARSE_RING_TOLERANCE = 0.01
+_LEN = struct.Struct(">I")
 
 
-class CKKSProtocol(Protocol):
+# ====================================================================== the public plan on the wire
+def plan_to_payload(plan: EncodingPlan) -> dict:
+    """An :class:`EncodingPlan` as a message body (all public)."""
+    return {"chain": {"name": plan.chain.name, "n": plan.chain.poly_modulus_degree,
+                      "bits": np.asarray(plan.chain.coeff_mod_bit_sizes, np.int64)},
+            "scale_bits": plan.scale_bits, "encoding": plan.encoding, "error_bound": float(plan.error_bound),
+            "exact": bool(plan.exact), "sum_bound": float(plan.sum_bound),
+            "layout": None if plan.layout is None else dataclasses.asdict(plan.layout)}
+
+
+def plan_from_payload(p) -> EncodingPlan:
+    """Strict inverse of :func:`plan_to_payload`; the chain must be 128-bit secure."""
+    try:
+        c = p["chain"]
+        chain = ChainParams(str(c["name"]), int(c["n"]), tuple(int(b) for b in np.asarray(c["bits"]).ravel()))
+        layout = None if p["layout"] is None else PackingLayout(**{k: int(v) for k, v in p["layout"].items()})
+        plan = EncodingPlan(chain, int(p["scale_bits"]), str(p["encoding"]), float(p["error_bound"]),
+                            bool(p["exact"]), layout, float(p["sum_bound"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise MalformedMessageError(f"malformed CKKS encoding plan ({e})") from None
+    check_security(chain)
+    return plan
+
+
+def _pieces(plan: EncodingPlan, block_len: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Value ranges of a block's ciphertexts and their slot counts."""
+    per_ct = plan.values_per_ciphertext
+    n_pieces = math.ceil(block_len / per_ct)
+    bounds = [(j * per_ct, min(block_len, (j + 1) * per_ct)) for j in range(n_pieces)]
+    return bounds, [(plan.layout.slots_for(b - a) if plan.layout is not None else b - a) for a, b in bounds]
+
+
+def _chunks(num_blocks: int, per_chunk: int) -> list[tuple[int, int]]:
+    return [(b0, min(num_blocks, b0 + per_chunk)) for b0 in range(0, num_blocks, per_chunk)]
+
+
+def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
+    slots = (plan.layout.pack(values) if plan.layout is not None else values).tolist()
+    size = plan.chain.padded_ciphertext_bytes
+    for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
+        ct = ts.ckks_vector(context, slots, plan.scale).serialize()
+        if len(ct) <= size:
+            return wire.frame(ct, size)
+    raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
+                             "update PADDED_CT_BYTES for this TenSEAL version")
+
+
+def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict) -> np.ndarray:
+    dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
+    if plan.layout is None:
+        return np.rint(dec) if plan.exact else dec
+    vals, residual, in_range = plan.layout.unpack(dec, n)
+    if residual > 0.25 or not in_range:
+        raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
+                         f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
+                         "bound was violated; the result was refused", **where)
+    return vals
+
+
+class DecryptionMemo:
+    """Clients in one process decrypt each distinct summed ciphertext once.
+
+    A simulation shortcut (the in-process default plays K clients on one core): identical
+    ciphertext bytes under the same key decrypt to the same values, so a client that presents
+    a frame some co-located client already decrypted in this exchange gets a copy of those
+    values.  It learns nothing it could not compute itself (it holds the frame and the key);
+    no array is shared (every hit is a copy).  Entries of the current exchange only.
+    """
+
+    def __init__(self):
+        self._scope: tuple | None = None
+        self._values: dict[bytes, np.ndarray] = {}
+
+    def decrypt(self, scope: tuple, frame: bytes, compute) -> np.ndarray:
+        if scope != self._scope:
+            self._scope, self._values = scope, {}
+        hit = self._values.get(frame)
+        if hit is None:
+            hit = self._values[frame] = compute()
+        return hit.copy()
+
+
+#: one per process (a Ray actor hosting several clients shares it between them)
+_MEMO = DecryptionMemo()
+
+
+# ====================================================================== client half
+class CKKSClient(ClientHalf):
+    """One client of the CKKS backend: holds the secret context of every chain (made by client 0,
+    or received from it over the encrypted channel), encrypts its blocks, decrypts its result."""
+
+    mode = "ckks"
+
+    def __init__(self, client_id: int, setup: bytes, provider=None):
+        super().__init__(client_id, setup, provider)
+        self.keys = ClientKeyRing(self.setup.options["encryption"])
+        self.timing: dict[str, float] = {}
+        self._state_exchange = None
+
+    def on_stage(self, stage, inbox):
+        rest = []
+        for m in inbox:                      # the secret context of a chain, relayed from client 0
+            if m.sender != SERVER and envelope_of(m).stage == "key_setup":
+                self._take_secret(m)
+            else:
+                rest.append(m)
+        if stage == "key_setup":
+            return self._make_key(rest)
+        if self.plan is None:
+            return []
+        self._exchange_state()
+        if stage == "block_ids":
+            return self._block_ids()
+        if stage == "upload":
+            return self._upload()
+        if stage == "download":
+            return self._download(rest)
+        return []
+
+    def _exchange_state(self) -> None:
+        """Per-exchange state: the chunk counters of the streamed stages, the checked table."""
+        p = self.plan
+        if self._state_exchange != p.exchange:
+            self._state_exchange, self._up_part, self._down_part = p.exchange, 0, 0
+            self._received, self._table, self.timing = {}, None, {}
+
+    def _own_table(self, ep: EncodingPlan):
+        if self._table is None:
+            t0 = time.perf_counter()
+            self._table = self._checked_table(ep)
+            self.timing["encode_s"] = time.perf_counter() - t0
+        return self._table
+
+    def _block_ids(self):
+        """Sparse layout: the ids of the blocks this client uploads (the documented leak)."""
+        p = self.plan
+        if self.id not in p.contributors:
+            return []
+        ids = np.asarray(self._own_table(plan_from_payload(p.encoding["plan"])).ids, dtype=np.int64)
+        msg = self.message(SERVER, "metadata", (ids.size,), {"block_ids": ids.astype(np.int32)},
+                           p.encoding["fingerprint"], note="block ids of the sparse layout")
+        return [self.seal(msg, "block_ids")]
+
+    # ------------------------------------------------------------------ keys
+    def _make_key(self, inbox):
+        """Client 0: a fresh key pair for the chain the server names; public context to the
+        server, padded secret context to every other client."""
+        mine = [m for m in inbox if m.sender == SERVER]
+        if len(mine) != 1:
+            raise IntegrityError("expected one key set-up request", client=self.id)
+        req = mine[0]
+        env = envelope_of(req)
+        where = dict(tag=KEYS_TAG, round=req.round, client=self.id)
+        self.check(req, SERVER, "key_setup", env.part, where)
+        chain = plan_from_payload({**req.payload, "scale_bits": 0, "encoding": "float", "error_bound": 0.0,
+                                   "exact": False, "sum_bound": 0.0, "layout": None}).chain \
+            if isinstance(req.payload, dict) else None
+        if chain is None:
+            raise IntegrityError("malformed key set-up request", **where)
+        key = self.keys.get(chain) if chain in self.keys else self.keys.create(chain)
+        note = f"CKKS {chain.describe()}, {self.keys.encryption} encryption"
+        secret = key.context.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
+                                       save_relin_keys=False)
+        secret = _LEN.pack(len(secret)) + secret
+        secret += bytes(max(0, key.secret_nbytes + _LEN.size - len(secret)))   # padded: sizes are public
+        out = []
+        for k in range(1, self.setup.num_clients):
+            out.append(self.seal_relayed(k, "key_setup", secret, f"secret context ({note})", key.fingerprint,
+                                         part=env.part, tag=KEYS_TAG, round=req.round))
+        pub = Message(req.round, KEYS_TAG, self.name, SERVER, "public_key", (), 0, self.mode, key.fingerprint,
+                      key.public_bytes, note=f"public context without secret/Galois/relin keys ({note})")
+        return [self.seal(pub, "key_setup", env.part)] + out
+
+    def _take_secret(self, m: Message) -> None:
+        env = envelope_of(m)
+        raw = self.open_relayed(m, "key_setup", env.part, exchange=env.exchange)
+        where = dict(tag=KEYS_TAG, round=m.round, client=self.id)
+        try:
+            (n,) = _LEN.unpack_from(raw, 0)
+            context = ts.context_from(raw[_LEN.size:_LEN.size + n], n_threads=1)
+        except Exception as exc:  # noqa: BLE001 - TenSEAL raises several types
+            raise IntegrityError(f"the relayed secret context does not deserialize: {exc}", **where) from None
+        self.keys.adopt(context, m.fingerprint, len(raw) - _LEN.size)
+
+    def _key(self) -> ClientKey:
+        fp = self.plan.encoding["fingerprint"]
+        key = self.keys.by_fingerprint(fp)
+        if key is None:
+            raise IntegrityError(f"no key for the exchange's context fingerprint {fp[:16]}", **self.where())
+        return key
+
+    # ------------------------------------------------------------------ upload / download
+    def _upload(self):
+        p = self.plan
+        if self.id not in p.contributors:
+            return []
+        ep = plan_from_payload(p.encoding["plan"])
+        table = self._own_table(ep)
+        part = self._up_part
+        self._up_part += 1
+        b0, b1 = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))[part]
+        bounds, _ = _pieces(ep, p.block_len)
+        i0, i1 = np.searchsorted(table.ids, [b0, b1])
+        t0 = time.perf_counter()
+        context = self._key().context
+        frames = [_encrypt(context, ep, row[a:b]) for row in table.values[i0:i1] for a, b in bounds]
+        self.timing["upload_s"] = self.timing.get("upload_s", 0.0) + time.perf_counter() - t0
+        msg = self.message(SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"],
+                           note=ep.describe())
+        return [self.seal(msg, "upload", part)]
+
+    def _checked_table(self, ep: EncodingPlan):
+        """The contribution, checked against the public plan before anything is encrypted."""
+        p = self.plan
+        table = self.contribution()
+        ids, vals = check_block_table(p, self.id, table, self.setup.num_clients)
+        lo, hi, offset = per_client_limits(p.spec, p.dp_noise_std, self.setup.num_clients)
+        bad = find_violation(vals, lo, hi, p.spec.integer)
+        if bad is not None:
+            i, v, why = bad
+            err = PackingOverflowError if (ep.layout is not None and "range" in why) else BoundError
+            raise err(f"entry {i % p.block_len} of block {int(ids[i // p.block_len])} is {v:g}, which "
+                      f"{why} of this exchange's {ep.describe()} encoding (ValueSpec max_abs={p.spec.max_abs:g}, "
+                      f"sum_max={p.spec.sum_max}, integer={p.spec.integer}"
+                      + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
+                      "values or declare a larger public bound", **self.where())
+        return table
+
+    def _download(self, inbox):
+        p = self.plan
+        if self.id not in p.requests:
+            return []
+        part = self._down_part
+        self._down_part += 1
+        mine = [m for m in inbox if m.sender == SERVER]
+        if len(mine) != 1:
+            raise IntegrityError(f"expected one download, got {len(mine)}", **self.where())
+        msg = self.check(mine[0], SERVER, "download", part, self.where())
+        ep = plan_from_payload(p.encoding["plan"])
+        chunks = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))
+        b0, b1 = chunks[part]
+        wanted = [int(b) for b in p.requests[self.id] if b0 <= int(b) < b1]
+        bounds, _ = _pieces(ep, p.block_len)
+        n = len(bounds)
+        if not isinstance(msg.payload, list) or len(msg.payload) != len(wanted) * n:
+            raise IntegrityError(f"download of {len(msg.payload) if isinstance(msg.payload, list) else None} "
+                                 f"ciphertexts, expected {len(wanted) * n}", **self.where())
+        t0 = time.perf_counter()
+        key = self._key()
+        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange)
+        zero = np.zeros(p.block_len)
+        for i, bid in enumerate(wanted):
+            frames = msg.payload[i * n:(i + 1) * n]
+            if any(f == wire.EMPTY for f in frames):      # no client uploaded this block
+                self._received[bid] = zero
+                continue
+            self._received[bid] = np.concatenate([
+                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where()))
+                for f, (a, b) in zip(frames, bounds)])
+        self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
+        if part == len(chunks) - 1:
+            self.deliver({int(b): self._received.get(int(b), zero) for b in p.requests[self.id]})
+        return []
+
+
+# ====================================================================== server half
+class CKKSServer(ServerHalf):
+    """The CKKS server: public contexts only; checks every ciphertext, adds, routes."""
+
+    mode = "ckks"
+    relays_between_clients = True
+    relay_stages = frozenset({"key_setup"})
+
+    def __init__(self, setup, transcript=None):
+        super().__init__(setup, transcript)
+        self.contexts: dict[str, ServerContext] = {}
+        self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
+        self.last_stats: dict = {}
+
+    def record(self, msg: Message) -> None:
+        if msg.relay == SERVER and not msg.note and msg.tag == KEYS_TAG:
+            msg = replace(msg, note="secret context (channel-encrypted, relayed by the server)")
+            if msg.nbytes > self.keep_payload_bytes:
+                msg = msg.without_payload()
+        if self._streaming is not None and msg.tag == self.plan.tag and msg.kind == "ciphertext" \
+                and msg.relay != SERVER:
+            self._streaming.setdefault((msg.sender, msg.receiver), []).append(msg)
+            return
+        super().record(msg)
+
+    _streaming: dict | None = None
+
+    def ensure_keys(self, chain: ChainParams, link, rnd: int) -> ServerContext:
+        """The public context of ``chain``: on first use, client 0 makes the key pair."""
+        if chain.name in self.contexts:
+            return self.contexts[chain.name]
+        self.register(link, rnd, range(self.setup.num_clients))
+        part = len(self.contexts)
+        request = Message(rnd, KEYS_TAG, SERVER, client_party(0), "control", (), 0, self.mode, "",
+                          {"chain": {"name": chain.name, "n": chain.poly_modulus_degree,
+                                     "bits": np.asarray(chain.coeff_mod_bit_sizes, np.int64)}},
+                          note="key set-up request")
+        got = self.call(link, "key_setup", {0: [(request, part)]}, hook=False)
+        where = dict(tag=KEYS_TAG, round=rnd, client=0)
+        pub = [m for m in got.get(0, []) if m.receiver == SERVER]
+        if len(pub) != 1:
+            raise DropoutError("client 0 did not answer the key set-up", **where)
+        self.check(pub[0], client_party(0), "key_setup", part, where)
+        relayed = [m for m in got[0] if m.relay == SERVER]
+        if len(relayed) != self.setup.num_clients - 1:
+            raise IntegrityError("client 0 did not send the secret context to every client", **where)
+        context = ServerContext(pub[0].payload, chain)          # the server: public bytes only
+        if context.fingerprint != pub[0].fingerprint:
+            raise IntegrityError("the public context does not match its fingerprint", **where)
+        self.contexts[chain.name] = context
+        return context
+
+    def run(self, plan, link):
+        t_setup = time.perf_counter()
+        ep = plan_from_payload(plan.encoding["plan"])
+        self.plan, self.exchange = plan, plan.exchange
+        server = self.ensure_keys(ep.chain, link, plan.round)
+        plan = dataclasses.replace(plan, encoding={**plan.encoding, "fingerprint": server.fingerprint})
+        fp = server.fingerprint
+        self.begin(plan, link, fp)
+        chain = ep.chain
+        bounds, vec_lens = _pieces(ep, plan.block_len)
+        n_pieces = len(bounds)
+        chunks = _chunks(plan.num_blocks, int(plan.encoding["blocks_per_chunk"]))
+        contributors = list(plan.contributors)
+        K = self.setup.num_clients
+        setup_s = time.perf_counter() - t_setup
+        server_s = 0.0
+        where = self.where
+
+        # sparse layout: block ids travel in the clear (documented leak), checked by the server
+        server_ids: dict[int, np.ndarray] = {}
+        first_call = {k: [] for k in plan.parties}
+        if plan.layout == "sparse":
+            got = self.call(link, "block_ids", first_call)
+            first_call = {}
+            for k in contributors:
+                msg = self.responses(got, k, "block_ids", "metadata")
+                if msg is None:
+                    raise self._missing([k], "block_ids")
+                self.check_envelope(msg, fp, k)
+                ids = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
+                if ids.size and (ids.min() < 0 or ids.max() >= plan.num_blocks or (np.diff(ids) <= 0).any()):
+                    raise ShapeError(f"block ids must be increasing in [0, {plan.num_blocks})", **where(k))
+                server_ids[k] = ids
+        else:
+            server_ids = {k: np.arange(plan.num_blocks) for k in contributors}
+        needed = np.zeros(plan.num_blocks, dtype=bool)
+        for bids in plan.requests.values():
+            needed[bids] = True
+
+        self._streaming = {}
+        try:
+            for part, (b0, b1) in enumerate(chunks):
+                got = self.call(link, "upload", {**first_call, **{k: [] for k in contributors}})
+                first_call = {}
+                t = time.perf_counter()
+                loaded = {}
+                missing = [k for k in contributors if k not in got]
+                if missing:
+                    raise self._missing(missing, "upload")
+                for k in contributors:                      # check ALL uploads of the chunk first
+                    msg = self.responses(got, k, "upload", "ciphertext", part)
+                    if msg is None:
+                        raise self._missing([k], "upload")
+                    self.check_envelope(msg, fp, k)
+                    ids = server_ids[k]
+                    sel = ids[(ids >= b0) & (ids < b1)]
+                    if tuple(msg.shape) != (sel.size, plan.block_len) or not isinstance(msg.payload, (list, tuple)) \
+                            or len(msg.payload) != sel.size * n_pieces:
+                        n = len(msg.payload) if isinstance(msg.payload, (list, tuple)) else None
+                        raise ShapeError(f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
+                                         f"{(sel.size, plan.block_len)} in {sel.size * n_pieces} ciphertexts",
+                                         **where(k))
+                    vecs = [self._load(server, ep, f, vec_lens[i % n_pieces], k, i)
+                            for i, f in enumerate(msg.payload)]
+                    loaded[k] = (sel, vecs)
+                sums: dict[int, list] = {}
+                counts: dict[int, int] = {}
+                for k in contributors:                      # then add, per block id
+                    sel, vecs = loaded[k]
+                    for i, bid in enumerate(sel.tolist()):
+                        if not needed[bid]:
+                            continue
+                        pieces = vecs[i * n_pieces:(i + 1) * n_pieces]
+                        if bid in sums:
+                            for acc, v in zip(sums[bid], pieces):
+                                acc.add_(v)
+                        else:
+                            sums[bid] = pieces
+                        counts[bid] = counts.get(bid, 0) + 1
+                if ep.layout is not None and ep.layout.offset:
+                    for bid, c in counts.items():           # pad missing clients' DP offsets (public)
+                        if c < K:
+                            const = ep.layout.offset_constant(K - c)
+                            for acc, n in zip(sums[bid], vec_lens):
+                                acc.add_([const] * n)
+                size = chain.padded_ciphertext_bytes
+                out_frames = {bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
+                              for bid, accs in sums.items()}
+                del loaded, sums
+                server_s += time.perf_counter() - t
+                downloads = {}
+                for r, bids in plan.requests.items():         # signed download of this chunk's blocks
+                    mine = [int(b) for b in bids if b0 <= int(b) < b1]
+                    frames = [f for b in mine for f in out_frames.get(b, [wire.EMPTY] * n_pieces)]
+                    downloads[r] = [(self.message(r, "ciphertext", (len(mine), plan.block_len), frames, fp,
+                                                  note=ep.describe()), part)]
+                self.call(link, "download", downloads)
+        finally:
+            streamed, self._streaming = self._streaming, None
+            self._record_streamed(streamed)
+        self.last_stats = {
+            "chunks": len(chunks), "ciphertexts_per_block": n_pieces, "server_s": server_s, "setup_s": setup_s,
+            "bytes_up": {k: sum(m.nbytes for m in streamed.get((client_party(k), SERVER), [])) for k in contributors},
+            "bytes_down": {r: sum(m.nbytes for m in streamed.get((SERVER, client_party(r)), []))
+                           for r in plan.requests},
+        }
+        return tuple(contributors)
+
+    def _missing(self, clients: list[int], stage: str) -> DropoutError:
+        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not answer the '{stage}' stage; a CKKS "
+                           "exchange needs every contributor, so nothing was aggregated. Re-run it without them",
+                           **self.where(clients[0]))
+        err.clients = tuple(clients)
+        return err
+
+    def _load(self, server: ServerContext, plan: EncodingPlan, frame, length: int, client: int, index: int):
+        where = self.where(client)
+        expected = server.chain.padded_ciphertext_bytes + wire.HEADER_BYTES
+        if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
+            size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
+            raise IntegrityError(f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
+                                 f"or not made with this exchange's parameters ({server.chain.describe()})", **where)
+        try:
+            body = wire.unframe(frame)
+        except ValueError as exc:
+            raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
+        try:
+            vec = ts.ckks_vector_from(server.context, body)
+        except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
+            raise IntegrityError(f"ciphertext {index} does not deserialize under this exchange's public context "
+                                 f"({server.chain.describe()}): {exc}", **where) from exc
+        if vec.size() != length:
+            raise ShapeError(f"ciphertext {index} carries {vec.size()} slots, expected {length}", **where)
+        cts = vec.ciphertext()
+        ct = cts[0] if len(cts) == 1 else None
+        if ct is None or ct.size() != 2 or list(ct.parms_id()) != server.parms_id \
+                or not math.isclose(ct.scale, plan.scale, rel_tol=1e-9):
+            raise IntegrityError(f"ciphertext {index} was not encrypted with this exchange's parameters "
+                                 f"({plan.describe()})", **where)
+        return vec
+
+    def _record_streamed(self, streamed: dict) -> None:
+        """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
+        for msgs in streamed.values():
+            if len(msgs) == 1:
+                msg = msgs[0]
+                if msg.nbytes > self.keep_payload_bytes:
+                    msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
+            else:
+                last = msgs[-1]
+                try:
+                    shape = (sum(int(m.shape[0]) for m in msgs), self.plan.block_len)
+                except (TypeError, ValueError, IndexError):   # a tampered shape: record it as sent
+                    shape = last.shape
+                msg = replace(last, shape=shape, nbytes=sum(int(m.nbytes) for m in msgs), payload=None,
+                              note=last.note + f"; streamed in {len(msgs)} chunks, payload not kept")
+            super().record(msg)
+
+
+class _KeyView:
+    """What one client half holds of the CKKS keys (the attack suite reads a colluding client's)."""
+
+    def __init__(self, half: CKKSClient):
+        self._ring = half.keys
+
+    def __contains__(self, chain) -> bool:
+        return chain in self._ring
+
+    def get(self, chain) -> ClientKey:
+        return self._ring.get(chain)
+
+    def by_fingerprint(self, fingerprint: str) -> ClientKey | None:
+        return self._ring.by_fingerprint(fingerprint)
+
+
+# ====================================================================== the algorithms' facade
+class CKKSProtocol(SplitProtocol):
     """TenSEAL CKKS secure aggregation.
 
     Options (``make_protocol('ckks', K, ...)``):
@@ -93,25 +595,29 @@ class CKKSProtocol(Protocol):
 
     mode = "ckks"
     upload_kind = "ciphertext"
+    client_half = CKKSClient
+    server_half = CKKSServer
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 64 << 20,
-                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False):
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed)
+                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False, link=None):
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
                                      "(BFV packing is not implemented)")
+        ClientKeyRing(encryption)                         # validates the encryption type
         self.packing = bool(packing)
         self.encryption = encryption
         self._candidates, self._fixed_scale = self._resolve_params(params)
-        self._keys = ClientKeyRing(encryption)            # client side
-        self._servers: dict[str, ServerContext] = {}      # server side: public contexts only
         self._active: ChainParams | None = None
         self.chunk_bytes = int(chunk_bytes)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
+        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link)
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
+
+    def public_options(self) -> dict:
+        return {"encryption": self.encryption, "keep_payload_bytes": self.keep_payload_bytes}
 
     # ------------------------------------------------------------------ configuration
     @staticmethod
@@ -155,20 +661,20 @@ class CKKSProtocol(Protocol):
     def _dp_std_hint(self) -> float:
         # the base calls block_capacity right after privatising the current exchange, so this
         # is usually that exchange's std; a stale value only costs padding (blocks then span
-        # several ciphertexts), never correctness: _aggregate re-plans from ctx.dp_noise_std
+        # several ciphertexts), never correctness: the plan is re-made from ctx.dp_noise_std
         return float(getattr(self.dp, "last_std", 0.0) or 0.0) if self.dp is not None else 0.0
 
     def block_capacity(self, spec: ValueSpec) -> int:
         try:
             return self.plan(spec, dp_std=self._dp_std_hint()).values_per_ciphertext
         except ProtocolError:
-            return self._candidates[0].slots   # _aggregate raises the error with the exchange named
+            return self._candidates[0].slots   # the exchange raises the error with the exchange named
 
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Sparse layout: the smallest ring among the plans whose bytes per value are within
         :data:`SPARSE_RING_TOLERANCE` of the cheapest.  A client pays for every block it
         touches, so half-size blocks (N=4096 instead of 8192: same 6.4 B per packed count)
-        halve the untouched rows it pays for; ``_aggregate`` then picks the same chain for
+        halve the untouched rows it pays for; the exchange then picks the same chain for
         the resulting block length.  Dense layout: :meth:`block_capacity`."""
         if layout != "sparse":
             return self.block_capacity(spec)
@@ -181,53 +687,49 @@ class CKKSProtocol(Protocol):
         near = [p for n, p in plans.items() if per_value[n] <= best * (1.0 + SPARSE_RING_TOLERANCE)]
         return min(near, key=lambda p: (p.values_per_ciphertext, per_value[p.chain.name])).values_per_ciphertext
 
-    # ------------------------------------------------------------------ keys
-    def _ensure_keys(self, chain: ChainParams, rnd: int) -> ClientKey:
-        if chain in self._keys:
-            return self._keys.get(chain)
-        key = self._keys.create(chain)                 # client 0 makes the key pair
-        note = f"CKKS {chain.describe()}, {self.encryption} encryption"
-        secret = key.context.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                                       save_relin_keys=False)
-        secret += bytes(max(0, key.secret_nbytes - len(secret)))   # padded: sizes are public
-        for k in range(1, self.num_clients):
-            # the secret context travels over the encrypted channel, relayed by the server; the
-            # simulation's clients then share client 0's context object (same bytes)
-            self._relay(rnd, KEYS_TAG, 0, k, "key_setup", secret, f"secret context ({note})",
-                        fingerprint=key.fingerprint, keep_payload=len(secret) <= self.keep_payload_bytes, part=len(self._servers))
-        msg = self._deliver(Message(rnd, KEYS_TAG, client_party(0), SERVER, "public_key", (), len(key.public_bytes),
-                                    self.mode, key.fingerprint, key.public_bytes,
-                                    note=f"public context without secret/Galois/relin keys ({note})"),
-                            "key_setup", len(self._servers))
-        self._servers[chain.name] = ServerContext(msg.payload, chain)   # server: public bytes only
-        return key
+    # ------------------------------------------------------------------ keys (facade view)
+    @property
+    def _keys(self) -> _KeyView:
+        """Client 0's key ring (every client holds the same keys; the coalition attack reads it)."""
+        return _KeyView(self.clients[0])
 
     @property
     def fingerprint(self) -> str:
         """sha256 of the public context of the current exchange's chain (keys made on demand)."""
-        chain = self._active or self._candidates[0]
-        if chain not in self._keys:
-            self._ensure_keys(chain, 0)
-        return self._keys.get(chain).fingerprint
+        return self.fingerprint_for(self._active or self._candidates[0])
 
     def fingerprint_for(self, chain: ChainParams | str) -> str:
         chain = NAMED_CHAINS[chain] if isinstance(chain, str) else chain
-        return self._ensure_keys(chain, 0).fingerprint
+        return self.server.ensure_keys(chain, self.link, 0).fingerprint
 
     def server_context(self, chain: ChainParams | str | None = None) -> ts.Context:
         """The TenSEAL context the server holds (public; for tests and audits)."""
         chain = chain or self._active or self._candidates[0]
         chain = NAMED_CHAINS[chain] if isinstance(chain, str) else chain
-        self._ensure_keys(chain, 0)
-        return self._servers[chain.name].context
+        return self.server.ensure_keys(chain, self.link, 0).context
 
-    # ------------------------------------------------------------------ client side
-    def _validate(self, ctx: ExchangeContext, plan: EncodingPlan, chunks: list[tuple[int, int]]) -> None:
-        """Every client's contribution against the public plan; raises before any encryption."""
+    # ------------------------------------------------------------------ one exchange
+    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        for r, bids in ctx.requests.items():
+            bids = np.asarray(bids)
+            if not 0 <= int(r) < self.num_clients or (bids.size and (bids.min() < 0 or bids.max() >= ctx.num_blocks)):
+                raise ShapeError(f"recipient {r} requests blocks outside [0, {ctx.num_blocks})",
+                                 tag=ctx.tag, round=ctx.round, client=r)
+        ep = choose_chain(self._plans(ctx.spec, ctx.dp_noise_std, ctx.tag, ctx.round), ctx.block_len)
+        n_pieces = math.ceil(ctx.block_len / ep.values_per_ciphertext)
+        per_chunk = max(1, self.chunk_bytes // max(1, len(ctx.contributions) * n_pieces * ep.chain.ciphertext_bytes))
+        if self.audit_sum_bound:
+            self._audit(ctx, ep, _chunks(ctx.num_blocks, per_chunk))
+        self._active = ep.chain
+        self._last_plan = ep
+        return {"plan": plan_to_payload(ep), "blocks_per_chunk": per_chunk}
+
+    def _audit(self, ctx: ExchangeContext, plan: EncodingPlan, chunks: list[tuple[int, int]]) -> None:
+        """Test aid: every contribution in range, then the K-way sums in the clear against the
+        plan's bound (no party could do this in a deployment)."""
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
         packed = plan.layout is not None
-        audit = spec.integer and self.audit_sum_bound
         bad = first_out_of_range(ctx, self.num_clients, lo, hi)
         if bad is not None:
             k, block, entry, v, why = bad
@@ -237,7 +739,7 @@ class CKKSProtocol(Protocol):
                       f"sum_max={spec.sum_max}, integer={spec.integer}"
                       + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
                       "values or declare a larger public bound", tag=ctx.tag, round=ctx.round, client=k)
-        if not audit:
+        if not spec.integer:
             return
         if packed:
             top = (1 << plan.layout.width) - 1 - self.num_clients * offset
@@ -260,230 +762,20 @@ class CKKSProtocol(Protocol):
                              else "") + ". Nothing was encrypted. Fix: declare the true bound (e.g. degree cap + 1) "
                           "in ValueSpec.sum_max", tag=ctx.tag, round=ctx.round)
 
-    @staticmethod
-    def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
-        slots = (plan.layout.pack(values) if plan.layout is not None else values).tolist()
-        size = plan.chain.padded_ciphertext_bytes
-        for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
-            ct = ts.ckks_vector(context, slots, plan.scale).serialize()
-            if len(ct) <= size:
-                return wire.frame(ct, size)
-        raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
-                                 "update PADDED_CT_BYTES for this TenSEAL version")
-
-    @staticmethod
-    def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, ctx: ExchangeContext) -> np.ndarray:
-        dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
-        if plan.layout is None:
-            return np.rint(dec) if plan.exact else dec
-        vals, residual, in_range = plan.layout.unpack(dec, n)
-        if residual > 0.25 or not in_range:
-            raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
-                             f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
-                             "bound was violated; the result was refused", tag=ctx.tag, round=ctx.round)
-        return vals
-
-    # ------------------------------------------------------------------ server side
-    def _load(self, server: ServerContext, plan: EncodingPlan, frame, length: int, ctx: ExchangeContext,
-              client: int, index: int):
-        where = dict(tag=ctx.tag, round=ctx.round, client=client)
-        expected = server.chain.padded_ciphertext_bytes + wire.HEADER_BYTES
-        if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
-            size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
-            raise IntegrityError(f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
-                                 f"or not made with this exchange's parameters ({server.chain.describe()})", **where)
-        try:
-            body = wire.unframe(frame)
-        except ValueError as exc:
-            raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
-        try:
-            vec = ts.ckks_vector_from(server.context, body)
-        except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
-            raise IntegrityError(f"ciphertext {index} does not deserialize under this exchange's public context "
-                                 f"({server.chain.describe()}): {exc}", **where) from exc
-        if vec.size() != length:
-            raise ShapeError(f"ciphertext {index} carries {vec.size()} slots, expected {length}", **where)
-        cts = vec.ciphertext()
-        ct = cts[0] if len(cts) == 1 else None
-        if ct is None or ct.size() != 2 or list(ct.parms_id()) != server.parms_id \
-                or not math.isclose(ct.scale, plan.scale, rel_tol=1e-9):
-            raise IntegrityError(f"ciphertext {index} was not encrypted with this exchange's parameters "
-                                 f"({plan.describe()})", **where)
-        return vec
-
-    # ------------------------------------------------------------------ the exchange
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        t_setup = time.perf_counter()
-        plan = choose_chain(self._plans(ctx.spec, ctx.dp_noise_std, ctx.tag, ctx.round), ctx.block_len)
-        chain = plan.chain
-        per_ct = plan.values_per_ciphertext
-        n_pieces = math.ceil(ctx.block_len / per_ct)
-        bounds = [(j * per_ct, min(ctx.block_len, (j + 1) * per_ct)) for j in range(n_pieces)]
-        vec_lens = [(plan.layout.slots_for(b - a) if plan.layout is not None else b - a) for a, b in bounds]
-        for r, bids in ctx.requests.items():
-            bids = np.asarray(bids)
-            if not 0 <= int(r) < self.num_clients or (bids.size and (bids.min() < 0 or bids.max() >= ctx.num_blocks)):
-                raise ShapeError(f"recipient {r} requests blocks outside [0, {ctx.num_blocks})",
-                                 tag=ctx.tag, round=ctx.round, client=r)
-
-        contributors = sorted(ctx.contributions)
-        blocks_per_chunk = max(1, self.chunk_bytes // max(1, len(contributors) * n_pieces * chain.ciphertext_bytes))
-        chunks = [(b0, min(ctx.num_blocks, b0 + blocks_per_chunk)) for b0 in range(0, ctx.num_blocks, blocks_per_chunk)]
-        self._validate(ctx, plan, chunks)               # clients: nothing encrypted before this passes
-        key = self._ensure_keys(chain, ctx.round)
-        server = self._servers[chain.name]
-        self._active = chain
-        fp = key.fingerprint
-        setup_s = time.perf_counter() - t_setup
-
-        where = lambda k: dict(tag=ctx.tag, round=ctx.round, client=k)  # noqa: E731
-        K = self.num_clients
-        client_up_s = {k: 0.0 for k in contributors}
-        server_s = 0.0
-
-        # sparse layout: block ids travel in the clear (documented leak), checked by the server
-        server_ids: dict[int, np.ndarray] = {}
-        for k in contributors:
-            ids = np.asarray(ctx.contributions[k].ids, dtype=np.int64)
-            if ctx.layout == "sparse":
-                msg = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "metadata", (ids.size,),
-                                            4 * ids.size, self.mode, fp, {"block_ids": ids.astype(np.int32)},
-                                            note="block ids of the sparse layout"), "block_ids")
-                t = time.perf_counter()
-                self._check_envelope(msg, ctx, k)
-                got = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
-                if got.size and (got.min() < 0 or got.max() >= ctx.num_blocks or (np.diff(got) <= 0).any()):
-                    raise ShapeError(f"block ids must be increasing in [0, {ctx.num_blocks})", **where(k))
-                server_ids[k] = got
-                server_s += time.perf_counter() - t
-            else:
-                server_ids[k] = np.arange(ctx.num_blocks)
-
-        needed = np.zeros(ctx.num_blocks, dtype=bool)
-        for bids in ctx.requests.values():
-            needed[np.asarray(bids, dtype=np.int64)] = True
-
-        decoded: dict[int, np.ndarray] = {}
-        decode_s: dict[int, float] = {}
-        sent: dict[int, list[Message]] = {k: [] for k in contributors}
-        got: dict[int, list[Message]] = {r: [] for r in ctx.requests}
-        try:
-            for part, (b0, b1) in enumerate(chunks):
-                parts = {}
-                for k in contributors:                      # clients encrypt their blocks of this chunk
-                    table = ctx.contributions[k]
-                    i0, i1 = np.searchsorted(table.ids, [b0, b1])
-                    t = time.perf_counter()
-                    frames = [self._encrypt(key.context, plan, row[a:b])
-                              for row in table.values[i0:i1] for a, b in bounds]
-                    client_up_s[k] += time.perf_counter() - t
-                    msg = Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
-                                  (int(i1 - i0), ctx.block_len), sum(len(f) for f in frames), self.mode, fp, frames,
-                                  note=f"{plan.describe()}")
-                    try:       # signed; the server verifies it before reading (recorded below)
-                        msg = self._deliver(msg, "upload", part, record=False)
-                    except ProtocolError:
-                        sent[k].append(msg)
-                        raise
-                    sent[k].append(msg)
-                    parts[k] = msg
-                t = time.perf_counter()
-                loaded = {}
-                for k, msg in parts.items():                # server: check ALL uploads of the chunk first
-                    self._check_envelope(msg, ctx, k)
-                    ids = server_ids[k]
-                    sel = ids[(ids >= b0) & (ids < b1)]
-                    if tuple(msg.shape) != (sel.size, ctx.block_len) or not isinstance(msg.payload, (list, tuple)) \
-                            or len(msg.payload) != sel.size * n_pieces:
-                        n = len(msg.payload) if isinstance(msg.payload, (list, tuple)) else None
-                        raise ShapeError(f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
-                                         f"{(sel.size, ctx.block_len)} in {sel.size * n_pieces} ciphertexts",
-                                         **where(k))
-                    vecs = [self._load(server, plan, f, vec_lens[i % n_pieces], ctx, k, i)
-                            for i, f in enumerate(msg.payload)]
-                    loaded[k] = (sel, vecs)
-                sums: dict[int, list] = {}
-                counts: dict[int, int] = {}
-                for k in contributors:                      # then add, per block id
-                    sel, vecs = loaded[k]
-                    for i, bid in enumerate(sel.tolist()):
-                        if not needed[bid]:
-                            continue
-                        pieces = vecs[i * n_pieces:(i + 1) * n_pieces]
-                        if bid in sums:
-                            for acc, v in zip(sums[bid], pieces):
-                                acc.add_(v)
-                        else:
-                            sums[bid] = pieces
-                        counts[bid] = counts.get(bid, 0) + 1
-                if plan.layout is not None and plan.layout.offset:
-                    for bid, c in counts.items():           # pad missing clients' DP offsets (public)
-                        if c < K:
-                            const = plan.layout.offset_constant(K - c)
-                            for acc, n in zip(sums[bid], vec_lens):
-                                acc.add_([const] * n)
-                size = chain.padded_ciphertext_bytes
-                out_frames = {bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
-                              for bid, accs in sums.items()}
-                del loaded, sums, parts
-                server_s += time.perf_counter() - t
-                for r, bids in ctx.requests.items():         # signed download of this chunk's blocks
-                    mine = [int(b) for b in np.asarray(bids).ravel() if b0 <= int(b) < b1]
-                    frames = [f for b in mine for f in out_frames.get(b, [wire.EMPTY] * n_pieces)]
-                    msg = Message(ctx.round, ctx.tag, SERVER, client_party(r), "ciphertext", (len(mine), ctx.block_len),
-                                  sum(len(f) for f in frames), self.mode, fp, frames,
-                                  note=plan.describe())
-                    try:       # the recipient verifies it before decrypting (recorded below)
-                        msg = self._download(msg, "download", part, record=False)
-                    finally:
-                        got[r].append(msg)
-                    for i, bid in enumerate(mine):           # decrypt once per block (shared key)
-                        if bid in out_frames and bid not in decoded:
-                            t = time.perf_counter()
-                            delivered = msg.payload[i * n_pieces:(i + 1) * n_pieces]
-                            decoded[bid] = np.concatenate([self._decrypt(key.context, plan, f, b - a, ctx)
-                                                           for f, (a, b) in zip(delivered, bounds)])
-                            decode_s[bid] = time.perf_counter() - t
-        finally:
-            self._record_streamed(sent, ctx)
-            self._record_streamed(got, ctx)
-
-        zero = np.zeros(ctx.block_len)
-        out: dict[int, dict[int, np.ndarray]] = {}
-        bytes_down, client_down_s = {}, {}
-        for r, bids in ctx.requests.items():
-            bids = [int(b) for b in np.asarray(bids).ravel()]
-            nbytes = sum(m.nbytes for m in got[r])
-            out[r] = {b: decoded.get(b, zero) for b in bids}
-            bytes_down[r] = nbytes
-            client_down_s[r] = sum(decode_s.get(b, 0.0) for b in bids)
+        out = super()._aggregate(ctx)
+        plan, ep, srv = self.server.plan, self._last_plan, self.server.last_stats
+        timing = {k: self.clients[k].timing for k in plan.parties}
         self.last_stats = {
-            "tag": ctx.tag, "round": ctx.round, "params": plan.describe(), "chain": chain.name,
-            "encoding": plan.encoding, "scale_bits": plan.scale_bits, "error_bound": plan.error_bound,
-            "fields_per_slot": plan.layout.fields if plan.layout else 1,
-            "field_bits": plan.layout.width if plan.layout else None,
-            "ciphertexts_per_block": n_pieces, "chunks": len(chunks),
-            "bytes_up": {k: sum(m.nbytes for m in sent[k]) for k in contributors},
-            "bytes_down": bytes_down, "client_upload_s": client_up_s, "client_download_s": client_down_s,
-            "server_s": server_s, "setup_s": setup_s,
+            "tag": ctx.tag, "round": ctx.round, "params": ep.describe(), "chain": ep.chain.name,
+            "encoding": ep.encoding, "scale_bits": ep.scale_bits, "error_bound": ep.error_bound,
+            "fields_per_slot": ep.layout.fields if ep.layout else 1,
+            "field_bits": ep.layout.width if ep.layout else None,
+            "ciphertexts_per_block": srv["ciphertexts_per_block"], "chunks": srv["chunks"],
+            "bytes_up": srv["bytes_up"], "bytes_down": srv["bytes_down"],
+            "client_upload_s": {k: timing[k].get("encode_s", 0.0) + timing[k].get("upload_s", 0.0)
+                                for k in plan.contributors},
+            "client_download_s": {r: timing[r].get("download_s", 0.0) for r in plan.requests},
+            "server_s": srv["server_s"], "setup_s": srv["setup_s"],
         }
         return out
-
-    def _record_streamed(self, sent: dict[int, list[Message]], ctx: ExchangeContext) -> None:
-        """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
-        for k, msgs in sent.items():
-            if not msgs:
-                continue
-            if len(msgs) == 1:
-                msg = msgs[0]
-                if msg.nbytes > self.keep_payload_bytes:
-                    msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
-            else:
-                last = msgs[-1]
-                try:
-                    shape = (sum(int(m.shape[0]) for m in msgs), ctx.block_len)
-                except (TypeError, ValueError, IndexError):   # a tampered shape: record it as sent
-                    shape = last.shape
-                msg = replace(last, shape=shape, nbytes=sum(int(m.nbytes) for m in msgs), payload=None,
-                              note=last.note + f"; streamed in {len(msgs)} chunks, payload not kept")
-            self.transcript.record(msg)

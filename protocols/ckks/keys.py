@@ -113,6 +113,19 @@ class ClientKeyRing:
         """The key whose public context has ``fingerprint`` (the one a message names), if any."""
         return next((k for k in self._keys.values() if k.fingerprint == fingerprint), None)
 
+    def adopt(self, context: ts.Context, fingerprint: str, secret_nbytes: int) -> ClientKey:
+        """A chain's secret context received from client 0 (its fingerprint names the chain's
+        public context, which this client does not need)."""
+        n, bits = context_chain(context)
+        chain = next((c for c in _known_chains() if (c.poly_modulus_degree, c.coeff_mod_bit_sizes) == (n, bits)),
+                     None) or ChainParams(f"n{n}-{'-'.join(map(str, bits))}", n, bits)
+        check_security(chain)
+        if not context.is_private():
+            raise IntegrityError("the relayed context holds no secret key")
+        key = ClientKey(chain, context, b"", int(secret_nbytes), fingerprint)
+        self._keys[chain.name] = key
+        return key
+
     def create(self, chain: ChainParams) -> ClientKey:
         ctx = make_secret_context(chain, self.encryption)
         secret = ctx.serialize(save_public_key=False, save_secret_key=True,
@@ -128,6 +141,11 @@ class ClientKeyRing:
         key = ClientKey(chain, ctx, blob, secret_size, fingerprint_of(blob))
         self._keys[chain.name] = key
         return key
+
+
+def _known_chains():
+    from .params import NAMED_CHAINS
+    return NAMED_CHAINS.values()
 
 
 class ServerContext:
