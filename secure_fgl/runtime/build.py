@@ -37,8 +37,6 @@ def check_runtime(cfg) -> None:
     if cfg.dp_epsilon is not None or cfg.attacks:
         raise ConfigError(f"--executor {cfg.executor}: DP and --attacks run with --executor inline for now "
                           "(the attack suite reads every party's state in one process)")
-    if cfg.mode == "ckks-mp":
-        raise ConfigError(f"--executor {cfg.executor} runs plain, ckks and mask; ckks-mp runs with --executor inline")
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
