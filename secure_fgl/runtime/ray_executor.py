@@ -21,6 +21,7 @@ pickles task arguments (docs/runtime.md).
 from __future__ import annotations
 
 import os
+import time
 from typing import Mapping
 
 from ..config import ConfigError
@@ -131,8 +132,16 @@ class RayExecutor(Executor):
         lost.update({k: why for k in groups.get(j, {})})
 
     def kill_actor_of(self, client: int) -> None:
-        """Kill the actor hosting ``client`` (and its other clients): a crash, for tests."""
-        self.ray.kill(self.actors[self.placement[client]], no_restart=True)
+        """Kill the actor hosting ``client`` (and its other clients): a crash, for tests.  Returns
+        once Ray reports it dead (``ray.kill`` is asynchronous)."""
+        actor = self.actors[self.placement[client]]
+        self.ray.kill(actor, no_restart=True)
+        try:
+            while True:
+                self.ray.get(actor.memory.remote(), timeout=self.round_timeout)
+                time.sleep(0.05)
+        except self.ray.exceptions.RayActorError:
+            pass
 
     def memory(self) -> list[dict]:
         """Memory of each live actor process (:meth:`ClientHost.memory`)."""
