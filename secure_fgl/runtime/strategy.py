@@ -10,17 +10,17 @@ Evaluation: every client reports ``(correct, total)`` per split; each report is 
 in the transcript (tag ``eval/counts``, client -> server, its frame's length in bytes), so
 ``comm`` counts it.
 
-Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): before
-an exchange, a lost contributor is handed to the protocol as a dropout at the upload stage:
-``mask`` recovers the survivors' sum (Shamir shares of the lost clients' mask keys) or raises
-:class:`protocols.DropoutError` naming them below the threshold; ``ckks``/``ckks-mp`` have no
-recovery and raise DropoutError naming them; ``plain`` averages the survivors.  Lost clients
-stay lost for the rest of the run (their process is gone); ``--resume`` restarts every client
-from its last checkpoint.
-
 Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
-client halves inside the runtimes (:mod:`.exchange`); any other backend object still encodes in
-the driver, so a contribution crosses from its runtime to the driver as a frame.
+client halves inside the runtimes (:mod:`.exchange`); any other backend object (ckks-mp) still
+encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
+
+Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
+clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
+client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
+dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
+naming it) and one lost before it is not a contributor.  On the driver-side path a lost
+contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
+backends raise DropoutError naming it.
 """
 from __future__ import annotations
 
