@@ -10,8 +10,9 @@ response frame}`` back (:mod:`.wire`); a client's runtime is built inside its ac
 set-up frame and its state never leaves it except as its own checkpoint file.  (Ray pickles the
 dict of bytes objects that carries the frames: its framing, not counted.)
 
-A call waits at most ``--round-timeout`` seconds.  An actor that died (``RayActorError``) or did
-not answer in time (it is then killed) loses its clients: they come back as lost and the
+A call waits at most ``--round-timeout`` seconds.  An actor that died (``RayActorError``, or
+Ray's memory monitor killed its worker: ``OutOfMemoryError``) or did not answer in time (it is
+then killed) loses its clients: they come back as lost and the
 strategy makes them protocol dropouts (:mod:`.strategy`).  An error raised by client code is
 re-raised in the driver, not treated as a dropout.
 
@@ -121,10 +122,10 @@ class RayExecutor(Executor):
             j = refs[ref]
             try:
                 responses.update(ray.get(ref))
-            except ray.exceptions.RayActorError as e:
-                self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
             except ray.exceptions.RayTaskError as e:   # client code raised: an error, not a dropout
-                raise e.as_instanceof_cause() from None
+                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
+            except ray.exceptions.RayError as e:       # the actor died (crash, kill, Ray's OOM killer)
+                self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
         return responses, lost
 
     def _lose(self, j: int, why: str, groups: dict, lost: dict) -> None:
