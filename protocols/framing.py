@@ -47,11 +47,14 @@ def message_from_bytes(data: bytes) -> Message:
 
 def pack_bundle(messages: list[bytes]) -> bytes:
     """Several serialized messages as one transport payload."""
-    return _U32.pack(len(messages)) + b"".join(_U64.pack(len(m)) + m for m in messages)
+    parts = [_U32.pack(len(messages))]
+    for m in messages:
+        parts += (_U64.pack(len(m)), m)
+    return b"".join(parts)
 
 
-def unpack_bundle(data: bytes) -> list[bytes]:
-    """Inverse of :func:`pack_bundle`; strict."""
+def unpack_bundle(data: bytes) -> list[memoryview]:
+    """Inverse of :func:`pack_bundle`; strict.  The messages are views into ``data`` (no copy)."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < BUNDLE_HEADER_BYTES:
         raise MalformedMessageError("bundle truncated before its count")
     data = memoryview(bytes(data))
@@ -64,7 +67,7 @@ def unpack_bundle(data: bytes) -> list[bytes]:
         pos += BUNDLE_ITEM_BYTES
         if pos + n > len(data):
             raise MalformedMessageError("bundle truncated inside a message")
-        out.append(bytes(data[pos:pos + n]))
+        out.append(data[pos:pos + n])
         pos += n
     if pos != len(data):
         raise MalformedMessageError(f"{len(data) - pos} trailing bytes after the bundle")

@@ -157,12 +157,12 @@ def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
     """``(signature, header, body)`` of a message's wire bytes; MalformedMessageError if truncated."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
         raise MalformedMessageError("message truncated before its header")
-    data = bytes(data)
+    data = memoryview(data)
     (n,) = _U32.unpack_from(data, SIGNATURE_BYTES)
     start = SIGNATURE_BYTES + 4
     if start + n > len(data):
         raise MalformedMessageError("message truncated inside its header")
-    return data[:SIGNATURE_BYTES], data[start:start + n], data[start + n:]
+    return bytes(data[:SIGNATURE_BYTES]), bytes(data[start:start + n]), bytes(data[start + n:])
 
 
 def _text(s: str) -> bytes:

@@ -92,8 +92,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         algo = make_strategy(cfg, fed, protocol, options, executor)
 
     def save_extra():
-        fields = [f.name for f in dataclasses.fields(Message) if f.name != "payload"]   # shallow: asdict deep-copies
-        return {"transcript": [{f: getattr(m, f) for f in fields} for m in protocol.transcript.messages],
+        # a shallow copy of each message (its fields are immutable) without its payload
+        return {"transcript": [{**vars(m), "payload": None} for m in protocol.transcript.messages],
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
