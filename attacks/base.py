@@ -51,6 +51,8 @@ KNOWLEDGE: dict[str, str] = {
     "aux_labelled": "K1: a labelled auxiliary sample from the same distribution (ids, features, labels, edges)",
     "hidden_fn": "the released model's hidden-feature map, applicable to auxiliary data",
     "coalition_keys": "the colluding clients' own protocol secrets (CKKS key ring; mask seeds, shares, group seed)",
+    "victim_graphs": "K2, graph classification: the structure (edges, node counts) of the victim's training graphs",
+    "victim_model": "K3, graph classification: the victim's model after the run, its private layers included",
 }
 
 
@@ -319,6 +321,14 @@ class GroundTruth:
                    binary=bool(getattr(fed, "binary_features", False)
                                or _is_binary(g.x)),
                    clients=list(fed.clients))
+
+    @classmethod
+    def from_graph_fed(cls, fed) -> "GroundTruth":
+        """Graph classification: no global node arrays; ``clients`` holds every client's graphs."""
+        return cls(x=np.zeros((0, 0)), y=np.zeros(0, np.int64), edge_index=np.zeros((2, 0), np.int64),
+                   owner=np.zeros(0, np.int64), train_mask=np.zeros(0, bool), test_mask=np.zeros(0, bool),
+                   num_classes=max(c.num_classes for c in fed.clients), binary=False, clients=list(fed.clients),
+                   extra={"task": "graph"})
 
     def adjacency(self, self_loops: bool = False):
         import scipy.sparse as sp

@@ -9,7 +9,8 @@ each client's dataset name).
 What the server reads (its :class:`~attacks.base.View` only):
 
 * ``plain``: the readable model uploads of the latest round (``<algorithm>/model``: each
-  client's weighted update ``[n_i dW_i, n_i]``, weight slot dropped) -> cosine of every pair;
+  client's weighted update ``[Q(w_i dW_i / 4), F(w_i / 4)]``, weight slot dropped) -> cosine of
+  every pair;
 * ``ckks``: the uploads are ciphertexts; the latest decrypted similarity vector the decider
   returned (``<algorithm>/similarity``, kind plain) for the members of that split, in the
   order of their encrypted uploads.  No split, no matrix: the attack is not applicable.
@@ -21,9 +22,16 @@ import numpy as np
 from protocols.pairwise import cosine_matrix
 from protocols.transcript import SERVER, party_client
 
-from .base import View, dense_vector, roc_auc
+from .base import Attack, AttackResult, GroundTruth, View, dense_vector, roc_auc
+from .gin_inversion import GRAPH_ALGORITHMS
 
-__all__ = ["server_similarity", "same_dataset_auc"]
+__all__ = ["DOMAINS", "server_similarity", "same_dataset_auc", "SameDatasetInference"]
+
+#: the data domain of every TU dataset of GCFL's groups (the paper's molecules / proteins / social
+#: split); in the one-dataset-per-client groups the attack asks "same domain?"
+DOMAINS = {**{n: "molecules" for n in ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")},
+           **{n: "bioinformatics" for n in ("ENZYMES", "DD", "PROTEINS")},
+           **{n: "social" for n in ("COLLAB", "IMDB-BINARY", "IMDB-MULTI")}}
 
 
 def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> tuple[list[int], np.ndarray] | None:
@@ -68,3 +76,32 @@ def same_dataset_auc(clients: list[int], similarity: np.ndarray, datasets: list[
     if len(set(labels)) < 2:
         return float("nan")
     return roc_auc(similarity[i, j], labels)
+
+
+class SameDatasetInference(Attack):
+    """The server guesses which clients hold the same dataset (the same domain, where each
+    client holds its own dataset) from the similarity it reads (``--attacks gcfl_same_dataset``;
+    module docstring)."""
+
+    name = "gcfl_same_dataset"
+    exchange = "*/model"
+    algorithms = GRAPH_ALGORITHMS
+
+    def run(self, view: View, knowledge) -> AttackResult:
+        pub = knowledge["public"]
+        read = server_similarity(view, int(pub["num_shared"]), pub["algorithm"])
+        if read is None:
+            return self.not_applicable("no readable update or similarity reached the server")
+        clients, sim = read
+        return self.result(output=(clients, sim), metrics={"clients": len(clients)})
+
+    def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        clients, sim = res.output
+        datasets = [c.dataset for c in truth.clients]
+        if len(set(datasets)) == len(datasets):              # one dataset per client: ask for the domain
+            datasets = [DOMAINS.get(d, d) for d in datasets]
+        auc = same_dataset_auc(clients, sim, datasets)
+        if not np.isfinite(auc):
+            return self.not_applicable("every pair read is the same dataset (or every pair differs): nothing to tell")
+        res.metric, res.value, res.chance = "auc", auc, 0.5
+        return res

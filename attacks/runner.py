@@ -52,6 +52,8 @@ from .audit import audit_protocol
 from .base import Attack, AttackResult, GroundTruth, View, observer_parties
 from .coalition import CoalitionAttack
 from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout, own_degrees
+from .gcfl import SameDatasetInference
+from .gin_inversion import GINUpdateInversion
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
@@ -60,20 +62,24 @@ ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
     ProxyLabelDistribution, MomentLabelDistribution,
-    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack)}
+    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack,
+    SameDatasetInference, GINUpdateInversion)}
 
 
-def applies_to(cls: type[Attack], algorithm: str) -> bool:
-    return cls.algorithms is None or algorithm.lower() in cls.algorithms
+def applies_to(cls: type[Attack], algorithm: str, graph_level: bool = False) -> bool:
+    """An attack that names no algorithm reads node-level runs only."""
+    if cls.algorithms is None:
+        return not graph_level
+    return algorithm.lower() in cls.algorithms
 
 
-def resolve_names(names, algorithm: str) -> list[str]:
+def resolve_names(names, algorithm: str, graph_level: bool = False) -> list[str]:
     """``['all']`` -> every attack that targets ``algorithm``; otherwise the names as given."""
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     names = list(names or [])
     if any(n == "all" for n in names):
-        return [n for n, cls in ATTACKS.items() if applies_to(cls, algorithm)]
+        return [n for n, cls in ATTACKS.items() if applies_to(cls, algorithm, graph_level)]
     unknown = [n for n in names if n not in ATTACKS]
     if unknown:
         raise ValueError(f"unknown attack(s) {unknown}; known: {', '.join(ATTACKS)} or 'all'")
@@ -104,6 +110,10 @@ class RunContext:
     def public(self, **_) -> dict:
         cfg, fed = self.cfg, self.fed
         algo_name = getattr(self.algo, "name", cfg.algorithm)
+        if not hasattr(fed, "graph"):                     # graph classification: per-client models
+            return {"num_clients": int(fed.num_clients), "mode": cfg.mode, "algorithm": algo_name,
+                    "options": self._options(), "lr": cfg.lr, "hidden": cfg.hidden, "num_layers": cfg.num_layers,
+                    "local_epochs": cfg.local_epochs, "num_shared": int(self.algo.anchors[0].numel())}
         d = int(fed.num_features)
         opts = self._options()
         return {"num_nodes": int(fed.graph.num_nodes), "num_features": d, "num_classes": int(fed.num_classes),
@@ -162,6 +172,16 @@ class RunContext:
         c = self.fed.clients[v]
         return {"client": v, "num_nodes": c.num_nodes, "edge_index": c.edge_index.cpu(),
                 "train_mask": c.train_mask.cpu()}
+
+    def victim_graphs(self, attack: Attack, **_) -> dict:
+        """K2 (graph classification): the structure of the victim's training graphs, no features or labels."""
+        c = self.fed.clients[int(attack.opts.get("victim", 0))]
+        return {"client": c.client_id, "structure": [(g.edge_index.cpu(), int(g.num_nodes)) for g in c.train],
+                "num_features": c.num_features, "num_classes": c.num_classes}
+
+    def victim_model(self, attack: Attack, **_):
+        """K3 (graph classification): a copy of the victim's model (private layers included) after the run."""
+        return copy.deepcopy(self.algo.models[int(attack.opts.get("victim", 0))]).cpu()
 
     def posteriors(self, **_):
         if self._posteriors is None:
@@ -305,10 +325,11 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
 
     ``options``: per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``."""
     algorithm = getattr(algo, "name", cfg.algorithm)
-    selected = resolve_names(names, algorithm)
+    graph_level = not hasattr(fed, "graph")
+    selected = resolve_names(names, algorithm, graph_level)
     options = dict(options or {})
     ctx = RunContext(algo, protocol, fed, cfg)
-    truth = GroundTruth.from_fed(fed)
+    truth = GroundTruth.from_graph_fed(fed) if graph_level else GroundTruth.from_fed(fed)
     audit = audit_protocol(protocol)
     secure = audit.secure
     entries = [{"name": "transcript_audit", "observer": SERVER, "exchange": "*", "metric": "passed",
@@ -322,8 +343,9 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
         cls = ATTACKS[name]
         attack = cls(**options.get(name, {}))
         t0 = time.perf_counter()
-        if not applies_to(cls, algorithm):
-            entries.append(_entry(attack.not_applicable(f"targets {', '.join(cls.algorithms)}, not {algorithm}"),
+        if not applies_to(cls, algorithm, graph_level):
+            entries.append(_entry(attack.not_applicable(f"targets {', '.join(cls.algorithms or ('node-level runs',))}, "
+                                                        f"not {algorithm}"),
                                   0.0, secure=secure, audit_passed=audit.passed))
             continue
         if not _exchange_present(cls, tags):

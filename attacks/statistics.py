@@ -119,6 +119,10 @@ def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarr
     return pi / pi.sum() if pi.sum() > 0 else np.full(M.shape[0], 1.0 / M.shape[0])
 
 
+#: batched statistics whose first entries are ``[n_k, n_k mu^1]`` (secure_fgl.algorithms.stats_batch)
+BATCHED_MEANS = ("*/stats/mean", "*/stats/raw")
+
+
 class MomentLabelDistribution(Attack):
     """Server unmixes FedOMD's mean hidden features into class shares (K1 prototypes)."""
 
@@ -132,6 +136,8 @@ class MomentLabelDistribution(Attack):
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
+        batched = not tags           # protocols.batch layout [n_k, n_k mu^1, n_k mu^2, ...] (stats_batch)
+        tags = tags or [t for pattern in BATCHED_MEANS for t in view.tags(pattern)]
         if not tags:
             return self.not_applicable("no hidden-statistics exchange in the transcript")
         aux = knowledge["aux_labelled"]
@@ -140,6 +146,8 @@ class MomentLabelDistribution(Attack):
             H = H[np.asarray(aux["ids"])]
         h = H.shape[1]
         ups, rnd, seen = _latest_uploads(view, tags[0], h + 1)
+        if batched:                  # the same numbers, weight first: [n_k mu^1, n_k]
+            ups = {k: np.concatenate([v[1:], v[:1]]) for k, v in ups.items()}
         if not ups:
             return self.not_applicable(f"all {seen} uploads of {tags[0]} are ciphertext/masked to the "
                                        f"{view.parties[0]}" if seen else "no uploads reach this observer")

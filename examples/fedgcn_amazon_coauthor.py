@@ -1,22 +1,26 @@
 """FedGCN on Amazon (Photo, Computers) and Coauthor (CS, Physics): Centralized GCN, 0-hop,
-1-hop and 2-hop, plain and one secure mode, on Shchur et al.'s split (20 training and 30
+1-hop and 2-hop, plain and secure modes, on Shchur et al.'s split (20 training and 30
 validation nodes per class, the rest test), 10 clients, Dirichlet beta 1.
 
     nice -n 5 python examples/fedgcn_amazon_coauthor.py [--datasets photo,computers,cs,physics]
-        [--seeds 0,1,2] [--rounds 100] [--secure mask] [--out runs/amazon_coauthor]
+        [--seeds 0,1,2] [--rounds 100] [--secure mask[,ckks]] [--methods ...] [--row-order given]
+        [--out runs/amazon_coauthor]
+    python examples/fedgcn_amazon_coauthor.py --table-only        # the table of OUT/runs.jsonl
 
 Every method runs with ``--center`` (each client centres its first-layer input by its own
 mean, ``secure_fgl/algorithms/fedgcn.py``; Centralized centres the whole graph's features) and
 FedGCN with ``--degree-cap`` = the graph's largest degree.  ``--methods`` and ``--secure none``
-shrink the table where CPU is short.
-Prints every run's command, then the table (test accuracy at the best-validation round,
-mean +- std over seeds) and writes ``table.json`` under ``--out``.
+shrink the grid where CPU is short.  Every finished run is appended to ``OUT/runs.jsonl``
+(with its seconds and peak RSS; a rerun skips what is there), so the grid can be filled in
+several invocations; the table (test accuracy at the best-validation round, mean +- std over
+seeds, and secure - plain on the same seeds) is printed and written to ``OUT/table.md``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -37,50 +41,103 @@ def command(cfg: RunConfig) -> str:
             f"--seed {cfg.seed} {opts} --data-root $SECURE_FGL_DATA --quiet").replace("  ", " ")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--datasets", default="photo,computers,cs,physics")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--secure", default="mask", help="secure mode of the second column ('none': plain only)")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--out", default="runs/amazon_coauthor")
-    args = ap.parse_args()
+def run_key(ds: str, method: str, mode: str, seed: int, rounds: int, row_order: str) -> str:
+    return json.dumps([ds, method, mode, seed, rounds, row_order])
+
+
+def run_grid(args, path: Path, done: dict) -> None:
     root = os.environ.get("SECURE_FGL_DATA")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table, seconds = {}, {}
+    modes = ["plain"] + [m for m in args.secure.split(",") if m != "none"]
     for ds in args.datasets.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
-            base = RunConfig(dataset=ds, clients=10, beta=1.0, rounds=args.rounds, seed=seed, data_root=root)
-            fed = load_federation(base)
-            cap = int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max())
+            fed = None
             for method in args.methods.split(","):
                 algo, hops = METHODS[method]
-                for mode in ("plain", args.secure):
-                    if (algo == "centralized" and mode != "plain") or mode == "none":
-                        continue                        # nothing is exchanged
+                for mode in modes:
+                    k = run_key(ds, method, mode, seed, args.rounds, args.row_order)
+                    if (algo == "centralized" and mode != "plain") or k in done:
+                        continue                        # Centralized exchanges nothing
+                    if fed is None:
+                        fed = load_federation(RunConfig(dataset=ds, clients=10, beta=1.0, seed=seed, data_root=root))
+                        cap = int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max())
                     opts = {"center": True} if hops is None else {"hops": hops, "center": True,
-                                                                   "degree_cap": max(cap, 254)}
+                                                                   "degree_cap": max(cap, 254),
+                                                                   "row_order": args.row_order}
                     cfg = RunConfig(algorithm=algo, dataset=ds, clients=10, beta=1.0, rounds=args.rounds,
                                     seed=seed, mode=mode, data_root=root, options=opts)
                     print(command(cfg), flush=True)
                     t0 = time.perf_counter()
                     res = run_experiment(cfg, progress=False, fed=fed)
-                    key = f"{ds}|{method}|{mode}"
-                    table.setdefault(key, []).append(res["final"]["test_acc"])
-                    seconds.setdefault(key, []).append(time.perf_counter() - t0)
-                    print(f"  -> test {res['final']['test_acc']:.4f} ({seconds[key][-1]:.0f} s)", flush=True)
-                    (out / "table.json").write_text(json.dumps({"acc": table, "seconds": seconds}, indent=1))
-    print(f"\n| dataset | method | plain | {args.secure} | seconds per run |\n|---|---|---|---|---|")
-    for ds in args.datasets.split(","):
-        for method in METHODS:
-            cells = []
-            for mode in ("plain", args.secure):
-                a = table.get(f"{ds}|{method}|{mode}")
-                cells.append("-" if not a else f"{np.mean(a):.3f} +- {np.std(a):.3f} (n={len(a)})")
-            secs = seconds.get(f"{ds}|{method}|plain", [0.0])
-            print(f"| {ds} | {method} | {cells[0]} | {cells[1]} | {np.mean(secs):.0f} |")
+                    row = {"dataset": ds, "method": method, "mode": mode, "seed": seed, "rounds": args.rounds,
+                           "row_order": args.row_order, "test_acc": res["final"]["test_acc"],
+                           "seconds": time.perf_counter() - t0, "command": command(cfg),
+                           "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+                    done[k] = row
+                    with path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"  -> test {row['test_acc']:.4f} ({row['seconds']:.0f} s, peak RSS "
+                          f"{row['peak_rss_gb']:.1f} GB)", flush=True)
+
+
+def table(runs: list[dict]) -> str:
+    """Per (dataset, rounds, method): plain and each secure mode (mean +- std, n) and secure -
+    plain in points over the seeds both ran (mean, max |.|)."""
+    modes = sorted({r["mode"] for r in runs} - {"plain"})
+    cells: dict[tuple, dict[str, dict[int, float]]] = {}
+    secs: dict[tuple, list[float]] = {}
+    for r in runs:
+        g = (r["dataset"], r["rounds"], r["method"])
+        cells.setdefault(g, {}).setdefault(r["mode"], {})[r["seed"]] = r["test_acc"]
+        if r["mode"] == "plain":
+            secs.setdefault(g, []).append(r["seconds"])
+    head = "| dataset | rounds | method | plain | " + " | ".join(f"{m} | {m} − plain, points" for m in modes) \
+        + " | s per plain run |"
+    lines = [head, "|" + "---|" * (4 + 2 * len(modes) + 1)]
+    order = {m: i for i, m in enumerate(METHODS)}
+    for g in sorted(cells, key=lambda g: (g[0], g[1], order[g[2]])):
+        by_mode = cells[g]
+        row = [g[0], str(g[1]), g[2], _stat(by_mode.get("plain", {}))]
+        for m in modes:
+            sec, pl = by_mode.get(m, {}), by_mode.get("plain", {})
+            d = [100 * (sec[s] - pl[s]) for s in sec if s in pl]
+            row += [_stat(sec), f"{np.mean(d):+.2f} ({max(abs(x) for x in d):.2f})" if d else "–"]
+        row.append(f"{np.mean(secs[g]):.0f}" if g in secs else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _stat(acc: dict[int, float]) -> str:
+    if not acc:
+        return "–"
+    a = list(acc.values())
+    return f"{np.mean(a):.3f} ± {np.std(a):.3f} (n={len(a)})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="photo,computers,cs,physics")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--secure", default="mask", help="secure modes, comma-separated ('none': plain only)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--row-order", default="given", choices=("given", "signature", "owner"),
+                    help="FedGCN --row-order (owner: no block mixes recipients, fewer blocks)")
+    ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")
+    ap.add_argument("--out", default="runs/amazon_coauthor")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "runs.jsonl"
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done[run_key(r["dataset"], r["method"], r["mode"], r["seed"], r["rounds"], r["row_order"])] = r
+    if not args.table_only:
+        run_grid(args, path, done)
+    text = table(list(done.values()))
+    (out / "table.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -56,14 +56,13 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from secure_fgl.config import RunConfig
-from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.report.tables import fmt_stats
+from sweep import Job, run_sweep
 
 #: paper Table 4 (and Table 6 for the ablation rows), accuracy % by (dataset, method) -> {M: value}
 PAPER = {
@@ -210,36 +209,22 @@ def main(argv=None) -> None:
         return
     with (out / "commands.txt").open("a") as f:
         f.write(command + "\n")
-    jobs = [(dataset, m, seed, method, mode)
+    jobs = [Job(out / dataset / f"M{m}" / f"{slug(method)}-{mode}" / f"seed{seed}",
+                method_config(method, dataset, m, seed, mode, args), {"method": method, "mode": mode})
             for dataset in args.datasets for m in args.parties for seed in args.seeds for method in args.methods
             for mode in ["plain"] + (list(args.secure_modes) if method == "FedOMD" else [])]
-    fed_cache: dict = {}
-    for dataset, m, seed, method, mode in jobs:
-        d = out / dataset / f"M{m}" / f"{slug(method)}-{mode}" / f"seed{seed}"
-        if (d / "result.json").exists():
-            continue
-        cfg = method_config(method, dataset, m, seed, mode, args)
-        cfg.out = str(d)
-        key = (dataset, m, seed)
-        if key not in fed_cache:                    # the same partition and splits for every method
-            fed_cache.clear()
-            fed_cache[key] = load_federation(cfg)
-        if cfg.algorithm == "fedgcn":                # the public degree bound must cover the graph's
-            cfg.options.setdefault("degree_cap", max(254, max_degree(fed_cache[key])))   # (Photo: 1434)
-        t0 = time.perf_counter()
-        try:
-            r = run_experiment(cfg, progress=False, fed=fed_cache[key])
-        except Exception as e:  # noqa: BLE001 -- e.g. a backend not in this build: note it, go on
-            print(f"[skip] {dataset} M={m} {method} {mode} seed {seed}: {type(e).__name__}: {e}", flush=True)
-            continue
-        (d / "meta.json").write_text(json.dumps({"method": method, "mode": mode}))
-        ckpt = d / "checkpoint.pt"
-        if ckpt.exists():
-            ckpt.unlink()                           # result.json is all the table needs
-        print(f"{dataset} M={m} {method:17s} {mode:5s} seed {seed}: test {100 * r['final']['test_acc']:.2f} "
-              f"(party mean {100 * r['final']['test_acc_client_mean']:.2f}, best round {r['final']['best_round']}, "
-              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+
+    def set_degree_cap(cfg: RunConfig, fed) -> None:
+        if cfg.algorithm == "fedgcn":               # the public degree bound must cover the graph's
+            cfg.options.setdefault("degree_cap", max(254, max_degree(fed)))   # (Photo: 1434)
+
+    def done(job: Job, r: dict, seconds: float) -> None:
+        cfg = job.cfg
+        print(f"{cfg.dataset} M={cfg.clients} {job.meta['method']:17s} {cfg.mode:5s} seed {cfg.seed}: test "
+              f"{100 * r['final']['test_acc']:.2f} (party mean {100 * r['final']['test_acc_client_mean']:.2f}, "
+              f"best round {r['final']['best_round']}, {seconds:.0f} s)", flush=True)
         write_table(out, command)
+    run_sweep(jobs, done, fed_key=lambda cfg: (cfg.dataset, cfg.clients, cfg.seed), prepare=set_degree_cap)
     print(write_table(out, command))
 
 

@@ -29,13 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from secure_fgl.algorithms import ALGORITHMS
 from secure_fgl.config import RunConfig
-from secure_fgl.experiment import run_experiment
 from secure_fgl.report.tables import fmt_stats
+from sweep import Job, run_sweep
 
 # FedAvg / Local with the minority-accuracy metric (same exchanges, tags and training as the registry's)
 ALGORITHMS.setdefault("fedavg_minority", "minority:FedAvgMinority")
@@ -178,31 +177,18 @@ def main(argv=None) -> None:
                         jobs += [(dataset, seed, backbone, method, m) for m in args.secure_modes]
                 if not args.no_ablation and dataset == "pubmed" and backbone == "gcn":
                     jobs.append((dataset, seed, backbone, ABLATION, "plain"))
-    fed_cache: dict = {}
-    for dataset, seed, backbone, method, mode in jobs:
-        d = run_dir(out, dataset, backbone, method, mode, seed)
-        if (d / "result.json").exists():
-            continue
-        cfg = method_config(method, backbone, mode, args, dataset, seed)
-        cfg.out = str(d)
-        key = (dataset, seed)
-        if key not in fed_cache:                    # the same partition and splits for every method
-            from secure_fgl.experiment import load_federation
-            fed_cache.clear()
-            fed_cache[key] = load_federation(cfg)
-        t0 = time.perf_counter()
-        try:
-            r = run_experiment(cfg, progress=False, fed=fed_cache[key])
-        except Exception as e:                      # e.g. a secure backend not installed: note it, go on
-            print(f"[skip] {dataset} {backbone} {method} {mode} seed {seed}: {type(e).__name__}: {e}")
-            continue
-        (d / "meta.json").write_text(json.dumps({"method": method}))
-        ckpt = d / "checkpoint.pt"
-        if ckpt.exists():
-            ckpt.unlink()                           # result.json is all the table needs
-        print(f"{dataset} {backbone} {method:15s} {mode:5s} seed {seed}: test {100 * r['final']['test_acc']:.2f} "
-              f"minority {100 * r['final']['minority_acc']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    def done(job: Job, r: dict, seconds: float) -> None:
+        cfg = job.cfg
+        backbone = job.dir.parents[1].name          # run_dir: <out>/<dataset>/<backbone>/<method>-<mode>/seed<s>
+        print(f"{cfg.dataset} {backbone} {job.meta['method']:15s} {cfg.mode:5s} seed {cfg.seed}: test "
+              f"{100 * r['final']['test_acc']:.2f} minority {100 * r['final']['minority_acc']:.2f} ({seconds:.0f} s)",
+              flush=True)
         write_table(out, command)
+    sweep = [Job(run_dir(out, dataset, backbone, method, mode, seed),
+                 method_config(method, backbone, mode, args, dataset, seed), {"method": method})
+             for dataset, seed, backbone, method, mode in jobs]
+    run_sweep(sweep, done)
     print(write_table(out, command))
 
 

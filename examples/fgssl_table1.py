@@ -35,14 +35,11 @@ import json
 import shlex
 import statistics
 import sys
-import time
-from dataclasses import fields
 from pathlib import Path
 
-from secure_fgl.algorithms.fgssl import FGSSLOptions
 from secure_fgl.config import RunConfig
-from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.report.tables import fmt_stats
+from sweep import Job, run_sweep
 
 #: paper Table 1 / 2, M = 5 (accuracy %)
 PAPER = {("cora", "FGSSL"): 88.34, ("cora", "FedAvg (GAT)"): 86.63, ("cora", "FedProx (GAT)"): 86.60,
@@ -75,47 +72,20 @@ def method_config(method: str, args, dataset: str, seed: int, mode: str = "plain
                      options={**options, **(opts or {})} if algorithm == "fgssl" else {})
 
 
-def cli_command(cfg: RunConfig) -> str:
-    """The ``secure_fgl.cli.main run`` line that makes the same run."""
-    defaults = RunConfig()
-    parts = ["python", "-m", "secure_fgl.cli.main", "run"]
-    for f in fields(RunConfig):
-        value = getattr(cfg, f.name)
-        if f.name in ("options", "synthetic", "attacks", "out") or value == getattr(defaults, f.name) or value is None:
-            continue
-        parts += [f"--{f.name.replace('_', '-')}", str(value)]
-    for key, value in cfg.options.items():
-        parts += [f"--{key.replace('_', '-')}", str(value)]
-    return shlex.join(parts + ["--out", cfg.out or "runs/x"])
+def method_job(d: Path, method: str, cfg: RunConfig) -> Job:
+    """The run of ``method`` in ``d``; ``meta.json`` records the method and its options."""
+    return Job(d, cfg, {"method": method, "options": cfg.options})
 
 
-def run_all(jobs: list[tuple[Path, str, RunConfig]], out: Path, write) -> None:
-    fed_cache: dict = {}
-    with (out / "commands.txt").open("a") as log:
-        for d, method, cfg in jobs:
-            if (d / "result.json").exists():
-                continue
-            cfg.out = str(d)
-            cmd = cli_command(cfg)
-            print(cmd, flush=True)
-            log.write(cmd + "\n")
-            key = (cfg.dataset, cfg.seed)
-            if key not in fed_cache:                # the same partition and splits for every method
-                fed_cache.clear()
-                fed_cache[key] = load_federation(cfg)
-            t0 = time.perf_counter()
-            try:
-                r = run_experiment(cfg, progress=False, fed=fed_cache[key])
-            except Exception as e:                  # e.g. a secure backend not installed: note it, go on
-                print(f"[skip] {method} {cfg.mode} seed {cfg.seed}: {type(e).__name__}: {e}")
-                continue
-            (d / "meta.json").write_text(json.dumps({"method": method, "options": cfg.options}))
-            ckpt = d / "checkpoint.pt"
-            if ckpt.exists():
-                ckpt.unlink()                       # result.json is all the tables need
-            print(f"  {cfg.dataset} {method} {cfg.mode} seed {cfg.seed}: test {100 * r['final']['test_acc']:.2f} "
-                  f"(val {100 * r['final']['val_acc']:.2f}, {time.perf_counter() - t0:.0f} s)", flush=True)
-            write()
+def run_all(jobs: list[Job], out: Path, write) -> None:
+    """Run the jobs (skipping finished ones, one federation per dataset and seed), log each run's
+    CLI line to ``<out>/commands.txt`` and rewrite the table after every run."""
+    def done(job: Job, r: dict, seconds: float) -> None:
+        cfg = job.cfg
+        print(f"  {cfg.dataset} {job.meta['method']} {cfg.mode} seed {cfg.seed}: test "
+              f"{100 * r['final']['test_acc']:.2f} (val {100 * r['final']['val_acc']:.2f}, {seconds:.0f} s)", flush=True)
+        write()
+    run_sweep(jobs, done, log=out / "commands.txt")
 
 
 def collect(root: Path) -> list[dict]:
@@ -127,7 +97,8 @@ def collect(root: Path) -> list[dict]:
                      "mode": r["config"]["mode"], "seed": r["config"]["seed"], "rounds": r["config"]["rounds"],
                      "test": 100 * r["final"]["test_acc"], "val": 100 * r["final"]["val_acc"],
                      "last_test": 100 * r["final"]["last_test_acc"], "best_round": r["final"]["best_round"],
-                     "seconds": r["time"]["total"], "mb_up": r["comm"]["bytes_up"] / 2**20})
+                     "seconds": r["time"]["total"], "mb_up": r["comm"]["bytes_up"] / 2**20,
+                     "curve": {k: [100 * x[k] for x in r["rounds"]] for k in ("train_acc", "val_acc", "test_acc")}})
     return rows
 
 
@@ -189,10 +160,45 @@ def write_tables(out: Path) -> str:
                       "| mode | seed | secure | plain | difference |", "|---|---|---|---|---|"]
             lines += [f"| {s['mode']} | {s['seed']} | {s['test']:.2f} | {p['test']:.2f} | {s['test'] - p['test']:+.2f} |"
                       for s, p in sorted(pairs, key=lambda sp: (sp[0]["mode"], sp[0]["seed"]))]
+        lines += paired_differences(sel) + learning_curves(sel)
         lines.append("")
     text = "\n".join(lines)
     (out / "table1.md").write_text(text)
     return text
+
+
+def paired_differences(rows: list[dict], reference: str = "FedAvg (GAT)") -> list[str]:
+    """Each plain method minus ``reference`` on the same seed (test and validation points)."""
+    ref = {r["seed"]: r for r in rows if r["method"] == reference and r["mode"] == "plain"}
+    lines = []
+    for method in [m for m in METHODS if m != reference]:
+        pairs = [(r, ref[r["seed"]]) for r in rows if r["method"] == method and r["mode"] == "plain" and r["seed"] in ref]
+        if pairs:
+            seeds = sorted(r["seed"] for r, _ in pairs)
+            lines.append(f"| {method} | {len(pairs)} | {', '.join(map(str, seeds))} | "
+                         f"{_ms([r['test'] - f['test'] for r, f in pairs])} | {_ms([r['val'] - f['val'] for r, f in pairs])} |")
+    return (["", f"Minus {reference}, same seed (points; best-validation round of each run):", "",
+             "| method | n | seeds | test | val |", "|---|---|---|---|---|"] + lines) if lines else []
+
+
+def learning_curves(rows: list[dict], windows: int = 4) -> list[str]:
+    """Train / validation / test accuracy of the global model averaged over windows of rounds
+    (plain runs, then the mean over seeds)."""
+    methods = [m for m in METHODS if any(r["method"] == m and r["mode"] == "plain" for r in rows)]
+    rounds = min(len(r["curve"]["val_acc"]) for r in rows if r["mode"] == "plain")
+    size = rounds // windows
+    if size == 0:
+        return []
+    bounds = [(w * size, (w + 1) * size) for w in range(windows)]
+    lines = ["", "Mean accuracy over rounds (train / val / test %, plain runs, mean over seeds):", "",
+             "| method | n | " + " | ".join(f"rounds {a + 1}-{b}" for a, b in bounds) + " |",
+             "|---|---|" + "---|" * windows]
+    for method in methods:
+        rs = [r for r in rows if r["method"] == method and r["mode"] == "plain"]
+        cells = [" / ".join(f"{statistics.mean(statistics.mean(r['curve'][k][a:b]) for r in rs):.1f}"
+                            for k in ("train_acc", "val_acc", "test_acc")) for a, b in bounds]
+        lines.append(f"| {method} | {len(rs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv=None) -> None:
@@ -218,8 +224,8 @@ def main(argv=None) -> None:
     print("command: python " + shlex.join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])))
     if args.grid:
         if not args.table_only:
-            jobs = [(out / "grid" / f"c{lc}-d{ld}" / f"seed{s}", "FGSSL",
-                     method_config("FGSSL", args, "cora", s, lambda_c=lc, lambda_d=ld))
+            jobs = [method_job(out / "grid" / f"c{lc}-d{ld}" / f"seed{s}", "FGSSL",
+                               method_config("FGSSL", args, "cora", s, lambda_c=lc, lambda_d=ld))
                     for s in args.seeds for lc, ld in itertools.product(args.grid_lambda_c, args.grid_lambda_d)]
             run_all(jobs, out, lambda: write_grid(out))
         print(write_grid(out))
@@ -235,8 +241,8 @@ def main(argv=None) -> None:
                     if "w/o" in method and dataset not in ABLATION_DATASETS:
                         continue
                     modes = ["plain"] + (list(args.secure_modes) if method == "FGSSL" and dataset == "cora" else [])
-                    jobs += [(out / "table" / dataset / f"{SLUGS[method]}-{mode}" / f"seed{seed}", method,
-                              method_config(method, args, dataset, seed, mode, **lambdas)) for mode in modes]
+                    jobs += [method_job(out / "table" / dataset / f"{SLUGS[method]}-{mode}" / f"seed{seed}", method,
+                                        method_config(method, args, dataset, seed, mode, **lambdas)) for mode in modes]
         run_all(jobs, out, lambda: write_tables(out))
     print(write_tables(out))
 

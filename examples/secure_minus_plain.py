@@ -4,13 +4,14 @@ Grid (issue 13's evidence): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 client
 beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --rounds 100
 --local-epochs 3``, as ``examples/fedgcn_table2.py``); FedSpray (GCN backbone) on PubMed with
 ``examples/fedspray_table2.py``'s setting (7 Louvain clients, its split); FedOMD on Cora with
-``examples/fedomd_table4.py``'s setting (Louvain parties, its split).
+``examples/fedomd_table4.py``'s setting (Louvain parties, its split; at most 1000 rounds with
+patience 200 on the validation accuracy, as that script).
 
 Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there), with the
 test accuracy at the best-validation round and the per-round test accuracies.  The table
-(``OUT/table.md``, printed) gives per (experiment, mode) the secure-minus-plain accuracy in
-points over the seeds (mean and max |.|), and how many rounds' test accuracies equal plain's
-exactly ("trajectory").  The command of every run is printed with it.
+(``OUT/table.md``, printed) gives per (experiment, rounds, mode) the secure-minus-plain accuracy
+in points over the seeds (mean and max |.|) at the best-validation round and at the last round,
+and how many rounds' test accuracies equal plain's exactly ("trajectory").  The command of every run is printed with it.
 
     python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
     python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \\
@@ -48,7 +49,7 @@ def fedspray(seed: int, mode: str, args) -> RunConfig:
 def fedomd(seed: int, mode: str, args) -> RunConfig:
     return RunConfig(algorithm="fedomd", model="gcn", dataset="cora", clients=5, mode=mode, partition="louvain",
                      resolution=1.0, split="fedomd", hidden=64, num_layers=2, dropout=0.5, lr=0.01,
-                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_rounds,
+                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_patience,
                      seed=seed, data_root=args.data_root)
 
 
@@ -117,20 +118,28 @@ def run_all(args) -> list[dict]:
 
 def table(runs: list[dict]) -> str:
     plain = {(r["experiment"], r["seed"], r["rounds"]): r for r in runs if r["mode"] == "plain"}
-    lines = ["| experiment | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) | "
-             "rounds with test acc equal to plain's |", "|---|---|---|---|---|---|"]
+    lines = ["| experiment | rounds (run) | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) "
+             "| last round: plain acc, secure − plain | rounds with test acc equal to plain's |",
+             "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list] = {}
     for r in runs:
         p = plain.get((r["experiment"], r["seed"], r["rounds"]))
         if r["mode"] != "plain" and p is not None:
-            groups.setdefault((r["experiment"], r["mode"]), []).append((p, r))
-    for (name, mode), pairs in sorted(groups.items()):
-        d = [100 * (s["test_acc"] - p["test_acc"]) for p, s in pairs]
+            groups.setdefault((r["experiment"], r["rounds"], r["mode"]), []).append((p, r))
+
+    def points(pairs, acc):
+        d = [100 * (acc(s) - acc(p)) for p, s in pairs]
+        return f"{statistics.mean(d):+.2f} ({max(abs(x) for x in d):.2f})"
+
+    for (name, rounds, mode), pairs in sorted(groups.items()):
         eq = sum(sum(a == b for a, b in zip(p["trajectory"], s["trajectory"])) for p, s in pairs)
-        tot = sum(len(p["trajectory"]) for p, _ in pairs)
-        lines.append(f"| {name} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
-                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {statistics.mean(d):+.2f} "
-                     f"({max(abs(x) for x in d):.2f}) | {eq}/{tot} |")
+        tot = sum(max(len(p["trajectory"]), len(s["trajectory"])) for p, s in pairs)
+        ran = sorted({len(x["trajectory"]) for pair in pairs for x in pair})
+        ran = f"{rounds}" if ran == [rounds] else f"{rounds} ({ran[0]}-{ran[-1]})"
+        last = statistics.mean(p["trajectory"][-1] for p, _ in pairs)
+        lines.append(f"| {name} | {ran} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
+                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {points(pairs, lambda r: r['test_acc'])} | "
+                     f"{last:.4f}, {points(pairs, lambda r: r['trajectory'][-1])} | {eq}/{tot} |")
     return "\n".join(lines)
 
 
@@ -144,6 +153,7 @@ def main(argv=None) -> None:
     ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
     ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")
+    ap.add_argument("--fedomd-patience", type=int, default=200, help="FedOMD early stopping (fedomd_table4.py: 200)")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")

@@ -41,6 +41,7 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .channel import ChannelKey, associated_data
 from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
+from .row_blocks import BlockRows, ReadableRows
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -77,6 +78,10 @@ class ValueSpec:
                above the cap).  Encodings then size packed fields from ``sum_max``; without
                it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
                (:func:`protocols.precision.kway_sum_bound`).
+    float64_wire: the plain protocol carries these values as float64 instead of float32: set
+               by plans whose target error is below float32 resolution
+               (:meth:`protocols.precision.MeanPrecision.spec`), so plain computes what the
+               secure codecs compute.  The float32 byte baseline is unchanged.
     """
 
     max_abs: float = 1e4
@@ -84,6 +89,7 @@ class ValueSpec:
     sum_max: int | None = None
     tolerance: float = 1e-4
     owner_checked_sum: bool = False
+    float64_wire: bool = False
 
     def sum_bound(self, num_clients: int) -> float:
         if self.integer and self.sum_max is not None and self.owner_checked_sum:
@@ -291,7 +297,7 @@ class Protocol(ABC):
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
         spec = spec or ValueSpec()
-        self.last_readable: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.last_readable: Mapping[int, tuple[np.ndarray, np.ndarray]] = {}
         ids_np, rows_np = {}, {}
         dim = None
         for k, item in validate.contributions(contributions, self.num_clients, tag, rnd).items():
@@ -318,17 +324,9 @@ class Protocol(ABC):
             ids_np, rows_np = self._expand_to_blocks(ids_np, rows_np, rpb, num_rows, layout)
             rows_np = self.dp.privatize_rows(tag, rnd, ids_np, rows_np, num_rows, dp, layout)
         tables = {}
-        for k in ids_np:
-            if layout == "dense":
-                values = np.zeros((num_blocks * rpb, dim))
-                values[ids_np[k]] = rows_np[k]
-                tables[k] = BlockTable(np.arange(num_blocks), values.reshape(num_blocks, block_len))
-            else:
-                bids = np.unique(ids_np[k] // rpb)
-                pos = np.searchsorted(bids, ids_np[k] // rpb)
-                values = np.zeros((bids.size, rpb, dim))
-                values[pos, ids_np[k] % rpb] = rows_np[k]
-                tables[k] = BlockTable(bids, values.reshape(bids.size, block_len))
+        for k in ids_np:        # dense blocks built chunk by chunk when a backend reads them
+            bids = np.arange(num_blocks) if layout == "dense" else np.unique(ids_np[k] // rpb)
+            tables[k] = BlockTable(bids, BlockRows(bids, ids_np[k], rows_np[k], rpb))
         req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
                       for k, r in req_rows.items()}
         ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
@@ -343,8 +341,7 @@ class Protocol(ABC):
                 else np.zeros((0, dim))
             pos = np.searchsorted(bids, r // rpb) * rpb + r % rpb
             out[k] = stacked[pos]
-            rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
-            self.last_readable[k] = (rows[rows < num_rows], stacked[rows < num_rows])
+        self.last_readable = ReadableRows(received, dict(req_blocks), rpb, dim, num_rows)
         return out
 
     # ------------------------------------------------------------------ shape 3

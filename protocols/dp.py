@@ -39,11 +39,18 @@ Placement
   The released sum carries std ``sigma * sqrt(n)`` (n contributors).  Here ``Delta`` must
   bound the change of the *concatenation* of all uploads; for the units below it is the
   same number as for the sum.
-* ``distributed``: each of the n contributors adds N(0, sigma^2 / n), so the *sum* carries
-  exactly sigma (``sigma/sqrt(K)`` when all K take part) — only sound when nobody but the
-  recipients sees anything but the sum, hence only with ``ckks`` / ``mask``.  A client
-  dropping out *after* noising leaves the sum short of noise: the guarantee assumes the
-  backend either recovers every noised upload or refuses the exchange.
+* ``distributed``: each of the n contributors adds N(0, sigma^2 / m) with
+  ``m = max(1, n - d - c)``, so the *sum* carries at least sigma even after ``d`` contributors
+  drop out (``DPConfig.dropouts``) and ``c`` colluding contributors (``DPConfig.colluders``)
+  subtract their own shares (over-provisioning; Truex et al. 2019, Kairouz et al. 2021 "the
+  distributed discrete Gaussian": each party adds noise for the worst-case number of honest
+  survivors).  With d = c = 0 it is ``sigma/sqrt(n)`` per contributor and the full sum
+  carries exactly sigma.  Argument: at most ``d`` drop and at most ``c`` are corrupt, so at
+  least ``n - d - c`` honest noise shares of variance ``sigma^2/m`` stay in the sum, i.e. at
+  least sigma^2; when ``n - d - c < 1`` every contributor adds all of sigma^2 (a row left with
+  no honest contributor holds no honest data).  Only sound when nobody but the recipients
+  sees anything but the sum, hence only with ``ckks`` / ``mask``; a backend must refuse an
+  exchange that lost more than ``d`` contributors after noising (the mask backend does).
   For :meth:`Protocol.row_sum` n is counted per uploaded row (the clients uploading the
   block holding it), so every uploaded row of the sum carries sigma.
 
@@ -167,6 +174,10 @@ class DPConfig:
     scope:       tag prefixes that are privatised (empty: every exchange that asks for DP);
                  e.g. ``('fedgcn/neighbour_sums',)`` noises only FedGCN's one-shot release and
                  leaves the model exchange exact.  Out-of-scope tags get no noise and no budget.
+    dropouts:    distributed placement: contributors that may drop out after noising while
+                 the sum still carries sigma (more drops: the backend refuses the exchange).
+    colluders:   distributed placement: colluding contributors whose noise shares may be
+                 subtracted while the sum still carries sigma for the others.
     """
 
     epsilon: float
@@ -176,6 +187,8 @@ class DPConfig:
     tags: Sequence[str] = ()
     split: Mapping[str, float] | None = None
     scope: Sequence[str] = ()
+    dropouts: int = 0
+    colluders: int = 0
 
     def in_scope(self, tag: str) -> bool:
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
@@ -190,6 +203,10 @@ class DPConfig:
             raise ConfigurationError(f"DPConfig.placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.accountant not in MECHANISMS:
             raise ConfigurationError(f"DPConfig.accountant must be one of {MECHANISMS}, got {self.accountant!r}")
+        for name in ("dropouts", "colluders"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 0):
+                raise ConfigurationError(f"DPConfig.{name} must be an integer >= 0, got {v!r}")
         object.__setattr__(self, "tags", tuple(self.tags))
         if len(set(self.tags)) != len(self.tags):
             raise ConfigurationError(f"DPConfig.tags holds duplicates: {self.tags}")
@@ -279,6 +296,7 @@ class DPEngine:
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
         self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
+        self._local_step: dict[str, int] = {}      # last step counted per local-release tag
         #: called with :meth:`state_dict` after every release, before its values leave the client
         self.on_release: Callable[[dict], None] | None = None
         self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
@@ -380,11 +398,31 @@ class DPEngine:
             self.on_release(self.state_dict())
 
     def _client_std(self, sigma, n) -> np.ndarray:
-        """Per-client noise std given the number of contributors n (scalar or per row)."""
+        """Per-client noise std given the number of contributors n (scalar or per row):
+        sigma (local), sigma / sqrt(max(1, n - dropouts - colluders)) (distributed)."""
         n = np.asarray(n, dtype=np.float64)
         if self.config.placement == "local":
             return np.broadcast_to(np.float64(sigma), n.shape).copy()
-        return sigma / np.sqrt(np.maximum(n, 1.0))
+        return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
+
+    # ------------------------------------------------------------------ local releases
+    def local_noise(self, tag: str, step: int, size: int, req: DPRequest) -> np.ndarray:
+        """N(0, (z_t Delta)^2) noise of size ``size`` for a release one client computes and
+        noises alone from its own records (a DP-SGD step, :mod:`secure_fgl.dpsgd`); Delta =
+        ``req.sensitivity`` or ``req.clip``.  Clients hold disjoint records, so step ``step`` of
+        every client is one release (parallel composition, McSherry 2009): the first call with a
+        new, larger ``step`` counts it, later calls for the same step do not."""
+        new = step > self._local_step.get(tag, -1)
+        if new:
+            st, sens, sigma = self._begin(tag, step, req, req.clip)
+        else:
+            st, sens = self._tags[tag], float(req.sensitivity or req.clip)
+            sigma = st.noise_multiplier * sens
+        noise = gaussian_noise(self._noise, sigma, int(size))
+        if new:
+            self._local_step[tag] = int(step)
+            self._commit(tag, st, sens, req, sigma)
+        return noise
 
     # ------------------------------------------------------------------ exchanges
     def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
@@ -495,7 +533,7 @@ class DPEngine:
         (a resumed run continues the same budget; the noise key is not part of it)."""
         return {"config": dataclasses.asdict(self.config), "shares": dict(self._shares), "frozen": self._frozen,
                 "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
-                "mean_clip": dict(self._mean_clip), "last_std": self.last_std,
+                "mean_clip": dict(self._mean_clip), "last_std": self.last_std, "local_step": dict(self._local_step),
                 "replayed_releases": self.replayed_releases, "accountant": self.accountant.state_dict()}
 
     def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
@@ -519,6 +557,7 @@ class DPEngine:
         self._frozen = bool(state["frozen"])
         self._tags = {t: _TagState(**st) for t, st in state["tags"].items()}
         self._mean_clip = dict(state["mean_clip"])
+        self._local_step = dict(state.get("local_step", {}))
         self.last_std = float(state["last_std"])
 
     # ------------------------------------------------------------------ report

@@ -1,8 +1,10 @@
 """The plaintext protocol: the baseline and the attack target.
 
 Each client uploads its contribution as float32 (the wire format of a plaintext
-system); the server reads every contribution, sums them and sends each recipient
-the blocks it asked for.  Nothing is hidden: this is what the attack suite reads.
+system), or as float64 where the exchange's spec asks for more than float32 resolution
+(``ValueSpec.float64_wire``: FedOMD's pooled statistics); the server reads every
+contribution, sums them in float64 and sends each recipient the blocks it asked for, in
+the same width.  Nothing is hidden: this is what the attack suite reads.
 
 Stages (:mod:`protocols.party`): ``upload`` — the server sends each party its plan, each
 contributor answers with its blocks; ``download`` — the server sends each recipient its
@@ -37,7 +39,8 @@ class PlainClient(ClientHalf):
             if self.id not in self.plan.contributors:
                 return []
             table = self.contribution()
-            payload = {"block_ids": table.ids.astype(np.int32), "values": table.values.astype(np.float32)}
+            wire = np.float64 if self.plan.spec.float64_wire else np.float32
+            payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values).astype(wire)}
             return [self.seal(self.message(SERVER, "plain", table.values.shape, payload, fp), "upload")]
         if stage == "download":
             for msg in inbox:
@@ -86,8 +89,9 @@ class PlainServer(ServerHalf):
         zero = np.zeros(plan.block_len)
         downloads = {}
         for r, bids in plan.requests.items():
-            values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(np.float32) if bids.size
-                      else np.zeros((0, plan.block_len), np.float32))
+            wire = np.float64 if plan.spec.float64_wire else np.float32
+            values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(wire) if bids.size
+                      else np.zeros((0, plan.block_len), wire))
             downloads[r] = [(self.message(r, "plain", values.shape,
                                           {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
         self.call(link, "download", downloads)

@@ -91,9 +91,13 @@ class MeanPrecision:
         return self.tolerance * self.min_weight_total / (1.0 + self.value_bound + self.tolerance)
 
     def spec(self):
-        """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector."""
+        """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector.  A target
+        below float32 resolution (``delta < FLOAT32_MEAN_TOLERANCE``) sets ``float64_wire``:
+        the plain protocol's float32 wire would itself miss the target that the secure codecs
+        are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64."""
         from .base import ValueSpec
-        return ValueSpec(max_abs=self.entry_bound, tolerance=self.sum_tolerance)
+        return ValueSpec(max_abs=self.entry_bound, tolerance=self.sum_tolerance,
+                         float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE)
 
     def error_bound(self, sum_error: float, weight_total: float | None = None,
                     mean_abs: float | None = None) -> float:

@@ -75,6 +75,12 @@ class Transcript:
     _latest_round: dict[str, int] = field(default_factory=dict)
     #: tag -> [bytes_up, bytes_down] the exchange would cost as plaintext float32
     plaintext_equiv: dict[str, list[int]] = field(default_factory=dict)
+    #: batch tag -> ((part tag, entries), ...): how ``comm()`` attributes a batch's bytes
+    #: (:mod:`protocols.batch`)
+    batches: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+    def attribute(self, batch_tag: str, layout: tuple[tuple[str, int], ...]) -> None:
+        self.batches[batch_tag] = tuple((str(t), int(n)) for t, n in layout)
 
     def account_plaintext(self, tag: str, bytes_up: int, bytes_down: int) -> None:
         slot = self.plaintext_equiv.setdefault(tag, [0, 0])
@@ -109,11 +115,14 @@ class Transcript:
         return [m for m in self.messages if m.receiver == party or m.sender == party or m.relay == party]
 
     def tags(self) -> list[str]:
-        return sorted({m.tag for m in self.messages})
+        """Tags of the recorded messages and the part tags of batched exchanges (:mod:`protocols.batch`)."""
+        seen = {m.tag for m in self.messages}
+        return sorted(seen | {part for batch, layout in self.batches.items() if batch in seen for part, _ in layout})
 
     def comm(self) -> dict:
         """Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
-        with the plaintext-float32 equivalent of each exchange (``plaintext_bytes_up/down``)."""
+        with the plaintext-float32 equivalent of each exchange (``plaintext_bytes_up/down``).
+        A batched exchange's bytes are attributed to its part tags (:func:`protocols.batch.split_per_tag`)."""
         per_tag: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes_up": 0, "bytes_down": 0,
                                                                     "bytes_p2p": 0, "messages": 0})
         for m in self.messages:
@@ -131,4 +140,6 @@ class Transcript:
         total = {k: sum(v.get(k, 0) for v in per_tag.values())
                  for k in ("bytes_up", "bytes_down", "bytes_p2p", "messages", "plaintext_bytes_up",
                            "plaintext_bytes_down")}
+        from .batch import split_per_tag
+        split_per_tag(per_tag, self.batches)
         return {**total, "per_tag": dict(sorted(per_tag.items()))}

@@ -64,8 +64,14 @@ class RunConfig:
     dp_epsilon: float | None = setting(None, group="privacy", min=0, min_exclusive=True,
                                        help="total DP budget of the run (omit: no DP)")
     dp_delta: float = setting(1e-5, group="privacy", min=0, max=1, min_exclusive=True, help="DP delta")
-    dp_placement: str = setting("local", group="privacy", choices=("local", "distributed"),
-                                help="who adds the noise: each client (local) or a share each (distributed)")
+    dp_placement: str = setting("auto", group="privacy", choices=("auto", "local", "distributed"),
+                                help="who adds the noise: each client all of it (local) or a share each "
+                                     "(distributed); auto: distributed in ckks/mask/ckks-mp, local in plain")
+    dp_dropouts: int = setting(0, group="privacy", min=0, unit="clients",
+                               help="distributed noise: over-provision for this many dropouts after noising "
+                                    "(more are refused)")
+    dp_colluders: int = setting(1, group="privacy", min=0, unit="clients",
+                                help="distributed noise: over-provision against this many colluding clients")
     dp_clip: float = setting(1.0, group="privacy", min=0, min_exclusive=True, unit="L2 norm",
                              help="clip of each DP-protected contribution")
     dp_exchanges: str = setting("all", group="privacy",

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 from protocols import Transcript, make_protocol
-from protocols.transcript import Message
 
 from .algorithms import get_algorithm
 from .config import RunConfig
@@ -35,6 +34,7 @@ from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
+from .engine.transcript_state import TranscriptState
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
@@ -91,17 +91,21 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
         algo = make_strategy(cfg, fed, protocol, options, executor)
 
+    transcript_state = TranscriptState(protocol.transcript)
+
     def save_extra():
-        # a shallow copy of each message (its fields are immutable) without its payload
-        return {"transcript": [{**vars(m), "payload": None} for m in protocol.transcript.messages],
+        return {"transcript": transcript_state.encode(),
                 "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
+                "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
                 "setup_time": times.get("setup", 0.0)}
 
     def load_extra(extra):
-        protocol.transcript.messages = [Message(**m) for m in extra["transcript"]]
+        transcript_state.restore(extra["transcript"])
         protocol.transcript.plaintext_equiv = {k: list(v) for k, v in extra["plaintext_equiv"].items()}
+        for k, v in (extra.get("batches") or {}).items():
+            protocol.transcript.attribute(k, tuple(tuple(p) for p in v))
         if extra.get("dp") is not None and protocol.dp is not None:
             protocol.dp.load_state_dict(extra["dp"], ledger=json.loads(ledger.read_text()) if ledger.exists() else None)
         times["setup"] = extra.get("setup_time", 0.0)

@@ -99,8 +99,16 @@ def dp_config(cfg: RunConfig):
         if out:
             raise ConfigError(f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
                               "without DP; split only privatised exchanges")
-    return DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=cfg.dp_placement, scope=scope,
-                    split=split, accountant=cfg.dp_accountant)
+    return DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=resolve_placement(cfg), scope=scope,
+                    split=split, accountant=cfg.dp_accountant, dropouts=cfg.dp_dropouts, colluders=cfg.dp_colluders)
+
+
+def resolve_placement(cfg: RunConfig) -> str:
+    """``--dp-placement``; ``auto``: distributed where only recipients see the sums (secure modes), else local."""
+    from protocols.dp import SECURE_MODES
+    if cfg.dp_placement != "auto":
+        return cfg.dp_placement
+    return "distributed" if cfg.mode in SECURE_MODES else "local"
 
 
 def _released_tags(protocol) -> list[str]:
@@ -138,10 +146,19 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
     params = getattr(algo, "global_params", None)
     dim = int(params.numel()) if params is not None else None
     releases, uncovered, warnings = [], [], []
-    for tag in _released_tags(protocol):
+    local_units = getattr(algo, "release_units", dict)()     # releases a client makes alone (DP-SGD steps)
+    exchanged = _released_tags(protocol)
+    for tag in exchanged + [t for t in per_tag if t not in exchanged]:
         deps = release_dependencies(algo, tag)
         entry = {"tag": tag, "touches": sorted(deps), "dp": tag in per_tag}
-        if tag in per_tag:
+        if tag in local_units and tag in per_tag:
+            t = per_tag[tag]
+            entry.update({"unit": local_units[tag], "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
+                          "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"], "share": protocol.dp.share(tag),
+                          "note": "DP-SGD: protects a training node's features and label as a record of this model; "
+                                  "the model exchanges are post-processing of these noisy gradients"})
+            covered = True      # protects features/labels of training nodes; touches no edge
+        elif tag in per_tag:
             t = per_tag[tag]
             rel_unit = unit if any(tag == s or tag.startswith(s) for s in sums) else "client"
             entry.update({"unit": rel_unit, "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
@@ -164,9 +181,11 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                              f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
                              "does not hold for it")
         releases.append(entry)
-    section_coalition = coalition_guarantee(releases, sums, len(algo.clients), rep["delta"]) \
-        if rep["placement"] == "distributed" else None
-    return {"unit": unit, "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
+    section_coalition = coalition_guarantee(releases, sums, len(algo.clients), rep["delta"],
+                                            colluding=max(1, cfg.dp_colluders), calibrated=cfg.dp_colluders,
+                                            dropouts=cfg.dp_dropouts) if rep["placement"] == "distributed" else None
+    return {"unit": unit, "units": sorted({r["unit"] for r in releases if r.get("unit")}),
+            "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
             "coalition": section_coalition,
             "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
             "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
@@ -175,29 +194,36 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
 
 
 def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients: int, delta: float,
-                        colluding: int = 1) -> dict:
-    """The weaker guarantee of distributed noise against the server plus ``colluding`` clients.
+                        colluding: int = 1, calibrated: int = 0, dropouts: int = 0) -> dict:
+    """The guarantee of distributed noise against the server plus ``colluding`` clients.
 
-    With distributed placement each of the n contributors of a sum adds a share sigma^2/n of the
-    noise variance; a coalition knows (and subtracts) its members' shares, leaving (n - c)/n of it.
-    Worst case per release: n = K for dense exchanges (every client contributes), n = c + 1 for
-    row sums (a row may have only one contributor outside the coalition).  The epsilon against the
-    coalition composes the releases at their reduced noise multipliers z sqrt((n - c)/n) (exact
-    Gaussian composition, :func:`protocols.accountant.gaussian_mu`)."""
+    Distributed placement (:mod:`protocols.dp`) gives each of a sum's n contributors the noise
+    variance ``sigma^2 / max(1, n - d - c)``, over-provisioned for ``d = dropouts`` and
+    ``c = calibrated`` colluders.  A coalition of ``colluding`` clients subtracts its own shares;
+    with ``h >= 1`` honest survivors the sum keeps ``h sigma^2 / max(1, n - d - c)`` (a sum with
+    no honest survivor holds no honest data).  Worst case per release, as a fraction of sigma^2:
+    dense exchanges (n = K): ``(K - d - colluding) / max(1, K - d - c)``; row sums (n per row,
+    free): ``1 / (1 + max(0, colluding - c))`` (one honest survivor, n = 1 + colluding + d).
+    Capped at 1; at ``colluding <= c`` nothing is lost.  The epsilon against the coalition composes
+    the releases at their reduced noise multipliers ``z sqrt(left)`` (exact Gaussian composition,
+    :func:`protocols.accountant.gaussian_mu`)."""
     from protocols.accountant import gaussian_epsilon, gaussian_mu
     history = []
     for r in releases:
         if not r.get("dp"):
             continue
-        n = colluding + 1 if any(r["tag"] == t or r["tag"].startswith(t) for t in sums) else max(num_clients, 1)
-        left = max(n - colluding, 0) / n
-        if left == 0:
-            return {"colluding_clients": colluding, "total_epsilon": math.inf,
-                    "note": f"{r['tag']}: the coalition holds every noise share"}
-        history.append((r["noise_multiplier"] * math.sqrt(left), 1.0, int(r["releases"])))
+        if r.get("unit") == "sample":          # DP-SGD: each client adds all of its own noise
+            left = 1.0
+        elif any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
+            left = 1.0 / (1 + max(0, colluding - calibrated))
+        else:
+            honest = num_clients - dropouts - colluding
+            left = 1.0 if honest <= 0 else honest / max(1, num_clients - dropouts - calibrated)
+        history.append((r["noise_multiplier"] * math.sqrt(min(1.0, left)), 1.0, int(r["releases"])))
     eps = gaussian_epsilon(gaussian_mu(history), delta) if history else 0.0
-    return {"colluding_clients": colluding, "total_epsilon": eps,
-            "note": f"distributed noise: the server plus {colluding} colluding client(s) subtract their noise "
-                    f"shares; worst case (K-c)/K of the variance on dense exchanges and 1/(c+1) on row sums, "
-                    f"so the guarantee against them is epsilon {eps:.3g} (delta {delta:g}), not the run's total"}
-
+    return {"colluding_clients": colluding, "calibrated_colluders": calibrated, "dropouts": dropouts,
+            "total_epsilon": eps,
+            "note": f"distributed noise over-provisioned for {dropouts} dropout(s) and {calibrated} colluding "
+                    f"client(s): against the server plus {colluding} colluding client(s) (who subtract their "
+                    f"noise shares) the guarantee is epsilon {eps:.3g} (delta {delta:g})"
+                    + (", the run's total" if colluding <= calibrated else ", weaker than the run's total")}

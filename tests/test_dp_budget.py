@@ -64,27 +64,45 @@ def test_leakage_matrix_marks_an_at_chance_setting():
     assert row[table.header.index("plain")] == "no"
 
 
-def test_headline_figure_writes_png_pdf_svg(tmp_path):
+def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, monkeypatch):
+    import matplotlib.figure
+
     from secure_fgl.report.headline import accuracy_vs_epsilon
 
     def run(algo, eps, acc, seed):
+        attack = {"name": "link_inference", "applicable": True, "value": 0.5 + acc / 4, "chance": 0.5,
+                  "metric": "AUC"}
         return {"config": {"algorithm": algo, "model": "mlp", "dataset": "sbm", "mode": "plain",
                            "dp_epsilon": eps, "seed": seed, "dp_unit": None},
-                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5}
+                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5,
+                "attacks": [attack, {"name": "transcript_audit", "applicable": False}]}
     results = [run("fedgcn-gap", e, a + 0.01 * s, s) for s in (0, 1) for e, a in ((1.0, 0.6), (8.0, 0.7), (None, 0.84))]
     results += [run("fedavg", None, 0.6, s) for s in (0, 1)]
+    drawn = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **kw: (drawn.append(fig), real_savefig(fig, *a, **kw))[1])
     paths = accuracy_vs_epsilon(results, tmp_path / "fig")
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
+    acc_ax, attack_ax = drawn[0].axes                       # accuracy, then one panel for the one attack
+    assert "chance (1/5)" in [t.get_text() for t in acc_ax.get_legend().get_texts()]
+    assert attack_ax.get_ylabel() == "AUC" and "chance (0.5)" in [t.get_text() for t in attack_ax.get_legend().get_texts()]
 
 
-def test_distributed_noise_states_the_weaker_guarantee_against_a_coalition():
-    """Distributed placement: the section states the epsilon against the server + 1 client, computed
-    from the releases at their reduced noise (row sums: half the variance in the worst case)."""
+def test_distributed_noise_states_the_guarantee_against_a_coalition():
+    """Distributed placement (the default in secure modes) over-provisions against one colluding
+    client: the coalition keeps the run's epsilon.  Calibrated for none (--dp-colluders 0), the
+    section states the weaker epsilon, from the releases at their reduced noise (row sums: half
+    the variance in the worst case, the model mean (K-1)/K)."""
     from protocols.accountant import gaussian_epsilon, gaussian_mu
-    p = tiny_run(mode="mask", dp_placement="distributed", options={"layout": "dense"})
+    p = tiny_run(mode="mask", options={"layout": "dense"})
+    c = p["coalition"]
+    assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
+    assert c["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
+    p = tiny_run(mode="mask", dp_colluders=0, options={"layout": "dense"})
     c = p["coalition"]
     assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
     left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}          # 1/(c+1) on row sums, (K-c)/K else
     hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
     assert c["total_epsilon"] == pytest.approx(gaussian_epsilon(gaussian_mu(hist), 1e-5), rel=1e-9)
-    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # local noise: each client adds all
+    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # plain: local noise, each adds all

@@ -29,7 +29,7 @@ def gap_inputs(fed, fixed_sums: bool):
     algo = FedGCNGAP(fed, make_protocol("plain", 3, seed=1), cfg, torch.device("cpu"), GAPOptions(hops=2))
     if fixed_sums:      # stand-in for the DP release: values that do not depend on the edges
         algo.protocol.row_sum = lambda tag, rnd, contrib, requests, **kw: {
-            k: np.full((len(r), algo.opts.encoder_dim), float(tag[-1])) for k, r in requests.items()}
+            k: np.full((len(r), cfg.hidden), float(tag[-1])) for k, r in requests.items()}
     algo.setup()
     return [algo.client_inputs(k)[0] for k in range(3)], [algo.client_inputs(k)[1] for k in range(3)], algo
 
@@ -37,7 +37,7 @@ def gap_inputs(fed, fixed_sums: bool):
 def test_a_local_edge_reaches_the_head_only_through_the_hop_sums():
     fed = make_federated("sbm", num_clients=3, seed=0, num_nodes=120, num_features=12)
     fed2 = drop_one_local_edge(fed)
-    d = GAPOptions().encoder_dim
+    d = RunConfig().hidden
     for fixed in (True, False):
         (x1, e1, a1), (x2, e2, a2) = gap_inputs(fed, fixed), gap_inputs(fed2, fixed)
         assert all(e.numel() == 0 for e in e1 + e2)                 # the head sees no edge index

@@ -152,16 +152,17 @@ def _fedomd(mode: str, rounds: int = 4):
     torch.manual_seed(cfg.seed)
     algo = get_algorithm("fedomd")(fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"),
                                    preflight(cfg, check_data=False))
-    stats_errors, mean = [], algo.protocol.weighted_mean
+    stats_errors, weighted_sum = [], algo.protocol.weighted_sum
 
-    def recording_mean(tag, rnd, values, weights=None, **kw):
-        out = mean(tag, rnd, values, weights, **kw)
-        if "/hidden" in tag:
-            exact = sum(weights[k] * np.asarray(v, np.float64) for k, v in values.items()) / sum(weights.values())
-            stats_errors.append(float(np.abs(out - exact).max()))
+    def recording_sum(tag, rnd, values, **kw):
+        # the batched statistics (protocols.batch): [sum w_k, sum w_k v_k] -> the pooled means
+        out = weighted_sum(tag, rnd, values, **kw)
+        if "/stats/" in tag:
+            exact = sum(np.asarray(v, np.float64) for v in values.values())
+            stats_errors.append(float(np.abs(out[1:] / out[0] - exact[1:] / exact[0]).max()))
         return out
 
-    algo.protocol.weighted_mean = recording_mean
+    algo.protocol.weighted_sum = recording_sum
     trajectory = []
     for r in range(rounds):
         algo.train_round(r)
@@ -170,17 +171,41 @@ def _fedomd(mode: str, rounds: int = 4):
 
 
 def test_fedomd_statistics_and_parameters_within_the_stated_bound():
-    """FedOMD's statistics exchanges meet their plan (STATS_MEAN_TOLERANCE) in ckks and mask, and
-    the two secure modes then train the same model: per round the parameters agree within
-    r * (2^-24 + 2^-23 max|theta|) (the model exchange's plan plus a float32 ulp), also under
-    Adam, which turns a statistics error near its eps into a step of order lr (with the former
-    fixed 1e-4 sum tolerance the modes differed by ~1e-3 after one round on Cora)."""
+    """FedOMD's statistics exchanges meet their plan (STATS_MEAN_TOLERANCE) in plain, ckks and
+    mask (plain carries them as float64: ``ValueSpec.float64_wire``), and the three modes then
+    train the same model: per round the parameters agree within r * (2^-24 + 2^-23 max|theta|)
+    (the model exchange's plan plus a float32 ulp), also under Adam, which turns a statistics
+    error near its eps into a step of order lr (with the former fixed 1e-4 sum tolerance the
+    secure modes differed by ~1e-3 after one round on Cora; plain's float32 wire by ~6e-4)."""
     from secure_fgl.algorithms.fedomd import STATS_MEAN_TOLERANCE
-    runs = {mode: _fedomd(mode) for mode in ("ckks", "mask")}
+    runs = {mode: _fedomd(mode) for mode in ("plain", "ckks", "mask")}
     for mode, (_, errors, algo) in runs.items():
         plan = algo.stats_precision(len(algo.clients))
-        assert plan.spec().tolerance == pytest.approx(plan.sum_tolerance)
-        assert len(errors) == 4 * 4 and max(errors) <= STATS_MEAN_TOLERANCE, mode   # 2 layers x 2 rounds x 4
-    for r, (c, m) in enumerate(zip(runs["ckks"][0], runs["mask"][0]), start=1):
-        f32 = 2.0 ** -23 * float(c.abs().max())
-        assert float((c - m).abs().max()) <= r * (FLOAT32_MEAN_TOLERANCE + f32), r
+        assert plan.spec().tolerance == pytest.approx(plan.sum_tolerance) and plan.spec().float64_wire
+        assert len(errors) == 2 * 4 and max(errors) <= STATS_MEAN_TOLERANCE, mode   # 2 batched stages x 4 rounds
+    for mode in ("ckks", "mask"):
+        for r, (p, s) in enumerate(zip(runs["plain"][0], runs[mode][0]), start=1):
+            f32 = 2.0 ** -23 * float(p.abs().max())
+            assert float((s - p).abs().max()) <= r * (FLOAT32_MEAN_TOLERANCE + f32), (mode, r)
+
+
+def test_plain_carries_float64_only_where_the_plan_asks_and_counts_its_bytes():
+    """A mean planned below float32 resolution travels as float64 in plain (8 bytes a value in
+    the transcript); the float32 baseline of the exchange is the same as for a float32 plan."""
+    from protocols import make_protocol
+    values = {k: np.random.default_rng(k).uniform(-4.0, 4.0, 5) for k in range(3)}
+    weights = {k: 1.0 + k for k in range(3)}
+    exact = sum(weights[k] * values[k] for k in range(3)) / sum(weights.values())
+    sent = {}
+    for name, delta in (("f32", FLOAT32_MEAN_TOLERANCE), ("f64", 2.0 ** -40)):
+        proto = make_protocol("plain", num_clients=3)
+        spec = MeanPrecision(value_bound=4.0, weight_bound=3.0, min_weight_total=1.0, tolerance=delta).spec()
+        assert spec.float64_wire == (name == "f64")
+        out = proto.weighted_mean("t", 0, values, weights, spec=spec)
+        per_tag = proto.transcript.comm()["per_tag"]["t"]
+        sent[name] = (float(np.abs(out - exact).max()), per_tag)
+    assert sent["f64"][0] <= 2.0 ** -40 < sent["f32"][0]
+    assert sent["f64"][1]["plaintext_bytes_up"] == sent["f32"][1]["plaintext_bytes_up"] == 3 * 6 * 4
+    for way in ("up", "down"):        # 4 more bytes a value than float32 (the envelope is the same)
+        extra = sent["f64"][1][f"bytes_{way}"] - sent["f32"][1][f"bytes_{way}"]
+        assert extra == sent["f32"][1][f"plaintext_bytes_{way}"] == 3 * 6 * 4, way

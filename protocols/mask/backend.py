@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -559,9 +560,10 @@ class MaskServer(ServerHalf):
         if missing and len(uploaders) < t:
             raise _dropout_error(where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
                                                    f"than the threshold t={t}")
-        if missing and plan.encoding.get("distributed_noise"):
-            raise _dropout_error(where(), missing, "with distributed DP every client adds 1/n of the noise "
-                                 "variance, so a sum without them would be short of DP noise")
+        if len(missing) > plan.encoding["provisioned_dropouts"]:
+            raise _dropout_error(where(), missing, "with distributed DP every client adds a share of the noise "
+                                 f"variance provisioned for at most {plan.encoding['provisioned_dropouts']} "
+                                 "dropout(s), so a sum without them would be short of DP noise (--dp-dropouts)")
         if dropped_upload and not share_keys:
             raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
                                  "toward them) and dropout recovery is disabled (dropout_recovery=False)")
@@ -774,8 +776,9 @@ class MaskProtocol(SplitProtocol):
         self.last_encoding = enc          # public; set before any message (test hooks read it)
         distributed = (ctx.dp_noise_std > 0 and self.dp is not None
                        and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed")
+        # dropouts the distributed DP noise was over-provisioned for (protocols.dp.DPConfig.dropouts)
         return {"fixed_point": dataclasses.asdict(enc), "threshold": self.threshold_for(n0),
-                "distributed_noise": bool(distributed)}
+                "provisioned_dropouts": float(self.dp.config.dropouts) if distributed else math.inf}
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         drops, self._pending_drops = self._pending_drops, {}

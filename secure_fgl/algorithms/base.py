@@ -35,6 +35,7 @@ from protocols.precision import MeanPrecision
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
 from ..engine import rng
+from ..engine.host import to_host
 from ..models import build_model
 from .options import NoOptions
 
@@ -222,8 +223,8 @@ class ModelAveraging(FederatedAlgorithm):
         """Weighted mean of the sampled clients' parameters through the protocol; every
         client (sampled or not) then starts the next round from it."""
         contributors = [k for k in sampled if self.aggregation_weight(k) > 0] or sampled
-        updates = {k: parameters_to_vector(self.models[k].parameters()).detach() - self.global_params
-                   for k in contributors}
+        updates = to_host({k: parameters_to_vector(self.models[k].parameters()).detach() - self.global_params
+                           for k in contributors})          # one pinned device -> host copy
         tag = f"{self.name}/model"
         dp = self.model_dp_request(tag)
         # DP-FedAvg (McMahan et al., ICLR 2018) averages clipped updates with equal weights:

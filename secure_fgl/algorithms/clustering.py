@@ -8,6 +8,9 @@ pure functions on the statistics the server is given.
   (``training.py``; rounds there count from 1, here from 0, hence ``rnd + 1 > 20``).
 * :func:`bipartition` -- Stoer-Wagner global minimum cut (Stoer & Wagner, JACM 1997) of
   the complete graph whose edge weights are pairwise similarities (networkx).
+* :func:`cut_margin` -- how much lighter the chosen cut is than the next one: a perturbation of
+  every similarity by at most ``eps`` moves a cut by at most ``m^2 eps / 4``, so the cut cannot
+  change while ``margin > m^2 eps / 2`` (the bound that keeps ckks's cut equal to plain's).
 * :func:`dtw_distances` -- GCFL+: pairwise dynamic-time-warping distances of the clients'
   gradient-norm sequences (``dtaidistance``), turned into similarities ``max(D) - D``
   before the cut, as the reference code does.
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-__all__ = ["should_split", "bipartition", "dtw_distances", "dtw_similarity", "MIN_SPLIT_SIZE", "WARMUP_ROUNDS"]
+__all__ = ["should_split", "bipartition", "cut_margin", "cut_flip_bound", "dtw_distances", "dtw_similarity", "MIN_SPLIT_SIZE", "WARMUP_ROUNDS"]
 
 #: a cluster must have more than this many members to be split (reference code)
 MIN_SPLIT_SIZE = 2
@@ -45,6 +48,29 @@ def bipartition(similarity: np.ndarray, members: Sequence[int]) -> tuple[list[in
     _, (side_a, side_b) = nx.stoer_wagner(g)
     first, second = sorted(members[i] for i in side_a), sorted(members[i] for i in side_b)
     return (first, second) if first[0] < second[0] else (second, first)
+
+
+#: largest cluster whose cuts :func:`cut_margin` enumerates (2^(m-1) - 1 cuts)
+MARGIN_MAX_MEMBERS = 16
+
+
+def cut_margin(similarity: np.ndarray) -> float | None:
+    """Weight of the second-lightest cut minus the lightest (every bipartition enumerated;
+    ``None`` above :data:`MARGIN_MAX_MEMBERS` members)."""
+    sim = np.asarray(similarity, dtype=np.float64)
+    m = sim.shape[0]
+    if m < 3 or m > MARGIN_MAX_MEMBERS:
+        return None
+    codes = np.arange(1, 2 ** (m - 1))                      # member m-1 always on side 0
+    side = ((codes[:, None] >> np.arange(m)) & 1).astype(np.float64)
+    weights = np.einsum("ci,ij,cj->c", side, sim, 1.0 - side)
+    lightest, second = np.partition(weights, 1)[:2]
+    return float(second - lightest)
+
+
+def cut_flip_bound(num_members: int, similarity_error: float) -> float:
+    """``m^2 eps / 2``: the margin above which no similarity error ``<= eps`` changes the cut."""
+    return num_members ** 2 * similarity_error / 2.0
 
 
 def dtw_distances(sequences: Sequence[Sequence[float]], standardize: bool = False) -> np.ndarray:

@@ -685,7 +685,7 @@ class FedGCN(ModelAveraging):
             ids, rows = partial_neighbour_sums(c, terms)
             contributions[k] = (ids.cpu(), rows.cpu())
             requests[k] = requested_rows(c, o.hops).cpu()
-            sent[k] = rows[:c.num_nodes]
+            sent[k] = rows[:c.num_nodes] if dp is not None else None    # a view: keeps the rows alive
         num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
         self.exchange_rows = num_rows
         perm = np.arange(num_rows, dtype=np.int64)
@@ -701,6 +701,7 @@ class FedGCN(ModelAveraging):
             self.exchange_rows = num_rows
         received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
                                          layout=o.layout, spec=spec, dp=dp)
+        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}   # free the rows
         # a recipient decrypts whole blocks: ``self.decrypted`` keeps every row it read (what the
         # client-side attack reads), not only the rows it asked for
         node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
@@ -710,7 +711,7 @@ class FedGCN(ModelAveraging):
         #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
         self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for k, c in enumerate(self.clients):
-            read_rows, read_totals = self.protocol.last_readable[k]
+            read_rows, read_totals = self.protocol.last_readable.pop(k)     # kept once, as float32
             self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
             totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
             self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row

@@ -140,6 +140,7 @@ from ..models.orthogonal import OrthoGCN
 from .base import ModelAveraging
 from .cmd import central_moments, clip_activations, cmd_from_moments
 from .options import FedOMDOptions
+from .stats_batch import batched_central_moments, one_stage_raw_moments
 
 #: target error of every pooled statistic (mean, central moments of order 2..5): ``2^-24``
 #: (float32) relative to a statistic of size ``2^-16`` -- the higher central moments of features
@@ -198,17 +199,26 @@ def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: di
 def exchange_hidden_statistics(protocol, rnd: int, hidden: dict[int, list[torch.Tensor]],
                                orders: tuple[int, ...], low: float, high: float, *,
                                spec: ValueSpec | None = None, dp: tuple[DPRequest, DPRequest] | None = None,
-                               tag: str = "fedomd") -> list[GlobalStats]:
+                               tag: str = "fedomd", batch: bool = False,
+                               raw_moments: bool = False) -> list[GlobalStats]:
     """Eq. 10 and Algorithm 1 lines 8-17 for every hidden layer.
 
     ``hidden``: client -> ``[Z_k^1, ..., Z_k^(L-1)]`` (each ``[n_k, d]``, the node set of the
     statistics).  Features are clipped to ``[low, high]`` on the client side.  Returns, per
     layer, the pooled mean and central moments of all clients' (clipped) features, computed
     by :meth:`protocols.Protocol.central_moments` (tags ``<tag>/hidden<l>/mean|moments``);
-    ``dp``: the (mean, moments) requests of :func:`stats_dp_requests`.
+    ``dp``: the (mean, moments) requests of :func:`stats_dp_requests`; ``batch`` (no DP): every
+    layer in two uploads per client (:mod:`.stats_batch`), one with ``raw_moments``.
     """
     num_layers = len(next(iter(hidden.values())))
     out = []
+    if batch and dp is None and orders:
+        layers = [{k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy()
+                   for k, zs in hidden.items()} for layer in range(num_layers)]
+        return [GlobalStats(torch.as_tensor(mu, dtype=torch.float32),
+                            {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()})
+                for mu, moments in (one_stage_raw_moments if raw_moments else batched_central_moments)(
+                    protocol, tag, rnd, layers, orders, spec=spec)]
     for layer in range(num_layers):
         samples = {k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy()
                    for k, zs in hidden.items()}
@@ -320,7 +330,8 @@ class FedOMD(ModelAveraging):
                              "(stats_nodes='train' with no training nodes?); use --stats-nodes all")
         stats = exchange_hidden_statistics(self.protocol, rnd, hidden, self.orders, self.opts.act_low,
                                            self.opts.act_high, spec=self.stats_spec(len(clients)), dp=self.stats_dp(),
-                                           tag=self.name)
+                                           tag=self.name, batch=self.opts.batch_stats,
+                                           raw_moments=self.opts.raw_moments)
         return [GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()})
                 for s in stats]
 

@@ -7,9 +7,12 @@ and classification modules), run federated: the neighbour sums go through FedGCN
 
 Three stages, the only edge-dependent values being noisy sums:
 
-1. **Encoder** (edge-free).  FedAvg (tag ``fedgcn-gap/encoder/model``) trains
-   ``logits = W_c relu(E(x))`` with ``E(x) = W_2 relu(W_1 x)`` on each client's features and
-   labels only.  No edge enters, so under edge-level DP it costs no budget.
+1. **Encoder** (edge-free).  FedAvg (tag ``fedgcn-gap/encoder/model``) trains the run's
+   feature-only MLP ``logits = W_L relu(... relu(W_1 x))`` (``--hidden``, ``--num-layers``; the
+   same model, initialisation and training as ``--algorithm fedavg --model mlp``) on each
+   client's features and labels; the weights of its best round by the federation's validation
+   accuracy are kept.  ``E(x)`` is its last hidden layer.  No edge enters, so under edge-level
+   DP it costs no budget.
 2. **Aggregation** (the private part).  ``H_0 = E(x) / ||E(x)||`` (row-normalised: every row
    has norm 1).  For hop ``h = 1..K``, client ``k`` contributes for every node ``v`` it knows
    ``P^{(k)}_v = sum_{j in V_k} Ã_vj H_{h-1, j}`` (:func:`~secure_fgl.algorithms.fedgcn.partial_neighbour_sums`,
@@ -26,24 +29,29 @@ Three stages, the only edge-dependent values being noisy sums:
 3. **Head** (edge-free given the noisy sums).  FedAvg (tag ``fedgcn-gap/model``) trains an
    MLP on ``[H_0, H_1, ..., H_K]`` -- post-processing of the DP sums and of edge-free data.
 
+Model selection (``select='val'``, post-processing): at every evaluation the federation uses
+the head or the encoder, whichever has the higher validation accuracy over all clients' validation
+nodes -- the same aggregate the run already uses to pick its best round.  At small epsilon
+the noisy hops carry little signal and the encoder, i.e. the feature-only MLP, is kept, so the
+pipeline does not fall below it by more than the noise of that choice.
+
 What it protects: edge-level DP (one edge added or removed anywhere in the federated
 graph) for everything the clients release, with the reported ``(epsilon, delta)``.  No exact
 edge reaches a model: no GCN layer over local edges, no denoising with own edges.  It does
-*not* protect a node's features or labels (the encoder and head exchanges are exact): that
-is node-level DP, not implemented here.  Each client finally picks, per its own validation
-nodes, the head or the encoder's own classifier (post-processing; ``select='val'``), so the
-model never does worse on validation than the feature-only MLP it started from.
+*not* protect a node's features or labels (the encoder and head exchanges are exact, unless
+``dpsgd`` is on, see :mod:`secure_fgl.dpsgd`).
 """
 from __future__ import annotations
 
+import copy
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from protocols import BoundError, DPRequest, ValueSpec
 
 from ..config import ConfigError
+from ..dpsgd import DPSGD
 from ..models import build_model
 from .base import ModelAveraging
 from .options import GAPOptions
@@ -51,24 +59,6 @@ from .fedgcn import local_degrees, partial_neighbour_sums
 
 HOP_TAG = "fedgcn-gap/hop"
 SELECT = ("val", "head")
-
-
-class Encoder(nn.Module):
-    """``E(x) = W_2 relu(W_1 x)``; the classifier ``W_c relu(E(x))`` trains it."""
-
-    uses_graph = False
-
-    def __init__(self, in_dim: int, hidden: int, dim: int, num_classes: int, dropout: float):
-        super().__init__()
-        self.lin1, self.lin2, self.cls = nn.Linear(in_dim, hidden), nn.Linear(hidden, dim), nn.Linear(dim, num_classes)
-        self.dropout = dropout
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.lin1(F.dropout(x, self.dropout, self.training)))
-        return self.lin2(F.dropout(h, self.dropout, self.training))
-
-    def forward(self, x: torch.Tensor, edge_index=None) -> torch.Tensor:
-        return self.cls(F.relu(self.embed(x)))
 
 
 def row_normalise(h: torch.Tensor) -> torch.Tensor:
@@ -86,14 +76,20 @@ class _EncoderTraining(ModelAveraging):
         super().__init__(parent.fed, parent.protocol, parent.cfg, parent.device, parent.opts)
 
     def build_model(self) -> nn.Module:
-        o, f = self.parent.opts, self.parent.fed
-        return Encoder(f.num_features, o.encoder_hidden, o.encoder_dim, f.num_classes, self.cfg.dropout)
+        """The feature-only MLP of ``--algorithm fedavg --model mlp`` (same shape, seed and init)."""
+        cfg, f = self.cfg, self.parent.fed
+        return build_model("mlp", f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
+                           dropout=cfg.dropout)
 
     def client_inputs(self, k: int):
         return self.clients[k].x, self.parent.no_edges
 
     def model_dp_request(self, tag: str) -> DPRequest | None:
         return self.parent.model_dp_request(tag)
+
+    def local_update(self, k: int) -> float:
+        sgd = self.parent.dpsgd.get(self.name)
+        return sgd.local_update(self, k) if sgd else super().local_update(k)
 
 
 class FedGCNGAP(ModelAveraging):
@@ -108,16 +104,28 @@ class FedGCNGAP(ModelAveraging):
             raise ConfigError(f"fedgcn-gap needs --hops >= 1 noisy aggregation hops, got {opts.hops}")
         if opts.select not in SELECT:
             raise ConfigError(f"--select must be one of {', '.join(SELECT)}, got {opts.select!r}")
-        if opts.encoder_dim < 1 or opts.degree_cap < 1:
-            raise ConfigError("--encoder-dim and --degree-cap must be >= 1")
+        if opts.degree_cap < 1:
+            raise ConfigError("--degree-cap must be >= 1")
+        if cfg.num_layers < 2:
+            raise ConfigError("fedgcn-gap embeds nodes with the encoder MLP's last hidden layer: --num-layers >= 2")
         self.opts = opts
         super().__init__(fed, protocol, cfg, device, opts)
         self.no_edges = torch.empty(2, 0, dtype=torch.long, device=device)
         self.encoder = _EncoderTraining(self)
         self._inputs: list[torch.Tensor] | None = None
+        self.encoder_val_acc = 0.0
+        self.uses_head = True
         dp = self.protocol.dp
+        #: DP-SGD per training stage (``--dpsgd``): encoder and head, a training node as a record
+        self.dpsgd: dict[str, DPSGD] = {}
+        if opts.dpsgd:
+            if dp is None:
+                raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
+            epochs, enc_rounds = cfg.local_epochs, opts.encoder_rounds or cfg.rounds
+            self.dpsgd = {stage: DPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds * epochs)
+                          for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))}
         if dp is not None and dp.config.split is None:
-            dp.declare(*self.hop_tags())          # even split over the hops
+            dp.declare(*self.hop_tags(), *(s.tag for s in self.dpsgd.values()))   # even split
 
     def hop_tags(self) -> list[str]:
         return [f"{HOP_TAG}/{h}" for h in range(1, self.opts.hops + 1)]
@@ -125,11 +133,19 @@ class FedGCNGAP(ModelAveraging):
     def release_dependencies(self) -> dict[str, set[str]]:
         """The hop sums read embeddings over edges; the encoder and head touch no exact edge."""
         return {HOP_TAG: {"features", "labels", "edges"}, f"{self.name}/encoder": {"features", "labels"},
-                f"{self.name}/model": {"features", "labels"}}
+                f"{self.name}/model": {"features", "labels"}, f"{self.name}/dpsgd": {"features", "labels"}}
+
+    def release_units(self) -> dict[str, str]:
+        """Units of the DP releases other than the hop sums: DP-SGD steps protect a training node."""
+        return {s.tag: "sample" for s in self.dpsgd.values()}
+
+    def local_update(self, k: int) -> float:
+        sgd = self.dpsgd.get(self.name)
+        return sgd.local_update(self, k) if sgd else super().local_update(k)
 
     def build_model(self) -> nn.Module:
         cfg = self.cfg
-        return build_model("mlp", (self.opts.hops + 1) * self.opts.encoder_dim, cfg.hidden, self.fed.num_classes,
+        return build_model("mlp", (self.opts.hops + 1) * cfg.hidden, cfg.hidden, self.fed.num_classes,
                            num_layers=cfg.num_layers, dropout=cfg.dropout)
 
     def model_dp_request(self, tag: str) -> DPRequest | None:
@@ -145,7 +161,7 @@ class FedGCNGAP(ModelAveraging):
         model = self.encoder.models[k]
         model.eval()
         with torch.no_grad():
-            return row_normalise(model.embed(self.clients[k].x).to(torch.float64))
+            return row_normalise(model.embed(self.clients[k].x, self.no_edges).to(torch.float64))
 
     def hop_request(self, hop: int) -> DPRequest | None:
         if self.protocol.dp is None:
@@ -175,9 +191,16 @@ class FedGCNGAP(ModelAveraging):
         return [torch.cat([hop[k] for hop in hops], dim=1).to(torch.float32) for k in range(len(self.clients))]
 
     def setup(self) -> None:
+        """Stage 1 (the encoder's best round by validation accuracy is kept), then stage 2."""
         rounds = self.opts.encoder_rounds or self.cfg.rounds
+        best = None
         for r in range(rounds):
             self.encoder.train_round(r)
+            val = self.encoder.evaluate()["val_acc"]
+            if best is None or val > self.encoder_val_acc:
+                self.encoder_val_acc, best = val, [copy.deepcopy(m.state_dict()) for m in self.encoder.models]
+        for m, s in zip(self.encoder.models, best):
+            m.load_state_dict(s)
         self._inputs = self.aggregate_hops([self.embeddings(k) for k in range(len(self.clients))])
 
     # -- stage 3
@@ -188,30 +211,33 @@ class FedGCNGAP(ModelAveraging):
 
     @torch.no_grad()
     def client_logits(self, k: int) -> torch.Tensor:
-        head = super().client_logits(k)
-        if self.opts.select == "head":
-            return head
-        enc = self.encoder.client_logits(k)
-        c = self.clients[k]
-        if not c.val_mask.any():
-            return head
-        correct = [int((lg[c.val_mask].argmax(-1) == c.y[c.val_mask]).sum()) for lg in (head, enc)]
-        return head if correct[0] >= correct[1] else enc
+        return super().client_logits(k) if self.uses_head else self.encoder.client_logits(k)
+
+    def evaluate(self) -> dict:
+        """Metrics of the head or the encoder, whichever scores higher on all validation nodes."""
+        if self.opts.select == "val":
+            self.uses_head = True
+            head = super().evaluate()
+            if head["val_acc"] >= self.encoder_val_acc:
+                return head
+            self.uses_head = False
+        return super().evaluate()
 
     def final_metrics(self) -> dict:
         """Also the test accuracy of the encoder's own classifier: the feature-only MLP reference."""
         enc = self.encoder.evaluate()
-        return {"hops": self.opts.hops, "encoder_dim": self.opts.encoder_dim,
+        return {"hops": self.opts.hops, "uses_head": self.uses_head,
                 "encoder_test_acc": enc["test_acc"], "encoder_val_acc": enc["val_acc"]}
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["gap"] = {"encoder": self.encoder.state_dict(),
+        state["gap"] = {"encoder": self.encoder.state_dict(), "encoder_val_acc": self.encoder_val_acc,
                         "inputs": [z.cpu() for z in self._inputs] if self._inputs is not None else None}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.encoder.load_state_dict(state["gap"]["encoder"])
+        self.encoder_val_acc = float(state["gap"]["encoder_val_acc"])
         saved = state["gap"]["inputs"]
         self._inputs = None if saved is None else [z.to(self.device) for z in saved]

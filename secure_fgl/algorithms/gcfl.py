@@ -35,7 +35,7 @@ import torch
 
 from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine, report_scalars
 
-from .clustering import bipartition, dtw_distances, dtw_similarity, should_split
+from .clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, should_split
 from .graph_level import GraphFederated
 from .options import GCFLOptions, GCFLPlusOptions
 
@@ -87,9 +87,11 @@ class GCFL(GraphFederated):
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
                 self.cache_cluster(members)
-                halves = bipartition(self.similarity(rnd, members, updates), members)
+                sim = self.similarity(rnd, members, updates)
+                halves = bipartition(sim, members)
                 self.splits.append({"round": rnd, "cluster": members, "into": [list(h) for h in halves],
-                                    "delta_mean": delta_mean, "delta_max": delta_max})
+                                    "delta_mean": delta_mean, "delta_max": delta_max, "cut_margin": cut_margin(sim),
+                                    "similarity": sim[np.triu_indices(len(members), 1)].tolist()})
                 self.after_split()
                 for half in halves:
                     self.apply_mean(half, self.cluster_mean(rnd, half, updates))

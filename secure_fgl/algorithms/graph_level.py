@@ -27,19 +27,13 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch_geometric.loader import DataLoader
 
-from protocols import ValueSpec
-
 from ..config import ConfigError
 from ..models.gcfl_gin import GCFLGIN
-from .base import PARAM_BOUND, FederatedAlgorithm
+from .base import FederatedAlgorithm
+from .grid_mean import grid_weighted_mean
 from .options import GraphOptions, GraphProxOptions
 
-#: largest absolute error the secure aggregate of an update may carry: below float32 resolution of
-#: the weights.  The default ValueSpec tolerance (1e-4) let ckks plan a 40-bit chain whose error
-#: (~1e-4) is ~10 % of an Adam step (lr 1e-3), and ckks runs drifted from plain from round 1.
-UPDATE_TOLERANCE = 1e-8
-
-__all__ = ["UPDATE_TOLERANCE", "GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain",
+__all__ = ["GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain",
            "GraphFedAvg", "GraphFedProx"]
 
 
@@ -133,13 +127,13 @@ class GraphFederated(FederatedAlgorithm):
                 self.apply_mean(members, self.cluster_mean(rnd, members, updates))
 
     def cluster_mean(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor]) -> np.ndarray:
-        """``sum_i n_i dW_i / sum_i n_i`` over ``members``, through the protocol; only the
-        members receive it."""
+        """``sum_i n_i dW_i / sum_i n_i`` over ``members``, through the protocol on the grid of
+        :mod:`~secure_fgl.algorithms.grid_mean` (the same value in every mode, so GCFL's
+        decisions do not depend on the mode); only the members receive it."""
         total = float(self.num_train.sum())
-        return self.protocol.weighted_mean(f"{self.name}/model", rnd, {k: updates[k] for k in members},
-                                           {k: self.num_train[k] / total for k in members},
-                                           spec=ValueSpec(max_abs=PARAM_BOUND, tolerance=UPDATE_TOLERANCE),
-                                           recipients=members)
+        return grid_weighted_mean(self.protocol, f"{self.name}/model", rnd,
+                                  {k: updates[k].cpu().numpy() for k in members},
+                                  {k: self.num_train[k] / total for k in members}, recipients=members)
 
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         """Every member restarts from its anchor plus the cluster's mean update."""

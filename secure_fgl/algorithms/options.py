@@ -69,6 +69,10 @@ class FedOMDOptions:
                               help="statistics from dropout-free (eval) or training passes")
     dp_rows: int = setting(1, min=1, unit="rows", help="DP unit: hidden rows it can change (1: one row; N: a "
                                                        "client)")
+    batch_stats: bool = setting(True, help="all hidden layers' statistics in two uploads per client per round "
+                                           "(protocols.batch; not with DP); false: two per layer")
+    raw_moments: bool = setting(False, help="with batch_stats: one upload per round (raw moments, central ones "
+                                            "by binomial expansion; error up to 2^J x the two-stage one)")
 
 
 @dataclass
@@ -154,15 +158,16 @@ class FGSSLOptions:
 @dataclass
 class GAPOptions:
     """FedGCN-GAP settings (Sajadmanesh et al., USENIX Security 2023; GAP's defaults: 16-dim
-    embeddings, 2 hops)."""
+    embeddings, 2 hops).  The encoder is the run's feature-only MLP (``--hidden``, ``--num-layers``):
+    the embeddings are its last hidden layer (``--hidden`` wide)."""
 
     hops: int = setting(2, min=1, unit="hops", help="noisy aggregation hops (each a separate DP release)")
-    encoder_dim: int = setting(16, min=1, unit="units", help="dimension of the row-normalised embeddings summed")
-    encoder_hidden: int = setting(64, min=1, unit="units", help="hidden width of the encoder MLP")
     encoder_rounds: int | None = setting(None, min=1, unit="rounds", help="FedAvg rounds of the encoder "
                                                                           "(default: --rounds)")
     layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
     select: str = setting("val", choices=("val", "head"),
-                          help="per client: head or encoder by validation accuracy (val), or always the head")
+                          help="head or encoder by the federation's validation accuracy (val), or always the head")
+    dpsgd: bool = setting(False, help="train the encoder and the head by DP-SGD (a training node is a record; "
+                                      "clip --dp-clip; shares --dp-epsilon with the hops)")
 

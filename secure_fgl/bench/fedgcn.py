@@ -146,12 +146,12 @@ def _peak_rss_mb() -> float:
 
 def _scale_point(args) -> dict:
     """One size, in its own process (clean peak RSS)."""
-    n, feats, backend, layout = args
+    n, feats, backend, layout, *graph = args     # graph: (dataset, generator settings), default the SBM
+    dataset, extra = graph if graph else ("sbm", {"avg_degree": 8.0})
     torch.set_num_threads(1)
     from secure_fgl.data import make_federated
     t0 = time.perf_counter()
-    fed = make_federated("sbm", num_clients=K, beta=10000.0, seed=0, num_nodes=n, num_features=feats,
-                         avg_degree=8.0)
+    fed = make_federated(dataset, num_clients=K, beta=10000.0, seed=0, num_nodes=n, num_features=feats, **extra)
     gen_s = time.perf_counter() - t0
     rss_before = _peak_rss_mb()
     tracemalloc.start()
@@ -159,21 +159,22 @@ def _scale_point(args) -> dict:
     _, py_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     edges = int(fed.graph.edge_index.size(1)) // 2
-    rec.update({"nodes": n, "features": feats, "edges": edges, "generate_s": gen_s,
+    rec.update({"nodes": n, "features": feats, "edges": edges, "generate_s": gen_s, "dataset": dataset,
                 "rss_peak_mb": _peak_rss_mb(),
                 "rss_peak_before_pretrain_mb": rss_before, "py_peak_mb": py_peak / 2**20,
                 "s_per_edge_feature": rec["pretrain_s"] / (edges * (feats + 1))})
     return rec
 
 
-def scale_part(sizes, feats, backend="ckks", layout="sparse") -> list[dict]:
+def scale_part(sizes, feats, backend="ckks", layout="sparse", graph: tuple = ()) -> list[dict]:
+    """``graph``: ``(dataset, generator settings)`` (default: the SBM with mean degree 8)."""
     out = []
     ctx = mp.get_context("spawn")
     for n in sizes:
         f = feats(n) if callable(feats) else feats
         with ctx.Pool(1) as pool:
             try:
-                rec = pool.apply(_scale_point, ((n, f, backend, layout),))
+                rec = pool.apply(_scale_point, ((n, f, backend, layout, *graph),))
             except Exception as e:  # noqa: BLE001 - report the failure of one size, keep the others
                 rec = {"nodes": n, "features": f, "backend": backend, "error": f"{type(e).__name__}: {e}"}
         out.append(rec)

@@ -57,7 +57,7 @@ def attacks_command() -> int:
     from attacks.runner import ATTACKS
     for name, cls in ATTACKS.items():
         doc = (cls.__doc__ or "").strip().splitlines()
-        targets = ", ".join(cls.algorithms) if cls.algorithms else "any algorithm"
+        targets = ", ".join(cls.algorithms) if cls.algorithms else "any node-level algorithm"
         print(f"{name:<30}{doc[0] if doc else '-'}")
         print(f"{'':<30}exchange {cls.exchange}; targets {targets}")
     print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")

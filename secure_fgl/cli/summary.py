@@ -14,7 +14,7 @@ def privacy_line(result: dict) -> str:
     accountant = privacy.get("accountant")
     how = f"delta {cfg['dp_delta']:g}" + (f", {str(accountant).upper()}" if accountant else "")
     return (f"privacy: epsilon {_num(spent, '.2f')} spent of {cfg['dp_epsilon']:g} ({how}, "
-            f"{cfg['dp_placement']} noise)")
+            f"{privacy.get('placement') or cfg['dp_placement']} noise)")
 
 
 def attack_line(entry: dict) -> str:

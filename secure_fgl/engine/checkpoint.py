@@ -50,7 +50,8 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, (bytes, bytearray)):        # weights_only refuses the bytes global
-        return {"__bytes__": torch.tensor(list(obj), dtype=torch.uint8)}
+        data = torch.frombuffer(bytearray(obj), dtype=torch.uint8) if obj else torch.zeros(0, dtype=torch.uint8)
+        return {"__bytes__": data}
     if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
         return obj
     raise TypeError(f"cannot checkpoint a {type(obj).__name__}: convert it to plain data first")

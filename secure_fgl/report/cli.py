@@ -7,7 +7,9 @@ Example::
 
 ``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  Finished runs
 (``<out>/<run-id>/result.json``) are skipped, so an interrupted sweep resumes where it stopped;
-``--no-run`` only re-renders the report from the run files.
+``--no-run`` only re-renders the report from the run files.  ``--config FILE`` reads the
+sweep from a file: a run config's keys plus a ``[grid]`` table (:func:`.sweep.spec_from_file`;
+example: ``secure_fgl/configs/dp-gap-tradeoff.toml``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import json
 import sys
 
 from .render import render_report
-from .sweep import SweepSpec, parse_epsilon, run_sweep
+from .sweep import SweepSpec, parse_epsilon, run_sweep, spec_from_file
 
 
 def _csv(text: str) -> list[str]:
@@ -37,17 +39,19 @@ def _seeds(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="secure-fgl report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algorithms", default="fedgcn", help="comma-separated algorithm names")
-    p.add_argument("--datasets", default="sbm", help="comma-separated dataset names")
-    p.add_argument("--modes", default="plain,ckks,mask", help="comma-separated protocol modes")
-    p.add_argument("--dp-epsilons", default="inf", help="comma-separated DP budgets; 'inf' = no DP")
-    p.add_argument("--seeds", default="1", help="number of seeds (0..N-1) or a comma-separated list")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="sweep file: run-config keys + a [grid] table (replaces the grid flags below)")
+    p.add_argument("--algorithms", default=None, help="comma-separated algorithm names (default fedgcn)")
+    p.add_argument("--datasets", default=None, help="comma-separated dataset names (default sbm)")
+    p.add_argument("--modes", default=None, help="comma-separated protocol modes (default plain,ckks,mask)")
+    p.add_argument("--dp-epsilons", default=None, help="comma-separated DP budgets; 'inf' = no DP (default inf)")
+    p.add_argument("--seeds", default=None, help="number of seeds (0..N-1) or a comma-separated list (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="training rounds per run")
     p.add_argument("--clients", type=int, default=None, help="number of clients")
     p.add_argument("--partition", default=None, help="dirichlet | louvain | iid")
     p.add_argument("--beta", type=float, default=None, help="Dirichlet concentration")
     p.add_argument("--dp-placement", default=None, help="local | distributed")
-    p.add_argument("--attacks", default="all", help="'all' or a comma-separated list of attacks")
+    p.add_argument("--attacks", default=None, help="'all' (default), 'none' or a comma-separated list of attacks")
     p.add_argument("--data-root", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--synthetic", default=None, help="JSON kwargs of the synthetic generator")
@@ -62,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+GRID_FLAGS = {"algorithms": "fedgcn", "datasets": "sbm", "modes": "plain,ckks,mask", "dp_epsilons": "inf",
+              "seeds": "1", "attacks": "all"}
+
+
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     config = {}
     for key in ("rounds", "clients", "partition", "beta", "dp_placement", "data_root", "device"):
@@ -72,10 +80,19 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         config["synthetic"] = json.loads(args.synthetic)
     if args.no_best_model:
         config["save_best_model"] = False
-    return SweepSpec(algorithms=_csv(args.algorithms), datasets=_csv(args.datasets), modes=_csv(args.modes),
-                     epsilons=[parse_epsilon(e) for e in _csv(args.dp_epsilons)], seeds=_seeds(args.seeds),
-                     attacks=_csv(args.attacks), config=config,
-                     options=json.loads(args.options) if args.options else {})
+    if args.config:
+        given = [f"--{k.replace('_', '-')}" for k in GRID_FLAGS if getattr(args, k) is not None]
+        if given or args.options:
+            raise ValueError(f"--config sets the grid; drop {', '.join(given + ['--options'] * bool(args.options))} "
+                             "or put them in the file's [grid] table")
+        spec = spec_from_file(args.config)
+        spec.config = {**spec.config, **config}
+        return spec
+    grid = {k: getattr(args, k) if getattr(args, k) is not None else d for k, d in GRID_FLAGS.items()}
+    attacks = [] if grid["attacks"].strip().lower() == "none" else _csv(grid["attacks"])
+    return SweepSpec(algorithms=_csv(grid["algorithms"]), datasets=_csv(grid["datasets"]), modes=_csv(grid["modes"]),
+                     epsilons=[parse_epsilon(e) for e in _csv(grid["dp_epsilons"])], seeds=_seeds(grid["seeds"]),
+                     attacks=attacks, config=config, options=json.loads(args.options) if args.options else {})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from . import figures, tables
+from .headline import accuracy_vs_epsilon
 from .sweep import load_runs
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -42,6 +43,10 @@ def render_report(out_dir: str | Path, *, title: str = "secure_fgl privacy/utili
                      + (f"; common settings {spec.get('config')}" if spec.get("config") else ""))
     sections.append(("Overview", intro))
     figs: dict[str, Path] = {}
+    if any(r["config"].get("dp_epsilon") is not None for r in results):
+        png = accuracy_vs_epsilon(results, fig_dir / "accuracy_vs_epsilon")[0]
+        figs[png.name] = png
+        sections.append(("Accuracy vs ε (headline; PDF and SVG beside the PNG)", [png]))
     for algo, ds in _pairs(results):
         items: list = [tables.leakage_matrix(results, algo, ds)]
         p = figures.epsilon_curves(results, algo, ds, fig_dir / f"eps_{algo}_{ds}.png")

@@ -61,15 +61,18 @@ class SweepSpec:
     config: dict[str, Any] = field(default_factory=dict)
     #: per-algorithm options, e.g. {"fedgcn": {"hops": 1}}
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per-algorithm epsilon lists replacing ``epsilons``, e.g. {"fedavg": [None]} (a no-DP reference)
+    algorithm_epsilons: dict[str, Sequence[float | None]] = field(default_factory=dict)
 
     def runs(self, out_dir: str | Path) -> list[tuple[str, RunConfig]]:
+        """Every cell, seed by seed (an interrupted sweep has whole grids for its first seeds)."""
         out = Path(out_dir)
         plan = []
-        for algo in self.algorithms:
-            for ds in self.datasets:
-                for mode in self.modes:
-                    for eps in self.epsilons:
-                        for seed in self.seeds:
+        for seed in self.seeds:
+            for algo in self.algorithms:
+                for ds in self.datasets:
+                    for mode in self.modes:
+                        for eps in self.algorithm_epsilons.get(algo, self.epsilons):
                             rid = run_id(algo, ds, mode, eps, seed)
                             values = {**self.config, "algorithm": algo, "dataset": ds, "mode": mode,
                                       "dp_epsilon": eps, "seed": int(seed), "attacks": list(self.attacks),
@@ -82,7 +85,47 @@ class SweepSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["epsilons"] = [eps_label(e) for e in self.epsilons]
+        d["algorithm_epsilons"] = {a: [eps_label(e) for e in es] for a, es in self.algorithm_epsilons.items()}
         return d
+
+
+#: keys of a sweep file's ``[grid]`` table (lists; seeds also a count) and their SweepSpec fields
+GRID_KEYS = {"algorithms": "algorithms", "datasets": "datasets", "modes": "modes", "dp_epsilons": "epsilons",
+             "seeds": "seeds", "attacks": "attacks"}
+
+
+def spec_from_file(path: str | Path) -> SweepSpec:
+    """A sweep file: a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied
+    to every run, plus a ``[grid]`` table (``algorithms``, ``datasets``, ``modes``,
+    ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count), ``attacks``) and optional
+    ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``."""
+    from ..config import ConfigError, load_config_file
+    raw = dict(load_config_file(path))
+    grid = raw.pop("grid", None)
+    if not isinstance(grid, dict):
+        raise ConfigError(f"sweep file {path} needs a [grid] table (algorithms, datasets, modes, dp_epsilons, "
+                          "seeds); without one it is a run config: use secure-fgl run --config")
+    spec = {}
+    per_algo = {k: grid.pop(k) for k in list(grid) if isinstance(grid[k], dict)}
+    for key, value in grid.items():
+        if key not in GRID_KEYS:
+            raise ConfigError(f"sweep file {path}: unknown [grid] key {key!r}; known: {', '.join(GRID_KEYS)}")
+        spec[GRID_KEYS[key]] = value
+    if isinstance(spec.get("seeds"), int):
+        spec["seeds"] = list(range(spec["seeds"]))
+    spec["epsilons"] = [parse_epsilon(e) for e in spec.get("epsilons", ["inf"])]
+    if "options" in raw:
+        raise ConfigError(f"sweep file {path}: put algorithm options in [grid.<algorithm>.options] tables "
+                          "(each algorithm has its own)")
+    algos = spec.get("algorithms", [raw.get("algorithm", "fedgcn")])
+    raw.pop("algorithm", None)
+    for key in ("dataset", "mode", "dp_epsilon", "seed", "attacks"):
+        if key in raw:
+            raise ConfigError(f"sweep file {path}: {key!r} is set by the [grid] table; remove it from the top level")
+    return SweepSpec(**{**spec, "algorithms": algos}, config=raw,
+                     options={a: dict(t["options"]) for a, t in per_algo.items() if t.get("options")},
+                     algorithm_epsilons={a: [parse_epsilon(e) for e in t["dp_epsilons"]]
+                                         for a, t in per_algo.items() if "dp_epsilons" in t})
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, progress: bool = True,

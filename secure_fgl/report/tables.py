@@ -35,6 +35,7 @@ SECONDARY: dict[str, list[tuple[str, float | str | None]]] = {
     "membership": [("advantage", 0.0), ("tpr_at_1fpr", 0.01)],
     "link_posterior": [("auc_random", 0.5), ("feature_baseline_auc_2hop", None)],
     "link_influence": [("auc_random", 0.5)],
+    "gin_gradient_inversion": [("feature_acc", "feature_chance"), ("label_tv", "label_tv_uniform")],
 }
 
 

@@ -1,0 +1,117 @@
+"""A client's row-sum contribution as blocks, materialised block range by block range.
+
+:meth:`protocols.base.Protocol.row_sum` lays a client's ``m`` rows (global ids, width ``d``)
+out in blocks of ``rpb`` consecutive row ids; a block holds ``rpb * d`` values, zeros for the
+rows the client does not contribute.  Materialising every block of every client at once
+costs ``K * blocks * rpb * d`` floats -- at 1e6 nodes, 16 features and 10 clients touching
+nearly every block, 10 dense copies of the graph's rows.  :class:`BlockRows` keeps the
+compact rows and builds the dense blocks only for the block range a backend reads
+(``values[i0:i1]``: the CKKS backend encrypts chunk by chunk), so memory holds one chunk of
+dense blocks at a time.  ``np.asarray(values)`` still gives the whole ``[blocks, rpb * d]``
+array for backends that read everything at once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class BlockRows:
+    """Lazy ``[len(block_ids), rpb * dim]`` view of sparse rows (module doc).
+
+    block_ids: sorted ids of the blocks (each block covers row ids ``[b rpb, (b + 1) rpb)``);
+    row_ids:   global row id of each row of ``rows`` (unique, inside those blocks);
+    rows:      ``[m, dim]`` float64.
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, block_ids: np.ndarray, row_ids: np.ndarray, rows: np.ndarray, rows_per_block: int):
+        self.block_ids = np.asarray(block_ids, dtype=np.int64)
+        self.rpb = int(rows_per_block)
+        self.dim = int(rows.shape[1])
+        self._order = np.argsort(row_ids, kind="stable")
+        self._sorted_ids = np.asarray(row_ids, dtype=np.int64)[self._order]
+        self._rows = rows
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.block_ids.size), self.rpb * self.dim)
+
+    def __len__(self) -> int:
+        return int(self.block_ids.size)
+
+    def _dense(self, i0: int, i1: int) -> np.ndarray:
+        """Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``."""
+        bids = self.block_ids[i0:i1]
+        out = np.zeros((bids.size, self.rpb, self.dim))
+        if bids.size:
+            lo, hi = np.searchsorted(self._sorted_ids, [bids[0] * self.rpb, (bids[-1] + 1) * self.rpb])
+            ids = self._sorted_ids[lo:hi]
+            pos = np.searchsorted(bids, ids // self.rpb)
+            out[pos, ids % self.rpb] = self._rows[self._order[lo:hi]]
+        return out.reshape(bids.size, self.rpb * self.dim)
+
+    def __getitem__(self, key):
+        n = len(self)
+        if isinstance(key, slice):
+            i0, i1, step = key.indices(n)
+            dense = self._dense(i0, max(i0, i1)) if step == 1 else np.asarray(self)[key]
+            return dense
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (n if int(key) < 0 else 0)
+            if not 0 <= i < n:
+                raise IndexError(f"block {key} out of range for {n} blocks")
+            return self._dense(i, i + 1)[0]
+        return np.asarray(self)[key]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __array__(self, dtype=None, copy=None):
+        dense = self._dense(0, len(self))
+        return dense if dtype is None else dense.astype(dtype)
+
+    def astype(self, dtype) -> np.ndarray:
+        return np.asarray(self, dtype=dtype)
+
+
+class ReadableRows:
+    """Recipient -> ``(row ids, totals)`` of every row of the blocks it decrypted
+    (:attr:`protocols.base.Protocol.last_readable`), built when asked for from the decoded blocks
+    the recipients share, instead of one dense copy per recipient held at once."""
+
+    def __init__(self, received: dict, requested_blocks: dict, rows_per_block: int, dim: int, num_rows: int):
+        self._received, self._blocks = received, requested_blocks
+        self.rpb, self.dim, self.num_rows = int(rows_per_block), int(dim), int(num_rows)
+
+    def __getitem__(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        bids = np.asarray(self._blocks[k])
+        rows = (bids[:, None] * self.rpb + np.arange(self.rpb)[None, :]).ravel()
+        keep = rows < self.num_rows
+        if not bids.size:
+            return rows[keep], np.zeros((0, self.dim))
+        stacked = np.stack([self._received[k][int(b)] for b in bids]).reshape(bids.size * self.rpb, self.dim)
+        return rows[keep], stacked[keep]
+
+    def pop(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The entry of ``k``, then forget it (the caller keeps its own copy)."""
+        value = self[k]
+        del self._blocks[k]
+        return value
+
+    def __contains__(self, k) -> bool:
+        return k in self._blocks
+
+    def __iter__(self):
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def keys(self):
+        return self._blocks.keys()
+
+    def items(self):
+        return ((k, self[k]) for k in self._blocks)

@@ -1,0 +1,231 @@
+"""What choosing a secure mode costs over plain, for whole runs (``secure-fgl bench --suite overhead``).
+
+Workloads (``--quick``: fewer rounds, same records):
+
+* ``cora-fedgcn``: FedGCN on Cora, 10 clients, Dirichlet beta 10000, 1-hop, 100 rounds x 3 local
+  steps, SGD lr 0.5 (the released code's setting, preset ``fedgcn-table2``);
+* ``cora-fedomd``: FedOMD on Cora, 3 Louvain parties (preset ``fedomd-table4``), a short run;
+* ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
+
+Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
+one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
+by side in one invocation.  ``wall_s`` is the whole :func:`~secure_fgl.experiment.run_experiment`
+(data, set-up exchanges, training, evaluation, a checkpoint per round as in a CLI run; not the
+interpreter start); ``cpu_s`` its CPU time, the fairer measure on a shared machine (the load
+average before each run is recorded).  Bytes are the data
+exchanges' uploads (tags with a float32 baseline; key set-up and identity registration are listed
+apart as ``bytes_up_keys``), and ``bytes_up_ratio_to_plain`` divides them by the one float32
+baseline of :mod:`protocols.baseline` (the same number in every mode), per run and per tag.
+
+Scale points (:func:`secure_fgl.bench.fedgcn.scale_part`, each in a fresh process): the secure
+FedGCN pre-training (ckks, sparse layout, 10 clients) on synthetic graphs -- SBMs with binary
+features (1e5 nodes x 64, 1e6 nodes / 4M edges x 16; ckks packed) and an ogbn-arxiv-sized
+contextual SBM (169k nodes, 1.17M edges, 128 Gaussian features; ckks float): time, bytes, peak
+RSS, ns per (edge x feature).
+
+Writes ``OUT/overhead.json``: a list of records ``{workload, mode, wall_s, wall_ratio_to_plain,
+bytes_up, bytes_up_ratio_to_plain, peak_rss_mb, ...}`` (scale points have ``workload``
+``scale-<nodes>`` and ``wall_ratio_to_plain`` ``None``), and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: workload -> (preset, overrides, overrides with --quick)
+WORKLOADS = {
+    "cora-fedgcn": ("fedgcn-table2", {"dataset": "cora", "rounds": 100}, {"rounds": 10}),
+    "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
+    "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
+}
+MODES = ("plain", "mask", "ckks")
+#: tags that are key set-up or identity registration, not data (no float32 baseline)
+KEY_TAG_SUFFIX = "/keys"
+
+
+def workload_config(name: str, mode: str, quick: bool, data_root=None) -> dict:
+    """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``)."""
+    from secure_fgl.presets import load_preset
+    preset, overrides, quick_overrides = WORKLOADS[name]
+    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}),
+              "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root}
+    return values
+
+
+def _peak_rss_mb() -> float:
+    from .fedgcn import _peak_rss_mb as peak
+    return peak()
+
+
+def run_worker(values: dict) -> dict:
+    """In the worker process: run one configuration, return its measurements."""
+    import torch
+    torch.set_num_threads(1)
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    with tempfile.TemporaryDirectory(prefix="overhead-") as out:    # checkpoints as in a CLI run
+        cfg = RunConfig.from_dict({**values, "out": out}).validate()
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = run_experiment(cfg, progress=False)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    comm = result["comm"]
+    per_tag = {tag: {k: v.get(k) for k in ("bytes_up", "bytes_down", "plaintext_bytes_up", "messages")}
+               for tag, v in comm["per_tag"].items()}
+    data = {t: v for t, v in per_tag.items() if v["plaintext_bytes_up"] is not None}
+    up = sum(v["bytes_up"] for v in data.values())
+    f32 = sum(v["plaintext_bytes_up"] for v in data.values())
+    return {"wall_s": wall, "cpu_s": cpu, "time": result["time"], "bytes_up": up, "bytes_up_float32": f32,
+            "bytes_up_ratio_to_plain": up / f32 if f32 else None,
+            "bytes_up_keys": comm["bytes_up"] - up, "bytes_down": comm["bytes_down"],
+            "per_tag": per_tag, "peak_rss_mb": _peak_rss_mb(), "test_acc": result["final"]["test_acc"],
+            "rounds": cfg.rounds}
+
+
+def _spawn(values: dict) -> dict:
+    """Run :func:`run_worker` in a fresh interpreter (its own peak RSS), niced like every experiment."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "secure_fgl.bench.overhead", "--worker", json.dumps(values)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"worker exited {proc.returncode}: {tail[0]}"}
+    return json.loads(lines[-1])
+
+
+def _load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_workloads(workloads, modes, quick: bool, data_root=None) -> list[dict]:
+    records = []
+    for name in workloads:
+        plain = None
+        for mode in modes:
+            load = _load_average()
+            rec = {"workload": name, "mode": mode, "load_average_before": load,
+                   **_spawn(workload_config(name, mode, quick, data_root))}
+            if mode == "plain" and "error" not in rec:
+                plain = rec
+            for what in ("wall", "cpu"):
+                rec[f"{what}_ratio_to_plain"] = (rec[f"{what}_s"] / plain[f"{what}_s"]
+                                                 if plain and "error" not in rec else None)
+            records.append(rec)
+            print(_line(rec), flush=True)
+    return records
+
+
+#: ogbn-arxiv's shape (169,343 nodes, 1,166,243 edges, 128 float features, 40 classes) as a
+#: contextual SBM with Gaussian features (ckks float encoding)
+ARXIV_SHAPE = (169_343, 128, ("csbm", {"avg_degree": 2 * 1_166_243 / 169_343, "num_classes": 40}))
+
+
+def run_scale(sizes, arxiv: bool) -> list[dict]:
+    """The SBM sizes (binary features: 64 up to 1e5 nodes, 16 above; ckks packed) and the
+    ogbn-arxiv-sized point, each in a fresh process (:func:`secure_fgl.bench.fedgcn.scale_part`)."""
+    from .fedgcn import scale_part
+    recs = scale_part(sizes, lambda n: 64 if n <= 100_000 else 16)
+    if arxiv:
+        n, feats, graph = ARXIV_SHAPE
+        recs += scale_part([n], feats, graph=graph)
+    out = []
+    for rec in recs:
+        name = "arxiv-sized" if rec.get("dataset") == "csbm" else f"scale-{rec['nodes']}"
+        rec = {"workload": name, "mode": rec.get("backend", "ckks"),
+               "wall_s": rec.get("pretrain_s"), "wall_ratio_to_plain": None,
+               "bytes_up_ratio_to_plain": rec.get("ratio_up"), "peak_rss_mb": rec.get("rss_peak_mb"),
+               "ns_per_edge_feature": (rec["s_per_edge_feature"] * 1e9 if "s_per_edge_feature" in rec else None),
+               **{k: v for k, v in rec.items() if k not in ("per_client_up", "per_client_down")}}
+        out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------- table
+def _fmt(x, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['workload']:<17}{r['mode']:<7}{r['error']}"
+    return (f"{r['workload']:<17}{r['mode']:<7}{_fmt(r['wall_s'], '.1f'):>8}{_fmt(r['wall_ratio_to_plain'], '.2f'):>7}x"
+            f"{_fmt(r['cpu_s'], '.1f'):>8}{_fmt(r['cpu_ratio_to_plain'], '.2f'):>7}x{_fmt(r['bytes_up'] / 1e6, '.2f'):>11}{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x"
+            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}   load {r.get('load_average_before')}")
+
+
+HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}")
+
+
+def tag_table(records: list[dict]) -> list[str]:
+    """Bytes up per tag per mode (MB) and the ratio to the float32 baseline."""
+    lines = []
+    for name in dict.fromkeys(r["workload"] for r in records if "per_tag" in r):
+        rows = [r for r in records if r["workload"] == name and "per_tag" in r]
+        tags = sorted({t for r in rows for t, v in r["per_tag"].items() if v["plaintext_bytes_up"] is not None})
+        lines.append(f"{name}: bytes up per tag, MB (x float32)")
+        for t in tags:
+            cells = []
+            for r in rows:
+                v = r["per_tag"].get(t)
+                if v:
+                    ratio = v["bytes_up"] / v["plaintext_bytes_up"] if v["plaintext_bytes_up"] else None
+                    cells.append(f"{r['mode']} {v['bytes_up'] / 1e6:.3f} ({_fmt(ratio, '.1f')}x)")
+            lines.append(f"  {t:<28}" + "  ".join(cells))
+    return lines
+
+
+def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
+                       sizes=None, arxiv: bool = True) -> list[dict]:
+    """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(HEADER, flush=True)
+    modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
+    records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root)
+    if sizes is None:
+        sizes = [10_000] if quick else [100_000, 1_000_000]
+    if sizes or arxiv:
+        records += run_scale(sizes or [], arxiv=arxiv and not quick)
+    for line in tag_table(records):
+        print(line)
+    scale = [r for r in records if r["workload"].startswith(("scale-", "arxiv"))]
+    if scale:
+        print(f"{'scale point':<17}{'mode':<7}{'pre s':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}{'ns/(E*F)':>10}")
+        for r in scale:
+            if "error" in r:
+                print(f"{r['workload']:<17}{r['mode']:<7}{r['error']}")
+                continue
+            print(f"{r['workload']:<17}{r['mode']:<7}{r['wall_s']:>8.1f}{r['bytes_up'] / 1e6:>11.2f}"
+                  f"{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x{r['peak_rss_mb']:>9.0f}"
+                  f"{r['ns_per_edge_feature']:>10.1f}")
+    (out / "overhead.json").write_text(json.dumps(records, indent=1, default=str))
+    print(f"written: {out / 'overhead.json'} (load average now {_load_average()})")
+    return records
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp"])
+    ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
+    ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
+    a = ap.parse_args(argv)
+    if a.worker is not None:
+        print(json.dumps(run_worker(json.loads(a.worker)), default=str))
+        return
+    run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
+                       sizes=a.sizes, arxiv=not a.no_arxiv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+r"""Record-level DP-SGD for node-wise models: per-node gradients from Opacus, noise from the CSPRNG.
+
+Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, Alg. 1, with full batches
+(sampling rate 1).  For a model whose output on node ``v`` depends only on ``v``'s own input
+row (an MLP on ``x_v``, or GAP's head on ``[H_0, ..., H_K]_v``), a training node is one
+record.  Each local step of client ``k`` over its training nodes ``T_k``:
+
+.. math::  g = \frac{1}{|T_k|}\Big(\sum_{i \in T_k} g_i \min\big(1, C / \|g_i\|\big)
+           + N(0, z^2 C^2 I)\Big)
+
+``g_i`` the gradient of node ``i``'s loss (:class:`opacus.GradSampleModule`), ``C`` the clip
+(``--dp-clip``), ``z`` the tag's noise multiplier.  Adding or removing one training node
+changes the clipped sum by at most ``C`` (L2 sensitivity C, add/remove-one); ``|T_k|`` is
+treated as public, like Opacus' expected batch size.  The noise comes from the run's
+:class:`protocols.dp.DPEngine` (:meth:`~protocols.dp.DPEngine.local_noise`: OS-keyed
+:class:`protocols.csprng.SecureRandom`, never the run seed), which also counts the release
+in the run's one accountant: clients hold disjoint nodes, so step ``t`` of all clients is one
+Gaussian release (parallel composition), ``rounds x local_epochs`` releases in all, composed
+with the run's other releases.  The models a client uploads are post-processing of its noisy
+gradients.
+
+What it protects: a training node's features and label as a training example of this model.
+Not that node's features inside its neighbours' aggregates (only edge-level noise covers those),
+and not validation/test labels used to evaluate or select models.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from protocols import DPRequest
+
+from .engine import rng
+
+
+class DPSGD:
+    """Full-batch DP-SGD steps for one training stage (one DP tag, ``releases`` steps planned)."""
+
+    def __init__(self, engine, tag: str, clip: float, releases: int):
+        from opacus import GradSampleModule
+        self.engine, self.tag, self.clip = engine, tag, float(clip)
+        self.request = DPRequest(clip=self.clip, sensitivity=self.clip, releases=int(releases))
+        self._wrap = GradSampleModule
+        self._modules: dict[int, nn.Module] = {}
+
+    def per_sample_module(self, model: nn.Module) -> nn.Module:
+        """The model wrapped once in :class:`opacus.GradSampleModule` (shares its parameters)."""
+        if id(model) not in self._modules:
+            self._modules[id(model)] = self._wrap(model, loss_reduction="sum")
+        return self._modules[id(model)]
+
+    def clipped_sum(self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes, each clipped to C."""
+        gsm = self.per_sample_module(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad_sample = None
+            p.grad = None
+        logits = gsm(x, edge_index)
+        loss = F.cross_entropy(logits[mask], y[mask], reduction="sum")
+        with warnings.catch_warnings():     # opacus' hooks on a model whose inputs need no gradient
+            warnings.filterwarnings("ignore", message=r".*Full backward hook is firing.*")
+            loss.backward()
+        per_node = torch.cat([p.grad_sample[mask].reshape(int(mask.sum()), -1) for p in params], dim=1)
+        scale = (self.clip / per_node.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+        clipped = (per_node * scale[:, None]).sum(0)
+        out, at = [], 0
+        for p in params:
+            out.append(clipped[at:at + p.numel()].view_as(p))
+            at += p.numel()
+            p.grad_sample = None
+        return out, loss.detach() / max(1, int(mask.sum()))
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, x: torch.Tensor,
+             edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
+        """One DP-SGD step of one client (its release ``step``); returns the mean loss."""
+        grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
+        size = sum(g.numel() for g in grads)
+        noise = torch.as_tensor(self.engine.local_noise(self.tag, step, size, self.request), dtype=grads[0].dtype,
+                                device=grads[0].device)
+        n, at = max(1, int(mask.sum())), 0
+        for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
+            p.grad = (g + noise[at:at + g.numel()].view_as(g)) / n
+            at += g.numel()
+        optimizer.step()
+        return float(loss)
+
+    def local_update(self, algo, k: int) -> float:
+        """``algo.local_update(k)`` (a :class:`~secure_fgl.algorithms.base.ModelAveraging`) with
+        DP-SGD steps on client k's training nodes; step ``t`` of round ``r`` is release
+        ``r * local_epochs + t``."""
+        model, opt, c, epochs = algo.models[k], algo.optimizers[k], algo.clients[k], algo.cfg.local_epochs
+        model.train()
+        x, edge_index = algo.client_inputs(k)
+        loss = 0.0
+        for s in range(epochs):
+            opt.zero_grad()
+            with rng.using(rng.client_generator(algo.cfg.seed, algo.round, k, s)):
+                loss = self.step(model, opt, algo.round * epochs + s, x, edge_index, c.y, c.train_mask)
+        return loss

@@ -1,0 +1,56 @@
+"""The reproduction scripts' shared run loop (``examples/sweep.py``)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from secure_fgl.cli.main import build_parser, config_from_args  # noqa: E402
+from secure_fgl.config import RunConfig  # noqa: E402
+from sweep import Job, cli_command, run_sweep  # noqa: E402
+
+
+def _cfg(**kw) -> RunConfig:
+    return RunConfig(**{**dict(algorithm="fgssl", dataset="sbm", clients=3, model="gat", hidden=16, heads=1,
+                                optimizer="sgd", momentum=0.9, lr=0.05, rounds=1, local_epochs=1, seed=3,
+                                options={"lambda_c": 1.0, "lambda_d": 2.0}), **kw})
+
+
+def test_cli_command_makes_the_same_run():
+    cfg = _cfg(out="runs/somewhere")
+    argv = shlex.split(cli_command(cfg))
+    assert argv[:4] == ["python", "-m", "secure_fgl.cli.main", "run"]
+    args, extra = build_parser().parse_known_args(argv[3:])
+    again = config_from_args(args, extra)
+    for f in dataclasses.fields(RunConfig):
+        if f.name != "options":
+            assert getattr(again, f.name) == getattr(cfg, f.name), f.name
+    assert {k: float(v) for k, v in again.options.items()} == cfg.options
+
+
+def test_run_sweep_runs_once_logs_and_cleans_up(tmp_path):
+    jobs = [Job(tmp_path / "a", _cfg(), {"method": "FGSSL"}), Job(tmp_path / "b", _cfg(algorithm="fedavg", options={}))]
+    done = []
+    run_sweep(jobs, lambda job, r, s: done.append((job.dir.name, r["final"]["test_acc"])), log=tmp_path / "log.txt")
+    assert [name for name, _ in done] == ["a", "b"]
+    assert json.loads((tmp_path / "a" / "meta.json").read_text()) == {"method": "FGSSL"}
+    assert not (tmp_path / "b" / "meta.json").exists()
+    for d in ("a", "b"):
+        assert (tmp_path / d / "result.json").exists() and not (tmp_path / d / "checkpoint.pt").exists()
+    assert (tmp_path / "log.txt").read_text().splitlines() == [cli_command(j.cfg) for j in jobs]
+    run_sweep(jobs, lambda *a: done.append(a))                 # finished runs are skipped
+    assert len(done) == 2
+
+
+def test_run_sweep_skips_or_raises_a_failing_run(tmp_path):
+    bad = Job(tmp_path / "bad", _cfg(mode="no-such-mode"))
+    run_sweep([bad], lambda *a: None)                         # reported, the sweep goes on
+    assert not (bad.dir / "result.json").exists()
+    with pytest.raises(Exception, match="no-such-mode"):
+        run_sweep([bad], lambda *a: None, skip_errors=False)
