@@ -97,11 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
     sub.add_parser("report", help="privacy/utility sweep and report (secure-fgl report --help)", add_help=False)
     bench = sub.add_parser("bench", help="benchmarks (print measured ratios)", allow_abbrev=False)
-<<<<<<< HEAD
-    bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "runtime"])
-=======
-    bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "overhead"])
->>>>>>> h14a
+    bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "overhead", "runtime"])
     bench.add_argument("--cases", type=int, default=20000, help="fuzz suite: number of tampered messages")
     bench.add_argument("--out", default="runs/bench")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
@@ -219,15 +215,12 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench
             run_protocol_bench(args.out, quick=args.quick)
-<<<<<<< HEAD
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
             run_runtime_bench(args.out, quick=args.quick)
-=======
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
             run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root)
->>>>>>> h14a
         elif args.suite == "fuzz":
             from ..bench.fuzz import run_fuzz_bench
             run_fuzz_bench(args.out, cases=args.cases)
