@@ -562,7 +562,7 @@ class MaskServer(ServerHalf):
                                                    f"than the threshold t={t}")
         if len(missing) > plan.encoding["provisioned_dropouts"]:
             raise _dropout_error(where(), missing, "with distributed DP every client adds a share of the noise "
-                                 f"variance provisioned for at most {plan.encoding['provisioned_dropouts']} "
+                                 f"variance provisioned for at most {plan.encoding['provisioned_dropouts']:g} "
                                  "dropout(s), so a sum without them would be short of DP noise (--dp-dropouts)")
         if dropped_upload and not share_keys:
             raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
