@@ -94,6 +94,19 @@ class RunConfig:
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
                                               "planned for (default 100); clients refuse larger updates")
+    # runtime (docs/runtime.md)
+    executor: str = setting("inline", group="runtime", choices=("inline", "local", "ray"),
+                            help="where clients run: inline (one object plays every party), local (one runtime "
+                                 "per client, this process) or ray (Ray actors; pip install -e '.[ray]')")
+    ray_address: str | None = setting(None, group="runtime",
+                                      help="Ray cluster to join: auto or HOST:PORT (default: start a local one)")
+    ray_num_cpus: int | None = setting(None, group="runtime", min=1, unit="CPUs",
+                                       help="CPUs of the local Ray cluster (default: all)")
+    ray_workers: int | None = setting(None, group="runtime", min=1, unit="actors",
+                                      help="Ray actors hosting the clients (default: one per CPU of the cluster)")
+    round_timeout: float = setting(600.0, group="runtime", min=0, min_exclusive=True, unit="seconds",
+                                   help="how long one call to the clients may take before the silent ones "
+                                        "count as dropouts")
     # output
     out: str | None = setting(None, group="output", unit="path",
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")

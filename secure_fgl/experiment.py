@@ -83,8 +83,14 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
 
-    protocol = make_run_protocol(cfg, fed.num_clients)
-    algo = algo_cls(fed, protocol, cfg, device, options)
+    if cfg.executor == "inline":
+        protocol = make_run_protocol(cfg, fed.num_clients)
+        algo = algo_cls(fed, protocol, cfg, device, options)
+    else:                                      # one runtime per client, a server strategy (docs/runtime.md)
+        from .runtime.build import make_executor, make_runtime_protocol, make_strategy
+        executor = make_executor(cfg, str(device))
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        algo = make_strategy(cfg, fed, protocol, options, executor)
 
     transcript_state = TranscriptState(protocol.transcript)
 
@@ -118,7 +124,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         with phases("setup", f"{cfg.mode} keys and {cfg.algorithm}'s pre-training exchanges"):
             algo.setup()
         times["setup"] = time.perf_counter() - t0
-    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x), save_best=cfg.save_best_model,
+    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
+                       save_best=cfg.save_best_model and cfg.executor == "inline",   # runtimes: no server model
                        resume=resuming)
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
@@ -149,6 +156,9 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["comm"] = protocol.transcript.comm()
     # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
     result["key_fingerprints"] = protocol.identity_fingerprints()
+    if cfg.executor != "inline":
+        result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
+        algo.executor.shutdown()
     times["total"] = time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)

@@ -136,4 +136,6 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     if check_data:
         check_dataset(cfg, algo_cls)
     check_attacks(cfg)
+    from .runtime.build import check_runtime
+    check_runtime(cfg)
     return options

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 #: version of the result.json layout written by this package (policy in the module docstring)
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
 
 

@@ -62,6 +62,30 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple
     return int((logits[mask].argmax(-1) == y[mask]).sum()), total
 
 
+SPLITS = ("train", "val", "test")
+
+
+def accuracy_summary(counts: dict[int, dict[str, tuple[int, int]]]) -> dict:
+    """Accuracy per client, overall (node-weighted) and mean over clients (unweighted), from
+    client -> split -> ``(correct, total)``."""
+    per_client, sums = [], {s: [0, 0] for s in SPLITS}
+    for k in sorted(counts):
+        row = {"client": k}
+        for split in SPLITS:
+            correct, total = (int(v) for v in counts[k][split])
+            sums[split][0] += correct
+            sums[split][1] += total
+            row[f"{split}_acc"] = correct / total if total else None
+            row[f"num_{split}"] = total
+        per_client.append(row)
+    out = {f"{s}_acc": (v[0] / v[1] if v[1] else 0.0) for s, v in sums.items()}
+    for split in ("val", "test"):
+        accs = [r[f"{split}_acc"] for r in per_client if r[f"{split}_acc"] is not None]
+        out[f"{split}_acc_client_mean"] = float(np.mean(accs)) if accs else 0.0
+    out["per_client"] = per_client
+    return out
+
+
 class FederatedAlgorithm:
     """Base class.  Subclasses set ``name`` and implement the three hooks."""
 
@@ -117,23 +141,11 @@ class FederatedAlgorithm:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Accuracy per client and overall (node-weighted) and mean over clients (unweighted)."""
-        per_client, sums = [], {s: [0, 0] for s in ("train", "val", "test")}
+        counts = {}
         for k, c in enumerate(self.clients):
             logits = self.client_logits(k)
-            row = {"client": k}
-            for split in sums:
-                correct, total = accuracy(logits, c.y, getattr(c, f"{split}_mask"))
-                sums[split][0] += correct
-                sums[split][1] += total
-                row[f"{split}_acc"] = correct / total if total else None
-                row[f"num_{split}"] = total
-            per_client.append(row)
-        out = {f"{s}_acc": (v[0] / v[1] if v[1] else 0.0) for s, v in sums.items()}
-        for split in ("val", "test"):
-            accs = [r[f"{split}_acc"] for r in per_client if r[f"{split}_acc"] is not None]
-            out[f"{split}_acc_client_mean"] = float(np.mean(accs)) if accs else 0.0
-        out["per_client"] = per_client
-        return out
+            counts[k] = {split: accuracy(logits, c.y, getattr(c, f"{split}_mask")) for split in SPLITS}
+        return accuracy_summary(counts)
 
 
 class ModelAveraging(FederatedAlgorithm):

@@ -443,6 +443,18 @@ def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
     return torch.cat([c.global_ids, torch.unique(c.cross_edges[1])])
 
 
+def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None) -> ValueSpec:
+    """Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
+    type and the DP term bound ``C`` (``None`` without DP)."""
+    cap1 = o.degree_cap + 1
+    if binary and o.norm != "sym":
+        return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
+    bound = dp_clip if dp_clip is not None else (1.0 if binary else max(float(o.feature_bound), 1.0))
+    # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
+    # (owners check degree and feature bound): cap1 * bound bounds the sum too
+    return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
+
+
 def normalise(totals: torch.Tensor, degrees: torch.Tensor, norm: str) -> torch.Tensor:
     """First-layer input from received totals ``[S_v[:d], S_v[d]]`` and degrees ``d̃_v``."""
     feat = totals[:, :-1]
@@ -602,16 +614,7 @@ class FedGCN(ModelAveraging):
         the backend leaves headroom for it).  Otherwise floats: an entry sums at most
         ``degree_cap + 1`` terms, each entry bounded by ``max(feature_bound, 1)`` (1 for binary
         features), or by ``C`` under DP."""
-        cap1 = self.opts.degree_cap + 1
-        if self._integer_exchange():
-            return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
-        if self._dp_on:
-            bound = self.row_clip()
-        else:
-            bound = 1.0 if self.fed.binary_features else max(float(self.opts.feature_bound), 1.0)
-        # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
-        # (owners check degree and feature bound): cap1 * bound bounds the sum too
-        return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
+        return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None)
 
     def dp_request(self) -> DPRequest | None:
         """Sensitivity of the exchange (module docstring, "Differential privacy")."""

@@ -24,7 +24,7 @@ from ..config import ConfigError, RunConfig, load_config_file
 from ..validation import describe, did_you_mean, field_type, flag_name
 
 #: ``run --help`` sections, in order (each RunConfig field names its group)
-GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "output", "attacks")
+GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "runtime", "output", "attacks")
 #: RunConfig fields set only in config files (tables)
 CONFIG_ONLY = ("synthetic", "options")
 
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
     sub.add_parser("report", help="privacy/utility sweep and report (secure-fgl report --help)", add_help=False)
     bench = sub.add_parser("bench", help="benchmarks (print measured ratios)", allow_abbrev=False)
-    bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "overhead"])
+    bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "overhead", "runtime"])
     bench.add_argument("--cases", type=int, default=20000, help="fuzz suite: number of tampered messages")
     bench.add_argument("--out", default="runs/bench")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
@@ -215,6 +215,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench
             run_protocol_bench(args.out, quick=args.quick)
+        elif args.suite == "runtime":
+            from ..bench.runtime import run_runtime_bench
+            run_runtime_bench(args.out, quick=args.quick)
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
             run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root)

@@ -50,6 +50,16 @@ def write_json_atomic(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """``data`` to ``path`` through a 0600 temporary file and a rename (a private checkpoint)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def save_torch_atomic(path: str | Path, obj: Any, *, private: bool = True) -> None:
     """``private``: keep 0600 (checkpoints); else the umask's mode (model weights)."""
     path = Path(path)

@@ -1,0 +1,234 @@
+"""Runtime benchmark (issue 14): the same FedGCN run through the in-process engine, the
+:class:`~secure_fgl.runtime.executor.LocalExecutor` and the
+:class:`~secure_fgl.runtime.ray_executor.RayExecutor`.
+
+Workload: a synthetic SBM graph (``sbm``, binary features) partitioned over ``K`` clients
+(Dirichlet beta 10000), FedGCN 1-hop with its secure pre-training exchange (sparse layout,
+given row order), then ``rounds`` FedAvg rounds, in ``ckks`` and ``mask``.  Full settings:
+1e5 nodes, 32 features, K in (10, 100), 10 rounds, 3 repeats; ``--quick``: 2e4 nodes, 16
+features, 3 rounds, 1 repeat.
+
+Per run (``runtime_bench.json``): wall seconds and the run's own phase times; executor calls,
+messages and bytes; per-message overhead (a 1 KiB ping to every client through the executor,
+seconds per message, measured on the warm executor after the run); peak RSS of the driver; peak
+total PSS of the driver and everything it started (Ray actors, raylet, GCS: sampled every 0.5 s
+with psutil) and, for Ray, PSS/RSS of each actor at the end; the 1-minute load average before
+and after.  The table gives the median over repeats and the speed-up of each executor against
+``local`` (``local_s / executor_s``).  Ray runs on a local cluster of ``ray_cpus`` CPUs started
+once; its actors are reused between runs, so one warm-up run per client count on a 2000-node graph
+(its seconds under ``ray_warmup_s``, not in the table) pays the actors' start.  inline/local PSS is the driver's
+alone; Ray's is the driver's plus every process it started (actors, raylet, GCS).
+
+Model exchange bound: the runs plan the model exchange with ``|parameter| <= 10``
+(:data:`BENCH_PARAM_BOUND`, a public bound each client checks) instead of the library's 100:
+with 100, ckks refuses K = 100 clients (its error bound for sums up to 1e4 exceeds the float32
+tolerance of :func:`~secure_fgl.algorithms.base.model_precision`).
+
+Run: ``secure-fgl bench --suite runtime --out DIR [--quick]``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import threading
+import time
+from pathlib import Path
+
+
+def _tree_pss(root_pid: int) -> tuple[int, dict[int, int]]:
+    """PSS (bytes) of ``root_pid`` and all its descendants: total and per process."""
+    import psutil
+    per = {}
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0, per
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            per[p.pid] = int(getattr(info, "pss", info.rss))
+        except psutil.Error:
+            pass
+    return sum(per.values()), per
+
+
+class PeakPSS:
+    """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds;
+    ``peak`` is the largest total."""
+
+    def __init__(self, interval: float = 0.5, tree: bool = True):
+        self.interval, self.peak, self._stop, self.tree = interval, 0, threading.Event(), tree
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        total, per = _tree_pss(os.getpid())
+        return total if self.tree else per.get(os.getpid(), 0)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sample())
+
+
+#: public bound on |parameter| of the benchmark's model exchange (module docstring)
+BENCH_PARAM_BOUND = 10.0
+
+
+def _settings(quick: bool) -> dict:
+    if quick:
+        return {"nodes": 20_000, "features": 16, "clients": (10, 100), "rounds": 3, "repeats": 1}
+    return {"nodes": 100_000, "features": 32, "clients": (10, 100), "rounds": 10, "repeats": 3}
+
+
+def _config(executor: str, mode: str, clients: int, s: dict, ray_cpus: int):
+    from ..config import RunConfig
+    return RunConfig(algorithm="fedgcn", dataset="sbm", clients=clients, rounds=s["rounds"], mode=mode,
+                     executor=executor, ray_num_cpus=ray_cpus, save_best_model=False,
+                     synthetic={"num_nodes": s["nodes"], "num_features": s["features"]}).validate()
+
+
+def _ping_overhead(executor, clients: int, calls: int = 5) -> float:
+    """Seconds per message of a 1 KiB request/response round trip through ``executor``."""
+    from ..runtime import wire
+    frame = wire.pack({"pad": bytes(1024).hex()})
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        executor.call("ping", {k: frame for k in range(clients)})
+    return (time.perf_counter() - t0) / (calls * clients * 2)
+
+
+def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int) -> dict:
+    """One run; the executor is kept open after it for the ping and the actors' memory."""
+    from ..algorithms import base
+    from ..experiment import run_experiment
+    from ..runtime import build
+    base.PARAM_BOUND = BENCH_PARAM_BOUND
+    kept = {}
+    make = build.make_executor
+
+    def keep(cfg, device="cpu"):
+        kept["ex"] = make(cfg, device)
+        kept["ex"].shutdown, kept["close"] = (lambda: None), kept["ex"].shutdown
+        return kept["ex"]
+
+    build.make_executor = keep
+    load0 = os.getloadavg()[0]
+    try:
+        with PeakPSS(tree=executor == "ray") as pss:      # inline/local: one process (the idle Ray
+                                                             # cluster of other runs is not theirs)
+            t0 = time.perf_counter()
+            res = run_experiment(_config(executor, mode, clients, s, ray_cpus), progress=False, fed=fed)
+            wall = time.perf_counter() - t0
+    finally:
+        build.make_executor = make
+    rec = {"executor": executor, "mode": mode, "clients": clients, "wall_s": wall, "time": res["time"],
+           "test_acc": res["final"]["test_acc"], "bytes_up": res["comm"]["bytes_up"],
+           "bytes_down": res["comm"]["bytes_down"], "peak_total_pss_mb": pss.peak / 2 ** 20,
+           "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "load_avg_1m": [load0, os.getloadavg()[0]]}
+    ex = kept.get("ex")
+    if ex is not None:
+        rec["executor_stats"] = {k: v for k, v in res["runtime"]["stats"].items() if k != "per_method"}
+        rec["per_message_overhead_s"] = _ping_overhead(ex, clients)
+        if executor == "ray":
+            rec["actors"] = [{**m, "pss_mb": m["pss"] / 2 ** 20, "rss_mb": m["rss"] / 2 ** 20} for m in ex.memory()]
+        kept["close"]()
+    return rec
+
+
+def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local", "ray"), modes=("ckks", "mask"),
+                      ray_cpus: int | None = None, repeats: int | None = None) -> dict:
+    """The grid of the module docstring (``repeats`` overrides the settings' count)."""
+    from ..data import make_federated
+    s = _settings(quick)
+    if repeats is not None:
+        s["repeats"] = int(repeats)
+    ray_cpus = ray_cpus or os.cpu_count()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"settings": s, "cpus": os.cpu_count(), "ray_cpus": ray_cpus, "records": []}
+    if "ray" in executors:
+        import ray
+        t0 = time.perf_counter()
+        ray.init(address="local", num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False)
+        res["ray_init_s"] = time.perf_counter() - t0
+    try:
+        for clients in s["clients"]:
+            fed = make_federated(dataset="sbm", num_clients=clients, partition="dirichlet", beta=10000.0,
+                                 seed=0, num_nodes=s["nodes"], num_features=s["features"])
+            for mode in modes:
+                for executor in executors:
+                    warm = executor == "ray" and not any(r["executor"] == "ray" and r["clients"] == clients
+                                                         for r in res["records"])
+                    if warm:                      # start the actors on a small graph of the same K
+                        small = dict(s, nodes=2000, rounds=1)
+                        t0 = time.perf_counter()
+                        one_run(executor, mode, clients, small, make_federated(
+                            dataset="sbm", num_clients=clients, partition="dirichlet", beta=10000.0, seed=0,
+                            num_nodes=small["nodes"], num_features=s["features"]), ray_cpus)
+                        res.setdefault("ray_warmup_s", {})[str(clients)] = time.perf_counter() - t0
+                        print(f"{clients:>4} ray warm-up (actors start, 2000-node graph): "
+                              f"{res['ray_warmup_s'][str(clients)]:.1f} s", flush=True)
+                    for rep in range(s["repeats"]):
+                        rec = one_run(executor, mode, clients, s, fed, ray_cpus)
+                        rec["repeat"] = rep
+                        res["records"].append(rec)
+                        print(f"{clients:>4} {mode:<5} {executor:<7} rep {rep}: {rec['wall_s']:.1f} s, "
+                              f"peak PSS {rec['peak_total_pss_mb']:.0f} MB, load {rec['load_avg_1m'][0]:.1f}",
+                              flush=True)
+                        (out / "runtime_bench.json").write_text(json.dumps(res, indent=1, default=str))
+    finally:
+        if "ray" in executors:
+            import ray
+            ray.shutdown()
+    res["table"] = summarise(res["records"])
+    (out / "runtime_bench.json").write_text(json.dumps(res, indent=1, default=str))
+    print_table(res["table"])
+    return res
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    """Median over repeats per (clients, mode, executor), speed-up against ``local``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["clients"], r["mode"], r["executor"]), []).append(r)
+    rows = []
+    for (clients, mode, executor), rs in groups.items():
+        med = lambda key: statistics.median(key(r) for r in rs)  # noqa: E731
+        row = {"clients": clients, "mode": mode, "executor": executor, "runs": len(rs),
+               "wall_s": med(lambda r: r["wall_s"]), "setup_s": med(lambda r: r["time"].get("setup", 0.0)),
+               "train_s": med(lambda r: r["time"].get("train", 0.0)),
+               "peak_total_pss_mb": max(r["peak_total_pss_mb"] for r in rs),
+               "per_message_overhead_us": (med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6
+                                           if executor != "inline" else None),
+               "load_avg_1m": med(lambda r: r["load_avg_1m"][0])}
+        if executor == "ray":
+            row["actor_pss_mb"] = [round(a["pss_mb"]) for a in rs[-1].get("actors", [])]
+        rows.append(row)
+    for row in rows:
+        base = next((r for r in rows if r["clients"] == row["clients"] and r["mode"] == row["mode"]
+                     and r["executor"] == "local"), None)
+        row["speedup_vs_local"] = base["wall_s"] / row["wall_s"] if base else None
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'K':>4} {'mode':<5} {'executor':<8} {'runs':>4} {'wall s':>8} {'setup s':>8} {'train s':>8} "
+          f"{'x local':>8} {'msg us':>8} {'PSS MB':>8} {'load':>6}")
+    for r in rows:
+        us = f"{r['per_message_overhead_us']:.0f}" if r["per_message_overhead_us"] is not None else "-"
+        print(f"{r['clients']:>4} {r['mode']:<5} {r['executor']:<8} {r['runs']:>4} {r['wall_s']:>8.1f} "
+              f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {r['speedup_vs_local']:>8.2f} {us:>8} "
+              f"{r['peak_total_pss_mb']:>8.0f} {r['load_avg_1m']:>6.1f}")

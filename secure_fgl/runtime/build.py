@@ -1,0 +1,69 @@
+"""Build a run's client runtimes, executor and server strategy from a partitioned graph.
+
+The driver partitions the data (as :func:`secure_fgl.experiment.load_federation` does for every
+run) and hands client ``k`` one set-up frame with its own data only
+(:func:`~.client.client_frame`); from then on the strategy sees :class:`~.facts.PublicFacts`
+and what the clients send.  (A deployment where each machine loads its own partition would
+build the same frame there.)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import ConfigError
+from .client import client_frame
+from .exchange import RuntimeLink, split_backend
+from .executor import Executor, LocalExecutor
+from .facts import PublicFacts
+from .strategy import CONVERTED, ModelAveragingStrategy, Strategy
+
+
+def make_executor(cfg, device: str = "cpu") -> Executor:
+    """``--executor local`` or ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``)."""
+    if cfg.executor == "ray":
+        from .ray_executor import RayExecutor
+        return RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
+                           round_timeout=cfg.round_timeout)
+    return LocalExecutor(device)
+
+
+def check_runtime(cfg) -> None:
+    """Settings the client runtimes cannot run yet: one line naming what can."""
+    if cfg.executor == "inline":
+        return
+    if cfg.algorithm not in CONVERTED:
+        raise ConfigError(f"--executor {cfg.executor} runs {', '.join(CONVERTED)} only; --algorithm "
+                          f"{cfg.algorithm} runs with --executor inline")
+    if cfg.dp_epsilon is not None or cfg.attacks:
+        raise ConfigError(f"--executor {cfg.executor}: DP and --attacks run with --executor inline for now "
+                          "(the attack suite reads every party's state in one process)")
+
+
+def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
+    """The run's protocol; a backend split into halves gets the executor as its link
+    (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
+    from protocols import make_protocol
+    from protocols.registry import backend_class
+    from protocols.split import SplitProtocol
+
+    from ..experiment import make_run_protocol
+    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+        return make_run_protocol(cfg, num_clients)
+    from ..privacy import dp_config
+    return make_protocol(cfg.mode, num_clients, dp=dp_config(cfg), seed=cfg.seed, link=RuntimeLink(executor))
+
+
+def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
+    """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
+    facts = PublicFacts.of(fed)
+    opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
+    owner = fed.owner
+    setup = protocol.setup.to_bytes() if split_backend(protocol) else None
+    frames = {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
+                                        c.cross_edges[1].new_empty(0), cfg, facts, opts, setup)
+              for c in fed.clients}
+    executor.start(frames)
+    if cfg.algorithm == "fedgcn":
+        from .fedgcn import FedGCNStrategy
+        return FedGCNStrategy(executor, protocol, cfg, facts, opts)
+    return ModelAveragingStrategy(executor, protocol, cfg, facts, opts)

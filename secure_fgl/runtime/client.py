@@ -1,0 +1,99 @@
+"""One client's runtime: the only object that holds that client's data.
+
+A :class:`ClientRuntime` owns one client's subgraph, labels, model, optimizer and training
+randomness (:mod:`secure_fgl.engine.rng`) through its :class:`~.logic.ClientLogic`; it runs
+local training and evaluation and answers the server's requests.  Its only interface is
+:meth:`handle`: a method name and a request frame in, a response frame out
+(:mod:`.wire`), so it can live in the driver (:class:`~.executor.LocalExecutor`) or in a
+Ray actor on another machine (:class:`~.ray_executor.RayExecutor`) unchanged.  It never
+sees another client's data: the runtime is built from its own frame only.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..data.federated import ClientSubgraph
+from ..engine.checkpoint import from_plain, to_plain
+from ..engine.files import write_bytes_atomic
+from . import wire
+from .facts import PublicFacts
+
+#: ClientSubgraph fields carried in a client's set-up frame
+DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "cross_edges")
+
+
+def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
+                 options: dict, party_setup: bytes | None = None) -> bytes:
+    """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
+    cross edges (a client knows who holds the other end of its edges), the run's settings,
+    the public facts and, for a backend split into halves, its public setup bytes
+    (:class:`protocols.party.PartySetup`)."""
+    setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
+    return wire.pack({**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner,
+                      "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
+                      "options": options, **setup})
+
+
+class ClientRuntime:
+    """Client ``client_id`` of the run, built from its set-up frame (:func:`client_frame`)."""
+
+    def __init__(self, frame: bytes, device: str = "cpu"):
+        from .logic import make_logic
+        f = wire.unpack(frame)
+        self.client_id = int(f["client_id"])
+        self.device = torch.device(device)
+        self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
+                                                      for k in DATA_FIELDS})
+        self.far_owner = torch.from_numpy(f["far_owner"])
+        self.cfg = RunConfig.from_dict(f["config"])
+        self.facts = PublicFacts(**f["facts"])
+        self.logic = make_logic(self, f["options"])
+        #: this client's half of a split protocol backend: its keys are generated here
+        self.half = None
+        if "party_setup" in f:
+            from protocols.registry import backend_class
+            self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
+            self.half.provider = self.logic.table
+
+    def handle(self, method: str, request: bytes) -> bytes:
+        """Answer one request: ``local_update``, ``contribute``, ``receive``, ``evaluate``,
+        ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
+        protocol half's stage, bundles of signed messages in and out)."""
+        if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
+            return self.half.handle(method[5:], request)
+        if method == "ping":                        # transport overhead measurement (bench)
+            return request
+        req = wire.unpack(request)
+        if method == "save":
+            return wire.pack(self._save(Path(req["path"])))
+        if method == "load":
+            return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
+                   "receive": self.logic.receive, "evaluate": self.logic.evaluate}.get(method)
+        if handler is None:
+            raise ValueError(f"client runtime has no method {method!r}")
+        return wire.pack(handler(req) or {})
+
+    # -- checkpoints: written where the client runs (weights-only plain data)
+    def _save(self, path: Path) -> dict:
+        buf = io.BytesIO()
+        torch.save(to_plain(self.logic.state_dict()), buf)
+        data = buf.getvalue()
+        write_bytes_atomic(path, data)
+        return {"sha256": hashlib.sha256(data).hexdigest()}
+
+    def _load(self, path: Path, sha256: str) -> dict:
+        if not path.exists():
+            raise FileNotFoundError(f"client {self.client_id}: checkpoint {path} is missing on this machine; "
+                                    "--resume needs each client's file where that client now runs")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
+            raise ValueError(f"client {self.client_id}: {path} is not the file the driver's checkpoint names "
+                             "(digest differs)")
+        self.logic.load_state_dict(from_plain(torch.load(path, weights_only=True, map_location=self.device)))
+        return {}

@@ -1,0 +1,111 @@
+"""Protocol exchanges run by client halves inside the client runtimes (backends split into
+halves, :mod:`protocols.party`).
+
+With a split backend the strategy never holds a contribution: each client runtime builds its
+backend's :class:`~protocols.party.ClientHalf` from the run's public setup bytes (its keys are
+generated there), keeps its own contribution, and the server half drives the stages over
+:class:`RuntimeLink` -- the executor -- so only signed message bundles cross.  Steps of one
+exchange:
+
+1. ``contribute`` (split): the client computes its contribution and keeps it, answering only
+   public facts (the vector length; for a row sum the block ids it asks for, :func:`request_blocks`);
+2. the strategy plans the exchange from public facts (:func:`plan_dense`, :func:`plan_rows`:
+   the blocking of :meth:`protocols.base.Protocol._sum_vectors` / :meth:`~protocols.base.Protocol.row_sum`)
+   and runs the server half over the link;
+3. ``receive``: each recipient reads its half's decoded result (:func:`dense_result`,
+   :func:`rows_result`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from protocols import BlockTable, ExchangeContext
+from protocols.baseline import row_sum_bytes, vector_sum_bytes
+from protocols.link import ClientLink
+
+
+class RuntimeLink(ClientLink):
+    """The executor as the protocol's transport: stage ``s`` for client ``k`` is the runtime
+    method ``half:s``; a client that did not answer is missing from the result (a dropout)."""
+
+    def __init__(self, executor, on_lost: Callable[[dict, str], None] = lambda lost, method: None):
+        self.executor, self.on_lost = executor, on_lost
+
+    def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        responses, lost = self.executor.call(f"half:{stage}", requests)
+        self.on_lost(lost, f"half:{stage}")
+        return responses
+
+
+def split_backend(protocol) -> bool:
+    """The protocol's client halves live in the runtimes: a split backend built with
+    :class:`RuntimeLink` (:func:`~.build.make_runtime_protocol`)."""
+    return isinstance(getattr(protocol, "link", None), RuntimeLink)
+
+
+# ---------------------------------------------------------------- client side
+def dense_table(plan, vector: np.ndarray) -> BlockTable:
+    return plan.dense_table(vector)
+
+
+def rows_table(plan, ids: np.ndarray, rows: np.ndarray) -> BlockTable:
+    """A row contribution as the plan's blocks (``rpb = block_len / width`` rows each)."""
+    dim = rows.shape[1]
+    rpb = plan.block_len // dim
+    if plan.layout == "dense":
+        values = np.zeros((plan.num_blocks * rpb, dim))
+        values[ids] = rows
+        return BlockTable(np.arange(plan.num_blocks), values.reshape(plan.num_blocks, plan.block_len))
+    bids = np.unique(ids // rpb)
+    values = np.zeros((bids.size, rpb, dim))
+    values[np.searchsorted(bids, ids // rpb), ids % rpb] = rows
+    return BlockTable(bids, values.reshape(bids.size, plan.block_len))
+
+
+def request_blocks(request_rows: np.ndarray, rpb: int, num_blocks: int, layout: str) -> np.ndarray:
+    return np.arange(num_blocks) if layout == "dense" else np.unique(request_rows // rpb)
+
+
+def dense_result(blocks: dict[int, np.ndarray], length: int) -> np.ndarray:
+    return np.concatenate([blocks[b] for b in sorted(blocks)])[:length]
+
+
+def rows_result(blocks: dict[int, np.ndarray], request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarray:
+    """The totals of the requested rows, in request order, from the decoded blocks."""
+    bids = np.unique(request_rows // rpb)
+    stacked = np.stack([blocks[int(b)] for b in bids]).reshape(bids.size * rpb, dim)
+    return stacked[np.searchsorted(bids, request_rows // rpb) * rpb + request_rows % rpb]
+
+
+# ---------------------------------------------------------------- server side
+def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: int, spec) -> ExchangeContext:
+    """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``)."""
+    cap = max(1, protocol.block_capacity(spec))
+    num_blocks = max(1, -(-length // cap))
+    block_len = min(cap, length) if num_blocks == 1 else cap
+    return ExchangeContext(tag, rnd, spec, {k: None for k in contributors},
+                           {r: np.arange(num_blocks) for r in recipients}, num_blocks, block_len, "dense",
+                           float32_bytes=vector_sum_bytes(len(contributors), length, len(recipients)))
+
+
+def plan_rows(protocol, tag: str, rnd: int, rows_up: dict[int, int], requests: dict[int, np.ndarray],
+              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec) -> ExchangeContext:
+    """The public context of a row sum (blocking of :meth:`protocols.base.Protocol.row_sum`)."""
+    rpb = protocol.rows_per_block(spec, dim, num_rows, layout)
+    num_blocks = -(-num_rows // rpb)
+    up, down = row_sum_bytes(rows_up, rows_down, dim, num_rows, layout)
+    return ExchangeContext(tag, rnd, spec, {k: None for k in rows_up}, requests, num_blocks, rpb * dim, layout,
+                           float32_bytes=(sum(up.values()), sum(down.values())))
+
+
+def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
+    """Run one exchange's server half over the protocol's link; returns the clients whose
+    contributions the result covers (also kept as ``protocol.last_included``)."""
+    protocol._begin_exchange(ctx.tag, ctx.round)
+    protocol._ensure_registered(ctx.round)
+    included = protocol.server.run(protocol.plan_exchange(ctx), protocol.link)
+    protocol.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
+    protocol.last_included = tuple(included)
+    return included

@@ -1,0 +1,326 @@
+"""FedGCN (Yao et al., NeurIPS 2023) as a client logic and a server strategy.
+
+The pre-training exchange of :mod:`secure_fgl.algorithms.fedgcn`, with every party apart:
+
+1. ``--row-order signature|owner`` only: each client publishes the histogram of its own nodes'
+   touch sets, ``h[S, k]`` = #own nodes ``v`` with ``S(v) = S`` (tag ``fedgcn/row_order``,
+   client -> server, recorded).  The server numbers the rows from ``h`` and the public rows per
+   block alone (:func:`layout_from_histogram`: the order and block cuts of
+   :func:`~secure_fgl.algorithms.fedgcn.exchange_numbering` /
+   :func:`~secure_fgl.algorithms.fedgcn.recipient_numbering`) and sends each owner the row ids of
+   its classes (server -> client); the owner numbers its own nodes of a class in its private
+   order (global id), then tells each other client ``j`` of ``S(v)`` the row id of ``v``
+   (tag ``fedgcn/row_ids``, client -> client relayed by the driver, recorded; not
+   channel-encrypted in this runtime: the relay reads the id pairs).
+2. Each client checks its own degrees (and feature bound) against the public caps and sends its
+   partial neighbour sums ``P^{(k)}`` and the rows it requests; the server runs the protocol's
+   ``row_sum`` (tag ``fedgcn/neighbour_sums``) and each client receives the totals of its rows,
+   checks the degrees of its own nodes, normalises and builds its propagation graph.
+3. Training is FedAvg (:class:`~.strategy.ModelAveragingStrategy`) on those inputs.
+
+A lost client stops the pre-training (its rows would be missing): DropoutError naming it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from protocols import SERVER, BoundError, client_party
+from protocols.baseline import row_sum_bytes
+
+from ..algorithms.fedgcn import (TAG, FedGCNNet, PropGraph, _inverse_gray, _local_positions, center_by_own_mean,
+                                 exchange_spec, local_degrees, neighbour_terms, normalise, partial_neighbour_sums,
+                                 propagation_graph, requested_rows, segment_blocks)
+from ..algorithms.options import FedGCNOptions
+from .exchange import plan_rows, request_blocks, rows_result, run_split
+from .logic import ModelAveragingLogic
+from .strategy import ModelAveragingStrategy
+
+ORDER_TAG = "fedgcn/row_order"
+IDS_TAG = "fedgcn/row_ids"
+
+
+def own_signatures(c, far_owner: torch.Tensor) -> np.ndarray:
+    """``S(v)`` (int64 bitmask) of every own node: the owner's bit plus the owner of the far end
+    of each cross edge at ``v`` (:func:`~secure_fgl.algorithms.fedgcn.touch_signatures`, one owner)."""
+    masks = np.full(c.num_nodes, np.int64(1) << c.client_id, dtype=np.int64)
+    if c.cross_edges.numel():
+        pos = _local_positions(c.global_ids, c.cross_edges[0]).cpu().numpy()
+        np.bitwise_or.at(masks, pos, np.left_shift(np.int64(1), far_owner.cpu().numpy().astype(np.int64)))
+    return masks
+
+
+def layout_from_histogram(classes: list[tuple[int, int, int]], rpb: int, row_order: str, hops: int,
+                          num_nodes: int) -> tuple[dict[tuple[int, int], np.ndarray], int]:
+    """Row ids of every class ``(mask S, owner k, count)`` and the exchange's number of rows.
+
+    ``signature``: classes in reflected-Gray order of ``S``, then owner; the sequence cut into
+    blocks by :func:`segment_blocks` (a single block: the given numbering's row count).
+    ``owner``: grouped by recipients (owner at 1 hop, ``S`` at 2 hops), each group starting a
+    new block, Gray order of ``S`` then owner inside a group."""
+    masks = np.array([m for m, _, _ in classes], dtype=np.int64)
+    owners = np.array([k for _, k, _ in classes], dtype=np.int64)
+    counts = np.array([n for _, _, n in classes], dtype=np.int64)
+    gray = _inverse_gray(masks)
+    if row_order == "signature":
+        order = np.lexsort((owners, gray))
+        seq = np.repeat(masks[order], counts[order])
+        pos = segment_blocks(seq, rpb) if rpb < num_nodes else np.arange(seq.size, dtype=np.int64)
+        num_rows = int(pos.max()) + 1 if pos.size else 0
+    else:
+        group = owners if hops <= 1 else masks
+        order = np.lexsort((owners, gray, group))
+        g = np.repeat(group[order], counts[order])
+        n = g.size
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if n else np.zeros(0, np.int64)
+        sizes = np.diff(np.r_[starts, n])
+        padded = -(-sizes // rpb) * rpb
+        pos = np.repeat(np.r_[0, np.cumsum(padded)[:-1]] - starts, sizes) + np.arange(n)
+        num_rows = int(padded.sum())
+    ends = np.cumsum(counts[order])
+    return {(int(masks[i]), int(owners[i])): pos[e - counts[i]:e] for i, e in zip(order, ends)}, num_rows
+
+
+class FedGCNLogic(ModelAveragingLogic):
+    """FedGCN's client: the pre-training stages (module docstring), then FedAvg's client."""
+
+    def __init__(self, runtime, options: dict):
+        self.fopts = FedGCNOptions(**options)
+        super().__init__(runtime, options)
+        c = self.data
+        self._inputs = None
+        if self.fopts.hops == 0:
+            self._inputs = (center_by_own_mean(c.x, c.num_nodes) if self.fopts.center else c.x, c.edge_index)
+        self.row_of = {}                        # global id -> exchange row id (own nodes and known remote ones)
+
+    def build_model(self):
+        if self.fopts.hops == 0:
+            return super().build_model()
+        cfg, f = self.cfg, self.facts
+        return FedGCNNet(f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout)
+
+    def inputs(self):
+        if self._inputs is None:
+            raise RuntimeError("FedGCN's pre-training exchange must run before training")
+        return self._inputs
+
+    def _rows(self, gids: torch.Tensor) -> torch.Tensor:
+        if not self.row_of:
+            return gids.cpu()
+        return torch.as_tensor([self.row_of[int(v)] for v in gids.tolist()], dtype=torch.long)
+
+    def contribute(self, req: dict) -> dict:
+        c, o, tag = self.data, self.fopts, req["tag"]
+        if tag == ORDER_TAG:                    # the histogram h[., k] of the own nodes' touch sets
+            self.signatures = own_signatures(c, self.rt.far_owner)
+            masks, counts = np.unique(self.signatures, return_counts=True)
+            return {"masks": masks, "counts": counts.astype(np.int64)}
+        if tag == IDS_TAG:                      # number own nodes; tell each toucher their row ids
+            order = np.argsort(c.global_ids.cpu().numpy(), kind="stable")
+            rows = np.empty(c.num_nodes, dtype=np.int64)
+            for m, ids in zip(req["masks"].tolist(), np.split(req["rows"], np.cumsum(req["counts"])[:-1])):
+                rows[order[self.signatures[order] == m]] = ids
+            gids = c.global_ids.cpu().numpy()
+            self.row_of = dict(zip(gids.tolist(), rows.tolist()))
+            dest, src = [], []
+            for j in range(self.facts.num_clients):
+                if j != self.rt.client_id:
+                    hit = np.flatnonzero((self.signatures >> j) & 1)
+                    dest.append(np.full(hit.size, j, dtype=np.int64))
+                    src.append(hit)
+            hit = np.concatenate(src) if src else np.zeros(0, np.int64)
+            return {"dest": np.concatenate(dest) if dest else hit, "gid": gids[hit], "row": rows[hit]}
+        if tag != TAG:
+            return super().contribute(req)
+        refusal = self._check_bounds(req)
+        if refusal:
+            return refusal
+        ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, None, binary=self.facts.binary_features,
+                                                              seed=self.cfg.seed))
+        ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
+        if not req.get("split"):
+            return {"ids": ids, "rows": rows, "request": request}
+        self.keep(tag, ids, rows)               # the half uploads it; only public facts leave here
+        self.request_rows = request
+        return {"rows_up": ids.size, "rows_down": request.size,
+                "request_blocks": request_blocks(request, int(req["rpb"]), int(req["num_blocks"]), o.layout)}
+
+    def _check_bounds(self, req: dict) -> dict | None:
+        """The owner's check of its own nodes against the public caps (before anything is sent)."""
+        c, o = self.data, self.fopts
+        if req["check_degree"]:
+            deg = local_degrees(c) - 1
+            over = deg[deg > o.degree_cap]
+            if over.numel():
+                return {"refused": "degree", "count": int(over.numel()), "largest": int(over.max())}
+        if not self.facts.binary_features:
+            m = float(c.x.abs().max()) if c.x.numel() else 0.0
+            if m > o.feature_bound:
+                return {"refused": "feature", "largest": m}
+        return None
+
+    def receive(self, req: dict) -> dict:
+        tag = req["tag"]
+        if tag == IDS_TAG:
+            self.row_of.update(zip(req["gid"].tolist(), req["row"].tolist()))
+            return {}
+        if tag != TAG:
+            return super().receive(req)
+        c, o = self.data, self.fopts
+        if "totals" in req:
+            totals = req["totals"]
+        else:                                   # this client's own decoded blocks
+            totals = rows_result(self.rt.half.result(), self.request_rows, int(req["rpb"]), self.facts.num_features + 1)
+        totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
+        own_deg = local_degrees(c)
+        counts = totals[:, -1].round()
+        if not torch.equal(counts[:c.num_nodes], own_deg):
+            raise RuntimeError(f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
+                               "local degrees -- a contribution is missing or corrupted")
+        degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
+        z = normalise(totals, degrees, o.norm).to(torch.float32)
+        self._inputs = (center_by_own_mean(z, c.num_nodes) if o.center else z, propagation_graph(c, o.hops, degrees))
+        return {}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.fopts.hops > 0 and self._inputs is not None:
+            z, g = self._inputs
+            state["inputs"] = {"z": z.cpu(), "edge_index": g.edge_index.cpu(), "edge_weight": g.edge_weight.cpu(),
+                               "num_out": g.num_out}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "inputs" in state:
+            s, dev = state["inputs"], self.rt.device
+            self._inputs = (s["z"].to(dev), PropGraph(s["edge_index"].to(dev), s["edge_weight"].to(dev),
+                                                      int(s["num_out"])))
+
+
+class FedGCNStrategy(ModelAveragingStrategy):
+    """FedGCN's server: the pre-training stages (module docstring), then FedAvg."""
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.fopts = FedGCNOptions(**options)
+        self.pretrain: dict = {}
+        self.exchange_rows = facts.num_nodes
+
+    def setup(self) -> None:
+        import time
+        o, f, K = self.fopts, self.facts, self.num_clients
+        if o.hops == 0:
+            self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0, "pretrain_plaintext_equiv_bytes_up": 0,
+                             "pretrain_plaintext_equiv_bytes_down": 0, "pretrain_time": 0.0}
+            return
+        t0 = time.perf_counter()
+        spec = exchange_spec(o, f.binary_features)
+        num_rows = f.num_nodes
+        if o.row_order != "given" and o.layout == "sparse":
+            num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
+        dim = f.num_features + 1
+        rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
+        ask = {"tag": TAG, "round": 0, "check_degree": self.protocol.mode != "plain", "split": self.split,
+               "rpb": rpb, "num_blocks": -(-num_rows // rpb)}
+        sent = self.ask("contribute", {k: ask for k in range(K)})
+        self.check_lost(range(K), f"the pre-training exchange {TAG}")
+        self._refuse(sent)
+        if self.split:                          # the clients' halves run the exchange
+            rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
+            rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
+            run_split(self.protocol, plan_rows(self.protocol, TAG, 0, rows_up,
+                                               {k: r["request_blocks"] for k, r in sent.items()}, rows_down,
+                                               num_rows, dim, o.layout, spec))
+            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb} for k in range(K)})
+        else:
+            contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
+            requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
+            rows_up = {k: int(r["ids"].size) for k, r in sent.items()}
+            rows_down = {k: int(r["request"].size) for k, r in sent.items()}
+            received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout,
+                                             spec=spec)
+            self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
+        self.check_lost(range(K), f"the delivery of {TAG}")
+        self.exchange_rows = num_rows
+        self.pretrain = self._pretrain_stats(rows_up, rows_down)
+        self.pretrain["pretrain_time"] = time.perf_counter() - t0
+
+    def _number_rows(self, rpb: int) -> int:
+        """Stage 1 of the module docstring; returns the exchange's number of rows."""
+        K = self.num_clients
+        hist = self.ask("contribute", {k: {"tag": ORDER_TAG, "round": 0} for k in range(K)},
+                        record=(ORDER_TAG, "metadata"))
+        self.check_lost(range(K), "the row numbering")
+        classes = [(int(m), k, int(n)) for k in range(K) for m, n in zip(hist[k]["masks"], hist[k]["counts"])]
+        rows, num_rows = layout_from_histogram(classes, rpb, self.fopts.row_order, self.fopts.hops,
+                                               self.facts.num_nodes)
+        mine = {k: {"tag": IDS_TAG, "round": 0, "masks": hist[k]["masks"], "counts": hist[k]["counts"],
+                    "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]])} for k in range(K)}
+        for k, r in mine.items():
+            self.record(ORDER_TAG, SERVER, client_party(k), "metadata", len(_frame(r)))
+        told = self.ask("contribute", mine)
+        self.check_lost(range(K), "the row numbering")
+        inbox: dict[int, list] = {j: [] for j in range(K)}
+        for k, r in told.items():
+            for j in range(K):
+                sel = r["dest"] == j
+                if sel.any():
+                    part = {"gid": r["gid"][sel], "row": r["row"][sel]}
+                    self.record(IDS_TAG, client_party(k), client_party(j), "metadata", len(_frame(part)),
+                                note="row ids of the owner's nodes the receiver touches (relayed)", relay=SERVER)
+                    inbox[j].append(part)
+        self.tell("receive", {j: {"tag": IDS_TAG, "round": 0,
+                                  "gid": np.concatenate([p["gid"] for p in parts] or [np.zeros(0, np.int64)]),
+                                  "row": np.concatenate([p["row"] for p in parts] or [np.zeros(0, np.int64)])}
+                              for j, parts in inbox.items()})
+        return num_rows
+
+    def _refuse(self, sent: dict) -> None:
+        """BoundError naming the worst client when an owner refused its own nodes' bounds."""
+        refused = {k: r for k, r in sent.items() if "refused" in r}
+        if not refused:
+            return
+        worst = max(refused, key=lambda k: refused[k]["largest"])
+        r, o = refused[worst], self.fopts
+        if r["refused"] == "degree":
+            n = sum(x.get("count", 0) for x in refused.values() if x["refused"] == "degree")
+            raise BoundError(f"{n} node(s) on {len(refused)} client(s) have degree above --degree-cap "
+                             f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {self.protocol.mode} sums "
+                             f"sized to it would wrap. Raise --degree-cap to at least {r['largest']} (it is a public "
+                             "bound)", tag=TAG, round=0, client=worst)
+        raise BoundError(f"a feature has |x| = {r['largest']:.4g} above --feature-bound {o.feature_bound}; raise "
+                         "--feature-bound (a public bound) or scale the features", tag=TAG, round=0, client=worst)
+
+    def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
+        """Bytes of the exchange from the transcript and its float32 baseline (as
+        :meth:`secure_fgl.algorithms.fedgcn.FedGCN._pretrain_stats`, totals only)."""
+        width, tr = self.facts.num_features + 1, self.protocol.transcript
+        f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.fopts.layout)
+        up = sum(m.nbytes for m in tr.select(tag=TAG, receiver=SERVER))
+        down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER))
+        eq_up, eq_down = sum(f32_up.values()), sum(f32_down.values())
+        return {"pretrain_bytes_up": up, "pretrain_bytes_down": down, "pretrain_plaintext_equiv_bytes_up": eq_up,
+                "pretrain_plaintext_equiv_bytes_down": eq_down, "pretrain_upload_ratio": up / eq_up if eq_up else None,
+                "pretrain_row_order": self.fopts.row_order, "pretrain_exchange_rows": self.exchange_rows,
+                "pretrain_order_bytes": sum(m.nbytes for m in tr.messages if m.tag in (ORDER_TAG, IDS_TAG))}
+
+    def final_metrics(self) -> dict:
+        tr, tag = self.protocol.transcript, f"{self.name}/model"
+        rounds = len({m.round for m in tr.messages if m.tag == tag}) or 1
+        return {**super().final_metrics(), "hops": self.fopts.hops, "norm": self.fopts.norm,
+                "layout": self.fopts.layout,
+                "model_bytes_up_per_round": sum(m.nbytes for m in tr.select(tag=tag, receiver=SERVER)) / rounds,
+                "model_bytes_down_per_round": sum(m.nbytes for m in tr.select(tag=tag, sender=SERVER)) / rounds,
+                **self.pretrain}
+
+    def server_state(self) -> dict:
+        return {"pretrain": self.pretrain, "exchange_rows": self.exchange_rows}
+
+    def load_server_state(self, state: dict) -> None:
+        self.pretrain, self.exchange_rows = state["pretrain"], state["exchange_rows"]
+
+
+def _frame(fields: dict) -> bytes:
+    from . import wire
+    return wire.pack(fields)

@@ -1,0 +1,183 @@
+"""The algorithm's client side: a small :class:`ClientLogic` per client.
+
+A logic holds what its :class:`~.client.ClientRuntime` holds (one client's data, model,
+optimizer) and answers the server strategy (:mod:`.strategy`):
+
+* ``local_update({"round"})``      -- local training; returns the loss and whether the client has
+  training nodes;
+* ``contribute({"tag", "round"})`` -- what the client contributes to exchange ``tag``;
+* ``receive({"tag", "round", ...})`` -- how the client uses the result of ``tag``;
+* ``evaluate({})``                 -- correct/total counts per split (the only evaluation data
+  that leaves the client, recorded as a message by the strategy).
+
+:class:`ModelAveragingLogic` is FedAvg's client (McMahan et al., AISTATS 2017, Algorithm 1,
+``ClientUpdate``): ``local_epochs`` full-batch steps on the local subgraph, then the update
+``w_k - w`` with weight ``n_k / n_train``; FedProx adds ``mu/2 ||w - w_global||^2`` (Li et al.,
+MLSys 2020, eq. 2); Local never exchanges.  Initialisation and per-step randomness are
+those of :class:`secure_fgl.algorithms.base.ModelAveraging` (``torch.manual_seed(seed)``
+before building the model; :func:`secure_fgl.engine.rng.client_generator` per step), so a
+run gives the same models as the in-process algorithm.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from protocols import BlockTable
+
+from ..algorithms.base import SPLITS, accuracy
+from ..engine import rng
+from ..models import build_model
+from .exchange import dense_result, dense_table, rows_table
+
+
+class ClientLogic:
+    """Base: the hooks a strategy calls (see the module docstring)."""
+
+    def __init__(self, runtime, options: dict):
+        self.rt, self.opts = runtime, options
+        self.cfg, self.facts, self.data = runtime.cfg, runtime.facts, runtime.data
+        #: tag -> the contribution kept for the protocol half (split backends)
+        self.pending: dict[str, tuple] = {}
+
+    def local_update(self, req: dict) -> dict:
+        return {}
+
+    def contribute(self, req: dict) -> dict:
+        raise ValueError(f"client {self.rt.client_id} contributes nothing to {req.get('tag')!r}")
+
+    def keep(self, tag: str, *contribution) -> None:
+        """Hold a contribution for the protocol half to ask for (:meth:`table`)."""
+        self.pending[tag] = contribution
+
+    def table(self, plan) -> BlockTable:
+        """The provider of this client's protocol half: the kept contribution as the plan's blocks."""
+        if plan.tag not in self.pending:
+            raise ValueError(f"client {self.rt.client_id} has no contribution for {plan.tag!r}")
+        kept = self.pending.pop(plan.tag)
+        return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
+
+    def receive(self, req: dict) -> dict:
+        raise ValueError(f"client {self.rt.client_id} expects no result of {req.get('tag')!r}")
+
+    def logits(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, req: dict) -> dict:
+        logits, c = self.logits(), self.data
+        return {split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class ModelAveragingLogic(ClientLogic):
+    """FedAvg / FedProx / Local on the client (module docstring)."""
+
+    def __init__(self, runtime, options: dict):
+        super().__init__(runtime, options)
+        self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "fedprox" else 0.0
+        torch.manual_seed(self.cfg.seed)
+        self.model = self.build_model().to(runtime.device)
+        self.optimizer = self.make_optimizer()
+        self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
+
+    def build_model(self) -> torch.nn.Module:
+        cfg, f = self.cfg, self.facts
+        return build_model(cfg.model, f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
+                           dropout=cfg.dropout, heads=cfg.heads)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def inputs(self):
+        """``(x, graph)`` the model trains on (FedGCN: the received sums)."""
+        return self.data.x, self.data.edge_index
+
+    def weight(self) -> float:
+        """FedAvg weight ``n_k / n_train`` (public size of the training split)."""
+        return float(self.data.train_mask.sum()) / max(1.0, float(self.facts.num_train))
+
+    def local_loss(self, logits: torch.Tensor) -> torch.Tensor:
+        c = self.data
+        loss = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
+        if self.prox_mu > 0:
+            w = parameters_to_vector(self.model.parameters())
+            loss = loss + 0.5 * self.prox_mu * (w - self.global_params).pow(2).sum()
+        return loss
+
+    def local_update(self, req: dict) -> dict:
+        if not bool(self.data.train_mask.any()):
+            return {"trained": False, "loss": 0.0}
+        rnd, k = int(req["round"]), self.rt.client_id
+        self.model.train()
+        x, graph = self.inputs()
+        loss = torch.zeros(())
+        for step in range(self.cfg.local_epochs):
+            self.optimizer.zero_grad()
+            with rng.using(rng.client_generator(self.cfg.seed, rnd, k, step)):
+                loss = self.local_loss(self.model(x, graph))
+            loss.backward()
+            self.optimizer.step()
+        return {"trained": True, "loss": float(loss.detach())}
+
+    def contribute(self, req: dict) -> dict:
+        if req["tag"] != f"{self.cfg.algorithm}/model":
+            return super().contribute(req)
+        update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
+        update = update.astype(np.float64)
+        if req.get("split"):                     # the half uploads [w v, w] (protocols.base.weighted_mean)
+            w = self.weight()
+            self.keep(req["tag"], np.concatenate([update * w, [w]]))
+            return {"length": update.size + 1}
+        return {"update": update, "weight": self.weight()}
+
+    def receive(self, req: dict) -> dict:
+        if req["tag"] != f"{self.cfg.algorithm}/model":
+            return super().receive(req)
+        if "mean_update" in req:
+            mean = req["mean_update"]
+        else:                                    # this client's own decoded result: [sum w v, sum w]
+            total = dense_result(self.rt.half.result(), int(req["length"]))
+            if not total[-1] > 0:
+                raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
+            mean = total[:-1] / total[-1]
+        mean = torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
+        self.global_params = self.global_params + mean
+        vector_to_parameters(self.global_params.clone(), self.model.parameters())
+        return {}
+
+    @torch.no_grad()
+    def logits(self) -> torch.Tensor:
+        self.model.eval()
+        return self.model(*self.inputs())
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "global_params": self.global_params.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_params = state["global_params"].to(self.rt.device)
+
+
+def make_logic(runtime, options: dict) -> ClientLogic:
+    """The client logic of the run's algorithm (:data:`.strategy.CONVERTED`)."""
+    name = runtime.cfg.algorithm
+    if name in ("fedavg", "fedprox", "local"):
+        return ModelAveragingLogic(runtime, options)
+    if name == "fedgcn":
+        from .fedgcn import FedGCNLogic
+        return FedGCNLogic(runtime, options)
+    raise ValueError(f"algorithm {name!r} has no client logic for the runtime")

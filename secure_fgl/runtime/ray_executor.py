@@ -1,0 +1,167 @@
+"""Client runtimes on Ray actors (``--executor ray``; ``pip install -e ".[ray]"``).
+
+Clients are grouped onto ``--ray-workers`` actors (default: one per CPU of the cluster), client
+``k`` on actor ``k * W // K``: each Ray worker process costs ~300 MB just by importing torch, so
+100 clients must not mean 100 processes.  Clients sharing an actor share a process (fine for
+simulation, one trust domain anyway) and a dead actor drops all of its clients.
+
+Only bytes cross: the driver hands an actor ``{client: request frame}`` and gets ``{client:
+response frame}`` back (:mod:`.wire`); a client's runtime is built inside its actor from its
+set-up frame and its state never leaves it except as its own checkpoint file.  (Ray pickles the
+dict of bytes objects that carries the frames: its framing, not counted.)
+
+A call waits at most ``--round-timeout`` seconds.  An actor that died (``RayActorError``, or
+Ray's memory monitor killed its worker: ``OutOfMemoryError``) or did not answer in time (it is
+then killed) loses its clients: they come back as lost and the
+strategy makes them protocol dropouts (:mod:`.strategy`).  An error raised by client code is
+re-raised in the driver, not treated as a dropout.
+
+One Ray cluster is one trust domain: its members can run code in each other's workers and Ray
+pickles task arguments (docs/runtime.md).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Mapping
+
+from ..config import ConfigError
+from .executor import Executor
+
+
+def _import_ray():
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise ConfigError("--executor ray needs Ray: pip install -e '.[ray]' (or use --executor local)") from None
+    return ray
+
+
+class ClientHost:
+    """The Ray actor: hosts a group of client runtimes and forwards frames to them."""
+
+    def __init__(self, device: str = "cpu"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        self.device = device
+        self.runtimes = {}
+
+    def start(self, frames: dict[int, bytes]) -> list[int]:
+        from .client import ClientRuntime
+        self.runtimes = {}
+        for k, frame in frames.items():
+            self.runtimes[k] = ClientRuntime(frame, self.device)
+        return sorted(self.runtimes)
+
+    def call(self, method: str, requests: dict[int, bytes]) -> dict[int, bytes]:
+        return {k: self.runtimes[k].handle(method, req) for k, req in requests.items()}
+
+    def memory(self) -> dict:
+        """This process's id, resident and proportional set size (bytes)."""
+        import psutil
+        info = psutil.Process().memory_full_info()
+        return {"pid": os.getpid(), "rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss)),
+                "clients": len(self.runtimes)}
+
+
+#: idle ClientHost actors of this driver, reused by the next run on the same cluster (an actor costs
+#: seconds to start: a fresh process importing torch); a dead one is dropped
+_IDLE_HOSTS: list = []
+
+
+class RayExecutor(Executor):
+    """Client runtimes on ``workers`` Ray actors (module docstring)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, workers: int | None = None,
+                 round_timeout: float = 600.0, device: str = "cpu"):
+        super().__init__()
+        ray = self.ray = _import_ray()
+        self.started_cluster = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+                self.started_cluster = True
+        self.cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers_wanted = int(workers) if workers else self.cpus
+        self.round_timeout, self.device, self.address = float(round_timeout), device, address
+        self.actors: list = []
+        self.placement: dict[int, int] = {}          # client -> actor index
+        self.dead: dict[int, str] = {}               # actor index -> why
+
+    def start(self, frames: Mapping[int, bytes]) -> None:
+        ray, K = self.ray, len(frames)
+        W = max(1, min(self.workers_wanted, K))
+        cpu = min(1.0, self.cpus / W)
+        reused = [_IDLE_HOSTS.pop() for _ in range(min(W, len(_IDLE_HOSTS)))]
+        host = ray.remote(num_cpus=cpu, max_restarts=0)(ClientHost)
+        self.actors = reused + [host.remote(self.device) for _ in range(W - len(reused))]
+        clients = sorted(frames)
+        self.placement = {k: i * W // K for i, k in enumerate(clients)}
+        refs = [a.start.remote({k: frames[k] for k in clients if self.placement[k] == j})
+                for j, a in enumerate(self.actors)]
+        ray.get(refs, timeout=self.round_timeout)
+
+    def _call(self, method, requests):
+        ray = self.ray
+        lost = {k: self.dead[self.placement[k]] for k in requests if self.placement[k] in self.dead}
+        groups: dict[int, dict[int, bytes]] = {}
+        for k, req in requests.items():
+            if k not in lost:
+                groups.setdefault(self.placement[k], {})[k] = req
+        refs = {self.actors[j].call.remote(method, sub): j for j, sub in groups.items()}
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=self.round_timeout) if refs else ([], [])
+        responses: dict[int, bytes] = {}
+        for ref in pending:
+            j = refs[ref]
+            ray.kill(self.actors[j], no_restart=True)
+            self._lose(j, f"actor {j} gave no answer within --round-timeout {self.round_timeout:g} s", groups, lost)
+        for ref in ready:
+            j = refs[ref]
+            try:
+                responses.update(ray.get(ref))
+            except ray.exceptions.RayTaskError as e:   # client code raised: an error, not a dropout
+                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
+            except ray.exceptions.RayError as e:       # the actor died (crash, kill, Ray's OOM killer)
+                self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
+        return responses, lost
+
+    def _lose(self, j: int, why: str, groups: dict, lost: dict) -> None:
+        self.dead[j] = why
+        lost.update({k: why for k in groups.get(j, {})})
+
+    def kill_actor_of(self, client: int) -> None:
+        """Kill the actor hosting ``client`` (and its other clients): a crash, for tests.  Returns
+        once Ray reports it dead (``ray.kill`` is asynchronous)."""
+        actor = self.actors[self.placement[client]]
+        self.ray.kill(actor, no_restart=True)
+        try:
+            while True:
+                self.ray.get(actor.memory.remote(), timeout=self.round_timeout)
+                time.sleep(0.05)
+        except self.ray.exceptions.RayActorError:
+            pass
+
+    def memory(self) -> list[dict]:
+        """Memory of each live actor process (:meth:`ClientHost.memory`)."""
+        live = [a for j, a in enumerate(self.actors) if j not in self.dead]
+        return self.ray.get([a.memory.remote() for a in live], timeout=self.round_timeout)
+
+    def describe(self) -> dict:
+        return {"executor": self.name, "workers": len(self.actors), "cluster_cpus": self.cpus,
+                "address": self.address or "local", "ray_version": self.ray.__version__,
+                "dead_actors": {str(j): why for j, why in self.dead.items()}}
+
+    def shutdown(self) -> None:
+        """Kill the actors and the cluster this executor started; on a cluster it joined, keep
+        the live actors (emptied by the next run's ``start``) for reuse."""
+        for j, a in enumerate(self.actors):
+            if self.started_cluster or j in self.dead:
+                self.ray.kill(a, no_restart=True)
+            else:
+                _IDLE_HOSTS.append(a)
+        self.actors = []
+        if self.started_cluster:
+            self.ray.shutdown()

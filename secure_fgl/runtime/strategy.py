@@ -1,0 +1,216 @@
+"""The algorithm's server side: a :class:`Strategy` drives the clients through an executor.
+
+A strategy holds the protocol's server side, the run's public facts and the round state; it
+addresses client runtimes only through :meth:`Executor.call <.executor.Executor.call>` and
+sees only what comes back.  It is what :func:`secure_fgl.engine.trainer.train` drives
+(``setup``, ``train_round``, ``evaluate``, ``state_dict``), in place of an in-process
+:class:`~secure_fgl.algorithms.base.FederatedAlgorithm`.
+
+Evaluation: every client reports ``(correct, total)`` per split; each report is a message
+in the transcript (tag ``eval/counts``, client -> server, its frame's length in bytes), so
+``comm`` counts it.
+
+Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
+client halves inside the runtimes (:mod:`.exchange`); any other backend object (ckks-mp) still
+encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
+
+Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
+clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
+client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
+dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
+naming it) and one lost before it is not a contributor.  On the driver-side path a lost
+contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
+backends raise DropoutError naming it.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from protocols import SERVER, DropoutError, client_party
+from protocols.transcript import Message
+
+from ..algorithms.base import accuracy_summary, model_precision
+from . import wire
+from .exchange import plan_dense, run_split, split_backend
+
+#: algorithms with a client logic and a strategy (the others run in-process only)
+CONVERTED = ("fedavg", "fedprox", "local", "fedgcn")
+EVAL_TAG = "eval/counts"
+
+
+class Strategy:
+    """Base: the round loop's interface over an executor (module docstring)."""
+
+    name = "base"
+    personalized = False
+
+    def __init__(self, executor, protocol, cfg, facts, options: dict):
+        self.executor, self.protocol, self.cfg, self.facts, self.opts = executor, protocol, cfg, facts, options
+        self.name = cfg.algorithm
+        self.round = 0
+        #: client -> why it was lost (its runtime died or timed out); never asked again
+        self.lost: dict[int, str] = {}
+        #: the backend runs in client halves inside the runtimes (:mod:`.exchange`)
+        self.split = split_backend(protocol)
+        if self.split:
+            protocol.link.on_lost = self.lose
+
+    @property
+    def num_clients(self) -> int:
+        return self.facts.num_clients
+
+    def alive(self, clients: Iterable[int] | None = None) -> list[int]:
+        clients = range(self.num_clients) if clients is None else clients
+        return [k for k in clients if k not in self.lost]
+
+    # ------------------------------------------------------------------ messaging
+    def ask(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None,
+            ) -> dict[int, dict]:
+        """Send each client its request; returns the unpacked responses of those that answered
+        (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
+        transcript as a client -> server message of its frame's length."""
+        frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
+        tags = {r.get("tag") for r in requests.values()} - {None}
+        responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
+        self.lose(lost, method)
+        if record is not None:
+            for k, frame in responses.items():
+                self.record(record[0], client_party(k), SERVER, record[1], len(frame))
+        return {k: wire.unpack(v) for k, v in responses.items()}
+
+    def lose(self, lost: dict[int, str], method: str) -> None:
+        """Record clients that did not answer ``method`` (a warning names them)."""
+        if lost:
+            self.lost.update(lost)
+            warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
+                          + "; ".join(sorted(set(lost.values()))), RuntimeWarning, stacklevel=3)
+
+    def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
+        """Like :meth:`ask` for requests whose answer is empty; ``record`` records the requests
+        (server -> client) instead."""
+        if record is not None:
+            for k, r in requests.items():
+                if k not in self.lost:
+                    self.record(record[0], SERVER, client_party(k), record[1], len(wire.pack(r)))
+        self.ask(method, requests)
+
+    def record(self, tag: str, sender: str, receiver: str, kind: str, nbytes: int, note: str = "",
+               relay: str = "") -> None:
+        self.protocol.transcript.record(Message(self.round, tag, sender, receiver, kind, (nbytes,), nbytes,
+                                                self.protocol.mode, "", note=note, relay=relay))
+
+    def check_lost(self, clients: Iterable[int], what: str) -> None:
+        """DropoutError naming the lost ones among ``clients`` (an exchange that cannot lose any)."""
+        gone = sorted(k for k in clients if k in self.lost)
+        if gone:
+            raise DropoutError(f"client(s) {gone} were lost ({'; '.join(sorted({self.lost[k] for k in gone}))}) "
+                               f"before {what}; nothing was aggregated. Restart them and run again with --resume",
+                               round=self.round)
+
+    # ------------------------------------------------------------------ round loop
+    def setup(self) -> None:
+        """One-off exchanges before training (default: none)."""
+
+    def train_round(self, rnd: int) -> dict:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        """The node-weighted and per-client accuracies of :meth:`FederatedAlgorithm.evaluate
+        <secure_fgl.algorithms.base.FederatedAlgorithm.evaluate>`, from the clients' counts."""
+        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        return accuracy_summary(counts)
+
+    def final_metrics(self) -> dict:
+        return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _client_file(self, k: int) -> str:
+        return str(Path(self.cfg.out) / "clients" / f"client{k}.pt")
+
+    def state_dict(self) -> dict:
+        """Each client writes its own checkpoint where it runs; the driver keeps their digests."""
+        saved = self.ask("save", {k: {"path": self._client_file(k)} for k in self.alive()})
+        return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "server": self.server_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        digests = {int(k): v for k, v in state["clients"].items()}
+        missing = sorted(set(range(self.num_clients)) - set(digests))
+        if missing:
+            raise DropoutError(f"the checkpoint has no state for client(s) {missing} (lost before it was written); "
+                               "start a new run", round=self.round)
+        self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
+        self.check_lost(range(self.num_clients), "the resume")
+        self.load_server_state(state["server"])
+
+    def server_state(self) -> dict:
+        return {}
+
+    def load_server_state(self, state: dict) -> None:
+        pass
+
+
+class ModelAveragingStrategy(Strategy):
+    """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
+    deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
+    (``aggregate_models`` false) only trains.  Client sampling is
+    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.aggregate_models = cfg.algorithm != "local"
+        self.personalized = cfg.algorithm == "local"
+
+    def sample_clients(self, rnd: int) -> list[int]:
+        K = self.num_clients
+        if self.cfg.client_fraction >= 1:
+            return list(range(K))
+        m = max(1, int(round(self.cfg.client_fraction * K)))
+        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
+
+    def train_round(self, rnd: int) -> dict:
+        self.round = rnd
+        sampled = self.sample_clients(rnd)
+        done = self.ask("local_update", {k: {"round": rnd} for k in sampled})
+        losses = [r["loss"] for r in done.values() if r["trained"]]
+        if self.aggregate_models:
+            contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
+            self.aggregate(rnd, contributors)
+        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
+
+    def aggregate(self, rnd: int, contributors: list[int]) -> None:
+        tag = f"{self.name}/model"
+        spec = model_precision(len(contributors), self.num_clients).spec()
+        if self.split:                                   # the clients' halves run the exchange
+            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
+            if not sent:
+                raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+            length = int(next(iter(sent.values()))["length"])
+            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), self.alive(), length, spec))
+            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in self.alive()})
+            return
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
+        updates = {k: r["update"] for k, r in sent.items()}
+        weights = {k: float(r["weight"]) for k, r in sent.items()}
+        gone = [k for k in contributors if k not in sent]
+        if gone:
+            self._handle_dropouts(tag, gone, updates, weights)
+        if not updates:
+            raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+        mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
+
+    def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
+        """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
+        mode = self.protocol.mode
+        if mode == "plain":
+            return                                        # the survivors' mean
+        if mode != "mask":
+            self.check_lost(gone, f"the {mode} exchange {tag} (no dropout recovery in {mode})")
+        length = next(iter(updates.values())).size if updates else 0
+        for k in gone:                                    # advertised keys, never uploads
+            updates[k], weights[k] = np.zeros(length), 0.0
+        self.protocol.drop_clients(gone, stage="upload")

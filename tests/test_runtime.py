@@ -1,0 +1,190 @@
+"""Client runtimes, strategies and the in-process executor (issue 14; Ray: test_runtime_ray.py)."""
+from __future__ import annotations
+
+import gc
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from protocols import DropoutError
+from secure_fgl.config import ConfigError, RunConfig
+from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
+from secure_fgl.runtime import wire
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
+from secure_fgl.runtime.fedgcn import ORDER_TAG
+from secure_fgl.runtime.strategy import EVAL_TAG
+
+
+def small(algorithm="fedavg", mode="mask", **kw) -> RunConfig:
+    kw = {"rounds": 3, **kw}
+    return RunConfig(algorithm=algorithm, dataset="sbm", clients=3, mode=mode,
+                     synthetic={"num_nodes": 300, "num_features": 40}, **kw)
+
+
+def test_wire_round_trip_and_refuses_malformed_frames():
+    fields = {"a": np.arange(6, dtype=np.int64).reshape(2, 3), "t": torch.ones(4), "tag": "x/y", "round": 3}
+    out = wire.unpack(wire.pack(fields))
+    assert np.array_equal(out["a"], fields["a"]) and out["t"].dtype == np.float32 and out["tag"] == "x/y"
+    frame = wire.pack(fields)
+    for bad in (b"", b"pickle" + frame[6:], frame[:-3]):
+        with pytest.raises(wire.WireError):
+            wire.unpack(bad)
+    with pytest.raises(wire.WireError):
+        wire.pack({"o": np.array([object()])})
+
+
+def _reachable_tensors(root, limit=200_000) -> dict[int, torch.Tensor]:
+    """Every tensor reachable from ``root`` through object references (by storage pointer); code
+    (modules, functions, classes) is not followed: its globals are the test's, not the client's."""
+    seen, stack, found = set(), [root], {}
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type, types.ModuleType, types.FunctionType,
+                                               types.BuiltinFunctionType, types.CodeType)):
+            continue
+        seen.add(id(obj))
+        if torch.is_tensor(obj):
+            if obj.numel():
+                found[obj.untyped_storage().data_ptr()] = obj
+            continue
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+def test_a_client_runtime_holds_no_other_clients_tensors():
+    cfg = small("fedgcn", options={"row_order": "signature"}).validate()
+    fed = load_federation(cfg)
+    executor = LocalExecutor()
+    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {"row_order": "signature"}, executor)
+    strategy.setup()
+    strategy.train_round(0)
+    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    for k, rt in executor.runtimes.items():
+        assert rt.data.x.untyped_storage().data_ptr() in held[k]
+        for j in held:
+            if j != k:
+                assert not set(held[k]) & set(held[j]), f"runtime {k} shares a tensor with runtime {j}"
+        # nothing of the driver's partition (other clients' data, the global graph) is reachable
+        driver = {t.untyped_storage().data_ptr() for c in fed.clients for t in (c.x, c.y, c.edge_index)}
+        driver |= {fed.graph.x.untyped_storage().data_ptr(), fed.graph.y.untyped_storage().data_ptr()}
+        assert not set(held[k]) & driver
+        assert not any(type(o).__name__ == "FederatedGraph" for o in gc.get_referents(rt.logic))
+
+
+@pytest.mark.parametrize("algorithm,options", [("fedavg", {}), ("fedprox", {}), ("local", {}),
+                                               ("fedgcn", {"row_order": "signature", "hops": 2})])
+def test_local_executor_matches_the_in_process_algorithm(algorithm, options):
+    """Same models (exact, mask), same protocol bytes; the runtime adds only its recorded messages."""
+    runs = {ex: run_experiment(small(algorithm, executor=ex, options=dict(options)), progress=False)
+            for ex in ("inline", "local")}
+    a, b = runs["inline"], runs["local"]
+    assert [r["train_loss"] for r in a["rounds"]] == [r["train_loss"] for r in b["rounds"]]
+    assert a["final"]["test_acc"] == b["final"]["test_acc"]
+    extra = {EVAL_TAG, ORDER_TAG, "fedgcn/row_ids"}
+    assert {t: v for t, v in a["comm"]["per_tag"].items() if t not in extra} == \
+           {t: v for t, v in b["comm"]["per_tag"].items() if t not in extra}
+    stats = b["runtime"]["stats"]["per_method"]
+    assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"]
+    if algorithm == "fedgcn":
+        assert b["comm"]["per_tag"][ORDER_TAG]["bytes_up"] == stats[f"contribute:{ORDER_TAG}"]["bytes_from_clients"]
+
+
+class FlakyExecutor(LocalExecutor):
+    """Client ``victim``'s runtime stops answering at the ``nth`` call of ``method`` (and after)."""
+
+    def __init__(self, victim: int, method: str = "contribute", nth: int = 2):
+        super().__init__()
+        self.victim, self.method, self.nth, self.seen = victim, method, nth, 0
+
+    def _call(self, method, requests):
+        self.seen += method == self.method
+        if self.seen >= self.nth and self.victim in requests:
+            rest = {k: v for k, v in requests.items() if k != self.victim}
+            return super()._call(method, rest)[0], {self.victim: "test: process gone"}
+        return super()._call(method, requests)
+
+
+def _run_with(cfg, executor, halves_in_runtimes=False):
+    cfg.validate()
+    fed = load_federation(cfg)
+    protocol = (make_runtime_protocol(cfg, fed.num_clients, executor) if halves_in_runtimes
+                else make_run_protocol(cfg, fed.num_clients))
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    strategy.setup()
+    return strategy, protocol, [strategy.train_round(r) for r in range(cfg.rounds)]
+
+
+def test_lost_client_mask_recovers_the_survivors_mean_ckks_names_it():
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost"):
+        strategy, protocol, rows = _run_with(small(mode="mask"), FlakyExecutor(victim=1))
+    assert rows[-1]["clients_lost"] == 1 and protocol.last_included == (0, 2)
+    assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
+    with pytest.warns(RuntimeWarning), pytest.raises(DropoutError, match=r"client\(s\) \[1\].*ckks"):
+        _run_with(small(mode="ckks"), FlakyExecutor(victim=1))
+
+
+def test_client_lost_inside_the_mask_exchange_of_its_runtime_half_is_recovered():
+    """The mask halves run in the runtimes; client 1 answers the key stages, then vanishes before its
+    masked upload of round 1: the server half recovers the survivors' sum from the Shamir shares."""
+    executor = FlakyExecutor(victim=1, method="half:masked_upload", nth=2)
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload"):
+        strategy, protocol, rows = _run_with(small(mode="mask"), executor, halves_in_runtimes=True)
+    assert strategy.split and protocol.clients == {}
+    assert rows[1]["clients_lost"] == 1 and protocol.last_included == (0, 2)
+
+
+def test_resume_continues_each_client_from_its_own_checkpoint(tmp_path):
+    full = run_experiment(small(executor="local", rounds=4, out=str(tmp_path / "a")), progress=False)
+    run_experiment(small(executor="local", rounds=2, out=str(tmp_path / "b")), progress=False)
+    assert (tmp_path / "b" / "clients" / "client2.pt").exists()
+    resumed = run_experiment(small(executor="local", rounds=4, out=str(tmp_path / "b"), resume=True), progress=False)
+    assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
+
+
+def test_unconverted_algorithms_refuse_the_runtime_in_one_line():
+    with pytest.raises(ConfigError, match="runs fedavg, fedprox, local, fedgcn only; --algorithm fedomd"):
+        run_experiment(small("fedomd", executor="local"), progress=False)
+    with pytest.raises(ConfigError, match="DP and --attacks"):
+        run_experiment(small(executor="local", dp_epsilon=1.0), progress=False)
+
+
+class Recording:
+    """Executor mix-in: keeps every frame handed to and returned from the runtimes' protocol halves."""
+
+    def _call(self, method, requests):
+        responses, lost = super()._call(method, requests)
+        if method.startswith("half:"):
+            self.frames = getattr(self, "frames", []) + list(requests.values()) + list(responses.values())
+        return responses, lost
+
+
+class RecordingExecutor(Recording, LocalExecutor):
+    pass
+
+
+def protocol_bytes_crossing(frames) -> int:
+    """Bytes of the signed messages inside the bundles (bundle framing excluded)."""
+    from protocols.framing import unpack_bundle
+    return sum(len(m) for f in frames for m in unpack_bundle(f))
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedgcn"])
+def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(algorithm):
+    """plain runs as client/server halves: the driver holds no client half, and the transcript's
+    protocol bytes are exactly the messages handed to / returned from the runtimes."""
+    cfg = small(algorithm, mode="plain", executor="local").validate()
+    fed = load_federation(cfg)
+    executor = RecordingExecutor()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    assert strategy.split and protocol.clients == {}
+    assert all(rt.half is not None for rt in executor.runtimes.values())
+    strategy.setup()
+    for r in range(2):
+        strategy.train_round(r)
+    recorded = sum(m.nbytes for m in protocol.transcript.messages
+                   if m.tag not in (EVAL_TAG, ORDER_TAG, "fedgcn/row_ids"))
+    assert recorded == protocol_bytes_crossing(executor.frames) > 0
