@@ -28,6 +28,7 @@ import numpy as np
 from torch_geometric.utils import degree
 
 from secure_fgl.config import RunConfig
+from sweep import read_runs
 from secure_fgl.experiment import load_federation, run_experiment
 
 METHODS = {"Centralized": ("centralized", None), "0-hop": ("fedgcn", 0), "1-hop": ("fedgcn", 1),
@@ -128,11 +129,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.jsonl"
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            done[run_key(r["dataset"], r["method"], r["mode"], r["seed"], r["rounds"], r["row_order"])] = r
+    done = read_runs(path, lambda r: run_key(r["dataset"], r["method"], r["mode"], r["seed"], r["rounds"],
+                                             r["row_order"]))
     if not args.table_only:
         run_grid(args, path, done)
     text = table(list(done.values()))

@@ -36,6 +36,7 @@ import torch
 
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
+from sweep import read_runs
 
 MODES = ("plain", "ckks", "mask")
 
@@ -112,11 +113,7 @@ def run_all(args) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.jsonl"
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            done[key(r["experiment"], r["seed"], r["mode"], r["rounds"])] = r
+    done = read_runs(path, lambda r: key(r["experiment"], r["seed"], r["mode"], r["rounds"]))
     feds = {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     for name, seed, cfg in plan(args):

@@ -36,6 +36,13 @@ class Job:
     meta: dict | None = field(default=None)
 
 
+def read_runs(path: Path, key: Callable[[dict], Hashable]) -> dict:
+    """The records of a ``runs.jsonl`` file (one JSON object a line) by ``key(record)``; {} if absent."""
+    if not path.exists():
+        return {}
+    return {key(r): r for r in map(json.loads, path.read_text().splitlines())}
+
+
 def cli_command(cfg: RunConfig) -> str:
     """The ``secure_fgl.cli.main run`` line that makes the same run (settings that differ from
     the defaults, then the algorithm options)."""
