@@ -28,6 +28,8 @@ step $SFGL run --algorithm fedavg --dataset cora --clients 10 --mode mask --out 
 step $SFGL run --preset fedgcn-table2 --dataset citeseer --mode ckks "${SHORT[@]}" --out runs/preset
 step $SFGL run --algorithm fedgcn --hops 2 --mode mask --dp-epsilon 4 --dataset citeseer "${SHORT[@]}" --out runs/dp
 step $SFGL run --config run.toml --quiet --out runs/config
+step $SFGL run --executor local --mode mask "${SHORT[@]}" --out runs/local
+step $SFGL run --executor ray --ray-num-cpus 2 --ray-workers 2 --mode ckks "${SHORT[@]}" --out runs/ray
 step $SFGL run --out runs/main --resume --rounds 3 --quiet
 step $SFGL run --attacks all "${SHORT[@]}" --out runs/attacks
 TAIL=2 step $SFGL run --help
