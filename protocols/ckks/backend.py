@@ -389,7 +389,12 @@ class CKKSServer(ServerHalf):
                 msg = msg.without_payload()
         if self._streaming is not None and msg.tag == self.plan.tag and msg.kind == "ciphertext" \
                 and msg.relay != SERVER:
-            self._streaming.setdefault((msg.sender, msg.receiver), []).append(msg)
+            sent = self._streaming.setdefault((msg.sender, msg.receiver), [])
+            sent.append(msg)
+            if len(sent) > 1 or msg.nbytes > self.keep_payload_bytes:
+                # recorded without payloads (_record_streamed): drop the ciphertexts now, not when the
+                # exchange ends (a 1e6-node pre-training held ~1 GB of them)
+                sent[:] = [m.without_payload() for m in sent]
             return
         super().record(msg)
 
