@@ -61,7 +61,9 @@ CRR_MAX_TRIES = 64
 
 
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:
-    """The rounding randomness of one client in one exchange, from the run seed (public)."""
+    """The rounding randomness of one client in one exchange, from the run seed (public), so runs
+    reproduce.  It protects nothing: DP noise is drawn from the CSPRNG and added before rounding,
+    so rounding is post-processing of the private release (:mod:`protocols.csprng`)."""
     return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(tag.encode()), int(rnd),
                                                          int(client)]))
 
