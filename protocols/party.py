@@ -191,13 +191,16 @@ class ClientHalf(Party):
         return Message(p.round if round is None else round, tag or p.tag, self.name, receiver, kind,
                        tuple(int(s) for s in shape), 0, self.mode, fingerprint, payload, note)
 
-    def contribution(self) -> BlockTable:
-        """Ask the provider for this exchange's contribution and check it against the plan."""
+    def contribution(self, dense: bool = True) -> BlockTable:
+        """Ask the provider for this exchange's contribution and check it against the plan.
+        ``dense=False`` keeps a lazily built table (:class:`protocols.row_blocks.BlockRows`) lazy, for
+        halves that read it chunk by chunk (ckks) instead of holding every block at once."""
         if self.provider is None:
             raise ProtocolError("this client half has no provider of contributions", **self.where())
         table = self.provider(self.plan)
         self.plan.check_table(table, self.id)
-        return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), np.asarray(table.values))
+        values = np.asarray(table.values) if dense else table.values
+        return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), values)
 
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
         self._result = (self.plan.exchange, blocks)

@@ -317,7 +317,7 @@ class CKKSClient(ClientHalf):
     def _checked_table(self, ep: EncodingPlan):
         """The contribution, checked against the public plan before anything is encrypted."""
         p = self.plan
-        table = self.contribution()
+        table = self.contribution(dense=False)      # lazy rows stay lazy: _upload reads them chunk by chunk
         ids, vals = check_block_table(p, self.id, table, self.setup.num_clients)
         lo, hi, offset = per_client_limits(p.spec, p.dp_noise_std, self.setup.num_clients)
         bad = find_violation(vals, lo, hi, p.spec.integer)
