@@ -15,7 +15,8 @@ from .client import client_frame
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import PublicFacts
-from .strategy import CONVERTED, ModelAveragingStrategy, Strategy
+from .registry import converted, strategy_class
+from .strategy import Strategy
 
 
 def make_executor(cfg, device: str = "cpu") -> Executor:
@@ -31,8 +32,8 @@ def check_runtime(cfg) -> None:
     """Settings the client runtimes cannot run yet: one line naming what can."""
     if cfg.executor == "inline":
         return
-    if cfg.algorithm not in CONVERTED:
-        raise ConfigError(f"--executor {cfg.executor} runs {', '.join(CONVERTED)} only; --algorithm "
+    if cfg.algorithm not in converted():
+        raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
                           f"{cfg.algorithm} runs with --executor inline")
     if cfg.dp_epsilon is not None or cfg.attacks:
         raise ConfigError(f"--executor {cfg.executor}: DP and --attacks run with --executor inline for now "
@@ -63,7 +64,4 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
                                         c.cross_edges[1].new_empty(0), cfg, facts, opts, setup)
               for c in fed.clients}
     executor.start(frames)
-    if cfg.algorithm == "fedgcn":
-        from .fedgcn import FedGCNStrategy
-        return FedGCNStrategy(executor, protocol, cfg, facts, opts)
-    return ModelAveragingStrategy(executor, protocol, cfg, facts, opts)
+    return strategy_class(cfg.algorithm)(executor, protocol, cfg, facts, opts)

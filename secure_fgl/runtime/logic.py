@@ -173,11 +173,6 @@ class ModelAveragingLogic(ClientLogic):
 
 
 def make_logic(runtime, options: dict) -> ClientLogic:
-    """The client logic of the run's algorithm (:data:`.strategy.CONVERTED`)."""
-    name = runtime.cfg.algorithm
-    if name in ("fedavg", "fedprox", "local"):
-        return ModelAveragingLogic(runtime, options)
-    if name == "fedgcn":
-        from .fedgcn import FedGCNLogic
-        return FedGCNLogic(runtime, options)
-    raise ValueError(f"algorithm {name!r} has no client logic for the runtime")
+    """The client logic of the run's algorithm (:mod:`.registry`)."""
+    from .registry import logic_class
+    return logic_class(runtime.cfg.algorithm)(runtime, options)

@@ -37,8 +37,6 @@ from ..algorithms.base import accuracy_summary, model_precision
 from . import wire
 from .exchange import plan_dense, run_split, split_backend
 
-#: algorithms with a client logic and a strategy (the others run in-process only)
-CONVERTED = ("fedavg", "fedprox", "local", "fedgcn")
 EVAL_TAG = "eval/counts"
 
 
