@@ -143,6 +143,17 @@ def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
     assert attack["abs_corr"] < 0.1 and attack["abs_corr"] < 5 * attack["chance"]
     # positive control: with the victim's share too, the same decryption recovers the upload
     assert ckks_mp_break(p, "victim", 0, victim, [0, 1, 2, victim], vals[victim], spec)["abs_corr"] > 0.999999
+    # every other key the coalition holds (its recipient keys, the broadcast key, combined with its
+    # collective shares) decrypts the upload to noise too; what it learns is the released sum
+    plan = p.plan(spec, block_len=6000)
+    ct = encryption.from_bytes(p.ring, _upload_of(p, "victim", victim), (1, 2, plan.level, p.params.n))[0]
+    used = encoding.used_coefficients(plan, 6000)
+    truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))[:used]
+    shares = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
+    for key in (p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):     # every colluder's alike
+        for guess in (key, p.ring.add(shares, key)):
+            attack = centred_coeffs(p, encryption.decrypt(p.ring, guess, ct))[:used]
+            assert abs(corr(attack, truth)) < 5 / np.sqrt(used)
 
 
 def test_coalition_attack_in_the_runner_registry():
