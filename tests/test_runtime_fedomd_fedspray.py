@@ -15,9 +15,12 @@ from test_runtime import _reachable_tensors, small
 #: (algorithm, mode, options): every statistics shape of FedOMD once (batched two-stage, one-stage raw
 #: moments, per layer), FedSpray's encoder mean and class-wise proxy mean in each backend
 CASES = [("fedomd", "plain", {"raw_moments": True}), ("fedomd", "mask", {}),
-         ("fedomd", "ckks", {"batch_stats": False, "stats_pass": "train"})]
-#: per-round metrics each algorithm adds to the train loss
-TERMS = {"fedomd": ("ce_loss", "ortho_loss", "cmd_loss"), "fedspray": ()}
+         ("fedomd", "ckks", {"batch_stats": False, "stats_pass": "train"}),
+         ("fedspray", "plain", {"gnn_dropout": 0.5, "proxy_weighting": "count"}), ("fedspray", "mask", {}),
+         ("fedspray", "ckks", {})]
+#: per-round metrics each algorithm adds to the train loss and accuracies
+TERMS = {"fedomd": ("ce_loss", "ortho_loss", "cmd_loss"),
+         "fedspray": ("teacher_test_acc", "minority_acc", "val_minority_acc")}
 
 
 def _runs(algorithm, mode, options, **kw):
@@ -36,7 +39,8 @@ def test_local_executor_gives_the_in_process_run_and_its_bytes(algorithm, mode, 
             assert x == pytest.approx(y, abs=1e-4)
     else:
         assert seen[0] == seen[1]
-        assert a["final"]["test_acc"] == b["final"]["test_acc"]
+        assert all(a["final"][k] == b["final"][k] for k in ("test_acc", "per_client", "minority_acc")
+                   if k in a["final"])
     # the protocol's bytes per tag are the in-process run's; the runtime adds its evaluation messages
     assert {t: v for t, v in a["comm"]["per_tag"].items()} == \
            {t: v for t, v in b["comm"]["per_tag"].items() if t != EVAL_TAG}
@@ -44,7 +48,7 @@ def test_local_executor_gives_the_in_process_run_and_its_bytes(algorithm, mode, 
     assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"] > 0
 
 
-@pytest.mark.parametrize("algorithm", ["fedomd"])
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_a_runtime_holds_no_other_clients_tensors(algorithm):
     cfg = small(algorithm, "mask", rounds=1).validate()
     fed = load_federation(cfg)
@@ -61,7 +65,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm):
             assert j == k or not set(held[k]) & set(held[j]), f"runtime {k} shares a tensor with runtime {j}"
 
 
-@pytest.mark.parametrize("algorithm", ["fedomd"])
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_resume_continues_from_the_clients_checkpoints(algorithm, tmp_path):
     run = lambda out, rounds, **kw: run_experiment(small(algorithm, "plain", executor="local", rounds=rounds,  # noqa
                                                          out=str(tmp_path / out), **kw), progress=False)
@@ -69,4 +73,5 @@ def test_resume_continues_from_the_clients_checkpoints(algorithm, tmp_path):
     run("b", 2)
     resumed = run("b", 3, resume=True)
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
-    assert all(resumed["final"][k] == full["final"][k] for k in ("test_acc", "best_round", "per_client"))
+    assert all(resumed["final"][k] == full["final"][k] for k in ("test_acc", "best_round", "per_client", "minority_acc")
+               if k in full["final"])

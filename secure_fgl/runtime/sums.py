@@ -42,6 +42,18 @@ def summed(logic, req: dict) -> np.ndarray:
     return dense_result(logic.rt.half.result(), int(req["length"]))
 
 
+def mean_vector(values, weight: float) -> np.ndarray:
+    """A weighted mean's upload ``[w v, w]`` (:meth:`protocols.base.Protocol.weighted_mean`)."""
+    return np.concatenate([np.asarray(values, dtype=np.float64).ravel() * weight, [weight]])
+
+
+def mean_of(total: np.ndarray, tag: str) -> np.ndarray:
+    """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`."""
+    if not total[-1] > 0:
+        raise ValueError(f"the weights of {tag} sum to {total[-1]}; no contributor had a positive weight")
+    return total[:-1] / total[-1]
+
+
 def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
                  fields: dict | None = None) -> list[int]:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
