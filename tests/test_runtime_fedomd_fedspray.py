@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
-from secure_fgl.runtime.build import make_strategy
+from secure_fgl.runtime import wire
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
@@ -75,3 +76,35 @@ def test_resume_continues_from_the_clients_checkpoints(algorithm, tmp_path):
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
     assert all(resumed["final"][k] == full["final"][k] for k in ("test_acc", "best_round", "per_client", "minority_acc")
                if k in full["final"])
+
+
+class AnswerLog(LocalExecutor):
+    """Keeps every unpacked answer to ``contribute`` (what the server side receives outside the protocol)."""
+
+    answers: list = []
+
+    def _call(self, method, requests):
+        responses, lost = super()._call(method, requests)
+        if method == "contribute":
+            self.answers = self.answers + [wire.unpack(r) for r in responses.values()]
+        return responses, lost
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_halves(algorithm):
+    """mask: the halves (and keys) live in the runtimes; a contribution leaves its client only as masked
+    protocol messages, the strategy is answered the public vector length and nothing else."""
+    cfg = small(algorithm, "mask", executor="local", rounds=1).validate()
+    fed = load_federation(cfg)
+    executor = AnswerLog()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    strategy.setup()
+    strategy.train_round(0)
+    assert strategy.split and protocol.clients == {}
+    assert executor.answers and all(set(a) == {"length"} for a in executor.answers)
+    tags = {"fedomd": {"fedomd/stats/mean", "fedomd/stats/moments", "fedomd/model"},
+            "fedspray": {"fedspray/encoder", "fedspray/proxies"}}[algorithm]
+    uploads = [m for m in protocol.transcript.messages if m.tag in tags and m.receiver == "server" and m.kind != "control"]
+    assert {m.tag for m in uploads} == tags            # every value upload masked; the rest is key agreement
+    assert {m.kind for m in uploads} == {"masked", "public_key", "share"}

@@ -55,10 +55,10 @@ def mean_of(total: np.ndarray, tag: str) -> np.ndarray:
 
 
 def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
-                 fields: dict | None = None) -> list[int]:
+                 fields: dict | None = None) -> None:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
-    live recipient receive the total (``fields`` go with both requests).  Returns the clients whose
-    vectors the total covers; a client lost before the exchange is not one of them."""
+    live recipient receive the total (``fields`` go with both requests).  A client lost before the
+    exchange is not a contributor; one lost during it is the backend's dropout."""
     fields = dict(fields or {})
     ask = {"tag": tag, "round": rnd, "split": strategy.split, **fields}
     sent = strategy.ask("contribute", {k: ask for k in contributors})
@@ -68,11 +68,9 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
     protocol = strategy.protocol
     if strategy.split:                               # the clients' halves run the exchange
         length = int(next(iter(sent.values()))["length"])
-        included = run_split(protocol, plan_dense(protocol, tag, rnd, sorted(sent), recipients, length, spec))
+        run_split(protocol, plan_dense(protocol, tag, rnd, sorted(sent), recipients, length, spec))
         result = {"length": length}
     else:
-        total = protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
-                                      recipients=recipients)
-        included, result = sorted(sent), {"total": total}
+        result = {"total": protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
+                                                 recipients=recipients)}
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
-    return list(included)
