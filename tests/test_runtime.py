@@ -151,7 +151,7 @@ def test_unconverted_algorithms_refuse_the_runtime_in_one_line():
     if rest:
         with pytest.raises(ConfigError, match=f"runs {', '.join(converted())} only; --algorithm {rest[0]}"):
             run_experiment(small(rest[0], executor="local"), progress=False)
-    with pytest.raises(ConfigError, match="DP and --attacks"):
+    with pytest.raises(ConfigError, match="DP runs with --executor inline"):
         run_experiment(small(executor="local", dp_epsilon=1.0), progress=False)
 
 
