@@ -108,3 +108,19 @@ def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_
     uploads = [m for m in protocol.transcript.messages if m.tag in tags and m.receiver == "server" and m.kind != "control"]
     assert {m.tag for m in uploads} == tags            # every value upload masked; the rest is key agreement
     assert {m.kind for m in uploads} == {"masked", "public_key", "share"}
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_attack_suite_on_the_runtimes_gives_the_inline_numbers(algorithm):
+    """plain: the label-distribution attacks read the statistics / proxies off the transcript; the
+    posterior attacks ask each client's runtime for its deployed model's output."""
+    import warnings
+
+    from test_runtime_attacks import _entries
+    from test_runtime_attacks import small as attacked
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inline, local = (_entries(run_experiment(attacked(algorithm, "plain", ex), progress=False))
+                         for ex in ("inline", "local"))
+    assert set(inline) == set(local) and local[f"{algorithm}_label_dist"]["applicable"]
+    assert all(inline[n] == local[n] for n in inline)

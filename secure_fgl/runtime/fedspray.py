@@ -52,6 +52,8 @@ class FedSprayLogic(ClientLogic):
         self.global_encoder = parameters_to_vector(encoder.parameters()).detach().clone()
         self.part = SprayClient(self.data, runtime.client_id, o, f.num_features, f.num_classes, encoder, self.cfg.seed)
         self.proxies = first_proxies(o, f.num_classes).to(runtime.device)
+        #: the deployed model (the personalized GNN; the attack suite's posteriors and queries)
+        self.model = self.part.gnn
         self.teacher = None
         self.update = self.local_proxies = None
 
@@ -83,6 +85,9 @@ class FedSprayLogic(ClientLogic):
         else:
             return super().receive(req)
         return {}
+
+    def inputs(self):
+        return self.data.x, self.data.edge_index
 
     def logits(self) -> torch.Tensor:
         return self.part.logits()
