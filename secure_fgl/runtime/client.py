@@ -48,11 +48,16 @@ class ClientRuntime:
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
         self.device = torch.device(device)
-        self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
-                                                      for k in DATA_FIELDS})
-        self.far_owner = torch.from_numpy(f["far_owner"])
+        if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
+            from .facts import GraphFacts
+            from .graph_data import graph_client
+            self.data, self.facts = graph_client(f, self.client_id), GraphFacts(**f["facts"])
+        else:
+            self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
+                                                          for k in DATA_FIELDS})
+            self.far_owner = torch.from_numpy(f["far_owner"])
+            self.facts = PublicFacts(**f["facts"])
         self.cfg = RunConfig.from_dict(f["config"])
-        self.facts = PublicFacts(**f["facts"])
         self.logic = make_logic(self, f["options"])
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
