@@ -15,6 +15,7 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "local": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "fedgcn": ("secure_fgl.runtime.fedgcn:FedGCNLogic", "secure_fgl.runtime.fedgcn:FedGCNStrategy"),
     "fedomd": ("secure_fgl.runtime.fedomd:FedOMDLogic", "secure_fgl.runtime.fedomd:FedOMDStrategy"),
+    "fedspray": ("secure_fgl.runtime.fedspray:FedSprayLogic", "secure_fgl.runtime.fedspray:FedSprayStrategy"),
     "gc-selftrain": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
     "gc-fedavg": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
     "gc-fedprox": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
