@@ -62,7 +62,7 @@ class ClientRuntime:
             self.half.provider = self.logic.table
 
     def handle(self, method: str, request: bytes) -> bytes:
-        """Answer one request: ``local_update``, ``contribute``, ``receive``, ``evaluate``,
+        """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
         ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
         protocol half's stage, bundles of signed messages in and out)."""
         if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
@@ -75,7 +75,8 @@ class ClientRuntime:
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
         handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
-                   "receive": self.logic.receive, "evaluate": self.logic.evaluate}.get(method)
+                   "receive": self.logic.receive, "evaluate": self.logic.evaluate,
+                   "privatize": self.logic.privatize}.get(method)
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})

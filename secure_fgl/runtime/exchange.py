@@ -80,24 +80,28 @@ def rows_result(blocks: dict[int, np.ndarray], request_rows: np.ndarray, rpb: in
 
 
 # ---------------------------------------------------------------- server side
-def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: int, spec) -> ExchangeContext:
-    """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``)."""
+def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: int, spec, *,
+               dp_noise_std: float = 0.0) -> ExchangeContext:
+    """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``);
+    ``dp_noise_std``: the std of the DP noise in the sum (the encodings leave room for it)."""
     cap = max(1, protocol.block_capacity(spec))
     num_blocks = max(1, -(-length // cap))
     block_len = min(cap, length) if num_blocks == 1 else cap
     return ExchangeContext(tag, rnd, spec, {k: None for k in contributors},
                            {r: np.arange(num_blocks) for r in recipients}, num_blocks, block_len, "dense",
+                           dp_noise_std=dp_noise_std,
                            float32_bytes=vector_sum_bytes(len(contributors), length, len(recipients)))
 
 
 def plan_rows(protocol, tag: str, rnd: int, rows_up: dict[int, int], requests: dict[int, np.ndarray],
-              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec) -> ExchangeContext:
+              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec, *,
+              dp_noise_std: float = 0.0) -> ExchangeContext:
     """The public context of a row sum (blocking of :meth:`protocols.base.Protocol.row_sum`)."""
     rpb = protocol.rows_per_block(spec, dim, num_rows, layout)
     num_blocks = -(-num_rows // rpb)
     up, down = row_sum_bytes(rows_up, rows_down, dim, num_rows, layout)
     return ExchangeContext(tag, rnd, spec, {k: None for k in rows_up}, requests, num_blocks, rpb * dim, layout,
-                           float32_bytes=(sum(up.values()), sum(down.values())))
+                           dp_noise_std=dp_noise_std, float32_bytes=(sum(up.values()), sum(down.values())))
 
 
 def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:

@@ -33,8 +33,10 @@ import numpy as np
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import Message
 
-from ..algorithms.base import accuracy_summary, model_precision
+from ..algorithms.base import ModelAveraging, accuracy_summary, model_precision
+from ..config import ConfigError
 from . import wire
+from .dp import privatize_dense
 from .exchange import plan_dense, run_split, split_backend
 
 EVAL_TAG = "eval/counts"
@@ -56,6 +58,11 @@ class Strategy:
         self.split = split_backend(protocol)
         if self.split:
             protocol.link.on_lost = self.lose
+        elif protocol.dp is not None:
+            raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
+                              f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
+        #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
+        self.model_size: int | None = None
 
     @property
     def num_clients(self) -> int:
@@ -179,16 +186,30 @@ class ModelAveragingStrategy(Strategy):
             self.aggregate(rnd, contributors)
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
 
+    #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
+    model_dp_request = ModelAveraging.model_dp_request
+
     def aggregate(self, rnd: int, contributors: list[int]) -> None:
         tag = f"{self.name}/model"
-        spec = model_precision(len(contributors), self.num_clients).spec()
+        spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
         if self.split:                                   # the clients' halves run the exchange
-            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
+            dp = self.model_dp_request(tag)
+            ask = {"tag": tag, "round": rnd, "split": True}
+            if dp is not None:                           # DP-FedAvg: clipped, unweighted (protocols.dp)
+                dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
+                ask["dp_clip"] = float(dp.clip)
+            sent = self.ask("contribute", {k: ask for k in contributors})
             if not sent:
                 raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
             length = int(next(iter(sent.values()))["length"])
-            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), self.alive(), length, spec))
-            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in self.alive()})
+            self.model_size = length - (dp is None)
+            noisy, noise_std = sorted(sent), 0.0
+            if dp is not None:
+                noisy, noise_std = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
+            included = run_split(self.protocol, plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec,
+                                                           dp_noise_std=noise_std))
+            done = {"tag": tag, "round": rnd, "length": length}
+            self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
         updates = {k: r["update"] for k, r in sent.items()}
