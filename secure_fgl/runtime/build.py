@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ConfigError
-from .client import client_frame
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import PublicFacts
@@ -58,10 +57,7 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
     facts = PublicFacts.of(fed)
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
-    owner = fed.owner
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
-    frames = {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
-                                        c.cross_edges[1].new_empty(0), cfg, facts, opts, setup)
-              for c in fed.clients}
-    executor.start(frames)
-    return strategy_class(cfg.algorithm)(executor, protocol, cfg, facts, opts)
+    cls = strategy_class(cfg.algorithm)
+    executor.start(cls.client_frames(fed, cfg, facts, opts, setup))
+    return cls(executor, protocol, cfg, facts, opts)

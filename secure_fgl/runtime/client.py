@@ -29,15 +29,17 @@ DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "
 
 
 def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
-                 options: dict, party_setup: bytes | None = None) -> bytes:
+                 options: dict, party_setup: bytes | None = None, owner: torch.Tensor | None = None) -> bytes:
     """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
     cross edges (a client knows who holds the other end of its edges), the run's settings,
     the public facts and, for a backend split into halves, its public setup bytes
-    (:class:`protocols.party.PartySetup`)."""
+    (:class:`protocols.party.PartySetup`).  ``owner``: the client owning each of ``c``'s nodes,
+    for a runtime that holds several clients' nodes (the centralized reference)."""
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
+    owned = {} if owner is None else {"owner": owner}
     return wire.pack({**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner,
                       "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
-                      "options": options, **setup})
+                      "options": options, **setup, **owned})
 
 
 class ClientRuntime:
@@ -51,6 +53,8 @@ class ClientRuntime:
         self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
                                                       for k in DATA_FIELDS})
         self.far_owner = torch.from_numpy(f["far_owner"])
+        #: the client owning each node (only for a runtime holding several clients' nodes)
+        self.owner = torch.from_numpy(f["owner"]) if "owner" in f else None
         self.cfg = RunConfig.from_dict(f["config"])
         self.facts = PublicFacts(**f["facts"])
         self.logic = make_logic(self, f["options"])

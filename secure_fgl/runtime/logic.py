@@ -131,15 +131,18 @@ class ModelAveragingLogic(ClientLogic):
             return {"trained": False, "loss": 0.0}
         rnd, k = int(req["round"]), self.rt.client_id
         self.model.train()
-        x, graph = self.inputs()
         loss = torch.zeros(())
         for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
             with rng.using(rng.client_generator(self.cfg.seed, rnd, k, step)):
-                loss = self.local_loss(self.model(x, graph))
+                loss = self.step_loss(rnd, step)
             loss.backward()
             self.optimizer.step()
         return {"trained": True, "loss": float(loss.detach())}
+
+    def step_loss(self, rnd: int, step: int) -> torch.Tensor:
+        """The objective of local step ``step`` of round ``rnd`` (FedAvg: :meth:`local_loss`)."""
+        return self.local_loss(self.model(*self.inputs()))
 
     def contribute(self, req: dict) -> dict:
         if req["tag"] != f"{self.cfg.algorithm}/model":

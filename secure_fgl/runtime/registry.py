@@ -14,6 +14,9 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "fedprox": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "local": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "fedgcn": ("secure_fgl.runtime.fedgcn:FedGCNLogic", "secure_fgl.runtime.fedgcn:FedGCNStrategy"),
+    "fgssl": ("secure_fgl.runtime.fgssl:FGSSLLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
+    "centralized": ("secure_fgl.runtime.centralized:CentralizedLogic",
+                    "secure_fgl.runtime.centralized:CentralizedStrategy"),
 }
 
 

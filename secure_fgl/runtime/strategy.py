@@ -36,6 +36,7 @@ from protocols.transcript import Message
 from ..algorithms.base import ModelAveraging, accuracy_summary, model_precision
 from ..config import ConfigError
 from . import wire
+from .client import client_frame
 from .dp import privatize_dense
 from .exchange import plan_dense, run_split, split_backend
 
@@ -64,12 +65,25 @@ class Strategy:
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
+    @classmethod
+    def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
+        """The set-up frame of each runtime the strategy addresses: one per client, its own data only."""
+        owner = fed.owner
+        return {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
+                                          c.cross_edges[1].new_empty(0), cfg, facts, options, party_setup)
+                for c in fed.clients}
+
     @property
     def num_clients(self) -> int:
         return self.facts.num_clients
 
+    @property
+    def hosts(self) -> list[int]:
+        """The runtimes the strategy addresses (:meth:`client_frames`): one per client."""
+        return list(range(self.num_clients))
+
     def alive(self, clients: Iterable[int] | None = None) -> list[int]:
-        clients = range(self.num_clients) if clients is None else clients
+        clients = self.hosts if clients is None else clients
         return [k for k in clients if k not in self.lost]
 
     # ------------------------------------------------------------------ messaging
@@ -143,12 +157,12 @@ class Strategy:
 
     def load_state_dict(self, state: dict) -> None:
         digests = {int(k): v for k, v in state["clients"].items()}
-        missing = sorted(set(range(self.num_clients)) - set(digests))
+        missing = sorted(set(self.hosts) - set(digests))
         if missing:
             raise DropoutError(f"the checkpoint has no state for client(s) {missing} (lost before it was written); "
                                "start a new run", round=self.round)
         self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
-        self.check_lost(range(self.num_clients), "the resume")
+        self.check_lost(self.hosts, "the resume")
         self.load_server_state(state["server"])
 
     def server_state(self) -> dict:
