@@ -20,7 +20,7 @@ def dp_run(algorithm, mode, executor, eps, **kw):
 
 
 @pytest.mark.parametrize("algorithm,mode,extra", [("fedavg", "mask", {}), ("fedgcn", "mask", {}),
-                                                  ("fedgcn", "plain", SUMS_ONLY)])
+                                                  ("fedgcn", "plain", SUMS_ONLY), ("fedgcn-gap", "mask", {})])
 def test_runtime_spends_the_budget_and_reports_the_privacy_section_of_inline(algorithm, mode, extra):
     runs = {ex: dp_run(algorithm, mode, ex, 4.0, **extra) for ex in ("inline", "local")}
     a, b = runs["inline"]["privacy"], runs["local"]["privacy"]
@@ -52,6 +52,6 @@ def test_at_a_huge_epsilon_the_runtime_trains_as_inline(algorithm, mode, extra):
     """Noise negligible: the clipped DP pipeline on the runtimes learns what inline learns."""
     runs = [dp_run(algorithm, mode, ex, 1e6, rounds=8, **extra) for ex in ("inline", "local")]
     losses = [[r["train_loss"] for r in run["rounds"]] for run in runs]
-    assert losses[0] == pytest.approx(losses[1], abs=1e-3)
+    assert losses[0] == pytest.approx(losses[1], abs=1e-2)
     assert runs[1]["final"]["test_acc"] == pytest.approx(runs[0]["final"]["test_acc"], abs=0.05)
     assert runs[1]["final"]["test_acc"] > 0.3                 # above chance (5 classes)

@@ -75,11 +75,6 @@ class ClientNoise:
         return ids, noise_rows(self.rng, rows, dp, row_std)
 
 
-def upload_blocks(ids: np.ndarray, rpb: int, num_blocks: int, layout: str) -> np.ndarray:
-    """The blocks a row contribution uploads (all of them in the dense layout)."""
-    return np.arange(num_blocks) if layout == "dense" else np.unique(np.asarray(ids, dtype=np.int64) // rpb)
-
-
 # ---------------------------------------------------------------- server side
 def _check_lost(strategy, tag: str, rnd: int, asked, answered) -> list[int]:
     gone = sorted(set(asked) - set(answered))

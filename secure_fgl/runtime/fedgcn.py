@@ -33,8 +33,7 @@ from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gra
                                  exchange_dp_request, exchange_spec, local_degrees, neighbour_terms, normalise,
                                  partial_neighbour_sums, propagation_graph, requested_rows, segment_blocks)
 from ..algorithms.options import FedGCNOptions
-from .dp import privatize_row_sum, upload_blocks
-from .exchange import plan_rows, request_blocks, rows_result, run_split
+from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
 from .strategy import ModelAveragingStrategy
 
@@ -145,14 +144,8 @@ class FedGCNLogic(ModelAveragingLogic):
         ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
         if not req.get("split"):
             return {"ids": ids, "rows": rows, "request": request}
-        self.keep(tag, ids, rows)               # the half uploads it; only public facts leave here
         self.request_rows = request
-        rpb, num_blocks = int(req["rpb"]), int(req["num_blocks"])
-        public = {"rows_up": ids.size, "rows_down": request.size,
-                  "request_blocks": request_blocks(request, rpb, num_blocks, o.layout)}
-        if clip is not None:                    # the blocks it uploads (the server half learns them anyway)
-            public["upload_blocks"] = upload_blocks(ids, rpb, num_blocks, o.layout)
-        return public
+        return keep_rows(self, tag, ids, rows, request, req)     # the half uploads it; public facts leave here
 
     def _check_bounds(self, req: dict) -> dict | None:
         """The owner's check of its own nodes against the public caps (before anything is sent)."""
@@ -243,7 +236,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         dim = f.num_features + 1
         rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
         ask = {"tag": TAG, "round": 0, "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
-               "split": self.split, "rpb": rpb, "num_blocks": -(-num_rows // rpb),
+               "split": self.split, "rpb": rpb, "num_blocks": -(-num_rows // rpb), "layout": o.layout,
                "dp_clip": dp_row_clip(o, self.cfg) if dp else None}
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
@@ -251,15 +244,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         if self.split:                          # the clients' halves run the exchange
             rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
             rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            noise_std = 0.0
-            if dp is not None:                  # each client noises its blocks (runtime/dp.py)
-                privatize_row_sum(self, TAG, 0, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows,
-                                  o.layout, dp, spec)
-                self.check_lost(range(K), f"the noising of {TAG}")
-                noise_std = self.protocol.dp.last_std
-            run_split(self.protocol, plan_rows(self.protocol, TAG, 0, rows_up,
-                                               {k: r["request_blocks"] for k, r in sent.items()}, rows_down,
-                                               num_rows, dim, o.layout, spec, dp_noise_std=noise_std))
+            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, dp)
             self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         else:
             contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}

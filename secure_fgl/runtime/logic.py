@@ -93,6 +93,8 @@ class ModelAveragingLogic(ClientLogic):
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
         self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "fedprox" else 0.0
+        #: the tag its model is exchanged under
+        self.model_tag = f"{self.cfg.algorithm}/model"
         torch.manual_seed(self.cfg.seed)
         self.model = self.build_model().to(runtime.device)
         self.optimizer = self.make_optimizer()
@@ -145,7 +147,7 @@ class ModelAveragingLogic(ClientLogic):
         return self.local_loss(self.model(*self.inputs()))
 
     def contribute(self, req: dict) -> dict:
-        if req["tag"] != f"{self.cfg.algorithm}/model":
+        if req["tag"] != self.model_tag:
             return super().contribute(req)
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         update = update.astype(np.float64)
@@ -159,7 +161,7 @@ class ModelAveragingLogic(ClientLogic):
         return {"update": update, "weight": self.weight()}
 
     def receive(self, req: dict) -> dict:
-        if req["tag"] != f"{self.cfg.algorithm}/model":
+        if req["tag"] != self.model_tag:
             return super().receive(req)
         if "mean_update" in req:
             mean = req["mean_update"]

@@ -15,6 +15,7 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "local": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "fedgcn": ("secure_fgl.runtime.fedgcn:FedGCNLogic", "secure_fgl.runtime.fedgcn:FedGCNStrategy"),
     "fgssl": ("secure_fgl.runtime.fgssl:FGSSLLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
+    "fedgcn-gap": ("secure_fgl.runtime.gap:GAPLogic", "secure_fgl.runtime.gap:GAPStrategy"),
     "centralized": ("secure_fgl.runtime.centralized:CentralizedLogic",
                     "secure_fgl.runtime.centralized:CentralizedStrategy"),
 }

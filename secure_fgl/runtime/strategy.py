@@ -190,21 +190,23 @@ class ModelAveragingStrategy(Strategy):
         m = max(1, int(round(self.cfg.client_fraction * K)))
         return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
 
-    def train_round(self, rnd: int) -> dict:
+    def train_round(self, rnd: int, tag: str | None = None) -> dict:
+        """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
+        algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
         self.round = rnd
         sampled = self.sample_clients(rnd)
-        done = self.ask("local_update", {k: {"round": rnd} for k in sampled})
+        done = self.ask("local_update", {k: {"round": rnd, **({"model": tag} if tag else {})} for k in sampled})
         losses = [r["loss"] for r in done.values() if r["trained"]]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
-            self.aggregate(rnd, contributors)
+            self.aggregate(rnd, contributors, tag)
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
 
     #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
     model_dp_request = ModelAveraging.model_dp_request
 
-    def aggregate(self, rnd: int, contributors: list[int]) -> None:
-        tag = f"{self.name}/model"
+    def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
+        tag = tag or f"{self.name}/model"
         spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
         if self.split:                                   # the clients' halves run the exchange
             dp = self.model_dp_request(tag)
