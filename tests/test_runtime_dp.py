@@ -2,6 +2,7 @@
 its own OS-keyed keystream; the driver's one accountant composes the releases as inline does."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from protocols.csprng import SecureRandom
@@ -55,3 +56,14 @@ def test_at_a_huge_epsilon_the_runtime_trains_as_inline(algorithm, mode, extra):
     assert losses[0] == pytest.approx(losses[1], abs=1e-2)
     assert runs[1]["final"]["test_acc"] == pytest.approx(runs[0]["final"]["test_acc"], abs=0.05)
     assert runs[1]["final"]["test_acc"] > 0.3                 # above chance (5 classes)
+
+
+def test_a_client_refuses_to_upload_without_noise():
+    """A server asking for a noise-free DP release (std 0) gets a refusal, not the clipped values."""
+    from protocols import PrivacyBudgetError
+    from secure_fgl.runtime.dp import ClientNoise
+    ask = {"tag": "t", "round": 0, "clip": 1.0, "per_row": False, "integer": False}
+    with pytest.raises(PrivacyBudgetError, match="positive, finite std"):
+        ClientNoise().privatize((np.ones(4),), {**ask, "std": 0.0})
+    noisy = ClientNoise().privatize((np.ones(4),), {**ask, "std": 1e-3})[0]
+    assert np.linalg.norm(noisy) == pytest.approx(1.0, abs=0.01)          # clipped to 1 on the client, then noised

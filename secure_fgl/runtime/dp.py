@@ -30,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from protocols import DPRequest, DropoutError, Protocol
+from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
 from protocols.csprng import SecureRandom
 from protocols.dp import noise_rows, noise_vector
 
@@ -41,8 +41,7 @@ def request_fields(req: DPRequest) -> dict:
 
 
 def request_of(fields: dict) -> DPRequest:
-    return DPRequest(clip=float(fields["clip"]), per_row=bool(fields["per_row"]), integer=bool(fields["integer"]),
-                     sensitivity=1.0)
+    return DPRequest(clip=float(fields["clip"]), per_row=bool(fields["per_row"]), integer=bool(fields["integer"]))
 
 
 # ---------------------------------------------------------------- client side
@@ -60,8 +59,10 @@ class ClientNoise:
 
     def privatize(self, kept: tuple, req: dict) -> tuple:
         """``kept`` (a dense vector, or row ids and rows) clipped and noised as ``req`` says."""
-        dp = request_of(req)
-        std = req["std"]
+        dp, std = request_of(req), np.asarray(req["std"], dtype=np.float64)
+        if not (np.all(np.isfinite(std)) and np.all(std > 0)):
+            raise PrivacyBudgetError("a DP release needs noise of a positive, finite std; this client refuses to "
+                                     "upload without it", tag=req["tag"], round=int(req["round"]))
         if len(kept) == 1:
             row_len = req.get("row_len")
             return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len),)
@@ -71,7 +72,7 @@ class ClientNoise:
                                                req["layout"])
         ids, rows = ids[0], rows[0]            # every row of the blocks it uploads gets noise
         blocks = np.asarray(req["blocks"], dtype=np.int64)
-        row_std = np.asarray(std, dtype=np.float64)[np.searchsorted(blocks, ids // rpb)]
+        row_std = std[np.searchsorted(blocks, ids // rpb)]
         return ids, noise_rows(self.rng, rows, dp, row_std)
 
 
