@@ -8,6 +8,7 @@ import pytest
 from protocols import DropoutError
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
@@ -67,6 +68,25 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
+def test_gcfl_on_actors_splits_as_in_process_and_counts_its_report_frames():
+    """GCFL (plain, forced split at round 20) with the clients on actors: the same losses and
+    splits as the local executor; each reported scalar's recorded bytes are the bytes returned
+    from the actors' methods."""
+    from test_runtime_graph import build, drive, graph_cfg
+    cfg = graph_cfg("gcfl", "plain")
+    local, _ = drive(build(cfg, LocalExecutor())[0])
+    executor = RayExecutor()
+    strategy, protocol, _ = build(cfg, executor)
+    try:
+        remote, final = drive(strategy)
+    finally:
+        executor.shutdown()
+    assert [r["train_loss"] for r in remote] == [r["train_loss"] for r in local] and final["splits"]
+    stats, tags = executor.stats.per_method, protocol.transcript.comm()["per_tag"]
+    for tag in ("gcfl/update_norms", "gcfl/mean_norm", "gcfl/similarity"):
+        assert tags[tag]["bytes_up"] == stats[f"contribute:{tag}"]["bytes_from_clients"]
+
+
 class KillingRayExecutor(RayExecutor):
     """Kills the actor hosting ``victim`` just before the ``nth`` call of ``method``."""
 
@@ -118,3 +138,4 @@ def test_silent_actors_time_out_instead_of_hanging():
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
+

@@ -50,13 +50,18 @@ class ClientRuntime:
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
         self.device = torch.device(device)
-        self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
-                                                      for k in DATA_FIELDS})
-        self.far_owner = torch.from_numpy(f["far_owner"])
+        if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
+            from .facts import GraphFacts
+            from .graph_data import graph_client
+            self.data, self.facts = graph_client(f, self.client_id), GraphFacts(**f["facts"])
+        else:
+            self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
+                                                          for k in DATA_FIELDS})
+            self.far_owner = torch.from_numpy(f["far_owner"])
+            self.facts = PublicFacts(**f["facts"])
         #: the client owning each node (only for a runtime holding several clients' nodes)
         self.owner = torch.from_numpy(f["owner"]) if "owner" in f else None
         self.cfg = RunConfig.from_dict(f["config"])
-        self.facts = PublicFacts(**f["facts"])
         self.logic = make_logic(self, f["options"])
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
@@ -67,8 +72,8 @@ class ClientRuntime:
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
-        ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
-        protocol half's stage, bundles of signed messages in and out)."""
+        ``save``, ``load`` or ``attack`` (a request frame in, a response frame out), or
+        ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
         if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
         if method == "ping":                        # transport overhead measurement (bench)
@@ -78,9 +83,12 @@ class ClientRuntime:
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        if method == "attack" and req["what"] == "keys":     # what it hands a coalition it joins
+            secrets = self.half.coalition_secrets() if self.half is not None else {}
+            return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
         handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
                    "receive": self.logic.receive, "evaluate": self.logic.evaluate,
-                   "privatize": self.logic.privatize}.get(method)
+                   "privatize": self.logic.privatize, "attack": self.logic.attack_state}.get(method)
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})

@@ -97,7 +97,7 @@ def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: i
                dp_noise_std: float = 0.0) -> ExchangeContext:
     """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``);
     ``dp_noise_std``: the std of the DP noise in the sum (the encodings leave room for it)."""
-    cap = max(1, protocol.block_capacity(spec))
+    cap = max(1, protocol.vector_block_capacity(spec, length))
     num_blocks = max(1, -(-length // cap))
     block_len = min(cap, length) if num_blocks == 1 else cap
     return ExchangeContext(tag, rnd, spec, {k: None for k in contributors},

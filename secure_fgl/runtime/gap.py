@@ -47,9 +47,9 @@ class GAPEncoderLogic(ModelAveragingLogic):
         self.model_tag = ENCODER_TAG
         self.no_edges = torch.empty(2, 0, dtype=torch.long, device=runtime.device)
 
-    def build_model(self) -> torch.nn.Module:
-        cfg, f = self.cfg, self.facts
-        return build_model("mlp", f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        return build_model("mlp", facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
                            dropout=cfg.dropout)
 
     def inputs(self):
@@ -68,9 +68,10 @@ class GAPLogic(ModelAveragingLogic):
         self.hops: list[torch.Tensor] = []
         self._inputs: torch.Tensor | None = None
 
-    def build_model(self) -> torch.nn.Module:
-        cfg = self.cfg
-        return build_model("mlp", (self.gopts.hops + 1) * cfg.hidden, cfg.hidden, self.facts.num_classes,
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The head: an MLP on ``[H_0, ..., H_K]``."""
+        return build_model("mlp", (GAPOptions(**options).hops + 1) * cfg.hidden, cfg.hidden, facts.num_classes,
                            num_layers=cfg.num_layers, dropout=cfg.dropout)
 
     def inputs(self):

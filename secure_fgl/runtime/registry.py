@@ -18,6 +18,12 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "fedgcn-gap": ("secure_fgl.runtime.gap:GAPLogic", "secure_fgl.runtime.gap:GAPStrategy"),
     "centralized": ("secure_fgl.runtime.centralized:CentralizedLogic",
                     "secure_fgl.runtime.centralized:CentralizedStrategy"),
+    "fedomd": ("secure_fgl.runtime.fedomd:FedOMDLogic", "secure_fgl.runtime.fedomd:FedOMDStrategy"),
+    "gc-selftrain": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gc-fedavg": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gc-fedprox": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gcfl": ("secure_fgl.runtime.gcfl:GCFLLogic", "secure_fgl.runtime.gcfl:GCFLStrategy"),
+    "gcflplus": ("secure_fgl.runtime.gcfl:GCFLLogic", "secure_fgl.runtime.gcfl:GCFLPlusStrategy"),
 }
 
 

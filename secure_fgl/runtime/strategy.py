@@ -48,6 +48,8 @@ class Strategy:
 
     name = "base"
     personalized = False
+    #: its DP exchanges clip and noise on the clients (:mod:`.dp`); otherwise DP runs are refused
+    dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options: dict):
         self.executor, self.protocol, self.cfg, self.facts, self.opts = executor, protocol, cfg, facts, options
@@ -62,6 +64,9 @@ class Strategy:
         elif protocol.dp is not None:
             raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
                               f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
+        if protocol.dp is not None and not self.dp_on_runtimes:
+            raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
+                              "yet; use --executor inline")
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
@@ -177,6 +182,8 @@ class ModelAveragingStrategy(Strategy):
     deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
     (``aggregate_models`` false) only trains.  Client sampling is
     :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+
+    dp_on_runtimes = True
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
