@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from protocols import DropoutError
-from secure_fgl.config import ConfigError, RunConfig
+from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
