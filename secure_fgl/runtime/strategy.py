@@ -11,14 +11,15 @@ in the transcript (tag ``eval/counts``, client -> server, its frame's length in 
 ``comm`` counts it.
 
 Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
-client halves inside the runtimes (:mod:`.exchange`); any other backend object (ckks-mp) still
-encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
+client halves inside the runtimes (:mod:`.exchange`); a protocol object built without the executor
+as its link encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
 
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
 dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
-naming it) and one lost before it is not a contributor.  On the driver-side path a lost
+naming it) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
+client stops the exchange, named).  On the driver-side path a lost
 contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
 backends raise DropoutError naming it.
 """
