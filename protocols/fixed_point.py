@@ -40,6 +40,13 @@ so rounding cannot push a clipped vector past the norm the sensitivity was compu
 more than that slack (:meth:`FixedPoint.conditional_quantize`; the first term holds for
 every rounding, the second fails with probability at most ``beta`` per try).
 
+Dyadic grid (:func:`to_grid`): an exchange planned with ``ValueSpec.grid_bits = f``
+(:meth:`protocols.precision.MeanPrecision.grid_spec`) is rounded by every client, in every
+mode, to the nearest multiple of ``2^-f`` -- deterministically, since the grid is what makes
+the modes agree -- and every decoded sum back to that grid.  The packed codec then carries
+such an exchange as integers of quantum ``2^-f`` (``FixedPoint(integer=True, grid_bits=f)``):
+exact, like every other codec on a grid.
+
 Refusals happen on the client before anything is encrypted: an entry above ``B``
 (:class:`~protocols.errors.BoundError`), a plan whose K-way headroom does not fit the
 field (:class:`~protocols.errors.PackingOverflowError`).
@@ -58,6 +65,11 @@ from .errors import PackingOverflowError
 CRR_BETA = 2.0 ** -20
 #: tries before conditional rounding gives up (each fails with probability <= CRR_BETA)
 CRR_MAX_TRIES = 64
+
+
+def to_grid(x: np.ndarray, bits: int) -> np.ndarray:
+    """``Q(x) = rint(x 2^bits) 2^-bits``: the nearest multiple of ``2^-bits`` (ties to even), float64."""
+    return np.ldexp(np.rint(np.ldexp(np.asarray(x, dtype=np.float64), int(bits))), -int(bits))
 
 
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:

@@ -33,7 +33,7 @@ import numpy as np
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import Message
 
-from ..algorithms.base import accuracy_summary, model_precision
+from ..algorithms.base import accuracy_summary, model_spec
 from . import wire
 from .exchange import plan_dense, run_split, split_backend
 
@@ -157,6 +157,9 @@ class ModelAveragingStrategy(Strategy):
     (``aggregate_models`` false) only trains.  Client sampling is
     :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
 
+    #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
+    grid_model_mean = False
+
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
         self.aggregate_models = cfg.algorithm != "local"
@@ -181,7 +184,7 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int]) -> None:
         tag = f"{self.name}/model"
-        spec = model_precision(len(contributors), self.num_clients).spec()
+        spec = model_spec(len(contributors), self.num_clients, grid=self.grid_model_mean)
         if self.split:                                   # the clients' halves run the exchange
             sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
             if not sent:
