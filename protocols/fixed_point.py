@@ -97,28 +97,32 @@ class FixedPoint:
     width: int
     fields: int
     integer: bool = False     # integer values: quantum 1, no rounding, exact sums
+    grid_bits: int = 0        # with integer: values on the grid 2^-grid_bits (quantum 2^-grid_bits, exact sums)
 
     def __post_init__(self):
         if self.width * self.fields > 52:
             raise ValueError("a packed carrier must stay below 2^52 to pass through float64 exactly")
         if self.integer:
-            if self.sum_bound > (1 << (self.width - 1)) - 1:
-                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold integer sums up to "
-                                           f"{self.sum_bound:g}. Fix: use wider fields")
+            if self.sum_bound * 2.0 ** self.grid_bits > (1 << (self.width - 1)) - 1:
+                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold sums up to "
+                                           f"{self.sum_bound:g} on the grid 2^-{self.grid_bits}. Fix: use wider fields")
         elif self.levels < 1:
             raise PackingOverflowError(
                 f"{self.width}-bit fields leave no room for a {self.num_clients}-way sum (2^{self.width - 1} - 1 "
                 f"must exceed K = {self.num_clients}). Fix: use wider fields (fewer per slot)")
 
     @classmethod
-    def integers(cls, entry_bound: float, sum_bound: int, num_clients: int, capacity_bits: int) -> "FixedPoint":
-        """Integer entries with ``|sum| <= sum_bound``: the narrowest signed fields that hold the
-        sum, as many as fit ``capacity_bits`` (packed exactly, no rounding)."""
-        width = int(sum_bound).bit_length() + 1
+    def integers(cls, entry_bound: float, sum_bound: float, num_clients: int, capacity_bits: int,
+                 grid_bits: int = 0) -> "FixedPoint":
+        """Integer entries (or multiples of ``2^-grid_bits``, :func:`to_grid`) with ``|sum| <= sum_bound``:
+        the narrowest signed fields that hold the sum, as many as fit ``capacity_bits`` (exact, no rounding)."""
+        width = int(math.ceil(sum_bound * 2.0 ** grid_bits)).bit_length() + 1
         if width > capacity_bits:
-            raise PackingOverflowError(f"integer sums up to {sum_bound} need {width}-bit signed fields, above the "
-                                       f"{capacity_bits} exact bits of a slot component. Fix: lower the public bound")
-        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True)
+            raise PackingOverflowError(f"sums up to {sum_bound:g} on the grid 2^-{grid_bits} need {width}-bit signed "
+                                       f"fields, above the {capacity_bits} exact bits of a slot component. Fix: lower "
+                                       "the public bound (or coarsen the grid: a larger tolerance)")
+        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True,
+                   int(grid_bits))
 
     @classmethod
     def plan(cls, entry_bound: float, num_clients: int, width: int, fields: int, *,
@@ -137,8 +141,8 @@ class FixedPoint:
 
     @property
     def quantum(self) -> float:
-        """``Delta = S / (2^(b-1) - 1 - K)`` (1 for integers)."""
-        return 1.0 if self.integer else self.sum_bound / self.levels
+        """``Delta = S / (2^(b-1) - 1 - K)`` (``2^-grid_bits`` for integers and grid values)."""
+        return 2.0 ** -self.grid_bits if self.integer else self.sum_bound / self.levels
 
     @property
     def sum_error(self) -> float:
@@ -151,9 +155,9 @@ class FixedPoint:
     # ------------------------------------------------------------------ quantisation (client side)
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum; integers
-        are taken as they are)."""
+        and grid values are taken as they are)."""
         if self.integer:
-            return np.rint(np.asarray(x, dtype=np.float64)).astype(np.int64)
+            return np.rint(np.ldexp(np.asarray(x, dtype=np.float64), self.grid_bits)).astype(np.int64)
         y = np.asarray(x, dtype=np.float64) / self.quantum
         low = np.floor(y)
         return (low + (rng.random(y.shape) < (y - low))).astype(np.int64)
