@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PackingOverflowError
+from .errors import IntegrityError, PackingOverflowError
 
 #: failure probability per try of conditional randomized rounding (Kairouz et al.'s beta)
 CRR_BETA = 2.0 ** -20
@@ -70,6 +70,19 @@ CRR_MAX_TRIES = 64
 def to_grid(x: np.ndarray, bits: int) -> np.ndarray:
     """``Q(x) = rint(x 2^bits) 2^-bits``: the nearest multiple of ``2^-bits`` (ties to even), float64."""
     return np.ldexp(np.rint(np.ldexp(np.asarray(x, dtype=np.float64), int(bits))), -int(bits))
+
+
+def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int, np.ndarray]:
+    """A recipient's decoded blocks of a grid exchange rounded back to the grid ``2^-bits``, after
+    checking that the codec landed within its planned error ``2^-(bits+2)`` (the spec's tolerance,
+    :meth:`protocols.precision.MeanPrecision.grid_spec`); an IntegrityError refuses the sum otherwise."""
+    blocks = {b: np.asarray(v, dtype=np.float64) for b, v in blocks.items()}
+    exact = {b: to_grid(v, bits) for b, v in blocks.items()}
+    off = max((float(np.abs(v - exact[b]).max(initial=0.0)) for b, v in blocks.items()), default=0.0)
+    if not off <= 2.0 ** -(bits + 2):
+        raise IntegrityError(f"a decoded sum lies {off:.3g} off the exchange's grid 2^-{bits}, beyond the codec's "
+                             f"planned error 2^-{bits + 2}: the sum is not exact and is refused", **where)
+    return exact
 
 
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:

@@ -38,7 +38,7 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
-from .fixed_point import to_grid
+from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
 from .plan import ExchangePlan
@@ -209,16 +209,8 @@ class ClientHalf(Party):
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
         """Keep this exchange's decoded blocks; on a grid exchange rounded back to the grid, after
         checking that the codec landed within its planned quarter step (else the sum is refused)."""
-        bits = self.plan.spec.grid_bits
-        if bits is not None:
-            blocks = {b: np.asarray(v, dtype=np.float64) for b, v in blocks.items()}
-            exact = {b: to_grid(v, bits) for b, v in blocks.items()}
-            off = max((float(np.abs(v - exact[b]).max(initial=0.0)) for b, v in blocks.items()), default=0.0)
-            if not off <= 2.0 ** -(bits + 2):
-                raise IntegrityError(f"a decoded sum lies {off:.3g} off the exchange's grid 2^-{bits}, beyond the "
-                                     f"codec's planned error 2^-{bits + 2}: the sum is not exact and is refused",
-                                     **self.where())
-            blocks = exact
+        if self.plan.spec.grid_bits is not None:
+            blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         self._result = (self.plan.exchange, blocks)
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:

@@ -72,6 +72,7 @@ from ..base import ExchangeContext, Protocol, ValueSpec
 from ..ckks.params import per_client_limits
 from ..errors import (BoundError, DropoutError, IntegrityError, PackingOverflowError,
                       ShapeError)
+from ..fixed_point import grid_sums, to_grid
 from ..transcript import SERVER, Message, client_party
 from ..validate import first_out_of_range
 from . import encoding, encryption
@@ -297,7 +298,10 @@ class CKKSMPProtocol(Protocol):
                     raise DropoutError("the client's block ids are missing; nothing was aggregated", **where(k))
                 ids = np.asarray((meta.payload or {}).get("block_ids", []), dtype=np.int64)
             t = time.perf_counter()
-            data = self._clients[k].encrypt_blocks(plan, np.asarray(table.values, dtype=np.float64))
+            values = np.asarray(table.values, dtype=np.float64)
+            if ctx.spec.grid_bits is not None:                 # the client puts a grid exchange on its grid
+                values = to_grid(values, ctx.spec.grid_bits)
+            data = self._clients[k].encrypt_blocks(plan, values)
             up_s[k] = time.perf_counter() - t
             msg = self._deliver(Message(ctx.round, ctx.tag, client_party(k), SERVER, "ciphertext",
                                         (int(ids.size), ctx.block_len), len(data), self.mode, fp, data,
@@ -408,6 +412,8 @@ class CKKSMPProtocol(Protocol):
                                              tag=ctx.tag, round=ctx.round)
                     parts.append(encoding.dequantize(fields, plan))
                 blocks[int(b)] = np.concatenate(parts)
+            if ctx.spec.grid_bits is not None:                 # ... and reads the exact sum back off it
+                blocks = grid_sums(blocks, ctx.spec.grid_bits, dict(tag=ctx.tag, round=ctx.round))
             elapsed = time.perf_counter() - t
             for r in members:
                 received[r] = {b: v.copy() for b, v in blocks.items()}
