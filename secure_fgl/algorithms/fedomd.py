@@ -179,20 +179,6 @@ def stats_dp_requests(low: float, high: float, dim: int, orders: tuple[int, ...]
             DPRequest(clip=c_mom, sensitivity=scale * c_mom, releases=releases, weight_bound=w))
 
 
-def stats_precision(low: float, high: float, orders: tuple[int, ...], node_total: int, num_contributors: int,
-                    num_clients: int) -> MeanPrecision:
-    """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
-    values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)`` (features clipped to ``[a, b]``), weights
-    ``n_k <= W = N`` (``node_total``: the statistics' node set's public size), ``T_min = N`` under
-    full participation (else the expected share ``m/K`` of it), target ``STATS_MEAN_TOLERANCE``
-    on every pooled statistic.  Its ``grid_spec(m)`` is the exchanges' spec (every mode exact)."""
-    per_node = max([1.0, abs(low), abs(high)] + [(high - low) ** j for j in orders])
-    total = float(max(1, node_total))
-    share = min(1.0, num_contributors / max(1, num_clients))
-    return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
-                         tolerance=STATS_MEAN_TOLERANCE)
-
-
 def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: dict[int, np.ndarray], orders,
                                        low: float, high: float, spec,
                                        dp: tuple[DPRequest | None, DPRequest | None]):
@@ -308,9 +294,16 @@ class FedOMD(ModelAveraging):
         return int((self.fed.owner >= 0).sum())
 
     def stats_precision(self, num_contributors: int) -> MeanPrecision:
-        """:func:`stats_precision` of this run's options and node set."""
-        return stats_precision(self.opts.act_low, self.opts.act_high, self.orders, self.stats_node_total(),
-                               num_contributors, len(self.clients))
+        """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
+        values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (the node set's
+        public total), ``T_min = N`` under full participation (else the expected share ``m/K``
+        of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic."""
+        a, b = self.opts.act_low, self.opts.act_high
+        per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in self.orders])
+        total = float(max(1, self.stats_node_total()))
+        share = min(1.0, num_contributors / len(self.clients))
+        return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
+                             tolerance=STATS_MEAN_TOLERANCE)
 
     def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
         """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`: exact on its
@@ -405,4 +398,4 @@ class FedOMD(ModelAveraging):
         return out
 
 
-__all__ = ["FedOMD", "FedOMDOptions", "GlobalStats", "exchange_hidden_statistics", "stats_precision"]
+__all__ = ["FedOMD", "FedOMDOptions", "GlobalStats", "exchange_hidden_statistics"]
