@@ -63,8 +63,8 @@ class ClientRuntime:
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``receive``, ``evaluate``,
-        ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
-        protocol half's stage, bundles of signed messages in and out)."""
+        ``save``, ``load`` or ``attack`` (a request frame in, a response frame out), or
+        ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
         if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
         if method == "ping":                        # transport overhead measurement (bench)
@@ -74,8 +74,12 @@ class ClientRuntime:
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        if method == "attack" and req["what"] == "keys":     # what it hands a coalition it joins
+            secrets = self.half.coalition_secrets() if self.half is not None else {}
+            return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
         handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
-                   "receive": self.logic.receive, "evaluate": self.logic.evaluate}.get(method)
+                   "receive": self.logic.receive, "evaluate": self.logic.evaluate,
+                   "attack": self.logic.attack_state}.get(method)
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})

@@ -92,12 +92,15 @@ class FedGCNLogic(ModelAveragingLogic):
         if self.fopts.hops == 0:
             self._inputs = (center_by_own_mean(c.x, c.num_nodes) if self.fopts.center else c.x, c.edge_index)
         self.row_of = {}                        # global id -> exchange row id (own nodes and known remote ones)
+        #: with --attacks: (node id, total) of every row of the blocks this client decoded
+        self.decoded: tuple[np.ndarray, np.ndarray] | None = None
 
-    def build_model(self):
-        if self.fopts.hops == 0:
-            return super().build_model()
-        cfg, f = self.cfg, self.facts
-        return FedGCNNet(f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout)
+    @staticmethod
+    def architecture(cfg, facts, options: dict):
+        if FedGCNOptions(**options).hops == 0:
+            return ModelAveragingLogic.architecture(cfg, facts, options)
+        return FedGCNNet(facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
+                         dropout=cfg.dropout)
 
     def inputs(self):
         if self._inputs is None:
@@ -170,7 +173,10 @@ class FedGCNLogic(ModelAveragingLogic):
         if "totals" in req:
             totals = req["totals"]
         else:                                   # this client's own decoded blocks
-            totals = rows_result(self.rt.half.result(), self.request_rows, int(req["rpb"]), self.facts.num_features + 1)
+            blocks, rpb = self.rt.half.result(), int(req["rpb"])
+            totals = rows_result(blocks, self.request_rows, rpb, self.facts.num_features + 1)
+            if self.cfg.attacks:
+                self.decoded = self._block_rows(blocks, rpb)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
         counts = totals[:, -1].round()
@@ -181,6 +187,26 @@ class FedGCNLogic(ModelAveragingLogic):
         z = normalise(totals, degrees, o.norm).to(torch.float32)
         self._inputs = (center_by_own_mean(z, c.num_nodes) if o.center else z, propagation_graph(c, o.hops, degrees))
         return {}
+
+    def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row of the decoded ``blocks`` as (node id, total), float32 as the in-process
+        algorithm keeps them; a row whose node this client cannot name (another client's node
+        under ``--row-order signature|owner``) or a padding row gets node id -1."""
+        dim = self.facts.num_features + 1
+        bids = np.array(sorted(blocks), dtype=np.int64)
+        rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
+        totals = np.stack([blocks[int(b)] for b in bids]).reshape(rows.size, dim) if bids.size else np.zeros((0, dim))
+        if self.row_of:
+            node_of = {r: g for g, r in self.row_of.items()}
+            nodes = np.array([node_of.get(int(r), -1) for r in rows], dtype=np.int64)
+        else:                                   # the given order: row id = node id
+            nodes = np.where(rows < self.facts.num_nodes, rows, -1)
+        return nodes, totals.astype(np.float32)
+
+    def decoded_rows(self) -> dict:
+        if self.decoded is None:
+            return {}
+        return {"nodes": self.decoded[0], "totals": self.decoded[1]}
 
     def state_dict(self) -> dict:
         state = super().state_dict()

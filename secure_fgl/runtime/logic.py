@@ -8,7 +8,10 @@ optimizer) and answers the server strategy (:mod:`.strategy`):
 * ``contribute({"tag", "round"})`` -- what the client contributes to exchange ``tag``;
 * ``receive({"tag", "round", ...})`` -- how the client uses the result of ``tag``;
 * ``evaluate({})``                 -- correct/total counts per split (the only evaluation data
-  that leaves the client, recorded as a message by the strategy).
+  that leaves the client, recorded as a message by the strategy);
+* ``attack_state({"what"})``       -- after the run, what this client holds for an attack it
+  takes part in (:mod:`attacks.parties`): its own data, what it decoded, its deployed model's
+  parameters and answers (never another client's state; not a protocol message).
 
 :class:`ModelAveragingLogic` is FedAvg's client (McMahan et al., AISTATS 2017, Algorithm 1,
 ``ClientUpdate``): ``local_epochs`` full-batch steps on the local subgraph, then the update
@@ -76,6 +79,40 @@ class ClientLogic:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    # -- what this client holds, for the attack suite (attacks/parties.py; docs/runtime.md)
+    def attack_state(self, req: dict) -> dict:
+        """``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
+        :meth:`decoded_rows`), ``model`` (its deployed model's parameters), ``posteriors`` (that
+        model's class posteriors on its own nodes), ``inputs`` (the features that model takes),
+        ``query`` (the posteriors for features ``x`` on its own graph: an inference API)."""
+        from .client import DATA_FIELDS
+        what, c = req["what"], self.data
+        if what == "own_data":
+            return {f: getattr(c, f) for f in DATA_FIELDS}
+        if what == "received":
+            return self.decoded_rows()
+        model = getattr(self, "model", None)
+        if model is None:
+            return {}
+        if what == "model":
+            return {f"param:{n}": t for n, t in model.state_dict().items()}
+        x, graph = self.inputs()
+        if what == "inputs":
+            return {"features": x, "global_ids": c.global_ids}
+        if what == "query":
+            x = torch.as_tensor(req["x"], dtype=torch.float32, device=self.rt.device)
+        elif what != "posteriors":
+            raise ValueError(f"client {self.rt.client_id}: no attack state {what!r}")
+        with torch.no_grad():
+            model.eval()
+            out = model(x, graph)
+            out = out[0] if isinstance(out, tuple) else out
+        return {"posteriors": torch.softmax(out.float(), -1), "global_ids": c.global_ids}
+
+    def decoded_rows(self) -> dict:
+        """Node ids and totals of the rows this client decoded (FedGCN: whole blocks), or nothing."""
+        return {}
+
 
 class ModelAveragingLogic(ClientLogic):
     """FedAvg / FedProx / Local on the client (module docstring)."""
@@ -89,8 +126,12 @@ class ModelAveragingLogic(ClientLogic):
         self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
 
     def build_model(self) -> torch.nn.Module:
-        cfg, f = self.cfg, self.facts
-        return build_model(cfg.model, f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
+        return self.architecture(self.cfg, self.facts, self.opts)
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The model of the run's public architecture (randomly initialised)."""
+        return build_model(cfg.model, facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
                            dropout=cfg.dropout, heads=cfg.heads)
 
     def make_optimizer(self) -> torch.optim.Optimizer:

@@ -184,7 +184,7 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int]) -> None:
         tag = f"{self.name}/model"
-        spec = model_spec(len(contributors), self.num_clients, grid=self.grid_model_mean)
+        spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound, grid=self.grid_model_mean)
         if self.split:                                   # the clients' halves run the exchange
             sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
             if not sent:
