@@ -34,7 +34,7 @@ import numpy as np
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import Message
 
-from ..algorithms.base import ModelAveraging, accuracy_summary, model_precision
+from ..algorithms.base import ModelAveraging, accuracy_summary, model_spec
 from ..config import ConfigError
 from . import wire
 from .client import client_frame
@@ -185,6 +185,8 @@ class ModelAveragingStrategy(Strategy):
     :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
 
     dp_on_runtimes = True
+    #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
+    grid_model_mean = False
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
@@ -215,7 +217,7 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
         tag = tag or f"{self.name}/model"
-        spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
+        spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound, grid=self.grid_model_mean)
         if self.split:                                   # the clients' halves run the exchange
             dp = self.model_dp_request(tag)
             ask = {"tag": tag, "round": rnd, "split": True}
