@@ -19,6 +19,7 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "centralized": ("secure_fgl.runtime.centralized:CentralizedLogic",
                     "secure_fgl.runtime.centralized:CentralizedStrategy"),
     "fedomd": ("secure_fgl.runtime.fedomd:FedOMDLogic", "secure_fgl.runtime.fedomd:FedOMDStrategy"),
+    "fedspray": ("secure_fgl.runtime.fedspray:FedSprayLogic", "secure_fgl.runtime.fedspray:FedSprayStrategy"),
     "gc-selftrain": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
     "gc-fedavg": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
     "gc-fedprox": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
