@@ -67,3 +67,11 @@ def test_a_client_refuses_to_upload_without_noise():
         ClientNoise().privatize((np.ones(4),), {**ask, "std": 0.0})
     noisy = ClientNoise().privatize((np.ones(4),), {**ask, "std": 1e-3})[0]
     assert np.linalg.norm(noisy) == pytest.approx(1.0, abs=0.01)          # clipped to 1 on the client, then noised
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_strategies_not_privatised_on_the_clients_refuse_dp(algorithm):
+    """Their inline exchanges carry DP noise the runtimes do not add yet: refused, never run without it."""
+    from secure_fgl.config import ConfigError
+    with pytest.raises(ConfigError, match="not privatised on the client runtimes"):
+        dp_run(algorithm, "mask", "local", 4.0)
