@@ -21,13 +21,14 @@ def dp_run(algorithm, mode, executor, eps, **kw):
 
 
 @pytest.mark.parametrize("algorithm,mode,extra", [("fedavg", "mask", {}), ("fedgcn", "mask", {}),
-                                                  ("fedgcn", "plain", SUMS_ONLY), ("fedgcn-gap", "mask", {})])
+                                                  ("fedgcn", "plain", SUMS_ONLY), ("fedgcn", "ckks", {}),
+                                                  ("fedgcn-gap", "ckks", {})])
 def test_runtime_spends_the_budget_and_reports_the_privacy_section_of_inline(algorithm, mode, extra):
     runs = {ex: dp_run(algorithm, mode, ex, 4.0, **extra) for ex in ("inline", "local")}
     a, b = runs["inline"]["privacy"], runs["local"]["privacy"]
     assert a == b                                   # unit, releases, noise multipliers, epsilon, coalition ...
     assert b["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
-    assert b["placement"] == ("distributed" if mode == "mask" else "local")
+    assert b["placement"] == ("local" if mode == "plain" else "distributed")
     assert {r["tag"] for r in b["releases"] if r["dp"]} == set(b["per_tag"])
 
 
