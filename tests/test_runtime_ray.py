@@ -148,3 +148,13 @@ def test_silent_actors_time_out_instead_of_hanging():
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
 
+
+
+def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
+    """DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
+    to the actors); the driver's accountant reports inline's privacy section."""
+    inline = run_experiment(small("fedgcn", "mask", rounds=2, dp_epsilon=4.0), progress=False)
+    remote = run_experiment(small("fedgcn", "mask", executor="ray", rounds=2, dp_epsilon=4.0), progress=False)
+    assert remote["privacy"] == inline["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
+    calls = remote["runtime"]["stats"]["per_method"]
+    assert calls["privatize:fedgcn/neighbour_sums"]["calls"] >= 1 and calls["privatize:fedgcn/model"]["calls"] >= 2

@@ -306,7 +306,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         if self.split:                          # the clients' halves run the exchange
             rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
             rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, dp)
+            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
             self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         else:
             contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
