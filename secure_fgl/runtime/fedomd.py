@@ -124,6 +124,9 @@ class FedOMDLogic(ModelAveragingLogic):
 class FedOMDStrategy(ModelAveragingStrategy):
     """FedOMD's server: the statistics stages (module docstring), then FedAvg."""
 
+    #: its statistics exchanges are not privatised on the clients yet (DP: --executor inline)
+    dp_on_runtimes = False
+
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
         self.fopts = FedOMDOptions(**options)
