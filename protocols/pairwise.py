@@ -60,7 +60,11 @@ def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int
 
 
 def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
-    """Each client sends one float64 to the server in the clear; returns what the server got."""
+    """Each client sends one float64 to the server in the clear; returns what the server got.
+    A backend split into halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+    from .split import SplitProtocol
+    if isinstance(protocol, SplitProtocol) and protocol.clients:
+        return _report_through_halves(protocol, tag, rnd, values)
     out = {}
     protocol._begin_exchange(tag, rnd)
     for k, v in values.items():
@@ -71,3 +75,15 @@ def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
                                         protocol.mode, protocol.fingerprint, payload=v), stage="report")
         out[int(k)] = float(msg.payload)
     return out
+
+
+def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
+    """The facade plays each reporting client: its half's provider returns its value."""
+    from .report import collect_reports
+    for k, v in values.items():
+        protocol.clients[int(k)].provider = (lambda plan, v=float(v): plan.dense_table(np.array([v])))
+    try:
+        return collect_reports(protocol, tag, rnd, [int(k) for k in values])
+    finally:
+        for k in values:
+            protocol.clients[int(k)].provider = None

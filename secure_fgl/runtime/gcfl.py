@@ -8,8 +8,9 @@ the executor, so the server sees only what the clients send:
 * ``delta_mean`` (eq. 4): the first member reports the norm of the mean it decoded
   (tag ``<algorithm>/mean_norm``); ``delta_max`` (eq. 5): every member reports ``||dW_i||``
   (``<algorithm>/update_norms``); GCFL+: every client reports its last gradient norm of the
-  shared layers (``<algorithm>/grad_norms``).  Each report is one recorded client -> server
-  message in the clear (the documented leak of the decision rule, :mod:`protocols.pairwise`);
+  shared layers (``<algorithm>/grad_norms``).  Each report is a value in the clear (the
+  documented leak of the decision rule, :mod:`protocols.pairwise`), sent by the client's
+  protocol half as a signed message of a report exchange (:mod:`protocols.report`);
 * GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire:
   ``plain``: each member sends its update (recorded: in plain the server reads updates anyway);
   ``ckks``: the steps of :mod:`protocols.ckks.pairwise` with every party apart -- the decider
@@ -18,8 +19,8 @@ the executor, so the server sees only what the clients send:
   normalised update in its runtime, the server evaluates the inner products with the
   evaluation context (no secret key), the decider decrypts only the pair results.
 
-These messages are runtime frames (recorded with their length), not signed envelopes of a
-protocol half: the pairwise exchange is not a stage of the backends' halves yet.
+The similarity messages are runtime frames (recorded with their length), not signed envelopes of
+a protocol half: the pairwise exchange is not a stage of the backends' halves yet.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from protocols import SERVER, client_party
 from protocols.pairwise import cosine_matrix
+from protocols.report import collect_reports
 
 from ..algorithms.gcfl import GCFLPlusServer, GCFLServer
 from ..algorithms.graph_level import last_round_metrics
@@ -55,14 +57,25 @@ class GCFLLogic(GraphLogic):
         self.pairwise_secret = None        # the decider's secret context (ckks)
         self.pairwise_public = None        # the encryption context (public key only)
 
+    def scalar(self, tag: str) -> float | None:
+        """The value this client reports for ``tag`` (None: not a report tag)."""
+        name = self.cfg.algorithm
+        if tag == f"{name}/mean_norm":
+            return float(np.linalg.norm(self.mean))
+        if tag == f"{name}/update_norms":
+            return float(self.learner.update().norm())
+        if tag == f"{name}/grad_norms":
+            return float(self.learner.grad_norm)
+        return None
+
     def contribute(self, req: dict) -> dict:
         tag, name = req["tag"], self.cfg.algorithm
-        if tag == f"{name}/mean_norm":
-            return {"value": float(np.linalg.norm(self.mean))}
-        if tag == f"{name}/update_norms":
-            return {"value": float(self.learner.update().norm())}
-        if tag == f"{name}/grad_norms":
-            return {"value": float(self.learner.grad_norm)}
+        value = self.scalar(tag)
+        if value is not None:
+            if req.get("split"):                 # the half sends it, signed (protocols/report.py)
+                self.keep(tag, np.array([value]))
+                return {}
+            return {"value": value}
         if tag == f"{name}/similarity/keys":
             from protocols.ckks.pairwise import make_key_pair, public_context
             self.pairwise_secret, evaluation, encryption = make_key_pair()
@@ -104,7 +117,11 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         self.split_clusters(rnd, updated)
 
     def reported(self, tag: str, rnd: int, clients: list[int]) -> dict[int, float]:
-        """One scalar from each client, recorded as its message."""
+        """One scalar from each client in the clear: a report exchange of the protocol's halves
+        (:mod:`protocols.report`: signed, verified, recorded), or a recorded frame each without them."""
+        if self.split:
+            self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in clients})
+            return collect_reports(self.protocol, tag, rnd, self.alive(clients))
         got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in clients}, record=(tag, "plain"))
         return {k: float(r["value"]) for k, r in got.items()}
 
