@@ -68,10 +68,9 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
-def test_gcfl_on_actors_splits_as_in_process_and_counts_its_report_frames():
-    """GCFL (plain, forced split at round 20) with the clients on actors: the same losses, splits
-    and bytes per tag as the local executor; the similarity frames' recorded bytes are the bytes
-    returned from the actors' methods."""
+def test_gcfl_on_actors_splits_as_in_process_with_the_same_bytes():
+    """GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
+    the same losses, splits and bytes per tag (model, reports, similarity) as the local executor."""
     from test_runtime_graph import build, drive, graph_cfg
     cfg = graph_cfg("gcfl", "plain")
     strategy, protocol, _ = build(cfg, LocalExecutor())
@@ -84,8 +83,6 @@ def test_gcfl_on_actors_splits_as_in_process_and_counts_its_report_frames():
         executor.shutdown()
     assert [r["train_loss"] for r in remote[0][0]] == [r["train_loss"] for r in local[0][0]] and remote[0][1]["splits"]
     assert remote[1] == local[1]
-    stats = executor.stats.per_method
-    assert remote[1]["gcfl/similarity"]["bytes_up"] == stats["contribute:gcfl/similarity"]["bytes_from_clients"]
 
 
 class KillingRayExecutor(RayExecutor):
