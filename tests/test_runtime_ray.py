@@ -45,6 +45,15 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     assert tags[ORDER_TAG]["bytes_down"] == stats[f"contribute:{IDS_TAG}"]["bytes_to_clients"]
 
 
+def test_fedomd_on_ray_gives_the_local_run():
+    """Per-client dropout generators and the statistics stages: the actors' run is the in-process one."""
+    runs = [run_experiment(small("fedomd", "mask", executor=ex, rounds=2), progress=False) for ex in ("local", "ray")]
+    assert [[(r["train_loss"], r["cmd_loss"]) for r in run["rounds"]] for run in runs] == \
+           [[(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]] * 2
+    assert runs[0]["final"]["test_acc"] == runs[1]["final"]["test_acc"]
+    assert runs[0]["comm"]["per_tag"] == runs[1]["comm"]["per_tag"]
+
+
 class RecordingRayExecutor(Recording, RayExecutor):
     pass
 
