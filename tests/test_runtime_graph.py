@@ -112,3 +112,17 @@ def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
     got, final = drive(resumed, ROUNDS[1:])
     assert got[0]["train_loss"] == expect[1]["train_loss"] and got[0]["test_acc"] == expect[1]["test_acc"]
     assert final["clusters"] == full.clusters and final["splits"] == full.splits
+
+
+def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime():
+    """`victim_model` (K3) on the runtimes: the victim's GIN asked of its runtime equals the
+    in-process algorithm's model of that client."""
+    from attacks.parties import party_access
+    cfg = graph_cfg("gc-fedavg", "plain")
+    inline, p_inline, fed = build(cfg)
+    strategy, p_local, _ = build(cfg, LocalExecutor())
+    for algo in (inline, strategy):
+        algo.train_round(0)
+    want = party_access(inline, p_inline, fed).client_model(3).state_dict()
+    got = party_access(strategy, p_local, fed).client_model(3).state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
