@@ -48,6 +48,10 @@ class InlineParties:
         models = getattr(self.algo, "models", None)
         return models[0] if models else None
 
+    def client_model(self, k: int) -> torch.nn.Module:
+        """Client ``k``'s own model (graph classification: private layers included)."""
+        return self.algo.models[k]
+
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         c = self.fed.clients[k]
         p = torch.softmax(self.algo.client_logits(k).float(), -1).cpu().numpy()
@@ -120,6 +124,17 @@ class RuntimeParties:
             model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
             self._released = model
         return self._released
+
+    def client_model(self, k: int) -> torch.nn.Module:
+        """Client ``k``'s GIN (graph classification), loaded into its public architecture."""
+        from secure_fgl.models.gcfl_gin import GCFLGIN
+        s = self.strategy
+        state = self._ask(k, "model")
+        with torch.random.fork_rng(devices=[]):          # building it must not move the driver's RNG
+            model = GCFLGIN(s.facts.num_features[k], s.cfg.hidden, s.facts.num_classes[k], s.cfg.num_layers,
+                            s.cfg.dropout)
+        model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
+        return model
 
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         f = self._ask(k, "posteriors")
