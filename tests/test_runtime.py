@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from protocols import DropoutError
+from protocols import SERVER, DropoutError, ProtocolError
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
@@ -188,3 +188,44 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
     recorded = sum(m.nbytes for m in protocol.transcript.messages
                    if m.tag not in (EVAL_TAG, ORDER_TAG, "fedgcn/row_ids"))
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
+
+
+def refuse_once(protocol, client: int, stage: str) -> None:
+    """Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
+    protocol half refuses it (a signature that does not verify)."""
+    call, done = protocol.link.call, []
+
+    def corrupting(st, requests):
+        if st == stage and not done:
+            done.append(st)
+            bad = bytearray(requests[client])
+            bad[-1] ^= 1
+            requests = {**requests, client: bytes(bad)}
+        return call(st, requests)
+    protocol.link.call = corrupting
+
+
+def refusal_keeps_the_other_clients_keys(executor) -> None:
+    """ckks, first exchange of the chain: client 0 made the keys; the secret contexts ride to
+    clients 1 and 2 in their 'upload' bundles, the stage client 0 refuses.  The refusal is
+    re-raised, nothing is aggregated, and the next exchange runs: 1 and 2 kept their keys."""
+    cfg = small("fedavg", "ckks", rounds=2).validate()
+    fed = load_federation(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    refuse_once(protocol, 0, "upload")
+    try:
+        with pytest.raises(ProtocolError, match="client 0"):
+            strategy.train_round(0)
+        def sums_sent(rnd):
+            return [m for m in protocol.transcript.select(tag="fedavg/model", round=rnd, sender=SERVER)
+                    if m.kind == "ciphertext"]
+        assert not sums_sent(0)
+        strategy.train_round(1)
+        assert protocol.last_included == (0, 1, 2) and len(sums_sent(1)) == 3
+    finally:
+        executor.shutdown()
+
+
+def test_a_refusing_client_does_not_cost_the_others_their_keys():
+    refusal_keeps_the_other_clients_keys(LocalExecutor())

@@ -12,7 +12,7 @@ from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
-from test_runtime import Recording, protocol_bytes_crossing, small
+from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 
@@ -118,3 +118,9 @@ def test_silent_actors_time_out_instead_of_hanging():
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
+
+
+def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():
+    """All three clients on one actor, client 0 first: the actor lets 1 and 2 read their bundles
+    before it re-raises client 0's refusal (test_runtime.refusal_keeps_the_other_clients_keys)."""
+    refusal_keeps_the_other_clients_keys(RayExecutor(workers=1))

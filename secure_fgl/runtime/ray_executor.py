@@ -14,7 +14,9 @@ A call waits at most ``--round-timeout`` seconds.  An actor that died (``RayActo
 Ray's memory monitor killed its worker: ``OutOfMemoryError``) or did not answer in time (it is
 then killed) loses its clients: they come back as lost and the
 strategy makes them protocol dropouts (:mod:`.strategy`).  An error raised by client code is
-re-raised in the driver, not treated as a dropout.
+re-raised in the driver, not treated as a dropout; a refusal (``ProtocolError``) is re-raised
+after every actor has answered, the first in client order (:func:`.executor.answer_each` inside
+each actor), so no other client misses a request of that stage.
 
 One Ray cluster is one trust domain: its members can run code in each other's workers and Ray
 pickles task arguments (docs/runtime.md).
@@ -26,7 +28,7 @@ import time
 from typing import Mapping
 
 from ..config import ConfigError
-from .executor import Executor
+from .executor import Executor, answer_each
 
 
 def _import_ray():
@@ -53,7 +55,7 @@ class ClientHost:
         return sorted(self.runtimes)
 
     def call(self, method: str, requests: dict[int, bytes]) -> dict[int, bytes]:
-        return {k: self.runtimes[k].handle(method, req) for k, req in requests.items()}
+        return answer_each(self.runtimes, method, requests)
 
     def memory(self) -> dict:
         """This process's id, resident and proportional set size (bytes)."""
@@ -118,14 +120,18 @@ class RayExecutor(Executor):
             j = refs[ref]
             ray.kill(self.actors[j], no_restart=True)
             self._lose(j, f"actor {j} gave no answer within --round-timeout {self.round_timeout:g} s", groups, lost)
+        raised = []                                    # (client, error) of each actor whose client code raised
         for ref in ready:
             j = refs[ref]
             try:
                 responses.update(ray.get(ref))
             except ray.exceptions.RayTaskError as e:   # client code raised: an error, not a dropout
-                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
+                cause = e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()
+                raised.append((getattr(cause, "refusing_client", min(groups[j])), cause))
             except ray.exceptions.RayError as e:       # the actor died (crash, kill, Ray's OOM killer)
                 self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
+        if raised:                                     # every actor has answered: the first in client order
+            raise min(raised, key=lambda r: r[0])[1] from None
         return responses, lost
 
     def _lose(self, j: int, why: str, groups: dict, lost: dict) -> None:
