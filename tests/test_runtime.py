@@ -229,3 +229,19 @@ def refusal_keeps_the_other_clients_keys(executor) -> None:
 
 def test_a_refusing_client_does_not_cost_the_others_their_keys():
     refusal_keeps_the_other_clients_keys(LocalExecutor())
+
+
+def test_client_resources_parse_and_place_each_group_on_its_own_actors():
+    from secure_fgl.runtime.placement import actor_plan, parse_client_resources
+    pinned = parse_client_resources("site_a:0-2, 5; site_b:3", 8)
+    assert pinned == {0: "site_a", 1: "site_a", 2: "site_a", 5: "site_a", 3: "site_b"}
+    actors, placement = actor_plan(list(range(8)), pinned, workers=4)
+    assert all(actors[placement[k]] == pinned.get(k) for k in range(8))     # each client on an actor of its resource
+    assert actors.count("site_a") == 2 and actors.count("site_b") == 1 and actors.count(None) == 1
+    assert actor_plan(list(range(10)), {}, 4)[1] == {k: k * 4 // 10 for k in range(10)}   # the default grouping
+    for bad, why in [("site_a", "RESOURCE:CLIENTS"), ("CPU:0", "custom resource"), ("a:9", r"within 0\.\.7"),
+                     ("a:x", "not a client id"), ("a:0;b:0", "both a and b")]:
+        with pytest.raises(ConfigError, match=why):
+            parse_client_resources(bad, 8)
+    with pytest.raises(ConfigError, match="needs --executor ray"):
+        run_experiment(small(executor="local", ray_client_resources="a:0"), progress=False)
