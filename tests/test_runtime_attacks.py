@@ -76,3 +76,7 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
                                             + [("keys", 0)])
     own = RuntimeParties(strategy).own_data(1)
     assert torch.equal(own.x, fed.clients[1].x) and torch.equal(own.global_ids, fed.clients[1].global_ids)
+    # a run without --attacks: the runtimes hand nothing to the attack suite
+    executor.runtimes[1].cfg.attacks = []
+    with pytest.raises(PermissionError, match="only in a run started with --attacks"):
+        RuntimeParties(strategy).own_data(1)
