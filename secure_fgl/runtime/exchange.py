@@ -82,7 +82,7 @@ def rows_result(blocks: dict[int, np.ndarray], request_rows: np.ndarray, rpb: in
 # ---------------------------------------------------------------- server side
 def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: int, spec) -> ExchangeContext:
     """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``)."""
-    cap = max(1, protocol.block_capacity(spec))
+    cap = max(1, protocol.vector_block_capacity(spec, length))
     num_blocks = max(1, -(-length // cap))
     block_len = min(cap, length) if num_blocks == 1 else cap
     return ExchangeContext(tag, rnd, spec, {k: None for k in contributors},

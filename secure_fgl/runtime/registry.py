@@ -14,6 +14,7 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "fedprox": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "local": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "fedgcn": ("secure_fgl.runtime.fedgcn:FedGCNLogic", "secure_fgl.runtime.fedgcn:FedGCNStrategy"),
+    "fedomd": ("secure_fgl.runtime.fedomd:FedOMDLogic", "secure_fgl.runtime.fedomd:FedOMDStrategy"),
 }
 
 
