@@ -28,7 +28,7 @@ def _entries(result: dict) -> dict:
 
 
 @pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedavg", "mask"), ("fedgcn", "mask"),
-                                            ("fedgcn", "ckks")])
+                                            ("fedgcn", "ckks"), ("fedomd", "plain")])
 def test_local_executor_gives_the_inline_attack_numbers(algorithm, mode):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

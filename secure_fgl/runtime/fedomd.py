@@ -58,8 +58,9 @@ class FedOMDLogic(ModelAveragingLogic):
         self.samples: tuple[int, list[np.ndarray]] | None = None    # (round, clipped Z^l as float64)
         self.pooled: dict = {}                                      # this round's received statistics
 
-    def build_model(self) -> torch.nn.Module:
-        return build_ortho_gcn(self.fopts, self.cfg, self.facts.num_features, self.facts.num_classes)
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        return build_ortho_gcn(FedOMDOptions(**options), cfg, facts.num_features, facts.num_classes)
 
     def local_update(self, req: dict) -> dict:
         if not bool(self.data.train_mask.any()):
