@@ -32,7 +32,7 @@ from typing import Iterable
 import numpy as np
 
 from protocols import SERVER, DropoutError, client_party
-from protocols.transcript import Message
+from protocols.transcript import READABLE_KINDS, Message
 
 from ..algorithms.base import ModelAveraging, accuracy_summary, model_spec
 from ..config import ConfigError
@@ -97,15 +97,18 @@ class Strategy:
             ) -> dict[int, dict]:
         """Send each client its request; returns the unpacked responses of those that answered
         (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
-        transcript as a client -> server message of its frame's length."""
+        transcript as a client -> server message of its frame's length; a readable kind (plain,
+        metadata) keeps what the server read, the unpacked response, as its payload."""
         frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
         tags = {r.get("tag") for r in requests.values()} - {None}
         responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
         self.lose(lost, method)
+        unpacked = {k: wire.unpack(v) for k, v in responses.items()}
         if record is not None:
             for k, frame in responses.items():
-                self.record(record[0], client_party(k), SERVER, record[1], len(frame))
-        return {k: wire.unpack(v) for k, v in responses.items()}
+                self.record(record[0], client_party(k), SERVER, record[1], len(frame),
+                            payload=unpacked[k] if record[1] in READABLE_KINDS else None)
+        return unpacked
 
     def lose(self, lost: dict[int, str], method: str) -> None:
         """Record clients that did not answer ``method`` (a warning names them)."""
@@ -124,9 +127,9 @@ class Strategy:
         self.ask(method, requests)
 
     def record(self, tag: str, sender: str, receiver: str, kind: str, nbytes: int, note: str = "",
-               relay: str = "") -> None:
+               relay: str = "", payload=None) -> None:
         self.protocol.transcript.record(Message(self.round, tag, sender, receiver, kind, (nbytes,), nbytes,
-                                                self.protocol.mode, "", note=note, relay=relay))
+                                                self.protocol.mode, "", payload, note=note, relay=relay))
 
     def check_lost(self, clients: Iterable[int], what: str) -> None:
         """DropoutError naming the lost ones among ``clients`` (an exchange that cannot lose any)."""
