@@ -71,8 +71,10 @@ def test_a_client_refuses_to_upload_without_noise():
 
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
-def test_strategies_not_privatised_on_the_clients_refuse_dp(algorithm):
-    """Their inline exchanges carry DP noise the runtimes do not add yet: refused, never run without it."""
-    from secure_fgl.config import ConfigError
-    with pytest.raises(ConfigError, match="not privatised on the client runtimes"):
-        dp_run(algorithm, "mask", "local", 4.0)
+def test_strategies_not_privatised_on_the_clients_run_dp_inline_never_without_noise(algorithm):
+    """Their inline exchanges carry DP noise the runtimes do not add yet: with ``local`` the run
+    runs inline (docs/runtime.md, "The default executor"), its exchanges noised as inline's."""
+    res = dp_run(algorithm, "mask", "local", 4.0)
+    assert res["config"]["executor"] == "inline" and "runtime" not in res
+    assert res["privacy"] == dp_run(algorithm, "mask", "inline", 4.0)["privacy"]
+    assert len(res["privacy"]["per_tag"]) > 1           # its statistics / proxy exchanges are noised too

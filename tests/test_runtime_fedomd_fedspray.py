@@ -142,7 +142,8 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
 
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
-def test_dp_is_refused_on_the_runtimes_not_run_without_noise(algorithm):
+def test_dp_is_refused_on_ray_not_run_without_noise(algorithm):
+    """``ray`` refuses it in one line (``local`` runs it inline: tests/test_default_executor.py)."""
     from secure_fgl.config import ConfigError
     with pytest.raises(ConfigError, match=f"{algorithm}'s exchanges are not privatised on the client runtimes"):
-        run_experiment(small(algorithm, "mask", executor="local", dp_epsilon=1.0), progress=False)
+        run_experiment(small(algorithm, "mask", executor="ray", dp_epsilon=1.0), progress=False)
