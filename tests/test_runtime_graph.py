@@ -123,6 +123,6 @@ def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime():
     strategy, p_local, _ = build(cfg, LocalExecutor())
     for algo in (inline, strategy):
         algo.train_round(0)
-    want = party_access(inline, p_inline, fed).client_model(3).state_dict()
-    got = party_access(strategy, p_local, fed).client_model(3).state_dict()
+    want = party_access(inline, p_inline, fed).victim_model(3).state_dict()
+    got = party_access(strategy, p_local, fed).victim_model(3).state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
