@@ -60,7 +60,7 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
             if values is not None:
                 last = (members, np.asarray(values, dtype=np.float64))
             members = []
-        else:
+        elif msg.kind == "ciphertext":                               # the decider's key message is not an upload
             members.append(party_client(msg.sender))
     if values is None:
         return None

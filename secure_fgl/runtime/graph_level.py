@@ -84,6 +84,13 @@ class GraphLogic(ClientLogic):
     def evaluate(self, req: dict) -> dict:
         return self.learner.counts()
 
+    def attack_state(self, req: dict) -> dict:
+        """For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
+        layers included) after the run."""
+        if req["what"] == "model":
+            return {f"param:{n}": t for n, t in self.learner.model.state_dict().items()}
+        raise ValueError(f"client {self.rt.client_id}: no attack state {req['what']!r} for a graph client")
+
     def state_dict(self) -> dict:
         return self.learner.state_dict()
 
