@@ -41,7 +41,9 @@ from .errors import DropoutError, IntegrityError, MalformedMessageError, Protoco
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
+from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
+from .report import REPORT_STAGE, client_report
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -149,6 +151,8 @@ class ClientHalf(Party):
         self.provider = provider
         self.plan: ExchangePlan | None = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
+        #: (exchange, secret context) while this client decides a pairwise exchange (ckks)
+        self.pairwise_secret = None
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:
@@ -168,7 +172,12 @@ class ClientHalf(Party):
                 self._accept_plan(msg)
             else:
                 inbox.append(msg)
-        out += [wire for _, wire in self.on_stage(stage, inbox)]
+        if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
+            out.append(client_report(self)[1])
+        elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]   # protocols/pairwise_exchange.py
+        else:
+            out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:

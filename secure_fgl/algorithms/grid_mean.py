@@ -32,7 +32,8 @@ from protocols import ValueSpec
 from protocols.errors import BoundError
 from protocols.fixed_point import to_grid
 
-__all__ = ["GRID_BITS", "GRID_RANGE", "GRID_SPEC", "VALUE_BOUND", "grid_contribution", "grid_weighted_mean"]
+__all__ = ["GRID_BITS", "GRID_RANGE", "GRID_SPEC", "VALUE_BOUND", "grid_contribution", "grid_mean_of_sum",
+           "grid_weighted_mean"]
 
 #: grid of the summed entries: 2^-26 ~ 1.5e-8
 GRID_BITS = 26
@@ -44,6 +45,10 @@ VALUE_BOUND = 0.5
 _SHRINK = 4.0
 #: the exchange: entries <= GRID_RANGE on the grid 2^-GRID_BITS, CKKS within a quarter step
 GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2), grid_bits=GRID_BITS)
+
+
+def _on_grid(x, rounding=np.round):
+    return rounding(np.asarray(x, dtype=np.float64) * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
 
 
 def grid_contribution(value: np.ndarray, weight: float, *, tag: str = "", rnd: int = 0,
@@ -71,6 +76,10 @@ def grid_weighted_mean(protocol, tag: str, rnd: int, values: Mapping[int, np.nda
         raise BoundError("the weights sum above 1: divide them by the public total", tag=tag, round=rnd)
     contributions = {k: grid_contribution(np.asarray(v), float(weights[k]), tag=tag, rnd=rnd, client=k)
                      for k, v in values.items()}
-    total = np.asarray(protocol.weighted_sum(tag, rnd, contributions, spec=GRID_SPEC, recipients=recipients),
-                       dtype=np.float64)
+    return grid_mean_of_sum(protocol.weighted_sum(tag, rnd, contributions, spec=GRID_SPEC, recipients=recipients))
+
+
+def grid_mean_of_sum(total: np.ndarray) -> np.ndarray:
+    """Recipient side: the decoded sum of the contributions back on the grid, ``S[:-1] / S[-1]``."""
+    total = _on_grid(np.asarray(total, dtype=np.float64))
     return total[:-1] / total[-1]

@@ -27,3 +27,32 @@ class PublicFacts:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """A graph-classification federation's public facts (GCFL's settings, where each client's
+    dataset and graph counts are part of the experiment's description): ``K`` clients, the
+    dataset each holds, its numbers of train/val/test graphs, feature dimension and classes.
+    ``sum(num_train)`` is the denominator of FedAvg's weights ``n_k / N``."""
+
+    num_clients: int
+    datasets: list
+    num_train: list
+    num_val: list
+    num_test: list
+    num_features: list
+    num_classes: list
+
+    @classmethod
+    def of(cls, fed) -> "GraphFacts":
+        cs = fed.clients
+        return cls(len(cs), [c.dataset for c in cs], [len(c.train) for c in cs], [len(c.val) for c in cs],
+                   [len(c.test) for c in cs], [int(c.num_features) for c in cs], [int(c.num_classes) for c in cs])
+
+    @property
+    def total_train(self) -> int:
+        return int(sum(self.num_train))
+
+    def to_dict(self) -> dict:
+        return asdict(self)

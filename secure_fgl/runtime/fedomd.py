@@ -12,7 +12,7 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
      (:func:`~secure_fgl.algorithms.stats_batch.batched_central_moments`);
    * ``--raw-moments``: one stage ``fedomd/stats/raw`` with every layer's raw moments, central ones
      by the binomial expansion (:func:`~secure_fgl.algorithms.stats_batch.one_stage_raw_moments`);
-   * ``--no-batch-stats``: per layer ``fedomd/hidden<l>/mean`` then ``.../moments``
+   * ``--batch-stats false``: per layer ``fedomd/hidden<l>/mean`` then ``.../moments``
      (:meth:`protocols.base.Protocol.central_moments`; ``--cmd-order 1``: the means only, projected
      onto ``[a, b]``).
 
@@ -58,8 +58,9 @@ class FedOMDLogic(ModelAveragingLogic):
         self.samples: tuple[int, list[np.ndarray]] | None = None    # (round, clipped Z^l as float64)
         self.pooled: dict = {}                                      # this round's received statistics
 
-    def build_model(self) -> torch.nn.Module:
-        return build_ortho_gcn(self.fopts, self.cfg, self.facts.num_features, self.facts.num_classes)
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        return build_ortho_gcn(FedOMDOptions(**options), cfg, facts.num_features, facts.num_classes)
 
     def local_update(self, req: dict) -> dict:
         if not bool(self.data.train_mask.any()):
@@ -98,9 +99,8 @@ class FedOMDLogic(ModelAveragingLogic):
             return super().receive(req)
         o, stage, layers = self.fopts, req["stage"], list(req["layers"])
         d, J = self.cfg.hidden, len(self.orders)
-        shapes = [(d,)] * len(layers) if stage == "mean" else [(J, d)] * len(layers) if stage == "moments" \
-            else [(d,), (J, d)] * len(layers)
-        means = batch_means(summed(self, req), shapes, req["tag"], int(req["round"]))
+        per_layer = {"mean": [(d,)], "moments": [(J, d)], "raw": [(d,), (J, d)]}[stage]
+        means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
         for i, l in enumerate(layers):
             if stage == "mean":                     # the means-only exchange projects them (fedomd, cmd_order 1)
                 self.pooled[("mean", l)] = means[i] if self.orders else np.clip(means[i], o.act_low, o.act_high)
@@ -124,6 +124,8 @@ class FedOMDLogic(ModelAveragingLogic):
 class FedOMDStrategy(ModelAveragingStrategy):
     """FedOMD's server: the statistics stages (module docstring), then FedAvg."""
 
+    #: its statistics exchanges are not privatised on the clients yet (DP: --executor inline)
+    dp_on_runtimes = False
     grid_model_mean = True        # as the in-process FedOMD: every real exchange on its public grid
 
     def __init__(self, executor, protocol, cfg, facts, options):

@@ -42,11 +42,23 @@ def summed(logic, req: dict) -> np.ndarray:
     return dense_result(logic.rt.half.result(), int(req["length"]))
 
 
+def mean_vector(values, weight: float) -> np.ndarray:
+    """A weighted mean's upload ``[w v, w]`` (:meth:`protocols.base.Protocol.weighted_mean`)."""
+    return np.concatenate([np.asarray(values, dtype=np.float64).ravel() * weight, [weight]])
+
+
+def mean_of(total: np.ndarray, tag: str) -> np.ndarray:
+    """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`."""
+    if not total[-1] > 0:
+        raise ValueError(f"the weights of {tag} sum to {total[-1]}; no contributor had a positive weight")
+    return total[:-1] / total[-1]
+
+
 def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
-                 fields: dict | None = None) -> list[int]:
+                 fields: dict | None = None) -> None:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
-    live recipient receive the total (``fields`` go with both requests).  Returns the clients whose
-    vectors the total covers; a client lost before the exchange is not one of them."""
+    live recipient receive the total (``fields`` go with both requests).  A client lost before the
+    exchange is not a contributor; one lost during it is the backend's dropout."""
     fields = dict(fields or {})
     ask = {"tag": tag, "round": rnd, "split": strategy.split, **fields}
     sent = strategy.ask("contribute", {k: ask for k in contributors})
@@ -56,11 +68,9 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
     protocol = strategy.protocol
     if strategy.split:                               # the clients' halves run the exchange
         length = int(next(iter(sent.values()))["length"])
-        included = run_split(protocol, plan_dense(protocol, tag, rnd, sorted(sent), recipients, length, spec))
+        run_split(protocol, plan_dense(protocol, tag, rnd, sorted(sent), recipients, length, spec))
         result = {"length": length}
     else:
-        total = protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
-                                      recipients=recipients)
-        included, result = sorted(sent), {"total": total}
+        result = {"total": protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
+                                                 recipients=recipients)}
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
-    return list(included)

@@ -1,0 +1,130 @@
+"""GCFL and GCFL+ (Xie et al., NeurIPS 2021, sec. 4-5) as a client logic and a server strategy.
+
+The server's decisions are :class:`~secure_fgl.algorithms.gcfl.GCFLServer`'s (clusters, eq. 4-5,
+Stoer-Wagner cut, the cache behind ``test_acc_best_cached``); the strategy plays its hooks over
+the executor, so the server sees only what the clients send:
+
+* the cluster mean: :class:`~.graph_level.GraphStrategy`'s grid sum to the members only;
+* ``delta_mean`` (eq. 4): the first member reports the norm of the mean it decoded
+  (tag ``<algorithm>/mean_norm``); ``delta_max`` (eq. 5): every member reports ``||dW_i||``
+  (``<algorithm>/update_norms``); GCFL+: every client reports its last gradient norm of the
+  shared layers (``<algorithm>/grad_norms``).  Each report is a value in the clear (the
+  documented leak of the decision rule, :mod:`protocols.pairwise`), sent by the client's
+  protocol half as a signed message of a report exchange (:mod:`protocols.report`);
+* GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire: an exchange of the
+  halves (:mod:`protocols.pairwise_exchange`) -- ``plain``: each member's half sends its update;
+  ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
+  each member's half encrypts its normalised update under the key the decider signed, the
+  server half evaluates the inner products, the decider's half decrypts only the pair values.
+
+With a protocol whose halves are not in the runtimes (built without the executor as its link),
+the clients' values reach the driver as frames and the driver plays them in the same exchanges.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.pairwise import pairwise_cosine, report_scalars
+from protocols.pairwise_exchange import pairwise_over_halves
+from protocols.report import collect_reports
+
+from ..algorithms.gcfl import GCFLPlusServer, GCFLServer
+from ..algorithms.graph_level import last_round_metrics
+from ..algorithms.options import GCFLOptions, GCFLPlusOptions
+from .graph_level import GraphLogic, GraphStrategy
+from .strategy import Strategy
+
+
+class GCFLLogic(GraphLogic):
+    """A GCFL/GCFL+ client: :class:`~.graph_level.GraphLogic` plus the scalars it reports and its
+    update for the pairwise exchange (its protocol half does the rest; a decider's key stays there)."""
+
+    def scalar(self, tag: str) -> float | None:
+        """The value this client reports for ``tag`` (None: not a report tag)."""
+        name = self.cfg.algorithm
+        if tag == f"{name}/mean_norm":
+            return float(np.linalg.norm(self.mean))
+        if tag == f"{name}/update_norms":
+            return float(self.learner.update().norm())
+        if tag == f"{name}/grad_norms":
+            return float(self.learner.grad_norm)
+        return None
+
+    def contribute(self, req: dict) -> dict:
+        tag, name = req["tag"], self.cfg.algorithm
+        value = self.scalar(tag)
+        if value is not None:
+            if req.get("split"):                 # the half sends it, signed (protocols/report.py)
+                self.keep(tag, np.array([value]))
+                return {}
+            return {"value": value}
+        if tag == f"{name}/similarity":
+            update = self.learner.update().cpu().numpy()
+            if req.get("split"):                 # the half sends it (protocols/pairwise_exchange.py)
+                self.keep(tag, update.astype(np.float64))
+                return {"length": update.size}
+            return {"update": update}
+        return super().contribute(req)
+
+
+class GCFLStrategy(GraphStrategy, GCFLServer):
+    """GCFL's server over the executor (module docstring)."""
+
+    options_class = GCFLOptions
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.opts = self.options_class(**options)
+        self.init_clusters(facts.num_clients)
+
+    def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        self.split_clusters(rnd, updated)
+
+    def reported(self, tag: str, rnd: int, clients: list[int]) -> dict[int, float]:
+        """One scalar from each client in the clear: a report exchange of the protocol's halves
+        (:mod:`protocols.report`: signed, verified, recorded)."""
+        if self.split:
+            self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in clients})
+            return collect_reports(self.protocol, tag, rnd, self.alive(clients))
+        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in clients})
+        return report_scalars(self.protocol, tag, rnd, {k: float(r["value"]) for k, r in got.items()})
+
+    # ------------------------------------------------------------------ GCFLServer's hooks
+    def mean_norm(self, rnd: int, members: list[int], mean=None) -> float:
+        return self.reported(f"{self.name}/mean_norm", rnd, members[:1])[members[0]]
+
+    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
+        return self.reported(f"{self.name}/update_norms", rnd, members)
+
+    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+        tag = f"{self.name}/similarity"
+        if self.split:                     # the members' and the decider's halves (protocols/pairwise_exchange.py)
+            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in members})
+            self.check_lost(members + [int(self.opts.decider)], tag)
+            return pairwise_over_halves(self.protocol, tag, rnd, members, int(self.opts.decider),
+                                        int(sent[members[0]]["length"]))
+        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        self.check_lost(members, tag)                 # frames to the driver, which plays the members
+        return pairwise_cosine(self.protocol, tag, rnd, {k: got[k]["update"] for k in members},
+                               decider=int(self.opts.decider))
+
+    # ------------------------------------------------------------------ reporting, checkpoints
+    def final_metrics(self) -> dict:
+        last = self.evaluate()["per_client"]
+        return {**Strategy.final_metrics(self), **last_round_metrics(last, self.clusters),
+                **self.best_cached(self.num_clients)}
+
+    def server_state(self) -> dict:
+        return self.cluster_state()
+
+    def load_server_state(self, state: dict) -> None:
+        self.load_cluster_state(state)
+
+
+class GCFLPlusStrategy(GCFLStrategy, GCFLPlusServer):
+    """GCFL+'s server: the cut on DTW of the reported gradient-norm sequences."""
+
+    options_class = GCFLPlusOptions
+
+    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
+        return self.reported(f"{self.name}/grad_norms", rnd, clients)
