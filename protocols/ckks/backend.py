@@ -163,7 +163,8 @@ class DecryptionMemo:
     ciphertext bytes under the same key decrypt to the same values, so a client that presents
     a frame some co-located client already decrypted in this exchange gets a copy of those
     values.  It learns nothing it could not compute itself (it holds the frame and the key);
-    no array is shared (every hit is a copy).  Entries of the current exchange only.
+    no array is shared (every hit is a copy).  Entries of the current scope only (the caller's:
+    one streamed chunk of one exchange, so memory holds one chunk of decrypted blocks).
     """
 
     def __init__(self):
@@ -352,19 +353,20 @@ class CKKSClient(ClientHalf):
                                  f"ciphertexts, expected {len(wanted) * n}", **self.where())
         t0 = time.perf_counter()
         key = self._key()
-        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange)
+        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)   # one chunk at a time
         zero = np.zeros(p.block_len)
         for i, bid in enumerate(wanted):
             frames = msg.payload[i * n:(i + 1) * n]
             if any(f == wire.EMPTY for f in frames):      # no client uploaded this block
-                self._received[bid] = zero
+                self._received[bid] = self.keep(bid, zero)
                 continue
-            self._received[bid] = np.concatenate([
+            self._received[bid] = self.keep(bid, np.concatenate([     # the rows this client keeps, at once
                 _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where()))
-                for f, (a, b) in zip(frames, bounds)])
+                for f, (a, b) in zip(frames, bounds)]))
         self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
         if part == len(chunks) - 1:
-            self.deliver({int(b): self._received.get(int(b), zero) for b in p.requests[self.id]})
+            received, self._received = self._received, {}
+            self.deliver({int(b): received.get(int(b), zero) for b in p.requests[self.id]})
         return []
 
 
