@@ -35,8 +35,10 @@ class BlockRows:
         self.block_ids = np.asarray(block_ids, dtype=np.int64)
         self.rpb = int(rows_per_block)
         self.dim = int(rows.shape[1])
-        self._order = np.argsort(row_ids, kind="stable")
-        self._sorted_ids = np.asarray(row_ids, dtype=np.int64)[self._order]
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        index = np.int32 if max(row_ids.size, int(row_ids.max(initial=0)) + 1) < 2 ** 31 else np.int64
+        self._order = np.argsort(row_ids, kind="stable").astype(index)     # int32: half the index memory
+        self._sorted_ids = row_ids[self._order].astype(index)
         self._rows = rows
 
     @property

@@ -29,7 +29,7 @@ One exchange (:meth:`CKKSServer.run` driving one :class:`CKKSClient` per client 
    ciphertext's bytes, scale and level of ALL clients before it adds any of them.
    Chunks bound memory to ``chunk_bytes`` of ciphertexts, so a 1e6-node FedGCN never
    holds the full N x d ciphertext array.  An exchange that fits one chunk (the default
-   budget is 64 MiB) is validated completely before anything is summed.  In a larger
+   budget is 16 MiB) is validated completely before anything is summed.  In a larger
    one a bad ciphertext in a later chunk aborts the exchange after earlier chunks were
    summed; those partial sums are discarded — nothing is returned and no download is
    recorded (a real server would spool; this simulation just drops them).
@@ -299,7 +299,10 @@ class CKKSClient(ClientHalf):
         table = self._own_table(ep)
         part = self._up_part
         self._up_part += 1
-        b0, b1 = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))[part]
+        chunks = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))
+        if part == len(chunks) - 1:
+            self._table = None                          # the last chunk: the contribution is not needed again
+        b0, b1 = chunks[part]
         bounds, _ = _pieces(ep, p.block_len)
         i0, i1 = np.searchsorted(table.ids, [b0, b1])
         t0 = time.perf_counter()
@@ -642,7 +645,7 @@ class CKKSProtocol(SplitProtocol):
     server_half = CKKSServer
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
-                 params=None, encryption: str = "symmetric", chunk_bytes: int = 64 << 20,
+                 params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
                  keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
                  fixed_point_bits: int | None = None, link=None):
         if packing not in (True, False):
