@@ -115,9 +115,8 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
 def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.ndarray]:
     """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
     ring decrypts (all of them: one secret key).  Returns victim -> decrypted values."""
-    import tenseal as ts
-
     from protocols.ckks import wire
+    from protocols.ckks.fixed_point import client_codec
     if not coalition:
         return {}
     out = {}
@@ -127,7 +126,8 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.
             key = proto._keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
             if key is None:
                 continue
-            vals = [np.asarray(ts.ckks_vector_from(key.context, wire.unframe(f)).decrypt()) for f in m.payload]
+            codec = client_codec(key.context, key.chain, proto.encryption)
+            vals = [codec.decrypt(wire.unframe(f), key.chain).real for f in m.payload]
             out[party_client(m.sender)] = np.concatenate(vals) if vals else np.zeros(0)
     return out
 

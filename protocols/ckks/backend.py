@@ -69,7 +69,7 @@ from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation, first_out_of_range
 from . import wire
-from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point, server_load
+from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, client_codec, plan_fixed_point, server_load
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .packing import PackingLayout
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
@@ -128,24 +128,29 @@ def _chunks(num_blocks: int, per_chunk: int) -> list[tuple[int, int]]:
     return [(b0, min(num_blocks, b0 + per_chunk)) for b0 in range(0, num_blocks, per_chunk)]
 
 
-def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
+def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryption: str) -> bytes:
+    """One framed fresh ciphertext (SEAL's seeded form under symmetric encryption: half the bytes)."""
     fixed = isinstance(plan.layout, FixedPointLayout)
-    slots = None if fixed else (plan.layout.pack(values) if plan.layout is not None else values).tolist()
-    size = plan.chain.padded_ciphertext_bytes
+    size = plan.chain.upload_ciphertext_bytes(encryption)
     for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
-        ct = (plan.layout.encrypt(context, plan, values) if fixed
-              else ts.ckks_vector(context, slots, plan.scale).serialize())
+        if fixed:
+            ct = plan.layout.encrypt(context, plan, values)
+        else:
+            slots = (plan.layout.pack(values) if plan.layout is not None else np.asarray(values)).tolist()
+            ct = client_codec(context, plan.chain, encryption).encrypt(slots, plan.scale)
         if len(ct) <= size:
             return wire.frame(ct, size)
     raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
-                             "update PADDED_CT_BYTES for this TenSEAL version")
+                             "update PADDED_CT_BYTES / PADDED_SEEDED_CT_BYTES for this TenSEAL version")
 
 
-def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict) -> np.ndarray:
+def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict,
+             encryption: str) -> np.ndarray:
     if isinstance(plan.layout, FixedPointLayout):
         vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
     else:
-        dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
+        slots = n if plan.layout is None else plan.layout.slots_for(n)
+        dec = client_codec(context, plan.chain, encryption).decrypt(wire.unframe(frame), plan.chain).real[:slots]
         if plan.layout is None:
             return np.rint(dec) if plan.exact else dec
         vals, residual, in_range = plan.layout.unpack(dec, n)
@@ -312,7 +317,8 @@ class CKKSClient(ClientHalf):
             if self._rounding is None:                  # one generator per client and exchange, drawn in block order
                 self._rounding = rounding_rng(int(self.setup.options["rounding_seed"]), p.tag, p.round, self.id)
             rows = ep.layout.quantize(rows, self._rounding, p.dp_noise_std > 0)
-        frames = [_encrypt(context, ep, row[a:b]) for row in rows for a, b in bounds]
+        encryption = self.keys.encryption
+        frames = [_encrypt(context, ep, row[a:b], encryption) for row in rows for a, b in bounds]
         self.timing["upload_s"] = self.timing.get("upload_s", 0.0) + time.perf_counter() - t0
         msg = self.message(SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"],
                            note=ep.describe())
@@ -364,7 +370,8 @@ class CKKSClient(ClientHalf):
                 self._received[bid] = self.keep(bid, zero)
                 continue
             self._received[bid] = self.keep(bid, np.concatenate([     # the rows this client keeps, at once
-                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where()))
+                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where(),
+                                                                         self.keys.encryption))
                 for f, (a, b) in zip(frames, bounds)]))
         self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
         if part == len(chunks) - 1:
@@ -492,8 +499,7 @@ class CKKSServer(ServerHalf):
                         raise ShapeError(f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
                                          f"{(sel.size, plan.block_len)} in {sel.size * n_pieces} ciphertexts",
                                          **where(k))
-                    vecs = [self._load(server, ep, f, vec_lens[i % n_pieces], k, i)
-                            for i, f in enumerate(msg.payload)]
+                    vecs = [self._load(server, ep, f, k, i) for i, f in enumerate(msg.payload)]
                     loaded[k] = (sel, vecs)
                 sums: dict[int, list] = {}
                 counts: dict[int, int] = {}
@@ -514,7 +520,7 @@ class CKKSServer(ServerHalf):
                         if c < K:
                             const = ep.layout.offset_constant(K - c)
                             for acc, n in zip(sums[bid], vec_lens):
-                                acc.add_([const] * n)
+                                acc.add_constant_(const, n)
                 size = chain.padded_ciphertext_bytes
                 out_frames = {bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
                               for bid, accs in sums.items()}
@@ -545,9 +551,9 @@ class CKKSServer(ServerHalf):
         err.clients = tuple(clients)
         return err
 
-    def _load(self, server: ServerContext, plan: EncodingPlan, frame, length: int, client: int, index: int):
+    def _load(self, server: ServerContext, plan: EncodingPlan, frame, client: int, index: int):
         where = self.where(client)
-        expected = server.chain.padded_ciphertext_bytes + wire.HEADER_BYTES
+        expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
             size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
             raise IntegrityError(f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
@@ -556,25 +562,10 @@ class CKKSServer(ServerHalf):
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
-        if isinstance(plan.layout, FixedPointLayout):
-            try:
-                return server_load(server.chain, body, plan.scale)
-            except ValueError as exc:
-                raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
-        try:
-            vec = ts.ckks_vector_from(server.context, body)
-        except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
-            raise IntegrityError(f"ciphertext {index} does not deserialize under this exchange's public context "
-                                 f"({server.chain.describe()}): {exc}", **where) from exc
-        if vec.size() != length:
-            raise ShapeError(f"ciphertext {index} carries {vec.size()} slots, expected {length}", **where)
-        cts = vec.ciphertext()
-        ct = cts[0] if len(cts) == 1 else None
-        if ct is None or ct.size() != 2 or list(ct.parms_id()) != server.parms_id \
-                or not math.isclose(ct.scale, plan.scale, rel_tol=1e-9):
-            raise IntegrityError(f"ciphertext {index} was not encrypted with this exchange's parameters "
-                                 f"({plan.describe()})", **where)
-        return vec
+        try:            # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
+            return server_load(server.chain, body, plan.scale)
+        except ValueError as exc:
+            raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
 
     def _record_streamed(self, streamed: dict) -> None:
         """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
