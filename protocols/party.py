@@ -150,6 +150,9 @@ class ClientHalf(Party):
         self.channel = ChannelKey(self.name)
         self.provider = provider
         self.plan: ExchangePlan | None = None
+        #: the rows of its blocks this client keeps of its next result
+        #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
+        self.selection = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
         #: (exchange, secret context) while this client decides a pairwise exchange (ckks)
         self.pairwise_secret = None
@@ -220,12 +223,25 @@ class ClientHalf(Party):
             values = to_grid(values, bits)
         return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), values)
 
+    def take_result(self) -> dict[int, np.ndarray]:
+        """:meth:`result`, which this half then forgets (the caller holds the only copy)."""
+        out = self.result()
+        self._result = None
+        return out
+
+    def keep(self, block_id: int, block: np.ndarray) -> np.ndarray:
+        """What this client keeps of decoded block ``block_id``: the rows of :attr:`selection`
+        (idempotent), else the whole block.  Halves that decode block by block call it at once,
+        so a block's other rows are dropped as soon as they are decoded."""
+        return block if self.selection is None else self.selection.take(block_id, block)
+
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
-        """Keep this exchange's decoded blocks; on a grid exchange rounded back to the grid, after
-        checking that the codec landed within its planned quarter step (else the sum is refused)."""
+        """Keep this exchange's decoded blocks, cut to :attr:`selection` (:meth:`keep`); on a grid
+        exchange rounded back to the grid, after checking that the codec landed within its planned
+        quarter step (else the sum is refused)."""
         if self.plan.spec.grid_bits is not None:
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
-        self._result = (self.plan.exchange, blocks)
+        self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
         """Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`);
