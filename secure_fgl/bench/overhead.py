@@ -7,6 +7,10 @@ Workloads (``--quick``: fewer rounds, same records):
 * ``cora-fedomd``: FedOMD on Cora, 3 Louvain parties (preset ``fedomd-table4``), a short run;
 * ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
 
+Modes: ``plain``, ``mask``, ``ckks`` and ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
+codec, ``--fixed-point-bits 20 --update-bound 1``).  Where the parties run: :data:`EXECUTORS`
+(``--executor`` overrides it).
+
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
 by side in one invocation.  ``wall_s`` is the whole :func:`~secure_fgl.experiment.run_experiment`
@@ -44,7 +48,10 @@ WORKLOADS = {
     "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
     "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
 }
-MODES = ("plain", "mask", "ckks")
+MODES = ("plain", "mask", "ckks", "ckks-fp20")
+#: benchmark modes that are a secure mode with options: ``ckks-fp20`` is CKKS with the packed
+#: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in
+VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0})}
 #: where the parties run (``--executor``): the converted workloads run one client runtime per client
 #: (issue 14's ``local`` executor, only bytes between the parties); the others play every party in one
 #: object (``inline``) until they are converted
@@ -58,7 +65,8 @@ def workload_config(name: str, mode: str, quick: bool, data_root=None, executor:
     ``executor``: ``None`` for the workload's own (:data:`EXECUTORS`)."""
     from secure_fgl.presets import load_preset
     preset, overrides, quick_overrides = WORKLOADS[name]
-    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}),
+    mode, options = VARIANTS.get(mode, (mode, {}))
+    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}), **options,
               "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root,
               "executor": executor or EXECUTORS[name]}
     return values
@@ -223,7 +231,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
     ap.add_argument("--executor", default=None, choices=["inline", "local"],

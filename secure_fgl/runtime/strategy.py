@@ -181,7 +181,7 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int]) -> None:
         tag = f"{self.name}/model"
-        spec = model_precision(len(contributors), self.num_clients).spec()
+        spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
         if self.split:                                   # the clients' halves run the exchange
             sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
             if not sent:
