@@ -19,6 +19,10 @@ Checks, for a run in a secure mode (``ckks``/``mask``):
    reported as a warning (allowed by the threat model, but it is what server-side attacks on
    aggregates then read).
 
+A **declared release** (:data:`DECLARED_RELEASES`: a message outside the protocol's exchanges
+that the run publishes to the server on purpose, e.g. the client runtimes' evaluation counts)
+is listed as a warning naming what it releases, and is not an exchange of the size table.
+
 The audit never decrypts anything; it reads only message metadata and payload *types*.
 Secure-mode attack results are called "at chance" only when the audit passed.
 """
@@ -35,6 +39,9 @@ from protocols.transcript import SERVER, Message
 
 #: kinds the server may receive in a secure mode
 SECURE_SERVER_KINDS = frozenset({"ciphertext", "masked", "public_key", "metadata", "share"})
+#: plaintext messages to the server a run publishes on purpose, outside the protocol's exchanges
+#: (tag -> what it releases); ``eval/counts``: :data:`secure_fgl.runtime.strategy.EVAL_TAG`
+DECLARED_RELEASES = {"eval/counts": "each client's correct/total counts per split (evaluation)"}
 #: payload keys that are structural (ids, who-is-included), never data
 STRUCTURAL_KEYS = frozenset({"block_ids", "ids", "included", "blocks", "round", "tag", "sender", "receiver",
                              "shape", "peer", "peers", "client", "clients", "index", "share_index"})
@@ -166,7 +173,9 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
         g["parties"].add(m.sender if m.receiver == SERVER else m.receiver)
 
     for m in messages:
-        if m.receiver == SERVER:
+        if m.receiver == SERVER and m.tag in DECLARED_RELEASES and m.kind == "plain":
+            flag("warn", m, f"declared release to the server in plain: {DECLARED_RELEASES[m.tag]}")
+        elif m.receiver == SERVER:
             if m.kind == "secret_key":
                 flag("fail", m, "the server received a secret key")
             elif m.kind not in SECURE_SERVER_KINDS:
@@ -186,7 +195,7 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
     # -- 2: sizes per exchange
     by_ex: dict[tuple[str, int], list[Message]] = defaultdict(list)
     for m in messages:
-        if m.receiver == SERVER:
+        if m.receiver == SERVER and m.tag not in DECLARED_RELEASES:
             by_ex[(m.tag, m.round)].append(m)
     table: dict[str, dict] = {}
     for (tag, rnd), msgs in sorted(by_ex.items(), key=lambda kv: (kv[0][0], kv[0][1])):

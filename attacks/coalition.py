@@ -112,19 +112,21 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
             "estimate": y, "decoded": enc.decode(y), "truth": enc.decode(truth)}
 
 
-def ckks_break(proto, tag: str, rnd: int, coalition: list[int]) -> dict[int, np.ndarray]:
+def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> dict[int, np.ndarray]:
     """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
-    ring decrypts (all of them: one secret key).  Returns victim -> decrypted values."""
+    ring ``keys`` (default: the in-process client 0's, ``proto._keys``) decrypts (all of them:
+    one secret key).  Returns victim -> decrypted values."""
     import tenseal as ts
 
     from protocols.ckks import wire
     if not coalition:
         return {}
+    keys = proto._keys if keys is None else keys
     out = {}
     for m in proto.transcript.view(SERVER):
         if m.tag == tag and m.round == rnd and m.kind == "ciphertext" and m.receiver == SERVER \
                 and isinstance(m.payload, list) and party_client(m.sender) not in coalition:
-            key = proto._keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
+            key = keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
             if key is None:
                 continue
             vals = [np.asarray(ts.ckks_vector_from(key.context, wire.unframe(f)).decrypt()) for f in m.payload]
@@ -182,6 +184,7 @@ def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
 
 
 # ----------------------------------------------------------------------------- the runner's attack
+from attacks.audit import DECLARED_RELEASES  # noqa: E402
 from attacks.base import Attack, AttackResult, View  # noqa: E402  (after the functions it wraps)
 
 
@@ -234,7 +237,7 @@ class CoalitionAttack(Attack):
         if SERVER not in view.parties or not coalition:
             return self.not_applicable("the coalition needs the server and at least one client")
         mode = getattr(proto, "mode", "plain")
-        tags = sorted({m.tag for m in view.messages if m.receiver == SERVER
+        tags = sorted({m.tag for m in view.messages if m.receiver == SERVER and m.tag not in DECLARED_RELEASES
                        and m.kind in ("plain", "ciphertext", "masked")})
         per_tag, broken = {}, []
         for tag in tags:
@@ -244,7 +247,7 @@ class CoalitionAttack(Attack):
             if mode == "ckks":
                 ups = [m for m in view.messages if m.tag == tag and m.round == rnd and m.receiver == SERVER
                        and m.kind == "ciphertext" and party_client(m.sender) not in coalition]
-                read = ckks_break(proto, tag, rnd, coalition) if ups else {}
+                read = ckks_break(proto, tag, rnd, coalition, keys.get("ckks_keys")) if ups else {}
                 entry["break_read_fraction"] = len(read) / len(ups) if ups and any(m.payload for m in ups) else None
             elif mode == "plain":
                 entry["break_read_fraction"] = 1.0

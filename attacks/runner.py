@@ -6,29 +6,34 @@ then one entry per attack: ``{name, observer, exchange, metric, value, chance, a
 reason?, at_chance?, seconds, ...extra metrics}``.
 
 Each attack gets **only** its observer's :class:`~attacks.base.View` of the transcript and the
-background knowledge it declares.  The runner builds that knowledge here; it is the only code
-that reads the algorithm object, and it reads from it only:
+background knowledge it declares.  The runner builds that knowledge here.  What a party holds
+is asked of that party through :mod:`attacks.parties` (``P``: the in-process algorithm object
+with ``--executor inline``, the client's runtime through the executor with ``local``/``ray``);
+declared side knowledge and the ground truth come from the driver's partitioned data (``fed``):
 
 =================  ==========================================================================
 knowledge          source (what a real party would hold)
 =================  ==========================================================================
 public             cfg + algorithm options + graph size/feature type (public protocol facts)
 topology           ``fed.graph.edge_index`` + ``fed.owner`` (K2: a server that built the split)
-own_data           ``fed.clients[k]`` of the observer client (its own data)
-received           the observer client's decoded results: FedGCN's ``algo.decrypted[k]``, every row
-                   of every block that client decrypted (its own legitimate output; more than
-                   the rows it asked for where blocks mix recipients), keyed by node id
+own_data           ``P.own_data(k)``: the observer client's own data
+received           ``P.received(k)``: the observer client's decoded FedGCN rows, every row of
+                   every block it decrypted (its own legitimate output; more than the rows it
+                   asked for where blocks mix recipients), keyed by node id
 own_contributions  ``None`` (coalition members read their own uploads in the transcript; in
                    secure modes their plaintext is not recorded, so isolation is refused)
-released_model     ``algo.models[0]`` (the global model every client receives)
+released_model     ``P.released_model()``: client 0's deployed model after the run (the global
+                   model every client receives)
 architecture       a deep copy of it (the public architecture)
 victim_topology    the victim's local edge index / node count / train mask (declared K2)
-posteriors         softmax of ``algo.client_logits(k)`` -- black-box answers of the deployed models
+posteriors         ``P.posteriors(k)`` for every k -- black-box answers of the deployed models
 candidates         training (members) and test (non-members) node ids, balanced, with labels
-query_api          client t's deployed model as an inference API on its own subgraph (LinkTeller)
+query_api          ``P.query_api(t)``: client t's deployed model as an inference API on its own
+                   subgraph (LinkTeller)
 aux_labelled       K1: labels of a seeded 30 % node sample, read in its graph neighbourhood
 hidden_fn          the released model's first hidden layer (FedOMD prototypes)
-coalition_keys     the protocol object, read only for the colluding clients' own secrets
+coalition_keys     the protocol object (its transcript and public options) and
+                   ``P.ckks_keys(C)``: the CKKS key ring a colluding client hands over
 =================  ==========================================================================
 
 Ground truth (``fed.graph``, ``fed.clients``) enters only :meth:`Attack.score`.
@@ -54,6 +59,7 @@ from .coalition import CoalitionAttack
 from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout, own_degrees
 from .gcfl import SameDatasetInference
 from .gin_inversion import GINUpdateInversion
+from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
@@ -92,6 +98,7 @@ class RunContext:
 
     def __init__(self, algo, protocol, fed, cfg):
         self.algo, self.protocol, self.fed, self.cfg = algo, protocol, fed, cfg
+        self.parties = party_access(algo, protocol, fed)
         self._posteriors = None
         self.seed = int(getattr(cfg, "seed", 0))
 
@@ -100,11 +107,12 @@ class RunContext:
         o = getattr(self.algo, "opts", None)
         if o is not None and dataclasses.is_dataclass(o):
             return dataclasses.asdict(o)
+        if isinstance(o, dict):                           # a server strategy's options
+            return dict(o)
         return dict(getattr(self.cfg, "options", {}) or {})
 
     def _global_model(self):
-        models = getattr(self.algo, "models", None)
-        return models[0] if models else None
+        return self.parties.released_model()
 
     # -- providers
     def public(self, **_) -> dict:
@@ -131,19 +139,21 @@ class RunContext:
     def own_data(self, observer: str, **_):
         ks = [int(p[6:]) for p in observer_parties(observer) if p.startswith("client")]
         if len(ks) == 1:
-            return self.fed.clients[ks[0]]
-        return {k: self.fed.clients[k] for k in ks}
+            return self.parties.own_data(ks[0])
+        return {k: self.parties.own_data(k) for k in ks}
 
     def received(self, observer: str, **_):
         """FedGCN totals of every row the observer client decrypted (the whole blocks it received,
         not only the rows it asked for), keyed by node id."""
-        decrypted = getattr(self.algo, "decrypted", None)
-        if getattr(self.algo, "name", "") != "fedgcn" or not decrypted:
+        if getattr(self.algo, "name", "") != "fedgcn":
             return None
         parties = observer_parties(observer)
         if len(parties) != 1 or not parties[0].startswith("client"):
             return None
-        nodes, rows = decrypted[int(parties[0][6:])]
+        got = self.parties.received(int(parties[0][6:]))
+        if got is None:
+            return None
+        nodes, rows = got
         from .fedgcn import EXCHANGE
         tag = "fedgcn/neighbour_sums"
         tags = [m.tag for m in self.protocol.transcript.messages if fnmatch.fnmatchcase(m.tag, EXCHANGE)
@@ -188,10 +198,9 @@ class RunContext:
             N, C = int(self.fed.graph.num_nodes), int(self.fed.num_classes)
             P = np.full((N, C), np.nan)
             with torch.no_grad():
-                for k, c in enumerate(self.fed.clients):
-                    logits = self.algo.client_logits(k)
-                    p = torch.softmax(logits.float(), -1).cpu().numpy()
-                    P[c.global_ids.cpu().numpy()[:p.shape[0]]] = p[:c.num_nodes]
+                for k in range(self.fed.num_clients):
+                    ids, p = self.parties.posteriors(k)
+                    P[ids] = p
             self._posteriors = P
         return self._posteriors
 
@@ -207,29 +216,10 @@ class RunContext:
         return {"ids": ids, "labels": g.y.cpu().numpy()[ids]}
 
     def query_api(self, attack: Attack, observer: str, **_):
-        algo = self.algo
         t = int(attack.opts.get("target_client", 0)) if "target_client" in attack.opts else 0
         if observer_parties(observer) == [client_party(t)]:
             t = 1 if self.fed.num_clients > 1 else 0
-        models = getattr(algo, "models", None) or getattr(algo, "gnns", None)
-        if not models:
-            return None
-        model = models[min(t, len(models) - 1)]
-        if hasattr(algo, "client_inputs") and getattr(algo, "models", None):
-            feats, graph = algo.client_inputs(t)
-        else:
-            c = algo.clients[t]
-            feats, graph = c.x, c.edge_index
-        dev = next(model.parameters()).device
-
-        def query(x: torch.Tensor) -> torch.Tensor:
-            model.eval()
-            out = model(x.to(dev), graph)
-            out = out[0] if isinstance(out, tuple) else out
-            return torch.softmax(out.float(), -1).cpu()
-
-        return {"client": t, "features": feats.detach().cpu(), "query": query,
-                "global_ids": self.fed.clients[t].global_ids.cpu().numpy()}
+        return self.parties.query_api(t)
 
     def aux_labelled(self, **_):
         """K1 shadow data: a seeded 30 % of the nodes with labels, read in their neighbourhood
@@ -272,8 +262,8 @@ class RunContext:
 
     def coalition_keys(self, observer: str, **_) -> dict:
         """The colluding clients' own protocol secrets (simulated client memory)."""
-        return {"protocol": self.protocol,
-                "clients": [int(p[6:]) for p in observer_parties(observer) if p.startswith("client")]}
+        clients = [int(p[6:]) for p in observer_parties(observer) if p.startswith("client")]
+        return {"protocol": self.protocol, "clients": clients, "ckks_keys": self.parties.ckks_keys(sorted(clients))}
 
     def knowledge_for(self, attack: Attack, observer: str) -> dict:
         out = {}

@@ -173,6 +173,25 @@ class DPRequest:
             raise ConfigurationError(f"DPRequest.weight_bound must be finite and > 0, got {self.weight_bound!r}")
 
 
+def classwise_vector(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """One client's upload of :meth:`Protocol.classwise_mean`: ``[w * S ([C, d], row-scaled), w ([C])]``."""
+    return np.concatenate([(values * weights[:, None]).ravel(), weights])
+
+
+def classwise_result(total: np.ndarray, C: int, d: int, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean [C, d], present [C])`` from the summed :func:`classwise_vector`.
+
+    A class is present when its weight total stands above ``threshold``: the encoding error (the
+    backend guarantees ``|error| <= spec.tolerance``; CKKS never decodes an exact 0) and, with DP,
+    3 noise stds above zero (post-processing; costs no privacy).  A class whose true total weight
+    is below ``spec.tolerance`` is therefore reported absent."""
+    wsum = total[C * d:]
+    present = wsum > threshold
+    mean = np.zeros((C, d))
+    mean[present] = total[:C * d].reshape(C, d)[present] / wsum[present, None]
+    return mean, present
+
+
 class Protocol(ABC):
     """Base of every backend.  Subclasses implement :meth:`_aggregate`.
 
@@ -375,19 +394,11 @@ class Protocol(ABC):
                 raise ShapeError(f"class weights must be [{a.shape[0]}], got {w.shape}", tag=tag, round=rnd, client=k)
             if (w < 0).any():
                 raise ShapeError("class weights must be non-negative", tag=tag, round=rnd, client=k)
-            flat[k] = np.concatenate([(a * w[:, None]).ravel(), w])
+            flat[k] = classwise_vector(a, w)
         C, d = next(iter(arrays.values())).shape
         total = self._sum_vectors(tag, rnd, flat, spec or ValueSpec(), recipients, dp)
-        wsum = total[C * d:]
-        # a class is present when its weight total stands above the encoding error (the
-        # backend guarantees |error| <= spec.tolerance; CKKS never decodes an exact 0) and,
-        # with DP, 3 noise stds above zero (post-processing; costs no privacy).  A class whose
-        # true total weight is below ``spec.tolerance`` is therefore reported absent.
         noise_std = self.dp.last_std if (self.dp is not None and dp is not None) else 0.0
-        present = wsum > max((spec or ValueSpec()).tolerance, 3.0 * noise_std)
-        mean = np.zeros((C, d))
-        mean[present] = total[:C * d].reshape(C, d)[present] / wsum[present, None]
-        return mean, present
+        return classwise_result(total, C, d, max((spec or ValueSpec()).tolerance, 3.0 * noise_std))
 
     # ------------------------------------------------------------------ shape 4
     def central_moments(self, tag: str, rnd: int, samples: Mapping[int, ArrayLike],

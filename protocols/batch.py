@@ -57,16 +57,26 @@ def batched_weighted_mean(protocol, tag: str, rnd: int, parts: Mapping[str, Mapp
         shapes[name] = next(iter(arrays.values())).shape
         flat[name] = arrays
     w = validate.weights(weights, {k: None for k in clients}, tag, rnd) or {k: 1.0 for k in clients}
-    vectors = {k: np.concatenate([[w[k]]] + [flat[name][k].ravel() * w[k] for name in parts]) for k in clients}
-    sizes = [int(np.prod(s)) for s in shapes.values()]
-    protocol.transcript.attribute(tag, tuple(zip(parts, sizes)))
+    vectors = {k: batch_vector([flat[name][k] for name in parts], w[k]) for k in clients}
+    protocol.transcript.attribute(tag, tuple(zip(parts, (int(np.prod(s)) for s in shapes.values()))))
     total = protocol.weighted_sum(tag, rnd, vectors, spec=spec, recipients=recipients)
+    return dict(zip(parts, batch_means(total, list(shapes.values()), tag, rnd)))
+
+
+def batch_vector(parts: Sequence[np.ndarray], weight: float) -> np.ndarray:
+    """One client's upload of a batch: ``[w, w v^(1), ..., w v^(T)]`` (each part flattened)."""
+    return np.concatenate([[weight]] + [np.asarray(p).ravel() * weight for p in parts])
+
+
+def batch_means(total: np.ndarray, shapes: Sequence[tuple[int, ...]], tag: str, rnd: int) -> list[np.ndarray]:
+    """Every part's weighted mean ``sum_k w_k v_k^(t) / sum_k w_k`` from the summed batch vector."""
     if not total[0] > 0:
         raise ConfigurationError("the weights sum to zero; give at least one client a positive weight",
                                  tag=tag, round=rnd)
-    out, start = {}, 1
-    for (name, shape), size in zip(shapes.items(), sizes):
-        out[name] = (total[start:start + size] / total[0]).reshape(shape)
+    out, start = [], 1
+    for shape in shapes:
+        size = int(np.prod(shape))
+        out.append((total[start:start + size] / total[0]).reshape(shape))
         start += size
     return out
 

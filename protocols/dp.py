@@ -254,6 +254,33 @@ def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np
     return rng.standard_normal(size) * np.asarray(std, dtype=np.float64)
 
 
+def noise_vector(rng: SecureRandom, v: np.ndarray, req: DPRequest, std: float, *,
+                 row_len: int | None = None) -> np.ndarray:
+    """Client side of a dense release: ``v`` clipped as ``req`` says (whole, or per slice of
+    ``row_len``), plus noise of ``std`` (:meth:`DPEngine.vector_release`) from ``rng``, the
+    contributor's own OS-keyed keystream."""
+    v = np.asarray(v, dtype=np.float64).ravel()
+    v = clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel() if req.per_row \
+        else clip_l2(v, req.clip, integer=req.integer)
+    return v + gaussian_noise(rng, std, v.shape, integer=req.integer)
+
+
+def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray:
+    """Client side of a DP mean: ``a`` (flat) clipped to ``req.clip``, whole or per row."""
+    a = np.asarray(a, dtype=np.float64)
+    if req.per_row:
+        return clip_rows(a.reshape(nrows, -1), req.clip, integer=req.integer).ravel()
+    return clip_l2(a.ravel(), req.clip, integer=req.integer)
+
+
+def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray) -> np.ndarray:
+    """Client side of a row-keyed release: each row clipped (``per_row``, else the whole
+    contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``."""
+    r = np.asarray(rows, dtype=np.float64)
+    r = clip_rows(r, req.clip, integer=req.integer) if req.per_row else clip_l2(r, req.clip, integer=req.integer)
+    return r + gaussian_noise(rng, np.asarray(std, dtype=np.float64)[:, None], r.shape, integer=req.integer)
+
+
 # ----------------------------------------------------------------------------- engine
 @dataclass
 class _TagState:
@@ -425,15 +452,13 @@ class DPEngine:
         return noise
 
     # ------------------------------------------------------------------ exchanges
-    def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
-                          row_len: int | None = None) -> dict[int, np.ndarray]:
-        """Clip and noise each client's 1-D contribution to a dense sum (client side).
-
-        ``per_row`` clips consecutive slices of ``row_len`` entries; default sensitivity is
-        the client-level bound C (whole) or C sqrt(rows) (per row)."""
-        if not flat:
-            return {}
-        length = next(iter(flat.values())).size
+    def vector_release(self, tag: str, rnd: int, n: int, length: int, req: DPRequest, *,
+                       row_len: int | None = None) -> float:
+        """Server side of one dense release by ``n`` contributors of ``length``-vectors: check the
+        budget, calibrate, count the release; returns each contributor's noise std (the
+        contributors add it themselves, :func:`noise_vector`).  ``per_row`` clips consecutive
+        slices of ``row_len`` entries; default sensitivity is the client-level bound C (whole)
+        or C sqrt(rows) (per row)."""
         if req.per_row:
             if not row_len or length % row_len:
                 raise ConfigurationError("per_row clipping needs a row structure this exchange does not have; "
@@ -442,74 +467,78 @@ class DPEngine:
         else:
             default = req.clip
         st, sens, sigma = self._begin(tag, rnd, req, default)
-        n = len(flat)
         std = float(self._client_std(sigma, n))
         if req.integer and self.config.placement == "distributed":
             std = max(std, MIN_CLIENT_DGAUSS_STD)
-        out = {}
-        for k, v in flat.items():
-            v = np.asarray(v, dtype=np.float64).ravel()
-            v = clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel() if req.per_row \
-                else clip_l2(v, req.clip, integer=req.integer)
-            out[k] = v + gaussian_noise(self._noise, std, v.shape, integer=req.integer)
         self._commit(tag, st, sens, req, std * math.sqrt(n))
-        return out
+        return std
+
+    def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
+                          row_len: int | None = None) -> dict[int, np.ndarray]:
+        """Clip and noise each client's 1-D contribution to a dense sum (:meth:`vector_release`,
+        then every client's :func:`noise_vector`, all in this process)."""
+        if not flat:
+            return {}
+        std = self.vector_release(tag, rnd, len(flat), next(iter(flat.values())).size, req, row_len=row_len)
+        return {k: noise_vector(self._noise, v, req, std, row_len=row_len) for k, v in flat.items()}
+
+    def row_release(self, tag: str, rnd: int, counts: np.ndarray, req: DPRequest) -> np.ndarray:
+        """Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody).
+        Checks the budget, calibrates, counts the release; returns each uploader's noise std per
+        row (distributed placement divides the variance by the row's uploaders).  ``per_row=True``
+        needs an explicit sensitivity (edge- or node-level, see module docstring)."""
+        st, sens, sigma = self._begin(tag, rnd, req, None if req.per_row else req.clip)
+        counts = np.asarray(counts, dtype=np.int64)
+        std = self._client_std(sigma, counts)
+        if req.integer and self.config.placement == "distributed":
+            std = np.maximum(std, MIN_CLIENT_DGAUSS_STD)
+        up = counts > 0
+        self._commit(tag, st, sens, req, float(np.max(std[up] * np.sqrt(counts[up]))) if up.any() else 0.0)
+        return std
 
     def privatize_rows(self, tag: str, rnd: int, ids: dict[int, np.ndarray], rows: dict[int, np.ndarray],
                        num_rows: int, req: DPRequest, layout: str) -> dict[int, np.ndarray]:
-        """Clip and noise each client's rows of a row-keyed sum (client side).
-
-        ``ids``/``rows`` are what each client uploads (the caller expands them to whole
-        transport blocks, so padding rows get noise too).  Distributed placement divides
-        the variance by the number of clients uploading each row.  ``per_row=True`` needs
-        an explicit sensitivity (edge- or node-level, see module docstring)."""
-        st, sens, sigma = self._begin(tag, rnd, req, None if req.per_row else req.clip)
+        """Clip and noise each client's rows of a row-keyed sum (:meth:`row_release`, then every
+        client's :func:`noise_rows`, all in this process).  ``ids``/``rows`` are what each client
+        uploads (the caller expands them to whole transport blocks, so padding rows get noise too)."""
         counts = np.zeros(int(num_rows), dtype=np.int64)
         for k in ids:
             counts[np.asarray(ids[k], dtype=np.int64)] += 1
-        out, worst = {}, 0.0
-        for k, r in rows.items():
-            r = np.asarray(r, dtype=np.float64)
-            r = clip_rows(r, req.clip, integer=req.integer) if req.per_row \
-                else clip_l2(r, req.clip, integer=req.integer)
-            n_r = counts[np.asarray(ids[k], dtype=np.int64)]
-            std = self._client_std(sigma, n_r)
-            if req.integer and self.config.placement == "distributed":
-                std = np.maximum(std, MIN_CLIENT_DGAUSS_STD)
-            if std.size:
-                worst = max(worst, float(np.max(std * np.sqrt(n_r))))
-            out[k] = r + gaussian_noise(self._noise, std[:, None], r.shape,
-                                        integer=req.integer)
-        self._commit(tag, st, sens, req, worst)
-        return out
+        std = self.row_release(tag, rnd, counts, req)
+        return {k: noise_rows(self._noise, r, req, std[np.asarray(ids[k], dtype=np.int64)])
+                for k, r in rows.items()}
 
-    def mean_contributions(self, tag: str, rnd: int, arrays: dict[int, np.ndarray],
-                           weights: dict[int, float] | None, req: DPRequest, spec: ValueSpec
-                           ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
-        """Client-side inputs of a DP weighted mean (see module docstring, "weighted_mean").
-
-        Returns ``(flat, request for the sum, spec for the sum, weight_scale)``: the flat
-        vectors are already clipped (the returned request has ``clip=inf`` and the
-        sensitivity set); ``weight_scale`` is ``None`` for an unweighted mean (divide by the
-        number of contributors) else the factor C the weight coordinate was scaled by."""
+    def mean_request(self, tag: str, rnd: int, req: DPRequest, spec: ValueSpec, *, nrows: int = 1,
+                     weighted: bool = False) -> tuple[DPRequest, ValueSpec, float | None]:
+        """Server side of a DP weighted mean (module docstring, "weighted_mean"): the request and
+        spec of the sum of the clipped contributions (:func:`clip_mean_value`; the request has
+        ``clip=inf`` and the sensitivity set) and ``weight_scale``, ``None`` for an unweighted
+        mean (divide by the number of contributors) else the factor C the weight coordinate
+        was scaled by.  ``nrows``: rows of a contribution (``per_row`` clipping)."""
         C = float(req.clip)
         if not math.isfinite(C):
             raise ConfigurationError("a DP mean needs a finite clip bound on each client's values",
                                      tag=tag, round=rnd)
+        self._mean_clip[tag] = C
+        if not weighted:
+            sens = C * math.sqrt(nrows) if req.per_row else C
+            return (dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
+                    dataclasses.replace(spec, max_abs=min(spec.max_abs, C)), None)
+        sens = C * math.sqrt(nrows + 1) if req.per_row else math.sqrt(2.0) * C
+        return (dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
+                dataclasses.replace(spec, max_abs=C), C)
+
+    def mean_contributions(self, tag: str, rnd: int, arrays: dict[int, np.ndarray],
+                           weights: dict[int, float] | None, req: DPRequest, spec: ValueSpec
+                           ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
+        """Client-side inputs of a DP weighted mean, every client in this process: returns
+        ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`),
+        the flat vectors already clipped."""
         shape = next(iter(arrays.values())).shape
         nrows = shape[0] if len(shape) else 1
-        self._mean_clip[tag] = C
-
-        def clipped(a: np.ndarray) -> np.ndarray:
-            a = a.reshape(nrows, -1) if req.per_row else a.ravel()
-            return (clip_rows(a, C, integer=req.integer) if req.per_row else clip_l2(a, C, integer=req.integer)).ravel()
-
+        dp_sum, spec_sum, wscale = self.mean_request(tag, rnd, req, spec, nrows=nrows, weighted=weights is not None)
         if weights is None:
-            flat = {k: clipped(a) for k, a in arrays.items()}
-            sens = C * math.sqrt(nrows) if req.per_row else C
-            spec = dataclasses.replace(spec, max_abs=min(spec.max_abs, C))
-            return flat, dataclasses.replace(req, clip=math.inf, per_row=False,
-                                             sensitivity=req.sensitivity or sens), spec, None
+            return {k: clip_mean_value(a, req, nrows) for k, a in arrays.items()}, dp_sum, spec_sum, None
         W = req.weight_bound
         if W is None:
             if any(w > 1.0 for w in weights.values()):
@@ -521,11 +550,8 @@ class DPEngine:
         flat = {}
         for k, a in arrays.items():
             wt = min(float(weights[k]), W) / W
-            flat[k] = np.concatenate([wt * clipped(a), [wt * C]])
-        sens = C * math.sqrt(nrows + 1) if req.per_row else math.sqrt(2.0) * C
-        spec = dataclasses.replace(spec, max_abs=C)
-        return flat, dataclasses.replace(req, clip=math.inf, per_row=False,
-                                         sensitivity=req.sensitivity or sens), spec, C
+            flat[k] = np.concatenate([wt * clip_mean_value(a, req, nrows), [wt * wscale]])
+        return flat, dp_sum, spec_sum, wscale
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

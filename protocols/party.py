@@ -189,6 +189,11 @@ class ClientHalf(Party):
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""
         raise NotImplementedError
 
+    def coalition_secrets(self) -> dict[str, bytes]:
+        """Attack simulations only: the key material this client hands a coalition it joins
+        (a backend that has some overrides this; :mod:`attacks.parties`)."""
+        return {}
+
     def result(self) -> dict[int, np.ndarray]:
         """This client's decoded result of its last exchange: block id -> summed block."""
         if self._result is None or self.plan is None or self._result[0] != self.plan.exchange:

@@ -34,6 +34,8 @@ from .config import ConfigError, RunConfig
 UNITS = ("edge", "node", "client")
 #: the units a release privatised at a given unit also protects
 COVERS = {"client": {"client", "node", "edge"}, "node": {"node", "edge"}, "edge": {"edge"}}
+#: tags of evaluation reports (:data:`secure_fgl.runtime.strategy.EVAL_TAG`)
+EVALUATION_PREFIX = "eval/"
 #: the data each unit protects (a release touching any of it must be privatised)
 PROTECTS = {"edge": {"edges"}, "node": {"features", "labels", "edges"},
             "client": {"features", "labels", "edges"}}
@@ -113,10 +115,13 @@ def resolve_placement(cfg: RunConfig) -> str:
 
 def _released_tags(protocol) -> list[str]:
     """Tags of every exchange whose values left a client, in first-release order (key set-up
-    tags, ``*/keys`` such as ``auth/keys`` and ``ckks/keys``, carry key material, no data)."""
+    tags, ``*/keys`` such as ``auth/keys`` and ``ckks/keys``, carry key material, no data;
+    evaluation counts, ``eval/*``, are the run's reported metrics -- recorded as messages by the
+    client runtimes, released as ``result.json`` by every run -- and are not training releases)."""
     seen = []
     for m in protocol.transcript.messages:
-        if m.sender.startswith("client") and m.tag not in seen and not m.tag.endswith("/keys"):
+        if m.sender.startswith("client") and m.tag not in seen and not m.tag.endswith("/keys") \
+                and not m.tag.startswith(EVALUATION_PREFIX):
             seen.append(m.tag)
     return seen
 
@@ -144,7 +149,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
     unit, sums = resolve_unit(cfg), row_sum_tags(cfg)
     per_tag = rep.get("per_tag", {})
     params = getattr(algo, "global_params", None)
-    dim = int(params.numel()) if params is not None else None
+    dim = int(params.numel()) if params is not None else getattr(algo, "model_size", None)
+    num_clients = getattr(algo, "num_clients", None) or len(algo.clients)     # a runtime strategy / an algorithm
     releases, uncovered, warnings = [], [], []
     local_units = getattr(algo, "release_units", dict)()     # releases a client makes alone (DP-SGD steps)
     exchanged = _released_tags(protocol)
@@ -166,12 +172,12 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                           "share": protocol.dp.share(tag)})
             covered = unit in COVERS[rel_unit]
             if rel_unit == "client" and dim and isinstance(t["noise_multiplier"], float):
-                ratio = t["noise_multiplier"] * math.sqrt(dim) / max(1, len(algo.clients))
+                ratio = t["noise_multiplier"] * math.sqrt(dim) / max(1, num_clients)
                 entry["noise_to_signal"] = ratio
                 if ratio > 1:
-                    warnings.append(f"{tag}: client-level noise on the mean of {len(algo.clients)} clients has "
+                    warnings.append(f"{tag}: client-level noise on the mean of {num_clients} clients has "
                                     f"~{ratio:.3g}x the norm of the largest possible mean update ({dim} "
-                                    f"parameters); client-level DP needs about {math.ceil(ratio) * len(algo.clients)}"
+                                    f"parameters); client-level DP needs about {math.ceil(ratio) * num_clients}"
                                     " clients or more to learn. Use --dp-unit edge/node or fewer parameters")
         else:
             covered = not (deps & PROTECTS[unit])
@@ -181,7 +187,7 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                              f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
                              "does not hold for it")
         releases.append(entry)
-    section_coalition = coalition_guarantee(releases, sums, len(algo.clients), rep["delta"],
+    section_coalition = coalition_guarantee(releases, sums, num_clients, rep["delta"],
                                             colluding=max(1, cfg.dp_colluders), calibrated=cfg.dp_colluders,
                                             dropouts=cfg.dp_dropouts) if rep["placement"] == "distributed" else None
     return {"unit": unit, "units": sorted({r["unit"] for r in releases if r.get("unit")}),

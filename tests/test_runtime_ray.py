@@ -8,6 +8,7 @@ import pytest
 from protocols import DropoutError
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
@@ -44,6 +45,15 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     assert tags[ORDER_TAG]["bytes_down"] == stats[f"contribute:{IDS_TAG}"]["bytes_to_clients"]
 
 
+def test_fedomd_on_ray_gives_the_local_run():
+    """Per-client dropout generators and the statistics stages: the actors' run is the in-process one."""
+    runs = [run_experiment(small("fedomd", "mask", executor=ex, rounds=2), progress=False) for ex in ("local", "ray")]
+    assert [[(r["train_loss"], r["cmd_loss"]) for r in run["rounds"]] for run in runs] == \
+           [[(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]] * 2
+    assert runs[0]["final"]["test_acc"] == runs[1]["final"]["test_acc"]
+    assert runs[0]["comm"]["per_tag"] == runs[1]["comm"]["per_tag"]
+
+
 class RecordingRayExecutor(Recording, RayExecutor):
     pass
 
@@ -65,6 +75,25 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     recorded = sum(m.nbytes for m in protocol.transcript.messages
                    if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG))
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
+
+
+def test_gcfl_on_actors_splits_as_in_process_and_counts_its_report_frames():
+    """GCFL (plain, forced split at round 20) with the clients on actors: the same losses and
+    splits as the local executor; each reported scalar's recorded bytes are the bytes returned
+    from the actors' methods."""
+    from test_runtime_graph import build, drive, graph_cfg
+    cfg = graph_cfg("gcfl", "plain")
+    local, _ = drive(build(cfg, LocalExecutor())[0])
+    executor = RayExecutor()
+    strategy, protocol, _ = build(cfg, executor)
+    try:
+        remote, final = drive(strategy)
+    finally:
+        executor.shutdown()
+    assert [r["train_loss"] for r in remote] == [r["train_loss"] for r in local] and final["splits"]
+    stats, tags = executor.stats.per_method, protocol.transcript.comm()["per_tag"]
+    for tag in ("gcfl/update_norms", "gcfl/mean_norm", "gcfl/similarity"):
+        assert tags[tag]["bytes_up"] == stats[f"contribute:{tag}"]["bytes_from_clients"]
 
 
 class KillingRayExecutor(RayExecutor):
@@ -118,3 +147,4 @@ def test_silent_actors_time_out_instead_of_hanging():
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
+

@@ -271,6 +271,12 @@ class CKKSClient(ClientHalf):
                       key.public_bytes, note=f"public context without secret/Galois/relin keys ({note})")
         return [self.seal(pub, "key_setup", env.part)] + out
 
+    def coalition_secrets(self) -> dict[str, bytes]:
+        """Each chain's secret context (TenSEAL serialization), keyed by its public fingerprint."""
+        return {k.fingerprint: k.context.serialize(save_public_key=False, save_secret_key=True,
+                                                   save_galois_keys=False, save_relin_keys=False)
+                for k in self.keys._keys.values()}
+
     def _take_secret(self, m: Message) -> None:
         env = envelope_of(m)
         raw = self.open_relayed(m, "key_setup", env.part, exchange=env.exchange)

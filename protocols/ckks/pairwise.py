@@ -43,7 +43,8 @@ from ..transcript import SERVER, Message, client_party
 from .keys import fingerprint_of
 from .params import ChainParams, check_security
 
-__all__ = ["PAIRWISE_CHAIN", "PAIRWISE_SCALE_BITS", "PAIRWISE_TOLERANCE", "encrypted_cosine"]
+__all__ = ["PAIRWISE_CHAIN", "PAIRWISE_SCALE_BITS", "PAIRWISE_TOLERANCE", "encrypted_cosine", "make_key_pair",
+           "public_context", "encrypt_unit", "inner_products", "decrypt_pairs", "cosine_from_pairs"]
 
 PAIRWISE_CHAIN = ChainParams("pairwise-n8192", 8192, (60, 40, 60))
 PAIRWISE_SCALE_BITS = 40
@@ -63,6 +64,86 @@ class _PairwiseKeys:
 _KEYS: "weakref.WeakKeyDictionary[Protocol, _PairwiseKeys]" = weakref.WeakKeyDictionary()
 
 
+# ---------------------------------------------------------------- the parties' steps
+def make_key_pair() -> tuple[ts.Context, bytes, bytes]:
+    """Decider: a key pair on :data:`PAIRWISE_CHAIN` with relinearisation and Galois keys;
+    ``(secret context, evaluation context bytes for the server, encryption context bytes
+    for the other clients)``.  Neither byte string holds the secret key."""
+    check_security(PAIRWISE_CHAIN)
+    secret = ts.context(ts.SCHEME_TYPE.CKKS, PAIRWISE_CHAIN.poly_modulus_degree,
+                        coeff_mod_bit_sizes=list(PAIRWISE_CHAIN.coeff_mod_bit_sizes), n_threads=1)
+    secret.global_scale = 2.0 ** PAIRWISE_SCALE_BITS
+    secret.generate_galois_keys()
+    evaluation = secret.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=True,
+                                  save_relin_keys=True)
+    encryption = secret.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                  save_relin_keys=False)
+    return secret, evaluation, encryption
+
+
+def public_context(data: bytes, tag: str = "", rnd: int = 0) -> ts.Context:
+    """A received evaluation or encryption context; refused if it holds a secret key."""
+    ctx = ts.context_from(data, n_threads=1)
+    if ctx.is_private():
+        raise ConfigurationError("a public pairwise context holds the secret key", tag=tag, round=rnd)
+    return ctx
+
+
+def encrypt_unit(encryption: ts.Context, update: np.ndarray, *, tag: str = "", rnd: int = 0,
+                 client: int | None = None) -> tuple[list[bytes], bool]:
+    """Client: ``u / ||u||`` (bound ``|entry| <= 1`` checked before encryption; a zero update
+    stays zero) in ``N/2``-slot pieces encrypted with the public key; ``(frames, nonzero)``."""
+    v = np.asarray(update, dtype=np.float64).ravel()
+    norm = float(np.linalg.norm(v))
+    unit = v / norm if norm > 0 else v
+    if np.abs(unit).max(initial=0.0) > 1.0 + 1e-9:
+        raise BoundError("a normalised update has an entry above 1", tag=tag, round=rnd, client=client)
+    scale = 2.0 ** PAIRWISE_SCALE_BITS
+    return [ts.ckks_vector(encryption, piece.tolist(), scale=scale).serialize()
+            for piece in _pieces(unit, PAIRWISE_CHAIN.slots)], norm > 0
+
+
+def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: str = "",
+                   rnd: int = 0) -> list[bytes]:
+    """Server: one ciphertext per pair ``a < b`` (in that order) holding ``<u_a, u_b>`` in every slot."""
+    cts = [[ts.ckks_vector_from(evaluation, f) for f in frames] for frames in uploads]
+    if len({len(c) for c in cts}) != 1:
+        raise ShapeError("uploads differ in their number of ciphertexts", tag=tag, round=rnd)
+    results = []
+    for a, b in _pairs(len(cts)):
+        prod = None
+        for x, y in zip(cts[a], cts[b]):
+            term = x * y
+            prod = term if prod is None else prod + term
+        results.append(prod.sum().serialize())
+    return results
+
+
+def decrypt_pairs(secret: ts.Context, results: list[bytes]) -> np.ndarray:
+    """Decider: the pair values, nothing else."""
+    return np.array([ts.ckks_vector_from(secret, r).decrypt()[0] for r in results], dtype=np.float64)
+
+
+def cosine_from_pairs(values: np.ndarray, nonzero: list[bool]) -> np.ndarray:
+    """Server: the ``m x m`` matrix (diagonal 1, or 0 for a zero update)."""
+    cos = np.diag([1.0 if nz else 0.0 for nz in nonzero])
+    for p, (a, b) in enumerate(_pairs(len(nonzero))):
+        cos[a, b] = cos[b, a] = float(np.clip(values[p], -1.0, 1.0))
+    return cos
+
+
+def _pairs(m: int) -> list[tuple[int, int]]:
+    return [(a, b) for a in range(m) for b in range(a + 1, m)]
+
+
+def _pieces(unit: np.ndarray, slots: int) -> list[np.ndarray]:
+    count = -(-unit.size // slots)
+    padded = np.zeros(count * slots)
+    padded[:unit.size] = unit
+    return list(padded.reshape(count, slots))
+
+
+# ---------------------------------------------------------------- every party in one object
 def _keys(protocol: Protocol, tag: str, rnd: int, decider: int) -> _PairwiseKeys:
     keys = _KEYS.get(protocol)
     if keys is not None:
@@ -70,20 +151,9 @@ def _keys(protocol: Protocol, tag: str, rnd: int, decider: int) -> _PairwiseKeys
             raise ConfigurationError(f"the pairwise key pair belongs to client {keys.decider}, not {decider}: "
                                      "keep one decider per run", tag=tag, round=rnd)
         return keys
-    check_security(PAIRWISE_CHAIN)
-    secret = ts.context(ts.SCHEME_TYPE.CKKS, PAIRWISE_CHAIN.poly_modulus_degree,
-                        coeff_mod_bit_sizes=list(PAIRWISE_CHAIN.coeff_mod_bit_sizes), n_threads=1)
-    secret.global_scale = 2.0 ** PAIRWISE_SCALE_BITS
-    secret.generate_galois_keys()
-    evaluation_bytes = secret.serialize(save_public_key=True, save_secret_key=False,
-                                        save_galois_keys=True, save_relin_keys=True)
-    encryption_bytes = secret.serialize(save_public_key=True, save_secret_key=False,
-                                        save_galois_keys=False, save_relin_keys=False)
-    evaluation = ts.context_from(evaluation_bytes, n_threads=1)
-    encryption = ts.context_from(encryption_bytes, n_threads=1)
-    if evaluation.is_private() or encryption.is_private():
-        raise ConfigurationError("a public pairwise context holds the secret key")
-    keys = _PairwiseKeys(decider, secret, evaluation, encryption, fingerprint_of(evaluation_bytes))
+    secret, evaluation_bytes, encryption_bytes = make_key_pair()
+    keys = _PairwiseKeys(decider, secret, public_context(evaluation_bytes, tag, rnd),
+                         public_context(encryption_bytes, tag, rnd), fingerprint_of(evaluation_bytes))
     protocol.transcript.record(Message(rnd, f"{tag}/keys", client_party(decider), SERVER, "public_key", (),
                                        len(evaluation_bytes), protocol.mode, keys.fingerprint))
     for k in range(protocol.num_clients):
@@ -95,55 +165,30 @@ def _keys(protocol: Protocol, tag: str, rnd: int, decider: int) -> _PairwiseKeys
     return keys
 
 
-def _pieces(unit: np.ndarray, slots: int) -> list[np.ndarray]:
-    count = -(-unit.size // slots)
-    padded = np.zeros(count * slots)
-    padded[:unit.size] = unit
-    return list(padded.reshape(count, slots))
-
-
 def encrypted_cosine(protocol: Protocol, tag: str, rnd: int, arrays: dict[int, np.ndarray], *,
                      decider: int = 0) -> np.ndarray:
-    """The cosine matrix of ``arrays`` (client -> flat update) by the protocol above."""
-    members = list(arrays)
-    m = len(members)
-    slots = PAIRWISE_CHAIN.slots
+    """The cosine matrix of ``arrays`` (client -> flat update) by the protocol above, every
+    party played by this object (a client runtime plays its own: :mod:`secure_fgl.runtime.gcfl`)."""
     if not 0 <= decider < protocol.num_clients:
         raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
     keys = _keys(protocol, tag, rnd, decider)
-    scale = 2.0 ** PAIRWISE_SCALE_BITS
     # -- clients: normalise (bounds checked before encryption), encrypt with the public key, upload
-    uploads, nonzero = {}, {}
+    uploads, nonzero = [], []
     protocol._begin_exchange(tag, rnd)
     for k, v in arrays.items():
-        norm = float(np.linalg.norm(v))
-        nonzero[k] = norm > 0
-        unit = v / norm if norm > 0 else v
-        if np.abs(unit).max(initial=0.0) > 1.0 + 1e-9:
-            raise BoundError("a normalised update has an entry above 1", tag=tag, round=rnd, client=k)
-        frames = [ts.ckks_vector(keys.encryption, piece.tolist(), scale=scale).serialize()
-                  for piece in _pieces(unit, slots)]
-        msg = protocol._deliver(Message(rnd, tag, client_party(k), SERVER, "ciphertext", (len(frames), slots),
-                                        sum(map(len, frames)), protocol.mode, keys.fingerprint, payload=frames))
-        uploads[k] = [ts.ckks_vector_from(keys.evaluation, f) for f in msg.payload]
-    if len({len(v) for v in uploads.values()}) != 1:
-        raise ShapeError("uploads differ in their number of ciphertexts", tag=tag, round=rnd)
+        frames, nz = encrypt_unit(keys.encryption, v, tag=tag, rnd=rnd, client=k)
+        msg = protocol._deliver(Message(rnd, tag, client_party(k), SERVER, "ciphertext",
+                                        (len(frames), PAIRWISE_CHAIN.slots), sum(map(len, frames)), protocol.mode,
+                                        keys.fingerprint, payload=frames))
+        uploads.append(msg.payload)
+        nonzero.append(nz)
     # -- server: one inner product per pair, the total in every slot of its ciphertext
-    pairs = [(a, b) for a in range(m) for b in range(a + 1, m)]
-    results = []
-    for a, b in pairs:
-        prod = None
-        for x, y in zip(uploads[members[a]], uploads[members[b]]):
-            term = x * y
-            prod = term if prod is None else prod + term
-        results.append(prod.sum().serialize())
-    protocol.transcript.record(Message(rnd, tag, SERVER, client_party(decider), "ciphertext", (len(pairs), 1),
+    results = inner_products(keys.evaluation, uploads, tag=tag, rnd=rnd)
+    pairs = len(results)
+    protocol.transcript.record(Message(rnd, tag, SERVER, client_party(decider), "ciphertext", (pairs, 1),
                                        sum(map(len, results)), protocol.mode, keys.fingerprint))
     # -- decider: decrypt, return only the pair values
-    values = np.array([ts.ckks_vector_from(keys.secret, r).decrypt()[0] for r in results], dtype=np.float64)
-    protocol.transcript.record(Message(rnd, tag, client_party(decider), SERVER, "plain", (len(pairs),),
-                                       8 * len(pairs), protocol.mode, keys.fingerprint, payload=values))
-    cos = np.diag([1.0 if nonzero[k] else 0.0 for k in members])
-    for p, (a, b) in enumerate(pairs):
-        cos[a, b] = cos[b, a] = float(np.clip(values[p], -1.0, 1.0))
-    return cos
+    values = decrypt_pairs(keys.secret, results)
+    protocol.transcript.record(Message(rnd, tag, client_party(decider), SERVER, "plain", (pairs,),
+                                       8 * pairs, protocol.mode, keys.fingerprint, payload=values))
+    return cosine_from_pairs(values, nonzero)

@@ -455,6 +455,44 @@ def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None) 
     return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
 
 
+def dp_applies(cfg, protocol) -> bool:
+    """DP applies to the pre-training exchange: the run has DP and :data:`TAG` is in its scope."""
+    dp = getattr(protocol, "dp", None)
+    if cfg.dp_epsilon is None or dp is None:
+        return False
+    in_scope = getattr(dp.config, "in_scope", None)
+    return bool(in_scope(TAG)) if in_scope is not None else True
+
+
+def dp_row_clip(o: FedGCNOptions, cfg) -> float:
+    """``C`` of the DP terms (``--dp-row-clip``, else ``--dp-clip``)."""
+    C = o.dp_row_clip if o.dp_row_clip is not None else cfg.dp_clip
+    if not C >= 1.0:
+        raise ConfigError(f"FedGCN's DP terms [x, 1] need an L2 bound C >= 1 (the ones column takes 1); "
+                          f"got {C}. Set --dp-row-clip (e.g. sqrt(typical ones per row + 1))")
+    return float(C)
+
+
+def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
+    """The DP request of the exchange (module docstring, "Differential privacy"): per-row terms
+    bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
+    from protocols.dp import edge_level_sensitivity, node_level_sensitivity
+
+    from ..privacy import resolve_unit
+    C = dp_row_clip(o, cfg)
+    sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
+    return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
+                     integer=bool(binary) and o.norm != "sym")
+
+
+def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
+    """The cap is a bound some encoding or guarantee relies on: the secure modes size their
+    packing / modulus with it, and node-level DP takes its sensitivity from it.  The
+    plaintext protocol sums floats and needs no cap."""
+    from ..privacy import resolve_unit
+    return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
+
+
 def normalise(totals: torch.Tensor, degrees: torch.Tensor, norm: str) -> torch.Tensor:
     """First-layer input from received totals ``[S_v[:d], S_v[d]]`` and degrees ``d̃_v``."""
     feat = totals[:, :-1]
@@ -588,24 +626,12 @@ class FedGCN(ModelAveraging):
     # -- pre-training exchange
     @property
     def _dp_on(self) -> bool:
-        """DP applies to the pre-training exchange (run has DP and the tag is in its scope)."""
-        dp = getattr(self.protocol, "dp", None)
-        if self.cfg.dp_epsilon is None or dp is None:
-            return False
-        in_scope = getattr(dp.config, "in_scope", None)
-        return bool(in_scope(TAG)) if in_scope is not None else True
-
-    def _integer_exchange(self) -> bool:
-        """Binary features with row/none normalisation: every term is an integer vector."""
-        return bool(self.fed.binary_features) and self.opts.norm != "sym"
+        """DP applies to the pre-training exchange (:func:`dp_applies`)."""
+        return dp_applies(self.cfg, self.protocol)
 
     def row_clip(self) -> float:
-        """``C`` of the DP terms (``--dp-row-clip``, else ``--dp-clip``)."""
-        C = self.opts.dp_row_clip if self.opts.dp_row_clip is not None else self.cfg.dp_clip
-        if not C >= 1.0:
-            raise ConfigError(f"FedGCN's DP terms [x, 1] need an L2 bound C >= 1 (the ones column takes 1); "
-                              f"got {C}. Set --dp-row-clip (e.g. sqrt(typical ones per row + 1))")
-        return float(C)
+        """``C`` of the DP terms (:func:`dp_row_clip`)."""
+        return dp_row_clip(self.opts, self.cfg)
 
     def value_spec(self) -> ValueSpec:
         """Public bounds of the exchange.  Integer exchanges (binary features, ``norm``
@@ -617,23 +643,11 @@ class FedGCN(ModelAveraging):
         return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None)
 
     def dp_request(self) -> DPRequest | None:
-        """Sensitivity of the exchange (module docstring, "Differential privacy")."""
-        if not self._dp_on:
-            return None
-        from protocols.dp import edge_level_sensitivity, node_level_sensitivity
-        C = self.row_clip()
-        from ..privacy import resolve_unit
-        sens = (edge_level_sensitivity(C) if resolve_unit(self.cfg) == "edge"
-                else node_level_sensitivity(C, self.opts.degree_cap))
-        return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
-                         integer=self._integer_exchange())
+        """The exchange's DP request (:func:`exchange_dp_request`), ``None`` without DP."""
+        return exchange_dp_request(self.opts, self.cfg, bool(self.fed.binary_features)) if self._dp_on else None
 
     def _degree_cap_needed(self) -> bool:
-        """The cap is a bound some encoding or guarantee relies on: the secure modes size their
-        packing / modulus with it, and node-level DP takes its sensitivity from it.  The
-        plaintext protocol sums floats and needs no cap."""
-        from ..privacy import resolve_unit
-        return self.protocol.mode != "plain" or (self._dp_on and resolve_unit(self.cfg) == "node")
+        return degree_cap_needed(self.cfg, self.protocol.mode, self._dp_on)
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """Data each release touches: the sums read features over edges; the model trains GCN

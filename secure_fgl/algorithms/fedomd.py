@@ -136,6 +136,7 @@ from torch.nn import functional as F
 from protocols import DPRequest, ValueSpec
 from protocols.precision import MeanPrecision
 
+from ..engine import rng
 from ..models.orthogonal import OrthoGCN
 from .base import ModelAveraging
 from .cmd import central_moments, clip_activations, cmd_from_moments
@@ -150,6 +151,10 @@ STATS_MEAN_TOLERANCE = 2.0 ** -40
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
 STATS_NODES = ("all", "train", "train_vs_all")
+
+#: the ``step`` of :func:`~secure_fgl.engine.rng.client_generator` keying a client's statistics pass
+#: (``stats_pass='train'``: dropout), apart from its local steps ``0..local_epochs-1``
+STATS_PASS_STEP = 1 << 30
 
 
 @dataclass
@@ -233,6 +238,85 @@ def exchange_hidden_statistics(protocol, rnd: int, hidden: dict[int, list[torch.
     return out
 
 
+def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: int) -> nn.Module:
+    """The model of Table 1 (:class:`~secure_fgl.models.orthogonal.OrthoGCN`) with the run's settings."""
+    return OrthoGCN(num_features, cfg.hidden, num_classes, ortho_layers=opts.ortho_layers, dropout=cfg.dropout,
+                    newton_steps=opts.newton_steps, ortho_propagate=opts.ortho_propagate, orthogonal=opts.orthogonal)
+
+
+def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> torch.Tensor:
+    """The rows of ``z`` (client ``c``'s nodes) that enter the statistics; ``side``: ``'global'``
+    (the exchanged statistics) or ``'local'`` (the client side of eq. 11)."""
+    train = stats_nodes == "train" or (stats_nodes == "train_vs_all" and side == "local")
+    return z[c.train_mask] if train else z
+
+
+@torch.no_grad()
+def hidden_for_stats(model: nn.Module, x, edge_index, c, opts: FedOMDOptions, seed: int, rnd: int,
+                     k: int) -> list[torch.Tensor]:
+    """Client k's hidden features ``[Z^1..Z^(L-1)]`` on the statistics' node set (eval- or
+    training-mode pass of the current model: ``stats_pass``; dropout keyed by its own generator)."""
+    model.train(opts.stats_pass == "train")
+    with rng.using(rng.client_generator(seed, rnd, k, STATS_PASS_STEP)):
+        _, hidden = model(x, edge_index, return_hidden=True)
+    return [stats_rows(c, z, opts.stats_nodes) for z in hidden]
+
+
+def cmd_loss(c, hidden: list[torch.Tensor], global_stats: list[GlobalStats] | None, opts: FedOMDOptions,
+             orders: tuple[int, ...]) -> torch.Tensor:
+    """``sum_l d_CMD(Z_k^l, global^l)`` (eq. 11, Algorithm 1 line 19)."""
+    total = hidden[0].new_zeros(())
+    if global_stats is None:
+        return total
+    for z, g in zip(hidden, global_stats):
+        z = clip_activations(stats_rows(c, z, opts.stats_nodes, "local"), opts.act_low, opts.act_high)
+        if z.shape[0] == 0:
+            continue
+        mean, moments = central_moments(z, orders)
+        total = total + cmd_from_moments(mean, moments, g.mean, g.moments, opts.act_low, opts.act_high)
+    return total
+
+
+def train_client(model: nn.Module, opt: torch.optim.Optimizer, x, edge_index, c, opts: FedOMDOptions, cfg,
+                 global_stats: list[GlobalStats] | None, orders: tuple[int, ...], rnd: int,
+                 k: int) -> tuple[float, dict[str, float]]:
+    """Client k's local steps of eq. 12 (Algorithm 1 lines 19-20); returns the loss and its terms."""
+    model.train()
+    terms = {}
+    loss = torch.zeros(())
+    for step in range(cfg.local_epochs):
+        opt.zero_grad()
+        with rng.using(rng.client_generator(cfg.seed, rnd, k, step)):
+            logits, hidden = model(x, edge_index, return_hidden=True)
+        ce = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
+        ortho = model.orthogonality_loss() if opts.ortho_weight > 0 else ce.new_zeros(())
+        if opts.cmd_weight > 0 and global_stats is not None:
+            if opts.stats_pass == "eval" and cfg.dropout > 0:
+                model.eval()                      # dropout-free features, with gradient
+                _, hidden = model(x, edge_index, return_hidden=True)
+                model.train()
+            dcmd = cmd_loss(c, hidden, global_stats, opts, orders)
+        else:
+            dcmd = ce.new_zeros(())
+        loss = ce + opts.ortho_weight * ortho + opts.cmd_weight * dcmd
+        loss.backward()
+        opt.step()
+        terms = {"ce": float(ce.detach()), "ortho": float(ortho.detach()), "cmd": float(dcmd.detach())}
+    return float(loss.detach()), terms
+
+
+def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, share: float) -> MeanPrecision:
+    """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
+    values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (``node_total``, the
+    node set's public total), ``T_min = N`` under full participation (else the expected ``share``
+    ``m/K`` of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic."""
+    a, b = opts.act_low, opts.act_high
+    per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in orders])
+    total = float(max(1, node_total))
+    return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
+                         tolerance=STATS_MEAN_TOLERANCE)
+
+
 class FedOMD(ModelAveraging):
     name = "fedomd"
     Options = FedOMDOptions
@@ -259,21 +343,10 @@ class FedOMD(ModelAveraging):
 
     # ------------------------------------------------------------------ model
     def build_model(self) -> nn.Module:
-        o, cfg = self.opts, self.cfg
-        return OrthoGCN(self.fed.num_features, cfg.hidden, self.fed.num_classes, ortho_layers=o.ortho_layers,
-                        dropout=cfg.dropout, newton_steps=o.newton_steps, ortho_propagate=o.ortho_propagate,
-                        orthogonal=o.orthogonal)
-
-    def _stats_mask(self, k: int, side: str = "global") -> torch.Tensor | None:
-        """Nodes whose features enter the statistics (``None``: all local nodes); ``side``:
-        ``'global'`` (the exchanged statistics) or ``'local'`` (the client side of eq. 11)."""
-        mode = self.opts.stats_nodes
-        train = mode == "train" or (mode == "train_vs_all" and side == "local")
-        return self.clients[k].train_mask if train else None
+        return build_ortho_gcn(self.opts, self.cfg, self.fed.num_features, self.fed.num_classes)
 
     def _select(self, k: int, z: torch.Tensor, side: str = "global") -> torch.Tensor:
-        mask = self._stats_mask(k, side)
-        return z if mask is None else z[mask]
+        return stats_rows(self.clients[k], z, self.opts.stats_nodes, side)
 
     @property
     def uses_cmd(self) -> bool:
@@ -288,16 +361,9 @@ class FedOMD(ModelAveraging):
         return int((self.fed.owner >= 0).sum())
 
     def stats_precision(self, num_contributors: int) -> MeanPrecision:
-        """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
-        values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (the node set's
-        public total), ``T_min = N`` under full participation (else the expected share ``m/K``
-        of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic."""
-        a, b = self.opts.act_low, self.opts.act_high
-        per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in self.orders])
-        total = float(max(1, self.stats_node_total()))
-        share = min(1.0, num_contributors / len(self.clients))
-        return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
-                             tolerance=STATS_MEAN_TOLERANCE)
+        """:func:`stats_precision` of this run (``num_contributors`` of the clients)."""
+        return stats_precision(self.opts, self.orders, self.stats_node_total(),
+                               min(1.0, num_contributors / len(self.clients)))
 
     def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
         """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`."""
@@ -313,15 +379,10 @@ class FedOMD(ModelAveraging):
         return [f"{self.name}/hidden{l}/{r}" for l in range(1, self.opts.ortho_layers + 2)
                 for r in ("mean", "moments")]
 
-    @torch.no_grad()
     def client_hidden(self, k: int) -> list[torch.Tensor]:
-        """Client k's hidden features ``[Z^1..Z^(L-1)]`` on the statistics' node set
-        (eval- or training-mode pass of the current model: ``stats_pass``)."""
-        model = self.models[k]
-        model.train(self.opts.stats_pass == "train")
-        x, edge_index = self.client_inputs(k)
-        _, hidden = model(x, edge_index, return_hidden=True)
-        return [self._select(k, z) for z in hidden]
+        """:func:`hidden_for_stats` of client k."""
+        return hidden_for_stats(self.models[k], *self.client_inputs(k), self.clients[k], self.opts, self.cfg.seed,
+                                self.round, k)
 
     def exchange_statistics(self, rnd: int, clients: list[int]) -> list[GlobalStats]:
         hidden = {k: self.client_hidden(k) for k in clients}
@@ -337,47 +398,17 @@ class FedOMD(ModelAveraging):
 
     # ------------------------------------------------------------------ local objective
     def cmd_loss(self, k: int, hidden: list[torch.Tensor]) -> torch.Tensor:
-        """``sum_l d_CMD(Z_k^l, global^l)`` (eq. 11, Algorithm 1 line 19)."""
-        total = hidden[0].new_zeros(())
-        if self.global_stats is None:
-            return total
-        for z, g in zip(hidden, self.global_stats):
-            z = clip_activations(self._select(k, z, "local"), self.opts.act_low, self.opts.act_high)
-            if z.shape[0] == 0:
-                continue
-            mean, moments = central_moments(z, self.orders)
-            total = total + cmd_from_moments(mean, moments, g.mean, g.moments,
-                                             self.opts.act_low, self.opts.act_high)
-        return total
+        """:func:`cmd_loss` of client k against the received statistics."""
+        return cmd_loss(self.clients[k], hidden, self.global_stats, self.opts, self.orders)
 
     def local_update(self, k: int) -> float:
-        model, opt = self.models[k], self.optimizers[k]
-        model.train()
-        x, edge_index = self.client_inputs(k)
-        c = self.clients[k]
-        terms = {}
-        loss = torch.zeros(())
-        for _ in range(self.cfg.local_epochs):
-            opt.zero_grad()
-            logits, hidden = model(x, edge_index, return_hidden=True)
-            ce = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
-            ortho = model.orthogonality_loss() if self.opts.ortho_weight > 0 else ce.new_zeros(())
-            if self.uses_cmd and self.global_stats is not None:
-                if self.opts.stats_pass == "eval" and self.cfg.dropout > 0:
-                    model.eval()                      # dropout-free features, with gradient
-                    _, hidden = model(x, edge_index, return_hidden=True)
-                    model.train()
-                dcmd = self.cmd_loss(k, hidden)
-            else:
-                dcmd = ce.new_zeros(())
-            loss = ce + self.opts.ortho_weight * ortho + self.opts.cmd_weight * dcmd
-            loss.backward()
-            opt.step()
-            terms = {"ce": float(ce.detach()), "ortho": float(ortho.detach()), "cmd": float(dcmd.detach())}
-        self._last_terms[k] = terms
-        return float(loss.detach())
+        loss, self._last_terms[k] = train_client(self.models[k], self.optimizers[k], *self.client_inputs(k),
+                                                 self.clients[k], self.opts, self.cfg, self.global_stats,
+                                                 self.orders, self.round, k)
+        return loss
 
     def train_round(self, rnd: int) -> dict:
+        self.round = rnd
         sampled = self.sample_clients(rnd)
         self._last_terms = {}
         if self.uses_cmd:

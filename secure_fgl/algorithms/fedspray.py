@@ -94,6 +94,7 @@ from protocols import DPRequest, Protocol
 from protocols.precision import MeanPrecision
 
 from ..config import ConfigError
+from ..engine import rng
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
 from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_precision
@@ -101,6 +102,8 @@ from .minority import MinorityAccuracy
 from .options import FedSprayOptions
 
 BACKBONES = ("gcn", "sgc", "sage")
+#: codec spec of the proxy alignment (eq. 15): entries within ``PARAM_BOUND``, class totals planned as 1
+PROXY_SPEC = MeanPrecision(value_bound=PARAM_BOUND).spec()
 #: with DP on, aligned proxy entries are clamped to +-this (post-processing; the noisy class-weight
 #: total in eq. 15's denominator can come out near zero)
 DP_PROXY_BOUND = 10.0
@@ -139,12 +142,170 @@ def align_proxies(protocol: Protocol, tag: str, rnd: int, local: Mapping[int, to
     are at most 1 (class ratios); the exchange is planned for class totals of 1
     (:class:`protocols.precision.MeanPrecision`), a class of total ``T`` gets the bound
     ``eps (1 + B) / (T - eps)``."""
-    mean, present = protocol.classwise_mean(tag, rnd, local, weights,
-                                            spec=MeanPrecision(value_bound=PARAM_BOUND).spec(),
-                                            dp=dp, recipients=recipients)
+    mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=PROXY_SPEC, dp=dp, recipients=recipients)
+    return keep_absent(mean, present, previous)
+
+
+def keep_absent(mean: np.ndarray, present: np.ndarray, previous: torch.Tensor) -> torch.Tensor:
+    """Eq. 15's result as the new ``S``: rows of classes with zero total weight keep ``previous``."""
     present_t = torch.as_tensor(present, device=previous.device)
     return torch.where(present_t[:, None], torch.as_tensor(mean, dtype=previous.dtype, device=previous.device),
                        previous)
+
+
+def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed: int, k: int) -> torch.nn.Module:
+    """Client k's personalized GNN, initialised from its own seed ``(seed, k)`` (the same wherever
+    the client runs, whatever the other clients draw)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0]))
+        return build_model(opts.backbone, num_features, opts.gnn_hidden, num_classes, num_layers=2,
+                           dropout=opts.gnn_dropout)
+
+
+class SprayClient:
+    """One client's FedSpray state -- its GNN ``f(theta_k)``, its working copy of the encoder, the
+    proxies ``s_i`` of its training nodes, their optimizers -- and its two local phases."""
+
+    def __init__(self, c, k: int, opts: FedSprayOptions, num_features: int, num_classes: int,
+                 encoder: FeatureStructureEncoder, seed: int):
+        self.c, self.k, self.opts, self.num_classes, self.seed = c, k, opts, num_classes, seed
+        device = c.x.device
+        self.gnn = client_gnn(opts, num_features, num_classes, seed, k).to(device)
+        self.gnn_opt = torch.optim.Adam(self.gnn.parameters(), lr=opts.model_lr)
+        self.encoder = encoder
+        self.encoder_opt = torch.optim.Adam(encoder.parameters(), lr=opts.model_lr)
+        self.node_proxy = torch.zeros(int(c.train_mask.sum()), opts.proxy_dim, device=device, requires_grad=True)
+        self.proxy_opt = torch.optim.Adam([self.node_proxy], lr=opts.proxy_lr)
+        self.class_counts = torch.bincount(c.y[c.train_mask], minlength=num_classes).double().cpu().numpy()
+
+    @torch.no_grad()
+    def soft_targets(self, encoder: FeatureStructureEncoder, proxies: torch.Tensor):
+        """``(p, q, s)`` of the client's nodes under ``encoder`` and the global ``S`` (Algorithm 1
+        lines 2-5): probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))`` and node proxies ``s``."""
+        c = self.c
+        encoder.eval()
+        e = encoder.embedding(c.x)
+        q_logits = encoder.project(e)
+        s = node_proxies(q_logits, proxies, c.y, c.train_mask)
+        p = F.softmax(encoder.classify(e, s), dim=-1)
+        return p, F.softmax(q_logits, dim=-1), s
+
+    def proxy_weights(self, graph_size: int) -> np.ndarray:
+        """Eq. 15 weights: class ratios ``a^(k)`` (or counts over the public graph size)."""
+        return class_weights(self.class_counts, self.opts.proxy_weighting, graph_size)
+
+    def encoder_weight(self, graph_size: int) -> float:
+        """Eq. 14 weight ``N_k`` (local node count), divided by the public graph size."""
+        return self.c.num_nodes / float(graph_size)
+
+    def train_gnn(self, p: torch.Tensor, q: torch.Tensor, rnd: int) -> float:
+        """Phase 1: ``E`` epochs of ``CE + lambda1 * KL(p || y_hat)`` (eq. 5-7); dropout keyed per
+        client and epoch (:func:`~secure_fgl.engine.rng.client_generator`)."""
+        c, gnn, opt, o = self.c, self.gnn, self.gnn_opt, self.opts
+        kd_mask = torch.ones_like(c.train_mask) if o.kd_threshold <= 0 else (c.train_mask | (q.max(-1).values > o.kd_threshold))
+        log_p = torch.log(p.clamp_min(1e-12))
+        gnn.train()
+        loss = torch.zeros(())
+        for epoch in range(o.phase_epochs):
+            opt.zero_grad()
+            with rng.using(rng.client_generator(self.seed, rnd, self.k, epoch)):
+                logits = gnn(c.x, c.edge_index)
+            ce = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
+            kd = F.kl_div(F.log_softmax(logits[kd_mask], -1), log_p[kd_mask], reduction="batchmean", log_target=True)
+            loss = ce + o.lambda1 * kd
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    def train_encoder(self, s_train: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Phase 2: ``E`` epochs of ``CE(y, q) + lambda2 * KL(y_hat || p)`` on the training nodes
+        (eq. 11-13), updating the encoder copy and the per-node proxies (lines 13-22); returns the
+        loss and the local class proxies ``S^(k)`` (line 23)."""
+        c, o, gnn, enc, enc_opt = self.c, self.opts, self.gnn, self.encoder, self.encoder_opt
+        gnn.eval()
+        with torch.no_grad():
+            log_y_hat = F.log_softmax(gnn(c.x, c.edge_index)[c.train_mask], -1)
+        x, y = c.x[c.train_mask], c.y[c.train_mask]
+        s = self.node_proxy
+        with torch.no_grad():
+            s.copy_(s_train)
+        enc.train()
+        loss = torch.zeros(())
+        for _ in range(o.phase_epochs):
+            enc_opt.zero_grad()
+            if not o.ablate_proxy:
+                self.proxy_opt.zero_grad()
+            e = enc.embedding(x)
+            ce = F.cross_entropy(enc.project(e), y)
+            p_logits = enc.classify(e, s if not o.ablate_proxy else s.detach())
+            kd = F.kl_div(F.log_softmax(p_logits, -1), log_y_hat, reduction="batchmean", log_target=True)
+            loss = ce + o.lambda2 * kd
+            loss.backward()
+            enc_opt.step()
+            if not o.ablate_proxy:
+                self.proxy_opt.step()
+        with torch.no_grad():
+            sums = torch.zeros(self.num_classes, o.proxy_dim, device=s.device).index_add_(0, y, s.detach())
+            counts = torch.bincount(y, minlength=self.num_classes).clamp(min=1).to(s.dtype)
+            local = sums / counts[:, None]          # absent classes: zero rows
+        return float(loss.detach()), local
+
+    def local_update(self, global_encoder: torch.Tensor, proxies: torch.Tensor,
+                     rnd: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """Algorithm 1 ``LocalUpdate``: ``(loss, encoder update w_k - w, local proxies S^(k))``."""
+        vector_to_parameters(global_encoder.clone(), self.encoder.parameters())
+        p, q, s = self.soft_targets(self.encoder, proxies)
+        loss_g = self.train_gnn(p, q, rnd)
+        loss_f, local = self.train_encoder(s[self.c.train_mask])
+        update = parameters_to_vector(self.encoder.parameters()).detach() - global_encoder
+        return loss_g + loss_f, update, local
+
+    @torch.no_grad()
+    def logits(self) -> torch.Tensor:
+        self.gnn.eval()
+        return self.gnn(self.c.x, self.c.edge_index)
+
+    def state_dict(self) -> dict:
+        return {"gnn": self.gnn.state_dict(), "gnn_opt": self.gnn_opt.state_dict(),
+                "encoder_opt": self.encoder_opt.state_dict(), "proxy_opt": self.proxy_opt.state_dict(),
+                "node_proxy": self.node_proxy.detach().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gnn.load_state_dict(state["gnn"])
+        self.gnn_opt.load_state_dict(state["gnn_opt"])
+        self.encoder_opt.load_state_dict(state["encoder_opt"])
+        with torch.no_grad():
+            self.node_proxy.copy_(state["node_proxy"].to(self.node_proxy.device))
+        self.proxy_opt.load_state_dict(state["proxy_opt"])
+
+
+def new_encoder(opts: FedSprayOptions, num_features: int, num_classes: int, seed: int) -> FeatureStructureEncoder:
+    """The global encoder's initialisation ``w_0`` (every client builds the same one from the run seed)."""
+    torch.manual_seed(seed)
+    return FeatureStructureEncoder(num_features, opts.proxy_dim, num_classes)
+
+
+def first_proxies(opts: FedSprayOptions, num_classes: int) -> torch.Tensor:
+    """``S_0`` (zeros with ``ablate_proxy``)."""
+    return torch.zeros(num_classes, opts.proxy_dim) if opts.ablate_proxy else initial_proxies(num_classes,
+                                                                                              opts.proxy_dim)
+
+
+def check_options(o: FedSprayOptions) -> None:
+    if o.backbone.lower() not in BACKBONES:
+        raise ConfigError(f"--backbone {o.backbone!r} is not one FedSpray supports; choose one of "
+                          f"{', '.join(BACKBONES)}")
+    if o.proxy_weighting not in ("ratio", "count"):
+        raise ConfigError(f"--proxy-weighting must be 'ratio' or 'count', got {o.proxy_weighting!r}")
+    if o.phase_epochs < 1:
+        raise ConfigError(f"--phase-epochs must be >= 1, got {o.phase_epochs}")
+    if o.proxy_dim < 1 or o.gnn_hidden < 1:
+        raise ConfigError("--proxy-dim and --gnn-hidden must be >= 1")
+
+
+#: the in-process checkpoint's per-client lists -> :meth:`SprayClient.state_dict` keys
+_CLIENT_STATE = {"gnns": "gnn", "gnn_opts": "gnn_opt", "encoder_opts": "encoder_opt", "proxy_opts": "proxy_opt",
+                 "node_proxy": "node_proxy"}
 
 
 class FedSprayCore(FederatedAlgorithm):
@@ -157,34 +318,16 @@ class FedSprayCore(FederatedAlgorithm):
     def __init__(self, fed, protocol, cfg, device, options=None):
         super().__init__(fed, protocol, cfg, device, options)
         o = self.opts
-        if o.backbone.lower() not in BACKBONES:
-            raise ConfigError(f"--backbone {o.backbone!r} is not one FedSpray supports; choose one of "
-                              f"{', '.join(BACKBONES)}")
-        if o.proxy_weighting not in ("ratio", "count"):
-            raise ConfigError(f"--proxy-weighting must be 'ratio' or 'count', got {o.proxy_weighting!r}")
-        if o.phase_epochs < 1:
-            raise ConfigError(f"--phase-epochs must be >= 1, got {o.phase_epochs}")
-        if o.proxy_dim < 1 or o.gnn_hidden < 1:
-            raise ConfigError("--proxy-dim and --gnn-hidden must be >= 1")
+        check_options(o)
         C, d = fed.num_classes, fed.num_features
-        torch.manual_seed(cfg.seed)
-        # personalized GNNs: each client its own initialisation
-        self.gnns = [build_model(o.backbone, d, o.gnn_hidden, C, num_layers=2, dropout=o.gnn_dropout).to(device)
-                     for _ in self.clients]
-        self.gnn_opts = [torch.optim.Adam(m.parameters(), lr=o.model_lr) for m in self.gnns]
-        # global encoder (one initialisation) and the clients' working copies
-        template = FeatureStructureEncoder(d, o.proxy_dim, C).to(device)
+        # global encoder (one initialisation), each client its own GNN and a working copy of the encoder
+        template = new_encoder(o, d, C, cfg.seed).to(device)
         self.global_encoder = parameters_to_vector(template.parameters()).detach().clone()
-        self.encoders = [copy.deepcopy(template) for _ in self.clients]
-        self.encoder_opts = [torch.optim.Adam(m.parameters(), lr=o.model_lr) for m in self.encoders]
-        # structure proxies: global S and the per-node proxies s_i of each client's training nodes
-        self.proxies = (torch.zeros(C, o.proxy_dim) if o.ablate_proxy
-                        else initial_proxies(C, o.proxy_dim)).to(device)
-        self.node_proxy = [torch.zeros(int(c.train_mask.sum()), o.proxy_dim, device=device, requires_grad=True)
-                           for c in self.clients]
-        self.proxy_opts = [torch.optim.Adam([p], lr=o.proxy_lr) for p in self.node_proxy]
-        self.class_counts = [torch.bincount(c.y[c.train_mask], minlength=C).double().cpu().numpy()
-                             for c in self.clients]
+        self.parts = [SprayClient(c, k, o, d, C, copy.deepcopy(template), cfg.seed) for k, c in enumerate(self.clients)]
+        self.gnns = [p.gnn for p in self.parts]
+        self.encoders = [p.encoder for p in self.parts]
+        # structure proxies: the global S (the per-node proxies s_i live in each client's part)
+        self.proxies = first_proxies(o, C).to(device)
 
     def setup(self) -> None:
         """With DP on, declare both exchanges so the budget is split between them."""
@@ -193,93 +336,18 @@ class FedSprayCore(FederatedAlgorithm):
             tags = [f"{self.name}/encoder"] + ([] if self.opts.ablate_proxy else [f"{self.name}/proxies"])
             dp.declare(*tags)
 
-    # ------------------------------------------------------------------ helpers
-    @torch.no_grad()
-    def soft_targets(self, k: int, encoder: FeatureStructureEncoder) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(p, q, s)`` of client k's nodes under ``encoder`` and the current global ``S``
-        (Algorithm 1 lines 2-5): probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))``
-        and node proxies ``s``."""
-        c = self.clients[k]
-        encoder.eval()
-        e = encoder.embedding(c.x)
-        q_logits = encoder.project(e)
-        s = node_proxies(q_logits, self.proxies, c.y, c.train_mask)
-        p = F.softmax(encoder.classify(e, s), dim=-1)
-        return p, F.softmax(q_logits, dim=-1), s
-
-    def proxy_weights(self, k: int) -> np.ndarray:
-        """Eq. 15 weights of client k: class ratios ``a^(k)`` (or counts over the public graph size)."""
-        return class_weights(self.class_counts[k], self.opts.proxy_weighting, self.fed.graph.num_nodes)
-
-    def encoder_weight(self, k: int) -> float:
-        """Eq. 14 weight ``N_k`` (local node count), divided by the public graph size."""
-        return self.clients[k].num_nodes / float(self.fed.graph.num_nodes)
-
     # ------------------------------------------------------------------ one client
-    def train_gnn(self, k: int, p: torch.Tensor, q: torch.Tensor) -> float:
-        """Phase 1: ``E`` epochs of ``CE + lambda1 * KL(p || y_hat)`` (eq. 5-7)."""
-        c, gnn, opt, o = self.clients[k], self.gnns[k], self.gnn_opts[k], self.opts
-        kd_mask = torch.ones_like(c.train_mask) if o.kd_threshold <= 0 else (c.train_mask | (q.max(-1).values > o.kd_threshold))
-        log_p = torch.log(p.clamp_min(1e-12))
-        gnn.train()
-        loss = torch.zeros(())
-        for _ in range(o.phase_epochs):
-            opt.zero_grad()
-            logits = gnn(c.x, c.edge_index)
-            ce = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
-            kd = F.kl_div(F.log_softmax(logits[kd_mask], -1), log_p[kd_mask], reduction="batchmean", log_target=True)
-            loss = ce + o.lambda1 * kd
-            loss.backward()
-            opt.step()
-        return float(loss.detach())
-
-    def train_encoder(self, k: int, s_train: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """Phase 2: ``E`` epochs of ``CE(y, q) + lambda2 * KL(y_hat || p)`` on the training nodes
-        (eq. 11-13), updating the encoder copy and the per-node proxies (lines 13-22); returns the
-        loss and the local class proxies ``S^(k)`` (line 23)."""
-        c, o = self.clients[k], self.opts
-        gnn, enc, enc_opt = self.gnns[k], self.encoders[k], self.encoder_opts[k]
-        gnn.eval()
-        with torch.no_grad():
-            log_y_hat = F.log_softmax(gnn(c.x, c.edge_index)[c.train_mask], -1)
-        x, y = c.x[c.train_mask], c.y[c.train_mask]
-        s = self.node_proxy[k]
-        with torch.no_grad():
-            s.copy_(s_train)
-        enc.train()
-        loss = torch.zeros(())
-        for _ in range(o.phase_epochs):
-            enc_opt.zero_grad()
-            if not o.ablate_proxy:
-                self.proxy_opts[k].zero_grad()
-            e = enc.embedding(x)
-            ce = F.cross_entropy(enc.project(e), y)
-            p_logits = enc.classify(e, s if not o.ablate_proxy else s.detach())
-            kd = F.kl_div(F.log_softmax(p_logits, -1), log_y_hat, reduction="batchmean", log_target=True)
-            loss = ce + o.lambda2 * kd
-            loss.backward()
-            enc_opt.step()
-            if not o.ablate_proxy:
-                self.proxy_opts[k].step()
-        with torch.no_grad():
-            C = self.fed.num_classes
-            sums = torch.zeros(C, o.proxy_dim, device=s.device).index_add_(0, y, s.detach())
-            counts = torch.bincount(y, minlength=C).clamp(min=1).to(s.dtype)
-            local = sums / counts[:, None]          # absent classes: zero rows
-        return float(loss.detach()), local
+    def soft_targets(self, k: int, encoder: FeatureStructureEncoder) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`SprayClient.soft_targets` of client k under the current global ``S``."""
+        return self.parts[k].soft_targets(encoder, self.proxies)
 
     def local_update(self, k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """Algorithm 1 ``LocalUpdate``: ``(loss, encoder update w_k - w, local proxies S^(k))``."""
-        c, enc = self.clients[k], self.encoders[k]
-        vector_to_parameters(self.global_encoder.clone(), enc.parameters())
-        p, q, s = self.soft_targets(k, enc)
-        loss_g = self.train_gnn(k, p, q)
-        loss_f, local = self.train_encoder(k, s[c.train_mask])
-        update = parameters_to_vector(enc.parameters()).detach() - self.global_encoder
-        return loss_g + loss_f, update, local
+        """:meth:`SprayClient.local_update` of client k."""
+        return self.parts[k].local_update(self.global_encoder, self.proxies, self.round)
 
     # ------------------------------------------------------------------ one round
     def train_round(self, rnd: int) -> dict:
+        self.round = rnd
         sampled = [k for k in self.sample_clients(rnd) if bool(self.clients[k].train_mask.any())]
         if not sampled:
             return {"train_loss": 0.0}
@@ -292,10 +360,10 @@ class FedSprayCore(FederatedAlgorithm):
 
     def aggregate(self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor]) -> None:
         """Server update: eq. 14 (encoder) and eq. 15 (proxy alignment), both via the protocol."""
-        cfg, K = self.cfg, len(self.clients)
+        cfg, K, N = self.cfg, len(self.clients), self.fed.graph.num_nodes
         dp = DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
         mean_update = self.protocol.weighted_mean(
-            f"{self.name}/encoder", rnd, updates, {k: self.encoder_weight(k) for k in updates},
+            f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
             spec=model_precision(len(updates), K, self.cfg.update_bound).spec(), dp=dp, recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
@@ -305,19 +373,16 @@ class FedSprayCore(FederatedAlgorithm):
     def align_proxies(self, rnd: int, local: dict[int, torch.Tensor], dp: DPRequest | None = None) -> torch.Tensor:
         """Eq. 15 through :meth:`Protocol.classwise_mean`; classes nobody holds keep their proxy."""
         aligned = align_proxies(self.protocol, f"{self.name}/proxies", rnd, local,
-                                {k: self.proxy_weights(k) for k in local}, self.proxies,
-                                recipients=range(len(self.clients)), dp=dp)
+                                {k: self.parts[k].proxy_weights(self.fed.graph.num_nodes) for k in local},
+                                self.proxies, recipients=range(len(self.clients)), dp=dp)
         if dp is not None:      # a noisy class-weight total near zero can blow a row up: keep S bounded
             aligned = aligned.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
         self.proxies = aligned
         return self.proxies
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def client_logits(self, k: int) -> torch.Tensor:
-        c, gnn = self.clients[k], self.gnns[k]
-        gnn.eval()
-        return gnn(c.x, c.edge_index)
+        return self.parts[k].logits()
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -335,25 +400,13 @@ class FedSprayCore(FederatedAlgorithm):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {"gnns": [m.state_dict() for m in self.gnns],
-                "gnn_opts": [o.state_dict() for o in self.gnn_opts],
-                "encoder_opts": [o.state_dict() for o in self.encoder_opts],
-                "proxy_opts": [o.state_dict() for o in self.proxy_opts],
-                "node_proxy": [p.detach().cpu() for p in self.node_proxy],
+        per = [p.state_dict() for p in self.parts]
+        return {**{name: [s[key] for s in per] for name, key in _CLIENT_STATE.items()},
                 "global_encoder": self.global_encoder.cpu(), "proxies": self.proxies.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
-        for m, s in zip(self.gnns, state["gnns"]):
-            m.load_state_dict(s)
-        for o, s in zip(self.gnn_opts, state["gnn_opts"]):
-            o.load_state_dict(s)
-        for o, s in zip(self.encoder_opts, state["encoder_opts"]):
-            o.load_state_dict(s)
-        with torch.no_grad():
-            for p, s in zip(self.node_proxy, state["node_proxy"]):
-                p.copy_(s.to(self.device))
-        for o, s in zip(self.proxy_opts, state["proxy_opts"]):
-            o.load_state_dict(s)
+        for k, p in enumerate(self.parts):
+            p.load_state_dict({key: state[name][k] for name, key in _CLIENT_STATE.items()})
         self.global_encoder = state["global_encoder"].to(self.device)
         self.proxies = state["proxies"].to(self.device)
         for enc in self.encoders:

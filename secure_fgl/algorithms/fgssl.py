@@ -114,6 +114,53 @@ def fgsd_loss(z_local: torch.Tensor, z_global: torch.Tensor, edge_index: torch.T
     return per_node[has_neighbours].mean()
 
 
+def fgssl_rates(o: FGSSLOptions, model: torch.nn.Module, model_name: str) -> tuple[AugmentRates, AugmentRates]:
+    """The options checked against the model; returns the (weak, strong) augmentation rates."""
+    if o.variant not in VARIANTS:
+        raise ConfigError(f"--variant must be one of {', '.join(VARIANTS)}, got {o.variant!r}")
+    if o.tau <= 0 or o.omega <= 0:
+        raise ConfigError(f"--tau and --omega must be > 0, got {o.tau}, {o.omega}")
+    if not hasattr(model, "embed_and_logits"):
+        raise ConfigError(f"FGSSL needs a message-passing --model (gat, gcn, sage); got {model_name!r}")
+    try:
+        return (AugmentRates(o.weak_edge_drop, o.weak_feature_mask),
+                AugmentRates(o.strong_edge_drop, o.strong_feature_mask))
+    except ValueError as e:
+        raise ConfigError(f"FGSSL augmentation: {e}") from None
+
+
+def fgssl_views(x: torch.Tensor, edge_index: torch.Tensor, weak: AugmentRates, strong: AugmentRates,
+                key: tuple[int, int, int, int]):
+    """``(Aug_s(G), Aug_w(G))`` of a client for ``key = (seed, round, client, epoch)``
+    (value-independent draws)."""
+    return (augment(x, edge_index, strong, view_generator(*key, 0, device=x.device)),
+            augment(x, edge_index, weak, view_generator(*key, 1, device=x.device)))
+
+
+def fgssl_objective(model: torch.nn.Module, global_model: torch.nn.Module, x: torch.Tensor,
+                    edge_index: torch.Tensor, train: torch.Tensor, y: torch.Tensor, o: FGSSLOptions,
+                    views) -> torch.Tensor:
+    """Eq. 12 (``variant='paper'``) or the released code's ``CE + lambda_c * InfoNCE`` of one client;
+    ``y`` the labels of its ``train`` nodes, ``views()`` its (strong, weak) views (drawn on use)."""
+    loss = F.cross_entropy(model(x, edge_index)[train], y)
+    if o.lambda_c == 0 and (o.lambda_d == 0 or o.variant != "paper"):
+        return loss
+    strong, weak = views()
+    if o.variant == "released-code":
+        h_strong, h_weak = model.embed(*strong)[train], model.embed(*weak)[train]
+        info_nce = 0.5 * (class_contrast(h_weak, h_strong, y, o.tau, per_positive=False)
+                          + class_contrast(h_strong, h_weak, y, o.tau, per_positive=False))
+        return loss + o.lambda_c * info_nce
+    h_m, z_m = model.embed_and_logits(*strong)
+    with torch.no_grad():
+        h_g, z_g = global_model.embed_and_logits(*weak)
+    if o.lambda_c:
+        loss = loss + o.lambda_c * fnsc_loss(h_m[train], h_g[train], y, o.tau)
+    if o.lambda_d:
+        loss = loss + o.lambda_d * fgsd_loss(z_m, z_g, edge_index, o.omega)
+    return loss
+
+
 class FGSSL(ModelAveraging):
     """FedAvg with FGSSL's local objective (eq. 12) or the released code's (``variant``)."""
 
@@ -122,18 +169,7 @@ class FGSSL(ModelAveraging):
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         super().__init__(fed, protocol, cfg, device, options)
-        o = self.opts
-        if o.variant not in VARIANTS:
-            raise ConfigError(f"--variant must be one of {', '.join(VARIANTS)}, got {o.variant!r}")
-        if o.tau <= 0 or o.omega <= 0:
-            raise ConfigError(f"--tau and --omega must be > 0, got {o.tau}, {o.omega}")
-        if not hasattr(self.models[0], "embed_and_logits"):
-            raise ConfigError(f"FGSSL needs a message-passing --model (gat, gcn, sage); got {cfg.model!r}")
-        try:
-            self.weak = AugmentRates(o.weak_edge_drop, o.weak_feature_mask)
-            self.strong = AugmentRates(o.strong_edge_drop, o.strong_feature_mask)
-        except ValueError as e:
-            raise ConfigError(f"FGSSL augmentation: {e}") from None
+        self.weak, self.strong = fgssl_rates(self.opts, self.models[0], cfg.model)
         #: the received global model G^g, F^g (frozen, evaluated without dropout)
         self.global_model = copy.deepcopy(self.models[0]).eval().requires_grad_(False)
         self.round = 0
@@ -143,34 +179,14 @@ class FGSSL(ModelAveraging):
         return super().train_round(rnd)
 
     def views(self, k: int, epoch: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """``(Aug_s(G), Aug_w(G))`` of client k for this round and epoch (value-independent draws)."""
-        x, edge_index = self.client_inputs(k)
-        key = (self.cfg.seed, self.round, k, epoch)
-        return (augment(x, edge_index, self.strong, view_generator(*key, 0, device=x.device)),
-                augment(x, edge_index, self.weak, view_generator(*key, 1, device=x.device)))
+        """``(Aug_s(G), Aug_w(G))`` of client k for this round and epoch (:func:`fgssl_views`)."""
+        return fgssl_views(*self.client_inputs(k), self.weak, self.strong, (self.cfg.seed, self.round, k, epoch))
 
     def fgssl_loss(self, k: int, epoch: int) -> torch.Tensor:
-        """Eq. 12 (``variant='paper'``) or the released code's ``CE + lambda_c * InfoNCE``."""
-        c, o, model = self.clients[k], self.opts, self.models[k]
-        x, edge_index = self.client_inputs(k)
-        train, y = c.train_mask, c.y[c.train_mask]
-        loss = F.cross_entropy(model(x, edge_index)[train], y)
-        if o.lambda_c == 0 and (o.lambda_d == 0 or o.variant != "paper"):
-            return loss
-        strong, weak = self.views(k, epoch)
-        if o.variant == "released-code":
-            h_strong, h_weak = model.embed(*strong)[train], model.embed(*weak)[train]
-            info_nce = 0.5 * (class_contrast(h_weak, h_strong, y, o.tau, per_positive=False)
-                              + class_contrast(h_strong, h_weak, y, o.tau, per_positive=False))
-            return loss + o.lambda_c * info_nce
-        h_m, z_m = model.embed_and_logits(*strong)
-        with torch.no_grad():
-            h_g, z_g = self.global_model.embed_and_logits(*weak)
-        if o.lambda_c:
-            loss = loss + o.lambda_c * fnsc_loss(h_m[train], h_g[train], y, o.tau)
-        if o.lambda_d:
-            loss = loss + o.lambda_d * fgsd_loss(z_m, z_g, edge_index, o.omega)
-        return loss
+        """Client k's objective (:func:`fgssl_objective`)."""
+        c = self.clients[k]
+        return fgssl_objective(self.models[k], self.global_model, *self.client_inputs(k), c.train_mask,
+                               c.y[c.train_mask], self.opts, lambda: self.views(k, epoch))
 
     def local_update(self, k: int) -> float:
         """Algorithm 1 ``LocalUpdating``: freeze the received global model, then ``E`` epochs of

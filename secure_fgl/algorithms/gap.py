@@ -66,6 +66,31 @@ def row_normalise(h: torch.Tensor) -> torch.Tensor:
     return h / h.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
+def check_degree_cap(c, cap: int, client: int) -> None:
+    """The owner's check of its own nodes' degrees against the public cap (bounds the sums)."""
+    deg = local_degrees(c) - 1
+    if c.num_nodes and int(deg.max()) > cap:
+        raise BoundError(f"a node has degree {int(deg.max())} above --degree-cap {cap}; raise --degree-cap "
+                         "(a public bound)", tag=HOP_TAG, round=0, client=client)
+
+
+def hop_spec(opts: GAPOptions) -> ValueSpec:
+    """Public bounds of a hop sum: at most ``cap + 1`` unit-norm rows per total."""
+    return ValueSpec(max_abs=float(opts.degree_cap + 1))
+
+
+def check_gap_options(opts: GAPOptions, cfg) -> None:
+    """ConfigError naming the first setting fedgcn-gap cannot run with."""
+    if opts.hops < 1:
+        raise ConfigError(f"fedgcn-gap needs --hops >= 1 noisy aggregation hops, got {opts.hops}")
+    if opts.select not in SELECT:
+        raise ConfigError(f"--select must be one of {', '.join(SELECT)}, got {opts.select!r}")
+    if opts.degree_cap < 1:
+        raise ConfigError("--degree-cap must be >= 1")
+    if cfg.num_layers < 2:
+        raise ConfigError("fedgcn-gap embeds nodes with the encoder MLP's last hidden layer: --num-layers >= 2")
+
+
 class _EncoderTraining(ModelAveraging):
     """Stage 1: FedAvg of the encoder on features and labels (no edges)."""
 
@@ -100,14 +125,7 @@ class FedGCNGAP(ModelAveraging):
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         opts = options if options is not None else GAPOptions()
-        if opts.hops < 1:
-            raise ConfigError(f"fedgcn-gap needs --hops >= 1 noisy aggregation hops, got {opts.hops}")
-        if opts.select not in SELECT:
-            raise ConfigError(f"--select must be one of {', '.join(SELECT)}, got {opts.select!r}")
-        if opts.degree_cap < 1:
-            raise ConfigError("--degree-cap must be >= 1")
-        if cfg.num_layers < 2:
-            raise ConfigError("fedgcn-gap embeds nodes with the encoder MLP's last hidden layer: --num-layers >= 2")
+        check_gap_options(opts, cfg)
         self.opts = opts
         super().__init__(fed, protocol, cfg, device, opts)
         self.no_edges = torch.empty(2, 0, dtype=torch.long, device=device)
@@ -171,13 +189,9 @@ class FedGCNGAP(ModelAveraging):
 
     def aggregate_hops(self, h0: list[torch.Tensor]) -> list[torch.Tensor]:
         """Stage 2: ``[H_0, H_1, ..., H_K]`` concatenated per client (own nodes, float32)."""
-        cap = self.opts.degree_cap
         for k, c in enumerate(self.clients):
-            deg = local_degrees(c) - 1
-            if c.num_nodes and int(deg.max()) > cap:
-                raise BoundError(f"a node has degree {int(deg.max())} above --degree-cap {cap}; raise --degree-cap "
-                                 "(a public bound)", tag=HOP_TAG, round=0, client=k)
-        spec = ValueSpec(max_abs=float(cap + 1))
+            check_degree_cap(c, self.opts.degree_cap, k)
+        spec = hop_spec(self.opts)
         hops, prev = [h0], h0
         for h, tag in enumerate(self.hop_tags(), start=1):
             contributions = {k: tuple(t.cpu() for t in partial_neighbour_sums(c, prev[k]))

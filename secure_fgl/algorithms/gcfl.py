@@ -39,32 +39,48 @@ from .clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, 
 from .graph_level import GraphFederated
 from .options import GCFLOptions, GCFLPlusOptions
 
-__all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFL", "GCFLPlus"]
+__all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer", "GCFL", "GCFLPlus"]
 
 
-class GCFL(GraphFederated):
-    name = "gcfl"
-    Options = GCFLOptions
-    supported_modes = PAIRWISE_MODES
+class GCFLServer:
+    """The server side of GCFL (a mixin): the clusters, eq. 4-5, the Stoer-Wagner cut and the
+    cache behind ``test_acc_best_cached``.  How a cluster's mean is exchanged and applied and
+    how the clients' scalars and similarities reach the server are hooks, played by the
+    algorithm object (:class:`GCFL`) or by the runtime strategy
+    (:mod:`secure_fgl.runtime.gcfl`)."""
 
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
+    def init_clusters(self, num_clients: int) -> None:
+        self.clusters: list[list[int]] = [list(range(num_clients))]
         #: (members, their test accuracies) cached before each split and at the end
         self.cache: list[tuple[list[int], list[float]]] = []
         self.splits: list[dict] = []
         self.last_eval = None
 
-    @classmethod
-    def mode_refusal(cls, mode: str) -> str:
-        return (f"{cls.name} needs inner products of client updates, which --mode {mode} cannot compute: "
-                f"use --mode ckks (or plain)")
+    # ------------------------------------------------------------------ hooks
+    def exchange_mean(self, rnd: int, members: list[int]):
+        """Run the weighted mean of the members' updates; the members receive it (a handle to it)."""
+        raise NotImplementedError
 
-    # ------------------------------------------------------------------ server decisions
-    def similarity(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor]) -> np.ndarray:
+    def apply_mean(self, members: list[int], mean) -> None:
+        """The members restart from their anchor plus the mean ``exchange_mean`` returned."""
+        raise NotImplementedError
+
+    def mean_norm(self, rnd: int, members: list[int], mean) -> float:
+        """``delta_mean``: the norm of the cluster mean, as the first member reports it."""
+        raise NotImplementedError
+
+    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
+        """``||dW_i||`` as each member reports it."""
+        raise NotImplementedError
+
+    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+        """The members' pairwise cosine matrix (:mod:`protocols.pairwise`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ decisions
+    def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
         """``1 + cos`` of the members' updates (the reference's ``pairwise_angles``)."""
-        cos = pairwise_cosine(self.protocol, f"{self.name}/similarity", rnd, {k: updates[k] for k in members},
-                              decider=self.opts.decider)
-        return 1.0 + cos
+        return 1.0 + self.cosine(rnd, members)
 
     def ready_to_split(self) -> bool:
         return True
@@ -72,29 +88,27 @@ class GCFL(GraphFederated):
     def after_split(self) -> None:
         """Hook: GCFL+ restarts its sequences."""
 
-    def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
+    def split_clusters(self, rnd: int, updated: list[int]) -> None:
+        """One round of clustered FedAvg over the clients in ``updated`` (module docstring)."""
         new_clusters = []
         for members in self.clusters:
-            members = [k for k in members if k in updates]
+            members = [k for k in members if k in updated]
             if not members:
                 continue
-            mean = self.cluster_mean(rnd, members, updates)
-            delta_mean = report_scalars(self.protocol, f"{self.name}/mean_norm", rnd,
-                                        {members[0]: float(np.linalg.norm(mean))})[members[0]]
-            norms = report_scalars(self.protocol, f"{self.name}/update_norms", rnd,
-                                   {k: float(updates[k].norm()) for k in members})
-            delta_max = max(norms.values())
+            mean = self.exchange_mean(rnd, members)
+            delta_mean = self.mean_norm(rnd, members, mean)
+            delta_max = max(self.update_norms(rnd, members).values())
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
                 self.cache_cluster(members)
-                sim = self.similarity(rnd, members, updates)
+                sim = self.similarity(rnd, members)
                 halves = bipartition(sim, members)
                 self.splits.append({"round": rnd, "cluster": members, "into": [list(h) for h in halves],
                                     "delta_mean": delta_mean, "delta_max": delta_max, "cut_margin": cut_margin(sim),
                                     "similarity": sim[np.triu_indices(len(members), 1)].tolist()})
                 self.after_split()
                 for half in halves:
-                    self.apply_mean(half, self.cluster_mean(rnd, half, updates))
+                    self.apply_mean(half, self.exchange_mean(rnd, half))
                 new_clusters += [list(h) for h in halves]
             else:
                 self.apply_mean(members, mean)
@@ -107,59 +121,121 @@ class GCFL(GraphFederated):
             else [0.0] * len(members)
         self.cache.append((list(members), accs))
 
-    def final_metrics(self) -> dict:
-        out = super().final_metrics()
+    def best_cached(self, num_clients: int) -> dict:
+        """The reference code's accuracy: per client, the best over the cached cluster entries
+        and the final clusters (:attr:`last_eval` must be the last round's evaluation)."""
         entries = self.cache + [(c, [self.last_eval[k]["test_acc"] for k in c]) for c in self.clusters]
-        best = np.zeros(len(self.clients))
+        best = np.zeros(num_clients)
         for members, accs in entries:
             for k, a in zip(members, accs):
                 best[k] = max(best[k], a)
-        out.update({"test_acc_best_cached": float(best.mean()),
-                    "test_acc_best_cached_note": "reference-code metric: per client, max test accuracy over "
-                                                 "cached cluster models (selected on test data)",
-                    "per_client_test_acc_best_cached": best.tolist(), "splits": self.splits})
-        return out
+        return {"test_acc_best_cached": float(best.mean()),
+                "test_acc_best_cached_note": "reference-code metric: per client, max test accuracy over "
+                                             "cached cluster models (selected on test data)",
+                "per_client_test_acc_best_cached": best.tolist(), "splits": self.splits}
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "cache": self.cache, "splits": self.splits, "last_eval": self.last_eval}
+    def cluster_state(self) -> dict:
+        return {"clusters": self.clusters, "cache": self.cache, "splits": self.splits, "last_eval": self.last_eval}
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+    def load_cluster_state(self, state: dict) -> None:
+        self.clusters = [list(c) for c in state["clusters"]]
         self.cache, self.splits, self.last_eval = state["cache"], state["splits"], state["last_eval"]
 
 
-class GCFLPlus(GCFL):
-    """GCFL+: the cut uses DTW distances of gradient-norm sequences (paper sec. 5)."""
+class GCFLPlusServer(GCFLServer):
+    """GCFL+'s server: the cut uses DTW distances of gradient-norm sequences (paper sec. 5)."""
+
+    def init_clusters(self, num_clients: int) -> None:
+        super().init_clusters(num_clients)
+        self.sequences: list[list[float]] = [[] for _ in range(num_clients)]
+
+    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
+        """Hook: each client's last gradient norm of the shared layers, as it reports it."""
+        raise NotImplementedError
+
+    def split_clusters(self, rnd: int, updated: list[int]) -> None:
+        for k, v in self.grad_norms(rnd, updated).items():
+            self.sequences[k].append(v)
+        super().split_clusters(rnd, updated)
+
+    def ready_to_split(self) -> bool:
+        return all(len(s) >= self.opts.seq_length for s in self.sequences)
+
+    def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
+        seqs = [self.sequences[k][-self.opts.seq_length:] for k in members]
+        return dtw_similarity(dtw_distances(seqs, self.opts.standardize))
+
+    def after_split(self) -> None:
+        self.sequences = [[] for _ in self.sequences]
+
+    def cluster_state(self) -> dict:
+        return {**super().cluster_state(), "sequences": self.sequences}
+
+    def load_cluster_state(self, state: dict) -> None:
+        super().load_cluster_state(state)
+        self.sequences = state["sequences"]
+
+
+class GCFL(GCFLServer, GraphFederated):
+    """GCFL with every client in this object: the hooks call the protocol directly."""
+
+    name = "gcfl"
+    Options = GCFLOptions
+    supported_modes = PAIRWISE_MODES
+
+    def __init__(self, fed, protocol, cfg, device, options=None):
+        super().__init__(fed, protocol, cfg, device, options)
+        self.init_clusters(len(self.clients))
+        self._updates: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def mode_refusal(cls, mode: str) -> str:
+        return (f"{cls.name} needs inner products of client updates, which --mode {mode} cannot compute: "
+                f"use --mode ckks (or plain)")
+
+    def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
+        self._updates = updates
+        self.split_clusters(rnd, list(updates))
+
+    # ------------------------------------------------------------------ hooks
+    def exchange_mean(self, rnd: int, members: list[int]) -> np.ndarray:
+        return self.cluster_mean(rnd, members, self._updates)
+
+    def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
+        GraphFederated.apply_mean(self, members, mean)
+
+    def mean_norm(self, rnd: int, members: list[int], mean: np.ndarray) -> float:
+        return report_scalars(self.protocol, f"{self.name}/mean_norm", rnd,
+                              {members[0]: float(np.linalg.norm(mean))})[members[0]]
+
+    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
+        return report_scalars(self.protocol, f"{self.name}/update_norms", rnd,
+                              {k: float(self._updates[k].norm()) for k in members})
+
+    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+        return pairwise_cosine(self.protocol, f"{self.name}/similarity", rnd,
+                               {k: self._updates[k] for k in members}, decider=self.opts.decider)
+
+    # ------------------------------------------------------------------ reporting
+    def final_metrics(self) -> dict:
+        return {**super().final_metrics(), **self.best_cached(len(self.clients))}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **self.cluster_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.load_cluster_state(state)
+
+
+class GCFLPlus(GCFLPlusServer, GCFL):
+    """GCFL+ with every client in this object."""
 
     name = "gcflplus"
     Options = GCFLPlusOptions
     #: no inner products: the weighted means and the reported norms run in every mode
     supported_modes = ("plain", "ckks", "mask")
 
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
-        self.sequences: list[list[float]] = [[] for _ in self.clients]
-
-    def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
-        reported = report_scalars(self.protocol, f"{self.name}/grad_norms", rnd,
-                                  {k: float(self.grad_norms[k]) for k in updates})
-        for k, v in reported.items():
-            self.sequences[k].append(v)
-        super().cluster_round(rnd, updates)
-
-    def ready_to_split(self) -> bool:
-        return all(len(s) >= self.opts.seq_length for s in self.sequences)
-
-    def similarity(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor]) -> np.ndarray:
-        seqs = [self.sequences[k][-self.opts.seq_length:] for k in members]
-        return dtw_similarity(dtw_distances(seqs, self.opts.standardize))
-
-    def after_split(self) -> None:
-        self.sequences = [[] for _ in self.clients]
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "sequences": self.sequences}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.sequences = state["sequences"]
+    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
+        return report_scalars(self.protocol, f"{self.name}/grad_norms", rnd,
+                              {k: float(self.learners[k].grad_norm) for k in clients})

@@ -4,7 +4,9 @@ GIN layers are shared, the baselines of GCFL (Xie et al., NeurIPS 2021, sec. 6.1
 Every client holds :class:`~secure_fgl.models.gcfl_gin.GCFLGIN` (local input, ``post`` and
 classifier layers; shared GIN layers, as the reference's ``serverGIN``) and trains it on
 mini-batches of its graphs (``torch_geometric.loader.DataLoader``, ``batch_size`` graphs,
-shuffled by the run seed), ``--local-epochs`` epochs a round.
+shuffled by the client's own generator), ``--local-epochs`` epochs a round.  One client's
+side is a :class:`GraphLearner`; the algorithm object holds one per client, a client runtime
+(:mod:`secure_fgl.runtime.graph_level`) holds its own.
 
 Aggregation is per *cluster* of clients (one cluster for FedAvg/FedProx; GCFL splits it):
 each member ``i`` sends its update of the shared layers ``dW_i = W_i - W_c`` through the
@@ -28,13 +30,138 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch_geometric.loader import DataLoader
 
 from ..config import ConfigError
+from ..data.graph_classification import GraphClient
+from ..engine import rng
 from ..models.gcfl_gin import GCFLGIN
 from .base import FederatedAlgorithm
 from .grid_mean import grid_weighted_mean
 from .options import GraphOptions, GraphProxOptions
 
-__all__ = ["GraphOptions", "GraphProxOptions", "GraphFederated", "GraphSelfTrain",
-           "GraphFedAvg", "GraphFedProx"]
+__all__ = ["GraphOptions", "GraphProxOptions", "GraphLearner", "GraphFederated", "graph_summary", "initial_shared",
+           "GraphSelfTrain", "GraphFedAvg", "GraphFedProx"]
+
+
+def initial_shared(cfg) -> torch.Tensor:
+    """The shared GIN layers every client starts from: those of a GIN built under the run seed
+    (their shapes depend only on ``hidden`` and ``num_layers``, not on any client's data)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return parameters_to_vector(GCFLGIN(1, cfg.hidden, 1, cfg.num_layers, cfg.dropout).shared_parameters()).detach()
+
+
+class GraphLearner:
+    """One client's side of graph-level training: its graphs, its GIN and optimizer, and the
+    shared-layer vector its round starts from (``anchor``: its cluster's model).
+
+    Randomness is the client's own (:mod:`secure_fgl.engine.rng`): its local layers are drawn
+    from ``(seed, client)``, and epoch ``e`` of round ``r`` shuffles its graphs and draws its
+    dropout keys from ``client_generator(seed, r, client, e)`` -- the same whether the client
+    runs in the algorithm object or in its own runtime."""
+
+    def __init__(self, client: GraphClient, cfg, device, batch_size: int, shared: torch.Tensor):
+        self.client, self.cfg, self.device, self.batch_size = client, cfg, device, batch_size
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.SeedSequence([cfg.seed, client.client_id, 19]).generate_state(1)[0]))
+            self.model = GCFLGIN(client.num_features, cfg.hidden, client.num_classes, cfg.num_layers,
+                                 cfg.dropout).to(device)
+        vector_to_parameters(shared.clone().to(device), self.model.shared_parameters())
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.anchor = shared.clone().to(device)
+        #: running training accuracy of the last local epoch, as counts (reference ``train_gc``)
+        self.train_counts = (0, 0)
+        #: norm of the shared layers' gradient at the last local step (reference ``convGradsNorm``)
+        self.grad_norm = 0.0
+        self.eval_loaders = {s: DataLoader(getattr(client, s), batch_size=batch_size) for s in ("val", "test")}
+
+    def shared_vector(self) -> torch.Tensor:
+        return parameters_to_vector(self.model.shared_parameters()).detach()
+
+    def update(self) -> torch.Tensor:
+        """``dW = W - W_anchor`` of the shared layers after local training."""
+        return self.shared_vector() - self.anchor
+
+    def local_update(self, rnd: int, prox_mu: float = 0.0) -> float:
+        """``local_epochs`` epochs of mini-batch training; returns the last epoch's mean loss.
+        FedProx adds ``mu/2 ||W - W_anchor||^2`` on the shared layers."""
+        model, opt, k = self.model, self.optimizer, self.client.client_id
+        model.train()
+        shared = model.shared_parameters()
+        loss_sum = correct = seen = 0
+        for epoch in range(self.cfg.local_epochs):
+            loss_sum = correct = seen = 0
+            gen = rng.client_generator(self.cfg.seed, rnd, k, epoch)
+            with rng.using(gen):
+                for batch in DataLoader(self.client.train, batch_size=self.batch_size, shuffle=True, generator=gen):
+                    batch = batch.to(self.device)
+                    opt.zero_grad()
+                    out = model(batch.x, batch.edge_index, batch.batch)
+                    loss = F.cross_entropy(out, batch.y)
+                    if prox_mu > 0:
+                        loss = loss + 0.5 * prox_mu * (parameters_to_vector(shared) - self.anchor).pow(2).sum()
+                    loss.backward()
+                    opt.step()
+                    loss_sum += float(loss.detach()) * batch.num_graphs
+                    correct += int((out.argmax(-1) == batch.y).sum())
+                    seen += batch.num_graphs
+        self.train_counts = (correct, seen)
+        self.grad_norm = float(torch.cat([p.grad.reshape(-1) for p in shared]).norm())
+        return loss_sum / max(seen, 1)
+
+    def apply_mean(self, mean: np.ndarray) -> None:
+        """Restart from the anchor plus the cluster's mean update."""
+        self.anchor = self.anchor + torch.as_tensor(mean, dtype=torch.float32, device=self.device)
+        vector_to_parameters(self.anchor.clone(), self.model.shared_parameters())
+
+    @torch.no_grad()
+    def accuracy(self, split: str) -> tuple[int, int]:
+        """``(correct, total)`` of this client's model on its own ``split`` graphs."""
+        self.model.eval()
+        correct = total = 0
+        for batch in self.eval_loaders[split]:
+            batch = batch.to(self.device)
+            correct += int((self.model(batch.x, batch.edge_index, batch.batch).argmax(-1) == batch.y).sum())
+            total += batch.num_graphs
+        return correct, total
+
+    def counts(self) -> dict:
+        """What leaves the client at evaluation: correct/total per split (training: last epoch)."""
+        return {"train": list(self.train_counts), **{s: list(self.accuracy(s)) for s in ("val", "test")}}
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "anchor": self.anchor.cpu(), "train_counts": list(self.train_counts), "grad_norm": self.grad_norm}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.anchor = state["anchor"].to(self.device)
+        self.train_counts = tuple(int(v) for v in state["train_counts"])
+        self.grad_norm = float(state["grad_norm"])
+
+
+def graph_summary(rows: list[dict]) -> dict:
+    """The evaluation of every client from its counts (``rows``: ``client``, ``dataset``,
+    ``num_train`` and ``{train,val,test}`` = ``(correct, total)``): overall = graph-weighted,
+    and the unweighted mean over clients (the paper's "average accuracy")."""
+    per_client, sums = [], {s: [0, 0] for s in ("val", "test")}
+    for r in rows:
+        correct, seen = r["train"]
+        row = {"client": r["client"], "dataset": r["dataset"], "train_acc": correct / max(seen, 1),
+               "num_train": r["num_train"]}
+        for split in sums:
+            correct, total = r[split]
+            sums[split][0] += correct
+            sums[split][1] += total
+            row[f"{split}_acc"] = correct / total if total else None
+            row[f"num_{split}"] = total
+        per_client.append(row)
+    out = {f"{s}_acc": v[0] / v[1] if v[1] else 0.0 for s, v in sums.items()}
+    out["train_acc"] = float(np.average([r["train_acc"] for r in per_client],
+                                        weights=[r["num_train"] for r in per_client]))
+    for split in sums:
+        out[f"{split}_acc_client_mean"] = float(np.mean([r[f"{split}_acc"] for r in per_client]))
+    out["per_client"] = per_client
+    return out
 
 
 class GraphFederated(FederatedAlgorithm):
@@ -56,66 +183,37 @@ class GraphFederated(FederatedAlgorithm):
         self.opts = options if options is not None else self.Options()
         self.prox_mu = float(getattr(self.opts, "mu", 0.0))     # FedProx options carry mu
         self.clients = fed.clients
-        self.rng = np.random.default_rng(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.models = [GCFLGIN(c.num_features, cfg.hidden, c.num_classes, cfg.num_layers, cfg.dropout).to(device)
-                       for c in self.clients]
-        shared = parameters_to_vector(self.models[0].shared_parameters()).detach()
-        for m in self.models:               # every client starts from the same GIN layers
-            vector_to_parameters(shared.clone(), m.shared_parameters())
-        self.optimizers = [torch.optim.Adam(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-                           for m in self.models]
-        #: the shared-layer vector each client's round starts from (its cluster's model)
-        self.anchors = [shared.clone() for _ in self.clients]
+        shared = initial_shared(cfg)
+        self.learners = [GraphLearner(c, cfg, device, self.opts.batch_size, shared) for c in self.clients]
         self.clusters: list[list[int]] = [list(range(len(self.clients)))]
         self.num_train = np.array([len(c.train) for c in self.clients], dtype=np.float64)
-        self.train_acc = np.zeros(len(self.clients))
-        self.grad_norms = np.zeros(len(self.clients))
-        gen = torch.Generator().manual_seed(cfg.seed)
-        self.train_loaders = [DataLoader(c.train, batch_size=self.opts.batch_size, shuffle=True, generator=gen)
-                              for c in self.clients]
-        self.eval_loaders = [{s: DataLoader(getattr(c, s), batch_size=self.opts.batch_size) for s in ("val", "test")}
-                             for c in self.clients]
 
     @classmethod
     def mode_refusal(cls, mode: str) -> str:
         return f"{cls.name} cannot run in --mode {mode}: use one of {', '.join(cls.supported_modes)}"
 
-    # ------------------------------------------------------------------ client side
-    def shared_vector(self, k: int) -> torch.Tensor:
-        return parameters_to_vector(self.models[k].shared_parameters()).detach()
+    # the clients' models and anchors (read by the attack suite and tests)
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        return [lr.model for lr in self.learners]
 
-    def local_update(self, k: int) -> float:
-        """``local_epochs`` epochs of mini-batch training; records the running training accuracy
-        and the norm of the shared layers' gradient at the last step (reference ``convGradsNorm``)."""
-        model, opt = self.models[k], self.optimizers[k]
-        model.train()
-        shared = model.shared_parameters()
-        loss_sum = correct = seen = 0
-        for _ in range(self.cfg.local_epochs):
-            loss_sum = correct = seen = 0
-            for batch in self.train_loaders[k]:
-                batch = batch.to(self.device)
-                opt.zero_grad()
-                out = model(batch.x, batch.edge_index, batch.batch)
-                loss = F.cross_entropy(out, batch.y)
-                if self.prox_mu > 0:
-                    loss = loss + 0.5 * self.prox_mu * (parameters_to_vector(shared) - self.anchors[k]).pow(2).sum()
-                loss.backward()
-                opt.step()
-                loss_sum += float(loss.detach()) * batch.num_graphs
-                correct += int((out.argmax(-1) == batch.y).sum())
-                seen += batch.num_graphs
-        self.train_acc[k] = correct / max(seen, 1)
-        self.grad_norms[k] = float(torch.cat([p.grad.reshape(-1) for p in shared]).norm())
-        return loss_sum / max(seen, 1)
+    @property
+    def anchors(self) -> list[torch.Tensor]:
+        return [lr.anchor for lr in self.learners]
+
+    @property
+    def grad_norms(self) -> np.ndarray:
+        return np.array([lr.grad_norm for lr in self.learners])
+
+    def shared_vector(self, k: int) -> torch.Tensor:
+        return self.learners[k].shared_vector()
 
     # ------------------------------------------------------------------ one round
     def train_round(self, rnd: int) -> dict:
         sampled = self.sample_clients(rnd)
-        losses = [self.local_update(k) for k in sampled]
+        losses = [self.learners[k].local_update(rnd, self.prox_mu) for k in sampled]
         if self.aggregate_models:
-            updates = {k: self.shared_vector(k) - self.anchors[k] for k in sampled}
+            updates = {k: self.learners[k].update() for k in sampled}
             self.cluster_round(rnd, updates)
         return {"train_loss": float(np.mean(losses)), "num_clusters": len(self.clusters)}
 
@@ -137,66 +235,35 @@ class GraphFederated(FederatedAlgorithm):
 
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         """Every member restarts from its anchor plus the cluster's mean update."""
-        step = torch.as_tensor(mean, dtype=torch.float32, device=self.device)
         for k in members:
-            self.anchors[k] = self.anchors[k] + step
-            vector_to_parameters(self.anchors[k].clone(), self.models[k].shared_parameters())
+            self.learners[k].apply_mean(mean)
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
-    def client_accuracy(self, k: int, split: str) -> tuple[int, int]:
-        model = self.models[k]
-        model.eval()
-        correct = total = 0
-        for batch in self.eval_loaders[k][split]:
-            batch = batch.to(self.device)
-            correct += int((model(batch.x, batch.edge_index, batch.batch).argmax(-1) == batch.y).sum())
-            total += batch.num_graphs
-        return correct, total
-
     def evaluate(self) -> dict:
-        """Per client: its own model on its own graphs; overall = graph-weighted, and the
-        unweighted mean over clients (the paper's "average accuracy")."""
-        per_client, sums = [], {s: [0, 0] for s in ("val", "test")}
-        for k, c in enumerate(self.clients):
-            row = {"client": k, "dataset": c.dataset, "train_acc": float(self.train_acc[k]),
-                   "num_train": len(c.train)}
-            for split in sums:
-                correct, total = self.client_accuracy(k, split)
-                sums[split][0] += correct
-                sums[split][1] += total
-                row[f"{split}_acc"] = correct / total if total else None
-                row[f"num_{split}"] = total
-            per_client.append(row)
-        out = {f"{s}_acc": v[0] / v[1] if v[1] else 0.0 for s, v in sums.items()}
-        out["train_acc"] = float(np.average(self.train_acc, weights=self.num_train))
-        for split in sums:
-            out[f"{split}_acc_client_mean"] = float(np.mean([r[f"{split}_acc"] for r in per_client]))
-        out["per_client"] = per_client
-        self.last_eval = per_client
+        """Per client: its own model on its own graphs (:func:`graph_summary`)."""
+        out = graph_summary([{"client": k, "dataset": c.dataset, "num_train": len(c.train),
+                              **self.learners[k].counts()} for k, c in enumerate(self.clients)])
+        self.last_eval = out["per_client"]
         return out
 
     def final_metrics(self) -> dict:
         """The last round's per-client test accuracy (the paper evaluates after the last round)."""
-        last = self.evaluate()["per_client"]
-        accs = [r["test_acc"] for r in last]
-        return {"test_acc_last_client_mean": float(np.mean(accs)), "per_client_test_acc_last": accs,
-                "clusters": [list(map(int, c)) for c in self.clusters]}
+        return last_round_metrics(self.evaluate()["per_client"], self.clusters)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {"models": [m.state_dict() for m in self.models], "optimizers": [o.state_dict() for o in self.optimizers],
-                "anchors": [a.cpu() for a in self.anchors], "clusters": self.clusters,
-                "train_acc": self.train_acc.copy(), "grad_norms": self.grad_norms.copy()}
+        return {"learners": [lr.state_dict() for lr in self.learners], "clusters": self.clusters}
 
     def load_state_dict(self, state: dict) -> None:
-        for m, s in zip(self.models, state["models"]):
-            m.load_state_dict(s)
-        for o, s in zip(self.optimizers, state["optimizers"]):
-            o.load_state_dict(s)
-        self.anchors = [a.to(self.device) for a in state["anchors"]]
+        for lr, s in zip(self.learners, state["learners"]):
+            lr.load_state_dict(s)
         self.clusters = [list(c) for c in state["clusters"]]
-        self.train_acc, self.grad_norms = state["train_acc"], state["grad_norms"]
+
+
+def last_round_metrics(per_client: list[dict], clusters: list[list[int]]) -> dict:
+    accs = [r["test_acc"] for r in per_client]
+    return {"test_acc_last_client_mean": float(np.mean(accs)), "per_client_test_acc_last": accs,
+            "clusters": [list(map(int, c)) for c in clusters]}
 
 
 class GraphFedAvg(GraphFederated):

@@ -27,7 +27,8 @@ import numpy as np
 from protocols import ValueSpec
 from protocols.errors import BoundError
 
-__all__ = ["GRID_BITS", "GRID_RANGE", "VALUE_BOUND", "grid_contribution", "grid_weighted_mean"]
+__all__ = ["GRID_BITS", "GRID_RANGE", "GRID_SPEC", "VALUE_BOUND", "grid_contribution", "grid_mean_of_sum",
+           "grid_weighted_mean"]
 
 #: grid of the summed entries: 2^-26 ~ 1.5e-8
 GRID_BITS = 26
@@ -37,6 +38,8 @@ GRID_RANGE = 0.25
 VALUE_BOUND = 0.5
 #: entries are divided by this so that |v| <= VALUE_BOUND and weights summing to <= 1 keep every sum below GRID_RANGE
 _SHRINK = 4.0
+#: the public bounds of the summed contributions: CKKS is planned to err below half a grid step
+GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2))
 
 
 def _on_grid(x, rounding=np.round):
@@ -67,7 +70,10 @@ def grid_weighted_mean(protocol, tag: str, rnd: int, values: Mapping[int, np.nda
         raise BoundError("the weights sum above 1: divide them by the public total", tag=tag, round=rnd)
     contributions = {k: grid_contribution(np.asarray(v), float(weights[k]), tag=tag, rnd=rnd, client=k)
                      for k, v in values.items()}
-    spec = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2))
-    total = _on_grid(np.asarray(protocol.weighted_sum(tag, rnd, contributions, spec=spec, recipients=recipients),
-                                dtype=np.float64))
+    return grid_mean_of_sum(protocol.weighted_sum(tag, rnd, contributions, spec=GRID_SPEC, recipients=recipients))
+
+
+def grid_mean_of_sum(total: np.ndarray) -> np.ndarray:
+    """Recipient side: the decoded sum of the contributions back on the grid, ``S[:-1] / S[-1]``."""
+    total = _on_grid(np.asarray(total, dtype=np.float64))
     return total[:-1] / total[-1]

@@ -36,15 +36,16 @@ def minority_counts(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, m
     return int((logits[sel].argmax(-1) == y[sel]).sum()), total
 
 
+def minority_report(logits: torch.Tensor, c, num_classes: int) -> dict:
+    """One client's part of the metric: its majority class and minority ``(correct, total)`` on its
+    test and validation nodes (what the client reports; it needs only its own data)."""
+    majority = majority_class(c.y, c.train_mask, num_classes)
+    return {"majority_class": majority,
+            **{split: minority_counts(logits, c.y, getattr(c, f"{split}_mask"), majority) for split in ("test", "val")}}
+
+
 class MinorityAccuracy:
     """Mixin: ``minority_acc`` in ``evaluate()`` and in ``final_metrics()`` (best-val round)."""
-
-    def _majority(self, k: int) -> int:
-        cache = self.__dict__.setdefault("_majority_cache", {})
-        if k not in cache:
-            c = self.clients[k]
-            cache[k] = majority_class(c.y, c.train_mask, self.fed.num_classes)
-        return cache[k]
 
     def _minority_tracker(self) -> dict:
         return self.__dict__.setdefault("_minority_best", {"val_acc": None, "minority_acc": None,
@@ -63,18 +64,24 @@ class MinorityAccuracy:
         self.client_logits = logits_once          # share one forward pass per client
         try:
             out = super().evaluate()
-            sums = {"test": [0, 0], "val": [0, 0]}
-            for k, c in enumerate(self.clients):
-                row = out["per_client"][k]
-                row["majority_class"] = self._majority(k)
-                for split, acc in sums.items():
-                    corr, tot = minority_counts(logits_once(k), c.y, getattr(c, f"{split}_mask"), self._majority(k))
-                    acc[0] += corr
-                    acc[1] += tot
-                    row[f"{'' if split == 'test' else 'val_'}minority_acc"] = corr / tot if tot else None
-                    row[f"num_{split}_minority"] = tot
+            reports = {k: minority_report(logits_once(k), c, self.fed.num_classes) for k, c in enumerate(self.clients)}
         finally:
             del self.client_logits                # back to the class method
+        return self.add_minority(out, reports)
+
+    def add_minority(self, out: dict, reports: dict[int, dict]) -> dict:
+        """``out`` (an ``evaluate()`` dict) with the clients' :func:`minority_report` entries: per-client
+        rows, the node-weighted ``minority_acc`` / ``val_minority_acc``, and the best-val tracker."""
+        sums = {"test": [0, 0], "val": [0, 0]}
+        for row in out["per_client"]:
+            rep = reports[row["client"]]
+            row["majority_class"] = rep["majority_class"]
+            for split, acc in sums.items():
+                corr, tot = (int(v) for v in rep[split])
+                acc[0] += corr
+                acc[1] += tot
+                row[f"{'' if split == 'test' else 'val_'}minority_acc"] = corr / tot if tot else None
+                row[f"num_{split}_minority"] = tot
         out["minority_acc"] = sums["test"][0] / sums["test"][1] if sums["test"][1] else 0.0
         out["val_minority_acc"] = sums["val"][0] / sums["val"][1] if sums["val"][1] else 0.0
         best = self._minority_tracker()

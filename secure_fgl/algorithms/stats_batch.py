@@ -17,22 +17,43 @@ import numpy as np
 from protocols.batch import batched_weighted_mean
 
 
+def local_mean(a: np.ndarray) -> np.ndarray:
+    """``E_k[z]`` over a client's ``[n_k, d]`` samples (zeros without samples)."""
+    return a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])
+
+
+def local_central_moments(a: np.ndarray, mu: np.ndarray, orders) -> np.ndarray:
+    """``[E_k[(z - mu)^j] for j in orders]`` about the pooled mean ``mu`` (``[J, d]``)."""
+    return np.stack([local_mean((a - mu) ** j) for j in orders])
+
+
+def local_raw_moments(a: np.ndarray, top: int) -> np.ndarray:
+    """``[E_k[z^p] for p = 1..top]`` (``[top, d]``)."""
+    return np.stack([local_mean(a ** p) for p in range(1, top + 1)])
+
+
+def central_from_raw(mu: np.ndarray, higher: np.ndarray, orders) -> dict[int, np.ndarray]:
+    """Central moments from the pooled raw ones (``higher``: ``E[z^2..J]``) by the binomial expansion
+    of :func:`one_stage_raw_moments`."""
+    raw = [np.ones_like(mu), mu, *higher]                              # E[z^0..J]
+    return {j: sum(comb(j, i) * raw[i] * (-mu) ** (j - i) for i in range(j + 1)) for j in orders}
+
+
+def layer_names(tag: str, num_layers: int) -> list[str]:
+    """``<tag>/hidden<l>`` for ``l = 1..num_layers``: the part tags of every batch."""
+    return [f"{tag}/hidden{l + 1}" for l in range(num_layers)]
+
+
 def batched_central_moments(protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *,
                             spec=None) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
     """``layers[l]``: client -> ``[n_k, d_l]`` samples of hidden layer ``l + 1`` (the same nodes in
     every layer).  Returns per layer ``(mu [d_l], {j: E[(z - mu)^j] [d_l]})``."""
-    first = layers[0]
-    counts = {k: float(a.shape[0]) for k, a in first.items()}
-    names = [f"{tag}/hidden{l + 1}" for l in range(len(layers))]
-
-    means = {f"{n}/mean": {k: (a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])) for k, a in s.items()}
-             for n, s in zip(names, layers)}
+    counts = {k: float(a.shape[0]) for k, a in layers[0].items()}
+    names = layer_names(tag, len(layers))
+    means = {f"{n}/mean": {k: local_mean(a) for k, a in s.items()} for n, s in zip(names, layers)}
     mu = batched_weighted_mean(protocol, f"{tag}/stats/mean", rnd, means, counts, spec=spec)
-    moments = {}
-    for n, s in zip(names, layers):
-        m = mu[f"{n}/mean"]
-        moments[f"{n}/moments"] = {k: np.stack([((a - m) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])
-                                                for j in orders]) for k, a in s.items()}
+    moments = {f"{n}/moments": {k: local_central_moments(a, mu[f"{n}/mean"], orders) for k, a in s.items()}
+               for n, s in zip(names, layers)}
     mom = batched_weighted_mean(protocol, f"{tag}/stats/moments", rnd, moments, counts, spec=spec)
     return [(mu[f"{n}/mean"], {j: mom[f"{n}/moments"][i] for i, j in enumerate(orders)}) for n in names]
 
@@ -50,21 +71,14 @@ def one_stage_raw_moments(protocol, tag: str, rnd: int, layers: list[dict[int, n
     ``|mu| <= m`` the expansion multiplies it by at most ``sum_i C(j, i) m^(j-i) = (1 + m)^j``
     (``2^j`` for activations in ``[0, 1]``: 32 ``delta`` at ``j = 5``), against ``delta`` for the
     two-stage exchange, and float64 cancellation adds ~``2^j * 2^-52``."""
-    first = layers[0]
-    counts = {k: float(a.shape[0]) for k, a in first.items()}
-    names = [f"{tag}/hidden{l + 1}" for l in range(len(layers))]
+    counts = {k: float(a.shape[0]) for k, a in layers[0].items()}
+    names = layer_names(tag, len(layers))
     top = max(orders)
     parts = {}
     for n, s in zip(names, layers):
-        raw = {k: np.stack([(a ** p).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for p in range(1, top + 1)])
-               for k, a in s.items()}
+        raw = {k: local_raw_moments(a, top) for k, a in s.items()}
         parts[f"{n}/mean"] = {k: r[0] for k, r in raw.items()}
         parts[f"{n}/moments"] = {k: r[1:] for k, r in raw.items()}
     pooled = batched_weighted_mean(protocol, f"{tag}/stats/raw", rnd, parts, counts, spec=spec)
-    out = []
-    for n in names:
-        mu = pooled[f"{n}/mean"]
-        raw = [np.ones_like(mu), mu, *pooled[f"{n}/moments"]]          # E[z^0..J]
-        central = {j: sum(comb(j, i) * raw[i] * (-mu) ** (j - i) for i in range(j + 1)) for j in orders}
-        out.append((mu, central))
-    return out
+    return [(pooled[f"{n}/mean"], central_from_raw(pooled[f"{n}/mean"], pooled[f"{n}/moments"], orders))
+            for n in names]

@@ -6,7 +6,8 @@
 a sum readout, a local ``post`` layer and a local classifier.  Only the GIN layers
 (``convs``) are shared in federated training (the reference's ``serverGIN``); the input
 layer maps each client's own feature dimension to ``hidden``, so clients holding different
-datasets share the same GIN layers.
+datasets share the same GIN layers.  Dropout is the keyed one of
+:func:`secure_fgl.models.node.dropout` (its mask a function of the active generator).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch_geometric.nn import GINConv, global_add_pool
+
+from .node import dropout as keyed_dropout
 
 
 class GCFLGIN(nn.Module):
@@ -34,6 +37,6 @@ class GCFLGIN(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         x = self.pre(x)
         for conv in self.convs:
-            x = F.dropout(F.relu(conv(x, edge_index)), self.dropout, self.training)
-        x = F.dropout(self.post(global_add_pool(x, batch)), self.dropout, self.training)
+            x = keyed_dropout(F.relu(conv(x, edge_index)), self.dropout, self.training)
+        x = keyed_dropout(self.post(global_add_pool(x, batch)), self.dropout, self.training)
         return self.readout(x)

@@ -42,6 +42,8 @@ from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, MessagePassing
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
+from .node import dropout
+
 
 def newton_orthogonalize(weight: torch.Tensor, steps: int = 5, eps: float = 1e-5) -> torch.Tensor:
     """ONI's orthogonalisation of a ``[m, n]`` weight (``m <= n``): ``~ (W W^T)^-1/2 W``.
@@ -122,7 +124,8 @@ class OrthoConv(MessagePassing):
 class OrthoGCN(nn.Module):
     """Table 1: GCNConv(d_in -> d_h), ``ortho_layers`` x OrthoConv(d_h -> d_h), GCNConv(d_h -> d_out).
 
-    Dropout precedes every layer (as in :class:`secure_fgl.models.node.GCN`).
+    Dropout precedes every layer (as in :class:`secure_fgl.models.node.GCN`, with its keyed
+    :func:`~secure_fgl.models.node.dropout`).
     ``orthogonal=False`` replaces the OrthoConv layers by plain ``GCNConv(d_h, d_h)``
     (Table 6's "without orthogonalisation"); :meth:`orthogonality_loss` is then 0.
     The model returns logits; eq. 9's softmax is inside the cross-entropy.
@@ -148,12 +151,12 @@ class OrthoGCN(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, return_hidden: bool = False):
         hidden = []
-        h = F.relu(self.first(F.dropout(x, self.dropout, self.training), edge_index))
+        h = F.relu(self.first(dropout(x, self.dropout, self.training), edge_index))
         hidden.append(h)
         for layer in self.hidden_layers:
-            h = F.relu(layer(F.dropout(h, self.dropout, self.training), edge_index))
+            h = F.relu(layer(dropout(h, self.dropout, self.training), edge_index))
             hidden.append(h)
-        out = self.last(F.dropout(h, self.dropout, self.training), edge_index)
+        out = self.last(dropout(h, self.dropout, self.training), edge_index)
         return (out, hidden) if return_hidden else out
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ConfigError
-from .client import client_frame
+from ..data.graph_classification import FederatedGraphDataset
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
-from .facts import PublicFacts
+from .facts import GraphFacts, PublicFacts
+from .graph_data import graph_client_frame
 from .registry import converted, strategy_class
 from .strategy import Strategy
 
@@ -35,9 +36,6 @@ def check_runtime(cfg) -> None:
     if cfg.algorithm not in converted():
         raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
                           f"{cfg.algorithm} runs with --executor inline")
-    if cfg.dp_epsilon is not None or cfg.attacks:
-        raise ConfigError(f"--executor {cfg.executor}: DP and --attacks run with --executor inline for now "
-                          "(the attack suite reads every party's state in one process)")
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
@@ -54,12 +52,14 @@ def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
 
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
-    facts = PublicFacts.of(fed)
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
-    owner = fed.owner
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
-    frames = {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
-                                        c.cross_edges[1].new_empty(0), cfg, facts, opts, setup)
-              for c in fed.clients}
+    cls = strategy_class(cfg.algorithm)
+    if isinstance(fed, FederatedGraphDataset):     # graph classification: each client its own graphs
+        facts = GraphFacts.of(fed)
+        frames = {c.client_id: graph_client_frame(c, cfg, facts, opts, setup) for c in fed.clients}
+    else:                                          # node classification: the strategy's frames
+        facts = PublicFacts.of(fed)
+        frames = cls.client_frames(fed, cfg, facts, opts, setup)
     executor.start(frames)
-    return strategy_class(cfg.algorithm)(executor, protocol, cfg, facts, opts)
+    return cls(executor, protocol, cfg, facts, opts)

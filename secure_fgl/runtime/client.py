@@ -29,15 +29,17 @@ DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "
 
 
 def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
-                 options: dict, party_setup: bytes | None = None) -> bytes:
+                 options: dict, party_setup: bytes | None = None, owner: torch.Tensor | None = None) -> bytes:
     """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
     cross edges (a client knows who holds the other end of its edges), the run's settings,
     the public facts and, for a backend split into halves, its public setup bytes
-    (:class:`protocols.party.PartySetup`)."""
+    (:class:`protocols.party.PartySetup`).  ``owner``: the client owning each of ``c``'s nodes,
+    for a runtime that holds several clients' nodes (the centralized reference)."""
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
+    owned = {} if owner is None else {"owner": owner}
     return wire.pack({**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner,
                       "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
-                      "options": options, **setup})
+                      "options": options, **setup, **owned})
 
 
 class ClientRuntime:
@@ -48,11 +50,18 @@ class ClientRuntime:
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
         self.device = torch.device(device)
-        self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
-                                                      for k in DATA_FIELDS})
-        self.far_owner = torch.from_numpy(f["far_owner"])
+        if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
+            from .facts import GraphFacts
+            from .graph_data import graph_client
+            self.data, self.facts = graph_client(f, self.client_id), GraphFacts(**f["facts"])
+        else:
+            self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
+                                                          for k in DATA_FIELDS})
+            self.far_owner = torch.from_numpy(f["far_owner"])
+            self.facts = PublicFacts(**f["facts"])
+        #: the client owning each node (only for a runtime holding several clients' nodes)
+        self.owner = torch.from_numpy(f["owner"]) if "owner" in f else None
         self.cfg = RunConfig.from_dict(f["config"])
-        self.facts = PublicFacts(**f["facts"])
         self.logic = make_logic(self, f["options"])
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
@@ -62,9 +71,9 @@ class ClientRuntime:
             self.half.provider = self.logic.table
 
     def handle(self, method: str, request: bytes) -> bytes:
-        """Answer one request: ``local_update``, ``contribute``, ``receive``, ``evaluate``,
-        ``save`` or ``load`` (a request frame in, a response frame out), or ``half:<stage>`` (the
-        protocol half's stage, bundles of signed messages in and out)."""
+        """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
+        ``save``, ``load`` or ``attack`` (a request frame in, a response frame out), or
+        ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
         if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
         if method == "ping":                        # transport overhead measurement (bench)
@@ -74,8 +83,12 @@ class ClientRuntime:
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        if method == "attack" and req["what"] == "keys":     # what it hands a coalition it joins
+            secrets = self.half.coalition_secrets() if self.half is not None else {}
+            return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
         handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
-                   "receive": self.logic.receive, "evaluate": self.logic.evaluate}.get(method)
+                   "receive": self.logic.receive, "evaluate": self.logic.evaluate,
+                   "privatize": self.logic.privatize, "attack": self.logic.attack_state}.get(method)
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})

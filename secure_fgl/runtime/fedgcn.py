@@ -28,11 +28,12 @@ import torch
 from protocols import SERVER, BoundError, client_party
 from protocols.baseline import row_sum_bytes
 
-from ..algorithms.fedgcn import (TAG, FedGCNNet, PropGraph, _inverse_gray, _local_positions, center_by_own_mean,
-                                 exchange_spec, local_degrees, neighbour_terms, normalise, partial_neighbour_sums,
-                                 propagation_graph, requested_rows, segment_blocks)
+from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gray, _local_positions,
+                                 center_by_own_mean, degree_cap_needed, denoise_with_own_data, dp_applies, dp_row_clip,
+                                 exchange_dp_request, exchange_spec, local_degrees, neighbour_terms, normalise,
+                                 partial_neighbour_sums, propagation_graph, requested_rows, segment_blocks)
 from ..algorithms.options import FedGCNOptions
-from .exchange import plan_rows, request_blocks, rows_result, run_split
+from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
 from .strategy import ModelAveragingStrategy
 
@@ -92,12 +93,16 @@ class FedGCNLogic(ModelAveragingLogic):
         if self.fopts.hops == 0:
             self._inputs = (center_by_own_mean(c.x, c.num_nodes) if self.fopts.center else c.x, c.edge_index)
         self.row_of = {}                        # global id -> exchange row id (own nodes and known remote ones)
+        self.sent_own = None                    # DP: the clipped own rows it sent
+        #: with --attacks: (node id, total) of every row of the blocks this client decoded
+        self.decoded: tuple[np.ndarray, np.ndarray] | None = None
 
-    def build_model(self):
-        if self.fopts.hops == 0:
-            return super().build_model()
-        cfg, f = self.cfg, self.facts
-        return FedGCNNet(f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout)
+    @staticmethod
+    def architecture(cfg, facts, options: dict):
+        if FedGCNOptions(**options).hops == 0:
+            return ModelAveragingLogic.architecture(cfg, facts, options)
+        return FedGCNNet(facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
+                         dropout=cfg.dropout)
 
     def inputs(self):
         if self._inputs is None:
@@ -135,15 +140,15 @@ class FedGCNLogic(ModelAveragingLogic):
         refusal = self._check_bounds(req)
         if refusal:
             return refusal
-        ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, None, binary=self.facts.binary_features,
+        clip = req.get("dp_clip")               # DP: every term [x_j, 1] clipped to C (protocols.dp)
+        ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features,
                                                               seed=self.cfg.seed))
+        self.sent_own = rows[:c.num_nodes] if clip is not None else None     # for the DP post-processing
         ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
         if not req.get("split"):
             return {"ids": ids, "rows": rows, "request": request}
-        self.keep(tag, ids, rows)               # the half uploads it; only public facts leave here
         self.request_rows = request
-        return {"rows_up": ids.size, "rows_down": request.size,
-                "request_blocks": request_blocks(request, int(req["rpb"]), int(req["num_blocks"]), o.layout)}
+        return keep_rows(self, tag, ids, rows, request, req)     # the half uploads it; public facts leave here
 
     def _check_bounds(self, req: dict) -> dict | None:
         """The owner's check of its own nodes against the public caps (before anything is sent)."""
@@ -153,7 +158,7 @@ class FedGCNLogic(ModelAveragingLogic):
             over = deg[deg > o.degree_cap]
             if over.numel():
                 return {"refused": "degree", "count": int(over.numel()), "largest": int(over.max())}
-        if not self.facts.binary_features:
+        if not (self.facts.binary_features or req.get("dp_clip") is not None):    # DP clips the terms instead
             m = float(c.x.abs().max()) if c.x.numel() else 0.0
             if m > o.feature_bound:
                 return {"refused": "feature", "largest": m}
@@ -170,17 +175,45 @@ class FedGCNLogic(ModelAveragingLogic):
         if "totals" in req:
             totals = req["totals"]
         else:                                   # this client's own decoded blocks
-            totals = rows_result(self.rt.half.result(), self.request_rows, int(req["rpb"]), self.facts.num_features + 1)
+            blocks, rpb = self.rt.half.result(), int(req["rpb"])
+            totals = rows_result(blocks, self.request_rows, rpb, self.facts.num_features + 1)
+            if self.cfg.attacks:
+                self.decoded = self._block_rows(blocks, rpb)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
-        counts = totals[:, -1].round()
-        if not torch.equal(counts[:c.num_nodes], own_deg):
-            raise RuntimeError(f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
-                               "local degrees -- a contribution is missing or corrupted")
+        if self.sent_own is not None:           # DP: post-processing with the client's own data
+            totals = denoise_with_own_data(c, totals, self.sent_own.to(totals), o.norm,
+                                           noise_std=float(req["noise_std"]))
+            counts = totals[:, -1]
+        else:
+            counts = totals[:, -1].round()
+            if not torch.equal(counts[:c.num_nodes], own_deg):
+                raise RuntimeError(f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
+                                   "local degrees -- a contribution is missing or corrupted")
         degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
         z = normalise(totals, degrees, o.norm).to(torch.float32)
         self._inputs = (center_by_own_mean(z, c.num_nodes) if o.center else z, propagation_graph(c, o.hops, degrees))
         return {}
+
+    def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row of the decoded ``blocks`` as (node id, total), float32 as the in-process
+        algorithm keeps them; a row whose node this client cannot name (another client's node
+        under ``--row-order signature|owner``) or a padding row gets node id -1."""
+        dim = self.facts.num_features + 1
+        bids = np.array(sorted(blocks), dtype=np.int64)
+        rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()
+        totals = np.stack([blocks[int(b)] for b in bids]).reshape(rows.size, dim) if bids.size else np.zeros((0, dim))
+        if self.row_of:
+            node_of = {r: g for g, r in self.row_of.items()}
+            nodes = np.array([node_of.get(int(r), -1) for r in rows], dtype=np.int64)
+        else:                                   # the given order: row id = node id
+            nodes = np.where(rows < self.facts.num_nodes, rows, -1)
+        return nodes, totals.astype(np.float32)
+
+    def decoded_rows(self) -> dict:
+        if self.decoded is None:
+            return {}
+        return {"nodes": self.decoded[0], "totals": self.decoded[1]}
 
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -206,6 +239,12 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.fopts = FedGCNOptions(**options)
         self.pretrain: dict = {}
         self.exchange_rows = facts.num_nodes
+        self.dp_on = self.fopts.hops > 0 and dp_applies(cfg, protocol)
+        if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
+            protocol.dp.declare(TAG, f"{self.name}/model")    # even split of the run's budget (as inline)
+
+    #: the data each release touches (:mod:`secure_fgl.privacy`), as the in-process FedGCN states it
+    release_dependencies = FedGCN.release_dependencies
 
     def setup(self) -> None:
         import time
@@ -215,24 +254,24 @@ class FedGCNStrategy(ModelAveragingStrategy):
                              "pretrain_plaintext_equiv_bytes_down": 0, "pretrain_time": 0.0}
             return
         t0 = time.perf_counter()
-        spec = exchange_spec(o, f.binary_features)
+        dp = exchange_dp_request(o, self.cfg, f.binary_features) if self.dp_on else None
+        spec = exchange_spec(o, f.binary_features, dp_row_clip(o, self.cfg) if dp else None)
         num_rows = f.num_nodes
         if o.row_order != "given" and o.layout == "sparse":
             num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
         dim = f.num_features + 1
         rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
-        ask = {"tag": TAG, "round": 0, "check_degree": self.protocol.mode != "plain", "split": self.split,
-               "rpb": rpb, "num_blocks": -(-num_rows // rpb)}
+        ask = {"tag": TAG, "round": 0, "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
+               "split": self.split, "rpb": rpb, "num_blocks": -(-num_rows // rpb), "layout": o.layout,
+               "dp_clip": dp_row_clip(o, self.cfg) if dp else None}
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
         if self.split:                          # the clients' halves run the exchange
             rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
             rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            run_split(self.protocol, plan_rows(self.protocol, TAG, 0, rows_up,
-                                               {k: r["request_blocks"] for k, r in sent.items()}, rows_down,
-                                               num_rows, dim, o.layout, spec))
-            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb} for k in range(K)})
+            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, dp)
+            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         else:
             contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
             requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}

@@ -6,9 +6,13 @@ optimizer) and answers the server strategy (:mod:`.strategy`):
 * ``local_update({"round"})``      -- local training; returns the loss and whether the client has
   training nodes;
 * ``contribute({"tag", "round"})`` -- what the client contributes to exchange ``tag``;
+* ``privatize({"tag", "std", ...})`` -- DP: clip and noise the kept contribution (:mod:`.dp`);
 * ``receive({"tag", "round", ...})`` -- how the client uses the result of ``tag``;
 * ``evaluate({})``                 -- correct/total counts per split (the only evaluation data
-  that leaves the client, recorded as a message by the strategy).
+  that leaves the client, recorded as a message by the strategy);
+* ``attack_state({"what"})``       -- after the run, what this client holds for an attack it
+  takes part in (:mod:`attacks.parties`): its own data, what it decoded, its deployed model's
+  parameters and answers (never another client's state; not a protocol message).
 
 :class:`ModelAveragingLogic` is FedAvg's client (McMahan et al., AISTATS 2017, Algorithm 1,
 ``ClientUpdate``): ``local_epochs`` full-batch steps on the local subgraph, then the update
@@ -25,11 +29,13 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import BlockTable
+from protocols import BlockTable, DPRequest
+from protocols.dp import clip_mean_value
 
 from ..algorithms.base import SPLITS, accuracy
 from ..engine import rng
 from ..models import build_model
+from .dp import ClientNoise
 from .exchange import dense_result, dense_table, rows_table
 
 
@@ -41,6 +47,8 @@ class ClientLogic:
         self.cfg, self.facts, self.data = runtime.cfg, runtime.facts, runtime.data
         #: tag -> the contribution kept for the protocol half (split backends)
         self.pending: dict[str, tuple] = {}
+        #: this client's DP noise source (its own OS-keyed keystream, :mod:`.dp`)
+        self.noise = ClientNoise()
 
     def local_update(self, req: dict) -> dict:
         return {}
@@ -51,6 +59,11 @@ class ClientLogic:
     def keep(self, tag: str, *contribution) -> None:
         """Hold a contribution for the protocol half to ask for (:meth:`table`)."""
         self.pending[tag] = contribution
+
+    def privatize(self, req: dict) -> dict:
+        """Add this client's share of the DP noise of ``req["tag"]`` to its kept contribution (:mod:`.dp`)."""
+        self.pending[req["tag"]] = self.noise.privatize(self.pending[req["tag"]], req)
+        return {}
 
     def table(self, plan) -> BlockTable:
         """The provider of this client's protocol half: the kept contribution as the plan's blocks."""
@@ -76,6 +89,40 @@ class ClientLogic:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    # -- what this client holds, for the attack suite (attacks/parties.py; docs/runtime.md)
+    def attack_state(self, req: dict) -> dict:
+        """``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
+        :meth:`decoded_rows`), ``model`` (its deployed model's parameters), ``posteriors`` (that
+        model's class posteriors on its own nodes), ``inputs`` (the features that model takes),
+        ``query`` (the posteriors for features ``x`` on its own graph: an inference API)."""
+        from .client import DATA_FIELDS
+        what, c = req["what"], self.data
+        if what == "own_data":
+            return {f: getattr(c, f) for f in DATA_FIELDS}
+        if what == "received":
+            return self.decoded_rows()
+        model = getattr(self, "model", None)
+        if model is None:
+            return {}
+        if what == "model":
+            return {f"param:{n}": t for n, t in model.state_dict().items()}
+        x, graph = self.inputs()
+        if what == "inputs":
+            return {"features": x, "global_ids": c.global_ids}
+        if what == "query":
+            x = torch.as_tensor(req["x"], dtype=torch.float32, device=self.rt.device)
+        elif what != "posteriors":
+            raise ValueError(f"client {self.rt.client_id}: no attack state {what!r}")
+        with torch.no_grad():
+            model.eval()
+            out = model(x, graph)
+            out = out[0] if isinstance(out, tuple) else out
+        return {"posteriors": torch.softmax(out.float(), -1), "global_ids": c.global_ids}
+
+    def decoded_rows(self) -> dict:
+        """Node ids and totals of the rows this client decoded (FedGCN: whole blocks), or nothing."""
+        return {}
+
 
 class ModelAveragingLogic(ClientLogic):
     """FedAvg / FedProx / Local on the client (module docstring)."""
@@ -83,14 +130,20 @@ class ModelAveragingLogic(ClientLogic):
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
         self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "fedprox" else 0.0
+        #: the tag its model is exchanged under
+        self.model_tag = f"{self.cfg.algorithm}/model"
         torch.manual_seed(self.cfg.seed)
         self.model = self.build_model().to(runtime.device)
         self.optimizer = self.make_optimizer()
         self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
 
     def build_model(self) -> torch.nn.Module:
-        cfg, f = self.cfg, self.facts
-        return build_model(cfg.model, f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
+        return self.architecture(self.cfg, self.facts, self.opts)
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The model of the run's public architecture (randomly initialised)."""
+        return build_model(cfg.model, facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
                            dropout=cfg.dropout, heads=cfg.heads)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -121,21 +174,27 @@ class ModelAveragingLogic(ClientLogic):
             return {"trained": False, "loss": 0.0}
         rnd, k = int(req["round"]), self.rt.client_id
         self.model.train()
-        x, graph = self.inputs()
         loss = torch.zeros(())
         for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
             with rng.using(rng.client_generator(self.cfg.seed, rnd, k, step)):
-                loss = self.local_loss(self.model(x, graph))
+                loss = self.step_loss(rnd, step)
             loss.backward()
             self.optimizer.step()
         return {"trained": True, "loss": float(loss.detach())}
 
+    def step_loss(self, rnd: int, step: int) -> torch.Tensor:
+        """The objective of local step ``step`` of round ``rnd`` (FedAvg: :meth:`local_loss`)."""
+        return self.local_loss(self.model(*self.inputs()))
+
     def contribute(self, req: dict) -> dict:
-        if req["tag"] != f"{self.cfg.algorithm}/model":
+        if req["tag"] != self.model_tag:
             return super().contribute(req)
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         update = update.astype(np.float64)
+        if req.get("dp_clip") is not None:       # DP-FedAvg: the clipped update, unweighted (protocols.dp)
+            self.keep(req["tag"], clip_mean_value(update, DPRequest(clip=float(req["dp_clip"]))))
+            return {"length": update.size}
         if req.get("split"):                     # the half uploads [w v, w] (protocols.base.weighted_mean)
             w = self.weight()
             self.keep(req["tag"], np.concatenate([update * w, [w]]))
@@ -143,10 +202,12 @@ class ModelAveragingLogic(ClientLogic):
         return {"update": update, "weight": self.weight()}
 
     def receive(self, req: dict) -> dict:
-        if req["tag"] != f"{self.cfg.algorithm}/model":
+        if req["tag"] != self.model_tag:
             return super().receive(req)
         if "mean_update" in req:
             mean = req["mean_update"]
+        elif "count" in req:                     # DP-FedAvg: the noisy sum of clipped updates / the public count
+            mean = dense_result(self.rt.half.result(), int(req["length"])) / float(req["count"])
         else:                                    # this client's own decoded result: [sum w v, sum w]
             total = dense_result(self.rt.half.result(), int(req["length"]))
             if not total[-1] > 0:

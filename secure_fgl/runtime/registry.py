@@ -14,6 +14,17 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     "fedprox": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "local": ("secure_fgl.runtime.logic:ModelAveragingLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
     "fedgcn": ("secure_fgl.runtime.fedgcn:FedGCNLogic", "secure_fgl.runtime.fedgcn:FedGCNStrategy"),
+    "fgssl": ("secure_fgl.runtime.fgssl:FGSSLLogic", "secure_fgl.runtime.strategy:ModelAveragingStrategy"),
+    "fedgcn-gap": ("secure_fgl.runtime.gap:GAPLogic", "secure_fgl.runtime.gap:GAPStrategy"),
+    "centralized": ("secure_fgl.runtime.centralized:CentralizedLogic",
+                    "secure_fgl.runtime.centralized:CentralizedStrategy"),
+    "fedomd": ("secure_fgl.runtime.fedomd:FedOMDLogic", "secure_fgl.runtime.fedomd:FedOMDStrategy"),
+    "fedspray": ("secure_fgl.runtime.fedspray:FedSprayLogic", "secure_fgl.runtime.fedspray:FedSprayStrategy"),
+    "gc-selftrain": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gc-fedavg": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gc-fedprox": ("secure_fgl.runtime.graph_level:GraphLogic", "secure_fgl.runtime.graph_level:GraphStrategy"),
+    "gcfl": ("secure_fgl.runtime.gcfl:GCFLLogic", "secure_fgl.runtime.gcfl:GCFLStrategy"),
+    "gcflplus": ("secure_fgl.runtime.gcfl:GCFLLogic", "secure_fgl.runtime.gcfl:GCFLPlusStrategy"),
 }
 
 

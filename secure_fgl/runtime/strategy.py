@@ -33,8 +33,11 @@ import numpy as np
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import Message
 
-from ..algorithms.base import accuracy_summary, model_precision
+from ..algorithms.base import ModelAveraging, accuracy_summary, model_precision
+from ..config import ConfigError
 from . import wire
+from .client import client_frame
+from .dp import privatize_dense
 from .exchange import plan_dense, run_split, split_backend
 
 EVAL_TAG = "eval/counts"
@@ -45,6 +48,8 @@ class Strategy:
 
     name = "base"
     personalized = False
+    #: its DP exchanges clip and noise on the clients (:mod:`.dp`); otherwise DP runs are refused
+    dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options: dict):
         self.executor, self.protocol, self.cfg, self.facts, self.opts = executor, protocol, cfg, facts, options
@@ -56,13 +61,34 @@ class Strategy:
         self.split = split_backend(protocol)
         if self.split:
             protocol.link.on_lost = self.lose
+        elif protocol.dp is not None:
+            raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
+                              f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
+        if protocol.dp is not None and not self.dp_on_runtimes:
+            raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
+                              "yet; use --executor inline")
+        #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
+        self.model_size: int | None = None
+
+    @classmethod
+    def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
+        """The set-up frame of each runtime the strategy addresses: one per client, its own data only."""
+        owner = fed.owner
+        return {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
+                                          c.cross_edges[1].new_empty(0), cfg, facts, options, party_setup)
+                for c in fed.clients}
 
     @property
     def num_clients(self) -> int:
         return self.facts.num_clients
 
+    @property
+    def hosts(self) -> list[int]:
+        """The runtimes the strategy addresses (:meth:`client_frames`): one per client."""
+        return list(range(self.num_clients))
+
     def alive(self, clients: Iterable[int] | None = None) -> list[int]:
-        clients = range(self.num_clients) if clients is None else clients
+        clients = self.hosts if clients is None else clients
         return [k for k in clients if k not in self.lost]
 
     # ------------------------------------------------------------------ messaging
@@ -136,12 +162,12 @@ class Strategy:
 
     def load_state_dict(self, state: dict) -> None:
         digests = {int(k): v for k, v in state["clients"].items()}
-        missing = sorted(set(range(self.num_clients)) - set(digests))
+        missing = sorted(set(self.hosts) - set(digests))
         if missing:
             raise DropoutError(f"the checkpoint has no state for client(s) {missing} (lost before it was written); "
                                "start a new run", round=self.round)
         self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
-        self.check_lost(range(self.num_clients), "the resume")
+        self.check_lost(self.hosts, "the resume")
         self.load_server_state(state["server"])
 
     def server_state(self) -> dict:
@@ -157,6 +183,8 @@ class ModelAveragingStrategy(Strategy):
     (``aggregate_models`` false) only trains.  Client sampling is
     :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
 
+    dp_on_runtimes = True
+
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
         self.aggregate_models = cfg.algorithm != "local"
@@ -169,26 +197,42 @@ class ModelAveragingStrategy(Strategy):
         m = max(1, int(round(self.cfg.client_fraction * K)))
         return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
 
-    def train_round(self, rnd: int) -> dict:
+    def train_round(self, rnd: int, tag: str | None = None) -> dict:
+        """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
+        algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
         self.round = rnd
         sampled = self.sample_clients(rnd)
-        done = self.ask("local_update", {k: {"round": rnd} for k in sampled})
+        done = self.ask("local_update", {k: {"round": rnd, **({"model": tag} if tag else {})} for k in sampled})
         losses = [r["loss"] for r in done.values() if r["trained"]]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
-            self.aggregate(rnd, contributors)
+            self.aggregate(rnd, contributors, tag)
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
 
-    def aggregate(self, rnd: int, contributors: list[int]) -> None:
-        tag = f"{self.name}/model"
+    #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
+    model_dp_request = ModelAveraging.model_dp_request
+
+    def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
+        tag = tag or f"{self.name}/model"
         spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
         if self.split:                                   # the clients' halves run the exchange
-            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in contributors})
+            dp = self.model_dp_request(tag)
+            ask = {"tag": tag, "round": rnd, "split": True}
+            if dp is not None:                           # DP-FedAvg: clipped, unweighted (protocols.dp)
+                dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
+                ask["dp_clip"] = float(dp.clip)
+            sent = self.ask("contribute", {k: ask for k in contributors})
             if not sent:
                 raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
             length = int(next(iter(sent.values()))["length"])
-            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), self.alive(), length, spec))
-            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in self.alive()})
+            self.model_size = length - (dp is None)
+            noisy, noise_std = sorted(sent), 0.0
+            if dp is not None:
+                noisy, noise_std = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
+            included = run_split(self.protocol, plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec,
+                                                           dp_noise_std=noise_std))
+            done = {"tag": tag, "round": rnd, "length": length}
+            self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
         updates = {k: r["update"] for k, r in sent.items()}

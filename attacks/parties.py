@@ -1,0 +1,161 @@
+"""Where an attack's party-held knowledge comes from: the party itself.
+
+The runner (:mod:`attacks.runner`) builds each attack's declared knowledge.  What a *party*
+holds after the run -- a client's own data, the rows it decoded, its deployed model and that
+model's answers, a colluding client's keys -- is asked of that party through one of two
+adapters with the same methods:
+
+* :class:`InlineParties` (``--executor inline``): one algorithm object plays every client, so
+  it reads that client's entry of the algorithm's lists (``algo.decrypted[k]``,
+  ``algo.models[k]``, ...);
+* :class:`RuntimeParties` (``--executor local|ray``): each client lives in its own
+  :class:`~secure_fgl.runtime.client.ClientRuntime`, so the adapter sends the observer client
+  an ``attack`` request through the executor and reads the bytes it answers
+  (:meth:`~secure_fgl.runtime.logic.ClientLogic.attack_state`).  These requests are the
+  evaluation's oracle access, after training: they are counted in the executor's statistics
+  (method ``attack``) but are not protocol messages, so the transcript (what ``comm``, the
+  audit and every view read) is that of the run.
+
+What the *server* observer reads is the server half's transcript in both cases (the driver
+holds it).  Declared side knowledge that no single party holds (K1/K2: the global topology, the
+victim's local topology, the labelled auxiliary sample, the membership candidates) and the
+ground truth that *scores* an attack (:class:`~attacks.base.GroundTruth`) are the evaluator's:
+the runner takes them from the driver's partitioned data, never from a runtime, and ground
+truth never enters an attack's ``run``.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+
+class InlineParties:
+    """Party state read from the in-process algorithm object (``--executor inline``)."""
+
+    def __init__(self, algo, protocol, fed):
+        self.algo, self.protocol, self.fed = algo, protocol, fed
+
+    def own_data(self, k: int):
+        return self.fed.clients[k]
+
+    def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        decrypted = getattr(self.algo, "decrypted", None)
+        return decrypted[k] if decrypted else None
+
+    def released_model(self) -> torch.nn.Module | None:
+        models = getattr(self.algo, "models", None)
+        return models[0] if models else None
+
+    def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        c = self.fed.clients[k]
+        p = torch.softmax(self.algo.client_logits(k).float(), -1).cpu().numpy()
+        return c.global_ids.cpu().numpy()[:p.shape[0]], p[:c.num_nodes]
+
+    def query_api(self, t: int) -> dict | None:
+        algo = self.algo
+        models = getattr(algo, "models", None) or getattr(algo, "gnns", None)
+        if not models:
+            return None
+        model = models[min(t, len(models) - 1)]
+        if hasattr(algo, "client_inputs") and getattr(algo, "models", None):
+            feats, graph = algo.client_inputs(t)
+        else:
+            c = algo.clients[t]
+            feats, graph = c.x, c.edge_index
+        dev = next(model.parameters()).device
+
+        def query(x: torch.Tensor) -> torch.Tensor:
+            model.eval()
+            out = model(x.to(dev), graph)
+            out = out[0] if isinstance(out, tuple) else out
+            return torch.softmax(out.float(), -1).cpu()
+
+        return {"client": t, "features": feats.detach().cpu(), "query": query,
+                "global_ids": self.fed.clients[t].global_ids.cpu().numpy()}
+
+    def ckks_keys(self, clients: list[int]):
+        """The CKKS key ring a colluding client holds (every client holds the same keys)."""
+        return self.protocol._keys if clients and getattr(self.protocol, "mode", "") == "ckks" else None
+
+
+class RuntimeParties:
+    """Party state asked of each client's runtime through the executor (``--executor local|ray``)."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self._released = None
+
+    def _ask(self, k: int, what: str, **fields) -> dict:
+        from secure_fgl.runtime import wire
+        responses, lost = self.strategy.executor.call("attack", {k: wire.pack({"what": what, **fields})},
+                                                      label=what)
+        if k not in responses:
+            raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(k, 'lost')}")
+        return wire.unpack(responses[k])
+
+    def own_data(self, k: int):
+        from secure_fgl.data.federated import ClientSubgraph
+        f = self._ask(k, "own_data")
+        return ClientSubgraph(k, **{name: torch.from_numpy(a) for name, a in f.items()})
+
+    def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        f = self._ask(k, "received")
+        return (f["nodes"], f["totals"]) if f else None
+
+    def released_model(self) -> torch.nn.Module | None:
+        """The model the clients deploy: client 0's (the first alive client's) after the last round,
+        loaded into the run's public architecture."""
+        if self._released is None:
+            from secure_fgl.runtime.registry import logic_class
+            s = self.strategy
+            alive = s.alive()
+            state = self._ask(alive[0], "model") if alive else {}
+            arch = getattr(logic_class(s.cfg.algorithm), "architecture", None)
+            if not state or arch is None:
+                return None
+            with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG
+                model = arch(s.cfg, s.facts, s.opts)
+            model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
+            self._released = model
+        return self._released
+
+    def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        f = self._ask(k, "posteriors")
+        return f["global_ids"], f["posteriors"][:f["global_ids"].size]
+
+    def query_api(self, t: int) -> dict | None:
+        inputs = self._ask(t, "inputs")
+        if not inputs:
+            return None
+
+        def query(x: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float())["posteriors"])
+
+        return {"client": t, "features": torch.from_numpy(inputs["features"]), "query": query,
+                "global_ids": inputs["global_ids"]}
+
+    def ckks_keys(self, clients: list[int]):
+        """The key ring the first colluding client hands the coalition (its secret contexts)."""
+        if not clients or self.strategy.protocol.mode != "ckks":
+            return None
+        return _KeyRing(self._ask(clients[0], "keys"))
+
+
+class _KeyRing:
+    """Secret contexts a colluding client handed over, by public fingerprint (``by_fingerprint``
+    as :class:`protocols.ckks.keys.ClientKeyRing`)."""
+
+    def __init__(self, secrets: dict):
+        import tenseal as ts
+        self._contexts = {fp: ts.context_from(raw.tobytes()) for fp, raw in secrets.items()}
+
+    def by_fingerprint(self, fingerprint: str):
+        ctx = self._contexts.get(fingerprint)
+        return None if ctx is None else SimpleNamespace(context=ctx)
+
+
+def party_access(algo, protocol, fed):
+    """The adapter for a finished run: runtimes when ``algo`` is a server strategy."""
+    return RuntimeParties(algo) if hasattr(algo, "executor") else InlineParties(algo, protocol, fed)

@@ -1,0 +1,120 @@
+"""Differential privacy on the client runtimes: clipping and noise where the data is, one
+accountant with the strategy.
+
+The mechanism is :mod:`protocols.dp`'s, split between the parties:
+
+* **client** (its :class:`~.client.ClientRuntime`): clips its contribution when it computes it
+  (``contribute``), then, on ``privatize``, adds its share of the Gaussian (or, for integer
+  exchanges, discrete Gaussian) noise to the contribution it keeps for its protocol half --
+  drawn from its **own** :class:`protocols.csprng.SecureRandom` (an OS-keyed keystream made in
+  the runtime, never the run seed, never leaving it) -- before anything is encoded;
+* **strategy** (the driver): the run's one :class:`protocols.dp.DPEngine` calibrates each tag,
+  composes every release in the accountant and writes the DP ledger exactly as with
+  ``--executor inline`` (:meth:`~protocols.dp.DPEngine.vector_release`,
+  :meth:`~protocols.dp.DPEngine.row_release`), then tells each contributor the std of its
+  share: ``sigma`` (``local`` placement) or ``sigma / sqrt(max(1, n - d - c))``
+  (``distributed``, n the contributors of the sum -- per row for row sums -- d = ``--dp-dropouts``,
+  c = ``--dp-colluders``).
+
+The release is counted before the noise call (conservative: a release counts even if the
+exchange then fails).  A contributor lost *after* its share was sized and before its noisy
+upload is a dropout of that release: with ``distributed`` placement the others' shares were
+sized for it, so the exchange stops with :class:`protocols.DropoutError` naming it (nothing was
+uploaded; ``--resume`` repeats the round); dropouts *inside* the exchange keep the backend's
+``--dp-dropouts`` semantics (mask refuses more than d).  With ``local`` placement every share is
+the full sigma and the survivors go on.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
+from protocols.csprng import SecureRandom
+from protocols.dp import noise_rows, noise_vector
+
+
+def request_fields(req: DPRequest) -> dict:
+    """What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields)."""
+    return {"clip": float(req.clip), "per_row": bool(req.per_row), "integer": bool(req.integer)}
+
+
+def request_of(fields: dict) -> DPRequest:
+    return DPRequest(clip=float(fields["clip"]), per_row=bool(fields["per_row"]), integer=bool(fields["integer"]))
+
+
+# ---------------------------------------------------------------- client side
+class ClientNoise:
+    """One client's noise source and the step that noises its kept contribution."""
+
+    def __init__(self):
+        self._rng: SecureRandom | None = None
+
+    @property
+    def rng(self) -> SecureRandom:
+        if self._rng is None:                  # keyed by os.urandom(32) on first use, in this process
+            self._rng = SecureRandom()
+        return self._rng
+
+    def privatize(self, kept: tuple, req: dict) -> tuple:
+        """``kept`` (a dense vector, or row ids and rows) clipped and noised as ``req`` says."""
+        dp, std = request_of(req), np.asarray(req["std"], dtype=np.float64)
+        if not (np.all(np.isfinite(std)) and np.all(std > 0)):
+            raise PrivacyBudgetError("a DP release needs noise of a positive, finite std; this client refuses to "
+                                     "upload without it", tag=req["tag"], round=int(req["round"]))
+        if len(kept) == 1:
+            row_len = req.get("row_len")
+            return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len),)
+        ids, rows = kept
+        rpb, num_rows = int(req["rpb"]), int(req["num_rows"])
+        ids, rows = Protocol._expand_to_blocks({0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows,
+                                               req["layout"])
+        ids, rows = ids[0], rows[0]            # every row of the blocks it uploads gets noise
+        blocks = np.asarray(req["blocks"], dtype=np.int64)
+        row_std = std[np.searchsorted(blocks, ids // rpb)]
+        return ids, noise_rows(self.rng, rows, dp, row_std)
+
+
+# ---------------------------------------------------------------- server side
+def _check_lost(strategy, tag: str, rnd: int, asked, answered) -> list[int]:
+    gone = sorted(set(asked) - set(answered))
+    if gone and strategy.protocol.dp.config.placement == "distributed":
+        raise DropoutError(f"client(s) {gone} were lost after their share of the distributed DP noise of {tag} was "
+                           "sized; the other contributors' shares are short of it, so nothing is uploaded. "
+                           "Run again with --resume", tag=tag, round=rnd)
+    return sorted(answered)
+
+
+def for_spec(req: DPRequest, spec) -> DPRequest:
+    """Integer exchanges get integer (discrete Gaussian) noise (as :meth:`Protocol._sum_vectors`)."""
+    return dataclasses.replace(req, integer=True) if spec.integer and not req.integer else req
+
+
+def privatize_dense(strategy, tag: str, rnd: int, contributors, length: int, req: DPRequest, spec, *,
+                    row_len: int | None = None) -> tuple[list[int], float]:
+    """Count one dense release in the run's accountant and have every contributor noise its kept
+    vector; returns the contributors still there and the std of the noise in the sum."""
+    dp, req = strategy.protocol.dp, for_spec(req, spec)
+    std = dp.vector_release(tag, rnd, len(contributors), length, req, row_len=row_len)
+    ask = {"tag": tag, "round": rnd, "std": std, "row_len": row_len, **request_fields(req)}
+    done = strategy.ask("privatize", {k: ask for k in contributors})
+    return _check_lost(strategy, tag, rnd, contributors, done), dp.last_std
+
+
+def privatize_row_sum(strategy, tag: str, rnd: int, blocks: dict[int, np.ndarray], rpb: int, num_rows: int,
+                      layout: str, req: DPRequest, spec) -> tuple[list[int], float]:
+    """The same for a row sum: ``blocks[k]`` are the blocks client k uploads; each of their rows
+    gets noise sized by the number of clients uploading that block."""
+    num_blocks = -(-num_rows // rpb)
+    per_block = np.zeros(num_blocks, dtype=np.int64)
+    for b in blocks.values():
+        per_block[np.asarray(b, dtype=np.int64)] += 1
+    dp, req = strategy.protocol.dp, for_spec(req, spec)
+    row_std = dp.row_release(tag, rnd, np.repeat(per_block, rpb)[:num_rows], req)
+    block_std = row_std[::rpb]
+    done = strategy.ask("privatize", {k: {"tag": tag, "round": rnd, "std": block_std[np.asarray(b, dtype=np.int64)],
+                                          "blocks": np.asarray(b, dtype=np.int64), "rpb": rpb, "num_rows": num_rows,
+                                          "layout": layout, **request_fields(req)} for k, b in blocks.items()})
+    return _check_lost(strategy, tag, rnd, blocks, done), dp.last_std
+

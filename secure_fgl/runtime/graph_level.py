@@ -1,0 +1,152 @@
+"""Graph classification (gc-selftrain, gc-fedavg, gc-fedprox; the baselines of GCFL, Xie et al.,
+NeurIPS 2021, sec. 6.1) as a client logic and a server strategy.
+
+Client (:class:`GraphLogic`): one client's graphs and its
+:class:`~secure_fgl.algorithms.graph_level.GraphLearner` (GIN with shared GIN layers and local
+input/``post``/classifier layers, Adam, its own generators).  For the model exchange of a
+cluster (tag ``<algorithm>/model``) it contributes ``[Q(w dW / 4), F(w / 4)]`` on the grid of
+:mod:`~secure_fgl.algorithms.grid_mean` (``dW`` its update of the shared layers, ``w = n_k / N``
+with ``N`` the public number of training graphs), receives the sum decoded by its own protocol
+half, keeps the mean ``S[:-1] / S[-1]``, and applies it when the server says so (tag
+``<algorithm>/apply``).  At evaluation only counts leave it.
+
+Server (:class:`GraphStrategy`): FedAvg within each cluster (one cluster here; GCFL splits it,
+:mod:`.gcfl`): the members' grid sum through the protocol to the members only, then "apply".
+gc-selftrain only trains.  The per-client rows of the evaluation are built from the counts and
+the public facts (:class:`~.facts.GraphFacts`: dataset and split sizes of every client).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols import DropoutError
+
+from ..algorithms.graph_level import GraphLearner, graph_summary, initial_shared, last_round_metrics
+from ..algorithms.grid_mean import GRID_SPEC, grid_contribution, grid_mean_of_sum
+from .exchange import dense_result, plan_dense, run_split
+from .logic import ClientLogic
+from .strategy import EVAL_TAG, ModelAveragingStrategy, Strategy
+
+
+class GraphLogic(ClientLogic):
+    """A graph-classification client (module docstring)."""
+
+    def __init__(self, runtime, options: dict):
+        super().__init__(runtime, options)
+        self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "gc-fedprox" else 0.0
+        self.learner = GraphLearner(self.data, self.cfg, runtime.device, int(options["batch_size"]),
+                                    initial_shared(self.cfg))
+        #: the last cluster mean received, applied when the server says so
+        self.mean: np.ndarray | None = None
+
+    def local_update(self, req: dict) -> dict:
+        return {"trained": True, "loss": self.learner.local_update(int(req["round"]), self.prox_mu)}
+
+    def weight(self) -> float:
+        """FedAvg weight ``n_k / N`` (``N``: the public number of training graphs)."""
+        return len(self.data.train) / self.facts.total_train
+
+    def contribute(self, req: dict) -> dict:
+        tag, rnd = req["tag"], int(req["round"])
+        if tag != f"{self.cfg.algorithm}/model":
+            return super().contribute(req)
+        contribution = grid_contribution(self.learner.update().cpu().numpy(), self.weight(), tag=tag, rnd=rnd,
+                                         client=self.rt.client_id)
+        if req.get("split"):
+            self.keep(tag, contribution)
+            return {"length": contribution.size}
+        return {"contribution": contribution}
+
+    def receive(self, req: dict) -> dict:
+        tag = req["tag"]
+        if tag == f"{self.cfg.algorithm}/model":      # this client's decoded grid sum (or the driver's)
+            total = req["total"] if "total" in req else dense_result(self.rt.half.result(), int(req["length"]))
+            self.mean = grid_mean_of_sum(total)
+            return {}
+        if tag == f"{self.cfg.algorithm}/apply":
+            if self.mean is None:
+                raise ValueError(f"client {self.rt.client_id}: told to apply a cluster mean it never received")
+            self.learner.apply_mean(self.mean)
+            self.mean = None
+            return {}
+        return super().receive(req)
+
+    def evaluate(self, req: dict) -> dict:
+        return self.learner.counts()
+
+    def state_dict(self) -> dict:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
+
+
+class GraphStrategy(ModelAveragingStrategy):
+    """FedAvg of the shared GIN layers within clusters (module docstring); client sampling is
+    :meth:`ModelAveragingStrategy.sample_clients`."""
+
+    personalized = True
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.aggregate_models = cfg.algorithm != "gc-selftrain"
+        self.clusters: list[list[int]] = [list(range(facts.num_clients))]
+        self.last_eval: list[dict | None] | None = None
+
+    def train_round(self, rnd: int) -> dict:
+        self.round = rnd
+        done = self.ask("local_update", {k: {"round": rnd} for k in self.sample_clients(rnd)})
+        if self.aggregate_models and done:
+            self.cluster_round(rnd, sorted(done))
+        losses = [r["loss"] for r in done.values()]
+        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "num_clusters": len(self.clusters),
+                "clients_lost": len(self.lost)}
+
+    def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        for members in self.clusters:
+            members = [k for k in members if k in updated]
+            if members:
+                self.apply_mean(members, self.exchange_mean(rnd, members))
+
+    # ------------------------------------------------------------------ the exchange of one cluster
+    def exchange_mean(self, rnd: int, members: list[int]) -> None:
+        """The members' grid sum through the protocol, delivered to the members only (each keeps
+        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out."""
+        tag = f"{self.name}/model"
+        split = self.split
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
+        if not sent:
+            raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+        members = sorted(sent)                       # a member lost in training is not a contributor
+        if split:
+            length = int(next(iter(sent.values()))["length"])
+            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), members, length, GRID_SPEC))
+            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
+            return
+        total = self.protocol.weighted_sum(tag, rnd, {k: r["contribution"] for k, r in sent.items()},
+                                           spec=GRID_SPEC, recipients=members)
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "total": total} for k in members})
+
+    def apply_mean(self, members: list[int], mean=None) -> None:
+        """Tell the members to restart from the cluster mean they received."""
+        self.tell("receive", {k: {"tag": f"{self.name}/apply", "round": self.round} for k in members})
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        """:func:`~secure_fgl.algorithms.graph_level.graph_summary` of the clients' counts."""
+        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        f = self.facts
+        out = graph_summary([{"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k]}
+                             for k in sorted(counts)])
+        rows = {r["client"]: r for r in out["per_client"]}
+        self.last_eval = [rows.get(k) for k in range(self.num_clients)]
+        return out
+
+    def final_metrics(self) -> dict:
+        return {**Strategy.final_metrics(self), **last_round_metrics(self.evaluate()["per_client"], self.clusters)}
+
+    def server_state(self) -> dict:
+        return {"clusters": self.clusters}
+
+    def load_server_state(self, state: dict) -> None:
+        self.clusters = [list(c) for c in state["clusters"]]

@@ -1,0 +1,78 @@
+"""The attack suite on the client runtimes (``--executor local``): each attacker reads what its
+party holds, asked of that party's runtime; the numbers equal the in-process run's."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from attacks.parties import RuntimeParties
+from attacks.runner import run_attacks
+from secure_fgl.config import RunConfig
+from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
+
+
+def small(algorithm, mode, executor, **kw) -> RunConfig:
+    return RunConfig(algorithm=algorithm, dataset="sbm", clients=3, mode=mode, rounds=3, executor=executor,
+                     synthetic={"num_nodes": 300, "num_features": 40}, attacks=["all"], **kw)
+
+
+def _entries(result: dict) -> dict:
+    """Attack entries without timings; the audit by verdict (the runtime adds a declared release)."""
+    out = {a["name"]: {k: v for k, v in a.items() if k not in ("seconds", "warnings", "num_warnings")}
+           for a in result["attacks"]}
+    return out
+
+
+@pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedavg", "mask"), ("fedgcn", "mask"),
+                                            ("fedgcn", "ckks")])
+def test_local_executor_gives_the_inline_attack_numbers(algorithm, mode):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inline = _entries(run_experiment(small(algorithm, mode, "inline"), progress=False))
+        local = _entries(run_experiment(small(algorithm, mode, "local"), progress=False))
+    assert set(inline) == set(local)
+    assert any(e.get("value") is not None for n, e in local.items() if n != "transcript_audit")
+    for name in inline:
+        if name == "transcript_audit":            # same verdict; the runtime's eval counts are declared
+            assert inline[name]["value"] == local[name]["value"]
+            continue
+        assert inline[name] == local[name], name
+
+
+class SpyExecutor(LocalExecutor):
+    """Logs which client each ``attack`` request goes to."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[tuple[str, int]] = []
+
+    def _call(self, method, requests):
+        if method == "attack":
+            from secure_fgl.runtime import wire
+            self.asked += [(wire.unpack(r)["what"], k) for k, r in requests.items()]
+        return super()._call(method, requests)
+
+
+def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript():
+    cfg = small("fedgcn", "ckks", "local").validate()
+    fed = load_federation(cfg)
+    executor = SpyExecutor()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    strategy.setup()
+    strategy.train_round(0)
+    before = len(protocol.transcript.messages)
+    out = run_attacks(["fedgcn_client_subtraction", "coalition"], algo=strategy, protocol=protocol, fed=fed, cfg=cfg)
+    assert len(protocol.transcript.messages) == before          # oracle access, not protocol messages
+    by = {e["name"]: e for e in out}
+    assert by["fedgcn_client_subtraction"]["applicable"] and by["coalition"]["value"] == 1.0
+    # client:each -- every client is asked for its own data and decoded rows only; the coalition
+    # [server, 0] asks client 0 for its keys
+    assert sorted(executor.asked) == sorted([(w, k) for k in range(3) for w in ("own_data", "received")]
+                                            + [("keys", 0)])
+    own = RuntimeParties(strategy).own_data(1)
+    assert torch.equal(own.x, fed.clients[1].x) and torch.equal(own.global_ids, fed.clients[1].global_ids)

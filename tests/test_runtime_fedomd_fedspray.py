@@ -1,0 +1,126 @@
+"""FedOMD and FedSpray as client runtimes (issue 14): the same run as the in-process algorithm
+(exact in plain/mask, within the CKKS tolerance in ckks), the same protocol bytes per tag, no
+shared tensors between runtimes, resume from each client's checkpoint."""
+from __future__ import annotations
+
+import pytest
+
+from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
+from secure_fgl.runtime import wire
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
+from secure_fgl.runtime.strategy import EVAL_TAG
+
+from test_runtime import _reachable_tensors, small
+
+#: (algorithm, mode, options): every statistics shape of FedOMD once (batched two-stage, one-stage raw
+#: moments, per layer), FedSpray's encoder mean and class-wise proxy mean in each backend
+CASES = [("fedomd", "plain", {"raw_moments": True}), ("fedomd", "mask", {}),
+         ("fedomd", "ckks", {"batch_stats": False, "stats_pass": "train"}),
+         ("fedspray", "plain", {"gnn_dropout": 0.5, "proxy_weighting": "count"}), ("fedspray", "mask", {}),
+         ("fedspray", "ckks", {})]
+#: per-round metrics each algorithm adds to the train loss and accuracies
+TERMS = {"fedomd": ("ce_loss", "ortho_loss", "cmd_loss"),
+         "fedspray": ("teacher_test_acc", "minority_acc", "val_minority_acc")}
+
+
+def _runs(algorithm, mode, options, **kw):
+    return {ex: run_experiment(small(algorithm, mode, executor=ex, rounds=2, options=dict(options), **kw),
+                               progress=False) for ex in ("inline", "local")}
+
+
+@pytest.mark.parametrize("algorithm,mode,options", CASES)
+def test_local_executor_gives_the_in_process_run_and_its_bytes(algorithm, mode, options):
+    runs = _runs(algorithm, mode, options)
+    a, b = runs["inline"], runs["local"]
+    keys = ("train_loss",) + TERMS[algorithm] + ("test_acc", "val_acc")
+    seen = [[[r[key] for key in keys] for r in run["rounds"]] for run in (a, b)]
+    if mode == "ckks":          # fresh encryption noise: equal within the exchanges' tolerance
+        for x, y in zip(*seen):
+            assert x == pytest.approx(y, abs=1e-4)
+    else:
+        assert seen[0] == seen[1]
+        assert all(a["final"][k] == b["final"][k] for k in ("test_acc", "per_client", "minority_acc")
+                   if k in a["final"])
+    # the protocol's bytes per tag are the in-process run's; the runtime adds its evaluation messages
+    assert {t: v for t, v in a["comm"]["per_tag"].items()} == \
+           {t: v for t, v in b["comm"]["per_tag"].items() if t != EVAL_TAG}
+    stats = b["runtime"]["stats"]["per_method"]
+    assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_a_runtime_holds_no_other_clients_tensors(algorithm):
+    cfg = small(algorithm, "mask", rounds=1).validate()
+    fed = load_federation(cfg)
+    executor = LocalExecutor()
+    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy.setup()
+    strategy.train_round(0)
+    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    driver = {t.untyped_storage().data_ptr() for c in fed.clients for t in (c.x, c.y, c.edge_index)}
+    for k in held:
+        assert executor.runtimes[k].data.x.untyped_storage().data_ptr() in held[k]
+        assert not set(held[k]) & driver
+        for j in held:
+            assert j == k or not set(held[k]) & set(held[j]), f"runtime {k} shares a tensor with runtime {j}"
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_resume_continues_from_the_clients_checkpoints(algorithm, tmp_path):
+    run = lambda out, rounds, **kw: run_experiment(small(algorithm, "plain", executor="local", rounds=rounds,  # noqa
+                                                         out=str(tmp_path / out), **kw), progress=False)
+    full = run("a", 3)
+    run("b", 2)
+    resumed = run("b", 3, resume=True)
+    assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
+    assert all(resumed["final"][k] == full["final"][k] for k in ("test_acc", "best_round", "per_client", "minority_acc")
+               if k in full["final"])
+
+
+class AnswerLog(LocalExecutor):
+    """Keeps every unpacked answer to ``contribute`` (what the server side receives outside the protocol)."""
+
+    answers: list = []
+
+    def _call(self, method, requests):
+        responses, lost = super()._call(method, requests)
+        if method == "contribute":
+            self.answers = self.answers + [wire.unpack(r) for r in responses.values()]
+        return responses, lost
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_halves(algorithm):
+    """mask: the halves (and keys) live in the runtimes; a contribution leaves its client only as masked
+    protocol messages, the strategy is answered the public vector length and nothing else."""
+    cfg = small(algorithm, "mask", executor="local", rounds=1).validate()
+    fed = load_federation(cfg)
+    executor = AnswerLog()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    strategy.setup()
+    strategy.train_round(0)
+    assert strategy.split and protocol.clients == {}
+    assert executor.answers and all(set(a) == {"length"} for a in executor.answers)
+    tags = {"fedomd": {"fedomd/stats/mean", "fedomd/stats/moments", "fedomd/model"},
+            "fedspray": {"fedspray/encoder", "fedspray/proxies"}}[algorithm]
+    uploads = [m for m in protocol.transcript.messages if m.tag in tags and m.receiver == "server" and m.kind != "control"]
+    assert {m.tag for m in uploads} == tags            # every value upload masked; the rest is key agreement
+    assert {m.kind for m in uploads} == {"masked", "public_key", "share"}
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_attack_suite_on_the_runtimes_gives_the_inline_numbers(algorithm):
+    """plain: the label-distribution attacks read the statistics / proxies off the transcript; the
+    posterior attacks ask each client's runtime for its deployed model's output."""
+    import warnings
+
+    from test_runtime_attacks import _entries
+    from test_runtime_attacks import small as attacked
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inline, local = (_entries(run_experiment(attacked(algorithm, "plain", ex), progress=False))
+                         for ex in ("inline", "local"))
+    assert set(inline) == set(local) and local[f"{algorithm}_label_dist"]["applicable"]
+    assert all(inline[n] == local[n] for n in inline)

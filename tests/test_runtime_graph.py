@@ -1,0 +1,113 @@
+"""Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes (issue 14): the same
+losses, accuracies, cluster splits and protocol bytes as the in-process algorithm; a runtime
+holds only its own graphs; a resumed strategy continues exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
+from secure_fgl.algorithms import get_algorithm
+from secure_fgl.config import RunConfig
+from secure_fgl.experiment import load_federation, make_run_protocol
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.executor import LocalExecutor
+from secure_fgl.runtime.strategy import EVAL_TAG
+from test_runtime import _reachable_tensors
+
+#: GCFL splits only after round 20 (reference warm-up): the rounds driven here
+ROUNDS = (20, 21)
+FORCED = {"eps1": 0.5, "eps2": 0.0}
+
+
+def graph_cfg(algorithm, mode, **kw) -> RunConfig:
+    options = {**FORCED, **({"seq_length": 1} if algorithm == "gcflplus" else {})} if "gcfl" in algorithm else {}
+    return RunConfig(algorithm=algorithm, dataset="synthetic-graphs", clients=5, mode=mode, hidden=16, lr=1e-2,
+                     seed=0, synthetic={"graphs_per_client": 30}, options=options, **kw).validate()
+
+
+def build(cfg, executor=None):
+    """The in-process algorithm (``executor`` None) or the strategy over ``executor``."""
+    fed = load_federation(cfg)
+    opts = get_algorithm(cfg.algorithm).Options(**cfg.options)
+    if executor is None:
+        protocol = make_run_protocol(cfg, fed.num_clients)
+        return get_algorithm(cfg.algorithm)(fed, protocol, cfg, torch.device("cpu"), opts), protocol, fed
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    return make_strategy(cfg, fed, protocol, opts, executor), protocol, fed
+
+
+def drive(algo, rounds=ROUNDS):
+    rows = []
+    for r in rounds:
+        rows.append({**algo.train_round(r), **{k: v for k, v in algo.evaluate().items() if k != "per_client"}})
+    return rows, algo.final_metrics()
+
+
+RUNTIME_TAGS = ("mean_norm", "update_norms", "grad_norms", "similarity")
+
+
+@pytest.mark.parametrize("algorithm,mode", [("gc-fedavg", "mask"), ("gc-fedprox", "plain"), ("gc-selftrain", "plain"),
+                                            ("gcfl", "plain"), ("gcfl", "ckks"), ("gcflplus", "mask")])
+def test_local_executor_matches_the_in_process_algorithm(algorithm, mode):
+    cfg = graph_cfg(algorithm, mode)
+    inline, p_inline, _ = build(cfg)
+    strategy, p_local, _ = build(cfg, LocalExecutor())
+    assert strategy.split and p_local.clients == {}          # the protocol's client halves live in the runtimes
+    a, fa = drive(inline)
+    b, fb = drive(strategy)
+    for ra, rb in zip(a, b):
+        assert ra["train_loss"] == rb["train_loss"] and ra["num_clusters"] == rb["num_clusters"]
+        assert {k: ra[k] for k in ("test_acc", "val_acc", "train_acc", "test_acc_client_mean")} == \
+               {k: rb[k] for k in ("test_acc", "val_acc", "train_acc", "test_acc_client_mean")}
+    assert fa["clusters"] == fb["clusters"] and fa["per_client_test_acc_last"] == fb["per_client_test_acc_last"]
+    if "gcfl" in algorithm:
+        assert fa["splits"], "the forced criteria must split"
+        assert [(s["round"], s["into"], s["delta_mean"], s["delta_max"]) for s in fa["splits"]] == \
+               [(s["round"], s["into"], s["delta_mean"], s["delta_max"]) for s in fb["splits"]]
+        sim_a, sim_b = (np.array(s["similarity"]) for s in (fa["splits"][0], fb["splits"][0]))
+        assert np.abs(sim_a - sim_b).max() <= (PAIRWISE_TOLERANCE if mode == "ckks" else 0.0)
+        assert fa["test_acc_best_cached"] == fb["test_acc_best_cached"]
+    # protocol exchanges: the same bytes per tag; the runtime's own frames: the same number of messages
+    ta, tb = p_inline.transcript.comm()["per_tag"], p_local.transcript.comm()["per_tag"]
+    frames = {t for t in tb if t == EVAL_TAG or t.split("/")[1] in RUNTIME_TAGS}
+    assert {t: v for t, v in ta.items() if t not in frames} == {t: v for t, v in tb.items() if t not in frames}
+    for t in frames - {EVAL_TAG}:
+        if not (mode == "plain" and t.endswith("similarity")):        # inline plain: the server holds the updates
+            assert ta[t]["messages"] == tb[t]["messages"], t
+
+
+def test_a_graph_runtime_holds_only_its_own_graphs():
+    cfg = graph_cfg("gcfl", "plain")
+    executor = LocalExecutor()
+    strategy, _, fed = build(cfg, executor)
+    strategy.train_round(0)
+    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    driver = {t.untyped_storage().data_ptr() for c in fed.clients for s in ("train", "val", "test")
+              for g in getattr(c, s) for t in (g.x, g.edge_index, g.y)}
+    for k, rt in executor.runtimes.items():
+        assert len(rt.data.train) == len(fed.clients[k].train)
+        assert rt.data.train[0].x.untyped_storage().data_ptr() in held[k]
+        assert not set(held[k]) & driver, f"runtime {k} holds a tensor of the driver's partition"
+        for j in held:
+            if j != k:
+                assert not set(held[k]) & set(held[j]), f"runtime {k} shares a tensor with runtime {j}"
+
+
+def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
+    """Checkpoint after round 20 (each client writes its own file), rebuild everything, load, run
+    round 21: the same as the uninterrupted run (GCFL+ sequences and clusters included)."""
+    cfg = graph_cfg("gcflplus", "mask", out=str(tmp_path))
+    full, _, _ = build(cfg, LocalExecutor())
+    expect, _ = drive(full)
+    first, _, _ = build(cfg, LocalExecutor())
+    first.train_round(ROUNDS[0])
+    first.evaluate()
+    state = first.state_dict()
+    assert (tmp_path / "clients" / "client4.pt").exists()
+    resumed, _, _ = build(cfg, LocalExecutor())
+    resumed.load_state_dict(state)
+    got, final = drive(resumed, ROUNDS[1:])
+    assert got[0]["train_loss"] == expect[1]["train_loss"] and got[0]["test_acc"] == expect[1]["test_acc"]
+    assert final["clusters"] == full.clusters and final["splits"] == full.splits
