@@ -8,8 +8,8 @@ Workloads (``--quick``: fewer rounds, same records):
 * ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
 
 Modes: ``plain``, ``mask``, ``ckks`` and ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
-codec, ``--fixed-point-bits 20 --update-bound 1``).  Where the parties run: :data:`EXECUTORS`
-(``--executor`` overrides it).
+codec, ``--fixed-point-bits 20 --update-bound 1``).  The parties run on the ``local`` executor
+(:data:`EXECUTOR`; ``--executor inline`` plays them all in one object, the engine before issue 14).
 
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
@@ -52,23 +52,22 @@ MODES = ("plain", "mask", "ckks", "ckks-fp20")
 #: benchmark modes that are a secure mode with options: ``ckks-fp20`` is CKKS with the packed
 #: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in
 VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0})}
-#: where the parties run (``--executor``): the converted workloads run one client runtime per client
-#: (issue 14's ``local`` executor, only bytes between the parties); the others play every party in one
-#: object (``inline``) until they are converted
-EXECUTORS = {"cora-fedgcn": "local", "cora-fedomd": "inline", "pubmed-fedspray": "inline"}
+#: where the parties run unless ``--executor`` says otherwise: one client runtime per client (issue 14's
+#: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
+EXECUTOR = "local"
 #: tags that are key set-up or identity registration, not data (no float32 baseline)
 KEY_TAG_SUFFIX = "/keys"
 
 
 def workload_config(name: str, mode: str, quick: bool, data_root=None, executor: str | None = None) -> dict:
     """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
-    ``executor``: ``None`` for the workload's own (:data:`EXECUTORS`)."""
+    ``executor``: ``None`` for :data:`EXECUTOR`."""
     from secure_fgl.presets import load_preset
     preset, overrides, quick_overrides = WORKLOADS[name]
     mode, options = VARIANTS.get(mode, (mode, {}))
     values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}), **options,
               "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root,
-              "executor": executor or EXECUTORS[name]}
+              "executor": executor or EXECUTOR}
     return values
 
 
@@ -235,7 +234,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
     ap.add_argument("--executor", default=None, choices=["inline", "local"],
-                    help="where the parties run (default: each workload's own, local for cora-fedgcn)")
+                    help=f"where the parties run (default {EXECUTOR})")
     a = ap.parse_args(argv)
     if a.worker is not None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
