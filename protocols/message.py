@@ -32,7 +32,7 @@ import hashlib
 import struct
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -197,12 +197,6 @@ def _untext(raw: bytes) -> str:
 
 
 # ---------------------------------------------------------------------- canonical body
-def _walk(obj: Any, out: Callable[[bytes], None]) -> None:
-    """Feed the canonical encoding of ``obj`` to ``out`` piece by piece."""
-    for piece in _pieces(obj):
-        out(piece)
-
-
 def _pieces(obj: Any) -> list:
     """The canonical encoding of ``obj`` as a list of byte strings (arrays as views, not copies)."""
     parts: list = []
