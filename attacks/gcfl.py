@@ -55,10 +55,12 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     for msg in view.select(sim_tag, receiver=SERVER, round=rnd):   # uploads, then the decider's reply
         if msg.kind == "plain":
             values = view.payload(msg)
+            if isinstance(values, dict):                     # as the client runtimes record it
+                values = values.get("values")
             if values is not None:
                 last = (members, np.asarray(values, dtype=np.float64))
             members = []
-        else:
+        elif msg.kind == "ciphertext":                               # the decider's key message is not an upload
             members.append(party_client(msg.sender))
     if values is None:
         return None

@@ -48,6 +48,9 @@ class InlineParties:
         models = getattr(self.algo, "models", None)
         return models[0] if models else None
 
+    def victim_model(self, k: int) -> torch.nn.Module:
+        return self.algo.models[k]
+
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         c = self.fed.clients[k]
         p = torch.softmax(self.algo.client_logits(k).float(), -1).cpu().numpy()
@@ -105,21 +108,28 @@ class RuntimeParties:
         return (f["nodes"], f["totals"]) if f else None
 
     def released_model(self) -> torch.nn.Module | None:
-        """The model the clients deploy: client 0's (the first alive client's) after the last round,
-        loaded into the run's public architecture."""
+        """The model the clients deploy: client 0's (the first alive client's) after the last round."""
         if self._released is None:
-            from secure_fgl.runtime.registry import logic_class
-            s = self.strategy
-            alive = s.alive()
-            state = self._ask(alive[0], "model") if alive else {}
-            arch = getattr(logic_class(s.cfg.algorithm), "architecture", None)
-            if not state or arch is None:
-                return None
-            with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG
-                model = arch(s.cfg, s.facts, s.opts)
-            model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
-            self._released = model
+            alive = self.strategy.alive()
+            self._released = self._model_of(alive[0]) if alive else None
         return self._released
+
+    def victim_model(self, k: int) -> torch.nn.Module | None:
+        """Client ``k``'s model after the run (graph classification: its own GIN shape)."""
+        return self._model_of(k, client=k)
+
+    def _model_of(self, k: int, **shape) -> torch.nn.Module | None:
+        """Client ``k``'s deployed parameters loaded into the logic's public ``architecture``."""
+        from secure_fgl.runtime.registry import logic_class
+        s = self.strategy
+        state = self._ask(k, "model")
+        arch = getattr(logic_class(s.cfg.algorithm), "architecture", None)
+        if not state or arch is None:
+            return None
+        with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG
+            model = arch(s.cfg, s.facts, s.opts, **shape)
+        model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
+        return model
 
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         f = self._ask(k, "posteriors")

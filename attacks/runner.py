@@ -119,9 +119,10 @@ class RunContext:
         cfg, fed = self.cfg, self.fed
         algo_name = getattr(self.algo, "name", cfg.algorithm)
         if not hasattr(fed, "graph"):                     # graph classification: per-client models
+            from secure_fgl.algorithms.graph_level import initial_shared
             return {"num_clients": int(fed.num_clients), "mode": cfg.mode, "algorithm": algo_name,
                     "options": self._options(), "lr": cfg.lr, "hidden": cfg.hidden, "num_layers": cfg.num_layers,
-                    "local_epochs": cfg.local_epochs, "num_shared": int(self.algo.anchors[0].numel())}
+                    "local_epochs": cfg.local_epochs, "num_shared": int(initial_shared(cfg).numel())}
         d = int(fed.num_features)
         opts = self._options()
         return {"num_nodes": int(fed.graph.num_nodes), "num_features": d, "num_classes": int(fed.num_classes),
@@ -191,7 +192,7 @@ class RunContext:
 
     def victim_model(self, attack: Attack, **_):
         """K3 (graph classification): a copy of the victim's model (private layers included) after the run."""
-        return copy.deepcopy(self.algo.models[int(attack.opts.get("victim", 0))]).cpu()
+        return copy.deepcopy(self.parties.victim_model(int(attack.opts.get("victim", 0)))).cpu()
 
     def posteriors(self, **_):
         if self._posteriors is None:

@@ -16,6 +16,8 @@ and how many rounds' test accuracies equal plain's exactly ("trajectory").  The 
     python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
     python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \\
         --fedomd-rounds 50                                                     # reduced
+    python examples/secure_minus_plain.py --algorithms fedavg --rounds 50 --betas 1 \\
+        --other-seeds                                                          # FedAvg grid, reduced
     python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \\
         --datasets cora citeseer --betas 1 --seeds 0                           # packed fixed point
 
@@ -41,10 +43,11 @@ from sweep import read_runs
 MODES = ("plain", "ckks", "mask")
 
 
-def fedgcn(dataset: str, beta: float, seed: int, mode: str, args) -> RunConfig:
-    return RunConfig(algorithm="fedgcn", dataset=dataset, clients=10, beta=beta, seed=seed, mode=mode,
+def fedgcn(dataset: str, beta: float, seed: int, mode: str, args, algorithm: str = "fedgcn") -> RunConfig:
+    """FedGCN 1-hop, or (``algorithm='fedavg'``) FedAvg, in the released code's setting."""
+    return RunConfig(algorithm=algorithm, dataset=dataset, clients=10, beta=beta, seed=seed, mode=mode,
                      rounds=args.rounds, local_epochs=3, optimizer="sgd", lr=0.5,
-                     data_root=args.data_root, options={"hops": 1})
+                     data_root=args.data_root, options={"hops": 1} if algorithm == "fedgcn" else {})
 
 
 def fedspray(seed: int, mode: str, args) -> RunConfig:
@@ -85,7 +88,9 @@ def _grid(args) -> list[tuple[str, int, RunConfig]]:
         seeds = args.pubmed_seeds if ds == "pubmed" else args.seeds
         for beta in args.betas:
             for seed in seeds:
-                jobs += [(f"FedGCN 1-hop {ds} β={beta:g}", seed, fedgcn(ds, beta, seed, m, args)) for m in MODES]
+                for algo in args.algorithms:
+                    name = f"FedGCN 1-hop {ds} β={beta:g}" if algo == "fedgcn" else f"FedAvg {ds} β={beta:g}"
+                    jobs += [(name, seed, fedgcn(ds, beta, seed, m, args, algo)) for m in MODES]
     for seed in args.other_seeds:
         if args.fedspray_rounds:
             jobs += [("FedSpray pubmed", seed, fedspray(seed, m, args)) for m in MODES]
@@ -173,7 +178,9 @@ def main(argv=None) -> None:
     ap.add_argument("--betas", nargs="+", type=float, default=[1.0, 10000.0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--pubmed-seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--rounds", type=int, default=100, help="FedGCN rounds (released code: 100)")
+    ap.add_argument("--rounds", type=int, default=100, help="FedGCN / FedAvg rounds (released code: 100)")
+    ap.add_argument("--algorithms", nargs="+", default=["fedgcn"], choices=["fedgcn", "fedavg"],
+                    help="on the --datasets grid: FedGCN 1-hop and/or FedAvg (the same setting)")
     ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
     ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")

@@ -84,6 +84,10 @@ class ValueSpec:
                by plans whose target error is below float32 resolution
                (:meth:`protocols.precision.MeanPrecision.spec`), so plain computes what the
                secure codecs compute.  The float32 byte baseline is unchanged.
+    grid_bits: every contribution is rounded to the public grid ``2^-grid_bits`` on its client
+               before it is encoded, and every decoded sum back to it, so every mode returns
+               the same sum bit for bit (:meth:`protocols.precision.MeanPrecision.grid_spec`
+               plans it; :func:`protocols.fixed_point.to_grid` rounds).  ``None``: no grid.
     """
 
     max_abs: float = 1e4
@@ -92,6 +96,7 @@ class ValueSpec:
     tolerance: float = 1e-4
     owner_checked_sum: bool = False
     float64_wire: bool = False
+    grid_bits: int | None = None
 
     def sum_bound(self, num_clients: int) -> float:
         if self.integer and self.sum_max is not None and self.owner_checked_sum:

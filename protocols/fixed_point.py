@@ -40,6 +40,13 @@ so rounding cannot push a clipped vector past the norm the sensitivity was compu
 more than that slack (:meth:`FixedPoint.conditional_quantize`; the first term holds for
 every rounding, the second fails with probability at most ``beta`` per try).
 
+Dyadic grid (:func:`to_grid`): an exchange planned with ``ValueSpec.grid_bits = f``
+(:meth:`protocols.precision.MeanPrecision.grid_spec`) is rounded by every client, in every
+mode, to the nearest multiple of ``2^-f`` -- deterministically, since the grid is what makes
+the modes agree -- and every decoded sum back to that grid.  The packed codec then carries
+such an exchange as integers of quantum ``2^-f`` (``FixedPoint(integer=True, grid_bits=f)``):
+exact, like every other codec on a grid.
+
 Refusals happen on the client before anything is encrypted: an entry above ``B``
 (:class:`~protocols.errors.BoundError`), a plan whose K-way headroom does not fit the
 field (:class:`~protocols.errors.PackingOverflowError`).
@@ -52,12 +59,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PackingOverflowError
+from .errors import IntegrityError, PackingOverflowError
 
 #: failure probability per try of conditional randomized rounding (Kairouz et al.'s beta)
 CRR_BETA = 2.0 ** -20
 #: tries before conditional rounding gives up (each fails with probability <= CRR_BETA)
 CRR_MAX_TRIES = 64
+
+
+def to_grid(x: np.ndarray, bits: int) -> np.ndarray:
+    """``Q(x) = rint(x 2^bits) 2^-bits``: the nearest multiple of ``2^-bits`` (ties to even), float64."""
+    return np.ldexp(np.rint(np.ldexp(np.asarray(x, dtype=np.float64), int(bits))), -int(bits))
+
+
+def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int, np.ndarray]:
+    """A recipient's decoded blocks of a grid exchange rounded back to the grid ``2^-bits``, after
+    checking that the codec landed within its planned error ``2^-(bits+2)`` (the spec's tolerance,
+    :meth:`protocols.precision.MeanPrecision.grid_spec`); an IntegrityError refuses the sum otherwise."""
+    blocks = {b: np.asarray(v, dtype=np.float64) for b, v in blocks.items()}
+    exact = {b: to_grid(v, bits) for b, v in blocks.items()}
+    off = max((float(np.abs(v - exact[b]).max(initial=0.0)) for b, v in blocks.items()), default=0.0)
+    if not off <= 2.0 ** -(bits + 2):
+        raise IntegrityError(f"a decoded sum lies {off:.3g} off the exchange's grid 2^-{bits}, beyond the codec's "
+                             f"planned error 2^-{bits + 2}: the sum is not exact and is refused", **where)
+    return exact
 
 
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:
@@ -85,28 +110,32 @@ class FixedPoint:
     width: int
     fields: int
     integer: bool = False     # integer values: quantum 1, no rounding, exact sums
+    grid_bits: int = 0        # with integer: values on the grid 2^-grid_bits (quantum 2^-grid_bits, exact sums)
 
     def __post_init__(self):
         if self.width * self.fields > 52:
             raise ValueError("a packed carrier must stay below 2^52 to pass through float64 exactly")
         if self.integer:
-            if self.sum_bound > (1 << (self.width - 1)) - 1:
-                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold integer sums up to "
-                                           f"{self.sum_bound:g}. Fix: use wider fields")
+            if self.sum_bound * 2.0 ** self.grid_bits > (1 << (self.width - 1)) - 1:
+                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold sums up to "
+                                           f"{self.sum_bound:g} on the grid 2^-{self.grid_bits}. Fix: use wider fields")
         elif self.levels < 1:
             raise PackingOverflowError(
                 f"{self.width}-bit fields leave no room for a {self.num_clients}-way sum (2^{self.width - 1} - 1 "
                 f"must exceed K = {self.num_clients}). Fix: use wider fields (fewer per slot)")
 
     @classmethod
-    def integers(cls, entry_bound: float, sum_bound: int, num_clients: int, capacity_bits: int) -> "FixedPoint":
-        """Integer entries with ``|sum| <= sum_bound``: the narrowest signed fields that hold the
-        sum, as many as fit ``capacity_bits`` (packed exactly, no rounding)."""
-        width = int(sum_bound).bit_length() + 1
+    def integers(cls, entry_bound: float, sum_bound: float, num_clients: int, capacity_bits: int,
+                 grid_bits: int = 0) -> "FixedPoint":
+        """Integer entries (or multiples of ``2^-grid_bits``, :func:`to_grid`) with ``|sum| <= sum_bound``:
+        the narrowest signed fields that hold the sum, as many as fit ``capacity_bits`` (exact, no rounding)."""
+        width = int(math.ceil(sum_bound * 2.0 ** grid_bits)).bit_length() + 1
         if width > capacity_bits:
-            raise PackingOverflowError(f"integer sums up to {sum_bound} need {width}-bit signed fields, above the "
-                                       f"{capacity_bits} exact bits of a slot component. Fix: lower the public bound")
-        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True)
+            raise PackingOverflowError(f"sums up to {sum_bound:g} on the grid 2^-{grid_bits} need {width}-bit signed "
+                                       f"fields, above the {capacity_bits} exact bits of a slot component. Fix: lower "
+                                       "the public bound (or coarsen the grid: a larger tolerance)")
+        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True,
+                   int(grid_bits))
 
     @classmethod
     def plan(cls, entry_bound: float, num_clients: int, width: int, fields: int, *,
@@ -125,8 +154,8 @@ class FixedPoint:
 
     @property
     def quantum(self) -> float:
-        """``Delta = S / (2^(b-1) - 1 - K)`` (1 for integers)."""
-        return 1.0 if self.integer else self.sum_bound / self.levels
+        """``Delta = S / (2^(b-1) - 1 - K)`` (``2^-grid_bits`` for integers and grid values)."""
+        return 2.0 ** -self.grid_bits if self.integer else self.sum_bound / self.levels
 
     @property
     def sum_error(self) -> float:
@@ -139,9 +168,9 @@ class FixedPoint:
     # ------------------------------------------------------------------ quantisation (client side)
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum; integers
-        are taken as they are)."""
+        and grid values are taken as they are)."""
         if self.integer:
-            return np.rint(np.asarray(x, dtype=np.float64)).astype(np.int64)
+            return np.rint(np.ldexp(np.asarray(x, dtype=np.float64), self.grid_bits)).astype(np.int64)
         y = np.asarray(x, dtype=np.float64) / self.quantum
         low = np.floor(y)
         return (low + (rng.random(y.shape) < (y - low))).astype(np.int64)

@@ -2,11 +2,13 @@
 2021, sec. 4): whoever decides the clusters learns the ``m x m`` cosine-similarity matrix of
 the members' updates, and the scalars it is told, nothing more.
 
-* :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``.
-  ``plain``: the server computes it from the updates it already holds (no new bytes).
-  ``ckks``: :mod:`protocols.ckks.pairwise` -- clients upload their normalised updates
-  encrypted under a key pair of a designated client, the server evaluates the inner
-  products homomorphically, the designated client decrypts and returns only the matrix.
+* :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``, an exchange of the
+  backend's halves (:mod:`protocols.pairwise_exchange`; this function plays the members from
+  the dict it is given, a client runtime plays its own).
+  ``plain``: each member sends its update in the clear (the plain server reads updates anyway).
+  ``ckks``: :mod:`protocols.ckks.pairwise` -- members upload their normalised updates
+  encrypted under a fresh key pair of a designated client, the server evaluates the inner
+  products homomorphically, the designated client decrypts and returns only the values.
   ``mask``: refused -- additive masks hide each vector but give no inner products.
 * :func:`report_scalars` -- clients send one public scalar each in the clear (GCFL's
   ``||dW_i||`` for eq. 5, the cluster mean's norm for eq. 4, GCFL+'s gradient norms): a
@@ -53,14 +55,25 @@ def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int
         raise ConfigurationError(f"pairwise statistics need inner products of updates, which --mode "
                                  f"{protocol.mode} cannot compute: use --mode ckks", tag=tag, round=rnd)
     arrays = _validated(protocol, tag, rnd, updates)
-    if protocol.mode == "plain":
-        return cosine_matrix(np.stack(list(arrays.values())))
-    from .ckks.pairwise import encrypted_cosine
-    return encrypted_cosine(protocol, tag, rnd, arrays, decider=decider)
+    if not 0 <= decider < protocol.num_clients:
+        raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
+    from .pairwise_exchange import pairwise_over_halves
+    members = [int(k) for k in arrays]
+    for k in members:                     # the facade plays each member: its half's provider returns its update
+        protocol.clients[k].provider = (lambda plan, v=arrays[k]: plan.dense_table(v))
+    try:
+        return pairwise_over_halves(protocol, tag, rnd, members, decider, next(iter(arrays.values())).size)
+    finally:
+        for k in members:
+            protocol.clients[k].provider = None
 
 
 def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
-    """Each client sends one float64 to the server in the clear; returns what the server got."""
+    """Each client sends one float64 to the server in the clear; returns what the server got.
+    A backend split into halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+    from .split import SplitProtocol
+    if isinstance(protocol, SplitProtocol) and protocol.clients:
+        return _report_through_halves(protocol, tag, rnd, values)
     out = {}
     protocol._begin_exchange(tag, rnd)
     for k, v in values.items():
@@ -71,3 +84,15 @@ def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
                                         protocol.mode, protocol.fingerprint, payload=v), stage="report")
         out[int(k)] = float(msg.payload)
     return out
+
+
+def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
+    """The facade plays each reporting client: its half's provider returns its value."""
+    from .report import collect_reports
+    for k, v in values.items():
+        protocol.clients[int(k)].provider = (lambda plan, v=float(v): plan.dense_table(np.array([v])))
+    try:
+        return collect_reports(protocol, tag, rnd, [int(k) for k in values])
+    finally:
+        for k in values:
+            protocol.clients[int(k)].provider = None

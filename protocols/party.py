@@ -38,9 +38,12 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
+from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
+from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
+from .report import REPORT_STAGE, client_report
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -163,6 +166,8 @@ class ClientHalf(Party):
         self.provider = provider
         self.plan: ExchangePlan | None = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
+        #: (exchange, secret context) while this client decides a pairwise exchange (ckks)
+        self.pairwise_secret = None
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:
@@ -182,7 +187,12 @@ class ClientHalf(Party):
                 self._accept_plan(msg)
             else:
                 inbox.append(msg)
-        out += [wire for _, wire in self.on_stage(stage, inbox)]
+        if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
+            out.append(client_report(self)[1])
+        elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]   # protocols/pairwise_exchange.py
+        else:
+            out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
@@ -219,10 +229,17 @@ class ClientHalf(Party):
             raise ProtocolError("this client half has no provider of contributions", **self.where())
         table = self.provider(self.plan)
         self.plan.check_table(table, self.id)
-        values = np.asarray(table.values) if dense else table.values
+        bits = self.plan.spec.grid_bits
+        values = np.asarray(table.values) if dense or bits is not None else table.values
+        if bits is not None:                      # the exchange's public grid, in every mode (ValueSpec.grid_bits)
+            values = to_grid(values, bits)
         return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), values)
 
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
+        """Keep this exchange's decoded blocks; on a grid exchange rounded back to the grid, after
+        checking that the codec landed within its planned quarter step (else the sum is refused)."""
+        if self.plan.spec.grid_bits is not None:
+            blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         self._result = (self.plan.exchange, blocks)
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:

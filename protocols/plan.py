@@ -23,7 +23,7 @@ import numpy as np
 from .base import BlockTable, ValueSpec
 from .errors import MalformedMessageError, ShapeError
 
-_SPEC_FIELDS = ("max_abs", "integer", "sum_max", "tolerance", "owner_checked_sum", "float64_wire")
+_SPEC_FIELDS = ("max_abs", "integer", "sum_max", "tolerance", "owner_checked_sum", "float64_wire", "grid_bits")
 
 
 @dataclass(frozen=True)

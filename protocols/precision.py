@@ -35,6 +35,33 @@ Algorithms therefore normalise their weights so that ``T_min`` is of order one (
 ``w_k = n_k / n_train`` with the public size ``n_train`` of the training split, so
 ``W = 1`` and ``T = 1`` under full participation) and pass ``W``, ``B``, ``T_min`` and the
 target ``delta``; the codecs see only the resulting :class:`~protocols.base.ValueSpec`.
+
+Exact means on a public grid (:meth:`MeanPrecision.grid_spec`)
+---------------------------------------------------------------
+Within ``delta`` is not *equal*: plain's float32 wire, CKKS noise and the mask ring each
+miss the exact mean differently, and a chaotic training run (FedOMD's Adam + CMD, GCFL's
+split rule) turns 1e-8 differences into different trajectories.  On a grid every mode
+returns the same sum: each client rounds every entry of ``[w v, w]`` to the nearest
+multiple of ``2^-f`` *before* it is encoded (:func:`protocols.fixed_point.to_grid`, in every
+mode, plain included), so the K-way sum is a multiple of ``2^-f`` of magnitude at most
+``K B_e`` (``B_e = W max(B, 1)`` rounded up to the grid), which
+
+* plain carries exactly (float32 wire while ``K B_e 2^f <= 2^24``, else float64; the server
+  sums in float64, exact below ``2^53``),
+* the mask ring carries exactly (its ``2^-s`` fixed point with ``s > f``: the tolerance below
+  forces it),
+* CKKS decodes within its planned error ``<= 2^-(f+2)`` (the spec's tolerance), and the
+  recipient rounds the decoded sum back to the grid (:meth:`protocols.party.ClientHalf.deliver`,
+  which refuses a sum that lands further off).
+
+The K-way error is then the grid's alone, the same in every mode: each of the ``2K`` summed
+entries of one mean (numerator and weight total) moves by at most ``2^-(f+1)``, so
+
+    ``|mean_grid - mean| <= eps_f (1 + B) / (T - eps_f)``,   ``eps_f = K 2^-(f+1)``
+
+and ``f`` is the coarsest grid with ``eps_f <= eps`` (the plan's sum tolerance): the mean stays
+within ``delta``, now deterministically.  A grid too fine for CKKS's precision
+(``K B_e 2^-(f+2)`` below its noise) is refused by the CKKS planner, naming the tolerance.
 """
 from __future__ import annotations
 
@@ -98,6 +125,32 @@ class MeanPrecision:
         from .base import ValueSpec
         return ValueSpec(max_abs=self.entry_bound, tolerance=self.sum_tolerance,
                          float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE)
+
+    def grid_bits(self, num_contributors: int) -> int:
+        """Coarsest ``f`` with ``K 2^-(f+1) <= eps`` (:attr:`sum_tolerance`): the grid of :meth:`grid_spec`."""
+        k = max(1, int(num_contributors))
+        f = math.ceil(math.log2(k / (2.0 * self.sum_tolerance)))
+        while k * 2.0 ** -(f + 1) > self.sum_tolerance:
+            f += 1
+        return f
+
+    def grid_spec(self, num_contributors: int):
+        """The :class:`~protocols.base.ValueSpec` of the exact mean of ``num_contributors`` clients on
+        the grid ``2^-f``, ``f =`` :meth:`grid_bits` (module doc): ``max_abs = B_e`` on the grid, codec
+        tolerance ``2^-(f+2)`` (CKKS then rounds back exactly), float64 plain wire where float32 cannot
+        hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``)."""
+        from .base import ValueSpec
+        k, f = max(1, int(num_contributors)), self.grid_bits(num_contributors)
+        bound = math.ceil(self.entry_bound * 2.0 ** f) * 2.0 ** -f
+        steps = kway_sum_bound(bound, k) * 2.0 ** f
+        if steps > 2.0 ** 49:
+            raise ValueError(f"a grid of 2^-{f} over sums up to {kway_sum_bound(bound, k):g} needs {steps:.3g} "
+                             "steps, more than float64 and the codecs hold exactly (2^49): raise the tolerance")
+        return ValueSpec(max_abs=bound, tolerance=2.0 ** -(f + 2), float64_wire=steps > 2.0 ** 24, grid_bits=f)
+
+    def grid_error_bound(self, num_contributors: int) -> float:
+        """The public bound on ``|mean_grid - mean|`` of :meth:`grid_spec` (the same in every mode)."""
+        return self.error_bound(max(1, int(num_contributors)) * 2.0 ** -(self.grid_bits(num_contributors) + 1))
 
     def error_bound(self, sum_error: float, weight_total: float | None = None,
                     mean_abs: float | None = None) -> float:

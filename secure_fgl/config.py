@@ -104,6 +104,9 @@ class RunConfig:
                                        help="CPUs of the local Ray cluster (default: all)")
     ray_workers: int | None = setting(None, group="runtime", min=1, unit="actors",
                                       help="Ray actors hosting the clients (default: one per CPU of the cluster)")
+    ray_client_resources: str | None = setting(None, group="runtime", unit="RESOURCE:CLIENTS;...",
+                                               help="pin clients to the Ray nodes declaring a custom resource, e.g. "
+                                                    "site_a:0-4;site_b:5,6 (docs/runtime.md)")
     round_timeout: float = setting(600.0, group="runtime", min=0, min_exclusive=True, unit="seconds",
                                    help="how long one call to the clients may take before the silent ones "
                                         "count as dropouts")

@@ -15,6 +15,7 @@ from protocols import (MODES, BoundError, ConfigurationError, DropoutError, Inte
 from protocols.errors import DigestError
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
+from protocols.ckks_mp import client as mp_client
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
 from protocols.message import Envelope
 from protocols.transcript import SERVER, client_party
@@ -142,6 +143,17 @@ def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
     assert attack["abs_corr"] < 0.1 and attack["abs_corr"] < 5 * attack["chance"]
     # positive control: with the victim's share too, the same decryption recovers the upload
     assert ckks_mp_break(p, "victim", 0, victim, [0, 1, 2, victim], vals[victim], spec)["abs_corr"] > 0.999999
+    # every other key the coalition holds (its recipient keys, the broadcast key, combined with its
+    # collective shares) decrypts the upload to noise too; what it learns is the released sum
+    plan = p.plan(spec, block_len=6000)
+    ct = encryption.from_bytes(p.ring, _upload_of(p, "victim", victim), (1, 2, plan.level, p.params.n))[0]
+    used = encoding.used_coefficients(plan, 6000)
+    truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))[:used]
+    shares = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
+    for key in (p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):     # every colluder's alike
+        for guess in (key, p.ring.add(shares, key)):
+            attack = centred_coeffs(p, encryption.decrypt(p.ring, guess, ct))[:used]
+            assert abs(corr(attack, truth)) < 5 / np.sqrt(used)
 
 
 def test_coalition_attack_in_the_runner_registry():
@@ -159,29 +171,44 @@ def test_coalition_attack_in_the_runner_registry():
 
 
 def test_coalition_cannot_read_another_recipients_rows():
-    k, n, d = 4, 200, 30
+    """Scoped key switching: recipient 3's blocks are switched to its own key; the other clients'
+    collective shares, recipient keys and the broadcast key all decrypt them to noise."""
+    k, d = 4, 30
     p = proto(k)
-    rng = np.random.default_rng(11)
-    contrib = {c: (np.arange(n), rng.integers(0, 50, (n, d)).astype(float)) for c in range(k)}
-    requests = {c: np.arange(n)[c * 50:(c + 1) * 50] for c in range(k)}
     spec = ValueSpec(integer=True, max_abs=50, sum_max=200)
-    got = p.row_sum("scoped", 0, contrib, requests, n, layout="sparse", spec=spec)
+    rpb = p.rows_per_block(spec, d, 10 ** 7)
+    rng = np.random.default_rng(11)
+    rows = (np.arange(k)[:, None] * rpb + np.arange(400)).ravel()          # 400 rows in each of k blocks
+    contrib = {c: (rows, rng.integers(0, 50, (rows.size, d)).astype(float)) for c in range(k)}
+    requests = {c: rows[c * 400:(c + 1) * 400] for c in range(k)}           # recipient c: block c
+    got = p.row_sum("scoped", 0, contrib, requests, k * rpb, layout="sparse", spec=spec)
     target = 3
     down = [m for m in p.transcript.select(tag="scoped", sender=SERVER, receiver=client_party(target))
             if m.kind == "ciphertext" and "key-switched" in m.note][0]
-    plan = p.plan(spec, block_len=d * p.rows_per_block(spec, d, n))
-    cts = encryption.from_bytes(p.ring, down.payload, (down.shape[0] * down.shape[1], 2, plan.level, p.params.n))
-    used = encoding.used_coefficients(plan, plan.capacity)
+    assert down.payload["to"] == target
+    plan = p.plan(spec, block_len=d * rpb)
+    cts = encryption.from_bytes(p.ring, down.payload["data"], (down.shape[0] * down.shape[1], 2, plan.level,
+                                                               p.params.n))
+    used = encoding.used_coefficients(plan, 400 * d)
+    assert used >= 500
     own = centred_coeffs(p, encryption.decrypt(p.ring, p._clients[target]._own.s_hat, cts[0]))
     colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
-    for key in (colluders, p._clients[0]._own.s_hat):    # their collective shares, or a colluder's own key
+    for key in (colluders, p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):
         attack = centred_coeffs(p, encryption.decrypt(p.ring, key, cts[0]))
-        assert abs(corr(attack[:used], own[:used])) < 0.1
+        assert abs(corr(attack[:used], own[:used])) < 5 / np.sqrt(used)     # chance: std 1/sqrt(used)
     # a recipient receives exactly its rows and nothing else
     total = sum(r for _, r in contrib.values())
     assert set(got) == set(requests)
     for c in range(k):
-        assert np.array_equal(got[c], total[requests[c]])
+        assert np.array_equal(got[c], total[c * 400:(c + 1) * 400])
+
+
+def _bytes_in(payload):
+    if isinstance(payload, (bytes, bytearray)):
+        return [bytes(payload)]
+    if isinstance(payload, dict):
+        return [b for v in payload.values() for b in _bytes_in(v)]
+    return []
 
 
 def test_secret_shares_never_reach_the_server():
@@ -189,7 +216,7 @@ def test_secret_shares_never_reach_the_server():
     p.weighted_sum("custody", 0, {c: np.ones(5) for c in range(3)}, spec=ValueSpec(max_abs=1))
     view = p.transcript.view(SERVER)
     assert view and all(m.kind != "secret_key" for m in view)
-    payloads = [m.payload for m in view if isinstance(m.payload, (bytes, bytearray))]
+    payloads = [b for m in view for b in _bytes_in(m.payload)]
     assert payloads
     for c, client in p._clients.items():
         assert client._broadcast is not None
@@ -198,6 +225,33 @@ def test_secret_shares_never_reach_the_server():
                 for dtype in ("<u4", "<i8"):
                     probe = np.ascontiguousarray(form, dtype=dtype).tobytes()[:256]
                     assert not any(probe in data for data in payloads)
+
+
+def test_server_half_holds_no_secret_key_share():
+    """Walk every object the server half reaches: no client's key holder, no secret (s_i, s_R,
+    s_B) as an object, and none of their bytes inside any array or bytes it holds."""
+    from test_parties import _reachable
+    k = 3
+    p = fresh(k)
+    p.row_sum("walk", 0, {c: (np.arange(4), np.ones((4, 2))) for c in range(k)},
+              {c: np.array([c]) for c in range(k)}, 4, spec=ValueSpec(max_abs=1, tolerance=1e-4))
+    held = []
+    reach = _reachable(p.server, data=held)
+    secrets = []
+    for c, keys in p._clients.items():
+        assert id(keys) not in reach and id(p.clients[c]) not in reach
+        for pair in (keys._share, keys._own, keys._broadcast):
+            assert id(pair) not in reach and id(pair.s_hat) not in reach
+            secrets += [np.ascontiguousarray(form, dtype=dt).tobytes()[:256]
+                        for form in (pair.s_hat, p.ring.intt(pair.s_hat)) for dt in ("<u4", "<i8")]
+        secrets.append(keys.broadcast_secret()[:256])          # s_B as dealt over the channel
+    assert sum(isinstance(b, np.ndarray) for b in held) > 5 and sum(isinstance(b, bytes) for b in held) > 10
+    def found(blobs):
+        return any(probe in (b.tobytes() if isinstance(b, np.ndarray) else bytes(b)) for b in blobs for probe in secrets)
+    assert not found(held)
+    own = []                                  # positive control: the same scan finds client 0's secrets in its half
+    _reachable(p.clients[0], data=own)
+    assert found(own)
 
 
 def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
@@ -218,7 +272,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
         down = [m for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
                 if "key-switched" in m.note][0]
-        out = encryption.from_bytes(p.ring, down.payload, shape)
+        out = encryption.from_bytes(p.ring, down.payload["data"], shape)
         def residual(key, ct):
             coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, key, ct)[0])
             d = plan.scale_bits
@@ -229,7 +283,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     assert abs(corr(e_ct, seen)) < 0.05
     e_ct2, seen2 = noises(fresh(k))
     assert ks_2samp(seen, seen2).pvalue > 1e-3
-    monkeypatch.setattr(mp_backend, "smudging_bits", lambda params, k: 0)
+    monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
     e_ct3, seen3 = noises(fresh(k))
     assert corr(e_ct3, seen3) > 0.5            # without smudging the recipient sees the secret-dependent noise
 
@@ -239,7 +293,8 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
     p = fresh(k)
     p.weighted_mean("bcast", 0, {c: np.ones(4) for c in range(k)}, spec=ValueSpec(max_abs=1))
     shares = [m for m in p.transcript.select(tag="bcast") if m.kind == "share"]
-    assert len(shares) == k and all("broadcast key" in m.note for m in shares)
+    downs = [m for m in p.transcript.select(tag="bcast") if "key-switched" in m.note]
+    assert len(shares) == k and all(m.payload["to"] == -1 for m in downs)
     spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
     rpb = p.rows_per_block(spec, 2, 10 ** 7)
     rows = np.arange(k) * rpb                                  # one row in each of k blocks
@@ -248,7 +303,8 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
                     layout="sparse", spec=spec)
     assert all(np.array_equal(got[c], np.full((1, 2), k)) for c in range(k))
     shares = [m for m in p.transcript.select(tag="scoped-count") if m.kind == "share"]
-    assert len(shares) == k * k and not any("broadcast" in m.note for m in shares)
+    downs = [m for m in p.transcript.select(tag="scoped-count") if "key-switched" in m.note]
+    assert len(shares) == k * k and sorted(m.payload["to"] for m in downs) == list(range(k))
 
 
 # ------------------------------------------------------------------ refusals
@@ -294,6 +350,9 @@ def test_message_changed_in_transit_is_refused(stage):
         if msg.tag != f"transit-{stage}" or msg.kind not in ("ciphertext", "share") \
                 or Envelope.from_header(msg.auth[64:]).stage != stage or "client1" not in (msg.sender, msg.receiver):
             return msg
+        if isinstance(msg.payload, dict):                 # the c1 or key-switched ciphertexts inside
+            name = "c1" if "c1" in msg.payload else "data"
+            return replace(msg, payload={**msg.payload, name: bytes([msg.payload[name][0] ^ 1]) + msg.payload[name][1:]})
         return replace(msg, payload=bytes([msg.payload[0] ^ 1]) + msg.payload[1:])
     p.intercept = flip
     with pytest.raises(DigestError, match="client 1"):
@@ -314,7 +373,7 @@ def test_out_of_range_refused_before_encryption():
     p = proto(2)
     with pytest.raises(BoundError, match="client 1"):
         p.weighted_sum("range", 0, {0: np.ones(3), 1: np.array([0.0, 5.0, 0.0])}, spec=ValueSpec(max_abs=1))
-    assert not p.transcript.select(tag="range")
+    assert not [m for m in p.transcript.select(tag="range") if m.sender != SERVER]   # no client message
     p3 = proto(3)           # each value within max_abs, the sum 9 above sum_max=4: without an owner-checked
     # sum the plan sizes fields from K * max_abs (what K client-checked entries guarantee), so it stays exact
     got = p3.weighted_sum("overflow", 0, {c: np.full(3, 3.0) for c in range(3)},

@@ -2,6 +2,7 @@
 statistics exchange in plain and ckks, and short end-to-end runs per mode."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -148,14 +149,15 @@ def test_secure_pairwise_cosine_equals_plain_within_bound():
     proto = make_protocol("ckks", 5, seed=0)
     got = pairwise_cosine(proto, "t", 0, vectors, decider=1)
     assert np.abs(got - expect).max() <= PAIRWISE_TOLERANCE
-    # the server got ciphertexts only; the decider got only the pair results (one message)
+    # the server got ciphertexts only from the members; the decider got only the pair results
+    # (one message besides the plan) and sent the evaluation key and the values
     ups = [m for m in proto.transcript.select(tag="t") if m.receiver == "server" and m.sender != "client1"]
-    assert {m.kind for m in ups} == {"ciphertext"}
-    to_decider = proto.transcript.select(tag="t", receiver="client1")
+    assert {m.kind for m in ups} == {"ciphertext"} and len(ups) == 4
+    to_decider = [m for m in proto.transcript.select(tag="t", receiver="client1") if m.kind != "control"]
     assert len(to_decider) == 1 and to_decider[0].shape == (10, 1)
-    keys = proto.transcript.select(tag="t/keys", receiver="server")
-    from protocols.ckks.pairwise import _KEYS
-    assert len(keys) == 1 and not _KEYS[proto].evaluation.is_private()
+    from_decider = proto.transcript.select(tag="t", sender="client1")
+    assert sorted(m.kind for m in from_decider if m.receiver == "server") == ["ciphertext", "plain", "public_key"]
+    assert all(h.pairwise_secret is None for h in proto.clients.values())      # the decider dropped its key
     with pytest.raises(ConfigurationError, match="ckks"):
         pairwise_cosine(make_protocol("mask", 5, seed=0), "t", 0, vectors)
 
@@ -198,6 +200,24 @@ def test_synthetic_groups():
     fed = two_task_graphs(4, graphs_per_client=20, seed=2)
     assert [c.dataset[-1] for c in fed.clients] == [str(g) for g in client_groups(4)]
     assert all(len(c.train) + len(c.val) + len(c.test) == 20 for c in fed.clients)
+
+
+def test_a_pairwise_key_the_decider_did_not_sign_is_refused_before_anything_is_encrypted():
+    """The server swaps the relayed encryption key for one of its own (whose secret it holds):
+    every member refuses it (signature), no member uploads a ciphertext."""
+    from protocols.ckks.pairwise import make_key_pair
+    from protocols.errors import IntegrityError
+    proto = make_protocol("ckks", 4, seed=0)
+    _, _, own = make_key_pair()
+
+    def swap(msg):
+        if msg.kind == "public_key" and msg.receiver.startswith("client") and msg.tag == "t":
+            return dataclasses.replace(msg, payload=own)
+        return msg
+    proto.intercept = swap
+    with pytest.raises(IntegrityError):
+        pairwise_cosine(proto, "t", 0, {k: np.full(10, 0.1 * (k + 1)) for k in range(4)}, decider=0)
+    assert not [m for m in proto.transcript.select(tag="t") if m.kind == "ciphertext" and m.receiver == "server"]
 
 
 def test_server_reads_similarity_and_infers_same_dataset_pairs():

@@ -12,7 +12,7 @@ from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
 from protocols.registry import backend, modes, secure_modes
 
-SPLIT_MODES = ["plain", "mask", "ckks"]
+SPLIT_MODES = ["plain", "mask", "ckks", "ckks-mp"]
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
 
 
@@ -33,14 +33,17 @@ def _values(K, n=300, seed=0):
     return {k: rng.uniform(-1, 1, n) for k in range(K)}
 
 
-def _reachable(root, limit=200_000):
-    """ids of every object reachable from ``root`` (modules and classes are not followed)."""
+def _reachable(root, limit=200_000, data=None):
+    """ids of every object reachable from ``root`` (modules and classes are not followed);
+    ``data``: a list that receives every bytes object and array reached."""
     seen, stack = set(), [root]
     while stack and len(seen) < limit:
         obj = stack.pop()
         if id(obj) in seen or isinstance(obj, type) or type(obj).__name__ == "module":
             continue
         seen.add(id(obj))
+        if data is not None and isinstance(obj, (bytes, bytearray, memoryview, np.ndarray)):
+            data.append(obj)
         stack.extend(gc.get_referents(obj))
     return seen
 
@@ -116,6 +119,20 @@ def test_dropped_client_is_named_not_waited_for():
     with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage") as err:
         ckks.weighted_sum("x/t", 0, x, spec=SPEC)
     assert err.value.clients == (2,)
+
+
+def test_ckks_mp_missing_partial_decryption_is_named():
+    """ckks-mp is n-out-of-n: a client silent at the partial-decryption (key-switching) stage, even
+    one that is neither contributor nor recipient, stops the exchange naming it; nothing is delivered."""
+    x = _values(3)
+    proto = make_protocol("ckks-mp", 3)
+    proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    proto.link.drop(2, "keyswitch")
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its key-switching \(partial decryption\)"
+                       ) as err:
+        proto.weighted_sum("x/t", 1, {0: x[0], 1: x[1]}, spec=SPEC, recipients=[0, 1])
+    assert err.value.clients == (2,)
+    assert all(c._result is None or c._result[0] != c.plan.exchange for c in proto.clients.values())
 
 
 @pytest.mark.parametrize("mode", SPLIT_MODES)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocols import DropoutError
-from secure_fgl.config import RunConfig
+from protocols import SERVER, DropoutError, ProtocolError
+from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
@@ -197,3 +197,60 @@ def test_local_executor_keeps_the_secure_mode_settings_of_the_inline_run(fixed_p
     runs = [run_experiment(small(executor=ex, **kw), progress=False)["comm"]["per_tag"]["fedavg/model"]
             for ex in ("inline", "local")]
     assert runs[0]["bytes_up"] == runs[1]["bytes_up"] > 0
+
+
+def refuse_once(protocol, client: int, stage: str) -> None:
+    """Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
+    protocol half refuses it (a signature that does not verify)."""
+    call, done = protocol.link.call, []
+
+    def corrupting(st, requests):
+        if st == stage and not done:
+            done.append(st)
+            bad = bytearray(requests[client])
+            bad[-1] ^= 1
+            requests = {**requests, client: bytes(bad)}
+        return call(st, requests)
+    protocol.link.call = corrupting
+
+
+def refusal_keeps_the_other_clients_keys(executor) -> None:
+    """ckks, first exchange of the chain: client 0 made the keys; the secret contexts ride to
+    clients 1 and 2 in their 'upload' bundles, the stage client 0 refuses.  The refusal is
+    re-raised, nothing is aggregated, and the next exchange runs: 1 and 2 kept their keys."""
+    cfg = small("fedavg", "ckks", rounds=2).validate()
+    fed = load_federation(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    refuse_once(protocol, 0, "upload")
+    try:
+        with pytest.raises(ProtocolError, match="client 0"):
+            strategy.train_round(0)
+        def sums_sent(rnd):
+            return [m for m in protocol.transcript.select(tag="fedavg/model", round=rnd, sender=SERVER)
+                    if m.kind == "ciphertext"]
+        assert not sums_sent(0)
+        strategy.train_round(1)
+        assert protocol.last_included == (0, 1, 2) and len(sums_sent(1)) == 3
+    finally:
+        executor.shutdown()
+
+
+def test_a_refusing_client_does_not_cost_the_others_their_keys():
+    refusal_keeps_the_other_clients_keys(LocalExecutor())
+
+
+def test_client_resources_parse_and_place_each_group_on_its_own_actors():
+    from secure_fgl.runtime.placement import actor_plan, parse_client_resources
+    pinned = parse_client_resources("site_a:0-2, 5; site_b:3", 8)
+    assert pinned == {0: "site_a", 1: "site_a", 2: "site_a", 5: "site_a", 3: "site_b"}
+    actors, placement = actor_plan(list(range(8)), pinned, workers=4)
+    assert all(actors[placement[k]] == pinned.get(k) for k in range(8))     # each client on an actor of its resource
+    assert actors.count("site_a") == 2 and actors.count("site_b") == 1 and actors.count(None) == 1
+    assert actor_plan(list(range(10)), {}, 4)[1] == {k: k * 4 // 10 for k in range(10)}   # the default grouping
+    for bad, why in [("site_a", "RESOURCE:CLIENTS"), ("CPU:0", "custom resource"), ("a:9", r"within 0\.\.7"),
+                     ("a:x", "not a client id"), ("a:0;b:0", "both a and b")]:
+        with pytest.raises(ConfigError, match=why):
+            parse_client_resources(bad, 8)
+    with pytest.raises(ConfigError, match="needs --executor ray"):
+        run_experiment(small(executor="local", ray_client_resources="a:0"), progress=False)

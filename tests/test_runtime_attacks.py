@@ -27,8 +27,8 @@ def _entries(result: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedavg", "mask"), ("fedgcn", "mask"),
-                                            ("fedgcn", "ckks")])
+@pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedgcn", "mask"),
+                                            ("fedgcn", "ckks"), ("fedomd", "plain")])
 def test_local_executor_gives_the_inline_attack_numbers(algorithm, mode):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -76,3 +76,22 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
                                             + [("keys", 0)])
     own = RuntimeParties(strategy).own_data(1)
     assert torch.equal(own.x, fed.clients[1].x) and torch.equal(own.global_ids, fed.clients[1].global_ids)
+    # a run without --attacks: the runtimes hand nothing to the attack suite
+    executor.runtimes[1].cfg.attacks = []
+    with pytest.raises(PermissionError, match="only in a run started with --attacks"):
+        RuntimeParties(strategy).own_data(1)
+
+
+def test_graph_level_attacks_on_the_runtimes_give_the_inline_numbers():
+    """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
+    victim's model (asked of the victim's runtime, built in its own GIN shape)."""
+    from test_runtime_graph import graph_cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inline, local = (_entries(run_experiment(graph_cfg("gc-fedavg", "plain", executor=ex, rounds=3,
+                                                           attacks=["all"]), progress=False))
+                         for ex in ("inline", "local"))
+    assert set(inline) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion"}
+    assert local["gin_gradient_inversion"]["value"] is not None
+    for name in inline:
+        assert inline[name] == local[name], name

@@ -21,13 +21,14 @@ def dp_run(algorithm, mode, executor, eps, **kw):
 
 
 @pytest.mark.parametrize("algorithm,mode,extra", [("fedavg", "mask", {}), ("fedgcn", "mask", {}),
-                                                  ("fedgcn", "plain", SUMS_ONLY), ("fedgcn-gap", "mask", {})])
+                                                  ("fedgcn", "plain", SUMS_ONLY), ("fedgcn", "ckks", {}),
+                                                  ("fedgcn-gap", "ckks", {})])
 def test_runtime_spends_the_budget_and_reports_the_privacy_section_of_inline(algorithm, mode, extra):
     runs = {ex: dp_run(algorithm, mode, ex, 4.0, **extra) for ex in ("inline", "local")}
     a, b = runs["inline"]["privacy"], runs["local"]["privacy"]
     assert a == b                                   # unit, releases, noise multipliers, epsilon, coalition ...
     assert b["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
-    assert b["placement"] == ("distributed" if mode == "mask" else "local")
+    assert b["placement"] == ("local" if mode == "plain" else "distributed")
     assert {r["tag"] for r in b["releases"] if r["dp"]} == set(b["per_tag"])
 
 
@@ -67,3 +68,11 @@ def test_a_client_refuses_to_upload_without_noise():
         ClientNoise().privatize((np.ones(4),), {**ask, "std": 0.0})
     noisy = ClientNoise().privatize((np.ones(4),), {**ask, "std": 1e-3})[0]
     assert np.linalg.norm(noisy) == pytest.approx(1.0, abs=0.01)          # clipped to 1 on the client, then noised
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_strategies_not_privatised_on_the_clients_refuse_dp(algorithm):
+    """Their inline exchanges carry DP noise the runtimes do not add yet: refused, never run without it."""
+    from secure_fgl.config import ConfigError
+    with pytest.raises(ConfigError, match="not privatised on the client runtimes"):
+        dp_run(algorithm, "mask", "local", 4.0)

@@ -3,6 +3,7 @@
 shared tensors between runtimes, resume from each client's checkpoint."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
@@ -124,3 +125,24 @@ def test_attack_suite_on_the_runtimes_gives_the_inline_numbers(algorithm):
                          for ex in ("inline", "local"))
     assert set(inline) == set(local) and local[f"{algorithm}_label_dist"]["applicable"]
     assert all(inline[n] == local[n] for n in inline)
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(algorithm):
+    """Client 1 vanishes before its second masked upload (FedOMD: the moments stage of round 0;
+    FedSpray: the proxy mean of round 0): the server half recovers the survivors' sum, the run goes on
+    without client 1, whose later exchanges it is no longer asked for."""
+    from test_runtime import FlakyExecutor, _run_with
+    executor = FlakyExecutor(victim=1, method="half:masked_upload", nth=2)
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload of round 0"):
+        strategy, protocol, rows = _run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)
+    assert [r["clients_lost"] for r in rows] == [1, 1, 1] and protocol.last_included == (0, 2)
+    assert all(np.isfinite(r["train_loss"]) for r in rows)
+    assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
+
+
+@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
+def test_dp_is_refused_on_the_runtimes_not_run_without_noise(algorithm):
+    from secure_fgl.config import ConfigError
+    with pytest.raises(ConfigError, match=f"{algorithm}'s exchanges are not privatised on the client runtimes"):
+        run_experiment(small(algorithm, "mask", executor="local", dp_epsilon=1.0), progress=False)

@@ -1,5 +1,6 @@
 """The Ray executor (issue 14): the same run as in-process, bytes counted at the actor boundary,
-lost actors as protocol dropouts.  One local Ray cluster (2 CPUs) for the module; its actors are
+lost actors as protocol dropouts, clients pinned by resource.  One local Ray cluster (2 CPUs, a
+custom resource ``site_a``) for the module; its actors are
 reused from test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`)."""
 from __future__ import annotations
 
@@ -13,26 +14,26 @@ from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
-from test_runtime import Recording, protocol_bytes_crossing, small
+from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, resources={"site_a": 1}, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["plain", "mask", "ckks"])
+@pytest.mark.parametrize("mode", ["plain", "mask", "ckks", "ckks-mp"])
 def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     cfg = dict(options={"row_order": "signature"}, rounds=2)
     local = run_experiment(small("fedgcn", mode, executor="local", **cfg), progress=False)
     remote = run_experiment(small("fedgcn", mode, executor="ray", **cfg), progress=False)
     assert remote["runtime"]["workers"] == 2
     losses = [[r["train_loss"] for r in run["rounds"]] for run in (local, remote)]
-    if mode == "ckks":          # fresh encryption noise: equal within the exchange's tolerance
+    if mode in ("ckks", "ckks-mp"):      # fresh encryption noise: equal within the exchange's tolerance
         assert losses[0] == pytest.approx(losses[1], abs=1e-4)
     else:
         assert losses[0] == losses[1] and local["final"]["test_acc"] == remote["final"]["test_acc"]
@@ -77,23 +78,21 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
-def test_gcfl_on_actors_splits_as_in_process_and_counts_its_report_frames():
-    """GCFL (plain, forced split at round 20) with the clients on actors: the same losses and
-    splits as the local executor; each reported scalar's recorded bytes are the bytes returned
-    from the actors' methods."""
+def test_gcfl_on_actors_splits_as_in_process_with_the_same_bytes():
+    """GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
+    the same losses, splits and bytes per tag (model, reports, similarity) as the local executor."""
     from test_runtime_graph import build, drive, graph_cfg
     cfg = graph_cfg("gcfl", "plain")
-    local, _ = drive(build(cfg, LocalExecutor())[0])
+    strategy, protocol, _ = build(cfg, LocalExecutor())
+    local = drive(strategy), protocol.transcript.comm()["per_tag"]
     executor = RayExecutor()
     strategy, protocol, _ = build(cfg, executor)
     try:
-        remote, final = drive(strategy)
+        remote = drive(strategy), protocol.transcript.comm()["per_tag"]
     finally:
         executor.shutdown()
-    assert [r["train_loss"] for r in remote] == [r["train_loss"] for r in local] and final["splits"]
-    stats, tags = executor.stats.per_method, protocol.transcript.comm()["per_tag"]
-    for tag in ("gcfl/update_norms", "gcfl/mean_norm", "gcfl/similarity"):
-        assert tags[tag]["bytes_up"] == stats[f"contribute:{tag}"]["bytes_from_clients"]
+    assert [r["train_loss"] for r in remote[0][0]] == [r["train_loss"] for r in local[0][0]] and remote[0][1]["splits"]
+    assert remote[1] == local[1]
 
 
 class KillingRayExecutor(RayExecutor):
@@ -148,3 +147,37 @@ def test_silent_actors_time_out_instead_of_hanging():
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
 
+
+
+def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
+    """DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
+    to the actors); the driver's accountant reports inline's privacy section."""
+    inline = run_experiment(small("fedgcn", "mask", rounds=2, dp_epsilon=4.0), progress=False)
+    remote = run_experiment(small("fedgcn", "mask", executor="ray", rounds=2, dp_epsilon=4.0), progress=False)
+    assert remote["privacy"] == inline["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
+    calls = remote["runtime"]["stats"]["per_method"]
+    assert calls["privatize:fedgcn/neighbour_sums"]["calls"] >= 1 and calls["privatize:fedgcn/model"]["calls"] >= 2
+
+
+def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():
+    """All three clients on one actor, client 0 first: the actor lets 1 and 2 read their bundles
+    before it re-raises client 0's refusal (test_runtime.refusal_keeps_the_other_clients_keys)."""
+    refusal_keeps_the_other_clients_keys(RayExecutor(workers=1))
+
+
+def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
+    from secure_fgl.config import ConfigError
+    cfg = small(rounds=1, executor="ray", ray_client_resources="site_a:0,2").validate()
+    fed = load_federation(cfg)
+    executor = RayExecutor(workers=2, client_resources={0: "site_a", 2: "site_a"})
+    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    try:
+        placed = executor.resources()
+        assert placed[0]["resources"].get("site_a") and placed[2]["resources"].get("site_a")
+        assert "site_a" not in placed[1]["resources"] and executor.placement[0] == executor.placement[2]
+        assert strategy.train_round(0)["clients_lost"] == 0
+        assert executor.describe()["client_resources"] == {"0": "site_a", "2": "site_a"}
+    finally:
+        executor.shutdown()
+    with pytest.raises(ConfigError, match="no node of the cluster declares site_b"):
+        RayExecutor(client_resources={1: "site_b"})

@@ -98,7 +98,7 @@ def _layout_from_payload(p: dict) -> PackingLayout | FixedPointLayout:
         return PackingLayout(**{k: int(v) for k, v in p.items()})
     c = p["codec"]
     codec = FixedPoint(float(c["entry_bound"]), float(c["sum_bound"]), int(c["num_clients"]), int(c["width"]),
-                       int(c["fields"]), bool(c["integer"]))
+                       int(c["fields"]), bool(c["integer"]), int(c["grid_bits"]))
     return FixedPointLayout(codec, int(p["slots"]), str(p["encryption"]), int(p["offset"]))
 
 
@@ -704,12 +704,15 @@ class CKKSProtocol(SplitProtocol):
                                                     tag=tag, round=rnd)
                 elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
                     # both encodings compete: fixed point where it saves ciphertexts, float (within
-                    # the spec's tolerance) where it costs no more bytes (params.choose_chain)
-                    plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
-                                                                    self.encryption, self.fixed_point_bits,
-                                                                    tag=tag, round=rnd)
-                    plans[chain.name] = plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
-                                                   tag=tag, round=rnd)
+                    # the spec's tolerance) where it costs no more bytes (params.choose_chain); on a
+                    # public grid the float plan comes first: a grid too fine for exact fields keeps it
+                    build = {chain.name + "/fixed": lambda: plan_fixed_point(chain, spec, self.num_clients, dp_std,
+                                                                             self.encryption, self.fixed_point_bits,
+                                                                             tag=tag, round=rnd),
+                             chain.name: lambda: plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
+                                                            tag=tag, round=rnd)}
+                    for name in (sorted(build) if spec.grid_bits is not None else sorted(build, reverse=True)):
+                        plans[name] = build[name]()
                 else:
                     plans[chain.name] = plan_float(
                         chain, spec, self.num_clients, dp_std, self.encryption,

@@ -129,8 +129,9 @@ class FixedPointLayout:
 
 def plan_fixed_point(chain: ChainParams, spec, num_clients: int, dp_std: float, encryption: str,
                      field_bits: int, *, tag: str | None = None, round: int | None = None) -> EncodingPlan:
-    """Packed fixed-point plan of a float exchange (module doc); integer exchanges get exact
-    signed fields of the width their public sum bound needs (no DP offsets: digits are signed)."""
+    """Packed fixed-point plan of a float exchange (module doc); integer exchanges, and float
+    exchanges on a public grid (``ValueSpec.grid_bits``), get exact signed fields of the width
+    their public sum bound needs (no DP offsets: digits are signed)."""
     if chain.data_primes != 1:
         raise BoundError(f"packed fixed point needs one data prime; {chain.describe()} has {chain.data_primes}",
                          tag=tag, round=round)
@@ -141,11 +142,13 @@ def plan_fixed_point(chain: ChainParams, spec, num_clients: int, dp_std: float, 
     while noise_bound(chain, scale_bits, num_clients, encryption) > ROUNDING_TARGET:
         scale_bits += 1
     cap = signed_capacity_bits(chain, scale_bits)
-    if spec.integer:
-        # |sum| <= the unsigned range of params.integer_sum_range without its 2 K o of offsets, + K o
-        total = integer_sum_range(spec, num_clients, 0) + num_clients * offset
+    if spec.integer or spec.grid_bits is not None:
+        # |sum| <= the unsigned range of params.integer_sum_range without its 2 K o of offsets, + K o;
+        # values on a public grid (ValueSpec.grid_bits) are integers of quantum 2^-f with |sum| <= K B
+        total = (integer_sum_range(spec, num_clients, 0) + num_clients * offset if spec.integer
+                 else num_clients * bound)
         try:
-            codec = FixedPoint.integers(bound, total, num_clients, cap)
+            codec = FixedPoint.integers(bound, total, num_clients, cap, spec.grid_bits or 0)
         except PackingOverflowError as exc:
             raise PackingOverflowError(str(exc), tag=tag, round=round) from None
         return EncodingPlan(chain, scale_bits, "fixed", 0.0, True, FixedPointLayout(codec, chain.slots, encryption),

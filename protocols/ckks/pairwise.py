@@ -2,12 +2,13 @@
 the inner products of the clients' normalised updates without a secret key, and a
 designated client decrypts only the resulting matrix.
 
-Protocol (one exchange, tag ``T``; keys once per run, tag ``T/keys``):
+Protocol (one exchange, tag ``T``; the stages and who holds what: :mod:`protocols.pairwise_exchange`;
+the parties' steps are the functions below):
 
-1. **Keys** (first use): the designated client ``d`` makes a CKKS key pair on
+1. **Keys** (fresh for every exchange): the designated client ``d`` makes a CKKS key pair on
    :data:`PAIRWISE_CHAIN` with a relinearisation key and Galois (rotation) keys; it sends
    the server the evaluation context (public, relinearisation and Galois keys) and every
-   other client the encryption context (public key only).  No one but ``d`` can decrypt.
+   other member the encryption context (public key only), signed.  No one but ``d`` can decrypt.
 2. **Upload**: client ``i`` normalises its update ``u_i / ||u_i||`` (entries in [-1, 1]; a
    zero update stays zero), splits it into ``N/2``-slot pieces and encrypts them with the
    public key.
@@ -16,8 +17,9 @@ Protocol (one exchange, tag ``T``; keys once per run, tag ``T/keys``):
    N/4 (TenSEAL ``sum``).  Every piece fills all ``N/2`` slots, so the cyclic rotate-and-add
    leaves the *total* in every slot: no partial sum of coordinates survives.  One result
    ciphertext per pair goes to ``d``.
-4. **Decider** ``d`` decrypts them and returns the ``m(m-1)/2`` inner products (float64, in
-   the clear) to the server, which builds the matrix (diagonal 1, or 0 for a zero update).
+4. **Decider** ``d`` decrypts them, drops its secret key and returns the ``m(m-1)/2`` inner
+   products (float64, in the clear) to the server, which builds the matrix (diagonal 1, or 0
+   for a zero update).
 
 Depth: one ct x ct multiplication -> one rescale.  Chain ``N = 8192, [60, 40, 60]``
 (scale ``2^40``; the result lives on the 60-bit prime, headroom ``2^19`` for values in
@@ -26,25 +28,19 @@ N = 8192 (checked by :func:`~protocols.ckks.params.check_security`).
 
 What each party learns: the server sees ciphertexts and the decrypted matrix; ``d`` sees
 ciphertexts whose slots all hold one inner product each.  Limitation (as the add-only ckks
-backend): ``d`` plus the server could decrypt every upload -- uploads must reach the server
-over encrypted channels, and ``ckks-mp`` would remove the single key holder.
+backend): ``d`` plus the server could decrypt every upload -- the uploads are signed but not
+channel-encrypted, and ``ckks-mp`` would remove the single key holder.
 """
 from __future__ import annotations
-
-import weakref
-from dataclasses import dataclass
 
 import numpy as np
 import tenseal as ts
 
-from ..base import Protocol
 from ..errors import BoundError, ConfigurationError, ShapeError
-from ..transcript import SERVER, Message, client_party
-from .keys import fingerprint_of
 from .params import ChainParams, check_security
 
-__all__ = ["PAIRWISE_CHAIN", "PAIRWISE_SCALE_BITS", "PAIRWISE_TOLERANCE", "encrypted_cosine", "make_key_pair",
-           "public_context", "encrypt_unit", "inner_products", "decrypt_pairs", "cosine_from_pairs"]
+__all__ = ["PAIRWISE_CHAIN", "PAIRWISE_SCALE_BITS", "PAIRWISE_TOLERANCE", "make_key_pair", "public_context",
+           "encrypt_unit", "inner_products", "decrypt_pairs", "cosine_from_pairs"]
 
 PAIRWISE_CHAIN = ChainParams("pairwise-n8192", 8192, (60, 40, 60))
 PAIRWISE_SCALE_BITS = 40
@@ -52,19 +48,6 @@ PAIRWISE_SCALE_BITS = 40
 PAIRWISE_TOLERANCE = 1e-4
 
 
-@dataclass
-class _PairwiseKeys:
-    decider: int
-    secret: ts.Context        # held by the decider only
-    evaluation: ts.Context    # the server's: public, relinearisation and Galois keys
-    encryption: ts.Context    # the other clients': public key only
-    fingerprint: str
-
-
-_KEYS: "weakref.WeakKeyDictionary[Protocol, _PairwiseKeys]" = weakref.WeakKeyDictionary()
-
-
-# ---------------------------------------------------------------- the parties' steps
 def make_key_pair() -> tuple[ts.Context, bytes, bytes]:
     """Decider: a key pair on :data:`PAIRWISE_CHAIN` with relinearisation and Galois keys;
     ``(secret context, evaluation context bytes for the server, encryption context bytes
@@ -141,54 +124,3 @@ def _pieces(unit: np.ndarray, slots: int) -> list[np.ndarray]:
     padded = np.zeros(count * slots)
     padded[:unit.size] = unit
     return list(padded.reshape(count, slots))
-
-
-# ---------------------------------------------------------------- every party in one object
-def _keys(protocol: Protocol, tag: str, rnd: int, decider: int) -> _PairwiseKeys:
-    keys = _KEYS.get(protocol)
-    if keys is not None:
-        if keys.decider != decider:
-            raise ConfigurationError(f"the pairwise key pair belongs to client {keys.decider}, not {decider}: "
-                                     "keep one decider per run", tag=tag, round=rnd)
-        return keys
-    secret, evaluation_bytes, encryption_bytes = make_key_pair()
-    keys = _PairwiseKeys(decider, secret, public_context(evaluation_bytes, tag, rnd),
-                         public_context(encryption_bytes, tag, rnd), fingerprint_of(evaluation_bytes))
-    protocol.transcript.record(Message(rnd, f"{tag}/keys", client_party(decider), SERVER, "public_key", (),
-                                       len(evaluation_bytes), protocol.mode, keys.fingerprint))
-    for k in range(protocol.num_clients):
-        if k != decider:
-            protocol.transcript.record(Message(rnd, f"{tag}/keys", client_party(decider), client_party(k),
-                                               "public_key", (), len(encryption_bytes), protocol.mode,
-                                               keys.fingerprint))
-    _KEYS[protocol] = keys
-    return keys
-
-
-def encrypted_cosine(protocol: Protocol, tag: str, rnd: int, arrays: dict[int, np.ndarray], *,
-                     decider: int = 0) -> np.ndarray:
-    """The cosine matrix of ``arrays`` (client -> flat update) by the protocol above, every
-    party played by this object (a client runtime plays its own: :mod:`secure_fgl.runtime.gcfl`)."""
-    if not 0 <= decider < protocol.num_clients:
-        raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
-    keys = _keys(protocol, tag, rnd, decider)
-    # -- clients: normalise (bounds checked before encryption), encrypt with the public key, upload
-    uploads, nonzero = [], []
-    protocol._begin_exchange(tag, rnd)
-    for k, v in arrays.items():
-        frames, nz = encrypt_unit(keys.encryption, v, tag=tag, rnd=rnd, client=k)
-        msg = protocol._deliver(Message(rnd, tag, client_party(k), SERVER, "ciphertext",
-                                        (len(frames), PAIRWISE_CHAIN.slots), sum(map(len, frames)), protocol.mode,
-                                        keys.fingerprint, payload=frames))
-        uploads.append(msg.payload)
-        nonzero.append(nz)
-    # -- server: one inner product per pair, the total in every slot of its ciphertext
-    results = inner_products(keys.evaluation, uploads, tag=tag, rnd=rnd)
-    pairs = len(results)
-    protocol.transcript.record(Message(rnd, tag, SERVER, client_party(decider), "ciphertext", (pairs, 1),
-                                       sum(map(len, results)), protocol.mode, keys.fingerprint))
-    # -- decider: decrypt, return only the pair values
-    values = decrypt_pairs(keys.secret, results)
-    protocol.transcript.record(Message(rnd, tag, client_party(decider), SERVER, "plain", (pairs,),
-                                       8 * pairs, protocol.mode, keys.fingerprint, payload=values))
-    return cosine_from_pairs(values, nonzero)

@@ -9,8 +9,10 @@ Modules, one concept each:
 * :mod:`.keys`       — collective key generation (Mouchet et al. 2021, Protocol 1);
 * :mod:`.encryption` — public-key encryption, decryption, wire format;
 * :mod:`.keyswitch`  — collective public-key switching (PCKS, Protocol 5);
-* :mod:`.party`      — the client half (key shares, encryption, shares, decryption);
-* :mod:`.backend`    — :class:`CKKSMPProtocol`, the exchange.
+* :mod:`.party`      — one client's key holder (key shares, encryption, shares, decryption);
+* :mod:`.client`     — the client half (stages, checks; holds its :class:`.party.MPClient`);
+* :mod:`.server`     — the server half (combine key shares, add, combine partial decryptions);
+* :mod:`.backend`    — :class:`CKKSMPProtocol`, the algorithms' facade over the halves.
 """
 from .backend import CKKSMPProtocol
 from .params import MPParams, Plan, check_security, plan_exchange

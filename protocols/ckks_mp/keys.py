@@ -16,6 +16,7 @@ of the same form.  All keys are kept in NTT form, at the full modulus; an exchan
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,3 +47,9 @@ def collective_public_key(ring: RNSRing, shares: list[np.ndarray]) -> np.ndarray
     for p in shares[1:]:
         total = ring.add(total, p)
     return total
+
+
+def key_fingerprint(params_text: str, seed: bytes, collective_pk: bytes) -> str:
+    """The public context's fingerprint: sha256 of the parameters, the CRS seed and ``p`` (every
+    party computes it; a client refuses a plan naming another)."""
+    return hashlib.sha256(b"ckks-mp" + params_text.encode() + seed + collective_pk).hexdigest()[:16]

@@ -42,12 +42,13 @@ only (:func:`protocols.ckks.params.per_client_limits` / ``integer_sum_range``, s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..ckks.packing import field_width
 from ..ckks.params import MAX_COEFF_BITS_128, integer_sum_range, per_client_limits
 from ..errors import BoundError, ConfigurationError
-from .ring import ntt_primes
+from .ring import RNSRing, ntt_primes
 
 #: field values are extracted with int64 arithmetic
 MAX_FIELD_BITS = 62
@@ -75,6 +76,27 @@ class MPParams:
     def describe(self) -> str:
         return (f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
                 f"smudging 2^-{self.smudging_lambda}")
+
+
+def params_to_options(params: MPParams) -> dict:
+    """The public parameters as a message body (every party builds its ring from them)."""
+    return {k: int(v) for k, v in asdict(params).items()}
+
+
+def params_from_options(options) -> MPParams:
+    """Strict inverse of :func:`params_to_options`; ConfigurationError on anything else."""
+    try:
+        params = MPParams(**{k: int(options[k]) for k in ("n", "num_primes", "eta", "smudging_lambda")})
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigurationError(f"malformed ckks-mp parameters ({e})") from None
+    check_security(params)
+    return params
+
+
+@lru_cache(maxsize=4)
+def ring_of(params: MPParams) -> RNSRing:
+    """The ring of ``params`` (NTT tables only, public; shared by the parties of one process)."""
+    return RNSRing(params.n, params.primes)
 
 
 def check_security(params: MPParams) -> None:

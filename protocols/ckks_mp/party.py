@@ -2,11 +2,12 @@
 
 A :class:`MPClient` holds its collective-key share ``s_i`` and its own recipient key pair
 ``s_R`` — both secret, both sampled from the OS CSPRNG, neither ever serialized — and the
-clients' common broadcast secret ``s_B`` (made by client 0, sent to each other client
-encrypted under that client's recipient key, so the relaying server never holds it).  It
+clients' common broadcast secret ``s_B`` (made by client 0, sent to each other client over
+the encrypted client-to-client channel, so the relaying server never holds it).  It
 encrypts its contribution under the collective public key, computes its public-key-switching
-shares for every recipient, and, as a recipient, decrypts what was switched to its key.  The
-server half (:mod:`.backend`) only ever sees the bytes these methods return.
+shares for every recipient, and, as a recipient, decrypts what was switched to its key.  It
+lives inside the client half (:mod:`.client`); the server half (:mod:`.server`) only ever sees
+the bytes these methods return.
 """
 from __future__ import annotations
 
@@ -46,21 +47,30 @@ class MPClient:
         self._broadcast = key_pair(self.ring, self.a_hat, self.params.eta)
         return encryption.to_bytes(self._broadcast.p_hat)
 
-    def seal_broadcast_key(self, plan: Plan, recipient_pk: np.ndarray) -> bytes:
-        """``s_B`` (coefficients + 1 in {0, 1, 2}) encrypted under another client's recipient key."""
+    def broadcast_secret(self) -> bytes:
+        """Dealer: ``s_B`` as ``N`` signed bytes in {-1, 0, 1} (sent only over the encrypted channel)."""
         coeffs = self.ring.intt(self._broadcast.s_hat)[0]
-        signed = np.where(coeffs > self.ring.primes[0] // 2, coeffs - self.ring.primes[0], coeffs)
-        plain = encoding.encode(self.ring, plan, signed + 1)[None]
-        return encryption.to_bytes(encryption.encrypt(self.ring, recipient_pk, self.a_hat, plain, self.params.eta))
+        q0 = self.ring.primes[0]
+        return np.where(coeffs > q0 // 2, coeffs - q0, coeffs).astype(np.int8).tobytes()
 
-    def open_broadcast_key(self, plan: Plan, ct_hat: np.ndarray, p_b: np.ndarray) -> tuple[int, bool]:
-        """Decrypt the sealed ``s_B`` with ``s_R``; returns ``(residual, in range)`` for the caller's check."""
-        (fields, residual, in_range), = self.decrypt_delivery(plan, ct_hat, [self.ring.n])
-        s = fields - 1
-        in_range = in_range and bool(((s >= -1) & (s <= 1)).all())
-        s_hat = self.ring.ntt(self.ring.from_signed(s, self.params.num_primes))
-        self._broadcast = KeyPair(s_hat, p_b)
-        return residual, in_range
+    def adopt_broadcast_key(self, secret: bytes, p_b_hat: np.ndarray) -> None:
+        """Keep the dealt ``s_B`` after checking it is the secret of ``p_B``: ``p_B + a s_B`` must be
+        an error within ``eta`` (ValueError otherwise: a wrong or corrupted key)."""
+        s = np.frombuffer(bytes(secret), dtype=np.int8).astype(np.int64)
+        if s.size != self.ring.n or np.abs(s).max() > 1:
+            raise ValueError(f"the broadcast secret must be {self.ring.n} coefficients in {{-1, 0, 1}}")
+        level = self.a_hat.shape[0]
+        s_hat = self.ring.ntt(self.ring.from_signed(s, level))
+        e = self.ring.intt(self.ring.add(p_b_hat, self.ring.mul(self.a_hat, s_hat)))
+        q0 = self.ring.primes[0]
+        e0 = np.where(e[0] > q0 // 2, e[0] - q0, e[0])
+        if np.abs(e0).max() > self.params.eta or not np.array_equal(self.ring.from_signed(e0, level), e):
+            raise ValueError("the broadcast secret does not match the broadcast public key")
+        self._broadcast = KeyPair(s_hat, p_b_hat)
+
+    @property
+    def broadcast_pk(self) -> np.ndarray:
+        return self._broadcast.p_hat
 
     # ------------------------------------------------------------------ upload
     def encrypt_blocks(self, plan: Plan, rows: np.ndarray) -> bytes:

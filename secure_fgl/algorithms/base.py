@@ -29,8 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import DPRequest, Protocol
-from protocols.precision import MeanPrecision
+from protocols import DPRequest, Protocol, ValueSpec
+from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision
 
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
@@ -43,7 +43,24 @@ from .options import NoOptions
 PARAM_BOUND = 100.0
 
 
-def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None) -> MeanPrecision:
+#: target of a model mean on the public grid (:func:`model_spec` with ``grid``): 2^-22, the float32
+#: resolution of a parameter of size 4 -- finer grids leave CKKS short of an exact sum at K = 10
+GRID_MODEL_TOLERANCE = 2.0 ** -22
+
+
+def model_spec(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
+               grid: bool = False) -> ValueSpec:
+    """The model exchange's :class:`~protocols.base.ValueSpec`: :func:`model_precision`'s plan, or with
+    ``grid`` its exact mean on the public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`,
+    target :data:`GRID_MODEL_TOLERANCE`): every mode then averages to the same bits."""
+    if not grid:
+        return model_precision(num_contributors, num_clients, value_bound).spec()
+    return model_precision(num_contributors, num_clients, value_bound,
+                           tolerance=GRID_MODEL_TOLERANCE).grid_spec(num_contributors)
+
+
+def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
+                    tolerance: float = FLOAT32_MEAN_TOLERANCE) -> MeanPrecision:
     """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
     over all clients: ``T_min = 1`` under full participation (exact), else the expected share
     ``m / K`` of the sampled clients (a planning value; the recipients' bound
@@ -51,7 +68,8 @@ def model_precision(num_contributors: int, num_clients: int, value_bound: float 
     regardless).  ``value_bound``: the public bound on update entries (``--update-bound``;
     default :data:`PARAM_BOUND`); packed fixed point takes its quantum from it."""
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
-    return MeanPrecision(value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share)
+    return MeanPrecision(value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share,
+                         tolerance=tolerance)
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
@@ -156,6 +174,8 @@ class ModelAveraging(FederatedAlgorithm):
     prox_mu: float = 0.0
     #: run the model-averaging exchange (False: Local training, each client alone)
     aggregate_models: bool = True
+    #: average on the plan's public grid (:func:`model_spec`): the same mean bit for bit in every mode
+    grid_model_mean: bool = False
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         super().__init__(fed, protocol, cfg, device, options)
@@ -232,8 +252,9 @@ class ModelAveraging(FederatedAlgorithm):
         # tiny n_k/N weights would drown in the noise on the weight total
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
         mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
-                                                  spec=model_precision(len(contributors), len(self.clients),
-                                                                       self.cfg.update_bound).spec(), dp=dp,
+                                                  spec=model_spec(len(contributors), len(self.clients),
+                                                                  self.cfg.update_bound, grid=self.grid_model_mean),
+                                                  dp=dp,
                                                   recipients=range(len(self.clients)))
         self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                   device=self.device)

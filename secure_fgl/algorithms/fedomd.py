@@ -24,6 +24,10 @@
    = 0.0005``, ``beta = cmd_weight = 10`` (sec. 4.5).
 4. **FedAvg** of the weights (lines 21, 26-29) by the base class (tag ``fedomd/model``).
 
+Every real-valued exchange (the statistics and the model mean) is planned on a public grid
+(:meth:`protocols.precision.MeanPrecision.grid_spec`): each client rounds its contribution to
+it in every mode, so plain, ckks and mask pool the same bits and train the same model.
+
 Readings chosen where the paper is ambiguous
 --------------------------------------------
 * **Node set of the statistics** (``stats_nodes``).  Eq. 11 writes ``Z_i^train`` while
@@ -143,11 +147,11 @@ from .cmd import central_moments, clip_activations, cmd_from_moments
 from .options import FedOMDOptions
 from .stats_batch import batched_central_moments, one_stage_raw_moments
 
-#: target error of every pooled statistic (mean, central moments of order 2..5): ``2^-24``
-#: (float32) relative to a statistic of size ``2^-16`` -- the higher central moments of features
-#: in ``[0, 1]`` are that small, and Adam turns a gradient perturbation near its ``eps`` into a
-#: step of order ``lr`` (docs/secure_equals_plain.md, "FedOMD").  Mask and ckks both meet it.
-STATS_MEAN_TOLERANCE = 2.0 ** -40
+#: target error of every pooled statistic (mean, central moments of order 2..5) on the public grid
+#: (:meth:`FedOMD.stats_spec`): ``2^-34``, i.e. ``2^-18`` relative to a statistic of size ``2^-16``
+#: (the higher central moments of features in ``[0, 1]`` are that small); finer grids leave CKKS
+#: short of an exact sum at K = 10.  The same grid value in every mode (docs/secure_equals_plain.md).
+STATS_MEAN_TOLERANCE = 2.0 ** -34
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
 STATS_NODES = ("all", "train", "train_vs_all")
@@ -320,6 +324,8 @@ def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: in
 class FedOMD(ModelAveraging):
     name = "fedomd"
     Options = FedOMDOptions
+    #: Adam + CMD amplifies 1e-8 differences between modes: average on the public grid
+    grid_model_mean = True
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         opts = options if options is not None else FedOMDOptions()
@@ -366,8 +372,11 @@ class FedOMD(ModelAveraging):
                                min(1.0, num_contributors / len(self.clients)))
 
     def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
-        """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`."""
-        return self.stats_precision(len(self.clients) if num_contributors is None else num_contributors).spec()
+        """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`: exact on its
+        public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`), so every mode pools the
+        same statistics bit for bit."""
+        m = len(self.clients) if num_contributors is None else num_contributors
+        return self.stats_precision(m).grid_spec(m)
 
     def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
         if not self.cfg.dp_epsilon:

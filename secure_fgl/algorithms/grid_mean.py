@@ -13,7 +13,11 @@ checked on the client, so every entry of every ``c_k`` and of their sum (at most
 ``1/8 + K 2^-(GRID_BITS+1)``, resp. ``1/4``) is a multiple of ``2^-GRID_BITS`` not above ``2^-2``: at most 24
 significant bits, exact in float32 (the plain wire), in float64 and in the mask ring (its
 fixed point is finer).  CKKS is planned with an error below ``2^-(GRID_BITS+2)``, so
-rounding the decoded sum back to the grid recovers the exact sum.  Every mode therefore
+rounding the decoded sum back to the grid recovers the exact sum: the exchange's
+:data:`GRID_SPEC` names the grid (``ValueSpec.grid_bits``) and every client half rounds its
+decoded sum to it (:meth:`protocols.party.ClientHalf.deliver`, the mechanism of
+:meth:`protocols.precision.MeanPrecision.grid_spec`, whose plan this one predates: its fixed
+``1/4`` shrink keeps the sums float32-exact where ``grid_spec`` would widen plain's wire).  Every mode therefore
 returns the same ``mean = S[:-1] / S[-1]``.  The cost is the grid itself: each contribution
 moves by at most ``2^-(GRID_BITS+1)``, so the mean by at most ``4 K 2^-(GRID_BITS+1) / sum_k w_k``
 (~3e-8 K under full participation).
@@ -26,6 +30,7 @@ import numpy as np
 
 from protocols import ValueSpec
 from protocols.errors import BoundError
+from protocols.fixed_point import to_grid
 
 __all__ = ["GRID_BITS", "GRID_RANGE", "GRID_SPEC", "VALUE_BOUND", "grid_contribution", "grid_mean_of_sum",
            "grid_weighted_mean"]
@@ -38,8 +43,8 @@ GRID_RANGE = 0.25
 VALUE_BOUND = 0.5
 #: entries are divided by this so that |v| <= VALUE_BOUND and weights summing to <= 1 keep every sum below GRID_RANGE
 _SHRINK = 4.0
-#: the public bounds of the summed contributions: CKKS is planned to err below half a grid step
-GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2))
+#: the exchange: entries <= GRID_RANGE on the grid 2^-GRID_BITS, CKKS within a quarter step
+GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2), grid_bits=GRID_BITS)
 
 
 def _on_grid(x, rounding=np.round):
@@ -57,7 +62,8 @@ def grid_contribution(value: np.ndarray, weight: float, *, tag: str = "", rnd: i
     if not top <= VALUE_BOUND:
         raise BoundError(f"an update entry is {top:g}, above the grid mean's bound {VALUE_BOUND}: nothing was sent. "
                          "Fix: lower the learning rate or the local steps", tag=tag, round=rnd, client=client)
-    return np.concatenate([_on_grid(value * (weight / _SHRINK)), _on_grid([weight / _SHRINK], np.floor)])
+    weight_down = np.floor(np.ldexp(weight / _SHRINK, GRID_BITS)) * 2.0 ** -GRID_BITS
+    return np.concatenate([to_grid(value * (weight / _SHRINK), GRID_BITS), [weight_down]])
 
 
 def grid_weighted_mean(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray],

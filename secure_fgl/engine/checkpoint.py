@@ -29,7 +29,8 @@ from .files import save_torch_atomic
 FORMAT = "secure_fgl-checkpoint/1"
 #: settings that may change between a run and its resumption
 RESUMABLE_KEYS = frozenset({"rounds", "patience", "device", "data_root", "out", "resume", "attacks", "log",
-                            "save_best_model", "ray_address", "ray_num_cpus", "ray_workers", "round_timeout"})
+                            "save_best_model", "ray_address", "ray_num_cpus", "ray_workers", "round_timeout",
+                            "ray_client_resources"})
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:

@@ -25,12 +25,23 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
         return RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
-                           round_timeout=cfg.round_timeout)
+                           round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
     return LocalExecutor(device)
+
+
+def client_resources(cfg) -> dict[int, str]:
+    """``--ray-client-resources`` as client -> resource (:mod:`.placement`); only with ``--executor ray``."""
+    if not cfg.ray_client_resources:
+        return {}
+    if cfg.executor != "ray":
+        raise ConfigError("--ray-client-resources pins clients to Ray nodes: it needs --executor ray")
+    from .placement import parse_client_resources
+    return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
 def check_runtime(cfg) -> None:
     """Settings the client runtimes cannot run yet: one line naming what can."""
+    client_resources(cfg)
     if cfg.executor == "inline":
         return
     if cfg.algorithm not in converted():

@@ -83,6 +83,9 @@ class ClientRuntime:
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        if method == "attack" and not self.cfg.attacks:
+            raise PermissionError(f"client {self.client_id} hands its state to the attack suite only in a run "
+                                  "started with --attacks (an evaluation, attacks/parties.py)")
         if method == "attack" and req["what"] == "keys":     # what it hands a coalition it joins
             secrets = self.half.coalition_secrets() if self.half is not None else {}
             return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})

@@ -106,11 +106,11 @@ def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: i
                            float32_bytes=vector_sum_bytes(len(contributors), length, len(recipients)))
 
 
-def plan_rows(protocol, tag: str, rnd: int, rows_up: dict[int, int], requests: dict[int, np.ndarray],
-              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec, *,
+def plan_rows(tag: str, rnd: int, rows_up: dict[int, int], requests: dict[int, np.ndarray],
+              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec, rpb: int, *,
               dp_noise_std: float = 0.0) -> ExchangeContext:
-    """The public context of a row sum (blocking of :meth:`protocols.base.Protocol.row_sum`)."""
-    rpb = protocol.rows_per_block(spec, dim, num_rows, layout)
+    """The public context of a row sum in blocks of ``rpb`` rows (the blocking of
+    :meth:`protocols.base.Protocol.row_sum`, fixed before any DP noise, as the clients were told)."""
     num_blocks = -(-num_rows // rpb)
     up, down = row_sum_bytes(rows_up, rows_down, dim, num_rows, layout)
     return ExchangeContext(tag, rnd, spec, {k: None for k in rows_up}, requests, num_blocks, rpb * dim, layout,
@@ -118,23 +118,23 @@ def plan_rows(protocol, tag: str, rnd: int, rows_up: dict[int, int], requests: d
 
 
 def run_row_sum(strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec,
-                dp=None) -> float:
-    """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`):
+                rpb: int, dp=None) -> float:
+    """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
+    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release as inline):
     with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
     (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
     the totals (0 without DP)."""
     from .dp import privatize_row_sum
     protocol, noise_std = strategy.protocol, 0.0
-    rpb = protocol.rows_per_block(spec, dim, num_rows, layout)
     if dp is not None:
         privatize_row_sum(strategy, tag, rnd, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows,
                           layout, dp, spec)
         strategy.check_lost(sent, f"the noising of {tag}")
         noise_std = protocol.dp.last_std
-    run_split(protocol, plan_rows(protocol, tag, rnd, {k: int(r["rows_up"]) for k, r in sent.items()},
+    run_split(protocol, plan_rows(tag, rnd, {k: int(r["rows_up"]) for k, r in sent.items()},
                                   {k: r["request_blocks"] for k, r in sent.items()},
                                   {k: int(r["rows_down"]) for k, r in sent.items()}, num_rows, dim, layout, spec,
-                                  dp_noise_std=noise_std))
+                                  rpb, dp_noise_std=noise_std))
     return noise_std
 
 

@@ -8,6 +8,12 @@ the round timeout) comes back in the second mapping, and the strategy turns it i
 protocol dropout.  Only bytes cross this seam, and every byte is counted
 (:class:`ExecutorStats`).
 
+A client that refuses (its runtime raises a :class:`protocols.ProtocolError`: a bound it
+checked, a message that failed verification) does not stop the others: every addressed client
+reads its request, as separate processes would (a relayed key in a bundle reaches its client
+even when another client refuses the stage), then the first refusal in client order is
+re-raised and no answer of that call is used (:func:`answer_each`).
+
 :class:`LocalExecutor` (default) keeps the runtimes in the driver's process.
 :class:`~.ray_executor.RayExecutor` places them on Ray actors.
 """
@@ -16,6 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
+
+from protocols import ProtocolError
 
 
 @dataclass
@@ -40,6 +48,23 @@ class ExecutorStats:
         slot["calls"] += 1
         slot["bytes_to_clients"] += down
         slot["bytes_from_clients"] += up
+
+
+def answer_each(runtimes: Mapping, method: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+    """Every addressed runtime answers ``method``, in client order; then the first
+    :class:`~protocols.ProtocolError` a runtime raised is re-raised (``refusing_client`` names
+    it).  Any other error is re-raised at once."""
+    out, refusal = {}, None
+    for k in sorted(requests):
+        try:
+            out[k] = runtimes[k].handle(method, requests[k])
+        except ProtocolError as exc:
+            if refusal is None:
+                exc.refusing_client = k
+                refusal = exc
+    if refusal is not None:
+        raise refusal
+    return out
 
 
 class Executor:
@@ -88,4 +113,4 @@ class LocalExecutor(Executor):
         self.runtimes = {k: ClientRuntime(f, self.device) for k, f in frames.items()}
 
     def _call(self, method, requests):
-        return {k: self.runtimes[k].handle(method, req) for k, req in requests.items()}, {}
+        return answer_each(self.runtimes, method, requests), {}

@@ -10,8 +10,12 @@ The pre-training exchange of :mod:`secure_fgl.algorithms.fedgcn`, with every par
    :func:`~secure_fgl.algorithms.fedgcn.recipient_numbering`) and sends each owner the row ids of
    its classes (server -> client); the owner numbers its own nodes of a class in its private
    order (global id), then tells each other client ``j`` of ``S(v)`` the row id of ``v``
-   (tag ``fedgcn/row_ids``, client -> client relayed by the driver, recorded; not
-   channel-encrypted in this runtime: the relay reads the id pairs).
+   (tag ``fedgcn/row_ids``, client -> client, relayed by the server and recorded) over the
+   encrypted client-to-client channel (:mod:`protocols.channel`: X25519 + HKDF +
+   ChaCha20-Poly1305; each client makes its channel key from the OS CSPRNG and publishes it with
+   its histogram; the server hands every client the others' keys with its row ids), so the
+   server relays only ciphertext: it learns how many id pairs each client sends each other
+   client (what the histogram already tells it), not which nodes or rows.
 2. Each client checks its own degrees (and feature bound) against the public caps and sends its
    partial neighbour sums ``P^{(k)}`` and the rows it requests; the server runs the protocol's
    ``row_sum`` (tag ``fedgcn/neighbour_sums``) and each client receives the totals of its rows,
@@ -27,6 +31,8 @@ import torch
 
 from protocols import SERVER, BoundError, client_party
 from protocols.baseline import row_sum_bytes
+from protocols.channel import ChannelKey, associated_data
+from protocols.errors import IntegrityError
 
 from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gray, _local_positions,
                                  center_by_own_mean, degree_cap_needed, denoise_with_own_data, dp_applies, dp_row_clip,
@@ -39,6 +45,8 @@ from .strategy import ModelAveragingStrategy
 
 ORDER_TAG = "fedgcn/row_order"
 IDS_TAG = "fedgcn/row_ids"
+#: the channel stage the relayed row ids are bound to (associated data)
+RELAY_STAGE = "relay"
 
 
 def own_signatures(c, far_owner: torch.Tensor) -> np.ndarray:
@@ -118,8 +126,10 @@ class FedGCNLogic(ModelAveragingLogic):
         c, o, tag = self.data, self.fopts, req["tag"]
         if tag == ORDER_TAG:                    # the histogram h[., k] of the own nodes' touch sets
             self.signatures = own_signatures(c, self.rt.far_owner)
+            self.channel = ChannelKey(client_party(self.rt.client_id))      # X25519 key from the OS CSPRNG
             masks, counts = np.unique(self.signatures, return_counts=True)
-            return {"masks": masks, "counts": counts.astype(np.int64)}
+            return {"masks": masks, "counts": counts.astype(np.int64),
+                    "channel_key": np.frombuffer(self.channel.public_bytes, dtype=np.uint8)}
         if tag == IDS_TAG:                      # number own nodes; tell each toucher their row ids
             order = np.argsort(c.global_ids.cpu().numpy(), kind="stable")
             rows = np.empty(c.num_nodes, dtype=np.int64)
@@ -127,14 +137,9 @@ class FedGCNLogic(ModelAveragingLogic):
                 rows[order[self.signatures[order] == m]] = ids
             gids = c.global_ids.cpu().numpy()
             self.row_of = dict(zip(gids.tolist(), rows.tolist()))
-            dest, src = [], []
-            for j in range(self.facts.num_clients):
-                if j != self.rt.client_id:
-                    hit = np.flatnonzero((self.signatures >> j) & 1)
-                    dest.append(np.full(hit.size, j, dtype=np.int64))
-                    src.append(hit)
-            hit = np.concatenate(src) if src else np.zeros(0, np.int64)
-            return {"dest": np.concatenate(dest) if dest else hit, "gid": gids[hit], "row": rows[hit]}
+            self._relay = {"keys": req["channel_keys"], "run_id": req["run_id"].tobytes(),
+                           "session": req["session"].tobytes()}
+            return self._seal_row_ids(gids, rows)
         if tag != TAG:
             return super().contribute(req)
         refusal = self._check_bounds(req)
@@ -149,6 +154,37 @@ class FedGCNLogic(ModelAveragingLogic):
             return {"ids": ids, "rows": rows, "request": request}
         self.request_rows = request
         return keep_rows(self, tag, ids, rows, request, req)     # the half uploads it; public facts leave here
+
+    def _row_ids_channel(self, sender: int, receiver: int) -> tuple[str, bytes, bytes, bytes]:
+        """(peer, its channel key, run id, associated data) of the row ids ``sender`` -> ``receiver``."""
+        r, me = self._relay, self.rt.client_id
+        peer = receiver if sender == me else sender
+        ad = associated_data(r["run_id"], r["session"], 0, 0, IDS_TAG, RELAY_STAGE, client_party(sender),
+                             client_party(receiver))
+        return client_party(peer), r["keys"][peer].tobytes(), r["run_id"], ad
+
+    def _seal_row_ids(self, gids: np.ndarray, rows: np.ndarray) -> dict:
+        """For each other client j touching own nodes: their ``(global id, row id)`` pairs, sealed for j."""
+        me, dest, sealed = self.rt.client_id, [], []
+        for j in range(self.facts.num_clients):
+            hit = np.flatnonzero((self.signatures >> j) & 1)
+            if j == me or not hit.size:
+                continue
+            pairs = np.stack([gids[hit], rows[hit]], axis=1).astype("<i8").tobytes()
+            peer, key, run_id, ad = self._row_ids_channel(me, j)
+            sealed.append(self.channel.seal(peer, key, run_id, pairs, ad))
+            dest.append(j)
+        return {"dest": np.asarray(dest, dtype=np.int64), "lengths": np.asarray([len(b) for b in sealed], np.int64),
+                "sealed": np.frombuffer(b"".join(sealed), dtype=np.uint8)}
+
+    def _open_row_ids(self, req: dict) -> None:
+        """Open the row ids each sender sealed for this client (IntegrityError if one does not authenticate)."""
+        me = self.rt.client_id
+        for k, blob in zip(req["senders"].tolist(), np.split(req["sealed"], np.cumsum(req["lengths"])[:-1])):
+            peer, key, run_id, ad = self._row_ids_channel(k, me)
+            pairs = self.channel.open(peer, key, run_id, blob.tobytes(), ad, dict(tag=IDS_TAG, round=0, client=k))
+            pairs = np.frombuffer(pairs, dtype="<i8").reshape(-1, 2)
+            self.row_of.update(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist()))
 
     def _check_bounds(self, req: dict) -> dict | None:
         """The owner's check of its own nodes against the public caps (before anything is sent)."""
@@ -167,7 +203,7 @@ class FedGCNLogic(ModelAveragingLogic):
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
         if tag == IDS_TAG:
-            self.row_of.update(zip(req["gid"].tolist(), req["row"].tolist()))
+            self._open_row_ids(req)
             return {}
         if tag != TAG:
             return super().receive(req)
@@ -270,7 +306,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         if self.split:                          # the clients' halves run the exchange
             rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
             rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, dp)
+            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
             self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         else:
             contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
@@ -294,24 +330,30 @@ class FedGCNStrategy(ModelAveragingStrategy):
         classes = [(int(m), k, int(n)) for k in range(K) for m, n in zip(hist[k]["masks"], hist[k]["counts"])]
         rows, num_rows = layout_from_histogram(classes, rpb, self.fopts.row_order, self.fopts.hops,
                                                self.facts.num_nodes)
+        channel = {"channel_keys": np.stack([hist[k]["channel_key"] for k in range(K)]).astype(np.uint8),
+                   "run_id": np.frombuffer(self.protocol.run_id, dtype=np.uint8),
+                   "session": np.frombuffer(self.protocol.session, dtype=np.uint8)}
         mine = {k: {"tag": IDS_TAG, "round": 0, "masks": hist[k]["masks"], "counts": hist[k]["counts"],
-                    "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]])} for k in range(K)}
+                    "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]]), **channel}
+                for k in range(K)}
         for k, r in mine.items():
             self.record(ORDER_TAG, SERVER, client_party(k), "metadata", len(_frame(r)))
         told = self.ask("contribute", mine)
         self.check_lost(range(K), "the row numbering")
         inbox: dict[int, list] = {j: [] for j in range(K)}
-        for k, r in told.items():
-            for j in range(K):
-                sel = r["dest"] == j
-                if sel.any():
-                    part = {"gid": r["gid"][sel], "row": r["row"][sel]}
-                    self.record(IDS_TAG, client_party(k), client_party(j), "metadata", len(_frame(part)),
-                                note="row ids of the owner's nodes the receiver touches (relayed)", relay=SERVER)
-                    inbox[j].append(part)
-        self.tell("receive", {j: {"tag": IDS_TAG, "round": 0,
-                                  "gid": np.concatenate([p["gid"] for p in parts] or [np.zeros(0, np.int64)]),
-                                  "row": np.concatenate([p["row"] for p in parts] or [np.zeros(0, np.int64)])}
+        for k, r in told.items():               # the server relays ciphertext it cannot open
+            dest, lengths = r["dest"].tolist(), r["lengths"]
+            if len(dest) != lengths.size or int(lengths.sum()) != r["sealed"].size or \
+                    any(j == k or not 0 <= j < K for j in dest):
+                raise IntegrityError("malformed sealed row ids", tag=IDS_TAG, round=0, client=k)
+            for j, blob in zip(dest, np.split(r["sealed"], np.cumsum(lengths)[:-1])):
+                self.record(IDS_TAG, client_party(k), client_party(j), "ciphertext", blob.size,
+                            note="row ids of the owner's nodes the receiver touches (channel-encrypted, relayed)",
+                            relay=SERVER)
+                inbox[j].append((k, blob))
+        self.tell("receive", {j: {"tag": IDS_TAG, "round": 0, "senders": np.asarray([k for k, _ in parts], np.int64),
+                                  "lengths": np.asarray([b.size for _, b in parts], np.int64),
+                                  "sealed": np.concatenate([b for _, b in parts] or [np.zeros(0, np.uint8)])}
                               for j, parts in inbox.items()})
         return num_rows
 

@@ -126,6 +126,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
 
     #: its statistics exchanges are not privatised on the clients yet (DP: --executor inline)
     dp_on_runtimes = False
+    grid_model_mean = True        # as the in-process FedOMD: every real exchange on its public grid
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
@@ -150,7 +151,8 @@ class FedOMDStrategy(ModelAveragingStrategy):
     def exchange_statistics(self, rnd: int, sampled: list[int]) -> None:
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
-        spec = stats_precision(o, self.orders, node_total, min(1.0, len(sampled) / self.num_clients)).spec()
+        spec = stats_precision(o, self.orders, node_total,
+                               min(1.0, len(sampled) / self.num_clients)).grid_spec(len(sampled))   # exact in every mode
         for tag, stage, layers, layout in self.stages():
             if layout is not None:
                 self.protocol.transcript.attribute(tag, layout)

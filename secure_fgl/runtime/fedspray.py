@@ -117,6 +117,8 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
     ``minority_acc`` at the best-validation round (:class:`~secure_fgl.algorithms.minority.MinorityAccuracy`)."""
 
     personalized = True
+    #: its encoder and proxy exchanges are not privatised on the clients yet (DP: --executor inline)
+    dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)

@@ -173,14 +173,14 @@ class GAPStrategy(ModelAveragingStrategy):
     def _noisy_hops(self) -> None:
         K, N, dim, o = self.num_clients, self.facts.num_nodes, self.cfg.hidden, self.gopts
         spec = hop_spec(o)
-        rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)
         for h, tag in enumerate(self.hop_tags, start=1):
+            rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)      # as inline's row_sum, per hop
             dp = self.hop_request(h) if self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag) else None
             ask = {"tag": tag, "round": 0, "hop": h, "rpb": rpb, "num_blocks": -(-N // rpb), "layout": o.layout,
                    "dp_clip": float(dp.clip) if dp else None}
             sent = self.ask("contribute", {k: ask for k in range(K)})
             self.check_lost(range(K), f"the hop exchange {tag}")
-            run_row_sum(self, tag, 0, sent, N, dim, o.layout, spec, dp)
+            run_row_sum(self, tag, 0, sent, N, dim, o.layout, spec, rpb, dp)
             self.tell("receive", {k: {"tag": tag, "round": 0, "rpb": rpb} for k in range(K)})
             self.check_lost(range(K), f"the delivery of {tag}")
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from protocols import DropoutError
 
-from ..algorithms.graph_level import GraphLearner, graph_summary, initial_shared, last_round_metrics
+from ..algorithms.graph_level import GCFLGIN, GraphLearner, graph_summary, initial_shared, last_round_metrics
 from ..algorithms.grid_mean import GRID_SPEC, grid_contribution, grid_mean_of_sum
 from .exchange import dense_result, plan_dense, run_split
 from .logic import ClientLogic
@@ -38,6 +38,16 @@ class GraphLogic(ClientLogic):
                                     initial_shared(self.cfg))
         #: the last cluster mean received, applied when the server says so
         self.mean: np.ndarray | None = None
+
+    @property
+    def model(self):
+        """The client's GIN (shared and local layers): what it deploys (attack suite, :mod:`attacks.parties`)."""
+        return self.learner.model
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict, client: int = 0):
+        """Client ``client``'s GIN shape (its public feature dimension and classes), randomly initialised."""
+        return GCFLGIN(facts.num_features[client], cfg.hidden, facts.num_classes[client], cfg.num_layers, cfg.dropout)
 
     def local_update(self, req: dict) -> dict:
         return {"trained": True, "loss": self.learner.local_update(int(req["round"]), self.prox_mu)}
@@ -73,6 +83,13 @@ class GraphLogic(ClientLogic):
 
     def evaluate(self, req: dict) -> dict:
         return self.learner.counts()
+
+    def attack_state(self, req: dict) -> dict:
+        """For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
+        layers included) after the run."""
+        if req["what"] == "model":
+            return {f"param:{n}": t for n, t in self.learner.model.state_dict().items()}
+        raise ValueError(f"client {self.rt.client_id}: no attack state {req['what']!r} for a graph client")
 
     def state_dict(self) -> dict:
         return self.learner.state_dict()

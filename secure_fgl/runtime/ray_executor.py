@@ -14,7 +14,12 @@ A call waits at most ``--round-timeout`` seconds.  An actor that died (``RayActo
 Ray's memory monitor killed its worker: ``OutOfMemoryError``) or did not answer in time (it is
 then killed) loses its clients: they come back as lost and the
 strategy makes them protocol dropouts (:mod:`.strategy`).  An error raised by client code is
-re-raised in the driver, not treated as a dropout.
+re-raised in the driver, not treated as a dropout; a refusal (``ProtocolError``) is re-raised
+after every actor has answered, the first in client order (:func:`.executor.answer_each` inside
+each actor), so no other client misses a request of that stage.
+
+``client_resources`` (``--ray-client-resources``) pins clients to the nodes declaring a custom
+resource (:mod:`.placement`): their actors require it.
 
 One Ray cluster is one trust domain: its members can run code in each other's workers and Ray
 pickles task arguments (docs/runtime.md).
@@ -26,7 +31,8 @@ import time
 from typing import Mapping
 
 from ..config import ConfigError
-from .executor import Executor
+from .executor import Executor, answer_each
+from .placement import PIN, actor_plan
 
 
 def _import_ray():
@@ -53,7 +59,13 @@ class ClientHost:
         return sorted(self.runtimes)
 
     def call(self, method: str, requests: dict[int, bytes]) -> dict[int, bytes]:
-        return {k: self.runtimes[k].handle(method, req) for k, req in requests.items()}
+        return answer_each(self.runtimes, method, requests)
+
+    def resources(self) -> dict:
+        """The node this actor runs on and the resources Ray assigned it."""
+        import ray
+        ctx = ray.get_runtime_context()
+        return {"node": ctx.get_node_id(), "resources": dict(ctx.get_assigned_resources())}
 
     def memory(self) -> dict:
         """This process's id, resident and proportional set size (bytes)."""
@@ -74,7 +86,7 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, workers: int | None = None,
-                 round_timeout: float = 600.0, device: str = "cpu"):
+                 round_timeout: float = 600.0, device: str = "cpu", client_resources: dict[int, str] | None = None):
         super().__init__()
         ray = self.ray = _import_ray()
         self.started_cluster = False
@@ -87,19 +99,29 @@ class RayExecutor(Executor):
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers_wanted = int(workers) if workers else self.cpus
         self.round_timeout, self.device, self.address = float(round_timeout), device, address
+        self.pinned = dict(client_resources or {})
+        missing = sorted(set(self.pinned.values()) - set(ray.cluster_resources()))
+        if missing:
+            raise ConfigError(f"--ray-client-resources: no node of the cluster declares {', '.join(missing)}; start "
+                              "the node holding those clients' data with ray start --resources "
+                              f"'{{\"{missing[0]}\": 1}}'")
         self.actors: list = []
+        self.actor_resources: list[str | None] = []  # the custom resource each actor requires
         self.placement: dict[int, int] = {}          # client -> actor index
         self.dead: dict[int, str] = {}               # actor index -> why
 
     def start(self, frames: Mapping[int, bytes]) -> None:
-        ray, K = self.ray, len(frames)
-        W = max(1, min(self.workers_wanted, K))
-        cpu = min(1.0, self.cpus / W)
-        reused = [_IDLE_HOSTS.pop() for _ in range(min(W, len(_IDLE_HOSTS)))]
-        host = ray.remote(num_cpus=cpu, max_restarts=0)(ClientHost)
-        self.actors = reused + [host.remote(self.device) for _ in range(W - len(reused))]
+        ray = self.ray
         clients = sorted(frames)
-        self.placement = {k: i * W // K for i, k in enumerate(clients)}
+        self.actor_resources, self.placement = actor_plan(clients, self.pinned, self.workers_wanted)
+        cpu = min(1.0, self.cpus / len(self.actor_resources))
+        self.actors = []
+        for resource in self.actor_resources:        # idle actors are reused where no resource is required
+            if resource is None and _IDLE_HOSTS:
+                self.actors.append(_IDLE_HOSTS.pop())
+            else:
+                options = {"resources": {resource: PIN}} if resource else {}
+                self.actors.append(ray.remote(num_cpus=cpu, max_restarts=0, **options)(ClientHost).remote(self.device))
         refs = [a.start.remote({k: frames[k] for k in clients if self.placement[k] == j})
                 for j, a in enumerate(self.actors)]
         ray.get(refs, timeout=self.round_timeout)
@@ -118,14 +140,18 @@ class RayExecutor(Executor):
             j = refs[ref]
             ray.kill(self.actors[j], no_restart=True)
             self._lose(j, f"actor {j} gave no answer within --round-timeout {self.round_timeout:g} s", groups, lost)
+        raised = []                                    # (client, error) of each actor whose client code raised
         for ref in ready:
             j = refs[ref]
             try:
                 responses.update(ray.get(ref))
             except ray.exceptions.RayTaskError as e:   # client code raised: an error, not a dropout
-                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
+                cause = e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()
+                raised.append((getattr(cause, "refusing_client", min(groups[j])), cause))
             except ray.exceptions.RayError as e:       # the actor died (crash, kill, Ray's OOM killer)
                 self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
+        if raised:                                     # every actor has answered: the first in client order
+            raise min(raised, key=lambda r: r[0])[1] from None
         return responses, lost
 
     def _lose(self, j: int, why: str, groups: dict, lost: dict) -> None:
@@ -144,6 +170,11 @@ class RayExecutor(Executor):
         except self.ray.exceptions.RayActorError:
             pass
 
+    def resources(self) -> dict[int, dict]:
+        """Client -> the node and resources of the actor hosting it (:meth:`ClientHost.resources`)."""
+        got = self.ray.get([a.resources.remote() for a in self.actors], timeout=self.round_timeout)
+        return {k: got[j] for k, j in self.placement.items()}
+
     def memory(self) -> list[dict]:
         """Memory of each live actor process (:meth:`ClientHost.memory`)."""
         live = [a for j, a in enumerate(self.actors) if j not in self.dead]
@@ -152,13 +183,14 @@ class RayExecutor(Executor):
     def describe(self) -> dict:
         return {"executor": self.name, "workers": len(self.actors), "cluster_cpus": self.cpus,
                 "address": self.address or "local", "ray_version": self.ray.__version__,
+                "client_resources": {str(k): r for k, r in sorted(self.pinned.items())},
                 "dead_actors": {str(j): why for j, why in self.dead.items()}}
 
     def shutdown(self) -> None:
         """Kill the actors and the cluster this executor started; on a cluster it joined, keep
         the live actors (emptied by the next run's ``start``) for reuse."""
         for j, a in enumerate(self.actors):
-            if self.started_cluster or j in self.dead:
+            if self.started_cluster or j in self.dead or self.actor_resources[j] is not None:
                 self.ray.kill(a, no_restart=True)
             else:
                 _IDLE_HOSTS.append(a)

@@ -11,14 +11,15 @@ in the transcript (tag ``eval/counts``, client -> server, its frame's length in 
 ``comm`` counts it.
 
 Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
-client halves inside the runtimes (:mod:`.exchange`); any other backend object (ckks-mp) still
-encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
+client halves inside the runtimes (:mod:`.exchange`); a protocol object built without the executor
+as its link encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
 
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
 dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
-naming it) and one lost before it is not a contributor.  On the driver-side path a lost
+naming it) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
+client stops the exchange, named).  On the driver-side path a lost
 contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
 backends raise DropoutError naming it.
 """
@@ -31,9 +32,9 @@ from typing import Iterable
 import numpy as np
 
 from protocols import SERVER, DropoutError, client_party
-from protocols.transcript import Message
+from protocols.transcript import READABLE_KINDS, Message
 
-from ..algorithms.base import ModelAveraging, accuracy_summary, model_precision
+from ..algorithms.base import ModelAveraging, accuracy_summary, model_spec
 from ..config import ConfigError
 from . import wire
 from .client import client_frame
@@ -96,15 +97,18 @@ class Strategy:
             ) -> dict[int, dict]:
         """Send each client its request; returns the unpacked responses of those that answered
         (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
-        transcript as a client -> server message of its frame's length."""
+        transcript as a client -> server message of its frame's length; a readable kind (plain,
+        metadata) keeps what the server read, the unpacked response, as its payload."""
         frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
         tags = {r.get("tag") for r in requests.values()} - {None}
         responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
         self.lose(lost, method)
+        unpacked = {k: wire.unpack(v) for k, v in responses.items()}
         if record is not None:
             for k, frame in responses.items():
-                self.record(record[0], client_party(k), SERVER, record[1], len(frame))
-        return {k: wire.unpack(v) for k, v in responses.items()}
+                self.record(record[0], client_party(k), SERVER, record[1], len(frame),
+                            payload=unpacked[k] if record[1] in READABLE_KINDS else None)
+        return unpacked
 
     def lose(self, lost: dict[int, str], method: str) -> None:
         """Record clients that did not answer ``method`` (a warning names them)."""
@@ -123,9 +127,9 @@ class Strategy:
         self.ask(method, requests)
 
     def record(self, tag: str, sender: str, receiver: str, kind: str, nbytes: int, note: str = "",
-               relay: str = "") -> None:
+               relay: str = "", payload=None) -> None:
         self.protocol.transcript.record(Message(self.round, tag, sender, receiver, kind, (nbytes,), nbytes,
-                                                self.protocol.mode, "", note=note, relay=relay))
+                                                self.protocol.mode, "", payload, note=note, relay=relay))
 
     def check_lost(self, clients: Iterable[int], what: str) -> None:
         """DropoutError naming the lost ones among ``clients`` (an exchange that cannot lose any)."""
@@ -184,6 +188,8 @@ class ModelAveragingStrategy(Strategy):
     :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
 
     dp_on_runtimes = True
+    #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
+    grid_model_mean = False
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
@@ -214,7 +220,7 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
         tag = tag or f"{self.name}/model"
-        spec = model_precision(len(contributors), self.num_clients, self.cfg.update_bound).spec()
+        spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound, grid=self.grid_model_mean)
         if self.split:                                   # the clients' halves run the exchange
             dp = self.model_dp_request(tag)
             ask = {"tag": tag, "round": rnd, "split": True}

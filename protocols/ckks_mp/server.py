@@ -1,0 +1,251 @@
+"""The server half of ``ckks-mp``: combine key shares, add ciphertexts, combine partial decryptions.
+
+It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, the collective key
+``p`` and the ciphertexts -- and verifies every message before reading it.  One exchange
+(:meth:`CKKSMPServer.run`) over a :class:`~protocols.link.ClientLink`:
+
+1. ``key_setup`` (first exchange of the run, every client): a fresh public CRS seed to each
+   client; back ``p_i`` and ``p_R`` (client 0 also ``p_B`` and ``s_B`` for each other client on
+   the encrypted channel, which the server forwards); ``p = sum_i p_i`` (Mouchet et al. 2021,
+   Protocol 1) and ``p_B`` to every client.
+2. ``block_ids`` (sparse layout), ``upload``: every upload checked (envelope, shape, every
+   residue reduced) before any is added; blocks fewer than K clients uploaded get the missing
+   clients' public offsets.
+3. ``keyswitch`` (every client: decryption is n-out-of-n): ``c1`` of each group of aggregate
+   blocks -- one group per recipient, or one group for all when every client receives the same
+   blocks (switched to ``p_B``) -- and the recipients' public keys a client has not seen yet;
+   back one PCKS share per group.  A client that does not answer: DropoutError naming it
+   (there is no threshold: ``s`` needs every ``s_i``).  The server adds the K shares to ``c0``
+   (Protocol 5) only for the blocks the exchange releases to each recipient.
+4. ``download``: each recipient gets only its blocks, switched to its key.
+
+Semi-honest server: the clients switch the ``c1`` the server names; a malicious server could
+name a single upload's ``c1`` instead (the signature authenticates the request, it does not
+prove that ``c1`` is the aggregate).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ..errors import DropoutError, IntegrityError, ShapeError
+from ..party import ServerHalf, envelope_of
+from ..transcript import SERVER, Message, client_party
+from . import encoding, encryption
+from .client import KEYS_TAG
+from .keys import collective_public_key, key_fingerprint
+from .keyswitch import combine_shares
+from .params import params_from_options, plan_exchange, ring_of
+
+
+class CKKSMPServer(ServerHalf):
+    """The ``ckks-mp`` server (module docstring): public keys and ciphertexts only."""
+
+    mode = "ckks-mp"
+    relays_between_clients = True
+    relay_stages = frozenset({"key_setup"})
+
+    def __init__(self, setup, transcript=None):
+        super().__init__(setup, transcript)
+        self.params = params_from_options(setup.options["params"])
+        self.ring = ring_of(self.params)
+        self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
+        self.fingerprint: str | None = None
+        self.collective_pk: np.ndarray | None = None
+        self.recipient_pks: dict[int, np.ndarray] = {}
+        self._keys_sent: set[tuple[int, int]] = set()          # (client, recipient) p_R already sent
+        self.setup_s = 0.0
+        self.last_stats: dict = {}
+
+    def record(self, msg: Message) -> None:
+        if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
+            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
+        super().record(msg)
+
+    def _missing(self, clients, what: str, **where) -> DropoutError:
+        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not send {what}; ckks-mp needs every "
+                           "client (n-out-of-n), so nothing was delivered. Re-run the exchange without them",
+                           **{"client": clients[0], **where})
+        err.clients = tuple(clients)
+        return err
+
+    # ------------------------------------------------------------------ keys
+    def ensure_keys(self, link, rnd: int) -> None:
+        """Collective key generation, once per run (module docstring, step 1)."""
+        if self.fingerprint is not None:
+            return
+        K, n, P = self.setup.num_clients, self.params.n, self.params.num_primes
+        self.register(link, rnd, range(K))
+        t = time.perf_counter()
+        seed = os.urandom(32)                                   # public CRS seed, chosen by the server
+        where = dict(tag=KEYS_TAG, round=rnd)
+        request = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "control", (32,), 0, self.mode, "",
+                                {"seed": seed}, note="public seed of the common random polynomial a"), 0)]
+                   for k in range(K)}
+        self.setup_s += time.perf_counter() - t
+        got = self.call(link, "key_setup", request, hook=False)
+        t = time.perf_counter()
+        missing = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
+        if missing:
+            raise self._missing(missing, "its public key shares", **where)
+        shares, p_b = [], None
+        for k in range(K):
+            mine = [m for m in got[k] if m.receiver == SERVER]
+            if len(mine) != 1:
+                raise IntegrityError(f"{len(mine)} key set-up messages where one was expected", client=k, **where)
+            msg = self.check(mine[0], client_party(k), "key_setup", 0, dict(client=k, **where))
+            try:
+                shares.append(encryption.from_bytes(self.ring, msg.payload["share"], (P, n)))
+                self.recipient_pks[k] = encryption.from_bytes(self.ring, msg.payload["recipient"], (P, n))
+                if k == 0:
+                    p_b = bytes(msg.payload["broadcast"])
+                    encryption.from_bytes(self.ring, p_b, (P, n))
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed public key share ({e})", client=k, **where) from None
+        if len([m for m in got[0] if m.relay == SERVER]) != K - 1:
+            raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0,
+                                 **where)
+        self.collective_pk = collective_public_key(self.ring, shares)
+        pk_bytes = encryption.to_bytes(self.collective_pk)
+        fp = key_fingerprint(self.params.describe(), seed, pk_bytes)
+        self.setup_s += time.perf_counter() - t
+        keys = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (2, P, n), 0, self.mode, fp,
+                             {"collective": pk_bytes, "broadcast": p_b},
+                             note="collective public key p = sum_i p_i and broadcast key p_B"), 1)]
+                for k in range(K)}
+        got = self.call(link, "key_setup", keys, hook=False)
+        missing = [k for k in range(K) if k not in got]
+        if missing:
+            raise self._missing(missing, "the key set-up's acknowledgement", **where)
+        self.fingerprint = fp
+
+    # ------------------------------------------------------------------ one exchange
+    def run(self, plan, link):
+        self.plan, self.exchange = plan, plan.exchange
+        self.ensure_keys(link, plan.round)
+        K, fp = self.setup.num_clients, self.fingerprint
+        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag,
+                           round=plan.round)
+        plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
+        self.begin(plan, link, fp, extra=tuple(range(K)))     # every client key-switches
+        if not plan.requests:
+            raise ShapeError("the exchange has no recipients", **self.where())
+        spans = [(a, min(plan.block_len, a + ep.capacity)) for a in range(0, plan.block_len, ep.capacity)]
+        pieces, ct_shape = len(spans), (2, ep.level, ep.n)
+        contributors = list(plan.contributors)
+        server_s = 0.0
+
+        first = {k: [] for k in range(K)}
+        ids_of: dict[int, np.ndarray] = {}
+        if plan.layout == "sparse":            # block ids travel in the clear (documented leak)
+            got = self.call(link, "block_ids", first)
+            first = {}
+            for k in contributors:
+                msg = self.responses(got, k, "block_ids", "metadata")
+                if msg is None:
+                    raise self._missing([k], "its block ids", tag=plan.tag, round=plan.round)
+                self.check_envelope(msg, fp, k)
+                ids = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
+                if ids.size and (ids.min() < 0 or ids.max() >= plan.num_blocks or (np.diff(ids) <= 0).any()):
+                    raise ShapeError(f"block ids must be increasing in [0, {plan.num_blocks})", **self.where(k))
+                ids_of[k] = ids
+        else:
+            ids_of = {k: np.arange(plan.num_blocks) for k in contributors}
+
+        # upload: every ciphertext checked, then added per needed block
+        got = self.call(link, "upload", {**first, **{k: [] for k in contributors}})
+        t = time.perf_counter()
+        msgs = {k: self.responses(got, k, "upload", "ciphertext") for k in contributors}
+        missing = [k for k, msg in msgs.items() if msg is None]
+        if missing:
+            raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
+        uploads = {}
+        for k, msg in msgs.items():
+            self.check_envelope(msg, fp, k)
+            ids = ids_of[k]
+            if tuple(msg.shape) != (ids.size, plan.block_len):
+                raise ShapeError(f"upload of shape {tuple(msg.shape)}, expected {(ids.size, plan.block_len)}",
+                                 **self.where(k))
+            try:
+                uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + ct_shape)
+            except ValueError as exc:
+                raise IntegrityError(f"upload rejected: {exc}", **self.where(k)) from None
+        del msgs
+        needed = sorted({int(b) for bids in plan.requests.values() for b in bids.tolist()})
+        index = {b: i for i, b in enumerate(needed)}
+        agg = np.zeros((len(needed), pieces) + ct_shape, dtype=np.int64)
+        counts = np.zeros(len(needed), dtype=np.int64)
+        for k, cts in uploads.items():
+            rows = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
+            if rows:
+                dst, src = (np.array(x) for x in zip(*rows))
+                agg[dst] = self.ring.add(agg[dst], cts[src])
+                counts[dst] += 1
+        del uploads
+        if ep.offset:                          # pad the missing clients' public offsets
+            for i in np.nonzero(counts < K)[0]:
+                for j, (a, b) in enumerate(spans):
+                    pad = self.ring.ntt(encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i])))
+                    agg[i, j, 0] = self.ring.add(agg[i, j, 0], pad)
+
+        # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
+        rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
+        first_rows = next(iter(rows_of.values()))
+        if set(rows_of) == set(range(K)) and all(rows == first_rows for rows in rows_of.values()):
+            groups = [(-1, first_rows)]
+        else:
+            groups = [(r, rows) for r, rows in rows_of.items() if rows]
+        c1 = encryption.to_bytes(np.concatenate([agg[rows][:, :, 1].reshape(-1, ep.level, ep.n)
+                                                 for _, rows in groups]) if groups else np.zeros(0))
+        table = np.array([(to, len(rows) * pieces) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+        server_s += time.perf_counter() - t
+        requests = {}
+        for k in range(K):
+            new = [r for r, _ in groups if r >= 0 and (k, r) not in self._keys_sent]
+            self._keys_sent.update((k, r) for r in new)
+            keys = {r: encryption.to_bytes(self.recipient_pks[r]) for r in new}
+            requests[k] = [(self.message(k, "ciphertext", (len(groups), ep.level, ep.n),
+                                         {"groups": table, "c1": c1, "keys": keys}, fp,
+                                         note="c1 of the aggregate blocks to key-switch, per recipient key"), 0)]
+        got = self.call(link, "keyswitch", requests)
+        t = time.perf_counter()
+        shares: list[list[np.ndarray]] = [[] for _ in groups]
+        missing = []
+        for k in range(K):
+            mine = {envelope_of(m).part: m for m in got.get(k, []) if m.relay != SERVER}
+            if len(mine) < len(groups):
+                missing.append(k)
+                continue
+            if set(mine) != set(range(len(groups))):
+                raise IntegrityError(f"key-switching shares for parts {sorted(mine)}, expected one per group "
+                                     f"0..{len(groups) - 1}", **self.where(k))
+            for g, (to, rows) in enumerate(groups):
+                msg = self.check(mine[g], client_party(k), "keyswitch", g, self.where(k))
+                if msg.kind != "share":
+                    raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
+                self.check_envelope(msg, fp, k)
+                try:
+                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces,) + ct_shape))
+                except ValueError as exc:
+                    raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
+        if missing:
+            raise self._missing(missing, "its key-switching (partial decryption) shares", tag=plan.tag,
+                                round=plan.round)
+        switched = {to: combine_shares(self.ring, agg[rows].reshape((-1,) + ct_shape)[:, 0], shares[g])
+                    for g, (to, rows) in enumerate(groups)}
+        server_s += time.perf_counter() - t
+
+        downloads = {}
+        empty = encryption.to_bytes(np.zeros((0,) + ct_shape, dtype=np.int64))
+        for r, rows in rows_of.items():
+            to = -1 if -1 in switched else r
+            data = encryption.to_bytes(switched[to]) if rows else empty
+            label = "the broadcast key" if to < 0 else f"recipient {r}'s key"
+            downloads[r] = [(self.message(r, "ciphertext", (len(rows), pieces), {"to": to, "data": data}, fp,
+                                          note=f"aggregate blocks key-switched to {label}"), 0)]
+        self.call(link, "download", downloads)
+        self.last_stats = {"server_s": server_s, "plan": ep}
+        return tuple(contributors)
