@@ -36,7 +36,7 @@ import torch
 from protocols.batch import batch_means, batch_vector
 
 from ..algorithms.cmd import clip_activations
-from ..algorithms.fedomd import GlobalStats, build_ortho_gcn, hidden_for_stats, stats_precision, train_client
+from ..algorithms.fedomd import GlobalStats, build_ortho_gcn, hidden_for_stats, stats_grid_spec, train_client
 from ..algorithms.options import FedOMDOptions
 from ..algorithms.stats_batch import central_from_raw, layer_names, local_central_moments, local_mean, \
     local_raw_moments
@@ -151,8 +151,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
     def exchange_statistics(self, rnd: int, sampled: list[int]) -> None:
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
-        spec = stats_precision(o, self.orders, node_total,
-                               min(1.0, len(sampled) / self.num_clients)).grid_spec(len(sampled))   # exact in every mode
+        spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)   # exact in every mode
         for tag, stage, layers, layout in self.stages():
             if layout is not None:
                 self.protocol.transcript.attribute(tag, layout)
