@@ -240,3 +240,15 @@ def test_plain_carries_float64_only_where_the_plan_asks_and_counts_its_bytes():
     for way in ("up", "down"):        # 4 more bytes a value than float32 (the envelope is the same)
         extra = sent["f64"][1][f"bytes_{way}"] - sent["f32"][1][f"bytes_{way}"]
         assert extra == sent["f32"][1][f"plaintext_bytes_{way}"] == 3 * 6 * 4, way
+
+
+@pytest.mark.parametrize("num_clients", [10, 16, 50])
+def test_ckks_carries_fedomd_grids_for_many_clients(num_clients):
+    """Past ten clients ``grid_tolerance`` coarsens the targets so that CKKS still meets the grid's
+    quarter step (before it, FedOMD's grids were refused by the CKKS planner at K > 10)."""
+    from secure_fgl.algorithms.base import model_spec
+    from secure_fgl.algorithms.fedomd import FedOMDOptions, stats_grid_spec
+    ckks = make_protocol("ckks", num_clients)
+    for spec in (stats_grid_spec(FedOMDOptions(), (2, 3, 4, 5), 2708, num_clients, num_clients),
+                 model_spec(num_clients, num_clients, grid=True)):
+        assert ckks.plan(spec, 1000).error_bound <= spec.tolerance == 2.0 ** -(spec.grid_bits + 2)

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import DPRequest, Protocol, ValueSpec
-from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision
+from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, grid_tolerance
 
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph, FederatedGraph
@@ -45,6 +45,7 @@ PARAM_BOUND = 100.0
 
 #: target of a model mean on the public grid (:func:`model_spec` with ``grid``): 2^-22, the float32
 #: resolution of a parameter of size 4 -- finer grids leave CKKS short of an exact sum at K = 10
+#: (past ten clients :func:`protocols.precision.grid_tolerance` coarsens it)
 GRID_MODEL_TOLERANCE = 2.0 ** -22
 
 
@@ -56,7 +57,7 @@ def model_spec(num_contributors: int, num_clients: int, value_bound: float | Non
     if not grid:
         return model_precision(num_contributors, num_clients, value_bound).spec()
     return model_precision(num_contributors, num_clients, value_bound,
-                           tolerance=GRID_MODEL_TOLERANCE).grid_spec(num_contributors)
+                           tolerance=grid_tolerance(GRID_MODEL_TOLERANCE, num_clients)).grid_spec(num_contributors)
 
 
 def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None, *,

@@ -130,7 +130,7 @@ statistics tags (declared at construction).  The model exchange is the base clas
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -138,7 +138,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from protocols import DPRequest, ValueSpec
-from protocols.precision import MeanPrecision
+from protocols.precision import MeanPrecision, grid_tolerance
 
 from ..engine import rng
 from ..models.orthogonal import OrthoGCN
@@ -332,6 +332,15 @@ def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: in
                          tolerance=STATS_MEAN_TOLERANCE)
 
 
+def stats_grid_spec(opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, num_contributors: int,
+                    num_clients: int) -> ValueSpec:
+    """The statistics exchanges' spec: :func:`stats_precision` exact on its public grid
+    (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten clients the target is coarsened
+    by :func:`protocols.precision.grid_tolerance`), so every mode pools the same statistics bit for bit."""
+    plan = stats_precision(opts, orders, node_total, min(1.0, num_contributors / max(1, num_clients)))
+    return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)
+
+
 class FedOMD(ModelAveraging):
     name = "fedomd"
     Options = FedOMDOptions
@@ -383,11 +392,9 @@ class FedOMD(ModelAveraging):
                                min(1.0, num_contributors / len(self.clients)))
 
     def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
-        """The codecs' :class:`~protocols.base.ValueSpec` of :meth:`stats_precision`: exact on its
-        public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`), so every mode pools the
-        same statistics bit for bit."""
-        m = len(self.clients) if num_contributors is None else num_contributors
-        return self.stats_precision(m).grid_spec(m)
+        """:func:`stats_grid_spec` of this run."""
+        return stats_grid_spec(self.opts, self.orders, self.stats_node_total(),
+                               len(self.clients) if num_contributors is None else num_contributors, len(self.clients))
 
     def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
         if not self.cfg.dp_epsilon:

@@ -47,10 +47,6 @@ _SHRINK = 4.0
 GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2), grid_bits=GRID_BITS)
 
 
-def _on_grid(x, rounding=np.round):
-    return rounding(np.asarray(x, dtype=np.float64) * 2.0 ** GRID_BITS) / 2.0 ** GRID_BITS
-
-
 def grid_contribution(value: np.ndarray, weight: float, *, tag: str = "", rnd: int = 0,
                       client: int | None = None) -> np.ndarray:
     """Client side: ``[Q(w v / 4), F(w / 4)]`` after checking ``|v| <= VALUE_BOUND`` and ``0 <= w <= 1``."""
@@ -80,6 +76,7 @@ def grid_weighted_mean(protocol, tag: str, rnd: int, values: Mapping[int, np.nda
 
 
 def grid_mean_of_sum(total: np.ndarray) -> np.ndarray:
-    """Recipient side: the decoded sum of the contributions back on the grid, ``S[:-1] / S[-1]``."""
-    total = _on_grid(np.asarray(total, dtype=np.float64))
+    """Recipient side: the decoded sum of the contributions back on the grid (the client half has
+    already rounded it: idempotent), ``S[:-1] / S[-1]``."""
+    total = to_grid(total, GRID_BITS)
     return total[:-1] / total[-1]

@@ -46,7 +46,7 @@ from protocols.batch import batch_means, batch_vector
 
 from ..algorithms.cmd import clip_activations
 from ..algorithms.fedomd import (GlobalStats, build_ortho_gcn, hidden_for_stats, project_moments, stats_dp_requests,
-                                 stats_precision, stats_tags, train_client)
+                                 stats_grid_spec, stats_tags, train_client)
 from ..algorithms.options import FedOMDOptions
 from ..algorithms.stats_batch import central_from_raw, layer_names, local_central_moments, local_mean, \
     local_raw_moments
@@ -174,8 +174,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
     def exchange_statistics(self, rnd: int, sampled: list[int]) -> None:
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
-        spec = stats_precision(o, self.orders, node_total,
-                               min(1.0, len(sampled) / self.num_clients)).grid_spec(len(sampled))   # exact in every mode
+        spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)   # exact in every mode
         dp = stats_dp_requests(o.act_low, o.act_high, self.cfg.hidden, self.orders, self.facts.num_nodes,
                                self.cfg.rounds, o.dp_rows) if self.protocol.dp is not None else (None, None)
         for tag, stage, layers, layout in self.stages():
