@@ -116,9 +116,10 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
     """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
     ring ``keys`` (default: the in-process client 0's, ``proto._keys``) decrypts (all of them:
     one secret key).  Returns victim -> decrypted values."""
-    import tenseal as ts
-
     from protocols.ckks import wire
+    from protocols.ckks.fixed_point import client_codec
+    from protocols.ckks.keys import context_chain
+    from protocols.ckks.params import ChainParams
     if not coalition:
         return {}
     keys = proto._keys if keys is None else keys
@@ -129,7 +130,9 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
             key = keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
             if key is None:
                 continue
-            vals = [np.asarray(ts.ckks_vector_from(key.context, wire.unframe(f)).decrypt()) for f in m.payload]
+            chain = ChainParams("coalition", *context_chain(key.context))
+            codec = client_codec(key.context, chain, proto.encryption)
+            vals = [codec.decrypt(wire.unframe(f), chain).real for f in m.payload]
             out[party_client(m.sender)] = np.concatenate(vals) if vals else np.zeros(0)
     return out
 

@@ -60,6 +60,8 @@ class KeyRegistry:
     pinned: dict[str, str] | None = None
     signing: dict[str, bytes] = field(default_factory=dict)
     channel: dict[str, bytes] = field(default_factory=dict)
+    #: party -> (its registered key bytes, the loaded verifier): loaded once, not per message
+    _verifiers: dict = field(default_factory=dict, repr=False, compare=False)
 
     def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
         """Register ``party``'s keys (the server has a signing key only)."""
@@ -91,7 +93,10 @@ class KeyRegistry:
         if key is None:
             raise AuthenticationError(f"no registered key for sender {party!r}", **where)
         try:
-            Ed25519PublicKey.from_public_bytes(key).verify(bytes(signature), bytes(header))
+            loaded = self._verifiers.get(party)
+            if loaded is None or loaded[0] != key:
+                loaded = self._verifiers[party] = (key, Ed25519PublicKey.from_public_bytes(key))
+            loaded[1].verify(bytes(signature), bytes(header))
         except (InvalidSignature, ValueError, TypeError):
             raise AuthenticationError(f"the signature of {party}'s message does not verify under its registered "
                                       "key: the message was forged or changed in transit", **where) from None

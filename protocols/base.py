@@ -41,7 +41,7 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .channel import ChannelKey, associated_data
 from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
-from .row_blocks import BlockRows, ReadableRows
+from .row_blocks import BlockRows, ReadableRows, RowSelection
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -133,6 +133,7 @@ class ExchangeContext:
     layout: str = "dense"                    # 'dense' | 'sparse'
     dp_noise_std: float = 0.0                # std of the DP noise already in the values (for bounds)
     float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
+    keep: dict | None = None                 # recipient -> the rows of its blocks it keeps (RowSelection)
 
 
 @dataclass(frozen=True)
@@ -312,15 +313,20 @@ class Protocol(ABC):
     # ------------------------------------------------------------------ shape 2
     def row_sum(self, tag: str, rnd: int, contributions: Mapping[int, tuple[ArrayLike, ArrayLike]],
                 requests: Mapping[int, ArrayLike], num_rows: int, *, layout: str = "sparse",
-                spec: ValueSpec | None = None, dp: DPRequest | None = None) -> dict[int, np.ndarray]:
+                spec: ValueSpec | None = None, dp: DPRequest | None = None,
+                readable: bool = True) -> dict[int, np.ndarray]:
         """Row-keyed sum with scoped return.
 
-        contributions: client -> ``(row_ids [m], rows [m, d])``, global row ids.
+        contributions: client -> ``(row ids [m], rows [m, d])``, global row ids.
         requests:      client -> row ids it receives.
         Returns client -> ``[len(request), d]`` totals, in the order of its request.  A recipient
         decrypts whole blocks, so it also reads the totals of the other rows of its blocks:
-        :attr:`last_readable` holds, per recipient, ``(row ids, totals)`` of every row it read
-        (what a curious client can use; the float32 baseline counts only the requested rows).
+        with ``readable`` :attr:`last_readable` holds, per recipient, ``(row ids, totals)`` of
+        every row it read (what a curious client can use; the float32 baseline counts only the
+        requested rows).  ``readable=False``: each recipient keeps only its requested rows of
+        every block as the block is decoded (:class:`~protocols.row_blocks.RowSelection`) and
+        :attr:`last_readable` is empty -- the memory of one copy of the requested rows instead of
+        whole blocks per recipient; the sums are the same.
         """
         validate.exchange(tag, rnd)
         num_rows = validate.count(num_rows, "num_rows", tag, rnd)
@@ -360,19 +366,15 @@ class Protocol(ABC):
             tables[k] = BlockTable(bids, BlockRows(bids, ids_np[k], rows_np[k], rpb))
         req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
                       for k, r in req_rows.items()}
+        selections = {k: RowSelection(r, rpb, dim) for k, r in req_rows.items()}
         ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
                               dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
-                              float32_bytes=(sum(up.values()), sum(down.values())))
-        received = self._run(ctx)
-        out = {}
-        for k, r in req_rows.items():
-            blocks = received[k]  # dict block_id -> vector
-            bids = req_blocks[k]
-            stacked = np.stack([blocks[int(b)] for b in bids]).reshape(bids.size * rpb, dim) if bids.size \
-                else np.zeros((0, dim))
-            pos = np.searchsorted(bids, r // rpb) * rpb + r % rpb
-            out[k] = stacked[pos]
-        self.last_readable = ReadableRows(received, dict(req_blocks), rpb, dim, num_rows)
+                              float32_bytes=(sum(up.values()), sum(down.values())),
+                              keep=None if readable else selections)
+        received = self._run(ctx)     # recipient -> {block id -> decoded block, or its kept rows}
+        out = {k: sel.assemble(received[k]) for k, sel in selections.items()}
+        if readable:
+            self.last_readable = ReadableRows(received, dict(req_blocks), rpb, dim, num_rows)
         return out
 
     # ------------------------------------------------------------------ shape 3

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -107,41 +108,15 @@ class Envelope:
 
     @classmethod
     def from_header(cls, header: bytes, body: bytes | None = None) -> "Envelope":
-        """Strict parse of :meth:`header_bytes`."""
+        """Strict parse of :meth:`header_bytes` (and, with ``body``, its length and digest check)."""
         if not isinstance(header, (bytes, bytearray)) or not header.startswith(MAGIC):
             raise MalformedMessageError("envelope header does not start with the message magic")
-        view, pos, parts = bytes(header), len(MAGIC), []
-        for _ in range(15):
-            if pos + 4 > len(view):
-                raise MalformedMessageError("envelope header truncated")
-            (n,) = _U32.unpack_from(view, pos)
-            pos += 4
-            if n > _MAX_FIELD or pos + n > len(view):
-                raise MalformedMessageError(f"envelope field length {n} exceeds the header")
-            parts.append(view[pos:pos + n])
-            pos += n
-        if pos != len(view):
-            raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
-        (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest,
-         body_len) = parts
-        for name, raw, size in (("exchange", exch, 8), ("round", rnd, 8), ("part", part, 4), ("body length",
-                                body_len, 8), ("run id", run_id, NONCE_BYTES), ("session", session, NONCE_BYTES),
-                                ("digest", digest, DIGEST_BYTES)):
-            if len(raw) != size:
-                raise MalformedMessageError(f"envelope {name} field is {len(raw)} bytes, expected {size}")
-        if len(shape) % 8 or len(shape) > 8 * _MAX_DIMS:
-            raise MalformedMessageError("envelope shape field is not a list of u64 sizes")
-        env = cls(run_id, session, _untext(protocol), _untext(fp), _U64.unpack(exch)[0], _I64.unpack(rnd)[0],
-                  _untext(tag), _untext(stage), _U32.unpack(part)[0], _untext(sender), _untext(recipient),
-                  _untext(kind), tuple(v for (v,) in _U64.iter_unpack(shape)), digest, _U64.unpack(body_len)[0],
-                  body)
-        if any(d >= 1 << 63 for d in env.shape):
-            raise MalformedMessageError("envelope shape entry out of range")
-        if env.protocol in STAGES and env.stage not in STAGES[env.protocol]:
-            raise MalformedMessageError(f"unknown stage {env.stage!r} for protocol {env.protocol!r}")
-        if body is not None and (len(body) != env.body_len or hashlib.sha256(body).digest() != env.digest):
+        env = _parse_header(bytes(header))
+        if body is None:
+            return env
+        if len(body) != env.body_len or hashlib.sha256(body).digest() != env.digest:
             raise MalformedMessageError("message body does not match the length and digest in its header")
-        return env
+        return replace(env, body=body)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> tuple["Envelope", bytes]:
@@ -151,6 +126,43 @@ class Envelope:
         if len(body) != env.body_len:
             raise MalformedMessageError(f"message body is {len(body)} bytes, its header says {env.body_len}")
         return cls.from_header(header, body), signature
+
+
+@lru_cache(maxsize=4096)
+def _parse_header(view: bytes) -> Envelope:
+    """The strict parse behind :meth:`Envelope.from_header`, memoised on the exact header bytes: a
+    receiver reads one header several times (bundle parse, routing, verification), and an
+    :class:`Envelope` is immutable, so the same bytes always give the same envelope.  A header that
+    fails to parse raises every time (exceptions are not cached)."""
+    pos, parts = len(MAGIC), []
+    for _ in range(15):
+        if pos + 4 > len(view):
+            raise MalformedMessageError("envelope header truncated")
+        (n,) = _U32.unpack_from(view, pos)
+        pos += 4
+        if n > _MAX_FIELD or pos + n > len(view):
+            raise MalformedMessageError(f"envelope field length {n} exceeds the header")
+        parts.append(view[pos:pos + n])
+        pos += n
+    if pos != len(view):
+        raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
+    (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest,
+     body_len) = parts
+    for name, raw, size in (("exchange", exch, 8), ("round", rnd, 8), ("part", part, 4), ("body length",
+                            body_len, 8), ("run id", run_id, NONCE_BYTES), ("session", session, NONCE_BYTES),
+                            ("digest", digest, DIGEST_BYTES)):
+        if len(raw) != size:
+            raise MalformedMessageError(f"envelope {name} field is {len(raw)} bytes, expected {size}")
+    if len(shape) % 8 or len(shape) > 8 * _MAX_DIMS:
+        raise MalformedMessageError("envelope shape field is not a list of u64 sizes")
+    env = Envelope(run_id, session, _untext(protocol), _untext(fp), _U64.unpack(exch)[0], _I64.unpack(rnd)[0],
+                   _untext(tag), _untext(stage), _U32.unpack(part)[0], _untext(sender), _untext(recipient),
+                   _untext(kind), tuple(v for (v,) in _U64.iter_unpack(shape)), digest, _U64.unpack(body_len)[0])
+    if any(d >= 1 << 63 for d in env.shape):
+        raise MalformedMessageError("envelope shape entry out of range")
+    if env.protocol in STAGES and env.stage not in STAGES[env.protocol]:
+        raise MalformedMessageError(f"unknown stage {env.stage!r} for protocol {env.protocol!r}")
+    return env
 
 
 def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
@@ -185,67 +197,85 @@ def _untext(raw: bytes) -> str:
 
 
 # ---------------------------------------------------------------------- canonical body
-def _walk(obj: Any, out: Callable[[bytes], None]) -> None:
-    """Feed the canonical encoding of ``obj`` to ``out`` piece by piece."""
-    if obj is None:
-        out(b"N")
-    elif isinstance(obj, bool):
-        out(b"T" if obj else b"F")
-    elif isinstance(obj, (bytes, bytearray, memoryview)):
-        b = bytes(obj) if not isinstance(obj, bytes) else obj
-        out(b"B" + _U64.pack(len(b)))
-        out(b)
-    elif isinstance(obj, str):
+def _pieces(obj: Any) -> list:
+    """The canonical encoding of ``obj`` as a list of byte strings (arrays as views, not copies)."""
+    parts: list = []
+    _encode(obj, parts)
+    return parts
+
+
+def _encode(obj: Any, parts: list) -> None:
+    t = type(obj)
+    if t is bytes:                        # the common types first, by exact type (no isinstance chain)
+        parts.append(b"B" + _U64.pack(len(obj)))
+        parts.append(obj)
+    elif t is str:
         b = _text(obj) if len(obj) <= _MAX_FIELD else obj.encode("utf-8", "strict")
-        out(b"S" + _U64.pack(len(b)) + b)
+        parts.append(b"S" + _U64.pack(len(b)) + b)
+    elif t is int:
+        b = obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)
+        parts.append(b"I" + _U32.pack(len(b)) + b)
+    elif t is dict:
+        items = sorted(((_key_bytes(k), v) for k, v in obj.items()), key=lambda kv: kv[0])
+        parts.append(b"M" + _U64.pack(len(items)))
+        for kb, value in items:
+            parts.append(kb)
+            _encode(value, parts)
+    elif t is list or t is tuple:
+        parts.append(b"L" + _U64.pack(len(obj)))
+        for item in obj:
+            _encode(item, parts)
+    elif obj is None:
+        parts.append(b"N")
+    elif isinstance(obj, bool):
+        parts.append(b"T" if obj else b"F")
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        b = bytes(obj)
+        parts.append(b"B" + _U64.pack(len(b)))
+        parts.append(b)
+    elif isinstance(obj, str):
+        _encode(str(obj), parts)
     elif isinstance(obj, (int, np.integer)):
-        v = int(obj)
-        b = v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True)
-        out(b"I" + _U32.pack(len(b)) + b)
+        _encode(int(obj), parts)
     elif isinstance(obj, (float, np.floating)):
-        out(b"D" + struct.pack(">d", float(obj)))
+        parts.append(b"D" + struct.pack(">d", float(obj)))
     elif isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biuf":
             raise MalformedMessageError(f"array payloads must be numeric, got dtype {obj.dtype}")
         a = np.ascontiguousarray(obj)
         d = a.dtype.str.encode()
-        out(b"A" + _U32.pack(len(d)) + d + _U32.pack(a.ndim) + b"".join(_U64.pack(s) for s in a.shape))
-        out(memoryview(a).cast("B") if a.size else b"")
+        parts.append(b"A" + _U32.pack(len(d)) + d + _U32.pack(a.ndim) + b"".join(_U64.pack(s) for s in a.shape))
+        parts.append(memoryview(a).cast("B") if a.size else b"")
     elif isinstance(obj, (list, tuple)):
-        out(b"L" + _U64.pack(len(obj)))
-        for item in obj:
-            _walk(item, out)
+        _encode(list(obj), parts)
     elif isinstance(obj, dict):
-        items = []
-        for key, value in obj.items():
-            kb = []
-            _walk(key, kb.append)
-            items.append((b"".join(kb), value))
-        items.sort(key=lambda kv: kv[0])
-        out(b"M" + _U64.pack(len(items)))
-        for kb, value in items:
-            out(kb)
-            _walk(value, out)
+        _encode(dict(obj), parts)
     else:
         raise MalformedMessageError(f"payload of type {type(obj).__name__} has no canonical encoding")
 
 
+def _key_bytes(key: Any) -> bytes:
+    """The canonical encoding of a dict key (items are sorted by it)."""
+    t = type(key)
+    if t is int:
+        b = key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
+        return b"I" + _U32.pack(len(b)) + b
+    return b"".join(_pieces(key))
+
+
 def encode_body(payload: Any) -> bytes:
     """Canonical bytes of a payload."""
-    parts: list[bytes] = []
-    _walk(payload, lambda b: parts.append(bytes(b)))
-    return b"".join(parts)
+    return b"".join(_pieces(payload))
 
 
 def body_digest(payload: Any) -> tuple[bytes, int]:
-    """``(SHA-256, length)`` of :func:`encode_body` of ``payload``, computed in one streaming pass."""
-    h, n = hashlib.sha256(), [0]
-
-    def feed(b):
-        h.update(b)
-        n[0] += len(b)
-    _walk(payload, feed)
-    return h.digest(), n[0]
+    """``(SHA-256, length)`` of :func:`encode_body` of ``payload``, computed in one pass without
+    building it."""
+    h, n = hashlib.sha256(), 0
+    for piece in _pieces(payload):
+        h.update(piece)
+        n += len(piece)
+    return h.digest(), n
 
 
 def decode_body(data: bytes) -> Any:

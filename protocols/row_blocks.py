@@ -9,6 +9,11 @@ compact rows and builds the dense blocks only for the block range a backend read
 (``values[i0:i1]``: the CKKS backend encrypts chunk by chunk), so memory holds one chunk of
 dense blocks at a time.  ``np.asarray(values)`` still gives the whole ``[blocks, rpb * d]``
 array for backends that read everything at once.
+
+The way back: a recipient decrypts whole blocks but needs only the rows it asked for.
+:class:`RowSelection` locates those rows in its blocks, so a client half keeps each block's
+requested rows as the block is decoded (the rest of the block is dropped at once) and the
+caller assembles them in request order.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ class BlockRows:
 
     block_ids: sorted ids of the blocks (each block covers row ids ``[b rpb, (b + 1) rpb)``);
     row_ids:   global row id of each row of ``rows`` (unique, inside those blocks);
-    rows:      ``[m, dim]`` float64.
+    rows:      ``[m, dim]``, any real dtype (integer counts stay compact; blocks are float64).
     """
 
     ndim = 2
@@ -30,8 +35,10 @@ class BlockRows:
         self.block_ids = np.asarray(block_ids, dtype=np.int64)
         self.rpb = int(rows_per_block)
         self.dim = int(rows.shape[1])
-        self._order = np.argsort(row_ids, kind="stable")
-        self._sorted_ids = np.asarray(row_ids, dtype=np.int64)[self._order]
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        index = np.int32 if max(row_ids.size, int(row_ids.max(initial=0)) + 1) < 2 ** 31 else np.int64
+        self._order = np.argsort(row_ids, kind="stable").astype(index)     # int32: half the index memory
+        self._sorted_ids = row_ids[self._order].astype(index)
         self._rows = rows
 
     @property
@@ -115,3 +122,39 @@ class ReadableRows:
 
     def items(self):
         return ((k, self[k]) for k in self._blocks)
+
+
+class RowSelection:
+    """The rows a recipient asked for, located in its blocks of ``rpb`` rows of width ``dim``.
+
+    ``take(b, block)`` keeps the requested rows of decoded block ``b`` (``[rpb * dim]`` values ->
+    ``[n_b * dim]``, rows in increasing id order); it is idempotent (a block already taken, or one
+    whose every row was requested, passes unchanged).  ``assemble(kept)`` gives the
+    ``[len(rows), dim]`` totals in request order from the kept blocks.
+    """
+
+    def __init__(self, rows: np.ndarray, rows_per_block: int, dim: int):
+        self.rows = np.asarray(rows, dtype=np.int64).ravel()
+        self.rpb, self.dim = int(rows_per_block), int(dim)
+        self._unique = np.unique(self.rows)
+        blocks = self._unique // self.rpb
+        self.block_ids, starts = np.unique(blocks, return_index=True)
+        ends = np.append(starts[1:], self._unique.size)
+        self._span = {int(b): (int(s), int(e)) for b, s, e in zip(self.block_ids, starts, ends)}
+        self._offsets = self._unique % self.rpb
+
+    def take(self, block_id: int, block: np.ndarray) -> np.ndarray:
+        s, e = self._span.get(int(block_id), (0, 0))
+        block = np.asarray(block)
+        if block.size == (e - s) * self.dim:
+            return block
+        if block.size != self.rpb * self.dim:
+            raise ValueError(f"block {block_id} holds {block.size} values: neither a whole block "
+                             f"({self.rpb * self.dim}) nor its {e - s} requested rows")
+        return block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel()
+
+    def assemble(self, kept: dict) -> np.ndarray:
+        if not self.rows.size:
+            return np.zeros((0, self.dim))
+        unique = np.concatenate([self.take(b, kept[int(b)]) for b in self.block_ids]).reshape(-1, self.dim)
+        return unique[np.searchsorted(self._unique, self.rows)]

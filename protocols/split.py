@@ -80,14 +80,15 @@ class SplitProtocol(Protocol):
         if self.server.plan is not None and self.server.plan.exchange >= self.exchange:
             self._begin_exchange(ctx.tag, ctx.round)     # called directly (tests): a fresh exchange number
         plan = self.plan_exchange(ctx)
-        for k, half in self.clients.items():        # each half is handed its own table only
+        for k, half in self.clients.items():        # each half is handed its own table (and rows) only
             half.provider = (lambda p, table=ctx.contributions.get(k): table)
+            half.selection = (ctx.keep or {}).get(k)
         try:
             self.server.run(plan, self.link)
+            return {r: self.clients[r].take_result() for r in plan.requests}
         finally:
             for half in self.clients.values():
-                half.provider = None
-        return {r: self.clients[r].result() for r in plan.requests}
+                half.provider = half.selection = None
 
     def _begin_exchange(self, tag: str, rnd: int) -> None:
         super()._begin_exchange(tag, rnd)

@@ -71,9 +71,11 @@ def contributions(values: Any, num_clients: int, tag: str, rnd: int, what: str =
 
 
 def real_array(x: Any, tag: str, rnd: int, client: int, what: str = "contribution", *,
-               allow_empty: bool = False, copy: bool = True) -> np.ndarray:
+               allow_empty: bool = False, copy: bool = True, keep_dtype: bool = False) -> np.ndarray:
     """A float64 copy of a numpy array / torch tensor / nested list of real numbers (``copy=False``:
-    the caller's float64 CPU memory itself when it already is one; the caller must not write to it)."""
+    the caller's float64 CPU memory itself when it already is one; the caller must not write to it;
+    ``keep_dtype``: the caller's memory in its own real dtype, e.g. int16 counts, read as float64 by
+    the consumer)."""
     if hasattr(x, "detach"):                                   # torch tensor, any device
         if x.is_complex():
             raise ShapeError(f"{what} is complex ({x.dtype}); send real values", tag=tag, round=rnd, client=client)
@@ -86,7 +88,8 @@ def real_array(x: Any, tag: str, rnd: int, client: int, what: str = "contributio
     if a.dtype.kind not in _REAL_KINDS:
         raise ShapeError(f"{what} has dtype {a.dtype}; send real numbers (complex, strings and objects are "
                          "refused, not coerced)", tag=tag, round=rnd, client=client)
-    a = a.astype(np.float64, copy=copy)
+    if not keep_dtype:
+        a = a.astype(np.float64, copy=copy)
     if a.size == 0 and not allow_empty:
         raise ShapeError(f"{what} is empty (shape {a.shape})", tag=tag, round=rnd, client=client)
     if not np.isfinite(a).all():
@@ -146,11 +149,12 @@ def recipients(recips: Any, num_clients: int, tag: str, rnd: int) -> list[int]:
 
 
 def row_contribution(item: Any, num_rows: int, tag: str, rnd: int, client: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(row ids [m] int64, rows [m, d] float64)`` of one client of a row sum."""
+    """``(row ids [m] int64, rows [m, d])`` of one client of a row sum; the rows in the caller's own
+    real dtype and memory (read only; integer counts stay compact, blocks are built in float64)."""
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         raise ShapeError("a row-sum contribution is a pair (row_ids, rows)", tag=tag, round=rnd, client=client)
     ids = row_ids(item[0], num_rows, tag, rnd, client)
-    rows = real_array(item[1], tag, rnd, client, "rows", allow_empty=True, copy=False)   # read only
+    rows = real_array(item[1], tag, rnd, client, "rows", allow_empty=True, copy=False, keep_dtype=True)
     if rows.ndim != 2 or rows.shape[0] != ids.size or rows.shape[1] == 0:
         raise ShapeError(f"rows must be [len(row_ids), d >= 1], got {rows.shape} for {ids.size} ids",
                          tag=tag, round=rnd, client=client)

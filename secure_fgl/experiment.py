@@ -55,8 +55,10 @@ def load_federation(cfg: RunConfig):
                           seed=cfg.seed, data_root=cfg.data_root, **cfg.synthetic)
 
 
-def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None):
+def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
+    if link is not None:          # a backend split into halves, its client halves behind ``link``
+        extra["link"] = link
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 

@@ -282,9 +282,10 @@ def test_server_context_is_public_and_cannot_decrypt():
     assert not server.is_private() and not server.has_secret_key()
     assert not server.has_galois_keys() and not server.has_relin_keys()
     up = ck.transcript.select(tag="t", receiver=SERVER)[0]
-    vec = ts.ckks_vector_from(server, wire.unframe(up.payload[0]))
-    with pytest.raises(ValueError):
-        vec.decrypt()
+    from protocols.ckks.fixed_point import server_load
+    assert server_load(ck._active, wire.unframe(up.payload[0]), ck._last_plan.scale).ct.size() == 2   # it loads...
+    with pytest.raises(ValueError, match="public"):
+        server.secret_key()                                                                # ...and cannot decrypt
     keymsgs = ck.transcript.select(tag="ckks/keys")
     pub = [m for m in keymsgs if m.receiver == SERVER]
     sec = [m for m in keymsgs if m.relay == SERVER]      # secret context: channel ciphertext, relayed
@@ -408,20 +409,34 @@ def test_ciphertext_from_another_context_refused():
     assert _nothing_delivered(ck2, "x")
 
 
+@pytest.mark.parametrize("encryption", ["symmetric", "asymmetric"])
+def test_symmetric_uploads_are_seeded_half_ciphertexts(encryption):
+    """Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed):
+    half the bytes of the sum the server sends back; asymmetric uploads whole ciphertexts."""
+    ck = make_protocol("ckks", 3, params="n4096", encryption=encryption)
+    out = ck.weighted_sum("t", 0, {k: np.full(5, k + 1.0) for k in range(3)}, spec=ValueSpec(max_abs=10, tolerance=1e-6))
+    np.testing.assert_allclose(out, 6.0, atol=1e-6)
+    up, down = ([m for m in ck.transcript.select(tag="t", **who) if m.kind == "ciphertext"][0].payload[0]
+                for who in ({"receiver": SERVER}, {"sender": SERVER}))
+    assert len(up) == ck._active.upload_ciphertext_bytes(encryption) + wire.HEADER_BYTES
+    assert (len(up) < 0.51 * len(down)) if encryption == "symmetric" else len(up) == len(down)
+
+
 def test_wrong_scale_refused():
     ck = make_protocol("ckks", 2, params="n8192")
 
     def rescaled(m):
+        from protocols.ckks.fixed_point import client_codec
         key = ck._keys.get(ck._active)
-        ct = ts.ckks_vector(key.context, [1.0] * 6, 2.0 ** 30)
-        return ck._seal(replace(m, payload=[wire.frame(ct.serialize(), ck._active.padded_ciphertext_bytes)]),
+        ct = client_codec(key.context, ck._active, "symmetric").encrypt([1.0] * 6, 2.0 ** 30)   # a valid size
+        return ck._seal(replace(m, payload=[wire.frame(ct, ck._active.upload_ciphertext_bytes("symmetric"))]),
                         "upload")    # signed by its sender: caught by the server's load check
     _tamper(ck, 1, rescaled)
-    with pytest.raises(IntegrityError, match="parameters"):
+    with pytest.raises(IntegrityError, match="parameters .*scale"):
         _run(ck, k=2)
 
 
-@pytest.mark.parametrize("how", ["drop", "extra", "shape", "length"])
+@pytest.mark.parametrize("how", ["drop", "extra", "shape"])
 def test_wrong_shape_refused(how):
     ck = make_protocol("ckks", 3, params="n8192")
 
@@ -430,15 +445,10 @@ def test_wrong_shape_refused(how):
             return replace(m, payload=[])
         if how == "extra":
             return replace(m, payload=m.payload * 2)
-        if how == "shape":
-            return replace(m, shape=(m.shape[0], m.shape[1] + 1))
-        key = ck._keys.get(ck._active)          # a ciphertext carrying the wrong number of slots
-        ct = ts.ckks_vector(key.context, [1.0] * 7, 2.0 ** ck.last_plan_scale)
-        return replace(m, payload=[wire.frame(ct.serialize(), ck._active.padded_ciphertext_bytes)])
+        return replace(m, shape=(m.shape[0], m.shape[1] + 1))
 
     def reshape(m):     # signed by its (faulty) sender, so authentication passes: the shape check catches it
         return ck._seal(reshaped(m), "upload")
-    ck.last_plan_scale = ck.plan(ValueSpec(max_abs=10, tolerance=1e-6), block_len=6).scale_bits
     _tamper(ck, 1, reshape)
     with pytest.raises(ShapeError, match="client 1"):
         _run(ck)

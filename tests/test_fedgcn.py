@@ -345,7 +345,8 @@ def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
     """A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
     clients asked for; with ``row_order='owner'`` exactly its own requested rows (plus padding),
     and the totals it asked for are unchanged."""
-    given, owner = make_algo(fed, hops=hops), make_algo(fed, hops=hops, row_order="owner")
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, attacks="fedgcn_client_subtraction")   # keeps what it read
+    given, owner = make_algo(fed, cfg=cfg, hops=hops), make_algo(fed, cfg=cfg, hops=hops, row_order="owner")
     given.setup()
     owner.setup()
     foreign_read = 0

@@ -189,6 +189,16 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
+@pytest.mark.parametrize("fixed_point_bits", [None, 20])
+def test_local_executor_keeps_the_secure_mode_settings_of_the_inline_run(fixed_point_bits):
+    """--update-bound and --fixed-point-bits reach the runtime's protocol: the model exchange takes
+    the same encoding (so the same bytes) as the inline run."""
+    kw = dict(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits)
+    runs = [run_experiment(small(executor=ex, **kw), progress=False)["comm"]["per_tag"]["fedavg/model"]
+            for ex in ("inline", "local")]
+    assert runs[0]["bytes_up"] == runs[1]["bytes_up"] > 0
+
+
 def refuse_once(protocol, client: int, stage: str) -> None:
     """Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
     protocol half refuses it (a signature that does not verify)."""

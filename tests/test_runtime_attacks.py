@@ -82,6 +82,7 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
         RuntimeParties(strategy).own_data(1)
 
 
+@pytest.mark.slow          # ~8 s; graph-level parity also checked by hand (docs/runtime.md)
 def test_graph_level_attacks_on_the_runtimes_give_the_inline_numbers():
     """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
     victim's model (asked of the victim's runtime, built in its own GIN shape)."""

@@ -116,9 +116,9 @@ def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
 
 def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime():
     """`victim_model` (K3) on the runtimes: the victim's GIN asked of its runtime equals the
-    in-process algorithm's model of that client."""
+    in-process algorithm's model of that client (a runtime answers only in a run with --attacks)."""
     from attacks.parties import party_access
-    cfg = graph_cfg("gc-fedavg", "plain")
+    cfg = graph_cfg("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])
     inline, p_inline, fed = build(cfg)
     strategy, p_local, _ = build(cfg, LocalExecutor())
     for algo in (inline, strategy):

@@ -29,7 +29,7 @@ One exchange (:meth:`CKKSServer.run` driving one :class:`CKKSClient` per client 
    ciphertext's bytes, scale and level of ALL clients before it adds any of them.
    Chunks bound memory to ``chunk_bytes`` of ciphertexts, so a 1e6-node FedGCN never
    holds the full N x d ciphertext array.  An exchange that fits one chunk (the default
-   budget is 64 MiB) is validated completely before anything is summed.  In a larger
+   budget is 16 MiB) is validated completely before anything is summed.  In a larger
    one a bad ciphertext in a later chunk aborts the exchange after earlier chunks were
    summed; those partial sums are discarded — nothing is returned and no download is
    recorded (a real server would spool; this simulation just drops them).
@@ -69,7 +69,7 @@ from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation, first_out_of_range
 from . import wire
-from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point, server_load
+from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, client_codec, plan_fixed_point, server_load
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .packing import PackingLayout
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
@@ -128,24 +128,29 @@ def _chunks(num_blocks: int, per_chunk: int) -> list[tuple[int, int]]:
     return [(b0, min(num_blocks, b0 + per_chunk)) for b0 in range(0, num_blocks, per_chunk)]
 
 
-def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray) -> bytes:
+def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryption: str) -> bytes:
+    """One framed fresh ciphertext (SEAL's seeded form under symmetric encryption: half the bytes)."""
     fixed = isinstance(plan.layout, FixedPointLayout)
-    slots = None if fixed else (plan.layout.pack(values) if plan.layout is not None else values).tolist()
-    size = plan.chain.padded_ciphertext_bytes
+    size = plan.chain.upload_ciphertext_bytes(encryption)
     for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
-        ct = (plan.layout.encrypt(context, plan, values) if fixed
-              else ts.ckks_vector(context, slots, plan.scale).serialize())
+        if fixed:
+            ct = plan.layout.encrypt(context, plan, values)
+        else:
+            slots = (plan.layout.pack(values) if plan.layout is not None else np.asarray(values)).tolist()
+            ct = client_codec(context, plan.chain, encryption).encrypt(slots, plan.scale)
         if len(ct) <= size:
             return wire.frame(ct, size)
     raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
-                             "update PADDED_CT_BYTES for this TenSEAL version")
+                             "update PADDED_CT_BYTES / PADDED_SEEDED_CT_BYTES for this TenSEAL version")
 
 
-def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict) -> np.ndarray:
+def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict,
+             encryption: str) -> np.ndarray:
     if isinstance(plan.layout, FixedPointLayout):
         vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
     else:
-        dec = np.asarray(ts.ckks_vector_from(context, wire.unframe(frame)).decrypt(), dtype=np.float64)
+        slots = n if plan.layout is None else plan.layout.slots_for(n)
+        dec = client_codec(context, plan.chain, encryption).decrypt(wire.unframe(frame), plan.chain).real[:slots]
         if plan.layout is None:
             return np.rint(dec) if plan.exact else dec
         vals, residual, in_range = plan.layout.unpack(dec, n)
@@ -163,7 +168,8 @@ class DecryptionMemo:
     ciphertext bytes under the same key decrypt to the same values, so a client that presents
     a frame some co-located client already decrypted in this exchange gets a copy of those
     values.  It learns nothing it could not compute itself (it holds the frame and the key);
-    no array is shared (every hit is a copy).  Entries of the current exchange only.
+    no array is shared (every hit is a copy).  Entries of the current scope only (the caller's:
+    one streamed chunk of one exchange, so memory holds one chunk of decrypted blocks).
     """
 
     def __init__(self):
@@ -304,7 +310,10 @@ class CKKSClient(ClientHalf):
         table = self._own_table(ep)
         part = self._up_part
         self._up_part += 1
-        b0, b1 = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))[part]
+        chunks = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))
+        if part == len(chunks) - 1:
+            self._table = None                          # the last chunk: the contribution is not needed again
+        b0, b1 = chunks[part]
         bounds, _ = _pieces(ep, p.block_len)
         i0, i1 = np.searchsorted(table.ids, [b0, b1])
         t0 = time.perf_counter()
@@ -314,7 +323,8 @@ class CKKSClient(ClientHalf):
             if self._rounding is None:                  # one generator per client and exchange, drawn in block order
                 self._rounding = rounding_rng(int(self.setup.options["rounding_seed"]), p.tag, p.round, self.id)
             rows = ep.layout.quantize(rows, self._rounding, p.dp_noise_std > 0)
-        frames = [_encrypt(context, ep, row[a:b]) for row in rows for a, b in bounds]
+        encryption = self.keys.encryption
+        frames = [_encrypt(context, ep, row[a:b], encryption) for row in rows for a, b in bounds]
         self.timing["upload_s"] = self.timing.get("upload_s", 0.0) + time.perf_counter() - t0
         msg = self.message(SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"],
                            note=ep.describe())
@@ -358,19 +368,21 @@ class CKKSClient(ClientHalf):
                                  f"ciphertexts, expected {len(wanted) * n}", **self.where())
         t0 = time.perf_counter()
         key = self._key()
-        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange)
+        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)   # one chunk at a time
         zero = np.zeros(p.block_len)
         for i, bid in enumerate(wanted):
             frames = msg.payload[i * n:(i + 1) * n]
             if any(f == wire.EMPTY for f in frames):      # no client uploaded this block
-                self._received[bid] = zero
+                self._received[bid] = self.keep(bid, zero)
                 continue
-            self._received[bid] = np.concatenate([
-                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where()))
-                for f, (a, b) in zip(frames, bounds)])
+            self._received[bid] = self.keep(bid, np.concatenate([     # the rows this client keeps, at once
+                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where(),
+                                                                         self.keys.encryption))
+                for f, (a, b) in zip(frames, bounds)]))
         self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
         if part == len(chunks) - 1:
-            self.deliver({int(b): self._received.get(int(b), zero) for b in p.requests[self.id]})
+            received, self._received = self._received, {}
+            self.deliver({int(b): received.get(int(b), zero) for b in p.requests[self.id]})
         return []
 
 
@@ -493,8 +505,7 @@ class CKKSServer(ServerHalf):
                         raise ShapeError(f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
                                          f"{(sel.size, plan.block_len)} in {sel.size * n_pieces} ciphertexts",
                                          **where(k))
-                    vecs = [self._load(server, ep, f, vec_lens[i % n_pieces], k, i)
-                            for i, f in enumerate(msg.payload)]
+                    vecs = [self._load(server, ep, f, k, i) for i, f in enumerate(msg.payload)]
                     loaded[k] = (sel, vecs)
                 sums: dict[int, list] = {}
                 counts: dict[int, int] = {}
@@ -515,7 +526,7 @@ class CKKSServer(ServerHalf):
                         if c < K:
                             const = ep.layout.offset_constant(K - c)
                             for acc, n in zip(sums[bid], vec_lens):
-                                acc.add_([const] * n)
+                                acc.add_constant_(const, n)
                 size = chain.padded_ciphertext_bytes
                 out_frames = {bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
                               for bid, accs in sums.items()}
@@ -546,9 +557,9 @@ class CKKSServer(ServerHalf):
         err.clients = tuple(clients)
         return err
 
-    def _load(self, server: ServerContext, plan: EncodingPlan, frame, length: int, client: int, index: int):
+    def _load(self, server: ServerContext, plan: EncodingPlan, frame, client: int, index: int):
         where = self.where(client)
-        expected = server.chain.padded_ciphertext_bytes + wire.HEADER_BYTES
+        expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
             size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
             raise IntegrityError(f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
@@ -557,25 +568,10 @@ class CKKSServer(ServerHalf):
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
-        if isinstance(plan.layout, FixedPointLayout):
-            try:
-                return server_load(server.chain, body, plan.scale)
-            except ValueError as exc:
-                raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
-        try:
-            vec = ts.ckks_vector_from(server.context, body)
-        except Exception as exc:  # noqa: BLE001 - TenSEAL raises ValueError/RuntimeError
-            raise IntegrityError(f"ciphertext {index} does not deserialize under this exchange's public context "
-                                 f"({server.chain.describe()}): {exc}", **where) from exc
-        if vec.size() != length:
-            raise ShapeError(f"ciphertext {index} carries {vec.size()} slots, expected {length}", **where)
-        cts = vec.ciphertext()
-        ct = cts[0] if len(cts) == 1 else None
-        if ct is None or ct.size() != 2 or list(ct.parms_id()) != server.parms_id \
-                or not math.isclose(ct.scale, plan.scale, rel_tol=1e-9):
-            raise IntegrityError(f"ciphertext {index} was not encrypted with this exchange's parameters "
-                                 f"({plan.describe()})", **where)
-        return vec
+        try:            # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
+            return server_load(server.chain, body, plan.scale)
+        except ValueError as exc:
+            raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
 
     def _record_streamed(self, streamed: dict) -> None:
         """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
@@ -646,7 +642,7 @@ class CKKSProtocol(SplitProtocol):
     server_half = CKKSServer
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
-                 params=None, encryption: str = "symmetric", chunk_bytes: int = 64 << 20,
+                 params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
                  keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
                  fixed_point_bits: int | None = None, link=None):
         if packing not in (True, False):

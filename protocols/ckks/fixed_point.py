@@ -228,21 +228,23 @@ class ClientCodec:
         self.symmetric = encryption == "symmetric"
         if self.symmetric:
             self.encryptor = sealapi.Encryptor(sc, secret)
-        else:
-            context.public_key().data.save(path)
+        else:        # a public key of the secret (the relayed secret contexts carry none)
             public = sealapi.PublicKey()
-            public.load(sc, path)
+            sealapi.KeyGenerator(sc, secret).create_public_key(public)
             self.encryptor = sealapi.Encryptor(sc, public)
         self.decryptor = sealapi.Decryptor(sc, secret)
 
-    def encrypt(self, slots: list[complex], scale: float) -> bytes:
+    def encrypt(self, slots: list[complex] | list[float], scale: float) -> bytes:
+        """Serialized fresh ciphertext of ``slots``.  Symmetric encryption sends SEAL's *seeded*
+        form: the second polynomial of ``(c0, c1) = (-a s + m + e, a)`` is the uniform ``a``, which
+        SEAL replaces by the seed of the PRNG that drew it, so an upload is half a ciphertext; the
+        server's load expands the seed (``a`` is public in either form)."""
         plain = sealapi.Plaintext()
         self.encoder.encode(slots, scale, plain)
-        ct = sealapi.Ciphertext()
         if self.symmetric:
-            self.encryptor.encrypt_symmetric(plain, ct)
-        else:
-            self.encryptor.encrypt(plain, ct)
+            return _to_bytes(self.encryptor.encrypt_symmetric(plain))
+        ct = sealapi.Ciphertext()
+        self.encryptor.encrypt(plain, ct)
         return _to_bytes(ct)
 
     def decrypt(self, data: bytes, chain: ChainParams) -> np.ndarray:
@@ -272,6 +274,15 @@ class SealSum:
 
     def add_(self, other: "SealSum") -> "SealSum":
         _evaluator(self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)).add_inplace(self.ct, other.ct)
+        return self
+
+    def add_constant_(self, value: float, slots: int) -> "SealSum":
+        """Add the public ``value`` to the first ``slots`` slots (the DP offsets of missing clients)."""
+        n, bits = self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)
+        plain = sealapi.Plaintext()
+        sealapi.CKKSEncoder(seal_context(n, bits)).encode([float(value)] * slots, self.ct.parms_id(), self.ct.scale,
+                                                          plain)
+        _evaluator(n, bits).add_plain_inplace(self.ct, plain)
         return self
 
     def serialize(self) -> bytes:

@@ -150,6 +150,14 @@ class ChainParams:
         key = (self.poly_modulus_degree, tuple(self.coeff_mod_bit_sizes))
         return PADDED_CT_BYTES.get(key, 2 * self.poly_modulus_degree * 8 * self.data_primes + 1024)
 
+    def upload_ciphertext_bytes(self, encryption: str) -> int:
+        """Padded bytes of a client's fresh ciphertext: symmetric encryption uploads SEAL's seeded
+        form (:data:`PADDED_SEEDED_CT_BYTES`, about half), asymmetric the whole ciphertext."""
+        if encryption != "symmetric":
+            return self.padded_ciphertext_bytes
+        key = (self.poly_modulus_degree, tuple(self.coeff_mod_bit_sizes))
+        return PADDED_SEEDED_CT_BYTES.get(key, self.poly_modulus_degree * 8 * self.data_primes + 1024)
+
     @property
     def ciphertext_bytes(self) -> int:
         """Bytes on the wire per ciphertext (padded ciphertext + frame header)."""
@@ -186,6 +194,19 @@ PADDED_CT_BYTES = {
     (8192, (40, 60)): 97_152,            # 94,248 - 94,517    (5.9x)
     (4096, (40, 49)): 50_688,            # 49,069 - 49,371
     (8192, (60, 40, 40, 60)): 341_056,   # 330,199 - 333,182  (20.8x; the reference)
+}
+
+#: padded size of a *seeded* fresh ciphertext (symmetric encryption: SEAL sends the second
+#: polynomial as its PRNG seed, :class:`~protocols.ckks.fixed_point.ClientCodec`): max of 120
+#: measured serializations (TenSEAL 0.3.18's SEAL) plus the margins above; raw = 8 B per coefficient
+PADDED_SEEDED_CT_BYTES = {
+    (8192, (60, 60)): 65_788,            # 65,740
+    (4096, (60, 49)): 33_020,            # 32,972
+    (8192, (50, 60)): 60_416,            # 58,999 - 59,098
+    (4096, (50, 49)): 30_304,            # 29,556 - 29,635
+    (8192, (40, 60)): 50_768,            # 49,130 - 49,443
+    (4096, (40, 49)): 25_456,            # 24,663 - 24,793
+    (8192, (60, 40, 40, 60)): 168_896,   # 160,074 - 164,945
 }
 
 N8192 = ChainParams("n8192", 8192, (60, 60))

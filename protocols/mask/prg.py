@@ -29,6 +29,10 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 _AES_BLOCK = 16
+#: runs of blocks closer than this many keystream bytes are read by one AES call (the bytes in
+#: between cost less than setting up another call); a span never exceeds SPAN_MAX_BYTES
+SPAN_GAP_BYTES = 1 << 16
+SPAN_MAX_BYTES = 1 << 24
 
 
 def stream_id(purpose: str, run_id: bytes, seq: int, tag: str, rnd: int) -> bytes:
@@ -80,7 +84,18 @@ def ring_mask(key: bytes, sid: bytes, block_ids: np.ndarray, block_len: int, dty
         return np.frombuffer(keystream(key, sid, int(ids[0]) * row_bytes, ids.size * row_bytes),
                              dtype=dtype).reshape(ids.size, block_len)
     out = np.empty((ids.size, block_len), dtype=dtype)
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        buf = keystream(key, sid, int(ids[s]) * row_bytes, (e - s) * row_bytes)
-        out[s:e] = np.frombuffer(buf, dtype=dtype).reshape(e - s, block_len)
+    runs = list(zip(starts.tolist(), ends.tolist(), (ids[starts] * row_bytes).tolist()))
+    i = 0
+    while i < len(runs):                 # one AES call per span of nearby runs
+        j, span0 = i + 1, runs[i][2]
+        span1 = span0 + (runs[i][1] - runs[i][0]) * row_bytes
+        while j < len(runs) and runs[j][2] - span1 <= SPAN_GAP_BYTES \
+                and runs[j][2] + (runs[j][1] - runs[j][0]) * row_bytes - span0 <= SPAN_MAX_BYTES:
+            span1 = runs[j][2] + (runs[j][1] - runs[j][0]) * row_bytes
+            j += 1
+        buf = keystream(key, sid, span0, span1 - span0)
+        for s, e, at in runs[i:j]:
+            out[s:e] = np.frombuffer(buf[at - span0:at - span0 + (e - s) * row_bytes],
+                                     dtype=dtype).reshape(e - s, block_len)
+        i = j
     return out

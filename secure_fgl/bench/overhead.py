@@ -7,6 +7,10 @@ Workloads (``--quick``: fewer rounds, same records):
 * ``cora-fedomd``: FedOMD on Cora, 3 Louvain parties (preset ``fedomd-table4``), a short run;
 * ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
 
+Modes: ``plain``, ``mask``, ``ckks`` and ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
+codec, ``--fixed-point-bits 20 --update-bound 1``).  The parties run on the ``local`` executor
+(:data:`EXECUTOR`; ``--executor inline`` plays them all in one object, the engine before issue 14).
+
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
 by side in one invocation.  ``wall_s`` is the whole :func:`~secure_fgl.experiment.run_experiment`
@@ -44,17 +48,26 @@ WORKLOADS = {
     "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
     "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
 }
-MODES = ("plain", "mask", "ckks")
+MODES = ("plain", "mask", "ckks", "ckks-fp20")
+#: benchmark modes that are a secure mode with options: ``ckks-fp20`` is CKKS with the packed
+#: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in
+VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0})}
+#: where the parties run unless ``--executor`` says otherwise: one client runtime per client (issue 14's
+#: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
+EXECUTOR = "local"
 #: tags that are key set-up or identity registration, not data (no float32 baseline)
 KEY_TAG_SUFFIX = "/keys"
 
 
-def workload_config(name: str, mode: str, quick: bool, data_root=None) -> dict:
-    """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``)."""
+def workload_config(name: str, mode: str, quick: bool, data_root=None, executor: str | None = None) -> dict:
+    """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
+    ``executor``: ``None`` for :data:`EXECUTOR`."""
     from secure_fgl.presets import load_preset
     preset, overrides, quick_overrides = WORKLOADS[name]
-    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}),
-              "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root}
+    mode, options = VARIANTS.get(mode, (mode, {}))
+    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}), **options,
+              "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root,
+              "executor": executor or EXECUTOR}
     return values
 
 
@@ -84,7 +97,7 @@ def run_worker(values: dict) -> dict:
             "bytes_up_ratio_to_plain": up / f32 if f32 else None,
             "bytes_up_keys": comm["bytes_up"] - up, "bytes_down": comm["bytes_down"],
             "per_tag": per_tag, "peak_rss_mb": _peak_rss_mb(), "test_acc": result["final"]["test_acc"],
-            "rounds": cfg.rounds}
+            "rounds": cfg.rounds, "executor": cfg.executor}
 
 
 def _spawn(values: dict) -> dict:
@@ -103,14 +116,14 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_workloads(workloads, modes, quick: bool, data_root=None) -> list[dict]:
+def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str | None = None) -> list[dict]:
     records = []
     for name in workloads:
         plain = None
         for mode in modes:
             load = _load_average()
             rec = {"workload": name, "mode": mode, "load_average_before": load,
-                   **_spawn(workload_config(name, mode, quick, data_root))}
+                   **_spawn(workload_config(name, mode, quick, data_root, executor))}
             if mode == "plain" and "error" not in rec:
                 plain = rec
             for what in ("wall", "cpu"):
@@ -156,10 +169,10 @@ def _line(r: dict) -> str:
         return f"{r['workload']:<17}{r['mode']:<7}{r['error']}"
     return (f"{r['workload']:<17}{r['mode']:<7}{_fmt(r['wall_s'], '.1f'):>8}{_fmt(r['wall_ratio_to_plain'], '.2f'):>7}x"
             f"{_fmt(r['cpu_s'], '.1f'):>8}{_fmt(r['cpu_ratio_to_plain'], '.2f'):>7}x{_fmt(r['bytes_up'] / 1e6, '.2f'):>11}{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x"
-            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}   load {r.get('load_average_before')}")
+            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}  {r.get('executor', ''):<7}load {r.get('load_average_before')}")
 
 
-HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}")
+HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}  executor")
 
 
 def tag_table(records: list[dict]) -> list[str]:
@@ -181,13 +194,14 @@ def tag_table(records: list[dict]) -> list[str]:
 
 
 def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
-                       sizes=None, arxiv: bool = True) -> list[dict]:
+                       sizes=None, arxiv: bool = True, executor: str | None = None) -> list[dict]:
     """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
-    records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root)
+    records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root,
+                            executor)
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
@@ -216,15 +230,17 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
+    ap.add_argument("--executor", default=None, choices=["inline", "local"],
+                    help=f"where the parties run (default {EXECUTOR})")
     a = ap.parse_args(argv)
     if a.worker is not None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
         return
     run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
-                       sizes=a.sizes, arxiv=not a.no_arxiv)
+                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor)
 
 
 if __name__ == "__main__":

@@ -52,15 +52,13 @@ def check_runtime(cfg) -> None:
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
     """The run's protocol; a backend split into halves gets the executor as its link
     (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
-    from protocols import make_protocol
     from protocols.registry import backend_class
     from protocols.split import SplitProtocol
 
     from ..experiment import make_run_protocol
     if not issubclass(backend_class(cfg.mode), SplitProtocol):
         return make_run_protocol(cfg, num_clients)
-    from ..privacy import dp_config
-    return make_protocol(cfg.mode, num_clients, dp=dp_config(cfg), seed=cfg.seed, link=RuntimeLink(executor))
+    return make_run_protocol(cfg, num_clients, link=RuntimeLink(executor))
 
 
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:

@@ -39,11 +39,6 @@ class GraphLogic(ClientLogic):
         #: the last cluster mean received, applied when the server says so
         self.mean: np.ndarray | None = None
 
-    @property
-    def model(self):
-        """The client's GIN (shared and local layers): what it deploys (attack suite, :mod:`attacks.parties`)."""
-        return self.learner.model
-
     @staticmethod
     def architecture(cfg, facts, options: dict, client: int = 0):
         """Client ``client``'s GIN shape (its public feature dimension and classes), randomly initialised."""

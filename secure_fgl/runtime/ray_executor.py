@@ -116,6 +116,8 @@ class RayExecutor(Executor):
         self.actor_resources, self.placement = actor_plan(clients, self.pinned, self.workers_wanted)
         cpu = min(1.0, self.cpus / len(self.actor_resources))
         self.actors = []
+        while len(_IDLE_HOSTS) > self.actor_resources.count(None):   # surplus idle actors hold the CPUs
+            ray.kill(_IDLE_HOSTS.pop(), no_restart=True)              # the pinned new ones need
         for resource in self.actor_resources:        # idle actors are reused where no resource is required
             if resource is None and _IDLE_HOSTS:
                 self.actors.append(_IDLE_HOSTS.pop())
