@@ -273,6 +273,22 @@ def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray
     return clip_l2(a.ravel(), req.clip, integer=req.integer)
 
 
+def weighted_mean_value(a: np.ndarray, weight: float, req: DPRequest, nrows: int = 1, *, tag: str = "",
+                        rnd: int = 0) -> np.ndarray:
+    """Client side of a DP weighted mean: ``[w~ clip(a), w~ C]`` with ``w~ = min(w, W) / W``
+    (``W = req.weight_bound``; without one the weights must lie in ``[0, 1]``, ``W = 1``)."""
+    W = req.weight_bound
+    if W is None:
+        if float(weight) > 1.0:
+            raise ConfigurationError(
+                "a DP weighted mean needs a public bound on the weights (they are secret and noised): pass "
+                "DPRequest(weight_bound=W) (weights above W are clipped to W), or weights in [0, 1]",
+                tag=tag, round=rnd)
+        W = 1.0
+    wt = min(float(weight), W) / W
+    return np.concatenate([wt * clip_mean_value(a, req, nrows), [wt * float(req.clip)]])
+
+
 def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray) -> np.ndarray:
     """Client side of a row-keyed release: each row clipped (``per_row``, else the whole
     contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``."""
@@ -539,18 +555,7 @@ class DPEngine:
         dp_sum, spec_sum, wscale = self.mean_request(tag, rnd, req, spec, nrows=nrows, weighted=weights is not None)
         if weights is None:
             return {k: clip_mean_value(a, req, nrows) for k, a in arrays.items()}, dp_sum, spec_sum, None
-        W = req.weight_bound
-        if W is None:
-            if any(w > 1.0 for w in weights.values()):
-                raise ConfigurationError(
-                    "a DP weighted mean needs a public bound on the weights (they are secret and noised): pass "
-                    "DPRequest(weight_bound=W) (weights above W are clipped to W), or weights in [0, 1]",
-                    tag=tag, round=rnd)
-            W = 1.0
-        flat = {}
-        for k, a in arrays.items():
-            wt = min(float(weights[k]), W) / W
-            flat[k] = np.concatenate([wt * clip_mean_value(a, req, nrows), [wt * wscale]])
+        flat = {k: weighted_mean_value(a, weights[k], req, nrows, tag=tag, rnd=rnd) for k, a in arrays.items()}
         return flat, dp_sum, spec_sum, wscale
 
     # ------------------------------------------------------------------ checkpoints

@@ -19,19 +19,26 @@ def test_local_is_the_default():
 
 
 @pytest.mark.parametrize("kw", [dict(algorithm="fedavg", dp_epsilon=4.0), dict(algorithm="fedgcn", dp_epsilon=4.0),
-                                dict(algorithm="fedspray")])
+                                dict(algorithm="fedomd", dp_epsilon=8.0), dict(algorithm="fedspray", dp_epsilon=8.0)])
 def test_runtime_settings_stay_local(kw, capsys):
     cfg = _cfg(**kw)
     preflight(cfg, check_data=False)
     assert cfg.executor == "local" and "executor:" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kw,why", [
-    (dict(algorithm="fedomd", dp_epsilon=8.0), "fedomd's exchanges are not privatised on the client runtimes"),
-    (dict(algorithm="fedspray", dp_epsilon=8.0), "fedspray's exchanges are not privatised on the client runtimes"),
-    (dict(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dpsgd": True}), "--dpsgd"),
+def _dp_not_on_runtimes(monkeypatch):
+    """A strategy whose exchanges are not privatised on the clients (none registered now)."""
+    from secure_fgl.runtime.fedomd import FedOMDStrategy
+    monkeypatch.setattr(FedOMDStrategy, "dp_on_runtimes", False)
+    return dict(algorithm="fedomd", dp_epsilon=8.0)
+
+
+@pytest.mark.parametrize("setting,why", [
+    (lambda mp: dict(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dpsgd": True}), "fedgcn-gap --dpsgd"),
+    (_dp_not_on_runtimes, "fedomd's exchanges are not privatised on the client runtimes"),
 ])
-def test_inline_only_settings_run_inline_on_local_and_are_refused_on_ray(kw, why, capsys):
+def test_inline_only_settings_run_inline_on_local_and_are_refused_on_ray(setting, why, capsys, monkeypatch):
+    kw = setting(monkeypatch)
     cfg = _cfg(**kw)
     preflight(cfg, check_data=False)
     printed = capsys.readouterr().out.splitlines()

@@ -55,8 +55,9 @@ def test_at_a_huge_epsilon_the_runtime_trains_as_inline(algorithm, mode, extra):
     runs = [dp_run(algorithm, mode, ex, 1e6, rounds=8, **extra) for ex in ("inline", "local")]
     losses = [[r["train_loss"] for r in run["rounds"]] for run in runs]
     assert losses[0] == pytest.approx(losses[1], abs=1e-2)
-    assert runs[1]["final"]["test_acc"] == pytest.approx(runs[0]["final"]["test_acc"], abs=0.05)
-    assert runs[1]["final"]["test_acc"] > 0.3                 # above chance (5 classes)
+    # fresh noise each run: measured 0.38-0.47 over repeats, <= 1 of 60 test nodes apart; chance is 0.2
+    assert runs[1]["final"]["test_acc"] == pytest.approx(runs[0]["final"]["test_acc"], abs=0.1)
+    assert runs[1]["final"]["test_acc"] > 0.25
 
 
 def test_a_client_refuses_to_upload_without_noise():
@@ -70,11 +71,35 @@ def test_a_client_refuses_to_upload_without_noise():
     assert np.linalg.norm(noisy) == pytest.approx(1.0, abs=0.01)          # clipped to 1 on the client, then noised
 
 
+@pytest.mark.parametrize("algorithm,mode", [("fedomd", "plain"), ("fedomd", "mask"), ("fedspray", "plain"),
+                                            ("fedspray", "mask")])
+def test_statistics_and_means_are_privatised_on_the_clients_as_inline(algorithm, mode):
+    """FedOMD's hidden statistics and FedSpray's encoder and class-wise proxy means: the same releases,
+    calibration and epsilon as inline, each client noising with its own keystream."""
+    runs = {ex: dp_run(algorithm, mode, ex, 4.0, rounds=2) for ex in ("inline", "local")}
+    a, b = runs["inline"]["privacy"], runs["local"]["privacy"]
+    assert a == b
+    assert b["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
+    tags = set(b["per_tag"])
+    expected = ({"fedomd/model", "fedomd/hidden1/mean", "fedomd/hidden1/moments"} if algorithm == "fedomd"
+                else {"fedspray/encoder", "fedspray/proxies"})
+    assert expected <= tags and all(b["per_tag"][t]["releases"] == 2 for t in expected)
+
+
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
-def test_strategies_not_privatised_on_the_clients_run_dp_inline_never_without_noise(algorithm):
-    """Their inline exchanges carry DP noise the runtimes do not add yet: with ``local`` the run
-    runs inline (docs/runtime.md, "The default executor"), its exchanges noised as inline's."""
-    res = dp_run(algorithm, "mask", "local", 4.0)
-    assert res["config"]["executor"] == "inline" and "runtime" not in res
-    assert res["privacy"] == dp_run(algorithm, "mask", "inline", 4.0)["privacy"]
-    assert len(res["privacy"]["per_tag"]) > 1           # its statistics / proxy exchanges are noised too
+def test_statistics_noise_is_drawn_in_each_runtime_and_not_from_the_seed(algorithm):
+    cfg = small(algorithm, "mask", executor="local", dp_epsilon=4.0, rounds=2).validate()
+    fed = load_federation(cfg)
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    protocol.dp._noise = None                  # the driver draws no noise: any draw there would fail
+    strategy.setup()
+    strategy.train_round(0)
+    assert all(isinstance(rt.logic.noise._rng, SecureRandom) for rt in executor.runtimes.values())
+    per_tag = protocol.dp.accountant.report()["per_tag"]
+    assert per_tag and all(t["releases"] == 1 for t in per_tag.values())
+    # the same seed twice: different noise, so different training
+    losses = [[r["train_loss"] for r in dp_run(algorithm, "mask", "local", 4.0, rounds=2)["rounds"]]
+              for _ in range(2)]
+    assert losses[0][1:] != losses[1][1:]

@@ -139,11 +139,3 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
     assert [r["clients_lost"] for r in rows] == [1, 1, 1] and protocol.last_included == (0, 2)
     assert all(np.isfinite(r["train_loss"]) for r in rows)
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
-
-
-@pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
-def test_dp_is_refused_on_ray_not_run_without_noise(algorithm):
-    """``ray`` refuses it in one line (``local`` runs it inline: tests/test_default_executor.py)."""
-    from secure_fgl.config import ConfigError
-    with pytest.raises(ConfigError, match=f"{algorithm}'s exchanges are not privatised on the client runtimes"):
-        run_experiment(small(algorithm, "mask", executor="ray", dp_epsilon=1.0), progress=False)

@@ -184,6 +184,18 @@ def stats_dp_requests(low: float, high: float, dim: int, orders: tuple[int, ...]
             DPRequest(clip=c_mom, sensitivity=scale * c_mom, releases=releases, weight_bound=w))
 
 
+def stats_tags(name: str, ortho_layers: int) -> list[str]:
+    """The per-layer statistics tags ``<name>/hidden<l>/mean|moments`` (the DP exchanges)."""
+    return [f"{name}/hidden{l}/{r}" for l in range(1, ortho_layers + 2) for r in ("mean", "moments")]
+
+
+def project_moments(mom: np.ndarray, orders, low: float, high: float) -> dict[int, np.ndarray]:
+    """Noisy pooled central moments (``[J, d]``) projected onto their feasible range
+    (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release."""
+    span = high - low
+    return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -span ** j, span ** j) for i, j in enumerate(orders)}
+
+
 def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: dict[int, np.ndarray], orders,
                                        low: float, high: float, spec,
                                        dp: tuple[DPRequest | None, DPRequest | None]):
@@ -201,8 +213,7 @@ def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: di
     stacked = {k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])
                             for j in orders]) for k, a in samples.items()}
     mom = protocol.weighted_mean(f"{tag}/moments", rnd, stacked, counts, spec=spec, dp=dp[1])
-    span = high - low
-    return mu, {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -span ** j, span ** j) for i, j in enumerate(orders)}
+    return mu, project_moments(mom, orders, low, high)
 
 
 def exchange_hidden_statistics(protocol, rnd: int, hidden: dict[int, list[torch.Tensor]],
@@ -392,8 +403,7 @@ class FedOMD(ModelAveraging):
                                  self.fed.graph.num_nodes, self.cfg.rounds, self.opts.dp_rows)
 
     def stats_tags(self) -> list[str]:
-        return [f"{self.name}/hidden{l}/{r}" for l in range(1, self.opts.ortho_layers + 2)
-                for r in ("mean", "moments")]
+        return stats_tags(self.name, self.opts.ortho_layers)
 
     def client_hidden(self, k: int) -> list[torch.Tensor]:
         """:func:`hidden_for_stats` of client k."""

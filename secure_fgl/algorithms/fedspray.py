@@ -146,6 +146,18 @@ def align_proxies(protocol: Protocol, tag: str, rnd: int, local: Mapping[int, to
     return keep_absent(mean, present, previous)
 
 
+def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptions) -> None:
+    """With DP on, declare both exchanges (encoder, proxies) so the budget is split between them."""
+    dp = getattr(protocol, "dp", None)
+    if dp is not None and cfg.dp_epsilon and getattr(dp.config, "split", None) is None:
+        dp.declare(f"{name}/encoder", *([] if opts.ablate_proxy else [f"{name}/proxies"]))
+
+
+def dp_request(cfg) -> DPRequest | None:
+    """The client-level request of both exchanges (``--dp-clip``, one release per round), or ``None``."""
+    return DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
+
+
 def keep_absent(mean: np.ndarray, present: np.ndarray, previous: torch.Tensor) -> torch.Tensor:
     """Eq. 15's result as the new ``S``: rows of classes with zero total weight keep ``previous``."""
     present_t = torch.as_tensor(present, device=previous.device)
@@ -330,11 +342,7 @@ class FedSprayCore(FederatedAlgorithm):
         self.proxies = first_proxies(o, C).to(device)
 
     def setup(self) -> None:
-        """With DP on, declare both exchanges so the budget is split between them."""
-        dp = getattr(self.protocol, "dp", None)
-        if dp is not None and self.cfg.dp_epsilon and getattr(dp.config, "split", None) is None:
-            tags = [f"{self.name}/encoder"] + ([] if self.opts.ablate_proxy else [f"{self.name}/proxies"])
-            dp.declare(*tags)
+        declare_dp_exchanges(self.protocol, self.cfg, self.name, self.opts)
 
     # ------------------------------------------------------------------ one client
     def soft_targets(self, k: int, encoder: FeatureStructureEncoder) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -361,7 +369,7 @@ class FedSprayCore(FederatedAlgorithm):
     def aggregate(self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor]) -> None:
         """Server update: eq. 14 (encoder) and eq. 15 (proxy alignment), both via the protocol."""
         cfg, K, N = self.cfg, len(self.clients), self.fed.graph.num_nodes
-        dp = DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if cfg.dp_epsilon else None
+        dp = dp_request(cfg)
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
             spec=model_precision(len(updates), K, self.cfg.update_bound).spec(), dp=dp, recipients=range(K))

@@ -26,6 +26,15 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
    received statistics; the loss terms (``ce``, ``ortho``, ``cmd``) come back with the loss.
 3. **FedAvg** of the weights (tag ``fedomd/model``): :class:`~.strategy.ModelAveragingStrategy`.
 
+DP (``--dp-epsilon``, as the in-process algorithm, "Differential privacy" of
+:mod:`secure_fgl.algorithms.fedomd`): the statistics run per layer (``--batch-stats`` is off under
+DP), each stage a DP weighted mean (:func:`~secure_fgl.algorithms.fedomd.stats_dp_requests`): a
+client sends ``[w~ clip(v_k), w~ C]`` with ``w~ = n_k / N`` (:func:`.sums.dp_mean_vector`) plus its
+share of the noise, added in its runtime before its half encodes; the driver's accountant counts
+each release (:mod:`.dp`).  The recipients project the noisy mean onto ``[a, b]`` before the
+moments and the noisy moments onto their range (post-processing).  The budget is split evenly over
+``fedomd/model`` and the statistics tags, as in-process.
+
 Per-client randomness (dropout) is :func:`secure_fgl.engine.rng.client_generator`'s, as in-process.
 """
 from __future__ import annotations
@@ -36,13 +45,14 @@ import torch
 from protocols.batch import batch_means, batch_vector
 
 from ..algorithms.cmd import clip_activations
-from ..algorithms.fedomd import GlobalStats, build_ortho_gcn, hidden_for_stats, stats_grid_spec, train_client
+from ..algorithms.fedomd import (GlobalStats, build_ortho_gcn, hidden_for_stats, project_moments, stats_dp_requests,
+                                 stats_grid_spec, stats_tags, train_client)
 from ..algorithms.options import FedOMDOptions
 from ..algorithms.stats_batch import central_from_raw, layer_names, local_central_moments, local_mean, \
     local_raw_moments
 from .logic import ModelAveragingLogic
 from .strategy import ModelAveragingStrategy
-from .sums import offer, sum_exchange, summed
+from .sums import dp_mean_vector, mean_of, offer, scoped, sum_exchange, summed
 
 TERMS = ("ce", "ortho", "cmd")
 
@@ -82,6 +92,11 @@ class FedOMDLogic(ModelAveragingLogic):
         if "stage" not in req:
             return super().contribute(req)
         layers = self._samples(int(req["round"]))
+        if req.get("dp_clip") is not None:          # one layer's DP weighted mean (.sums)
+            a = layers[req["layers"][0]]
+            value = local_mean(a) if req["stage"] == "mean" else \
+                local_central_moments(a, self.pooled[("mean", req["layers"][0])], self.orders)
+            return offer(self, req, dp_mean_vector(value, float(a.shape[0]), req))
         parts = []
         for l in req["layers"]:
             a = layers[l]
@@ -100,12 +115,18 @@ class FedOMDLogic(ModelAveragingLogic):
         o, stage, layers = self.fopts, req["stage"], list(req["layers"])
         d, J = self.cfg.hidden, len(self.orders)
         per_layer = {"mean": [(d,)], "moments": [(J, d)], "raw": [(d,), (J, d)]}[stage]
-        means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
+        if req.get("dp_clip") is not None:          # one layer's DP weighted mean
+            means = [mean_of(summed(self, req), req["tag"], req).reshape(per_layer[0])]
+        else:
+            means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
+        dp_run = bool(self.cfg.dp_epsilon)          # post-processing of the DP path (as in-process)
         for i, l in enumerate(layers):
-            if stage == "mean":                     # the means-only exchange projects them (fedomd, cmd_order 1)
-                self.pooled[("mean", l)] = means[i] if self.orders else np.clip(means[i], o.act_low, o.act_high)
+            if stage == "mean":                     # the means-only exchange and DP project them
+                project = dp_run or not self.orders
+                self.pooled[("mean", l)] = np.clip(means[i], o.act_low, o.act_high) if project else means[i]
             elif stage == "moments":
-                self.pooled[("moments", l)] = {j: means[i][n] for n, j in enumerate(self.orders)}
+                self.pooled[("moments", l)] = project_moments(means[i], self.orders, o.act_low, o.act_high) \
+                    if dp_run else {j: means[i][n] for n, j in enumerate(self.orders)}
             else:
                 mu = means[2 * i]
                 self.pooled[("mean", l)] = mu
@@ -124,8 +145,6 @@ class FedOMDLogic(ModelAveragingLogic):
 class FedOMDStrategy(ModelAveragingStrategy):
     """FedOMD's server: the statistics stages (module docstring), then FedAvg."""
 
-    #: its statistics exchanges are not privatised on the clients yet (DP: --executor inline)
-    dp_on_runtimes = False
     grid_model_mean = True        # as the in-process FedOMD: every real exchange on its public grid
 
     def __init__(self, executor, protocol, cfg, facts, options):
@@ -133,13 +152,17 @@ class FedOMDStrategy(ModelAveragingStrategy):
         self.fopts = FedOMDOptions(**options)
         self.orders = tuple(range(2, self.fopts.cmd_order + 1))
         self.updates: dict[int, dict] = {}
+        if protocol.dp is not None and protocol.dp.config.split is None:
+            # split the run's budget evenly over every DP exchange of FedOMD (as in-process)
+            protocol.dp.declare(f"{self.name}/model",
+                                *(stats_tags(self.name, self.fopts.ortho_layers) if self.fopts.cmd_weight > 0 else []))
 
     def stages(self) -> list[tuple[str, str, list[int], tuple | None]]:
         """``(tag, stage, layers, batch layout)`` of one round's statistics exchanges (public)."""
         o, d, J = self.fopts, self.cfg.hidden, len(self.orders)
         layers = list(range(1 + o.ortho_layers))
         names = layer_names(self.name, len(layers))
-        if not (o.batch_stats and self.orders):
+        if not (o.batch_stats and self.orders) or self.protocol.dp is not None:     # per layer (DP: always)
             return [(f"{n}/{stage}", stage, [l], None) for l, n in zip(layers, names)
                     for stage in (("mean", "moments") if self.orders else ("mean",))]
         if o.raw_moments:
@@ -152,10 +175,13 @@ class FedOMDStrategy(ModelAveragingStrategy):
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
         spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)   # exact in every mode
+        dp = stats_dp_requests(o.act_low, o.act_high, self.cfg.hidden, self.orders, self.facts.num_nodes,
+                               self.cfg.rounds, o.dp_rows) if self.protocol.dp is not None else (None, None)
         for tag, stage, layers, layout in self.stages():
             if layout is not None:
                 self.protocol.transcript.attribute(tag, layout)
-            sum_exchange(self, tag, rnd, sampled, sampled, spec, {"stage": stage, "layers": layers})
+            sum_exchange(self, tag, rnd, sampled, sampled, spec, {"stage": stage, "layers": layers},
+                         dp=scoped(self, tag, dp[stage == "moments"]), dp_mean=True)
 
     def ask(self, method: str, requests: dict[int, dict], **kw) -> dict[int, dict]:
         responses = super().ask(method, requests, **kw)

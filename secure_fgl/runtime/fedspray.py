@@ -15,6 +15,12 @@ The round of :mod:`secure_fgl.algorithms.fedspray` with every party apart:
 
 The server moves the two sums (:mod:`.sums`) and sees only what its protocol gives it: in mask and
 ckks neither the weights nor which classes a client lacks.  It never holds ``w`` or ``S``.
+
+DP (``--dp-epsilon``, as the in-process algorithm; :mod:`.dp`): both exchanges are client-level
+releases (``--dp-clip``, one per round, the budget split between the two).  The encoder mean is a
+DP weighted mean (each client sends ``[w~ clip(u_k), w~ C]``, :func:`.sums.dp_mean_vector`); the
+class-wise proxy vector is clipped whole to ``C`` on the client; each client adds its share of the
+noise before its half encodes, and the recipients clamp the noisy ``S`` to ``+-DP_PROXY_BOUND``.
 Evaluation: each client reports its counts, its minority counts
 (:func:`~secure_fgl.algorithms.minority.minority_report`) and its teacher's test counts (the
 global encoder with ``S`` on its test nodes), recorded as ``eval/counts`` messages.
@@ -30,13 +36,13 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.base import classwise_result, classwise_vector
 
 from ..algorithms.base import SPLITS, accuracy, accuracy_summary, model_precision
-from ..algorithms.fedspray import (PROXY_SPEC, SprayClient, check_options, first_proxies, keep_absent,
-                                   new_encoder)
+from ..algorithms.fedspray import (DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, declare_dp_exchanges,
+                                   dp_request, first_proxies, keep_absent, new_encoder)
 from ..algorithms.minority import MinorityAccuracy, minority_report
 from ..algorithms.options import FedSprayOptions
 from .logic import ClientLogic
 from .strategy import EVAL_TAG, ModelAveragingStrategy
-from .sums import mean_of, mean_vector, offer, sum_exchange, summed
+from .sums import dp_mean_vector, mean_of, mean_vector, offer, scoped, sum_exchange, summed
 
 
 class FedSprayLogic(ClientLogic):
@@ -67,7 +73,9 @@ class FedSprayLogic(ClientLogic):
     def contribute(self, req: dict) -> dict:
         tag, N = req["tag"], self.facts.num_nodes
         if tag == "fedspray/encoder":
-            return offer(self, req, mean_vector(self.update.cpu().numpy(), self.part.encoder_weight(N)))
+            update, weight = self.update.cpu().numpy(), self.part.encoder_weight(N)
+            return offer(self, req, dp_mean_vector(update, weight, req) if req.get("dp_clip") is not None
+                         else mean_vector(update, weight))
         if tag == "fedspray/proxies":
             return offer(self, req, classwise_vector(self.local_proxies.cpu().numpy().astype(np.float64),
                                                      self.part.proxy_weights(N)))
@@ -76,12 +84,15 @@ class FedSprayLogic(ClientLogic):
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
         if tag == "fedspray/encoder":
-            mean = mean_of(summed(self, req), tag)
+            mean = mean_of(summed(self, req), tag, req)
             self.global_encoder = self.global_encoder + torch.as_tensor(mean, dtype=torch.float32,
                                                                         device=self.rt.device)
         elif tag == "fedspray/proxies":
             C, d = self.proxies.shape
-            self.proxies = keep_absent(*classwise_result(summed(self, req), C, d, PROXY_SPEC.tolerance), self.proxies)
+            tolerance = max(PROXY_SPEC.tolerance, 3.0 * float(req.get("dp_std", 0.0)))
+            self.proxies = keep_absent(*classwise_result(summed(self, req), C, d, tolerance), self.proxies)
+            if self.cfg.dp_epsilon:         # a noisy class-weight total near zero can blow a row up: keep S bounded
+                self.proxies = self.proxies.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
         else:
             return super().receive(req)
         return {}
@@ -117,13 +128,14 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
     ``minority_acc`` at the best-validation round (:class:`~secure_fgl.algorithms.minority.MinorityAccuracy`)."""
 
     personalized = True
-    #: its encoder and proxy exchanges are not privatised on the clients yet (DP: --executor inline)
-    dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
         self.fopts = FedSprayOptions(**options)
         self.personalized = True
+
+    def setup(self) -> None:
+        declare_dp_exchanges(self.protocol, self.cfg, self.name, self.fopts)
 
     def train_round(self, rnd: int) -> dict:
         self.round = rnd
@@ -132,10 +144,12 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         trained = sorted(k for k, r in done.items() if r["trained"])
         if not trained:
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
-        sum_exchange(self, f"{self.name}/encoder", rnd, trained, range(K),
-                     model_precision(len(trained), K, self.cfg.update_bound).spec())
+        dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
+        sum_exchange(self, encoder, rnd, trained, range(K),
+                     model_precision(len(trained), K, self.cfg.update_bound).spec(), dp=scoped(self, encoder, dp),
+                     dp_mean=True)
         if not self.fopts.ablate_proxy:
-            sum_exchange(self, f"{self.name}/proxies", rnd, trained, range(K), PROXY_SPEC)
+            sum_exchange(self, proxies, rnd, trained, range(K), PROXY_SPEC, dp=scoped(self, proxies, dp))
         return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}
 
     def evaluate(self) -> dict:

@@ -12,6 +12,13 @@ strategy only moves the sum:
 * server side: :func:`sum_exchange` (plan the dense exchange from the public length, run the server
   half, tell the recipients; on the driver-side path, :meth:`~protocols.base.Protocol.weighted_sum`).
 
+DP (:mod:`.dp`, as the in-process :meth:`~protocols.base.Protocol.weighted_mean` and
+``_sum_vectors``): the strategy counts the release in the run's accountant and each contributor adds
+its share of the noise to its kept vector before its half encodes.  A DP weighted mean
+(``dp_mean``) has each client send ``[w~ clip(v), w~ C]`` (:func:`protocols.dp.weighted_mean_value`,
+clipped in ``contribute``) and the recipients divide by ``max(total weight, noise std) / C``; any
+other sum (FedSpray's class-wise mean) is clipped whole to ``C`` on the client in ``privatize``.
+
 The planned blocking is that of ``_sum_vectors`` (:func:`~.exchange.plan_dense`), so the
 transcript counts the same bytes as the in-process algorithm's exchange.
 """
@@ -21,8 +28,10 @@ from typing import Iterable
 
 import numpy as np
 
-from protocols import DropoutError
+from protocols import DPRequest, DropoutError
+from protocols.dp import weighted_mean_value
 
+from .dp import privatize_dense
 from .exchange import dense_result, plan_dense, run_split
 
 
@@ -47,19 +56,41 @@ def mean_vector(values, weight: float) -> np.ndarray:
     return np.concatenate([np.asarray(values, dtype=np.float64).ravel() * weight, [weight]])
 
 
-def mean_of(total: np.ndarray, tag: str) -> np.ndarray:
-    """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`."""
+def dp_mean_vector(values, weight: float, req: dict) -> np.ndarray:
+    """A DP weighted mean's upload ``[w~ clip(v), w~ C]`` (``req``: the strategy's ``dp_clip`` and
+    ``dp_weight_bound``; :func:`protocols.dp.weighted_mean_value`)."""
+    dp = DPRequest(clip=float(req["dp_clip"]), weight_bound=req.get("dp_weight_bound"))
+    return weighted_mean_value(values, weight, dp, tag=req["tag"], rnd=int(req["round"]))
+
+
+def mean_of(total: np.ndarray, tag: str, req: dict | None = None) -> np.ndarray:
+    """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`; of a DP mean
+    (:func:`dp_mean_vector`, ``req`` with ``dp_clip`` and the sum's noise std ``dp_std``), the noisy
+    weight total floored at its noise std (post-processing, as the in-process ``weighted_mean``)."""
+    if req is not None and req.get("dp_clip") is not None:
+        return total[:-1] / (max(total[-1], float(req["dp_std"])) / float(req["dp_clip"]))
     if not total[-1] > 0:
         raise ValueError(f"the weights of {tag} sum to {total[-1]}; no contributor had a positive weight")
     return total[:-1] / total[-1]
 
 
+def scoped(strategy, tag: str, req: DPRequest | None) -> DPRequest | None:
+    """``req`` if the run has DP and ``tag`` is in its scope (``--dp-exchanges``), else ``None``."""
+    dp = strategy.protocol.dp
+    return req if req is not None and dp is not None and dp.config.in_scope(tag) else None
+
+
 def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
-                 fields: dict | None = None) -> None:
+                 fields: dict | None = None, *, dp: DPRequest | None = None, dp_mean: bool = False) -> None:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
     live recipient receive the total (``fields`` go with both requests).  A client lost before the
-    exchange is not a contributor; one lost during it is the backend's dropout."""
+    exchange is not a contributor; one lost during it is the backend's dropout.  ``dp``: the release's
+    request (module docstring; ``dp_mean``: a weighted mean's ``[w~ clip(v), w~ C]``); the recipients
+    get the std of the noise in the sum as ``dp_std``."""
     fields = dict(fields or {})
+    if dp is not None and dp_mean:                   # clipped by the clients; the sum's request (protocols.dp)
+        fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
+        dp, spec, _ = strategy.protocol.dp.mean_request(tag, rnd, dp, spec, weighted=True)
     ask = {"tag": tag, "round": rnd, "split": strategy.split, **fields}
     sent = strategy.ask("contribute", {k: ask for k in contributors})
     if not sent:
@@ -68,8 +99,11 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
     protocol = strategy.protocol
     if strategy.split:                               # the clients' halves run the exchange
         length = int(next(iter(sent.values()))["length"])
-        run_split(protocol, plan_dense(protocol, tag, rnd, sorted(sent), recipients, length, spec))
-        result = {"length": length}
+        noisy, noise_std = sorted(sent), 0.0
+        if dp is not None:                           # counted here, noised by each contributor (.dp)
+            noisy, noise_std = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
+        run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
+        result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
     else:
         result = {"total": protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
                                                  recipients=recipients)}
