@@ -127,7 +127,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
             algo.setup()
         times["setup"] = time.perf_counter() - t0
     hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
-                       save_best=cfg.save_best_model and cfg.executor == "inline",   # runtimes: no server model
+                       save_best=cfg.save_best_model,
                        resume=resuming)
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)

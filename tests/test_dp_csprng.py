@@ -32,18 +32,28 @@ def dp_cfg(out, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
+def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
+    """The module and name of the function that builds ``cfg``'s protocol: the in-process object
+    (``inline``) or the server half whose clients are the runtimes (``local``/``ray``)."""
+    if cfg.executor == "inline":
+        return experiment, "make_run_protocol"
+    import secure_fgl.runtime.build as build
+    return build, "make_runtime_protocol"
+
+
 def run_capturing_protocol(cfg: RunConfig, monkeypatch) -> tuple[dict, object]:
     """``run_experiment(cfg)`` and the protocol object it used (the server's view)."""
     made = []
+    module, name = protocol_maker(cfg)
+    real = getattr(module, name)
 
     def make(*args, **kw):
         made.append(real(*args, **kw))
         return made[-1]
 
-    real = experiment.make_run_protocol
-    monkeypatch.setattr(experiment, "make_run_protocol", make)
+    monkeypatch.setattr(module, name, make)
     result = run_experiment(cfg, progress=False)
-    monkeypatch.setattr(experiment, "make_run_protocol", real)
+    monkeypatch.setattr(module, name, real)
     return result, made[0]
 
 
@@ -91,7 +101,9 @@ def test_noise_key_comes_from_os_urandom_and_is_never_written(tmp_path, monkeypa
     run_experiment(dp_cfg(tmp_path / "run", rounds=2), progress=False)
     assert 32 in calls[2:]
     forms = [key, key.hex().encode(), json.dumps(list(key))[1:-1].encode(), ", ".join(map(str, key)).encode()]
-    for path in (tmp_path / "run").iterdir():
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]     # the clients' checkpoints too
+    assert files
+    for path in files:
         blob = path.read_bytes()
         assert not any(f in blob for f in forms), f"noise key written into {path.name}"
 

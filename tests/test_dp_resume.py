@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-import secure_fgl.experiment as experiment
 from protocols import DPRequest
 from protocols.dp import DPConfig, DPEngine
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import DP_LEDGER, run_experiment
+from tests.test_dp_csprng import protocol_maker
 
 SMALL = {"num_nodes": 200, "num_features": 16, "num_classes": 3}
 TAG = "fedavg/model"
@@ -28,9 +28,10 @@ class Crash(Exception):
     pass
 
 
-def crash_after_upload(monkeypatch, at_round: int) -> None:
+def crash_after_upload(monkeypatch, at_round: int, executor: str) -> None:
     """The next run's protocol dies right after a client's upload of ``at_round`` has left."""
-    real = experiment.make_run_protocol
+    module, name = protocol_maker(cfg(None, executor=executor))
+    real = getattr(module, name)
 
     def make(*args, **kw):
         proto = real(*args, **kw)
@@ -40,21 +41,21 @@ def crash_after_upload(monkeypatch, at_round: int) -> None:
                 raise Crash(f"killed in round {msg.round}")
             return msg
         proto.intercept = intercept
-        monkeypatch.setattr(experiment, "make_run_protocol", real)
+        monkeypatch.setattr(module, name, real)
         return proto
-    monkeypatch.setattr(experiment, "make_run_protocol", make)
+    monkeypatch.setattr(module, name, make)
 
 
-@pytest.mark.parametrize("at_round", [0, 2])
-def test_resumed_dp_run_counts_the_interrupted_release(tmp_path, monkeypatch, at_round):
-    full = run_experiment(cfg(tmp_path / "full"), progress=False)["privacy"]
+@pytest.mark.parametrize("executor,at_round", [("inline", 0), ("local", 0), ("local", 2)])
+def test_resumed_dp_run_counts_the_interrupted_release(tmp_path, monkeypatch, executor, at_round):
+    full = run_experiment(cfg(tmp_path / "full", executor=executor), progress=False)["privacy"]
     out = tmp_path / "crashed"
-    crash_after_upload(monkeypatch, at_round)
+    crash_after_upload(monkeypatch, at_round, executor)
     with pytest.raises(Crash):
-        run_experiment(cfg(out), progress=False)
+        run_experiment(cfg(out, executor=executor), progress=False)
     ledger = json.loads((out / DP_LEDGER).read_text())
     assert sum(n for _, _, n in ledger["accountant"]["runs"][TAG]) == at_round + 1   # written before the upload
-    resumed = run_experiment(cfg(out, resume=True), progress=False)["privacy"]
+    resumed = run_experiment(cfg(out, resume=True, executor=executor), progress=False)["privacy"]
     assert full["per_tag"][TAG]["releases"] == 4 and full["replayed_releases"] == 0
     assert resumed["per_tag"][TAG]["releases"] == 5                  # 4 rounds + the interrupted release
     assert resumed["replayed_releases"] == 1

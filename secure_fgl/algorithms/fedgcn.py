@@ -576,6 +576,34 @@ class FedGCNNet(nn.Module):
 # ---------------------------------------------------------------------------
 # the algorithm
 # ---------------------------------------------------------------------------
+def pretrain_stats(tr, rows_up: dict, rows_down: dict, width: int, exchange_rows: int, layout: str,
+                   row_order: str) -> dict:
+    """Bytes of the pre-training exchange from the transcript ``tr``, next to its float32 baseline
+    (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
+    client uploads / requests; dense -- all rows), per client and in total, the same in every mode."""
+    f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, exchange_rows, layout)
+    dense = layout == "dense"
+    per_client = []
+    for k in sorted(rows_up):
+        up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
+        down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
+        per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
+                           "rows_up": exchange_rows if dense else rows_up[k],
+                           "rows_down": exchange_rows if dense else rows_down[k],
+                           "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
+    tot = {key: sum(p[key] for p in per_client) for key in
+           ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
+            "plaintext_equiv_bytes_down")}
+    return {"pretrain_bytes_up": tot["bytes_up"], "pretrain_bytes_down": tot["bytes_down"],
+            "pretrain_plaintext_equiv_bytes_up": tot["plaintext_equiv_bytes_up"],
+            "pretrain_plaintext_equiv_bytes_down": tot["plaintext_equiv_bytes_down"],
+            "pretrain_upload_ratio": (tot["bytes_up"] / tot["plaintext_equiv_bytes_up"]
+                                      if tot["plaintext_equiv_bytes_up"] else None),
+            "pretrain_rows_up": tot["rows_up"], "pretrain_rows_down": tot["rows_down"],
+            "pretrain_row_width": width, "pretrain_row_order": row_order,
+            "pretrain_exchange_rows": exchange_rows, "pretrain_per_client": per_client}
+
+
 class FedGCN(ModelAveraging):
     """FedGCN: pre-training neighbour-sum exchange (:meth:`setup`), then FedAvg."""
 
@@ -770,34 +798,11 @@ class FedGCN(ModelAveraging):
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 
     def _pretrain_stats(self, contributions, requests) -> dict:
-        """Bytes of the exchange from the transcript, next to its float32 baseline
-        (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
-        client uploads / requests; dense -- all rows), the same in every mode."""
-        width = self.fed.num_features + 1
-        tr = self.protocol.transcript
+        """:func:`pretrain_stats` of this run's exchange."""
         rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
         rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
-        f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.opts.layout)
-        dense = self.opts.layout == "dense"
-        per_client = []
-        for k in range(len(self.clients)):
-            up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
-            down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
-            per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
-                               "rows_up": self.exchange_rows if dense else rows_up[k],
-                               "rows_down": self.exchange_rows if dense else rows_down[k],
-                               "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
-        tot = {key: sum(p[key] for p in per_client) for key in
-               ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
-                "plaintext_equiv_bytes_down")}
-        return {"pretrain_bytes_up": tot["bytes_up"], "pretrain_bytes_down": tot["bytes_down"],
-                "pretrain_plaintext_equiv_bytes_up": tot["plaintext_equiv_bytes_up"],
-                "pretrain_plaintext_equiv_bytes_down": tot["plaintext_equiv_bytes_down"],
-                "pretrain_upload_ratio": (tot["bytes_up"] / tot["plaintext_equiv_bytes_up"]
-                                          if tot["plaintext_equiv_bytes_up"] else None),
-                "pretrain_rows_up": tot["rows_up"], "pretrain_rows_down": tot["rows_down"],
-                "pretrain_row_width": width, "pretrain_row_order": self.opts.row_order,
-                "pretrain_exchange_rows": self.exchange_rows, "pretrain_per_client": per_client}
+        return pretrain_stats(self.protocol.transcript, rows_up, rows_down, self.fed.num_features + 1,
+                              self.exchange_rows, self.opts.layout, self.opts.row_order)
 
     # -- training hooks
     def client_inputs(self, k: int):

@@ -59,7 +59,10 @@ class BestModelSaver:
 
     def __call__(self, row: dict, state, algo) -> None:
         if state.best_round == row["round"]:
-            save_torch_atomic(self.path, model_weights(algo), private=False)
+            deployed = getattr(algo, "deployed_weights", None)     # client runtimes: asked of each client
+            weights = deployed() if deployed is not None else model_weights(algo)
+            if weights:
+                save_torch_atomic(self.path, weights, private=False)
 
 
 class CSVLogger:

@@ -15,6 +15,7 @@ from ..data.graph_classification import FederatedGraphDataset
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
+from .fallback import resolve_executor
 from .graph_data import graph_client_frame
 from .registry import converted, strategy_class
 from .strategy import Strategy
@@ -39,14 +40,16 @@ def client_resources(cfg) -> dict[int, str]:
     return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
-def check_runtime(cfg) -> None:
-    """Settings the client runtimes cannot run yet: one line naming what can."""
+def check_runtime(cfg, options=None) -> None:
+    """Settings the client runtimes cannot run yet: one line naming what can; ``local`` settings
+    the runtimes lack run ``inline`` (:mod:`.fallback`)."""
     client_resources(cfg)
     if cfg.executor == "inline":
         return
     if cfg.algorithm not in converted():
         raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
                           f"{cfg.algorithm} runs with --executor inline")
+    resolve_executor(cfg, options)
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor):

@@ -72,7 +72,7 @@ class ClientRuntime:
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
-        ``save``, ``load`` or ``attack`` (a request frame in, a response frame out), or
+        ``save``, ``load``, ``weights`` or ``attack`` (a request frame in, a response frame out), or
         ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
         if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
@@ -83,6 +83,8 @@ class ClientRuntime:
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+        if method == "weights":                     # best_model.pt of a run that writes it
+            return wire.pack(self._weights())
         if method == "attack" and not self.cfg.attacks:
             raise PermissionError(f"client {self.client_id} hands its state to the attack suite only in a run "
                                   "started with --attacks (an evaluation, attacks/parties.py)")
@@ -95,6 +97,14 @@ class ClientRuntime:
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})
+
+    def _weights(self) -> dict:
+        """Its deployed model's parameters, for ``best_model.pt`` (only in a run that writes it)."""
+        if not (self.cfg.save_best_model and self.cfg.out):
+            raise PermissionError(f"client {self.client_id} hands its model weights to the driver only in a run "
+                                  "that writes best_model.pt (--out, --save-best-model)")
+        model = getattr(self.logic, "model", None)
+        return {} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()}
 
     # -- checkpoints: written where the client runs (weights-only plain data)
     def _save(self, path: Path) -> dict:

@@ -30,14 +30,14 @@ import numpy as np
 import torch
 
 from protocols import SERVER, BoundError, client_party
-from protocols.baseline import row_sum_bytes
 from protocols.channel import ChannelKey, associated_data
 from protocols.errors import IntegrityError
 
 from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gray, _local_positions,
                                  center_by_own_mean, degree_cap_needed, denoise_with_own_data, dp_applies, dp_row_clip,
                                  exchange_dp_request, exchange_spec, local_degrees, neighbour_terms, normalise,
-                                 partial_neighbour_sums, propagation_graph, requested_rows, segment_blocks)
+                                 partial_neighbour_sums, propagation_graph, pretrain_stats, requested_rows,
+                                 segment_blocks)
 from ..algorithms.options import FedGCNOptions
 from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
@@ -374,16 +374,11 @@ class FedGCNStrategy(ModelAveragingStrategy):
                          "--feature-bound (a public bound) or scale the features", tag=TAG, round=0, client=worst)
 
     def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
-        """Bytes of the exchange from the transcript and its float32 baseline (as
-        :meth:`secure_fgl.algorithms.fedgcn.FedGCN._pretrain_stats`, totals only)."""
-        width, tr = self.facts.num_features + 1, self.protocol.transcript
-        f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, self.exchange_rows, self.fopts.layout)
-        up = sum(m.nbytes for m in tr.select(tag=TAG, receiver=SERVER))
-        down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER))
-        eq_up, eq_down = sum(f32_up.values()), sum(f32_down.values())
-        return {"pretrain_bytes_up": up, "pretrain_bytes_down": down, "pretrain_plaintext_equiv_bytes_up": eq_up,
-                "pretrain_plaintext_equiv_bytes_down": eq_down, "pretrain_upload_ratio": up / eq_up if eq_up else None,
-                "pretrain_row_order": self.fopts.row_order, "pretrain_exchange_rows": self.exchange_rows,
+        """The in-process FedGCN's figures (:func:`secure_fgl.algorithms.fedgcn.pretrain_stats`) from
+        the server half's transcript, plus the bytes of the row numbering."""
+        tr = self.protocol.transcript
+        return {**pretrain_stats(tr, rows_up, rows_down, self.facts.num_features + 1, self.exchange_rows,
+                                 self.fopts.layout, self.fopts.row_order),
                 "pretrain_order_bytes": sum(m.nbytes for m in tr.messages if m.tag in (ORDER_TAG, IDS_TAG))}
 
     def final_metrics(self) -> dict:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import torch
 
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import READABLE_KINDS, Message
@@ -154,6 +155,14 @@ class Strategy:
 
     def final_metrics(self) -> dict:
         return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
+
+    def deployed_weights(self) -> dict:
+        """``best_model.pt``'s content (:mod:`secure_fgl.engine.hooks`): each live client's deployed
+        model as ``models.<k>.<parameter>``, asked of its runtime (the run's output, as inline
+        writes it: not a protocol message, counted in the executor's stats only)."""
+        answers = self.ask("weights", {k: {} for k in self.alive()})
+        return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers)
+                for name, t in answers[k].items()}
 
     # ------------------------------------------------------------------ checkpoints
     def _client_file(self, k: int) -> str:
