@@ -135,6 +135,14 @@ class ExchangeContext:
     float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
     keep: dict | None = None                 # recipient -> the rows of its blocks it keeps (RowSelection)
 
+    def check_requests(self, num_clients: int) -> None:
+        """Every recipient is a client and asks only for blocks of this exchange (else ShapeError)."""
+        for r, bids in self.requests.items():
+            bids = np.asarray(bids)
+            if not 0 <= int(r) < num_clients or (bids.size and (bids.min() < 0 or bids.max() >= self.num_blocks)):
+                raise ShapeError(f"recipient {r} requests blocks outside [0, {self.num_blocks})",
+                                 tag=self.tag, round=self.round, client=r)
+
 
 @dataclass(frozen=True)
 class DPRequest:

@@ -783,11 +783,7 @@ class CKKSProtocol(SplitProtocol):
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
-        for r, bids in ctx.requests.items():
-            bids = np.asarray(bids)
-            if not 0 <= int(r) < self.num_clients or (bids.size and (bids.min() < 0 or bids.max() >= ctx.num_blocks)):
-                raise ShapeError(f"recipient {r} requests blocks outside [0, {ctx.num_blocks})",
-                                 tag=ctx.tag, round=ctx.round, client=r)
+        ctx.check_requests(self.num_clients)
         ep = choose_chain(self._plans(ctx.spec, ctx.dp_noise_std, ctx.tag, ctx.round), ctx.block_len)
         n_pieces = math.ceil(ctx.block_len / ep.values_per_ciphertext)
         per_chunk = max(1, self.chunk_bytes // max(1, len(ctx.contributions) * n_pieces * ep.chain.ciphertext_bytes))

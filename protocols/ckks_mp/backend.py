@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import ExchangeContext
-from ..errors import BoundError, PackingOverflowError, ShapeError
+from ..errors import BoundError, PackingOverflowError
 from ..split import SplitProtocol
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
@@ -110,11 +110,7 @@ class CKKSMPProtocol(SplitProtocol):
             return self.params.n          # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
-        for r, bids in ctx.requests.items():
-            bids = np.asarray(bids)
-            if not 0 <= int(r) < self.num_clients or (bids.size and (bids.min() < 0 or bids.max() >= ctx.num_blocks)):
-                raise ShapeError(f"recipient {r} requests blocks outside [0, {ctx.num_blocks})",
-                                 tag=ctx.tag, round=ctx.round, client=r)
+        ctx.check_requests(self.num_clients)
         plan = plan_exchange(self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len,
                              tag=ctx.tag, round=ctx.round)
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
