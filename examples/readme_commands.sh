@@ -30,6 +30,11 @@ step $SFGL run --algorithm fedgcn --hops 2 --mode mask --dp-epsilon 4 --dataset 
 step $SFGL run --config run.toml --quiet --out runs/config
 step $SFGL run --executor local --mode mask "${SHORT[@]}" --out runs/local
 step $SFGL run --executor ray --ray-num-cpus 2 --ray-workers 2 --mode ckks "${SHORT[@]}" --out runs/ray
+# the README's two-machine walkthrough on one machine: one node declaring both sites
+step ray start --head --port=6390 --num-cpus=2 --include-dashboard=false --resources '{"site_a": 1, "site_b": 1}'
+step $SFGL run --algorithm fedavg --mode mask --clients 3 --executor ray --ray-address auto \
+    --ray-client-resources "site_a:0,1;site_b:2" "${SHORT[@]}" --out runs/ray-pinned
+step ray stop
 step $SFGL run --out runs/main --resume --rounds 3 --quiet
 step $SFGL run --attacks all "${SHORT[@]}" --out runs/attacks
 TAIL=2 step $SFGL run --help

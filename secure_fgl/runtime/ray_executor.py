@@ -92,7 +92,12 @@ class RayExecutor(Executor):
         self.started_cluster = False
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, log_to_driver=False)
+                try:
+                    ray.init(address=address, log_to_driver=False)
+                except ConnectionError as exc:
+                    raise ConfigError(f"--ray-address {address}: no Ray cluster answers ({exc}). Start one with "
+                                      "`ray start --head` and pass the address it prints (its node IP, which "
+                                      "127.0.0.1 is not), or auto on the head machine") from None
             else:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
                 self.started_cluster = True
