@@ -57,6 +57,8 @@ def load_federation(cfg: RunConfig):
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
+    if cfg.ckks_real_slots:
+        extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
