@@ -11,7 +11,7 @@ from secure_fgl.experiment import load_federation, make_run_protocol, run_experi
 from secure_fgl.runtime.build import make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
-from secure_fgl.runtime.ray_executor import RayExecutor
+from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
 from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
@@ -53,6 +53,9 @@ def test_fedomd_on_ray_gives_the_local_run():
            [[(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]] * 2
     assert runs[0]["final"]["test_acc"] == runs[1]["final"]["test_acc"]
     assert runs[0]["comm"]["per_tag"] == runs[1]["comm"]["per_tag"]
+    # the actors kept for the next run on this cluster hold no runtime of this one
+    idle = ray.get([host.memory.remote() for host in _IDLE_HOSTS])
+    assert idle and all(m["clients"] == 0 and m["Pss"] > 0 for m in idle)
 
 
 class RecordingRayExecutor(Recording, RayExecutor):

@@ -108,7 +108,7 @@ class GAPLogic(ModelAveragingLogic):
             return {}
         if not tag.startswith(HOP_TAG + "/"):
             return super().receive(req)
-        totals = rows_result(self.rt.half.result(), self.data.global_ids.cpu().numpy(), int(req["rpb"]),
+        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]),
                              self.cfg.hidden)
         self.hops.append(row_normalise(torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)))
         if len(self.hops) == self.gopts.hops + 1:
