@@ -162,6 +162,17 @@ def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
     assert calls["privatize:fedgcn/neighbour_sums"]["calls"] >= 1 and calls["privatize:fedgcn/model"]["calls"] >= 2
 
 
+def test_dpsgd_runs_on_the_actors_with_the_privacy_section_of_local():
+    """fedgcn-gap --dpsgd on Ray (one round a stage): each client's DP-SGD steps on its actor, the
+    driver's accountant as with the local executor."""
+    cfg = dict(rounds=1, dp_epsilon=4.0, options={"dpsgd": True})
+    local = run_experiment(small("fedgcn-gap", "plain", **cfg), progress=False)
+    remote = run_experiment(small("fedgcn-gap", "plain", executor="ray", **cfg), progress=False)
+    assert remote["config"]["executor"] == "ray" and remote["privacy"] == local["privacy"]
+    assert {r["tag"] for r in remote["privacy"]["releases"] if r.get("unit") == "sample"} == \
+           {"fedgcn-gap/encoder/dpsgd", "fedgcn-gap/dpsgd"}
+
+
 def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():
     """All three clients on one actor, client 0 first: the actor lets 1 and 2 read their bundles
     before it re-raises client 0's refusal (test_runtime.refusal_keeps_the_other_clients_keys)."""

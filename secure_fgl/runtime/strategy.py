@@ -51,6 +51,7 @@ class Strategy:
     name = "base"
     personalized = False
     #: its DP exchanges clip and noise on the clients (:mod:`.dp`); otherwise DP runs are refused
+    #: (:func:`.build.check_runtime`)
     dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options: dict):
@@ -66,9 +67,6 @@ class Strategy:
         elif protocol.dp is not None:
             raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
                               f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
-        if protocol.dp is not None and not self.dp_on_runtimes:
-            raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
-                              "yet; use --executor inline")
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
@@ -217,12 +215,17 @@ class ModelAveragingStrategy(Strategy):
         algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
         self.round = rnd
         sampled = self.sample_clients(rnd)
-        done = self.ask("local_update", {k: {"round": rnd, **({"model": tag} if tag else {})} for k in sampled})
+        ask = self.local_update_request(rnd, tag)
+        done = self.ask("local_update", {k: ask for k in sampled})
         losses = [r["loss"] for r in done.values() if r["trained"]]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
             self.aggregate(rnd, contributors, tag)
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
+
+    def local_update_request(self, rnd: int, tag: str | None) -> dict:
+        """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""
+        return {"round": rnd, **({"model": tag} if tag else {})}
 
     #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
     model_dp_request = ModelAveraging.model_dp_request
