@@ -80,3 +80,34 @@ def test_a_process_reads_its_pss_and_gives_freed_buffers_back():
     del buffers, b
     memory.release_freed_memory()
     assert memory.process_pss(os.getpid())["Pss_Anon"] < held - 48 * memory.LARGE_BUFFER_BYTES
+
+
+def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
+    """A client pinned to a node gets the digest of its data, not the data; its runtime loads and
+    partitions the dataset there and holds exactly the subgraph the driver planned."""
+    import dataclasses
+    import torch
+
+    from secure_fgl.experiment import load_federation
+    from secure_fgl.runtime import partition, wire
+    from secure_fgl.runtime.client import DATA_FIELDS, ClientRuntime
+    from secure_fgl.runtime.facts import PublicFacts
+    from secure_fgl.runtime.strategy import Strategy
+
+    cfg = small("fedavg", "plain", executor="ray", ray_client_resources="site_a:1").validate()
+    fed = load_federation(cfg)
+    frames = Strategy.client_frames(fed, cfg, PublicFacts.of(fed), {}, None)
+    shipped, pinned = wire.unpack(frames[0]), wire.unpack(frames[1])
+    assert "x" in shipped and not set(DATA_FIELDS) & set(pinned) and "far_owner" not in pinned
+    assert len(frames[1]) < len(frames[0]) / 10
+    partition.forget()
+    built = ClientRuntime(frames[1])
+    c = fed.clients[1]
+    assert all(torch.equal(getattr(built.data, f), getattr(c, f)) for f in DATA_FIELDS)
+    assert torch.equal(built.far_owner, partition.far_owners(fed, c))
+    other = dataclasses.replace(cfg, seed=cfg.seed + 1)          # another partition of the same dataset
+    forged = wire.pack({**pinned, "config": other.to_dict()})
+    partition.forget()
+    with pytest.raises(ValueError, match="differs from the driver's"):
+        ClientRuntime(forged)
+    partition.forget()

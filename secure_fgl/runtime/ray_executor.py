@@ -31,6 +31,7 @@ import time
 from typing import Mapping
 
 from ..config import ConfigError
+from . import partition
 from .executor import Executor, answer_each
 from .memory import map_large_buffers, process_pss, release_freed_memory
 from .placement import PIN, actor_plan
@@ -58,6 +59,7 @@ class ClientHost:
         self.empty()
         for k in sorted(frames):
             self.runtimes[k] = ClientRuntime(frames.pop(k), self.device)
+        partition.forget()                         # pinned clients' shared load of the data (.partition)
         release_freed_memory()
         return sorted(self.runtimes)
 

@@ -41,6 +41,8 @@ from . import wire
 from .client import client_frame
 from .dp import privatize_dense
 from .exchange import plan_dense, run_split, split_backend
+from .partition import far_owners
+from .placement import parse_client_resources
 
 EVAL_TAG = "eval/counts"
 
@@ -72,11 +74,12 @@ class Strategy:
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
-        """The set-up frame of each runtime the strategy addresses: one per client, its own data only."""
-        owner = fed.owner
-        return {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
-                                          c.cross_edges[1].new_empty(0), cfg, facts, options, party_setup)
-                for c in fed.clients}
+        """The set-up frame of each runtime the strategy addresses: one per client, its own data
+        only; a client pinned to a Ray node (``--ray-client-resources``) loads its data there
+        (:mod:`.partition`) and gets the digest of it instead."""
+        pinned = parse_client_resources(cfg.ray_client_resources, cfg.clients) if cfg.ray_client_resources else {}
+        return {c.client_id: client_frame(c, far_owners(fed, c), cfg, facts, options, party_setup,
+                                          load_own_data=c.client_id in pinned) for c in fed.clients}
 
     @property
     def num_clients(self) -> int:
