@@ -12,10 +12,12 @@ Per run (``runtime_bench.json``): wall seconds and the run's own phase times; ex
 messages and bytes; per-message overhead (a 1 KiB ping to every client through the executor,
 seconds per message, measured on the warm executor after the run); peak RSS of the driver; peak
 total PSS of the driver and everything it started (Ray actors, raylet, GCS: sampled every 0.5 s
-with psutil) and, for Ray, PSS/RSS of each actor at the end; the 1-minute load average before
+from ``/proc/PID/smaps_rollup``), each process's PSS and its anonymous / shared-memory / file parts at
+that peak (``pss_at_peak``) and, for Ray, each actor's at the end; the 1-minute load average before
 and after.  The table gives the median over repeats and the speed-up of each executor against
 ``local`` (``local_s / executor_s``).  Ray runs on a local cluster of ``ray_cpus`` CPUs started
-once; its actors are reused between runs, so one warm-up run per client count on a 2000-node graph
+once; its actors are reused between runs (emptied of the last run's runtimes and their memory,
+:meth:`~secure_fgl.runtime.ray_executor.ClientHost.empty`), so one warm-up run per client count on a 2000-node graph
 (its seconds under ``ray_warmup_s``, not in the table) pays the actors' start.  inline/local PSS is the driver's
 alone; Ray's is the driver's plus every process it started (actors, raylet, GCS).
 
@@ -243,6 +245,10 @@ def summarise(records: list[dict]) -> list[dict]:
                "per_message_overhead_us": (med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6
                                            if executor != "inline" else None),
                "load_avg_1m": med(lambda r: r["load_avg_1m"][0])}
+        peak = max(rs, key=lambda r: r["peak_total_pss_mb"]).get("pss_at_peak", [])
+        row["pss_at_peak_mb"] = {"driver": sum(p["pss_mb"] for p in peak if p["name"] == "driver"),
+                                 "actors": [p["pss_mb"] for p in peak if p["name"] == "ray::ClientHost"],
+                                 "other": sum(p["pss_mb"] for p in peak if p["name"] not in ("driver", "ray::ClientHost"))}
         if executor == "ray":
             row["actor_pss_mb"] = [round(a["pss_mb"]) for a in rs[-1].get("actors", [])]
         rows.append(row)
@@ -262,3 +268,7 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['clients']:>4} {r['mode']:<5} {r['executor']:<8} {r['runs']:>4} {r['wall_s']:>8.1f} "
               f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {speedup:>8} {us:>8} "
               f"{r['peak_total_pss_mb']:>8.0f} {r['load_avg_1m']:>6.1f}")
+        at = r["pss_at_peak_mb"]
+        if at["actors"]:
+            print(f"{'':>19}PSS at the peak: driver {at['driver']:.0f}, actors "
+                  f"{' + '.join(f'{a:.0f}' for a in at['actors'])}, Ray's other processes {at['other']:.0f} MB")
