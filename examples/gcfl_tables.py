@@ -69,9 +69,13 @@ PAPER = {"NCI1": {"GCFL": 0.733, "GCFL+": 0.742, "FedAvg": 0.647, "self-train": 
          "biochem": {"GCFL": 0.717, "GCFL+": 0.731, "FedAvg": 0.694, "self-train": 0.713},
          "mix": {"GCFL": 0.706, "GCFL+": 0.712, "FedAvg": 0.689, "self-train": 0.700}}
 PAIRWISE_TAGS = ("gcfl/similarity", "gcfl/similarity/keys")
+#: chunk orders (``--order``): graphs shuffled by the seed before chunking, or the reference's file order
+ORDERS = ("shuffled", "file")
+MODES = ("plain", "ckks", "mask")
+TABLE3 = ("NCI1", "PROTEINS", "IMDB-BINARY")
 
 
-def config(setting: str, method: str, mode: str, seed: int, args) -> RunConfig:
+def config(setting: str, method: str, mode: str, seed: int, args, order: str = "shuffled") -> RunConfig:
     dataset, clients, eps1, eps2, seq = SETTINGS[setting]
     algorithm = METHODS[method]
     options = {}
@@ -83,24 +87,32 @@ def config(setting: str, method: str, mode: str, seed: int, args) -> RunConfig:
         options = {"mu": 0.01}
     return RunConfig(algorithm=algorithm, dataset=dataset, clients=clients, mode=mode, hidden=64, num_layers=3,
                      dropout=0.5, lr=1e-3, weight_decay=5e-4, rounds=args.rounds, local_epochs=1, seed=seed,
-                     data_root=args.data_root, options=options)
+                     data_root=args.data_root, options=options,
+                     **({"partition": "file-order"} if order == "file" else {}))
 
 
 def command(cfg: RunConfig, out: Path) -> str:
     flags = ["python", "-m", "secure_fgl.cli.main", "run", "--algorithm", cfg.algorithm, "--dataset", cfg.dataset,
              "--clients", cfg.clients, "--mode", cfg.mode, "--hidden", 64, "--num-layers", 3, "--lr", cfg.lr,
              "--weight-decay", cfg.weight_decay, "--rounds", cfg.rounds, "--seed", cfg.seed, "--out", out, "--quiet"]
+    if cfg.partition == "file-order":
+        flags += ["--partition", "file-order"]
     for k, v in cfg.options.items():
         flags += [f"--{k.replace('_', '-')}", v]
     return shlex.join(map(str, flags))
 
 
-def run_dir(out: Path, setting: str, method: str, mode: str, seed: int) -> Path:
-    return out / setting / f"{METHODS[method]}-{mode}" / f"seed{seed}"
+def label(setting: str, order: str) -> str:
+    """Table and folder name: ``PROTEINS`` (graphs shuffled, then chunked) or ``PROTEINS-file-order``."""
+    return setting if order == "shuffled" else f"{setting}-file-order"
 
 
-def load(out: Path, setting: str, method: str, mode: str, seed: int) -> dict | None:
-    path = run_dir(out, setting, method, mode, seed) / "result.json"
+def run_dir(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> Path:
+    return out / label(setting, order) / f"{METHODS[method]}-{mode}" / f"seed{seed}"
+
+
+def load(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> dict | None:
+    path = run_dir(out, setting, method, mode, seed, order) / "result.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -120,14 +132,14 @@ def total_bytes(result: dict) -> int:
     return sum(v["bytes_up"] + v["bytes_down"] + v["bytes_p2p"] for v in result["comm"]["per_tag"].values())
 
 
-def ckks_vs_plain(out: Path, args) -> list[str]:
-    """Same seed, ckks vs plain: every round's loss and accuracy, the split rounds and partitions,
-    the largest difference of the similarities each split cut, and the cut margins."""
+def secure_vs_plain(out: Path, args) -> list[str]:
+    """Same seed, ckks (or mask) vs plain: every round's loss and accuracy, the split rounds and
+    partitions, the largest difference of the similarities each split cut, and the cut margins."""
     rows = []
-    for setting in SETTINGS:
+    for setting, mode in ((s, m) for s in SETTINGS for m in MODES[1:]):
         for method in ("GCFL", "GCFL+"):
             for seed in args.seeds:
-                plain, ckks = (load(out, setting, method, m, seed) for m in ("plain", "ckks"))
+                plain, ckks = (load(out, setting, method, m, seed) for m in ("plain", mode))
                 if plain is None or ckks is None:
                     continue
                 same_rounds = sum(a["train_loss"] == b["train_loss"] and a["test_acc"] == b["test_acc"]
@@ -140,7 +152,7 @@ def ckks_vs_plain(out: Path, args) -> list[str]:
                 proven = [a["cut_margin"] > cut_flip_bound(len(a["cluster"]), d) for a, d in pairs
                           if a.get("cut_margin") is not None]
                 rows.append("| " + " | ".join([
-                    setting, method, str(seed), f"{same_rounds}/{len(plain['rounds'])}",
+                    setting, method, mode, str(seed), f"{same_rounds}/{len(plain['rounds'])}",
                     ", ".join(str(s["round"]) for s in sp) or "-", ", ".join(str(s["round"]) for s in sc) or "-",
                     "yes" if [s["into"] for s in sp] == [s["into"] for s in sc] else "no",
                     "yes" if plain["final"]["clusters"] == ckks["final"]["clusters"] else "no",
@@ -148,14 +160,14 @@ def ckks_vs_plain(out: Path, args) -> list[str]:
                     f"{sum(proven)}/{len(proven)}" if proven else "-"]) + " |")
     if not rows:
         return []
-    return ["", "## ckks vs plain on the same seed", "",
+    return ["", "## secure mode vs plain on the same seed", "",
             "Rounds equal: rounds whose train loss and test accuracy are bit-identical. Similarity error: the "
             "largest |ckks - plain| over the similarities a split cut (GCFL+: none, its DTW input is plain). "
             "Smallest margin: the lightest cut's lead over the next one (plain; `-` above 16 members). Cut "
             "proven: splits whose margin exceeds m^2/2 times that split's similarity error, so no error of that "
             "size can change the cut (`secure_fgl.algorithms.clustering.cut_flip_bound`).", "",
-            "| setting | method | seed | rounds equal | plain splits at | ckks splits at | same partitions "
-            "| same final clusters | similarity error | smallest margin | cut proven |", "|" + "---|" * 11] + rows
+            "| setting | method | mode | seed | rounds equal | plain splits at | secure splits at | same partitions "
+            "| same final clusters | similarity error | smallest margin | cut proven |", "|" + "---|" * 12] + rows
 
 
 def table(out: Path, args) -> str:
@@ -165,17 +177,17 @@ def table(out: Path, args) -> str:
     header = ("| setting | method | mode | seeds | avg acc | paper | min gain | improved | best cached (ref.) "
               "| clusters at end | s/run | MB/run | pairwise MB/run |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    for setting in SETTINGS:
+    for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
         for method in METHODS:
-            for mode in ("plain", "ckks"):
-                rs = {s: load(out, setting, method, mode, s) for s in args.seeds}
+            for mode in MODES:
+                rs = {s: load(out, setting, method, mode, s, order) for s in args.seeds}
                 rs = {s: r for s, r in rs.items() if r is not None}
                 if not rs:
                     continue
                 accs = [statistics.mean(r["final"]["per_client_test_acc_last"]) for r in rs.values()]
                 gains, improved = [], []
                 for s, r in rs.items():
-                    base = load(out, setting, "self-train", "plain", s)
+                    base = load(out, setting, "self-train", "plain", s, order)
                     if base is None or method == "self-train":
                         continue
                     diff = [a - b for a, b in zip(r["final"]["per_client_test_acc_last"],
@@ -184,19 +196,19 @@ def table(out: Path, args) -> str:
                     improved.append(sum(d > 0 for d in diff) / len(diff))
                 cached = [r["final"]["test_acc_best_cached"] for r in rs.values() if "test_acc_best_cached" in r["final"]]
                 clusters = "; ".join(str(len(r["final"]["clusters"])) for r in rs.values())
-                if mode == "ckks":
-                    same = [r["final"]["clusters"] == (load(out, setting, method, "plain", s) or {}).get(
+                if mode != "plain":
+                    same = [r["final"]["clusters"] == (load(out, setting, method, "plain", s, order) or {}).get(
                         "final", {}).get("clusters") for s, r in rs.items()]
                     clusters += f" (= plain: {sum(same)}/{len(same)})"
                 lines.append("| " + " | ".join([
-                    setting, method, mode, str(len(rs)), mean_std(accs), f"{PAPER[setting].get(method, '-')}",
+                    label(setting, order), method, mode, str(len(rs)), mean_std(accs), f"{PAPER[setting].get(method, '-')}",
                     f"{statistics.mean(gains):+.3f}" if gains else "-",
                     f"{statistics.mean(improved):.2f}" if improved else "-",
                     mean_std(cached) if cached else "-", clusters,
                     f"{statistics.mean(r['time']['total'] for r in rs.values()):.0f}",
                     f"{statistics.mean(total_bytes(r) for r in rs.values()) / 1e6:.1f}",
                     f"{statistics.mean(pairwise_bytes(r) for r in rs.values()) / 1e6:.1f}"]) + " |")
-    lines += ckks_vs_plain(out, args)
+    lines += secure_vs_plain(out, args)
     cmds = out / "commands.txt"
     if cmds.exists():
         lines += ["", "## Commands (one CLI line per run; the script ran them in-process)", "", "```"]
@@ -213,6 +225,10 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--ckks", nargs="*", default=[], help="settings whose GCFL/GCFL+ also run in ckks")
+    p.add_argument("--mask", nargs="*", default=[], help="settings whose GCFL+ also runs in mask (GCFL "
+                   "refuses mask: its similarities need ckks)")
+    p.add_argument("--order", choices=ORDERS, default="shuffled",
+                   help="chunk order of the single-dataset settings (file: the reference's _randChunk)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default="runs/gcfl_tables")
     p.add_argument("--table-only", action="store_true")
@@ -220,10 +236,18 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        jobs = [Job(run_dir(out, setting, method, mode, seed), config(setting, method, mode, seed, args),
-                    {"setting": setting, "method": method})
+        def modes(setting: str, method: str) -> list[str]:
+            return (["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])
+                    + (["mask"] if setting in args.mask and method == "GCFL+" else []))
+
+        def order(setting: str) -> str:
+            return args.order if setting in TABLE3 else "shuffled"
+
+        jobs = [Job(run_dir(out, setting, method, mode, seed, order(setting)),
+                    config(setting, method, mode, seed, args, order(setting)),
+                    {"setting": label(setting, order(setting)), "method": method})
                 for setting in args.settings for seed in args.seeds for method in args.methods
-                for mode in ["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])]
+                for mode in modes(setting, method)]
 
         def done(job: Job, r: dict, seconds: float) -> None:
             print(f"{job.meta['setting']} {job.meta['method']} {job.cfg.mode} seed {job.cfg.seed}: "
