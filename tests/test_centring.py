@@ -57,6 +57,25 @@ def test_centred_model_equals_the_model_on_the_centred_copy(name):
     assert torch.allclose(hooked(x, graph), plain(x, graph), atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["gcn", "fedgcn"])
+def test_a_dense_input_is_dropped_out_as_the_centred_copy(name):
+    """Above the sparse-dropout density the dropout acts on ``X - 1 mu^T`` exactly: the same training
+    forward (same dropout key) as the model fed the centred copy."""
+    from secure_fgl.engine import rng
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(30, 12, generator=g) < 0.5).float()
+    mu = own_mean(x, 20)
+    hooked, graph = _models(name, x.size(1))
+    hooked.dropout = 0.5
+    plain = copy.deepcopy(hooked)
+    centre_first_layer(hooked, mu)
+    outs = []
+    for model, inp in ((hooked, x), (plain, x - mu)):
+        with rng.using(rng.client_generator(0, 1, 0, 0)):
+            outs.append(model(inp, graph))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+
+
 def test_centring_refuses_a_model_without_a_linear_first_map():
     with pytest.raises(ConfigError, match="--center"):
         centre_first_layer(build_model("sage", 12, 8, 3), torch.zeros(1, 12))
