@@ -22,12 +22,15 @@ Columns (per setting and method, over ``--seeds``):
   accuracy over cached cluster models), reported for comparison, not as our result;
 * ``s/run`` and ``MB/run`` (all exchanges) with the pairwise-statistics exchange separately.
 
-ckks rows (``--ckks``): GCFL/GCFL+ rerun in ckks on the listed settings; the table says whether
-the cluster assignments equal plain's on the same seed and the accuracy difference.
+ckks rows (``--ckks``): GCFL/GCFL+ rerun in ckks on the listed settings; mask rows (``--mask``):
+GCFL+ in mask (GCFL refuses mask); the table says whether the cluster assignments equal plain's on
+the same seed, round by round.  ``--order file`` chunks the single-dataset settings in file order
+as the reference ``_randChunk`` (rows ``<setting>-file-order``).  Two more sections: self-train
+after 50 epochs (the reference's self-train length) and FedProx against FedAvg on the same seed.
 
 Run (reduced, as reported in docs/gcfl.md)::
 
-    OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_tables.py --data-root ../shared/datasets \\
+    OMP_NUM_THREADS=1 nice -n 10 python examples/gcfl_tables.py --data-root ../shared/datasets \\
         --settings PROTEINS --seeds 0 1 2 --ckks PROTEINS --out runs/gcfl_tables
 
 Each run writes ``<out>/<setting>/<method>-<mode>/seed<s>/result.json`` and is skipped when it
@@ -61,17 +64,33 @@ SETTINGS = {
 }
 METHODS = {"self-train": "gc-selftrain", "FedAvg": "gc-fedavg", "FedProx": "gc-fedprox",
            "GCFL": "gcfl", "GCFL+": "gcflplus"}
-#: the paper's average accuracy (Tables 3-4, as quoted in issue 19), for the comparison column
-PAPER = {"NCI1": {"GCFL": 0.733, "GCFL+": 0.742, "FedAvg": 0.647, "self-train": 0.647},
-         "PROTEINS": {"GCFL": 0.774, "GCFL+": 0.778, "FedAvg": 0.749, "self-train": 0.721},
-         "IMDB-BINARY": {"GCFL": 0.826, "GCFL+": 0.830, "FedAvg": 0.760, "self-train": 0.765},
-         "molecules": {"GCFL": 0.766, "GCFL+": 0.775, "FedAvg": 0.752, "self-train": 0.754},
-         "biochem": {"GCFL": 0.717, "GCFL+": 0.731, "FedAvg": 0.694, "self-train": 0.713},
-         "mix": {"GCFL": 0.706, "GCFL+": 0.712, "FedAvg": 0.689, "self-train": 0.700}}
+#: the paper's Tables 3-4: average accuracy, minimum gain over self-train, clients improved
+PAPER = {"NCI1": {"self-train": (0.6468, None, None), "FedAvg": (0.6474, -0.1333, "14/30"),
+                  "FedProx": (0.6437, -0.2400, "16/30"), "GCFL": (0.7326, -0.0462, "26/30"),
+                  "GCFL+": (0.7422, -0.1143, "28/30")},
+         "PROTEINS": {"self-train": (0.7213, None, None), "FedAvg": (0.7490, -0.0615, "6/10"),
+                      "FedProx": (0.7556, -0.0923, "7/10"), "GCFL": (0.7739, -0.0545, "8/10"),
+                      "GCFL+": (0.7776, -0.0154, "9/10")},
+         "IMDB-BINARY": {"self-train": (0.7654, None, None), "FedAvg": (0.7596, -0.0800, "5/10"),
+                         "FedProx": (0.7746, -0.0600, "6/10"), "GCFL": (0.8256, 0.0182, "10/10"),
+                         "GCFL+": (0.8299, 0.0167, "10/10")},
+         "molecules": {"self-train": (0.7543, None, None), "FedAvg": (0.7524, -0.0132, "3/7"),
+                       "FedProx": (0.7668, -0.0054, "5/7"), "GCFL": (0.7661, 0.0010, "7/7"),
+                       "GCFL+": (0.7745, 0.0010, "7/7")},
+         "biochem": {"self-train": (0.7129, None, None), "FedAvg": (0.6944, -0.1467, "4/10"),
+                     "FedProx": (0.7053, -0.1000, "5/10"), "GCFL": (0.7172, -0.0700, "7/10"),
+                     "GCFL+": (0.7312, -0.0300, "8/10")},
+         "mix": {"self-train": (0.7001, None, None), "FedAvg": (0.6886, -0.1233, "5/13"),
+                 "FedProx": (0.6897, -0.1367, "5/13"), "GCFL": (0.7056, -0.1400, "10/13"),
+                 "GCFL+": (0.7121, -0.0233, "10/13")}}
 PAIRWISE_TAGS = ("gcfl/similarity", "gcfl/similarity/keys")
+#: chunk orders (``--order``): graphs shuffled by the seed before chunking, or the reference's file order
+ORDERS = ("shuffled", "file")
+MODES = ("plain", "ckks", "mask")
+TABLE3 = ("NCI1", "PROTEINS", "IMDB-BINARY")
 
 
-def config(setting: str, method: str, mode: str, seed: int, args) -> RunConfig:
+def config(setting: str, method: str, mode: str, seed: int, args, order: str = "shuffled") -> RunConfig:
     dataset, clients, eps1, eps2, seq = SETTINGS[setting]
     algorithm = METHODS[method]
     options = {}
@@ -83,24 +102,32 @@ def config(setting: str, method: str, mode: str, seed: int, args) -> RunConfig:
         options = {"mu": 0.01}
     return RunConfig(algorithm=algorithm, dataset=dataset, clients=clients, mode=mode, hidden=64, num_layers=3,
                      dropout=0.5, lr=1e-3, weight_decay=5e-4, rounds=args.rounds, local_epochs=1, seed=seed,
-                     data_root=args.data_root, options=options)
+                     data_root=args.data_root, options=options,
+                     **({"partition": "file-order"} if order == "file" else {}))
 
 
 def command(cfg: RunConfig, out: Path) -> str:
     flags = ["python", "-m", "secure_fgl.cli.main", "run", "--algorithm", cfg.algorithm, "--dataset", cfg.dataset,
              "--clients", cfg.clients, "--mode", cfg.mode, "--hidden", 64, "--num-layers", 3, "--lr", cfg.lr,
              "--weight-decay", cfg.weight_decay, "--rounds", cfg.rounds, "--seed", cfg.seed, "--out", out, "--quiet"]
+    if cfg.partition == "file-order":
+        flags += ["--partition", "file-order"]
     for k, v in cfg.options.items():
         flags += [f"--{k.replace('_', '-')}", v]
     return shlex.join(map(str, flags))
 
 
-def run_dir(out: Path, setting: str, method: str, mode: str, seed: int) -> Path:
-    return out / setting / f"{METHODS[method]}-{mode}" / f"seed{seed}"
+def label(setting: str, order: str) -> str:
+    """Table and folder name: ``PROTEINS`` (graphs shuffled, then chunked) or ``PROTEINS-file-order``."""
+    return setting if order == "shuffled" else f"{setting}-file-order"
 
 
-def load(out: Path, setting: str, method: str, mode: str, seed: int) -> dict | None:
-    path = run_dir(out, setting, method, mode, seed) / "result.json"
+def run_dir(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> Path:
+    return out / label(setting, order) / f"{METHODS[method]}-{mode}" / f"seed{seed}"
+
+
+def load(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> dict | None:
+    path = run_dir(out, setting, method, mode, seed, order) / "result.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -120,14 +147,14 @@ def total_bytes(result: dict) -> int:
     return sum(v["bytes_up"] + v["bytes_down"] + v["bytes_p2p"] for v in result["comm"]["per_tag"].values())
 
 
-def ckks_vs_plain(out: Path, args) -> list[str]:
-    """Same seed, ckks vs plain: every round's loss and accuracy, the split rounds and partitions,
-    the largest difference of the similarities each split cut, and the cut margins."""
+def secure_vs_plain(out: Path, args) -> list[str]:
+    """Same seed, ckks (or mask) vs plain: every round's loss and accuracy, the split rounds and
+    partitions, the largest difference of the similarities each split cut, and the cut margins."""
     rows = []
-    for setting in SETTINGS:
+    for setting, mode in ((s, m) for s in SETTINGS for m in MODES[1:]):
         for method in ("GCFL", "GCFL+"):
             for seed in args.seeds:
-                plain, ckks = (load(out, setting, method, m, seed) for m in ("plain", "ckks"))
+                plain, ckks = (load(out, setting, method, m, seed) for m in ("plain", mode))
                 if plain is None or ckks is None:
                     continue
                 same_rounds = sum(a["train_loss"] == b["train_loss"] and a["test_acc"] == b["test_acc"]
@@ -140,7 +167,7 @@ def ckks_vs_plain(out: Path, args) -> list[str]:
                 proven = [a["cut_margin"] > cut_flip_bound(len(a["cluster"]), d) for a, d in pairs
                           if a.get("cut_margin") is not None]
                 rows.append("| " + " | ".join([
-                    setting, method, str(seed), f"{same_rounds}/{len(plain['rounds'])}",
+                    setting, method, mode, str(seed), f"{same_rounds}/{len(plain['rounds'])}",
                     ", ".join(str(s["round"]) for s in sp) or "-", ", ".join(str(s["round"]) for s in sc) or "-",
                     "yes" if [s["into"] for s in sp] == [s["into"] for s in sc] else "no",
                     "yes" if plain["final"]["clusters"] == ckks["final"]["clusters"] else "no",
@@ -148,34 +175,72 @@ def ckks_vs_plain(out: Path, args) -> list[str]:
                     f"{sum(proven)}/{len(proven)}" if proven else "-"]) + " |")
     if not rows:
         return []
-    return ["", "## ckks vs plain on the same seed", "",
+    return ["", "## secure mode vs plain on the same seed", "",
             "Rounds equal: rounds whose train loss and test accuracy are bit-identical. Similarity error: the "
             "largest |ckks - plain| over the similarities a split cut (GCFL+: none, its DTW input is plain). "
             "Smallest margin: the lightest cut's lead over the next one (plain; `-` above 16 members). Cut "
             "proven: splits whose margin exceeds m^2/2 times that split's similarity error, so no error of that "
             "size can change the cut (`secure_fgl.algorithms.clustering.cut_flip_bound`).", "",
-            "| setting | method | seed | rounds equal | plain splits at | ckks splits at | same partitions "
-            "| same final clusters | similarity error | smallest margin | cut proven |", "|" + "---|" * 11] + rows
+            "| setting | method | mode | seed | rounds equal | plain splits at | secure splits at | same partitions "
+            "| same final clusters | similarity error | smallest margin | cut proven |", "|" + "---|" * 12] + rows
+
+
+def selftrain_at_50(out: Path, args) -> list[str]:
+    """Self-train's client-mean test accuracy after 50 epochs: the reference trains self-train for
+    50 local epochs (``main_oneDS.py``), our run for ``--rounds`` one-epoch rounds."""
+    rows = []
+    for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
+        rs = [r for r in (load(out, setting, "self-train", "plain", s, order) for s in args.seeds) if r]
+        if rs and len(rs[0]["rounds"]) >= 50:
+            rows.append(f"| {label(setting, order)} | {len(rs)} | "
+                        f"{mean_std([r['rounds'][49]['test_acc_client_mean'] for r in rs])} | "
+                        f"{mean_std([statistics.mean(r['final']['per_client_test_acc_last']) for r in rs])} | "
+                        f"{PAPER[setting]['self-train'][0]} |")
+    if not rows:
+        return []
+    return ["", "## self-train after 50 epochs (the reference's self-train length)", "",
+            "| setting | seeds | after 50 epochs | after the last round | paper |", "|---|---|---|---|---|"] + rows
+
+
+def fedprox_vs_fedavg(out: Path, args) -> list[str]:
+    """FedProx against FedAvg on the same seed: with one optimizer step a round (every client <= 128
+    training graphs, batch 128) the proximal term and its gradient are zero at that step, so the
+    two runs should agree bit for bit."""
+    rows = []
+    for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
+        for seed in args.seeds:
+            avg, prox = (load(out, setting, m, "plain", seed, order) for m in ("FedAvg", "FedProx"))
+            if avg and prox:
+                same = sum(a["train_loss"] == b["train_loss"] and a["test_acc"] == b["test_acc"]
+                           for a, b in zip(avg["rounds"], prox["rounds"]))
+                rows.append(f"| {label(setting, order)} | {seed} | {same}/{len(avg['rounds'])} | "
+                            f"{avg['final']['per_client_test_acc_last'] == prox['final']['per_client_test_acc_last']} |")
+    if not rows:
+        return []
+    return ["", "## FedProx (mu 0.01) vs FedAvg on the same seed", "",
+            "| setting | seed | rounds with identical train loss and test accuracy | same per-client accuracy |",
+            "|---|---|---|---|"] + rows
 
 
 def table(out: Path, args) -> str:
     lines = ["# GCFL Tables 3-4, reduced reproduction", "",
              f"Generated by `examples/gcfl_tables.py`; runs in `{out}`. Accuracy: last round, each client's own "
-             "model, mean over clients; ± = std over seeds.", ""]
-    header = ("| setting | method | mode | seeds | avg acc | paper | min gain | improved | best cached (ref.) "
+             "model, mean over clients; ± = std over seeds; [paper's Tables 3-4, mean of 5 repeats]. "
+             "`-file-order`: graphs chunked in file order as the reference `_randChunk`.", ""]
+    header = ("| setting | method | mode | seeds | avg acc [paper] | min gain [paper] | improved [paper] | best cached (ref.) "
               "| clusters at end | s/run | MB/run | pairwise MB/run |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    for setting in SETTINGS:
+    for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
         for method in METHODS:
-            for mode in ("plain", "ckks"):
-                rs = {s: load(out, setting, method, mode, s) for s in args.seeds}
+            for mode in MODES:
+                rs = {s: load(out, setting, method, mode, s, order) for s in args.seeds}
                 rs = {s: r for s, r in rs.items() if r is not None}
                 if not rs:
                     continue
                 accs = [statistics.mean(r["final"]["per_client_test_acc_last"]) for r in rs.values()]
                 gains, improved = [], []
                 for s, r in rs.items():
-                    base = load(out, setting, "self-train", "plain", s)
+                    base = load(out, setting, "self-train", "plain", s, order)
                     if base is None or method == "self-train":
                         continue
                     diff = [a - b for a, b in zip(r["final"]["per_client_test_acc_last"],
@@ -184,19 +249,23 @@ def table(out: Path, args) -> str:
                     improved.append(sum(d > 0 for d in diff) / len(diff))
                 cached = [r["final"]["test_acc_best_cached"] for r in rs.values() if "test_acc_best_cached" in r["final"]]
                 clusters = "; ".join(str(len(r["final"]["clusters"])) for r in rs.values())
-                if mode == "ckks":
-                    same = [r["final"]["clusters"] == (load(out, setting, method, "plain", s) or {}).get(
+                if mode != "plain":
+                    same = [r["final"]["clusters"] == (load(out, setting, method, "plain", s, order) or {}).get(
                         "final", {}).get("clusters") for s, r in rs.items()]
                     clusters += f" (= plain: {sum(same)}/{len(same)})"
+                paper_avg, paper_gain, paper_ratio = PAPER[setting][method]
                 lines.append("| " + " | ".join([
-                    setting, method, mode, str(len(rs)), mean_std(accs), f"{PAPER[setting].get(method, '-')}",
-                    f"{statistics.mean(gains):+.3f}" if gains else "-",
-                    f"{statistics.mean(improved):.2f}" if improved else "-",
+                    label(setting, order), method, mode, str(len(rs)),
+                    f"{mean_std(accs)} [{paper_avg:.3f}]",
+                    (f"{statistics.mean(gains):+.3f}" if gains else "-") + (f" [{paper_gain:+.3f}]" if paper_gain is not None else ""),
+                    (f"{statistics.mean(improved):.2f}" if improved else "-") + (f" [{paper_ratio}]" if paper_ratio else ""),
                     mean_std(cached) if cached else "-", clusters,
                     f"{statistics.mean(r['time']['total'] for r in rs.values()):.0f}",
                     f"{statistics.mean(total_bytes(r) for r in rs.values()) / 1e6:.1f}",
                     f"{statistics.mean(pairwise_bytes(r) for r in rs.values()) / 1e6:.1f}"]) + " |")
-    lines += ckks_vs_plain(out, args)
+    lines += selftrain_at_50(out, args)
+    lines += fedprox_vs_fedavg(out, args)
+    lines += secure_vs_plain(out, args)
     cmds = out / "commands.txt"
     if cmds.exists():
         lines += ["", "## Commands (one CLI line per run; the script ran them in-process)", "", "```"]
@@ -213,6 +282,10 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--ckks", nargs="*", default=[], help="settings whose GCFL/GCFL+ also run in ckks")
+    p.add_argument("--mask", nargs="*", default=[], help="settings whose GCFL+ also runs in mask (GCFL "
+                   "refuses mask: its similarities need ckks)")
+    p.add_argument("--order", choices=ORDERS, default="shuffled",
+                   help="chunk order of the single-dataset settings (file: the reference's _randChunk)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default="runs/gcfl_tables")
     p.add_argument("--table-only", action="store_true")
@@ -220,10 +293,18 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        jobs = [Job(run_dir(out, setting, method, mode, seed), config(setting, method, mode, seed, args),
-                    {"setting": setting, "method": method})
+        def modes(setting: str, method: str) -> list[str]:
+            return (["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])
+                    + (["mask"] if setting in args.mask and method == "GCFL+" else []))
+
+        def order(setting: str) -> str:
+            return args.order if setting in TABLE3 else "shuffled"
+
+        jobs = [Job(run_dir(out, setting, method, mode, seed, order(setting)),
+                    config(setting, method, mode, seed, args, order(setting)),
+                    {"setting": label(setting, order(setting)), "method": method})
                 for setting in args.settings for seed in args.seeds for method in args.methods
-                for mode in ["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])]
+                for mode in modes(setting, method)]
 
         def done(job: Job, r: dict, seconds: float) -> None:
             print(f"{job.meta['setting']} {job.meta['method']} {job.cfg.mode} seed {job.cfg.seed}: "

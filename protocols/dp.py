@@ -449,23 +449,24 @@ class DPEngine:
         return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
 
     # ------------------------------------------------------------------ local releases
-    def local_noise(self, tag: str, step: int, size: int, req: DPRequest) -> np.ndarray:
-        """N(0, (z_t Delta)^2) noise of size ``size`` for a release one client computes and
-        noises alone from its own records (a DP-SGD step, :mod:`secure_fgl.dpsgd`); Delta =
-        ``req.sensitivity`` or ``req.clip``.  Clients hold disjoint records, so step ``step`` of
-        every client is one release (parallel composition, McSherry 2009): the first call with a
-        new, larger ``step`` counts it, later calls for the same step do not."""
-        new = step > self._local_step.get(tag, -1)
-        if new:
+    def local_release(self, tag: str, step: int, req: DPRequest) -> float:
+        """The std ``sigma = z_t Delta`` of a release one client computes and noises alone from its
+        own records (a DP-SGD step, :mod:`secure_fgl.dpsgd`); Delta = ``req.sensitivity`` or
+        ``req.clip``.  Clients hold disjoint records, so step ``step`` of every client is one
+        release (parallel composition, McSherry 2009): the first call with a new, larger ``step``
+        counts it, later calls for the same step do not.  Whoever holds the records draws the
+        noise (:meth:`local_noise` in process; a client runtime from its own keystream)."""
+        if step > self._local_step.get(tag, -1):
             st, sens, sigma = self._begin(tag, step, req, req.clip)
-        else:
-            st, sens = self._tags[tag], float(req.sensitivity or req.clip)
-            sigma = st.noise_multiplier * sens
-        noise = gaussian_noise(self._noise, sigma, int(size))
-        if new:
             self._local_step[tag] = int(step)
             self._commit(tag, st, sens, req, sigma)
-        return noise
+            return sigma
+        return self._tags[tag].noise_multiplier * float(req.sensitivity or req.clip)
+
+    def local_noise(self, tag: str, step: int, size: int, req: DPRequest) -> np.ndarray:
+        """N(0, sigma^2) noise of size ``size`` for release ``step`` of ``tag``
+        (:meth:`local_release`), from this engine's OS-keyed keystream."""
+        return gaussian_noise(self._noise, self.local_release(tag, step, req), int(size))
 
     # ------------------------------------------------------------------ exchanges
     def vector_release(self, tag: str, rnd: int, n: int, length: int, req: DPRequest, *,

@@ -33,8 +33,11 @@ class RunConfig:
     # federation
     algorithm: str = setting("fedgcn", group="federation", help="algorithm (list: secure-fgl algorithms)")
     clients: int = setting(10, group="federation", min=1, unit="parties", help="number of clients")
-    partition: str = setting("dirichlet", group="federation", choices=("dirichlet", "louvain", "iid", "native"),
-                             help="how nodes are split over clients (native: csbm-fed's own clients)")
+    partition: str = setting("dirichlet", group="federation", choices=("dirichlet", "louvain", "iid", "native",
+                                                                          "file-order"),
+                             help="how nodes are split over clients (native: csbm-fed's own clients); "
+                                  "graph classification: graphs shuffled before chunking, file-order: "
+                                  "GCFL's reference chunking in file order")
     beta: float = setting(10000.0, group="federation", min=0, min_exclusive=True,
                           help="Dirichlet concentration (FedGCN: 1, 100, 10000; large = iid-like)")
     resolution: float = setting(1.0, group="federation", min=0, min_exclusive=True, help="Louvain resolution")

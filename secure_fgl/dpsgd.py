@@ -11,12 +11,13 @@ record.  Each local step of client ``k`` over its training nodes ``T_k``:
 ``g_i`` the gradient of node ``i``'s loss (:class:`opacus.GradSampleModule`), ``C`` the clip
 (``--dp-clip``), ``z`` the tag's noise multiplier.  Adding or removing one training node
 changes the clipped sum by at most ``C`` (L2 sensitivity C, add/remove-one); ``|T_k|`` is
-treated as public, like Opacus' expected batch size.  The noise comes from the run's
-:class:`protocols.dp.DPEngine` (:meth:`~protocols.dp.DPEngine.local_noise`: OS-keyed
-:class:`protocols.csprng.SecureRandom`, never the run seed), which also counts the release
-in the run's one accountant: clients hold disjoint nodes, so step ``t`` of all clients is one
-Gaussian release (parallel composition), ``rounds x local_epochs`` releases in all, composed
-with the run's other releases.  The models a client uploads are post-processing of its noisy
+treated as public, like Opacus' expected batch size.  The run's :class:`protocols.dp.DPEngine`
+counts each step in the run's one accountant (:meth:`~protocols.dp.DPEngine.local_release`):
+clients hold disjoint nodes, so step ``t`` of all clients is one Gaussian release (parallel
+composition), ``rounds x local_epochs`` releases in all, composed with the run's other
+releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
+run seed: the engine's in process (:class:`EngineDPSGD`), each client's own keystream on the
+client runtimes (:mod:`secure_fgl.runtime.gap`, with the std the driver's engine sizes).  The models a client uploads are post-processing of its noisy
 gradients.
 
 What it protects: a training node's features and label as a training example of this model.
@@ -26,7 +27,9 @@ and not validation/test labels used to evaluate or select models.
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -36,13 +39,17 @@ from protocols import DPRequest
 from .engine import rng
 
 
-class DPSGD:
-    """Full-batch DP-SGD steps for one training stage (one DP tag, ``releases`` steps planned)."""
+#: what a DP-SGD step asks for its noise: the number of gradient entries -> N(0, sigma^2) noise
+NoiseSource = Callable[[int], np.ndarray]
 
-    def __init__(self, engine, tag: str, clip: float, releases: int):
+
+class DPSGD:
+    """Full-batch DP-SGD steps with per-node clipping to ``clip``; the noise of each step comes
+    from the caller (:meth:`train`)."""
+
+    def __init__(self, clip: float):
         from opacus import GradSampleModule
-        self.engine, self.tag, self.clip = engine, tag, float(clip)
-        self.request = DPRequest(clip=self.clip, sensitivity=self.clip, releases=int(releases))
+        self.clip = float(clip)
         self._wrap = GradSampleModule
         self._modules: dict[int, nn.Module] = {}
 
@@ -75,13 +82,12 @@ class DPSGD:
             p.grad_sample = None
         return out, loss.detach() / max(1, int(mask.sum()))
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, x: torch.Tensor,
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, noise: NoiseSource, x: torch.Tensor,
              edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
-        """One DP-SGD step of one client (its release ``step``); returns the mean loss."""
+        """One DP-SGD step of one client; returns the mean loss."""
         grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
         size = sum(g.numel() for g in grads)
-        noise = torch.as_tensor(self.engine.local_noise(self.tag, step, size, self.request), dtype=grads[0].dtype,
-                                device=grads[0].device)
+        noise = torch.as_tensor(noise(size), dtype=grads[0].dtype, device=grads[0].device)
         n, at = max(1, int(mask.sum())), 0
         for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
             p.grad = (g + noise[at:at + g.numel()].view_as(g)) / n
@@ -89,16 +95,42 @@ class DPSGD:
         optimizer.step()
         return float(loss)
 
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, edge_index: torch.Tensor,
+              y: torch.Tensor, mask: torch.Tensor, *, seed: int, rnd: int, client: int,
+              noises: list[NoiseSource]) -> float:
+        """Client ``client``'s local update of round ``rnd``: one DP-SGD step per noise source
+        (``local_epochs`` of them), step ``s`` under the client's generator
+        :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``."""
+        model.train()
+        loss = 0.0
+        for s, noise in enumerate(noises):
+            optimizer.zero_grad()
+            with rng.using(rng.client_generator(seed, rnd, client, s)):
+                loss = self.step(model, optimizer, noise, x, edge_index, y, mask)
+        return loss
+
+
+def stage_request(clip: float, rounds: int, local_epochs: int) -> DPRequest:
+    """The DP request of one training stage: sensitivity C per step, ``rounds x local_epochs`` releases."""
+    return DPRequest(clip=float(clip), sensitivity=float(clip), releases=int(rounds) * int(local_epochs))
+
+
+class EngineDPSGD(DPSGD):
+    """In-process DP-SGD of one training stage (one DP tag): the run's :class:`protocols.dp.DPEngine`
+    counts each step and draws its noise (:meth:`~protocols.dp.DPEngine.local_noise`)."""
+
+    def __init__(self, engine, tag: str, clip: float, rounds: int, local_epochs: int):
+        super().__init__(clip)
+        self.engine, self.tag = engine, tag
+        self.request = stage_request(clip, rounds, local_epochs)
+
     def local_update(self, algo, k: int) -> float:
         """``algo.local_update(k)`` (a :class:`~secure_fgl.algorithms.base.ModelAveraging`) with
         DP-SGD steps on client k's training nodes; step ``t`` of round ``r`` is release
         ``r * local_epochs + t``."""
-        model, opt, c, epochs = algo.models[k], algo.optimizers[k], algo.clients[k], algo.cfg.local_epochs
-        model.train()
+        c, epochs = algo.clients[k], algo.cfg.local_epochs
         x, edge_index = algo.client_inputs(k)
-        loss = 0.0
-        for s in range(epochs):
-            opt.zero_grad()
-            with rng.using(rng.client_generator(algo.cfg.seed, algo.round, k, s)):
-                loss = self.step(model, opt, algo.round * epochs + s, x, edge_index, c.y, c.train_mask)
-        return loss
+        noises = [lambda size, step=algo.round * epochs + s: self.engine.local_noise(self.tag, step, size, self.request)
+                  for s in range(epochs)]
+        return self.train(algo.models[k], algo.optimizers[k], x, edge_index, c.y, c.train_mask, seed=algo.cfg.seed,
+                          rnd=algo.round, client=k, noises=noises)

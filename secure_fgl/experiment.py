@@ -49,7 +49,8 @@ def load_federation(cfg: RunConfig):
     from .data import make_federated
     from .data.graph_build import is_graph_dataset, make_graph_federated
     if is_graph_dataset(cfg.dataset):      # graph classification (GCFL's settings)
-        return make_graph_federated(cfg.dataset, cfg.clients, cfg.seed, cfg.data_root, **cfg.synthetic)
+        order = "file" if cfg.partition == "file-order" else "shuffled"
+        return make_graph_federated(cfg.dataset, cfg.clients, cfg.seed, cfg.data_root, order, **cfg.synthetic)
     return make_federated(dataset=cfg.dataset, num_clients=cfg.clients, partition=cfg.partition, beta=cfg.beta,
                           resolution=cfg.resolution, keep_largest=cfg.keep_largest, split=cfg.split,
                           seed=cfg.seed, data_root=cfg.data_root, **cfg.synthetic)

@@ -137,5 +137,5 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
         check_dataset(cfg, algo_cls)
     check_attacks(cfg)
     from .runtime.build import check_runtime
-    check_runtime(cfg, options)
+    check_runtime(cfg)
     return options

@@ -167,6 +167,23 @@ def test_chunk_partition_mutag():
         chunk_partition("MUTAG", 100, data_root=ROOT)
 
 
+@needs("MUTAG")
+def test_chunk_partition_file_order_is_the_reference_chunking():
+    """order='file' (GCFL's _randChunk): client k holds graphs [50k, 50k + 50) of the file."""
+    sig = lambda g: (int(g.num_nodes), tuple(g.edge_index.flatten().tolist()))  # noqa: E731
+    graphs = [sig(g) for g in load_graph_dataset("MUTAG", ROOT)]
+    fed = chunk_partition("MUTAG", 3, seed=0, data_root=ROOT, order="file")
+    for k, c in enumerate(fed.clients):
+        held = [sig(g) for g in c.train + c.val + c.test]
+        assert all(g in held for g in graphs[50 * k: 50 * k + 50])
+    assert sum(c.num_graphs for c in fed.clients) == 188
+    with pytest.raises(DataError, match="'shuffled' or 'file'"):
+        chunk_partition("MUTAG", 3, data_root=ROOT, order="sorted")
+    from secure_fgl.data.graph_build import make_graph_federated
+    with pytest.raises(DataError, match="file-order chunks one TU dataset"):
+        make_graph_federated("molecules", 7, data_root=ROOT, chunk_order="file")
+
+
 @needs("MUTAG", "PTC_MR", "IMDB-BINARY")
 def test_multi_dataset_features_as_gcfl():
     fed = multi_dataset_partition(["MUTAG", "PTC_MR", "IMDB-BINARY"], ROOT, seed=0)

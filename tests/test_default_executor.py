@@ -1,5 +1,6 @@
-"""``--executor local`` is the default; settings the client runtimes lack run inline (one printed
-line) on ``local`` and are refused on ``ray`` (docs/runtime.md, "The default executor")."""
+"""``--executor local`` is the default and runs every setting (fedgcn-gap --dpsgd included); a
+strategy not privatised on the clients would be refused in one line naming ``--executor inline``
+(docs/runtime.md, "The default executor")."""
 from __future__ import annotations
 
 import pytest
@@ -19,31 +20,19 @@ def test_local_is_the_default():
 
 
 @pytest.mark.parametrize("kw", [dict(algorithm="fedavg", dp_epsilon=4.0), dict(algorithm="fedgcn", dp_epsilon=4.0),
-                                dict(algorithm="fedomd", dp_epsilon=8.0), dict(algorithm="fedspray", dp_epsilon=8.0)])
+                                dict(algorithm="fedomd", dp_epsilon=8.0), dict(algorithm="fedspray", dp_epsilon=8.0),
+                                dict(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dpsgd": True})])
 def test_runtime_settings_stay_local(kw, capsys):
     cfg = _cfg(**kw)
     preflight(cfg, check_data=False)
     assert cfg.executor == "local" and "executor:" not in capsys.readouterr().out
 
 
-def _dp_not_on_runtimes(monkeypatch):
-    """A strategy whose exchanges are not privatised on the clients (none registered now)."""
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_dp_with_a_strategy_not_privatised_on_the_clients_is_refused_naming_inline(executor, monkeypatch):
+    """(None is registered now: every strategy privatises on the clients.)"""
     from secure_fgl.runtime.fedomd import FedOMDStrategy
     monkeypatch.setattr(FedOMDStrategy, "dp_on_runtimes", False)
-    return dict(algorithm="fedomd", dp_epsilon=8.0)
-
-
-@pytest.mark.parametrize("setting,why", [
-    (lambda mp: dict(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dpsgd": True}), "fedgcn-gap --dpsgd"),
-    (_dp_not_on_runtimes, "fedomd's exchanges are not privatised on the client runtimes"),
-])
-def test_inline_only_settings_run_inline_on_local_and_are_refused_on_ray(setting, why, capsys, monkeypatch):
-    kw = setting(monkeypatch)
-    cfg = _cfg(**kw)
-    preflight(cfg, check_data=False)
-    printed = capsys.readouterr().out.splitlines()
-    assert cfg.executor == "inline"                     # what runs, and what result.json records
-    assert len(printed) == 1 and printed[0].startswith("executor: running inline") and why in printed[0]
-    with pytest.raises(ConfigError, match="use --executor inline") as err:
-        preflight(_cfg(executor="ray", **kw), check_data=False)
-    assert why in str(err.value)
+    with pytest.raises(ConfigError, match="fedomd's exchanges are not privatised on the client runtimes yet; use "
+                                          "--executor inline"):
+        preflight(_cfg(algorithm="fedomd", dp_epsilon=8.0, executor=executor), check_data=False)

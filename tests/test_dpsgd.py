@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from protocols.dp import DPConfig, DPEngine
 from secure_fgl.config import RunConfig
-from secure_fgl.dpsgd import DPSGD
+from secure_fgl.dpsgd import DPSGD, EngineDPSGD
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models import build_model
 
@@ -34,7 +34,7 @@ def test_per_node_clipping_bounds_every_gradient():
     mask[::2] = True
     ref = per_node_grads(model, x, y, mask)
     clip = 0.5 * float(ref.norm(dim=1).median())           # about half the gradients are clipped
-    sgd = DPSGD(DPEngine(DPConfig(epsilon=1.0), num_clients=1, protocol_mode="plain"), "t", clip, releases=1)
+    sgd = DPSGD(clip)
     clipped, _ = sgd.clipped_sum(model, x, None, y, mask)
     got = torch.cat([g.flatten() for g in clipped])
     scale = (clip / ref.norm(dim=1)).clamp(max=1.0)
@@ -45,7 +45,7 @@ def test_per_node_clipping_bounds_every_gradient():
 
 def test_noise_is_fresh_and_steps_of_all_clients_count_once():
     eng = DPEngine(DPConfig(epsilon=2.0), num_clients=3, protocol_mode="plain")
-    sgd = DPSGD(eng, "stage/dpsgd", 1.0, releases=4)
+    sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=2)
     a = [eng.local_noise(sgd.tag, step, 5, sgd.request) for step in (0, 0, 0, 1)]   # 3 clients at step 0
     assert eng.accountant.releases("stage/dpsgd") == 2
     assert not torch.equal(torch.as_tensor(a[0]), torch.as_tensor(a[1]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from protocols import PrivacyBudgetError
 from protocols.csprng import SecureRandom
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
@@ -87,3 +88,36 @@ def test_noise_is_drawn_in_each_runtime_and_not_from_the_seed(algorithm):
     losses = [[r["train_loss"] for r in dp_run(algorithm, "mask", "local", 4.0, rounds=2)["rounds"]]
               for _ in range(2)]
     assert losses[0][1:] != losses[1][1:]
+
+
+#: fedgcn-gap --dpsgd: the encoder and the head trained by DP-SGD, 2 local steps a round
+DPSGD = dict(options={"dpsgd": True}, rounds=2, local_epochs=2)
+
+
+def test_dpsgd_runs_on_the_runtimes_and_reports_the_privacy_section_of_inline():
+    runs = {ex: dp_run("fedgcn-gap", "mask", ex, 4.0, **DPSGD) for ex in ("inline", "local")}
+    assert runs["local"]["config"]["executor"] == "local"          # not a fallback to inline
+    a, b = runs["inline"]["privacy"], runs["local"]["privacy"]
+    assert a == b
+    steps = {r["tag"]: r["releases"] for r in b["releases"] if r.get("unit") == "sample"}
+    assert steps == {"fedgcn-gap/encoder/dpsgd": 4, "fedgcn-gap/dpsgd": 4}            # rounds x local epochs
+    assert b["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
+    assert runs["local"]["runtime"]["stats"]["per_method"]["local_update"]["calls"] == 4   # encoder + head rounds
+
+
+def test_dpsgd_noise_is_drawn_by_each_client_and_sized_by_the_driver():
+    from secure_fgl.runtime.gap import ENCODER_TAG
+    cfg = small("fedgcn-gap", "mask", executor="local", dp_epsilon=4.0, **DPSGD).validate()
+    fed = load_federation(cfg)
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, cfg.options, executor)
+    protocol.dp._noise = None                  # the driver draws no noise: any draw there would fail
+    ask = strategy.local_update_request(0, ENCODER_TAG)
+    assert ask["dpsgd_tag"] == "fedgcn-gap/encoder/dpsgd" and len(ask["dpsgd_std"]) == 2 and min(ask["dpsgd_std"]) > 0
+    strategy.train_round(1, ENCODER_TAG)
+    assert protocol.dp.accountant.releases("fedgcn-gap/encoder/dpsgd") == 4
+    sources = [rt.logic.noise._rng for rt in executor.runtimes.values()]
+    assert all(isinstance(s, SecureRandom) for s in sources) and len({id(s) for s in sources}) == len(sources)
+    with pytest.raises(PrivacyBudgetError, match="positive, finite std"):     # a client refuses a noise-free step
+        executor.runtimes[0].logic.local_update({**ask, "round": 2, "dpsgd_std": [0.0, 1.0]})

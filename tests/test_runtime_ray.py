@@ -11,7 +11,7 @@ from secure_fgl.experiment import load_federation, make_run_protocol, run_experi
 from secure_fgl.runtime.build import make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
-from secure_fgl.runtime.ray_executor import RayExecutor
+from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
 from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
@@ -53,6 +53,9 @@ def test_fedomd_on_ray_gives_the_local_run():
            [[(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]] * 2
     assert runs[0]["final"]["test_acc"] == runs[1]["final"]["test_acc"]
     assert runs[0]["comm"]["per_tag"] == runs[1]["comm"]["per_tag"]
+    # the actors kept for the next run on this cluster hold no runtime of this one
+    idle = ray.get([host.memory.remote() for host in _IDLE_HOSTS])
+    assert idle and all(m["clients"] == 0 and m["Pss"] > 0 for m in idle)
 
 
 class RecordingRayExecutor(Recording, RayExecutor):
@@ -157,6 +160,17 @@ def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
     assert remote["privacy"] == inline["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
     calls = remote["runtime"]["stats"]["per_method"]
     assert calls["privatize:fedgcn/neighbour_sums"]["calls"] >= 1 and calls["privatize:fedgcn/model"]["calls"] >= 2
+
+
+def test_dpsgd_runs_on_the_actors_with_the_privacy_section_of_local():
+    """fedgcn-gap --dpsgd on Ray (one round a stage): each client's DP-SGD steps on its actor, the
+    driver's accountant as with the local executor."""
+    cfg = dict(rounds=1, dp_epsilon=4.0, options={"dpsgd": True})
+    local = run_experiment(small("fedgcn-gap", "plain", **cfg), progress=False)
+    remote = run_experiment(small("fedgcn-gap", "plain", executor="ray", **cfg), progress=False)
+    assert remote["config"]["executor"] == "ray" and remote["privacy"] == local["privacy"]
+    assert {r["tag"] for r in remote["privacy"]["releases"] if r.get("unit") == "sample"} == \
+           {"fedgcn-gap/encoder/dpsgd", "fedgcn-gap/dpsgd"}
 
 
 def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():

@@ -51,7 +51,7 @@ from torch import nn
 from protocols import BoundError, DPRequest, ValueSpec
 
 from ..config import ConfigError
-from ..dpsgd import DPSGD
+from ..dpsgd import EngineDPSGD
 from ..models import build_model
 from .base import ModelAveraging
 from .options import GAPOptions
@@ -135,12 +135,12 @@ class FedGCNGAP(ModelAveraging):
         self.uses_head = True
         dp = self.protocol.dp
         #: DP-SGD per training stage (``--dpsgd``): encoder and head, a training node as a record
-        self.dpsgd: dict[str, DPSGD] = {}
+        self.dpsgd: dict[str, EngineDPSGD] = {}
         if opts.dpsgd:
             if dp is None:
                 raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
             epochs, enc_rounds = cfg.local_epochs, opts.encoder_rounds or cfg.rounds
-            self.dpsgd = {stage: DPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds * epochs)
+            self.dpsgd = {stage: EngineDPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds, epochs)
                           for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))}
         if dp is not None and dp.config.split is None:
             dp.declare(*self.hop_tags(), *(s.tag for s in self.dpsgd.values()))   # even split

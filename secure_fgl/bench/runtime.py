@@ -12,10 +12,12 @@ Per run (``runtime_bench.json``): wall seconds and the run's own phase times; ex
 messages and bytes; per-message overhead (a 1 KiB ping to every client through the executor,
 seconds per message, measured on the warm executor after the run); peak RSS of the driver; peak
 total PSS of the driver and everything it started (Ray actors, raylet, GCS: sampled every 0.5 s
-with psutil) and, for Ray, PSS/RSS of each actor at the end; the 1-minute load average before
+from ``/proc/PID/smaps_rollup``), each process's PSS and its anonymous / shared-memory / file parts at
+that peak (``pss_at_peak``) and, for Ray, each actor's at the end; the 1-minute load average before
 and after.  The table gives the median over repeats and the speed-up of each executor against
 ``local`` (``local_s / executor_s``).  Ray runs on a local cluster of ``ray_cpus`` CPUs started
-once; its actors are reused between runs, so one warm-up run per client count on a 2000-node graph
+once; its actors are reused between runs (emptied of the last run's runtimes and their memory,
+:meth:`~secure_fgl.runtime.ray_executor.ClientHost.empty`), so one warm-up run per client count on a 2000-node graph
 (its seconds under ``ray_warmup_s``, not in the table) pays the actors' start.  inline/local PSS is the driver's
 alone; Ray's is the driver's plus every process it started (actors, raylet, GCS).
 
@@ -36,40 +38,61 @@ import threading
 import time
 from pathlib import Path
 
+from ..runtime.memory import PSS_FIELDS, process_pss
 
-def _tree_pss(root_pid: int) -> tuple[int, dict[int, int]]:
-    """PSS (bytes) of ``root_pid`` and all its descendants: total and per process."""
+
+def _process_name(p) -> str:
+    """``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``,
+    ``ray::IDLE``), else the executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``)."""
+    if p.pid == os.getpid():
+        return "driver"
+    try:
+        cmd = p.cmdline() or [p.name()]
+    except Exception:  # noqa: BLE001 - the process is gone
+        return "?"
+    first = cmd[0].split()[0]
+    if first.startswith("ray::"):
+        return first.split(".")[0]                 # ray::ClientHost.call -> ray::ClientHost
+    script = next((os.path.basename(c) for c in cmd[1:] if c.endswith(".py")), None)
+    return script or os.path.basename(first)
+
+
+def tree_pss(root_pid: int) -> dict[int, dict]:
+    """PSS (:func:`process_pss`, plus ``name``) of ``root_pid`` and all its descendants, by pid."""
     import psutil
-    per = {}
     try:
         root = psutil.Process(root_pid)
         procs = [root] + root.children(recursive=True)
     except psutil.Error:
-        return 0, per
+        return {}
+    per = {}
     for p in procs:
-        try:
-            info = p.memory_full_info()
-            per[p.pid] = int(getattr(info, "pss", info.rss))
-        except psutil.Error:
-            pass
-    return sum(per.values()), per
+        pss = process_pss(p.pid)
+        if pss is not None:
+            per[p.pid] = {"name": _process_name(p), **pss}
+    return per
 
 
 class PeakPSS:
     """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds;
-    ``peak`` is the largest total."""
+    ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that
+    moment (:func:`tree_pss`)."""
 
     def __init__(self, interval: float = 0.5, tree: bool = True):
-        self.interval, self.peak, self._stop, self.tree = interval, 0, threading.Event(), tree
+        self.interval, self.peak, self.at_peak, self._stop, self.tree = interval, 0, {}, threading.Event(), tree
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def sample(self) -> int:
-        total, per = _tree_pss(os.getpid())
-        return total if self.tree else per.get(os.getpid(), 0)
+    def sample(self) -> None:
+        per = tree_pss(os.getpid())
+        if not self.tree:
+            per = {pid: v for pid, v in per.items() if pid == os.getpid()}
+        total = sum(v["Pss"] for v in per.values())
+        if total > self.peak:
+            self.peak, self.at_peak = total, per
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.sample())
+            self.sample()
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -79,7 +102,13 @@ class PeakPSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.sample())
+        self.sample()
+
+    def breakdown_mb(self) -> list[dict]:
+        """``at_peak`` in MiB, largest process first."""
+        rows = [{"pid": pid, "name": v["name"], **{k.lower() + "_mb": round(v[k] / 2 ** 20, 1) for k in PSS_FIELDS
+                                                   if k in v}} for pid, v in self.at_peak.items()]
+        return sorted(rows, key=lambda r: -r["pss_mb"])
 
 
 #: public bound on |parameter| of the benchmark's model exchange (module docstring)
@@ -136,6 +165,7 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
     rec = {"executor": executor, "mode": mode, "clients": clients, "wall_s": wall, "time": res["time"],
            "test_acc": res["final"]["test_acc"], "bytes_up": res["comm"]["bytes_up"],
            "bytes_down": res["comm"]["bytes_down"], "peak_total_pss_mb": pss.peak / 2 ** 20,
+           "pss_at_peak": pss.breakdown_mb(),
            "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "load_avg_1m": [load0, os.getloadavg()[0]]}
     ex = kept.get("ex")
@@ -143,7 +173,8 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
         rec["executor_stats"] = {k: v for k, v in res["runtime"]["stats"].items() if k != "per_method"}
         rec["per_message_overhead_s"] = _ping_overhead(ex, clients)
         if executor == "ray":
-            rec["actors"] = [{**m, "pss_mb": m["pss"] / 2 ** 20, "rss_mb": m["rss"] / 2 ** 20} for m in ex.memory()]
+            rec["actors"] = [{"pid": m["pid"], "clients": m["clients"],
+                              **{f.lower() + "_mb": m[f] / 2 ** 20 for f in PSS_FIELDS if f in m}} for m in ex.memory()]
         kept["close"]()
     return rec
 
@@ -214,6 +245,10 @@ def summarise(records: list[dict]) -> list[dict]:
                "per_message_overhead_us": (med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6
                                            if executor != "inline" else None),
                "load_avg_1m": med(lambda r: r["load_avg_1m"][0])}
+        peak = max(rs, key=lambda r: r["peak_total_pss_mb"]).get("pss_at_peak", [])
+        row["pss_at_peak_mb"] = {"driver": sum(p["pss_mb"] for p in peak if p["name"] == "driver"),
+                                 "actors": [p["pss_mb"] for p in peak if p["name"] == "ray::ClientHost"],
+                                 "other": sum(p["pss_mb"] for p in peak if p["name"] not in ("driver", "ray::ClientHost"))}
         if executor == "ray":
             row["actor_pss_mb"] = [round(a["pss_mb"]) for a in rs[-1].get("actors", [])]
         rows.append(row)
@@ -229,6 +264,11 @@ def print_table(rows: list[dict]) -> None:
           f"{'x local':>8} {'msg us':>8} {'PSS MB':>8} {'load':>6}")
     for r in rows:
         us = f"{r['per_message_overhead_us']:.0f}" if r["per_message_overhead_us"] is not None else "-"
+        speedup = f"{r['speedup_vs_local']:.2f}" if r["speedup_vs_local"] is not None else "-"
         print(f"{r['clients']:>4} {r['mode']:<5} {r['executor']:<8} {r['runs']:>4} {r['wall_s']:>8.1f} "
-              f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {r['speedup_vs_local']:>8.2f} {us:>8} "
+              f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {speedup:>8} {us:>8} "
               f"{r['peak_total_pss_mb']:>8.0f} {r['load_avg_1m']:>6.1f}")
+        at = r["pss_at_peak_mb"]
+        if at["actors"]:
+            print(f"{'':>19}PSS at the peak: driver {at['driver']:.0f}, actors "
+                  f"{' + '.join(f'{a:.0f}' for a in at['actors'])}, Ray's other processes {at['other']:.0f} MB")

@@ -25,8 +25,12 @@ def is_graph_dataset(name: str) -> bool:
 
 
 def make_graph_federated(dataset: str, num_clients: int, seed: int = 0,
-                         data_root: str | os.PathLike | None = None, **synthetic_kwargs) -> FederatedGraphDataset:
+                         data_root: str | os.PathLike | None = None, chunk_order: str = "shuffled",
+                         **synthetic_kwargs) -> FederatedGraphDataset:
+    """``chunk_order``: ``'shuffled'`` or ``'file'`` (GCFL's reference chunking), one TU dataset only."""
     key = dataset.lower()
+    if chunk_order != "shuffled" and (key == SYNTHETIC_GRAPHS or key in GCFL_GROUPS):
+        raise DataError(f"--partition file-order chunks one TU dataset; {dataset} is not one: drop it")
     if key == SYNTHETIC_GRAPHS:
         return two_task_graphs(num_clients, seed=seed, **synthetic_kwargs)
     if synthetic_kwargs:
@@ -36,4 +40,4 @@ def make_graph_federated(dataset: str, num_clients: int, seed: int = 0,
         if num_clients != size:
             raise DataError(f"group {key} has one client per dataset: pass --clients {size}")
         return multi_dataset_partition(key, data_root, seed)
-    return chunk_partition(dataset, num_clients, seed, data_root=data_root)
+    return chunk_partition(dataset, num_clients, seed, data_root=data_root, order=chunk_order)

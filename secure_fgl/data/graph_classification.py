@@ -3,7 +3,9 @@
 * :func:`chunk_partition` -- *single dataset*: the graphs of one dataset are distributed
   at random to ``K`` clients (GCFL ``_randChunk``: every client first gets
   ``min(50, G // K)`` graphs, the remaining graphs go to uniformly random clients; here the
-  graphs are shuffled by ``seed`` first).
+  graphs are shuffled by ``seed`` first, unless ``order='file'``: then, as the reference code,
+  client ``k`` gets graphs ``[50k, 50k + 50)`` of the file, whose TU graphs are sorted by
+  label, so each client's first 50 graphs are one contiguous run of one class).
 * :func:`multi_dataset_partition` -- *multi dataset*: one dataset per client (GCFL groups
   ``molecules``, ``biochem``, ``mix``, ``small`` are accepted as names).
 
@@ -133,9 +135,15 @@ def _client(cid: int, dataset: str, graphs: list[Data], num_features: int, num_c
 
 def chunk_partition(dataset: Any, num_clients: int, seed: int = 0, *,
                     data_root: str | os.PathLike | None = None, features: str = "native",
-                    allow_download: bool = False) -> FederatedGraphDataset:
+                    allow_download: bool = False, order: str = "shuffled") -> FederatedGraphDataset:
     """GCFL single-dataset setting: ``dataset`` (a name or a loaded TU dataset) chunked at
-    random across ``num_clients`` clients, each split 80/10/10."""
+    random across ``num_clients`` clients, each split 80/10/10.
+
+    ``order``: ``'shuffled'`` (graphs shuffled by ``seed`` before chunking) or ``'file'``
+    (the reference ``_randChunk``: the first ``K * min(50, G // K)`` graphs in file order, the
+    rest to random clients)."""
+    if order not in ("shuffled", "file"):
+        raise DataError(f"order={order!r}: use 'shuffled' or 'file' (GCFL reference chunking)")
     ds = load_graph_dataset(dataset, data_root, allow_download) if isinstance(dataset, str) else dataset
     graphs, name, nf, nc = _graphs(ds, features)
     g, k = len(graphs), int(num_clients)
@@ -143,7 +151,7 @@ def chunk_partition(dataset: Any, num_clients: int, seed: int = 0, *,
         raise DataError(f"{name} has {g} graphs, too few for {k} clients (each needs >= 3): "
                         f"use at most {g // 3} clients")
     rng = np.random.default_rng([seed, 32])
-    perm = rng.permutation(g)
+    perm = rng.permutation(g) if order == "shuffled" else np.arange(g)
     base = min(50, g // k)                              # GCFL _randChunk
     owner = np.empty(g, dtype=np.int64)
     owner[perm[: k * base]] = np.repeat(np.arange(k), base)

@@ -15,7 +15,6 @@ from ..data.graph_classification import FederatedGraphDataset
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
-from .fallback import resolve_executor
 from .graph_data import graph_client_frame
 from .registry import converted, strategy_class
 from .strategy import Strategy
@@ -40,16 +39,17 @@ def client_resources(cfg) -> dict[int, str]:
     return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
-def check_runtime(cfg, options=None) -> None:
-    """Settings the client runtimes cannot run yet: one line naming what can; ``local`` settings
-    the runtimes lack run ``inline`` (:mod:`.fallback`)."""
+def check_runtime(cfg) -> None:
+    """Settings the client runtimes cannot run: one line naming what can."""
     client_resources(cfg)
     if cfg.executor == "inline":
         return
     if cfg.algorithm not in converted():
         raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
                           f"{cfg.algorithm} runs with --executor inline")
-    resolve_executor(cfg, options)
+    if cfg.dp_epsilon is not None and not strategy_class(cfg.algorithm).dp_on_runtimes:
+        raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
+                          "yet; use --executor inline")
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor):

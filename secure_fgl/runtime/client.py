@@ -29,15 +29,20 @@ DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "
 
 
 def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
-                 options: dict, party_setup: bytes | None = None, owner: torch.Tensor | None = None) -> bytes:
+                 options: dict, party_setup: bytes | None = None, owner: torch.Tensor | None = None,
+                 load_own_data: bool = False) -> bytes:
     """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
     cross edges (a client knows who holds the other end of its edges), the run's settings,
     the public facts and, for a backend split into halves, its public setup bytes
     (:class:`protocols.party.PartySetup`).  ``owner``: the client owning each of ``c``'s nodes,
-    for a runtime that holds several clients' nodes (the centralized reference)."""
+    for a runtime that holds several clients' nodes (the centralized reference).
+    ``load_own_data``: the digest of that data instead of the data, which the runtime loads on
+    its own machine (:mod:`.partition`)."""
+    from .partition import data_digest, data_fields
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     owned = {} if owner is None else {"owner": owner}
-    return wire.pack({**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner,
+    data = data_fields(c, far_owner)
+    return wire.pack({**({"data_digest": data_digest(data)} if load_own_data else data),
                       "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
                       "options": options, **setup, **owned})
 
@@ -49,6 +54,9 @@ class ClientRuntime:
         from .logic import make_logic
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
+        if "data_digest" in f:                      # a pinned client: its data is loaded here (partition.py)
+            from .partition import own_fields
+            f.update(own_fields(RunConfig.from_dict(f["config"]), self.client_id, f.pop("data_digest")))
         self.device = torch.device(device)
         if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
             from .facts import GraphFacts

@@ -32,7 +32,7 @@ import numpy as np
 
 from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
 from protocols.csprng import SecureRandom
-from protocols.dp import noise_rows, noise_vector
+from protocols.dp import gaussian_noise, noise_rows, noise_vector
 
 
 def request_fields(req: DPRequest) -> dict:
@@ -57,12 +57,22 @@ class ClientNoise:
             self._rng = SecureRandom()
         return self._rng
 
-    def privatize(self, kept: tuple, req: dict) -> tuple:
-        """``kept`` (a dense vector, or row ids and rows) clipped and noised as ``req`` says."""
-        dp, std = request_of(req), np.asarray(req["std"], dtype=np.float64)
+    @staticmethod
+    def checked_std(std, tag: str, rnd: int) -> np.ndarray:
+        """The std the server asked for, refused unless positive and finite (no noise-free release)."""
+        std = np.asarray(std, dtype=np.float64)
         if not (np.all(np.isfinite(std)) and np.all(std > 0)):
             raise PrivacyBudgetError("a DP release needs noise of a positive, finite std; this client refuses to "
-                                     "upload without it", tag=req["tag"], round=int(req["round"]))
+                                     "upload without it", tag=tag, round=int(rnd))
+        return std
+
+    def gaussian(self, std: float, size: int, tag: str, rnd: int) -> np.ndarray:
+        """``size`` draws of N(0, std^2) for a release this client noises alone (a DP-SGD step)."""
+        return gaussian_noise(self.rng, float(self.checked_std(std, tag, rnd)), int(size))
+
+    def privatize(self, kept: tuple, req: dict) -> tuple:
+        """``kept`` (a dense vector, or row ids and rows) clipped and noised as ``req`` says."""
+        dp, std = request_of(req), self.checked_std(req["std"], req["tag"], req["round"])
         if len(kept) == 1:
             row_len = req.get("row_len")
             return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len),)

@@ -24,6 +24,7 @@ import numpy as np
 from protocols import BlockTable, ExchangeContext
 from protocols.baseline import row_sum_bytes, vector_sum_bytes
 from protocols.link import ClientLink
+from protocols.row_blocks import BlockRows, RowSelection
 
 
 class RuntimeLink(ClientLink):
@@ -51,17 +52,12 @@ def dense_table(plan, vector: np.ndarray) -> BlockTable:
 
 
 def rows_table(plan, ids: np.ndarray, rows: np.ndarray) -> BlockTable:
-    """A row contribution as the plan's blocks (``rpb = block_len / width`` rows each)."""
-    dim = rows.shape[1]
-    rpb = plan.block_len // dim
-    if plan.layout == "dense":
-        values = np.zeros((plan.num_blocks * rpb, dim))
-        values[ids] = rows
-        return BlockTable(np.arange(plan.num_blocks), values.reshape(plan.num_blocks, plan.block_len))
-    bids = np.unique(ids // rpb)
-    values = np.zeros((bids.size, rpb, dim))
-    values[np.searchsorted(bids, ids // rpb), ids % rpb] = rows
-    return BlockTable(bids, values.reshape(bids.size, plan.block_len))
+    """A row contribution as the plan's blocks (``rpb = block_len / width`` rows each), built
+    block range by block range as the half reads them (:class:`~protocols.row_blocks.BlockRows`):
+    a client holds its compact rows, not its dense blocks, while the exchange streams."""
+    rpb = plan.block_len // rows.shape[1]
+    bids = np.arange(plan.num_blocks) if plan.layout == "dense" else np.unique(ids // rpb)
+    return BlockTable(bids, BlockRows(bids, ids, rows, rpb))
 
 
 def request_blocks(request_rows: np.ndarray, rpb: int, num_blocks: int, layout: str) -> np.ndarray:
@@ -72,19 +68,28 @@ def dense_result(blocks: dict[int, np.ndarray], length: int) -> np.ndarray:
     return np.concatenate([blocks[b] for b in sorted(blocks)])[:length]
 
 
-def rows_result(blocks: dict[int, np.ndarray], request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarray:
-    """The totals of the requested rows, in request order, from the decoded blocks."""
+def rows_result(half, request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarray:
+    """The totals of the requested rows, in request order, from ``half``'s decoded result of a row
+    sum, which the half then forgets: the rows its selection kept (:func:`keep_rows`), or whole blocks."""
+    blocks, selection = half.take_result(), half.selection
+    half.selection = None
+    if selection is not None:
+        return selection.assemble(blocks)
     bids = np.unique(request_rows // rpb)
     stacked = np.stack([blocks[int(b)] for b in bids]).reshape(bids.size * rpb, dim)
     return stacked[np.searchsorted(bids, request_rows // rpb) * rpb + request_rows % rpb]
 
 
-def keep_rows(logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict) -> dict:
+def keep_rows(logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict,
+              whole_blocks: bool = False) -> dict:
     """Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
     facts -- row counts, the blocks it asks for and, under DP, the blocks it uploads (the server
-    half learns them in the sparse layout anyway; all of them in the dense layout)."""
+    half learns them in the sparse layout anyway; all of them in the dense layout).  The half keeps
+    only the requested rows of each block it decodes (:class:`~protocols.row_blocks.RowSelection`;
+    ``whole_blocks``: every row, for a client that reads them all)."""
     logic.keep(tag, ids, rows)
     rpb, num_blocks, layout = int(req["rpb"]), int(req["num_blocks"]), req["layout"]
+    logic.rt.half.selection = None if whole_blocks else RowSelection(request, rpb, rows.shape[1])
     public = {"rows_up": ids.size, "rows_down": request.size,
               "request_blocks": request_blocks(request, rpb, num_blocks, layout)}
     if req.get("dp_clip") is not None:

@@ -25,6 +25,8 @@ from typing import Mapping
 
 from protocols import ProtocolError
 
+from .memory import release_freed_memory
+
 
 @dataclass
 class ExecutorStats:
@@ -114,3 +116,9 @@ class LocalExecutor(Executor):
 
     def _call(self, method, requests):
         return answer_each(self.runtimes, method, requests), {}
+
+    def shutdown(self) -> None:
+        """Drop the runtimes and hand their memory back to the OS (:mod:`.memory`): a process
+        running several runs does not keep the last one's."""
+        self.runtimes = {}
+        release_freed_memory()

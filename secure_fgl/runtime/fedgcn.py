@@ -164,7 +164,8 @@ class FedGCNLogic(ModelAveragingLogic):
         if not req.get("split"):
             return {"ids": ids, "rows": rows, "request": request}
         self.request_rows = request
-        return keep_rows(self, tag, ids, rows, request, req)     # the half uploads it; public facts leave here
+        return keep_rows(self, tag, ids, rows, request, req,     # the half uploads it; public facts leave here
+                         whole_blocks=self.cfg.attacks)           # --attacks: it keeps every decoded row
 
     def _row_ids_channel(self, sender: int, receiver: int) -> tuple[str, bytes, bytes, bytes]:
         """(peer, its channel key, run id, associated data) of the row ids ``sender`` -> ``receiver``."""
@@ -222,10 +223,10 @@ class FedGCNLogic(ModelAveragingLogic):
         if "totals" in req:
             totals = req["totals"]
         else:                                   # this client's own decoded blocks
-            blocks, rpb = self.rt.half.result(), int(req["rpb"])
-            totals = rows_result(blocks, self.request_rows, rpb, self.facts.num_features + 1)
+            half, rpb = self.rt.half, int(req["rpb"])
             if self.cfg.attacks:
-                self.decoded = self._block_rows(blocks, rpb)
+                self.decoded = self._block_rows(half.result(), rpb)
+            totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
         if self.sent_own is not None:           # DP: post-processing with the client's own data

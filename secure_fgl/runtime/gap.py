@@ -16,7 +16,12 @@ The three stages of :mod:`secure_fgl.algorithms.gap` with every party apart:
    the head or the encoder by the federation's validation accuracy (``--select val``), from one
    ``eval/counts`` message per client holding both models' counts.
 
-``--dpsgd`` (DP-SGD of the encoder and the head) runs with ``--executor inline`` only.
+``--dpsgd`` (DP-SGD of the encoder and the head, :mod:`secure_fgl.dpsgd`): before each round the
+driver's one accountant counts that round's steps of the stage (``<stage>/dpsgd``, one release per
+step for all clients: they hold disjoint nodes) and tells each sampled client the std of each step;
+the client clips every per-node gradient of its own training nodes (Opacus) and adds the noise from
+its own OS-keyed keystream (:class:`~.dp.ClientNoise`), as inline draws it from the run's engine.
+A step is counted before any client trains (conservative: it counts even if the client is lost).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from ..algorithms.fedgcn import partial_neighbour_sums
 from ..algorithms.gap import (HOP_TAG, FedGCNGAP, check_degree_cap, check_gap_options, hop_spec, row_normalise)
 from ..algorithms.options import GAPOptions
 from ..config import ConfigError
+from ..dpsgd import DPSGD, stage_request
 from ..models import build_model
 from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
@@ -67,6 +73,8 @@ class GAPLogic(ModelAveragingLogic):
         self.best_encoder: dict | None = None
         self.hops: list[torch.Tensor] = []
         self._inputs: torch.Tensor | None = None
+        #: ``--dpsgd``: per-node clipping to ``--dp-clip``, noise from this client's own keystream
+        self.sgd = DPSGD(self.cfg.dp_clip) if self.gopts.dpsgd else None
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
@@ -80,7 +88,20 @@ class GAPLogic(ModelAveragingLogic):
         return self._inputs, self.encoder.no_edges
 
     def local_update(self, req: dict) -> dict:
-        return self.encoder.local_update(req) if req.get("model") == ENCODER_TAG else super().local_update(req)
+        stage = self.encoder if req.get("model") == ENCODER_TAG else self
+        if "dpsgd_std" not in req:
+            return self.encoder.local_update(req) if stage is self.encoder else super().local_update(req)
+        if self.sgd is None:
+            raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
+        c, rnd = self.data, int(req["round"])
+        if not bool(c.train_mask.any()):
+            return {"trained": False, "loss": 0.0}
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd)
+                  for std in req["dpsgd_std"]]
+        x, edge_index = stage.inputs()
+        loss = self.sgd.train(stage.model, stage.optimizer, x, edge_index, c.y, c.train_mask, seed=self.cfg.seed,
+                              rnd=rnd, client=self.rt.client_id, noises=noises)
+        return {"trained": True, "loss": loss}
 
     def contribute(self, req: dict) -> dict:
         tag = req["tag"]
@@ -108,7 +129,7 @@ class GAPLogic(ModelAveragingLogic):
             return {}
         if not tag.startswith(HOP_TAG + "/"):
             return super().receive(req)
-        totals = rows_result(self.rt.half.result(), self.data.global_ids.cpu().numpy(), int(req["rpb"]),
+        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]),
                              self.cfg.hidden)
         self.hops.append(row_normalise(torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)))
         if len(self.hops) == self.gopts.hops + 1:
@@ -142,16 +163,37 @@ class GAPStrategy(ModelAveragingStrategy):
     def __init__(self, executor, protocol, cfg, facts, options):
         self.gopts = GAPOptions(**options)
         check_gap_options(self.gopts, cfg)
-        if self.gopts.dpsgd:
-            raise ConfigError(f"fedgcn-gap --dpsgd runs with --executor inline only (not --executor {cfg.executor})")
+        if self.gopts.dpsgd and protocol.dp is None:
+            raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
         super().__init__(executor, protocol, cfg, facts, options)
         if not self.split:
             raise ConfigError(f"fedgcn-gap with --executor {cfg.executor} runs its hop sums in the clients' protocol "
                               f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
         self.encoder_val_acc, self.uses_head = 0.0, True
         self.hop_tags = [f"{HOP_TAG}/{h}" for h in range(1, self.gopts.hops + 1)]
+        #: ``--dpsgd``: model tag of a training stage -> (its DP tag, its request), as inline names them
+        self.dpsgd = {}
+        if self.gopts.dpsgd:
+            epochs, enc_rounds = cfg.local_epochs, self.gopts.encoder_rounds or cfg.rounds
+            self.dpsgd = {ENCODER_TAG: (f"{self.name}/encoder/dpsgd", stage_request(cfg.dp_clip, enc_rounds, epochs)),
+                          f"{self.name}/model": (f"{self.name}/dpsgd", stage_request(cfg.dp_clip, cfg.rounds, epochs))}
         if protocol.dp is not None and protocol.dp.config.split is None:
-            protocol.dp.declare(*self.hop_tags)          # even split (as inline)
+            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))   # even split (as inline)
+
+    def release_units(self) -> dict[str, str]:
+        """DP-SGD steps protect a training node (a sample), as inline."""
+        return {t: "sample" for t, _ in self.dpsgd.values()}
+
+    def local_update_request(self, rnd: int, tag: str | None) -> dict:
+        """With ``--dpsgd``: count this round's steps of the stage and tell the clients each step's std."""
+        ask = super().local_update_request(rnd, tag)
+        stage = self.dpsgd.get(tag or f"{self.name}/model")
+        if stage is None:
+            return ask
+        dp_tag, request = stage
+        epochs = self.cfg.local_epochs
+        std = [self.protocol.dp.local_release(dp_tag, rnd * epochs + s, request) for s in range(epochs)]
+        return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
 
     def model_dp_request(self, tag: str):
         """Edge-level: the model exchanges touch no edge, so they carry no noise (as inline)."""

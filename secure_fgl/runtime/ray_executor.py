@@ -31,7 +31,9 @@ import time
 from typing import Mapping
 
 from ..config import ConfigError
+from . import partition
 from .executor import Executor, answer_each
+from .memory import map_large_buffers, process_pss, release_freed_memory
 from .placement import PIN, actor_plan
 
 
@@ -50,16 +52,27 @@ class ClientHost:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.device = device
         self.runtimes = {}
+        map_large_buffers()                        # frames freed after a call go back to the OS (.memory)
 
     def start(self, frames: dict[int, bytes]) -> list[int]:
         from .client import ClientRuntime
-        self.runtimes = {}
-        for k, frame in frames.items():
-            self.runtimes[k] = ClientRuntime(frame, self.device)
+        self.empty()
+        for k in sorted(frames):
+            self.runtimes[k] = ClientRuntime(frames.pop(k), self.device)
+        partition.forget()                         # pinned clients' shared load of the data (.partition)
+        release_freed_memory()
         return sorted(self.runtimes)
 
     def call(self, method: str, requests: dict[int, bytes]) -> dict[int, bytes]:
-        return answer_each(self.runtimes, method, requests)
+        try:
+            return answer_each(self.runtimes, method, requests)
+        finally:
+            release_freed_memory(collect=False)
+
+    def empty(self) -> None:
+        """Drop the hosted runtimes and give their memory back (a run's end, or the next run's start)."""
+        self.runtimes = {}
+        release_freed_memory()
 
     def resources(self) -> dict:
         """The node this actor runs on and the resources Ray assigned it."""
@@ -68,11 +81,8 @@ class ClientHost:
         return {"node": ctx.get_node_id(), "resources": dict(ctx.get_assigned_resources())}
 
     def memory(self) -> dict:
-        """This process's id, resident and proportional set size (bytes)."""
-        import psutil
-        info = psutil.Process().memory_full_info()
-        return {"pid": os.getpid(), "rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss)),
-                "clients": len(self.runtimes)}
+        """This process's id, proportional set size and its parts (bytes, :func:`.memory.process_pss`)."""
+        return {"pid": os.getpid(), "clients": len(self.runtimes), **(process_pss(os.getpid()) or {})}
 
 
 #: idle ClientHost actors of this driver, reused by the next run on the same cluster (an actor costs
@@ -195,11 +205,12 @@ class RayExecutor(Executor):
 
     def shutdown(self) -> None:
         """Kill the actors and the cluster this executor started; on a cluster it joined, keep
-        the live actors (emptied by the next run's ``start``) for reuse."""
+        the live actors, emptied of their runtimes (:meth:`ClientHost.empty`), for reuse."""
         for j, a in enumerate(self.actors):
             if self.started_cluster or j in self.dead or self.actor_resources[j] is not None:
                 self.ray.kill(a, no_restart=True)
             else:
+                a.empty.remote()                   # an idle host holds no runtime, nor its memory
                 _IDLE_HOSTS.append(a)
         self.actors = []
         if self.started_cluster:

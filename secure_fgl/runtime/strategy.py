@@ -41,6 +41,8 @@ from . import wire
 from .client import client_frame
 from .dp import privatize_dense
 from .exchange import plan_dense, run_split, split_backend
+from .partition import far_owners
+from .placement import parse_client_resources
 
 EVAL_TAG = "eval/counts"
 
@@ -51,6 +53,7 @@ class Strategy:
     name = "base"
     personalized = False
     #: its DP exchanges clip and noise on the clients (:mod:`.dp`); otherwise DP runs are refused
+    #: (:func:`.build.check_runtime`)
     dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options: dict):
@@ -66,19 +69,17 @@ class Strategy:
         elif protocol.dp is not None:
             raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
                               f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
-        if protocol.dp is not None and not self.dp_on_runtimes:
-            raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
-                              "yet; use --executor inline")
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
-        """The set-up frame of each runtime the strategy addresses: one per client, its own data only."""
-        owner = fed.owner
-        return {c.client_id: client_frame(c, owner[c.cross_edges[1]] if c.cross_edges.numel() else
-                                          c.cross_edges[1].new_empty(0), cfg, facts, options, party_setup)
-                for c in fed.clients}
+        """The set-up frame of each runtime the strategy addresses: one per client, its own data
+        only; a client pinned to a Ray node (``--ray-client-resources``) loads its data there
+        (:mod:`.partition`) and gets the digest of it instead."""
+        pinned = parse_client_resources(cfg.ray_client_resources, cfg.clients) if cfg.ray_client_resources else {}
+        return {c.client_id: client_frame(c, far_owners(fed, c), cfg, facts, options, party_setup,
+                                          load_own_data=c.client_id in pinned) for c in fed.clients}
 
     @property
     def num_clients(self) -> int:
@@ -217,12 +218,17 @@ class ModelAveragingStrategy(Strategy):
         algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
         self.round = rnd
         sampled = self.sample_clients(rnd)
-        done = self.ask("local_update", {k: {"round": rnd, **({"model": tag} if tag else {})} for k in sampled})
+        ask = self.local_update_request(rnd, tag)
+        done = self.ask("local_update", {k: ask for k in sampled})
         losses = [r["loss"] for r in done.values() if r["trained"]]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
             self.aggregate(rnd, contributors, tag)
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
+
+    def local_update_request(self, rnd: int, tag: str | None) -> dict:
+        """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""
+        return {"round": rnd, **({"model": tag} if tag else {})}
 
     #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
     model_dp_request = ModelAveraging.model_dp_request

@@ -1,0 +1,72 @@
+"""A pinned client loads its own partition on the machine that holds it.
+
+A client pinned to a Ray node (``--ray-client-resources``, :mod:`.placement`) gets a set-up frame
+without data (:func:`spec_frame`): the run's settings (dataset, partition, seed: a public data
+spec), the public facts and the SHA-256 of the data the run planned for it.  Its runtime, on
+that node, loads the dataset from its own ``--data-root`` / ``$SECURE_FGL_DATA`` (or generates the
+synthetic graph from its seed), partitions it as every run does
+(:func:`secure_fgl.experiment.load_federation`: deterministic given the settings) and keeps
+only its own subgraph (:func:`own_fields`).  The digest check refuses a partition that differs
+from the driver's (another dataset file, another version of the code): one error naming the
+fix, not a silently different run.
+
+The driver still partitions the data to learn the public facts and the digests (a simulation:
+one organisation holds every partition); what changes is that a pinned client's data never
+crosses from the driver to its machine.  Clients of one process share one load
+(:func:`forget` drops it once their runtimes are built).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+from ..config import RunConfig
+from . import wire
+
+#: RunConfig fields that decide a client's partition (:func:`secure_fgl.experiment.load_federation`)
+SPEC_FIELDS = ("dataset", "clients", "partition", "beta", "resolution", "keep_largest", "split", "seed",
+               "data_root", "synthetic")
+
+
+def data_fields(c, far_owner) -> dict:
+    """Client ``c``'s data as set-up frame fields: its subgraph and the owner of the far end of
+    each of its cross edges."""
+    from .client import DATA_FIELDS
+    return {**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner}
+
+
+def data_digest(fields: dict) -> str:
+    """SHA-256 of the data fields as the wire carries them (:mod:`.wire`)."""
+    return hashlib.sha256(wire.pack(fields)).hexdigest()
+
+
+def far_owners(fed, c):
+    """The owner of the far end of each of ``c``'s cross edges."""
+    return fed.owner[c.cross_edges[1]] if c.cross_edges.numel() else c.cross_edges[1].new_empty(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _federation(spec: str):
+    from ..experiment import load_federation
+    return load_federation(RunConfig(**json.loads(spec)))
+
+
+def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
+    """Client ``client_id``'s data fields, loaded and partitioned in this process, as numpy arrays
+    (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``)."""
+    spec = json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True)
+    fed = _federation(spec)
+    c = fed.clients[int(client_id)]
+    fields = data_fields(c, far_owners(fed, c))
+    if data_digest(fields) != digest:
+        raise ValueError(f"client {client_id}: the partition of {cfg.dataset} loaded on this machine differs from "
+                         "the driver's (digest mismatch); give every machine the same dataset files "
+                         "(--data-root / $SECURE_FGL_DATA) and the same secure_fgl version")
+    return {name: value.cpu().numpy() for name, value in fields.items()}
+
+
+def forget() -> None:
+    """Drop the loaded federation (the clients of this process have taken their subgraphs)."""
+    _federation.cache_clear()
+

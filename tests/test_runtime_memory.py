@@ -1,0 +1,113 @@
+"""Memory of the client runtimes (issue 14, 100 clients within 8 GB): a client holds its compact
+rows while a row sum streams, keeps only the rows it asked for of the blocks it decodes, and a
+host process can measure itself and give freed memory back."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from protocols.party import ClientHalf
+from protocols.row_blocks import BlockRows
+from secure_fgl.algorithms.fedgcn import TAG
+from secure_fgl.experiment import run_experiment
+from secure_fgl.runtime import memory
+from secure_fgl.runtime import fedgcn as fedgcn_runtime
+from secure_fgl.runtime.exchange import keep_rows, rows_table
+
+from test_runtime import small
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_a_row_contribution_stays_compact_and_reads_as_its_dense_blocks(layout):
+    rng = np.random.default_rng(0)
+    rpb, dim, num_blocks = 4, 3, 6
+    ids = rng.choice(num_blocks * rpb, size=9, replace=False)
+    rows = rng.normal(size=(ids.size, dim))
+    table = rows_table(SimpleNamespace(block_len=rpb * dim, num_blocks=num_blocks, layout=layout), ids, rows)
+    assert isinstance(table.values, BlockRows)               # nothing dense is held
+    full = np.zeros((num_blocks * rpb, dim))
+    full[ids] = rows
+    expected_ids = np.arange(num_blocks) if layout == "dense" else np.unique(ids // rpb)
+    assert np.array_equal(table.ids, expected_ids)
+    assert np.array_equal(np.asarray(table.values), full.reshape(num_blocks, rpb * dim)[expected_ids])
+    assert np.array_equal(table.values[1:3], np.asarray(table.values)[1:3])     # a chunk, as the ckks half reads it
+
+
+@pytest.mark.parametrize("mode", ["mask", "ckks"])
+def test_a_fedgcn_client_keeps_only_the_rows_it_requested(mode, monkeypatch):
+    """The neighbour sums decode in whole blocks; each client half keeps exactly its requested
+    rows of them (not the blocks), and the run is the one whose clients kept whole blocks."""
+    kept = {}
+    deliver = ClientHalf.deliver
+
+    def spy(self, blocks):
+        deliver(self, blocks)
+        if self.plan.tag == TAG:
+            logic = self.provider.__self__
+            kept[self.id] = (sum(v.size for v in self._result[1].values()),
+                             np.unique(logic.request_rows).size * (logic.facts.num_features + 1),
+                             len(blocks) * self.plan.block_len)
+
+    monkeypatch.setattr(ClientHalf, "deliver", spy)
+    cfg = small("fedgcn", mode, executor="local", rounds=2)
+    rows_only = run_experiment(cfg, progress=False)
+    assert sorted(kept) == [0, 1, 2]
+    for k, (held, requested, whole) in kept.items():
+        assert held == requested < whole, k
+    monkeypatch.setattr(fedgcn_runtime, "keep_rows", lambda *a, whole_blocks: keep_rows(*a, whole_blocks=True))
+    kept.clear()
+    whole = run_experiment(cfg, progress=False)
+    assert all(held == whole for held, _, whole in kept.values())
+    losses = [[r["train_loss"] for r in run["rounds"]] for run in (rows_only, whole)]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6 if mode == "ckks" else 0)
+
+
+def test_a_process_reads_its_pss_and_gives_freed_buffers_back():
+    own = memory.process_pss(os.getpid())
+    if own is None:
+        pytest.skip("no /proc/PID/smaps_rollup on this system")
+    assert own["Pss"] >= own["Pss_Anon"] > 0
+    assert memory.process_pss(2 ** 31 - 1) is None                     # no such process
+    if not memory.map_large_buffers():
+        pytest.skip("the C library is not glibc")
+    buffers = [bytearray(memory.LARGE_BUFFER_BYTES) for _ in range(64)]
+    for b in buffers:
+        b[::4096] = b"\1" * len(b[::4096])                             # touch every page
+    held = memory.process_pss(os.getpid())["Pss_Anon"]
+    del buffers, b
+    memory.release_freed_memory()
+    assert memory.process_pss(os.getpid())["Pss_Anon"] < held - 48 * memory.LARGE_BUFFER_BYTES
+
+
+def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
+    """A client pinned to a node gets the digest of its data, not the data; its runtime loads and
+    partitions the dataset there and holds exactly the subgraph the driver planned."""
+    import dataclasses
+    import torch
+
+    from secure_fgl.experiment import load_federation
+    from secure_fgl.runtime import partition, wire
+    from secure_fgl.runtime.client import DATA_FIELDS, ClientRuntime
+    from secure_fgl.runtime.facts import PublicFacts
+    from secure_fgl.runtime.strategy import Strategy
+
+    cfg = small("fedavg", "plain", executor="ray", ray_client_resources="site_a:1").validate()
+    fed = load_federation(cfg)
+    frames = Strategy.client_frames(fed, cfg, PublicFacts.of(fed), {}, None)
+    shipped, pinned = wire.unpack(frames[0]), wire.unpack(frames[1])
+    assert "x" in shipped and not set(DATA_FIELDS) & set(pinned) and "far_owner" not in pinned
+    assert len(frames[1]) < len(frames[0]) / 10
+    partition.forget()
+    built = ClientRuntime(frames[1])
+    c = fed.clients[1]
+    assert all(torch.equal(getattr(built.data, f), getattr(c, f)) for f in DATA_FIELDS)
+    assert torch.equal(built.far_owner, partition.far_owners(fed, c))
+    other = dataclasses.replace(cfg, seed=cfg.seed + 1)          # another partition of the same dataset
+    forged = wire.pack({**pinned, "config": other.to_dict()})
+    partition.forget()
+    with pytest.raises(ValueError, match="differs from the driver's"):
+        ClientRuntime(forged)
+    partition.forget()
