@@ -23,7 +23,14 @@ and how many rounds' test accuracies equal plain's exactly ("trajectory").  The 
 
 With ``--fixed-point-bits`` the ckks runs carry their float exchanges as packed fixed point
 (``--update-bound`` and ``--feature-bound`` are the public bounds it is planned from); they
-are recorded as mode ``ckks-fixedB``.
+are recorded as mode ``ckks-fixedB``.  With ``--grid-model-mean`` every mode averages the
+model on its public grid (recorded as ``<mode>-grid``, compared with the plain runs without it;
+plain-grid and ckks-grid train the same model bit for bit):
+
+    python examples/secure_minus_plain.py --modes plain --datasets cora citeseer --betas 1 \
+        --other-seeds --out runs/smp_grid
+    python examples/secure_minus_plain.py --modes plain ckks --grid-model-mean --update-bound 1 \
+        --datasets cora citeseer --betas 1 --other-seeds --out runs/smp_grid
 """
 from __future__ import annotations
 
@@ -64,7 +71,10 @@ def fedomd(seed: int, mode: str, args) -> RunConfig:
 
 
 def packed(cfg: RunConfig, args) -> RunConfig:
-    """``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only)."""
+    """``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only) and, with
+    ``--grid-model-mean``, the model mean on its public grid (every mode)."""
+    if args.grid_model_mean and cfg.algorithm != "fedomd":        # (FedOMD's mean is always on its grid)
+        cfg.grid_model_mean, cfg.update_bound = True, args.update_bound
     if cfg.mode == "ckks" and args.fixed_point_bits:
         cfg.fixed_point_bits, cfg.update_bound = args.fixed_point_bits, args.update_bound
         if cfg.algorithm == "fedgcn" and args.feature_bound:
@@ -73,7 +83,8 @@ def packed(cfg: RunConfig, args) -> RunConfig:
 
 
 def label(cfg: RunConfig) -> str:
-    return cfg.mode + (f"-fixed{cfg.fixed_point_bits}" if cfg.fixed_point_bits else "")
+    return cfg.mode + (f"-fixed{cfg.fixed_point_bits}" if cfg.fixed_point_bits else "") + \
+        ("-grid" if cfg.grid_model_mean else "")
 
 
 def plan(args) -> list[tuple[str, int, RunConfig]]:
@@ -187,7 +198,11 @@ def main(argv=None) -> None:
     ap.add_argument("--fedomd-patience", type=int, default=200, help="FedOMD early stopping (fedomd_table4.py: 200)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--fixed-point-bits", type=int, default=None, help="ckks runs: packed fixed point")
-    ap.add_argument("--update-bound", type=float, default=None, help="with --fixed-point-bits: public update bound")
+    ap.add_argument("--update-bound", type=float, default=None,
+                    help="with --fixed-point-bits or --grid-model-mean: public update bound")
+    ap.add_argument("--grid-model-mean", action="store_true",
+                    help="every mode: the model mean on its public grid (ckks: exact integer fields); "
+                         "recorded as mode <mode>-grid and compared with the plain runs off the grid")
     ap.add_argument("--feature-bound", type=float, default=None,
                     help="with --fixed-point-bits: FedGCN's public feature bound")
     ap.add_argument("--data-root", default=None)

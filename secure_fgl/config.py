@@ -91,6 +91,14 @@ class RunConfig:
                                            help="ckks: float exchanges as packed fixed point, fields of at least "
                                                 "this many bits, 2 per slot half at 20 (omit: one float per slot; "
                                                 "docs/performance.md)")
+    ckks_real_slots: bool = setting(False, group="secure mode",
+                                    help="ckks: real slots only, as before issue 17 (default: integer exchanges and "
+                                         "those on a public grid travel as exact signed fields in both halves of each "
+                                         "complex slot: the same sums in fewer ciphertexts)")
+    grid_model_mean: bool = setting(False, group="secure mode",
+                                    help="FedAvg-style model mean on a public grid (--update-bound sizes it): every "
+                                         "mode returns the same mean bit for bit; ckks carries it as exact integer "
+                                         "fields (docs/performance.md)")
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
                                               "planned for (default 100); clients refuse larger updates")
@@ -151,6 +159,9 @@ class RunConfig:
             raise ConfigError("--dp-unit / --dp-split need --dp-epsilon (the run's total DP budget)")
         if self.fixed_point_bits is not None and self.mode != "ckks":
             raise ConfigError("--fixed-point-bits packs the ckks exchanges; use --mode ckks or omit it")
+        if self.ckks_real_slots and (self.mode != "ckks" or self.fixed_point_bits is not None):
+            raise ConfigError("--ckks-real-slots keeps every ckks exchange in real slots; use --mode ckks without "
+                              "--fixed-point-bits, or omit it")
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

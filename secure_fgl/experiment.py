@@ -34,7 +34,7 @@ from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
-from .engine.transcript_state import TranscriptState
+from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
@@ -57,6 +57,8 @@ def load_federation(cfg: RunConfig):
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
+    if cfg.ckks_real_slots:
+        extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
@@ -94,7 +96,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
         algo = make_strategy(cfg, fed, protocol, options, executor)
 
-    transcript_state = TranscriptState(protocol.transcript)
+    # checkpoints are written only with an --out folder; the transcript's lines go to a side file there
+    transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
 
     def save_extra():
         return {"transcript": transcript_state.encode(),
@@ -183,7 +186,8 @@ def _files(out_dir: Path | None) -> dict:
         return {}
     what = {"checkpoint.pt": "last-round state for --resume (private: 0600)",
             "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
-            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars", "run.log": "progress log"}
+            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars", "run.log": "progress log",
+            SIDE_FILE: "the transcript's messages without payloads (checkpoint.pt holds their count and SHA-256)"}
     return {name: desc for name, desc in what.items() if (out_dir / name).exists()}
 
 

@@ -392,6 +392,24 @@ def test_corrupted_ciphertext_bytes_refused(how):
     assert _nothing_delivered(ck, "x")
 
 
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_a_flipped_ciphertext_bit_is_refused_by_the_signed_envelope(direction):
+    """Frames carry no digest of their own (protocols/ckks/wire.py): the envelope's signed body
+    digest covers every frame, uploads and downloads, and refuses one flipped bit before decoding."""
+    ck = make_protocol("ckks", 3)
+
+    def flip(m):
+        upload = m.receiver == SERVER and m.sender == "client2"
+        if m.kind == "ciphertext" and (upload if direction == "upload" else m.receiver == "client1"):
+            f = bytearray(m.payload[0])
+            f[len(f) // 3] ^= 0x01
+            return replace(m, payload=[bytes(f)] + list(m.payload[1:]))
+        return m
+    ck.intercept = flip
+    with pytest.raises(IntegrityError, match="digest its sender signed"):
+        _run(ck)
+
+
 def test_ciphertext_from_another_context_refused():
     ck, other = make_protocol("ckks", 3), make_protocol("ckks", 3, params="n8192")
     _run(other)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from protocols import make_protocol
+from secure_fgl.config import ConfigError
 from secure_fgl.engine.transcript_state import TranscriptState
 
 
@@ -14,28 +16,68 @@ def _transcript_after_exchanges(n: int):
     return proto.transcript
 
 
-def test_transcript_state_round_trips_every_message_without_payloads():
+def test_transcript_state_round_trips_every_message_without_payloads(tmp_path):
     transcript = _transcript_after_exchanges(2)
-    text = TranscriptState(transcript).encode()
+    ref = TranscriptState(transcript, tmp_path / "t.jsonl").encode()
     copy = _transcript_after_exchanges(0)
-    TranscriptState(copy).restore(text)
+    TranscriptState(copy, tmp_path / "t.jsonl").restore(ref)
     assert copy.messages == [m.without_payload() for m in transcript.messages]
     assert copy.comm()["per_tag"]["t"]["bytes_up"] == transcript.comm()["per_tag"]["t"]["bytes_up"] > 0
 
 
-def test_transcript_state_encodes_only_new_messages():
+def test_transcript_state_appends_only_new_messages(tmp_path):
     proto = make_protocol("plain", 2)
-    state = TranscriptState(proto.transcript)
+    state = TranscriptState(proto.transcript, tmp_path / "t.jsonl")
     proto.weighted_sum("a", 0, {0: np.ones(2), 1: np.ones(2)})
     first = state.encode()
+    written = (tmp_path / "t.jsonl").read_bytes()
     proto.weighted_sum("a", 1, {0: np.ones(2), 1: np.ones(2)})
     second = state.encode()
-    assert second.startswith(first + "\n") and second.count("\n") + 1 == len(proto.transcript.messages)
+    assert (tmp_path / "t.jsonl").read_bytes().startswith(written)          # appended, not rewritten
+    assert second["messages"] == len(proto.transcript.messages) > first["messages"]
+    assert second["bytes"] == (tmp_path / "t.jsonl").stat().st_size
+
+
+def test_resume_cuts_lines_written_after_the_checkpoint(tmp_path):
+    """A crash between the side file's append and the checkpoint leaves extra lines: cut off."""
+    proto = make_protocol("plain", 2)
+    path = tmp_path / "t.jsonl"
+    state = TranscriptState(proto.transcript, path)
+    proto.weighted_sum("a", 0, {0: np.ones(2), 1: np.ones(2)})
+    ref = state.encode()
+    kept = list(proto.transcript.messages)
+    proto.weighted_sum("a", 1, {0: np.ones(2), 1: np.ones(2)})
+    state.encode()                                           # appended, but its checkpoint never written
+    copy = make_protocol("plain", 2).transcript
+    resumed = TranscriptState(copy, path)
+    resumed.restore(ref)
+    assert copy.messages == [m.without_payload() for m in kept] and path.stat().st_size == ref["bytes"]
+    copy.messages.append(kept[0])
+    assert resumed.encode()["messages"] == len(kept) + 1      # appends after the cut
+
+
+@pytest.mark.parametrize("tamper", ("edit", "truncate", "delete"))
+def test_resume_refuses_a_side_file_that_does_not_match_the_checkpoint(tmp_path, tamper):
+    proto = make_protocol("mask", 3)
+    path = tmp_path / "t.jsonl"
+    state = TranscriptState(proto.transcript, path)
+    proto.weighted_mean("t", 0, {k: np.full(4, float(k)) for k in range(3)})
+    ref = state.encode()
+    data = path.read_bytes()
+    if tamper == "edit":          # one message's byte count changed: same length, other hash
+        i = data.index(b'"nbytes":') + len(b'"nbytes":')
+        path.write_bytes(data[:i] + (b"9" if data[i:i + 1] != b"9" else b"8") + data[i + 1:])
+    elif tamper == "truncate":
+        path.write_bytes(data[:-10])
+    else:
+        path.unlink()
+    copy = make_protocol("mask", 3).transcript
+    with pytest.raises(ConfigError, match="--resume") as err:
+        TranscriptState(copy, path).restore(ref)
+    assert "\n" not in str(err.value) and copy.messages == []
 
 
 # ----------------------------------------------------------------------------- batched small exchanges
-import pytest  # noqa: E402
-
 from protocols.batch import batched_weighted_mean  # noqa: E402
 
 
@@ -173,3 +215,23 @@ def test_batched_means_meet_the_mean_precision_plan_in_ckks():
     for tag, values in parts.items():
         exact = sum(weights[k] * values[k] for k in weights) / sum(weights.values())
         assert np.abs(got[tag] - exact).max() <= plan.tolerance
+
+
+def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tmp_path):
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+
+    def cfg(out, rounds, **kw):
+        return RunConfig(algorithm="fedavg", mode="mask", dataset="sbm", clients=3, rounds=rounds, seed=0,
+                         synthetic={"num_nodes": 120, "num_features": 8, "num_classes": 3}, out=str(out), **kw)
+    full = run_experiment(cfg(tmp_path / "full", 4), progress=False)
+    first = run_experiment(cfg(tmp_path / "part", 2), progress=False)
+    side = tmp_path / "part" / "transcript.jsonl"
+    before = side.read_bytes()
+    resumed = run_experiment(cfg(tmp_path / "part", 4, resume=True), progress=False)
+    for key in ("bytes_up", "bytes_down", "plaintext_bytes_up"):     # relayed shares (p2p): not compared
+        assert resumed["comm"]["per_tag"]["fedavg/model"][key] == full["comm"]["per_tag"]["fedavg/model"][key]
+    assert [r["test_acc"] for r in resumed["rounds"]] == [r["test_acc"] for r in full["rounds"]]
+    assert side.read_bytes().startswith(before)                       # the first session's lines, kept
+    assert side.read_text().count("\n") == resumed["comm"]["messages"] > first["comm"]["messages"]
+    assert "transcript.jsonl" in resumed["files"]

@@ -71,12 +71,15 @@ def test_an_entry_above_the_client_bound_is_refused_before_anything_is_sent(mode
 
 
 def test_owner_checked_sum_keeps_narrow_fields():
-    """FedGCN's spec (sum_max enforced by the owners' degree check) packs log2(cap+1)-bit fields;
-    without the owner check the plan widens them to cover K * max_abs."""
-    ck = protocol("ckks", 4)
-    owner = ck.plan(ValueSpec(integer=True, max_abs=169.0, sum_max=169, owner_checked_sum=True))
-    alone = ck.plan(ValueSpec(integer=True, max_abs=169.0, sum_max=169))
-    assert owner.layout.width == 8 and alone.layout.width == (4 * 169).bit_length()
+    """FedGCN's spec (sum_max enforced by the owners' degree check) packs log2(cap+1)-bit fields
+    (one more, the sign, in the default signed complex fields); without the owner check the plan
+    widens them to cover K * max_abs."""
+    owner_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169, owner_checked_sum=True)
+    alone_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169)
+    for ck, sign in ((protocol("ckks", 4), 1), (make_protocol("ckks", 4, exact_fields=False), 0)):
+        owner, alone = ck.plan(owner_spec), ck.plan(alone_spec)
+        assert owner.encoding == alone.encoding == ("fixed" if sign else "packed")
+        assert owner.layout.width == 8 + sign and alone.layout.width == (4 * 169).bit_length() + sign
 
 
 def test_mean_precision_bound_is_sound():
@@ -193,8 +196,8 @@ def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode():
                                                (MeanPrecision(1.0, 2708.0, 2708.0, 2.0 ** -34), 5),
                                                (MeanPrecision(1.0, 1.0, 1.0, 2.0 ** -20), 3)])
 def test_grid_mean_is_identical_in_every_mode_within_the_stated_bound(plan, num_clients):
-    """A mean on ``grid_spec``'s grid: plain (float32 or float64 wire), mask, ckks, ckks's packed
-    fixed point (integer fields of quantum ``2^-f``, where they fit) and ckks-mp return the same bits, within ``grid_error_bound`` of the exact mean; a decoded sum off the grid by more than the
+    """A mean on ``grid_spec``'s grid: plain (float32 or float64 wire), mask, ckks (by default integer
+    fields of quantum ``2^-f`` where they fit and save bytes), ckks with real slots only, and ckks-mp return the same bits, within ``grid_error_bound`` of the exact mean; a decoded sum off the grid by more than the
     codec's planned quarter step is refused."""
     from protocols.errors import IntegrityError
     rng = np.random.default_rng(num_clients)
@@ -206,6 +209,7 @@ def test_grid_mean_is_identical_in_every_mode_within_the_stated_bound(plan, num_
     assert spec.float64_wire == (num_clients * spec.max_abs * 2.0 ** spec.grid_bits > 2 ** 24)
     protocols = {mode: make_protocol(mode, num_clients, seed=0) for mode in ("plain", "mask", "ckks")}
     protocols["ckks-fixed"] = make_protocol("ckks", num_clients, seed=0, fixed_point_bits=20)   # exact grid fields
+    protocols["ckks-real"] = make_protocol("ckks", num_clients, seed=0, exact_fields=False)      # one float per slot
     if num_clients <= 5:                                                                       # (CI time)
         protocols["ckks-mp"] = make_protocol("ckks-mp", num_clients, seed=0)
     got = {mode: p.weighted_mean("t", 0, values, weights, spec=spec) for mode, p in protocols.items()}

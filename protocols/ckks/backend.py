@@ -634,6 +634,13 @@ class CKKSProtocol(SplitProtocol):
                         at least b bits in both parts of every complex slot, quantum from the
                         public bounds (:mod:`protocols.ckks.fixed_point`; error ``K Delta``
                         per summed entry instead of the spec's tolerance).
+    exact_fields:       ``True`` (default): exchanges whose sums are exact integers -- integer
+                        exchanges, and float exchanges on a public grid (``ValueSpec.grid_bits``,
+                        integers of quantum ``2^-f``) -- may travel as signed integer fields in
+                        both parts of every complex slot where that saves ciphertexts (the
+                        same sums, bit for bit, as the real-slot encodings); ``False``: real
+                        slots only (unsigned packed fields for integers, one float per slot on
+                        a grid).
     """
 
     mode = "ckks"
@@ -644,7 +651,7 @@ class CKKSProtocol(SplitProtocol):
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
                  keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
-                 fixed_point_bits: int | None = None, link=None):
+                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None):
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
                                      "(BFV packing is not implemented)")
@@ -661,6 +668,7 @@ class CKKSProtocol(SplitProtocol):
             raise ConfigurationError(f"fixed_point_bits must be an integer in [2, 52] or None, got {fixed_point_bits!r} "
                                      f"(e.g. {DEFAULT_FIELD_BITS})")
         self.fixed_point_bits = fixed_point_bits
+        self.exact_fields = bool(exact_fields)
         super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link)
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
@@ -692,18 +700,22 @@ class CKKSProtocol(SplitProtocol):
         for chain in self._candidates:
             try:
                 if spec.integer and self.packing and chain.data_primes == 1:
-                    if self.fixed_point_bits:       # exact signed fields in both halves of each slot
+                    if self.fixed_point_bits or self.exact_fields:    # exact signed fields in both halves
                         plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
-                                                                        self.encryption, self.fixed_point_bits,
+                                                                        self.encryption,
+                                                                        self.fixed_point_bits or DEFAULT_FIELD_BITS,
                                                                         tag=tag, round=rnd)
                     plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
                                                     tag=tag, round=rnd)
-                elif not spec.integer and self.fixed_point_bits and chain.data_primes == 1:
+                elif not spec.integer and chain.data_primes == 1 and (
+                        self.fixed_point_bits or (self.exact_fields and spec.grid_bits is not None)):
                     # both encodings compete: fixed point where it saves ciphertexts, float (within
                     # the spec's tolerance) where it costs no more bytes (params.choose_chain); on a
-                    # public grid the float plan comes first: a grid too fine for exact fields keeps it
+                    # public grid the fields are exact and the float plan comes first: a grid too
+                    # fine for exact fields keeps it
+                    bits = self.fixed_point_bits or DEFAULT_FIELD_BITS    # (grid fields take their own width)
                     build = {chain.name + "/fixed": lambda: plan_fixed_point(chain, spec, self.num_clients, dp_std,
-                                                                             self.encryption, self.fixed_point_bits,
+                                                                             self.encryption, bits,
                                                                              tag=tag, round=rnd),
                              chain.name: lambda: plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
                                                             tag=tag, round=rnd)}

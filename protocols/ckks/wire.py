@@ -1,13 +1,16 @@
-"""Wire format of one ciphertext: ``sha256(body) || body``, ``body = len || ct || zero padding``.
+"""Wire format of one ciphertext: ``len || ct || zero padding``.
 
 Integrity.  SEAL validates a loaded ciphertext only partly: in a measurement of 300 random
 single bit flips in a serialized N=8192 ciphertext, 281 still loaded (a flipped coefficient
 bit below the prime is a valid, wrong ciphertext; only flips that push a coefficient above
-its prime are caught).  Each serialized ciphertext therefore travels with the SHA-256
-digest of its frame body, so truncation and corruption in transit are detected before
-anything is added (36 bytes of header per ~131 KB ciphertext: 0.03 %).  This is transport
-integrity against faults, like a TLS record MAC; it is not a defence against a malicious
-client, which the honest-but-curious threat model does not include.
+its prime are caught).  Truncation and corruption in transit are caught before anything is
+added by the signed envelope every frame travels in (:mod:`protocols.message`: the sender's
+signature covers the SHA-256 of the canonical body, which holds every frame of the message;
+the receiver checks both before it reads a frame).  A per-frame digest, which predates the
+signed envelopes, is therefore not sent: it cost two more SHA-256 passes over every
+ciphertext.  This is transport integrity against faults and forgery by a third party; it is
+not a defence against a malicious client, which the honest-but-curious threat model does
+not include.
 
 Constant size.  SEAL's zstd makes serialized sizes vary slightly from ciphertext to
 ciphertext.  The variation carries no information about the plaintext (a fresh CKKS
@@ -24,12 +27,10 @@ knows which blocks were uploaded.)
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 
-DIGEST_BYTES = 32
 LENGTH_BYTES = 4
-HEADER_BYTES = DIGEST_BYTES + LENGTH_BYTES
+HEADER_BYTES = LENGTH_BYTES
 EMPTY = b""
 
 
@@ -43,21 +44,17 @@ def frame(ciphertext: bytes, padded_size: int | None = None, *, allow_larger: bo
         if not allow_larger:
             raise ValueError(f"ciphertext of {n} bytes exceeds the padded size {size}")
         size = n
-    body = struct.pack(">I", n) + ciphertext + bytes(size - n)
-    return hashlib.sha256(body).digest() + body
+    return struct.pack(">I", n) + ciphertext + bytes(size - n)
 
 
 def unframe(data: bytes) -> bytes:
-    """The ciphertext bytes of a frame; ``ValueError`` if truncated or corrupted."""
+    """The ciphertext bytes of a frame; ``ValueError`` if shorter than its length field says."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"a ciphertext frame must be bytes, got {type(data).__name__}")
-    data = bytes(data)
+    data = memoryview(data).cast("B")
     if len(data) <= HEADER_BYTES:
         raise ValueError(f"frame of {len(data)} bytes is truncated")
-    body = data[DIGEST_BYTES:]
-    if hashlib.sha256(body).digest() != data[:DIGEST_BYTES]:
-        raise ValueError("frame digest mismatch: the ciphertext bytes are truncated or corrupted")
-    (n,) = struct.unpack(">I", body[:LENGTH_BYTES])
-    if LENGTH_BYTES + n > len(body):
+    (n,) = struct.unpack(">I", data[:LENGTH_BYTES])
+    if LENGTH_BYTES + n > len(data):
         raise ValueError("frame length field exceeds the frame")
-    return body[LENGTH_BYTES:LENGTH_BYTES + n]
+    return bytes(data[LENGTH_BYTES:LENGTH_BYTES + n])

@@ -254,7 +254,8 @@ class ModelAveraging(FederatedAlgorithm):
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
         mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
                                                   spec=model_spec(len(contributors), len(self.clients),
-                                                                  self.cfg.update_bound, grid=self.grid_model_mean),
+                                                                  self.cfg.update_bound,
+                                                                  grid=self.grid_model_mean or self.cfg.grid_model_mean),
                                                   dp=dp,
                                                   recipients=range(len(self.clients)))
         self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,

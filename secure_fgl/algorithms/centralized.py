@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from ..engine import rng
+from ..models.centring import centre_first_layer
 from .base import ModelAveraging
 from .options import CentralizedOptions
 
@@ -23,11 +24,11 @@ class Centralized(ModelAveraging):
         super().__init__(fed, protocol, cfg, device, options)
         g = fed.graph
         self.x, self.edge_index = g.x.to(device), g.edge_index.to(device)
-        if self.opts.center:
-            self.x = self.x - self.x.mean(0, keepdim=True)
         self.y, self.train_mask = g.y.to(device), g.train_mask.to(device)
         self.model, self.optimizer = self.models[0], self.optimizers[0]
         self.models, self.optimizers = [self.model], [self.optimizer]
+        if self.opts.center:             # the model sees x - mean(x), no centred copy
+            centre_first_layer(self.model, self.x.mean(0, keepdim=True))
         self._logits = None
 
     def train_round(self, rnd: int) -> dict:

@@ -58,10 +58,13 @@ remaining layers propagate over the graph the client knows:
   ``Â_k[v, j] = d̃_v^{-1/2} d̃_j^{-1/2}`` with the degrees received through the ones column:
   the rows of own nodes are exactly the rows of the global ``Â``.
 
-Input centring (``center`` option, off by default): each client subtracts the mean of its own
-rows from its first-layer input (:func:`center_by_own_mean`), for every ``hops`` (0-hop: the
-raw features).  Needed on dense bag-of-words graphs (Amazon Photo/Computers): measured in
-``docs/fedgcn_amazon_coauthor.md``.
+Input centring (``center`` option, off by default): each client's model sees its first-layer
+input minus the mean of its own rows, for every ``hops`` (0-hop: the raw features), through
+``(Z - 1 mu^T) W = Z W - 1 (mu^T W)`` (:mod:`secure_fgl.models.centring`: no dense centred copy).
+Neighbour means of dense bag-of-words rows (Amazon: ~35 % of the words per row) share a large
+common component; centring it away removes the dominant direction of the first layer's Hessian
+(LeCun et al., "Efficient BackProp", 1998, sec. 4.3), so Adam at Kipf's lr 0.01 converges in the
+rounds given: measured in ``docs/fedgcn_amazon_coauthor.md``.
 
 Training: FedAvg (``ModelAveraging``) over these models, the model exchange through the
 protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
@@ -183,6 +186,7 @@ from protocols.baseline import row_sum_bytes
 
 from ..config import ConfigError
 from ..data.federated import ClientSubgraph
+from ..models.centring import centre_first_layer, own_mean
 from ..models.node import dropout
 from .base import ModelAveraging
 from .options import FedGCNOptions
@@ -439,15 +443,6 @@ def recipient_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_
     perm = np.empty(num_nodes, dtype=np.int64)
     perm[order] = np.repeat(first_row - starts, sizes) + np.arange(num_nodes)
     return perm, int(padded.sum())
-
-
-def center_by_own_mean(z: torch.Tensor, num_own: int) -> torch.Tensor:
-    """``Z - 1 mean(Z[own rows])``: the first-layer input centred with a statistic of the
-    client's own rows (no communication).  Neighbour means of dense bag-of-words rows (Amazon:
-    ~35 % of the words per row) share a large common component; centring it away removes the
-    dominant direction of the first layer's Hessian (LeCun et al., "Efficient BackProp", 1998,
-    sec. 4.3) so Adam at Kipf's lr 0.01 converges in the rounds given."""
-    return z - z[:num_own].mean(0, keepdim=True)
 
 
 def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
@@ -727,8 +722,8 @@ class FedGCN(ModelAveraging):
         """The pre-training communication round (sec. 4, "Training Algorithm", steps 1-3)."""
         o = self.opts
         if o.hops == 0:
-            self._inputs = [(center_by_own_mean(c.x, c.num_nodes) if o.center else c.x, c.edge_index)
-                            for c in self.clients]
+            self._inputs = [(c.x, c.edge_index) for c in self.clients]
+            self._centre_inputs()
             self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0,
                              "pretrain_plaintext_equiv_bytes_up": 0, "pretrain_plaintext_equiv_bytes_down": 0,
                              "pretrain_time": 0.0}
@@ -792,8 +787,8 @@ class FedGCN(ModelAveraging):
             # the ones column (equal without DP; with DP the counts carry noise)
             degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
             z = normalise(totals, degrees, o.norm).to(torch.float32)
-            self._inputs.append((center_by_own_mean(z, c.num_nodes) if o.center else z,
-                                 propagation_graph(c, o.hops, degrees)))
+            self._inputs.append((z, propagation_graph(c, o.hops, degrees)))
+        self._centre_inputs()
         self.pretrain = self._pretrain_stats(contributions, requests)
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
 
@@ -803,6 +798,13 @@ class FedGCN(ModelAveraging):
         rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
         return pretrain_stats(self.protocol.transcript, rows_up, rows_down, self.fed.num_features + 1,
                               self.exchange_rows, self.opts.layout, self.opts.row_order)
+
+    def _centre_inputs(self) -> None:
+        """``--center``: each client's model sees its first-layer input minus the mean of its own
+        rows (:func:`~secure_fgl.models.centring.centre_first_layer`; no centred copy is made)."""
+        if self.opts.center:
+            for k, c in enumerate(self.clients):
+                centre_first_layer(self.models[k], own_mean(self._inputs[k][0], c.num_nodes))
 
     # -- training hooks
     def client_inputs(self, k: int):
@@ -839,3 +841,5 @@ class FedGCN(ModelAveraging):
         elif saved.get("inputs") is not None:
             self._inputs = [(z.to(self.device), PropGraph(g[0].to(self.device), g[1].to(self.device), g[2]))
                             for z, g in saved["inputs"]]
+        if self._inputs is not None:
+            self._centre_inputs()

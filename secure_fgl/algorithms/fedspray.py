@@ -97,7 +97,7 @@ from ..config import ConfigError
 from ..engine import rng
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_precision
+from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_spec
 from .minority import MinorityAccuracy
 from .options import FedSprayOptions
 
@@ -372,7 +372,8 @@ class FedSprayCore(FederatedAlgorithm):
         dp = dp_request(cfg)
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
-            spec=model_precision(len(updates), K, self.cfg.update_bound).spec(), dp=dp, recipients=range(K))
+            spec=model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean), dp=dp,
+            recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
         if not self.opts.ablate_proxy:

@@ -14,8 +14,8 @@ Two parts (10 clients; ratios against the one float32 baseline of :mod:`protocol
    float32 rows the exchange carries, seconds of ``setup()``, the plan.  Real-valued features
    (PubMed TF-IDF, public clip ``--feature-bound``): ``ckks`` (float slots) against
    ``ckks-fixed``.  Binary ones (Amazon, Coauthor) are exact packed integers under row
-   normalisation (``ckks``: unsigned fields in real slots; ``ckks-fixed``: exact signed fields
-   in both halves of each slot) and real-valued under ``norm='sym'`` (``ckks-fixed`` only:
+   normalisation (``ckks-real``: unsigned fields in real slots, the encoding before issue 17;
+   ``ckks``, by default, and ``ckks-fixed``: exact signed fields in both halves of each slot) and real-valued under ``norm='sym'`` (``ckks-fixed`` only:
    float slots would cost >= 8x by construction).
    Degree cap: the graph's largest degree (at least 254), a public bound.
 
@@ -35,7 +35,7 @@ import torch
 
 K = 10
 BACKENDS = {"plain": ("plain", {}), "ckks": ("ckks", {}), "ckks-fixed": ("ckks", {"fixed_point_bits": 20}),
-            "mask": ("mask", {})}
+            "mask": ("mask", {}), "ckks-real": ("ckks", {"exact_fields": False})}
 #: parameters of FedGCN's GCN (16 hidden units): d*16 + 16 + 16*C + C
 MODEL_SIZES = {"cora": 1433 * 16 + 16 + 16 * 7 + 7, "citeseer": 3703 * 16 + 16 + 16 * 6 + 6,
                "pubmed": 500 * 16 + 16 + 16 * 3 + 3}
@@ -107,10 +107,10 @@ def features_part(datasets, data_root, feature_bound: float, row_orders=("given"
         # (examples/fedgcn_amazon_coauthor.py)
         cap = max(254, int(torch.bincount(fed.graph.edge_index[0], minlength=fed.graph.num_nodes).max()))
         # real-valued features: float slots against fixed point; binary ones: exact packed
-        # integers under row normalisation (real slots against signed fields in complex
-        # slots), fixed point under sym
+        # integers under row normalisation (real slots, ckks-real, against ckks's default signed
+        # fields in complex slots), fixed point under sym
         runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.binary_features
-                else [("row", ("ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
+                else [("row", ("ckks-real", "ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
         for norm, pair in [(n, b) for n, b in runs if n in norms]:
             for row_order in row_orders:
                 for backend in [b for b in pair if b in backends]:

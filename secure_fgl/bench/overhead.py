@@ -7,8 +7,9 @@ Workloads (``--quick``: fewer rounds, same records):
 * ``cora-fedomd``: FedOMD on Cora, 3 Louvain parties (preset ``fedomd-table4``), a short run;
 * ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
 
-Modes: ``plain``, ``mask``, ``ckks`` and ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
-codec, ``--fixed-point-bits 20 --update-bound 1``).  The parties run on the ``local`` executor
+Modes: ``plain``, ``mask``, ``ckks``, ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
+codec, ``--fixed-point-bits 20 --update-bound 1``) and ``ckks-grid`` (the model mean on its public
+grid, ``--grid-model-mean --update-bound 1``: CKKS's exact integer fields; ``plain-grid`` on request).  The parties run on the ``local`` executor
 (:data:`EXECUTOR`; ``--executor inline`` plays them all in one object, the engine before issue 14).
 
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
@@ -48,10 +49,14 @@ WORKLOADS = {
     "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
     "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
 }
-MODES = ("plain", "mask", "ckks", "ckks-fp20")
-#: benchmark modes that are a secure mode with options: ``ckks-fp20`` is CKKS with the packed
-#: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in
-VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0})}
+MODES = ("plain", "mask", "ckks", "ckks-fp20", "ckks-grid")
+#: benchmark modes that are a mode with options: ``ckks-fp20`` is CKKS with the packed
+#: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in;
+#: ``ckks-grid`` / ``plain-grid``: the model mean on its public grid (``--grid-model-mean
+#: --update-bound 1``), which CKKS carries as exact integer fields: the same model as plain-grid, bit for bit
+VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0}),
+            "ckks-grid": ("ckks", {"grid_model_mean": True, "update_bound": 1.0}),
+            "plain-grid": ("plain", {"grid_model_mean": True, "update_bound": 1.0})}
 #: where the parties run unless ``--executor`` says otherwise: one client runtime per client (issue 14's
 #: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
 EXECUTOR = "local"

@@ -19,6 +19,7 @@ import torch
 from ..algorithms.base import SPLITS, accuracy, accuracy_summary
 from ..algorithms.options import CentralizedOptions
 from ..data.federated import ClientSubgraph
+from ..models.centring import centre_first_layer
 from .client import client_frame
 from .logic import ModelAveragingLogic
 from .strategy import EVAL_TAG, Strategy
@@ -29,11 +30,8 @@ class CentralizedLogic(ModelAveragingLogic):
 
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
-        x = self.data.x
-        self._x = x - x.mean(0, keepdim=True) if CentralizedOptions(**options).center else x
-
-    def inputs(self):
-        return self._x, self.data.edge_index
+        if CentralizedOptions(**options).center:         # the model sees x - mean(x), no centred copy
+            centre_first_layer(self.model, self.data.x.mean(0, keepdim=True))
 
     @torch.no_grad()
     def evaluate(self, req: dict) -> dict:

@@ -34,11 +34,13 @@ from protocols.channel import ChannelKey, associated_data
 from protocols.errors import IntegrityError
 
 from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gray, _local_positions,
-                                 center_by_own_mean, degree_cap_needed, denoise_with_own_data, dp_applies, dp_row_clip,
-                                 exchange_dp_request, exchange_spec, local_degrees, neighbour_terms, normalise,
+                                 degree_cap_needed, denoise_with_own_data, dp_applies, dp_row_clip,
+                                 exchange_dp_request, exchange_spec, local_degrees, narrow_integer_rows, neighbour_terms,
+                                 normalise,
                                  partial_neighbour_sums, propagation_graph, pretrain_stats, requested_rows,
                                  segment_blocks)
 from ..algorithms.options import FedGCNOptions
+from ..models.centring import centre_first_layer, own_mean
 from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
 from .strategy import ModelAveragingStrategy
@@ -99,7 +101,7 @@ class FedGCNLogic(ModelAveragingLogic):
         c = self.data
         self._inputs = None
         if self.fopts.hops == 0:
-            self._inputs = (center_by_own_mean(c.x, c.num_nodes) if self.fopts.center else c.x, c.edge_index)
+            self._set_inputs(c.x, c.edge_index)
         self.row_of = {}                        # global id -> exchange row id (own nodes and known remote ones)
         self.sent_own = None                    # DP: the clipped own rows it sent
         #: with --attacks: (node id, total) of every row of the blocks this client decoded
@@ -116,6 +118,13 @@ class FedGCNLogic(ModelAveragingLogic):
         if self._inputs is None:
             raise RuntimeError("FedGCN's pre-training exchange must run before training")
         return self._inputs
+
+    def _set_inputs(self, z: torch.Tensor, graph) -> None:
+        """The first-layer input and graph; ``--center``: the model sees ``z`` minus the mean of the
+        own rows (:func:`~secure_fgl.models.centring.centre_first_layer`, no centred copy)."""
+        self._inputs = (z, graph)
+        if self.fopts.center:
+            centre_first_layer(self.model, own_mean(z, self.data.num_nodes))
 
     def _rows(self, gids: torch.Tensor) -> torch.Tensor:
         if not self.row_of:
@@ -149,6 +158,8 @@ class FedGCNLogic(ModelAveragingLogic):
         ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features,
                                                               seed=self.cfg.seed))
         self.sent_own = rows[:c.num_nodes] if clip is not None else None     # for the DP post-processing
+        if clip is None:                        # counts of binary features: int16, not float64 (as inline)
+            rows = narrow_integer_rows(rows)
         ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
         if not req.get("split"):
             return {"ids": ids, "rows": rows, "request": request}
@@ -228,7 +239,7 @@ class FedGCNLogic(ModelAveragingLogic):
                                    "local degrees -- a contribution is missing or corrupted")
         degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
         z = normalise(totals, degrees, o.norm).to(torch.float32)
-        self._inputs = (center_by_own_mean(z, c.num_nodes) if o.center else z, propagation_graph(c, o.hops, degrees))
+        self._set_inputs(z, propagation_graph(c, o.hops, degrees))
         return {}
 
     def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
@@ -263,8 +274,8 @@ class FedGCNLogic(ModelAveragingLogic):
         super().load_state_dict(state)
         if "inputs" in state:
             s, dev = state["inputs"], self.rt.device
-            self._inputs = (s["z"].to(dev), PropGraph(s["edge_index"].to(dev), s["edge_weight"].to(dev),
-                                                      int(s["num_out"])))
+            self._set_inputs(s["z"].to(dev), PropGraph(s["edge_index"].to(dev), s["edge_weight"].to(dev),
+                                                       int(s["num_out"])))
 
 
 class FedGCNStrategy(ModelAveragingStrategy):

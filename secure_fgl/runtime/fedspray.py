@@ -35,7 +35,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols.base import classwise_result, classwise_vector
 
-from ..algorithms.base import SPLITS, accuracy, accuracy_summary, model_precision
+from ..algorithms.base import SPLITS, accuracy, accuracy_summary, model_spec
 from ..algorithms.fedspray import (DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, declare_dp_exchanges,
                                    dp_request, first_proxies, keep_absent, new_encoder)
 from ..algorithms.minority import MinorityAccuracy, minority_report
@@ -146,7 +146,8 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
         sum_exchange(self, encoder, rnd, trained, range(K),
-                     model_precision(len(trained), K, self.cfg.update_bound).spec(), dp=scoped(self, encoder, dp),
+                     model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean),
+                     dp=scoped(self, encoder, dp),
                      dp_mean=True)
         if not self.fopts.ablate_proxy:
             sum_exchange(self, proxies, rnd, trained, range(K), PROXY_SPEC, dp=scoped(self, proxies, dp))

@@ -20,7 +20,7 @@ import torch
 
 MAGIC = b"SFGRT1"
 #: dtypes an array may have on the wire
-DTYPES = ("bool", "uint8", "int32", "int64", "float32", "float64")
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64")
 
 
 class WireError(ValueError):

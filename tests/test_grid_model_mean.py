@@ -1,0 +1,43 @@
+"""FedAvg-style model mean on its public grid (``--grid-model-mean``) and CKKS's exact grid fields.
+
+On the grid (:meth:`protocols.precision.MeanPrecision.grid_spec`) every client rounds ``[w v, w]``
+to multiples of ``2^-f`` before encoding, so the K-way sum is an integer number of grid steps:
+CKKS carries it as exact signed integer fields, both parts of every slot (its default), or as
+one float per slot (``--ckks-real-slots``); either way the recipients round back to the grid, so
+plain, ckks and ckks with real slots train the same model bit for bit -- and the fields take fewer bytes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from secure_fgl.config import ConfigError, RunConfig
+from secure_fgl.experiment import run_experiment
+
+
+def _run(mode: str, out, grid: bool = True, **extra) -> tuple[dict, torch.Tensor]:
+    """A 4-round FedGCN run and the global parameters client 0 holds at its end."""
+    cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode=mode, rounds=4, local_epochs=2, hidden=16,
+                    seed=3, synthetic={"num_nodes": 150, "num_features": 400}, grid_model_mean=grid,
+                    update_bound=1.0, save_best_model=False, out=str(out), **extra).validate()
+    result = run_experiment(cfg, progress=False)
+    return result, torch.load(out / "clients" / "client0.pt", weights_only=True)["global_params"]
+
+
+def test_grid_model_mean_trains_the_same_model_in_plain_and_ckks_with_fewer_ckks_bytes(tmp_path):
+    runs = {"plain": _run("plain", tmp_path / "plain"), "ckks": _run("ckks", tmp_path / "ckks"),
+            "ckks-real": _run("ckks", tmp_path / "float", ckks_real_slots=True)}
+    for mode in ("ckks", "ckks-real"):                                   # bit for bit, not close
+        assert torch.equal(runs[mode][1], runs["plain"][1]), mode
+        assert [r["train_loss"] for r in runs[mode][0]["rounds"]] == [r["train_loss"] for r in runs["plain"][0]["rounds"]]
+    # positive control: off the grid, float CKKS misses plain's parameters in the last bits
+    assert not torch.equal(_run("ckks", tmp_path / "off", grid=False)[1], runs["plain"][1])
+    model = {m: res["comm"]["per_tag"]["fedgcn/model"]["bytes_up"] for m, (res, _) in runs.items()}
+    assert model["ckks"] < model["ckks-real"]                            # the grid's integer fields
+
+
+def test_ckks_real_slots_is_a_ckks_option():
+    with pytest.raises(ConfigError, match="ckks-real"):
+        RunConfig(algorithm="fedgcn", dataset="sbm", mode="mask", ckks_real_slots=True).validate()
+    with pytest.raises(ConfigError, match="ckks-real"):
+        RunConfig(algorithm="fedgcn", dataset="sbm", mode="ckks", ckks_real_slots=True, fixed_point_bits=20).validate()
