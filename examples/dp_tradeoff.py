@@ -42,7 +42,11 @@ def rows_for(results: list[dict], dataset: str, mode: str) -> list[dict]:
             continue
         mean, std = band(vals)
         spread = max(std, mlp_std)
+        heads = sum(bool(r["final"].get("uses_head")) for r in results if r["config"]["algorithm"] == "fedgcn-gap"
+                    and r["config"]["dataset"] == dataset and r["config"]["mode"] == mode
+                    and r["config"]["dp_epsilon"] == eps)
         out.append({"setting": f"fedgcn-gap ε={eps_label(eps)}", "eps": eps, "mean": mean, "std": std, "accs": vals,
+                    "head_chosen": heads,
                     "minus_mlp_in_std": (mean - mlp_mean) / spread if spread else None,
                     "target_met": mean >= mlp_mean - spread})
     return out
@@ -61,12 +65,12 @@ def main() -> None:
                 continue
             table[f"{dataset}/{mode}"] = rows
             print(f"\n### {dataset}, {mode} mode\n")
-            print("| setting | test acc (mean ± std) | seeds | per seed | (gap − MLP) / std | target |\n"
-                  "|---|---|---|---|---|---|")
+            print("| setting | test acc (mean ± std) | seeds | per seed | head chosen | (gap − MLP) / std | target |\n"
+                  "|---|---|---|---|---|---|---|")
             for r in rows:
                 d = r.get("minus_mlp_in_std")
                 print(f"| {r['setting']} | {r['mean']:.4f} ± {r['std']:.4f} | {len(r['accs'])} | "
-                      f"{', '.join(f'{a:.3f}' for a in r['accs'])} | {'' if d is None else f'{d:+.2f}'} | "
+                      f"{', '.join(f'{a:.3f}' for a in r['accs'])} | {r.get('head_chosen', '')} | {'' if d is None else f'{d:+.2f}'} | "
                       f"{'' if 'target_met' not in r else ('met' if r['target_met'] else 'NOT met')} |")
     Path(args.out, "tradeoff.json").write_text(json.dumps(table, indent=1, default=str))
 

@@ -56,3 +56,14 @@ def test_sweep_file_refuses_grid_flags_and_run_only_keys(tmp_path, capsys):
     f.write_text("rounds = 2\n")
     with pytest.raises(ValueError, match="needs a \\[grid\\] table"):
         spec_from_file(f)
+
+
+@pytest.mark.parametrize("name", ["dp-gap-tradeoff.toml", "dp-gap-tradeoff-mask.toml"])
+def test_shipped_dp_sweep_files_parse_with_a_converging_schedule(name):
+    """The report's sweep files load; 20 local epochs a round (5 left Cora's federated MLP and GAP unconverged)."""
+    from pathlib import Path
+
+    import secure_fgl
+    spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
+    assert "fedgcn-gap" in spec.algorithms and spec.config["local_epochs"] == 20 and len(spec.seeds) == 3
+    assert spec.algorithm_epsilons["fedavg"] == [None]
