@@ -277,3 +277,16 @@ def test_cli_modes_are_the_protocol_registry():
     field = {f.name: f for f in dataclasses.fields(RunConfig)}["mode"]
     assert tuple(field.metadata["choices"]) == tuple(protocols.MODES)
     assert set(described) == set(protocols.MODES)
+
+
+def test_bench_runtime_passes_its_grid_overrides(monkeypatch, tmp_path):
+    """``bench --suite runtime --clients/--features/--modes/--executors/--repeats/--ray-cpus`` reach
+    the benchmark unchanged (the documented 100-client rows are run this way)."""
+    import secure_fgl.bench.runtime as runtime_bench
+    seen = {}
+    monkeypatch.setattr(runtime_bench, "run_runtime_bench", lambda out, **kw: seen.update(out=out, **kw))
+    rc = main(["bench", "--suite", "runtime", "--out", str(tmp_path), "--clients", "100", "--features", "16",
+               "--modes", "mask", "--executors", "local", "ray", "--repeats", "1", "--ray-cpus", "2"])
+    assert rc == 0
+    assert seen == {"out": str(tmp_path), "quick": False, "executors": ("local", "ray"), "modes": ("mask",),
+                    "ray_cpus": 2, "repeats": 1, "clients": [100], "features": 16}

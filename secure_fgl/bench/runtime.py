@@ -26,7 +26,9 @@ Model exchange bound: the runs plan the model exchange with ``|parameter| <= 10`
 with 100, ckks refuses K = 100 clients (its error bound for sums up to 1e4 exceeds the float32
 tolerance of :func:`~secure_fgl.algorithms.base.model_precision`).
 
-Run: ``secure-fgl bench --suite runtime --out DIR [--quick]``.
+Run: ``secure-fgl bench --suite runtime --out DIR [--quick]``; ``--clients``, ``--features``,
+``--modes``, ``--executors``, ``--repeats``, ``--ray-cpus`` narrow the grid (e.g. ``--clients 100
+--features 16 --modes mask --executors local ray --ray-cpus 2``).
 """
 from __future__ import annotations
 
@@ -180,12 +182,17 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
 
 
 def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local", "ray"), modes=("ckks", "mask"),
-                      ray_cpus: int | None = None, repeats: int | None = None) -> dict:
-    """The grid of the module docstring (``repeats`` overrides the settings' count)."""
+                      ray_cpus: int | None = None, repeats: int | None = None, clients=None,
+                      features: int | None = None) -> dict:
+    """The grid of the module docstring; ``repeats``, ``clients`` (a tuple of K) and ``features``
+    override the settings' values."""
     from ..data import make_federated
     s = _settings(quick)
-    if repeats is not None:
-        s["repeats"] = int(repeats)
+    for key, value in (("repeats", repeats), ("features", features)):
+        if value is not None:
+            s[key] = int(value)
+    if clients is not None:
+        s["clients"] = tuple(int(k) for k in clients)
     ray_cpus = ray_cpus or os.cpu_count()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bench.add_argument("--data-root", dest="data_root", default=None)
+    runtime = bench.add_argument_group("runtime suite (override the full grid)")
+    runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
+    runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
+    runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
+    runtime.add_argument("--executors", nargs="+", choices=["inline", "local", "ray"],
+                         default=["inline", "local", "ray"])
+    runtime.add_argument("--repeats", type=int, default=None, help="runs per cell (median reported)")
+    runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
     return parser
 
 
@@ -217,7 +225,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             run_protocol_bench(args.out, quick=args.quick)
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
-            run_runtime_bench(args.out, quick=args.quick)
+            run_runtime_bench(args.out, quick=args.quick, executors=tuple(args.executors), modes=tuple(args.modes),
+                              ray_cpus=args.ray_cpus, repeats=args.repeats, clients=args.clients,
+                              features=args.features)
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
             run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root)
