@@ -125,14 +125,13 @@ class Party:
         return digest
 
     def check(self, msg: Message, sender: str, stage: str, part: int, where: dict,
-              exchange: int | None = None, recipient: str | None = None) -> Message:
+              exchange: int | None = None) -> Message:
         """Verify a received message (signature, sender, recipient, session, exchange, stage,
         digest, replay); an IntegrityError subclass naming ``where`` otherwise.  ``exchange``:
-        the exchange it must belong to (default: the one in progress); ``recipient``: the party it
-        must be addressed to (default: this one; the server for a bundle it forwards)."""
+        the exchange it must belong to (default: the one in progress)."""
         expected = dict(run_id=self.setup.run_id, session=self.setup.session,
                         exchange=self.exchange if exchange is None else exchange, stage=stage,
-                        part=part, sender=sender, recipient=self.name if recipient is None else recipient)
+                        part=part, sender=sender, recipient=self.name)
         try:
             verify(msg, expected, self.registry, self.replay, where)
         except MalformedMessageError as e:
@@ -281,33 +280,6 @@ class ClientHalf(Party):
         msg = self.message(pb, "ciphertext", (len(sealed),), sealed, fingerprint,
                            note + " (channel-encrypted, relayed by the server)", tag=tag, round=rnd)
         return self.seal(replace(msg, relay=SERVER), stage, part)
-
-    def seal_bundle(self, secrets: dict[int, bytes], stage: str, note: str, fingerprint: str) -> tuple[Message, bytes]:
-        """One signed message to the server carrying ``secrets[j]`` for each peer ``j``, each
-        channel-encrypted for ``j`` alone (its associated data names ``j``); the server forwards
-        the whole message to every peer, which verifies it and opens only its own entry
-        (:meth:`open_bundle`).  One signature instead of one per peer."""
-        rnd, tag = self.plan.round, self.plan.tag
-        sealed = {}
-        for j, secret in sorted(secrets.items()):
-            pj = client_party(j)
-            ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, rnd, tag, stage, self.name, pj)
-            sealed[int(j)] = self.channel.seal(pj, self.registry.channel[pj], self.setup.run_id, secret, ad)
-        msg = self.message(SERVER, "ciphertext", (len(sealed),), sealed, fingerprint,
-                           note + " (channel-encrypted per peer, forwarded by the server)")
-        return self.seal(msg, stage)
-
-    def open_bundle(self, msg: Message, stage: str) -> bytes:
-        """This client's entry of a peer's :meth:`seal_bundle` message, after verifying the
-        peer's signature (addressed to the server, which forwarded it) and the entry's AEAD."""
-        peer, where = msg.sender, self.where()
-        self.check(msg, peer, stage, 0, where, recipient=SERVER)
-        if not isinstance(msg.payload, dict) or self.id not in msg.payload:
-            raise IntegrityError(f"{peer}'s '{stage}' bundle has no entry for this client", **where)
-        ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, msg.round, msg.tag, stage, peer,
-                             self.name)
-        return self.channel.open(peer, self.registry.channel[peer], self.setup.run_id, msg.payload[self.id], ad,
-                                 dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
 
     # ------------------------------------------------------------------ shared stages
     def _register(self, msg: Message) -> bytes:

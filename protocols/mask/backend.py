@@ -18,15 +18,8 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
 3. *ShareKeys* — each client draws a fresh self-mask seed ``b_k`` (os.urandom) and
    Shamir-shares it, and (when dropout recovery is on) the secret key of its mask key pair,
    with the other participants, threshold ``t`` (:mod:`.shamir`).  Shares travel over the
-   encrypted client-to-client channel (:mod:`protocols.channel`): each client sends ONE signed
-   message to the server, a *bundle* holding for every other participant ``j`` the ciphertext
-   of ``j``'s shares under the channel key ``k_kj`` (associated data naming ``j``,
-   :meth:`~protocols.party.ClientHalf.seal_bundle`); the server verifies it and forwards the
-   whole bundle to every peer, which verifies ``k``'s signature and opens only its own entry.
-   One signature per client instead of one per peer (10 clients: 10 signed share messages per
-   exchange instead of 90); the server forwards ``K - 1`` copies of each bundle, recorded as
-   relayed ``ciphertext`` messages, so the transcript counts every byte it delivers.  The
-   server reads no entry.
+   encrypted client-to-client channel relayed by the server (:mod:`protocols.channel`;
+   recorded as ``ciphertext`` messages with ``relay='server'``): the server cannot read them.
 4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes (Bonawitz
    double masking, plus an output mask),
 
@@ -84,8 +77,8 @@ round, so a server that lies about who dropped is outside the model.
 **Stages on the link** (one batch call each; a client whose answer is missing has dropped):
 ``group_seed`` (once per run, client 0 only: ``G`` for every other client), ``block_ids``
 (sparse layout only: plan in, block ids out), ``advertise_keys`` (plan or shared block ids
-in, public mask key out), ``share_keys`` (key broadcast in, one bundle of channel-encrypted
-shares out, which the server forwards to every peer), ``masked_upload`` (peers' bundles in, masked blocks
+in, public mask key out), ``share_keys`` (key broadcast in, channel-encrypted shares for each
+peer out, which the server forwards), ``masked_upload`` (peers' shares in, masked blocks
 out), ``unmask`` (the server's request in, shares out), ``download`` (summed blocks, who is
 included and, in the sparse layout with output masks, a per-block bitmap of contributors).
 A client that misses ``advertise_keys`` or ``share_keys`` is not a participant; one that
@@ -338,15 +331,14 @@ class MaskClient(ClientHalf):
             st.self_seed = new_secret_seed()
             sk_sh = split(st.keys.private_bytes(), xs, t) if share_key else None
             b_sh = split(st.self_seed, xs, t)
-            secrets = {}
             for j in participants:
                 own = (sk_sh[j + 1] if sk_sh else None, b_sh[j + 1])
                 if j == self.id:
                     st.held[j] = own
-                else:
-                    secrets[j] = b"".join(s.to_bytes() for s in own if s is not None)
-            out.append(self.seal_bundle(secrets, "share_keys", "Shamir shares of self-mask seed"
-                                        + (" and mask key" if share_key else ""), self.fingerprint))
+                    continue
+                raw = b"".join(s.to_bytes() for s in own if s is not None)
+                out.append(self.seal_relayed(j, "share_keys", raw, "Shamir shares of self-mask seed"
+                                             + (" and mask key" if share_key else ""), self.fingerprint))
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
@@ -356,13 +348,11 @@ class MaskClient(ClientHalf):
             return []
         t0 = time.perf_counter()
         share_key = bool(self.options["dropout_recovery"])
-        for m in inbox:                    # each peer's share bundle, forwarded by the server
+        for m in inbox:
             if m.sender == SERVER:
                 continue
             owner = party_client(m.sender)
-            if owner is None or owner == self.id:
-                raise IntegrityError(f"a share bundle from {m.sender!r}", **self.where())
-            st.held[owner] = _parse_held(self.open_bundle(m, "share_keys"), share_key, self.plan, owner)
+            st.held[owner] = _parse_held(self.open_relayed(m, "share_keys"), share_key, self.plan, owner)
         if st.self_seed is not None:       # mask only toward the peers that shared (they are the participants)
             st.seeds = {j: s for j, s in st.seeds.items() if j in st.held}
         y = self._upload_words()
@@ -444,8 +434,8 @@ class MaskServer(ServerHalf):
 
     mode = "mask"
     relays_between_clients = True
-    relay_stages = frozenset({"group_seed"})
-    _NOTES = {"group_seed": "output-mask group seed"}
+    relay_stages = frozenset({"group_seed", "share_keys"})
+    _NOTES = {"group_seed": "output-mask group seed", "share_keys": "Shamir shares of self-mask seed and mask key"}
 
     def __init__(self, setup, transcript=None):
         super().__init__(setup, transcript)
@@ -538,24 +528,15 @@ class MaskServer(ServerHalf):
         got = self.call(link, "share_keys", {k: [] for k in participants})
         use_self = len(participants) >= 2
         share_keys = bool(o["dropout_recovery"]) and use_self
-        sharers = participants if not use_self else []
-        for k in participants if use_self else ():
-            msg = self.responses(got, k, "share_keys", "ciphertext")     # one bundle: an entry per peer
-            peers = [j for j in participants if j != k]
-            if msg is None:
-                self.last_missing.setdefault(k, "share_keys")
-                continue
-            self.check_envelope(msg, self.fingerprint, k)
-            if not isinstance(msg.payload, dict) or not all(isinstance(v, bytes) for v in msg.payload.values()):
-                raise IntegrityError("a share bundle must map peer ids to channel ciphertexts", **where(k))
-            if sorted(msg.payload) != peers:                # did not share with every participant: not one
-                self.last_missing.setdefault(k, "share_keys")
-                continue
-            sharers.append(k)
-            for j in peers:                                  # forwarded whole: each peer verifies k's signature
-                self.forward(j, msg)
-                self.record(dataclasses.replace(msg, receiver=client_party(j), relay=SERVER,
-                                                note=f"{msg.note}; copy forwarded to {client_party(j)}"))
+        if use_self:
+            sharers = [k for k in participants
+                       if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER)
+                       == [j for j in participants if j != k]]
+            for k in participants:
+                if k not in sharers:
+                    self.last_missing.setdefault(k, "share_keys")
+        else:
+            sharers = participants
         t_setup = time.perf_counter()
 
         # -- 4. MaskedInputCollection
