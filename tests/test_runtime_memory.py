@@ -71,15 +71,19 @@ def test_a_process_reads_its_pss_and_gives_freed_buffers_back():
         pytest.skip("no /proc/PID/smaps_rollup on this system")
     assert own["Pss"] >= own["Pss_Anon"] > 0
     assert memory.process_pss(2 ** 31 - 1) is None                     # no such process
-    if not memory.map_large_buffers():
+    if memory._glibc() is None:
         pytest.skip("the C library is not glibc")
-    buffers = [bytearray(memory.LARGE_BUFFER_BYTES) for _ in range(64)]
-    for b in buffers:
-        b[::4096] = b"\1" * len(b[::4096])                             # touch every page
+    size = 1 << 16                       # below glibc's mmap threshold: heap memory
+    buffers, pins = [], []
+    for _ in range(1024):
+        buffers.append(bytearray(size))
+        buffers[-1][::4096] = b"\1" * len(buffers[-1][::4096])       # touch every page
+        pins.append(bytearray(2048))     # a live block after each buffer: the heap cannot shrink from its top
     held = memory.process_pss(os.getpid())["Pss_Anon"]
-    del buffers, b
+    del buffers
+    assert memory.process_pss(os.getpid())["Pss_Anon"] > held - 16 * (1 << 20)   # freed, still held
     memory.release_freed_memory()
-    assert memory.process_pss(os.getpid())["Pss_Anon"] < held - 48 * memory.LARGE_BUFFER_BYTES
+    assert memory.process_pss(os.getpid())["Pss_Anon"] < held - 48 * (1 << 20)
 
 
 def test_a_pinned_client_loads_its_own_partition_and_refuses_another():

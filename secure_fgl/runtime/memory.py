@@ -4,13 +4,12 @@ A process that hosts many clients (a Ray actor holds ``K/W`` of them) handles la
 buffers: request and response frames of several MB per client and stage (ciphertexts, masked
 vectors).  glibc's allocator keeps memory freed by Python in its heaps, and raises its mmap
 threshold after the first large buffer is freed (up to 32 MB), so later frames come from the
-heap too: a process's resident memory grows to its largest stage and never shrinks.  Two calls
-undo this where glibc is the allocator (nothing happens elsewhere):
-
-* :func:`map_large_buffers` fixes the mmap threshold (``mallopt(M_MMAP_THRESHOLD)``): a buffer
-  from that size up is its own mapping, returned to the OS when freed;
-* :func:`release_freed_memory` returns the free pages of every heap (``malloc_trim(0)``) after each call, and
-  runs Python's collector first after a host's set-up and when it is emptied.
+heap too: a process's resident memory grows to its largest stage and never shrinks.
+:func:`release_freed_memory` undoes this where glibc is the allocator (nothing happens elsewhere):
+it returns the free pages of every heap (``malloc_trim(0)``) after each call, and runs Python's
+collector first after a host's set-up and when it is emptied.  (Fixing the mmap threshold at
+1 MiB instead made every MB-sized array a fresh zero-filled mapping: 3x slower mask pre-training
+at 100 clients for no lower peak; docs/runtime.md.)
 
 :func:`process_pss` reads a process's proportional set size from ``/proc/PID/smaps_rollup``.
 """
@@ -21,11 +20,6 @@ import ctypes.util
 import functools
 import gc
 
-#: glibc's mallopt parameter number of the mmap threshold (malloc.h)
-M_MMAP_THRESHOLD = -3
-#: buffers from this size up get their own mapping (:func:`map_large_buffers`)
-LARGE_BUFFER_BYTES = 1 << 20
-
 #: fields of /proc/PID/smaps_rollup a process's PSS is broken into (kB there, bytes here)
 PSS_FIELDS = ("Pss", "Pss_Anon", "Pss_Shmem", "Pss_File")
 
@@ -35,17 +29,10 @@ def _glibc():
     """The C library if it is glibc (it has ``malloc_trim``), else ``None``."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim, libc.mallopt  # noqa: B018 - glibc's own functions
+        libc.malloc_trim  # noqa: B018 - glibc's own function
     except (OSError, AttributeError):
         return None
     return libc
-
-
-def map_large_buffers(threshold: int = LARGE_BUFFER_BYTES) -> bool:
-    """Allocate every buffer of ``threshold`` bytes or more as its own mapping (glibc), so it
-    goes back to the OS when freed; ``False`` where the allocator is not glibc."""
-    libc = _glibc()
-    return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
 
 
 def release_freed_memory(collect: bool = True) -> None:

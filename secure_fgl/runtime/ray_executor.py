@@ -33,7 +33,7 @@ from typing import Mapping
 from ..config import ConfigError
 from . import partition
 from .executor import Executor, answer_each
-from .memory import map_large_buffers, process_pss, release_freed_memory
+from .memory import process_pss, release_freed_memory
 from .placement import PIN, actor_plan
 
 
@@ -52,7 +52,6 @@ class ClientHost:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.device = device
         self.runtimes = {}
-        map_large_buffers()                        # frames freed after a call go back to the OS (.memory)
 
     def start(self, frames: dict[int, bytes]) -> list[int]:
         from .client import ClientRuntime
