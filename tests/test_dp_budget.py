@@ -77,7 +77,7 @@ def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, mo
                 "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5,
                 "attacks": [attack, {"name": "transcript_audit", "applicable": False}]}
     results = [run("fedgcn-gap", e, a + 0.01 * s, s) for s in (0, 1) for e, a in ((1.0, 0.6), (8.0, 0.7), (None, 0.84))]
-    results += [run("fedavg", None, 0.6, s) for s in (0, 1)]
+    results += [run("fedavg", None, 0.6, s) for s in (0, 1, 2)]        # a reference line with one seed more
     drawn = []
     real_savefig = matplotlib.figure.Figure.savefig
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
@@ -86,6 +86,7 @@ def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, mo
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
     acc_ax, attack_ax = drawn[0].axes                       # accuracy, then one panel for the one attack
     assert "chance (1/5)" in [t.get_text() for t in acc_ax.get_legend().get_texts()]
+    assert "(2-3 seed(s) a point" in acc_ax.get_title()                # not "3 seeds" for the 2-seed curve
     assert attack_ax.get_ylabel() == "AUC" and "chance (0.5)" in [t.get_text() for t in attack_ax.get_legend().get_texts()]
 
 

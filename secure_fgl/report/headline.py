@@ -76,6 +76,16 @@ def _attack(name: str) -> Value:
     return value
 
 
+def _seeds_per_point(runs: list[dict]) -> str:
+    """How many seeds each plotted point averages ("3", or "1-3" where curves differ)."""
+    points = {}
+    for r in runs:
+        c = r["config"]
+        points.setdefault((c["algorithm"], c["mode"], c["dp_epsilon"]), set()).add(c["seed"])
+    counts = sorted({len(seeds) for seeds in points.values()})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
 def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple[str, ...] = ("fedavg",)) -> list[Path]:
     """Draw the figure for ``results``; returns the PNG, PDF and SVG paths."""
     datasets = sorted({r["config"]["dataset"] for r in results})
@@ -84,7 +94,7 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple
                              squeeze=False)
     for col, ds in enumerate(datasets):
         runs = [r for r in results if r["config"]["dataset"] == ds]
-        seeds = len({r["config"]["seed"] for r in runs})
+        seeds = _seeds_per_point(runs)
         ax = axes[0][col]
         _curves(ax, runs, lambda r: r["final"]["test_acc"], references)
         for ref in references:
@@ -99,7 +109,7 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple
         if k:
             ax.axhline(1.0 / k, color="black", ls=":", lw=1, label=f"chance (1/{k})")
         ax.set_ylabel("test accuracy")
-        ax.set_title(f"{ds}: accuracy vs ε ({seeds} seeds, ±1 std)", fontsize=9)
+        ax.set_title(f"{ds}: accuracy vs ε ({seeds} seed(s) a point, ±1 std)", fontsize=9)
         ax.legend(fontsize=6, loc="best")
         for row, name in enumerate(attacks, start=1):
             ax = axes[row][col]
