@@ -20,6 +20,10 @@ hold every part: :func:`batch_spec` takes the widest bound and the finest tolera
 specs and refuses parts it cannot merge without changing their values (integer parts, different
 grids); callers then keep separate exchanges.
 
+Clear-text reports (GCFL's norms) batch the same way: :func:`batched_report` sends every report
+tag's value of one stage in one signed message per client (:func:`protocols.pairwise.report_vectors`)
+and attributes its bytes to the part tags, one entry each.
+
 Byte attribution: the transcript records one message per client under the batch tag and the
 batch's layout (:meth:`Transcript.attribute`); :func:`split_per_tag` divides every byte
 count of the batch tag -- wire bytes and the float32 baseline -- among the part tags in
@@ -91,6 +95,31 @@ def batched_sum(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, n
     vectors = {k: np.concatenate([flat[name][k].ravel() for name in parts]) for k in clients}
     total = protocol.weighted_sum(tag, rnd, vectors, spec=spec, recipients=recipients)
     return {name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), split_total(total, sizes))}
+
+
+def batched_report(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """Every part's clear-text scalar from one report per client, ``[x_k^(1), ..., x_k^(T)]`` (module
+    doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
+    (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
+    client -> what the server got."""
+    from .pairwise import report_vectors
+    if not parts:
+        raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
+    names = list(parts)
+    clients = sorted(int(k) for k in parts[names[0]])
+    for name in names[1:]:
+        if sorted(int(k) for k in parts[name]) != clients:
+            raise ShapeError(f"part {name!r} has reports from clients {sorted(parts[name])}, the batch's first part "
+                             f"from {clients}", tag=tag, round=rnd)
+    got = report_vectors(protocol, tag, rnd, {k: [parts[n][k] for n in names] for k in clients})
+    return report_parts(protocol, tag, names, got)
+
+
+def report_parts(protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]) -> dict[str, dict[int, float]]:
+    """A batched report's vectors (client -> ``[x^(1), ..., x^(T)]``) as part tag -> client -> value, the
+    batch's bytes attributed to the part tags (one entry per client each)."""
+    protocol.transcript.attribute(tag, tuple((n, len(got)) for n in names))
+    return {n: {int(k): float(np.asarray(v).ravel()[i]) for k, v in got.items()} for i, n in enumerate(names)}
 
 
 def split_total(total: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:

@@ -1,6 +1,7 @@
-"""Batched small exchanges (protocols.batch.batched_sum): FedSpray's encoder and proxies in one upload
-per client per round -- the same sums and model trajectory as the two exchanges, bytes attributed per
-tag summing to the total, malformed or out-of-range parts refused before anything is encrypted."""
+"""Batched small exchanges (protocols.batch): FedSpray's encoder and proxies in one upload per client
+per round (batched_sum) -- the same sums and model trajectory as the two exchanges -- and GCFL's norms
+in one clear-text report per client per round (batched_report); bytes attributed per tag summing to the
+total; malformed or out-of-range parts refused before anything is encrypted or sent."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from protocols import SERVER, Transcript, ValueSpec, make_protocol
-from protocols.batch import batch_spec, batched_sum
+from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
+from protocols.pairwise import report_scalars
 from secure_fgl.algorithms.fedspray import PROXY_SPEC, FedSpray
 from secure_fgl.algorithms.base import model_spec
 from secure_fgl.config import RunConfig
@@ -101,3 +103,44 @@ def test_malformed_or_out_of_range_batches_are_refused_before_encryption(mode, f
     assert isinstance(err.value, ProtocolError)
     # nothing of the values reached the server (mask's key agreement between clients may have begun)
     assert not [m for m in protocol.transcript.messages if m.receiver == SERVER and m.kind in ("ciphertext", "masked")]
+
+
+# --------------------------------------------------------------------------- clear-text reports (GCFL's norms)
+@pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
+def test_a_batched_report_gives_what_separate_reports_give_in_one_message_per_client(mode):
+    rng = np.random.default_rng(2)
+    parts = {f"g/{n}": {k: float(rng.normal()) for k in range(3)} for n in ("update_norms", "mean_norm", "grad_norms")}
+    batched = make_protocol(mode, 3, transcript=Transcript(keep_payloads="all"))
+    got = batched_report(batched, "g/norms", 0, parts)
+    separate = make_protocol(mode, 3)
+    assert got == {name: report_scalars(separate, name, 0, values) for name, values in parts.items()} == parts
+    reports = [m for m in batched.transcript.messages if m.receiver == SERVER and m.tag == "g/norms"]
+    assert len(reports) == 3 and all(m.kind == "plain" for m in reports)
+    comm = batched.transcript.comm()
+    assert set(parts) <= set(comm["per_tag"]) and "g/norms" not in comm["per_tag"]
+    assert sum(v["bytes_up"] for v in comm["per_tag"].values()) == comm["bytes_up"]
+    assert comm["bytes_up"] < separate.transcript.comm()["bytes_up"]
+
+
+@pytest.mark.parametrize("fault", ("nan", "clients"))
+def test_a_malformed_report_batch_is_refused_before_anything_is_sent(fault):
+    parts = {"g/a": {0: 1.0, 1: 2.0}, "g/b": {0: 3.0, 1: 4.0}}
+    if fault == "nan":
+        parts["g/b"][1] = float("inf")
+    else:
+        del parts["g/b"][1]
+    protocol = make_protocol("plain", 2)
+    with pytest.raises(NonFiniteError if fault == "nan" else ShapeError):
+        batched_report(protocol, "g/norms", 0, parts)
+    assert not [m for m in protocol.transcript.messages if m.tag == "g/norms"]
+
+
+def test_gcflplus_reports_every_norm_of_a_round_in_one_message_per_client():
+    from secure_fgl.experiment import run_experiment
+    result = run_experiment(RunConfig(algorithm="gcflplus", mode="plain", dataset="synthetic-graphs", clients=4,
+                                      hidden=8, num_layers=2, rounds=2, seed=0), progress=False)
+    per_tag = result["comm"]["per_tag"]
+    parts = {f"gcflplus/{p}" for p in ("update_norms", "mean_norm", "grad_norms")}
+    assert parts <= set(per_tag) and all(per_tag[p]["batched_in"] == "gcflplus/norms" for p in parts)
+    # per client per round: the report exchange's plan down and ONE signed report up (three tags' worth)
+    assert {per_tag[p]["messages"] for p in parts} == {2 * 4 * 2}
