@@ -372,7 +372,7 @@ class FedSprayCore(FederatedAlgorithm):
         dp = dp_request(cfg)
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
-            spec=model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean), dp=dp,
+            spec=model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid), dp=dp,
             recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)

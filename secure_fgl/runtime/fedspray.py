@@ -146,7 +146,7 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
         sum_exchange(self, encoder, rnd, trained, range(K),
-                     model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean),
+                     model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid),
                      dp=scoped(self, encoder, dp),
                      dp_mean=True)
         if not self.fopts.ablate_proxy:
