@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from protocols import SERVER, Transcript, ValueSpec, make_protocol
+from protocols import SERVER, DPRequest, Transcript, ValueSpec, make_protocol
 from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
 from protocols.pairwise import report_scalars
-from secure_fgl.algorithms.fedspray import PROXY_SPEC, FedSpray
+from secure_fgl.algorithms.fedspray import PROXY_SPEC, FedSpray, round_spec
 from secure_fgl.algorithms.base import model_spec
 from secure_fgl.config import RunConfig
 
@@ -41,10 +41,10 @@ def test_a_batch_gives_every_part_the_sum_of_its_own_exchange(mode):
             np.testing.assert_array_equal(batched[name], alone)
 
 
-def _run(mode: str, batch: bool, rounds: int = 2):
+def _run(mode: str, batch: bool, rounds: int = 2, **settings):
     torch.manual_seed(0)
     protocol = make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
-    cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds)
+    cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds, **settings)
     algo = FedSpray(_fed_with_absent_classes(), protocol, cfg, torch.device("cpu"),
                     FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8, batch_exchanges=batch))
     trajectory = []
@@ -73,13 +73,26 @@ def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag
     assert per_tag["fedspray/proxies"]["plaintext_bytes_up"] < per_tag["fedspray/encoder"]["plaintext_bytes_up"]
 
 
+def test_on_the_model_grid_ckks_aligns_the_proxies_to_plains_bits():
+    """ckks's default (the encoder mean on its grid) puts the proxies on the same grid: the batched
+    round gives the encoder and proxies of plain with --grid-model-mean bit for bit."""
+    ckks, tc = _run("ckks", True)
+    plain, _ = _run("plain", True, grid_model_mean=True)
+    for (e1, s1), (e2, s2) in zip(ckks, plain):
+        assert torch.equal(e1, e2) and torch.equal(s1, s2)
+    assert "fedspray/batch" in {m.tag for m in tc.messages}
+
+
 def test_specs_merge_only_where_no_part_changes():
-    enc, grid = model_spec(4, 4), model_spec(4, 4, 1.0, grid=True)
-    assert batch_spec([enc, PROXY_SPEC]) == PROXY_SPEC                   # the default: equal specs
-    merged = batch_spec([model_spec(4, 4, 1.0), PROXY_SPEC])
+    opts = FedSpray.Options()
+    assert round_spec(model_spec(4, 4), opts, None, 4, 4) == PROXY_SPEC          # plain default: equal specs
+    grid = model_spec(4, 4, None, grid=True)                                     # ckks default: the model's grid
+    assert round_spec(grid, opts, None, 4, 4) == grid                            # proxies on the same grid
+    merged = round_spec(model_spec(4, 4, 1.0), opts, None, 4, 4)
     assert merged.max_abs == PROXY_SPEC.max_abs and merged.tolerance == min(PROXY_SPEC.tolerance,
                                                                            model_spec(4, 4, 1.0).tolerance)
-    assert batch_spec([grid, PROXY_SPEC]) is None                        # proxies off the encoder's grid
+    assert round_spec(model_spec(4, 4, 1.0, grid=True), opts, None, 4, 4) is None  # grids differ: two exchanges
+    assert round_spec(grid, opts, DPRequest(clip=1.0), 4, 4) is None             # DP: a release per exchange
     assert batch_spec([ValueSpec(integer=True), PROXY_SPEC]) is None
 
 

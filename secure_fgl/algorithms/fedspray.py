@@ -156,14 +156,21 @@ def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptio
         dp.declare(f"{name}/encoder", *([] if opts.ablate_proxy else [f"{name}/proxies"]))
 
 
-def round_spec(encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None) -> ValueSpec | None:
+def round_spec(encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None, num_contributors: int,
+               num_clients: int) -> ValueSpec | None:
     """The spec of one upload per client carrying both exchanges of a round (tag ``<name>/batch``:
     ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``, :func:`protocols.batch.batched_sum`), or ``None`` where
     they stay separate: DP on (each release keeps its own clip), ``S = 0``, ``batch_exchanges`` off, or
-    specs that cannot share an encoding (the encoder on ``--grid-model-mean``'s grid, the proxies not)."""
+    specs that cannot share an encoding.  With the encoder mean on its public grid (``ckks`` by
+    default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own bound
+    (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
+    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode
+    then aligns the proxies to the same bits too."""
     if dp is not None or opts.ablate_proxy or not opts.batch_exchanges:
         return None
-    return batch_spec([encoder_spec, PROXY_SPEC])
+    proxies = PROXY_SPEC if encoder_spec.grid_bits is None else \
+        model_spec(num_contributors, num_clients, PARAM_BOUND, grid=True)
+    return batch_spec([encoder_spec, proxies])
 
 
 def dp_request(cfg) -> DPRequest | None:
@@ -383,8 +390,8 @@ class FedSprayCore(FederatedAlgorithm):
         """Server update: eq. 14 (encoder) and eq. 15 (proxy alignment), both via the protocol."""
         cfg, K, N = self.cfg, len(self.clients), self.fed.graph.num_nodes
         dp = dp_request(cfg)
-        spec = model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean)
-        batch = round_spec(spec, self.opts, dp)
+        spec = model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
+        batch = round_spec(spec, self.opts, dp, len(updates), K)
         if batch is not None:
             self.batched_round(rnd, updates, local, batch)
             return

@@ -95,7 +95,7 @@ class FedSprayOptions:
                                    help="eq. 15 weights: class ratio (paper) or class count")
     ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")
     batch_exchanges: bool = setting(True, help="encoder and proxies in one upload per client per round "
-                                               "(protocols.batch; not with DP or when only one is on a grid)")
+                                               "(protocols.batch; not with DP)")
 
 
 @dataclass

@@ -158,8 +158,8 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         if not trained:
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
-        spec = model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean)
-        batch = round_spec(spec, self.fopts, dp)
+        spec = model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
+        batch = round_spec(spec, self.fopts, dp, len(trained), K)
         if batch is not None:                # one upload per client (algorithms.fedspray.round_spec)
             length = sum_exchange(self, f"{self.name}/batch", rnd, trained, range(K), batch,
                                   {"tolerance": batch.tolerance})
