@@ -79,6 +79,11 @@ def _score_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarra
     return res
 
 
+#: FedSpray's round batch ``[a * S, a, w dw, w]`` (algorithms.fedspray.round_spec): its first ``C (d_s + 1)``
+#: entries are the proxy upload
+BATCHED_PROXIES = "*/batch"
+
+
 class ProxyLabelDistribution(Attack):
     """Server reads each client's class weights off FedSpray's proxy exchange."""
 
@@ -92,6 +97,7 @@ class ProxyLabelDistribution(Attack):
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
+        tags = tags or view.tags(BATCHED_PROXIES)     # proxies first in the round's batch: the same entries
         if not tags:
             return self.not_applicable("no class-proxy exchange in the transcript")
         dim = (pub.get("options") or {}).get("proxy_dim")

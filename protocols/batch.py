@@ -12,6 +12,18 @@ sums it with one :meth:`~protocols.base.Protocol.weighted_sum` under the batch t
 :meth:`~protocols.base.Protocol.weighted_mean` calls (which each send ``[w_k v_k^(t), w_k]``),
 with the weight sent once.  The server learns what it learns from one weighted mean.
 
+Exchanges that do not share weights (FedSpray's encoder mean and class-wise proxy mean) batch
+their whole upload vectors: :func:`batched_sum` sums ``u_k = [u_k^(1), ..., u_k^(T)]`` once and
+hands every part its slice of the total, which the part post-processes as its own exchange would
+(a mean divides by its weight entry, a class-wise mean by its class totals).  One encoding must
+hold every part: :func:`batch_spec` takes the widest bound and the finest tolerance of the parts'
+specs and refuses parts it cannot merge without changing their values (integer parts, different
+grids); callers then keep separate exchanges.
+
+Clear-text reports (GCFL's norms) batch the same way: :func:`batched_report` sends every report
+tag's value of one stage in one signed message per client (:func:`protocols.pairwise.report_vectors`)
+and attributes its bytes to the part tags, one entry each.
+
 Byte attribution: the transcript records one message per client under the batch tag and the
 batch's layout (:meth:`Transcript.attribute`); :func:`split_per_tag` divides every byte
 count of the batch tag -- wire bytes and the float32 baseline -- among the part tags in
@@ -26,6 +38,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import validate
+from .base import ValueSpec
 from .errors import ConfigurationError, ShapeError
 
 #: per-tag counters that are split among a batch's parts
@@ -43,10 +56,22 @@ def batched_weighted_mean(protocol, tag: str, rnd: int, parts: Mapping[str, Mapp
     Returns part tag -> mean (the part's shape).  No DP: a DP exchange keeps one tag per
     release (its own clip and sensitivity); call :meth:`Protocol.weighted_mean` per part then.
     """
+    clients, shapes, flat = checked_parts(protocol, tag, rnd, parts)
+    w = validate.weights(weights, {k: None for k in clients}, tag, rnd) or {k: 1.0 for k in clients}
+    vectors = {k: batch_vector([flat[name][k] for name in parts], w[k]) for k in clients}
+    protocol.transcript.attribute(tag, tuple(zip(parts, (int(np.prod(s)) for s in shapes.values()))))
+    total = protocol.weighted_sum(tag, rnd, vectors, spec=spec, recipients=recipients)
+    return dict(zip(parts, batch_means(total, list(shapes.values()), tag, rnd)))
+
+
+def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]):
+    """Every part's contributions checked by the client-side input checks of an exchange of its own
+    (finite reals, one shape per part; :class:`~protocols.errors.NonFiniteError`,
+    :class:`~protocols.errors.ShapeError` name the part) and the same clients in every part.
+    Returns ``(clients, part -> shape, part -> client -> array)``."""
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
-    clients = None
-    shapes, flat = {}, {}
+    clients, shapes, flat = None, {}, {}
     for name, values in parts.items():
         arrays = protocol._dense_inputs(name, rnd, values)
         if clients is None:
@@ -56,11 +81,67 @@ def batched_weighted_mean(protocol, tag: str, rnd: int, parts: Mapping[str, Mapp
                              f"part from {clients}", tag=tag, round=rnd)
         shapes[name] = next(iter(arrays.values())).shape
         flat[name] = arrays
-    w = validate.weights(weights, {k: None for k in clients}, tag, rnd) or {k: 1.0 for k in clients}
-    vectors = {k: batch_vector([flat[name][k] for name in parts], w[k]) for k in clients}
-    protocol.transcript.attribute(tag, tuple(zip(parts, (int(np.prod(s)) for s in shapes.values()))))
+    return clients, shapes, flat
+
+
+def batched_sum(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]], spec: ValueSpec, *,
+                recipients: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """``sum_k u_k^(t)`` of every part ``t`` from one upload ``[u_k^(1), ..., u_k^(T)]`` per client
+    (module doc), under the batch tag and ``spec`` (:func:`batch_spec` of the parts' specs).  No DP
+    (see :func:`batched_weighted_mean`).  Returns part tag -> its total (the part's shape)."""
+    clients, shapes, flat = checked_parts(protocol, tag, rnd, parts)
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    protocol.transcript.attribute(tag, tuple(zip(parts, sizes)))
+    vectors = {k: np.concatenate([flat[name][k].ravel() for name in parts]) for k in clients}
     total = protocol.weighted_sum(tag, rnd, vectors, spec=spec, recipients=recipients)
-    return dict(zip(parts, batch_means(total, list(shapes.values()), tag, rnd)))
+    return {name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), split_total(total, sizes))}
+
+
+def batched_report(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """Every part's clear-text scalar from one report per client, ``[x_k^(1), ..., x_k^(T)]`` (module
+    doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
+    (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
+    client -> what the server got."""
+    from .pairwise import report_vectors
+    if not parts:
+        raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
+    names = list(parts)
+    clients = sorted(int(k) for k in parts[names[0]])
+    for name in names[1:]:
+        if sorted(int(k) for k in parts[name]) != clients:
+            raise ShapeError(f"part {name!r} has reports from clients {sorted(parts[name])}, the batch's first part "
+                             f"from {clients}", tag=tag, round=rnd)
+    got = report_vectors(protocol, tag, rnd, {k: [parts[n][k] for n in names] for k in clients})
+    return report_parts(protocol, tag, names, got)
+
+
+def report_parts(protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]) -> dict[str, dict[int, float]]:
+    """A batched report's vectors (client -> ``[x^(1), ..., x^(T)]``) as part tag -> client -> value, the
+    batch's bytes attributed to the part tags (one entry per client each)."""
+    protocol.transcript.attribute(tag, tuple((n, len(got)) for n in names))
+    return {n: {int(k): float(np.asarray(v).ravel()[i]) for k, v in got.items()} for i, n in enumerate(names)}
+
+
+def split_total(total: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
+    """The summed batch vector cut into its parts' slices (``sizes``: entries per part, in order)."""
+    if int(np.sum(sizes)) != np.asarray(total).size:
+        raise ShapeError(f"a batch total of {np.asarray(total).size} entries cannot hold parts of {list(sizes)}")
+    return np.split(np.asarray(total, dtype=np.float64).ravel(), np.cumsum(sizes)[:-1])
+
+
+def batch_spec(specs: Sequence[ValueSpec]) -> ValueSpec | None:
+    """One :class:`~protocols.base.ValueSpec` for a batch of parts (module doc): the largest
+    ``max_abs``, the smallest ``tolerance``, a float64 plain wire if any part has one.  ``None``
+    where a part is integer or the parts' grids differ (a part put on another part's grid would
+    change its values), and where the specs are equal, that spec."""
+    specs = list(specs)
+    if all(s == specs[0] for s in specs):
+        return specs[0]
+    if any(s.integer for s in specs) or len({s.grid_bits for s in specs}) > 1:
+        return None
+    return ValueSpec(max_abs=max(s.max_abs for s in specs), tolerance=min(s.tolerance for s in specs),
+                     owner_checked_sum=all(s.owner_checked_sum for s in specs),
+                     float64_wire=any(s.float64_wire for s in specs), grid_bits=specs[0].grid_bits)
 
 
 def batch_vector(parts: Sequence[np.ndarray], weight: float) -> np.ndarray:

@@ -27,7 +27,7 @@ from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .registry import pairwise_modes
 from .transcript import SERVER, Message, client_party
 
-__all__ = ["pairwise_cosine", "report_scalars", "PAIRWISE_MODES", "cosine_matrix"]
+__all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODES", "cosine_matrix"]
 
 #: modes in which :func:`pairwise_cosine` runs
 PAIRWISE_MODES = pairwise_modes()
@@ -71,28 +71,45 @@ def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int
 def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
     """Each client sends one float64 to the server in the clear; returns what the server got.
     A backend split into halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+    got = report_vectors(protocol, tag, rnd, {k: [v] for k, v in values.items()})
+    return {k: float(v[0]) for k, v in got.items()}
+
+
+def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
+    """Each client sends one float64 vector (the same length for all) to the server in the clear, in
+    one message; returns what the server got.  Checked on the client first: a NaN or inf
+    (:class:`~protocols.errors.NonFiniteError`) or a length unlike the others'
+    (:class:`~protocols.errors.ShapeError`) and nothing is sent."""
     from .split import SplitProtocol
+    vectors = {int(k): np.asarray(v, dtype=np.float64).ravel() for k, v in values.items()}
+    lengths = {v.size for v in vectors.values()}
+    if len(lengths) > 1 or 0 in lengths:
+        raise ShapeError(f"reports of {sorted(lengths)} values: every client reports the same number (> 0)",
+                         tag=tag, round=rnd)
+    for k, v in vectors.items():
+        if not np.isfinite(v).all():
+            raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
     if isinstance(protocol, SplitProtocol) and protocol.clients:
-        return _report_through_halves(protocol, tag, rnd, values)
+        return _report_through_halves(protocol, tag, rnd, vectors)
     out = {}
     protocol._begin_exchange(tag, rnd)
-    for k, v in values.items():
-        v = float(v)
-        if not np.isfinite(v):
-            raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
-        msg = protocol._deliver(Message(rnd, tag, client_party(int(k)), SERVER, "plain", (1,), 8,
-                                        protocol.mode, protocol.fingerprint, payload=v), stage="report")
-        out[int(k)] = float(msg.payload)
+    for k, v in vectors.items():
+        payload = float(v[0]) if v.size == 1 else [float(x) for x in v]
+        msg = protocol._deliver(Message(rnd, tag, client_party(k), SERVER, "plain", (v.size,), 8 * v.size,
+                                        protocol.mode, protocol.fingerprint, payload=payload), stage="report")
+        out[k] = np.asarray(msg.payload, dtype=np.float64).ravel()
     return out
 
 
-def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
-    """The facade plays each reporting client: its half's provider returns its value."""
+def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The facade plays each reporting client: its half's provider returns its values."""
     from .report import collect_reports
     for k, v in values.items():
-        protocol.clients[int(k)].provider = (lambda plan, v=float(v): plan.dense_table(np.array([v])))
+        protocol.clients[int(k)].provider = (lambda plan, v=v: plan.dense_table(v))
+    length = next(iter(values.values())).size
     try:
-        return collect_reports(protocol, tag, rnd, [int(k) for k in values])
+        got = collect_reports(protocol, tag, rnd, [int(k) for k in values], length)
+        return {k: np.asarray(v, dtype=np.float64).ravel() for k, v in got.items()}
     finally:
         for k in values:
             protocol.clients[int(k)].provider = None

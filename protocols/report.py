@@ -1,5 +1,6 @@
-"""Scalar reports through a backend's halves: each client sends the server one float64 in the
-clear, signed by its half (stage ``report``).
+"""Scalar reports through a backend's halves: each client sends the server one float64 (or one
+short vector of them: a batch of several report tags, :func:`protocols.batch.batched_report`) in
+the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
 GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
@@ -29,18 +30,20 @@ __all__ = ["REPORT_STAGE", "collect_reports", "client_report", "report_plan"]
 REPORT_STAGE = "report"
 
 
-def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int]) -> ExchangePlan:
-    """The public plan of a report exchange: one value from each of ``clients``, no recipient."""
-    return ExchangePlan(tag, rnd, protocol.exchange, "dense", 1, 1, tuple(sorted(int(k) for k in clients)), {},
-                        ValueSpec())
+def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1) -> ExchangePlan:
+    """The public plan of a report exchange: ``length`` values from each of ``clients``, no recipient."""
+    return ExchangePlan(tag, rnd, protocol.exchange, "dense", 1, int(length), tuple(sorted(int(k) for k in clients)),
+                        {}, ValueSpec())
 
 
-def collect_reports(protocol, tag: str, rnd: int, clients: Sequence[int]) -> dict[int, float]:
-    """Server side: run one report exchange over ``protocol.link``; returns what the server got."""
+def collect_reports(protocol, tag: str, rnd: int, clients: Sequence[int],
+                    length: int = 1) -> dict[int, float | np.ndarray]:
+    """Server side: run one report exchange over ``protocol.link``; returns what the server got
+    (a float per client, or with ``length > 1`` a float64 vector of that length)."""
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)
     server = protocol.server
-    plan = report_plan(protocol, tag, rnd, clients)
+    plan = report_plan(protocol, tag, rnd, clients, length)
     server.begin(plan, protocol.link, "")
     got = server.call(protocol.link, REPORT_STAGE, {k: [] for k in plan.contributors})
     out = {}
@@ -49,16 +52,20 @@ def collect_reports(protocol, tag: str, rnd: int, clients: Sequence[int]) -> dic
         if msg is None:
             raise DropoutError(f"client(s) {k} did not answer the '{REPORT_STAGE}' stage", **server.where(k))
         try:
-            out[k] = float(msg.payload)
+            value = np.asarray(msg.payload, dtype=np.float64)
         except (TypeError, ValueError):
-            raise IntegrityError("a report that is not one number", **server.where(k)) from None
+            value = None
+        if value is None or value.size != length or value.ndim > 1 or not np.isfinite(value).all():
+            raise IntegrityError(f"a report that is not {length} finite number(s)", **server.where(k))
+        out[k] = float(value.ravel()[0]) if length == 1 else value.ravel()
     return out
 
 
 def client_report(half) -> tuple:
     """Client side (:meth:`protocols.party.ClientHalf.handle` at stage ``report``): the provider's
-    one value, checked finite, as one signed ``plain`` message to the server."""
-    value = float(np.asarray(half.contribution().values).ravel()[0])
-    if not np.isfinite(value):
+    value(s), checked finite, as one signed ``plain`` message to the server."""
+    values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[:half.plan.block_len]
+    if not np.isfinite(values).all():
         raise NonFiniteError("reported scalar is NaN or inf", **half.where())
-    return half.seal(half.message(SERVER, "plain", (1,), value, ""), REPORT_STAGE)
+    payload = float(values[0]) if values.size == 1 else [float(v) for v in values]
+    return half.seal(half.message(SERVER, "plain", (values.size,), payload, ""), REPORT_STAGE)

@@ -98,10 +98,11 @@ class RunConfig:
                                     help="ckks: real slots only, as before issue 17 (default: integer exchanges and "
                                          "those on a public grid travel as exact signed fields in both halves of each "
                                          "complex slot: the same sums in fewer ciphertexts)")
-    grid_model_mean: bool = setting(False, group="secure mode",
-                                    help="FedAvg-style model mean on a public grid (--update-bound sizes it): every "
-                                         "mode returns the same mean bit for bit; ckks carries it as exact integer "
-                                         "fields (docs/performance.md)")
+    grid_model_mean: bool | None = setting(None, group="secure mode",
+                                           help="FedAvg-style model mean on a public grid (--update-bound sizes it): "
+                                                "every mode returns the same mean bit for bit; ckks carries it as exact "
+                                                "integer fields (default: on in ckks, off elsewhere; "
+                                                "docs/performance.md)")
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
                                               "planned for (default 100); clients refuse larger updates")
@@ -133,6 +134,14 @@ class RunConfig:
                                  help="'all' or comma-separated attack names (list: secure-fgl attacks)")
     options: dict[str, Any] = setting(group="algorithm", default_factory=dict,
                                       help="the algorithm's own options (see secure-fgl algorithms NAME)")
+
+    @property
+    def model_mean_on_grid(self) -> bool:
+        """``--grid-model-mean``, or its default: on in ckks with its exact fields (fewer ciphertexts than
+        float slots, docs/performance.md), off elsewhere (plain's float32 wire would need float64 on the grid)."""
+        if self.grid_model_mean is not None:
+            return self.grid_model_mean
+        return self.mode == "ckks" and not self.ckks_real_slots and self.fixed_point_bits is None
 
     def validate(self) -> "RunConfig":
         """Every field against its type, range and choices (names matched case-insensitively and

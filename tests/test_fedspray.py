@@ -23,6 +23,8 @@ from secure_fgl.models.fedspray_encoder import node_proxies, soft_proxies, soft_
 K = 4
 SECURE = ("ckks", "mask")
 PROXY_TAG = "fedspray/proxies"
+#: one upload per client per round carrying the proxies (first) and the encoder update (protocols.batch)
+BATCH_TAG = "fedspray/batch"
 UNREADABLE = {"ciphertext", "masked", "share"}
 
 
@@ -138,7 +140,8 @@ def _fed_with_absent_classes():
 
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_algorithm_uploads(mode):
-    """One real round: what FedSpray puts on the wire, per mode."""
+    """One real round: what FedSpray puts on the wire, per mode (one batched upload per client whose
+    first ``C (d + 1)`` entries are the proxy exchange's ``[a * S, a]``)."""
     fed = _fed_with_absent_classes()
     counts = [torch.bincount(c.y[c.train_mask], minlength=fed.num_classes) for c in fed.clients]
     assert any((c == 0).any() for c in counts), "the fixture should have a client lacking a class"
@@ -148,12 +151,11 @@ def test_algorithm_uploads(mode):
     algo.train_round(0)
     view = protocol.transcript.view(SERVER)
     tags = {m.tag for m in view}
-    assert {"fedspray/encoder", PROXY_TAG} <= tags
-    ups = [m for m in view if m.receiver == SERVER and m.tag in ("fedspray/encoder", PROXY_TAG)
-           and m.kind != "public_key"]
+    assert BATCH_TAG in tags and {"fedspray/encoder", PROXY_TAG} <= set(protocol.transcript.comm()["per_tag"])
+    ups = [m for m in view if m.receiver == SERVER and m.tag == BATCH_TAG and m.kind != "public_key"]
     if mode == "plain":
         C, d = fed.num_classes, 8
-        for m in (m for m in ups if m.tag == PROXY_TAG):
+        for m in ups:
             k = int(m.sender[6:])
             flat = np.asarray(m.payload["values"], np.float64).ravel()
             ratios = counts[k].double().numpy() / counts[k].sum().item()
@@ -163,7 +165,7 @@ def test_algorithm_uploads(mode):
     else:
         assert ups and all(m.kind in UNREADABLE for m in ups)
         proxy_sizes = {(tuple(m.shape), m.nbytes) for m in ups       # the data uploads (not unmasking shares)
-                       if m.tag == PROXY_TAG and m.kind in ("masked", "ciphertext")}
+                       if m.kind in ("masked", "ciphertext")}
         assert len(proxy_sizes) == 1, "clients' proxy uploads differ in size"
 
 

@@ -41,3 +41,21 @@ def test_ckks_real_slots_is_a_ckks_option():
         RunConfig(algorithm="fedgcn", dataset="sbm", mode="mask", ckks_real_slots=True).validate()
     with pytest.raises(ConfigError, match="ckks-real"):
         RunConfig(algorithm="fedgcn", dataset="sbm", mode="ckks", ckks_real_slots=True, fixed_point_bits=20).validate()
+
+
+def test_ckks_averages_the_model_on_its_grid_by_default_at_the_default_update_bound(tmp_path):
+    """Without ``--grid-model-mean`` and at the default ``--update-bound`` (100), ckks carries the model
+    mean on its grid in exact fields (``grid_model_tolerance`` keeps its ten-client sums within the 41
+    bits of a slot half): fewer bytes than the float slots of ``--grid-model-mean false``."""
+    assert [RunConfig(mode=m).model_mean_on_grid for m in ("plain", "mask", "ckks")] == [False, False, True]
+    assert not RunConfig(mode="ckks", ckks_real_slots=True).model_mean_on_grid
+    assert not RunConfig(mode="ckks", fixed_point_bits=20).model_mean_on_grid
+    assert RunConfig(mode="plain", grid_model_mean=True).model_mean_on_grid
+
+    def model_bytes(out, **grid):
+        cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=10, mode="ckks", rounds=2, local_epochs=1,
+                        hidden=16, seed=3, synthetic={"num_nodes": 300, "num_features": 400},
+                        save_best_model=False, out=str(out), **grid).validate()
+        return run_experiment(cfg, progress=False)["comm"]["per_tag"]["fedgcn/model"]["bytes_up"]
+
+    assert model_bytes(tmp_path / "default") < model_bytes(tmp_path / "float", grid_model_mean=False)

@@ -140,7 +140,7 @@ def test_actor_killed_inside_a_ckks_exchange_stops_it_naming_its_clients():
 
 
 def test_silent_actors_time_out_instead_of_hanging():
-    executor = RayExecutor(round_timeout=30)
+    executor = RayExecutor(round_timeout=180)    # set-up alone; generous for a loaded machine
     cfg = small(rounds=1).validate()
     fed = load_federation(cfg)
     strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)

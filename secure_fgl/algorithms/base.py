@@ -21,6 +21,7 @@ so the averaged update is within ``FLOAT32_MEAN_TOLERANCE`` of the exact mean.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,21 +44,30 @@ from .options import NoOptions
 PARAM_BOUND = 100.0
 
 
-#: target of a model mean on the public grid (:func:`model_spec` with ``grid``): 2^-22, the float32
-#: resolution of a parameter of size 4 -- finer grids leave CKKS short of an exact sum at K = 10
-#: (past ten clients :func:`protocols.precision.grid_tolerance` coarsens it)
+#: target of a model mean on the public grid (:func:`model_spec` with ``grid``) for parameters up to 4:
+#: 2^-22, the float32 rounding error of a parameter of size 4 (:func:`grid_model_tolerance` scales it)
 GRID_MODEL_TOLERANCE = 2.0 ** -22
+
+
+def grid_model_tolerance(value_bound: float) -> float:
+    """Target of a grid model mean with public bound ``B`` on update entries: the float32 rounding
+    error of a parameter of size ``max(4, B)``, ``2^(floor(log2 max(4, B)) - 24)`` -- :data:`GRID_MODEL_TOLERANCE`
+    up to ``B < 8``, ``2^-18`` at the default ``B = 100``.  A bound-independent target would make the grid
+    finer as ``B`` grows (the weight total's error enters as ``|mean| <= B``): at ``B = 100`` and ten
+    clients its sums need 43 bits, more than a CKKS slot half carries exactly (41); this one needs 38."""
+    return 2.0 ** (math.floor(math.log2(max(4.0, float(value_bound)))) - 24)
 
 
 def model_spec(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
                grid: bool = False) -> ValueSpec:
     """The model exchange's :class:`~protocols.base.ValueSpec`: :func:`model_precision`'s plan, or with
     ``grid`` its exact mean on the public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`,
-    target :data:`GRID_MODEL_TOLERANCE`): every mode then averages to the same bits."""
+    target :func:`grid_model_tolerance`): every mode then averages to the same bits."""
     if not grid:
         return model_precision(num_contributors, num_clients, value_bound).spec()
-    return model_precision(num_contributors, num_clients, value_bound,
-                           tolerance=grid_tolerance(GRID_MODEL_TOLERANCE, num_clients)).grid_spec(num_contributors)
+    bound = value_bound or PARAM_BOUND
+    return model_precision(num_contributors, num_clients, bound,
+                           tolerance=grid_tolerance(grid_model_tolerance(bound), num_clients)).grid_spec(num_contributors)
 
 
 def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
@@ -255,7 +265,7 @@ class ModelAveraging(FederatedAlgorithm):
         mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
                                                   spec=model_spec(len(contributors), len(self.clients),
                                                                   self.cfg.update_bound,
-                                                                  grid=self.grid_model_mean or self.cfg.grid_model_mean),
+                                                                  grid=self.grid_model_mean or self.cfg.model_mean_on_grid),
                                                   dp=dp,
                                                   recipients=range(len(self.clients)))
         self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,

@@ -49,7 +49,8 @@ ABOUT: dict[str, About] = {
                       "structure proxies",
                       "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
                       "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
-                      "weighted mean of structure proxies (weights stay secret), every round"),
+                      "weighted mean of structure proxies (weights stay secret), every round (one upload per client: "
+                      "fedspray/batch, without DP)"),
     "gc-selftrain": About("graph classification: each client trains its GIN alone on its graphs; nothing is "
                           "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none", GRAPH_MODES, task="graph"),
     "gc-fedavg": About("graph classification: FedAvg of the shared GIN layers; input and classifier layers "
@@ -64,14 +65,15 @@ ABOUT: dict[str, About] = {
                   "similarity of their updates) when the cluster's mean update is small and one is large; "
                   "shared GIN layers averaged per cluster", GCFL_PAPER,
                   "gcfl/model: weighted mean of shared-layer updates per cluster, every round; "
-                  "gcfl/mean_norm and gcfl/update_norms: norms reported in clear; gcfl/similarity: pairwise "
+                  "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
+                  "gcfl/similarity: pairwise "
                   "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
                   modes=pairwise_modes(), task="graph"),
     "gcflplus": About("graph classification: GCFL whose split compares sequences of gradient norms by DTW "
                       "(no inner products of updates)", GCFL_PAPER,
                       "gcflplus/model: weighted mean of shared-layer updates per cluster, every round; "
                       "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
-                      "clear, every round", GRAPH_MODES, task="graph"),
+                      "clear (one report: gcflplus/norms), every round", GRAPH_MODES, task="graph"),
     "fgssl": About("node-level semantic contrast with the received global model (FNSC) and neighbour-"
                    "similarity distillation (FGSD) in each client's loss; FedAvg server",
                    "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",

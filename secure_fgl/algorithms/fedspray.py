@@ -90,13 +90,16 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from protocols import DPRequest, Protocol
+from protocols import DPRequest, Protocol, ValueSpec
+from protocols.base import classwise_result, classwise_vector
+from protocols.batch import batch_spec, batched_sum
 from protocols.precision import MeanPrecision
 
 from ..config import ConfigError
 from ..engine import rng
 from ..models import build_model
 from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
+from ..runtime.sums import mean_of, mean_vector
 from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_spec
 from .minority import MinorityAccuracy
 from .options import FedSprayOptions
@@ -151,6 +154,23 @@ def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptio
     dp = getattr(protocol, "dp", None)
     if dp is not None and cfg.dp_epsilon and getattr(dp.config, "split", None) is None:
         dp.declare(f"{name}/encoder", *([] if opts.ablate_proxy else [f"{name}/proxies"]))
+
+
+def round_spec(encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None, num_contributors: int,
+               num_clients: int) -> ValueSpec | None:
+    """The spec of one upload per client carrying both exchanges of a round (tag ``<name>/batch``:
+    ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``, :func:`protocols.batch.batched_sum`), or ``None`` where
+    they stay separate: DP on (each release keeps its own clip), ``S = 0``, ``batch_exchanges`` off, or
+    specs that cannot share an encoding.  With the encoder mean on its public grid (``ckks`` by
+    default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own bound
+    (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
+    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode
+    then aligns the proxies to the same bits too."""
+    if dp is not None or opts.ablate_proxy or not opts.batch_exchanges:
+        return None
+    proxies = PROXY_SPEC if encoder_spec.grid_bits is None else \
+        model_spec(num_contributors, num_clients, PARAM_BOUND, grid=True)
+    return batch_spec([encoder_spec, proxies])
 
 
 def dp_request(cfg) -> DPRequest | None:
@@ -370,14 +390,33 @@ class FedSprayCore(FederatedAlgorithm):
         """Server update: eq. 14 (encoder) and eq. 15 (proxy alignment), both via the protocol."""
         cfg, K, N = self.cfg, len(self.clients), self.fed.graph.num_nodes
         dp = dp_request(cfg)
+        spec = model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
+        batch = round_spec(spec, self.opts, dp, len(updates), K)
+        if batch is not None:
+            self.batched_round(rnd, updates, local, batch)
+            return
         mean_update = self.protocol.weighted_mean(
             f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
-            spec=model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean), dp=dp,
-            recipients=range(K))
+            spec=spec, dp=dp, recipients=range(K))
         self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
                                                                     device=self.device)
         if not self.opts.ablate_proxy:
             self.align_proxies(rnd, local, dp)
+
+    def batched_round(self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor],
+                      spec: ValueSpec) -> None:
+        """Eq. 14 and eq. 15 from one upload per client (:func:`round_spec`): the same sums as the two
+        exchanges, each part's bytes attributed to its own tag in the transcript."""
+        N, encoder, proxies = self.fed.graph.num_nodes, f"{self.name}/encoder", f"{self.name}/proxies"
+        parts = {proxies: {k: classwise_vector(np.asarray(local[k].detach().cpu().numpy(), dtype=np.float64),
+                                               self.parts[k].proxy_weights(N)) for k in updates},
+                 encoder: {k: mean_vector(u.detach().cpu().numpy(), self.parts[k].encoder_weight(N))
+                           for k, u in updates.items()}}
+        totals = batched_sum(self.protocol, f"{self.name}/batch", rnd, parts, spec, recipients=range(len(self.clients)))
+        self.global_encoder = self.global_encoder + torch.as_tensor(mean_of(totals[encoder], encoder),
+                                                                    dtype=torch.float32, device=self.device)
+        C, d = self.proxies.shape
+        self.proxies = keep_absent(*classwise_result(totals[proxies], C, d, spec.tolerance), self.proxies)
 
     def align_proxies(self, rnd: int, local: dict[int, torch.Tensor], dp: DPRequest | None = None) -> torch.Tensor:
         """Eq. 15 through :meth:`Protocol.classwise_mean`; classes nobody holds keep their proxy."""

@@ -7,10 +7,14 @@ shared (the reference's ``serverGIN``), input, ``post`` and classifier layers st
 Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
 
 1. the members' updates ``dW_i`` of the shared layers are averaged through the protocol's
-   weighted mean (weights ``|G_i|``, FedAvg); the members learn ``mean_c`` and the first
-   member reports ``delta_mean = ||mean_c||`` (eq. 4; the reference code averages without
-   weights, the paper with ``|G_i|/|G|``: we follow the paper);
-2. every member reports ``||dW_i||``; ``delta_max`` is their maximum (eq. 5);
+   weighted mean (weights ``|G_i|``, FedAvg); the members learn ``mean_c`` (eq. 4; the reference
+   code averages without weights, the paper with ``|G_i|/|G|``: we follow the paper);
+2. once every cluster's mean is out, each client sends ONE clear-text report carrying its
+   ``||dW_i||``, the norm of its cluster's mean and (GCFL+) its gradient norm (batch tag
+   ``<algorithm>/norms``, :func:`protocols.batch.batched_report`; the transcript attributes its bytes
+   to ``<algorithm>/update_norms``, ``/mean_norm``, ``/grad_norms``): ``delta_mean = ||mean_c||`` as
+   the first member reports it (every member decoded the same mean), ``delta_max`` the members'
+   largest ``||dW_i||`` (eq. 5);
 3. when :func:`~secure_fgl.algorithms.clustering.should_split` holds (eq. 4-5, ``|c| > 2``,
    round > 20), the cluster is cut in two by Stoer-Wagner on a similarity matrix --
    GCFL: ``1 + cos(dW_i, dW_j)`` from the pairwise-statistics exchange
@@ -33,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine, report_scalars
+from protocols.batch import batched_report
+from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine
 
 from .clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, should_split
 from .graph_level import GraphFederated
@@ -48,6 +53,9 @@ class GCFLServer:
     how the clients' scalars and similarities reach the server are hooks, played by the
     algorithm object (:class:`GCFL`) or by the runtime strategy
     (:mod:`secure_fgl.runtime.gcfl`)."""
+
+    #: the norms each client reports per round, in one batched report (module docstring, step 2)
+    norm_parts: tuple[str, ...] = ("update_norms", "mean_norm")
 
     def init_clusters(self, num_clients: int) -> None:
         self.clusters: list[list[int]] = [list(range(num_clients))]
@@ -65,13 +73,13 @@ class GCFLServer:
         """The members restart from their anchor plus the mean ``exchange_mean`` returned."""
         raise NotImplementedError
 
-    def mean_norm(self, rnd: int, members: list[int], mean) -> float:
-        """``delta_mean``: the norm of the cluster mean, as the first member reports it."""
+    def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
+        """Part (:attr:`norm_parts`) -> client -> the norm it reported, from one report per client of
+        every cluster (module docstring, step 2)."""
         raise NotImplementedError
 
-    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
-        """``||dW_i||`` as each member reports it."""
-        raise NotImplementedError
+    def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
+        """Hook: GCFL+ extends its gradient-norm sequences."""
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
         """The members' pairwise cosine matrix (:mod:`protocols.pairwise`)."""
@@ -90,14 +98,14 @@ class GCFLServer:
 
     def split_clusters(self, rnd: int, updated: list[int]) -> None:
         """One round of clustered FedAvg over the clients in ``updated`` (module docstring)."""
+        clusters = [m for m in ([k for k in members if k in updated] for members in self.clusters) if m]
+        means = [self.exchange_mean(rnd, members) for members in clusters]
+        norms = self.round_norms(rnd, clusters, means) if clusters else {}
+        self.note_norms(norms)
         new_clusters = []
-        for members in self.clusters:
-            members = [k for k in members if k in updated]
-            if not members:
-                continue
-            mean = self.exchange_mean(rnd, members)
-            delta_mean = self.mean_norm(rnd, members, mean)
-            delta_max = max(self.update_norms(rnd, members).values())
+        for members, mean in zip(clusters, means):
+            delta_mean = norms["mean_norm"][members[0]]
+            delta_max = max(norms["update_norms"][k] for k in members)
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
                 self.cache_cluster(members)
@@ -149,14 +157,11 @@ class GCFLPlusServer(GCFLServer):
         super().init_clusters(num_clients)
         self.sequences: list[list[float]] = [[] for _ in range(num_clients)]
 
-    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
-        """Hook: each client's last gradient norm of the shared layers, as it reports it."""
-        raise NotImplementedError
+    norm_parts = GCFLServer.norm_parts + ("grad_norms",)
 
-    def split_clusters(self, rnd: int, updated: list[int]) -> None:
-        for k, v in self.grad_norms(rnd, updated).items():
+    def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
+        for k, v in norms.get("grad_norms", {}).items():
             self.sequences[k].append(v)
-        super().split_clusters(rnd, updated)
 
     def ready_to_split(self) -> bool:
         return all(len(s) >= self.opts.seq_length for s in self.sequences)
@@ -204,13 +209,16 @@ class GCFL(GCFLServer, GraphFederated):
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         GraphFederated.apply_mean(self, members, mean)
 
-    def mean_norm(self, rnd: int, members: list[int], mean: np.ndarray) -> float:
-        return report_scalars(self.protocol, f"{self.name}/mean_norm", rnd,
-                              {members[0]: float(np.linalg.norm(mean))})[members[0]]
+    def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
+        """What each client reports: its update's norm and its cluster mean's."""
+        return {"update_norms": {k: float(self._updates[k].norm()) for c in clusters for k in c},
+                "mean_norm": {k: float(np.linalg.norm(mean)) for c, mean in zip(clusters, means) for k in c}}
 
-    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
-        return report_scalars(self.protocol, f"{self.name}/update_norms", rnd,
-                              {k: float(self._updates[k].norm()) for k in members})
+    def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
+        values = self.norm_values(clusters, means)
+        got = batched_report(self.protocol, f"{self.name}/norms", rnd,
+                             {f"{self.name}/{p}": values[p] for p in self.norm_parts})
+        return {p: got[f"{self.name}/{p}"] for p in self.norm_parts}
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
         return pairwise_cosine(self.protocol, f"{self.name}/similarity", rnd,
@@ -236,6 +244,6 @@ class GCFLPlus(GCFLPlusServer, GCFL):
     #: no inner products: the weighted means and the reported norms run in every mode
     supported_modes = ("plain", "ckks", "mask")
 
-    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
-        return report_scalars(self.protocol, f"{self.name}/grad_norms", rnd,
-                              {k: float(self.learners[k].grad_norm) for k in clients})
+    def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
+        return {**super().norm_values(clusters, means),
+                "grad_norms": {k: float(self.learners[k].grad_norm) for c in clusters for k in c}}

@@ -71,7 +71,9 @@ class GraphLearner:
         self.train_counts = (0, 0)
         #: norm of the shared layers' gradient at the last local step (reference ``convGradsNorm``)
         self.grad_norm = 0.0
-        self.eval_loaders = {s: DataLoader(getattr(client, s), batch_size=batch_size) for s in ("val", "test")}
+        #: validation and test graphs collated once (evaluated every round, always in the same order)
+        self.eval_batches = {s: [b.to(device) for b in DataLoader(getattr(client, s), batch_size=batch_size)]
+                             for s in ("val", "test")}
 
     def shared_vector(self) -> torch.Tensor:
         return parameters_to_vector(self.model.shared_parameters()).detach()
@@ -117,8 +119,7 @@ class GraphLearner:
         """``(correct, total)`` of this client's model on its own ``split`` graphs."""
         self.model.eval()
         correct = total = 0
-        for batch in self.eval_loaders[split]:
-            batch = batch.to(self.device)
+        for batch in self.eval_batches[split]:
             correct += int((self.model(batch.x, batch.edge_index, batch.batch).argmax(-1) == batch.y).sum())
             total += batch.num_graphs
         return correct, total

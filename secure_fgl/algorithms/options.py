@@ -94,6 +94,8 @@ class FedSprayOptions:
     proxy_weighting: str = setting("ratio", choices=("ratio", "count"),
                                    help="eq. 15 weights: class ratio (paper) or class count")
     ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")
+    batch_exchanges: bool = setting(True, help="encoder and proxies in one upload per client per round "
+                                               "(protocols.batch; not with DP)")
 
 
 @dataclass

@@ -63,16 +63,19 @@ def draw_key() -> int:
     return int(torch.randint(-2 ** 31, 2 ** 31, (1,), generator=_ACTIVE.get()))
 
 
-def _logical_shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    return (z >> bits) & ((1 << (32 - bits)) - 1)
+def _logical_shift_right(z: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
+    """``z >>> bits`` (logical: torch shifts int32 arithmetically) into ``out``."""
+    torch.bitwise_right_shift(z, bits, out=out)
+    return out.bitwise_and_((1 << (32 - bits)) - 1)
 
 
 def uniform_at(key: int, index: torch.Tensor) -> torch.Tensor:
     """float32 uniforms in ``[0, 1)``, one per position in ``index`` (taken mod 2^32):
     ``z = key XOR i``, then ``z ^= z >> 16; z *= 0x7feb352d; z ^= z >> 15; z *= 0x846ca68b;
-    z ^= z >> 16`` and the top 24 bits."""
+    z ^= z >> 16`` and the top 24 bits (in place on two buffers: dropout calls it every step)."""
     z = index.to(torch.int32) ^ key
-    z = (z ^ _logical_shift_right(z, 16)).mul_(_MIX1)
-    z = (z ^ _logical_shift_right(z, 15)).mul_(_MIX2)
-    z = z ^ _logical_shift_right(z, 16)
-    return _logical_shift_right(z, 32 - _UNIFORM_BITS).to(torch.float32).mul_(2.0 ** -_UNIFORM_BITS)
+    tmp = torch.empty_like(z)
+    z.bitwise_xor_(_logical_shift_right(z, 16, tmp)).mul_(_MIX1)
+    z.bitwise_xor_(_logical_shift_right(z, 15, tmp)).mul_(_MIX2)
+    z.bitwise_xor_(_logical_shift_right(z, 16, tmp))
+    return _logical_shift_right(z, 32 - _UNIFORM_BITS, tmp).to(torch.float32).mul_(2.0 ** -_UNIFORM_BITS)

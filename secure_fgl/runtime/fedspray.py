@@ -37,7 +37,7 @@ from protocols.base import classwise_result, classwise_vector
 
 from ..algorithms.base import SPLITS, accuracy, accuracy_summary, model_spec
 from ..algorithms.fedspray import (DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, declare_dp_exchanges,
-                                   dp_request, first_proxies, keep_absent, new_encoder)
+                                   dp_request, first_proxies, keep_absent, new_encoder, round_spec)
 from ..algorithms.minority import MinorityAccuracy, minority_report
 from ..algorithms.options import FedSprayOptions
 from .logic import ClientLogic
@@ -77,25 +77,38 @@ class FedSprayLogic(ClientLogic):
             return offer(self, req, dp_mean_vector(update, weight, req) if req.get("dp_clip") is not None
                          else mean_vector(update, weight))
         if tag == "fedspray/proxies":
-            return offer(self, req, classwise_vector(self.local_proxies.cpu().numpy().astype(np.float64),
-                                                     self.part.proxy_weights(N)))
+            return offer(self, req, self.proxy_upload())
+        if tag == "fedspray/batch":             # both in one upload (round_spec): [a * S, a, w dw, w]
+            return offer(self, req, np.concatenate([self.proxy_upload(),
+                                                    mean_vector(self.update.cpu().numpy(), self.part.encoder_weight(N))]))
         return super().contribute(req)
+
+    def proxy_upload(self) -> np.ndarray:
+        return classwise_vector(self.local_proxies.cpu().numpy().astype(np.float64),
+                                self.part.proxy_weights(self.facts.num_nodes))
 
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
         if tag == "fedspray/encoder":
-            mean = mean_of(summed(self, req), tag, req)
-            self.global_encoder = self.global_encoder + torch.as_tensor(mean, dtype=torch.float32,
-                                                                        device=self.rt.device)
+            self.apply_encoder(mean_of(summed(self, req), tag, req))
         elif tag == "fedspray/proxies":
-            C, d = self.proxies.shape
-            tolerance = max(PROXY_SPEC.tolerance, 3.0 * float(req.get("dp_std", 0.0)))
-            self.proxies = keep_absent(*classwise_result(summed(self, req), C, d, tolerance), self.proxies)
-            if self.cfg.dp_epsilon:         # a noisy class-weight total near zero can blow a row up: keep S bounded
-                self.proxies = self.proxies.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
+            self.apply_proxies(summed(self, req), max(PROXY_SPEC.tolerance, 3.0 * float(req.get("dp_std", 0.0))))
+        elif tag == "fedspray/batch":
+            total, C, d = summed(self, req), *self.proxies.shape
+            self.apply_proxies(total[:C * (d + 1)], float(req["tolerance"]))
+            self.apply_encoder(mean_of(total[C * (d + 1):], tag))
         else:
             return super().receive(req)
         return {}
+
+    def apply_encoder(self, mean: np.ndarray) -> None:
+        self.global_encoder = self.global_encoder + torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
+
+    def apply_proxies(self, total: np.ndarray, tolerance: float) -> None:
+        C, d = self.proxies.shape
+        self.proxies = keep_absent(*classwise_result(total, C, d, tolerance), self.proxies)
+        if self.cfg.dp_epsilon:         # a noisy class-weight total near zero can blow a row up: keep S bounded
+            self.proxies = self.proxies.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
 
     def inputs(self):
         return self.data.x, self.data.edge_index
@@ -145,10 +158,16 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         if not trained:
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
-        sum_exchange(self, encoder, rnd, trained, range(K),
-                     model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.grid_model_mean),
-                     dp=scoped(self, encoder, dp),
-                     dp_mean=True)
+        spec = model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
+        batch = round_spec(spec, self.fopts, dp, len(trained), K)
+        if batch is not None:                # one upload per client (algorithms.fedspray.round_spec)
+            length = sum_exchange(self, f"{self.name}/batch", rnd, trained, range(K), batch,
+                                  {"tolerance": batch.tolerance})
+            proxy_len = self.facts.num_classes * (self.fopts.proxy_dim + 1)
+            self.protocol.transcript.attribute(f"{self.name}/batch", ((proxies, proxy_len),
+                                                                      (encoder, length - proxy_len)))
+            return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}
+        sum_exchange(self, encoder, rnd, trained, range(K), spec, dp=scoped(self, encoder, dp), dp_mean=True)
         if not self.fopts.ablate_proxy:
             sum_exchange(self, proxies, rnd, trained, range(K), PROXY_SPEC, dp=scoped(self, proxies, dp))
         return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}

@@ -5,12 +5,13 @@ Stoer-Wagner cut, the cache behind ``test_acc_best_cached``); the strategy plays
 the executor, so the server sees only what the clients send:
 
 * the cluster mean: :class:`~.graph_level.GraphStrategy`'s grid sum to the members only;
-* ``delta_mean`` (eq. 4): the first member reports the norm of the mean it decoded
-  (tag ``<algorithm>/mean_norm``); ``delta_max`` (eq. 5): every member reports ``||dW_i||``
-  (``<algorithm>/update_norms``); GCFL+: every client reports its last gradient norm of the
-  shared layers (``<algorithm>/grad_norms``).  Each report is a value in the clear (the
-  documented leak of the decision rule, :mod:`protocols.pairwise`), sent by the client's
-  protocol half as a signed message of a report exchange (:mod:`protocols.report`);
+* the norms, once every cluster's mean is out: each client reports, in ONE message (batch tag
+  ``<algorithm>/norms``, bytes attributed to the part tags), the norm of the mean it decoded
+  (``<algorithm>/mean_norm``; ``delta_mean`` of eq. 4 is the first member's), its ``||dW_i||``
+  (``<algorithm>/update_norms``; eq. 5's ``delta_max``) and, GCFL+, its last gradient norm of the
+  shared layers (``<algorithm>/grad_norms``).  The values are in the clear (the documented leak
+  of the decision rule, :mod:`protocols.pairwise`), sent by the client's protocol half as one
+  signed message of a report exchange (:mod:`protocols.report`);
 * GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire: an exchange of the
   halves (:mod:`protocols.pairwise_exchange`) -- ``plain``: each member's half sends its update;
   ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.pairwise import pairwise_cosine, report_scalars
+from protocols.batch import batched_report, report_parts
+from protocols.pairwise import pairwise_cosine
 from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
 
@@ -52,12 +54,12 @@ class GCFLLogic(GraphLogic):
 
     def contribute(self, req: dict) -> dict:
         tag, name = req["tag"], self.cfg.algorithm
-        value = self.scalar(tag)
-        if value is not None:
+        if tag == f"{name}/norms":               # one report of every norm of the round (algorithms.gcfl)
+            values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
             if req.get("split"):                 # the half sends it, signed (protocols/report.py)
-                self.keep(tag, np.array([value]))
+                self.keep(tag, values)
                 return {}
-            return {"value": value}
+            return {"value": values.tolist()}
         if tag == f"{name}/similarity":
             update = self.learner.update().cpu().numpy()
             if req.get("split"):                 # the half sends it (protocols/pairwise_exchange.py)
@@ -80,21 +82,21 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
     def cluster_round(self, rnd: int, updated: list[int]) -> None:
         self.split_clusters(rnd, updated)
 
-    def reported(self, tag: str, rnd: int, clients: list[int]) -> dict[int, float]:
-        """One scalar from each client in the clear: a report exchange of the protocol's halves
-        (:mod:`protocols.report`: signed, verified, recorded)."""
-        if self.split:
-            self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in clients})
-            return collect_reports(self.protocol, tag, rnd, self.alive(clients))
-        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in clients})
-        return report_scalars(self.protocol, tag, rnd, {k: float(r["value"]) for k, r in got.items()})
-
     # ------------------------------------------------------------------ GCFLServer's hooks
-    def mean_norm(self, rnd: int, members: list[int], mean=None) -> float:
-        return self.reported(f"{self.name}/mean_norm", rnd, members[:1])[members[0]]
-
-    def update_norms(self, rnd: int, members: list[int]) -> dict[int, float]:
-        return self.reported(f"{self.name}/update_norms", rnd, members)
+    def round_norms(self, rnd: int, clusters: list[list[int]], means=None) -> dict[str, dict[int, float]]:
+        """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
+        tag, parts = f"{self.name}/norms", list(self.norm_parts)
+        names = [f"{self.name}/{p}" for p in parts]
+        ask = {"tag": tag, "round": rnd, "parts": parts, "split": self.split}
+        clients = [k for c in clusters for k in c]
+        got = self.ask("contribute", {k: ask for k in clients})
+        if self.split:
+            reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
+            values = report_parts(self.protocol, tag, names, reports)
+        else:
+            values = batched_report(self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()}
+                                                              for i, n in enumerate(names)})
+        return {p: values[n] for p, n in zip(parts, names)}
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
         tag = f"{self.name}/similarity"
@@ -126,5 +128,3 @@ class GCFLPlusStrategy(GCFLStrategy, GCFLPlusServer):
 
     options_class = GCFLPlusOptions
 
-    def grad_norms(self, rnd: int, clients: list[int]) -> dict[int, float]:
-        return self.reported(f"{self.name}/grad_norms", rnd, clients)

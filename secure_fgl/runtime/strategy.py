@@ -236,7 +236,7 @@ class ModelAveragingStrategy(Strategy):
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
         tag = tag or f"{self.name}/model"
         spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound,
-                          grid=self.grid_model_mean or self.cfg.grid_model_mean)
+                          grid=self.grid_model_mean or self.cfg.model_mean_on_grid)
         if self.split:                                   # the clients' halves run the exchange
             dp = self.model_dp_request(tag)
             ask = {"tag": tag, "round": rnd, "split": True}

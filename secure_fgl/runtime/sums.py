@@ -81,12 +81,12 @@ def scoped(strategy, tag: str, req: DPRequest | None) -> DPRequest | None:
 
 
 def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
-                 fields: dict | None = None, *, dp: DPRequest | None = None, dp_mean: bool = False) -> None:
+                 fields: dict | None = None, *, dp: DPRequest | None = None, dp_mean: bool = False) -> int:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
     live recipient receive the total (``fields`` go with both requests).  A client lost before the
     exchange is not a contributor; one lost during it is the backend's dropout.  ``dp``: the release's
     request (module docstring; ``dp_mean``: a weighted mean's ``[w~ clip(v), w~ C]``); the recipients
-    get the std of the noise in the sum as ``dp_std``."""
+    get the std of the noise in the sum as ``dp_std``.  Returns the summed vector's length."""
     fields = dict(fields or {})
     if dp is not None and dp_mean:                   # clipped by the clients; the sum's request (protocols.dp)
         fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
@@ -108,3 +108,4 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
         result = {"total": protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
                                                  recipients=recipients)}
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
+    return int(result["length"]) if "length" in result else int(result["total"].size)
