@@ -20,7 +20,7 @@ from protocols import (BoundError, ConfigurationError, DropoutError, IntegrityEr
 from protocols.mask import MaskProtocol
 from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key
 from protocols.mask.prg import keystream, ring_mask, stream_id
-from protocols.mask.quantize import choose_encoding
+from protocols.mask.quantize import RING_BITS, STORAGE_DTYPES, FixedPoint, choose_encoding
 from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split
 from protocols.errors import DigestError
 from protocols.message import encode_body
@@ -99,7 +99,7 @@ def test_encoding_refuses_impossible_configs():
 # ---------------------------------------------------------------------- exactness, all shapes
 @FAST
 @given(K=st.integers(1, 20), shape=st.tuples(st.integers(1, 5), st.integers(1, 700)),
-       seed=st.integers(0, 2 ** 31), reveal=st.booleans(), ring_bits=st.sampled_from([32, 64]))
+       seed=st.integers(0, 2 ** 31), reveal=st.booleans(), ring_bits=st.sampled_from([32, 40, 48, 56, 64]))
 def test_weighted_sum_equals_ring_sum_and_plain(K, shape, seed, reveal, ring_bits):
     vals, rng = _inputs(seed, K, shape, scale=3.0)
     weights = {k: float(rng.uniform(0, 2)) for k in range(K)}
@@ -180,8 +180,31 @@ def test_row_sum_scoped_return(K, num_rows, d, seed, layout, reveal):
 
 
 @FAST
+@given(ring_bits=st.sampled_from(RING_BITS), n=st.integers(0, 200), seed=st.integers(0, 2 ** 31))
+def test_byte_ring_wire_is_b_over_8_bytes_and_decodes_through_carries(ring_bits, n, seed):
+    """Every ring costs exactly b/8 bytes a value, and a sum carried past bit b in the wider
+    memory word (24, 40, 48, 56 bits) still decodes to the signed residue mod 2^b."""
+    rng = np.random.default_rng(seed)
+    enc = FixedPoint(ring_bits, 0, float(2 ** (ring_bits - 2)), True, 1)
+    half = 2 ** (ring_bits - 2)
+    x = rng.integers(-half, half, size=n, dtype=np.int64).astype(np.float64) if ring_bits < 56 else \
+        rng.integers(-2 ** 52, 2 ** 52, size=n, dtype=np.int64).astype(np.float64)
+    wire = enc.to_wire(enc.encode(x))
+    assert len(wire) == n * ring_bits // 8
+    words = enc.from_wire(wire, (n,))
+    assert words.dtype == np.dtype(STORAGE_DTYPES[ring_bits])
+    spare = 8 * words.dtype.itemsize - ring_bits                 # bits above the ring in a memory word
+    carry = rng.integers(0, 2 ** spare, size=n).astype(words.dtype) << words.dtype.type(ring_bits) if spare \
+        else np.zeros_like(words)
+    carried = words + carry                                      # same residue mod 2^b, other high bits
+    assert np.array_equal(enc.decode(carried), x)
+    with pytest.raises(ValueError):
+        enc.from_wire(wire + b"\0", (n,))
+
+
+@FAST
 @given(K=st.integers(1, 20), num_rows=st.integers(1, 300), d=st.integers(1, 8), seed=st.integers(0, 2 ** 31),
-       ring_bits=st.sampled_from([16, 32, 64]))
+       ring_bits=st.sampled_from([16, 24, 32, 40, 64]))
 def test_integer_exchange_is_exact(K, num_rows, d, seed, ring_bits):
     rng = np.random.default_rng(seed)
     contrib, total = {}, np.zeros((num_rows, d))
@@ -215,7 +238,7 @@ def test_dp_headroom_accepts_noisy_values_beyond_max_abs():
                           {k: BlockTable(np.arange(1), v) for k, v in vals.items()}, {0: np.arange(1)}, 1, 2,
                           dp_noise_std=0.1)
     out = proto._aggregate(ctx)
-    np.testing.assert_allclose(out[0][0], vals[0][0] + vals[1][0], atol=1e-9)
+    np.testing.assert_allclose(out[0][0], vals[0][0] + vals[1][0], rtol=0, atol=proto.last_encoding.error_bound)
 
 
 def test_integer_exchange_with_dp_noise_stays_exact():
@@ -269,13 +292,19 @@ def test_server_view_holds_no_plaintext_and_no_secret():
         assert m.nbytes - (len(m.payload["data"]) + 4 * len(m.payload["block_ids"])) < 600
 
 
+def _words(enc, data: bytes) -> np.ndarray:
+    """Ring elements of a payload's wire bytes, in memory words."""
+    return enc.from_wire(data, (len(data) // enc.bytes_per_value,))
+
+
 def _upload_of(proto, client, tag):
     (m,) = [m for m in proto.transcript.select(tag=tag, sender=f"client{client}") if m.kind == "masked"]
-    return np.frombuffer(m.payload["data"], dtype=proto.last_encoding.dtype)
+    return _words(proto.last_encoding, m.payload["data"])
 
 
-def _looks_uniform(words: np.ndarray) -> None:
-    b = np.frombuffer(words.tobytes(), dtype=np.uint8)
+def _looks_uniform(words: np.ndarray, enc) -> None:
+    """Ring elements (reduced mod 2^b, as on the wire) whose bytes and bits look uniform."""
+    b = np.frombuffer(enc.to_wire(words), dtype=np.uint8)
     counts = np.bincount(b, minlength=256)
     chi2 = ((counts - b.size / 256) ** 2 / (b.size / 256)).sum()
     assert chi2 < 400, chi2                          # 255 dof: mean 255, sd 22.6
@@ -291,7 +320,7 @@ def test_single_upload_is_indistinguishable_from_uniform(K, reveal):
     proto.weighted_sum("t/u", 0, zeros)
     for k in range(K):
         y = _upload_of(proto, k, "t/u")
-        _looks_uniform(y)
+        _looks_uniform(y, proto.last_encoding)
         assert np.mean(y == 0) < 1e-3                  # q(0) = 0: the mask covers every word (padding too)
     # the same input twice (same tag and round) never gives the same upload: no keystream reuse
     proto.weighted_sum("t/u", 0, zeros)
@@ -313,11 +342,11 @@ def test_server_sum_is_masked_by_default_and_revealed_on_request():
         assert len(down) == K
         if reveal:   # standard Bonawitz: the server's sum (after self-mask removal) is the aggregate
             assert all(m.kind == "plain" for m in down)
-            np.testing.assert_allclose(enc.decode(down[0].payload["data"]).ravel()[:n], 2.0)
+            np.testing.assert_allclose(enc.decode(_words(enc, down[0].payload["data"]))[:n], 2.0)
         else:        # the server's sum still carries the clients' output masks
             assert all(m.kind == "masked" for m in down)
             assert np.abs(decoded - 2.0).mean() > 1.0
-            _looks_uniform(ring_sum)
+            _looks_uniform(ring_sum, enc)
 
 
 # ---------------------------------------------------------------------- dropouts
@@ -418,7 +447,7 @@ def _tamper(edit):
 
 
 def _bad_dtype(m):
-    return dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(m.payload["data"], "<u8")
+    return dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(m.payload["data"], np.uint8)
                                            .astype(np.float32)})
 
 
@@ -501,9 +530,15 @@ def test_auto_ring_picks_the_smallest_sufficient_ring():
     assert up[0].nbytes - len(up[0].auth) - 4 - 3000 < 100         # one byte per count + envelope
     floats = {k: np.random.default_rng(k).uniform(-1, 1, 3000) for k in range(K)}
     got = proto.weighted_sum("t/ring", 1, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-4))
-    assert proto.last_encoding.ring_bits == 32                     # float32-sized wire
+    assert proto.last_encoding.ring_bits == 24                     # 3 bytes a value: under float32
     assert np.abs(got - sum(floats.values())).max() <= proto.last_encoding.error_bound <= 1e-4
-    proto.weighted_sum("t/ring", 2, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-12))
+    up = [m for m in proto.transcript.select(tag="t/ring", round=1) if m.kind == "masked" and m.receiver == "server"]
+    assert up[0].nbytes - len(up[0].auth) < 3 * 3000 + 100
+    proto.weighted_sum("t/ring", 2, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-9))
+    assert proto.last_encoding.ring_bits == 40                     # byte rings between 32 and 64 bits
+    proto.weighted_sum("t/ring", 3, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-12))
+    assert proto.last_encoding.ring_bits == 48
+    proto.weighted_sum("t/ring", 4, floats, spec=ValueSpec(max_abs=1.0, tolerance=3e-15))
     assert proto.last_encoding.ring_bits == 64
     assert set(proto.last_stats["client_upload_s"]) == set(range(K))
 

@@ -119,7 +119,10 @@ def _flip_body(payload):
     """The payload with one bit of its first array or byte string flipped."""
     if isinstance(payload, dict):
         key = "values" if "values" in payload else "data"
-        arr = np.array(payload[key], copy=True)
+        body = payload[key]
+        if isinstance(body, (bytes, bytearray)):
+            return {**payload, key: bytes([body[0] ^ 1]) + bytes(body[1:])}
+        arr = np.array(body, copy=True)
         arr.view(np.uint8).reshape(-1)[0] ^= 1
         return {**payload, key: arr}
     frames = list(payload)

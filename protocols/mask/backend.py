@@ -113,7 +113,7 @@ from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key
 from .prg import ring_mask, stream_id
-from .quantize import FixedPoint, choose_encoding
+from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .shamir import SHARE_BYTES, Share, combine, split
 
 #: values per transport block (the layout granularity of the sparse leak)
@@ -356,7 +356,7 @@ class MaskClient(ClientHalf):
         if st.self_seed is not None:       # mask only toward the peers that shared (they are the participants)
             st.seeds = {j: s for j, s in st.seeds.items() if j in st.held}
         y = self._upload_words()
-        payload = {"block_ids": st.ids.astype(np.int32), "data": y.tobytes()}
+        payload = {"block_ids": st.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
         self.timing["mask_s"] = time.perf_counter() - t0
         return [self.seal(self._message("masked", y.shape, payload), "masked_upload")]
 
@@ -394,15 +394,12 @@ class MaskClient(ClientHalf):
         enc = self.encoding = FixedPoint(**p.encoding["fixed_point"])
         try:
             bids = np.asarray(msg.payload["block_ids"], dtype=np.int64).ravel()
-            rows = np.asarray(msg.payload["data"])
+            data = msg.payload["data"]
             included = [int(k) for k in msg.payload["included"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **self.where()) from None
-        if rows.dtype != enc.dtype or rows.shape != (bids.size, L):
-            raise IntegrityError(f"download of {rows.dtype} {rows.shape}, expected {enc.dtype} {(bids.size, L)}",
-                                 **self.where())
+        rows = read_words(data, enc, (bids.size, L), "download", self.where())
         if not self.options["reveal_to_server"] and bids.size:
-            rows = rows.copy()
             sid = _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"]
             binding = self._binding()
             bitmap = None
@@ -421,9 +418,21 @@ class MaskClient(ClientHalf):
     def late_upload(self) -> bytes:
         """Simulation of a client that dropped before uploading: the upload it sends anyway, late."""
         y = self._upload_words()
-        payload = {"block_ids": self.state.ids.astype(np.int32), "data": y.tobytes()}
+        payload = {"block_ids": self.state.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
         return self.seal(self._message("masked", y.shape, payload, "late upload, not aggregated"),
                          "masked_upload")[1]
+
+
+def read_words(data, enc: FixedPoint, shape: tuple[int, int], what: str, where: dict) -> np.ndarray:
+    """Ring elements of an upload or download: raw bytes, exactly ``shape`` values of ``b/8`` bytes."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ShapeError(f"{what} must carry raw bytes of {enc.ring_bits}-bit ring elements, got "
+                         f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}", **where)
+    want = shape[0] * shape[1] * enc.bytes_per_value
+    if len(data) != want:
+        raise IntegrityError(f"{what} is {len(data)} bytes, expected {want} ({shape[0]} blocks x {shape[1]} values "
+                             f"x {enc.bytes_per_value} bytes): truncated or corrupted", **where)
+    return enc.from_wire(data, shape)
 
 
 # ====================================================================== server half
@@ -629,7 +638,8 @@ class MaskServer(ServerHalf):
                 at = np.minimum(np.searchsorted(union, bids), union.size - 1)
                 hit = union[at] == bids
                 rows[hit] = total[at[hit]]
-            payload = {"block_ids": bids.astype(np.int32), "data": rows, "included": np.asarray(included, np.int32)}
+            payload = {"block_ids": bids.astype(np.int32), "data": enc.to_wire(rows),
+                       "included": np.asarray(included, np.int32)}
             if sparse and not o["reveal_to_server"]:
                 bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
                     else np.zeros((bids.size, 0), bool)
@@ -653,17 +663,7 @@ class MaskServer(ServerHalf):
         expected = (ids.size, L)
         if tuple(msg.shape) != expected:
             raise ShapeError(f"masked upload declares shape {tuple(msg.shape)}, expected {expected}", **where)
-        data = p["data"]
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ShapeError(f"masked payload must be raw bytes of {enc.ring_bits}-bit ring elements, got "
-                             f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}",
-                             **where)
-        want = ids.size * L * enc.bytes_per_value
-        if len(data) != want:
-            raise IntegrityError(f"masked payload is {len(data)} bytes, expected {want} "
-                                 f"({ids.size} blocks x {L} values x {enc.bytes_per_value} bytes): truncated or "
-                                 "corrupted", **where)
-        return np.frombuffer(bytes(data), dtype=enc.dtype).reshape(expected)
+        return read_words(p["data"], enc, expected, "masked upload", where)
 
     def _reconstruct_key(self, d: int, shares: list[Share], t: int, public: bytes) -> MaskKeyPair:
         try:
@@ -683,10 +683,10 @@ class MaskProtocol(SplitProtocol):
 
     Parameters (besides those of :class:`~protocols.base.Protocol`)
     ----------
-    ring_bits:         b, the ring ``Z_{2^b}``: 8, 16, 32 or 64, or ``'auto'`` (default): per
-                       exchange the smallest ring that carries the K-way sum within the
-                       ValueSpec (public bounds only), e.g. 8 bits for binary-feature counts,
-                       32 for floats at a 1e-4 tolerance and moderate bounds, else 64.
+    ring_bits:         b, the ring ``Z_{2^b}``: a whole number of bytes, 8 to 64, or ``'auto'``
+                       (default): per exchange the smallest ring that carries the K-way sum
+                       within the ValueSpec (public bounds only), e.g. 8 bits for binary-feature
+                       counts, 24 or 32 for floats at a 1e-4 tolerance and moderate bounds.
     frac_bits:         fixed-point fractional bits; ``None`` picks the most that the
                        public bounds allow (see :func:`.quantize.choose_encoding`).
     reveal_to_server:  ``False`` (default): output mask, the server learns nothing;
@@ -706,8 +706,9 @@ class MaskProtocol(SplitProtocol):
     def __init__(self, num_clients: int, *, ring_bits: int | str = "auto", frac_bits: int | None = None,
                  reveal_to_server: bool = False, dropout_recovery: bool = True,
                  threshold: int | None = None, block_size: int = MASK_BLOCK, **base_options):
-        if ring_bits not in (8, 16, 32, 64, "auto"):
-            raise ConfigurationError(f"ring_bits must be 8, 16, 32, 64 or 'auto', got {ring_bits!r}")
+        if ring_bits != "auto" and ring_bits not in RING_BITS:
+            raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))} or 'auto', "
+                                     f"got {ring_bits!r}")
         if threshold is not None and int(threshold) < 2:
             raise ConfigurationError("threshold must be >= 2: with t=1 every share is the secret itself, so "
                                      "each client would hold every other client's mask key")

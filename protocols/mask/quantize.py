@@ -5,7 +5,7 @@ contribution into the ring ``Z_{2^b}`` before masking (Bonawitz et al., "Practic
 Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017, §3: inputs
 are vectors over ``Z_R``).  We use the encoding
 
-    q(x) = round(x * 2^f)  mod 2^b            (two's complement, b in {8,16,32,64})
+    q(x) = round(x * 2^f)  mod 2^b            (two's complement, b in {8, 16, 24, ..., 64})
 
 so that ``sum_k q(x_k) mod 2^b`` decodes, read as a signed b-bit integer and divided
 by ``2^f``, to the sum of the rounded inputs — *provided the true integer sum lies
@@ -32,6 +32,13 @@ negative).  Sums are returned as float64, which is exact only below ``2^53``: la
 configured bounds are refused.  ``ValueSpec.sum_max`` is deliberately *not* used to size
 the ring: a client cannot check the K-way sum before masking, so a sum exceeding an
 over-optimistic ``sum_max`` would wrap silently; the verifiable bound ``K * max_abs`` is.
+
+Rings come in whole bytes, ``b = 8, 16, 24, ..., 64``, so that a value costs exactly
+``b / 8`` bytes on the wire.  A ring without a native numpy width (24, 40, 48, 56 bits)
+is held in the next wider unsigned integer: arithmetic there is mod ``2^32`` or ``2^64``,
+a multiple of ``2^b``, so sums of such words agree with the ring sum mod ``2^b``;
+:meth:`FixedPoint.to_wire` keeps the low ``b / 8`` bytes of each word (the reduction) and
+:meth:`FixedPoint.decode` reads bit ``b - 1`` as the sign.
 """
 from __future__ import annotations
 
@@ -43,9 +50,12 @@ import numpy as np
 from ..errors import BoundError, ConfigurationError, NonFiniteError
 from ..precision import kway_sum_bound, largest_scale_bits
 
-#: ring sizes with a native numpy unsigned dtype
-RING_DTYPES = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
-SIGNED_DTYPES = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
+#: ring sizes b of Z_{2^b}: whole bytes, so a value costs b/8 bytes on the wire
+RING_BITS = (8, 16, 24, 32, 40, 48, 56, 64)
+#: the unsigned word that holds a ring element in memory (the narrowest at least b bits wide)
+STORAGE_DTYPES = {b: np.uint8 if b <= 8 else np.uint16 if b <= 16 else np.uint32 if b <= 32 else np.uint64
+                  for b in RING_BITS}
+_SIGNED = {np.uint8: np.int8, np.uint16: np.int16, np.uint32: np.int32, np.uint64: np.int64}
 #: DP headroom: a Gaussian entry exceeds this many sigmas with probability < 2e-23
 DP_SIGMAS = 10.0
 
@@ -63,7 +73,8 @@ class FixedPoint:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(RING_DTYPES[self.ring_bits]).newbyteorder("<")
+        """The in-memory word of a ring element (wider than the ring for 24, 40, 48, 56 bits)."""
+        return np.dtype(STORAGE_DTYPES[self.ring_bits]).newbyteorder("<")
 
     @property
     def bytes_per_value(self) -> int:
@@ -106,14 +117,42 @@ class FixedPoint:
             q = np.ldexp(x, self.frac_bits)  # exact scaling by 2^f ...
             np.rint(q, out=q)                # ... then round half to even
         # |q| < 2^(b-1) / K by construction, so the int64 cast is exact; the unsigned
-        # cast (a view for b = 64) is the two's-complement reduction mod 2^b.
+        # cast (a view for 64-bit words) is the two's-complement reduction mod the word,
+        # a multiple of 2^b (to_wire drops the bits above b).
         q = q.astype(np.int64)
-        return q.view(self.dtype) if self.ring_bits == 64 else q.astype(self.dtype)
+        return q.view(self.dtype) if self.dtype.itemsize == 8 else q.astype(self.dtype)
+
+    # ------------------------------------------------------------------ the wire
+    def to_wire(self, words: np.ndarray) -> bytes:
+        """Ring elements as ``b/8`` little-endian bytes each: the low bytes of every word,
+        which is the reduction mod ``2^b``."""
+        w = np.ascontiguousarray(words, dtype=self.dtype)
+        if self.dtype.itemsize == self.bytes_per_value:
+            return w.tobytes()
+        return w.view(np.uint8).reshape(-1, self.dtype.itemsize)[:, :self.bytes_per_value].tobytes()
+
+    def from_wire(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        """The words of :meth:`to_wire` back (a fresh array); ``data`` must hold exactly ``shape``."""
+        raw = np.frombuffer(bytes(data), dtype=np.uint8)
+        n, width = math.prod(shape), self.dtype.itemsize
+        if raw.size != n * self.bytes_per_value:
+            raise ValueError(f"{raw.size} bytes do not hold {n} ring elements of {self.bytes_per_value} bytes")
+        if width == self.bytes_per_value:
+            return raw.view(self.dtype).reshape(shape).copy()
+        words = np.zeros((n, width), dtype=np.uint8)
+        words[:, :self.bytes_per_value] = raw.reshape(n, self.bytes_per_value)
+        return words.view(self.dtype).reshape(shape)
 
     # ------------------------------------------------------------------ recipient side
     def decode(self, ring_sum: np.ndarray) -> np.ndarray:
-        """Signed read-out of a ring sum, scaled back to float64."""
-        signed = np.asarray(ring_sum, dtype=self.dtype).view(SIGNED_DTYPES[self.ring_bits]).astype(np.int64)
+        """Signed read-out of a ring sum, scaled back to float64.
+
+        The words may carry bits above ``b`` (sums in a wider word): shifting bit ``b - 1``
+        up to the word's sign bit and back drops them and sign-extends in one step.
+        """
+        w = np.asarray(ring_sum, dtype=self.dtype)
+        spare = 8 * self.dtype.itemsize - self.ring_bits
+        signed = ((w << w.dtype.type(spare)).view(_SIGNED[STORAGE_DTYPES[self.ring_bits]]) >> spare).astype(np.int64)
         out = signed.astype(np.float64)
         return out if self.integer else np.ldexp(out, -self.frac_bits)
 
@@ -123,21 +162,21 @@ def choose_encoding(*, max_abs: float, integer: bool, tolerance: float, num_cont
                     tag: str | None = None, round: int | None = None) -> FixedPoint:
     """The encoding of one exchange, from public parameters only.
 
-    ``ring_bits='auto'`` takes the smallest ring (8, 16, 32, 64 bits) that carries the
+    ``ring_bits='auto'`` takes the smallest ring (8, 16, 24, ..., 64 bits) that carries the
     K-way sum within ``tolerance`` (exactly, for integers): bytes on the wire are
     ``b/8`` per value, so e.g. binary-feature counts of 10 clients travel as one byte
-    and floats with a 1e-4 tolerance as four.  ``frac_bits=None`` picks the largest f
+    and floats with a 1e-4 tolerance as three or four.  ``frac_bits=None`` picks the largest f
     whose K-way sum cannot leave the signed range; an explicit ``frac_bits`` is
     validated the same way.  Raises BoundError when no f both fits and meets
     ``tolerance``.  Only public values enter: the choice leaks nothing about the data.
     """
     if ring_bits == "auto":
-        for b in sorted(RING_DTYPES):
+        for b in RING_BITS:
             try:
                 return _encoding_for_ring(max_abs, integer, tolerance, num_contributors, b, dp_noise_std,
                                           frac_bits, tag, round)
             except BoundError:
-                if b == max(RING_DTYPES):
+                if b == RING_BITS[-1]:
                     raise
     return _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std,
                               frac_bits, tag, round)
@@ -145,8 +184,8 @@ def choose_encoding(*, max_abs: float, integer: bool, tolerance: float, num_cont
 
 def _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std, frac_bits,
                        tag, round) -> FixedPoint:
-    if ring_bits not in RING_DTYPES:
-        raise ConfigurationError(f"ring_bits must be one of {sorted(RING_DTYPES)}, got {ring_bits}")
+    if ring_bits not in RING_BITS:
+        raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))}, got {ring_bits}")
     if not (math.isfinite(max_abs) and max_abs > 0):
         raise ConfigurationError(f"ValueSpec.max_abs must be a positive finite bound, got {max_abs}",
                                  tag=tag, round=round)
