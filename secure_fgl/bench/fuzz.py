@@ -111,11 +111,8 @@ def _tamper_download(m, rng, fz):
                 return old
     if choice == 1:
         return dataclasses.replace(m, auth=_flip(m.auth, rng))
-    if isinstance(m.payload, dict):                 # mask: the ring elements, flipped in place
-        data = np.array(m.payload["data"], copy=True)
-        flat = data.view(np.uint8).reshape(-1)
-        flat[int(rng.integers(0, flat.size))] ^= np.uint8(1 << int(rng.integers(0, 8)))
-        return dataclasses.replace(m, payload={**m.payload, "data": data})
+    if isinstance(m.payload, dict):                 # mask: a bit of the ring elements' wire bytes
+        return dataclasses.replace(m, payload={**m.payload, "data": _flip(m.payload["data"], rng)})
     return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
 
 
@@ -135,11 +132,12 @@ def _malicious_ckks(m, rng, fz):
 
 def _malicious_mask(m, rng, fz):
     """The sender adds an offset to its own ring elements before signing (values past the check)."""
-    dtype = np.dtype(fz.proto.last_encoding.dtype)
-    y = np.frombuffer(m.payload["data"], dtype=dtype).copy()
+    enc = fz.proto.last_encoding
+    data = m.payload["data"]
+    y = enc.from_wire(data, (len(data) // enc.bytes_per_value,))
     with np.errstate(over="ignore"):        # ring arithmetic wraps by design
-        y[int(rng.integers(0, y.size))] += dtype.type(int(rng.integers(1, 1 << 8)))
-    return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "data": y.tobytes()}), "masked_upload")
+        y[int(rng.integers(0, y.size))] += y.dtype.type(int(rng.integers(1, 1 << 8)))
+    return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "data": enc.to_wire(y)}), "masked_upload")
 
 
 def _call_nonfinite(fz, rng):
