@@ -127,7 +127,7 @@ def plain_result():
     return run_experiment(_cfg("plain"), progress=False)
 
 
-@pytest.mark.parametrize("mode", ("plain", "ckks", "mask"))
+@pytest.mark.parametrize("mode", ("plain", "ckks", "mask", "ckks-mp"))
 def test_end_to_end_each_mode_matches_plain(mode, plain_result):
     if mode != "plain":
         try:
