@@ -55,7 +55,6 @@ RING_BITS = (8, 16, 24, 32, 40, 48, 56, 64)
 #: the unsigned word that holds a ring element in memory (the narrowest at least b bits wide)
 STORAGE_DTYPES = {b: np.uint8 if b <= 8 else np.uint16 if b <= 16 else np.uint32 if b <= 32 else np.uint64
                   for b in RING_BITS}
-_SIGNED = {np.uint8: np.int8, np.uint16: np.int16, np.uint32: np.int32, np.uint64: np.int64}
 #: DP headroom: a Gaussian entry exceeds this many sigmas with probability < 2e-23
 DP_SIGMAS = 10.0
 
@@ -152,7 +151,7 @@ class FixedPoint:
         """
         w = np.asarray(ring_sum, dtype=self.dtype)
         spare = 8 * self.dtype.itemsize - self.ring_bits
-        signed = ((w << w.dtype.type(spare)).view(_SIGNED[STORAGE_DTYPES[self.ring_bits]]) >> spare).astype(np.int64)
+        signed = ((w << w.dtype.type(spare)).view(f"<i{w.dtype.itemsize}") >> spare).astype(np.int64)
         out = signed.astype(np.float64)
         return out if self.integer else np.ldexp(out, -self.frac_bits)
 
