@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.mask.keys import MaskKeyPair, output_mask_key
+from protocols.mask.keys import MaskKeyPair, output_mask_keys
 from protocols.mask.prg import ring_mask, stream_id
 from protocols.mask.shamir import Share, combine
 from protocols.transcript import SERVER, client_party, party_client
@@ -104,8 +104,10 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
         y -= ring_mask(b, sid["self"], ids, L, dtype)
         removed.append("self mask")
     if not proto.reveal_to_server and coalition:
-        y -= ring_mask(output_mask_key(proto._group_seed[coalition[0]], victim, binding), sid["output"], ids, L,
-                       dtype)
+        for sign, key in zip((1, -1), output_mask_keys(proto._group_seed[coalition[0]], victim, proto.num_clients,
+                                                       binding)):
+            m = ring_mask(key, sid["output"], ids, L, dtype)
+            y = y - m if sign > 0 else y + m
         removed.append("output mask")
     truth = state[victim].encoded
     # compare residues mod 2^b: words wider than the ring carry bits the wire never held

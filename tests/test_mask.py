@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from protocols import (BoundError, ConfigurationError, DropoutError, IntegrityError, NonFiniteError,
                        SERVER, PlainProtocol, ShapeError, ValueSpec, make_protocol)
 from protocols.mask import MaskProtocol
-from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key
+from protocols.mask.backend import remove_output_masks
+from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key, output_mask_keys
 from protocols.mask.prg import keystream, ring_mask, stream_id
 from protocols.mask.quantize import RING_BITS, STORAGE_DTYPES, FixedPoint, choose_encoding
 from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split
@@ -347,6 +348,46 @@ def test_server_sum_is_masked_by_default_and_revealed_on_request():
             assert all(m.kind == "masked" for m in down)
             assert np.abs(decoded - 2.0).mean() > 1.0
             _looks_uniform(ring_sum, enc)
+
+
+
+@FAST
+@given(K=st.integers(1, 9), n_blocks=st.integers(1, 6), data=st.data())
+def test_telescoped_output_masks_cancel_for_any_included_set(K, n_blocks, data):
+    """sum_{k in S_b} (P_k - P_{k+1}) is what a recipient removes, for every block's set S_b."""
+    members = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=K, max_size=K),
+                                          min_size=n_blocks, max_size=n_blocks)), dtype=bool)
+    G, bind, sid, L = os.urandom(32), ExchangeBinding(b"r" * 16, 3, "t/o", 1), b"\x07" * 8, 5
+    bids = np.arange(n_blocks) * 2
+    rows = np.zeros((n_blocks, L), np.uint64)
+    for b in range(n_blocks):
+        for k in np.flatnonzero(members[b]):
+            for sign, key in zip((1, -1), output_mask_keys(G, int(k), K, bind)):
+                m = ring_mask(key, sid, bids[b:b + 1], L, np.uint64)[0]
+                rows[b] = rows[b] + m if sign > 0 else rows[b] - m
+    masked = rows.copy()
+    remove_output_masks(rows, members, G, K, bind, sid, bids, L)
+    assert not rows.any()
+    # a block with any contributor stays masked to whoever lacks G (the smallest member's P_m survives)
+    assert np.all(masked[members.any(axis=1)] != 0)
+
+
+def test_server_sum_stays_masked_when_clients_drop():
+    """With dropouts the included set has gaps ({0, 1, 3, 4}, {1, 2, 3, 4}): the server's sum
+    still looks uniform, and every recipient gets the exact survivors' sum."""
+    K, n = 5, 6000
+    vals = {k: np.full(n, 0.25) for k in range(K)}
+    for dropped in ([2], [0], [4]):
+        proto = MaskProtocol(K)
+        proto.drop_clients(dropped, "upload")
+        out = proto.weighted_sum("t/d", 0, vals, spec=ValueSpec(max_abs=1.0))
+        enc = proto.last_encoding
+        assert proto.last_included == tuple(k for k in range(K) if k not in dropped)
+        np.testing.assert_allclose(out, 0.25 * (K - 1), atol=1e-3)
+        down = [m for m in proto.transcript.select(tag="t/d") if m.sender == "server" and m.kind == "masked"]
+        server_view = _words(enc, down[0].payload["data"])[:n]
+        assert np.abs(enc.decode(server_view) - 0.25 * (K - 1)).mean() > 1.0
+        _looks_uniform(server_view, enc)
 
 
 # ---------------------------------------------------------------------- dropouts

@@ -52,13 +52,21 @@ fewer than ``t`` clients) still faces ``PRG(b_k)``, whose shares it never asked 
 **Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
 recipients of every exchange are clients, so the server need not: every client holds
 a 32-byte *group seed* ``G`` (drawn by client 0 and sent to every client over the relayed
-encrypted channel before the first exchange, stage ``group_seed``), and contributor ``k`` adds
-``R_k = PRG(HKDF(G; exchange, k))`` to each of its blocks.  The server's sum is
-``sum q(x_k) + sum_k R_k``: uniformly random to it.  A recipient subtracts ``R_k`` for every
-included contributor of each block it receives (dropout-robust, because the server tells it
-who was included).  ``R_k`` hides only the aggregate: every client knows ``G``.  With
-``reveal_to_server=True`` there is no output mask and downloads are recorded as ``plain``
-(the server can read the aggregate it sends).
+encrypted channel before the first exchange, stage ``group_seed``).  With
+``P_j = PRG(HKDF(G; exchange, j))`` for every client id ``j`` and ``P_K = 0`` (``K`` clients),
+contributor ``k`` adds the *telescoped* output mask
+
+    R_k = P_k - P_{k+1}        so that        sum_{k in S} R_k = sum over the maximal runs [a..c] of S of (P_a - P_{c+1})
+
+to each of its blocks.  For any non-empty set ``S`` of included contributors the smallest
+``m in S`` leaves ``P_m`` with coefficient 1 (``m - 1`` is not in ``S``), and ``P_m`` is
+independent of every other term, so the server's sum ``sum q(x_k) + sum R_k`` is uniformly
+random to it — with or without dropouts.  A recipient removes the sum of the included
+contributors' ``R_k`` block by block (the server tells it who was included): two streams per
+run of consecutive included ids, one when nobody dropped, instead of one stream per contributor.
+``R_k`` hides only the aggregate: every client knows ``G``.  With ``reveal_to_server=True``
+there is no output mask and downloads are recorded as ``plain`` (the server can read the
+aggregate it sends).
 
 **What still leaks.**  The server learns which clients took part and, in the sparse
 layout, which block ids each client touches; a block with a single contributor is
@@ -111,7 +119,8 @@ from ..framing import message_from_bytes
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
-from .keys import PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key
+from .keys import (PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
+                   output_mask_keys)
 from .prg import ring_mask, stream_id
 from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .shamir import SHARE_BYTES, Share, combine, split
@@ -181,8 +190,9 @@ def _streams(run_id: bytes, seq: int, tag: str, rnd: int) -> dict[str, bytes]:
     return {p: stream_id(p, run_id, seq, tag, rnd) for p in ("pairwise", "self", "output")}
 
 
-def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_key: bytes | None) -> np.ndarray:
-    """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) [+ PRG(R_k)]`` mod ``2^b``."""
+def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[bytes, ...]) -> np.ndarray:
+    """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) + R_k`` mod ``2^b``, with
+    ``R_k = P_k - P_{k+1}`` from ``out_keys`` (empty: no output mask; one key: ``P_{k+1} = 0``)."""
     y = st.encoded.copy()
     for j, seed in st.seeds.items():
         c = st.common[j]
@@ -194,9 +204,38 @@ def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_key: bytes |
             y[pos] -= m
     if st.self_seed is not None:
         y += ring_mask(st.self_seed, sid["self"], st.ids, L, dtype)
-    if out_key is not None:
-        y += ring_mask(out_key, sid["output"], st.ids, L, dtype)
+    for sign, key in zip((1, -1), out_keys):
+        m = ring_mask(key, sid["output"], st.ids, L, dtype)
+        if sign > 0:
+            y += m
+        else:
+            y -= m
     return y
+
+
+def remove_output_masks(rows: np.ndarray, members: np.ndarray, group_seed: bytes, num_clients: int,
+                        binding: ExchangeBinding, sid: bytes, block_ids: np.ndarray, L: int) -> None:
+    """Subtract, in place, ``sum_{k in S_b} R_k`` from each summed block ``b``.
+
+    ``members[b, j]``: client ``j`` is an included contributor of block ``b`` (``[n_blocks, K]``).
+    The coefficient of ``P_j`` in ``sum_{k in S_b} (P_k - P_{k+1})`` is ``[j in S_b] - [j-1 in S_b]``
+    (``P_K = 0``), so only the first id of every run of consecutive members (+1) and the id after
+    its last one (-1) cost a stream."""
+    m = members.astype(np.int8)
+    coef = m - np.concatenate([np.zeros((m.shape[0], 1), np.int8), m[:, :-1]], axis=1)
+    for j in np.flatnonzero(np.any(coef != 0, axis=0)).tolist():
+        key = output_mask_key(group_seed, j, binding)
+        for sign in (1, -1):
+            sel = np.flatnonzero(coef[:, j] == sign)
+            if sel.size == 0:
+                continue
+            whole = sel.size == rows.shape[0]
+            mask = ring_mask(key, sid, block_ids if whole else block_ids[sel], L, rows.dtype)
+            target = slice(None) if whole else sel
+            if sign > 0:
+                rows[target] -= mask
+            else:
+                rows[target] += mask
 
 
 def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
@@ -362,11 +401,10 @@ class MaskClient(ClientHalf):
 
     def _upload_words(self) -> np.ndarray:
         st, enc, p = self.state, self.encoding, self.plan
-        out_key = None
-        if not self.options["reveal_to_server"]:
-            out_key = output_mask_key(self._seed(), self.id, self._binding())
+        out_keys = () if self.options["reveal_to_server"] else \
+            output_mask_keys(self._seed(), self.id, self.setup.num_clients, self._binding())
         return _masked(st, self.id, p.block_len, enc.dtype, _streams(self.setup.run_id, p.exchange, p.tag, p.round),
-                       out_key)
+                       out_keys)
 
     def _seed(self) -> bytes:
         if self.group_seed is None:
@@ -399,17 +437,22 @@ class MaskClient(ClientHalf):
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **self.where()) from None
         rows = read_words(data, enc, (bids.size, L), "download", self.where())
+        if len(set(included)) != len(included) or any(not 0 <= k < self.setup.num_clients for k in included):
+            raise IntegrityError(f"malformed download: included clients {included} are not distinct client ids",
+                                 **self.where())
         if not self.options["reveal_to_server"] and bids.size:
-            sid = _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"]
-            binding = self._binding()
-            bitmap = None
+            members = np.zeros((bids.size, self.setup.num_clients), dtype=bool)
             if p.layout == "sparse":
-                bitmap = np.unpackbits(np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1,
-                                       count=len(included)).astype(bool)
-            for i, k in enumerate(included):       # remove each included contributor's output mask
-                sel = np.arange(bids.size) if bitmap is None else np.nonzero(bitmap[:, i])[0]
-                if sel.size:
-                    rows[sel] -= ring_mask(output_mask_key(self._seed(), k, binding), sid, bids[sel], L, enc.dtype)
+                try:
+                    bitmap = np.unpackbits(np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1,
+                                           count=len(included)).astype(bool)
+                    members[:, included] = bitmap
+                except (KeyError, TypeError, ValueError) as e:
+                    raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
+            else:
+                members[:, included] = True
+            remove_output_masks(rows, members, self._seed(), self.setup.num_clients, self._binding(),
+                                _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"], bids, L)
         dec = enc.decode(rows)
         self.deliver({int(b): dec[i] for i, b in enumerate(bids)})
         self.timing["decode_s"] = time.perf_counter() - t0

@@ -13,8 +13,9 @@ the server, which relays the public keys, never learns it.  Here:
   ``info`` that binds the purpose, the exchange (sequence number, tag, round) and
   the ordered pair (lower id, higher id, both public keys), giving a 32-byte seed
   used as an AES-256 key exactly once (see :mod:`.prg`).
-* The output-mask key of client ``k`` is HKDF(group seed, same bindings, ``k``).  The
-  group seed is 32 random bytes known to every client and never to the server.
+* The output-mask key of client id ``k`` is HKDF(group seed, same bindings, ``k``): the key of
+  ``P_k``; contributor ``k`` adds ``R_k = P_k - P_{k+1}`` (:mod:`.backend`).  The group seed is
+  32 random bytes known to every client and never to the server.
 
 Key generation is **random** (the OS CSPRNG via ``X25519PrivateKey.generate`` and
 ``os.urandom``), not derived from the protocol ``seed``: that seed is a public run
@@ -112,9 +113,15 @@ class MaskKeyPair:
 
 
 def output_mask_key(group_seed: bytes, client: int, binding: ExchangeBinding) -> bytes:
-    """Key of the output mask client ``client`` adds in this exchange (clients only)."""
+    """Key of ``P_client``, the output-mask stream of client id ``client`` in this exchange (clients only)."""
     info = _join(b"secure_fgl/mask/v1", b"output-mask", binding.encode(), client.to_bytes(4, "big"))
     return _hkdf(group_seed, binding.run_id, info)
+
+
+def output_mask_keys(group_seed: bytes, k: int, num_clients: int, binding: ExchangeBinding) -> tuple[bytes, ...]:
+    """The keys of ``P_k`` and ``P_{k+1}`` in contributor ``k``'s output mask ``R_k = P_k - P_{k+1}``
+    (just ``P_k`` for the last client id: ``P_K = 0``)."""
+    return tuple(output_mask_key(group_seed, j, binding) for j in range(k, min(k + 2, num_clients)))
 
 
 def new_secret_seed() -> bytes:
