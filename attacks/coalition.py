@@ -9,8 +9,9 @@ Two quantities are reported separately, per exchange:
 (a) **break** -- the fraction of a non-coalition client's individual upload the coalition
     reads by attacking the cryptography.  Shared-key CKKS: every upload (each client holds
     the secret key).  Mask (Bonawitz double masking): the coalition removes the output mask
-    ``R_v`` (group seed), the pairwise masks it shares with the victim, any secret it can
-    rebuild from ``>= t`` Shamir shares (server's unmasking shares + the coalition's own),
+    ``R_v`` (group seed), the pairwise masks it shares with the victim or that survivors revealed
+    when the victim was declared dropped, the self mask if it can rebuild the victim's seed from
+    ``>= t`` Shamir shares (server's unmasking shares + the coalition's own),
     and compares what is left with the victim's encoded input (exact ring equality; chance
     ``2^-b`` per entry).  With ``c < t`` and at least one honest peer: 0 beyond chance.
     Multiparty CKKS (``ckks-mp``): the coalition decrypts a victim's upload with the sum of its
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.mask.keys import MaskKeyPair, output_mask_keys
+from protocols.mask.keys import output_mask_keys
 from protocols.mask.prg import ring_mask, stream_id
 from protocols.mask.shamir import Share, combine
 from protocols.transcript import SERVER, client_party, party_client
@@ -61,39 +62,32 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
     ids = np.asarray(ups[-1].payload["block_ids"], dtype=np.int64)
     y = enc.from_wire(ups[-1].payload["data"], (ids.size, L))
     sid = {p: stream_id(p, proto.run_id, binding.seq, tag, rnd) for p in ("pairwise", "self", "output")}
-    public = {party_client(m.sender): bytes(m.payload) for m in msgs
-              if m.kind == "public_key" and m.receiver == SERVER and isinstance(m.payload, bytes)}
     blocks = {party_client(m.sender): np.asarray(m.payload["block_ids"], np.int64) for m in msgs
               if m.kind == "metadata" and m.receiver == SERVER and isinstance(m.payload, dict)}
-    # shares the coalition pools: the server's unmasking shares + the colluding clients' own
-    sk_sh, b_sh = {j: [] for j in public}, {j: [] for j in public}
+    # what the coalition pools: the server's unmasking answers (self-mask shares, and the pairwise
+    # seeds survivors reveal for a client declared dropped) + the colluding clients' own secrets
+    b_sh, revealed = {}, {}
     for m in msgs:
         if m.kind == "share" and m.receiver == SERVER and isinstance(m.payload, dict):
-            for d, raw in m.payload.get("mask_key", {}).items():
-                sk_sh.setdefault(int(d), []).append(Share.from_bytes(raw))
+            for d, raw in m.payload.get("pairwise", {}).items():
+                revealed[(party_client(m.sender), int(d))] = bytes(raw)
             for u, raw in m.payload.get("self_mask", {}).items():
                 b_sh.setdefault(int(u), []).append(Share.from_bytes(raw))
     for c in coalition:
-        for owner, (sk, b) in state[c].held.items():
-            if sk is not None:
-                sk_sh.setdefault(owner, []).append(sk)
+        for owner, b in state[c].held.items():
             b_sh.setdefault(owner, []).append(b)
-    keys = {j: MaskKeyPair.from_private_bytes(raw) for j in public
-            if (raw := _rebuild(sk_sh.get(j, []), t)) is not None}
     removed = []
-    for j in sorted(public):
+    for j in sorted(state):
         if j == victim:
             continue
         common = np.intersect1d(ids, blocks.get(j, ids), assume_unique=True)
         if not common.size:
             continue
-        if victim in keys:
-            seed = keys[victim].pairwise_seed(victim, j, public[j], binding)
-        elif j in keys:
-            seed = keys[j].pairwise_seed(j, victim, public[victim], binding)
-        elif j in coalition:
+        if j in coalition:
             seed = state[j].seeds.get(victim)
         else:
+            seed = revealed.get((j, victim))
+        if seed is None:
             continue
         m = ring_mask(seed, sid["pairwise"], common, L, dtype)
         pos = np.searchsorted(ids, common)

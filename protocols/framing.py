@@ -14,11 +14,14 @@ The bundle framing (4 + 8 per message bytes) is the transport's, like Ray's or g
 framing, and is not counted in the transcript.
 
 Parsing is strict (:class:`~protocols.errors.MalformedMessageError`) but leaves the body
-digest to :func:`protocols.auth.verify`, so that a body changed in transit is reported as a
-:class:`~protocols.errors.DigestError` by the receiver, as everywhere else.
+digest check to :func:`protocols.auth.verify`, so that a body changed in transit is reported as
+a :class:`~protocols.errors.DigestError` by the receiver, as everywhere else; the parse hashes
+the body bytes that arrived (``Message.received``), which the check compares with the signed
+digest instead of re-encoding the payload.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 
 from .errors import MalformedMessageError
@@ -41,8 +44,10 @@ def message_from_bytes(data: bytes) -> Message:
     """Strict parse of :func:`message_to_bytes`; ``nbytes`` is ``len(data)``."""
     signature, header, body = split_message(data)
     env = Envelope.from_header(header)
+    payload = decode_body(body)
     return Message(env.round, env.tag, env.sender, env.recipient, env.kind, env.shape, len(data), env.protocol,
-                   env.fingerprint, decode_body(body), auth=signature + header)
+                   env.fingerprint, payload, auth=signature + header,
+                   received=(payload, hashlib.sha256(body).digest(), len(body)))
 
 
 def pack_bundle(messages: list[bytes]) -> bytes:

@@ -57,6 +57,15 @@ class Message:
     auth: bytes = b""
     #: the party that relayed a client-to-client message ("server"), else ""
     relay: str = ""
+    #: on the receiving side, ``(payload, SHA-256, length)`` of the body bytes this message was
+    #: parsed from (:func:`protocols.framing.message_from_bytes`): the signed digest is checked
+    #: against the bytes that arrived.  Valid only for that very payload object: a copy with
+    #: another payload drops it (and so cannot keep a stripped payload alive).
+    received: tuple | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.received is not None and self.received[0] is not self.payload:
+            object.__setattr__(self, "received", None)
 
     def without_payload(self) -> "Message":
         return replace(self, payload=None)

@@ -535,8 +535,8 @@ def test_tampered_setup_messages_are_rejected():
 
     def corrupt(m):
         if m.kind == "share" and m.receiver == "server":
-            sk = {d: raw[:-1] + bytes([raw[-1] ^ 1]) for d, raw in m.payload["mask_key"].items()}
-            return dataclasses.replace(m, payload={**m.payload, "mask_key": sk})
+            seeds = {d: raw[:-1] + bytes([raw[-1] ^ 1]) for d, raw in m.payload["pairwise"].items()}
+            return dataclasses.replace(m, payload={**m.payload, "pairwise": seeds})
         return m
     proto.intercept = corrupt
     with pytest.raises(DigestError, match="client 1"):

@@ -95,8 +95,8 @@ def test_replay_in_same_and_later_exchange_refused():
     proto.intercept = lambda m: first if (m.kind == "masked" and m.sender == "client1") else m
     with pytest.raises(ReplayError, match="client 1"):          # a later round
         proto.weighted_sum("x/t", 1, _values(3, 50), spec=SPEC)
-    # the same exchange: client 1's advertised key delivered again as its unmasking message, and a
-    # duplicate of an accepted upload
+    # the same exchange (a run's first, where keys are advertised): client 1's advertised key
+    # delivered again as its unmasking message, and a duplicate of an accepted upload
     keys = {}
 
     def swap(m):
@@ -104,9 +104,10 @@ def test_replay_in_same_and_later_exchange_refused():
             keys.setdefault(m.kind, m)
             return keys["public_key"]
         return m
-    proto.intercept = swap
+    fresh = MaskProtocol(3)
+    fresh.intercept = swap
     with pytest.raises(ReplayError, match="'advertise_keys' message .* where 'unmask'"):
-        proto.weighted_sum("x/t", 2, _values(3, 50), spec=SPEC)
+        fresh.weighted_sum("x/t", 2, _values(3, 50), spec=SPEC)
     proto.intercept = None
     proto.weighted_sum("x/t", 3, _values(3, 50), spec=SPEC)
     up = [m for m in proto.transcript.messages if m.kind == "masked" and m.sender == "client1" and m.round == 3][0]
@@ -200,8 +201,7 @@ def test_server_relays_shares_but_reads_none():
     blob = b"".join(m.payload for m in relayed)
     secrets_ = [proto._group_seed[1]]
     for st in proto.last_client_state.values():
-        for sk, b in st.held.values():
-            secrets_ += [b.to_bytes()] + ([sk.to_bytes()] if sk is not None else [])
+        secrets_ += [b.to_bytes() for b in st.held.values()] + list(st.seeds.values())
     assert all(s[-16:] not in blob for s in secrets_)             # no plaintext share or seed in the server's view
     with pytest.raises(Exception):                              # and no key of the server opens them
         proto._channel[0].open("client1", proto.registry.channel["client2"], proto.run_id, relayed[0].payload,
@@ -235,12 +235,20 @@ def test_late_upload_attack_recovers_nothing():
     assert abs(np.corrcoef(res["decoded"].ravel()[:2000], x[2])[0, 1]) < 0.1
 
 
-@pytest.mark.parametrize("size,expect", [(2, 0.0), (3, 1.0)])   # t = 3 for K = 5: t-1 learn nothing, t everything
-def test_server_plus_coalition_threshold(size, expect):
+@pytest.mark.parametrize("size,late,expect", [(2, False, 0.0), (3, False, 0.0), (4, False, 1.0),
+                                               (2, True, 0.0), (3, True, 1.0)])
+def test_server_plus_coalition_threshold(size, late, expect):
+    """t = 3 for K = 5.  Server + clients 0..size-1 attack client 4's upload.  The self mask needs
+    t shares; the pairwise masks need every other contributor's seed, which only the coalition's
+    own members hold (mask keys are never shared) -- or the survivors reveal them when the victim
+    is declared dropped (late).  So t colluders learn nothing while an honest peer remains, and
+    everything once the victim's pairwise seeds are revealed."""
     K = 5
     proto = MaskProtocol(K)
     proto.keep_client_state = True
     x = _values(K, seed=3)
+    if late:
+        proto.drop_clients({4}, stage="late")
     proto.weighted_sum("x/t", 0, x, spec=SPEC)
     assert proto.last_stats["params"]["threshold"] == 3
     res = mask_break(proto, "x/t", 0, victim=4, coalition=list(range(size)))
@@ -255,13 +263,13 @@ def test_honest_client_refuses_both_shares_of_one_client():
     proto = MaskProtocol(4)
     proto.keep_client_state = True
     proto.weighted_sum("x/t", 0, _values(4, 20), spec=SPEC)
-    held = proto.last_client_state[0].held
+    st = proto.last_client_state[0]
     from protocols.base import ExchangeContext
     ctx = ExchangeContext("x/t", 0, SPEC, {}, {}, 1, 1)
     with pytest.raises(UnmaskingRefusedError, match="client 0"):
-        _unmask_answer(held, [2], [1, 2, 3], ctx, 0)
-    sk, b = _unmask_answer(held, [2], [1, 3], ctx, 0)
-    assert set(sk) == {2} and set(b) == {1, 3}
+        _unmask_answer(st, [2], [1, 2, 3], ctx, 0)
+    seeds, b = _unmask_answer(st, [2], [1, 3], ctx, 0)
+    assert seeds == {2: st.seeds[2]} and set(b) == {1, 3}
 
 
 def test_ckks_shared_key_coalition_reads_every_upload():

@@ -13,30 +13,41 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    touches (the documented leak of this layout); the server returns to each client,
    per peer, the ids they have in common, so that masks of block ``b`` involve only
    the contributors of ``b``.
-2. *AdvertiseKeys* — a fresh X25519 mask key pair per client per exchange; public
-   keys go to the server, which broadcasts them (:mod:`.keys`).
-3. *ShareKeys* — each client draws a fresh self-mask seed ``b_k`` (os.urandom) and
-   Shamir-shares it, and (when dropout recovery is on) the secret key of its mask key pair,
-   with the other participants, threshold ``t`` (:mod:`.shamir`).  Shares travel over the
-   encrypted client-to-client channel relayed by the server (:mod:`protocols.channel`;
-   recorded as ``ciphertext`` messages with ``relay='server'``): the server cannot read them.
+2. *AdvertiseKeys* — one X25519 mask key pair per client **per run** (:mod:`.keys`): a
+   client's first exchange sends its public key; the server broadcasts to each participant
+   the keys it has not sent it yet.  The secret key never leaves its client.
+3. *ShareKeys* — each participant draws a batch of ``E`` fresh self-mask seeds
+   ``b_k^(s)`` (os.urandom) for exchanges ``s = seq .. seq+E-1`` of the same contributor set
+   and threshold, and Shamir-shares each (threshold ``t``, :mod:`.shamir`) with the other
+   contributors in one channel message per peer; the share round runs only in the exchanges
+   where a participant's batch does not cover ``seq`` (``E = 1``: every exchange).  Shares
+   travel over the encrypted client-to-client channel relayed by the server
+   (:mod:`protocols.channel`; recorded as ``ciphertext`` messages with ``relay='server'``): the
+   server cannot read them.  If a contributor drops before uploading is planned (no key, no
+   batch), the server sends the remaining participants their list.
 4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes (Bonawitz
    double masking, plus an output mask),
 
-       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k) + R_k     (mod 2^b)
+       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k^(seq)) + R_k     (mod 2^b)
 
-   with ``j`` ranging over the other contributors of that block, ``b_k`` the self mask and
-   ``R_k`` the output mask (default; absent with ``reveal_to_server=True``), see below.
+   with ``j`` ranging over the other participants contributing to that block,
+   ``s_kj = HKDF(X25519(k, j); run, exchange, tag, round, k, j)`` the pairwise seed of this
+   exchange, ``b_k^(seq)`` its self-mask seed and ``R_k`` the output mask (default; absent
+   with ``reveal_to_server=True``), see below.
 5. *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
-   between survivors.  The server asks each responding client, per other client, for its
-   share of ``b_u`` (survivors ``u``) **or** of the mask secret key (clients ``d`` that dropped
-   after step 3) — never both; an honest client refuses a request naming one client in both
-   lists (:class:`~protocols.errors.UnmaskingRefusedError`).  The server rebuilds each
-   ``b_u`` and removes ``PRG(b_u)``; it rebuilds each dropped key (verified against the
-   advertised public key), recomputes the dangling masks and removes them — the sum then
-   covers the survivors only and recipients are told who was included.  Too few responders
-   (``< t``), recovery disabled, or DP noise placed 'distributed' (a survivors' sum would be
-   short of noise): DropoutError.  Never a wrong sum.
+   between survivors.  The server asks each uploader for its share of every survivor's
+   ``b_u^(seq)`` **and**, for each client ``d`` that dropped before uploading, for the
+   uploader's pairwise seed ``s_jd`` of this exchange — never both for one client; an honest
+   client refuses a request naming one client in both lists
+   (:class:`~protocols.errors.UnmaskingRefusedError`).  The server rebuilds each ``b_u`` from
+   ``t`` shares and removes ``PRG(b_u)``, and removes the survivors' dangling masks toward
+   each dropped client — the sum then covers the survivors only and recipients are told who
+   was included.  Where Bonawitz et al. rebuild the dropped client's secret key from ``t``
+   shares, here every survivor that shares blocks with it reveals its own seed: the server
+   learns less (one exchange's seeds, not a key), which is what makes a key per run safe, but
+   a survivor that also misses the unmasking round leaves a mask it cannot remove.  Too few
+   responders (``< t``), a missing seed, recovery disabled, or DP noise placed 'distributed'
+   (a survivors' sum would be short of noise): DropoutError.  Never a wrong sum.
 6. *Delivery* — each recipient gets exactly the blocks it asked for, removes the
    output mask and decodes.
 
@@ -46,8 +57,11 @@ Every client->server and client->client message is signed (Ed25519) in the envel
 before use (:mod:`protocols.auth`).
 
 **Individual inputs are protected by ``b_k``** (Bonawitz et al. §4): if a "dropped" client's
-upload arrives late after the server rebuilt its mask key, the server (and any coalition of
-fewer than ``t`` clients) still faces ``PRG(b_k)``, whose shares it never asked for.
+upload arrives late after the server removed its pairwise masks, the server (and any coalition
+of fewer than ``t`` clients) still faces ``PRG(b_k^(seq))``, whose shares it never asked for in
+that exchange.  Each ``b_k^(s)`` and each pairwise seed masks one exchange only (the exchange
+number only grows, and a client answers one unmasking request per exchange), so what the
+server learns in one exchange's recovery unmasks nothing in another.
 
 **Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
 recipients of every exchange are clients, so the server need not: every client holds
@@ -84,18 +98,19 @@ round, so a server that lies about who dropped is outside the model.
 
 **Stages on the link** (one batch call each; a client whose answer is missing has dropped):
 ``group_seed`` (once per run, client 0 only: ``G`` for every other client), ``block_ids``
-(sparse layout only: plan in, block ids out), ``advertise_keys`` (plan or shared block ids
-in, public mask key out), ``share_keys`` (key broadcast in, channel-encrypted shares for each
-peer out, which the server forwards), ``masked_upload`` (peers' shares in, masked blocks
-out), ``unmask`` (the server's request in, shares out), ``download`` (summed blocks, who is
-included and, in the sparse layout with output masks, a per-block bitmap of contributors).
-A client that misses ``advertise_keys`` or ``share_keys`` is not a participant; one that
-misses ``masked_upload`` is recovered (or the exchange refused) as in step 5.
+(sparse layout only: plan in, block ids out), ``advertise_keys`` (a client's first exchange:
+public mask key out), ``share_keys`` (when a batch runs out: channel-encrypted shares for each
+peer out, which the server forwards), ``masked_upload`` (set-up messages in, masked blocks
+out), ``unmask`` (the server's request in, shares and seeds out), ``download`` (summed blocks,
+who is included and, in the sparse layout with output masks, a per-block bitmap of
+contributors).  The steady state of a dense exchange is ``masked_upload``, ``unmask`` and
+``download``.  A client that misses ``advertise_keys`` or ``share_keys`` is not a participant;
+one that misses ``masked_upload`` is recovered (or the exchange refused) as in step 5.
 
 **Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
 *next* exchange at a given stage (their answers are lost on the in-process link):
-``'keys'`` (before advertising keys: simply not a participant), ``'upload'`` (after sharing
-keys, before uploading: needs recovery), ``'unmask'`` (after uploading, does not answer the
+``'keys'`` (silent from the set-up on: not a participant when the exchange has a key or share
+round, else like ``'upload'``), ``'upload'`` (after the set-up, before uploading: needs recovery), ``'unmask'`` (after uploading, does not answer the
 recovery round), ``'late'`` (like ``'upload'``, but its masked upload arrives after recovery:
 recorded, never aggregated).  A dropped client still receives its download (it reconnects
 for the result), so callers get every recipient's result; :attr:`MaskProtocol.last_included`
@@ -119,7 +134,7 @@ from ..framing import message_from_bytes
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
-from .keys import (PUBLIC_KEY_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
+from .keys import (PUBLIC_KEY_BYTES, SEED_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
                    output_mask_keys)
 from .prg import ring_mask, stream_id
 from .quantize import RING_BITS, FixedPoint, choose_encoding
@@ -141,34 +156,47 @@ class _Participant:
     ids: np.ndarray                      # block ids it contributes (sorted)
     encoded: np.ndarray                  # [n_blocks, L] ring elements
     common: dict[int, np.ndarray] = field(default_factory=dict)  # peer -> shared block ids
-    keys: MaskKeyPair | None = None
-    self_seed: bytes | None = None
-    seeds: dict[int, bytes] = field(default_factory=dict)        # peer -> pairwise seed
-    held: dict[int, tuple[Share, Share | None]] = field(default_factory=dict)  # owner -> shares
+    self_seed: bytes | None = None       # b_k of this exchange
+    seeds: dict[int, bytes] = field(default_factory=dict)        # peer -> pairwise seed of this exchange
+    held: dict[int, Share] = field(default_factory=dict)         # owner -> its b_owner share of this exchange
 
 
-def _parse_held(raw: bytes, with_key: bool, ctx, owner: int) -> tuple[Share | None, Share]:
-    """A recipient's (mask-key share, self-mask share) of ``owner`` from the decrypted channel bytes."""
+@dataclass
+class _SelfMaskBatch:
+    """Self-mask seeds ``b^(s)`` for exchanges ``first .. first + len - 1`` of one (contributor set,
+    threshold): the owner keeps ``seeds``; each holder keeps its ``shares`` of them."""
+
+    first: int
+    values: list                         # bytes (the owner's seeds) or Share (a holder's shares)
+
+    def at(self, seq: int):
+        """The entry for exchange ``seq``, or ``None`` outside the batch."""
+        return self.values[seq - self.first] if self.first <= seq < self.first + len(self.values) else None
+
+
+def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
+    """A holder's ``size`` Shamir shares of ``owner``'s self-mask seeds from the decrypted channel bytes."""
     n = 4 + SHARE_BYTES
-    if len(raw) != (2 if with_key else 1) * n:
-        raise IntegrityError(f"share message of {len(raw)} bytes", tag=ctx.tag, round=ctx.round, client=owner)
-    shares = [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
-    return (shares[0], shares[1]) if with_key else (None, shares[0])
+    if size < 1 or len(raw) != size * n:
+        raise IntegrityError(f"share message of {len(raw)} bytes, expected {size} shares of {n} bytes",
+                             tag=ctx.tag, round=ctx.round, client=owner)
+    return [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
 
 
-def _unmask_answer(held: dict, want_key: list[int], want_self: list[int], ctx, responder: int) -> tuple[dict, dict]:
+def _unmask_answer(st: _Participant, want_pairwise: list[int], want_self: list[int], ctx,
+                   responder: int) -> tuple[dict, dict]:
     """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
-    Unmasking): mask-key shares of dropped clients OR self-mask shares of survivors, never
-    both for one client — both would let the server unmask that client's individual input."""
-    both = sorted(set(want_key) & set(want_self))
+    Unmasking, with the pairwise seeds of this exchange in place of the dropped clients' key
+    shares): its pairwise seed with each dropped peer OR its share of each survivor's self-mask
+    seed, never both for one client — both would let the server unmask that client's input.
+    Shares it does not hold are left out (the server needs ``t`` of them)."""
+    both = sorted(set(want_pairwise) & set(want_self))
     if both:
-        raise UnmaskingRefusedError(f"the server asked for both the self-mask and the mask-key shares of client(s) "
-                                    f"{both}; an honest client refuses (that would reveal their inputs)",
+        raise UnmaskingRefusedError(f"the server asked for both the self-mask shares and the pairwise seeds of "
+                                    f"client(s) {both}; an honest client refuses (that would reveal their inputs)",
                                     tag=ctx.tag, round=ctx.round, client=responder)
-    if any(d not in held or held[d][0] is None for d in want_key) or any(u not in held for u in want_self):
-        raise DropoutError("the server asked for shares this client does not hold (dropout_recovery=False, or a "
-                           "client that never shared)", tag=ctx.tag, round=ctx.round, client=responder)
-    return ({d: held[d][0].to_bytes() for d in want_key}, {u: held[u][1].to_bytes() for u in want_self})
+    return ({d: st.seeds[d] for d in want_pairwise if d in st.seeds},
+            {u: st.held[u].to_bytes() for u in want_self if u in st.held})
 
 
 def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
@@ -182,7 +210,8 @@ def mask_fingerprint(num_clients: int, options: dict) -> str:
     """Public fingerprint of the run's mask parameters (every party computes it from the setup)."""
     o = options
     params = (f"mask:{num_clients}:ring{o['ring_bits']}:frac{o['frac_bits']}:reveal{int(o['reveal_to_server'])}:"
-              f"recovery{int(o['dropout_recovery'])}:t{o['threshold']}:block{o['block_size']}")
+              f"recovery{int(o['dropout_recovery'])}:t{o['threshold']}:block{o['block_size']}:"
+              f"batch{o['self_mask_batch']}")
     return hashlib.sha256(params.encode()).hexdigest()[:16]
 
 
@@ -249,9 +278,9 @@ def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
 
 # ====================================================================== client half
 class MaskClient(ClientHalf):
-    """One client of the mask protocol: its mask keys, self-mask seed, shares it holds for its
-    peers and its copy of the group seed never leave this object (except as channel ciphertexts
-    and the unmasking answers Bonawitz et al. prescribe)."""
+    """One client of the mask protocol: its mask key pair (one per run), self-mask seeds, the
+    shares it holds for its peers and its copy of the group seed never leave this object (except
+    as channel ciphertexts and the unmasking answers of step 5)."""
 
     mode = "mask"
 
@@ -260,8 +289,15 @@ class MaskClient(ClientHalf):
         self.options = self.setup.options
         self.fingerprint = mask_fingerprint(self.setup.num_clients, self.options)
         self.group_seed: bytes | None = None
+        self.mask_keys: MaskKeyPair | None = None           # drawn once per run
+        self.peer_keys: dict[int, bytes] = {}               # peers' mask public keys (server broadcast)
+        #: (contributors, threshold) -> own self-mask seed batch / owner -> this client's shares of it
+        self.own_batches: dict[tuple, _SelfMaskBatch] = {}
+        self.held_batches: dict[tuple, dict[int, _SelfMaskBatch]] = {}
         self.state: _Participant | None = None
         self.encoding: FixedPoint | None = None
+        self._prepared: int | None = None                    # exchange whose contribution is encoded
+        self._participants: list[int] | None = None           # the server's list, when it excluded someone
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
 
@@ -269,6 +305,9 @@ class MaskClient(ClientHalf):
     def _binding(self) -> ExchangeBinding:
         p = self.plan
         return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
+
+    def _batch_key(self) -> tuple:
+        return tuple(self.plan.contributors), int(self.plan.encoding["threshold"])
 
     def _message(self, kind, shape, payload, note=""):
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
@@ -294,6 +333,62 @@ class MaskClient(ClientHalf):
             raise IntegrityError(f"expected a '{kind}' message, got '{msg.kind}'", **self.where())
         return msg
 
+    def _absorb(self, inbox: list[Message]) -> list[Message]:
+        """Take the set-up messages of this exchange, whichever stage's bundle carries them: the
+        shared block ids (sparse), the key broadcast, the participant list and the peers' share
+        batches.  Returns the other messages."""
+        rest = []
+        for m in inbox:
+            stage = envelope_of(m).stage
+            if m.sender == SERVER and stage == "block_ids":
+                self._take_common(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender == SERVER and stage == "advertise_keys":
+                self._take_keys(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender == SERVER and stage == "share_keys":
+                self._take_participants(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender != SERVER and stage == "share_keys":
+                owner = party_client(m.sender)
+                shares = _parse_batch(self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]),
+                                      self.plan, owner)
+                self.held_batches.setdefault(self._batch_key(), {})[owner] = \
+                    _SelfMaskBatch(self.plan.exchange, shares)
+            else:
+                rest.append(m)
+        return rest
+
+    def _take_common(self, msg: Message) -> None:
+        if msg.kind != "metadata" or self.state is None:
+            raise IntegrityError("unexpected shared-block-id message", **self.where())
+        try:
+            self.state.common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
+        except (AttributeError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
+
+    def _take_keys(self, msg: Message) -> None:
+        if msg.kind != "public_key" or not isinstance(msg.payload, dict):
+            raise IntegrityError("malformed key broadcast", **self.where())
+        for j, raw in msg.payload.items():
+            j, raw = int(j), bytes(raw)
+            if len(raw) != PUBLIC_KEY_BYTES:
+                raise IntegrityError(f"a mask public key is {PUBLIC_KEY_BYTES} bytes", **self.where())
+            if j == self.id:
+                if self.mask_keys is None or raw != self.mask_keys.public_bytes:
+                    raise IntegrityError("the key broadcast lists another key for this client", **self.where())
+            elif self.peer_keys.setdefault(j, raw) != raw:
+                raise IntegrityError(f"the key broadcast changes client {j}'s mask key (keys are fixed for the run)",
+                                     **self.where())
+
+    def _take_participants(self, msg: Message) -> None:
+        try:
+            got = [int(k) for k in msg.payload["participants"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed participant list ({e})", **self.where()) from None
+        if msg.kind != "control" or got != sorted(set(got)) or not set(got) <= set(self.plan.contributors) \
+                or self.id not in got:
+            raise IntegrityError(f"the participant list {got} is not a sorted subset of the contributors that "
+                                 "includes this client", **self.where())
+        self._participants = got
+
     # ------------------------------------------------------------------ stages
     def on_stage(self, stage, inbox):
         inbox = self._take_group_seed(inbox)
@@ -302,6 +397,8 @@ class MaskClient(ClientHalf):
         step = getattr(self, "stage_" + stage, None)
         if step is None:
             raise IntegrityError(f"unknown stage {stage!r}", **self.where())
+        if stage != "group_seed":
+            self._prepare()
         return step(inbox)
 
     def stage_group_seed(self, inbox):
@@ -312,8 +409,10 @@ class MaskClient(ClientHalf):
                 for c in range(self.setup.num_clients) if c != self.id]
 
     def _prepare(self) -> None:
-        """Local encoding: every bound is checked before any message leaves."""
-        self.state, self.timing = None, {}
+        """Local encoding, once per exchange: every bound is checked before any message leaves."""
+        if self.plan is None or self._prepared == self.plan.exchange:
+            return
+        self._prepared, self.state, self.timing, self._participants = self.plan.exchange, None, {}, None
         if self.id not in self.plan.contributors:
             return
         enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
@@ -324,7 +423,6 @@ class MaskClient(ClientHalf):
         self.timing["encode_s"] = time.perf_counter() - t0
 
     def stage_block_ids(self, inbox):
-        self._prepare()
         if self.state is None:
             return []
         ids = self.state.ids
@@ -332,68 +430,64 @@ class MaskClient(ClientHalf):
                           "block_ids")]
 
     def stage_advertise_keys(self, inbox):
-        if self.plan.layout == "dense":
-            self._prepare()
+        """The mask public key, drawn once per run (its secret key never leaves this client)."""
+        self._absorb(inbox)
         if self.state is None:
             return []
-        st = self.state
-        if self.plan.layout == "sparse":
-            msg = self._from_server(inbox, "block_ids", "metadata")
-            try:
-                st.common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
-            except (AttributeError, TypeError, ValueError) as e:
-                raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
-        st.keys = MaskKeyPair.generate()
-        return [self.seal(self._message("public_key", (PUBLIC_KEY_BYTES,), st.keys.public_bytes, "X25519 mask key"),
-                          "advertise_keys")]
+        if self.mask_keys is None:
+            self.mask_keys = MaskKeyPair.generate()
+        return [self.seal(self._message("public_key", (PUBLIC_KEY_BYTES,), self.mask_keys.public_bytes,
+                                        "X25519 mask key (once per run)"), "advertise_keys")]
 
     def stage_share_keys(self, inbox):
-        st = self.state
-        if st is None or st.keys is None:
+        """A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
+        Shamir-shared with every other contributor over the relayed channel."""
+        self._absorb(inbox)
+        if self.state is None:
             return []
         t0 = time.perf_counter()
-        msg = self._from_server(inbox, "advertise_keys", "public_key")
-        if not isinstance(msg.payload, dict) or self.id not in msg.payload:
-            raise IntegrityError("the key broadcast does not list this client", **self.where())
-        public = {int(j): bytes(v) for j, v in msg.payload.items()}
-        participants = sorted(public)
-        binding = self._binding()
-        if self.plan.layout == "dense":
-            st.common = {j: st.ids for j in participants if j != self.id}
-        st.common = {j: c for j, c in st.common.items() if j in public and j != self.id and c.size}
-        st.seeds = {j: st.keys.pairwise_seed(self.id, j, public[j], binding) for j in st.common}
+        contributors, t = self._batch_key()
+        xs = [j + 1 for j in contributors]
+        seeds = [new_secret_seed() for _ in range(int(self.options["self_mask_batch"]))]
+        shares = [split(b, xs, t) for b in seeds]
+        self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
+        held = self.held_batches.setdefault((contributors, t), {})
         out = []
-        if len(participants) >= 2:                       # Bonawitz self mask b_k (double masking)
-            share_key = bool(self.options["dropout_recovery"])
-            t = int(self.plan.encoding["threshold"])
-            xs = [j + 1 for j in participants]
-            st.self_seed = new_secret_seed()
-            sk_sh = split(st.keys.private_bytes(), xs, t) if share_key else None
-            b_sh = split(st.self_seed, xs, t)
-            for j in participants:
-                own = (sk_sh[j + 1] if sk_sh else None, b_sh[j + 1])
-                if j == self.id:
-                    st.held[j] = own
-                    continue
-                raw = b"".join(s.to_bytes() for s in own if s is not None)
-                out.append(self.seal_relayed(j, "share_keys", raw, "Shamir shares of self-mask seed"
-                                             + (" and mask key" if share_key else ""), self.fingerprint))
+        for j in contributors:
+            mine = [sh[j + 1] for sh in shares]
+            if j == self.id:
+                held[j] = _SelfMaskBatch(self.plan.exchange, mine)
+                continue
+            out.append(self.seal_relayed(j, "share_keys", b"".join(s.to_bytes() for s in mine),
+                                         f"Shamir shares of {len(seeds)} self-mask seeds", self.fingerprint))
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
     def stage_masked_upload(self, inbox):
+        self._absorb(inbox)
         st = self.state
-        if st is None or st.keys is None:
+        if st is None:
             return []
         t0 = time.perf_counter()
-        share_key = bool(self.options["dropout_recovery"])
-        for m in inbox:
-            if m.sender == SERVER:
-                continue
-            owner = party_client(m.sender)
-            st.held[owner] = _parse_held(self.open_relayed(m, "share_keys"), share_key, self.plan, owner)
-        if st.self_seed is not None:       # mask only toward the peers that shared (they are the participants)
-            st.seeds = {j: s for j, s in st.seeds.items() if j in st.held}
+        seq, key = self.plan.exchange, self._batch_key()
+        participants = self._participants or list(self.plan.contributors)
+        if self.plan.layout == "dense":
+            st.common = {j: st.ids for j in participants if j != self.id}
+        st.common = {j: c for j, c in st.common.items() if j in participants and j != self.id and c.size}
+        if len(participants) >= 2:                     # Bonawitz self mask b_k (double masking)
+            own = self.own_batches.get(key)
+            st.self_seed = own.at(seq) if own is not None else None
+            if st.self_seed is None:
+                raise IntegrityError("no self-mask seed was shared for this exchange (the server skipped the "
+                                     "share round)", **self.where())
+            st.held = {u: b.at(seq) for u, b in self.held_batches.get(key, {}).items() if b.at(seq) is not None}
+        if st.common and self.mask_keys is None:
+            raise IntegrityError("this client advertised no mask key", **self.where())
+        binding = self._binding()
+        for j in st.common:
+            if j not in self.peer_keys:
+                raise IntegrityError(f"no mask public key of participant {j} was broadcast", **self.where())
+            st.seeds[j] = self.mask_keys.pairwise_seed(self.id, j, self.peer_keys[j], binding)
         y = self._upload_words()
         payload = {"block_ids": st.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
         self.timing["mask_s"] = time.perf_counter() - t0
@@ -416,14 +510,17 @@ class MaskClient(ClientHalf):
             return []
         msg = self._from_server(inbox, "unmask", "control")
         try:
-            want_key = [int(d) for d in msg.payload["mask_key"]]
+            want_pairwise = [int(d) for d in msg.payload["pairwise"]]
             want_self = [int(u) for u in msg.payload["self_mask"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
-        sk_part, b_part = _unmask_answer(self.state.held, want_key, want_self, self.plan, self.id)
-        n = len(sk_part) + len(b_part)
-        return [self.seal(self._message("share", (n,), {"mask_key": sk_part, "self_mask": b_part},
-                                        "unmasking shares"), "unmask")]
+        if want_pairwise and not self.options["dropout_recovery"]:
+            raise UnmaskingRefusedError("the server asked for pairwise seeds, but dropout recovery is off",
+                                        **self.where())
+        seeds, b_part = _unmask_answer(self.state, want_pairwise, want_self, self.plan, self.id)
+        n = len(seeds) + len(b_part)
+        return [self.seal(self._message("share", (n,), {"pairwise": seeds, "self_mask": b_part},
+                                        "unmasking shares (and pairwise seeds with dropped peers)"), "unmask")]
 
     def stage_download(self, inbox):
         msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
@@ -481,18 +578,23 @@ def read_words(data, enc: FixedPoint, shape: tuple[int, int], what: str, where: 
 # ====================================================================== server half
 class MaskServer(ServerHalf):
     """The mask server: sums masked uploads, runs the recovery round, routes the sums.  It holds
-    public keys, masked vectors and, after the unmasking round, only the shares Bonawitz et al.
-    give it (one kind per client)."""
+    public keys, masked vectors and, after the unmasking round, only what Bonawitz et al. give it
+    (per client, self-mask shares or this exchange's pairwise seeds, never both)."""
 
     mode = "mask"
     relays_between_clients = True
     relay_stages = frozenset({"group_seed", "share_keys"})
-    _NOTES = {"group_seed": "output-mask group seed", "share_keys": "Shamir shares of self-mask seed and mask key"}
+    _NOTES = {"group_seed": "output-mask group seed", "share_keys": "Shamir shares of self-mask seeds"}
 
     def __init__(self, setup, transcript=None):
         super().__init__(setup, transcript)
         self.fingerprint = mask_fingerprint(setup.num_clients, setup.options)
         self.group_seed_sent = False
+        #: the clients' mask public keys (once per run) and which of them each client was sent
+        self.mask_public: dict[int, bytes] = {}
+        self.keys_sent: dict[int, set[int]] = defaultdict(set)
+        #: (contributors, threshold) -> client -> (first exchange, length) of its shared seed batch
+        self.batches: dict[tuple, dict[int, tuple[int, int]]] = defaultdict(dict)
         #: clients missing in the last exchange -> the stage at which their answer was missing
         self.last_missing: dict[int, str] = {}
         self.last_included: tuple[int, ...] = ()
@@ -508,12 +610,21 @@ class MaskServer(ServerHalf):
     def _msg(self, k, kind, shape, payload, note=""):
         return self.message(k, kind, shape, payload, self.fingerprint, note)
 
+    def _covered(self, key: tuple, k: int, seq: int) -> bool:
+        first, n = self.batches[key].get(k, (0, 0))
+        return first <= seq < first + n
+
+    def _exclude(self, clients) -> None:
+        """Clients out of this exchange before uploading: what was queued for them is void."""
+        for k in clients:
+            self._outbox.pop(k, None)
+
     def run(self, plan, link):
         o = self.setup.options
         enc = FixedPoint(**plan.encoding["fixed_point"])
         t = int(plan.encoding["threshold"])
         contributors = list(plan.contributors)
-        n0, L, sparse = len(contributors), plan.block_len, plan.layout == "sparse"
+        n0, L, sparse, seq = len(contributors), plan.block_len, plan.layout == "sparse", plan.exchange
         where = self.where
         self.last_missing = {}
         t_start = time.perf_counter()
@@ -527,7 +638,7 @@ class MaskServer(ServerHalf):
                 raise _dropout_error(where(), [0], "client 0 did not deal the output-mask group seed")
             self.group_seed_sent = True
 
-        # -- 1. metadata (sparse) and AdvertiseKeys
+        # -- 1. metadata (sparse)
         announced: dict[int, np.ndarray] = {}
         if sparse:
             got = self.call(link, "block_ids", {k: [] for k in plan.parties})
@@ -557,45 +668,59 @@ class MaskServer(ServerHalf):
                                         "block ids shared with each peer"), "block_ids")
         else:
             announced = {k: np.arange(plan.num_blocks) for k in contributors}
-        got = self.call(link, "advertise_keys", {k: [] for k in (contributors if sparse else plan.parties)})
-        public = {}
-        for k in contributors:
-            msg = self.responses(got, k, "advertise_keys", "public_key")
-            if msg is None or k not in announced:
-                self.last_missing.setdefault(k, "advertise_keys")
-                continue
-            self.check_envelope(msg, self.fingerprint, k)
-            if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
-                raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", **where(k))
-            public[k] = bytes(msg.payload)
-        participants = sorted(public)
+
+        # -- 2. AdvertiseKeys: once per run per client (its first exchange), then broadcast
+        unkeyed = [k for k in contributors if k in announced and k not in self.mask_public]
+        if unkeyed:
+            got = self.call(link, "advertise_keys", {k: [] for k in unkeyed})
+            for k in unkeyed:
+                msg = self.responses(got, k, "advertise_keys", "public_key")
+                if msg is None:
+                    self.last_missing.setdefault(k, "advertise_keys")
+                    continue
+                self.check_envelope(msg, self.fingerprint, k)
+                if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
+                    raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", **where(k))
+                self.mask_public[k] = bytes(msg.payload)
+        participants = [k for k in contributors if k in announced and k in self.mask_public]
         if self.last_missing and len(participants) < t:
             raise _dropout_error(where(), sorted(self.last_missing), f"only {len(participants)} of {n0} "
                                  f"contributors advertised keys, fewer than the threshold t={t}")
-
-        # -- 2./3. broadcast of the keys; ShareKeys (the shares are relayed to their holders)
         for k in participants:
-            self.queue(k, self._msg(k, "public_key", (len(public), PUBLIC_KEY_BYTES), dict(public),
-                                    "broadcast of mask keys"), "advertise_keys")
-        got = self.call(link, "share_keys", {k: [] for k in participants})
+            new = {j: self.mask_public[j] for j in participants if j not in self.keys_sent[k]}
+            if new:
+                self.queue(k, self._msg(k, "public_key", (len(new), PUBLIC_KEY_BYTES), new,
+                                        "broadcast of mask keys"), "advertise_keys")
+                self.keys_sent[k] |= set(new)
+
+        # -- 3. ShareKeys: a batch of self-mask seeds from each participant whose batch for this
+        #       contributor set does not cover this exchange (the shares are relayed to their holders)
         use_self = len(participants) >= 2
-        share_keys = bool(o["dropout_recovery"]) and use_self
+        batch_key = (tuple(contributors), t)
         if use_self:
-            sharers = [k for k in participants
-                       if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER)
-                       == [j for j in participants if j != k]]
+            stale = [k for k in participants if not self._covered(batch_key, k, seq)]
+            if stale:
+                got = self.call(link, "share_keys", {k: [] for k in stale})
+                for k in stale:
+                    if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) \
+                            == [j for j in contributors if j != k]:
+                        self.batches[batch_key][k] = (seq, int(o["self_mask_batch"]))
+                    else:
+                        self.last_missing.setdefault(k, "share_keys")
+                participants = [k for k in participants if k not in self.last_missing]
+        self._exclude(k for k in contributors if k not in participants)
+        if participants != contributors:
             for k in participants:
-                if k not in sharers:
-                    self.last_missing.setdefault(k, "share_keys")
-        else:
-            sharers = participants
+                self.queue(k, self._msg(k, "control", (len(participants),),
+                                        {"participants": np.asarray(participants, np.int32)}, "participants"),
+                           "share_keys")
         t_setup = time.perf_counter()
 
         # -- 4. MaskedInputCollection
-        got = self.call(link, "masked_upload", {k: [] for k in sharers})
+        got = self.call(link, "masked_upload", {k: [] for k in participants})
         t_server = time.perf_counter()
         inbox = {}
-        for k in sharers:
+        for k in participants:
             msg = self.responses(got, k, "masked_upload")
             if msg is not None:
                 self.check_envelope(msg, self.fingerprint, k)
@@ -607,7 +732,7 @@ class MaskServer(ServerHalf):
                 self.last_missing.setdefault(k, "masked_upload")
         uploads = {k: self._read_upload(k, msg, announced[k], enc) for k, msg in inbox.items()}
         uploaders = sorted(uploads)
-        dropped_upload = [k for k in sharers if k not in uploads]
+        dropped_upload = [k for k in participants if k not in uploads]
         missing = sorted(self.last_missing)
         if missing and len(uploaders) < t:
             raise _dropout_error(where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
@@ -616,7 +741,7 @@ class MaskServer(ServerHalf):
             raise _dropout_error(where(), missing, "with distributed DP every client adds a share of the noise "
                                  f"variance provisioned for at most {plan.encoding['provisioned_dropouts']:g} "
                                  "dropout(s), so a sum without them would be short of DP noise (--dp-dropouts)")
-        if dropped_upload and not share_keys:
+        if dropped_upload and not (o["dropout_recovery"] and use_self):
             raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
                                  "toward them) and dropout recovery is disabled (dropout_recovery=False)")
         union = np.unique(np.concatenate([announced[k] for k in uploaders])) if uploaders else np.zeros(0, np.int64)
@@ -625,50 +750,8 @@ class MaskServer(ServerHalf):
             total[_positions(union, announced[k])] += y
 
         # -- 5. Unmasking
-        if dropped_upload or use_self:
-            want_b = uploaders if use_self else []
-            request = {"mask_key": np.asarray(dropped_upload, np.int32), "self_mask": np.asarray(want_b, np.int32)}
-            got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped_upload) + len(want_b),),
-                                                            request, "unmasking request"), 0)] for j in uploaders})
-            sk_shares, b_shares = defaultdict(list), defaultdict(list)
-            responders = []
-            for j in uploaders:
-                msg = self.responses(got, j, "unmask", "share")
-                if msg is None:
-                    self.last_missing.setdefault(j, "unmask")
-                    continue
-                self.check_envelope(msg, self.fingerprint, j)
-                responders.append(j)
-                try:
-                    for d, raw in msg.payload["mask_key"].items():
-                        sk_shares[int(d)].append(Share.from_bytes(raw))
-                    for u, raw in msg.payload["self_mask"].items():
-                        b_shares[int(u)].append(Share.from_bytes(raw))
-                except (KeyError, TypeError, ValueError, AttributeError) as e:
-                    raise IntegrityError(f"malformed unmasking shares ({e})", **where(j)) from None
-            if len(responders) < t:
-                raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
-                                     f"the unmasking round, fewer than the threshold t={t}")
-            sid = _streams(self.setup.run_id, plan.exchange, plan.tag, plan.round)
-            binding = ExchangeBinding(self.setup.run_id, plan.exchange, plan.tag, plan.round)
-            for d in dropped_upload:
-                keys = self._reconstruct_key(d, sk_shares[d], t, public[d])
-                for j in uploaders:
-                    c = np.intersect1d(announced[d], announced[j], assume_unique=True)
-                    if not c.size:
-                        continue
-                    m = ring_mask(keys.pairwise_seed(d, j, public[j], binding), sid["pairwise"], c, L, enc.dtype)
-                    pos = _positions(union, c)
-                    if d > j:      # j added +PRG(s_jd)
-                        total[pos] -= m
-                    else:          # j subtracted it
-                        total[pos] += m
-            for u in want_b:
-                try:
-                    b_u = combine(b_shares[u], t)
-                except ValueError as e:
-                    raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
-                total[_positions(union, announced[u])] -= ring_mask(b_u, sid["self"], announced[u], L, enc.dtype)
+        if use_self:
+            self._unmask(link, total, union, announced, uploaders, dropped_upload, t, enc, batch_key)
         t_down = time.perf_counter()
 
         # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed what
@@ -693,6 +776,61 @@ class MaskServer(ServerHalf):
         self.last_timing = {"setup_s": t_setup - t_start, "server_s": t_down - t_server}
         return included
 
+    def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key) -> None:
+        """Step 5: remove each uploader's self mask (from ``t`` shares of its seed) and the pairwise
+        masks the survivors shared with the dropped clients (from the survivors' seeds), in place."""
+        plan, where = self.plan, self.where
+        L = plan.block_len
+        request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32)}
+        got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request,
+                                                        "unmasking request"), 0)] for j in uploaders})
+        seeds, b_shares, responders = {}, defaultdict(list), []
+        for j in uploaders:
+            msg = self.responses(got, j, "unmask", "share")
+            if msg is None:
+                self.last_missing.setdefault(j, "unmask")
+                continue
+            self.check_envelope(msg, self.fingerprint, j)
+            responders.append(j)
+            try:
+                for d, raw in msg.payload["pairwise"].items():
+                    if int(d) not in dropped or len(raw) != SEED_BYTES:
+                        raise ValueError(f"an unrequested or malformed pairwise seed (client {d})")
+                    seeds[(j, int(d))] = bytes(raw)
+                for u, raw in msg.payload["self_mask"].items():
+                    b_shares[int(u)].append(Share.from_bytes(raw))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise IntegrityError(f"malformed unmasking answer ({e})", **where(j)) from None
+        if len(responders) < t:
+            raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
+                                 f"the unmasking round, fewer than the threshold t={t}")
+        sid = _streams(self.setup.run_id, plan.exchange, plan.tag, plan.round)
+        for d in dropped:
+            for j in uploaders:
+                c = np.intersect1d(announced[d], announced[j], assume_unique=True)
+                if not c.size:
+                    continue
+                if (j, d) not in seeds:
+                    raise _dropout_error(where(), [d, j] if j in self.last_missing else [d],
+                                         f"client {j} did not reveal its pairwise seed with dropped client {d}, "
+                                         "so their pairwise mask cannot be removed")
+                m = ring_mask(seeds[(j, d)], sid["pairwise"], c, L, enc.dtype)
+                pos = _positions(union, c)
+                if d > j:      # j added +PRG(s_jd)
+                    total[pos] -= m
+                else:          # j subtracted it
+                    total[pos] += m
+        for u in uploaders:
+            if len(b_shares[u]) < t:
+                self.batches[batch_key].pop(u, None)          # too few holders left: a fresh batch next time
+                raise _dropout_error(where(), [u], f"only {len(b_shares[u])} shares of its self-mask seed came "
+                                     f"back, fewer than the threshold t={t}")
+            try:
+                b_u = combine(b_shares[u], t)
+            except ValueError as e:
+                raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
+            total[_positions(union, announced[u])] -= ring_mask(b_u, sid["self"], announced[u], L, enc.dtype)
+
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:
         """Parse one masked upload; refuse anything but the announced blocks as ring elements."""
@@ -707,17 +845,6 @@ class MaskServer(ServerHalf):
         if tuple(msg.shape) != expected:
             raise ShapeError(f"masked upload declares shape {tuple(msg.shape)}, expected {expected}", **where)
         return read_words(p["data"], enc, expected, "masked upload", where)
-
-    def _reconstruct_key(self, d: int, shares: list[Share], t: int, public: bytes) -> MaskKeyPair:
-        try:
-            keys = MaskKeyPair.from_private_bytes(combine(shares, t))
-        except ValueError as e:
-            raise IntegrityError(f"cannot reconstruct the mask key of dropped client {d}: {e}",
-                                 **self.where(d)) from None
-        if keys.public_bytes != public:
-            raise IntegrityError(f"shares of dropped client {d}'s mask key are inconsistent (the reconstructed "
-                                 "key does not match its advertised public key)", **self.where(d))
-        return keys
 
 
 # ====================================================================== the algorithms' facade
@@ -734,11 +861,15 @@ class MaskProtocol(SplitProtocol):
                        public bounds allow (see :func:`.quantize.choose_encoding`).
     reveal_to_server:  ``False`` (default): output mask, the server learns nothing;
                        ``True``: standard Bonawitz, the server learns the sums.
-    dropout_recovery:  share mask keys so that dropouts after key sharing are
-                       recovered; ``False`` aborts on any such dropout.
+    dropout_recovery:  recover a client that drops after the exchange's set-up (the
+                       survivors reveal this exchange's pairwise seeds with it);
+                       ``False`` aborts on any such dropout.
     threshold:         Shamir threshold t (>= 2); default a majority of the
                        exchange's contributors, ``n // 2 + 1``; capped at n.
     block_size:        values per transport block (default 4096).
+    self_mask_batch:   E, the self-mask seeds a client Shamir-shares at once (default 16):
+                       one share round covers E exchanges of the same contributor set and
+                       threshold; 1 shares a fresh seed in every exchange.
     """
 
     mode = "mask"
@@ -748,7 +879,8 @@ class MaskProtocol(SplitProtocol):
 
     def __init__(self, num_clients: int, *, ring_bits: int | str = "auto", frac_bits: int | None = None,
                  reveal_to_server: bool = False, dropout_recovery: bool = True,
-                 threshold: int | None = None, block_size: int = MASK_BLOCK, **base_options):
+                 threshold: int | None = None, block_size: int = MASK_BLOCK, self_mask_batch: int = 16,
+                 **base_options):
         if ring_bits != "auto" and ring_bits not in RING_BITS:
             raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))} or 'auto', "
                                      f"got {ring_bits!r}")
@@ -757,12 +889,15 @@ class MaskProtocol(SplitProtocol):
                                      "each client would hold every other client's mask key")
         if int(block_size) < 1:
             raise ConfigurationError(f"block_size must be >= 1, got {block_size}")
+        if not 1 <= int(self_mask_batch) <= 1024:
+            raise ConfigurationError(f"self_mask_batch must be 1 to 1024, got {self_mask_batch}")
         self.ring_bits = ring_bits if ring_bits == "auto" else int(ring_bits)
         self.frac_bits = frac_bits
         self.reveal_to_server = bool(reveal_to_server)
         self.dropout_recovery = bool(dropout_recovery)
         self.threshold = None if threshold is None else int(threshold)
         self.block_size = int(block_size)
+        self.self_mask_batch = int(self_mask_batch)
         super().__init__(num_clients, **base_options)
         self._pending_drops: dict[int, str] = {}
         #: clients whose contributions the last result covers, and who dropped (client -> stage)
@@ -781,7 +916,7 @@ class MaskProtocol(SplitProtocol):
     def public_options(self) -> dict:
         return {"ring_bits": self.ring_bits, "frac_bits": self.frac_bits, "reveal_to_server": self.reveal_to_server,
                 "dropout_recovery": self.dropout_recovery, "threshold": self.threshold,
-                "block_size": self.block_size}
+                "block_size": self.block_size, "self_mask_batch": self.self_mask_batch}
 
     # ------------------------------------------------------------------ public knobs
     @property

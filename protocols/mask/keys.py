@@ -5,10 +5,11 @@ a Diffie-Hellman public key ``s_u^PK``; clients ``u, v`` then share the seed
 ``s_{u,v} = KA.agree(s_u^SK, s_v^PK)`` that expands into their pairwise mask, and
 the server, which relays the public keys, never learns it.  Here:
 
-* KA = X25519 (RFC 7748) from ``cryptography``; a fresh key pair per client **per
-  exchange** (one Bonawitz aggregation instance), because dropout recovery reveals
-  the secret key of a dropped client to the server: a key reused across exchanges
-  would then unmask that client's past and future uploads.
+* KA = X25519 (RFC 7748) from ``cryptography``; one key pair per client **per run**, whose
+  secret key never leaves the client: dropout recovery reveals the dropped client's
+  pairwise seeds *of that exchange*, given by the survivors (:mod:`.backend`, step 5),
+  never the key (Bonawitz et al. share the key itself, which is why they draw a fresh one
+  per aggregation).  The DH output of each pair is computed once and cached.
 * The raw DH output goes through HKDF-SHA256 (RFC 5869) with ``salt = run id`` and an
   ``info`` that binds the purpose, the exchange (sequence number, tag, round) and
   the ordered pair (lower id, higher id, both public keys), giving a 32-byte seed
@@ -70,11 +71,12 @@ def _hkdf(ikm: bytes, salt: bytes, info: bytes) -> bytes:
 
 
 class MaskKeyPair:
-    """A client's X25519 mask key pair for one exchange."""
+    """A client's X25519 mask key pair for one run."""
 
     def __init__(self, private: X25519PrivateKey):
         self._private = private
         self.public_bytes = private.public_key().public_bytes(**_RAW)
+        self._agreed: dict[bytes, bytes] = {}          # peer public key -> X25519 output
 
     @classmethod
     def generate(cls) -> "MaskKeyPair":
@@ -101,11 +103,14 @@ class MaskKeyPair:
             raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
         if len(peer_public) != PUBLIC_KEY_BYTES:
             raise IntegrityError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}", **where)
-        try:
-            shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
-        except ValueError:
-            raise IntegrityError("the peer's X25519 public key is a low-order point (all-zero shared secret): "
-                                 "refused", **where) from None
+        shared = self._agreed.get(bytes(peer_public))
+        if shared is None:
+            try:
+                shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+            except ValueError:
+                raise IntegrityError("the peer's X25519 public key is a low-order point (all-zero shared secret): "
+                                     "refused", **where) from None
+            self._agreed[bytes(peer_public)] = shared
         (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
         info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encode(),
                      lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)

@@ -146,6 +146,12 @@ def _call_nonfinite(fz, rng):
     return vals, {}, fz.next_round(), "fuzz/x"
 
 
+def _call_first_exchange(f, rng):
+    """A run's first exchange on a fresh protocol object: mask keys are advertised once per run."""
+    f.proto = make_protocol(f.mode, K)
+    return f.values(rng), {}, f.next_round(), "fuzz/x"
+
+
 def _call_empty(fz, rng):
     choice = int(rng.integers(0, 3))
     if choice == 0:
@@ -186,7 +192,7 @@ CASES = [
          lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
     Case("bitflip_mask_public_key", ("mask",), True,
          lambda m: m.sender == VICTIM and m.kind == "public_key" and m.tag == "fuzz/x",
-         lambda m, r, f: dataclasses.replace(m, payload=_flip(m.payload, r))),
+         lambda m, r, f: dataclasses.replace(m, payload=_flip(m.payload, r)), call=_call_first_exchange),
     Case("bitflip_shares", ("mask",), True,
          lambda m: m.sender == VICTIM and ((m.kind == "ciphertext" and m.relay == SERVER) or m.kind == "share"),
          lambda m, r, f: (dataclasses.replace(m, payload=_flip(m.payload, r)) if isinstance(m.payload, bytes) else

@@ -24,7 +24,7 @@ from protocols.transcript import Message, Transcript
 from secure_fgl.config import ConfigError
 
 #: Message fields saved (the payload is never checkpointed)
-FIELDS = tuple(f.name for f in dataclasses.fields(Message) if f.name != "payload")
+FIELDS = tuple(f.name for f in dataclasses.fields(Message) if f.name not in ("payload", "received"))
 #: the side file, next to the checkpoint
 SIDE_FILE = "transcript.jsonl"
 
