@@ -76,6 +76,11 @@ class FixedPoint:
         return np.dtype(STORAGE_DTYPES[self.ring_bits]).newbyteorder("<")
 
     @property
+    def _signed(self) -> np.dtype:
+        """The signed word of the same width (two's complement)."""
+        return np.dtype(f"<i{self.dtype.itemsize}")
+
+    @property
     def bytes_per_value(self) -> int:
         return self.ring_bits // 8
 
@@ -115,11 +120,10 @@ class FixedPoint:
         else:
             q = np.ldexp(x, self.frac_bits)  # exact scaling by 2^f ...
             np.rint(q, out=q)                # ... then round half to even
-        # |q| < 2^(b-1) / K by construction, so the int64 cast is exact; the unsigned
-        # cast (a view for 64-bit words) is the two's-complement reduction mod the word,
-        # a multiple of 2^b (to_wire drops the bits above b).
-        q = q.astype(np.int64)
-        return q.view(self.dtype) if self.dtype.itemsize == 8 else q.astype(self.dtype)
+        # |q| < 2^(b-1) / K by construction, so the cast to the signed word is exact; its
+        # unsigned view is the two's-complement reduction mod the word, a multiple of 2^b
+        # (to_wire drops the bits above b).
+        return q.astype(self._signed).view(self.dtype)
 
     # ------------------------------------------------------------------ the wire
     def to_wire(self, words: np.ndarray) -> bytes:
@@ -128,7 +132,13 @@ class FixedPoint:
         w = np.ascontiguousarray(words, dtype=self.dtype)
         if self.dtype.itemsize == self.bytes_per_value:
             return w.tobytes()
-        return w.view(np.uint8).reshape(-1, self.dtype.itemsize)[:, :self.bytes_per_value].tobytes()
+        return w.reshape(-1).view(self._low_bytes())["low"].tobytes()
+
+    def _low_bytes(self) -> np.dtype:
+        """A word seen as its ``b/8`` low-order bytes (a void field at offset 0, little-endian
+        words): numpy copies these fields whole, much faster than a strided byte slice."""
+        return np.dtype({"names": ["low"], "formats": [f"V{self.bytes_per_value}"], "offsets": [0],
+                         "itemsize": self.dtype.itemsize})
 
     def from_wire(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
         """The words of :meth:`to_wire` back (a fresh array); ``data`` must hold exactly ``shape``."""
@@ -138,9 +148,9 @@ class FixedPoint:
             raise ValueError(f"{raw.size} bytes do not hold {n} ring elements of {self.bytes_per_value} bytes")
         if width == self.bytes_per_value:
             return raw.view(self.dtype).reshape(shape).copy()
-        words = np.zeros((n, width), dtype=np.uint8)
-        words[:, :self.bytes_per_value] = raw.reshape(n, self.bytes_per_value)
-        return words.view(self.dtype).reshape(shape)
+        words = np.zeros(n, dtype=self.dtype)
+        words.view(self._low_bytes())["low"] = raw.view(f"V{self.bytes_per_value}")
+        return words.reshape(shape)
 
     # ------------------------------------------------------------------ recipient side
     def decode(self, ring_sum: np.ndarray) -> np.ndarray:
@@ -151,9 +161,9 @@ class FixedPoint:
         """
         w = np.asarray(ring_sum, dtype=self.dtype)
         spare = 8 * self.dtype.itemsize - self.ring_bits
-        signed = ((w << w.dtype.type(spare)).view(f"<i{w.dtype.itemsize}") >> spare).astype(np.int64)
-        out = signed.astype(np.float64)
-        return out if self.integer else np.ldexp(out, -self.frac_bits)
+        signed = w.view(self._signed) if spare == 0 else (w << w.dtype.type(spare)).view(self._signed) >> spare
+        out = signed.astype(np.float64)          # as int64 -> float64 (the read-out term of error_bound)
+        return out if self.integer else np.ldexp(out, -self.frac_bits, out=out)
 
 
 def choose_encoding(*, max_abs: float, integer: bool, tolerance: float, num_contributors: int,
