@@ -75,6 +75,25 @@ def test_prg_offsets_and_domain_separation():
         assert not np.array_equal(ring_mask(key, o, np.arange(8), 5, dt), allb)
 
 
+
+@FAST
+@given(ids=st.sets(st.integers(0, 300), min_size=1, max_size=60), L=st.integers(1, 9),
+       gap=st.sampled_from([0, 16, 1 << 16]), span=st.sampled_from([8, 64, 1 << 24]))
+def test_ring_mask_spans_read_each_block_at_its_own_offset(ids, L, gap, span):
+    """However the ids are grouped into AES calls (gap and span limits), block ``b`` is the
+    keystream bytes ``[b L w, (b + 1) L w)``."""
+    import protocols.mask.prg as prg
+    key, sid, dt = bytes(range(32)), stream_id("self", b"run", 3, "t", 1), np.dtype("<u4")
+    ids = np.array(sorted(ids))
+    old = prg.SPAN_GAP_BYTES, prg.SPAN_MAX_BYTES
+    prg.SPAN_GAP_BYTES, prg.SPAN_MAX_BYTES = gap, span
+    try:
+        got = ring_mask(key, sid, ids, L, dt)
+    finally:
+        prg.SPAN_GAP_BYTES, prg.SPAN_MAX_BYTES = old
+    full = np.frombuffer(bytes(keystream(key, sid, 0, (int(ids[-1]) + 1) * L * 4)), dt).reshape(-1, L)
+    assert np.array_equal(got, full[ids])
+
 def test_pairwise_seed_symmetric_and_bound():
     a, b = MaskKeyPair.generate(), MaskKeyPair.generate()
     bind = ExchangeBinding(b"r" * 16, 1, "t", 0)

@@ -69,33 +69,30 @@ def keystream(key: bytes, sid: bytes, offset: int, nbytes: int) -> memoryview:
 def ring_mask(key: bytes, sid: bytes, block_ids: np.ndarray, block_len: int, dtype: np.dtype) -> np.ndarray:
     """Mask rows ``[len(block_ids), block_len]`` of ring elements for the given block ids.
 
-    Runs of consecutive ids share one AES call.  ``block_ids`` must be sorted and unique.
+    Nearby ids share one AES call (a span), whose blocks are gathered by one index.
+    ``block_ids`` must be sorted and unique.
     """
     dtype = np.dtype(dtype)
     w = dtype.itemsize
     ids = np.asarray(block_ids, dtype=np.int64)
     if ids.size == 0:
         return np.empty((0, block_len), dtype=dtype)
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [ids.size]])
     row_bytes = block_len * w
-    if starts.size == 1:  # one contiguous run (always so in the dense layout): no copy
+    if ids[-1] - ids[0] + 1 == ids.size:  # one contiguous run (always so in the dense layout): no copy
         return np.frombuffer(keystream(key, sid, int(ids[0]) * row_bytes, ids.size * row_bytes),
                              dtype=dtype).reshape(ids.size, block_len)
+    # spans of nearby blocks: a new span where the gap exceeds SPAN_GAP_BYTES or the span would
+    # exceed SPAN_MAX_BYTES; each span is one AES call, its blocks gathered by one index
+    starts = [0]
+    for cut in (np.flatnonzero((np.diff(ids) - 1) * row_bytes > SPAN_GAP_BYTES) + 1).tolist() + [ids.size]:
+        while cut - starts[-1] > 1 and (ids[cut - 1] - ids[starts[-1]] + 1) * row_bytes > SPAN_MAX_BYTES:
+            room = max(1, SPAN_MAX_BYTES // row_bytes)          # blocks per span (at least one)
+            starts.append(starts[-1] + max(1, int(np.searchsorted(ids[starts[-1]:cut], ids[starts[-1]] + room))))
+        starts.append(cut)
     out = np.empty((ids.size, block_len), dtype=dtype)
-    runs = list(zip(starts.tolist(), ends.tolist(), (ids[starts] * row_bytes).tolist()))
-    i = 0
-    while i < len(runs):                 # one AES call per span of nearby runs
-        j, span0 = i + 1, runs[i][2]
-        span1 = span0 + (runs[i][1] - runs[i][0]) * row_bytes
-        while j < len(runs) and runs[j][2] - span1 <= SPAN_GAP_BYTES \
-                and runs[j][2] + (runs[j][1] - runs[j][0]) * row_bytes - span0 <= SPAN_MAX_BYTES:
-            span1 = runs[j][2] + (runs[j][1] - runs[j][0]) * row_bytes
-            j += 1
-        buf = keystream(key, sid, span0, span1 - span0)
-        for s, e, at in runs[i:j]:
-            out[s:e] = np.frombuffer(buf[at - span0:at - span0 + (e - s) * row_bytes],
-                                     dtype=dtype).reshape(e - s, block_len)
-        i = j
+    for s, e in zip(starts[:-1], starts[1:]):
+        first = int(ids[s])
+        span = np.frombuffer(keystream(key, sid, first * row_bytes, (int(ids[e - 1]) - first + 1) * row_bytes),
+                             dtype=dtype).reshape(-1, block_len)
+        out[s:e] = span[ids[s:e] - first]
     return out
