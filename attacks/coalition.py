@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocols.mask.keys import output_mask_keys
-from protocols.mask.prg import ring_mask, stream_id
+from protocols.mask.prg import ranked_mask, ring_mask, stream_id
 from protocols.mask.shamir import Share, combine
 from protocols.transcript import SERVER, client_party, party_client
 
@@ -89,13 +89,13 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
             seed = revealed.get((j, victim))
         if seed is None:
             continue
-        m = ring_mask(seed, sid["pairwise"], common, L, dtype)
+        m = ranked_mask(seed, sid["pairwise"], common.size, L, dtype)
         pos = np.searchsorted(ids, common)
         y[pos] = y[pos] - m if j > victim else y[pos] + m    # victim added +PRG for j > victim
         removed.append(f"pairwise({victim},{j})")
     b = _rebuild(b_sh.get(victim, []), t)
     if b is not None:
-        y -= ring_mask(b, sid["self"], ids, L, dtype)
+        y -= ranked_mask(b, sid["self"], ids.size, L, dtype)
         removed.append("self mask")
     if not proto.reveal_to_server and coalition:
         for sign, key in zip((1, -1), output_mask_keys(proto._group_seed[coalition[0]], victim, proto.num_clients,

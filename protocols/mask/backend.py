@@ -136,7 +136,7 @@ from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import (PUBLIC_KEY_BYTES, SEED_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
                    output_mask_keys)
-from .prg import ring_mask, stream_id
+from .prg import ranked_mask, ring_mask, stream_id
 from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .shamir import SHARE_BYTES, Share, combine, split
 
@@ -225,14 +225,14 @@ def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[
     y = st.encoded.copy()
     for j, seed in st.seeds.items():
         c = st.common[j]
-        m = ring_mask(seed, sid["pairwise"], c, L, dtype)
+        m = ranked_mask(seed, sid["pairwise"], c.size, L, dtype)
         pos = _positions(st.ids, c)
         if j > k:
             y[pos] += m
         else:
             y[pos] -= m
     if st.self_seed is not None:
-        y += ring_mask(st.self_seed, sid["self"], st.ids, L, dtype)
+        y += ranked_mask(st.self_seed, sid["self"], st.ids.size, L, dtype)
     for sign, key in zip((1, -1), out_keys):
         m = ring_mask(key, sid["output"], st.ids, L, dtype)
         if sign > 0:
@@ -814,7 +814,7 @@ class MaskServer(ServerHalf):
                     raise _dropout_error(where(), [d, j] if j in self.last_missing else [d],
                                          f"client {j} did not reveal its pairwise seed with dropped client {d}, "
                                          "so their pairwise mask cannot be removed")
-                m = ring_mask(seeds[(j, d)], sid["pairwise"], c, L, enc.dtype)
+                m = ranked_mask(seeds[(j, d)], sid["pairwise"], c.size, L, enc.dtype)
                 pos = _positions(union, c)
                 if d > j:      # j added +PRG(s_jd)
                     total[pos] -= m
@@ -829,7 +829,8 @@ class MaskServer(ServerHalf):
                 b_u = combine(b_shares[u], t)
             except ValueError as e:
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
-            total[_positions(union, announced[u])] -= ring_mask(b_u, sid["self"], announced[u], L, enc.dtype)
+            total[_positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L,
+                                                                  enc.dtype)
 
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:

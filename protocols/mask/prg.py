@@ -15,11 +15,14 @@ Keystream layout — no (key, counter) pair is ever used twice:
   bytes; output-mask keys are HKDF(group seed, info binding the exchange and client).
 * the 128-bit initial counter block is ``stream_id (8 bytes) || block offset (8 bytes)``
   where ``stream_id = SHA-256(purpose, run, seq, tag, round)[:8]`` binds the exchange a
-  second time, and a block with id ``bid`` of ``L`` values of ``w`` bytes reads the
-  keystream bytes ``[bid*L*w, (bid+1)*L*w)`` of that stream.  Distinct blocks
-  therefore read disjoint keystream, and a contiguous run of blocks is produced
-  by one AES call (the dense layout is a single call per key).  The 64-bit offset
-  half never carries into the stream id for streams below 2^68 bytes.
+  second time, and a block at index ``i`` of ``L`` values of ``w`` bytes reads the
+  keystream bytes ``[i*L*w, (i+1)*L*w)`` of that stream.  The index is the block's
+  *rank* in a set both ends know where one exists — a pairwise mask over the pair's
+  common blocks, a self mask over its owner's announced blocks (:func:`ranked_mask`: one
+  AES call, nothing read in vain, however scattered the ids) — and the block id for the
+  output masks, whose blocks differ between the contributor and each recipient
+  (:func:`ring_mask`).  Distinct blocks therefore read disjoint keystream.  The 64-bit
+  offset half never carries into the stream id for streams below 2^68 bytes.
 """
 from __future__ import annotations
 
@@ -96,3 +99,9 @@ def ring_mask(key: bytes, sid: bytes, block_ids: np.ndarray, block_len: int, dty
                              dtype=dtype).reshape(-1, block_len)
         out[s:e] = span[ids[s:e] - first]
     return out
+
+
+def ranked_mask(key: bytes, sid: bytes, num_blocks: int, block_len: int, dtype: np.dtype) -> np.ndarray:
+    """Mask rows ``[num_blocks, block_len]`` for blocks indexed by their rank ``0 .. num_blocks - 1``
+    in a set both ends of the mask know (one contiguous keystream read)."""
+    return ring_mask(key, sid, np.arange(num_blocks), block_len, dtype)
