@@ -94,6 +94,16 @@ def test_ring_mask_spans_read_each_block_at_its_own_offset(ids, L, gap, span):
     full = np.frombuffer(bytes(keystream(key, sid, 0, (int(ids[-1]) + 1) * L * 4)), dt).reshape(-1, L)
     assert np.array_equal(got, full[ids])
 
+
+@FAST
+@given(ikm=st.binary(min_size=32, max_size=32), salt=st.binary(max_size=32), info=st.binary(max_size=200))
+def test_hkdf_is_rfc5869(ikm, salt, info):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from protocols.mask.keys import _hkdf
+    assert _hkdf(ikm, salt, info) == HKDF(algorithm=hashes.SHA256(), length=32, salt=salt or None,
+                                          info=info).derive(ikm)
+
 def test_pairwise_seed_symmetric_and_bound():
     a, b = MaskKeyPair.generate(), MaskKeyPair.generate()
     bind = ExchangeBinding(b"r" * 16, 1, "t", 0)

@@ -26,12 +26,12 @@ the ring, so runs with the same protocol seed give bit-identical sums.
 """
 from __future__ import annotations
 
+import hmac
 import os
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .. import validate
 from ..errors import ConfigurationError, IntegrityError
@@ -67,7 +67,8 @@ def _join(*parts: bytes) -> bytes:
 
 
 def _hkdf(ikm: bytes, salt: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=salt, info=info).derive(ikm)
+    """HKDF-SHA256 (RFC 5869) with a 32-byte output: ``HMAC(HMAC(salt, ikm), info || 0x01)``."""
+    return hmac.digest(hmac.digest(salt, ikm, "sha256"), info + b"\x01", "sha256")
 
 
 class MaskKeyPair:
