@@ -253,18 +253,16 @@ def remove_output_masks(rows: np.ndarray, members: np.ndarray, group_seed: bytes
     m = members.astype(np.int8)
     coef = m - np.concatenate([np.zeros((m.shape[0], 1), np.int8), m[:, :-1]], axis=1)
     for j in np.flatnonzero(np.any(coef != 0, axis=0)).tolist():
-        key = output_mask_key(group_seed, j, binding)
-        for sign in (1, -1):
-            sel = np.flatnonzero(coef[:, j] == sign)
-            if sel.size == 0:
-                continue
-            whole = sel.size == rows.shape[0]
-            mask = ring_mask(key, sid, block_ids if whole else block_ids[sel], L, rows.dtype)
-            target = slice(None) if whole else sel
-            if sign > 0:
-                rows[target] -= mask
-            else:
-                rows[target] += mask
+        rows_j = np.flatnonzero(coef[:, j])
+        whole = rows_j.size == rows.shape[0]
+        mask = ring_mask(output_mask_key(group_seed, j, binding), sid, block_ids if whole else block_ids[rows_j],
+                         L, rows.dtype)
+        plus = coef[rows_j, j] > 0
+        if plus.all():
+            rows[slice(None) if whole else rows_j] -= mask
+            continue
+        rows[rows_j[plus]] -= mask[plus]
+        rows[rows_j[~plus]] += mask[~plus]
 
 
 def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
