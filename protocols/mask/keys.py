@@ -29,6 +29,7 @@ from __future__ import annotations
 import hmac
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -57,7 +58,9 @@ class ExchangeBinding:
         if not isinstance(self.run_id, bytes):
             raise ConfigurationError("an exchange binding needs a bytes run id", tag=self.tag, round=self.round)
 
-    def encode(self) -> bytes:
+    @cached_property
+    def encoded(self) -> bytes:
+        """The binding's unambiguous bytes (computed once)."""
         return _join(self.seq.to_bytes(8, "big"), self.tag.encode(), self.round.to_bytes(8, "big", signed=True))
 
 
@@ -113,14 +116,14 @@ class MaskKeyPair:
                                      "refused", **where) from None
             self._agreed[bytes(peer_public)] = shared
         (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
-        info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encode(),
+        info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encoded,
                      lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
         return _hkdf(shared, binding.run_id, info)
 
 
 def output_mask_key(group_seed: bytes, client: int, binding: ExchangeBinding) -> bytes:
     """Key of ``P_client``, the output-mask stream of client id ``client`` in this exchange (clients only)."""
-    info = _join(b"secure_fgl/mask/v1", b"output-mask", binding.encode(), client.to_bytes(4, "big"))
+    info = _join(b"secure_fgl/mask/v1", b"output-mask", binding.encoded, client.to_bytes(4, "big"))
     return _hkdf(group_seed, binding.run_id, info)
 
 

@@ -27,6 +27,7 @@ Keystream layout — no (key, counter) pair is ever used twice:
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -38,8 +39,10 @@ SPAN_GAP_BYTES = 1 << 16
 SPAN_MAX_BYTES = 1 << 24
 
 
+@lru_cache(maxsize=1024)
 def stream_id(purpose: str, run_id: bytes, seq: int, tag: str, rnd: int) -> bytes:
-    """8-byte stream identifier binding (purpose, run, exchange number, tag, round)."""
+    """8-byte stream identifier binding (purpose, run, exchange number, tag, round); public, so
+    memoised (every party derives the same few per exchange)."""
     h = hashlib.sha256()
     for part in (b"secure_fgl/mask/stream/v1", purpose.encode(), run_id, seq.to_bytes(8, "big"),
                  tag.encode(), rnd.to_bytes(8, "big", signed=True)):
