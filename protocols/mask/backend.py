@@ -755,20 +755,22 @@ class MaskServer(ServerHalf):
         # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed what
         included = tuple(uploaders)
         kind = "plain" if o["reveal_to_server"] else "masked"
-        downloads = {}
+        downloads, last = {}, (None, None)
         for r, bids in plan.requests.items():
-            rows = np.zeros((bids.size, L), dtype=enc.dtype)   # a block nobody contributed sums to 0
-            if union.size:
-                at = np.minimum(np.searchsorted(union, bids), union.size - 1)
-                hit = union[at] == bids
-                rows[hit] = total[at[hit]]
-            payload = {"block_ids": bids.astype(np.int32), "data": enc.to_wire(rows),
+            if last[0] is None or not np.array_equal(last[0], bids):    # dense: every recipient asks the same
+                rows = np.zeros((bids.size, L), dtype=enc.dtype)        # a block nobody contributed sums to 0
+                if union.size:
+                    at = np.minimum(np.searchsorted(union, bids), union.size - 1)
+                    hit = union[at] == bids
+                    rows[hit] = total[at[hit]]
+                last = (bids, enc.to_wire(rows))
+            payload = {"block_ids": bids.astype(np.int32), "data": last[1],
                        "included": np.asarray(included, np.int32)}
             if sparse and not o["reveal_to_server"]:
                 bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
                     else np.zeros((bids.size, 0), bool)
                 payload["contributors"] = np.packbits(bitmap, axis=1)
-            downloads[r] = [(self._msg(r, kind, rows.shape, payload), 0)]
+            downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
         self.call(link, "download", downloads)
         self.last_included = included
         self.last_timing = {"setup_s": t_setup - t_start, "server_s": t_down - t_server}
