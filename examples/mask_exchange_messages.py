@@ -4,7 +4,8 @@
 
 One weighted sum of ``--values`` floats over ``--clients`` clients (dense layout, the size of the
 Cora FedGCN model exchange) after a first exchange that pays the once-per-run set-up (key
-registration, the output-mask group seed); prints one JSON line per stage of the second exchange:
+registration, the output-mask group seed, the mask keys and the first batch of self-mask shares);
+prints one JSON line per stage of the second exchange:
 messages recorded, signed messages (a copy the server forwards is not signed again), verifications
 (every signed message is verified by each party it reaches) and bytes recorded.
 """

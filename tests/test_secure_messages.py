@@ -272,6 +272,24 @@ def test_honest_client_refuses_both_shares_of_one_client():
     assert seeds == {2: st.seeds[2]} and set(b) == {1, 3}
 
 
+
+def test_unmasking_round_is_answered_once_and_names_only_dropouts():
+    """No dropout: the round carries no request and every uploader returns self-mask shares of
+    all participants, no seed; a second unmasking round in the same exchange is refused."""
+    proto = MaskProtocol(4)
+    proto.weighted_sum("x/u", 0, _values(4, 20), spec=SPEC)
+    view = [m for m in proto.transcript.view(SERVER) if m.tag == "x/u"]
+    assert not [m for m in view if m.kind == "control" and m.note == "unmasking request"]
+    answers = [m for m in view if m.kind == "share"]
+    assert len(answers) == 4 and all(sorted(m.payload["self_mask"]) == [0, 1, 2, 3] and not m.payload["pairwise"]
+                                     for m in answers)
+    with pytest.raises(UnmaskingRefusedError, match="second unmasking round"):
+        proto.clients[1].stage_unmask([])
+    proto.drop_clients({2}, stage="upload")                 # a dropout: the request names it
+    proto.weighted_sum("x/u", 1, _values(4, 20), spec=SPEC)
+    req = [m for m in proto.transcript.view(SERVER) if m.round == 1 and m.note == "unmasking request"]
+    assert len(req) == 3 and all(list(m.payload["pairwise"]) == [2] for m in req)
+
 def test_ckks_shared_key_coalition_reads_every_upload():
     ck = make_protocol("ckks", 4)
     x = _values(4, 30)

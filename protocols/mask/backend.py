@@ -39,7 +39,9 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    ``b_u^(seq)`` **and**, for each client ``d`` that dropped before uploading, for the
    uploader's pairwise seed ``s_jd`` of this exchange — never both for one client; an honest
    client refuses a request naming one client in both lists
-   (:class:`~protocols.errors.UnmaskingRefusedError`).  The server rebuilds each ``b_u`` from
+   (:class:`~protocols.errors.UnmaskingRefusedError`) and answers one unmasking round per
+   exchange.  When every participant uploaded, the round carries no request: each uploader
+   answers with its shares of every participant's ``b_u`` and no seed.  The server rebuilds each ``b_u`` from
    ``t`` shares and removes ``PRG(b_u)``, and removes the survivors' dangling masks toward
    each dropped client — the sum then covers the survivors only and recipients are told who
    was included.  Where Bonawitz et al. rebuild the dropped client's secret key from ``t``
@@ -296,6 +298,7 @@ class MaskClient(ClientHalf):
         self.encoding: FixedPoint | None = None
         self._prepared: int | None = None                    # exchange whose contribution is encoded
         self._participants: list[int] | None = None           # the server's list, when it excluded someone
+        self._unmasked: int | None = None                     # the exchange whose unmasking round it answered
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
 
@@ -504,14 +507,22 @@ class MaskClient(ClientHalf):
         return self.group_seed
 
     def stage_unmask(self, inbox):
+        """Step 5, answered once per exchange: with no request from the server every participant
+        survived (self-mask shares of all, no pairwise seed); a request names who dropped."""
         if self.state is None:
             return []
-        msg = self._from_server(inbox, "unmask", "control")
-        try:
-            want_pairwise = [int(d) for d in msg.payload["pairwise"]]
-            want_self = [int(u) for u in msg.payload["self_mask"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
+        if self._unmasked == self.plan.exchange:
+            raise UnmaskingRefusedError("a second unmasking round in one exchange: refused", **self.where())
+        self._unmasked = self.plan.exchange
+        if not [m for m in inbox if m.sender == SERVER]:
+            want_pairwise, want_self = [], self._participants or list(self.plan.contributors)
+        else:
+            msg = self._from_server(inbox, "unmask", "control")
+            try:
+                want_pairwise = [int(d) for d in msg.payload["pairwise"]]
+                want_self = [int(u) for u in msg.payload["self_mask"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
         if want_pairwise and not self.options["dropout_recovery"]:
             raise UnmaskingRefusedError("the server asked for pairwise seeds, but dropout recovery is off",
                                         **self.where())
@@ -781,9 +792,12 @@ class MaskServer(ServerHalf):
         masks the survivors shared with the dropped clients (from the survivors' seeds), in place."""
         plan, where = self.plan, self.where
         L = plan.block_len
-        request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32)}
-        got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request,
-                                                        "unmasking request"), 0)] for j in uploaders})
+        if dropped:          # name who dropped; without a request every participant counts as a survivor
+            request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32)}
+            got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),),
+                                                            request, "unmasking request"), 0)] for j in uploaders})
+        else:
+            got = self.call(link, "unmask", {j: [] for j in uploaders})
         seeds, b_shares, responders = {}, defaultdict(list), []
         for j in uploaders:
             msg = self.responses(got, j, "unmask", "share")

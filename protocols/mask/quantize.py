@@ -112,18 +112,19 @@ class FixedPoint:
                                  f"{self.entry_bound:.6g} of the {self.ring_bits}-bit fixed-point encoding; "
                                  "raise ValueSpec.max_abs (or clip the contribution)",
                                  tag=tag, round=round, client=client)
-        if self.integer:
-            q = np.rint(x)
+        if self.integer:           # integral entries below the bound fit the signed word exactly
+            q = x.astype(self._signed)
             if not np.array_equal(q, x):
                 raise BoundError("an integer exchange received a non-integral entry; send counts (with DP, "
                                  "integer noise: DPRequest(integer=True)), or use a float ValueSpec (integer=False)", tag=tag, round=round, client=client)
         else:
             q = np.ldexp(x, self.frac_bits)  # exact scaling by 2^f ...
             np.rint(q, out=q)                # ... then round half to even
+            q = q.astype(self._signed)
         # |q| < 2^(b-1) / K by construction, so the cast to the signed word is exact; its
         # unsigned view is the two's-complement reduction mod the word, a multiple of 2^b
         # (to_wire drops the bits above b).
-        return q.astype(self._signed).view(self.dtype)
+        return q.view(self.dtype)
 
     # ------------------------------------------------------------------ the wire
     def to_wire(self, words: np.ndarray) -> bytes:
