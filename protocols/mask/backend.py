@@ -882,7 +882,7 @@ class MaskProtocol(SplitProtocol):
     threshold:         Shamir threshold t (>= 2); default a majority of the
                        exchange's contributors, ``n // 2 + 1``; capped at n.
     block_size:        values per transport block (default 4096).
-    self_mask_batch:   E, the self-mask seeds a client Shamir-shares at once (default 16):
+    self_mask_batch:   E, the self-mask seeds a client Shamir-shares at once (default 64):
                        one share round covers E exchanges of the same contributor set and
                        threshold; 1 shares a fresh seed in every exchange.
     """
@@ -894,7 +894,7 @@ class MaskProtocol(SplitProtocol):
 
     def __init__(self, num_clients: int, *, ring_bits: int | str = "auto", frac_bits: int | None = None,
                  reveal_to_server: bool = False, dropout_recovery: bool = True,
-                 threshold: int | None = None, block_size: int = MASK_BLOCK, self_mask_batch: int = 16,
+                 threshold: int | None = None, block_size: int = MASK_BLOCK, self_mask_batch: int = 64,
                  **base_options):
         if ring_bits != "auto" and ring_bits not in RING_BITS:
             raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))} or 'auto', "
