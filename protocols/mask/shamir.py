@@ -6,10 +6,11 @@ a random polynomial ``p`` of degree ``t-1`` over ``GF(P)``; holder ``i`` gets
 any ``t-1`` shares are independent of ``s`` (information-theoretically).
 
 Bonawitz et al. (CCS 2017, §4, rounds ShareKeys/Unmasking) share two secrets per
-client: the secret key of its mask key pair (so that the server can remove the
-pairwise masks of a client that dropped after the others masked toward it) and its
-self-mask seed (so that the server can remove the self mask of a survivor).  Both
-are 32-byte strings, so the field must exceed 2^256: we use ``P = 2^256 + 297``,
+client: the secret key of its mask key pair and its self-mask seed.  Here only the
+self-mask seeds are shared, a batch at a time (the survivors reveal their pairwise
+seeds with a dropped client instead of its key: :mod:`.backend`, step 5), so that the
+server can remove the self mask of a survivor.  A seed is a 32-byte string, so the
+field must exceed 2^256: we use ``P = 2^256 + 297``,
 the smallest prime above 2^256 (checked by :func:`_is_probable_prime` in the
 tests).  A share is an x-coordinate (a client id + 1, never 0) and a 33-byte value.
 
