@@ -244,3 +244,15 @@ def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tm
     assert side.read_bytes().startswith(before)                       # the first session's lines, kept
     assert side.read_text().count("\n") == resumed["comm"]["messages"] > first["comm"]["messages"]
     assert "transcript.jsonl" in resumed["files"]
+
+
+def test_overhead_repeats_report_the_median_of_per_repeat_ratios():
+    from secure_fgl.bench.overhead import medians
+    runs = [{"workload": "w", "mode": m, "repeat": r, "wall_s": w, "cpu_s": w, "wall_ratio_to_plain": q,
+             "cpu_ratio_to_plain": q} for r, (m, w, q) in enumerate(
+                 [("plain", 20.0, 1.0), ("mask", 23.0, 1.15), ("plain", 21.0, 1.0), ("mask", 22.0, 1.05),
+                  ("plain", 19.0, 1.0), ("mask", 21.0, 1.08)])]
+    runs.append({"workload": "w", "mode": "mask", "repeat": 3, "error": "worker exited 1"})
+    rec = {r["mode"]: r for r in medians(runs)}
+    assert rec["mask"]["repeats"] == 3 and rec["mask"]["wall_ratio_to_plain"] == 1.08
+    assert rec["mask"]["wall_ratio_to_plain_range"] == [1.05, 1.15] and rec["plain"]["wall_s"] == 20.0

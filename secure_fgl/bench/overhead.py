@@ -14,7 +14,9 @@ grid, ``--grid-model-mean --update-bound 1``: CKKS's exact integer fields; ``pla
 
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
-by side in one invocation.  ``wall_s`` is the whole :func:`~secure_fgl.experiment.run_experiment`
+by side in one invocation.  ``--repeats N`` runs the modes N times round-robin and adds, per mode,
+the median of the per-repeat ratios to plain and their range (a whole-run ratio moves by a few
+percent between invocations on a shared machine).  ``wall_s`` is the whole :func:`~secure_fgl.experiment.run_experiment`
 (data, set-up exchanges, training, evaluation, a checkpoint per round as in a CLI run; not the
 interpreter start); ``cpu_s`` its CPU time, the fairer measure on a shared machine (the load
 average before each run is recorded).  Bytes are the data
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,22 +124,47 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str | None = None) -> list[dict]:
+def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str | None = None,
+                  repeats: int = 1) -> list[dict]:
+    """Each workload's modes one after the other, ``repeats`` times round-robin (plain, mask, ckks,
+    plain, ...); every run's ratios divide by the plain run of its own repeat.  With several
+    repeats, :func:`medians` adds one summary record per (workload, mode)."""
     records = []
     for name in workloads:
-        plain = None
-        for mode in modes:
-            load = _load_average()
-            rec = {"workload": name, "mode": mode, "load_average_before": load,
-                   **_spawn(workload_config(name, mode, quick, data_root, executor))}
-            if mode == "plain" and "error" not in rec:
-                plain = rec
-            for what in ("wall", "cpu"):
-                rec[f"{what}_ratio_to_plain"] = (rec[f"{what}_s"] / plain[f"{what}_s"]
-                                                 if plain and "error" not in rec else None)
-            records.append(rec)
-            print(_line(rec), flush=True)
-    return records
+        for rep in range(repeats):
+            plain = None
+            for mode in modes:
+                load = _load_average()
+                rec = {"workload": name, "mode": mode, "repeat": rep, "load_average_before": load,
+                       **_spawn(workload_config(name, mode, quick, data_root, executor))}
+                if mode == "plain" and "error" not in rec:
+                    plain = rec
+                for what in ("wall", "cpu"):
+                    rec[f"{what}_ratio_to_plain"] = (rec[f"{what}_s"] / plain[f"{what}_s"]
+                                                     if plain and "error" not in rec else None)
+                records.append(rec)
+                print(_line(rec), flush=True)
+    return records + (medians(records) if repeats > 1 else [])
+
+
+def medians(records: list[dict]) -> list[dict]:
+    """Per (workload, mode) over its repeats: the median wall and CPU seconds and the median and
+    range of the per-repeat ratios to plain (``statistic: 'median'``; runs that failed are left out)."""
+    out = []
+    for key in dict.fromkeys((r["workload"], r["mode"]) for r in records if "error" not in r):
+        runs = [r for r in records if (r["workload"], r["mode"]) == key and "error" not in r]
+        rec = {"workload": key[0], "mode": key[1], "statistic": "median", "repeats": len(runs)}
+        for field in ("wall_s", "cpu_s", "wall_ratio_to_plain", "cpu_ratio_to_plain"):
+            vals = sorted(r[field] for r in runs if r.get(field) is not None)
+            rec[field] = statistics.median(vals) if vals else None
+            if field.endswith("ratio_to_plain") and vals:
+                rec[field + "_range"] = [vals[0], vals[-1]]
+        out.append(rec)
+        print(f"{key[0]:<17}{key[1]:<7}median of {len(runs)}: wall {_fmt(rec['wall_s'], '.1f')} s, "
+              f"/plain {_fmt(rec['wall_ratio_to_plain'], '.3f')}x (range {_fmt(rec.get('wall_ratio_to_plain_range', [None])[0], '.3f')}"
+              f"-{_fmt(rec.get('wall_ratio_to_plain_range', [None, None])[-1], '.3f')}), cpu /plain "
+              f"{_fmt(rec['cpu_ratio_to_plain'], '.3f')}x", flush=True)
+    return out
 
 
 #: ogbn-arxiv's shape (169,343 nodes, 1,166,243 edges, 128 float features, 40 classes) as a
@@ -184,7 +212,7 @@ def tag_table(records: list[dict]) -> list[str]:
     """Bytes up per tag per mode (MB) and the ratio to the float32 baseline."""
     lines = []
     for name in dict.fromkeys(r["workload"] for r in records if "per_tag" in r):
-        rows = [r for r in records if r["workload"] == name and "per_tag" in r]
+        rows = [r for r in records if r["workload"] == name and "per_tag" in r and not r.get("repeat")]
         tags = sorted({t for r in rows for t, v in r["per_tag"].items() if v["plaintext_bytes_up"] is not None})
         lines.append(f"{name}: bytes up per tag, MB (x float32)")
         for t in tags:
@@ -199,14 +227,14 @@ def tag_table(records: list[dict]) -> list[str]:
 
 
 def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
-                       sizes=None, arxiv: bool = True, executor: str | None = None) -> list[dict]:
+                       sizes=None, arxiv: bool = True, executor: str | None = None, repeats: int = 1) -> list[dict]:
     """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
     records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root,
-                            executor)
+                            executor, repeats)
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
@@ -240,12 +268,16 @@ def main(argv=None) -> None:
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
     ap.add_argument("--executor", default=None, choices=["inline", "local"],
                     help=f"where the parties run (default {EXECUTOR})")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the modes this many times round-robin and add the medians (default 1)")
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
     if a.worker is not None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
         return
     run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
-                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor)
+                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor, repeats=a.repeats)
 
 
 if __name__ == "__main__":

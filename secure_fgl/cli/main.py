@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
     runtime.add_argument("--executors", nargs="+", choices=["inline", "local", "ray"],
                          default=["inline", "local", "ray"])
-    runtime.add_argument("--repeats", type=int, default=None, help="runs per cell (median reported)")
+    runtime.add_argument("--repeats", type=int, default=None,
+                         help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)")
     runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
     return parser
 
@@ -230,7 +231,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                               features=args.features)
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
-            run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root)
+            run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root, repeats=args.repeats or 1)
         elif args.suite == "fuzz":
             from ..bench.fuzz import run_fuzz_bench
             run_fuzz_bench(args.out, cases=args.cases)
