@@ -618,3 +618,37 @@ def test_make_protocol_and_fingerprint():
     assert isinstance(p, MaskProtocol) and p.mode == "mask" and p.upload_kind == "masked"
     assert p.fingerprint != make_protocol("mask", 4).fingerprint
     assert p.block_capacity(ValueSpec()) == 4096
+
+
+@settings(max_examples=int(os.environ.get("MASK_EXAMPLES", 25)) // 5 + 2, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), batch=st.sampled_from([1, 2, 64]), data=st.data())
+def test_runs_of_exchanges_with_changing_contributors_and_dropouts_stay_exact(seed, batch, data):
+    """One protocol object across exchanges whose contributor sets change and whose clients drop:
+    self-mask batches (per contributor set), run-long keys and the participant lists keep every
+    sum the exact ring sum of the included clients."""
+    K = 6
+    proto = MaskProtocol(K, self_mask_batch=batch)
+    for rnd in range(6):
+        contributors = sorted(data.draw(st.sets(st.integers(0, K - 1), min_size=3, max_size=K)))
+        t = len(contributors) // 2 + 1
+        dropped = data.draw(st.sets(st.sampled_from(contributors), max_size=len(contributors) - t))
+        stage = data.draw(st.sampled_from(["upload", "keys"]))
+        vals, rng = _inputs(seed + rnd, K, (40,))
+        vals = {k: vals[k] for k in contributors}
+        proto.drop_clients(dropped, stage=stage)
+        survivors = {k: v for k, v in vals.items() if k not in dropped}
+        if data.draw(st.booleans()):            # dense layout
+            got = proto.weighted_sum("t/run", rnd, vals, spec=ValueSpec(max_abs=1.0), recipients=contributors)
+            assert np.array_equal(got, _ring_sum_decoded(proto, survivors))
+        else:                                   # sparse layout: each client touches some of 60 rows
+            rows = {k: np.sort(rng.choice(60, 25, replace=False)) for k in contributors}
+            contrib = {k: (rows[k], rng.uniform(-1, 1, (25, 2))) for k in contributors}
+            got = proto.row_sum("t/rows", rnd, contrib, {k: np.arange(60) for k in contributors}, 60,
+                                layout="sparse", spec=ValueSpec(max_abs=1.0))
+            enc, ring = proto.last_encoding, np.zeros((60, 2), dtype=proto.last_encoding.dtype)
+            for k in survivors:
+                dense = np.zeros((60, 2))
+                dense[contrib[k][0]] = contrib[k][1]
+                ring += enc.encode(dense)
+            assert all(np.array_equal(got[k], enc.decode(ring)) for k in contributors)
+        assert proto.last_included == tuple(sorted(survivors))

@@ -602,8 +602,8 @@ class MaskServer(ServerHalf):
         #: the clients' mask public keys (once per run) and which of them each client was sent
         self.mask_public: dict[int, bytes] = {}
         self.keys_sent: dict[int, set[int]] = defaultdict(set)
-        #: (contributors, threshold) -> client -> (first exchange, length) of its shared seed batch
-        self.batches: dict[tuple, dict[int, tuple[int, int]]] = defaultdict(dict)
+        #: (contributors, threshold) -> client -> (first exchange, length, holders) of its shared seed batch
+        self.batches: dict[tuple, dict[int, tuple[int, int, frozenset]]] = defaultdict(dict)
         #: clients missing in the last exchange -> the stage at which their answer was missing
         self.last_missing: dict[int, str] = {}
         self.last_included: tuple[int, ...] = ()
@@ -619,9 +619,10 @@ class MaskServer(ServerHalf):
     def _msg(self, k, kind, shape, payload, note=""):
         return self.message(k, kind, shape, payload, self.fingerprint, note)
 
-    def _covered(self, key: tuple, k: int, seq: int) -> bool:
-        first, n = self.batches[key].get(k, (0, 0))
-        return first <= seq < first + n
+    def _covered(self, key: tuple, k: int, seq: int, participants: list[int]) -> bool:
+        """``k``'s batch covers exchange ``seq`` and every participant holds a share of it."""
+        first, n, holders = self.batches[key].get(k, (0, 0, frozenset()))
+        return first <= seq < first + n and holders.issuperset(participants)
 
     def _exclude(self, clients) -> None:
         """Clients out of this exchange before uploading: what was queued for them is void."""
@@ -707,16 +708,17 @@ class MaskServer(ServerHalf):
         use_self = len(participants) >= 2
         batch_key = (tuple(contributors), t)
         if use_self:
-            stale = [k for k in participants if not self._covered(batch_key, k, seq)]
+            stale = [k for k in participants if not self._covered(batch_key, k, seq, participants)]
             if stale:
                 got = self.call(link, "share_keys", {k: [] for k in stale})
                 for k in stale:
                     if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) \
-                            == [j for j in contributors if j != k]:
-                        self.batches[batch_key][k] = (seq, int(o["self_mask_batch"]))
-                    else:
+                            != [j for j in contributors if j != k]:
                         self.last_missing.setdefault(k, "share_keys")
                 participants = [k for k in participants if k not in self.last_missing]
+                for k in stale:            # the holders: the participants, whose next bundle has the shares
+                    if k in participants:
+                        self.batches[batch_key][k] = (seq, int(o["self_mask_batch"]), frozenset(participants))
         self._exclude(k for k in contributors if k not in participants)
         if participants != contributors:
             for k in participants:
