@@ -20,7 +20,8 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    ``b_k^(s)`` (os.urandom) for exchanges ``s = seq .. seq+E-1`` of the same contributor set
    and threshold, and Shamir-shares each (threshold ``t``, :mod:`.shamir`) with the other
    contributors in one channel message per peer; the share round runs only in the exchanges
-   where a participant's batch does not cover ``seq`` (``E = 1``: every exchange).  Shares
+   where a participant's batch does not cover ``seq``, or some participant holds no share of it
+   (it was absent from that share round) (``E = 1``: every exchange).  Shares
    travel over the encrypted client-to-client channel relayed by the server
    (:mod:`protocols.channel`; recorded as ``ciphertext`` messages with ``relay='server'``): the
    server cannot read them.  If a contributor drops before uploading is planned (no key, no
