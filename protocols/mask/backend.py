@@ -482,7 +482,7 @@ class MaskClient(ClientHalf):
             if st.self_seed is None:
                 raise IntegrityError("no self-mask seed was shared for this exchange (the server skipped the "
                                      "share round)", **self.where())
-            st.held = {u: b.at(seq) for u, b in self.held_batches.get(key, {}).items() if b.at(seq) is not None}
+            st.held = {u: share for u, b in self.held_batches.get(key, {}).items() if (share := b.at(seq)) is not None}
         if st.common and self.mask_keys is None:
             raise IntegrityError("this client advertised no mask key", **self.where())
         binding = self._binding()
