@@ -340,6 +340,7 @@ class DPEngine:
         self._tags: dict[str, _TagState] = {}
         self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
         self._local_step: dict[str, int] = {}      # last step counted per local-release tag
+        self._local_shares: dict[str, int] = {}    # clients whose noise shares a local release's sum carries
         #: called with :meth:`state_dict` after every release, before its values leave the client
         self.on_release: Callable[[dict], None] | None = None
         self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
@@ -449,24 +450,29 @@ class DPEngine:
         return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
 
     # ------------------------------------------------------------------ local releases
-    def local_release(self, tag: str, step: int, req: DPRequest) -> float:
-        """The std ``sigma = z_t Delta`` of a release one client computes and noises alone from its
-        own records (a DP-SGD step, :mod:`secure_fgl.dpsgd`); Delta = ``req.sensitivity`` or
-        ``req.clip``.  Clients hold disjoint records, so step ``step`` of every client is one
-        release (parallel composition, McSherry 2009): the first call with a new, larger ``step``
-        counts it, later calls for the same step do not.  Whoever holds the records draws the
-        noise (:meth:`local_noise` in process; a client runtime from its own keystream)."""
+    def local_release(self, tag: str, step: int, req: DPRequest, *, contributors: int = 1) -> float:
+        """Each client's noise std for a release it computes from its own records (a DP-SGD step,
+        :mod:`secure_fgl.dpsgd`): ``sigma = z_t Delta``, Delta = ``req.sensitivity`` or ``req.clip``.
+        Clients hold disjoint records, so step ``step`` of every client is one release (parallel
+        composition, McSherry 2009): the first call with a new, larger ``step`` counts it, later
+        calls for the same step do not.  ``contributors`` > 1: the step's results leave the clients
+        only as one secure sum of that many (a one-step SGD update averaged by the protocol), so in
+        distributed placement each adds ``sigma / sqrt(max(1, n - dropouts - colluders))``, as in an
+        exchange.  Whoever holds the records draws the noise (:meth:`local_noise` in process; a
+        client runtime from its own keystream)."""
         if step > self._local_step.get(tag, -1):
             st, sens, sigma = self._begin(tag, step, req, req.clip)
             self._local_step[tag] = int(step)
             self._commit(tag, st, sens, req, sigma)
-            return sigma
-        return self._tags[tag].noise_multiplier * float(req.sensitivity or req.clip)
+        else:
+            sigma = self._tags[tag].noise_multiplier * float(req.sensitivity or req.clip)
+        self._local_shares[tag] = int(contributors)
+        return float(self._client_std(sigma, contributors)) if contributors > 1 else sigma
 
-    def local_noise(self, tag: str, step: int, size: int, req: DPRequest) -> np.ndarray:
-        """N(0, sigma^2) noise of size ``size`` for release ``step`` of ``tag``
-        (:meth:`local_release`), from this engine's OS-keyed keystream."""
-        return gaussian_noise(self._noise, self.local_release(tag, step, req), int(size))
+    def local_noise(self, tag: str, step: int, size: int, req: DPRequest, *, contributors: int = 1) -> np.ndarray:
+        """Noise of size ``size`` for release ``step`` of ``tag`` at the std :meth:`local_release`
+        gives, from this engine's OS-keyed keystream."""
+        return gaussian_noise(self._noise, self.local_release(tag, step, req, contributors=contributors), int(size))
 
     # ------------------------------------------------------------------ exchanges
     def vector_release(self, tag: str, rnd: int, n: int, length: int, req: DPRequest, *,
@@ -605,4 +611,6 @@ class DPEngine:
                                                     "sensitivity": None})
             entry.update({"epsilon_budget": st.epsilon, "planned_releases": st.releases,
                           "clip": st.clip, "integer": st.integer})
+            if tag in self._local_shares:
+                entry["noise_shares"] = self._local_shares[tag]
         return rep

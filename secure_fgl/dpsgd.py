@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from protocols import DPRequest
 
 from .engine import rng
+from .runtime.facts import PublicFacts
 
 
 #: what a DP-SGD step asks for its noise: the number of gradient entries -> N(0, sigma^2) noise
@@ -110,6 +111,28 @@ class DPSGD:
         return loss
 
 
+def noise_contributors(cfg, placement: str, num_trainers: int, model_mean_has_dp: bool) -> int:
+    r"""How many clients' noise shares one DP-SGD step's release carries: ``num_trainers`` (the
+    clients with training nodes) when the step leaves them only inside the protocol's secure
+    model mean, else 1 (each client adds all of ``sigma``).
+
+    The secure sum carries the step when a round is exactly one plain SGD step
+    (``--local-epochs 1 --optimizer sgd``, no momentum), every client takes part
+    (``--client-fraction 1``), the model mean is the unnoised FedAvg mean with weights
+    ``n_k / N`` and the placement is distributed (ckks, mask).  Then
+
+    .. math::  \sum_k \frac{n_k}{N}\Big(w - \frac{\eta}{n_k}(G_k + \xi_k)\Big)
+               = w - \frac{\eta}{N}\Big(\sum_k G_k + \sum_k \xi_k\Big),
+
+    one DP-SGD step on the union of the clients' training nodes (``G_k`` a client's clipped
+    sum) whose noise is the sum of the shares ``xi_k``; only this mean leaves the secure sum.
+    With several local steps or Adam's per-client moments a client's upload is a non-linear
+    function of its own share, which then has to carry all of ``sigma``."""
+    one_sgd_step = cfg.local_epochs == 1 and cfg.optimizer == "sgd" and not cfg.momentum
+    secure_sum = placement == "distributed" and cfg.client_fraction == 1 and not model_mean_has_dp
+    return int(num_trainers) if one_sgd_step and secure_sum else 1
+
+
 def stage_request(clip: float, rounds: int, local_epochs: int) -> DPRequest:
     """The DP request of one training stage: sensitivity C per step, ``rounds x local_epochs`` releases."""
     return DPRequest(clip=float(clip), sensitivity=float(clip), releases=int(rounds) * int(local_epochs))
@@ -130,7 +153,10 @@ class EngineDPSGD(DPSGD):
         ``r * local_epochs + t``."""
         c, epochs = algo.clients[k], algo.cfg.local_epochs
         x, edge_index = algo.client_inputs(k)
-        noises = [lambda size, step=algo.round * epochs + s: self.engine.local_noise(self.tag, step, size, self.request)
+        n = noise_contributors(algo.cfg, self.engine.config.placement, PublicFacts.of(algo.fed).num_trainers,
+                               algo.model_dp_request(f"{algo.name}/model") is not None)
+        noises = [lambda size, step=algo.round * epochs + s: self.engine.local_noise(self.tag, step, size, self.request,
+                                                                                     contributors=n)
                   for s in range(epochs)]
         return self.train(algo.models[k], algo.optimizers[k], x, edge_index, c.y, c.train_mask, seed=algo.cfg.seed,
                           rnd=algo.round, client=k, noises=noises)

@@ -159,11 +159,20 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
         entry = {"tag": tag, "touches": sorted(deps), "dp": tag in per_tag}
         if tag in local_units and tag in per_tag:
             t = per_tag[tag]
+            shares = int(t.get("noise_shares", 1))
             entry.update({"unit": local_units[tag], "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
                           "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"], "share": protocol.dp.share(tag),
+                          "noise_shares": shares,
                           "note": "DP-SGD: protects a training node's features and label as a record of this model; "
-                                  "the model exchanges are post-processing of these noisy gradients"})
+                                  "the model exchanges are post-processing of these noisy gradients; "
+                                  + (f"each step's noise is split over {shares} clients' shares inside the secure "
+                                     "model mean (one SGD step per round)" if shares > 1 else
+                                     "each client adds all of each step's noise")})
             covered = True      # protects features/labels of training nodes; touches no edge
+            if shares == 1 and rep["placement"] == "distributed":
+                warnings.append(f"{tag}: each client adds all of each DP-SGD step's noise (several local steps, "
+                                "Adam or momentum, or client sampling); --local-epochs 1 --optimizer sgd lets the "
+                                "secure model mean carry it, split over the clients' noise shares")
         elif tag in per_tag:
             t = per_tag[tag]
             rel_unit = unit if any(tag == s or tag.startswith(s) for s in sums) else "client"
@@ -218,13 +227,14 @@ def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients
     for r in releases:
         if not r.get("dp"):
             continue
-        if r.get("unit") == "sample":          # DP-SGD: each client adds all of its own noise
+        if r.get("unit") == "sample" and r.get("noise_shares", 1) <= 1:   # DP-SGD, all noise local
             left = 1.0
         elif any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
             left = 1.0 / (1 + max(0, colluding - calibrated))
-        else:
-            honest = num_clients - dropouts - colluding
-            left = 1.0 if honest <= 0 else honest / max(1, num_clients - dropouts - calibrated)
+        else:                                   # dense sums of n shares (DP-SGD in the secure mean too)
+            n = int(r.get("noise_shares", num_clients)) if r.get("unit") == "sample" else num_clients
+            honest = n - dropouts - colluding
+            left = 1.0 if honest <= 0 else honest / max(1, n - dropouts - calibrated)
         history.append((r["noise_multiplier"] * math.sqrt(min(1.0, left)), 1.0, int(r["releases"])))
     eps = gaussian_epsilon(gaussian_mu(history), delta) if history else 0.0
     return {"colluding_clients": colluding, "calibrated_colluders": calibrated, "dropouts": dropouts,

@@ -3,6 +3,8 @@ from the run's CSPRNG (not the seed), steps of all clients count once (parallel 
 and the run's one accountant composes them with the hop releases."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -66,3 +68,62 @@ def test_gap_with_dpsgd_composes_sample_and_edge_releases():
     acc = PRVAccountant()
     acc.history = [(r["noise_multiplier"], 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
     assert acc.get_epsilon(delta=1e-5, eps_error=1e-3) == pytest.approx(p["total_epsilon"], rel=0.01)
+
+
+def test_secure_mean_of_one_sgd_step_is_one_central_dpsgd_step():
+    """noise_contributors' equation: the FedAvg mean (weights n_k/N) of one plain SGD step per
+    client equals one DP-SGD step on the union of the clients' nodes whose noise is the sum of
+    the clients' shares."""
+    torch.manual_seed(1)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    owner = torch.arange(40) % 3
+    base = build_model("mlp", 6, 8, 3, num_layers=2, dropout=0.0)
+    size = sum(p.numel() for p in base.parameters())
+    shares = [torch.randn(size, dtype=torch.float64) for _ in range(3)]
+    sgd, lr = DPSGD(clip=0.3), 0.7
+
+    def stepped(mask, noise):
+        model = build_model("mlp", 6, 8, 3, num_layers=2, dropout=0.0)
+        model.load_state_dict(base.state_dict())
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        sgd.step(model, opt, lambda n: noise.numpy(), x, None, y, mask)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    masks = [owner == k for k in range(3)]
+    n = [int(m.sum()) for m in masks]
+    mean = sum(stepped(m, s) * (nk / 40) for m, s, nk in zip(masks, shares, n))
+    central = stepped(torch.ones(40, dtype=torch.bool), sum(shares))
+    assert torch.allclose(mean, central, atol=1e-5)
+
+
+def test_noise_shares_only_for_one_sgd_step_in_a_secure_mean():
+    from secure_fgl.dpsgd import noise_contributors
+    ok = RunConfig(algorithm="fedgcn-gap", mode="mask", local_epochs=1, optimizer="sgd")
+    assert noise_contributors(ok, "distributed", 10, False) == 10
+    assert noise_contributors(ok, "local", 10, False) == 1                     # plain: the server sees each
+    assert noise_contributors(ok, "distributed", 10, True) == 1                # the mean is DP-FedAvg's
+    for change in ({"local_epochs": 2}, {"optimizer": "adam"}, {"momentum": 0.9}, {"client_fraction": 0.5}):
+        assert noise_contributors(replace(ok, **change), "distributed", 10, False) == 1, change
+
+
+def test_distributed_step_noise_is_split_and_counted_once():
+    eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=10,
+                   protocol_mode="mask")
+    sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=1)
+    sigma = eng.local_release(sgd.tag, 0, sgd.request)
+    share = eng.local_release(sgd.tag, 0, sgd.request, contributors=10)
+    assert share == pytest.approx(sigma / 3.0)                                 # sqrt(10 - 0 dropouts - 1)
+    assert eng.accountant.releases("stage/dpsgd") == 1
+    assert eng.report()["per_tag"]["stage/dpsgd"]["noise_shares"] == 10
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")
+def test_gap_dpsgd_in_mask_mode_splits_each_step_over_the_clients():
+    cfg = RunConfig(algorithm="fedgcn-gap", mode="mask", clients=3, rounds=2, local_epochs=1, optimizer="sgd",
+                    lr=1.0, dp_epsilon=4.0, options={"dpsgd": True}, synthetic=dict(TINY))
+    p = run_experiment(cfg, progress=False)["privacy"]
+    sample = [r for r in p["releases"] if r.get("unit") == "sample"]
+    assert [r["noise_shares"] for r in sample] == [3, 3] and not p["warnings"]
+    assert p["coalition"]["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
+    weak = run_experiment(replace(cfg, dp_colluders=0), progress=False)["privacy"]
+    assert weak["coalition"]["total_epsilon"] > weak["total_epsilon"]        # calibrated for no colluder

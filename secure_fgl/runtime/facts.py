@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class PublicFacts:
     """``N`` nodes, ``d`` features, ``C`` classes, ``K`` clients, the feature type, the public
-    size of the training split (the denominator of FedAvg's weights ``n_k / n_train``) and the
-    number of nodes held by some client (a partition may drop nodes; FedOMD's weight total)."""
+    size of the training split (the denominator of FedAvg's weights ``n_k / n_train``), the
+    number of nodes held by some client (a partition may drop nodes; FedOMD's weight total) and
+    the number of clients holding a training node (a DP-SGD step's noise shares)."""
 
     num_nodes: int
     num_features: int
@@ -18,12 +19,15 @@ class PublicFacts:
     binary_features: bool
     num_train: int
     num_owned: int = 0
+    num_trainers: int = 0
 
     @classmethod
     def of(cls, fed) -> "PublicFacts":
         """The facts of a partitioned graph (read once, by whoever partitions the data)."""
+        train_owners = fed.owner[fed.graph.train_mask & (fed.owner >= 0)]
         return cls(int(fed.graph.num_nodes), int(fed.num_features), int(fed.num_classes), int(fed.num_clients),
-                   bool(fed.binary_features), int(fed.graph.train_mask.sum()), int((fed.owner >= 0).sum()))
+                   bool(fed.binary_features), int(fed.graph.train_mask.sum()), int((fed.owner >= 0).sum()),
+                   int(train_owners.unique().numel()))
 
     def to_dict(self) -> dict:
         return asdict(self)

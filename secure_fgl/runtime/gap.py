@@ -34,7 +34,7 @@ from ..algorithms.fedgcn import partial_neighbour_sums
 from ..algorithms.gap import (HOP_TAG, FedGCNGAP, check_degree_cap, check_gap_options, hop_spec, row_normalise)
 from ..algorithms.options import GAPOptions
 from ..config import ConfigError
-from ..dpsgd import DPSGD, stage_request
+from ..dpsgd import DPSGD, noise_contributors, stage_request
 from ..models import build_model
 from .exchange import keep_rows, rows_result, run_row_sum
 from .logic import ModelAveragingLogic
@@ -191,8 +191,10 @@ class GAPStrategy(ModelAveragingStrategy):
         if stage is None:
             return ask
         dp_tag, request = stage
-        epochs = self.cfg.local_epochs
-        std = [self.protocol.dp.local_release(dp_tag, rnd * epochs + s, request) for s in range(epochs)]
+        epochs, dp = self.cfg.local_epochs, self.protocol.dp
+        n = noise_contributors(self.cfg, dp.config.placement, self.facts.num_trainers,
+                               self.model_dp_request(tag or f"{self.name}/model") is not None)
+        std = [dp.local_release(dp_tag, rnd * epochs + s, request, contributors=n) for s in range(epochs)]
         return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
 
     def model_dp_request(self, tag: str):
