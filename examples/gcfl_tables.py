@@ -102,7 +102,7 @@ def config(setting: str, method: str, mode: str, seed: int, args, order: str = "
         options = {"mu": 0.01}
     return RunConfig(algorithm=algorithm, dataset=dataset, clients=clients, mode=mode, hidden=64, num_layers=3,
                      dropout=0.5, lr=1e-3, weight_decay=5e-4, rounds=args.rounds, local_epochs=1, seed=seed,
-                     data_root=args.data_root, options=options,
+                     data_root=args.data_root, options=options, attacks=list(args.attacks),
                      **({"partition": "file-order"} if order == "file" else {}))
 
 
@@ -112,6 +112,8 @@ def command(cfg: RunConfig, out: Path) -> str:
              "--weight-decay", cfg.weight_decay, "--rounds", cfg.rounds, "--seed", cfg.seed, "--out", out, "--quiet"]
     if cfg.partition == "file-order":
         flags += ["--partition", "file-order"]
+    if cfg.attacks:
+        flags += ["--attacks", ",".join(cfg.attacks)]
     for k, v in cfg.options.items():
         flags += [f"--{k.replace('_', '-')}", v]
     return shlex.join(map(str, flags))
@@ -286,6 +288,8 @@ def main(argv=None) -> None:
                    "refuses mask: its similarities need ckks)")
     p.add_argument("--order", choices=ORDERS, default="shuffled",
                    help="chunk order of the single-dataset settings (file: the reference's _randChunk)")
+    p.add_argument("--attacks", nargs="*", default=[],
+                   help="attacks run at the end of every run (e.g. gcfl_same_dataset on molecules/biochem/mix)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default="runs/gcfl_tables")
     p.add_argument("--table-only", action="store_true")

@@ -17,8 +17,13 @@ clients hold disjoint nodes, so step ``t`` of all clients is one Gaussian releas
 composition), ``rounds x local_epochs`` releases in all, composed with the run's other
 releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
 run seed: the engine's in process (:class:`EngineDPSGD`), each client's own keystream on the
-client runtimes (:mod:`secure_fgl.runtime.gap`, with the std the driver's engine sizes).  The models a client uploads are post-processing of its noisy
-gradients.
+client runtimes (:mod:`secure_fgl.runtime.gap`, with the std the driver's engine sizes).  The models a
+client uploads are post-processing of its noisy gradients.
+
+Noise placement: each client adds all of ``N(0, z^2 C^2)`` to each step (local), unless a round
+is a single plain SGD step inside a secure model mean (:func:`noise_contributors`): then the
+mean is one central DP-SGD step on all clients' nodes, and each client adds only its share
+``z C / sqrt(K - dropouts - colluders)`` (distributed, as the secure exchanges do).
 
 What it protects: a training node's features and label as a training example of this model.
 Not that node's features inside its neighbours' aggregates (only edge-level noise covers those),

@@ -171,5 +171,7 @@ class GAPOptions:
     select: str = setting("val", choices=("val", "head"),
                           help="head or encoder by the federation's validation accuracy (val), or always the head")
     dpsgd: bool = setting(False, help="train the encoder and the head by DP-SGD (a training node is a record; "
-                                      "clip --dp-clip; shares --dp-epsilon with the hops)")
+                                      "clip --dp-clip; shares --dp-epsilon with the hops); in ckks/mask with "
+                                      "--local-epochs 1 --optimizer sgd each step's noise is split over the "
+                                      "clients inside the secure model mean")
 
