@@ -72,7 +72,37 @@ def main() -> None:
                 print(f"| {r['setting']} | {r['mean']:.4f} ± {r['std']:.4f} | {len(r['accs'])} | "
                       f"{', '.join(f'{a:.3f}' for a in r['accs'])} | {r.get('head_chosen', '')} | {'' if d is None else f'{d:+.2f}'} | "
                       f"{'' if 'target_met' not in r else ('met' if r['target_met'] else 'NOT met')} |")
+    for dataset in sorted({key.split("/")[0] for key in table}):
+        print(compact(table, dataset))
     Path(args.out, "tradeoff.json").write_text(json.dumps(table, indent=1, default=str))
+
+
+def compact(table: dict, dataset: str) -> str:
+    """One table per dataset: a row per epsilon, a column per mode (mean ± std, head chosen in how
+    many seeds, the target), the MLP reference first."""
+    modes = sorted(key.split("/")[1] for key in table if key.startswith(f"{dataset}/"))
+    rows: dict[str, dict[str, dict]] = {}
+    for mode in modes:
+        for r in table[f"{dataset}/{mode}"]:
+            rows.setdefault(r["setting"], {})[mode] = r
+    lines = [f"\n### {dataset}: every mode\n", "| setting | " + " | ".join(modes) + " |",
+             "|---|" + "---|" * len(modes)]
+    def order(item) -> tuple:
+        r = next(iter(item[1].values()))
+        return ("eps" in r, float("inf") if r.get("eps") is None else r["eps"])
+    for setting, cells in sorted(rows.items(), key=order):
+        out = []
+        for mode in modes:
+            r = cells.get(mode)
+            if r is None:
+                out.append("")
+                continue
+            cell = f"{r['mean']:.3f} ± {r['std']:.3f}"
+            if "head_chosen" in r:
+                cell += f" ({r['head_chosen']}/{len(r['accs'])} head{'' if r['target_met'] else ', target NOT met'})"
+            out.append(cell)
+        lines.append(f"| {setting} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_sweep_file_refuses_grid_flags_and_run_only_keys(tmp_path, capsys):
         spec_from_file(f)
 
 
-@pytest.mark.parametrize("name", ["dp-gap-tradeoff.toml", "dp-gap-tradeoff-mask.toml"])
+@pytest.mark.parametrize("name", ["dp-gap-tradeoff.toml", "dp-gap-tradeoff-cora-large-eps.toml"])
 def test_shipped_dp_sweep_files_parse_with_a_converging_schedule(name):
     """The report's sweep files load; 20 local epochs a round (5 left Cora's federated MLP and GAP unconverged)."""
     from pathlib import Path

@@ -30,7 +30,9 @@ def _curve_key(r: dict) -> tuple[str, str]:
 
 
 def _unit(runs: list[dict]) -> str:
-    return next(((r.get("privacy") or {}).get("unit") for r in runs if r.get("privacy")), None) or "no DP"
+    """The DP units of a curve's runs, e.g. ``edge`` or ``edge+sample`` (GAP with DP-SGD)."""
+    p = next((r["privacy"] for r in runs if r.get("privacy")), None)
+    return "+".join(p.get("units") or [p["unit"]]) if p else "no DP"
 
 
 def _band(vals: list[float]) -> tuple[float, float]:
