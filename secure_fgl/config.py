@@ -80,9 +80,9 @@ class RunConfig:
     dp_exchanges: str = setting("all", group="privacy",
                                 help="'all' or comma-separated exchange tag prefixes to privatise "
                                      "(e.g. fedgcn/neighbour_sums)")
-    dp_unit: str | None = setting(None, group="privacy", choices=("edge", "node", "client"),
+    dp_unit: str | None = setting(None, group="privacy", choices=("edge", "node", "client", "sample"),
                                   help="what one DP guarantee protects (default: edge for algorithms with a "
-                                       "neighbour-sum exchange, else client; docs/dp.md)")
+                                       "neighbour-sum exchange, sample for --dpsgd alone, else client; docs/dp.md)")
     dp_split: str | None = setting(None, group="privacy",
                                    help="'tag=share,...': relative shares of --dp-epsilon per exchange (default even)")
     dp_accountant: str = setting("exact", group="privacy", choices=("exact", "prv", "rdp"),

@@ -65,39 +65,73 @@ class DPSGD:
             self._modules[id(model)] = self._wrap(model, loss_reduction="sum")
         return self._modules[id(model)]
 
-    def clipped_sum(self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor,
-                    mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes, each clipped to C."""
+    def _backward(self, model: nn.Module, loss_of) -> tuple[list[nn.Parameter], torch.Tensor]:
+        """``loss_of(gsm)`` (a summed loss) backpropagated through the Opacus wrapper: each
+        parameter gets its ``grad_sample``; returns the trainable parameters and the loss."""
         gsm = self.per_sample_module(model)
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             p.grad_sample = None
             p.grad = None
-        logits = gsm(x, edge_index)
-        loss = F.cross_entropy(logits[mask], y[mask], reduction="sum")
+        loss = loss_of(gsm)
         with warnings.catch_warnings():     # opacus' hooks on a model whose inputs need no gradient
             warnings.filterwarnings("ignore", message=r".*Full backward hook is firing.*")
             loss.backward()
-        per_node = torch.cat([p.grad_sample[mask].reshape(int(mask.sum()), -1) for p in params], dim=1)
-        scale = (self.clip / per_node.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
-        clipped = (per_node * scale[:, None]).sum(0)
+        return params, loss.detach()
+
+    def _clip_and_sum(self, params: list[nn.Parameter], per_record: torch.Tensor) -> list[torch.Tensor]:
+        """``sum_i g_i min(1, C / ||g_i||)`` of the rows of ``per_record``, split per parameter."""
+        scale = (self.clip / per_record.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+        clipped = (per_record * scale[:, None]).sum(0)
         out, at = [], 0
         for p in params:
             out.append(clipped[at:at + p.numel()].view_as(p))
             at += p.numel()
             p.grad_sample = None
-        return out, loss.detach() / max(1, int(mask.sum()))
+        return out
+
+    def clipped_sum(self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes, each clipped to C."""
+        params, loss = self._backward(
+            model, lambda gsm: F.cross_entropy(gsm(x, edge_index)[mask], y[mask], reduction="sum"))
+        per_node = torch.cat([p.grad_sample[mask].reshape(int(mask.sum()), -1) for p in params], dim=1)
+        return self._clip_and_sum(params, per_node), loss / max(1, int(mask.sum()))
+
+    def clipped_sum_graphs(self, model: nn.Module, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(sum_g clip(g_g), loss)`` over the graphs of a mini-batch (a
+        :class:`torch_geometric.data.Batch`), a graph being one record.  Opacus gives every
+        ``Linear`` a gradient per row of its input: per node in the layers before the readout,
+        per graph after it.  Graph ``g``'s loss depends only on its own nodes, so the sum of its
+        nodes' rows is exactly its gradient (``index_add`` over ``batch.batch``)."""
+        params, loss = self._backward(
+            model, lambda gsm: F.cross_entropy(gsm(batch.x, batch.edge_index, batch.batch), batch.y,
+                                               reduction="sum"))
+        graphs, nodes = int(batch.num_graphs), int(batch.batch.numel())
+        rows = []
+        for p in params:
+            g = p.grad_sample
+            if g.shape[0] != graphs or nodes == graphs:    # per node (one-node graphs: the same rows)
+                g = torch.zeros((graphs, *g.shape[1:]), dtype=g.dtype, device=g.device).index_add_(0, batch.batch, g)
+            rows.append(g.reshape(graphs, -1))
+        return self._clip_and_sum(params, torch.cat(rows, dim=1)), loss / max(1, graphs)
+
+    @staticmethod
+    def apply_noisy(model: nn.Module, grads: list[torch.Tensor], noise: NoiseSource, records: int) -> None:
+        """``p.grad = (clipped sum + N(0, sigma^2 I)) / records`` for every trainable parameter
+        (``records``: the public batch size)."""
+        size = sum(g.numel() for g in grads)
+        draw = torch.as_tensor(noise(size), dtype=grads[0].dtype, device=grads[0].device)
+        at = 0
+        for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
+            p.grad = (g + draw[at:at + g.numel()].view_as(g)) / max(1, records)
+            at += g.numel()
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, noise: NoiseSource, x: torch.Tensor,
              edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
         """One DP-SGD step of one client; returns the mean loss."""
         grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
-        size = sum(g.numel() for g in grads)
-        noise = torch.as_tensor(noise(size), dtype=grads[0].dtype, device=grads[0].device)
-        n, at = max(1, int(mask.sum())), 0
-        for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
-            p.grad = (g + noise[at:at + g.numel()].view_as(g)) / n
-            at += g.numel()
+        self.apply_noisy(model, grads, noise, int(mask.sum()))
         optimizer.step()
         return float(loss)
 

@@ -4,10 +4,12 @@ A DP run names its **unit of privacy** (``--dp-unit``):
 
 * ``edge``   -- neighbouring graphs differ in one edge (u, v);
 * ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``);
-* ``client`` -- one client's whole contribution (DP-FedAvg, McMahan et al., ICLR 2018).
+* ``client`` -- one client's whole contribution (DP-FedAvg, McMahan et al., ICLR 2018);
+* ``sample`` -- one training record as a training example (DP-SGD: a node of a node-wise
+  model, a graph of a graph classifier).
 
-Units nest: a release that is client-level DP is also node- and edge-level DP (one client
-holds the node or edge); a node-level release is also edge-level.  A run is ``unit``-level
+Units nest: a release that is client-level DP is also node-, sample- and edge-level DP (one
+client holds the node, record or edge); a node-level release is also edge- and sample-level.  A run is ``unit``-level
 DP with the reported ``(total_epsilon, delta)`` when every release that depends on data the
 unit protects is privatised at that unit or a coarser one; everything else the clients
 release is post-processing of DP releases or of data the unit does not protect.  The run's
@@ -31,14 +33,15 @@ import math
 
 from .config import ConfigError, RunConfig
 
-UNITS = ("edge", "node", "client")
+UNITS = ("edge", "node", "client", "sample")
 #: the units a release privatised at a given unit also protects
-COVERS = {"client": {"client", "node", "edge"}, "node": {"node", "edge"}, "edge": {"edge"}}
+COVERS = {"client": {"client", "node", "edge", "sample"}, "node": {"node", "edge", "sample"}, "edge": {"edge"},
+          "sample": {"sample"}}
 #: tags of evaluation reports (:data:`secure_fgl.runtime.strategy.EVAL_TAG`)
 EVALUATION_PREFIX = "eval/"
 #: the data each unit protects (a release touching any of it must be privatised)
 PROTECTS = {"edge": {"edges"}, "node": {"features", "labels", "edges"},
-            "client": {"features", "labels", "edges"}}
+            "client": {"features", "labels", "edges"}, "sample": {"features", "labels", "edges"}}
 
 
 def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
@@ -51,10 +54,13 @@ def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
 
 
 def resolve_unit(cfg: RunConfig) -> str:
-    """``--dp-unit``, else edge for algorithms with a neighbour-sum exchange, else client."""
+    """``--dp-unit``, else edge for algorithms with a neighbour-sum exchange, sample for DP-SGD
+    alone (``--dpsgd``), else client."""
     if cfg.dp_unit is not None:
         return cfg.dp_unit
-    return "edge" if row_sum_tags(cfg) else "client"
+    if row_sum_tags(cfg):
+        return "edge"
+    return "sample" if cfg.options.get("dpsgd") else "client"
 
 
 def parse_scope(cfg: RunConfig) -> tuple[str, ...]:
@@ -94,6 +100,10 @@ def dp_config(cfg: RunConfig):
         raise ConfigError(f"--dp-unit client cannot privatise the neighbour-sum exchange {sums[0]} (one client's "
                           "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
                           f"{cfg.algorithm}/model")
+    if unit == "sample" and (sums or not cfg.options.get("dpsgd")):
+        raise ConfigError("--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
+                          "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
+                          "--dp-unit edge)")
     if unit == "node" and cfg.algorithm == "fedgcn-gap":
         raise ConfigError("fedgcn-gap implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
     if split is not None:
@@ -168,8 +178,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                                   + (f"each step's noise is split over {shares} clients' shares inside the secure "
                                      "model mean (one SGD step per round)" if shares > 1 else
                                      "each client adds all of each step's noise")})
-            covered = True      # protects features/labels of training nodes; touches no edge
-            if shares == 1 and rep["placement"] == "distributed":
+            covered = unit in COVERS[local_units[tag]] or not (deps & PROTECTS[unit])
+            if shares == 1 and rep["placement"] == "distributed" and getattr(algo, "dpsgd_secure_mean", False):
                 warnings.append(f"{tag}: each client adds all of each DP-SGD step's noise (several local steps, "
                                 "Adam or momentum, or client sampling); --local-epochs 1 --optimizer sgd lets the "
                                 "secure model mean carry it, split over the clients' noise shares")

@@ -127,3 +127,58 @@ def test_gap_dpsgd_in_mask_mode_splits_each_step_over_the_clients():
     assert p["coalition"]["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
     weak = run_experiment(replace(cfg, dp_colluders=0), progress=False)["privacy"]
     assert weak["coalition"]["total_epsilon"] > weak["total_epsilon"]        # calibrated for no colluder
+
+
+def test_per_graph_clipping_sums_each_graphs_nodes():
+    """clipped_sum_graphs: a graph's gradient (every layer, before and after the readout) equals
+    one backward pass on that graph alone, and every clipped one has norm <= C."""
+    from torch_geometric.data import Batch, Data
+
+    from secure_fgl.models.gcfl_gin import GCFLGIN
+    torch.manual_seed(2)
+    graphs = []
+    for n in (3, 5, 1, 4):
+        edges = torch.combinations(torch.arange(n), 2).T if n > 1 else torch.empty(2, 0, dtype=torch.long)
+        graphs.append(Data(x=torch.randn(n, 4), edge_index=torch.cat([edges, edges.flip(0)], 1),
+                           y=torch.randint(0, 2, (1,))))
+    model = GCFLGIN(4, 8, 2, num_layers=2, dropout=0.0)
+    ref = []
+    for g in graphs:
+        model.zero_grad()
+        b = Batch.from_data_list([g])
+        F.cross_entropy(model(b.x, b.edge_index, b.batch), b.y, reduction="sum").backward()
+        ref.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    ref = torch.stack(ref)
+    clip = 0.5 * float(ref.norm(dim=1).median())
+    got, _ = DPSGD(clip).clipped_sum_graphs(model, Batch.from_data_list(graphs))
+    scale = (clip / ref.norm(dim=1)).clamp(max=1.0)
+    assert torch.allclose(torch.cat([g.flatten() for g in got]), (ref * scale[:, None]).sum(0), atol=1e-5)
+    assert (ref * scale[:, None]).norm(dim=1).max() <= clip * (1 + 1e-5) and (scale < 1).any()
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")
+@pytest.mark.parametrize("executor", ["inline", "local"])
+def test_graph_classification_dpsgd_is_sample_level(executor):
+    from opacus.accountants import PRVAccountant
+    cfg = RunConfig(algorithm="gcfl", dataset="synthetic-graphs", clients=4, rounds=2, local_epochs=2, hidden=16,
+                    executor=executor, dp_epsilon=4.0, options={"dpsgd": True})
+    r = run_experiment(cfg, progress=False)
+    p = r["privacy"]
+    assert p["unit"] == "sample" and p["claim_holds"] and not p["uncovered"]
+    sgd = [x for x in p["releases"] if x.get("unit") == "sample"]
+    assert [x["tag"] for x in sgd] == ["gcfl/dpsgd"] and sgd[0]["releases"] == 4        # rounds x epochs
+    assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
+    acc = PRVAccountant()
+    acc.history = [(sgd[0]["noise_multiplier"], 1.0, 4)]
+    assert acc.get_epsilon(delta=1e-5, eps_error=1e-3) == pytest.approx(p["total_epsilon"], rel=0.01)
+    assert all(c["train_acc"] == 0.0 for c in r["final"]["per_client"])          # not read outside DP-SGD
+
+
+def test_graph_classification_dp_needs_dpsgd():
+    from secure_fgl.config import ConfigError
+    with pytest.raises(ConfigError, match="add --dpsgd"):
+        run_experiment(RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1,
+                                 dp_epsilon=4.0), progress=False)
+    with pytest.raises(ConfigError, match="needs --dp-epsilon"):
+        run_experiment(RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1,
+                                 options={"dpsgd": True}), progress=False)

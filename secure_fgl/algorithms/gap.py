@@ -122,6 +122,8 @@ class FedGCNGAP(ModelAveraging):
 
     name = "fedgcn-gap"
     Options = GAPOptions
+    #: a one-SGD-step round lets the secure model mean carry DP-SGD's noise (:func:`~secure_fgl.dpsgd.noise_contributors`)
+    dpsgd_secure_mean = True
 
     def __init__(self, fed, protocol, cfg, device, options=None):
         opts = options if options is not None else GAPOptions()

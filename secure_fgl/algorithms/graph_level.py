@@ -31,6 +31,7 @@ from torch_geometric.loader import DataLoader
 
 from ..config import ConfigError
 from ..data.graph_classification import GraphClient
+from ..dpsgd import EngineDPSGD
 from ..engine import rng
 from ..models.gcfl_gin import GCFLGIN
 from .base import FederatedAlgorithm
@@ -82,9 +83,13 @@ class GraphLearner:
         """``dW = W - W_anchor`` of the shared layers after local training."""
         return self.shared_vector() - self.anchor
 
-    def local_update(self, rnd: int, prox_mu: float = 0.0) -> float:
+    def local_update(self, rnd: int, prox_mu: float = 0.0, dpsgd=None, noises=None) -> float:
         """``local_epochs`` epochs of mini-batch training; returns the last epoch's mean loss.
-        FedProx adds ``mu/2 ||W - W_anchor||^2`` on the shared layers."""
+        FedProx adds ``mu/2 ||W - W_anchor||^2`` on the shared layers.  With ``dpsgd`` (a
+        :class:`~secure_fgl.dpsgd.DPSGD`) every batch is a DP-SGD step on per-graph clipped
+        gradients, epoch ``e``'s noise drawn from ``noises[e]``; the proximal gradient is
+        data-independent and added after the noise.  Its running training accuracy is not
+        computed (it would read the training graphs outside the DP steps)."""
         model, opt, k = self.model, self.optimizer, self.client.client_id
         model.train()
         shared = model.shared_parameters()
@@ -96,16 +101,24 @@ class GraphLearner:
                 for batch in DataLoader(self.client.train, batch_size=self.batch_size, shuffle=True, generator=gen):
                     batch = batch.to(self.device)
                     opt.zero_grad()
-                    out = model(batch.x, batch.edge_index, batch.batch)
-                    loss = F.cross_entropy(out, batch.y)
-                    if prox_mu > 0:
-                        loss = loss + 0.5 * prox_mu * (parameters_to_vector(shared) - self.anchor).pow(2).sum()
-                    loss.backward()
+                    if dpsgd is not None:
+                        grads, loss = dpsgd.clipped_sum_graphs(model, batch)
+                        dpsgd.apply_noisy(model, grads, noises[epoch], batch.num_graphs)
+                        if prox_mu > 0:
+                            for p, w in zip(shared, (parameters_to_vector(shared) - self.anchor).split(
+                                    [p.numel() for p in shared])):
+                                p.grad = p.grad + prox_mu * w.view_as(p).detach()
+                    else:
+                        out = model(batch.x, batch.edge_index, batch.batch)
+                        loss = F.cross_entropy(out, batch.y)
+                        if prox_mu > 0:
+                            loss = loss + 0.5 * prox_mu * (parameters_to_vector(shared) - self.anchor).pow(2).sum()
+                        loss.backward()
+                        correct += int((out.argmax(-1) == batch.y).sum())
                     opt.step()
                     loss_sum += float(loss.detach()) * batch.num_graphs
-                    correct += int((out.argmax(-1) == batch.y).sum())
                     seen += batch.num_graphs
-        self.train_counts = (correct, seen)
+        self.train_counts = (correct, seen if dpsgd is None else 0)
         self.grad_norm = float(torch.cat([p.grad.reshape(-1) for p in shared]).norm())
         return loss_sum / max(seen, 1)
 
@@ -138,6 +151,25 @@ class GraphLearner:
         self.anchor = state["anchor"].to(self.device)
         self.train_counts = tuple(int(v) for v in state["train_counts"])
         self.grad_norm = float(state["grad_norm"])
+
+
+def dpsgd_tag(algorithm: str) -> str:
+    return f"{algorithm}/dpsgd"
+
+
+def check_graph_dp(name: str, cfg, dpsgd: bool) -> None:
+    """A graph-classification run privatises its training by per-graph DP-SGD or not at all."""
+    if cfg.dp_epsilon is not None and not dpsgd:
+        raise ConfigError(f"{name}'s exchanges have no DP mechanism of their own: add --dpsgd (per-graph DP-SGD, "
+                          "a training graph as the record) or drop --dp-epsilon")
+    if dpsgd and cfg.dp_epsilon is None:
+        raise ConfigError(f"{name} --dpsgd needs --dp-epsilon (the run's total budget)")
+
+
+def dpsgd_release_dependencies(name: str) -> dict[str, set[str]]:
+    """Under ``--dpsgd``: the DP-SGD steps read the training graphs; every exchange of ``name``
+    is computed from their outputs only (post-processing), so it touches no raw training graph."""
+    return {dpsgd_tag(name): {"features", "labels", "edges"}, name: set()}
 
 
 def graph_summary(rows: list[dict]) -> dict:
@@ -178,10 +210,14 @@ class GraphFederated(FederatedAlgorithm):
     def __init__(self, fed, protocol, cfg, device, options=None):
         if protocol.mode not in self.supported_modes:
             raise ConfigError(self.mode_refusal(protocol.mode))
-        if cfg.dp_epsilon is not None:
-            raise ConfigError(f"{self.name} has no DP path: drop --dp-epsilon")
         self.fed, self.protocol, self.cfg, self.device = fed, protocol, cfg, device
         self.opts = options if options is not None else self.Options()
+        check_graph_dp(self.name, cfg, self.opts.dpsgd)
+        #: ``--dpsgd``: per-graph DP-SGD, counted and noised by the run's DP engine
+        self.dpsgd = EngineDPSGD(protocol.dp, dpsgd_tag(self.name), cfg.dp_clip, cfg.rounds, cfg.local_epochs) \
+            if self.opts.dpsgd else None
+        if self.dpsgd is not None and protocol.dp.config.split is None:
+            protocol.dp.declare(self.dpsgd.tag)
         self.prox_mu = float(getattr(self.opts, "mu", 0.0))     # FedProx options carry mu
         self.clients = fed.clients
         shared = initial_shared(cfg)
@@ -210,9 +246,26 @@ class GraphFederated(FederatedAlgorithm):
         return self.learners[k].shared_vector()
 
     # ------------------------------------------------------------------ one round
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """:func:`dpsgd_release_dependencies` with ``--dpsgd``."""
+        return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
+
+    def release_units(self) -> dict[str, str]:
+        """DP-SGD steps protect one training graph (a sample)."""
+        return {self.dpsgd.tag: "sample"} if self.dpsgd is not None else {}
+
+    def local_update(self, rnd: int, k: int) -> float:
+        """Client k's local epochs; with ``--dpsgd`` epoch ``e`` is release ``rnd * E + e``."""
+        sgd, epochs = self.dpsgd, self.cfg.local_epochs
+        if sgd is None:
+            return self.learners[k].local_update(rnd, self.prox_mu)
+        noises = [lambda size, step=rnd * epochs + e: sgd.engine.local_noise(sgd.tag, step, size, sgd.request)
+                  for e in range(epochs)]
+        return self.learners[k].local_update(rnd, self.prox_mu, sgd, noises)
+
     def train_round(self, rnd: int) -> dict:
         sampled = self.sample_clients(rnd)
-        losses = [self.learners[k].local_update(rnd, self.prox_mu) for k in sampled]
+        losses = [self.local_update(rnd, k) for k in sampled]
         if self.aggregate_models:
             updates = {k: self.learners[k].update() for k in sampled}
             self.cluster_round(rnd, updates)

@@ -103,6 +103,8 @@ class GraphOptions:
     """Graph-classification baselines' settings (GCFL, Xie et al. NeurIPS 2021, sec. 6.1)."""
 
     batch_size: int = setting(128, min=1, unit="graphs", help="graphs per mini-batch of local training")
+    dpsgd: bool = setting(False, help="train by per-graph DP-SGD (a training graph is a record; clip --dp-clip, "
+                                      "budget --dp-epsilon; secure_fgl/dpsgd.py)")
 
 
 @dataclass

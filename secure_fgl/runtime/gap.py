@@ -159,6 +159,7 @@ class GAPStrategy(ModelAveragingStrategy):
     release_dependencies = FedGCNGAP.release_dependencies
     #: the hop sums' edge-level DP request (as inline)
     hop_request = FedGCNGAP.hop_request
+    dpsgd_secure_mean = FedGCNGAP.dpsgd_secure_mean
 
     def __init__(self, executor, protocol, cfg, facts, options):
         self.gopts = GAPOptions(**options)

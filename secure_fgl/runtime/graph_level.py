@@ -21,8 +21,10 @@ import numpy as np
 
 from protocols import DropoutError
 
-from ..algorithms.graph_level import GCFLGIN, GraphLearner, graph_summary, initial_shared, last_round_metrics
+from ..algorithms.graph_level import (GCFLGIN, GraphLearner, check_graph_dp, dpsgd_release_dependencies, dpsgd_tag,
+                                      graph_summary, initial_shared, last_round_metrics)
 from ..algorithms.grid_mean import GRID_SPEC, grid_contribution, grid_mean_of_sum
+from ..dpsgd import DPSGD, stage_request
 from .exchange import dense_result, plan_dense, run_split
 from .logic import ClientLogic
 from .strategy import EVAL_TAG, ModelAveragingStrategy, Strategy
@@ -38,6 +40,8 @@ class GraphLogic(ClientLogic):
                                     initial_shared(self.cfg))
         #: the last cluster mean received, applied when the server says so
         self.mean: np.ndarray | None = None
+        #: ``--dpsgd``: per-graph clipping to ``--dp-clip``, noise from this client's own keystream
+        self.sgd = DPSGD(self.cfg.dp_clip) if options.get("dpsgd") else None
 
     @staticmethod
     def architecture(cfg, facts, options: dict, client: int = 0):
@@ -45,7 +49,13 @@ class GraphLogic(ClientLogic):
         return GCFLGIN(facts.num_features[client], cfg.hidden, facts.num_classes[client], cfg.num_layers, cfg.dropout)
 
     def local_update(self, req: dict) -> dict:
-        return {"trained": True, "loss": self.learner.local_update(int(req["round"]), self.prox_mu)}
+        rnd = int(req["round"])
+        if "dpsgd_std" not in req:
+            return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu)}
+        if self.sgd is None:
+            raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]]
+        return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
 
     def weight(self) -> float:
         """FedAvg weight ``n_k / N`` (``N``: the public number of training graphs)."""
@@ -104,10 +114,35 @@ class GraphStrategy(ModelAveragingStrategy):
         self.aggregate_models = cfg.algorithm != "gc-selftrain"
         self.clusters: list[list[int]] = [list(range(facts.num_clients))]
         self.last_eval: list[dict | None] | None = None
+        check_graph_dp(self.name, cfg, bool(options.get("dpsgd")))
+        #: ``--dpsgd``: the DP tag of the steps and its request (as inline)
+        self.dpsgd = (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs)) \
+            if options.get("dpsgd") else None
+        if self.dpsgd is not None and protocol.dp.config.split is None:
+            protocol.dp.declare(self.dpsgd[0])
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
+
+    def release_units(self) -> dict[str, str]:
+        """DP-SGD steps protect one training graph (a sample), as inline."""
+        return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
+
+    def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
+        """With ``--dpsgd``: count this round's epochs (one release each: an epoch's batches are
+        disjoint) and tell the clients each epoch's noise std."""
+        ask = super().local_update_request(rnd, tag)
+        if self.dpsgd is None:
+            return ask
+        dp_tag, request = self.dpsgd
+        epochs = self.cfg.local_epochs
+        return {**ask, "dpsgd_tag": dp_tag,
+                "dpsgd_std": [self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)]}
 
     def train_round(self, rnd: int) -> dict:
         self.round = rnd
-        done = self.ask("local_update", {k: {"round": rnd} for k in self.sample_clients(rnd)})
+        ask = self.local_update_request(rnd)
+        done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
         if self.aggregate_models and done:
             self.cluster_round(rnd, sorted(done))
         losses = [r["loss"] for r in done.values()]
