@@ -1,9 +1,11 @@
-r"""Record-level DP-SGD for node-wise models: per-node gradients from Opacus, noise from the CSPRNG.
+r"""Record-level DP-SGD: per-record gradients from Opacus, noise from the CSPRNG.
 
-Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, Alg. 1, with full batches
-(sampling rate 1).  For a model whose output on node ``v`` depends only on ``v``'s own input
-row (an MLP on ``x_v``, or GAP's head on ``[H_0, ..., H_K]_v``), a training node is one
-record.  Each local step of client ``k`` over its training nodes ``T_k``:
+Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, Alg. 1, at sampling rate 1.
+For a model whose output on node ``v`` depends only on ``v``'s own input row (an MLP on
+``x_v``, or GAP's head on ``[H_0, ..., H_K]_v``), a training node is one record; for a graph
+classifier a training graph is (:meth:`DPSGD.clipped_sum_graphs`, each mini-batch a step over
+disjoint graphs, so an epoch is one release).  Each full-batch step of client ``k`` over its
+training nodes ``T_k``:
 
 .. math::  g = \frac{1}{|T_k|}\Big(\sum_{i \in T_k} g_i \min\big(1, C / \|g_i\|\big)
            + N(0, z^2 C^2 I)\Big)
