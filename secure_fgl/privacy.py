@@ -197,7 +197,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                     warnings.append(f"{tag}: client-level noise on the mean of {num_clients} clients has "
                                     f"~{ratio:.3g}x the norm of the largest possible mean update ({dim} "
                                     f"parameters); client-level DP needs about {math.ceil(ratio) * num_clients}"
-                                    " clients or more to learn. Use --dp-unit edge/node or fewer parameters")
+                                    " clients or more to learn (or fewer parameters). Edge-level DP that learns: "
+                                    "--algorithm fedgcn-gap (docs/dp.md)")
         else:
             covered = not (deps & PROTECTS[unit])
         entry["covered"] = covered
