@@ -103,9 +103,12 @@ class GCFLServer:
         norms = self.round_norms(rnd, clusters, means) if clusters else {}
         self.note_norms(norms)
         new_clusters = []
+        #: eq. 4-5 of every cluster this round, ``[delta_mean, delta_max]`` (in the round's record)
+        self.round_info["split_criteria"] = criteria = []
         for members, mean in zip(clusters, means):
             delta_mean = norms["mean_norm"][members[0]]
             delta_max = max(norms["update_norms"][k] for k in members)
+            criteria.append([float(delta_mean), float(delta_max)])
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
                 self.cache_cluster(members)

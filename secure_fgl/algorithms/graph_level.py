@@ -265,11 +265,12 @@ class GraphFederated(FederatedAlgorithm):
 
     def train_round(self, rnd: int) -> dict:
         sampled = self.sample_clients(rnd)
+        self.round_info: dict = {}      # what the cluster round records (GCFL: eq. 4-5 per cluster)
         losses = [self.local_update(rnd, k) for k in sampled]
         if self.aggregate_models:
             updates = {k: self.learners[k].update() for k in sampled}
             self.cluster_round(rnd, updates)
-        return {"train_loss": float(np.mean(losses)), "num_clusters": len(self.clusters)}
+        return {"train_loss": float(np.mean(losses)), "num_clusters": len(self.clusters), **self.round_info}
 
     def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
         """FedAvg within every cluster (GCFL overrides this to split clusters first)."""

@@ -141,13 +141,14 @@ class GraphStrategy(ModelAveragingStrategy):
 
     def train_round(self, rnd: int) -> dict:
         self.round = rnd
+        self.round_info: dict = {}      # what the cluster round records (GCFL: eq. 4-5 per cluster)
         ask = self.local_update_request(rnd)
         done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
         if self.aggregate_models and done:
             self.cluster_round(rnd, sorted(done))
         losses = [r["loss"] for r in done.values()]
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "num_clusters": len(self.clusters),
-                "clients_lost": len(self.lost)}
+                "clients_lost": len(self.lost), **self.round_info}
 
     def cluster_round(self, rnd: int, updated: list[int]) -> None:
         for members in self.clusters:
