@@ -63,6 +63,8 @@ class GCFLServer:
         self.cache: list[tuple[list[int], list[float]]] = []
         self.splits: list[dict] = []
         self.last_eval = None
+        #: what the current round records beside its metrics (:meth:`split_clusters`)
+        self.round_info: dict = {}
 
     # ------------------------------------------------------------------ hooks
     def exchange_mean(self, rnd: int, members: list[int]):
