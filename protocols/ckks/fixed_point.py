@@ -169,13 +169,20 @@ _scratch = threading.local()
 
 
 def _scratch_path() -> str:
-    """A per-thread scratch file (sealapi saves and loads through paths only)."""
+    """A per-thread scratch file (sealapi saves and loads through paths only).  Where the OS
+    names open files (``/proc/self/fd``), the file is unlinked at once and reached through its
+    descriptor: it vanishes with the process, however that ends, so no serialised key or
+    ciphertext outlives a crashed or killed run.  Elsewhere it is removed at exit."""
     path = getattr(_scratch, "path", None)
     if path is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix="sfgl-ckks-", dir=base)
-        os.close(fd)
-        atexit.register(_remove, path)
+        if os.path.isdir("/proc/self/fd"):
+            os.unlink(path)
+            _scratch.fd, path = fd, f"/proc/self/fd/{fd}"      # the descriptor stays open with the thread
+        else:
+            os.close(fd)
+            atexit.register(_remove, path)
         _scratch.path = path
     return path
 
