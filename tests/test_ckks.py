@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -522,3 +523,28 @@ def test_sparse_rows_use_the_smaller_ring_at_equal_bytes_per_value():
     sparse = ck.rows_per_block(spec, d, 2708, "sparse")
     assert sparse == ck.row_block_capacity(spec, "sparse") // d
     assert sparse < ck.rows_per_block(spec, d, 2708, "dense")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
+def test_seal_scratch_file_leaves_nothing_on_disk():
+    """sealapi serialises through a path: the scratch file is unlinked at once, so a killed run
+    leaves no key or ciphertext bytes behind (only the open descriptor holds them)."""
+    import threading
+
+    import tenseal.sealapi as sealapi
+
+    from protocols.ckks import fixed_point as fp
+
+    def serialise(out):
+        ctx = fp.seal_context(8192, (60, 40, 60))
+        key = sealapi.PublicKey()
+        sealapi.KeyGenerator(ctx).create_public_key(key)
+        out.append((fp._to_bytes(key), fp._scratch_path()))
+
+    out = []
+    t = threading.Thread(target=serialise, args=(out,))      # a fresh thread: a fresh scratch file
+    t.start()
+    t.join()
+    data, path = out[0]
+    assert len(data) > 1000 and path.startswith("/proc/self/fd/")
+    assert os.readlink(path).endswith("(deleted)")          # no name on disk points at the bytes
