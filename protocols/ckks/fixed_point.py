@@ -179,7 +179,7 @@ def _scratch_path() -> str:
         fd, path = tempfile.mkstemp(prefix="sfgl-ckks-", dir=base)
         if os.path.isdir("/proc/self/fd"):
             os.unlink(path)
-            _scratch.fd, path = fd, f"/proc/self/fd/{fd}"      # the descriptor stays open with the thread
+            _scratch.file, path = os.fdopen(fd, "rb"), f"/proc/self/fd/{fd}"   # closed when the thread ends
         else:
             os.close(fd)
             atexit.register(_remove, path)
