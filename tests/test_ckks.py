@@ -539,12 +539,14 @@ def test_seal_scratch_file_leaves_nothing_on_disk():
         ctx = fp.seal_context(8192, (60, 40, 60))
         key = sealapi.PublicKey()
         sealapi.KeyGenerator(ctx).create_public_key(key)
-        out.append((fp._to_bytes(key), fp._scratch_path()))
+        path = fp._scratch_path()
+        out.append((fp._to_bytes(key), path, os.readlink(path)))
 
     out = []
     t = threading.Thread(target=serialise, args=(out,))      # a fresh thread: a fresh scratch file
     t.start()
     t.join()
-    data, path = out[0]
+    data, path, target = out[0]
     assert len(data) > 1000 and path.startswith("/proc/self/fd/")
-    assert os.readlink(path).endswith("(deleted)")          # no name on disk points at the bytes
+    assert target.endswith("(deleted)")                     # no name on disk points at the bytes
+    assert not os.path.exists(target.removesuffix(" (deleted)"))
