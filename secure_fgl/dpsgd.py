@@ -67,20 +67,6 @@ class DPSGD:
             self._modules[id(model)] = self._wrap(model, loss_reduction="sum")
         return self._modules[id(model)]
 
-    def _backward(self, model: nn.Module, loss_of) -> tuple[list[nn.Parameter], torch.Tensor]:
-        """``loss_of(gsm)`` (a summed loss) backpropagated through the Opacus wrapper: each
-        parameter gets its ``grad_sample``; returns the trainable parameters and the loss."""
-        gsm = self.per_sample_module(model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            p.grad_sample = None
-            p.grad = None
-        loss = loss_of(gsm)
-        with warnings.catch_warnings():     # opacus' hooks on a model whose inputs need no gradient
-            warnings.filterwarnings("ignore", message=r".*Full backward hook is firing.*")
-            loss.backward()
-        return params, loss.detach()
-
     def _clip_and_sum(self, params: list[nn.Parameter], per_record: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i g_i min(1, C / ||g_i||)`` of the rows of ``per_record``, split per parameter."""
         scale = (self.clip / per_record.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
@@ -89,15 +75,24 @@ class DPSGD:
         for p in params:
             out.append(clipped[at:at + p.numel()].view_as(p))
             at += p.numel()
-            p.grad_sample = None
         return out
 
     def clipped_sum(self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor,
                     mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes, each clipped to C."""
-        params, loss = self._backward(
-            model, lambda gsm: F.cross_entropy(gsm(x, edge_index)[mask], y[mask], reduction="sum"))
+        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes (Opacus), each clipped to C."""
+        gsm = self.per_sample_module(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad_sample = None
+            p.grad = None
+        loss = F.cross_entropy(gsm(x, edge_index)[mask], y[mask], reduction="sum")
+        with warnings.catch_warnings():     # opacus' hooks on a model whose inputs need no gradient
+            warnings.filterwarnings("ignore", message=r".*Full backward hook is firing.*")
+            loss.backward()
+        loss = loss.detach()
         per_node = torch.cat([p.grad_sample[mask].reshape(int(mask.sum()), -1) for p in params], dim=1)
+        for p in params:
+            p.grad_sample = None
         return self._clip_and_sum(params, per_node), loss / max(1, int(mask.sum()))
 
     def clipped_sum_graphs(self, model: nn.Module, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
