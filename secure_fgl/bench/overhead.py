@@ -67,14 +67,15 @@ EXECUTOR = "local"
 KEY_TAG_SUFFIX = "/keys"
 
 
-def workload_config(name: str, mode: str, quick: bool, data_root=None, executor: str | None = None) -> dict:
+def workload_config(name: str, mode: str, quick: bool, data_root=None, executor: str | None = None,
+                    device: str = "cpu") -> dict:
     """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
-    ``executor``: ``None`` for :data:`EXECUTOR`."""
+    ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train (``cuda`` on a GPU machine)."""
     from secure_fgl.presets import load_preset
     preset, overrides, quick_overrides = WORKLOADS[name]
     mode, options = VARIANTS.get(mode, (mode, {}))
     values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}), **options,
-              "mode": mode, "seed": 0, "device": "cpu", "save_best_model": False, "data_root": data_root,
+              "mode": mode, "seed": 0, "device": device, "save_best_model": False, "data_root": data_root,
               "executor": executor or EXECUTOR}
     return values
 
@@ -105,7 +106,7 @@ def run_worker(values: dict) -> dict:
             "bytes_up_ratio_to_plain": up / f32 if f32 else None,
             "bytes_up_keys": comm["bytes_up"] - up, "bytes_down": comm["bytes_down"],
             "per_tag": per_tag, "peak_rss_mb": _peak_rss_mb(), "test_acc": result["final"]["test_acc"],
-            "rounds": cfg.rounds, "executor": cfg.executor}
+            "rounds": cfg.rounds, "executor": cfg.executor, "device": result["device"]}
 
 
 def _spawn(values: dict) -> dict:
@@ -125,7 +126,7 @@ def _load_average() -> list[float]:
 
 
 def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str | None = None,
-                  repeats: int = 1) -> list[dict]:
+                  repeats: int = 1, device: str = "cpu") -> list[dict]:
     """Each workload's modes one after the other, ``repeats`` times round-robin (plain, mask, ckks,
     plain, ...); every run's ratios divide by the plain run of its own repeat.  With several
     repeats, :func:`medians` adds one summary record per (workload, mode)."""
@@ -136,7 +137,7 @@ def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str |
             for mode in modes:
                 load = _load_average()
                 rec = {"workload": name, "mode": mode, "repeat": rep, "load_average_before": load,
-                       **_spawn(workload_config(name, mode, quick, data_root, executor))}
+                       **_spawn(workload_config(name, mode, quick, data_root, executor, device))}
                 if mode == "plain" and "error" not in rec:
                     plain = rec
                 for what in ("wall", "cpu"):
@@ -202,10 +203,10 @@ def _line(r: dict) -> str:
         return f"{r['workload']:<17}{r['mode']:<7}{r['error']}"
     return (f"{r['workload']:<17}{r['mode']:<7}{_fmt(r['wall_s'], '.1f'):>8}{_fmt(r['wall_ratio_to_plain'], '.2f'):>7}x"
             f"{_fmt(r['cpu_s'], '.1f'):>8}{_fmt(r['cpu_ratio_to_plain'], '.2f'):>7}x{_fmt(r['bytes_up'] / 1e6, '.2f'):>11}{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x"
-            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}  {r.get('executor', ''):<7}load {r.get('load_average_before')}")
+            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}  {r.get('executor', ''):<7}{r.get('device', ''):<8}load {r.get('load_average_before')}")
 
 
-HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}  executor")
+HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}  executor device")
 
 
 def tag_table(records: list[dict]) -> list[str]:
@@ -227,14 +228,15 @@ def tag_table(records: list[dict]) -> list[str]:
 
 
 def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
-                       sizes=None, arxiv: bool = True, executor: str | None = None, repeats: int = 1) -> list[dict]:
+                       sizes=None, arxiv: bool = True, executor: str | None = None, repeats: int = 1,
+                       device: str = "cpu") -> list[dict]:
     """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
     records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root,
-                            executor, repeats)
+                            executor, repeats, device)
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
@@ -270,6 +272,7 @@ def main(argv=None) -> None:
                     help=f"where the parties run (default {EXECUTOR})")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the modes this many times round-robin and add the medians (default 1)")
+    ap.add_argument("--device", default="cpu", help="where the workloads train: cpu (default) | cuda | auto")
     a = ap.parse_args(argv)
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -277,7 +280,8 @@ def main(argv=None) -> None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
         return
     run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
-                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor, repeats=a.repeats)
+                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor, repeats=a.repeats,
+                       device=a.device)
 
 
 if __name__ == "__main__":

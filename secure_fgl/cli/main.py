@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="runs/bench")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bench.add_argument("--data-root", dest="data_root", default=None)
+    bench.add_argument("--device", default="cpu", help="overhead suite: where the workloads train (cpu | cuda | auto)")
     runtime = bench.add_argument_group("runtime suite (override the full grid)")
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
@@ -231,7 +232,8 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                               features=args.features)
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
-            run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root, repeats=args.repeats or 1)
+            run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root, repeats=args.repeats or 1,
+                               device=args.device)
         elif args.suite == "fuzz":
             from ..bench.fuzz import run_fuzz_bench
             run_fuzz_bench(args.out, cases=args.cases)
