@@ -120,6 +120,34 @@ def test_fedavg_within_a_cluster_is_fedavg_on_the_cluster():
             np.testing.assert_allclose(algo.shared_vector(k).numpy(), algo.anchors[k].numpy(), atol=0)
 
 
+def test_unweighted_mean_norm_reads_the_unweighted_mean_and_aggregates_fedavg():
+    weighted, unweighted = _algo("gcfl", eps1=0.0, eps2=1e9), _algo("gcfl", eps1=0.0, eps2=1e9, mean_norm="unweighted")
+    updates = _updates(weighted)
+    members = list(range(6))
+    for algo in (weighted, unweighted):
+        algo.num_train = np.array([10, 50, 20, 80, 30, 40])        # unequal |G_i|
+        algo.cluster_round(30, updates)
+    plain_mean = np.mean([updates[k].double().numpy() for k in members], axis=0)
+    fedavg = _fedavg(updates, weighted.num_train, members)
+    assert weighted.round_info["split_criteria"][0][0] == pytest.approx(np.linalg.norm(fedavg), rel=1e-6)
+    assert unweighted.round_info["split_criteria"][0][0] == pytest.approx(np.linalg.norm(plain_mean), rel=1e-6)
+    assert abs(np.linalg.norm(plain_mean) - np.linalg.norm(fedavg)) > 1e-4      # the sizes differ: so do the norms
+    for k in members:          # the criterion's mean is read by eq. 4 only: the models stay FedAvg's
+        np.testing.assert_array_equal(unweighted.anchors[k].numpy(), weighted.anchors[k].numpy())
+    tags = {m.tag for m in unweighted.protocol.transcript.select()}
+    assert "gcfl/criterion_mean" in tags and "gcfl/criterion_mean" not in {m.tag for m in weighted.protocol.transcript.select()}
+
+
+def test_unweighted_mean_norm_is_the_same_over_the_runtime_in_a_secure_mode():
+    opts = {"eps1": 0.5, "eps2": 0.0, "seq_length": 2, "mean_norm": "unweighted"}
+    runs = {(ex, m): run_experiment(RunConfig(algorithm="gcflplus", mode=m, rounds=21, executor=ex, **FAST,
+                                              options=opts), progress=False)
+            for ex, m in (("inline", "plain"), ("local", "mask"))}
+    crit = {k: [r.get("split_criteria") for r in v["rounds"]] for k, v in runs.items()}
+    assert crit[("inline", "plain")] == crit[("local", "mask")] and crit[("inline", "plain")][0]
+    assert runs[("local", "mask")]["final"]["clusters"] == runs[("inline", "plain")]["final"]["clusters"]
+
+
 @pytest.mark.parametrize("num_clients", [3, 12])
 def test_grid_mean_is_bit_identical_in_every_mode(num_clients):
     rng = np.random.default_rng(num_clients)

@@ -64,14 +64,16 @@ ABOUT: dict[str, About] = {
     "gcfl": About("graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
                   "similarity of their updates) when the cluster's mean update is small and one is large; "
                   "shared GIN layers averaged per cluster", GCFL_PAPER,
-                  "gcfl/model: weighted mean of shared-layer updates per cluster, every round; "
+                  "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
+                  "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
                   "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
                   "gcfl/similarity: pairwise "
                   "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
                   modes=pairwise_modes(), task="graph"),
     "gcflplus": About("graph classification: GCFL whose split compares sequences of gradient norms by DTW "
                       "(no inner products of updates)", GCFL_PAPER,
-                      "gcflplus/model: weighted mean of shared-layer updates per cluster, every round; "
+                      "gcflplus/model: weighted mean of shared-layer updates per cluster, every round "
+                      "(--mean-norm unweighted: also gcflplus/criterion_mean); "
                       "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
                       "clear (one report: gcflplus/norms), every round", GRAPH_MODES, task="graph"),
     "fgssl": About("node-level semantic contrast with the received global model (FNSC) and neighbour-"

@@ -7,8 +7,11 @@ shared (the reference's ``serverGIN``), input, ``post`` and classifier layers st
 Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
 
 1. the members' updates ``dW_i`` of the shared layers are averaged through the protocol's
-   weighted mean (weights ``|G_i|``, FedAvg); the members learn ``mean_c`` (eq. 4; the reference
-   code averages without weights, the paper with ``|G_i|/|G|``: we follow the paper);
+   weighted mean (weights ``|G_i|``, FedAvg); the members learn ``mean_c``.  Eq. 4 takes the norm
+   of this mean (the paper's ``|G_i|/|G|`` weights, the default); ``--mean-norm unweighted``
+   takes it of the unweighted mean instead, as the reference's ``compute_mean_update_norm``
+   does: one more secure mean per cluster (tag ``<algorithm>/criterion_mean``, equal weights),
+   whose result only the members learn and which only eq. 4 reads;
 2. once every cluster's mean is out, each client sends ONE clear-text report carrying its
    ``||dW_i||``, the norm of its cluster's mean and (GCFL+) its gradient norm (batch tag
    ``<algorithm>/norms``, :func:`protocols.batch.batched_report`; the transcript attributes its bytes
@@ -75,9 +78,14 @@ class GCFLServer:
         """The members restart from their anchor plus the mean ``exchange_mean`` returned."""
         raise NotImplementedError
 
+    def exchange_unweighted_mean(self, rnd: int, members: list[int]):
+        """``--mean-norm unweighted``: the members' unweighted mean update (tag
+        ``<algorithm>/criterion_mean``), received by the members (a handle to it)."""
+        raise NotImplementedError
+
     def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
         """Part (:attr:`norm_parts`) -> client -> the norm it reported, from one report per client of
-        every cluster (module docstring, step 2)."""
+        every cluster (module docstring, step 2); ``means``: the means whose norm eq. 4 reads."""
         raise NotImplementedError
 
     def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
@@ -102,7 +110,9 @@ class GCFLServer:
         """One round of clustered FedAvg over the clients in ``updated`` (module docstring)."""
         clusters = [m for m in ([k for k in members if k in updated] for members in self.clusters) if m]
         means = [self.exchange_mean(rnd, members) for members in clusters]
-        norms = self.round_norms(rnd, clusters, means) if clusters else {}
+        eq4_means = means if self.opts.mean_norm == "weighted" else \
+            [self.exchange_unweighted_mean(rnd, members) for members in clusters]
+        norms = self.round_norms(rnd, clusters, eq4_means) if clusters else {}
         self.note_norms(norms)
         new_clusters = []
         #: eq. 4-5 of every cluster this round, ``[delta_mean, delta_max]`` (in the round's record)
@@ -214,8 +224,11 @@ class GCFL(GCFLServer, GraphFederated):
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         GraphFederated.apply_mean(self, members, mean)
 
+    def exchange_unweighted_mean(self, rnd: int, members: list[int]) -> np.ndarray:
+        return self.cluster_mean(rnd, members, self._updates, unweighted=True)
+
     def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
-        """What each client reports: its update's norm and its cluster mean's."""
+        """What each client reports: its update's norm and the norm of eq. 4's mean of its cluster."""
         return {"update_norms": {k: float(self._updates[k].norm()) for c in clusters for k in c},
                 "mean_norm": {k: float(np.linalg.norm(mean)) for c, mean in zip(clusters, means) for k in c}}
 

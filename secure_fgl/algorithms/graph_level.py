@@ -279,14 +279,20 @@ class GraphFederated(FederatedAlgorithm):
             if members:
                 self.apply_mean(members, self.cluster_mean(rnd, members, updates))
 
-    def cluster_mean(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor]) -> np.ndarray:
+    def cluster_mean(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor],
+                     unweighted: bool = False) -> np.ndarray:
         """``sum_i n_i dW_i / sum_i n_i`` over ``members``, through the protocol on the grid of
         :mod:`~secure_fgl.algorithms.grid_mean` (the same value in every mode, so GCFL's
-        decisions do not depend on the mode); only the members receive it."""
-        total = float(self.num_train.sum())
-        return grid_weighted_mean(self.protocol, f"{self.name}/model", rnd,
-                                  {k: updates[k].cpu().numpy() for k in members},
-                                  {k: self.num_train[k] / total for k in members}, recipients=members)
+        decisions do not depend on the mode); only the members receive it.  ``unweighted``:
+        the plain mean of the updates instead (GCFL's ``--mean-norm unweighted``, tag
+        ``<algorithm>/criterion_mean``)."""
+        if unweighted:
+            tag, weights = f"{self.name}/criterion_mean", {k: 1.0 / len(self.clients) for k in members}
+        else:
+            total = float(self.num_train.sum())
+            tag, weights = f"{self.name}/model", {k: self.num_train[k] / total for k in members}
+        return grid_weighted_mean(self.protocol, tag, rnd, {k: updates[k].cpu().numpy() for k in members},
+                                  weights, recipients=members)
 
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         """Every member restarts from its anchor plus the cluster's mean update."""

@@ -123,6 +123,10 @@ class GCFLOptions(GraphOptions):
     eps2: float = setting(0.1, min=0, help="... and the largest member update norm is above eps2 (eq. 5)")
     decider: int = setting(0, min=0, unit="client",
                            help="ckks: the client that holds the pairwise key and decrypts the similarity matrix")
+    mean_norm: str = setting("weighted", choices=("weighted", "unweighted"),
+                             help="eq. 4's delta_mean: the norm of the |G_i|-weighted mean update (the paper) or "
+                                  "of the unweighted mean (the authors' server.compute_mean_update_norm; one more "
+                                  "secure mean per cluster and round)")
 
 
 @dataclass

@@ -44,13 +44,28 @@ class GCFLLogic(GraphLogic):
     def scalar(self, tag: str) -> float | None:
         """The value this client reports for ``tag`` (None: not a report tag)."""
         name = self.cfg.algorithm
-        if tag == f"{name}/mean_norm":
-            return float(np.linalg.norm(self.mean))
+        if tag == f"{name}/mean_norm":           # eq. 4's mean: the FedAvg mean, or the unweighted one
+            return float(np.linalg.norm(self.mean if self.criterion_mean is None else self.criterion_mean))
         if tag == f"{name}/update_norms":
             return float(self.learner.update().norm())
         if tag == f"{name}/grad_norms":
             return float(self.learner.grad_norm)
         return None
+
+    #: ``--mean-norm unweighted``: the cluster's unweighted mean update, which only eq. 4 reads
+    criterion_mean: np.ndarray | None = None
+
+    def weight(self, tag: str) -> float | None:
+        """``--mean-norm unweighted``'s mean (tag ``<algorithm>/criterion_mean``): equal weights ``1 / K``."""
+        if tag == f"{self.cfg.algorithm}/criterion_mean":
+            return 1.0 / self.facts.num_clients
+        return super().weight(tag)
+
+    def receive(self, req: dict) -> dict:
+        if req["tag"] == f"{self.cfg.algorithm}/criterion_mean":
+            self.criterion_mean = self.received_mean(req)
+            return {}
+        return super().receive(req)
 
     def contribute(self, req: dict) -> dict:
         tag, name = req["tag"], self.cfg.algorithm
@@ -83,6 +98,9 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         self.split_clusters(rnd, updated)
 
     # ------------------------------------------------------------------ GCFLServer's hooks
+    def exchange_unweighted_mean(self, rnd: int, members: list[int]) -> None:
+        self.exchange_mean(rnd, members, tag=f"{self.name}/criterion_mean")
+
     def round_norms(self, rnd: int, clusters: list[list[int]], means=None) -> dict[str, dict[int, float]]:
         """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
         tag, parts = f"{self.name}/norms", list(self.norm_parts)

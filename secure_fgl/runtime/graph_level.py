@@ -57,15 +57,17 @@ class GraphLogic(ClientLogic):
         noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]]
         return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
 
-    def weight(self) -> float:
-        """FedAvg weight ``n_k / N`` (``N``: the public number of training graphs)."""
-        return len(self.data.train) / self.facts.total_train
+    def weight(self, tag: str) -> float | None:
+        """The weight of this client's update in the mean exchanged under ``tag`` (None: not a mean
+        of updates): FedAvg's ``n_k / N`` (``N``: the public number of training graphs)."""
+        return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
 
     def contribute(self, req: dict) -> dict:
         tag, rnd = req["tag"], int(req["round"])
-        if tag != f"{self.cfg.algorithm}/model":
+        weight = self.weight(tag)
+        if weight is None:
             return super().contribute(req)
-        contribution = grid_contribution(self.learner.update().cpu().numpy(), self.weight(), tag=tag, rnd=rnd,
+        contribution = grid_contribution(self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd,
                                          client=self.rt.client_id)
         if req.get("split"):
             self.keep(tag, contribution)
@@ -74,9 +76,8 @@ class GraphLogic(ClientLogic):
 
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
-        if tag == f"{self.cfg.algorithm}/model":      # this client's decoded grid sum (or the driver's)
-            total = req["total"] if "total" in req else dense_result(self.rt.half.result(), int(req["length"]))
-            self.mean = grid_mean_of_sum(total)
+        if tag == f"{self.cfg.algorithm}/model":
+            self.mean = self.received_mean(req)
             return {}
         if tag == f"{self.cfg.algorithm}/apply":
             if self.mean is None:
@@ -85,6 +86,11 @@ class GraphLogic(ClientLogic):
             self.mean = None
             return {}
         return super().receive(req)
+
+    def received_mean(self, req: dict) -> np.ndarray:
+        """The mean of this client's decoded grid sum (or of the sum the driver sent)."""
+        return grid_mean_of_sum(req["total"] if "total" in req else
+                                dense_result(self.rt.half.result(), int(req["length"])))
 
     def evaluate(self, req: dict) -> dict:
         return self.learner.counts()
@@ -157,10 +163,11 @@ class GraphStrategy(ModelAveragingStrategy):
                 self.apply_mean(members, self.exchange_mean(rnd, members))
 
     # ------------------------------------------------------------------ the exchange of one cluster
-    def exchange_mean(self, rnd: int, members: list[int]) -> None:
+    def exchange_mean(self, rnd: int, members: list[int], tag: str | None = None) -> None:
         """The members' grid sum through the protocol, delivered to the members only (each keeps
-        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out."""
-        tag = f"{self.name}/model"
+        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
+        ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant."""
+        tag = tag or f"{self.name}/model"
         split = self.split
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
         if not sent:
