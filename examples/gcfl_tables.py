@@ -25,7 +25,9 @@ Columns (per setting and method, over ``--seeds``):
 ckks rows (``--ckks``): GCFL/GCFL+ rerun in ckks on the listed settings; mask rows (``--mask``):
 GCFL+ in mask (GCFL refuses mask); the table says whether the cluster assignments equal plain's on
 the same seed, round by round.  ``--order file`` chunks the single-dataset settings in file order
-as the reference ``_randChunk`` (rows ``<setting>-file-order``).  Two more sections: self-train
+as the reference ``_randChunk`` (rows ``<setting>-file-order``).  ``--methods ... GCFL-unw GCFL+-unw``
+adds GCFL/GCFL+ whose eq. 4 reads the unweighted mean (``--mean-norm unweighted``, the reference
+code's ``compute_mean_update_norm``; the paper weights by ``|G_i|/|G|``).  Two more sections: self-train
 after 50 epochs (the reference's self-train length) and FedProx against FedAvg on the same seed.
 
 Run (reduced, as reported in docs/gcfl.md)::
@@ -63,7 +65,10 @@ SETTINGS = {
     "mix": ("mix", 13, 0.08, 0.4, 5),
 }
 METHODS = {"self-train": "gc-selftrain", "FedAvg": "gc-fedavg", "FedProx": "gc-fedprox",
-           "GCFL": "gcfl", "GCFL+": "gcflplus"}
+           "GCFL": "gcfl", "GCFL+": "gcflplus", "GCFL-unw": "gcfl", "GCFL+-unw": "gcflplus"}
+#: the paper's methods (the default); ``-unw``: eq. 4 on the unweighted mean, as the reference's
+#: ``compute_mean_update_norm`` (``--mean-norm unweighted``), on request
+PAPER_METHODS = ("self-train", "FedAvg", "FedProx", "GCFL", "GCFL+")
 #: the paper's Tables 3-4: average accuracy, minimum gain over self-train, clients improved
 PAPER = {"NCI1": {"self-train": (0.6468, None, None), "FedAvg": (0.6474, -0.1333, "14/30"),
                   "FedProx": (0.6437, -0.2400, "16/30"), "GCFL": (0.7326, -0.0462, "26/30"),
@@ -95,7 +100,7 @@ def config(setting: str, method: str, mode: str, seed: int, args, order: str = "
     algorithm = METHODS[method]
     options = {}
     if algorithm in ("gcfl", "gcflplus"):
-        options = {"eps1": eps1, "eps2": eps2}
+        options = {"eps1": eps1, "eps2": eps2, **({"mean_norm": "unweighted"} if method.endswith("-unw") else {})}
         if algorithm == "gcflplus":
             options["seq_length"] = seq
     elif algorithm == "gc-fedprox":
@@ -125,7 +130,8 @@ def label(setting: str, order: str) -> str:
 
 
 def run_dir(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> Path:
-    return out / label(setting, order) / f"{METHODS[method]}-{mode}" / f"seed{seed}"
+    variant = "-unweighted" if method.endswith("-unw") else ""
+    return out / label(setting, order) / f"{METHODS[method]}{variant}-{mode}" / f"seed{seed}"
 
 
 def load(out: Path, setting: str, method: str, mode: str, seed: int, order: str = "shuffled") -> dict | None:
@@ -255,7 +261,7 @@ def table(out: Path, args) -> str:
                     same = [r["final"]["clusters"] == (load(out, setting, method, "plain", s, order) or {}).get(
                         "final", {}).get("clusters") for s, r in rs.items()]
                     clusters += f" (= plain: {sum(same)}/{len(same)})"
-                paper_avg, paper_gain, paper_ratio = PAPER[setting][method]
+                paper_avg, paper_gain, paper_ratio = PAPER[setting][method.removesuffix("-unw")]
                 lines.append("| " + " | ".join([
                     label(setting, order), method, mode, str(len(rs)),
                     f"{mean_std(accs)} [{paper_avg:.3f}]",
@@ -280,7 +286,8 @@ def table(out: Path, args) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=list(PAPER_METHODS), choices=list(METHODS),
+                   help="GCFL-unw / GCFL+-unw: eq. 4 on the unweighted mean (the reference code's)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--ckks", nargs="*", default=[], help="settings whose GCFL/GCFL+ also run in ckks")
