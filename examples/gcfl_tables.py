@@ -160,7 +160,7 @@ def secure_vs_plain(out: Path, args) -> list[str]:
     partitions, the largest difference of the similarities each split cut, and the cut margins."""
     rows = []
     for setting, mode in ((s, m) for s in SETTINGS for m in MODES[1:]):
-        for method in ("GCFL", "GCFL+"):
+        for method in ("GCFL", "GCFL+", "GCFL-unw", "GCFL+-unw"):
             for seed in args.seeds:
                 plain, ckks = (load(out, setting, method, m, seed) for m in ("plain", mode))
                 if plain is None or ckks is None:
@@ -305,8 +305,9 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         def modes(setting: str, method: str) -> list[str]:
-            return (["plain"] + (["ckks"] if setting in args.ckks and method in ("GCFL", "GCFL+") else [])
-                    + (["mask"] if setting in args.mask and method == "GCFL+" else []))
+            base = method.removesuffix("-unw")
+            return (["plain"] + (["ckks"] if setting in args.ckks and base in ("GCFL", "GCFL+") else [])
+                    + (["mask"] if setting in args.mask and base == "GCFL+" else []))
 
         def order(setting: str) -> str:
             return args.order if setting in TABLE3 else "shuffled"
