@@ -54,3 +54,16 @@ def test_run_sweep_skips_or_raises_a_failing_run(tmp_path):
     assert not (bad.dir / "result.json").exists()
     with pytest.raises(Exception, match="no-such-mode"):
         run_sweep([bad], lambda *a: None, skip_errors=False)
+
+
+def test_amazon_coauthor_table_pairs_secure_with_plain_on_the_same_device():
+    from fedgcn_amazon_coauthor import table
+    row = dict(dataset="cs", rounds=100, method="2-hop", seconds=10.0)
+    runs = [{**row, "mode": "plain", "seed": 0, "test_acc": 0.80},                     # a row without a device: cpu
+            {**row, "mode": "mask", "seed": 0, "device": "cpu", "test_acc": 0.80},
+            {**row, "mode": "plain", "seed": 0, "device": "cuda:0", "test_acc": 0.70},
+            {**row, "mode": "mask", "seed": 0, "device": "cuda:0", "test_acc": 0.71}]
+    lines = table(runs).splitlines()
+    assert lines[0].split(" | ")[3] == "device"
+    cpu, cuda = (next(ln for ln in lines if f"| {d} |" in ln) for d in ("cpu", "cuda"))
+    assert "+0.00 (0.00)" in cpu and "+1.00 (1.00)" in cuda
