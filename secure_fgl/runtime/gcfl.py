@@ -4,7 +4,9 @@ The server's decisions are :class:`~secure_fgl.algorithms.gcfl.GCFLServer`'s (cl
 Stoer-Wagner cut, the cache behind ``test_acc_best_cached``); the strategy plays its hooks over
 the executor, so the server sees only what the clients send:
 
-* the cluster mean: :class:`~.graph_level.GraphStrategy`'s grid sum to the members only;
+* the cluster mean: :class:`~.graph_level.GraphStrategy`'s grid sum to the members only (with
+  ``--mean-norm unweighted`` a second one, equal weights, tag ``<algorithm>/criterion_mean``,
+  whose norm each member reports for eq. 4);
 * the norms, once every cluster's mean is out: each client reports, in ONE message (batch tag
   ``<algorithm>/norms``, bytes attributed to the part tags), the norm of the mean it decoded
   (``<algorithm>/mean_norm``; ``delta_mean`` of eq. 4 is the first member's), its ``||dW_i||``
