@@ -279,8 +279,12 @@ def body_digest(payload: Any) -> tuple[bytes, int]:
 
 
 def decode_body(data: bytes) -> Any:
-    """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise)."""
-    data = bytes(data)
+    """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise).  Arrays are
+    read-only views into ``data`` when it is (a view of) immutable ``bytes``, as the framing's
+    messages are: a received body is not copied again per array."""
+    if not (isinstance(data, bytes) or isinstance(data, memoryview) and isinstance(data.obj, bytes)):
+        data = bytes(data)
+    data = memoryview(data)
     value, pos = _read(data, 0, 0)
     if pos != len(data):
         raise MalformedMessageError(f"{len(data) - pos} trailing bytes after the message body")
@@ -297,7 +301,7 @@ def _read(data: bytes, pos: int, depth: int):
     if depth > 16:
         raise MalformedMessageError("message body nested too deeply")
     end = _need(data, pos, 1)
-    t = data[pos:end]
+    t = bytes(data[pos:end])
     pos = end
     if t == b"N":
         return None, pos
@@ -306,7 +310,7 @@ def _read(data: bytes, pos: int, depth: int):
     if t in (b"B", b"S"):
         (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
         end = _need(data, pos + 8, n)
-        raw = data[pos + 8:end]
+        raw = bytes(data[pos + 8:end])
         return (raw if t == b"B" else _untext(raw)), end
     if t == b"I":
         (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
@@ -319,7 +323,7 @@ def _read(data: bytes, pos: int, depth: int):
         (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
         end = _need(data, pos + 4, n)
         try:
-            dtype = np.dtype(_untext(data[pos + 4:end]))
+            dtype = np.dtype(_untext(bytes(data[pos + 4:end])))
         except TypeError:
             raise MalformedMessageError("array body has an unknown dtype") from None
         if dtype.kind not in "biuf":

@@ -128,9 +128,12 @@ class RowSelection:
     """The rows a recipient asked for, located in its blocks of ``rpb`` rows of width ``dim``.
 
     ``take(b, block)`` keeps the requested rows of decoded block ``b`` (``[rpb * dim]`` values ->
-    ``[n_b * dim]``, rows in increasing id order); it is idempotent (a block already taken, or one
-    whose every row was requested, passes unchanged).  ``assemble(kept)`` gives the
-    ``[len(rows), dim]`` totals in request order from the kept blocks.
+    ``[n_b * dim]``, rows in increasing id order), in the narrowest integer dtype that holds them
+    exactly when every value is an integer (:func:`exact_integers`: counts of binary features,
+    the FedGCN neighbour sums of Photo, CS, Physics, keep 2 bytes a value instead of 8 while every
+    recipient waits for its totals); it is idempotent (a block already taken, or one whose every
+    row was requested, passes unchanged).  ``assemble(kept)`` gives the ``[len(rows), dim]``
+    float64 totals in request order from the kept blocks.
     """
 
     def __init__(self, rows: np.ndarray, rows_per_block: int, dim: int):
@@ -151,10 +154,25 @@ class RowSelection:
         if block.size != self.rpb * self.dim:
             raise ValueError(f"block {block_id} holds {block.size} values: neither a whole block "
                              f"({self.rpb * self.dim}) nor its {e - s} requested rows")
-        return block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel()
+        return exact_integers(block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel())
 
     def assemble(self, kept: dict) -> np.ndarray:
         if not self.rows.size:
             return np.zeros((0, self.dim))
         unique = np.concatenate([self.take(b, kept[int(b)]) for b in self.block_ids]).reshape(-1, self.dim)
-        return unique[np.searchsorted(self._unique, self.rows)]
+        return unique[np.searchsorted(self._unique, self.rows)].astype(np.float64, copy=False)
+
+
+def exact_integers(values: np.ndarray) -> np.ndarray:
+    """``values`` in the narrowest of int8 / int16 / int32 that holds every entry exactly, when
+    every entry is an integer (the same numbers in a quarter or less of float64's bytes); else
+    ``values`` unchanged."""
+    if not values.size or values.dtype.kind not in "fiu" or \
+            values.dtype.kind == "f" and not np.array_equal(values, np.rint(values)):
+        return values
+    lo, hi = values.min(), values.max()
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return values.astype(dtype, copy=False)
+    return values

@@ -62,6 +62,23 @@ def test_row_selection_takes_idempotently_and_assembles_in_request_order():
         sel.take(0, np.zeros(3))
 
 
+def test_kept_rows_of_integer_sums_are_stored_narrow_and_assembled_exactly():
+    rows = np.array([5, 0, 6])
+    sel = RowSelection(rows, rows_per_block=4, dim=3)
+    counts = {0: np.arange(12, dtype=float), 1: np.arange(12, dtype=float) * 6000}      # kept up to 48,000 > int16
+    fractions = {0: counts[0] + 0.5, 1: counts[1]}
+    kept = {b: sel.take(b, v) for b, v in counts.items()}
+    assert kept[0].dtype == np.int8 and kept[1].dtype == np.int32
+    assert sel.take(1, kept[1]) is kept[1]                                            # still idempotent
+    out = sel.assemble(kept)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, np.stack([counts[r // 4].reshape(4, 3)[r % 4] for r in rows]))
+    mixed = {b: sel.take(b, v) for b, v in fractions.items()}
+    assert mixed[0].dtype == np.float64                                               # 0.5 is no integer
+    np.testing.assert_array_equal(sel.assemble(mixed), np.stack([fractions[r // 4].reshape(4, 3)[r % 4]
+                                                                 for r in rows]))
+
+
 def test_integer_rows_are_narrowed_exactly_and_others_kept():
     from secure_fgl.algorithms.fedgcn import narrow_integer_rows
     counts = torch.tensor([[0.0, 255.0], [3.0, -2.0]], dtype=torch.float64)
