@@ -38,9 +38,9 @@ class PlainClient(ClientHalf):
         if stage == "upload":
             if self.id not in self.plan.contributors:
                 return []
-            table = self.contribution()
+            table = self.contribution(dense=False)      # lazy row blocks are built in the wire's width
             wire = np.float64 if self.plan.spec.float64_wire else np.float32
-            payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values).astype(wire)}
+            payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values, dtype=wire)}
             _check_wire_range(payload["values"], wire, "contribution", self.where())
             return [self.seal(self.message(SERVER, "plain", table.values.shape, payload, fp), "upload")]
         if stage == "download":

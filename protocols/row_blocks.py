@@ -48,10 +48,11 @@ class BlockRows:
     def __len__(self) -> int:
         return int(self.block_ids.size)
 
-    def _dense(self, i0: int, i1: int) -> np.ndarray:
-        """Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``."""
+    def _dense(self, i0: int, i1: int, dtype=np.float64) -> np.ndarray:
+        """Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``, built in
+        ``dtype`` (each value rounded once, as a float64 block cast to it would be)."""
         bids = self.block_ids[i0:i1]
-        out = np.zeros((bids.size, self.rpb, self.dim))
+        out = np.zeros((bids.size, self.rpb, self.dim), dtype=dtype)
         if bids.size:
             lo, hi = np.searchsorted(self._sorted_ids, [bids[0] * self.rpb, (bids[-1] + 1) * self.rpb])
             ids = self._sorted_ids[lo:hi]
@@ -77,8 +78,7 @@ class BlockRows:
             yield self[i]
 
     def __array__(self, dtype=None, copy=None):
-        dense = self._dense(0, len(self))
-        return dense if dtype is None else dense.astype(dtype)
+        return self._dense(0, len(self), np.float64 if dtype is None else dtype)
 
     def astype(self, dtype) -> np.ndarray:
         return np.asarray(self, dtype=dtype)

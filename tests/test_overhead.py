@@ -171,6 +171,8 @@ def test_block_rows_equal_the_dense_blocks_in_every_chunk():
         for i1 in range(i0, bids.size + 1):
             assert np.array_equal(lazy[i0:i1], dense[i0:i1])
     assert np.array_equal(lazy[-1], dense[-1]) and np.array_equal(lazy.astype(np.float32), dense.astype(np.float32))
+    built32 = np.asarray(lazy, dtype=np.float32)                # built in the wire's width, rounded once
+    assert built32.dtype == np.float32 and np.array_equal(built32, dense.astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- the overhead benchmark
