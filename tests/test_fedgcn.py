@@ -51,6 +51,16 @@ def fed_float():
     return make_federated("csbm", num_clients=K, beta=100.0, seed=4, num_nodes=200, num_features=8)
 
 
+@pytest.fixture(scope="module")
+def fed_counts(fed):
+    """The binary SBM's graph and partition with word-count features (0..3): integers, not binary."""
+    from secure_fgl.data.build import build_federated
+    data = copy.copy(fed.graph)
+    data.x = fed.graph.x * torch.randint(1, 4, fed.graph.x.shape, generator=torch.Generator().manual_seed(5))
+    del data.binary_features
+    return build_federated(data, fed.owner, seed=3)
+
+
 def full_graph_operator(fed):
     """``(Ã X, d̃)`` from the ground-truth graph (Ã = A + I, self loops counted once)."""
     g = fed.graph
@@ -134,6 +144,45 @@ def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout):
     ups = [m for m in sec.protocol.transcript.select(tag=TAG) if m.receiver == "server"
            and m.kind != "metadata"]
     assert ups and all(m.kind != "plain" for m in ups)
+
+
+@pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
+def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
+    """Word counts (Coauthor CS / Physics hold them): exact integer fields sized by the degree cap
+    and --feature-bound, so a secure mode returns plain's totals bit for bit; a count above the
+    bound is refused by its owner; DP (which scales the terms) keeps the float encoding."""
+    assert fed_counts.count_features and not fed_counts.binary_features
+    plain = make_algo(fed_counts, "plain", hops=1)
+    plain.setup()
+    sec = make_algo(fed_counts, mode, hops=1, feature_bound=3.5)
+    spec = sec.value_spec()
+    assert spec.integer and spec.sum_max == (sec.opts.degree_cap + 1) * 3
+    sec.setup()
+    for k in range(K):
+        assert torch.equal(sec.received[k], plain.received[k]), f"client {k}"
+    with pytest.raises(BoundError, match="feature-bound"):
+        make_algo(fed_counts, mode, hops=1, feature_bound=2.0).setup()
+    from protocols.dp import DPConfig
+    cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0)
+    dp_protocol = make_protocol(mode, K, dp=DPConfig(epsilon=4.0), seed=11)
+    assert not make_algo(fed_counts, cfg=cfg, protocol=dp_protocol, hops=1).value_spec().integer
+    assert not make_federated("csbm", num_clients=K, seed=4, num_nodes=60, num_features=4).count_features
+
+
+def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
+    """The same over the client runtimes (the default executor): the public facts carry the
+    feature type, so the ckks exchange is the integer one (its bytes are the in-process
+    algorithm's) and its rounds equal plain's."""
+    from secure_fgl.runtime.facts import PublicFacts
+    assert PublicFacts.of(fed_counts).count_features
+    runs = {}
+    for mode in ("plain", "ckks"):
+        cfg = RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=2, options={"hops": 1, "feature_bound": 3})
+        runs[mode] = run_experiment(cfg, progress=False, fed=fed_counts)
+    inline = make_algo(fed_counts, "ckks", hops=1, feature_bound=3)       # integer fields (test above)
+    inline.setup()
+    assert runs["ckks"]["final"]["pretrain_bytes_up"] == inline.final_metrics()["pretrain_bytes_up"]
+    assert [r["train_loss"] for r in runs["ckks"]["rounds"]] == [r["train_loss"] for r in runs["plain"]["rounds"]]
 
 
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])

@@ -448,12 +448,19 @@ def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
     return torch.cat([c.global_ids, torch.unique(c.cross_edges[1])])
 
 
-def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None) -> ValueSpec:
+def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, counts: bool = False) -> ValueSpec:
     """Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
-    type and the DP term bound ``C`` (``None`` without DP)."""
+    type and the DP term bound ``C`` (``None`` without DP).  Integer sums (``norm`` row or none)
+    travel as exact integer fields in every mode: binary features (each entry of a row's total
+    at most ``cap + 1``) and, without DP (whose clipping scales the terms), non-negative integer
+    features such as word counts (``counts``; at most ``(cap + 1) * floor(feature_bound)``,
+    each owner checking its features against ``--feature-bound``)."""
     cap1 = o.degree_cap + 1
     if binary and o.norm != "sym":
         return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
+    if counts and dp_clip is None and o.norm != "sym":
+        top = cap1 * max(math.floor(o.feature_bound), 1)
+        return ValueSpec(integer=True, max_abs=float(top), sum_max=int(top), owner_checked_sum=True)
     bound = dp_clip if dp_clip is not None else (1.0 if binary else max(float(o.feature_bound), 1.0))
     # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
     # (owners check degree and feature bound): cap1 * bound bounds the sum too
@@ -673,7 +680,8 @@ class FedGCN(ModelAveraging):
         the backend leaves headroom for it).  Otherwise floats: an entry sums at most
         ``degree_cap + 1`` terms, each entry bounded by ``max(feature_bound, 1)`` (1 for binary
         features), or by ``C`` under DP."""
-        return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None)
+        return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None,
+                             counts=bool(self.fed.count_features))
 
     def dp_request(self) -> DPRequest | None:
         """The exchange's DP request (:func:`exchange_dp_request`), ``None`` without DP."""

@@ -43,7 +43,8 @@ class FedGCNOptions:
     norm: str = setting("row", choices=("row", "sym", "none"),
                         help="first-layer normalisation: row D^-1(A+I)X, sym D^-1/2(A+I)D^-1/2 X, none (A+I)X")
     feature_bound: float = setting(10.0, min=0, min_exclusive=True,
-                                   help="public bound on |x| for non-binary features (float encoding)")
+                                   help="public bound on |x| for non-binary features (integer ones, e.g. counts: exact "
+                                        "integer fields sized by its floor; others: the float encoding)")
     center: bool = setting(False, help="the model sees its first-layer input minus the client's own mean (dense "
                                        "bag-of-words graphs such as Amazon Photo; see the fedgcn module doc)")
 

@@ -111,9 +111,11 @@ def build_federated(data: Data, owner: torch.Tensor, split: str = "public",
     binary = getattr(data, "binary_features", None)
     if binary is None:
         binary = bool(((data.x == 0) | (data.x == 1)).all())
+    counts = bool(binary) or bool((data.x >= 0).all()) and (not data.x.is_floating_point()
+                                                            or bool(torch.equal(data.x, data.x.round())))
     return FederatedGraph(graph=graph, clients=clients, owner=torch.from_numpy(own),
                           num_classes=num_classes, name=str(getattr(data, "name", "graph")),
-                          binary_features=bool(binary))
+                          binary_features=bool(binary), count_features=counts)
 
 
 def make_federated(dataset: str = "sbm", num_clients: int = 10, partition: str | None = None,

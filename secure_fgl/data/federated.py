@@ -64,6 +64,8 @@ class FederatedGraph:
     num_classes: int
     name: str = "graph"
     binary_features: bool = False
+    #: every feature is a non-negative integer (binary, or counts as Coauthor CS / Physics hold)
+    count_features: bool = False
 
     @property
     def num_clients(self) -> int:

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class PublicFacts:
-    """``N`` nodes, ``d`` features, ``C`` classes, ``K`` clients, the feature type, the public
+    """``N`` nodes, ``d`` features, ``C`` classes, ``K`` clients, the feature type (binary;
+    counts: every feature a non-negative integer), the public
     size of the training split (the denominator of FedAvg's weights ``n_k / n_train``), the
     number of nodes held by some client (a partition may drop nodes; FedOMD's weight total) and
     the number of clients holding a training node (a DP-SGD step's noise shares)."""
@@ -20,6 +21,7 @@ class PublicFacts:
     num_train: int
     num_owned: int = 0
     num_trainers: int = 0
+    count_features: bool = False
 
     @classmethod
     def of(cls, fed) -> "PublicFacts":
@@ -27,7 +29,7 @@ class PublicFacts:
         train_owners = fed.owner[fed.graph.train_mask & (fed.owner >= 0)]
         return cls(int(fed.graph.num_nodes), int(fed.num_features), int(fed.num_classes), int(fed.num_clients),
                    bool(fed.binary_features), int(fed.graph.train_mask.sum()), int((fed.owner >= 0).sum()),
-                   int(train_owners.unique().numel()))
+                   int(train_owners.unique().numel()), bool(getattr(fed, "count_features", False)))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -303,7 +303,8 @@ class FedGCNStrategy(ModelAveragingStrategy):
             return
         t0 = time.perf_counter()
         dp = exchange_dp_request(o, self.cfg, f.binary_features) if self.dp_on else None
-        spec = exchange_spec(o, f.binary_features, dp_row_clip(o, self.cfg) if dp else None)
+        spec = exchange_spec(o, f.binary_features, dp_row_clip(o, self.cfg) if dp else None,
+                             counts=f.count_features)
         num_rows = f.num_nodes
         if o.row_order != "given" and o.layout == "sparse":
             num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
