@@ -106,16 +106,17 @@ def features_part(datasets, data_root, feature_bound: float, row_orders=("given"
         # public degree cap: the graph's largest degree, at least FedGCN's default 254
         # (examples/fedgcn_amazon_coauthor.py)
         cap = max(254, int(torch.bincount(fed.graph.edge_index[0], minlength=fed.graph.num_nodes).max()))
-        # real-valued features: float slots against fixed point; binary ones: exact packed
-        # integers under row normalisation (real slots, ckks-real, against ckks's default signed
-        # fields in complex slots), fixed point under sym
-        runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.binary_features
+        # real-valued features: float slots against fixed point; integer ones (binary, counts):
+        # exact packed integers under row normalisation (real slots, ckks-real, against ckks's
+        # default signed fields in complex slots), fixed point under sym
+        runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.count_features
                 else [("row", ("ckks-real", "ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
         for norm, pair in [(n, b) for n, b in runs if n in norms]:
             for row_order in row_orders:
                 for backend in [b for b in pair if b in backends]:
                     rec = _pretrain(fed, backend, row_order, feature_bound, norm, cap)
                     rec.update({"dataset": name, "binary_features": bool(fed.binary_features),
+                                "count_features": bool(fed.count_features),
                                 "feature_bound": feature_bound, "degree_cap": cap})
                     out.append(rec)
                     print(f"{name:<15}{norm:<5}{row_order:<10}{backend:<11}{rec['upload_ratio']:>7.2f}x "
