@@ -4,6 +4,7 @@ exchange alone (no training), on a real graph, in plain and each secure mode: th
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/fedgcn_exchange_exactness.py --datasets cs \
         [--modes ckks,mask] [--hops 1] [--seed 0] [--float-path] [--out runs/exchange_exactness.jsonl]
+    python examples/fedgcn_exchange_exactness.py --table-only --out FILE   # the markdown table of FILE
 
 The settings of ``examples/fedgcn_amazon_coauthor.py`` (10 clients, Dirichlet beta 1, Shchur
 split, ``--degree-cap`` = the graph's largest degree).  ``--float-path`` also runs each secure
@@ -43,6 +44,17 @@ def exchange(fed, mode: str, hops: int, cap: int, seed: int) -> tuple[dict, dict
                            "bytes_up": fin["pretrain_bytes_up"], "bytes_down": fin["pretrain_bytes_down"]}
 
 
+def table(rows: list[dict]) -> str:
+    lines = ["| dataset | hops | seed | mode | encoding | max abs(secure - plain) | bit-identical | MB up | MB down | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        enc = "integer fields" if r["integer_fields"] else "float"
+        lines.append(f"| {r['dataset']} | {r['hops']} | {r['seed']} | {r['mode']} | {enc} | {r['max_abs_diff']:.1e} | "
+                     f"{'yes' if r['bit_identical'] else 'no'} | {r['bytes_up'] / 1e6:,.0f} | "
+                     f"{r['bytes_down'] / 1e6:,.0f} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default="cs")
@@ -51,8 +63,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--float-path", action="store_true", help="also the float encoding, features declared non-integer")
     ap.add_argument("--out", default="runs/exchange_exactness.jsonl")
+    ap.add_argument("--table-only", action="store_true", help="print the table of --out, run nothing")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.table_only:
+        print(table([json.loads(line) for line in out.read_text().splitlines() if line.strip()]))
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     for ds in args.datasets.split(","):
         fed = load_federation(RunConfig(dataset=ds, clients=CLIENTS, beta=1.0, seed=args.seed,

@@ -67,3 +67,17 @@ def test_amazon_coauthor_table_pairs_secure_with_plain_on_the_same_device():
     assert lines[0].split(" | ")[3] == "device"
     cpu, cuda = (next(ln for ln in lines if f"| {d} |" in ln) for d in ("cpu", "cuda"))
     assert "+0.00 (0.00)" in cpu and "+1.00 (1.00)" in cuda
+
+
+def test_exchange_exactness_script_compares_every_received_total(tmp_path, monkeypatch, capsys):
+    import fedgcn_exchange_exactness as ex
+    out = tmp_path / "ex.jsonl"
+    monkeypatch.setattr(sys, "argv", ["x", "--datasets", "sbm", "--modes", "mask", "--float-path", "--out", str(out)])
+    ex.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["integer_fields"], r["bit_identical"]) for r in rows] == [(True, True), (False, True)]
+    assert rows[0]["max_abs_diff"] == 0.0 and rows[1]["bytes_up"] > rows[0]["bytes_up"] > 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["x", "--table-only", "--out", str(out)])
+    ex.main()
+    assert "| sbm | 1 | 0 | mask | integer fields | 0.0e+00 | yes |" in capsys.readouterr().out
