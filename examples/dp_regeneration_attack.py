@@ -16,6 +16,7 @@ import tempfile
 
 import numpy as np
 
+from protocols import Transcript
 import secure_fgl.experiment as experiment
 from secure_fgl.config import RunConfig
 
@@ -26,7 +27,9 @@ def run_and_capture(cfg: RunConfig):
     """Run ``cfg``; return its protocol and each client's round-0 upload as the server saw it."""
     made = []
     real = experiment.make_run_protocol
-    experiment.make_run_protocol = lambda *a, **kw: made.append(real(*a, **kw)) or made[-1]
+    # a run keeps payloads only for --attacks (experiment.run_transcript): this one reads the uploads itself
+    experiment.make_run_protocol = lambda cfg, n, transcript=None, **kw: made.append(
+        real(cfg, n, Transcript(keep_payloads="latest"), **kw)) or made[-1]
     try:
         experiment.run_experiment(cfg, progress=False)
     finally:

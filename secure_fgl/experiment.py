@@ -56,6 +56,14 @@ def load_federation(cfg: RunConfig):
                           seed=cfg.seed, data_root=cfg.data_root, **cfg.synthetic)
 
 
+def run_transcript(cfg: RunConfig) -> Transcript:
+    """The transcript of a run: message metadata always (``comm``, the privacy section, the side
+    file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
+    attacks nothing reads a payload, and keeping them would hold a one-time exchange -- FedGCN's
+    neighbour sums, every upload and download of it -- in memory for the rest of the run."""
+    return Transcript(keep_payloads="latest" if cfg.attacks else "none")
+
+
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
@@ -89,12 +97,12 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     times["data"] = time.perf_counter() - t0
 
     if cfg.executor == "inline":
-        protocol = make_run_protocol(cfg, fed.num_clients)
+        protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
         algo = algo_cls(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
         from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         executor = make_executor(cfg, str(device))
-        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
         algo = make_strategy(cfg, fed, protocol, options, executor)
 
     # checkpoints are written only with an --out folder; the transcript's lines go to a side file there

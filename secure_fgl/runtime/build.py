@@ -52,7 +52,7 @@ def check_runtime(cfg) -> None:
                           "yet; use --executor inline")
 
 
-def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
+def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None):
     """The run's protocol; a backend split into halves gets the executor as its link
     (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
     from protocols.registry import backend_class
@@ -60,8 +60,8 @@ def make_runtime_protocol(cfg, num_clients: int, executor: Executor):
 
     from ..experiment import make_run_protocol
     if not issubclass(backend_class(cfg.mode), SplitProtocol):
-        return make_run_protocol(cfg, num_clients)
-    return make_run_protocol(cfg, num_clients, link=RuntimeLink(executor))
+        return make_run_protocol(cfg, num_clients, transcript)
+    return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor))
 
 
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
