@@ -32,11 +32,23 @@ if TYPE_CHECKING:  # pragma: no cover
 class ClientLink(ABC):
     """Batch transport: one stage's requests out, the answering clients' responses back."""
 
+    #: the clients answer one after another, in this process: a server half may then run a large stage
+    #: client by client (:func:`stream_groups`) at no cost in time; ``False``: they answer in parallel
+    sequential: bool = False
+
     @abstractmethod
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
         """Deliver ``requests[k]`` to client ``k``'s half for ``stage``; return the responses of
         the clients that answered.  Missing key: that client dropped out.  A ProtocolError a
         client half raised is re-raised."""
+
+
+def stream_groups(link: ClientLink, clients) -> list[list[int]]:
+    """The clients of one stage in the groups a server half calls them in: one at a time over a
+    :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time, not
+    every answer at once), all together over a parallel one."""
+    clients = [int(k) for k in clients]
+    return [[k] for k in clients] if getattr(link, "sequential", False) else [clients]
 
 
 class InProcessLink(ClientLink):
@@ -47,6 +59,8 @@ class InProcessLink(ClientLink):
     ``mute(k, stages)`` — client ``k`` reads its requests at those stages but its answers are
     lost (kept in :attr:`lost`, e.g. to replay a late upload).
     """
+
+    sequential = True
 
     def __init__(self, halves: Mapping[int, "ClientHalf"]):
         self.halves = dict(halves)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import BoundError, DropoutError, IntegrityError, ShapeError
+from .link import stream_groups
 from .party import ClientHalf, ServerHalf
 from .split import SplitProtocol
 from .transcript import SERVER
@@ -63,41 +64,50 @@ class PlainServer(ServerHalf):
     mode = "plain"
 
     def run(self, plan, link):
+        """Uploads are folded into the float64 totals as they arrive and downloads are sent as they
+        are built, client by client over a sequential link (:func:`~protocols.link.stream_groups`):
+        the server holds the totals and one client's blocks, not every upload and download at once."""
         fp = plain_fingerprint(self.setup.num_clients)
         self.begin(plan, link, fp)
-        got = self.call(link, "upload", {k: [] for k in plan.parties})
+        contributors = set(plan.contributors)
+        order = list(plan.contributors) + [k for k in plan.parties if k not in contributors]
         totals: dict[int, np.ndarray] = {}
         missing = []
-        for k in plan.contributors:
-            msg = self.responses(got, k, "upload", "plain")
-            if msg is None:
-                missing.append(k)
-                continue
-            self.check_envelope(msg, fp, k)
-            try:
-                ids, values = msg.payload["block_ids"], msg.payload["values"]
-            except (KeyError, TypeError) as e:
-                raise IntegrityError(f"malformed upload ({e})", **self.where(k)) from None
-            for bid, row in zip(ids, values):
-                bid = int(bid)
-                if bid in totals:
-                    totals[bid] += row.astype(np.float64)
-                else:
-                    totals[bid] = row.astype(np.float64)
+        for group in stream_groups(link, order):
+            got = self.call(link, "upload", {k: [] for k in group})
+            for k in (k for k in group if k in contributors):
+                msg = self.responses(got, k, "upload", "plain")
+                if msg is None:
+                    missing.append(k)
+                    continue
+                self.check_envelope(msg, fp, k)
+                try:
+                    ids, values = msg.payload["block_ids"], msg.payload["values"]
+                except (KeyError, TypeError) as e:
+                    raise IntegrityError(f"malformed upload ({e})", **self.where(k)) from None
+                for bid, row in zip(ids, values):
+                    bid = int(bid)
+                    if bid in totals:
+                        totals[bid] += row.astype(np.float64)
+                    else:
+                        totals[bid] = row.astype(np.float64)
+            del got
         if missing:
             raise DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload; nothing was "
                                "aggregated", **self.where(missing[0]))
+        wire = np.float64 if plan.spec.float64_wire else np.float32
         for total in totals.values():
-            _check_wire_range(total, np.float64 if plan.spec.float64_wire else np.float32, "sum", self.where())
+            _check_wire_range(total, wire, "sum", self.where())
         zero = np.zeros(plan.block_len)
-        downloads = {}
-        for r, bids in plan.requests.items():
-            wire = np.float64 if plan.spec.float64_wire else np.float32
-            values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(wire) if bids.size
-                      else np.zeros((0, plan.block_len), wire))
-            downloads[r] = [(self.message(r, "plain", values.shape,
-                                          {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
-        self.call(link, "download", downloads)
+        for group in stream_groups(link, plan.requests):
+            downloads = {}
+            for r in group:
+                bids = plan.requests[r]
+                values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(wire) if bids.size
+                          else np.zeros((0, plan.block_len), wire))
+                downloads[r] = [(self.message(r, "plain", values.shape,
+                                              {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
+            self.call(link, "download", downloads)
         return tuple(plan.contributors)
 
 

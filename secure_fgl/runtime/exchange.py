@@ -33,6 +33,7 @@ class RuntimeLink(ClientLink):
 
     def __init__(self, executor, on_lost: Callable[[dict, str], None] = lambda lost, method: None):
         self.executor, self.on_lost = executor, on_lost
+        self.sequential = executor.sequential
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
         responses, lost = self.executor.call(f"half:{stage}", requests)

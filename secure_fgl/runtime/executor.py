@@ -73,6 +73,8 @@ class Executor:
     """Base class (see the module docstring)."""
 
     name = "base"
+    #: the runtimes answer a call one after another in this process (:attr:`protocols.link.ClientLink.sequential`)
+    sequential = False
 
     def __init__(self):
         self.stats = ExecutorStats()
@@ -104,6 +106,7 @@ class LocalExecutor(Executor):
     """Every client runtime in the driver's process, called one after the other."""
 
     name = "local"
+    sequential = True
 
     def __init__(self, device: str = "cpu"):
         super().__init__()
