@@ -26,14 +26,14 @@ TAG = "fedavg/model"
 def run_and_capture(cfg: RunConfig):
     """Run ``cfg``; return its protocol and each client's round-0 upload as the server saw it."""
     made = []
-    real = experiment.make_run_protocol
-    # a run keeps payloads only for --attacks (experiment.run_transcript): this one reads the uploads itself
-    experiment.make_run_protocol = lambda cfg, n, transcript=None, **kw: made.append(
-        real(cfg, n, Transcript(keep_payloads="latest"), **kw)) or made[-1]
+    real, real_transcript = experiment.make_run_protocol, experiment.run_transcript
+    experiment.make_run_protocol = lambda *a, **kw: made.append(real(*a, **kw)) or made[-1]
+    # a run keeps payloads only for --attacks; this attacker reads the uploads the server saw itself
+    experiment.run_transcript = lambda cfg: Transcript(keep_payloads="latest")
     try:
         experiment.run_experiment(cfg, progress=False)
     finally:
-        experiment.make_run_protocol = real
+        experiment.make_run_protocol, experiment.run_transcript = real, real_transcript
     uploads = {m.sender: np.asarray(m.payload["values"], np.float64).ravel()
                for m in made[0].transcript.select(tag=TAG, round=0, receiver="server")}
     return made[0], uploads

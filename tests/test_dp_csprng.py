@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import secure_fgl.experiment as experiment
-from protocols import DPRequest
+from protocols import DPRequest, Transcript
 from protocols.csprng import SecureRandom
 from protocols.dp import DPConfig, DPEngine
 from secure_fgl.config import RunConfig
@@ -52,6 +52,8 @@ def run_capturing_protocol(cfg: RunConfig, monkeypatch) -> tuple[dict, object]:
         return made[-1]
 
     monkeypatch.setattr(module, name, make)
+    # the server's view: every payload it read (a run keeps them only for --attacks)
+    monkeypatch.setattr(experiment, "run_transcript", lambda cfg: Transcript(keep_payloads="latest"))
     result = run_experiment(cfg, progress=False)
     monkeypatch.setattr(module, name, real)
     return result, made[0]
