@@ -156,3 +156,23 @@ def test_registry_lists_every_backend_once():
     from secure_fgl.config import RunConfig
     from dataclasses import fields
     assert tuple(f.metadata.get("choices", ()) for f in fields(RunConfig) if f.name == "mode")[0] == modes()
+
+
+def test_plain_server_streams_a_sequential_link_client_by_client():
+    """Over a sequential link (clients answering in turn, in this process) the plain server calls
+    one client per upload and per download call, so it holds one client's blocks at a time; over a
+    parallel link it calls them all at once.  The sums are the same bits either way, and those of
+    folding the float32 uploads in client order."""
+    rng = np.random.default_rng(0)
+    values = {k: rng.normal(size=9000) for k in range(4)}
+    totals = {}
+    for sequential in (True, False):
+        proto = make_protocol("plain", 4)
+        proto.link.sequential = sequential
+        calls, real = [], proto.link.call
+        proto.link.call = lambda stage, requests: calls.append((stage, len(requests))) or real(stage, requests)
+        totals[sequential] = proto.weighted_sum("t", 0, values)
+        sizes = {stage: {n for s, n in calls if s == stage} for stage in ("upload", "download")}
+        assert sizes == ({"upload": {1}, "download": {1}} if sequential else {"upload": {4}, "download": {4}})
+    folded = sum(v.astype(np.float32).astype(np.float64) for v in values.values()).astype(np.float32)
+    assert np.array_equal(totals[True], totals[False]) and np.array_equal(totals[True], folded)
