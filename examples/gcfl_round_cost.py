@@ -23,11 +23,13 @@ def main() -> None:
     p.add_argument("--settings", nargs="+", default=list(gcfl_tables.SETTINGS), choices=list(gcfl_tables.SETTINGS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--data-root", default=None)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--out", default="runs/gcfl_round_cost")
     args = p.parse_args()
+    args.attacks = []
     for setting in args.settings:
         cfg = gcfl_tables.config(setting, "FedAvg", "plain", 0, args)
-        cfg.out = f"{args.out}/{setting}"
+        cfg.out, cfg.device = f"{args.out}/{setting}", args.device
         t = run_experiment(cfg, progress=False)["time"]
         print(json.dumps({"setting": setting, "rounds": args.rounds, "train_s_per_round": t["train"] / args.rounds,
                           **{k: round(v, 2) for k, v in t.items()}}), flush=True)
