@@ -29,7 +29,7 @@ def main() -> None:
     args.attacks = []
     for setting in args.settings:
         cfg = gcfl_tables.config(setting, "FedAvg", "plain", 0, args)
-        cfg.out, cfg.device = f"{args.out}/{setting}", args.device
+        cfg.out = f"{args.out}/{setting}"
         t = run_experiment(cfg, progress=False)["time"]
         print(json.dumps({"setting": setting, "rounds": args.rounds, "train_s_per_round": t["train"] / args.rounds,
                           **{k: round(v, 2) for k, v in t.items()}}), flush=True)

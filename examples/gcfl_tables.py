@@ -36,7 +36,8 @@ Run (reduced, as reported in docs/gcfl.md)::
         --settings PROTEINS --seeds 0 1 2 --ckks PROTEINS --out runs/gcfl_tables
 
 Each run writes ``<out>/<setting>/<method>-<mode>/seed<s>/result.json`` and is skipped when it
-exists; ``<out>/tables.md`` is rewritten after every run, listing every command the results came
+exists; a run stopped midway resumes from the ``checkpoint.pt`` it left (also with another
+``--device``); ``<out>/tables.md`` is rewritten after every run, listing every command the results came
 from (``--table-only`` only rewrites it).
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ def config(setting: str, method: str, mode: str, seed: int, args, order: str = "
         options = {"mu": 0.01}
     return RunConfig(algorithm=algorithm, dataset=dataset, clients=clients, mode=mode, hidden=64, num_layers=3,
                      dropout=0.5, lr=1e-3, weight_decay=5e-4, rounds=args.rounds, local_epochs=1, seed=seed,
-                     data_root=args.data_root, options=options, attacks=list(args.attacks),
+                     data_root=args.data_root, device=args.device, options=options, attacks=list(args.attacks),
                      **({"partition": "file-order"} if order == "file" else {}))
 
 
@@ -115,6 +116,10 @@ def command(cfg: RunConfig, out: Path) -> str:
     flags = ["python", "-m", "secure_fgl.cli.main", "run", "--algorithm", cfg.algorithm, "--dataset", cfg.dataset,
              "--clients", cfg.clients, "--mode", cfg.mode, "--hidden", 64, "--num-layers", 3, "--lr", cfg.lr,
              "--weight-decay", cfg.weight_decay, "--rounds", cfg.rounds, "--seed", cfg.seed, "--out", out, "--quiet"]
+    if cfg.device != "auto":
+        flags += ["--device", cfg.device]
+    if cfg.resume:
+        flags += ["--resume", "true"]
     if cfg.partition == "file-order":
         flags += ["--partition", "file-order"]
     if cfg.attacks:
@@ -298,6 +303,7 @@ def main(argv=None) -> None:
     p.add_argument("--attacks", nargs="*", default=[],
                    help="attacks run at the end of every run (e.g. gcfl_same_dataset on molecules/biochem/mix)")
     p.add_argument("--data-root", default=None)
+    p.add_argument("--device", default="auto", help="where the clients train: auto (CUDA when present) | cpu | cuda")
     p.add_argument("--out", default="runs/gcfl_tables")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)

@@ -5,7 +5,7 @@
 # GCFL's mix setting (Table 4, 13 clients, one process per method).  Everything stops at END seconds.
 # Results come back as $OUT/runs.jsonl (examples/fedgcn_amazon_coauthor.py rows) and $OUT/gpu_check.tgz
 # (logs, the bench JSON, a memory trace, each GCFL run's result.json -- or its checkpoint.pt when the
-# deadline stopped it, to resume elsewhere with --resume).
+# deadline stopped it: rerun the same examples/gcfl_tables.py command beside it, here, to finish it).
 #
 # Prepare here (both folders are ignored; name them in `carry`):
 #   echo /.whl/ >> .git/info/exclude; echo /.data/ >> .git/info/exclude
@@ -49,7 +49,7 @@ gcfl() { OMP_NUM_THREADS=2 timeout $(( END - $(el) )) python3 examples/gcfl_tabl
 if [ -n "$GC_METHODS" ]; then
   ( python3 -c "import sys, argparse; sys.path[:0] = ['examples']; import gcfl_tables
 from secure_fgl.experiment import load_federation
-load_federation(gcfl_tables.config('$GC_SETTING', 'FedAvg', 'plain', 0, argparse.Namespace(rounds=1, data_root='$D', attacks=[])).validate())" > $L/gc_prep.log 2>&1
+load_federation(gcfl_tables.config('$GC_SETTING', 'FedAvg', 'plain', 0, argparse.Namespace(rounds=1, data_root='$D', device='cpu', attacks=[])).validate())" > $L/gc_prep.log 2>&1
     echo "gcfl data ready at $(el) s" >> $L/jobs.txt
     for m in $GC_METHODS; do gcfl $m & done; wait ) & JOBS+=($!)
 fi

@@ -3,7 +3,9 @@
 Each job is one run directory and its :class:`~secure_fgl.config.RunConfig`.  :func:`run_sweep`
 runs the jobs in order, in this process, and
 
-* skips a job whose ``<dir>/result.json`` exists (an interrupted sweep resumes where it stopped);
+* skips a job whose ``<dir>/result.json`` exists, and resumes one whose ``<dir>/checkpoint.pt``
+  exists from that round (``--resume``: an interrupted sweep goes on where it stopped, also on
+  another device; the checkpoint refuses other settings);
 * prints the job's equivalent CLI line and appends it to ``log`` (when given) before running it;
 * loads each federation once and reuses it while consecutive jobs share ``fed_key(cfg)`` (the
   same partition and splits for every method);
@@ -71,7 +73,7 @@ def run_sweep(jobs: list[Job], done: Callable[[Job, dict, float], None], *,
         d, cfg = job.dir, job.cfg
         if (d / "result.json").exists():
             continue
-        cfg.out = str(d)
+        cfg.out, cfg.resume = str(d), (d / "checkpoint.pt").exists()
         if log is not None:
             print(command(cfg), flush=True)
             with log.open("a") as f:

@@ -48,6 +48,18 @@ def test_run_sweep_runs_once_logs_and_cleans_up(tmp_path):
     assert len(done) == 2
 
 
+def test_run_sweep_resumes_a_run_from_its_checkpoint(tmp_path):
+    from secure_fgl.experiment import run_experiment
+    first = run_experiment(_cfg(out=str(tmp_path / "a")), progress=False)
+    (tmp_path / "a" / "result.json").unlink()                   # as if stopped after round 1 of 2
+    assert (tmp_path / "a" / "checkpoint.pt").exists()
+    done = []
+    run_sweep([Job(tmp_path / "a", _cfg(rounds=2))], lambda job, r, s: done.append(r), log=tmp_path / "log.txt")
+    assert len(done[0]["rounds"]) == 2
+    assert done[0]["time"]["setup"] == first["time"]["setup"]         # restored, not measured again
+    assert "--resume True" in (tmp_path / "log.txt").read_text()
+
+
 def test_run_sweep_skips_or_raises_a_failing_run(tmp_path):
     bad = Job(tmp_path / "bad", _cfg(mode="no-such-mode"))
     run_sweep([bad], lambda *a: None)                         # reported, the sweep goes on
