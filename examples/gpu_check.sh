@@ -3,9 +3,10 @@
 # `device`): the gpu-marked tests, the overhead bench on CUDA, the FedGCN
 # runs that need more memory than the 2-core CI machine has (2-hop on BIG, plain beside mask), and
 # GCFL's mix setting (Table 4, 13 clients, one process per method).  Everything stops at END seconds.
-# Results come back as $OUT/runs.jsonl (examples/fedgcn_amazon_coauthor.py rows) and $OUT/gpu_check.tgz
-# (logs, the bench JSON, a memory trace, each GCFL run's result.json -- or its checkpoint.pt when the
-# deadline stopped it: rerun the same examples/gcfl_tables.py command beside it, here, to finish it).
+# Results come back as $OUT/runs.jsonl (examples/fedgcn_amazon_coauthor.py rows), $OUT/gpu_check.tgz
+# (logs, the bench JSON, a memory trace) and $OUT/gc_<method>.tgz (each GCFL run's folder: result.json,
+# or its checkpoint.pt when the deadline stopped it: rerun the same examples/gcfl_tables.py command
+# beside it, here, to finish it).
 #
 # Prepare here (both folders are ignored; name them in `carry`):
 #   echo /.whl/ >> .git/info/exclude; echo /.data/ >> .git/info/exclude
@@ -28,7 +29,10 @@ for l in open(sys.argv[1]):
     r=json.loads(l); print(r['dataset'],r['method'],r['mode'],r['seed'],round(r['test_acc'],4),int(r['seconds']),'s',round(r['peak_rss_gb'],1),'GB')" $OUT/runs.jsonl
            for f in $R/gc_*/*/*/seed*/result.json; do [ -f "$f" ] && python3 -c "import json,sys
 r=json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-3], r['final']['test_acc'], round(r['time']['total']), 's')" $f; done
-           tar czf $OUT/gpu_check.tgz -C /tmp/gpu_check --exclude=./data --exclude=./cache . ; echo "done at $(el) s"; }
+           tar czf $OUT/gpu_check.tgz -C /tmp/gpu_check --exclude=./data --exclude=./cache --exclude='./res/gc_*' .
+           # one file per GCFL method: the 16 MiB limit per returned file (clients/ holds the runtimes' state)
+           for d in $R/gc_*; do [ -d "$d" ] && tar czf $OUT/$(basename "$d" | tr '+' 'p').tgz -C $R $(basename "$d"); done
+           echo "done at $(el) s"; }
 if [ "$DEV" = cuda ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > $L/pip.log 2>&1 || { tail -5 $L/pip.log; exit 3; }
   export PYTHONPATH=/tmp/site:$PWD
