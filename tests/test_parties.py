@@ -158,21 +158,38 @@ def test_registry_lists_every_backend_once():
     assert tuple(f.metadata.get("choices", ()) for f in fields(RunConfig) if f.name == "mode")[0] == modes()
 
 
-def test_plain_server_streams_a_sequential_link_client_by_client():
-    """Over a sequential link (clients answering in turn, in this process) the plain server calls
-    one client per upload and per download call, so it holds one client's blocks at a time; over a
-    parallel link it calls them all at once.  The sums are the same bits either way, and those of
-    folding the float32 uploads in client order."""
+@pytest.mark.parametrize("mode,upload", [("plain", "upload"), ("mask", "masked_upload")])
+def test_server_streams_a_sequential_link_client_by_client(mode, upload):
+    """Over a sequential link (clients answering in turn, in this process) the plain and mask
+    servers call one client per upload and per download call, so they hold one client's blocks at
+    a time; over a parallel link they call them all at once.  The sums are the same bits either
+    way; plain's are those of folding the float32 uploads in client order."""
     rng = np.random.default_rng(0)
     values = {k: rng.normal(size=9000) for k in range(4)}
     totals = {}
     for sequential in (True, False):
-        proto = make_protocol("plain", 4)
+        proto = make_protocol(mode, 4)
         proto.link.sequential = sequential
         calls, real = [], proto.link.call
         proto.link.call = lambda stage, requests: calls.append((stage, len(requests))) or real(stage, requests)
         totals[sequential] = proto.weighted_sum("t", 0, values)
-        sizes = {stage: {n for s, n in calls if s == stage} for stage in ("upload", "download")}
-        assert sizes == ({"upload": {1}, "download": {1}} if sequential else {"upload": {4}, "download": {4}})
+        sizes = {stage: {n for s, n in calls if s == stage} for stage in (upload, "download")}
+        assert sizes == ({upload: {1}, "download": {1}} if sequential else {upload: {4}, "download": {4}})
+    assert np.array_equal(totals[True], totals[False])
     folded = sum(v.astype(np.float32).astype(np.float64) for v in values.values()).astype(np.float32)
-    assert np.array_equal(totals[True], totals[False]) and np.array_equal(totals[True], folded)
+    if mode == "plain":
+        assert np.array_equal(totals[True], folded)
+    else:
+        assert np.allclose(totals[True], folded, atol=1e-4)
+
+
+def test_mask_client_frees_its_encoded_input_after_the_masked_upload():
+    """A mask client needs only its seeds and shares once its masked upload is built, so it drops
+    the encoded input then (an attack simulation keeps it with ``keep_client_state``)."""
+    values = {k: np.full(100, 0.1 * k) for k in range(3)}
+    for keep in (False, True):
+        proto = make_protocol("mask", 3)
+        proto.keep_client_state = keep
+        proto.weighted_sum("t", 0, values)
+        held = [proto.clients[k].state.encoded for k in range(3)]
+        assert all((e is not None) == keep for e in held)

@@ -133,7 +133,7 @@ import numpy as np
 
 from ..base import ExchangeContext
 from ..errors import ConfigurationError, DropoutError, IntegrityError, ShapeError, UnmaskingRefusedError
-from ..framing import message_from_bytes
+from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
@@ -302,6 +302,9 @@ class MaskClient(ClientHalf):
         self._unmasked: int | None = None                     # the exchange whose unmasking round it answered
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
+        #: attack simulations only: keep the encoded input after the masked upload is built (by
+        #: default it is freed then: the client needs only its seeds and shares for the rest)
+        self.keep_input = False
 
     # ------------------------------------------------------------------ plumbing
     def _binding(self) -> ExchangeBinding:
@@ -491,6 +494,8 @@ class MaskClient(ClientHalf):
                 raise IntegrityError(f"no mask public key of participant {j} was broadcast", **self.where())
             st.seeds[j] = self.mask_keys.pairwise_seed(self.id, j, self.peer_keys[j], binding)
         y = self._upload_words()
+        if not self.keep_input:
+            st.encoded = None
         payload = {"block_ids": st.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
         self.timing["mask_s"] = time.perf_counter() - t0
         return [self.seal(self._message("masked", y.shape, payload), "masked_upload")]
@@ -565,13 +570,6 @@ class MaskClient(ClientHalf):
         self.timing["decode_s"] = time.perf_counter() - t0
         return []
 
-    def late_upload(self) -> bytes:
-        """Simulation of a client that dropped before uploading: the upload it sends anyway, late."""
-        y = self._upload_words()
-        payload = {"block_ids": self.state.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
-        return self.seal(self._message("masked", y.shape, payload, "late upload, not aggregated"),
-                         "masked_upload")[1]
-
 
 def read_words(data, enc: FixedPoint, shape: tuple[int, int], what: str, where: dict) -> np.ndarray:
     """Ring elements of an upload or download: raw bytes, exactly ``shape`` values of ``b/8`` bytes."""
@@ -589,7 +587,9 @@ def read_words(data, enc: FixedPoint, shape: tuple[int, int], what: str, where: 
 class MaskServer(ServerHalf):
     """The mask server: sums masked uploads, runs the recovery round, routes the sums.  It holds
     public keys, masked vectors and, after the unmasking round, only what Bonawitz et al. give it
-    (per client, self-mask shares or this exchange's pairwise seeds, never both)."""
+    (per client, self-mask shares or this exchange's pairwise seeds, never both).  Over a
+    sequential link it folds each upload into the total as it arrives and sends each download as it
+    is built (:func:`~protocols.link.stream_groups`): it holds the total and one client's blocks."""
 
     mode = "mask"
     relays_between_clients = True
@@ -728,23 +728,30 @@ class MaskServer(ServerHalf):
                            "share_keys")
         t_setup = time.perf_counter()
 
-        # -- 4. MaskedInputCollection
-        got = self.call(link, "masked_upload", {k: [] for k in participants})
-        t_server = time.perf_counter()
-        inbox = {}
-        for k in participants:
-            msg = self.responses(got, k, "masked_upload")
-            if msg is not None:
+        # -- 4. MaskedInputCollection: each upload is folded into the total as it arrives, client by
+        #       client over a sequential link (the server holds the total and one upload at a time)
+        union = np.unique(np.concatenate([announced[k] for k in participants])) if participants \
+            else np.zeros(0, np.int64)            # a block only a dropped client announced stays 0
+        total = np.zeros((union.size, L), dtype=enc.dtype)
+        uploaders, server_s = [], 0.0
+        for group in stream_groups(link, participants):
+            got = self.call(link, "masked_upload", {k: [] for k in group})
+            t_read = time.perf_counter()
+            for k in group:
+                msg = self.responses(got, k, "masked_upload")
+                if msg is None:
+                    self.last_missing.setdefault(k, "masked_upload")
+                    continue
                 self.check_envelope(msg, self.fingerprint, k)
                 if msg.kind != "masked":
                     raise IntegrityError(f"message rejected: expected a 'masked' message from {client_party(k)} "
                                          f"to the server, got '{msg.kind}'", **where(k))
-                inbox[k] = msg
-            else:
-                self.last_missing.setdefault(k, "masked_upload")
-        uploads = {k: self._read_upload(k, msg, announced[k], enc) for k, msg in inbox.items()}
-        uploaders = sorted(uploads)
-        dropped_upload = [k for k in participants if k not in uploads]
+                total[_positions(union, announced[k])] += self._read_upload(k, msg, announced[k], enc)
+                uploaders.append(k)
+            del got
+            server_s += time.perf_counter() - t_read
+        uploaders.sort()
+        dropped_upload = [k for k in participants if k not in uploaders]
         missing = sorted(self.last_missing)
         if missing and len(uploaders) < t:
             raise _dropout_error(where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
@@ -756,38 +763,39 @@ class MaskServer(ServerHalf):
         if dropped_upload and not (o["dropout_recovery"] and use_self):
             raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
                                  "toward them) and dropout recovery is disabled (dropout_recovery=False)")
-        union = np.unique(np.concatenate([announced[k] for k in uploaders])) if uploaders else np.zeros(0, np.int64)
-        total = np.zeros((union.size, L), dtype=enc.dtype)
-        for k, y in uploads.items():
-            total[_positions(union, announced[k])] += y
 
         # -- 5. Unmasking
         if use_self:
+            t_unmask = time.perf_counter()
             self._unmask(link, total, union, announced, uploaders, dropped_upload, t, enc, batch_key)
-        t_down = time.perf_counter()
+            server_s += time.perf_counter() - t_unmask
 
-        # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed what
+        # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed
+        #       what; sent as they are built, recipient by recipient over a sequential link
         included = tuple(uploaders)
         kind = "plain" if o["reveal_to_server"] else "masked"
-        downloads, last = {}, (None, None)
-        for r, bids in plan.requests.items():
-            if last[0] is None or not np.array_equal(last[0], bids):    # dense: every recipient asks the same
-                rows = np.zeros((bids.size, L), dtype=enc.dtype)        # a block nobody contributed sums to 0
-                if union.size:
-                    at = np.minimum(np.searchsorted(union, bids), union.size - 1)
-                    hit = union[at] == bids
-                    rows[hit] = total[at[hit]]
-                last = (bids, enc.to_wire(rows))
-            payload = {"block_ids": bids.astype(np.int32), "data": last[1],
-                       "included": np.asarray(included, np.int32)}
-            if sparse and not o["reveal_to_server"]:
-                bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
-                    else np.zeros((bids.size, 0), bool)
-                payload["contributors"] = np.packbits(bitmap, axis=1)
-            downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
-        self.call(link, "download", downloads)
+        last = (None, None)
+        for group in stream_groups(link, plan.requests):
+            downloads = {}
+            for r in group:
+                bids = plan.requests[r]
+                if last[0] is None or not np.array_equal(last[0], bids):    # dense: every recipient asks the same
+                    rows = np.zeros((bids.size, L), dtype=enc.dtype)        # a block nobody contributed sums to 0
+                    if union.size:
+                        at = np.minimum(np.searchsorted(union, bids), union.size - 1)
+                        hit = union[at] == bids
+                        rows[hit] = total[at[hit]]
+                    last = (bids, enc.to_wire(rows))
+                payload = {"block_ids": bids.astype(np.int32), "data": last[1],
+                           "included": np.asarray(included, np.int32)}
+                if sparse and not o["reveal_to_server"]:
+                    bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
+                        else np.zeros((bids.size, 0), bool)
+                    payload["contributors"] = np.packbits(bitmap, axis=1)
+                downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
+            self.call(link, "download", downloads)
         self.last_included = included
-        self.last_timing = {"setup_s": t_setup - t_start, "server_s": t_down - t_server}
+        self.last_timing = {"setup_s": t_setup - t_start, "server_s": server_s}
         return included
 
     def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key) -> None:
@@ -988,6 +996,8 @@ class MaskProtocol(SplitProtocol):
                                      tag=ctx.tag, round=ctx.round)
         for k, stage in drops.items():
             self.link.mute(k, _SILENT_AT[stage])
+        for half in self.clients.values():
+            half.keep_input = self.keep_client_state
         self.last_client_state = {}
         try:
             result = super()._aggregate(ctx)
@@ -1000,8 +1010,8 @@ class MaskProtocol(SplitProtocol):
         self.last_dropped = {k: drops.get(k, stage) for k, stage in self.server.last_missing.items()}
         for k in sorted(drops):          # the upload of a 'late' client arrives after recovery: recorded only
             if drops[k] == "late":
-                self.server.record(dataclasses.replace(message_from_bytes(self.clients[k].late_upload()),
-                                                       note="late upload, not aggregated"))
+                for msg in self.server.parse(self.link.lost.pop((k, "masked_upload")), self.server.where(k)):
+                    self.server.record(dataclasses.replace(msg, note="late upload, not aggregated"))
         halves = {k: self.clients[k] for k in contributors}
         if self.keep_client_state:
             self.last_client_state = {k: h.state for k, h in halves.items() if h.state is not None}
