@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from protocols import SERVER, BlockTable, ExchangeContext, ValueSpec, make_protocol
-from protocols.errors import ConfigurationError, DropoutError
+from protocols.errors import ConfigurationError, DropoutError, IntegrityError
 from protocols.framing import message_from_bytes, unpack_bundle
 from protocols.link import ClientLink
 from protocols.registry import backend, modes, secure_modes
@@ -181,6 +181,21 @@ def test_server_streams_a_sequential_link_client_by_client(mode, upload):
         assert np.array_equal(totals[True], folded)
     else:
         assert np.allclose(totals[True], folded, atol=1e-4)
+
+
+def test_mask_exchange_after_a_refused_upload_starts_clean():
+    """Client 0's upload is refused in a run's first exchange, while the others' bundles still hold
+    the self-mask shares relayed to them: each client reads its bundle anyway (as over a parallel
+    link), so the next exchange finds no stale message and sums correctly."""
+    import dataclasses
+    values = {k: np.full(50, 0.25 * (k + 1)) for k in range(3)}
+    proto = make_protocol("mask", 3)
+    proto.intercept = lambda m: dataclasses.replace(m, round=m.round + 1) \
+        if m.sender == "client0" and m.receiver == SERVER and m.kind == "masked" else m
+    with pytest.raises(IntegrityError, match="client 0"):
+        proto.weighted_sum("t", 0, values)
+    proto.intercept = None
+    assert np.allclose(proto.weighted_sum("t", 1, values), 1.5, atol=1e-4)
 
 
 def test_mask_client_frees_its_encoded_input_after_the_masked_upload():

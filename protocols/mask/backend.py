@@ -132,7 +132,8 @@ from typing import Iterable
 import numpy as np
 
 from ..base import ExchangeContext
-from ..errors import ConfigurationError, DropoutError, IntegrityError, ShapeError, UnmaskingRefusedError
+from ..errors import (ConfigurationError, DropoutError, IntegrityError, ProtocolError, ShapeError,
+                      UnmaskingRefusedError)
 from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
@@ -733,23 +734,17 @@ class MaskServer(ServerHalf):
         union = np.unique(np.concatenate([announced[k] for k in participants])) if participants \
             else np.zeros(0, np.int64)            # a block only a dropped client announced stays 0
         total = np.zeros((union.size, L), dtype=enc.dtype)
-        uploaders, server_s = [], 0.0
+        uploaders, server_s, refused = [], 0.0, None
         for group in stream_groups(link, participants):
-            got = self.call(link, "masked_upload", {k: [] for k in group})
-            t_read = time.perf_counter()
-            for k in group:
-                msg = self.responses(got, k, "masked_upload")
-                if msg is None:
-                    self.last_missing.setdefault(k, "masked_upload")
-                    continue
-                self.check_envelope(msg, self.fingerprint, k)
-                if msg.kind != "masked":
-                    raise IntegrityError(f"message rejected: expected a 'masked' message from {client_party(k)} "
-                                         f"to the server, got '{msg.kind}'", **where(k))
-                total[_positions(union, announced[k])] += self._read_upload(k, msg, announced[k], enc)
-                uploaders.append(k)
-            del got
-            server_s += time.perf_counter() - t_read
+            try:        # after a refusal the rest still read their bundles (their relayed shares), as in parallel
+                got = self.call(link, "masked_upload", {k: [] for k in group})
+                if refused is None:
+                    server_s += self._fold_uploads(got, group, total, union, announced, enc, uploaders)
+            except ProtocolError as e:
+                refused = refused or e
+            got = None
+        if refused is not None:
+            raise refused
         uploaders.sort()
         dropped_upload = [k for k in participants if k not in uploaders]
         missing = sorted(self.last_missing)
@@ -793,10 +788,32 @@ class MaskServer(ServerHalf):
                         else np.zeros((bids.size, 0), bool)
                     payload["contributors"] = np.packbits(bitmap, axis=1)
                 downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
-            self.call(link, "download", downloads)
+            try:        # a recipient's refusal does not keep the download from the others
+                self.call(link, "download", downloads)
+            except ProtocolError as e:
+                refused = refused or e
+        if refused is not None:
+            raise refused
         self.last_included = included
         self.last_timing = {"setup_s": t_setup - t_start, "server_s": server_s}
         return included
+
+    def _fold_uploads(self, got, group, total, union, announced, enc, uploaders) -> float:
+        """Step 4 for one group's answers: verify each masked upload and add it into ``total`` (mod
+        ``2^b``); a client without one is noted as missing.  Returns the seconds it took."""
+        t0, where = time.perf_counter(), self.where
+        for k in group:
+            msg = self.responses(got, k, "masked_upload")
+            if msg is None:
+                self.last_missing.setdefault(k, "masked_upload")
+                continue
+            self.check_envelope(msg, self.fingerprint, k)
+            if msg.kind != "masked":
+                raise IntegrityError(f"message rejected: expected a 'masked' message from {client_party(k)} "
+                                     f"to the server, got '{msg.kind}'", **where(k))
+            total[_positions(union, announced[k])] += self._read_upload(k, msg, announced[k], enc)
+            uploaders.append(k)
+        return time.perf_counter() - t0
 
     def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key) -> None:
         """Step 5: remove each uploader's self mask (from ``t`` shares of its seed) and the pairwise
