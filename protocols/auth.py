@@ -102,6 +102,36 @@ class KeyRegistry:
                                       "key: the message was forged or changed in transit", **where) from None
 
 
+#: domain separator of an owner-signed public key statement
+KEY_STATEMENT_DOMAIN = b"secure-fgl/owner-signed-key/v1"
+
+
+def key_statement(kind: str, run_id: bytes, owner: str, public_key: bytes) -> bytes:
+    """The bytes an owner signs to publish ``public_key``: domain, run, owner, kind and a
+    SHA-256 of the key, length-prefixed so that no two statements share an encoding."""
+    fields = (KEY_STATEMENT_DOMAIN, bytes(run_id), owner.encode(), kind.encode(),
+              hashlib.sha256(bytes(public_key)).digest())
+    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
+def sign_public_key(signing: SigningKey, kind: str, run_id: bytes, owner: str, public_key: bytes) -> bytes:
+    """The owner's Ed25519 signature over :func:`key_statement` (forwarded verbatim by the server)."""
+    return signing.sign(key_statement(kind, run_id, owner, public_key))
+
+
+def check_public_key(registry: KeyRegistry, kind: str, run_id: bytes, owner: str, public_key: bytes,
+                     signature: bytes, where: dict) -> None:
+    """Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
+    it): verifies ``signature`` over :func:`key_statement` under the owner's registered
+    identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`."""
+    from .errors import KeySubstitutionError
+    try:
+        registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)
+    except AuthenticationError:
+        raise KeySubstitutionError(f"{owner}'s {kind} key is not signed by {owner}'s identity key: it was "
+                                   "substituted or changed by the party that relayed it", **where) from None
+
+
 def split_auth(auth: Any) -> tuple[bytes, bytes]:
     """``(signature, header)`` of the ``auth`` bytes a transcript Message carries."""
     from .errors import MalformedMessageError

@@ -70,6 +70,11 @@ class AuthenticationError(IntegrityError):
     or the sender it names is not the party expected in this slot (spoofing)."""
 
 
+class KeySubstitutionError(AuthenticationError):
+    """A relayed public key is not signed by the identity key of the party it belongs to
+    (the relaying server substituted or changed it)."""
+
+
 class ReplayError(IntegrityError):
     """A message was seen before (same session, exchange, stage, sender, part), or belongs to
     another session or an earlier exchange of this one."""
