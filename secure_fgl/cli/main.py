@@ -61,6 +61,8 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
     for f in dataclasses.fields(RunConfig):
         if f.name not in CONFIG_ONLY:
             _add_setting(groups[f.metadata.get("group", "training")], RunConfig, f, f.name)
+    groups["output"].add_argument("--overwrite", action="store_true",
+                                  help="replace the finished run in --out (refused without it)")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
     from ..algorithms import OPTIONS, get_options_class
@@ -176,10 +178,12 @@ def _default_out(cfg: RunConfig) -> str:
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     from ..engine.progress import Phases
     from ..preflight import preflight
+    from ..run_identity import check_run_folder, resolved_config
     cfg = config_from_args(args, extra)
-    preflight(cfg)
+    options = preflight(cfg)
     if cfg.out is None:
         cfg.out = _default_out(cfg)
+    check_run_folder(cfg.out, resolved_config(cfg, options), resume=cfg.resume, overwrite=args.overwrite)
     phases = Phases(enabled=not args.quiet, log_file=args.log_file)
     phases.log(f"run folder: {cfg.out}")
     from ..experiment import run_experiment
