@@ -90,8 +90,6 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     out_dir = Path(cfg.out) if cfg.out else None
     phases = phases if phases is not None else Phases(enabled=progress)
     config = resolved_config(cfg, options)
-    if out_dir is not None:                    # the run's identity, before any work (run_identity.py)
-        write_run_file(out_dir, config, started)
     before = {"elapsed": 0.0}                  # seconds spent by the sessions before a --resume
 
     t0 = time.perf_counter()
@@ -100,6 +98,9 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
                             f"({cfg.partition})"):
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
+    if out_dir is not None:                    # after every check the data can fail
+        write_run_file(out_dir, config, started)   # the run's identity (run_identity.py)
+        phases.log(f"run folder: {out_dir}")
 
     if cfg.executor == "inline":
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))

@@ -303,8 +303,8 @@ def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download:
     else:
         raise DataError(
             f"{info.name}: raw files not found; put {', '.join(info.files)} in "
-            f"{info.expected_dir(data_root)} (or pass --data-root / set ${ENV_DATA}, "
-            "or allow_download=True)")
+            f"{info.expected_dir(data_root)} (or pass --data-root / set ${ENV_DATA}; from Python, "
+            "allow_download=True lets PyG download it)")
     # a cache made from another source is stale: rebuild it (it is ours to delete)
     if marker.exists() and marker.read_text().strip() != source:
         shutil.rmtree(dst_dir)

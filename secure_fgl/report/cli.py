@@ -21,7 +21,6 @@ import dataclasses
 import json
 import sys
 
-from .sweep import SweepSpec, parse_epsilon, spec_from_file
 
 
 def _csv(text: str) -> list[str]:
@@ -75,7 +74,9 @@ GRID_FLAGS = {"algorithms": "fedgcn", "datasets": "sbm", "modes": "plain,ckks,ma
               "seeds": "1", "attacks": "all"}
 
 
-def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+def spec_from_args(args: argparse.Namespace):
+    """The :class:`.sweep.SweepSpec` of the command line (or of its ``--config`` file)."""
+    from .sweep import SweepSpec, parse_epsilon, spec_from_file
     config = {}
     for key in ("rounds", "clients", "partition", "beta", "dp_placement", "data_root", "device"):
         v = getattr(args, key)
@@ -135,7 +136,7 @@ def estimate(cells, out_dir) -> tuple[float | None, str]:
     return total, how
 
 
-def print_plan(spec: SweepSpec, cells, out_dir) -> None:
+def print_plan(spec, cells, out_dir) -> None:
     """The plan: how many runs, which attacks, what is reused, and an estimate."""
     eps = sorted({e for c in cells for e in [c.cfg.dp_epsilon]}, key=lambda e: (e is None, e or 0))
     reuse = sum(c.action == "reuse" for c in cells)
