@@ -104,3 +104,18 @@ def test_unfinished_runs_are_left_out_and_counted(tmp_path, capsys):
     assert cli_main(["compare", str(tmp_path / "runs")]) == 0
     text = capsys.readouterr().out
     assert "left out 1 unfinished run(s)" in text and str(stopped) not in text.splitlines()[1]
+
+
+def test_time_after_a_resume_counts_every_session(tmp_path):
+    """A resumed run's total covers the sessions before it: never less than its phases."""
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    base = dict(algorithm="fedavg", mode="plain", clients=3, partition="iid", executor="inline", out=str(tmp_path),
+                synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4})
+    import time
+    first = run_experiment(RunConfig(rounds=2, **base), progress=False)["time"]
+    t0 = time.perf_counter()
+    t = run_experiment(RunConfig(rounds=4, resume=True, **base), progress=False)["time"]
+    second_session = time.perf_counter() - t0
+    assert t["total"] >= t["setup"] + t["train"] + t["eval"]
+    assert t["total"] >= first["setup"] + first["train"] + 0.8 * second_session
