@@ -95,3 +95,14 @@ def test_page_size_figure(tmp_path):
     results = [json.loads(p.read_text()) for p in out.glob("*/result.json")]
     png = accuracy_vs_epsilon(results, tmp_path / "fig", size="page")[0]
     assert _png_size(png)[0] == pytest.approx(style.WIDTH["page"], abs=0.02)
+
+
+def test_attack_intervals_and_chance_are_rendered_when_present():
+    from secure_fgl.report.tables import leakage_matrix
+    runs = [_result("plain", None, 0, 0.8, 0.7), _result("mask", None, 0, 0.8, 0.3)]
+    runs[0]["attacks"][1]["ci"] = [0.62, 0.78]
+    runs[1]["attacks"][1]["ci"] = [0.22, 0.38]            # wholly below chance 0.5: suspicious
+    rows = {r[0].split(" (")[0]: r for r in leakage_matrix(runs, "fedgcn", "sbm").rows}
+    assert rows["link_posterior"][1] == "0.700 [0.620, 0.780]"
+    assert rows["link_posterior"][2] == "0.300 [0.220, 0.380] (below chance?)"
+    assert rows["fedgcn_readout"][1] == "0.300"             # no interval: none shown

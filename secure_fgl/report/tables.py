@@ -159,6 +159,26 @@ def final_acc(r: dict) -> float | None:
     return (r.get("final") or {}).get("test_acc")
 
 
+def _interval(entry: dict) -> str:
+    """`` [lo, hi]``: the attack's own confidence interval (``ci``), when it reports one."""
+    ci = entry.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
+        return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return ""
+
+
+def _below_chance(entries: list[dict]) -> str:
+    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
+    chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
+    for e in entries:
+        ci, chance = e.get("ci"), e.get("chance")
+        if (e.get("applicable") and e.get("higher_is_leakier", True) and isinstance(chance, (int, float))
+                and isinstance(ci, (list, tuple)) and len(ci) == 2 and isinstance(ci[1], (int, float))
+                and ci[1] < chance):
+            return " (below chance?)"
+    return ""
+
+
 def _cell(entries: list[dict], key: str) -> str:
     """One matrix cell from the entries of one attack across seeds."""
     if not entries:
@@ -166,7 +186,8 @@ def _cell(entries: list[dict], key: str) -> str:
     vals = [e.get(key) for e in entries if e.get("applicable")]
     vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if vals:
-        return fmt_stats([float(v) for v in vals])
+        return fmt_stats([float(v) for v in vals]) + (_interval(entries[0]) if key == "value" and len(vals) == 1
+                                                      else "") + (_below_chance(entries) if key == "value" else "")
     if any(e.get("applicable") for e in entries):
         return "—"
     if all(e.get("at_chance") for e in entries):
