@@ -7,7 +7,7 @@
     secure-fgl datasets               every dataset, its task and whether its files are present
     secure-fgl compare DIR...         a table of finished runs
     secure-fgl plot RUN               one run's curves -> RUN/curves.png
-    secure-fgl report [flags]         privacy/utility sweep -> report.md, report.html, PNG figures
+    secure-fgl report [flags]         privacy/utility sweep -> report.md/.html, tables.tex, PNG/PDF/SVG figures
     secure-fgl bench --suite NAME     benchmarks that print measured ratios
 
 Every setting is checked before any work starts; bad input prints one line naming the
