@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from protocols import Transcript, make_protocol
@@ -108,14 +109,13 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
         from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         t0 = time.perf_counter()
-        if cfg.executor == "ray":                  # a cluster's start-up is a phase of its own
-            with phases("startup", "starting Ray and its client actors"):
-                executor = make_executor(cfg, str(device))
-            times["startup"] = time.perf_counter() - t0
-        else:
+        # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
+        with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
             executor = make_executor(cfg, str(device))
-        protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
-        algo = make_strategy(cfg, fed, protocol, options, executor)
+            protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+            algo = make_strategy(cfg, fed, protocol, options, executor)
+        if cfg.executor == "ray":
+            times["startup"] = time.perf_counter() - t0
 
     # checkpoints are written only with an --out folder; the transcript's lines go to a side file there
     transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
@@ -191,7 +191,10 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["key_fingerprints"] = protocol.identity_fingerprints()
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
+        t0 = time.perf_counter()
         algo.executor.shutdown()
+        if cfg.executor == "ray":
+            times["shutdown"] = time.perf_counter() - t0
     times["total"] = before["elapsed"] + time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)

@@ -65,6 +65,8 @@ def test_every_figure_in_three_formats_truetype_sized_one_colour_per_mode(tmp_pa
     colours = {}                                             # mode -> the colours it is drawn in, all figures
     for fig in {id(f): f for f in drawn}.values():
         assert len([ax for ax in fig.axes if ax.axison]) <= style.MAX_PANELS[size]
+        ink = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())          # inches: nothing cut at an edge
+        assert ink.x0 >= -0.02 and ink.x1 <= fig.get_figwidth() + 0.02 and ink.y1 <= fig.get_figheight() + 0.02
         for text in fig.legends[0].get_texts() if fig.legends else []:
             mode = text.get_text().split()[0] if text.get_text().split()[0] in style.MODE_STYLE else \
                 (text.get_text().split()[1] if len(text.get_text().split()) > 1 else None)

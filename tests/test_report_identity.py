@@ -52,7 +52,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
     assert "sweep: 4 run(s) done, 0 reused" in text
     assert all(_rounds_of(out / f) == 3 for f in first)   # the first sweep's runs are untouched
     md = (out / "report.md").read_text()
-    assert "4 finished run(s)" in md and "rounds=2" in md and "rounds=3" not in md
+    assert "4 finished run(s)" in md and "| rounds | 2 |" in md and "| rounds | 3 |" not in md
     assert "Left out: 4 run folder(s) of other sweeps" in md
 
     assert _report(out, 3) == 0                           # back to the first settings: its finished runs return
@@ -60,7 +60,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
     assert "3 finished run(s) reused (same settings), 1 to run (1 unfinished, run again)" in text
     assert json.loads(interrupted.read_text())["status"] == "complete"
     md = (out / "report.md").read_text()
-    assert "rounds=3" in md and "rounds=2" not in md and "4 finished run(s)" in md
+    assert "| rounds | 3 |" in md and "| rounds | 2 |" not in md and "4 finished run(s)" in md
 
     assert _report(out, 3, "--dry-run") == 0              # the plan only
     text = capsys.readouterr().out

@@ -108,7 +108,7 @@ def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str 
                 ax.axhline(chance, color="0.4", ls=":", lw=0.8)
             style.eps_axis(ax, pos)
         mode_legend(fig, axes, modes, sorted(equal_all or ()), chance=True)
-        fig.suptitle(f"{algorithm} on {dataset} ({style.STATISTIC}, {len(seeds)} seed(s))")
+        style.title(fig, f"{algorithm} on {dataset} ({style.STATISTIC}, {len(seeds)} seed(s))", size)
         out.append(style.save(fig, style.numbered(Path(path), index))[0])
     return out
 
@@ -151,7 +151,7 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
     mode_legend(fig, [ax], sorted({p[2] for p in pts}, key=style.mode_rank), [])
     fig.canvas.draw()                      # final layout before the labels look for free places
     fig.set_layout_engine("none")
-    labels = [(lk, acc, "no DP" if e is None else f"ε={e:g}") for lk, acc, mode, e in pts]
+    labels = [(lk, acc, "no DP" if e is None else f"ε={e:g}", style.mode_style(mode)[0]) for lk, acc, mode, e in pts]
     dropped = style.place_labels(ax, labels)
     if dropped:
         ax.text(0.0, -0.32, f"unlabelled (no free place): {len(dropped)} point(s)", transform=ax.transAxes,

@@ -124,7 +124,7 @@ def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple
                        if (k := _key(l, algorithms)) in same else "") for l in handles]
         if handles:
             fig.legend(list(handles.values()), labels, loc="outside lower center", ncol=1)
-        fig.suptitle(style.STATISTIC)
+        style.title(fig, style.STATISTIC, size)
         for p in style.save(fig, style.numbered(Path(path), index)):
             out.append(p)
     return out

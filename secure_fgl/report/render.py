@@ -58,7 +58,8 @@ def render_report(out_dir: str | Path, *, title: str = "secure_fgl privacy/utili
                                           if k not in ("config", "options") and v))
     common, per_cell = tables.settings_of_runs(results)
     if common:
-        intro.append("Settings of every run: " + ", ".join(f"{k}={v}" for k, v in common.items()) + ".")
+        intro.append(tables.Table("Settings of every run (their resolved configs)", ["setting", "value"],
+                                  [[k, v] for k, v in common.items()]))
     if per_cell.rows:
         intro.append(per_cell)
     stale = tables.code_table(results)

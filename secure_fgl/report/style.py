@@ -79,6 +79,12 @@ def new_figure(panels: int, size: str, legend_rows: int = 1):
     return fig, flat[:panels]
 
 
+def title(fig, text: str, size: str) -> None:
+    """The figure's title, wrapped to its width (a title never runs past the page)."""
+    import textwrap
+    fig.suptitle(textwrap.fill(text, width=int(WIDTH[size] * 15)))
+
+
 def numbered(path: Path, index: int) -> Path:
     """``path`` for the first figure of a series, ``<stem>_2``, ``_3`` ... for the next ones."""
     return path if index == 0 else path.with_name(f"{path.stem}_{index + 1}{path.suffix}")
@@ -163,17 +169,17 @@ def equal_series(named: dict[str, dict]) -> list[tuple[str, str]]:
     return pairs
 
 
-def place_labels(ax, points: list[tuple[float, float, str]]) -> list[str]:
-    """Label each (x, y, text) beside its point where it overlaps no other label and stays inside the
-    axes; returns the texts that found no free place (the caller lists them in a note)."""
+def place_labels(ax, points: list[tuple[float, float, str, str]]) -> list[str]:
+    """Label each (x, y, text, colour) beside its point where it overlaps no other label and stays
+    inside the axes; returns the texts that found no free place (the caller counts them in a note)."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
     taken, dropped = [], []
-    for x, y, text in points:
+    for x, y, text, color in points:
         for dx, dy in ((3, 3), (3, -8), (-3, 3), (-3, -8), (3, 10), (-3, 10), (3, -15), (-3, -15)):
             t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=5.5,
-                            ha="left" if dx > 0 else "right")
+                            ha="left" if dx > 0 else "right", color=color)
             box = t.get_window_extent(renderer)
             fits = (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and box.y1 <= inside.y1
                     and not any(box.overlaps(o) for o in taken))
