@@ -108,7 +108,7 @@ def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str 
                 ax.axhline(chance, color="0.4", ls=":", lw=0.8)
             style.eps_axis(ax, pos)
         mode_legend(fig, axes, modes, sorted(equal_all or ()), chance=True)
-        style.title(fig, f"{algorithm} on {dataset} ({style.STATISTIC}, {len(seeds)} seed(s))", size)
+        style.title(fig, f"{algorithm} on {dataset}: mean ± sample std, {len(seeds)} seed(s)", size)
         out.append(style.save(fig, style.numbered(Path(path), index))[0])
     return out
 
