@@ -14,7 +14,7 @@ from secure_fgl.cli.main import build_parser, config_from_args, main
 
 def test_help_and_listing_commands_do_not_import_torch():
     code = ("import sys, io, contextlib; from secure_fgl.cli.main import main\n"
-            "for argv in (['--help'], ['report', '--help'], ['algorithms'], ['modes']):\n"
+            "for argv in (['--help'], ['report', '--help'], ['algorithms'], ['modes'], ['datasets']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()):\n"
             "        assert main(argv) == 0, argv\n"
             "    heavy = [m for m in ('torch', 'torch_geometric', 'tenseal', 'matplotlib') if m in sys.modules]\n"

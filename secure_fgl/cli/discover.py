@@ -67,7 +67,7 @@ def datasets_command(data_root: str | None) -> int:
     """Every ``--dataset`` name: the registry's datasets, the built-in graph-classification
     generator and GCFL's groups of TU datasets (present when all their members are)."""
     from ..data import GCFL_GROUPS, dataset_status
-    from ..data.synthetic_graphs import SYNTHETIC_GRAPHS
+    from ..data.datasets import SYNTHETIC_GRAPHS
     rows = dataset_status(data_root)
     present = {r["name"].lower(): r["present"] for r in rows}
     rows.append({"name": SYNTHETIC_GRAPHS, "task": "graph", "present": True, "path": None})
