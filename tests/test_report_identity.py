@@ -119,3 +119,28 @@ def test_time_after_a_resume_counts_every_session(tmp_path):
     second_session = time.perf_counter() - t0
     assert t["total"] >= t["setup"] + t["train"] + t["eval"]
     assert t["total"] >= first["setup"] + first["train"] + 0.8 * second_session
+
+
+def test_report_states_settings_per_cell_when_they_differ():
+    from secure_fgl.report.tables import settings_of_runs
+
+    def run(mode, rounds):
+        return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": mode, "dp_epsilon": None, "seed": 0,
+                           "rounds": rounds, "clients": 3, "options": {"hops": 1}}}
+    common, per_cell = settings_of_runs([run("plain", 20), run("plain", 5), run("mask", 5)])
+    assert common == {"clients": "3", "options of fedgcn": "{hops=1}"}
+    assert per_cell.header[-1] == "rounds"
+    assert [r[2:] for r in per_cell.rows] == [["mask", "∞", "5"], ["plain", "∞", "20 | 5"]]
+
+
+def test_a_run_at_chance_says_so_on_its_own_line():
+    from secure_fgl.cli.summary import format_summary
+    from secure_fgl.results import accuracy_at_chance
+    assert accuracy_at_chance(0.178, 6) and not accuracy_at_chance(0.6, 6) and accuracy_at_chance(0.5, None) is None
+    result = {"config": {"algorithm": "fedgcn", "dataset": "citeseer", "mode": "mask", "dp_epsilon": 4.0,
+                         "dp_delta": 1e-5, "dp_placement": "auto"}, "num_clients": 10, "device": "cpu",
+              "num_classes": 6, "final": {"test_acc": 0.178, "val_acc": 0.2, "best_round": 3, "rounds_run": 50,
+                                          "at_chance": True},
+              "comm": {"per_tag": {}, "bytes_up": 0, "bytes_down": 0}, "time": {}, "privacy": None}
+    lines = format_summary(result).splitlines()
+    assert any(line.startswith("AT CHANCE: test accuracy 0.1780") for line in lines)
