@@ -38,14 +38,32 @@ _RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicForm
 
 
 class SigningKey:
-    """A client's Ed25519 key pair (the private half never leaves the client)."""
+    """A party's Ed25519 identity key pair (the private half never leaves the party).
+    ``SigningKey()`` draws a fresh one from the OS CSPRNG."""
 
-    def __init__(self):
-        self._private = Ed25519PrivateKey.generate()
+    def __init__(self, private: Ed25519PrivateKey | None = None):
+        self._private = private if private is not None else Ed25519PrivateKey.generate()
         self.public_bytes = self._private.public_key().public_bytes(**_RAW)
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`key_fingerprint` of the public key (what a run manifest lists)."""
+        return key_fingerprint(self.public_bytes)
 
     def sign(self, header: bytes) -> bytes:
         return self._private.sign(header)
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key (to hand a client runtime its identity, or to save it)."""
+        return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> "SigningKey":
+        try:
+            return cls(Ed25519PrivateKey.from_private_bytes(bytes(raw)))
+        except (TypeError, ValueError) as e:
+            raise AuthenticationError(f"malformed identity key ({e})") from None
 
 
 def key_fingerprint(public_bytes: bytes) -> str:
@@ -66,12 +84,17 @@ class KeyRegistry:
     def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
         """Register ``party``'s keys (the server has a signing key only)."""
         if party in self.signing:
-            if (self.signing[party], self.channel.get(party)) != (signing_public, channel_public):
+            known_channel = self.channel.get(party, channel_public)
+            if self.signing[party] != signing_public or (channel_public is not None and known_channel != channel_public):
                 raise AuthenticationError(f"{party} tried to register a second, different key; the registry "
                                           "is fixed at first use", client=party_client(party))
+            if channel_public is not None:
+                self.channel[party] = bytes(channel_public)
             return
-        if self.pinned is not None and self.pinned.get(party) != key_fingerprint(signing_public):
-            raise AuthenticationError(f"{party}'s signing key does not match the pinned manifest",
+        if self.pinned is not None and self.pinned.get(party) != key_fingerprint(bytes(signing_public)):
+            raise AuthenticationError(f"{party}'s identity key is not the one the run manifest lists "
+                                      f"({'not listed' if party not in self.pinned else 'fingerprint differs'}): "
+                                      "a substituted key, or sites holding different manifests",
                                       client=party_client(party))
         try:
             Ed25519PublicKey.from_public_bytes(signing_public)
