@@ -58,6 +58,28 @@ class SigningKey:
         return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                            serialization.NoEncryption())
 
+    def save(self, path) -> None:
+        """Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
+        an existing file is never overwritten."""
+        import os
+        pem = self._private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+
+    @classmethod
+    def load(cls, path) -> "SigningKey":
+        """Read a key written by :meth:`save` (an Ed25519 PKCS#8 PEM file)."""
+        try:
+            with open(path, "rb") as f:
+                private = serialization.load_pem_private_key(f.read(), password=None)
+        except (TypeError, ValueError) as e:
+            raise AuthenticationError(f"{path} is not an identity key file ({e})") from None
+        if not isinstance(private, Ed25519PrivateKey):
+            raise AuthenticationError(f"{path} holds a {type(private).__name__}, not an Ed25519 identity key")
+        return cls(private)
+
     @classmethod
     def from_private_bytes(cls, raw: bytes) -> "SigningKey":
         try:
