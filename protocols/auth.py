@@ -30,7 +30,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import AuthenticationError, DigestError, MisdirectedError, ReplayError
+from .errors import AuthenticationError, DigestError, KeySubstitutionError, MisdirectedError, ReplayError
 from .message import SIGNATURE_BYTES, Envelope, body_digest
 from .transcript import party_client
 
@@ -114,7 +114,7 @@ class KeyRegistry:
                 self.channel[party] = bytes(channel_public)
             return
         if self.pinned is not None and self.pinned.get(party) != key_fingerprint(bytes(signing_public)):
-            raise AuthenticationError(f"{party}'s identity key is not the one the run manifest lists "
+            raise KeySubstitutionError(f"{party}'s identity key is not the one the run manifest lists "
                                       f"({'not listed' if party not in self.pinned else 'fingerprint differs'}): "
                                       "a substituted key, or sites holding different manifests",
                                       client=party_client(party))
@@ -169,7 +169,6 @@ def check_public_key(registry: KeyRegistry, kind: str, run_id: bytes, owner: str
     """Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
     it): verifies ``signature`` over :func:`key_statement` under the owner's registered
     identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`."""
-    from .errors import KeySubstitutionError
     try:
         registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)
     except AuthenticationError:
@@ -212,8 +211,11 @@ def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where
     if env.recipient != expected["recipient"] or msg.receiver != expected["recipient"]:
         raise MisdirectedError(f"message addressed to {env.recipient!r} delivered to {expected['recipient']!r}",
                                **where)
-    if env.run_id != expected["run_id"] or env.session != expected["session"]:
-        raise ReplayError("message of another run or session (replayed from elsewhere)", **where)
+    if env.run_id != expected["run_id"]:
+        raise ReplayError("message of another run: replayed from elsewhere, or its sender holds a different run "
+                          "manifest (compare the manifests' comparison codes)", **where)
+    if env.session != expected["session"]:
+        raise ReplayError("message of another session (replayed from elsewhere)", **where)
     if env.exchange != expected["exchange"]:
         raise ReplayError(f"message of exchange {env.exchange} replayed in exchange {expected['exchange']}", **where)
     for name, got in (("protocol", msg.protocol), ("fingerprint", msg.fingerprint), ("round", msg.round),

@@ -34,6 +34,7 @@ Stages every backend shares:
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -324,9 +325,12 @@ class ClientHalf(Party):
     def _register(self, msg: Message) -> bytes:
         payload = msg.payload if isinstance(msg.payload, dict) else {}
         where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
-        if self.manifest is None and not self.trust_on_first_use:
-            raise ConfigurationError("this client half holds no run manifest: build it with use_manifest() "
-                                     "(or set trust_on_first_use, which an active server defeats)", **where)
+        if self.manifest is None:
+            if not self.trust_on_first_use:
+                raise ConfigurationError("this client half holds no run manifest: build it with use_manifest() "
+                                         "(or set trust_on_first_use, which an active server defeats)", **where)
+            warnings.warn(f"{self.name} registers keys by trust on first use: a server that substitutes keys "
+                          "reads every input; pin them with a run manifest", RuntimeWarning, stacklevel=2)
         try:
             self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # pinned by the manifest
         except (TypeError, ValueError) as e:
