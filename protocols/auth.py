@@ -1,24 +1,28 @@
-"""Client identities: Ed25519 signing keys, the run's key registry, and message verification.
+"""Identities: Ed25519 identity keys, the run's key registry, owner-signed keys, message verification.
 
-Every client holds an Ed25519 signing key (RFC 8032, ``cryptography``; drawn from the OS
-CSPRNG, never from the run seed) and an X25519 channel key (:mod:`protocols.channel`).
-**Trust assumption: trust on first use.**  At its first message of a run each client
-registers both public keys with the server (a self-signed ``register`` message); the
-server relays the registry to the clients.  The registry never changes afterwards: a
-second, different key for the same party raises :class:`AuthenticationError`.  The
-SHA-256 fingerprints of the registered keys (:meth:`KeyRegistry.fingerprints`) are
-written to ``result.json`` so that they can be compared out of band; passing
-``pinned`` (party -> fingerprint) to the registry turns TOFU into a pinned manifest.
-TOFU assumes the server does not substitute keys at registration (honest-but-curious).
+Every party (each client and the server) holds an Ed25519 identity key (RFC 8032,
+``cryptography``; drawn from the OS CSPRNG, never from the run seed) and each client an
+X25519 channel key (:mod:`protocols.channel`).  **Trust assumption: the run manifest.**  The
+manifest (:mod:`protocols.manifest`) lists every party's identity-key fingerprint; each site
+compares its comparison code out of band before the run, and every party pins the listed
+keys (``KeyRegistry(pinned=...)``): an identity key the manifest does not list is refused
+with :class:`~protocols.errors.KeySubstitutionError`.  Every other public key a party
+publishes (channel key, mask key, ...) travels with its owner's signature over
+:func:`key_statement` (domain, run id, owner, kind, key hash), is forwarded verbatim by the
+server, and is accepted only if :func:`check_public_key` verifies it under the owner's
+pinned identity key.  A key registered once never changes for the run (a second, different
+key raises :class:`AuthenticationError`).  Without a manifest a party registers keys as the
+server relays them (trust on first use): only as an explicit, warned option, secure only
+against a server that follows the protocol.
 
-The server has its own Ed25519 signing key, registered with every client the same way
-(TOFU) and listed with theirs.  Verification (:func:`verify`), done by the server for every
-client->server message and by the recipient for every server->client download and every
-relayed client->client message, before the content is used:
-strict header parse, signature under the claimed sender's key, the sender expected in this
-slot, the recipient, the session and exchange (replays), the body digest, then a replay
-cache keyed by ``(session, exchange, stage, sender, recipient, part)``.  Each failure has
-its own :class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
+Verification (:func:`verify`), done by the server for every client->server message and by
+the recipient for every server->client download and every relayed client->client message,
+before the content is used: strict header parse, signature under the claimed sender's key,
+the sender expected in this slot, the recipient, the run id (which derives from the
+manifest, so parties holding different manifests refuse each other's first message), the
+session and exchange (replays), the body digest, then a replay cache keyed by
+``(session, exchange, stage, sender, recipient, part)``.  Each failure has its own
+:class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
 """
 from __future__ import annotations
 

@@ -336,6 +336,7 @@ class ClientHalf(Party):
         except (TypeError, ValueError) as e:
             raise IntegrityError(f"malformed server key ({e})", **where) from None
         self.check(msg, SERVER, "register", 0, where)
+        self.registry.register(self.name, self.signing.public_bytes, self.channel.public_bytes)
         mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes,
                 "channel_signature": sign_public_key(self.signing, "channel", self.setup.run_id, self.name,
                                                      self.channel.public_bytes)}
