@@ -513,7 +513,9 @@ class ServerHalf(Party):
             for k in sorted(self.registered):
                 msg = Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32), 0,
                               self.mode, "", directory, note="the clients' registered public keys")
-                self._outbox.setdefault(k, []).append(self._outgoing(msg, "directory", 0))
+                wire = self._outgoing(msg, "directory", 0, self.intercept)
+                if wire is not None:
+                    self._outbox.setdefault(k, []).append(wire)
 
     def responses(self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None,
                   part: int = 0) -> Message | None:
