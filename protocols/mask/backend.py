@@ -90,7 +90,7 @@ layout, which block ids each client touches; a block with a single contributor i
 that client's value in ``reveal_to_server`` mode.  Each client learns, per peer, the
 block ids they share (needed to mask pairwise), and each recipient learns, per block
 it receives, which clients contributed (needed to remove the output masks).  Clients
-legitimately learn the aggregates they receive (DESIGN.md, threat model).
+legitimately learn the aggregates they receive (docs/design.md, threat model).
 
 **Collusion.**  Every client holds ``G``, so the server plus any one client sees the
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
