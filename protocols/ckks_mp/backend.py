@@ -70,7 +70,8 @@ class CKKSMPProtocol(SplitProtocol):
     Options (``make_protocol('ckks-mp', K, ...)``):
 
     params:             an :class:`~.params.MPParams` (default N=8192, 7 x 31-bit primes,
-                        eta=21, smudging 2^-40 per key switch); checked against the HE standard.
+                        eta=21, smudging 2^-50 per key-switched ciphertext for a budget of 2^20
+                        of them per client); checked against the HE standard.
     keep_payload_bytes: largest message payload kept in the transcript.
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
