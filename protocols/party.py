@@ -490,14 +490,15 @@ class ServerHalf(Party):
         return wire
 
     def register(self, link, rnd: int, clients) -> None:
-        """Trust on first use: the server's signing key to each new client, its keys back."""
+        """The server's identity key to each new client; its identity key and owner-signed channel key
+        back (each checked against the run manifest); then the key directory, forwarded verbatim."""
         new = [k for k in clients if k not in self.registered]
         if not new:
             return
         self.registry.register(SERVER, self.signing.public_bytes)
         msgs = {k: [(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
                              {"signing": self.signing.public_bytes},
-                             note="the server's Ed25519 signing key (TOFU)"), 0)] for k in new}
+                             note="the server's Ed25519 identity key (pinned by the run manifest)"), 0)] for k in new}
         replies = self.call(link, "register", msgs, hook=False)   # key set-up precedes any exchange
         for k in new:
             where = dict(tag=AUTH_TAG, round=rnd, client=k)
