@@ -114,7 +114,9 @@ class Party:
     def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
         """Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
         the manifest must list).  Called before the first exchange, by whoever builds this party
-        from the manifest it holds (never with one relayed by the server)."""
+        from the manifest it holds (never with one relayed by the server).  The public setup must be
+        the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so
+        every option a half reads from its setup is one the sites compared."""
         manifest.check_setup(self.setup.mode, self.setup.num_clients, self.setup.run_id, self.setup.options)
         identity = identity if identity is not None else self.signing
         if manifest.parties.get(self.name) != identity.fingerprint:

@@ -171,7 +171,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
     # what each client accepted, pinned by the run manifest (protocols/manifest.py)
-    result.update(accepted_keys(protocol, algo.executor if cfg.executor != "inline" else None))
+    result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         algo.executor.shutdown()

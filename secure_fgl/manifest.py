@@ -31,10 +31,11 @@ def schedule_option(cfg: RunConfig) -> dict:
     return {"schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str)))}
 
 
-def accepted_keys(protocol, executor=None) -> dict:
+def accepted_keys(protocol, executor=None, hosts=()) -> dict:
     """``result.json`` fields: ``manifest`` (comparison code, run id) and ``key_fingerprints``
     (client -> party -> {'signing', 'channel'} fingerprints that client accepted).  ``executor``:
-    the client runtimes to ask (their halves live there); ``None``: the in-process halves."""
+    the client runtimes to ask, ``hosts`` their ids (the halves live there); ``None``: the
+    in-process halves."""
     manifest = getattr(protocol, "manifest", None)
     if manifest is None:
         return {"key_fingerprints": protocol.identity_fingerprints()}
@@ -42,7 +43,7 @@ def accepted_keys(protocol, executor=None) -> dict:
         accepted = protocol.accepted_fingerprints()
     else:
         from .runtime import wire
-        responses, _ = executor.call("accepted_keys", {k: wire.pack({}) for k in range(protocol.num_clients)})
+        responses, _ = executor.call("accepted_keys", {k: wire.pack({}) for k in hosts})
         accepted = {f"client{k}": wire.unpack(r)["fingerprints"] for k, r in sorted(responses.items())}
     return {"manifest": {"comparison_code": manifest.comparison_code, "run_id": manifest.run_id.hex()},
             "key_fingerprints": accepted}
