@@ -13,9 +13,9 @@ import pytest
 
 from protocols import ValueSpec, make_protocol
 from protocols.auth import KeyRegistry, SigningKey, sign_public_key
-from protocols.channel import ChannelKey
+from protocols.channel import ChannelKey, associated_data
 from protocols.ckks_mp import CKKSMPProtocol
-from protocols.errors import ConfigurationError, KeySubstitutionError, ReplayError
+from protocols.errors import ConfigurationError, KeySubstitutionError, ProtocolError, ReplayError
 from protocols.manifest import Manifest
 from protocols.mask import MaskProtocol
 from protocols.mask.keys import MaskKeyPair, signed_mask_key
@@ -81,6 +81,33 @@ def test_substituted_directory_key_never_receives_the_dealt_secret(mode, resign,
     with pytest.raises(KeySubstitutionError, match="client1"):
         proto.weighted_sum("w", 0, _values(), spec=SPEC)
     assert _relayed_secrets(proto, DEALT[mode]) == []
+
+
+@pytest.mark.parametrize("mode", ["mask", "ckks"])
+def test_control_trust_on_first_use_hands_the_server_the_dealt_secret(mode):
+    """The same forger against clients that trust on first use (the former registration):
+    client0 encrypts the mask group seed G / the CKKS secret context to the server's key, and
+    the server opens it."""
+    proto = _with_server(mode, directory_forger(mode, resign=True, identity=True),
+                         **({"params": "n4096"} if mode == "ckks" else {}))
+    for k in range(K):
+        half = proto.client_half(k, proto.setup.to_bytes())
+        half.signing, half.trust_on_first_use = proto.clients[k].signing, True
+        proto.clients[k] = proto.link.halves[k] = half
+    with pytest.warns(RuntimeWarning, match="trust on first use"), pytest.raises(ProtocolError):
+        proto.weighted_sum("w", 0, _values(), spec=SPEC)     # client1 cannot open what was sealed to the server
+    to_victim = [m for m in _relayed_secrets(proto, DEALT[mode]) if m.receiver == "client1"]
+    assert len(to_victim) == 1
+    m, run_id = to_victim[0], proto.setup.run_id
+    ad = associated_data(run_id, proto.session, envelope_of(m).exchange, m.round, m.tag, DEALT[mode], "client0",
+                         "client1")
+    opened = proto.server.mitm.open("client0", proto.clients[0].channel.public_bytes, run_id, m.payload, ad, {})
+    if mode == "mask":
+        assert opened == proto.clients[0].group_seed
+    else:
+        import tenseal as ts
+        n = int.from_bytes(opened[:4], "big")
+        assert ts.context_from(opened[4:4 + n]).has_secret_key()
 
 
 def test_substituted_mask_key_is_refused():
