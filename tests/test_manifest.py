@@ -89,6 +89,8 @@ def test_manifest_new_and_verify(tmp_path, capsys):
     config.write_text(json.dumps({"mode": "mask", "clients": 2, "dataset": "synthetic", "seed": 7}))
     assert main(verify) == 2                                                    # another schedule / seed
     assert "sample_seed" in capsys.readouterr().err
+    assert main(["manifest", "verify", str(tmp_path / "missing.json")]) == 2                  # one line, no traceback
+    assert "does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("executor", ["inline", "local"])

@@ -82,7 +82,7 @@ def manifest_command(args: argparse.Namespace) -> int:
         print(f"manifest: {out} ({cfg.mode}, {manifest.num_clients} clients)")
         print(f"comparison code: {manifest.comparison_code}")
         return 0
-    manifest = Manifest.from_bytes(Path(args.manifest).read_bytes())
+    manifest = Manifest.from_bytes(_read(args.manifest, "manifest"))
     problems = []
     wanted = _parties(args.party)
     if args.key or args.as_party:
@@ -113,10 +113,18 @@ def manifest_command(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- helpers
+def _read(path: str, what: str) -> bytes:
+    if not Path(path).is_file():
+        raise ConfigError(f"{what} file {path} does not exist")
+    return Path(path).read_bytes()
+
+
 def _load_key(path: str):
     from protocols.auth import SigningKey
     p = Path(path)
-    return SigningKey.load(p / KEY_FILE if p.is_dir() else p)
+    p = p / KEY_FILE if p.is_dir() else p
+    _read(str(p), "identity key")
+    return SigningKey.load(p)
 
 
 def _parties(items: list[str]) -> dict[str, str]:
