@@ -57,6 +57,7 @@ import numpy as np
 from ..base import ExchangeContext
 from ..errors import BoundError, PackingOverflowError
 from ..split import SplitProtocol
+from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .server import CKKSMPServer
@@ -143,9 +144,23 @@ class CKKSMPProtocol(SplitProtocol):
         attack suite's coalition reads its colluders')."""
         return {k: half.keys for k, half in self.clients.items()}
 
+    def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
+        """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
+        the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
+        ``0 .. count-1``).  For attack simulations and tests."""
+        from ..party import envelope_of
+        from .sampling import crs_seed, upload_c1
+        count = int(msg.shape[0])
+        blocks = list(range(count)) if blocks is None else list(blocks)
+        pieces = -(-int(msg.shape[1]) // plan.capacity)
+        c0 = encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n))
+        c1 = upload_c1(crs_seed(self.setup.run_id), self.setup.session, envelope_of(msg).exchange, blocks, pieces,
+                       self.params.primes[:plan.level], plan.n)
+        return np.stack([c0, c1], axis=1)
+
     @property
     def fingerprint(self) -> str:
-        """sha256 of the public context: parameters, CRS seed and collective public key."""
+        """sha256 of the public context: parameters, CRS seed and broadcast public key."""
         self.server.ensure_keys(self.link, 0)
         return self.server.fingerprint
 
