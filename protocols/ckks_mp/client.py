@@ -17,7 +17,8 @@ this client's answer):
 ``block_ids``          (sparse layout) -> the ids of the blocks it uploads (the documented leak)
 ``upload``             -> its blocks, checked against the public plan (ShapeError / BoundError
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
-                       the public ``c1 = a_{x,b,j}`` of exchange ``x`` (only ``c0`` is sent)
+                       the public ``c1 = a_{x,b,j}`` of exchange ``x`` (only ``c0`` is sent); once per
+                       exchange number (RepeatedUploadError: a second one would reuse ``c1``)
 ``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its PCKS
                        share per group (Mouchet et al. 2021, Protocol 5, :mod:`.keyswitch`) on the
                        ``c1`` it recomputes itself, masked and smudged.  Refused
@@ -41,8 +42,9 @@ import numpy as np
 from ..auth import check_public_key, sign_public_key
 from ..ckks.backend import DecryptionMemo
 from ..ckks.params import per_client_limits
-from ..errors import (BoundError, DowngradeError, IntegrityError, KeySwitchRefusedError, RecipientKeyError,
-                      RepeatedKeySwitchError, SmudgingBudgetError)
+from ..errors import (BoundError, DowngradeError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
+                      RecipientKeyError,
+                      RepeatedKeySwitchError, RepeatedUploadError, SmudgingBudgetError)
 from ..party import ClientHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation
@@ -82,6 +84,8 @@ class CKKSMPClient(ClientHalf):
         self.switched = 0
         #: (exchange, switched to the broadcast key) of this client's last key switch
         self._last_switch: tuple[int, bool] | None = None
+        #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
+        self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
 
     def on_stage(self, stage, inbox):
@@ -180,7 +184,7 @@ class CKKSMPClient(ClientHalf):
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
         if self.id == 0:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
-                raise IntegrityError("the server changed the broadcast public key", **where)
+                raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
         else:
             if len(relayed) != 1:
                 raise IntegrityError(f"expected the broadcast secret from client 0, got {len(relayed)} messages",
@@ -251,6 +255,11 @@ class CKKSMPClient(ClientHalf):
         p = self.plan
         if self.id not in p.contributors:
             return []
+        if self._last_upload is not None and self._last_upload >= p.exchange:
+            raise RepeatedUploadError(f"a second upload request for exchange {p.exchange}: its ciphertexts would "
+                                      "share the first one's c1 and reveal the difference of the inputs",
+                                      **self.where())
+        self._last_upload = p.exchange
         ep = self._plan()
         ids, vals = self._table()
         t = time.perf_counter()
@@ -264,7 +273,7 @@ class CKKSMPClient(ClientHalf):
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
     def _keyswitch(self, inbox):
         where = self.where()
-        if self._last_switch is not None and self._last_switch[0] == self.plan.exchange:
+        if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
         req = self._from_server(inbox, "keyswitch", where)
         self._last_switch = (self.plan.exchange, False)
