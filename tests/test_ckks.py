@@ -550,3 +550,24 @@ def test_seal_scratch_file_leaves_nothing_on_disk():
     assert len(data) > 1000 and path.startswith("/proc/self/fd/")
     assert target.endswith("(deleted)")                     # no name on disk points at the bytes
     assert not os.path.exists(target.removesuffix(" (deleted)"))
+
+
+def test_float_sums_leave_the_client_rounded_to_the_tolerance_grid():
+    """Decrypted float sums are rounded to a power-of-two grid within the tolerance before they are
+    delivered, so the CKKS noise (which with the exact decryption leaks the key: Li-Micciancio) does
+    not leave the client; the released error stays within the tolerance."""
+    from protocols.ckks.params import release_step
+    k, tol = 3, 1e-3
+    spec = ValueSpec(max_abs=1.0, tolerance=tol)
+    p = make_protocol("ckks", k, packing=False)
+    rng = np.random.default_rng(0)
+    vals = {c: rng.uniform(-1, 1, 2000) for c in range(k)}
+    got = p.weighted_sum("rounded", 0, vals, spec=spec)
+    step = release_step(p.plan(spec, 2000), spec)
+    assert step is not None and tol / 4 < step <= 2 * tol
+    assert np.array_equal(got, np.rint(got / step) * step)          # on the grid: no noise bits left
+    exact = sum(vals.values())
+    assert np.abs(got - exact).max() <= tol
+    # the rounding removes the noise: the released sums are the exact sums' grid points (but for
+    # the few within the noise of a half-step boundary)
+    assert np.mean(got == np.rint(exact / step) * step) > 0.95
