@@ -292,5 +292,53 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
 
     attack = p.ring.add(p.ring.intt(c0), opened)
     assert corr_with_truth(attack) < 5 / np.sqrt(used)
-    mask = p.ring.intt(p.clients[1]._masks(plan, 0, 1)[0])        # client 1's half still holds exchange "v"
+    mask = p.ring.intt(p.clients[1]._masks(plan, -1, [0])[0])      # client 1's half still holds exchange "v"
     assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
+
+
+class MixedBlocks(EvilServer):
+    """Asks client 1 to switch the recipient's blocks in the reverse order, so that summing the
+    shares position by position would combine client 1's block-1 share with the others' block-0
+    shares: a mixed sum (client 1's block 1 + the others' block 0) the plan never releases."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and client == 1:
+            msg = with_payload(msg, blocks=np.asarray(msg.payload["blocks"])[::-1].copy())
+        return [(msg, part)]
+
+
+def test_shares_of_different_blocks_do_not_combine():
+    """The masks are bound to (exchange, recipient, block, piece): shares of different blocks never
+    cancel each other's masks, so the mixed sum decrypts to noise for the recipient colluding with the
+    server (and the delivery is refused); the same shares regrouped by block decrypt exactly (control)."""
+    from protocols.errors import IntegrityError
+    p = protocol_with(MixedBlocks)
+    rpb = p.rows_per_block(COUNTS, 2, 10 ** 7)
+    rows = np.array([0, rpb])                                        # two blocks, both to client 0
+    rng = np.random.default_rng(5)
+    contrib = {c: (rows, rng.integers(0, 2, (2, 2)).astype(float)) for c in range(K)}
+    with pytest.raises(IntegrityError, match="corrupted"):
+        p.row_sum("mix", 0, contrib, {0: rows}, 2 * rpb, layout="sparse", spec=COUNTS)
+    plan = p.plan(COUNTS, block_len=rpb * 2)
+    level, n = plan.level, p.params.n
+    c0 = {c: p.upload_ciphertexts(next(m for m in p.transcript.select(tag="mix", sender=client_party(c),
+                                                                      receiver=SERVER) if m.kind == "ciphertext"),
+                                  plan, blocks=[0, 1])[:, 0] for c in range(K)}
+    shares = {c: encryption.from_bytes(p.ring, next(m for m in p.transcript.select(
+        tag="mix", sender=client_party(c), receiver=SERVER) if m.kind == "share").payload, (2, 2, level, n))
+        for c in range(K)}
+    s_r = p._clients[0]._own.s_hat
+
+    def residual(blocks_of_client):
+        """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid."""
+        pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}     # client 1's shares reversed
+        c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[:level]
+        h = sum(shares[c][pos[c]] for c in range(K))
+        h0, h1 = h[0] % p.ring.q[:level], h[1] % p.ring.q[:level]
+        ct = np.stack([p.ring.add(c0_sum, h0), h1])
+        coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, s_r, ct))
+        d = plan.scale_bits
+        return max(abs(int(c) - (((int(c) + (1 << (d - 1))) >> d) << d)) for c in coeffs)
+
+    assert residual({0: 0, 1: 0, 2: 0}) <= plan.noise_bound                 # control: block 0, by block
+    assert residual({0: 0, 1: 1, 2: 0}) > 2 ** (plan.scale_bits - 2)         # mixed: noise across the grid

@@ -216,14 +216,16 @@ class CKKSMPClient(ClientHalf):
         self.recipient_keys[to] = p_r
         return p_r
 
-    def _masks(self, ep: Plan, group: int, count: int) -> np.ndarray:
-        """This client's zero-sum masks of one key-switching group (:func:`.sampling.pairwise_mask`)."""
+    def _masks(self, ep: Plan, to: int, blocks) -> np.ndarray:
+        """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
+        (:func:`.sampling.pairwise_mask`), one per (block, piece)."""
         if self._pair_seeds is None:
             self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self.registry.channel[client_party(k)],
                                                           self.setup.run_id, "ckks-mp/keyswitch-mask")
                                 for k in range(self.setup.num_clients) if k != self.id}
-        label = f"{self.setup.session.hex()}/{self.plan.exchange}/{group}"
-        return pairwise_mask(self._pair_seeds, self.id, label, count, self.params.primes[:ep.level], self.params.n)
+        prefix = f"{self.setup.session.hex()}/{self.plan.exchange}/{to}"
+        labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
+        return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[:ep.level], self.params.n)
 
     # ------------------------------------------------------------------ upload
     def _table(self):
@@ -326,7 +328,7 @@ class CKKSMPClient(ClientHalf):
             for i, b in enumerate(bids):          # s_i c1 only for the blocks this client uploaded
                 if b not in mine:
                     c1[i * pieces:(i + 1) * pieces] = 0
-            share = self.keys.pcks_shares(c1, self._masks(ep, g, c1.shape[0]), pk, smudge)
+            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids), pk, smudge)
             label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
             msg = self.message(SERVER, "share", (len(bids) * pieces,), share, self.fingerprint,
                                note=f"PCKS shares to {label}")

@@ -108,16 +108,18 @@ def upload_c1(seed: bytes, session: bytes, exchange: int, blocks, pieces: int, p
     return out
 
 
-def pairwise_mask(pair_seeds: dict[int, bytes], me: int, label: str, count: int, primes: tuple[int, ...],
+def pairwise_mask(pair_seeds: dict[int, bytes], me: int, labels: list[str], primes: tuple[int, ...],
                   n: int) -> np.ndarray:
-    """Client ``me``'s zero-sum mask ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``
-    ``[count, L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks cancel exactly,
-    while one client's mask hides its key-switching share from everyone who lacks one of its
-    pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`)."""
+    """Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
+    one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
+    of one label cancel exactly, while one client's mask hides its key-switching share from everyone
+    who lacks one of its pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`).
+    A label names one key-switched ciphertext (exchange, recipient, block, piece), so the masks cancel
+    only in the sum of the shares of that ciphertext, never across blocks or recipients."""
     q = np.asarray(primes, dtype=np.int64)[:, None]
-    total = np.zeros((count, len(primes), n), dtype=np.int64)
+    total = np.zeros((len(labels), len(primes), n), dtype=np.int64)
     for peer, seed in sorted(pair_seeds.items()):
-        for c in range(count):
-            r = common_polynomial(seed, primes, n, f"{label}/{c}")
+        for c, label in enumerate(labels):
+            r = common_polynomial(seed, primes, n, label)
             total[c] = (total[c] + r) % q if peer > me else (total[c] - r) % q
     return total
