@@ -342,3 +342,22 @@ def test_shares_of_different_blocks_do_not_combine():
 
     assert residual({0: 0, 1: 0, 2: 0}) <= plan.noise_bound                 # control: block 0, by block
     assert residual({0: 0, 1: 1, 2: 0}) > 2 ** (plan.scale_bits - 2)         # mixed: noise across the grid
+
+
+class KeySwitchFirst(CKKSMPServer):
+    """Asks for key-switching shares before any upload of the exchange (a share of a c1 the client
+    has not yet encrypted under)."""
+
+    def run(self, plan, link):
+        self.ensure_keys(link, plan.round)
+        plan = replace(plan, encoding={**plan.encoding, "fingerprint": self.fingerprint})
+        self.begin(plan, link, self.fingerprint, extra=tuple(range(K)))
+        body = {"groups": np.array([[-1, 1]]), "blocks": np.array([0]), "keys": {}}
+        self.call(link, "keyswitch", {k: [(self.message(k, "control", (1, 2), body, self.fingerprint), 0)]
+                                      for k in range(K)})
+        return tuple(plan.contributors)
+
+
+def test_key_switch_before_the_upload_is_refused():
+    with pytest.raises(KeySwitchRefusedError, match="before this client's upload"):
+        broadcast_exchange(protocol_with(KeySwitchFirst))

@@ -27,7 +27,8 @@ this client's answer):
                        broadcast key only for exactly the blocks this client itself receives
                        (DowngradeError), one request per exchange and one group per recipient
                        (RepeatedKeySwitchError), within the run's smudging budget
-                       (SmudgingBudgetError); a request carrying anything else (a ``c1``) is refused
+                       (SmudgingBudgetError), after this client's own upload; a request carrying
+                       anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
                        broadcast) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
@@ -277,6 +278,9 @@ class CKKSMPClient(ClientHalf):
         where = self.where()
         if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
+        if self.id in self.plan.contributors and self._last_upload != self.plan.exchange:
+            raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange",
+                                        **where)
         req = self._from_server(inbox, "keyswitch", where)
         self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
