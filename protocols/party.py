@@ -1,6 +1,6 @@
 """The two halves of a protocol backend: one client half per client, one server half.
 
-A backend is split along the privacy boundary (DESIGN.md, "Parties"):
+A backend is split along the privacy boundary (docs/parties.md):
 
 * :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
   only (:class:`PartySetup`), so it can live in another process or machine.  It makes its
@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .auth import KeyRegistry, ReplayCache, SigningKey, verify
+from .auth import KeyRegistry, ReplayCache, SigningKey, split_auth, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
@@ -180,11 +180,12 @@ class ClientHalf(Party):
         out: list[bytes] = []
         for msg in self.parse(request, where):
             env = envelope_of(msg)
-            if env.exchange > self.exchange and msg.sender == SERVER:
-                self.exchange = env.exchange          # the server numbers exchanges; older ones are replays
             if env.stage == "register" and msg.sender == SERVER:
                 out.append(self._register(msg))
-            elif env.stage == "directory" and msg.sender == SERVER:
+                continue
+            if env.exchange > self.exchange and msg.sender == SERVER:
+                self._adopt_exchange(msg, env.exchange)
+            if env.stage == "directory" and msg.sender == SERVER:
                 self._directory(msg)
             elif env.stage == "plan" and msg.sender == SERVER:
                 self._accept_plan(msg)
@@ -197,6 +198,14 @@ class ClientHalf(Party):
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
+
+    def _adopt_exchange(self, msg: Message, exchange: int) -> None:
+        """The server numbers exchanges (older ones are replays): a later number is adopted only
+        from a message whose signature verifies under the server's registered key, so a forged
+        packet cannot push this client past the exchanges to come."""
+        signature, header = split_auth(msg.auth)
+        self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
+        self.exchange = exchange
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""
@@ -289,7 +298,9 @@ class ClientHalf(Party):
             self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # trust on first use
         except (TypeError, ValueError) as e:
             raise IntegrityError(f"malformed server key ({e})", **where) from None
-        self.check(msg, SERVER, "register", 0, where)
+        exchange = max(self.exchange, envelope_of(msg).exchange)
+        self.check(msg, SERVER, "register", 0, where, exchange)
+        self.exchange = exchange                       # adopted once the signature verified
         mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes}
         reply = Message(msg.round, AUTH_TAG, self.name, SERVER, "public_key", (2, 32), 0, self.mode, "", mine,
                         note="Ed25519 signing key and X25519 channel key (TOFU)")

@@ -90,7 +90,7 @@ layout, which block ids each client touches; a block with a single contributor i
 that client's value in ``reveal_to_server`` mode.  Each client learns, per peer, the
 block ids they share (needed to mask pairwise), and each recipient learns, per block
 it receives, which clients contributed (needed to remove the output masks).  Clients
-legitimately learn the aggregates they receive (DESIGN.md, threat model).
+legitimately learn the aggregates they receive (docs/design.md, threat model).
 
 **Collusion.**  Every client holds ``G``, so the server plus any one client sees the
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
@@ -366,9 +366,16 @@ class MaskClient(ClientHalf):
         if msg.kind != "metadata" or self.state is None:
             raise IntegrityError("unexpected shared-block-id message", **self.where())
         try:
-            self.state.common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
+            common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
         except (AttributeError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
+        own = self.state.ids
+        for j, c in common.items():      # a subset of this client's own blocks, with another contributor
+            if j == self.id or j not in self.plan.contributors or np.any(np.diff(c) <= 0) \
+                    or not np.isin(c, own, assume_unique=True).all():
+                raise IntegrityError(f"the block ids shared with client {j} are not a sorted subset of this "
+                                     "client's own blocks shared with another contributor", **self.where())
+        self.state.common = common
 
     def _take_keys(self, msg: Message) -> None:
         if msg.kind != "public_key" or not isinstance(msg.payload, dict):
@@ -549,6 +556,8 @@ class MaskClient(ClientHalf):
             included = [int(k) for k in msg.payload["included"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **self.where()) from None
+        if not np.array_equal(bids, p.requests.get(self.id, np.zeros(0, np.int64))):
+            raise IntegrityError("the download carries other block ids than this client asked for", **self.where())
         rows = read_words(data, enc, (bids.size, L), "download", self.where())
         if len(set(included)) != len(included) or any(not 0 <= k < self.setup.num_clients for k in included):
             raise IntegrityError(f"malformed download: included clients {included} are not distinct client ids",
