@@ -390,10 +390,13 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
             entries.append(_entry(res, seconds, secure=secure, audit_passed=audit.passed))
             continue
         pooled = cls.pool(ok, truth) if hasattr(cls, "pool") else {}
+        estimate = pooled.pop("estimate", None)
         res = attack.result(metric=ok[0].metric, chance=ok[0].chance, higher_is_leakier=ok[0].higher_is_leakier)
         res.observer = attack.observer
         res.value = pooled.get(res.metric, float(np.mean([r.value for r in ok if r.value is not None])))
         res.metrics.update(pooled)
+        if estimate is not None:
+            res.add(estimate, primary=True)
         res.metrics["observers"] = len(ok)
         entries.append(_entry(res, seconds, secure=secure, audit_passed=audit.passed))
     return entries

@@ -27,6 +27,7 @@ import numpy as np
 from protocols.transcript import SERVER, party_client
 
 from .base import Attack, AttackResult, GroundTruth, View, dense_vector, tv_distance
+from .significance import mean_estimate
 
 
 def _latest_uploads(view: View, tag: str, length: int | None) -> tuple[dict[int, np.ndarray], int | None, int]:
@@ -68,11 +69,9 @@ def _score_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarra
         base.append(tv_distance(prior, true))
         exact.append(tv < 1e-6)
         absent_ok.append(float(((np.asarray(pi) <= 1e-9) == (true == 0)).mean()))
-    res.metric = "label_tv"
-    res.value = float(np.mean(tvs)) if tvs else None
-    res.chance = float(np.mean(base)) if base else None
-    res.higher_is_leakier = False
-    res.metrics.update({"label_tv": res.value, "prior_tv": res.chance,
+    res.add(mean_estimate("label_tv", tvs, float(np.mean(base)) if base else None, higher_is_leakier=False,
+                          chance_method="baseline (the global label prior)"), primary=True)
+    res.metrics.update({"prior_tv": res.chance,
                         "exact_clients": float(np.mean(exact)) if exact else None,
                         "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
                         "clients_scored": len(tvs), "node_set": node_set})

@@ -51,8 +51,8 @@ class ClientLogic:
         self.noise = ClientNoise()
         #: tag -> (round, what it uploaded) and (round, the result it decoded): its own memory of
         #: the exchanges, which a colluding client hands to a coalition (attack state ``contributions``)
-        self.uploaded: dict[str, tuple[int, tuple]] = {}
-        self.decoded: dict[str, tuple[int, np.ndarray]] = {}
+        self.uploaded: dict[str, tuple[int, np.ndarray]] = {}
+        self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
 
     def local_update(self, req: dict) -> dict:
         return {}
@@ -74,7 +74,8 @@ class ClientLogic:
         if plan.tag not in self.pending:
             raise ValueError(f"client {self.rt.client_id} has no contribution for {plan.tag!r}")
         kept = self.pending.pop(plan.tag)
-        self.uploaded[plan.tag] = (int(plan.round), kept)
+        if len(kept) == 1:                       # a dense upload (row uploads are not kept: too large)
+            self.uploaded[plan.tag] = (int(plan.round), kept[0])
         return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
     def receive(self, req: dict) -> dict:
@@ -109,10 +110,10 @@ class ClientLogic:
         if what == "received":
             return self.decoded_rows()
         if what == "contributions":           # dense uploads and decoded results, by tag
-            out = {f"upload:{t}": kept[0] for t, (_, kept) in self.uploaded.items() if len(kept) == 1}
-            out.update({f"upload_round:{t}": r for t, (r, kept) in self.uploaded.items() if len(kept) == 1})
-            out.update({f"aggregate:{t}": v for t, (_, v) in self.decoded.items()})
-            out.update({f"aggregate_round:{t}": r for t, (r, _) in self.decoded.items()})
+            out = {f"upload:{t}": v for t, (_, v) in self.uploaded.items()}
+            out.update({f"upload_round:{t}": r for t, (r, _) in self.uploaded.items()})
+            out.update({f"aggregate:{t}": v for t, (_, v) in self.aggregates.items()})
+            out.update({f"aggregate_round:{t}": r for t, (r, _) in self.aggregates.items()})
             return out
         model = getattr(self, "model", None)
         if model is None:
@@ -224,11 +225,11 @@ class ModelAveragingLogic(ClientLogic):
             mean = req["mean_update"]
         elif "count" in req:                     # DP-FedAvg: the noisy sum of clipped updates / the public count
             total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.decoded[req["tag"]] = (int(req["round"]), total)
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
             mean = total / float(req["count"])
         else:                                    # this client's own decoded result: [sum w v, sum w]
             total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.decoded[req["tag"]] = (int(req["round"]), total)
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
             if not total[-1] > 0:
                 raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
             mean = total[:-1] / total[-1]
