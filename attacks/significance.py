@@ -83,7 +83,9 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, float(mid - half)), min(1.0, float(mid + half)))
+    lo = 0.0 if successes <= 0 else max(0.0, float(mid - half))
+    hi = 1.0 if successes >= n else min(1.0, float(mid + half))
+    return lo, hi
 
 
 def _percentile_ci(values: np.ndarray) -> tuple[float, float] | None:
