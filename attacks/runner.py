@@ -63,13 +63,14 @@ from .gin_inversion import GINUpdateInversion
 from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
+from .ownership import OwnershipInference
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
 
 ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
     ProxyLabelDistribution, MomentLabelDistribution,
-    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack,
+    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
     SameDatasetInference, GINUpdateInversion)}
 
 

@@ -170,3 +170,50 @@ def test_a_dp_runs_server_attacks_stay_at_chance_inside_their_interval():
     assert r["applicable"] and r["observer"] == "server"
     assert r["at_chance"] is True and r["ci"][0] <= 0.5 <= r["ci"][1], r
     assert r["significance"]["support_auc"]["at_chance"] is True
+
+
+def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False):
+    """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words."""
+    from attacks.base import GroundTruth
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    N = num_clients * n
+    x = torch.tensor((rng.random((N, d)) < 0.08).astype(np.float32))
+    y = torch.tensor(rng.integers(0, C, N))
+    pairs = [(k * n + i, k * n + i + 1) for k in range(num_clients) for i in range(n - 1)]
+    ei = torch.tensor(np.array(pairs + [(j, i) for i, j in pairs]).T)
+    model = build_model("gcn", d, 16, C, dropout=0.0)
+    w0 = parameters_to_vector(model.parameters()).detach().clone()
+    ups = {}
+    for k in range(num_clients):
+        ids = torch.arange(k * n, (k + 1) * n)
+        local = ei[:, (ei[0] >= k * n) & (ei[0] < (k + 1) * n)] - k * n
+        loss = F.cross_entropy(model(x[ids], local), y[ids])
+        g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, list(model.parameters()))])
+        ups[k] = torch.randn_like(g) * g.norm() / g.numel() ** 0.5 if random_updates else -lr * g
+    proto = PlainProtocol(num_clients)
+    mean = proto.weighted_mean("fedavg/model", 0, ups, {k: 1.0 / num_clients for k in ups},
+                               recipients=list(ups))
+    released = copy.deepcopy(model)
+    vector_to_parameters(w0 + torch.as_tensor(mean, dtype=torch.float32), released.parameters())
+    owner = np.repeat(np.arange(num_clients), n)
+    truth = GroundTruth(x=x.numpy().astype(np.float64), y=y.numpy(), edge_index=ei.numpy(), owner=owner,
+                        train_mask=np.ones(N, bool), test_mask=np.zeros(N, bool), num_classes=C, binary=True)
+    knowledge = {"public": {"num_features": d, "num_classes": C, "num_clients": num_clients},
+                 "architecture": lambda: copy.deepcopy(model), "released_model": released,
+                 "aux_labelled": {"ids": np.arange(N), "x": x, "y": y.numpy(), "edge_index": ei}}
+    return View.of(proto.transcript, "server"), knowledge, truth
+
+
+def test_ownership_inference_finds_each_nodes_client_from_the_updates():
+    """A node's loss gradient is a summand of its own client's update: the owner is found well
+    above the chance of a random pairing; on updates that carry no data, at chance."""
+    from attacks.ownership import OwnershipInference
+    view, knowledge, truth = _ownership_case()
+    r = OwnershipInference()(view, knowledge, truth).to_dict()
+    assert r["metric"] == "ownership_acc" and r["samples"] == 36 and abs(r["chance"] - 1 / 3) < 0.1
+    assert r["ci"][0] > r["chance"] + 0.2 and not r["at_chance"], r
+    assert r["significance"]["owner_auc"]["ci"][0] > 0.7
+    view, knowledge, truth = _ownership_case(random_updates=True)
+    rr = OwnershipInference()(view, knowledge, truth).to_dict()
+    assert rr["significance"]["owner_auc"]["at_chance"] is True, rr
