@@ -33,11 +33,14 @@ from secure_fgl.experiment import run_experiment
 #: published figures (None: the paper gives none comparable on this setting)
 PUBLISHED = {
     ("central", "link_posterior", "auc_random"): ("0.9-0.96", "He et al. Attack-0, Cora (AUC, random non-edges)"),
+    ("central", "link_posterior", "auc_2hop"): (None, "He et al. use random non-edges only"),
     ("central", "link_influence", "auc_2hop"): (None, "LinkTeller reports precision/recall at the true density"),
     ("central", "link_influence", "auc_random"): (None, "LinkTeller reports precision/recall at the true density"),
     ("central", "membership", "auc"): ("0.754", "Olatunji et al., node MI on a GCN, Cora (AUC)"),
     ("federated", "link_posterior", "auc_random"): (None, "no federated setting in He et al."),
     ("federated", "link_posterior", "auc_random_cross"): (None, "no federated setting in He et al."),
+    ("federated", "link_posterior", "auc_2hop"): (None, "no federated setting in He et al."),
+    ("federated", "link_posterior", "auc_2hop_cross"): (None, "no federated setting in He et al."),
     ("fedsgd", "gradient_inversion", "label_presence_acc"): ("1.00", "iDLG: labels of a single-step update, exact"),
     ("fedsgd", "gradient_inversion", "feature_auc"): (None, "no published graph number"),
     ("fedsgd", "gradient_inversion", "support_auc"): (None, "no published graph number"),
