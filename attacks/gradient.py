@@ -103,7 +103,7 @@ def round_start_params(released: torch.Tensor, total: np.ndarray, pub: Mapping[s
 
 
 # ----------------------------------------------------------------------------- the inversion
-def _first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
+def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
     """(offset, numel, shape) in the flat parameter vector of the first weight that reads the
     ``d`` input features."""
     off = 0
@@ -114,7 +114,7 @@ def _first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, 
     return None
 
 
-def _last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
+def last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
     off, found = 0, None
     for p in model.parameters():
         if p.dim() == 1 and p.numel() == C:
@@ -132,7 +132,7 @@ def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module
     ``U_j`` orthogonal to ``W_j``.  Adam (+ L2): Adam normalises the weight-decay gradient
     ``lambda W`` to its sign, so that update is ``-step sign(W_j)`` (``step = lr x local steps``;
     zero without weight decay); the score is ``||U_j + step sign(W_j)|| / (step sqrt(h))``."""
-    loc = _first_weight(model, d)
+    loc = first_weight(model, d)
     if loc is None:
         return None
     off, n, shape = loc
@@ -276,7 +276,7 @@ class GradientInversion(Attack):
             rule = "adam" if str(pub.get("optimizer", "adam")).lower() == "adam" else "sgd"
         # iDLG-style label prior from the last-layer bias: classes whose bias goes up are present
         prior = None
-        lb = _last_bias(model, C)
+        lb = last_bias(model, C)
         if lb is not None:
             db = update[lb[0]:lb[0] + lb[1]]
             prior = torch.as_tensor(np.clip(db, 0, None) + 1e-3 * np.abs(db).max(initial=1e-12) + 1e-12,

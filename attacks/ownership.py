@@ -4,13 +4,15 @@ Which client holds node ``v``?  The server reads each client's update ``u_k`` of
 (plain mode) and the round's start parameters ``w`` (the released model minus the mean update).
 A training node's loss gradient ``g_v = grad_w CE(f_w(X, A)_v, y_v)`` is a summand of its
 client's update (SGD: ``u_k = -lr sum_t mean_{v in k} g_v``; Adam rescales it per coordinate), so
-the owner is guessed as ``argmax_k cos(g_v, -u_k)`` over the first layer's weights (the block
-where a node's own words, aggregated over its neighbourhood, concentrate its gradient).  The attacker holds K1 knowledge: the
+the owner is guessed as ``argmax_k cos(g_v, -u_k) - mean_t cos(g_t, -u_k)`` over the first layer's
+weights (where a node's own words, aggregated over its neighbourhood, concentrate its gradient;
+the mean over the targets ``t`` removes what every node's gradient shares).  The attacker holds K1 knowledge: the
 features, graph and labels of a labelled node sample (``aux_labelled``); the targets are those
 nodes.  Metrics (scored on the targets that are some client's training nodes, the ones whose
 gradients entered an update): ownership accuracy (chance: a random pairing of guesses and owners,
 ``sum_k P(guess = k) P(owner = k)``) and the AUC of the true owner's score against the other
-clients' scores (chance 1/2, nodes resampled as groups).
+clients' scores (chance 1/2, nodes resampled as groups).  The intervals treat the target nodes
+as independent; neighbouring nodes' gradients are correlated, so they are on the narrow side.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.transcript import SERVER
 
 from .base import Attack, AttackResult, GroundTruth, View
-from .gradient import EXCHANGE, _first_weight, model_tag, read_aggregate, read_uploads, round_start_params, split_weighted
+from .gradient import (EXCHANGE, first_weight, model_tag, read_aggregate, read_uploads, round_start_params,
+                       split_weighted)
 from .significance import auc_estimate, matching_chance, proportion_estimate
 
 
@@ -56,7 +59,7 @@ class OwnershipInference(Attack):
         clients = sorted(ups)
         U = torch.as_tensor(np.stack([split_weighted(ups[k], pub)[0] for k in clients]), dtype=torch.float32)
         model = knowledge["architecture"]()
-        loc = _first_weight(model, int(pub["num_features"]))
+        loc = first_weight(model, int(pub["num_features"]))
         part = slice(loc[0], loc[0] + loc[1]) if loc is not None else slice(None)
         aux = knowledge["aux_labelled"]
         ids, y = np.asarray(aux["ids"]), np.asarray(aux["y"])
@@ -72,6 +75,7 @@ class OwnershipInference(Attack):
             loss = F.cross_entropy(logits[int(ids[j])][None], torch.as_tensor([int(y[j])]))
             g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, retain_graph=True)])
             scores[i] = F.cosine_similarity(-U[:, part], g[None, part], dim=1).detach().numpy()
+        scores -= scores.mean(0, keepdims=True)   # a client's offset common to every node says nothing of v
         return self.result(output={"ids": ids[pick], "clients": np.asarray(clients), "scores": scores,
                                    "round": rnd})
 

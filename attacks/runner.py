@@ -65,11 +65,12 @@ from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGra
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
 from .ownership import OwnershipInference
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
+from .update_labels import UpdateLabelDistribution
 
 ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
-    ProxyLabelDistribution, MomentLabelDistribution,
+    ProxyLabelDistribution, MomentLabelDistribution, UpdateLabelDistribution,
     MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
     SameDatasetInference, GINUpdateInversion)}
 

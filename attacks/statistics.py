@@ -53,7 +53,7 @@ def _prior(truth: GroundTruth, mask: np.ndarray | None = None) -> np.ndarray:
     return np.bincount(y, minlength=truth.num_classes).astype(float)
 
 
-def _score_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
+def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
     tvs, base, exact, absent_ok = [], [], [], []
     prior = _prior(truth, truth.train_mask if node_set == "train" else None)
     for k, pi in est.items():
@@ -112,7 +112,7 @@ class ProxyLabelDistribution(Attack):
         return self.result(output={"dists": est, "round": rnd, "tag": tags[0]})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
-        return _score_dists(res, truth, res.output["dists"], "train")
+        return score_label_dists(res, truth, res.output["dists"], "train")
 
 
 def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarray:
@@ -179,7 +179,7 @@ class MomentLabelDistribution(Attack):
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         node_set = res.output.get("node_set", "all")
-        res = _score_dists(res, truth, res.output["dists"], node_set)
+        res = score_label_dists(res, truth, res.output["dists"], node_set)
         def size(k):
             c = truth.clients[k]
             return int(c.train_mask.sum()) if node_set == "train" else c.num_nodes

@@ -12,7 +12,8 @@ Settings (one run each; the attacks read the finished run):
   client and cross-client edges scored apart;
 * ``fedsgd``   -- FedAvg with one full-batch SGD step per round (FedSGD), 10 clients, 1 round:
   the server inverts client 0's update (DLG/iDLG, Zhu et al. 2019, Zhao et al. 2020) and
-  guesses which client holds each node of a labelled sample (ownership, after CC-MIA);
+  guesses which client holds each node of a labelled sample (ownership, after CC-MIA) and each
+  client's label distribution from its update's last-layer bias;
 * ``fedavg``   -- FedAvg with Adam, 3 local epochs, 10 clients, 3 rounds: the same two attacks;
 * ``fedgcn``   -- FedGCN (1 hop), 5 clients iid, 1 round: the readout, least-squares and
   client-subtraction attacks on the pre-training exchange.
@@ -49,6 +50,7 @@ PUBLISHED = {
     ("fedavg", "gradient_inversion", "label_presence_acc"): (None, "no published graph number"),
     ("fedsgd", "ownership", "ownership_acc"): (None, "CC-MIA reports ownership as 'high', no number"),
     ("fedsgd", "ownership", "owner_auc"): (None, "CC-MIA reports ownership as 'high', no number"),
+    ("fedsgd", "update_label_dist", "label_tv"): (None, "EC-LDA: first FGL label-distribution attack, no Cora number"),
     ("fedavg", "ownership", "ownership_acc"): (None, "CC-MIA reports ownership as 'high', no number"),
     ("fedavg", "ownership", "owner_auc"): (None, "CC-MIA reports ownership as 'high', no number"),
     ("fedgcn", "fedgcn_readout", "exposure_rate"): (None, "FedGCN publishes no attack"),
@@ -61,7 +63,7 @@ SETTINGS = {
                     attacks=["link_posterior", "link_influence", "membership"]),
     "federated": dict(algorithm="fedavg", clients=10, rounds=200, attacks=["link_posterior"]),
     "fedsgd": dict(algorithm="fedavg", clients=10, rounds=1, optimizer="sgd", lr=0.5, local_epochs=1,
-                   dropout=0.0, attacks=["gradient_inversion", "ownership"]),
+                   dropout=0.0, attacks=["gradient_inversion", "ownership", "update_label_dist"]),
     "fedavg": dict(algorithm="fedavg", clients=10, rounds=3, local_epochs=3, attacks=["gradient_inversion", "ownership"]),
     "fedgcn": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1,
                    attacks=["fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction"]),

@@ -172,14 +172,16 @@ def test_a_dp_runs_server_attacks_stay_at_chance_inside_their_interval():
     assert r["significance"]["support_auc"]["at_chance"] is True
 
 
-def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False):
-    """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words."""
+def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False, label_dists=None):
+    """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words;
+    client k's labels drawn from ``label_dists[k]`` (uniform by default)."""
     from attacks.base import GroundTruth
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     N = num_clients * n
     x = torch.tensor((rng.random((N, d)) < 0.08).astype(np.float32))
-    y = torch.tensor(rng.integers(0, C, N))
+    dists = label_dists or [np.full(C, 1.0 / C)] * num_clients
+    y = torch.tensor(np.concatenate([rng.choice(C, n, p=dists[k]) for k in range(num_clients)]))
     pairs = [(k * n + i, k * n + i + 1) for k in range(num_clients) for i in range(n - 1)]
     ei = torch.tensor(np.array(pairs + [(j, i) for i, j in pairs]).T)
     model = build_model("gcn", d, 16, C, dropout=0.0)
@@ -197,9 +199,13 @@ def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updat
     released = copy.deepcopy(model)
     vector_to_parameters(w0 + torch.as_tensor(mean, dtype=torch.float32), released.parameters())
     owner = np.repeat(np.arange(num_clients), n)
+    clients = [SimpleNamespace(y=y[k * n:(k + 1) * n], train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n)
+               for k in range(num_clients)]
     truth = GroundTruth(x=x.numpy().astype(np.float64), y=y.numpy(), edge_index=ei.numpy(), owner=owner,
-                        train_mask=np.ones(N, bool), test_mask=np.zeros(N, bool), num_classes=C, binary=True)
-    knowledge = {"public": {"num_features": d, "num_classes": C, "num_clients": num_clients},
+                        train_mask=np.ones(N, bool), test_mask=np.zeros(N, bool), num_classes=C, binary=True,
+                        clients=clients)
+    knowledge = {"public": {"num_features": d, "num_classes": C, "num_clients": num_clients, "optimizer": "sgd",
+                            "lr": lr, "local_epochs": 1},
                  "architecture": lambda: copy.deepcopy(model), "released_model": released,
                  "aux_labelled": {"ids": np.arange(N), "x": x, "y": y.numpy(), "edge_index": ei}}
     return View.of(proto.transcript, "server"), knowledge, truth
@@ -209,11 +215,25 @@ def test_ownership_inference_finds_each_nodes_client_from_the_updates():
     """A node's loss gradient is a summand of its own client's update: the owner is found well
     above the chance of a random pairing; on updates that carry no data, at chance."""
     from attacks.ownership import OwnershipInference
-    view, knowledge, truth = _ownership_case()
+    view, knowledge, truth = _ownership_case(d=200)
     r = OwnershipInference()(view, knowledge, truth).to_dict()
     assert r["metric"] == "ownership_acc" and r["samples"] == 36 and abs(r["chance"] - 1 / 3) < 0.1
     assert r["ci"][0] > r["chance"] + 0.2 and not r["at_chance"], r
     assert r["significance"]["owner_auc"]["ci"][0] > 0.7
-    view, knowledge, truth = _ownership_case(random_updates=True)
+    view, knowledge, truth = _ownership_case(d=200, random_updates=True)
     rr = OwnershipInference()(view, knowledge, truth).to_dict()
-    assert rr["significance"]["owner_auc"]["at_chance"] is True, rr
+    assert rr["value"] < r["ci"][0] and abs(rr["significance"]["owner_auc"]["value"] - 0.5) < 0.15, rr
+
+
+def test_label_distribution_read_off_each_clients_sgd_update():
+    """Skewed clients: the bias of each FedSGD update gives its label shares far closer than the
+    global prior does; an Adam run is refused with the reason (the sign carries no shares)."""
+    from attacks.update_labels import UpdateLabelDistribution
+    dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
+    view, knowledge, truth = _ownership_case(n=30, label_dists=dists)
+    r = UpdateLabelDistribution()(view, knowledge, truth).to_dict()
+    assert r["metric"] == "label_tv" and not r["higher_is_leakier"] and r["samples"] == 3
+    assert r["value"] < 0.5 * r["chance"] and r["ci"][1] < r["chance"] and not r["at_chance"], r
+    knowledge["public"]["optimizer"] = "adam"
+    adam = UpdateLabelDistribution()(view, knowledge, truth)
+    assert not adam.applicable and "--optimizer sgd" in adam.reason
