@@ -93,3 +93,58 @@ class OwnershipInference(Attack):
         res.metrics.update({"round": out["round"], "targets": int(ids.size), "member_targets": int(member.sum()),
                             "clients": int(clients.size)})
         return res
+
+
+class RequestOwnership(Attack):
+    """Server reads which client owns each node off FedGCN's sparse download requests.
+
+    In the sparse layout each client asks for the row blocks holding its own nodes' rows (and, at
+    2 hops, their neighbours'); a block holds ``R = block_len / (d + 1)`` consecutive row ids, which
+    are node ids under ``row_order='given'``.  The server guesses node ``v``'s owner among the
+    clients that requested ``v``'s block (ties broken at random).  ``--layout dense`` (every client
+    requests every block) leaves it at chance; with a private row numbering (``row_order`` other
+    than ``given``) the server cannot map blocks to nodes and the attack says so."""
+
+    name = "ownership_requests"
+    exchange = "fedgcn/*"
+    default_observer = SERVER
+    knowledge = ("public",)
+    algorithms = ("fedgcn",)
+    options = {"seed": 0}
+
+    def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        pub = knowledge["public"]
+        order = str((pub.get("options") or {}).get("row_order", "given"))
+        if order != "given":
+            return self.not_applicable(f"row_order {order!r}: the row numbering is private to the clients")
+        plans = [m.payload for m in view.select("fedgcn/*", kinds=("control",))
+                 if isinstance(m.payload, Mapping) and "requests" in m.payload and not m.tag.endswith("/model")]
+        if not plans:
+            return self.not_applicable("no row-exchange plan with download requests reached the server")
+        requests: dict[int, set] = {}
+        for p in plans:
+            for k, blocks in p["requests"].items():
+                requests.setdefault(int(k), set()).update(int(b) for b in np.asarray(blocks).ravel())
+        rpb = max(1, int(plans[0]["block_len"]) // int(pub["row_width"]))
+        N, clients = int(pub["num_nodes"]), sorted(requests)
+        block = np.arange(N) // rpb
+        asked = np.array([[b in requests[k] for k in clients] for b in block], dtype=float)
+        scores = asked / np.maximum(asked.sum(1, keepdims=True), 1.0)
+        return self.result(output={"clients": np.asarray(clients), "scores": scores, "rows_per_block": rpb,
+                                   "layout": str(plans[0].get("layout"))})
+
+    def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        out = res.output
+        clients, S = out["clients"], out["scores"]
+        kept = np.flatnonzero(np.isin(truth.owner, clients))
+        owner = truth.owner[kept]
+        rng = np.random.default_rng(int(self.opts["seed"]))
+        noisy = S[kept] + rng.random(S[kept].shape) * 1e-9          # ties broken at random
+        guess = clients[noisy.argmax(1)]
+        res.add(proportion_estimate("ownership_acc", float((guess == owner).sum()), int(kept.size),
+                                    matching_chance(guess, owner)), primary=True)
+        is_owner = clients[None, :] == owner[:, None]
+        res.add(auc_estimate("owner_auc", S[kept].ravel(), is_owner.ravel(),
+                             groups=np.repeat(np.arange(kept.size), clients.size)))
+        res.metrics.update({"rows_per_block": out["rows_per_block"], "layout": out["layout"]})
+        return res

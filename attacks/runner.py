@@ -63,7 +63,7 @@ from .gin_inversion import GINUpdateInversion
 from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
-from .ownership import OwnershipInference
+from .ownership import OwnershipInference, RequestOwnership
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
 from .update_labels import UpdateLabelDistribution
 
@@ -72,6 +72,7 @@ ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
     ProxyLabelDistribution, MomentLabelDistribution, UpdateLabelDistribution,
     MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
+    RequestOwnership,
     SameDatasetInference, GINUpdateInversion)}
 
 

@@ -16,7 +16,9 @@ Settings (one run each; the attacks read the finished run):
   client's label distribution from its update's last-layer bias;
 * ``fedavg``   -- FedAvg with Adam, 3 local epochs, 10 clients, 3 rounds: the same two attacks;
 * ``fedgcn``   -- FedGCN (1 hop), 5 clients iid, 1 round: the readout, least-squares and
-  client-subtraction attacks on the pre-training exchange.
+  client-subtraction attacks on the pre-training exchange, and node ownership from the sparse
+  layout's download requests (``fedgcn_mask``: the same in mask mode; ``fedgcn_dense``: mask with
+  ``--layout dense``).
 
 Prints each run's command and the table, writes ``runs/attack_validation.json``.
 """
@@ -56,6 +58,9 @@ PUBLISHED = {
     ("fedgcn", "fedgcn_readout", "exposure_rate"): (None, "FedGCN publishes no attack"),
     ("fedgcn", "fedgcn_ls", "exposure_rate"): (None, "FedGCN publishes no attack"),
     ("fedgcn", "fedgcn_client_subtraction", "exposure_rate"): (None, "FedGCN publishes no attack"),
+    ("fedgcn", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
+    ("fedgcn_mask", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
+    ("fedgcn_dense", "ownership_requests", "ownership_acc"): (None, "no published number (dense layout)"),
 }
 
 SETTINGS = {
@@ -66,14 +71,19 @@ SETTINGS = {
                    dropout=0.0, attacks=["gradient_inversion", "ownership", "update_label_dist"]),
     "fedavg": dict(algorithm="fedavg", clients=10, rounds=3, local_epochs=3, attacks=["gradient_inversion", "ownership"]),
     "fedgcn": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1,
-                   attacks=["fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction"]),
+                   attacks=["fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction", "ownership_requests"]),
+    "fedgcn_mask": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask",
+                        attacks=["ownership_requests"]),
+    "fedgcn_dense": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask",
+                         options={"layout": "dense"}, attacks=["ownership_requests"]),
 }
 
 
 def command(name: str, s: dict) -> str:
-    flags = " ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}" for k, v in s.items())
-    return (f"python -m secure_fgl.cli.main run --dataset cora --seed 0 --mode plain {flags} "
-            "--data-root $SECURE_FGL_DATA --quiet")
+    s = {"mode": "plain", **s}
+    flat = {**{k: v for k, v in s.items() if k != "options"}, **s.get("options", {})}
+    flags = " ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}" for k, v in flat.items())
+    return f"python -m secure_fgl.cli.main run --dataset cora --seed 0 {flags} --data-root $SECURE_FGL_DATA --quiet"
 
 
 def metric_rows(setting: str, entry: dict) -> list[dict]:
@@ -114,7 +124,7 @@ def main() -> None:
     for name in args.only.split(","):
         s = SETTINGS[name]
         print(command(name, s), flush=True)
-        cfg = RunConfig(dataset="cora", seed=0, mode="plain", data_root=root, **s)
+        cfg = RunConfig(dataset="cora", seed=0, data_root=root, **{"mode": "plain", **s})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = run_experiment(cfg, progress=False)

@@ -237,3 +237,26 @@ def test_label_distribution_read_off_each_clients_sgd_update():
     knowledge["public"]["optimizer"] = "adam"
     adam = UpdateLabelDistribution()(view, knowledge, truth)
     assert not adam.applicable and "--optimizer sgd" in adam.reason
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_fedgcn_sparse_requests_reveal_ownership_and_dense_hides_it(layout):
+    """mask, 2 rows per block: in the sparse layout each client's download requests name the
+    blocks of its own nodes, so the server places nodes well above chance; dense is at chance."""
+    try:
+        make_protocol("mask", 3)
+    except Exception as e:
+        pytest.skip(f"mask unavailable: {e}")
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode="mask", partition="iid", rounds=1,
+                    attacks=["ownership_requests"], options={"layout": layout},
+                    synthetic=dict(num_nodes=150, num_features=2000, avg_degree=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = {a["name"]: a for a in run_experiment(cfg, progress=False)["attacks"]}["ownership_requests"]
+    assert r["applicable"] and r["layout"] == layout and r["rows_per_block"] == 2 and r["samples"] == 150
+    if layout == "sparse":
+        assert r["ci"][0] > r["chance"] + 0.2 and not r["at_chance"], r
+    else:
+        assert r["at_chance"] is True and r["significance"]["owner_auc"]["value"] == 0.5, r
