@@ -71,7 +71,8 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     return members, upper + upper.T + np.eye(len(members))
 
 
-def same_dataset_pairs(clients: list[int], similarity: np.ndarray, datasets: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def same_dataset_pairs(clients: list[int], similarity: np.ndarray,
+                       datasets: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Scores and "same dataset" labels of all pairs of ``clients``."""
     i, j = np.triu_indices(len(clients), 1)
     labels = np.array([int(datasets[clients[a]] == datasets[clients[b]]) for a, b in zip(i, j)])
