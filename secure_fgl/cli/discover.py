@@ -100,7 +100,7 @@ def modes_command() -> int:
     width = max(map(len, MODES)) + 2
     for name, text in MODES.items():
         print(f"{name:<{width}}{text}")
-    print("\nAll modes take --dp-epsilon for differential privacy on top (see README, privacy).")
+    print("\nAll modes take --dp-epsilon for differential privacy on top (see docs/dp.md).")
     return 0
 
 
