@@ -171,8 +171,10 @@ def _below_chance(entries: list[dict]) -> str:
     """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
     chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
     for e in entries:
+        if e.get("below_chance"):                 # the attack's own verdict (attacks.significance)
+            return " (below chance?)"
         ci, chance = e.get("ci"), e.get("chance")
-        if (e.get("applicable") and e.get("higher_is_leakier", True) and isinstance(chance, (int, float))
+        if "below_chance" not in e and (e.get("applicable") and e.get("higher_is_leakier", True) and isinstance(chance, (int, float))
                 and isinstance(ci, (list, tuple)) and len(ci) == 2 and isinstance(ci[1], (int, float))
                 and ci[1] < chance):
             return " (below chance?)"
