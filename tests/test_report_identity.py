@@ -49,6 +49,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
     assert _report(out, 2) == 0                           # other rounds: nothing of the first sweep is reused
     text = capsys.readouterr().out
     assert "0 finished run(s) reused" in text and "holds other settings (rounds: 3 -> 2)" in text
+    assert "plan: estimate" in text and "from 3 past run(s) in --out" in text     # the unfinished one not counted
     assert "sweep: 4 run(s) done, 0 reused" in text
     assert all(_rounds_of(out / f) == 3 for f in first)   # the first sweep's runs are untouched
     md = (out / "report.md").read_text()
@@ -64,7 +65,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
 
     assert _report(out, 3, "--dry-run") == 0              # the plan only
     text = capsys.readouterr().out
-    assert "plan: 4 finished run(s) reused (same settings), 0 to run" in text and "plan: estimate" in text
+    assert "plan: 4 finished run(s) reused (same settings), 0 to run" in text and "nothing to run" in text
     assert "sweep:" not in text
 
 

@@ -153,6 +153,9 @@ def print_plan(spec, cells, out_dir) -> None:
     for c in cells:
         if c.note:
             print(f"plan: {c.note}")
+    if not todo:
+        print("plan: estimate 0 s (nothing to run; the report is rendered from the runs)")
+        return
     seconds, how = estimate(cells, out_dir)
     print(f"plan: estimate {_minutes(seconds)} ({how})" if seconds is not None else f"plan: estimate unknown ({how})")
 
