@@ -257,7 +257,9 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
     rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     seeds = sorted({r["config"]["seed"] for r in runs})
     return Table(f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))", header, rows,
-                 note="Cells: mean ± std over seeds. n/a: the observer could read nothing the attack needs; "
+                 note="Cells: mean ± sample std over seeds; with one seed, the value and the attack's own 95% "
+                      "interval [lo, hi] when it reports one ('below chance?': the interval lies wholly on the "
+                      "non-leaky side of chance, a suspect measurement). n/a: the observer could read nothing the attack needs; "
                       "n/a (chance): ... and the transcript audit passed, so the result is at chance. "
                       "(↓ leakier): lower values leak more (distance to the truth). model at chance?: AT CHANCE when "
                       "the mean test accuracy is within max(std, 0.05) of 1/classes -- read no privacy result off it.")
