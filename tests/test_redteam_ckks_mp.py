@@ -1,0 +1,129 @@
+"""Red-team attacks on ckks-mp and the signed envelopes by a server that deviates (plus colluding
+clients): each is a malicious server half (a subclass of the honest one; the clients' code is never
+changed) and either aborts with a specific ProtocolError at an honest client or learns nothing."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from protocols import ValueSpec
+from protocols.ckks_mp.backend import CKKSMPProtocol
+from protocols.ckks_mp.client import common_plan_digest
+from protocols.ckks_mp.server import CKKSMPServer
+from protocols.errors import IntegrityError, RecipientKeyError, RepeatedKeySwitchError
+
+K = 3
+FLOATS = ValueSpec(max_abs=1.0, tolerance=1e-3)
+
+
+def protocol_with(server_class) -> CKKSMPProtocol:
+    return type("Attacked", (CKKSMPProtocol,), {"server_half": server_class})(K)
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return {c: rng.uniform(-1, 1, 8) for c in range(K)}
+
+
+# ------------------------------------------------------------------ one honest client told it does not contribute
+class SplitView(CKKSMPServer):
+    """Server + colluding recipient (client 2) against the victim (client 0).  Every client but
+    ``excluded`` gets the true plan (all K contributors, so a minimum-contributors check passes at
+    the victim); ``excluded`` (honest client 1) is told it is no contributor, so it uploads nothing
+    and key-switches without its share ``s_1``.  The server adds only the victim's and the
+    colluder's uploads: if the masks cancelled, the delivered sum would be ``x_0 + x_2`` and the
+    colluder would read ``x_0``."""
+
+    excluded: int | None = 1
+
+    def run(self, plan, link):
+        self._announced = plan.contributors
+        return super().run(replace(plan, contributors=tuple(c for c in plan.contributors if c != self.excluded)),
+                           link)
+
+    def begin(self, plan, link, fingerprint, extra=()):
+        self.plan, self.exchange = plan, plan.exchange
+        parties = sorted(set(plan.parties) | set(extra))
+        self.register(link, plan.round, parties)
+        for k in parties:
+            told = plan if k == self.excluded else replace(plan, contributors=self._announced)
+            msg = self.message(k, "control", (), told.for_client(k).to_payload(), fingerprint, note="exchange plan")
+            self.queue(k, msg, "plan")
+
+
+class OneView(SplitView):
+    """Control: the same machinery with no client excluded (every client holds one plan)."""
+
+    excluded = None
+
+
+def test_a_client_told_it_does_not_contribute_cannot_isolate_the_victim():
+    """The key-switching masks are labelled by the digest of the plan each client holds, so they
+    cancel only when all K clients hold one plan: here the sum stays masked by the honest pair's
+    (0, 1) PRG stream, the recipients refuse it as corrupted and nothing is delivered."""
+    x = inputs()
+    p = protocol_with(SplitView)
+    with pytest.raises(IntegrityError, match="corrupted; nothing was delivered"):
+        p.weighted_sum("w", 0, x, spec=FLOATS)
+    assert all(r is None for r in p.client_results().values())
+    views = {k: common_plan_digest(c.plan) for k, c in p.clients.items()}
+    assert views[0] == views[2] != views[1]
+
+    control = protocol_with(OneView).weighted_sum("w", 0, x, spec=FLOATS)    # the machinery is sound
+    assert np.abs(control - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
+
+
+# ------------------------------------------------------------------ broadcast key under other labels
+class TwoBroadcastLabels(CKKSMPServer):
+    """Asks every client to switch its blocks to the broadcast key twice, under the recipient ids
+    -2 and -3 (both negative: both would be treated as the broadcast key, with fresh masks)."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "keyswitch":
+            for batch in messages.values():
+                msg, part = batch[0]
+                blocks = np.asarray(msg.payload["blocks"])
+                payload = {**msg.payload, "groups": np.array([[-2, blocks.size], [-3, blocks.size]]),
+                           "blocks": np.concatenate([blocks, blocks])}
+                batch[0] = (replace(msg, payload=payload, shape=(2, 2)), part)
+        return super().call(link, stage, messages, hook=hook)
+
+
+def test_recipient_ids_below_the_broadcast_key_are_refused():
+    with pytest.raises((RecipientKeyError, RepeatedKeySwitchError), match="recipient -2"):
+        protocol_with(TwoBroadcastLabels).weighted_sum("w", 0, inputs(), spec=FLOATS)
+
+
+# ------------------------------------------------------------------ a server message from another session
+class ForeignSession(CKKSMPServer):
+    """A server message recorded in another session (same server identity key: a site reuses its key
+    across runs, and a resumed run gets a new session) with an exchange number 1000 ahead, slipped
+    into client 1's bundle at a stage that ignores its inbox.  It needs no key: an eavesdropper can
+    replay it.  If client 1 adopts its exchange number, every later exchange fails at client 1."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "download" and not getattr(self, "_sent", False):
+            self._sent = True
+            own = self.setup, self.exchange
+            self.setup, self.exchange = replace(self.setup, session=os.urandom(16)), self.exchange + 1000
+            try:
+                _, wire = self.seal(self.message(1, "control", (), {}, "", note="recorded elsewhere"), "download")
+            finally:
+                self.setup, self.exchange = own
+            self._outbox.setdefault(1, []).append(wire)
+        return super().call(link, stage, messages, hook=hook)
+
+
+@pytest.mark.xfail(strict=True, reason="ClientHalf.handle adopts the exchange number of any message the server "
+                   "signed, before checking its run id, session and recipient (protocols/party.py "
+                   "_adopt_exchange): a replayed message of another session removes the client for the run")
+def test_a_server_message_of_another_session_does_not_move_the_exchange_number():
+    p = protocol_with(ForeignSession)
+    x = inputs()
+    p.weighted_sum("a", 0, x, spec=FLOATS, recipients=[0])        # client 1 ignores its download inbox
+    assert p.clients[1].exchange == p.clients[0].exchange
+    second = p.weighted_sum("b", 1, x, spec=FLOATS)               # the next honest exchange still runs
+    assert np.abs(second - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
