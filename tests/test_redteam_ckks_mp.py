@@ -127,3 +127,52 @@ def test_a_server_message_of_another_session_does_not_move_the_exchange_number()
     assert p.clients[1].exchange == p.clients[0].exchange
     second = p.weighted_sum("b", 1, x, spec=FLOATS)               # the next honest exchange still runs
     assert np.abs(second - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
+
+
+# ------------------------------------------------------------------ a subset of the uploads key-switched
+class DropsAnUpload(CKKSMPServer):
+    """Every client holds the same plan, but the server replaces honest client 1's upload by zeros
+    before adding, so that the aggregate holds only the victim's (0) and the colluder's (2) ``c0``."""
+
+    def responses(self, got, k, stage, kind=None, part=0):
+        msg = super().responses(got, k, stage, kind, part)
+        if stage == "upload" and k == 1 and msg is not None:
+            msg = replace(msg, payload=bytes(len(msg.payload)))
+        return msg
+
+
+def test_key_switching_a_subset_of_the_uploads_gives_noise():
+    """The key-switching shares always carry ``s_i c1`` of every client that uploaded the block, and
+    the only multiple of ``s_1 c1`` the server holds is client 1's upload, which carries its input:
+    without that upload the delivery is ``Delta (m_0 + m_2) + s_1 c1 + noise``, uniform modulo Q.
+    The recipients refuse it; the colluder (client 2, holder of s_B) decrypting it finds no
+    correlation with ``m_0 + m_2`` beyond chance.  Control: the honest delivery correlates > 0.999."""
+    from protocols.ckks_mp import encoding, encryption
+    from protocols.transcript import SERVER, client_party
+
+    rng = np.random.default_rng(7)
+    spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
+    vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
+
+    def delivery_correlation(p, tag):
+        plan = p.plan(spec, block_len=4000)
+        msg = next(m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2))
+                   if m.kind == "ciphertext")
+        ct = encryption.from_bytes(p.ring, msg.payload["data"], (1, 2, plan.level, p.params.n))[0]
+        opened = encryption.decrypt(p.ring, p._clients[2]._broadcast.s_hat, ct)
+        used = encoding.used_coefficients(plan, 4000)
+        target = encoding.quantize(vals[0] + vals[2], plan) - (K - 2) * encoding.quantize(np.zeros(4000), plan)
+        truth = [float(x) for x in encoding.crt_centered(p.ring, encoding.encode(p.ring, plan, target))[:used]]
+        got = [float(x) for x in encoding.crt_centered(p.ring, opened)[:used]]
+        return abs(np.corrcoef(got, truth)[0, 1]), used
+
+    p = protocol_with(DropsAnUpload)
+    with pytest.raises(IntegrityError, match="corrupted"):
+        p.weighted_sum("v", 0, vals, spec=spec)
+    corr, used = delivery_correlation(p, "v")
+    assert corr < 5 / np.sqrt(used)
+
+    honest = CKKSMPProtocol(K)
+    vals[1] = np.zeros(4000)                        # the honest sum then equals m_0 + m_2
+    honest.weighted_sum("v", 0, vals, spec=spec)
+    assert delivery_correlation(honest, "v")[0] > 0.999
