@@ -14,6 +14,7 @@ from protocols.ckks_mp.backend import CKKSMPProtocol
 from protocols.ckks_mp.client import common_plan_digest
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.errors import IntegrityError, RecipientKeyError, RepeatedKeySwitchError
+from protocols.transcript import client_party
 
 K = 3
 FLOATS = ValueSpec(max_abs=1.0, tolerance=1e-3)
@@ -148,7 +149,7 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
     The recipients refuse it; the colluder (client 2, holder of s_B) decrypting it finds no
     correlation with ``m_0 + m_2`` beyond chance.  Control: the honest delivery correlates > 0.999."""
     from protocols.ckks_mp import encoding, encryption
-    from protocols.transcript import SERVER, client_party
+    from protocols.transcript import SERVER
 
     rng = np.random.default_rng(7)
     spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
@@ -176,3 +177,20 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
     vals[1] = np.zeros(4000)                        # the honest sum then equals m_0 + m_2
     honest.weighted_sum("v", 0, vals, spec=spec)
     assert delivery_correlation(honest, "v")[0] > 0.999
+
+
+# ------------------------------------------------------------------ a withheld directory entry
+class WithheldPeer(CKKSMPServer):
+    """Leaves client 2 out of the key directory it sends client 1 (client 1 then has no pairwise
+    seed with client 2 for its key-switching mask)."""
+
+    def _outgoing(self, msg, stage, part, intercept=None):
+        if stage == "directory" and msg.receiver == client_party(1):
+            kept = {p: v for p, v in msg.payload.items() if p != client_party(2)}
+            msg = replace(msg, payload=kept, shape=(len(kept), 2, 32))
+        return super()._outgoing(msg, stage, part, intercept)
+
+
+def test_a_withheld_peer_key_is_a_named_refusal():
+    with pytest.raises(IntegrityError, match="no channel key of client2 in the key directory"):
+        protocol_with(WithheldPeer).weighted_sum("w", 0, inputs(), spec=FLOATS)

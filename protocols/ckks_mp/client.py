@@ -235,7 +235,7 @@ class CKKSMPClient(ClientHalf):
         digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
         recipient, the block and the piece: they cancel only if every client holds the same plan."""
         if self._pair_seeds is None:
-            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self.registry.channel[client_party(k)],
+            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self._peer_channel(client_party(k)),
                                                           self.setup.run_id, "ckks-mp/keyswitch-mask")
                                 for k in range(self.setup.num_clients) if k != self.id}
         prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
