@@ -194,3 +194,76 @@ class WithheldPeer(CKKSMPServer):
 def test_a_withheld_peer_key_is_a_named_refusal():
     with pytest.raises(IntegrityError, match="no channel key of client2 in the key directory"):
         protocol_with(WithheldPeer).weighted_sum("w", 0, inputs(), spec=FLOATS)
+
+
+# ------------------------------------------------------------------ another exchange shape for the same contribution
+def detour_server(base, shape: str):
+    """A server half of ``base`` that, in place of the exchange it was asked to run, asks the victim
+    (client 0) for the same contribution through a step that does not hide it: ``pairwise`` (GCFL's
+    pairwise statistics: encrypted under a key the colluding decider, client 2, holds alone) or
+    ``report`` (a scalar report: sent in the clear).  What the server receives is kept in ``stolen``."""
+
+    def run(self, plan, link):
+        if shape == "pairwise":
+            detour = replace(plan, contributors=(0, 2), requests={2: np.zeros(1, np.int64)},
+                             encoding={"shape": "pairwise", "decider": 2})
+            self.begin(detour, link, "")
+            self.call(link, "key_setup", {2: []})
+            stage, kind = "upload", "ciphertext"
+        else:
+            self.begin(replace(plan, contributors=(0,), requests={}, encoding={}), link, "")
+            stage, kind = "report", "plain"
+        got = self.call(link, stage, {0: []})
+        type(self).stolen = self.responses(got, 0, stage, kind).payload
+        return plan.contributors
+
+    return type(f"{shape.title()}Detour", (base,), {"run": run, "stolen": None})
+
+
+def what_the_coalition_reads(p, shape):
+    """The victim's contribution as the server (with the decider, for ``pairwise``) reads it; the
+    pairwise step normalises it, so it is compared as a unit vector."""
+    stolen = p.server.stolen
+    if stolen is None:
+        return None
+    if shape == "pairwise":
+        import tenseal as ts
+        return np.array(ts.ckks_vector_from(p.clients[2].pairwise_secret[1], stolen["frames"][0]).decrypt()[:8])
+    return np.asarray(stolen, dtype=float)
+
+
+def _mask_protocol(server):
+    from protocols.mask import MaskProtocol
+    from protocols.mask.backend import MaskServer
+    return type("Attacked", (MaskProtocol,), {"server_half": detour_server(MaskServer, server)})(K)
+
+
+def _mp_protocol(server):
+    return protocol_with(detour_server(CKKSMPServer, server))
+
+
+_SHARED = "protocols/party.py (ClientHalf.handle) answers "
+
+
+@pytest.mark.parametrize("make,shape", [
+    (_mp_protocol, "pairwise"),
+    (_mask_protocol, "pairwise"),          # refused by the framing: 'key_setup' is no stage of mask
+    pytest.param(_mp_protocol, "report", marks=pytest.mark.xfail(
+        strict=True, reason=_SHARED + "stage 'report' for any plan: the client sends its provider's contribution "
+        "for the plan's tag in the clear; nothing ties report stages to the tags the public schedule reports")),
+    pytest.param(_mask_protocol, "report", marks=pytest.mark.xfail(strict=True, reason=_SHARED + "stage 'report' "
+                                                                   "for any plan (as above), in mask")),
+])
+def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make, shape):
+    """Server (+ the decider) against client 0: the exchange of tag 'w' is replaced by a pairwise or a
+    report step for the same tag.  Required: a refusal before anything is sent, so the coalition
+    reads nothing of client 0's contribution."""
+    from protocols.errors import ProtocolError
+    p = make(shape)
+    x = inputs()
+    with pytest.raises(ProtocolError):
+        p.weighted_sum("w", 0, x, spec=FLOATS)
+    read = what_the_coalition_reads(p, shape)
+    if read is not None:
+        target = x[0] / np.linalg.norm(x[0]) if shape == "pairwise" else x[0]
+        assert np.abs(read[:8] - target).max() > 0.1, f"the coalition read client 0's input through '{shape}'"

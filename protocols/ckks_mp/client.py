@@ -48,6 +48,7 @@ from ..errors import (BoundError, DowngradeError, IntegrityError, KeySubstitutio
                       RecipientKeyError,
                       RepeatedKeySwitchError, RepeatedUploadError, SmudgingBudgetError)
 from ..message import encode_body
+from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation
@@ -119,6 +120,17 @@ class CKKSMPClient(ClientHalf):
         if stage == "download":
             return self._download(inbox)
         return []
+
+    def _accept_plan(self, msg: Message) -> None:
+        """The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
+        never runs one, and its steps would encrypt this client's contribution under a key that
+        one client (the plan's decider) holds alone, so that the server and that client read it."""
+        super()._accept_plan(msg)
+        if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+            self.plan = None
+            raise DowngradeError("a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
+                                 "contribution under one client's key; nothing was sent",
+                                 tag=msg.tag, round=msg.round, client=self.id)
 
     def _from_server(self, inbox, stage: str, where: dict) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
