@@ -102,8 +102,9 @@ def test_recipient_ids_below_the_broadcast_key_are_refused():
 class ForeignSession(CKKSMPServer):
     """A server message recorded in another session (same server identity key: a site reuses its key
     across runs, and a resumed run gets a new session) with an exchange number 1000 ahead, slipped
-    into client 1's bundle at a stage that ignores its inbox.  It needs no key: an eavesdropper can
-    replay it.  If client 1 adopts its exchange number, every later exchange fails at client 1."""
+    into client 1's bundle.  It needs no key: an eavesdropper can
+    replay it.  Client 1 is no recipient of the exchange, so the packet travels in its next bundle.  If
+    client 1 adopts its exchange number, every later exchange fails at client 1."""
 
     def call(self, link, stage, messages, *, hook=True):
         if stage == "download" and not getattr(self, "_sent", False):
@@ -125,13 +126,14 @@ def test_a_server_message_of_another_session_does_not_move_the_exchange_number()
     from protocols.errors import ProtocolError
     p = protocol_with(ForeignSession)
     x = inputs()
-    try:                                     # refusing this exchange is allowed; moving the counter is not
-        p.weighted_sum("a", 0, x, spec=FLOATS, recipients=[0])    # client 1 ignores its download inbox
+    p.weighted_sum("a", 0, x, spec=FLOATS, recipients=[0])   # the packet waits in client 1's next bundle
+    try:                                     # refusing the exchange it arrives in is allowed
+        p.weighted_sum("b", 1, x, spec=FLOATS)
     except ProtocolError:
         pass
-    assert p.clients[1].exchange == p.clients[0].exchange
-    second = p.weighted_sum("b", 1, x, spec=FLOATS)               # the next honest exchange still runs
-    assert np.abs(second - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
+    assert p.clients[1].exchange == p.clients[0].exchange      # moving the counter is not
+    third = p.weighted_sum("c", 2, x, spec=FLOATS)            # and the exchanges after it still run
+    assert np.abs(third - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
 
 
 # ------------------------------------------------------------------ a subset of the uploads key-switched
