@@ -273,3 +273,24 @@ def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make,
     if read is not None:
         target = x[0] / np.linalg.norm(x[0]) if shape == "pairwise" else x[0]
         assert np.abs(read[:8] - target).max() > 0.1, f"the coalition read client 0's input through '{shape}'"
+
+
+# ------------------------------------------------------------------ an exchange number used twice
+class RewoundExchange(CKKSMPServer):
+    """Runs a second exchange under the first one's number, so that each client would encrypt its
+    second input with the first one's ``c1 = a_{x,b,j}`` (the difference of two such uploads is
+    ``Delta (m - m') + small``: the difference of the inputs)."""
+
+    def run(self, plan, link):
+        self.first = getattr(self, "first", plan.exchange)
+        return super().run(replace(plan, exchange=self.first), link)
+
+
+def test_an_exchange_number_is_never_used_twice():
+    from protocols.errors import ReplayError
+    from protocols.transcript import SERVER
+    p = protocol_with(RewoundExchange)
+    p.weighted_sum("first", 0, inputs(0), spec=FLOATS)
+    with pytest.raises(ReplayError):
+        p.weighted_sum("second", 1, inputs(1), spec=FLOATS)
+    assert not [m for m in p.transcript.select(tag="second", receiver=SERVER) if m.kind == "ciphertext"]
