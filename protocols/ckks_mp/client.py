@@ -35,6 +35,7 @@ this client's answer):
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
@@ -46,6 +47,8 @@ from ..ckks.params import per_client_limits
 from ..errors import (BoundError, DowngradeError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
                       RecipientKeyError,
                       RepeatedKeySwitchError, RepeatedUploadError, SmudgingBudgetError)
+from ..message import encode_body
+from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation
@@ -60,6 +63,16 @@ KEYS_TAG = "ckks-mp/keys"
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 #: clients in one process decode a broadcast delivery (same bytes, same key s_B) once; each gets a copy
 _MEMO = DecryptionMemo()
+
+
+def common_plan_digest(plan) -> str:
+    """SHA-256 hex of the part of an exchange plan every client receives alike (everything but
+    the recipients' requests, of which each client sees only its own).  It labels the zero-sum
+    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan:
+    a server that tells one honest client it is no contributor (it then key-switches without
+    ``s_i``) while the others count it gets a uniform sum, not the others' inputs without it."""
+    common = {k: v for k, v in plan.to_payload().items() if k != "requests"}
+    return hashlib.sha256(encode_body(common)).hexdigest()
 
 
 class CKKSMPClient(ClientHalf):
@@ -107,6 +120,17 @@ class CKKSMPClient(ClientHalf):
         if stage == "download":
             return self._download(inbox)
         return []
+
+    def _accept_plan(self, msg: Message) -> None:
+        """The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
+        never runs one, and its steps would encrypt this client's contribution under a key that
+        one client (the plan's decider) holds alone, so that the server and that client read it."""
+        super()._accept_plan(msg)
+        if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+            self.plan = None
+            raise DowngradeError("a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
+                                 "contribution under one client's key; nothing was sent",
+                                 tag=msg.tag, round=msg.round, client=self.id)
 
     def _from_server(self, inbox, stage: str, where: dict) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
@@ -219,12 +243,14 @@ class CKKSMPClient(ClientHalf):
 
     def _masks(self, ep: Plan, to: int, blocks) -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
-        (:func:`.sampling.pairwise_mask`), one per (block, piece)."""
+        (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
+        digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
+        recipient, the block and the piece: they cancel only if every client holds the same plan."""
         if self._pair_seeds is None:
-            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self.registry.channel[client_party(k)],
+            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self._peer_channel(client_party(k)),
                                                           self.setup.run_id, "ckks-mp/keyswitch-mask")
                                 for k in range(self.setup.num_clients) if k != self.id}
-        prefix = f"{self.setup.session.hex()}/{self.plan.exchange}/{to}"
+        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
         return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[:ep.level], self.params.n)
 
@@ -316,6 +342,9 @@ class CKKSMPClient(ClientHalf):
             start += count
             if len(set(bids)) != len(bids):
                 raise RepeatedKeySwitchError(f"a block switched twice to one key in group {to}", **where)
+            if to < -1:
+                raise RecipientKeyError(f"a key switch to recipient {to}: the broadcast key is -1, clients are "
+                                        f"0..{self.setup.num_clients - 1}", **where)
             if to < 0:
                 if sorted(bids) != own_request:
                     raise DowngradeError(f"blocks {bids[:8]} to the broadcast key, but this client receives "
