@@ -196,3 +196,16 @@ def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
         executor.shutdown()
     with pytest.raises(ConfigError, match="no node of the cluster declares site_b"):
         RayExecutor(client_resources={1: "site_b"})
+
+
+def test_simulated_dropouts_on_ray_give_the_local_run():
+    """--simulate-dropouts acts where an actor's runtime answers a stage: the same clients drop, the
+    same survivors' sums (mask recovery), the same run as on the local executor."""
+    cfg = dict(rounds=2, simulate_dropouts="2,@upload:r1")
+    local = run_experiment(small("fedavg", "mask", executor="local", **cfg), progress=False)
+    remote = run_experiment(small("fedavg", "mask", executor="ray", **cfg), progress=False)
+    assert remote["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "masked_upload",
+                                                                    "clients": [2]}]
+    assert remote["runtime"]["simulated_dropouts"] == local["runtime"]["simulated_dropouts"]
+    assert [r["train_loss"] for r in remote["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert remote["final"]["test_acc"] == local["final"]["test_acc"]
