@@ -83,6 +83,7 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
         frames = cls.client_frames(fed, cfg, facts, opts, setup)
     executor.start(frames)
     strategy = cls(executor, protocol, cfg, facts, opts)
-    if hasattr(executor, "schedule"):          # simulated dropouts follow the strategy's round
+    from .dropouts import SimulatedDropouts
+    if isinstance(executor, SimulatedDropouts):    # simulated dropouts follow the strategy's round
         executor.clock = lambda: strategy.round
     return strategy
