@@ -12,6 +12,8 @@ teardown.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
@@ -62,9 +64,26 @@ class NodeKillingExecutor(RayExecutor):
         if method == self.method:
             self.calls += 1
             if self.calls == self.at_round + 1 and self.node is not None:
-                self.cluster.remove_node(self.node, allow_graceful=False)
-                self.node = None
+                self.remove_node()
         return super()._call(method, requests)
+
+    def remove_node(self) -> None:
+        """Kill the node's raylet and processes; return once its actors are reported dead (their
+        workers exit when they find their raylet gone, which takes a moment), within the timeout."""
+        doomed = [a for a, r in zip(self.actors, self.actor_resources) if r == "site_b"]
+        self.cluster.remove_node(self.node, allow_graceful=False)
+        self.node = None
+        deadline = time.monotonic() + self.round_timeout
+        for actor in doomed:
+            while True:
+                try:
+                    self.ray.get(actor.memory.remote(), timeout=5)
+                except self.ray.exceptions.GetTimeoutError:
+                    pass                                        # silent, not yet reported dead: ask again
+                except self.ray.exceptions.RayError:
+                    break
+                assert time.monotonic() < deadline, "an actor of the removed node still answers"
+                time.sleep(0.2)
 
 
 def killing(cluster, node, method, at_round, made: list | None = None):
