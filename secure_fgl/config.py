@@ -123,6 +123,9 @@ class RunConfig:
     round_timeout: float = setting(600.0, group="runtime", min=0, min_exclusive=True, unit="seconds",
                                    help="how long one call to the clients may take before the silent ones "
                                         "count as dropouts")
+    simulate_dropouts: str | None = setting(None, group="runtime", unit="WHO@STAGE[:rROUND];...",
+                                            help="clients that stop answering at a protocol stage, e.g. 2@upload, "
+                                                 "2@upload:r3 or 1,4@unmask (docs/runtime.md)")
     # output
     out: str | None = setting(None, group="output", unit="path",
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")
@@ -176,6 +179,11 @@ class RunConfig:
         if self.ckks_real_slots and (self.mode != "ckks" or self.fixed_point_bits is not None):
             raise ConfigError("--ckks-real-slots keeps every ckks exchange in real slots; use --mode ckks without "
                               "--fixed-point-bits, or omit it")
+        if self.simulate_dropouts is not None:
+            if self.executor == "inline":
+                raise ConfigError("--simulate-dropouts drops clients at their runtimes: use --executor local or ray")
+            from .runtime.dropouts import parse_dropouts
+            parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--repeats", type=int, default=None,
                          help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)")
     runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
+    runtime.add_argument("--dropouts", action="store_true",
+                         help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
+                              "(--simulate-dropouts; default 10 clients, local executor)")
     from .keys import add_key_parsers
     add_key_parsers(sub)
     return parser
@@ -234,6 +237,11 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench
             run_protocol_bench(args.out, quick=args.quick)
+        elif args.suite == "runtime" and args.dropouts:
+            from ..bench.runtime import run_dropout_bench
+            run_dropout_bench(args.out, clients=tuple(args.clients or (10,)), modes=tuple(args.modes),
+                              executors=tuple(e for e in args.executors if e != "inline") or ("local",),
+                              repeats=args.repeats or 1, features=args.features)
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
             run_runtime_bench(args.out, quick=args.quick, executors=tuple(args.executors), modes=tuple(args.modes),

@@ -27,9 +27,15 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     """``--executor local`` or ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``)."""
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
-        return RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
-                           round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
-    return LocalExecutor(device)
+        executor = RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
+                               round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
+    else:
+        executor = LocalExecutor(device)
+    if cfg.simulate_dropouts:                  # --simulate-dropouts (.dropouts)
+        from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
+        rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
+        return SimulatedDropouts(executor, DropoutSchedule(rules))
+    return executor
 
 
 def client_resources(cfg) -> dict[int, str]:
@@ -83,4 +89,8 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
                                                      for n, b in protocol.client_identity(k).items()}})
                   for k, f in frames.items()}
     executor.start(frames)
-    return cls(executor, protocol, cfg, facts, opts)
+    strategy = cls(executor, protocol, cfg, facts, opts)
+    from .dropouts import SimulatedDropouts
+    if isinstance(executor, SimulatedDropouts):    # simulated dropouts follow the strategy's round
+        executor.clock = lambda: strategy.round
+    return strategy

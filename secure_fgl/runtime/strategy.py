@@ -17,8 +17,8 @@ as its link encodes in the driver, so a contribution crosses from its runtime to
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
-dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
-naming it) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
+dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: the sum of the
+clients that uploaded) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
 client stops the exchange, named).  On the driver-side path a lost
 contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
 backends raise DropoutError naming it.
