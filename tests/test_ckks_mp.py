@@ -14,9 +14,9 @@ from protocols import (MODES, BoundError, ConfigurationError, DropoutError, Inte
                        ValueSpec, make_protocol)
 from protocols.errors import DigestError
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
-from protocols.ckks_mp.params import plan_exchange
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp import client as mp_client
+from protocols.ckks_mp.params import plan_exchange
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
 from protocols.message import Envelope
 from protocols.transcript import SERVER, client_party

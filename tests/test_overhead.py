@@ -194,7 +194,8 @@ def test_overhead_reports_ckks_mp_and_per_exchange_ratios_to_plain():
     from secure_fgl.bench.overhead import MODES, exchange_table, workload_config
     assert "ckks-mp" in MODES
     assert workload_config("cora-fedgcn-2hop", "ckks-mp", quick=True)["options"] == {"hops": 2, "layout": "dense"}
-    tag = lambda up, down: {"bytes_up": up, "bytes_down": down, "plaintext_bytes_up": 100}  # noqa: E731
+    def tag(up, down):
+        return {"bytes_up": up, "bytes_down": down, "plaintext_bytes_up": 100}
     records = [{"workload": "w", "mode": "plain", "cpu_ratio_to_plain": 1.0, "per_tag": {"m": tag(100, 100)}},
                {"workload": "w", "mode": "ckks-mp", "cpu_ratio_to_plain": 2.5, "per_tag": {"m": tag(500, 300)}}]
     lines = exchange_table(records)

@@ -45,7 +45,7 @@ def ternary(shape: tuple[int, ...]) -> np.ndarray:
 
 
 #: popcount of every byte value
-_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
+_POPCOUNT = np.array([v.bit_count() for v in range(256)], dtype=np.uint8)
 
 
 def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
