@@ -101,7 +101,8 @@ class RunConfig:
     grid_model_mean: bool | None = setting(None, group="secure mode",
                                            help="FedAvg-style model mean on a public grid (--update-bound sizes it): "
                                                 "every mode returns the same mean bit for bit; ckks carries it as exact "
-                                                "integer fields (default: on in ckks, off elsewhere; "
+                                                "integer fields (default: on, except ckks with --ckks-real-slots or "
+                                                "--fixed-point-bits; false: plain's float32 mean; "
                                                 "docs/performance.md)")
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
@@ -140,11 +141,13 @@ class RunConfig:
 
     @property
     def model_mean_on_grid(self) -> bool:
-        """``--grid-model-mean``, or its default: on in ckks with its exact fields (fewer ciphertexts than
-        float slots, docs/performance.md), off elsewhere (plain's float32 wire would need float64 on the grid)."""
+        """``--grid-model-mean``, or its default: on in every mode, so plain, mask, ckks and ckks-mp
+        average the model on the same public grid and return the same mean bit for bit (plain then
+        carries it as float64 where float32 cannot hold the grid's sums); off for ckks with real slots
+        or packed fixed point, the codecs chosen instead of the grid.  ``False`` keeps plain's float32 mean."""
         if self.grid_model_mean is not None:
             return self.grid_model_mean
-        return self.mode == "ckks" and not self.ckks_real_slots and self.fixed_point_bits is None
+        return not (self.mode == "ckks" and (self.ckks_real_slots or self.fixed_point_bits is not None))
 
     def validate(self) -> "RunConfig":
         """Every field against its type, range and choices (names matched case-insensitively and

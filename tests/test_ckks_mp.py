@@ -16,6 +16,7 @@ from protocols.errors import DigestError
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp import client as mp_client
+from protocols.ckks_mp.params import plan_exchange
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
 from protocols.message import Envelope
 from protocols.transcript import SERVER, client_party
@@ -96,6 +97,37 @@ def test_smudging_has_a_floor_raised_with_the_run_budget():
     assert MPParams(max_keyswitches=(1 << 10) + 1).keyswitch_lambda == 41
     for t in (1, 1000, 1 << 20, 1 << 33):       # T ciphertexts at 2^-lambda each stay within 2^-30
         assert t * 2.0 ** -MPParams(max_keyswitches=t).keyswitch_lambda <= 2.0 ** -30
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 300), integer=st.booleans(), bound_log=st.floats(-3, 12), tol_log=st.floats(-12, 0),
+       smudging=st.integers(40, 64), budget_log=st.integers(0, 40), block_len=st.one_of(st.none(),
+                                                                                       st.integers(1, 50_000)))
+def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len):
+    """Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
+    ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors and the smudging recomputed
+    here from their definitions, within the 128-bit bound; or the planner refuses (BoundError)."""
+    params = MPParams(smudging_lambda=smudging, max_keyswitches=1 << budget_log)
+    bound = 2.0 ** bound_log
+    spec = (ValueSpec(integer=True, max_abs=math.floor(bound) + 1, sum_max=k * (math.floor(bound) + 1))
+            if integer else ValueSpec(max_abs=bound, tolerance=2.0 ** tol_log))
+    try:
+        plan = plan_exchange(params, spec, k, block_len=block_len)
+    except BoundError:
+        return
+    lam = max(smudging, 30 + (params.max_keyswitches - 1).bit_length())
+    smudge = lam + (params.n * k * params.eta - 1).bit_length()      # 2^b >= 2^lambda N B_ct
+    assert plan.noise_bound >= k * params.eta + k * 2 ** smudge + 2 * k * params.n * params.eta
+    assert 2 ** plan.scale_bits >= 4 * plan.noise_bound
+    assert params.log_q(plan.level) <= 218
+    packed_max = 2 ** (plan.fields * plan.width) - 1
+    assert packed_max * 2 ** plan.scale_bits + plan.noise_bound < params.modulus(plan.level) // 2
+    if integer:
+        assert 2 ** plan.width > spec.sum_max + 2 * k * plan.offset
+    else:
+        assert plan.offset >= spec.max_abs * 2.0 ** plan.frac_bits     # every field non-negative
+        assert 2 ** plan.width > 2 * k * plan.offset                   # the K-way sum fits one field
+        assert plan.error_bound == k * 2.0 ** -(plan.frac_bits + 1) <= spec.tolerance
 
 
 def test_client_half_checks_the_public_setup_itself():

@@ -192,6 +192,18 @@ def test_overhead_worker_record_has_the_issue_fields():
     assert any("fedomd/hidden1/moments" in line for line in lines)
 
 
+def test_overhead_reports_ckks_mp_and_per_exchange_ratios_to_plain():
+    from secure_fgl.bench.overhead import MODES, exchange_table, workload_config
+    assert "ckks-mp" in MODES
+    assert workload_config("cora-fedgcn-2hop", "ckks-mp", quick=True)["options"] == {"hops": 2, "layout": "dense"}
+    def tag(up, down):
+        return {"bytes_up": up, "bytes_down": down, "plaintext_bytes_up": 100}
+    records = [{"workload": "w", "mode": "plain", "cpu_ratio_to_plain": 1.0, "per_tag": {"m": tag(100, 100)}},
+               {"workload": "w", "mode": "ckks-mp", "cpu_ratio_to_plain": 2.5, "per_tag": {"m": tag(500, 300)}}]
+    lines = exchange_table(records)
+    assert any("ckks-mp" in line and "cpu 2.50x" in line and "m 4.00x" in line for line in lines)
+
+
 @pytest.mark.parametrize("mode", ("plain", "ckks"))
 def test_row_sum_streams_blocks_and_readable_rows_hold_the_requested_totals(mode):
     rng = np.random.default_rng(3)
