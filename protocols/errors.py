@@ -87,3 +87,28 @@ class MisdirectedError(IntegrityError):
 class UnmaskingRefusedError(ProtocolError):
     """An honest client refused an unmasking request that would reveal an individual input
     (both the self-mask and the mask-key shares of one client)."""
+
+
+class PlanRefusedError(ProtocolError):
+    """A client refused the server's plan of an exchange before contributing anything: the plan
+    breaks a rule every client checks (:mod:`protocols.plan_policy`)."""
+
+
+class TooFewContributorsError(PlanRefusedError):
+    """The plan sums over fewer contributors than the run's minimum (a sum over one or two clients
+    hands a colluding recipient the others' inputs)."""
+
+
+class RepeatedContributionError(PlanRefusedError):
+    """The plan asks a client to contribute a second time to the same (round, tag): two sums over
+    different contributor sets differ by individual inputs."""
+
+
+class RecipientRoleError(PlanRefusedError):
+    """The plan's recipients are not consistent with the public roles (another recipient's request
+    shown to this client, or a recipient that is not a client of the run)."""
+
+
+class ThresholdRefusedError(PlanRefusedError):
+    """A mask plan names a Shamir threshold other than the one the run's public setup gives, or
+    one the run's colluders could meet on their own."""

@@ -25,6 +25,7 @@ from .base import ExchangeContext, Protocol
 from .link import ClientLink, InProcessLink
 from .party import ClientHalf, PartySetup, ServerHalf
 from .plan import ExchangePlan
+from .plan_policy import CollusionBound
 from .transcript import SERVER, Message, party_client
 
 
@@ -32,14 +33,19 @@ class SplitProtocol(Protocol):
     """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
 
     ``link``: the transport to the client halves (default: in-process halves built here).
+    ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
+    public; every client half refuses a plan that breaks it (:mod:`protocols.plan_policy`).
     """
 
     client_half: type[ClientHalf] = ClientHalf
     server_half: type[ServerHalf] = ServerHalf
 
-    def __init__(self, num_clients: int, *, link: ClientLink | None = None, **base_options):
+    def __init__(self, num_clients: int, *, link: ClientLink | None = None, max_colluders: int = 0,
+                 min_contributors: int | None = None, **base_options):
         super().__init__(num_clients, **base_options)
-        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options())
+        self.collusion = CollusionBound.of(max_colluders, min_contributors)
+        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options(),
+                                self.collusion)
         self.server = self.server_half(self.setup, self.transcript)
         setup_bytes = self.setup.to_bytes()
         self.clients: dict[int, ClientHalf] = ({} if link is not None else

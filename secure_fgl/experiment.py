@@ -70,6 +70,8 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
         extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
+    if cfg.mode != "plain":       # the public collusion bound every client half checks plans against
+        extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 

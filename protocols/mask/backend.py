@@ -133,9 +133,10 @@ import numpy as np
 
 from ..base import ExchangeContext
 from ..errors import (ConfigurationError, DropoutError, IntegrityError, ProtocolError, ShapeError,
-                      UnmaskingRefusedError)
+                      ThresholdRefusedError, UnmaskingRefusedError)
 from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
+from ..plan_policy import collusion_bound
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import (PUBLIC_KEY_BYTES, SEED_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
@@ -208,6 +209,16 @@ def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
     if subset.size == ids.size:
         return slice(None)
     return np.searchsorted(ids, subset)
+
+
+def shamir_threshold(n: int, threshold: int | None, max_colluders: int) -> int:
+    """The Shamir threshold ``t`` of an exchange with ``n`` contributors, from the run's public
+    setup only (never from a plan): the run's ``threshold`` capped at ``n``, by default the smallest
+    ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` -- so the
+    server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
+    condition of Bonawitz et al., CCS 2017, docs/security.md); with ``c = 0`` an honest majority."""
+    t = (int(n) + int(max_colluders)) // 2 + 1 if threshold is None else int(threshold)
+    return max(1, min(t, int(n)))
 
 
 def mask_fingerprint(num_clients: int, options: dict) -> str:
@@ -313,7 +324,24 @@ class MaskClient(ClientHalf):
         return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
 
     def _batch_key(self) -> tuple:
-        return tuple(self.plan.contributors), int(self.plan.encoding["threshold"])
+        return tuple(self.plan.contributors), self._threshold()
+
+    def _threshold(self) -> int:
+        """``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
+        as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``)."""
+        p, c = self.plan, collusion_bound(self.setup).max_colluders
+        t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
+        planned = p.encoding.get("threshold")
+        if planned != t:
+            raise ThresholdRefusedError(f"the plan names Shamir threshold t={planned}, the run's setup gives t={t} "
+                                        f"for {len(p.contributors)} contributors: refused", **self.where())
+        n = len(p.contributors)
+        if 2 * t <= n + c:
+            raise ThresholdRefusedError(f"Shamir threshold t={t} with {n} contributors and max colluders c={c} "
+                                        f"breaks 2t > n + c: the server could collect t answers from two disjoint "
+                                        f"sets of clients; use threshold >= {(n + c) // 2 + 1} (the default)",
+                                        **self.where())
+        return t
 
     def _message(self, kind, shape, payload, note=""):
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
@@ -428,6 +456,7 @@ class MaskClient(ClientHalf):
         self._prepared, self.state, self.timing, self._participants = self.plan.exchange, None, {}, None
         if self.id not in self.plan.contributors:
             return
+        self._threshold()                 # the plan's t is the run's, before anything is sent
         enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
         t0 = time.perf_counter()
         table = self.contribution()
@@ -643,8 +672,8 @@ class MaskServer(ServerHalf):
     def run(self, plan, link):
         o = self.setup.options
         enc = FixedPoint(**plan.encoding["fixed_point"])
-        t = int(plan.encoding["threshold"])
         contributors = list(plan.contributors)
+        t = shamir_threshold(len(contributors), o["threshold"], collusion_bound(self.setup).max_colluders)
         n0, L, sparse, seq = len(contributors), plan.block_len, plan.layout == "sparse", plan.exchange
         where = self.where
         self.last_missing = {}
@@ -916,8 +945,9 @@ class MaskProtocol(SplitProtocol):
     dropout_recovery:  recover a client that drops after the exchange's set-up (the
                        survivors reveal this exchange's pairwise seeds with it);
                        ``False`` aborts on any such dropout.
-    threshold:         Shamir threshold t (>= 2); default a majority of the
-                       exchange's contributors, ``n // 2 + 1``; capped at n.
+    threshold:         Shamir threshold t (>= 2), public, never taken from a plan; default
+                       ``floor((n + c) / 2) + 1`` for an exchange of n contributors and
+                       ``max_colluders`` c (an honest majority when c = 0); capped at n.
     block_size:        values per transport block (default 4096).
     self_mask_batch:   E, the self-mask seeds a client Shamir-shares at once (default 64):
                        one share round covers E exchanges of the same contributor set and
@@ -994,9 +1024,8 @@ class MaskProtocol(SplitProtocol):
             self._pending_drops[c] = stage
 
     def threshold_for(self, n: int) -> int:
-        """Shamir threshold for an exchange with ``n`` contributors."""
-        t = n // 2 + 1 if self.threshold is None else self.threshold
-        return max(1, min(t, n))
+        """Shamir threshold for an exchange with ``n`` contributors (:func:`shamir_threshold`)."""
+        return shamir_threshold(n, self.threshold, self.collusion.max_colluders)
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
