@@ -112,3 +112,8 @@ class RecipientRoleError(PlanRefusedError):
 class ThresholdRefusedError(PlanRefusedError):
     """A mask plan names a Shamir threshold other than the one the run's public setup gives, or
     one the run's colluders could meet on their own."""
+
+
+class ShareIntegrityError(IntegrityError):
+    """A Shamir share revealed for unmasking does not match the commitment its dealer signed:
+    the client that sent it (named) corrupted it."""

@@ -10,9 +10,12 @@ differ by one client differ by that client's input.  Each client therefore refus
    tolerates ``c`` clients colluding with the server: every sum it joins covers at least two
    honest contributors, so a coalition that subtracts its own inputs is left with a sum of at
    least two honest ones);
-2. asks it to contribute a second time to a (round, tag) it already contributed to (no
-   differencing of two sums over different contributor sets: a repeat is refused even over the
-   same set, whose dropouts the server could declare differently);
+2. asks it to contribute again to a (round, tag) it already contributed to, unless the two
+   contributor sets ``S`` (now) and ``S'`` (before) differ by at least ``min_contributors`` clients
+   on each side that differs: ``sum(S') - sum(S) = sum(S' \ S) - sum(S \ S')``, so each non-empty
+   side must itself be a sum the run allows.  The same set again is refused too (the server could
+   leave out a different contributor each time).  GCFL's split round (the cluster's sum, then each
+   half's) passes when each half has at least ``min_contributors`` members;
 3. shows it another recipient's request, or names a recipient that is not a client of the run.
 
 ``c`` and the minimum are public run parameters (:class:`CollusionBound`, read from the party
@@ -66,7 +69,8 @@ class PlanPolicy:
     client: int
     num_clients: int
     bound: CollusionBound
-    contributed: set = field(default_factory=set)
+    #: (round, tag) -> the contributor sets of the sums this client joined under it
+    contributed: dict = field(default_factory=dict)
 
     def check(self, plan: ExchangePlan) -> None:
         """Refuse ``plan`` (module doc, rules 1-3); record the contribution it is about to make."""
@@ -85,9 +89,12 @@ class PlanPolicy:
                 f"the plan sums over {len(plan.contributors)} contributor(s), fewer than the run's minimum of "
                 f"{self.bound.min_contributors} (--min-contributors; max colluders c={self.bound.max_colluders}): "
                 "refused, nothing was sent", **where)
-        key = (int(plan.round), plan.tag)
-        if key in self.contributed:
-            raise RepeatedContributionError("this client already contributed to this (round, tag); a second sum "
-                                            "over another contributor set would differ by individual inputs: "
-                                            "refused, nothing was sent", **where)
-        self.contributed.add(key)
+        key, now, m = (int(plan.round), plan.tag), frozenset(plan.contributors), self.bound.min_contributors
+        for before in self.contributed.get(key, []):
+            sides = (len(before - now), len(now - before))
+            if now == before or any(0 < side < m for side in sides):
+                raise RepeatedContributionError(
+                    f"this client already contributed to this (round, tag) with {sorted(before)}; a sum over "
+                    f"{sorted(now)} would differ from it by fewer than {m} clients' inputs: refused, nothing was "
+                    "sent", **where)
+        self.contributed.setdefault(key, []).append(now)

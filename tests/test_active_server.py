@@ -11,10 +11,11 @@ from protocols import SERVER, ValueSpec, make_protocol
 from protocols.ckks import CKKSProtocol
 from protocols.ckks.backend import CKKSServer
 from protocols.errors import (AuthenticationError, BoundError, ConfigurationError, IntegrityError,
-                              RepeatedContributionError, ThresholdRefusedError, TooFewContributorsError)
+                              RepeatedContributionError, ShareIntegrityError, ThresholdRefusedError,
+                              TooFewContributorsError)
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import MaskServer
-from protocols.mask.shamir import split
+from protocols.mask.backend import MaskClient, MaskServer
+from protocols.mask.shamir import Share, split
 from protocols.framing import message_to_bytes, pack_bundle
 from protocols.party import envelope_of
 
@@ -180,3 +181,25 @@ def test_an_explicit_threshold_below_the_active_condition_is_refused():
     """t = 2 of 5 contributors: two disjoint sets of 2 could each unmask; 2t > n + c fails."""
     with pytest.raises(ThresholdRefusedError, match="2t > n \\+ c"):
         MaskProtocol(5, threshold=2).weighted_sum("w", 0, _values(5), spec=SPEC)
+
+
+# ---------------------------------------------------------------------- mask: share integrity
+class ShareCorruptingClient(MaskClient):
+    """Client 1 adds 1 to every share it reveals for unmasking, and signs the result."""
+
+    def stage_unmask(self, inbox):
+        out = super().stage_unmask(inbox)
+        if self.id != 1:
+            return out
+        (msg, _), = out
+        shares = {u: Share(Share.from_bytes(raw).x, Share.from_bytes(raw).y + 1).to_bytes()
+                  for u, raw in msg.payload["self_mask"].items()}
+        return [self.seal(dataclasses.replace(msg, payload={**msg.payload, "self_mask": shares}), "unmask")]
+
+
+def test_a_corrupted_share_is_refused_naming_its_sender():
+    class Proto(MaskProtocol):
+        client_half = ShareCorruptingClient
+    with pytest.raises(ShareIntegrityError, match="corrupted by client 1") as err:
+        Proto(4).weighted_sum("w", 0, _values(4), spec=SPEC)
+    assert err.value.client == 1

@@ -133,7 +133,7 @@ import numpy as np
 
 from ..base import ExchangeContext
 from ..errors import (ConfigurationError, DropoutError, IntegrityError, ProtocolError, ShapeError,
-                      ThresholdRefusedError, UnmaskingRefusedError)
+                      ShareIntegrityError, ThresholdRefusedError, UnmaskingRefusedError)
 from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..plan_policy import collusion_bound
@@ -186,6 +186,21 @@ def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
         raise IntegrityError(f"share message of {len(raw)} bytes, expected {size} shares of {n} bytes",
                              tag=ctx.tag, round=ctx.round, client=owner)
     return [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
+
+
+#: domain separator of a dealer's commitment to one Shamir share
+SHARE_COMMITMENT_DOMAIN = b"secure-fgl/mask-share-commitment/v1"
+COMMITMENT_BYTES = 32
+
+
+def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> bytes:
+    """``SHA-256(domain, run, dealer, exchange, x, y)``: the dealer's commitment to the share of its
+    self-mask seed for exchange ``seq`` held by the client at ``x = holder + 1``.  The dealer sends
+    every commitment to the server in a message it signs; the server checks each share revealed
+    for unmasking against it, so a corrupted share is refused naming its sender.  A share is a
+    uniform element of a 256-bit prime field: its hash reveals nothing about the seed."""
+    return hashlib.sha256(SHARE_COMMITMENT_DOMAIN + bytes(run_id) + int(dealer).to_bytes(4, "big")
+                          + int(seq).to_bytes(8, "big") + share.to_bytes()).digest()
 
 
 def _unmask_answer(st: _Participant, want_pairwise: list[int], want_self: list[int], ctx,
@@ -494,14 +509,18 @@ class MaskClient(ClientHalf):
         shares = [split(b, xs, t) for b in seeds]
         self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
         held = self.held_batches.setdefault((contributors, t), {})
-        out = []
+        out, commitments, first = [], {}, self.plan.exchange
         for j in contributors:
             mine = [sh[j + 1] for sh in shares]
+            commitments[j] = b"".join(share_commitment(self.setup.run_id, self.id, first + i, s)
+                                      for i, s in enumerate(mine))
             if j == self.id:
-                held[j] = _SelfMaskBatch(self.plan.exchange, mine)
+                held[j] = _SelfMaskBatch(first, mine)
                 continue
             out.append(self.seal_relayed(j, "share_keys", b"".join(s.to_bytes() for s in mine),
                                          f"Shamir shares of {len(seeds)} self-mask seeds", self.fingerprint))
+        out.append(self.seal(self._message("control", (len(commitments), len(seeds), COMMITMENT_BYTES), commitments,
+                                           "commitments to the dealt shares (SHA-256)"), "share_keys"))
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
@@ -644,6 +663,8 @@ class MaskServer(ServerHalf):
         self.keys_sent: dict[int, set[int]] = defaultdict(set)
         #: (contributors, threshold) -> client -> (first exchange, length, holders) of its shared seed batch
         self.batches: dict[tuple, dict[int, tuple[int, int, frozenset]]] = defaultdict(dict)
+        #: (contributors, threshold) -> dealer -> (first exchange, holder -> its share commitments)
+        self.commitments: dict[tuple, dict[int, tuple[int, dict[int, bytes]]]] = defaultdict(dict)
         #: clients missing in the last exchange -> the stage at which their answer was missing
         self.last_missing: dict[int, str] = {}
         self.last_included: tuple[int, ...] = ()
@@ -663,6 +684,30 @@ class MaskServer(ServerHalf):
         """``k``'s batch covers exchange ``seq`` and every participant holds a share of it."""
         first, n, holders = self.batches[key].get(k, (0, 0, frozenset()))
         return first <= seq < first + n and holders.issuperset(participants)
+
+    def _take_commitments(self, got, k: int, batch_key: tuple, contributors: list[int]) -> None:
+        """Dealer ``k``'s signed commitments to the shares it dealt this exchange (one hash per
+        holder and seed of its batch), kept until its batch is replaced."""
+        msg = self.responses(got, k, "share_keys", "control")
+        size = int(self.setup.options["self_mask_batch"]) * COMMITMENT_BYTES
+        try:
+            table = {int(j): bytes(c) for j, c in msg.payload.items()} if msg is not None else None
+        except (AttributeError, TypeError, ValueError):
+            table = None
+        if table is None or sorted(table) != list(contributors) or any(len(c) != size for c in table.values()):
+            raise IntegrityError("the share commitments are missing or malformed", **self.where(k))
+        self.commitments[batch_key][k] = (self.plan.exchange, table)
+
+    def _check_share(self, batch_key: tuple, dealer: int, holder: int, share: Share) -> None:
+        """Refuse a revealed share that is not the one ``dealer`` committed to for ``holder``."""
+        first, table = self.commitments[batch_key].get(dealer, (None, {}))
+        seq = self.plan.exchange
+        i = None if first is None else seq - first
+        expected = table.get(holder, b"")[i * COMMITMENT_BYTES:(i + 1) * COMMITMENT_BYTES] if i is not None else b""
+        if share.x != holder + 1 or share_commitment(self.setup.run_id, dealer, seq, share) != expected:
+            raise ShareIntegrityError(f"client {holder}'s share of client {dealer}'s self-mask seed does not match "
+                                      f"the commitment client {dealer} signed: corrupted by client {holder}; "
+                                      "nothing was aggregated", **self.where(holder))
 
     def _exclude(self, clients) -> None:
         """Clients out of this exchange before uploading: what was queued for them is void."""
@@ -755,6 +800,8 @@ class MaskServer(ServerHalf):
                     if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) \
                             != [j for j in contributors if j != k]:
                         self.last_missing.setdefault(k, "share_keys")
+                    else:
+                        self._take_commitments(got, k, batch_key, contributors)
                 participants = [k for k in participants if k not in self.last_missing]
                 for k in stale:            # the holders: the participants, whose next bundle has the shares
                     if k in participants:
@@ -877,10 +924,12 @@ class MaskServer(ServerHalf):
                     if int(d) not in dropped or len(raw) != SEED_BYTES:
                         raise ValueError(f"an unrequested or malformed pairwise seed (client {d})")
                     seeds[(j, int(d))] = bytes(raw)
-                for u, raw in msg.payload["self_mask"].items():
-                    b_shares[int(u)].append(Share.from_bytes(raw))
+                shares = {int(u): Share.from_bytes(raw) for u, raw in msg.payload["self_mask"].items()}
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise IntegrityError(f"malformed unmasking answer ({e})", **where(j)) from None
+            for u, share in shares.items():
+                self._check_share(batch_key, u, j, share)
+                b_shares[u].append(share)
         if len(responders) < t:
             raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
                                  f"the unmasking round, fewer than the threshold t={t}")
