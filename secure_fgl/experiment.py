@@ -35,6 +35,7 @@ from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
+from .manifest import accepted_keys, schedule_option
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
@@ -72,6 +73,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
         extra["link"] = link
     if cfg.mode != "plain":       # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
+    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
@@ -170,8 +172,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["attacks"] = time.perf_counter() - t0
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
-    # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
-    result["key_fingerprints"] = protocol.identity_fingerprints()
+    # what each client accepted, pinned by the run manifest (protocols/manifest.py)
+    result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         algo.executor.shutdown()

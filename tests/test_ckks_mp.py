@@ -85,6 +85,41 @@ def test_parameters_meet_128_bit_security_and_refuse_more():
         check_security(MPParams(eta=4))
 
 
+@pytest.mark.parametrize("eta", [11, 15, 20])
+def test_error_narrower_than_the_standard_is_refused(eta):
+    """eta/2 is the error variance: eta 11-20 gives std 2.35-3.16 < 3.19; 21 is the least accepted."""
+    with pytest.raises(ConfigurationError, match="error std"):
+        check_security(MPParams(eta=eta))
+    check_security(MPParams(eta=21))
+
+
+def test_smudging_has_a_floor_raised_with_the_run_budget():
+    with pytest.raises(ConfigurationError, match="smudging_lambda"):
+        check_security(MPParams(smudging_lambda=39))
+    assert MPParams(max_keyswitches=1 << 10).keyswitch_lambda == 40
+    assert MPParams(max_keyswitches=(1 << 10) + 1).keyswitch_lambda == 41
+    for t in (1, 1000, 1 << 20, 1 << 33):       # T ciphertexts at 2^-lambda each stay within 2^-30
+        assert t * 2.0 ** -MPParams(max_keyswitches=t).keyswitch_lambda <= 2.0 ** -30
+
+
+def test_client_half_checks_the_public_setup_itself():
+    """A client builds its parameters from the run's public setup and refuses weak ones there."""
+    from protocols.party import PartySetup
+    weak = {**mp_backend.params_to_options(MPParams()), "eta": 12}
+    setup = PartySetup("ckks-mp", 3, b"r" * 16, b"s" * 16, {"params": weak, "keep_payload_bytes": 1})
+    with pytest.raises(ConfigurationError, match="eta=12"):
+        mp_client.CKKSMPClient(0, setup.to_bytes())
+
+
+def test_key_switches_past_the_budget_are_refused():
+    from protocols.errors import SmudgingBudgetError
+    p = fresh(2, params=MPParams(max_keyswitches=1))
+    spec = ValueSpec(max_abs=1.0, tolerance=1e-3)
+    p.weighted_sum("a", 0, {0: np.ones(4), 1: np.ones(4)}, spec=spec)
+    with pytest.raises(SmudgingBudgetError, match="budget of 1"):
+        p.weighted_sum("b", 0, {0: np.ones(4), 1: np.ones(4)}, spec=spec)
+
+
 def test_mode_is_registered():
     assert "ckks-mp" in MODES
     from secure_fgl.config import RunConfig

@@ -1,4 +1,4 @@
-"""Encrypted pairwise cosine similarities (DESIGN.md shape 4, ckks): the server evaluates
+"""Encrypted pairwise cosine similarities (docs/design.md shape 4, ckks): the server evaluates
 the inner products of the clients' normalised updates without a secret key, and a
 designated client decrypts only the resulting matrix.
 

@@ -17,7 +17,7 @@ name                        N, coeff_mod_bit_sizes   slots  ciphertext on the wi
 ``default`` (reference)     8192, [60, 40, 40, 60]   4096   341,092 B = 20.8x (331 KB unpadded)
 ==========================  =======================  =====  =========================================
 
-(/work/shared/research/he_dp_measurements.md §0.2, §1, §7.)  The common TenSEAL/FedGraph
+The common TenSEAL/FedGraph
 context ``default`` carries two unused levels; it is kept only as the benchmark
 reference.  All sets are 128-bit secure (§ security below).
 

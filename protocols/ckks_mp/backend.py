@@ -70,7 +70,8 @@ class CKKSMPProtocol(SplitProtocol):
     Options (``make_protocol('ckks-mp', K, ...)``):
 
     params:             an :class:`~.params.MPParams` (default N=8192, 7 x 31-bit primes,
-                        eta=21, smudging 2^-40 per key switch); checked against the HE standard.
+                        eta=21, smudging 2^-50 per key-switched ciphertext for a budget of 2^20
+                        of them per client); checked against the HE standard.
     keep_payload_bytes: largest message payload kept in the transcript.
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
@@ -84,13 +85,14 @@ class CKKSMPProtocol(SplitProtocol):
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0,
                  params: MPParams | None = None, keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = True,
-                 link=None, **collusion):
+                 link=None, schedule: str = "", **collusion):
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, **collusion)
+        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
+                         **collusion)
         #: statistics of the key set-up and of the last exchange (bytes, seconds) -- for benchmarks
         self.setup_stats: dict | None = None
         self.last_stats: dict | None = None

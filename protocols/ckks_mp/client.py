@@ -32,13 +32,13 @@ import numpy as np
 
 from ..ckks.backend import DecryptionMemo
 from ..ckks.params import per_client_limits
-from ..errors import BoundError, IntegrityError
+from ..errors import BoundError, IntegrityError, SmudgingBudgetError
 from ..party import ClientHalf, envelope_of
 from ..transcript import SERVER, Message
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
 from .keys import key_fingerprint
-from .params import Plan, params_from_options, plan_exchange, ring_of, smudging_bits
+from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import common_polynomial
 
@@ -66,6 +66,8 @@ class CKKSMPClient(ClientHalf):
         self.setup_s = 0.0
         self.timing: dict[str, float] = {}
         self._state = (None, None)              # (exchange, checked contribution)
+        #: ciphertexts this client key-switched in the run (against MPParams.max_keyswitches)
+        self.switched = 0
 
     def on_stage(self, stage, inbox):
         if stage == "key_setup":
@@ -224,6 +226,13 @@ class CKKSMPClient(ClientHalf):
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
         smudge = smudging_bits(self.params, self.setup.num_clients)
+        total = int(groups[:, 1].sum())
+        if self.switched + total > self.params.max_keyswitches:
+            raise SmudgingBudgetError(f"{total} more key-switched ciphertexts would exceed this run's budget of "
+                                      f"{self.params.max_keyswitches} ({self.switched} done), past which the "
+                                      f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
+                                      "MPParams.max_keyswitches (a larger smudging noise)", **where)
+        self.switched += total
         out, start = [], 0
         for g, (to, count) in enumerate(groups.tolist()):
             if to >= 0 and to not in self.recipient_keys:

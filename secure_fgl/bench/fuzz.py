@@ -11,8 +11,11 @@ itself is malformed, and the outcome is classified:
 * ``accepted_wrong``    -- no error and a wrong result (the failure this suite exists to find);
 * ``unexpected``        -- any other exception type.
 
-Categories with ``in_model: true`` are what a third party or a faulty channel can do (the
-protocol must catch all of them: target 0 accepted-wrong, 0 unexpected).  ``in_model: false``
+Categories with ``in_model: true`` are what a third party or a faulty channel can do, and the
+server substituting public keys (its own channel, identity or mask key for a peer's, in the
+dealer's key directory or mask-key broadcast, re-signed by the server): the run manifest pins
+identity keys and every other key is owner-signed (:mod:`protocols.manifest`), so the
+protocol must catch all of them: target 0 accepted-wrong, 0 unexpected.  ``in_model: false``
 are a malicious *sender's* own content, signed by it (a ciphertext corrupted before signing,
 values encoded past the client check): outside the honest-but-curious model; reported, and
 caught where a recipient can (a decoded packed sum out of its public range raises BoundError).
@@ -33,10 +36,14 @@ from typing import Callable
 import numpy as np
 
 from protocols import ValueSpec, make_protocol
-from protocols.errors import (IntegrityError, PlanRefusedError, ProtocolError, RepeatedContributionError,
-                              ShareIntegrityError)
+from protocols.auth import SigningKey, sign_public_key
+from protocols.channel import ChannelKey
+from protocols.errors import (IntegrityError, KeySubstitutionError, PlanRefusedError, ProtocolError,
+                              RepeatedContributionError, ShareIntegrityError)
+from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.mask.shamir import PRIME, Share
 from protocols.message import Envelope, SIGNATURE_BYTES, body_digest
+from protocols.party import AUTH_TAG
 from protocols.transcript import SERVER
 
 K = 3
@@ -91,6 +98,8 @@ class Case:
     tamper: Callable | None = None            # (msg, rng, fuzzer) -> msg
     call: Callable | None = None              # (fuzzer, rng) -> (values, kwargs, round, tag) for malformed calls
     expected: type = IntegrityError
+    tag: str = "fuzz/x"                       # the tag of the messages the case may tamper with
+    fresh: bool = False                       # run on a fresh protocol object (its first exchange)
 
 
 def _truncate(m, rng):
@@ -116,6 +125,42 @@ def _tamper_download(m, rng, fz):
     if isinstance(m.payload, dict):                 # mask: a bit of the ring elements' wire bytes
         return dataclasses.replace(m, payload={**m.payload, "data": _flip(m.payload["data"], rng)})
     return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
+
+
+def _stage(m) -> str:
+    return Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage
+
+
+def _to_dealer(stage: str):
+    """Server -> client0 messages of ``stage`` (client0 deals the ckks secret context / mask group seed)."""
+    return lambda m: m.sender == SERVER and m.receiver == "client0" and _stage(m) == stage
+
+
+def _forged_directory(m, rng, fz, identity: bool = False):
+    """The server lists a channel key of its own for a peer of client0, signed by itself or with
+    the peer's original signature; with ``identity``, an identity key of its own as well."""
+    peer = f"client{int(rng.integers(1, K))}"
+    server, mitm = fz.proto.server, ChannelKey(peer)
+    entry = dict(m.payload[peer], channel=mitm.public_bytes)
+    if identity:
+        impostor = SigningKey()
+        entry.update(signing=impostor.public_bytes, channel_signature=sign_public_key(
+            impostor, "channel", server.setup.run_id, peer, mitm.public_bytes))
+    elif rng.random() < 0.5:
+        entry["channel_signature"] = sign_public_key(server.signing, "channel", server.setup.run_id, peer,
+                                                     mitm.public_bytes)
+    return server.seal(dataclasses.replace(m, payload={**m.payload, peer: entry}), "directory")[0]
+
+
+def _forged_mask_key(m, rng, fz):
+    """The server puts a mask key of its own for a peer into client0's key broadcast, signed by
+    itself or followed by the peer's original signature."""
+    server = fz.proto.server
+    peer = int(rng.choice([j for j in m.payload if int(j) != 0]))
+    mitm = MaskKeyPair.generate().public_bytes
+    forged = signed_mask_key(server.signing, server.setup.run_id, f"client{peer}", mitm) if rng.random() < 0.5 \
+        else mitm + bytes(m.payload[peer][len(mitm):])
+    return server.seal(dataclasses.replace(m, payload={**m.payload, peer: forged}), "advertise_keys")[0]
 
 
 def _stage_of(fz):
@@ -287,6 +332,14 @@ CASES = [
     Case("nonfinite_input", ("mask", "ckks"), True, call=_call_nonfinite, expected=ProtocolError),
     Case("empty_input", ("mask", "ckks"), True, call=_call_empty, expected=ProtocolError),
     Case("absurd_metadata", ("mask", "ckks"), True, call=_call_absurd, expected=ProtocolError),
+    Case("substituted_channel_key", ("mask", "ckks"), True, _to_dealer("directory"), _forged_directory,
+         expected=KeySubstitutionError, tag=AUTH_TAG, fresh=True),
+    Case("substituted_identity_key", ("mask", "ckks"), True, _to_dealer("directory"),
+         lambda m, r, f: _forged_directory(m, r, f, identity=True), expected=KeySubstitutionError, tag=AUTH_TAG,
+         fresh=True),
+    Case("substituted_mask_key", ("mask",), True,
+         lambda m: _to_dealer("advertise_keys")(m) and m.kind == "public_key" and isinstance(m.payload, dict)
+         and len(m.payload) > 1, _forged_mask_key, expected=KeySubstitutionError, fresh=True),
     # an active server (it signs what it sends) and a client that re-signs what it corrupts
     Case("plan_contributors", ("mask", "ckks"), True, _is_plan, _plan_contributors, expected=PlanRefusedError),
     Case("plan_recipients", ("mask", "ckks"), True, _is_plan, _plan_other_request, expected=PlanRefusedError),
@@ -306,10 +359,13 @@ class Fuzzer:
 
     def __init__(self, mode: str, seed: int = 0):
         self.mode = mode
-        self.proto = make_protocol(mode, K, **({"params": "n4096"} if mode == "ckks" else {}))
+        self.proto = self.new_protocol()
         self.round = 0
         self.sent: dict[tuple, object] = {}       # (exchange, sender, kind, receiver) -> message, as signed
         self.prev_exchange: dict[tuple, object] = {}
+
+    def new_protocol(self):
+        return make_protocol(self.mode, K, **({"params": "n4096"} if self.mode == "ckks" else {}))
 
     def values(self, rng) -> dict[int, np.ndarray]:
         return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}
@@ -356,10 +412,20 @@ class Fuzzer:
 
     # -- one case
     def run(self, case: Case, rng) -> str:
+        if not case.fresh:
+            return self._run(case, rng)
+        kept = self.proto, self.sent, self.prev_exchange
+        self.proto, self.sent, self.prev_exchange = self.new_protocol(), {}, {}
+        try:
+            return self._run(case, rng)
+        finally:
+            self.proto, self.sent, self.prev_exchange = kept
+
+    def _run(self, case: Case, rng) -> str:
         tampered = []
 
         def hook(m):
-            if m.tag != "fuzz/x":
+            if m.tag not in ("fuzz/x", case.tag):
                 return m
             if case.target is not None and case.target(m) and not tampered:
                 out = case.tamper(m, rng, self)
