@@ -35,7 +35,7 @@ from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
-from .manifest import accepted_keys, schedule_option
+from .manifest import accepted_keys, schedule_option, threat_model
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
@@ -174,6 +174,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["comm"] = protocol.transcript.comm()
     # what each client accepted, pinned by the run manifest (protocols/manifest.py)
     result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
+    result["threat_model"] = threat_model(cfg, protocol)
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         algo.executor.shutdown()

@@ -203,3 +203,26 @@ def test_a_corrupted_share_is_refused_naming_its_sender():
     with pytest.raises(ShareIntegrityError, match="corrupted by client 1") as err:
         Proto(4).weighted_sum("w", 0, _values(4), spec=SPEC)
     assert err.value.client == 1
+
+
+# ---------------------------------------------------------------------- the run: options, result.json
+SMALL = dict(algorithm="fedavg", dataset="sbm", synthetic={"num_nodes": 120, "num_features": 8, "num_classes": 3},
+             rounds=1, seed=0)
+
+
+def test_too_few_sampled_clients_fail_before_work_naming_the_option():
+    from secure_fgl.config import ConfigError, RunConfig
+    from secure_fgl.experiment import run_experiment
+    with pytest.raises(ConfigError, match="--min-contributors") as err:
+        run_experiment(RunConfig(mode="mask", clients=3, max_colluders=2, **SMALL), progress=False)
+    assert "\n" not in str(err.value)
+
+
+def test_result_records_the_threat_model():
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    res = run_experiment(RunConfig(mode="mask", clients=4, max_colluders=1, executor="inline", **SMALL),
+                         progress=False)
+    tm = res["threat_model"]
+    assert (tm["mode"], tm["max_colluders"], tm["min_contributors"]) == ("mask", 1, 3)
+    assert "consistency round" in tm["holds"] and tm["not_protected"]
