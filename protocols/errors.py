@@ -141,3 +141,9 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
 class SmudgingBudgetError(KeySwitchRefusedError):
     """The run's key switches would exceed the public budget that keeps the smudging's total
     statistical distance within 2^-30."""
+
+
+class ConsistencyError(UnmaskingRefusedError):
+    """A mask client refused to unmask: the server's survivor set is not the one this client
+    signed in the consistency round, or fewer than ``t`` survivors signed it (the server told
+    different clients different survivor sets)."""

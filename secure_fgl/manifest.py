@@ -56,8 +56,7 @@ NOT_PROTECTED = ("a malicious client's own input", "a server re-signing a wrong 
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
-            "per sum); the aggregate is known to any one client; split unmasking requests not yet stopped "
-            "(no consistency round)",
+            "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
                "of docs/ckks_mp.md",

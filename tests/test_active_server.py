@@ -10,7 +10,7 @@ import pytest
 from protocols import SERVER, ValueSpec, make_protocol
 from protocols.ckks import CKKSProtocol
 from protocols.ckks.backend import CKKSServer
-from protocols.errors import (AuthenticationError, BoundError, ConfigurationError, IntegrityError,
+from protocols.errors import (AuthenticationError, BoundError, ConfigurationError, ConsistencyError, IntegrityError,
                               RepeatedContributionError, ShareIntegrityError, ThresholdRefusedError,
                               TooFewContributorsError)
 from protocols.mask import MaskProtocol
@@ -225,4 +225,34 @@ def test_result_records_the_threat_model():
                          progress=False)
     tm = res["threat_model"]
     assert (tm["mode"], tm["max_colluders"], tm["min_contributors"]) == ("mask", 1, 3)
-    assert "consistency round" in tm["holds"] and tm["not_protected"]
+    assert "consistency round" in tm["holds"] and "2t > n + c" in tm["holds"] and tm["not_protected"]
+
+
+# ---------------------------------------------------------------------- mask: consistency round
+class SplitUnmaskingServer(MaskServer):
+    """Tells client 3 that client 4 dropped (so it would reveal its pairwise seed with client 4)
+    while the others are told client 4 survived (so they reveal their shares of its self mask):
+    together, client 4's input unmasked."""
+
+    def _msg(self, k, kind, shape, payload, note=""):
+        if note in ("survivor set", "unmasking request") and k == 3 and self.plan.tag == "split":
+            if note == "survivor set":
+                payload = {"survivors": np.asarray([0, 1, 2, 3], np.int32)}
+            else:
+                payload = {**payload, "self_mask": np.asarray([0, 1, 2, 3], np.int32),
+                           "pairwise": np.asarray([4], np.int32)}
+        return super()._msg(k, kind, shape, payload, note)
+
+
+def test_split_unmasking_requests_are_refused_by_the_consistency_round():
+    """K = 5, t = 3: the server cannot gather 3 signatures over each of two survivor sets."""
+    class Proto(MaskProtocol):
+        server_half = SplitUnmaskingServer
+    proto = Proto(5)
+    x = _values(5)
+    assert np.allclose(proto.weighted_sum("w", 0, x, spec=SPEC), sum(x.values()), atol=1e-2)
+    with pytest.raises(ConsistencyError, match="client 3") as err:
+        proto.weighted_sum("split", 0, x, spec=SPEC)
+    assert "different survivor sets" in str(err.value)
+    answers = [m for m in proto.transcript.messages if m.tag == "split" and m.kind == "share"]
+    assert not [m for m in answers if len(m.payload["pairwise"])]       # no pairwise seed with client 4 left

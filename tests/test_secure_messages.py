@@ -274,12 +274,14 @@ def test_honest_client_refuses_both_shares_of_one_client():
 
 
 def test_unmasking_round_is_answered_once_and_names_only_dropouts():
-    """No dropout: the round carries no request and every uploader returns self-mask shares of
-    all participants, no seed; a second unmasking round in the same exchange is refused."""
+    """No dropout: the request names no dropped client and every uploader returns self-mask shares
+    of all participants, no seed; a second unmasking round in the same exchange is refused."""
     proto = MaskProtocol(4)
     proto.weighted_sum("x/u", 0, _values(4, 20), spec=SPEC)
     view = [m for m in proto.transcript.view(SERVER) if m.tag == "x/u"]
-    assert not [m for m in view if m.kind == "control" and m.note == "unmasking request"]
+    requests = [m for m in view if m.kind == "control" and m.note == "unmasking request"]
+    assert len(requests) == 4 and all(not len(m.payload["pairwise"]) and len(m.payload["signatures"]) == 4
+                                      for m in requests)
     answers = [m for m in view if m.kind == "share"]
     assert len(answers) == 4 and all(sorted(m.payload["self_mask"]) == [0, 1, 2, 3] and not m.payload["pairwise"]
                                      for m in answers)

@@ -38,7 +38,7 @@ import numpy as np
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
-from protocols.errors import (IntegrityError, KeySubstitutionError, PlanRefusedError, ProtocolError,
+from protocols.errors import (ConsistencyError, IntegrityError, KeySubstitutionError, PlanRefusedError, ProtocolError,
                               RepeatedContributionError, ShareIntegrityError)
 from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.mask.shamir import PRIME, Share
@@ -279,6 +279,16 @@ def _resigned_share(m, rng, fz):
     return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "self_mask": shares}), "unmask")
 
 
+def _split_unmasking(m, rng, fz):
+    """The server asks the victim for its pairwise seed with a survivor (declared dropped to the
+    victim only) and leaves that survivor out of the victim's self-mask request."""
+    survivors = [int(u) for u in m.payload["self_mask"] if int(u) != 1]
+    u = int(rng.choice(survivors))
+    payload = {**m.payload, "self_mask": np.asarray([k for k in m.payload["self_mask"] if int(k) != u], np.int32),
+               "pairwise": np.asarray(sorted([*map(int, m.payload["pairwise"]), u]), np.int32)}
+    return fz.proto._seal(dataclasses.replace(m, payload=payload), "unmask")
+
+
 CASES = [
     Case("truncation", ("mask", "ckks"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
     Case("bitflip_frame", ("mask", "ckks"), True, _is_upload,
@@ -346,6 +356,9 @@ CASES = [
     Case("plan_threshold", ("mask",), True, _is_plan, _plan_threshold, expected=PlanRefusedError),
     Case("differencing_same_round", ("mask", "ckks"), True, call=_call_differencing,
          expected=RepeatedContributionError),
+    Case("split_unmasking", ("mask",), True,
+         lambda m: m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "unmask" and m.tag == "fuzz/x",
+         _split_unmasking, expected=ConsistencyError),
     Case("resigned_shares", ("mask",), True,
          lambda m: m.sender == VICTIM and m.kind == "share" and m.tag == "fuzz/x", _resigned_share,
          expected=ShareIntegrityError),
