@@ -106,7 +106,8 @@ class GCFLServer:
     def min_cluster_size(self) -> int:
         """The fewest members a cluster may have: the run's minimum contributors (every mode, so
         every mode makes the same clusters).  A split round sums the cluster, then each half: a half
-        below the minimum would be a sum the clients refuse (:mod:`protocols.plan_policy`)."""
+        below the minimum would be a sum the clients refuse (:mod:`protocols.plan_policy`), so the
+        cut is the lightest one that leaves both halves at least this large."""
         cfg = self.cfg
         return int(cfg.min_contributors if cfg.min_contributors is not None else cfg.max_colluders + 2)
 
@@ -132,9 +133,8 @@ class GCFLServer:
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
                 sim = self.similarity(rnd, members)
-                halves = bipartition(sim, members)
-                if min(len(h) for h in halves) < self.min_cluster_size():
-                    halves = None     # a smaller cluster's mean, beside the whole one's, would reveal its inputs
+                # a cluster below the minimum would have its mean, beside the whole one's, reveal its inputs
+                halves = bipartition(sim, members, min_side=self.min_cluster_size())
             if halves is not None:
                 self.cache_cluster(members)
                 self.splits.append({"round": rnd, "cluster": members, "into": [list(h) for h in halves],
