@@ -44,7 +44,7 @@ from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_p
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import (ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError, MalformedMessageError,
-                     ProtocolError)
+                     PlanRefusedError, ProtocolError)
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
@@ -205,6 +205,7 @@ class ClientHalf(Party):
         super().__init__(client_party(int(client_id)), parsed)
         self.id = int(client_id)
         self.policy = PlanPolicy(self.id, parsed.num_clients, collusion_bound(parsed))
+        self._refused: int | None = None          # the exchange whose plan this client refused
         self.channel = ChannelKey(self.name)
         self.provider = provider
         self.plan: ExchangePlan | None = None
@@ -236,7 +237,14 @@ class ClientHalf(Party):
             else:
                 inbox.append(msg)
         if planned is not None and self.checks_plans and stage != REPORT_STAGE:
-            self.policy.check(planned)    # the bundle's last plan: an earlier one it supersedes was never used
+            try:                          # the bundle's last plan: an earlier one it supersedes was never used
+                self.policy.check(planned)
+            except PlanRefusedError:
+                self.plan, self._refused = None, self.exchange      # never contribute under a refused plan
+                raise
+        if self._refused == self.exchange and self.plan is None:
+            raise PlanRefusedError("this client refused the plan of this exchange and takes no further part in it",
+                                   **where)
         if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
             out.append(client_report(self)[1])
         elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:

@@ -11,7 +11,7 @@ from protocols import SERVER, ValueSpec, make_protocol
 from protocols.ckks import CKKSProtocol
 from protocols.ckks.backend import CKKSServer
 from protocols.errors import (AuthenticationError, BoundError, ConfigurationError, ConsistencyError, IntegrityError,
-                              RepeatedContributionError, ShareIntegrityError, ThresholdRefusedError,
+                              PlanRefusedError, RepeatedContributionError, ShareIntegrityError, ThresholdRefusedError,
                               TooFewContributorsError)
 from protocols.mask import MaskProtocol
 from protocols.mask.backend import MaskClient, MaskServer
@@ -256,3 +256,26 @@ def test_split_unmasking_requests_are_refused_by_the_consistency_round():
     assert "different survivor sets" in str(err.value)
     answers = [m for m in proto.transcript.messages if m.tag == "split" and m.kind == "share"]
     assert not [m for m in answers if len(m.payload["pairwise"])]       # no pairwise seed with client 4 left
+
+
+class IgnoresRefusalServer(MaskServer):
+    """Plans client 2 alone for tag 'attack' and, when refused, asks it for its upload anyway."""
+
+    def run(self, plan, link):
+        if plan.tag != "attack":
+            return super().run(plan, link)
+        plan = dataclasses.replace(plan, contributors=(2,), requests={1: plan.requests[1]})
+        self.begin(plan, link, self.fingerprint)
+        with pytest.raises(TooFewContributorsError):
+            self.call(link, "masked_upload", {2: []})
+        return tuple(self.call(link, "masked_upload", {2: []}))
+
+
+def test_a_refused_plan_is_never_contributed_to_later_in_the_exchange():
+    class Proto(MaskProtocol):
+        server_half = IgnoresRefusalServer
+    proto = Proto(4)
+    proto.weighted_sum("w", 0, _values(4), spec=SPEC)
+    with pytest.raises(PlanRefusedError, match="takes no further part"):
+        proto.weighted_sum("attack", 1, _values(4), spec=SPEC, recipients=[1])
+    assert not [m for m in proto.transcript.messages if m.tag == "attack" and m.sender == "client2"]
