@@ -147,3 +147,8 @@ class ConsistencyError(UnmaskingRefusedError):
     """A mask client refused to unmask: the server's survivor set is not the one this client
     signed in the consistency round, or fewer than ``t`` survivors signed it (the server told
     different clients different survivor sets)."""
+
+
+class RepeatedUploadError(ProtocolError):
+    """A second upload request in one exchange (ckks-mp: the second ciphertext would share the
+    first one's public ``c1``, so their difference would reveal the difference of the inputs)."""
