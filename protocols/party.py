@@ -233,7 +233,8 @@ class ClientHalf(Party):
             if env.stage == "directory" and msg.sender == SERVER:
                 self._directory(msg)
             elif env.stage == "plan" and msg.sender == SERVER:
-                planned = self._accept_plan(msg)
+                self._accept_plan(msg)
+                planned = self.plan                  # (a backend's override may refuse it: None)
             else:
                 inbox.append(msg)
         if planned is not None and self.checks_plans and stage != REPORT_STAGE:
