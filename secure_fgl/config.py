@@ -107,6 +107,12 @@ class RunConfig:
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
                                               "planned for (default 100); clients refuse larger updates")
+    max_colluders: int = setting(0, group="secure mode", min=0, unit="clients",
+                                 help="c: clients that may collude with the server; every client refuses a sum with "
+                                      "fewer than --min-contributors contributors (docs/security.md)")
+    min_contributors: int | None = setting(None, group="secure mode", min=2, unit="clients",
+                                           help="contributors every client requires in each sum it joins "
+                                                "(default max-colluders + 2: at least two honest ones)")
     # runtime (docs/runtime.md)
     executor: str = setting("local", group="runtime", choices=("inline", "local", "ray"),
                             help="where clients run: local (default: one runtime per client, this process), inline "

@@ -36,7 +36,7 @@ from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
-from .manifest import accepted_keys, schedule_option
+from .manifest import accepted_keys, schedule_option, threat_model
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION, accuracy_at_chance
@@ -73,6 +73,8 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
         extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
+    if cfg.mode != "plain":       # the public collusion bound every client half checks plans against
+        extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
@@ -191,6 +193,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["comm"] = protocol.transcript.comm()
     # what each client accepted, pinned by the run manifest (protocols/manifest.py)
     result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
+    result["threat_model"] = threat_model(cfg, protocol)
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         t0 = time.perf_counter()

@@ -57,6 +57,24 @@ def check_mode(cfg: RunConfig, algo_cls) -> None:
         raise ConfigError(algo_cls.mode_refusal(cfg.mode))
 
 
+def check_collusion(cfg: RunConfig) -> None:
+    """Secure modes: the run's collusion bound is valid and every round samples at least the
+    minimum number of contributors each client requires (:mod:`protocols.plan_policy`)."""
+    if cfg.mode == "plain":
+        return
+    from protocols.errors import ConfigurationError
+    from protocols.plan_policy import CollusionBound
+    try:
+        bound = CollusionBound.of(cfg.max_colluders, cfg.min_contributors)
+    except ConfigurationError as exc:
+        raise ConfigError(str(exc)) from None
+    sampled = cfg.clients if cfg.client_fraction >= 1 else max(1, int(round(cfg.client_fraction * cfg.clients)))
+    if sampled < bound.min_contributors:
+        raise ConfigError(f"--mode {cfg.mode}: every client refuses a sum over fewer than {bound.min_contributors} "
+                          f"contributors (--min-contributors, default --max-colluders + 2), but a round samples "
+                          f"{sampled}; raise --clients or --client-fraction, or lower --max-colluders")
+
+
 def check_attacks(cfg: RunConfig) -> None:
     if not cfg.attacks:
         return
@@ -143,6 +161,7 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     if check_config is not None:
         check_config(options, cfg)
     check_mode(cfg, algo_cls)
+    check_collusion(cfg)
     if check_data:
         check_dataset(cfg, algo_cls)
     check_attacks(cfg)

@@ -280,3 +280,15 @@ def test_catalog_and_torch_free_options_match_the_class(name):
     cls = get_algorithm(name)
     assert get_options_class(name) is cls.Options
     assert ABOUT[name].task == "graph" and ABOUT[name].modes == tuple(cls.supported_modes)
+
+
+def test_a_cut_never_leaves_a_side_below_the_minimum():
+    """The Stoer-Wagner cut of 1 + cos often isolates one client; with ``min_side`` the lightest cut
+    with both sides large enough is taken (a GCFL cluster below the run's minimum contributors would
+    have its mean, beside the whole cluster's, reveal its members' updates)."""
+    sim = np.full((5, 5), 1.9)
+    sim[4, :4] = sim[:4, 4] = 0.5                     # client 4 far from the rest: the minimum cut isolates it
+    sim[[0, 1], 2:4] = sim[2:4, [0, 1]] = 1.2
+    assert bipartition(sim, list(range(5))) == ([0, 1, 2, 3], [4])
+    assert bipartition(sim, list(range(5)), min_side=2) == ([0, 1], [2, 3, 4])
+    assert bipartition(sim, list(range(5)), min_side=3) is None

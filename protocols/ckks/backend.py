@@ -663,7 +663,8 @@ class CKKSProtocol(SplitProtocol):
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
                  keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
-                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None, schedule: str = ""):
+                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None, schedule: str = "",
+                 **collusion):
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
                                      "(BFV packing is not implemented)")
@@ -681,7 +682,8 @@ class CKKSProtocol(SplitProtocol):
                                      f"(e.g. {DEFAULT_FIELD_BITS})")
         self.fixed_point_bits = fixed_point_bits
         self.exact_fields = bool(exact_fields)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule)
+        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
+                         **collusion)
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
 

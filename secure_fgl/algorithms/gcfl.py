@@ -103,6 +103,14 @@ class GCFLServer:
     def ready_to_split(self) -> bool:
         return True
 
+    def min_cluster_size(self) -> int:
+        """The fewest members a cluster may have: the run's minimum contributors (every mode, so
+        every mode makes the same clusters).  A split round sums the cluster, then each half: a half
+        below the minimum would be a sum the clients refuse (:mod:`protocols.plan_policy`), so the
+        cut is the lightest one that leaves both halves at least this large."""
+        cfg = self.cfg
+        return int(cfg.min_contributors if cfg.min_contributors is not None else cfg.max_colluders + 2)
+
     def after_split(self) -> None:
         """Hook: GCFL+ restarts its sequences."""
 
@@ -121,11 +129,14 @@ class GCFLServer:
             delta_mean = norms["mean_norm"][members[0]]
             delta_max = max(norms["update_norms"][k] for k in members)
             criteria.append([float(delta_mean), float(delta_max)])
+            halves = None
             if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
                     and self.ready_to_split():
-                self.cache_cluster(members)
                 sim = self.similarity(rnd, members)
-                halves = bipartition(sim, members)
+                # a cluster below the minimum would have its mean, beside the whole one's, reveal its inputs
+                halves = bipartition(sim, members, min_side=self.min_cluster_size())
+            if halves is not None:
+                self.cache_cluster(members)
                 self.splits.append({"round": rnd, "cluster": members, "into": [list(h) for h in halves],
                                     "delta_mean": delta_mean, "delta_max": delta_max, "cut_margin": cut_margin(sim),
                                     "similarity": sim[np.triu_indices(len(members), 1)].tolist()})
