@@ -109,6 +109,11 @@ class RecipientRoleError(PlanRefusedError):
     shown to this client, or a recipient that is not a client of the run)."""
 
 
+class ClearReportRefusedError(PlanRefusedError):
+    """A report plan (a value sent in the clear) for a tag this client's owner did not mark as
+    reported in the clear: the server asked for a protected contribution through the report stage."""
+
+
 class ThresholdRefusedError(PlanRefusedError):
     """A mask plan names a Shamir threshold other than the one the run's public setup gives, or
     one the run's colluders could meet on their own."""

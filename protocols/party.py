@@ -43,8 +43,8 @@ import numpy as np
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
-from .errors import (ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError, MalformedMessageError,
-                     PlanRefusedError, ProtocolError)
+from .errors import (ClearReportRefusedError, ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError,
+                     MalformedMessageError, PlanRefusedError, ProtocolError)
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
@@ -208,6 +208,9 @@ class ClientHalf(Party):
         self._refused: int | None = None          # the exchange whose plan this client refused
         self.channel = ChannelKey(self.name)
         self.provider = provider
+        #: the tags whose contribution this client's owner agreed to send in the clear (reports,
+        #: :mod:`protocols.report`); a report plan for any other tag is refused
+        self.clear_tags: set[str] = set()
         self.plan: ExchangePlan | None = None
         #: the rows of its blocks this client keeps of its next result
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
@@ -247,6 +250,9 @@ class ClientHalf(Party):
             raise PlanRefusedError("this client refused the plan of this exchange and takes no further part in it",
                                    **where)
         if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
+            if self.checks_plans and (self.plan is None or self.plan.tag not in self.clear_tags):
+                raise ClearReportRefusedError(f"the server asks for {getattr(self.plan, 'tag', None)!r} in the clear, a "
+                                              "tag this client's owner did not mark as a report", **where)
             out.append(client_report(self)[1])
         elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
             out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]   # protocols/pairwise_exchange.py
@@ -256,11 +262,16 @@ class ClientHalf(Party):
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
         """The server numbers exchanges (older ones are replays): a later number is adopted only
-        from a message whose signature verifies under the server's registered key, so a forged
-        packet cannot push this client past the exchanges to come."""
+        from a message whose signature verifies under the server's registered key and whose
+        envelope names this run, this session and this client, so neither a forged packet nor a
+        server message recorded elsewhere can push this client past the exchanges to come (such a
+        message is refused when it is read)."""
         signature, header = split_auth(msg.auth)
         self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
-        self.exchange = exchange
+        env = Envelope.from_header(header)
+        if (env.run_id, env.session, env.recipient, env.exchange) == \
+                (self.setup.run_id, self.setup.session, self.name, exchange):
+            self.exchange = exchange
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""

@@ -32,7 +32,8 @@ LENGTH = 24
 POLICY = {
     "plain": {"register": "fatal", "upload": "excluded", "download": "undelivered"},
     "mask": {"register": "fatal", "group_seed": "fatal", "advertise_keys": "excluded", "share_keys": "excluded",
-             "masked_upload": "excluded", "unmask": "undelivered", "download": "undelivered"},
+             "masked_upload": "excluded", "consistency": "undelivered", "unmask": "undelivered",
+             "download": "undelivered"},
     "ckks": {"register": "fatal", "key_setup": "fatal", "upload": "excluded", "download": "undelivered"},
     "ckks-mp": {"register": "fatal", "key_setup": "fatal", "upload": "fatal", "keyswitch": "fatal",
                 "download": "undelivered"},

@@ -82,6 +82,7 @@ class ClientRuntime:
             self.half.use_manifest(Manifest.from_bytes(f["manifest"].tobytes()),
                                    SigningKey.from_private_bytes(f["identity"].tobytes()))
             self.half.provider = self.logic.table
+            self.half.clear_tags = self.logic.clear_tags
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,

@@ -73,8 +73,8 @@ class GCFLLogic(GraphLogic):
         tag, name = req["tag"], self.cfg.algorithm
         if tag == f"{name}/norms":               # one report of every norm of the round (algorithms.gcfl)
             values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
-            if req.get("split"):                 # the half sends it, signed (protocols/report.py)
-                self.keep(tag, values)
+            if req.get("split"):                 # the half sends it, signed, in the clear (protocols/report.py)
+                self.keep(tag, values, clear=True)
                 return {}
             return {"value": values.tolist()}
         if tag == f"{name}/similarity":

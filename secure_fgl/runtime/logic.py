@@ -47,6 +47,9 @@ class ClientLogic:
         self.cfg, self.facts, self.data = runtime.cfg, runtime.facts, runtime.data
         #: tag -> the contribution kept for the protocol half (split backends)
         self.pending: dict[str, tuple] = {}
+        #: the kept tags this client sends in the clear (reports); the protocol half refuses a report
+        #: plan for any other tag
+        self.clear_tags: set[str] = set()
         #: this client's DP noise source (its own OS-keyed keystream, :mod:`.dp`)
         self.noise = ClientNoise()
         #: tag -> (round, what it uploaded) and (round, the result it decoded): its own memory of
@@ -60,9 +63,11 @@ class ClientLogic:
     def contribute(self, req: dict) -> dict:
         raise ValueError(f"client {self.rt.client_id} contributes nothing to {req.get('tag')!r}")
 
-    def keep(self, tag: str, *contribution) -> None:
-        """Hold a contribution for the protocol half to ask for (:meth:`table`)."""
+    def keep(self, tag: str, *contribution, clear: bool = False) -> None:
+        """Hold a contribution for the protocol half to ask for (:meth:`table`); ``clear``: the
+        algorithm reports it in the clear (a protected contribution is never answered as a report)."""
         self.pending[tag] = contribution
+        (self.clear_tags.add if clear else self.clear_tags.discard)(tag)
 
     def privatize(self, req: dict) -> dict:
         """Add this client's share of the DP noise of ``req["tag"]`` to its kept contribution (:mod:`.dp`)."""
