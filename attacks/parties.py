@@ -91,12 +91,15 @@ class RuntimeParties:
         self._released = None
 
     def _ask(self, k: int, what: str, **fields) -> dict:
+        """Client ``k``'s view, asked of the runtime holding it (the centralized reference: the one
+        runtime, which answers for the nodes client ``k`` owns)."""
         from secure_fgl.runtime import wire
-        responses, lost = self.strategy.executor.call("attack", {k: wire.pack({"what": what, **fields})},
-                                                      label=what)
-        if k not in responses:
-            raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(k, 'lost')}")
-        return wire.unpack(responses[k])
+        host = self.strategy.host_of(k)
+        request = {"what": what, "client": k, **fields}
+        responses, lost = self.strategy.executor.call("attack", {host: wire.pack(request)}, label=what)
+        if host not in responses:
+            raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(host, 'lost')}")
+        return wire.unpack(responses[host])
 
     def own_data(self, k: int):
         from secure_fgl.data.federated import ClientSubgraph

@@ -90,3 +90,17 @@ def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
     assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion"}
     assert local["gin_gradient_inversion"]["value"] is not None
     assert_golden("runtime_attacks", request.node.name, {"attacks": local})
+
+
+def test_the_centralized_reference_is_attacked_on_the_default_executor_golden(request):
+    """The one runtime holds the whole graph; each client's view is asked of it: the posteriors of the
+    nodes the client owns and queries on its own subgraph (golden numbers: equal to the in-process
+    algorithm's when they were recorded)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_experiment(small("centralized", "plain", "local"), progress=False)
+    assert run["config"]["executor"] == "local"
+    local = _entries(run)
+    model_attacks = {n: local[n] for n in ("membership", "link_posterior", "link_influence")}
+    assert all(e["applicable"] and e["value"] is not None and "error" not in e for e in model_attacks.values())
+    assert_golden("runtime_attacks", request.node.name, {"attacks": model_attacks})

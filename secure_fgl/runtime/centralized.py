@@ -14,7 +14,10 @@ private: it is what a federation avoids.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch_geometric.utils import subgraph
 
 from ..algorithms.base import SPLITS, accuracy, accuracy_summary
 from ..algorithms.options import CentralizedOptions
@@ -33,12 +36,35 @@ class CentralizedLogic(ModelAveragingLogic):
         if CentralizedOptions(**options).center:         # the model sees x - mean(x), no centred copy
             centre_first_layer(self.model, self.data.x.mean(0, keepdim=True))
 
+    def attack_state(self, req: dict) -> dict:
+        """Client ``req["client"]``'s share of the one model (the attack suite's view of a client):
+        the posteriors of the nodes it owns, computed on the whole graph (what the model answers for
+        them); its own data, inputs and queries on the subgraph of the nodes it owns and the edges
+        among them (what a client deploying the model serves)."""
+        k = req.get("client")
+        if k is None:
+            return super().attack_state(req)
+        keep = self.rt.owner.to(self.data.y.device) == int(k)
+        if req["what"] == "posteriors":
+            return {name: v[keep] for name, v in super().attack_state(req).items()}
+        view = copy.copy(self)
+        view.data = owned_subgraph(self.data, keep, int(k))
+        return super(CentralizedLogic, view).attack_state(req)
+
     @torch.no_grad()
     def evaluate(self, req: dict) -> dict:
         """Counts per owning client (nodes no client keeps are left out, as in the federation)."""
         logits, c, owner = self.logits(), self.data, self.rt.owner.to(self.data.y.device)
         return {"per_client": {str(k): {s: list(accuracy(logits, c.y, getattr(c, f"{s}_mask") & (owner == k)))
                                         for s in SPLITS} for k in range(self.facts.num_clients)}}
+
+
+def owned_subgraph(g: ClientSubgraph, keep: torch.Tensor, client: int) -> ClientSubgraph:
+    """The nodes of ``g`` where ``keep`` holds and the edges among them, relabelled in node order
+    (the subgraph the partition hands that client)."""
+    edge_index, _ = subgraph(keep, g.edge_index, relabel_nodes=True, num_nodes=g.num_nodes)
+    return ClientSubgraph(client, g.global_ids[keep], g.x[keep], g.y[keep], edge_index, g.train_mask[keep],
+                          g.val_mask[keep], g.test_mask[keep], g.edge_index.new_empty(2, 0))
 
 
 class CentralizedStrategy(Strategy):
@@ -57,6 +83,9 @@ class CentralizedStrategy(Strategy):
     @property
     def hosts(self) -> list[int]:
         return [0]
+
+    def host_of(self, client: int) -> int:
+        return 0
 
     def train_round(self, rnd: int) -> dict:
         self.round = rnd

@@ -90,6 +90,10 @@ class Strategy:
         """The runtimes the strategy addresses (:meth:`client_frames`): one per client."""
         return list(range(self.num_clients))
 
+    def host_of(self, client: int) -> int:
+        """The runtime holding client ``client``'s nodes (the attack suite asks it for that client's view)."""
+        return client
+
     def alive(self, clients: Iterable[int] | None = None) -> list[int]:
         clients = self.hosts if clients is None else clients
         return [k for k in clients if k not in self.lost]
