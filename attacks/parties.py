@@ -123,10 +123,10 @@ class RuntimeParties:
 
     def _model_of(self, k: int, **shape) -> torch.nn.Module | None:
         """Client ``k``'s deployed parameters loaded into the logic's public ``architecture``."""
-        from secure_fgl.runtime.registry import logic_class
+        from secure_fgl.algorithms import get_spec
         s = self.strategy
         state = self._ask(k, "model")
-        arch = getattr(logic_class(s.cfg.algorithm), "architecture", None)
+        arch = getattr(get_spec(s.cfg.algorithm).logic_class(), "architecture", None)
         if not state or arch is None:
             return None
         with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from protocols import Transcript, make_protocol
 
-from .algorithms import get_algorithm
 from .config import RunConfig
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
@@ -83,7 +82,6 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     options = preflight(cfg, check_data=fed is None)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
-    algo_cls = get_algorithm(cfg.algorithm)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     out_dir = Path(cfg.out) if cfg.out else None
@@ -97,8 +95,9 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     times["data"] = time.perf_counter() - t0
 
     if cfg.executor == "inline":
+        from .algorithms import get_algorithm
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
-        algo = algo_cls(fed, protocol, cfg, device, options)
+        algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
         from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         executor = make_executor(cfg, str(device))

@@ -272,10 +272,9 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
 
 
 @pytest.mark.parametrize("name", ["gc-selftrain", "gc-fedavg", "gc-fedprox", "gcfl", "gcflplus"])
-def test_catalog_and_torch_free_options_match_the_class(name):
-    """`secure-fgl algorithms` and `run --help` read torch-free copies: they must agree with the class."""
-    from secure_fgl.algorithms import get_options_class
-    from secure_fgl.algorithms.catalog import ABOUT
-    cls = get_algorithm(name)
-    assert get_options_class(name) is cls.Options
-    assert ABOUT[name].task == "graph" and ABOUT[name].modes == tuple(cls.supported_modes)
+def test_the_spec_matches_the_class(name):
+    """`secure-fgl algorithms` and `run --help` read the torch-free spec: it must agree with the class."""
+    from secure_fgl.algorithms import get_spec
+    cls, spec = get_algorithm(name), get_spec(name)
+    assert spec.options is cls.Options
+    assert spec.task == "graph" and spec.modes == tuple(cls.supported_modes)

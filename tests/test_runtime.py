@@ -142,10 +142,12 @@ def test_resume_continues_each_client_from_its_own_checkpoint(tmp_path):
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
 
 
-def test_every_algorithm_runs_on_the_client_runtimes():
-    from secure_fgl.algorithms import ALGORITHMS
-    from secure_fgl.runtime.registry import converted
-    assert set(ALGORITHMS) <= set(converted()), sorted(set(ALGORITHMS) - set(converted()))
+def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
+    from secure_fgl.algorithms import SPECS
+    from secure_fgl.runtime.logic import ClientLogic
+    from secure_fgl.runtime.strategy import Strategy
+    for spec in SPECS.values():
+        assert issubclass(spec.logic_class(), ClientLogic) and issubclass(spec.strategy_class(), Strategy), spec.name
 
 
 class Recording:

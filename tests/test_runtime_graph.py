@@ -3,9 +3,7 @@ losses, accuracies, cluster splits and protocol bytes as the golden runs; a runt
 holds only its own graphs; a resumed strategy continues exactly."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
 from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
 from secure_fgl.algorithms import get_algorithm
@@ -13,7 +11,6 @@ from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.strategy import EVAL_TAG
 from golden_numbers import assert_golden
 from test_runtime import _reachable_tensors
 

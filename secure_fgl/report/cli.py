@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         spec = spec_from_args(args)
-        from ..algorithms import get_algorithm
+        from ..algorithms import get_spec
         for name in spec.algorithms:
-            get_algorithm(name)            # an unknown name is a one-line error, not N failed runs
+            get_spec(name)                 # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
             from ..preflight import preflight
             for _, cfg in spec.runs(args.out):   # every config, option, dataset and attack name checked

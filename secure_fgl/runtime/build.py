@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..algorithms import get_spec
 from ..config import ConfigError
 from ..data.graph_classification import FederatedGraphDataset
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client_frame
-from .registry import converted, strategy_class
 from .strategy import Strategy
 
 
@@ -44,10 +44,7 @@ def check_runtime(cfg) -> None:
     client_resources(cfg)
     if cfg.executor == "inline":
         return
-    if cfg.algorithm not in converted():
-        raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
-                          f"{cfg.algorithm} runs with --executor inline")
-    if cfg.dp_epsilon is not None and not strategy_class(cfg.algorithm).dp_on_runtimes:
+    if cfg.dp_epsilon is not None and not get_spec(cfg.algorithm).strategy_class().dp_on_runtimes:
         raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
                           "yet; use --executor inline")
 
@@ -68,7 +65,7 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
-    cls = strategy_class(cfg.algorithm)
+    cls = get_spec(cfg.algorithm).strategy_class()
     if isinstance(fed, FederatedGraphDataset):     # graph classification: each client its own graphs
         facts = GraphFacts.of(fed)
         frames = {c.client_id: graph_client_frame(c, cfg, facts, opts, setup) for c in fed.clients}

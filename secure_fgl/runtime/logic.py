@@ -234,6 +234,6 @@ class ModelAveragingLogic(ClientLogic):
 
 
 def make_logic(runtime, options: dict) -> ClientLogic:
-    """The client logic of the run's algorithm (:mod:`.registry`)."""
-    from .registry import logic_class
-    return logic_class(runtime.cfg.algorithm)(runtime, options)
+    """The client logic of the run's algorithm (its :class:`~secure_fgl.algorithms.spec.AlgorithmSpec`)."""
+    from ..algorithms import get_spec
+    return get_spec(runtime.cfg.algorithm).logic_class()(runtime, options)

@@ -1,0 +1,114 @@
+"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import).
+
+``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)
+name their algorithm and are found by it.
+"""
+from __future__ import annotations
+
+from protocols.registry import graph_level_modes, modes, pairwise_modes
+
+from . import options as o
+from .spec import AlgorithmSpec
+
+#: the graph-level algorithms do not run in ckks-mp yet
+GRAPH_MODES = graph_level_modes()
+GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
+RT = "secure_fgl.runtime"
+#: FedAvg's two halves, shared by the model-averaging baselines
+AVERAGING = dict(logic=f"{RT}.logic:ModelAveragingLogic", strategy=f"{RT}.strategy:ModelAveragingStrategy")
+#: the graph-classification baselines' two halves
+GRAPH = dict(logic=f"{RT}.graph_level:GraphLogic", strategy=f"{RT}.graph_level:GraphStrategy", modes=GRAPH_MODES,
+             task="graph")
+INLINE = "secure_fgl.algorithms"
+
+
+def _spec(name: str, summary: str, paper: str, exchanges: str, **kw) -> AlgorithmSpec:
+    return AlgorithmSpec(name, summary, paper, exchanges, **{"modes": modes(), **kw})
+
+
+SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
+    _spec("fedavg", "clients train a GNN on their own subgraph; the server averages the weights "
+          "(cross-client edges ignored)",
+          "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized "
+          "Data, AISTATS 2017",
+          "fedavg/model: weighted mean of model updates, every round",
+          options=o.NoOptions, **AVERAGING, inline=f"{INLINE}.fedavg:FedAvg"),
+    _spec("fedprox", "FedAvg with a proximal term mu/2 ||w - w_global||^2 in the local loss",
+          "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
+          "fedprox/model: weighted mean of model updates, every round",
+          options=o.FedProxOptions, **AVERAGING, inline=f"{INLINE}.fedavg:FedProx"),
+    _spec("local", "each client trains alone on its subgraph; nothing is exchanged (lower reference)",
+          "-", "none",
+          options=o.NoOptions, **AVERAGING, inline=f"{INLINE}.local:Local"),
+    _spec("centralized", "one model on the whole graph (upper reference); accuracy reported per client",
+          "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none",
+          options=o.CentralizedOptions, logic=f"{RT}.centralized:CentralizedLogic",
+          strategy=f"{RT}.centralized:CentralizedStrategy", inline=f"{INLINE}.centralized:Centralized"),
+    _spec("fedgcn", "one pre-training exchange of neighbour-feature sums (0/1/2 hops), then FedAvg of a GCN",
+          "Yao, Jin, Ravi & Joe-Wong, FedGCN: Convergence-Communication Tradeoffs in Federated "
+          "Training of Graph Convolutional Networks, NeurIPS 2023",
+          "fedgcn/neighbour_sums: row sums [A~X, degree] once before training; fedgcn/model: "
+          "weighted mean of model updates, every round",
+          options=o.FedGCNOptions, check=o.check_fedgcn, logic=f"{RT}.fedgcn:FedGCNLogic",
+          strategy=f"{RT}.fedgcn:FedGCNStrategy", inline=f"{INLINE}.fedgcn:FedGCN"),
+    _spec("fedomd", "orthogonal GCN layers and a central-moment (CMD) loss against pooled hidden statistics",
+          "Federated Graph Learning with Center Moment Constraints for Node Classification (FedOMD)",
+          "fedomd/hidden<l>/mean and /moments: pooled mean and central moments of hidden "
+          "features, every round; fedomd/model: weighted mean of model updates",
+          options=o.FedOMDOptions, logic=f"{RT}.fedomd:FedOMDLogic", strategy=f"{RT}.fedomd:FedOMDStrategy",
+          inline=f"{INLINE}.fedomd:FedOMD"),
+    _spec("fedspray", "personalized GNNs distilled from a global feature-structure encoder with class-wise "
+          "structure proxies",
+          "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
+          "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
+          "weighted mean of structure proxies (weights stay secret), every round (one upload per client: "
+          "fedspray/batch, without DP)",
+          options=o.FedSprayOptions, logic=f"{RT}.fedspray:FedSprayLogic",
+          strategy=f"{RT}.fedspray:FedSprayStrategy", inline=f"{INLINE}.fedspray:FedSpray"),
+    _spec("gc-selftrain", "graph classification: each client trains its GIN alone on its graphs; nothing is "
+          "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none",
+          options=o.GraphOptions, **GRAPH, inline=f"{INLINE}.graph_level:GraphSelfTrain"),
+    _spec("gc-fedavg", "graph classification: FedAvg of the shared GIN layers; input and classifier layers "
+          "stay local (GCFL's FedAvg baseline)", GCFL_PAPER,
+          "gc-fedavg/model: weighted mean of shared-layer updates, every round",
+          options=o.GraphOptions, **GRAPH, inline=f"{INLINE}.graph_level:GraphFedAvg"),
+    _spec("gc-fedprox", "graph classification: gc-fedavg with a proximal term on the shared GIN layers "
+          "(GCFL's FedProx baseline)", GCFL_PAPER,
+          "gc-fedprox/model: weighted mean of shared-layer updates, every round",
+          options=o.GraphProxOptions, **GRAPH, inline=f"{INLINE}.graph_level:GraphFedProx"),
+    _spec("gcfl", "graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
+          "similarity of their updates) when the cluster's mean update is small and one is large; "
+          "shared GIN layers averaged per cluster", GCFL_PAPER,
+          "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
+          "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
+          "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
+          "gcfl/similarity: pairwise "
+          "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
+          options=o.GCFLOptions, logic=f"{RT}.gcfl:GCFLLogic", strategy=f"{RT}.gcfl:GCFLStrategy",
+          modes=pairwise_modes(), task="graph", inline=f"{INLINE}.gcfl:GCFL",
+          mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode ckks "
+                    "(or plain)"),
+    _spec("gcflplus", "graph classification: GCFL whose split compares sequences of gradient norms by DTW "
+          "(no inner products of updates)", GCFL_PAPER,
+          "gcflplus/model: weighted mean of shared-layer updates per cluster, every round "
+          "(--mean-norm unweighted: also gcflplus/criterion_mean); "
+          "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
+          "clear (one report: gcflplus/norms), every round",
+          options=o.GCFLPlusOptions, logic=f"{RT}.gcfl:GCFLLogic", strategy=f"{RT}.gcfl:GCFLPlusStrategy",
+          modes=GRAPH_MODES, task="graph", inline=f"{INLINE}.gcfl:GCFLPlus"),
+    _spec("fgssl", "node-level semantic contrast with the received global model (FNSC) and neighbour-"
+          "similarity distillation (FGSD) in each client's loss; FedAvg server",
+          "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",
+          "fgssl/model: weighted mean of model updates, every round",
+          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy=f"{RT}.strategy:ModelAveragingStrategy",
+          inline=f"{INLINE}.fgssl:FGSSL"),
+    _spec("fedgcn-gap", "edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
+          "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "
+          "a model)",
+          "Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, GAP: Differentially Private Graph "
+          "Neural Networks with Aggregation Perturbation, USENIX Security 2023",
+          "fedgcn-gap/encoder: weighted mean of encoder updates; fedgcn-gap/hop/<h>: noisy "
+          "row sums of embeddings, once per hop; fedgcn-gap/model: weighted mean of head updates",
+          options=o.GAPOptions, logic=f"{RT}.gap:GAPLogic", strategy=f"{RT}.gap:GAPStrategy",
+          inline=f"{INLINE}.gap:FedGCNGAP"),
+]}
