@@ -12,6 +12,7 @@ from typing import Any
 
 from protocols.registry import modes
 
+from .algorithms import algorithm_name
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -146,7 +147,6 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         """Every field against its type, range and choices (names matched case-insensitively and
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
-        from .algorithms import algorithm_name
         self.algorithm = algorithm_name(str(self.algorithm))
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("synthetic", "options", "attacks")}

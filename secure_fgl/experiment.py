@@ -26,9 +26,8 @@ import json
 import time
 from pathlib import Path
 
-from protocols import Transcript, make_protocol
-
 from .config import RunConfig
+from .data.load import load_federation
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
@@ -37,39 +36,14 @@ from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
-from .privacy import dp_config, privacy_section
+from .privacy import privacy_section
+from .runtime.build import make_executor, make_run_protocol, make_runtime_protocol, make_strategy, run_transcript
+
+__all__ = ["run_experiment", "load_federation", "make_run_protocol", "DP_LEDGER"]
 
 #: the DP accountant's state after the latest release, written before that release's upload
 #: leaves: a run resumed after a crash counts releases its checkpoint missed
 DP_LEDGER = "dp_ledger.json"
-
-
-def load_federation(cfg: RunConfig):
-    from .data import make_federated
-    from .data.graph_build import is_graph_dataset, make_graph_federated
-    if is_graph_dataset(cfg.dataset):      # graph classification (GCFL's settings)
-        order = "file" if cfg.partition == "file-order" else "shuffled"
-        return make_graph_federated(cfg.dataset, cfg.clients, cfg.seed, cfg.data_root, order, **cfg.synthetic)
-    return make_federated(dataset=cfg.dataset, num_clients=cfg.clients, partition=cfg.partition, beta=cfg.beta,
-                          resolution=cfg.resolution, keep_largest=cfg.keep_largest, split=cfg.split,
-                          seed=cfg.seed, data_root=cfg.data_root, **cfg.synthetic)
-
-
-def run_transcript(cfg: RunConfig) -> Transcript:
-    """The transcript of a run: message metadata always (``comm``, the privacy section, the side
-    file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
-    attacks nothing reads a payload, and keeping them would hold a one-time exchange -- FedGCN's
-    neighbour sums, every upload and download of it -- in memory for the rest of the run."""
-    return Transcript(keep_payloads="latest" if cfg.attacks else "none")
-
-
-def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
-    extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
-    if cfg.ckks_real_slots:
-        extra["exact_fields"] = False
-    if link is not None:          # a backend split into halves, its client halves behind ``link``
-        extra["link"] = link
-    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
 def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: Phases | None = None) -> dict:
@@ -99,7 +73,6 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
         algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
-        from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         executor = make_executor(cfg, str(device))
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
         algo = make_strategy(cfg, fed, protocol, options, executor)

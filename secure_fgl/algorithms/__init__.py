@@ -6,13 +6,13 @@ imports torch: the halves are imported on use, so ``--help`` stays fast.
 """
 from __future__ import annotations
 
+from ..validation import match_choice
 from .spec import AlgorithmSpec, load
 from .specs import SPECS
 
 
 def algorithm_name(name: str) -> str:
     """The registered spelling of ``name`` (case-insensitive), or a ConfigError with a suggestion."""
-    from ..validation import match_choice
     return match_choice("--algorithm", name, tuple(SPECS))
 
 
