@@ -15,7 +15,7 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, degree
 
 from protocols import BoundError, make_protocol
-from secure_fgl.algorithms.fedavg import FedAvg
+from secure_fgl.algorithms.fedavg.inline import FedAvg
 from secure_fgl.algorithms.fedgcn import TAG, FedGCN, FedGCNNet, FedGCNOptions, requested_rows
 from secure_fgl.config import RunConfig
 from secure_fgl.data import make_federated

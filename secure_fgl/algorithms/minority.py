@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .fedavg import FedAvg
+from .fedavg.inline import FedAvg
 from .local import Local
 
 

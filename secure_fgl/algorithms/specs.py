@@ -1,4 +1,5 @@
-"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import).
+"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import):
+an algorithm package's ``__init__`` holds its specs (:mod:`.fedavg`), the rest are listed here.
 
 ``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)
 name their algorithm and are found by it.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, modes, pairwise_modes
 
+from . import fedavg
 from . import options as o
 from .spec import AlgorithmSpec
 
@@ -14,8 +16,6 @@ from .spec import AlgorithmSpec
 GRAPH_MODES = graph_level_modes()
 GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
 RT = "secure_fgl.runtime"
-#: FedAvg's two halves, shared by the model-averaging baselines
-AVERAGING = dict(logic=f"{RT}.logic:ModelAveragingLogic", strategy=f"{RT}.strategy:ModelAveragingStrategy")
 #: the graph-classification baselines' two halves
 GRAPH = dict(logic=f"{RT}.graph_level:GraphLogic", strategy=f"{RT}.graph_level:GraphStrategy", modes=GRAPH_MODES,
              task="graph")
@@ -27,19 +27,7 @@ def _spec(name: str, summary: str, paper: str, exchanges: str, **kw) -> Algorith
 
 
 SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
-    _spec("fedavg", "clients train a GNN on their own subgraph; the server averages the weights "
-          "(cross-client edges ignored)",
-          "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized "
-          "Data, AISTATS 2017",
-          "fedavg/model: weighted mean of model updates, every round",
-          options=o.NoOptions, **AVERAGING, inline=f"{INLINE}.fedavg:FedAvg"),
-    _spec("fedprox", "FedAvg with a proximal term mu/2 ||w - w_global||^2 in the local loss",
-          "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
-          "fedprox/model: weighted mean of model updates, every round",
-          options=o.FedProxOptions, **AVERAGING, inline=f"{INLINE}.fedavg:FedProx"),
-    _spec("local", "each client trains alone on its subgraph; nothing is exchanged (lower reference)",
-          "-", "none",
-          options=o.NoOptions, **AVERAGING, inline=f"{INLINE}.local:Local"),
+    *fedavg.SPECS,
     _spec("centralized", "one model on the whole graph (upper reference); accuracy reported per client",
           "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none",
           options=o.CentralizedOptions, logic=f"{RT}.centralized:CentralizedLogic",
@@ -100,7 +88,7 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           "similarity distillation (FGSD) in each client's loss; FedAvg server",
           "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",
           "fgssl/model: weighted mean of model updates, every round",
-          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy=f"{RT}.strategy:ModelAveragingStrategy",
+          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy="secure_fgl.algorithms.fedavg.server:ModelAveragingStrategy",
           inline=f"{INLINE}.fgssl:FGSSL"),
     _spec("fedgcn-gap", "edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
           "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "

@@ -24,7 +24,7 @@ from ..algorithms.options import CentralizedOptions
 from ..data.federated import ClientSubgraph
 from ..models.centring import centre_first_layer
 from .client import client_frame
-from .logic import ModelAveragingLogic
+from ..algorithms.fedavg.client import ModelAveragingLogic
 from .strategy import EVAL_TAG, Strategy
 
 

@@ -20,7 +20,7 @@ The pre-training exchange of :mod:`secure_fgl.algorithms.fedgcn`, with every par
    partial neighbour sums ``P^{(k)}`` and the rows it requests; the server runs the protocol's
    ``row_sum`` (tag ``fedgcn/neighbour_sums``) and each client receives the totals of its rows,
    checks the degrees of its own nodes, normalises and builds its propagation graph.
-3. Training is FedAvg (:class:`~.strategy.ModelAveragingStrategy`) on those inputs.
+3. Training is FedAvg (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`) on those inputs.
 
 A lost client stops the pre-training (its rows would be missing): DropoutError naming it.
 """
@@ -42,8 +42,8 @@ from ..algorithms.fedgcn import (TAG, FedGCN, FedGCNNet, PropGraph, _inverse_gra
 from ..algorithms.options import FedGCNOptions
 from ..models.centring import centre_first_layer, own_mean
 from .exchange import keep_rows, rows_result, run_row_sum
-from .logic import ModelAveragingLogic
-from .strategy import ModelAveragingStrategy
+from ..algorithms.fedavg.client import ModelAveragingLogic
+from ..algorithms.fedavg.server import ModelAveragingStrategy
 
 ORDER_TAG = "fedgcn/row_order"
 IDS_TAG = "fedgcn/row_ids"

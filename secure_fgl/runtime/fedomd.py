@@ -24,7 +24,7 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
    bytes, permuted.
 2. **Local training** (eq. 12): :func:`~secure_fgl.algorithms.fedomd.train_client` against the
    received statistics; the loss terms (``ce``, ``ortho``, ``cmd``) come back with the loss.
-3. **FedAvg** of the weights (tag ``fedomd/model``): :class:`~.strategy.ModelAveragingStrategy`.
+3. **FedAvg** of the weights (tag ``fedomd/model``): :class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`.
 
 DP (``--dp-epsilon``, as the in-process algorithm, "Differential privacy" of
 :mod:`secure_fgl.algorithms.fedomd`): the statistics run per layer (``--batch-stats`` is off under
@@ -50,8 +50,8 @@ from ..algorithms.fedomd import (GlobalStats, build_ortho_gcn, hidden_for_stats,
 from ..algorithms.options import FedOMDOptions
 from ..algorithms.stats_batch import central_from_raw, layer_names, local_central_moments, local_mean, \
     local_raw_moments
-from .logic import ModelAveragingLogic
-from .strategy import ModelAveragingStrategy
+from ..algorithms.fedavg.client import ModelAveragingLogic
+from ..algorithms.fedavg.server import ModelAveragingStrategy
 from .sums import dp_mean_vector, mean_of, offer, scoped, sum_exchange, summed
 
 TERMS = ("ce", "ortho", "cmd")

@@ -41,7 +41,8 @@ from ..algorithms.fedspray import (DP_PROXY_BOUND, PROXY_SPEC, SprayClient, chec
 from ..algorithms.minority import MinorityAccuracy, minority_report
 from ..algorithms.options import FedSprayOptions
 from .logic import ClientLogic
-from .strategy import EVAL_TAG, ModelAveragingStrategy
+from ..algorithms.fedavg.server import ModelAveragingStrategy
+from .strategy import EVAL_TAG
 from .sums import dp_mean_vector, mean_of, mean_vector, offer, scoped, sum_exchange, summed
 
 

@@ -1,7 +1,7 @@
 """FGSSL (Huang et al., IJCAI 2023) as a client logic; the server is FedAvg's strategy.
 
 Algorithm 1 of :mod:`secure_fgl.algorithms.fgssl` with every party apart: the server side is
-FedAvg's weighted mean (:class:`~.strategy.ModelAveragingStrategy`, tag ``fgssl/model``); each
+FedAvg's weighted mean (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`, tag ``fgssl/model``); each
 client's ``LocalUpdating`` freezes the global model it received (``G^g, F^g``), then runs ``E``
 epochs of eq. 12 (or the released code's objective, ``--variant``) on its own subgraph
 (:func:`~secure_fgl.algorithms.fgssl.fgssl_objective`), with the same value-independent
@@ -16,7 +16,7 @@ from torch.nn.utils import vector_to_parameters
 
 from ..algorithms.fgssl import fgssl_objective, fgssl_rates, fgssl_views
 from ..algorithms.options import FGSSLOptions
-from .logic import ModelAveragingLogic
+from ..algorithms.fedavg.client import ModelAveragingLogic
 
 
 class FGSSLLogic(ModelAveragingLogic):

@@ -37,8 +37,9 @@ from ..config import ConfigError
 from ..dpsgd import DPSGD, noise_contributors, stage_request
 from ..models import build_model
 from .exchange import keep_rows, rows_result, run_row_sum
-from .logic import ModelAveragingLogic
-from .strategy import EVAL_TAG, ModelAveragingStrategy
+from ..algorithms.fedavg.client import ModelAveragingLogic
+from ..algorithms.fedavg.server import ModelAveragingStrategy
+from .strategy import EVAL_TAG
 
 ENCODER_TAG = "fedgcn-gap/encoder/model"
 #: server -> client control: "keep your current encoder, the best so far"

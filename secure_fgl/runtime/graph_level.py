@@ -27,7 +27,8 @@ from ..algorithms.grid_mean import GRID_SPEC, grid_contribution, grid_mean_of_su
 from ..dpsgd import DPSGD, stage_request
 from .exchange import dense_result, plan_dense, run_split
 from .logic import ClientLogic
-from .strategy import EVAL_TAG, ModelAveragingStrategy, Strategy
+from ..algorithms.fedavg.server import ModelAveragingStrategy
+from .strategy import EVAL_TAG, Strategy
 
 
 class GraphLogic(ClientLogic):

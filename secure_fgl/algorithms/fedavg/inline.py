@@ -3,8 +3,8 @@ clients' local subgraphs; cross-client edges are ignored (FedGCN's "0-hop")."""
 from __future__ import annotations
 
 
-from .base import ModelAveraging
-from .options import FedProxOptions
+from ..base import ModelAveraging
+from ..options import FedProxOptions
 
 
 class FedAvg(ModelAveraging):
