@@ -34,4 +34,5 @@ def test_the_spec_is_what_the_cli_lists(capsys):
     from secure_fgl.cli.discover import algorithms_command
     assert algorithms_command(minimal_fedavg.NAME) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{minimal_fedavg.NAME}: FedAvg in one short file") and "modes: plain, mask, ckks, ckks-mp" in out
+    assert out.startswith(f"{minimal_fedavg.NAME}: FedAvg in one short file")
+    assert "modes: plain, mask, ckks, ckks-mp" in out

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from secure_fgl.algorithms.fedgcn import FedGCNNet, PropGraph
+from secure_fgl.algorithms.fedgcn.ops import FedGCNNet, PropGraph
 from secure_fgl.config import ConfigError
 from secure_fgl.models import build_model
 from secure_fgl.models.centring import centre_first_layer, own_mean

@@ -7,7 +7,7 @@ import pytest
 from protocols import SERVER, DropoutError
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
-from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
 
 from golden_numbers import assert_golden

@@ -14,7 +14,7 @@ from secure_fgl.experiment import load_federation, make_run_protocol, run_experi
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.fedgcn import ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
 
 from golden_numbers import assert_golden

@@ -11,10 +11,10 @@ import pytest
 
 from protocols.party import ClientHalf
 from protocols.row_blocks import BlockRows
-from secure_fgl.algorithms.fedgcn import TAG
+from secure_fgl.algorithms.fedgcn.ops import TAG
 from secure_fgl.experiment import run_experiment
 from secure_fgl.runtime import memory
-from secure_fgl.runtime import fedgcn as fedgcn_runtime
+from secure_fgl.algorithms.fedgcn import client as fedgcn_client
 from secure_fgl.runtime.exchange import keep_rows, rows_table
 
 from test_runtime import small
@@ -57,7 +57,7 @@ def test_a_fedgcn_client_keeps_only_the_rows_it_requested(mode, monkeypatch):
     assert sorted(kept) == [0, 1, 2]
     for k, (held, requested, whole) in kept.items():
         assert held == requested < whole, k
-    monkeypatch.setattr(fedgcn_runtime, "keep_rows", lambda *a, whole_blocks: keep_rows(*a, whole_blocks=True))
+    monkeypatch.setattr(fedgcn_client, "keep_rows", lambda *a, whole_blocks: keep_rows(*a, whole_blocks=True))
     kept.clear()
     whole = run_experiment(cfg, progress=False)
     assert all(held == whole for held, _, whole in kept.values())

@@ -15,7 +15,7 @@ Three stages, the only edge-dependent values being noisy sums:
    DP it costs no budget.
 2. **Aggregation** (the private part).  ``H_0 = E(x) / ||E(x)||`` (row-normalised: every row
    has norm 1).  For hop ``h = 1..K``, client ``k`` contributes for every node ``v`` it knows
-   ``P^{(k)}_v = sum_{j in V_k} Ã_vj H_{h-1, j}`` (:func:`~secure_fgl.algorithms.fedgcn.partial_neighbour_sums`,
+   ``P^{(k)}_v = sum_{j in V_k} Ã_vj H_{h-1, j}`` (:func:`~secure_fgl.algorithms.fedgcn.ops.partial_neighbour_sums`,
    ``Ã = A + I``), the protocol adds them with edge-level Gaussian noise
    (tag ``fedgcn-gap/hop/h``, one release each, composed by the run's accountant):
 
@@ -55,7 +55,7 @@ from ..dpsgd import EngineDPSGD
 from ..models import build_model
 from .base import ModelAveraging
 from .options import GAPOptions
-from .fedgcn import local_degrees, partial_neighbour_sums
+from .fedgcn.ops import local_degrees, partial_neighbour_sums
 
 HOP_TAG = "fedgcn-gap/hop"
 SELECT = ("val", "head")

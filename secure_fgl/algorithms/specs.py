@@ -1,5 +1,6 @@
 """Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import):
-an algorithm package's ``__init__`` holds its specs (:mod:`.fedavg`), the rest are listed here.
+an algorithm package's ``__init__`` holds its specs (:mod:`.fedavg`, :mod:`.fedgcn`), the rest are
+listed here.
 
 ``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)
 name their algorithm and are found by it.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, modes, pairwise_modes
 
-from . import fedavg
+from . import fedavg, fedgcn
 from . import options as o
 from .spec import AlgorithmSpec
 
@@ -32,13 +33,7 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none",
           options=o.CentralizedOptions, logic=f"{RT}.centralized:CentralizedLogic",
           strategy=f"{RT}.centralized:CentralizedStrategy", inline=f"{INLINE}.centralized:Centralized"),
-    _spec("fedgcn", "one pre-training exchange of neighbour-feature sums (0/1/2 hops), then FedAvg of a GCN",
-          "Yao, Jin, Ravi & Joe-Wong, FedGCN: Convergence-Communication Tradeoffs in Federated "
-          "Training of Graph Convolutional Networks, NeurIPS 2023",
-          "fedgcn/neighbour_sums: row sums [A~X, degree] once before training; fedgcn/model: "
-          "weighted mean of model updates, every round",
-          options=o.FedGCNOptions, check=o.check_fedgcn, logic=f"{RT}.fedgcn:FedGCNLogic",
-          strategy=f"{RT}.fedgcn:FedGCNStrategy", inline=f"{INLINE}.fedgcn:FedGCN"),
+    *fedgcn.SPECS,
     _spec("fedomd", "orthogonal GCN layers and a central-moment (CMD) loss against pooled hidden statistics",
           "Federated Graph Learning with Center Moment Constraints for Node Classification (FedOMD)",
           "fedomd/hidden<l>/mean and /moments: pooled mean and central moments of hidden "
@@ -88,7 +83,7 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           "similarity distillation (FGSD) in each client's loss; FedAvg server",
           "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",
           "fgssl/model: weighted mean of model updates, every round",
-          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy="secure_fgl.algorithms.fedavg.server:ModelAveragingStrategy",
+          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy=fedavg.HALVES["strategy"],
           inline=f"{INLINE}.fgssl:FGSSL"),
     _spec("fedgcn-gap", "edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
           "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "

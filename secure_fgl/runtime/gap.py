@@ -30,7 +30,7 @@ import copy
 import torch
 
 from ..algorithms.base import ModelAveraging, accuracy_summary
-from ..algorithms.fedgcn import partial_neighbour_sums
+from ..algorithms.fedgcn.ops import partial_neighbour_sums
 from ..algorithms.gap import (HOP_TAG, FedGCNGAP, check_degree_cap, check_gap_options, hop_spec, row_normalise)
 from ..algorithms.options import GAPOptions
 from ..config import ConfigError

@@ -185,15 +185,20 @@ from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
 from protocols.baseline import row_sum_bytes
 from protocols.row_blocks import exact_integers
 
-from ..config import ConfigError
-from ..data.federated import ClientSubgraph
-from ..models.centring import centre_first_layer, own_mean
-from ..models.node import dropout
-from .base import ModelAveraging
-from .options import FedGCNOptions, check_fedgcn
+from ...config import ConfigError
+from ...data.federated import ClientSubgraph
+from ...models.centring import centre_first_layer, own_mean
+from ...models.node import dropout
+from ..base import ModelAveraging
+from ..options import FedGCNOptions, check_fedgcn
 
 #: tag of the pre-training exchange
 TAG = "fedgcn/neighbour_sums"
+#: the row-order exchanges (``--row-order signature|owner``): histograms, then relayed row ids
+ORDER_TAG = "fedgcn/row_order"
+IDS_TAG = "fedgcn/row_ids"
+#: the channel stage the relayed row ids are bound to (associated data)
+RELAY_STAGE = "relay"
 #: the block-cutting dynamic programme runs when (rows x rows-per-block) is at most this; above
 #: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
 SEGMENT_DP_MAX_WORK = 4_000_000
@@ -486,7 +491,7 @@ def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
     bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
     from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
-    from ..privacy import resolve_unit
+    from ...privacy import resolve_unit
     C = dp_row_clip(o, cfg)
     sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
     return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
@@ -497,7 +502,7 @@ def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
     """The cap is a bound some encoding or guarantee relies on: the secure modes size their
     packing / modulus with it, and node-level DP takes its sensitivity from it.  The
     plaintext protocol sums floats and needs no cap."""
-    from ..privacy import resolve_unit
+    from ...privacy import resolve_unit
     return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
 
 
