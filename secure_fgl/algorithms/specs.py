@@ -1,5 +1,5 @@
 """Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import):
-an algorithm package's ``__init__`` holds its specs (:mod:`.fedavg`, :mod:`.fedgcn`), the rest are
+an algorithm package's ``__init__`` holds its specs (:mod:`.fedavg`, :mod:`.fedgcn`, ...), the rest are
 listed here.
 
 ``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, modes, pairwise_modes
 
-from . import fedavg, fedgcn
+from . import centralized, fedavg, fedgcn, fgssl
 from . import options as o
 from .spec import AlgorithmSpec
 
@@ -29,10 +29,7 @@ def _spec(name: str, summary: str, paper: str, exchanges: str, **kw) -> Algorith
 
 SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
     *fedavg.SPECS,
-    _spec("centralized", "one model on the whole graph (upper reference); accuracy reported per client",
-          "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none",
-          options=o.CentralizedOptions, logic=f"{RT}.centralized:CentralizedLogic",
-          strategy=f"{RT}.centralized:CentralizedStrategy", inline=f"{INLINE}.centralized:Centralized"),
+    *centralized.SPECS,
     *fedgcn.SPECS,
     _spec("fedomd", "orthogonal GCN layers and a central-moment (CMD) loss against pooled hidden statistics",
           "Federated Graph Learning with Center Moment Constraints for Node Classification (FedOMD)",
@@ -79,12 +76,7 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           "clear (one report: gcflplus/norms), every round",
           options=o.GCFLPlusOptions, logic=f"{RT}.gcfl:GCFLLogic", strategy=f"{RT}.gcfl:GCFLPlusStrategy",
           modes=GRAPH_MODES, task="graph", inline=f"{INLINE}.gcfl:GCFLPlus"),
-    _spec("fgssl", "node-level semantic contrast with the received global model (FNSC) and neighbour-"
-          "similarity distillation (FGSD) in each client's loss; FedAvg server",
-          "Huang, Ye, Wang, Du & Ye, Federated Graph Semantic and Structural Learning, IJCAI 2023",
-          "fgssl/model: weighted mean of model updates, every round",
-          options=o.FGSSLOptions, logic=f"{RT}.fgssl:FGSSLLogic", strategy=fedavg.HALVES["strategy"],
-          inline=f"{INLINE}.fgssl:FGSSL"),
+    *fgssl.SPECS,
     _spec("fedgcn-gap", "edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
           "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "
           "a model)",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ..engine import rng
-from ..models.centring import centre_first_layer
-from .base import ModelAveraging
-from .options import CentralizedOptions
+from ...engine import rng
+from ...models.centring import centre_first_layer
+from ..base import ModelAveraging
+from ..options import CentralizedOptions
 
 
 class Centralized(ModelAveraging):

@@ -59,11 +59,11 @@ from torch.nn import functional as F
 from torch.nn.utils import vector_to_parameters
 from torch_geometric.utils import softmax as segment_softmax
 
-from ..config import ConfigError
-from ..engine import rng
-from .base import ModelAveraging
-from .options import FGSSLOptions
-from .graph_augment import AugmentRates, augment, view_generator
+from ...config import ConfigError
+from ...engine import rng
+from ..base import ModelAveraging
+from ..options import FGSSLOptions
+from ..graph_augment import AugmentRates, augment, view_generator
 
 VARIANTS = ("paper", "released-code")
 

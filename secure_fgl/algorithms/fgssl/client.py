@@ -14,9 +14,9 @@ import copy
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from ..algorithms.fgssl import fgssl_objective, fgssl_rates, fgssl_views
-from ..algorithms.options import FGSSLOptions
-from ..algorithms.fedavg.client import ModelAveragingLogic
+from .ops import fgssl_objective, fgssl_rates, fgssl_views
+from ..options import FGSSLOptions
+from ..fedavg.client import ModelAveragingLogic
 
 
 class FGSSLLogic(ModelAveragingLogic):
