@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, modes, pairwise_modes
 
-from . import centralized, fedavg, fedgcn, fgssl
+from . import centralized, fedavg, fedgcn, fedomd, fedspray, fgssl
 from . import options as o
 from .spec import AlgorithmSpec
 
@@ -31,20 +31,8 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
     *fedavg.SPECS,
     *centralized.SPECS,
     *fedgcn.SPECS,
-    _spec("fedomd", "orthogonal GCN layers and a central-moment (CMD) loss against pooled hidden statistics",
-          "Federated Graph Learning with Center Moment Constraints for Node Classification (FedOMD)",
-          "fedomd/hidden<l>/mean and /moments: pooled mean and central moments of hidden "
-          "features, every round; fedomd/model: weighted mean of model updates",
-          options=o.FedOMDOptions, logic=f"{RT}.fedomd:FedOMDLogic", strategy=f"{RT}.fedomd:FedOMDStrategy",
-          inline=f"{INLINE}.fedomd:FedOMD"),
-    _spec("fedspray", "personalized GNNs distilled from a global feature-structure encoder with class-wise "
-          "structure proxies",
-          "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
-          "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
-          "weighted mean of structure proxies (weights stay secret), every round (one upload per client: "
-          "fedspray/batch, without DP)",
-          options=o.FedSprayOptions, logic=f"{RT}.fedspray:FedSprayLogic",
-          strategy=f"{RT}.fedspray:FedSprayStrategy", inline=f"{INLINE}.fedspray:FedSpray"),
+    *fedomd.SPECS,
+    *fedspray.SPECS,
     _spec("gc-selftrain", "graph classification: each client trains its GIN alone on its graphs; nothing is "
           "exchanged (GCFL's self-train baseline)", GCFL_PAPER, "none",
           options=o.GraphOptions, **GRAPH, inline=f"{INLINE}.graph_level:GraphSelfTrain"),

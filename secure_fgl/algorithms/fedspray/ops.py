@@ -95,14 +95,14 @@ from protocols.base import classwise_result, classwise_vector
 from protocols.batch import batch_spec, batched_sum
 from protocols.precision import MeanPrecision
 
-from ..config import ConfigError
-from ..engine import rng
-from ..models import build_model
-from ..models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from ..runtime.sums import mean_of, mean_vector
-from .base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_spec
-from .minority import MinorityAccuracy
-from .options import FedSprayOptions
+from ...config import ConfigError
+from ...engine import rng
+from ...models import build_model
+from ...models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
+from ...runtime.sums import mean_of, mean_vector
+from ..base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_spec
+from ..minority import MinorityAccuracy
+from ..options import FedSprayOptions
 
 BACKBONES = ("gcn", "sgc", "sage")
 #: codec spec of the proxy alignment (eq. 15): entries within ``PARAM_BOUND``, class totals planned as 1
