@@ -105,7 +105,7 @@ def test_dpsgd_runs_on_the_runtimes_and_reports_the_golden_privacy_section(reque
 
 
 def test_dpsgd_noise_is_drawn_by_each_client_and_sized_by_the_driver():
-    from secure_fgl.runtime.gap import ENCODER_TAG
+    from secure_fgl.algorithms.gap.ops import ENCODER_TAG
     cfg = small("fedgcn-gap", "mask", executor="local", dp_epsilon=4.0, **DPSGD).validate()
     fed = load_federation(cfg)
     executor = LocalExecutor()

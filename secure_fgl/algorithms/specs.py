@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, modes, pairwise_modes
 
-from . import centralized, fedavg, fedgcn, fedomd, fedspray, fgssl
+from . import centralized, fedavg, fedgcn, fedomd, fedspray, fgssl, gap
 from . import options as o
 from .spec import AlgorithmSpec
 
@@ -65,13 +65,5 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           options=o.GCFLPlusOptions, logic=f"{RT}.gcfl:GCFLLogic", strategy=f"{RT}.gcfl:GCFLPlusStrategy",
           modes=GRAPH_MODES, task="graph", inline=f"{INLINE}.gcfl:GCFLPlus"),
     *fgssl.SPECS,
-    _spec("fedgcn-gap", "edge-level DP FedGCN by aggregation perturbation: an edge-free encoder, noisy "
-          "row-normalised neighbour sums of its embeddings, an MLP head (no exact edge enters "
-          "a model)",
-          "Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, GAP: Differentially Private Graph "
-          "Neural Networks with Aggregation Perturbation, USENIX Security 2023",
-          "fedgcn-gap/encoder: weighted mean of encoder updates; fedgcn-gap/hop/<h>: noisy "
-          "row sums of embeddings, once per hop; fedgcn-gap/model: weighted mean of head updates",
-          options=o.GAPOptions, logic=f"{RT}.gap:GAPLogic", strategy=f"{RT}.gap:GAPStrategy",
-          inline=f"{INLINE}.gap:FedGCNGAP"),
+    *gap.SPECS,
 ]}

@@ -50,14 +50,18 @@ from torch import nn
 
 from protocols import BoundError, DPRequest, ValueSpec
 
-from ..config import ConfigError
-from ..dpsgd import EngineDPSGD
-from ..models import build_model
-from .base import ModelAveraging
-from .options import GAPOptions
-from .fedgcn.ops import local_degrees, partial_neighbour_sums
+from ...config import ConfigError
+from ...dpsgd import EngineDPSGD
+from ...models import build_model
+from ..base import ModelAveraging
+from ..options import GAPOptions
+from ..fedgcn.ops import local_degrees, partial_neighbour_sums
 
 HOP_TAG = "fedgcn-gap/hop"
+#: the encoder's FedAvg exchange
+ENCODER_TAG = "fedgcn-gap/encoder/model"
+#: server -> client control: "keep your current encoder, the best so far"
+BEST_TAG = "fedgcn-gap/encoder/best"
 SELECT = ("val", "head")
 
 
@@ -170,7 +174,7 @@ class FedGCNGAP(ModelAveraging):
 
     def model_dp_request(self, tag: str) -> DPRequest | None:
         """Edge-level: the model exchanges touch no edge, so they carry no noise."""
-        from ..privacy import resolve_unit
+        from ...privacy import resolve_unit
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
         return super().model_dp_request(tag)
