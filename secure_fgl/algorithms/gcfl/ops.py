@@ -43,9 +43,9 @@ import torch
 from protocols.batch import batched_report
 from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine
 
-from .clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, should_split
-from .graph_level import GraphFederated
-from .options import GCFLOptions, GCFLPlusOptions
+from ..clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, should_split
+from ..graph_level.ops import GraphFederated
+from ..options import GCFLOptions, GCFLPlusOptions
 
 __all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer", "GCFL", "GCFLPlus"]
 

@@ -29,14 +29,14 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch_geometric.loader import DataLoader
 
-from ..config import ConfigError
-from ..data.graph_classification import GraphClient
-from ..dpsgd import EngineDPSGD
-from ..engine import rng
-from ..models.gcfl_gin import GCFLGIN
-from .base import FederatedAlgorithm
-from .grid_mean import grid_weighted_mean
-from .options import GraphOptions, GraphProxOptions
+from ...config import ConfigError
+from ...data.graph_classification import GraphClient
+from ...dpsgd import EngineDPSGD
+from ...engine import rng
+from ...models.gcfl_gin import GCFLGIN
+from ..base import FederatedAlgorithm
+from ..grid_mean import grid_weighted_mean
+from ..options import GraphOptions, GraphProxOptions
 
 __all__ = ["GraphOptions", "GraphProxOptions", "GraphLearner", "GraphFederated", "graph_summary", "initial_shared",
            "GraphSelfTrain", "GraphFedAvg", "GraphFedProx"]
