@@ -23,9 +23,11 @@ import torch
 
 from protocols import BlockTable
 
+from ..algorithms import get_spec
 from ..algorithms.base import SPLITS, accuracy
 from .dp import ClientNoise
 from .exchange import dense_table, rows_table
+from .partition import DATA_FIELDS
 
 
 class ClientLogic:
@@ -84,7 +86,6 @@ class ClientLogic:
         :meth:`decoded_rows`), ``model`` (its deployed model's parameters), ``posteriors`` (that
         model's class posteriors on its own nodes), ``inputs`` (the features that model takes),
         ``query`` (the posteriors for features ``x`` on its own graph: an inference API)."""
-        from .client import DATA_FIELDS
         what, c = req["what"], self.data
         if what == "own_data":
             return {f: getattr(c, f) for f in DATA_FIELDS}
@@ -115,5 +116,4 @@ class ClientLogic:
 
 def make_logic(runtime, options: dict) -> ClientLogic:
     """The client logic of the run's algorithm (its :class:`~secure_fgl.algorithms.spec.AlgorithmSpec`)."""
-    from ..algorithms import get_spec
     return get_spec(runtime.cfg.algorithm).logic_class()(runtime, options)

@@ -30,10 +30,13 @@ SPEC_FIELDS = ("dataset", "clients", "partition", "beta", "resolution", "keep_la
                "data_root", "synthetic")
 
 
+#: a client subgraph's tensors, as its set-up frame carries them
+DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "cross_edges")
+
+
 def data_fields(c, far_owner) -> dict:
     """Client ``c``'s data as set-up frame fields: its subgraph and the owner of the far end of
     each of its cross edges."""
-    from .client import DATA_FIELDS
     return {**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner}
 
 

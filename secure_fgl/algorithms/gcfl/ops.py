@@ -55,7 +55,7 @@ class GCFLServer:
     cache behind ``test_acc_best_cached``.  How a cluster's mean is exchanged and applied and
     how the clients' scalars and similarities reach the server are hooks, played by the
     algorithm object (:class:`GCFL`) or by the runtime strategy
-    (:mod:`secure_fgl.runtime.gcfl`)."""
+    (:mod:`secure_fgl.algorithms.gcfl.server`)."""
 
     #: the norms each client reports per round, in one batched report (module docstring, step 2)
     norm_parts: tuple[str, ...] = ("update_norms", "mean_norm")

@@ -6,7 +6,7 @@ classifier layers; shared GIN layers, as the reference's ``serverGIN``) and trai
 mini-batches of its graphs (``torch_geometric.loader.DataLoader``, ``batch_size`` graphs,
 shuffled by the client's own generator), ``--local-epochs`` epochs a round.  One client's
 side is a :class:`GraphLearner`; the algorithm object holds one per client, a client runtime
-(:mod:`secure_fgl.runtime.graph_level`) holds its own.
+(:mod:`secure_fgl.algorithms.graph_level.client`) holds its own.
 
 Aggregation is per *cluster* of clients (one cluster for FedAvg/FedProx; GCFL splits it):
 each member ``i`` sends its update of the shared layers ``dW_i = W_i - W_c`` through the
