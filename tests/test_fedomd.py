@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols import SERVER, Transcript, make_protocol
-from secure_fgl.algorithms.cmd import central_moments, clip_activations, cmd
+from secure_fgl.algorithms.fedomd.cmd import central_moments, clip_activations, cmd
 from secure_fgl.algorithms.fedomd.ops import (FedOMD, FedOMDOptions, GlobalStats, exchange_hidden_statistics,
                                               stats_dp_requests)
 from secure_fgl.config import RunConfig

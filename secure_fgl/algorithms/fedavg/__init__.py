@@ -25,5 +25,5 @@ SPECS = [
                   options=FedProxOptions, modes=modes(), **HALVES, inline=f"{__name__}.inline:FedProx"),
     AlgorithmSpec("local", "each client trains alone on its subgraph; nothing is exchanged (lower reference)",
                   "-", "none",
-                  options=NoOptions, modes=modes(), **HALVES, inline="secure_fgl.algorithms.local:Local"),
+                  options=NoOptions, modes=modes(), **HALVES, inline=f"{__name__}.inline:Local"),
 ]

@@ -1,5 +1,6 @@
 """FedAvg (McMahan et al., AISTATS 2017) and FedProx (Li et al., MLSys 2020) on
-clients' local subgraphs; cross-client edges are ignored (FedGCN's "0-hop")."""
+clients' local subgraphs, cross-client edges ignored (FedGCN's "0-hop"); Local: each client
+trains alone, nothing is exchanged."""
 from __future__ import annotations
 
 
@@ -18,3 +19,9 @@ class FedProx(ModelAveraging):
     def __init__(self, fed, protocol, cfg, device, options=None):
         super().__init__(fed, protocol, cfg, device, options)
         self.prox_mu = self.opts.mu
+
+
+class Local(ModelAveraging):
+    name = "local"
+    personalized = True
+    aggregate_models = False

@@ -7,10 +7,10 @@ import torch
 
 from protocols.batch import batch_means, batch_vector
 
-from ..cmd import clip_activations
+from .cmd import clip_activations
 from .ops import (GlobalStats, build_ortho_gcn, hidden_for_stats, project_moments, train_client)
 from ..options import FedOMDOptions
-from ..stats_batch import central_from_raw, local_central_moments, local_mean, \
+from .stats_batch import central_from_raw, local_central_moments, local_mean, \
     local_raw_moments
 from ..fedavg.client import ModelAveragingLogic
 from ...runtime.sums import dp_mean_vector, mean_of, offer, summed

@@ -143,9 +143,9 @@ from protocols.precision import MeanPrecision, grid_tolerance
 from ...engine import rng
 from ...models.orthogonal import OrthoGCN
 from ..base import ModelAveraging
-from ..cmd import central_moments, clip_activations, cmd_from_moments
+from .cmd import central_moments, clip_activations, cmd_from_moments
 from ..options import FedOMDOptions
-from ..stats_batch import batched_central_moments, one_stage_raw_moments
+from .stats_batch import batched_central_moments, one_stage_raw_moments
 
 #: target error of every pooled statistic (mean, central moments of order 2..5) on the public grid
 #: (:meth:`FedOMD.stats_spec`): ``2^-34``, i.e. ``2^-18`` relative to a statistic of size ``2^-16``

@@ -9,9 +9,9 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
 
    * ``--batch-stats`` (default): stage ``fedomd/stats/mean`` carries every layer's mean, stage
      ``fedomd/stats/moments`` every layer's central moments about the pooled means
-     (:func:`~secure_fgl.algorithms.stats_batch.batched_central_moments`);
+     (:func:`~secure_fgl.algorithms.fedomd.stats_batch.batched_central_moments`);
    * ``--raw-moments``: one stage ``fedomd/stats/raw`` with every layer's raw moments, central ones
-     by the binomial expansion (:func:`~secure_fgl.algorithms.stats_batch.one_stage_raw_moments`);
+     by the binomial expansion (:func:`~secure_fgl.algorithms.fedomd.stats_batch.one_stage_raw_moments`);
    * ``--batch-stats false``: per layer ``fedomd/hidden<l>/mean`` then ``.../moments``
      (:meth:`protocols.base.Protocol.central_moments`; ``--cmd-order 1``: the means only, projected
      onto ``[a, b]``).
@@ -46,7 +46,7 @@ import numpy as np
 from .ops import (stats_dp_requests, stats_grid_spec,
                   stats_tags)
 from ..options import FedOMDOptions
-from ..stats_batch import layer_names
+from .stats_batch import layer_names
 from ..fedavg.server import ModelAveragingStrategy
 from ...runtime.sums import scoped, sum_exchange
 

@@ -14,7 +14,7 @@ without dropout); the local model ``G^m, F^m`` starts from it and runs ``E`` epo
 
 where, for each epoch, a strong view ``G1 = Aug_s(G)`` goes through the local model and a weak view
 ``G2 = Aug_w(G)`` through the global one (the paper's asymmetric design, Table 3;
-:mod:`.graph_augment`: edge removing + feature masking, weak 0.3 / 0.3 and strong 0.8 / 0.5 as in
+:mod:`.augment`: edge removing + feature masking, weak 0.3 / 0.3 and strong 0.8 / 0.5 as in
 the released code), ``H^m, Z^m = G^m(G1), F^m(H^m)`` and ``H^g, Z^g = G^g(G2), F^g(H^g)``.
 
 * ``L^CE``: cross-entropy of the local model on the un-augmented graph, training nodes.
@@ -63,7 +63,7 @@ from ...config import ConfigError
 from ...engine import rng
 from ..base import ModelAveraging
 from ..options import FGSSLOptions
-from ..graph_augment import AugmentRates, augment, view_generator
+from .augment import AugmentRates, augment, view_generator
 
 VARIANTS = ("paper", "released-code")
 
