@@ -8,7 +8,7 @@ from protocols import DropoutError
 from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
 from ...runtime.strategy import Strategy
-from ..base import ModelAveraging, model_spec
+from ..base import model_dp_request, model_spec
 
 
 class ModelAveragingStrategy(Strategy):
@@ -51,7 +51,8 @@ class ModelAveragingStrategy(Strategy):
         return {"round": rnd, **({"model": tag} if tag else {})}
 
     #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
-    model_dp_request = ModelAveraging.model_dp_request
+    def model_dp_request(self, tag: str):
+        return model_dp_request(self.cfg, self.protocol.dp, tag)
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
         tag = tag or f"{self.name}/model"

@@ -603,6 +603,12 @@ def pretrain_stats(tr, rows_up: dict, rows_down: dict, width: int, exchange_rows
             "pretrain_exchange_rows": exchange_rows, "pretrain_per_client": per_client}
 
 
+def release_dependencies_of(name: str) -> dict[str, set[str]]:
+    """Data each release touches (:mod:`secure_fgl.privacy`): the sums read features over edges; the
+    model trains GCN layers over the client's exact local edges."""
+    return {TAG: {"features", "edges"}, f"{name}/model": {"features", "labels", "edges"}}
+
+
 class FedGCN(ModelAveraging):
     """FedGCN: pre-training neighbour-sum exchange (:meth:`setup`), then FedAvg."""
 
@@ -663,9 +669,7 @@ class FedGCN(ModelAveraging):
         return degree_cap_needed(self.cfg, self.protocol.mode, self._dp_on)
 
     def release_dependencies(self) -> dict[str, set[str]]:
-        """Data each release touches: the sums read features over edges; the model trains GCN
-        layers over the client's exact local edges (:mod:`secure_fgl.privacy`)."""
-        return {TAG: {"features", "edges"}, f"{self.name}/model": {"features", "labels", "edges"}}
+        return release_dependencies_of(self.name)
 
     def _check_degree_cap(self) -> None:
         cap = self.opts.degree_cap

@@ -35,8 +35,8 @@ from protocols.errors import IntegrityError
 from ...runtime.exchange import run_row_sum
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import FedGCNOptions
-from .ops import (IDS_TAG, ORDER_TAG, TAG, FedGCN, _inverse_gray, degree_cap_needed, dp_applies, dp_row_clip,
-                  exchange_dp_request, exchange_spec, pretrain_stats, segment_blocks)
+from .ops import (IDS_TAG, ORDER_TAG, TAG, _inverse_gray, degree_cap_needed, dp_applies, dp_row_clip,
+                  exchange_dp_request, exchange_spec, pretrain_stats, release_dependencies_of, segment_blocks)
 
 
 def layout_from_histogram(classes: list[tuple[int, int, int]], rpb: int, row_order: str, hops: int,
@@ -82,8 +82,9 @@ class FedGCNStrategy(ModelAveragingStrategy):
         if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
             protocol.dp.declare(TAG, f"{self.name}/model")    # even split of the run's budget (as inline)
 
-    #: the data each release touches (:mod:`secure_fgl.privacy`), as the in-process FedGCN states it
-    release_dependencies = FedGCN.release_dependencies
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """The data each release touches (:mod:`secure_fgl.privacy`)."""
+        return release_dependencies_of(self.name)
 
     def setup(self) -> None:
         import time

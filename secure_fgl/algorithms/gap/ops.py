@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from protocols import BoundError, DPRequest, ValueSpec
+from protocols.dp import edge_level_sensitivity
 
 from ...config import ConfigError
 from ...dpsgd import EngineDPSGD
@@ -63,6 +64,20 @@ ENCODER_TAG = "fedgcn-gap/encoder/model"
 #: server -> client control: "keep your current encoder, the best so far"
 BEST_TAG = "fedgcn-gap/encoder/best"
 SELECT = ("val", "head")
+
+
+def release_dependencies_of(name: str) -> dict[str, set[str]]:
+    """The data each release touches (:mod:`secure_fgl.privacy`): the hop sums read embeddings over
+    edges; the encoder and head touch no exact edge."""
+    return {HOP_TAG: {"features", "labels", "edges"}, f"{name}/encoder": {"features", "labels"},
+            f"{name}/model": {"features", "labels"}, f"{name}/dpsgd": {"features", "labels"}}
+
+
+def hop_dp_request(dp) -> DPRequest | None:
+    """A hop sum's edge-level DP request (rows of unit norm: an edge changes one term by at most 1);
+    None without DP (``dp``: the protocol's engine)."""
+    return None if dp is None else DPRequest(clip=float("inf"), per_row=True,
+                                             sensitivity=edge_level_sensitivity(1.0), releases=1)
 
 
 def row_normalise(h: torch.Tensor) -> torch.Tensor:
@@ -155,9 +170,7 @@ class FedGCNGAP(ModelAveraging):
         return [f"{HOP_TAG}/{h}" for h in range(1, self.opts.hops + 1)]
 
     def release_dependencies(self) -> dict[str, set[str]]:
-        """The hop sums read embeddings over edges; the encoder and head touch no exact edge."""
-        return {HOP_TAG: {"features", "labels", "edges"}, f"{self.name}/encoder": {"features", "labels"},
-                f"{self.name}/model": {"features", "labels"}, f"{self.name}/dpsgd": {"features", "labels"}}
+        return release_dependencies_of(self.name)
 
     def release_units(self) -> dict[str, str]:
         """Units of the DP releases other than the hop sums: DP-SGD steps protect a training node."""
@@ -188,10 +201,7 @@ class FedGCNGAP(ModelAveraging):
             return row_normalise(model.embed(self.clients[k].x, self.no_edges).to(torch.float64))
 
     def hop_request(self, hop: int) -> DPRequest | None:
-        if self.protocol.dp is None:
-            return None
-        from protocols.dp import edge_level_sensitivity
-        return DPRequest(clip=float("inf"), per_row=True, sensitivity=edge_level_sensitivity(1.0), releases=1)
+        return hop_dp_request(self.protocol.dp)
 
     def aggregate_hops(self, h0: list[torch.Tensor]) -> list[torch.Tensor]:
         """Stage 2: ``[H_0, H_1, ..., H_K]`` concatenated per client (own nodes, float32)."""

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 
 
-from ..base import ModelAveraging, accuracy_summary
-from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, FedGCNGAP, check_gap_options, hop_spec
+from ..base import accuracy_summary
+from .ops import (BEST_TAG, ENCODER_TAG, HOP_TAG, check_gap_options, hop_dp_request, hop_spec,
+                  release_dependencies_of)
 from ..options import GAPOptions
 from ...config import ConfigError
 from ...dpsgd import noise_contributors, stage_request
@@ -40,11 +41,16 @@ from ...runtime.strategy import EVAL_TAG
 class GAPStrategy(ModelAveragingStrategy):
     """FedGCN-GAP's server (module docstring)."""
 
-    #: the data each release touches (:mod:`secure_fgl.privacy`), as the in-process algorithm states it
-    release_dependencies = FedGCNGAP.release_dependencies
-    #: the hop sums' edge-level DP request (as inline)
-    hop_request = FedGCNGAP.hop_request
-    dpsgd_secure_mean = FedGCNGAP.dpsgd_secure_mean
+    #: in ckks/mask, one DP-SGD step's noise is split over the clients inside the secure model mean
+    dpsgd_secure_mean = True
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        """The data each release touches (:mod:`secure_fgl.privacy`)."""
+        return release_dependencies_of(self.name)
+
+    def hop_request(self, hop: int):
+        """The hop sums' edge-level DP request (None without DP)."""
+        return hop_dp_request(self.protocol.dp)
 
     def __init__(self, executor, protocol, cfg, facts, options):
         self.gopts = GAPOptions(**options)
@@ -88,7 +94,7 @@ class GAPStrategy(ModelAveragingStrategy):
         from ...privacy import resolve_unit
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
-        return ModelAveraging.model_dp_request(self, tag)
+        return super().model_dp_request(tag)
 
     def setup(self) -> None:
         """Stage 1 (the encoder's best round by the federation's validation accuracy), then stage 2."""
