@@ -96,7 +96,7 @@ class RunConfig:
                                                 "this many bits, 2 per slot half at 20 (omit: one float per slot; "
                                                 "docs/performance.md)")
     ckks_real_slots: bool = setting(False, group="secure mode",
-                                    help="ckks: real slots only, as before issue 17 (default: integer exchanges and "
+                                    help="ckks: real slots only (default: integer exchanges and "
                                          "those on a public grid travel as exact signed fields in both halves of each "
                                          "complex slot: the same sums in fewer ciphertexts)")
     grid_model_mean: bool | None = setting(None, group="secure mode",
@@ -148,6 +148,8 @@ class RunConfig:
         """Every field against its type, range and choices (names matched case-insensitively and
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
         self.algorithm = algorithm_name(str(self.algorithm))
+        if str(self.dp_epsilon).strip().lower() in ("inf", "infinity", "none", "no-dp", "nodp", "∞"):
+            self.dp_epsilon = None                 # "inf" = no DP, as in secure-fgl report --dp-epsilons
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("synthetic", "options", "attacks")}
         for name, value in check_settings(type(self), values).items():
@@ -200,7 +202,11 @@ def load_config_file(path: str | Path) -> dict:
                           "is not a file")
     if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(f"config file {path} must end in .toml, .yaml/.yml or .json")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") \
+            from None
     try:
         if path.suffix == ".toml":
             try:

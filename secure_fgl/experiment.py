@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from .config import RunConfig
@@ -33,9 +34,11 @@ from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
+from .manifest import accepted_keys
 from .preflight import preflight
 from .provenance import now_utc, provenance
-from .results import SCHEMA_VERSION
+from .results import SCHEMA_VERSION, accuracy_at_chance
+from .run_identity import fingerprint, resolved_config, write_run_file
 from .privacy import privacy_section
 from .runtime.build import make_executor, make_run_protocol, make_runtime_protocol, make_strategy, run_transcript
 
@@ -60,6 +63,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     seed_everything(cfg.seed)
     out_dir = Path(cfg.out) if cfg.out else None
     phases = phases if phases is not None else Phases(enabled=progress)
+    config = resolved_config(cfg, options)
+    before = {"elapsed": 0.0}                  # seconds spent by the sessions before a --resume
 
     t0 = time.perf_counter()
     if fed is None:
@@ -67,15 +72,23 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
                             f"({cfg.partition})"):
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
+    if out_dir is not None:                    # after every check the data can fail
+        write_run_file(out_dir, config, started)   # the run's identity (run_identity.py)
+        phases.log(f"run folder: {out_dir}")
 
     if cfg.executor == "inline":
         from .algorithms import get_algorithm
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
         algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
-        executor = make_executor(cfg, str(device))
-        protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
-        algo = make_strategy(cfg, fed, protocol, options, executor)
+        t0 = time.perf_counter()
+        # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
+        with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
+            executor = make_executor(cfg, str(device))
+            protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+            algo = make_strategy(cfg, fed, protocol, options, executor)
+        if cfg.executor == "ray":
+            times["startup"] = time.perf_counter() - t0
 
     # checkpoints are written only with an --out folder; the transcript's lines go to a side file there
     transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
@@ -86,7 +99,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
                 "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
-                "setup_time": times.get("setup", 0.0)}
+                "setup_time": times.get("setup", 0.0),
+                "elapsed": before["elapsed"] + time.perf_counter() - t_start}
 
     def load_extra(extra):
         transcript_state.restore(extra["transcript"])
@@ -96,6 +110,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         if extra.get("dp") is not None and protocol.dp is not None:
             protocol.dp.load_state_dict(extra["dp"], ledger=json.loads(ledger.read_text()) if ledger.exists() else None)
         times["setup"] = extra.get("setup_time", 0.0)
+        before["elapsed"] = extra.get("elapsed", 0.0)
 
     resuming = cfg.resume and out_dir is not None and (out_dir / "checkpoint.pt").exists()
     if protocol.dp is not None and out_dir is not None:    # write-ahead record of every DP release
@@ -122,9 +137,14 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
              "last_test_acc": state.rounds[-1]["test_acc"] if state.rounds else None,
              "rounds_run": state.next_round, "stopped_early": state.stopped_early,
              "per_client": best["per_client"], **algo.final_metrics()}
+    final["at_chance"] = accuracy_at_chance(final["test_acc"], getattr(fed, "num_classes", None))
+    if final["at_chance"]:
+        phases.log(f"warning: test accuracy {final['test_acc']:.3f} is at chance (1/{fed.num_classes} classes = "
+                   f"{1 / fed.num_classes:.3f}): the model learned nothing"
+                   + (" -- the DP noise may drown the signal" if cfg.dp_epsilon is not None else ""))
 
     result = {"schema_version": SCHEMA_VERSION, **started, "finished_at": None, "status": "complete",
-              "config": {**cfg.to_dict(), "options": dataclasses.asdict(options)},
+              "config": config, "config_fingerprint": fingerprint(config),
               "options": dataclasses.asdict(options), "device": str(device), "num_clients": fed.num_clients,
               "final": final, "rounds": state.rounds, "comm": protocol.transcript.comm(), "time": times,
               "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
@@ -140,12 +160,15 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["attacks"] = time.perf_counter() - t0
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
-    # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
-    result["key_fingerprints"] = protocol.identity_fingerprints()
+    # what each client accepted, pinned by the run manifest (protocols/manifest.py)
+    result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
+        t0 = time.perf_counter()
         algo.executor.shutdown()
-    times["total"] = time.perf_counter() - t_start
+        if cfg.executor == "ray":
+            times["shutdown"] = time.perf_counter() - t0
+    times["total"] = before["elapsed"] + time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)
     _write(out_dir, result)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from protocols import Transcript, make_protocol
 from protocols.registry import backend_class
 from protocols.split import SplitProtocol
@@ -17,7 +19,9 @@ from protocols.split import SplitProtocol
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
+from ..manifest import schedule_option
 from ..privacy import dp_config
+from . import wire
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
@@ -68,6 +72,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
         extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
+    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
@@ -90,5 +95,9 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     else:                                          # node classification: the strategy's frames
         facts = PublicFacts.of(fed)
         frames = cls.client_frames(fed, cfg, facts, opts, setup)
+    if setup is not None:                          # the manifest and each identity key, driver -> runtime directly
+        frames = {k: wire.pack({**wire.unpack(f), **{n: np.frombuffer(b, dtype=np.uint8)
+                                                     for n, b in protocol.client_identity(k).items()}})
+                  for k, f in frames.items()}
     executor.start(frames)
     return cls(executor, protocol, cfg, facts, opts)

@@ -103,9 +103,12 @@ class ModelAveragingLogic(ClientLogic):
         if "mean_update" in req:
             mean = req["mean_update"]
         elif "count" in req:                     # DP-FedAvg: the noisy sum of clipped updates / the public count
-            mean = dense_result(self.rt.half.result(), int(req["length"])) / float(req["count"])
+            total = dense_result(self.rt.half.result(), int(req["length"]))
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
+            mean = total / float(req["count"])
         else:                                    # this client's own decoded result: [sum w v, sum w]
             total = dense_result(self.rt.half.result(), int(req["length"]))
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
             if not total[-1] > 0:
                 raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
             mean = total[:-1] / total[-1]
