@@ -89,9 +89,9 @@ def check_logs(cfg: RunConfig) -> None:
 def _algorithms_with_option(name: str) -> list[str]:
     """The algorithms that have the option ``name`` (``-`` or ``_``)."""
     import dataclasses
-    from .algorithms import OPTIONS, get_options_class
+    from .algorithms import SPECS
     key = name.replace("-", "_")
-    return [a for a in OPTIONS if key in {f.name for f in dataclasses.fields(get_options_class(a))}]
+    return [a for a, spec in SPECS.items() if key in {f.name for f in dataclasses.fields(spec.options)}]
 
 
 def check_options(cfg: RunConfig, options_cls) -> object:
