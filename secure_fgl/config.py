@@ -12,6 +12,7 @@ from typing import Any
 
 from protocols.registry import modes
 
+from .algorithms import algorithm_name
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -158,7 +159,6 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         """Every field against its type, range and choices (names matched case-insensitively and
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
-        from .algorithms import algorithm_name
         self.algorithm = algorithm_name(str(self.algorithm))
         if str(self.dp_epsilon).strip().lower() in ("inf", "infinity", "none", "no-dp", "nodp", "∞"):
             self.dp_epsilon = None                 # "inf" = no DP, as in secure-fgl report --dp-epsilons

@@ -12,7 +12,7 @@ from protocols import SERVER, DPRequest, Transcript, ValueSpec, make_protocol
 from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
 from protocols.pairwise import report_scalars
-from secure_fgl.algorithms.fedspray import PROXY_SPEC, FedSpray, round_spec
+from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, FedSpray, round_spec
 from secure_fgl.algorithms.base import model_spec
 from secure_fgl.config import RunConfig
 

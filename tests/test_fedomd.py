@@ -11,14 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols import SERVER, Transcript, make_protocol
-from secure_fgl.algorithms.cmd import central_moments, clip_activations, cmd
-from secure_fgl.algorithms.fedomd import (
-    FedOMD,
-    FedOMDOptions,
-    GlobalStats,
-    exchange_hidden_statistics,
-    stats_dp_requests,
-)
+from secure_fgl.algorithms.fedomd.cmd import central_moments, clip_activations, cmd
+from secure_fgl.algorithms.fedomd.ops import (FedOMD, FedOMDOptions, GlobalStats, exchange_hidden_statistics,
+                                              stats_dp_requests)
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.orthogonal import (

@@ -14,8 +14,7 @@ from hypothesis.extra import numpy as hnp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import SERVER, Transcript, make_protocol
-from secure_fgl.algorithms.fedspray import (FedSpray, align_proxies, class_weights,
-                                            classwise_weighted_mean)
+from secure_fgl.algorithms.fedspray.ops import FedSpray, align_proxies, class_weights, classwise_weighted_mean
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.fedspray_encoder import node_proxies, soft_proxies, soft_proxy_weights

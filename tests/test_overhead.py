@@ -121,7 +121,7 @@ def test_batch_attribution_per_tag_sums_to_the_total(mode):
 def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
     import torch
 
-    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
     torch.manual_seed(0)
     hidden = {k: [torch.rand(6 + 4 * k, 3), torch.rand(6 + 4 * k, 2)] for k in range(3)}
     per_layer = make_protocol(mode, 3)
@@ -140,7 +140,7 @@ def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
 def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
     import torch
 
-    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
     torch.manual_seed(1)
     hidden = {k: [torch.rand(8 + 3 * k, 4), torch.rand(8 + 3 * k, 2)] for k in range(3)}
     exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, hidden, (2, 3, 4, 5), 0.0, 1.0)

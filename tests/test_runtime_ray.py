@@ -9,7 +9,7 @@ import pytest
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 

@@ -67,10 +67,10 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
                                   help="replace the finished run in --out (refused without it)")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
-    from ..algorithms import OPTIONS, get_options_class
+    from ..algorithms import SPECS
     added: set[str] = set()
-    for name in OPTIONS:
-        cls = get_options_class(name)
+    for name, spec in SPECS.items():
+        cls = spec.options
         group = run.add_argument_group(f"{name} options (--algorithm {name})")
         for f in dataclasses.fields(cls):
             if f.name not in added:
@@ -161,7 +161,7 @@ def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
 
 def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConfig:
     """Preset < config file < flags, merged and checked (types, ranges, names)."""
-    from ..algorithms import get_options_class
+    from ..algorithms import get_spec
     layers = []
     if getattr(args, "preset", None):
         from ..presets import load_preset
@@ -171,7 +171,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConf
     flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
     algorithm = flags.get("algorithm") or next((l["algorithm"] for l in reversed(layers) if "algorithm" in l),
                                                RunConfig.algorithm)
-    option_fields = {f.name for f in dataclasses.fields(get_options_class(str(algorithm)))}
+    option_fields = {f.name for f in dataclasses.fields(get_spec(str(algorithm)).options)}
     values, options = {}, {}
     for layer in layers:
         settings, opts = _split_layer(layer, option_fields)
