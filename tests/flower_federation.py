@@ -1,0 +1,100 @@
+"""A Flower federation on 127.0.0.1 for the tests: one SuperLink, one SuperNode and one site
+process per client, each a subprocess that :meth:`Federation.close` kills.  Every wait is bounded."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Federation:
+    """``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
+    :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only)."""
+
+    def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0,
+                 site_args: tuple = ()):
+        self.folder, self.procs, self.port = Path(folder), [], free_port()
+        self.env = {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_HOME": str(self.folder / "flwr-home"),
+                    "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        secure = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+                                          f'address = "127.0.0.1:{self.port}"\n{secure}\n')
+        try:
+            link = [str(BIN / "flower-superlink"), "--port", str(self.port), "--host", "127.0.0.1",
+                    "--disable-runtime-dependency-installation", "--database", str(self.folder / "state.db")]
+            link += (["--ssl-ca-certfile", tls["ca"], "--ssl-certfile", tls["cert"], "--ssl-keyfile", tls["key"],
+                      "--enable-supernode-auth"] if tls else ["--insecure"])
+            self.spawn("superlink", link)
+            self.wait_listening(self.port, timeout)
+            for k in range(clients):
+                if tls:
+                    self.register(tls["node_pub"][k], tls["ca"])
+                sock = self.folder / f"site{k}" / "site.sock"
+                self.spawn(f"site{k}", [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock),
+                                        "--client", str(k), *site_args])
+                node = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+                        "--port", str(free_port()), "--node-config", f'site-socket="{sock}"', "--max-wait-time",
+                        str(timeout)]
+                node += (["--root-certificates", tls["ca"], "--auth-supernode-private-key", tls["node_key"][k]]
+                         if tls else ["--insecure"])
+                self.spawn(f"supernode{k}", node)
+        except BaseException:
+            self.close()
+            raise
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def register(self, public_key: str, ca: str) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        out = subprocess.run([str(BIN / "flwr"), "supernode", "register", public_key, ".", "test"], env=self.env,
+                             capture_output=True, text=True, timeout=60, cwd=self.folder)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def wait_listening(self, port: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"the SuperLink did not listen on 127.0.0.1:{port}: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.folder.glob("*.log"))
+
+    def close(self) -> None:
+        """Kill every process this federation started (their process groups), then reap them."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                except ProcessLookupError:
+                    pass
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
