@@ -27,7 +27,8 @@ class Federation:
                  site_args: tuple = ()):
         self.folder, self.procs, self.port = Path(folder), [], free_port()
         self.env = {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_HOME": str(self.folder / "flwr-home"),
-                    "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+                    "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         secure = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
@@ -98,3 +99,50 @@ class Federation:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(timeout=10)
+
+
+def make_tls(folder: Path, clients: int) -> dict:
+    """A self-signed CA, the SuperLink's certificate for 127.0.0.1 (signed by it) and one ECDSA
+    key pair per SuperNode (its public key in OpenSSH form, as ``flwr supernode register`` takes it)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject_key, subject, issuer_key, issuer, ca: bool):
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+                   .public_key(subject_key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def write(name: str, data: bytes) -> str:
+        (folder / name).write_bytes(data)
+        os.chmod(folder / name, 0o600)
+        return str(folder / name)
+
+    pem = serialization.Encoding.PEM
+    private = lambda key: key.private_bytes(pem, serialization.PrivateFormat.PKCS8,  # noqa: E731
+                                            serialization.NoEncryption())
+    ca_key, link_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    link_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    paths = {"ca": write("ca.crt", cert(ca_key, ca_name, ca_key, ca_name, True).public_bytes(pem)),
+             "cert": write("superlink.crt", cert(link_key, link_name, ca_key, ca_name, False).public_bytes(pem)),
+             "key": write("superlink.key", private(link_key)), "node_key": [], "node_pub": []}
+    for k in range(clients):
+        key = ec.generate_private_key(ec.SECP384R1())
+        paths["node_key"].append(write(f"node{k}.key", key.private_bytes(
+            pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())))
+        paths["node_pub"].append(write(f"node{k}.pub", key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)))
+    return paths

@@ -1,0 +1,46 @@
+"""``--executor flower``: a SuperLink, three SuperNodes and their site processes on 127.0.0.1
+(subprocesses, killed in the fixture's teardown; insecure transport in the default test, TLS and
+SuperNode authentication in the slow one).  The run through Flower is the local run: the same
+accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from flower_federation import Federation, make_tls
+from secure_fgl.experiment import run_experiment
+from test_runtime import small
+
+pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
+
+
+@pytest.fixture
+def federation(tmp_path, monkeypatch, request):
+    tls = make_tls(tmp_path / "tls", clients=3) if getattr(request, "param", False) else None
+    fed = Federation(tmp_path, clients=3, tls=tls)
+    monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
+    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+    try:
+        yield fed
+    finally:
+        fed.close()
+
+
+def same_run(local: dict, flower: dict) -> None:
+    assert [r["train_loss"] for r in flower["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert flower["final"]["test_acc"] == local["final"]["test_acc"]
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+def test_fedavg_mask_over_flower_is_the_local_run(federation):
+    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    same_run(local, flower)
+    runtime = flower["runtime"]
+    assert runtime["executor"] == "flower" and runtime["sites"] == 3
+    # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
+    stats, carried = runtime["stats"], runtime["flower"]
+    assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
+    assert carried["framing_overhead_bytes"] == (carried["message_bytes_down"] + carried["message_bytes_up"]
+                                                 - carried["frame_bytes_down"] - carried["frame_bytes_up"]) > 0
