@@ -4,8 +4,7 @@ SuperNode authentication in the slow one).  The run through Flower is the local 
 accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
 from __future__ import annotations
 
-import os
-
+import numpy as np
 import pytest
 
 from flower_federation import Federation, make_tls
@@ -13,6 +12,21 @@ from secure_fgl.experiment import run_experiment
 from test_runtime import small
 
 pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
+
+
+def test_a_frame_crosses_flower_serialisation_unchanged():
+    """In process: a runtime frame packed into a Flower message's content, deflated into Flower's
+    objects and inflated again, is the same bytes; Flower's objects are counted apart from it."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    from secure_fgl.runtime import flower_app, wire
+    frame = wire.pack({"x": np.arange(100_000, dtype=np.float32), "tag": "fedavg/model"})
+    content = flower_app.pack({"method": "receive", "client": 2, "timeout": 5.0}, frame)
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
+    header, carried = flower_app.unpack(inflate_object_from_contents(content.object_id, contents))
+    assert carried == frame and header == {"method": "receive", "client": 2, "timeout": 5.0}
+    assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > len(frame)
 
 
 @pytest.fixture

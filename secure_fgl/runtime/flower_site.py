@@ -103,36 +103,36 @@ class Site:
         return wire.pack(f)
 
 
-def _exit(*_) -> None:
-    raise SystemExit(0)
+def answer(site: Site, header: dict, frame: bytes) -> tuple[dict, bytes]:
+    """The reply to one forwarded request: ``status`` ``ok`` and the response frame, ``refused``
+    and the :class:`~protocols.ProtocolError` class and message, or ``error`` (anything else:
+    the site keeps serving, the driver raises it)."""
+    try:
+        return {"status": "ok"}, site.handle(str(header["method"]), int(header["client"]), frame)
+    except ProtocolError as exc:
+        return {"status": "refused", "error": type(exc).__name__, "message": str(exc)}, b""
+    except Exception as exc:       # noqa: BLE001 - reported to the driver
+        return {"status": "error", "error": type(exc).__name__, "message": str(exc)}, b""
 
 
 def serve(site: Site, path: Path) -> None:
     """Answer forwarded requests on the Unix socket ``path``, one connection at a time, until terminated."""
     server = local_socket.listen(path)
-    signal.signal(signal.SIGTERM, _exit)
     try:
         while True:
             conn, _ = server.accept()
             with conn:
                 try:
-                    header, frame = local_socket.receive(conn)
-                except (local_socket.SocketClosed, ValueError):
+                    local_socket.send(conn, *answer(site, *local_socket.receive(conn)))
+                except (OSError, ValueError):    # a peer that went away or sent no message
                     continue
-                try:
-                    answer, payload = {"status": "ok"}, site.handle(str(header["method"]), int(header["client"]),
-                                                                   frame)
-                except ProtocolError as exc:
-                    answer, payload = {"status": "refused", "error": type(exc).__name__, "message": str(exc)}, b""
-                except Exception as exc:       # noqa: BLE001 - reported to the driver, the site keeps serving
-                    answer, payload = {"status": "error", "error": type(exc).__name__, "message": str(exc)}, b""
-                try:
-                    local_socket.send(conn, answer, payload)
-                except OSError:
-                    pass
     finally:
         server.close()
         path.unlink(missing_ok=True)
+
+
+def _exit(*_) -> None:
+    raise SystemExit(0)
 
 
 def main(argv=None) -> None:
@@ -157,6 +157,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     site = Site(args.client, args.data_root, args.state_dir or args.socket.parent / "state",
                 args.allow_attack_simulation, args.allow_model_export, args.device)
+    signal.signal(signal.SIGTERM, _exit)
     serve(site, args.socket)
 
 
