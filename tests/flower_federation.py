@@ -39,6 +39,7 @@ class Federation:
                     "--disable-runtime-dependency-installation", "--database", str(self.folder / "state.db")]
             link += (["--ssl-ca-certfile", tls["ca"], "--ssl-certfile", tls["cert"], "--ssl-keyfile", tls["key"],
                       "--enable-supernode-auth"] if tls else ["--insecure"])
+            (self.folder / "superlink.argv").write_text(" ".join(link))
             self.spawn("superlink", link)
             self.wait_listening(self.port, timeout)
             for k in range(clients):
@@ -67,7 +68,7 @@ class Federation:
 
     def register(self, public_key: str, ca: str) -> None:
         """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
-        out = subprocess.run([str(BIN / "flwr"), "supernode", "register", public_key, ".", "test"], env=self.env,
+        out = subprocess.run([str(BIN / "flwr"), "supernode", "register", public_key, "test"], env=self.env,
                              capture_output=True, text=True, timeout=60, cwd=self.folder)
         assert out.returncode == 0, out.stdout + out.stderr
 

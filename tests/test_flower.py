@@ -58,3 +58,25 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
     assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
     assert carried["framing_overhead_bytes"] == (carried["message_bytes_down"] + carried["message_bytes_up"]
                                                  - carried["frame_bytes_down"] - carried["frame_bytes_up"]) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("federation", [True], indirect=True, ids=["tls+node-auth"])
+def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
+    """TLS on every Flower connection (a CA made here), SuperNode authentication with registered keys."""
+    assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
+    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    same_run(local, flower)
+
+
+@pytest.mark.slow
+def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
+    """FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
+    same protocol bytes per tag; losses equal within CKKS's fresh encryption noise."""
+    kw = dict(options={"row_order": "signature"}, rounds=1)
+    local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
+    flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
+    assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx([r["train_loss"] for r in local["rounds"]],
+                                                                        abs=1e-4)
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
