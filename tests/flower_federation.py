@@ -25,7 +25,7 @@ class Federation:
 
     def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0,
                  site_args: tuple = ()):
-        self.folder, self.procs, self.port = Path(folder), [], free_port()
+        self.folder, self.procs, self.port = Path(folder), {}, free_port()
         self.env = {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_HOME": str(self.folder / "flwr-home"),
                     "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
                     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
@@ -59,17 +59,21 @@ class Federation:
             raise
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "wb")
-        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                start_new_session=True)
-        log.close()
-        self.procs.append(proc)
+        with open(self.folder / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                    start_new_session=True)
+        self.procs[name] = proc
         return proc
+
+    def kill(self, name: str) -> None:
+        """Kill process ``name`` (e.g. ``supernode2``) and its children at once, as a crash would."""
+        os.killpg(self.procs[name].pid, 9)
+        self.procs[name].wait(timeout=10)
 
     def register(self, public_key: str, ca: str) -> None:
         """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
         out = subprocess.run([str(BIN / "flwr"), "supernode", "register", public_key, "test"], env=self.env,
-                             capture_output=True, text=True, timeout=60, cwd=self.folder)
+                             capture_output=True, text=True, timeout=60, cwd=self.folder, check=False)
         assert out.returncode == 0, out.stdout + out.stderr
 
     def wait_listening(self, port: int, timeout: float) -> None:
@@ -78,7 +82,7 @@ class Federation:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return
-            if any(p.poll() is not None for p in self.procs):
+            if any(p.poll() is not None for p in self.procs.values()):
                 break
             time.sleep(0.1)
         raise RuntimeError(f"the SuperLink did not listen on 127.0.0.1:{port}: {self.logs()}")
@@ -88,13 +92,13 @@ class Federation:
 
     def close(self) -> None:
         """Kill every process this federation started (their process groups), then reap them."""
-        for proc in reversed(self.procs):
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, 15)
                 except ProcessLookupError:
                     pass
-        for proc in reversed(self.procs):
+        for proc in reversed(list(self.procs.values())):
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -132,7 +136,7 @@ def make_tls(folder: Path, clients: int) -> dict:
         return str(folder / name)
 
     pem = serialization.Encoding.PEM
-    private = lambda key: key.private_bytes(pem, serialization.PrivateFormat.PKCS8,  # noqa: E731
+    private = lambda key: key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                             serialization.NoEncryption())
     ca_key, link_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from flower_federation import Federation, make_tls
-from secure_fgl.experiment import run_experiment
 from test_runtime import small
+
+from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.flower_executor import FlowerExecutor
 
 pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
 
@@ -74,9 +76,38 @@ def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
 def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
     """FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
     same protocol bytes per tag; losses equal within CKKS's fresh encryption noise."""
-    kw = dict(options={"row_order": "signature"}, rounds=1)
+    kw = {"options": {"row_order": "signature"}, "rounds": 1}
     local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
     flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
     assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx([r["train_loss"] for r in local["rounds"]],
                                                                         abs=1e-4)
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+class KillingFlowerExecutor(FlowerExecutor):
+    """Kills the SuperNode of client ``victim`` (and its ClientApp processes) before ``method``."""
+
+    def __init__(self, federation, victim: int, method: str, **kw):
+        super().__init__(**kw)
+        self.federation, self.victim, self.method = federation, victim, method
+
+    def _call(self, method, requests):
+        if method == self.method and self.victim in requests:
+            self.federation.kill(f"supernode{self.victim}")
+        return super()._call(method, requests)
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(federation):
+    cfg = small("fedavg", "mask", executor="flower", rounds=1, round_timeout=40).validate()
+    fed = load_federation(cfg)
+    executor = KillingFlowerExecutor(federation, victim=2, method="half:masked_upload", round_timeout=40)
+    try:
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+        with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round \d+: no answer"):
+            rows = [strategy.train_round(0)]
+    finally:
+        executor.shutdown()
+    assert [r["clients_lost"] for r in rows] == [1]
+    assert protocol.last_included == (0, 1)              # the survivors' sum, by mask recovery

@@ -8,6 +8,7 @@ import socket
 
 import numpy as np
 import pytest
+from test_runtime import small
 
 from protocols import ProtocolError
 from protocols.errors import MalformedMessageError
@@ -17,8 +18,6 @@ from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.flower_executor import _refusal, strip_data
 from secure_fgl.runtime.flower_site import Site, SiteRefusal, answer
-
-from test_runtime import small
 
 
 class FrameKeeper(LocalExecutor):

@@ -103,10 +103,12 @@ def _exchange(grid: Grid, node_of: dict[int, int], method: str, frames: dict[int
     return answers, lost, down, up
 
 
-def _find_sites(grid: Grid, clients: list[int], timeout: float) -> dict[int, int]:
+def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int]]:
     """Ask every connected SuperNode which clients its site serves, until each of ``clients``
-    has one or ``timeout`` seconds have passed."""
+    has one or ``timeout`` seconds have passed.  Returns client -> node and the clients that
+    more than one site claims."""
     node_of: dict[int, int] = {}
+    twice: set[int] = set()
     asked: set[int] = set()
     deadline = time.monotonic() + timeout
     while set(clients) - set(node_of) and time.monotonic() < deadline:
@@ -119,9 +121,10 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> dict[int, int
                                      {i: b"" for i in range(len(new))}, max(1.0, deadline - time.monotonic()))
         for i, (header, payload) in answers.items():
             for k in json.loads(payload or b"[]") if header.get("status") == "ok" else []:
-                node_of.setdefault(int(k), new[i])
+                if node_of.setdefault(int(k), new[i]) != new[i]:
+                    twice.add(int(k))
         asked.difference_update(new[i] for i in range(len(new)) if i not in answers)  # ask again
-    return node_of
+    return node_of, sorted(twice)
 
 
 @serverapp.main()
@@ -140,8 +143,8 @@ def relay(grid: Grid, context: Context) -> None:
                 local_socket.send(sock, {"status": "ok"})
                 return
             if op["op"] == "sites":
-                node_of = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
-                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}})
+                node_of, twice = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
+                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}, "claimed_twice": twice})
                 continue
             frames, offset = {}, 0                       # op == "call"
             for k, n in op["sizes"]:

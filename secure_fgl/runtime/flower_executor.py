@@ -32,8 +32,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from protocols import ProtocolError
 
@@ -130,6 +130,7 @@ class FlowerExecutor(Executor):
                        "frame_bytes_down": 0, "frame_bytes_up": 0}
         self.sock = self.run_id = None
         self.clients: list[int] = []
+        self.nodes: dict[int, int] = {}                 # client -> the node id of its site's SuperNode
         try:
             listener = local_socket.listen(self.folder / "relay" / "relay.sock")
             app = self.folder / "app"
@@ -137,7 +138,8 @@ class FlowerExecutor(Executor):
             (app / "pyproject.toml").write_text(APP_TOML)
             out = subprocess.run([flwr, "run", str(app), "--format", "json", "--run-config",
                                   f"relay-socket='{listener.getsockname()}'"],
-                                 env=flower_env(), capture_output=True, text=True, timeout=self.start_timeout)
+                                 env=flower_env(), capture_output=True, text=True, timeout=self.start_timeout,
+                                 check=False)
             if out.returncode != 0:
                 raise ConfigError("--executor flower: `flwr run` failed (is a SuperLink running, and the default "
                                   f"connection of $FLWR_HOME/config.toml pointing at it?): "
@@ -164,6 +166,9 @@ class FlowerExecutor(Executor):
         """Find the site of every client, then hand each its set-up frame without its data."""
         self.clients = sorted(frames)
         found, _ = self._relay({"op": "sites", "clients": self.clients, "timeout": self.start_timeout})
+        if found["claimed_twice"]:
+            raise ConfigError(f"--executor flower: client(s) {found['claimed_twice']} are served by more than one "
+                              "site; give each site its own --client")
         missing = sorted(set(self.clients) - {int(k) for k in found["nodes"]})
         if missing:
             raise ConfigError(f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
@@ -201,7 +206,7 @@ class FlowerExecutor(Executor):
 
     def describe(self) -> dict:
         f = self.flower
-        return {"executor": self.name, "run_id": self.run_id, "sites": len(set(getattr(self, "nodes", {}).values())),
+        return {"executor": self.name, "run_id": self.run_id, "sites": len(set(self.nodes.values())),
                 "flower": {**f, "framing_overhead_bytes": f["message_bytes_down"] + f["message_bytes_up"]
                            - f["frame_bytes_down"] - f["frame_bytes_up"]}}
 
