@@ -105,7 +105,8 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
     try:
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
         strategy = make_strategy(cfg, fed, protocol, {}, executor)
-        with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round \d+: no answer"):
+        # Flower reports the message undeliverable (or the site silent until --round-timeout)
+        with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round \d+"):
             rows = [strategy.train_round(0)]
     finally:
         executor.shutdown()
