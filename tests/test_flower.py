@@ -4,6 +4,8 @@ SuperNode authentication in the slow one).  The run through Flower is the local 
 accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from flower_federation import Federation, make_tls
@@ -13,6 +15,7 @@ from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.flower_executor import FlowerExecutor
 
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
 
 
