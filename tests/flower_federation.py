@@ -25,7 +25,7 @@ class Federation:
 
     def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0,
                  site_args: tuple = ()):
-        self.folder, self.procs, self.port = Path(folder), {}, free_port()
+        self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
         self.env = {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_HOME": str(self.folder / "flwr-home"),
                     "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
                     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}

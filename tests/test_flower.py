@@ -5,10 +5,11 @@ accuracy and the same protocol bytes per tag; Flower's own framing is counted ap
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
-from flower_federation import Federation, make_tls
+from flower_federation import BIN, Federation, free_port, make_tls
 from test_runtime import small
 
 from secure_fgl.experiment import load_federation, run_experiment
@@ -36,7 +37,7 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 
 @pytest.fixture
 def federation(tmp_path, monkeypatch, request):
-    tls = make_tls(tmp_path / "tls", clients=3) if getattr(request, "param", False) else None
+    tls = make_tls(tmp_path / "tls", clients=4) if getattr(request, "param", False) else None  # key 3: unregistered
     fed = Federation(tmp_path, clients=3, tls=tls)
     monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
     monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -68,8 +69,18 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
 @pytest.mark.slow
 @pytest.mark.parametrize("federation", [True], indirect=True, ids=["tls+node-auth"])
 def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
-    """TLS on every Flower connection (a CA made here), SuperNode authentication with registered keys."""
+    """TLS on every Flower connection (a CA made here), SuperNode authentication with registered
+    keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""
     assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
+    tls, sock = federation.tls, federation.folder / "impostor" / "site.sock"
+    federation.spawn("impostor-site", [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock),
+                                       "--client", "0"])
+    impostor = federation.spawn("impostor", [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{federation.port}",
+                                             "--port", str(free_port()), "--root-certificates", tls["ca"],
+                                             "--auth-supernode-private-key", tls["node_key"][3],
+                                             "--node-config", f'site-socket="{sock}"', "--max-wait-time", "60"])
+    assert impostor.wait(timeout=120) != 0
+    assert "Failed to activate SuperNode" in (federation.folder / "impostor.log").read_text()
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
     same_run(local, flower)
