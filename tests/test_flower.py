@@ -126,3 +126,17 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
         executor.shutdown()
     assert [r["clients_lost"] for r in rows] == [1]
     assert protocol.last_included == (0, 1)              # the survivors' sum, by mask recovery
+
+
+@pytest.mark.slow
+def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federation, tmp_path):
+    """Each site writes its checkpoint in its own state folder (not the driver's run folder) and
+    resumes from it: the resumed run is the uninterrupted local one."""
+    kw = {"save_best_model": False, "round_timeout": 60}
+    full = run_experiment(small(executor="local", rounds=2, out=str(tmp_path / "a"), **kw), progress=False)
+    run_experiment(small(executor="flower", rounds=1, out=str(tmp_path / "b"), **kw), progress=False)
+    assert not list((tmp_path / "b").glob("clients/*.pt"))
+    assert all((federation.folder / f"site{k}" / "state" / f"client{k}.pt").is_file() for k in range(3))
+    resumed = run_experiment(small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw),
+                             progress=False)
+    assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
