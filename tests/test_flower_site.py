@@ -4,6 +4,7 @@ set-up frame's settings included).  It gets no data in the set-up frame, no answ
 off the public schedule, and no file written outside the site's state folder."""
 from __future__ import annotations
 
+import json
 import socket
 
 import numpy as np
@@ -12,11 +13,17 @@ from test_runtime import small
 
 from protocols import ProtocolError
 from protocols.errors import MalformedMessageError
+from secure_fgl.config import ConfigError
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime import local_socket, wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.flower_executor import _refusal, strip_data
+from secure_fgl.runtime.flower_executor import (
+    _refusal,
+    check_sites_serve,
+    needs_of,
+    strip_data,
+)
 from secure_fgl.runtime.flower_site import Site, SiteRefusal, answer
 
 
@@ -94,3 +101,15 @@ def test_a_protocol_refusal_crosses_the_socket_as_its_class(planned, tmp_path):
     assert type(_refusal("SystemExit", "x", 1)) is ProtocolError      # only ProtocolError classes are built
     reply, _ = answer(site, {"method": "attack", "client": 0}, wire.pack({"what": "keys"}))
     assert reply["status"] == "error" and reply["error"] == "SiteRefusal"
+
+
+def test_the_driver_stops_before_set_up_when_a_site_does_not_serve_what_the_run_needs(tmp_path):
+    site = Site([0], None, tmp_path, allow_model_export=True)
+    hello = json.loads(site.handle("hello", -1, b""))
+    assert hello == {"clients": [0], "serves": {"attack": False, "weights": True}}
+    needs = needs_of(small(attacks=["all"], out=str(tmp_path)).validate())
+    assert needs == ("weights", "attack")
+    check_sites_serve(("weights",), {0: hello["serves"]})
+    with pytest.raises(ConfigError, match=r"client\(s\) \[0\] do not serve 'attack'.*--allow-attack-simulation"):
+        check_sites_serve(needs, {0: hello["serves"]})
+    assert needs_of(small(save_best_model=False, out=str(tmp_path)).validate()) == ()

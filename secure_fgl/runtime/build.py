@@ -28,8 +28,8 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
         return RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
                            round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
     if cfg.executor == "flower":                   # sites behind Flower SuperNodes (docs/deployment.md)
-        from .flower_executor import FlowerExecutor
-        return FlowerExecutor(round_timeout=cfg.round_timeout)
+        from .flower_executor import FlowerExecutor, needs_of
+        return FlowerExecutor(round_timeout=cfg.round_timeout, needs=needs_of(cfg))
     return LocalExecutor(device)
 
 

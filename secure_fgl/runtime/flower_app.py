@@ -103,12 +103,13 @@ def _exchange(grid: Grid, node_of: dict[int, int], method: str, frames: dict[int
     return answers, lost, down, up
 
 
-def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int]]:
+def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
     """Ask every connected SuperNode which clients its site serves, until each of ``clients``
-    has one or ``timeout`` seconds have passed.  Returns client -> node and the clients that
-    more than one site claims."""
+    has one or ``timeout`` seconds have passed.  Returns client -> node, the clients that more
+    than one site claims, and client -> the optional requests its site serves."""
     node_of: dict[int, int] = {}
     twice: set[int] = set()
+    serves: dict[int, dict] = {}
     asked: set[int] = set()
     deadline = time.monotonic() + timeout
     while set(clients) - set(node_of) and time.monotonic() < deadline:
@@ -120,11 +121,13 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
         answers, _, _, _ = _exchange(grid, {i: n for i, n in enumerate(new)}, "hello",
                                      {i: b"" for i in range(len(new))}, max(1.0, deadline - time.monotonic()))
         for i, (header, payload) in answers.items():
-            for k in json.loads(payload or b"[]") if header.get("status") == "ok" else []:
-                if node_of.setdefault(int(k), new[i]) != new[i]:
-                    twice.add(int(k))
+            site = json.loads(payload) if header.get("status") == "ok" else {"clients": []}
+            for k in map(int, site["clients"]):
+                if node_of.setdefault(k, new[i]) != new[i]:
+                    twice.add(k)
+                serves[k] = site.get("serves", {})
         asked.difference_update(new[i] for i in range(len(new)) if i not in answers)  # ask again
-    return node_of, sorted(twice)
+    return node_of, sorted(twice), serves
 
 
 @serverapp.main()
@@ -143,8 +146,9 @@ def relay(grid: Grid, context: Context) -> None:
                 local_socket.send(sock, {"status": "ok"})
                 return
             if op["op"] == "sites":
-                node_of, twice = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
-                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}, "claimed_twice": twice})
+                node_of, twice, serves = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
+                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}, "claimed_twice": twice,
+                                         "serves": {str(k): v for k, v in serves.items()}})
                 continue
             frames, offset = {}, 0                       # op == "call"
             for k, n in op["sizes"]:

@@ -104,6 +104,27 @@ def _refusal(name: str, message: str, client: int) -> Exception:
     return exc
 
 
+#: requests a site serves only when it opts in, and the driver's setting that makes them
+OPTIONAL = {"attack": ("--allow-attack-simulation", "run without --attacks"),
+            "weights": ("--allow-model-export", "run with --save-best-model false")}
+
+
+def needs_of(cfg) -> tuple[str, ...]:
+    """The optional requests a run with settings ``cfg`` makes: ``weights`` when it writes
+    ``best_model.pt``, ``attack`` with ``--attacks``."""
+    return (("weights",) if cfg.save_best_model and cfg.out else ()) + (("attack",) if cfg.attacks else ())
+
+
+def check_sites_serve(needs, serves: dict[int, dict]) -> None:
+    """``ConfigError`` naming both fixes if a site does not serve an optional request the run needs."""
+    for need in needs:
+        refusing = sorted(k for k, s in serves.items() if not s.get(need))
+        if refusing:
+            flag, fix = OPTIONAL[need]
+            raise ConfigError(f"--executor flower: the site(s) of client(s) {refusing} do not serve {need!r} "
+                              f"requests: {fix}, or start those sites with {flag}")
+
+
 def strip_data(frame: bytes) -> bytes:
     """A node-classification set-up frame with its data fields replaced by their digest
     (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
@@ -121,8 +142,11 @@ class FlowerExecutor(Executor):
 
     name = "flower"
 
-    def __init__(self, round_timeout: float = 600.0, start_timeout: float = START_TIMEOUT):
+    def __init__(self, round_timeout: float = 600.0, start_timeout: float = START_TIMEOUT, needs: tuple = ()):
+        """``needs``: the optional requests the run will make (:data:`OPTIONAL`), checked
+        against what each site serves before any set-up frame is sent."""
         super().__init__()
+        self.needs = tuple(needs)
         flwr = _flwr()
         self.round_timeout, self.start_timeout = float(round_timeout), float(start_timeout)
         self.folder = Path(tempfile.mkdtemp(prefix="secure-fgl-flower-"))
@@ -175,6 +199,7 @@ class FlowerExecutor(Executor):
                               "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
                               "--node-config 'site-socket=\"...\"')")
         self.nodes = {int(k): n for k, n in found["nodes"].items()}
+        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items()})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
         if lost:
             raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")

@@ -63,8 +63,9 @@ class Site:
 
     def handle(self, method: str, client: int, frame: bytes) -> bytes:
         """Answer one forwarded request (``hello``, ``start``, ``stop`` or a runtime method)."""
-        if method == "hello":
-            return json.dumps(self.clients).encode()
+        if method == "hello":                       # public: which clients, and which optional requests it serves
+            return json.dumps({"clients": self.clients, "serves": {"attack": self.allow_attack_simulation,
+                                                                   "weights": self.allow_model_export}}).encode()
         if client not in self.clients:
             raise SiteRefusal(f"this site serves clients {self.clients}, not client {client}")
         if method == "start":
