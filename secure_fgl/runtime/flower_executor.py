@@ -187,7 +187,15 @@ class FlowerExecutor(Executor):
         return local_socket.receive(self.sock)
 
     def start(self, frames: Mapping[int, bytes]) -> None:
-        """Find the site of every client, then hand each its set-up frame without its data."""
+        """Find the site of every client, then hand each its set-up frame without its data.  On
+        any failure the Flower run is stopped before the error is raised."""
+        try:
+            self._start(frames)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, frames: Mapping[int, bytes]) -> None:
         self.clients = sorted(frames)
         found, _ = self._relay({"op": "sites", "clients": self.clients, "timeout": self.start_timeout})
         if found["claimed_twice"]:
@@ -198,8 +206,8 @@ class FlowerExecutor(Executor):
             raise ConfigError(f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
                               "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
                               "--node-config 'site-socket=\"...\"')")
-        self.nodes = {int(k): n for k, n in found["nodes"].items()}
-        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items()})
+        self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
+        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items() if int(k) in frames})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
         if lost:
             raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")

@@ -18,7 +18,8 @@ aggregator, decides:
   requests (``attack``: posteriors, own contributions, kept inputs, coalition keys) are refused
   unless the site was started with ``--allow-attack-simulation`` (without it the runtime also
   keeps nothing for attacks), and its deployed model (``weights``, for ``best_model.pt``) unless
-  started with ``--allow-model-export``.
+  started with ``--allow-model-export``; it announces both in its answer to ``hello``, so the
+  driver stops before set-up when the run needs one.
 * **where its checkpoint goes**: ``save``/``load`` write and read ``STATE_DIR/client<k>.pt``
   whatever path the request names.
 
