@@ -1,4 +1,4 @@
-"""The DP-noise regeneration attack of issue 12, as a plain-mode server would run it.
+"""The DP-noise regeneration attack (docs/security.md), as a plain-mode server would run it.
 
 The victim runs DP-FedAvg for one round; the attacker reads the victim's ``result.json``
 (config, seed, DP settings), reruns the same configuration and subtracts its own round-0

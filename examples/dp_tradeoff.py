@@ -3,7 +3,7 @@
 Reads the ``result.json`` files of a sweep folder written by ``secure-fgl report --config``
 (the grid: ``secure_fgl/configs/dp-gap-tradeoff.toml``) and prints, per dataset and mode, a
 markdown table (mean ± std over seeds; the DP noise is fresh in every run, so the std includes
-its variance) and whether each epsilon meets the issue's target: not below the feature-only
+its variance) and whether each epsilon meets the target: not below the feature-only
 FedAvg MLP by more than one standard deviation, ``mean_gap >= mean_mlp - max(std_gap, std_mlp)``.
 Writes ``<out>/tradeoff.json``.  Example::
 

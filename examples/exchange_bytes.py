@@ -1,4 +1,4 @@
-"""Bytes up per tag over the float32 baseline of short secure runs (issue 17, docs/performance.md).
+"""Bytes up per tag over the float32 baseline of short secure runs (docs/performance.md).
 
 ``python examples/exchange_bytes.py fedomd``: FedOMD (preset ``fedomd-table4``, Cora, 3 rounds)
 with the two-stage batched statistics (default) and ``--raw-moments``, in ckks and plain: the

@@ -12,11 +12,10 @@ dropout 0.5, weight decay 5e-4; FedAvg with ``--local-epochs`` local SGD steps p
 at ``--lr`` 0.5 (code: plain SGD, lr 0.5) for ``--rounds`` rounds (code: 100).  Centralized GCN
 is Kipf & Welling's setting (Adam, lr 0.01, ``--central-epochs`` 200 full-batch epochs), which is
 where the paper's 0.8069 comes from.  ``--optimizer adam --lr 0.01`` gives the Kipf optimiser to
-the federated runs too (on Cora, 0-hop then lands 5-7 points lower; see the FedGCN issue
-note).  The reported accuracy is at the round of best validation accuracy (engine rule).
+the federated runs too (on Cora, 0-hop then lands 5-7 points lower).  The reported accuracy is at the round of best validation accuracy (engine rule).
 
     python examples/fedgcn_table2.py                       # full: 2 datasets x 3 betas x 10 seeds
-    python examples/fedgcn_table2.py --seeds 0 1 2      # 3 seeds (the FedGCN issue note)
+    python examples/fedgcn_table2.py --seeds 0 1 2      # 3 seeds (docs/fedgcn.md)
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Full run (hours on a CPU)::
 
     python examples/fedspray_table2.py --data-root ../shared/datasets
 
-Reduced run (the one reported in the FedSpray issue note)::
+Reduced run (the one reported in docs/fedspray.md)::
 
     OMP_NUM_THREADS=1 python examples/fedspray_table2.py --data-root ../shared/datasets \\
         --backbones gcn --seeds 0 1 2 --methods FedSpray FedAvg Local FedSpray-ref \\

@@ -1,4 +1,4 @@
-"""RSS timeline of the secure FedGCN pre-training at scale (issue 17, docs/performance.md).
+"""RSS timeline of the secure FedGCN pre-training at scale (docs/performance.md).
 
 ``python examples/scale_memory_timeline.py NODES [FEATURES]``: the SBM scale point of
 :func:`secure_fgl.bench.fedgcn._scale_point` (10 clients, ckks packed, sparse layout) without

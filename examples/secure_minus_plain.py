@@ -1,6 +1,6 @@
 """Secure minus plain: the same runs (same seeds) in plain, ckks and mask, and their differences.
 
-Grid (issue 13's evidence): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 clients, Dirichlet
+Grid (the evidence of docs/secure_equals_plain.md): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 clients, Dirichlet
 beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --rounds 100
 --local-epochs 3``, as ``examples/fedgcn_table2.py``); FedSpray (GCN backbone) on PubMed with
 ``examples/fedspray_table2.py``'s setting (7 Louvain clients, its split); FedOMD on Cora with

@@ -1,24 +1,28 @@
-"""Client identities: Ed25519 signing keys, the run's key registry, and message verification.
+"""Identities: Ed25519 identity keys, the run's key registry, owner-signed keys, message verification.
 
-Every client holds an Ed25519 signing key (RFC 8032, ``cryptography``; drawn from the OS
-CSPRNG, never from the run seed) and an X25519 channel key (:mod:`protocols.channel`).
-**Trust assumption: trust on first use.**  At its first message of a run each client
-registers both public keys with the server (a self-signed ``register`` message); the
-server relays the registry to the clients.  The registry never changes afterwards: a
-second, different key for the same party raises :class:`AuthenticationError`.  The
-SHA-256 fingerprints of the registered keys (:meth:`KeyRegistry.fingerprints`) are
-written to ``result.json`` so that they can be compared out of band; passing
-``pinned`` (party -> fingerprint) to the registry turns TOFU into a pinned manifest.
-TOFU assumes the server does not substitute keys at registration (honest-but-curious).
+Every party (each client and the server) holds an Ed25519 identity key (RFC 8032,
+``cryptography``; drawn from the OS CSPRNG, never from the run seed) and each client an
+X25519 channel key (:mod:`protocols.channel`).  **Trust assumption: the run manifest.**  The
+manifest (:mod:`protocols.manifest`) lists every party's identity-key fingerprint; each site
+compares its comparison code out of band before the run, and every party pins the listed
+keys (``KeyRegistry(pinned=...)``): an identity key the manifest does not list is refused
+with :class:`~protocols.errors.KeySubstitutionError`.  Every other public key a party
+publishes (channel key, mask key, ...) travels with its owner's signature over
+:func:`key_statement` (domain, run id, owner, kind, key hash), is forwarded verbatim by the
+server, and is accepted only if :func:`check_public_key` verifies it under the owner's
+pinned identity key.  A key registered once never changes for the run (a second, different
+key raises :class:`AuthenticationError`).  Without a manifest a party registers keys as the
+server relays them (trust on first use): only as an explicit, warned option, secure only
+against a server that follows the protocol.
 
-The server has its own Ed25519 signing key, registered with every client the same way
-(TOFU) and listed with theirs.  Verification (:func:`verify`), done by the server for every
-client->server message and by the recipient for every server->client download and every
-relayed client->client message, before the content is used:
-strict header parse, signature under the claimed sender's key, the sender expected in this
-slot, the recipient, the session and exchange (replays), the body digest, then a replay
-cache keyed by ``(session, exchange, stage, sender, recipient, part)``.  Each failure has
-its own :class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
+Verification (:func:`verify`), done by the server for every client->server message and by
+the recipient for every server->client download and every relayed client->client message,
+before the content is used: strict header parse, signature under the claimed sender's key,
+the sender expected in this slot, the recipient, the run id (which derives from the
+manifest, so parties holding different manifests refuse each other's first message), the
+session and exchange (replays), the body digest, then a replay cache keyed by
+``(session, exchange, stage, sender, recipient, part)``.  Each failure has its own
+:class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import AuthenticationError, DigestError, MisdirectedError, ReplayError
+from .errors import AuthenticationError, DigestError, KeySubstitutionError, MisdirectedError, ReplayError
 from .message import SIGNATURE_BYTES, Envelope, body_digest
 from .transcript import party_client
 
@@ -38,14 +42,54 @@ _RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicForm
 
 
 class SigningKey:
-    """A client's Ed25519 key pair (the private half never leaves the client)."""
+    """A party's Ed25519 identity key pair (the private half never leaves the party).
+    ``SigningKey()`` draws a fresh one from the OS CSPRNG."""
 
-    def __init__(self):
-        self._private = Ed25519PrivateKey.generate()
+    def __init__(self, private: Ed25519PrivateKey | None = None):
+        self._private = private if private is not None else Ed25519PrivateKey.generate()
         self.public_bytes = self._private.public_key().public_bytes(**_RAW)
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`key_fingerprint` of the public key (what a run manifest lists)."""
+        return key_fingerprint(self.public_bytes)
 
     def sign(self, header: bytes) -> bytes:
         return self._private.sign(header)
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key (to hand a client runtime its identity, or to save it)."""
+        return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+
+    def save(self, path) -> None:
+        """Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
+        an existing file is never overwritten."""
+        import os
+        pem = self._private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+
+    @classmethod
+    def load(cls, path) -> "SigningKey":
+        """Read a key written by :meth:`save` (an Ed25519 PKCS#8 PEM file)."""
+        try:
+            with open(path, "rb") as f:
+                private = serialization.load_pem_private_key(f.read(), password=None)
+        except (TypeError, ValueError) as e:
+            raise AuthenticationError(f"{path} is not an identity key file ({e})") from None
+        if not isinstance(private, Ed25519PrivateKey):
+            raise AuthenticationError(f"{path} holds a {type(private).__name__}, not an Ed25519 identity key")
+        return cls(private)
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> "SigningKey":
+        try:
+            return cls(Ed25519PrivateKey.from_private_bytes(bytes(raw)))
+        except (TypeError, ValueError) as e:
+            raise AuthenticationError(f"malformed identity key ({e})") from None
 
 
 def key_fingerprint(public_bytes: bytes) -> str:
@@ -66,12 +110,17 @@ class KeyRegistry:
     def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
         """Register ``party``'s keys (the server has a signing key only)."""
         if party in self.signing:
-            if (self.signing[party], self.channel.get(party)) != (signing_public, channel_public):
+            known_channel = self.channel.get(party, channel_public)
+            if self.signing[party] != signing_public or (channel_public is not None and known_channel != channel_public):
                 raise AuthenticationError(f"{party} tried to register a second, different key; the registry "
                                           "is fixed at first use", client=party_client(party))
+            if channel_public is not None:
+                self.channel[party] = bytes(channel_public)
             return
-        if self.pinned is not None and self.pinned.get(party) != key_fingerprint(signing_public):
-            raise AuthenticationError(f"{party}'s signing key does not match the pinned manifest",
+        if self.pinned is not None and self.pinned.get(party) != key_fingerprint(bytes(signing_public)):
+            raise KeySubstitutionError(f"{party}'s identity key is not the one the run manifest lists "
+                                      f"({'not listed' if party not in self.pinned else 'fingerprint differs'}): "
+                                      "a substituted key, or sites holding different manifests",
                                       client=party_client(party))
         try:
             Ed25519PublicKey.from_public_bytes(signing_public)
@@ -124,7 +173,6 @@ def check_public_key(registry: KeyRegistry, kind: str, run_id: bytes, owner: str
     """Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
     it): verifies ``signature`` over :func:`key_statement` under the owner's registered
     identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`."""
-    from .errors import KeySubstitutionError
     try:
         registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)
     except AuthenticationError:
@@ -167,8 +215,11 @@ def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where
     if env.recipient != expected["recipient"] or msg.receiver != expected["recipient"]:
         raise MisdirectedError(f"message addressed to {env.recipient!r} delivered to {expected['recipient']!r}",
                                **where)
-    if env.run_id != expected["run_id"] or env.session != expected["session"]:
-        raise ReplayError("message of another run or session (replayed from elsewhere)", **where)
+    if env.run_id != expected["run_id"]:
+        raise ReplayError("message of another run: replayed from elsewhere, or its sender holds a different run "
+                          "manifest (compare the manifests' comparison codes)", **where)
+    if env.session != expected["session"]:
+        raise ReplayError("message of another session (replayed from elsewhere)", **where)
     if env.exchange != expected["exchange"]:
         raise ReplayError(f"message of exchange {env.exchange} replayed in exchange {expected['exchange']}", **where)
     for name, got in (("protocol", msg.protocol), ("fingerprint", msg.fingerprint), ("round", msg.round),

@@ -6,7 +6,7 @@ client's contribution on the client side, records every message in the
 :class:`~protocols.transcript.Transcript`, aggregates on the server side using only
 what the server may hold, and decodes the result on the recipients' side.
 
-The four shapes (DESIGN.md, "Protocol objects"):
+The four shapes (docs/design.md, "Protocol objects"):
 
 1. :meth:`Protocol.weighted_mean` / :meth:`Protocol.weighted_sum` — dense tensors.
    In secure modes the weights are hidden too: a client sends ``[w*v, w]`` and the

@@ -87,3 +87,32 @@ class MisdirectedError(IntegrityError):
 class UnmaskingRefusedError(ProtocolError):
     """An honest client refused an unmasking request that would reveal an individual input
     (both the self-mask and the mask-key shares of one client)."""
+
+
+class KeySwitchRefusedError(ProtocolError):
+    """A ckks-mp client refused a key-switching request: answering it could re-encrypt what it
+    holds to a key the run does not name, for blocks or a recipient the plan does not release,
+    or past the run's smudging budget."""
+
+
+class RecipientKeyError(KeySwitchRefusedError):
+    """A key switch names a recipient key that is not the owner-signed key of a recipient of
+    this exchange (or the dealer-signed broadcast key where the plan releases the blocks to all)."""
+
+
+class DowngradeError(KeySwitchRefusedError):
+    """A key switch or download would send blocks scoped to one recipient to the broadcast key."""
+
+
+class RepeatedKeySwitchError(KeySwitchRefusedError):
+    """A second key-switching request in one exchange."""
+
+
+class SmudgingBudgetError(KeySwitchRefusedError):
+    """The run's key switches would exceed the public budget that keeps the smudging's total
+    statistical distance within 2^-30."""
+
+
+class RepeatedUploadError(ProtocolError):
+    """A second upload request in one exchange (ckks-mp: the second ciphertext would share the
+    first one's public ``c1``, so their difference would reveal the difference of the inputs)."""

@@ -1,4 +1,4 @@
-"""Pairwise statistics for clustering (DESIGN.md exchange shape 4; GCFL, Xie et al., NeurIPS
+"""Pairwise statistics for clustering (exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS
 2021, sec. 4): whoever decides the clusters learns the ``m x m`` cosine-similarity matrix of
 the members' updates, and the scalars it is told, nothing more.
 

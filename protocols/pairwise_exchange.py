@@ -1,4 +1,4 @@
-"""GCFL's pairwise statistics (DESIGN.md shape 4) as an exchange of a backend's halves: the
+"""GCFL's pairwise statistics (docs/design.md shape 4) as an exchange of a backend's halves: the
 server half learns the members' ``m x m`` cosine matrix and nothing else the protocol hides.
 
 One exchange, tag ``T``; its plan (one block of the update's length, the members as

@@ -1,6 +1,6 @@
 """The two halves of a protocol backend: one client half per client, one server half.
 
-A backend is split along the privacy boundary (DESIGN.md, "Parties"):
+A backend is split along the privacy boundary (docs/parties.md):
 
 * :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
   only (:class:`PartySetup`), so it can live in another process or machine.  It makes its
@@ -18,10 +18,15 @@ Every message is a signed envelope (:mod:`protocols.message`), verified by its r
 
 Stages every backend shares:
 
-``register``  (once per run) the server sends each client its signing key; each client
-              answers with its signing and channel public keys (trust on first use).
+``register``  (once per run) the server sends each client its identity (signing) key; each
+              client answers with its identity key and its channel key, the latter signed
+              by its identity key (:func:`~protocols.auth.sign_public_key`).  Identity keys
+              must be the ones the run manifest lists (:mod:`protocols.manifest`).
 ``directory`` (backends whose clients talk to each other through the server) the server
-              sends each client the registered public keys of all clients; it travels in
+              forwards each client the registered keys of all clients with their owners'
+              signatures, verbatim; each client checks every identity key against the
+              manifest and every channel key against its owner's signature
+              (:class:`~protocols.errors.KeySubstitutionError` otherwise).  It travels in
               the client's next request bundle.
 ``plan``      the first message of every exchange: :class:`~protocols.plan.ExchangePlan`
               for that client; it travels in the bundle of the exchange's first stage.
@@ -29,17 +34,20 @@ Stages every backend shares:
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
-from .auth import KeyRegistry, ReplayCache, SigningKey, verify
+from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
-from .errors import DropoutError, IntegrityError, MalformedMessageError, ProtocolError
+from .errors import (ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError, MalformedMessageError,
+                     ProtocolError)
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
+from .manifest import Manifest
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
 from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
@@ -97,6 +105,32 @@ class Party:
         self.replay = ReplayCache()
         #: number of the exchange in progress (set by the server; bound into every envelope)
         self.exchange = 0
+        #: the run manifest this party pins identity keys from (:meth:`use_manifest`)
+        self.manifest: Manifest | None = None
+        #: register identity keys as the server relays them (no manifest; secure only against a
+        #: server that follows the protocol)
+        self.trust_on_first_use = False
+
+    def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
+        """Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
+        the manifest must list).  Called before the first exchange, by whoever builds this party
+        from the manifest it holds (never with one relayed by the server).  The public setup must be
+        the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so
+        every option a half reads from its setup is one the sites compared."""
+        manifest.check_setup(self.setup.mode, self.setup.num_clients, self.setup.run_id, self.setup.options)
+        identity = identity if identity is not None else self.signing
+        if manifest.parties.get(self.name) != identity.fingerprint:
+            raise ConfigurationError(f"{self.name}'s identity key is not the one the run manifest lists; "
+                                     "use the key whose fingerprint the manifest holds for this party")
+        self.manifest, self.signing = manifest, identity
+        self.registry = KeyRegistry(pinned=dict(manifest.parties))
+
+    def parameter(self, name: str, default: Any = None) -> Any:
+        """A security parameter of the run, from the pinned manifest (:meth:`Manifest.parameter`);
+        a party without one (trust on first use) reads its public setup options."""
+        if self.manifest is not None:
+            return self.manifest.parameter(name, default)
+        return self.setup.options.get(name, default)
 
     def seal(self, msg: Message, stage: str, part: int = 0) -> tuple[Message, bytes]:
         """Sign ``msg`` as this party: ``(sealed message, its wire bytes)``; ``nbytes == len(bytes)``."""
@@ -180,11 +214,12 @@ class ClientHalf(Party):
         out: list[bytes] = []
         for msg in self.parse(request, where):
             env = envelope_of(msg)
-            if env.exchange > self.exchange and msg.sender == SERVER:
-                self.exchange = env.exchange          # the server numbers exchanges; older ones are replays
             if env.stage == "register" and msg.sender == SERVER:
                 out.append(self._register(msg))
-            elif env.stage == "directory" and msg.sender == SERVER:
+                continue
+            if env.exchange > self.exchange and msg.sender == SERVER:
+                self._adopt_exchange(msg, env.exchange)
+            if env.stage == "directory" and msg.sender == SERVER:
                 self._directory(msg)
             elif env.stage == "plan" and msg.sender == SERVER:
                 self._accept_plan(msg)
@@ -197,6 +232,14 @@ class ClientHalf(Party):
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
+
+    def _adopt_exchange(self, msg: Message, exchange: int) -> None:
+        """The server numbers exchanges (older ones are replays): a later number is adopted only
+        from a message whose signature verifies under the server's registered key, so a forged
+        packet cannot push this client past the exchanges to come."""
+        signature, header = split_auth(msg.auth)
+        self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
+        self.exchange = exchange
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""
@@ -266,7 +309,7 @@ class ClientHalf(Party):
         self.check(msg, peer, stage, part, self.where(), exchange)
         ad = associated_data(self.setup.run_id, self.setup.session, exchange, msg.round, msg.tag, stage, peer,
                              self.name)
-        return self.channel.open(peer, self.registry.channel[peer], self.setup.run_id, msg.payload, ad,
+        return self.channel.open(peer, self._peer_channel(peer), self.setup.run_id, msg.payload, ad,
                                  dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
 
     def seal_relayed(self, peer: int, stage: str, secret: bytes, note: str, fingerprint: str, part: int = 0,
@@ -276,34 +319,61 @@ class ClientHalf(Party):
         tag = tag or self.plan.tag
         rnd = self.plan.round if round is None else round
         ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, rnd, tag, stage, self.name, pb)
-        sealed = self.channel.seal(pb, self.registry.channel[pb], self.setup.run_id, secret, ad)
+        sealed = self.channel.seal(pb, self._peer_channel(pb), self.setup.run_id, secret, ad)
         msg = self.message(pb, "ciphertext", (len(sealed),), sealed, fingerprint,
                            note + " (channel-encrypted, relayed by the server)", tag=tag, round=rnd)
         return self.seal(replace(msg, relay=SERVER), stage, part)
+
+    def _peer_channel(self, peer: str) -> bytes:
+        """``peer``'s owner-signed channel key from the directory (IntegrityError if it was withheld)."""
+        key = self.registry.channel.get(peer)
+        if key is None:
+            raise IntegrityError(f"no channel key of {peer} in the key directory (withheld by the server)",
+                                 **self.where())
+        return key
 
     # ------------------------------------------------------------------ shared stages
     def _register(self, msg: Message) -> bytes:
         payload = msg.payload if isinstance(msg.payload, dict) else {}
         where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
+        if self.manifest is None:
+            if not self.trust_on_first_use:
+                raise ConfigurationError("this client half holds no run manifest: build it with use_manifest() "
+                                         "(or set trust_on_first_use, which an active server defeats)", **where)
+            warnings.warn(f"{self.name} registers keys by trust on first use: a server that substitutes keys "
+                          "reads every input; pin them with a run manifest", RuntimeWarning, stacklevel=2)
         try:
-            self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # trust on first use
+            self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # pinned by the manifest
         except (TypeError, ValueError) as e:
             raise IntegrityError(f"malformed server key ({e})", **where) from None
-        self.check(msg, SERVER, "register", 0, where)
-        mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes}
+        exchange = max(self.exchange, envelope_of(msg).exchange)
+        self.check(msg, SERVER, "register", 0, where, exchange)
+        self.exchange = exchange                       # adopted once the signature verified
+        self.registry.register(self.name, self.signing.public_bytes, self.channel.public_bytes)
+        mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes,
+                "channel_signature": sign_public_key(self.signing, "channel", self.setup.run_id, self.name,
+                                                     self.channel.public_bytes)}
         reply = Message(msg.round, AUTH_TAG, self.name, SERVER, "public_key", (2, 32), 0, self.mode, "", mine,
-                        note="Ed25519 signing key and X25519 channel key (TOFU)")
+                        note="Ed25519 identity key and X25519 channel key (signed by the identity key)")
         return self.seal(reply, "register")[1]
 
     def _directory(self, msg: Message) -> None:
         where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
         self.check(msg, SERVER, "directory", 0, where)
         try:
-            for party, keys in msg.payload.items():
-                if party != self.name:
-                    self.registry.register(str(party), bytes(keys["signing"]), bytes(keys["channel"]))
+            entries = [(str(p), bytes(k["signing"]), bytes(k["channel"]), bytes(k["channel_signature"]))
+                       for p, k in msg.payload.items()]
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed key directory ({e})", **where) from None
+        for party, signing, channel, signature in entries:
+            if party == self.name:
+                if (signing, channel) != (self.signing.public_bytes, self.channel.public_bytes):
+                    raise KeySubstitutionError("the key directory lists other keys for this client", **where)
+                continue
+            self.registry.register(party, signing)                 # the identity key the manifest lists
+            check_public_key(self.registry, "channel", self.setup.run_id, party, channel, signature,
+                             dict(where, client=party_client(party)))
+            self.registry.register(party, signing, channel)
 
     def _accept_plan(self, msg: Message) -> None:
         self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
@@ -332,6 +402,8 @@ class ServerHalf(Party):
         self.plan: ExchangePlan | None = None
         self._outbox: dict[int, list[bytes]] = {}
         self.registered: set[int] = set()
+        #: party -> its owner's signature over its channel key (forwarded verbatim in the directory)
+        self.channel_signatures: dict[str, bytes] = {}
 
     def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
         """Run one exchange over ``link``; returns the clients whose contributions the
@@ -420,14 +492,15 @@ class ServerHalf(Party):
         return wire
 
     def register(self, link, rnd: int, clients) -> None:
-        """Trust on first use: the server's signing key to each new client, its keys back."""
+        """The server's identity key to each new client; its identity key and owner-signed channel key
+        back (each checked against the run manifest); then the key directory, forwarded verbatim."""
         new = [k for k in clients if k not in self.registered]
         if not new:
             return
         self.registry.register(SERVER, self.signing.public_bytes)
         msgs = {k: [(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
                              {"signing": self.signing.public_bytes},
-                             note="the server's Ed25519 signing key (TOFU)"), 0)] for k in new}
+                             note="the server's Ed25519 identity key (pinned by the run manifest)"), 0)] for k in new}
         replies = self.call(link, "register", msgs, hook=False)   # key set-up precedes any exchange
         for k in new:
             where = dict(tag=AUTH_TAG, round=rnd, client=k)
@@ -436,19 +509,27 @@ class ServerHalf(Party):
                 raise DropoutError(f"client {k} did not register its keys", **where)
             keys = got[0].payload
             try:
-                self.registry.register(client_party(k), bytes(keys["signing"]), bytes(keys["channel"]))
+                signing, channel = bytes(keys["signing"]), bytes(keys["channel"])
+                signature = bytes(keys["channel_signature"])
             except (KeyError, TypeError, ValueError) as e:
                 raise IntegrityError(f"malformed key registration ({e})", **where) from None
+            self.registry.register(client_party(k), signing)
             self.check(got[0], client_party(k), "register", 0, where)
+            check_public_key(self.registry, "channel", self.setup.run_id, client_party(k), channel, signature, where)
+            self.registry.register(client_party(k), signing, channel)
+            self.channel_signatures[client_party(k)] = signature
             self.registered.add(k)
         if self.relays_between_clients:
             directory = {client_party(k): {"signing": self.registry.signing[client_party(k)],
-                                           "channel": self.registry.channel[client_party(k)]}
+                                           "channel": self.registry.channel[client_party(k)],
+                                           "channel_signature": self.channel_signatures[client_party(k)]}
                          for k in sorted(self.registered)}
             for k in sorted(self.registered):
                 msg = Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32), 0,
                               self.mode, "", directory, note="the clients' registered public keys")
-                self._outbox.setdefault(k, []).append(self._outgoing(msg, "directory", 0))
+                wire = self._outgoing(msg, "directory", 0, self.intercept)
+                if wire is not None:
+                    self._outbox.setdefault(k, []).append(wire)
 
     def responses(self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None,
                   part: int = 0) -> Message | None:

@@ -14,6 +14,13 @@ hold every client's contribution in one dict, and runs each exchange as the part
 The client halves are built from the public setup bytes alone, exactly as a remote process
 would build them; the facade keeps references to them only to play the algorithm's clients
 (and, for the attack suite, to read what a colluding client holds).
+
+The facade also plays the sites before the run (:mod:`protocols.manifest`): it draws each
+party's identity key, writes the run manifest (identity fingerprints, public options and
+security parameters), derives the run id from it and hands every half the manifest and its
+own identity key directly, never through the server half.  In one process this is one trust
+domain: it exercises the checks each client makes against the manifest, it does not
+separate the parties.
 """
 from __future__ import annotations
 
@@ -21,29 +28,42 @@ from typing import Mapping
 
 import numpy as np
 
+from .auth import SigningKey
 from .base import ExchangeContext, Protocol
 from .link import ClientLink, InProcessLink
+from .manifest import Manifest
 from .party import ClientHalf, PartySetup, ServerHalf
 from .plan import ExchangePlan
-from .transcript import SERVER, Message, party_client
+from .transcript import SERVER, Message, client_party, party_client
 
 
 class SplitProtocol(Protocol):
     """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
 
-    ``link``: the transport to the client halves (default: in-process halves built here).
+    ``link``: the transport to the client halves (default: in-process halves built here;
+    with a link, :meth:`client_identity` is what the driver hands each client runtime).
+    ``schedule``: SHA-256 hex of the public configuration fixing the exchange schedule
+    (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
     """
 
     client_half: type[ClientHalf] = ClientHalf
     server_half: type[ServerHalf] = ServerHalf
 
-    def __init__(self, num_clients: int, *, link: ClientLink | None = None, **base_options):
+    def __init__(self, num_clients: int, *, link: ClientLink | None = None, schedule: str = "", **base_options):
         super().__init__(num_clients, **base_options)
+        identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
+        self.manifest = Manifest.new(self.mode, {p: key.fingerprint for p, key in identities.items()},
+                                     self.public_options(), self.security_parameters(), schedule)
+        self.run_id = self.manifest.run_id
         self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options())
         self.server = self.server_half(self.setup, self.transcript)
+        self.server.use_manifest(self.manifest, identities.pop(SERVER))
         setup_bytes = self.setup.to_bytes()
-        self.clients: dict[int, ClientHalf] = ({} if link is not None else
-                                               {k: self.client_half(k, setup_bytes) for k in range(self.num_clients)})
+        self._identities = identities if link is not None else {}     # handed to the client runtimes
+        self.clients: dict[int, ClientHalf] = {}
+        for k in range(self.num_clients if link is None else 0):
+            self.clients[k] = self.client_half(k, setup_bytes)
+            self.clients[k].use_manifest(self.manifest, identities[client_party(k)])
         self.link = link if link is not None else InProcessLink(self.clients)
         # the facade's view of the parties' public keys (tests re-sign messages as a party)
         self.registry = self.server.registry
@@ -54,6 +74,15 @@ class SplitProtocol(Protocol):
     def public_options(self) -> dict:
         """Run-level public backend options every client half is built with."""
         return {}
+
+    def security_parameters(self) -> dict:
+        """The manifest's security parameters (those not already among :meth:`public_options`)."""
+        return {"sample_seed": int(self.seed)}
+
+    def client_identity(self, k: int) -> dict[str, bytes]:
+        """What the driver hands client ``k``'s runtime directly, beside the public setup: the run
+        manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`)."""
+        return {"manifest": self.manifest.to_bytes(), "identity": self._identities[client_party(k)].private_bytes()}
 
     # the test hook lives on the server half (every message crosses it)
     @property
@@ -107,6 +136,10 @@ class SplitProtocol(Protocol):
         """Verify ``msg`` as its recipient's half does (its keys, its replay cache)."""
         where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
         self._party(recipient).check(msg, sender, stage, part, where)
+
+    def accepted_fingerprints(self) -> dict[str, dict]:
+        """Per in-process client half: the fingerprints of the keys it accepted (its own registry)."""
+        return {client_party(k): half.registry.fingerprints() for k, half in sorted(self.clients.items())}
 
     def client_results(self) -> Mapping[int, dict]:
         """Each client half's last decoded result (for tests)."""

@@ -95,7 +95,7 @@ class RunConfig:
                                                 "this many bits, 2 per slot half at 20 (omit: one float per slot; "
                                                 "docs/performance.md)")
     ckks_real_slots: bool = setting(False, group="secure mode",
-                                    help="ckks: real slots only, as before issue 17 (default: integer exchanges and "
+                                    help="ckks: real slots only (default: integer exchanges and "
                                          "those on a public grid travel as exact signed fields in both halves of each "
                                          "complex slot: the same sums in fewer ciphertexts)")
     grid_model_mean: bool | None = setting(None, group="secure mode",

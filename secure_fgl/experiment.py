@@ -35,6 +35,7 @@ from .engine.files import write_json_atomic
 from .engine.hooks import make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
+from .manifest import accepted_keys, schedule_option
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION
@@ -70,6 +71,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
         extra["exact_fields"] = False
     if link is not None:          # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
+    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
@@ -168,8 +170,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["attacks"] = time.perf_counter() - t0
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
-    # trust on first use: the registered client keys, to compare out of band (protocols/auth.py)
-    result["key_fingerprints"] = protocol.identity_fingerprints()
+    # what each client accepted, pinned by the run manifest (protocols/manifest.py)
+    result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         algo.executor.shutdown()

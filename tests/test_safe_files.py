@@ -138,3 +138,19 @@ def test_real_cora_loads_and_matches_shipped_checksums(tmp_path):
     assert sum(k.startswith("Cora/raw/") for k in canonical_checksums()) == 8
     data = load_node_dataset("cora", data_root=DATA, cache_dir=tmp_path / "cache")
     assert data.num_nodes == 2708 and data.num_classes == 7
+
+
+@pytest.mark.parametrize("damage", ["drop_train", "wrong_algorithm"])
+def test_checkpoint_with_matching_settings_but_wrong_content_one_line(tmp_path, damage):
+    """The fingerprint matches this run, the content does not: one line naming --resume, no traceback."""
+    out = tmp_path / "run"
+    run_experiment(cfg(out), progress=False)
+    saved = torch.load(out / CHECKPOINT, weights_only=True)
+    if damage == "drop_train":
+        del saved["train"]
+    else:
+        saved["algorithm"] = {"not": "a state dict"}
+    torch.save(saved, out / CHECKPOINT)
+    with pytest.raises(ConfigError, match="content does not load") as err:
+        run_experiment(cfg(out, rounds=3, resume=True), progress=False)
+    assert "\n" not in str(err.value) and "--resume" in str(err.value)

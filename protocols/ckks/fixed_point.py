@@ -247,7 +247,12 @@ class ClientCodec:
         SEAL replaces by the seed of the PRNG that drew it, so an upload is half a ciphertext; the
         server's load expands the seed (``a`` is public in either form)."""
         plain = sealapi.Plaintext()
-        self.encoder.encode(slots, scale, plain)
+        try:
+            self.encoder.encode(slots, scale, plain)
+        except ValueError as exc:       # SEAL: the scale or the values exceed the chain's modulus
+            raise BoundError(f"the exchange plan's values do not fit {scale:.3g} x the slot range of this chain "
+                             f"(SEAL: {exc}); a plan with a scale or packed fields past the chain's modulus is "
+                             "refused") from None
         if self.symmetric:
             return _to_bytes(self.encryptor.encrypt_symmetric(plain))
         ct = sealapi.Ciphertext()
@@ -287,8 +292,11 @@ class SealSum:
         """Add the public ``value`` to the first ``slots`` slots (the DP offsets of missing clients)."""
         n, bits = self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)
         plain = sealapi.Plaintext()
-        sealapi.CKKSEncoder(seal_context(n, bits)).encode([float(value)] * slots, self.ct.parms_id(), self.ct.scale,
-                                                          plain)
+        try:
+            sealapi.CKKSEncoder(seal_context(n, bits)).encode([float(value)] * slots, self.ct.parms_id(),
+                                                              self.ct.scale, plain)
+        except ValueError as exc:
+            raise BoundError(f"the public offset {value:g} does not fit the ciphertext's scale (SEAL: {exc})") from None
         _evaluator(n, bits).add_plain_inplace(self.ct, plain)
         return self
 

@@ -1,6 +1,6 @@
 """Who holds which CKKS key: the clients' key ring and the server's public context.
 
-Key generation happens on the CLIENT side (DESIGN.md, threat model).  Client 0 creates
+Key generation happens on the CLIENT side (docs/design.md, threat model).  Client 0 creates
 one CKKS context per parameter chain (:class:`~protocols.ckks.params.ChainParams`) the
 run needs and sends
 
@@ -26,7 +26,7 @@ uncompressed public-key size asymmetric); the secret context is likewise sent pa
 to the uncompressed secret-key size, so key-exchange sizes do not vary run to run.  ``encryption='asymmetric'`` (the public key goes to the server,
 which could then encrypt) is available and is what the FedGraph-style reference uses.
 
-Limitation (DESIGN.md): with one shared secret key any client could decrypt another
+Limitation (docs/security.md): with one shared secret key any client could decrypt another
 client's upload if it saw it; uploads must travel over authenticated, encrypted
 client-server channels (TLS).  Threshold or multi-key HE would remove this.
 """

@@ -8,24 +8,27 @@ An exchange may use only the first ``L`` primes (a smaller ``Q`` is more secure)
 Noise bounds (all worst case: ternary secrets, centered-binomial errors |e| <= eta,
 ``||a b||_inf <= N ||a||_inf ||b||_inf``; K = number of clients of the run):
 
-* collective key ``p = sum_i p_i = -a s + e``, ``||s||_inf <= K``, ``||e||_inf <= K eta``;
-* a fresh encryption ``(p u + e0 + Delta m, a u + e1)`` decrypts under ``s`` to
-  ``Delta m + e u + e0 + s e1``: at most ``2 N K eta + eta``;
-  the sum of K of them: ``B_ct = K (2 N K eta + eta)``;
+* an upload ``c0_i = -a_x s_i + e_i + Delta m_i`` (secret-key encryption under the client's own
+  share with the public ``c1 = a_x``, :mod:`.encryption`); the sum over the K contributors
+  decrypts under ``s = sum_i s_i`` to ``Delta sum m_i + sum e_i``: ``B_ct = K eta``;
 * public-key switching (PCKS, Mouchet et al. 2021, Protocol 5) to a recipient key
-  ``(p_R = -a s_R + e_R, a)``: client i sends ``h0_i = s_i c1 + p_R u_i + e0_i``,
+  ``(p_R = -a s_R + e_R, a)``: client i sends ``h0_i = s_i c1 + z_i + p_R u_i + e0_i``
+  (``z_i`` zero-sum masks, :mod:`.keyswitch`),
   ``h1_i = a u_i + e1_i`` with smudging noise ``e0_i`` uniform in ``[-2^b, 2^b)``; the
   recipient's decryption ``c0 + sum h0_i + s_R sum h1_i`` carries
   ``B_ks = B_ct + K 2^b + 2 K N eta``.
 
 Smudging (the defence against the Li-Micciancio IND-CPA^D key-recovery attack on
 approximate HE, "On the Security of Homomorphic Encryption on Approximate Numbers",
-EUROCRYPT 2021): the noise a recipient decrypts must not depend on the collective
-secret ``s``.  ``B_ct`` is the only term depending on ``s``; the uniform smudging noise of
+EUROCRYPT 2021): the noise a recipient decrypts must not reveal the upload errors
+``e_i``, which with the public ``c0_i`` and ``c1`` would give linear equations in the shares
+``s_i``.  ``B_ct`` is the only such term; the uniform smudging noise of
 a single honest client hides any shift ``|d| <= B_ct`` per coefficient within statistical
 distance ``|d| / 2^(b+1)``, so over the ``N`` coefficients of a ciphertext within
-``N B_ct / 2^(b+1) <= 2^-lambda`` when ``b = ceil(lambda + log2(N B_ct))`` (lambda = 40 by
-default; distances add over key switches: T switches -> ``T 2^-lambda``).
+``N B_ct / 2^(b+1) <= 2^-lambda`` when ``b = ceil(lambda + log2(N B_ct))``.  Distances add
+over key switches (T ciphertexts -> ``T 2^-lambda``), so ``lambda = max(40, 30 + ceil(log2 T))``
+for a public budget of ``T`` ciphertexts per client per run (:attr:`MPParams.keyswitch_lambda`;
+a client refuses a key switch past it) keeps the run within ``2^-30``.
 
 Encoding: every value becomes a non-negative integer field (integers as they are, floats
 as ``round(x 2^f)``), ``F`` fields of ``w`` bits are packed into one coefficient in base
@@ -52,6 +55,12 @@ from .ring import RNSRing, ntt_primes
 
 #: field values are extracted with int64 arithmetic
 MAX_FIELD_BITS = 62
+#: the HE standard's error width (standard deviation of the RLWE error)
+ERROR_STD = 3.19
+#: least statistical parameter of the smudging noise, per key-switched ciphertext
+MIN_SMUDGING_LAMBDA = 40
+#: a run's key switches together stay within statistical distance 2^-TOTAL_DISTANCE_BITS
+TOTAL_DISTANCE_BITS = 30
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,14 @@ class MPParams:
     num_primes: int = 7
     eta: int = 21
     smudging_lambda: int = 40
+    max_keyswitches: int = 1 << 20
+
+    @property
+    def keyswitch_lambda(self) -> int:
+        """The statistical parameter each key-switched ciphertext is smudged to:
+        ``max(smudging_lambda, 30 + ceil(log2 T))`` for at most ``T = max_keyswitches``
+        ciphertexts per client per run, so the run's total distance is ``<= T 2^-lambda <= 2^-30``."""
+        return max(self.smudging_lambda, TOTAL_DISTANCE_BITS + (self.max_keyswitches - 1).bit_length())
 
     @property
     def primes(self) -> tuple[int, ...]:
@@ -75,7 +92,7 @@ class MPParams:
 
     def describe(self) -> str:
         return (f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
-                f"smudging 2^-{self.smudging_lambda}")
+                f"smudging 2^-{self.keyswitch_lambda} per ciphertext, <= {self.max_keyswitches} per client")
 
 
 def params_to_options(params: MPParams) -> dict:
@@ -86,7 +103,8 @@ def params_to_options(params: MPParams) -> dict:
 def params_from_options(options) -> MPParams:
     """Strict inverse of :func:`params_to_options`; ConfigurationError on anything else."""
     try:
-        params = MPParams(**{k: int(options[k]) for k in ("n", "num_primes", "eta", "smudging_lambda")})
+        params = MPParams(**{k: int(options[k]) for k in ("n", "num_primes", "eta", "smudging_lambda",
+                                                                 "max_keyswitches")})
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigurationError(f"malformed ckks-mp parameters ({e})") from None
     check_security(params)
@@ -100,25 +118,33 @@ def ring_of(params: MPParams) -> RNSRing:
 
 
 def check_security(params: MPParams) -> None:
-    """Refuse parameters outside the HE standard's 128-bit table (ternary secret)."""
+    """Refuse parameters outside the HE standard's 128-bit table (ternary secret), an error
+    narrower than its width (``eta / 2 < 3.19^2``) or smudging below ``2^-40`` per ciphertext.
+    Every client runs it on the run's public setup before it makes a key."""
     limit = MAX_COEFF_BITS_128.get(params.n)
     if limit is None or params.log_q() > limit:
         raise ConfigurationError(
             f"{params.describe()} exceeds the HE standard's 128-bit bound (log2 Q <= {limit} at N={params.n}). "
             "Fix: use fewer primes or a larger N")
-    if params.eta * 2 < 2 * 3.19 ** 2:
-        raise ConfigurationError(f"eta={params.eta} gives error std {math.sqrt(params.eta / 2):.2f} < 3.19 "
-                                 "(HE standard); use eta >= 21")
+    if params.eta / 2 < ERROR_STD ** 2:
+        raise ConfigurationError(f"eta={params.eta} gives error std {math.sqrt(params.eta / 2):.2f} < {ERROR_STD} "
+                                 "(HE standard). Fix: use eta >= 21")
+    if params.smudging_lambda < MIN_SMUDGING_LAMBDA:
+        raise ConfigurationError(f"smudging_lambda={params.smudging_lambda} is below the floor of "
+                                 f"{MIN_SMUDGING_LAMBDA} (statistical distance 2^-lambda per key-switched ciphertext). "
+                                 f"Fix: use smudging_lambda >= {MIN_SMUDGING_LAMBDA}")
+    if not 1 <= params.max_keyswitches <= 1 << 40:
+        raise ConfigurationError(f"max_keyswitches={params.max_keyswitches} must lie in [1, 2^40]")
 
 
 def fresh_sum_bound(params: MPParams, k: int) -> int:
-    """``B_ct``: worst-case noise of a sum of K fresh encryptions under the collective key."""
-    return k * (2 * params.n * k * params.eta + params.eta)
+    """``B_ct``: worst-case noise of a sum of K fresh uploads (each ``|e_i| <= eta``)."""
+    return k * params.eta
 
 
 def smudging_bits(params: MPParams, k: int) -> int:
     """``b``: smudging noise uniform in ``[-2^b, 2^b)`` hides ``B_ct`` within ``2^-lambda``."""
-    return math.ceil(params.smudging_lambda + math.log2(params.n * fresh_sum_bound(params, k)))
+    return math.ceil(params.keyswitch_lambda + math.log2(params.n * fresh_sum_bound(params, k)))
 
 
 def keyswitch_bound(params: MPParams, k: int) -> int:

@@ -90,7 +90,7 @@ layout, which block ids each client touches; a block with a single contributor i
 that client's value in ``reveal_to_server`` mode.  Each client learns, per peer, the
 block ids they share (needed to mask pairwise), and each recipient learns, per block
 it receives, which clients contributed (needed to remove the output masks).  Clients
-legitimately learn the aggregates they receive (DESIGN.md, threat model).
+legitimately learn the aggregates they receive (docs/design.md, threat model).
 
 **Collusion.**  Every client holds ``G``, so the server plus any one client sees the
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
@@ -138,8 +138,8 @@ from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
-from .keys import (PUBLIC_KEY_BYTES, SEED_BYTES, ExchangeBinding, MaskKeyPair, new_secret_seed, output_mask_key,
-                   output_mask_keys)
+from .keys import (SEED_BYTES, SIGNED_KEY_BYTES, ExchangeBinding, MaskKeyPair, check_signed_mask_key,
+                   new_secret_seed, output_mask_key, output_mask_keys, signed_mask_key)
 from .prg import ranked_mask, ring_mask, stream_id
 from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .shamir import SHARE_BYTES, Share, combine, split
@@ -366,17 +366,24 @@ class MaskClient(ClientHalf):
         if msg.kind != "metadata" or self.state is None:
             raise IntegrityError("unexpected shared-block-id message", **self.where())
         try:
-            self.state.common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
+            common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
         except (AttributeError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
+        own = self.state.ids
+        for j, c in common.items():      # a subset of this client's own blocks, with another contributor
+            if j == self.id or j not in self.plan.contributors or np.any(np.diff(c) <= 0) \
+                    or not np.isin(c, own, assume_unique=True).all():
+                raise IntegrityError(f"the block ids shared with client {j} are not a sorted subset of this "
+                                     "client's own blocks shared with another contributor", **self.where())
+        self.state.common = common
 
     def _take_keys(self, msg: Message) -> None:
         if msg.kind != "public_key" or not isinstance(msg.payload, dict):
             raise IntegrityError("malformed key broadcast", **self.where())
-        for j, raw in msg.payload.items():
-            j, raw = int(j), bytes(raw)
-            if len(raw) != PUBLIC_KEY_BYTES:
-                raise IntegrityError(f"a mask public key is {PUBLIC_KEY_BYTES} bytes", **self.where())
+        for j, signed in msg.payload.items():
+            j = int(j)
+            raw = check_signed_mask_key(self.registry, self.setup.run_id, client_party(j), signed,
+                                        dict(self.where(), client=j))
             if j == self.id:
                 if self.mask_keys is None or raw != self.mask_keys.public_bytes:
                     raise IntegrityError("the key broadcast lists another key for this client", **self.where())
@@ -442,8 +449,9 @@ class MaskClient(ClientHalf):
             return []
         if self.mask_keys is None:
             self.mask_keys = MaskKeyPair.generate()
-        return [self.seal(self._message("public_key", (PUBLIC_KEY_BYTES,), self.mask_keys.public_bytes,
-                                        "X25519 mask key (once per run)"), "advertise_keys")]
+        signed = signed_mask_key(self.signing, self.setup.run_id, self.name, self.mask_keys.public_bytes)
+        return [self.seal(self._message("public_key", (SIGNED_KEY_BYTES,), signed,
+                                        "X25519 mask key, signed by the owner (once per run)"), "advertise_keys")]
 
     def stage_share_keys(self, inbox):
         """A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
@@ -549,6 +557,8 @@ class MaskClient(ClientHalf):
             included = [int(k) for k in msg.payload["included"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **self.where()) from None
+        if not np.array_equal(bids, p.requests.get(self.id, np.zeros(0, np.int64))):
+            raise IntegrityError("the download carries other block ids than this client asked for", **self.where())
         rows = read_words(data, enc, (bids.size, L), "download", self.where())
         if len(set(included)) != len(included) or any(not 0 <= k < self.setup.num_clients for k in included):
             raise IntegrityError(f"malformed download: included clients {included} are not distinct client ids",
@@ -691,9 +701,8 @@ class MaskServer(ServerHalf):
                     self.last_missing.setdefault(k, "advertise_keys")
                     continue
                 self.check_envelope(msg, self.fingerprint, k)
-                if not isinstance(msg.payload, (bytes, bytearray)) or len(msg.payload) != PUBLIC_KEY_BYTES:
-                    raise IntegrityError(f"a public key is {PUBLIC_KEY_BYTES} bytes", **where(k))
-                self.mask_public[k] = bytes(msg.payload)
+                check_signed_mask_key(self.registry, self.setup.run_id, client_party(k), msg.payload, where(k))
+                self.mask_public[k] = bytes(msg.payload)      # forwarded verbatim, with its owner's signature
         participants = [k for k in contributors if k in announced and k in self.mask_public]
         if self.last_missing and len(participants) < t:
             raise _dropout_error(where(), sorted(self.last_missing), f"only {len(participants)} of {n0} "
@@ -701,7 +710,7 @@ class MaskServer(ServerHalf):
         for k in participants:
             new = {j: self.mask_public[j] for j in participants if j not in self.keys_sent[k]}
             if new:
-                self.queue(k, self._msg(k, "public_key", (len(new), PUBLIC_KEY_BYTES), new,
+                self.queue(k, self._msg(k, "public_key", (len(new), SIGNED_KEY_BYTES), new,
                                         "broadcast of mask keys"), "advertise_keys")
                 self.keys_sent[k] |= set(new)
 

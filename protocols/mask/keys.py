@@ -14,6 +14,13 @@ the server, which relays the public keys, never learns it.  Here:
   ``info`` that binds the purpose, the exchange (sequence number, tag, round) and
   the ordered pair (lower id, higher id, both public keys), giving a 32-byte seed
   used as an AES-256 key exactly once (see :mod:`.prg`).
+* Each advertised public key travels **owner-signed** (:func:`signed_mask_key`): the key
+  followed by its owner's Ed25519 signature over :func:`protocols.auth.key_statement`
+  (kind ``mask``, the run id, the owner).  The server forwards it verbatim; each receiver
+  verifies it under the owner's identity key pinned by the run manifest
+  (:func:`check_signed_mask_key`), so a server that substitutes a key of its own in the
+  broadcast is refused with :class:`~protocols.errors.KeySubstitutionError` before any
+  seed is derived from it.
 * The output-mask key of client id ``k`` is HKDF(group seed, same bindings, ``k``): the key of
   ``P_k``; contributor ``k`` adds ``R_k = P_k - P_{k+1}`` (:mod:`.backend`).  The group seed is
   32 random bytes known to every client and never to the server.
@@ -35,10 +42,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from .. import validate
+from ..auth import check_public_key, sign_public_key
 from ..errors import ConfigurationError, IntegrityError
+from ..message import SIGNATURE_BYTES
 
 PUBLIC_KEY_BYTES = 32
 SEED_BYTES = 32
+#: an advertised mask key: the X25519 public key, then its owner's Ed25519 signature
+SIGNED_KEY_BYTES = PUBLIC_KEY_BYTES + SIGNATURE_BYTES
+#: the ``kind`` of a mask key in an owner-signed key statement
+KEY_KIND = "mask"
 _RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
@@ -119,6 +132,24 @@ class MaskKeyPair:
         info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encoded,
                      lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
         return _hkdf(shared, binding.run_id, info)
+
+
+def signed_mask_key(signing, run_id: bytes, owner: str, public_bytes: bytes) -> bytes:
+    """``public_bytes || signature``: the mask key as its owner advertises it (the signature by
+    ``signing``, the owner's identity key, over :func:`protocols.auth.key_statement`)."""
+    return bytes(public_bytes) + sign_public_key(signing, KEY_KIND, run_id, owner, public_bytes)
+
+
+def check_signed_mask_key(registry, run_id: bytes, owner: str, signed, where: dict) -> bytes:
+    """The mask public key of ``owner`` from its advertised form, after checking the owner's
+    signature under its registered (manifest-pinned) identity key; IntegrityError if malformed,
+    :class:`~protocols.errors.KeySubstitutionError` if the owner did not sign it."""
+    if not isinstance(signed, (bytes, bytearray)) or len(signed) != SIGNED_KEY_BYTES:
+        raise IntegrityError(f"an advertised mask key is {SIGNED_KEY_BYTES} bytes (key and owner's signature)",
+                             **where)
+    key = bytes(signed[:PUBLIC_KEY_BYTES])
+    check_public_key(registry, KEY_KIND, run_id, owner, key, bytes(signed[PUBLIC_KEY_BYTES:]), where)
+    return key
 
 
 def output_mask_key(group_seed: bytes, client: int, binding: ExchangeBinding) -> bytes:

@@ -109,9 +109,9 @@ algorithm bounded the terms itself); the run's budget is split evenly between th
 (no privacy cost, :func:`denoise_with_own_data`): own nodes use their exact local degree
 and their exact own part of the sum; the other clients' part is zero for a node without
 cross edges and otherwise shrunk James-Stein style with the known noise std; remote
-endpoints use the noisy count (floored at 1).  Measured on the default SBM (500 features):
-even at epsilon 64 the noise on 500-dimensional sums leaves 1-hop below 0-hop -- DP on
-FedGCN sums needs low-dimensional features (or a projection before the exchange).  The
+endpoints use the noisy count (floored at 1).  On high-dimensional features the noise can
+leave 1-hop below 0-hop (docs/dp.md) -- DP on FedGCN sums needs low-dimensional features
+(or a projection before the exchange; ``fedgcn-gap``).  The
 guarantee covers the *values*; in the ``sparse`` layout the server also learns which row
 blocks a client touches (a documented leak of the layout) -- use ``--layout dense`` to hide it.
 
@@ -123,16 +123,15 @@ block holding a row it touches.  Client ``j`` touches node ``v`` iff ``j`` owns 
 neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only for ``j in S(v)``).
 
 * ``'given'`` (default): the dataset's node ids.  On Cora every client touches ~37 % of the
-  rows, spread over nearly every block: the upload is ~4.2x the float32 rows it touches
-  (~2.5 block rows paid per touched row), and the block ids the server sees are close to
+  rows, spread over nearly every block: the upload is several times the float32 rows it
+  touches (docs/fedgcn.md), and the block ids the server sees are close to
   "all blocks" for everyone.
 * ``'signature'``: nodes are numbered by ``S(v)`` in reflected-Gray-code order of its bitmask
   (neighbouring classes differ by one client), owner and then the owner's own order within
   a class, and the sequence is cut into blocks by an exact dynamic programme that may leave
   a block partly empty when that saves uploads (``exchange_numbering``; the exchange then has
   a few more row ids than nodes, never touched by anyone).  Sums are unchanged (the same
-  permutation maps contributions and requests).  Cora, 10 clients, packed CKKS: ~1.98x at
-  Dirichlet beta 10000 and 1.97x at beta 1, against 4.2-4.5x for ``'given'``.
+  permutation maps contributions and requests).  Bytes against ``'given'``: docs/fedgcn.md.
 
   How the parties agree without a trusted party: each owner computes ``S(v)`` of its own
   nodes from its cross edges (assumption: a client knows which client holds the far end of
@@ -147,8 +146,7 @@ neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only f
   endpoint ``v`` of its cross edges, the set ``S(v)`` (which other clients also neighbour
   ``v``), read off ``v``'s position; and the server's view of each client's block ids, already
   revealed by the sparse layout, now names (block-wise) those classes.
-  ``--layout dense`` (every client uploads every block: 1.64x the float32 rows of the whole
-  graph on Cora, meeting the 2x target of the issue) reveals none of this.  Only for the
+  ``--layout dense`` (every client uploads every block of the whole graph) reveals none of this.  Only for the
   sparse layout; at most 62 clients (the class is an int64 bitmask).
 * ``'owner'``: rows grouped by their recipients (the owner at 1 hop; at 2 hops ``S(v)``, every
   client with an edge to ``v`` asks for it too), each group starting a new block
@@ -198,7 +196,7 @@ HOPS = (0, 1, 2)
 LAYOUTS = ("sparse", "dense")
 ROW_ORDERS = ("given", "signature", "owner")
 #: the block-cutting dynamic programme runs when (rows x rows-per-block) is at most this; above
-#: it the Gray-ordered rows are cut into full blocks (measured on Cora: 2.03x instead of 1.98x)
+#: it the Gray-ordered rows are cut into full blocks (a few more bytes, docs/performance.md)
 SEGMENT_DP_MAX_WORK = 4_000_000
 NORMS = ("row", "sym", "none")
 

@@ -53,12 +53,12 @@ On PubMed (3 seeds, ``examples/fedspray_table2.py``) the paper's ``lambda1 = 5``
 nodes left the SGC and GraphSAGE backbones' minority accuracy unstable across seeds, while the
 code's ``lambda1 = 1`` with ``kd_threshold = 0.7`` was stable for all three and close to the
 paper's Table 2 for GCN and GraphSAGE (SGC's minority accuracy stays ~11 points under it); GCN was
-stable with both (numbers in the README and the FedSpray issue note).
+stable with both (numbers in docs/fedspray.md).
 
 ``ablate_proxy=True`` is Table 3's ``S = 0``: proxies fixed at zero, neither trained nor exchanged.
 
 What the measurements say (PubMed, 7 clients, GCN, seeds 0-2; ``examples/fedspray_table2.py``,
-numbers in the FedSpray issue note):
+numbers in docs/fedspray.md):
 
 * **The teacher is weaker than the student.**  ``evaluate()`` logs ``teacher_test_acc``, the
   accuracy of the soft targets ``p`` the GNNs distil from: 81.7 % at the reported round, below a

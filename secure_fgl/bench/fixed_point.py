@@ -14,7 +14,7 @@ Two parts (10 clients; ratios against the one float32 baseline of :mod:`protocol
    float32 rows the exchange carries, seconds of ``setup()``, the plan.  Real-valued features
    (PubMed TF-IDF, public clip ``--feature-bound``): ``ckks`` (float slots) against
    ``ckks-fixed``.  Binary ones (Amazon, Coauthor) are exact packed integers under row
-   normalisation (``ckks-real``: unsigned fields in real slots, the encoding before issue 17;
+   normalisation (``ckks-real``: unsigned fields in real slots, the older encoding;
    ``ckks``, by default, and ``ckks-fixed``: exact signed fields in both halves of each slot) and real-valued under ``norm='sym'`` (``ckks-fixed`` only:
    float slots would cost >= 8x by construction).
    Degree cap: the graph's largest degree (at least 254), a public bound.

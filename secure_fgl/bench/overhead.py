@@ -10,7 +10,7 @@ Workloads (``--quick``: fewer rounds, same records):
 Modes: ``plain``, ``mask``, ``ckks``, ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
 codec, ``--fixed-point-bits 20 --update-bound 1``) and ``ckks-grid`` (the model mean on its public
 grid, ``--grid-model-mean --update-bound 1``: CKKS's exact integer fields; ``plain-grid`` on request).  The parties run on the ``local`` executor
-(:data:`EXECUTOR`; ``--executor inline`` plays them all in one object, the engine before issue 14).
+(:data:`EXECUTOR`; ``--executor inline`` plays them all in one object).
 
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
@@ -60,7 +60,7 @@ MODES = ("plain", "mask", "ckks", "ckks-fp20", "ckks-grid")
 VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0}),
             "ckks-grid": ("ckks", {"grid_model_mean": True, "update_bound": 1.0}),
             "plain-grid": ("plain", {"grid_model_mean": True, "update_bound": 1.0})}
-#: where the parties run unless ``--executor`` says otherwise: one client runtime per client (issue 14's
+#: where the parties run unless ``--executor`` says otherwise: one client runtime per client (the
 #: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
 EXECUTOR = "local"
 #: tags that are key set-up or identity registration, not data (no float32 baseline)

@@ -1,4 +1,4 @@
-"""Runtime benchmark (issue 14): the same FedGCN run through the in-process engine, the
+"""Runtime benchmark: the same FedGCN run through the in-process engine, the
 :class:`~secure_fgl.runtime.executor.LocalExecutor` and the
 :class:`~secure_fgl.runtime.ray_executor.RayExecutor`.
 

@@ -67,7 +67,7 @@ def attacks_command() -> int:
 def modes_command() -> int:
     for name, text in MODES.items():
         print(f"{name:<7}{text}")
-    print("\nAll modes take --dp-epsilon for differential privacy on top (see README, privacy).")
+    print("\nAll modes take --dp-epsilon for differential privacy on top (see docs/dp.md).")
     return 0
 
 

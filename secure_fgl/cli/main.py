@@ -9,6 +9,8 @@
     secure-fgl plot RUN               one run's curves -> RUN/curves.png
     secure-fgl report [flags]         privacy/utility sweep -> report.md, report.html, PNG figures
     secure-fgl bench --suite NAME     benchmarks that print measured ratios
+    secure-fgl keys new --out DIR     a site's identity key (its fingerprint goes into the run manifest)
+    secure-fgl manifest new|verify    the run manifest and the code sites compare before a run
 
 Every setting is checked before any work starts; bad input prints one line naming the
 problem and the fix and exits with code 2.
@@ -112,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--repeats", type=int, default=None,
                          help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)")
     runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
+    from .keys import add_key_parsers
+    add_key_parsers(sub)
     return parser
 
 
@@ -241,6 +245,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             from ..bench.fedgcn import run_fedgcn_bench
             run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
         return 0
+    if args.command in ("keys", "manifest"):
+        from .keys import key_command, manifest_command
+        return key_command(args) if args.command == "keys" else manifest_command(args)
     parser.print_help()
     return 2
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from .device import rng_state, set_rng_state
 from .checkpoint import load_checkpoint, save_checkpoint
 
@@ -42,6 +42,22 @@ def _summary(ev: dict) -> dict:
     return {k: v for k, v in ev.items() if k != "per_client"}
 
 
+def _restore(saved: dict, path: Path, algo: FederatedAlgorithm, extra_state) -> TrainState:
+    """Load a checkpoint's content into ``algo`` (and ``extra_state``); content that does not fit
+    this run (a key missing, a wrong type or shape) is refused in one line."""
+    try:
+        algo.load_state_dict(saved["algorithm"])
+        state = TrainState(**saved["train"])
+        set_rng_state(saved["rng"])
+        if extra_state is not None:
+            extra_state[1](saved["extra"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(f"checkpoint {path} matches this run's settings but its content does not load "
+                          f"({type(exc).__name__}: {reason}); delete it or run without --resume") from None
+    return state
+
+
 def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True,
           extra_state=None, hooks=()) -> TrainState:
     """Run rounds ``next_round..rounds-1``; ``extra_state`` is a (save, load) pair of
@@ -50,12 +66,7 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
     state = TrainState()
     ckpt = out_dir / CHECKPOINT if out_dir is not None else None
     if cfg.resume and ckpt is not None and ckpt.exists():
-        saved = load_checkpoint(ckpt, cfg)
-        algo.load_state_dict(saved["algorithm"])
-        state = TrainState(**saved["train"])
-        set_rng_state(saved["rng"])
-        if extra_state is not None:
-            extra_state[1](saved["extra"])
+        state = _restore(load_checkpoint(ckpt, cfg), ckpt, algo, extra_state)
     bar = tqdm(range(state.next_round, cfg.rounds), initial=state.next_round, total=cfg.rounds,
                desc=f"{cfg.algorithm}/{cfg.mode}", disable=not progress, dynamic_ncols=True, leave=False)
     for rnd in bar:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..config import ConfigError
 from ..data.graph_classification import FederatedGraphDataset
+from . import wire
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
@@ -79,5 +82,9 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     else:                                          # node classification: the strategy's frames
         facts = PublicFacts.of(fed)
         frames = cls.client_frames(fed, cfg, facts, opts, setup)
+    if setup is not None:                          # the manifest and each identity key, driver -> runtime directly
+        frames = {k: wire.pack({**wire.unpack(f), **{n: np.frombuffer(b, dtype=np.uint8)
+                                                     for n, b in protocol.client_identity(k).items()}})
+                  for k, f in frames.items()}
     executor.start(frames)
     return cls(executor, protocol, cfg, facts, opts)

@@ -74,8 +74,13 @@ class ClientRuntime:
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
         if "party_setup" in f:
+            from protocols.auth import SigningKey
+            from protocols.manifest import Manifest
             from protocols.registry import backend_class
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
+            # the manifest and identity key come from the driver directly (protocols/split.py), never via the server
+            self.half.use_manifest(Manifest.from_bytes(f["manifest"].tobytes()),
+                                   SigningKey.from_private_bytes(f["identity"].tobytes()))
             self.half.provider = self.logic.table
 
     def handle(self, method: str, request: bytes) -> bytes:
@@ -86,6 +91,8 @@ class ClientRuntime:
             return self.half.handle(method[5:], request)
         if method == "ping":                        # transport overhead measurement (bench)
             return request
+        if method == "accepted_keys":               # the key fingerprints this client's half accepted
+            return wire.pack({"fingerprints": self.half.registry.fingerprints() if self.half is not None else {}})
         req = wire.unpack(request)
         if method == "save":
             return wire.pack(self._save(Path(req["path"])))

@@ -1,5 +1,5 @@
 """The public facts of a run: all an algorithm's server side and client logic learn about the
-federation as a whole (issue 14: never the global ``FederatedGraph``)."""
+federation as a whole (never the global ``FederatedGraph``)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

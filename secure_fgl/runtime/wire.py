@@ -1,6 +1,6 @@
 """Explicit serialization of what crosses between the driver and the client runtimes.
 
-Only bytes cross the seam between parties (issue 14): a request or response is a flat
+Only bytes cross the seam between parties: a request or response is a flat
 mapping of names to numpy arrays / torch tensors (whitelisted numeric dtypes) and JSON
 values, written as::
 
