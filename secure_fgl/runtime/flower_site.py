@@ -40,7 +40,8 @@ from protocols import ProtocolError
 from . import local_socket, wire
 
 #: the runtime methods any algorithm's schedule uses (:meth:`.client.ClientRuntime.handle`)
-SCHEDULE = frozenset({"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping"})
+SCHEDULE = frozenset({"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping",
+                      "accepted_keys"})
 
 
 class SiteRefusal(PermissionError):
