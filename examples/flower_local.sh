@@ -4,7 +4,7 @@
 # 127.0.0.1, then `secure-fgl run --executor flower`.  Everything it starts is stopped on exit.
 #
 #   pip install -e ".[flower]"
-#   bash examples/flower_local.sh [extra secure-fgl run flags]     # default: FedGCN, mask, Cora, 3 clients, 2 rounds
+#   bash examples/flower_local.sh [extra secure-fgl run flags]     # default: FedGCN, mask, Cora, 3 clients, 1 round
 #
 # Each "site" folder stands for one organisation's machine: its key, its data folder, its state.
 set -euo pipefail
@@ -60,6 +60,6 @@ done
 # --- the run, from the aggregator's machine (the driver submits the Flower app to the SuperLink)
 cd "$WORK/aggregator"
 ARGS=("$@")
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(--algorithm fedgcn --dataset cora --clients 3 --mode mask --rounds 2)
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(--algorithm fedgcn --dataset cora --clients 3 --mode mask --rounds 1)
 secure-fgl run --executor flower --save-best-model false --round-timeout 300 --out "$WORK/run" "${ARGS[@]}"
 echo "run folder: $WORK/run (logs of the SuperLink and each site under $WORK)"
