@@ -4,7 +4,7 @@
 # 127.0.0.1, then `secure-fgl run --executor flower`.  Everything it starts is stopped on exit.
 #
 #   pip install -e ".[flower]"
-#   bash examples/flower_local.sh [extra secure-fgl run flags]     # default: FedGCN, mask, Cora, 3 clients, 1 round
+#   bash examples/flower_local.sh [secure-fgl run flags, replacing the default]     # default: FedGCN, mask, Cora, 3 clients, 1 round
 #
 # Each "site" folder stands for one organisation's machine: its key, its data folder, its state.
 set -euo pipefail
