@@ -115,10 +115,11 @@ class RunConfig:
                                            help="contributors every client requires in each sum it joins "
                                                 "(default max-colluders + 2: at least two honest ones)")
     # runtime (docs/runtime.md)
-    executor: str = setting("local", group="runtime", choices=("inline", "local", "ray"),
+    executor: str = setting("local", group="runtime", choices=("inline", "local", "ray", "flower"),
                             help="where clients run: local (default: one runtime per client, this process), inline "
-                                 "(one object plays every party) or ray (Ray actors; pip install -e '.[ray]'); "
-                                 "docs/runtime.md")
+                                 "(one object plays every party), ray (Ray actors; pip install -e '.[ray]') or "
+                                 "flower (one site per organisation behind a Flower SuperNode; pip install -e "
+                                 "'.[flower]', docs/deployment.md); docs/runtime.md")
     ray_address: str | None = setting(None, group="runtime",
                                       help="Ray cluster to join: auto or HOST:PORT (default: start a local one)")
     ray_num_cpus: int | None = setting(None, group="runtime", min=1, unit="CPUs",

@@ -30,11 +30,15 @@ from .strategy import Strategy
 
 
 def make_executor(cfg, device: str = "cpu") -> Executor:
-    """``--executor local`` or ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``)."""
+    """``--executor local``, ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``) or
+    ``flower`` (:mod:`.flower_executor`, needs ``pip install -e ".[flower]"``)."""
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
         executor = RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
                                round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
+    elif cfg.executor == "flower":                 # sites behind Flower SuperNodes (docs/deployment.md)
+        from .flower_executor import FlowerExecutor, needs_of
+        executor = FlowerExecutor(round_timeout=cfg.round_timeout, needs=needs_of(cfg))
     else:
         executor = LocalExecutor(device)
     if cfg.simulate_dropouts:                  # --simulate-dropouts (.dropouts)
