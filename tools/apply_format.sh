@@ -5,9 +5,9 @@
 # per-file-ignores in pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ruff check --fix --exit-zero --quiet .   # safe fixes only (no --unsafe-fixes)
+ruff check --fix --exit-zero --silent .   # safe fixes only (no --unsafe-fixes)
 ruff format .
-ruff check --fix --exit-zero --quiet .   # import sorting can change after formatting
+ruff check --fix --exit-zero --silent .   # import sorting can change after formatting
 ruff format --quiet .
 echo "--- remaining violations (must be zero before committing):"
 ruff check --statistics . && echo "none"
