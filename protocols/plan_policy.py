@@ -1,4 +1,4 @@
-"""The checks every client half makes on the server's plan of an exchange, before contributing.
+r"""The checks every client half makes on the server's plan of an exchange, before contributing.
 
 A server that deviates from the protocol chooses who contributes to a sum and who receives it.
 Without a check it reads any input in one exchange: a sum whose only contributor is the victim,
