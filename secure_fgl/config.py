@@ -140,7 +140,7 @@ class RunConfig:
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")
     resume: bool = setting(False, group="output", help="continue from OUT/checkpoint.pt")
     save_best_model: bool = setting(True, group="output", help="write OUT/best_model.pt (best-validation weights)")
-    log: str = setting("", group="output", help="per-round logs in OUT: csv, tensorboard or csv,tensorboard")
+    log: str = setting("", group="output", help="per-round logs: csv, tensorboard, wandb, mlflow (comma-separated)")
     # attacks
     attacks: list[str] = setting(group="attacks", default_factory=list,
                                  help="'all' or comma-separated attack names (list: secure-fgl attacks)")
@@ -178,7 +178,7 @@ class RunConfig:
         if self.split not in ("public", "fedspray", "fgssl", "fedomd") and not self.split.startswith("random:"):
             raise ConfigError(f"--split {self.split!r} is not one of public, fedspray, fgssl, fedomd, random:a/b/c"
                               + did_you_mean(self.split, ("public", "fedspray", "fgssl", "fedomd")))
-        self.log = ",".join(match_choice("--log", x.strip(), ("csv", "tensorboard"))
+        self.log = ",".join(match_choice("--log", x.strip(), ("csv", "tensorboard", "wandb", "mlflow"))
                             for x in self.log.split(",") if x.strip())
         if self.dp_exchanges != "all" and self.dp_epsilon is None:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")

@@ -31,7 +31,7 @@ from .config import RunConfig
 from .data.load import load_federation
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
-from .engine.hooks import make_hooks
+from .engine.hooks import finish_hooks, make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .manifest import accepted_keys, threat_model
@@ -127,7 +127,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["setup"] = time.perf_counter() - t0
     hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
                        save_best=cfg.save_best_model,
-                       resume=resuming)
+                       resume=resuming, config=config)
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
 
@@ -173,6 +173,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)
     _write(out_dir, result)
+    finish_hooks(hooks, result)
     return result
 
 
@@ -191,7 +192,9 @@ def _files(out_dir: Path | None) -> dict:
         return {}
     what = {"checkpoint.pt": "last-round state for --resume (private: 0600)",
             "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
-            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars", "run.log": "progress log",
+            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars",
+            "wandb": "Weights & Biases run files", "mlflow.db": "MLflow runs", "mlartifacts": "MLflow artifacts",
+            "run.log": "progress log",
             SIDE_FILE: "the transcript's messages without payloads (checkpoint.pt holds their count and SHA-256)"}
     return {name: desc for name, desc in what.items() if (out_dir / name).exists()}
 

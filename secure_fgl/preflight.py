@@ -98,10 +98,12 @@ def check_out(cfg: RunConfig) -> None:
 
 
 def check_logs(cfg: RunConfig) -> None:
+    """Every --log target's package is installed (a one-line error naming its extra, before the run)."""
     import importlib.util
-    if "tensorboard" in cfg.log.split(",") and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("--log tensorboard needs the tensorboard package: pip install 'secure-fgl[tensorboard]' "
-                          "(or use --log csv)")
+    for name in cfg.log.split(","):
+        if name in ("tensorboard", "wandb", "mlflow") and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"--log {name} needs the {name} package: pip install 'secure-fgl[{name}]' "
+                              "(or use --log csv)")
 
 
 def _algorithms_with_option(name: str) -> list[str]:

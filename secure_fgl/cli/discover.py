@@ -72,14 +72,15 @@ def datasets_command(data_root: str | None) -> int:
 
 
 def attacks_command() -> int:
-    from attacks.runner import ATTACKS
-    width = max(map(len, ATTACKS)) + 2
-    for name, cls in ATTACKS.items():
-        targets = ", ".join(cls.algorithms) if cls.algorithms else "any node-level algorithm"
-        text = textwrap.fill(first_paragraph(cls.__doc__), width=110, initial_indent=" " * width,
+    from attacks.catalog import attack_catalog  # read from source: no torch import
+    catalog = attack_catalog()
+    width = max(len(a.name) for a in catalog) + 2
+    for attack in catalog:
+        targets = ", ".join(attack.algorithms) if attack.algorithms else "any node-level algorithm"
+        text = textwrap.fill(first_paragraph(attack.doc), width=110, initial_indent=" " * width,
                              subsequent_indent=" " * width)
-        print(f"{name:<{width}}{text[width:]}")
-        print(f"{'':<{width}}exchange {cls.exchange}; targets {targets}")
+        print(f"{attack.name:<{width}}{text[width:]}")
+        print(f"{'':<{width}}exchange {attack.exchange}; targets {targets}")
     print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")
     return 0
 
