@@ -247,14 +247,17 @@ def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tm
     side = tmp_path / "part" / "transcript.jsonl"
     before = side.read_bytes()
     resumed = run_experiment(cfg(tmp_path / "part", 4, resume=True), progress=False)
-    def keys(run, up):        # mask keys are advertised once per run: a resumed session does it again
+    def keys(run, up, kinds=("public_key",)):
+        """Mask keys are advertised once per run and the self-mask shares dealt with signed commitments
+        (``control`` uploads) once per session: a resumed session does both again."""
         lines = [json.loads(line) for line in (tmp_path / run / "transcript.jsonl").read_text().splitlines()]
-        return sum(m["nbytes"] for m in lines if m["tag"] == "fedavg/model" and m["kind"] == "public_key"
+        return sum(m["nbytes"] for m in lines if m["tag"] == "fedavg/model" and m["kind"] in kinds
                    and (m["receiver"] == "server") == up)
     model_r, model_f = resumed["comm"]["per_tag"]["fedavg/model"], full["comm"]["per_tag"]["fedavg/model"]
     assert keys("part", True) == 2 * keys("full", True) > 0
+    setup = ("public_key", "control")      # the control uploads: commitments and survivor-set signatures
     for key, up in (("bytes_up", True), ("bytes_down", False)):      # relayed shares (p2p): not compared
-        assert model_r[key] - keys("part", up) == model_f[key] - keys("full", up)
+        assert model_r[key] - keys("part", up, setup) == model_f[key] - keys("full", up, setup)
     assert model_r["plaintext_bytes_up"] == model_f["plaintext_bytes_up"]
     assert [r["test_acc"] for r in resumed["rounds"]] == [r["test_acc"] for r in full["rounds"]]
     assert side.read_bytes().startswith(before)                       # the first session's lines, kept
