@@ -53,6 +53,7 @@ KNOWLEDGE: dict[str, str] = {
     "hidden_fn": "the released model's hidden-feature map, applicable to auxiliary data",
     "coalition_keys": "the colluding clients' own protocol secrets (CKKS key ring; mask seeds, shares, group seed)",
     "victim_graphs": "K2, graph classification: the structure (edges, node counts) of the victim's training graphs",
+    "aux_graphs": "K1, graph classification: auxiliary graphs from the clients' distribution (shadow data)",
     "victim_model": "K3, graph classification: the victim's model after the run, its private layers included",
 }
 

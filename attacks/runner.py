@@ -33,6 +33,8 @@ query_api          ``P.query_api(t)``: client t's deployed model as an inference
                    subgraph (LinkTeller)
 aux_labelled       K1: labels of a seeded 30 % node sample, read in its graph neighbourhood
 hidden_fn          the released model's first hidden layer (FedOMD prototypes)
+aux_graphs         K1, graph classification: each client's validation and test graphs (one
+                   pool per source; never trained on) and the mean training-set size
 coalition_keys     the protocol object (its transcript and public options) and
                    ``P.ckks_keys(C)``: the CKKS key ring a colluding client hands over
 =================  ==========================================================================
@@ -60,6 +62,7 @@ from .coalition import CoalitionAttack
 from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout, own_degrees
 from .gcfl import SameDatasetInference
 from .gin_inversion import GINUpdateInversion
+from .graph_property import GraphPropertyInference
 from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
@@ -73,7 +76,7 @@ ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     ProxyLabelDistribution, MomentLabelDistribution, UpdateLabelDistribution,
     MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
     RequestOwnership,
-    SameDatasetInference, GINUpdateInversion)}
+    SameDatasetInference, GINUpdateInversion, GraphPropertyInference)}
 
 
 def applies_to(cls: type[Attack], algorithm: str, graph_level: bool = False) -> bool:
@@ -126,7 +129,9 @@ class RunContext:
             from secure_fgl.algorithms.graph_level.ops import initial_shared
             return {"num_clients": int(fed.num_clients), "mode": cfg.mode, "algorithm": algo_name,
                     "options": self._options(), "lr": cfg.lr, "hidden": cfg.hidden, "num_layers": cfg.num_layers,
-                    "local_epochs": cfg.local_epochs, "num_shared": int(initial_shared(cfg).numel())}
+                    "local_epochs": cfg.local_epochs, "num_shared": int(initial_shared(cfg).numel()),
+                    "seed": cfg.seed, "dropout": cfg.dropout, "weight_decay": cfg.weight_decay,
+                    "num_classes": max(c.num_classes for c in fed.clients)}
         d = int(fed.num_features)
         opts = self._options()
         return {"num_nodes": int(fed.graph.num_nodes), "num_features": d, "num_classes": int(fed.num_classes),
@@ -209,6 +214,15 @@ class RunContext:
         c = self.fed.clients[int(attack.opts.get("victim", 0))]
         return {"client": c.client_id, "structure": [(g.edge_index.cpu(), int(g.num_nodes)) for g in c.train],
                 "num_features": c.num_features, "num_classes": c.num_classes}
+
+    def aux_graphs(self, **_) -> dict | None:
+        """K1 (graph classification): graphs from the clients' distribution that no client trains
+        on (each client's validation and test graphs: one pool per client), and the mean training-set size."""
+        if hasattr(self.fed, "graph"):
+            return None
+        clients = self.fed.clients
+        return {"pools": [[*c.val, *c.test] for c in clients],
+                "graphs_per_client": max(1, round(float(np.mean([len(c.train) for c in clients]))))}
 
     def victim_model(self, attack: Attack, **_):
         """K3 (graph classification): a copy of the victim's model (private layers included) after the run."""

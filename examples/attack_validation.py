@@ -1,5 +1,5 @@
 """Each attack on its paper's setting (or the nearest one the data allows), ours next to the
-published number.  Cora, seed 0.
+published number.  Cora (graph-level settings: the built-in ``synthetic-graphs``), seed 0.
 
     SECURE_FGL_DATA=/path/to/datasets nice python examples/attack_validation.py [--only central,fedsgd,...]
 
@@ -18,7 +18,12 @@ Settings (one run each; the attacks read the finished run):
 * ``fedgcn``   -- FedGCN (1 hop), 5 clients iid, 1 round: the readout, least-squares and
   client-subtraction attacks on the pre-training exchange, and node ownership from the sparse
   layout's download requests (``fedgcn_mask``: the same in mask mode; ``fedgcn_dense``: mask with
-  ``--layout dense``).
+  ``--layout dense``);
+* ``graph_property`` -- gc-fedavg on ``synthetic-graphs``, 32 clients, 1 round, half of the
+  clients' graphs all dense (planted property): the server infers the property from the norm of
+  each client's update with shadow training (after PIAFGNN); ``graph_property_gcflplus``: GCFL+
+  under ``ckks``, from the clear-text norms it reports; ``graph_property_mask``: gc-fedavg under
+  ``mask`` (the server reads nothing: not applicable).
 
 Prints each run's command and the table, writes ``runs/attack_validation.json``.
 """
@@ -61,7 +66,14 @@ PUBLISHED = {
     ("fedgcn", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
     ("fedgcn_mask", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
     ("fedgcn_dense", "ownership_requests", "ownership_acc"): (None, "no published number (dense layout)"),
+    **{(s, "graph_property", "auc"): (None, "PIAFGNN: >70 % accuracy on its own datasets, none on this data")
+       for s in ("graph_property", "graph_property_gcflplus", "graph_property_mask")},
 }
+
+#: the planted property: clients 0, 1, 4, 5, ... hold only dense graphs, the others only sparse ones
+PLANTED = {"dense_share": [1.0 if (k // 2) % 2 == 0 else 0.0 for k in range(32)]}
+GRAPH = dict(dataset="synthetic-graphs", clients=32, rounds=1, hidden=16, num_layers=3, lr=0.01,
+             synthetic=PLANTED, attacks=["graph_property"])
 
 SETTINGS = {
     "central": dict(algorithm="centralized", clients=1, rounds=200,
@@ -76,14 +88,18 @@ SETTINGS = {
                         attacks=["ownership_requests"]),
     "fedgcn_dense": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask",
                          options={"layout": "dense"}, attacks=["ownership_requests"]),
+    "graph_property": dict(algorithm="gc-fedavg", **GRAPH),
+    "graph_property_gcflplus": dict(algorithm="gcflplus", mode="ckks", **GRAPH),
+    "graph_property_mask": dict(algorithm="gc-fedavg", mode="mask", **GRAPH),
 }
 
 
 def command(name: str, s: dict) -> str:
-    s = {"mode": "plain", **s}
-    flat = {**{k: v for k, v in s.items() if k != "options"}, **s.get("options", {})}
+    s = {"dataset": "cora", "mode": "plain", **s}
+    flat = {**{k: v for k, v in s.items() if k not in ("options", "synthetic")}, **s.get("options", {})}
     flags = " ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}" for k, v in flat.items())
-    return f"python -m secure_fgl.cli.main run --dataset cora --seed 0 {flags} --data-root $SECURE_FGL_DATA --quiet"
+    planted = f"  (config file: synthetic = {s['synthetic']})" if "synthetic" in s else ""
+    return f"python -m secure_fgl.cli.main run --seed 0 {flags} --data-root $SECURE_FGL_DATA --quiet{planted}"
 
 
 def metric_rows(setting: str, entry: dict) -> list[dict]:
@@ -124,7 +140,7 @@ def main() -> None:
     for name in args.only.split(","):
         s = SETTINGS[name]
         print(command(name, s), flush=True)
-        cfg = RunConfig(dataset="cora", seed=0, data_root=root, **{"mode": "plain", **s})
+        cfg = RunConfig(seed=0, data_root=root, **{"dataset": "cora", "mode": "plain", **s})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = run_experiment(cfg, progress=False)

@@ -69,7 +69,7 @@ def _finished(mode: str, rounds: int = 2):
 @pytest.mark.parametrize("mode", ["plain", "ckks"])
 def test_graph_runs_in_the_attack_runner(mode):
     names = resolve_names(["all"], "gcfl", graph_level=True)
-    assert set(names) == {"gin_gradient_inversion", "gcfl_same_dataset"}     # node-level attacks stay out
+    assert set(names) == {"gin_gradient_inversion", "gcfl_same_dataset", "graph_property"}   # node-level ones stay out
     fed, cfg, algo = _finished(mode)
     entries = {e["name"]: e for e in run_attacks(["all"], algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg,
                                                  options={"gin_gradient_inversion": {"iterations": 5}})}

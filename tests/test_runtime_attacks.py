@@ -87,7 +87,7 @@ def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
         warnings.simplefilter("ignore")
         local = _entries(run_experiment(graph_cfg("gc-fedavg", "plain", executor="local", rounds=3,
                                                   attacks=["all"]), progress=False))
-    assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion"}
+    assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion", "graph_property"}
     assert local["gin_gradient_inversion"]["value"] is not None
     assert_golden("runtime_attacks", request.node.name, {"attacks": local})
 

@@ -38,17 +38,21 @@ def _er_graph(rng: np.random.Generator, n: int, p: float, max_degree: int) -> tu
 
 def two_task_graphs(num_clients: int = 6, graphs_per_client: int = 60, seed: int = 0, *,
                     min_nodes: int = 8, max_nodes: int = 16, p_sparse: float = 0.15, p_dense: float = 0.45,
-                    max_degree: int = 10) -> FederatedGraphDataset:
+                    max_degree: int = 10, dense_share: float | list[float] = 0.5) -> FederatedGraphDataset:
     """``num_clients`` clients of ``graphs_per_client`` graphs each, split 80/10/10."""
     if num_clients < 1 or graphs_per_client < 3:
         raise DataError("synthetic-graphs needs >= 1 client and >= 3 graphs per client")
+    shares = np.broadcast_to(np.asarray(dense_share, dtype=np.float64), (num_clients,)) \
+        if np.ndim(dense_share) == 0 or len(dense_share) == num_clients else None
+    if shares is None or not ((shares >= 0) & (shares <= 1)).all():
+        raise DataError(f"dense_share must be one probability or one per client ({num_clients}), got {dense_share!r}")
     rng = np.random.default_rng([seed, 41])
     groups = client_groups(num_clients)
     clients = []
     for cid in range(num_clients):
         graphs, labels = [], []
         for _ in range(graphs_per_client):
-            dense = int(rng.random() < 0.5)
+            dense = int(rng.random() < shares[cid])
             n = int(rng.integers(min_nodes, max_nodes + 1))
             x, edge_index = _er_graph(rng, n, p_dense if dense else p_sparse, max_degree)
             label = dense if groups[cid] == 0 else 1 - dense
