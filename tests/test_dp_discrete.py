@@ -47,7 +47,7 @@ def test_sum_of_discrete_gaussians_epsilon_against_the_continuous_bound():
                                                                                rel=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["mask", "ckks"])
+@pytest.mark.parametrize("mode", ["mask", "ckks", pytest.param("ckks-mp", marks=pytest.mark.slow)])
 def test_secure_sum_is_the_exact_grid_sum_and_composes_in_renyi_dp(mode):
     """In distributed placement each client's noisy contribution is on the grid and the codec carries
     it exactly: the released sum is 2^-f times an integer (one discrete release, no per-client
