@@ -47,7 +47,8 @@ KNOWLEDGE: dict[str, str] = {
     "victim_topology": "K2: the victim client's local edge index, node count and training mask",
     "posteriors": "black-box query access: the deployed model's class posteriors on the candidate nodes",
     "candidates": "a candidate node set (ids and labels) for membership inference, membership unknown",
-    "query_api": "LinkTeller: query access to a client's inference API with attacker-chosen features",
+    "query_api": "LinkTeller: query access to a client's inference API with attacker-chosen features "
+                 "(it answers log-probabilities)",
     "aux_labelled": "K1: a labelled auxiliary sample from the same distribution (ids, features, labels, edges)",
     "hidden_fn": "the released model's hidden-feature map, applicable to auxiliary data",
     "coalition_keys": "the colluding clients' own protocol secrets (CKKS key ring; mask seeds, shares, group seed)",
@@ -238,7 +239,9 @@ class AttackResult:
     ``metric``/``value``/``chance``: the primary metric, its value and its chance/baseline
     level (filled by ``score``).  ``applicable=False`` with a ``reason`` when the observer
     could read nothing the attack needs.  ``output``: the attack's guess (never serialised).
-    ``metrics``: extra metrics (serialised flat next to the primary ones).
+    ``metrics``: extra metrics (serialised flat next to the primary ones).  ``estimate``: the
+    primary metric's chance level, 95 % interval and sample size (:mod:`attacks.significance`);
+    :meth:`add` records it, or a secondary metric's under ``metrics['significance']``.
     """
 
     name: str
@@ -253,6 +256,18 @@ class AttackResult:
     knowledge: tuple[str, ...] = ()
     output: Any = None
     metrics: dict = field(default_factory=dict)
+    estimate: Any = None
+
+    def add(self, est, primary: bool = False) -> "AttackResult":
+        """Record an :class:`~attacks.significance.Estimate`: as the primary metric (metric, value,
+        chance, interval) or as a secondary one (its value flat in ``metrics`` and its chance and
+        interval under ``metrics['significance'][name]``)."""
+        if primary:
+            self.metric, self.value, self.chance = est.metric, est.value, est.chance
+            self.higher_is_leakier, self.estimate = est.higher_is_leakier, est
+        self.metrics[est.metric] = est.value
+        self.metrics.setdefault("significance", {})[est.metric] = est.to_dict()
+        return self
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "observer": self.observer, "exchange": self.exchange, "metric": self.metric,
@@ -260,6 +275,11 @@ class AttackResult:
              "higher_is_leakier": self.higher_is_leakier, "knowledge": list(self.knowledge)}
         if self.reason:
             d["reason"] = self.reason
+        if self.estimate is not None:
+            e = self.estimate.to_dict()
+            for k in ("ci", "samples", "chance_method", "ci_method", "at_chance", "below_chance", "null_q95"):
+                if k in e:
+                    d[k] = e[k]
         for k, v in self.metrics.items():
             if k not in d:
                 d[k] = _jsonable(v)

@@ -138,22 +138,23 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
 def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray,
                   spec) -> dict:
     """(a) for multiparty CKKS: the coalition decrypts ``victim``'s upload (one block of
-    ``values``, exchanged under ``spec``) with the sum of its collective-key shares
-    ``sum_{i in C} s_i`` -- the best key it holds, since ``s = sum_i s_i`` over all K clients.
+    ``values``, exchanged under ``spec``; ``c0`` as sent, ``c1`` public) with the sum of its
+    collective-key shares ``sum_{i in C} s_i`` -- the upload is encrypted under the victim's
+    own share ``s_victim``.
     Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
     plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
     data, 'used': coefficients carrying data}``; with ``c < K``
-    the missing shares leave ``c1 s_j`` uniformly random, so ``abs_corr`` is at chance.
-    With the victim's share in ``coalition`` the same decryption is exact (positive control)."""
+    the missing share leaves ``c1 s_victim`` uniformly random, so ``abs_corr`` is at chance.
+    With ``coalition = [victim]`` the same decryption is exact (positive control)."""
     from protocols.ckks_mp import encoding, encryption
     ring = proto.ring
     plan = proto.plan(spec, block_len=len(values))
-    data = next(m.payload for m in proto.transcript.view(SERVER) if m.tag == tag and m.round == rnd
-                and m.kind == "ciphertext" and m.sender == client_party(victim) and m.receiver == SERVER)
-    ct = encryption.from_bytes(ring, data, (1, 2, plan.level, proto.params.n))[0]
-    key = proto._clients[coalition[0]]._share.s_hat          # the colluding clients' collective-key shares
+    msg = next(m for m in proto.transcript.view(SERVER) if m.tag == tag and m.round == rnd
+               and m.kind == "ciphertext" and m.sender == client_party(victim) and m.receiver == SERVER)
+    ct = proto.upload_ciphertexts(msg, plan)[0]               # c0 as sent, c1 public
+    key = proto._clients[coalition[0]]._share                # the colluding clients' collective-key shares
     for c in coalition[1:]:
-        key = ring.add(key, proto._clients[c]._share.s_hat)
+        key = ring.add(key, proto._clients[c]._share)
     used = encoding.used_coefficients(plan, len(values))
     attack = np.array(encoding.crt_centered(ring, encryption.decrypt(ring, key, ct))[:used], dtype=np.float64)
     truth = np.array(encoding.crt_centered(ring, encoding.encode(ring, plan, encoding.quantize(values, plan)))[:used],

@@ -45,6 +45,7 @@ from protocols.transcript import SERVER, party_client
 
 from .base import (Attack, AttackResult, GroundTruth, View, attack_device, bit_f1, nearest_is_true, roc_auc,
                    row_blocks_to_rows)
+from .significance import proportion_estimate
 
 EXCHANGE = "fedgcn/*"
 #: cross-client degree buckets of the per-node exposure histogram
@@ -209,6 +210,12 @@ def exposure_by_degree(exposed: np.ndarray, truth: GroundTruth) -> dict[str, lis
     return out
 
 
+def exposure_estimate(exposed: int, eligible: int):
+    """Share of eligible nodes whose features are read exactly: chance 0 (no guess without the
+    transcript reproduces a feature row), Wilson interval over the nodes."""
+    return proportion_estimate("exposure_rate", float(exposed), int(eligible), 0.0)
+
+
 def _claims_metrics(claim_vecs: np.ndarray, claim_cands: list[np.ndarray], truth: GroundTruth,
                     eligible: np.ndarray) -> tuple[dict, np.ndarray]:
     """Exposure, precision, bit-F1 and NIP of claimed vectors with their true contributor sets.
@@ -242,7 +249,7 @@ def _claims_metrics(claim_vecs: np.ndarray, claim_cands: list[np.ndarray], truth
     exposed &= eligible
     n_elig = max(1, int(eligible.sum()))
     m = {"exposure_rate": float(exposed.sum() / n_elig), "exposed_nodes": int(exposed.sum()),
-         "claims": int(len(claim_cands)),
+         "eligible_nodes": n_elig, "claims": int(len(claim_cands)),
          "precision": float(correct.mean()) if len(claim_cands) else None}
     if binary:
         m["bit_f1"] = float(f1s.mean()) if len(claim_cands) else None
@@ -334,8 +341,8 @@ class NeighbourSumReadout(Attack):
         m["detector"] = out["detector"]
         m["by_cross_degree"] = exposure_by_degree(exposed, truth)
         m["chance_bit_auc"] = 0.5
-        res.metric, res.value, res.chance = "exposure_rate", m["exposure_rate"], 0.0
         res.metrics.update(m)
+        res.add(exposure_estimate(m["exposed_nodes"], m["eligible_nodes"]), primary=True)
         return res
 
 
@@ -406,6 +413,7 @@ class NeighbourSumInversion(Attack):
         n_att = max(1, int(attacked.sum()))
         idx = np.flatnonzero(attacked)
         m = {"exposure_rate": float(exposed.sum() / n_att), "exposed_nodes": int(exposed.sum()),
+             "eligible_nodes": n_att,
              "identifiable_fraction": float(out["identifiable"][attacked].mean()) if attacked.any() else None,
              "operator": sorted(set(out["operators"].values())),
              "nip": float(nearest_is_true(xh[idx], X, idx).mean()) if idx.size else None,
@@ -416,8 +424,8 @@ class NeighbourSumInversion(Attack):
             m["bit_f1"] = float(np.mean([bit_f1(bits[i] > 0.5, X[i] > 0.5) for i in sub]))
         else:
             m["mse"] = float(np.mean((xh[idx] - X[idx]) ** 2)) if idx.size else None
-        res.metric, res.value, res.chance = "exposure_rate", m["exposure_rate"], 0.0
         res.metrics.update(m)
+        res.add(exposure_estimate(m["exposed_nodes"], m["eligible_nodes"]), primary=True)
         return res
 
 
@@ -557,8 +565,8 @@ class ClientSubtraction(Attack):
         m["convention"] = "closed" if out["closed"] else "open"
         m["source"] = out["source"]
         m["exposed_mask"] = exposed  # pooled by the runner, dropped before serialising
-        res.metric, res.value, res.chance = "exposure_rate", m["exposure_rate"], 0.0
         res.metrics.update(m)
+        res.add(exposure_estimate(m["exposed_nodes"], m["eligible_nodes"]), primary=True)
         return res
 
     @staticmethod
@@ -573,7 +581,8 @@ class ClientSubtraction(Attack):
         kept = truth.owner >= 0
         precs = [r.metrics["precision"] for r in ok if r.metrics.get("precision") is not None]
         aucs = [r.metrics["bit_auc"] for r in ok if r.metrics.get("bit_auc") is not None]
-        return {"exposure_rate": float(union[kept].mean()),
+        return {"estimate": exposure_estimate(int(union[kept].sum()), int(kept.sum())),
+                "exposure_rate": float(union[kept].mean()),
                 "exposed_nodes": int(union.sum()),
                 "per_client_exposure": [float(r.metrics["exposure_rate"]) for r in ok],
                 "precision": float(np.mean(precs)) if precs else None,

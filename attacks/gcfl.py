@@ -24,6 +24,7 @@ from protocols.transcript import SERVER, party_client
 
 from .base import Attack, AttackResult, GroundTruth, View, dense_vector, roc_auc
 from .gin_inversion import GRAPH_ALGORITHMS
+from .significance import auc_estimate
 
 __all__ = ["DOMAINS", "server_similarity", "same_dataset_auc", "SameDatasetInference"]
 
@@ -70,14 +71,21 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     return members, upper + upper.T + np.eye(len(members))
 
 
+def same_dataset_pairs(clients: list[int], similarity: np.ndarray,
+                       datasets: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and "same dataset" labels of all pairs of ``clients``."""
+    i, j = np.triu_indices(len(clients), 1)
+    labels = np.array([int(datasets[clients[a]] == datasets[clients[b]]) for a, b in zip(i, j)])
+    return similarity[i, j], labels
+
+
 def same_dataset_auc(clients: list[int], similarity: np.ndarray, datasets: list[str]) -> float:
     """Rank AUC of "same dataset" over all pairs of ``clients`` scored by ``similarity``
     (``nan`` when every pair is same, or every pair different)."""
-    i, j = np.triu_indices(len(clients), 1)
-    labels = [int(datasets[clients[a]] == datasets[clients[b]]) for a, b in zip(i, j)]
-    if len(set(labels)) < 2:
+    scores, labels = same_dataset_pairs(clients, similarity, datasets)
+    if len(set(labels.tolist())) < 2:
         return float("nan")
-    return roc_auc(similarity[i, j], labels)
+    return roc_auc(scores, labels)
 
 
 class SameDatasetInference(Attack):
@@ -102,8 +110,7 @@ class SameDatasetInference(Attack):
         datasets = [c.dataset for c in truth.clients]
         if len(set(datasets)) == len(datasets):              # one dataset per client: ask for the domain
             datasets = [DOMAINS.get(d, d) for d in datasets]
-        auc = same_dataset_auc(clients, sim, datasets)
-        if not np.isfinite(auc):
+        scores, labels = same_dataset_pairs(clients, sim, datasets)
+        if len(set(labels.tolist())) < 2:
             return self.not_applicable("every pair read is the same dataset (or every pair differs): nothing to tell")
-        res.metric, res.value, res.chance = "auc", auc, 0.5
-        return res
+        return res.add(auc_estimate("auc", scores, labels), primary=True)

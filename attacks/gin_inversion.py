@@ -43,6 +43,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.transcript import SERVER, client_party
 
 from .base import Attack, AttackResult, GroundTruth, View, dense_vector, tv_distance
+from .significance import proportion_estimate
 
 __all__ = ["GRAPH_ALGORITHMS", "read_round", "invert_gin_update", "GINUpdateInversion"]
 
@@ -130,8 +131,8 @@ class GINUpdateInversion(Attack):
         x = torch.cat([g.x for g in client.train]).numpy()
         guess = res.output["labels"].argmax(1)
         counts = np.bincount(y, minlength=client.num_classes)
-        res.metric, res.value = "label_acc", float((guess == y).mean())
-        res.chance = float(counts.max() / y.size)
+        res.add(proportion_estimate("label_acc", float((guess == y).sum()), int(y.size), float(counts.max() / y.size),
+                                    chance_method="baseline (majority class)"), primary=True)
         m = res.metrics
         m["label_tv"] = tv_distance(res.output["labels"].mean(0), counts / y.size)
         m["label_tv_uniform"] = tv_distance(np.full(client.num_classes, 1.0 / client.num_classes), counts / y.size)

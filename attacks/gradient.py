@@ -14,9 +14,10 @@ surrogate); the real local training (dropout, several epochs, persistent Adam st
 so numbers on full runs are lower bounds of what a stronger attacker gets.
 
 An analytic support test (A9) needs no optimisation: the first-layer weight column of a word no
-victim node holds receives no data gradient, so its update is zero (SGD) or parallel to the
-weight-decay direction (Adam + L2); the score is the share of the column update orthogonal to
-the current weight column.
+victim node holds receives no data gradient, so its update is parallel to the weight column
+(SGD + L2) or ``-lr sign(W)`` per local step (Adam + L2); the score is the column update's
+deviation from that (:func:`support_scores`).  ``update_rule='auto'`` follows the run's public
+``--optimizer``.
 
 * :class:`GradientInversion` -- server, individual plaintext updates.
 * :class:`AggregateGradientInversion` -- the same inversion on the aggregate an observer can
@@ -36,8 +37,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols.transcript import SERVER, client_party, party_client
 
-from .base import (Attack, AttackResult, GroundTruth, View, attack_device, bit_f1, dense_vector, roc_auc,
-                   tv_distance)
+from .base import Attack, AttackResult, GroundTruth, View, attack_device, bit_f1, dense_vector, tv_distance
+from .significance import auc_estimate, matching_chance, mean_estimate, proportion_estimate
 
 EXCHANGE = "*/model"
 #: algorithms whose model exchange is a GCN on the clients' raw local features
@@ -102,7 +103,7 @@ def round_start_params(released: torch.Tensor, total: np.ndarray, pub: Mapping[s
 
 
 # ----------------------------------------------------------------------------- the inversion
-def _first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
+def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
     """(offset, numel, shape) in the flat parameter vector of the first weight that reads the
     ``d`` input features."""
     off = 0
@@ -113,7 +114,7 @@ def _first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, 
     return None
 
 
-def _last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
+def last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
     off, found = 0, None
     for p in model.parameters():
         if p.dim() == 1 and p.numel() == C:
@@ -122,18 +123,26 @@ def _last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
     return found
 
 
-def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module, d: int) -> np.ndarray | None:
-    """Per input feature: share of its first-layer column update orthogonal to the weight column."""
-    loc = _first_weight(model, d)
+def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module, d: int, rule: str = "sgd",
+                   step: float = 0.0, weight_decay: float = 0.0) -> np.ndarray | None:
+    """Per input feature: how far its first-layer column update ``U_j`` departs from the update
+    it gets with no data gradient (a word no victim node holds).
+
+    SGD (+ L2): that update is parallel to the weight column ``W_j``; the score is the share of
+    ``U_j`` orthogonal to ``W_j``.  Adam (+ L2): Adam normalises the weight-decay gradient
+    ``lambda W`` to its sign, so that update is ``-step sign(W_j)`` (``step = lr x local steps``;
+    zero without weight decay); the score is ``||U_j + step sign(W_j)|| / (step sqrt(h))``."""
+    loc = first_weight(model, d)
     if loc is None:
         return None
     off, n, shape = loc
     U = update[off:off + n].reshape(shape)
     W = start[off:off + n].reshape(shape)
-    if shape[0] == d:      # [d, h] -> columns as rows
-        U, W = U, W
-    else:                  # [h, d]
+    if shape[0] != d:      # [h, d] -> columns as rows
         U, W = U.T, W.T
+    if rule == "adam":
+        quiet = -step * np.sign(W) if weight_decay else np.zeros_like(W)
+        return np.linalg.norm(U - quiet, axis=1) / (max(step, 1e-30) * np.sqrt(U.shape[1]))
     un = np.linalg.norm(U, axis=1)
     wn = np.linalg.norm(W, axis=1)
     proj = (U * W).sum(1) / np.maximum(wn, 1e-12)
@@ -218,10 +227,14 @@ class GradientInversion(Attack):
     default_observer = SERVER
     knowledge = ("public", "architecture", "released_model", "victim_topology")
     algorithms = RAW_FEATURE_ALGORITHMS
-    options = {"victim": 0, "iterations": 100, "lr": 0.1, "restarts": 1, "update_rule": "auto", "seed": 0,
+    options = {"victim": 0, "iterations": 300, "lr": 0.1, "restarts": 2, "update_rule": "auto", "seed": 0,
                "hops": 2}
 
     # -- what to invert (overridden by the aggregate / isolation variants)
+    def target_round(self, view: View, tag: str) -> int | None:
+        """The latest round of ``tag`` the observer can read."""
+        return view.latest_round(tag)
+
     def target_vector(self, view: View, tag: str, rnd: int, length: int, pub) -> tuple[np.ndarray, np.ndarray] | str:
         """``(victim [w v, w], total [sum w v, sum w])`` or a reason string."""
         ups = read_uploads(view, tag, rnd, length)
@@ -243,7 +256,7 @@ class GradientInversion(Attack):
         model = knowledge["architecture"]()
         released = parameters_to_vector(knowledge["released_model"].parameters()).detach().cpu().double()
         P = released.numel()
-        rnd = view.latest_round(tag)
+        rnd = self.target_round(view, tag)
         if rnd is None:
             kinds = sorted({m.kind for m in view.select(tag)})
             return self.not_applicable(f"every {tag} payload is {'/'.join(kinds)} to the {'+'.join(view.parties)} "
@@ -263,7 +276,7 @@ class GradientInversion(Attack):
             rule = "adam" if str(pub.get("optimizer", "adam")).lower() == "adam" else "sgd"
         # iDLG-style label prior from the last-layer bias: classes whose bias goes up are present
         prior = None
-        lb = _last_bias(model, C)
+        lb = last_bias(model, C)
         if lb is not None:
             db = update[lb[0]:lb[0] + lb[1]]
             prior = torch.as_tensor(np.clip(db, 0, None) + 1e-3 * np.abs(db).max(initial=1e-12) + 1e-12,
@@ -275,7 +288,8 @@ class GradientInversion(Attack):
             binary=bool(pub["binary_features"]), rule=rule, iterations=int(self.opts["iterations"]),
             lr=float(self.opts["lr"]), restarts=int(self.opts["restarts"]),
             weight_decay=float(pub.get("weight_decay") or 0.0), label_prior=prior, seed=int(self.opts["seed"]))
-        sup = support_scores(update, start.numpy(), model, d)
+        step = float(pub.get("lr") or 0.0) * max(1, int(pub.get("local_epochs") or 1))
+        sup = support_scores(update, start.numpy(), model, d, rule, step, float(pub.get("weight_decay") or 0.0))
         presence, label_dist = None, None
         if lb is not None:
             db = update[lb[0]:lb[0] + lb[1]]
@@ -311,35 +325,36 @@ class GradientInversion(Attack):
         m: dict[str, Any] = {"victim": out["victim"], "round": out["round"], "update_rule": out["rule"],
                              "match_loss": out["loss"], "receptive_nodes": int(field.sum())}
         if truth.binary:
-            m["feature_auc"] = roc_auc(xh.ravel(), X.ravel() > 0.5)
+            rows = np.repeat(np.arange(X.shape[0]), X.shape[1])
+            res.add(auc_estimate("feature_auc", xh.ravel(), X.ravel() > 0.5, groups=rows), primary=True)
             k = max(1, int(round((X > 0.5).sum(1).mean())))
             top = np.argsort(-xh, axis=1)[:, :k]
             pred = np.zeros_like(X, dtype=bool)
             np.put_along_axis(pred, top, True, axis=1)
             m["feature_f1_topk"] = float(np.mean([bit_f1(pred[i], X[i] > 0.5) for i in range(X.shape[0])]))
-            metric, value, chance = "feature_auc", m["feature_auc"], 0.5
         else:
             cos = (xh * X).sum(1) / np.maximum(np.linalg.norm(xh, axis=1) * np.linalg.norm(X, axis=1), 1e-12)
-            m["feature_cos"] = float(cos.mean())
             prior = truth.x.mean(0)
             base = (X @ prior) / np.maximum(np.linalg.norm(X, axis=1) * np.linalg.norm(prior), 1e-12)
-            metric, value, chance = "feature_cos", m["feature_cos"], float(base.mean())
+            res.add(mean_estimate("feature_cos", cos, float(base.mean()),
+                                  chance_method="baseline (cosine to the mean feature)"), primary=True)
         yt = y[tm]
         if yt.size:
-            m["label_acc"] = float((out["y"].argmax(1) == yt).mean())
-            m["label_chance"] = float(np.bincount(yt, minlength=truth.num_classes).max() / yt.size)
+            guess = out["y"].argmax(1)
+            counts = np.bincount(yt, minlength=truth.num_classes)
+            m["label_chance"] = float(counts.max() / yt.size)
+            res.add(proportion_estimate("label_acc", float((guess == yt).sum()), int(yt.size), m["label_chance"],
+                                        chance_method="baseline (majority class)"))
             if out.get("label_dist") is not None:
-                true_dist = np.bincount(yt, minlength=truth.num_classes)
-                m["label_tv"] = tv_distance(out["label_dist"], true_dist)
+                m["label_tv"] = tv_distance(out["label_dist"], counts)
                 m["label_tv_prior"] = tv_distance(np.bincount(truth.y[truth.train_mask], minlength=truth.num_classes)
-                                                  if truth.y is not None else np.ones(truth.num_classes), true_dist)
+                                                  if truth.y is not None else np.ones(truth.num_classes), counts)
             if out.get("presence") is not None:
-                present = np.bincount(yt, minlength=truth.num_classes) > 0
-                m["label_presence_acc"] = float((out["presence"] == present).mean())
+                present = counts > 0
+                res.add(proportion_estimate("label_presence_acc", float((out["presence"] == present).sum()),
+                                            int(present.size), matching_chance(out["presence"], present)))
         if out.get("support") is not None and truth.binary:
-            present_words = (X > 0.5).any(0)
-            m["support_auc"] = roc_auc(out["support"], present_words)
-        res.metric, res.value, res.chance = metric, value, chance
+            res.add(auc_estimate("support_auc", out["support"], (X > 0.5).any(0)))
         res.metrics.update(m)
         return res
 
@@ -370,17 +385,25 @@ class IsolatedGradientInversion(GradientInversion):
     knowledge = GradientInversion.knowledge + ("own_contributions",)
     _known: dict | None = None
 
+    def target_round(self, view, tag):
+        known = (self._known or {}).get("aggregates", {}).get(tag, {})
+        rounds = [r for r in (view.latest_round(tag), max(known, default=None)) if r is not None]
+        return max(rounds) if rounds else None
+
     def target_vector(self, view, tag, rnd, length, pub):
+        known = self._known or {}
         total = read_aggregate(view, tag, rnd, length)
+        if total is None and rnd in known.get("aggregates", {}).get(tag, {}):
+            total = _padded(known["aggregates"][tag][rnd], length)
         if total is None:
             return (f"the aggregate of {tag} round {rnd} is ciphertext/masked to the coalition and no "
                     "decrypted copy is available")
         members = [party_client(p) for p in view.parties if party_client(p) is not None]
         own = read_uploads(view, tag, rnd, length)
-        extra = (self._known or {}).get(tag, {}).get(rnd, {})
+        extra = known.get("uploads", {}).get(tag, {}).get(rnd, {})
         for k in members:
             if k not in own and k in extra:
-                own[k] = np.asarray(extra[k], dtype=np.float64)[:length + 1]
+                own[k] = _padded(extra[k], length)
         missing = [k for k in members if k not in own]
         if missing:
             return f"coalition members {missing} cannot read back their own uploads of {tag} round {rnd}"
@@ -393,3 +416,9 @@ class IsolatedGradientInversion(GradientInversion):
         if client_party(v) in view.parties:
             return self.not_applicable("the victim is in the coalition")
         return super().run(view, knowledge)
+
+
+def _padded(vec: np.ndarray, P: int) -> np.ndarray:
+    """A client's own ``[w v, w]`` (P + 1 entries); an unweighted DP upload (P) gets a zero weight."""
+    vec = np.asarray(vec, dtype=np.float64)
+    return np.concatenate([vec[:P], [0.0]]) if vec.size == P else vec[:P + 1]

@@ -26,6 +26,7 @@ import torch
 
 
 from .base import (Attack, AttackResult, GroundTruth, View, advantage, roc_auc, tpr_at_fpr)
+from .significance import auc_estimate, pair_auc_estimate, score_estimate
 
 
 # ----------------------------------------------------------------------------- membership
@@ -54,21 +55,21 @@ class MembershipInference(Attack):
         ids = res.output["ids"]
         member = truth.train_mask[ids]
         s = res.output["scores"]
-        m = {"auc": roc_auc(s["loss"], member), "advantage": advantage(s["loss"], member),
-             "tpr_at_1fpr": tpr_at_fpr(s["loss"], member, 0.01),
-             "auc_max_prob": roc_auc(s["max_prob"], member), "auc_neg_entropy": roc_auc(s["neg_entropy"], member),
-             "members": int(member.sum()), "non_members": int((~member).sum()),
-             "chance_advantage": 0.0, "chance_tpr_at_1fpr": 0.01}
-        res.metric, res.value, res.chance = "auc", m["auc"], 0.5
-        res.metrics.update(m)
+        res.add(auc_estimate("auc", s["loss"], member), primary=True)
+        res.add(score_estimate("advantage", advantage, s["loss"], member))
+        res.add(score_estimate("tpr_at_1fpr", lambda a, b: tpr_at_fpr(a, b, 0.01), s["loss"], member))
+        res.metrics.update({"auc_max_prob": roc_auc(s["max_prob"], member),
+                            "auc_neg_entropy": roc_auc(s["neg_entropy"], member),
+                            "members": int(member.sum()), "non_members": int((~member).sum())})
         return res
 
 
 # ----------------------------------------------------------------------------- pair sampling
 def sample_pairs(edge_index: np.ndarray, nodes: np.ndarray, num: int, seed: int = 0,
-                 anchors: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 anchors: np.ndarray | None = None, keep_pair=None) -> dict[str, np.ndarray]:
     """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among
-    ``nodes``; with ``anchors`` every pair has an anchor as its first element."""
+    ``nodes``; with ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)``
+    (boolean arrays) restricts all three sets to one population (e.g. both ends in one client)."""
     rng = np.random.default_rng(seed)
     n = int(max(edge_index.max(initial=0), nodes.max(initial=0))) + 1
     keep = np.zeros(n, bool)
@@ -79,38 +80,42 @@ def sample_pairs(edge_index: np.ndarray, nodes: np.ndarray, num: int, seed: int 
     a = ((a + a.T) > 0).astype(np.float64).tocsr()
     anc = np.zeros(n, bool)
     anc[anchors if anchors is not None else nodes] = True
+
+    def subset(pr: np.ndarray) -> np.ndarray:
+        if keep_pair is not None and pr.shape[1]:
+            pr = pr[:, keep_pair(pr[0], pr[1])]
+        return pr[:, rng.choice(pr.shape[1], num, replace=False)] if pr.shape[1] > num else pr
+
     pos = np.stack(a.nonzero())
-    pos = pos[:, anc[pos[0]] & ((pos[0] < pos[1]) | ~anc[pos[1]])]
-    if pos.shape[1] > num:
-        pos = pos[:, rng.choice(pos.shape[1], num, replace=False)]
+    pos = subset(pos[:, anc[pos[0]] & ((pos[0] < pos[1]) | ~anc[pos[1]])])
     two = (a @ a).tocsr()
     two.setdiag(0)
     two = two - two.multiply(a)
     two.eliminate_zeros()
     hard = np.stack(two.nonzero())
-    hard = hard[:, (hard[0] != hard[1]) & anc[hard[0]]]
-    if hard.shape[1] > num:
-        hard = hard[:, rng.choice(hard.shape[1], num, replace=False)]
+    hard = subset(hard[:, (hard[0] != hard[1]) & anc[hard[0]]])
     src_pool = np.flatnonzero(anc & keep)
-    m = max(num, 1)
-    u = rng.choice(src_pool, 3 * m)
-    v = rng.choice(nodes, 3 * m)
-    ok = (u != v) & (np.asarray(a[u, v]).ravel() == 0)
-    rnd = np.stack([u[ok], v[ok]])[:, :max(pos.shape[1], 1)]
-    return {"pos": pos, "random": rnd, "hard": hard}
+    want, rnd = max(pos.shape[1], 1), np.zeros((2, 0), np.int64)
+    for _ in range(20):                               # bounded: a population may hold few pairs
+        u, v = rng.choice(src_pool, 4 * want), rng.choice(nodes, 4 * want)
+        ok = (u != v) & (np.asarray(a[u, v]).ravel() == 0)
+        if keep_pair is not None:
+            ok &= keep_pair(u, v)
+        rnd = np.concatenate([rnd, np.stack([u[ok], v[ok]])], 1)
+        if rnd.shape[1] >= want:
+            break
+    return {"pos": pos, "random": rnd[:, :want], "hard": hard}
 
 
-def _pair_aucs(score_fn, pairs: dict[str, np.ndarray]) -> dict[str, float | None]:
+def pair_estimates(score_fn, pairs: dict[str, np.ndarray], suffix: str = "") -> dict:
+    """AUC of the positive pairs against random (``auc_random``) and 2-hop (``auc_2hop``)
+    negatives, each an :class:`~attacks.significance.Estimate` (None if a set is empty)."""
     out = {}
-    sp_ = score_fn(pairs["pos"])
-    for key in ("random", "hard"):
+    sp_ = score_fn(pairs["pos"]) if pairs["pos"].shape[1] else None
+    for key, name in (("random", "auc_random"), ("hard", "auc_2hop")):
         neg = pairs[key]
-        if pairs["pos"].shape[1] == 0 or neg.shape[1] == 0:
-            out[key] = None
-            continue
-        sn = score_fn(neg)
-        v = roc_auc(np.concatenate([sp_, sn]), np.r_[np.ones(sp_.size), np.zeros(sn.size)])
-        out[key] = None if np.isnan(v) else v
+        out[name + suffix] = None if sp_ is None or neg.shape[1] == 0 else \
+            pair_auc_estimate(name + suffix, sp_, score_fn(neg))
     return out
 
 
@@ -119,8 +124,23 @@ def _cos_rows(M: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
 
+def _record_pairs(res: AttackResult, ests: dict, primary: str) -> None:
+    for name, est in ests.items():
+        if est is not None:
+            res.add(est, primary=name == primary)
+        else:
+            res.metrics[name] = None
+    if res.estimate is None:
+        res.metric, res.chance = primary, 0.5
+
+
 class PosteriorLinkInference(Attack):
-    """Link stealing from posterior similarity (He et al. Attack-0, cosine)."""
+    """Link stealing from posterior similarity (He et al. Attack-0, cosine).
+
+    In a federated run the deployed models saw only the edges inside each client: those pairs
+    (both ends and the negatives in one client) are the headline ``auc_2hop``/``auc_random``;
+    cross-client edges, which no model saw, are scored apart (``auc_2hop_cross``,
+    ``auc_random_cross``)."""
 
     name = "link_posterior"
     exchange = "released model"
@@ -135,26 +155,41 @@ class PosteriorLinkInference(Attack):
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         P = res.output["posteriors"]
-        nodes = np.flatnonzero(np.isfinite(P).all(1) & (truth.owner >= 0))
-        pairs = sample_pairs(truth.edge_index, nodes, int(self.opts["pairs"]), int(self.opts["seed"]))
-        a = _pair_aucs(lambda pr: _cos_rows(P, pr), pairs)
-        base = _pair_aucs(lambda pr: _cos_rows(truth.x, pr), pairs)
-        m = {"auc_2hop": a["hard"], "auc_random": a["random"], "feature_baseline_auc_2hop": base["hard"],
-             "feature_baseline_auc_random": base["random"], "positives": int(pairs["pos"].shape[1])}
-        res.metric, res.value, res.chance = "auc_2hop", m["auc_2hop"], 0.5
-        res.metrics.update(m)
+        owner = truth.owner
+        nodes = np.flatnonzero(np.isfinite(P).all(1) & (owner >= 0))
+        federated = np.unique(owner[nodes]).size > 1
+        num, seed = int(self.opts["pairs"]), int(self.opts["seed"])
+        pops = {"": (lambda u, v: owner[u] == owner[v]) if federated else None}
+        if federated:
+            pops["_cross"] = lambda u, v: owner[u] != owner[v]
+        ests, counts = {}, {}
+        for suffix, keep_pair in pops.items():
+            pairs = sample_pairs(truth.edge_index, nodes, num, seed, keep_pair=keep_pair)
+            ests.update(pair_estimates(lambda pr: _cos_rows(P, pr), pairs, suffix))
+            base = pair_estimates(lambda pr: _cos_rows(truth.x, pr), pairs, suffix)
+            for name, est in base.items():
+                res.metrics["feature_baseline_" + name] = None if est is None else est.value
+            counts["positives" + suffix] = int(pairs["pos"].shape[1])
+            counts["hard_negatives" + suffix] = int(pairs["hard"].shape[1])
+        _record_pairs(res, ests, "auc_2hop")
+        res.metrics.update(counts)
+        res.metrics["population"] = "intra-client edges" if federated else "all edges"
         return res
 
 
 class InfluenceLinkInference(Attack):
-    """LinkTeller: influence of a node's features on the other nodes' outputs via the API."""
+    """LinkTeller: influence of a node's features on the other nodes' log-posteriors via the API.
+
+    The API answers log-probabilities ``log P`` (LinkTeller's reference scoring): on a confident
+    model softmax outputs saturate, so neighbours and 2-hop nodes both show near-zero softmax
+    influence, while ``log P`` keeps the GCN's exact receptive field structure."""
 
     name = "link_influence"
     exchange = "released model"
     default_observer = "client:1"
     knowledge = ("query_api",)
     needs_exchange = False
-    options = {"targets": 100, "delta": 1e-2, "pairs": 2000, "seed": 0}
+    options = {"targets": 500, "delta": 1e-2, "pairs": 4000, "seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
         api = knowledge["query_api"]
@@ -184,15 +219,10 @@ class InfluenceLinkInference(Attack):
         row_of[targets] = np.arange(targets.size)
         pairs = sample_pairs(ei, np.arange(n), int(self.opts["pairs"]), int(self.opts["seed"]), anchors=targets)
         infl = out["influence"]
-
-        def score(pr):
-            return infl[row_of[pr[0]], pr[1]]
-        a = _pair_aucs(score, pairs)
+        _record_pairs(res, pair_estimates(lambda pr: infl[row_of[pr[0]], pr[1]], pairs), "auc_2hop")
         xl = c.x.detach().cpu().numpy().astype(np.float64)
-        base = _pair_aucs(lambda pr: _cos_rows(xl, pr), pairs)
-        m = {"auc_2hop": a["hard"], "auc_random": a["random"], "feature_baseline_auc_2hop": base["hard"],
-             "feature_baseline_auc_random": base["random"], "client": out["client"],
-             "positives": int(pairs["pos"].shape[1]), "targets": int(targets.size)}
-        res.metric, res.value, res.chance = "auc_2hop", m["auc_2hop"], 0.5
-        res.metrics.update(m)
+        for name, est in pair_estimates(lambda pr: _cos_rows(xl, pr), pairs).items():
+            res.metrics["feature_baseline_" + name] = None if est is None else est.value
+        res.metrics.update({"client": out["client"], "positives": int(pairs["pos"].shape[1]),
+                            "hard_negatives": int(pairs["hard"].shape[1]), "targets": int(targets.size)})
         return res

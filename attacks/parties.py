@@ -73,10 +73,14 @@ class InlineParties:
             model.eval()
             out = model(x.to(dev), graph)
             out = out[0] if isinstance(out, tuple) else out
-            return torch.softmax(out.float(), -1).cpu()
+            return torch.log_softmax(out.float(), -1).cpu()
 
         return {"client": t, "features": feats.detach().cpu(), "query": query,
                 "global_ids": self.fed.clients[t].global_ids.cpu().numpy()}
+
+    def contributions(self, k: int) -> dict:
+        """Not kept by the in-process algorithm object: coalitions read their uploads in the transcript."""
+        return {}
 
     def ckks_keys(self, clients: list[int]):
         """The CKKS key ring a colluding client holds (every client holds the same keys)."""
@@ -106,6 +110,17 @@ class RuntimeParties:
     def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         f = self._ask(k, "received")
         return (f["nodes"], f["totals"]) if f else None
+
+    def contributions(self, k: int) -> dict:
+        """Client ``k``'s memory of the dense exchanges: ``{tag: {"upload": (round, vector),
+        "aggregate": (round, decoded result)}}``."""
+        f = self._ask(k, "contributions")
+        out: dict = {}
+        for name, value in f.items():
+            kind, tag = name.split(":", 1)
+            if kind in ("upload", "aggregate"):
+                out.setdefault(tag, {})[kind] = (int(f[f"{kind}_round:{tag}"]), np.asarray(value, np.float64))
+        return out
 
     def released_model(self) -> torch.nn.Module | None:
         """The model the clients deploy: client 0's (the first alive client's) after the last round."""
@@ -141,7 +156,7 @@ class RuntimeParties:
             return None
 
         def query(x: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float())["posteriors"])
+            return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float())["log_posteriors"])
 
         return {"client": t, "features": torch.from_numpy(inputs["features"]), "query": query,
                 "global_ids": inputs["global_ids"]}

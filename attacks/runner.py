@@ -20,8 +20,9 @@ own_data           ``P.own_data(k)``: the observer client's own data
 received           ``P.received(k)``: the observer client's decoded FedGCN rows, every row of
                    every block it decrypted (its own legitimate output; more than the rows it
                    asked for where blocks mix recipients), keyed by node id
-own_contributions  ``None`` (coalition members read their own uploads in the transcript; in
-                   secure modes their plaintext is not recorded, so isolation is refused)
+own_contributions  ``P.contributions(k)`` for each coalition member k: its last upload and the
+                   aggregate it decoded of each dense exchange (what a colluding client
+                   remembers; in secure modes the transcript holds neither in plaintext)
 released_model     ``P.released_model()``: client 0's deployed model after the run (the global
                    model every client receives)
 architecture       a deep copy of it (the public architecture)
@@ -62,13 +63,16 @@ from .gin_inversion import GINUpdateInversion
 from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
+from .ownership import OwnershipInference, RequestOwnership
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
+from .update_labels import UpdateLabelDistribution
 
 ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
     NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
     GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
-    ProxyLabelDistribution, MomentLabelDistribution,
-    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack,
+    ProxyLabelDistribution, MomentLabelDistribution, UpdateLabelDistribution,
+    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
+    RequestOwnership,
     SameDatasetInference, GINUpdateInversion)}
 
 
@@ -130,7 +134,8 @@ class RunContext:
                 "mode": cfg.mode, "algorithm": algo_name, "options": opts, "dp_epsilon": cfg.dp_epsilon,
                 "dp_clip": cfg.dp_clip, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
                 "local_epochs": cfg.local_epochs, "model": cfg.model, "hidden": cfg.hidden,
-                "num_layers": cfg.num_layers, "dropout": cfg.dropout, "rounds": cfg.rounds, "optimizer": "adam",
+                "num_layers": cfg.num_layers, "dropout": cfg.dropout, "rounds": cfg.rounds,
+                "optimizer": str(getattr(cfg, "optimizer", "adam")), "momentum": float(getattr(cfg, "momentum", 0.0)),
                 # FedGCN rows are [sum x_j, count]: the ones column is part of the public protocol
                 "row_width": d + 1 if algo_name == "fedgcn" else None}
 
@@ -164,8 +169,23 @@ class RunContext:
         real = nodes >= 0                                 # padding rows hold no node
         return {tag: (nodes[real], rows[real].astype(np.float64))}
 
-    def own_contributions(self, **_):
-        return None
+    def own_contributions(self, observer: str, **_) -> dict:
+        """What the observer's clients uploaded and decoded (each client's own memory of the
+        exchanges): ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``."""
+        uploads: dict = {}
+        aggregates: dict = {}
+        for p in observer_parties(observer):
+            if not p.startswith("client"):
+                continue
+            k = int(p[6:])
+            for tag, got in self.parties.contributions(k).items():
+                if "upload" in got:
+                    rnd, vec = got["upload"]
+                    uploads.setdefault(tag, {}).setdefault(rnd, {})[k] = vec
+                if "aggregate" in got:
+                    rnd, vec = got["aggregate"]
+                    aggregates.setdefault(tag, {})[rnd] = vec
+        return {"uploads": uploads, "aggregates": aggregates}
 
     def released_model(self, **_):
         m = self._global_model()
@@ -373,10 +393,13 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
             entries.append(_entry(res, seconds, secure=secure, audit_passed=audit.passed))
             continue
         pooled = cls.pool(ok, truth) if hasattr(cls, "pool") else {}
+        estimate = pooled.pop("estimate", None)
         res = attack.result(metric=ok[0].metric, chance=ok[0].chance, higher_is_leakier=ok[0].higher_is_leakier)
         res.observer = attack.observer
         res.value = pooled.get(res.metric, float(np.mean([r.value for r in ok if r.value is not None])))
         res.metrics.update(pooled)
+        if estimate is not None:
+            res.add(estimate, primary=True)
         res.metrics["observers"] = len(ok)
         entries.append(_entry(res, seconds, secure=secure, audit_passed=audit.passed))
     return entries

@@ -27,6 +27,7 @@ import numpy as np
 from protocols.transcript import SERVER, party_client
 
 from .base import Attack, AttackResult, GroundTruth, View, dense_vector, tv_distance
+from .significance import mean_estimate
 
 
 def _latest_uploads(view: View, tag: str, length: int | None) -> tuple[dict[int, np.ndarray], int | None, int]:
@@ -52,7 +53,7 @@ def _prior(truth: GroundTruth, mask: np.ndarray | None = None) -> np.ndarray:
     return np.bincount(y, minlength=truth.num_classes).astype(float)
 
 
-def _score_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
+def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
     tvs, base, exact, absent_ok = [], [], [], []
     prior = _prior(truth, truth.train_mask if node_set == "train" else None)
     for k, pi in est.items():
@@ -68,11 +69,9 @@ def _score_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarra
         base.append(tv_distance(prior, true))
         exact.append(tv < 1e-6)
         absent_ok.append(float(((np.asarray(pi) <= 1e-9) == (true == 0)).mean()))
-    res.metric = "label_tv"
-    res.value = float(np.mean(tvs)) if tvs else None
-    res.chance = float(np.mean(base)) if base else None
-    res.higher_is_leakier = False
-    res.metrics.update({"label_tv": res.value, "prior_tv": res.chance,
+    res.add(mean_estimate("label_tv", tvs, float(np.mean(base)) if base else None, higher_is_leakier=False,
+                          chance_method="baseline (the global label prior)"), primary=True)
+    res.metrics.update({"prior_tv": res.chance,
                         "exact_clients": float(np.mean(exact)) if exact else None,
                         "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
                         "clients_scored": len(tvs), "node_set": node_set})
@@ -113,7 +112,7 @@ class ProxyLabelDistribution(Attack):
         return self.result(output={"dists": est, "round": rnd, "tag": tags[0]})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
-        return _score_dists(res, truth, res.output["dists"], "train")
+        return score_label_dists(res, truth, res.output["dists"], "train")
 
 
 def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarray:
@@ -180,7 +179,7 @@ class MomentLabelDistribution(Attack):
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         node_set = res.output.get("node_set", "all")
-        res = _score_dists(res, truth, res.output["dists"], node_set)
+        res = score_label_dists(res, truth, res.output["dists"], node_set)
         def size(k):
             c = truth.clients[k]
             return int(c.train_mask.sum()) if node_set == "train" else c.num_nodes

@@ -55,6 +55,17 @@ class ChannelKey:
                 HKDF(algorithm=hashes.SHA256(), length=32, salt=run_id, info=info).derive(shared))
         return self._keys[slot]
 
+    def pair_seed(self, peer: str, peer_public: bytes, run_id: bytes, label: str) -> bytes:
+        """A 32-byte secret both ends of the pair derive alike (X25519, then HKDF with ``label``
+        and the sorted pair in ``info``, domain-separated from the channel key)."""
+        try:
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        except ValueError as e:
+            raise IntegrityError(f"{peer}'s channel key is unusable ({e})") from None
+        lo, hi = sorted([self.party, peer])
+        info = encode_body(["secure_fgl/pair-seed/v1", label, lo, hi])
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=run_id, info=info).derive(shared)
+
     def seal(self, peer: str, peer_public: bytes, run_id: bytes, plaintext: bytes, ad: bytes) -> bytes:
         nonce = os.urandom(NONCE_BYTES)
         return nonce + self._aead(peer, peer_public, run_id).encrypt(nonce, bytes(plaintext), ad)

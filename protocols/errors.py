@@ -111,3 +111,8 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
 class SmudgingBudgetError(KeySwitchRefusedError):
     """The run's key switches would exceed the public budget that keeps the smudging's total
     statistical distance within 2^-30."""
+
+
+class RepeatedUploadError(ProtocolError):
+    """A second upload request in one exchange (ckks-mp: the second ciphertext would share the
+    first one's public ``c1``, so their difference would reveal the difference of the inputs)."""

@@ -15,10 +15,12 @@ same manifest computes the same digest ``H = SHA-256(bytes)``.  The run id is th
 bytes of ``H``; every signed envelope binds the run id (:mod:`protocols.message`) and every
 owner-signed key statement binds it too (:func:`protocols.auth.key_statement`), so parties
 holding different manifests refuse each other's first message.  The *comparison code* is
-``H`` in base32, cut to 20 characters (100 bits) in groups of four: sites read it to each
-other over a channel of their own before the run; equal codes mean equal manifests (up to
-a 2^-100 chance for a forged second manifest with the same code, i.e. a 2^-50 birthday bound
-for an adversary that chooses both).
+``H`` in base32, cut to 32 characters (160 bits) in groups of four: sites read it to each
+other over a channel of their own before the run; equal codes mean equal manifests.  The
+length is set by the adversary that builds the manifest itself (any site may, the server
+too): it can search for two manifests with one code (say, one listing its own keys for every
+peer of a victim site) by a birthday search, about 2^(bits/2) hashes -- 2^80 at 160 bits,
+where 100 bits (2^50 hashes) would be within reach.
 
 The manifest holds no secret and no signature: it is the root of trust only because each
 site compared its code out of band.  Clients pin the identity keys it lists
@@ -41,7 +43,7 @@ from .transcript import SERVER, client_party
 
 MANIFEST_VERSION = 1
 #: characters of the comparison code (base32, 5 bits each)
-CODE_CHARS = 20
+CODE_CHARS = 32
 _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -139,7 +141,7 @@ class Manifest:
 
     @property
     def comparison_code(self) -> str:
-        """What sites compare out of band: :attr:`digest` in base32, 20 characters in groups of 4."""
+        """What sites compare out of band: :attr:`digest` in base32, 32 characters in groups of 4."""
         code = base64.b32encode(self.digest).decode()[:CODE_CHARS]
         return "-".join(code[i:i + 4] for i in range(0, CODE_CHARS, 4))
 

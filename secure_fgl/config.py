@@ -148,6 +148,8 @@ class RunConfig:
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
         from .algorithms import algorithm_name
         self.algorithm = algorithm_name(str(self.algorithm))
+        if str(self.dp_epsilon).strip().lower() in ("inf", "infinity", "none", "no-dp", "nodp", "∞"):
+            self.dp_epsilon = None                 # "inf" = no DP, as in secure-fgl report --dp-epsilons
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("synthetic", "options", "attacks")}
         for name, value in check_settings(type(self), values).items():
@@ -200,7 +202,11 @@ def load_config_file(path: str | Path) -> dict:
                           "is not a file")
     if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(f"config file {path} must end in .toml, .yaml/.yml or .json")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") \
+            from None
     try:
         if path.suffix == ".toml":
             try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from protocols import Transcript, make_protocol
@@ -38,7 +39,8 @@ from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .manifest import accepted_keys, schedule_option
 from .preflight import preflight
 from .provenance import now_utc, provenance
-from .results import SCHEMA_VERSION
+from .results import SCHEMA_VERSION, accuracy_at_chance
+from .run_identity import fingerprint, resolved_config, write_run_file
 from .privacy import dp_config, privacy_section
 
 #: the DP accountant's state after the latest release, written before that release's upload
@@ -90,6 +92,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     seed_everything(cfg.seed)
     out_dir = Path(cfg.out) if cfg.out else None
     phases = phases if phases is not None else Phases(enabled=progress)
+    config = resolved_config(cfg, options)
+    before = {"elapsed": 0.0}                  # seconds spent by the sessions before a --resume
 
     t0 = time.perf_counter()
     if fed is None:
@@ -97,15 +101,23 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
                             f"({cfg.partition})"):
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
+    if out_dir is not None:                    # after every check the data can fail
+        write_run_file(out_dir, config, started)   # the run's identity (run_identity.py)
+        phases.log(f"run folder: {out_dir}")
 
     if cfg.executor == "inline":
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
         algo = algo_cls(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
         from .runtime.build import make_executor, make_runtime_protocol, make_strategy
-        executor = make_executor(cfg, str(device))
-        protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
-        algo = make_strategy(cfg, fed, protocol, options, executor)
+        t0 = time.perf_counter()
+        # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
+        with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
+            executor = make_executor(cfg, str(device))
+            protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+            algo = make_strategy(cfg, fed, protocol, options, executor)
+        if cfg.executor == "ray":
+            times["startup"] = time.perf_counter() - t0
 
     # checkpoints are written only with an --out folder; the transcript's lines go to a side file there
     transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
@@ -116,7 +128,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
                 "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
                 "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
                 else None,
-                "setup_time": times.get("setup", 0.0)}
+                "setup_time": times.get("setup", 0.0),
+                "elapsed": before["elapsed"] + time.perf_counter() - t_start}
 
     def load_extra(extra):
         transcript_state.restore(extra["transcript"])
@@ -126,6 +139,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         if extra.get("dp") is not None and protocol.dp is not None:
             protocol.dp.load_state_dict(extra["dp"], ledger=json.loads(ledger.read_text()) if ledger.exists() else None)
         times["setup"] = extra.get("setup_time", 0.0)
+        before["elapsed"] = extra.get("elapsed", 0.0)
 
     resuming = cfg.resume and out_dir is not None and (out_dir / "checkpoint.pt").exists()
     if protocol.dp is not None and out_dir is not None:    # write-ahead record of every DP release
@@ -152,9 +166,14 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
              "last_test_acc": state.rounds[-1]["test_acc"] if state.rounds else None,
              "rounds_run": state.next_round, "stopped_early": state.stopped_early,
              "per_client": best["per_client"], **algo.final_metrics()}
+    final["at_chance"] = accuracy_at_chance(final["test_acc"], getattr(fed, "num_classes", None))
+    if final["at_chance"]:
+        phases.log(f"warning: test accuracy {final['test_acc']:.3f} is at chance (1/{fed.num_classes} classes = "
+                   f"{1 / fed.num_classes:.3f}): the model learned nothing"
+                   + (" -- the DP noise may drown the signal" if cfg.dp_epsilon is not None else ""))
 
     result = {"schema_version": SCHEMA_VERSION, **started, "finished_at": None, "status": "complete",
-              "config": {**cfg.to_dict(), "options": dataclasses.asdict(options)},
+              "config": config, "config_fingerprint": fingerprint(config),
               "options": dataclasses.asdict(options), "device": str(device), "num_clients": fed.num_clients,
               "final": final, "rounds": state.rounds, "comm": protocol.transcript.comm(), "time": times,
               "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
@@ -174,8 +193,11 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
+        t0 = time.perf_counter()
         algo.executor.shutdown()
-    times["total"] = time.perf_counter() - t_start
+        if cfg.executor == "ray":
+            times["shutdown"] = time.perf_counter() - t0
+    times["total"] = before["elapsed"] + time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)
     _write(out_dir, result)

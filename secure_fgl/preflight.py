@@ -95,6 +95,14 @@ def check_logs(cfg: RunConfig) -> None:
                           "(or use --log csv)")
 
 
+def _algorithms_with_option(name: str) -> list[str]:
+    """The algorithms that have the option ``name`` (``-`` or ``_``)."""
+    import dataclasses
+    from .algorithms import OPTIONS, get_options_class
+    key = name.replace("-", "_")
+    return [a for a in OPTIONS if key in {f.name for f in dataclasses.fields(get_options_class(a))}]
+
+
 def check_options(cfg: RunConfig, options_cls) -> object:
     import dataclasses
     own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
@@ -104,8 +112,10 @@ def check_options(cfg: RunConfig, options_cls) -> object:
             run_flags = [flag_name(f.name) for f in dataclasses.fields(RunConfig)
                          if f.name not in ("options", "synthetic")]
             known = f"its options: {', '.join(own)}" if own else "it has no options"
+            owners = _algorithms_with_option(str(key))
             raise ConfigError(f"{flag} is not a run flag nor an option of --algorithm {cfg.algorithm} ({known})"
-                              + did_you_mean(flag, own + run_flags))
+                              + (f"; {flag} is an option of --algorithm {' | '.join(owners)}" if owners
+                                 else did_you_mean(flag, own + run_flags)))
     values = check_settings(options_cls, cfg.options, what=f"an option of --algorithm {cfg.algorithm}")
     cfg.options = values
     opts = options_cls(**values)

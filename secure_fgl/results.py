@@ -14,8 +14,20 @@ import json
 from pathlib import Path
 
 #: version of the result.json layout written by this package (policy in the module docstring)
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
+
+
+#: a run is "at chance" when its test accuracy is within this of 1 / number of classes
+AT_CHANCE_MARGIN = 0.05
+
+
+def accuracy_at_chance(test_acc: float | None, num_classes: int | None) -> bool | None:
+    """``test_acc <= 1/num_classes + AT_CHANCE_MARGIN`` (``final.at_chance``): a model that learned
+    nothing, whose privacy results mean nothing; None when either is unknown."""
+    if test_acc is None or not num_classes:
+        return None
+    return bool(test_acc <= 1.0 / num_classes + AT_CHANCE_MARGIN)
 
 
 def schema() -> dict:
@@ -46,7 +58,7 @@ def flatten(result: dict) -> dict:
     ``privacy.total_epsilon``, ``attack.<name>`` (its value) and the provenance keys."""
     row: dict = {}
     for key in ("schema_version", "secure_fgl_version", "git_commit", "started_at", "status", "device",
-                "num_clients"):
+                "num_clients", "config_fingerprint"):
         row[key] = result.get(key)
     for key, value in (result.get("config") or {}).items():
         if key == "options":
@@ -71,18 +83,38 @@ def flatten(result: dict) -> dict:
     return row
 
 
-def load_runs(*paths: str | Path):
-    """A pandas DataFrame with one row per run found under ``paths`` (``pip install secure-fgl[analysis]``)."""
+def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple[list[tuple[Path, dict]], list[Path]]:
+    """``([(result.json path, result)], [left-out paths])``: the finished runs under ``paths``
+    and the unfinished ones (``status`` not ``complete``, e.g. interrupted during the attacks)
+    left out unless ``include_unfinished``."""
+    from .run_identity import is_finished
+    kept, left = [], []
+    for path in find_results(*paths):
+        result = json.loads(path.read_text())
+        (kept if include_unfinished or is_finished(result) else left).append((path, result))
+    return kept, [p for p, _ in left]
+
+
+def load_runs(*paths: str | Path, include_unfinished: bool = False):
+    """A pandas DataFrame with one row per finished run found under ``paths``
+    (``pip install secure-fgl[analysis]``); unfinished runs are left out, with a warning that
+    counts them, unless ``include_unfinished=True``."""
     try:
         import pandas as pd
     except ImportError:
         raise ImportError("load_runs needs pandas: pip install 'secure-fgl[analysis]'") from None
+    import warnings
+    kept, left = read_finished(*paths, include_unfinished=include_unfinished)
+    if left:
+        warnings.warn(f"load_runs: left out {len(left)} unfinished run(s) ({', '.join(str(p.parent) for p in left[:3])}"
+                      f"{', ...' if len(left) > 3 else ''}); include_unfinished=True to read them", stacklevel=2)
     rows = []
-    for path in find_results(*paths):
-        row = flatten(json.loads(path.read_text()))
+    for path, result in kept:
+        row = flatten(result)
         row["run"] = str(path.parent)
         rows.append(row)
     df = pd.DataFrame(rows)
+    df.attrs["left_out_unfinished"] = len(left)
     if "run" in df:
         df = df[["run"] + [c for c in df.columns if c != "run"]]
     return df

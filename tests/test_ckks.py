@@ -47,7 +47,9 @@ def test_weighted_mean_and_sum_match_plain(k, rows, cols, seed, weighted):
     ws = sum((w or {c: 1.0 for c in vals}).values())
     # compare with the exact float64 mean (plain's float32 wire rounds each input, not the mean)
     ref = sum(vals[c] * (1.0 if w is None else w[c]) for c in vals) / ws
-    assert np.abs(mean - ref).max() <= bound / ws * 2 + 1e-12
+    # numerator and denominator (sum of w_k, the last entry of the same exchange) are each within
+    # the sum's bound (which includes the release rounding): the mean within (1 + |mean|) bound / ws
+    assert (np.abs(mean - ref) <= bound * (1 + np.abs(ref)) / ws + 1e-12).all()
     plain_mean = pl.weighted_mean("t/mean", 0, vals, w, spec=spec)
     assert np.abs(plain_mean - ref).max() <= 5.0 * 2 ** -23  # float32 rounding of inputs up to 5
     total = ck.weighted_sum("t/sum", 0, vals, w, spec=spec)
@@ -550,3 +552,24 @@ def test_seal_scratch_file_leaves_nothing_on_disk():
     assert len(data) > 1000 and path.startswith("/proc/self/fd/")
     assert target.endswith("(deleted)")                     # no name on disk points at the bytes
     assert not os.path.exists(target.removesuffix(" (deleted)"))
+
+
+def test_float_sums_leave_the_client_rounded_to_the_tolerance_grid():
+    """Decrypted float sums are rounded to a power-of-two grid within the tolerance before they are
+    delivered, so the CKKS noise (which with the exact decryption leaks the key: Li-Micciancio) does
+    not leave the client; the released error stays within the tolerance."""
+    from protocols.ckks.params import release_step
+    k, tol = 3, 1e-3
+    spec = ValueSpec(max_abs=1.0, tolerance=tol)
+    p = make_protocol("ckks", k, packing=False)
+    rng = np.random.default_rng(0)
+    vals = {c: rng.uniform(-1, 1, 2000) for c in range(k)}
+    got = p.weighted_sum("rounded", 0, vals, spec=spec)
+    step = release_step(p.plan(spec, 2000), spec)
+    assert step is not None and tol / 4 < step <= 2 * tol
+    assert np.array_equal(got, np.rint(got / step) * step)          # on the grid: no noise bits left
+    exact = sum(vals.values())
+    assert np.abs(got - exact).max() <= tol
+    # the rounding removes the noise: the released sums are the exact sums' grid points (but for
+    # the few within the noise of a half-step boundary)
+    assert np.mean(got == np.rint(exact / step) * step) > 0.95

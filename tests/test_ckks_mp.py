@@ -40,7 +40,7 @@ def fresh(k: int, **options):
 
 def secret(p, k: int):
     """Client k's collective-key share s_i (NTT form) — the attacker's loot in coalition tests."""
-    return p._clients[k]._share.s_hat
+    return p._clients[k]._share
 
 
 def corr(x, y) -> float:
@@ -160,9 +160,11 @@ def test_offsets_padded_when_a_client_skips_a_block():
 
 
 # ------------------------------------------------------------------ coalition attacks
-def _upload_of(p, tag: str, k: int) -> bytes:
-    return next(m.payload for m in p.transcript.select(tag=tag, sender=client_party(k), receiver=SERVER)
-                if m.kind == "ciphertext")
+def _upload_of(p, tag: str, k: int, plan) -> np.ndarray:
+    """Client k's upload ciphertexts (c0 as sent, c1 public), ``[pieces, 2, L, N]``."""
+    msg = next(m for m in p.transcript.select(tag=tag, sender=client_party(k), receiver=SERVER)
+               if m.kind == "ciphertext")
+    return p.upload_ciphertexts(msg, plan)
 
 
 def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
@@ -176,12 +178,12 @@ def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
     victim = k - 1
     attack = ckks_mp_break(p, "victim", 0, victim, [0, 1, 2], vals[victim], spec)
     assert attack["abs_corr"] < 0.1 and attack["abs_corr"] < 5 * attack["chance"]
-    # positive control: with the victim's share too, the same decryption recovers the upload
-    assert ckks_mp_break(p, "victim", 0, victim, [0, 1, 2, victim], vals[victim], spec)["abs_corr"] > 0.999999
+    # positive control: the victim's own share s_i (its upload's key) recovers the upload
+    assert ckks_mp_break(p, "victim", 0, victim, [victim], vals[victim], spec)["abs_corr"] > 0.999999
     # every other key the coalition holds (its recipient keys, the broadcast key, combined with its
     # collective shares) decrypts the upload to noise too; what it learns is the released sum
     plan = p.plan(spec, block_len=6000)
-    ct = encryption.from_bytes(p.ring, _upload_of(p, "victim", victim), (1, 2, plan.level, p.params.n))[0]
+    ct = _upload_of(p, "victim", victim, plan)[0]
     used = encoding.used_coefficients(plan, 6000)
     truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))[:used]
     shares = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
@@ -255,7 +257,7 @@ def test_secret_shares_never_reach_the_server():
     assert payloads
     for c, client in p._clients.items():
         assert client._broadcast is not None
-        for s_hat in (client._share.s_hat, client._own.s_hat, client._broadcast.s_hat):
+        for s_hat in (client._share, client._own.s_hat, client._broadcast.s_hat):
             for form in (s_hat, p.ring.intt(s_hat)):
                 for dtype in ("<u4", "<i8"):
                     probe = np.ascontiguousarray(form, dtype=dtype).tobytes()[:256]
@@ -275,10 +277,10 @@ def test_server_half_holds_no_secret_key_share():
     secrets = []
     for c, keys in p._clients.items():
         assert id(keys) not in reach and id(p.clients[c]) not in reach
-        for pair in (keys._share, keys._own, keys._broadcast):
-            assert id(pair) not in reach and id(pair.s_hat) not in reach
+        for s_hat in (keys._share, keys._own.s_hat, keys._broadcast.s_hat):
+            assert id(s_hat) not in reach
             secrets += [np.ascontiguousarray(form, dtype=dt).tobytes()[:256]
-                        for form in (pair.s_hat, p.ring.intt(pair.s_hat)) for dt in ("<u4", "<i8")]
+                        for form in (s_hat, p.ring.intt(s_hat)) for dt in ("<u4", "<i8")]
         secrets.append(keys.broadcast_secret()[:256])          # s_B as dealt over the channel
     assert sum(isinstance(b, np.ndarray) for b in held) > 5 and sum(isinstance(b, bytes) for b in held) > 10
     def found(blobs):
@@ -291,9 +293,9 @@ def test_server_half_holds_no_secret_key_share():
 
 def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     """The noise a recipient decrypts (a broadcast exchange: switched to the broadcast key), against
-    the secret-dependent noise e_ct = c0 + s c1 - Delta m of the aggregate: uncorrelated with
-    smudging, strongly correlated without it (power check); and distributed alike under two
-    independent collective keys (KS test)."""
+    the upload errors e_ct = c0 + s c1 - Delta m of the aggregate: uncorrelated, smudged (its spread
+    is ~2^lambda times e_ct's bound; without smudging it is not), and distributed alike under two
+    independent key sets (KS test)."""
     k = 3
     spec = ValueSpec(integer=True, max_abs=3, sum_max=9)
     vals = {c: np.full(20_000, float(c)) for c in range(k)}
@@ -302,8 +304,8 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
         p.weighted_sum("noise", 0, vals, spec=spec)
         plan = p.plan(spec, block_len=20_000)
         shape = (1, 2, plan.level, p.params.n)
-        agg = sum(encryption.from_bytes(p.ring, _upload_of(p, "noise", c), shape) for c in range(k)) % \
-            p.ring.q[:plan.level]
+        uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
+        agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[:plan.level], uploads[0][:, 1]], axis=1)
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
         down = [m for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
                 if "key-switched" in m.note][0]
@@ -318,9 +320,13 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     assert abs(corr(e_ct, seen)) < 0.05
     e_ct2, seen2 = noises(fresh(k))
     assert ks_2samp(seen, seen2).pvalue > 1e-3
+    # the smudging is applied: the recipient's noise spans ~K 2^b (uniform, std 2^b sqrt(K/3)), beyond
+    # the upload errors e_ct (|e_ct| <= K eta) by ~2^lambda; without it the noise is a few hundred
+    b = mp_client.smudging_bits(MPParams(), k)
+    assert np.abs(e_ct).max() <= k * 21 and seen.std() > 2.0 ** (b - 1)
     monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
-    e_ct3, seen3 = noises(fresh(k))
-    assert corr(e_ct3, seen3) > 0.5            # without smudging the recipient sees the secret-dependent noise
+    _, seen3 = noises(fresh(k))
+    assert seen3.std() < 2.0 ** 16
 
 
 def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():

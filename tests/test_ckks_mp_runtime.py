@@ -27,8 +27,8 @@ def test_ckks_mp_halves_run_in_the_local_runtimes(algorithm, options):
     strategy.setup()
     losses = [strategy.train_round(r)["train_loss"] for r in range(cfg.rounds)]
     halves = [rt.half for rt in executor.runtimes.values()]
-    assert all(h.keys is not None and h.keys.collective_pk is not None for h in halves)
-    assert len({id(h.keys._share.s_hat) for h in halves}) == len(halves)
+    assert all(h.keys is not None and h.fingerprint for h in halves)
+    assert len({id(h.keys._share) for h in halves}) == len(halves)
     protocol_msgs = [m for m in protocol.transcript.messages if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG)]
     relayed = [m for m in protocol_msgs if m.relay == SERVER]      # s_B: to the server, then on: crosses twice
     assert len(relayed) == fed.num_clients - 1

@@ -172,12 +172,13 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
 def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
     """The same over the client runtimes (the default executor): the public facts carry the
     feature type, so the ckks exchange is the integer one (its bytes are the in-process
-    algorithm's) and its rounds equal plain's."""
+    algorithm's) and, with the model mean on the public grid in both modes, its rounds equal plain's."""
     from secure_fgl.runtime.facts import PublicFacts
     assert PublicFacts.of(fed_counts).count_features
     runs = {}
     for mode in ("plain", "ckks"):
-        cfg = RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=2, options={"hops": 1, "feature_bound": 3})
+        cfg = RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=2, grid_model_mean=True,
+                        options={"hops": 1, "feature_bound": 3})     # the same model mean in both modes
         runs[mode] = run_experiment(cfg, progress=False, fed=fed_counts)
     inline = make_algo(fed_counts, "ckks", hops=1, feature_bound=3)       # integer fields (test above)
     inline.setup()

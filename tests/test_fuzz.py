@@ -1,4 +1,5 @@
-"""Fuzz suite (sample): messages tampered in transit and malformed calls, both backends.
+"""Fuzz suite (sample): messages tampered in transit, a malicious server's own requests (ckks-mp) and
+malformed calls, in mask, ckks and ckks-mp.
 
 In-model categories (a third party or a faulty channel) must end rejected with the expected
 ProtocolError: 0 accepted-wrong, 0 unexpected exceptions.  The full run is

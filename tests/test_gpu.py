@@ -46,3 +46,20 @@ def test_cuda_run_trains_on_the_device_and_matches_the_cpu_run(mode):
     assert gpu["device"].startswith("cuda")
     assert abs(gpu["final"]["test_acc"] - cpu["final"]["test_acc"]) <= 0.02    # float kernels differ slightly
     assert gpu["comm"]["bytes_up"] == cpu["comm"]["bytes_up"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_attacks_on_a_cuda_trained_model_give_the_cpu_numbers():
+    """The model attacks read a CUDA-trained model as they read a CPU-trained one: the values agree
+    up to float nondeterminism and the 95 % intervals overlap."""
+    names = ["membership", "link_posterior", "link_influence"]
+    base = dict(algorithm="fedavg", dataset="sbm", clients=3, rounds=3, mode="plain", seed=0, save_best_model=False,
+                attacks=names)
+    gpu, cpu = ({a["name"]: a for a in run_experiment(RunConfig(**base, device=dev).validate(),
+                                                      progress=False)["attacks"]} for dev in ("cuda", "cpu"))
+    for name in names:
+        g, c = gpu[name], cpu[name]
+        assert g["applicable"] and c["applicable"], (g.get("reason"), c.get("reason"))
+        assert abs(g["value"] - c["value"]) <= 0.05, name
+        assert g["ci"][0] <= c["ci"][1] and c["ci"][0] <= g["ci"][1], name

@@ -21,7 +21,7 @@ def test_canonical_bytes_and_digest_do_not_depend_on_field_order():
     shuffled = json.dumps({k: doc[k] for k in reversed(list(doc))}, indent=2).encode()
     again = Manifest.from_bytes(shuffled)
     assert again == m and again.to_bytes() == m.to_bytes() and again.run_id == m.run_id
-    assert len(m.run_id) == 16 and len(m.comparison_code) == 24
+    assert len(m.run_id) == 16 and len(m.comparison_code) == 39          # 32 base32 characters (160 bits), 8 groups
 
 
 @pytest.mark.parametrize("field,value", [("mode", "ckks"), ("options", {"b": 2, "a": [1, 2]}),
@@ -108,4 +108,4 @@ def test_result_records_the_keys_each_client_accepted(executor):
         assert sorted(keys) == ["client0", "client1", "client2", "server"]
         assert all("channel" in v for p, v in keys.items() if p != "server")
     servers = {keys["server"]["signing"] for keys in accepted.values()}
-    assert len(servers) == 1 and len(result["manifest"]["comparison_code"]) == 24
+    assert len(servers) == 1 and len(result["manifest"]["comparison_code"]) == 39

@@ -147,7 +147,9 @@ def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
     proto = make_protocol("ckks", 3)
     raw = exchange_hidden_statistics(proto, 0, hidden, (2, 3, 4, 5), 0.0, 1.0, batch=True, raw_moments=True)
     for x, y in zip(exact, raw):
-        torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-6)
+        # a float exchange: its decrypted sums are released on a power-of-two grid within the default
+        # tolerance 1e-4 (protocols.ckks.params.release_step), here divided by >= 8 rows per client
+        torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-4 / 8)
         for j in (2, 3, 4, 5):
             torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=2 ** j * 1e-6)
     ups = [m for m in proto.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]

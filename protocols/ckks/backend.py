@@ -73,7 +73,7 @@ from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, client_codec, pla
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .packing import PackingLayout
 from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
-                     check_security, choose_chain, per_client_limits, plan_float, plan_packed)
+                     check_security, choose_chain, per_client_limits, plan_float, plan_packed, release_step)
 
 KEYS_TAG = "ckks/keys"
 #: sparse row_sum: a smaller ring is preferred when its bytes per value are at most this much
@@ -145,14 +145,15 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
 
 
 def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict,
-             encryption: str) -> np.ndarray:
+             encryption: str, step: float | None = None) -> np.ndarray:
+    """Decrypt and decode one frame; float sums rounded to the grid ``step`` (:func:`.params.release_step`)."""
     if isinstance(plan.layout, FixedPointLayout):
         vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
     else:
         slots = n if plan.layout is None else plan.layout.slots_for(n)
         dec = client_codec(context, plan.chain, encryption).decrypt(wire.unframe(frame), plan.chain).real[:slots]
         if plan.layout is None:
-            return np.rint(dec) if plan.exact else dec
+            return np.rint(dec) if plan.exact else dec if step is None else np.rint(dec / step) * step
         vals, residual, in_range = plan.layout.unpack(dec, n)
     if residual > 0.25 or not in_range:
         raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
@@ -368,6 +369,7 @@ class CKKSClient(ClientHalf):
                                  f"ciphertexts, expected {len(wanted) * n}", **self.where())
         t0 = time.perf_counter()
         key = self._key()
+        step = release_step(ep, p.spec)
         scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)   # one chunk at a time
         zero = np.zeros(p.block_len)
         for i, bid in enumerate(wanted):
@@ -377,7 +379,7 @@ class CKKSClient(ClientHalf):
                 continue
             self._received[bid] = self.keep(bid, np.concatenate([     # the rows this client keeps, at once
                 _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where(),
-                                                                         self.keys.encryption))
+                                                                         self.keys.encryption, step))
                 for f, (a, b) in zip(frames, bounds)]))
         self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
         if part == len(chunks) - 1:
@@ -847,9 +849,11 @@ class CKKSProtocol(SplitProtocol):
         out = super()._aggregate(ctx)
         plan, ep, srv = self.server.plan, self._last_plan, self.server.last_stats
         timing = {k: self.clients[k].timing for k in plan.parties}
+        step = release_step(ep, ctx.spec)          # the clients' rounding of released float sums
         self.last_stats = {
             "tag": ctx.tag, "round": ctx.round, "params": ep.describe(), "chain": ep.chain.name,
-            "encoding": ep.encoding, "scale_bits": ep.scale_bits, "error_bound": ep.error_bound,
+            "encoding": ep.encoding, "scale_bits": ep.scale_bits,
+            "error_bound": ep.error_bound + (step / 2 if step else 0.0),
             "fields_per_slot": ep.layout.fields if ep.layout else 1,
             "field_bits": ep.layout.width if ep.layout else None,
             "ciphertexts_per_block": srv["ciphertexts_per_block"], "chunks": srv["chunks"],

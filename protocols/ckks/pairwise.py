@@ -33,6 +33,8 @@ channel-encrypted, and ``ckks-mp`` would remove the single key holder.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tenseal as ts
 
@@ -102,9 +104,15 @@ def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: s
     return results
 
 
+#: the decider rounds the pair values to this power-of-two grid (half a step <= PAIRWISE_TOLERANCE / 2)
+#: before releasing them, so the CKKS noise of an exact decryption does not leave it (Li-Micciancio)
+RELEASE_STEP = 2.0 ** math.floor(math.log2(PAIRWISE_TOLERANCE))
+
+
 def decrypt_pairs(secret: ts.Context, results: list[bytes]) -> np.ndarray:
-    """Decider: the pair values, nothing else."""
-    return np.array([ts.ckks_vector_from(secret, r).decrypt()[0] for r in results], dtype=np.float64)
+    """Decider: the pair values rounded to :data:`RELEASE_STEP`, nothing else."""
+    values = np.array([ts.ckks_vector_from(secret, r).decrypt()[0] for r in results], dtype=np.float64)
+    return np.rint(values / RELEASE_STEP) * RELEASE_STEP
 
 
 def cosine_from_pairs(values: np.ndarray, nonzero: list[bool]) -> np.ndarray:

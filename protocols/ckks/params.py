@@ -388,6 +388,22 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
     return EncodingPlan(chain, s, "float", err, bool(spec.integer), None, bound)
 
 
+def release_step(plan: EncodingPlan, spec) -> float | None:
+    """The grid a float exchange's decrypted sums are rounded to before they leave the client:
+    the largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released
+    error stays within the tolerance while the CKKS noise below ``g / 2`` is removed from the output
+    (Li and Micciancio, "On the Security of Homomorphic Encryption on Approximate Numbers",
+    EUROCRYPT 2021: exact decryptions of approximate HE leak the noise, and with it the key).
+    ``None`` for exact (integer or packed) plans, whose outputs are integers already, and for
+    exchanges on a public grid (``ValueSpec.grid_bits``), which the client rounds to that grid."""
+    if plan.exact or plan.layout is not None or spec.grid_bits is not None:
+        return None
+    room = float(spec.tolerance) - plan.error_bound
+    if not room > 0:
+        return None
+    return 2.0 ** math.floor(math.log2(2.0 * room))
+
+
 def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -> EncodingPlan:
     """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values
     (``None``: per value of an unbounded stream).  Ties go to the larger N (fewer

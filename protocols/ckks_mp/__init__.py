@@ -4,14 +4,14 @@ Modules, one concept each:
 
 * :mod:`.params`     — ring, 128-bit security check, worst-case noise bounds, encoding plan;
 * :mod:`.ring`       — RNS ring ``Z_Q[X]/(X^N+1)`` and the negacyclic NTT;
-* :mod:`.sampling`   — OS-CSPRNG samplers and the public common polynomial ``a``;
+* :mod:`.sampling`   — OS-CSPRNG samplers, the CRS seed, ``a``, per-upload ``c1``, pairwise masks;
 * :mod:`.encoding`   — fixed-point fields packed into coefficients, CRT decoding;
-* :mod:`.keys`       — collective key generation (Mouchet et al. 2021, Protocol 1);
-* :mod:`.encryption` — public-key encryption, decryption, wire format;
+* :mod:`.keys`       — key shares, owner-signed recipient and broadcast keys, fingerprint;
+* :mod:`.encryption` — encryption under a client's share with a public ``c1``, decryption, wire format;
 * :mod:`.keyswitch`  — collective public-key switching (PCKS, Protocol 5);
 * :mod:`.party`      — one client's key holder (key shares, encryption, shares, decryption);
 * :mod:`.client`     — the client half (stages, checks; holds its :class:`.party.MPClient`);
-* :mod:`.server`     — the server half (combine key shares, add, combine partial decryptions);
+* :mod:`.server`     — the server half (forward signed keys, add, combine partial decryptions);
 * :mod:`.backend`    — :class:`CKKSMPProtocol`, the algorithms' facade over the halves.
 """
 from .backend import CKKSMPProtocol

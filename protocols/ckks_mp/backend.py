@@ -1,9 +1,11 @@
 """The multiparty CKKS backend (``--mode ckks-mp``): no party ever holds the whole secret key.
 
 Scheme: Mouchet, Troncoso-Pastoriza, Bossuat, Hubaux, "Multiparty Homomorphic Encryption
-from Ring-Learning-with-Errors", PoPETs 2021 — collective key generation (Protocol 1),
-encryption under the collective public key, and collective public-key switching (PCKS,
-Protocol 5) of each aggregate block to its recipient's own key, n-out-of-n.
+from Ring-Learning-with-Errors", PoPETs 2021 — a collective secret ``s = sum_i s_i`` that no
+party holds, each client's upload encrypted under its own share ``s_i`` with a public
+per-ciphertext ``c1`` (so the sum of the uploads is an encryption under ``s``), and collective
+public-key switching (PCKS, Protocol 5) of each aggregate block to its recipient's own key,
+with zero-sum masked shares, n-out-of-n.
 
 Why our own RNS arithmetic (option B) and not SEAL through TenSEAL's ``sealapi``: sealapi
 reads key and ciphertext coefficients but cannot write them and exposes no NTT, so every
@@ -34,19 +36,21 @@ client's partial decryption: its PCKS share, re-encrypted to the recipient's key
    every value in the public range (ShapeError / BoundError naming the client).  Integer
    exchanges played through this facade also audit the K-way sum against the public sum
    bound (``audit_sum_bound``, a simulation-side check, as in ``ckks``).
-3. **Keys**: collective key generation (Protocol 1); client 0 deals the broadcast key ``s_B``
-   to the other clients over the encrypted client-to-client channel (:mod:`protocols.channel`).
-   On ``--resume`` a new protocol object runs the key generation again.
-4. **Upload** under ``p``; the server checks every upload, adds per block and pads missing
-   clients' public offsets.
+3. **Keys**: each client's share ``s_i`` and owner-signed recipient key ``p_R``; client 0 deals
+   the broadcast key ``s_B`` to the other clients over the encrypted client-to-client channel
+   (:mod:`protocols.channel`) and signs ``p_B``.  The CRS seed is a hash of the run id.  On
+   ``--resume`` a new protocol object runs the key set-up again.
+4. **Upload** ``c0`` under ``s_i`` (``c1`` public); the server checks every upload, adds per
+   block and pads missing clients' public offsets.
 5. **Key switch, scoped per recipient**: to the recipient's own key, or once to ``p_B`` when
    every client receives the same blocks (weighted means, model averages), which saves a
-   factor K in share bytes.  n-out-of-n: a missing share aborts with DropoutError naming the
-   client; a malformed one with IntegrityError.
+   factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
+   not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming
+   the client; a malformed one with IntegrityError.
 6. **Recipients decrypt** in their halves; a residual above the worst-case noise bound or a
    field out of range raises IntegrityError (a corrupted share or ciphertext).
 
-Semi-honest server (see :mod:`.server`).  Transcript payloads larger than
+Against a server that deviates, see :mod:`.client` (the refusals).  Transcript payloads larger than
 ``keep_payload_bytes`` are dropped before recording (the note says so); ``nbytes`` is always
 the real size.
 """
@@ -57,6 +61,7 @@ import numpy as np
 from ..base import ExchangeContext
 from ..errors import BoundError, PackingOverflowError
 from ..split import SplitProtocol
+from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .server import CKKSMPServer
@@ -143,9 +148,23 @@ class CKKSMPProtocol(SplitProtocol):
         attack suite's coalition reads its colluders')."""
         return {k: half.keys for k, half in self.clients.items()}
 
+    def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
+        """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
+        the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
+        ``0 .. count-1``).  For attack simulations and tests."""
+        from ..party import envelope_of
+        from .sampling import crs_seed, upload_c1
+        count = int(msg.shape[0])
+        blocks = list(range(count)) if blocks is None else list(blocks)
+        pieces = -(-int(msg.shape[1]) // plan.capacity)
+        c0 = encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n))
+        c1 = upload_c1(crs_seed(self.setup.run_id), self.setup.session, envelope_of(msg).exchange, blocks, pieces,
+                       self.params.primes[:plan.level], plan.n)
+        return np.stack([c0, c1], axis=1)
+
     @property
     def fingerprint(self) -> str:
-        """sha256 of the public context: parameters, CRS seed and collective public key."""
+        """sha256 of the public context: parameters, CRS seed and broadcast public key."""
         self.server.ensure_keys(self.link, 0)
         return self.server.fingerprint
 

@@ -2,49 +2,77 @@
 decryption of its own result, behind :meth:`~protocols.party.ClientHalf.handle` (bytes only).
 
 Built from the run's public setup bytes (:class:`~protocols.party.PartySetup`: the ring
-parameters).  Its secrets -- the collective-key share ``s_i``, its recipient key ``s_R`` and the
-clients' broadcast key ``s_B`` -- are sampled from the OS CSPRNG here (:class:`.party.MPClient`)
-and never serialized (``s_B`` travels once, from client 0 to each other client, over the
-encrypted client-to-client channel).  Stages (server request -> this client's answer):
+parameters, which it checks itself, :func:`.params.check_security`).  Its secrets -- the
+collective-key share ``s_i``, its recipient key ``s_R`` and the clients' broadcast key ``s_B`` --
+are sampled from the OS CSPRNG here (:class:`.party.MPClient`) and never serialized (``s_B``
+travels once, from client 0 to each other client, over the encrypted client-to-client channel).
+The CRS seed is a hash of the run id (:func:`.sampling.crs_seed`).  Stages (server request ->
+this client's answer):
 
-``key_setup`` part 0   the public CRS seed -> ``p_i = -a s_i + e_i`` and ``p_R = -a s_R + e_R``;
-                       client 0 also ``p_B`` and, for every other client, ``s_B`` sealed on the
+``key_setup`` part 0   -> ``p_R = -a s_R + e_R`` signed by this client's identity key; client 0
+                       also ``p_B`` (signed) and, for every other client, ``s_B`` sealed on the
                        channel (the server relays it and cannot open it)
-``key_setup`` part 1   the collective key ``p = sum_i p_i`` and ``p_B`` -> nothing; the client
-                       checks the context's fingerprint, and a client j > 0 opens ``s_B`` and
-                       checks that ``p_B + a s_B`` is a small error
+``key_setup`` part 1   ``p_B`` with client 0's signature -> nothing; a client j > 0 checks the
+                       signature, opens ``s_B`` and checks that ``p_B + a s_B`` is a small error
 ``block_ids``          (sparse layout) -> the ids of the blocks it uploads (the documented leak)
 ``upload``             -> its blocks, checked against the public plan (ShapeError / BoundError
-                       naming it; nothing encrypted), encrypted under ``p``
-``keyswitch``          ``c1`` of each group of aggregate blocks and the key it goes to -> its PCKS
-                       share per group (Mouchet et al. 2021, Protocol 5): its partial decryption,
-                       re-encrypted to the recipient's key and smudged
-``download``           its blocks, switched to its own key (or to ``s_B``) -> nothing; it
-                       decrypts, checks the residual against the worst-case noise bound
-                       (IntegrityError: a corrupted share or ciphertext) and decodes
+                       naming it; nothing encrypted), encrypted under its own share ``s_i`` with
+                       the public ``c1 = a_{x,b,j}`` of exchange ``x`` (only ``c0`` is sent); once per
+                       exchange number (RepeatedUploadError: a second one would reuse ``c1``)
+``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its PCKS
+                       share per group (Mouchet et al. 2021, Protocol 5, :mod:`.keyswitch`) on the
+                       ``c1`` it recomputes itself, masked and smudged.  Refused
+                       (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
+                       key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
+                       broadcast key only for exactly the blocks this client itself receives
+                       (DowngradeError), one request per exchange and one group per recipient
+                       (RepeatedKeySwitchError), within the run's smudging budget
+                       (SmudgingBudgetError), after this client's own upload; a request carrying
+                       anything else (a ``c1``) is refused
+``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
+                       broadcast) -> nothing; it decrypts, checks the residual against the worst-case
+                       noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
 import numpy as np
 
+from ..auth import check_public_key, sign_public_key
 from ..ckks.backend import DecryptionMemo
 from ..ckks.params import per_client_limits
-from ..errors import BoundError, IntegrityError, SmudgingBudgetError
+from ..errors import (BoundError, DowngradeError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
+                      RecipientKeyError,
+                      RepeatedKeySwitchError, RepeatedUploadError, SmudgingBudgetError)
+from ..message import encode_body
+from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
-from ..transcript import SERVER, Message
+from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
-from .keys import key_fingerprint
+from .keys import BROADCAST_KEY, RECIPIENT_KEY, key_fingerprint
 from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
-from .sampling import common_polynomial
+from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
 
 KEYS_TAG = "ckks-mp/keys"
+#: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
+KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 #: clients in one process decode a broadcast delivery (same bytes, same key s_B) once; each gets a copy
 _MEMO = DecryptionMemo()
+
+
+def common_plan_digest(plan) -> str:
+    """SHA-256 hex of the part of an exchange plan every client receives alike (everything but
+    the recipients' requests, of which each client sees only its own).  It labels the zero-sum
+    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan:
+    a server that tells one honest client it is no contributor (it then key-switches without
+    ``s_i``) while the others count it gets a uniform sum, not the others' inputs without it."""
+    common = {k: v for k, v in plan.to_payload().items() if k != "requests"}
+    return hashlib.sha256(encode_body(common)).hexdigest()
 
 
 class CKKSMPClient(ClientHalf):
@@ -59,8 +87,8 @@ class CKKSMPClient(ClientHalf):
         #: the key shares (made at key set-up from the OS CSPRNG; never serialized)
         self.keys: MPClient | None = None
         self.fingerprint = ""
-        self._seed = b""
-        #: recipients' public keys p_R, as the server sent them (public)
+        self._seed = crs_seed(self.setup.run_id)
+        #: recipients' public keys p_R, each checked against its owner's signature (public)
         self.recipient_keys: dict[int, np.ndarray] = {}
         #: seconds of the key set-up, and per stage of the last exchange (benchmarks)
         self.setup_s = 0.0
@@ -68,6 +96,11 @@ class CKKSMPClient(ClientHalf):
         self._state = (None, None)              # (exchange, checked contribution)
         #: ciphertexts this client key-switched in the run (against MPParams.max_keyswitches)
         self.switched = 0
+        #: (exchange, switched to the broadcast key) of this client's last key switch
+        self._last_switch: tuple[int, bool] | None = None
+        #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
+        self._last_upload: int | None = None
+        self._pair_seeds: dict[int, bytes] | None = None
 
     def on_stage(self, stage, inbox):
         if stage == "key_setup":
@@ -88,6 +121,17 @@ class CKKSMPClient(ClientHalf):
             return self._download(inbox)
         return []
 
+    def _accept_plan(self, msg: Message) -> None:
+        """The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
+        never runs one, and its steps would encrypt this client's contribution under a key that
+        one client (the plan's decider) holds alone, so that the server and that client read it."""
+        super()._accept_plan(msg)
+        if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+            self.plan = None
+            raise DowngradeError("a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
+                                 "contribution under one client's key; nothing was sent",
+                                 tag=msg.tag, round=msg.round, client=self.id)
+
     def _from_server(self, inbox, stage: str, where: dict) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
         if len(mine) != 1:
@@ -107,6 +151,11 @@ class CKKSMPClient(ClientHalf):
     def _pieces(self, ep: Plan) -> list[int]:
         return [min(self.plan.block_len, a + ep.capacity) - a for a in range(0, self.plan.block_len, ep.capacity)]
 
+    def _c1(self, ep: Plan, blocks) -> np.ndarray:
+        """The public ``c1`` of this exchange's pieces of ``blocks`` (:func:`.sampling.upload_c1`)."""
+        return upload_c1(self._seed, self.setup.session, self.plan.exchange, blocks, len(self._pieces(ep)),
+                         self.params.primes[:ep.level], self.params.n)
+
     # ------------------------------------------------------------------ keys
     def _key_setup(self, inbox):
         where = dict(tag=KEYS_TAG, round=None, client=self.id)
@@ -123,41 +172,44 @@ class CKKSMPClient(ClientHalf):
         self.setup_s += time.perf_counter() - t
         return out
 
+    def _sign(self, kind: str, key: bytes) -> bytes:
+        return sign_public_key(self.signing, kind, self.setup.run_id, self.name, key)
+
     def _make_keys(self, req: Message, where: dict):
-        seed = req.payload.get("seed")
-        if not isinstance(seed, bytes) or len(seed) != 32:
-            raise IntegrityError("the CRS seed must be 32 bytes", **where)
-        self._seed = seed
-        self.keys = MPClient(self.id, self.ring, self.params, common_polynomial(seed, self.params.primes,
+        self.keys = MPClient(self.id, self.ring, self.params, common_polynomial(self._seed, self.params.primes,
                                                                                 self.params.n))
-        public = {"share": self.keys.public_share, "recipient": self.keys.recipient_public_key}
+        p_r = self.keys.recipient_public_key
+        public = {"recipient": p_r, "recipient_sig": self._sign(RECIPIENT_KEY, p_r)}
         relayed = []
         if self.id == 0:                           # the dealer of the broadcast key
-            public["broadcast"] = self.keys.make_broadcast_key()
+            p_b = self.keys.make_broadcast_key()
+            public.update(broadcast=p_b, broadcast_sig=self._sign(BROADCAST_KEY, p_b))
             secret = self.keys.broadcast_secret()
             relayed = [self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG,
                                          round=req.round) for k in range(1, self.setup.num_clients)]
         msg = Message(req.round, KEYS_TAG, self.name, SERVER, "public_key",
-                      (len(public), self.params.num_primes, self.params.n), 0, self.mode, "", public,
-                      note="p_i = -a s_i + e_i and p_R = -a s_R + e_R" + (", p_B" if self.id == 0 else ""))
+                      (len(public) // 2, self.params.num_primes, self.params.n), 0, self.mode, "", public,
+                      note="p_R = -a s_R + e_R" + (" and p_B" if self.id == 0 else "") + ", owner-signed")
         return [self.seal(msg, "key_setup")] + relayed
 
     def _take_public_keys(self, req: Message, relayed: list[Message], where: dict) -> None:
         if self.keys is None:
             raise IntegrityError("public keys before this client's key shares", **where)
-        shape = (self.params.num_primes, self.params.n)
         try:
-            pk_bytes = req.payload["collective"]
-            collective = encryption.from_bytes(self.ring, pk_bytes, shape)
-            p_b = encryption.from_bytes(self.ring, req.payload["broadcast"], shape)
+            pk_bytes = bytes(req.payload["broadcast"])
+            p_b = encryption.from_bytes(self.ring, pk_bytes, (self.params.num_primes, self.params.n))
+            signature = bytes(req.payload["broadcast_sig"])
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed public keys ({e})", **where) from None
+        if self.id:                                # the dealer compares p_B with its own key below
+            check_public_key(self.registry, BROADCAST_KEY, self.setup.run_id, client_party(0), pk_bytes, signature,
+                             where)
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
-            raise IntegrityError("the server's key fingerprint is not that of the seed and collective key", **where)
+            raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
         if self.id == 0:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
-                raise IntegrityError("the server changed the broadcast public key", **where)
+                raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
         else:
             if len(relayed) != 1:
                 raise IntegrityError(f"expected the broadcast secret from client 0, got {len(relayed)} messages",
@@ -168,8 +220,39 @@ class CKKSMPClient(ClientHalf):
                 self.keys.adopt_broadcast_key(secret, p_b)
             except ValueError as e:
                 raise IntegrityError(f"broadcast key refused: {e}", **where) from None
-        self.keys.collective_pk = collective
         self.fingerprint = fp
+
+    def _recipient_key(self, to: int, offered: dict, where: dict) -> np.ndarray:
+        """Recipient ``to``'s ``p_R``: this client's own, one checked before, or one in this request
+        signed by ``to``'s identity key (KeySubstitutionError otherwise)."""
+        if to == self.id:
+            return self.keys._own.p_hat
+        if to in self.recipient_keys:
+            return self.recipient_keys[to]
+        if not 0 <= to < self.setup.num_clients or to not in offered:
+            raise RecipientKeyError(f"a key switch to recipient {to}, which is no client of this run or whose "
+                                    "owner-signed key was not sent", **where)
+        try:
+            key, signature = bytes(offered[to]["key"]), bytes(offered[to]["sig"])
+            p_r = encryption.from_bytes(self.ring, key, (self.params.num_primes, self.params.n))
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed recipient key ({e})", **where) from None
+        check_public_key(self.registry, RECIPIENT_KEY, self.setup.run_id, client_party(to), key, signature, where)
+        self.recipient_keys[to] = p_r
+        return p_r
+
+    def _masks(self, ep: Plan, to: int, blocks) -> np.ndarray:
+        """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
+        (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
+        digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
+        recipient, the block and the piece: they cancel only if every client holds the same plan."""
+        if self._pair_seeds is None:
+            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self._peer_channel(client_party(k)),
+                                                          self.setup.run_id, "ckks-mp/keyswitch-mask")
+                                for k in range(self.setup.num_clients) if k != self.id}
+        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
+        labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
+        return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[:ep.level], self.params.n)
 
     # ------------------------------------------------------------------ upload
     def _table(self):
@@ -201,48 +284,90 @@ class CKKSMPClient(ClientHalf):
         p = self.plan
         if self.id not in p.contributors:
             return []
+        if self._last_upload is not None and self._last_upload >= p.exchange:
+            raise RepeatedUploadError(f"a second upload request for exchange {p.exchange}: its ciphertexts would "
+                                      "share the first one's c1 and reveal the difference of the inputs",
+                                      **self.where())
+        self._last_upload = p.exchange
         ep = self._plan()
         ids, vals = self._table()
         t = time.perf_counter()
-        data = self.keys.encrypt_blocks(ep, vals)
+        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()))
         self.timing["upload_s"] = time.perf_counter() - t
         pieces = len(self._pieces(ep))
         msg = self.message(SERVER, "ciphertext", (ids.size, p.block_len), data, self.fingerprint,
-                           note=f"{ids.size * pieces} ciphertexts, {ep.describe()}")
+                           note=f"{ids.size * pieces} ciphertexts (c0; c1 public), {ep.describe()}")
         return [self.seal(msg, "upload")]
 
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
     def _keyswitch(self, inbox):
         where = self.where()
+        if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
+            raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
+        if self.id in self.plan.contributors and self._last_upload != self.plan.exchange:
+            raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange",
+                                        **where)
         req = self._from_server(inbox, "keyswitch", where)
+        self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
-        t = time.perf_counter()
+        if not isinstance(req.payload, dict) or set(req.payload) != KEYSWITCH_FIELDS:
+            got = sorted(req.payload) if isinstance(req.payload, dict) else type(req.payload).__name__
+            raise KeySwitchRefusedError(f"a key-switching request with fields {got}, expected "
+                                        f"{sorted(KEYSWITCH_FIELDS)}: clients compute every c1 themselves", **where)
         try:
-            for r, key in req.payload["keys"].items():
-                self.recipient_keys[int(r)] = encryption.from_bytes(self.ring, key,
-                                                                    (self.params.num_primes, self.params.n))
             groups = np.asarray(req.payload["groups"], dtype=np.int64).reshape(-1, 2)
-            c1 = encryption.from_bytes(self.ring, req.payload["c1"], (int(groups[:, 1].sum()), ep.level, ep.n))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            blocks = np.asarray(req.payload["blocks"], dtype=np.int64).ravel()
+            offered = {int(r): v for r, v in dict(req.payload["keys"]).items()}
+        except (TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
-        smudge = smudging_bits(self.params, self.setup.num_clients)
-        total = int(groups[:, 1].sum())
+        if groups[:, 1].min(initial=0) < 0 or groups[:, 1].sum() != blocks.size or blocks.size and (
+                blocks.min() < 0 or blocks.max() >= self.plan.num_blocks):
+            raise IntegrityError("key-switching groups do not partition blocks of this exchange", **where)
+        recipients = groups[:, 0].tolist()
+        if len(set(recipients)) != len(recipients) or (-1 in recipients and len(recipients) > 1):
+            raise RepeatedKeySwitchError(f"key-switching groups {recipients}: one per recipient, and the broadcast "
+                                         "key only alone", **where)
+        pieces = len(self._pieces(ep))
+        total = int(groups[:, 1].sum()) * pieces
         if self.switched + total > self.params.max_keyswitches:
             raise SmudgingBudgetError(f"{total} more key-switched ciphertexts would exceed this run's budget of "
                                       f"{self.params.max_keyswitches} ({self.switched} done), past which the "
                                       f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
                                       "MPParams.max_keyswitches (a larger smudging noise)", **where)
-        self.switched += total
-        out, start = [], 0
-        for g, (to, count) in enumerate(groups.tolist()):
-            if to >= 0 and to not in self.recipient_keys:
-                raise IntegrityError(f"no public key of recipient {to}", **where)
-            pk = self.keys.broadcast_pk if to < 0 else self.recipient_keys[to]
-            label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
-            share = self.keys.pcks_shares(ep, c1[start:start + count], pk, smudge)
+        mine = set(self._table()[0].tolist()) if self.id in self.plan.contributors else set()
+        own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
+        jobs, start = [], 0
+        for to, count in groups.tolist():
+            bids = blocks[start:start + count].tolist()
             start += count
-            msg = self.message(SERVER, "share", (count,), share, self.fingerprint, note=f"PCKS shares to {label}")
+            if len(set(bids)) != len(bids):
+                raise RepeatedKeySwitchError(f"a block switched twice to one key in group {to}", **where)
+            if to < -1:
+                raise RecipientKeyError(f"a key switch to recipient {to}: the broadcast key is -1, clients are "
+                                        f"0..{self.setup.num_clients - 1}", **where)
+            if to < 0:
+                if sorted(bids) != own_request:
+                    raise DowngradeError(f"blocks {bids[:8]} to the broadcast key, but this client receives "
+                                         f"{own_request[:8]}: a scoped block may not go to every client", **where)
+                pk = self.keys.broadcast_pk
+            else:
+                pk = self._recipient_key(to, offered, where)
+            jobs.append((to, bids, pk))
+        smudge = smudging_bits(self.params, self.setup.num_clients)
+        t = time.perf_counter()
+        out = []
+        for g, (to, bids, pk) in enumerate(jobs):
+            c1 = self._c1(ep, bids)
+            for i, b in enumerate(bids):          # s_i c1 only for the blocks this client uploaded
+                if b not in mine:
+                    c1[i * pieces:(i + 1) * pieces] = 0
+            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids), pk, smudge)
+            label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
+            msg = self.message(SERVER, "share", (len(bids) * pieces,), share, self.fingerprint,
+                               note=f"PCKS shares to {label}")
             out.append(self.seal(msg, "keyswitch", g))
+        self.switched += total
+        self._last_switch = (self.plan.exchange, recipients == [-1])
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
 
@@ -262,8 +387,11 @@ class CKKSMPClient(ClientHalf):
             cts = encryption.from_bytes(self.ring, msg.payload["data"], (bids.size * len(lengths), 2, ep.level, ep.n))
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
-        if to not in (-1, self.id):
-            raise IntegrityError(f"a download switched to client {to}'s key", **where)
+        broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
+        if to != (-1 if broadcast else self.id):
+            err = DowngradeError if to == -1 else RecipientKeyError
+            raise err(f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where this "
+                      f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}", **where)
         decode = lambda: self._decode(ep, cts, bids, lengths, to < 0)  # noqa: E731
         values = decode() if to >= 0 else _MEMO.decrypt(
             (self.fingerprint, self.setup.run_id, self.setup.session, p.exchange, bids.tobytes()),
@@ -290,3 +418,4 @@ class CKKSMPClient(ClientHalf):
                 parts.append(encoding.dequantize(fields, ep))
             out[i] = np.concatenate(parts)
         return out
+

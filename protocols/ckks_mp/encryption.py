@@ -1,35 +1,35 @@
-"""Public-key encryption under the collective key, decryption, and the wire format.
+"""Encryption under a client's own key share with a public ``c1``, decryption, and the wire format.
 
-Encryption (RLWE, as in CKKS/BFV public-key encryption; Mouchet et al. 2021, §3):
+Upload of client i, piece ``j`` of block ``b`` in exchange ``x`` (secret-key RLWE encryption):
 
-    ``c0 = p u + e0 + Delta m``,   ``c1 = a u + e1``,
+    ``c0_i = -a_{x,b,j} s_i + e_i + Delta m_i``,   ``c1 = a_{x,b,j}`` (public, not sent),
 
-``u`` ternary, ``e0, e1`` centered binomial, all fresh from the OS CSPRNG.  Decryption under
-a key ``s`` with ``p = -a s + e``: ``c0 + s c1 = Delta m + e u + e0 + s e1``.  Ciphertexts
-stay in NTT form (additions are slot-wise there, and key switching needs ``NTT(c1)``).
+with ``a_{x,b,j}`` expanded from the run's CRS seed (:func:`.sampling.upload_c1`) and ``e_i``
+centered binomial from the OS CSPRNG.  The sum over the contributors ``S`` of the block,
+``(sum_S c0_i, a_{x,b,j})``, is an encryption of ``sum_S m_i`` under ``s_S = sum_S s_i``:
+``sum c0_i + s_S a = Delta sum m_i + sum e_i``.  ``c1`` is fresh per ciphertext of a run (a reused
+``c1`` would give ``c0_i - c0'_i = Delta (m_i - m'_i) + small``).  Ciphertexts stay in NTT form
+(additions are slot-wise there, and key switching needs ``NTT(c1)``).
 
-Wire format: ``count`` ciphertexts ``[count, 2, L, N]`` as little-endian uint32 residues
-(4 bytes per residue; the size is a function of public shapes only).  :func:`from_bytes`
-refuses a wrong length or a residue outside ``[0, q_j)``.
+Wire format: ``count`` polynomials ``[count, L, N]`` (uploads) or ciphertexts ``[count, 2, L, N]``
+(key-switched downloads) as little-endian uint32 residues (4 bytes per residue; the size is a
+function of public shapes only).  :func:`from_bytes` refuses a wrong length or a residue outside
+``[0, q_j)``.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .ring import RNSRing
-from .sampling import centered_binomial, ternary
+from .sampling import centered_binomial
 
 
-def encrypt(ring: RNSRing, p_hat: np.ndarray, a_hat: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
-    """Encrypt plaintexts ``plain`` ``[B, L, N]`` (coefficient form) -> ``[B, 2, L, N]`` (NTT form)."""
+def encrypt(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
+    """``c0 = -c1 s + e + plain`` for plaintexts ``plain`` ``[B, L, N]`` (coefficient form) and public
+    ``c1_hat`` ``[B, L, N]`` -> ``c0`` ``[B, L, N]`` (NTT form)."""
     batch, level = plain.shape[0], plain.shape[1]
-    p_hat, a_hat = p_hat[:level], a_hat[:level]
-    u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
-    e0 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    c0 = ring.add(ring.mul(p_hat, u_hat), ring.ntt(ring.add(e0, plain)))
-    c1 = ring.add(ring.mul(a_hat, u_hat), ring.ntt(e1))
-    return np.stack([c0, c1], axis=1)
+    e = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
+    return ring.add(ring.neg(ring.mul(c1_hat, s_hat[:level])), ring.ntt(ring.add(e, plain)))
 
 
 def decrypt(ring: RNSRing, s_hat: np.ndarray, ct_hat: np.ndarray) -> np.ndarray:

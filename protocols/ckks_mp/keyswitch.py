@@ -1,19 +1,24 @@
 """Collective public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch").
 
-A ciphertext ``(c0, c1)`` under the collective secret ``s = sum_i s_i`` is re-encrypted to a
-recipient's public key ``(p_R = -a s_R + e_R, a)`` without anyone decrypting it.  Client i
-sends
+A ciphertext ``(c0, c1)`` under the secret ``s_S = sum_{i in S} s_i`` of a block's contributors
+is re-encrypted to a recipient's public key ``(p_R = -a s_R + e_R, a)`` without anyone decrypting
+it.  Client i (every client of the run) sends
 
-    ``h0_i = s_i c1 + p_R u_i + e0_i``,   ``h1_i = a u_i + e1_i``,
+    ``h0_i = [i in S] s_i c1 + z_i + p_R u_i + e0_i``,   ``h1_i = a u_i + e1_i``,
 
-with ``u_i`` ternary, ``e1_i`` centered binomial, and ``e0_i`` the **smudging noise**, uniform
-in ``[-2^b, 2^b)`` (:func:`.params.smudging_bits`).  The server adds all K shares and outputs
+with ``c1`` the public ``a_{x,b,j}`` the client recomputes itself (:func:`.sampling.upload_c1`),
+``z_i`` its zero-sum pairwise mask (:func:`.sampling.pairwise_mask`; ``sum_i z_i = 0``), ``u_i``
+ternary, ``e1_i`` centered binomial, and ``e0_i`` the **smudging noise**, uniform in
+``[-2^b, 2^b)`` (:func:`.params.smudging_bits`).  The server adds all K shares and outputs
 
     ``(c0 + sum_i h0_i, sum_i h1_i)``,
 
-which decrypts under ``s_R`` to ``c0 + s c1 + sum_i (e_R u_i + e0_i + s_R e1_i)``.  Each share
+which decrypts under ``s_R`` to ``c0 + s_S c1 + sum_i (e_R u_i + e0_i + s_R e1_i)``.  Each share
 is an RLWE encryption under ``p_R`` (masked by ``p_R u_i``), so the server learns nothing; a
-missing share leaves ``s_i c1`` uncancelled (the result is uniform), hence n-out-of-n.
+recipient colluding with the server reads ``s_i c1 + z_i + noise`` per client, where the uniform
+``z_i`` hides ``s_i c1`` (which would open client i's upload ``c0_i``) and only the sum is
+meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is uniform), hence
+n-out-of-n.
 """
 from __future__ import annotations
 
@@ -23,14 +28,16 @@ from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
 
-def pcks_share(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, p_r_hat: np.ndarray, a_hat: np.ndarray,
-               eta: int, smudge_bits: int) -> np.ndarray:
-    """Client i's share ``[B, 2, L, N]`` (NTT form) for ciphertexts with ``c1_hat`` ``[B, L, N]``."""
+def pcks_share(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, mask_hat: np.ndarray, p_r_hat: np.ndarray,
+               a_hat: np.ndarray, eta: int, smudge_bits: int) -> np.ndarray:
+    """Client i's share ``[B, 2, L, N]`` (NTT form) for ciphertexts with ``c1_hat`` ``[B, L, N]``
+    (zero rows for blocks client i did not upload) and masks ``mask_hat`` ``[B, L, N]``."""
     batch, level = c1_hat.shape[0], c1_hat.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    h0 = ring.add(ring.add(ring.mul(c1_hat, s_hat[:level]), ring.mul(p_r_hat[:level], u_hat)), ring.ntt(e0))
+    h0 = ring.add(ring.add(ring.add(ring.mul(c1_hat, s_hat[:level]), mask_hat), ring.mul(p_r_hat[:level], u_hat)),
+                  ring.ntt(e0))
     h1 = ring.add(ring.mul(a_hat[:level], u_hat), ring.ntt(e1))
     return np.stack([h0, h1], axis=1)
 

@@ -8,20 +8,21 @@ An exchange may use only the first ``L`` primes (a smaller ``Q`` is more secure)
 Noise bounds (all worst case: ternary secrets, centered-binomial errors |e| <= eta,
 ``||a b||_inf <= N ||a||_inf ||b||_inf``; K = number of clients of the run):
 
-* collective key ``p = sum_i p_i = -a s + e``, ``||s||_inf <= K``, ``||e||_inf <= K eta``;
-* a fresh encryption ``(p u + e0 + Delta m, a u + e1)`` decrypts under ``s`` to
-  ``Delta m + e u + e0 + s e1``: at most ``2 N K eta + eta``;
-  the sum of K of them: ``B_ct = K (2 N K eta + eta)``;
+* an upload ``c0_i = -a_x s_i + e_i + Delta m_i`` (secret-key encryption under the client's own
+  share with the public ``c1 = a_x``, :mod:`.encryption`); the sum over the K contributors
+  decrypts under ``s = sum_i s_i`` to ``Delta sum m_i + sum e_i``: ``B_ct = K eta``;
 * public-key switching (PCKS, Mouchet et al. 2021, Protocol 5) to a recipient key
-  ``(p_R = -a s_R + e_R, a)``: client i sends ``h0_i = s_i c1 + p_R u_i + e0_i``,
+  ``(p_R = -a s_R + e_R, a)``: client i sends ``h0_i = s_i c1 + z_i + p_R u_i + e0_i``
+  (``z_i`` zero-sum masks, :mod:`.keyswitch`),
   ``h1_i = a u_i + e1_i`` with smudging noise ``e0_i`` uniform in ``[-2^b, 2^b)``; the
   recipient's decryption ``c0 + sum h0_i + s_R sum h1_i`` carries
   ``B_ks = B_ct + K 2^b + 2 K N eta``.
 
 Smudging (the defence against the Li-Micciancio IND-CPA^D key-recovery attack on
 approximate HE, "On the Security of Homomorphic Encryption on Approximate Numbers",
-EUROCRYPT 2021): the noise a recipient decrypts must not depend on the collective
-secret ``s``.  ``B_ct`` is the only term depending on ``s``; the uniform smudging noise of
+EUROCRYPT 2021): the noise a recipient decrypts must not reveal the upload errors
+``e_i``, which with the public ``c0_i`` and ``c1`` would give linear equations in the shares
+``s_i``.  ``B_ct`` is the only such term; the uniform smudging noise of
 a single honest client hides any shift ``|d| <= B_ct`` per coefficient within statistical
 distance ``|d| / 2^(b+1)``, so over the ``N`` coefficients of a ciphertext within
 ``N B_ct / 2^(b+1) <= 2^-lambda`` when ``b = ceil(lambda + log2(N B_ct))``.  Distances add
@@ -137,8 +138,8 @@ def check_security(params: MPParams) -> None:
 
 
 def fresh_sum_bound(params: MPParams, k: int) -> int:
-    """``B_ct``: worst-case noise of a sum of K fresh encryptions under the collective key."""
-    return k * (2 * params.n * k * params.eta + params.eta)
+    """``B_ct``: worst-case noise of a sum of K fresh uploads (each ``|e_i| <= eta``)."""
+    return k * params.eta
 
 
 def smudging_bits(params: MPParams, k: int) -> int:

@@ -4,8 +4,9 @@ A :class:`MPClient` holds its collective-key share ``s_i`` and its own recipient
 ``s_R`` — both secret, both sampled from the OS CSPRNG, neither ever serialized — and the
 clients' common broadcast secret ``s_B`` (made by client 0, sent to each other client over
 the encrypted client-to-client channel, so the relaying server never holds it).  It
-encrypts its contribution under the collective public key, computes its public-key-switching
-shares for every recipient, and, as a recipient, decrypts what was switched to its key.  It
+encrypts its contribution under its own share ``s_i`` with public per-ciphertext ``c1``
+(:mod:`.encryption`), computes its public-key-switching shares for every recipient
+(:mod:`.keyswitch`), and, as a recipient, decrypts what was switched to its key.  It
 lives inside the client half (:mod:`.client`); the server half (:mod:`.server`) only ever sees
 the bytes these methods return.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import encoding, encryption, keyswitch
-from .keys import KeyPair, key_pair
+from .keys import KeyPair, key_pair, secret_key
 from .params import MPParams, Plan
 from .ring import RNSRing
 
@@ -25,17 +26,11 @@ class MPClient:
     def __init__(self, client: int, ring: RNSRing, params: MPParams, a_hat: np.ndarray):
         self.client = client
         self.ring, self.params, self.a_hat = ring, params, a_hat
-        self._share: KeyPair = key_pair(ring, a_hat, params.eta)       # s_i: collective-key share
+        self._share: np.ndarray = secret_key(ring, a_hat.shape[0])    # s_i: collective-key share
         self._own: KeyPair = key_pair(ring, a_hat, params.eta)         # s_R: recipient key
-        self.collective_pk: np.ndarray | None = None                   # set from the server's broadcast
         self._broadcast: KeyPair | None = None                         # s_B: every client's, the server's never
 
     # ------------------------------------------------------------------ public keys
-    @property
-    def public_share(self) -> bytes:
-        """``p_i = -a s_i + e_i`` (NTT form) on the wire."""
-        return encryption.to_bytes(self._share.p_hat)
-
     @property
     def recipient_public_key(self) -> bytes:
         """``p_R = -a s_R + e_R`` (NTT form) on the wire."""
@@ -73,20 +68,22 @@ class MPClient:
         return self._broadcast.p_hat
 
     # ------------------------------------------------------------------ upload
-    def encrypt_blocks(self, plan: Plan, rows: np.ndarray) -> bytes:
-        """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` ciphertexts under the collective key."""
+    def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray) -> bytes:
+        """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
+        the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces."""
         per_ct = plan.capacity
         pieces = [row[a:a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
         if not pieces:
             return b""
         plain = np.stack([encoding.encode(self.ring, plan, encoding.quantize(p, plan)) for p in pieces])
-        return encryption.to_bytes(encryption.encrypt(self.ring, self.collective_pk, self.a_hat, plain,
-                                                      self.params.eta))
+        return encryption.to_bytes(encryption.encrypt(self.ring, self._share, c1_hat, plain, self.params.eta))
 
     # ------------------------------------------------------------------ key switching
-    def pcks_shares(self, plan: Plan, c1_hat: np.ndarray, recipient_pk: np.ndarray, smudge_bits: int) -> bytes:
-        """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` to ``recipient_pk``."""
-        return encryption.to_bytes(keyswitch.pcks_share(self.ring, self._share.s_hat, c1_hat, recipient_pk,
+    def pcks_shares(self, c1_hat: np.ndarray, mask_hat: np.ndarray, recipient_pk: np.ndarray,
+                    smudge_bits: int) -> bytes:
+        """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
+        blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``."""
+        return encryption.to_bytes(keyswitch.pcks_share(self.ring, self._share, c1_hat, mask_hat, recipient_pk,
                                                         self.a_hat, self.params.eta, smudge_bits))
 
     # ------------------------------------------------------------------ download

@@ -14,9 +14,12 @@ never used for it (they are not cryptographic and the run seed would fix them).
   exceeds int64; :meth:`RNSRing.from_limbs` carries them into RNS).
 
 The common random polynomial ``a`` (Mouchet et al. 2021, "CRS") is public: it is expanded
-from a public per-run seed by AES-256-CTR (:func:`protocols.mask.prg.keystream`), read as
-31-bit words with rejection above each prime, so every party derives the same ``a`` and
-nothing secret depends on the seed.
+from the run's public seed (:func:`crs_seed`, a hash of the run id) by AES-256-CTR
+(:func:`protocols.mask.prg.keystream`), read as 31-bit words with rejection above each prime,
+so every party derives the same ``a`` and nothing secret depends on the seed.  The same
+expansion under other labels gives each uploaded ciphertext its own public ``c1``
+(:func:`upload_c1`) and each pair of clients its zero-sum key-switching mask
+(:func:`pairwise_mask`, from the pair's secret seed).
 """
 from __future__ import annotations
 
@@ -83,3 +86,40 @@ def common_polynomial(seed: bytes, primes: tuple[int, ...], n: int, label: str =
             vals = np.concatenate([vals, words[words < q]])
         out[j] = vals[:n]
     return out
+
+
+def crs_seed(run_id: bytes) -> bytes:
+    """The run's public CRS seed: a hash of its run id (the one accessor every party uses; the
+    server cannot choose it)."""
+    return hashlib.sha256(b"secure_fgl/ckks-mp/crs-seed/v1" + bytes(run_id)).digest()
+
+
+def upload_c1(seed: bytes, session: bytes, exchange: int, blocks, pieces: int, primes: tuple[int, ...],
+              n: int) -> np.ndarray:
+    """The public ``c1 = a_{x,b,j}`` of piece ``j`` of block ``b`` in exchange ``x``, ``[len(blocks) *
+    pieces, L, N]`` (NTT form), expanded from the CRS seed: every client encrypts its piece under
+    its own key share with it and recomputes it when asked to key-switch the sum.  The label binds
+    session, exchange, block and piece, so no two ciphertexts of a run share a ``c1``."""
+    out = np.empty((len(blocks) * pieces, len(primes), n), dtype=np.int64)
+    for i, b in enumerate(blocks):
+        for j in range(pieces):
+            label = f"c1/{bytes(session).hex()}/{int(exchange)}/{int(b)}/{j}"
+            out[i * pieces + j] = common_polynomial(seed, primes, n, label)
+    return out
+
+
+def pairwise_mask(pair_seeds: dict[int, bytes], me: int, labels: list[str], primes: tuple[int, ...],
+                  n: int) -> np.ndarray:
+    """Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
+    one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
+    of one label cancel exactly, while one client's mask hides its key-switching share from everyone
+    who lacks one of its pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`).
+    A label names one key-switched ciphertext (exchange, recipient, block, piece), so the masks cancel
+    only in the sum of the shares of that ciphertext, never across blocks or recipients."""
+    q = np.asarray(primes, dtype=np.int64)[:, None]
+    total = np.zeros((len(labels), len(primes), n), dtype=np.int64)
+    for peer, seed in sorted(pair_seeds.items()):
+        for c, label in enumerate(labels):
+            r = common_polynomial(seed, primes, n, label)
+            total[c] = (total[c] + r) % q if peer > me else (total[c] - r) % q
+    return total

@@ -4,28 +4,28 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
 ``p`` and the ciphertexts -- and verifies every message before reading it.  One exchange
 (:meth:`CKKSMPServer.run`) over a :class:`~protocols.link.ClientLink`:
 
-1. ``key_setup`` (first exchange of the run, every client): a fresh public CRS seed to each
-   client; back ``p_i`` and ``p_R`` (client 0 also ``p_B`` and ``s_B`` for each other client on
-   the encrypted channel, which the server forwards); ``p = sum_i p_i`` (Mouchet et al. 2021,
-   Protocol 1) and ``p_B`` to every client.
-2. ``block_ids`` (sparse layout), ``upload``: every upload checked (envelope, shape, every
-   residue reduced) before any is added; blocks fewer than K clients uploaded get the missing
-   clients' public offsets.
-3. ``keyswitch`` (every client: decryption is n-out-of-n): ``c1`` of each group of aggregate
-   blocks -- one group per recipient, or one group for all when every client receives the same
-   blocks (switched to ``p_B``) -- and the recipients' public keys a client has not seen yet;
-   back one PCKS share per group.  A client that does not answer: DropoutError naming it
-   (there is no threshold: ``s`` needs every ``s_i``).  The server adds the K shares to ``c0``
-   (Protocol 5) only for the blocks the exchange releases to each recipient.
+1. ``key_setup`` (first exchange of the run, every client): back each client's owner-signed
+   ``p_R`` (client 0 also the signed ``p_B`` and ``s_B`` for each other client on the encrypted
+   channel, which the server forwards); ``p_B`` with its signature to every client.  The CRS
+   seed is a hash of the run id (:func:`.sampling.crs_seed`): the server does not choose it.
+2. ``block_ids`` (sparse layout), ``upload``: every upload (``c0`` only: each client encrypts
+   under its own share with the public ``c1`` of the exchange, :mod:`.encryption`) checked
+   (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
+   uploaded get the missing clients' public offsets.
+3. ``keyswitch`` (every client: decryption is n-out-of-n): the groups of aggregate blocks --
+   one per recipient, or one for all when every client receives the same blocks (switched to
+   ``p_B``) -- their block ids, and the owner-signed recipient keys a client has not seen yet;
+   back one PCKS share per group, computed on the ``c1`` each client recomputes itself.  A client
+   that does not answer: DropoutError naming it (there is no threshold: ``s`` needs every
+   ``s_i``).  The server adds the K shares to ``c0`` (Protocol 5).
 4. ``download``: each recipient gets only its blocks, switched to its key.
 
-Semi-honest server: the clients switch the ``c1`` the server names; a malicious server could
-name a single upload's ``c1`` instead (the signature authenticates the request, it does not
-prove that ``c1`` is the aggregate).
+What a server that deviates can and cannot do is in :mod:`.client` (the refusals) and
+``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a
+value of its choosing switched.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
@@ -36,7 +36,8 @@ from ..party import ServerHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
 from .client import KEYS_TAG
-from .keys import collective_public_key, key_fingerprint
+from .keys import key_fingerprint
+from .sampling import crs_seed
 from .keyswitch import combine_shares
 from .params import params_from_options, plan_exchange, ring_of
 
@@ -54,8 +55,8 @@ class CKKSMPServer(ServerHalf):
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
         self.fingerprint: str | None = None
-        self.collective_pk: np.ndarray | None = None
-        self.recipient_pks: dict[int, np.ndarray] = {}
+        #: recipient -> (its p_R bytes, its owner's signature), forwarded verbatim
+        self.recipient_pks: dict[int, tuple[bytes, bytes]] = {}
         self._keys_sent: set[tuple[int, int]] = set()          # (client, recipient) p_R already sent
         self.setup_s = 0.0
         self.last_stats: dict = {}
@@ -74,47 +75,42 @@ class CKKSMPServer(ServerHalf):
 
     # ------------------------------------------------------------------ keys
     def ensure_keys(self, link, rnd: int) -> None:
-        """Collective key generation, once per run (module docstring, step 1)."""
+        """Key set-up, once per run (module docstring, step 1)."""
         if self.fingerprint is not None:
             return
         K, n, P = self.setup.num_clients, self.params.n, self.params.num_primes
         self.register(link, rnd, range(K))
-        t = time.perf_counter()
-        seed = os.urandom(32)                                   # public CRS seed, chosen by the server
         where = dict(tag=KEYS_TAG, round=rnd)
-        request = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "control", (32,), 0, self.mode, "",
-                                {"seed": seed}, note="public seed of the common random polynomial a"), 0)]
-                   for k in range(K)}
-        self.setup_s += time.perf_counter() - t
+        request = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "control", (), 0, self.mode, "", {},
+                                note="make your keys"), 0)] for k in range(K)}
         got = self.call(link, "key_setup", request, hook=False)
         t = time.perf_counter()
         missing = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
         if missing:
-            raise self._missing(missing, "its public key shares", **where)
-        shares, p_b = [], None
+            raise self._missing(missing, "its public keys", **where)
+        broadcast = None
         for k in range(K):
             mine = [m for m in got[k] if m.receiver == SERVER]
             if len(mine) != 1:
                 raise IntegrityError(f"{len(mine)} key set-up messages where one was expected", client=k, **where)
             msg = self.check(mine[0], client_party(k), "key_setup", 0, dict(client=k, **where))
             try:
-                shares.append(encryption.from_bytes(self.ring, msg.payload["share"], (P, n)))
-                self.recipient_pks[k] = encryption.from_bytes(self.ring, msg.payload["recipient"], (P, n))
+                key = bytes(msg.payload["recipient"])
+                encryption.from_bytes(self.ring, key, (P, n))
+                self.recipient_pks[k] = (key, bytes(msg.payload["recipient_sig"]))
                 if k == 0:
-                    p_b = bytes(msg.payload["broadcast"])
-                    encryption.from_bytes(self.ring, p_b, (P, n))
+                    broadcast = {"broadcast": bytes(msg.payload["broadcast"]),
+                                 "broadcast_sig": bytes(msg.payload["broadcast_sig"])}
+                    encryption.from_bytes(self.ring, broadcast["broadcast"], (P, n))
             except (KeyError, TypeError, ValueError) as e:
-                raise IntegrityError(f"malformed public key share ({e})", client=k, **where) from None
+                raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
         if len([m for m in got[0] if m.relay == SERVER]) != K - 1:
             raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0,
                                  **where)
-        self.collective_pk = collective_public_key(self.ring, shares)
-        pk_bytes = encryption.to_bytes(self.collective_pk)
-        fp = key_fingerprint(self.params.describe(), seed, pk_bytes)
+        fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
-        keys = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (2, P, n), 0, self.mode, fp,
-                             {"collective": pk_bytes, "broadcast": p_b},
-                             note="collective public key p = sum_i p_i and broadcast key p_B"), 1)]
+        keys = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (1, P, n), 0, self.mode, fp,
+                             broadcast, note="broadcast key p_B, signed by client 0"), 1)]
                 for k in range(K)}
         got = self.call(link, "key_setup", keys, hook=False)
         missing = [k for k in range(K) if k not in got]
@@ -134,7 +130,7 @@ class CKKSMPServer(ServerHalf):
         if not plan.requests:
             raise ShapeError("the exchange has no recipients", **self.where())
         spans = [(a, min(plan.block_len, a + ep.capacity)) for a in range(0, plan.block_len, ep.capacity)]
-        pieces, ct_shape = len(spans), (2, ep.level, ep.n)
+        pieces, ct_shape, c0_shape = len(spans), (2, ep.level, ep.n), (ep.level, ep.n)
         contributors = list(plan.contributors)
         server_s = 0.0
 
@@ -170,13 +166,13 @@ class CKKSMPServer(ServerHalf):
                 raise ShapeError(f"upload of shape {tuple(msg.shape)}, expected {(ids.size, plan.block_len)}",
                                  **self.where(k))
             try:
-                uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + ct_shape)
+                uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + c0_shape)
             except ValueError as exc:
                 raise IntegrityError(f"upload rejected: {exc}", **self.where(k)) from None
         del msgs
         needed = sorted({int(b) for bids in plan.requests.values() for b in bids.tolist()})
         index = {b: i for i, b in enumerate(needed)}
-        agg = np.zeros((len(needed), pieces) + ct_shape, dtype=np.int64)
+        agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)
         counts = np.zeros(len(needed), dtype=np.int64)
         for k, cts in uploads.items():
             rows = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
@@ -189,7 +185,7 @@ class CKKSMPServer(ServerHalf):
             for i in np.nonzero(counts < K)[0]:
                 for j, (a, b) in enumerate(spans):
                     pad = self.ring.ntt(encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i])))
-                    agg[i, j, 0] = self.ring.add(agg[i, j, 0], pad)
+                    agg[i, j] = self.ring.add(agg[i, j], pad)
 
         # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
         rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
@@ -198,18 +194,17 @@ class CKKSMPServer(ServerHalf):
             groups = [(-1, first_rows)]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
-        c1 = encryption.to_bytes(np.concatenate([agg[rows][:, :, 1].reshape(-1, ep.level, ep.n)
-                                                 for _, rows in groups]) if groups else np.zeros(0))
-        table = np.array([(to, len(rows) * pieces) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+        blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
         requests = {}
         for k in range(K):
-            new = [r for r, _ in groups if r >= 0 and (k, r) not in self._keys_sent]
+            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
-            keys = {r: encryption.to_bytes(self.recipient_pks[r]) for r in new}
-            requests[k] = [(self.message(k, "ciphertext", (len(groups), ep.level, ep.n),
-                                         {"groups": table, "c1": c1, "keys": keys}, fp,
-                                         note="c1 of the aggregate blocks to key-switch, per recipient key"), 0)]
+            keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
+            requests[k] = [(self.message(k, "control", (len(groups), 2), {"groups": table, "blocks": blocks,
+                                                                         "keys": keys}, fp,
+                                         note="block ids to key-switch, per recipient key"), 0)]
         got = self.call(link, "keyswitch", requests)
         t = time.perf_counter()
         shares: list[list[np.ndarray]] = [[] for _ in groups]
@@ -234,7 +229,7 @@ class CKKSMPServer(ServerHalf):
         if missing:
             raise self._missing(missing, "its key-switching (partial decryption) shares", tag=plan.tag,
                                 round=plan.round)
-        switched = {to: combine_shares(self.ring, agg[rows].reshape((-1,) + ct_shape)[:, 0], shares[g])
+        switched = {to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
                     for g, (to, rows) in enumerate(groups)}
         server_s += time.perf_counter() - t
 

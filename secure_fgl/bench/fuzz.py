@@ -1,7 +1,7 @@
 """Fuzz suite: messages tampered in transit and malformed inputs, per backend and category.
 
-Every case runs one real exchange (K=3 clients, 16 floats in [-1, 1]) of the ``mask`` or
-``ckks`` backend; the test hook ``Protocol.intercept`` tampers with one message in transit
+Every case runs one real exchange (K=3 clients, 16 floats in [-1, 1]) of the ``mask``,
+``ckks`` or ``ckks-mp`` backend; the test hook ``Protocol.intercept`` tampers with one message in transit
 (an upload, a relayed share, or the server's signed download to a client), or the call
 itself is malformed, and the outcome is classified:
 
@@ -11,11 +11,12 @@ itself is malformed, and the outcome is classified:
 * ``accepted_wrong``    -- no error and a wrong result (the failure this suite exists to find);
 * ``unexpected``        -- any other exception type.
 
-Categories with ``in_model: true`` are what a third party or a faulty channel can do, and the
+Categories with ``in_model: true`` are what a third party or a faulty channel can do, the
 server substituting public keys (its own channel, identity or mask key for a peer's, in the
-dealer's key directory or mask-key broadcast, re-signed by the server): the run manifest pins
-identity keys and every other key is owner-signed (:mod:`protocols.manifest`), so the
-protocol must catch all of them: target 0 accepted-wrong, 0 unexpected.  ``in_model: false``
+dealer's key directory or mask-key broadcast, re-signed by the server: the run manifest pins
+identity keys and every other key is owner-signed, :mod:`protocols.manifest`), and
+(``forged_key_switch``, ``key_substitution``, ckks-mp) a malicious server's own signed
+requests: the protocol must catch all of them (target 0 accepted-wrong, 0 unexpected).  ``in_model: false``
 are a malicious *sender's* own content, signed by it (a ciphertext corrupted before signing,
 values encoded past the client check): outside the honest-but-curious model; reported, and
 caught where a recipient can (a decoded packed sum out of its public range raises BoundError).
@@ -38,7 +39,7 @@ import numpy as np
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
-from protocols.errors import IntegrityError, KeySubstitutionError, ProtocolError
+from protocols.errors import IntegrityError, KeySubstitutionError, KeySwitchRefusedError, ProtocolError
 from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.message import Envelope, SIGNATURE_BYTES, body_digest
 from protocols.party import AUTH_TAG
@@ -67,10 +68,14 @@ def _is_download(m) -> bool:
 
 
 def _payload_bytes(m) -> bytes:
+    if isinstance(m.payload, (bytes, bytearray)):
+        return bytes(m.payload)
     return m.payload["data"] if isinstance(m.payload, dict) else m.payload[0]
 
 
 def _with_payload_bytes(m, data: bytes):
+    if isinstance(m.payload, (bytes, bytearray)):
+        return dataclasses.replace(m, payload=data)
     if isinstance(m.payload, dict):
         return dataclasses.replace(m, payload={**m.payload, "data": data})
     return dataclasses.replace(m, payload=[data] + list(m.payload[1:]))
@@ -185,6 +190,40 @@ def _malicious_mask(m, rng, fz):
     return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "data": enc.to_wire(y)}), "masked_upload")
 
 
+def _is_keyswitch_request(m) -> bool:
+    return m.sender == SERVER and m.receiver == VICTIM and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage \
+        == "keyswitch"
+
+
+def _forged_key_switch(m, rng, fz):
+    """A malicious server's own key-switching request (re-signed by it): a ``c1`` of its choosing,
+    a recipient that is no client, a second group for one key, or the broadcast group widened to
+    blocks the victim does not receive."""
+    choice, body = int(rng.integers(0, 4)), dict(m.payload)
+    if choice == 0:
+        body["c1"] = bytes(rng.integers(0, 256, 4096, dtype=np.uint8))
+    elif choice == 1:
+        body["groups"] = np.array([[int(rng.integers(K, 1 << 20)), len(body["blocks"])]])
+    elif choice == 2:
+        body["groups"] = np.concatenate([body["groups"], body["groups"]])
+        body["blocks"] = np.concatenate([body["blocks"], body["blocks"]])
+    else:
+        body["groups"] = np.array([[-1, len(body["blocks"]) + 1]])
+        body["blocks"] = np.append(body["blocks"], int(np.max(body["blocks"], initial=0)) + 1)
+    return fz.proto._seal(dataclasses.replace(m, payload=body), "keyswitch")
+
+
+def _substituted_recipient_key(m, rng, fz):
+    """A malicious server's request to switch to client 2 under a key of its own (signature kept
+    random, or client 2's signature of another key)."""
+    ring = fz.proto.ring
+    primes = np.array(ring.primes, dtype=np.int64)[:, None]
+    key = (rng.integers(0, 1 << 31, (primes.size, ring.n)) % primes).astype("<u4").tobytes()
+    body = {**m.payload, "groups": np.array([[2, len(m.payload["blocks"])]]),
+            "keys": {2: {"key": key, "sig": bytes(rng.integers(0, 256, 64, dtype=np.uint8))}}}
+    return fz.proto._seal(dataclasses.replace(m, payload=body), "keyswitch")
+
+
 def _call_nonfinite(fz, rng):
     vals = fz.values(rng)
     vals[1][int(rng.integers(0, N_VALUES))] = [np.nan, np.inf, -np.inf][int(rng.integers(0, 3))]
@@ -226,14 +265,14 @@ def _call_absurd(fz, rng):
 
 
 CASES = [
-    Case("truncation", ("mask", "ckks"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
-    Case("bitflip_frame", ("mask", "ckks"), True, _is_upload,
+    Case("truncation", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
+    Case("bitflip_frame", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, auth=_flip(m.auth, r))),
-    Case("bitflip_body_recomputed_digest", ("mask", "ckks"), True, _is_upload,
+    Case("bitflip_body_recomputed_digest", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: _recomputed_digest(m, r)),
     Case("bitflip_mask_data", ("mask",), True, _is_upload,
          lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
-    Case("bitflip_ckks_ciphertext", ("ckks",), True, _is_upload,
+    Case("bitflip_ckks_ciphertext", ("ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
     Case("bitflip_mask_public_key", ("mask",), True,
          lambda m: m.sender == VICTIM and m.kind == "public_key" and m.tag == "fuzz/x",
@@ -243,41 +282,41 @@ CASES = [
          lambda m, r, f: (dataclasses.replace(m, payload=_flip(m.payload, r)) if isinstance(m.payload, bytes) else
                           dataclasses.replace(m, payload={**m.payload, "self_mask": {
                               u: _flip(raw, r) for u, raw in m.payload["self_mask"].items()}}))),
-    Case("wrong_fingerprint", ("mask", "ckks"), True, _is_upload,
+    Case("wrong_fingerprint", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, fingerprint=os.urandom(8).hex())),
-    Case("wrong_round", ("mask", "ckks"), True, _is_upload,
+    Case("wrong_round", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, round=m.round + int(r.integers(1, 1 << 30)))),
-    Case("wrong_tag", ("mask", "ckks"), True, _is_upload, lambda m, r, f: dataclasses.replace(m, tag="fuzz/other")),
-    Case("wrong_stage", ("mask", "ckks"), True, _is_upload,
+    Case("wrong_tag", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: dataclasses.replace(m, tag="fuzz/other")),
+    Case("wrong_stage", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: f.proto._seal(m, "download")),
-    Case("wrong_recipient", ("mask", "ckks"), True, _is_upload,
+    Case("wrong_recipient", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: f.proto._seal(dataclasses.replace(m, receiver="client2"), _stage_of(f))),
-    Case("wrong_session", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.other_session(m)),
-    Case("replay_same_round", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=True)),
-    Case("replay_later_round", ("mask", "ckks"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=False)),
+    Case("wrong_session", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.other_session(m)),
+    Case("replay_same_round", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=True)),
+    Case("replay_later_round", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=False)),
     # the victim's upload delivered a second time, in client 2's slot; and a message of an
     # earlier stage of the victim re-delivered at a later stage (mask)
-    Case("duplicate_upload", ("mask", "ckks"), True,
+    Case("duplicate_upload", ("mask", "ckks", "ckks-mp"), True,
          lambda m: m.sender == "client2" and m.receiver == SERVER and m.kind in ("masked", "ciphertext"),
          lambda m, r, f: f.victim_upload(m)),
     Case("duplicate_earlier_stage", ("mask",), True,
          lambda m: m.sender == VICTIM and m.receiver == SERVER and m.tag == "fuzz/x" and m.kind == "share",
          lambda m, r, f: f.earlier_upload(m)),
-    Case("other_client_payload", ("mask", "ckks"), True, _is_upload,
+    Case("other_client_payload", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, payload=f.other_payload(m))),
-    Case("sender_spoofing", ("mask", "ckks"), True, _is_upload,
+    Case("sender_spoofing", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, sender="client2")),
     Case("changed_block_ids", ("mask",), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "block_ids": m.payload["block_ids"] + 1})),
-    Case("changed_shape", ("mask", "ckks"), True, _is_upload,
+    Case("changed_shape", ("mask", "ckks", "ckks-mp"), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + int(r.integers(1, 9))))),
     Case("changed_dtype", ("mask",), True, _is_upload,
          lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(
              m.payload["data"], np.uint8).astype(np.float32)})),
-    Case("download_tampering", ("mask", "ckks"), True, _is_download, _tamper_download),
-    Case("nonfinite_input", ("mask", "ckks"), True, call=_call_nonfinite, expected=ProtocolError),
-    Case("empty_input", ("mask", "ckks"), True, call=_call_empty, expected=ProtocolError),
-    Case("absurd_metadata", ("mask", "ckks"), True, call=_call_absurd, expected=ProtocolError),
+    Case("download_tampering", ("mask", "ckks", "ckks-mp"), True, _is_download, _tamper_download),
+    Case("nonfinite_input", ("mask", "ckks", "ckks-mp"), True, call=_call_nonfinite, expected=ProtocolError),
+    Case("empty_input", ("mask", "ckks", "ckks-mp"), True, call=_call_empty, expected=ProtocolError),
+    Case("absurd_metadata", ("mask", "ckks", "ckks-mp"), True, call=_call_absurd, expected=ProtocolError),
     Case("substituted_channel_key", ("mask", "ckks"), True, _to_dealer("directory"), _forged_directory,
          expected=KeySubstitutionError, tag=AUTH_TAG, fresh=True),
     Case("substituted_identity_key", ("mask", "ckks"), True, _to_dealer("directory"),
@@ -288,6 +327,11 @@ CASES = [
          and len(m.payload) > 1, _forged_mask_key, expected=KeySubstitutionError, fresh=True),
     Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
     Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
+    # a malicious server's own messages, signed by it (active adversary): must be refused
+    Case("forged_key_switch", ("ckks-mp",), True, _is_keyswitch_request, _forged_key_switch,
+         expected=(KeySwitchRefusedError, IntegrityError)),
+    Case("key_substitution", ("ckks-mp",), True, _is_keyswitch_request, _substituted_recipient_key,
+         expected=KeySubstitutionError),
 ]
 
 
@@ -395,7 +439,7 @@ class Fuzzer:
         return "accepted_correct" if ok else "accepted_wrong"
 
 
-def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks"), categories=None) -> list[dict]:
+def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks", "ckks-mp"), categories=None) -> list[dict]:
     """``cases`` fuzz cases split evenly over every (backend, category) pair; one record per pair."""
     selected = [c for c in CASES if categories is None or c.name in categories]
     pairs = [(b, c) for b in backends for c in selected if b in c.backends]
@@ -414,11 +458,11 @@ def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks"), categories
 
 
 def format_table(records: list[dict]) -> str:
-    head = f"{'backend':<6} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} " \
+    head = f"{'backend':<7} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} " \
            f"{'acc-WRONG':>9} {'unexpected':>10}"
     lines = [head, "-" * len(head)]
     for r in records:
-        lines.append(f"{r['backend']:<6} {r['category']:<32} {'in' if r['in_model'] else 'out':<5} {r['cases']:>6} "
+        lines.append(f"{r['backend']:<7} {r['category']:<32} {'in' if r['in_model'] else 'out':<5} {r['cases']:>6} "
                      f"{r['rejected']:>9} {r['accepted_correct']:>7} {r['accepted_wrong']:>9} {r['unexpected']:>10}")
     return "\n".join(lines)
 

@@ -53,20 +53,53 @@ def algorithms_command(name: str | None) -> int:
     return 0
 
 
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line (whole sentences, never cut mid-sentence)."""
+    lines = []
+    for line in (doc or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines) or "-"
+
+
+def datasets_command(data_root: str | None) -> int:
+    """Every ``--dataset`` name: the registry's datasets, the built-in graph-classification
+    generator and GCFL's groups of TU datasets (present when all their members are)."""
+    from ..data import GCFL_GROUPS, dataset_status
+    from ..data.datasets import SYNTHETIC_GRAPHS
+    rows = dataset_status(data_root)
+    present = {r["name"].lower(): r["present"] for r in rows}
+    rows.append({"name": SYNTHETIC_GRAPHS, "task": "graph", "present": True, "path": None})
+    for group, members in GCFL_GROUPS.items():
+        missing = [m for m in members if not present.get(m.lower())]
+        rows.append({"name": group, "task": "graph", "present": not missing,
+                     "path": f"group of {len(members)} TU datasets" + (f"; missing {', '.join(missing)}"
+                                                                       if missing else "")})
+    width = max(len(r["name"]) for r in rows) + 2
+    print(f"{'name':<{width}}{'task':<8}{'present':<9}path")
+    for r in rows:
+        print(f"{r['name']:<{width}}{r['task']:<8}{'yes' if r['present'] else 'no':<9}{r['path'] or '(built in)'}")
+    return 0
+
+
 def attacks_command() -> int:
     from attacks.runner import ATTACKS
+    width = max(map(len, ATTACKS)) + 2
     for name, cls in ATTACKS.items():
-        doc = (cls.__doc__ or "").strip().splitlines()
         targets = ", ".join(cls.algorithms) if cls.algorithms else "any node-level algorithm"
-        print(f"{name:<30}{doc[0] if doc else '-'}")
-        print(f"{'':<30}exchange {cls.exchange}; targets {targets}")
+        text = textwrap.fill(first_paragraph(cls.__doc__), width=110, initial_indent=" " * width,
+                             subsequent_indent=" " * width)
+        print(f"{name:<{width}}{text[width:]}")
+        print(f"{'':<{width}}exchange {cls.exchange}; targets {targets}")
     print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")
     return 0
 
 
 def modes_command() -> int:
+    width = max(map(len, MODES)) + 2
     for name, text in MODES.items():
-        print(f"{name:<7}{text}")
+        print(f"{name:<{width}}{text}")
     print("\nAll modes take --dp-epsilon for differential privacy on top (see docs/dp.md).")
     return 0
 
@@ -79,15 +112,14 @@ COMPARE_COLUMNS = (("config.algorithm", "algorithm", "{}"), ("config.dataset", "
                    ("time.total", "total_s", "{:.1f}"))
 
 
-def compare_command(paths: list[str]) -> int:
-    from ..results import find_results, flatten
-    import json
-    files = find_results(*paths)
-    if not files:
+def compare_command(paths: list[str], include_unfinished: bool = False) -> int:
+    from ..results import find_results, flatten, read_finished
+    if not find_results(*paths):
         raise ConfigError(f"no result.json under {', '.join(paths)}; give run folders (secure-fgl run --out DIR)")
+    kept, left = read_finished(*paths, include_unfinished=include_unfinished)
     rows = []
-    for path in files:
-        flat = flatten(json.loads(path.read_text()))
+    for path, result in kept:
+        flat = flatten(result)
         row = [str(path.parent)]
         for key, _, fmt in COMPARE_COLUMNS:
             value = flat.get(key)
@@ -99,6 +131,9 @@ def compare_command(paths: list[str]) -> int:
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     for r in [header] + rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    if left:
+        print(f"left out {len(left)} unfinished run(s): {', '.join(str(p.parent) for p in left[:5])}"
+              f"{', ...' if len(left) > 5 else ''} (--include-unfinished to show them)")
     return 0
 
 

@@ -7,7 +7,7 @@
     secure-fgl datasets               every dataset, its task and whether its files are present
     secure-fgl compare DIR...         a table of finished runs
     secure-fgl plot RUN               one run's curves -> RUN/curves.png
-    secure-fgl report [flags]         privacy/utility sweep -> report.md, report.html, PNG figures
+    secure-fgl report [flags]         privacy/utility sweep -> report.md/.html, tables.tex, PNG/PDF/SVG figures
     secure-fgl bench --suite NAME     benchmarks that print measured ratios
     secure-fgl keys new --out DIR     a site's identity key (its fingerprint goes into the run manifest)
     secure-fgl manifest new|verify    the run manifest and the code sites compare before a run
@@ -63,6 +63,8 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
     for f in dataclasses.fields(RunConfig):
         if f.name not in CONFIG_ONLY:
             _add_setting(groups[f.metadata.get("group", "training")], RunConfig, f, f.name)
+    groups["output"].add_argument("--overwrite", action="store_true",
+                                  help="replace the finished run in --out (refused without it)")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
     from ..algorithms import OPTIONS, get_options_class
@@ -94,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    allow_abbrev=False).add_argument("--data-root", dest="data_root", default=None)
     compare = sub.add_parser("compare", help="table of finished runs", allow_abbrev=False)
     compare.add_argument("runs", nargs="+", metavar="DIR")
+    compare.add_argument("--include-unfinished", action="store_true",
+                         help="also show runs that did not finish (status other than complete)")
     plot = sub.add_parser("plot", help="draw one run's curves", allow_abbrev=False)
     plot.add_argument("run", metavar="RUN")
     plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
@@ -141,7 +145,11 @@ def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
     """A preset/config file's settings and its algorithm options (a table, or top-level keys
     that are options of the algorithm)."""
     layer = dict(layer)
-    options = dict(layer.pop("options", None) or {})
+    options = layer.pop("options", None) or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"options must be a table of algorithm options ([options] in TOML), got "
+                          f"{type(options).__name__} {options!r}")
+    options = dict(options)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for key in [k for k in layer if k not in known and k in options_fields]:
         options[key] = layer.pop(key)
@@ -180,12 +188,13 @@ def _default_out(cfg: RunConfig) -> str:
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     from ..engine.progress import Phases
     from ..preflight import preflight
+    from ..run_identity import check_run_folder, resolved_config
     cfg = config_from_args(args, extra)
-    preflight(cfg)
+    options = preflight(cfg)
     if cfg.out is None:
         cfg.out = _default_out(cfg)
+    check_run_folder(cfg.out, resolved_config(cfg, options), resume=cfg.resume, overwrite=args.overwrite)
     phases = Phases(enabled=not args.quiet, log_file=args.log_file)
-    phases.log(f"run folder: {cfg.out}")
     from ..experiment import run_experiment
     from .summary import format_summary
     result = run_experiment(cfg, progress=not args.quiet, phases=phases)
@@ -214,17 +223,13 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return modes_command()
     if args.command == "compare":
         from .discover import compare_command
-        return compare_command(args.runs)
+        return compare_command(args.runs, args.include_unfinished)
     if args.command == "plot":
         from .discover import plot_command
         return plot_command(args.run, args.out)
     if args.command == "datasets":
-        from ..data import dataset_status
-        rows = dataset_status(args.data_root)
-        print(f"{'name':<14}{'task':<8}{'present':<9}path")
-        for r in rows:
-            print(f"{r['name']:<14}{r['task']:<8}{'yes' if r['present'] else 'no':<9}{r['path'] or '(built in)'}")
-        return 0
+        from .discover import datasets_command
+        return datasets_command(args.data_root)
     if args.command == "bench":
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench

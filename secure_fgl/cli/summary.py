@@ -37,6 +37,9 @@ def format_summary(result: dict) -> str:
         f"test accuracy   {_num(final['test_acc'])}  (val {_num(final['val_acc'])}, best round "
         f"{final['best_round']} of {final['rounds_run']})",
     ]
+    if final.get("at_chance"):
+        lines.append(f"AT CHANCE: test accuracy {final['test_acc']:.4f} is within 0.05 of 1/{result.get('num_classes')} "
+                     "classes: the model learned nothing (read no privacy result off it)")
     for key in sorted(k for k in final if k.endswith("_acc") and k not in ("test_acc", "val_acc", "train_acc")):
         if isinstance(final[key], float):
             lines.append(f"{key:<15} {final[key]:.4f}")

@@ -9,19 +9,34 @@ Typical use::
 Every user-facing problem raises :class:`DataError` (a ``ValueError``) whose message names
 the fix.
 """
+from importlib import import_module
+
 from .errors import DataError
-from .federated import ClientSubgraph, FederatedGraph
-from .synthetic import (coalesce_undirected, contextual_sbm, contextual_sbm_federated,
-                        random_masks, sbm_binary)
-from .datasets import (DATASETS, DatasetInfo, dataset_status, get_dataset_info,
-                       load_graph_dataset, load_node_dataset, resolve_cache_dir,
-                       resolve_data_root)
-from .partition import (dirichlet_partition, iid_partition, louvain_partition,
-                        partition_label_distribution)
-from .splits import SPLITS, apply_split, parse_split
-from .build import PARTITIONS, build_federated, make_federated
-from .graph_classification import (GCFL_GROUPS, FederatedGraphDataset, GraphClient,
-                                   chunk_partition, multi_dataset_partition)
+
+#: public name -> submodule; imported on first use, so that the registry (``dataset_status``,
+#: ``DATASETS``, ``GCFL_GROUPS``) answers without torch (``secure-fgl datasets``)
+_WHERE = {
+    **dict.fromkeys(("ClientSubgraph", "FederatedGraph"), "federated"),
+    **dict.fromkeys(("coalesce_undirected", "contextual_sbm", "contextual_sbm_federated", "random_masks",
+                     "sbm_binary"), "synthetic"),
+    **dict.fromkeys(("DATASETS", "DatasetInfo", "dataset_status", "get_dataset_info", "load_graph_dataset",
+                     "load_node_dataset", "resolve_cache_dir", "resolve_data_root", "GCFL_GROUPS"), "datasets"),
+    **dict.fromkeys(("dirichlet_partition", "iid_partition", "louvain_partition", "partition_label_distribution"),
+                    "partition"),
+    **dict.fromkeys(("SPLITS", "apply_split", "parse_split"), "splits"),
+    **dict.fromkeys(("PARTITIONS", "build_federated", "make_federated"), "build"),
+    **dict.fromkeys(("FederatedGraphDataset", "GraphClient", "chunk_partition", "multi_dataset_partition"),
+                    "graph_classification"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DataError",

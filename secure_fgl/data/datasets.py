@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch_geometric.data import Data
+from typing import TYPE_CHECKING
 
 from .errors import DataError
 from .safe_files import restricted_pickle, verify_checksums
-from . import synthetic
+
+if TYPE_CHECKING:                     # the registry and its status answer without torch (secure-fgl datasets)
+    import torch
+    from torch_geometric.data import Data
 
 __all__ = [
     "DatasetInfo",
@@ -163,12 +165,14 @@ def _load_tu(info: DatasetInfo, root: Path, allow_download: bool) -> Any:
     return ds
 
 
-def _synthetic_loader(gen: Callable[..., Data]) -> Callable[..., Data]:
+def _synthetic_loader(generator: str) -> Callable[..., Data]:
+    """A loader calling ``secure_fgl.data.synthetic.<generator>`` (imported when a graph is made)."""
     def load(info: DatasetInfo, root: Path | None, allow_download: bool, **kw: Any) -> Data:
+        from . import synthetic
         try:
-            return gen(**kw)
+            return getattr(synthetic, generator)(**kw)
         except TypeError as exc:            # unknown keyword
-            raise DataError(f"{info.name}: {exc}; see help(secure_fgl.data.{gen.__name__}) "
+            raise DataError(f"{info.name}: {exc}; see help(secure_fgl.data.{generator}) "
                             "for its options") from None
     return load
 
@@ -203,14 +207,26 @@ _ENTRIES: list[DatasetInfo] = [
     _tu("COLLAB", featureless=True, archive="_archives/COLLAB.tar.xz"),
     _tu("IMDB-BINARY", featureless=True),
     _tu("IMDB-MULTI", featureless=True),
-    DatasetInfo("sbm", "node", _synthetic_loader(synthetic.sbm_binary)),
-    DatasetInfo("csbm", "node", _synthetic_loader(synthetic.contextual_sbm)),
-    DatasetInfo("csbm-fed", "node", _synthetic_loader(synthetic.contextual_sbm_federated),
+    DatasetInfo("sbm", "node", _synthetic_loader("sbm_binary")),
+    DatasetInfo("csbm", "node", _synthetic_loader("contextual_sbm")),
+    DatasetInfo("csbm-fed", "node", _synthetic_loader("contextual_sbm_federated"),
                 aliases=("csbm-fedspray",)),
 ]
 
 #: name -> DatasetInfo, keyed by the canonical name (look-ups are case-insensitive).
 DATASETS: dict[str, DatasetInfo] = {e.name: e for e in _ENTRIES}
+
+#: the data groups of GCFL (``setupGC.prepareData_multiDS``): ``--dataset GROUP``, one client per dataset
+GCFL_GROUPS: dict[str, tuple[str, ...]] = {
+    "molecules": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1"),
+    "small": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "ENZYMES", "DD", "PROTEINS"),
+    "biochem": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
+                "ENZYMES", "DD", "PROTEINS"),
+    "mix": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
+            "ENZYMES", "DD", "PROTEINS", "COLLAB", "IMDB-BINARY", "IMDB-MULTI"),
+}
+#: the built-in graph-classification generator (:mod:`.synthetic_graphs`)
+SYNTHETIC_GRAPHS = "synthetic-graphs"
 _LOOKUP: dict[str, DatasetInfo] = {}
 for _e in _ENTRIES:
     for _k in (_e.name, *_e.aliases):
@@ -303,8 +319,8 @@ def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download:
     else:
         raise DataError(
             f"{info.name}: raw files not found; put {', '.join(info.files)} in "
-            f"{info.expected_dir(data_root)} (or pass --data-root / set ${ENV_DATA}, "
-            "or allow_download=True)")
+            f"{info.expected_dir(data_root)} (or pass --data-root / set ${ENV_DATA}; from Python, "
+            "allow_download=True lets PyG download it)")
     # a cache made from another source is stale: rebuild it (it is ours to delete)
     if marker.exists() and marker.read_text().strip() != source:
         shutil.rmtree(dst_dir)

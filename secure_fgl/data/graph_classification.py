@@ -29,21 +29,12 @@ from typing import Any
 import numpy as np
 from torch_geometric.data import Data
 
-from .datasets import _max_degree, get_dataset_info, load_graph_dataset
+from .datasets import GCFL_GROUPS, _max_degree, get_dataset_info, load_graph_dataset
 from .errors import DataError
 
 __all__ = ["GraphClient", "FederatedGraphDataset", "chunk_partition",
            "multi_dataset_partition", "GCFL_GROUPS", "stratified_split"]
 
-#: the data groups of GCFL (``setupGC.prepareData_multiDS``)
-GCFL_GROUPS: dict[str, tuple[str, ...]] = {
-    "molecules": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1"),
-    "small": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "ENZYMES", "DD", "PROTEINS"),
-    "biochem": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
-                "ENZYMES", "DD", "PROTEINS"),
-    "mix": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
-            "ENZYMES", "DD", "PROTEINS", "COLLAB", "IMDB-BINARY", "IMDB-MULTI"),
-}
 
 
 @dataclass

@@ -13,13 +13,11 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from .datasets import SYNTHETIC_GRAPHS
 from .errors import DataError
 from .graph_classification import FederatedGraphDataset, GraphClient, stratified_split
 
 __all__ = ["SYNTHETIC_GRAPHS", "two_task_graphs", "client_groups"]
-
-#: dataset name of the generator (``--dataset synthetic-graphs``)
-SYNTHETIC_GRAPHS = "synthetic-graphs"
 
 
 def client_groups(num_clients: int) -> np.ndarray:

@@ -5,8 +5,11 @@ Example::
     secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \\
         --dp-epsilons inf,8,4,2,1 --seeds 3 --rounds 50 --out runs/report
 
-``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  Finished runs
-(``<out>/<run-id>/result.json``) are skipped, so an interrupted sweep resumes where it stopped;
+``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  A finished run is
+reused only when its settings (the fingerprint of its full resolved config) equal the asked ones,
+so the same command after an interruption goes on where it stopped, and a sweep with other
+settings into the same --out runs into new folders instead of mixing runs.  The plan (runs,
+attacks, an estimate from past runs) is printed first; ``--dry-run`` prints it only.
 ``--no-run`` only re-renders the report from the run files.  ``--config FILE`` reads the
 sweep from a file: a run config's keys plus a ``[grid]`` table (:func:`.sweep.spec_from_file`;
 example: ``secure_fgl/configs/dp-gap-tradeoff.toml``).
@@ -18,8 +21,6 @@ import dataclasses
 import json
 import sys
 
-from .render import render_report
-from .sweep import SweepSpec, parse_epsilon, run_sweep, spec_from_file
 
 
 def _csv(text: str) -> list[str]:
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/report", help="sweep folder (run folders + report)")
     p.add_argument("--title", default="secure_fgl privacy/utility report")
     p.add_argument("--no-run", action="store_true", help="only render the report from existing runs")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (runs, attacks, estimated time) only")
+    p.add_argument("--figure-size", choices=("column", "page"), default="column",
+                   help="figure width: one column (3.5 in) or a page (7 in) of a two-column paper")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-best-model", action="store_true",
                    help="do not keep each run's best_model.pt (kept by default)")
@@ -70,7 +74,9 @@ GRID_FLAGS = {"algorithms": "fedgcn", "datasets": "sbm", "modes": "plain,ckks,ma
               "seeds": "1", "attacks": "all"}
 
 
-def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+def spec_from_args(args: argparse.Namespace):
+    """The :class:`.sweep.SweepSpec` of the command line (or of its ``--config`` file)."""
+    from .sweep import SweepSpec, parse_epsilon, spec_from_file
     config = {}
     for key in ("rounds", "clients", "partition", "beta", "dp_placement", "data_root", "device"):
         v = getattr(args, key)
@@ -95,11 +101,77 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
                      attacks=attacks, config=config, options=json.loads(args.options) if args.options else {})
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def estimate(cells, out_dir) -> tuple[float | None, str]:
+    """Seconds the runs to do will take, from the finished runs under ``out_dir`` (same algorithm,
+    dataset and mode; training time scaled by rounds, attack time added when attacks are asked),
+    and how it was made; None when no past run matches."""
+    from .sweep import load_runs
+    past, _ = load_runs(out_dir)
+    total, known, unknown = 0.0, 0, 0
+    for cell in cells:
+        if cell.action == "reuse":
+            continue
+        c = cell.config
+        same = [r for r in past if all(r["config"].get(k) == c.get(k) for k in ("algorithm", "dataset", "mode"))]
+        if not same:
+            unknown += 1
+            continue
+        per_run = []
+        for r in same:
+            t = r.get("time") or {}
+            train = t.get("total", 0.0) - t.get("attacks", 0.0)
+            scale = c["rounds"] / max(1, r["config"].get("rounds") or 1)
+            per_run.append(train * scale + (t.get("attacks", 0.0) if c.get("attacks") else 0.0))
+        total += sorted(per_run)[len(per_run) // 2]
+        known += 1
+    if not known:
+        return None, "no past run of these settings in --out: the progress bar's ETA follows the first runs"
+    how = f"from {len(past)} past run(s) in --out (median per cell, scaled by rounds)"
+    if unknown:
+        how += f"; {unknown} run(s) with no past run to go by are not counted"
+    return total, how
+
+
+def print_plan(spec, cells, out_dir) -> None:
+    """The plan: how many runs, which attacks, what is reused, and an estimate."""
+    eps = sorted({e for c in cells for e in [c.cfg.dp_epsilon]}, key=lambda e: (e is None, e or 0))
+    reuse = sum(c.action == "reuse" for c in cells)
+    rerun = sum(c.action == "rerun" for c in cells)
+    todo = len(cells) - reuse
+    print(f"plan: {len(cells)} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
+          f"{len(spec.modes)} mode(s) x {len(eps)} epsilon(s) x {len(spec.seeds)} seed(s); rounds "
+          f"{', '.join(sorted({str(c.cfg.rounds) for c in cells}))}")
+    attacks = ", ".join(spec.attacks) or "none"
+    print(f"plan: attacks {attacks}" + (" (each run attacked after training; often most of a run's time: "
+                                        "--attacks none to skip)" if spec.attacks else ""))
+    print(f"plan: {reuse} finished run(s) reused (same settings), {todo} to run"
+          + (f" ({rerun} unfinished, run again)" if rerun else ""))
+    for c in cells:
+        if c.note:
+            print(f"plan: {c.note}")
+    if not todo:
+        print("plan: estimate 0 s (nothing to run; the report is rendered from the runs)")
+        return
+    seconds, how = estimate(cells, out_dir)
+    print(f"plan: estimate {_minutes(seconds)} ({how})" if seconds is not None else f"plan: estimate unknown ({how})")
+
+
+def _interrupted() -> int:
+    print("secure-fgl report: interrupted; run the same command again (same --out): finished runs are reused and "
+          "the interrupted one starts again", file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--"]:          # `secure-fgl report -- --flags` (argparse REMAINDER keeps the '--')
         argv = argv[1:]
     args = build_parser().parse_args(argv)
+    from ..validation import ConfigError
     try:
         spec = spec_from_args(args)
         from ..algorithms import get_algorithm
@@ -107,18 +179,26 @@ def main(argv: list[str] | None = None) -> int:
             get_algorithm(name)            # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
             from ..preflight import preflight
+            from .sweep import plan_cells, run_sweep
             for _, cfg in spec.runs(args.out):   # every config, option, dataset and attack name checked
                 preflight(dataclasses.replace(cfg, out=None))   # before the first run starts
-            status = run_sweep(spec, args.out, progress=not args.quiet)
+            cells = plan_cells(spec, args.out)
+            print_plan(spec, cells, args.out)
+            if args.dry_run:
+                return 0
+            status = run_sweep(spec, args.out, progress=not args.quiet, cells=cells)
             done = sum(s["status"] == "done" for s in status)
             skipped = sum(s["status"] == "skipped" for s in status)
             failed = [s for s in status if s["status"] == "failed"]
-            print(f"sweep: {done} run(s) done, {skipped} skipped (already finished), {len(failed)} failed")
+            print(f"sweep: {done} run(s) done, {skipped} reused (finished, same settings), {len(failed)} failed")
             for s in failed[:10]:
                 print(f"  failed {s['run_id']}: {s['error']}")
-        paths = render_report(args.out, title=args.title)
-    except (ValueError, json.JSONDecodeError) as e:
-        print(f"secure-fgl report: error: {e}", file=sys.stderr)
+        from .render import render_report
+        paths = render_report(args.out, title=args.title, figure_size=args.figure_size)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except (ValueError, ConfigError, json.JSONDecodeError) as e:
+        print(f"secure-fgl report: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"report: {paths['md']}")
     print(f"report: {paths['html']}")

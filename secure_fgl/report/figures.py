@@ -1,51 +1,24 @@
-"""PNG figures of the report (matplotlib, Agg backend), computed only from run files.
+"""Figures of the report, computed only from run files; every one in the shared look of
+:mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one colour and
+marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
 
-* :func:`epsilon_curves` -- per attack: test accuracy (left axis, solid) and the attack's primary
-  metric (right axis, dashed) against DP epsilon on a log axis, "∞" (no DP) at the right, one
-  colour per mode, the chance level dotted (Jayaraman & Evans style).
+* :func:`epsilon_curves` -- test accuracy, then each attack's primary metric (its chance level
+  dotted), against DP epsilon; one series per mode, dodged sideways; at most a few panels per
+  figure (more attacks: more figures, ``_2``, ``_3`` ...).
 * :func:`frontier` -- privacy-utility frontier: mean normalised leakage over the run's attacks
-  vs accuracy, one point per (mode, epsilon), the Pareto front drawn.
+  vs accuracy, one point per (mode, epsilon), the Pareto front drawn; labels never overprint
+  (those with no free place are listed under the plot).
 * :func:`exposure_by_degree` -- FedGCN per-node exposure against the node's number of
   cross-client neighbours (explains why single-contributor rows exist).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from protocols.registry import colours  # noqa: E402
-
-from .tables import MODE_ORDER, attack_entries, final_acc, run_eps  # noqa: E402
-
-COLORS = colours()
-
-
-
-def _save(fig, path: str | Path) -> Path:
-    """Lay out, write as PNG and close ``fig``; returns the path."""
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-def _eps_positions(eps_values: list[float]) -> tuple[dict, float]:
-    finite = sorted(e for e in eps_values if e is not None)
-    inf_pos = (max(finite) * 4) if finite else 1.0
-    return {e: (inf_pos if e is None else e) for e in eps_values}, inf_pos
-
-
-def _mean_std(vals):
-    vals = [v for v in vals if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
-    if not vals:
-        return None, None
-    return float(np.mean(vals)), float(np.std(vals))
+from . import style
+from .tables import attack_entries, final_acc, run_eps
 
 
 def normalised_leakage(entry: dict) -> float | None:
@@ -62,82 +35,91 @@ def normalised_leakage(entry: dict) -> float | None:
     return float(np.clip((c - v) / c, 0, 1)) if c > 0 else None
 
 
-def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str | Path) -> Path | None:
+def _attack_value(name: str):
+    def value(r: dict):
+        e = attack_entries(r).get(name)
+        if not e:
+            return None
+        if e.get("applicable"):
+            return e.get("value")
+        return e.get("chance") if e.get("at_chance") else None     # at chance (audit passed)
+    return value
+
+
+def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False) -> None:
+    """One legend for the figure: each mode's colour and marker, "= other" where their series are
+    equal, and the chance line's style when a panel draws one."""
+    from matplotlib.lines import Line2D
+    same = {b: a for a, b in equal}
+    handles = []
+    for m in modes:
+        color, marker = style.mode_style(m)
+        label = m + (f" (= {same[m]})" if m in same else "")
+        handles.append(Line2D([], [], color=color, marker=marker, label=label))
+    if chance:
+        handles.append(Line2D([], [], color="0.4", ls=":", lw=0.8, label="chance"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4))
+
+
+@style.styled
+def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str | Path,
+                   size: str = "column") -> list[Path]:
+    """Accuracy and attack metrics vs epsilon; returns the PNG of each figure (PDF, SVG beside it)."""
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     if not runs:
-        return None
-    names, with_metric = [], set()
+        return []
+    names = []
     for r in runs:                      # run order of the suite, whatever mode was read first
         for a in r.get("attacks") or []:
-            if a["name"] != "transcript_audit" and a["name"] not in names:
+            if a["name"] != "transcript_audit" and a.get("metric") and a["name"] not in names:
                 names.append(a["name"])
-            if a.get("metric"):
-                with_metric.add(a["name"])
-    names = [n for n in names if n in with_metric]
-    if not names:
-        names = [None]
-    eps_all = sorted({run_eps(r) for r in runs}, key=lambda e: (e is None, e or 0))
-    pos, inf_pos = _eps_positions(eps_all)
-    modes = sorted({r["config"]["mode"] for r in runs}, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else 9)
-    ncol = min(3, len(names))
-    nrow = math.ceil(len(names) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.4 * nrow), squeeze=False)
-    for idx, name in enumerate(names):
-        ax = axes[idx // ncol][idx % ncol]
-        ax2 = ax.twinx()
-        chance = None
-        for mode in modes:
-            xs, acc, acc_s, lk, lk_s = [], [], [], [], []
-            for e in eps_all:
-                rs = [r for r in runs if r["config"]["mode"] == mode and run_eps(r) == e]
-                if not rs:
-                    continue
-                m, s = _mean_std([final_acc(r) for r in rs])
-                ents = [attack_entries(r).get(name) for r in rs] if name else []
-                ents = [x for x in ents if x]
-                vals = [x.get("value") for x in ents if x.get("applicable")]
-                if ents and not vals and all(x.get("at_chance") for x in ents):
-                    vals = [x.get("chance") for x in ents]       # at chance (audit passed)
-                lm, ls = _mean_std(vals)
-                chance = chance if chance is not None else next((x.get("chance") for x in ents
-                                                                 if x.get("chance") is not None), None)
-                xs.append(pos[e]); acc.append(m); acc_s.append(s); lk.append(lm); lk_s.append(ls)
-            col = COLORS.get(mode, None)
-            if any(a is not None for a in acc):
-                ax.plot([x for x, a in zip(xs, acc) if a is not None], [a for a in acc if a is not None], "-o",
-                        color=col, label=f"{mode} accuracy", ms=4)
-            pts = [(x, v, s) for x, v, s in zip(xs, lk, lk_s) if v is not None]
-            if pts:
-                px, pv, ps = map(np.array, zip(*pts))
-                ax2.plot(px, pv, "--s", color=col, label=f"{mode} attack", ms=4, alpha=0.8)
-                ax2.fill_between(px, pv - ps, pv + ps, color=col, alpha=0.12)
-        if chance is not None:
-            ax2.axhline(chance, color="gray", ls=":", lw=1)
-        ax.set_xscale("log")
-        ticks = [pos[e] for e in eps_all]
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(["∞" if e is None else f"{e:g}" for e in eps_all])
-        ax.minorticks_off()
-        ax.set_xlabel("DP ε (∞ = no DP)")
-        ax.set_ylabel("test accuracy")
-        metric = next((attack_entries(r)[name].get("metric") for r in runs
-                       if name in attack_entries(r) and attack_entries(r)[name].get("metric")), "")
-        ax2.set_ylabel(f"{metric} (dashed)")
-        ax.set_title(f"{name or 'accuracy'}", fontsize=9)
-        if idx == 0:
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            ax.legend(h1 + h2, l1 + l2, fontsize=6, loc="best")
-    for idx in range(len(names), nrow * ncol):
-        axes[idx // ncol][idx % ncol].axis("off")
-    fig.suptitle(f"{algorithm} on {dataset}: accuracy and leakage vs ε", fontsize=10)
-    return _save(fig, path)
+    panels = [None] + names
+    pos = style.eps_positions([run_eps(r) for r in runs])
+    modes = sorted({r["config"]["mode"] for r in runs}, key=style.mode_rank)
+    seeds = sorted({r["config"]["seed"] for r in runs})
+    chance_acc = next((1.0 / r["num_classes"] for r in runs if r.get("num_classes")), None)
+    out = []
+    for index, chunk in enumerate(style.chunks(panels, size)):
+        fig, axes = style.new_figure(len(chunk), size)
+        equal_all: set | None = None           # pairs of modes equal in every panel
+        for ax, name in zip(axes, chunk):
+            value = final_acc if name is None else _attack_value(name)
+            per_mode = {}
+            for mode in modes:
+                per_mode[mode] = {e: style.mean_sd([value(r) for r in runs if r["config"]["mode"] == mode
+                                                    and run_eps(r) == e]) for e in pos}
+                per_mode[mode] = {e: v for e, v in per_mode[mode].items() if v[0] is not None}
+            equal = style.equal_series(per_mode)
+            equal_all = set(equal) if equal_all is None else equal_all & set(equal)
+            for i, mode in enumerate(modes):
+                color, marker = style.mode_style(mode)
+                style.series(ax, pos, per_mode[mode], offset=style.dodge(i, len(modes)), color=color, marker=marker)
+            if name is None:
+                ax.set_ylabel("test accuracy")
+                ax.set_title("accuracy")
+                chance = chance_acc
+            else:
+                entries = [attack_entries(r)[name] for r in runs if name in attack_entries(r)]
+                metric = next((e.get("metric") for e in entries if e.get("metric")), "value")
+                ax.set_ylabel(metric)
+                ax.set_title(name.replace("_", " "))
+                chance = next((e.get("chance") for e in entries if e.get("chance") is not None), None)
+            if chance is not None:
+                ax.axhline(chance, color="0.4", ls=":", lw=0.8)
+            style.eps_axis(ax, pos)
+        mode_legend(fig, axes, modes, sorted(equal_all or ()), chance=True)
+        style.title(fig, f"{algorithm} on {dataset}: mean ± sample std, {len(seeds)} seed(s)", size)
+        out.append(style.save(fig, style.numbered(Path(path), index))[0])
+    return out
 
 
-def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path) -> Path | None:
+@style.styled
+def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path,
+             size: str = "column") -> list[Path]:
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     pts = []
-    keys = sorted({(r["config"]["mode"], run_eps(r)) for r in runs}, key=lambda k: (k[0], k[1] is None, k[1] or 0))
+    keys = sorted({(r["config"]["mode"], run_eps(r)) for r in runs},
+                  key=lambda k: (style.mode_rank(k[0]), k[1] is None, k[1] or 0))
     for mode, e in keys:
         rs = [r for r in runs if r["config"]["mode"] == mode and run_eps(r) == e]
         leaks = []
@@ -146,30 +128,39 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
             vals = [v for v in vals if v is not None]
             if vals:
                 leaks.append(float(np.mean(vals)))
-        acc, _ = _mean_std([final_acc(r) for r in rs])
-        lk, _ = _mean_std(leaks)
+        acc, _ = style.mean_sd([final_acc(r) for r in rs])
+        lk, _ = style.mean_sd(leaks)
         if acc is not None and lk is not None:
             pts.append((lk, acc, mode, e))
     if not pts:
-        return None
-    fig, ax = plt.subplots(figsize=(5.2, 4.0))
+        return []
+    fig, (ax,) = style.new_figure(1, size)
     for lk, acc, mode, e in pts:
-        ax.scatter(lk, acc, color=COLORS.get(mode, "k"), s=30)
-        ax.annotate(f"{mode} {'∞' if e is None else f'ε={e:g}'}", (lk, acc), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+        color, marker = style.mode_style(mode)
+        ax.scatter(lk, acc, color=color, marker=marker, s=14, zorder=3)
     # Pareto front: no other point has both less leakage and more accuracy
     front = sorted([p for p in pts if not any(q[0] <= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1])
                                                 for q in pts)])
     if len(front) > 1:
-        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
-        ax.legend(fontsize=7)
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.7, label="Pareto front")
     ax.set_xlabel("mean normalised leakage (0 = chance, 1 = full)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{algorithm} on {dataset}: privacy-utility frontier", fontsize=10)
-    return _save(fig, path)
+    ax.set_xlim(-0.05, 1.05)
+    ax.margins(y=0.15)
+    ax.set_title(f"{algorithm} on {dataset}: privacy-utility frontier")
+    mode_legend(fig, [ax], sorted({p[2] for p in pts}, key=style.mode_rank), [])
+    fig.canvas.draw()                      # final layout before the labels look for free places
+    fig.set_layout_engine("none")
+    labels = [(lk, acc, "no DP" if e is None else f"ε={e:g}", style.mode_style(mode)[0]) for lk, acc, mode, e in pts]
+    dropped = style.place_labels(ax, labels)
+    if dropped:
+        ax.text(0.0, -0.32, f"unlabelled (no free place): {len(dropped)} point(s)", transform=ax.transAxes,
+                fontsize=5.5, color="0.4")
+    return style.save(fig, path)[:1]
 
 
-def exposure_by_degree(results: list[dict], path: str | Path) -> Path | None:
+@style.styled
+def exposure_by_degree(results: list[dict], path: str | Path, size: str = "column") -> list[Path]:
     series = {}
     for r in results:
         for name, a in attack_entries(r).items():
@@ -178,26 +169,34 @@ def exposure_by_degree(results: list[dict], path: str | Path) -> Path | None:
                 continue
             if run_eps(r) is not None:         # the no-DP runs show the structure; DP only blurs it
                 continue
-            key = (name, r["config"]["dataset"], r["config"]["mode"], run_eps(r))
+            key = (name, r["config"]["dataset"], r["config"]["mode"])
             acc = series.setdefault(key, {})
             for b, (ex, tot) in hist.items():
                 s = acc.setdefault(b, [0, 0])
                 s[0] += ex
                 s[1] += tot
     if not series:
-        return None
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    for (name, ds, mode, e), hist in sorted(series.items(), key=lambda kv: str(kv[0])):
-        buckets = sorted(hist, key=lambda b: int(b.rstrip("+")))
+        return []
+    fig, (ax,) = style.new_figure(1, size, legend_rows=len(series))
+    names = sorted({k[0] for k in series})
+    shares = {key: {b: (hist[b][0] / hist[b][1] if hist[b][1] else None, 0.0) for b in hist}
+              for key, hist in series.items()}
+    same = {b: a for a, b in style.equal_series(shares) if a[:2] == b[:2]}
+    keys = sorted(series, key=lambda k: (k[0], k[1], style.mode_rank(k[2])))
+    for i, key in enumerate(keys):
+        name, ds, mode = key
+        buckets = sorted(series[key], key=lambda b: int(b.rstrip("+")))
         xs = [int(b.rstrip("+")) for b in buckets]
-        ys = [hist[b][0] / hist[b][1] if hist[b][1] else np.nan for b in buckets]
-        ax.plot(xs, ys, marker="o", ms=3, label=f"{name} [{ds}, {mode}{'' if e is None else f', ε={e:g}'}]",
-                color=COLORS.get(mode), alpha=0.85, ls="-" if "readout" in name else "--" if "client" in name else ":")
+        ys = [np.nan if shares[key][b][0] is None else shares[key][b][0] for b in buckets]
+        color, marker = style.mode_style(mode)
+        ax.plot(np.array(xs) + style.dodge(i % 3, 3), ys, marker=marker, color=color,
+                ls=style.LINESTYLES[names.index(name) % len(style.LINESTYLES)],
+                label=f"{name} ({ds}, {mode})" + (f" = {same[key][2]}" if key in same else ""))
         ax.set_xticks(xs)
         ax.set_xticklabels(buckets)
     ax.set_xlabel("cross-client neighbours of the node")
-    ax.set_ylabel("share of nodes exposed exactly")
+    ax.set_ylabel("share exposed exactly")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("FedGCN: per-node exposure vs cross-client degree", fontsize=10)
-    ax.legend(fontsize=6)
-    return _save(fig, path)
+    ax.set_title("FedGCN: per-node exposure vs cross-client degree (no DP)")
+    fig.legend(loc="outside lower center", ncol=1, fontsize=5.5)
+    return style.save(fig, path)[:1]

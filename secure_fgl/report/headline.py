@@ -1,69 +1,28 @@
-"""The headline figure: test accuracy vs DP epsilon, one curve per (algorithm, mode, DP unit),
-and below it one panel per attack with its chance line.
+"""The headline figure: test accuracy vs DP epsilon, one series per (algorithm, mode), then one
+panel per attack with its chance line, for each dataset.
 
-Reads ``result.json`` dicts.  Each curve is the mean over seeds with a +-1 std band (the DP
-noise is fresh in every run, so the band includes its variance); the non-DP run of the same
-algorithm and mode is the point at "inf".  Accuracy panels carry reference lines: every non-DP
-run of ``references`` algorithms (e.g. the feature-only ``fedavg`` MLP) as a horizontal band, and
-chance (1 / number of classes).  Attack panels (one row per attack found in the runs, the
-transcript audit excepted) plot the attack's primary metric the same way, with the attack's
-chance level.  One column per dataset, a legend on every panel, no twin axes; written as PNG,
-PDF and SVG at 300 dpi.
+Reads ``result.json`` dicts.  Each point is the mean over seeds with ± 1 sample std error bars
+(the DP noise is fresh in every run, so the bar includes its variance); the non-DP run of the
+same algorithm and mode is the "no DP" point, set apart.  Accuracy panels carry reference lines:
+every non-DP run of ``references`` algorithms (e.g. the feature-only ``fedavg`` MLP) as a
+horizontal band, and chance (1 / number of classes).  Colour and marker say the mode, the line
+style the algorithm (:mod:`.style`).  At most a few panels a figure: more datasets or attacks
+give more figures (``_2``, ``_3``, ...).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from . import style
 
 Value = Callable[[dict], "float | None"]
-
-
-def _curve_key(r: dict) -> tuple[str, str]:
-    """(algorithm, mode) of a run; its DP unit labels the curve."""
-    return r["config"]["algorithm"], r["config"]["mode"]
 
 
 def _unit(runs: list[dict]) -> str:
     """The DP units of a curve's runs, e.g. ``edge`` or ``edge+sample`` (GAP with DP-SGD)."""
     p = next((r["privacy"] for r in runs if r.get("privacy")), None)
     return "+".join(p.get("units") or [p["unit"]]) if p else "no DP"
-
-
-def _band(vals: list[float]) -> tuple[float, float]:
-    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-
-
-def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...]) -> None:
-    """Mean +- std of ``value`` vs epsilon for each (algorithm, mode) with DP runs; log x, inf at the right."""
-    finite = sorted({r["config"]["dp_epsilon"] for r in runs if r["config"]["dp_epsilon"] is not None})
-    inf_x = finite[-1] * 4 if finite else 1.0
-    curves = [r for r in runs if r["config"]["algorithm"] not in references]
-    for key in sorted({_curve_key(r) for r in curves if r["config"]["dp_epsilon"] is not None}):
-        mine = [r for r in curves if _curve_key(r) == key]
-        xs, means, stds = [], [], []
-        for e in finite + [None]:
-            vals = [v for r in mine if r["config"]["dp_epsilon"] == e and (v := value(r)) is not None]
-            if vals:
-                xs.append(inf_x if e is None else e)
-                m, s = _band(vals)
-                means.append(m)
-                stds.append(s)
-        if not xs:
-            continue
-        m, s = np.array(means), np.array(stds)
-        line, = ax.plot(xs, m, "-o", ms=4, label=f"{key[0]} ({key[1]}, {_unit(mine)}-level)")
-        ax.fill_between(xs, m - s, m + s, color=line.get_color(), alpha=0.15)
-    ax.set_xscale("log")
-    ax.set_xticks(finite + [inf_x])
-    ax.set_xticklabels([f"{e:g}" for e in finite] + ["∞"])
-    ax.minorticks_off()
-    ax.set_xlabel("total DP ε (δ = 1e-5; ∞ = no DP)")
 
 
 def _attack_names(results: list[dict]) -> list[str]:
@@ -78,6 +37,10 @@ def _attack(name: str) -> Value:
     return value
 
 
+def _accuracy(r: dict):
+    return r["final"]["test_acc"]
+
+
 def _seeds_per_point(runs: list[dict]) -> str:
     """How many seeds each plotted point averages ("3", or "1-3" where curves differ)."""
     points = {}
@@ -88,48 +51,86 @@ def _seeds_per_point(runs: list[dict]) -> str:
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 
-def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple[str, ...] = ("fedavg",)) -> list[Path]:
-    """Draw the figure for ``results``; returns the PNG, PDF and SVG paths."""
+def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], algorithms: list[str]) -> list:
+    """Mean ± sample std of ``value`` vs epsilon for each (algorithm, mode) with DP runs; returns
+    the pairs of equal series."""
+    curves = [r for r in runs if r["config"]["algorithm"] not in references]
+    pos = style.eps_positions([r["config"]["dp_epsilon"] for r in curves])
+    keys = sorted({(r["config"]["algorithm"], r["config"]["mode"]) for r in curves
+                   if r["config"]["dp_epsilon"] is not None}, key=lambda k: (k[0], style.mode_rank(k[1])))
+    named = {}
+    for key in keys:
+        mine = [r for r in curves if (r["config"]["algorithm"], r["config"]["mode"]) == key]
+        points = {e: style.mean_sd([value(r) for r in mine if r["config"]["dp_epsilon"] == e]) for e in pos}
+        named[key] = {e: v for e, v in points.items() if v[0] is not None}
+    for i, key in enumerate(keys):
+        color, marker = style.mode_style(key[1])
+        ls = style.LINESTYLES[algorithms.index(key[0]) % len(style.LINESTYLES)]
+        style.series(ax, pos, named[key], offset=style.dodge(i, len(keys)), color=color, marker=marker, ls=ls,
+                     label=f"{key[0]} {key[1]} ({_unit([r for r in curves if (r['config']['algorithm'], r['config']['mode']) == key])} DP)")
+    if pos:
+        style.eps_axis(ax, pos, "total DP ε (δ = 1e-5)")
+    return style.equal_series(named)
+
+
+@style.styled
+def accuracy_vs_epsilon(results: list[dict], path: str | Path, references: tuple[str, ...] = ("fedavg",),
+                        size: str = "column") -> list[Path]:
+    """Draw the figure(s) for ``results``; returns the PNG, PDF and SVG paths of each figure."""
+    from matplotlib.lines import Line2D
     datasets = sorted({r["config"]["dataset"] for r in results})
     attacks = _attack_names(results)
-    fig, axes = plt.subplots(1 + len(attacks), len(datasets), figsize=(5.0 * len(datasets), 3.6 * (1 + len(attacks))),
-                             squeeze=False)
-    for col, ds in enumerate(datasets):
-        runs = [r for r in results if r["config"]["dataset"] == ds]
-        seeds = _seeds_per_point(runs)
-        ax = axes[0][col]
-        _curves(ax, runs, lambda r: r["final"]["test_acc"], references)
-        for ref in references:
-            accs = [r["final"]["test_acc"] for r in runs if r["config"]["algorithm"] == ref
-                    and r["config"]["dp_epsilon"] is None]
-            if accs:
-                mu, sd = _band(accs)
-                model = next(r["config"].get("model") for r in runs if r["config"]["algorithm"] == ref)
-                ax.axhline(mu, color="gray", ls="--", lw=1, label=f"{ref} {model} (feature-only, no DP)")
-                ax.axhspan(mu - sd, mu + sd, color="gray", alpha=0.12)
-        k = next((r.get("num_classes") for r in runs if r.get("num_classes")), None)
-        if k:
-            ax.axhline(1.0 / k, color="black", ls=":", lw=1, label=f"chance (1/{k})")
-        ax.set_ylabel("test accuracy")
-        ax.set_title(f"{ds}: accuracy vs ε ({seeds} seed(s) a point, ±1 std)", fontsize=9)
-        ax.legend(fontsize=6, loc="best")
-        for row, name in enumerate(attacks, start=1):
-            ax = axes[row][col]
-            _curves(ax, runs, _attack(name), references)
-            entries = [a for r in runs for a in (r.get("attacks") or []) if a["name"] == name and a.get("applicable")]
-            chance = next((a.get("chance") for a in entries if a.get("chance") is not None), None)
-            if chance is not None:
-                ax.axhline(chance, color="black", ls=":", lw=1, label=f"chance ({chance:.3g})")
-            metric = next((a.get("metric") for a in entries if a.get("metric")), "value")
-            ax.set_ylabel(metric)
-            ax.set_title(f"{ds}: attack {name} vs ε", fontsize=9)
-            ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    out = []
-    for ext in (".png", ".pdf", ".svg"):
-        p = path.with_suffix(ext)
-        fig.savefig(p, dpi=300)
-        out.append(p)
-    plt.close(fig)
+    algorithms = sorted({r["config"]["algorithm"] for r in results if r["config"]["algorithm"] not in references})
+    panels = [(ds, name) for ds in datasets for name in [None] + attacks]
+    out: list[Path] = []
+    for index, chunk in enumerate(style.chunks(panels, size)):
+        fig, axes = style.new_figure(len(chunk), size, legend_rows=len(
+            {(r["config"]["algorithm"], r["config"]["mode"]) for r in results if r["config"]["algorithm"] in algorithms}))
+        handles: dict[str, Line2D] = {}
+        equal_all: set | None = None           # pairs of series equal in every panel
+        for ax, (ds, name) in zip(axes, chunk):
+            runs = [r for r in results if r["config"]["dataset"] == ds]
+            equal = set(_curves(ax, runs, _accuracy if name is None else _attack(name), references, algorithms))
+            equal_all = equal if equal_all is None else equal_all & equal
+            if name is None:
+                for ref in references:
+                    accs = [r["final"]["test_acc"] for r in runs if r["config"]["algorithm"] == ref
+                            and r["config"]["dp_epsilon"] is None]
+                    if accs:
+                        mu, sd = style.mean_sd(accs)
+                        model = next(r["config"].get("model") for r in runs if r["config"]["algorithm"] == ref)
+                        ax.axhline(mu, color="0.5", ls="--", lw=0.8, label=f"{ref} {model} (no DP)")
+                        ax.axhspan(mu - sd, mu + sd, color="0.5", alpha=0.12)
+                k = next((r.get("num_classes") for r in runs if r.get("num_classes")), None)
+                if k:
+                    ax.axhline(1.0 / k, color="black", ls=":", lw=0.8, label=f"chance (1/{k})")
+                ax.set_ylabel("test accuracy")
+                ax.set_title(f"{ds}: accuracy ({_seeds_per_point(runs)} seed(s) a point)")
+            else:
+                entries = [a for r in runs for a in (r.get("attacks") or []) if a["name"] == name and a.get("applicable")]
+                chance = next((a.get("chance") for a in entries if a.get("chance") is not None), None)
+                if chance is not None:
+                    ax.axhline(chance, color="black", ls=":", lw=0.8, label=f"chance ({chance:.3g})")
+                ax.set_ylabel(next((a.get("metric") for a in entries if a.get("metric")), "value"))
+                ax.set_title(f"{ds}: {name.replace('_', ' ')}")
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                if label.startswith(tuple(algorithms)):       # series: one figure legend
+                    handles.setdefault(label, h)
+            refs = [(h, l) for h, l in zip(*ax.get_legend_handles_labels()) if not l.startswith(tuple(algorithms))]
+            if refs:
+                ax.legend(*zip(*refs), loc="best", fontsize=5)
+        same = {b: a for a, b in equal_all or ()}
+        labels = [l + (f" = {same[k][1] if same[k][0] == k[0] else ' '.join(same[k])}"
+                       if (k := _key(l, algorithms)) in same else "") for l in handles]
+        if handles:
+            fig.legend(list(handles.values()), labels, loc="outside lower center", ncol=1)
+        style.title(fig, style.STATISTIC, size)
+        for p in style.save(fig, style.numbered(Path(path), index)):
+            out.append(p)
     return out
+
+
+def _key(label: str, algorithms: list[str]) -> tuple[str, str] | None:
+    """(algorithm, mode) of a series label ``"algo mode (unit DP)"``."""
+    algo, mode = label.split(" (")[0].split(" ")[:2]
+    return (algo, mode) if algo in algorithms else None

@@ -1,12 +1,17 @@
 """The privacy/utility grid: algorithms x datasets x modes x DP epsilons x seeds.
 
 Every cell is one :func:`secure_fgl.experiment.run_experiment` call with ``attacks=['all']``,
-written to ``DIR/<run-id>/result.json``.  The sweep is resumable: a run whose ``result.json``
-exists is skipped; a run that fails writes ``DIR/<run-id>/error.json`` (config, error,
-traceback) and is retried by the next sweep.  ``DIR/sweep.json`` records the grid.
+written to ``DIR/<run-id>/result.json``.  A cell's folder is reused only when it holds a finished
+run with the same identity (:mod:`secure_fgl.run_identity`: the fingerprint of the full resolved
+config); a folder holding other settings is left alone and the cell runs into
+``DIR/<run-id>-<fingerprint[:8]>``; an unfinished run with the same identity runs again.  A run
+that fails writes ``error.json`` (config, error, traceback) and is retried by the next sweep.
+``DIR/sweep.json`` records the grid and the folder and fingerprint of every cell: the report
+reads those runs only.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -19,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..engine.files import write_json_atomic
+from ..run_identity import differences, fingerprint, is_finished, resolved_config, stored_run
 
 RESULT = "result.json"
 ERROR = "error.json"
@@ -128,27 +134,74 @@ def spec_from_file(path: str | Path) -> SweepSpec:
                                          for a, t in per_algo.items() if "dp_epsilons" in t})
 
 
+@dataclass
+class Cell:
+    """One run of the plan: its folder, resolved config and identity, and what the sweep does with it
+    (``reuse`` a finished run with the same identity, ``run`` it, ``rerun`` an unfinished one)."""
+
+    run_id: str
+    cfg: RunConfig
+    config: dict
+    fingerprint: str
+    action: str
+    note: str = ""
+
+
+def resolve(cfg: RunConfig) -> dict:
+    """The resolved config of a planned run (``result.json``'s ``config``: options filled in)."""
+    from ..preflight import preflight
+    return resolved_config(cfg, preflight(cfg, check_data=False))
+
+
+def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
+    """Every run of the grid with the folder it goes to: ``<run-id>`` when that folder is free or
+    holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run is never touched)."""
+    out = Path(out_dir)
+    cells = []
+    for rid, cfg in spec.runs(out):
+        config = resolve(cfg)
+        fp = fingerprint(config)
+        note = ""
+        for folder in (rid, f"{rid}-{fp[:8]}"):
+            stored = stored_run(out / folder)
+            if stored is None:
+                action = "run"
+            elif stored["fingerprint"] == fp:
+                action = "reuse" if stored["finished"] else "rerun"
+            else:
+                diff = differences(stored["config"], config)
+                note = f"{rid} holds other settings ({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})"
+                continue
+            break
+        if folder != rid:
+            cfg = dataclasses.replace(cfg, out=str(out / folder))
+            config = {**config, "out": cfg.out}
+            note += f": this run goes to {folder}"
+        cells.append(Cell(folder, cfg, config, fp, action, note))
+    return cells
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, progress: bool = True,
-              runner: Callable[[RunConfig], dict] | None = None) -> list[dict]:
-    """Run every missing cell of the grid; returns one status row per run
-    (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``)."""
+              runner: Callable[[RunConfig], dict] | None = None, cells: list[Cell] | None = None) -> list[dict]:
+    """Run every cell of the grid that has no finished run with the same identity; returns one
+    status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plan = spec.runs(out)
-    write_json_atomic(out / "sweep.json", {"spec": spec.to_dict(), "runs": [rid for rid, _ in plan]})
+    cells = plan_cells(spec, out) if cells is None else cells
+    write_json_atomic(out / "sweep.json", {"spec": spec.to_dict(), "runs": [c.run_id for c in cells],
+                                           "fingerprints": {c.run_id: c.fingerprint for c in cells}})
     if runner is None:
         from ..experiment import run_experiment
 
         def runner(cfg: RunConfig) -> dict:
             return run_experiment(cfg, progress=False)
-    status = []
-    bar = tqdm(plan, desc="sweep", disable=not progress, dynamic_ncols=True)
-    for rid, cfg in bar:
+    status = [{"run_id": c.run_id, "status": "skipped", "seconds": 0.0} for c in cells if c.action == "reuse"]
+    todo = [c for c in cells if c.action != "reuse"]
+    bar = tqdm(todo, desc="sweep", unit="run", disable=not progress, dynamic_ncols=True)
+    for cell in bar:
+        rid, cfg = cell.run_id, cell.cfg
         bar.set_postfix_str(rid)
         run_dir = out / rid
-        if (run_dir / RESULT).exists():
-            status.append({"run_id": rid, "status": "skipped", "seconds": 0.0})
-            continue
         t0 = time.perf_counter()
         try:
             runner(cfg)
@@ -169,17 +222,35 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, progress: bool = True,
     return status
 
 
-def load_runs(out_dir: str | Path) -> tuple[list[dict], list[dict]]:
-    """``(results, errors)`` found under ``out_dir`` (one level of run folders)."""
+def load_runs(out_dir: str | Path, *, run_ids: Sequence[str] | None = None, fingerprints: dict | None = None,
+              include_unfinished: bool = False, left_out: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """``(results, errors)`` found under ``out_dir`` (one level of run folders): only the folders
+    ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when
+    given, only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the
+    counts of what was left out (``unfinished``, ``not_in_sweep``, ``other_settings``)."""
     out = Path(out_dir)
     results, errors = [], []
+    counts = {"unfinished": 0, "not_in_sweep": 0, "other_settings": 0}
+    wanted = None if run_ids is None else set(run_ids)
     for p in sorted(out.glob(f"*/{RESULT}")):
+        if wanted is not None and p.parent.name not in wanted:
+            counts["not_in_sweep"] += 1
+            continue
         with open(p) as f:
             r = json.load(f)
+        if not include_unfinished and not is_finished(r):
+            counts["unfinished"] += 1
+            continue
+        expected = (fingerprints or {}).get(p.parent.name)
+        if expected and (r.get("config_fingerprint") or fingerprint(r.get("config") or {})) != expected:
+            counts["other_settings"] += 1
+            continue
         r["_run_id"] = p.parent.name
         results.append(r)
+    if left_out is not None:
+        left_out.update(counts)
     for p in sorted(out.glob(f"*/{ERROR}")):
-        if (p.parent / RESULT).exists():
+        if (p.parent / RESULT).exists() or (wanted is not None and p.parent.name not in wanted):
             continue
         with open(p) as f:
             e = json.load(f)

@@ -6,7 +6,11 @@
   transcript audit passed, the only case in which a secure-mode result is called "at chance".
 * :func:`utility_table` -- accuracy, time, bytes up/down and epsilon spent per exchange
   (Table U).
-* :func:`audit_table`, :func:`error_table`, :func:`attack_table`.
+* :func:`settings_of_runs` -- the settings the runs actually hold: common to all, or per cell.
+* :func:`audit_table`, :func:`error_table`, :func:`attack_table`, :func:`code_table`.
+
+Every table renders as Markdown, HTML and LaTeX (booktabs).  Cells are ``mean ± sample std``
+(ddof = 1) over seeds, the statistic the figures' error bars show.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from typing import Iterable
 import numpy as np
 
 from protocols.registry import modes
+
+from ..results import AT_CHANCE_MARGIN
+from ..run_identity import code_mismatch, identity
 
 MODE_ORDER = modes()
 #: secondary metrics shown under an attack's primary row, with their chance level
@@ -69,6 +76,32 @@ class Table:
         if self.note:
             out.append(f"<p class='note'>{html.escape(self.note)}</p>")
         return "".join(out)
+
+    def to_latex(self) -> str:
+        """A ``table`` with a booktabs ``tabular`` (``\\usepackage{booktabs}``), the note as a footnote line."""
+        if not self.rows:
+            return ""
+        cols = "l" + "r" * (len(self.header) - 1)
+        lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{latex_escape(self.title)}}}",
+                 f"\\begin{{tabular}}{{{cols}}}", "\\toprule",
+                 " & ".join(latex_escape(h) for h in self.header) + " \\\\", "\\midrule"]
+        lines += [" & ".join(latex_escape(c) for c in r) + " \\\\" for r in self.rows]
+        lines += ["\\bottomrule", "\\end{tabular}"]
+        if self.note:
+            lines.append(f"\\par\\footnotesize {latex_escape(self.note)}")
+        lines.append("\\end{table}")
+        return "\n".join(lines) + "\n"
+
+
+#: characters LaTeX treats specially, and the unicode the tables print
+_LATEX = {"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
+          "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
+          "±": "$\\pm$", "ε": "$\\varepsilon$", "∞": "$\\infty$", "—": "--", "↓": "$\\downarrow$",
+          "└": "", "≤": "$\\le$", "≥": "$\\ge$", "δ": "$\\delta$", "→": "$\\to$"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -126,6 +159,28 @@ def final_acc(r: dict) -> float | None:
     return (r.get("final") or {}).get("test_acc")
 
 
+def _interval(entry: dict) -> str:
+    """`` [lo, hi]``: the attack's own confidence interval (``ci``), when it reports one."""
+    ci = entry.get("ci")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
+        return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return ""
+
+
+def _below_chance(entries: list[dict]) -> str:
+    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
+    chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
+    for e in entries:
+        if e.get("below_chance"):                 # the attack's own verdict (attacks.significance)
+            return " (below chance?)"
+        ci, chance = e.get("ci"), e.get("chance")
+        if "below_chance" not in e and (e.get("applicable") and e.get("higher_is_leakier", True) and isinstance(chance, (int, float))
+                and isinstance(ci, (list, tuple)) and len(ci) == 2 and isinstance(ci[1], (int, float))
+                and ci[1] < chance):
+            return " (below chance?)"
+    return ""
+
+
 def _cell(entries: list[dict], key: str) -> str:
     """One matrix cell from the entries of one attack across seeds."""
     if not entries:
@@ -133,7 +188,8 @@ def _cell(entries: list[dict], key: str) -> str:
     vals = [e.get(key) for e in entries if e.get("applicable")]
     vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if vals:
-        return fmt_stats([float(v) for v in vals])
+        return fmt_stats([float(v) for v in vals]) + (_interval(entries[0]) if key == "value" and len(vals) == 1
+                                                      else "") + (_below_chance(entries) if key == "value" else "")
     if any(e.get("applicable") for e in entries):
         return "—"
     if all(e.get("at_chance") for e in entries):
@@ -145,11 +201,6 @@ def accuracy_chance(runs: list[dict]) -> float | None:
     """Chance accuracy 1 / number of classes (``result['num_classes']``), if the runs record it."""
     k = next((r.get("num_classes") for r in runs if r.get("num_classes")), None)
     return 1.0 / k if k else None
-
-
-#: a setting's model is "at chance" when its mean test accuracy is within this of chance
-#: (or within one std over seeds, if larger)
-AT_CHANCE_MARGIN = 0.05
 
 
 def at_chance_label(accs: list[float | None], chance: float | None) -> str:
@@ -206,10 +257,62 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
     rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     seeds = sorted({r["config"]["seed"] for r in runs})
     return Table(f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))", header, rows,
-                 note="Cells: mean ± std over seeds. n/a: the observer could read nothing the attack needs; "
+                 note="Cells: mean ± sample std over seeds; with one seed, the value and the attack's own 95% "
+                      "interval [lo, hi] when it reports one ('below chance?': the interval lies wholly on the "
+                      "non-leaky side of chance, a suspect measurement). n/a: the observer could read nothing the attack needs; "
                       "n/a (chance): ... and the transcript audit passed, so the result is at chance. "
                       "(↓ leakier): lower values leak more (distance to the truth). model at chance?: AT CHANCE when "
                       "the mean test accuracy is within max(std, 0.05) of 1/classes -- read no privacy result off it.")
+
+
+#: the grid's axes: a report varies them on purpose, every other setting should be equal
+GRID_AXES = ("algorithm", "dataset", "mode", "dp_epsilon", "seed")
+
+
+def _show(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_show(v)}" for k, v in sorted(value.items())) + "}" if value else "{}"
+    return "—" if value is None else str(value)
+
+
+def settings_of_runs(results: list[dict]) -> tuple[dict[str, str], Table]:
+    """The settings the runs hold (their resolved configs): ``(common, per_cell)`` -- the settings
+    equal in every run (options per algorithm), and a table of those that differ, one row per
+    (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``)."""
+    ids = [identity(r.get("config") or {}) for r in results]
+    keys = sorted({k for i in ids for k in i if k not in GRID_AXES and k != "options"})
+    common, varying = {}, []
+    for k in keys:
+        values = {_show(i.get(k)) for i in ids}
+        if len(values) == 1:
+            common[k] = values.pop()
+        else:
+            varying.append(k)
+    for algo in sorted({r["config"]["algorithm"] for r in results}):
+        opts = {_show(i.get("options")) for i, r in zip(ids, results) if r["config"]["algorithm"] == algo}
+        if len(opts) == 1:
+            common[f"options of {algo}"] = opts.pop()
+        elif "options" not in varying:
+            varying.append("options")
+    rows = []
+    if varying:
+        cells = group(results, "algorithm", "dataset", "mode", "dp_epsilon")
+        for (a, d, m, e), rs in sorted(cells.items(), key=lambda kv: str(kv[0])):
+            cell_ids = [identity(r["config"]) for r in rs]
+            rows.append([a, d, m, "∞" if e is None else f"{e:g}"]
+                        + [" | ".join(sorted({_show(i.get(k)) for i in cell_ids})) for k in varying])
+    return common, Table("Settings that differ between cells", ["algorithm", "dataset", "mode", "ε", *varying],
+                         rows, note="Compare cells only where their settings agree.")
+
+
+def code_table(results: list[dict]) -> Table:
+    """Runs made by other code than this checkout's (version or commit differ): kept, marked."""
+    rows = [[r.get("_run_id", "?"), m] for r in results if (m := code_mismatch(r))]
+    return Table("Runs made by other code than this version (kept; rerun them to refresh)", ["run", "code"], rows)
 
 
 def _eps_spent(r: dict) -> tuple[str, str]:
@@ -227,6 +330,7 @@ def utility_table(results: list[dict]) -> Table:
               "setup (s)", "train (s)", "bytes up (MB)", "bytes down (MB)", "ε spent", "ε per exchange"]
     rows = []
     groups = group(results, "algorithm", "dataset", "mode", "dp_epsilon")
+    stale = any(code_mismatch(r) for r in results)   # a column only when some run was made by other code
 
     def order(k):
         a, d, m, e = k
@@ -242,7 +346,9 @@ def utility_table(results: list[dict]) -> Table:
                      fmt_stats([x.get("train") for x in t], 2),
                      fmt_stats([(x.get("bytes_up") or 0) / 1e6 for x in c], 3),
                      fmt_stats([(x.get("bytes_down") or 0) / 1e6 for x in c], 3), spent[0], spent[1]])
-    return Table("Utility and cost", header, rows,
+        if stale:
+            rows[-1].append("; ".join(sorted({code_mismatch(r) or "this version" for r in rs})))
+    return Table("Utility and cost", header + ["code"] * stale, rows,
                  note="ε spent: the accountant's total over every release of the run (first seed shown); "
                       "bytes as recorded in the transcript.")
 

@@ -49,6 +49,10 @@ class ClientLogic:
         self.pending: dict[str, tuple] = {}
         #: this client's DP noise source (its own OS-keyed keystream, :mod:`.dp`)
         self.noise = ClientNoise()
+        #: tag -> (round, what it uploaded) and (round, the result it decoded): its own memory of
+        #: the exchanges, which a colluding client hands to a coalition (attack state ``contributions``)
+        self.uploaded: dict[str, tuple[int, np.ndarray]] = {}
+        self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
 
     def local_update(self, req: dict) -> dict:
         return {}
@@ -70,6 +74,8 @@ class ClientLogic:
         if plan.tag not in self.pending:
             raise ValueError(f"client {self.rt.client_id} has no contribution for {plan.tag!r}")
         kept = self.pending.pop(plan.tag)
+        if len(kept) == 1:                       # a dense upload (row uploads are not kept: too large)
+            self.uploaded[plan.tag] = (int(plan.round), kept[0])
         return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
     def receive(self, req: dict) -> dict:
@@ -94,13 +100,21 @@ class ClientLogic:
         """``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
         :meth:`decoded_rows`), ``model`` (its deployed model's parameters), ``posteriors`` (that
         model's class posteriors on its own nodes), ``inputs`` (the features that model takes),
-        ``query`` (the posteriors for features ``x`` on its own graph: an inference API)."""
+        ``contributions`` (its last upload and decoded result of each dense exchange), ``query``
+        (the posteriors and log-posteriors for features ``x`` on its own graph: an
+        inference API)."""
         from .client import DATA_FIELDS
         what, c = req["what"], self.data
         if what == "own_data":
             return {f: getattr(c, f) for f in DATA_FIELDS}
         if what == "received":
             return self.decoded_rows()
+        if what == "contributions":           # dense uploads and decoded results, by tag
+            out = {f"upload:{t}": v for t, (_, v) in self.uploaded.items()}
+            out.update({f"upload_round:{t}": r for t, (r, _) in self.uploaded.items()})
+            out.update({f"aggregate:{t}": v for t, (_, v) in self.aggregates.items()})
+            out.update({f"aggregate_round:{t}": r for t, (r, _) in self.aggregates.items()})
+            return out
         model = getattr(self, "model", None)
         if model is None:
             return {}
@@ -117,7 +131,10 @@ class ClientLogic:
             model.eval()
             out = model(x, graph)
             out = out[0] if isinstance(out, tuple) else out
-        return {"posteriors": torch.softmax(out.float(), -1), "global_ids": c.global_ids}
+        reply = {"posteriors": torch.softmax(out.float(), -1), "global_ids": c.global_ids}
+        if what == "query":
+            reply["log_posteriors"] = torch.log_softmax(out.float(), -1)
+        return reply
 
     def decoded_rows(self) -> dict:
         """Node ids and totals of the rows this client decoded (FedGCN: whole blocks), or nothing."""
@@ -207,9 +224,12 @@ class ModelAveragingLogic(ClientLogic):
         if "mean_update" in req:
             mean = req["mean_update"]
         elif "count" in req:                     # DP-FedAvg: the noisy sum of clipped updates / the public count
-            mean = dense_result(self.rt.half.result(), int(req["length"])) / float(req["count"])
+            total = dense_result(self.rt.half.result(), int(req["length"]))
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
+            mean = total / float(req["count"])
         else:                                    # this client's own decoded result: [sum w v, sum w]
             total = dense_result(self.rt.half.result(), int(req["length"]))
+            self.aggregates[req["tag"]] = (int(req["round"]), total)
             if not total[-1] > 0:
                 raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
             mean = total[:-1] / total[-1]

@@ -1,0 +1,363 @@
+"""ckks-mp against a server that deviates: each attack is a malicious server half (a subclass of
+the honest one that changes what it sends, never the clients' code), and each either aborts with
+a specific ProtocolError at an honest client or, by construction, yields nothing beyond chance."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from protocols import ValueSpec
+from protocols.ckks_mp import encoding, encryption
+from protocols.ckks_mp.backend import CKKSMPProtocol
+from protocols.ckks_mp.keys import RECIPIENT_KEY, key_fingerprint, key_pair
+from protocols.ckks_mp.params import smudging_bits
+from protocols.ckks_mp.sampling import crs_seed, upload_c1
+from protocols.ckks_mp.server import CKKSMPServer
+from protocols.errors import (DowngradeError, KeySubstitutionError, KeySwitchRefusedError, RecipientKeyError,
+                              RepeatedKeySwitchError, RepeatedUploadError)
+from protocols.transcript import SERVER, client_party
+
+K = 3
+FLOATS = ValueSpec(max_abs=1.0, tolerance=1e-3)
+COUNTS = ValueSpec(integer=True, max_abs=1, sum_max=K)
+
+
+class EvilServer(CKKSMPServer):
+    """Runs the honest server, but passes every request it builds through :meth:`tamper` before it is
+    signed and sent (``stage``, client, message, part) -> list of (message, part)."""
+
+    def tamper(self, stage: str, client: int, msg, part: int):
+        return [(msg, part)]
+
+    def call(self, link, stage, messages, *, hook=True):
+        messages = {k: [x for msg, part in batch for x in self.tamper(stage, k, msg, part)]
+                    for k, batch in messages.items()}
+        return super().call(link, stage, messages, hook=hook)
+
+
+def protocol_with(server_class) -> CKKSMPProtocol:
+    cls = type("Attacked", (CKKSMPProtocol,), {"server_half": server_class})
+    return cls(K)
+
+
+def broadcast_exchange(p, tag="x"):
+    return p.weighted_sum(tag, 0, {c: np.full(8, 0.25 * (c + 1)) for c in range(K)}, spec=FLOATS)
+
+
+def scoped_exchange(p, tag="scoped"):
+    """A sparse row sum whose K blocks go one to each client (scoped: switched per recipient)."""
+    rpb = p.rows_per_block(COUNTS, 2, 10 ** 7)
+    rows = np.arange(K) * rpb
+    return p.row_sum(tag, 0, {c: (rows, np.ones((K, 2))) for c in range(K)}, {c: rows[c:c + 1] for c in range(K)},
+                     K * rpb, layout="sparse", spec=COUNTS)
+
+
+def with_payload(msg, **changes):
+    return replace(msg, payload={**msg.payload, **changes})
+
+
+# ------------------------------------------------------------------ forged and adaptive c1
+class ForgedC1(EvilServer):
+    """Measured attack on the earlier design: a key-switching request with ``c1 = 2^(b+3)`` (so that
+    the partial decryption ``s_i c1 + noise`` reveals ``s_i``) to a key of the server's own."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            level, n = self.last_level, self.params.n
+            forged = np.full((1, level, n), (1 << (smudging_bits(self.params, K) + 3)) % self.params.primes[0])
+            msg = with_payload(msg, c1=encryption.to_bytes(forged))
+        return [(msg, part)]
+
+    def run(self, plan, link):
+        from protocols.ckks_mp.params import plan_exchange
+        self.last_level = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len).level
+        return super().run(plan, link)
+
+
+class AdaptiveC1(ForgedC1):
+    """The adaptive variant: ``c1`` chosen after the uploads are in (here: a victim's own ``c0``)."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            victim = next(m for m in self.transcript.messages if m.sender == client_party(1)
+                          and m.receiver == SERVER and m.kind == "ciphertext")
+            msg = with_payload(msg, c1=victim.payload)
+        return [(msg, part)]
+
+
+@pytest.mark.parametrize("server", [ForgedC1, AdaptiveC1])
+def test_a_c1_from_the_server_is_refused(server):
+    with pytest.raises(KeySwitchRefusedError, match="compute every c1 themselves"):
+        broadcast_exchange(protocol_with(server))
+
+
+def test_c1_is_public_fresh_per_exchange_and_block():
+    """By construction the server has no c1 to choose: each client encrypts and key-switches with
+    the expansion of the run's seed at (session, exchange, block, piece), never reused."""
+    p = CKKSMPProtocol(K)
+    broadcast_exchange(p, "a")
+    broadcast_exchange(p, "b")
+    seed, s = crs_seed(p.setup.run_id), p.setup.session
+    primes, n = p.params.primes[:2], p.params.n
+    one = upload_c1(seed, s, 1, [0, 1], 1, primes, n)
+    assert not np.array_equal(one[0], one[1])                                         # two blocks
+    assert not np.array_equal(one[0], upload_c1(seed, s, 2, [0], 1, primes, n)[0])     # two exchanges
+    assert np.array_equal(one, upload_c1(seed, s, 1, [0, 1], 1, primes, n))           # recomputable
+    # the exchanges' uploads decrypt under the client's own share with exactly that c1
+    plan = p.plan(FLOATS, block_len=8)
+    for tag in ("a", "b"):
+        msg = next(m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER)
+                   if m.kind == "ciphertext")
+        dec = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, p._clients[0]._share,
+                                                               p.upload_ciphertexts(msg, plan)[0]))
+        fields = np.array([(int(c) + (1 << (plan.scale_bits - 1))) >> plan.scale_bits for c in dec[:8]])
+        assert fields[0] == encoding.quantize(np.full(8, 0.25), plan)[0]
+
+
+# ------------------------------------------------------------------ recipient keys
+class OwnRecipientKey(EvilServer):
+    """A scoped key switch whose recipient key is the server's own (client 1's signature kept)."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and msg.payload["keys"]:
+            mine = key_pair(self.ring, self._a(), self.params.eta).p_hat
+            keys = {r: {**v, "key": encryption.to_bytes(mine)} for r, v in msg.payload["keys"].items()}
+            msg = with_payload(msg, keys=keys)
+        return [(msg, part)]
+
+    def _a(self):
+        from protocols.ckks_mp.sampling import common_polynomial
+        return common_polynomial(crs_seed(self.setup.run_id), self.params.primes, self.params.n)
+
+
+class StrangerRecipient(EvilServer):
+    """A key switch to a recipient that is no client of the run."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            groups = np.array(msg.payload["groups"]).copy()
+            groups[:, 0] = np.where(groups[:, 0] == 1, 7, groups[:, 0])
+            msg = with_payload(msg, groups=groups)
+        return [(msg, part)]
+
+
+class RogueKey(EvilServer):
+    """The rogue-key / speak-last variant: a colluder's own key, validly signed by the colluder
+    (client 2), presented to client 0 as client 1's key."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and client == 0:
+            colluder = self.recipient_pks[2]
+            keys = {r: {"key": colluder[0], "sig": colluder[1]} if r == 1 else v
+                    for r, v in msg.payload["keys"].items()}
+            msg = with_payload(msg, keys=keys)
+        return [(msg, part)]
+
+
+@pytest.mark.parametrize("server,error", [(OwnRecipientKey, KeySubstitutionError),
+                                          (RogueKey, KeySubstitutionError),
+                                          (StrangerRecipient, RecipientKeyError)])
+def test_recipient_key_not_signed_by_its_owner_is_refused(server, error):
+    with pytest.raises(error):
+        scoped_exchange(protocol_with(server))
+
+
+def test_recipient_keys_are_owner_signed_statements():
+    """The honest path: every p_R a client accepts verifies under its owner's identity key."""
+    from protocols.auth import check_public_key
+    p = CKKSMPProtocol(K)
+    scoped_exchange(p)
+    for r, (key, sig) in p.server.recipient_pks.items():
+        check_public_key(p.clients[0].registry if r else p.clients[1].registry, RECIPIENT_KEY, p.setup.run_id,
+                         client_party(r), key, sig, {})
+    assert set(p.clients[0].recipient_keys) == {1, 2}
+
+
+# ------------------------------------------------------------------ broadcast key
+class SubstitutedBroadcastKey(EvilServer):
+    """Key substitution: the server hands a broadcast key of its own (with a matching fingerprint, the
+    dealer's signature kept) to the clients ``victims``."""
+
+    victims = (1, 2)
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "key_setup" and part == 1 and client in self.victims:
+            mine = encryption.to_bytes(key_pair(self.ring, OwnRecipientKey._a(self), self.params.eta).p_hat)
+            fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), mine)
+            msg = replace(with_payload(msg, broadcast=mine), fingerprint=fp)
+        return [(msg, part)]
+
+
+class SubstitutedDealerKey(SubstitutedBroadcastKey):
+    victims = (0,)
+
+
+@pytest.mark.parametrize("server,match", [(SubstitutedBroadcastKey, "client0's ckks-mp/broadcast key"),
+                                          (SubstitutedDealerKey, "changed the broadcast public key")])
+def test_substituted_broadcast_key_is_refused(server, match):
+    with pytest.raises(KeySubstitutionError, match=match):
+        broadcast_exchange(protocol_with(server))
+
+
+def test_no_collective_public_key_exists_to_substitute():
+    """Uploads are encrypted under each client's own share, so no party ever receives a collective
+    public key (the earlier design's substituted key read every upload): the key set-up delivers
+    only p_B, signed by its dealer."""
+    p = CKKSMPProtocol(K)
+    broadcast_exchange(p)
+    setup = [m for m in p.transcript.messages if m.tag == "ckks-mp/keys" and m.sender == SERVER
+             and m.kind == "public_key"]
+    assert setup and all(set(m.payload) == {"broadcast", "broadcast_sig"} for m in setup)
+
+
+# ------------------------------------------------------------------ downgrade and repetition
+class Downgrade(EvilServer):
+    """Scoped blocks switched to the broadcast key (every client would read every block)."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            blocks = np.asarray(msg.payload["blocks"])
+            msg = with_payload(msg, groups=np.array([[-1, blocks.size]]), keys={})
+        return [(msg, part)]
+
+
+class DowngradedDownload(EvilServer):
+    """A scoped block delivered as if switched to the broadcast key."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "download":
+            msg = with_payload(msg, to=-1)
+        return [(msg, part)]
+
+
+class SecondKeySwitch(EvilServer):
+    """Two key-switching requests in one exchange (two partial decryptions of the same c1)."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "keyswitch":
+            super().call(link, stage, messages, hook=hook)
+            messages = {k: [(replace(msg, note="again"), part) for msg, part in batch] for k, batch in messages.items()}
+        return super().call(link, stage, messages, hook=hook)
+
+
+class SecondUpload(EvilServer):
+    """Two uploads in one exchange (the same c1 twice: their difference is the input difference)."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "upload":
+            super().call(link, stage, messages, hook=hook)
+        return super().call(link, stage, messages, hook=hook)
+
+
+@pytest.mark.parametrize("server,error", [(Downgrade, DowngradeError), (DowngradedDownload, DowngradeError)])
+def test_downgrade_to_the_broadcast_key_is_refused(server, error):
+    with pytest.raises(error):
+        scoped_exchange(protocol_with(server))
+
+
+@pytest.mark.parametrize("server,error", [(SecondKeySwitch, RepeatedKeySwitchError),
+                                          (SecondUpload, RepeatedUploadError)])
+def test_one_upload_and_one_key_switch_per_exchange(server, error):
+    with pytest.raises(error):
+        broadcast_exchange(protocol_with(server))
+
+
+# ------------------------------------------------------------------ a recipient colluding with the server
+def test_server_and_a_recipient_cannot_open_one_clients_share():
+    """Server + client 0 (holder of s_B) decrypt client 1's key-switching share of a broadcast
+    exchange: s_1 c1 + z_1 + noise.  Added to client 1's upload c0_1 it would open that upload if not
+    for the zero-sum mask z_1: correlation with client 1's plaintext at chance.  Positive control:
+    with the mask removed (which needs client 1's pairwise seeds) the upload opens exactly."""
+    p = CKKSMPProtocol(K)
+    rng = np.random.default_rng(3)
+    vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
+    spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
+    p.weighted_sum("v", 0, vals, spec=spec)
+    plan = p.plan(spec, block_len=4000)
+    up = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "ciphertext")
+    share = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "share")
+    c0 = p.upload_ciphertexts(up, plan)[0, 0]
+    h = encryption.from_bytes(p.ring, share.payload, (1, 2, plan.level, p.params.n))[0]
+    s_b = p._clients[0]._broadcast.s_hat
+    opened = encryption.decrypt(p.ring, s_b, h)                     # s_1 c1 + z_1 + noise (coefficients)
+    used = encoding.used_coefficients(plan, 4000)
+    truth = np.array([float(x) for x in encoding.crt_centered(
+        p.ring, encoding.encode(p.ring, plan, encoding.quantize(vals[1], plan)))[:used]])
+
+    def corr_with_truth(poly_coeffs):
+        got = np.array([float(x) for x in encoding.crt_centered(p.ring, poly_coeffs)[:used]])
+        return abs(np.corrcoef(got, truth)[0, 1])
+
+    attack = p.ring.add(p.ring.intt(c0), opened)
+    assert corr_with_truth(attack) < 5 / np.sqrt(used)
+    mask = p.ring.intt(p.clients[1]._masks(plan, -1, [0])[0])      # client 1's half still holds exchange "v"
+    assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
+
+
+class MixedBlocks(EvilServer):
+    """Asks client 1 to switch the recipient's blocks in the reverse order, so that summing the
+    shares position by position would combine client 1's block-1 share with the others' block-0
+    shares: a mixed sum (client 1's block 1 + the others' block 0) the plan never releases."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and client == 1:
+            msg = with_payload(msg, blocks=np.asarray(msg.payload["blocks"])[::-1].copy())
+        return [(msg, part)]
+
+
+def test_shares_of_different_blocks_do_not_combine():
+    """The masks are bound to (exchange, recipient, block, piece): shares of different blocks never
+    cancel each other's masks, so the mixed sum decrypts to noise for the recipient colluding with the
+    server (and the delivery is refused); the same shares regrouped by block decrypt exactly (control)."""
+    from protocols.errors import IntegrityError
+    p = protocol_with(MixedBlocks)
+    rpb = p.rows_per_block(COUNTS, 2, 10 ** 7)
+    rows = np.array([0, rpb])                                        # two blocks, both to client 0
+    rng = np.random.default_rng(5)
+    contrib = {c: (rows, rng.integers(0, 2, (2, 2)).astype(float)) for c in range(K)}
+    with pytest.raises(IntegrityError, match="corrupted"):
+        p.row_sum("mix", 0, contrib, {0: rows}, 2 * rpb, layout="sparse", spec=COUNTS)
+    plan = p.plan(COUNTS, block_len=rpb * 2)
+    level, n = plan.level, p.params.n
+    c0 = {c: p.upload_ciphertexts(next(m for m in p.transcript.select(tag="mix", sender=client_party(c),
+                                                                      receiver=SERVER) if m.kind == "ciphertext"),
+                                  plan, blocks=[0, 1])[:, 0] for c in range(K)}
+    shares = {c: encryption.from_bytes(p.ring, next(m for m in p.transcript.select(
+        tag="mix", sender=client_party(c), receiver=SERVER) if m.kind == "share").payload, (2, 2, level, n))
+        for c in range(K)}
+    s_r = p._clients[0]._own.s_hat
+
+    def residual(blocks_of_client):
+        """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid."""
+        pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}     # client 1's shares reversed
+        c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[:level]
+        h = sum(shares[c][pos[c]] for c in range(K))
+        h0, h1 = h[0] % p.ring.q[:level], h[1] % p.ring.q[:level]
+        ct = np.stack([p.ring.add(c0_sum, h0), h1])
+        coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, s_r, ct))
+        d = plan.scale_bits
+        return max(abs(int(c) - (((int(c) + (1 << (d - 1))) >> d) << d)) for c in coeffs)
+
+    assert residual({0: 0, 1: 0, 2: 0}) <= plan.noise_bound                 # control: block 0, by block
+    assert residual({0: 0, 1: 1, 2: 0}) > 2 ** (plan.scale_bits - 2)         # mixed: noise across the grid
+
+
+class KeySwitchFirst(CKKSMPServer):
+    """Asks for key-switching shares before any upload of the exchange (a share of a c1 the client
+    has not yet encrypted under)."""
+
+    def run(self, plan, link):
+        self.ensure_keys(link, plan.round)
+        plan = replace(plan, encoding={**plan.encoding, "fingerprint": self.fingerprint})
+        self.begin(plan, link, self.fingerprint, extra=tuple(range(K)))
+        body = {"groups": np.array([[-1, 1]]), "blocks": np.array([0]), "keys": {}}
+        self.call(link, "keyswitch", {k: [(self.message(k, "control", (1, 2), body, self.fingerprint), 0)]
+                                      for k in range(K)})
+        return tuple(plan.contributors)
+
+
+def test_key_switch_before_the_upload_is_refused():
+    with pytest.raises(KeySwitchRefusedError, match="before this client's upload"):
+        broadcast_exchange(protocol_with(KeySwitchFirst))

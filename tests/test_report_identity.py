@@ -1,0 +1,147 @@
+"""Run identity: a report never mixes runs made with other settings, a finished run is never
+silently overwritten, unfinished runs are left out (and counted) by every reader."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from secure_fgl.cli.main import main as cli_main
+from secure_fgl.report.cli import main as report_main
+from secure_fgl.results import load_runs as load_frame
+from secure_fgl.run_identity import differences, fingerprint, identity
+
+SYNTH = json.dumps({"num_nodes": 120, "num_features": 20, "avg_degree": 4})
+
+
+def _report(out, rounds, *extra):
+    return report_main(["--algorithms", "fedgcn", "--datasets", "sbm", "--modes", "plain,mask", "--seeds", "2",
+                        "--rounds", str(rounds), "--clients", "3", "--partition", "iid", "--attacks", "none",
+                        "--synthetic", SYNTH, "--out", str(out), "--quiet", *extra])
+
+
+def _rounds_of(folder):
+    return json.loads((folder / "result.json").read_text())["config"]["rounds"]
+
+
+def test_fingerprint_ignores_where_files_go_and_names_what_differs():
+    a = {"rounds": 20, "seed": 0, "out": "x", "device": "cpu", "options": {"hops": 1}, "beta": 1}
+    b = {**a, "out": "y", "device": "cuda", "beta": 1.0}
+    assert fingerprint(a) == fingerprint(b) and "out" not in identity(a)
+    c = {**a, "rounds": 5, "options": {"hops": 2}}
+    assert fingerprint(c) != fingerprint(a)
+    assert differences(a, c) == ["rounds: 20 -> 5", "options.hops: 1 -> 2"]
+
+
+def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path, capsys):
+    """The issue's scenario: an interrupted sweep (one run stopped during its attacks), then a
+    sweep with other rounds into the same --out."""
+    out = tmp_path / "rep"
+    assert _report(out, 3) == 0
+    first = sorted(p.name for p in out.iterdir() if (p / "result.json").exists())
+    assert len(first) == 4 and all(_rounds_of(out / f) == 3 for f in first)
+    interrupted = out / first[0] / "result.json"
+    result = json.loads(interrupted.read_text())
+    interrupted.write_text(json.dumps({**result, "status": "attacks_running"}))
+    capsys.readouterr()
+
+    assert _report(out, 2) == 0                           # other rounds: nothing of the first sweep is reused
+    text = capsys.readouterr().out
+    assert "0 finished run(s) reused" in text and "holds other settings (rounds: 3 -> 2)" in text
+    assert "plan: estimate" in text and "from 3 past run(s) in --out" in text     # the unfinished one not counted
+    assert "sweep: 4 run(s) done, 0 reused" in text
+    assert all(_rounds_of(out / f) == 3 for f in first)   # the first sweep's runs are untouched
+    md = (out / "report.md").read_text()
+    assert "4 finished run(s)" in md and "| rounds | 2 |" in md and "| rounds | 3 |" not in md
+    assert "Left out: 4 run folder(s) of other sweeps" in md
+
+    assert _report(out, 3) == 0                           # back to the first settings: its finished runs return
+    text = capsys.readouterr().out
+    assert "3 finished run(s) reused (same settings), 1 to run (1 unfinished, run again)" in text
+    assert json.loads(interrupted.read_text())["status"] == "complete"
+    md = (out / "report.md").read_text()
+    assert "| rounds | 3 |" in md and "| rounds | 2 |" not in md and "4 finished run(s)" in md
+
+    assert _report(out, 3, "--dry-run") == 0              # the plan only
+    text = capsys.readouterr().out
+    assert "plan: 4 finished run(s) reused (same settings), 0 to run" in text and "nothing to run" in text
+    assert "sweep:" not in text
+
+
+def _tiny_run_config(tmp_path, rounds=1):
+    cfg = tmp_path / f"run{rounds}.toml"
+    cfg.write_text(f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\nexecutor = 'inline'\n"
+                   "[synthetic]\nnum_nodes = 120\nnum_features = 20\navg_degree = 4\n")
+    return str(cfg)
+
+
+def test_run_refuses_a_finished_folder_without_overwrite_and_a_resume_with_other_settings(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path), "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path), "--out", out, "--quiet"]) == 2
+    assert "holds a finished run; add --overwrite" in capsys.readouterr().err
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path, 2), "--out", out, "--resume", "--quiet"]) == 2
+    assert "holds a run with other settings (rounds: 1 -> 2)" in capsys.readouterr().err
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path, 2), "--out", out, "--overwrite",
+                     "--quiet"]) == 0
+    assert _rounds_of(tmp_path / "run") == 2
+
+
+def test_unfinished_runs_are_left_out_and_counted(tmp_path, capsys):
+    done = tmp_path / "runs" / "a"
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path), "--out", str(done), "--quiet"]) == 0
+    stopped = tmp_path / "runs" / "b"
+    shutil.copytree(done, stopped)
+    result = json.loads((stopped / "result.json").read_text())
+    (stopped / "result.json").write_text(json.dumps({**result, "status": "attacks_running"}))
+    assert "at_chance" in result["final"] and result["config_fingerprint"] == fingerprint(result["config"])
+    with pytest.warns(UserWarning, match="left out 1 unfinished run"):
+        df = load_frame(tmp_path / "runs")
+    assert len(df) == 1 and df.attrs["left_out_unfinished"] == 1
+    assert len(load_frame(tmp_path / "runs", include_unfinished=True)) == 2
+    capsys.readouterr()
+    assert cli_main(["compare", str(tmp_path / "runs")]) == 0
+    text = capsys.readouterr().out
+    assert "left out 1 unfinished run(s)" in text and str(stopped) not in text.splitlines()[1]
+
+
+def test_time_after_a_resume_counts_every_session(tmp_path):
+    """A resumed run's total covers the sessions before it: never less than its phases."""
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    base = dict(algorithm="fedavg", mode="plain", clients=3, partition="iid", executor="inline", out=str(tmp_path),
+                synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4})
+    import time
+    first = run_experiment(RunConfig(rounds=2, **base), progress=False)["time"]
+    t0 = time.perf_counter()
+    t = run_experiment(RunConfig(rounds=4, resume=True, **base), progress=False)["time"]
+    second_session = time.perf_counter() - t0
+    assert t["total"] >= t["setup"] + t["train"] + t["eval"]
+    assert t["total"] >= first["setup"] + first["train"] + 0.8 * second_session
+
+
+def test_report_states_settings_per_cell_when_they_differ():
+    from secure_fgl.report.tables import settings_of_runs
+
+    def run(mode, rounds):
+        return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": mode, "dp_epsilon": None, "seed": 0,
+                           "rounds": rounds, "clients": 3, "options": {"hops": 1}}}
+    common, per_cell = settings_of_runs([run("plain", 20), run("plain", 5), run("mask", 5)])
+    assert common == {"clients": "3", "options of fedgcn": "{hops=1}"}
+    assert per_cell.header[-1] == "rounds"
+    assert [r[2:] for r in per_cell.rows] == [["mask", "∞", "5"], ["plain", "∞", "20 | 5"]]
+
+
+def test_a_run_at_chance_says_so_on_its_own_line():
+    from secure_fgl.cli.summary import format_summary
+    from secure_fgl.results import accuracy_at_chance
+    assert accuracy_at_chance(0.178, 6) and not accuracy_at_chance(0.6, 6) and accuracy_at_chance(0.5, None) is None
+    result = {"config": {"algorithm": "fedgcn", "dataset": "citeseer", "mode": "mask", "dp_epsilon": 4.0,
+                         "dp_delta": 1e-5, "dp_placement": "auto"}, "num_clients": 10, "device": "cpu",
+              "num_classes": 6, "final": {"test_acc": 0.178, "val_acc": 0.2, "best_round": 3, "rounds_run": 50,
+                                          "at_chance": True},
+              "comm": {"per_tag": {}, "bytes_up": 0, "bytes_down": 0}, "time": {}, "privacy": None}
+    lines = format_summary(result).splitlines()
+    assert any(line.startswith("AT CHANCE: test accuracy 0.1780") for line in lines)
