@@ -4,7 +4,8 @@ every individual contribution from the server.
 Checks, for a run in a secure mode (``ckks``/``mask``):
 
 1. **Kinds.**  Every message the server receives is ``ciphertext``/``masked`` (or a
-   ``public_key``, ``metadata`` or ``share``); a ``plain`` upload fails, and so does any
+   ``public_key``, ``metadata``, ``share`` or ``control``: mask's share commitments and
+   survivor-set signatures); a ``plain`` upload fails, and so does any
    ``secret_key`` reaching the server.
 2. **Sizes.**  Uploads of one exchange (tag, round) have equal sizes across clients unless
    the exchange declares a data-dependent layout (client ``metadata`` messages in the same
@@ -38,7 +39,7 @@ import numpy as np
 from protocols.transcript import SERVER, Message
 
 #: kinds the server may receive in a secure mode
-SECURE_SERVER_KINDS = frozenset({"ciphertext", "masked", "public_key", "metadata", "share"})
+SECURE_SERVER_KINDS = frozenset({"ciphertext", "masked", "public_key", "metadata", "share", "control"})
 #: plaintext messages to the server a run publishes on purpose, outside the protocol's exchanges
 #: (tag -> what it releases); ``eval/counts``: :data:`secure_fgl.runtime.strategy.EVAL_TAG`
 DECLARED_RELEASES = {"eval/counts": "each client's correct/total counts per split (evaluation)"}
@@ -136,7 +137,7 @@ def payload_side_fields(msg: Message) -> list[str]:
                 found.append(f"{path or '<payload>'} (plaintext floats)")
             elif key and SIDE_FIELD.search(key) and _is_number_data(leaf):
                 found.append(f"{path} (named side field)")
-        elif msg.kind == "metadata":
+        elif msg.kind in ("metadata", "control"):     # control: share commitments, survivor-set signatures
             if _is_float_data(leaf) or (key and SIDE_FIELD.search(key) and _is_number_data(leaf)):
                 found.append(f"{path or '<payload>'} (numbers beyond ids in metadata)")
     return found

@@ -27,7 +27,7 @@ ground truth.
   stops it.  Observer ``client:each``: every client on its own view, the union reported.
 
 Row width.  This project's FedGCN sends ``[sum x_j, count]`` (a ones column appended,
-``secure_fgl.algorithms.fedgcn``): the count column is a perfect single-contributor detector
+``secure_fgl.algorithms.fedgcn.ops``): the count column is a perfect single-contributor detector
 (``round(count) == 1``), used whenever the rows are ``d + 1`` wide (public ``row_width``,
 else inferred from the block length).  With ``norm='sym'`` owners pre-scale their terms by
 ``deg^-1/2``; binary vectors are then read relative to the row maximum.

@@ -95,12 +95,15 @@ class RuntimeParties:
         self._released = None
 
     def _ask(self, k: int, what: str, **fields) -> dict:
+        """Client ``k``'s view, asked of the runtime holding it (the centralized reference: the one
+        runtime, which answers for the nodes client ``k`` owns)."""
         from secure_fgl.runtime import wire
-        responses, lost = self.strategy.executor.call("attack", {k: wire.pack({"what": what, **fields})},
-                                                      label=what)
-        if k not in responses:
-            raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(k, 'lost')}")
-        return wire.unpack(responses[k])
+        host = self.strategy.host_of(k)
+        request = {"what": what, "client": k, **fields}
+        responses, lost = self.strategy.executor.call("attack", {host: wire.pack(request)}, label=what)
+        if host not in responses:
+            raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(host, 'lost')}")
+        return wire.unpack(responses[host])
 
     def own_data(self, k: int):
         from secure_fgl.data.federated import ClientSubgraph
@@ -135,10 +138,10 @@ class RuntimeParties:
 
     def _model_of(self, k: int, **shape) -> torch.nn.Module | None:
         """Client ``k``'s deployed parameters loaded into the logic's public ``architecture``."""
-        from secure_fgl.runtime.registry import logic_class
+        from secure_fgl.algorithms import get_spec
         s = self.strategy
         state = self._ask(k, "model")
-        arch = getattr(logic_class(s.cfg.algorithm), "architecture", None)
+        arch = getattr(get_spec(s.cfg.algorithm).logic_class(), "architecture", None)
         if not state or arch is None:
             return None
         with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG

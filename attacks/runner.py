@@ -123,7 +123,7 @@ class RunContext:
         cfg, fed = self.cfg, self.fed
         algo_name = getattr(self.algo, "name", cfg.algorithm)
         if not hasattr(fed, "graph"):                     # graph classification: per-client models
-            from secure_fgl.algorithms.graph_level import initial_shared
+            from secure_fgl.algorithms.graph_level.ops import initial_shared
             return {"num_clients": int(fed.num_clients), "mode": cfg.mode, "algorithm": algo_name,
                     "options": self._options(), "lr": cfg.lr, "hidden": cfg.hidden, "num_layers": cfg.num_layers,
                     "local_epochs": cfg.local_epochs, "num_shared": int(initial_shared(cfg).numel())}

@@ -124,7 +124,7 @@ def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarr
     return pi / pi.sum() if pi.sum() > 0 else np.full(M.shape[0], 1.0 / M.shape[0])
 
 
-#: batched statistics whose first entries are ``[n_k, n_k mu^1]`` (secure_fgl.algorithms.stats_batch)
+#: batched statistics whose first entries are ``[n_k, n_k mu^1]`` (secure_fgl.algorithms.fedomd.stats_batch)
 BATCHED_MEANS = ("*/stats/mean", "*/stats/raw")
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from secure_fgl.algorithms import fedgcn, get_algorithm
+from secure_fgl.algorithms.fedgcn import ops as fedgcn
+from secure_fgl.algorithms import get_algorithm
 from secure_fgl.config import RunConfig
 from secure_fgl.engine import resolve_device, seed_everything
 from secure_fgl.experiment import load_federation, make_run_protocol

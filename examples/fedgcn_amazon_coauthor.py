@@ -8,7 +8,7 @@ validation nodes per class, the rest test), 10 clients, Dirichlet beta 1.
     python examples/fedgcn_amazon_coauthor.py --table-only        # the table of OUT/runs.jsonl
 
 Every method runs with ``--center`` (each client centres its first-layer input by its own
-mean, ``secure_fgl/algorithms/fedgcn.py``; Centralized centres the whole graph's features) and
+mean, ``secure_fgl/algorithms/fedgcn/ops.py``; Centralized centres the whole graph's features) and
 FedGCN with ``--degree-cap`` = the graph's largest degree.  ``--methods`` and ``--secure none``
 shrink the grid where CPU is short; ``--no-plain`` runs only the secure modes, so that plain and
 secure can run side by side in two processes.  Every finished run is appended to ``OUT/runs.jsonl``

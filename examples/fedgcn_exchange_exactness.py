@@ -24,7 +24,7 @@ import torch
 from torch_geometric.utils import degree
 
 from protocols import make_protocol
-from secure_fgl.algorithms.fedgcn import FedGCN, FedGCNOptions
+from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation
 

@@ -31,14 +31,18 @@ import json
 import statistics
 from pathlib import Path
 
-from secure_fgl.algorithms import ALGORITHMS
+from dataclasses import replace
+
+from secure_fgl.algorithms import SPECS
 from secure_fgl.config import RunConfig
 from secure_fgl.report.tables import fmt_stats
 from sweep import Job, run_sweep
 
-# FedAvg / Local with the minority-accuracy metric (same exchanges, tags and training as the registry's)
-ALGORITHMS.setdefault("fedavg_minority", "minority:FedAvgMinority")
-ALGORITHMS.setdefault("local_minority", "minority:LocalMinority")
+# FedAvg / Local with the minority-accuracy metric (same exchanges, tags and training as the registry's;
+# in process only: --executor inline)
+for _base, _cls in (("fedavg", "FedAvgMinority"), ("local", "LocalMinority")):
+    SPECS.setdefault(f"{_base}_minority", replace(SPECS[_base], name=f"{_base}_minority",
+                                                  inline=f"secure_fgl.algorithms.minority:{_cls}"))
 
 #: paper Table 2 / 3, PubMed (overall, minority), for the markdown table
 PAPER = {("pubmed", "gcn", "FedSpray"): (87.71, 62.12), ("pubmed", "gcn", "FedAvg"): (87.06, 55.77),
@@ -71,7 +75,7 @@ def method_config(method: str, backbone: str, mode: str, args, dataset: str, see
     algo = {"FedAvg": "fedavg_minority", "Local": "local_minority"}[method.split(" (")[0]]
     model = "mlp" if method in MLP_BASELINES else backbone
     # the FedSpray paper's settings for every method: 2 layers, hidden 64, Adam lr 0.003, 5 local epochs
-    return RunConfig(algorithm=algo, model=model, hidden=64, num_layers=2, dropout=0.0, lr=0.003,
+    return RunConfig(algorithm=algo, executor="inline", model=model, hidden=64, num_layers=2, dropout=0.0, lr=0.003,
                      weight_decay=0.0, local_epochs=5, **common)
 
 

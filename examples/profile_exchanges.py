@@ -58,8 +58,8 @@ def main(argv=None) -> None:
                 profiler.disable()
             times.append((ctx.tag, 1e3 * (time.process_time() - c0)))
 
-    import secure_fgl.runtime.fedgcn  # noqa: F401  (every runtime module that calls run_split is loaded)
-    for module in [m for name, m in sys.modules.items() if name.startswith("secure_fgl.runtime")]:
+    import secure_fgl.algorithms.fedgcn.server  # noqa: F401  (every runtime module that calls run_split is loaded)
+    for module in [m for name, m in sys.modules.items() if name.startswith(("secure_fgl.runtime", "secure_fgl.algorithms"))]:
         if getattr(module, "run_split", None) is run_split:
             module.run_split = timed                                # wherever it was imported by name
     values = {**workload_config("cora-fedgcn", a.mode, False, None, "local"), "rounds": a.rounds}

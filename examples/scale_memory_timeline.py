@@ -54,7 +54,7 @@ def main(nodes: int, features: int) -> None:
     threading.Thread(target=sample, daemon=True).start()
     mark("imports")
     import protocols.base as base
-    import secure_fgl.algorithms.fedgcn as fedgcn
+    import secure_fgl.algorithms.fedgcn.ops as fedgcn
     import secure_fgl.data.build as build
     from secure_fgl.bench.fedgcn import K, _pretrain
     from secure_fgl.data import make_federated

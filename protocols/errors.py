@@ -89,6 +89,41 @@ class UnmaskingRefusedError(ProtocolError):
     (both the self-mask and the mask-key shares of one client)."""
 
 
+class PlanRefusedError(ProtocolError):
+    """A client refused the server's plan of an exchange before contributing anything: the plan
+    breaks a rule every client checks (:mod:`protocols.plan_policy`)."""
+
+
+class TooFewContributorsError(PlanRefusedError):
+    """The plan sums over fewer contributors than the run's minimum (a sum over one or two clients
+    hands a colluding recipient the others' inputs)."""
+
+
+class RepeatedContributionError(PlanRefusedError):
+    """The plan asks a client to contribute a second time to the same (round, tag): two sums over
+    different contributor sets differ by individual inputs."""
+
+
+class RecipientRoleError(PlanRefusedError):
+    """The plan's recipients are not consistent with the public roles (another recipient's request
+    shown to this client, or a recipient that is not a client of the run)."""
+
+
+class ClearReportRefusedError(PlanRefusedError):
+    """A report plan (a value sent in the clear) for a tag this client's owner did not mark as
+    reported in the clear: the server asked for a protected contribution through the report stage."""
+
+
+class ThresholdRefusedError(PlanRefusedError):
+    """A mask plan names a Shamir threshold other than the one the run's public setup gives, or
+    one the run's colluders could meet on their own."""
+
+
+class ShareIntegrityError(IntegrityError):
+    """A Shamir share revealed for unmasking does not match the commitment its dealer signed:
+    the client that sent it (named) corrupted it."""
+
+
 class KeySwitchRefusedError(ProtocolError):
     """A ckks-mp client refused a key-switching request: answering it could re-encrypt what it
     holds to a key the run does not name, for blocks or a recipient the plan does not release,
@@ -111,6 +146,12 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
 class SmudgingBudgetError(KeySwitchRefusedError):
     """The run's key switches would exceed the public budget that keeps the smudging's total
     statistical distance within 2^-30."""
+
+
+class ConsistencyError(UnmaskingRefusedError):
+    """A mask client refused to unmask: the server's survivor set is not the one this client
+    signed in the consistency round, or fewer than ``t`` survivors signed it (the server told
+    different clients different survivor sets)."""
 
 
 class RepeatedUploadError(ProtocolError):

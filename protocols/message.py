@@ -47,8 +47,8 @@ NONCE_BYTES = 16
 #: client publishes in the clear by design, e.g. GCFL's update norms -- are shared)
 SHARED_STAGES = ("register", "directory", "plan")
 STAGES = {
-    "mask": SHARED_STAGES + ("group_seed", "block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask",
-                             "download", "report"),
+    "mask": SHARED_STAGES + ("group_seed", "block_ids", "advertise_keys", "share_keys", "masked_upload",
+                             "consistency", "unmask", "download", "report"),
     "ckks": SHARED_STAGES + ("key_setup", "block_ids", "upload", "download", "report"),
     "plain": SHARED_STAGES + ("block_ids", "upload", "download", "report"),
     "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "report"),

@@ -106,6 +106,7 @@ def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np
     from .report import collect_reports
     for k, v in values.items():
         protocol.clients[int(k)].provider = (lambda plan, v=v: plan.dense_table(v))
+        protocol.clients[int(k)].clear_tags.add(tag)          # the caller reports these values in the clear
     length = next(iter(values.values())).size
     try:
         got = collect_reports(protocol, tag, rnd, [int(k) for k in values], length)
@@ -113,3 +114,4 @@ def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np
     finally:
         for k in values:
             protocol.clients[int(k)].provider = None
+            protocol.clients[int(k)].clear_tags.discard(tag)

@@ -43,14 +43,15 @@ import numpy as np
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
-from .errors import (ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError, MalformedMessageError,
-                     ProtocolError)
+from .errors import (ClearReportRefusedError, ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError,
+                     MalformedMessageError, PlanRefusedError, ProtocolError)
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
 from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
+from .plan_policy import CollusionBound, PlanPolicy, collusion_bound
 from .report import REPORT_STAGE, client_report
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
@@ -72,18 +73,22 @@ class PartySetup:
     run_id: bytes
     session: bytes
     options: dict
+    #: the run's collusion bound: c and the minimum contributors every client requires
+    collusion: CollusionBound = CollusionBound()
 
     def to_bytes(self) -> bytes:
         return encode_body({"mode": self.mode, "num_clients": int(self.num_clients), "run_id": self.run_id,
-                            "session": self.session, "options": dict(self.options)})
+                            "session": self.session, "options": dict(self.options),
+                            "collusion": self.collusion.to_dict()})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "PartySetup":
         try:
             p = decode_body(data)
+            bound = CollusionBound.of(int(p["collusion"]["max_colluders"]), int(p["collusion"]["min_contributors"]))
             setup = cls(str(p["mode"]), int(p["num_clients"]), bytes(p["run_id"]), bytes(p["session"]),
-                        dict(p["options"]))
-        except (KeyError, TypeError, ValueError) as e:
+                        dict(p["options"]), bound)
+        except (KeyError, TypeError, ValueError, ConfigurationError) as e:
             raise MalformedMessageError(f"malformed party setup ({e})") from None
         if len(setup.run_id) != NONCE_BYTES or len(setup.session) != NONCE_BYTES or setup.num_clients < 1:
             raise MalformedMessageError("party setup with a bad run id, session or client count")
@@ -191,13 +196,21 @@ class ClientHalf(Party):
     """
 
     mode = "base"
+    #: refuse plans that break the run's collusion bound (:mod:`protocols.plan_policy`); off only
+    #: where the server reads every contribution anyway (plain)
+    checks_plans = True
 
     def __init__(self, client_id: int, setup: bytes, provider: Provider | None = None):
         parsed = PartySetup.from_bytes(setup)
         super().__init__(client_party(int(client_id)), parsed)
         self.id = int(client_id)
+        self.policy = PlanPolicy(self.id, parsed.num_clients, collusion_bound(parsed))
+        self._refused: int | None = None          # the exchange whose plan this client refused
         self.channel = ChannelKey(self.name)
         self.provider = provider
+        #: the tags whose contribution this client's owner agreed to send in the clear (reports,
+        #: :mod:`protocols.report`); a report plan for any other tag is refused
+        self.clear_tags: set[str] = set()
         self.plan: ExchangePlan | None = None
         #: the rows of its blocks this client keeps of its next result
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
@@ -212,6 +225,7 @@ class ClientHalf(Party):
         where = self.where()
         inbox = []
         out: list[bytes] = []
+        planned = None
         for msg in self.parse(request, where):
             env = envelope_of(msg)
             if env.stage == "register" and msg.sender == SERVER:
@@ -223,9 +237,22 @@ class ClientHalf(Party):
                 self._directory(msg)
             elif env.stage == "plan" and msg.sender == SERVER:
                 self._accept_plan(msg)
+                planned = self.plan                  # (a backend's override may refuse it: None)
             else:
                 inbox.append(msg)
+        if planned is not None and self.checks_plans and stage != REPORT_STAGE:
+            try:                          # the bundle's last plan: an earlier one it supersedes was never used
+                self.policy.check(planned)
+            except PlanRefusedError:
+                self.plan, self._refused = None, self.exchange      # never contribute under a refused plan
+                raise
+        if self._refused == self.exchange and self.plan is None:
+            raise PlanRefusedError("this client refused the plan of this exchange and takes no further part in it",
+                                   **where)
         if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
+            if self.checks_plans and (self.plan is None or self.plan.tag not in self.clear_tags):
+                raise ClearReportRefusedError(f"the server asks for {getattr(self.plan, 'tag', None)!r} in the clear, a "
+                                              "tag this client's owner did not mark as a report", **where)
             out.append(client_report(self)[1])
         elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
             out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]   # protocols/pairwise_exchange.py
@@ -235,11 +262,16 @@ class ClientHalf(Party):
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
         """The server numbers exchanges (older ones are replays): a later number is adopted only
-        from a message whose signature verifies under the server's registered key, so a forged
-        packet cannot push this client past the exchanges to come."""
+        from a message whose signature verifies under the server's registered key and whose
+        envelope names this run, this session and this client, so neither a forged packet nor a
+        server message recorded elsewhere can push this client past the exchanges to come (such a
+        message is refused when it is read)."""
         signature, header = split_auth(msg.auth)
         self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
-        self.exchange = exchange
+        env = Envelope.from_header(header)
+        if (env.run_id, env.session, env.recipient, env.exchange) == \
+                (self.setup.run_id, self.setup.session, self.name, exchange):
+            self.exchange = exchange
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""
@@ -375,13 +407,17 @@ class ClientHalf(Party):
                              dict(where, client=party_client(party)))
             self.registry.register(party, signing, channel)
 
-    def _accept_plan(self, msg: Message) -> None:
+    def _accept_plan(self, msg: Message) -> ExchangePlan:
+        """Verify the plan; :meth:`handle` then checks it against the run's rules
+        (:mod:`protocols.plan_policy`) before anything is contributed (a report exchange sends a
+        scalar in the clear by design: no sum to check)."""
         self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
         plan = ExchangePlan.from_payload(msg.payload)
         if (plan.tag, plan.round, plan.exchange) != (msg.tag, msg.round, self.exchange):
             raise IntegrityError("the exchange plan does not match its signed envelope",
                                  tag=msg.tag, round=msg.round, client=self.id)
         self.plan = plan
+        return plan
 
 
 class ServerHalf(Party):

@@ -33,6 +33,7 @@ class PlainClient(ClientHalf):
     """A client of the plaintext protocol: uploads float32 blocks, reads its summed blocks."""
 
     mode = "plain"
+    checks_plans = False          # the server reads every contribution: no sum to protect
 
     def on_stage(self, stage, inbox):
         fp = plain_fingerprint(self.setup.num_clients)
@@ -92,9 +93,13 @@ class PlainServer(ServerHalf):
                     else:
                         totals[bid] = row.astype(np.float64)
             del got
-        if missing:
-            raise DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload; nothing was "
+        if missing and (plan.dp_noise_std > 0 or len(missing) == len(contributors)):
+            why = ("every contributor dropped" if len(missing) == len(contributors) else
+                   "each contributor adds a share of the DP noise, so a survivors' sum would be short of noise")
+            err = DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload ({why}); nothing was "
                                "aggregated", **self.where(missing[0]))
+            err.clients = tuple(missing)
+            raise err
         wire = np.float64 if plan.spec.float64_wire else np.float32
         for total in totals.values():
             _check_wire_range(total, wire, "sum", self.where())
@@ -108,7 +113,7 @@ class PlainServer(ServerHalf):
                 downloads[r] = [(self.message(r, "plain", values.shape,
                                               {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
             self.call(link, "download", downloads)
-        return tuple(plan.contributors)
+        return tuple(k for k in plan.contributors if k not in missing)      # the clients that uploaded
 
 
 class PlainProtocol(SplitProtocol):

@@ -34,6 +34,7 @@ from .link import ClientLink, InProcessLink
 from .manifest import Manifest
 from .party import ClientHalf, PartySetup, ServerHalf
 from .plan import ExchangePlan
+from .plan_policy import CollusionBound
 from .transcript import SERVER, Message, client_party, party_client
 
 
@@ -44,18 +45,24 @@ class SplitProtocol(Protocol):
     with a link, :meth:`client_identity` is what the driver hands each client runtime).
     ``schedule``: SHA-256 hex of the public configuration fixing the exchange schedule
     (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
+    ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
+    public (in the party setup and the manifest); every client half refuses a plan that breaks
+    it (:mod:`protocols.plan_policy`).
     """
 
     client_half: type[ClientHalf] = ClientHalf
     server_half: type[ServerHalf] = ServerHalf
 
-    def __init__(self, num_clients: int, *, link: ClientLink | None = None, schedule: str = "", **base_options):
+    def __init__(self, num_clients: int, *, link: ClientLink | None = None, schedule: str = "",
+                 max_colluders: int = 0, min_contributors: int | None = None, **base_options):
         super().__init__(num_clients, **base_options)
+        self.collusion = CollusionBound.of(max_colluders, min_contributors)
         identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
         self.manifest = Manifest.new(self.mode, {p: key.fingerprint for p, key in identities.items()},
                                      self.public_options(), self.security_parameters(), schedule)
         self.run_id = self.manifest.run_id
-        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options())
+        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options(),
+                                self.collusion)
         self.server = self.server_half(self.setup, self.transcript)
         self.server.use_manifest(self.manifest, identities.pop(SERVER))
         setup_bytes = self.setup.to_bytes()
@@ -77,7 +84,7 @@ class SplitProtocol(Protocol):
 
     def security_parameters(self) -> dict:
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
-        return {"sample_seed": int(self.seed)}
+        return {"sample_seed": int(self.seed), **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup: the run

@@ -12,6 +12,7 @@ from typing import Any
 
 from protocols.registry import modes
 
+from .algorithms import algorithm_name
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -101,16 +102,24 @@ class RunConfig:
     grid_model_mean: bool | None = setting(None, group="secure mode",
                                            help="FedAvg-style model mean on a public grid (--update-bound sizes it): "
                                                 "every mode returns the same mean bit for bit; ckks carries it as exact "
-                                                "integer fields (default: on in ckks, off elsewhere; "
+                                                "integer fields (default: on, except ckks with --ckks-real-slots or "
+                                                "--fixed-point-bits; false: plain's float32 mean; "
                                                 "docs/performance.md)")
     update_bound: float | None = setting(None, group="secure mode", min=0, min_exclusive=True,
                                          help="public bound on |model update entry| that model exchanges are "
                                               "planned for (default 100); clients refuse larger updates")
+    max_colluders: int = setting(0, group="secure mode", min=0, unit="clients",
+                                 help="c: clients that may collude with the server; every client refuses a sum with "
+                                      "fewer than --min-contributors contributors (docs/security.md)")
+    min_contributors: int | None = setting(None, group="secure mode", min=2, unit="clients",
+                                           help="contributors every client requires in each sum it joins "
+                                                "(default max-colluders + 2: at least two honest ones)")
     # runtime (docs/runtime.md)
-    executor: str = setting("local", group="runtime", choices=("inline", "local", "ray"),
+    executor: str = setting("local", group="runtime", choices=("inline", "local", "ray", "flower"),
                             help="where clients run: local (default: one runtime per client, this process), inline "
-                                 "(one object plays every party) or ray (Ray actors; pip install -e '.[ray]'); "
-                                 "docs/runtime.md")
+                                 "(one object plays every party), ray (Ray actors; pip install -e '.[ray]') or "
+                                 "flower (one site per organisation behind a Flower SuperNode; pip install -e "
+                                 "'.[flower]', docs/deployment.md); docs/runtime.md")
     ray_address: str | None = setting(None, group="runtime",
                                       help="Ray cluster to join: auto or HOST:PORT (default: start a local one)")
     ray_num_cpus: int | None = setting(None, group="runtime", min=1, unit="CPUs",
@@ -123,12 +132,15 @@ class RunConfig:
     round_timeout: float = setting(600.0, group="runtime", min=0, min_exclusive=True, unit="seconds",
                                    help="how long one call to the clients may take before the silent ones "
                                         "count as dropouts")
+    simulate_dropouts: str | None = setting(None, group="runtime", unit="WHO@STAGE[:rROUND];...",
+                                            help="clients that stop answering at a protocol stage, e.g. 2@upload, "
+                                                 "2@upload:r3 or 1,4@unmask (docs/runtime.md)")
     # output
     out: str | None = setting(None, group="output", unit="path",
                               help="run folder (CLI default runs/<algorithm>-<dataset>-<mode>-<time>)")
     resume: bool = setting(False, group="output", help="continue from OUT/checkpoint.pt")
     save_best_model: bool = setting(True, group="output", help="write OUT/best_model.pt (best-validation weights)")
-    log: str = setting("", group="output", help="per-round logs in OUT: csv, tensorboard or csv,tensorboard")
+    log: str = setting("", group="output", help="per-round logs: csv, tensorboard, wandb, mlflow (comma-separated)")
     # attacks
     attacks: list[str] = setting(group="attacks", default_factory=list,
                                  help="'all' or comma-separated attack names (list: secure-fgl attacks)")
@@ -137,16 +149,17 @@ class RunConfig:
 
     @property
     def model_mean_on_grid(self) -> bool:
-        """``--grid-model-mean``, or its default: on in ckks with its exact fields (fewer ciphertexts than
-        float slots, docs/performance.md), off elsewhere (plain's float32 wire would need float64 on the grid)."""
+        """``--grid-model-mean``, or its default: on in every mode, so plain, mask, ckks and ckks-mp
+        average the model on the same public grid and return the same mean bit for bit (plain then
+        carries it as float64 where float32 cannot hold the grid's sums); off for ckks with real slots
+        or packed fixed point, the codecs chosen instead of the grid.  ``False`` keeps plain's float32 mean."""
         if self.grid_model_mean is not None:
             return self.grid_model_mean
-        return self.mode == "ckks" and not self.ckks_real_slots and self.fixed_point_bits is None
+        return not (self.mode == "ckks" and (self.ckks_real_slots or self.fixed_point_bits is not None))
 
     def validate(self) -> "RunConfig":
         """Every field against its type, range and choices (names matched case-insensitively and
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
-        from .algorithms import algorithm_name
         self.algorithm = algorithm_name(str(self.algorithm))
         if str(self.dp_epsilon).strip().lower() in ("inf", "infinity", "none", "no-dp", "nodp", "∞"):
             self.dp_epsilon = None                 # "inf" = no DP, as in secure-fgl report --dp-epsilons
@@ -165,7 +178,7 @@ class RunConfig:
         if self.split not in ("public", "fedspray", "fgssl", "fedomd") and not self.split.startswith("random:"):
             raise ConfigError(f"--split {self.split!r} is not one of public, fedspray, fgssl, fedomd, random:a/b/c"
                               + did_you_mean(self.split, ("public", "fedspray", "fgssl", "fedomd")))
-        self.log = ",".join(match_choice("--log", x.strip(), ("csv", "tensorboard"))
+        self.log = ",".join(match_choice("--log", x.strip(), ("csv", "tensorboard", "wandb", "mlflow"))
                             for x in self.log.split(",") if x.strip())
         if self.dp_exchanges != "all" and self.dp_epsilon is None:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
@@ -176,6 +189,11 @@ class RunConfig:
         if self.ckks_real_slots and (self.mode != "ckks" or self.fixed_point_bits is not None):
             raise ConfigError("--ckks-real-slots keeps every ckks exchange in real slots; use --mode ckks without "
                               "--fixed-point-bits, or omit it")
+        if self.simulate_dropouts is not None:
+            if self.executor == "inline":
+                raise ConfigError("--simulate-dropouts drops clients at their runtimes: use --executor local or ray")
+            from .runtime.dropouts import parse_dropouts
+            parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

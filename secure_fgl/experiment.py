@@ -27,54 +27,26 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from protocols import Transcript, make_protocol
-
-from .algorithms import get_algorithm
 from .config import RunConfig
+from .data.load import load_federation
 from .engine import resolve_device, seed_everything, train
 from .engine.files import write_json_atomic
-from .engine.hooks import make_hooks
+from .engine.hooks import finish_hooks, make_hooks
 from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
-from .manifest import accepted_keys, schedule_option
+from .manifest import accepted_keys, threat_model
 from .preflight import preflight
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION, accuracy_at_chance
 from .run_identity import fingerprint, resolved_config, write_run_file
-from .privacy import dp_config, privacy_section
+from .privacy import privacy_section
+from .runtime.build import make_executor, make_run_protocol, make_runtime_protocol, make_strategy, run_transcript
+
+__all__ = ["run_experiment", "load_federation", "make_run_protocol", "DP_LEDGER"]
 
 #: the DP accountant's state after the latest release, written before that release's upload
 #: leaves: a run resumed after a crash counts releases its checkpoint missed
 DP_LEDGER = "dp_ledger.json"
-
-
-def load_federation(cfg: RunConfig):
-    from .data import make_federated
-    from .data.graph_build import is_graph_dataset, make_graph_federated
-    if is_graph_dataset(cfg.dataset):      # graph classification (GCFL's settings)
-        order = "file" if cfg.partition == "file-order" else "shuffled"
-        return make_graph_federated(cfg.dataset, cfg.clients, cfg.seed, cfg.data_root, order, **cfg.synthetic)
-    return make_federated(dataset=cfg.dataset, num_clients=cfg.clients, partition=cfg.partition, beta=cfg.beta,
-                          resolution=cfg.resolution, keep_largest=cfg.keep_largest, split=cfg.split,
-                          seed=cfg.seed, data_root=cfg.data_root, **cfg.synthetic)
-
-
-def run_transcript(cfg: RunConfig) -> Transcript:
-    """The transcript of a run: message metadata always (``comm``, the privacy section, the side
-    file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
-    attacks nothing reads a payload, and keeping them would hold a one-time exchange -- FedGCN's
-    neighbour sums, every upload and download of it -- in memory for the rest of the run."""
-    return Transcript(keep_payloads="latest" if cfg.attacks else "none")
-
-
-def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
-    extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
-    if cfg.ckks_real_slots:
-        extra["exact_fields"] = False
-    if link is not None:          # a backend split into halves, its client halves behind ``link``
-        extra["link"] = link
-    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
-    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
 def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: Phases | None = None) -> dict:
@@ -87,7 +59,6 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     options = preflight(cfg, check_data=fed is None)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
-    algo_cls = get_algorithm(cfg.algorithm)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     out_dir = Path(cfg.out) if cfg.out else None
@@ -106,10 +77,10 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         phases.log(f"run folder: {out_dir}")
 
     if cfg.executor == "inline":
+        from .algorithms import get_algorithm
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
-        algo = algo_cls(fed, protocol, cfg, device, options)
+        algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
     else:                                      # one runtime per client, a server strategy (docs/runtime.md)
-        from .runtime.build import make_executor, make_runtime_protocol, make_strategy
         t0 = time.perf_counter()
         # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
         with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
@@ -156,7 +127,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         times["setup"] = time.perf_counter() - t0
     hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
                        save_best=cfg.save_best_model,
-                       resume=resuming)
+                       resume=resuming, config=config)
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
 
@@ -191,6 +162,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["comm"] = protocol.transcript.comm()
     # what each client accepted, pinned by the run manifest (protocols/manifest.py)
     result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
+    result["threat_model"] = threat_model(cfg, protocol)
     if cfg.executor != "inline":
         result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
         t0 = time.perf_counter()
@@ -201,6 +173,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)
     _write(out_dir, result)
+    finish_hooks(hooks, result)
     return result
 
 
@@ -219,7 +192,9 @@ def _files(out_dir: Path | None) -> dict:
         return {}
     what = {"checkpoint.pt": "last-round state for --resume (private: 0600)",
             "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
-            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars", "run.log": "progress log",
+            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars",
+            "wandb": "Weights & Biases run files", "mlflow.db": "MLflow runs", "mlartifacts": "MLflow artifacts",
+            "run.log": "progress log",
             SIDE_FILE: "the transcript's messages without payloads (checkpoint.pt holds their count and SHA-256)"}
     return {name: desc for name, desc in what.items() if (out_dir / name).exists()}
 

@@ -47,3 +47,28 @@ def accepted_keys(protocol, executor=None, hosts=()) -> dict:
         accepted = {f"client{k}": wire.unpack(r)["fingerprints"] for k, r in sorted(responses.items())}
     return {"manifest": {"comparison_code": manifest.comparison_code, "run_id": manifest.run_id.hex()},
             "key_fingerprints": accepted}
+
+
+#: what no mode protects (docs/security.md, "An actively malicious server")
+NOT_PROTECTED = ("a malicious client's own input", "a server re-signing a wrong aggregate (no verifiable aggregation)",
+                 "a crafted model that leaks one update through the sum (use DP)")
+#: per mode: what holds against a server that deviates from the protocol with up to c clients
+MODE_CLAIMS = {
+    "plain": "nothing: the server reads every contribution",
+    "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
+            "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
+    "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
+    "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
+               "of docs/ckks_mp.md",
+}
+
+
+def threat_model(cfg: RunConfig, protocol) -> dict:
+    """``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
+    the run's collusion bound and what is not protected (docs/security.md)."""
+    bound = getattr(protocol, "collusion", None)
+    return {"adversary": "server deviating from the protocol, colluding with up to max_colluders clients",
+            "mode": cfg.mode, "holds": MODE_CLAIMS.get(cfg.mode, "see docs/security.md"),
+            "max_colluders": None if bound is None else bound.max_colluders,
+            "min_contributors": None if bound is None else bound.min_contributors,
+            "not_protected": list(NOT_PROTECTED), "reference": "docs/security.md"}

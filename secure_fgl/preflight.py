@@ -29,32 +29,41 @@ def dataset_tasks() -> dict[str, str]:
     return tasks
 
 
-def algorithm_task(name: str, algo_cls) -> str | None:
-    """``'node'``/``'graph'`` as the class declares (``task``) or the catalog says; None if unknown."""
-    from .algorithms.catalog import ABOUT
-    return getattr(algo_cls, "task", None) or (ABOUT[name].task if name in ABOUT else None)
-
-
-def check_dataset(cfg: RunConfig, algo_cls) -> None:
+def check_dataset(cfg: RunConfig, spec) -> None:
     tasks = dataset_tasks()
     task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
     cfg.dataset = cfg.dataset.lower()        # one spelling in results (the data layer ignores case)
-    algo_task = algorithm_task(cfg.algorithm, algo_cls)
-    if algo_task is not None and task != algo_task:
+    if task != spec.task:
         raise ConfigError(f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "
-                          f"{cfg.algorithm} trains {algo_task} classification; pick a {algo_task}-classification "
+                          f"{cfg.algorithm} trains {spec.task} classification; pick a {spec.task}-classification "
                           "dataset (list: secure-fgl datasets)")
     if cfg.data_root is not None and not Path(cfg.data_root).is_dir():
         raise ConfigError(f"--data-root {cfg.data_root} is not a folder; give the folder holding the datasets "
                           "(e.g. $SECURE_FGL_DATA)")
 
 
-def check_mode(cfg: RunConfig, algo_cls) -> None:
-    """An algorithm that declares ``supported_modes`` (and its ``mode_refusal`` line) refuses the
-    other modes before any data is loaded."""
-    modes = getattr(algo_cls, "supported_modes", None)
-    if modes is not None and cfg.mode not in modes:
-        raise ConfigError(algo_cls.mode_refusal(cfg.mode))
+def check_mode(cfg: RunConfig, spec) -> None:
+    """The modes the spec lists; any other is refused before any data is loaded."""
+    if cfg.mode not in spec.modes:
+        raise ConfigError(spec.mode_refusal(cfg.mode))
+
+
+def check_collusion(cfg: RunConfig) -> None:
+    """Secure modes: the run's collusion bound is valid and every round samples at least the
+    minimum number of contributors each client requires (:mod:`protocols.plan_policy`)."""
+    if cfg.mode == "plain":
+        return
+    from protocols.errors import ConfigurationError
+    from protocols.plan_policy import CollusionBound
+    try:
+        bound = CollusionBound.of(cfg.max_colluders, cfg.min_contributors)
+    except ConfigurationError as exc:
+        raise ConfigError(str(exc)) from None
+    sampled = cfg.clients if cfg.client_fraction >= 1 else max(1, int(round(cfg.client_fraction * cfg.clients)))
+    if sampled < bound.min_contributors:
+        raise ConfigError(f"--mode {cfg.mode}: every client refuses a sum over fewer than {bound.min_contributors} "
+                          f"contributors (--min-contributors, default --max-colluders + 2), but a round samples "
+                          f"{sampled}; raise --clients or --client-fraction, or lower --max-colluders")
 
 
 def check_attacks(cfg: RunConfig) -> None:
@@ -89,18 +98,20 @@ def check_out(cfg: RunConfig) -> None:
 
 
 def check_logs(cfg: RunConfig) -> None:
+    """Every --log target's package is installed (a one-line error naming its extra, before the run)."""
     import importlib.util
-    if "tensorboard" in cfg.log.split(",") and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("--log tensorboard needs the tensorboard package: pip install 'secure-fgl[tensorboard]' "
-                          "(or use --log csv)")
+    for name in cfg.log.split(","):
+        if name in ("tensorboard", "wandb", "mlflow") and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"--log {name} needs the {name} package: pip install 'secure-fgl[{name}]' "
+                              "(or use --log csv)")
 
 
 def _algorithms_with_option(name: str) -> list[str]:
     """The algorithms that have the option ``name`` (``-`` or ``_``)."""
     import dataclasses
-    from .algorithms import OPTIONS, get_options_class
+    from .algorithms import SPECS
     key = name.replace("-", "_")
-    return [a for a in OPTIONS if key in {f.name for f in dataclasses.fields(get_options_class(a))}]
+    return [a for a, spec in SPECS.items() if key in {f.name for f in dataclasses.fields(spec.options)}]
 
 
 def check_options(cfg: RunConfig, options_cls) -> object:
@@ -128,23 +139,23 @@ def check_options(cfg: RunConfig, options_cls) -> object:
 def preflight(cfg: RunConfig, *, check_data: bool = True):
     """Validate ``cfg`` in place (canonical names); returns the algorithm's Options instance.
     ``check_data=False`` when the caller brings its own federation (no dataset lookup)."""
-    from .algorithms import algorithm_name, get_algorithm, get_options_class
-    cfg.algorithm = algorithm_name(cfg.algorithm)
+    from .algorithms import get_spec
+    spec = get_spec(cfg.algorithm)
+    cfg.algorithm = spec.name
     cfg.validate()
     if not DEVICE_PATTERN.match(cfg.device.lower()):
         raise ConfigError(f"--device {cfg.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
                           + did_you_mean(cfg.device, ("auto", "cpu", "cuda", "mps")))
     cfg.device = cfg.device.lower()
-    options = check_options(cfg, get_options_class(cfg.algorithm))
+    options = check_options(cfg, spec.options)
     check_out(cfg)
     check_logs(cfg)
-    algo_cls = get_algorithm(cfg.algorithm)
-    check_config = getattr(algo_cls, "check_config", None)   # an algorithm's own cross-field rules
-    if check_config is not None:
-        check_config(options, cfg)
-    check_mode(cfg, algo_cls)
+    if spec.check is not None:                  # the algorithm's own cross-field rules
+        spec.check(options, cfg)
+    check_mode(cfg, spec)
+    check_collusion(cfg)
     if check_data:
-        check_dataset(cfg, algo_cls)
+        check_dataset(cfg, spec)
     check_attacks(cfg)
     from .runtime.build import check_runtime
     check_runtime(cfg)

@@ -43,7 +43,7 @@ def small_fed(num_clients=4, num_nodes=240, num_features=60, seed=0):
 def fedgcn_exchange(fed, proto, noise: float = 0.0, seed: int = 0, hops: int = 1):
     """FedGCN's real pre-training exchange (its client-side functions), optionally with
     Gaussian noise of std ``noise`` added by every client to its rows (local-DP emulation)."""
-    from secure_fgl.algorithms.fedgcn import TAG, neighbour_terms, partial_neighbour_sums, requested_rows
+    from secure_fgl.algorithms.fedgcn.ops import TAG, neighbour_terms, partial_neighbour_sums, requested_rows
     rng = np.random.default_rng(seed)
     contributions, requests = {}, {}
     for k, c in enumerate(fed.clients):
@@ -489,7 +489,7 @@ def test_audit_passes_on_secure_backends(mode):
     proto = _secure(mode, 3)
     _exchange(proto)
     fed = small_fed(num_clients=3, num_nodes=90, num_features=20)
-    from secure_fgl.algorithms.fedgcn import neighbour_terms, partial_neighbour_sums, requested_rows
+    from secure_fgl.algorithms.fedgcn.ops import neighbour_terms, partial_neighbour_sums, requested_rows
     contributions = {k: tuple(t.numpy() for t in partial_neighbour_sums(c, neighbour_terms(c, "row")))
                      for k, c in enumerate(fed.clients)}
     requests = {k: requested_rows(c, 1).numpy() for k, c in enumerate(fed.clients)}

@@ -5,19 +5,20 @@ from __future__ import annotations
 import pytest
 
 from protocols import SERVER, DropoutError
-from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
-from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
 
+from golden_numbers import assert_golden
 from test_runtime import FlakyExecutor, RecordingExecutor, _run_with, protocol_bytes_crossing, small
 
 
 @pytest.mark.parametrize("algorithm,options", [("fedavg", {}), ("fedgcn", {"row_order": "signature"})])
-def test_ckks_mp_halves_run_in_the_local_runtimes(algorithm, options):
+def test_ckks_mp_halves_run_in_the_local_runtimes_golden(algorithm, options, request):
     """Keys made in each runtime, the driver holds no client half, the transcript counts exactly the
-    bytes handed to / returned from the runtimes, and the run equals the in-process one within the
-    exchange's error bound (FedGCN signature order: per-recipient key switching)."""
+    bytes handed to / returned from the runtimes, and the run equals the golden one bit for bit
+    (FedGCN signature order: per-recipient key switching)."""
     cfg = small(algorithm, "ckks-mp", executor="local", options=dict(options), rounds=2).validate()
     fed = load_federation(cfg)
     executor = RecordingExecutor()
@@ -34,9 +35,7 @@ def test_ckks_mp_halves_run_in_the_local_runtimes(algorithm, options):
     assert len(relayed) == fed.num_clients - 1
     assert sum(m.nbytes for m in protocol_msgs) + sum(m.nbytes for m in relayed) == \
         protocol_bytes_crossing(executor.frames)
-    inline = run_experiment(small(algorithm, "ckks-mp", executor="inline", options=dict(options), rounds=2),
-                            progress=False)
-    assert losses == pytest.approx([r["train_loss"] for r in inline["rounds"]], abs=1e-4)
+    assert_golden("ckks_mp_runtime", request.node.name, {"train_loss": losses})
 
 
 def test_ckks_mp_client_silent_at_partial_decryption_is_named():

@@ -58,8 +58,8 @@ def test_optional_numeric_flags_are_parsed_as_numbers():
                                                    "--dp-row-clip", "4.5"])
     cfg = config_from_args(args, extra)
     from secure_fgl.preflight import check_options
-    from secure_fgl.algorithms import get_options_class
-    check_options(cfg, get_options_class(cfg.algorithm))
+    from secure_fgl.algorithms import get_spec
+    check_options(cfg, get_spec(cfg.algorithm).options)
     assert cfg.dp_epsilon == 8.0 and isinstance(cfg.dp_epsilon, float)
     assert cfg.patience == 3 and cfg.options["dp_row_clip"] == 4.5
 
@@ -223,10 +223,10 @@ def test_run_help_is_grouped_and_every_option_has_its_own_help(capsys):
     for group in ("data:", "federation:", "model:", "training:", "privacy:", "secure mode:", "output:",
                   "attacks:", "fedomd options"):
         assert group in out
-    from secure_fgl.algorithms import OPTIONS, get_options_class
+    from secure_fgl.algorithms import SPECS
     helps: dict[str, str] = {}              # one line per flag (algorithms may share an option)
-    for name in OPTIONS:
-        for f in dataclasses.fields(get_options_class(name)):
+    for name, spec in SPECS.items():
+        for f in dataclasses.fields(spec.options):
             assert f.metadata.get("help"), f"{name} --{f.name} has no help line"
             helps.setdefault(f.name, f.metadata["help"])
     assert len(set(helps.values())) == len(helps)
@@ -257,12 +257,12 @@ def test_discovery_commands(capsys):
 @pytest.mark.parametrize("preset", ["fedgcn-table2", "fedomd-table4", "fedspray-table2"])
 def test_presets_parse_and_flags_override(preset):
     from secure_fgl.preflight import check_options
-    from secure_fgl.algorithms import get_options_class
+    from secure_fgl.algorithms import get_spec
     args, extra = build_parser().parse_known_args(["run", "--preset", preset, "--dataset", "citeseer",
                                                    "--rounds", "7"])
     cfg = config_from_args(args, extra)
     assert cfg.dataset == "citeseer" and cfg.rounds == 7
-    check_options(cfg, get_options_class(cfg.algorithm))
+    check_options(cfg, get_spec(cfg.algorithm).options)
     if preset == "fedgcn-table2":
         assert (cfg.optimizer, cfg.lr, cfg.local_epochs, cfg.options["hops"]) == ("sgd", 0.5, 3, 1)
 

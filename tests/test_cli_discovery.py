@@ -14,7 +14,8 @@ from secure_fgl.cli.main import build_parser, config_from_args, main
 
 def test_help_and_listing_commands_do_not_import_torch():
     code = ("import sys, io, contextlib; from secure_fgl.cli.main import main\n"
-            "for argv in (['--help'], ['report', '--help'], ['algorithms'], ['modes'], ['datasets']):\n"
+            "for argv in (['--help'], ['report', '--help'], ['algorithms'], ['modes'], ['datasets'],"
+            " ['attacks']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()):\n"
             "        assert main(argv) == 0, argv\n"
             "    heavy = [m for m in ('torch', 'torch_geometric', 'tenseal', 'matplotlib') if m in sys.modules]\n"
@@ -32,11 +33,13 @@ def test_modes_attacks_and_datasets_listings_are_whole(tmp_path, capsys):
     assert main(["attacks"]) == 0
     out = capsys.readouterr().out
     from attacks.runner import ATTACKS
-
     from secure_fgl.cli.discover import first_paragraph
     flat = " ".join(out.split())
     for cls in ATTACKS.values():                           # the whole first paragraph, not its first line
         assert " ".join(first_paragraph(cls.__doc__).split()) in flat, cls.name
+    from attacks.catalog import attack_catalog  # the listing's torch-free reading of the classes
+    assert [(a.name, a.exchange, a.algorithms, first_paragraph(a.doc)) for a in attack_catalog()] == [
+        (cls.name, cls.exchange, cls.algorithms, first_paragraph(cls.__doc__)) for cls in ATTACKS.values()]
     assert main(["datasets", "--data-root", str(tmp_path)]) == 0
     names = {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:] if line.strip()}
     assert {"synthetic-graphs", "molecules", "biochem", "mix", "small", "sbm", "Cora"} <= names

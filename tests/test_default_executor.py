@@ -31,7 +31,7 @@ def test_runtime_settings_stay_local(kw, capsys):
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_dp_with_a_strategy_not_privatised_on_the_clients_is_refused_naming_inline(executor, monkeypatch):
     """(None is registered now: every strategy privatises on the clients.)"""
-    from secure_fgl.runtime.fedomd import FedOMDStrategy
+    from secure_fgl.algorithms.fedomd.server import FedOMDStrategy
     monkeypatch.setattr(FedOMDStrategy, "dp_on_runtimes", False)
     with pytest.raises(ConfigError, match="fedomd's exchanges are not privatised on the client runtimes yet; use "
                                           "--executor inline"):

@@ -46,7 +46,7 @@ def crash_after_upload(monkeypatch, at_round: int, executor: str) -> None:
     monkeypatch.setattr(module, name, make)
 
 
-@pytest.mark.parametrize("executor,at_round", [("inline", 0), ("local", 0), ("local", 2)])
+@pytest.mark.parametrize("executor,at_round", [("local", 0), ("local", 2)])
 def test_resumed_dp_run_counts_the_interrupted_release(tmp_path, monkeypatch, executor, at_round):
     full = run_experiment(cfg(tmp_path / "full", executor=executor), progress=False)["privacy"]
     out = tmp_path / "crashed"

@@ -162,11 +162,10 @@ def test_per_graph_clipping_sums_each_graphs_nodes():
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero")
-@pytest.mark.parametrize("executor", ["inline", "local"])
-def test_graph_classification_dpsgd_is_sample_level(executor):
+def test_graph_classification_dpsgd_is_sample_level():
     from opacus.accountants import PRVAccountant
     cfg = RunConfig(algorithm="gcfl", dataset="synthetic-graphs", clients=4, rounds=2, local_epochs=2, hidden=16,
-                    executor=executor, dp_epsilon=4.0, options={"dpsgd": True})
+                    dp_epsilon=4.0, options={"dpsgd": True})
     r = run_experiment(cfg, progress=False)
     p = r["privacy"]
     assert p["unit"] == "sample" and p["claim_holds"] and not p["uncovered"]

@@ -15,8 +15,8 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, degree
 
 from protocols import BoundError, make_protocol
-from secure_fgl.algorithms.fedavg import FedAvg
-from secure_fgl.algorithms.fedgcn import TAG, FedGCN, FedGCNNet, FedGCNOptions, requested_rows
+from secure_fgl.algorithms.fedavg.inline import FedAvg
+from secure_fgl.algorithms.fedgcn.ops import TAG, FedGCN, FedGCNNet, FedGCNOptions, requested_rows
 from secure_fgl.config import RunConfig
 from secure_fgl.data import make_federated
 from secure_fgl.experiment import run_experiment
@@ -230,7 +230,7 @@ def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(
 
 def fed_degrees(c) -> int:
     """Largest degree of client c's own nodes (local plus cross edges, self loop not counted)."""
-    from secure_fgl.algorithms.fedgcn import local_degrees
+    from secure_fgl.algorithms.fedgcn.ops import local_degrees
     return int(local_degrees(c).max()) - 1
 
 
@@ -347,11 +347,7 @@ def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops):
 
 def test_touch_signatures_are_the_contributing_clients(fed_wide):
     """The owner-side signature S(v) equals the set of clients whose contribution has row v."""
-    from secure_fgl.algorithms.fedgcn import (
-        neighbour_terms,
-        partial_neighbour_sums,
-        touch_signatures,
-    )
+    from secure_fgl.algorithms.fedgcn.ops import neighbour_terms, partial_neighbour_sums, touch_signatures
     masks = touch_signatures(fed_wide.clients, fed_wide.owner, fed_wide.graph.num_nodes)
     expected = np.zeros(fed_wide.graph.num_nodes, dtype=np.int64)
     for k, c in enumerate(fed_wide.clients):
@@ -362,7 +358,7 @@ def test_touch_signatures_are_the_contributing_clients(fed_wide):
 
 def test_segment_blocks_is_optimal_on_small_sequences():
     """The DP's cut equals the brute-force minimum of sum_blocks popcount(OR of the block)."""
-    from secure_fgl.algorithms.fedgcn import segment_blocks
+    from secure_fgl.algorithms.fedgcn.ops import segment_blocks
     rng = np.random.default_rng(0)
 
     def best(m, rpb):

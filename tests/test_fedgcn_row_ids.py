@@ -9,7 +9,7 @@ from protocols.errors import IntegrityError
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.fedgcn import IDS_TAG
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG
 
 from test_runtime import small
 

@@ -14,8 +14,7 @@ from hypothesis.extra import numpy as hnp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import SERVER, Transcript, make_protocol
-from secure_fgl.algorithms.fedspray import (FedSpray, align_proxies, class_weights,
-                                            classwise_weighted_mean)
+from secure_fgl.algorithms.fedspray.ops import FedSpray, align_proxies, class_weights, classwise_weighted_mean
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.fedspray_encoder import node_proxies, soft_proxies, soft_proxy_weights
@@ -106,7 +105,9 @@ def test_secure_server_view_hides_ratios_and_absent_classes(mode):
         weights = {k: class_weights(c, "ratio") for k, c in counts.items()}
         align_proxies(protocol, PROXY_TAG, 0, values, weights, torch.zeros(4, 3))
         view = protocol.transcript.view(SERVER)
-        uploads = [m for m in view if m.receiver == SERVER and m.tag == PROXY_TAG and m.kind != "public_key"]
+        # control messages (mask's share commitments and survivor-set signatures) hold no input
+        uploads = [m for m in view if m.receiver == SERVER and m.tag == PROXY_TAG
+                   and m.kind not in ("public_key", "control")]
         assert len(uploads) >= K
         assert all(m.kind in UNREADABLE for m in uploads), {m.kind for m in uploads}
         assert not [m for m in view if m.kind in ("plain", "metadata")], "server reads a plaintext message"
@@ -152,7 +153,7 @@ def test_algorithm_uploads(mode):
     view = protocol.transcript.view(SERVER)
     tags = {m.tag for m in view}
     assert BATCH_TAG in tags and {"fedspray/encoder", PROXY_TAG} <= set(protocol.transcript.comm()["per_tag"])
-    ups = [m for m in view if m.receiver == SERVER and m.tag == BATCH_TAG and m.kind != "public_key"]
+    ups = [m for m in view if m.receiver == SERVER and m.tag == BATCH_TAG and m.kind not in ("public_key", "control")]
     if mode == "plain":
         C, d = fed.num_classes, 8
         for m in ups:

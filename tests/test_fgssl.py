@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from protocols import make_protocol
-from secure_fgl.algorithms.fgssl import class_contrast, fgsd_loss, fnsc_loss
-from secure_fgl.algorithms.graph_augment import AugmentRates, augment, view_generator
+from secure_fgl.algorithms.fgssl.ops import class_contrast, fgsd_loss, fnsc_loss
+from secure_fgl.algorithms.fgssl.augment import AugmentRates, augment, view_generator
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models import build_model

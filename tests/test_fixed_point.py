@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -23,6 +25,8 @@ from protocols.precision import MeanPrecision
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 CKKS_SETTINGS = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 _PROTOCOLS: dict[int, object] = {}
+#: a fresh round for every exchange on a reused protocol: a client contributes to a (round, tag) once
+ROUNDS = itertools.count()
 
 
 def fixed_ckks(k: int):
@@ -112,7 +116,7 @@ def test_ckks_fixed_point_mean_within_the_stated_bound(data):
     vals = {c: rng.uniform(-1, 1, n) for c in range(k)}
     proto = fixed_ckks(k)
     before = len(proto.transcript.messages)
-    got = proto.weighted_mean("fx/model", 0, vals, dict(enumerate(weights)), spec=plan.spec())
+    got = proto.weighted_mean("fx/model", next(ROUNDS), vals, dict(enumerate(weights)), spec=plan.spec())
     exact = sum(w * vals[c] for c, w in enumerate(weights))
     stats = proto.last_stats
     assert stats["encoding"] == "fixed"
@@ -127,7 +131,7 @@ def test_small_exchanges_keep_float_precision():
     """A few values fit one ciphertext either way: fixed point would save too little to pay
     for its coarser quantum (params.FIXED_POINT_MIN_SAVING)."""
     proto = fixed_ckks(2)
-    got = proto.weighted_mean("fx/small", 0, {0: [0.25] * 200, 1: [0.5] * 200}, {0: 0.5, 1: 0.5},
+    got = proto.weighted_mean("fx/small", next(ROUNDS), {0: [0.25] * 200, 1: [0.5] * 200}, {0: 0.5, 1: 0.5},
                               spec=MeanPrecision(value_bound=100.0).spec())
     assert proto.last_stats["encoding"] == "float" and np.abs(got - 0.375).max() < 1e-8
 
@@ -150,7 +154,7 @@ def test_an_entry_above_the_bound_is_refused_before_encryption(data):
     before = len(proto.transcript.messages)
     assert proto.plan(ValueSpec(max_abs=1.0), block_len=n).encoding == "fixed"
     with pytest.raises(BoundError) as err:
-        proto.weighted_sum("fx/refuse", 0, vals, spec=ValueSpec(max_abs=1.0))
+        proto.weighted_sum("fx/refuse", next(ROUNDS), vals, spec=ValueSpec(max_abs=1.0))
     assert err.value.client == bad_client and "Nothing was encrypted" in str(err.value)
     # (the chain's key set-up, tag ckks/keys, may run first: the halves set keys up before uploads)
     assert not [m for m in proto.transcript.messages[before:] if m.tag == "fx/refuse" and m.kind == "ciphertext"]
@@ -245,6 +249,6 @@ def test_integer_exchanges_sum_exactly_in_signed_complex_fields(data):
     vals = {c: rng.integers(0, cap + 1, n).astype(float) for c in range(k)}
     vals[0][: n // 3] = cap                                           # the worst case
     proto = fixed_ckks(k)
-    got = proto.weighted_sum("fx/int", 0, vals, spec=ValueSpec(integer=True, max_abs=float(cap)))
+    got = proto.weighted_sum("fx/int", next(ROUNDS), vals, spec=ValueSpec(integer=True, max_abs=float(cap)))
     assert proto.last_stats["encoding"] == "fixed" and proto.last_stats["error_bound"] == 0.0
     assert np.array_equal(got, sum(vals.values()))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from protocols import make_protocol
-from secure_fgl.algorithms.gap import FedGCNGAP, GAPOptions
+from secure_fgl.algorithms.gap.ops import FedGCNGAP, GAPOptions
 from secure_fgl.config import RunConfig
 from secure_fgl.data import make_federated
 

@@ -140,12 +140,11 @@ def test_unweighted_mean_norm_reads_the_unweighted_mean_and_aggregates_fedavg():
 
 def test_unweighted_mean_norm_is_the_same_over_the_runtime_in_a_secure_mode():
     opts = {"eps1": 0.5, "eps2": 0.0, "seq_length": 2, "mean_norm": "unweighted"}
-    runs = {(ex, m): run_experiment(RunConfig(algorithm="gcflplus", mode=m, rounds=21, executor=ex, **FAST,
-                                              options=opts), progress=False)
-            for ex, m in (("inline", "plain"), ("local", "mask"))}
+    runs = {m: run_experiment(RunConfig(algorithm="gcflplus", mode=m, rounds=21, **FAST, options=opts),
+                              progress=False) for m in ("plain", "mask")}
     crit = {k: [r.get("split_criteria") for r in v["rounds"]] for k, v in runs.items()}
-    assert crit[("inline", "plain")] == crit[("local", "mask")] and crit[("inline", "plain")][0]
-    assert runs[("local", "mask")]["final"]["clusters"] == runs[("inline", "plain")]["final"]["clusters"]
+    assert crit["plain"] == crit["mask"] and crit["plain"][0]
+    assert runs["mask"]["final"]["clusters"] == runs["plain"]["final"]["clusters"]
 
 
 @pytest.mark.parametrize("num_clients", [3, 12])
@@ -273,10 +272,21 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
 
 
 @pytest.mark.parametrize("name", ["gc-selftrain", "gc-fedavg", "gc-fedprox", "gcfl", "gcflplus"])
-def test_catalog_and_torch_free_options_match_the_class(name):
-    """`secure-fgl algorithms` and `run --help` read torch-free copies: they must agree with the class."""
-    from secure_fgl.algorithms import get_options_class
-    from secure_fgl.algorithms.catalog import ABOUT
-    cls = get_algorithm(name)
-    assert get_options_class(name) is cls.Options
-    assert ABOUT[name].task == "graph" and ABOUT[name].modes == tuple(cls.supported_modes)
+def test_the_spec_matches_the_class(name):
+    """`secure-fgl algorithms` and `run --help` read the torch-free spec: it must agree with the class."""
+    from secure_fgl.algorithms import get_spec
+    cls, spec = get_algorithm(name), get_spec(name)
+    assert spec.options is cls.Options
+    assert spec.task == "graph" and spec.modes == tuple(cls.supported_modes)
+
+
+def test_a_cut_never_leaves_a_side_below_the_minimum():
+    """The Stoer-Wagner cut of 1 + cos often isolates one client; with ``min_side`` the lightest cut
+    with both sides large enough is taken (a GCFL cluster below the run's minimum contributors would
+    have its mean, beside the whole cluster's, reveal its members' updates)."""
+    sim = np.full((5, 5), 1.9)
+    sim[4, :4] = sim[:4, 4] = 0.5                     # client 4 far from the rest: the minimum cut isolates it
+    sim[[0, 1], 2:4] = sim[2:4, [0, 1]] = 1.2
+    assert bipartition(sim, list(range(5))) == ([0, 1, 2, 3], [4])
+    assert bipartition(sim, list(range(5)), min_side=2) == ([0, 1], [2, 3, 4])
+    assert bipartition(sim, list(range(5)), min_side=3) is None

@@ -43,11 +43,29 @@ def test_ckks_real_slots_is_a_ckks_option():
         RunConfig(algorithm="fedgcn", dataset="sbm", mode="ckks", ckks_real_slots=True, fixed_point_bits=20).validate()
 
 
+def test_every_mode_trains_plains_model_bit_for_bit_by_default(tmp_path):
+    """Without ``--grid-model-mean`` every mode averages on the same public grid: plain, mask, ckks and
+    ckks-mp give the same train loss in every round and the same final parameters, bit for bit."""
+    def run(mode):
+        cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode=mode, rounds=3, local_epochs=1,
+                        hidden=8, seed=5, synthetic={"num_nodes": 90, "num_features": 40}, save_best_model=False,
+                        out=str(tmp_path / mode), options={"hops": 1}).validate()
+        result = run_experiment(cfg, progress=False)
+        params = torch.load(tmp_path / mode / "clients" / "client0.pt", weights_only=True)["global_params"]
+        return [r["train_loss"] for r in result["rounds"]], params
+    plain = run("plain")
+    for mode in ("mask", "ckks", "ckks-mp"):
+        losses, params = run(mode)
+        assert losses == plain[0], mode
+        assert torch.equal(params, plain[1]), mode
+
+
 def test_ckks_averages_the_model_on_its_grid_by_default_at_the_default_update_bound(tmp_path):
     """Without ``--grid-model-mean`` and at the default ``--update-bound`` (100), ckks carries the model
     mean on its grid in exact fields (``grid_model_tolerance`` keeps its ten-client sums within the 41
     bits of a slot half): fewer bytes than the float slots of ``--grid-model-mean false``."""
-    assert [RunConfig(mode=m).model_mean_on_grid for m in ("plain", "mask", "ckks")] == [False, False, True]
+    assert [RunConfig(mode=m).model_mean_on_grid for m in ("plain", "mask", "ckks", "ckks-mp")] == [True] * 4
+    assert not RunConfig(mode="plain", grid_model_mean=False).model_mean_on_grid      # plain's float32 mean
     assert not RunConfig(mode="ckks", ckks_real_slots=True).model_mean_on_grid
     assert not RunConfig(mode="ckks", fixed_point_bits=20).model_mean_on_grid
     assert RunConfig(mode="plain", grid_model_mean=True).model_mean_on_grid

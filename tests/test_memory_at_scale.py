@@ -80,7 +80,7 @@ def test_kept_rows_of_integer_sums_are_stored_narrow_and_assembled_exactly():
 
 
 def test_integer_rows_are_narrowed_exactly_and_others_kept():
-    from secure_fgl.algorithms.fedgcn import narrow_integer_rows
+    from secure_fgl.algorithms.fedgcn.ops import narrow_integer_rows
     counts = torch.tensor([[0.0, 255.0], [3.0, -2.0]], dtype=torch.float64)
     narrowed = narrow_integer_rows(counts)
     assert narrowed.dtype == torch.int16 and torch.equal(narrowed.to(torch.float64), counts)

@@ -121,7 +121,7 @@ def test_batch_attribution_per_tag_sums_to_the_total(mode):
 def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
     import torch
 
-    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
     torch.manual_seed(0)
     hidden = {k: [torch.rand(6 + 4 * k, 3), torch.rand(6 + 4 * k, 2)] for k in range(3)}
     per_layer = make_protocol(mode, 3)
@@ -140,7 +140,7 @@ def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
 def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
     import torch
 
-    from secure_fgl.algorithms.fedomd import exchange_hidden_statistics
+    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
     torch.manual_seed(1)
     hidden = {k: [torch.rand(8 + 3 * k, 4), torch.rand(8 + 3 * k, 2)] for k in range(3)}
     exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, hidden, (2, 3, 4, 5), 0.0, 1.0)
@@ -190,6 +190,18 @@ def test_overhead_worker_record_has_the_issue_fields():
     assert rec["per_tag"]["fedomd/hidden1/mean"]["plaintext_bytes_up"] > 0
     lines = tag_table([{"workload": "w", "mode": "ckks", **rec}])
     assert any("fedomd/hidden1/moments" in line for line in lines)
+
+
+def test_overhead_reports_ckks_mp_and_per_exchange_ratios_to_plain():
+    from secure_fgl.bench.overhead import MODES, exchange_table, workload_config
+    assert "ckks-mp" in MODES
+    assert workload_config("cora-fedgcn-2hop", "ckks-mp", quick=True)["options"] == {"hops": 2, "layout": "dense"}
+    def tag(up, down):
+        return {"bytes_up": up, "bytes_down": down, "plaintext_bytes_up": 100}
+    records = [{"workload": "w", "mode": "plain", "cpu_ratio_to_plain": 1.0, "per_tag": {"m": tag(100, 100)}},
+               {"workload": "w", "mode": "ckks-mp", "cpu_ratio_to_plain": 2.5, "per_tag": {"m": tag(500, 300)}}]
+    lines = exchange_table(records)
+    assert any("ckks-mp" in line and "cpu 2.50x" in line and "m 4.00x" in line for line in lines)
 
 
 @pytest.mark.parametrize("mode", ("plain", "ckks"))

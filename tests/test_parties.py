@@ -98,13 +98,18 @@ def test_client_half_is_built_from_public_bytes_only():
 
 
 def test_dropped_client_is_named_not_waited_for():
-    """A client whose answer never comes back is a dropout: plain refuses naming it; mask recovers
-    the survivors' sum above the threshold and refuses, naming the clients, below it."""
+    """A client whose answer never comes back is a dropout: plain sums the clients that uploaded
+    (refusing, naming them, when none did); mask recovers the survivors' sum above the threshold
+    and refuses, naming the clients, below it."""
     x = _values(3)
     plain = make_protocol("plain", 3)
     plain.link.drop(1, "upload")
-    with pytest.raises(DropoutError, match=r"client\(s\) 1 did not upload"):
-        plain.weighted_sum("x/t", 0, x, spec=SPEC)
+    got = plain.weighted_sum("x/t", 0, x, spec=SPEC, recipients=[0, 2])
+    assert np.allclose(got, x[0] + x[2], atol=1e-4)
+    for k in (0, 2):
+        plain.link.drop(k, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 0, 1, 2 did not upload \(every contributor dropped\)"):
+        plain.weighted_sum("x/t", 1, x, spec=SPEC)
     mask = make_protocol("mask", 3)                 # t = 2 of 3
     mask.weighted_sum("x/t", 0, x, spec=SPEC)
     mask.link.drop(1, "masked_upload")              # gone from its upload on, in this and later exchanges
@@ -114,11 +119,15 @@ def test_dropped_client_is_named_not_waited_for():
     with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
         mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
     assert err.value.clients == (1, 2)
-    ckks = make_protocol("ckks", 3)
+    ckks = make_protocol("ckks", 3)                 # shared key: the survivors' sum
     ckks.link.drop(2, "upload")
-    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage") as err:
-        ckks.weighted_sum("x/t", 0, x, spec=SPEC)
-    assert err.value.clients == (2,)
+    got = ckks.weighted_sum("x/t", 0, x, spec=SPEC, recipients=[0, 1])
+    assert np.allclose(got, x[0] + x[1], atol=1e-3)
+    for k in (0, 1):
+        ckks.link.drop(k, "upload")
+    with pytest.raises(DropoutError, match=r"client\(s\) 0, 1, 2 did not answer the 'upload' stage") as err:
+        ckks.weighted_sum("x/t", 1, x, spec=SPEC)
+    assert err.value.clients == (0, 1, 2)
 
 
 def test_ckks_mp_missing_partial_decryption_is_named():

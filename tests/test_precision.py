@@ -179,7 +179,7 @@ def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode():
     ckks and mask are *identical* to plain's (torch.equal, not close), and every pooled statistic
     is within the grid's stated bound of the exact float64 one (before the grid: within the
     bound but not equal, and Adam + CMD amplified the differences into different runs)."""
-    from secure_fgl.algorithms.fedomd import STATS_MEAN_TOLERANCE
+    from secure_fgl.algorithms.fedomd.ops import STATS_MEAN_TOLERANCE
     runs = {mode: _fedomd(mode, rounds=10) for mode in ("plain", "ckks", "mask")}
     for mode, (params, errors, algo) in runs.items():
         k = len(algo.clients)
@@ -251,7 +251,7 @@ def test_ckks_carries_fedomd_grids_for_many_clients(num_clients):
     """Past ten clients ``grid_tolerance`` coarsens the targets so that CKKS still meets the grid's
     quarter step (before it, FedOMD's grids were refused by the CKKS planner at K > 10)."""
     from secure_fgl.algorithms.base import model_spec
-    from secure_fgl.algorithms.fedomd import FedOMDOptions, stats_grid_spec
+    from secure_fgl.algorithms.fedomd.ops import FedOMDOptions, stats_grid_spec
     ckks = make_protocol("ckks", num_clients)
     for spec in (stats_grid_spec(FedOMDOptions(), (2, 3, 4, 5), 2708, num_clients, num_clients),
                  model_spec(num_clients, num_clients, grid=True)):

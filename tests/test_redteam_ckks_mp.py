@@ -119,9 +119,6 @@ class ForeignSession(CKKSMPServer):
         return super().call(link, stage, messages, hook=hook)
 
 
-@pytest.mark.xfail(strict=True, reason="ClientHalf.handle adopts the exchange number of any message the server "
-                   "signed, before checking its run id, session and recipient (protocols/party.py "
-                   "_adopt_exchange): a replayed message of another session removes the client for the run")
 def test_a_server_message_of_another_session_does_not_move_the_exchange_number():
     from protocols.errors import ProtocolError
     p = protocol_with(ForeignSession)
@@ -248,17 +245,12 @@ def _mp_protocol(server):
     return protocol_with(detour_server(CKKSMPServer, server))
 
 
-_SHARED = "protocols/party.py (ClientHalf.handle) answers "
-
 
 @pytest.mark.parametrize("make,shape", [
     (_mp_protocol, "pairwise"),
     (_mask_protocol, "pairwise"),          # refused by the framing: 'key_setup' is no stage of mask
-    pytest.param(_mp_protocol, "report", marks=pytest.mark.xfail(
-        strict=True, reason=_SHARED + "stage 'report' for any plan: the client sends its provider's contribution "
-        "for the plan's tag in the clear; nothing ties report stages to the tags the public schedule reports")),
-    pytest.param(_mask_protocol, "report", marks=pytest.mark.xfail(strict=True, reason=_SHARED + "stage 'report' "
-                                                                   "for any plan (as above), in mask")),
+    (_mp_protocol, "report"),             # refused: the tag is not one its owner reports in the clear
+    (_mask_protocol, "report"),
 ])
 def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make, shape):
     """Server (+ the decider) against client 0: the exchange of tag 'w' is replaced by a pairwise or a

@@ -87,7 +87,7 @@ def test_fedgcn_run_is_reproducible_and_unmoved_by_tiny_input_changes(monkeypatc
     b = run_experiment(RunConfig(**cfg), progress=False)
     assert [r["train_loss"] for r in a["rounds"]] == [r["train_loss"] for r in b["rounds"]]
 
-    from secure_fgl.algorithms import fedgcn
+    from secure_fgl.algorithms.fedgcn import ops as fedgcn
     original = fedgcn.FedGCN.client_inputs
 
     def perturbed(self, k):

@@ -14,8 +14,10 @@ from secure_fgl.experiment import load_federation, make_run_protocol, run_experi
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.fedgcn import ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
+
+from golden_numbers import assert_golden
 
 
 def small(algorithm="fedavg", mode="mask", **kw) -> RunConfig:
@@ -76,16 +78,12 @@ def test_a_client_runtime_holds_no_other_clients_tensors():
 
 @pytest.mark.parametrize("algorithm,options", [("fedavg", {}), ("fedprox", {}), ("local", {}),
                                                ("fedgcn", {"row_order": "signature", "hops": 2})])
-def test_local_executor_matches_the_in_process_algorithm(algorithm, options):
-    """Same models (exact, mask), same protocol bytes; the runtime adds only its recorded messages."""
-    runs = {ex: run_experiment(small(algorithm, executor=ex, options=dict(options)), progress=False)
-            for ex in ("inline", "local")}
-    a, b = runs["inline"], runs["local"]
-    assert [r["train_loss"] for r in a["rounds"]] == [r["train_loss"] for r in b["rounds"]]
-    assert a["final"]["test_acc"] == b["final"]["test_acc"]
-    extra = {EVAL_TAG, ORDER_TAG, "fedgcn/row_ids"}
-    assert {t: v for t, v in a["comm"]["per_tag"].items() if t not in extra} == \
-           {t: v for t, v in b["comm"]["per_tag"].items() if t not in extra}
+def test_local_executor_gives_the_golden_run(algorithm, options, request):
+    """Same models (exact, mask), same protocol bytes as the golden run (recorded when the in-process
+    algorithm and the runtimes were proven equal); the runtime's own messages are counted."""
+    b = run_experiment(small(algorithm, options=dict(options)), progress=False)
+    assert_golden("runtime", request.node.name, {"train_loss": [r["train_loss"] for r in b["rounds"]],
+                                                 "test_acc": b["final"]["test_acc"], "per_tag": b["comm"]["per_tag"]})
     stats = b["runtime"]["stats"]["per_method"]
     assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"]
     if algorithm == "fedgcn":
@@ -144,10 +142,12 @@ def test_resume_continues_each_client_from_its_own_checkpoint(tmp_path):
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
 
 
-def test_every_algorithm_runs_on_the_client_runtimes():
-    from secure_fgl.algorithms import ALGORITHMS
-    from secure_fgl.runtime.registry import converted
-    assert set(ALGORITHMS) <= set(converted()), sorted(set(ALGORITHMS) - set(converted()))
+def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
+    from secure_fgl.algorithms import SPECS
+    from secure_fgl.runtime.logic import ClientLogic
+    from secure_fgl.runtime.strategy import Strategy
+    for spec in SPECS.values():
+        assert issubclass(spec.logic_class(), ClientLogic) and issubclass(spec.strategy_class(), Strategy), spec.name
 
 
 class Recording:
@@ -190,13 +190,13 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
 
 
 @pytest.mark.parametrize("fixed_point_bits", [None, 20])
-def test_local_executor_keeps_the_secure_mode_settings_of_the_inline_run(fixed_point_bits):
+def test_local_executor_keeps_the_secure_mode_settings_golden(fixed_point_bits, request):
     """--update-bound and --fixed-point-bits reach the runtime's protocol: the model exchange takes
-    the same encoding (so the same bytes) as the inline run."""
-    kw = dict(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits)
-    runs = [run_experiment(small(executor=ex, **kw), progress=False)["comm"]["per_tag"]["fedavg/model"]
-            for ex in ("inline", "local")]
-    assert runs[0]["bytes_up"] == runs[1]["bytes_up"] > 0
+    the encoding (so the bytes) of the golden run."""
+    run = run_experiment(small(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits),
+                         progress=False)
+    assert_golden("runtime", request.node.name, {"model_bytes": run["comm"]["per_tag"]["fedavg/model"]})
+    assert run["comm"]["per_tag"]["fedavg/model"]["bytes_up"] > 0
 
 
 def refuse_once(protocol, client: int, stage: str) -> None:

@@ -1,5 +1,5 @@
 """The attack suite on the client runtimes (``--executor local``): each attacker reads what its
-party holds, asked of that party's runtime; the numbers equal the in-process run's."""
+party holds, asked of that party's runtime; the numbers equal the golden run's."""
 from __future__ import annotations
 
 import warnings
@@ -13,6 +13,8 @@ from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
+
+from golden_numbers import assert_golden
 
 
 def small(algorithm, mode, executor, **kw) -> RunConfig:
@@ -29,18 +31,12 @@ def _entries(result: dict) -> dict:
 
 @pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedgcn", "mask"),
                                             ("fedgcn", "ckks"), ("fedomd", "plain")])
-def test_local_executor_gives_the_inline_attack_numbers(algorithm, mode):
+def test_local_executor_gives_the_golden_attack_numbers(algorithm, mode, request):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inline = _entries(run_experiment(small(algorithm, mode, "inline"), progress=False))
         local = _entries(run_experiment(small(algorithm, mode, "local"), progress=False))
-    assert set(inline) == set(local)
     assert any(e.get("value") is not None for n, e in local.items() if n != "transcript_audit")
-    for name in inline:
-        if name == "transcript_audit":            # same verdict; the runtime's eval counts are declared
-            assert inline[name]["value"] == local[name]["value"]
-            continue
-        assert inline[name] == local[name], name
+    assert_golden("runtime_attacks", request.node.name, {"attacks": local})
 
 
 class SpyExecutor(LocalExecutor):
@@ -83,16 +79,28 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
 
 
 @pytest.mark.slow          # ~8 s; graph-level parity also checked by hand (docs/runtime.md)
-def test_graph_level_attacks_on_the_runtimes_give_the_inline_numbers():
+def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
     """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
     victim's model (asked of the victim's runtime, built in its own GIN shape)."""
     from test_runtime_graph import graph_cfg
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inline, local = (_entries(run_experiment(graph_cfg("gc-fedavg", "plain", executor=ex, rounds=3,
-                                                           attacks=["all"]), progress=False))
-                         for ex in ("inline", "local"))
-    assert set(inline) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion"}
+        local = _entries(run_experiment(graph_cfg("gc-fedavg", "plain", executor="local", rounds=3,
+                                                  attacks=["all"]), progress=False))
+    assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion"}
     assert local["gin_gradient_inversion"]["value"] is not None
-    for name in inline:
-        assert inline[name] == local[name], name
+    assert_golden("runtime_attacks", request.node.name, {"attacks": local})
+
+
+def test_the_centralized_reference_is_attacked_on_the_default_executor_golden(request):
+    """The one runtime holds the whole graph; each client's view is asked of it: the posteriors of the
+    nodes the client owns and queries on its own subgraph (golden numbers: equal to the in-process
+    algorithm's when they were recorded)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_experiment(small("centralized", "plain", "local"), progress=False)
+    assert run["config"]["executor"] == "local"
+    local = _entries(run)
+    model_attacks = {n: local[n] for n in ("membership", "link_posterior", "link_influence")}
+    assert all(e["applicable"] and e["value"] is not None and "error" not in e for e in model_attacks.values())
+    assert_golden("runtime_attacks", request.node.name, {"attacks": model_attacks})

@@ -1,5 +1,5 @@
-"""FedOMD and FedSpray as client runtimes (issue 14): the same run as the in-process algorithm
-(exact in plain/mask, within the CKKS tolerance in ckks), the same protocol bytes per tag, no
+"""FedOMD and FedSpray as client runtimes (issue 14): the golden run (exact in plain/mask, within
+the CKKS tolerance in ckks), the same protocol bytes per tag, no
 shared tensors between runtimes, resume from each client's checkpoint."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
+from golden_numbers import assert_golden
 from test_runtime import _reachable_tensors, small
 
 #: (algorithm, mode, options): every statistics shape of FedOMD once (batched two-stage, one-stage raw
@@ -25,27 +26,15 @@ TERMS = {"fedomd": ("ce_loss", "ortho_loss", "cmd_loss"),
          "fedspray": ("teacher_test_acc", "minority_acc", "val_minority_acc")}
 
 
-def _runs(algorithm, mode, options, **kw):
-    return {ex: run_experiment(small(algorithm, mode, executor=ex, rounds=2, options=dict(options), **kw),
-                               progress=False) for ex in ("inline", "local")}
-
-
 @pytest.mark.parametrize("algorithm,mode,options", CASES)
-def test_local_executor_gives_the_in_process_run_and_its_bytes(algorithm, mode, options):
-    runs = _runs(algorithm, mode, options)
-    a, b = runs["inline"], runs["local"]
+def test_local_executor_gives_the_golden_run_and_its_bytes(algorithm, mode, options, request):
+    b = run_experiment(small(algorithm, mode, rounds=2, options=dict(options)), progress=False)
     keys = ("train_loss",) + TERMS[algorithm] + ("test_acc", "val_acc")
-    seen = [[[r[key] for key in keys] for r in run["rounds"]] for run in (a, b)]
-    if mode == "ckks":          # fresh encryption noise: equal within the exchanges' tolerance
-        for x, y in zip(*seen):
-            assert x == pytest.approx(y, abs=1e-4)
-    else:
-        assert seen[0] == seen[1]
-        assert all(a["final"][k] == b["final"][k] for k in ("test_acc", "per_client", "minority_acc")
-                   if k in a["final"])
-    # the protocol's bytes per tag are the in-process run's; the runtime adds its evaluation messages
-    assert {t: v for t, v in a["comm"]["per_tag"].items()} == \
-           {t: v for t, v in b["comm"]["per_tag"].items() if t != EVAL_TAG}
+    observed = {"rounds": [[r[key] for key in keys] for r in b["rounds"]], "per_tag": b["comm"]["per_tag"]}
+    if mode != "ckks":          # ckks: fresh encryption noise, equal within the exchanges' tolerance
+        observed["final"] = {k: b["final"][k] for k in ("test_acc", "per_client", "minority_acc") if k in b["final"]}
+    assert_golden("runtime_fedomd_fedspray", request.node.name, observed,
+                  tolerance={"rounds": 1e-4} if mode == "ckks" else {})
     stats = b["runtime"]["stats"]["per_method"]
     assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"] > 0
 
@@ -112,7 +101,7 @@ def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_
 
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
-def test_attack_suite_on_the_runtimes_gives_the_inline_numbers(algorithm):
+def test_attack_suite_on_the_runtimes_gives_the_golden_numbers(algorithm, request):
     """plain: the label-distribution attacks read the statistics / proxies off the transcript; the
     posterior attacks ask each client's runtime for its deployed model's output."""
     import warnings
@@ -121,10 +110,9 @@ def test_attack_suite_on_the_runtimes_gives_the_inline_numbers(algorithm):
     from test_runtime_attacks import small as attacked
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inline, local = (_entries(run_experiment(attacked(algorithm, "plain", ex), progress=False))
-                         for ex in ("inline", "local"))
-    assert set(inline) == set(local) and local[f"{algorithm}_label_dist"]["applicable"]
-    assert all(inline[n] == local[n] for n in inline)
+        local = _entries(run_experiment(attacked(algorithm, "plain", "local"), progress=False))
+    assert local[f"{algorithm}_label_dist"]["applicable"]
+    assert_golden("runtime_fedomd_fedspray", request.node.name, {"attacks": local})
 
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])

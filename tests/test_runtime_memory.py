@@ -11,10 +11,10 @@ import pytest
 
 from protocols.party import ClientHalf
 from protocols.row_blocks import BlockRows
-from secure_fgl.algorithms.fedgcn import TAG
+from secure_fgl.algorithms.fedgcn.ops import TAG
 from secure_fgl.experiment import run_experiment
 from secure_fgl.runtime import memory
-from secure_fgl.runtime import fedgcn as fedgcn_runtime
+from secure_fgl.algorithms.fedgcn import client as fedgcn_client
 from secure_fgl.runtime.exchange import keep_rows, rows_table
 
 from test_runtime import small
@@ -57,7 +57,7 @@ def test_a_fedgcn_client_keeps_only_the_rows_it_requested(mode, monkeypatch):
     assert sorted(kept) == [0, 1, 2]
     for k, (held, requested, whole) in kept.items():
         assert held == requested < whole, k
-    monkeypatch.setattr(fedgcn_runtime, "keep_rows", lambda *a, whole_blocks: keep_rows(*a, whole_blocks=True))
+    monkeypatch.setattr(fedgcn_client, "keep_rows", lambda *a, whole_blocks: keep_rows(*a, whole_blocks=True))
     kept.clear()
     whole = run_experiment(cfg, progress=False)
     assert all(held == whole for held, _, whole in kept.values())
@@ -140,11 +140,11 @@ def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
 @pytest.mark.parametrize("attacks", [[], ["fedgcn_client_subtraction"]])
 def test_a_run_keeps_message_payloads_only_for_its_attacks(attacks, monkeypatch):
     """Without ``--attacks`` the transcript keeps metadata only: the neighbour sums' uploads and
-    downloads are not held for the rest of the run (``experiment.run_transcript``); the byte counts
+    downloads are not held for the rest of the run (``runtime.build.run_transcript``); the byte counts
     are the same either way."""
-    import secure_fgl.experiment as experiment
-    made, real = [], experiment.make_run_protocol
-    monkeypatch.setattr(experiment, "make_run_protocol", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
+    import secure_fgl.runtime.build as build
+    made, real = [], build.make_run_protocol
+    monkeypatch.setattr(build, "make_run_protocol", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
     result = run_experiment(small("fedgcn", "plain", executor="local", rounds=1, attacks=attacks), progress=False)
     sums = [m for m in made[0].transcript.messages if m.tag == TAG and m.kind == "plain"]
     assert sums and result["comm"]["per_tag"][TAG]["bytes_up"] > 0

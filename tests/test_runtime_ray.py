@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from protocols import DropoutError
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.runtime.fedgcn import IDS_TAG, ORDER_TAG
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
@@ -134,9 +133,11 @@ def test_actor_killed_inside_the_mask_exchange_is_a_dropout_with_recovery():
     assert strategy.final_metrics()["executor"]["dead_actors"] == {"1": "actor 1 died (ActorDiedError)"}
 
 
-def test_actor_killed_inside_a_ckks_exchange_stops_it_naming_its_clients():
-    with pytest.warns(RuntimeWarning), pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload'"):
-        _run("ckks", KillingRayExecutor(victim=2, method="half:upload"))
+def test_actor_killed_inside_a_ckks_exchange_leaves_the_survivors_sum():
+    """Shared-key ckks: a client lost before its upload is not a contributor; the others' sum is delivered."""
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:upload"):
+        strategy, protocol, rows = _run("ckks", KillingRayExecutor(victim=2, method="half:upload"))
+    assert [r["clients_lost"] for r in rows] == [0, 1, 1] and protocol.last_included == (0, 1)
 
 
 def test_silent_actors_time_out_instead_of_hanging():
@@ -195,3 +196,16 @@ def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
         executor.shutdown()
     with pytest.raises(ConfigError, match="no node of the cluster declares site_b"):
         RayExecutor(client_resources={1: "site_b"})
+
+
+def test_simulated_dropouts_on_ray_give_the_local_run():
+    """--simulate-dropouts acts where an actor's runtime answers a stage: the same clients drop, the
+    same survivors' sums (mask recovery), the same run as on the local executor."""
+    cfg = dict(rounds=2, simulate_dropouts="2,@upload:r1")
+    local = run_experiment(small("fedavg", "mask", executor="local", **cfg), progress=False)
+    remote = run_experiment(small("fedavg", "mask", executor="ray", **cfg), progress=False)
+    assert remote["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "masked_upload",
+                                                                    "clients": [2]}]
+    assert remote["runtime"]["simulated_dropouts"] == local["runtime"]["simulated_dropouts"]
+    assert [r["train_loss"] for r in remote["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert remote["final"]["test_acc"] == local["final"]["test_acc"]

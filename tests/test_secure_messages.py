@@ -90,8 +90,8 @@ def test_replay_in_same_and_later_exchange_refused():
     proto.weighted_sum("x/t", 0, _values(3, 50), spec=SPEC)
     first = [m for m in proto.transcript.messages if m.kind == "masked" and m.sender == "client1"][0]
     proto.intercept = lambda m: first if (m.kind == "masked" and m.sender == "client1") else m
-    with pytest.raises(ReplayError, match="client 1"):          # round 0 again, under a fresh exchange
-        proto.weighted_sum("x/t", 0, _values(3, 50), spec=SPEC)
+    with pytest.raises(ReplayError, match="client 1"):          # round 0 (another tag), under a fresh exchange
+        proto.weighted_sum("x/t-again", 0, _values(3, 50), spec=SPEC)
     proto.intercept = lambda m: first if (m.kind == "masked" and m.sender == "client1") else m
     with pytest.raises(ReplayError, match="client 1"):          # a later round
         proto.weighted_sum("x/t", 1, _values(3, 50), spec=SPEC)
@@ -154,14 +154,14 @@ def test_tampered_download_is_refused_by_its_recipient(mode, attack, err):
             return m
         if attack == "bitflip":
             return dataclasses.replace(m, payload=_flip_body(m.payload))
-        if attack == "replay":                                  # round 0's download again in round 0
+        if attack == "replay":                                  # round 0's download again in round 1
             return old
         if attack == "redirect":                                # client 0's download handed to client 1
             return held["client0"]
         return dataclasses.replace(m, auth=bytes([m.auth[0] ^ 1]) + m.auth[1:])
     proto.intercept = hook
-    with pytest.raises(err, match="client 1"):
-        proto.weighted_sum("x/t", 0, x, spec=SPEC)
+    with pytest.raises(err, match="client 1"):                  # the next round (a client sums a round once)
+        proto.weighted_sum("x/t", 1, x, spec=SPEC)
 
 
 def test_server_key_is_registered_with_every_client():
@@ -274,12 +274,14 @@ def test_honest_client_refuses_both_shares_of_one_client():
 
 
 def test_unmasking_round_is_answered_once_and_names_only_dropouts():
-    """No dropout: the round carries no request and every uploader returns self-mask shares of
-    all participants, no seed; a second unmasking round in the same exchange is refused."""
+    """No dropout: the request names no dropped client and every uploader returns self-mask shares
+    of all participants, no seed; a second unmasking round in the same exchange is refused."""
     proto = MaskProtocol(4)
     proto.weighted_sum("x/u", 0, _values(4, 20), spec=SPEC)
     view = [m for m in proto.transcript.view(SERVER) if m.tag == "x/u"]
-    assert not [m for m in view if m.kind == "control" and m.note == "unmasking request"]
+    requests = [m for m in view if m.kind == "control" and m.note == "unmasking request"]
+    assert len(requests) == 4 and all(not len(m.payload["pairwise"]) and len(m.payload["signatures"]) == 4
+                                      for m in requests)
     answers = [m for m in view if m.kind == "share"]
     assert len(answers) == 4 and all(sorted(m.payload["self_mask"]) == [0, 1, 2, 3] and not m.payload["pairwise"]
                                      for m in answers)

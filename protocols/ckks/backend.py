@@ -466,18 +466,21 @@ class CKKSServer(ServerHalf):
         # sparse layout: block ids travel in the clear (documented leak), checked by the server
         server_ids: dict[int, np.ndarray] = {}
         first_call = {k: [] for k in plan.parties}
+        dropped: list[int] = []             # contributors that stopped answering before their first upload
         if plan.layout == "sparse":
             got = self.call(link, "block_ids", first_call)
             first_call = {}
             for k in contributors:
                 msg = self.responses(got, k, "block_ids", "metadata")
                 if msg is None:
-                    raise self._missing([k], "block_ids")
+                    dropped.append(k)
+                    continue
                 self.check_envelope(msg, fp, k)
                 ids = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
                 if ids.size and (ids.min() < 0 or ids.max() >= plan.num_blocks or (np.diff(ids) <= 0).any()):
                     raise ShapeError(f"block ids must be increasing in [0, {plan.num_blocks})", **where(k))
                 server_ids[k] = ids
+            contributors = [k for k in contributors if k not in dropped]
         else:
             server_ids = {k: np.arange(plan.num_blocks) for k in contributors}
         needed = np.zeros(plan.num_blocks, dtype=bool)
@@ -492,7 +495,14 @@ class CKKSServer(ServerHalf):
                 t = time.perf_counter()
                 loaded = {}
                 missing = [k for k in contributors if k not in got]
-                if missing:
+                if part == 0 and missing:           # not a contributor after all: a survivors' sum
+                    dropped += missing
+                    contributors = [k for k in contributors if k not in missing]
+                    missing = []
+                if dropped and (plan.dp_noise_std > 0 or not contributors):
+                    raise self._missing(dropped, "upload", "every contributor dropped" if not contributors else
+                                        "each contributor adds a share of the DP noise")
+                if missing:                         # after its first chunk: its blocks are in the sums already
                     raise self._missing(missing, "upload")
                 for k in contributors:                      # check ALL uploads of the chunk first
                     msg = self.responses(got, k, "upload", "ciphertext", part)
@@ -552,10 +562,10 @@ class CKKSServer(ServerHalf):
         }
         return tuple(contributors)
 
-    def _missing(self, clients: list[int], stage: str) -> DropoutError:
-        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not answer the '{stage}' stage; a CKKS "
-                           "exchange needs every contributor, so nothing was aggregated. Re-run it without them",
-                           **self.where(clients[0]))
+    def _missing(self, clients: list[int], stage: str, why: str = "a client that stops answering during "
+                 "its upload leaves a partial sum") -> DropoutError:
+        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not answer the '{stage}' stage ({why}); "
+                           "nothing was aggregated. Re-run it without them", **self.where(clients[0]))
         err.clients = tuple(clients)
         return err
 
@@ -653,7 +663,8 @@ class CKKSProtocol(SplitProtocol):
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
                  params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
                  keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
-                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None, schedule: str = ""):
+                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None, schedule: str = "",
+                 **collusion):
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} "
                                      "(BFV packing is not implemented)")
@@ -671,7 +682,8 @@ class CKKSProtocol(SplitProtocol):
                                      f"(e.g. {DEFAULT_FIELD_BITS})")
         self.fixed_point_bits = fixed_point_bits
         self.exact_fields = bool(exact_fields)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule)
+        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
+                         **collusion)
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
 

@@ -90,13 +90,14 @@ class CKKSMPProtocol(SplitProtocol):
 
     def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0,
                  params: MPParams | None = None, keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = True,
-                 link=None, schedule: str = ""):
+                 link=None, schedule: str = "", **collusion):
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule)
+        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
+                         **collusion)
         #: statistics of the key set-up and of the last exchange (bytes, seconds) -- for benchmarks
         self.setup_stats: dict | None = None
         self.last_stats: dict | None = None

@@ -44,15 +44,20 @@ def ternary(shape: tuple[int, ...]) -> np.ndarray:
     return out[:count].reshape(shape)
 
 
+#: popcount of every byte value
+_POPCOUNT = np.array([v.bit_count() for v in range(256)], dtype=np.uint8)
+
+
 def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
-    """Centered binomial int64 array with parameter ``eta`` (|e| <= eta)."""
+    """Centered binomial int64 array with parameter ``eta`` (|e| <= eta): per value, the popcount
+    of ``eta`` fresh bits minus the popcount of ``eta`` others (bytes, the top one masked to the
+    bits left, counted with a byte table: no per-bit array)."""
     count = int(np.prod(shape))
-    nbytes = -(-2 * eta // 8)
-    bits = np.unpackbits(np.frombuffer(os.urandom(count * nbytes), dtype=np.uint8).reshape(count, nbytes),
-                         axis=1)
-    bits = bits.astype(np.int64)
-    e = bits[:, :eta].sum(axis=1) - bits[:, eta:2 * eta].sum(axis=1)
-    return e.reshape(shape)
+    nbytes = -(-eta // 8)
+    raw = np.frombuffer(os.urandom(count * 2 * nbytes), dtype=np.uint8).reshape(count, 2, nbytes).copy()
+    raw[:, :, -1] &= (1 << (eta - 8 * (nbytes - 1))) - 1
+    ones = _POPCOUNT[raw].sum(axis=2, dtype=np.int64)
+    return (ones[:, 0] - ones[:, 1]).reshape(shape)
 
 
 def smudging_limbs(shape: tuple[int, ...], bits: int) -> np.ndarray:

@@ -4,7 +4,8 @@ One exchange (:meth:`MaskServer.run` driving one :class:`MaskClient` per client 
 :class:`~protocols.link.ClientLink`, only bytes crossing) is one aggregation instance of the
 protocol of Bonawitz, Ivanov, Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and
 Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
-(CCS 2017, §4, Fig. 4), in its honest-but-curious form, over the ring ``Z_{2^b}``:
+(CCS 2017, §4, Fig. 4), with the consistency check of its active-adversary variant, over the
+ring ``Z_{2^b}``:
 
 0. *Local encoding* — every contributor quantises its blocks (:mod:`.quantize`; by
    default the smallest ring that carries the sum within the ValueSpec) and checks
@@ -35,14 +36,20 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
    ``s_kj = HKDF(X25519(k, j); run, exchange, tag, round, k, j)`` the pairwise seed of this
    exchange, ``b_k^(seq)`` its self-mask seed and ``R_k`` the output mask (default; absent
    with ``reveal_to_server=True``), see below.
-5. *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
+5. *ConsistencyCheck* — the server sends every uploader the survivor set ``U``; each signs
+   ``(run, session, exchange, tag, round, U)`` (:func:`survivor_statement`) with its identity key.
+   The unmasking request carries ``U``, the dropped participants and those signatures; a client
+   answers only a request that names the set it signed, with at least ``t`` valid signatures
+   over it (:class:`~protocols.errors.ConsistencyError` otherwise), so the server cannot ask
+   some clients about a survivor and others about a "dropped" client (``2t > n + c``).
+   *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
    between survivors.  The server asks each uploader for its share of every survivor's
    ``b_u^(seq)`` **and**, for each client ``d`` that dropped before uploading, for the
    uploader's pairwise seed ``s_jd`` of this exchange — never both for one client; an honest
    client refuses a request naming one client in both lists
    (:class:`~protocols.errors.UnmaskingRefusedError`) and answers one unmasking round per
-   exchange.  When every participant uploaded, the round carries no request: each uploader
-   answers with its shares of every participant's ``b_u`` and no seed.  The server rebuilds each ``b_u`` from
+   exchange.  When every participant uploaded, the request names no dropped client: each
+   uploader answers with its shares of every participant's ``b_u`` and no seed.  The server rebuilds each ``b_u`` from
    ``t`` shares and removes ``PRG(b_u)``, and removes the survivors' dangling masks toward
    each dropped client — the sum then covers the survivors only and recipients are told who
    was included.  Where Bonawitz et al. rebuild the dropped client's secret key from ``t``
@@ -56,7 +63,7 @@ Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
 
 Every client->server and client->client message is signed (Ed25519) in the envelope of
 :mod:`protocols.message`, with stages ``advertise_keys``, ``share_keys``, ``masked_upload``,
-``unmask`` (and ``block_ids`` in the sparse layout); the server and each recipient verify it
+``consistency``, ``unmask`` (and ``block_ids`` in the sparse layout); the server and each recipient verify it
 before use (:mod:`protocols.auth`).
 
 **Individual inputs are protected by ``b_k``** (Bonawitz et al. §4): if a "dropped" client's
@@ -96,17 +103,18 @@ legitimately learn the aggregates they receive (docs/design.md, threat model).
 aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
 plus ``c < t`` colluding clients (too few shares to rebuild the victim's ``b_k`` or mask key)
 as long as at least one other honest client contributes the same block
-(:mod:`attacks.coalition` measures it).  Honest-but-curious server: no SecAgg+ consistency
-round, so a server that lies about who dropped is outside the model.
+(:mod:`attacks.coalition` measures it).  A server that lies about who dropped is stopped by the
+consistency round; one that corrupts nothing but drops honest clients only shrinks the sum.
 
 **Stages on the link** (one batch call each; a client whose answer is missing has dropped):
 ``group_seed`` (once per run, client 0 only: ``G`` for every other client), ``block_ids``
 (sparse layout only: plan in, block ids out), ``advertise_keys`` (a client's first exchange:
 public mask key out), ``share_keys`` (when a batch runs out: channel-encrypted shares for each
 peer out, which the server forwards), ``masked_upload`` (set-up messages in, masked blocks
-out), ``unmask`` (the server's request in, shares and seeds out), ``download`` (summed blocks,
+out), ``consistency`` (the survivor set in, its signature out), ``unmask`` (the server's request
+with the survivors' signatures in, shares and seeds out), ``download`` (summed blocks,
 who is included and, in the sparse layout with output masks, a per-block bitmap of
-contributors).  The steady state of a dense exchange is ``masked_upload``, ``unmask`` and
+contributors).  The steady state of a dense exchange is ``masked_upload``, ``consistency``, ``unmask`` and
 ``download``.  A client that misses ``advertise_keys`` or ``share_keys`` is not a participant;
 one that misses ``masked_upload`` is recovered (or the exchange refused) as in step 5.
 
@@ -133,9 +141,10 @@ import numpy as np
 
 from ..base import ExchangeContext
 from ..errors import (ConfigurationError, DropoutError, IntegrityError, ProtocolError, ShapeError,
-                      UnmaskingRefusedError)
+                      ConsistencyError, ShareIntegrityError, ThresholdRefusedError, UnmaskingRefusedError)
 from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
+from ..plan_policy import collusion_bound
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import (SEED_BYTES, SIGNED_KEY_BYTES, ExchangeBinding, MaskKeyPair, check_signed_mask_key,
@@ -187,6 +196,33 @@ def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
     return [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
 
 
+#: domain separator of a dealer's commitment to one Shamir share
+SHARE_COMMITMENT_DOMAIN = b"secure-fgl/mask-share-commitment/v1"
+COMMITMENT_BYTES = 32
+
+
+def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> bytes:
+    """``SHA-256(domain, run, dealer, exchange, x, y)``: the dealer's commitment to the share of its
+    self-mask seed for exchange ``seq`` held by the client at ``x = holder + 1``.  The dealer sends
+    every commitment to the server in a message it signs; the server checks each share revealed
+    for unmasking against it, so a corrupted share is refused naming its sender.  A share is a
+    uniform element of a 256-bit prime field: its hash reveals nothing about the seed."""
+    return hashlib.sha256(SHARE_COMMITMENT_DOMAIN + bytes(run_id) + int(dealer).to_bytes(4, "big")
+                          + int(seq).to_bytes(8, "big") + share.to_bytes()).digest()
+
+
+#: domain separator of the survivor set every survivor signs in the consistency round
+SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
+
+
+def survivor_statement(run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors) -> bytes:
+    """The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
+    the run, session and exchange, and the sorted survivor set, length-prefixed."""
+    fields = (SURVIVORS_DOMAIN, bytes(run_id), bytes(session), int(seq).to_bytes(8, "big"), tag.encode(),
+              int(rnd).to_bytes(8, "big", signed=True), np.asarray(survivors, dtype=">i4").tobytes())
+    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
 def _unmask_answer(st: _Participant, want_pairwise: list[int], want_self: list[int], ctx,
                    responder: int) -> tuple[dict, dict]:
     """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
@@ -208,6 +244,16 @@ def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
     if subset.size == ids.size:
         return slice(None)
     return np.searchsorted(ids, subset)
+
+
+def shamir_threshold(n: int, threshold: int | None, max_colluders: int) -> int:
+    """The Shamir threshold ``t`` of an exchange with ``n`` contributors, from the run's public
+    setup only (never from a plan): the run's ``threshold`` capped at ``n``, by default the smallest
+    ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` -- so the
+    server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
+    condition of Bonawitz et al., CCS 2017, docs/security.md); with ``c = 0`` an honest majority."""
+    t = (int(n) + int(max_colluders)) // 2 + 1 if threshold is None else int(threshold)
+    return max(1, min(t, int(n)))
 
 
 def mask_fingerprint(num_clients: int, options: dict) -> str:
@@ -301,6 +347,8 @@ class MaskClient(ClientHalf):
         self._prepared: int | None = None                    # exchange whose contribution is encoded
         self._participants: list[int] | None = None           # the server's list, when it excluded someone
         self._unmasked: int | None = None                     # the exchange whose unmasking round it answered
+        #: (exchange, survivor set) this client signed in the consistency round
+        self._signed: tuple[int, tuple[int, ...]] | None = None
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
         #: attack simulations only: keep the encoded input after the masked upload is built (by
@@ -313,7 +361,24 @@ class MaskClient(ClientHalf):
         return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
 
     def _batch_key(self) -> tuple:
-        return tuple(self.plan.contributors), int(self.plan.encoding["threshold"])
+        return tuple(self.plan.contributors), self._threshold()
+
+    def _threshold(self) -> int:
+        """``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
+        as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``)."""
+        p, c = self.plan, collusion_bound(self.setup).max_colluders
+        t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
+        planned = p.encoding.get("threshold")
+        if planned != t:
+            raise ThresholdRefusedError(f"the plan names Shamir threshold t={planned}, the run's setup gives t={t} "
+                                        f"for {len(p.contributors)} contributors: refused", **self.where())
+        n = len(p.contributors)
+        if 2 * t <= n + c:
+            raise ThresholdRefusedError(f"Shamir threshold t={t} with {n} contributors and max colluders c={c} "
+                                        f"breaks 2t > n + c: the server could collect t answers from two disjoint "
+                                        f"sets of clients; use threshold >= {(n + c) // 2 + 1} (the default)",
+                                        **self.where())
+        return t
 
     def _message(self, kind, shape, payload, note=""):
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
@@ -428,6 +493,7 @@ class MaskClient(ClientHalf):
         self._prepared, self.state, self.timing, self._participants = self.plan.exchange, None, {}, None
         if self.id not in self.plan.contributors:
             return
+        self._threshold()                 # the plan's t is the run's, before anything is sent
         enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
         t0 = time.perf_counter()
         table = self.contribution()
@@ -466,14 +532,18 @@ class MaskClient(ClientHalf):
         shares = [split(b, xs, t) for b in seeds]
         self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
         held = self.held_batches.setdefault((contributors, t), {})
-        out = []
+        out, commitments, first = [], {}, self.plan.exchange
         for j in contributors:
             mine = [sh[j + 1] for sh in shares]
+            commitments[j] = b"".join(share_commitment(self.setup.run_id, self.id, first + i, s)
+                                      for i, s in enumerate(mine))
             if j == self.id:
-                held[j] = _SelfMaskBatch(self.plan.exchange, mine)
+                held[j] = _SelfMaskBatch(first, mine)
                 continue
             out.append(self.seal_relayed(j, "share_keys", b"".join(s.to_bytes() for s in mine),
                                          f"Shamir shares of {len(seeds)} self-mask seeds", self.fingerprint))
+        out.append(self.seal(self._message("control", (len(commitments), len(seeds), COMMITMENT_BYTES), commitments,
+                                           "commitments to the dealt shares (SHA-256)"), "share_keys"))
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
@@ -521,23 +591,74 @@ class MaskClient(ClientHalf):
             raise IntegrityError("no output-mask group seed was received", **self.where())
         return self.group_seed
 
+    def _statement(self, survivors) -> bytes:
+        p = self.plan
+        return survivor_statement(self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors)
+
+    def stage_consistency(self, inbox):
+        """Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
+        survivor set the server names, if it is a sorted set of at least ``t`` participants that
+        includes this client."""
+        if self.state is None:
+            return []
+        if self._signed is not None and self._signed[0] == self.plan.exchange:
+            raise ConsistencyError("a second consistency round in one exchange: refused", **self.where())
+        msg = self._from_server(inbox, "consistency", "control")
+        try:
+            survivors = [int(k) for k in msg.payload["survivors"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed survivor set ({e})", **self.where()) from None
+        participants, t = self._participants or list(self.plan.contributors), self._threshold()
+        if survivors != sorted(set(survivors)) or not set(survivors) <= set(participants) or self.id not in survivors \
+                or len(survivors) < t:
+            raise ConsistencyError(f"the survivor set {survivors} is not a sorted set of at least t={t} participants "
+                                   "that includes this client", **self.where())
+        self._signed = (self.plan.exchange, tuple(survivors))
+        sig = self.signing.sign(self._statement(survivors))
+        return [self.seal(self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
+                          "consistency")]
+
+    def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict) -> None:
+        """The unmasking request must name the survivor set this client signed (its self-mask shares)
+        and exactly the other participants (their pairwise seeds), with the signatures of at least
+        ``t`` survivors over that set -- so no two clients can be asked about different sets."""
+        where = self.where()
+        if self._signed is None or self._signed[0] != self.plan.exchange:
+            raise ConsistencyError("an unmasking request before this client signed the survivor set", **where)
+        survivors = list(self._signed[1])
+        dropped = [k for k in (self._participants or list(self.plan.contributors)) if k not in survivors]
+        if want_self != survivors or want_pairwise != dropped:
+            raise ConsistencyError(f"the unmasking request (survivors {want_self}, dropped {want_pairwise}) is not "
+                                   f"the survivor set {survivors} this client signed", **where)
+        statement, t = self._statement(survivors), self._threshold()
+        for k, sig in signatures.items():
+            if k not in survivors:
+                raise ConsistencyError(f"a survivor-set signature of client {k}, who is not a survivor", **where)
+            try:
+                self.registry.check_signature(client_party(k), statement, sig, where)
+            except IntegrityError:
+                raise ConsistencyError(f"client {k}'s signature is not over the survivor set {survivors} this client "
+                                       "signed: the server told clients different survivor sets", **where) from None
+        if len(signatures) < t:
+            raise ConsistencyError(f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}",
+                                   **where)
+
     def stage_unmask(self, inbox):
-        """Step 5, answered once per exchange: with no request from the server every participant
-        survived (self-mask shares of all, no pairwise seed); a request names who dropped."""
+        """Step 5, answered once per exchange, after the consistency round: the request names the
+        survivors (self-mask shares) and who dropped (pairwise seeds), with the survivors' signatures."""
         if self.state is None:
             return []
         if self._unmasked == self.plan.exchange:
             raise UnmaskingRefusedError("a second unmasking round in one exchange: refused", **self.where())
         self._unmasked = self.plan.exchange
-        if not [m for m in inbox if m.sender == SERVER]:
-            want_pairwise, want_self = [], self._participants or list(self.plan.contributors)
-        else:
-            msg = self._from_server(inbox, "unmask", "control")
-            try:
-                want_pairwise = [int(d) for d in msg.payload["pairwise"]]
-                want_self = [int(u) for u in msg.payload["self_mask"]]
-            except (KeyError, TypeError, ValueError) as e:
-                raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
+        msg = self._from_server(inbox, "unmask", "control")
+        try:
+            want_pairwise = [int(d) for d in msg.payload["pairwise"]]
+            want_self = [int(u) for u in msg.payload["self_mask"]]
+            signatures = {int(k): bytes(v) for k, v in msg.payload["signatures"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
+        self._check_request(want_pairwise, want_self, signatures)
         if want_pairwise and not self.options["dropout_recovery"]:
             raise UnmaskingRefusedError("the server asked for pairwise seeds, but dropout recovery is off",
                                         **self.where())
@@ -616,6 +737,8 @@ class MaskServer(ServerHalf):
         self.keys_sent: dict[int, set[int]] = defaultdict(set)
         #: (contributors, threshold) -> client -> (first exchange, length, holders) of its shared seed batch
         self.batches: dict[tuple, dict[int, tuple[int, int, frozenset]]] = defaultdict(dict)
+        #: (contributors, threshold) -> dealer -> (first exchange, holder -> its share commitments)
+        self.commitments: dict[tuple, dict[int, tuple[int, dict[int, bytes]]]] = defaultdict(dict)
         #: clients missing in the last exchange -> the stage at which their answer was missing
         self.last_missing: dict[int, str] = {}
         self.last_included: tuple[int, ...] = ()
@@ -636,6 +759,30 @@ class MaskServer(ServerHalf):
         first, n, holders = self.batches[key].get(k, (0, 0, frozenset()))
         return first <= seq < first + n and holders.issuperset(participants)
 
+    def _take_commitments(self, got, k: int, batch_key: tuple, contributors: list[int]) -> None:
+        """Dealer ``k``'s signed commitments to the shares it dealt this exchange (one hash per
+        holder and seed of its batch), kept until its batch is replaced."""
+        msg = self.responses(got, k, "share_keys", "control")
+        size = int(self.setup.options["self_mask_batch"]) * COMMITMENT_BYTES
+        try:
+            table = {int(j): bytes(c) for j, c in msg.payload.items()} if msg is not None else None
+        except (AttributeError, TypeError, ValueError):
+            table = None
+        if table is None or sorted(table) != list(contributors) or any(len(c) != size for c in table.values()):
+            raise IntegrityError("the share commitments are missing or malformed", **self.where(k))
+        self.commitments[batch_key][k] = (self.plan.exchange, table)
+
+    def _check_share(self, batch_key: tuple, dealer: int, holder: int, share: Share) -> None:
+        """Refuse a revealed share that is not the one ``dealer`` committed to for ``holder``."""
+        first, table = self.commitments[batch_key].get(dealer, (None, {}))
+        seq = self.plan.exchange
+        i = None if first is None else seq - first
+        expected = table.get(holder, b"")[i * COMMITMENT_BYTES:(i + 1) * COMMITMENT_BYTES] if i is not None else b""
+        if share.x != holder + 1 or share_commitment(self.setup.run_id, dealer, seq, share) != expected:
+            raise ShareIntegrityError(f"client {holder}'s share of client {dealer}'s self-mask seed does not match "
+                                      f"the commitment client {dealer} signed: corrupted by client {holder}; "
+                                      "nothing was aggregated", **self.where(holder))
+
     def _exclude(self, clients) -> None:
         """Clients out of this exchange before uploading: what was queued for them is void."""
         for k in clients:
@@ -644,8 +791,8 @@ class MaskServer(ServerHalf):
     def run(self, plan, link):
         o = self.setup.options
         enc = FixedPoint(**plan.encoding["fixed_point"])
-        t = int(plan.encoding["threshold"])
         contributors = list(plan.contributors)
+        t = shamir_threshold(len(contributors), o["threshold"], collusion_bound(self.setup).max_colluders)
         n0, L, sparse, seq = len(contributors), plan.block_len, plan.layout == "sparse", plan.exchange
         where = self.where
         self.last_missing = {}
@@ -726,6 +873,8 @@ class MaskServer(ServerHalf):
                     if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) \
                             != [j for j in contributors if j != k]:
                         self.last_missing.setdefault(k, "share_keys")
+                    else:
+                        self._take_commitments(got, k, batch_key, contributors)
                 participants = [k for k in participants if k not in self.last_missing]
                 for k in stale:            # the holders: the participants, whose next bundle has the shares
                     if k in participants:
@@ -768,10 +917,11 @@ class MaskServer(ServerHalf):
             raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
                                  "toward them) and dropout recovery is disabled (dropout_recovery=False)")
 
-        # -- 5. Unmasking
+        # -- 5. Consistency check, then unmasking
         if use_self:
             t_unmask = time.perf_counter()
-            self._unmask(link, total, union, announced, uploaders, dropped_upload, t, enc, batch_key)
+            signatures = self._consistency(link, uploaders, t)
+            self._unmask(link, total, union, announced, uploaders, dropped_upload, t, enc, batch_key, signatures)
             server_s += time.perf_counter() - t_unmask
 
         # -- 6. delivery: each recipient gets its blocks, who is included and (sparse) who contributed
@@ -824,19 +974,41 @@ class MaskServer(ServerHalf):
             uploaders.append(k)
         return time.perf_counter() - t0
 
-    def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key) -> None:
+    def _consistency(self, link, uploaders: list[int], t: int) -> dict[int, bytes]:
+        """Consistency check (Bonawitz et al. §4, active variant): every uploader signs the survivor
+        set; returns the signatures of those that answered (at least ``t``, else DropoutError)."""
+        survivors = np.asarray(uploaders, np.int32)
+        got = self.call(link, "consistency", {j: [(self._msg(j, "control", (len(uploaders),), {"survivors": survivors},
+                                                             "survivor set"), 0)] for j in uploaders})
+        signatures = {}
+        for j in uploaders:
+            msg = self.responses(got, j, "consistency", "control")
+            if msg is None:
+                self.last_missing.setdefault(j, "consistency")
+                continue
+            self.check_envelope(msg, self.fingerprint, j)
+            sig = msg.payload.get("signature") if isinstance(msg.payload, dict) else None
+            if not isinstance(sig, (bytes, bytearray)) or len(sig) != 64:
+                raise IntegrityError("malformed survivor-set signature", **self.where(j))
+            signatures[j] = bytes(sig)
+        if len(signatures) < t:
+            raise _dropout_error(self.where(), sorted(self.last_missing), f"only {len(signatures)} clients signed the "
+                                 f"survivor set, fewer than the threshold t={t}")
+        return signatures
+
+    def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key, signatures) -> None:
         """Step 5: remove each uploader's self mask (from ``t`` shares of its seed) and the pairwise
-        masks the survivors shared with the dropped clients (from the survivors' seeds), in place."""
+        masks the survivors shared with the dropped clients (from the survivors' seeds), in place.
+        The request goes to the clients that signed the survivor set, with their signatures."""
         plan, where = self.plan, self.where
         L = plan.block_len
-        if dropped:          # name who dropped; without a request every participant counts as a survivor
-            request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32)}
-            got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),),
-                                                            request, "unmasking request"), 0)] for j in uploaders})
-        else:
-            got = self.call(link, "unmask", {j: [] for j in uploaders})
+        request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32),
+                   "signatures": signatures}
+        asked = sorted(signatures)
+        got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request,
+                                                        "unmasking request"), 0)] for j in asked})
         seeds, b_shares, responders = {}, defaultdict(list), []
-        for j in uploaders:
+        for j in asked:
             msg = self.responses(got, j, "unmask", "share")
             if msg is None:
                 self.last_missing.setdefault(j, "unmask")
@@ -848,10 +1020,12 @@ class MaskServer(ServerHalf):
                     if int(d) not in dropped or len(raw) != SEED_BYTES:
                         raise ValueError(f"an unrequested or malformed pairwise seed (client {d})")
                     seeds[(j, int(d))] = bytes(raw)
-                for u, raw in msg.payload["self_mask"].items():
-                    b_shares[int(u)].append(Share.from_bytes(raw))
+                shares = {int(u): Share.from_bytes(raw) for u, raw in msg.payload["self_mask"].items()}
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise IntegrityError(f"malformed unmasking answer ({e})", **where(j)) from None
+            for u, share in shares.items():
+                self._check_share(batch_key, u, j, share)
+                b_shares[u].append(share)
         if len(responders) < t:
             raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
                                  f"the unmasking round, fewer than the threshold t={t}")
@@ -916,8 +1090,9 @@ class MaskProtocol(SplitProtocol):
     dropout_recovery:  recover a client that drops after the exchange's set-up (the
                        survivors reveal this exchange's pairwise seeds with it);
                        ``False`` aborts on any such dropout.
-    threshold:         Shamir threshold t (>= 2); default a majority of the
-                       exchange's contributors, ``n // 2 + 1``; capped at n.
+    threshold:         Shamir threshold t (>= 2), public, never taken from a plan; default
+                       ``floor((n + c) / 2) + 1`` for an exchange of n contributors and
+                       ``max_colluders`` c (an honest majority when c = 0); capped at n.
     block_size:        values per transport block (default 4096).
     self_mask_batch:   E, the self-mask seeds a client Shamir-shares at once (default 64):
                        one share round covers E exchanges of the same contributor set and
@@ -994,9 +1169,8 @@ class MaskProtocol(SplitProtocol):
             self._pending_drops[c] = stage
 
     def threshold_for(self, n: int) -> int:
-        """Shamir threshold for an exchange with ``n`` contributors."""
-        t = n // 2 + 1 if self.threshold is None else self.threshold
-        return max(1, min(t, n))
+        """Shamir threshold for an exchange with ``n`` contributors (:func:`shamir_threshold`)."""
+        return shamir_threshold(n, self.threshold, self.collusion.max_colluders)
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:

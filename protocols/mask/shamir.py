@@ -55,8 +55,9 @@ def split(secret: bytes, xs: Sequence[int], threshold: int) -> dict[int, Share]:
     xs = [int(x) for x in xs]
     if len(set(xs)) != len(xs) or any(x < 1 or x >= PRIME for x in xs):
         raise ValueError("share x-coordinates must be distinct and in [1, P)")
-    if not 1 <= threshold <= max(1, len(xs)):
-        raise ValueError(f"threshold {threshold} must lie in [1, {len(xs)}]")
+    if not 2 <= threshold <= len(xs):
+        raise ValueError(f"threshold {threshold} must lie in [2, {len(xs)}]: with t = 1 every share is the secret "
+                         "itself")
     coeffs = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
     out = {}
     for x in xs:

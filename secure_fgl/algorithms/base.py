@@ -70,6 +70,13 @@ def model_spec(num_contributors: int, num_clients: int, value_bound: float | Non
                            tolerance=grid_tolerance(grid_model_tolerance(bound), num_clients)).grid_spec(num_contributors)
 
 
+def model_dp_request(cfg, dp, tag: str) -> DPRequest | None:
+    """Client-level DP-FedAvg on the model exchange when the run's DP scope (``dp``, the protocol's
+    engine or None) covers ``tag``: updates clipped to ``--dp-clip``, one release per round."""
+    dp_on = dp is not None and dp.config.in_scope(tag)
+    return DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if dp_on else None
+
+
 def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
                     tolerance: float = FLOAT32_MEAN_TOLERANCE) -> MeanPrecision:
     """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
@@ -274,9 +281,7 @@ class ModelAveraging(FederatedAlgorithm):
             vector_to_parameters(self.global_params.clone(), m.parameters())
 
     def model_dp_request(self, tag: str) -> DPRequest | None:
-        """Client-level DP-FedAvg on the model exchange when the run's DP scope covers ``tag``."""
-        dp_on = self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag)
-        return DPRequest(clip=self.cfg.dp_clip, releases=self.cfg.rounds) if dp_on else None
+        return model_dp_request(self.cfg, self.protocol.dp, tag)
 
     @torch.no_grad()
     def client_logits(self, k: int) -> torch.Tensor:

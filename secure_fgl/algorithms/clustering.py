@@ -35,9 +35,14 @@ def should_split(delta_mean: float, delta_max: float, size: int, rnd: int, eps1:
     return delta_mean < eps1 and delta_max > eps2 and size > MIN_SPLIT_SIZE and rnd + 1 > WARMUP_ROUNDS
 
 
-def bipartition(similarity: np.ndarray, members: Sequence[int]) -> tuple[list[int], list[int]]:
+def bipartition(similarity: np.ndarray, members: Sequence[int],
+                min_side: int = 1) -> tuple[list[int], list[int]] | None:
     """Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity`` (``[m, m]``,
-    symmetric, non-negative; row ``i`` belongs to ``members[i]``).  Each side is sorted."""
+    symmetric, non-negative; row ``i`` belongs to ``members[i]``).  Each side is sorted.
+
+    ``min_side``: the fewest members a side may have.  When the minimum cut leaves a smaller side,
+    the lightest cut with both sides ``>= min_side`` (every bipartition enumerated, up to
+    :data:`MARGIN_MAX_MEMBERS` members); ``None`` when there is none."""
     sim = np.asarray(similarity, dtype=np.float64)
     m = len(members)
     if sim.shape != (m, m) or m < 2:
@@ -46,6 +51,16 @@ def bipartition(similarity: np.ndarray, members: Sequence[int]) -> tuple[list[in
     g.add_nodes_from(range(m))
     g.add_weighted_edges_from((i, j, float(sim[i, j])) for i in range(m) for j in range(i + 1, m))
     _, (side_a, side_b) = nx.stoer_wagner(g)
+    if min(len(side_a), len(side_b)) < min_side:
+        if m < 2 * min_side or m > MARGIN_MAX_MEMBERS:
+            return None
+        codes = np.arange(1, 2 ** (m - 1))                  # member m-1 always on side 0
+        side = ((codes[:, None] >> np.arange(m)) & 1).astype(np.float64)
+        sizes = side.sum(axis=1)
+        weights = np.einsum("ci,ij,cj->c", side, sim, 1.0 - side)
+        weights[(sizes < min_side) | (m - sizes < min_side)] = np.inf
+        chosen = side[int(np.argmin(weights))]
+        side_a, side_b = np.flatnonzero(chosen).tolist(), np.flatnonzero(chosen == 0).tolist()
     first, second = sorted(members[i] for i in side_a), sorted(members[i] for i in side_b)
     return (first, second) if first[0] < second[0] else (second, first)
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .fedavg import FedAvg
-from .local import Local
+from .fedavg.inline import FedAvg, Local
 
 
 def majority_class(y: torch.Tensor, train_mask: torch.Tensor, num_classes: int) -> int:

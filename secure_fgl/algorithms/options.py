@@ -1,15 +1,21 @@
 """Each algorithm's own settings, described for ``--help`` and checked before any work.
 
 Kept apart from the algorithms (no torch import) so that ``secure-fgl --help`` is fast.
-A new algorithm lists its Options class in :data:`secure_fgl.algorithms.OPTIONS` (or keeps it
-as the ``Options`` attribute of its class, found on use); every field is a
+An algorithm names its Options class (and its cross-field check, if any) in its
+:class:`~secure_fgl.algorithms.spec.AlgorithmSpec`; every field is a
 :func:`~secure_fgl.validation.setting` with its help line, unit, choices and range.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import setting
+from ..validation import ConfigError, setting
+
+#: FedGCN's choices: pre-training hops, row-sum layouts, sparse row numberings, first-layer normalisations
+HOPS = (0, 1, 2)
+LAYOUTS = ("sparse", "dense")
+ROW_ORDERS = ("given", "signature", "owner")
+NORMS = ("row", "sym", "none")
 
 
 @dataclass
@@ -47,6 +53,35 @@ class FedGCNOptions:
                                         "integer fields sized by its floor; others: the float encoding)")
     center: bool = setting(False, help="the model sees its first-layer input minus the client's own mean (dense "
                                        "bag-of-words graphs such as Amazon Photo; see the fedgcn module doc)")
+
+
+def check_fedgcn(o: FedGCNOptions, cfg) -> None:
+    """FedGCN's cross-field rules (and its choices, for options built in code)."""
+    if o.hops not in HOPS:
+        raise ConfigError(f"--hops must be 0, 1 or 2, got {o.hops}")
+    if o.layout not in LAYOUTS:
+        raise ConfigError(f"--layout must be 'sparse' or 'dense', got {o.layout!r}")
+    if o.row_order not in ROW_ORDERS:
+        raise ConfigError(f"--row-order must be one of {', '.join(ROW_ORDERS)}, got {o.row_order!r}")
+    if o.row_order != "given" and o.layout != "sparse":
+        raise ConfigError(f"--row-order {o.row_order} numbers rows for the sparse layout (the dense layout "
+                          "uploads every block anyway); use --layout sparse or --row-order given")
+    if o.norm not in NORMS:
+        raise ConfigError(f"--norm must be one of {', '.join(NORMS)}, got {o.norm!r}")
+    if o.degree_cap < 1:
+        raise ConfigError(f"--degree-cap must be >= 1, got {o.degree_cap}")
+    if o.dp_row_clip is not None:
+        try:
+            o.dp_row_clip = float(o.dp_row_clip)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--dp-row-clip must be a number, got {o.dp_row_clip!r}") from None
+    if not o.feature_bound > 0:
+        raise ConfigError(f"--feature-bound must be > 0, got {o.feature_bound}")
+    if o.hops > 0 and cfg.model.lower() != "gcn":
+        raise ConfigError(f"FedGCN with --hops {o.hops} trains a GCN; use --model gcn "
+                          f"(or --hops 0 for FedAvg with --model {cfg.model})")
+    if o.hops > 0 and cfg.num_layers < 1:
+        raise ConfigError(f"--num-layers must be >= 1, got {cfg.num_layers}")
 
 
 @dataclass

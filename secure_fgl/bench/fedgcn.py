@@ -70,7 +70,7 @@ def _pretrain(fed, backend: str, layout: str, hops: int = 1, model_round: bool =
               row_order: str = "given") -> dict:
     """Run FedGCN's pre-training on ``backend``/``layout`` (plus one model round); measure it."""
     from protocols import make_protocol
-    from secure_fgl.algorithms.fedgcn import FedGCN, FedGCNOptions
+    from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
     mode, kw = BACKENDS[backend]
     cfg = RunConfig(mode=mode, clients=K, rounds=1, local_epochs=1)

@@ -76,7 +76,7 @@ def models_part(update_bound: float) -> list[dict]:
 
 def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str, degree_cap: int) -> dict:
     from protocols import make_protocol
-    from secure_fgl.algorithms.fedgcn import FedGCN, FedGCNOptions
+    from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
     mode, opts = BACKENDS[backend]
     proto = make_protocol(mode, K, **opts)

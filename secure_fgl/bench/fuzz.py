@@ -39,8 +39,10 @@ import numpy as np
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
-from protocols.errors import IntegrityError, KeySubstitutionError, KeySwitchRefusedError, ProtocolError
+from protocols.errors import (ConsistencyError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
+                              PlanRefusedError, ProtocolError, RepeatedContributionError, ShareIntegrityError)
 from protocols.mask.keys import MaskKeyPair, signed_mask_key
+from protocols.mask.shamir import PRIME, Share
 from protocols.message import Envelope, SIGNATURE_BYTES, body_digest
 from protocols.party import AUTH_TAG
 from protocols.transcript import SERVER
@@ -264,6 +266,68 @@ def _call_absurd(fz, rng):
     return vals, {}, rnd, tag
 
 
+# ---------------------------------------------------------------------- an actively malicious server
+def _stage(m) -> str:
+    return Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage if len(m.auth) > SIGNATURE_BYTES else ""
+
+
+def _is_plan(m) -> bool:
+    return m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "plan"
+
+
+def _resigned_plan(m, fz, **changes):
+    """The victim's plan with ``changes``, signed again by the server (an active server)."""
+    return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, **changes}), "plan")
+
+
+def _plan_contributors(m, rng, fz):
+    """The server plans another contributor set for the victim: the victim alone, a set with a
+    duplicate, or ids outside the run."""
+    choice = int(rng.integers(0, 3))
+    sets = ([1], [1, 1, 2], [0, 1, int(rng.integers(K, 1 << 20))])
+    return _resigned_plan(m, fz, contributors=np.asarray(sets[choice], np.int32))
+
+
+def _plan_threshold(m, rng, fz):
+    """The server plans a Shamir threshold other than the run's (mask)."""
+    t = int(m.payload["encoding"]["threshold"])
+    other = int(rng.choice([v for v in range(0, 2 * K + 1) if v != t]))
+    return _resigned_plan(m, fz, encoding={**m.payload["encoding"], "threshold": other})
+
+
+def _plan_other_request(m, rng, fz):
+    """The victim is shown another recipient's request (or one for a client outside the run)."""
+    other = int(rng.choice([0, 2, K + int(rng.integers(0, 100))]))
+    return _resigned_plan(m, fz, requests={**m.payload["requests"], other: np.arange(1, dtype=np.int64)})
+
+
+def _call_differencing(fz, rng):
+    """The same (round, tag) as the previous case, summed again without client 2: the difference of
+    the two sums would be client 2's input."""
+    vals = fz.values(rng)
+    del vals[2]
+    return vals, {}, fz.round, "fuzz/x"
+
+
+def _resigned_share(m, rng, fz):
+    """The victim corrupts one share of its unmasking answer and signs the result."""
+    shares = dict(m.payload["self_mask"])
+    u = int(rng.choice(sorted(shares)))
+    share = Share.from_bytes(shares[u])
+    shares[u] = Share(share.x, (share.y + int(rng.integers(1, 1 << 62))) % PRIME).to_bytes()
+    return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "self_mask": shares}), "unmask")
+
+
+def _split_unmasking(m, rng, fz):
+    """The server asks the victim for its pairwise seed with a survivor (declared dropped to the
+    victim only) and leaves that survivor out of the victim's self-mask request."""
+    survivors = [int(u) for u in m.payload["self_mask"] if int(u) != 1]
+    u = int(rng.choice(survivors))
+    payload = {**m.payload, "self_mask": np.asarray([k for k in m.payload["self_mask"] if int(k) != u], np.int32),
+               "pairwise": np.asarray(sorted([*map(int, m.payload["pairwise"]), u]), np.int32)}
+    return fz.proto._seal(dataclasses.replace(m, payload=payload), "unmask")
+
+
 CASES = [
     Case("truncation", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
     Case("bitflip_frame", ("mask", "ckks", "ckks-mp"), True, _is_upload,
@@ -325,6 +389,18 @@ CASES = [
     Case("substituted_mask_key", ("mask",), True,
          lambda m: _to_dealer("advertise_keys")(m) and m.kind == "public_key" and isinstance(m.payload, dict)
          and len(m.payload) > 1, _forged_mask_key, expected=KeySubstitutionError, fresh=True),
+    # an active server (it signs what it sends) and a client that re-signs what it corrupts
+    Case("plan_contributors", ("mask", "ckks"), True, _is_plan, _plan_contributors, expected=PlanRefusedError),
+    Case("plan_recipients", ("mask", "ckks"), True, _is_plan, _plan_other_request, expected=PlanRefusedError),
+    Case("plan_threshold", ("mask",), True, _is_plan, _plan_threshold, expected=PlanRefusedError),
+    Case("differencing_same_round", ("mask", "ckks"), True, call=_call_differencing,
+         expected=RepeatedContributionError),
+    Case("split_unmasking", ("mask",), True,
+         lambda m: m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "unmask" and m.tag == "fuzz/x",
+         _split_unmasking, expected=ConsistencyError),
+    Case("resigned_shares", ("mask",), True,
+         lambda m: m.sender == VICTIM and m.kind == "share" and m.tag == "fuzz/x", _resigned_share,
+         expected=ShareIntegrityError),
     Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
     Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
     # a malicious server's own messages, signed by it (active adversary): must be refused

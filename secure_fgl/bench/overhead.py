@@ -4,10 +4,12 @@ Workloads (``--quick``: fewer rounds, same records):
 
 * ``cora-fedgcn``: FedGCN on Cora, 10 clients, Dirichlet beta 10000, 1-hop, 100 rounds x 3 local
   steps, SGD lr 0.5 (the released code's setting, preset ``fedgcn-table2``);
+* ``cora-fedgcn-2hop``: the same with 2 hops and the dense pre-training layout (every client
+  receives every row: the layout ``ckks-mp`` switches to one broadcast key);
 * ``cora-fedomd``: FedOMD on Cora, 3 Louvain parties (preset ``fedomd-table4``), a short run;
 * ``pubmed-fedspray``: FedSpray on PubMed, 7 Louvain parties (preset ``fedspray-table2``), a short run.
 
-Modes: ``plain``, ``mask``, ``ckks``, ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
+Modes: ``plain``, ``mask``, ``ckks``, ``ckks-mp``, ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
 codec, ``--fixed-point-bits 20 --update-bound 1``) and ``ckks-grid`` (the model mean on its public
 grid, ``--grid-model-mean --update-bound 1``: CKKS's exact integer fields; ``plain-grid`` on request).  The parties run on the ``local`` executor
 (:data:`EXECUTOR`; ``--executor inline`` plays them all in one object).
@@ -49,10 +51,12 @@ from pathlib import Path
 #: workload -> (preset, overrides, overrides with --quick)
 WORKLOADS = {
     "cora-fedgcn": ("fedgcn-table2", {"dataset": "cora", "rounds": 100}, {"rounds": 10}),
+    "cora-fedgcn-2hop": ("fedgcn-table2", {"dataset": "cora", "rounds": 100,
+                                           "options": {"hops": 2, "layout": "dense"}}, {"rounds": 10}),
     "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
     "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
 }
-MODES = ("plain", "mask", "ckks", "ckks-fp20", "ckks-grid")
+MODES = ("plain", "mask", "ckks", "ckks-mp", "ckks-fp20", "ckks-grid")
 #: benchmark modes that are a mode with options: ``ckks-fp20`` is CKKS with the packed
 #: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in;
 #: ``ckks-grid`` / ``plain-grid``: the model mean on its public grid (``--grid-model-mean
@@ -227,6 +231,29 @@ def tag_table(records: list[dict]) -> list[str]:
     return lines
 
 
+def exchange_table(records: list[dict]) -> list[str]:
+    """Per workload and exchange (tag): each mode's bytes up + down over plain's bytes of the same
+    exchange, and the whole run's CPU seconds over plain's (the CPU of one exchange is not separable
+    from the run; the set-up and training phases' wall seconds are in ``time``)."""
+    lines = []
+    for name in dict.fromkeys(r["workload"] for r in records if "per_tag" in r):
+        rows = [r for r in records if r["workload"] == name and "per_tag" in r and not r.get("repeat")]
+        plain = next((r for r in rows if r["mode"] == "plain"), None)
+        if plain is None:
+            continue
+        lines.append(f"{name}: bytes up+down per exchange and whole-run CPU, ratio to plain")
+        tags = [t for t, v in plain["per_tag"].items() if v["plaintext_bytes_up"] is not None]
+        for r in rows:
+            cells = []
+            for t in tags:
+                v, p = r["per_tag"].get(t), plain["per_tag"][t]
+                base = (p["bytes_up"] or 0) + (p["bytes_down"] or 0)
+                if v and base:
+                    cells.append(f"{t} {((v['bytes_up'] or 0) + (v['bytes_down'] or 0)) / base:.2f}x")
+            lines.append(f"  {r['mode']:<10} cpu {_fmt(r.get('cpu_ratio_to_plain'), '.2f')}x  " + "  ".join(cells))
+    return lines
+
+
 def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
                        sizes=None, arxiv: bool = True, executor: str | None = None, repeats: int = 1,
                        device: str = "cpu") -> list[dict]:
@@ -241,7 +268,7 @@ def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=N
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
         records += run_scale(sizes or [], arxiv=arxiv and not quick)
-    for line in tag_table(records):
+    for line in tag_table(records) + exchange_table(records):
         print(line)
     scale = [r for r in records if r["workload"].startswith(("scale-", "arxiv"))]
     if scale:

@@ -279,3 +279,67 @@ def print_table(rows: list[dict]) -> None:
         if at["actors"]:
             print(f"{'':>19}PSS at the peak: driver {at['driver']:.0f}, actors "
                   f"{' + '.join(f'{a:.0f}' for a in at['actors'])}, Ray's other processes {at['other']:.0f} MB")
+
+
+# ---------------------------------------------------------------- the dropout column
+def dropout_counts(clients: int) -> tuple[int, ...]:
+    """0, 1 and ``n - t`` dropouts (mask's default threshold ``t = n // 2 + 1``: the most it recovers from)."""
+    return tuple(sorted({0, 1, clients - (clients // 2 + 1)}))
+
+
+def dropout_round(mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64,
+                  nodes: int = 2000) -> dict:
+    """Seconds and bytes of one FedAvg round (round 1, after round 0 paid registration and key
+    set-up) in which the ``dropped`` highest client ids drop at their upload
+    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages."""
+    from protocols import SERVER
+    from ..config import RunConfig
+    from ..experiment import load_federation
+    from ..runtime.build import make_executor, make_runtime_protocol, make_strategy
+    cfg = RunConfig(algorithm="fedavg", dataset="sbm", clients=clients, rounds=2, mode=mode, executor=executor,
+                    hidden=64, simulate_dropouts=f"{dropped}@upload:r1" if dropped else None,
+                    synthetic={"num_nodes": nodes, "num_features": features}).validate()
+    fed = load_federation(cfg)
+    ex = make_executor(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, ex)
+    try:
+        strategy = make_strategy(cfg, fed, protocol, {}, ex)
+        strategy.train_round(0)
+        t0 = time.perf_counter()
+        strategy.train_round(1)
+        seconds = time.perf_counter() - t0
+    finally:
+        ex.shutdown()
+    msgs = protocol.transcript.select(round=1)
+    server = protocol.server                      # its checks, sums and (mask) recovery of round 1's exchange
+    server_s = (getattr(server, "last_timing", None) or getattr(server, "last_stats", None) or {}).get("server_s")
+    return {"mode": mode, "clients": clients, "dropped": dropped, "executor": executor, "round_s": seconds,
+            "server_s": server_s,
+            "bytes_up": sum(m.nbytes for m in msgs if m.receiver == SERVER),
+            "bytes_down": sum(m.nbytes for m in msgs if m.receiver != SERVER),
+            "included": len(protocol.last_included), "model_parameters": strategy.model_size,
+            "load_avg_1m": os.getloadavg()[0]}
+
+
+def run_dropout_bench(out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1,
+                      features: int | None = None) -> list[dict]:
+    """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over
+    ``repeats``), written to ``dropout_bench.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    print(f"{'K':>4} {'mode':<7} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'server s':>8} "
+          f"{'up kB':>9} {'down kB':>9} {'load':>5}")
+    for k in clients:
+        for mode in modes:
+            for executor in executors:
+                for dropped in dropout_counts(int(k)):
+                    runs = [dropout_round(mode, int(k), dropped, executor, features or 64) for _ in range(repeats)]
+                    row = dict(runs[0], round_s=statistics.median(r["round_s"] for r in runs),
+                               server_s=statistics.median(r["server_s"] or 0.0 for r in runs), runs=len(runs))
+                    rows.append(row)
+                    print(f"{k:>4} {mode:<7} {executor:<8} {dropped:>7} {row['included']:>8} {row['round_s']:>8.2f} "
+                          f"{row['server_s']:>8.3f} {row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} "
+                          f"{row['load_avg_1m']:>5.1f}", flush=True)
+                    (out / "dropout_bench.json").write_text(json.dumps(rows, indent=1))
+    return rows

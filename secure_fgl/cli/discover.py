@@ -16,33 +16,21 @@ def _wrap(text: str, indent: str = "  ") -> str:
     return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
-def _summary(name: str) -> str:
-    from ..algorithms.catalog import ABOUT
-    if name in ABOUT:
-        return ABOUT[name].summary
-    from ..algorithms import get_algorithm
-    doc = (get_algorithm(name).__doc__ or "").strip()
-    return doc.splitlines()[0] if doc else "-"
-
-
 def algorithms_command(name: str | None) -> int:
-    from ..algorithms import ALGORITHMS, algorithm_name, get_options_class
-    from ..algorithms.catalog import ABOUT
+    from ..algorithms import SPECS, get_spec
     from ..presets import preset_description, presets_of
     if name is None:
-        for key in ALGORITHMS:
-            print(f"{key:<14}{_summary(key)}")
+        for key, spec in SPECS.items():
+            print(f"{key:<14}{spec.summary}")
         print("\nsecure-fgl algorithms NAME: its paper, exchanges, options and presets")
         return 0
-    key = algorithm_name(name)
-    about = ABOUT.get(key)
-    print(f"{key}: {_summary(key)}")
-    if about is not None:
-        print(_wrap(f"paper: {about.paper}"))
-        print(_wrap(f"exchanges: {about.exchanges}"))
-        print(_wrap(f"modes: {', '.join(about.modes)}"))
-    cls = get_options_class(key)
-    fields = dataclasses.fields(cls)
+    spec = get_spec(name)
+    key = spec.name
+    print(f"{key}: {spec.summary}")
+    print(_wrap(f"paper: {spec.paper}"))
+    print(_wrap(f"exchanges: {spec.exchanges}"))
+    print(_wrap(f"modes: {', '.join(spec.modes)}"))
+    fields = dataclasses.fields(spec.options)
     print("options:" if fields else "options: none")
     for f in fields:
         print(f"  {flag_name(f.name):<20}{describe(f)}")
@@ -84,14 +72,15 @@ def datasets_command(data_root: str | None) -> int:
 
 
 def attacks_command() -> int:
-    from attacks.runner import ATTACKS
-    width = max(map(len, ATTACKS)) + 2
-    for name, cls in ATTACKS.items():
-        targets = ", ".join(cls.algorithms) if cls.algorithms else "any node-level algorithm"
-        text = textwrap.fill(first_paragraph(cls.__doc__), width=110, initial_indent=" " * width,
+    from attacks.catalog import attack_catalog  # read from source: no torch import
+    catalog = attack_catalog()
+    width = max(len(a.name) for a in catalog) + 2
+    for attack in catalog:
+        targets = ", ".join(attack.algorithms) if attack.algorithms else "any node-level algorithm"
+        text = textwrap.fill(first_paragraph(attack.doc), width=110, initial_indent=" " * width,
                              subsequent_indent=" " * width)
-        print(f"{name:<{width}}{text[width:]}")
-        print(f"{'':<{width}}exchange {cls.exchange}; targets {targets}")
+        print(f"{attack.name:<{width}}{text[width:]}")
+        print(f"{'':<{width}}exchange {attack.exchange}; targets {targets}")
     print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")
     return 0
 

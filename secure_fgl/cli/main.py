@@ -67,10 +67,10 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
                                   help="replace the finished run in --out (refused without it)")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
-    from ..algorithms import OPTIONS, get_options_class
+    from ..algorithms import SPECS
     added: set[str] = set()
-    for name in OPTIONS:
-        cls = get_options_class(name)
+    for name, spec in SPECS.items():
+        cls = spec.options
         group = run.add_argument_group(f"{name} options (--algorithm {name})")
         for f in dataclasses.fields(cls):
             if f.name not in added:
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--repeats", type=int, default=None,
                          help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)")
     runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
+    runtime.add_argument("--dropouts", action="store_true",
+                         help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
+                              "(--simulate-dropouts; default 10 clients, local executor)")
     from .keys import add_key_parsers
     add_key_parsers(sub)
     return parser
@@ -158,7 +161,7 @@ def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
 
 def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConfig:
     """Preset < config file < flags, merged and checked (types, ranges, names)."""
-    from ..algorithms import get_options_class
+    from ..algorithms import get_spec
     layers = []
     if getattr(args, "preset", None):
         from ..presets import load_preset
@@ -168,7 +171,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConf
     flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
     algorithm = flags.get("algorithm") or next((l["algorithm"] for l in reversed(layers) if "algorithm" in l),
                                                RunConfig.algorithm)
-    option_fields = {f.name for f in dataclasses.fields(get_options_class(str(algorithm)))}
+    option_fields = {f.name for f in dataclasses.fields(get_spec(str(algorithm)).options)}
     values, options = {}, {}
     for layer in layers:
         settings, opts = _split_layer(layer, option_fields)
@@ -234,6 +237,11 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench
             run_protocol_bench(args.out, quick=args.quick)
+        elif args.suite == "runtime" and args.dropouts:
+            from ..bench.runtime import run_dropout_bench
+            run_dropout_bench(args.out, clients=tuple(args.clients or (10,)), modes=tuple(args.modes),
+                              executors=tuple(e for e in args.executors if e != "inline") or ("local",),
+                              repeats=args.repeats or 1, features=args.features)
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
             run_runtime_bench(args.out, quick=args.quick, executors=tuple(args.executors), modes=tuple(args.modes),

@@ -2,7 +2,10 @@
 
 * :class:`BestModelSaver` -- ``best_model.pt``, the weights at the best-validation round;
 * :class:`CSVLogger` -- ``rounds.csv``, one line per round;
-* :class:`TensorBoardLogger` -- scalars for TensorBoard (``pip install secure-fgl[tensorboard]``).
+* :class:`TensorBoardLogger` -- scalars for TensorBoard (``pip install secure-fgl[tensorboard]``);
+* :mod:`.trackers` -- Weights & Biases and MLflow runs (``--log wandb``, ``--log mlflow``).
+
+A hook may also have ``finish(result)``, called with the final ``result.json`` content.
 
 ``best_model.pt`` holds plain tensors only (``{"<attribute>.<k>.<parameter>": tensor}``, one
 entry per parameter of every model the algorithm holds; ``k`` indexes clients for per-client
@@ -106,11 +109,21 @@ class TensorBoardLogger:
 
 
 def make_hooks(out_dir: Path | None, *, log: tuple[str, ...] = (), save_best: bool = True,
-               resume: bool = False) -> list:
-    """The hooks a run asked for (none without a run folder)."""
+               resume: bool = False, config: dict | None = None) -> list:
+    """The hooks a run asked for (none without a run folder); ``config`` goes to the trackers."""
+    from .trackers import MLflowLogger, WandbLogger
     if out_dir is None:
         return []
     hooks: list = [BestModelSaver(out_dir)] if save_best else []
+    make = {"csv": lambda: CSVLogger(out_dir, resume), "tensorboard": lambda: TensorBoardLogger(out_dir),
+            "wandb": lambda: WandbLogger(out_dir, config or {}), "mlflow": lambda: MLflowLogger(out_dir, config or {})}
     for name in log:
-        hooks.append(CSVLogger(out_dir, resume) if name == "csv" else TensorBoardLogger(out_dir))
+        hooks.append(make[name]())
     return hooks
+
+
+def finish_hooks(hooks: list, result: dict) -> None:
+    """Hand the final result to the hooks that record it (the trackers)."""
+    for hook in hooks:
+        if hasattr(hook, "finish"):
+            hook.finish(result)

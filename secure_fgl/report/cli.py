@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..validation import ConfigError
     try:
         spec = spec_from_args(args)
-        from ..algorithms import get_algorithm
+        from ..algorithms import get_spec
         for name in spec.algorithms:
-            get_algorithm(name)            # an unknown name is a one-line error, not N failed runs
+            get_spec(name)                 # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
             from ..preflight import preflight
             from .sweep import plan_cells, run_sweep

@@ -1,6 +1,6 @@
 """Build a run's client runtimes, executor and server strategy from a partitioned graph.
 
-The driver partitions the data (as :func:`secure_fgl.experiment.load_federation` does for every
+The driver partitions the data (as :func:`secure_fgl.data.load.load_federation` does for every
 run) and hands client ``k`` one set-up frame with its own data only
 (:func:`~.client.client_frame`); from then on the strategy sees :class:`~.facts.PublicFacts`
 and what the clients send.  (A deployment where each machine loads its own partition would
@@ -12,24 +12,40 @@ import dataclasses
 
 import numpy as np
 
-from ..config import ConfigError
+from protocols import Transcript, make_protocol
+from protocols.registry import backend_class
+from protocols.split import SplitProtocol
+
+from ..algorithms import get_spec
+from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
+from ..manifest import schedule_option
+from ..privacy import dp_config
 from . import wire
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client_frame
-from .registry import converted, strategy_class
 from .strategy import Strategy
 
 
 def make_executor(cfg, device: str = "cpu") -> Executor:
-    """``--executor local`` or ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``)."""
+    """``--executor local``, ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``) or
+    ``flower`` (:mod:`.flower_executor`, needs ``pip install -e ".[flower]"``)."""
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
-        return RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
-                           round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
-    return LocalExecutor(device)
+        executor = RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
+                               round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
+    elif cfg.executor == "flower":                 # sites behind Flower SuperNodes (docs/deployment.md)
+        from .flower_executor import FlowerExecutor, needs_of
+        executor = FlowerExecutor(round_timeout=cfg.round_timeout, needs=needs_of(cfg))
+    else:
+        executor = LocalExecutor(device)
+    if cfg.simulate_dropouts:                  # --simulate-dropouts (.dropouts)
+        from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
+        rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
+        return SimulatedDropouts(executor, DropoutSchedule(rules))
+    return executor
 
 
 def client_resources(cfg) -> dict[int, str]:
@@ -47,21 +63,34 @@ def check_runtime(cfg) -> None:
     client_resources(cfg)
     if cfg.executor == "inline":
         return
-    if cfg.algorithm not in converted():
-        raise ConfigError(f"--executor {cfg.executor} runs {', '.join(converted())} only; --algorithm "
-                          f"{cfg.algorithm} runs with --executor inline")
-    if cfg.dp_epsilon is not None and not strategy_class(cfg.algorithm).dp_on_runtimes:
+    if cfg.dp_epsilon is not None and not get_spec(cfg.algorithm).strategy_class().dp_on_runtimes:
         raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
                           "yet; use --executor inline")
+
+
+def run_transcript(cfg: RunConfig) -> Transcript:
+    """The transcript of a run: message metadata always (``comm``, the privacy section, the side
+    file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
+    attacks nothing reads a payload, and keeping them would hold a one-time exchange -- FedGCN's
+    neighbour sums, every upload and download of it -- in memory for the rest of the run."""
+    return Transcript(keep_payloads="latest" if cfg.attacks else "none")
+
+
+def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
+    extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
+    if cfg.ckks_real_slots:
+        extra["exact_fields"] = False
+    if link is not None:          # a backend split into halves, its client halves behind ``link``
+        extra["link"] = link
+    if cfg.mode != "plain":       # the public collusion bound every client half checks plans against
+        extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
+    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
+    return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None):
     """The run's protocol; a backend split into halves gets the executor as its link
     (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
-    from protocols.registry import backend_class
-    from protocols.split import SplitProtocol
-
-    from ..experiment import make_run_protocol
     if not issubclass(backend_class(cfg.mode), SplitProtocol):
         return make_run_protocol(cfg, num_clients, transcript)
     return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor))
@@ -71,7 +100,7 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
-    cls = strategy_class(cfg.algorithm)
+    cls = get_spec(cfg.algorithm).strategy_class()
     if isinstance(fed, FederatedGraphDataset):     # graph classification: each client its own graphs
         facts = GraphFacts.of(fed)
         frames = {c.client_id: graph_client_frame(c, cfg, facts, opts, setup) for c in fed.clients}
@@ -83,4 +112,8 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
                                                      for n, b in protocol.client_identity(k).items()}})
                   for k, f in frames.items()}
     executor.start(frames)
-    return cls(executor, protocol, cfg, facts, opts)
+    strategy = cls(executor, protocol, cfg, facts, opts)
+    from .dropouts import SimulatedDropouts
+    if isinstance(executor, SimulatedDropouts):    # simulated dropouts follow the strategy's round
+        executor.clock = lambda: strategy.round
+    return strategy

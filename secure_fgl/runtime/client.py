@@ -22,10 +22,12 @@ from ..data.federated import ClientSubgraph
 from ..engine.checkpoint import from_plain, to_plain
 from ..engine.files import write_bytes_atomic
 from . import wire
-from .facts import PublicFacts
+from .facts import GraphFacts, PublicFacts
+from .graph_data import graph_client
+from .logic import make_logic
+from .partition import DATA_FIELDS, data_digest, data_fields, own_fields
 
 #: ClientSubgraph fields carried in a client's set-up frame
-DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "cross_edges")
 
 
 def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
@@ -38,7 +40,6 @@ def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, fac
     for a runtime that holds several clients' nodes (the centralized reference).
     ``load_own_data``: the digest of that data instead of the data, which the runtime loads on
     its own machine (:mod:`.partition`)."""
-    from .partition import data_digest, data_fields
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     owned = {} if owner is None else {"owner": owner}
     data = data_fields(c, far_owner)
@@ -51,16 +52,12 @@ class ClientRuntime:
     """Client ``client_id`` of the run, built from its set-up frame (:func:`client_frame`)."""
 
     def __init__(self, frame: bytes, device: str = "cpu"):
-        from .logic import make_logic
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
         if "data_digest" in f:                      # a pinned client: its data is loaded here (partition.py)
-            from .partition import own_fields
             f.update(own_fields(RunConfig.from_dict(f["config"]), self.client_id, f.pop("data_digest")))
         self.device = torch.device(device)
         if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
-            from .facts import GraphFacts
-            from .graph_data import graph_client
             self.data, self.facts = graph_client(f, self.client_id), GraphFacts(**f["facts"])
         else:
             self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
@@ -82,6 +79,7 @@ class ClientRuntime:
             self.half.use_manifest(Manifest.from_bytes(f["manifest"].tobytes()),
                                    SigningKey.from_private_bytes(f["identity"].tobytes()))
             self.half.provider = self.logic.table
+            self.half.clear_tags = self.logic.clear_tags
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,

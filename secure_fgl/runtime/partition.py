@@ -5,7 +5,7 @@ without data (:func:`spec_frame`): the run's settings (dataset, partition, seed:
 spec), the public facts and the SHA-256 of the data the run planned for it.  Its runtime, on
 that node, loads the dataset from its own ``--data-root`` / ``$SECURE_FGL_DATA`` (or generates the
 synthetic graph from its seed), partitions it as every run does
-(:func:`secure_fgl.experiment.load_federation`: deterministic given the settings) and keeps
+(:func:`secure_fgl.data.load.load_federation`: deterministic given the settings) and keeps
 only its own subgraph (:func:`own_fields`).  The digest check refuses a partition that differs
 from the driver's (another dataset file, another version of the code): one error naming the
 fix, not a silently different run.
@@ -22,17 +22,21 @@ import hashlib
 import json
 
 from ..config import RunConfig
+from ..data.load import load_federation
 from . import wire
 
-#: RunConfig fields that decide a client's partition (:func:`secure_fgl.experiment.load_federation`)
+#: RunConfig fields that decide a client's partition (:func:`secure_fgl.data.load.load_federation`)
 SPEC_FIELDS = ("dataset", "clients", "partition", "beta", "resolution", "keep_largest", "split", "seed",
                "data_root", "synthetic")
+
+
+#: a client subgraph's tensors, as its set-up frame carries them
+DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "cross_edges")
 
 
 def data_fields(c, far_owner) -> dict:
     """Client ``c``'s data as set-up frame fields: its subgraph and the owner of the far end of
     each of its cross edges."""
-    from .client import DATA_FIELDS
     return {**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner}
 
 
@@ -48,7 +52,6 @@ def far_owners(fed, c):
 
 @functools.lru_cache(maxsize=1)
 def _federation(spec: str):
-    from ..experiment import load_federation
     return load_federation(RunConfig(**json.loads(spec)))
 
 

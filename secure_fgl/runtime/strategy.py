@@ -17,8 +17,8 @@ as its link encodes in the driver, so a contribution crosses from its runtime to
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
-dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: DropoutError
-naming it) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
+dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: the sum of the
+clients that uploaded) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
 client stops the exchange, named).  On the driver-side path a lost
 contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
 backends raise DropoutError naming it.
@@ -29,18 +29,16 @@ import warnings
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 import torch
 
 from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import READABLE_KINDS, Message
 
-from ..algorithms.base import ModelAveraging, accuracy_summary, model_spec
+from ..algorithms.base import accuracy_summary
 from ..config import ConfigError
 from . import wire
 from .client import client_frame
-from .dp import privatize_dense
-from .exchange import plan_dense, run_split, split_backend
+from .exchange import split_backend
 from .partition import far_owners
 from .placement import parse_client_resources
 
@@ -89,6 +87,10 @@ class Strategy:
     def hosts(self) -> list[int]:
         """The runtimes the strategy addresses (:meth:`client_frames`): one per client."""
         return list(range(self.num_clients))
+
+    def host_of(self, client: int) -> int:
+        """The runtime holding client ``client``'s nodes (the attack suite asks it for that client's view)."""
+        return client
 
     def alive(self, clients: Iterable[int] | None = None) -> list[int]:
         clients = self.hosts if clients is None else clients
@@ -189,92 +191,3 @@ class Strategy:
 
     def load_server_state(self, state: dict) -> None:
         pass
-
-
-class ModelAveragingStrategy(Strategy):
-    """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
-    deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
-    (``aggregate_models`` false) only trains.  Client sampling is
-    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
-
-    dp_on_runtimes = True
-    #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
-    grid_model_mean = False
-
-    def __init__(self, executor, protocol, cfg, facts, options):
-        super().__init__(executor, protocol, cfg, facts, options)
-        self.aggregate_models = cfg.algorithm != "local"
-        self.personalized = cfg.algorithm == "local"
-
-    def sample_clients(self, rnd: int) -> list[int]:
-        K = self.num_clients
-        if self.cfg.client_fraction >= 1:
-            return list(range(K))
-        m = max(1, int(round(self.cfg.client_fraction * K)))
-        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
-
-    def train_round(self, rnd: int, tag: str | None = None) -> dict:
-        """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
-        algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
-        self.round = rnd
-        sampled = self.sample_clients(rnd)
-        ask = self.local_update_request(rnd, tag)
-        done = self.ask("local_update", {k: ask for k in sampled})
-        losses = [r["loss"] for r in done.values() if r["trained"]]
-        if self.aggregate_models:
-            contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
-            self.aggregate(rnd, contributors, tag)
-        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
-
-    def local_update_request(self, rnd: int, tag: str | None) -> dict:
-        """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""
-        return {"round": rnd, **({"model": tag} if tag else {})}
-
-    #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
-    model_dp_request = ModelAveraging.model_dp_request
-
-    def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
-        tag = tag or f"{self.name}/model"
-        spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound,
-                          grid=self.grid_model_mean or self.cfg.model_mean_on_grid)
-        if self.split:                                   # the clients' halves run the exchange
-            dp = self.model_dp_request(tag)
-            ask = {"tag": tag, "round": rnd, "split": True}
-            if dp is not None:                           # DP-FedAvg: clipped, unweighted (protocols.dp)
-                dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
-                ask["dp_clip"] = float(dp.clip)
-            sent = self.ask("contribute", {k: ask for k in contributors})
-            if not sent:
-                raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-            length = int(next(iter(sent.values()))["length"])
-            self.model_size = length - (dp is None)
-            noisy, noise_std = sorted(sent), 0.0
-            if dp is not None:
-                noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
-            included = run_split(self.protocol, plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec,
-                                                           dp_noise_std=noise_std))
-            done = {"tag": tag, "round": rnd, "length": length}
-            self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
-            return
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
-        updates = {k: r["update"] for k, r in sent.items()}
-        weights = {k: float(r["weight"]) for k, r in sent.items()}
-        gone = [k for k in contributors if k not in sent]
-        if gone:
-            self._handle_dropouts(tag, gone, updates, weights)
-        if not updates:
-            raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-        mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
-        self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
-
-    def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
-        """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
-        mode = self.protocol.mode
-        if mode == "plain":
-            return                                        # the survivors' mean
-        if mode != "mask":
-            self.check_lost(gone, f"the {mode} exchange {tag} (no dropout recovery in {mode})")
-        length = next(iter(updates.values())).size if updates else 0
-        for k in gone:                                    # advertised keys, never uploads
-            updates[k], weights[k] = np.zeros(length), 0.0
-        self.protocol.drop_clients(gone, stage="upload")

@@ -1,0 +1,823 @@
+r"""FedGCN: one secure pre-training exchange of neighbour-feature sums, then FedAvg.
+
+Yao, Jin, Ravi & Joe-Wong, *FedGCN: Convergence-Communication Tradeoffs in Federated
+Training of Graph Convolutional Networks*, NeurIPS 2023, sec. 4 (eq. 2-3, "Training
+Algorithm") and sec. 6 (Table 2).
+
+Operator summed (eq. 3, with the self loop of the GCN)
+------------------------------------------------------
+Let ``Ã = A + I`` (binary ``A``, any self loop in the data replaced by the single ``I``
+entry, as PyG's ``GCNConv`` does), ``d̃_v = deg(v) + 1`` and ``t_j = [x_j, 1]`` the feature
+row of node ``j`` with a *ones column* appended.  Client ``k`` contributes, for every node
+``v`` it knows about -- its own nodes and the remote endpoints of its cross edges --
+
+.. math::  P^{(k)}_v = \sum_{j \in V_k} Ã_{vj}\, t_j
+           \qquad(\text{eq. 3: } \textstyle\sum_j \mathbb{I}_k(c(j)) A_{vj} x_j,
+           \text{ plus } j = v \text{ by its owner})
+
+i.e. the sum of the terms of *its own* nodes in ``v``'s closed neighbourhood.  The server
+adds the contributions (under HE or masks; it never sees one) and returns
+
+.. math::  S_v = \sum_k P^{(k)}_v = \big[(ÃX)_v,\; d̃_v\big]     \qquad(\text{eq. 2})
+
+so the degree ``d̃_v`` travels *through the same exchange* (the ones column), never from the
+global graph.  With binary features every entry is a non-negative integer ``<= d̃_v <=
+degree_cap + 1``: the ckks backend packs them exactly (FedGCN's "Boolean Packing").
+
+Scope of the return: **1-hop** -- each client receives ``S_v`` for its own nodes
+(``{Σ_j A_ij x_j}_{i ∈ V_k}``); **2-hop** -- also for the remote endpoints of its cross
+edges (``{Σ_j A_ij x_j}_{i ∈ N(V_k)}``), which is what the second propagation of its own
+nodes needs; **0-hop** -- no exchange, local training on the local subgraph, identical
+to FedAvg (the same code path, the same result for the same seed).
+
+Normalisation (``norm`` option) -- what is achievable from received sums only
+---------------------------------------------------------------------------
+* ``'row'`` (default): ``Z_v = S_v[:d] / d̃_v = (D̃^{-1} Ã X)_v`` -- the mean over the closed
+  neighbourhood (the row normalisation of Kipf & Welling's own pygcn code).  Exact from
+  the integer sums, so binary features stay integer and pack exactly.
+* ``'sym'``: the GCN operator ``(D̃^{-1/2} Ã D̃^{-1/2} X)_v`` needs each *neighbour's* degree
+  inside the sum, so it cannot be completed from ``ÃX`` alone.  It is reached by letting
+  every owner pre-scale its own terms, ``t_j = [d̃_j^{-1/2} x_j, 1]`` (the owner knows
+  ``d̃_j`` exactly from its local and cross edges), and the receiver multiply by
+  ``d̃_v^{-1/2}``.  The sums are then real numbers: float CKKS encoding, no packing.
+  With ``hops=2`` and 2 layers this is *exactly* Kipf's GCN on the full graph for the
+  client's own nodes (verified in ``tests/test_fedgcn.py``).
+* ``'none'``: ``Z_v = (ÃX)_v``, the raw sums, as the paper's released code feeds them to
+  its first (linear) layer.
+
+Model (the paper code's ``AggreGCN`` design)
+-------------------------------------------
+``logits = Â_k · relu(Z W_1 + b_1) · W_2 + b_2`` (dropout before each layer as in
+:class:`~secure_fgl.models.node.GCN`): the first GCN layer is a linear map of the
+received, normalised sums (its propagation already happened in the exchange); the
+remaining layers propagate over the graph the client knows:
+
+* 1-hop: only own nodes have a first-layer output, so ``Â_k`` is the GCN normalisation of
+  the *local* subgraph (PyG ``gcn_norm``) -- the paper's 1-hop approximation;
+* 2-hop: the known graph is own nodes + remote endpoints with local and cross edges, and
+  ``Â_k[v, j] = d̃_v^{-1/2} d̃_j^{-1/2}`` with the degrees received through the ones column:
+  the rows of own nodes are exactly the rows of the global ``Â``.
+
+Input centring (``center`` option, off by default): each client's model sees its first-layer
+input minus the mean of its own rows, for every ``hops`` (0-hop: the raw features), through
+``(Z - 1 mu^T) W = Z W - 1 (mu^T W)`` (:mod:`secure_fgl.models.centring`: no dense centred copy).
+Neighbour means of dense bag-of-words rows (Amazon: ~35 % of the words per row) share a large
+common component; centring it away removes the dominant direction of the first layer's Hessian
+(LeCun et al., "Efficient BackProp", 1998, sec. 4.3), so Adam at Kipf's lr 0.01 converges in the
+rounds given: measured in ``docs/fedgcn_amazon_coauthor.md``.
+
+Training: FedAvg (``ModelAveraging``) over these models, the model exchange through the
+protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
+lr 0.01, weight decay 5e-4) come from :class:`~secure_fgl.config.RunConfig`.
+
+Degree cap
+----------
+``degree_cap`` is a *public* bound on every degree; it fixes the packed field width
+(``sum_max = degree_cap + 1``) and the node-level DP sensitivity.  Each owner checks its
+own nodes (it knows their exact degree) before anything is encrypted and the run is
+refused with :class:`protocols.BoundError` naming the maximum degree over all clients if one
+exceeds the cap: CKKS and the masked sums would otherwise wrap silently.  The plaintext
+protocol sums floats and needs no cap; it is enforced there only for node-level DP, whose
+sensitivity it bounds.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
+bounds the K-way sum (``ValueSpec.owner_checked_sum``) and packed fields stay
+``log2(degree_cap + 1)`` bits instead of the ``log2(K (degree_cap + 1))`` that per-client
+entry bounds alone would need.
+
+Differential privacy (``--dp-epsilon``)
+---------------------------------------
+Every term is bounded before summing, ``||t_j||_2 = ||[x̂_j, 1]||_2 <= C`` with ``C =
+--dp-row-clip`` (default ``--dp-clip``; it must be >= 1 since the ones entry takes 1 of the
+norm).  The ones entry is never altered, so the count column stays ``d̃_v`` plus noise:
+
+* binary features (``norm`` row/none): each owner keeps a seeded random subset of at most
+  ``s = floor(C^2 - 1)`` of a node's ones -- the terms stay integers, the exchange keeps the
+  packed integer encoding and the DP layer adds discrete Gaussian noise;
+* otherwise: ``x̂_j = x_j · min(1, sqrt(C^2 - 1) / ||x_j||)`` (float encoding); with
+  ``norm='sym'`` the pre-scaling by ``d̃_j^{-1/2} <= 1`` keeps the bound.
+
+Then one term changes any row by at most ``C`` in L2:
+
+* ``--dp-unit edge`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
+  L2 sensitivity ``sqrt(2) · C`` (:func:`protocols.dp.edge_level_sensitivity`);
+* ``--dp-unit node`` -- one node's term appears in its own row and in the rows of its at
+  most ``D = degree_cap`` neighbours (the cap is enforced): sensitivity ``sqrt(D + 1) · C``
+  (:func:`protocols.dp.node_level_sensitivity`).
+
+The request is ``DPRequest(clip=inf, per_row=True, sensitivity=..., releases=1)`` (the
+algorithm bounded the terms itself); the run's budget is split evenly between this tag and
+``fedgcn/model`` (declared at construction).  Post-processing with the client's own data
+(no privacy cost, :func:`denoise_with_own_data`): own nodes use their exact local degree
+and their exact own part of the sum; the other clients' part is zero for a node without
+cross edges and otherwise shrunk James-Stein style with the known noise std; remote
+endpoints use the noisy count (floored at 1).  On high-dimensional features the noise can
+leave 1-hop below 0-hop (docs/dp.md) -- DP on FedGCN sums needs low-dimensional features
+(or a projection before the exchange; ``fedgcn-gap``).  The
+guarantee covers the *values*; in the ``sparse`` layout the server also learns which row
+blocks a client touches (a documented leak of the layout) -- use ``--layout dense`` to hide it.
+
+Row numbering of the sparse layout (``row_order``) -- bytes against what the server learns
+------------------------------------------------------------------------------------------
+``row_sum`` aggregates rows in blocks of ``rpb`` consecutive row ids (one ciphertext each;
+Cora, packed CKKS: 7 rows of 1434 values per N=4096 ciphertext); a client uploads every
+block holding a row it touches.  Client ``j`` touches node ``v`` iff ``j`` owns ``v`` or a
+neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only for ``j in S(v)``).
+
+* ``'given'`` (default): the dataset's node ids.  On Cora every client touches ~37 % of the
+  rows, spread over nearly every block: the upload is several times the float32 rows it
+  touches (docs/fedgcn.md), and the block ids the server sees are close to
+  "all blocks" for everyone.
+* ``'signature'``: nodes are numbered by ``S(v)`` in reflected-Gray-code order of its bitmask
+  (neighbouring classes differ by one client), owner and then the owner's own order within
+  a class, and the sequence is cut into blocks by an exact dynamic programme that may leave
+  a block partly empty when that saves uploads (``exchange_numbering``; the exchange then has
+  a few more row ids than nodes, never touched by anyone).  Sums are unchanged (the same
+  permutation maps contributions and requests).  Bytes against ``'given'``: docs/fedgcn.md.
+
+  How the parties agree without a trusted party: each owner computes ``S(v)`` of its own
+  nodes from its cross edges (assumption: a client knows which client holds the far end of
+  each of its cross edges) and publishes its class counts ``h[S, k]`` = #own nodes with set
+  ``S``; the numbering is a deterministic function of ``h`` and the public ``rpb``
+  (:meth:`protocols.base.Protocol.rows_per_block`) plus each owner's private order inside its
+  own ranges; the owner tells each client of ``S(v)`` the exchange id of ``v`` (that client
+  already knows ``v`` as the far end of one of its cross edges).  What this reveals beyond
+  ``'given'``: to every party (server included) the histogram ``h`` -- each client's node
+  count and how many of its nodes neighbour each set of clients, a coarse summary of the
+  inter-client edge structure (no node ids, no features); to client ``j``, for every remote
+  endpoint ``v`` of its cross edges, the set ``S(v)`` (which other clients also neighbour
+  ``v``), read off ``v``'s position; and the server's view of each client's block ids, already
+  revealed by the sparse layout, now names (block-wise) those classes.
+  ``--layout dense`` (every client uploads every block of the whole graph) reveals none of this.  Only for the
+  sparse layout; at most 62 clients (the class is an int64 bitmask).
+* ``'owner'``: rows grouped by their recipients (the owner at 1 hop; at 2 hops ``S(v)``, every
+  client with an edge to ``v`` asks for it too), each group starting a new block
+  (:func:`recipient_numbering`).  A recipient decrypts whole blocks, so under ``'given'`` and
+  ``'signature'`` it also reads the totals of rows other clients asked for (Cora, ckks: 7 rows
+  per block); under ``'owner'`` it reads only its own rows and padding.  Costs the padding of
+  one partly filled block per group and reveals the group sizes (each client's node count at
+  1 hop; the histogram ``h`` at 2 hops).  Measured in ``docs/client_leakage.md``.
+
+What the exchange still reveals
+-------------------------------
+A client legitimately learns ``S_v`` for the rows it receives.  Subtracting its own share
+it learns the sum of the *other* clients' terms in ``v``'s neighbourhood and, through the
+ones column, how many of them there are; if ``v`` has a single remote neighbour, that
+neighbour's feature row is revealed exactly (the paper's footnote 2).  2-hop rows also
+reveal remote nodes' degrees and neighbourhood feature sums.  Secure aggregation does not
+stop this; DP does (the attack suite measures it).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch_geometric.nn import GCNConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
+from protocols.baseline import row_sum_bytes
+from protocols.row_blocks import exact_integers
+
+from ...config import ConfigError
+from ...data.federated import ClientSubgraph
+from ...models.centring import centre_first_layer, own_mean
+from ...models.node import dropout
+from ..base import ModelAveraging
+from ..options import FedGCNOptions, check_fedgcn
+
+#: tag of the pre-training exchange
+TAG = "fedgcn/neighbour_sums"
+#: the row-order exchanges (``--row-order signature|owner``): histograms, then relayed row ids
+ORDER_TAG = "fedgcn/row_order"
+IDS_TAG = "fedgcn/row_ids"
+#: the channel stage the relayed row ids are bound to (associated data)
+RELAY_STAGE = "relay"
+#: the block-cutting dynamic programme runs when (rows x rows-per-block) is at most this; above
+#: it the Gray-ordered rows are cut into full blocks (a few more bytes, docs/performance.md)
+SEGMENT_DP_MAX_WORK = 4_000_000
+
+
+class PropGraph(NamedTuple):
+    """The graph a client propagates over after the first layer.
+
+    ``edge_index``/``edge_weight`` over the client's known nodes (own nodes first), self
+    loops included; ``num_out`` = number of own nodes (the rows whose logits are used).
+    """
+
+    edge_index: torch.Tensor
+    edge_weight: torch.Tensor
+    num_out: int
+
+
+# ---------------------------------------------------------------------------
+# pure pieces of the pre-training exchange (client side)
+# ---------------------------------------------------------------------------
+def _local_positions(global_ids: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Local index of each global id in ``query`` (all must be own nodes)."""
+    order = torch.argsort(global_ids)
+    pos = torch.searchsorted(global_ids[order], query)
+    return order[pos]
+
+
+def _local_edges(c: ClientSubgraph) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local edges without self loops (``Ã`` carries exactly one self loop per node)."""
+    a, b = c.edge_index
+    keep = a != b
+    return a[keep], b[keep]
+
+
+def local_degrees(c: ClientSubgraph) -> torch.Tensor:
+    """``d̃_v = deg(v) + 1`` of every own node, from the client's own local and cross edges."""
+    a, _ = _local_edges(c)
+    deg = torch.ones(c.num_nodes, dtype=torch.float64, device=c.global_ids.device)
+    deg.index_add_(0, a, torch.ones_like(a, dtype=torch.float64))
+    if c.cross_edges.numel():
+        pos = _local_positions(c.global_ids, c.cross_edges[0])
+        deg.index_add_(0, pos, torch.ones_like(pos, dtype=torch.float64))
+    return deg
+
+
+def subsample_ones(x: torch.Tensor, max_ones: int, generator: torch.Generator) -> torch.Tensor:
+    """Binary rows with more than ``max_ones`` ones keep a uniformly random subset of that size."""
+    out = x.clone()
+    rows, cols = (x != 0).nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return out
+    key = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(x.device) + rows.to(torch.float64)
+    order = torch.argsort(key)                           # by row, random within a row
+    rows, cols = rows[order], cols[order]
+    starts = torch.zeros(x.size(0) + 1, dtype=torch.long, device=x.device)
+    starts[1:] = torch.cumsum(torch.bincount(rows, minlength=x.size(0)), 0)
+    rank = torch.arange(rows.numel(), device=x.device) - starts[rows]
+    drop = rank >= max_ones
+    out[rows[drop], cols[drop]] = 0
+    return out
+
+
+def neighbour_terms(c: ClientSubgraph, norm: str = "row", clip: float | None = None,
+                    binary: bool = False, seed: int = 0) -> torch.Tensor:
+    """``t_j = [x̂_j, 1]`` for own nodes (float64).
+
+    Without ``clip``: ``x̂_j = x_j``.  With ``clip = C`` (DP): ``||t_j|| <= C`` -- binary
+    features keep at most ``floor(C^2 - 1)`` random ones, others are scaled to norm
+    ``sqrt(C^2 - 1)``; the ones entry is untouched.  ``norm='sym'`` pre-scales ``x̂_j`` by
+    ``d̃_j^{-1/2}`` (the owner knows ``d̃_j``)."""
+    x = c.x.to(torch.float64)
+    if clip is not None:
+        room = max(clip * clip - 1.0, 0.0)
+        if binary:
+            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(c.client_id))
+            x = subsample_ones(x, int(math.floor(room + 1e-9)), gen)
+        else:
+            scale = (math.sqrt(room) / x.norm(dim=1).clamp_min(1e-300)).clamp(max=1.0)
+            x = x * scale[:, None]
+    if norm == "sym":
+        x = x * local_degrees(c).rsqrt()[:, None]
+    return torch.cat([x, torch.ones(x.size(0), 1, dtype=torch.float64, device=x.device)], dim=1)
+
+
+def partial_neighbour_sums(c: ClientSubgraph, terms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``k``'s contribution (eq. 3): ``P_v = Σ_{j ∈ V_k} Ã_vj t_j``.
+
+    Rows: own nodes (global ids, own term + own local neighbours' terms) followed by the
+    remote endpoints of the cross edges (sorted, the terms of their own neighbours here).
+    Returns ``(global_row_ids [m], rows [m, d+1])``.
+    """
+    a, b = _local_edges(c)
+    own = terms.clone()                                   # the self loop, once, by the owner
+    own.index_add_(0, a, terms[b])                        # edge (a, b): b is a neighbour of a
+    if c.cross_edges.numel():
+        mine = _local_positions(c.global_ids, c.cross_edges[0])
+        remote_ids, inv = torch.unique(c.cross_edges[1], return_inverse=True)
+        remote = torch.zeros(remote_ids.numel(), terms.size(1), dtype=terms.dtype, device=terms.device)
+        remote.index_add_(0, inv, terms[mine])
+    else:
+        remote_ids = c.global_ids.new_empty(0)
+        remote = terms.new_zeros(0, terms.size(1))
+    return torch.cat([c.global_ids, remote_ids]), torch.cat([own, remote])
+
+
+def narrow_integer_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Integer-valued rows (counts of binary features) in the narrowest signed integer dtype that
+    holds them exactly (:func:`protocols.row_blocks.exact_integers`) -- int16 under the default
+    degree cap, a quarter of float64's memory (10 clients' rows at 1e6 nodes: 0.76 GB -> 0.19 GB);
+    other rows unchanged.  The backends build their blocks from them in float64, so the sums are
+    the same."""
+    return torch.from_numpy(exact_integers(rows.cpu().numpy()))
+
+
+def touch_signatures(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int) -> np.ndarray:
+    """``S(v)`` as an int64 bitmask per global node (bit ``k``: client ``k`` touches row ``v``).
+
+    Computed owner-side, as each owner would: its own nodes get its bit, and a cross edge
+    ``(v, u)`` at own node ``v`` adds the bit of ``u``'s owner (the client that holds that far
+    end and therefore contributes to row ``v``).  Dropped nodes (owner ``-1``) get 0."""
+    if len(clients) > 62:
+        raise ConfigError(f"row_order='signature' supports at most 62 clients, got {len(clients)}")
+    own = owner.detach().cpu().numpy()
+    masks = np.zeros(int(num_nodes), dtype=np.int64)
+    for k, c in enumerate(clients):
+        masks[c.global_ids.cpu().numpy()] |= np.int64(1) << k
+        if c.cross_edges.numel():
+            v = c.cross_edges[0].cpu().numpy()
+            np.bitwise_or.at(masks, v, np.left_shift(np.int64(1), own[c.cross_edges[1].cpu().numpy()]))
+    return masks
+
+
+def _inverse_gray(masks: np.ndarray) -> np.ndarray:
+    """Rank of each bitmask in the reflected Gray code sequence (consecutive ranks differ by one bit)."""
+    out = masks.copy()
+    shift = masks >> 1
+    while shift.any():
+        out ^= shift
+        shift >>= 1
+    return out
+
+
+def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_WORK) -> np.ndarray:
+    """Row id of each entry of an ordered sequence of touch masks, cutting it into blocks of
+    ``<= rpb`` consecutive entries (the rest of a block left empty) so that the uploads,
+    ``sum over blocks of popcount(OR of the block's masks)``, are minimal (exact DP,
+    ``f[j] = min_{j-rpb <= i < j} f[i] + popcount(OR masks[i:j])``).  Above ``max_work``
+    (entries x rpb) the sequence is cut into full blocks (ids ``0..n-1``)."""
+    n = int(masks.size)
+    if n == 0 or rpb <= 1 or n * rpb > max_work:
+        return np.arange(n, dtype=np.int64)
+    m = [int(x) for x in masks]
+    f = [0] + [math.inf] * n
+    prev = [0] * (n + 1)
+    for i in range(n):
+        fi, u = f[i], 0
+        for j in range(i + 1, min(n, i + rpb) + 1):
+            u |= m[j - 1]
+            c = fi + u.bit_count()
+            if c < f[j]:
+                f[j], prev[j] = c, i
+    starts, j = [], n
+    while j > 0:
+        starts.append(prev[j])
+        j = prev[j]
+    starts.reverse()
+    pos = np.empty(n, dtype=np.int64)
+    for b, (a, e) in enumerate(itertools.pairwise([*starts, n])):
+        pos[a:e] = b * rpb + np.arange(e - a)
+    return pos
+
+
+def exchange_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int,
+                       rpb: int) -> tuple[np.ndarray, int]:
+    """``row_order='signature'`` (module docstring): exchange row id of every global node and
+    the exchange's number of rows (``>= num_nodes``: partly empty blocks).
+
+    Order: reflected-Gray rank of ``S(v)``, then owner, then the owner's own order (here its
+    global ids); then :func:`segment_blocks`.  Everything but the owners' private order is a
+    function of the public class counts ``h[S, k]`` and ``rpb``.  With a single block
+    (``rpb >= num_nodes``) the given numbering is kept."""
+    if rpb >= num_nodes:
+        return np.arange(num_nodes, dtype=np.int64), int(num_nodes)
+    masks = touch_signatures(clients, owner, num_nodes)
+    own = owner.detach().cpu().numpy()
+    order = np.lexsort((np.arange(num_nodes), own, _inverse_gray(masks)))
+    pos = segment_blocks(masks[order], rpb)
+    perm = np.empty(num_nodes, dtype=np.int64)
+    perm[order] = pos
+    return perm, int(pos.max()) + 1 if pos.size else 0
+
+
+def denoise_with_own_data(c: ClientSubgraph, totals: torch.Tensor, sent_own: torch.Tensor,
+                          norm: str, noise_std: float = 0.0) -> torch.Tensor:
+    """DP post-processing with what client ``k`` legitimately holds (no privacy cost).
+
+    For an own node ``v`` the total is ``P_v^{(k)} + R_v + noise`` where ``P^{(k)}`` is the
+    client's own part (it sent the clipped ``sent_own``) and ``R_v`` the other clients' part.
+    The client replaces its own part by the exact, unclipped one, keeps the remote part only
+    if ``v`` has a cross edge (``r_v`` of them, known from its cross edges; otherwise ``R_v = 0``
+    exactly).  The noise is left zero-mean: projecting it onto the feasible range ``[0, r_v]``
+    biases every one of the ``d`` entries upwards and costs far more accuracy than it saves.
+    Rows of remote endpoints (2-hop) are used as received.
+    """
+    n = c.num_nodes
+    exact_own = partial_neighbour_sums(c, neighbour_terms(c, norm))[1][:n]
+    r = torch.zeros(n, dtype=torch.float64, device=totals.device)
+    if c.cross_edges.numel():
+        r.index_add_(0, _local_positions(c.global_ids, c.cross_edges[0]),
+                     torch.ones(c.cross_edges.size(1), dtype=torch.float64, device=totals.device))
+    remote = (totals[:n] - sent_own) * (r > 0).to(totals.dtype)[:, None]
+    if noise_std > 0:
+        # James-Stein shrinkage of each row's remote part (known noise std, d >= 3 entries)
+        d = remote.size(1) - 1
+        sq = remote[:, :-1].pow(2).sum(1).clamp_min(1e-300)
+        shrink = (1.0 - (d - 2) * noise_std ** 2 / sq).clamp(0.0, 1.0)
+        remote = remote * shrink[:, None]
+    out = totals.clone()
+    out[:n] = exact_own + remote
+    return out
+
+
+def recipient_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int,
+                        hops: int) -> tuple[np.ndarray, int]:
+    """``row_order='owner'``: exchange row id of every global node and the exchange's number of
+    rows.  Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
+    every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
+    so no block holds rows of two different recipient sets: a client decrypts only rows it
+    asked for (and padding).  Inside a group, nodes follow the reflected-Gray rank of ``S(v)``
+    (rows touched by the same clients share blocks), then their global id."""
+    masks = touch_signatures(clients, owner, num_nodes)
+    group = owner.detach().cpu().numpy().astype(np.int64) if hops <= 1 else masks
+    order = np.lexsort((np.arange(num_nodes), _inverse_gray(masks), group))
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if num_nodes else np.zeros(0, np.int64)
+    sizes = np.diff(np.r_[starts, num_nodes])
+    padded = -(-sizes // rpb) * rpb
+    first_row = np.r_[0, np.cumsum(padded)[:-1]]
+    perm = np.empty(num_nodes, dtype=np.int64)
+    perm[order] = np.repeat(first_row - starts, sizes) + np.arange(num_nodes)
+    return perm, int(padded.sum())
+
+
+def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
+    """Rows client ``k`` receives: own nodes (1-hop), then cross-edge endpoints (2-hop)."""
+    if hops <= 1 or not c.cross_edges.numel():
+        return c.global_ids
+    return torch.cat([c.global_ids, torch.unique(c.cross_edges[1])])
+
+
+def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, counts: bool = False) -> ValueSpec:
+    """Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
+    type and the DP term bound ``C`` (``None`` without DP).  Integer sums (``norm`` row or none)
+    travel as exact integer fields in every mode: binary features (each entry of a row's total
+    at most ``cap + 1``) and, without DP (whose clipping scales the terms), non-negative integer
+    features such as word counts (``counts``; at most ``(cap + 1) * floor(feature_bound)``,
+    each owner checking its features against ``--feature-bound``)."""
+    cap1 = o.degree_cap + 1
+    if binary and o.norm != "sym":
+        return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
+    if counts and dp_clip is None and o.norm != "sym":
+        top = cap1 * max(math.floor(o.feature_bound), 1)
+        return ValueSpec(integer=True, max_abs=float(top), sum_max=int(top), owner_checked_sum=True)
+    bound = dp_clip if dp_clip is not None else (1.0 if binary else max(float(o.feature_bound), 1.0))
+    # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
+    # (owners check degree and feature bound): cap1 * bound bounds the sum too
+    return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
+
+
+def dp_applies(cfg, protocol) -> bool:
+    """DP applies to the pre-training exchange: the run has DP and :data:`TAG` is in its scope."""
+    dp = getattr(protocol, "dp", None)
+    if cfg.dp_epsilon is None or dp is None:
+        return False
+    in_scope = getattr(dp.config, "in_scope", None)
+    return bool(in_scope(TAG)) if in_scope is not None else True
+
+
+def dp_row_clip(o: FedGCNOptions, cfg) -> float:
+    """``C`` of the DP terms (``--dp-row-clip``, else ``--dp-clip``)."""
+    C = o.dp_row_clip if o.dp_row_clip is not None else cfg.dp_clip
+    if not C >= 1.0:
+        raise ConfigError(f"FedGCN's DP terms [x, 1] need an L2 bound C >= 1 (the ones column takes 1); "
+                          f"got {C}. Set --dp-row-clip (e.g. sqrt(typical ones per row + 1))")
+    return float(C)
+
+
+def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
+    """The DP request of the exchange (module docstring, "Differential privacy"): per-row terms
+    bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
+    from protocols.dp import edge_level_sensitivity, node_level_sensitivity
+
+    from ...privacy import resolve_unit
+    C = dp_row_clip(o, cfg)
+    sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
+    return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
+                     integer=bool(binary) and o.norm != "sym")
+
+
+def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
+    """The cap is a bound some encoding or guarantee relies on: the secure modes size their
+    packing / modulus with it, and node-level DP takes its sensitivity from it.  The
+    plaintext protocol sums floats and needs no cap."""
+    from ...privacy import resolve_unit
+    return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
+
+
+def normalise(totals: torch.Tensor, degrees: torch.Tensor, norm: str) -> torch.Tensor:
+    """First-layer input from received totals ``[S_v[:d], S_v[d]]`` and degrees ``d̃_v``."""
+    feat = totals[:, :-1]
+    if norm == "row":
+        return feat / degrees[:, None]
+    if norm == "sym":
+        return feat * degrees.rsqrt()[:, None]
+    return feat
+
+
+def propagation_graph(c: ClientSubgraph, hops: int, degrees: torch.Tensor | None = None) -> PropGraph:
+    """Graph of the layers after the first (see the module docstring).
+
+    hops 1: local subgraph, PyG GCN normalisation of it.  hops 2: own nodes + cross-edge
+    endpoints (order of :func:`requested_rows`), local and cross edges both ways plus self
+    loops, weights ``d̃_u^{-1/2} d̃_v^{-1/2}`` from ``degrees`` (aligned with that order).
+    """
+    n = c.num_nodes
+    a, b = _local_edges(c)
+    if hops <= 1 or not c.cross_edges.numel():
+        ei, w = gcn_norm(torch.stack([a, b]), None, n, add_self_loops=True)
+        return PropGraph(ei, w.to(torch.float32), n)
+    remote_ids, inv = torch.unique(c.cross_edges[1], return_inverse=True)
+    mine = _local_positions(c.global_ids, c.cross_edges[0])
+    rem = inv + n
+    m = n + remote_ids.numel()
+    loops = torch.arange(m, device=a.device)
+    src = torch.cat([a, mine, rem, loops])
+    dst = torch.cat([b, rem, mine, loops])
+    dinv = degrees.to(torch.float64).clamp_min(1.0).rsqrt()
+    w = (dinv[src] * dinv[dst]).to(torch.float32)
+    return PropGraph(torch.stack([src, dst]), w, n)
+
+
+# ---------------------------------------------------------------------------
+# model
+# ---------------------------------------------------------------------------
+class FedGCNNet(nn.Module):
+    """``Â_k … relu(Z W_1 + b_1) … W_L + b_L``: a linear first layer on the received
+    normalised sums, then ``num_layers - 1`` GCN layers over :class:`PropGraph` with fixed
+    weights (``GCNConv(normalize=False)``); dropout before every layer, ReLU between them
+    (as :class:`~secure_fgl.models.node.GCN`).  Returns the logits of the own nodes only."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
+        super().__init__()
+        sizes = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.lin = nn.Linear(sizes[0], sizes[1])
+        self.convs = nn.ModuleList([GCNConv(a, b, normalize=False, add_self_loops=False, cached=False)
+                                    for a, b in zip(sizes[1:-1], sizes[2:])])
+        self.dropout = dropout
+
+    def _layer(self, i: int, h: torch.Tensor, g: PropGraph) -> torch.Tensor:
+        h = dropout(h, self.dropout, self.training)
+        return self.lin(h) if i == 0 else self.convs[i - 1](h, g.edge_index, g.edge_weight)
+
+    def embed(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:
+        """Hidden representation entering the last layer (all known nodes)."""
+        h = z
+        for i in range(len(self.convs)):
+            h = F.relu(self._layer(i, h, g))
+        return h
+
+    def forward(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:
+        return self._layer(len(self.convs), self.embed(z, g), g)[:g.num_out]
+
+
+# ---------------------------------------------------------------------------
+# the algorithm
+# ---------------------------------------------------------------------------
+def pretrain_stats(tr, rows_up: dict, rows_down: dict, width: int, exchange_rows: int, layout: str,
+                   row_order: str) -> dict:
+    """Bytes of the pre-training exchange from the transcript ``tr``, next to its float32 baseline
+    (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
+    client uploads / requests; dense -- all rows), per client and in total, the same in every mode."""
+    f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, exchange_rows, layout)
+    dense = layout == "dense"
+    per_client = []
+    for k in sorted(rows_up):
+        up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
+        down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
+        per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
+                           "rows_up": exchange_rows if dense else rows_up[k],
+                           "rows_down": exchange_rows if dense else rows_down[k],
+                           "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
+    tot = {key: sum(p[key] for p in per_client) for key in
+           ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
+            "plaintext_equiv_bytes_down")}
+    return {"pretrain_bytes_up": tot["bytes_up"], "pretrain_bytes_down": tot["bytes_down"],
+            "pretrain_plaintext_equiv_bytes_up": tot["plaintext_equiv_bytes_up"],
+            "pretrain_plaintext_equiv_bytes_down": tot["plaintext_equiv_bytes_down"],
+            "pretrain_upload_ratio": (tot["bytes_up"] / tot["plaintext_equiv_bytes_up"]
+                                      if tot["plaintext_equiv_bytes_up"] else None),
+            "pretrain_rows_up": tot["rows_up"], "pretrain_rows_down": tot["rows_down"],
+            "pretrain_row_width": width, "pretrain_row_order": row_order,
+            "pretrain_exchange_rows": exchange_rows, "pretrain_per_client": per_client}
+
+
+def release_dependencies_of(name: str) -> dict[str, set[str]]:
+    """Data each release touches (:mod:`secure_fgl.privacy`): the sums read features over edges; the
+    model trains GCN layers over the client's exact local edges."""
+    return {TAG: {"features", "edges"}, f"{name}/model": {"features", "labels", "edges"}}
+
+
+class FedGCN(ModelAveraging):
+    """FedGCN: pre-training neighbour-sum exchange (:meth:`setup`), then FedAvg."""
+
+    name = "fedgcn"
+    Options = FedGCNOptions
+
+    def __init__(self, fed, protocol, cfg, device, options=None):
+        opts = options if options is not None else FedGCNOptions()
+        self._validate(opts, cfg)
+        self.opts = opts
+        super().__init__(fed, protocol, cfg, device, opts)
+        self._inputs: list[tuple[torch.Tensor, PropGraph]] | None = None
+        #: client -> received totals ``[S_v[:d], d̃_v]`` in the order of :func:`requested_rows`
+        self.received: dict[int, torch.Tensor] = {}
+        self.pretrain: dict = {}
+        #: number of row ids of the pre-training exchange (> N with ``row_order='signature'``)
+        self.exchange_rows = fed.graph.num_nodes
+        dp = getattr(self.protocol, "dp", None)
+        if dp is not None and self.cfg.dp_epsilon and opts.hops > 0 \
+                and getattr(dp.config, "split", None) is None:
+            dp.declare(TAG, f"{self.name}/model")    # even split of the run's budget
+
+    # -- options: checked before any data is loaded (secure_fgl.preflight, the spec's check)
+    _validate = staticmethod(check_fedgcn)
+
+    def build_model(self) -> nn.Module:
+        if self.opts.hops == 0:
+            return super().build_model()          # 0-hop: exactly FedAvg's model
+        cfg = self.cfg
+        return FedGCNNet(self.fed.num_features, cfg.hidden, self.fed.num_classes,
+                         num_layers=cfg.num_layers, dropout=cfg.dropout)
+
+    # -- pre-training exchange
+    @property
+    def _dp_on(self) -> bool:
+        """DP applies to the pre-training exchange (:func:`dp_applies`)."""
+        return dp_applies(self.cfg, self.protocol)
+
+    def row_clip(self) -> float:
+        """``C`` of the DP terms (:func:`dp_row_clip`)."""
+        return dp_row_clip(self.opts, self.cfg)
+
+    def value_spec(self) -> ValueSpec:
+        """Public bounds of the exchange.  Integer exchanges (binary features, ``norm``
+        row/none): non-negative integers, every entry of a contribution and of the sum
+        ``<= degree_cap + 1`` (packed exactly by ckks; DP noise is then discrete Gaussian and
+        the backend leaves headroom for it).  Otherwise floats: an entry sums at most
+        ``degree_cap + 1`` terms, each entry bounded by ``max(feature_bound, 1)`` (1 for binary
+        features), or by ``C`` under DP."""
+        return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None,
+                             counts=bool(self.fed.count_features))
+
+    def dp_request(self) -> DPRequest | None:
+        """The exchange's DP request (:func:`exchange_dp_request`), ``None`` without DP."""
+        return exchange_dp_request(self.opts, self.cfg, bool(self.fed.binary_features)) if self._dp_on else None
+
+    def _degree_cap_needed(self) -> bool:
+        return degree_cap_needed(self.cfg, self.protocol.mode, self._dp_on)
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        return release_dependencies_of(self.name)
+
+    def _check_degree_cap(self) -> None:
+        cap = self.opts.degree_cap
+        if self._degree_cap_needed():
+            # each owner checks its own nodes; the refusal names the maximum over all clients
+            # so that one change of the flag is enough
+            over = {k: local_degrees(c) - 1 for k, c in enumerate(self.clients)}
+            over = {k: deg[deg > cap] for k, deg in over.items()}
+            over = {k: deg for k, deg in over.items() if deg.numel()}
+            if over:
+                worst = max(over, key=lambda k: int(over[k].max()))
+                largest = int(over[worst].max())
+                why = ("node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                       if self.protocol.mode == "plain" else f"{self.protocol.mode} sums sized to it would wrap")
+                raise BoundError(f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
+                                 f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
+                                 f"Raise --degree-cap to at least {largest} (it is a public bound)", tag=TAG,
+                                 round=0, client=worst)
+        if self.fed.binary_features or self._dp_on:
+            return
+        fb = self.opts.feature_bound
+        for k, c in enumerate(self.clients):
+            m = float(c.x.abs().max()) if c.x.numel() else 0.0
+            if m > fb:
+                raise BoundError(f"a feature has |x| = {m:.4g} above --feature-bound {fb}; raise "
+                                 f"--feature-bound (a public bound) or scale the features", tag=TAG, round=0,
+                                 client=k)
+
+    def setup(self) -> None:
+        """The pre-training communication round (sec. 4, "Training Algorithm", steps 1-3)."""
+        o = self.opts
+        if o.hops == 0:
+            self._inputs = [(c.x, c.edge_index) for c in self.clients]
+            self._centre_inputs()
+            self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0,
+                             "pretrain_plaintext_equiv_bytes_up": 0, "pretrain_plaintext_equiv_bytes_down": 0,
+                             "pretrain_time": 0.0}
+            return
+        t0 = time.perf_counter()
+        self._check_degree_cap()
+        dp = self.dp_request()
+        clip = self.row_clip() if dp is not None else None
+        contributions, requests, sent = {}, {}, {}
+        for k, c in enumerate(self.clients):
+            terms = neighbour_terms(c, o.norm, clip, binary=self.fed.binary_features, seed=self.cfg.seed)
+            ids, rows = partial_neighbour_sums(c, terms)
+            contributions[k] = (ids.cpu(), rows.cpu() if dp is not None else narrow_integer_rows(rows.cpu()))
+            requests[k] = requested_rows(c, o.hops).cpu()
+            sent[k] = rows[:c.num_nodes] if dp is not None else None    # a view: keeps the rows alive
+        num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
+        self.exchange_rows = num_rows
+        perm = np.arange(num_rows, dtype=np.int64)
+        if o.row_order != "given" and o.layout == "sparse":
+            rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, "sparse")
+            perm, num_rows = (exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+                              if o.row_order == "signature" else
+                              recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops))
+            perm_t = torch.as_tensor(perm)
+            # the same permutation on both sides: each row's total comes back unchanged
+            contributions = {k: (perm_t[ids], rows) for k, (ids, rows) in contributions.items()}
+            requests = {k: perm_t[r] for k, r in requests.items()}
+            self.exchange_rows = num_rows
+        # a recipient decrypts whole blocks: with attacks to run, ``self.decrypted`` keeps every row
+        # it read (what the client-side attack reads), not only the rows it asked for; without,
+        # each recipient keeps only its requested rows as blocks are decoded (memory at scale)
+        readable = bool(self.cfg.attacks)
+        received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
+                                         layout=o.layout, spec=spec, dp=dp, readable=readable)
+        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}   # free the rows
+        node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
+        node_of_row[perm] = np.arange(perm.size)
+        self._inputs = []
+        self.received = {}
+        #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
+        self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for k, c in enumerate(self.clients):
+            if readable:
+                read_rows, read_totals = self.protocol.last_readable.pop(k)     # kept once, as float32
+                self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
+            totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
+            self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row
+            if dp is not None:
+                totals = denoise_with_own_data(c, totals, sent[k].to(self.device), o.norm,
+                                               noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)))
+            own_deg = local_degrees(c)
+            counts = totals[:, -1]
+            if dp is None:
+                # counts are integers by construction (float encodings return them within
+                # their tolerance): a missing or corrupted contribution is off by >= 1
+                counts = counts.round()
+                if not torch.equal(counts[:c.num_nodes], own_deg):
+                    raise RuntimeError(f"client {k}: received degrees of its own nodes differ from its "
+                                       "local degrees -- a contribution is missing or corrupted")
+            # own nodes: the exact local degree; remote endpoints: the degree that came through
+            # the ones column (equal without DP; with DP the counts carry noise)
+            degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
+            z = normalise(totals, degrees, o.norm).to(torch.float32)
+            self._inputs.append((z, propagation_graph(c, o.hops, degrees)))
+        self._centre_inputs()
+        self.pretrain = self._pretrain_stats(contributions, requests)
+        self.pretrain["pretrain_time"] = time.perf_counter() - t0
+
+    def _pretrain_stats(self, contributions, requests) -> dict:
+        """:func:`pretrain_stats` of this run's exchange."""
+        rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
+        rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
+        return pretrain_stats(self.protocol.transcript, rows_up, rows_down, self.fed.num_features + 1,
+                              self.exchange_rows, self.opts.layout, self.opts.row_order)
+
+    def _centre_inputs(self) -> None:
+        """``--center``: each client's model sees its first-layer input minus the mean of its own
+        rows (:func:`~secure_fgl.models.centring.centre_first_layer`; no centred copy is made)."""
+        if self.opts.center:
+            for k, c in enumerate(self.clients):
+                centre_first_layer(self.models[k], own_mean(self._inputs[k][0], c.num_nodes))
+
+    # -- training hooks
+    def client_inputs(self, k: int):
+        if self._inputs is None:
+            raise RuntimeError("FedGCN.setup() (the pre-training exchange) must run before training")
+        return self._inputs[k]
+
+    def final_metrics(self) -> dict:
+        tr = self.protocol.transcript
+        model_up = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.receiver == SERVER]
+        model_down = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.sender == SERVER]
+        rounds = len({m.round for m in tr.messages if m.tag == f"{self.name}/model"}) or 1
+        out = {"hops": self.opts.hops, "norm": self.opts.norm, "layout": self.opts.layout,
+               "model_bytes_up_per_round": sum(model_up) / rounds,
+               "model_bytes_down_per_round": sum(model_down) / rounds}
+        out.update(self.pretrain)
+        return out
+
+    # -- checkpoints: the received sums are part of the state (setup() is not rerun on resume)
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["fedgcn"] = {"pretrain": self.pretrain,
+                           "inputs": None if self._inputs is None or self.opts.hops == 0 else
+                           [(z.cpu(), tuple(t.cpu() if torch.is_tensor(t) else t for t in g))
+                            for z, g in self._inputs]}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        saved = state.get("fedgcn", {})
+        self.pretrain = saved.get("pretrain", {})
+        if self.opts.hops == 0:
+            self._inputs = [(c.x, c.edge_index) for c in self.clients]
+        elif saved.get("inputs") is not None:
+            self._inputs = [(z.to(self.device), PropGraph(g[0].to(self.device), g[1].to(self.device), g[2]))
+                            for z, g in saved["inputs"]]
+        if self._inputs is not None:
+            self._centre_inputs()

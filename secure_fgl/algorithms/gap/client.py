@@ -1,0 +1,122 @@
+"""FedGCN-GAP's client (Sajadmanesh et al., USENIX Security 2023): its edge-free encoder, its noisy
+row sums of embeddings per hop, its MLP head; :mod:`.server` describes the three stages."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..fedgcn.ops import partial_neighbour_sums
+from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_degree_cap, row_normalise
+from ..options import GAPOptions
+from ...dpsgd import DPSGD
+from ...models import build_model
+from ...runtime.exchange import keep_rows, rows_result
+from ..fedavg.client import ModelAveragingLogic
+
+
+class GAPEncoderLogic(ModelAveragingLogic):
+    """Stage 1 on the client: the feature-only MLP of ``--algorithm fedavg --model mlp``, no edges."""
+
+    def __init__(self, runtime, options: dict):
+        super().__init__(runtime, options)
+        self.model_tag = ENCODER_TAG
+        self.no_edges = torch.empty(2, 0, dtype=torch.long, device=runtime.device)
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        return build_model("mlp", facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
+                           dropout=cfg.dropout)
+
+    def inputs(self):
+        return self.data.x, self.no_edges
+
+
+class GAPLogic(ModelAveragingLogic):
+    """FedGCN-GAP's client: the encoder (:class:`GAPEncoderLogic`), the hops, the head (module docstring)."""
+
+    def __init__(self, runtime, options: dict):
+        self.gopts = GAPOptions(**options)
+        super().__init__(runtime, options)
+        self.encoder = GAPEncoderLogic(runtime, options)
+        self.encoder.pending, self.encoder.noise = self.pending, self.noise   # one protocol half, one noise source
+        self.best_encoder: dict | None = None
+        self.hops: list[torch.Tensor] = []
+        self._inputs: torch.Tensor | None = None
+        #: ``--dpsgd``: per-node clipping to ``--dp-clip``, noise from this client's own keystream
+        self.sgd = DPSGD(self.cfg.dp_clip) if self.gopts.dpsgd else None
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The head: an MLP on ``[H_0, ..., H_K]``."""
+        return build_model("mlp", (GAPOptions(**options).hops + 1) * cfg.hidden, cfg.hidden, facts.num_classes,
+                           num_layers=cfg.num_layers, dropout=cfg.dropout)
+
+    def inputs(self):
+        if self._inputs is None:
+            raise RuntimeError("fedgcn-gap's encoder and noisy hops must run before the head trains")
+        return self._inputs, self.encoder.no_edges
+
+    def local_update(self, req: dict) -> dict:
+        stage = self.encoder if req.get("model") == ENCODER_TAG else self
+        if "dpsgd_std" not in req:
+            return self.encoder.local_update(req) if stage is self.encoder else super().local_update(req)
+        if self.sgd is None:
+            raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
+        c, rnd = self.data, int(req["round"])
+        if not bool(c.train_mask.any()):
+            return {"trained": False, "loss": 0.0}
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd)
+                  for std in req["dpsgd_std"]]
+        x, edge_index = stage.inputs()
+        loss = self.sgd.train(stage.model, stage.optimizer, x, edge_index, c.y, c.train_mask, seed=self.cfg.seed,
+                              rnd=rnd, client=self.rt.client_id, noises=noises)
+        return {"trained": True, "loss": loss}
+
+    def contribute(self, req: dict) -> dict:
+        tag = req["tag"]
+        if tag == ENCODER_TAG:
+            return self.encoder.contribute(req)
+        if not tag.startswith(HOP_TAG + "/"):
+            return super().contribute(req)
+        c = self.data
+        if int(req["hop"]) == 1:                 # H_0 from the best encoder
+            check_degree_cap(c, self.gopts.degree_cap, self.rt.client_id)
+            if self.best_encoder is not None:
+                self.encoder.model.load_state_dict(self.best_encoder)
+            self.encoder.model.eval()
+            with torch.no_grad():
+                self.hops = [row_normalise(self.encoder.model.embed(c.x, self.encoder.no_edges).to(torch.float64))]
+        ids, rows = partial_neighbour_sums(c, self.hops[-1])
+        return keep_rows(self, tag, ids.cpu().numpy(), rows.cpu().numpy(), c.global_ids.cpu().numpy(), req)
+
+    def receive(self, req: dict) -> dict:
+        tag = req["tag"]
+        if tag == ENCODER_TAG:
+            return self.encoder.receive(req)
+        if tag == BEST_TAG:
+            self.best_encoder = copy.deepcopy(self.encoder.model.state_dict())
+            return {}
+        if not tag.startswith(HOP_TAG + "/"):
+            return super().receive(req)
+        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]),
+                             self.cfg.hidden)
+        self.hops.append(row_normalise(torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)))
+        if len(self.hops) == self.gopts.hops + 1:
+            self._inputs = torch.cat(self.hops, dim=1).to(torch.float32)
+        return {}
+
+    @torch.no_grad()
+    def evaluate(self, req: dict) -> dict:
+        if req.get("model") == ENCODER_TAG or self._inputs is None:
+            return self.encoder.evaluate(req)
+        return {"head": super().evaluate(req), "encoder": self.encoder.evaluate(req)}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "encoder": self.encoder.state_dict(), "best_encoder": self.best_encoder,
+                "inputs": self._inputs}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.encoder.load_state_dict(state["encoder"])
+        self.best_encoder, self._inputs = state["best_encoder"], state["inputs"]

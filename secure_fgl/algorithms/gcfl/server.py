@@ -1,0 +1,102 @@
+"""GCFL and GCFL+ (Xie et al., NeurIPS 2021, sec. 4-5) as a client logic and a server strategy.
+
+The server's decisions are :class:`~secure_fgl.algorithms.gcfl.GCFLServer`'s (clusters, eq. 4-5,
+Stoer-Wagner cut, the cache behind ``test_acc_best_cached``); the strategy plays its hooks over
+the executor, so the server sees only what the clients send:
+
+* the cluster mean: :class:`~.graph_level.GraphStrategy`'s grid sum to the members only (with
+  ``--mean-norm unweighted`` a second one, equal weights, tag ``<algorithm>/criterion_mean``,
+  whose norm each member reports for eq. 4);
+* the norms, once every cluster's mean is out: each client reports, in ONE message (batch tag
+  ``<algorithm>/norms``, bytes attributed to the part tags), the norm of the mean it decoded
+  (``<algorithm>/mean_norm``; ``delta_mean`` of eq. 4 is the first member's), its ``||dW_i||``
+  (``<algorithm>/update_norms``; eq. 5's ``delta_max``) and, GCFL+, its last gradient norm of the
+  shared layers (``<algorithm>/grad_norms``).  The values are in the clear (the documented leak
+  of the decision rule, :mod:`protocols.pairwise`), sent by the client's protocol half as one
+  signed message of a report exchange (:mod:`protocols.report`);
+* GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire: an exchange of the
+  halves (:mod:`protocols.pairwise_exchange`) -- ``plain``: each member's half sends its update;
+  ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
+  each member's half encrypts its normalised update under the key the decider signed, the
+  server half evaluates the inner products, the decider's half decrypts only the pair values.
+
+With a protocol whose halves are not in the runtimes (built without the executor as its link),
+the clients' values reach the driver as frames and the driver plays them in the same exchanges.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.batch import batched_report, report_parts
+from protocols.pairwise import pairwise_cosine
+from protocols.pairwise_exchange import pairwise_over_halves
+from protocols.report import collect_reports
+
+from .ops import GCFLPlusServer, GCFLServer
+from ..graph_level.ops import last_round_metrics
+from ..options import GCFLOptions, GCFLPlusOptions
+from ..graph_level.server import GraphStrategy
+from ...runtime.strategy import Strategy
+
+
+class GCFLStrategy(GraphStrategy, GCFLServer):
+    """GCFL's server over the executor (module docstring)."""
+
+    options_class = GCFLOptions
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.opts = self.options_class(**options)
+        self.init_clusters(facts.num_clients)
+
+    def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        self.split_clusters(rnd, updated)
+
+    # ------------------------------------------------------------------ GCFLServer's hooks
+    def exchange_unweighted_mean(self, rnd: int, members: list[int]) -> None:
+        self.exchange_mean(rnd, members, tag=f"{self.name}/criterion_mean")
+
+    def round_norms(self, rnd: int, clusters: list[list[int]], means=None) -> dict[str, dict[int, float]]:
+        """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
+        tag, parts = f"{self.name}/norms", list(self.norm_parts)
+        names = [f"{self.name}/{p}" for p in parts]
+        ask = {"tag": tag, "round": rnd, "parts": parts, "split": self.split}
+        clients = [k for c in clusters for k in c]
+        got = self.ask("contribute", {k: ask for k in clients})
+        if self.split:
+            reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
+            values = report_parts(self.protocol, tag, names, reports)
+        else:
+            values = batched_report(self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()}
+                                                              for i, n in enumerate(names)})
+        return {p: values[n] for p, n in zip(parts, names)}
+
+    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+        tag = f"{self.name}/similarity"
+        if self.split:                     # the members' and the decider's halves (protocols/pairwise_exchange.py)
+            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in members})
+            self.check_lost(members + [int(self.opts.decider)], tag)
+            return pairwise_over_halves(self.protocol, tag, rnd, members, int(self.opts.decider),
+                                        int(sent[members[0]]["length"]))
+        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        self.check_lost(members, tag)                 # frames to the driver, which plays the members
+        return pairwise_cosine(self.protocol, tag, rnd, {k: got[k]["update"] for k in members},
+                               decider=int(self.opts.decider))
+
+    # ------------------------------------------------------------------ reporting, checkpoints
+    def final_metrics(self) -> dict:
+        last = self.evaluate()["per_client"]
+        return {**Strategy.final_metrics(self), **last_round_metrics(last, self.clusters),
+                **self.best_cached(self.num_clients)}
+
+    def server_state(self) -> dict:
+        return self.cluster_state()
+
+    def load_server_state(self, state: dict) -> None:
+        self.load_cluster_state(state)
+
+
+class GCFLPlusStrategy(GCFLStrategy, GCFLPlusServer):
+    """GCFL+'s server: the cut on DTW of the reported gradient-norm sequences."""
+
+    options_class = GCFLPlusOptions

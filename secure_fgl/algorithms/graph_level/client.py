@@ -1,0 +1,91 @@
+"""The graph-classification baselines' client (GCFL's self-train, FedAvg and FedProx): its GIN on
+its own graphs; the shared GIN layers go to the exchange, the rest stays local."""
+from __future__ import annotations
+
+import numpy as np
+
+
+from .ops import (GCFLGIN, GraphLearner, initial_shared)
+from ..grid_mean import grid_contribution, grid_mean_of_sum
+from ...dpsgd import DPSGD
+from ...runtime.exchange import dense_result
+from ...runtime.logic import ClientLogic
+
+
+class GraphLogic(ClientLogic):
+    """A graph-classification client (module docstring)."""
+
+    def __init__(self, runtime, options: dict):
+        super().__init__(runtime, options)
+        self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "gc-fedprox" else 0.0
+        self.learner = GraphLearner(self.data, self.cfg, runtime.device, int(options["batch_size"]),
+                                    initial_shared(self.cfg))
+        #: the last cluster mean received, applied when the server says so
+        self.mean: np.ndarray | None = None
+        #: ``--dpsgd``: per-graph clipping to ``--dp-clip``, noise from this client's own keystream
+        self.sgd = DPSGD(self.cfg.dp_clip) if options.get("dpsgd") else None
+
+    @staticmethod
+    def architecture(cfg, facts, options: dict, client: int = 0):
+        """Client ``client``'s GIN shape (its public feature dimension and classes), randomly initialised."""
+        return GCFLGIN(facts.num_features[client], cfg.hidden, facts.num_classes[client], cfg.num_layers, cfg.dropout)
+
+    def local_update(self, req: dict) -> dict:
+        rnd = int(req["round"])
+        if "dpsgd_std" not in req:
+            return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu)}
+        if self.sgd is None:
+            raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]]
+        return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
+
+    def weight(self, tag: str) -> float | None:
+        """The weight of this client's update in the mean exchanged under ``tag`` (None: not a mean
+        of updates): FedAvg's ``n_k / N`` (``N``: the public number of training graphs)."""
+        return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
+
+    def contribute(self, req: dict) -> dict:
+        tag, rnd = req["tag"], int(req["round"])
+        weight = self.weight(tag)
+        if weight is None:
+            return super().contribute(req)
+        contribution = grid_contribution(self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd,
+                                         client=self.rt.client_id)
+        if req.get("split"):
+            self.keep(tag, contribution)
+            return {"length": contribution.size}
+        return {"contribution": contribution}
+
+    def receive(self, req: dict) -> dict:
+        tag = req["tag"]
+        if tag == f"{self.cfg.algorithm}/model":
+            self.mean = self.received_mean(req)
+            return {}
+        if tag == f"{self.cfg.algorithm}/apply":
+            if self.mean is None:
+                raise ValueError(f"client {self.rt.client_id}: told to apply a cluster mean it never received")
+            self.learner.apply_mean(self.mean)
+            self.mean = None
+            return {}
+        return super().receive(req)
+
+    def received_mean(self, req: dict) -> np.ndarray:
+        """The mean of this client's decoded grid sum (or of the sum the driver sent)."""
+        return grid_mean_of_sum(req["total"] if "total" in req else
+                                dense_result(self.rt.half.result(), int(req["length"])))
+
+    def evaluate(self, req: dict) -> dict:
+        return self.learner.counts()
+
+    def attack_state(self, req: dict) -> dict:
+        """For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
+        layers included) after the run."""
+        if req["what"] == "model":
+            return {f"param:{n}": t for n, t in self.learner.model.state_dict().items()}
+        raise ValueError(f"client {self.rt.client_id}: no attack state {req['what']!r} for a graph client")
+
+    def state_dict(self) -> dict:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)

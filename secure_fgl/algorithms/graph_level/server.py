@@ -1,0 +1,128 @@
+"""Graph classification (gc-selftrain, gc-fedavg, gc-fedprox; the baselines of GCFL, Xie et al.,
+NeurIPS 2021, sec. 6.1) as a client logic and a server strategy.
+
+Client (:class:`GraphLogic`): one client's graphs and its
+:class:`~secure_fgl.algorithms.graph_level.GraphLearner` (GIN with shared GIN layers and local
+input/``post``/classifier layers, Adam, its own generators).  For the model exchange of a
+cluster (tag ``<algorithm>/model``) it contributes ``[Q(w dW / 4), F(w / 4)]`` on the grid of
+:mod:`~secure_fgl.algorithms.grid_mean` (``dW`` its update of the shared layers, ``w = n_k / N``
+with ``N`` the public number of training graphs), receives the sum decoded by its own protocol
+half, keeps the mean ``S[:-1] / S[-1]``, and applies it when the server says so (tag
+``<algorithm>/apply``).  At evaluation only counts leave it.
+
+Server (:class:`GraphStrategy`): FedAvg within each cluster (one cluster here; GCFL splits it,
+:mod:`.gcfl`): the members' grid sum through the protocol to the members only, then "apply".
+gc-selftrain only trains.  The per-client rows of the evaluation are built from the counts and
+the public facts (:class:`~.facts.GraphFacts`: dataset and split sizes of every client).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocols import DropoutError
+
+from .ops import (check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_summary,
+                  last_round_metrics)
+from ..grid_mean import GRID_SPEC
+from ...dpsgd import stage_request
+from ...runtime.exchange import plan_dense, run_split
+from ..fedavg.server import ModelAveragingStrategy
+from ...runtime.strategy import EVAL_TAG, Strategy
+
+
+class GraphStrategy(ModelAveragingStrategy):
+    """FedAvg of the shared GIN layers within clusters (module docstring); client sampling is
+    :meth:`ModelAveragingStrategy.sample_clients`."""
+
+    personalized = True
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.aggregate_models = cfg.algorithm != "gc-selftrain"
+        self.clusters: list[list[int]] = [list(range(facts.num_clients))]
+        self.last_eval: list[dict | None] | None = None
+        check_graph_dp(self.name, cfg, bool(options.get("dpsgd")))
+        #: ``--dpsgd``: the DP tag of the steps and its request (as inline)
+        self.dpsgd = (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs)) \
+            if options.get("dpsgd") else None
+        if self.dpsgd is not None and protocol.dp.config.split is None:
+            protocol.dp.declare(self.dpsgd[0])
+
+    def release_dependencies(self) -> dict[str, set[str]]:
+        return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
+
+    def release_units(self) -> dict[str, str]:
+        """DP-SGD steps protect one training graph (a sample), as inline."""
+        return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
+
+    def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
+        """With ``--dpsgd``: count this round's epochs (one release each: an epoch's batches are
+        disjoint) and tell the clients each epoch's noise std."""
+        ask = super().local_update_request(rnd, tag)
+        if self.dpsgd is None:
+            return ask
+        dp_tag, request = self.dpsgd
+        epochs = self.cfg.local_epochs
+        return {**ask, "dpsgd_tag": dp_tag,
+                "dpsgd_std": [self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)]}
+
+    def train_round(self, rnd: int) -> dict:
+        self.round = rnd
+        self.round_info: dict = {}      # what the cluster round records (GCFL: eq. 4-5 per cluster)
+        ask = self.local_update_request(rnd)
+        done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
+        if self.aggregate_models and done:
+            self.cluster_round(rnd, sorted(done))
+        losses = [r["loss"] for r in done.values()]
+        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "num_clusters": len(self.clusters),
+                "clients_lost": len(self.lost), **self.round_info}
+
+    def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        for members in self.clusters:
+            members = [k for k in members if k in updated]
+            if members:
+                self.apply_mean(members, self.exchange_mean(rnd, members))
+
+    # ------------------------------------------------------------------ the exchange of one cluster
+    def exchange_mean(self, rnd: int, members: list[int], tag: str | None = None) -> None:
+        """The members' grid sum through the protocol, delivered to the members only (each keeps
+        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
+        ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant."""
+        tag = tag or f"{self.name}/model"
+        split = self.split
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
+        if not sent:
+            raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
+        members = sorted(sent)                       # a member lost in training is not a contributor
+        if split:
+            length = int(next(iter(sent.values()))["length"])
+            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), members, length, GRID_SPEC))
+            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
+            return
+        total = self.protocol.weighted_sum(tag, rnd, {k: r["contribution"] for k, r in sent.items()},
+                                           spec=GRID_SPEC, recipients=members)
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "total": total} for k in members})
+
+    def apply_mean(self, members: list[int], mean=None) -> None:
+        """Tell the members to restart from the cluster mean they received."""
+        self.tell("receive", {k: {"tag": f"{self.name}/apply", "round": self.round} for k in members})
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        """:func:`~secure_fgl.algorithms.graph_level.graph_summary` of the clients' counts."""
+        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        f = self.facts
+        out = graph_summary([{"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k]}
+                             for k in sorted(counts)])
+        rows = {r["client"]: r for r in out["per_client"]}
+        self.last_eval = [rows.get(k) for k in range(self.num_clients)]
+        return out
+
+    def final_metrics(self) -> dict:
+        return {**Strategy.final_metrics(self), **last_round_metrics(self.evaluate()["per_client"], self.clusters)}
+
+    def server_state(self) -> dict:
+        return {"clusters": self.clusters}
+
+    def load_server_state(self, state: dict) -> None:
+        self.clusters = [list(c) for c in state["clusters"]]

@@ -1,0 +1,55 @@
+"""What the run needs to know of an algorithm, in one record: :class:`AlgorithmSpec`.
+
+Preflight, the CLI (``--help``, ``secure-fgl algorithms``), the docs and the executors read an
+algorithm only through its spec (registered in :mod:`.specs`): its name, task, options class and
+cross-field check, the modes it runs in, its catalogue text, and the two halves that run it: the
+client logic (one per client runtime) and the server strategy.  The halves are named as
+``"module:Class"`` and imported on use, so ``--help`` and a client process load only what they run.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+
+def load(ref: str):
+    """The object ``"package.module:Name"`` names."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm: ``name`` (``--algorithm``), ``task`` (``node``/``graph`` classification),
+    ``options`` (its settings dataclass, :mod:`.options`), ``check`` (cross-field rules,
+    ``check(options, cfg)`` raising ConfigError, run before any data is loaded), ``modes`` (the
+    ``--mode`` values it runs in), the catalogue text (``summary``, ``paper``, ``exchanges``: what
+    crosses the wire, by tag), ``logic`` and ``strategy`` (``"module:Class"`` of its client logic
+    and server strategy), ``mode_note`` (why other modes are refused, after the name; ``{mode}``
+    is filled in) and ``inline`` (the in-process class behind ``--executor inline``)."""
+
+    name: str
+    summary: str
+    paper: str
+    exchanges: str
+    options: type
+    logic: str
+    strategy: str
+    modes: tuple[str, ...]
+    task: str = "node"
+    check: Callable | None = None
+    mode_note: str = ""
+    inline: str | None = None
+
+    def logic_class(self) -> type:
+        return load(self.logic)
+
+    def strategy_class(self) -> type:
+        return load(self.strategy)
+
+    def mode_refusal(self, mode: str) -> str:
+        """The one line refusing ``--mode mode``."""
+        if self.mode_note:
+            return f"{self.name} {self.mode_note.format(mode=mode)}"
+        return f"{self.name} cannot run in --mode {mode}: use one of {', '.join(self.modes)}"

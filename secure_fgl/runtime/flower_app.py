@@ -1,0 +1,165 @@
+"""The Flower ``ServerApp`` and ``ClientApp`` of a secure-fgl run: two relays of bytes.
+
+Neither app holds a party.  The **ClientApp** (one ``flwr-clientapp`` process per message, on
+the site's machine) forwards the message's frame to its site's long-lived client process
+(:mod:`.flower_site`) over the local socket named by the SuperNode's ``--node-config
+'site-socket="..."'`` and returns that process's answer.  The **ServerApp** (launched by the
+SuperLink for ``flwr run``) connects back to the secure-fgl driver (:mod:`.flower_executor`)
+over the local socket named in the run config (``relay-socket``) and turns each of the driver's
+calls into one Flower ``Message`` per addressed client.  Client ``k``'s frame travels as one
+``ArrayRecord`` entry (``stype="raw"``, the frame's bytes unchanged); the method, client and
+timeout as a ``ConfigRecord``.  Both apps import only Flower and the standard library: no
+per-message import of torch.
+
+Relay operations (driver -> ServerApp, :mod:`.local_socket` messages): ``sites`` (find the
+SuperNode serving each client), ``call`` (one stage, every addressed client's frame) and
+``stop``.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+from . import local_socket
+
+#: the Flower message type every secure-fgl request travels as
+MESSAGE_TYPE = "query"
+#: how often the relay asks the SuperLink for replies (seconds)
+PULL_INTERVAL = 0.05
+
+
+def pack(header: dict, frame: bytes) -> RecordDict:
+    """A Flower message's content: ``header`` (str/int/float values) and the frame's bytes."""
+    return RecordDict({"sfgl": ConfigRecord(header),
+                       "frame": ArrayRecord({"frame": Array(dtype="uint8", shape=(len(frame),), stype="raw",
+                                                            data=bytes(frame))})})
+
+
+def unpack(content: RecordDict) -> tuple[dict, bytes]:
+    """Inverse of :func:`pack`."""
+    return dict(content["sfgl"]), content["frame"]["frame"].data
+
+
+def message_bytes(message: Message) -> int:
+    """The bytes of ``message`` as Flower serialises it (its objects, deflated), without the
+    HTTP/TLS framing below them."""
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+
+
+# ----------------------------------------------------------------------------------- ClientApp
+clientapp = ClientApp()
+
+
+@clientapp.query()
+def forward(message: Message, context: Context) -> Message:
+    """Hand the frame to this site's client process and reply with its answer."""
+    path = context.node_config.get("site-socket")
+    if not path:
+        raise ValueError("this SuperNode has no site process: start it with --node-config "
+                         "'site-socket=\"<the --socket of python -m secure_fgl.runtime.flower_site>\"'")
+    header, frame = unpack(message.content)
+    with local_socket.connect(str(path), float(header["timeout"])) as sock:
+        local_socket.send(sock, {"method": header["method"], "client": int(header["client"])}, frame)
+        answer, payload = local_socket.receive(sock)
+    return Message(pack({k: v for k, v in answer.items() if isinstance(v, (str, int, float, bool))}, payload),
+                   reply_to=message)
+
+
+# ----------------------------------------------------------------------------------- ServerApp
+serverapp = ServerApp()
+
+
+def _exchange(grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes],
+              timeout: float) -> tuple[dict, dict, int, int]:
+    """Send ``frames[k]`` to client ``k``'s node; wait at most ``timeout`` seconds for the replies.
+    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``."""
+    messages = {k: Message(pack({"method": method, "client": int(k), "timeout": float(timeout)}, frame),
+                           dst_node_id=node_of[k], message_type=MESSAGE_TYPE, ttl=max(timeout, 1.0))
+                for k, frame in frames.items()}
+    down = sum(message_bytes(m) for m in messages.values())
+    ids = dict(zip(grid.push_messages(messages.values()), messages))
+    pending, replies, up = dict(ids), {}, 0
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            k = pending.pop(reply.metadata.reply_to_message_id, None)
+            if k is not None:
+                replies[k] = reply
+                up += message_bytes(reply)
+        if pending:
+            time.sleep(PULL_INTERVAL)
+    lost = {k: f"no answer within {timeout:g} s" for k in pending.values()}
+    answers = {}
+    for k, reply in replies.items():
+        if reply.has_error():
+            lost[k] = f"the site's ClientApp failed: {reply.error.reason}"
+        else:
+            answers[k] = unpack(reply.content)
+    return answers, lost, down, up
+
+
+def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
+    """Ask every connected SuperNode which clients its site serves, until each of ``clients``
+    has one or ``timeout`` seconds have passed.  Returns client -> node, the clients that more
+    than one site claims, and client -> the optional requests its site serves."""
+    node_of: dict[int, int] = {}
+    twice: set[int] = set()
+    serves: dict[int, dict] = {}
+    asked: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while set(clients) - set(node_of) and time.monotonic() < deadline:
+        new = sorted(set(grid.get_node_ids()) - asked)
+        if not new:
+            time.sleep(0.2)
+            continue
+        asked.update(new)
+        answers, _, _, _ = _exchange(grid, {i: n for i, n in enumerate(new)}, "hello",
+                                     {i: b"" for i in range(len(new))}, max(1.0, deadline - time.monotonic()))
+        for i, (header, payload) in answers.items():
+            site = json.loads(payload) if header.get("status") == "ok" else {"clients": []}
+            for k in map(int, site["clients"]):
+                if node_of.setdefault(k, new[i]) != new[i]:
+                    twice.add(k)
+                serves[k] = site.get("serves", {})
+        asked.difference_update(new[i] for i in range(len(new)) if i not in answers)  # ask again
+    return node_of, sorted(twice), serves
+
+
+@serverapp.main()
+def relay(grid: Grid, context: Context) -> None:
+    """Serve the driver's calls until it says ``stop`` or closes the socket."""
+    sock = local_socket.connect(str(context.run_config["relay-socket"]), 60.0)
+    sock.settimeout(None)                  # the driver may compute for long between two calls
+    node_of: dict[int, int] = {}
+    with sock:
+        while True:
+            try:
+                op, payload = local_socket.receive(sock)
+            except local_socket.SocketClosed:
+                return
+            if op["op"] == "stop":
+                local_socket.send(sock, {"status": "ok"})
+                return
+            if op["op"] == "sites":
+                node_of, twice, serves = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
+                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}, "claimed_twice": twice,
+                                         "serves": {str(k): v for k, v in serves.items()}})
+                continue
+            frames, offset = {}, 0                       # op == "call"
+            for k, n in op["sizes"]:
+                frames[int(k)] = payload[offset:offset + n]
+                offset += n
+            unknown = {k: "no SuperNode serves this client" for k in frames if k not in node_of}
+            answers, lost, down, up = _exchange(grid, node_of, op["method"],
+                                                {k: f for k, f in frames.items() if k not in unknown},
+                                                float(op["timeout"]))
+            order = sorted(answers)
+            local_socket.send(sock, {"answers": [[k, len(answers[k][1]), answers[k][0]] for k in order],
+                                     "lost": {str(k): why for k, why in {**lost, **unknown}.items()},
+                                     "flower_bytes_down": down, "flower_bytes_up": up},
+                              b"".join(answers[k][1] for k in order))

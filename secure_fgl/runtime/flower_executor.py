@@ -1,0 +1,266 @@
+"""Client runtimes at the sites of a Flower federation (``--executor flower``; ``pip install -e ".[flower]"``).
+
+The driver stays the secure-fgl process that runs the strategy (results, transcript, attacks
+unchanged); the clients are the sites' long-lived client processes (:mod:`.flower_site`), one
+per organisation, each behind its own Flower SuperNode.  Between them::
+
+    driver --local socket--> ServerApp --Flower Message (gRPC/HTTP, TLS)--> SuperNode
+           --> ClientApp --local socket--> site process (ClientRuntime)
+
+:class:`FlowerExecutor` writes a Flower app folder whose components are :mod:`.flower_app`,
+submits it with ``flwr run`` to the default SuperLink connection of the Flower configuration
+(``$FLWR_HOME/config.toml``), and waits for the ``ServerApp`` to connect back to it over a
+private Unix socket.  Every :meth:`call` then goes to the ServerApp as one message of the
+request frames, and comes back as the answering clients' response frames: the bytes the
+``ClientLink`` seam and the runtimes produce, unchanged.  What Flower adds around them (its
+message objects: metadata, records; without the HTTP/TLS framing) is counted separately
+(:meth:`describe`, ``result.json["runtime"]["flower"]``).
+
+A set-up frame leaves the driver **without the client's data**: its data fields are replaced
+by their digest and the site loads its own partition (:func:`strip_data`, :mod:`.partition`).
+A client whose site gives no answer within ``--round-timeout`` (its SuperNode or site process
+died, or is cut off) comes back as lost: the strategy makes it a protocol dropout.  A
+:class:`~protocols.ProtocolError` a site raised is re-raised (the first in client order, after
+every addressed site has answered), as by the other executors; any other error a site
+reports is raised as :class:`SiteError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from protocols import ProtocolError
+
+from ..config import ConfigError
+from . import local_socket, wire
+from .executor import Executor
+
+#: how long the driver waits for the ServerApp to connect, and for the sites to be found (seconds)
+START_TIMEOUT = 120.0
+
+
+class SiteError(RuntimeError):
+    """A site's runtime raised an error that is not a protocol refusal (or refused a request)."""
+
+
+def _flwr() -> str:
+    try:
+        import flwr  # noqa: F401
+    except ModuleNotFoundError:
+        raise ConfigError("--executor flower needs Flower: pip install -e '.[flower]' (or use --executor local)") \
+            from None
+    here = Path(sys.executable).parent / "flwr"
+    return str(here) if here.exists() else (shutil.which("flwr") or "flwr")
+
+
+def flower_env() -> dict:
+    """The environment Flower's commands run in: no background update check."""
+    return {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+
+APP_TOML = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "secure-fgl-run"
+version = "1.0.0"
+description = "A secure-fgl run: relays of runtime frames (secure_fgl.runtime.flower_app)"
+license = "MIT"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "secure-fgl"
+
+[tool.flwr.app.components]
+serverapp = "secure_fgl.runtime.flower_app:serverapp"
+clientapp = "secure_fgl.runtime.flower_app:clientapp"
+
+[tool.flwr.app.config]
+relay-socket = ""
+"""
+
+
+def _refusal(name: str, message: str, client: int) -> Exception:
+    """The :class:`~protocols.ProtocolError` subclass named ``name`` (or the base class) with
+    ``message``, naming the refusing client; only ProtocolError classes are ever built."""
+    classes, stack = {}, [ProtocolError]
+    while stack:
+        cls = stack.pop()
+        classes[cls.__name__] = cls
+        stack.extend(cls.__subclasses__())
+    exc = classes.get(name, ProtocolError)(message)
+    exc.refusing_client = client
+    return exc
+
+
+#: requests a site serves only when it opts in, and the driver's setting that makes them
+OPTIONAL = {"attack": ("--allow-attack-simulation", "run without --attacks"),
+            "weights": ("--allow-model-export", "run with --save-best-model false")}
+
+
+def needs_of(cfg) -> tuple[str, ...]:
+    """The optional requests a run with settings ``cfg`` makes: ``weights`` when it writes
+    ``best_model.pt``, ``attack`` with ``--attacks``."""
+    return (("weights",) if cfg.save_best_model and cfg.out else ()) + (("attack",) if cfg.attacks else ())
+
+
+def check_sites_serve(needs, serves: dict[int, dict]) -> None:
+    """``ConfigError`` naming both fixes if a site does not serve an optional request the run needs."""
+    for need in needs:
+        refusing = sorted(k for k, s in serves.items() if not s.get(need))
+        if refusing:
+            flag, fix = OPTIONAL[need]
+            raise ConfigError(f"--executor flower: the site(s) of client(s) {refusing} do not serve {need!r} "
+                              f"requests: {fix}, or start those sites with {flag}")
+
+
+def strip_data(frame: bytes) -> bytes:
+    """A node-classification set-up frame with its data fields replaced by their digest
+    (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
+    from .client import DATA_FIELDS
+    from .partition import data_digest
+    f = wire.unpack(frame)
+    if "data_digest" in f or f.get("task") == "graph" or "x" not in f:
+        return frame
+    data = {name: f.pop(name) for name in (*DATA_FIELDS, "far_owner")}
+    return wire.pack({"data_digest": data_digest(data), **f})
+
+
+class FlowerExecutor(Executor):
+    """Client runtimes at the sites of a Flower federation (module docstring)."""
+
+    name = "flower"
+
+    def __init__(self, round_timeout: float = 600.0, start_timeout: float = START_TIMEOUT, needs: tuple = ()):
+        """``needs``: the optional requests the run will make (:data:`OPTIONAL`), checked
+        against what each site serves before any set-up frame is sent."""
+        super().__init__()
+        self.needs = tuple(needs)
+        flwr = _flwr()
+        self.round_timeout, self.start_timeout = float(round_timeout), float(start_timeout)
+        self.folder = Path(tempfile.mkdtemp(prefix="secure-fgl-flower-"))
+        self.flower = {"messages": 0, "message_bytes_down": 0, "message_bytes_up": 0,
+                       "frame_bytes_down": 0, "frame_bytes_up": 0}
+        self.sock = self.run_id = None
+        self.clients: list[int] = []
+        self.nodes: dict[int, int] = {}                 # client -> the node id of its site's SuperNode
+        try:
+            listener = local_socket.listen(self.folder / "relay" / "relay.sock")
+            app = self.folder / "app"
+            app.mkdir()
+            (app / "pyproject.toml").write_text(APP_TOML)
+            out = subprocess.run([flwr, "run", str(app), "--format", "json", "--run-config",
+                                  f"relay-socket='{listener.getsockname()}'"],
+                                 env=flower_env(), capture_output=True, text=True, timeout=self.start_timeout,
+                                 check=False)
+            if out.returncode != 0:
+                raise ConfigError("--executor flower: `flwr run` failed (is a SuperLink running, and the default "
+                                  f"connection of $FLWR_HOME/config.toml pointing at it?): "
+                                  f"{(out.stdout + out.stderr).strip()[-600:]}")
+            self.run_id = _run_id(out.stdout)
+            listener.settimeout(self.start_timeout)
+            try:
+                self.sock, _ = listener.accept()
+            except TimeoutError:
+                raise ConfigError(f"--executor flower: the ServerApp of run {self.run_id} did not connect within "
+                                  f"{self.start_timeout:g} s (see `flwr log {self.run_id}`)") from None
+            finally:
+                listener.close()
+            self.sock.settimeout(None)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _relay(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+        local_socket.send(self.sock, header, payload)
+        return local_socket.receive(self.sock)
+
+    def start(self, frames: Mapping[int, bytes]) -> None:
+        """Find the site of every client, then hand each its set-up frame without its data.  On
+        any failure the Flower run is stopped before the error is raised."""
+        try:
+            self._start(frames)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, frames: Mapping[int, bytes]) -> None:
+        self.clients = sorted(frames)
+        found, _ = self._relay({"op": "sites", "clients": self.clients, "timeout": self.start_timeout})
+        if found["claimed_twice"]:
+            raise ConfigError(f"--executor flower: client(s) {found['claimed_twice']} are served by more than one "
+                              "site; give each site its own --client")
+        missing = sorted(set(self.clients) - {int(k) for k in found["nodes"]})
+        if missing:
+            raise ConfigError(f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
+                              "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
+                              "--node-config 'site-socket=\"...\"')")
+        self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
+        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items() if int(k) in frames})
+        _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
+        if lost:
+            raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")
+
+    def _call(self, method, requests):
+        order = sorted(requests)
+        answer, payload = self._relay({"op": "call", "method": method, "timeout": self.round_timeout,
+                                       "sizes": [[k, len(requests[k])] for k in order]},
+                                      b"".join(bytes(requests[k]) for k in order))
+        responses, failures, offset = {}, [], 0
+        for k, n, status in answer["answers"]:
+            body, offset = payload[offset:offset + n], offset + n
+            if status.get("status") == "ok":
+                responses[int(k)] = body
+            elif status.get("status") == "refused":
+                failures.append((int(k), _refusal(status.get("error", ""), status.get("message", ""), int(k))))
+            else:
+                failures.append((int(k), SiteError(f"client {k}'s site: {status.get('error')}: "
+                                                   f"{status.get('message')}")))
+        f = self.flower
+        f["messages"] += len(order) + len(answer["answers"])
+        f["message_bytes_down"] += answer["flower_bytes_down"]
+        f["message_bytes_up"] += answer["flower_bytes_up"]
+        f["frame_bytes_down"] += sum(len(requests[k]) for k in order)
+        f["frame_bytes_up"] += len(payload)
+        if failures:                                   # every site has answered: the first in client order
+            raise min(failures, key=lambda x: x[0])[1]
+        return responses, {int(k): why for k, why in answer["lost"].items()}
+
+    def describe(self) -> dict:
+        f = self.flower
+        return {"executor": self.name, "run_id": self.run_id, "sites": len(set(self.nodes.values())),
+                "flower": {**f, "framing_overhead_bytes": f["message_bytes_down"] + f["message_bytes_up"]
+                           - f["frame_bytes_down"] - f["frame_bytes_up"]}}
+
+    def shutdown(self) -> None:
+        """Let the sites drop their runtimes, stop the ServerApp (the Flower run ends) and remove
+        the app folder."""
+        if self.sock is not None:
+            try:
+                if self.clients:
+                    self._call("stop", {k: b"" for k in self.clients})
+                self._relay({"op": "stop"})
+            except (OSError, ProtocolError, SiteError):
+                pass
+            self.sock.close()
+            self.sock = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _run_id(stdout: str):
+    """The run id ``flwr run --format json`` printed (``None`` if it printed none)."""
+    try:
+        return json.loads(stdout[stdout.index("{"):]).get("run-id")
+    except ValueError:
+        return None

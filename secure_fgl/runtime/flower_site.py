@@ -1,0 +1,168 @@
+"""A site's long-lived client process for the Flower deployment.
+
+One organisation runs, next to its Flower SuperNode::
+
+    python -m secure_fgl.runtime.flower_site --socket SITE/site.sock --client 0 \\
+        --data-root DATA --state-dir SITE/state
+
+It holds the :class:`~.client.ClientRuntime` of its client(s) for the whole run — their data,
+model, protocol keys and secrets stay in this one process — and answers the frames each
+``ClientApp`` process forwards over the local socket (:mod:`.flower_app`).  The site, not the
+aggregator, decides:
+
+* **its data**: a set-up frame carries the digest of the partition the run planned, never the
+  data (:mod:`.flower_executor`); the runtime loads the partition from this site's
+  ``--data-root`` (:mod:`.partition`) and refuses one that differs.
+* **what it serves**: the methods of the algorithms' public schedule (:data:`SCHEDULE`) and the
+  protocol stages (``half:<stage>``, whose order the protocol half checks).  Attack-simulation
+  requests (``attack``: posteriors, own contributions, kept inputs, coalition keys) are refused
+  unless the site was started with ``--allow-attack-simulation`` (without it the runtime also
+  keeps nothing for attacks), and its deployed model (``weights``, for ``best_model.pt``) unless
+  started with ``--allow-model-export``; it announces both in its answer to ``hello``, so the
+  driver stops before set-up when the run needs one.
+* **where its checkpoint goes**: ``save``/``load`` write and read ``STATE_DIR/client<k>.pt``
+  whatever path the request names.
+
+A refusal by the protocol (a :class:`protocols.ProtocolError`) goes back as its class name and
+message; the driver re-raises it.  Standard library sockets, runtime frames (:mod:`.wire`):
+nothing is unpickled.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+from protocols import ProtocolError
+
+from . import local_socket, wire
+
+#: the runtime methods any algorithm's schedule uses (:meth:`.client.ClientRuntime.handle`)
+SCHEDULE = frozenset({"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping",
+                      "accepted_keys"})
+
+
+class SiteRefusal(PermissionError):
+    """A request this site does not serve; the message names the site's option that would allow it."""
+
+
+class Site:
+    """The runtimes of this site's clients and the site's policy (module docstring)."""
+
+    def __init__(self, clients, data_root: str | None, state_dir: Path, allow_attack_simulation: bool = False,
+                 allow_model_export: bool = False, device: str = "cpu"):
+        self.clients = sorted({int(k) for k in clients})
+        self.data_root, self.state_dir, self.device = data_root, Path(state_dir), device
+        self.allow_attack_simulation, self.allow_model_export = allow_attack_simulation, allow_model_export
+        self.runtimes: dict = {}
+
+    def allowed(self, method: str) -> bool:
+        return (method in SCHEDULE or method.startswith("half:")
+                or (method == "attack" and self.allow_attack_simulation)
+                or (method == "weights" and self.allow_model_export))
+
+    def handle(self, method: str, client: int, frame: bytes) -> bytes:
+        """Answer one forwarded request (``hello``, ``start``, ``stop`` or a runtime method)."""
+        if method == "hello":                       # public: which clients, and which optional requests it serves
+            return json.dumps({"clients": self.clients, "serves": {"attack": self.allow_attack_simulation,
+                                                                   "weights": self.allow_model_export}}).encode()
+        if client not in self.clients:
+            raise SiteRefusal(f"this site serves clients {self.clients}, not client {client}")
+        if method == "start":
+            from .client import ClientRuntime
+            self.runtimes[client] = ClientRuntime(self.own_setup(frame), self.device)
+            return b""
+        if method == "stop":
+            self.runtimes.pop(client, None)
+            return b""
+        if not self.allowed(method):
+            option = {"attack": " (start the site with --allow-attack-simulation to take part in the attack "
+                                "suite)", "weights": " (start the site with --allow-model-export to hand its "
+                                "model to best_model.pt)"}.get(method, "")
+            raise SiteRefusal(f"this site does not serve {method!r}{option}")
+        if client not in self.runtimes:
+            raise SiteRefusal(f"client {client} has no runtime on this site yet (no set-up frame)")
+        if method in ("save", "load"):
+            frame = self.own_checkpoint(client, frame)
+        return self.runtimes[client].handle(method, frame)
+
+    def own_setup(self, frame: bytes) -> bytes:
+        """The set-up frame as this site runs it: its own ``--data-root`` for the partition it
+        loads, and no state kept for attacks unless it takes part in attack simulation."""
+        f = wire.unpack(frame)
+        config = dict(f["config"])
+        config["data_root"] = self.data_root          # None: this machine's $SECURE_FGL_DATA
+        if not self.allow_attack_simulation:
+            config["attacks"] = []
+        f["config"] = config
+        return wire.pack(f)
+
+    def own_checkpoint(self, client: int, frame: bytes) -> bytes:
+        """A ``save``/``load`` request pointed at this site's own checkpoint file of ``client``."""
+        f = wire.unpack(frame)
+        f["path"] = str(local_socket.private_folder(self.state_dir) / f"client{client}.pt")
+        return wire.pack(f)
+
+
+def answer(site: Site, header: dict, frame: bytes) -> tuple[dict, bytes]:
+    """The reply to one forwarded request: ``status`` ``ok`` and the response frame, ``refused``
+    and the :class:`~protocols.ProtocolError` class and message, or ``error`` (anything else:
+    the site keeps serving, the driver raises it)."""
+    try:
+        return {"status": "ok"}, site.handle(str(header["method"]), int(header["client"]), frame)
+    except ProtocolError as exc:
+        return {"status": "refused", "error": type(exc).__name__, "message": str(exc)}, b""
+    except Exception as exc:       # noqa: BLE001 - reported to the driver
+        return {"status": "error", "error": type(exc).__name__, "message": str(exc)}, b""
+
+
+def serve(site: Site, path: Path) -> None:
+    """Answer forwarded requests on the Unix socket ``path``, one connection at a time, until terminated."""
+    server = local_socket.listen(path)
+    try:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                try:
+                    local_socket.send(conn, *answer(site, *local_socket.receive(conn)))
+                except (OSError, ValueError):    # a peer that went away or sent no message
+                    continue
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def _exit(*_) -> None:
+    raise SystemExit(0)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m secure_fgl.runtime.flower_site",
+                                description="A site's client process for secure-fgl runs over Flower "
+                                            "(docs/deployment.md).")
+    p.add_argument("--socket", required=True, type=Path,
+                   help="Unix socket the site's ClientApp processes reach this process on (give the same path "
+                        "to the SuperNode as --node-config 'site-socket=\"PATH\"'); its folder is made private")
+    p.add_argument("--client", type=int, action="append", required=True,
+                   help="the client (partition) this site holds; repeat for several")
+    p.add_argument("--data-root", default=None,
+                   help="this site's dataset folder (default: $SECURE_FGL_DATA, as for every run)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="where this site keeps its checkpoints for --resume (default: next to --socket)")
+    p.add_argument("--allow-attack-simulation", action="store_true",
+                   help="serve the attack suite's requests (posteriors, own contributions, kept inputs, keys)")
+    p.add_argument("--allow-model-export", action="store_true",
+                   help="hand the deployed model to the driver for best_model.pt")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    site = Site(args.client, args.data_root, args.state_dir or args.socket.parent / "state",
+                args.allow_attack_simulation, args.allow_model_export, args.device)
+    signal.signal(signal.SIGTERM, _exit)
+    serve(site, args.socket)
+
+
+if __name__ == "__main__":
+    main()
