@@ -203,10 +203,22 @@ class PrivacyAccountant:
         #: tag -> list of [noise_multiplier, sample_rate, steps] runs, in release order
         self._runs: "OrderedDict[str, list[list]]" = OrderedDict()
         self._sensitivity: dict[str, float] = {}
+        #: tags with discrete-Gaussian releases: their guarantee is the zCDP (Renyi) one
+        self.discrete_tags: set[str] = set()
+
+    def mechanism_for(self, tag: str | None = None) -> str:
+        """The accountant that composes ``tag`` (or the run): ``exact`` Gaussian composition holds for
+        continuous Gaussians only; a history with a discrete-Gaussian release (whose proof is
+        ``Delta^2/(2 sigma^2)``-zCDP, Canonne, Kamath & Steinke 2020, Thm 14; Kairouz, Liu & Steinke
+        2021 for sums) is composed in Renyi DP instead, the same curve ``alpha/(2 z^2)`` per release."""
+        discrete = self.discrete_tags if tag is None else self.discrete_tags & {tag}
+        return "rdp" if self.mechanism == "exact" and discrete else self.mechanism
 
     def step(self, tag: str, noise_multiplier: float, sample_rate: float = 1.0, *,
-             sensitivity: float | None = None) -> None:
-        """Record one release of ``tag`` (Gaussian, std = noise_multiplier x sensitivity)."""
+             sensitivity: float | None = None, discrete: bool = False) -> None:
+        """Record one release of ``tag`` (Gaussian, std = noise_multiplier x sensitivity; ``discrete``:
+        a discrete Gaussian, or a sum of them, whose zCDP bound is that of multiplier
+        ``noise_multiplier``)."""
         if not noise_multiplier > 0:
             raise ConfigurationError(f"noise multiplier must be > 0, got {noise_multiplier}", tag=tag)
         if not 0 < sample_rate <= 1:
@@ -218,6 +230,8 @@ class PrivacyAccountant:
             runs.append([float(noise_multiplier), float(sample_rate), 1])
         if sensitivity is not None:
             self._sensitivity[tag] = max(float(sensitivity), self._sensitivity.get(tag, 0.0))
+        if discrete:
+            self.discrete_tags.add(tag)
 
     @property
     def tags(self) -> list[str]:
@@ -238,13 +252,13 @@ class PrivacyAccountant:
 
     def epsilon(self, tag: str | None = None, delta: float | None = None) -> float:
         """Epsilon spent by ``tag`` alone, or by the whole run (``tag=None``), at ``delta``."""
-        return epsilon_of(self.history(tag), self.delta if delta is None else delta, self.mechanism)
+        return epsilon_of(self.history(tag), self.delta if delta is None else delta, self.mechanism_for(tag))
 
     def state_dict(self) -> dict:
         """Plain-data state (for run checkpoints)."""
         return {"mechanism": self.mechanism, "delta": self.delta,
                 "runs": {t: [list(r) for r in runs] for t, runs in self._runs.items()},
-                "sensitivity": dict(self._sensitivity)}
+                "sensitivity": dict(self._sensitivity), "discrete": sorted(self.discrete_tags)}
 
     def load_state_dict(self, state: dict) -> None:
         if state["mechanism"] != self.mechanism or state["delta"] != self.delta:
@@ -254,6 +268,7 @@ class PrivacyAccountant:
         self._runs = OrderedDict((t, [[float(z), float(q), int(n)] for z, q, n in runs])
                                  for t, runs in state["runs"].items())
         self._sensitivity = {t: float(v) for t, v in state["sensitivity"].items()}
+        self.discrete_tags = set(state.get("discrete", ()))
 
     def report(self) -> dict:
         """``{"delta", "total_epsilon", "per_tag": {tag: {epsilon, releases, noise_multiplier,
@@ -268,4 +283,5 @@ class PrivacyAccountant:
                 "sensitivity": self._sensitivity.get(tag),
             }
         return {"delta": self.delta, "total_epsilon": self.epsilon(), "per_tag": per_tag,
-                "accountant": self.mechanism}
+                "accountant": self.mechanism, "composition": self.mechanism_for(),
+                "discrete_tags": sorted(self.discrete_tags)}

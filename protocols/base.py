@@ -341,7 +341,7 @@ class Protocol(ABC):
         dp = self._dp_in_scope(tag, dp)
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
-        spec = spec or ValueSpec()
+        spec = self.release_spec(spec or ValueSpec(), dp)
         self.last_readable: Mapping[int, tuple[np.ndarray, np.ndarray]] = {}
         ids_np, rows_np = {}, {}
         dim = None
@@ -367,7 +367,7 @@ class Protocol(ABC):
                 dp = replace(dp, integer=True)
             # DP noise goes on every row a client uploads (whole blocks), not only the rows it holds
             ids_np, rows_np = self._expand_to_blocks(ids_np, rows_np, rpb, num_rows, layout)
-            rows_np = self.dp.privatize_rows(tag, rnd, ids_np, rows_np, num_rows, dp, layout)
+            rows_np = self.dp.privatize_rows(tag, rnd, ids_np, rows_np, num_rows, dp, layout, spec=spec)
         tables = {}
         for k in ids_np:        # dense blocks built chunk by chunk when a backend reads them
             bids = np.arange(num_blocks) if layout == "dense" else np.unique(ids_np[k] // rpb)
@@ -485,10 +485,11 @@ class Protocol(ABC):
         With DP each client clips and noises its vector first (``row_len``: the row
         structure for ``per_row`` clipping)."""
         dp = self._dp_in_scope(tag, dp)
+        spec = self.release_spec(spec, dp)
         if self.dp is not None and dp is not None:
             if spec.integer and not dp.integer:
                 dp = replace(dp, integer=True)
-            flat = self.dp.privatize_vectors(tag, rnd, flat, dp, row_len=row_len)
+            flat = self.dp.privatize_vectors(tag, rnd, flat, dp, row_len=row_len, spec=spec)
         length = next(iter(flat.values())).size
         cap = max(1, self.vector_block_capacity(spec, length))
         num_blocks = max(1, -(-length // cap))
@@ -518,6 +519,15 @@ class Protocol(ABC):
             tag.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigurationError(f"tag {tag!r:.80} is not valid UTF-8") from None
+
+    def release_spec(self, spec: ValueSpec, dp: DPRequest | None) -> ValueSpec:
+        """The spec a sum is encoded with: with distributed DP noise a continuous sum is carried on
+        its public grid, so the released sum is the grid's exact integer sum
+        (:func:`protocols.dp.release_spec`)."""
+        if self.dp is None or dp is None:
+            return spec
+        from .dp import release_spec
+        return release_spec(spec, replace(dp, integer=dp.integer or spec.integer), self.dp.config.placement)
 
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
         """The DP request if the run has DP and ``tag`` is in its scope, else ``None``."""

@@ -28,11 +28,11 @@ what we do about them:
   which ones it reaches depends on x, so an exact output can rule candidates in or out.
   Integer exchanges (packed encodings, the mask ring) use the discrete Gaussian, whose
   output ``x + Y`` is an integer: no low-order bits to fingerprint.  Continuous exchanges
-  are encoded right after noising (fixed point in the mask ring, the CKKS scale), which
-  rounds away the low bits in ``mask``/``ckks``; in ``plain`` mode the float64 upload is
-  exposed as is.  *Residual risk, stated honestly*: the continuous Gaussian is sampled by
-  Box-Muller on 53-bit uniforms, which is not an exact sampler and leaves float-level
-  artefacts; use an integer exchange where this matters.
+  are rounded at random onto a public grid ``2^-f`` first and get discrete noise in grid
+  steps (:func:`protocols.dp.grid_noise`), so every exchange upload, ``float64`` plain wire
+  included, is ``2^-f`` times an integer.  *Residual risk*: the continuous Gaussian
+  (Box-Muller on 53-bit uniforms, not an exact sampler) is still used for DP-SGD's noise on
+  float gradients.
 * *Timing*: the rejection loop of the discrete sampler is vectorised; in rejection
   sampling the number of trials is independent of the accepted value, so the running time
   reveals nothing about the noise added to an entry.  The acceptance test itself uses

@@ -54,24 +54,40 @@ Placement
   For :meth:`Protocol.row_sum` n is counted per uploaded row (the clients uploading the
   block holding it), so every uploaded row of the sum carries sigma.
 
-Integer exchanges (``ValueSpec.integer`` / ``DPRequest.integer``): discrete Gaussian noise
-------------------------------------------------------------------------------------------
-Integer encodings (packed BFV/CKKS fields, the mask ring) stay exact only with integer
-noise, so integer exchanges get the **discrete Gaussian** N_Z(0, sigma^2) (P[x] ~
-exp(-x^2 / 2 sigma^2) on the integers), sampled by Canonne-Kamath-Steinke 2020 Alg. 3
-(discrete-Laplace proposal + rejection; vectorised, :meth:`SecureRandom.discrete_gaussian`).  Privacy argument:
-the multivariate discrete Gaussian with L2 sensitivity Delta satisfies (Delta/sigma)^2/2-zCDP
-(CKS20 Thm 14) — the same Rényi curve alpha/(2 z^2) as the continuous Gaussian, so the
-RDP accountant's bound holds verbatim.  In distributed placement the sum of n independent
-N_Z(0, sigma_c^2) is within tau = 10 sum_{k<n} exp(-2 pi^2 sigma_c^2 k/(k+1)) of
-N_Z(0, n sigma_c^2) (Kairouz-Liu-Steinke 2021, Thm 15: zCDP epsilon^2 grows by tau*d/2);
-we floor the per-client std at 2, where tau < 1e-16 n, negligible for any d.  (Rounded
-Gaussian noise is *not* used: a sum of rounded Gaussians is not a post-processing of one
-Gaussian release.)  Integer contributions are clipped by scaling and truncating toward
-zero, which keeps them integers inside the ball.  Caveats: the PRV accountant evaluates
-the *continuous* Gaussian's privacy curve, a close approximation for the discrete one
-(the formal guarantee is the RDP/zCDP one); noise makes counts negative, so packed
-encoders must leave headroom and an offset (``ExchangeContext.dp_noise_std``).
+Discrete noise on a grid: every exchange release (Kairouz, Liu & Steinke, ICML 2021)
+------------------------------------------------------------------------------------
+Every exchange release adds **discrete Gaussian** noise N_Z(0, s^2) (P[x] ~ exp(-x^2 / 2 s^2) on
+the integers; Canonne, Kamath & Steinke 2020 Alg. 3, :meth:`SecureRandom.discrete_gaussian`), on
+the integers for integer exchanges (``ValueSpec.integer`` / ``DPRequest.integer``) and on the
+public grid ``2^-f`` for continuous ones (``f`` = the exchange's ``ValueSpec.grid_bits``, else
+:data:`DP_GRID_BITS`): the clipped contribution is rounded *at random* onto the grid (up with
+probability its fractional part), then noised in grid steps (:func:`grid_noise`).  What leaves a
+client is ``2^-f`` times an integer: no float output whose low bits depend on the data.
+
+* Sensitivity: with the rounding's uniform fixed, rounding moves two inputs apart by less than one
+  step per entry, so the sum's L2 sensitivity grows by at most ``n 2^-f sqrt(entries)`` over the
+  n contributions (:func:`grid_slack`; ~1e-4 relative at f = 24 for a Cora hop); the noise is
+  calibrated to the inflated sensitivity.
+* Distributed placement: the exchange is encoded on its grid (:func:`release_spec`, every
+  codec then adds the clients' grid values exactly), so the released sum is ``2^-f`` times the
+  exact integer sum of the clients' rounded values plus the sum of their discrete noises -- one
+  release, not a sum of separately rounded Gaussians.  Its guarantee is Kairouz-Liu-Steinke
+  2021, Thm 1: the sum of n i.i.d. N_Z(0, s^2) with L2 sensitivity Delta (in steps) is
+  ``eps^2/2``-zCDP with ``eps^2 = Delta^2/(n s^2) + tau d/2``, ``tau = 10 sum_{k<n}
+  exp(-2 pi^2 s^2 k/(k+1))`` (:func:`sum_of_discrete_gaussians_epsilon`); each share's std is
+  floored at 2 steps, where tau < 1e-16 n, and the accountant records the multiplier
+  ``1/eps`` (the tau term included).
+* Local placement: each upload is one discrete Gaussian, ``Delta^2/(2 s^2)``-zCDP (CKS20 Thm 14).
+* Accounting: a discrete release has the zCDP (Renyi) curve ``alpha/(2 z^2)`` of the continuous
+  Gaussian, but not its exact trade-off curve, so a run with discrete releases composes in Renyi
+  DP even under the ``exact`` accountant (:meth:`PrivacyAccountant.mechanism_for`; the budget is
+  calibrated the same way, so the run still spends what it asks).  DP-SGD steps
+  (:meth:`DPEngine.local_release`) keep continuous Gaussian noise (added to float gradients in
+  torch).  The PRV accountant evaluates the continuous Gaussian's curve, an approximation for
+  discrete releases.
+* Caveats: the sampler's acceptance test and the rounding's uniform use 53-bit floats (CKS20
+  section 5's all-integer sampler is not implemented); noise makes counts negative, so packed
+  encoders leave headroom and an offset (``ExchangeContext.dp_noise_std``).
 
 Sensitivities (add/remove-one adjacency; replace-one doubles them)
 ------------------------------------------------------------------
@@ -138,8 +154,11 @@ from .registry import distributed_dp_modes
 PLACEMENTS = ("local", "distributed")
 #: protocol modes in which only recipients see the sum (distributed placement is sound)
 SECURE_MODES = distributed_dp_modes()
-#: per-client floor of discrete-Gaussian std in distributed placement (see module docstring)
+#: per-client floor of discrete-Gaussian std in grid steps (see module docstring: tau is negligible above it)
 MIN_CLIENT_DGAUSS_STD = 2.0
+#: the public grid ``2^-DP_GRID_BITS`` onto which a continuous contribution is rounded before its
+#: discrete noise, unless the exchange has a grid of its own (``ValueSpec.grid_bits``)
+DP_GRID_BITS = 24
 
 
 # ----------------------------------------------------------------------------- sensitivities
@@ -178,6 +197,9 @@ class DPConfig:
                  the sum still carries sigma (more drops: the backend refuses the exchange).
     colluders:   distributed placement: colluding contributors whose noise shares may be
                  subtracted while the sum still carries sigma for the others.
+    exchange_releases: the run privatises exchanges (discrete noise, composed in Renyi DP, so
+                 the ``exact`` accountant calibrates for that); False for a run whose only
+                 releases are DP-SGD steps (continuous Gaussians, exact composition).
     """
 
     epsilon: float
@@ -189,6 +211,7 @@ class DPConfig:
     scope: Sequence[str] = ()
     dropouts: int = 0
     colluders: int = 0
+    exchange_releases: bool = True
 
     def in_scope(self, tag: str) -> bool:
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
@@ -246,6 +269,62 @@ def clip_rows(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarr
     return out.reshape(x.shape)
 
 
+def grid_bits_of(spec: ValueSpec | None, req: DPRequest) -> int | None:
+    """The grid ``2^-f`` a continuous release is rounded to (the exchange's own grid, else
+    :data:`DP_GRID_BITS`); ``None`` for an integer release (its grid is the integers)."""
+    if req.integer:
+        return None
+    return int(spec.grid_bits) if spec is not None and spec.grid_bits is not None else DP_GRID_BITS
+
+
+def release_spec(spec: ValueSpec, req: DPRequest, placement: str) -> ValueSpec:
+    """The spec a DP sum is encoded with: in distributed placement a continuous release is carried
+    on its grid (``grid_bits``, codec tolerance a quarter step), so the codecs add the clients'
+    grid values exactly and the released sum is ``2^-f`` times an integer sum (module docstring)."""
+    bits = grid_bits_of(spec, req)
+    if placement != "distributed" or bits is None or spec.grid_bits is not None:
+        return spec
+    return dataclasses.replace(spec, grid_bits=bits, tolerance=min(spec.tolerance, 2.0 ** -(bits + 2)))
+
+
+def grid_slack(bits: int, contributors: int, entries: int) -> float:
+    """What randomised rounding onto ``2^-bits`` can add to the L2 sensitivity of a sum of
+    ``contributors`` contributions of ``entries`` entries: ``n 2^-bits sqrt(entries)``.
+
+    With the rounding's uniform ``U`` fixed, ``R_U(a) = 2^-f floor(2^f a + U)`` moves two inputs
+    apart by less than one step per entry (``|R_U(a) - R_U(b) - (a - b)| < 2^-f``), and only the
+    contributions that change move; the mechanism is a mixture over ``U`` with the same weights on
+    both datasets, so the Gaussian bound at the inflated sensitivity holds for the mixture."""
+    return float(contributors) * 2.0 ** -int(bits) * math.sqrt(int(entries))
+
+
+def grid_noise(rng: SecureRandom, x: np.ndarray, std, bits: int) -> np.ndarray:
+    """``x`` rounded at random onto the grid ``2^-bits`` (up with probability its fractional part),
+    plus discrete Gaussian noise of ``std`` (in grid steps ``std 2^bits``, per entry or broadcast),
+    returned as the grid's floats ``k 2^-bits`` (exact in float64 below 2^53 steps)."""
+    x = np.asarray(x, dtype=np.float64)
+    steps = np.floor(np.ldexp(x, int(bits)) + rng.uniform(x.shape))
+    steps += rng.discrete_gaussian(np.ldexp(np.asarray(std, dtype=np.float64), int(bits)), x.shape)
+    return np.ldexp(steps, -int(bits))
+
+
+def sum_of_discrete_gaussians_tau(client_std: float, honest: int) -> float:
+    """Kairouz, Liu & Steinke 2021 (Thm 1): ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k/(k+1))`` for the
+    sum of ``n`` i.i.d. N_Z(0, s^2) (``s`` in grid steps)."""
+    k = np.arange(1, max(int(honest), 1), dtype=np.float64)
+    return float(10.0 * np.sum(np.exp(-2.0 * math.pi ** 2 * float(client_std) ** 2 * k / (k + 1))))
+
+
+def sum_of_discrete_gaussians_epsilon(sensitivity: float, client_std: float, honest: int, dim: int) -> float:
+    """The zCDP ``epsilon`` of the sum of ``honest`` i.i.d. N_Z(0, s^2) per entry over ``dim`` entries
+    with L2 sensitivity ``Delta`` (both in grid steps): Kairouz, Liu & Steinke, ICML 2021, Thm 1, the
+    sum is ``eps^2/2``-concentrated with ``eps = sqrt(Delta^2 / (n s^2) + tau d / 2)``; the continuous
+    Gaussian of the same total variance has ``eps = Delta / (sqrt(n) s)`` (``tau = 0``)."""
+    n = max(int(honest), 1)
+    tau = sum_of_discrete_gaussians_tau(client_std, n)
+    return math.sqrt(float(sensitivity) ** 2 / (n * float(client_std) ** 2) + tau * int(dim) / 2.0)
+
+
 def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np.ndarray:
     """Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise
     (integer-valued), from the OS-keyed keystream ``rng``."""
@@ -255,14 +334,17 @@ def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np
 
 
 def noise_vector(rng: SecureRandom, v: np.ndarray, req: DPRequest, std: float, *,
-                 row_len: int | None = None) -> np.ndarray:
+                 row_len: int | None = None, grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
     """Client side of a dense release: ``v`` clipped as ``req`` says (whole, or per slice of
     ``row_len``), plus noise of ``std`` (:meth:`DPEngine.vector_release`) from ``rng``, the
-    contributor's own OS-keyed keystream."""
+    contributor's own OS-keyed keystream: discrete Gaussian on the integers (integer release) or
+    on the grid ``2^-grid_bits`` after randomised rounding (:func:`grid_noise`)."""
     v = np.asarray(v, dtype=np.float64).ravel()
     v = clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel() if req.per_row \
         else clip_l2(v, req.clip, integer=req.integer)
-    return v + gaussian_noise(rng, std, v.shape, integer=req.integer)
+    if not req.integer:
+        return grid_noise(rng, v, std, DP_GRID_BITS if grid_bits is None else grid_bits)
+    return v + gaussian_noise(rng, std, v.shape, integer=True)
 
 
 def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray:
@@ -289,12 +371,17 @@ def weighted_mean_value(a: np.ndarray, weight: float, req: DPRequest, nrows: int
     return np.concatenate([wt * clip_mean_value(a, req, nrows), [wt * float(req.clip)]])
 
 
-def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray) -> np.ndarray:
+def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray, *,
+               grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
     """Client side of a row-keyed release: each row clipped (``per_row``, else the whole
-    contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``."""
+    contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``
+    (discrete, as in :func:`noise_vector`)."""
     r = np.asarray(rows, dtype=np.float64)
     r = clip_rows(r, req.clip, integer=req.integer) if req.per_row else clip_l2(r, req.clip, integer=req.integer)
-    return r + gaussian_noise(rng, np.asarray(std, dtype=np.float64)[:, None], r.shape, integer=req.integer)
+    std = np.asarray(std, dtype=np.float64)[:, None]
+    if not req.integer:
+        return grid_noise(rng, r, std, DP_GRID_BITS if grid_bits is None else grid_bits)
+    return r + gaussian_noise(rng, std, r.shape, integer=True)
 
 
 # ----------------------------------------------------------------------------- engine
@@ -363,16 +450,26 @@ class DPEngine:
         shares = self._shares or {tag: 1.0}
         return shares.get(tag, 0.0) / sum(shares.values())
 
-    def total_mu(self) -> float:
+    def calibration_mechanism(self, discrete: bool = False) -> str:
+        """The accountant the budget is calibrated with: the run's, except that ``exact`` (Gaussian
+        composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP
+        (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`)."""
+        if self.config.accountant == "exact" and (discrete or self.config.exchange_releases
+                                                  or self.accountant.discrete_tags):
+            return "rdp"
+        return self.config.accountant
+
+    def total_mu(self, discrete: bool = False) -> float:
         """mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
         run's accountant (see "Calibration" in the module docstring)."""
-        return 1.0 / calibrate_noise_multiplier(self.config.epsilon, self.config.delta, 1, self.config.accountant)
+        return 1.0 / calibrate_noise_multiplier(self.config.epsilon, self.config.delta, 1,
+                                                self.calibration_mechanism(discrete))
 
     def noise_multiplier(self, tag: str) -> float | None:
         st = self._tags.get(tag)
         return None if st is None else st.noise_multiplier
 
-    def _calibrate(self, tag: str, releases: int) -> _TagState:
+    def _calibrate(self, tag: str, releases: int, discrete: bool = False) -> _TagState:
         if not self._frozen:
             self._frozen = True
             if not self._shares:              # nothing declared: the first tag takes the whole budget
@@ -383,8 +480,8 @@ class DPEngine:
                 f"{sorted(self._shares)}. Declare every DP tag of the run before the first release: "
                 f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
                 tag=tag)
-        mech, delta = self.config.accountant, self.config.delta
-        z = math.sqrt(releases) / (self.total_mu() * math.sqrt(self.share(tag)))
+        mech, delta = self.calibration_mechanism(discrete), self.config.delta
+        z = math.sqrt(releases) / (self.total_mu(discrete) * math.sqrt(self.share(tag)))
         eps = epsilon_of([(z, 1.0, releases)], delta, mech)
         plan = [(s.noise_multiplier, 1.0, s.releases) for s in self._tags.values()]
 
@@ -406,17 +503,20 @@ class DPEngine:
         self._tags[tag] = st
         return st
 
-    def _begin(self, tag: str, rnd: int, req: DPRequest, default_sensitivity: float | None) -> tuple[_TagState, float, float]:
-        """Check the budget and calibrate; returns (state, Delta, sigma) of this release."""
+    def _begin(self, tag: str, rnd: int, req: DPRequest, default_sensitivity: float | None, *,
+               slack: float = 0.0, discrete: bool = False) -> tuple[_TagState, float, float]:
+        """Check the budget and calibrate; returns (state, Delta, sigma) of this release.  ``slack``:
+        what rounding onto the release's grid adds to Delta (:func:`grid_slack`)."""
         sens = req.sensitivity if req.sensitivity is not None else default_sensitivity
         if sens is None or not (math.isfinite(sens) and sens > 0):
             raise ConfigurationError(
                 "state the L2 sensitivity of the released sum: DPRequest(sensitivity=...) — e.g. "
                 "edge_level_sensitivity(C) or node_level_sensitivity(C, degree_cap) for FedGCN rows "
                 "(it cannot be derived from clip=inf or per-row clipping here)", tag=tag, round=rnd)
+        sens = float(sens) + float(slack)
         st = self._tags.get(tag)
         if st is None:
-            st = self._calibrate(tag, req.releases)
+            st = self._calibrate(tag, req.releases, discrete)
         if req.releases > st.releases:
             raise PrivacyBudgetError(
                 f"this tag's noise was calibrated for {st.releases} releases but the request declares "
@@ -429,14 +529,22 @@ class DPEngine:
                 f"epsilon (DPConfig(epsilon=...))", tag=tag, round=rnd)
         return st, float(sens), st.noise_multiplier * float(sens)
 
-    def _commit(self, tag: str, st: _TagState, sens: float, req: DPRequest, total_std: float) -> None:
+    def _commit(self, tag: str, st: _TagState, sens: float, req: DPRequest, total_std: float, *,
+                discrete: tuple[float, int, int] | None = None) -> None:
         """Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
-        ledger) before the noisy values are returned, i.e. before any upload leaves."""
+        ledger) before the noisy values are returned, i.e. before any upload leaves.  ``discrete``:
+        ``(smallest client std in steps, most honest shares, entries)`` of a sum of discrete
+        Gaussians, counted at its zCDP bound (:func:`sum_of_discrete_gaussians_epsilon`)."""
         st.used += 1
         st.sensitivity = max(st.sensitivity, sens)
         st.clip = float(req.clip) if math.isfinite(req.clip) else self._mean_clip.get(tag)
         st.integer = st.integer or bool(req.integer)
-        self.accountant.step(tag, st.noise_multiplier, 1.0, sensitivity=sens)
+        z = st.noise_multiplier
+        if discrete is not None:
+            client_std, honest, entries = discrete
+            tau_term = sum_of_discrete_gaussians_tau(client_std, honest) * entries / 2.0
+            z = 1.0 / math.sqrt(1.0 / z ** 2 + tau_term)
+        self.accountant.step(tag, z, 1.0, sensitivity=sens, discrete=discrete is not None)
         self.last_std = float(total_std)
         if self.on_release is not None:
             self.on_release(self.state_dict())
@@ -476,12 +584,13 @@ class DPEngine:
 
     # ------------------------------------------------------------------ exchanges
     def vector_release(self, tag: str, rnd: int, n: int, length: int, req: DPRequest, *,
-                       row_len: int | None = None) -> float:
+                       row_len: int | None = None, grid_bits: int | None = DP_GRID_BITS) -> float:
         """Server side of one dense release by ``n`` contributors of ``length``-vectors: check the
         budget, calibrate, count the release; returns each contributor's noise std (the
         contributors add it themselves, :func:`noise_vector`).  ``per_row`` clips consecutive
         slices of ``row_len`` entries; default sensitivity is the client-level bound C (whole)
-        or C sqrt(rows) (per row)."""
+        or C sqrt(rows) (per row).  A continuous release is rounded onto ``2^-grid_bits``: its
+        sensitivity grows by :func:`grid_slack`."""
         if req.per_row:
             if not row_len or length % row_len:
                 raise ConfigurationError("per_row clipping needs a row structure this exchange does not have; "
@@ -489,46 +598,71 @@ class DPEngine:
             default = req.clip * math.sqrt(length // row_len)
         else:
             default = req.clip
-        st, sens, sigma = self._begin(tag, rnd, req, default)
-        std = float(self._client_std(sigma, n))
-        if req.integer and self.config.placement == "distributed":
-            std = max(std, MIN_CLIENT_DGAUSS_STD)
-        self._commit(tag, st, sens, req, std * math.sqrt(n))
+        bits = 0 if req.integer else (DP_GRID_BITS if grid_bits is None else int(grid_bits))
+        slack = 0.0 if req.integer else grid_slack(bits, n, length)
+        st, sens, sigma = self._begin(tag, rnd, req, default, slack=slack, discrete=True)
+        std = max(float(self._client_std(sigma, n)), self._std_floor(bits))
+        self._commit(tag, st, sens, req, std * math.sqrt(n),
+                     discrete=(std * 2.0 ** bits, self._honest(n), length))
         return std
 
     def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
-                          row_len: int | None = None) -> dict[int, np.ndarray]:
+                          row_len: int | None = None, spec: ValueSpec | None = None) -> dict[int, np.ndarray]:
         """Clip and noise each client's 1-D contribution to a dense sum (:meth:`vector_release`,
         then every client's :func:`noise_vector`, all in this process)."""
         if not flat:
             return {}
-        std = self.vector_release(tag, rnd, len(flat), next(iter(flat.values())).size, req, row_len=row_len)
-        return {k: noise_vector(self._noise, v, req, std, row_len=row_len) for k, v in flat.items()}
+        bits = grid_bits_of(spec, req)
+        std = self.vector_release(tag, rnd, len(flat), next(iter(flat.values())).size, req, row_len=row_len,
+                                  grid_bits=bits)
+        return {k: noise_vector(self._noise, v, req, std, row_len=row_len, grid_bits=bits) for k, v in flat.items()}
 
-    def row_release(self, tag: str, rnd: int, counts: np.ndarray, req: DPRequest) -> np.ndarray:
-        """Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody).
-        Checks the budget, calibrates, counts the release; returns each uploader's noise std per
-        row (distributed placement divides the variance by the row's uploaders).  ``per_row=True``
-        needs an explicit sensitivity (edge- or node-level, see module docstring)."""
-        st, sens, sigma = self._begin(tag, rnd, req, None if req.per_row else req.clip)
+    def row_release(self, tag: str, rnd: int, counts: np.ndarray, req: DPRequest, *, row_len: int,
+                    grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
+        """Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody)
+        of ``row_len`` entries.  Checks the budget, calibrates, counts the release; returns each
+        uploader's noise std per row (distributed placement divides the variance by the row's
+        uploaders).  ``per_row=True`` needs an explicit sensitivity (edge- or node-level, see module
+        docstring).  A continuous release is rounded onto ``2^-grid_bits`` (:func:`grid_slack` over
+        every client's upload of all rows)."""
         counts = np.asarray(counts, dtype=np.int64)
-        std = self._client_std(sigma, counts)
-        if req.integer and self.config.placement == "distributed":
-            std = np.maximum(std, MIN_CLIENT_DGAUSS_STD)
+        bits = 0 if req.integer else (DP_GRID_BITS if grid_bits is None else int(grid_bits))
+        entries = counts.size * int(row_len)
+        slack = 0.0 if req.integer else grid_slack(bits, self.num_clients, entries)
+        st, sens, sigma = self._begin(tag, rnd, req, None if req.per_row else req.clip, slack=slack, discrete=True)
+        std = np.maximum(self._client_std(sigma, counts), self._std_floor(bits))
         up = counts > 0
-        self._commit(tag, st, sens, req, float(np.max(std[up] * np.sqrt(counts[up]))) if up.any() else 0.0)
+        self._commit(tag, st, sens, req, float(np.max(std[up] * np.sqrt(counts[up]))) if up.any() else 0.0,
+                     discrete=(float(np.min(std[up])) * 2.0 ** bits if up.any() else 1.0,
+                               self._honest(int(counts.max(initial=1))), entries))
         return std
 
+    def _std_floor(self, bits: int) -> float:
+        """Distributed placement: each share's std is at least :data:`MIN_CLIENT_DGAUSS_STD` grid steps,
+        where the sum of the shares is within ``tau`` < 1e-16 per share of one discrete Gaussian
+        (:func:`sum_of_discrete_gaussians_tau`); a local upload is one discrete Gaussian, no floor."""
+        return MIN_CLIENT_DGAUSS_STD * 2.0 ** -int(bits) if self.config.placement == "distributed" else 0.0
+
+    def _honest(self, n: int) -> int:
+        """The noise shares a sum of ``n`` contributions keeps for sure (distributed placement:
+        ``n - dropouts - colluders``, at least 1; local: every upload is a release on its own, 1)."""
+        if self.config.placement == "local":
+            return 1
+        return max(1, int(n) - self.config.dropouts - self.config.colluders)
+
     def privatize_rows(self, tag: str, rnd: int, ids: dict[int, np.ndarray], rows: dict[int, np.ndarray],
-                       num_rows: int, req: DPRequest, layout: str) -> dict[int, np.ndarray]:
+                       num_rows: int, req: DPRequest, layout: str, *,
+                       spec: ValueSpec | None = None) -> dict[int, np.ndarray]:
         """Clip and noise each client's rows of a row-keyed sum (:meth:`row_release`, then every
         client's :func:`noise_rows`, all in this process).  ``ids``/``rows`` are what each client
         uploads (the caller expands them to whole transport blocks, so padding rows get noise too)."""
         counts = np.zeros(int(num_rows), dtype=np.int64)
         for k in ids:
             counts[np.asarray(ids[k], dtype=np.int64)] += 1
-        std = self.row_release(tag, rnd, counts, req)
-        return {k: noise_rows(self._noise, r, req, std[np.asarray(ids[k], dtype=np.int64)])
+        bits = grid_bits_of(spec, req)
+        row_len = int(np.asarray(next(iter(rows.values()))).shape[-1]) if rows else 1
+        std = self.row_release(tag, rnd, counts, req, row_len=row_len, grid_bits=bits)
+        return {k: noise_rows(self._noise, r, req, std[np.asarray(ids[k], dtype=np.int64)], grid_bits=bits)
                 for k, r in rows.items()}
 
     def mean_request(self, tag: str, rnd: int, req: DPRequest, spec: ValueSpec, *, nrows: int = 1,

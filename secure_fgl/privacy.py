@@ -112,7 +112,8 @@ def dp_config(cfg: RunConfig):
             raise ConfigError(f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
                               "without DP; split only privatised exchanges")
     return DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=resolve_placement(cfg), scope=scope,
-                    split=split, accountant=cfg.dp_accountant, dropouts=cfg.dp_dropouts, colluders=cfg.dp_colluders)
+                    split=split, accountant=cfg.dp_accountant, dropouts=cfg.dp_dropouts, colluders=cfg.dp_colluders,
+                    exchange_releases=unit != "sample")
 
 
 def resolve_placement(cfg: RunConfig) -> str:
@@ -209,18 +210,21 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
         releases.append(entry)
     section_coalition = coalition_guarantee(releases, sums, num_clients, rep["delta"],
                                             colluding=max(1, cfg.dp_colluders), calibrated=cfg.dp_colluders,
-                                            dropouts=cfg.dp_dropouts) if rep["placement"] == "distributed" else None
+                                            dropouts=cfg.dp_dropouts, composition=rep.get("composition", "exact")) \
+        if rep["placement"] == "distributed" else None
     return {"unit": unit, "units": sorted({r["unit"] for r in releases if r.get("unit")}),
             "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
             "coalition": section_coalition,
             "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
+            "composition": rep.get("composition", rep["accountant"]),
             "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
             "uncovered": uncovered, "warnings": warnings, "per_tag": per_tag,
             "replayed_releases": rep.get("replayed_releases", 0)}
 
 
 def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients: int, delta: float,
-                        colluding: int = 1, calibrated: int = 0, dropouts: int = 0) -> dict:
+                        colluding: int = 1, calibrated: int = 0, dropouts: int = 0,
+                        composition: str = "exact") -> dict:
     """The guarantee of distributed noise against the server plus ``colluding`` clients.
 
     Distributed placement (:mod:`protocols.dp`) gives each of a sum's n contributors the noise
@@ -231,9 +235,9 @@ def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients
     dense exchanges (n = K): ``(K - d - colluding) / max(1, K - d - c)``; row sums (n per row,
     free): ``1 / (1 + max(0, colluding - c))`` (one honest survivor, n = 1 + colluding + d).
     Capped at 1; at ``colluding <= c`` nothing is lost.  The epsilon against the coalition composes
-    the releases at their reduced noise multipliers ``z sqrt(left)`` (exact Gaussian composition,
-    :func:`protocols.accountant.gaussian_mu`)."""
-    from protocols.accountant import gaussian_epsilon, gaussian_mu
+    the releases at their reduced noise multipliers ``z sqrt(left)`` with the run's ``composition``
+    (:func:`protocols.accountant.epsilon_of`: exact Gaussian, or Renyi DP for discrete releases)."""
+    from protocols.accountant import epsilon_of
     history = []
     for r in releases:
         if not r.get("dp"):
@@ -247,7 +251,7 @@ def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients
             honest = n - dropouts - colluding
             left = 1.0 if honest <= 0 else honest / max(1, n - dropouts - calibrated)
         history.append((r["noise_multiplier"] * math.sqrt(min(1.0, left)), 1.0, int(r["releases"])))
-    eps = gaussian_epsilon(gaussian_mu(history), delta) if history else 0.0
+    eps = epsilon_of(history, delta, composition) if history else 0.0
     return {"colluding_clients": colluding, "calibrated_colluders": calibrated, "dropouts": dropouts,
             "total_epsilon": eps,
             "note": f"distributed noise over-provisioned for {dropouts} dropout(s) and {calibrated} colluding "

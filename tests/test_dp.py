@@ -21,8 +21,8 @@ from scipy.stats import chi2
 
 from protocols import (ConfigurationError, DPRequest, PrivacyBudgetError, ValueSpec, make_protocol)
 from protocols.accountant import PrivacyAccountant, calibrate_noise_multiplier, epsilon_of, opacus_options
-from protocols.dp import (DPConfig, DPEngine, clip_l2, clip_rows, edge_level_sensitivity,
-                          node_level_sensitivity)
+from protocols.dp import (DP_GRID_BITS, DPConfig, DPEngine, clip_l2, clip_rows, edge_level_sensitivity,
+                          grid_slack, node_level_sensitivity)
 
 P_FAIL = 5e-8
 
@@ -49,7 +49,7 @@ def test_gaussian_noise_has_stated_std():
     out = eng.privatize_vectors("t", 0, {0: np.zeros(n)}, DPRequest(clip=2.0))
     z = eng.noise_multiplier("t")
     assert z == pytest.approx(calibrate_noise_multiplier(1.0, 1e-5, 1, "rdp"))
-    sigma = z * 2.0                                 # default sensitivity: clip (one client)
+    sigma = z * (2.0 + grid_slack(DP_GRID_BITS, 1, n))   # the clip (one client) and the grid's rounding
     assert eng.last_std == pytest.approx(sigma)      # local placement, one contributor
     assert_std(out[0], sigma)
 
@@ -70,7 +70,7 @@ def test_distributed_noise_sums_to_sigma():
     eng = engine(1.0, mode="mask", placement="distributed")
     flat = {k: np.zeros(n) for k in range(K)}
     out = eng.privatize_vectors("t", 0, flat, DPRequest(clip=1.0))
-    sigma = eng.noise_multiplier("t") * 1.0
+    sigma = eng.noise_multiplier("t") * (1.0 + grid_slack(DP_GRID_BITS, K, n))
     assert eng.last_std == pytest.approx(sigma)
     assert_std(out[3], sigma / math.sqrt(K))         # one client's share
     assert_std(sum(out.values()), sigma)             # the released sum
@@ -245,7 +245,7 @@ def test_plain_weighted_mean_end_to_end():
     vals = {k: rng.normal(size=d) * 0.01 * (k + 1) for k in range(K)}   # norms 2..10: all clipped
     got = p.weighted_mean("fedavg/model", 0, vals, dp=DPRequest(clip=C))
     exact = np.mean([clip_l2(v, C) for v in vals.values()], axis=0)
-    sigma = p.dp.noise_multiplier("fedavg/model") * C
+    sigma = p.dp.noise_multiplier("fedavg/model") * (C + grid_slack(DP_GRID_BITS, K, d))
     assert p.dp.last_std == pytest.approx(sigma * math.sqrt(K))          # local: K noises in the sum
     assert_std(got - exact, sigma * math.sqrt(K) / K)
     rep = p.privacy_report()
@@ -297,7 +297,7 @@ def test_secure_mode_distributed_dp(mode):
                               spec=ValueSpec(max_abs=1.0, tolerance=1e-3))
     except NotImplementedError as exc:
         pytest.skip(f"{mode} backend not available: {exc}")
-    sigma = p.dp.noise_multiplier("fedavg/model") * C
+    sigma = p.dp.noise_multiplier("fedavg/model") * (C + grid_slack(DP_GRID_BITS, 4, d))
     assert p.dp.last_std == pytest.approx(sigma)                         # distributed: sigma in total
     assert_std(got - np.mean(list(vals.values()), axis=0), sigma / 4)    # /K for the mean
     assert p.privacy_report()["total_epsilon"] <= 1.0

@@ -17,16 +17,20 @@ def tiny_run(**kw):
 
 @pytest.mark.filterwarnings("ignore:divide by zero")
 def test_privacy_section_spends_the_budget_and_matches_opacus():
-    """Asking epsilon 4 spends 4 (within 1 %), and Opacus' PRV accountant, given the same
-    releases, agrees within 1 %."""
-    from opacus.accountants import PRVAccountant
+    """Asking epsilon 4 spends 4 (within 1 %), and Opacus' RDP accountant, given the same
+    releases, agrees within 1 % (the releases are discrete: they compose in Renyi DP)."""
+    from opacus.accountants import RDPAccountant
+
+    from protocols.accountant import opacus_options
     p = tiny_run(options={"layout": "dense"})
     assert p["unit"] == "edge" and p["delta"] == 1e-5 and p["accountant"] == "exact" and p["claim_holds"]
     assert {r["tag"] for r in p["releases"]} == {"fedgcn/neighbour_sums", "fedgcn/model"}
     assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
-    acc = PRVAccountant()
+    assert p["composition"] == "rdp"
+    acc = RDPAccountant()
     acc.history = [(r["noise_multiplier"], 1.0, r["releases"]) for r in p["releases"]]
-    assert acc.get_epsilon(delta=1e-5, eps_error=1e-3) == pytest.approx(p["total_epsilon"], rel=0.01)
+    opts = opacus_options(acc.history, 1e-5, "rdp")
+    assert acc.get_epsilon(delta=1e-5, **opts) == pytest.approx(p["total_epsilon"], rel=0.01)
     assert all(r["noise_to_signal"] > 1 for r in p["releases"] if r["unit"] == "client") and p["warnings"]
 
 
@@ -95,7 +99,7 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
     client: the coalition keeps the run's epsilon.  Calibrated for none (--dp-colluders 0), the
     section states the weaker epsilon, from the releases at their reduced noise (row sums: half
     the variance in the worst case, the model mean (K-1)/K)."""
-    from protocols.accountant import gaussian_epsilon, gaussian_mu
+    from protocols.accountant import epsilon_of
     p = tiny_run(mode="mask", options={"layout": "dense"})
     c = p["coalition"]
     assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
@@ -105,5 +109,5 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
     assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
     left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}          # 1/(c+1) on row sums, (K-c)/K else
     hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
-    assert c["total_epsilon"] == pytest.approx(gaussian_epsilon(gaussian_mu(hist), 1e-5), rel=1e-9)
+    assert c["total_epsilon"] == pytest.approx(epsilon_of(hist, 1e-5, p["composition"]), rel=1e-9)
     assert tiny_run(options={"layout": "dense"})["coalition"] is None      # plain: local noise, each adds all

@@ -32,12 +32,14 @@ import numpy as np
 
 from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
 from protocols.csprng import SecureRandom
-from protocols.dp import gaussian_noise, noise_rows, noise_vector
+from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 
 
-def request_fields(req: DPRequest) -> dict:
-    """What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields)."""
-    return {"clip": float(req.clip), "per_row": bool(req.per_row), "integer": bool(req.integer)}
+def request_fields(req: DPRequest, spec) -> dict:
+    """What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields), with
+    the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`)."""
+    return {"clip": float(req.clip), "per_row": bool(req.per_row), "integer": bool(req.integer),
+            "grid_bits": grid_bits_of(spec, req)}
 
 
 def request_of(fields: dict) -> DPRequest:
@@ -75,7 +77,7 @@ class ClientNoise:
         dp, std = request_of(req), self.checked_std(req["std"], req["tag"], req["round"])
         if len(kept) == 1:
             row_len = req.get("row_len")
-            return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len),)
+            return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len, grid_bits=req.get("grid_bits")),)
         ids, rows = kept
         rpb, num_rows = int(req["rpb"]), int(req["num_rows"])
         ids, rows = Protocol._expand_to_blocks({0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows,
@@ -83,7 +85,7 @@ class ClientNoise:
         ids, rows = ids[0], rows[0]            # every row of the blocks it uploads gets noise
         blocks = np.asarray(req["blocks"], dtype=np.int64)
         row_std = std[np.searchsorted(blocks, ids // rpb)]
-        return ids, noise_rows(self.rng, rows, dp, row_std)
+        return ids, noise_rows(self.rng, rows, dp, row_std, grid_bits=req.get("grid_bits"))
 
 
 # ---------------------------------------------------------------- server side
@@ -102,29 +104,34 @@ def for_spec(req: DPRequest, spec) -> DPRequest:
 
 
 def privatize_dense(strategy, tag: str, rnd: int, contributors, length: int, req: DPRequest, spec, *,
-                    row_len: int | None = None) -> tuple[list[int], float]:
+                    row_len: int | None = None) -> tuple[list[int], float, object]:
     """Count one dense release in the run's accountant and have every contributor noise its kept
-    vector; returns the contributors still there and the std of the noise in the sum."""
+    vector; returns the contributors still there, the std of the noise in the sum and the spec
+    the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`, as inline)."""
     dp, req = strategy.protocol.dp, for_spec(req, spec)
-    std = dp.vector_release(tag, rnd, len(contributors), length, req, row_len=row_len)
-    ask = {"tag": tag, "round": rnd, "std": std, "row_len": row_len, **request_fields(req)}
+    spec = strategy.protocol.release_spec(spec, req)
+    std = dp.vector_release(tag, rnd, len(contributors), length, req, row_len=row_len,
+                            grid_bits=grid_bits_of(spec, req))
+    ask = {"tag": tag, "round": rnd, "std": std, "row_len": row_len, **request_fields(req, spec)}
     done = strategy.ask("privatize", {k: ask for k in contributors})
-    return _check_lost(strategy, tag, rnd, contributors, done), dp.last_std
+    return _check_lost(strategy, tag, rnd, contributors, done), dp.last_std, spec
 
 
 def privatize_row_sum(strategy, tag: str, rnd: int, blocks: dict[int, np.ndarray], rpb: int, num_rows: int,
-                      layout: str, req: DPRequest, spec) -> tuple[list[int], float]:
-    """The same for a row sum: ``blocks[k]`` are the blocks client k uploads; each of their rows
-    gets noise sized by the number of clients uploading that block."""
+                      layout: str, req: DPRequest, spec, dim: int) -> tuple[list[int], float]:
+    """The same for a row sum of ``dim``-wide rows: ``blocks[k]`` are the blocks client k uploads;
+    each of their rows gets noise sized by the number of clients uploading that block (``spec``:
+    the release spec the caller sized its blocks with)."""
     num_blocks = -(-num_rows // rpb)
     per_block = np.zeros(num_blocks, dtype=np.int64)
     for b in blocks.values():
         per_block[np.asarray(b, dtype=np.int64)] += 1
     dp, req = strategy.protocol.dp, for_spec(req, spec)
-    row_std = dp.row_release(tag, rnd, np.repeat(per_block, rpb)[:num_rows], req)
+    row_std = dp.row_release(tag, rnd, np.repeat(per_block, rpb)[:num_rows], req, row_len=dim,
+                             grid_bits=grid_bits_of(spec, req))
     block_std = row_std[::rpb]
     done = strategy.ask("privatize", {k: {"tag": tag, "round": rnd, "std": block_std[np.asarray(b, dtype=np.int64)],
                                           "blocks": np.asarray(b, dtype=np.int64), "rpb": rpb, "num_rows": num_rows,
-                                          "layout": layout, **request_fields(req)} for k, b in blocks.items()})
+                                          "layout": layout, **request_fields(req, spec)} for k, b in blocks.items()})
     return _check_lost(strategy, tag, rnd, blocks, done), dp.last_std
 

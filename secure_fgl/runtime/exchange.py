@@ -134,7 +134,7 @@ def run_row_sum(strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: i
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:
         privatize_row_sum(strategy, tag, rnd, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows,
-                          layout, dp, spec)
+                          layout, dp, spec, dim)
         strategy.check_lost(sent, f"the noising of {tag}")
         noise_std = protocol.dp.last_std
     run_split(protocol, plan_rows(tag, rnd, {k: int(r["rows_up"]) for k, r in sent.items()},

@@ -101,7 +101,7 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
         length = int(next(iter(sent.values()))["length"])
         noisy, noise_std = sorted(sent), 0.0
         if dp is not None:                           # counted here, noised by each contributor (.dp)
-            noisy, noise_std = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
+            noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
         run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
         result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
     else:

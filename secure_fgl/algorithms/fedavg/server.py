@@ -71,7 +71,7 @@ class ModelAveragingStrategy(Strategy):
             self.model_size = length - (dp is None)
             noisy, noise_std = sorted(sent), 0.0
             if dp is not None:
-                noisy, noise_std = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
+                noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
             included = run_split(self.protocol, plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec,
                                                            dp_noise_std=noise_std))
             done = {"tag": tag, "round": rnd, "length": length}

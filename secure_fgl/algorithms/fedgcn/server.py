@@ -101,6 +101,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         if o.row_order != "given" and o.layout == "sparse":
             num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
         dim = f.num_features + 1
+        spec = self.protocol.release_spec(spec, dp)       # a DP sum's public grid (protocols.dp.release_spec)
         rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
         ask = {"tag": TAG, "round": 0, "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
                "split": self.split, "rpb": rpb, "num_blocks": -(-num_rows // rpb), "layout": o.layout,

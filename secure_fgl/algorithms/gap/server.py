@@ -108,10 +108,10 @@ class GAPStrategy(ModelAveragingStrategy):
 
     def _noisy_hops(self) -> None:
         K, N, dim, o = self.num_clients, self.facts.num_nodes, self.cfg.hidden, self.gopts
-        spec = hop_spec(o)
         for h, tag in enumerate(self.hop_tags, start=1):
-            rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)      # as inline's row_sum, per hop
             dp = self.hop_request(h) if self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag) else None
+            spec = self.protocol.release_spec(hop_spec(o), dp)             # as inline's row_sum, per hop
+            rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)
             ask = {"tag": tag, "round": 0, "hop": h, "rpb": rpb, "num_blocks": -(-N // rpb), "layout": o.layout,
                    "dp_clip": float(dp.clip) if dp else None}
             sent = self.ask("contribute", {k: ask for k in range(K)})
