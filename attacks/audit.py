@@ -27,12 +27,14 @@ is listed as a warning naming what it releases, and is not an exchange of the si
 The audit never decrypts anything; it reads only message metadata and payload *types*.
 Secure-mode attack results are called "at chance" only when the audit passed.
 """
+
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -44,12 +46,32 @@ SECURE_SERVER_KINDS = frozenset({"ciphertext", "masked", "public_key", "metadata
 #: (tag -> what it releases); ``eval/counts``: :data:`secure_fgl.runtime.strategy.EVAL_TAG`
 DECLARED_RELEASES = {"eval/counts": "each client's correct/total counts per split (evaluation)"}
 #: payload keys that are structural (ids, who-is-included), never data
-STRUCTURAL_KEYS = frozenset({"block_ids", "ids", "included", "blocks", "round", "tag", "sender", "receiver",
-                             "shape", "peer", "peers", "client", "clients", "index", "share_index"})
+STRUCTURAL_KEYS = frozenset(
+    {
+        "block_ids",
+        "ids",
+        "included",
+        "blocks",
+        "round",
+        "tag",
+        "sender",
+        "receiver",
+        "shape",
+        "peer",
+        "peers",
+        "client",
+        "clients",
+        "index",
+        "share_index",
+    }
+)
 #: relative spread of upload sizes in a dense exchange tolerated as serialisation jitter
 SIZE_JITTER = 0.02
-SIDE_FIELD = re.compile(r"(^|_)(count|counts|n_k|num|n|weight|weights|ratio|ratios|norm|norms|size|sizes|"
-                        r"label|labels|dist|prior|mean|sum)($|_)", re.I)
+SIDE_FIELD = re.compile(
+    r"(^|_)(count|counts|n_k|num|n|weight|weights|ratio|ratios|norm|norms|size|sizes|"
+    r"label|labels|dist|prior|mean|sum)($|_)",
+    re.I,
+)
 
 
 @dataclass
@@ -66,10 +88,17 @@ class AuditReport:
     exchanges: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "secure": self.secure, "passed": self.passed,
-                "failures": self.failures[:50], "num_failures": len(self.failures),
-                "warnings": self.warnings[:50], "num_warnings": len(self.warnings),
-                "parties": self.parties, "exchanges": self.exchanges}
+        return {
+            "mode": self.mode,
+            "secure": self.secure,
+            "passed": self.passed,
+            "failures": self.failures[:50],
+            "num_failures": len(self.failures),
+            "warnings": self.warnings[:50],
+            "num_warnings": len(self.warnings),
+            "parties": self.parties,
+            "exchanges": self.exchanges,
+        }
 
     def __str__(self) -> str:
         head = f"transcript audit [{self.mode}]: {'PASS' if self.passed else 'FAIL'}"
@@ -99,6 +128,7 @@ def _is_float_data(v: Any) -> bool:
         return True
     try:
         import torch
+
         if torch.is_tensor(v):
             return v.is_floating_point()
     except Exception:  # pragma: no cover
@@ -137,7 +167,7 @@ def payload_side_fields(msg: Message) -> list[str]:
                 found.append(f"{path or '<payload>'} (plaintext floats)")
             elif key and SIDE_FIELD.search(key) and _is_number_data(leaf):
                 found.append(f"{path} (named side field)")
-        elif msg.kind in ("metadata", "control"):     # control: share commitments, survivor-set signatures
+        elif msg.kind in ("metadata", "control"):  # control: share commitments, survivor-set signatures
             if _is_float_data(leaf) or (key and SIDE_FIELD.search(key) and _is_number_data(leaf)):
                 found.append(f"{path or '<payload>'} (numbers beyond ids in metadata)")
     return found
@@ -147,15 +177,16 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
     """Audit a list of messages (``Transcript.messages``).  ``secure`` defaults to true unless ``mode``
     is a registered backend that is not secure (:mod:`protocols.registry`)."""
     messages = list(messages)
-    if secure is None:      # only a registered backend that says so is audited as not secure
+    if secure is None:  # only a registered backend that says so is audited as not secure
         from protocols.registry import modes, secure_modes
+
         secure = mode in secure_modes() or mode not in modes()
     secure = bool(secure)
     failures, warnings = [], []
 
-    parties: dict[str, dict] = defaultdict(lambda: {"sent": defaultdict(lambda: [0, 0]),
-                                                    "received": defaultdict(lambda: [0, 0]),
-                                                    "readable_bytes": 0})
+    parties: dict[str, dict] = defaultdict(
+        lambda: {"sent": defaultdict(lambda: [0, 0]), "received": defaultdict(lambda: [0, 0]), "readable_bytes": 0}
+    )
     for m in messages:
         parties[m.sender]["sent"][m.kind][0] += 1
         parties[m.sender]["sent"][m.kind][1] += int(m.nbytes)
@@ -180,8 +211,11 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
             if m.kind == "secret_key":
                 flag("fail", m, "the server received a secret key")
             elif m.kind not in SECURE_SERVER_KINDS:
-                flag("fail", m, f"'{m.kind}' upload readable by the server"
-                     + (" (expected in plain mode)" if not secure else ""))
+                flag(
+                    "fail",
+                    m,
+                    f"'{m.kind}' upload readable by the server" + (" (expected in plain mode)" if not secure else ""),
+                )
             else:
                 for f in payload_side_fields(m):
                     flag("fail", m, f"plaintext side field {f} in a '{m.kind}' message")
@@ -206,9 +240,20 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
         for m in data:
             sizes[m.sender] += int(m.nbytes)
         varies = len(set(sizes.values())) > 1
-        row = table.setdefault(tag, {"tag": tag, "kinds_up": set(), "rounds": 0, "bytes_up": 0,
-                                     "min_client_bytes": None, "max_client_bytes": None,
-                                     "size_depends_on_data": False, "layout": "dense", "side_fields": 0})
+        row = table.setdefault(
+            tag,
+            {
+                "tag": tag,
+                "kinds_up": set(),
+                "rounds": 0,
+                "bytes_up": 0,
+                "min_client_bytes": None,
+                "max_client_bytes": None,
+                "size_depends_on_data": False,
+                "layout": "dense",
+                "side_fields": 0,
+            },
+        )
         row["kinds_up"].update(m.kind for m in msgs)
         row["rounds"] += 1
         row["bytes_up"] += sum(int(m.nbytes) for m in msgs)
@@ -224,29 +269,46 @@ def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secu
             # ciphertext bits, whose distribution does not depend on the plaintext
             row["size_jitter"] = max(row.get("size_jitter", 0.0), spread)
             if secure:
-                warnings.append(f"{tag} round {rnd}: upload sizes jitter by {spread:.2%} across clients "
-                                "(compressed serialisation; within tolerance)")
+                warnings.append(
+                    f"{tag} round {rnd}: upload sizes jitter by {spread:.2%} across clients "
+                    "(compressed serialisation; within tolerance)"
+                )
         elif varies:
             row["size_depends_on_data"] = True
             if secure and not declared_sparse:
-                failures.append(f"{tag} round {rnd}: upload sizes differ across clients "
-                                f"({min(sizes.values())}..{max(sizes.values())} bytes) in a dense layout")
+                failures.append(
+                    f"{tag} round {rnd}: upload sizes differ across clients "
+                    f"({min(sizes.values())}..{max(sizes.values())} bytes) in a dense layout"
+                )
             elif secure:
-                warnings.append(f"{tag} round {rnd}: upload sizes depend on the data (sparse layout, "
-                                "block ids published as metadata)")
-        row["side_fields"] += sum(len(payload_side_fields(m)) for m in msgs
-                                  if m.kind in SECURE_SERVER_KINDS)
+                warnings.append(
+                    f"{tag} round {rnd}: upload sizes depend on the data (sparse layout, "
+                    "block ids published as metadata)"
+                )
+        row["side_fields"] += sum(len(payload_side_fields(m)) for m in msgs if m.kind in SECURE_SERVER_KINDS)
     exchanges = []
     for row in table.values():
         row["kinds_up"] = sorted(row["kinds_up"])
         exchanges.append(row)
 
-    party_out = {p: {"sent": {k: {"messages": v[0], "bytes": v[1]} for k, v in d["sent"].items()},
-                     "received": {k: {"messages": v[0], "bytes": v[1]} for k, v in d["received"].items()},
-                     "readable_bytes": d["readable_bytes"]} for p, d in sorted(parties.items())}
+    party_out = {
+        p: {
+            "sent": {k: {"messages": v[0], "bytes": v[1]} for k, v in d["sent"].items()},
+            "received": {k: {"messages": v[0], "bytes": v[1]} for k, v in d["received"].items()},
+            "readable_bytes": d["readable_bytes"],
+        }
+        for p, d in sorted(parties.items())
+    }
     passed = not failures
-    return AuditReport(mode=mode, secure=secure, passed=passed, failures=failures, warnings=warnings,
-                       parties=party_out, exchanges=exchanges)
+    return AuditReport(
+        mode=mode,
+        secure=secure,
+        passed=passed,
+        failures=failures,
+        warnings=warnings,
+        parties=party_out,
+        exchanges=exchanges,
+    )
 
 
 def audit_protocol(protocol) -> AuditReport:

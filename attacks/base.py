@@ -21,13 +21,15 @@ If every message an attack needs is ciphertext/masked to its observer, ``run`` r
 Metric helpers (rank AUC, membership advantage, TPR at low FPR, total variation, bit F1) are
 pure numpy functions at the bottom of this module.
 """
+
 from __future__ import annotations
 
 import fnmatch
 import json
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,7 +39,7 @@ from protocols.transcript import READABLE_KINDS, SERVER, Message, client_party
 #: background knowledge an attack may declare (the runner provides exactly what is declared)
 KNOWLEDGE: dict[str, str] = {
     "public": "public run facts: N, d, C, K, feature type, protocol mode, DP settings, algorithm "
-              "hyperparameters (architecture, lr, local epochs) -- everything a protocol participant is told",
+    "hyperparameters (architecture, lr, local epochs) -- everything a protocol participant is told",
     "topology": "K2: the global edge index and the partition map owner[v] (e.g. a server that built the split)",
     "own_data": "the observer client's own subgraph: its nodes' global ids, features, labels, local and cross edges",
     "received": "the observer client's own decoded results of an exchange (what it legitimately receives)",
@@ -48,7 +50,7 @@ KNOWLEDGE: dict[str, str] = {
     "posteriors": "black-box query access: the deployed model's class posteriors on the candidate nodes",
     "candidates": "a candidate node set (ids and labels) for membership inference, membership unknown",
     "query_api": "LinkTeller: query access to a client's inference API with attacker-chosen features "
-                 "(it answers log-probabilities)",
+    "(it answers log-probabilities)",
     "aux_labelled": "K1: a labelled auxiliary sample from the same distribution (ids, features, labels, edges)",
     "hidden_fn": "the released model's hidden-feature map, applicable to auxiliary data",
     "coalition_keys": "the colluding clients' own protocol secrets (CKKS key ring; mask seeds, shares, group seed)",
@@ -75,7 +77,7 @@ def observer_parties(observer: str, num_clients: int | None = None) -> list[str]
         return [SERVER]
     if observer.startswith("client:"):
         return [client_party(int(observer.split(":", 1)[1]))]
-    if re.fullmatch(r"client\d+", observer):          # a party name is accepted as is
+    if re.fullmatch(r"client\d+", observer):  # a party name is accepted as is
         return [observer]
     if observer.startswith("coalition:"):
         inner = observer.split(":", 1)[1].strip().strip("[]")
@@ -112,20 +114,32 @@ class View:
     opener: Callable[[str, Message], Any] | None = None
 
     @classmethod
-    def of(cls, transcript, observer: str, *, opener=None, num_clients: int | None = None) -> "View":
+    def of(cls, transcript, observer: str, *, opener=None, num_clients: int | None = None) -> View:
         parties = tuple(observer_parties(observer, num_clients))
         ps = set(parties)
         msgs = [m for m in transcript.messages if m.sender in ps or m.receiver in ps]
         return cls(parties, msgs, opener)
 
     # -- selection
-    def select(self, pattern: str | None = None, *, sender: str | None = None, receiver: str | None = None,
-               round: int | None = None, kinds: Iterable[str] | None = None) -> list[Message]:
+    def select(
+        self,
+        pattern: str | None = None,
+        *,
+        sender: str | None = None,
+        receiver: str | None = None,
+        round: int | None = None,
+        kinds: Iterable[str] | None = None,
+    ) -> list[Message]:
         kinds = set(kinds) if kinds is not None else None
-        return [m for m in self.messages
-                if (pattern is None or fnmatch.fnmatchcase(m.tag, pattern))
-                and (sender is None or m.sender == sender) and (receiver is None or m.receiver == receiver)
-                and (round is None or m.round == round) and (kinds is None or m.kind in kinds)]
+        return [
+            m
+            for m in self.messages
+            if (pattern is None or fnmatch.fnmatchcase(m.tag, pattern))
+            and (sender is None or m.sender == sender)
+            and (receiver is None or m.receiver == receiver)
+            and (round is None or m.round == round)
+            and (kinds is None or m.kind in kinds)
+        ]
 
     def tags(self, pattern: str | None = None) -> list[str]:
         return sorted({m.tag for m in self.messages if pattern is None or fnmatch.fnmatchcase(m.tag, pattern)})
@@ -259,7 +273,7 @@ class AttackResult:
     metrics: dict = field(default_factory=dict)
     estimate: Any = None
 
-    def add(self, est, primary: bool = False) -> "AttackResult":
+    def add(self, est, primary: bool = False) -> AttackResult:
         """Record an :class:`~attacks.significance.Estimate`: as the primary metric (metric, value,
         chance, interval) or as a secondary one (its value flat in ``metrics`` and its chance and
         interval under ``metrics['significance'][name]``)."""
@@ -271,9 +285,17 @@ class AttackResult:
         return self
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "observer": self.observer, "exchange": self.exchange, "metric": self.metric,
-             "value": _num(self.value), "chance": _num(self.chance), "applicable": bool(self.applicable),
-             "higher_is_leakier": self.higher_is_leakier, "knowledge": list(self.knowledge)}
+        d = {
+            "name": self.name,
+            "observer": self.observer,
+            "exchange": self.exchange,
+            "metric": self.metric,
+            "value": _num(self.value),
+            "chance": _num(self.chance),
+            "applicable": bool(self.applicable),
+            "higher_is_leakier": self.higher_is_leakier,
+            "knowledge": list(self.knowledge),
+        }
         if self.reason:
             d["reason"] = self.reason
         if self.estimate is not None:
@@ -315,44 +337,55 @@ def _jsonable(v):
 class GroundTruth:
     """Everything scoring may compare with; built from the federated graph, never given to ``run``."""
 
-    x: np.ndarray                 # [N, d] float
-    y: np.ndarray                 # [N]
-    edge_index: np.ndarray        # [2, E] both directions
-    owner: np.ndarray             # [N] client id (-1 dropped)
+    x: np.ndarray  # [N, d] float
+    y: np.ndarray  # [N]
+    edge_index: np.ndarray  # [2, E] both directions
+    owner: np.ndarray  # [N] client id (-1 dropped)
     train_mask: np.ndarray
     test_mask: np.ndarray
     num_classes: int
     binary: bool
-    clients: list = field(default_factory=list)   # ClientSubgraph list (cpu)
-    extra: dict = field(default_factory=dict)     # run-specific truth (e.g. the clients' model inputs)
+    clients: list = field(default_factory=list)  # ClientSubgraph list (cpu)
+    extra: dict = field(default_factory=dict)  # run-specific truth (e.g. the clients' model inputs)
 
     @property
     def num_nodes(self) -> int:
         return int(self.x.shape[0])
 
     @classmethod
-    def from_fed(cls, fed) -> "GroundTruth":
+    def from_fed(cls, fed) -> GroundTruth:
         g = fed.graph
-        return cls(x=g.x.detach().cpu().numpy().astype(np.float64), y=g.y.detach().cpu().numpy().astype(np.int64),
-                   edge_index=g.edge_index.detach().cpu().numpy().astype(np.int64),
-                   owner=fed.owner.detach().cpu().numpy().astype(np.int64),
-                   train_mask=g.train_mask.detach().cpu().numpy().astype(bool),
-                   test_mask=g.test_mask.detach().cpu().numpy().astype(bool),
-                   num_classes=int(fed.num_classes),
-                   binary=bool(getattr(fed, "binary_features", False)
-                               or _is_binary(g.x)),
-                   clients=list(fed.clients))
+        return cls(
+            x=g.x.detach().cpu().numpy().astype(np.float64),
+            y=g.y.detach().cpu().numpy().astype(np.int64),
+            edge_index=g.edge_index.detach().cpu().numpy().astype(np.int64),
+            owner=fed.owner.detach().cpu().numpy().astype(np.int64),
+            train_mask=g.train_mask.detach().cpu().numpy().astype(bool),
+            test_mask=g.test_mask.detach().cpu().numpy().astype(bool),
+            num_classes=int(fed.num_classes),
+            binary=bool(getattr(fed, "binary_features", False) or _is_binary(g.x)),
+            clients=list(fed.clients),
+        )
 
     @classmethod
-    def from_graph_fed(cls, fed) -> "GroundTruth":
+    def from_graph_fed(cls, fed) -> GroundTruth:
         """Graph classification: no global node arrays; ``clients`` holds every client's graphs."""
-        return cls(x=np.zeros((0, 0)), y=np.zeros(0, np.int64), edge_index=np.zeros((2, 0), np.int64),
-                   owner=np.zeros(0, np.int64), train_mask=np.zeros(0, bool), test_mask=np.zeros(0, bool),
-                   num_classes=max(c.num_classes for c in fed.clients), binary=False, clients=list(fed.clients),
-                   extra={"task": "graph"})
+        return cls(
+            x=np.zeros((0, 0)),
+            y=np.zeros(0, np.int64),
+            edge_index=np.zeros((2, 0), np.int64),
+            owner=np.zeros(0, np.int64),
+            train_mask=np.zeros(0, bool),
+            test_mask=np.zeros(0, bool),
+            num_classes=max(c.num_classes for c in fed.clients),
+            binary=False,
+            clients=list(fed.clients),
+            extra={"task": "graph"},
+        )
 
     def adjacency(self, self_loops: bool = False):
         import scipy.sparse as sp
+
         n = self.num_nodes
         ei = self.edge_index
         a = sp.csr_matrix((np.ones(ei.shape[1]), (ei[0], ei[1])), shape=(n, n))
@@ -391,13 +424,15 @@ class Attack:
         self.observer = observer or self.default_observer
         unknown = set(options) - set(self.options)
         if unknown:
-            raise TypeError(f"attack {self.name!r} has no option(s) {sorted(unknown)}; "
-                            f"its options are {sorted(self.options)}")
+            raise TypeError(
+                f"attack {self.name!r} has no option(s) {sorted(unknown)}; its options are {sorted(self.options)}"
+            )
         self.opts = {**self.options, **options}
 
     def result(self, **kw) -> AttackResult:
-        return AttackResult(name=self.name, observer=self.observer, exchange=self.exchange,
-                            knowledge=tuple(self.knowledge), **kw)
+        return AttackResult(
+            name=self.name, observer=self.observer, exchange=self.exchange, knowledge=tuple(self.knowledge), **kw
+        )
 
     def not_applicable(self, reason: str, **kw) -> AttackResult:
         return self.result(applicable=False, reason=reason, **kw)
@@ -424,6 +459,7 @@ class Attack:
 def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     """Area under the ROC curve (Mann-Whitney, ties count 1/2); nan if one class is empty."""
     from scipy.stats import rankdata
+
     s = np.asarray(scores, dtype=np.float64).ravel()
     y = np.asarray(labels).astype(bool).ravel()
     n1, n0 = int(y.sum()), int((~y).sum())
@@ -491,10 +527,10 @@ def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index:
     Xn = X / X.norm(dim=1, keepdim=True).clamp_min(1e-12)
     out = []
     for lo in range(0, recovered.shape[0], 1024):
-        R = torch.as_tensor(recovered[lo:lo + 1024], dtype=torch.float32, device=dev)
+        R = torch.as_tensor(recovered[lo : lo + 1024], dtype=torch.float32, device=dev)
         Rn = R / R.norm(dim=1, keepdim=True).clamp_min(1e-12)
         nn_idx = (Rn @ Xn.T).argmax(dim=1)
-        t = torch.as_tensor(true_index[lo:lo + 1024], device=dev)
+        t = torch.as_tensor(true_index[lo : lo + 1024], device=dev)
         out.append((X[nn_idx] == X[t]).all(dim=1).cpu().numpy())
     return np.concatenate(out)
 

@@ -7,6 +7,7 @@ module reads the same facts from the source files with :mod:`ast`: the order of
 through base classes and module constants such as ``EXCHANGE``) and its docstring.  The classes
 stay the only place these facts are written.
 """
+
 from __future__ import annotations
 
 import ast
@@ -56,8 +57,13 @@ def _attributes(module: str, cls: ast.ClassDef) -> dict:
         if isinstance(base, ast.Name):
             found.update(_attributes(*_where(module, base.id)))
     for node in cls.body:
-        target, value = ((node.targets[0], node.value) if isinstance(node, ast.Assign) and len(node.targets) == 1
-                         else (node.target, node.value) if isinstance(node, ast.AnnAssign) else (None, None))
+        target, value = (
+            (node.targets[0], node.value)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            else (node.target, node.value)
+            if isinstance(node, ast.AnnAssign)
+            else (None, None)
+        )
         if isinstance(target, ast.Name) and target.id in FIELDS and value is not None:
             found[target.id] = _value(module, value)
     return found
@@ -66,13 +72,17 @@ def _attributes(module: str, cls: ast.ClassDef) -> dict:
 @cache
 def attack_catalog() -> tuple[AttackEntry, ...]:
     """Every attack of ``attacks.runner.ATTACKS``, in its order."""
-    registry = next(node.value for node in _module("runner").body if isinstance(node, ast.AnnAssign)
-                    and isinstance(node.target, ast.Name) and node.target.id == "ATTACKS")
+    registry = next(
+        node.value
+        for node in _module("runner").body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "ATTACKS"
+    )
     classes = next(n for n in ast.walk(registry) if isinstance(n, ast.Tuple)).elts
     entries = []
     for cls_name in (c.id for c in classes):
         module, cls = _where("runner", cls_name)
         fields = _attributes(module, cls)
-        entries.append(AttackEntry(fields["name"], fields["exchange"], fields["algorithms"],
-                                   ast.get_docstring(cls) or ""))
+        entries.append(
+            AttackEntry(fields["name"], fields["exchange"], fields["algorithms"], ast.get_docstring(cls) or "")
+        )
     return tuple(entries)

@@ -26,6 +26,7 @@ Scoring uses each victim's encoded input kept in the simulated client memory
 (``MaskProtocol.keep_client_state``) or the exchange's contributions; it never enters the
 estimate.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,8 +63,11 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
     ids = np.asarray(ups[-1].payload["block_ids"], dtype=np.int64)
     y = enc.from_wire(ups[-1].payload["data"], (ids.size, L))
     sid = {p: stream_id(p, proto.run_id, binding.seq, tag, rnd) for p in ("pairwise", "self", "output")}
-    blocks = {party_client(m.sender): np.asarray(m.payload["block_ids"], np.int64) for m in msgs
-              if m.kind == "metadata" and m.receiver == SERVER and isinstance(m.payload, dict)}
+    blocks = {
+        party_client(m.sender): np.asarray(m.payload["block_ids"], np.int64)
+        for m in msgs
+        if m.kind == "metadata" and m.receiver == SERVER and isinstance(m.payload, dict)
+    }
     # what the coalition pools: the server's unmasking answers (self-mask shares, and the pairwise
     # seeds survivors reveal for a client declared dropped) + the colluding clients' own secrets
     b_sh, revealed = {}, {}
@@ -91,23 +95,30 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
             continue
         m = ranked_mask(seed, sid["pairwise"], common.size, L, dtype)
         pos = np.searchsorted(ids, common)
-        y[pos] = y[pos] - m if j > victim else y[pos] + m    # victim added +PRG for j > victim
+        y[pos] = y[pos] - m if j > victim else y[pos] + m  # victim added +PRG for j > victim
         removed.append(f"pairwise({victim},{j})")
     b = _rebuild(b_sh.get(victim, []), t)
     if b is not None:
         y -= ranked_mask(b, sid["self"], ids.size, L, dtype)
         removed.append("self mask")
     if not proto.reveal_to_server and coalition:
-        for sign, key in zip((1, -1), output_mask_keys(proto._group_seed[coalition[0]], victim, proto.num_clients,
-                                                       binding)):
+        for sign, key in zip(
+            (1, -1), output_mask_keys(proto._group_seed[coalition[0]], victim, proto.num_clients, binding)
+        ):
             m = ring_mask(key, sid["output"], ids, L, dtype)
             y = y - m if sign > 0 else y + m
         removed.append("output mask")
     truth = state[victim].encoded
     # compare residues mod 2^b: words wider than the ring carry bits the wire never held
-    residue = np.asarray(2 ** enc.ring_bits - 1, dtype=dtype)
-    return {"recovered": float(np.mean((y & residue) == (truth & residue))), "chance": 2.0 ** -enc.ring_bits, "removed": removed,
-            "estimate": y, "decoded": enc.decode(y), "truth": enc.decode(truth)}
+    residue = np.asarray(2**enc.ring_bits - 1, dtype=dtype)
+    return {
+        "recovered": float(np.mean((y & residue) == (truth & residue))),
+        "chance": 2.0**-enc.ring_bits,
+        "removed": removed,
+        "estimate": y,
+        "decoded": enc.decode(y),
+        "truth": enc.decode(truth),
+    }
 
 
 def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> dict[int, np.ndarray]:
@@ -118,13 +129,20 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
     from protocols.ckks.fixed_point import client_codec
     from protocols.ckks.keys import context_chain
     from protocols.ckks.params import ChainParams
+
     if not coalition:
         return {}
     keys = proto._keys if keys is None else keys
     out = {}
     for m in proto.transcript.view(SERVER):
-        if m.tag == tag and m.round == rnd and m.kind == "ciphertext" and m.receiver == SERVER \
-                and isinstance(m.payload, list) and party_client(m.sender) not in coalition:
+        if (
+            m.tag == tag
+            and m.round == rnd
+            and m.kind == "ciphertext"
+            and m.receiver == SERVER
+            and isinstance(m.payload, list)
+            and party_client(m.sender) not in coalition
+        ):
             key = keys.by_fingerprint(m.fingerprint)  # the colluding client's copy of that chain's key
             if key is None:
                 continue
@@ -135,8 +153,7 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
     return out
 
 
-def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray,
-                  spec) -> dict:
+def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray, spec) -> dict:
     """(a) for multiparty CKKS: the coalition decrypts ``victim``'s upload (one block of
     ``values``, exchanged under ``spec``; ``c0`` as sent, ``c1`` public) with the sum of its
     collective-key shares ``sum_{i in C} s_i`` -- the upload is encrypted under the victim's
@@ -147,29 +164,47 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
     the missing share leaves ``c1 s_victim`` uniformly random, so ``abs_corr`` is at chance.
     With ``coalition = [victim]`` the same decryption is exact (positive control)."""
     from protocols.ckks_mp import encoding, encryption
+
     ring = proto.ring
     plan = proto.plan(spec, block_len=len(values))
-    msg = next(m for m in proto.transcript.view(SERVER) if m.tag == tag and m.round == rnd
-               and m.kind == "ciphertext" and m.sender == client_party(victim) and m.receiver == SERVER)
-    ct = proto.upload_ciphertexts(msg, plan)[0]               # c0 as sent, c1 public
-    key = proto._clients[coalition[0]]._share                # the colluding clients' collective-key shares
+    msg = next(
+        m
+        for m in proto.transcript.view(SERVER)
+        if m.tag == tag
+        and m.round == rnd
+        and m.kind == "ciphertext"
+        and m.sender == client_party(victim)
+        and m.receiver == SERVER
+    )
+    ct = proto.upload_ciphertexts(msg, plan)[0]  # c0 as sent, c1 public
+    key = proto._clients[coalition[0]]._share  # the colluding clients' collective-key shares
     for c in coalition[1:]:
         key = ring.add(key, proto._clients[c]._share)
     used = encoding.used_coefficients(plan, len(values))
     attack = np.array(encoding.crt_centered(ring, encryption.decrypt(ring, key, ct))[:used], dtype=np.float64)
-    truth = np.array(encoding.crt_centered(ring, encoding.encode(ring, plan, encoding.quantize(values, plan)))[:used],
-                     dtype=np.float64)
-    return {"abs_corr": float(abs(np.corrcoef(attack, truth)[0, 1])), "chance": float(1.0 / np.sqrt(used)), "used": used}
+    truth = np.array(
+        encoding.crt_centered(ring, encoding.encode(ring, plan, encoding.quantize(values, plan)))[:used],
+        dtype=np.float64,
+    )
+    return {
+        "abs_corr": float(abs(np.corrcoef(attack, truth)[0, 1])),
+        "chance": float(1.0 / np.sqrt(used)),
+        "used": used,
+    }
 
 
 def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
     """(b) fraction of the blocks coalition clients receive whose aggregate has exactly one
     non-coalition contributor (aggregate minus own inputs = that client's value)."""
     msgs = [m for m in proto.transcript.messages if m.tag == tag and m.round == rnd]
-    uploaders = sorted({party_client(m.sender) for m in msgs if m.receiver == SERVER
-                        and m.kind in ("plain", "ciphertext", "masked")})
-    blocks = {party_client(m.sender): set(np.asarray(m.payload["block_ids"]).tolist()) for m in msgs
-              if m.receiver == SERVER and m.kind == "metadata" and isinstance(m.payload, dict)}
+    uploaders = sorted(
+        {party_client(m.sender) for m in msgs if m.receiver == SERVER and m.kind in ("plain", "ciphertext", "masked")}
+    )
+    blocks = {
+        party_client(m.sender): set(np.asarray(m.payload["block_ids"]).tolist())
+        for m in msgs
+        if m.receiver == SERVER and m.kind == "metadata" and isinstance(m.payload, dict)
+    }
     received = isolated = 0
     for m in msgs:
         r = party_client(m.receiver)
@@ -181,8 +216,7 @@ def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
             others = [k for k in uploaders if k not in coalition and (k not in blocks or b in blocks[k])]
             received += 1
             isolated += len(others) == 1
-    return {"blocks_received": received, "isolated": isolated,
-            "fraction": isolated / received if received else 0.0}
+    return {"blocks_received": received, "isolated": isolated, "fraction": isolated / received if received else 0.0}
 
 
 # ----------------------------------------------------------------------------- the runner's attack
@@ -194,8 +228,13 @@ def _probe_mask(proto, coalition: list[int], late: bool) -> float:
     """Mean fraction of a non-coalition client's upload the coalition recovers, on a probe
     exchange of the same protocol settings (random inputs; the break does not depend on data)."""
     from protocols.mask import MaskProtocol
-    probe = MaskProtocol(proto.num_clients, reveal_to_server=proto.reveal_to_server,
-                         dropout_recovery=proto.dropout_recovery, threshold=proto.threshold)
+
+    probe = MaskProtocol(
+        proto.num_clients,
+        reveal_to_server=proto.reveal_to_server,
+        dropout_recovery=proto.dropout_recovery,
+        threshold=proto.threshold,
+    )
     probe.keep_client_state = True
     victims = [k for k in range(proto.num_clients) if k not in coalition]
     if not victims or proto.num_clients < 3:
@@ -204,8 +243,11 @@ def _probe_mask(proto, coalition: list[int], late: bool) -> float:
         probe.drop_clients([victims[0]], stage="late")
     rng = np.random.default_rng(0)
     probe.weighted_sum("probe/x", 0, {k: rng.uniform(-1, 1, 512) for k in range(proto.num_clients)})
-    return float(np.mean([mask_break(probe, "probe/x", 0, v, coalition)["recovered"]
-                          for v in (victims[:1] if late else victims)]))
+    return float(
+        np.mean(
+            [mask_break(probe, "probe/x", 0, v, coalition)["recovered"] for v in (victims[:1] if late else victims)]
+        )
+    )
 
 
 def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
@@ -213,6 +255,7 @@ def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
     the break does not depend on data or key values): the coalition's decryption of the first
     non-coalition client's upload.  None when every client is in the coalition."""
     from protocols import ValueSpec, make_protocol
+
     victims = [k for k in range(proto.num_clients) if k not in coalition]
     if not victims:
         return None
@@ -239,16 +282,30 @@ class CoalitionAttack(Attack):
         if SERVER not in view.parties or not coalition:
             return self.not_applicable("the coalition needs the server and at least one client")
         mode = getattr(proto, "mode", "plain")
-        tags = sorted({m.tag for m in view.messages if m.receiver == SERVER and m.tag not in DECLARED_RELEASES
-                       and m.kind in ("plain", "ciphertext", "masked")})
+        tags = sorted(
+            {
+                m.tag
+                for m in view.messages
+                if m.receiver == SERVER
+                and m.tag not in DECLARED_RELEASES
+                and m.kind in ("plain", "ciphertext", "masked")
+            }
+        )
         per_tag, broken = {}, []
         for tag in tags:
             rnd = max(m.round for m in view.messages if m.tag == tag and m.receiver == SERVER)
             iso = implied_isolation(proto, tag, rnd, coalition)
             entry = {"implied_isolated_fraction": iso["fraction"], "blocks_received": iso["blocks_received"]}
             if mode == "ckks":
-                ups = [m for m in view.messages if m.tag == tag and m.round == rnd and m.receiver == SERVER
-                       and m.kind == "ciphertext" and party_client(m.sender) not in coalition]
+                ups = [
+                    m
+                    for m in view.messages
+                    if m.tag == tag
+                    and m.round == rnd
+                    and m.receiver == SERVER
+                    and m.kind == "ciphertext"
+                    and party_client(m.sender) not in coalition
+                ]
                 read = ckks_break(proto, tag, rnd, coalition, keys.get("ckks_keys")) if ups else {}
                 entry["break_read_fraction"] = len(read) / len(ups) if ups and any(m.payload for m in ups) else None
             elif mode == "plain":
@@ -256,22 +313,25 @@ class CoalitionAttack(Attack):
             per_tag[tag] = entry
             if entry.get("break_read_fraction") is not None:
                 broken.append(entry["break_read_fraction"])
-        metrics = {"per_exchange": per_tag, "coalition_clients": coalition,
-                   "implied_isolated_fraction": max((e["implied_isolated_fraction"] for e in per_tag.values()),
-                                                    default=0.0)}
+        metrics = {
+            "per_exchange": per_tag,
+            "coalition_clients": coalition,
+            "implied_isolated_fraction": max((e["implied_isolated_fraction"] for e in per_tag.values()), default=0.0),
+        }
         chance = 0.0
         if mode == "mask":
             metrics["break_probe_recovered"] = _probe_mask(proto, coalition, late=False)
             metrics["break_late_upload_recovered"] = _probe_mask(proto, coalition, late=True)
             value = max(metrics["break_probe_recovered"], metrics["break_late_upload_recovered"])
-            chance = 2.0 ** -32
+            chance = 2.0**-32
         elif mode == "ckks-mp":
             probe = _probe_ckks_mp(proto, coalition)
             if probe is None:
                 return self.not_applicable("every client is in the coalition: it holds the whole secret key")
             metrics["break_probe_abs_corr"] = probe["abs_corr"]
-            return self.result(metric="break_probe_abs_corr", value=probe["abs_corr"], chance=probe["chance"],
-                               metrics=metrics)
+            return self.result(
+                metric="break_probe_abs_corr", value=probe["abs_corr"], chance=probe["chance"], metrics=metrics
+            )
         else:
             value = max(broken) if broken else None
         return self.result(metric="break_read_fraction", value=value, chance=chance, metrics=metrics)

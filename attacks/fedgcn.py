@@ -32,10 +32,12 @@ Row width.  This project's FedGCN sends ``[sum x_j, count]`` (a ones column appe
 else inferred from the block length).  With ``norm='sym'`` owners pre-scale their terms by
 ``deg^-1/2``; binary vectors are then read relative to the row maximum.
 """
+
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -43,8 +45,17 @@ import torch
 
 from protocols.transcript import SERVER, party_client
 
-from .base import (Attack, AttackResult, GroundTruth, View, attack_device, bit_f1, nearest_is_true, roc_auc,
-                   row_blocks_to_rows)
+from .base import (
+    Attack,
+    AttackResult,
+    GroundTruth,
+    View,
+    attack_device,
+    bit_f1,
+    nearest_is_true,
+    roc_auc,
+    row_blocks_to_rows,
+)
 from .significance import proportion_estimate
 
 EXCHANGE = "fedgcn/*"
@@ -85,8 +96,9 @@ def rows_to_vectors(feats: np.ndarray, binary: bool, relative: bool) -> np.ndarr
     return (feats > 0.5).astype(np.float32)
 
 
-def _collect_rows(view: View, tags: list[str], d: int, n: int, *, receiver=None, sender=None
-                  ) -> tuple[dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], int, int]:
+def _collect_rows(
+    view: View, tags: list[str], d: int, n: int, *, receiver=None, sender=None
+) -> tuple[dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], int, int]:
     """Readable row-sum payloads -> {(tag, client): (gids, rows)}, plus counts of messages
     seen and of unreadable ones.  Per tag only the latest readable round is used."""
     out, seen, opaque = {}, 0, 0
@@ -114,8 +126,9 @@ def _collect_rows(view: View, tags: list[str], d: int, n: int, *, receiver=None,
     return out, seen, opaque
 
 
-def detect_single_contributor(rows: np.ndarray, binary: bool, d: int | None = None,
-                              relative: bool = False) -> tuple[np.ndarray, np.ndarray, str]:
+def detect_single_contributor(
+    rows: np.ndarray, binary: bool, d: int | None = None, relative: bool = False
+) -> tuple[np.ndarray, np.ndarray, str]:
     """Blind pure-row detector: ``(mask, vectors, detector name)``.
 
     Rows of width ``d + 1`` carry a contributor count: pure iff ``round(count) == 1``.
@@ -177,8 +190,9 @@ def adjacency_from(edge_index: np.ndarray, n: int) -> sp.csr_matrix:
     return a.tocsr()
 
 
-def _best_operator(ops: Mapping[str, sp.csr_matrix], cols: np.ndarray, x_cols: np.ndarray,
-                   gids: np.ndarray, rows: np.ndarray) -> tuple[str, sp.csr_matrix]:
+def _best_operator(
+    ops: Mapping[str, sp.csr_matrix], cols: np.ndarray, x_cols: np.ndarray, gids: np.ndarray, rows: np.ndarray
+) -> tuple[str, sp.csr_matrix]:
     """Scoring: the operator whose ``M[:, cols] X[cols]`` is closest to the observed rows."""
     best, best_err = None, np.inf
     for name, op in ops.items():
@@ -216,8 +230,9 @@ def exposure_estimate(exposed: int, eligible: int):
     return proportion_estimate("exposure_rate", float(exposed), int(eligible), 0.0)
 
 
-def _claims_metrics(claim_vecs: np.ndarray, claim_cands: list[np.ndarray], truth: GroundTruth,
-                    eligible: np.ndarray) -> tuple[dict, np.ndarray]:
+def _claims_metrics(
+    claim_vecs: np.ndarray, claim_cands: list[np.ndarray], truth: GroundTruth, eligible: np.ndarray
+) -> tuple[dict, np.ndarray]:
     """Exposure, precision, bit-F1 and NIP of claimed vectors with their true contributor sets.
 
     ``eligible``: nodes that count for exposure (e.g. not the observer's own)."""
@@ -248,9 +263,13 @@ def _claims_metrics(claim_vecs: np.ndarray, claim_cands: list[np.ndarray], truth
             exposed[cands[hits]] = True
     exposed &= eligible
     n_elig = max(1, int(eligible.sum()))
-    m = {"exposure_rate": float(exposed.sum() / n_elig), "exposed_nodes": int(exposed.sum()),
-         "eligible_nodes": n_elig, "claims": int(len(claim_cands)),
-         "precision": float(correct.mean()) if len(claim_cands) else None}
+    m = {
+        "exposure_rate": float(exposed.sum() / n_elig),
+        "exposed_nodes": int(exposed.sum()),
+        "eligible_nodes": n_elig,
+        "claims": int(len(claim_cands)),
+        "precision": float(correct.mean()) if len(claim_cands) else None,
+    }
     if binary:
         m["bit_f1"] = float(f1s.mean()) if len(claim_cands) else None
     if len(claim_cands):
@@ -280,8 +299,11 @@ def _readable_uploads(attack, view: View, pub: Mapping[str, Any]):
     me = view.parties[0]
     obs, seen, opaque = _collect_rows(view, tags, row_width(pub, view, tags), int(pub["num_nodes"]), receiver=me)
     if not obs:
-        return attack.not_applicable(f"all {seen} uploads of {', '.join(tags)} are ciphertext/masked to the {me}"
-                                     if seen else "no uploads reach this observer")
+        return attack.not_applicable(
+            f"all {seen} uploads of {', '.join(tags)} are ciphertext/masked to the {me}"
+            if seen
+            else "no uploads reach this observer"
+        )
     return obs, seen, opaque, tags, me, _prescaled(pub)
 
 
@@ -308,8 +330,9 @@ class NeighbourSumReadout(Attack):
             for g, v in zip(gids[mask], vecs[mask]):
                 claims.append((tag, k, int(g), v))
         feats = {key: (g, r[:, :d]) for key, (g, r) in obs.items()}
-        return self.result(output={"claims": claims, "observed": feats, "detector": detector,
-                                   "opaque_messages": opaque})
+        return self.result(
+            output={"claims": claims, "observed": feats, "detector": detector, "opaque_messages": opaque}
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -329,9 +352,9 @@ class NeighbourSumReadout(Attack):
                 auc_s.append(rows[pure])
                 auc_b.append(truth.x[src])
             # candidate contributors of each claimed row of this (tag, k)
-            for (t2, k2, g, v) in out["claims"]:
+            for t2, k2, g, v in out["claims"]:
                 if t2 == tag and k2 == k:
-                    cands.append(cols[b.indices[b.indptr[g]:b.indptr[g + 1]]])
+                    cands.append(cols[b.indices[b.indptr[g] : b.indptr[g + 1]]])
                     vecs.append(v)
         eligible = truth.owner >= 0
         vec_arr = np.stack(vecs) if vecs else np.zeros((0, truth.x.shape[1]))
@@ -396,9 +419,16 @@ class NeighbourSumInversion(Attack):
             chosen[k] = name
             xhat[cols] = xk.cpu().numpy()
             ident[cols] = (torch.abs(proj - 1) < 1e-6).cpu().numpy()
-        return self.result(output={"xhat": xhat, "bits": rows_to_vectors(xhat, True, relative) if binary else None,
-                                   "identifiable": ident, "operators": chosen,
-                                   "clients": sorted(chosen), "binary": binary})
+        return self.result(
+            output={
+                "xhat": xhat,
+                "bits": rows_to_vectors(xhat, True, relative) if binary else None,
+                "identifiable": ident,
+                "operators": chosen,
+                "clients": sorted(chosen),
+                "binary": binary,
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -412,12 +442,15 @@ class NeighbourSumInversion(Attack):
         exposed = exact & attacked
         n_att = max(1, int(attacked.sum()))
         idx = np.flatnonzero(attacked)
-        m = {"exposure_rate": float(exposed.sum() / n_att), "exposed_nodes": int(exposed.sum()),
-             "eligible_nodes": n_att,
-             "identifiable_fraction": float(out["identifiable"][attacked].mean()) if attacked.any() else None,
-             "operator": sorted(set(out["operators"].values())),
-             "nip": float(nearest_is_true(xh[idx], X, idx).mean()) if idx.size else None,
-             "by_cross_degree": exposure_by_degree(exposed, truth)}
+        m = {
+            "exposure_rate": float(exposed.sum() / n_att),
+            "exposed_nodes": int(exposed.sum()),
+            "eligible_nodes": n_att,
+            "identifiable_fraction": float(out["identifiable"][attacked].mean()) if attacked.any() else None,
+            "operator": sorted(set(out["operators"].values())),
+            "nip": float(nearest_is_true(xh[idx], X, idx).mean()) if idx.size else None,
+            "by_cross_degree": exposure_by_degree(exposed, truth),
+        }
         if truth.binary and idx.size:
             sub = idx if idx.size <= 3000 else np.random.default_rng(0).choice(idx, 3000, replace=False)
             m["bit_auc"] = roc_auc(xh[sub].ravel(), X[sub].ravel() > 0.5)
@@ -443,8 +476,9 @@ def own_degrees(own) -> np.ndarray:
     return deg
 
 
-def own_contribution(own, num_nodes: int, gids: np.ndarray, closed: bool, *, with_count: bool = False,
-                     prescale: bool = False) -> np.ndarray:
+def own_contribution(
+    own, num_nodes: int, gids: np.ndarray, closed: bool, *, with_count: bool = False, prescale: bool = False
+) -> np.ndarray:
     """Rows ``gids`` of what client ``own`` (a ClientSubgraph) contributes to 1-hop sums:
     ``sum_{j in N(i) ∩ V_c} t_j`` (+ ``t_i`` for own ``i`` when ``closed``), ``t_j = x_j``
     (times ``deg_j^-1/2`` when ``prescale``), with a ones column when ``with_count``."""
@@ -496,8 +530,10 @@ class ClientSubtraction(Attack):
             totals = {t: v for (t, k), v in got.items() if k == c}
             source = "transcript"
         if not totals:
-            return self.not_applicable(f"the totals {me} receives are ciphertext/masked in the transcript and no "
-                                       "decrypted copy of its own results is available")
+            return self.not_applicable(
+                f"the totals {me} receives are ciphertext/masked in the transcript and no "
+                "decrypted copy of its own results is available"
+            )
         tag = sorted(totals)[0]
         gids, T = totals[tag]
         gids = np.asarray(gids, dtype=np.int64)
@@ -506,16 +542,23 @@ class ClientSubtraction(Attack):
         g_own = own.global_ids.cpu().numpy().astype(np.int64)
         is_own = np.isin(gids, g_own)
         ce = own.cross_edges.cpu().numpy()
-        foreign_deg = np.bincount(np.searchsorted(g_own, ce[0]), minlength=g_own.size) if ce.size else \
-            np.zeros(g_own.size, np.int64)
+        foreign_deg = (
+            np.bincount(np.searchsorted(g_own, ce[0]), minlength=g_own.size)
+            if ce.size
+            else np.zeros(g_own.size, np.int64)
+        )
         # convention: own rows without foreign neighbours must equal the own contribution
         interior = np.zeros(gids.size, bool)
         interior[is_own] = foreign_deg[np.searchsorted(g_own, gids[is_own])] == 0
         fits = {}
         for closed in (False, True):
             S = own_contribution(own, n, gids, closed, with_count=with_count, prescale=relative)
-            fits[closed] = (float(np.square(T[interior] - S[interior]).mean()) if interior.any()
-                            else float(np.square(T - S).mean()), S)
+            fits[closed] = (
+                float(np.square(T[interior] - S[interior]).mean())
+                if interior.any()
+                else float(np.square(T - S).mean()),
+                S,
+            )
         closed = min(fits, key=lambda k: fits[k][0])
         R = T - fits[closed][1]
         feats = R[:, :d]
@@ -530,7 +573,7 @@ class ClientSubtraction(Attack):
                 i = pos.get(node)
                 if i is None:
                     continue
-                v = rows_to_vectors(feats[i:i + 1], binary, relative)[0]
+                v = rows_to_vectors(feats[i : i + 1], binary, relative)[0]
                 claims.append((node, mate, v, feats[i].astype(np.float32)))
                 attributed[i] = True
         # (b) rows of foreign nodes received in the same blocks: the count column (or the blind
@@ -539,8 +582,17 @@ class ClientSubtraction(Attack):
         mask, vecs, detector = detect_single_contributor(R[rest], binary, d, relative)
         for g, v, raw in zip(gids[rest][mask], vecs[mask], feats[rest][mask]):
             claims.append((int(g), None, v.astype(np.float32), raw.astype(np.float32)))
-        return self.result(output={"client": c, "claims": claims, "closed": closed, "source": source,
-                                   "detector": detector, "fit_error": fits[closed][0], "rows_read": int(gids.size)})
+        return self.result(
+            output={
+                "client": c,
+                "claims": claims,
+                "closed": closed,
+                "source": source,
+                "detector": detector,
+                "fit_error": fits[closed][0],
+                "rows_read": int(gids.size),
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -548,8 +600,8 @@ class ClientSubtraction(Attack):
         a_closed = truth.adjacency(self_loops=True)
         foreign = truth.owner != c
         cands, vecs, auc_s, auc_b = [], [], [], []
-        for (row, partner, v, raw) in out["claims"]:
-            nb = a_closed.indices[a_closed.indptr[row]:a_closed.indptr[row + 1]]
+        for row, partner, v, raw in out["claims"]:
+            nb = a_closed.indices[a_closed.indptr[row] : a_closed.indptr[row + 1]]
             cand = nb[foreign[nb]]
             if partner is not None:
                 cand = np.intersect1d(cand, [partner])
@@ -581,13 +633,15 @@ class ClientSubtraction(Attack):
         kept = truth.owner >= 0
         precs = [r.metrics["precision"] for r in ok if r.metrics.get("precision") is not None]
         aucs = [r.metrics["bit_auc"] for r in ok if r.metrics.get("bit_auc") is not None]
-        return {"estimate": exposure_estimate(int(union[kept].sum()), int(kept.sum())),
-                "exposure_rate": float(union[kept].mean()),
-                "exposed_nodes": int(union.sum()),
-                "per_client_exposure": [float(r.metrics["exposure_rate"]) for r in ok],
-                "precision": float(np.mean(precs)) if precs else None,
-                "bit_auc": float(np.mean(aucs)) if aucs else None,
-                "claims": int(sum(r.metrics.get("claims", 0) for r in ok)),
-                "source": ok[0].metrics.get("source"),
-                "convention": ok[0].metrics.get("convention"),
-                "by_cross_degree": exposure_by_degree(union, truth)}
+        return {
+            "estimate": exposure_estimate(int(union[kept].sum()), int(kept.sum())),
+            "exposure_rate": float(union[kept].mean()),
+            "exposed_nodes": int(union.sum()),
+            "per_client_exposure": [float(r.metrics["exposure_rate"]) for r in ok],
+            "precision": float(np.mean(precs)) if precs else None,
+            "bit_auc": float(np.mean(aucs)) if aucs else None,
+            "claims": int(sum(r.metrics.get("claims", 0) for r in ok)),
+            "source": ok[0].metrics.get("source"),
+            "convention": ok[0].metrics.get("convention"),
+            "by_cross_degree": exposure_by_degree(union, truth),
+        }

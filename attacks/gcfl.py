@@ -15,6 +15,7 @@ What the server reads (its :class:`~attacks.base.View` only):
   returned (``<algorithm>/similarity``, kind plain) for the members of that split, in the
   order of their encrypted uploads.  No split, no matrix: the attack is not applicable.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,9 +31,11 @@ __all__ = ["DOMAINS", "server_similarity", "same_dataset_auc", "SameDatasetInfer
 
 #: the data domain of every TU dataset of GCFL's groups (the paper's molecules / proteins / social
 #: split); in the one-dataset-per-client groups the attack asks "same domain?"
-DOMAINS = {**{n: "molecules" for n in ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")},
-           **{n: "bioinformatics" for n in ("ENZYMES", "DD", "PROTEINS")},
-           **{n: "social" for n in ("COLLAB", "IMDB-BINARY", "IMDB-MULTI")}}
+DOMAINS = {
+    **{n: "molecules" for n in ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")},
+    **{n: "bioinformatics" for n in ("ENZYMES", "DD", "PROTEINS")},
+    **{n: "social" for n in ("COLLAB", "IMDB-BINARY", "IMDB-MULTI")},
+}
 
 
 def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> tuple[list[int], np.ndarray] | None:
@@ -42,7 +45,7 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     rnd = view.latest_round(model_tag, receiver=SERVER)
     if rnd is not None:
         ups = {}
-        for m in view.select(model_tag, receiver=SERVER, round=rnd):     # a split round averages twice
+        for m in view.select(model_tag, receiver=SERVER, round=rnd):  # a split round averages twice
             vec = dense_vector(view.payload(m), num_shared)
             if vec is not None and party_client(m.sender) not in ups:
                 ups[party_client(m.sender)] = vec
@@ -53,15 +56,15 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     if rnd is None:
         return None
     members, values = [], None
-    for msg in view.select(sim_tag, receiver=SERVER, round=rnd):   # uploads, then the decider's reply
+    for msg in view.select(sim_tag, receiver=SERVER, round=rnd):  # uploads, then the decider's reply
         if msg.kind == "plain":
             values = view.payload(msg)
-            if isinstance(values, dict):                     # as the client runtimes record it
+            if isinstance(values, dict):  # as the client runtimes record it
                 values = values.get("values")
             if values is not None:
                 last = (members, np.asarray(values, dtype=np.float64))
             members = []
-        elif msg.kind == "ciphertext":                               # the decider's key message is not an upload
+        elif msg.kind == "ciphertext":  # the decider's key message is not an upload
             members.append(party_client(msg.sender))
     if values is None:
         return None
@@ -71,8 +74,9 @@ def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> t
     return members, upper + upper.T + np.eye(len(members))
 
 
-def same_dataset_pairs(clients: list[int], similarity: np.ndarray,
-                       datasets: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def same_dataset_pairs(
+    clients: list[int], similarity: np.ndarray, datasets: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
     """Scores and "same dataset" labels of all pairs of ``clients``."""
     i, j = np.triu_indices(len(clients), 1)
     labels = np.array([int(datasets[clients[a]] == datasets[clients[b]]) for a, b in zip(i, j)])
@@ -108,7 +112,7 @@ class SameDatasetInference(Attack):
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         clients, sim = res.output
         datasets = [c.dataset for c in truth.clients]
-        if len(set(datasets)) == len(datasets):              # one dataset per client: ask for the domain
+        if len(set(datasets)) == len(datasets):  # one dataset per client: ask for the domain
             datasets = [DOMAINS.get(d, d) for d in datasets]
         scores, labels = same_dataset_pairs(clients, sim, datasets)
         if len(set(labels.tolist())) < 2:

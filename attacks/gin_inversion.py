@@ -30,10 +30,12 @@ share of nodes whose feature category is recovered (chance: its majority categor
 for one-hot features) and the total variation between the recovered and the true label
 distribution (baseline: the uniform guess).
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,17 +66,26 @@ def read_round(view: View, tag: str, victim: int, num_shared: int) -> tuple[int,
     down = [dense_vector(p, num_shared + 1) for p in down if p is not None]
     if not up or not down or up[0] is None or down[-1] is None or up[0][-1] <= 0 or down[-1][-1] <= 0:
         return None
-    return rnd, up[0][:-1] / up[0][-1], down[-1][:-1] / down[-1][-1]   # the last download is the one applied
+    return rnd, up[0][:-1] / up[0][-1], down[-1][:-1] / down[-1][-1]  # the last download is the one applied
 
 
-def invert_gin_update(model: torch.nn.Module, start: torch.Tensor, target: torch.Tensor,
-                      graphs: list[tuple[torch.Tensor, int]], num_features: int, num_classes: int, *,
-                      iterations: int = 200, lr: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def invert_gin_update(
+    model: torch.nn.Module,
+    start: torch.Tensor,
+    target: torch.Tensor,
+    graphs: list[tuple[torch.Tensor, int]],
+    num_features: int,
+    num_classes: int,
+    *,
+    iterations: int = 200,
+    lr: float = 0.1,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Dummy node features and graph labels whose gradient direction matches ``target``.
 
     ``graphs``: ``(edge_index, num_nodes)`` of every training graph.  Returns
     ``(node feature probabilities [N, d], label probabilities [G, C])``."""
-    model = copy.deepcopy(model).cpu().eval()              # no dropout in the simulation
+    model = copy.deepcopy(model).cpu().eval()  # no dropout in the simulation
     shared = list(model.convs.parameters())
     vector_to_parameters(start.clone(), shared)
     shared_ids = {id(p) for p in shared}
@@ -117,13 +128,21 @@ class GINUpdateInversion(Attack):
         rnd, update, mean = read
         final = parameters_to_vector(model.convs.parameters()).detach().double()
         start = (final - torch.as_tensor(mean)).float()
-        feats, labels = invert_gin_update(model, start, torch.as_tensor(update), graphs["structure"],
-                                          graphs["num_features"], graphs["num_classes"],
-                                          iterations=int(self.opts["iterations"]), lr=float(self.opts["lr"]),
-                                          seed=int(self.opts["victim"]))
-        return self.result(output={"features": feats, "labels": labels, "client": graphs["client"]},
-                           metrics={"round": rnd, "num_graphs": len(graphs["structure"]),
-                                    "num_nodes": int(feats.shape[0])})
+        feats, labels = invert_gin_update(
+            model,
+            start,
+            torch.as_tensor(update),
+            graphs["structure"],
+            graphs["num_features"],
+            graphs["num_classes"],
+            iterations=int(self.opts["iterations"]),
+            lr=float(self.opts["lr"]),
+            seed=int(self.opts["victim"]),
+        )
+        return self.result(
+            output={"features": feats, "labels": labels, "client": graphs["client"]},
+            metrics={"round": rnd, "num_graphs": len(graphs["structure"]), "num_nodes": int(feats.shape[0])},
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         client = truth.clients[res.output["client"]]
@@ -131,12 +150,20 @@ class GINUpdateInversion(Attack):
         x = torch.cat([g.x for g in client.train]).numpy()
         guess = res.output["labels"].argmax(1)
         counts = np.bincount(y, minlength=client.num_classes)
-        res.add(proportion_estimate("label_acc", float((guess == y).sum()), int(y.size), float(counts.max() / y.size),
-                                    chance_method="baseline (majority class)"), primary=True)
+        res.add(
+            proportion_estimate(
+                "label_acc",
+                float((guess == y).sum()),
+                int(y.size),
+                float(counts.max() / y.size),
+                chance_method="baseline (majority class)",
+            ),
+            primary=True,
+        )
         m = res.metrics
         m["label_tv"] = tv_distance(res.output["labels"].mean(0), counts / y.size)
         m["label_tv_uniform"] = tv_distance(np.full(client.num_classes, 1.0 / client.num_classes), counts / y.size)
-        if np.allclose(x.sum(1), 1.0) and ((x == 0) | (x == 1)).all():          # one-hot node features
+        if np.allclose(x.sum(1), 1.0) and ((x == 0) | (x == 1)).all():  # one-hot node features
             cats = x.argmax(1)
             m["feature_acc"] = float((res.output["features"].argmax(1) == cats).mean())
             m["feature_chance"] = float(np.bincount(cats).max() / cats.size)

@@ -26,9 +26,11 @@ deviation from that (:func:`support_scores`).  ``update_rule='auto'`` follows th
   other client when ``K = 2``) subtracts its own uploads from the aggregate and isolates the
   victim's update exactly (A13), then inverts it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +62,7 @@ def _vector(view: View, m, P: int) -> np.ndarray | None:
         return None
     if vec.size == P:
         return np.concatenate([vec, [0.0]])
-    return vec[:P + 1]
+    return vec[: P + 1]
 
 
 def read_uploads(view: View, tag: str, rnd: int, P: int) -> dict[int, np.ndarray]:
@@ -95,8 +97,9 @@ def split_weighted(vec: np.ndarray, pub: Mapping[str, Any], contributors: int = 
     return (vec[:P] / w if abs(w) > 1e-12 else vec[:P]), w
 
 
-def round_start_params(released: torch.Tensor, total: np.ndarray, pub: Mapping[str, Any],
-                       contributors: int = 1) -> torch.Tensor:
+def round_start_params(
+    released: torch.Tensor, total: np.ndarray, pub: Mapping[str, Any], contributors: int = 1
+) -> torch.Tensor:
     """Global parameters at the start of the last round: released - mean update."""
     mean, _ = split_weighted(total, pub, contributors)
     return released - torch.as_tensor(mean, dtype=released.dtype, device=released.device)
@@ -123,8 +126,15 @@ def last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
     return found
 
 
-def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module, d: int, rule: str = "sgd",
-                   step: float = 0.0, weight_decay: float = 0.0) -> np.ndarray | None:
+def support_scores(
+    update: np.ndarray,
+    start: np.ndarray,
+    model: torch.nn.Module,
+    d: int,
+    rule: str = "sgd",
+    step: float = 0.0,
+    weight_decay: float = 0.0,
+) -> np.ndarray | None:
     """Per input feature: how far its first-layer column update ``U_j`` departs from the update
     it gets with no data gradient (a word no victim node holds).
 
@@ -136,9 +146,9 @@ def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module
     if loc is None:
         return None
     off, n, shape = loc
-    U = update[off:off + n].reshape(shape)
-    W = start[off:off + n].reshape(shape)
-    if shape[0] != d:      # [h, d] -> columns as rows
+    U = update[off : off + n].reshape(shape)
+    W = start[off : off + n].reshape(shape)
+    if shape[0] != d:  # [h, d] -> columns as rows
         U, W = U.T, W.T
     if rule == "adam":
         quiet = -step * np.sign(W) if weight_decay else np.zeros_like(W)
@@ -146,21 +156,36 @@ def support_scores(update: np.ndarray, start: np.ndarray, model: torch.nn.Module
     un = np.linalg.norm(U, axis=1)
     wn = np.linalg.norm(W, axis=1)
     proj = (U * W).sum(1) / np.maximum(wn, 1e-12)
-    perp = np.sqrt(np.maximum(un ** 2 - proj ** 2, 0.0))
+    perp = np.sqrt(np.maximum(un**2 - proj**2, 0.0))
     return np.where(un > 0, perp / np.maximum(un, 1e-30), 0.0)
 
 
-def invert_update(model: torch.nn.Module, start: torch.Tensor, target: torch.Tensor, x_shape: tuple[int, int],
-                  edge_index: torch.Tensor, train_mask: torch.Tensor, num_classes: int, *, binary: bool,
-                  rule: str = "adam", iterations: int = 100, lr: float = 0.1, restarts: int = 1,
-                  weight_decay: float = 0.0, l1: float = 1e-3, label_prior: torch.Tensor | None = None,
-                  seed: int = 0, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+def invert_update(
+    model: torch.nn.Module,
+    start: torch.Tensor,
+    target: torch.Tensor,
+    x_shape: tuple[int, int],
+    edge_index: torch.Tensor,
+    train_mask: torch.Tensor,
+    num_classes: int,
+    *,
+    binary: bool,
+    rule: str = "adam",
+    iterations: int = 100,
+    lr: float = 0.1,
+    restarts: int = 1,
+    weight_decay: float = 0.0,
+    l1: float = 1e-3,
+    label_prior: torch.Tensor | None = None,
+    seed: int = 0,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Optimise dummy features/labels whose simulated update matches ``target`` in cosine.
 
     Returns ``(features [n, d], label probabilities [n_train, C], final loss)``."""
     dev = device or attack_device()
     model = model.to(dev)
-    model.eval()                                   # no dropout: the attacker cannot replay it
+    model.eval()  # no dropout: the attacker cannot replay it
     vector_to_parameters(start.to(dev).clone(), model.parameters())
     params = [p for p in model.parameters()]
     target = target.to(dev).float()
@@ -227,8 +252,7 @@ class GradientInversion(Attack):
     default_observer = SERVER
     knowledge = ("public", "architecture", "released_model", "victim_topology")
     algorithms = RAW_FEATURE_ALGORITHMS
-    options = {"victim": 0, "iterations": 300, "lr": 0.1, "restarts": 2, "update_rule": "auto", "seed": 0,
-               "hops": 2}
+    options = {"victim": 0, "iterations": 300, "lr": 0.1, "restarts": 2, "update_rule": "auto", "seed": 0, "hops": 2}
 
     # -- what to invert (overridden by the aggregate / isolation variants)
     def target_round(self, view: View, tag: str) -> int | None:
@@ -259,14 +283,16 @@ class GradientInversion(Attack):
         rnd = self.target_round(view, tag)
         if rnd is None:
             kinds = sorted({m.kind for m in view.select(tag)})
-            return self.not_applicable(f"every {tag} payload is {'/'.join(kinds)} to the {'+'.join(view.parties)} "
-                                       "(or no payload was kept)")
+            return self.not_applicable(
+                f"every {tag} payload is {'/'.join(kinds)} to the {'+'.join(view.parties)} (or no payload was kept)"
+            )
         got = self.target_vector(view, tag, rnd, P, pub)
         if isinstance(got, str):
             return self.not_applicable(got)
         victim_vec, total = got
-        contributors = (len({m.sender for m in view.select(tag, receiver=SERVER, round=rnd)})
-                        if SERVER in view.parties else 0) or int(pub["num_clients"])
+        contributors = (
+            len({m.sender for m in view.select(tag, receiver=SERVER, round=rnd)}) if SERVER in view.parties else 0
+        ) or int(pub["num_clients"])
         start = round_start_params(released, total, pub, contributors)
         update, _ = split_weighted(victim_vec, pub)
         topo = knowledge["victim_topology"]
@@ -278,39 +304,69 @@ class GradientInversion(Attack):
         prior = None
         lb = last_bias(model, C)
         if lb is not None:
-            db = update[lb[0]:lb[0] + lb[1]]
-            prior = torch.as_tensor(np.clip(db, 0, None) + 1e-3 * np.abs(db).max(initial=1e-12) + 1e-12,
-                                    dtype=torch.float32)
+            db = update[lb[0] : lb[0] + lb[1]]
+            prior = torch.as_tensor(
+                np.clip(db, 0, None) + 1e-3 * np.abs(db).max(initial=1e-12) + 1e-12, dtype=torch.float32
+            )
             prior = prior / prior.sum()
         x_hat, y_hat, loss = invert_update(
-            model, start.float(), torch.as_tensor(update, dtype=torch.float32), (int(topo["num_nodes"]), d),
-            torch.as_tensor(topo["edge_index"]), torch.as_tensor(topo["train_mask"]).bool(), C,
-            binary=bool(pub["binary_features"]), rule=rule, iterations=int(self.opts["iterations"]),
-            lr=float(self.opts["lr"]), restarts=int(self.opts["restarts"]),
-            weight_decay=float(pub.get("weight_decay") or 0.0), label_prior=prior, seed=int(self.opts["seed"]))
+            model,
+            start.float(),
+            torch.as_tensor(update, dtype=torch.float32),
+            (int(topo["num_nodes"]), d),
+            torch.as_tensor(topo["edge_index"]),
+            torch.as_tensor(topo["train_mask"]).bool(),
+            C,
+            binary=bool(pub["binary_features"]),
+            rule=rule,
+            iterations=int(self.opts["iterations"]),
+            lr=float(self.opts["lr"]),
+            restarts=int(self.opts["restarts"]),
+            weight_decay=float(pub.get("weight_decay") or 0.0),
+            label_prior=prior,
+            seed=int(self.opts["seed"]),
+        )
         step = float(pub.get("lr") or 0.0) * max(1, int(pub.get("local_epochs") or 1))
         sup = support_scores(update, start.numpy(), model, d, rule, step, float(pub.get("weight_decay") or 0.0))
         presence, label_dist = None, None
         if lb is not None:
-            db = update[lb[0]:lb[0] + lb[1]]
-            presence = db > 0       # Adam keeps only the sign: a class whose bias rises is over-represented
+            db = update[lb[0] : lb[0] + lb[1]]
+            presence = db > 0  # Adam keeps only the sign: a class whose bias rises is over-represented
             if rule == "sgd" and pub.get("lr"):
                 # g_b = mean_train(p - y) = -db / lr  =>  label shares ~ mean p - g_b (iDLG / LLG)
                 with torch.no_grad():
                     model.eval()
                     vector_to_parameters(start.float().to(x_hat.device), model.parameters())
                     tm = torch.as_tensor(topo["train_mask"]).bool()
-                    p = F.softmax(model(x_hat.to(next(model.parameters()).device),
-                                        torch.as_tensor(topo["edge_index"]).to(next(model.parameters()).device)),
-                                  -1)[tm.to(next(model.parameters()).device)].mean(0).cpu().numpy()
+                    p = (
+                        F.softmax(
+                            model(
+                                x_hat.to(next(model.parameters()).device),
+                                torch.as_tensor(topo["edge_index"]).to(next(model.parameters()).device),
+                            ),
+                            -1,
+                        )[tm.to(next(model.parameters()).device)]
+                        .mean(0)
+                        .cpu()
+                        .numpy()
+                    )
                 est = np.clip(p + db / float(pub["lr"]), 0, None)
                 if est.sum() > 0:
                     label_dist = est / est.sum()
                     presence = est * int(torch.as_tensor(topo["train_mask"]).sum()) >= 0.5
-        return self.result(output={"victim": int(topo.get("client", self.opts["victim"])), "x": x_hat.numpy(),
-                                   "y": y_hat.numpy(), "support": sup, "presence": presence,
-                                   "label_dist": label_dist,
-                                   "loss": loss, "round": rnd, "rule": rule})
+        return self.result(
+            output={
+                "victim": int(topo.get("client", self.opts["victim"])),
+                "x": x_hat.numpy(),
+                "y": y_hat.numpy(),
+                "support": sup,
+                "presence": presence,
+                "label_dist": label_dist,
+                "loss": loss,
+                "round": rnd,
+                "rule": rule,
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -322,8 +378,13 @@ class GradientInversion(Attack):
         # only nodes within the model's receptive field of a training node shape the update
         field = receptive_field(c.edge_index.detach().cpu().numpy(), tm, hops=int(self.opts.get("hops", 2)))
         X, xh = X[field], xh[field]
-        m: dict[str, Any] = {"victim": out["victim"], "round": out["round"], "update_rule": out["rule"],
-                             "match_loss": out["loss"], "receptive_nodes": int(field.sum())}
+        m: dict[str, Any] = {
+            "victim": out["victim"],
+            "round": out["round"],
+            "update_rule": out["rule"],
+            "match_loss": out["loss"],
+            "receptive_nodes": int(field.sum()),
+        }
         if truth.binary:
             rows = np.repeat(np.arange(X.shape[0]), X.shape[1])
             res.add(auc_estimate("feature_auc", xh.ravel(), X.ravel() > 0.5, groups=rows), primary=True)
@@ -336,23 +397,44 @@ class GradientInversion(Attack):
             cos = (xh * X).sum(1) / np.maximum(np.linalg.norm(xh, axis=1) * np.linalg.norm(X, axis=1), 1e-12)
             prior = truth.x.mean(0)
             base = (X @ prior) / np.maximum(np.linalg.norm(X, axis=1) * np.linalg.norm(prior), 1e-12)
-            res.add(mean_estimate("feature_cos", cos, float(base.mean()),
-                                  chance_method="baseline (cosine to the mean feature)"), primary=True)
+            res.add(
+                mean_estimate(
+                    "feature_cos", cos, float(base.mean()), chance_method="baseline (cosine to the mean feature)"
+                ),
+                primary=True,
+            )
         yt = y[tm]
         if yt.size:
             guess = out["y"].argmax(1)
             counts = np.bincount(yt, minlength=truth.num_classes)
             m["label_chance"] = float(counts.max() / yt.size)
-            res.add(proportion_estimate("label_acc", float((guess == yt).sum()), int(yt.size), m["label_chance"],
-                                        chance_method="baseline (majority class)"))
+            res.add(
+                proportion_estimate(
+                    "label_acc",
+                    float((guess == yt).sum()),
+                    int(yt.size),
+                    m["label_chance"],
+                    chance_method="baseline (majority class)",
+                )
+            )
             if out.get("label_dist") is not None:
                 m["label_tv"] = tv_distance(out["label_dist"], counts)
-                m["label_tv_prior"] = tv_distance(np.bincount(truth.y[truth.train_mask], minlength=truth.num_classes)
-                                                  if truth.y is not None else np.ones(truth.num_classes), counts)
+                m["label_tv_prior"] = tv_distance(
+                    np.bincount(truth.y[truth.train_mask], minlength=truth.num_classes)
+                    if truth.y is not None
+                    else np.ones(truth.num_classes),
+                    counts,
+                )
             if out.get("presence") is not None:
                 present = counts > 0
-                res.add(proportion_estimate("label_presence_acc", float((out["presence"] == present).sum()),
-                                            int(present.size), matching_chance(out["presence"], present)))
+                res.add(
+                    proportion_estimate(
+                        "label_presence_acc",
+                        float((out["presence"] == present).sum()),
+                        int(present.size),
+                        matching_chance(out["presence"], present),
+                    )
+                )
         if out.get("support") is not None and truth.binary:
             res.add(auc_estimate("support_auc", out["support"], (X > 0.5).any(0)))
         res.metrics.update(m)
@@ -396,8 +478,10 @@ class IsolatedGradientInversion(GradientInversion):
         if total is None and rnd in known.get("aggregates", {}).get(tag, {}):
             total = _padded(known["aggregates"][tag][rnd], length)
         if total is None:
-            return (f"the aggregate of {tag} round {rnd} is ciphertext/masked to the coalition and no "
-                    "decrypted copy is available")
+            return (
+                f"the aggregate of {tag} round {rnd} is ciphertext/masked to the coalition and no "
+                "decrypted copy is available"
+            )
         members = [party_client(p) for p in view.parties if party_client(p) is not None]
         own = read_uploads(view, tag, rnd, length)
         extra = known.get("uploads", {}).get(tag, {}).get(rnd, {})
@@ -421,4 +505,4 @@ class IsolatedGradientInversion(GradientInversion):
 def _padded(vec: np.ndarray, P: int) -> np.ndarray:
     """A client's own ``[w v, w]`` (P + 1 entries); an unweighted DP upload (P) gets a zero weight."""
     vec = np.asarray(vec, dtype=np.float64)
-    return np.concatenate([vec[:P], [0.0]]) if vec.size == P else vec[:P + 1]
+    return np.concatenate([vec[:P], [0.0]]) if vec.size == P else vec[: P + 1]

@@ -26,6 +26,7 @@ Metric: rank AUC of ``score_k`` against each client's true property, over the cl
 1/2, 95 % bootstrap interval: :mod:`attacks.significance`).  When the server reads neither an
 update nor a norm (FedAvg under ``mask``/``ckks``) the attack is not applicable.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -62,28 +63,30 @@ def read_norms(view: View, algorithm: str, num_shared: int) -> tuple[int, dict[i
     model_tag, report_tag = f"{algorithm}/model", f"{algorithm}/norms"
     norms: dict[int, np.ndarray] = {}
     rnd = view.latest_round(report_tag, receiver=SERVER)
-    if rnd is not None:                                    # GCFL's clear-text report: update, mean(, grad)
+    if rnd is not None:  # GCFL's clear-text report: update, mean(, grad)
         for m in view.select(report_tag, receiver=SERVER, round=rnd):
             values = np.atleast_1d(np.asarray(view.payload(m), dtype=np.float64))
             if m.sender.startswith("client") and values.size >= 2:
-                norms[int(m.sender[len("client"):])] = np.r_[values[0], values[2:]]
+                norms[int(m.sender[len("client") :])] = np.r_[values[0], values[2:]]
     else:
         rnd = view.latest_round(model_tag, receiver=SERVER)
         if rnd is None:
             return None
         for m in view.select(model_tag, receiver=SERVER, round=rnd):
             vec = dense_vector(view.payload(m), num_shared + 1)
-            k = int(m.sender[len("client"):]) if m.sender.startswith("client") else None
+            k = int(m.sender[len("client") :]) if m.sender.startswith("client") else None
             if vec is not None and k is not None and k not in norms and vec[-1] > 0:
                 norms[k] = np.array([np.linalg.norm(vec[:-1] / vec[-1])])
     if not norms:
         return None
     starts, exact = {}, True
-    for k in norms:                                        # the round-start model: every earlier mean sent to k
+    for k in norms:  # the round-start model: every earlier mean sent to k
         sent = np.zeros(num_shared)
         for r in range(rnd):
-            down = [dense_vector(view.payload(d), num_shared + 1)
-                    for d in view.select(model_tag, sender=SERVER, receiver=client_party(k), round=r)]
+            down = [
+                dense_vector(view.payload(d), num_shared + 1)
+                for d in view.select(model_tag, sender=SERVER, receiver=client_party(k), round=r)
+            ]
             down = [d for d in down if d is not None and d[-1] > 0]
             if down:
                 sent += down[-1][:-1] / down[-1][-1]
@@ -93,14 +96,23 @@ def read_norms(view: View, algorithm: str, num_shared: int) -> tuple[int, dict[i
     return rnd, norms, starts, exact
 
 
-def shadow_norms(start: torch.Tensor, pools: list[list], pub: Mapping[str, Any], *, threshold: float,
-                   shadows: int, graphs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def shadow_norms(
+    start: torch.Tensor,
+    pools: list[list],
+    pub: Mapping[str, Any],
+    *,
+    threshold: float,
+    shadows: int,
+    graphs: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local
     training from ``start`` on shadow clients of ``graphs`` auxiliary graphs.  Every pool (the auxiliary graphs of one
     source, so of one labelling task) with graphs on both sides of ``threshold`` gives
     ``shadows`` clients with the property and ``shadows`` without."""
     from secure_fgl.algorithms.graph_level.ops import GraphLearner
     from secure_fgl.data.graph_classification import GraphClient
+
     rng = np.random.default_rng([seed, 53])
     opts = pub.get("options") or {}
     ups, labels = [], []
@@ -111,13 +123,21 @@ def shadow_norms(start: torch.Tensor, pools: list[list], pub: Mapping[str, Any],
             continue
         for has in [1, 0] * shadows:
             low, high = (graphs // 2 + 1, graphs) if has else (0, (graphs - 1) // 2)
-            n_dense = int(np.clip(round(rng.uniform(0.5, 1.0) * graphs if has else rng.uniform(0.0, 0.5) * graphs),
-                                  low, high))
-            picked = [dense[i] for i in rng.integers(0, len(dense), n_dense)] + \
-                     [sparse[i] for i in rng.integers(0, len(sparse), graphs - n_dense)]
-            cfg = SimpleNamespace(seed=int(rng.integers(2 ** 31)), hidden=pub["hidden"], num_layers=pub["num_layers"],
-                                  dropout=pub["dropout"], lr=pub["lr"], weight_decay=pub["weight_decay"],
-                                  local_epochs=pub["local_epochs"])
+            n_dense = int(
+                np.clip(round(rng.uniform(0.5, 1.0) * graphs if has else rng.uniform(0.0, 0.5) * graphs), low, high)
+            )
+            picked = [dense[i] for i in rng.integers(0, len(dense), n_dense)] + [
+                sparse[i] for i in rng.integers(0, len(sparse), graphs - n_dense)
+            ]
+            cfg = SimpleNamespace(
+                seed=int(rng.integers(2**31)),
+                hidden=pub["hidden"],
+                num_layers=pub["num_layers"],
+                dropout=pub["dropout"],
+                lr=pub["lr"],
+                weight_decay=pub["weight_decay"],
+                local_epochs=pub["local_epochs"],
+            )
             client = GraphClient(len(ups), "shadow", picked, [], [], int(pool[0].x.shape[1]), int(pub["num_classes"]))
             learner = GraphLearner(client, cfg, torch.device("cpu"), int(opts.get("batch_size", 128)), start)
             learner.local_update(0, float(opts.get("mu", 0.0) or 0.0))
@@ -137,32 +157,48 @@ class GraphPropertyInference(Attack):
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
         from secure_fgl.algorithms.graph_level.ops import initial_shared
+
         pub, aux = knowledge["public"], knowledge["aux_graphs"]
         read = read_norms(view, pub["algorithm"], int(pub["num_shared"]))
         if read is None:
             return self.not_applicable("the server reads no client update and no norm report")
         rnd, norms, starts, exact = read
-        initial = initial_shared(SimpleNamespace(seed=pub["seed"], hidden=pub["hidden"],
-                                                 num_layers=pub["num_layers"], dropout=pub["dropout"])).double()
+        initial = initial_shared(
+            SimpleNamespace(
+                seed=pub["seed"], hidden=pub["hidden"], num_layers=pub["num_layers"], dropout=pub["dropout"]
+            )
+        ).double()
         scores, rules = {}, {}
         for k, observed in norms.items():
             key = starts[k].tobytes()
-            if key not in rules:                   # one shadow classifier per round-start model
+            if key not in rules:  # one shadow classifier per round-start model
                 start = (initial + torch.as_tensor(starts[k])).float()
-                shadow, labels = shadow_norms(start, aux["pools"], pub, threshold=float(self.opts["threshold"]),
-                                              shadows=int(self.opts["shadows"]),
-                                              graphs=int(aux["graphs_per_client"]), seed=len(rules))
+                shadow, labels = shadow_norms(
+                    start,
+                    aux["pools"],
+                    pub,
+                    threshold=float(self.opts["threshold"]),
+                    shadows=int(self.opts["shadows"]),
+                    graphs=int(aux["graphs_per_client"]),
+                    seed=len(rules),
+                )
                 if len(set(labels.tolist())) < 2:
                     return self.not_applicable("no auxiliary pool holds graphs on both sides of the density threshold")
-                feats = np.log(shadow[:, :observed.size] + 1e-12)
+                feats = np.log(shadow[:, : observed.size] + 1e-12)
                 m1, m0 = feats[labels == 1].mean(0), feats[labels == 0].mean(0)
                 rules[key] = ((m1 + m0) / 2, (m1 - m0) / (feats.var(0) + 1e-12))
             centre, weight = rules[key]
             scores[k] = float((np.log(observed + 1e-12) - centre) @ weight)
-        return self.result(output={"scores": scores}, metrics={"round": rnd, "clients": len(scores),
-                                                               "features": int(next(iter(norms.values())).size),
-                                                               "start_exact": exact,
-                                                               "shadow_classifiers": len(rules)})
+        return self.result(
+            output={"scores": scores},
+            metrics={
+                "round": rnd,
+                "clients": len(scores),
+                "features": int(next(iter(norms.values())).size),
+                "start_exact": exact,
+                "shadow_classifiers": len(rules),
+            },
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         scores = res.output["scores"]

@@ -16,16 +16,17 @@ since every client decrypts the model it then deploys.
 
 Scores are the attack's output; which pairs/nodes are positives is decided in ``score``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-
-from .base import (Attack, AttackResult, GroundTruth, View, advantage, roc_auc, tpr_at_fpr)
+from .base import Attack, AttackResult, GroundTruth, View, advantage, roc_auc, tpr_at_fpr
 from .significance import auc_estimate, pair_auc_estimate, score_estimate
 
 
@@ -48,8 +49,9 @@ class MembershipInference(Attack):
         logp = np.log(p[np.arange(ids.size), labels])
         maxp = p.max(1)
         negent = (p * np.log(p)).sum(1)
-        return self.result(output={"ids": ids[ok], "scores": {"loss": logp[ok], "max_prob": maxp[ok],
-                                                              "neg_entropy": negent[ok]}})
+        return self.result(
+            output={"ids": ids[ok], "scores": {"loss": logp[ok], "max_prob": maxp[ok], "neg_entropy": negent[ok]}}
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         ids = res.output["ids"]
@@ -58,15 +60,26 @@ class MembershipInference(Attack):
         res.add(auc_estimate("auc", s["loss"], member), primary=True)
         res.add(score_estimate("advantage", advantage, s["loss"], member))
         res.add(score_estimate("tpr_at_1fpr", lambda a, b: tpr_at_fpr(a, b, 0.01), s["loss"], member))
-        res.metrics.update({"auc_max_prob": roc_auc(s["max_prob"], member),
-                            "auc_neg_entropy": roc_auc(s["neg_entropy"], member),
-                            "members": int(member.sum()), "non_members": int((~member).sum())})
+        res.metrics.update(
+            {
+                "auc_max_prob": roc_auc(s["max_prob"], member),
+                "auc_neg_entropy": roc_auc(s["neg_entropy"], member),
+                "members": int(member.sum()),
+                "non_members": int((~member).sum()),
+            }
+        )
         return res
 
 
 # ----------------------------------------------------------------------------- pair sampling
-def sample_pairs(edge_index: np.ndarray, nodes: np.ndarray, num: int, seed: int = 0,
-                 anchors: np.ndarray | None = None, keep_pair=None) -> dict[str, np.ndarray]:
+def sample_pairs(
+    edge_index: np.ndarray,
+    nodes: np.ndarray,
+    num: int,
+    seed: int = 0,
+    anchors: np.ndarray | None = None,
+    keep_pair=None,
+) -> dict[str, np.ndarray]:
     """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among
     ``nodes``; with ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)``
     (boolean arrays) restricts all three sets to one population (e.g. both ends in one client)."""
@@ -96,7 +109,7 @@ def sample_pairs(edge_index: np.ndarray, nodes: np.ndarray, num: int, seed: int 
     hard = subset(hard[:, (hard[0] != hard[1]) & anc[hard[0]]])
     src_pool = np.flatnonzero(anc & keep)
     want, rnd = max(pos.shape[1], 1), np.zeros((2, 0), np.int64)
-    for _ in range(20):                               # bounded: a population may hold few pairs
+    for _ in range(20):  # bounded: a population may hold few pairs
         u, v = rng.choice(src_pool, 4 * want), rng.choice(nodes, 4 * want)
         ok = (u != v) & (np.asarray(a[u, v]).ravel() == 0)
         if keep_pair is not None:
@@ -114,8 +127,9 @@ def pair_estimates(score_fn, pairs: dict[str, np.ndarray], suffix: str = "") -> 
     sp_ = score_fn(pairs["pos"]) if pairs["pos"].shape[1] else None
     for key, name in (("random", "auc_random"), ("hard", "auc_2hop")):
         neg = pairs[key]
-        out[name + suffix] = None if sp_ is None or neg.shape[1] == 0 else \
-            pair_auc_estimate(name + suffix, sp_, score_fn(neg))
+        out[name + suffix] = (
+            None if sp_ is None or neg.shape[1] == 0 else pair_auc_estimate(name + suffix, sp_, score_fn(neg))
+        )
     return out
 
 
@@ -206,8 +220,14 @@ class InfluenceLinkInference(Attack):
                 Xp[v] = Xp[v] * (1 + delta) if Xp[v].abs().sum() > 0 else Xp[v] + delta
                 out = api["query"](Xp).double()
                 infl[i] = ((out - base) / delta).norm(dim=1).cpu().numpy()[:n]
-        return self.result(output={"client": int(api["client"]), "targets": targets, "influence": infl,
-                                   "global_ids": np.asarray(api["global_ids"])})
+        return self.result(
+            output={
+                "client": int(api["client"]),
+                "targets": targets,
+                "influence": infl,
+                "global_ids": np.asarray(api["global_ids"]),
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -223,6 +243,12 @@ class InfluenceLinkInference(Attack):
         xl = c.x.detach().cpu().numpy().astype(np.float64)
         for name, est in pair_estimates(lambda pr: _cos_rows(xl, pr), pairs).items():
             res.metrics["feature_baseline_" + name] = None if est is None else est.value
-        res.metrics.update({"client": out["client"], "positives": int(pairs["pos"].shape[1]),
-                            "hard_negatives": int(pairs["hard"].shape[1]), "targets": int(targets.size)})
+        res.metrics.update(
+            {
+                "client": out["client"],
+                "positives": int(pairs["pos"].shape[1]),
+                "hard_negatives": int(pairs["hard"].shape[1]),
+                "targets": int(targets.size),
+            }
+        )
         return res

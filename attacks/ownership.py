@@ -14,9 +14,11 @@ gradients entered an update): ownership accuracy (chance: a random pairing of gu
 clients' scores (chance 1/2, nodes resampled as groups).  The intervals treat the target nodes
 as independent; neighbouring nodes' gradients are correlated, so they are on the narrow side.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,8 +28,15 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.transcript import SERVER
 
 from .base import Attack, AttackResult, GroundTruth, View
-from .gradient import (EXCHANGE, first_weight, model_tag, read_aggregate, read_uploads, round_start_params,
-                       split_weighted)
+from .gradient import (
+    EXCHANGE,
+    first_weight,
+    model_tag,
+    read_aggregate,
+    read_uploads,
+    round_start_params,
+    split_weighted,
+)
 from .significance import auc_estimate, matching_chance, proportion_estimate
 
 
@@ -75,9 +84,8 @@ class OwnershipInference(Attack):
             loss = F.cross_entropy(logits[int(ids[j])][None], torch.as_tensor([int(y[j])]))
             g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, retain_graph=True)])
             scores[i] = F.cosine_similarity(-U[:, part], g[None, part], dim=1).detach().numpy()
-        scores -= scores.mean(0, keepdims=True)   # a client's offset common to every node says nothing of v
-        return self.result(output={"ids": ids[pick], "clients": np.asarray(clients), "scores": scores,
-                                   "round": rnd})
+        scores -= scores.mean(0, keepdims=True)  # a client's offset common to every node says nothing of v
+        return self.result(output={"ids": ids[pick], "clients": np.asarray(clients), "scores": scores, "round": rnd})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -85,13 +93,26 @@ class OwnershipInference(Attack):
         member = truth.train_mask[ids] & np.isin(truth.owner[ids], clients)
         owner = truth.owner[ids][member]
         guess = clients[S[member].argmax(1)]
-        res.add(proportion_estimate("ownership_acc", float((guess == owner).sum()), int(member.sum()),
-                                    matching_chance(guess, owner) if owner.size else None), primary=True)
+        res.add(
+            proportion_estimate(
+                "ownership_acc",
+                float((guess == owner).sum()),
+                int(member.sum()),
+                matching_chance(guess, owner) if owner.size else None,
+            ),
+            primary=True,
+        )
         is_owner = clients[None, :] == owner[:, None]
         groups = np.repeat(np.arange(owner.size), clients.size)
         res.add(auc_estimate("owner_auc", S[member].ravel(), is_owner.ravel(), groups=groups))
-        res.metrics.update({"round": out["round"], "targets": int(ids.size), "member_targets": int(member.sum()),
-                            "clients": int(clients.size)})
+        res.metrics.update(
+            {
+                "round": out["round"],
+                "targets": int(ids.size),
+                "member_targets": int(member.sum()),
+                "clients": int(clients.size),
+            }
+        )
         return res
 
 
@@ -117,8 +138,11 @@ class RequestOwnership(Attack):
         order = str((pub.get("options") or {}).get("row_order", "given"))
         if order != "given":
             return self.not_applicable(f"row_order {order!r}: the row numbering is private to the clients")
-        plans = [m.payload for m in view.select("fedgcn/*", kinds=("control",))
-                 if isinstance(m.payload, Mapping) and "requests" in m.payload and not m.tag.endswith("/model")]
+        plans = [
+            m.payload
+            for m in view.select("fedgcn/*", kinds=("control",))
+            if isinstance(m.payload, Mapping) and "requests" in m.payload and not m.tag.endswith("/model")
+        ]
         if not plans:
             return self.not_applicable("no row-exchange plan with download requests reached the server")
         requests: dict[int, set] = {}
@@ -130,8 +154,14 @@ class RequestOwnership(Attack):
         block = np.arange(N) // rpb
         asked = np.array([[b in requests[k] for k in clients] for b in block], dtype=float)
         scores = asked / np.maximum(asked.sum(1, keepdims=True), 1.0)
-        return self.result(output={"clients": np.asarray(clients), "scores": scores, "rows_per_block": rpb,
-                                   "layout": str(plans[0].get("layout"))})
+        return self.result(
+            output={
+                "clients": np.asarray(clients),
+                "scores": scores,
+                "rows_per_block": rpb,
+                "layout": str(plans[0].get("layout")),
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         out = res.output
@@ -139,12 +169,19 @@ class RequestOwnership(Attack):
         kept = np.flatnonzero(np.isin(truth.owner, clients))
         owner = truth.owner[kept]
         rng = np.random.default_rng(int(self.opts["seed"]))
-        noisy = S[kept] + rng.random(S[kept].shape) * 1e-9          # ties broken at random
+        noisy = S[kept] + rng.random(S[kept].shape) * 1e-9  # ties broken at random
         guess = clients[noisy.argmax(1)]
-        res.add(proportion_estimate("ownership_acc", float((guess == owner).sum()), int(kept.size),
-                                    matching_chance(guess, owner)), primary=True)
+        res.add(
+            proportion_estimate(
+                "ownership_acc", float((guess == owner).sum()), int(kept.size), matching_chance(guess, owner)
+            ),
+            primary=True,
+        )
         is_owner = clients[None, :] == owner[:, None]
-        res.add(auc_estimate("owner_auc", S[kept].ravel(), is_owner.ravel(),
-                             groups=np.repeat(np.arange(kept.size), clients.size)))
+        res.add(
+            auc_estimate(
+                "owner_auc", S[kept].ravel(), is_owner.ravel(), groups=np.repeat(np.arange(kept.size), clients.size)
+            )
+        )
         res.metrics.update({"rows_per_block": out["rows_per_block"], "layout": out["layout"]})
         return res

@@ -23,6 +23,7 @@ ground truth that *scores* an attack (:class:`~attacks.base.GroundTruth`) are th
 the runner takes them from the driver's partitioned data, never from a runtime, and ground
 truth never enters an attack's ``run``.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -54,7 +55,7 @@ class InlineParties:
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         c = self.fed.clients[k]
         p = torch.softmax(self.algo.client_logits(k).float(), -1).cpu().numpy()
-        return c.global_ids.cpu().numpy()[:p.shape[0]], p[:c.num_nodes]
+        return c.global_ids.cpu().numpy()[: p.shape[0]], p[: c.num_nodes]
 
     def query_api(self, t: int) -> dict | None:
         algo = self.algo
@@ -75,8 +76,12 @@ class InlineParties:
             out = out[0] if isinstance(out, tuple) else out
             return torch.log_softmax(out.float(), -1).cpu()
 
-        return {"client": t, "features": feats.detach().cpu(), "query": query,
-                "global_ids": self.fed.clients[t].global_ids.cpu().numpy()}
+        return {
+            "client": t,
+            "features": feats.detach().cpu(),
+            "query": query,
+            "global_ids": self.fed.clients[t].global_ids.cpu().numpy(),
+        }
 
     def contributions(self, k: int) -> dict:
         """Not kept by the in-process algorithm object: coalitions read their uploads in the transcript."""
@@ -98,6 +103,7 @@ class RuntimeParties:
         """Client ``k``'s view, asked of the runtime holding it (the centralized reference: the one
         runtime, which answers for the nodes client ``k`` owns)."""
         from secure_fgl.runtime import wire
+
         host = self.strategy.host_of(k)
         request = {"what": what, "client": k, **fields}
         responses, lost = self.strategy.executor.call("attack", {host: wire.pack(request)}, label=what)
@@ -107,6 +113,7 @@ class RuntimeParties:
 
     def own_data(self, k: int):
         from secure_fgl.data.federated import ClientSubgraph
+
         f = self._ask(k, "own_data")
         return ClientSubgraph(k, **{name: torch.from_numpy(a) for name, a in f.items()})
 
@@ -139,19 +146,20 @@ class RuntimeParties:
     def _model_of(self, k: int, **shape) -> torch.nn.Module | None:
         """Client ``k``'s deployed parameters loaded into the logic's public ``architecture``."""
         from secure_fgl.algorithms import get_spec
+
         s = self.strategy
         state = self._ask(k, "model")
         arch = getattr(get_spec(s.cfg.algorithm).logic_class(), "architecture", None)
         if not state or arch is None:
             return None
-        with torch.random.fork_rng(devices=[]):        # building it must not move the driver's RNG
+        with torch.random.fork_rng(devices=[]):  # building it must not move the driver's RNG
             model = arch(s.cfg, s.facts, s.opts, **shape)
-        model.load_state_dict({n[len("param:"):]: torch.from_numpy(a) for n, a in state.items()})
+        model.load_state_dict({n[len("param:") :]: torch.from_numpy(a) for n, a in state.items()})
         return model
 
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         f = self._ask(k, "posteriors")
-        return f["global_ids"], f["posteriors"][:f["global_ids"].size]
+        return f["global_ids"], f["posteriors"][: f["global_ids"].size]
 
     def query_api(self, t: int) -> dict | None:
         inputs = self._ask(t, "inputs")
@@ -161,8 +169,12 @@ class RuntimeParties:
         def query(x: torch.Tensor) -> torch.Tensor:
             return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float())["log_posteriors"])
 
-        return {"client": t, "features": torch.from_numpy(inputs["features"]), "query": query,
-                "global_ids": inputs["global_ids"]}
+        return {
+            "client": t,
+            "features": torch.from_numpy(inputs["features"]),
+            "query": query,
+            "global_ids": inputs["global_ids"],
+        }
 
     def ckks_keys(self, clients: list[int]):
         """The key ring the first colluding client hands the coalition (its secret contexts)."""
@@ -177,6 +189,7 @@ class _KeyRing:
 
     def __init__(self, secrets: dict):
         import tenseal as ts
+
         self._contexts = {fp: ts.context_from(raw.tobytes()) for fp, raw in secrets.items()}
 
     def by_fingerprint(self, fingerprint: str):

@@ -41,6 +41,7 @@ coalition_keys     the protocol object (its transcript and public options) and
 
 Ground truth (``fed.graph``, ``fed.clients``) enters only :meth:`Attack.score`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,7 +50,7 @@ import fnmatch
 import time
 import traceback
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -59,24 +60,40 @@ from protocols.transcript import SERVER, client_party
 from .audit import audit_protocol
 from .base import Attack, AttackResult, GroundTruth, View, observer_parties
 from .coalition import CoalitionAttack
-from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout, own_degrees
+from .fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout
 from .gcfl import SameDatasetInference
 from .gin_inversion import GINUpdateInversion
-from .graph_property import GraphPropertyInference
-from .parties import party_access
 from .gradient import AggregateGradientInversion, GradientInversion, IsolatedGradientInversion
+from .graph_property import GraphPropertyInference
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
 from .ownership import OwnershipInference, RequestOwnership
+from .parties import party_access
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
 from .update_labels import UpdateLabelDistribution
 
-ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (
-    NeighbourSumReadout, NeighbourSumInversion, ClientSubtraction,
-    GradientInversion, AggregateGradientInversion, IsolatedGradientInversion,
-    ProxyLabelDistribution, MomentLabelDistribution, UpdateLabelDistribution,
-    MembershipInference, PosteriorLinkInference, InfluenceLinkInference, CoalitionAttack, OwnershipInference,
-    RequestOwnership,
-    SameDatasetInference, GINUpdateInversion, GraphPropertyInference)}
+ATTACKS: dict[str, type[Attack]] = {
+    cls.name: cls
+    for cls in (
+        NeighbourSumReadout,
+        NeighbourSumInversion,
+        ClientSubtraction,
+        GradientInversion,
+        AggregateGradientInversion,
+        IsolatedGradientInversion,
+        ProxyLabelDistribution,
+        MomentLabelDistribution,
+        UpdateLabelDistribution,
+        MembershipInference,
+        PosteriorLinkInference,
+        InfluenceLinkInference,
+        CoalitionAttack,
+        OwnershipInference,
+        RequestOwnership,
+        SameDatasetInference,
+        GINUpdateInversion,
+        GraphPropertyInference,
+    )
+}
 
 
 def applies_to(cls: type[Attack], algorithm: str, graph_level: bool = False) -> bool:
@@ -114,7 +131,7 @@ class RunContext:
         o = getattr(self.algo, "opts", None)
         if o is not None and dataclasses.is_dataclass(o):
             return dataclasses.asdict(o)
-        if isinstance(o, dict):                           # a server strategy's options
+        if isinstance(o, dict):  # a server strategy's options
             return dict(o)
         return dict(getattr(self.cfg, "options", {}) or {})
 
@@ -125,24 +142,50 @@ class RunContext:
     def public(self, **_) -> dict:
         cfg, fed = self.cfg, self.fed
         algo_name = getattr(self.algo, "name", cfg.algorithm)
-        if not hasattr(fed, "graph"):                     # graph classification: per-client models
+        if not hasattr(fed, "graph"):  # graph classification: per-client models
             from secure_fgl.algorithms.graph_level.ops import initial_shared
-            return {"num_clients": int(fed.num_clients), "mode": cfg.mode, "algorithm": algo_name,
-                    "options": self._options(), "lr": cfg.lr, "hidden": cfg.hidden, "num_layers": cfg.num_layers,
-                    "local_epochs": cfg.local_epochs, "num_shared": int(initial_shared(cfg).numel()),
-                    "seed": cfg.seed, "dropout": cfg.dropout, "weight_decay": cfg.weight_decay,
-                    "num_classes": max(c.num_classes for c in fed.clients)}
+
+            return {
+                "num_clients": int(fed.num_clients),
+                "mode": cfg.mode,
+                "algorithm": algo_name,
+                "options": self._options(),
+                "lr": cfg.lr,
+                "hidden": cfg.hidden,
+                "num_layers": cfg.num_layers,
+                "local_epochs": cfg.local_epochs,
+                "num_shared": int(initial_shared(cfg).numel()),
+                "seed": cfg.seed,
+                "dropout": cfg.dropout,
+                "weight_decay": cfg.weight_decay,
+                "num_classes": max(c.num_classes for c in fed.clients),
+            }
         d = int(fed.num_features)
         opts = self._options()
-        return {"num_nodes": int(fed.graph.num_nodes), "num_features": d, "num_classes": int(fed.num_classes),
-                "num_clients": int(fed.num_clients), "binary_features": bool(fed.binary_features),
-                "mode": cfg.mode, "algorithm": algo_name, "options": opts, "dp_epsilon": cfg.dp_epsilon,
-                "dp_clip": cfg.dp_clip, "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-                "local_epochs": cfg.local_epochs, "model": cfg.model, "hidden": cfg.hidden,
-                "num_layers": cfg.num_layers, "dropout": cfg.dropout, "rounds": cfg.rounds,
-                "optimizer": str(getattr(cfg, "optimizer", "adam")), "momentum": float(getattr(cfg, "momentum", 0.0)),
-                # FedGCN rows are [sum x_j, count]: the ones column is part of the public protocol
-                "row_width": d + 1 if algo_name == "fedgcn" else None}
+        return {
+            "num_nodes": int(fed.graph.num_nodes),
+            "num_features": d,
+            "num_classes": int(fed.num_classes),
+            "num_clients": int(fed.num_clients),
+            "binary_features": bool(fed.binary_features),
+            "mode": cfg.mode,
+            "algorithm": algo_name,
+            "options": opts,
+            "dp_epsilon": cfg.dp_epsilon,
+            "dp_clip": cfg.dp_clip,
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "local_epochs": cfg.local_epochs,
+            "model": cfg.model,
+            "hidden": cfg.hidden,
+            "num_layers": cfg.num_layers,
+            "dropout": cfg.dropout,
+            "rounds": cfg.rounds,
+            "optimizer": str(getattr(cfg, "optimizer", "adam")),
+            "momentum": float(getattr(cfg, "momentum", 0.0)),
+            # FedGCN rows are [sum x_j, count]: the ones column is part of the public protocol
+            "row_width": d + 1 if algo_name == "fedgcn" else None,
+        }
 
     def topology(self, **_) -> dict:
         return {"edge_index": self.fed.graph.edge_index.cpu().numpy(), "owner": self.fed.owner.cpu().numpy()}
@@ -166,12 +209,16 @@ class RunContext:
             return None
         nodes, rows = got
         from .fedgcn import EXCHANGE
+
         tag = "fedgcn/neighbour_sums"
-        tags = [m.tag for m in self.protocol.transcript.messages if fnmatch.fnmatchcase(m.tag, EXCHANGE)
-                and not m.tag.endswith("/model")]
+        tags = [
+            m.tag
+            for m in self.protocol.transcript.messages
+            if fnmatch.fnmatchcase(m.tag, EXCHANGE) and not m.tag.endswith("/model")
+        ]
         if tags:
             tag = tags[0]
-        real = nodes >= 0                                 # padding rows hold no node
+        real = nodes >= 0  # padding rows hold no node
         return {tag: (nodes[real], rows[real].astype(np.float64))}
 
     def own_contributions(self, observer: str, **_) -> dict:
@@ -206,14 +253,22 @@ class RunContext:
     def victim_topology(self, attack: Attack, **_):
         v = int(attack.opts.get("victim", 0))
         c = self.fed.clients[v]
-        return {"client": v, "num_nodes": c.num_nodes, "edge_index": c.edge_index.cpu(),
-                "train_mask": c.train_mask.cpu()}
+        return {
+            "client": v,
+            "num_nodes": c.num_nodes,
+            "edge_index": c.edge_index.cpu(),
+            "train_mask": c.train_mask.cpu(),
+        }
 
     def victim_graphs(self, attack: Attack, **_) -> dict:
         """K2 (graph classification): the structure of the victim's training graphs, no features or labels."""
         c = self.fed.clients[int(attack.opts.get("victim", 0))]
-        return {"client": c.client_id, "structure": [(g.edge_index.cpu(), int(g.num_nodes)) for g in c.train],
-                "num_features": c.num_features, "num_classes": c.num_classes}
+        return {
+            "client": c.client_id,
+            "structure": [(g.edge_index.cpu(), int(g.num_nodes)) for g in c.train],
+            "num_features": c.num_features,
+            "num_classes": c.num_classes,
+        }
 
     def aux_graphs(self, **_) -> dict | None:
         """K1 (graph classification): graphs from the clients' distribution that no client trains
@@ -221,8 +276,10 @@ class RunContext:
         if hasattr(self.fed, "graph"):
             return None
         clients = self.fed.clients
-        return {"pools": [[*c.val, *c.test] for c in clients],
-                "graphs_per_client": max(1, round(float(np.mean([len(c.train) for c in clients]))))}
+        return {
+            "pools": [[*c.val, *c.test] for c in clients],
+            "graphs_per_client": max(1, round(float(np.mean([len(c.train) for c in clients])))),
+        }
 
     def victim_model(self, attack: Attack, **_):
         """K3 (graph classification): a copy of the victim's model (private layers included) after the run."""
@@ -293,6 +350,7 @@ class RunContext:
                     outs.append(h)
             model.eval()
             return torch.stack(outs).mean(0).cpu().numpy()
+
         return fn
 
     def coalition_keys(self, observer: str, **_) -> dict:
@@ -330,8 +388,10 @@ def _observers(attack: Attack, num_clients: int) -> list[str]:
 def _exchange_present(cls: type[Attack], tags: list[str]) -> bool:
     if not cls.needs_exchange:
         return True
-    return any(fnmatch.fnmatchcase(t, cls.exchange) and not (cls.exchange.endswith("/*") and t.endswith("/model"))
-               for t in tags)
+    return any(
+        fnmatch.fnmatchcase(t, cls.exchange) and not (cls.exchange.endswith("/*") and t.endswith("/model"))
+        for t in tags
+    )
 
 
 def _entry(res: AttackResult, seconds: float, *, secure: bool, audit_passed: bool) -> dict:
@@ -357,11 +417,23 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
     truth = GroundTruth.from_graph_fed(fed) if graph_level else GroundTruth.from_fed(fed)
     audit = audit_protocol(protocol)
     secure = audit.secure
-    entries = [{"name": "transcript_audit", "observer": SERVER, "exchange": "*", "metric": "passed",
-                "value": 1.0 if audit.passed else 0.0, "chance": None, "applicable": True,
-                "secure": secure, "failures": audit.failures[:20], "num_failures": len(audit.failures),
-                "warnings": audit.warnings[:20], "num_warnings": len(audit.warnings),
-                "exchanges": audit.exchanges}]
+    entries = [
+        {
+            "name": "transcript_audit",
+            "observer": SERVER,
+            "exchange": "*",
+            "metric": "passed",
+            "value": 1.0 if audit.passed else 0.0,
+            "chance": None,
+            "applicable": True,
+            "secure": secure,
+            "failures": audit.failures[:20],
+            "num_failures": len(audit.failures),
+            "warnings": audit.warnings[:20],
+            "num_warnings": len(audit.warnings),
+            "exchanges": audit.exchanges,
+        }
+    ]
     tags = protocol.transcript.tags()
     opener = ctx.opener()
     for name in selected:
@@ -369,13 +441,26 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
         attack = cls(**options.get(name, {}))
         t0 = time.perf_counter()
         if not applies_to(cls, algorithm, graph_level):
-            entries.append(_entry(attack.not_applicable(f"targets {', '.join(cls.algorithms or ('node-level runs',))}, "
-                                                        f"not {algorithm}"),
-                                  0.0, secure=secure, audit_passed=audit.passed))
+            entries.append(
+                _entry(
+                    attack.not_applicable(
+                        f"targets {', '.join(cls.algorithms or ('node-level runs',))}, not {algorithm}"
+                    ),
+                    0.0,
+                    secure=secure,
+                    audit_passed=audit.passed,
+                )
+            )
             continue
         if not _exchange_present(cls, tags):
-            entries.append(_entry(attack.not_applicable(f"exchange {cls.exchange} absent from the transcript"),
-                                  0.0, secure=secure, audit_passed=audit.passed))
+            entries.append(
+                _entry(
+                    attack.not_applicable(f"exchange {cls.exchange} absent from the transcript"),
+                    0.0,
+                    secure=secure,
+                    audit_passed=audit.passed,
+                )
+            )
             continue
         observers = _observers(attack, fed.num_clients)
         results = []
@@ -393,8 +478,14 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
             continue
         seconds = time.perf_counter() - t0
         if not results:
-            entries.append(_entry(attack.not_applicable("no observer for this attack in this run"), seconds,
-                                  secure=secure, audit_passed=audit.passed))
+            entries.append(
+                _entry(
+                    attack.not_applicable("no observer for this attack in this run"),
+                    seconds,
+                    secure=secure,
+                    audit_passed=audit.passed,
+                )
+            )
             continue
         if len(results) == 1:
             entries.append(_entry(results[0], seconds, secure=secure, audit_passed=audit.passed))

@@ -19,10 +19,11 @@ Every attack result states, for its metric on its own sample,
 Efron & Tibshirani, *An Introduction to the Bootstrap* (1993); Wilson, JASA 1927;
 Good, *Permutation Tests* (2005).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -57,14 +58,21 @@ class Estimate:
         """The interval lies wholly on the non-leaky side of chance."""
         if self.ci is None or self.chance is None:
             return None
-        return bool(self.ci[1] < self.chance - 1e-12) if self.higher_is_leakier \
-            else bool(self.ci[0] > self.chance + 1e-12)
+        return (
+            bool(self.ci[1] < self.chance - 1e-12) if self.higher_is_leakier else bool(self.ci[0] > self.chance + 1e-12)
+        )
 
     def to_dict(self) -> dict:
-        d = {"value": _f(self.value), "chance": _f(self.chance),
-             "ci": None if self.ci is None else [_f(self.ci[0]), _f(self.ci[1])], "samples": int(self.samples),
-             "chance_method": self.chance_method, "ci_method": self.ci_method, "at_chance": self.at_chance,
-             "below_chance": self.below_chance}
+        d = {
+            "value": _f(self.value),
+            "chance": _f(self.chance),
+            "ci": None if self.ci is None else [_f(self.ci[0]), _f(self.ci[1])],
+            "samples": int(self.samples),
+            "chance_method": self.chance_method,
+            "ci_method": self.ci_method,
+            "at_chance": self.at_chance,
+            "below_chance": self.below_chance,
+        }
         if self.null_q95 is not None:
             d["null_q95"] = _f(self.null_q95)
         return d
@@ -96,8 +104,15 @@ def _percentile_ci(values: np.ndarray) -> tuple[float, float] | None:
     return float(lo), float(hi)
 
 
-def bootstrap_ci(metric: Callable[[np.ndarray, np.ndarray], float], scores: np.ndarray, labels: np.ndarray, *,
-                 groups: np.ndarray | None = None, draws: int = DRAWS, seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_ci(
+    metric: Callable[[np.ndarray, np.ndarray], float],
+    scores: np.ndarray,
+    labels: np.ndarray,
+    *,
+    groups: np.ndarray | None = None,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> tuple[float, float] | None:
     """Percentile bootstrap interval of ``metric(scores, labels)``: positives and negatives are
     resampled separately (their counts stay fixed), or whole ``groups`` are resampled."""
     rng = np.random.default_rng(seed)
@@ -117,8 +132,14 @@ def bootstrap_ci(metric: Callable[[np.ndarray, np.ndarray], float], scores: np.n
     return _percentile_ci(out)
 
 
-def permutation_null(metric: Callable[[np.ndarray, np.ndarray], float], scores: np.ndarray, labels: np.ndarray, *,
-                     draws: int = DRAWS, seed: int = 1) -> np.ndarray:
+def permutation_null(
+    metric: Callable[[np.ndarray, np.ndarray], float],
+    scores: np.ndarray,
+    labels: np.ndarray,
+    *,
+    draws: int = DRAWS,
+    seed: int = 1,
+) -> np.ndarray:
     """``metric`` on ``draws`` random permutations of ``labels`` over the fixed ``scores``."""
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
@@ -126,9 +147,17 @@ def permutation_null(metric: Callable[[np.ndarray, np.ndarray], float], scores: 
 
 
 # ----------------------------------------------------------------------------- estimates
-def score_estimate(name: str, metric: Callable[[np.ndarray, np.ndarray], float], scores, labels, *,
-                   chance: float | None = None, groups: np.ndarray | None = None, draws: int = DRAWS,
-                   seed: int = 0) -> Estimate:
+def score_estimate(
+    name: str,
+    metric: Callable[[np.ndarray, np.ndarray], float],
+    scores,
+    labels,
+    *,
+    chance: float | None = None,
+    groups: np.ndarray | None = None,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> Estimate:
     """A score-based metric (AUC, advantage, TPR at low FPR) with its interval; ``chance=None``
     takes the permutation null's mean as the chance level."""
     scores = np.asarray(scores, dtype=np.float64).ravel()
@@ -149,6 +178,7 @@ def score_estimate(name: str, metric: Callable[[np.ndarray, np.ndarray], float],
 def auc_estimate(name: str, scores, labels, **kw) -> Estimate:
     """ROC AUC (chance 1/2 analytically)."""
     from .base import roc_auc
+
     return score_estimate(name, roc_auc, scores, labels, chance=0.5, **kw)
 
 
@@ -158,12 +188,20 @@ def pair_auc_estimate(name: str, positive_scores, negative_scores, **kw) -> Esti
     return auc_estimate(name, np.concatenate([sp_, sn]), np.r_[np.ones(sp_.size), np.zeros(sn.size)], **kw)
 
 
-def proportion_estimate(name: str, successes: float, n: int, chance: float | None, *,
-                        higher_is_leakier: bool = True, chance_method: str = "analytic") -> Estimate:
+def proportion_estimate(
+    name: str,
+    successes: float,
+    n: int,
+    chance: float | None,
+    *,
+    higher_is_leakier: bool = True,
+    chance_method: str = "analytic",
+) -> Estimate:
     """A proportion (accuracy, exposure rate) with its Wilson interval."""
     value = successes / n if n else None
-    return Estimate(name, value, chance, wilson(successes, n) if n else None, int(n), chance_method, "wilson",
-                    higher_is_leakier)
+    return Estimate(
+        name, value, chance, wilson(successes, n) if n else None, int(n), chance_method, "wilson", higher_is_leakier
+    )
 
 
 def matching_chance(guess, truth) -> float:
@@ -176,13 +214,29 @@ def matching_chance(guess, truth) -> float:
     return float(sum((g == v).mean() * (t == v).mean() for v in vals))
 
 
-def mean_estimate(name: str, values, chance: float | None, *, higher_is_leakier: bool = True,
-                  chance_method: str = "baseline", draws: int = DRAWS, seed: int = 0) -> Estimate:
+def mean_estimate(
+    name: str,
+    values,
+    chance: float | None,
+    *,
+    higher_is_leakier: bool = True,
+    chance_method: str = "baseline",
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> Estimate:
     """A mean over independent units (e.g. clients) with a bootstrap interval over the units."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
     if v.size == 0:
         return Estimate(name, None, chance, None, 0, chance_method, higher_is_leakier=higher_is_leakier)
     rng = np.random.default_rng(seed)
     boots = v[rng.integers(0, v.size, (draws, v.size))].mean(1)
-    return Estimate(name, float(v.mean()), chance, _percentile_ci(boots), int(v.size), chance_method,
-                    f"bootstrap({draws})", higher_is_leakier)
+    return Estimate(
+        name,
+        float(v.mean()),
+        chance,
+        _percentile_ci(boots),
+        int(v.size),
+        chance_method,
+        f"bootstrap({draws})",
+        higher_is_leakier,
+    )

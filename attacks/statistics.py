@@ -18,9 +18,11 @@ averaged over clients; the baseline ("chance") is the TV of the global prior (th
 distribution of the whole graph's labels), i.e. what a guesser without the transcript gets.
 Lower is leakier (``higher_is_leakier=False``).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +33,11 @@ from .significance import mean_estimate
 
 
 def _latest_uploads(view: View, tag: str, length: int | None) -> tuple[dict[int, np.ndarray], int | None, int]:
-    msgs = view.select(tag, receiver=view.parties[0]) if view.parties[0] == SERVER else \
-        view.select(tag, sender=view.parties[0])
+    msgs = (
+        view.select(tag, receiver=view.parties[0])
+        if view.parties[0] == SERVER
+        else view.select(tag, sender=view.parties[0])
+    )
     readable = [m for m in msgs if view.readable(m)]
     if not readable:
         return {}, None, len(msgs)
@@ -69,12 +74,25 @@ def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.n
         base.append(tv_distance(prior, true))
         exact.append(tv < 1e-6)
         absent_ok.append(float(((np.asarray(pi) <= 1e-9) == (true == 0)).mean()))
-    res.add(mean_estimate("label_tv", tvs, float(np.mean(base)) if base else None, higher_is_leakier=False,
-                          chance_method="baseline (the global label prior)"), primary=True)
-    res.metrics.update({"prior_tv": res.chance,
-                        "exact_clients": float(np.mean(exact)) if exact else None,
-                        "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
-                        "clients_scored": len(tvs), "node_set": node_set})
+    res.add(
+        mean_estimate(
+            "label_tv",
+            tvs,
+            float(np.mean(base)) if base else None,
+            higher_is_leakier=False,
+            chance_method="baseline (the global label prior)",
+        ),
+        primary=True,
+    )
+    res.metrics.update(
+        {
+            "prior_tv": res.chance,
+            "exact_clients": float(np.mean(exact)) if exact else None,
+            "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
+            "clients_scored": len(tvs),
+            "node_set": node_set,
+        }
+    )
     return res
 
 
@@ -96,15 +114,18 @@ class ProxyLabelDistribution(Attack):
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
-        tags = tags or view.tags(BATCHED_PROXIES)     # proxies first in the round's batch: the same entries
+        tags = tags or view.tags(BATCHED_PROXIES)  # proxies first in the round's batch: the same entries
         if not tags:
             return self.not_applicable("no class-proxy exchange in the transcript")
         dim = (pub.get("options") or {}).get("proxy_dim")
         length = C * (int(dim) + 1) if dim else None
         ups, rnd, seen = _latest_uploads(view, tags[0], length)
         if not ups:
-            return self.not_applicable(f"all {seen} uploads of {tags[0]} are ciphertext/masked to the "
-                                       f"{view.parties[0]}" if seen else "no uploads reach this observer")
+            return self.not_applicable(
+                f"all {seen} uploads of {tags[0]} are ciphertext/masked to the {view.parties[0]}"
+                if seen
+                else "no uploads reach this observer"
+            )
         est = {}
         for k, vec in ups.items():
             w = np.asarray(vec[-C:], dtype=np.float64)
@@ -118,6 +139,7 @@ class ProxyLabelDistribution(Attack):
 def simplex_nnls(M: np.ndarray, b: np.ndarray, weight: float = 10.0) -> np.ndarray:
     """``argmin ||M^T pi - b||`` over ``pi >= 0``, ``sum pi = 1`` (penalised), ``M`` [C, h]."""
     from scipy.optimize import nnls
+
     A = np.vstack([M.T, weight * np.ones((1, M.shape[0]))])
     rhs = np.concatenate([b, [weight]])
     pi, _ = nnls(A, rhs)
@@ -141,7 +163,7 @@ class MomentLabelDistribution(Attack):
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
-        batched = not tags           # protocols.batch layout [n_k, n_k mu^1, n_k mu^2, ...] (stats_batch)
+        batched = not tags  # protocols.batch layout [n_k, n_k mu^1, n_k mu^2, ...] (stats_batch)
         tags = tags or [t for pattern in BATCHED_MEANS for t in view.tags(pattern)]
         if not tags:
             return self.not_applicable("no hidden-statistics exchange in the transcript")
@@ -151,11 +173,14 @@ class MomentLabelDistribution(Attack):
             H = H[np.asarray(aux["ids"])]
         h = H.shape[1]
         ups, rnd, seen = _latest_uploads(view, tags[0], h + 1)
-        if batched:                  # the same numbers, weight first: [n_k mu^1, n_k]
+        if batched:  # the same numbers, weight first: [n_k mu^1, n_k]
             ups = {k: np.concatenate([v[1:], v[:1]]) for k, v in ups.items()}
         if not ups:
-            return self.not_applicable(f"all {seen} uploads of {tags[0]} are ciphertext/masked to the "
-                                       f"{view.parties[0]}" if seen else "no uploads reach this observer")
+            return self.not_applicable(
+                f"all {seen} uploads of {tags[0]} are ciphertext/masked to the {view.parties[0]}"
+                if seen
+                else "no uploads reach this observer"
+            )
         y = np.asarray(aux["y"])
         M = np.stack([H[y == c].mean(0) if (y == c).any() else np.zeros(h) for c in range(C)])
         prior = np.bincount(y, minlength=C).astype(float)
@@ -174,15 +199,25 @@ class MomentLabelDistribution(Attack):
             est[k] = alpha * simplex_nnls(M, mu) + (1 - alpha) * prior
             sizes[k] = n_k
         node_set = str((pub.get("options") or {}).get("stats_nodes", "all"))
-        return self.result(output={"dists": est, "sizes": sizes, "round": rnd, "tag": tags[0],
-                                   "node_set": node_set, "prototype_trust": alpha})
+        return self.result(
+            output={
+                "dists": est,
+                "sizes": sizes,
+                "round": rnd,
+                "tag": tags[0],
+                "node_set": node_set,
+                "prototype_trust": alpha,
+            }
+        )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
         node_set = res.output.get("node_set", "all")
         res = score_label_dists(res, truth, res.output["dists"], node_set)
+
         def size(k):
             c = truth.clients[k]
             return int(c.train_mask.sum()) if node_set == "train" else c.num_nodes
+
         ok = [abs(res.output["sizes"][k] - size(k)) < 0.5 for k in res.output["sizes"]]
         res.metrics["client_size_exact"] = float(np.mean(ok)) if ok else None
         res.metrics["prototype_trust"] = res.output.get("prototype_trust")

@@ -15,9 +15,11 @@ presence, not shares (``gradient_inversion`` reports it): the attack says so rat
 Metric: mean total-variation distance to the clients' true training-label distributions; chance:
 the global prior's (``attacks.statistics``).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,8 +28,16 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.transcript import SERVER
 
 from .base import Attack, AttackResult, GroundTruth, View
-from .gradient import (EXCHANGE, RAW_FEATURE_ALGORITHMS, last_bias, model_tag, read_aggregate, read_uploads,
-                       round_start_params, split_weighted)
+from .gradient import (
+    EXCHANGE,
+    RAW_FEATURE_ALGORITHMS,
+    last_bias,
+    model_tag,
+    read_aggregate,
+    read_uploads,
+    round_start_params,
+    split_weighted,
+)
 from .statistics import score_label_dists
 
 
@@ -35,7 +45,7 @@ def sgd_step_sum(local_steps: int, momentum: float) -> float:
     """``sum_{t=1..E} (1 - mu^t) / (1 - mu)``: how many gradients a run of ``E`` heavy-ball steps adds up."""
     if not momentum:
         return float(local_steps)
-    return float(sum((1 - momentum ** t) / (1 - momentum) for t in range(1, local_steps + 1)))
+    return float(sum((1 - momentum**t) / (1 - momentum) for t in range(1, local_steps + 1)))
 
 
 class UpdateLabelDistribution(Attack):
@@ -50,8 +60,10 @@ class UpdateLabelDistribution(Attack):
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
         pub = knowledge["public"]
         if str(pub.get("optimizer", "adam")).lower() != "sgd":
-            return self.not_applicable("Adam keeps only the sign of the bias gradient (label presence, not shares: "
-                                       "see gradient_inversion's label_presence_acc); shares need --optimizer sgd")
+            return self.not_applicable(
+                "Adam keeps only the sign of the bias gradient (label presence, not shares: "
+                "see gradient_inversion's label_presence_acc); shares need --optimizer sgd"
+            )
         tag = model_tag(view, self.exchange)
         rnd = view.latest_round(tag) if tag else None
         if rnd is None:
@@ -79,10 +91,10 @@ class UpdateLabelDistribution(Attack):
         lr, steps = float(pub["lr"]), max(1, int(pub.get("local_epochs") or 1))
         wd = float(pub.get("weight_decay") or 0.0)
         s = sgd_step_sum(steps, float(pub.get("momentum") or 0.0))
-        b = start.numpy()[loc[0]:loc[0] + C]
+        b = start.numpy()[loc[0] : loc[0] + C]
         dists = {}
         for k, vec in ups.items():
-            db = split_weighted(vec, pub)[0][loc[0]:loc[0] + C]
+            db = split_weighted(vec, pub)[0][loc[0] : loc[0] + C]
             est = np.clip(p_bar + (db + lr * steps * wd * b) / (lr * s), 0.0, None)
             dists[k] = est / est.sum() if est.sum() > 0 else np.full(C, 1.0 / C)
         return self.result(output={"dists": dists, "round": rnd, "tag": tag})

@@ -26,6 +26,7 @@ Centralized training set) and the share of edges whose endpoints belong to diffe
 Runs are appended to ``OUT/runs.jsonl`` (a rerun skips what is there); the table goes to
 ``OUT/table.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,11 @@ def partition_facts(fed) -> dict:
     owner = fed.owner
     kept = (owner[src] >= 0) & (owner[dst] >= 0)
     cross = (owner[src] != owner[dst]) & kept
-    return {"client_train_nodes": int(sum(int(c.train_mask.sum()) for c in fed.clients)),
-            "graph_train_nodes": int(fed.graph.train_mask.sum()),
-            "cross_edge_share": float(cross.sum()) / max(1, int(kept.sum()))}
+    return {
+        "client_train_nodes": int(sum(int(c.train_mask.sum()) for c in fed.clients)),
+        "graph_train_nodes": int(fed.graph.train_mask.sum()),
+        "cross_edge_share": float(cross.sum()) / max(1, int(kept.sum())),
+    }
 
 
 def main() -> None:
@@ -98,7 +101,7 @@ def main() -> None:
     runs = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     done = {(r["dataset"], r["variant"], r["seed"], r["rounds"]) for r in runs}
     facts = {}
-    for ds in ([] if args.table_only else args.datasets.split(",")):
+    for ds in [] if args.table_only else args.datasets.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
             feds = {}
             for name in args.variants.split("|"):
@@ -107,8 +110,9 @@ def main() -> None:
                     continue
                 if (clients, beta) not in feds:
                     feds.clear()
-                    feds[(clients, beta)] = load_federation(RunConfig(dataset=ds, clients=clients, beta=beta,
-                                                                      seed=seed, data_root=root))
+                    feds[(clients, beta)] = load_federation(
+                        RunConfig(dataset=ds, clients=clients, beta=beta, seed=seed, data_root=root)
+                    )
                 fed = feds[(clients, beta)]
                 facts[(ds, seed, clients, beta)] = partition_facts(fed)
                 options = {"center": True}
@@ -116,35 +120,60 @@ def main() -> None:
                     cap = int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max())
                     options.update(opts, degree_cap=max(cap, 254))
                 if change == "own_mean":
-                    options = {}                          # the graph's features are already centred
-                cfg = RunConfig(algorithm=algo, dataset=ds, clients=clients, beta=beta, rounds=args.rounds,
-                                local_epochs=epochs, seed=seed, mode="plain", data_root=root, options=options)
+                    options = {}  # the graph's features are already centred
+                cfg = RunConfig(
+                    algorithm=algo,
+                    dataset=ds,
+                    clients=clients,
+                    beta=beta,
+                    rounds=args.rounds,
+                    local_epochs=epochs,
+                    seed=seed,
+                    mode="plain",
+                    data_root=root,
+                    options=options,
+                )
                 t0 = time.perf_counter()
                 res = run_experiment(cfg, progress=False, fed=changed_graph(fed, change))
                 last = res["rounds"][-1]
-                row = {"dataset": ds, "variant": name, "seed": seed, "rounds": args.rounds,
-                       "test_acc": res["final"]["test_acc"], "train_acc_last": last.get("train_acc"),
-                       "best_round": res["final"]["best_round"], "seconds": time.perf_counter() - t0,
-                       **facts[(ds, seed, clients, beta)]}
+                row = {
+                    "dataset": ds,
+                    "variant": name,
+                    "seed": seed,
+                    "rounds": args.rounds,
+                    "test_acc": res["final"]["test_acc"],
+                    "train_acc_last": last.get("train_acc"),
+                    "best_round": res["final"]["best_round"],
+                    "seconds": time.perf_counter() - t0,
+                    **facts[(ds, seed, clients, beta)],
+                }
                 runs.append(row)
                 with path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"{ds} seed {seed} {name}: test {row['test_acc']:.4f} (best round {row['best_round']}, "
-                      f"{row['seconds']:.0f} s)", flush=True)
+                print(
+                    f"{ds} seed {seed} {name}: test {row['test_acc']:.4f} (best round {row['best_round']}, "
+                    f"{row['seconds']:.0f} s)",
+                    flush=True,
+                )
     for (ds, seed, clients, beta), f in sorted(facts.items()):
         print(f"{ds} seed {seed}, {clients} clients, beta {beta:g}: {f}")
-    lines = ["| dataset | variant | seeds | test acc (mean) | train acc, last round | best round | "
-             "cross-client edge share |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dataset | variant | seeds | test acc (mean) | train acc, last round | best round | "
+        "cross-client edge share |",
+        "|---|---|---|---|---|---|---|",
+    ]
     order = {v: i for i, v in enumerate(VARIANTS)}
     groups: dict[tuple, list] = {}
     for r in runs:
         groups.setdefault((r["dataset"], r["rounds"], r["variant"]), []).append(r)
     for (ds, rounds, name), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])):
         train = [r["train_acc_last"] for r in rs if r["train_acc_last"] is not None]
-        lines.append(f"| {ds} | {name} | {','.join(str(r['seed']) for r in rs)} | "
-                     f"{np.mean([r['test_acc'] for r in rs]):.3f} | {f'{np.mean(train):.3f}' if train else '–'} | "
-                     f"{','.join(str(r['best_round']) for r in rs)} | "
-                     f"{np.mean([r['cross_edge_share'] for r in rs]):.3f} |")
+        lines.append(
+            f"| {ds} | {name} | {','.join(str(r['seed']) for r in rs)} | "
+            f"{np.mean([r['test_acc'] for r in rs]):.3f} | {f'{np.mean(train):.3f}' if train else '–'} | "
+            f"{','.join(str(r['best_round']) for r in rs)} | "
+            f"{np.mean([r['cross_edge_share'] for r in rs]):.3f} |"
+        )
     text = "\n".join(lines)
     (out / "table.md").write_text(text + "\n")
     print(text)

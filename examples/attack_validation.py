@@ -27,6 +27,7 @@ Settings (one run each; the attacks read the finished run):
 
 Prints each run's command and the table, writes ``runs/attack_validation.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,28 +67,62 @@ PUBLISHED = {
     ("fedgcn", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
     ("fedgcn_mask", "ownership_requests", "ownership_acc"): (None, "no published number (sparse-layout metadata)"),
     ("fedgcn_dense", "ownership_requests", "ownership_acc"): (None, "no published number (dense layout)"),
-    **{(s, "graph_property", "auc"): (None, "PIAFGNN: >70 % accuracy on its own datasets, none on this data")
-       for s in ("graph_property", "graph_property_gcflplus", "graph_property_mask")},
+    **{
+        (s, "graph_property", "auc"): (None, "PIAFGNN: >70 % accuracy on its own datasets, none on this data")
+        for s in ("graph_property", "graph_property_gcflplus", "graph_property_mask")
+    },
 }
 
 #: the planted property: clients 0, 1, 4, 5, ... hold only dense graphs, the others only sparse ones
 PLANTED = {"dense_share": [1.0 if (k // 2) % 2 == 0 else 0.0 for k in range(32)]}
-GRAPH = dict(dataset="synthetic-graphs", clients=32, rounds=1, hidden=16, num_layers=3, lr=0.01,
-             synthetic=PLANTED, attacks=["graph_property"])
+GRAPH = dict(
+    dataset="synthetic-graphs",
+    clients=32,
+    rounds=1,
+    hidden=16,
+    num_layers=3,
+    lr=0.01,
+    synthetic=PLANTED,
+    attacks=["graph_property"],
+)
 
 SETTINGS = {
-    "central": dict(algorithm="centralized", clients=1, rounds=200,
-                    attacks=["link_posterior", "link_influence", "membership"]),
+    "central": dict(
+        algorithm="centralized", clients=1, rounds=200, attacks=["link_posterior", "link_influence", "membership"]
+    ),
     "federated": dict(algorithm="fedavg", clients=10, rounds=200, attacks=["link_posterior"]),
-    "fedsgd": dict(algorithm="fedavg", clients=10, rounds=1, optimizer="sgd", lr=0.5, local_epochs=1,
-                   dropout=0.0, attacks=["gradient_inversion", "ownership", "update_label_dist"]),
-    "fedavg": dict(algorithm="fedavg", clients=10, rounds=3, local_epochs=3, attacks=["gradient_inversion", "ownership"]),
-    "fedgcn": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1,
-                   attacks=["fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction", "ownership_requests"]),
-    "fedgcn_mask": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask",
-                        attacks=["ownership_requests"]),
-    "fedgcn_dense": dict(algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask",
-                         options={"layout": "dense"}, attacks=["ownership_requests"]),
+    "fedsgd": dict(
+        algorithm="fedavg",
+        clients=10,
+        rounds=1,
+        optimizer="sgd",
+        lr=0.5,
+        local_epochs=1,
+        dropout=0.0,
+        attacks=["gradient_inversion", "ownership", "update_label_dist"],
+    ),
+    "fedavg": dict(
+        algorithm="fedavg", clients=10, rounds=3, local_epochs=3, attacks=["gradient_inversion", "ownership"]
+    ),
+    "fedgcn": dict(
+        algorithm="fedgcn",
+        clients=5,
+        partition="iid",
+        rounds=1,
+        attacks=["fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction", "ownership_requests"],
+    ),
+    "fedgcn_mask": dict(
+        algorithm="fedgcn", clients=5, partition="iid", rounds=1, mode="mask", attacks=["ownership_requests"]
+    ),
+    "fedgcn_dense": dict(
+        algorithm="fedgcn",
+        clients=5,
+        partition="iid",
+        rounds=1,
+        mode="mask",
+        options={"layout": "dense"},
+        attacks=["ownership_requests"],
+    ),
     "graph_property": dict(algorithm="gc-fedavg", **GRAPH),
     "graph_property_gcflplus": dict(algorithm="gcflplus", mode="ckks", **GRAPH),
     "graph_property_mask": dict(algorithm="gc-fedavg", mode="mask", **GRAPH),
@@ -109,14 +144,33 @@ def metric_rows(setting: str, entry: dict) -> list[dict]:
     for (s, name, metric), (pub, note) in PUBLISHED.items():
         if s != setting or name != entry["name"]:
             continue
-        e = sig.get(metric) or ({"value": entry.get("value"), "ci": entry.get("ci"), "chance": entry.get("chance"),
-                                 "samples": entry.get("samples")} if metric == entry.get("metric") else None)
+        e = sig.get(metric) or (
+            {
+                "value": entry.get("value"),
+                "ci": entry.get("ci"),
+                "chance": entry.get("chance"),
+                "samples": entry.get("samples"),
+            }
+            if metric == entry.get("metric")
+            else None
+        )
         if e is None:
             e = {"value": entry.get(metric)}
-        rows.append({"setting": setting, "attack": name, "metric": metric, "value": e.get("value"),
-                     "ci": e.get("ci"), "chance": e.get("chance"), "samples": e.get("samples"),
-                     "published": pub, "source": note, "applicable": entry.get("applicable"),
-                     "reason": entry.get("reason")})
+        rows.append(
+            {
+                "setting": setting,
+                "attack": name,
+                "metric": metric,
+                "value": e.get("value"),
+                "ci": e.get("ci"),
+                "chance": e.get("chance"),
+                "samples": e.get("samples"),
+                "published": pub,
+                "source": note,
+                "applicable": entry.get("applicable"),
+                "reason": entry.get("reason"),
+            }
+        )
     return rows
 
 
@@ -126,8 +180,10 @@ def fmt(r: dict) -> str:
         v += f" [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
     chance = "" if r.get("chance") is None else f"{r['chance']:.3f}"
     n = "" if r.get("samples") is None else str(r["samples"])
-    return (f"| {r['setting']} | {r['attack']} | {r['metric']} | {v} | {chance} | {n} | "
-            f"{r['published'] or 'none comparable'} | {r['source']} |")
+    return (
+        f"| {r['setting']} | {r['attack']} | {r['metric']} | {v} | {chance} | {n} | "
+        f"{r['published'] or 'none comparable'} | {r['source']} |"
+    )
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ depend on ``--rounds`` (1 by default to save CPU).  Prints each run's command an
 (exposure rate pooled over clients, rows a client decrypts per row it asked for, pre-training
 bytes up + down) and writes ``runs/client_leakage.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,28 +34,49 @@ def main() -> None:
     rows = []
     for mode in args.modes.split(","):
         for order in args.orders.split(","):
-            cfg = RunConfig(algorithm="fedgcn", dataset="cora", clients=5, partition="iid", mode=mode,
-                            rounds=args.rounds, seed=0, attacks=ATTACK, data_root=os.environ.get("SECURE_FGL_DATA"),
-                            options={"hops": args.hops, "row_order": order})
-            print(f"python -m secure_fgl.cli.main run --algorithm fedgcn --dataset cora --clients 5 --partition iid "
-                  f"--mode {mode} --rounds {args.rounds} --seed 0 --hops {args.hops} --row-order {order} "
-                  f"--attacks {ATTACK} --data-root $SECURE_FGL_DATA --quiet", flush=True)
+            cfg = RunConfig(
+                algorithm="fedgcn",
+                dataset="cora",
+                clients=5,
+                partition="iid",
+                mode=mode,
+                rounds=args.rounds,
+                seed=0,
+                attacks=ATTACK,
+                data_root=os.environ.get("SECURE_FGL_DATA"),
+                options={"hops": args.hops, "row_order": order},
+            )
+            print(
+                f"python -m secure_fgl.cli.main run --algorithm fedgcn --dataset cora --clients 5 --partition iid "
+                f"--mode {mode} --rounds {args.rounds} --seed 0 --hops {args.hops} --row-order {order} "
+                f"--attacks {ATTACK} --data-root $SECURE_FGL_DATA --quiet",
+                flush=True,
+            )
             res = run_experiment(cfg, progress=False)
             att = next(a for a in res["attacks"] if a.get("name") == ATTACK)
             fin = res["final"]
             per = fin["pretrain_per_client"]
-            rows.append({"mode": mode, "order": order, "exposure_rate": att["value"],
-                         "bytes_up": fin["pretrain_bytes_up"], "bytes_down": fin["pretrain_bytes_down"],
-                         "rows_asked": sum(p["rows_down"] for p in per),
-                         "exchange_rows": fin["pretrain_exchange_rows"]})
+            rows.append(
+                {
+                    "mode": mode,
+                    "order": order,
+                    "exposure_rate": att["value"],
+                    "bytes_up": fin["pretrain_bytes_up"],
+                    "bytes_down": fin["pretrain_bytes_down"],
+                    "rows_asked": sum(p["rows_down"] for p in per),
+                    "exchange_rows": fin["pretrain_exchange_rows"],
+                }
+            )
             print(f"  -> {rows[-1]}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print("\n| mode | row order | client-subtraction exposure | pre-training bytes up | down | exchange rows |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['order']} | {r['exposure_rate']:.3f} | {r['bytes_up']:,} | {r['bytes_down']:,} "
-              f"| {r['exchange_rows']} |")
+        print(
+            f"| {r['mode']} | {r['order']} | {r['exposure_rate']:.3f} | {r['bytes_up']:,} | {r['bytes_down']:,} "
+            f"| {r['exchange_rows']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ noises, std ``sqrt(2) sigma``: the ratio printed as ``ratio_to_sqrt2_sigma`` is 
 
     python examples/dp_regeneration_attack.py --dataset cora --clients 3 --epsilon 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,8 @@ import tempfile
 
 import numpy as np
 
-from protocols import Transcript
 import secure_fgl.experiment as experiment
+from protocols import Transcript
 from secure_fgl.config import RunConfig
 
 TAG = "fedavg/model"
@@ -34,8 +35,10 @@ def run_and_capture(cfg: RunConfig):
         experiment.run_experiment(cfg, progress=False)
     finally:
         experiment.make_run_protocol, experiment.run_transcript = real, real_transcript
-    uploads = {m.sender: np.asarray(m.payload["values"], np.float64).ravel()
-               for m in made[0].transcript.select(tag=TAG, round=0, receiver="server")}
+    uploads = {
+        m.sender: np.asarray(m.payload["values"], np.float64).ravel()
+        for m in made[0].transcript.select(tag=TAG, round=0, receiver="server")
+    }
     return made[0], uploads
 
 
@@ -48,8 +51,17 @@ def main() -> None:
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="regen-")
-    cfg = RunConfig(algorithm="fedavg", mode="plain", dataset=args.dataset, clients=args.clients, rounds=1,
-                    dp_epsilon=args.epsilon, dp_clip=1.0, seed=args.seed, out=f"{work}/victim")
+    cfg = RunConfig(
+        algorithm="fedavg",
+        mode="plain",
+        dataset=args.dataset,
+        clients=args.clients,
+        rounds=1,
+        dp_epsilon=args.epsilon,
+        dp_clip=1.0,
+        seed=args.seed,
+        out=f"{work}/victim",
+    )
     victim, seen = run_and_capture(cfg)
     with open(f"{work}/victim/result.json") as f:
         public = json.load(f)["config"]
@@ -57,10 +69,17 @@ def main() -> None:
     sigma = victim.dp.noise_multiplier(TAG) * cfg.dp_clip
     # the plain wire pads each vector to whole 4096-value blocks with exact zeros: leave those out
     residual = np.concatenate([(seen[c] - regenerated[c])[(seen[c] != 0) | (regenerated[c] != 0)] for c in seen])
-    result = {"dataset": args.dataset, "clients": args.clients, "epsilon": args.epsilon, "seed": args.seed,
-              "entries": int(residual.size), "sigma_per_upload": sigma, "residual_std": float(residual.std()),
-              "residual_max_abs": float(np.abs(residual).max()),
-              "ratio_to_sqrt2_sigma": float(residual.std() / (np.sqrt(2) * sigma))}
+    result = {
+        "dataset": args.dataset,
+        "clients": args.clients,
+        "epsilon": args.epsilon,
+        "seed": args.seed,
+        "entries": int(residual.size),
+        "sigma_per_upload": sigma,
+        "residual_std": float(residual.std()),
+        "residual_max_abs": float(np.abs(residual).max()),
+        "ratio_to_sqrt2_sigma": float(residual.std() / (np.sqrt(2) * sigma)),
+    }
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

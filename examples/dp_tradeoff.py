@@ -10,6 +10,7 @@ Writes ``<out>/tradeoff.json``.  Example::
     secure-fgl report --config secure_fgl/configs/dp-gap-tradeoff.toml --out runs/dp-gap
     python examples/dp_tradeoff.py --out runs/dp-gap
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,29 +27,53 @@ def band(vals: list[float]) -> tuple[float, float]:
 
 def rows_for(results: list[dict], dataset: str, mode: str) -> list[dict]:
     def accs(algo: str, eps, in_mode: str) -> list[float]:
-        return [r["final"]["test_acc"] for r in results if r["config"]["algorithm"] == algo
-                and r["config"]["dataset"] == dataset and r["config"]["mode"] == in_mode
-                and r["config"]["dp_epsilon"] == eps]
-    ref = accs("fedavg", None, mode) or accs("fedavg", None, "plain")     # the reference, same mode if run
+        return [
+            r["final"]["test_acc"]
+            for r in results
+            if r["config"]["algorithm"] == algo
+            and r["config"]["dataset"] == dataset
+            and r["config"]["mode"] == in_mode
+            and r["config"]["dp_epsilon"] == eps
+        ]
+
+    ref = accs("fedavg", None, mode) or accs("fedavg", None, "plain")  # the reference, same mode if run
     if not ref:
         return []
     mlp_mean, mlp_std = band(ref)
     out = [{"setting": "feature-only MLP (fedavg, no DP)", "mean": mlp_mean, "std": mlp_std, "accs": ref}]
-    epsilons = sorted({r["config"]["dp_epsilon"] for r in results if r["config"]["algorithm"] == "fedgcn-gap"
-                       and r["config"]["dp_epsilon"] is not None}) + [None]
+    epsilons = sorted(
+        {
+            r["config"]["dp_epsilon"]
+            for r in results
+            if r["config"]["algorithm"] == "fedgcn-gap" and r["config"]["dp_epsilon"] is not None
+        }
+    ) + [None]
     for eps in epsilons:
         vals = accs("fedgcn-gap", eps, mode)
         if not vals:
             continue
         mean, std = band(vals)
         spread = max(std, mlp_std)
-        heads = sum(bool(r["final"].get("uses_head")) for r in results if r["config"]["algorithm"] == "fedgcn-gap"
-                    and r["config"]["dataset"] == dataset and r["config"]["mode"] == mode
-                    and r["config"]["dp_epsilon"] == eps)
-        out.append({"setting": f"fedgcn-gap ε={eps_label(eps)}", "eps": eps, "mean": mean, "std": std, "accs": vals,
-                    "head_chosen": heads,
-                    "minus_mlp_in_std": (mean - mlp_mean) / spread if spread else None,
-                    "target_met": mean >= mlp_mean - spread})
+        heads = sum(
+            bool(r["final"].get("uses_head"))
+            for r in results
+            if r["config"]["algorithm"] == "fedgcn-gap"
+            and r["config"]["dataset"] == dataset
+            and r["config"]["mode"] == mode
+            and r["config"]["dp_epsilon"] == eps
+        )
+        out.append(
+            {
+                "setting": f"fedgcn-gap ε={eps_label(eps)}",
+                "eps": eps,
+                "mean": mean,
+                "std": std,
+                "accs": vals,
+                "head_chosen": heads,
+                "minus_mlp_in_std": (mean - mlp_mean) / spread if spread else None,
+                "target_met": mean >= mlp_mean - spread,
+            }
+        )
     return out
 
 
@@ -65,13 +90,17 @@ def main() -> None:
                 continue
             table[f"{dataset}/{mode}"] = rows
             print(f"\n### {dataset}, {mode} mode\n")
-            print("| setting | test acc (mean ± std) | seeds | per seed | head chosen | (gap − MLP) / std | target |\n"
-                  "|---|---|---|---|---|---|---|")
+            print(
+                "| setting | test acc (mean ± std) | seeds | per seed | head chosen | (gap − MLP) / std | target |\n"
+                "|---|---|---|---|---|---|---|"
+            )
             for r in rows:
                 d = r.get("minus_mlp_in_std")
-                print(f"| {r['setting']} | {r['mean']:.4f} ± {r['std']:.4f} | {len(r['accs'])} | "
-                      f"{', '.join(f'{a:.3f}' for a in r['accs'])} | {r.get('head_chosen', '')} | {'' if d is None else f'{d:+.2f}'} | "
-                      f"{'' if 'target_met' not in r else ('met' if r['target_met'] else 'NOT met')} |")
+                print(
+                    f"| {r['setting']} | {r['mean']:.4f} ± {r['std']:.4f} | {len(r['accs'])} | "
+                    f"{', '.join(f'{a:.3f}' for a in r['accs'])} | {r.get('head_chosen', '')} | {'' if d is None else f'{d:+.2f}'} | "
+                    f"{'' if 'target_met' not in r else ('met' if r['target_met'] else 'NOT met')} |"
+                )
     for dataset in sorted({key.split("/")[0] for key in table}):
         print(compact(table, dataset))
     Path(args.out, "tradeoff.json").write_text(json.dumps(table, indent=1, default=str))
@@ -85,11 +114,12 @@ def compact(table: dict, dataset: str) -> str:
     for mode in modes:
         for r in table[f"{dataset}/{mode}"]:
             rows.setdefault(r["setting"], {})[mode] = r
-    lines = [f"\n### {dataset}: every mode\n", "| setting | " + " | ".join(modes) + " |",
-             "|---|" + "---|" * len(modes)]
+    lines = [f"\n### {dataset}: every mode\n", "| setting | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+
     def order(item) -> tuple:
         r = next(iter(item[1].values()))
         return ("eps" in r, float("inf") if r.get("eps") is None else r["eps"])
+
     for setting, cells in sorted(rows.items(), key=order):
         out = []
         for mode in modes:

@@ -9,6 +9,7 @@ processes hits both alike.
 Prints the median seconds per epoch (all clients' local steps, no aggregation) and the ratio,
 and writes them as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,13 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from secure_fgl.algorithms.fedgcn import ops as fedgcn
 from secure_fgl.algorithms import get_algorithm
+from secure_fgl.algorithms.fedgcn import ops as fedgcn
 from secure_fgl.config import RunConfig
 from secure_fgl.engine import resolve_device, seed_everything
 from secure_fgl.experiment import load_federation, make_run_protocol
-from secure_fgl.preflight import preflight
 from secure_fgl.models import node
+from secure_fgl.preflight import preflight
 
 
 def value_dependent_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -60,12 +61,20 @@ def main() -> None:
     keyed = node.dropout
     result = {}
     for algorithm in ("fedgcn", "fedavg"):
-        cfg = RunConfig(algorithm=algorithm, dataset="citeseer", clients=10, mode="plain", beta=1.0, data_root=root,
-                        options={"hops": 1} if algorithm == "fedgcn" else {})
+        cfg = RunConfig(
+            algorithm=algorithm,
+            dataset="citeseer",
+            clients=10,
+            mode="plain",
+            beta=1.0,
+            data_root=root,
+            options={"hops": 1} if algorithm == "fedgcn" else {},
+        )
         seed_everything(cfg.seed)
         algo_cls = get_algorithm(algorithm)
-        algo = algo_cls(fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"),
-                        preflight(cfg, check_data=False))
+        algo = algo_cls(
+            fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False)
+        )
         algo.setup()
         clients = [k for k, c in enumerate(algo.clients) if c.train_mask.any()]
         times = {"position-keyed": [], "value-dependent": []}
@@ -75,13 +84,16 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for k in clients:
                     algo.local_update(k)
-                if epoch:                                   # epoch 0 warms up
+                if epoch:  # epoch 0 warms up
                     times[name].append(time.perf_counter() - t0)
         use(keyed)
         med = {name: statistics.median(t) for name, t in times.items()}
         result[algorithm] = {**med, "ratio": med["position-keyed"] / med["value-dependent"]}
-        print(f"{algorithm:7s} CiteSeer 10 clients, ms per epoch: position-keyed {1e3 * med['position-keyed']:.1f}, "
-              f"value-dependent {1e3 * med['value-dependent']:.1f}, ratio {result[algorithm]['ratio']:.2f}", flush=True)
+        print(
+            f"{algorithm:7s} CiteSeer 10 clients, ms per epoch: position-keyed {1e3 * med['position-keyed']:.1f}, "
+            f"value-dependent {1e3 * med['value-dependent']:.1f}, ratio {result[algorithm]['ratio']:.2f}",
+            flush=True,
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -6,6 +6,7 @@ statistics tags' bytes up over their float32 baseline.  ``python examples/exchan
 fedgcn``: FedGCN (preset ``fedgcn-table2``, 2 rounds) in ckks, float and ``--fixed-point-bits 20
 --update-bound 1``: every tag's ratio.  One JSON line per run.
 """
+
 import json
 import sys
 
@@ -16,8 +17,16 @@ from secure_fgl.presets import load_preset
 
 def run(preset: str, overrides: dict, options: dict | None = None) -> dict:
     base = load_preset(preset)
-    cfg = RunConfig.from_dict({**base, "device": "cpu", "save_best_model": False, "patience": None, **overrides,
-                               "options": {**base.get("options", {}), **(options or {})}}).validate()
+    cfg = RunConfig.from_dict(
+        {
+            **base,
+            "device": "cpu",
+            "save_best_model": False,
+            "patience": None,
+            **overrides,
+            "options": {**base.get("options", {}), **(options or {})},
+        }
+    ).validate()
     return run_experiment(cfg, progress=False)
 
 
@@ -25,9 +34,13 @@ def ratios(result: dict, select=lambda tag: True) -> dict:
     per_tag = {t: v for t, v in result["comm"]["per_tag"].items() if v.get("plaintext_bytes_up") and select(t)}
     up = sum(v["bytes_up"] for v in per_tag.values())
     f32 = sum(v["plaintext_bytes_up"] for v in per_tag.values())
-    return {"bytes_up": up, "float32_up": f32, "ratio": up / f32,
-            "per_tag": {t: round(v["bytes_up"] / v["plaintext_bytes_up"], 3) for t, v in per_tag.items()},
-            "test_acc": result["final"]["test_acc"]}
+    return {
+        "bytes_up": up,
+        "float32_up": f32,
+        "ratio": up / f32,
+        "per_tag": {t: round(v["bytes_up"] / v["plaintext_bytes_up"], 3) for t, v in per_tag.items()},
+        "test_acc": result["final"]["test_acc"],
+    }
 
 
 def main(which: str) -> None:
@@ -35,8 +48,7 @@ def main(which: str) -> None:
         for variant, options in (("two-stage", {}), ("raw-moments", {"raw_moments": True})):
             for mode in ("ckks", "plain"):
                 r = run("fedomd-table4", {"dataset": "cora", "rounds": 3, "mode": mode}, options)
-                print(json.dumps({"variant": variant, "mode": mode, **ratios(r, lambda t: "/hidden" in t)}),
-                      flush=True)
+                print(json.dumps({"variant": variant, "mode": mode, **ratios(r, lambda t: "/hidden" in t)}), flush=True)
     else:
         for bits in (None, 20):
             extra = {"fixed_point_bits": bits, "update_bound": 1.0} if bits else {}

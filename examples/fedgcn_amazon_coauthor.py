@@ -17,6 +17,7 @@ several invocations; the table (test accuracy at the best-validation round, mean
 seeds, and secure - plain on the same seeds and device, one row per device) is printed and written
 to ``OUT/table.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,22 +28,23 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sweep import read_runs
 from torch_geometric.utils import degree
 
 from secure_fgl.config import RunConfig
 from secure_fgl.engine.device import resolve_device
-from sweep import read_runs
 from secure_fgl.experiment import load_federation, run_experiment
 
-METHODS = {"Centralized": ("centralized", None), "0-hop": ("fedgcn", 0), "1-hop": ("fedgcn", 1),
-           "2-hop": ("fedgcn", 2)}
+METHODS = {"Centralized": ("centralized", None), "0-hop": ("fedgcn", 0), "1-hop": ("fedgcn", 1), "2-hop": ("fedgcn", 2)}
 
 
 def command(cfg: RunConfig) -> str:
     opts = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.options.items())
-    return (f"python -m secure_fgl.cli.main run --algorithm {cfg.algorithm} --dataset {cfg.dataset} "
-            f"--clients {cfg.clients} --beta {cfg.beta} --mode {cfg.mode} --rounds {cfg.rounds} "
-            f"--seed {cfg.seed} {opts} --device {cfg.device} --data-root $SECURE_FGL_DATA --quiet").replace("  ", " ")
+    return (
+        f"python -m secure_fgl.cli.main run --algorithm {cfg.algorithm} --dataset {cfg.dataset} "
+        f"--clients {cfg.clients} --beta {cfg.beta} --mode {cfg.mode} --rounds {cfg.rounds} "
+        f"--seed {cfg.seed} {opts} --device {cfg.device} --data-root $SECURE_FGL_DATA --quiet"
+    ).replace("  ", " ")
 
 
 def run_key(ds: str, method: str, mode: str, seed: int, rounds: int, row_order: str, device: str) -> str:
@@ -66,27 +68,51 @@ def run_grid(args, path: Path, done: dict) -> None:
                 for mode in modes:
                     k = run_key(ds, method, mode, seed, args.rounds, args.row_order, device)
                     if (algo == "centralized" and mode != "plain") or k in done:
-                        continue                        # Centralized exchanges nothing
+                        continue  # Centralized exchanges nothing
                     if fed is None:
                         fed = load_federation(RunConfig(dataset=ds, clients=10, beta=1.0, seed=seed, data_root=root))
                         cap = int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max())
-                    opts = {"center": True} if hops is None else {"hops": hops, "center": True,
-                                                                   "degree_cap": max(cap, 254),
-                                                                   "row_order": args.row_order}
-                    cfg = RunConfig(algorithm=algo, dataset=ds, clients=10, beta=1.0, rounds=args.rounds,
-                                    seed=seed, mode=mode, device=device, data_root=root, options=opts)
+                    opts = (
+                        {"center": True}
+                        if hops is None
+                        else {"hops": hops, "center": True, "degree_cap": max(cap, 254), "row_order": args.row_order}
+                    )
+                    cfg = RunConfig(
+                        algorithm=algo,
+                        dataset=ds,
+                        clients=10,
+                        beta=1.0,
+                        rounds=args.rounds,
+                        seed=seed,
+                        mode=mode,
+                        device=device,
+                        data_root=root,
+                        options=opts,
+                    )
                     print(command(cfg), flush=True)
                     t0 = time.perf_counter()
                     res = run_experiment(cfg, progress=False, fed=fed)
-                    row = {"dataset": ds, "method": method, "mode": mode, "seed": seed, "rounds": args.rounds,
-                           "row_order": args.row_order, "device": res["device"], "test_acc": res["final"]["test_acc"],
-                           "seconds": time.perf_counter() - t0, "command": command(cfg),
-                           "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+                    row = {
+                        "dataset": ds,
+                        "method": method,
+                        "mode": mode,
+                        "seed": seed,
+                        "rounds": args.rounds,
+                        "row_order": args.row_order,
+                        "device": res["device"],
+                        "test_acc": res["final"]["test_acc"],
+                        "seconds": time.perf_counter() - t0,
+                        "command": command(cfg),
+                        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                    }
                     done[k] = row
                     with path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
-                    print(f"  -> test {row['test_acc']:.4f} ({row['seconds']:.0f} s, peak RSS "
-                          f"{row['peak_rss_gb']:.1f} GB)", flush=True)
+                    print(
+                        f"  -> test {row['test_acc']:.4f} ({row['seconds']:.0f} s, peak RSS "
+                        f"{row['peak_rss_gb']:.1f} GB)",
+                        flush=True,
+                    )
 
 
 def table(runs: list[dict]) -> str:
@@ -100,8 +126,21 @@ def table(runs: list[dict]) -> str:
         cells.setdefault(g, {}).setdefault(r["mode"], {})[r["seed"]] = r["test_acc"]
         if r["mode"] == "plain":
             secs.setdefault(g, []).append(r["seconds"])
-    head = "| " + " | ".join(["dataset", "rounds", "method", "device", "plain",
-                              *(f"{m} | {m} − plain, points" for m in modes), "s per plain run"]) + " |"
+    head = (
+        "| "
+        + " | ".join(
+            [
+                "dataset",
+                "rounds",
+                "method",
+                "device",
+                "plain",
+                *(f"{m} | {m} − plain, points" for m in modes),
+                "s per plain run",
+            ]
+        )
+        + " |"
+    )
     lines = [head, "|" + "---|" * (5 + 2 * len(modes) + 1)]
     order = {m: i for i, m in enumerate(METHODS)}
     for g in sorted(cells, key=lambda g: (g[0], g[1], order[g[2]], g[3])):
@@ -132,16 +171,22 @@ def main() -> None:
     ap.add_argument("--no-plain", action="store_true", help="run only the --secure modes (plain in another process)")
     ap.add_argument("--device", default="auto", help="where the clients train: auto (CUDA when present) | cpu | cuda")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--row-order", default="given", choices=("given", "signature", "owner"),
-                    help="FedGCN --row-order (owner: no block mixes recipients, fewer blocks)")
+    ap.add_argument(
+        "--row-order",
+        default="given",
+        choices=("given", "signature", "owner"),
+        help="FedGCN --row-order (owner: no block mixes recipients, fewer blocks)",
+    )
     ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")
     ap.add_argument("--out", default="runs/amazon_coauthor")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.jsonl"
-    done = read_runs(path, lambda r: run_key(r["dataset"], r["method"], r["mode"], r["seed"], r["rounds"],
-                                             r["row_order"], device_kind(r)))
+    done = read_runs(
+        path,
+        lambda r: run_key(r["dataset"], r["method"], r["mode"], r["seed"], r["rounds"], r["row_order"], device_kind(r)),
+    )
     if not args.table_only:
         run_grid(args, path, done)
     text = table(list(done.values()))

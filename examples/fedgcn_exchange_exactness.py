@@ -11,6 +11,7 @@ split, ``--degree-cap`` = the graph's largest degree).  ``--float-path`` also ru
 mode with the features declared non-integer, i.e. the float encoding that count features (CS,
 Physics) used before they travelled as exact integer fields, to show what that costs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,24 +35,33 @@ CLIENTS = 10
 def exchange(fed, mode: str, hops: int, cap: int, seed: int) -> tuple[dict, dict]:
     """The totals each client received, and the exchange's figures."""
     cfg = RunConfig(dataset=fed.name, mode=mode, clients=CLIENTS, rounds=1, seed=seed)
-    algo = FedGCN(fed, make_protocol(mode, CLIENTS, seed=seed), cfg, torch.device("cpu"),
-                  FedGCNOptions(hops=hops, degree_cap=cap))
+    algo = FedGCN(
+        fed, make_protocol(mode, CLIENTS, seed=seed), cfg, torch.device("cpu"), FedGCNOptions(hops=hops, degree_cap=cap)
+    )
     spec = algo.value_spec()
     t0 = time.perf_counter()
     algo.setup()
     fin = algo.final_metrics()
-    return algo.received, {"integer_fields": bool(spec.integer), "seconds": time.perf_counter() - t0,
-                           "bytes_up": fin["pretrain_bytes_up"], "bytes_down": fin["pretrain_bytes_down"]}
+    return algo.received, {
+        "integer_fields": bool(spec.integer),
+        "seconds": time.perf_counter() - t0,
+        "bytes_up": fin["pretrain_bytes_up"],
+        "bytes_down": fin["pretrain_bytes_down"],
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| dataset | hops | seed | mode | encoding | max abs(secure - plain) | bit-identical | MB up | MB down | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dataset | hops | seed | mode | encoding | max abs(secure - plain) | bit-identical | MB up | MB down | s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         enc = "integer fields" if r["integer_fields"] else "float"
-        lines.append(f"| {r['dataset']} | {r['hops']} | {r['seed']} | {r['mode']} | {enc} | {r['max_abs_diff']:.1e} | "
-                     f"{'yes' if r['bit_identical'] else 'no'} | {r['bytes_up'] / 1e6:,.0f} | "
-                     f"{r['bytes_down'] / 1e6:,.0f} | {r['seconds']:.0f} |")
+        lines.append(
+            f"| {r['dataset']} | {r['hops']} | {r['seed']} | {r['mode']} | {enc} | {r['max_abs_diff']:.1e} | "
+            f"{'yes' if r['bit_identical'] else 'no'} | {r['bytes_up'] / 1e6:,.0f} | "
+            f"{r['bytes_down'] / 1e6:,.0f} | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -71,8 +81,11 @@ def main() -> None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     for ds in args.datasets.split(","):
-        fed = load_federation(RunConfig(dataset=ds, clients=CLIENTS, beta=1.0, seed=args.seed,
-                                        data_root=os.environ.get("SECURE_FGL_DATA")))
+        fed = load_federation(
+            RunConfig(
+                dataset=ds, clients=CLIENTS, beta=1.0, seed=args.seed, data_root=os.environ.get("SECURE_FGL_DATA")
+            )
+        )
         cap = max(int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max()), 254)
         plain, figures = exchange(fed, "plain", args.hops, cap, args.seed)
         runs = [(m, fed) for m in args.modes.split(",")]
@@ -83,9 +96,17 @@ def main() -> None:
         for mode, f in runs:
             got, figures = exchange(f, mode, args.hops, cap, args.seed)
             diff = max(float((got[k] - plain[k]).abs().max()) for k in plain)
-            row = {"dataset": ds, "mode": mode, "hops": args.hops, "seed": args.seed, "degree_cap": cap,
-                   "count_features": f.count_features, "max_abs_diff": diff,
-                   "bit_identical": all(torch.equal(got[k], plain[k]) for k in plain), **figures}
+            row = {
+                "dataset": ds,
+                "mode": mode,
+                "hops": args.hops,
+                "seed": args.seed,
+                "degree_cap": cap,
+                "count_features": f.count_features,
+                "max_abs_diff": diff,
+                "bit_identical": all(torch.equal(got[k], plain[k]) for k in plain),
+                **figures,
+            }
             del got
             print(json.dumps(row), flush=True)
             with out.open("a") as fh:

@@ -17,6 +17,7 @@ the federated runs too (on Cora, 0-hop then lands 5-7 points lower).  The report
     python examples/fedgcn_table2.py                       # full: 2 datasets x 3 betas x 10 seeds
     python examples/fedgcn_table2.py --seeds 0 1 2      # 3 seeds (docs/fedgcn.md)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,22 @@ def method_name(algorithm: str, hops: int | None) -> str:
 
 def run_key(d: dict) -> str:
     """Identity of a run: the sweep coordinates and the training settings."""
-    return json.dumps([d["dataset"], d["beta"], d["seed"], d["algorithm"], d["hops"], d["mode"],
-                       d["rounds"], d["local_epochs"], d["layout"], d["clients"], d["optimizer"], d["lr"]])
+    return json.dumps(
+        [
+            d["dataset"],
+            d["beta"],
+            d["seed"],
+            d["algorithm"],
+            d["hops"],
+            d["mode"],
+            d["rounds"],
+            d["local_epochs"],
+            d["layout"],
+            d["clients"],
+            d["optimizer"],
+            d["lr"],
+        ]
+    )
 
 
 def load_runs(path: Path) -> dict[str, dict]:
@@ -67,41 +82,91 @@ def load_runs(path: Path) -> dict[str, dict]:
 def plan(args) -> list[dict]:
     """Every run of the sweep (Centralized does not depend on beta: one per seed, beta 10000)."""
     jobs = []
-    fed_cfg = dict(rounds=args.rounds, local_epochs=args.local_epochs, layout=args.layout, clients=args.clients,
-                   optimizer=args.optimizer, lr=args.lr)
-    central_cfg = dict(rounds=args.central_epochs, local_epochs=1, layout=None, clients=args.clients,
-                       optimizer="adam", lr=0.01)
+    fed_cfg = dict(
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        layout=args.layout,
+        clients=args.clients,
+        optimizer=args.optimizer,
+        lr=args.lr,
+    )
+    central_cfg = dict(
+        rounds=args.central_epochs, local_epochs=1, layout=None, clients=args.clients, optimizer="adam", lr=0.01
+    )
     for ds in args.datasets:
         for seed in args.seeds:
             if "centralized" in args.methods and not args.secure_only:
-                jobs.append(dict(dataset=ds, beta=10000.0, seed=seed, algorithm="centralized", hops=None,
-                                 mode="plain", **central_cfg))
+                jobs.append(
+                    dict(
+                        dataset=ds,
+                        beta=10000.0,
+                        seed=seed,
+                        algorithm="centralized",
+                        hops=None,
+                        mode="plain",
+                        **central_cfg,
+                    )
+                )
             for beta in args.betas:
-                for hops in ([] if args.secure_only else args.hops):
-                    jobs.append(dict(dataset=ds, beta=float(beta), seed=seed, algorithm="fedgcn", hops=hops,
-                                     mode="plain", **fed_cfg))
+                for hops in [] if args.secure_only else args.hops:
+                    jobs.append(
+                        dict(
+                            dataset=ds,
+                            beta=float(beta),
+                            seed=seed,
+                            algorithm="fedgcn",
+                            hops=hops,
+                            mode="plain",
+                            **fed_cfg,
+                        )
+                    )
                 if beta in args.secure_betas:
                     for mode in args.secure_modes:
                         for hops in args.secure_hops:
-                            jobs.append(dict(dataset=ds, beta=float(beta), seed=seed, algorithm="fedgcn",
-                                             hops=hops, mode=mode, **fed_cfg))
+                            jobs.append(
+                                dict(
+                                    dataset=ds,
+                                    beta=float(beta),
+                                    seed=seed,
+                                    algorithm="fedgcn",
+                                    hops=hops,
+                                    mode=mode,
+                                    **fed_cfg,
+                                )
+                            )
     return jobs
 
 
 def run_one(job: dict, args, fed) -> dict:
     central = job["algorithm"] == "centralized"
-    cfg = RunConfig(algorithm=job["algorithm"], dataset=job["dataset"], clients=job["clients"], mode=job["mode"],
-                    beta=job["beta"], seed=job["seed"], data_root=args.data_root, rounds=job["rounds"],
-                    local_epochs=job["local_epochs"], optimizer=job["optimizer"], lr=job["lr"],
-                    options={} if central else {"hops": job["hops"], "layout": job["layout"]})
+    cfg = RunConfig(
+        algorithm=job["algorithm"],
+        dataset=job["dataset"],
+        clients=job["clients"],
+        mode=job["mode"],
+        beta=job["beta"],
+        seed=job["seed"],
+        data_root=args.data_root,
+        rounds=job["rounds"],
+        local_epochs=job["local_epochs"],
+        optimizer=job["optimizer"],
+        lr=job["lr"],
+        options={} if central else {"hops": job["hops"], "layout": job["layout"]},
+    )
     t0 = time.perf_counter()
     res = run_experiment(cfg, progress=False, fed=fed)
     fin = res["final"]
-    return {**job, "test_acc": fin["test_acc"], "val_acc": fin["val_acc"], "best_round": fin["best_round"],
-            "pretrain_bytes_up": fin.get("pretrain_bytes_up"),
-            "pretrain_plaintext_equiv_bytes_up": fin.get("pretrain_plaintext_equiv_bytes_up"),
-            "model_bytes_up_per_round": fin.get("model_bytes_up_per_round"),
-            "bytes_up": res["comm"]["bytes_up"], "seconds": time.perf_counter() - t0}
+    return {
+        **job,
+        "test_acc": fin["test_acc"],
+        "val_acc": fin["val_acc"],
+        "best_round": fin["best_round"],
+        "pretrain_bytes_up": fin.get("pretrain_bytes_up"),
+        "pretrain_plaintext_equiv_bytes_up": fin.get("pretrain_plaintext_equiv_bytes_up"),
+        "model_bytes_up_per_round": fin.get("model_bytes_up_per_round"),
+        "bytes_up": res["comm"]["bytes_up"],
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def mean_std(values: list[float]) -> str:
@@ -113,30 +178,48 @@ def mean_std(values: list[float]) -> str:
 
 def write_table(runs: list[dict], args, path: Path) -> str:
     """Markdown built from the runs file only."""
-    lines = ["# FedGCN Table 2 reproduction", "",
-             f"{args.clients} clients, Dirichlet beta per column, FedAvg {args.rounds} rounds x "
-             f"{args.local_epochs} local {args.optimizer} steps (lr {args.lr:g}), Centralized "
-             f"{args.central_epochs} Adam epochs (lr 0.01), layout "
-             f"{args.layout}; test accuracy at the best-validation round, mean±std over seeds. "
-             "Generated by `examples/fedgcn_table2.py` from `runs.jsonl`.", ""]
+    lines = [
+        "# FedGCN Table 2 reproduction",
+        "",
+        f"{args.clients} clients, Dirichlet beta per column, FedAvg {args.rounds} rounds x "
+        f"{args.local_epochs} local {args.optimizer} steps (lr {args.lr:g}), Centralized "
+        f"{args.central_epochs} Adam epochs (lr 0.01), layout "
+        f"{args.layout}; test accuracy at the best-validation round, mean±std over seeds. "
+        "Generated by `examples/fedgcn_table2.py` from `runs.jsonl`.",
+        "",
+    ]
     datasets = [d for d in args.datasets if any(r["dataset"] == d for r in runs)]
     betas = sorted({float(b) for b in args.betas})
     for ds in datasets:
         rows = [r for r in runs if r["dataset"] == ds]
-        lines += [f"## {DATASET_NAMES.get(ds, ds)}", "",
-                  "| method | mode | " + " | ".join(f"β={b:g}" for b in betas) + " | paper (β=" +
-                  "/".join(f"{b:g}" for b in betas) + ") |",
-                  "|---|---|" + "---|" * len(betas) + "---|"]
-        methods = sorted({(r["algorithm"], r["hops"]) for r in rows},
-                         key=lambda m: (m[0] != "centralized", m[1] if m[1] is not None else -1))
+        lines += [
+            f"## {DATASET_NAMES.get(ds, ds)}",
+            "",
+            "| method | mode | "
+            + " | ".join(f"β={b:g}" for b in betas)
+            + " | paper (β="
+            + "/".join(f"{b:g}" for b in betas)
+            + ") |",
+            "|---|---|" + "---|" * len(betas) + "---|",
+        ]
+        methods = sorted(
+            {(r["algorithm"], r["hops"]) for r in rows},
+            key=lambda m: (m[0] != "centralized", m[1] if m[1] is not None else -1),
+        )
         for algo, hops in methods:
             name = method_name(algo, hops)
-            for mode in sorted({r["mode"] for r in rows if (r["algorithm"], r["hops"]) == (algo, hops)},
-                               key=lambda m: (m != "plain", m)):
+            for mode in sorted(
+                {r["mode"] for r in rows if (r["algorithm"], r["hops"]) == (algo, hops)},
+                key=lambda m: (m != "plain", m),
+            ):
                 cells = []
                 for b in betas:
-                    sel = [r for r in rows if (r["algorithm"], r["hops"], r["mode"]) == (algo, hops, mode)
-                           and (algo == "centralized" or float(r["beta"]) == b)]
+                    sel = [
+                        r
+                        for r in rows
+                        if (r["algorithm"], r["hops"], r["mode"]) == (algo, hops, mode)
+                        and (algo == "centralized" or float(r["beta"]) == b)
+                    ]
                     cells.append(mean_std([r["test_acc"] for r in sel]))
                 paper = PAPER.get((ds, name), {})
                 ref = " / ".join(paper.get(int(b), "–") for b in betas) if mode == "plain" else ""
@@ -145,16 +228,22 @@ def write_table(runs: list[dict], args, path: Path) -> str:
         # secure vs plain on the same seeds
         sec = [r for r in rows if r["mode"] != "plain"]
         if sec:
-            lines += ["Secure vs plain on the same (β, seed): accuracy difference and pre-training upload "
-                      "(MB, all clients; plaintext-equivalent = float32 rows).", "",
-                      "| method | mode | β | seeds | Δacc mean (max abs) | pretrain up MB | "
-                      "plain-equiv MB | ratio | model up KB/round | time s (plain→secure) |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "Secure vs plain on the same (β, seed): accuracy difference and pre-training upload "
+                "(MB, all clients; plaintext-equivalent = float32 rows).",
+                "",
+                "| method | mode | β | seeds | Δacc mean (max abs) | pretrain up MB | "
+                "plain-equiv MB | ratio | model up KB/round | time s (plain→secure) |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
             plain = {(r["beta"], r["seed"], r["hops"]): r for r in rows if r["mode"] == "plain"}
-            for (mode, beta, hops) in sorted({(r["mode"], r["beta"], r["hops"]) for r in sec}):
-                pairs = [(plain[(r["beta"], r["seed"], r["hops"])], r) for r in sec
-                         if (r["mode"], r["beta"], r["hops"]) == (mode, beta, hops)
-                         and (r["beta"], r["seed"], r["hops"]) in plain]
+            for mode, beta, hops in sorted({(r["mode"], r["beta"], r["hops"]) for r in sec}):
+                pairs = [
+                    (plain[(r["beta"], r["seed"], r["hops"])], r)
+                    for r in sec
+                    if (r["mode"], r["beta"], r["hops"]) == (mode, beta, hops)
+                    and (r["beta"], r["seed"], r["hops"]) in plain
+                ]
                 if not pairs:
                     continue
                 diffs = [s["test_acc"] - p["test_acc"] for p, s in pairs]
@@ -163,9 +252,11 @@ def write_table(runs: list[dict], args, path: Path) -> str:
                 mb = statistics.mean(s["model_bytes_up_per_round"] for _, s in pairs) / 1e3
                 tp = statistics.mean(p["seconds"] for p, _ in pairs)
                 ts = statistics.mean(s["seconds"] for _, s in pairs)
-                lines.append(f"| FedGCN({hops}-hop) | {mode} | {beta:g} | {len(pairs)} | "
-                             f"{statistics.mean(diffs):+.4f} ({max(abs(d) for d in diffs):.4f}) | {up:.2f} | "
-                             f"{eq:.2f} | {up / eq:.2f}x | {mb:.1f} | {tp:.1f}→{ts:.1f} |")
+                lines.append(
+                    f"| FedGCN({hops}-hop) | {mode} | {beta:g} | {len(pairs)} | "
+                    f"{statistics.mean(diffs):+.4f} ({max(abs(d) for d in diffs):.4f}) | {up:.2f} | "
+                    f"{eq:.2f} | {up / eq:.2f}x | {mb:.1f} | {tp:.1f}→{ts:.1f} |"
+                )
             lines.append("")
     text = "\n".join(lines)
     path.write_text(text)
@@ -182,8 +273,11 @@ def main(argv=None) -> None:
     ap.add_argument("--secure-modes", nargs="*", default=["ckks", "mask"])
     ap.add_argument("--secure-hops", nargs="+", type=int, default=[1])
     ap.add_argument("--secure-betas", nargs="*", type=float, default=[1.0, 100.0, 10000.0])
-    ap.add_argument("--secure-only", action="store_true",
-                    help="plan only the secure-mode runs (e.g. a second process beside a plain sweep)")
+    ap.add_argument(
+        "--secure-only",
+        action="store_true",
+        help="plan only the secure-mode runs (e.g. a second process beside a plain sweep)",
+    )
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--local-epochs", type=int, default=3)
@@ -209,15 +303,25 @@ def main(argv=None) -> None:
     for i, job in enumerate(todo):
         key = (job["dataset"], job["beta"], job["seed"])
         if key not in feds:
-            feds.clear()                              # one federation in memory at a time
-            feds[key] = load_federation(RunConfig(dataset=job["dataset"], clients=args.clients, beta=job["beta"],
-                                                  seed=job["seed"], data_root=args.data_root))
+            feds.clear()  # one federation in memory at a time
+            feds[key] = load_federation(
+                RunConfig(
+                    dataset=job["dataset"],
+                    clients=args.clients,
+                    beta=job["beta"],
+                    seed=job["seed"],
+                    data_root=args.data_root,
+                )
+            )
         rec = run_one(job, args, feds[key])
         with runs_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        print(f"[{i + 1}/{len(todo)}] {job['dataset']} beta={job['beta']:g} seed={job['seed']} "
-              f"{method_name(job['algorithm'], job['hops'])} {job['mode']}: acc {rec['test_acc']:.4f} "
-              f"({rec['seconds']:.1f}s)", flush=True)
+        print(
+            f"[{i + 1}/{len(todo)}] {job['dataset']} beta={job['beta']:g} seed={job['seed']} "
+            f"{method_name(job['algorithm'], job['hops'])} {job['mode']}: acc {rec['test_acc']:.4f} "
+            f"({rec['seconds']:.1f}s)",
+            flush=True,
+        )
     keys = {run_key(j) for j in jobs}
     runs = [r for k, r in load_runs(runs_path).items() if k in keys]
     print(write_table(runs, args, out / "table2.md"))

@@ -49,6 +49,7 @@ Every run writes ``<out>/<dataset>/M<m>/<method>-<mode>/seed<s>/result.json`` an
 that file exists (an interrupted sweep resumes); ``<out>/table4.md`` is rewritten from all results
 after every run (``--table-only`` just rewrites it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,10 +60,10 @@ import sys
 from pathlib import Path
 
 import torch
+from sweep import Job, run_sweep
 
 from secure_fgl.config import RunConfig
 from secure_fgl.report.tables import fmt_stats
-from sweep import Job, run_sweep
 
 #: paper Table 4 (and Table 6 for the ablation rows), accuracy % by (dataset, method) -> {M: value}
 PAPER = {
@@ -92,9 +93,20 @@ PAPER = {
     ("photo", "FedGCN"): {3: 57.82, 5: 53.65, 7: 51.69, 9: 49.04},
 }
 RESOLUTION = {"cora": 1.0, "citeseer": 1.0, "computers": 20.0, "photo": 20.0}
-METHODS = ("FedOMD", "FedOMD w/o CMD", "FedOMD w/o Ortho", "FedOMD [train vs all]", "FedOMD [dropout stats]",
-           "FedOMD w/o Ortho [dropout stats]", "FedAvg (GCN)", "LocGCN", "FedMLP",
-           "FedProx (MLP)", "FedProx (GCN)", "FedGCN")
+METHODS = (
+    "FedOMD",
+    "FedOMD w/o CMD",
+    "FedOMD w/o Ortho",
+    "FedOMD [train vs all]",
+    "FedOMD [dropout stats]",
+    "FedOMD w/o Ortho [dropout stats]",
+    "FedAvg (GCN)",
+    "LocGCN",
+    "FedMLP",
+    "FedProx (MLP)",
+    "FedProx (GCN)",
+    "FedGCN",
+)
 #: method -> (algorithm, model, options)
 SPEC = {
     "FedOMD": ("fedomd", "gcn", {}),
@@ -113,17 +125,40 @@ SPEC = {
 
 
 def slug(method: str) -> str:
-    return (method.lower().replace(" ", "").replace("(", "_").replace(")", "").replace("/", "")
-            .replace("[", "_").replace("]", ""))
+    return (
+        method.lower()
+        .replace(" ", "")
+        .replace("(", "_")
+        .replace(")", "")
+        .replace("/", "")
+        .replace("[", "_")
+        .replace("]", "")
+    )
 
 
 def method_config(method: str, dataset: str, parties: int, seed: int, mode: str, args) -> RunConfig:
     algo, model, options = SPEC[method]
-    return RunConfig(algorithm=algo, model=model, options=dict(options), dataset=dataset, clients=parties,
-                     mode=mode, partition="louvain", resolution=RESOLUTION.get(dataset, 1.0), split="fedomd",
-                     hidden=args.hidden, num_layers=2, dropout=0.5, lr=0.01, weight_decay=1e-4,
-                     rounds=args.rounds, local_epochs=1, patience=args.patience, seed=seed,
-                     data_root=args.data_root)
+    return RunConfig(
+        algorithm=algo,
+        model=model,
+        options=dict(options),
+        dataset=dataset,
+        clients=parties,
+        mode=mode,
+        partition="louvain",
+        resolution=RESOLUTION.get(dataset, 1.0),
+        split="fedomd",
+        hidden=args.hidden,
+        num_layers=2,
+        dropout=0.5,
+        lr=0.01,
+        weight_decay=1e-4,
+        rounds=args.rounds,
+        local_epochs=1,
+        patience=args.patience,
+        seed=seed,
+        data_root=args.data_root,
+    )
 
 
 def max_degree(fed) -> int:
@@ -136,12 +171,22 @@ def collect(out: Path) -> list[dict]:
     for path in sorted(out.glob("*/M*/*/seed*/result.json")):
         r = json.loads(path.read_text())
         meta = json.loads((path.parent / "meta.json").read_text())
-        rows.append({"dataset": path.parts[-5], "parties": int(path.parts[-4][1:]), "method": meta["method"],
-                     "mode": meta["mode"], "seed": r["config"]["seed"], "test": 100 * r["final"]["test_acc"],
-                     "val": 100 * r["final"]["val_acc"],
-                     "party_mean": 100 * r["final"]["test_acc_client_mean"],
-                     "best_round": r["final"]["best_round"], "rounds_run": r["final"]["rounds_run"],
-                     "seconds": r["time"]["total"], "kib_up": r["comm"]["bytes_up"] / 2 ** 10})
+        rows.append(
+            {
+                "dataset": path.parts[-5],
+                "parties": int(path.parts[-4][1:]),
+                "method": meta["method"],
+                "mode": meta["mode"],
+                "seed": r["config"]["seed"],
+                "test": 100 * r["final"]["test_acc"],
+                "val": 100 * r["final"]["val_acc"],
+                "party_mean": 100 * r["final"]["test_acc_client_mean"],
+                "best_round": r["final"]["best_round"],
+                "rounds_run": r["final"]["rounds_run"],
+                "seconds": r["time"]["total"],
+                "kib_up": r["comm"]["bytes_up"] / 2**10,
+            }
+        )
     return rows
 
 
@@ -151,35 +196,57 @@ def _ms(values: list[float]) -> str:
 
 def write_table(out: Path, command: str) -> str:
     rows = collect(out)
-    log = out / "commands.txt"                     # every sweep that wrote into ``out``
+    log = out / "commands.txt"  # every sweep that wrote into ``out``
     commands = list(dict.fromkeys(log.read_text().splitlines())) if log.exists() else [command]
-    lines = ["# FedOMD Table 4 / Table 6 reproduction", "", "Commands:", "",
-             *[f"    OMP_NUM_THREADS=1 {c}" for c in commands], "",
-             ("Test accuracy (%) at the best mean-validation round, mean ± std over seeds (`val`: the "
-              "validation accuracy of that round, node-weighted -- the number to choose variants by); "
-              "`overall` node-weighted over all parties, `party mean` unweighted over parties; "
-              "`paper` = FedOMD Table 4 (Table 6 for the ablation rows)."), ""]
+    lines = [
+        "# FedOMD Table 4 / Table 6 reproduction",
+        "",
+        "Commands:",
+        "",
+        *[f"    OMP_NUM_THREADS=1 {c}" for c in commands],
+        "",
+        (
+            "Test accuracy (%) at the best mean-validation round, mean ± std over seeds (`val`: the "
+            "validation accuracy of that round, node-weighted -- the number to choose variants by); "
+            "`overall` node-weighted over all parties, `party mean` unweighted over parties; "
+            "`paper` = FedOMD Table 4 (Table 6 for the ablation rows)."
+        ),
+        "",
+    ]
     for dataset in sorted({r["dataset"] for r in rows}):
         sel = [r for r in rows if r["dataset"] == dataset]
         ms = sorted({r["parties"] for r in sel})
-        lines += [f"## {dataset}", "",
-                  "| method | mode | n | " + " | ".join(f"M={m} val | M={m} overall | M={m} party mean | M={m} paper"
-                                                       for m in ms) + " | s / run | KiB up / run |",
-                  "|---|---|---|" + "---|---|---|---|" * len(ms) + "---|---|"]
-        keys = sorted({(r["method"], r["mode"]) for r in sel},
-                      key=lambda k: (METHODS.index(k[0]) if k[0] in METHODS else 99, k[1] != "plain", k[1]))
+        lines += [
+            f"## {dataset}",
+            "",
+            "| method | mode | n | "
+            + " | ".join(f"M={m} val | M={m} overall | M={m} party mean | M={m} paper" for m in ms)
+            + " | s / run | KiB up / run |",
+            "|---|---|---|" + "---|---|---|---|" * len(ms) + "---|---|",
+        ]
+        keys = sorted(
+            {(r["method"], r["mode"]) for r in sel},
+            key=lambda k: (METHODS.index(k[0]) if k[0] in METHODS else 99, k[1] != "plain", k[1]),
+        )
         for method, mode in keys:
             rs = [r for r in sel if r["method"] == method and r["mode"] == mode]
             cells = []
             for m in ms:
                 rm = [r for r in rs if r["parties"] == m]
                 paper = PAPER.get((dataset, method), {}).get(m)
-                cells += [_ms([r["val"] for r in rm]), _ms([r["test"] for r in rm]), _ms([r["party_mean"] for r in rm]),
-                          f"{paper:.2f}" if paper is not None else "–"]
+                cells += [
+                    _ms([r["val"] for r in rm]),
+                    _ms([r["test"] for r in rm]),
+                    _ms([r["party_mean"] for r in rm]),
+                    f"{paper:.2f}" if paper is not None else "–",
+                ]
             n = max(sum(1 for r in rs if r["parties"] == m) for m in ms)
-            lines.append(f"| {method} | {mode} | {n} | " + " | ".join(cells) +
-                         f" | {statistics.mean(r['seconds'] for r in rs):.0f} | "
-                         f"{statistics.mean(r['kib_up'] for r in rs):.0f} |")
+            lines.append(
+                f"| {method} | {mode} | {n} | "
+                + " | ".join(cells)
+                + f" | {statistics.mean(r['seconds'] for r in rs):.0f} | "
+                f"{statistics.mean(r['kib_up'] for r in rs):.0f} |"
+            )
         lines.append("")
     text = "\n".join(lines)
     (out / "table4.md").write_text(text)
@@ -195,8 +262,13 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=1000, help="maximum epochs (= rounds, interval 1)")
     ap.add_argument("--patience", type=int, default=200)
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--secure-modes", nargs="*", default=[], choices=["ckks", "mask"],
-                    help="secure modes FedOMD also runs in (compared with plain)")
+    ap.add_argument(
+        "--secure-modes",
+        nargs="*",
+        default=[],
+        choices=["ckks", "mask"],
+        help="secure modes FedOMD also runs in (compared with plain)",
+    )
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--out", default="runs/fedomd_table4")
     ap.add_argument("--table-only", action="store_true")
@@ -209,21 +281,33 @@ def main(argv=None) -> None:
         return
     with (out / "commands.txt").open("a") as f:
         f.write(command + "\n")
-    jobs = [Job(out / dataset / f"M{m}" / f"{slug(method)}-{mode}" / f"seed{seed}",
-                method_config(method, dataset, m, seed, mode, args), {"method": method, "mode": mode})
-            for dataset in args.datasets for m in args.parties for seed in args.seeds for method in args.methods
-            for mode in ["plain"] + (list(args.secure_modes) if method == "FedOMD" else [])]
+    jobs = [
+        Job(
+            out / dataset / f"M{m}" / f"{slug(method)}-{mode}" / f"seed{seed}",
+            method_config(method, dataset, m, seed, mode, args),
+            {"method": method, "mode": mode},
+        )
+        for dataset in args.datasets
+        for m in args.parties
+        for seed in args.seeds
+        for method in args.methods
+        for mode in ["plain"] + (list(args.secure_modes) if method == "FedOMD" else [])
+    ]
 
     def set_degree_cap(cfg: RunConfig, fed) -> None:
-        if cfg.algorithm == "fedgcn":               # the public degree bound must cover the graph's
-            cfg.options.setdefault("degree_cap", max(254, max_degree(fed)))   # (Photo: 1434)
+        if cfg.algorithm == "fedgcn":  # the public degree bound must cover the graph's
+            cfg.options.setdefault("degree_cap", max(254, max_degree(fed)))  # (Photo: 1434)
 
     def done(job: Job, r: dict, seconds: float) -> None:
         cfg = job.cfg
-        print(f"{cfg.dataset} M={cfg.clients} {job.meta['method']:17s} {cfg.mode:5s} seed {cfg.seed}: test "
-              f"{100 * r['final']['test_acc']:.2f} (party mean {100 * r['final']['test_acc_client_mean']:.2f}, "
-              f"best round {r['final']['best_round']}, {seconds:.0f} s)", flush=True)
+        print(
+            f"{cfg.dataset} M={cfg.clients} {job.meta['method']:17s} {cfg.mode:5s} seed {cfg.seed}: test "
+            f"{100 * r['final']['test_acc']:.2f} (party mean {100 * r['final']['test_acc_client_mean']:.2f}, "
+            f"best round {r['final']['best_round']}, {seconds:.0f} s)",
+            flush=True,
+        )
         write_table(out, command)
+
     run_sweep(jobs, done, fed_key=lambda cfg: (cfg.dataset, cfg.clients, cfg.seed), prepare=set_degree_cap)
     print(write_table(out, command))
 

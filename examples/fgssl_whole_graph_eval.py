@@ -25,6 +25,7 @@ Usage (after fgssl_table1.py's runs; every ``--out`` folder of that script can b
 writes ``<out>/whole_graph.jsonl`` (one record per run and client) and ``<out>/whole_graph.md``
 (regenerate with ``--table-only``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,13 @@ import statistics
 from pathlib import Path
 
 import torch
+from fgssl_table1 import METHODS, paper_accuracy
 
 from secure_fgl.config import RunConfig
 from secure_fgl.engine.hooks import load_best_model
 from secure_fgl.experiment import load_federation
 from secure_fgl.models import build_model
 from secure_fgl.report.tables import fmt_stats
-from fgssl_table1 import METHODS, paper_accuracy
 
 
 @torch.no_grad()
@@ -56,38 +57,69 @@ def evaluate_run(run_dir: Path, data_root: str | None) -> list[dict]:
     g = fed.graph
     records = []
     for k, c in enumerate(fed.clients):
-        model = build_model(cfg.model, fed.num_features, cfg.hidden, fed.num_classes, num_layers=cfg.num_layers,
-                            dropout=cfg.dropout, heads=cfg.heads)
+        model = build_model(
+            cfg.model,
+            fed.num_features,
+            cfg.hidden,
+            fed.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+            heads=cfg.heads,
+        )
         load_best_model(run_dir / "best_model.pt", model, prefix=f"models.{k}").eval()
-        records.append({"dataset": cfg.dataset, "clients": cfg.clients, "method": method, "seed": cfg.seed,
-                        "rounds": cfg.rounds, "client": k, "test_nodes": int(c.test_mask.sum()),
-                        "subgraph": 100 * accuracy(model, c.x, c.edge_index, c.y, c.test_mask),
-                        "whole_graph": 100 * accuracy(model, g.x, g.edge_index, g.y, g.test_mask)})
+        records.append(
+            {
+                "dataset": cfg.dataset,
+                "clients": cfg.clients,
+                "method": method,
+                "seed": cfg.seed,
+                "rounds": cfg.rounds,
+                "client": k,
+                "test_nodes": int(c.test_mask.sum()),
+                "subgraph": 100 * accuracy(model, c.x, c.edge_index, c.y, c.test_mask),
+                "whole_graph": 100 * accuracy(model, g.x, g.edge_index, g.y, g.test_mask),
+            }
+        )
     return records
 
 
 def write_table(records: list[dict], out: Path) -> str:
-    lines = ["# Saved models on their clients' subgraphs vs on the whole graph", "",
-             "Test accuracy (%) of the weights saved at each run's best-validation round (`best_model.pt`). "
-             "`subgraphs`: each client's model on its own test nodes and subgraph, node-weighted over clients "
-             "(= the tables); `whole graph`: each client's model on all test nodes of the whole graph, with "
-             "the edges between clients, mean over clients (federated methods: the global model; brackets: "
-             "the lowest and highest client). Mean ± std over seeds (n).", "",
-             "| dataset | M | method | n | rounds | subgraphs | whole graph | paper |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Saved models on their clients' subgraphs vs on the whole graph",
+        "",
+        "Test accuracy (%) of the weights saved at each run's best-validation round (`best_model.pt`). "
+        "`subgraphs`: each client's model on its own test nodes and subgraph, node-weighted over clients "
+        "(= the tables); `whole graph`: each client's model on all test nodes of the whole graph, with "
+        "the edges between clients, mean over clients (federated methods: the global model; brackets: "
+        "the lowest and highest client). Mean ± std over seeds (n).",
+        "",
+        "| dataset | M | method | n | rounds | subgraphs | whole graph | paper |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     order = list(METHODS)
-    keys = sorted({(r["dataset"], r["clients"], r["method"]) for r in records},
-                  key=lambda key: (key[0], key[1], order.index(key[2])))
+    keys = sorted(
+        {(r["dataset"], r["clients"], r["method"]) for r in records},
+        key=lambda key: (key[0], key[1], order.index(key[2])),
+    )
     for dataset, clients, method in keys:
         sel = [r for r in records if (r["dataset"], r["clients"], r["method"]) == (dataset, clients, method)]
         seeds = sorted({r["seed"] for r in sel})
-        sub = [sum(r["subgraph"] * r["test_nodes"] for r in sel if r["seed"] == s)
-               / sum(r["test_nodes"] for r in sel if r["seed"] == s) for s in seeds]
+        sub = [
+            sum(r["subgraph"] * r["test_nodes"] for r in sel if r["seed"] == s)
+            / sum(r["test_nodes"] for r in sel if r["seed"] == s)
+            for s in seeds
+        ]
         whole = [statistics.mean(r["whole_graph"] for r in sel if r["seed"] == s) for s in seeds]
-        spread = (f" ({min(r['whole_graph'] for r in sel):.1f}-{max(r['whole_graph'] for r in sel):.1f})"
-                  if method == "Local (GAT)" else "")
-        lines.append(f"| {dataset} | {clients} | {method} | {len(seeds)} | {sel[0]['rounds']} | "
-                     f"{fmt_stats(sub, digits=2)} | {fmt_stats(whole, digits=2)}{spread} | "
-                     f"{paper_accuracy(dataset, method, clients)} |")
+        spread = (
+            f" ({min(r['whole_graph'] for r in sel):.1f}-{max(r['whole_graph'] for r in sel):.1f})"
+            if method == "Local (GAT)"
+            else ""
+        )
+        lines.append(
+            f"| {dataset} | {clients} | {method} | {len(seeds)} | {sel[0]['rounds']} | "
+            f"{fmt_stats(sub, digits=2)} | {fmt_stats(whole, digits=2)}{spread} | "
+            f"{paper_accuracy(dataset, method, clients)} |"
+        )
     text = "\n".join(lines) + "\n"
     (out / "whole_graph.md").write_text(text)
     return text
@@ -104,8 +136,12 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "whole_graph.jsonl"
     if not args.table_only:
-        run_dirs = sorted(d for root in args.runs for d in Path(root).glob("table/*/*-plain/seed*")
-                          if (d / "best_model.pt").exists() and (d / "result.json").exists())
+        run_dirs = sorted(
+            d
+            for root in args.runs
+            for d in Path(root).glob("table/*/*-plain/seed*")
+            if (d / "best_model.pt").exists() and (d / "result.json").exists()
+        )
         with jsonl.open("w") as f:
             for d in run_dirs:
                 for record in evaluate_run(d, args.data_root):

@@ -10,6 +10,7 @@ draws.  It isolates the pipeline from FedAvg (see docs/dp.md, "Diagnosis")::
 
     python examples/gap_centralised_diagnosis.py --dataset cora
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,13 @@ from secure_fgl.data.datasets import load_node_dataset
 
 
 def mlp(inputs: int, hidden: int, classes: int) -> torch.nn.Sequential:
-    return torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(inputs, hidden), torch.nn.ReLU(),
-                               torch.nn.Dropout(0.5), torch.nn.Linear(hidden, classes))
+    return torch.nn.Sequential(
+        torch.nn.Dropout(0.5),
+        torch.nn.Linear(inputs, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.5),
+        torch.nn.Linear(hidden, classes),
+    )
 
 
 def fit(model, inputs, data, epochs: int) -> float:
@@ -63,18 +69,18 @@ def main() -> None:
     data = load_node_dataset(args.dataset)
     n, classes = data.num_nodes, int(data.y.max()) + 1
     loops = torch.arange(n).repeat(2, 1)
-    adj = torch.sparse_coo_tensor(torch.cat([data.edge_index, loops], 1),
-                                  torch.ones(data.edge_index.size(1) + n), (n, n)).coalesce()
+    adj = torch.sparse_coo_tensor(
+        torch.cat([data.edge_index, loops], 1), torch.ones(data.edge_index.size(1) + n), (n, n)
+    ).coalesce()
     encoder = mlp(data.num_features, args.hidden, classes)
     print(f"feature-only MLP (encoder): test {fit(encoder, data.x, data, args.epochs):.3f}")
     encoder.eval()
     with torch.no_grad():
-        h0 = rownorm(encoder[:-1](data.x))                    # its last hidden layer
+        h0 = rownorm(encoder[:-1](data.x))  # its last hidden layer
     print("| epsilon | sigma | head on [H_0..H_K] | head on [H_1..H_K] |\n|---|---|---|---|")
     for label in args.epsilons.split(","):
         eps = float(label)
-        sigma = 0.0 if eps == float("inf") else \
-            args.noise_factor * args.hops ** 0.5 / gaussian_mu_for(eps, 1e-5) * 2 ** 0.5
+        sigma = 0.0 if eps == float("inf") else args.noise_factor * args.hops**0.5 / gaussian_mu_for(eps, 1e-5) * 2**0.5
         with_h0, hops_only = [], []
         for _ in range(args.repeats):
             hs = [h0]

@@ -15,6 +15,7 @@ Writes one JSON line per (setting, rounds, victim) to ``--out`` and prints a mar
     OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_gin_inversion.py --data-root ../shared/datasets \\
         --settings synthetic-graphs PROTEINS --rounds 1 20 --victims 0 1 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,20 @@ CLIENTS = {"synthetic-graphs": 8, "PROTEINS": 10, "IMDB-BINARY": 10, "NCI1": 30,
 
 
 def attack(setting: str, rounds: int, victims: list[int], args) -> list[dict]:
-    cfg = RunConfig(algorithm=args.algorithm, dataset=setting, clients=CLIENTS[setting], mode="plain", hidden=64,
-                    num_layers=3, dropout=0.5, lr=1e-3, weight_decay=5e-4, rounds=rounds, seed=args.seed,
-                    data_root=args.data_root)
+    cfg = RunConfig(
+        algorithm=args.algorithm,
+        dataset=setting,
+        clients=CLIENTS[setting],
+        mode="plain",
+        hidden=64,
+        num_layers=3,
+        dropout=0.5,
+        lr=1e-3,
+        weight_decay=5e-4,
+        rounds=rounds,
+        seed=args.seed,
+        data_root=args.data_root,
+    )
     seed_everything(cfg.seed)
     fed = load_federation(cfg)
     proto = make_run_protocol(cfg, fed.num_clients)
@@ -49,16 +61,33 @@ def attack(setting: str, rounds: int, victims: list[int], args) -> list[dict]:
     rows = []
     for v in victims:
         t0 = time.perf_counter()
-        entries = {e["name"]: e for e in run_attacks(
-            ["gin_gradient_inversion"] + (["gcfl_same_dataset"] if v == victims[0] else []), algo=algo,
-            protocol=proto, fed=fed, cfg=cfg,
-            options={"gin_gradient_inversion": {"victim": v, "iterations": args.iterations}})}
+        entries = {
+            e["name"]: e
+            for e in run_attacks(
+                ["gin_gradient_inversion"] + (["gcfl_same_dataset"] if v == victims[0] else []),
+                algo=algo,
+                protocol=proto,
+                fed=fed,
+                cfg=cfg,
+                options={"gin_gradient_inversion": {"victim": v, "iterations": args.iterations}},
+            )
+        }
         inv = entries["gin_gradient_inversion"]
-        row = {"setting": setting, "algorithm": cfg.algorithm, "rounds": rounds, "seed": cfg.seed, "victim": v,
-               "graphs": inv.get("num_graphs"), "nodes": inv.get("num_nodes"), "iterations": args.iterations,
-               **{k: inv.get(k) for k in ("value", "chance", "label_tv", "label_tv_uniform", "feature_acc",
-                                          "feature_chance")},
-               "seconds": round(time.perf_counter() - t0, 1)}
+        row = {
+            "setting": setting,
+            "algorithm": cfg.algorithm,
+            "rounds": rounds,
+            "seed": cfg.seed,
+            "victim": v,
+            "graphs": inv.get("num_graphs"),
+            "nodes": inv.get("num_nodes"),
+            "iterations": args.iterations,
+            **{
+                k: inv.get(k)
+                for k in ("value", "chance", "label_tv", "label_tv_uniform", "feature_acc", "feature_chance")
+            },
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         same = entries.get("gcfl_same_dataset")
         if same is not None:
             row["same_dataset_auc"] = same.get("value") if same.get("applicable") else None
@@ -71,12 +100,17 @@ def fmt(v, spec=".3f") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| setting | rounds | victim | graphs | label acc | chance | label TV | uniform TV | feature acc "
-             "| chance | same-dataset AUC |", "|" + "---|" * 11]
+    lines = [
+        "| setting | rounds | victim | graphs | label acc | chance | label TV | uniform TV | feature acc "
+        "| chance | same-dataset AUC |",
+        "|" + "---|" * 11,
+    ]
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['rounds']} | {r['victim']} | {r['graphs']} | {fmt(r['value'])} | "
-                     f"{fmt(r['chance'])} | {fmt(r['label_tv'])} | {fmt(r['label_tv_uniform'])} | "
-                     f"{fmt(r['feature_acc'])} | {fmt(r['feature_chance'])} | {fmt(r.get('same_dataset_auc'))} |")
+        lines.append(
+            f"| {r['setting']} | {r['rounds']} | {r['victim']} | {r['graphs']} | {fmt(r['value'])} | "
+            f"{fmt(r['chance'])} | {fmt(r['label_tv'])} | {fmt(r['label_tv_uniform'])} | "
+            f"{fmt(r['feature_acc'])} | {fmt(r['feature_chance'])} | {fmt(r.get('same_dataset_auc'))} |"
+        )
     return "\n".join(lines)
 
 

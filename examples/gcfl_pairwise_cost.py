@@ -8,6 +8,7 @@ matrix.
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_pairwise_cost.py --clients 10 30 --out runs/gcfl_pairwise.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,22 +31,28 @@ def measure(k: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     updates = {i: rng.normal(size=SHARED) * 0.01 for i in range(k)}
     proto = make_protocol("ckks", k, seed=seed)
-    pairwise_cosine(proto, "warm", 0, {0: updates[0], 1: updates[1]})     # key registration and directory
+    pairwise_cosine(proto, "warm", 0, {0: updates[0], 1: updates[1]})  # key registration and directory
     t0, c0 = time.perf_counter(), time.process_time()
-    got = pairwise_cosine(proto, "gcfl/similarity", 1, updates)           # fresh pairwise keys included
+    got = pairwise_cosine(proto, "gcfl/similarity", 1, updates)  # fresh pairwise keys included
     exchange_s, exchange_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     msgs = proto.transcript.select(tag="gcfl/similarity")
     ups = [m for m in msgs if m.kind == "ciphertext" and m.receiver == "server"]
     keys = [m for m in msgs if m.kind == "public_key"]
-    return {"clients": k, "values_per_client": SHARED, "pairs": k * (k - 1) // 2,
-            "exchange_with_keygen_s": exchange_s, "exchange_with_keygen_cpu_s": exchange_cpu_s,
-            "max_abs_error": float(np.abs(got - cosine_matrix(np.stack(list(updates.values())))).max()),
-            "upload_bytes_per_client": ups[0].nbytes,
-            "to_decider_bytes": sum(m.nbytes for m in msgs if m.sender == "server" and m.kind == "ciphertext"),
-            "decider_reply_bytes": sum(m.nbytes for m in msgs if m.kind == "plain"),
-            "evaluation_key_bytes_to_server": sum(m.nbytes for m in keys if m.receiver == "server"),
-            "public_key_bytes_per_client": next(m.nbytes for m in keys if m.receiver != "server"),
-            "plan_bytes": sum(m.nbytes for m in msgs if m.kind == "control")}
+    return {
+        "clients": k,
+        "values_per_client": SHARED,
+        "pairs": k * (k - 1) // 2,
+        "exchange_with_keygen_s": exchange_s,
+        "exchange_with_keygen_cpu_s": exchange_cpu_s,
+        "max_abs_error": float(np.abs(got - cosine_matrix(np.stack(list(updates.values())))).max()),
+        "upload_bytes_per_client": ups[0].nbytes,
+        "to_decider_bytes": sum(m.nbytes for m in msgs if m.sender == "server" and m.kind == "ciphertext"),
+        "decider_reply_bytes": sum(m.nbytes for m in msgs if m.kind == "plain"),
+        "evaluation_key_bytes_to_server": sum(m.nbytes for m in keys if m.receiver == "server"),
+        "public_key_bytes_per_client": next(m.nbytes for m in keys if m.receiver != "server"),
+        "plan_bytes": sum(m.nbytes for m in msgs if m.kind == "control"),
+    }
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,6 +4,7 @@ with the result's phase times (data loading, training, evaluation) and training 
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_round_cost.py --data-root ../shared/datasets
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gcfl_tables  # noqa: E402
+
 from secure_fgl.experiment import run_experiment  # noqa: E402
 
 
@@ -31,8 +33,17 @@ def main() -> None:
         cfg = gcfl_tables.config(setting, "FedAvg", "plain", 0, args)
         cfg.out = f"{args.out}/{setting}"
         t = run_experiment(cfg, progress=False)["time"]
-        print(json.dumps({"setting": setting, "rounds": args.rounds, "train_s_per_round": t["train"] / args.rounds,
-                          **{k: round(v, 2) for k, v in t.items()}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "setting": setting,
+                    "rounds": args.rounds,
+                    "train_s_per_round": t["train"] / args.rounds,
+                    **{k: round(v, 2) for k, v in t.items()},
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

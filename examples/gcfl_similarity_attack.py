@@ -8,6 +8,7 @@ scores "same labeling" over client pairs by rank AUC (chance 0.5).  Prints one J
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_similarity_attack.py --seeds 0 1 2 --modes plain ckks
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,18 @@ from secure_fgl.experiment import load_federation, make_run_protocol  # noqa: E4
 
 
 def attack(seed: int, mode: str, clients: int) -> dict:
-    cfg = RunConfig(algorithm="gcfl", dataset="synthetic-graphs", clients=clients, mode=mode, hidden=16,
-                    num_layers=3, lr=1e-2, rounds=21, seed=seed, options={"eps1": 0.5, "eps2": 0.0})
+    cfg = RunConfig(
+        algorithm="gcfl",
+        dataset="synthetic-graphs",
+        clients=clients,
+        mode=mode,
+        hidden=16,
+        num_layers=3,
+        lr=1e-2,
+        rounds=21,
+        seed=seed,
+        options={"eps1": 0.5, "eps2": 0.0},
+    )
     seed_everything(seed)
     fed = load_federation(cfg)
     proto = make_run_protocol(cfg, clients)
@@ -37,9 +48,15 @@ def attack(seed: int, mode: str, clients: int) -> dict:
     algo = cls(fed, proto, cfg, torch.device("cpu"), cls.Options(**cfg.options))
     train(algo, cfg, None, progress=False)
     members, sim = server_similarity(View.of(proto.transcript, "server"), algo.anchors[0].numel())
-    return {"seed": seed, "mode": mode, "clients": clients, "pairs": len(members) * (len(members) - 1) // 2,
-            "same_dataset_auc": same_dataset_auc(members, sim, [c.dataset for c in fed.clients]),
-            "chance": 0.5, "split": algo.splits[0]["into"] if algo.splits else None}
+    return {
+        "seed": seed,
+        "mode": mode,
+        "clients": clients,
+        "pairs": len(members) * (len(members) - 1) // 2,
+        "same_dataset_auc": same_dataset_auc(members, sim, [c.dataset for c in fed.clients]),
+        "chance": 0.5,
+        "split": algo.splits[0]["into"] if algo.splits else None,
+    }
 
 
 def main() -> None:

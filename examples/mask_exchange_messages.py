@@ -9,6 +9,7 @@ prints one JSON line per stage of the second exchange:
 messages recorded, signed messages (a copy the server forwards is not signed again), verifications
 (every signed message is verified by each party it reaches) and bytes recorded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ def main(argv=None) -> None:
         row["bytes"] += m.nbytes
         copy = m.relay == SERVER and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).recipient == SERVER
         row["signed"] += 0 if copy else 1
-        row["verified"] += 1       # each record is one delivery: to the server, or a relayed copy to its peer
+        row["verified"] += 1  # each record is one delivery: to the server, or a relayed copy to its peer
     total = {k: sum(r[k] for r in per_stage.values()) for k in ("messages", "signed", "verified", "bytes")}
     for stage, row in per_stage.items():
         print(json.dumps({"stage": stage, **row}))

@@ -9,6 +9,7 @@ checkpoints), and trains exactly as it does: same seed, initialisation and per-s
 
     python examples/minimal_fedavg.py          # 3 rounds on a synthetic graph, in --mode mask
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,9 +36,16 @@ class FedAvgClient(ClientLogic):
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
         cfg, facts = self.cfg, self.facts
-        torch.manual_seed(cfg.seed)                       # every client starts from the same model
-        self.model = build_model(cfg.model, facts.num_features, cfg.hidden, facts.num_classes,
-                                 num_layers=cfg.num_layers, dropout=cfg.dropout, heads=cfg.heads).to(runtime.device)
+        torch.manual_seed(cfg.seed)  # every client starts from the same model
+        self.model = build_model(
+            cfg.model,
+            facts.num_features,
+            cfg.hidden,
+            facts.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+            heads=cfg.heads,
+        ).to(runtime.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
 
@@ -46,7 +54,7 @@ class FedAvgClient(ClientLogic):
         self.model.train()
         for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
-            with rng.using(rng.client_generator(self.cfg.seed, rnd, self.rt.client_id, step)):   # dropout masks
+            with rng.using(rng.client_generator(self.cfg.seed, rnd, self.rt.client_id, step)):  # dropout masks
                 logits = self.model(c.x, c.edge_index)
             loss = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
             loss.backward()
@@ -70,7 +78,7 @@ class FedAvgClient(ClientLogic):
         return {}
 
     @torch.no_grad()
-    def logits(self) -> torch.Tensor:                     # what evaluate() counts correct answers of
+    def logits(self) -> torch.Tensor:  # what evaluate() counts correct answers of
         self.model.eval()
         return self.model(self.data.x, self.data.edge_index)
 
@@ -91,19 +99,26 @@ class FedAvgServer(Strategy):
 
 
 SPEC = AlgorithmSpec(
-    name=NAME, summary="FedAvg in one short file (docs/design.md, 'Adding an algorithm')",
+    name=NAME,
+    summary="FedAvg in one short file (docs/design.md, 'Adding an algorithm')",
     paper="McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017",
     exchanges=f"{TAG}: weighted mean of model updates, every round",
-    options=NoOptions, logic=f"{__name__}:FedAvgClient", strategy=f"{__name__}:FedAvgServer",
-    modes=("plain", "mask", "ckks", "ckks-mp"))
+    options=NoOptions,
+    logic=f"{__name__}:FedAvgClient",
+    strategy=f"{__name__}:FedAvgServer",
+    modes=("plain", "mask", "ckks", "ckks-mp"),
+)
 SPECS.setdefault(NAME, SPEC)
 
 
 if __name__ == "__main__":
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
+
     cfg = dict(dataset="sbm", clients=3, mode="mask", rounds=3, synthetic={"num_nodes": 300, "num_features": 40})
     for algorithm in (NAME, "fedavg"):
         result = run_experiment(RunConfig(algorithm=algorithm, **cfg), progress=False)
-        print(f"{algorithm:<16} losses {[round(r['train_loss'], 6) for r in result['rounds']]}  "
-              f"test acc {result['final']['test_acc']:.3f}")
+        print(
+            f"{algorithm:<16} losses {[round(r['train_loss'], 6) for r in result['rounds']]}  "
+            f"test acc {result['final']['test_acc']:.3f}"
+        )

@@ -8,6 +8,7 @@ CASE = ``algorithm:hops:features:lr:rounds`` with features ``raw`` (binary bag o
 input).  Photo, FGSSL split (60/20/20 per client), 5 clients iid, seed 0, plain mode,
 degree cap 1434.  Prints test accuracy at the best-validation round and the training accuracy.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,14 +34,36 @@ def main() -> None:
     fed = make_federated("photo", num_clients=5, partition="iid", split="fgssl", seed=0, data_root=root)
     for case in sys.argv[1:]:
         algo, hops, feat, lr, rounds = case.split(":")
-        opts = {} if algo != "fedgcn" else {"hops": int(hops), "degree_cap": 1434, "center": feat == "center",
-                                            **({"feature_bound": 1.0} if feat == "rownorm" else {})}
-        cfg = RunConfig(algorithm=algo, dataset="photo", clients=5, partition="iid", split="fgssl", mode="plain",
-                        lr=float(lr), rounds=int(rounds), seed=0, options=opts, data_root=root)
+        opts = (
+            {}
+            if algo != "fedgcn"
+            else {
+                "hops": int(hops),
+                "degree_cap": 1434,
+                "center": feat == "center",
+                **({"feature_bound": 1.0} if feat == "rownorm" else {}),
+            }
+        )
+        cfg = RunConfig(
+            algorithm=algo,
+            dataset="photo",
+            clients=5,
+            partition="iid",
+            split="fgssl",
+            mode="plain",
+            lr=float(lr),
+            rounds=int(rounds),
+            seed=0,
+            options=opts,
+            data_root=root,
+        )
         t0 = time.perf_counter()
         r = run_experiment(cfg, progress=False, fed=row_normalised(fed) if feat == "rownorm" else fed)["final"]
-        print(f"{case}: test {r['test_acc']:.3f} (best round {r['best_round']}, train {r['train_acc']:.3f}) "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"{case}: test {r['test_acc']:.3f} (best round {r['best_round']}, train {r['train_acc']:.3f}) "
+            f"{time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ profiled run include the profiler's own overhead (about 3x on Python-heavy code)
 ``secure-fgl bench --suite overhead`` (``ckks-fp20``: CKKS with ``--fixed-point-bits 20
 --update-bound 1``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,12 @@ def main(argv=None) -> None:
             times.append((ctx.tag, 1e3 * (time.process_time() - c0)))
 
     import secure_fgl.algorithms.fedgcn.server  # noqa: F401  (every runtime module that calls run_split is loaded)
-    for module in [m for name, m in sys.modules.items() if name.startswith(("secure_fgl.runtime", "secure_fgl.algorithms"))]:
+
+    for module in [
+        m for name, m in sys.modules.items() if name.startswith(("secure_fgl.runtime", "secure_fgl.algorithms"))
+    ]:
         if getattr(module, "run_split", None) is run_split:
-            module.run_split = timed                                # wherever it was imported by name
+            module.run_split = timed  # wherever it was imported by name
     values = {**workload_config("cora-fedgcn", a.mode, False, None, "local"), "rounds": a.rounds}
     with tempfile.TemporaryDirectory(prefix="profile-") as out:
         cfg = RunConfig.from_dict({**values, "out": out}).validate()
@@ -69,11 +73,19 @@ def main(argv=None) -> None:
         result = run_experiment(cfg, progress=False)
         cpu = time.process_time() - c0
     model = sorted(t for tag, t in times if tag.endswith("/model"))
-    print(json.dumps({"mode": a.mode, "rounds": a.rounds, "cpu_s": round(cpu, 2),
-                      "model_ms_median": round(model[len(model) // 2], 1) if model else None,
-                      "model_ms_mean": round(sum(model) / len(model), 1) if model else None,
-                      "other_ms": [(tag, round(t, 1)) for tag, t in times if not tag.endswith("/model")],
-                      "test_acc": result["final"]["test_acc"]}))
+    print(
+        json.dumps(
+            {
+                "mode": a.mode,
+                "rounds": a.rounds,
+                "cpu_s": round(cpu, 2),
+                "model_ms_median": round(model[len(model) // 2], 1) if model else None,
+                "model_ms_mean": round(sum(model) / len(model), 1) if model else None,
+                "other_ms": [(tag, round(t, 1)) for tag, t in times if not tag.endswith("/model")],
+                "test_acc": result["final"]["test_acc"],
+            }
+        )
+    )
     if profiler is not None:
         if a.profile_out:
             profiler.dump_stats(a.profile_out)

@@ -7,15 +7,19 @@
 3. run an algorithm through the experiment API;
 4. read the result and the transcript (who sent what, how many bytes).
 """
+
 from secure_fgl.config import RunConfig
 from secure_fgl.data import make_federated
 from secure_fgl.experiment import run_experiment
 
 # 1. a synthetic SBM graph with binary bag-of-words features, 5 clients by label-Dirichlet(1.0)
-fed = make_federated("sbm", num_clients=5, partition="dirichlet", beta=1.0, seed=0,
-                     num_nodes=1000, num_features=200, num_classes=4)
-print(f"{fed.num_clients} clients, sizes {[c.num_nodes for c in fed.clients]}, "
-      f"cross-client edges known to client 0: {fed.clients[0].cross_edges.size(1)}")
+fed = make_federated(
+    "sbm", num_clients=5, partition="dirichlet", beta=1.0, seed=0, num_nodes=1000, num_features=200, num_classes=4
+)
+print(
+    f"{fed.num_clients} clients, sizes {[c.num_nodes for c in fed.clients]}, "
+    f"cross-client edges known to client 0: {fed.clients[0].cross_edges.size(1)}"
+)
 
 # 2.+3. FedGCN (1-hop neighbour sums sent once, encrypted) then FedAvg rounds, all through CKKS
 cfg = RunConfig(algorithm="fedgcn", mode="ckks", clients=5, rounds=30, seed=0, options={"hops": 1})

@@ -10,6 +10,7 @@ thread is in, the peak with the main thread's stack at that moment, and the run'
 and writes them as JSON with ``--out``.  Used for the memory section of
 ``docs/fedgcn_amazon_coauthor.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ from secure_fgl.experiment import load_federation, run_experiment
 
 def rss_gb() -> float:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 30
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
 class Sampler(threading.Thread):
@@ -65,17 +66,38 @@ def main() -> None:
     fed = load_federation(RunConfig(dataset=args.dataset, clients=10, beta=1.0, seed=0, data_root=root))
     loaded = rss_gb()
     cap = int(degree(fed.graph.edge_index[0], fed.graph.num_nodes).max())
-    opts = {"center": True} if args.algorithm == "centralized" else \
-        {"hops": args.hops, "center": True, "degree_cap": max(cap, 254)}
-    cfg = RunConfig(algorithm=args.algorithm, dataset=args.dataset, clients=10, beta=1.0, rounds=args.rounds,
-                    seed=0, mode=args.mode, data_root=root, options=opts)
+    opts = (
+        {"center": True}
+        if args.algorithm == "centralized"
+        else {"hops": args.hops, "center": True, "degree_cap": max(cap, 254)}
+    )
+    cfg = RunConfig(
+        algorithm=args.algorithm,
+        dataset=args.dataset,
+        clients=10,
+        beta=1.0,
+        rounds=args.rounds,
+        seed=0,
+        mode=args.mode,
+        data_root=root,
+        options=opts,
+    )
     res = run_experiment(cfg, progress=False, fed=fed)
     sampler.stop = True
-    out = {"args": vars(args), "rss_after_loading_gb": round(loaded, 2), "peak_rss_gb": round(sampler.peak, 2),
-           "end_rss_gb": round(rss_gb(), 2), "test_acc": res["final"]["test_acc"], "time": res.get("time", {}),
-           "timeline": sampler.timeline, "peak_stack": sampler.peak_stack}
-    print(f"after loading {out['rss_after_loading_gb']} GB; peak {out['peak_rss_gb']} GB; end {out['end_rss_gb']} GB; "
-          f"test acc {out['test_acc']:.4f}")
+    out = {
+        "args": vars(args),
+        "rss_after_loading_gb": round(loaded, 2),
+        "peak_rss_gb": round(sampler.peak, 2),
+        "end_rss_gb": round(rss_gb(), 2),
+        "test_acc": res["final"]["test_acc"],
+        "time": res.get("time", {}),
+        "timeline": sampler.timeline,
+        "peak_stack": sampler.peak_stack,
+    }
+    print(
+        f"after loading {out['rss_after_loading_gb']} GB; peak {out['peak_rss_gb']} GB; end {out['end_rss_gb']} GB; "
+        f"test acc {out['test_acc']:.4f}"
+    )
     print("times:", json.dumps(out["time"]))
     print("timeline (s, GB, function):", out["timeline"])
     print("stack at the peak:\n" + out["peak_stack"])

@@ -6,6 +6,7 @@ tracemalloc; RSS is sampled every 10 ms and printed at the phase marks (graph ge
 partition, each client's neighbour sums, the row-sum exchange) with the highest RSS inside each
 phase, then the pre-training's process CPU time and CPU ns per edge x feature.
 """
+
 import gc
 import sys
 import threading
@@ -26,8 +27,11 @@ def rss() -> tuple[float, float]:
 
 def mark(name: str) -> None:
     cur, hwm = rss()
-    print(f"{time.perf_counter() - T0:8.1f}s  {name:<30} rss {cur:7.0f}  hwm {hwm:7.0f}  "
-          f"peak since last mark {PEAK['max']:7.0f}", flush=True)
+    print(
+        f"{time.perf_counter() - T0:8.1f}s  {name:<30} rss {cur:7.0f}  hwm {hwm:7.0f}  "
+        f"peak since last mark {PEAK['max']:7.0f}",
+        flush=True,
+    )
     PEAK["phase"], PEAK["max"] = name, cur
 
 
@@ -46,6 +50,7 @@ def traced(owner, name: str) -> None:
         out = f(*a, **k)
         mark(f"< {name}")
         return out
+
     setattr(owner, name, wrapper)
 
 
@@ -58,11 +63,13 @@ def main(nodes: int, features: int) -> None:
     import secure_fgl.data.build as build
     from secure_fgl.bench.fedgcn import K, _pretrain
     from secure_fgl.data import make_federated
+
     traced(build, "load_node_dataset")
     traced(base.Protocol, "row_sum")
     traced(fedgcn, "partial_neighbour_sums")
-    fed = make_federated("sbm", num_clients=K, beta=10000.0, seed=0, num_nodes=nodes, num_features=features,
-                         avg_degree=8.0)
+    fed = make_federated(
+        "sbm", num_clients=K, beta=10000.0, seed=0, num_nodes=nodes, num_features=features, avg_degree=8.0
+    )
     gc.collect()
     mark("federation built")
     c0 = time.process_time()
@@ -70,9 +77,11 @@ def main(nodes: int, features: int) -> None:
     cpu = time.process_time() - c0
     mark("pre-training done")
     edges = int(fed.graph.edge_index.size(1)) // 2
-    print(f"edges {edges}  pre-training wall {rec['pretrain_s']:.1f} s  CPU {cpu:.1f} s  "
-          f"CPU ns per edge x feature {cpu / (edges * (features + 1)) * 1e9:.1f}  bytes up {rec['bytes_up']}  "
-          f"up/float32 {rec['ratio_up']:.2f}x  peak RSS {rss()[1]:.0f} MB")
+    print(
+        f"edges {edges}  pre-training wall {rec['pretrain_s']:.1f} s  CPU {cpu:.1f} s  "
+        f"CPU ns per edge x feature {cpu / (edges * (features + 1)) * 1e9:.1f}  bytes up {rec['bytes_up']}  "
+        f"up/float32 {rec['ratio_up']:.2f}x  peak RSS {rss()[1]:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

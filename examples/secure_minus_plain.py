@@ -32,6 +32,7 @@ plain-grid and ckks-grid train the same model bit for bit):
     python examples/secure_minus_plain.py --modes plain ckks --grid-model-mean --update-bound 1 \
         --datasets cora citeseer --betas 1 --other-seeds --out runs/smp_grid
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,38 +43,75 @@ import time
 from pathlib import Path
 
 import torch
+from sweep import read_runs
 
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
-from sweep import read_runs
 
 MODES = ("plain", "ckks", "mask")
 
 
 def fedgcn(dataset: str, beta: float, seed: int, mode: str, args, algorithm: str = "fedgcn") -> RunConfig:
     """FedGCN 1-hop, or (``algorithm='fedavg'``) FedAvg, in the released code's setting."""
-    return RunConfig(algorithm=algorithm, dataset=dataset, clients=10, beta=beta, seed=seed, mode=mode,
-                     rounds=args.rounds, local_epochs=3, optimizer="sgd", lr=0.5,
-                     data_root=args.data_root, options={"hops": 1} if algorithm == "fedgcn" else {})
+    return RunConfig(
+        algorithm=algorithm,
+        dataset=dataset,
+        clients=10,
+        beta=beta,
+        seed=seed,
+        mode=mode,
+        rounds=args.rounds,
+        local_epochs=3,
+        optimizer="sgd",
+        lr=0.5,
+        data_root=args.data_root,
+        options={"hops": 1} if algorithm == "fedgcn" else {},
+    )
 
 
 def fedspray(seed: int, mode: str, args) -> RunConfig:
-    return RunConfig(algorithm="fedspray", dataset="pubmed", clients=7, mode=mode, partition="louvain",
-                     keep_largest=True, split="fedspray", rounds=args.fedspray_rounds, seed=seed,
-                     data_root=args.data_root, options={"backbone": "gcn"})
+    return RunConfig(
+        algorithm="fedspray",
+        dataset="pubmed",
+        clients=7,
+        mode=mode,
+        partition="louvain",
+        keep_largest=True,
+        split="fedspray",
+        rounds=args.fedspray_rounds,
+        seed=seed,
+        data_root=args.data_root,
+        options={"backbone": "gcn"},
+    )
 
 
 def fedomd(seed: int, mode: str, args) -> RunConfig:
-    return RunConfig(algorithm="fedomd", model="gcn", dataset="cora", clients=5, mode=mode, partition="louvain",
-                     resolution=1.0, split="fedomd", hidden=64, num_layers=2, dropout=0.5, lr=0.01,
-                     weight_decay=1e-4, rounds=args.fedomd_rounds, local_epochs=1, patience=args.fedomd_patience,
-                     seed=seed, data_root=args.data_root)
+    return RunConfig(
+        algorithm="fedomd",
+        model="gcn",
+        dataset="cora",
+        clients=5,
+        mode=mode,
+        partition="louvain",
+        resolution=1.0,
+        split="fedomd",
+        hidden=64,
+        num_layers=2,
+        dropout=0.5,
+        lr=0.01,
+        weight_decay=1e-4,
+        rounds=args.fedomd_rounds,
+        local_epochs=1,
+        patience=args.fedomd_patience,
+        seed=seed,
+        data_root=args.data_root,
+    )
 
 
 def packed(cfg: RunConfig, args) -> RunConfig:
     """``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only) and, with
     ``--grid-model-mean``, the model mean on its public grid (every mode)."""
-    if args.grid_model_mean and cfg.algorithm != "fedomd":        # (FedOMD's mean is always on its grid)
+    if args.grid_model_mean and cfg.algorithm != "fedomd":  # (FedOMD's mean is always on its grid)
         cfg.grid_model_mean, cfg.update_bound = True, args.update_bound
     if cfg.mode == "ckks" and args.fixed_point_bits:
         cfg.fixed_point_bits, cfg.update_bound = args.fixed_point_bits, args.update_bound
@@ -83,8 +121,11 @@ def packed(cfg: RunConfig, args) -> RunConfig:
 
 
 def label(cfg: RunConfig) -> str:
-    return cfg.mode + (f"-fixed{cfg.fixed_point_bits}" if cfg.fixed_point_bits else "") + \
-        ("-grid" if cfg.grid_model_mean else "")
+    return (
+        cfg.mode
+        + (f"-fixed{cfg.fixed_point_bits}" if cfg.fixed_point_bits else "")
+        + ("-grid" if cfg.grid_model_mean else "")
+    )
 
 
 def plan(args) -> list[tuple[str, int, RunConfig]]:
@@ -114,11 +155,15 @@ def command(cfg: RunConfig) -> str:
     """The CLI line equivalent to ``cfg`` (every setting that differs from the default)."""
     default = RunConfig().to_dict()
     d = cfg.to_dict()
-    flags = {k: v for k, v in d.items() if k not in ("options", "synthetic", "attacks", "data_root")
-             and (v != default[k] or k == "mode")}
+    flags = {
+        k: v
+        for k, v in d.items()
+        if k not in ("options", "synthetic", "attacks", "data_root") and (v != default[k] or k == "mode")
+    }
     flags.update(d["options"])
     return "python -m secure_fgl.cli.main run " + " ".join(
-        f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items())
+        f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in flags.items()
+    )
 
 
 def key(name: str, seed: int, mode: str, rounds: int) -> str:
@@ -138,29 +183,45 @@ def run_all(args) -> list[dict]:
             continue
         fkey = (name, seed)
         if fkey not in feds:
-            feds.clear()                                  # one federation in memory at a time
+            feds.clear()  # one federation in memory at a time
             feds[fkey] = load_federation(cfg)
         t0 = time.perf_counter()
         res = run_experiment(cfg, progress=False, fed=feds[fkey])
-        row = {"experiment": name, "seed": seed, "mode": label(cfg), "rounds": cfg.rounds,
-               "test_acc": res["final"]["test_acc"], "best_round": res["final"]["best_round"],
-               "trajectory": [r["test_acc"] for r in res["rounds"]], "seconds": time.perf_counter() - t0,
-               "config": cfg.to_dict(), "commit": commit,
-               "upload_ratio": {t: round(c["bytes_up"] / c["plaintext_bytes_up"], 3)
-                                for t, c in res["comm"]["per_tag"].items() if c.get("plaintext_bytes_up")}}
+        row = {
+            "experiment": name,
+            "seed": seed,
+            "mode": label(cfg),
+            "rounds": cfg.rounds,
+            "test_acc": res["final"]["test_acc"],
+            "best_round": res["final"]["best_round"],
+            "trajectory": [r["test_acc"] for r in res["rounds"]],
+            "seconds": time.perf_counter() - t0,
+            "config": cfg.to_dict(),
+            "commit": commit,
+            "upload_ratio": {
+                t: round(c["bytes_up"] / c["plaintext_bytes_up"], 3)
+                for t, c in res["comm"]["per_tag"].items()
+                if c.get("plaintext_bytes_up")
+            },
+        }
         done[k] = row
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"{name} seed {seed} {label(cfg)}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s), upload / "
-              f"float32: {row['upload_ratio']}", flush=True)
+        print(
+            f"{name} seed {seed} {label(cfg)}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s), upload / "
+            f"float32: {row['upload_ratio']}",
+            flush=True,
+        )
     return list(done.values())
 
 
 def table(runs: list[dict]) -> str:
     plain = {(r["experiment"], r["seed"], r["rounds"]): r for r in runs if r["mode"] == "plain"}
-    lines = ["| experiment | rounds (run) | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) "
-             "| last round: plain acc, secure − plain | rounds with test acc equal to plain's |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| experiment | rounds (run) | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) "
+        "| last round: plain acc, secure − plain | rounds with test acc equal to plain's |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple, list] = {}
     for r in runs:
         p = plain.get((r["experiment"], r["seed"], r["rounds"]))
@@ -177,9 +238,11 @@ def table(runs: list[dict]) -> str:
         ran = sorted({len(x["trajectory"]) for pair in pairs for x in pair})
         ran = f"{rounds}" if ran == [rounds] else f"{rounds} ({ran[0]}-{ran[-1]})"
         last = statistics.mean(p["trajectory"][-1] for p, _ in pairs)
-        lines.append(f"| {name} | {ran} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
-                     f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {points(pairs, lambda r: r['test_acc'])} | "
-                     f"{last:.4f}, {points(pairs, lambda r: r['trajectory'][-1])} | {eq}/{tot} |")
+        lines.append(
+            f"| {name} | {ran} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
+            f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {points(pairs, lambda r: r['test_acc'])} | "
+            f"{last:.4f}, {points(pairs, lambda r: r['trajectory'][-1])} | {eq}/{tot} |"
+        )
     return "\n".join(lines)
 
 
@@ -190,29 +253,45 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--pubmed-seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=100, help="FedGCN / FedAvg rounds (released code: 100)")
-    ap.add_argument("--algorithms", nargs="+", default=["fedgcn"], choices=["fedgcn", "fedavg"],
-                    help="on the --datasets grid: FedGCN 1-hop and/or FedAvg (the same setting)")
+    ap.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=["fedgcn"],
+        choices=["fedgcn", "fedavg"],
+        help="on the --datasets grid: FedGCN 1-hop and/or FedAvg (the same setting)",
+    )
     ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
     ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")
     ap.add_argument("--fedomd-patience", type=int, default=200, help="FedOMD early stopping (fedomd_table4.py: 200)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--fixed-point-bits", type=int, default=None, help="ckks runs: packed fixed point")
-    ap.add_argument("--update-bound", type=float, default=None,
-                    help="with --fixed-point-bits or --grid-model-mean: public update bound")
-    ap.add_argument("--grid-model-mean", action="store_true",
-                    help="every mode: the model mean on its public grid (ckks: exact integer fields); "
-                         "recorded as mode <mode>-grid and compared with the plain runs off the grid")
-    ap.add_argument("--feature-bound", type=float, default=None,
-                    help="with --fixed-point-bits: FedGCN's public feature bound")
+    ap.add_argument(
+        "--update-bound",
+        type=float,
+        default=None,
+        help="with --fixed-point-bits or --grid-model-mean: public update bound",
+    )
+    ap.add_argument(
+        "--grid-model-mean",
+        action="store_true",
+        help="every mode: the model mean on its public grid (ckks: exact integer fields); "
+        "recorded as mode <mode>-grid and compared with the plain runs off the grid",
+    )
+    ap.add_argument(
+        "--feature-bound", type=float, default=None, help="with --fixed-point-bits: FedGCN's public feature bound"
+    )
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")
     ap.add_argument("--out", default="runs/secure_minus_plain")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runs = [json.loads(x) for x in (Path(args.out) / "runs.jsonl").read_text().splitlines()] \
-        if args.table_only else run_all(args)
+    runs = (
+        [json.loads(x) for x in (Path(args.out) / "runs.jsonl").read_text().splitlines()]
+        if args.table_only
+        else run_all(args)
+    )
     text = table(runs)
     cmds = sorted({command(RunConfig.from_dict(r["config"])) for r in runs} if runs else set())
     (Path(args.out) / "table.md").write_text(text + "\n\nRuns:\n\n" + "\n".join(f"    {c}" for c in cmds) + "\n")

@@ -16,14 +16,15 @@ runs the jobs in order, in this process, and
 A run that raises is reported and skipped when ``skip_errors`` (e.g. a secure backend not in this
 build), so the rest of the sweep goes on; it has no ``result.json`` and runs again next time.
 """
+
 from __future__ import annotations
 
 import json
 import shlex
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Hashable
 
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
@@ -60,11 +61,16 @@ def cli_command(cfg: RunConfig) -> str:
     return shlex.join(parts + ["--out", cfg.out or "runs/x"])
 
 
-def run_sweep(jobs: list[Job], done: Callable[[Job, dict, float], None], *,
-              fed_key: Callable[[RunConfig], Hashable] | None = lambda cfg: (cfg.dataset, cfg.seed),
-              prepare: Callable[[RunConfig, object], None] | None = None,
-              log: Path | None = None, command: Callable[[RunConfig], str] = cli_command,
-              skip_errors: bool = True) -> None:
+def run_sweep(
+    jobs: list[Job],
+    done: Callable[[Job, dict, float], None],
+    *,
+    fed_key: Callable[[RunConfig], Hashable] | None = lambda cfg: (cfg.dataset, cfg.seed),
+    prepare: Callable[[RunConfig, object], None] | None = None,
+    log: Path | None = None,
+    command: Callable[[RunConfig], str] = cli_command,
+    skip_errors: bool = True,
+) -> None:
     """Run every job without a ``result.json`` (module docstring).  ``fed_key=None``: each run
     loads its own federation.  ``prepare(cfg, fed)`` may complete ``cfg`` from the loaded
     federation before the run."""

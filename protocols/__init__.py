@@ -4,15 +4,24 @@
 >>> proto = make_protocol("ckks", num_clients=10)
 >>> proto.weighted_mean("fedavg/model", 0, {k: w_k for k, w_k in ...}, weights=...)
 """
+
 from __future__ import annotations
 
 from .base import BlockTable, DPRequest, ExchangeContext, Protocol, ValueSpec
-from .errors import (BoundError, ConfigurationError, DropoutError, IntegrityError, NonFiniteError,
-                     PackingOverflowError, PrivacyBudgetError, ProtocolError, ShapeError)
+from .errors import (
+    BoundError,
+    ConfigurationError,
+    DropoutError,
+    IntegrityError,
+    NonFiniteError,
+    PackingOverflowError,
+    PrivacyBudgetError,
+    ProtocolError,
+    ShapeError,
+)
 from .plain import PlainProtocol
-from .transcript import SERVER, Message, Transcript, client_party, party_client
-
 from .registry import backend_class, modes
+from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 MODES = modes()
 
@@ -25,7 +34,27 @@ def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
     return backend_class(mode)(num_clients, **options)
 
 
-__all__ = ["make_protocol", "MODES", "Protocol", "PlainProtocol", "ValueSpec", "DPRequest", "BlockTable",
-           "ExchangeContext", "Transcript", "Message", "SERVER", "client_party", "party_client",
-           "ProtocolError", "ConfigurationError", "ShapeError", "NonFiniteError", "BoundError",
-           "PackingOverflowError", "IntegrityError", "DropoutError", "PrivacyBudgetError"]
+__all__ = [
+    "make_protocol",
+    "MODES",
+    "Protocol",
+    "PlainProtocol",
+    "ValueSpec",
+    "DPRequest",
+    "BlockTable",
+    "ExchangeContext",
+    "Transcript",
+    "Message",
+    "SERVER",
+    "client_party",
+    "party_client",
+    "ProtocolError",
+    "ConfigurationError",
+    "ShapeError",
+    "NonFiniteError",
+    "BoundError",
+    "PackingOverflowError",
+    "IntegrityError",
+    "DropoutError",
+    "PrivacyBudgetError",
+]

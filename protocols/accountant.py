@@ -31,13 +31,14 @@ harmless warnings at q = 1 (``log(1 - q)`` in PRV, "Optimal order is the largest
 in RDP).  The report written to ``result.json`` under ``privacy`` is
 :meth:`PrivacyAccountant.report`.
 """
+
 from __future__ import annotations
 
 import math
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -73,8 +74,9 @@ def _check_mechanism(mechanism: str) -> str:
 #: RDP orders: Opacus' defaults (1.1 .. 63) plus large orders, which small epsilons need —
 #: with orders <= 63 RDP cannot certify eps below ~log(1/delta)/62 (0.19 at delta=1e-5)
 #: however much noise is added.  At q = 1 the RDP of order alpha is alpha/(2 z^2): cheap.
-_ALPHAS_Q1 = ([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
-              + sorted({int(a) for a in np.geomspace(64, 1e6, 400)}))
+_ALPHAS_Q1 = (
+    [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + sorted({int(a) for a in np.geomspace(64, 1e6, 400)})
+)
 _ALPHAS_SUBSAMPLED = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + list(range(64, 1025, 16))
 
 
@@ -104,14 +106,17 @@ def gaussian_mu(history: Iterable[tuple[float, float, int]]) -> float:
     ``mu = sqrt(sum steps / z^2)``."""
     hist = list(history)
     if any(float(q) != 1.0 for _, q, _ in hist):
-        raise ConfigurationError("the 'exact' accountant composes unsampled Gaussian releases only (q = 1); "
-                                 "use accountant 'prv' for sub-sampled releases")
+        raise ConfigurationError(
+            "the 'exact' accountant composes unsampled Gaussian releases only (q = 1); "
+            "use accountant 'prv' for sub-sampled releases"
+        )
     return math.sqrt(sum(int(n) / float(z) ** 2 for z, _, n in hist))
 
 
 def gaussian_delta(mu: float, epsilon: float) -> float:
     """delta(eps) of one Gaussian mechanism with sensitivity/std = ``mu`` (Balle & Wang 2018, Thm 8)."""
     from scipy.special import log_ndtr, ndtr
+
     return float(ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon + log_ndtr(-epsilon / mu - mu / 2)))
 
 
@@ -151,6 +156,7 @@ def epsilon_of(history: Iterable[tuple[float, float, int]], delta: float, mechan
     if mechanism == "exact":
         return gaussian_epsilon(gaussian_mu(hist), delta)
     from opacus.accountants import PRVAccountant, RDPAccountant  # lazy: opacus imports torch
+
     if mechanism == "prv" and epsilon_of(hist, delta, "rdp") > PRV_MAX_EPSILON:
         return epsilon_of(hist, delta, "rdp")
     acc = RDPAccountant() if mechanism == "rdp" else PRVAccountant()
@@ -159,30 +165,39 @@ def epsilon_of(history: Iterable[tuple[float, float, int]], delta: float, mechan
         return float(acc.get_epsilon(delta=delta, **opacus_options(hist, delta, mechanism)))
 
 
-def calibrate_noise_multiplier(target_epsilon: float, delta: float, steps: int, mechanism: str = "rdp",
-                               sample_rate: float = 1.0) -> float:
+def calibrate_noise_multiplier(
+    target_epsilon: float, delta: float, steps: int, mechanism: str = "rdp", sample_rate: float = 1.0
+) -> float:
     """Smallest noise multiplier (to 0.1 % relative) whose ``steps``-fold composition at
     ``sample_rate`` spends at most ``target_epsilon`` at ``delta`` under ``mechanism``."""
     _check_mechanism(mechanism)
     if not target_epsilon > 0:
         raise ConfigurationError(f"target epsilon must be > 0, got {target_epsilon}")
     if mechanism == "exact":
-        gaussian_mu([(1.0, sample_rate, 1)])          # refuses q < 1
+        gaussian_mu([(1.0, sample_rate, 1)])  # refuses q < 1
         return math.sqrt(int(steps)) / gaussian_mu_for(float(target_epsilon), float(delta))
     from opacus.accountants.utils import get_noise_multiplier
+
     if mechanism == "prv" and target_epsilon > PRV_MAX_EPSILON:
-        mechanism = "rdp"                       # see PRV_MAX_EPSILON
+        mechanism = "rdp"  # see PRV_MAX_EPSILON
     with _quiet():
         try:
-            return float(get_noise_multiplier(target_epsilon=float(target_epsilon), target_delta=float(delta),
-                                              sample_rate=float(sample_rate), steps=int(steps),
-                                              accountant=mechanism,
-                                              epsilon_tolerance=max(1e-3 * target_epsilon, 1e-6),
-                                              **_kwargs(mechanism, [sample_rate], target_epsilon)))
+            return float(
+                get_noise_multiplier(
+                    target_epsilon=float(target_epsilon),
+                    target_delta=float(delta),
+                    sample_rate=float(sample_rate),
+                    steps=int(steps),
+                    accountant=mechanism,
+                    epsilon_tolerance=max(1e-3 * target_epsilon, 1e-6),
+                    **_kwargs(mechanism, [sample_rate], target_epsilon),
+                )
+            )
         except ValueError as exc:  # "The privacy budget is too low." (z would exceed 1e6)
-            raise ConfigurationError(f"epsilon {target_epsilon} over {steps} releases needs a noise multiplier "
-                                     f"above 1e6 ({exc}); give a larger epsilon or declare fewer releases") \
-                from exc
+            raise ConfigurationError(
+                f"epsilon {target_epsilon} over {steps} releases needs a noise multiplier "
+                f"above 1e6 ({exc}); give a larger epsilon or declare fewer releases"
+            ) from exc
 
 
 class PrivacyAccountant:
@@ -201,7 +216,7 @@ class PrivacyAccountant:
             raise ConfigurationError(f"delta must lie in (0, 1), got {delta}")
         self.delta = float(delta)
         #: tag -> list of [noise_multiplier, sample_rate, steps] runs, in release order
-        self._runs: "OrderedDict[str, list[list]]" = OrderedDict()
+        self._runs: OrderedDict[str, list[list]] = OrderedDict()
         self._sensitivity: dict[str, float] = {}
         #: tags with discrete-Gaussian releases: their guarantee is the zCDP (Renyi) one
         self.discrete_tags: set[str] = set()
@@ -214,8 +229,15 @@ class PrivacyAccountant:
         discrete = self.discrete_tags if tag is None else self.discrete_tags & {tag}
         return "rdp" if self.mechanism == "exact" and discrete else self.mechanism
 
-    def step(self, tag: str, noise_multiplier: float, sample_rate: float = 1.0, *,
-             sensitivity: float | None = None, discrete: bool = False) -> None:
+    def step(
+        self,
+        tag: str,
+        noise_multiplier: float,
+        sample_rate: float = 1.0,
+        *,
+        sensitivity: float | None = None,
+        discrete: bool = False,
+    ) -> None:
         """Record one release of ``tag`` (Gaussian, std = noise_multiplier x sensitivity; ``discrete``:
         a discrete Gaussian, or a sum of them, whose zCDP bound is that of multiplier
         ``noise_multiplier``)."""
@@ -241,7 +263,7 @@ class PrivacyAccountant:
         """Opacus-format history of one tag, or of the whole run (identical mechanisms merged)."""
         if tag is not None:
             return [tuple(r) for r in self._runs.get(tag, [])]
-        merged: "OrderedDict[tuple[float, float], int]" = OrderedDict()
+        merged: OrderedDict[tuple[float, float], int] = OrderedDict()
         for runs in self._runs.values():
             for z, q, n in runs:
                 merged[(z, q)] = merged.get((z, q), 0) + n
@@ -256,17 +278,24 @@ class PrivacyAccountant:
 
     def state_dict(self) -> dict:
         """Plain-data state (for run checkpoints)."""
-        return {"mechanism": self.mechanism, "delta": self.delta,
-                "runs": {t: [list(r) for r in runs] for t, runs in self._runs.items()},
-                "sensitivity": dict(self._sensitivity), "discrete": sorted(self.discrete_tags)}
+        return {
+            "mechanism": self.mechanism,
+            "delta": self.delta,
+            "runs": {t: [list(r) for r in runs] for t, runs in self._runs.items()},
+            "sensitivity": dict(self._sensitivity),
+            "discrete": sorted(self.discrete_tags),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["mechanism"] != self.mechanism or state["delta"] != self.delta:
-            raise ConfigurationError(f"checkpoint accountant ({state['mechanism']}, delta={state['delta']}) differs "
-                                     f"from this run's ({self.mechanism}, delta={self.delta}); resume with the "
-                                     "same DP settings")
-        self._runs = OrderedDict((t, [[float(z), float(q), int(n)] for z, q, n in runs])
-                                 for t, runs in state["runs"].items())
+            raise ConfigurationError(
+                f"checkpoint accountant ({state['mechanism']}, delta={state['delta']}) differs "
+                f"from this run's ({self.mechanism}, delta={self.delta}); resume with the "
+                "same DP settings"
+            )
+        self._runs = OrderedDict(
+            (t, [[float(z), float(q), int(n)] for z, q, n in runs]) for t, runs in state["runs"].items()
+        )
         self._sensitivity = {t: float(v) for t, v in state["sensitivity"].items()}
         self.discrete_tags = set(state.get("discrete", ()))
 
@@ -282,6 +311,11 @@ class PrivacyAccountant:
                 "noise_multiplier": zs[0] if len(zs) == 1 else zs,
                 "sensitivity": self._sensitivity.get(tag),
             }
-        return {"delta": self.delta, "total_epsilon": self.epsilon(), "per_tag": per_tag,
-                "accountant": self.mechanism, "composition": self.mechanism_for(),
-                "discrete_tags": sorted(self.discrete_tags)}
+        return {
+            "delta": self.delta,
+            "total_epsilon": self.epsilon(),
+            "per_tag": per_tag,
+            "accountant": self.mechanism,
+            "composition": self.mechanism_for(),
+            "discrete_tags": sorted(self.discrete_tags),
+        }

@@ -24,6 +24,7 @@ session and exchange (replays), the body digest, then a replay cache keyed by
 ``(session, exchange, stage, sender, recipient, part)``.  Each failure has its own
 :class:`~protocols.errors.IntegrityError` subclass naming the client and exchange.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,21 +60,24 @@ class SigningKey:
 
     def private_bytes(self) -> bytes:
         """The raw 32-byte private key (to hand a client runtime its identity, or to save it)."""
-        return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                           serialization.NoEncryption())
+        return self._private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
 
     def save(self, path) -> None:
         """Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
         an existing file is never overwritten."""
         import os
-        pem = self._private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())
+
+        pem = self._private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(pem)
 
     @classmethod
-    def load(cls, path) -> "SigningKey":
+    def load(cls, path) -> SigningKey:
         """Read a key written by :meth:`save` (an Ed25519 PKCS#8 PEM file)."""
         try:
             with open(path, "rb") as f:
@@ -85,7 +89,7 @@ class SigningKey:
         return cls(private)
 
     @classmethod
-    def from_private_bytes(cls, raw: bytes) -> "SigningKey":
+    def from_private_bytes(cls, raw: bytes) -> SigningKey:
         try:
             return cls(Ed25519PrivateKey.from_private_bytes(bytes(raw)))
         except (TypeError, ValueError) as e:
@@ -111,31 +115,42 @@ class KeyRegistry:
         """Register ``party``'s keys (the server has a signing key only)."""
         if party in self.signing:
             known_channel = self.channel.get(party, channel_public)
-            if self.signing[party] != signing_public or (channel_public is not None and known_channel != channel_public):
-                raise AuthenticationError(f"{party} tried to register a second, different key; the registry "
-                                          "is fixed at first use", client=party_client(party))
+            if self.signing[party] != signing_public or (
+                channel_public is not None and known_channel != channel_public
+            ):
+                raise AuthenticationError(
+                    f"{party} tried to register a second, different key; the registry is fixed at first use",
+                    client=party_client(party),
+                )
             if channel_public is not None:
                 self.channel[party] = bytes(channel_public)
             return
         if self.pinned is not None and self.pinned.get(party) != key_fingerprint(bytes(signing_public)):
-            raise KeySubstitutionError(f"{party}'s identity key is not the one the run manifest lists "
-                                      f"({'not listed' if party not in self.pinned else 'fingerprint differs'}): "
-                                      "a substituted key, or sites holding different manifests",
-                                      client=party_client(party))
+            raise KeySubstitutionError(
+                f"{party}'s identity key is not the one the run manifest lists "
+                f"({'not listed' if party not in self.pinned else 'fingerprint differs'}): "
+                "a substituted key, or sites holding different manifests",
+                client=party_client(party),
+            )
         try:
             Ed25519PublicKey.from_public_bytes(signing_public)
         except ValueError:
-            raise AuthenticationError(f"{party} registered a malformed signing key",
-                                      client=party_client(party)) from None
+            raise AuthenticationError(
+                f"{party} registered a malformed signing key", client=party_client(party)
+            ) from None
         self.signing[party] = bytes(signing_public)
         if channel_public is not None:
             self.channel[party] = bytes(channel_public)
 
     def fingerprints(self) -> dict[str, dict[str, str]]:
         """Party -> {'signing': sha256 hex, 'channel': sha256 hex} (the server: signing only)."""
-        return {p: {"signing": key_fingerprint(self.signing[p]),
-                    **({"channel": key_fingerprint(self.channel[p])} if p in self.channel else {})}
-                for p in sorted(self.signing)}
+        return {
+            p: {
+                "signing": key_fingerprint(self.signing[p]),
+                **({"channel": key_fingerprint(self.channel[p])} if p in self.channel else {}),
+            }
+            for p in sorted(self.signing)
+        }
 
     def check_signature(self, party: str, header: bytes, signature: bytes, where: dict) -> None:
         key = self.signing.get(party)
@@ -147,8 +162,11 @@ class KeyRegistry:
                 loaded = self._verifiers[party] = (key, Ed25519PublicKey.from_public_bytes(key))
             loaded[1].verify(bytes(signature), bytes(header))
         except (InvalidSignature, ValueError, TypeError):
-            raise AuthenticationError(f"the signature of {party}'s message does not verify under its registered "
-                                      "key: the message was forged or changed in transit", **where) from None
+            raise AuthenticationError(
+                f"the signature of {party}'s message does not verify under its registered "
+                "key: the message was forged or changed in transit",
+                **where,
+            ) from None
 
 
 #: domain separator of an owner-signed public key statement
@@ -158,8 +176,13 @@ KEY_STATEMENT_DOMAIN = b"secure-fgl/owner-signed-key/v1"
 def key_statement(kind: str, run_id: bytes, owner: str, public_key: bytes) -> bytes:
     """The bytes an owner signs to publish ``public_key``: domain, run, owner, kind and a
     SHA-256 of the key, length-prefixed so that no two statements share an encoding."""
-    fields = (KEY_STATEMENT_DOMAIN, bytes(run_id), owner.encode(), kind.encode(),
-              hashlib.sha256(bytes(public_key)).digest())
+    fields = (
+        KEY_STATEMENT_DOMAIN,
+        bytes(run_id),
+        owner.encode(),
+        kind.encode(),
+        hashlib.sha256(bytes(public_key)).digest(),
+    )
     return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
 
 
@@ -168,21 +191,26 @@ def sign_public_key(signing: SigningKey, kind: str, run_id: bytes, owner: str, p
     return signing.sign(key_statement(kind, run_id, owner, public_key))
 
 
-def check_public_key(registry: KeyRegistry, kind: str, run_id: bytes, owner: str, public_key: bytes,
-                     signature: bytes, where: dict) -> None:
+def check_public_key(
+    registry: KeyRegistry, kind: str, run_id: bytes, owner: str, public_key: bytes, signature: bytes, where: dict
+) -> None:
     """Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
     it): verifies ``signature`` over :func:`key_statement` under the owner's registered
     identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`."""
     try:
         registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)
     except AuthenticationError:
-        raise KeySubstitutionError(f"{owner}'s {kind} key is not signed by {owner}'s identity key: it was "
-                                   "substituted or changed by the party that relayed it", **where) from None
+        raise KeySubstitutionError(
+            f"{owner}'s {kind} key is not signed by {owner}'s identity key: it was "
+            "substituted or changed by the party that relayed it",
+            **where,
+        ) from None
 
 
 def split_auth(auth: Any) -> tuple[bytes, bytes]:
     """``(signature, header)`` of the ``auth`` bytes a transcript Message carries."""
     from .errors import MalformedMessageError
+
     if not isinstance(auth, (bytes, bytearray)) or len(auth) <= SIGNATURE_BYTES:
         raise MalformedMessageError("the message carries no signed envelope (truncated or stripped)")
     return bytes(auth[:SIGNATURE_BYTES]), bytes(auth[SIGNATURE_BYTES:])
@@ -197,8 +225,10 @@ class ReplayCache:
     def admit(self, env: Envelope, where: dict) -> None:
         key = (env.session, env.exchange, env.stage, env.sender, env.recipient, env.part)
         if key in self.seen:
-            raise ReplayError(f"replay: {env.sender}'s '{env.stage}' message (part {env.part}) of this exchange "
-                              "was already received", **where)
+            raise ReplayError(
+                f"replay: {env.sender}'s '{env.stage}' message (part {env.part}) of this exchange was already received",
+                **where,
+            )
         self.seen.add(key)
 
 
@@ -210,31 +240,48 @@ def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where
     env = Envelope.from_header(header)
     registry.check_signature(env.sender, header, signature, where)
     if env.sender != expected["sender"] or msg.sender != expected["sender"]:
-        raise AuthenticationError(f"sender spoofing: expected a message from {expected['sender']}, the envelope "
-                                  f"is signed by {env.sender} and claims {msg.sender!r}", **where)
+        raise AuthenticationError(
+            f"sender spoofing: expected a message from {expected['sender']}, the envelope "
+            f"is signed by {env.sender} and claims {msg.sender!r}",
+            **where,
+        )
     if env.recipient != expected["recipient"] or msg.receiver != expected["recipient"]:
-        raise MisdirectedError(f"message addressed to {env.recipient!r} delivered to {expected['recipient']!r}",
-                               **where)
+        raise MisdirectedError(
+            f"message addressed to {env.recipient!r} delivered to {expected['recipient']!r}", **where
+        )
     if env.run_id != expected["run_id"]:
-        raise ReplayError("message of another run: replayed from elsewhere, or its sender holds a different run "
-                          "manifest (compare the manifests' comparison codes)", **where)
+        raise ReplayError(
+            "message of another run: replayed from elsewhere, or its sender holds a different run "
+            "manifest (compare the manifests' comparison codes)",
+            **where,
+        )
     if env.session != expected["session"]:
         raise ReplayError("message of another session (replayed from elsewhere)", **where)
     if env.exchange != expected["exchange"]:
         raise ReplayError(f"message of exchange {env.exchange} replayed in exchange {expected['exchange']}", **where)
-    for name, got in (("protocol", msg.protocol), ("fingerprint", msg.fingerprint), ("round", msg.round),
-                      ("tag", msg.tag), ("kind", msg.kind), ("shape", tuple(msg.shape))):
+    for name, got in (
+        ("protocol", msg.protocol),
+        ("fingerprint", msg.fingerprint),
+        ("round", msg.round),
+        ("tag", msg.tag),
+        ("kind", msg.kind),
+        ("shape", tuple(msg.shape)),
+    ):
         if getattr(env, name) != got:
-            raise AuthenticationError(f"the message's {name} {got!r} differs from the signed envelope's "
-                                      f"{getattr(env, name)!r} (changed in transit)", **where)
+            raise AuthenticationError(
+                f"the message's {name} {got!r} differs from the signed envelope's "
+                f"{getattr(env, name)!r} (changed in transit)",
+                **where,
+            )
     if env.stage != expected["stage"] or env.part != expected["part"]:
-        raise ReplayError(f"a '{env.stage}' message (part {env.part}) delivered where '{expected['stage']}' part "
-                          f"{expected['part']} was expected", **where)
-    received = getattr(msg, "received", None)      # the arrived body's hash, for exactly this payload
-    digest, length = received[1:] if received is not None and received[0] is msg.payload \
-        else body_digest(msg.payload)
+        raise ReplayError(
+            f"a '{env.stage}' message (part {env.part}) delivered where '{expected['stage']}' part "
+            f"{expected['part']} was expected",
+            **where,
+        )
+    received = getattr(msg, "received", None)  # the arrived body's hash, for exactly this payload
+    digest, length = received[1:] if received is not None and received[0] is msg.payload else body_digest(msg.payload)
     if digest != env.digest or length != env.body_len:
-        raise DigestError("the message body does not match the digest its sender signed: changed in transit",
-                          **where)
+        raise DigestError("the message body does not match the digest its sender signed: changed in transit", **where)
     cache.admit(env, where)
     return env

@@ -25,19 +25,21 @@ The four shapes (docs/design.md, "Protocol objects"):
 All shapes reduce to one backend primitive, :meth:`Protocol._aggregate`, a sum of
 equal-length blocks with per-recipient block selection.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import validate
-from .baseline import row_sum_bytes, vector_sum_bytes
 from .auth import KeyRegistry, ReplayCache, SigningKey, verify
+from .baseline import row_sum_bytes, vector_sum_bytes
 from .channel import ChannelKey, associated_data
 from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
@@ -58,9 +60,14 @@ def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: in
     if got != expected:
         names = ("protocol", "context fingerprint", "round", "tag")
         bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-        raise IntegrityError("message rejected: wrong " + "; ".join(bad)
-                             + ". The client must use this run's public context and current exchange",
-                             tag=tag, round=rnd, client=client)
+        raise IntegrityError(
+            "message rejected: wrong "
+            + "; ".join(bad)
+            + ". The client must use this run's public context and current exchange",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
 
 
 @dataclass(frozen=True)
@@ -127,21 +134,25 @@ class ExchangeContext:
     round: int
     spec: ValueSpec
     contributions: dict[int, BlockTable]
-    requests: dict[int, np.ndarray]          # client -> sorted block ids it receives
+    requests: dict[int, np.ndarray]  # client -> sorted block ids it receives
     num_blocks: int
     block_len: int
-    layout: str = "dense"                    # 'dense' | 'sparse'
-    dp_noise_std: float = 0.0                # std of the DP noise already in the values (for bounds)
+    layout: str = "dense"  # 'dense' | 'sparse'
+    dp_noise_std: float = 0.0  # std of the DP noise already in the values (for bounds)
     float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
-    keep: dict | None = None                 # recipient -> the rows of its blocks it keeps (RowSelection)
+    keep: dict | None = None  # recipient -> the rows of its blocks it keeps (RowSelection)
 
     def check_requests(self, num_clients: int) -> None:
         """Every recipient is a client and asks only for blocks of this exchange (else ShapeError)."""
         for r, bids in self.requests.items():
             bids = np.asarray(bids)
             if not 0 <= int(r) < num_clients or (bids.size and (bids.min() < 0 or bids.max() >= self.num_blocks)):
-                raise ShapeError(f"recipient {r} requests blocks outside [0, {self.num_blocks})",
-                                 tag=self.tag, round=self.round, client=r)
+                raise ShapeError(
+                    f"recipient {r} requests blocks outside [0, {self.num_blocks})",
+                    tag=self.tag,
+                    round=self.round,
+                    client=r,
+                )
 
 
 @dataclass(frozen=True)
@@ -199,10 +210,10 @@ def classwise_result(total: np.ndarray, C: int, d: int, threshold: float) -> tup
     backend guarantees ``|error| <= spec.tolerance``; CKKS never decodes an exact 0) and, with DP,
     3 noise stds above zero (post-processing; costs no privacy).  A class whose true total weight
     is below ``spec.tolerance`` is therefore reported absent."""
-    wsum = total[C * d:]
+    wsum = total[C * d :]
     present = wsum > threshold
     mean = np.zeros((C, d))
-    mean[present] = total[:C * d].reshape(C, d)[present] / wsum[present, None]
+    mean[present] = total[: C * d].reshape(C, d)[present] / wsum[present, None]
     return mean, present
 
 
@@ -222,14 +233,14 @@ class Protocol(ABC):
     #: kind of the messages a client uploads ('plain' | 'ciphertext' | 'masked')
     upload_kind: str = "plain"
 
-    def __init__(self, num_clients: int, *, transcript: Transcript | None = None,
-                 dp: Any = None, seed: int = 0):
+    def __init__(self, num_clients: int, *, transcript: Transcript | None = None, dp: Any = None, seed: int = 0):
         self.num_clients = validate.count(num_clients, "num_clients", None, None)
         self.transcript = transcript if transcript is not None else Transcript()
         self.seed = int(seed)
         self.dp = None
         if dp is not None:
             from .dp import DPEngine  # local import: dp depends on accountant/opacus
+
             self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
         #: test hook: called on every message in transit (uploads, downloads, relayed client->client)
         self.intercept: Callable[[Message], Message] | None = None
@@ -240,10 +251,10 @@ class Protocol(ABC):
         self.exchange = 0
         #: the registered public keys (trust on first use; see :mod:`protocols.auth`)
         self.registry = KeyRegistry()
-        self._signing = {k: SigningKey() for k in range(self.num_clients)}          # client side
-        self._server_signing = SigningKey()                                         # server side
+        self._signing = {k: SigningKey() for k in range(self.num_clients)}  # client side
+        self._server_signing = SigningKey()  # server side
         self._channel = {k: ChannelKey(client_party(k)) for k in range(self.num_clients)}
-        self._replay: dict[str, ReplayCache] = {}                                  # per receiving party
+        self._replay: dict[str, ReplayCache] = {}  # per receiving party
 
     # ------------------------------------------------------------------ identity
     @property
@@ -273,21 +284,38 @@ class Protocol(ABC):
         return max(1, min(int(num_rows), self.row_block_capacity(spec, layout) // max(1, int(dim))))
 
     # ------------------------------------------------------------------ shape 1
-    def weighted_sum(self, tag: str, rnd: int, values: Mapping[int, ArrayLike],
-                     weights: Mapping[int, float] | None = None, *, spec: ValueSpec | None = None,
-                     recipients: Sequence[int] | None = None, dp: DPRequest | None = None) -> np.ndarray:
+    def weighted_sum(
+        self,
+        tag: str,
+        rnd: int,
+        values: Mapping[int, ArrayLike],
+        weights: Mapping[int, float] | None = None,
+        *,
+        spec: ValueSpec | None = None,
+        recipients: Sequence[int] | None = None,
+        dp: DPRequest | None = None,
+    ) -> np.ndarray:
         """``sum_k w_k * v_k`` delivered to ``recipients`` (default: the contributors)."""
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
         w = validate.weights(weights, arrays, tag, rnd)
         flat = {k: (a.ravel() * (1.0 if w is None else w[k])) for k, a in arrays.items()}
-        total = self._sum_vectors(tag, rnd, flat, spec or ValueSpec(), recipients, dp,
-                                  row_len=int(np.prod(shape[1:])) if len(shape) else 1)
+        total = self._sum_vectors(
+            tag, rnd, flat, spec or ValueSpec(), recipients, dp, row_len=int(np.prod(shape[1:])) if len(shape) else 1
+        )
         return total.reshape(shape)
 
-    def weighted_mean(self, tag: str, rnd: int, values: Mapping[int, ArrayLike],
-                      weights: Mapping[int, float] | None = None, *, spec: ValueSpec | None = None,
-                      recipients: Sequence[int] | None = None, dp: DPRequest | None = None) -> np.ndarray:
+    def weighted_mean(
+        self,
+        tag: str,
+        rnd: int,
+        values: Mapping[int, ArrayLike],
+        weights: Mapping[int, float] | None = None,
+        *,
+        spec: ValueSpec | None = None,
+        recipients: Sequence[int] | None = None,
+        dp: DPRequest | None = None,
+    ) -> np.ndarray:
         """``sum_k w_k v_k / sum_k w_k``.  Each client sends ``[w_k v_k, w_k]`` in one
         message, so in secure modes the server learns neither values nor weights.
 
@@ -303,7 +331,8 @@ class Protocol(ABC):
         spec = spec or ValueSpec()
         if self.dp is not None and dp is not None:
             flat, dp_sum, spec_sum, wscale = self.dp.mean_contributions(
-                tag, rnd, arrays, None if weights is None else w, dp, spec)
+                tag, rnd, arrays, None if weights is None else w, dp, spec
+            )
             total = self._sum_vectors(tag, rnd, flat, spec_sum, recipients, dp_sum)
             if wscale is None:
                 return (total / len(arrays)).reshape(shape)
@@ -314,15 +343,25 @@ class Protocol(ABC):
         total = self._sum_vectors(tag, rnd, flat, spec, recipients, dp)
         denom = total[-1]
         if not denom > 0:
-            raise ConfigurationError("the weights sum to zero; give at least one client a positive weight",
-                                     tag=tag, round=rnd)
+            raise ConfigurationError(
+                "the weights sum to zero; give at least one client a positive weight", tag=tag, round=rnd
+            )
         return (total[:-1] / denom).reshape(shape)
 
     # ------------------------------------------------------------------ shape 2
-    def row_sum(self, tag: str, rnd: int, contributions: Mapping[int, tuple[ArrayLike, ArrayLike]],
-                requests: Mapping[int, ArrayLike], num_rows: int, *, layout: str = "sparse",
-                spec: ValueSpec | None = None, dp: DPRequest | None = None,
-                readable: bool = True) -> dict[int, np.ndarray]:
+    def row_sum(
+        self,
+        tag: str,
+        rnd: int,
+        contributions: Mapping[int, tuple[ArrayLike, ArrayLike]],
+        requests: Mapping[int, ArrayLike],
+        num_rows: int,
+        *,
+        layout: str = "sparse",
+        spec: ValueSpec | None = None,
+        dp: DPRequest | None = None,
+        readable: bool = True,
+    ) -> dict[int, np.ndarray]:
         """Row-keyed sum with scoped return.
 
         contributions: client -> ``(row ids [m], rows [m, d])``, global row ids.
@@ -350,15 +389,19 @@ class Protocol(ABC):
             if dim is None:
                 dim = rows.shape[1]
             if rows.shape[1] != dim:
-                raise ShapeError(f"row width {rows.shape[1]} differs from the other clients' {dim}",
-                                 tag=tag, round=rnd, client=k)
+                raise ShapeError(
+                    f"row width {rows.shape[1]} differs from the other clients' {dim}", tag=tag, round=rnd, client=k
+                )
             if np.unique(ids).size != ids.size:
                 raise ShapeError("row ids must be unique within a contribution", tag=tag, round=rnd, client=k)
             ids_np[k], rows_np[k] = ids, rows
-        req_rows = {k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
-                    for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()}
-        up, down = row_sum_bytes({k: i.size for k, i in ids_np.items()}, {k: r.size for k, r in req_rows.items()},
-                                 dim, num_rows, layout)
+        req_rows = {
+            k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
+            for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()
+        }
+        up, down = row_sum_bytes(
+            {k: i.size for k, i in ids_np.items()}, {k: r.size for k, r in req_rows.items()}, dim, num_rows, layout
+        )
         rpb = self.rows_per_block(spec, dim, num_rows, layout)
         num_blocks = -(-num_rows // rpb)
         block_len = rpb * dim
@@ -369,27 +412,44 @@ class Protocol(ABC):
             ids_np, rows_np = self._expand_to_blocks(ids_np, rows_np, rpb, num_rows, layout)
             rows_np = self.dp.privatize_rows(tag, rnd, ids_np, rows_np, num_rows, dp, layout, spec=spec)
         tables = {}
-        for k in ids_np:        # dense blocks built chunk by chunk when a backend reads them
+        for k in ids_np:  # dense blocks built chunk by chunk when a backend reads them
             bids = np.arange(num_blocks) if layout == "dense" else np.unique(ids_np[k] // rpb)
             tables[k] = BlockTable(bids, BlockRows(bids, ids_np[k], rows_np[k], rpb))
-        req_blocks = {k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb))
-                      for k, r in req_rows.items()}
+        req_blocks = {
+            k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb)) for k, r in req_rows.items()
+        }
         selections = {k: RowSelection(r, rpb, dim) for k, r in req_rows.items()}
-        ctx = ExchangeContext(tag, rnd, spec, tables, req_blocks, num_blocks, block_len, layout,
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
-                              float32_bytes=(sum(up.values()), sum(down.values())),
-                              keep=None if readable else selections)
-        received = self._run(ctx)     # recipient -> {block id -> decoded block, or its kept rows}
+        ctx = ExchangeContext(
+            tag,
+            rnd,
+            spec,
+            tables,
+            req_blocks,
+            num_blocks,
+            block_len,
+            layout,
+            dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+            float32_bytes=(sum(up.values()), sum(down.values())),
+            keep=None if readable else selections,
+        )
+        received = self._run(ctx)  # recipient -> {block id -> decoded block, or its kept rows}
         out = {k: sel.assemble(received[k]) for k, sel in selections.items()}
         if readable:
             self.last_readable = ReadableRows(received, dict(req_blocks), rpb, dim, num_rows)
         return out
 
     # ------------------------------------------------------------------ shape 3
-    def classwise_mean(self, tag: str, rnd: int, values: Mapping[int, ArrayLike],
-                       weights: Mapping[int, ArrayLike], *, spec: ValueSpec | None = None,
-                       recipients: Sequence[int] | None = None,
-                       dp: DPRequest | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def classwise_mean(
+        self,
+        tag: str,
+        rnd: int,
+        values: Mapping[int, ArrayLike],
+        weights: Mapping[int, ArrayLike],
+        *,
+        spec: ValueSpec | None = None,
+        recipients: Sequence[int] | None = None,
+        dp: DPRequest | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Class-wise weighted mean with secret weights (FedSpray eq. 15).
 
         values:  client -> ``[C, d]`` (rows of absent classes are ignored: sent as zeros);
@@ -416,9 +476,16 @@ class Protocol(ABC):
         return classwise_result(total, C, d, max((spec or ValueSpec()).tolerance, 3.0 * noise_std))
 
     # ------------------------------------------------------------------ shape 4
-    def central_moments(self, tag: str, rnd: int, samples: Mapping[int, ArrayLike],
-                        orders: Sequence[int] = (2, 3, 4, 5), *, spec: ValueSpec | None = None,
-                        dp: DPRequest | None = None) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    def central_moments(
+        self,
+        tag: str,
+        rnd: int,
+        samples: Mapping[int, ArrayLike],
+        orders: Sequence[int] = (2, 3, 4, 5),
+        *,
+        spec: ValueSpec | None = None,
+        dp: DPRequest | None = None,
+    ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """Two-round pooled statistics (FedOMD eq. 10).
 
         Round 1 (tag ``<tag>/mean``): each client sends ``[sum_i x_i, n_k]`` via
@@ -439,8 +506,10 @@ class Protocol(ABC):
         counts = {k: float(a.shape[0]) for k, a in arrays.items()}
         means = {k: a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for k, a in arrays.items()}
         mu = self.weighted_mean(f"{tag}/mean", rnd, means, counts, spec=spec, dp=dp)
-        stacked = {k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])
-                                for j in orders]) for k, a in arrays.items()}
+        stacked = {
+            k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for j in orders])
+            for k, a in arrays.items()
+        }
         mom = self.weighted_mean(f"{tag}/moments", rnd, stacked, counts, spec=spec, dp=dp)
         return mu, {j: mom[i] for i, j in enumerate(orders)}
 
@@ -455,14 +524,16 @@ class Protocol(ABC):
             if shape is None:
                 shape = a.shape
             elif a.shape != shape:
-                raise ShapeError(f"shape {a.shape} differs from the other clients' {shape}",
-                                 tag=tag, round=rnd, client=k)
+                raise ShapeError(
+                    f"shape {a.shape} differs from the other clients' {shape}", tag=tag, round=rnd, client=k
+                )
             arrays[k] = a
         return arrays
 
     @staticmethod
-    def _expand_to_blocks(ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int,
-                          layout: str) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    def _expand_to_blocks(
+        ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int, layout: str
+    ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Each client's rows padded with zero rows to the whole blocks it uploads
         (every block in the dense layout), ids sorted; rows >= num_rows are left out."""
         out_ids, out_rows = {}, {}
@@ -478,9 +549,17 @@ class Protocol(ABC):
             out_ids[k], out_rows[k] = full, vals
         return out_ids, out_rows
 
-    def _sum_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], spec: ValueSpec,
-                     recipients: Sequence[int] | None, dp: DPRequest | None, *,
-                     row_len: int | None = None) -> np.ndarray:
+    def _sum_vectors(
+        self,
+        tag: str,
+        rnd: int,
+        flat: dict[int, np.ndarray],
+        spec: ValueSpec,
+        recipients: Sequence[int] | None,
+        dp: DPRequest | None,
+        *,
+        row_len: int | None = None,
+    ) -> np.ndarray:
         """Sum 1-D vectors of one length, split into transport blocks; the common result.
         With DP each client clips and noises its vector first (``row_len``: the row
         structure for ``per_row`` clipping)."""
@@ -500,10 +579,18 @@ class Protocol(ABC):
             padded[:length] = v
             tables[k] = BlockTable(np.arange(num_blocks), padded.reshape(num_blocks, block_len))
         recips = list(flat) if recipients is None else validate.recipients(recipients, self.num_clients, tag, rnd)
-        ctx = ExchangeContext(tag, rnd, spec, tables, {r: np.arange(num_blocks) for r in recips},
-                              num_blocks, block_len, "dense",
-                              dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
-                              float32_bytes=vector_sum_bytes(len(flat), length, len(recips)))
+        ctx = ExchangeContext(
+            tag,
+            rnd,
+            spec,
+            tables,
+            {r: np.arange(num_blocks) for r in recips},
+            num_blocks,
+            block_len,
+            "dense",
+            dp_noise_std=self.dp.last_std if (self.dp is not None and dp is not None) else 0.0,
+            float32_bytes=vector_sum_bytes(len(flat), length, len(recips)),
+        )
         received = self._run(ctx)
         first = received[recips[0]]
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
@@ -527,6 +614,7 @@ class Protocol(ABC):
         if self.dp is None or dp is None:
             return spec
         from .dp import release_spec
+
         return release_spec(spec, replace(dp, integer=dp.integer or spec.integer), self.dp.config.placement)
 
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
@@ -556,8 +644,7 @@ class Protocol(ABC):
         drops it (a dropout)."""
         return self._transmit(msg, stage, part, record)
 
-    def _download(self, msg: Message, stage: str = "download", part: int = 0, *,
-                  record: bool = True) -> Message | None:
+    def _download(self, msg: Message, stage: str = "download", part: int = 0, *, record: bool = True) -> Message | None:
         """The server signs ``msg`` (to client ``msg.receiver``) with its own key; it passes the
         test hook in transit, is recorded (unless ``record`` is false) and the recipient
         verifies it (signature, sender, recipient, session, exchange, stage, digest, replay)
@@ -592,17 +679,44 @@ class Protocol(ABC):
             return
         self.registry.register(SERVER, self._server_signing.public_bytes)
         for k in range(self.num_clients):
-            msg = self._seal(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
-                                     {"signing": self._server_signing.public_bytes},
-                                     note="the server's Ed25519 signing key (TOFU)"), "register")
+            msg = self._seal(
+                Message(
+                    rnd,
+                    AUTH_TAG,
+                    SERVER,
+                    client_party(k),
+                    "public_key",
+                    (1, 32),
+                    0,
+                    self.mode,
+                    "",
+                    {"signing": self._server_signing.public_bytes},
+                    note="the server's Ed25519 signing key (TOFU)",
+                ),
+                "register",
+            )
             self.transcript.record(msg)
             self._authenticate(msg, SERVER, client_party(k), "register", 0, AUTH_TAG, rnd)
         for k in range(self.num_clients):
             party = client_party(k)
             payload = {"signing": self._signing[k].public_bytes, "channel": self._channel[k].public_bytes}
             self.registry.register(party, payload["signing"], payload["channel"])
-            msg = self._seal(Message(rnd, AUTH_TAG, party, SERVER, "public_key", (2, 32), 0, self.mode, "",
-                                     payload, note="Ed25519 signing key and X25519 channel key (TOFU)"), "register")
+            msg = self._seal(
+                Message(
+                    rnd,
+                    AUTH_TAG,
+                    party,
+                    SERVER,
+                    "public_key",
+                    (2, 32),
+                    0,
+                    self.mode,
+                    "",
+                    payload,
+                    note="Ed25519 signing key and X25519 channel key (TOFU)",
+                ),
+                "register",
+            )
             self.transcript.record(msg)
             self._authenticate(msg, party, SERVER, "register", 0, AUTH_TAG, rnd)
 
@@ -612,21 +726,42 @@ class Protocol(ABC):
         k = party_client(msg.sender)
         key = self._server_signing if k is None else self._signing[k]
         digest, length = body_digest(msg.payload)
-        env = Envelope(self.run_id, self.session, msg.protocol, msg.fingerprint, self.exchange, int(msg.round),
-                       msg.tag, stage, int(part), msg.sender, msg.receiver, msg.kind, tuple(int(d) for d in msg.shape),
-                       digest, length)
+        env = Envelope(
+            self.run_id,
+            self.session,
+            msg.protocol,
+            msg.fingerprint,
+            self.exchange,
+            int(msg.round),
+            msg.tag,
+            stage,
+            int(part),
+            msg.sender,
+            msg.receiver,
+            msg.kind,
+            tuple(int(d) for d in msg.shape),
+            digest,
+            length,
+        )
         header = env.header_bytes()
-        return replace(msg, auth=key.sign(header) + header,
-                       nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
+        return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
 
-    def _authenticate(self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str,
-                      rnd: int) -> None:
+    def _authenticate(
+        self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str, rnd: int
+    ) -> None:
         """Receiver side: verify ``msg`` (signature, sender, recipient, session, exchange, stage,
         digest, replay) expected in exchange (``tag``, ``rnd``); an IntegrityError subclass
         naming the client and exchange otherwise."""
         where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
-        expected = dict(run_id=self.run_id, session=self.session, exchange=self.exchange, stage=stage, part=part,
-                        sender=sender, recipient=recipient)
+        expected = dict(
+            run_id=self.run_id,
+            session=self.session,
+            exchange=self.exchange,
+            stage=stage,
+            part=part,
+            sender=sender,
+            recipient=recipient,
+        )
         try:
             verify(msg, expected, self.registry, self._replay.setdefault(recipient, ReplayCache()), where)
         except MalformedMessageError as e:
@@ -634,8 +769,19 @@ class Protocol(ABC):
                 raise MalformedMessageError(str(e), **where) from None
             raise
 
-    def _relay(self, rnd: int, tag: str, a: int, b: int, stage: str, secret: bytes, note: str,
-               fingerprint: str | None = None, keep_payload: bool = True, part: int = 0) -> bytes:
+    def _relay(
+        self,
+        rnd: int,
+        tag: str,
+        a: int,
+        b: int,
+        stage: str,
+        secret: bytes,
+        note: str,
+        fingerprint: str | None = None,
+        keep_payload: bool = True,
+        part: int = 0,
+    ) -> bytes:
         """Client ``a`` sends ``secret`` to client ``b`` through the server over the encrypted
         channel (:mod:`protocols.channel`); returns what ``b`` decrypts after verifying it."""
         self._ensure_registered(rnd)
@@ -643,15 +789,31 @@ class Protocol(ABC):
         ad = associated_data(self.run_id, self.session, self.exchange, rnd, tag, stage, pa, pb)
         sealed = self._channel[a].seal(pb, self.registry.channel[pb], self.run_id, secret, ad)
         fp = self.fingerprint if fingerprint is None else fingerprint
-        msg = self._seal(Message(rnd, tag, pa, pb, "ciphertext", (len(sealed),), 0, self.mode, fp, sealed,
-                                 note=note + " (channel-encrypted, relayed by the server)", relay=SERVER), stage,
-                         part)
+        msg = self._seal(
+            Message(
+                rnd,
+                tag,
+                pa,
+                pb,
+                "ciphertext",
+                (len(sealed),),
+                0,
+                self.mode,
+                fp,
+                sealed,
+                note=note + " (channel-encrypted, relayed by the server)",
+                relay=SERVER,
+            ),
+            stage,
+            part,
+        )
         if self.intercept is not None:
             msg = self.intercept(msg)
         self.transcript.record(msg if keep_payload else msg.without_payload())
         self._authenticate(msg, pa, pb, stage, part, tag, rnd)
-        return self._channel[b].open(pa, self.registry.channel[pa], self.run_id, msg.payload, ad,
-                                     dict(tag=tag, round=rnd, client=a))
+        return self._channel[b].open(
+            pa, self.registry.channel[pa], self.run_id, msg.payload, ad, dict(tag=tag, round=rnd, client=a)
+        )
 
     def _check_envelope(self, msg: Message, ctx: ExchangeContext, client: int) -> None:
         """Server side: refuse a message that does not belong to this exchange."""

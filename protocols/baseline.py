@@ -17,6 +17,7 @@ rows of a particular backend, which differ between modes.
 ``comm()['per_tag'][tag]['plaintext_bytes_up']``); FedGCN's ``pretrain_plaintext_equiv_*``
 metrics, the CLI summary and the benchmarks read the same numbers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -24,11 +25,14 @@ from collections.abc import Mapping
 FLOAT32_BYTES = 4
 
 
-def row_sum_bytes(rows_up: Mapping[int, int], rows_down: Mapping[int, int], dim: int, num_rows: int,
-                  layout: str) -> tuple[dict[int, int], dict[int, int]]:
+def row_sum_bytes(
+    rows_up: Mapping[int, int], rows_down: Mapping[int, int], dim: int, num_rows: int, layout: str
+) -> tuple[dict[int, int], dict[int, int]]:
     """Per-client float32 bytes ``(up, down)`` of a row-keyed sum (module doc)."""
+
     def size(rows: int) -> int:
         return (num_rows if layout == "dense" else int(rows)) * int(dim) * FLOAT32_BYTES
+
     return {k: size(m) for k, m in rows_up.items()}, {k: size(r) for k, r in rows_down.items()}
 
 

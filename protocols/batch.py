@@ -31,6 +31,7 @@ proportion to their entries (the shared weight entry and the remainder of the in
 division go to the last part), so ``comm()['per_tag']`` still lists every part tag and its
 byte counts sum to the total.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -45,9 +46,16 @@ from .errors import ConfigurationError, ShapeError
 SPLIT_KEYS = ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down")
 
 
-def batched_weighted_mean(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]],
-                          weights: Mapping[int, float], *, spec=None,
-                          recipients: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+def batched_weighted_mean(
+    protocol,
+    tag: str,
+    rnd: int,
+    parts: Mapping[str, Mapping[int, np.ndarray]],
+    weights: Mapping[int, float],
+    *,
+    spec=None,
+    recipients: Sequence[int] | None = None,
+) -> dict[str, np.ndarray]:
     """The weighted means of every part, from one upload per client (module doc).
 
     parts:   part tag -> client -> array (every part: the same clients; shapes may differ
@@ -77,15 +85,25 @@ def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int,
         if clients is None:
             clients = sorted(arrays)
         elif sorted(arrays) != clients:
-            raise ShapeError(f"part {name!r} has contributions from clients {sorted(arrays)}, the batch's first "
-                             f"part from {clients}", tag=tag, round=rnd)
+            raise ShapeError(
+                f"part {name!r} has contributions from clients {sorted(arrays)}, the batch's first part from {clients}",
+                tag=tag,
+                round=rnd,
+            )
         shapes[name] = next(iter(arrays.values())).shape
         flat[name] = arrays
     return clients, shapes, flat
 
 
-def batched_sum(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]], spec: ValueSpec, *,
-                recipients: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+def batched_sum(
+    protocol,
+    tag: str,
+    rnd: int,
+    parts: Mapping[str, Mapping[int, np.ndarray]],
+    spec: ValueSpec,
+    *,
+    recipients: Sequence[int] | None = None,
+) -> dict[str, np.ndarray]:
     """``sum_k u_k^(t)`` of every part ``t`` from one upload ``[u_k^(1), ..., u_k^(T)]`` per client
     (module doc), under the batch tag and ``spec`` (:func:`batch_spec` of the parts' specs).  No DP
     (see :func:`batched_weighted_mean`).  Returns part tag -> its total (the part's shape)."""
@@ -97,25 +115,33 @@ def batched_sum(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, n
     return {name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), split_total(total, sizes))}
 
 
-def batched_report(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+def batched_report(
+    protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
+) -> dict[str, dict[int, float]]:
     """Every part's clear-text scalar from one report per client, ``[x_k^(1), ..., x_k^(T)]`` (module
     doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
     (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
     client -> what the server got."""
     from .pairwise import report_vectors
+
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
     names = list(parts)
     clients = sorted(int(k) for k in parts[names[0]])
     for name in names[1:]:
         if sorted(int(k) for k in parts[name]) != clients:
-            raise ShapeError(f"part {name!r} has reports from clients {sorted(parts[name])}, the batch's first part "
-                             f"from {clients}", tag=tag, round=rnd)
+            raise ShapeError(
+                f"part {name!r} has reports from clients {sorted(parts[name])}, the batch's first part from {clients}",
+                tag=tag,
+                round=rnd,
+            )
     got = report_vectors(protocol, tag, rnd, {k: [parts[n][k] for n in names] for k in clients})
     return report_parts(protocol, tag, names, got)
 
 
-def report_parts(protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]) -> dict[str, dict[int, float]]:
+def report_parts(
+    protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
+) -> dict[str, dict[int, float]]:
     """A batched report's vectors (client -> ``[x^(1), ..., x^(T)]``) as part tag -> client -> value, the
     batch's bytes attributed to the part tags (one entry per client each)."""
     protocol.transcript.attribute(tag, tuple((n, len(got)) for n in names))
@@ -139,9 +165,13 @@ def batch_spec(specs: Sequence[ValueSpec]) -> ValueSpec | None:
         return specs[0]
     if any(s.integer for s in specs) or len({s.grid_bits for s in specs}) > 1:
         return None
-    return ValueSpec(max_abs=max(s.max_abs for s in specs), tolerance=min(s.tolerance for s in specs),
-                     owner_checked_sum=all(s.owner_checked_sum for s in specs),
-                     float64_wire=any(s.float64_wire for s in specs), grid_bits=specs[0].grid_bits)
+    return ValueSpec(
+        max_abs=max(s.max_abs for s in specs),
+        tolerance=min(s.tolerance for s in specs),
+        owner_checked_sum=all(s.owner_checked_sum for s in specs),
+        float64_wire=any(s.float64_wire for s in specs),
+        grid_bits=specs[0].grid_bits,
+    )
 
 
 def batch_vector(parts: Sequence[np.ndarray], weight: float) -> np.ndarray:
@@ -152,12 +182,13 @@ def batch_vector(parts: Sequence[np.ndarray], weight: float) -> np.ndarray:
 def batch_means(total: np.ndarray, shapes: Sequence[tuple[int, ...]], tag: str, rnd: int) -> list[np.ndarray]:
     """Every part's weighted mean ``sum_k w_k v_k^(t) / sum_k w_k`` from the summed batch vector."""
     if not total[0] > 0:
-        raise ConfigurationError("the weights sum to zero; give at least one client a positive weight",
-                                 tag=tag, round=rnd)
+        raise ConfigurationError(
+            "the weights sum to zero; give at least one client a positive weight", tag=tag, round=rnd
+        )
     out, start = [], 1
     for shape in shapes:
         size = int(np.prod(shape))
-        out.append((total[start:start + size] / total[0]).reshape(shape))
+        out.append((total[start : start + size] / total[0]).reshape(shape))
         start += size
     return out
 
@@ -177,6 +208,9 @@ def split_per_tag(per_tag: dict[str, dict], batches: Mapping[str, tuple[tuple[st
                 if key not in slot:
                     continue
                 value = slot[key]
-                share = value - sum(value * m // total_entries for _, m in layout[:-1]) \
-                    if i == len(layout) - 1 else value * n // total_entries
+                share = (
+                    value - sum(value * m // total_entries for _, m in layout[:-1])
+                    if i == len(layout) - 1
+                    else value * n // total_entries
+                )
                 part[key] = part.get(key, 0) + share

@@ -14,6 +14,7 @@ envelope (run, session, exchange, round, tag, stage, sender, recipient), so a ci
 moved to another exchange, stage or recipient fails to open.  The relayed message is itself
 signed by its sender like every other message.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,12 +48,13 @@ class ChannelKey:
         if slot not in self._keys:
             try:
                 shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
-            except ValueError as e:     # wrong length or a low-order point (all-zero output)
+            except ValueError as e:  # wrong length or a low-order point (all-zero output)
                 raise IntegrityError(f"{peer}'s channel key is unusable ({e})") from None
             lo, hi = sorted([self.party, peer])
             info = encode_body(["secure_fgl/channel/v1", lo, hi])
             self._keys[slot] = ChaCha20Poly1305(
-                HKDF(algorithm=hashes.SHA256(), length=32, salt=run_id, info=info).derive(shared))
+                HKDF(algorithm=hashes.SHA256(), length=32, salt=run_id, info=info).derive(shared)
+            )
         return self._keys[slot]
 
     def pair_seed(self, peer: str, peer_public: bytes, run_id: bytes, label: str) -> bytes:
@@ -74,14 +76,19 @@ class ChannelKey:
         if not isinstance(sealed, (bytes, bytearray)) or len(sealed) < OVERHEAD:
             raise IntegrityError("channel ciphertext truncated", **where)
         try:
-            return self._aead(peer, peer_public, run_id).decrypt(bytes(sealed[:NONCE_BYTES]),
-                                                                 bytes(sealed[NONCE_BYTES:]), ad)
+            return self._aead(peer, peer_public, run_id).decrypt(
+                bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:]), ad
+            )
         except InvalidTag:
-            raise IntegrityError(f"channel ciphertext from {peer} does not authenticate (changed in transit or "
-                                 "moved from another exchange/recipient)", **where) from None
+            raise IntegrityError(
+                f"channel ciphertext from {peer} does not authenticate (changed in transit or "
+                "moved from another exchange/recipient)",
+                **where,
+            ) from None
 
 
-def associated_data(run_id: bytes, session: bytes, exchange: int, rnd: int, tag: str, stage: str,
-                    sender: str, recipient: str) -> bytes:
+def associated_data(
+    run_id: bytes, session: bytes, exchange: int, rnd: int, tag: str, stage: str, sender: str, recipient: str
+) -> bytes:
     """The routing fields an AEAD ciphertext is bound to."""
     return encode_body([run_id, session, exchange, rnd, tag, stage, sender, recipient])

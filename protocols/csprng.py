@@ -39,6 +39,7 @@ what we do about them:
   float ``exp`` (a bias of order 2^-53 in the acceptance probability; CKS20 §5 give an
   exact integer-arithmetic variant, not implemented here).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,7 @@ import os
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-_CHUNK = 1 << 20                    # entries per rejection round of the discrete sampler
+_CHUNK = 1 << 20  # entries per rejection round of the discrete sampler
 
 
 class SecureRandom:
@@ -67,12 +68,12 @@ class SecureRandom:
     def uniform(self, size) -> np.ndarray:
         """Uniform on the 53-bit grid of [0, 1)."""
         shape = _shape(size)
-        return ((self.words(math.prod(shape)) >> np.uint64(11)) * 2.0 ** -53).reshape(shape)
+        return ((self.words(math.prod(shape)) >> np.uint64(11)) * 2.0**-53).reshape(shape)
 
     def uniform_open(self, size) -> np.ndarray:
         """Uniform on the 53-bit grid shifted by half a step: values in (0, 1), never 0 or 1."""
         shape = _shape(size)
-        return (((self.words(math.prod(shape)) >> np.uint64(11)) + 0.5) * 2.0 ** -53).reshape(shape)
+        return (((self.words(math.prod(shape)) >> np.uint64(11)) + 0.5) * 2.0**-53).reshape(shape)
 
     def standard_normal(self, size) -> np.ndarray:
         """N(0, 1) samples by Box-Muller on 53-bit open uniforms."""
@@ -97,7 +98,7 @@ class SecureRandom:
             idx = todo[:_CHUNK]
             s = sig[idx]
             t = np.floor(s) + 1.0
-            p = -np.expm1(-1.0 / t)                       # 1 - exp(-1/t)
+            p = -np.expm1(-1.0 / t)  # 1 - exp(-1/t)
             y = self.geometric(p) - self.geometric(p)
             accept = self.uniform(idx.size) < np.exp(-((np.abs(y) - s * s / t) ** 2) / (2.0 * s * s))
             out[idx[accept]] = y[accept]

@@ -136,12 +136,13 @@ DP runs are not bit-reproducible by design (everything else still follows ``--se
 See :mod:`protocols.csprng` for the sampler and the floating-point/timing caveats (Jin et
 al., S&P 2022).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -236,8 +237,7 @@ class DPConfig:
         if self.split is not None:
             split = dict(self.split)
             if not split or any(not (math.isfinite(v) and v > 0) for v in split.values()):
-                raise ConfigurationError("DPConfig.split must map each tag to a positive share, "
-                                         f"got {self.split!r}")
+                raise ConfigurationError(f"DPConfig.split must map each tag to a positive share, got {self.split!r}")
             object.__setattr__(self, "split", split)
 
 
@@ -312,7 +312,7 @@ def sum_of_discrete_gaussians_tau(client_std: float, honest: int) -> float:
     """Kairouz, Liu & Steinke 2021 (Thm 1): ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k/(k+1))`` for the
     sum of ``n`` i.i.d. N_Z(0, s^2) (``s`` in grid steps)."""
     k = np.arange(1, max(int(honest), 1), dtype=np.float64)
-    return float(10.0 * np.sum(np.exp(-2.0 * math.pi ** 2 * float(client_std) ** 2 * k / (k + 1))))
+    return float(10.0 * np.sum(np.exp(-2.0 * math.pi**2 * float(client_std) ** 2 * k / (k + 1))))
 
 
 def sum_of_discrete_gaussians_epsilon(sensitivity: float, client_std: float, honest: int, dim: int) -> float:
@@ -333,15 +333,25 @@ def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np
     return rng.standard_normal(size) * np.asarray(std, dtype=np.float64)
 
 
-def noise_vector(rng: SecureRandom, v: np.ndarray, req: DPRequest, std: float, *,
-                 row_len: int | None = None, grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
+def noise_vector(
+    rng: SecureRandom,
+    v: np.ndarray,
+    req: DPRequest,
+    std: float,
+    *,
+    row_len: int | None = None,
+    grid_bits: int | None = DP_GRID_BITS,
+) -> np.ndarray:
     """Client side of a dense release: ``v`` clipped as ``req`` says (whole, or per slice of
     ``row_len``), plus noise of ``std`` (:meth:`DPEngine.vector_release`) from ``rng``, the
     contributor's own OS-keyed keystream: discrete Gaussian on the integers (integer release) or
     on the grid ``2^-grid_bits`` after randomised rounding (:func:`grid_noise`)."""
     v = np.asarray(v, dtype=np.float64).ravel()
-    v = clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel() if req.per_row \
+    v = (
+        clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel()
+        if req.per_row
         else clip_l2(v, req.clip, integer=req.integer)
+    )
     if not req.integer:
         return grid_noise(rng, v, std, DP_GRID_BITS if grid_bits is None else grid_bits)
     return v + gaussian_noise(rng, std, v.shape, integer=True)
@@ -355,8 +365,9 @@ def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray
     return clip_l2(a.ravel(), req.clip, integer=req.integer)
 
 
-def weighted_mean_value(a: np.ndarray, weight: float, req: DPRequest, nrows: int = 1, *, tag: str = "",
-                        rnd: int = 0) -> np.ndarray:
+def weighted_mean_value(
+    a: np.ndarray, weight: float, req: DPRequest, nrows: int = 1, *, tag: str = "", rnd: int = 0
+) -> np.ndarray:
     """Client side of a DP weighted mean: ``[w~ clip(a), w~ C]`` with ``w~ = min(w, W) / W``
     (``W = req.weight_bound``; without one the weights must lie in ``[0, 1]``, ``W = 1``)."""
     W = req.weight_bound
@@ -365,14 +376,17 @@ def weighted_mean_value(a: np.ndarray, weight: float, req: DPRequest, nrows: int
             raise ConfigurationError(
                 "a DP weighted mean needs a public bound on the weights (they are secret and noised): pass "
                 "DPRequest(weight_bound=W) (weights above W are clipped to W), or weights in [0, 1]",
-                tag=tag, round=rnd)
+                tag=tag,
+                round=rnd,
+            )
         W = 1.0
     wt = min(float(weight), W) / W
     return np.concatenate([wt * clip_mean_value(a, req, nrows), [wt * float(req.clip)]])
 
 
-def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray, *,
-               grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
+def noise_rows(
+    rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray, *, grid_bits: int | None = DP_GRID_BITS
+) -> np.ndarray:
     """Client side of a row-keyed release: each row clipped (``per_row``, else the whole
     contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``
     (discrete, as in :func:`noise_vector`)."""
@@ -387,11 +401,11 @@ def noise_rows(rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndar
 # ----------------------------------------------------------------------------- engine
 @dataclass
 class _TagState:
-    epsilon: float                 # this tag's share of the budget
-    releases: int                  # planned releases (calibration)
+    epsilon: float  # this tag's share of the budget
+    releases: int  # planned releases (calibration)
     noise_multiplier: float
     used: int = 0
-    sensitivity: float = 0.0       # largest Delta used so far
+    sensitivity: float = 0.0  # largest Delta used so far
     clip: float | None = None
     integer: bool = False
 
@@ -414,33 +428,38 @@ class DPEngine:
                 f"placement='distributed' needs a protocol in which the server sees only the sum "
                 f"(mode 'ckks' or 'mask'), but the mode is {protocol_mode!r}: in it every upload is read "
                 f"individually and would carry only 1/K of the noise. Use mode 'ckks' or 'mask', or "
-                f"DPConfig(placement='local')")
+                f"DPConfig(placement='local')"
+            )
         self.config = config
         self.num_clients = int(num_clients)
         self.protocol_mode = protocol_mode
         self.last_std = 0.0
-        self._noise = SecureRandom()      # OS-keyed; never persisted
+        self._noise = SecureRandom()  # OS-keyed; never persisted
         self.accountant = PrivacyAccountant(config.accountant, config.delta)
-        self._shares: dict[str, float] = (dict(config.split) if config.split is not None
-                                          else {t: 1.0 for t in config.tags})
+        self._shares: dict[str, float] = (
+            dict(config.split) if config.split is not None else {t: 1.0 for t in config.tags}
+        )
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
-        self._mean_clip: dict[str, float] = {}     # clip of DP means (their sum request has clip=inf)
-        self._local_step: dict[str, int] = {}      # last step counted per local-release tag
-        self._local_shares: dict[str, int] = {}    # clients whose noise shares a local release's sum carries
+        self._mean_clip: dict[str, float] = {}  # clip of DP means (their sum request has clip=inf)
+        self._local_step: dict[str, int] = {}  # last step counted per local-release tag
+        self._local_shares: dict[str, int] = {}  # clients whose noise shares a local release's sum carries
         #: called with :meth:`state_dict` after every release, before its values leave the client
         self.on_release: Callable[[dict], None] | None = None
-        self.replayed_releases = 0                 # releases made again after a resume (see load_state_dict)
+        self.replayed_releases = 0  # releases made again after a resume (see load_state_dict)
 
     # ------------------------------------------------------------------ budget
     def declare(self, *tags: str) -> None:
         """Declare DP tags of the run (even split with the others); before the first release only."""
         if self.config.split is not None:
-            raise ConfigurationError("DPConfig.split fixes the tags of the run; add these tags to it instead "
-                                     f"of declaring {tags}")
+            raise ConfigurationError(
+                f"DPConfig.split fixes the tags of the run; add these tags to it instead of declaring {tags}"
+            )
         if self._frozen:
-            raise ConfigurationError(f"cannot declare {tags}: the budget was allocated at the first DP release; "
-                                     "declare every tag before any exchange (or list them in DPConfig.tags)")
+            raise ConfigurationError(
+                f"cannot declare {tags}: the budget was allocated at the first DP release; "
+                "declare every tag before any exchange (or list them in DPConfig.tags)"
+            )
         for t in tags:
             if self.config.in_scope(str(t)):
                 self._shares.setdefault(str(t), 1.0)
@@ -454,16 +473,18 @@ class DPEngine:
         """The accountant the budget is calibrated with: the run's, except that ``exact`` (Gaussian
         composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP
         (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`)."""
-        if self.config.accountant == "exact" and (discrete or self.config.exchange_releases
-                                                  or self.accountant.discrete_tags):
+        if self.config.accountant == "exact" and (
+            discrete or self.config.exchange_releases or self.accountant.discrete_tags
+        ):
             return "rdp"
         return self.config.accountant
 
     def total_mu(self, discrete: bool = False) -> float:
         """mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
         run's accountant (see "Calibration" in the module docstring)."""
-        return 1.0 / calibrate_noise_multiplier(self.config.epsilon, self.config.delta, 1,
-                                                self.calibration_mechanism(discrete))
+        return 1.0 / calibrate_noise_multiplier(
+            self.config.epsilon, self.config.delta, 1, self.calibration_mechanism(discrete)
+        )
 
     def noise_multiplier(self, tag: str) -> float | None:
         st = self._tags.get(tag)
@@ -472,14 +493,15 @@ class DPEngine:
     def _calibrate(self, tag: str, releases: int, discrete: bool = False) -> _TagState:
         if not self._frozen:
             self._frozen = True
-            if not self._shares:              # nothing declared: the first tag takes the whole budget
+            if not self._shares:  # nothing declared: the first tag takes the whole budget
                 self._shares = {tag: 1.0}
         if tag not in self._shares:
             raise PrivacyBudgetError(
                 f"no DP budget for this tag: the budget of epsilon={self.config.epsilon} is allocated to "
                 f"{sorted(self._shares)}. Declare every DP tag of the run before the first release: "
                 f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
-                tag=tag)
+                tag=tag,
+            )
         mech, delta = self.calibration_mechanism(discrete), self.config.delta
         z = math.sqrt(releases) / (self.total_mu(discrete) * math.sqrt(self.share(tag)))
         eps = epsilon_of([(z, 1.0, releases)], delta, mech)
@@ -488,13 +510,16 @@ class DPEngine:
         def total(zz: float) -> float:
             return epsilon_of(plan + [(zz, 1.0, releases)], delta, mech)
 
-        if total(z) > self.config.epsilon:   # never expected (see docstring); keep the total in budget
+        if total(z) > self.config.epsilon:  # never expected (see docstring); keep the total in budget
             lo, hi = z, 2 * z
             while total(hi) > self.config.epsilon:
                 lo, hi = hi, 2 * hi
                 if hi > 1e7:
-                    raise PrivacyBudgetError("the tags calibrated so far leave no budget for this tag; "
-                                             "give a larger epsilon or declare fewer releases", tag=tag)
+                    raise PrivacyBudgetError(
+                        "the tags calibrated so far leave no budget for this tag; "
+                        "give a larger epsilon or declare fewer releases",
+                        tag=tag,
+                    )
             while hi - lo > 1e-3 * hi:
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if total(mid) > self.config.epsilon else (lo, mid)
@@ -503,8 +528,16 @@ class DPEngine:
         self._tags[tag] = st
         return st
 
-    def _begin(self, tag: str, rnd: int, req: DPRequest, default_sensitivity: float | None, *,
-               slack: float = 0.0, discrete: bool = False) -> tuple[_TagState, float, float]:
+    def _begin(
+        self,
+        tag: str,
+        rnd: int,
+        req: DPRequest,
+        default_sensitivity: float | None,
+        *,
+        slack: float = 0.0,
+        discrete: bool = False,
+    ) -> tuple[_TagState, float, float]:
         """Check the budget and calibrate; returns (state, Delta, sigma) of this release.  ``slack``:
         what rounding onto the release's grid adds to Delta (:func:`grid_slack`)."""
         sens = req.sensitivity if req.sensitivity is not None else default_sensitivity
@@ -512,7 +545,10 @@ class DPEngine:
             raise ConfigurationError(
                 "state the L2 sensitivity of the released sum: DPRequest(sensitivity=...) — e.g. "
                 "edge_level_sensitivity(C) or node_level_sensitivity(C, degree_cap) for FedGCN rows "
-                "(it cannot be derived from clip=inf or per-row clipping here)", tag=tag, round=rnd)
+                "(it cannot be derived from clip=inf or per-row clipping here)",
+                tag=tag,
+                round=rnd,
+            )
         sens = float(sens) + float(slack)
         st = self._tags.get(tag)
         if st is None:
@@ -521,16 +557,29 @@ class DPEngine:
             raise PrivacyBudgetError(
                 f"this tag's noise was calibrated for {st.releases} releases but the request declares "
                 f"{req.releases}; declare the full count (DPRequest(releases=...)) from the first release",
-                tag=tag, round=rnd)
+                tag=tag,
+                round=rnd,
+            )
         if st.used >= st.releases:
             raise PrivacyBudgetError(
                 f"release {st.used + 1} exceeds the {st.releases} releases this tag was calibrated for "
                 f"(epsilon share {st.epsilon:.4g}); declare more releases (DPRequest(releases=...)) or a larger "
-                f"epsilon (DPConfig(epsilon=...))", tag=tag, round=rnd)
+                f"epsilon (DPConfig(epsilon=...))",
+                tag=tag,
+                round=rnd,
+            )
         return st, float(sens), st.noise_multiplier * float(sens)
 
-    def _commit(self, tag: str, st: _TagState, sens: float, req: DPRequest, total_std: float, *,
-                discrete: tuple[float, int, int] | None = None) -> None:
+    def _commit(
+        self,
+        tag: str,
+        st: _TagState,
+        sens: float,
+        req: DPRequest,
+        total_std: float,
+        *,
+        discrete: tuple[float, int, int] | None = None,
+    ) -> None:
         """Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
         ledger) before the noisy values are returned, i.e. before any upload leaves.  ``discrete``:
         ``(smallest client std in steps, most honest shares, entries)`` of a sum of discrete
@@ -543,7 +592,7 @@ class DPEngine:
         if discrete is not None:
             client_std, honest, entries = discrete
             tau_term = sum_of_discrete_gaussians_tau(client_std, honest) * entries / 2.0
-            z = 1.0 / math.sqrt(1.0 / z ** 2 + tau_term)
+            z = 1.0 / math.sqrt(1.0 / z**2 + tau_term)
         self.accountant.step(tag, z, 1.0, sensitivity=sens, discrete=discrete is not None)
         self.last_std = float(total_std)
         if self.on_release is not None:
@@ -583,8 +632,17 @@ class DPEngine:
         return gaussian_noise(self._noise, self.local_release(tag, step, req, contributors=contributors), int(size))
 
     # ------------------------------------------------------------------ exchanges
-    def vector_release(self, tag: str, rnd: int, n: int, length: int, req: DPRequest, *,
-                       row_len: int | None = None, grid_bits: int | None = DP_GRID_BITS) -> float:
+    def vector_release(
+        self,
+        tag: str,
+        rnd: int,
+        n: int,
+        length: int,
+        req: DPRequest,
+        *,
+        row_len: int | None = None,
+        grid_bits: int | None = DP_GRID_BITS,
+    ) -> float:
         """Server side of one dense release by ``n`` contributors of ``length``-vectors: check the
         budget, calibrate, count the release; returns each contributor's noise std (the
         contributors add it themselves, :func:`noise_vector`).  ``per_row`` clips consecutive
@@ -593,8 +651,11 @@ class DPEngine:
         sensitivity grows by :func:`grid_slack`."""
         if req.per_row:
             if not row_len or length % row_len:
-                raise ConfigurationError("per_row clipping needs a row structure this exchange does not have; "
-                                         "use DPRequest(per_row=False)", tag=tag, round=rnd)
+                raise ConfigurationError(
+                    "per_row clipping needs a row structure this exchange does not have; use DPRequest(per_row=False)",
+                    tag=tag,
+                    round=rnd,
+                )
             default = req.clip * math.sqrt(length // row_len)
         else:
             default = req.clip
@@ -602,23 +663,39 @@ class DPEngine:
         slack = 0.0 if req.integer else grid_slack(bits, n, length)
         st, sens, sigma = self._begin(tag, rnd, req, default, slack=slack, discrete=True)
         std = max(float(self._client_std(sigma, n)), self._std_floor(bits))
-        self._commit(tag, st, sens, req, std * math.sqrt(n),
-                     discrete=(std * 2.0 ** bits, self._honest(n), length))
+        self._commit(tag, st, sens, req, std * math.sqrt(n), discrete=(std * 2.0**bits, self._honest(n), length))
         return std
 
-    def privatize_vectors(self, tag: str, rnd: int, flat: dict[int, np.ndarray], req: DPRequest, *,
-                          row_len: int | None = None, spec: ValueSpec | None = None) -> dict[int, np.ndarray]:
+    def privatize_vectors(
+        self,
+        tag: str,
+        rnd: int,
+        flat: dict[int, np.ndarray],
+        req: DPRequest,
+        *,
+        row_len: int | None = None,
+        spec: ValueSpec | None = None,
+    ) -> dict[int, np.ndarray]:
         """Clip and noise each client's 1-D contribution to a dense sum (:meth:`vector_release`,
         then every client's :func:`noise_vector`, all in this process)."""
         if not flat:
             return {}
         bits = grid_bits_of(spec, req)
-        std = self.vector_release(tag, rnd, len(flat), next(iter(flat.values())).size, req, row_len=row_len,
-                                  grid_bits=bits)
+        std = self.vector_release(
+            tag, rnd, len(flat), next(iter(flat.values())).size, req, row_len=row_len, grid_bits=bits
+        )
         return {k: noise_vector(self._noise, v, req, std, row_len=row_len, grid_bits=bits) for k, v in flat.items()}
 
-    def row_release(self, tag: str, rnd: int, counts: np.ndarray, req: DPRequest, *, row_len: int,
-                    grid_bits: int | None = DP_GRID_BITS) -> np.ndarray:
+    def row_release(
+        self,
+        tag: str,
+        rnd: int,
+        counts: np.ndarray,
+        req: DPRequest,
+        *,
+        row_len: int,
+        grid_bits: int | None = DP_GRID_BITS,
+    ) -> np.ndarray:
         """Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody)
         of ``row_len`` entries.  Checks the budget, calibrates, counts the release; returns each
         uploader's noise std per row (distributed placement divides the variance by the row's
@@ -632,9 +709,18 @@ class DPEngine:
         st, sens, sigma = self._begin(tag, rnd, req, None if req.per_row else req.clip, slack=slack, discrete=True)
         std = np.maximum(self._client_std(sigma, counts), self._std_floor(bits))
         up = counts > 0
-        self._commit(tag, st, sens, req, float(np.max(std[up] * np.sqrt(counts[up]))) if up.any() else 0.0,
-                     discrete=(float(np.min(std[up])) * 2.0 ** bits if up.any() else 1.0,
-                               self._honest(int(counts.max(initial=1))), entries))
+        self._commit(
+            tag,
+            st,
+            sens,
+            req,
+            float(np.max(std[up] * np.sqrt(counts[up]))) if up.any() else 0.0,
+            discrete=(
+                float(np.min(std[up])) * 2.0**bits if up.any() else 1.0,
+                self._honest(int(counts.max(initial=1))),
+                entries,
+            ),
+        )
         return std
 
     def _std_floor(self, bits: int) -> float:
@@ -650,9 +736,18 @@ class DPEngine:
             return 1
         return max(1, int(n) - self.config.dropouts - self.config.colluders)
 
-    def privatize_rows(self, tag: str, rnd: int, ids: dict[int, np.ndarray], rows: dict[int, np.ndarray],
-                       num_rows: int, req: DPRequest, layout: str, *,
-                       spec: ValueSpec | None = None) -> dict[int, np.ndarray]:
+    def privatize_rows(
+        self,
+        tag: str,
+        rnd: int,
+        ids: dict[int, np.ndarray],
+        rows: dict[int, np.ndarray],
+        num_rows: int,
+        req: DPRequest,
+        layout: str,
+        *,
+        spec: ValueSpec | None = None,
+    ) -> dict[int, np.ndarray]:
         """Clip and noise each client's rows of a row-keyed sum (:meth:`row_release`, then every
         client's :func:`noise_rows`, all in this process).  ``ids``/``rows`` are what each client
         uploads (the caller expands them to whole transport blocks, so padding rows get noise too)."""
@@ -662,11 +757,14 @@ class DPEngine:
         bits = grid_bits_of(spec, req)
         row_len = int(np.asarray(next(iter(rows.values()))).shape[-1]) if rows else 1
         std = self.row_release(tag, rnd, counts, req, row_len=row_len, grid_bits=bits)
-        return {k: noise_rows(self._noise, r, req, std[np.asarray(ids[k], dtype=np.int64)], grid_bits=bits)
-                for k, r in rows.items()}
+        return {
+            k: noise_rows(self._noise, r, req, std[np.asarray(ids[k], dtype=np.int64)], grid_bits=bits)
+            for k, r in rows.items()
+        }
 
-    def mean_request(self, tag: str, rnd: int, req: DPRequest, spec: ValueSpec, *, nrows: int = 1,
-                     weighted: bool = False) -> tuple[DPRequest, ValueSpec, float | None]:
+    def mean_request(
+        self, tag: str, rnd: int, req: DPRequest, spec: ValueSpec, *, nrows: int = 1, weighted: bool = False
+    ) -> tuple[DPRequest, ValueSpec, float | None]:
         """Server side of a DP weighted mean (module docstring, "weighted_mean"): the request and
         spec of the sum of the clipped contributions (:func:`clip_mean_value`; the request has
         ``clip=inf`` and the sensitivity set) and ``weight_scale``, ``None`` for an unweighted
@@ -674,20 +772,31 @@ class DPEngine:
         was scaled by.  ``nrows``: rows of a contribution (``per_row`` clipping)."""
         C = float(req.clip)
         if not math.isfinite(C):
-            raise ConfigurationError("a DP mean needs a finite clip bound on each client's values",
-                                     tag=tag, round=rnd)
+            raise ConfigurationError("a DP mean needs a finite clip bound on each client's values", tag=tag, round=rnd)
         self._mean_clip[tag] = C
         if not weighted:
             sens = C * math.sqrt(nrows) if req.per_row else C
-            return (dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
-                    dataclasses.replace(spec, max_abs=min(spec.max_abs, C)), None)
+            return (
+                dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
+                dataclasses.replace(spec, max_abs=min(spec.max_abs, C)),
+                None,
+            )
         sens = C * math.sqrt(nrows + 1) if req.per_row else math.sqrt(2.0) * C
-        return (dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
-                dataclasses.replace(spec, max_abs=C), C)
+        return (
+            dataclasses.replace(req, clip=math.inf, per_row=False, sensitivity=req.sensitivity or sens),
+            dataclasses.replace(spec, max_abs=C),
+            C,
+        )
 
-    def mean_contributions(self, tag: str, rnd: int, arrays: dict[int, np.ndarray],
-                           weights: dict[int, float] | None, req: DPRequest, spec: ValueSpec
-                           ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
+    def mean_contributions(
+        self,
+        tag: str,
+        rnd: int,
+        arrays: dict[int, np.ndarray],
+        weights: dict[int, float] | None,
+        req: DPRequest,
+        spec: ValueSpec,
+    ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
         """Client-side inputs of a DP weighted mean, every client in this process: returns
         ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`),
         the flat vectors already clipped."""
@@ -703,10 +812,17 @@ class DPEngine:
     def state_dict(self) -> dict:
         """Plain-data state: allocation, per-tag calibration and release counts, accountant
         (a resumed run continues the same budget; the noise key is not part of it)."""
-        return {"config": dataclasses.asdict(self.config), "shares": dict(self._shares), "frozen": self._frozen,
-                "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
-                "mean_clip": dict(self._mean_clip), "last_std": self.last_std, "local_step": dict(self._local_step),
-                "replayed_releases": self.replayed_releases, "accountant": self.accountant.state_dict()}
+        return {
+            "config": dataclasses.asdict(self.config),
+            "shares": dict(self._shares),
+            "frozen": self._frozen,
+            "tags": {t: dataclasses.asdict(st) for t, st in self._tags.items()},
+            "mean_clip": dict(self._mean_clip),
+            "last_std": self.last_std,
+            "local_step": dict(self._local_step),
+            "replayed_releases": self.replayed_releases,
+            "accountant": self.accountant.state_dict(),
+        }
 
     def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
         """Resume from a checkpoint's ``state``.  ``ledger`` is the latest :attr:`on_release`
@@ -717,8 +833,10 @@ class DPEngine:
             saved = {k: st["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
             mine = {k: getattr(self.config, k) for k in saved}
             if saved != mine:
-                raise ConfigurationError(f"checkpoint DP settings {saved} differ from this run's {mine}; "
-                                         "resume with the same --dp-* options")
+                raise ConfigurationError(
+                    f"checkpoint DP settings {saved} differ from this run's {mine}; resume with the same --dp-* options"
+                )
+
         def releases(st: dict) -> int:
             return sum(int(n) for runs in st["accountant"]["runs"].values() for _, _, n in runs)
 
@@ -740,11 +858,12 @@ class DPEngine:
         rep["placement"] = self.config.placement
         rep["replayed_releases"] = self.replayed_releases
         for tag, st in self._tags.items():
-            entry = rep["per_tag"].setdefault(tag, {"epsilon": 0.0, "releases": 0,
-                                                    "noise_multiplier": st.noise_multiplier,
-                                                    "sensitivity": None})
-            entry.update({"epsilon_budget": st.epsilon, "planned_releases": st.releases,
-                          "clip": st.clip, "integer": st.integer})
+            entry = rep["per_tag"].setdefault(
+                tag, {"epsilon": 0.0, "releases": 0, "noise_multiplier": st.noise_multiplier, "sensitivity": None}
+            )
+            entry.update(
+                {"epsilon_budget": st.epsilon, "planned_releases": st.releases, "clip": st.clip, "integer": st.integer}
+            )
             if tag in self._local_shares:
                 entry["noise_shares"] = self._local_shares[tag]
         return rep

@@ -3,14 +3,14 @@
 Every error names the exchange (tag, round) and, where one is at fault, the client,
 and says how to fix the input.  When any of them is raised nothing is aggregated.
 """
+
 from __future__ import annotations
 
 
 class ProtocolError(Exception):
     """Base class: an exchange was refused.  Nothing was aggregated."""
 
-    def __init__(self, message: str, *, tag: str | None = None, round: int | None = None,
-                 client: int | None = None):
+    def __init__(self, message: str, *, tag: str | None = None, round: int | None = None, client: int | None = None):
         where = []
         if tag is not None:
             where.append(f"exchange '{tag}'")

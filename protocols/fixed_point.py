@@ -51,6 +51,7 @@ Refusals happen on the client before anything is encrypted: an entry above ``B``
 (:class:`~protocols.errors.BoundError`), a plan whose K-way headroom does not fit the
 field (:class:`~protocols.errors.PackingOverflowError`).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,7 @@ import numpy as np
 from .errors import IntegrityError, PackingOverflowError
 
 #: failure probability per try of conditional randomized rounding (Kairouz et al.'s beta)
-CRR_BETA = 2.0 ** -20
+CRR_BETA = 2.0**-20
 #: tries before conditional rounding gives up (each fails with probability <= CRR_BETA)
 CRR_MAX_TRIES = 64
 
@@ -80,8 +81,11 @@ def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int
     exact = {b: to_grid(v, bits) for b, v in blocks.items()}
     off = max((float(np.abs(v - exact[b]).max(initial=0.0)) for b, v in blocks.items()), default=0.0)
     if not off <= 2.0 ** -(bits + 2):
-        raise IntegrityError(f"a decoded sum lies {off:.3g} off the exchange's grid 2^-{bits}, beyond the codec's "
-                             f"planned error 2^-{bits + 2}: the sum is not exact and is refused", **where)
+        raise IntegrityError(
+            f"a decoded sum lies {off:.3g} off the exchange's grid 2^-{bits}, beyond the codec's "
+            f"planned error 2^-{bits + 2}: the sum is not exact and is refused",
+            **where,
+        )
     return exact
 
 
@@ -89,8 +93,7 @@ def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Genera
     """The rounding randomness of one client in one exchange, from the run seed (public), so runs
     reproduce.  It protects nothing: DP noise is drawn from the CSPRNG and added before rounding,
     so rounding is post-processing of the private release (:mod:`protocols.csprng`)."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(tag.encode()), int(rnd),
-                                                         int(client)]))
+    return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(tag.encode()), int(rnd), int(client)]))
 
 
 @dataclass(frozen=True)
@@ -109,40 +112,56 @@ class FixedPoint:
     num_clients: int
     width: int
     fields: int
-    integer: bool = False     # integer values: quantum 1, no rounding, exact sums
-    grid_bits: int = 0        # with integer: values on the grid 2^-grid_bits (quantum 2^-grid_bits, exact sums)
+    integer: bool = False  # integer values: quantum 1, no rounding, exact sums
+    grid_bits: int = 0  # with integer: values on the grid 2^-grid_bits (quantum 2^-grid_bits, exact sums)
 
     def __post_init__(self):
         if self.width * self.fields > 52:
             raise ValueError("a packed carrier must stay below 2^52 to pass through float64 exactly")
         if self.integer:
-            if self.sum_bound * 2.0 ** self.grid_bits > (1 << (self.width - 1)) - 1:
-                raise PackingOverflowError(f"{self.width}-bit signed fields cannot hold sums up to "
-                                           f"{self.sum_bound:g} on the grid 2^-{self.grid_bits}. Fix: use wider fields")
+            if self.sum_bound * 2.0**self.grid_bits > (1 << (self.width - 1)) - 1:
+                raise PackingOverflowError(
+                    f"{self.width}-bit signed fields cannot hold sums up to "
+                    f"{self.sum_bound:g} on the grid 2^-{self.grid_bits}. Fix: use wider fields"
+                )
         elif self.levels < 1:
             raise PackingOverflowError(
                 f"{self.width}-bit fields leave no room for a {self.num_clients}-way sum (2^{self.width - 1} - 1 "
-                f"must exceed K = {self.num_clients}). Fix: use wider fields (fewer per slot)")
+                f"must exceed K = {self.num_clients}). Fix: use wider fields (fewer per slot)"
+            )
 
     @classmethod
-    def integers(cls, entry_bound: float, sum_bound: float, num_clients: int, capacity_bits: int,
-                 grid_bits: int = 0) -> "FixedPoint":
+    def integers(
+        cls, entry_bound: float, sum_bound: float, num_clients: int, capacity_bits: int, grid_bits: int = 0
+    ) -> FixedPoint:
         """Integer entries (or multiples of ``2^-grid_bits``, :func:`to_grid`) with ``|sum| <= sum_bound``:
         the narrowest signed fields that hold the sum, as many as fit ``capacity_bits`` (exact, no rounding)."""
-        width = int(math.ceil(sum_bound * 2.0 ** grid_bits)).bit_length() + 1
+        width = int(math.ceil(sum_bound * 2.0**grid_bits)).bit_length() + 1
         if width > capacity_bits:
-            raise PackingOverflowError(f"sums up to {sum_bound:g} on the grid 2^-{grid_bits} need {width}-bit signed "
-                                       f"fields, above the {capacity_bits} exact bits of a slot component. Fix: lower "
-                                       "the public bound (or coarsen the grid: a larger tolerance)")
-        return cls(float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True,
-                   int(grid_bits))
+            raise PackingOverflowError(
+                f"sums up to {sum_bound:g} on the grid 2^-{grid_bits} need {width}-bit signed "
+                f"fields, above the {capacity_bits} exact bits of a slot component. Fix: lower "
+                "the public bound (or coarsen the grid: a larger tolerance)"
+            )
+        return cls(
+            float(entry_bound), float(sum_bound), int(num_clients), width, capacity_bits // width, True, int(grid_bits)
+        )
 
     @classmethod
-    def plan(cls, entry_bound: float, num_clients: int, width: int, fields: int, *,
-             owner_checked_sum: bool = False, sum_bound: float | None = None) -> "FixedPoint":
+    def plan(
+        cls,
+        entry_bound: float,
+        num_clients: int,
+        width: int,
+        fields: int,
+        *,
+        owner_checked_sum: bool = False,
+        sum_bound: float | None = None,
+    ) -> FixedPoint:
         """The plan for entries bounded by ``entry_bound`` (sum bound ``K B`` unless an owner's
         check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound`` given)."""
         from .precision import kway_sum_bound
+
         if sum_bound is None:
             sum_bound = entry_bound if owner_checked_sum else kway_sum_bound(entry_bound, num_clients)
         return cls(float(entry_bound), float(sum_bound), int(num_clients), int(width), int(fields))
@@ -155,7 +174,7 @@ class FixedPoint:
     @property
     def quantum(self) -> float:
         """``Delta = S / (2^(b-1) - 1 - K)`` (``2^-grid_bits`` for integers and grid values)."""
-        return 2.0 ** -self.grid_bits if self.integer else self.sum_bound / self.levels
+        return 2.0**-self.grid_bits if self.integer else self.sum_bound / self.levels
 
     @property
     def sum_error(self) -> float:
@@ -180,14 +199,17 @@ class FixedPoint:
         within Kairouz et al.'s bound for a vector of norm ``<= norm_bound``."""
         x = np.asarray(x, dtype=np.float64)
         d, c, g = x.size, float(norm_bound), self.quantum
-        limit = min(c + g * math.sqrt(d),
-                    math.sqrt(c * c + g * g * d / 4.0 + math.sqrt(2.0 * math.log(1.0 / CRR_BETA)) * g
-                              * (c + g * math.sqrt(d) / 2.0)))
+        limit = min(
+            c + g * math.sqrt(d),
+            math.sqrt(
+                c * c + g * g * d / 4.0 + math.sqrt(2.0 * math.log(1.0 / CRR_BETA)) * g * (c + g * math.sqrt(d) / 2.0)
+            ),
+        )
         for _ in range(CRR_MAX_TRIES):
             q = self.quantize(x, rng)
             if float(np.linalg.norm(q * g)) <= limit:
                 return q
-        return q   # every rounding already satisfies the deterministic term c + Delta sqrt(d)
+        return q  # every rounding already satisfies the deterministic term c + Delta sqrt(d)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return np.asarray(q, dtype=np.float64) * self.quantum
@@ -206,7 +228,7 @@ class FixedPoint:
         q = np.asarray(q, dtype=np.int64)
         s = self.carriers_for(q.size)
         grid = np.zeros(self.fields * s, dtype=np.int64)
-        grid[:q.size] = q
+        grid[: q.size] = q
         return (grid.reshape(self.fields, s) << self._shifts()).sum(axis=0)
 
     def unpack(self, carriers: np.ndarray, n: int) -> np.ndarray:

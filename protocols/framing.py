@@ -19,6 +19,7 @@ a :class:`~protocols.errors.DigestError` by the receiver, as everywhere else; th
 the body bytes that arrived (``Message.received``), which the check compares with the signed
 digest instead of re-encoding the payload.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,20 @@ def message_from_bytes(data: bytes) -> Message:
     signature, header, body = split_message(data)
     env = Envelope.from_header(header)
     payload = decode_body(body)
-    return Message(env.round, env.tag, env.sender, env.recipient, env.kind, env.shape, len(data), env.protocol,
-                   env.fingerprint, payload, auth=signature + header,
-                   received=(payload, hashlib.sha256(body).digest(), len(body)))
+    return Message(
+        env.round,
+        env.tag,
+        env.sender,
+        env.recipient,
+        env.kind,
+        env.shape,
+        len(data),
+        env.protocol,
+        env.fingerprint,
+        payload,
+        auth=signature + header,
+        received=(payload, hashlib.sha256(body).digest(), len(body)),
+    )
 
 
 def pack_bundle(messages: list[bytes]) -> bytes:
@@ -72,7 +84,7 @@ def unpack_bundle(data: bytes) -> list[memoryview]:
         pos += BUNDLE_ITEM_BYTES
         if pos + n > len(data):
             raise MalformedMessageError("bundle truncated inside a message")
-        out.append(data[pos:pos + n])
+        out.append(data[pos : pos + n])
         pos += n
     if pos != len(data):
         raise MalformedMessageError(f"{len(data) - pos} trailing bytes after the bundle")

@@ -18,10 +18,12 @@ back the responses of the clients that answered:
 tests and most research use).  A distributed link (Ray actors, gRPC) implements the same
 ``call`` with the same bytes.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .errors import ProtocolError
 
@@ -62,7 +64,7 @@ class InProcessLink(ClientLink):
 
     sequential = True
 
-    def __init__(self, halves: Mapping[int, "ClientHalf"]):
+    def __init__(self, halves: Mapping[int, ClientHalf]):
         self.halves = dict(halves)
         self._gone: dict[int, str] = {}
         self._muted: dict[int, frozenset] = {}

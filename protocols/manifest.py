@@ -27,6 +27,7 @@ site compared its code out of band.  Clients pin the identity keys it lists
 (``KeyRegistry(pinned=...)``) and accept every other public key only when its owner's
 identity key signed it (:func:`protocols.auth.check_public_key`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -50,8 +51,7 @@ _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 def canonical_json(value: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, no whitespace, UTF-8, no NaN."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode()
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"a run manifest holds only JSON numbers, strings, lists and maps ({e})") from None
 
@@ -81,35 +81,53 @@ class Manifest:
             raise ConfigurationError("a run manifest lists the server and at least client0")
         expected = {SERVER} | {client_party(k) for k in range(len(self.parties) - 1)}
         if set(self.parties) != expected:
-            raise ConfigurationError(f"a run manifest's parties are 'server' and client0..client{len(expected) - 2} "
-                                     f"without gaps, got {sorted(self.parties)}")
+            raise ConfigurationError(
+                f"a run manifest's parties are 'server' and client0..client{len(expected) - 2} "
+                f"without gaps, got {sorted(self.parties)}"
+            )
         for party, fp in self.parties.items():
             if not isinstance(fp, str) or not _FINGERPRINT.match(fp):
-                raise ConfigurationError(f"{party}'s fingerprint must be 64 lower-case hex digits (the SHA-256 "
-                                         f"that 'secure-fgl keys new' prints), got {fp!r}")
+                raise ConfigurationError(
+                    f"{party}'s fingerprint must be 64 lower-case hex digits (the SHA-256 "
+                    f"that 'secure-fgl keys new' prints), got {fp!r}"
+                )
         if self.version != MANIFEST_VERSION:
-            raise ConfigurationError(f"run manifest version {self.version!r}; this release reads version "
-                                     f"{MANIFEST_VERSION}")
-        canonical_json(self.to_dict())          # refuses what JSON cannot carry exactly
+            raise ConfigurationError(
+                f"run manifest version {self.version!r}; this release reads version {MANIFEST_VERSION}"
+            )
+        canonical_json(self.to_dict())  # refuses what JSON cannot carry exactly
 
     @classmethod
-    def new(cls, mode: str, parties: dict[str, str], options: dict | None = None, security: dict | None = None,
-            schedule: str = "") -> "Manifest":
+    def new(
+        cls,
+        mode: str,
+        parties: dict[str, str],
+        options: dict | None = None,
+        security: dict | None = None,
+        schedule: str = "",
+    ) -> Manifest:
         """A manifest with a fresh random nonce (the OS CSPRNG)."""
-        return cls(mode, dict(parties), dict(options or {}), dict(security or {}), schedule,
-                   os.urandom(NONCE_BYTES).hex())
+        return cls(
+            mode, dict(parties), dict(options or {}), dict(security or {}), schedule, os.urandom(NONCE_BYTES).hex()
+        )
 
     # ------------------------------------------------------------------ encoding
     def to_dict(self) -> dict:
-        return {"version": self.version, "mode": self.mode, "parties": dict(self.parties),
-                "options": dict(self.options), "security": dict(self.security), "schedule": self.schedule,
-                "nonce": self.nonce}
+        return {
+            "version": self.version,
+            "mode": self.mode,
+            "parties": dict(self.parties),
+            "options": dict(self.options),
+            "security": dict(self.security),
+            "schedule": self.schedule,
+            "nonce": self.nonce,
+        }
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_dict())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Manifest":
+    def from_bytes(cls, data: bytes) -> Manifest:
         """Strict parse; a document that is not canonical (re-indented, re-ordered) is accepted
         only through :meth:`from_dict` so that the digest is always over canonical bytes."""
         try:
@@ -119,14 +137,21 @@ class Manifest:
         return cls.from_dict(doc)
 
     @classmethod
-    def from_dict(cls, doc: Any) -> "Manifest":
+    def from_dict(cls, doc: Any) -> Manifest:
         keys = {"version", "mode", "parties", "options", "security", "schedule", "nonce"}
         if not isinstance(doc, dict) or set(doc) != keys:
             raise ConfigurationError(f"a run manifest has exactly the fields {sorted(keys)}")
         if not all(isinstance(doc[k], dict) for k in ("parties", "options", "security")):
             raise ConfigurationError("a run manifest's parties, options and security are maps")
-        return cls(doc["mode"], dict(doc["parties"]), dict(doc["options"]), dict(doc["security"]),
-                   str(doc["schedule"]), str(doc["nonce"]), doc["version"])
+        return cls(
+            doc["mode"],
+            dict(doc["parties"]),
+            dict(doc["options"]),
+            dict(doc["security"]),
+            str(doc["schedule"]),
+            str(doc["nonce"]),
+            doc["version"],
+        )
 
     # ------------------------------------------------------------------ identity of the run
     @property
@@ -143,7 +168,7 @@ class Manifest:
     def comparison_code(self) -> str:
         """What sites compare out of band: :attr:`digest` in base32, 32 characters in groups of 4."""
         code = base64.b32encode(self.digest).decode()[:CODE_CHARS]
-        return "-".join(code[i:i + 4] for i in range(0, CODE_CHARS, 4))
+        return "-".join(code[i : i + 4] for i in range(0, CODE_CHARS, 4))
 
     @property
     def num_clients(self) -> int:
@@ -158,10 +183,15 @@ class Manifest:
 
     def check_setup(self, mode: str, num_clients: int, run_id: bytes, options: dict) -> None:
         """Refuse a party setup that is not this manifest's run (ConfigurationError naming the field)."""
-        for what, got, want in (("mode", mode, self.mode), ("client count", num_clients, self.num_clients),
-                                ("run id", bytes(run_id), self.run_id)):
+        for what, got, want in (
+            ("mode", mode, self.mode),
+            ("client count", num_clients, self.num_clients),
+            ("run id", bytes(run_id), self.run_id),
+        ):
             if got != want:
-                raise ConfigurationError(f"the party setup's {what} differs from the run manifest's: this party "
-                                         "was handed another run's setup")
+                raise ConfigurationError(
+                    f"the party setup's {what} differs from the run manifest's: this party "
+                    "was handed another run's setup"
+                )
         if canonical_json(options) != canonical_json(self.options):
             raise ConfigurationError("the party setup's options differ from the run manifest's")

@@ -26,6 +26,7 @@ round under a new session, which is not a replay; the **exchange number** counts
 exchanges of a session, so a message of an earlier exchange is a replay even when tag and
 round are reused.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,14 +48,24 @@ NONCE_BYTES = 16
 #: client publishes in the clear by design, e.g. GCFL's update norms -- are shared)
 SHARED_STAGES = ("register", "directory", "plan")
 STAGES = {
-    "mask": SHARED_STAGES + ("group_seed", "block_ids", "advertise_keys", "share_keys", "masked_upload",
-                             "consistency", "unmask", "download", "report"),
+    "mask": SHARED_STAGES
+    + (
+        "group_seed",
+        "block_ids",
+        "advertise_keys",
+        "share_keys",
+        "masked_upload",
+        "consistency",
+        "unmask",
+        "download",
+        "report",
+    ),
     "ckks": SHARED_STAGES + ("key_setup", "block_ids", "upload", "download", "report"),
     "plain": SHARED_STAGES + ("block_ids", "upload", "download", "report"),
     "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
 }
 _U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
-_MAX_FIELD = 1 << 16          # header strings are short; anything longer is garbage
+_MAX_FIELD = 1 << 16  # header strings are short; anything longer is garbage
 _MAX_DIMS = 32
 
 
@@ -83,20 +94,42 @@ class Envelope:
     # ------------------------------------------------------------------ encoding
     def header_bytes(self) -> bytes:
         """The canonical signed header."""
-        for name, value, size in (("run id", self.run_id, NONCE_BYTES), ("session", self.session, NONCE_BYTES),
-                                  ("digest", self.digest, DIGEST_BYTES)):
+        for name, value, size in (
+            ("run id", self.run_id, NONCE_BYTES),
+            ("session", self.session, NONCE_BYTES),
+            ("digest", self.digest, DIGEST_BYTES),
+        ):
             if not isinstance(value, bytes) or len(value) != size:
                 raise MalformedMessageError(f"envelope {name} must be {size} bytes")
-        if not (0 <= self.exchange < 1 << 64 and -(1 << 63) <= self.round < 1 << 63 and 0 <= self.part < 1 << 32
-                and 0 <= self.body_len < 1 << 64):
-            raise MalformedMessageError("envelope exchange/round/part/body length out of range "
-                                        f"({self.exchange}, {self.round}, {self.part}, {self.body_len})")
+        if not (
+            0 <= self.exchange < 1 << 64
+            and -(1 << 63) <= self.round < 1 << 63
+            and 0 <= self.part < 1 << 32
+            and 0 <= self.body_len < 1 << 64
+        ):
+            raise MalformedMessageError(
+                "envelope exchange/round/part/body length out of range "
+                f"({self.exchange}, {self.round}, {self.part}, {self.body_len})"
+            )
         if len(self.shape) > _MAX_DIMS or any(not 0 <= int(d) < 1 << 63 for d in self.shape):
             raise MalformedMessageError(f"envelope shape {self.shape!r} is not a list of non-negative sizes")
-        fields = [self.run_id, self.session, _text(self.protocol), _text(self.fingerprint),
-                  _U64.pack(self.exchange), _I64.pack(self.round), _text(self.tag), _text(self.stage),
-                  _U32.pack(self.part), _text(self.sender), _text(self.recipient), _text(self.kind),
-                  b"".join(_U64.pack(int(d)) for d in self.shape), self.digest, _U64.pack(self.body_len)]
+        fields = [
+            self.run_id,
+            self.session,
+            _text(self.protocol),
+            _text(self.fingerprint),
+            _U64.pack(self.exchange),
+            _I64.pack(self.round),
+            _text(self.tag),
+            _text(self.stage),
+            _U32.pack(self.part),
+            _text(self.sender),
+            _text(self.recipient),
+            _text(self.kind),
+            b"".join(_U64.pack(int(d)) for d in self.shape),
+            self.digest,
+            _U64.pack(self.body_len),
+        ]
         return MAGIC + b"".join(_U32.pack(len(f)) + f for f in fields)
 
     def to_bytes(self, signature: bytes) -> bytes:
@@ -107,7 +140,7 @@ class Envelope:
         return bytes(signature) + _U32.pack(len(header)) + header + self.body
 
     @classmethod
-    def from_header(cls, header: bytes, body: bytes | None = None) -> "Envelope":
+    def from_header(cls, header: bytes, body: bytes | None = None) -> Envelope:
         """Strict parse of :meth:`header_bytes` (and, with ``body``, its length and digest check)."""
         if not isinstance(header, (bytes, bytearray)) or not header.startswith(MAGIC):
             raise MalformedMessageError("envelope header does not start with the message magic")
@@ -119,7 +152,7 @@ class Envelope:
         return replace(env, body=body)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> tuple["Envelope", bytes]:
+    def from_bytes(cls, data: bytes) -> tuple[Envelope, bytes]:
         """Strict parse of :meth:`to_bytes`: ``(envelope with body, signature)``."""
         signature, header, body = split_message(data)
         env = cls.from_header(header)
@@ -142,22 +175,43 @@ def _parse_header(view: bytes) -> Envelope:
         pos += 4
         if n > _MAX_FIELD or pos + n > len(view):
             raise MalformedMessageError(f"envelope field length {n} exceeds the header")
-        parts.append(view[pos:pos + n])
+        parts.append(view[pos : pos + n])
         pos += n
     if pos != len(view):
         raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
-    (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest,
-     body_len) = parts
-    for name, raw, size in (("exchange", exch, 8), ("round", rnd, 8), ("part", part, 4), ("body length",
-                            body_len, 8), ("run id", run_id, NONCE_BYTES), ("session", session, NONCE_BYTES),
-                            ("digest", digest, DIGEST_BYTES)):
+    (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest, body_len) = (
+        parts
+    )
+    for name, raw, size in (
+        ("exchange", exch, 8),
+        ("round", rnd, 8),
+        ("part", part, 4),
+        ("body length", body_len, 8),
+        ("run id", run_id, NONCE_BYTES),
+        ("session", session, NONCE_BYTES),
+        ("digest", digest, DIGEST_BYTES),
+    ):
         if len(raw) != size:
             raise MalformedMessageError(f"envelope {name} field is {len(raw)} bytes, expected {size}")
     if len(shape) % 8 or len(shape) > 8 * _MAX_DIMS:
         raise MalformedMessageError("envelope shape field is not a list of u64 sizes")
-    env = Envelope(run_id, session, _untext(protocol), _untext(fp), _U64.unpack(exch)[0], _I64.unpack(rnd)[0],
-                   _untext(tag), _untext(stage), _U32.unpack(part)[0], _untext(sender), _untext(recipient),
-                   _untext(kind), tuple(v for (v,) in _U64.iter_unpack(shape)), digest, _U64.unpack(body_len)[0])
+    env = Envelope(
+        run_id,
+        session,
+        _untext(protocol),
+        _untext(fp),
+        _U64.unpack(exch)[0],
+        _I64.unpack(rnd)[0],
+        _untext(tag),
+        _untext(stage),
+        _U32.unpack(part)[0],
+        _untext(sender),
+        _untext(recipient),
+        _untext(kind),
+        tuple(v for (v,) in _U64.iter_unpack(shape)),
+        digest,
+        _U64.unpack(body_len)[0],
+    )
     if any(d >= 1 << 63 for d in env.shape):
         raise MalformedMessageError("envelope shape entry out of range")
     if env.protocol in STAGES and env.stage not in STAGES[env.protocol]:
@@ -174,7 +228,7 @@ def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
     start = SIGNATURE_BYTES + 4
     if start + n > len(data):
         raise MalformedMessageError("message truncated inside its header")
-    return bytes(data[:SIGNATURE_BYTES]), bytes(data[start:start + n]), bytes(data[start + n:])
+    return bytes(data[:SIGNATURE_BYTES]), bytes(data[start : start + n]), bytes(data[start + n :])
 
 
 def _text(s: str) -> bytes:
@@ -206,7 +260,7 @@ def _pieces(obj: Any) -> list:
 
 def _encode(obj: Any, parts: list) -> None:
     t = type(obj)
-    if t is bytes:                        # the common types first, by exact type (no isinstance chain)
+    if t is bytes:  # the common types first, by exact type (no isinstance chain)
         parts.append(b"B" + _U64.pack(len(obj)))
         parts.append(obj)
     elif t is str:
@@ -310,12 +364,12 @@ def _read(data: bytes, pos: int, depth: int):
     if t in (b"B", b"S"):
         (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
         end = _need(data, pos + 8, n)
-        raw = bytes(data[pos + 8:end])
+        raw = bytes(data[pos + 8 : end])
         return (raw if t == b"B" else _untext(raw)), end
     if t == b"I":
         (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
         end = _need(data, pos + 4, n)
-        return int.from_bytes(data[pos + 4:end], "big", signed=True), end
+        return int.from_bytes(data[pos + 4 : end], "big", signed=True), end
     if t == b"D":
         end = _need(data, pos, 8)
         return struct.unpack(">d", data[pos:end])[0], end
@@ -323,7 +377,7 @@ def _read(data: bytes, pos: int, depth: int):
         (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
         end = _need(data, pos + 4, n)
         try:
-            dtype = np.dtype(_untext(bytes(data[pos + 4:end])))
+            dtype = np.dtype(_untext(bytes(data[pos + 4 : end])))
         except TypeError:
             raise MalformedMessageError("array body has an unknown dtype") from None
         if dtype.kind not in "biuf":
@@ -333,7 +387,7 @@ def _read(data: bytes, pos: int, depth: int):
         if ndim > _MAX_DIMS:
             raise MalformedMessageError("array body has too many dimensions")
         end = _need(data, pos + 4, 8 * ndim)
-        shape = tuple(v for (v,) in _U64.iter_unpack(data[pos + 4:end]))
+        shape = tuple(v for (v,) in _U64.iter_unpack(data[pos + 4 : end]))
         size = int(np.prod(shape, dtype=object)) * dtype.itemsize
         stop = _need(data, end, size)
         return np.frombuffer(data[end:stop], dtype=dtype).reshape(shape), stop

@@ -15,6 +15,7 @@ the members' updates, and the scalars it is told, nothing more.
   maximum or a time series cannot be computed under additive HE, so these are the
   documented leak of the decision rule.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -43,24 +44,31 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
 def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
     if len(updates) < 2:
         raise ShapeError("pairwise statistics need at least two clients", tag=tag, round=rnd)
-    return protocol._dense_inputs(tag, rnd, {k: validate.real_array(v, tag, rnd, k, "update").ravel()
-                                                 for k, v in updates.items()})
+    return protocol._dense_inputs(
+        tag, rnd, {k: validate.real_array(v, tag, rnd, k, "update").ravel() for k, v in updates.items()}
+    )
 
 
-def pairwise_cosine(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *,
-                    decider: int = 0) -> np.ndarray:
+def pairwise_cosine(
+    protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *, decider: int = 0
+) -> np.ndarray:
     """The ``[m, m]`` cosine matrix of ``updates`` (rows in the order of ``updates``), known
     afterwards to the server (the party that decides the clusters)."""
     if protocol.mode not in PAIRWISE_MODES:
-        raise ConfigurationError(f"pairwise statistics need inner products of updates, which --mode "
-                                 f"{protocol.mode} cannot compute: use --mode ckks", tag=tag, round=rnd)
+        raise ConfigurationError(
+            f"pairwise statistics need inner products of updates, which --mode "
+            f"{protocol.mode} cannot compute: use --mode ckks",
+            tag=tag,
+            round=rnd,
+        )
     arrays = _validated(protocol, tag, rnd, updates)
     if not 0 <= decider < protocol.num_clients:
         raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
     from .pairwise_exchange import pairwise_over_halves
+
     members = [int(k) for k in arrays]
-    for k in members:                     # the facade plays each member: its half's provider returns its update
-        protocol.clients[k].provider = (lambda plan, v=arrays[k]: plan.dense_table(v))
+    for k in members:  # the facade plays each member: its half's provider returns its update
+        protocol.clients[k].provider = lambda plan, v=arrays[k]: plan.dense_table(v)
     try:
         return pairwise_over_halves(protocol, tag, rnd, members, decider, next(iter(arrays.values())).size)
     finally:
@@ -81,11 +89,13 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
     (:class:`~protocols.errors.NonFiniteError`) or a length unlike the others'
     (:class:`~protocols.errors.ShapeError`) and nothing is sent."""
     from .split import SplitProtocol
+
     vectors = {int(k): np.asarray(v, dtype=np.float64).ravel() for k, v in values.items()}
     lengths = {v.size for v in vectors.values()}
     if len(lengths) > 1 or 0 in lengths:
-        raise ShapeError(f"reports of {sorted(lengths)} values: every client reports the same number (> 0)",
-                         tag=tag, round=rnd)
+        raise ShapeError(
+            f"reports of {sorted(lengths)} values: every client reports the same number (> 0)", tag=tag, round=rnd
+        )
     for k, v in vectors.items():
         if not np.isfinite(v).all():
             raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
@@ -95,8 +105,21 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
     protocol._begin_exchange(tag, rnd)
     for k, v in vectors.items():
         payload = float(v[0]) if v.size == 1 else [float(x) for x in v]
-        msg = protocol._deliver(Message(rnd, tag, client_party(k), SERVER, "plain", (v.size,), 8 * v.size,
-                                        protocol.mode, protocol.fingerprint, payload=payload), stage="report")
+        msg = protocol._deliver(
+            Message(
+                rnd,
+                tag,
+                client_party(k),
+                SERVER,
+                "plain",
+                (v.size,),
+                8 * v.size,
+                protocol.mode,
+                protocol.fingerprint,
+                payload=payload,
+            ),
+            stage="report",
+        )
         out[k] = np.asarray(msg.payload, dtype=np.float64).ravel()
     return out
 
@@ -104,9 +127,10 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
 def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """The facade plays each reporting client: its half's provider returns its values."""
     from .report import collect_reports
+
     for k, v in values.items():
-        protocol.clients[int(k)].provider = (lambda plan, v=v: plan.dense_table(v))
-        protocol.clients[int(k)].clear_tags.add(tag)          # the caller reports these values in the clear
+        protocol.clients[int(k)].provider = lambda plan, v=v: plan.dense_table(v)
+        protocol.clients[int(k)].clear_tags.add(tag)  # the caller reports these values in the clear
     length = next(iter(values.values())).size
     try:
         got = collect_reports(protocol, tag, rnd, [int(k) for k in values], length)

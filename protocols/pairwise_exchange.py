@@ -23,6 +23,7 @@ answer these stages instead of its backend's own steps:
 A member or the decider that does not answer is named in a :class:`~protocols.errors.DropoutError`.
 Same leaks as :mod:`protocols.ckks.pairwise`: ``d`` plus the server could decrypt every upload.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -42,29 +43,42 @@ PAIRWISE_SHAPE = "pairwise"
 def _answer(server, got: dict, k: int, stage: str, kind: str):
     msg = server.responses(got, k, stage, kind=kind)
     if msg is None:
-        raise DropoutError(f"client(s) {k} did not answer the '{stage}' stage of the pairwise exchange",
-                           **server.where(k))
+        raise DropoutError(
+            f"client(s) {k} did not answer the '{stage}' stage of the pairwise exchange", **server.where(k)
+        )
     return msg
 
 
-def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decider: int,
-                         length: int) -> np.ndarray:
+def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decider: int, length: int) -> np.ndarray:
     """Server side: the ``[m, m]`` cosine matrix of the members' ``length``-vectors (rows in the
     order of ``members``), over ``protocol.link``; each member's half holds its own vector."""
     from .pairwise import cosine_matrix
+
     ckks = protocol.mode == "ckks"
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)
     server, link = protocol.server, protocol.link
-    plan = ExchangePlan(tag, rnd, protocol.exchange, "dense", 1, int(length), tuple(int(k) for k in members),
-                        {int(decider): np.zeros(1, np.int64)} if ckks else {}, ValueSpec(), 0.0,
-                        {"shape": PAIRWISE_SHAPE, "decider": int(decider)})
+    plan = ExchangePlan(
+        tag,
+        rnd,
+        protocol.exchange,
+        "dense",
+        1,
+        int(length),
+        tuple(int(k) for k in members),
+        {int(decider): np.zeros(1, np.int64)} if ckks else {},
+        ValueSpec(),
+        0.0,
+        {"shape": PAIRWISE_SHAPE, "decider": int(decider)},
+    )
     server.begin(plan, link, "")
     if not ckks:
         got = server.call(link, "upload", {k: [] for k in members})
-        return cosine_matrix(np.stack([np.asarray(_answer(server, got, k, "upload", "plain").payload, np.float64)
-                                       for k in members]))
+        return cosine_matrix(
+            np.stack([np.asarray(_answer(server, got, k, "upload", "plain").payload, np.float64) for k in members])
+        )
     from .ckks.pairwise import cosine_from_pairs, inner_products, public_context
+
     got = server.call(link, "key_setup", {decider: []})
     evaluation = public_context(bytes(_answer(server, got, decider, "key_setup", "public_key").payload), tag, rnd)
     got = server.call(link, "upload", {k: [] for k in members})
@@ -74,8 +88,9 @@ def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decid
     got = server.call(link, "download", {decider: [(pairs, 0)]})
     values = np.asarray(_answer(server, got, decider, "download", "plain").payload, dtype=np.float64)
     if values.shape != (len(results),):
-        raise IntegrityError(f"the decider answered {values.shape} values for {len(results)} pairs",
-                             **server.where(decider))
+        raise IntegrityError(
+            f"the decider answered {values.shape} values for {len(results)} pairs", **server.where(decider)
+        )
     return cosine_from_pairs(values, [bool(u["nonzero"]) for u in uploads])
 
 
@@ -85,19 +100,36 @@ def pairwise_client_step(half, stage: str, inbox: list) -> list:
     plan, where = half.plan, half.where()
     decider = int(plan.encoding["decider"])
     if half.mode == "plain":
-        update = np.asarray(half.contribution().values, dtype=np.float64).ravel()[:plan.block_len]
+        update = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: plan.block_len]
         return [half.seal(half.message(SERVER, "plain", (update.size,), update, ""), "upload")]
     from .ckks.pairwise import PAIRWISE_CHAIN, decrypt_pairs, encrypt_unit, make_key_pair, public_context
+
     if stage == "key_setup":
         secret, evaluation, encryption = make_key_pair()
         half.pairwise_secret = (plan.exchange, secret)
-        out = [half.seal(half.message(SERVER, "public_key", (), evaluation, "",
-                                      note="pairwise evaluation context (public, relinearisation, Galois keys)"),
-                         stage)]
+        out = [
+            half.seal(
+                half.message(
+                    SERVER,
+                    "public_key",
+                    (),
+                    evaluation,
+                    "",
+                    note="pairwise evaluation context (public, relinearisation, Galois keys)",
+                ),
+                stage,
+            )
+        ]
         for k in plan.contributors:
             if k != half.id:
-                msg = half.message(client_party(k), "public_key", (), encryption, "",
-                                   note="pairwise encryption context (public key), signed by the decider")
+                msg = half.message(
+                    client_party(k),
+                    "public_key",
+                    (),
+                    encryption,
+                    "",
+                    note="pairwise encryption context (public key), signed by the decider",
+                )
                 out.append(half.seal(replace(msg, relay=SERVER), stage))
         return out
     if stage == "upload":
@@ -109,10 +141,20 @@ def pairwise_client_step(half, stage: str, inbox: list) -> list:
                 raise IntegrityError("no pairwise key signed by the decider came with the upload request", **where)
             half.check(keys[0], client_party(decider), "key_setup", 0, where)
             context = public_context(bytes(keys[0].payload), plan.tag, plan.round)
-        update = np.asarray(half.contribution().values, dtype=np.float64).ravel()[:plan.block_len]
+        update = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: plan.block_len]
         frames, nonzero = encrypt_unit(context, update, tag=plan.tag, rnd=plan.round, client=half.id)
-        return [half.seal(half.message(SERVER, "ciphertext", (len(frames), PAIRWISE_CHAIN.slots),
-                                       {"frames": frames, "nonzero": bool(nonzero)}, ""), stage)]
+        return [
+            half.seal(
+                half.message(
+                    SERVER,
+                    "ciphertext",
+                    (len(frames), PAIRWISE_CHAIN.slots),
+                    {"frames": frames, "nonzero": bool(nonzero)},
+                    "",
+                ),
+                stage,
+            )
+        ]
     if stage == "download" and half.id == decider:
         msg = [m for m in inbox if m.sender == SERVER]
         if len(msg) != 1 or half.pairwise_secret is None or half.pairwise_secret[0] != plan.exchange:

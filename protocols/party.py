@@ -31,20 +31,30 @@ Stages every backend shares:
 ``plan``      the first message of every exchange: :class:`~protocols.plan.ExchangePlan`
               for that client; it travels in the bundle of the exchange's first stage.
 """
+
 from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
 from .base import BlockTable, check_exchange_fields
 from .channel import ChannelKey, associated_data
-from .errors import (ClearReportRefusedError, ConfigurationError, DropoutError, IntegrityError, KeySubstitutionError,
-                     MalformedMessageError, PlanRefusedError, ProtocolError)
+from .errors import (
+    ClearReportRefusedError,
+    ConfigurationError,
+    DropoutError,
+    IntegrityError,
+    KeySubstitutionError,
+    MalformedMessageError,
+    PlanRefusedError,
+    ProtocolError,
+)
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
@@ -77,17 +87,30 @@ class PartySetup:
     collusion: CollusionBound = CollusionBound()
 
     def to_bytes(self) -> bytes:
-        return encode_body({"mode": self.mode, "num_clients": int(self.num_clients), "run_id": self.run_id,
-                            "session": self.session, "options": dict(self.options),
-                            "collusion": self.collusion.to_dict()})
+        return encode_body(
+            {
+                "mode": self.mode,
+                "num_clients": int(self.num_clients),
+                "run_id": self.run_id,
+                "session": self.session,
+                "options": dict(self.options),
+                "collusion": self.collusion.to_dict(),
+            }
+        )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PartySetup":
+    def from_bytes(cls, data: bytes) -> PartySetup:
         try:
             p = decode_body(data)
             bound = CollusionBound.of(int(p["collusion"]["max_colluders"]), int(p["collusion"]["min_contributors"]))
-            setup = cls(str(p["mode"]), int(p["num_clients"]), bytes(p["run_id"]), bytes(p["session"]),
-                        dict(p["options"]), bound)
+            setup = cls(
+                str(p["mode"]),
+                int(p["num_clients"]),
+                bytes(p["run_id"]),
+                bytes(p["session"]),
+                dict(p["options"]),
+                bound,
+            )
         except (KeyError, TypeError, ValueError, ConfigurationError) as e:
             raise MalformedMessageError(f"malformed party setup ({e})") from None
         if len(setup.run_id) != NONCE_BYTES or len(setup.session) != NONCE_BYTES or setup.num_clients < 1:
@@ -125,8 +148,10 @@ class Party:
         manifest.check_setup(self.setup.mode, self.setup.num_clients, self.setup.run_id, self.setup.options)
         identity = identity if identity is not None else self.signing
         if manifest.parties.get(self.name) != identity.fingerprint:
-            raise ConfigurationError(f"{self.name}'s identity key is not the one the run manifest lists; "
-                                     "use the key whose fingerprint the manifest holds for this party")
+            raise ConfigurationError(
+                f"{self.name}'s identity key is not the one the run manifest lists; "
+                "use the key whose fingerprint the manifest holds for this party"
+            )
         self.manifest, self.signing = manifest, identity
         self.registry = KeyRegistry(pinned=dict(manifest.parties))
 
@@ -140,9 +165,23 @@ class Party:
     def seal(self, msg: Message, stage: str, part: int = 0) -> tuple[Message, bytes]:
         """Sign ``msg`` as this party: ``(sealed message, its wire bytes)``; ``nbytes == len(bytes)``."""
         body = encode_body(msg.payload)
-        env = Envelope(self.setup.run_id, self.setup.session, msg.protocol, msg.fingerprint, self.exchange,
-                       int(msg.round), msg.tag, stage, int(part), msg.sender, msg.receiver, msg.kind,
-                       tuple(int(d) for d in msg.shape), self._body_digest(body), len(body))
+        env = Envelope(
+            self.setup.run_id,
+            self.setup.session,
+            msg.protocol,
+            msg.fingerprint,
+            self.exchange,
+            int(msg.round),
+            msg.tag,
+            stage,
+            int(part),
+            msg.sender,
+            msg.receiver,
+            msg.kind,
+            tuple(int(d) for d in msg.shape),
+            self._body_digest(body),
+            len(body),
+        )
         header = env.header_bytes()
         signature = self.signing.sign(header)
         wire = signature + len(header).to_bytes(4, "big") + header + body
@@ -163,14 +202,21 @@ class Party:
             self._last_body = (body, digest)
         return digest
 
-    def check(self, msg: Message, sender: str, stage: str, part: int, where: dict,
-              exchange: int | None = None) -> Message:
+    def check(
+        self, msg: Message, sender: str, stage: str, part: int, where: dict, exchange: int | None = None
+    ) -> Message:
         """Verify a received message (signature, sender, recipient, session, exchange, stage,
         digest, replay); an IntegrityError subclass naming ``where`` otherwise.  ``exchange``:
         the exchange it must belong to (default: the one in progress)."""
-        expected = dict(run_id=self.setup.run_id, session=self.setup.session,
-                        exchange=self.exchange if exchange is None else exchange, stage=stage,
-                        part=part, sender=sender, recipient=self.name)
+        expected = dict(
+            run_id=self.setup.run_id,
+            session=self.setup.session,
+            exchange=self.exchange if exchange is None else exchange,
+            stage=stage,
+            part=part,
+            sender=sender,
+            recipient=self.name,
+        )
         try:
             verify(msg, expected, self.registry, self.replay, where)
         except MalformedMessageError as e:
@@ -205,7 +251,7 @@ class ClientHalf(Party):
         super().__init__(client_party(int(client_id)), parsed)
         self.id = int(client_id)
         self.policy = PlanPolicy(self.id, parsed.num_clients, collusion_bound(parsed))
-        self._refused: int | None = None          # the exchange whose plan this client refused
+        self._refused: int | None = None  # the exchange whose plan this client refused
         self.channel = ChannelKey(self.name)
         self.provider = provider
         #: the tags whose contribution this client's owner agreed to send in the clear (reports,
@@ -237,25 +283,29 @@ class ClientHalf(Party):
                 self._directory(msg)
             elif env.stage == "plan" and msg.sender == SERVER:
                 self._accept_plan(msg)
-                planned = self.plan                  # (a backend's override may refuse it: None)
+                planned = self.plan  # (a backend's override may refuse it: None)
             else:
                 inbox.append(msg)
         if planned is not None and self.checks_plans and stage != REPORT_STAGE:
-            try:                          # the bundle's last plan: an earlier one it supersedes was never used
+            try:  # the bundle's last plan: an earlier one it supersedes was never used
                 self.policy.check(planned)
             except PlanRefusedError:
-                self.plan, self._refused = None, self.exchange      # never contribute under a refused plan
+                self.plan, self._refused = None, self.exchange  # never contribute under a refused plan
                 raise
         if self._refused == self.exchange and self.plan is None:
-            raise PlanRefusedError("this client refused the plan of this exchange and takes no further part in it",
-                                   **where)
-        if stage == REPORT_STAGE:                     # a scalar in the clear (protocols/report.py)
+            raise PlanRefusedError(
+                "this client refused the plan of this exchange and takes no further part in it", **where
+            )
+        if stage == REPORT_STAGE:  # a scalar in the clear (protocols/report.py)
             if self.checks_plans and (self.plan is None or self.plan.tag not in self.clear_tags):
-                raise ClearReportRefusedError(f"the server asks for {getattr(self.plan, 'tag', None)!r} in the clear, a "
-                                              "tag this client's owner did not mark as a report", **where)
+                raise ClearReportRefusedError(
+                    f"the server asks for {getattr(self.plan, 'tag', None)!r} in the clear, a "
+                    "tag this client's owner did not mark as a report",
+                    **where,
+                )
             out.append(client_report(self)[1])
         elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
-            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]   # protocols/pairwise_exchange.py
+            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]  # protocols/pairwise_exchange.py
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
@@ -269,8 +319,12 @@ class ClientHalf(Party):
         signature, header = split_auth(msg.auth)
         self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
         env = Envelope.from_header(header)
-        if (env.run_id, env.session, env.recipient, env.exchange) == \
-                (self.setup.run_id, self.setup.session, self.name, exchange):
+        if (env.run_id, env.session, env.recipient, env.exchange) == (
+            self.setup.run_id,
+            self.setup.session,
+            self.name,
+            exchange,
+        ):
             self.exchange = exchange
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
@@ -293,11 +347,31 @@ class ClientHalf(Party):
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
 
-    def message(self, receiver: str, kind: str, shape: tuple, payload: Any, fingerprint: str, note: str = "",
-                tag: str | None = None, round: int | None = None) -> Message:
+    def message(
+        self,
+        receiver: str,
+        kind: str,
+        shape: tuple,
+        payload: Any,
+        fingerprint: str,
+        note: str = "",
+        tag: str | None = None,
+        round: int | None = None,
+    ) -> Message:
         p = self.plan
-        return Message(p.round if round is None else round, tag or p.tag, self.name, receiver, kind,
-                       tuple(int(s) for s in shape), 0, self.mode, fingerprint, payload, note)
+        return Message(
+            p.round if round is None else round,
+            tag or p.tag,
+            self.name,
+            receiver,
+            kind,
+            tuple(int(s) for s in shape),
+            0,
+            self.mode,
+            fingerprint,
+            payload,
+            note,
+        )
 
     def contribution(self, dense: bool = True) -> BlockTable:
         """Ask the provider for this exchange's contribution and check it against the plan.
@@ -309,7 +383,7 @@ class ClientHalf(Party):
         self.plan.check_table(table, self.id)
         bits = self.plan.spec.grid_bits
         values = np.asarray(table.values) if dense or bits is not None else table.values
-        if bits is not None:                      # the exchange's public grid, in every mode (ValueSpec.grid_bits)
+        if bits is not None:  # the exchange's public grid, in every mode (ValueSpec.grid_bits)
             values = to_grid(values, bits)
         return BlockTable(np.asarray(table.ids, dtype=np.int64).ravel(), values)
 
@@ -339,29 +413,54 @@ class ClientHalf(Party):
         peer = msg.sender
         exchange = self.exchange if exchange is None else exchange
         self.check(msg, peer, stage, part, self.where(), exchange)
-        ad = associated_data(self.setup.run_id, self.setup.session, exchange, msg.round, msg.tag, stage, peer,
-                             self.name)
-        return self.channel.open(peer, self._peer_channel(peer), self.setup.run_id, msg.payload, ad,
-                                 dict(tag=msg.tag, round=msg.round, client=party_client(peer)))
+        ad = associated_data(
+            self.setup.run_id, self.setup.session, exchange, msg.round, msg.tag, stage, peer, self.name
+        )
+        return self.channel.open(
+            peer,
+            self._peer_channel(peer),
+            self.setup.run_id,
+            msg.payload,
+            ad,
+            dict(tag=msg.tag, round=msg.round, client=party_client(peer)),
+        )
 
-    def seal_relayed(self, peer: int, stage: str, secret: bytes, note: str, fingerprint: str, part: int = 0,
-                     tag: str | None = None, round: int | None = None) -> tuple[Message, bytes]:
+    def seal_relayed(
+        self,
+        peer: int,
+        stage: str,
+        secret: bytes,
+        note: str,
+        fingerprint: str,
+        part: int = 0,
+        tag: str | None = None,
+        round: int | None = None,
+    ) -> tuple[Message, bytes]:
         """``secret`` for client ``peer``, channel-encrypted and signed; the server relays it."""
         pb = client_party(peer)
         tag = tag or self.plan.tag
         rnd = self.plan.round if round is None else round
         ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, rnd, tag, stage, self.name, pb)
         sealed = self.channel.seal(pb, self._peer_channel(pb), self.setup.run_id, secret, ad)
-        msg = self.message(pb, "ciphertext", (len(sealed),), sealed, fingerprint,
-                           note + " (channel-encrypted, relayed by the server)", tag=tag, round=rnd)
+        msg = self.message(
+            pb,
+            "ciphertext",
+            (len(sealed),),
+            sealed,
+            fingerprint,
+            note + " (channel-encrypted, relayed by the server)",
+            tag=tag,
+            round=rnd,
+        )
         return self.seal(replace(msg, relay=SERVER), stage, part)
 
     def _peer_channel(self, peer: str) -> bytes:
         """``peer``'s owner-signed channel key from the directory (IntegrityError if it was withheld)."""
         key = self.registry.channel.get(peer)
         if key is None:
-            raise IntegrityError(f"no channel key of {peer} in the key directory (withheld by the server)",
-                                 **self.where())
+            raise IntegrityError(
+                f"no channel key of {peer} in the key directory (withheld by the server)", **self.where()
+            )
         return key
 
     # ------------------------------------------------------------------ shared stages
@@ -370,31 +469,55 @@ class ClientHalf(Party):
         where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
         if self.manifest is None:
             if not self.trust_on_first_use:
-                raise ConfigurationError("this client half holds no run manifest: build it with use_manifest() "
-                                         "(or set trust_on_first_use, which an active server defeats)", **where)
-            warnings.warn(f"{self.name} registers keys by trust on first use: a server that substitutes keys "
-                          "reads every input; pin them with a run manifest", RuntimeWarning, stacklevel=2)
+                raise ConfigurationError(
+                    "this client half holds no run manifest: build it with use_manifest() "
+                    "(or set trust_on_first_use, which an active server defeats)",
+                    **where,
+                )
+            warnings.warn(
+                f"{self.name} registers keys by trust on first use: a server that substitutes keys "
+                "reads every input; pin them with a run manifest",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         try:
-            self.registry.register(SERVER, bytes(payload.get("signing", b"")))   # pinned by the manifest
+            self.registry.register(SERVER, bytes(payload.get("signing", b"")))  # pinned by the manifest
         except (TypeError, ValueError) as e:
             raise IntegrityError(f"malformed server key ({e})", **where) from None
         exchange = max(self.exchange, envelope_of(msg).exchange)
         self.check(msg, SERVER, "register", 0, where, exchange)
-        self.exchange = exchange                       # adopted once the signature verified
+        self.exchange = exchange  # adopted once the signature verified
         self.registry.register(self.name, self.signing.public_bytes, self.channel.public_bytes)
-        mine = {"signing": self.signing.public_bytes, "channel": self.channel.public_bytes,
-                "channel_signature": sign_public_key(self.signing, "channel", self.setup.run_id, self.name,
-                                                     self.channel.public_bytes)}
-        reply = Message(msg.round, AUTH_TAG, self.name, SERVER, "public_key", (2, 32), 0, self.mode, "", mine,
-                        note="Ed25519 identity key and X25519 channel key (signed by the identity key)")
+        mine = {
+            "signing": self.signing.public_bytes,
+            "channel": self.channel.public_bytes,
+            "channel_signature": sign_public_key(
+                self.signing, "channel", self.setup.run_id, self.name, self.channel.public_bytes
+            ),
+        }
+        reply = Message(
+            msg.round,
+            AUTH_TAG,
+            self.name,
+            SERVER,
+            "public_key",
+            (2, 32),
+            0,
+            self.mode,
+            "",
+            mine,
+            note="Ed25519 identity key and X25519 channel key (signed by the identity key)",
+        )
         return self.seal(reply, "register")[1]
 
     def _directory(self, msg: Message) -> None:
         where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
         self.check(msg, SERVER, "directory", 0, where)
         try:
-            entries = [(str(p), bytes(k["signing"]), bytes(k["channel"]), bytes(k["channel_signature"]))
-                       for p, k in msg.payload.items()]
+            entries = [
+                (str(p), bytes(k["signing"]), bytes(k["channel"]), bytes(k["channel_signature"]))
+                for p, k in msg.payload.items()
+            ]
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed key directory ({e})", **where) from None
         for party, signing, channel, signature in entries:
@@ -402,9 +525,16 @@ class ClientHalf(Party):
                 if (signing, channel) != (self.signing.public_bytes, self.channel.public_bytes):
                     raise KeySubstitutionError("the key directory lists other keys for this client", **where)
                 continue
-            self.registry.register(party, signing)                 # the identity key the manifest lists
-            check_public_key(self.registry, "channel", self.setup.run_id, party, channel, signature,
-                             dict(where, client=party_client(party)))
+            self.registry.register(party, signing)  # the identity key the manifest lists
+            check_public_key(
+                self.registry,
+                "channel",
+                self.setup.run_id,
+                party,
+                channel,
+                signature,
+                dict(where, client=party_client(party)),
+            )
             self.registry.register(party, signing, channel)
 
     def _accept_plan(self, msg: Message) -> ExchangePlan:
@@ -414,8 +544,9 @@ class ClientHalf(Party):
         self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
         plan = ExchangePlan.from_payload(msg.payload)
         if (plan.tag, plan.round, plan.exchange) != (msg.tag, msg.round, self.exchange):
-            raise IntegrityError("the exchange plan does not match its signed envelope",
-                                 tag=msg.tag, round=msg.round, client=self.id)
+            raise IntegrityError(
+                "the exchange plan does not match its signed envelope", tag=msg.tag, round=msg.round, client=self.id
+            )
         self.plan = plan
         return plan
 
@@ -451,11 +582,30 @@ class ServerHalf(Party):
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=client)
 
-    def message(self, receiver: int, kind: str, shape: tuple, payload: Any, fingerprint: str, note: str = "",
-                tag: str | None = None) -> Message:
+    def message(
+        self,
+        receiver: int,
+        kind: str,
+        shape: tuple,
+        payload: Any,
+        fingerprint: str,
+        note: str = "",
+        tag: str | None = None,
+    ) -> Message:
         p = self.plan
-        return Message(p.round, tag or p.tag, SERVER, client_party(receiver), kind, tuple(int(s) for s in shape), 0,
-                       self.mode, fingerprint, payload, note)
+        return Message(
+            p.round,
+            tag or p.tag,
+            SERVER,
+            client_party(receiver),
+            kind,
+            tuple(int(s) for s in shape),
+            0,
+            self.mode,
+            fingerprint,
+            payload,
+            note,
+        )
 
     def begin(self, plan: ExchangePlan, link, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
         """Start an exchange: register the clients (first time), queue each party's plan (and
@@ -478,8 +628,9 @@ class ServerHalf(Party):
         """Relay a client's message (already recorded when it arrived) to ``client``."""
         self._outbox.setdefault(client, []).append(message_to_bytes(msg))
 
-    def call(self, link, stage: str, messages: dict[int, list[tuple[Message, int]]], *,
-             hook: bool = True) -> dict[int, list[Message]]:
+    def call(
+        self, link, stage: str, messages: dict[int, list[tuple[Message, int]]], *, hook: bool = True
+    ) -> dict[int, list[Message]]:
         """One stage, to the clients in ``messages``: seal and record their messages (client ->
         [(message, part)]) after the ones queued for them, send one bundle per client, and return
         the parsed (recorded, not yet verified) responses of the clients that answered.  A client
@@ -505,7 +656,7 @@ class ServerHalf(Party):
                         continue
                 peer = party_client(msg.receiver)
                 if stage in self.relay_stages and peer is not None and msg.sender == client_party(k):
-                    msg = replace(msg, relay=SERVER)                 # client -> client: relay it
+                    msg = replace(msg, relay=SERVER)  # client -> client: relay it
                     self.forward(peer, msg)
                 self.record(msg)
                 msgs.append(msg)
@@ -534,10 +685,28 @@ class ServerHalf(Party):
         if not new:
             return
         self.registry.register(SERVER, self.signing.public_bytes)
-        msgs = {k: [(Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (1, 32), 0, self.mode, "",
-                             {"signing": self.signing.public_bytes},
-                             note="the server's Ed25519 identity key (pinned by the run manifest)"), 0)] for k in new}
-        replies = self.call(link, "register", msgs, hook=False)   # key set-up precedes any exchange
+        msgs = {
+            k: [
+                (
+                    Message(
+                        rnd,
+                        AUTH_TAG,
+                        SERVER,
+                        client_party(k),
+                        "public_key",
+                        (1, 32),
+                        0,
+                        self.mode,
+                        "",
+                        {"signing": self.signing.public_bytes},
+                        note="the server's Ed25519 identity key (pinned by the run manifest)",
+                    ),
+                    0,
+                )
+            ]
+            for k in new
+        }
+        replies = self.call(link, "register", msgs, hook=False)  # key set-up precedes any exchange
         for k in new:
             where = dict(tag=AUTH_TAG, round=rnd, client=k)
             got = [m for m in replies.get(k, []) if m.sender == client_party(k)]
@@ -556,31 +725,48 @@ class ServerHalf(Party):
             self.channel_signatures[client_party(k)] = signature
             self.registered.add(k)
         if self.relays_between_clients:
-            directory = {client_party(k): {"signing": self.registry.signing[client_party(k)],
-                                           "channel": self.registry.channel[client_party(k)],
-                                           "channel_signature": self.channel_signatures[client_party(k)]}
-                         for k in sorted(self.registered)}
+            directory = {
+                client_party(k): {
+                    "signing": self.registry.signing[client_party(k)],
+                    "channel": self.registry.channel[client_party(k)],
+                    "channel_signature": self.channel_signatures[client_party(k)],
+                }
+                for k in sorted(self.registered)
+            }
             for k in sorted(self.registered):
-                msg = Message(rnd, AUTH_TAG, SERVER, client_party(k), "public_key", (len(directory), 2, 32), 0,
-                              self.mode, "", directory, note="the clients' registered public keys")
+                msg = Message(
+                    rnd,
+                    AUTH_TAG,
+                    SERVER,
+                    client_party(k),
+                    "public_key",
+                    (len(directory), 2, 32),
+                    0,
+                    self.mode,
+                    "",
+                    directory,
+                    note="the clients' registered public keys",
+                )
                 wire = self._outgoing(msg, "directory", 0, self.intercept)
                 if wire is not None:
                     self._outbox.setdefault(k, []).append(wire)
 
-    def responses(self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None,
-                  part: int = 0) -> Message | None:
+    def responses(
+        self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None, part: int = 0
+    ) -> Message | None:
         """Client ``k``'s one verified ``stage`` message to the server (``None``: it sent none).
         Every message of its answer but the relayed ones must be that one (else it is refused)."""
         mine = [m for m in got.get(k, []) if m.relay != SERVER]
         if not mine:
             return None
         if len(mine) != 1:
-            raise IntegrityError(f"{len(mine)} messages where one '{stage}' message was expected",
-                                 **self.where(k))
+            raise IntegrityError(f"{len(mine)} messages where one '{stage}' message was expected", **self.where(k))
         msg = self.check(mine[0], client_party(k), stage, part, self.where(k))
         if kind is not None and msg.kind != kind:
-            raise IntegrityError(f"message rejected: expected a '{kind}' message from {client_party(k)}, got "
-                                 f"'{msg.kind}'", **self.where(k))
+            raise IntegrityError(
+                f"message rejected: expected a '{kind}' message from {client_party(k)}, got '{msg.kind}'",
+                **self.where(k),
+            )
         return msg
 
     def check_envelope(self, msg: Message, fingerprint: str, k: int) -> None:

@@ -10,6 +10,7 @@ Stages (:mod:`protocols.party`): ``upload`` — the server sends each party its 
 contributor answers with its blocks; ``download`` — the server sends each recipient its
 summed blocks, which the recipient's half decodes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +27,7 @@ PLAIN_BLOCK = 4096
 
 def plain_fingerprint(num_clients: int) -> str:
     import hashlib
+
     return hashlib.sha256(f"plain:{num_clients}".encode()).hexdigest()[:16]
 
 
@@ -33,14 +35,14 @@ class PlainClient(ClientHalf):
     """A client of the plaintext protocol: uploads float32 blocks, reads its summed blocks."""
 
     mode = "plain"
-    checks_plans = False          # the server reads every contribution: no sum to protect
+    checks_plans = False  # the server reads every contribution: no sum to protect
 
     def on_stage(self, stage, inbox):
         fp = plain_fingerprint(self.setup.num_clients)
         if stage == "upload":
             if self.id not in self.plan.contributors:
                 return []
-            table = self.contribution(dense=False)      # lazy row blocks are built in the wire's width
+            table = self.contribution(dense=False)  # lazy row blocks are built in the wire's width
             wire = np.float64 if self.plan.spec.float64_wire else np.float32
             payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values, dtype=wire)}
             _check_wire_range(payload["values"], wire, "contribution", self.where())
@@ -94,10 +96,15 @@ class PlainServer(ServerHalf):
                         totals[bid] = row.astype(np.float64)
             del got
         if missing and (plan.dp_noise_std > 0 or len(missing) == len(contributors)):
-            why = ("every contributor dropped" if len(missing) == len(contributors) else
-                   "each contributor adds a share of the DP noise, so a survivors' sum would be short of noise")
-            err = DropoutError(f"client(s) {', '.join(map(str, missing))} did not upload ({why}); nothing was "
-                               "aggregated", **self.where(missing[0]))
+            why = (
+                "every contributor dropped"
+                if len(missing) == len(contributors)
+                else "each contributor adds a share of the DP noise, so a survivors' sum would be short of noise"
+            )
+            err = DropoutError(
+                f"client(s) {', '.join(map(str, missing))} did not upload ({why}); nothing was aggregated",
+                **self.where(missing[0]),
+            )
             err.clients = tuple(missing)
             raise err
         wire = np.float64 if plan.spec.float64_wire else np.float32
@@ -108,12 +115,21 @@ class PlainServer(ServerHalf):
             downloads = {}
             for r in group:
                 bids = plan.requests[r]
-                values = (np.stack([totals.get(int(b), zero) for b in bids]).astype(wire) if bids.size
-                          else np.zeros((0, plan.block_len), wire))
-                downloads[r] = [(self.message(r, "plain", values.shape,
-                                              {"block_ids": np.asarray(bids, np.int32), "values": values}, fp), 0)]
+                values = (
+                    np.stack([totals.get(int(b), zero) for b in bids]).astype(wire)
+                    if bids.size
+                    else np.zeros((0, plan.block_len), wire)
+                )
+                downloads[r] = [
+                    (
+                        self.message(
+                            r, "plain", values.shape, {"block_ids": np.asarray(bids, np.int32), "values": values}, fp
+                        ),
+                        0,
+                    )
+                ]
             self.call(link, "download", downloads)
-        return tuple(k for k in plan.contributors if k not in missing)      # the clients that uploaded
+        return tuple(k for k in plan.contributors if k not in missing)  # the clients that uploaded
 
 
 class PlainProtocol(SplitProtocol):
@@ -131,5 +147,8 @@ def _check_wire_range(values: np.ndarray, wire, what: str, where: dict) -> None:
     to ``wire`` turned into inf, or a float64 sum beyond the wire's range."""
     limit = float(np.finfo(wire).max)
     if values.size and not float(np.abs(values).max()) <= limit:
-        raise BoundError(f"a {what} entry exceeds the {np.dtype(wire).name} wire range ({limit:.4g}); nothing was "
-                         "aggregated. Fix: scale the values or declare a ValueSpec bound they respect", **where)
+        raise BoundError(
+            f"a {what} entry exceeds the {np.dtype(wire).name} wire range ({limit:.4g}); nothing was "
+            "aggregated. Fix: scale the values or declare a ValueSpec bound they respect",
+            **where,
+        )

@@ -14,6 +14,7 @@ request (which blocks another recipient asks for is not its business: in FedGCN 
 which rows a client needs).  The plan travels as the body of a signed ``metadata``
 message (:meth:`to_payload` / :meth:`from_payload`, strict).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ class ExchangePlan:
         """Every client taking part: contributors and recipients."""
         return sorted(set(self.contributors) | set(self.requests))
 
-    def for_client(self, k: int) -> "ExchangePlan":
+    def for_client(self, k: int) -> ExchangePlan:
         """What client ``k`` is told: its own request only."""
         return replace(self, requests={k: self.requests[k]} if k in self.requests else {})
 
@@ -53,7 +54,7 @@ class ExchangePlan:
         """A dense contribution (1-D, length <= num_blocks * block_len) as this plan's blocks."""
         flat = np.asarray(vector, dtype=np.float64).ravel()
         padded = np.zeros(self.num_blocks * self.block_len)
-        padded[:flat.size] = flat
+        padded[: flat.size] = flat
         return BlockTable(np.arange(self.num_blocks), padded.reshape(self.num_blocks, self.block_len))
 
     def check_table(self, table: BlockTable, client: int) -> None:
@@ -70,27 +71,45 @@ class ExchangePlan:
 
     # ------------------------------------------------------------------ wire
     def to_payload(self) -> dict:
-        return {"tag": self.tag, "round": int(self.round), "exchange": int(self.exchange), "layout": self.layout,
-                "num_blocks": int(self.num_blocks), "block_len": int(self.block_len),
-                "contributors": np.asarray(self.contributors, dtype=np.int32),
-                "requests": {int(k): np.asarray(v, dtype=np.int64) for k, v in self.requests.items()},
-                "spec": {f: getattr(self.spec, f) for f in _SPEC_FIELDS},
-                "dp_noise_std": float(self.dp_noise_std), "encoding": dict(self.encoding)}
+        return {
+            "tag": self.tag,
+            "round": int(self.round),
+            "exchange": int(self.exchange),
+            "layout": self.layout,
+            "num_blocks": int(self.num_blocks),
+            "block_len": int(self.block_len),
+            "contributors": np.asarray(self.contributors, dtype=np.int32),
+            "requests": {int(k): np.asarray(v, dtype=np.int64) for k, v in self.requests.items()},
+            "spec": {f: getattr(self.spec, f) for f in _SPEC_FIELDS},
+            "dp_noise_std": float(self.dp_noise_std),
+            "encoding": dict(self.encoding),
+        }
 
     @classmethod
-    def from_payload(cls, p) -> "ExchangePlan":
+    def from_payload(cls, p) -> ExchangePlan:
         """Strict inverse of :meth:`to_payload` (MalformedMessageError on anything else)."""
         try:
             spec = ValueSpec(**{f: p["spec"][f] for f in _SPEC_FIELDS})
             requests = {int(k): np.asarray(v, dtype=np.int64).ravel() for k, v in p["requests"].items()}
-            plan = cls(str(p["tag"]), int(p["round"]), int(p["exchange"]), str(p["layout"]), int(p["num_blocks"]),
-                       int(p["block_len"]), tuple(int(c) for c in np.asarray(p["contributors"]).ravel()), requests,
-                       spec, float(p["dp_noise_std"]), dict(p["encoding"]))
+            plan = cls(
+                str(p["tag"]),
+                int(p["round"]),
+                int(p["exchange"]),
+                str(p["layout"]),
+                int(p["num_blocks"]),
+                int(p["block_len"]),
+                tuple(int(c) for c in np.asarray(p["contributors"]).ravel()),
+                requests,
+                spec,
+                float(p["dp_noise_std"]),
+                dict(p["encoding"]),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise MalformedMessageError(f"malformed exchange plan ({type(e).__name__}: {e})") from None
         if plan.layout not in ("dense", "sparse") or plan.num_blocks < 1 or plan.block_len < 1:
-            raise MalformedMessageError(f"exchange plan with layout {plan.layout!r}, {plan.num_blocks} blocks of "
-                                        f"{plan.block_len}")
+            raise MalformedMessageError(
+                f"exchange plan with layout {plan.layout!r}, {plan.num_blocks} blocks of {plan.block_len}"
+            )
         for bids in requests.values():
             if bids.size and (bids.min() < 0 or bids.max() >= plan.num_blocks):
                 raise MalformedMessageError(f"exchange plan requests blocks outside [0, {plan.num_blocks})")

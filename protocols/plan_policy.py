@@ -23,6 +23,7 @@ setup by :func:`collusion_bound`), never taken from a plan.  A sum over ``m >= c
 contributors still reveals, to its recipients, the sum of the ``m - c`` honest inputs: the
 aggregate is the output by design (docs/security.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,16 +41,18 @@ class CollusionBound:
     min_contributors: int = 2
 
     @classmethod
-    def of(cls, max_colluders: int = 0, min_contributors: int | None = None) -> "CollusionBound":
+    def of(cls, max_colluders: int = 0, min_contributors: int | None = None) -> CollusionBound:
         """Checked bound; ``min_contributors=None``: ``c + 2``."""
         c = int(max_colluders)
         if c < 0:
             raise ConfigurationError(f"max_colluders must be >= 0, got {max_colluders} (--max-colluders)")
         m = c + 2 if min_contributors is None else int(min_contributors)
         if m < c + 2:
-            raise ConfigurationError(f"min_contributors={m} is below max_colluders + 2 = {c + 2}: a sum could then "
-                                     "hold a single honest input beside the colluders' own. Fix: "
-                                     f"--min-contributors >= {c + 2} or a smaller --max-colluders")
+            raise ConfigurationError(
+                f"min_contributors={m} is below max_colluders + 2 = {c + 2}: a sum could then "
+                "hold a single honest input beside the colluders' own. Fix: "
+                f"--min-contributors >= {c + 2} or a smaller --max-colluders"
+            )
         return cls(c, m)
 
     def to_dict(self) -> dict:
@@ -76,19 +79,26 @@ class PlanPolicy:
         """Refuse ``plan`` (module doc, rules 1-3); record the contribution it is about to make."""
         where = dict(tag=plan.tag, round=plan.round, client=self.client)
         if set(plan.requests) - {self.client} or any(not 0 <= r < self.num_clients for r in plan.requests):
-            raise RecipientRoleError("the plan shows this client another recipient's request, or a recipient that "
-                                     "is not a client of the run", **where)
+            raise RecipientRoleError(
+                "the plan shows this client another recipient's request, or a recipient that "
+                "is not a client of the run",
+                **where,
+            )
         if self.client not in plan.contributors:
             return
-        if len(set(plan.contributors)) != len(plan.contributors) or \
-                any(not 0 <= k < self.num_clients for k in plan.contributors):
-            raise RecipientRoleError(f"the plan's contributors {list(plan.contributors)} are not distinct clients of "
-                                     "the run", **where)
+        if len(set(plan.contributors)) != len(plan.contributors) or any(
+            not 0 <= k < self.num_clients for k in plan.contributors
+        ):
+            raise RecipientRoleError(
+                f"the plan's contributors {list(plan.contributors)} are not distinct clients of the run", **where
+            )
         if len(plan.contributors) < self.bound.min_contributors:
             raise TooFewContributorsError(
                 f"the plan sums over {len(plan.contributors)} contributor(s), fewer than the run's minimum of "
                 f"{self.bound.min_contributors} (--min-contributors; max colluders c={self.bound.max_colluders}): "
-                "refused, nothing was sent", **where)
+                "refused, nothing was sent",
+                **where,
+            )
         key, now, m = (int(plan.round), plan.tag), frozenset(plan.contributors), self.bound.min_contributors
         for before in self.contributed.get(key, []):
             sides = (len(before - now), len(now - before))
@@ -96,5 +106,7 @@ class PlanPolicy:
                 raise RepeatedContributionError(
                     f"this client already contributed to this (round, tag) with {sorted(before)}; a sum over "
                     f"{sorted(now)} would differ from it by fewer than {m} clients' inputs: refused, nothing was "
-                    "sent", **where)
+                    "sent",
+                    **where,
+                )
         self.contributed.setdefault(key, []).append(now)

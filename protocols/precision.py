@@ -63,6 +63,7 @@ and ``f`` is the coarsest grid with ``eps_f <= eps`` (the plan's sum tolerance):
 within ``delta``, now deterministically.  A grid too fine for CKKS's precision
 (``K B_e 2^-(f+2)`` below its noise) is refused by the CKKS planner, naming the tolerance.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,7 @@ from dataclasses import dataclass
 
 #: the float32 resolution (2^-24) of a unit-size value: averaged updates are planned to be as
 #: precise as the float32 wire of the plain protocol carries a unit-size parameter
-FLOAT32_MEAN_TOLERANCE = 2.0 ** -24
+FLOAT32_MEAN_TOLERANCE = 2.0**-24
 
 
 def kway_sum_bound(entry_bound: float, num_contributors: int) -> float:
@@ -80,8 +81,8 @@ def kway_sum_bound(entry_bound: float, num_contributors: int) -> float:
 
 def largest_scale_bits(sum_bound: float, headroom: float) -> int:
     """Largest integer ``s`` with ``sum_bound * 2^s <= headroom``."""
-    s = math.floor(math.log2(headroom) - math.log2(max(float(sum_bound), 2.0 ** -30)))
-    while sum_bound * 2.0 ** s > headroom:
+    s = math.floor(math.log2(headroom) - math.log2(max(float(sum_bound), 2.0**-30)))
+    while sum_bound * 2.0**s > headroom:
         s -= 1
     return s
 
@@ -134,8 +135,10 @@ class MeanPrecision:
         the plain protocol's float32 wire would itself miss the target that the secure codecs
         are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64."""
         from .base import ValueSpec
-        return ValueSpec(max_abs=self.entry_bound, tolerance=self.sum_tolerance,
-                         float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE)
+
+        return ValueSpec(
+            max_abs=self.entry_bound, tolerance=self.sum_tolerance, float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE
+        )
 
     def grid_bits(self, num_contributors: int) -> int:
         """Coarsest ``f`` with ``K 2^-(f+1) <= eps`` (:attr:`sum_tolerance`): the grid of :meth:`grid_spec`."""
@@ -151,20 +154,22 @@ class MeanPrecision:
         tolerance ``2^-(f+2)`` (CKKS then rounds back exactly), float64 plain wire where float32 cannot
         hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``)."""
         from .base import ValueSpec
+
         k, f = max(1, int(num_contributors)), self.grid_bits(num_contributors)
-        bound = math.ceil(self.entry_bound * 2.0 ** f) * 2.0 ** -f
-        steps = kway_sum_bound(bound, k) * 2.0 ** f
-        if steps > 2.0 ** 49:
-            raise ValueError(f"a grid of 2^-{f} over sums up to {kway_sum_bound(bound, k):g} needs {steps:.3g} "
-                             "steps, more than float64 and the codecs hold exactly (2^49): raise the tolerance")
-        return ValueSpec(max_abs=bound, tolerance=2.0 ** -(f + 2), float64_wire=steps > 2.0 ** 24, grid_bits=f)
+        bound = math.ceil(self.entry_bound * 2.0**f) * 2.0**-f
+        steps = kway_sum_bound(bound, k) * 2.0**f
+        if steps > 2.0**49:
+            raise ValueError(
+                f"a grid of 2^-{f} over sums up to {kway_sum_bound(bound, k):g} needs {steps:.3g} "
+                "steps, more than float64 and the codecs hold exactly (2^49): raise the tolerance"
+            )
+        return ValueSpec(max_abs=bound, tolerance=2.0 ** -(f + 2), float64_wire=steps > 2.0**24, grid_bits=f)
 
     def grid_error_bound(self, num_contributors: int) -> float:
         """The public bound on ``|mean_grid - mean|`` of :meth:`grid_spec` (the same in every mode)."""
         return self.error_bound(max(1, int(num_contributors)) * 2.0 ** -(self.grid_bits(num_contributors) + 1))
 
-    def error_bound(self, sum_error: float, weight_total: float | None = None,
-                    mean_abs: float | None = None) -> float:
+    def error_bound(self, sum_error: float, weight_total: float | None = None, mean_abs: float | None = None) -> float:
         """Bound on the mean's error given the codec's sum error bound ``sum_error``.
 
         Without arguments beyond ``sum_error`` the public worst case (``T = T_min``,

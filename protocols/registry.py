@@ -11,6 +11,7 @@ of a backend's module is deferred to :func:`backend_class` (TenSEAL loads only w
 >>> backend("mask").upload_kind
 'masked'
 """
+
 from __future__ import annotations
 
 import importlib
@@ -95,22 +96,50 @@ def backend_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-register_backend(BackendInfo(
-    "plain", "protocols.plain:PlainProtocol",
-    "no protection: the server reads every contribution (baseline and attack target)",
-    secure=False, upload_kind="plain", colour="tab:red", pairwise=True, distributed_dp=False))
-register_backend(BackendInfo(
-    "ckks", "protocols.ckks:CKKSProtocol",
-    "TenSEAL CKKS homomorphic encryption: clients make the keys, the server adds ciphertexts with a public "
-    "context only and never decrypts",
-    secure=True, upload_kind="ciphertext", colour="tab:blue", pairwise=True))
-register_backend(BackendInfo(
-    "mask", "protocols.mask:MaskProtocol",
-    "pairwise-mask secure aggregation with Bonawitz double masking (X25519 + HKDF + AES-CTR, Shamir shares for "
-    "dropouts): the server sees only masked vectors whose sum unmasks",
-    secure=True, upload_kind="masked", colour="tab:green"))
-register_backend(BackendInfo(
-    "ckks-mp", "protocols.ckks_mp:CKKSMPProtocol",
-    "multiparty CKKS (Mouchet et al. 2021): each client holds only a share of the secret key, decryption needs "
-    "every client and is key-switched to each recipient; use --layout dense for FedGCN",
-    secure=True, upload_kind="ciphertext", colour="tab:purple", graph_level=False))
+register_backend(
+    BackendInfo(
+        "plain",
+        "protocols.plain:PlainProtocol",
+        "no protection: the server reads every contribution (baseline and attack target)",
+        secure=False,
+        upload_kind="plain",
+        colour="tab:red",
+        pairwise=True,
+        distributed_dp=False,
+    )
+)
+register_backend(
+    BackendInfo(
+        "ckks",
+        "protocols.ckks:CKKSProtocol",
+        "TenSEAL CKKS homomorphic encryption: clients make the keys, the server adds ciphertexts with a public "
+        "context only and never decrypts",
+        secure=True,
+        upload_kind="ciphertext",
+        colour="tab:blue",
+        pairwise=True,
+    )
+)
+register_backend(
+    BackendInfo(
+        "mask",
+        "protocols.mask:MaskProtocol",
+        "pairwise-mask secure aggregation with Bonawitz double masking (X25519 + HKDF + AES-CTR, Shamir shares for "
+        "dropouts): the server sees only masked vectors whose sum unmasks",
+        secure=True,
+        upload_kind="masked",
+        colour="tab:green",
+    )
+)
+register_backend(
+    BackendInfo(
+        "ckks-mp",
+        "protocols.ckks_mp:CKKSMPProtocol",
+        "multiparty CKKS (Mouchet et al. 2021): each client holds only a share of the secret key, decryption needs "
+        "every client and is key-switched to each recipient; use --layout dense for FedGCN",
+        secure=True,
+        upload_kind="ciphertext",
+        colour="tab:purple",
+        graph_level=False,
+    )
+)

@@ -14,6 +14,7 @@ backend split into halves (:mod:`protocols.party`) a report is one exchange of i
 
 A client that does not answer is named in a :class:`~protocols.errors.DropoutError`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,12 +33,14 @@ REPORT_STAGE = "report"
 
 def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1) -> ExchangePlan:
     """The public plan of a report exchange: ``length`` values from each of ``clients``, no recipient."""
-    return ExchangePlan(tag, rnd, protocol.exchange, "dense", 1, int(length), tuple(sorted(int(k) for k in clients)),
-                        {}, ValueSpec())
+    return ExchangePlan(
+        tag, rnd, protocol.exchange, "dense", 1, int(length), tuple(sorted(int(k) for k in clients)), {}, ValueSpec()
+    )
 
 
-def collect_reports(protocol, tag: str, rnd: int, clients: Sequence[int],
-                    length: int = 1) -> dict[int, float | np.ndarray]:
+def collect_reports(
+    protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1
+) -> dict[int, float | np.ndarray]:
     """Server side: run one report exchange over ``protocol.link``; returns what the server got
     (a float per client, or with ``length > 1`` a float64 vector of that length)."""
     protocol._begin_exchange(tag, rnd)
@@ -64,7 +67,7 @@ def collect_reports(protocol, tag: str, rnd: int, clients: Sequence[int],
 def client_report(half) -> tuple:
     """Client side (:meth:`protocols.party.ClientHalf.handle` at stage ``report``): the provider's
     value(s), checked finite, as one signed ``plain`` message to the server."""
-    values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[:half.plan.block_len]
+    values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: half.plan.block_len]
     if not np.isfinite(values).all():
         raise NonFiniteError("reported scalar is NaN or inf", **half.where())
     payload = float(values[0]) if values.size == 1 else [float(v) for v in values]

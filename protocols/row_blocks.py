@@ -15,6 +15,7 @@ The way back: a recipient decrypts whole blocks but needs only the rows it asked
 requested rows as the block is decoded (the rest of the block is dropped at once) and the
 caller assembles them in request order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,8 @@ class BlockRows:
         self.rpb = int(rows_per_block)
         self.dim = int(rows.shape[1])
         row_ids = np.asarray(row_ids, dtype=np.int64)
-        index = np.int32 if max(row_ids.size, int(row_ids.max(initial=0)) + 1) < 2 ** 31 else np.int64
-        self._order = np.argsort(row_ids, kind="stable").astype(index)     # int32: half the index memory
+        index = np.int32 if max(row_ids.size, int(row_ids.max(initial=0)) + 1) < 2**31 else np.int64
+        self._order = np.argsort(row_ids, kind="stable").astype(index)  # int32: half the index memory
         self._sorted_ids = row_ids[self._order].astype(index)
         self._rows = rows
 
@@ -152,8 +153,10 @@ class RowSelection:
         if block.size == (e - s) * self.dim:
             return block
         if block.size != self.rpb * self.dim:
-            raise ValueError(f"block {block_id} holds {block.size} values: neither a whole block "
-                             f"({self.rpb * self.dim}) nor its {e - s} requested rows")
+            raise ValueError(
+                f"block {block_id} holds {block.size} values: neither a whole block "
+                f"({self.rpb * self.dim}) nor its {e - s} requested rows"
+            )
         return exact_integers(block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel())
 
     def assemble(self, kept: dict) -> np.ndarray:
@@ -167,8 +170,12 @@ def exact_integers(values: np.ndarray) -> np.ndarray:
     """``values`` in the narrowest of int8 / int16 / int32 that holds every entry exactly, when
     every entry is an integer (the same numbers in a quarter or less of float64's bytes); else
     ``values`` unchanged."""
-    if not values.size or values.dtype.kind not in "fiu" or \
-            values.dtype.kind == "f" and not np.array_equal(values, np.rint(values)):
+    if (
+        not values.size
+        or values.dtype.kind not in "fiu"
+        or values.dtype.kind == "f"
+        and not np.array_equal(values, np.rint(values))
+    ):
         return values
     lo, hi = values.min(), values.max()
     for dtype in (np.int8, np.int16, np.int32):

@@ -22,9 +22,10 @@ own identity key directly, never through the server half.  In one process this i
 domain: it exercises the checks each client makes against the manifest, it does not
 separate the parties.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -53,20 +54,34 @@ class SplitProtocol(Protocol):
     client_half: type[ClientHalf] = ClientHalf
     server_half: type[ServerHalf] = ServerHalf
 
-    def __init__(self, num_clients: int, *, link: ClientLink | None = None, schedule: str = "",
-                 max_colluders: int = 0, min_contributors: int | None = None, **base_options):
+    def __init__(
+        self,
+        num_clients: int,
+        *,
+        link: ClientLink | None = None,
+        schedule: str = "",
+        max_colluders: int = 0,
+        min_contributors: int | None = None,
+        **base_options,
+    ):
         super().__init__(num_clients, **base_options)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
         identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
-        self.manifest = Manifest.new(self.mode, {p: key.fingerprint for p, key in identities.items()},
-                                     self.public_options(), self.security_parameters(), schedule)
+        self.manifest = Manifest.new(
+            self.mode,
+            {p: key.fingerprint for p, key in identities.items()},
+            self.public_options(),
+            self.security_parameters(),
+            schedule,
+        )
         self.run_id = self.manifest.run_id
-        self.setup = PartySetup(self.mode, self.num_clients, self.run_id, self.session, self.public_options(),
-                                self.collusion)
+        self.setup = PartySetup(
+            self.mode, self.num_clients, self.run_id, self.session, self.public_options(), self.collusion
+        )
         self.server = self.server_half(self.setup, self.transcript)
         self.server.use_manifest(self.manifest, identities.pop(SERVER))
         setup_bytes = self.setup.to_bytes()
-        self._identities = identities if link is not None else {}     # handed to the client runtimes
+        self._identities = identities if link is not None else {}  # handed to the client runtimes
         self.clients: dict[int, ClientHalf] = {}
         for k in range(self.num_clients if link is None else 0):
             self.clients[k] = self.client_half(k, setup_bytes)
@@ -104,20 +119,29 @@ class SplitProtocol(Protocol):
     # ------------------------------------------------------------------ one exchange
     def plan_exchange(self, ctx: ExchangeContext) -> ExchangePlan:
         """The public plan of the exchange (a backend adds its encoding)."""
-        return ExchangePlan(ctx.tag, ctx.round, self.exchange, ctx.layout, ctx.num_blocks, ctx.block_len,
-                            tuple(sorted(int(k) for k in ctx.contributions)),
-                            {int(r): np.asarray(b, dtype=np.int64).ravel() for r, b in ctx.requests.items()},
-                            ctx.spec, float(ctx.dp_noise_std), self.plan_encoding(ctx))
+        return ExchangePlan(
+            ctx.tag,
+            ctx.round,
+            self.exchange,
+            ctx.layout,
+            ctx.num_blocks,
+            ctx.block_len,
+            tuple(sorted(int(k) for k in ctx.contributions)),
+            {int(r): np.asarray(b, dtype=np.int64).ravel() for r, b in ctx.requests.items()},
+            ctx.spec,
+            float(ctx.dp_noise_std),
+            self.plan_encoding(ctx),
+        )
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
         return {}
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         if self.server.plan is not None and self.server.plan.exchange >= self.exchange:
-            self._begin_exchange(ctx.tag, ctx.round)     # called directly (tests): a fresh exchange number
+            self._begin_exchange(ctx.tag, ctx.round)  # called directly (tests): a fresh exchange number
         plan = self.plan_exchange(ctx)
-        for k, half in self.clients.items():        # each half is handed its own table (and rows) only
-            half.provider = (lambda p, table=ctx.contributions.get(k): table)
+        for k, half in self.clients.items():  # each half is handed its own table (and rows) only
+            half.provider = lambda p, table=ctx.contributions.get(k): table
             half.selection = (ctx.keep or {}).get(k)
         try:
             self.server.run(plan, self.link)
@@ -138,8 +162,9 @@ class SplitProtocol(Protocol):
         k = party_client(name)
         return self.server if k is None else self.clients[k]
 
-    def _authenticate(self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str,
-                      rnd: int) -> None:
+    def _authenticate(
+        self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str, rnd: int
+    ) -> None:
         """Verify ``msg`` as its recipient's half does (its keys, its replay cache)."""
         where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
         self._party(recipient).check(msg, sender, stage, part, where)

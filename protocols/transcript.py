@@ -5,11 +5,13 @@ the transcript, so what is reported as sent is what was sent.  Payloads are kept
 according to a policy (all, the latest round of each tag, or none) so that long
 runs do not hold every model update in memory; metadata is always kept.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 SERVER = "server"
 
@@ -67,7 +69,7 @@ class Message:
         if self.received is not None and self.received[0] is not self.payload:
             object.__setattr__(self, "received", None)
 
-    def without_payload(self) -> "Message":
+    def without_payload(self) -> Message:
         return replace(self, payload=None)
 
 
@@ -102,8 +104,9 @@ class Transcript:
         elif self.keep_payloads == "latest":
             last = self._latest_round.get(msg.tag)
             if last is not None and msg.round > last:
-                self.messages = [m.without_payload() if (m.tag == msg.tag and m.payload is not None)
-                                 else m for m in self.messages]
+                self.messages = [
+                    m.without_payload() if (m.tag == msg.tag and m.payload is not None) else m for m in self.messages
+                ]
             self._latest_round[msg.tag] = max(msg.round, last if last is not None else msg.round)
         self.messages.append(msg)
         return msg
@@ -113,11 +116,22 @@ class Transcript:
             self.record(m)
 
     # ------------------------------------------------------------------ queries
-    def select(self, *, tag: str | None = None, round: int | None = None,
-               sender: str | None = None, receiver: str | None = None) -> list[Message]:
-        return [m for m in self.messages
-                if (tag is None or m.tag == tag) and (round is None or m.round == round)
-                and (sender is None or m.sender == sender) and (receiver is None or m.receiver == receiver)]
+    def select(
+        self,
+        *,
+        tag: str | None = None,
+        round: int | None = None,
+        sender: str | None = None,
+        receiver: str | None = None,
+    ) -> list[Message]:
+        return [
+            m
+            for m in self.messages
+            if (tag is None or m.tag == tag)
+            and (round is None or m.round == round)
+            and (sender is None or m.sender == sender)
+            and (receiver is None or m.receiver == receiver)
+        ]
 
     def view(self, party: str) -> list[Message]:
         """Every message ``party`` sent, received or relayed: what it can read, given its keys."""
@@ -132,8 +146,9 @@ class Transcript:
         """Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
         with the plaintext-float32 equivalent of each exchange (``plaintext_bytes_up/down``).
         A batched exchange's bytes are attributed to its part tags (:func:`protocols.batch.split_per_tag`)."""
-        per_tag: dict[str, dict[str, int]] = defaultdict(lambda: {"bytes_up": 0, "bytes_down": 0,
-                                                                    "bytes_p2p": 0, "messages": 0})
+        per_tag: dict[str, dict[str, int]] = defaultdict(
+            lambda: {"bytes_up": 0, "bytes_down": 0, "bytes_p2p": 0, "messages": 0}
+        )
         for m in self.messages:
             slot = per_tag[m.tag]
             slot["messages"] += 1
@@ -146,9 +161,11 @@ class Transcript:
         for tag, (up, down) in self.plaintext_equiv.items():
             per_tag[tag]["plaintext_bytes_up"] = up
             per_tag[tag]["plaintext_bytes_down"] = down
-        total = {k: sum(v.get(k, 0) for v in per_tag.values())
-                 for k in ("bytes_up", "bytes_down", "bytes_p2p", "messages", "plaintext_bytes_up",
-                           "plaintext_bytes_down")}
+        total = {
+            k: sum(v.get(k, 0) for v in per_tag.values())
+            for k in ("bytes_up", "bytes_down", "bytes_p2p", "messages", "plaintext_bytes_up", "plaintext_bytes_down")
+        }
         from .batch import split_per_tag
+
         split_per_tag(per_tag, self.batches)
         return {**total, "per_tag": dict(sorted(per_tag.items()))}

@@ -19,19 +19,21 @@ parsed):
   encryption: shape, block ids, finiteness, and the first value outside the public range
   (:func:`check_block_table`, :func:`first_out_of_range`).
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 
-if TYPE_CHECKING:                      # base imports this module
+if TYPE_CHECKING:  # base imports this module
     from .base import BlockTable, ExchangeContext
 
 #: rounds are bound into signed 64-bit fields
-MAX_ROUND = 2 ** 63
+MAX_ROUND = 2**63
 #: longest accepted tag, in UTF-8 bytes
 MAX_TAG_BYTES = 1024
 _REAL_KINDS = "biuf"
@@ -44,8 +46,9 @@ def exchange(tag: Any, rnd: Any) -> None:
     try:
         n = len(tag.encode("utf-8"))
     except UnicodeEncodeError:
-        raise ConfigurationError(f"exchange tag {ascii(tag):.80} is not valid UTF-8 (lone surrogate?); use a "
-                                 "plain text tag") from None
+        raise ConfigurationError(
+            f"exchange tag {ascii(tag):.80} is not valid UTF-8 (lone surrogate?); use a plain text tag"
+        ) from None
     if not 0 < n <= MAX_TAG_BYTES:
         raise ConfigurationError(f"an exchange tag must have 1..{MAX_TAG_BYTES} UTF-8 bytes, got {n}")
     if not _is_int(rnd) or not 0 <= int(rnd) < MAX_ROUND:
@@ -55,46 +58,66 @@ def exchange(tag: Any, rnd: Any) -> None:
 def client_id(k: Any, num_clients: int, tag: str, rnd: int) -> int:
     """``k`` as an int in ``[0, num_clients)``."""
     if not _is_int(k) or not 0 <= int(k) < num_clients:
-        raise ConfigurationError(f"unknown client id {k!r:.40} (clients are the integers 0..{num_clients - 1})",
-                                 tag=tag, round=rnd)
+        raise ConfigurationError(
+            f"unknown client id {k!r:.40} (clients are the integers 0..{num_clients - 1})", tag=tag, round=rnd
+        )
     return int(k)
 
 
 def contributions(values: Any, num_clients: int, tag: str, rnd: int, what: str = "contributions") -> dict[int, Any]:
     """A non-empty mapping client id -> item, with validated ids."""
     if not isinstance(values, Mapping):
-        raise ConfigurationError(f"{what} must be a mapping client id -> value, got {type(values).__name__}",
-                                 tag=tag, round=rnd)
+        raise ConfigurationError(
+            f"{what} must be a mapping client id -> value, got {type(values).__name__}", tag=tag, round=rnd
+        )
     if not values:
         raise ShapeError(f"no {what}", tag=tag, round=rnd)
     return {client_id(k, num_clients, tag, rnd): v for k, v in values.items()}
 
 
-def real_array(x: Any, tag: str, rnd: int, client: int, what: str = "contribution", *,
-               allow_empty: bool = False, copy: bool = True, keep_dtype: bool = False) -> np.ndarray:
+def real_array(
+    x: Any,
+    tag: str,
+    rnd: int,
+    client: int,
+    what: str = "contribution",
+    *,
+    allow_empty: bool = False,
+    copy: bool = True,
+    keep_dtype: bool = False,
+) -> np.ndarray:
     """A float64 copy of a numpy array / torch tensor / nested list of real numbers (``copy=False``:
     the caller's float64 CPU memory itself when it already is one; the caller must not write to it;
     ``keep_dtype``: the caller's memory in its own real dtype, e.g. int16 counts, read as float64 by
     the consumer)."""
-    if hasattr(x, "detach"):                                   # torch tensor, any device
+    if hasattr(x, "detach"):  # torch tensor, any device
         if x.is_complex():
             raise ShapeError(f"{what} is complex ({x.dtype}); send real values", tag=tag, round=rnd, client=client)
         x = x.detach().cpu().numpy()
     try:
         a = np.asarray(x)
-    except (ValueError, TypeError) as exc:                     # ragged nesting, odd objects
-        raise ShapeError(f"{what} is not a regular array ({str(exc)[:80]})", tag=tag, round=rnd,
-                         client=client) from None
+    except (ValueError, TypeError) as exc:  # ragged nesting, odd objects
+        raise ShapeError(
+            f"{what} is not a regular array ({str(exc)[:80]})", tag=tag, round=rnd, client=client
+        ) from None
     if a.dtype.kind not in _REAL_KINDS:
-        raise ShapeError(f"{what} has dtype {a.dtype}; send real numbers (complex, strings and objects are "
-                         "refused, not coerced)", tag=tag, round=rnd, client=client)
+        raise ShapeError(
+            f"{what} has dtype {a.dtype}; send real numbers (complex, strings and objects are refused, not coerced)",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
     if not keep_dtype:
         a = a.astype(np.float64, copy=copy)
     if a.size == 0 and not allow_empty:
         raise ShapeError(f"{what} is empty (shape {a.shape})", tag=tag, round=rnd, client=client)
     if not np.isfinite(a).all():
-        raise NonFiniteError(f"{what} holds NaN or inf (or a value beyond float64); check the local "
-                             "training for divergence", tag=tag, round=rnd, client=client)
+        raise NonFiniteError(
+            f"{what} holds NaN or inf (or a value beyond float64); check the local training for divergence",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
     return a
 
 
@@ -112,16 +135,21 @@ def weight(w: Any, tag: str, rnd: int, client: int) -> float:
     """A finite non-negative real weight as a float."""
     a = real_array(w, tag, rnd, client, "weight")
     if a.size != 1 or not a.item() >= 0:
-        raise ConfigurationError(f"a weight must be one finite non-negative number, got {a.ravel()[:3]} "
-                                 f"(shape {a.shape})", tag=tag, round=rnd, client=client)
+        raise ConfigurationError(
+            f"a weight must be one finite non-negative number, got {a.ravel()[:3]} (shape {a.shape})",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
     return float(a.item())
 
 
-def count(n: Any, what: str, tag: str, rnd: int, *, minimum: int = 1, maximum: int = 2 ** 62) -> int:
+def count(n: Any, what: str, tag: str, rnd: int, *, minimum: int = 1, maximum: int = 2**62) -> int:
     """An integer in ``[minimum, maximum]`` (e.g. ``num_rows``)."""
     if not _is_int(n) or not minimum <= int(n) <= maximum:
-        raise ConfigurationError(f"{what} must be an integer in [{minimum}, {maximum}], got {n!r:.40}",
-                                 tag=tag, round=rnd)
+        raise ConfigurationError(
+            f"{what} must be an integer in [{minimum}, {maximum}], got {n!r:.40}", tag=tag, round=rnd
+        )
     return int(n)
 
 
@@ -132,8 +160,9 @@ def _is_int(x: Any) -> bool:
 def per_client(items: Any, clients: Any, what: str, tag: str, rnd: int) -> dict[int, Any]:
     """``{k: items[k]}`` for every client ``k``; ``items`` must be a mapping holding each of them."""
     if not isinstance(items, Mapping):
-        raise ConfigurationError(f"{what} must be a mapping client id -> value, got {type(items).__name__}",
-                                 tag=tag, round=rnd)
+        raise ConfigurationError(
+            f"{what} must be a mapping client id -> value, got {type(items).__name__}", tag=tag, round=rnd
+        )
     missing = [k for k in clients if k not in items]
     if missing:
         raise ConfigurationError(f"{what} lack client(s) {missing[:5]}", tag=tag, round=rnd)
@@ -156,8 +185,12 @@ def row_contribution(item: Any, num_rows: int, tag: str, rnd: int, client: int) 
     ids = row_ids(item[0], num_rows, tag, rnd, client)
     rows = real_array(item[1], tag, rnd, client, "rows", allow_empty=True, copy=False, keep_dtype=True)
     if rows.ndim != 2 or rows.shape[0] != ids.size or rows.shape[1] == 0:
-        raise ShapeError(f"rows must be [len(row_ids), d >= 1], got {rows.shape} for {ids.size} ids",
-                         tag=tag, round=rnd, client=client)
+        raise ShapeError(
+            f"rows must be [len(row_ids), d >= 1], got {rows.shape} for {ids.size} ids",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
     return ids, rows
 
 
@@ -196,8 +229,9 @@ def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> t
     return None
 
 
-def check_block_table(ctx: ExchangeContext, client: int, table: BlockTable,
-                      num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+def check_block_table(
+    ctx: ExchangeContext, client: int, table: BlockTable, num_clients: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, values)`` of ``table`` after checking the client id, the shape, the block ids
     (increasing, in range; every block in the dense layout) and finiteness.  Raises
     :class:`ShapeError` / :class:`NonFiniteError` naming the client; nothing is encrypted."""
@@ -206,10 +240,16 @@ def check_block_table(ctx: ExchangeContext, client: int, table: BlockTable,
         raise ShapeError(f"unknown client id {client}", **where)
     ids, vals = np.asarray(table.ids), np.asarray(table.values)
     if ids.ndim != 1 or vals.shape != (ids.size, ctx.block_len):
-        raise ShapeError(f"contribution of shape {vals.shape} with {ids.size} block ids; expected "
-                         f"[{ids.size}, {ctx.block_len}]", **where)
-    if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0
-                     or ids.max() >= ctx.num_blocks or (np.diff(ids) <= 0).any()):
+        raise ShapeError(
+            f"contribution of shape {vals.shape} with {ids.size} block ids; expected [{ids.size}, {ctx.block_len}]",
+            **where,
+        )
+    if ids.size and (
+        not np.issubdtype(ids.dtype, np.integer)
+        or ids.min() < 0
+        or ids.max() >= ctx.num_blocks
+        or (np.diff(ids) <= 0).any()
+    ):
         raise ShapeError(f"block ids must be increasing integers in [0, {ctx.num_blocks})", **where)
     if ctx.layout == "dense" and not np.array_equal(ids, np.arange(ctx.num_blocks)):
         raise ShapeError("the dense layout needs every block from every client", **where)
@@ -218,8 +258,9 @@ def check_block_table(ctx: ExchangeContext, client: int, table: BlockTable,
     return ids, vals
 
 
-def first_out_of_range(ctx: ExchangeContext, num_clients: int, lo: float,
-                       hi: float) -> tuple[int, int, int, float, str] | None:
+def first_out_of_range(
+    ctx: ExchangeContext, num_clients: int, lo: float, hi: float
+) -> tuple[int, int, int, float, str] | None:
     """Check every contribution (:func:`check_block_table`), then return the first value outside the
     public range ``[lo, hi]`` (or not an integer, for integer exchanges) as ``(client, block id,
     entry, value, why)``; ``None`` if all are inside.  The backend raises its own error for it."""

@@ -1,4 +1,5 @@
 """secure_fgl: federated graph learning in secure modes, with the leakage of every exchange measured."""
+
 from importlib import metadata as _metadata
 
 try:

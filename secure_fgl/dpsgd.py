@@ -31,10 +31,11 @@ What it protects: a training node's features and label as a training example of 
 Not that node's features inside its neighbours' aggregates (only edge-level noise covers those),
 and not validation/test labels used to evaluate or select models.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -46,7 +47,6 @@ from protocols import DPRequest
 from .engine import rng
 from .runtime.facts import PublicFacts
 
-
 #: what a DP-SGD step asks for its noise: the number of gradient entries -> N(0, sigma^2) noise
 NoiseSource = Callable[[int], np.ndarray]
 
@@ -57,6 +57,7 @@ class DPSGD:
 
     def __init__(self, clip: float):
         from opacus import GradSampleModule
+
         self.clip = float(clip)
         self._wrap = GradSampleModule
         self._modules: dict[int, nn.Module] = {}
@@ -73,12 +74,13 @@ class DPSGD:
         clipped = (per_record * scale[:, None]).sum(0)
         out, at = [], 0
         for p in params:
-            out.append(clipped[at:at + p.numel()].view_as(p))
+            out.append(clipped[at : at + p.numel()].view_as(p))
             at += p.numel()
         return out
 
-    def clipped_sum(self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor,
-                    mask: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def clipped_sum(
+        self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes (Opacus), each clipped to C."""
         gsm = self.per_sample_module(model)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -86,7 +88,7 @@ class DPSGD:
             p.grad_sample = None
             p.grad = None
         loss = F.cross_entropy(gsm(x, edge_index)[mask], y[mask], reduction="sum")
-        with warnings.catch_warnings():     # opacus' hooks on a model whose inputs need no gradient
+        with warnings.catch_warnings():  # opacus' hooks on a model whose inputs need no gradient
             warnings.filterwarnings("ignore", message=r".*Full backward hook is firing.*")
             loss.backward()
         loss = loss.detach()
@@ -127,8 +129,10 @@ class DPSGD:
         params = [p for p in model.parameters() if p.requires_grad]
         missing = [tuple(p.shape) for p in params if id(p) not in per_graph]
         if missing:
-            raise ValueError(f"per-graph DP-SGD needs every trainable parameter in an nn.Linear used by the "
-                             f"forward pass; parameters of shape {missing} are not")
+            raise ValueError(
+                f"per-graph DP-SGD needs every trainable parameter in an nn.Linear used by the "
+                f"forward pass; parameters of shape {missing} are not"
+            )
         graphs = int(batch.num_graphs)
         per_record = torch.cat([per_graph[id(p)].reshape(graphs, -1) for p in params], dim=1)
         return self._clip_and_sum(params, per_record), loss.detach() / max(1, graphs)
@@ -141,20 +145,39 @@ class DPSGD:
         draw = torch.as_tensor(noise(size), dtype=grads[0].dtype, device=grads[0].device)
         at = 0
         for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
-            p.grad = (g + draw[at:at + g.numel()].view_as(g)) / max(1, records)
+            p.grad = (g + draw[at : at + g.numel()].view_as(g)) / max(1, records)
             at += g.numel()
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, noise: NoiseSource, x: torch.Tensor,
-             edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
+    def step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        noise: NoiseSource,
+        x: torch.Tensor,
+        edge_index: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> float:
         """One DP-SGD step of one client; returns the mean loss."""
         grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
         self.apply_noisy(model, grads, noise, int(mask.sum()))
         optimizer.step()
         return float(loss)
 
-    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, edge_index: torch.Tensor,
-              y: torch.Tensor, mask: torch.Tensor, *, seed: int, rnd: int, client: int,
-              noises: list[NoiseSource]) -> float:
+    def train(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        edge_index: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        seed: int,
+        rnd: int,
+        client: int,
+        noises: list[NoiseSource],
+    ) -> float:
         """Client ``client``'s local update of round ``rnd``: one DP-SGD step per noise source
         (``local_epochs`` of them), step ``s`` under the client's generator
         :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``."""
@@ -167,16 +190,18 @@ class DPSGD:
         return loss
 
 
-def per_graph_linear_grads(z: torch.Tensor, d: torch.Tensor, batch: torch.Tensor,
-                           graphs: int) -> tuple[torch.Tensor, torch.Tensor]:
+def per_graph_linear_grads(
+    z: torch.Tensor, d: torch.Tensor, batch: torch.Tensor, graphs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-graph ``(weight, bias)`` gradients ``([G, out, in], [G, out])`` of a ``Linear`` whose input
     rows are ``z`` and output gradients ``d``: rows of a node-level layer belong to the graph
     ``batch`` names (summed per graph), rows of a graph-level layer are the graphs."""
     from torch_geometric.utils import to_dense_batch
-    if z.shape[0] == graphs and batch.numel() != graphs:            # after the readout: one row a graph
+
+    if z.shape[0] == graphs and batch.numel() != graphs:  # after the readout: one row a graph
         return d[:, :, None] * z[:, None, :], d
-    zd, _ = to_dense_batch(z, batch, batch_size=graphs)             # [G, N_max, in], zero padding
-    dd, _ = to_dense_batch(d, batch, batch_size=graphs)             # [G, N_max, out]
+    zd, _ = to_dense_batch(z, batch, batch_size=graphs)  # [G, N_max, in], zero padding
+    dd, _ = to_dense_batch(d, batch, batch_size=graphs)  # [G, N_max, out]
     bias = torch.zeros((graphs, d.shape[1]), dtype=d.dtype, device=d.device).index_add_(0, batch, d)
     return torch.bmm(dd.transpose(1, 2), zd), bias
 
@@ -223,10 +248,27 @@ class EngineDPSGD(DPSGD):
         ``r * local_epochs + t``."""
         c, epochs = algo.clients[k], algo.cfg.local_epochs
         x, edge_index = algo.client_inputs(k)
-        n = noise_contributors(algo.cfg, self.engine.config.placement, PublicFacts.of(algo.fed).num_trainers,
-                               algo.model_dp_request(f"{algo.name}/model") is not None)
-        noises = [lambda size, step=algo.round * epochs + s: self.engine.local_noise(self.tag, step, size, self.request,
-                                                                                     contributors=n)
-                  for s in range(epochs)]
-        return self.train(algo.models[k], algo.optimizers[k], x, edge_index, c.y, c.train_mask, seed=algo.cfg.seed,
-                          rnd=algo.round, client=k, noises=noises)
+        n = noise_contributors(
+            algo.cfg,
+            self.engine.config.placement,
+            PublicFacts.of(algo.fed).num_trainers,
+            algo.model_dp_request(f"{algo.name}/model") is not None,
+        )
+        noises = [
+            lambda size, step=algo.round * epochs + s: self.engine.local_noise(
+                self.tag, step, size, self.request, contributors=n
+            )
+            for s in range(epochs)
+        ]
+        return self.train(
+            algo.models[k],
+            algo.optimizers[k],
+            x,
+            edge_index,
+            c.y,
+            c.train_mask,
+            seed=algo.cfg.seed,
+            rnd=algo.round,
+            client=k,
+            noises=noises,
+        )

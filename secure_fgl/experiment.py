@@ -19,6 +19,7 @@ policy in :mod:`secure_fgl.results`):
 * ``attacks`` — attack results (a list) when ``--attacks`` was given (failures recorded inside);
 * ``files``   — the run folder's other files (``best_model.pt``, ``checkpoint.pt``, ...).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,10 +37,10 @@ from .engine.progress import Phases
 from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .manifest import accepted_keys, threat_model
 from .preflight import preflight
+from .privacy import privacy_section
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION, accuracy_at_chance
 from .run_identity import fingerprint, resolved_config, write_run_file
-from .privacy import privacy_section
 from .runtime.build import make_executor, make_run_protocol, make_runtime_protocol, make_strategy, run_transcript
 
 __all__ = ["run_experiment", "load_federation", "make_run_protocol", "DP_LEDGER"]
@@ -64,23 +65,23 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     out_dir = Path(cfg.out) if cfg.out else None
     phases = phases if phases is not None else Phases(enabled=progress)
     config = resolved_config(cfg, options)
-    before = {"elapsed": 0.0}                  # seconds spent by the sessions before a --resume
+    before = {"elapsed": 0.0}  # seconds spent by the sessions before a --resume
 
     t0 = time.perf_counter()
     if fed is None:
-        with phases("data", f"loading {cfg.dataset} and partitioning it over {cfg.clients} clients "
-                            f"({cfg.partition})"):
+        with phases("data", f"loading {cfg.dataset} and partitioning it over {cfg.clients} clients ({cfg.partition})"):
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
-    if out_dir is not None:                    # after every check the data can fail
-        write_run_file(out_dir, config, started)   # the run's identity (run_identity.py)
+    if out_dir is not None:  # after every check the data can fail
+        write_run_file(out_dir, config, started)  # the run's identity (run_identity.py)
         phases.log(f"run folder: {out_dir}")
 
     if cfg.executor == "inline":
         from .algorithms import get_algorithm
+
         protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
         algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
-    else:                                      # one runtime per client, a server strategy (docs/runtime.md)
+    else:  # one runtime per client, a server strategy (docs/runtime.md)
         t0 = time.perf_counter()
         # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
         with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
@@ -94,13 +95,14 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
 
     def save_extra():
-        return {"transcript": transcript_state.encode(),
-                "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
-                "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
-                "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict")
-                else None,
-                "setup_time": times.get("setup", 0.0),
-                "elapsed": before["elapsed"] + time.perf_counter() - t_start}
+        return {
+            "transcript": transcript_state.encode(),
+            "plaintext_equiv": {k: list(v) for k, v in protocol.transcript.plaintext_equiv.items()},
+            "batches": {k: [list(p) for p in v] for k, v in protocol.transcript.batches.items()},
+            "dp": protocol.dp.state_dict() if protocol.dp is not None and hasattr(protocol.dp, "state_dict") else None,
+            "setup_time": times.get("setup", 0.0),
+            "elapsed": before["elapsed"] + time.perf_counter() - t_start,
+        }
 
     def load_extra(extra):
         transcript_state.restore(extra["transcript"])
@@ -113,11 +115,11 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         before["elapsed"] = extra.get("elapsed", 0.0)
 
     resuming = cfg.resume and out_dir is not None and (out_dir / "checkpoint.pt").exists()
-    if protocol.dp is not None and out_dir is not None:    # write-ahead record of every DP release
+    if protocol.dp is not None and out_dir is not None:  # write-ahead record of every DP release
         ledger = out_dir / DP_LEDGER
         if not cfg.resume:
             ledger.unlink(missing_ok=True)
-        elif not resuming and ledger.exists():             # crashed before the first checkpoint
+        elif not resuming and ledger.exists():  # crashed before the first checkpoint
             protocol.dp.load_state_dict(protocol.dp.state_dict(), ledger=json.loads(ledger.read_text()))
         protocol.dp.on_release = lambda dp_state: write_json_atomic(ledger, dp_state)
     t0 = time.perf_counter()
@@ -125,35 +127,61 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         with phases("setup", f"{cfg.mode} keys and {cfg.algorithm}'s pre-training exchanges"):
             algo.setup()
         times["setup"] = time.perf_counter() - t0
-    hooks = make_hooks(out_dir, log=tuple(x for x in cfg.log.split(",") if x),
-                       save_best=cfg.save_best_model,
-                       resume=resuming, config=config)
+    hooks = make_hooks(
+        out_dir,
+        log=tuple(x for x in cfg.log.split(",") if x),
+        save_best=cfg.save_best_model,
+        resume=resuming,
+        config=config,
+    )
     state = train(algo, cfg, out_dir, progress=progress, extra_state=(save_extra, load_extra), hooks=hooks)
     times.update(state.time)
 
     best = state.best or algo.evaluate()
-    final = {"test_acc": best["test_acc"], "val_acc": best["val_acc"], "train_acc": best["train_acc"],
-             "test_acc_client_mean": best["test_acc_client_mean"], "best_round": state.best_round,
-             "last_test_acc": state.rounds[-1]["test_acc"] if state.rounds else None,
-             "rounds_run": state.next_round, "stopped_early": state.stopped_early,
-             "per_client": best["per_client"], **algo.final_metrics()}
+    final = {
+        "test_acc": best["test_acc"],
+        "val_acc": best["val_acc"],
+        "train_acc": best["train_acc"],
+        "test_acc_client_mean": best["test_acc_client_mean"],
+        "best_round": state.best_round,
+        "last_test_acc": state.rounds[-1]["test_acc"] if state.rounds else None,
+        "rounds_run": state.next_round,
+        "stopped_early": state.stopped_early,
+        "per_client": best["per_client"],
+        **algo.final_metrics(),
+    }
     final["at_chance"] = accuracy_at_chance(final["test_acc"], getattr(fed, "num_classes", None))
     if final["at_chance"]:
-        phases.log(f"warning: test accuracy {final['test_acc']:.3f} is at chance (1/{fed.num_classes} classes = "
-                   f"{1 / fed.num_classes:.3f}): the model learned nothing"
-                   + (" -- the DP noise may drown the signal" if cfg.dp_epsilon is not None else ""))
+        phases.log(
+            f"warning: test accuracy {final['test_acc']:.3f} is at chance (1/{fed.num_classes} classes = "
+            f"{1 / fed.num_classes:.3f}): the model learned nothing"
+            + (" -- the DP noise may drown the signal" if cfg.dp_epsilon is not None else "")
+        )
 
-    result = {"schema_version": SCHEMA_VERSION, **started, "finished_at": None, "status": "complete",
-              "config": config, "config_fingerprint": fingerprint(config),
-              "options": dataclasses.asdict(options), "device": str(device), "num_clients": fed.num_clients,
-              "final": final, "rounds": state.rounds, "comm": protocol.transcript.comm(), "time": times,
-              "privacy": privacy_section(cfg, algo, protocol), "attacks": [],
-              "num_classes": getattr(fed, "num_classes", None), "files": _files(out_dir)}
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        **started,
+        "finished_at": None,
+        "status": "complete",
+        "config": config,
+        "config_fingerprint": fingerprint(config),
+        "options": dataclasses.asdict(options),
+        "device": str(device),
+        "num_clients": fed.num_clients,
+        "final": final,
+        "rounds": state.rounds,
+        "comm": protocol.transcript.comm(),
+        "time": times,
+        "privacy": privacy_section(cfg, algo, protocol),
+        "attacks": [],
+        "num_classes": getattr(fed, "num_classes", None),
+        "files": _files(out_dir),
+    }
     for line in (result["privacy"] or {}).get("warnings", []) + (result["privacy"] or {}).get("uncovered", []):
         print(f"privacy warning: {line}")
     if cfg.attacks:
         result["status"] = "attacks_running"
-        _write(out_dir, result)             # training is never lost to an attack failure
+        _write(out_dir, result)  # training is never lost to an attack failure
         t0 = time.perf_counter()
         with phases("attacks", f"{', '.join(cfg.attacks)} on the finished run"):
             result["attacks"] = _run_attacks(cfg, algo, protocol, fed)
@@ -180,6 +208,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
 def _run_attacks(cfg: RunConfig, algo, protocol, fed) -> list[dict]:
     """The attack entries; a crash of the runner itself becomes one entry with its error."""
     from attacks.runner import run_attacks  # top layer: attacks read the finished run
+
     try:
         return run_attacks(cfg.attacks, algo=algo, protocol=protocol, fed=fed, cfg=cfg)
     except Exception as e:  # the run's result must survive; the error is recorded in it
@@ -190,12 +219,17 @@ def _files(out_dir: Path | None) -> dict:
     """Files of the run folder (name -> what it holds)."""
     if out_dir is None:
         return {}
-    what = {"checkpoint.pt": "last-round state for --resume (private: 0600)",
-            "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
-            "rounds.csv": "per-round metrics", "tensorboard": "TensorBoard scalars",
-            "wandb": "Weights & Biases run files", "mlflow.db": "MLflow runs", "mlartifacts": "MLflow artifacts",
-            "run.log": "progress log",
-            SIDE_FILE: "the transcript's messages without payloads (checkpoint.pt holds their count and SHA-256)"}
+    what = {
+        "checkpoint.pt": "last-round state for --resume (private: 0600)",
+        "best_model.pt": "weights at the best-validation round (torch.load(..., weights_only=True))",
+        "rounds.csv": "per-round metrics",
+        "tensorboard": "TensorBoard scalars",
+        "wandb": "Weights & Biases run files",
+        "mlflow.db": "MLflow runs",
+        "mlartifacts": "MLflow artifacts",
+        "run.log": "progress log",
+        SIDE_FILE: "the transcript's messages without payloads (checkpoint.pt holds their count and SHA-256)",
+    }
     return {name: desc for name, desc in what.items() if (out_dir / name).exists()}
 
 

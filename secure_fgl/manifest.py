@@ -5,6 +5,7 @@ schedule (:func:`schedule_option`), and writes to ``result.json`` what each *cli
 (:func:`accepted_keys`): the fingerprints of the identity and channel keys in its own key
 registry, and the manifest's comparison code.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,21 @@ import json
 from .config import RunConfig
 
 #: settings that do not change what is exchanged (where the run executes and writes, what it evaluates)
-LOCAL_SETTINGS = ("data_root", "device", "executor", "ray_address", "ray_num_cpus", "ray_workers",
-                  "ray_client_resources", "round_timeout", "out", "resume", "save_best_model", "log", "attacks")
+LOCAL_SETTINGS = (
+    "data_root",
+    "device",
+    "executor",
+    "ray_address",
+    "ray_num_cpus",
+    "ray_workers",
+    "ray_client_resources",
+    "round_timeout",
+    "out",
+    "resume",
+    "save_best_model",
+    "log",
+    "attacks",
+)
 
 
 def public_schedule(cfg: RunConfig) -> dict:
@@ -26,6 +40,7 @@ def schedule_option(cfg: RunConfig) -> dict:
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
     from protocols.split import SplitProtocol
+
     if not issubclass(backend_class(cfg.mode), SplitProtocol):
         return {}
     return {"schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str)))}
@@ -43,23 +58,29 @@ def accepted_keys(protocol, executor=None, hosts=()) -> dict:
         accepted = protocol.accepted_fingerprints()
     else:
         from .runtime import wire
+
         responses, _ = executor.call("accepted_keys", {k: wire.pack({}) for k in hosts})
         accepted = {f"client{k}": wire.unpack(r)["fingerprints"] for k, r in sorted(responses.items())}
-    return {"manifest": {"comparison_code": manifest.comparison_code, "run_id": manifest.run_id.hex()},
-            "key_fingerprints": accepted}
+    return {
+        "manifest": {"comparison_code": manifest.comparison_code, "run_id": manifest.run_id.hex()},
+        "key_fingerprints": accepted,
+    }
 
 
 #: what no mode protects (docs/security.md, "An actively malicious server")
-NOT_PROTECTED = ("a malicious client's own input", "a server re-signing a wrong aggregate (no verifiable aggregation)",
-                 "a crafted model that leaks one update through the sum (use DP)")
+NOT_PROTECTED = (
+    "a malicious client's own input",
+    "a server re-signing a wrong aggregate (no verifiable aggregation)",
+    "a crafted model that leaks one update through the sum (use DP)",
+)
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
-            "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
+    "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-               "of docs/ckks_mp.md",
+    "of docs/ckks_mp.md",
 }
 
 
@@ -67,8 +88,12 @@ def threat_model(cfg: RunConfig, protocol) -> dict:
     """``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
     the run's collusion bound and what is not protected (docs/security.md)."""
     bound = getattr(protocol, "collusion", None)
-    return {"adversary": "server deviating from the protocol, colluding with up to max_colluders clients",
-            "mode": cfg.mode, "holds": MODE_CLAIMS.get(cfg.mode, "see docs/security.md"),
-            "max_colluders": None if bound is None else bound.max_colluders,
-            "min_contributors": None if bound is None else bound.min_contributors,
-            "not_protected": list(NOT_PROTECTED), "reference": "docs/security.md"}
+    return {
+        "adversary": "server deviating from the protocol, colluding with up to max_colluders clients",
+        "mode": cfg.mode,
+        "holds": MODE_CLAIMS.get(cfg.mode, "see docs/security.md"),
+        "max_colluders": None if bound is None else bound.max_colluders,
+        "min_contributors": None if bound is None else bound.min_contributors,
+        "not_protected": list(NOT_PROTECTED),
+        "reference": "docs/security.md",
+    }

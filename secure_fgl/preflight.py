@@ -1,6 +1,7 @@
 """Checks that need the registries (datasets, algorithms, attacks, the run folder), made once
 before any data is loaded: a bad name or a bad folder is a one-line ConfigError, not a
 traceback after training.  :func:`preflight` returns the algorithm's filled Options."""
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,12 @@ def dataset_tasks() -> dict[str, str]:
     """Every ``--dataset`` name -> ``'node'`` or ``'graph'`` (registry, GCFL groups, generators)."""
     from .data.datasets import DATASETS
     from .data.graph_classification import GCFL_GROUPS
+
     tasks = {name: info.task for name, info in DATASETS.items()}
     tasks.update({group: "graph" for group in GCFL_GROUPS})
-    try:                                            # the graph-level generator, where this build has it
+    try:  # the graph-level generator, where this build has it
         from .data.synthetic_graphs import SYNTHETIC_GRAPHS
+
         tasks[SYNTHETIC_GRAPHS] = "graph"
     except ImportError:
         pass
@@ -32,14 +35,17 @@ def dataset_tasks() -> dict[str, str]:
 def check_dataset(cfg: RunConfig, spec) -> None:
     tasks = dataset_tasks()
     task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
-    cfg.dataset = cfg.dataset.lower()        # one spelling in results (the data layer ignores case)
+    cfg.dataset = cfg.dataset.lower()  # one spelling in results (the data layer ignores case)
     if task != spec.task:
-        raise ConfigError(f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "
-                          f"{cfg.algorithm} trains {spec.task} classification; pick a {spec.task}-classification "
-                          "dataset (list: secure-fgl datasets)")
+        raise ConfigError(
+            f"--dataset {cfg.dataset} is a {task}-classification dataset and --algorithm "
+            f"{cfg.algorithm} trains {spec.task} classification; pick a {spec.task}-classification "
+            "dataset (list: secure-fgl datasets)"
+        )
     if cfg.data_root is not None and not Path(cfg.data_root).is_dir():
-        raise ConfigError(f"--data-root {cfg.data_root} is not a folder; give the folder holding the datasets "
-                          "(e.g. $SECURE_FGL_DATA)")
+        raise ConfigError(
+            f"--data-root {cfg.data_root} is not a folder; give the folder holding the datasets (e.g. $SECURE_FGL_DATA)"
+        )
 
 
 def check_mode(cfg: RunConfig, spec) -> None:
@@ -55,21 +61,25 @@ def check_collusion(cfg: RunConfig) -> None:
         return
     from protocols.errors import ConfigurationError
     from protocols.plan_policy import CollusionBound
+
     try:
         bound = CollusionBound.of(cfg.max_colluders, cfg.min_contributors)
     except ConfigurationError as exc:
         raise ConfigError(str(exc)) from None
     sampled = cfg.clients if cfg.client_fraction >= 1 else max(1, int(round(cfg.client_fraction * cfg.clients)))
     if sampled < bound.min_contributors:
-        raise ConfigError(f"--mode {cfg.mode}: every client refuses a sum over fewer than {bound.min_contributors} "
-                          f"contributors (--min-contributors, default --max-colluders + 2), but a round samples "
-                          f"{sampled}; raise --clients or --client-fraction, or lower --max-colluders")
+        raise ConfigError(
+            f"--mode {cfg.mode}: every client refuses a sum over fewer than {bound.min_contributors} "
+            f"contributors (--min-contributors, default --max-colluders + 2), but a round samples "
+            f"{sampled}; raise --clients or --client-fraction, or lower --max-colluders"
+        )
 
 
 def check_attacks(cfg: RunConfig) -> None:
     if not cfg.attacks:
         return
     from attacks.runner import ATTACKS
+
     names = []
     for name in cfg.attacks:
         names.append("all" if name.lower() == "all" else match_choice("--attacks", name, tuple(ATTACKS)))
@@ -90,7 +100,7 @@ def check_out(cfg: RunConfig) -> None:
     if cfg.resume:
         ckpt = out / "checkpoint.pt"
         if not ckpt.is_file():
-            if (out / "dp_ledger.json").is_file():    # a DP run that crashed before its first checkpoint
+            if (out / "dp_ledger.json").is_file():  # a DP run that crashed before its first checkpoint
                 return
             raise ConfigError(f"--resume: no checkpoint at {ckpt}; drop --resume to start afresh")
         if not zipfile.is_zipfile(ckpt):
@@ -100,33 +110,44 @@ def check_out(cfg: RunConfig) -> None:
 def check_logs(cfg: RunConfig) -> None:
     """Every --log target's package is installed (a one-line error naming its extra, before the run)."""
     import importlib.util
+
     for name in cfg.log.split(","):
         if name in ("tensorboard", "wandb", "mlflow") and importlib.util.find_spec(name) is None:
-            raise ConfigError(f"--log {name} needs the {name} package: pip install 'secure-fgl[{name}]' "
-                              "(or use --log csv)")
+            raise ConfigError(
+                f"--log {name} needs the {name} package: pip install 'secure-fgl[{name}]' (or use --log csv)"
+            )
 
 
 def _algorithms_with_option(name: str) -> list[str]:
     """The algorithms that have the option ``name`` (``-`` or ``_``)."""
     import dataclasses
+
     from .algorithms import SPECS
+
     key = name.replace("-", "_")
     return [a for a, spec in SPECS.items() if key in {f.name for f in dataclasses.fields(spec.options)}]
 
 
 def check_options(cfg: RunConfig, options_cls) -> object:
     import dataclasses
+
     own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
     for key in cfg.options:
         flag = flag_name(str(key))
         if flag not in own:
-            run_flags = [flag_name(f.name) for f in dataclasses.fields(RunConfig)
-                         if f.name not in ("options", "synthetic")]
+            run_flags = [
+                flag_name(f.name) for f in dataclasses.fields(RunConfig) if f.name not in ("options", "synthetic")
+            ]
             known = f"its options: {', '.join(own)}" if own else "it has no options"
             owners = _algorithms_with_option(str(key))
-            raise ConfigError(f"{flag} is not a run flag nor an option of --algorithm {cfg.algorithm} ({known})"
-                              + (f"; {flag} is an option of --algorithm {' | '.join(owners)}" if owners
-                                 else did_you_mean(flag, own + run_flags)))
+            raise ConfigError(
+                f"{flag} is not a run flag nor an option of --algorithm {cfg.algorithm} ({known})"
+                + (
+                    f"; {flag} is an option of --algorithm {' | '.join(owners)}"
+                    if owners
+                    else did_you_mean(flag, own + run_flags)
+                )
+            )
     values = check_settings(options_cls, cfg.options, what=f"an option of --algorithm {cfg.algorithm}")
     cfg.options = values
     opts = options_cls(**values)
@@ -140,17 +161,20 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     """Validate ``cfg`` in place (canonical names); returns the algorithm's Options instance.
     ``check_data=False`` when the caller brings its own federation (no dataset lookup)."""
     from .algorithms import get_spec
+
     spec = get_spec(cfg.algorithm)
     cfg.algorithm = spec.name
     cfg.validate()
     if not DEVICE_PATTERN.match(cfg.device.lower()):
-        raise ConfigError(f"--device {cfg.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
-                          + did_you_mean(cfg.device, ("auto", "cpu", "cuda", "mps")))
+        raise ConfigError(
+            f"--device {cfg.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
+            + did_you_mean(cfg.device, ("auto", "cpu", "cuda", "mps"))
+        )
     cfg.device = cfg.device.lower()
     options = check_options(cfg, spec.options)
     check_out(cfg)
     check_logs(cfg)
-    if spec.check is not None:                  # the algorithm's own cross-field rules
+    if spec.check is not None:  # the algorithm's own cross-field rules
         spec.check(options, cfg)
     check_mode(cfg, spec)
     check_collusion(cfg)
@@ -158,5 +182,6 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
         check_dataset(cfg, spec)
     check_attacks(cfg)
     from .runtime.build import check_runtime
+
     check_runtime(cfg)
     return options

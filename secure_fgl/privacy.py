@@ -27,6 +27,7 @@ Client-level DP with few clients: the mean of K clipped updates has norm <= C wh
 noise has norm ~ z C sqrt(d) / K (d parameters).  The section stores this
 ``noise_to_signal`` ratio per client-level release and a warning when it exceeds 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,13 +36,21 @@ from .config import ConfigError, RunConfig
 
 UNITS = ("edge", "node", "client", "sample")
 #: the units a release privatised at a given unit also protects
-COVERS = {"client": {"client", "node", "edge", "sample"}, "node": {"node", "edge", "sample"}, "edge": {"edge"},
-          "sample": {"sample"}}
+COVERS = {
+    "client": {"client", "node", "edge", "sample"},
+    "node": {"node", "edge", "sample"},
+    "edge": {"edge"},
+    "sample": {"sample"},
+}
 #: tags of evaluation reports (:data:`secure_fgl.runtime.strategy.EVAL_TAG`)
 EVALUATION_PREFIX = "eval/"
 #: the data each unit protects (a release touching any of it must be privatised)
-PROTECTS = {"edge": {"edges"}, "node": {"features", "labels", "edges"},
-            "client": {"features", "labels", "edges"}, "sample": {"features", "labels", "edges"}}
+PROTECTS = {
+    "edge": {"edges"},
+    "node": {"features", "labels", "edges"},
+    "client": {"features", "labels", "edges"},
+    "sample": {"features", "labels", "edges"},
+}
 
 
 def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
@@ -79,14 +88,15 @@ def parse_split(text: str | None) -> dict[str, float] | None:
         except ValueError:
             sep = ""
         if not sep or not tag.strip() or not out[tag.strip()] > 0:
-            raise ConfigError(f"--dp-split takes tag=share,... with positive shares, got {part!r} "
-                              "(e.g. fedgcn/neighbour_sums=3,fedgcn/model=1)")
+            raise ConfigError(
+                f"--dp-split takes tag=share,... with positive shares, got {part!r} "
+                "(e.g. fedgcn/neighbour_sums=3,fedgcn/model=1)"
+            )
     return out
 
 
 def _in_scope(scope: tuple[str, ...], tag: str) -> bool:
-    return not scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") or p.startswith(tag)
-                            for p in scope)
+    return not scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") or p.startswith(tag) for p in scope)
 
 
 def dp_config(cfg: RunConfig):
@@ -94,31 +104,47 @@ def dp_config(cfg: RunConfig):
     if cfg.dp_epsilon is None:
         return None
     from protocols.dp import DPConfig
+
     unit, scope, split = resolve_unit(cfg), parse_scope(cfg), parse_split(cfg.dp_split)
     sums = [t for t in row_sum_tags(cfg) if _in_scope(scope, t)]
     if unit == "client" and sums:
-        raise ConfigError(f"--dp-unit client cannot privatise the neighbour-sum exchange {sums[0]} (one client's "
-                          "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
-                          f"{cfg.algorithm}/model")
+        raise ConfigError(
+            f"--dp-unit client cannot privatise the neighbour-sum exchange {sums[0]} (one client's "
+            "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
+            f"{cfg.algorithm}/model"
+        )
     if unit == "sample" and (sums or not cfg.options.get("dpsgd")):
-        raise ConfigError("--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
-                          "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
-                          "--dp-unit edge)")
+        raise ConfigError(
+            "--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
+            "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
+            "--dp-unit edge)"
+        )
     if unit == "node" and cfg.algorithm == "fedgcn-gap":
         raise ConfigError("fedgcn-gap implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
     if split is not None:
         out = [t for t in split if scope and not _in_scope(scope, t)]
         if out:
-            raise ConfigError(f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
-                              "without DP; split only privatised exchanges")
-    return DPConfig(epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, placement=resolve_placement(cfg), scope=scope,
-                    split=split, accountant=cfg.dp_accountant, dropouts=cfg.dp_dropouts, colluders=cfg.dp_colluders,
-                    exchange_releases=unit != "sample")
+            raise ConfigError(
+                f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
+                "without DP; split only privatised exchanges"
+            )
+    return DPConfig(
+        epsilon=cfg.dp_epsilon,
+        delta=cfg.dp_delta,
+        placement=resolve_placement(cfg),
+        scope=scope,
+        split=split,
+        accountant=cfg.dp_accountant,
+        dropouts=cfg.dp_dropouts,
+        colluders=cfg.dp_colluders,
+        exchange_releases=unit != "sample",
+    )
 
 
 def resolve_placement(cfg: RunConfig) -> str:
     """``--dp-placement``; ``auto``: distributed where only recipients see the sums (secure modes), else local."""
     from protocols.dp import SECURE_MODES
+
     if cfg.dp_placement != "auto":
         return cfg.dp_placement
     return "distributed" if cfg.mode in SECURE_MODES else "local"
@@ -131,8 +157,12 @@ def _released_tags(protocol) -> list[str]:
     client runtimes, released as ``result.json`` by every run -- and are not training releases)."""
     seen = []
     for m in protocol.transcript.messages:
-        if m.sender.startswith("client") and m.tag not in seen and not m.tag.endswith("/keys") \
-                and not m.tag.startswith(EVALUATION_PREFIX):
+        if (
+            m.sender.startswith("client")
+            and m.tag not in seen
+            and not m.tag.endswith("/keys")
+            and not m.tag.startswith(EVALUATION_PREFIX)
+        ):
             seen.append(m.tag)
     return seen
 
@@ -161,9 +191,9 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
     per_tag = rep.get("per_tag", {})
     params = getattr(algo, "global_params", None)
     dim = int(params.numel()) if params is not None else getattr(algo, "model_size", None)
-    num_clients = getattr(algo, "num_clients", None) or len(algo.clients)     # a runtime strategy / an algorithm
+    num_clients = getattr(algo, "num_clients", None) or len(algo.clients)  # a runtime strategy / an algorithm
     releases, uncovered, warnings = [], [], []
-    local_units = getattr(algo, "release_units", dict)()     # releases a client makes alone (DP-SGD steps)
+    local_units = getattr(algo, "release_units", dict)()  # releases a client makes alone (DP-SGD steps)
     exchanged = _released_tags(protocol)
     for tag in exchanged + [t for t in per_tag if t not in exchanged]:
         deps = release_dependencies(algo, tag)
@@ -171,60 +201,111 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
         if tag in local_units and tag in per_tag:
             t = per_tag[tag]
             shares = int(t.get("noise_shares", 1))
-            entry.update({"unit": local_units[tag], "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
-                          "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"], "share": protocol.dp.share(tag),
-                          "noise_shares": shares,
-                          "note": "DP-SGD: protects a training node's features and label as a record of this model; "
-                                  "the model exchanges are post-processing of these noisy gradients; "
-                                  + (f"each step's noise is split over {shares} clients' shares inside the secure "
-                                     "model mean (one SGD step per round)" if shares > 1 else
-                                     "each client adds all of each step's noise")})
+            entry.update(
+                {
+                    "unit": local_units[tag],
+                    "releases": t["releases"],
+                    "noise_multiplier": t["noise_multiplier"],
+                    "sensitivity": t.get("sensitivity"),
+                    "epsilon": t["epsilon"],
+                    "share": protocol.dp.share(tag),
+                    "noise_shares": shares,
+                    "note": "DP-SGD: protects a training node's features and label as a record of this model; "
+                    "the model exchanges are post-processing of these noisy gradients; "
+                    + (
+                        f"each step's noise is split over {shares} clients' shares inside the secure "
+                        "model mean (one SGD step per round)"
+                        if shares > 1
+                        else "each client adds all of each step's noise"
+                    ),
+                }
+            )
             covered = unit in COVERS[local_units[tag]] or not (deps & PROTECTS[unit])
             if shares == 1 and rep["placement"] == "distributed" and getattr(algo, "dpsgd_secure_mean", False):
-                warnings.append(f"{tag}: each client adds all of each DP-SGD step's noise (several local steps, "
-                                "Adam or momentum, or client sampling); --local-epochs 1 --optimizer sgd lets the "
-                                "secure model mean carry it, split over the clients' noise shares")
+                warnings.append(
+                    f"{tag}: each client adds all of each DP-SGD step's noise (several local steps, "
+                    "Adam or momentum, or client sampling); --local-epochs 1 --optimizer sgd lets the "
+                    "secure model mean carry it, split over the clients' noise shares"
+                )
         elif tag in per_tag:
             t = per_tag[tag]
             rel_unit = unit if any(tag == s or tag.startswith(s) for s in sums) else "client"
-            entry.update({"unit": rel_unit, "releases": t["releases"], "noise_multiplier": t["noise_multiplier"],
-                          "sensitivity": t.get("sensitivity"), "epsilon": t["epsilon"],
-                          "share": protocol.dp.share(tag)})
+            entry.update(
+                {
+                    "unit": rel_unit,
+                    "releases": t["releases"],
+                    "noise_multiplier": t["noise_multiplier"],
+                    "sensitivity": t.get("sensitivity"),
+                    "epsilon": t["epsilon"],
+                    "share": protocol.dp.share(tag),
+                }
+            )
             covered = unit in COVERS[rel_unit]
             if rel_unit == "client" and dim and isinstance(t["noise_multiplier"], float):
                 ratio = t["noise_multiplier"] * math.sqrt(dim) / max(1, num_clients)
                 entry["noise_to_signal"] = ratio
                 if ratio > 1:
-                    warnings.append(f"{tag}: client-level noise on the mean of {num_clients} clients has "
-                                    f"~{ratio:.3g}x the norm of the largest possible mean update ({dim} "
-                                    f"parameters); client-level DP needs about {math.ceil(ratio) * num_clients}"
-                                    " clients or more to learn (or fewer parameters). Edge-level DP that learns: "
-                                    "--algorithm fedgcn-gap (docs/dp.md)")
+                    warnings.append(
+                        f"{tag}: client-level noise on the mean of {num_clients} clients has "
+                        f"~{ratio:.3g}x the norm of the largest possible mean update ({dim} "
+                        f"parameters); client-level DP needs about {math.ceil(ratio) * num_clients}"
+                        " clients or more to learn (or fewer parameters). Edge-level DP that learns: "
+                        "--algorithm fedgcn-gap (docs/dp.md)"
+                    )
         else:
             covered = not (deps & PROTECTS[unit])
         entry["covered"] = covered
         if not covered:
-            uncovered.append(f"{tag} is released {'with ' + entry['unit'] + '-level' if entry['dp'] else 'without'}"
-                             f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
-                             "does not hold for it")
+            uncovered.append(
+                f"{tag} is released {'with ' + entry['unit'] + '-level' if entry['dp'] else 'without'}"
+                f" DP but touches {', '.join(sorted(deps & PROTECTS[unit]))}: the {unit}-level claim "
+                "does not hold for it"
+            )
         releases.append(entry)
-    section_coalition = coalition_guarantee(releases, sums, num_clients, rep["delta"],
-                                            colluding=max(1, cfg.dp_colluders), calibrated=cfg.dp_colluders,
-                                            dropouts=cfg.dp_dropouts, composition=rep.get("composition", "exact")) \
-        if rep["placement"] == "distributed" else None
-    return {"unit": unit, "units": sorted({r["unit"] for r in releases if r.get("unit")}),
-            "claim_holds": not uncovered, "total_epsilon": rep["total_epsilon"],
-            "coalition": section_coalition,
-            "epsilon_budget": rep["epsilon_budget"], "delta": rep["delta"], "accountant": rep["accountant"],
-            "composition": rep.get("composition", rep["accountant"]),
-            "placement": rep["placement"], "scope": cfg.dp_exchanges, "releases": releases,
-            "uncovered": uncovered, "warnings": warnings, "per_tag": per_tag,
-            "replayed_releases": rep.get("replayed_releases", 0)}
+    section_coalition = (
+        coalition_guarantee(
+            releases,
+            sums,
+            num_clients,
+            rep["delta"],
+            colluding=max(1, cfg.dp_colluders),
+            calibrated=cfg.dp_colluders,
+            dropouts=cfg.dp_dropouts,
+            composition=rep.get("composition", "exact"),
+        )
+        if rep["placement"] == "distributed"
+        else None
+    )
+    return {
+        "unit": unit,
+        "units": sorted({r["unit"] for r in releases if r.get("unit")}),
+        "claim_holds": not uncovered,
+        "total_epsilon": rep["total_epsilon"],
+        "coalition": section_coalition,
+        "epsilon_budget": rep["epsilon_budget"],
+        "delta": rep["delta"],
+        "accountant": rep["accountant"],
+        "composition": rep.get("composition", rep["accountant"]),
+        "placement": rep["placement"],
+        "scope": cfg.dp_exchanges,
+        "releases": releases,
+        "uncovered": uncovered,
+        "warnings": warnings,
+        "per_tag": per_tag,
+        "replayed_releases": rep.get("replayed_releases", 0),
+    }
 
 
-def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients: int, delta: float,
-                        colluding: int = 1, calibrated: int = 0, dropouts: int = 0,
-                        composition: str = "exact") -> dict:
+def coalition_guarantee(
+    releases: list[dict],
+    sums: tuple[str, ...],
+    num_clients: int,
+    delta: float,
+    colluding: int = 1,
+    calibrated: int = 0,
+    dropouts: int = 0,
+    composition: str = "exact",
+) -> dict:
     """The guarantee of distributed noise against the server plus ``colluding`` clients.
 
     Distributed placement (:mod:`protocols.dp`) gives each of a sum's n contributors the noise
@@ -238,23 +319,28 @@ def coalition_guarantee(releases: list[dict], sums: tuple[str, ...], num_clients
     the releases at their reduced noise multipliers ``z sqrt(left)`` with the run's ``composition``
     (:func:`protocols.accountant.epsilon_of`: exact Gaussian, or Renyi DP for discrete releases)."""
     from protocols.accountant import epsilon_of
+
     history = []
     for r in releases:
         if not r.get("dp"):
             continue
-        if r.get("unit") == "sample" and r.get("noise_shares", 1) <= 1:   # DP-SGD, all noise local
+        if r.get("unit") == "sample" and r.get("noise_shares", 1) <= 1:  # DP-SGD, all noise local
             left = 1.0
         elif any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
             left = 1.0 / (1 + max(0, colluding - calibrated))
-        else:                                   # dense sums of n shares (DP-SGD in the secure mean too)
+        else:  # dense sums of n shares (DP-SGD in the secure mean too)
             n = int(r.get("noise_shares", num_clients)) if r.get("unit") == "sample" else num_clients
             honest = n - dropouts - colluding
             left = 1.0 if honest <= 0 else honest / max(1, n - dropouts - calibrated)
         history.append((r["noise_multiplier"] * math.sqrt(min(1.0, left)), 1.0, int(r["releases"])))
     eps = epsilon_of(history, delta, composition) if history else 0.0
-    return {"colluding_clients": colluding, "calibrated_colluders": calibrated, "dropouts": dropouts,
-            "total_epsilon": eps,
-            "note": f"distributed noise over-provisioned for {dropouts} dropout(s) and {calibrated} colluding "
-                    f"client(s): against the server plus {colluding} colluding client(s) (who subtract their "
-                    f"noise shares) the guarantee is epsilon {eps:.3g} (delta {delta:g})"
-                    + (", the run's total" if colluding <= calibrated else ", weaker than the run's total")}
+    return {
+        "colluding_clients": colluding,
+        "calibrated_colluders": calibrated,
+        "dropouts": dropouts,
+        "total_epsilon": eps,
+        "note": f"distributed noise over-provisioned for {dropouts} dropout(s) and {calibrated} colluding "
+        f"client(s): against the server plus {colluding} colluding client(s) (who subtract their "
+        f"noise shares) the guarantee is epsilon {eps:.3g} (delta {delta:g})"
+        + (", the run's total" if colluding <= calibrated else ", weaker than the run's total"),
+    }

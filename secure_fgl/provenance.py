@@ -1,6 +1,7 @@
 """Where a result came from: package version, git commit, start time, library versions.
 
 Stored at the top level of ``result.json`` (see :mod:`secure_fgl.results` for the schema)."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -24,12 +25,15 @@ def git_commit() -> str | None:
     """The checkout's HEAD commit (with ``+dirty`` for uncommitted changes), or None outside git."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5)
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -50,5 +54,9 @@ def now_utc() -> str:
 
 
 def provenance() -> dict:
-    return {"secure_fgl_version": package_version(), "git_commit": git_commit(), "started_at": now_utc(),
-            "library_versions": library_versions()}
+    return {
+        "secure_fgl_version": package_version(),
+        "git_commit": git_commit(),
+        "started_at": now_utc(),
+        "library_versions": library_versions(),
+    }

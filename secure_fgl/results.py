@@ -8,6 +8,7 @@ the **major** number goes up when a key is removed or renamed or changes meaning
 >>> df = load_runs("runs/sweep")            # one row per result.json below the folder
 >>> df.groupby(["config.mode"])["final.test_acc"].mean()
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ def schema() -> dict:
 def validate_result(result: dict) -> None:
     """Raise ``jsonschema.ValidationError`` if ``result`` does not follow the schema."""
     import jsonschema
+
     jsonschema.validate(result, schema())
 
 
@@ -57,14 +59,25 @@ def flatten(result: dict) -> dict:
     """One flat row: ``config.*``, ``options.*``, scalar ``final.*``, ``comm.*`` totals, ``time.*``,
     ``privacy.total_epsilon``, ``attack.<name>`` (its value) and the provenance keys."""
     row: dict = {}
-    for key in ("schema_version", "secure_fgl_version", "git_commit", "started_at", "status", "device",
-                "num_clients", "config_fingerprint"):
+    for key in (
+        "schema_version",
+        "secure_fgl_version",
+        "git_commit",
+        "started_at",
+        "status",
+        "device",
+        "num_clients",
+        "config_fingerprint",
+    ):
         row[key] = result.get(key)
     for key, value in (result.get("config") or {}).items():
         if key == "options":
             continue
-        row[f"config.{key}"] = ",".join(map(str, value)) if isinstance(value, list) else (
-            json.dumps(value) if isinstance(value, dict) else value)
+        row[f"config.{key}"] = (
+            ",".join(map(str, value))
+            if isinstance(value, list)
+            else (json.dumps(value) if isinstance(value, dict) else value)
+        )
     for key, value in (result.get("options") or (result.get("config") or {}).get("options") or {}).items():
         row[f"options.{key}"] = value
     for key, value in (result.get("final") or {}).items():
@@ -88,6 +101,7 @@ def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple
     and the unfinished ones (``status`` not ``complete``, e.g. interrupted during the attacks)
     left out unless ``include_unfinished``."""
     from .run_identity import is_finished
+
     kept, left = [], []
     for path in find_results(*paths):
         result = json.loads(path.read_text())
@@ -104,10 +118,14 @@ def load_runs(*paths: str | Path, include_unfinished: bool = False):
     except ImportError:
         raise ImportError("load_runs needs pandas: pip install 'secure-fgl[analysis]'") from None
     import warnings
+
     kept, left = read_finished(*paths, include_unfinished=include_unfinished)
     if left:
-        warnings.warn(f"load_runs: left out {len(left)} unfinished run(s) ({', '.join(str(p.parent) for p in left[:3])}"
-                      f"{', ...' if len(left) > 3 else ''}); include_unfinished=True to read them", stacklevel=2)
+        warnings.warn(
+            f"load_runs: left out {len(left)} unfinished run(s) ({', '.join(str(p.parent) for p in left[:3])}"
+            f"{', ...' if len(left) > 3 else ''}); include_unfinished=True to read them",
+            stacklevel=2,
+        )
     rows = []
     for path, result in kept:
         row = flatten(result)

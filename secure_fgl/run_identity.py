@@ -14,6 +14,7 @@ not rerun.  ``secure-fgl report`` reuses a run folder only when its fingerprint 
 one and the run finished; ``secure-fgl run --out`` refuses a finished folder without
 ``--overwrite`` and a ``--resume`` of a folder made with other settings.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,19 @@ import json
 from pathlib import Path
 
 #: RunConfig fields that do not change a run's numbers (where files go, how it is shown, where it runs)
-NOT_IDENTITY = ("out", "resume", "log", "save_best_model", "data_root", "device", "ray_address", "ray_num_cpus",
-                "ray_workers", "ray_client_resources", "round_timeout")
+NOT_IDENTITY = (
+    "out",
+    "resume",
+    "log",
+    "save_best_model",
+    "data_root",
+    "device",
+    "ray_address",
+    "ray_num_cpus",
+    "ray_workers",
+    "ray_client_resources",
+    "round_timeout",
+)
 #: the identity file written into every run folder when the run starts
 RUN_FILE = "run.json"
 
@@ -57,8 +69,11 @@ def differences(stored: dict, asked: dict) -> list[str]:
     a, b = identity(stored), identity(asked)
     a_opts, b_opts = a.pop("options", {}) or {}, b.pop("options", {}) or {}
     out = [f"{k}: {_show(a.get(k))} -> {_show(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    out += [f"options.{k}: {_show(a_opts.get(k))} -> {_show(b_opts.get(k))}"
-            for k in sorted(set(a_opts) | set(b_opts)) if a_opts.get(k) != b_opts.get(k)]
+    out += [
+        f"options.{k}: {_show(a_opts.get(k))} -> {_show(b_opts.get(k))}"
+        for k in sorted(set(a_opts) | set(b_opts))
+        if a_opts.get(k) != b_opts.get(k)
+    ]
     return out
 
 
@@ -71,18 +86,26 @@ def _show(v) -> str:
 def resolved_config(cfg, options) -> dict:
     """``result.json``'s ``config``: the RunConfig with the algorithm's options filled in."""
     import dataclasses
+
     return {**cfg.to_dict(), "options": dataclasses.asdict(options)}
 
 
 def write_run_file(out_dir: str | Path, config: dict, provenance: dict) -> None:
     """``run.json``: the fingerprint, the resolved config and the code that started the run."""
     from .engine.files import write_json_atomic
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RUN_FILE, {"fingerprint": fingerprint(config), "config": config,
-                                       "secure_fgl_version": provenance.get("secure_fgl_version"),
-                                       "git_commit": provenance.get("git_commit"),
-                                       "started_at": provenance.get("started_at")})
+    write_json_atomic(
+        out / RUN_FILE,
+        {
+            "fingerprint": fingerprint(config),
+            "config": config,
+            "secure_fgl_version": provenance.get("secure_fgl_version"),
+            "git_commit": provenance.get("git_commit"),
+            "started_at": provenance.get("started_at"),
+        },
+    )
 
 
 def stored_run(out_dir: str | Path) -> dict | None:
@@ -98,9 +121,14 @@ def stored_run(out_dir: str | Path) -> dict | None:
                 continue
             config = data.get("config") or {}
             status = data.get("status") if name == "result.json" else "started"
-            return {"config": config, "fingerprint": data.get("config_fingerprint") or fingerprint(config),
-                    "finished": is_finished(data) if name == "result.json" else False, "status": status,
-                    "secure_fgl_version": data.get("secure_fgl_version"), "git_commit": data.get("git_commit")}
+            return {
+                "config": config,
+                "fingerprint": data.get("config_fingerprint") or fingerprint(config),
+                "finished": is_finished(data) if name == "result.json" else False,
+                "status": status,
+                "secure_fgl_version": data.get("secure_fgl_version"),
+                "git_commit": data.get("git_commit"),
+            }
     return None
 
 
@@ -112,6 +140,7 @@ def is_finished(result: dict) -> bool:
 @functools.lru_cache(maxsize=1)
 def _this_code() -> tuple[str, str | None]:
     from .provenance import git_commit, package_version
+
     return package_version(), git_commit()
 
 
@@ -128,14 +157,18 @@ def check_run_folder(out_dir: str | Path, config: dict, *, resume: bool, overwri
     """Refuse to silently replace a finished run, or to resume a run made with other settings
     (``ConfigError`` naming the fix)."""
     from .validation import ConfigError
+
     stored = stored_run(out_dir)
     if stored is None:
         return
     if resume and stored["fingerprint"] != fingerprint(config):
         diff = differences(stored["config"], config)
-        raise ConfigError(f"--resume: {out_dir} holds a run with other settings ({'; '.join(diff[:4])}"
-                          f"{'; ...' if len(diff) > 4 else ''}); resume it with its own settings, or choose "
-                          "another --out")
+        raise ConfigError(
+            f"--resume: {out_dir} holds a run with other settings ({'; '.join(diff[:4])}"
+            f"{'; ...' if len(diff) > 4 else ''}); resume it with its own settings, or choose "
+            "another --out"
+        )
     if stored["finished"] and not resume and not overwrite:
-        raise ConfigError(f"--out {out_dir} holds a finished run; add --overwrite to replace it, or choose another "
-                          "--out")
+        raise ConfigError(
+            f"--out {out_dir} holds a finished run; add --overwrite to replace it, or choose another --out"
+        )

@@ -7,6 +7,7 @@ algorithm's ``Options`` dataclass are described this way, so a new algorithm's o
 help, validation and suggestions without touching the CLI.  No torch import here: the CLI's
 ``--help`` stays fast.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,15 +22,31 @@ class ConfigError(ValueError):
     """A run setting is invalid; the message names the setting and the fix."""
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str, unit: str | None = None,
-            choices: tuple | None = None, min: float | None = None, max: float | None = None,
-            min_exclusive: bool = False, group: str | None = None, default_factory: Any = dataclasses.MISSING):
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    unit: str | None = None,
+    choices: tuple | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    group: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+):
     """A dataclass field with the metadata :func:`check_settings` and the CLI read.
 
     ``min``/``max`` bound numbers (``min_exclusive``: strictly above ``min``); ``choices`` are
     matched case-insensitively; ``group`` places a RunConfig flag in a ``--help`` section."""
-    meta = {"help": help, "unit": unit, "choices": choices, "min": min, "max": max,
-            "min_exclusive": min_exclusive, "group": group}
+    meta = {
+        "help": help,
+        "unit": unit,
+        "choices": choices,
+        "min": min,
+        "max": max,
+        "min_exclusive": min_exclusive,
+        "group": group,
+    }
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -50,8 +67,9 @@ def match_choice(flag: str, value: Any, choices) -> str:
     for c in choices:
         if str(value).lower() == str(c).lower():
             return c
-    raise ConfigError(f"{flag} {value!r} is not one of {', '.join(map(str, choices))}"
-                      + did_you_mean(str(value), choices))
+    raise ConfigError(
+        f"{flag} {value!r} is not one of {', '.join(map(str, choices))}" + did_you_mean(str(value), choices)
+    )
 
 
 def _base_type(tp) -> tuple[type, bool]:
@@ -133,8 +151,10 @@ def check_settings(cls, values: dict, *, what: str = "a setting", skip=()) -> di
         if key not in fields or key in skip:
             known = [flag_name(n) for n in fields if n not in skip]
             hint = did_you_mean(flag_name(key), known)
-            raise ConfigError(f"{flag_name(key)} is not {what}" + (hint or (
-                f" (known: {', '.join(known)})" if known else " (there are none)")))
+            raise ConfigError(
+                f"{flag_name(key)} is not {what}"
+                + (hint or (f" (known: {', '.join(known)})" if known else " (there are none)"))
+            )
         f = fields[key]
         tp, optional = field_type(cls, key)
         if tp in (bool, int, float, str):
@@ -159,7 +179,10 @@ def describe(f: dataclasses.Field, tp: type | None = None) -> str:
         parts.append(f"{'>' if meta.get('min_exclusive') else '>='} {lo}")
     elif hi is not None:
         parts.append(f"<= {hi}")
-    default = f.default if f.default is not dataclasses.MISSING else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    default = (
+        f.default
+        if f.default is not dataclasses.MISSING
+        else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    )
     parts.append(f"(default: {'none' if default in (None, '', [], {}) else default})")
     return " ".join(p for p in parts if p)

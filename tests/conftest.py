@@ -1,4 +1,5 @@
 """Shared fixtures: small synthetic federations and the real-data root."""
+
 from __future__ import annotations
 
 import os
@@ -37,6 +38,7 @@ def data_root() -> Path:
 def _one_thread():
     """The CI box has 2 shared cores: one torch thread beats contended threads on tiny graphs."""
     import torch
+
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,5 +1,6 @@
 """A Flower federation on 127.0.0.1 for the tests: one SuperLink, one SuperNode and one site
 process per client, each a subprocess that :meth:`Federation.close` kills.  Every wait is bounded."""
+
 from __future__ import annotations
 
 import os
@@ -23,22 +24,48 @@ class Federation:
     """``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
     :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only)."""
 
-    def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0,
-                 site_args: tuple = ()):
+    def __init__(
+        self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args: tuple = ()
+    ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
-        self.env = {**os.environ, "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_HOME": str(self.folder / "flwr-home"),
-                    "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
-                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
+        self.env = {
+            **os.environ,
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_HOME": str(self.folder / "flwr-home"),
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "OMP_NUM_THREADS": "1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+        }
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         secure = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
-        (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-                                          f'address = "127.0.0.1:{self.port}"\n{secure}\n')
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{self.port}"\n{secure}\n'
+        )
         try:
-            link = [str(BIN / "flower-superlink"), "--port", str(self.port), "--host", "127.0.0.1",
-                    "--disable-runtime-dependency-installation", "--database", str(self.folder / "state.db")]
-            link += (["--ssl-ca-certfile", tls["ca"], "--ssl-certfile", tls["cert"], "--ssl-keyfile", tls["key"],
-                      "--enable-supernode-auth"] if tls else ["--insecure"])
+            link = [
+                str(BIN / "flower-superlink"),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(self.folder / "state.db"),
+            ]
+            link += (
+                [
+                    "--ssl-ca-certfile",
+                    tls["ca"],
+                    "--ssl-certfile",
+                    tls["cert"],
+                    "--ssl-keyfile",
+                    tls["key"],
+                    "--enable-supernode-auth",
+                ]
+                if tls
+                else ["--insecure"]
+            )
             (self.folder / "superlink.argv").write_text(" ".join(link))
             self.spawn("superlink", link)
             self.wait_listening(self.port, timeout)
@@ -46,13 +73,35 @@ class Federation:
                 if tls:
                     self.register(tls["node_pub"][k], tls["ca"])
                 sock = self.folder / f"site{k}" / "site.sock"
-                self.spawn(f"site{k}", [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock),
-                                        "--client", str(k), *site_args])
-                node = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
-                        "--port", str(free_port()), "--node-config", f'site-socket="{sock}"', "--max-wait-time",
-                        str(timeout)]
-                node += (["--root-certificates", tls["ca"], "--auth-supernode-private-key", tls["node_key"][k]]
-                         if tls else ["--insecure"])
+                self.spawn(
+                    f"site{k}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "secure_fgl.runtime.flower_site",
+                        "--socket",
+                        str(sock),
+                        "--client",
+                        str(k),
+                        *site_args,
+                    ],
+                )
+                node = [
+                    str(BIN / "flower-supernode"),
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f'site-socket="{sock}"',
+                    "--max-wait-time",
+                    str(timeout),
+                ]
+                node += (
+                    ["--root-certificates", tls["ca"], "--auth-supernode-private-key", tls["node_key"][k]]
+                    if tls
+                    else ["--insecure"]
+                )
                 self.spawn(f"supernode{k}", node)
         except BaseException:
             self.close()
@@ -60,8 +109,9 @@ class Federation:
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         with open(self.folder / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True
+            )
         self.procs[name] = proc
         return proc
 
@@ -72,8 +122,15 @@ class Federation:
 
     def register(self, public_key: str, ca: str) -> None:
         """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
-        out = subprocess.run([str(BIN / "flwr"), "supernode", "register", public_key, "test"], env=self.env,
-                             capture_output=True, text=True, timeout=60, cwd=self.folder, check=False)
+        out = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "register", public_key, "test"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=self.folder,
+            check=False,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
 
     def wait_listening(self, port: int, timeout: float) -> None:
@@ -121,13 +178,23 @@ def make_tls(folder: Path, clients: int) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
 
     def cert(subject_key, subject, issuer_key, issuer, ca: bool):
-        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
-                   .public_key(subject_key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(subject_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if not ca:
-            builder = builder.add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
         return builder.sign(issuer_key, hashes.SHA256())
 
     def write(name: str, data: bytes) -> str:
@@ -136,18 +203,32 @@ def make_tls(folder: Path, clients: int) -> dict:
         return str(folder / name)
 
     pem = serialization.Encoding.PEM
-    private = lambda key: key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption())
+
+    def private(key) -> bytes:
+        return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
     ca_key, link_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
     link_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    paths = {"ca": write("ca.crt", cert(ca_key, ca_name, ca_key, ca_name, True).public_bytes(pem)),
-             "cert": write("superlink.crt", cert(link_key, link_name, ca_key, ca_name, False).public_bytes(pem)),
-             "key": write("superlink.key", private(link_key)), "node_key": [], "node_pub": []}
+    paths = {
+        "ca": write("ca.crt", cert(ca_key, ca_name, ca_key, ca_name, True).public_bytes(pem)),
+        "cert": write("superlink.crt", cert(link_key, link_name, ca_key, ca_name, False).public_bytes(pem)),
+        "key": write("superlink.key", private(link_key)),
+        "node_key": [],
+        "node_pub": [],
+    }
     for k in range(clients):
         key = ec.generate_private_key(ec.SECP384R1())
-        paths["node_key"].append(write(f"node{k}.key", key.private_bytes(
-            pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())))
-        paths["node_pub"].append(write(f"node{k}.pub", key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)))
+        paths["node_key"].append(
+            write(
+                f"node{k}.key",
+                key.private_bytes(pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()),
+            )
+        )
+        paths["node_pub"].append(
+            write(
+                f"node{k}.pub",
+                key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH),
+            )
+        )
     return paths

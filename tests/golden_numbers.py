@@ -8,6 +8,7 @@ recorded with (another version rounds differently); integers (bytes, counts) alw
 With ``SECURE_FGL_REGEN_GOLDEN=1`` the call writes ``observed`` and ``tolerance`` instead of comparing:
 ``python tests/golden/regenerate.py`` runs the golden tests that way (see that script).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ REGENERATE = "OMP_NUM_THREADS=1 python tests/golden/regenerate.py"
 
 def _torch_version() -> str:
     import torch
+
     return torch.__version__.split("+")[0]
 
 
@@ -57,8 +59,10 @@ def assert_golden(group: str, case: str, observed: dict, tolerance: dict[str, fl
     if os.environ.get("SECURE_FGL_REGEN_GOLDEN"):
         stored = json.loads(file.read_text()) if file.exists() else {}
         stored.update({"torch": _torch_version(), "regenerate": REGENERATE})
-        stored.setdefault("cases", {})[case] = {"tolerance": {k: float(v) for k, v in (tolerance or {}).items()},
-                                                "observed": observed}
+        stored.setdefault("cases", {})[case] = {
+            "tolerance": {k: float(v) for k, v in (tolerance or {}).items()},
+            "observed": observed,
+        }
         stored["cases"] = dict(sorted(stored["cases"].items()))
         file.write_text(json.dumps(stored, indent=1) + "\n")
         return
@@ -68,9 +72,16 @@ def assert_golden(group: str, case: str, observed: dict, tolerance: dict[str, fl
     golden = stored["cases"][case]
     floats = stored["torch"] == _torch_version()
     if not floats:
-        warnings.warn(f"golden numbers of {group} recorded with torch {stored['torch']}, running "
-                      f"{_torch_version()}: floats not compared (regenerate: `{REGENERATE}`)", stacklevel=2)
-    diffs = [d for field in sorted(set(golden["observed"]) | set(observed))
-             for d in _differences(golden["observed"].get(field), observed.get(field),
-                                   golden["tolerance"].get(field, 0.0), floats, field)]
+        warnings.warn(
+            f"golden numbers of {group} recorded with torch {stored['torch']}, running "
+            f"{_torch_version()}: floats not compared (regenerate: `{REGENERATE}`)",
+            stacklevel=2,
+        )
+    diffs = [
+        d
+        for field in sorted(set(golden["observed"]) | set(observed))
+        for d in _differences(
+            golden["observed"].get(field), observed.get(field), golden["tolerance"].get(field, 0.0), floats, field
+        )
+    ]
     assert not diffs, f"{group}/{case} differs from its golden numbers:\n" + "\n".join(diffs[:20])

@@ -1,5 +1,6 @@
 """A server (or network) that deviates from the protocol: each attack is refused with a specific
 ProtocolError, or gets nothing.  Malicious server halves are subclasses of the honest ones."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +11,22 @@ import pytest
 from protocols import SERVER, ValueSpec, make_protocol
 from protocols.ckks import CKKSProtocol
 from protocols.ckks.backend import CKKSServer
-from protocols.errors import (AuthenticationError, BoundError, ConfigurationError, ConsistencyError, IntegrityError,
-                              PlanRefusedError, RepeatedContributionError, ShareIntegrityError, ThresholdRefusedError,
-                              TooFewContributorsError)
+from protocols.errors import (
+    AuthenticationError,
+    BoundError,
+    ConfigurationError,
+    ConsistencyError,
+    IntegrityError,
+    PlanRefusedError,
+    RepeatedContributionError,
+    ShareIntegrityError,
+    ThresholdRefusedError,
+    TooFewContributorsError,
+)
+from protocols.framing import message_to_bytes, pack_bundle
 from protocols.mask import MaskProtocol
 from protocols.mask.backend import MaskClient, MaskServer
 from protocols.mask.shamir import Share, split
-from protocols.framing import message_to_bytes, pack_bundle
 from protocols.party import envelope_of
 
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
@@ -55,8 +65,9 @@ class SharedIdsShiftingServer(MaskServer):
 
     def queue(self, client, msg, stage, part=0):
         if stage == "block_ids" and client == 1 and msg.kind == "metadata":
-            msg = dataclasses.replace(msg, payload={j: (np.asarray(c) + 1).astype(np.int32)
-                                                    for j, c in msg.payload.items()})
+            msg = dataclasses.replace(
+                msg, payload={j: (np.asarray(c) + 1).astype(np.int32) for j, c in msg.payload.items()}
+            )
         super().queue(client, msg, stage, part)
 
 
@@ -72,17 +83,23 @@ class ScaleRaisingServer(CKKSServer):
 def test_resigned_sparse_block_ids_are_refused_not_an_index_error():
     class Proto(MaskProtocol):
         server_half = SharedIdsShiftingServer
+
     proto = Proto(3, block_size=2)
-    rows = {0: (np.array([0, 1, 2]), np.ones((3, 2))), 1: (np.array([0, 1]), np.full((2, 2), 2.0)),
-            2: (np.array([1, 2]), np.ones((2, 2)))}
+    rows = {
+        0: (np.array([0, 1, 2]), np.ones((3, 2))),
+        1: (np.array([0, 1]), np.full((2, 2), 2.0)),
+        2: (np.array([1, 2]), np.ones((2, 2))),
+    }
     with pytest.raises(IntegrityError, match="not a sorted subset"):
-        proto.row_sum("r", 0, rows, {0: np.array([0, 1, 2])}, 4, layout="sparse",
-                      spec=ValueSpec(max_abs=4, tolerance=1e-3))
+        proto.row_sum(
+            "r", 0, rows, {0: np.array([0, 1, 2])}, 4, layout="sparse", spec=ValueSpec(max_abs=4, tolerance=1e-3)
+        )
 
 
 def test_plan_past_the_ckks_modulus_is_a_bound_error_not_a_value_error():
     class Proto(CKKSProtocol):
         server_half = ScaleRaisingServer
+
     proto = Proto(3, fixed_point_bits=20)
     with pytest.raises(BoundError, match="past the chain's modulus"):
         proto.weighted_sum("w", 0, _values(3), spec=SPEC)
@@ -91,9 +108,11 @@ def test_plan_past_the_ckks_modulus_is_a_bound_error_not_a_value_error():
 # ---------------------------------------------------------------------- clients check every plan
 def _server_planning(base: type, tamper):
     """A server half of ``base`` that runs every exchange on ``tamper(plan)`` instead of its plan."""
+
     class Tampering(base):
         def run(self, plan, link):
             return super().run(tamper(plan), link)
+
     return Tampering
 
 
@@ -128,8 +147,9 @@ def test_min_contributors_is_a_run_parameter_not_a_plan_field(mode):
     with pytest.raises(TooFewContributorsError, match="minimum of 3"):
         make_protocol(mode, 4, max_colluders=1).weighted_sum("w", 0, {0: x[0], 1: x[1]}, spec=SPEC)
     proto = make_protocol(mode, 4, max_colluders=1)
-    assert np.allclose(proto.weighted_sum("w", 0, {k: x[k] for k in (0, 1, 2)}, spec=SPEC),
-                       x[0] + x[1] + x[2], atol=1e-2)
+    assert np.allclose(
+        proto.weighted_sum("w", 0, {k: x[k] for k in (0, 1, 2)}, spec=SPEC), x[0] + x[1] + x[2], atol=1e-2
+    )
     with pytest.raises(ConfigurationError, match="--min-contributors >= 3"):
         make_protocol(mode, 4, max_colluders=1, min_contributors=2)
 
@@ -191,28 +211,37 @@ class ShareCorruptingClient(MaskClient):
         out = super().stage_unmask(inbox)
         if self.id != 1:
             return out
-        (msg, _), = out
-        shares = {u: Share(Share.from_bytes(raw).x, Share.from_bytes(raw).y + 1).to_bytes()
-                  for u, raw in msg.payload["self_mask"].items()}
+        ((msg, _),) = out
+        shares = {
+            u: Share(Share.from_bytes(raw).x, Share.from_bytes(raw).y + 1).to_bytes()
+            for u, raw in msg.payload["self_mask"].items()
+        }
         return [self.seal(dataclasses.replace(msg, payload={**msg.payload, "self_mask": shares}), "unmask")]
 
 
 def test_a_corrupted_share_is_refused_naming_its_sender():
     class Proto(MaskProtocol):
         client_half = ShareCorruptingClient
+
     with pytest.raises(ShareIntegrityError, match="corrupted by client 1") as err:
         Proto(4).weighted_sum("w", 0, _values(4), spec=SPEC)
     assert err.value.client == 1
 
 
 # ---------------------------------------------------------------------- the run: options, result.json
-SMALL = dict(algorithm="fedavg", dataset="sbm", synthetic={"num_nodes": 120, "num_features": 8, "num_classes": 3},
-             rounds=1, seed=0)
+SMALL = dict(
+    algorithm="fedavg",
+    dataset="sbm",
+    synthetic={"num_nodes": 120, "num_features": 8, "num_classes": 3},
+    rounds=1,
+    seed=0,
+)
 
 
 def test_too_few_sampled_clients_fail_before_work_naming_the_option():
     from secure_fgl.config import ConfigError, RunConfig
     from secure_fgl.experiment import run_experiment
+
     with pytest.raises(ConfigError, match="--min-contributors") as err:
         run_experiment(RunConfig(mode="mask", clients=3, max_colluders=2, **SMALL), progress=False)
     assert "\n" not in str(err.value)
@@ -221,8 +250,8 @@ def test_too_few_sampled_clients_fail_before_work_naming_the_option():
 def test_result_records_the_threat_model():
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    res = run_experiment(RunConfig(mode="mask", clients=4, max_colluders=1, executor="inline", **SMALL),
-                         progress=False)
+
+    res = run_experiment(RunConfig(mode="mask", clients=4, max_colluders=1, executor="inline", **SMALL), progress=False)
     tm = res["threat_model"]
     assert (tm["mode"], tm["max_colluders"], tm["min_contributors"]) == ("mask", 1, 3)
     assert "consistency round" in tm["holds"] and "2t > n + c" in tm["holds"] and tm["not_protected"]
@@ -239,15 +268,20 @@ class SplitUnmaskingServer(MaskServer):
             if note == "survivor set":
                 payload = {"survivors": np.asarray([0, 1, 2, 3], np.int32)}
             else:
-                payload = {**payload, "self_mask": np.asarray([0, 1, 2, 3], np.int32),
-                           "pairwise": np.asarray([4], np.int32)}
+                payload = {
+                    **payload,
+                    "self_mask": np.asarray([0, 1, 2, 3], np.int32),
+                    "pairwise": np.asarray([4], np.int32),
+                }
         return super()._msg(k, kind, shape, payload, note)
 
 
 def test_split_unmasking_requests_are_refused_by_the_consistency_round():
     """K = 5, t = 3: the server cannot gather 3 signatures over each of two survivor sets."""
+
     class Proto(MaskProtocol):
         server_half = SplitUnmaskingServer
+
     proto = Proto(5)
     x = _values(5)
     assert np.allclose(proto.weighted_sum("w", 0, x, spec=SPEC), sum(x.values()), atol=1e-2)
@@ -255,7 +289,7 @@ def test_split_unmasking_requests_are_refused_by_the_consistency_round():
         proto.weighted_sum("split", 0, x, spec=SPEC)
     assert "different survivor sets" in str(err.value)
     answers = [m for m in proto.transcript.messages if m.tag == "split" and m.kind == "share"]
-    assert not [m for m in answers if len(m.payload["pairwise"])]       # no pairwise seed with client 4 left
+    assert not [m for m in answers if len(m.payload["pairwise"])]  # no pairwise seed with client 4 left
 
 
 class IgnoresRefusalServer(MaskServer):
@@ -274,6 +308,7 @@ class IgnoresRefusalServer(MaskServer):
 def test_a_refused_plan_is_never_contributed_to_later_in_the_exchange():
     class Proto(MaskProtocol):
         server_half = IgnoresRefusalServer
+
     proto = Proto(4)
     proto.weighted_sum("w", 0, _values(4), spec=SPEC)
     with pytest.raises(PlanRefusedError, match="takes no further part"):

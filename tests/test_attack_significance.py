@@ -1,13 +1,20 @@
 """Chance levels and confidence intervals of attack metrics (attacks/significance.py): the chance
 levels match Monte-Carlo estimates on scores that carry no signal, the intervals cover, and
 ``at_chance`` follows the interval."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from attacks.base import advantage, roc_auc, tpr_at_fpr
-from attacks.significance import (auc_estimate, matching_chance, mean_estimate, proportion_estimate,
-                                  score_estimate, wilson)
+from attacks.significance import (
+    auc_estimate,
+    matching_chance,
+    mean_estimate,
+    proportion_estimate,
+    score_estimate,
+    wilson,
+)
 
 
 def _labels(n1=140, n0=140):
@@ -33,7 +40,7 @@ def test_auc_chance_is_one_half_and_its_interval_covers():
     labels = _labels(100, 100)
     rng = np.random.default_rng(1)
     covered = [auc_estimate("auc", rng.random(labels.size), labels, draws=100, seed=i).at_chance for i in range(30)]
-    assert np.mean(covered) >= 0.85                   # nominal 95 %
+    assert np.mean(covered) >= 0.85  # nominal 95 %
     strong = auc_estimate("auc", labels.astype(float) + rng.normal(0, 0.5, labels.size), labels)
     assert strong.value > 0.8 and not strong.at_chance and not strong.below_chance
     flipped = auc_estimate("auc", -labels.astype(float) + rng.normal(0, 0.5, labels.size), labels)

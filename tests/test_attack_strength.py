@@ -1,6 +1,7 @@
 """Attacks at the strength of their papers: each fixed attack recovers a planted signal the
 weaker version missed, and a secure or DP run's server attacks stay at chance inside their
 interval.  Small graphs only."""
+
 from __future__ import annotations
 
 import copy
@@ -24,24 +25,29 @@ def test_linkteller_on_log_posteriors_separates_2hop_pairs_of_a_saturated_model(
     """A confident model: softmax outputs saturate and 2-hop non-edges look like neighbours;
     the influence on log P (LinkTeller's reference scoring) still separates them."""
     from secure_fgl.data import make_federated
+
     fed = make_federated("sbm", num_clients=2, partition="iid", seed=0, num_nodes=200, num_features=30, avg_degree=4)
     c = fed.clients[0]
     torch.manual_seed(0)
     model = build_model("gcn", fed.num_features, 16, fed.num_classes, dropout=0.0)
     with torch.no_grad():
         for p in model.layers[-1].parameters():
-            p.mul_(200.0)                              # saturate: max posterior ~1 on most nodes
+            p.mul_(200.0)  # saturate: max posterior ~1 on most nodes
     model.eval()
     truth = GroundTruth.from_fed(fed)
     out = {}
     for name, fn in (("log_p", torch.log_softmax), ("softmax", torch.softmax)):
-        api = {"client": 0, "features": c.x, "global_ids": c.global_ids.numpy(),
-               "query": lambda x, fn=fn: fn(model(x, c.edge_index).double(), -1)}
+        api = {
+            "client": 0,
+            "features": c.x,
+            "global_ids": c.global_ids.numpy(),
+            "query": lambda x, fn=fn: fn(model(x, c.edge_index).double(), -1),
+        }
         out[name] = InfluenceLinkInference(targets=60)(View(("client1",), []), {"query_api": api}, truth).to_dict()
     log_p, soft = out["log_p"], out["softmax"]
     assert log_p["metric"] == "auc_2hop" and log_p["positives"] > 50 and log_p["samples"] > 100
     assert log_p["ci"][0] > 0.7 and not log_p["at_chance"], log_p
-    assert soft["at_chance"], soft                     # the old scoring missed it
+    assert soft["at_chance"], soft  # the old scoring missed it
 
 
 def _fedsgd_step(labels, n=8, d=40, C=5, lr=0.05, seed=0):
@@ -50,10 +56,15 @@ def _fedsgd_step(labels, n=8, d=40, C=5, lr=0.05, seed=0):
     clients = []
     for _ in range(2):
         pairs = [(i, i + 1) for i in range(n - 1)]
-        clients.append(SimpleNamespace(x=torch.tensor((rng.random((n, d)) < 0.1).astype(np.float32)),
-                                       y=torch.tensor(labels), train_mask=torch.ones(n, dtype=torch.bool),
-                                       edge_index=torch.tensor(np.array(pairs + [(j, i) for i, j in pairs]).T),
-                                       num_nodes=n))
+        clients.append(
+            SimpleNamespace(
+                x=torch.tensor((rng.random((n, d)) < 0.1).astype(np.float32)),
+                y=torch.tensor(labels),
+                train_mask=torch.ones(n, dtype=torch.bool),
+                edge_index=torch.tensor(np.array(pairs + [(j, i) for i, j in pairs]).T),
+                num_nodes=n,
+            )
+        )
     model = build_model("gcn", d, 16, C, dropout=0.0)
     w0 = parameters_to_vector(model.parameters()).detach().clone()
     ups = {}
@@ -67,11 +78,25 @@ def _fedsgd_step(labels, n=8, d=40, C=5, lr=0.05, seed=0):
     truth = SimpleNamespace(clients=clients, binary=True, num_classes=C, x=None, y=None, train_mask=None)
 
     def knowledge(optimizer):
-        return {"public": {"num_features": d, "num_classes": C, "num_clients": 2, "binary_features": True,
-                           "optimizer": optimizer, "lr": lr},
-                "architecture": lambda: copy.deepcopy(model), "released_model": released,
-                "victim_topology": {"client": 0, "num_nodes": n, "edge_index": clients[0].edge_index,
-                                    "train_mask": clients[0].train_mask}}
+        return {
+            "public": {
+                "num_features": d,
+                "num_classes": C,
+                "num_clients": 2,
+                "binary_features": True,
+                "optimizer": optimizer,
+                "lr": lr,
+            },
+            "architecture": lambda: copy.deepcopy(model),
+            "released_model": released,
+            "victim_topology": {
+                "client": 0,
+                "num_nodes": n,
+                "edge_index": clients[0].edge_index,
+                "train_mask": clients[0].train_mask,
+            },
+        }
+
     return View.of(proto.transcript, "server"), knowledge, truth
 
 
@@ -105,6 +130,7 @@ def test_adam_support_test_reads_the_deviation_from_the_sign_step():
             opt.zero_grad()
             F.cross_entropy(model(x, ei), y).backward()
             opt.step()
+
     train(60)
     start = parameters_to_vector(model.parameters()).detach().clone()
     train(steps)
@@ -127,8 +153,9 @@ def test_link_posterior_scores_intra_and_cross_client_edges_apart():
     dst = np.array([rng.choice(np.flatnonzero(y == y[s])) for s in src])
     ei = np.concatenate([np.stack([src, dst]), np.stack([dst, src])], 1)
     ei = ei[:, ei[0] != ei[1]]
-    truth = SimpleNamespace(y=y, edge_index=ei, owner=owner, x=rng.random((n, 8)), num_classes=C, num_nodes=n,
-                            train_mask=np.ones(n, bool))
+    truth = SimpleNamespace(
+        y=y, edge_index=ei, owner=owner, x=rng.random((n, 8)), num_classes=C, num_nodes=n, train_mask=np.ones(n, bool)
+    )
     P = np.eye(C)[(y + owner) % C] * 0.9 + 0.1 / C + rng.normal(0, 0.01, (n, C))
     r = PosteriorLinkInference()(View(("client0",), []), {"posteriors": P}, truth).to_dict()
     assert r["population"] == "intra-client edges" and r["positives"] > 100 and r["positives_cross"] > 100
@@ -140,8 +167,16 @@ def test_link_posterior_scores_intra_and_cross_client_edges_apart():
 def _run(**kw):
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    cfg = RunConfig(algorithm="fedavg", dataset="sbm", clients=3, partition="iid", rounds=1,
-                    synthetic=dict(num_nodes=150, num_features=30, avg_degree=4), **kw)
+
+    cfg = RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        clients=3,
+        partition="iid",
+        rounds=1,
+        synthetic=dict(num_nodes=150, num_features=30, avg_degree=4),
+        **kw,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {a["name"]: a for a in run_experiment(cfg, progress=False)["attacks"]}
@@ -176,6 +211,7 @@ def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updat
     """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words;
     client k's labels drawn from ``label_dists[k]`` (uniform by default)."""
     from attacks.base import GroundTruth
+
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     N = num_clients * n
@@ -194,20 +230,38 @@ def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updat
         g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, list(model.parameters()))])
         ups[k] = torch.randn_like(g) * g.norm() / g.numel() ** 0.5 if random_updates else -lr * g
     proto = PlainProtocol(num_clients)
-    mean = proto.weighted_mean("fedavg/model", 0, ups, {k: 1.0 / num_clients for k in ups},
-                               recipients=list(ups))
+    mean = proto.weighted_mean("fedavg/model", 0, ups, {k: 1.0 / num_clients for k in ups}, recipients=list(ups))
     released = copy.deepcopy(model)
     vector_to_parameters(w0 + torch.as_tensor(mean, dtype=torch.float32), released.parameters())
     owner = np.repeat(np.arange(num_clients), n)
-    clients = [SimpleNamespace(y=y[k * n:(k + 1) * n], train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n)
-               for k in range(num_clients)]
-    truth = GroundTruth(x=x.numpy().astype(np.float64), y=y.numpy(), edge_index=ei.numpy(), owner=owner,
-                        train_mask=np.ones(N, bool), test_mask=np.zeros(N, bool), num_classes=C, binary=True,
-                        clients=clients)
-    knowledge = {"public": {"num_features": d, "num_classes": C, "num_clients": num_clients, "optimizer": "sgd",
-                            "lr": lr, "local_epochs": 1},
-                 "architecture": lambda: copy.deepcopy(model), "released_model": released,
-                 "aux_labelled": {"ids": np.arange(N), "x": x, "y": y.numpy(), "edge_index": ei}}
+    clients = [
+        SimpleNamespace(y=y[k * n : (k + 1) * n], train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n)
+        for k in range(num_clients)
+    ]
+    truth = GroundTruth(
+        x=x.numpy().astype(np.float64),
+        y=y.numpy(),
+        edge_index=ei.numpy(),
+        owner=owner,
+        train_mask=np.ones(N, bool),
+        test_mask=np.zeros(N, bool),
+        num_classes=C,
+        binary=True,
+        clients=clients,
+    )
+    knowledge = {
+        "public": {
+            "num_features": d,
+            "num_classes": C,
+            "num_clients": num_clients,
+            "optimizer": "sgd",
+            "lr": lr,
+            "local_epochs": 1,
+        },
+        "architecture": lambda: copy.deepcopy(model),
+        "released_model": released,
+        "aux_labelled": {"ids": np.arange(N), "x": x, "y": y.numpy(), "edge_index": ei},
+    }
     return View.of(proto.transcript, "server"), knowledge, truth
 
 
@@ -215,6 +269,7 @@ def test_ownership_inference_finds_each_nodes_client_from_the_updates():
     """A node's loss gradient is a summand of its own client's update: the owner is found well
     above the chance of a random pairing; on updates that carry no data, at chance."""
     from attacks.ownership import OwnershipInference
+
     view, knowledge, truth = _ownership_case(d=200)
     r = OwnershipInference()(view, knowledge, truth).to_dict()
     assert r["metric"] == "ownership_acc" and r["samples"] == 36 and abs(r["chance"] - 1 / 3) < 0.1
@@ -229,6 +284,7 @@ def test_label_distribution_read_off_each_clients_sgd_update():
     """Skewed clients: the bias of each FedSGD update gives its label shares far closer than the
     global prior does; an Adam run is refused with the reason (the sign carries no shares)."""
     from attacks.update_labels import UpdateLabelDistribution
+
     dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
     view, knowledge, truth = _ownership_case(n=30, label_dists=dists)
     r = UpdateLabelDistribution()(view, knowledge, truth).to_dict()
@@ -249,9 +305,18 @@ def test_fedgcn_sparse_requests_reveal_ownership_and_dense_hides_it(layout):
         pytest.skip(f"mask unavailable: {e}")
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode="mask", partition="iid", rounds=1,
-                    attacks=["ownership_requests"], options={"layout": layout},
-                    synthetic=dict(num_nodes=150, num_features=2000, avg_degree=4))
+
+    cfg = RunConfig(
+        algorithm="fedgcn",
+        dataset="sbm",
+        clients=3,
+        mode="mask",
+        partition="iid",
+        rounds=1,
+        attacks=["ownership_requests"],
+        options={"layout": layout},
+        synthetic=dict(num_nodes=150, num_features=2000, avg_degree=4),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = {a["name"]: a for a in run_experiment(cfg, progress=False)["attacks"]}["ownership_requests"]

@@ -3,6 +3,7 @@ fall as DP noise grows, the transcript audit fails on a leaking protocol and pas
 
 Tiny synthetic instances only (the whole file runs in well under a minute on one CPU core).
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,7 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from attacks.audit import audit_protocol, audit_transcript
-from attacks.base import (Attack, GroundTruth, View, advantage, observer_parties, roc_auc,
-                          tpr_at_fpr, tv_distance)
+from attacks.base import Attack, GroundTruth, View, advantage, observer_parties, roc_auc, tpr_at_fpr, tv_distance
 from attacks.fedgcn import ClientSubtraction, NeighbourSumInversion, NeighbourSumReadout
 from attacks.gradient import GradientInversion, IsolatedGradientInversion, invert_update
 from attacks.model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
@@ -36,14 +36,23 @@ def _secure(mode: str, k: int):
 # ----------------------------------------------------------------------------- fixtures
 def small_fed(num_clients=4, num_nodes=240, num_features=60, seed=0):
     from secure_fgl.data import make_federated
-    return make_federated("sbm", num_clients=num_clients, partition="iid", seed=seed, num_nodes=num_nodes,
-                          num_features=num_features, avg_degree=4)
+
+    return make_federated(
+        "sbm",
+        num_clients=num_clients,
+        partition="iid",
+        seed=seed,
+        num_nodes=num_nodes,
+        num_features=num_features,
+        avg_degree=4,
+    )
 
 
 def fedgcn_exchange(fed, proto, noise: float = 0.0, seed: int = 0, hops: int = 1):
     """FedGCN's real pre-training exchange (its client-side functions), optionally with
     Gaussian noise of std ``noise`` added by every client to its rows (local-DP emulation)."""
     from secure_fgl.algorithms.fedgcn.ops import TAG, neighbour_terms, partial_neighbour_sums, requested_rows
+
     rng = np.random.default_rng(seed)
     contributions, requests = {}, {}
     for k, c in enumerate(fed.clients):
@@ -58,9 +67,16 @@ def fedgcn_exchange(fed, proto, noise: float = 0.0, seed: int = 0, hops: int = 1
 
 
 def public(fed, **kw):
-    return {"num_nodes": fed.graph.num_nodes, "num_features": fed.num_features, "num_classes": fed.num_classes,
-            "num_clients": fed.num_clients, "binary_features": True, "row_width": fed.num_features + 1,
-            "options": {"norm": "row"}, **kw}
+    return {
+        "num_nodes": fed.graph.num_nodes,
+        "num_features": fed.num_features,
+        "num_classes": fed.num_classes,
+        "num_clients": fed.num_clients,
+        "binary_features": True,
+        "row_width": fed.num_features + 1,
+        "options": {"norm": "row"},
+        **kw,
+    }
 
 
 def single_contributor_exposure(fed) -> float:
@@ -116,7 +132,7 @@ def test_attack_receives_only_declared_knowledge():
 
     res = Probe()(View(("server",), []), {"public": {"a": 1}, "topology": "secret"}, truth=None)
     assert set(seen) == {"public"} and res.applicable
-    assert not Probe()(View(("server",), []), {}).applicable      # missing knowledge -> not applicable
+    assert not Probe()(View(("server",), []), {}).applicable  # missing knowledge -> not applicable
 
 
 def test_metric_helpers():
@@ -146,8 +162,11 @@ def test_fedgcn_attacks_recover_planted_features():
     results = []
     for c in fed.clients:
         obs = f"client:{c.client_id}"
-        results.append(ClientSubtraction(observer=obs)(View.of(proto.transcript, obs),
-                                                       {"public": pub, "own_data": c, "received": None}, truth))
+        results.append(
+            ClientSubtraction(observer=obs)(
+                View.of(proto.transcript, obs), {"public": pub, "own_data": c, "received": None}, truth
+            )
+        )
     pooled = ClientSubtraction.pool(results, truth)
     assert all(x.metrics["precision"] == 1.0 for x in results if x.metrics["claims"])
     assert 0.05 < pooled["exposure_rate"] < r.value
@@ -162,13 +181,16 @@ def test_client_subtraction_from_decrypted_results_only():
     truth = GroundTruth.from_fed(fed)
     opaque = Transcript()
     for m in proto.transcript.messages:
-        opaque.record(Message(m.round, m.tag, m.sender, m.receiver, "ciphertext", m.shape, m.nbytes, "ckks",
-                              m.fingerprint, b"\0" * 8))
+        opaque.record(
+            Message(
+                m.round, m.tag, m.sender, m.receiver, "ciphertext", m.shape, m.nbytes, "ckks", m.fingerprint, b"\0" * 8
+            )
+        )
     c = fed.clients[1]
     view = View.of(opaque, "client:1")
     none = ClientSubtraction(observer="client:1")(view, {"public": public(fed), "own_data": c, "received": None})
     assert not none.applicable
-    got = {"fedgcn/neighbour_sums": (c.global_ids.numpy(), received[1][:c.num_nodes])}
+    got = {"fedgcn/neighbour_sums": (c.global_ids.numpy(), received[1][: c.num_nodes])}
     r = ClientSubtraction(observer="client:1")(view, {"public": public(fed), "own_data": c, "received": got}, truth)
     assert r.applicable and r.value > 0 and r.metrics["precision"] == 1.0
     # ... and the server can do nothing with ciphertext
@@ -182,12 +204,13 @@ def test_fedgcn_readout_at_chance_on_random_rows():
     rng = np.random.default_rng(1)
     proto = PlainProtocol(fed.num_clients)
     d, n = fed.num_features, fed.graph.num_nodes
-    contributions = {k: (np.arange(n), np.concatenate([(rng.random((n, d)) < 0.05).astype(float),
-                                                         rng.integers(1, 4, (n, 1))], 1))
-                     for k in range(fed.num_clients)}
+    contributions = {
+        k: (np.arange(n), np.concatenate([(rng.random((n, d)) < 0.05).astype(float), rng.integers(1, 4, (n, 1))], 1))
+        for k in range(fed.num_clients)
+    }
     proto.row_sum("fedgcn/neighbour_sums", 0, contributions, {k: np.arange(n) for k in contributions}, n)
     r = NeighbourSumReadout()(View.of(proto.transcript, "server"), {"public": public(fed)}, truth)
-    assert r.value < 0.02                      # chance: 0 exact recoveries
+    assert r.value < 0.02  # chance: 0 exact recoveries
     assert abs(r.metrics["bit_auc"] - 0.5) < 0.05
 
 
@@ -217,11 +240,21 @@ def test_fedgcn_dp_run_pushes_readout_toward_chance():
     """End to end with the real DP engine: exposure at small epsilon is far below no-DP."""
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
+
     syn = dict(num_nodes=200, num_features=40, avg_degree=4)
     vals = {}
     for eps in (None, 8.0, 0.5):
-        cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode="plain", partition="iid", rounds=1,
-                        dp_epsilon=eps, attacks=["fedgcn_readout"], synthetic=syn)
+        cfg = RunConfig(
+            algorithm="fedgcn",
+            dataset="sbm",
+            clients=3,
+            mode="plain",
+            partition="iid",
+            rounds=1,
+            dp_epsilon=eps,
+            attacks=["fedgcn_readout"],
+            synthetic=syn,
+        )
         res = run_experiment(cfg, progress=False)
         entry = [a for a in res["attacks"] if a["name"] == "fedgcn_readout"][0]
         vals[eps] = entry["value"]
@@ -233,6 +266,7 @@ def test_fedgcn_dp_run_pushes_readout_toward_chance():
 # ----------------------------------------------------------------------------- gradients
 def _planted_update(n=4, d=10, C=3, h=32, seed=0, lr=0.05):
     from secure_fgl.models import build_model
+
     torch.manual_seed(seed)
     r = np.random.default_rng(seed)
     clients = []
@@ -240,8 +274,15 @@ def _planted_update(n=4, d=10, C=3, h=32, seed=0, lr=0.05):
         x = torch.tensor((r.random((n, d)) < 0.3).astype(np.float32))
         pairs = [(i, i + 1) for i in range(n - 1)]
         ei = torch.tensor(np.array(pairs + [(j, i) for i, j in pairs]).T, dtype=torch.long).reshape(2, -1)
-        clients.append(SimpleNamespace(x=x, y=torch.tensor(r.integers(0, C, n)), edge_index=ei,
-                                       train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n))
+        clients.append(
+            SimpleNamespace(
+                x=x,
+                y=torch.tensor(r.integers(0, C, n)),
+                edge_index=ei,
+                train_mask=torch.ones(n, dtype=torch.bool),
+                num_nodes=n,
+            )
+        )
     model = build_model("gcn", d, h, C, dropout=0.0)
     w0 = parameters_to_vector(model.parameters()).detach().clone()
     ups = {}
@@ -255,11 +296,25 @@ def _planted_update(n=4, d=10, C=3, h=32, seed=0, lr=0.05):
 def _grad_knowledge(model, w0, mean, clients, d, C, lr):
     rel = copy.deepcopy(model)
     vector_to_parameters(w0 + torch.as_tensor(mean, dtype=torch.float32), rel.parameters())
-    return {"public": {"num_features": d, "num_classes": C, "num_clients": 2, "binary_features": True,
-                       "optimizer": "sgd", "lr": lr},
-            "architecture": lambda: copy.deepcopy(model), "released_model": rel, "own_contributions": None,
-            "victim_topology": {"client": 0, "num_nodes": clients[0].num_nodes, "edge_index": clients[0].edge_index,
-                                "train_mask": clients[0].train_mask}}
+    return {
+        "public": {
+            "num_features": d,
+            "num_classes": C,
+            "num_clients": 2,
+            "binary_features": True,
+            "optimizer": "sgd",
+            "lr": lr,
+        },
+        "architecture": lambda: copy.deepcopy(model),
+        "released_model": rel,
+        "own_contributions": None,
+        "victim_topology": {
+            "client": 0,
+            "num_nodes": clients[0].num_nodes,
+            "edge_index": clients[0].edge_index,
+            "train_mask": clients[0].train_mask,
+        },
+    }
 
 
 def test_gradient_inversion_recovers_planted_node_features():
@@ -270,15 +325,25 @@ def test_gradient_inversion_recovers_planted_node_features():
     mean = proto.weighted_mean("fedavg/model", 0, ups, {0: 0.5, 1: 0.5}, recipients=[0, 1])
     truth = SimpleNamespace(clients=clients, binary=True, num_classes=C, x=None, y=None, train_mask=None)
     kn = _grad_knowledge(model, w0, mean, clients, d, C, 0.05)
-    r = GradientInversion(iterations=300, restarts=2, update_rule="sgd")(View.of(proto.transcript, "server"),
-                                                                         kn, truth)
+    r = GradientInversion(iterations=300, restarts=2, update_rule="sgd")(View.of(proto.transcript, "server"), kn, truth)
     assert r.metric == "feature_auc" and r.value > 0.95, r.to_dict()
     assert r.metrics["label_acc"] == 1.0 and r.metrics["support_auc"] > 0.9
     aucs = []
     for seed in (0, 1):
         model2, w2, cl2, ups2 = _planted_update(n=2, d=d, C=C, seed=seed)
-        x, _, _ = invert_update(copy.deepcopy(model2), w2, ups2[0], (2, d), cl2[0].edge_index, cl2[0].train_mask, C,
-                                binary=True, rule="sgd", iterations=300, restarts=2)
+        x, _, _ = invert_update(
+            copy.deepcopy(model2),
+            w2,
+            ups2[0],
+            (2, d),
+            cl2[0].edge_index,
+            cl2[0].train_mask,
+            C,
+            binary=True,
+            rule="sgd",
+            iterations=300,
+            restarts=2,
+        )
         aucs.append(roc_auc(x.numpy().ravel(), cl2[0].x.numpy().ravel()))
     assert np.mean(aucs) > 0.8, aucs
     # K = 2: the other client isolates the victim's update exactly from the aggregate
@@ -286,8 +351,9 @@ def test_gradient_inversion_recovers_planted_node_features():
     view = View.of(proto.transcript, "client:1")
     iso._known = {}
     victim_vec, _ = iso.target_vector(view, "fedavg/model", 0, int(w0.numel()), kn["public"])
-    direct = GradientInversion().target_vector(View.of(proto.transcript, "server"), "fedavg/model", 0,
-                                               int(w0.numel()), kn["public"])[0]
+    direct = GradientInversion().target_vector(
+        View.of(proto.transcript, "server"), "fedavg/model", 0, int(w0.numel()), kn["public"]
+    )[0]
     assert np.allclose(victim_vec, direct, atol=1e-5)
 
 
@@ -299,8 +365,9 @@ def test_gradient_inversion_at_chance_on_random_update():
     proto = PlainProtocol(2)
     mean = proto.weighted_mean("fedavg/model", 0, fake, {0: 0.5, 1: 0.5}, recipients=[0, 1])
     truth = SimpleNamespace(clients=clients, binary=True, num_classes=C, x=None, y=None, train_mask=None)
-    r = GradientInversion(iterations=60, update_rule="sgd")(View.of(proto.transcript, "server"),
-                                                           _grad_knowledge(model, w0, mean, clients, d, C, 0.05), truth)
+    r = GradientInversion(iterations=60, update_rule="sgd")(
+        View.of(proto.transcript, "server"), _grad_knowledge(model, w0, mean, clients, d, C, 0.05), truth
+    )
     assert abs(r.value - 0.5) < 0.15
     assert abs(r.metrics["support_auc"] - 0.5) < 0.3
 
@@ -309,10 +376,30 @@ def test_invert_update_loss_falls():
     d, C = 10, 3
     model, w0, clients, ups = _planted_update(d=d, C=C)
     c = clients[0]
-    _, _, short = invert_update(copy.deepcopy(model), w0, ups[0], (c.num_nodes, d), c.edge_index, c.train_mask, C,
-                                binary=True, rule="sgd", iterations=5)
-    _, _, long = invert_update(copy.deepcopy(model), w0, ups[0], (c.num_nodes, d), c.edge_index, c.train_mask, C,
-                               binary=True, rule="sgd", iterations=200)
+    _, _, short = invert_update(
+        copy.deepcopy(model),
+        w0,
+        ups[0],
+        (c.num_nodes, d),
+        c.edge_index,
+        c.train_mask,
+        C,
+        binary=True,
+        rule="sgd",
+        iterations=5,
+    )
+    _, _, long = invert_update(
+        copy.deepcopy(model),
+        w0,
+        ups[0],
+        (c.num_nodes, d),
+        c.edge_index,
+        c.train_mask,
+        C,
+        binary=True,
+        rule="sgd",
+        iterations=200,
+    )
     assert long < short
 
 
@@ -325,8 +412,13 @@ def _label_truth(dists, C, n=60, seed=0):
         ys.append(y)
         clients.append(SimpleNamespace(y=torch.tensor(y), train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n))
     y_all = np.concatenate(ys)
-    return SimpleNamespace(clients=clients, y=y_all, owner=np.repeat(np.arange(len(dists)), n),
-                           train_mask=np.ones(y_all.size, bool), num_classes=C)
+    return SimpleNamespace(
+        clients=clients,
+        y=y_all,
+        owner=np.repeat(np.arange(len(dists)), n),
+        train_mask=np.ones(y_all.size, bool),
+        num_classes=C,
+    )
 
 
 def test_fedspray_proxies_leak_label_distribution_exactly_in_plain():
@@ -366,8 +458,7 @@ def test_fedomd_moments_unmix_label_distribution():
     proto = PlainProtocol(3)
     proto.central_moments("fedomd/hidden1", 0, samples, orders=(2,))
     ya = rng.integers(0, C, 300)
-    aux = {"x": torch.tensor(protos[ya] + rng.normal(0, 0.3, (300, h))), "edge_index": torch.zeros(2, 0),
-           "y": ya}
+    aux = {"x": torch.tensor(protos[ya] + rng.normal(0, 0.3, (300, h))), "edge_index": torch.zeros(2, 0), "y": ya}
     kn = {"public": {"num_classes": C}, "hidden_fn": lambda x, ei: x.numpy(), "aux_labelled": aux}
     r = MomentLabelDistribution()(View.of(proto.transcript, "server"), kn, truth)
     assert r.value < 0.1 < r.chance and r.metrics["client_size_exact"] == 1.0
@@ -383,8 +474,15 @@ def _graph_truth(n=200, C=4, seed=0):
     ei = ei[:, ei[0] != ei[1]]
     train = np.zeros(n, bool)
     train[rng.permutation(n)[: n // 2]] = True
-    return SimpleNamespace(y=y, edge_index=ei, train_mask=train, owner=np.zeros(n, np.int64),
-                           x=rng.random((n, 8)), num_classes=C, num_nodes=n), rng
+    return SimpleNamespace(
+        y=y,
+        edge_index=ei,
+        train_mask=train,
+        owner=np.zeros(n, np.int64),
+        x=rng.random((n, 8)),
+        num_classes=C,
+        num_nodes=n,
+    ), rng
 
 
 def test_membership_planted_and_random():
@@ -415,12 +513,17 @@ def test_link_posterior_planted_and_random():
 
 def test_linkteller_finds_edges_of_a_gcn_api():
     from secure_fgl.models import build_model
+
     fed = small_fed(num_clients=2, num_nodes=120, num_features=30)
     c = fed.clients[0]
     model = build_model("gcn", fed.num_features, 16, fed.num_classes, dropout=0.0)
     model.eval()
-    api = {"client": 0, "features": c.x, "global_ids": c.global_ids.numpy(),
-           "query": lambda x: torch.log_softmax(model(x, c.edge_index), -1)}
+    api = {
+        "client": 0,
+        "features": c.x,
+        "global_ids": c.global_ids.numpy(),
+        "query": lambda x: torch.log_softmax(model(x, c.edge_index), -1),
+    }
     truth = GroundTruth.from_fed(fed)
     r = InfluenceLinkInference(targets=40)(View(("client1",), []), {"query_api": api}, truth)
     assert r.metrics["auc_random"] > 0.95 and r.value > 0.6
@@ -447,22 +550,41 @@ class SideFieldProtocol(PlainProtocol):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.intercept = self._side_field       # every upload crosses the server half's hook
+        self.intercept = self._side_field  # every upload crosses the server half's hook
 
     @staticmethod
     def _side_field(msg):
         if msg.receiver == SERVER and msg.kind == "plain":
-            p = {"block_ids": msg.payload["block_ids"], "ct": b"\x00" * 32,
-                 "count": float(msg.payload["values"].ravel()[-1])}
-            msg = Message(msg.round, msg.tag, msg.sender, msg.receiver, "ciphertext", msg.shape, msg.nbytes,
-                          msg.protocol, msg.fingerprint, p, auth=msg.auth)
+            p = {
+                "block_ids": msg.payload["block_ids"],
+                "ct": b"\x00" * 32,
+                "count": float(msg.payload["values"].ravel()[-1]),
+            }
+            msg = Message(
+                msg.round,
+                msg.tag,
+                msg.sender,
+                msg.receiver,
+                "ciphertext",
+                msg.shape,
+                msg.nbytes,
+                msg.protocol,
+                msg.fingerprint,
+                p,
+                auth=msg.auth,
+            )
         return msg
 
 
 def _exchange(proto):
     rng = np.random.default_rng(0)
-    proto.weighted_mean("t/model", 0, {k: rng.normal(size=6) for k in range(3)}, {k: k + 1.0 for k in range(3)},
-                        spec=ValueSpec(max_abs=100.0))
+    proto.weighted_mean(
+        "t/model",
+        0,
+        {k: rng.normal(size=6) for k in range(3)},
+        {k: k + 1.0 for k in range(3)},
+        spec=ValueSpec(max_abs=100.0),
+    )
 
 
 def test_audit_fails_on_leaking_protocols():
@@ -472,16 +594,17 @@ def test_audit_fails_on_leaking_protocols():
     assert rep.secure and not rep.passed and any("readable by the server" in f for f in rep.failures)
     proto2 = SideFieldProtocol(3)
     with pytest.raises(Exception):
-        _exchange(proto2)          # the plain server cannot aggregate the stub's messages...
+        _exchange(proto2)  # the plain server cannot aggregate the stub's messages...
     rep2 = audit_transcript(proto2.transcript.messages, mode="sidefield")
     assert not rep2.passed and any("side field count" in f for f in rep2.failures)
     # unequal sizes in a dense exchange fail too
-    tr = [Message(0, "t/model", f"client{k}", SERVER, "ciphertext", (1,), 1000 + 100 * k, "x", "f", b"")
-          for k in range(3)]
+    tr = [
+        Message(0, "t/model", f"client{k}", SERVER, "ciphertext", (1,), 1000 + 100 * k, "x", "f", b"") for k in range(3)
+    ]
     assert not audit_transcript(tr, mode="x").passed
     plain = PlainProtocol(3)
     _exchange(plain)
-    assert not audit_protocol(plain).passed     # plain mode: the exposure is reported as such
+    assert not audit_protocol(plain).passed  # plain mode: the exposure is reported as such
 
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
@@ -490,11 +613,20 @@ def test_audit_passes_on_secure_backends(mode):
     _exchange(proto)
     fed = small_fed(num_clients=3, num_nodes=90, num_features=20)
     from secure_fgl.algorithms.fedgcn.ops import neighbour_terms, partial_neighbour_sums, requested_rows
-    contributions = {k: tuple(t.numpy() for t in partial_neighbour_sums(c, neighbour_terms(c, "row")))
-                     for k, c in enumerate(fed.clients)}
+
+    contributions = {
+        k: tuple(t.numpy() for t in partial_neighbour_sums(c, neighbour_terms(c, "row")))
+        for k, c in enumerate(fed.clients)
+    }
     requests = {k: requested_rows(c, 1).numpy() for k, c in enumerate(fed.clients)}
-    proto.row_sum("fedgcn/neighbour_sums", 0, contributions, requests, num_rows=fed.graph.num_nodes,
-                  spec=ValueSpec(integer=True, max_abs=255, sum_max=255))
+    proto.row_sum(
+        "fedgcn/neighbour_sums",
+        0,
+        contributions,
+        requests,
+        num_rows=fed.graph.num_nodes,
+        spec=ValueSpec(integer=True, max_abs=255, sum_max=255),
+    )
     rep = audit_protocol(proto)
     assert rep.passed, rep.failures
     truth = GroundTruth.from_fed(fed)
@@ -504,8 +636,12 @@ def test_audit_passes_on_secure_backends(mode):
 
 # ----------------------------------------------------------------------------- runner
 def test_runner_registry_and_skips():
-    assert set(resolve_names(["all"], "fedgcn")) >= {"fedgcn_readout", "fedgcn_ls", "fedgcn_client_subtraction",
-                                                     "membership"}
+    assert set(resolve_names(["all"], "fedgcn")) >= {
+        "fedgcn_readout",
+        "fedgcn_ls",
+        "fedgcn_client_subtraction",
+        "membership",
+    }
     assert "fedgcn_readout" not in resolve_names(["all"], "fedavg")
     with pytest.raises(ValueError):
         resolve_names(["nope"], "fedavg")
@@ -515,12 +651,21 @@ def test_runner_registry_and_skips():
 def test_runner_on_a_secure_run_reports_at_chance_only_after_audit():
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
+
     try:
         make_protocol("mask", 3)
     except Exception as e:
         pytest.skip(f"mask unavailable: {e}")
-    cfg = RunConfig(algorithm="fedgcn", dataset="sbm", clients=3, mode="mask", partition="iid", rounds=1,
-                    attacks=["all"], synthetic=dict(num_nodes=150, num_features=30, avg_degree=4))
+    cfg = RunConfig(
+        algorithm="fedgcn",
+        dataset="sbm",
+        clients=3,
+        mode="mask",
+        partition="iid",
+        rounds=1,
+        attacks=["all"],
+        synthetic=dict(num_nodes=150, num_features=30, avg_degree=4),
+    )
     res = run_experiment(cfg, progress=False)
     by = {a["name"]: a for a in res["attacks"]}
     assert by["transcript_audit"]["value"] == 1.0

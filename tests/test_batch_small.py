@@ -2,21 +2,21 @@
 per round (batched_sum) -- the same sums and model trajectory as the two exchanges -- and GCFL's norms
 in one clear-text report per client per round (batched_report); bytes attributed per tag summing to the
 total; malformed or out-of-range parts refused before anything is encrypted or sent."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from test_fedspray import K, _fed_with_absent_classes
 
 from protocols import SERVER, DPRequest, Transcript, ValueSpec, make_protocol
 from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
 from protocols.pairwise import report_scalars
-from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, FedSpray, round_spec
 from secure_fgl.algorithms.base import model_spec
+from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, FedSpray, round_spec
 from secure_fgl.config import RunConfig
-
-from test_fedspray import K, _fed_with_absent_classes
 
 TAGS = ("fedspray/encoder", "fedspray/proxies")
 
@@ -45,8 +45,13 @@ def _run(mode: str, batch: bool, rounds: int = 2, **settings):
     torch.manual_seed(0)
     protocol = make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
     cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds, **settings)
-    algo = FedSpray(_fed_with_absent_classes(), protocol, cfg, torch.device("cpu"),
-                    FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8, batch_exchanges=batch))
+    algo = FedSpray(
+        _fed_with_absent_classes(),
+        protocol,
+        cfg,
+        torch.device("cpu"),
+        FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8, batch_exchanges=batch),
+    )
     trajectory = []
     for rnd in range(rounds):
         algo.train_round(rnd)
@@ -60,17 +65,17 @@ def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag
     # the batched proxies take the model's grid (test below), a different rounding than their own exchange
     batched, tb = _run(mode, True, grid_model_mean=False)
     separate, ts = _run(mode, False, grid_model_mean=False)
-    for (e1, s1), (e2, s2) in zip(batched, separate):          # exact codecs: the same bits
+    for (e1, s1), (e2, s2) in zip(batched, separate):  # exact codecs: the same bits
         assert torch.equal(e1, e2) and torch.equal(s1, s2)
     uploads = [m for m in tb.messages if m.receiver == SERVER and m.kind in ("plain", "masked")]
-    assert {m.tag for m in uploads} == {"fedspray/batch"}        # one data upload per client per round
+    assert {m.tag for m in uploads} == {"fedspray/batch"}  # one data upload per client per round
     assert len(uploads) == 2 * K
     comm = tb.comm()
     per_tag = comm["per_tag"]
     assert set(TAGS) <= set(per_tag) and "fedspray/batch" not in per_tag
     for key in ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down"):
         assert sum(v.get(key, 0) for v in per_tag.values()) == comm[key]
-    assert comm["bytes_up"] < ts.comm()["bytes_up"]              # one exchange's overhead saved per round
+    assert comm["bytes_up"] < ts.comm()["bytes_up"]  # one exchange's overhead saved per round
     # the float32 baseline is what the two exchanges carry, up to the one shared vector's block padding
     assert per_tag["fedspray/proxies"]["plaintext_bytes_up"] < per_tag["fedspray/encoder"]["plaintext_bytes_up"]
 
@@ -87,14 +92,15 @@ def test_on_the_model_grid_ckks_aligns_the_proxies_to_plains_bits():
 
 def test_specs_merge_only_where_no_part_changes():
     opts = FedSpray.Options()
-    assert round_spec(model_spec(4, 4), opts, None, 4, 4) == PROXY_SPEC          # plain default: equal specs
-    grid = model_spec(4, 4, None, grid=True)                                     # ckks default: the model's grid
-    assert round_spec(grid, opts, None, 4, 4) == grid                            # proxies on the same grid
+    assert round_spec(model_spec(4, 4), opts, None, 4, 4) == PROXY_SPEC  # plain default: equal specs
+    grid = model_spec(4, 4, None, grid=True)  # ckks default: the model's grid
+    assert round_spec(grid, opts, None, 4, 4) == grid  # proxies on the same grid
     merged = round_spec(model_spec(4, 4, 1.0), opts, None, 4, 4)
-    assert merged.max_abs == PROXY_SPEC.max_abs and merged.tolerance == min(PROXY_SPEC.tolerance,
-                                                                           model_spec(4, 4, 1.0).tolerance)
+    assert merged.max_abs == PROXY_SPEC.max_abs and merged.tolerance == min(
+        PROXY_SPEC.tolerance, model_spec(4, 4, 1.0).tolerance
+    )
     assert round_spec(model_spec(4, 4, 1.0, grid=True), opts, None, 4, 4) is None  # grids differ: two exchanges
-    assert round_spec(grid, opts, DPRequest(clip=1.0), 4, 4) is None             # DP: a release per exchange
+    assert round_spec(grid, opts, DPRequest(clip=1.0), 4, 4) is None  # DP: a release per exchange
     assert batch_spec([ValueSpec(integer=True), PROXY_SPEC]) is None
 
 
@@ -152,8 +158,20 @@ def test_a_malformed_report_batch_is_refused_before_anything_is_sent(fault):
 
 def test_gcflplus_reports_every_norm_of_a_round_in_one_message_per_client():
     from secure_fgl.experiment import run_experiment
-    result = run_experiment(RunConfig(algorithm="gcflplus", mode="plain", dataset="synthetic-graphs", clients=4,
-                                      hidden=8, num_layers=2, rounds=2, seed=0), progress=False)
+
+    result = run_experiment(
+        RunConfig(
+            algorithm="gcflplus",
+            mode="plain",
+            dataset="synthetic-graphs",
+            clients=4,
+            hidden=8,
+            num_layers=2,
+            rounds=2,
+            seed=0,
+        ),
+        progress=False,
+    )
     per_tag = result["comm"]["per_tag"]
     parts = {f"gcflplus/{p}" for p in ("update_norms", "mean_norm", "grad_norms")}
     assert parts <= set(per_tag) and all(per_tag[p]["batched_in"] == "gcflplus/norms" for p in parts)

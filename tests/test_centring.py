@@ -1,17 +1,17 @@
 """``--center`` without a centred copy: ``(X - 1 mu^T) W = X W - 1 (mu^T W)`` (secure_fgl/models/centring.py)."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
+from test_runtime import small
 
 from secure_fgl.algorithms.fedgcn.ops import FedGCNNet, PropGraph
 from secure_fgl.config import ConfigError
 from secure_fgl.models import build_model
 from secure_fgl.models.centring import centre_first_layer, own_mean
-
-from test_runtime import small
 
 
 def _sparse_features(n: int = 30, d: int = 12) -> torch.Tensor:
@@ -39,7 +39,7 @@ def test_centred_model_equals_the_model_on_the_centred_copy(name):
     """Same logits and the same gradient of every parameter as the model fed ``X - 1 mu^T``;
     the input is not changed and the hook adds no parameter (nothing extra is averaged)."""
     x = _sparse_features()
-    mu = own_mean(x, 20)                       # the mean of the "own" rows, as a client takes it
+    mu = own_mean(x, 20)  # the mean of the "own" rows, as a client takes it
     hooked, graph = _models(name, x.size(1))
     plain = copy.deepcopy(hooked)
     keys = set(hooked.state_dict())
@@ -47,13 +47,13 @@ def test_centred_model_equals_the_model_on_the_centred_copy(name):
     x_before = x.clone()
     out_hooked, out_copy = hooked(x, graph), plain(x - mu, graph)
     assert torch.allclose(out_hooked, out_copy, atol=1e-5)
-    assert not torch.allclose(plain(x, graph), out_copy, atol=1e-3)       # centring changes the output
+    assert not torch.allclose(plain(x, graph), out_copy, atol=1e-3)  # centring changes the output
     out_hooked.square().sum().backward()
     out_copy.square().sum().backward()
     for (n, a), (_, b) in zip(hooked.named_parameters(), plain.named_parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-4), n
     assert torch.equal(x, x_before) and set(hooked.state_dict()) == keys
-    centre_first_layer(hooked, torch.zeros_like(mu))                    # a second call replaces the first
+    centre_first_layer(hooked, torch.zeros_like(mu))  # a second call replaces the first
     assert torch.allclose(hooked(x, graph), plain(x, graph), atol=1e-6)
 
 
@@ -62,6 +62,7 @@ def test_a_dense_input_is_dropped_out_as_the_centred_copy(name):
     """Above the sparse-dropout density the dropout acts on ``X - 1 mu^T`` exactly: the same training
     forward (same dropout key) as the model fed the centred copy."""
     from secure_fgl.engine import rng
+
     g = torch.Generator().manual_seed(1)
     x = (torch.rand(30, 12, generator=g) < 0.5).float()
     mu = own_mean(x, 20)
@@ -84,7 +85,12 @@ def test_centring_refuses_a_model_without_a_linear_first_map():
 @pytest.mark.parametrize("hops", [0, 1])
 def test_centred_fedgcn_on_the_runtimes_is_the_golden_run(hops, request):
     from golden_numbers import assert_golden
+
     from secure_fgl.experiment import run_experiment
+
     b = run_experiment(small("fedgcn", "plain", options={"hops": hops, "center": True}), progress=False)
-    assert_golden("centring", request.node.name, {"train_loss": [r["train_loss"] for r in b["rounds"]],
-                                                  "test_acc": b["final"]["test_acc"]})
+    assert_golden(
+        "centring",
+        request.node.name,
+        {"train_loss": [r["train_loss"] for r in b["rounds"]], "test_acc": b["final"]["test_acc"]},
+    )

@@ -1,4 +1,5 @@
 """CKKS backend: equality with the plain protocol, exact packing, key custody, refusals."""
+
 from __future__ import annotations
 
 import math
@@ -8,19 +9,26 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tenseal as ts
-
-from protocols.message import encode_body
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols import (BoundError, ConfigurationError, IntegrityError, NonFiniteError, PackingOverflowError,
-                       PlainProtocol, ShapeError, ValueSpec, make_protocol)
+from protocols import (
+    BoundError,
+    ConfigurationError,
+    IntegrityError,
+    NonFiniteError,
+    PackingOverflowError,
+    PlainProtocol,
+    ShapeError,
+    ValueSpec,
+    make_protocol,
+)
 from protocols.base import BlockTable, ExchangeContext
-from protocols.ckks import CKKSProtocol, ChainParams, check_security
+from protocols.ckks import ChainParams, CKKSProtocol, check_security, wire
 from protocols.ckks import params as P
-from protocols.ckks import wire
 from protocols.ckks.keys import ServerContext
 from protocols.ckks.packing import PackingLayout, field_width
+from protocols.message import encode_body
 from protocols.transcript import SERVER
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -29,13 +37,18 @@ FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChe
 def _f32_slack(x: np.ndarray, inputs_abs: np.ndarray | float = 0.0) -> float:
     """The plain protocol's own rounding: every input (summing to ``inputs_abs`` in absolute
     value) and the result ``x`` are float32 on the wire, each off by up to 2^-24 relative."""
-    return float(np.max(np.abs(x) + inputs_abs, initial=0.0)) * 2.0 ** -23 + 1e-12
+    return float(np.max(np.abs(x) + inputs_abs, initial=0.0)) * 2.0**-23 + 1e-12
 
 
 # ------------------------------------------------------------------ equality with plain
 @FAST
-@given(k=st.integers(2, 20), rows=st.integers(1, 6), cols=st.integers(1, 9), seed=st.integers(0, 10_000),
-       weighted=st.booleans())
+@given(
+    k=st.integers(2, 20),
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 9),
+    seed=st.integers(0, 10_000),
+    weighted=st.booleans(),
+)
 def test_weighted_mean_and_sum_match_plain(k, rows, cols, seed, weighted):
     rng = np.random.default_rng(seed)
     vals = {c: rng.uniform(-5, 5, size=(rows, cols)) for c in range(k)}
@@ -51,13 +64,13 @@ def test_weighted_mean_and_sum_match_plain(k, rows, cols, seed, weighted):
     # the sum's bound (which includes the release rounding): the mean within (1 + |mean|) bound / ws
     assert (np.abs(mean - ref) <= bound * (1 + np.abs(ref)) / ws + 1e-12).all()
     plain_mean = pl.weighted_mean("t/mean", 0, vals, w, spec=spec)
-    assert np.abs(plain_mean - ref).max() <= 5.0 * 2 ** -23  # float32 rounding of inputs up to 5
+    assert np.abs(plain_mean - ref).max() <= 5.0 * 2**-23  # float32 rounding of inputs up to 5
     total = ck.weighted_sum("t/sum", 0, vals, w, spec=spec)
     exact = sum(vals[c] * (1.0 if w is None else w[c]) for c in vals)
     assert np.abs(total - exact).max() <= ck.last_stats["error_bound"]
-    assert np.abs(total - pl.weighted_sum("t/sum", 0, vals, w, spec=spec)).max() \
-        <= ck.last_stats["error_bound"] + _f32_slack(exact, sum(np.abs(vals[c]) * (1.0 if w is None else w[c])
-                                                                for c in vals))
+    assert np.abs(total - pl.weighted_sum("t/sum", 0, vals, w, spec=spec)).max() <= ck.last_stats[
+        "error_bound"
+    ] + _f32_slack(exact, sum(np.abs(vals[c]) * (1.0 if w is None else w[c]) for c in vals))
 
 
 @FAST
@@ -65,7 +78,7 @@ def test_weighted_mean_and_sum_match_plain(k, rows, cols, seed, weighted):
 def test_classwise_mean_matches_plain(k, classes, d, seed):
     rng = np.random.default_rng(seed)
     vals = {c: rng.normal(size=(classes, d)) for c in range(k)}
-    wts = {c: rng.integers(0, 4, size=classes).astype(float) for c in range(k)}   # zeros = absent classes
+    wts = {c: rng.integers(0, 4, size=classes).astype(float) for c in range(k)}  # zeros = absent classes
     spec = ValueSpec(max_abs=100.0, tolerance=1e-6)
     ck, pl = make_protocol("ckks", k), PlainProtocol(k)
     m1, p1 = ck.classwise_mean("fedspray/proxies", 0, vals, wts, spec=spec)
@@ -93,14 +106,22 @@ def _row_inputs(rng, k, num_rows, dim, integer):
         ids = np.sort(rng.choice(num_rows, size=int(rng.integers(1, num_rows + 1)), replace=False))
         rows = rng.integers(0, 3, size=(ids.size, dim)).astype(float) if integer else rng.normal(size=(ids.size, dim))
         contribs[c] = (ids, rows)
-    requests = {c: np.sort(rng.choice(num_rows, size=int(rng.integers(0, num_rows + 1)), replace=False))
-                for c in range(k)}
+    requests = {
+        c: np.sort(rng.choice(num_rows, size=int(rng.integers(0, num_rows + 1)), replace=False)) for c in range(k)
+    }
     return contribs, requests
 
 
 @FAST
-@given(k=st.integers(2, 10), num_rows=st.integers(1, 40), dim=st.integers(1, 7), seed=st.integers(0, 10_000),
-       layout=st.sampled_from(["sparse", "dense"]), integer=st.booleans(), packing=st.booleans())
+@given(
+    k=st.integers(2, 10),
+    num_rows=st.integers(1, 40),
+    dim=st.integers(1, 7),
+    seed=st.integers(0, 10_000),
+    layout=st.sampled_from(["sparse", "dense"]),
+    integer=st.booleans(),
+    packing=st.booleans(),
+)
 def test_row_sum_matches_plain(k, num_rows, dim, seed, layout, integer, packing):
     rng = np.random.default_rng(seed)
     contribs, requests = _row_inputs(rng, k, num_rows, dim, integer)
@@ -111,7 +132,7 @@ def test_row_sum_matches_plain(k, num_rows, dim, seed, layout, integer, packing)
     for c in requests:
         assert got[c].shape == (requests[c].size, dim)
         if integer:
-            assert np.array_equal(got[c], ref[c])            # exact, packed or not
+            assert np.array_equal(got[c], ref[c])  # exact, packed or not
         else:
             assert np.abs(got[c] - ref[c]).max(initial=0) <= ck.last_stats["error_bound"] + _f32_slack(ref[c], 10.0 * k)
     if integer and packing:
@@ -119,10 +140,12 @@ def test_row_sum_matches_plain(k, num_rows, dim, seed, layout, integer, packing)
 
 
 def test_scoped_return_downloads_only_requested_blocks():
-    k, num_rows, dim = 3, 5000, 2        # 2 rows per packed... several blocks of rows
+    k, num_rows, dim = 3, 5000, 2  # 2 rows per packed... several blocks of rows
     rng = np.random.default_rng(0)
-    contribs = {c: (np.arange(c, num_rows, 3), rng.integers(0, 2, size=(len(range(c, num_rows, 3)), dim)).astype(float))
-                for c in range(k)}
+    contribs = {
+        c: (np.arange(c, num_rows, 3), rng.integers(0, 2, size=(len(range(c, num_rows, 3)), dim)).astype(float))
+        for c in range(k)
+    }
     requests = {0: np.array([0, 1, 2]), 1: np.array([4999]), 2: np.array([], dtype=np.int64)}
     ck = make_protocol("ckks", k, packing=False)
     spec = ValueSpec(integer=True, sum_max=1, max_abs=1)
@@ -134,7 +157,7 @@ def test_scoped_return_downloads_only_requested_blocks():
         assert np.array_equal(got[c], full[r])
     downs = {m.receiver: m for m in ck.transcript.select(tag="fedgcn/neighbour_sums", sender=SERVER)}
     assert downs["client0"].shape[0] == 1 and downs["client1"].shape[0] == 1 and downs["client2"].shape[0] == 0
-    assert downs["client2"].payload == [] and downs["client2"].nbytes < 512   # the signed envelope only
+    assert downs["client2"].payload == [] and downs["client2"].nbytes < 512  # the signed envelope only
     assert len(downs["client0"].payload) == ck.last_stats["ciphertexts_per_block"]
 
 
@@ -142,7 +165,7 @@ def test_packed_exact_at_k100_at_the_field_limit():
     k, n = 100, 3000
     sum_max = 255
     spec = ValueSpec(integer=True, sum_max=sum_max, max_abs=3, owner_checked_sum=True)
-    vals = {c: np.full(n, 3.0 if c < 85 else 0.0) for c in range(k)}     # sums hit 255 = 2^8 - 1
+    vals = {c: np.full(n, 3.0 if c < 85 else 0.0) for c in range(k)}  # sums hit 255 = 2^8 - 1
     ck = make_protocol("ckks", k)
     got = ck.weighted_sum("t", 0, vals, spec=spec)
     assert np.array_equal(got, np.full(n, 255.0))
@@ -165,8 +188,9 @@ def test_packed_with_dp_noise_offsets_sparse_padding():
         clean = rng.integers(0, 3, size=(ids.size, block_len)).astype(float)
         noisy = clean + np.rint(rng.normal(0, std, size=clean.shape))
         contribs[c] = BlockTable(ids, noisy)
-    ctx = ExchangeContext("dp/test", 0, spec, contribs, {c: np.arange(nb) for c in range(k)}, nb, block_len,
-                          "sparse", dp_noise_std=std)
+    ctx = ExchangeContext(
+        "dp/test", 0, spec, contribs, {c: np.arange(nb) for c in range(k)}, nb, block_len, "sparse", dp_noise_std=std
+    )
     out = ck._aggregate(ctx)
     exact = np.zeros((nb, block_len))
     for t in contribs.values():
@@ -181,7 +205,7 @@ def test_streaming_chunks_give_the_same_result_and_one_message_per_client():
     k = 3
     rng = np.random.default_rng(1)
     vals = {c: rng.normal(size=20_000) for c in range(k)}
-    small = make_protocol("ckks", k, chunk_bytes=1, params="n4096")   # one block per chunk
+    small = make_protocol("ckks", k, chunk_bytes=1, params="n4096")  # one block per chunk
     got = small.weighted_sum("t", 0, vals, spec=ValueSpec(max_abs=10, tolerance=1e-6))
     assert small.last_stats["chunks"] > 1
     assert np.abs(got - sum(vals.values())).max() <= small.last_stats["error_bound"]
@@ -210,7 +234,7 @@ def test_float_scale_from_public_bound_and_tolerance_refusal():
     p1 = ck.plan(ValueSpec(max_abs=1.0, tolerance=1e-3))
     p2 = ck.plan(ValueSpec(max_abs=1e6, tolerance=1e-3))
     assert p1.scale_bits > p2.scale_bits
-    assert p2.sum_bound * 2.0 ** p2.scale_bits <= P.N8192.data_modulus() / 4
+    assert p2.sum_bound * 2.0**p2.scale_bits <= P.N8192.data_modulus() / 4
     with pytest.raises(BoundError, match="tolerance"):
         ck.plan(ValueSpec(max_abs=1e12, tolerance=1e-6))
 
@@ -220,6 +244,7 @@ def test_float_scale_from_public_bound_and_tolerance_refusal():
 def test_error_model_holds(encryption, chain):
     """The documented error model bounds the measured error (and is not absurdly loose)."""
     from protocols.ckks.keys import make_secret_context
+
     ctx = make_secret_context(chain, encryption)
     rng = np.random.default_rng(0)
     s = 20
@@ -227,7 +252,7 @@ def test_error_model_holds(encryption, chain):
         xs = [rng.uniform(-1, 1, chain.slots) for _ in range(k)]
         acc = None
         for x in xs:
-            v = ts.ckks_vector(ctx, x.tolist(), 2.0 ** s)
+            v = ts.ckks_vector(ctx, x.tolist(), 2.0**s)
             acc = v if acc is None else acc + v
         err = np.abs(np.array(acc.decrypt()) - sum(xs)).max()
         bound = P.noise_bound(chain, s, k, encryption)
@@ -251,13 +276,19 @@ def test_slot_capacity_matches_59_minus_scale():
 
 # ------------------------------------------------------------------ packing codec
 @settings(max_examples=40, deadline=None)
-@given(width=st.integers(1, 12), fields=st.integers(1, 4), k=st.integers(1, 30), n=st.integers(1, 50),
-       offset=st.integers(0, 5), seed=st.integers(0, 10_000))
+@given(
+    width=st.integers(1, 12),
+    fields=st.integers(1, 4),
+    k=st.integers(1, 30),
+    n=st.integers(1, 50),
+    offset=st.integers(0, 5),
+    seed=st.integers(0, 10_000),
+)
 def test_packing_sum_is_exact_without_carry(width, fields, k, n, offset, seed):
     """Slot-wise sums of packed values unpack to the field-wise sums whenever the sum
     (plus offsets) fits the field: no carry into the neighbour field."""
     rng = np.random.default_rng(seed)
-    if width * fields > 52 or k * offset > (1 << width) - 1:   # the plan's width always covers K*offset
+    if width * fields > 52 or k * offset > (1 << width) - 1:  # the plan's width always covers K*offset
         return
     lay = PackingLayout(width=width, fields=fields, slots=64, offset=offset, num_clients=k)
     n = min(n, lay.capacity)
@@ -265,7 +296,7 @@ def test_packing_sum_is_exact_without_carry(width, fields, k, n, offset, seed):
     totals = rng.integers(0, 1 << width, size=n)
     cuts = np.sort(rng.integers(0, 1 << width, size=(k - 1, n)), axis=0) if k > 1 else np.zeros((0, n), int)
     edges = np.vstack([np.zeros(n, int), np.minimum(cuts, totals), totals])
-    parts = np.diff(edges, axis=0) - offset            # client values, as low as -offset (DP noise)
+    parts = np.diff(edges, axis=0) - offset  # client values, as low as -offset (DP noise)
     packed = sum(lay.pack(p) for p in parts)
     out, residual, ok = lay.unpack(packed, n)
     assert ok and residual == 0
@@ -286,19 +317,23 @@ def test_server_context_is_public_and_cannot_decrypt():
     assert not server.has_galois_keys() and not server.has_relin_keys()
     up = ck.transcript.select(tag="t", receiver=SERVER)[0]
     from protocols.ckks.fixed_point import server_load
-    assert server_load(ck._active, wire.unframe(up.payload[0]), ck._last_plan.scale).ct.size() == 2   # it loads...
+
+    assert server_load(ck._active, wire.unframe(up.payload[0]), ck._last_plan.scale).ct.size() == 2  # it loads...
     with pytest.raises(ValueError, match="public"):
-        server.secret_key()                                                                # ...and cannot decrypt
+        server.secret_key()  # ...and cannot decrypt
     keymsgs = ck.transcript.select(tag="ckks/keys")
     pub = [m for m in keymsgs if m.receiver == SERVER]
-    sec = [m for m in keymsgs if m.relay == SERVER]      # secret context: channel ciphertext, relayed
+    sec = [m for m in keymsgs if m.relay == SERVER]  # secret context: channel ciphertext, relayed
     assert len(pub) == 1 and pub[0].kind == "public_key"
-    assert pub[0].nbytes == len(pub[0].auth) + 4 + len(encode_body(pub[0].payload))   # signed envelope
+    assert pub[0].nbytes == len(pub[0].auth) + 4 + len(encode_body(pub[0].payload))  # signed envelope
     assert ck.fingerprint == pub[0].fingerprint
-    assert len(sec) == 2 and all(m.sender == "client0" and m.receiver.startswith("client") and m.kind == "ciphertext"
-                                 and m.nbytes > 10_000 for m in sec)
+    assert len(sec) == 2 and all(
+        m.sender == "client0" and m.receiver.startswith("client") and m.kind == "ciphertext" and m.nbytes > 10_000
+        for m in sec
+    )
     # a secret context serialized for the server is refused
     from protocols.ckks.keys import MAGIC
+
     with pytest.raises(ConfigurationError):
         leaky = ck._keys.get(ck._active).context.serialize(save_secret_key=True)
         ServerContext(MAGIC + b"\0" * 16 + len(leaky).to_bytes(4, "big") + leaky, ck._active)
@@ -310,17 +345,24 @@ def test_server_receives_only_ciphertexts_and_public_key():
     ck = make_protocol("ckks", k)
     ck.weighted_mean("fedavg/model", 0, {c: rng.normal(size=30) for c in range(k)}, {c: 1.0 + c for c in range(k)})
     contribs, requests = _row_inputs(rng, k, 30, 3, True)
-    for layout in ("sparse", "dense"):          # a client sums a (round, tag) once: a tag per layout
-        ck.row_sum(f"fedgcn/sums-{layout}", 0, contribs, requests, 30, layout=layout,
-                   spec=ValueSpec(integer=True, sum_max=2 * k, max_abs=2))
+    for layout in ("sparse", "dense"):  # a client sums a (round, tag) once: a tag per layout
+        ck.row_sum(
+            f"fedgcn/sums-{layout}",
+            0,
+            contribs,
+            requests,
+            30,
+            layout=layout,
+            spec=ValueSpec(integer=True, sum_max=2 * k, max_abs=2),
+        )
     inbound = [m for m in ck.transcript.messages if m.receiver == SERVER]
     assert inbound
     for m in inbound:
         assert m.kind in ("ciphertext", "public_key", "metadata")
         if m.kind == "ciphertext":
             assert isinstance(m.payload, list) and all(isinstance(f, bytes) for f in m.payload)
-            assert m.nbytes == len(m.auth) + 4 + len(encode_body(m.payload))   # signed envelope + frames
-        elif m.kind == "metadata":        # sparse layout: block ids only (the documented leak)
+            assert m.nbytes == len(m.auth) + 4 + len(encode_body(m.payload))  # signed envelope + frames
+        elif m.kind == "metadata":  # sparse layout: block ids only (the documented leak)
             assert set(m.payload) == {"block_ids"} and np.issubdtype(m.payload["block_ids"].dtype, np.integer)
     assert not any(isinstance(m.payload, np.ndarray) and m.payload.dtype.kind == "f" for m in inbound)
 
@@ -332,8 +374,12 @@ def test_message_sizes_depend_only_on_public_shapes(params):
     for seed in range(2):
         rng = np.random.default_rng(seed)
         ck = make_protocol("ckks", 3, params=params)
-        ck.weighted_sum("t", 0, {c: rng.normal(size=3000) * 10.0 ** seed for c in range(3)},
-                        spec=ValueSpec(max_abs=50.0, tolerance=1e-2))
+        ck.weighted_sum(
+            "t",
+            0,
+            {c: rng.normal(size=3000) * 10.0**seed for c in range(3)},
+            spec=ValueSpec(max_abs=50.0, tolerance=1e-2),
+        )
         sizes.append([(m.sender, m.receiver, m.kind, m.nbytes) for m in ck.transcript.messages])
     assert sizes[0] == sizes[1]
 
@@ -364,6 +410,7 @@ def _tamper(proto, client, fn):
         if msg.kind == "ciphertext" and msg.sender == f"client{client}" and msg.receiver == SERVER:  # uploads
             return fn(msg)
         return msg
+
     proto.intercept = hook
 
 
@@ -389,6 +436,7 @@ def test_corrupted_ciphertext_bytes_refused(how):
         else:
             f = b""
         return replace(m, payload=[bytes(f)] + m.payload[1:])
+
     _tamper(ck, 2, corrupt)
     with pytest.raises(IntegrityError, match="client 2"):
         _run(ck)
@@ -408,6 +456,7 @@ def test_a_flipped_ciphertext_bit_is_refused_by_the_signed_envelope(direction):
             f[len(f) // 3] ^= 0x01
             return replace(m, payload=[bytes(f)] + list(m.payload[1:]))
         return m
+
     ck.intercept = flip
     with pytest.raises(IntegrityError, match="digest its sender signed"):
         _run(ck)
@@ -435,10 +484,14 @@ def test_symmetric_uploads_are_seeded_half_ciphertexts(encryption):
     """Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed):
     half the bytes of the sum the server sends back; asymmetric uploads whole ciphertexts."""
     ck = make_protocol("ckks", 3, params="n4096", encryption=encryption)
-    out = ck.weighted_sum("t", 0, {k: np.full(5, k + 1.0) for k in range(3)}, spec=ValueSpec(max_abs=10, tolerance=1e-6))
+    out = ck.weighted_sum(
+        "t", 0, {k: np.full(5, k + 1.0) for k in range(3)}, spec=ValueSpec(max_abs=10, tolerance=1e-6)
+    )
     np.testing.assert_allclose(out, 6.0, atol=1e-6)
-    up, down = ([m for m in ck.transcript.select(tag="t", **who) if m.kind == "ciphertext"][0].payload[0]
-                for who in ({"receiver": SERVER}, {"sender": SERVER}))
+    up, down = (
+        [m for m in ck.transcript.select(tag="t", **who) if m.kind == "ciphertext"][0].payload[0]
+        for who in ({"receiver": SERVER}, {"sender": SERVER})
+    )
     assert len(up) == ck._active.upload_ciphertext_bytes(encryption) + wire.HEADER_BYTES
     assert (len(up) < 0.51 * len(down)) if encryption == "symmetric" else len(up) == len(down)
 
@@ -448,10 +501,13 @@ def test_wrong_scale_refused():
 
     def rescaled(m):
         from protocols.ckks.fixed_point import client_codec
+
         key = ck._keys.get(ck._active)
-        ct = client_codec(key.context, ck._active, "symmetric").encrypt([1.0] * 6, 2.0 ** 30)   # a valid size
-        return ck._seal(replace(m, payload=[wire.frame(ct, ck._active.upload_ciphertext_bytes("symmetric"))]),
-                        "upload")    # signed by its sender: caught by the server's load check
+        ct = client_codec(key.context, ck._active, "symmetric").encrypt([1.0] * 6, 2.0**30)  # a valid size
+        return ck._seal(
+            replace(m, payload=[wire.frame(ct, ck._active.upload_ciphertext_bytes("symmetric"))]), "upload"
+        )  # signed by its sender: caught by the server's load check
+
     _tamper(ck, 1, rescaled)
     with pytest.raises(IntegrityError, match="parameters .*scale"):
         _run(ck, k=2)
@@ -468,8 +524,9 @@ def test_wrong_shape_refused(how):
             return replace(m, payload=m.payload * 2)
         return replace(m, shape=(m.shape[0], m.shape[1] + 1))
 
-    def reshape(m):     # signed by its (faulty) sender, so authentication passes: the shape check catches it
+    def reshape(m):  # signed by its (faulty) sender, so authentication passes: the shape check catches it
         return ck._seal(reshaped(m), "upload")
+
     _tamper(ck, 1, reshape)
     with pytest.raises(ShapeError, match="client 1"):
         _run(ck)
@@ -489,22 +546,26 @@ def test_non_finite_and_out_of_range_refused_before_encryption():
     assert not [m for m in ck.transcript.messages if m.receiver == SERVER and m.tag == "x"]
 
 
-@pytest.mark.parametrize("values,err", [
-    ({0: np.array([1.0, 2.0]), 1: np.array([4.0, 0.0])}, PackingOverflowError),   # above max_abs/sum_max
-    ({0: np.array([1.0, -1.0]), 1: np.array([0.0, 0.0])}, PackingOverflowError),  # negative
-    ({0: np.array([1.0, 0.5]), 1: np.array([0.0, 0.0])}, BoundError),             # non-integer
-])
+@pytest.mark.parametrize(
+    "values,err",
+    [
+        ({0: np.array([1.0, 2.0]), 1: np.array([4.0, 0.0])}, PackingOverflowError),  # above max_abs/sum_max
+        ({0: np.array([1.0, -1.0]), 1: np.array([0.0, 0.0])}, PackingOverflowError),  # negative
+        ({0: np.array([1.0, 0.5]), 1: np.array([0.0, 0.0])}, BoundError),  # non-integer
+    ],
+)
 def test_packing_bounds_refused_before_encryption(values, err):
     ck = make_protocol("ckks", 2)
     spec = ValueSpec(integer=True, sum_max=3, max_abs=3)
     with pytest.raises(err, match="exchange 'p'"):
         ck.weighted_sum("p", 0, values, spec=spec)
-    assert not [m for m in ck.transcript.messages if m.receiver == SERVER and m.tag == "p"]   # nothing sent
+    assert not [m for m in ck.transcript.messages if m.receiver == SERVER and m.tag == "p"]  # nothing sent
 
 
 # ------------------------------------------------------------------ benchmark smoke test
 def test_protocol_bench_quick(tmp_path):
     from secure_fgl.bench.protocols import run_protocol_bench
+
     recs = run_protocol_bench(tmp_path, quick=True, clients=3, backends=("plain", "ckks-packed", "ckks-float"))
     assert (tmp_path / "bench.json").exists()
     names = {(r["workload"].split("_")[0], r["backend"]) for r in recs}
@@ -545,12 +606,12 @@ def test_seal_scratch_file_leaves_nothing_on_disk():
         out.append((fp._to_bytes(key), path, os.readlink(path)))
 
     out = []
-    t = threading.Thread(target=serialise, args=(out,))      # a fresh thread: a fresh scratch file
+    t = threading.Thread(target=serialise, args=(out,))  # a fresh thread: a fresh scratch file
     t.start()
     t.join()
     data, path, target = out[0]
     assert len(data) > 1000 and path.startswith("/proc/self/fd/")
-    assert target.endswith("(deleted)")                     # no name on disk points at the bytes
+    assert target.endswith("(deleted)")  # no name on disk points at the bytes
     assert not os.path.exists(target.removesuffix(" (deleted)"))
 
 
@@ -559,6 +620,7 @@ def test_float_sums_leave_the_client_rounded_to_the_tolerance_grid():
     delivered, so the CKKS noise (which with the exact decryption leaks the key: Li-Micciancio) does
     not leave the client; the released error stays within the tolerance."""
     from protocols.ckks.params import release_step
+
     k, tol = 3, 1e-3
     spec = ValueSpec(max_abs=1.0, tolerance=tol)
     p = make_protocol("ckks", k, packing=False)
@@ -567,7 +629,7 @@ def test_float_sums_leave_the_client_rounded_to_the_tolerance_grid():
     got = p.weighted_sum("rounded", 0, vals, spec=spec)
     step = release_step(p.plan(spec, 2000), spec)
     assert step is not None and tol / 4 < step <= 2 * tol
-    assert np.array_equal(got, np.rint(got / step) * step)          # on the grid: no noise bits left
+    assert np.array_equal(got, np.rint(got / step) * step)  # on the grid: no noise bits left
     exact = sum(vals.values())
     assert np.abs(got - exact).max() <= tol
     # the rounding removes the noise: the released sums are the exact sums' grid points (but for

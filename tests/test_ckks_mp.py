@@ -1,8 +1,8 @@
 """ckks-mp: ring arithmetic, collective decryption, exact packing, coalition attacks, refusals."""
+
 from __future__ import annotations
 
 import itertools
-
 import math
 from dataclasses import replace
 
@@ -12,19 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import ks_2samp
 
-from protocols import (MODES, BoundError, ConfigurationError, DropoutError, IntegrityError,
-                       ValueSpec, make_protocol)
-from protocols.errors import DigestError
+from protocols import MODES, BoundError, ConfigurationError, DropoutError, IntegrityError, ValueSpec, make_protocol
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp import client as mp_client
 from protocols.ckks_mp.params import plan_exchange
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
+from protocols.errors import DigestError
 from protocols.message import Envelope
 from protocols.transcript import SERVER, client_party
 
-FAST = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                      HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 _PROTOCOLS: dict[int, object] = {}
 #: a fresh round for every exchange on a reused protocol: a client contributes to a (round, tag) once
 ROUNDS = itertools.count()
@@ -62,10 +62,10 @@ def centred_coeffs(p, residues) -> np.ndarray:
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), n_log=st.integers(1, 5))
 def test_ntt_product_is_negacyclic_convolution(seed, n_log):
-    n = 2 ** n_log
+    n = 2**n_log
     ring = RNSRing(n, ntt_primes(n, 3))
     rng = np.random.default_rng(seed)
-    a, b = rng.integers(-10 ** 6, 10 ** 6, n), rng.integers(-50, 50, n)
+    a, b = rng.integers(-(10**6), 10**6, n), rng.integers(-50, 50, n)
     ref = np.zeros(n, dtype=object)
     for i in range(n):
         for j in range(n):
@@ -99,44 +99,54 @@ def test_smudging_has_a_floor_raised_with_the_run_budget():
         check_security(MPParams(smudging_lambda=39))
     assert MPParams(max_keyswitches=1 << 10).keyswitch_lambda == 40
     assert MPParams(max_keyswitches=(1 << 10) + 1).keyswitch_lambda == 41
-    for t in (1, 1000, 1 << 20, 1 << 33):       # T ciphertexts at 2^-lambda each stay within 2^-30
-        assert t * 2.0 ** -MPParams(max_keyswitches=t).keyswitch_lambda <= 2.0 ** -30
+    for t in (1, 1000, 1 << 20, 1 << 33):  # T ciphertexts at 2^-lambda each stay within 2^-30
+        assert t * 2.0 ** -MPParams(max_keyswitches=t).keyswitch_lambda <= 2.0**-30
 
 
 @settings(max_examples=60, deadline=None)
-@given(k=st.integers(1, 300), integer=st.booleans(), bound_log=st.floats(-3, 12), tol_log=st.floats(-12, 0),
-       smudging=st.integers(40, 64), budget_log=st.integers(0, 40), block_len=st.one_of(st.none(),
-                                                                                       st.integers(1, 50_000)))
+@given(
+    k=st.integers(1, 300),
+    integer=st.booleans(),
+    bound_log=st.floats(-3, 12),
+    tol_log=st.floats(-12, 0),
+    smudging=st.integers(40, 64),
+    budget_log=st.integers(0, 40),
+    block_len=st.one_of(st.none(), st.integers(1, 50_000)),
+)
 def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len):
     """Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
     ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors and the smudging recomputed
     here from their definitions, within the 128-bit bound; or the planner refuses (BoundError)."""
     params = MPParams(smudging_lambda=smudging, max_keyswitches=1 << budget_log)
-    bound = 2.0 ** bound_log
-    spec = (ValueSpec(integer=True, max_abs=math.floor(bound) + 1, sum_max=k * (math.floor(bound) + 1))
-            if integer else ValueSpec(max_abs=bound, tolerance=2.0 ** tol_log))
+    bound = 2.0**bound_log
+    spec = (
+        ValueSpec(integer=True, max_abs=math.floor(bound) + 1, sum_max=k * (math.floor(bound) + 1))
+        if integer
+        else ValueSpec(max_abs=bound, tolerance=2.0**tol_log)
+    )
     try:
         plan = plan_exchange(params, spec, k, block_len=block_len)
     except BoundError:
         return
     lam = max(smudging, 30 + (params.max_keyswitches - 1).bit_length())
-    smudge = lam + (params.n * k * params.eta - 1).bit_length()      # 2^b >= 2^lambda N B_ct
-    assert plan.noise_bound >= k * params.eta + k * 2 ** smudge + 2 * k * params.n * params.eta
-    assert 2 ** plan.scale_bits >= 4 * plan.noise_bound
+    smudge = lam + (params.n * k * params.eta - 1).bit_length()  # 2^b >= 2^lambda N B_ct
+    assert plan.noise_bound >= k * params.eta + k * 2**smudge + 2 * k * params.n * params.eta
+    assert 2**plan.scale_bits >= 4 * plan.noise_bound
     assert params.log_q(plan.level) <= 218
     packed_max = 2 ** (plan.fields * plan.width) - 1
-    assert packed_max * 2 ** plan.scale_bits + plan.noise_bound < params.modulus(plan.level) // 2
+    assert packed_max * 2**plan.scale_bits + plan.noise_bound < params.modulus(plan.level) // 2
     if integer:
-        assert 2 ** plan.width > spec.sum_max + 2 * k * plan.offset
+        assert 2**plan.width > spec.sum_max + 2 * k * plan.offset
     else:
-        assert plan.offset >= spec.max_abs * 2.0 ** plan.frac_bits     # every field non-negative
-        assert 2 ** plan.width > 2 * k * plan.offset                   # the K-way sum fits one field
+        assert plan.offset >= spec.max_abs * 2.0**plan.frac_bits  # every field non-negative
+        assert 2**plan.width > 2 * k * plan.offset  # the K-way sum fits one field
         assert plan.error_bound == k * 2.0 ** -(plan.frac_bits + 1) <= spec.tolerance
 
 
 def test_client_half_checks_the_public_setup_itself():
     """A client builds its parameters from the run's public setup and refuses weak ones there."""
     from protocols.party import PartySetup
+
     weak = {**mp_backend.params_to_options(MPParams()), "eta": 12}
     setup = PartySetup("ckks-mp", 3, b"r" * 16, b"s" * 16, {"params": weak, "keep_payload_bytes": 1})
     with pytest.raises(ConfigurationError, match="eta=12"):
@@ -145,6 +155,7 @@ def test_client_half_checks_the_public_setup_itself():
 
 def test_key_switches_past_the_budget_are_refused():
     from protocols.errors import SmudgingBudgetError
+
     p = fresh(2, params=MPParams(max_keyswitches=1))
     spec = ValueSpec(max_abs=1.0, tolerance=1e-3)
     p.weighted_sum("a", 0, {0: np.ones(4), 1: np.ones(4)}, spec=spec)
@@ -155,6 +166,7 @@ def test_key_switches_past_the_budget_are_refused():
 def test_mode_is_registered():
     assert "ckks-mp" in MODES
     from secure_fgl.config import RunConfig
+
     assert RunConfig(mode="ckks-mp").validate().mode == "ckks-mp"
 
 
@@ -198,13 +210,15 @@ def test_offsets_padded_when_a_client_skips_a_block():
 # ------------------------------------------------------------------ coalition attacks
 def _upload_of(p, tag: str, k: int, plan) -> np.ndarray:
     """Client k's upload ciphertexts (c0 as sent, c1 public), ``[pieces, 2, L, N]``."""
-    msg = next(m for m in p.transcript.select(tag=tag, sender=client_party(k), receiver=SERVER)
-               if m.kind == "ciphertext")
+    msg = next(
+        m for m in p.transcript.select(tag=tag, sender=client_party(k), receiver=SERVER) if m.kind == "ciphertext"
+    )
     return p.upload_ciphertexts(msg, plan)
 
 
 def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
     from attacks.coalition import ckks_mp_break
+
     k = 4
     p = proto(k)
     rng = np.random.default_rng(7)
@@ -223,7 +237,7 @@ def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
     used = encoding.used_coefficients(plan, 6000)
     truth = centred_coeffs(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))[:used]
     shares = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
-    for key in (p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):     # every colluder's alike
+    for key in (p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):  # every colluder's alike
         for guess in (key, p.ring.add(shares, key)):
             attack = centred_coeffs(p, encryption.decrypt(p.ring, guess, ct))[:used]
             assert abs(corr(attack, truth)) < 5 / np.sqrt(used)
@@ -232,6 +246,7 @@ def test_server_and_k_minus_1_clients_cannot_decrypt_the_kth_upload():
 def test_coalition_attack_in_the_runner_registry():
     from attacks.base import View
     from attacks.runner import ATTACKS
+
     p = proto(3)
     p.weighted_sum("fedavg/model", 0, {c: np.full(8, 0.5) for c in range(3)}, spec=ValueSpec(max_abs=1))
     attack = ATTACKS["coalition"]()
@@ -249,31 +264,35 @@ def test_coalition_cannot_read_another_recipients_rows():
     k, d = 4, 30
     p = proto(k)
     spec = ValueSpec(integer=True, max_abs=50, sum_max=200)
-    rpb = p.rows_per_block(spec, d, 10 ** 7)
+    rpb = p.rows_per_block(spec, d, 10**7)
     rng = np.random.default_rng(11)
-    rows = (np.arange(k)[:, None] * rpb + np.arange(400)).ravel()          # 400 rows in each of k blocks
+    rows = (np.arange(k)[:, None] * rpb + np.arange(400)).ravel()  # 400 rows in each of k blocks
     contrib = {c: (rows, rng.integers(0, 50, (rows.size, d)).astype(float)) for c in range(k)}
-    requests = {c: rows[c * 400:(c + 1) * 400] for c in range(k)}           # recipient c: block c
+    requests = {c: rows[c * 400 : (c + 1) * 400] for c in range(k)}  # recipient c: block c
     got = p.row_sum("scoped", 0, contrib, requests, k * rpb, layout="sparse", spec=spec)
     target = 3
-    down = [m for m in p.transcript.select(tag="scoped", sender=SERVER, receiver=client_party(target))
-            if m.kind == "ciphertext" and "key-switched" in m.note][0]
+    down = [
+        m
+        for m in p.transcript.select(tag="scoped", sender=SERVER, receiver=client_party(target))
+        if m.kind == "ciphertext" and "key-switched" in m.note
+    ][0]
     assert down.payload["to"] == target
     plan = p.plan(spec, block_len=d * rpb)
-    cts = encryption.from_bytes(p.ring, down.payload["data"], (down.shape[0] * down.shape[1], 2, plan.level,
-                                                               p.params.n))
+    cts = encryption.from_bytes(
+        p.ring, down.payload["data"], (down.shape[0] * down.shape[1], 2, plan.level, p.params.n)
+    )
     used = encoding.used_coefficients(plan, 400 * d)
     assert used >= 500
     own = centred_coeffs(p, encryption.decrypt(p.ring, p._clients[target]._own.s_hat, cts[0]))
     colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
     for key in (colluders, p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):
         attack = centred_coeffs(p, encryption.decrypt(p.ring, key, cts[0]))
-        assert abs(corr(attack[:used], own[:used])) < 5 / np.sqrt(used)     # chance: std 1/sqrt(used)
+        assert abs(corr(attack[:used], own[:used])) < 5 / np.sqrt(used)  # chance: std 1/sqrt(used)
     # a recipient receives exactly its rows and nothing else
     total = sum(r for _, r in contrib.values())
     assert set(got) == set(requests)
     for c in range(k):
-        assert np.array_equal(got[c], total[c * 400:(c + 1) * 400])
+        assert np.array_equal(got[c], total[c * 400 : (c + 1) * 400])
 
 
 def _bytes_in(payload):
@@ -304,10 +323,17 @@ def test_server_half_holds_no_secret_key_share():
     """Walk every object the server half reaches: no client's key holder, no secret (s_i, s_R,
     s_B) as an object, and none of their bytes inside any array or bytes it holds."""
     from test_parties import _reachable
+
     k = 3
     p = fresh(k)
-    p.row_sum("walk", 0, {c: (np.arange(4), np.ones((4, 2))) for c in range(k)},
-              {c: np.array([c]) for c in range(k)}, 4, spec=ValueSpec(max_abs=1, tolerance=1e-4))
+    p.row_sum(
+        "walk",
+        0,
+        {c: (np.arange(4), np.ones((4, 2))) for c in range(k)},
+        {c: np.array([c]) for c in range(k)},
+        4,
+        spec=ValueSpec(max_abs=1, tolerance=1e-4),
+    )
     held = []
     reach = _reachable(p.server, data=held)
     secrets = []
@@ -315,14 +341,21 @@ def test_server_half_holds_no_secret_key_share():
         assert id(keys) not in reach and id(p.clients[c]) not in reach
         for s_hat in (keys._share, keys._own.s_hat, keys._broadcast.s_hat):
             assert id(s_hat) not in reach
-            secrets += [np.ascontiguousarray(form, dtype=dt).tobytes()[:256]
-                        for form in (s_hat, p.ring.intt(s_hat)) for dt in ("<u4", "<i8")]
-        secrets.append(keys.broadcast_secret()[:256])          # s_B as dealt over the channel
+            secrets += [
+                np.ascontiguousarray(form, dtype=dt).tobytes()[:256]
+                for form in (s_hat, p.ring.intt(s_hat))
+                for dt in ("<u4", "<i8")
+            ]
+        secrets.append(keys.broadcast_secret()[:256])  # s_B as dealt over the channel
     assert sum(isinstance(b, np.ndarray) for b in held) > 5 and sum(isinstance(b, bytes) for b in held) > 10
+
     def found(blobs):
-        return any(probe in (b.tobytes() if isinstance(b, np.ndarray) else bytes(b)) for b in blobs for probe in secrets)
+        return any(
+            probe in (b.tobytes() if isinstance(b, np.ndarray) else bytes(b)) for b in blobs for probe in secrets
+        )
+
     assert not found(held)
-    own = []                                  # positive control: the same scan finds client 0's secrets in its half
+    own = []  # positive control: the same scan finds client 0's secrets in its half
     _reachable(p.clients[0], data=own)
     assert found(own)
 
@@ -341,15 +374,20 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
         plan = p.plan(spec, block_len=20_000)
         shape = (1, 2, plan.level, p.params.n)
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
-        agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[:plan.level], uploads[0][:, 1]], axis=1)
+        agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
-        down = [m for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
-                if "key-switched" in m.note][0]
+        down = [
+            m
+            for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
+            if "key-switched" in m.note
+        ][0]
         out = encryption.from_bytes(p.ring, down.payload["data"], shape)
+
         def residual(key, ct):
             coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, key, ct)[0])
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
+
         return residual(s, agg), residual(p._clients[0]._broadcast.s_hat, out)
 
     e_ct, seen = noises(fresh(k))
@@ -362,7 +400,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     assert np.abs(e_ct).max() <= k * 21 and seen.std() > 2.0 ** (b - 1)
     monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
     _, seen3 = noises(fresh(k))
-    assert seen3.std() < 2.0 ** 16
+    assert seen3.std() < 2.0**16
 
 
 def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
@@ -373,11 +411,12 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
     downs = [m for m in p.transcript.select(tag="bcast") if "key-switched" in m.note]
     assert len(shares) == k and all(m.payload["to"] == -1 for m in downs)
     spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
-    rpb = p.rows_per_block(spec, 2, 10 ** 7)
-    rows = np.arange(k) * rpb                                  # one row in each of k blocks
+    rpb = p.rows_per_block(spec, 2, 10**7)
+    rows = np.arange(k) * rpb  # one row in each of k blocks
     contrib = {c: (rows, np.ones((k, 2))) for c in range(k)}
-    got = p.row_sum("scoped-count", 0, contrib, {c: rows[c:c + 1] for c in range(k)}, k * rpb,
-                    layout="sparse", spec=spec)
+    got = p.row_sum(
+        "scoped-count", 0, contrib, {c: rows[c : c + 1] for c in range(k)}, k * rpb, layout="sparse", spec=spec
+    )
     assert all(np.array_equal(got[c], np.full((1, 2), k)) for c in range(k))
     shares = [m for m in p.transcript.select(tag="scoped-count") if m.kind == "share"]
     downs = [m for m in p.transcript.select(tag="scoped-count") if "key-switched" in m.note]
@@ -395,8 +434,9 @@ def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False
         word = int.from_bytes(data[:4], "little")
         new = 0xFFFFFFFF if unreduced else (word + 1) % 2147352577
         data[:4] = new.to_bytes(4, "little")
-        env = Envelope.from_header(msg.auth[64:])            # the client itself signs the corrupted share
+        env = Envelope.from_header(msg.auth[64:])  # the client itself signs the corrupted share
         return p._seal(replace(msg, payload=bytes(data)), env.stage, env.part)
+
     return hook
 
 
@@ -424,13 +464,20 @@ def test_message_changed_in_transit_is_refused(stage):
     p = proto(3)
 
     def flip(msg):
-        if msg.tag != f"transit-{stage}" or msg.kind not in ("ciphertext", "share") \
-                or Envelope.from_header(msg.auth[64:]).stage != stage or "client1" not in (msg.sender, msg.receiver):
+        if (
+            msg.tag != f"transit-{stage}"
+            or msg.kind not in ("ciphertext", "share")
+            or Envelope.from_header(msg.auth[64:]).stage != stage
+            or "client1" not in (msg.sender, msg.receiver)
+        ):
             return msg
-        if isinstance(msg.payload, dict):                 # the c1 or key-switched ciphertexts inside
+        if isinstance(msg.payload, dict):  # the c1 or key-switched ciphertexts inside
             name = "c1" if "c1" in msg.payload else "data"
-            return replace(msg, payload={**msg.payload, name: bytes([msg.payload[name][0] ^ 1]) + msg.payload[name][1:]})
+            return replace(
+                msg, payload={**msg.payload, name: bytes([msg.payload[name][0] ^ 1]) + msg.payload[name][1:]}
+            )
         return replace(msg, payload=bytes([msg.payload[0] ^ 1]) + msg.payload[1:])
+
     p.intercept = flip
     with pytest.raises(DigestError, match="client 1"):
         p.weighted_sum(f"transit-{stage}", 0, {c: np.ones(4) for c in range(3)}, spec=ValueSpec(max_abs=1))
@@ -450,11 +497,12 @@ def test_out_of_range_refused_before_encryption():
     p = proto(2)
     with pytest.raises(BoundError, match="client 1"):
         p.weighted_sum("range", 0, {0: np.ones(3), 1: np.array([0.0, 5.0, 0.0])}, spec=ValueSpec(max_abs=1))
-    assert not [m for m in p.transcript.select(tag="range") if m.sender != SERVER]   # no client message
-    p3 = proto(3)           # each value within max_abs, the sum 9 above sum_max=4: without an owner-checked
+    assert not [m for m in p.transcript.select(tag="range") if m.sender != SERVER]  # no client message
+    p3 = proto(3)  # each value within max_abs, the sum 9 above sum_max=4: without an owner-checked
     # sum the plan sizes fields from K * max_abs (what K client-checked entries guarantee), so it stays exact
-    got = p3.weighted_sum("overflow", 0, {c: np.full(3, 3.0) for c in range(3)},
-                          spec=ValueSpec(integer=True, max_abs=3, sum_max=4))
+    got = p3.weighted_sum(
+        "overflow", 0, {c: np.full(3, 3.0) for c in range(3)}, spec=ValueSpec(integer=True, max_abs=3, sum_max=4)
+    )
     np.testing.assert_array_equal(got, np.full(3, 9.0))
     with pytest.raises(BoundError, match="tolerance"):
         p.weighted_sum("tol", 0, {0: np.ones(3), 1: np.ones(3)}, spec=ValueSpec(max_abs=1e4, tolerance=1e-30))
@@ -465,6 +513,7 @@ def test_dp_noised_exchanges_stay_within_the_widened_range():
     by the public DP offset, and the decoded sum equals the sum of the noised contributions."""
     from protocols import DPRequest
     from protocols.dp import DPConfig
+
     k = 3
     p = fresh(k, dp=DPConfig(epsilon=4.0, placement="distributed", tags=("dp/int", "dp/float")))
     seen = {}
@@ -473,19 +522,25 @@ def test_dp_noised_exchanges_stay_within_the_widened_range():
     def spy(ctx):
         seen["sum"] = sum(t.values for t in ctx.contributions.values())
         return original(ctx)
+
     p._aggregate = spy
     counts = {c: np.full(50, 2.0) for c in range(k)}
-    got = p.weighted_sum("dp/int", 0, counts, spec=ValueSpec(integer=True, max_abs=2, sum_max=2 * k),
-                         dp=DPRequest(clip=math.inf, sensitivity=1.0))
+    got = p.weighted_sum(
+        "dp/int",
+        0,
+        counts,
+        spec=ValueSpec(integer=True, max_abs=2, sum_max=2 * k),
+        dp=DPRequest(clip=math.inf, sensitivity=1.0),
+    )
     assert np.array_equal(got, seen["sum"][0][:50])
     floats = {c: np.full(20, 0.5) for c in range(k)}
-    got = p.weighted_sum("dp/float", 0, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-5),
-                         dp=DPRequest(clip=1.0))
+    got = p.weighted_sum("dp/float", 0, floats, spec=ValueSpec(max_abs=1.0, tolerance=1e-5), dp=DPRequest(clip=1.0))
     assert np.abs(got - seen["sum"][0][:20]).max() <= p.last_stats["error_bound"]
 
 
 def test_protocol_bench_includes_ckks_mp(tmp_path):
     from secure_fgl.bench.protocols import run_protocol_bench
+
     recs = run_protocol_bench(tmp_path, quick=True, clients=3, backends=("ckks-mp",))
     assert {r["workload"].split("_")[0] for r in recs} == {"cora", "floats", "model"}
     for r in recs:

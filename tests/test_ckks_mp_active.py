@@ -1,6 +1,7 @@
 """ckks-mp against a server that deviates: each attack is a malicious server half (a subclass of
 the honest one that changes what it sends, never the clients' code), and each either aborts with
 a specific ProtocolError at an honest client or, by construction, yields nothing beyond chance."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,8 +16,14 @@ from protocols.ckks_mp.keys import RECIPIENT_KEY, key_fingerprint, key_pair
 from protocols.ckks_mp.params import smudging_bits
 from protocols.ckks_mp.sampling import crs_seed, upload_c1
 from protocols.ckks_mp.server import CKKSMPServer
-from protocols.errors import (DowngradeError, KeySubstitutionError, KeySwitchRefusedError, RecipientKeyError,
-                              RepeatedKeySwitchError, RepeatedUploadError)
+from protocols.errors import (
+    DowngradeError,
+    KeySubstitutionError,
+    KeySwitchRefusedError,
+    RecipientKeyError,
+    RepeatedKeySwitchError,
+    RepeatedUploadError,
+)
 from protocols.transcript import SERVER, client_party
 
 K = 3
@@ -32,8 +39,9 @@ class EvilServer(CKKSMPServer):
         return [(msg, part)]
 
     def call(self, link, stage, messages, *, hook=True):
-        messages = {k: [x for msg, part in batch for x in self.tamper(stage, k, msg, part)]
-                    for k, batch in messages.items()}
+        messages = {
+            k: [x for msg, part in batch for x in self.tamper(stage, k, msg, part)] for k, batch in messages.items()
+        }
         return super().call(link, stage, messages, hook=hook)
 
 
@@ -48,10 +56,17 @@ def broadcast_exchange(p, tag="x"):
 
 def scoped_exchange(p, tag="scoped"):
     """A sparse row sum whose K blocks go one to each client (scoped: switched per recipient)."""
-    rpb = p.rows_per_block(COUNTS, 2, 10 ** 7)
+    rpb = p.rows_per_block(COUNTS, 2, 10**7)
     rows = np.arange(K) * rpb
-    return p.row_sum(tag, 0, {c: (rows, np.ones((K, 2))) for c in range(K)}, {c: rows[c:c + 1] for c in range(K)},
-                     K * rpb, layout="sparse", spec=COUNTS)
+    return p.row_sum(
+        tag,
+        0,
+        {c: (rows, np.ones((K, 2))) for c in range(K)},
+        {c: rows[c : c + 1] for c in range(K)},
+        K * rpb,
+        layout="sparse",
+        spec=COUNTS,
+    )
 
 
 def with_payload(msg, **changes):
@@ -72,6 +87,7 @@ class ForgedC1(EvilServer):
 
     def run(self, plan, link):
         from protocols.ckks_mp.params import plan_exchange
+
         self.last_level = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len).level
         return super().run(plan, link)
 
@@ -81,8 +97,11 @@ class AdaptiveC1(ForgedC1):
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch":
-            victim = next(m for m in self.transcript.messages if m.sender == client_party(1)
-                          and m.receiver == SERVER and m.kind == "ciphertext")
+            victim = next(
+                m
+                for m in self.transcript.messages
+                if m.sender == client_party(1) and m.receiver == SERVER and m.kind == "ciphertext"
+            )
             msg = with_payload(msg, c1=victim.payload)
         return [(msg, part)]
 
@@ -102,16 +121,18 @@ def test_c1_is_public_fresh_per_exchange_and_block():
     seed, s = crs_seed(p.setup.run_id), p.setup.session
     primes, n = p.params.primes[:2], p.params.n
     one = upload_c1(seed, s, 1, [0, 1], 1, primes, n)
-    assert not np.array_equal(one[0], one[1])                                         # two blocks
-    assert not np.array_equal(one[0], upload_c1(seed, s, 2, [0], 1, primes, n)[0])     # two exchanges
-    assert np.array_equal(one, upload_c1(seed, s, 1, [0, 1], 1, primes, n))           # recomputable
+    assert not np.array_equal(one[0], one[1])  # two blocks
+    assert not np.array_equal(one[0], upload_c1(seed, s, 2, [0], 1, primes, n)[0])  # two exchanges
+    assert np.array_equal(one, upload_c1(seed, s, 1, [0, 1], 1, primes, n))  # recomputable
     # the exchanges' uploads decrypt under the client's own share with exactly that c1
     plan = p.plan(FLOATS, block_len=8)
     for tag in ("a", "b"):
-        msg = next(m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER)
-                   if m.kind == "ciphertext")
-        dec = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, p._clients[0]._share,
-                                                               p.upload_ciphertexts(msg, plan)[0]))
+        msg = next(
+            m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER) if m.kind == "ciphertext"
+        )
+        dec = encoding.crt_centered(
+            p.ring, encryption.decrypt(p.ring, p._clients[0]._share, p.upload_ciphertexts(msg, plan)[0])
+        )
         fields = np.array([(int(c) + (1 << (plan.scale_bits - 1))) >> plan.scale_bits for c in dec[:8]])
         assert fields[0] == encoding.quantize(np.full(8, 0.25), plan)[0]
 
@@ -129,6 +150,7 @@ class OwnRecipientKey(EvilServer):
 
     def _a(self):
         from protocols.ckks_mp.sampling import common_polynomial
+
         return common_polynomial(crs_seed(self.setup.run_id), self.params.primes, self.params.n)
 
 
@@ -150,15 +172,17 @@ class RogueKey(EvilServer):
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and client == 0:
             colluder = self.recipient_pks[2]
-            keys = {r: {"key": colluder[0], "sig": colluder[1]} if r == 1 else v
-                    for r, v in msg.payload["keys"].items()}
+            keys = {
+                r: {"key": colluder[0], "sig": colluder[1]} if r == 1 else v for r, v in msg.payload["keys"].items()
+            }
             msg = with_payload(msg, keys=keys)
         return [(msg, part)]
 
 
-@pytest.mark.parametrize("server,error", [(OwnRecipientKey, KeySubstitutionError),
-                                          (RogueKey, KeySubstitutionError),
-                                          (StrangerRecipient, RecipientKeyError)])
+@pytest.mark.parametrize(
+    "server,error",
+    [(OwnRecipientKey, KeySubstitutionError), (RogueKey, KeySubstitutionError), (StrangerRecipient, RecipientKeyError)],
+)
 def test_recipient_key_not_signed_by_its_owner_is_refused(server, error):
     with pytest.raises(error):
         scoped_exchange(protocol_with(server))
@@ -167,11 +191,19 @@ def test_recipient_key_not_signed_by_its_owner_is_refused(server, error):
 def test_recipient_keys_are_owner_signed_statements():
     """The honest path: every p_R a client accepts verifies under its owner's identity key."""
     from protocols.auth import check_public_key
+
     p = CKKSMPProtocol(K)
     scoped_exchange(p)
     for r, (key, sig) in p.server.recipient_pks.items():
-        check_public_key(p.clients[0].registry if r else p.clients[1].registry, RECIPIENT_KEY, p.setup.run_id,
-                         client_party(r), key, sig, {})
+        check_public_key(
+            p.clients[0].registry if r else p.clients[1].registry,
+            RECIPIENT_KEY,
+            p.setup.run_id,
+            client_party(r),
+            key,
+            sig,
+            {},
+        )
     assert set(p.clients[0].recipient_keys) == {1, 2}
 
 
@@ -194,8 +226,13 @@ class SubstitutedDealerKey(SubstitutedBroadcastKey):
     victims = (0,)
 
 
-@pytest.mark.parametrize("server,match", [(SubstitutedBroadcastKey, "client0's ckks-mp/broadcast key"),
-                                          (SubstitutedDealerKey, "changed the broadcast public key")])
+@pytest.mark.parametrize(
+    "server,match",
+    [
+        (SubstitutedBroadcastKey, "client0's ckks-mp/broadcast key"),
+        (SubstitutedDealerKey, "changed the broadcast public key"),
+    ],
+)
 def test_substituted_broadcast_key_is_refused(server, match):
     with pytest.raises(KeySubstitutionError, match=match):
         broadcast_exchange(protocol_with(server))
@@ -207,8 +244,9 @@ def test_no_collective_public_key_exists_to_substitute():
     only p_B, signed by its dealer."""
     p = CKKSMPProtocol(K)
     broadcast_exchange(p)
-    setup = [m for m in p.transcript.messages if m.tag == "ckks-mp/keys" and m.sender == SERVER
-             and m.kind == "public_key"]
+    setup = [
+        m for m in p.transcript.messages if m.tag == "ckks-mp/keys" and m.sender == SERVER and m.kind == "public_key"
+    ]
     assert setup and all(set(m.payload) == {"broadcast", "broadcast_sig"} for m in setup)
 
 
@@ -257,8 +295,9 @@ def test_downgrade_to_the_broadcast_key_is_refused(server, error):
         scoped_exchange(protocol_with(server))
 
 
-@pytest.mark.parametrize("server,error", [(SecondKeySwitch, RepeatedKeySwitchError),
-                                          (SecondUpload, RepeatedUploadError)])
+@pytest.mark.parametrize(
+    "server,error", [(SecondKeySwitch, RepeatedKeySwitchError), (SecondUpload, RepeatedUploadError)]
+)
 def test_one_upload_and_one_key_switch_per_exchange(server, error):
     with pytest.raises(error):
         broadcast_exchange(protocol_with(server))
@@ -276,15 +315,23 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
     p.weighted_sum("v", 0, vals, spec=spec)
     plan = p.plan(spec, block_len=4000)
-    up = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "ciphertext")
+    up = next(
+        m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "ciphertext"
+    )
     share = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "share")
     c0 = p.upload_ciphertexts(up, plan)[0, 0]
     h = encryption.from_bytes(p.ring, share.payload, (1, 2, plan.level, p.params.n))[0]
     s_b = p._clients[0]._broadcast.s_hat
-    opened = encryption.decrypt(p.ring, s_b, h)                     # s_1 c1 + z_1 + noise (coefficients)
+    opened = encryption.decrypt(p.ring, s_b, h)  # s_1 c1 + z_1 + noise (coefficients)
     used = encoding.used_coefficients(plan, 4000)
-    truth = np.array([float(x) for x in encoding.crt_centered(
-        p.ring, encoding.encode(p.ring, plan, encoding.quantize(vals[1], plan)))[:used]])
+    truth = np.array(
+        [
+            float(x)
+            for x in encoding.crt_centered(p.ring, encoding.encode(p.ring, plan, encoding.quantize(vals[1], plan)))[
+                :used
+            ]
+        ]
+    )
 
     def corr_with_truth(poly_coeffs):
         got = np.array([float(x) for x in encoding.crt_centered(p.ring, poly_coeffs)[:used]])
@@ -292,7 +339,7 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
 
     attack = p.ring.add(p.ring.intt(c0), opened)
     assert corr_with_truth(attack) < 5 / np.sqrt(used)
-    mask = p.ring.intt(p.clients[1]._masks(plan, -1, [0])[0])      # client 1's half still holds exchange "v"
+    mask = p.ring.intt(p.clients[1]._masks(plan, -1, [0])[0])  # client 1's half still holds exchange "v"
     assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
 
 
@@ -312,26 +359,43 @@ def test_shares_of_different_blocks_do_not_combine():
     cancel each other's masks, so the mixed sum decrypts to noise for the recipient colluding with the
     server (and the delivery is refused); the same shares regrouped by block decrypt exactly (control)."""
     from protocols.errors import IntegrityError
+
     p = protocol_with(MixedBlocks)
-    rpb = p.rows_per_block(COUNTS, 2, 10 ** 7)
-    rows = np.array([0, rpb])                                        # two blocks, both to client 0
+    rpb = p.rows_per_block(COUNTS, 2, 10**7)
+    rows = np.array([0, rpb])  # two blocks, both to client 0
     rng = np.random.default_rng(5)
     contrib = {c: (rows, rng.integers(0, 2, (2, 2)).astype(float)) for c in range(K)}
     with pytest.raises(IntegrityError, match="corrupted"):
         p.row_sum("mix", 0, contrib, {0: rows}, 2 * rpb, layout="sparse", spec=COUNTS)
     plan = p.plan(COUNTS, block_len=rpb * 2)
     level, n = plan.level, p.params.n
-    c0 = {c: p.upload_ciphertexts(next(m for m in p.transcript.select(tag="mix", sender=client_party(c),
-                                                                      receiver=SERVER) if m.kind == "ciphertext"),
-                                  plan, blocks=[0, 1])[:, 0] for c in range(K)}
-    shares = {c: encryption.from_bytes(p.ring, next(m for m in p.transcript.select(
-        tag="mix", sender=client_party(c), receiver=SERVER) if m.kind == "share").payload, (2, 2, level, n))
-        for c in range(K)}
+    c0 = {
+        c: p.upload_ciphertexts(
+            next(
+                m
+                for m in p.transcript.select(tag="mix", sender=client_party(c), receiver=SERVER)
+                if m.kind == "ciphertext"
+            ),
+            plan,
+            blocks=[0, 1],
+        )[:, 0]
+        for c in range(K)
+    }
+    shares = {
+        c: encryption.from_bytes(
+            p.ring,
+            next(
+                m for m in p.transcript.select(tag="mix", sender=client_party(c), receiver=SERVER) if m.kind == "share"
+            ).payload,
+            (2, 2, level, n),
+        )
+        for c in range(K)
+    }
     s_r = p._clients[0]._own.s_hat
 
     def residual(blocks_of_client):
         """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid."""
-        pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}     # client 1's shares reversed
+        pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}  # client 1's shares reversed
         c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[:level]
         h = sum(shares[c][pos[c]] for c in range(K))
         h0, h1 = h[0] % p.ring.q[:level], h[1] % p.ring.q[:level]
@@ -340,8 +404,8 @@ def test_shares_of_different_blocks_do_not_combine():
         d = plan.scale_bits
         return max(abs(int(c) - (((int(c) + (1 << (d - 1))) >> d) << d)) for c in coeffs)
 
-    assert residual({0: 0, 1: 0, 2: 0}) <= plan.noise_bound                 # control: block 0, by block
-    assert residual({0: 0, 1: 1, 2: 0}) > 2 ** (plan.scale_bits - 2)         # mixed: noise across the grid
+    assert residual({0: 0, 1: 0, 2: 0}) <= plan.noise_bound  # control: block 0, by block
+    assert residual({0: 0, 1: 1, 2: 0}) > 2 ** (plan.scale_bits - 2)  # mixed: noise across the grid
 
 
 class KeySwitchFirst(CKKSMPServer):
@@ -353,8 +417,9 @@ class KeySwitchFirst(CKKSMPServer):
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": self.fingerprint})
         self.begin(plan, link, self.fingerprint, extra=tuple(range(K)))
         body = {"groups": np.array([[-1, 1]]), "blocks": np.array([0]), "keys": {}}
-        self.call(link, "keyswitch", {k: [(self.message(k, "control", (1, 2), body, self.fingerprint), 0)]
-                                      for k in range(K)})
+        self.call(
+            link, "keyswitch", {k: [(self.message(k, "control", (1, 2), body, self.fingerprint), 0)] for k in range(K)}
+        )
         return tuple(plan.contributors)
 
 

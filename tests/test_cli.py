@@ -1,5 +1,6 @@
 """The secure-fgl command, in-process: runs, config files, presets, discovery, and one-line
 errors with exit code 2 for every bad input (a table of them)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,27 @@ def small_cfg(tmp_path):
 
 
 def _run_small(tmp_path, small_cfg, *extra, out="run"):
-    return main(["run", "--algorithm", "fedavg", "--mode", "plain", "--clients", "3", "--rounds", "3",
-                 "--partition", "iid", "--out", str(tmp_path / out), "--quiet", "--config", str(small_cfg), *extra])
+    return main(
+        [
+            "run",
+            "--algorithm",
+            "fedavg",
+            "--mode",
+            "plain",
+            "--clients",
+            "3",
+            "--rounds",
+            "3",
+            "--partition",
+            "iid",
+            "--out",
+            str(tmp_path / out),
+            "--quiet",
+            "--config",
+            str(small_cfg),
+            *extra,
+        ]
+    )
 
 
 def test_run_plain_fedavg_writes_result(tmp_path, small_cfg, capsys):
@@ -38,8 +58,10 @@ def test_run_plain_fedavg_writes_result(tmp_path, small_cfg, capsys):
 
 def test_config_file_mirrors_flags_and_flags_override(tmp_path, capsys):
     path = tmp_path / "run.toml"
-    path.write_text("algorithm = 'local'\nmode = 'plain'\nclients = 2\nrounds = 2\npartition = 'iid'\n"
-                    "[synthetic]\nnum_nodes = 150\nnum_features = 16\nnum_classes = 2\n")
+    path.write_text(
+        "algorithm = 'local'\nmode = 'plain'\nclients = 2\nrounds = 2\npartition = 'iid'\n"
+        "[synthetic]\nnum_nodes = 150\nnum_features = 16\nnum_classes = 2\n"
+    )
     assert main(["run", "--config", str(path), "--rounds", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 0
     res = json.loads((tmp_path / "o" / "result.json").read_text())
     assert res["config"]["algorithm"] == "local" and res["config"]["rounds"] == 3
@@ -47,18 +69,24 @@ def test_config_file_mirrors_flags_and_flags_override(tmp_path, capsys):
 
 def test_names_are_case_insensitive():
     from secure_fgl.preflight import preflight
-    cfg = config_from_args(*build_parser().parse_known_args(["run", "--algorithm", "FedAvg", "--mode", "CKKS",
-                                                            "--optimizer", "SGD", "--dataset", "CORA"]))
+
+    cfg = config_from_args(
+        *build_parser().parse_known_args(
+            ["run", "--algorithm", "FedAvg", "--mode", "CKKS", "--optimizer", "SGD", "--dataset", "CORA"]
+        )
+    )
     preflight(cfg)
     assert (cfg.algorithm, cfg.mode, cfg.optimizer, cfg.dataset) == ("fedavg", "ckks", "sgd", "cora")
 
 
 def test_optional_numeric_flags_are_parsed_as_numbers():
-    args, extra = build_parser().parse_known_args(["run", "--dp-epsilon", "8", "--patience", "3",
-                                                   "--dp-row-clip", "4.5"])
+    args, extra = build_parser().parse_known_args(
+        ["run", "--dp-epsilon", "8", "--patience", "3", "--dp-row-clip", "4.5"]
+    )
     cfg = config_from_args(args, extra)
-    from secure_fgl.preflight import check_options
     from secure_fgl.algorithms import get_spec
+    from secure_fgl.preflight import check_options
+
     check_options(cfg, get_spec(cfg.algorithm).options)
     assert cfg.dp_epsilon == 8.0 and isinstance(cfg.dp_epsilon, float)
     assert cfg.patience == 3 and cfg.options["dp_row_clip"] == 4.5
@@ -168,8 +196,10 @@ BAD = [
     (["plot", "/nonexistent/run"], "no result.json"),
     (["datasets", "--bogus"], "--bogus"),
     (["report", "--algorithms", "fedgcn", "--datasets", "coraa", "--out", "{tmp}/rep"], "did you mean cora"),
-    (["report", "--datasets", "sbm", "--options", '{"fedgcn": {"hopz": 1}}', "--out", "{tmp}/rep"],
-     "did you mean --hops"),
+    (
+        ["report", "--datasets", "sbm", "--options", '{"fedgcn": {"hopz": 1}}', "--out", "{tmp}/rep"],
+        "did you mean --hops",
+    ),
     (["run", "--mode", "plain", "--model", "gat", "--rounds", "1"], "--model gcn"),
     # found only once the graph is loaded (its size): still one line (--quiet: no progress lines)
     (["run", "--mode", "plain", "--algorithm", "fedavg", "--clients", "100000", "--quiet"], "100000"),
@@ -196,7 +226,7 @@ def test_bad_input_table_has_at_least_60_cases():
 
 @pytest.mark.parametrize("args, needle", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_line_exit_2(args, needle, bad_files, capsys, monkeypatch):
-    monkeypatch.chdir(bad_files)                    # a run that slipped through would write here, not in runs/
+    monkeypatch.chdir(bad_files)  # a run that slipped through would write here, not in runs/
     argv = [a.replace("{tmp}", str(bad_files)) for a in args]
     code = main(argv)
     captured = capsys.readouterr()
@@ -209,9 +239,11 @@ def test_bad_input_is_one_line_exit_2(args, needle, bad_files, capsys, monkeypat
 
 # --------------------------------------------------------------------------- help, discovery, presets
 def test_help_and_version_do_not_import_torch():
-    code = ("import sys; from secure_fgl.cli.main import main; "
-            "assert main(['run', '--help']) == 0 and main(['--version']) == 0; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; from secure_fgl.cli.main import main; "
+        "assert main(['run', '--help']) == 0 and main(['--version']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "fedgcn options" in proc.stdout and "--hops HOPS" in proc.stdout and "secure-fgl 0" in proc.stdout
@@ -220,11 +252,21 @@ def test_help_and_version_do_not_import_torch():
 def test_run_help_is_grouped_and_every_option_has_its_own_help(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
-    for group in ("data:", "federation:", "model:", "training:", "privacy:", "secure mode:", "output:",
-                  "attacks:", "fedomd options"):
+    for group in (
+        "data:",
+        "federation:",
+        "model:",
+        "training:",
+        "privacy:",
+        "secure mode:",
+        "output:",
+        "attacks:",
+        "fedomd options",
+    ):
         assert group in out
     from secure_fgl.algorithms import SPECS
-    helps: dict[str, str] = {}              # one line per flag (algorithms may share an option)
+
+    helps: dict[str, str] = {}  # one line per flag (algorithms may share an option)
     for name, spec in SPECS.items():
         for f in dataclasses.fields(spec.options):
             assert f.metadata.get("help"), f"{name} --{f.name} has no help line"
@@ -236,6 +278,7 @@ def test_run_help_is_grouped_and_every_option_has_its_own_help(capsys):
 def test_model_names_match_the_model_registry():
     from secure_fgl.config import MODEL_NAMES
     from secure_fgl.models import MODELS
+
     assert set(MODEL_NAMES) == set(MODELS)
 
 
@@ -256,10 +299,10 @@ def test_discovery_commands(capsys):
 
 @pytest.mark.parametrize("preset", ["fedgcn-table2", "fedomd-table4", "fedspray-table2"])
 def test_presets_parse_and_flags_override(preset):
-    from secure_fgl.preflight import check_options
     from secure_fgl.algorithms import get_spec
-    args, extra = build_parser().parse_known_args(["run", "--preset", preset, "--dataset", "citeseer",
-                                                   "--rounds", "7"])
+    from secure_fgl.preflight import check_options
+
+    args, extra = build_parser().parse_known_args(["run", "--preset", preset, "--dataset", "citeseer", "--rounds", "7"])
     cfg = config_from_args(args, extra)
     assert cfg.dataset == "citeseer" and cfg.rounds == 7
     check_options(cfg, get_spec(cfg.algorithm).options)
@@ -270,10 +313,12 @@ def test_presets_parse_and_flags_override(preset):
 def test_cli_modes_are_the_protocol_registry():
     """config.py stays torch/protocol-free for a fast --help, so its mode choices are a copy:
     they must name exactly the protocols' modes, and `secure-fgl modes` describes each."""
+    import dataclasses
+
     import protocols
     from secure_fgl.cli.discover import MODES as described
     from secure_fgl.config import RunConfig
-    import dataclasses
+
     field = {f.name: f for f in dataclasses.fields(RunConfig)}["mode"]
     assert tuple(field.metadata["choices"]) == tuple(protocols.MODES)
     assert set(described) == set(protocols.MODES)
@@ -283,10 +328,39 @@ def test_bench_runtime_passes_its_grid_overrides(monkeypatch, tmp_path):
     """``bench --suite runtime --clients/--features/--modes/--executors/--repeats/--ray-cpus`` reach
     the benchmark unchanged (the documented 100-client rows are run this way)."""
     import secure_fgl.bench.runtime as runtime_bench
+
     seen = {}
     monkeypatch.setattr(runtime_bench, "run_runtime_bench", lambda out, **kw: seen.update(out=out, **kw))
-    rc = main(["bench", "--suite", "runtime", "--out", str(tmp_path), "--clients", "100", "--features", "16",
-               "--modes", "mask", "--executors", "local", "ray", "--repeats", "1", "--ray-cpus", "2"])
+    rc = main(
+        [
+            "bench",
+            "--suite",
+            "runtime",
+            "--out",
+            str(tmp_path),
+            "--clients",
+            "100",
+            "--features",
+            "16",
+            "--modes",
+            "mask",
+            "--executors",
+            "local",
+            "ray",
+            "--repeats",
+            "1",
+            "--ray-cpus",
+            "2",
+        ]
+    )
     assert rc == 0
-    assert seen == {"out": str(tmp_path), "quick": False, "executors": ("local", "ray"), "modes": ("mask",),
-                    "ray_cpus": 2, "repeats": 1, "clients": [100], "features": 16}
+    assert seen == {
+        "out": str(tmp_path),
+        "quick": False,
+        "executors": ("local", "ray"),
+        "modes": ("mask",),
+        "ray_cpus": 2,
+        "repeats": 1,
+        "clients": [100],
+        "features": 16,
+    }

@@ -1,4 +1,5 @@
 """Partitioners, splits and the federated build: invariants and error messages."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +8,18 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secure_fgl.data import (DataError, apply_split, build_federated, dirichlet_partition,
-                             iid_partition, louvain_partition, make_federated, parse_split,
-                             partition_label_distribution, sbm_binary)
+from secure_fgl.data import (
+    DataError,
+    apply_split,
+    build_federated,
+    dirichlet_partition,
+    iid_partition,
+    louvain_partition,
+    make_federated,
+    parse_split,
+    partition_label_distribution,
+    sbm_binary,
+)
 from secure_fgl.data.synthetic import coalesce_undirected
 
 
@@ -30,16 +40,20 @@ def check_federated(fg, data, owner) -> None:
     all_ids = torch.cat([c.global_ids for c in fg.clients]).numpy()
     assert all_ids.size == np.unique(all_ids).size
     assert set(all_ids.tolist()) == set(np.flatnonzero(own >= 0).tolist())
-    full = _edge_set(coalesce_undirected(data.edge_index[0].numpy(), data.edge_index[1].numpy(), n,
-                                         remove_self_loops=False))
+    full = _edge_set(
+        coalesce_undirected(data.edge_index[0].numpy(), data.edge_index[1].numpy(), n, remove_self_loops=False)
+    )
     cut = {(u, v) for u, v in full if own[u] >= 0 and own[v] >= 0 and own[u] != own[v]}
     recorded = set()
     for c in fg.clients:
         g = c.global_ids
         assert (owner[g] == c.client_id).all()
         assert torch.equal(c.x, data.x[g]) and torch.equal(c.y, data.y[g])
-        for local, glob in ((c.train_mask, fg.graph.train_mask), (c.val_mask, fg.graph.val_mask),
-                            (c.test_mask, fg.graph.test_mask)):
+        for local, glob in (
+            (c.train_mask, fg.graph.train_mask),
+            (c.val_mask, fg.graph.val_mask),
+            (c.test_mask, fg.graph.test_mask),
+        ):
             assert torch.equal(local, glob[g])
         # local edges are exactly the global edges inside the client
         inside = {(u, v) for u, v in full if own[u] == c.client_id and own[v] == c.client_id}
@@ -93,11 +107,13 @@ def test_dirichlet_complete_and_deterministic(small_sbm):
 
 def test_dirichlet_skew_grows_as_beta_shrinks():
     y = torch.arange(3000) % 5
-    tv = {b: np.mean([mean_tv(y, dirichlet_partition(y, 10, b, seed=s)) for s in range(3)])
-          for b in (10000.0, 10.0, 1.0, 0.1)}
-    assert tv[10000.0] < 0.05                     # ~ i.i.d.
+    tv = {
+        b: np.mean([mean_tv(y, dirichlet_partition(y, 10, b, seed=s)) for s in range(3)])
+        for b in (10000.0, 10.0, 1.0, 0.1)
+    }
+    assert tv[10000.0] < 0.05  # ~ i.i.d.
     assert tv[10000.0] < tv[10.0] < tv[1.0] < tv[0.1]
-    assert tv[1.0] > 0.3                          # FedGCN's "highly skewed"
+    assert tv[1.0] > 0.3  # FedGCN's "highly skewed"
 
 
 @pytest.mark.parametrize("beta", [0.0, -1.0])
@@ -106,11 +122,14 @@ def test_dirichlet_rejects_nonpositive_beta(beta):
         dirichlet_partition(torch.zeros(50, dtype=torch.long), 2, beta)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda: iid_partition(5, 6, 0),
-    lambda: dirichlet_partition(torch.zeros(5, dtype=torch.long), 6, 1.0),
-    lambda: louvain_partition(torch.empty(2, 0, dtype=torch.long), 5, 6),
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda: iid_partition(5, 6, 0),
+        lambda: dirichlet_partition(torch.zeros(5, dtype=torch.long), 6, 1.0),
+        lambda: louvain_partition(torch.empty(2, 0, dtype=torch.long), 5, 6),
+    ],
+)
 def test_more_clients_than_nodes_is_a_data_error(fn):
     with pytest.raises(DataError, match="fewer clients"):
         fn()
@@ -122,9 +141,11 @@ def _cliques(sizes, bridge=True):
     for s in sizes:
         idx = np.arange(start, start + s)
         r, c = np.meshgrid(idx, idx)
-        rows.append(r.ravel()); cols.append(c.ravel())
+        rows.append(r.ravel())
+        cols.append(c.ravel())
         if bridge and start > 0:
-            rows.append(np.array([start - 1])); cols.append(np.array([start]))
+            rows.append(np.array([start - 1]))
+            cols.append(np.array([start]))
         start += s
     return coalesce_undirected(np.concatenate(rows), np.concatenate(cols), start), start
 
@@ -135,7 +156,7 @@ def test_louvain_reproducible_and_balanced():
     assert torch.equal(a, louvain_partition(ei, n, 3, seed=7))
     sizes = torch.bincount(a, minlength=3)
     assert int(a.min()) >= 0 and sizes.min() > 0
-    assert int(sizes.max() - sizes.min()) <= 30    # greedy: within the largest community size
+    assert int(sizes.max() - sizes.min()) <= 30  # greedy: within the largest community size
 
 
 def test_louvain_keep_largest_drops_the_rest():
@@ -154,8 +175,9 @@ def test_louvain_too_few_communities():
 # ---------------------------------------------------------------------------
 # splits
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("split,ratios", [("fgssl", (0.6, 0.2, 0.2)), ("fedspray", (0.4, 0.3, 0.3)),
-                                          ("random:50/25/25", (0.5, 0.25, 0.25))])
+@pytest.mark.parametrize(
+    "split,ratios", [("fgssl", (0.6, 0.2, 0.2)), ("fedspray", (0.4, 0.3, 0.3)), ("random:50/25/25", (0.5, 0.25, 0.25))]
+)
 def test_per_client_split_ratios(small_sbm, split, ratios):
     owner = iid_partition(600, 4, 0)
     tr, va, te = apply_split(small_sbm, owner, split, seed=0)
@@ -171,7 +193,7 @@ def test_fedomd_split_label_rate(small_sbm):
     owner = iid_partition(600, 8, 0)
     tr, va, te = apply_split(small_sbm, owner, "fedomd", seed=0)
     per_client = torch.bincount(owner[tr], minlength=8)
-    assert (per_client >= 1).all()                  # every client has a label
+    assert (per_client >= 1).all()  # every client has a label
     assert int(tr.sum()) <= 0.02 * 600 + 8
     assert abs(int(va.sum()) - 0.2 * 600) <= 8 and abs(int(te.sum()) - 0.2 * 600) <= 8
 
@@ -201,19 +223,25 @@ def test_build_invariants(small_sbm, partition):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(2, 60), k=st.integers(1, 6), e=st.integers(0, 150),
-       drop=st.booleans(), seed=st.integers(0, 10_000))
+@given(
+    n=st.integers(2, 60), k=st.integers(1, 6), e=st.integers(0, 150), drop=st.booleans(), seed=st.integers(0, 10_000)
+)
 def test_build_invariants_property(n, k, e, drop, seed):
     from torch_geometric.data import Data
+
     k = min(k, n)
     rng = np.random.default_rng(seed)
-    ei = torch.from_numpy(rng.integers(0, n, size=(2, e)))    # directed, duplicates, self loops
-    data = Data(x=torch.from_numpy(rng.random((n, 3), dtype=np.float32)),
-                y=torch.from_numpy(rng.integers(0, 3, n)), edge_index=ei, num_nodes=n)
+    ei = torch.from_numpy(rng.integers(0, n, size=(2, e)))  # directed, duplicates, self loops
+    data = Data(
+        x=torch.from_numpy(rng.random((n, 3), dtype=np.float32)),
+        y=torch.from_numpy(rng.integers(0, 3, n)),
+        edge_index=ei,
+        num_nodes=n,
+    )
     owner = torch.from_numpy(rng.permutation(np.arange(n) % k))
     if drop and n > k:
         owner[torch.from_numpy(rng.random(n) < 0.2) & (torch.arange(n) >= k)] = -1
-        owner[torch.arange(k)] = torch.arange(k)              # keep every client non-empty
+        owner[torch.arange(k)] = torch.arange(k)  # keep every client non-empty
     fg = build_federated(data, owner, split="random:0.5/0.25/0.25", seed=seed)
     check_federated(fg, data, owner)
 
@@ -222,25 +250,25 @@ def test_build_rejects_bad_owner(small_sbm):
     with pytest.raises(DataError, match="entries"):
         build_federated(small_sbm, torch.zeros(5, dtype=torch.long))
     owner = torch.zeros(600, dtype=torch.long)
-    owner[:10] = 2                                            # client 1 empty
+    owner[:10] = 2  # client 1 empty
     with pytest.raises(DataError, match="own no node"):
         build_federated(small_sbm, owner)
 
 
 def test_make_federated_one_call():
-    fg = make_federated("sbm", num_clients=4, partition="dirichlet", beta=1.0, seed=1,
-                        num_nodes=400, num_features=40)
+    fg = make_federated("sbm", num_clients=4, partition="dirichlet", beta=1.0, seed=1, num_nodes=400, num_features=40)
     assert fg.num_clients == 4 and fg.graph.num_nodes == 400
     check_federated(fg, fg.graph, fg.owner)
-    again = make_federated("SBM", num_clients=4, partition="dirichlet", beta=1.0, seed=1,
-                           num_nodes=400, num_features=40)
+    again = make_federated(
+        "SBM", num_clients=4, partition="dirichlet", beta=1.0, seed=1, num_nodes=400, num_features=40
+    )
     assert torch.equal(fg.owner, again.owner)
 
 
 def test_make_federated_native_clients():
     fg = make_federated("csbm-fed", num_clients=4, split="fedspray", nodes_per_client=50)
     assert [c.num_nodes for c in fg.clients] == [50] * 4
-    assert all(c.cross_edges.size(1) == 0 for c in fg.clients)     # FedSpray: separate graphs
+    assert all(c.cross_edges.size(1) == 0 for c in fg.clients)  # FedSpray: separate graphs
     with pytest.raises(DataError, match="one per client"):
         make_federated("csbm-fed", num_clients=4, nodes_per_client=[50, 50, 50])
     with pytest.raises(DataError, match="defines no clients"):
@@ -256,14 +284,19 @@ def test_shchur_split_is_the_default_without_public_masks():
     """Shchur et al. (2018): 20 training and 30 validation nodes per class, the rest test; the
     default for graphs without a public split (Amazon, Coauthor)."""
     from torch_geometric.data import Data
+
     from secure_fgl.data.splits import apply_split
+
     y = torch.cat([torch.zeros(100), torch.ones(60), torch.full((30,), 2)]).long()
     owner = torch.zeros(190, dtype=torch.long)
-    owner[:5] = -1                                                 # dropped nodes are in no split
+    owner[:5] = -1  # dropped nodes are in no split
     tr, va, te = apply_split(Data(y=y, num_nodes=190), owner, "public", seed=1)
     for cls, (n_tr, n_va, n_te) in enumerate([(20, 30, 45), (20, 30, 10), (20, 10, 0)]):
-        assert (int((tr & (y == cls)).sum()), int((va & (y == cls)).sum()), int((te & (y == cls)).sum())) \
-            == (n_tr, n_va, n_te)
+        assert (int((tr & (y == cls)).sum()), int((va & (y == cls)).sum()), int((te & (y == cls)).sum())) == (
+            n_tr,
+            n_va,
+            n_te,
+        )
     assert not (tr | va | te)[:5].any()
     again = apply_split(Data(y=y, num_nodes=190), owner, "shchur", seed=1)
     assert all(torch.equal(a, b) for a, b in zip((tr, va, te), again))

@@ -3,6 +3,7 @@
 The root is ``$SECURE_FGL_DATA`` or ``<repo>/../shared/datasets``; tests skip when it is
 absent.  The processing cache is a temporary directory (``$SECURE_FGL_CACHE``).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from secure_fgl.data import (DATASETS, DataError, chunk_partition, dataset_status,
-                             load_graph_dataset, load_node_dataset, make_federated,
-                             multi_dataset_partition)
+from secure_fgl.data import (
+    DATASETS,
+    DataError,
+    chunk_partition,
+    dataset_status,
+    load_graph_dataset,
+    load_node_dataset,
+    make_federated,
+    multi_dataset_partition,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("SECURE_FGL_DATA") or REPO.parent / "shared" / "datasets").resolve()
@@ -25,9 +33,12 @@ def _has(*folders: str) -> bool:
     return all((ROOT / f / "raw").is_dir() for f in folders)
 
 
-needs = lambda *f: pytest.mark.skipif(not _has(*f), reason=(  # noqa: E731
-    f"real dataset(s) {', '.join(f)} not found under {ROOT}: set SECURE_FGL_DATA to the "
-    "offline dataset root"))
+needs = lambda *f: pytest.mark.skipif(
+    not _has(*f),
+    reason=(  # noqa: E731
+        f"real dataset(s) {', '.join(f)} not found under {ROOT}: set SECURE_FGL_DATA to the offline dataset root"
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +68,7 @@ def test_cora_public_split_and_attributes():
     assert d.num_nodes == 2708 and d.num_classes == 7 and d.name == "Cora"
     assert d.binary_features is True
     assert [int(m.sum()) for m in (d.train_mask, d.val_mask, d.test_mask)] == [140, 500, 1000]
-    assert snapshot(ROOT, ["Cora"]) == before                       # root untouched
+    assert snapshot(ROOT, ["Cora"]) == before  # root untouched
     assert not (ROOT / "Cora" / "processed").exists()
 
 
@@ -76,20 +87,20 @@ def test_read_only_copy_is_never_written(tmp_path, cache):
     root = tmp_path / "ro_root"
     for f in ("Cora", "MUTAG"):
         shutil.copytree(ROOT / f / "raw", root / f / "raw")
-    for p in [root, *root.rglob("*")]:                              # chmod a-w everything
+    for p in [root, *root.rglob("*")]:  # chmod a-w everything
         p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     before = snapshot(root, ["Cora", "MUTAG"])
     own_cache = tmp_path / "cache"
     load_node_dataset("Cora", root, cache_dir=own_cache)
     load_graph_dataset("MUTAG", root, cache_dir=own_cache)
-    load_node_dataset("Cora", root, cache_dir=own_cache)            # second load: cached
+    load_node_dataset("Cora", root, cache_dir=own_cache)  # second load: cached
     assert snapshot(root, ["Cora", "MUTAG"]) == before
     assert sorted(p.name for p in root.iterdir()) == ["Cora", "MUTAG"]
     # the raw files were linked into the cache and PyG processed there
     link = own_cache / "processed" / "Cora" / "raw" / "ind.cora.x"
     assert link.is_symlink() and link.resolve() == (root / "Cora" / "raw" / "ind.cora.x").resolve()
     assert any((own_cache / "processed" / "Cora" / "processed").iterdir())
-    for p in [root, *root.rglob("*")]:                              # let pytest clean up
+    for p in [root, *root.rglob("*")]:  # let pytest clean up
         p.chmod(p.stat().st_mode | stat.S_IWUSR)
 
 
@@ -113,7 +124,7 @@ def test_missing_files_name_the_path(tmp_path):
     assert "\n" not in msg
     with pytest.raises(DataError, match=str(tmp_path / "PROTEINS" / "raw")):
         load_graph_dataset("proteins", tmp_path)
-    assert list(tmp_path.iterdir()) == []                           # nothing created
+    assert list(tmp_path.iterdir()) == []  # nothing created
 
 
 def test_unknown_and_wrong_task_names():
@@ -141,6 +152,7 @@ def test_dataset_status_lists_every_entry(tmp_path):
 
 def test_data_root_resolution(monkeypatch, tmp_path):
     from secure_fgl.data import resolve_data_root
+
     monkeypatch.setenv("SECURE_FGL_DATA", str(tmp_path))
     assert resolve_data_root(None) == tmp_path.resolve()
     assert resolve_data_root(tmp_path / "x") == (tmp_path / "x").resolve()
@@ -175,11 +187,12 @@ def test_chunk_partition_file_order_is_the_reference_chunking():
     fed = chunk_partition("MUTAG", 3, seed=0, data_root=ROOT, order="file")
     for k, c in enumerate(fed.clients):
         held = [sig(g) for g in c.train + c.val + c.test]
-        assert all(g in held for g in graphs[50 * k: 50 * k + 50])
+        assert all(g in held for g in graphs[50 * k : 50 * k + 50])
     assert sum(c.num_graphs for c in fed.clients) == 188
     with pytest.raises(DataError, match="'shuffled' or 'file'"):
         chunk_partition("MUTAG", 3, data_root=ROOT, order="sorted")
     from secure_fgl.data.graph_build import make_graph_federated
+
     with pytest.raises(DataError, match="file-order chunks one TU dataset"):
         make_graph_federated("molecules", 7, data_root=ROOT, chunk_order="file")
 
@@ -188,10 +201,10 @@ def test_chunk_partition_file_order_is_the_reference_chunking():
 def test_multi_dataset_features_as_gcfl():
     fed = multi_dataset_partition(["MUTAG", "PTC_MR", "IMDB-BINARY"], ROOT, seed=0)
     nf = {c.dataset: c.num_features for c in fed.clients}
-    assert nf == {"MUTAG": 7, "PTC_MR": 18, "IMDB-BINARY": 136}      # one-hot degree, max 135
+    assert nf == {"MUTAG": 7, "PTC_MR": 18, "IMDB-BINARY": 136}  # one-hot degree, max 135
     imdb = fed.clients[2].train[0]
-    assert torch.equal(imdb.x.sum(1), torch.ones(imdb.num_nodes))     # one-hot rows
+    assert torch.equal(imdb.x.sum(1), torch.ones(imdb.num_nodes))  # one-hot rows
     deg = multi_dataset_partition(["MUTAG"], ROOT, features="degree")
-    assert deg.clients[0].num_features == 5                          # MUTAG max degree 4
+    assert deg.clients[0].num_features == 5  # MUTAG max degree 4
     with pytest.raises(DataError, match="group"):
         multi_dataset_partition("nonsense", ROOT)

@@ -8,6 +8,7 @@ failure probability of 5e-8 per check (<= 5e-7 < 1e-6 for the 10 checks in this 
 Discrete-Gaussian draws with std >= 2 have the continuous Gaussian's second and fourth
 moments to ~1e-8 relative, so the same interval (the chi^2 / CLT limit of mean(x^2)) applies.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from protocols import (ConfigurationError, DPRequest, PrivacyBudgetError, ValueSpec, make_protocol)
+from protocols import ConfigurationError, DPRequest, PrivacyBudgetError, ValueSpec, make_protocol
 from protocols.accountant import PrivacyAccountant, calibrate_noise_multiplier, epsilon_of, opacus_options
-from protocols.dp import (DP_GRID_BITS, DPConfig, DPEngine, clip_l2, clip_rows, edge_level_sensitivity,
-                          grid_slack, node_level_sensitivity)
+from protocols.dp import (
+    DP_GRID_BITS,
+    DPConfig,
+    DPEngine,
+    clip_l2,
+    clip_rows,
+    edge_level_sensitivity,
+    grid_slack,
+    node_level_sensitivity,
+)
 
 P_FAIL = 5e-8
 
@@ -32,10 +41,12 @@ def assert_std(samples: np.ndarray, std: float) -> None:
     (false-failure probability P_FAIL, see module docstring)."""
     x = np.asarray(samples, dtype=np.float64).ravel()
     n = x.size
-    stat = float(np.sum(x * x)) / std ** 2
+    stat = float(np.sum(x * x)) / std**2
     lo, hi = chi2.ppf(P_FAIL / 2, n), chi2.isf(P_FAIL / 2, n)
-    assert lo <= stat <= hi, (f"sample std {math.sqrt(stat / n) * std:.5g} vs stated {std:.5g}: "
-                              f"chi2 stat {stat:.1f} outside [{lo:.1f}, {hi:.1f}] (n={n})")
+    assert lo <= stat <= hi, (
+        f"sample std {math.sqrt(stat / n) * std:.5g} vs stated {std:.5g}: "
+        f"chi2 stat {stat:.1f} outside [{lo:.1f}, {hi:.1f}] (n={n})"
+    )
 
 
 def engine(epsilon=1.0, mode="plain", **cfg) -> DPEngine:
@@ -49,8 +60,8 @@ def test_gaussian_noise_has_stated_std():
     out = eng.privatize_vectors("t", 0, {0: np.zeros(n)}, DPRequest(clip=2.0))
     z = eng.noise_multiplier("t")
     assert z == pytest.approx(calibrate_noise_multiplier(1.0, 1e-5, 1, "rdp"))
-    sigma = z * (2.0 + grid_slack(DP_GRID_BITS, 1, n))   # the clip (one client) and the grid's rounding
-    assert eng.last_std == pytest.approx(sigma)      # local placement, one contributor
+    sigma = z * (2.0 + grid_slack(DP_GRID_BITS, 1, n))  # the clip (one client) and the grid's rounding
+    assert eng.last_std == pytest.approx(sigma)  # local placement, one contributor
     assert_std(out[0], sigma)
 
 
@@ -61,7 +72,7 @@ def test_discrete_gaussian_noise_is_integer_with_stated_std():
     out = eng.privatize_vectors("t", 0, {0: x}, DPRequest(clip=math.inf, sensitivity=1.5, integer=True))
     noise = out[0] - x
     assert np.array_equal(out[0], np.round(out[0]))
-    sigma = eng.noise_multiplier("t") * 1.5          # ~6: discrete moments = continuous ones
+    sigma = eng.noise_multiplier("t") * 1.5  # ~6: discrete moments = continuous ones
     assert_std(noise, sigma)
 
 
@@ -72,8 +83,8 @@ def test_distributed_noise_sums_to_sigma():
     out = eng.privatize_vectors("t", 0, flat, DPRequest(clip=1.0))
     sigma = eng.noise_multiplier("t") * (1.0 + grid_slack(DP_GRID_BITS, K, n))
     assert eng.last_std == pytest.approx(sigma)
-    assert_std(out[3], sigma / math.sqrt(K))         # one client's share
-    assert_std(sum(out.values()), sigma)             # the released sum
+    assert_std(out[3], sigma / math.sqrt(K))  # one client's share
+    assert_std(sum(out.values()), sigma)  # the released sum
 
 
 def test_distributed_row_noise_per_row_contributors():
@@ -87,8 +98,8 @@ def test_distributed_row_noise_per_row_contributors():
     for k in ids:
         total[ids[k]] += out[k]
     sigma = eng.noise_multiplier("rows") * 1.0
-    assert_std(total[: N // 4], sigma)               # 3 contributors
-    assert_std(total[N // 2:], sigma)                # 1 contributor
+    assert_std(total[: N // 4], sigma)  # 3 contributors
+    assert_std(total[N // 2 :], sigma)  # 1 contributor
 
 
 def test_distributed_with_plain_raises():
@@ -101,6 +112,7 @@ def test_accountant_matches_opacus():
     """Same sigma and steps: our accountant's epsilon is Opacus' (called directly, with the
     options we pass it); for RDP, Opacus' default orders give an epsilon >= ours."""
     from opacus.accountants import PRVAccountant, RDPAccountant
+
     hist = [(8.0, 1.0, 10), (12.0, 1.0, 5)]
     for mech, cls in (("rdp", RDPAccountant), ("prv", PRVAccountant)):
         acc = PrivacyAccountant(mech, delta=1e-5)
@@ -148,7 +160,7 @@ def test_prv_sqrt_T_composition():
     z1 = calibrate_noise_multiplier(1.0, 1e-5, 1, "prv")
     z100 = calibrate_noise_multiplier(1.0, 1e-5, 100, "prv")
     assert z100 == pytest.approx(10 * z1, rel=0.01)
-    assert z1 == pytest.approx(3.7306, rel=0.01)       # exact analytic Gaussian (Balle-Wang)
+    assert z1 == pytest.approx(3.7306, rel=0.01)  # exact analytic Gaussian (Balle-Wang)
 
 
 # ----------------------------------------------------------------------------- clipping
@@ -199,9 +211,9 @@ def test_budget_split_over_declared_tags():
     eng.privatize_vectors("a", 0, {0: np.zeros(3)}, DPRequest(clip=1.0, releases=4))
     eng.privatize_vectors("b", 0, {0: np.zeros(3)}, DPRequest(clip=1.0))
     mu = 1.0 / calibrate_noise_multiplier(2.0, 1e-5, 1)
-    assert eng.noise_multiplier("a") == pytest.approx(2.0 / (mu * 0.5 ** 0.5))
+    assert eng.noise_multiplier("a") == pytest.approx(2.0 / (mu * 0.5**0.5))
     with pytest.raises(ConfigurationError):
-        eng.declare("c")                              # allocation frozen at the first release
+        eng.declare("c")  # allocation frozen at the first release
     eng2 = engine(2.0, split={"a": 3, "b": 1})
     assert eng2.share("a") == pytest.approx(0.75) and eng2.share("b") == pytest.approx(0.25)
     for _ in range(3):
@@ -242,11 +254,11 @@ def test_plain_weighted_mean_end_to_end():
     K, d, C = 5, 40_000, 1.0
     p = make_protocol("plain", K, dp=DPConfig(epsilon=1.0), seed=11)
     rng = np.random.default_rng(3)
-    vals = {k: rng.normal(size=d) * 0.01 * (k + 1) for k in range(K)}   # norms 2..10: all clipped
+    vals = {k: rng.normal(size=d) * 0.01 * (k + 1) for k in range(K)}  # norms 2..10: all clipped
     got = p.weighted_mean("fedavg/model", 0, vals, dp=DPRequest(clip=C))
     exact = np.mean([clip_l2(v, C) for v in vals.values()], axis=0)
     sigma = p.dp.noise_multiplier("fedavg/model") * (C + grid_slack(DP_GRID_BITS, K, d))
-    assert p.dp.last_std == pytest.approx(sigma * math.sqrt(K))          # local: K noises in the sum
+    assert p.dp.last_std == pytest.approx(sigma * math.sqrt(K))  # local: K noises in the sum
     assert_std(got - exact, sigma * math.sqrt(K) / K)
     rep = p.privacy_report()
     assert 0.99 <= rep["total_epsilon"] <= 1.0
@@ -254,13 +266,14 @@ def test_plain_weighted_mean_end_to_end():
     assert rep["per_tag"]["fedavg/model"]["clip"] == C
     # the noise is not a function of the seed: the same seed gives fresh noise
     p2 = make_protocol("plain", K, dp=DPConfig(epsilon=1.0), seed=11)
-    assert_std(p2.weighted_mean("fedavg/model", 0, vals, dp=DPRequest(clip=C)) - got,
-               math.sqrt(2) * sigma * math.sqrt(K) / K)
+    assert_std(
+        p2.weighted_mean("fedavg/model", 0, vals, dp=DPRequest(clip=C)) - got, math.sqrt(2) * sigma * math.sqrt(K) / K
+    )
 
 
 def test_weighted_mean_noises_weights_with_public_bound():
     K = 4
-    vals = {k: np.full(8, float(k)) / 10 for k in range(K)}     # norms < clip: unclipped
+    vals = {k: np.full(8, float(k)) / 10 for k in range(K)}  # norms < clip: unclipped
     w = {k: 10.0 * (k + 1) for k in range(K)}
     p = make_protocol("plain", K, dp=DPConfig(epsilon=1.0))
     with pytest.raises(ConfigurationError, match="weight_bound"):
@@ -269,8 +282,8 @@ def test_weighted_mean_noises_weights_with_public_bound():
     got = p.weighted_mean("m", 0, vals, w, dp=DPRequest(clip=1.0, weight_bound=40.0))
     exact = sum(w[k] * vals[k] for k in range(K)) / sum(w.values())
     assert p.privacy_report()["per_tag"]["m"]["sensitivity"] == pytest.approx(math.sqrt(2))
-    sigma_sum = p.dp.last_std                        # noise std of each entry of [sum w~v, C sum w~]
-    assert np.abs(got - exact).max() < 12 * sigma_sum   # weight total here is 2.5 C, noise tiny
+    sigma_sum = p.dp.last_std  # noise std of each entry of [sum w~v, C sum w~]
+    assert np.abs(got - exact).max() < 12 * sigma_sum  # weight total here is 2.5 C, noise tiny
 
 
 def test_integer_row_sum_stays_integer():
@@ -278,8 +291,9 @@ def test_integer_row_sum_stays_integer():
     N, d = 50, 4
     contrib = {k: (np.arange(k, N, 3), np.ones((len(range(k, N, 3)), d))) for k in range(3)}
     req = DPRequest(clip=math.inf, per_row=True, sensitivity=edge_level_sensitivity(2.0))
-    out = p.row_sum("fedgcn/neighbour_sums", 0, contrib, {0: np.arange(N)}, N,
-                    spec=ValueSpec(integer=True, sum_max=20), dp=req)
+    out = p.row_sum(
+        "fedgcn/neighbour_sums", 0, contrib, {0: np.arange(N)}, N, spec=ValueSpec(integer=True, sum_max=20), dp=req
+    )
     assert np.array_equal(out[0], np.round(out[0])) and not np.all(out[0] == 1)
     assert p.privacy_report()["per_tag"]["fedgcn/neighbour_sums"]["integer"] is True
 
@@ -293,11 +307,12 @@ def test_secure_mode_distributed_dp(mode):
     d, C = 2_000, 1.0
     vals = {k: np.full(d, 0.001 * k) for k in range(4)}
     try:
-        got = p.weighted_mean("fedavg/model", 0, vals, dp=DPRequest(clip=C),
-                              spec=ValueSpec(max_abs=1.0, tolerance=1e-3))
+        got = p.weighted_mean(
+            "fedavg/model", 0, vals, dp=DPRequest(clip=C), spec=ValueSpec(max_abs=1.0, tolerance=1e-3)
+        )
     except NotImplementedError as exc:
         pytest.skip(f"{mode} backend not available: {exc}")
     sigma = p.dp.noise_multiplier("fedavg/model") * (C + grid_slack(DP_GRID_BITS, 4, d))
-    assert p.dp.last_std == pytest.approx(sigma)                         # distributed: sigma in total
-    assert_std(got - np.mean(list(vals.values()), axis=0), sigma / 4)    # /K for the mean
+    assert p.dp.last_std == pytest.approx(sigma)  # distributed: sigma in total
+    assert_std(got - np.mean(list(vals.values()), axis=0), sigma / 4)  # /K for the mean
     assert p.privacy_report()["total_epsilon"] <= 1.0

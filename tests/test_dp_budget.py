@@ -1,4 +1,5 @@
 """The run's privacy section: unit, budget spent as asked, every release named, claims checked."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,6 +23,7 @@ def test_privacy_section_spends_the_budget_and_matches_opacus():
     from opacus.accountants import RDPAccountant
 
     from protocols.accountant import opacus_options
+
     p = tiny_run(options={"layout": "dense"})
     assert p["unit"] == "edge" and p["delta"] == 1e-5 and p["accountant"] == "exact" and p["claim_holds"]
     assert {r["tag"] for r in p["releases"]} == {"fedgcn/neighbour_sums", "fedgcn/model"}
@@ -39,7 +41,7 @@ def test_unprivatised_edge_release_breaks_the_edge_claim():
     p = tiny_run(dp_exchanges="fedgcn/neighbour_sums", dp_split="fedgcn/neighbour_sums=1")
     assert not p["claim_holds"] and "fedgcn/model" in p["uncovered"][0]
     assert [r["tag"] for r in p["releases"] if not r["covered"]] == ["fedgcn/model"]
-    assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0        # the whole budget on the one DP tag
+    assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0  # the whole budget on the one DP tag
 
 
 def test_conflicting_settings_are_refused():
@@ -59,8 +61,13 @@ def test_leakage_matrix_marks_an_at_chance_setting():
     from secure_fgl.report.tables import leakage_matrix
 
     def run(eps, acc, seed):
-        return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": "plain", "dp_epsilon": eps,
-                           "seed": seed}, "final": {"test_acc": acc}, "attacks": [], "num_classes": 5}
+        return {
+            "config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": "plain", "dp_epsilon": eps, "seed": seed},
+            "final": {"test_acc": acc},
+            "attacks": [],
+            "num_classes": 5,
+        }
+
     results = [run(None, 0.84, 0), run(None, 0.85, 1), run(1.0, 0.19, 0), run(1.0, 0.21, 1)]
     table = leakage_matrix(results, "fedgcn", "sbm")
     row = next(r for r in table.rows if r[0] == "model at chance?")
@@ -74,24 +81,38 @@ def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, mo
     from secure_fgl.report.headline import accuracy_vs_epsilon
 
     def run(algo, eps, acc, seed):
-        attack = {"name": "link_inference", "applicable": True, "value": 0.5 + acc / 4, "chance": 0.5,
-                  "metric": "AUC"}
-        return {"config": {"algorithm": algo, "model": "mlp", "dataset": "sbm", "mode": "plain",
-                           "dp_epsilon": eps, "seed": seed, "dp_unit": None},
-                "final": {"test_acc": acc}, "privacy": {"unit": "edge"} if eps else None, "num_classes": 5,
-                "attacks": [attack, {"name": "transcript_audit", "applicable": False}]}
+        attack = {"name": "link_inference", "applicable": True, "value": 0.5 + acc / 4, "chance": 0.5, "metric": "AUC"}
+        return {
+            "config": {
+                "algorithm": algo,
+                "model": "mlp",
+                "dataset": "sbm",
+                "mode": "plain",
+                "dp_epsilon": eps,
+                "seed": seed,
+                "dp_unit": None,
+            },
+            "final": {"test_acc": acc},
+            "privacy": {"unit": "edge"} if eps else None,
+            "num_classes": 5,
+            "attacks": [attack, {"name": "transcript_audit", "applicable": False}],
+        }
+
     results = [run("fedgcn-gap", e, a + 0.01 * s, s) for s in (0, 1) for e, a in ((1.0, 0.6), (8.0, 0.7), (None, 0.84))]
-    results += [run("fedavg", None, 0.6, s) for s in (0, 1, 2)]        # a reference line with one seed more
+    results += [run("fedavg", None, 0.6, s) for s in (0, 1, 2)]  # a reference line with one seed more
     drawn = []
     real_savefig = matplotlib.figure.Figure.savefig
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                        lambda fig, *a, **kw: (drawn.append(fig), real_savefig(fig, *a, **kw))[1])
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **kw: (drawn.append(fig), real_savefig(fig, *a, **kw))[1]
+    )
     paths = accuracy_vs_epsilon(results, tmp_path / "fig")
     assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"] and all(p.stat().st_size > 0 for p in paths)
-    acc_ax, attack_ax = drawn[0].axes                       # accuracy, then one panel for the one attack
+    acc_ax, attack_ax = drawn[0].axes  # accuracy, then one panel for the one attack
     assert "chance (1/5)" in [t.get_text() for t in acc_ax.get_legend().get_texts()]
-    assert "(2-3 seed(s) a point" in acc_ax.get_title()                # not "3 seeds" for the 2-seed curve
-    assert attack_ax.get_ylabel() == "AUC" and "chance (0.5)" in [t.get_text() for t in attack_ax.get_legend().get_texts()]
+    assert "(2-3 seed(s) a point" in acc_ax.get_title()  # not "3 seeds" for the 2-seed curve
+    assert attack_ax.get_ylabel() == "AUC" and "chance (0.5)" in [
+        t.get_text() for t in attack_ax.get_legend().get_texts()
+    ]
 
 
 def test_distributed_noise_states_the_guarantee_against_a_coalition():
@@ -100,6 +121,7 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
     section states the weaker epsilon, from the releases at their reduced noise (row sums: half
     the variance in the worst case, the model mean (K-1)/K)."""
     from protocols.accountant import epsilon_of
+
     p = tiny_run(mode="mask", options={"layout": "dense"})
     c = p["coalition"]
     assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
@@ -107,7 +129,7 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
     p = tiny_run(mode="mask", dp_colluders=0, options={"layout": "dense"})
     c = p["coalition"]
     assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
-    left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}          # 1/(c+1) on row sums, (K-c)/K else
+    left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}  # 1/(c+1) on row sums, (K-c)/K else
     hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
     assert c["total_epsilon"] == pytest.approx(epsilon_of(hist, 1e-5, p["composition"]), rel=1e-9)
-    assert tiny_run(options={"layout": "dense"})["coalition"] is None      # plain: local noise, each adds all
+    assert tiny_run(options={"layout": "dense"})["coalition"] is None  # plain: local noise, each adds all

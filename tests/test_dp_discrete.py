@@ -4,6 +4,7 @@ public grid, discrete Gaussian noise, and the zCDP accounting of a sum of discre
 Statistical checks use fresh OS-keyed noise; their bounds fail a correct implementation with
 probability below 1e-7 each (6-sigma CLT intervals).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,20 +15,26 @@ import pytest
 from protocols import DPRequest, ValueSpec, make_protocol
 from protocols.accountant import epsilon_of
 from protocols.csprng import SecureRandom
-from protocols.dp import (DP_GRID_BITS, DPConfig, grid_noise, release_spec, sum_of_discrete_gaussians_epsilon,
-                          sum_of_discrete_gaussians_tau)
+from protocols.dp import (
+    DP_GRID_BITS,
+    DPConfig,
+    grid_noise,
+    release_spec,
+    sum_of_discrete_gaussians_epsilon,
+    sum_of_discrete_gaussians_tau,
+)
 
 
 def test_randomised_rounding_is_unbiased_and_on_the_grid():
     """``grid_noise`` returns multiples of 2^-f whose mean is the input (rounding up with
     probability the fractional part), with variance std^2 plus the rounding's p(1-p) steps^2."""
     bits, n = 4, 400_000
-    x = np.full(n, 0.3 * 2.0 ** -bits + 1.0)              # fractional part 0.3 of a step
-    std = 2.0 * 2.0 ** -bits                              # 2 steps: the sampler's floor
+    x = np.full(n, 0.3 * 2.0**-bits + 1.0)  # fractional part 0.3 of a step
+    std = 2.0 * 2.0**-bits  # 2 steps: the sampler's floor
     out = grid_noise(SecureRandom(), x, std, bits)
     steps = np.ldexp(out, bits)
-    assert np.array_equal(steps, np.round(steps))          # on the grid
-    var = std ** 2 + 0.3 * 0.7 * 4.0 ** -bits
+    assert np.array_equal(steps, np.round(steps))  # on the grid
+    var = std**2 + 0.3 * 0.7 * 4.0**-bits
     assert abs(out.mean() - x[0]) < 6 * math.sqrt(var / n)
     # sample variance of n draws: relative std sqrt(2/n) (fourth moment of a near-Gaussian)
     assert abs(out.var() / var - 1) < 6 * math.sqrt(2.0 / n)
@@ -39,12 +46,10 @@ def test_sum_of_discrete_gaussians_epsilon_against_the_continuous_bound():
     is the closed form 10 exp(-pi^2/4) for two shares."""
     delta, n, d = 3.0, 8, 10_000
     assert sum_of_discrete_gaussians_tau(2.0, n) < 1e-15
-    assert sum_of_discrete_gaussians_epsilon(delta, 2.0, n, d) == pytest.approx(delta / (math.sqrt(n) * 2.0),
-                                                                                 rel=1e-12)
-    tau = 10 * math.exp(-2 * math.pi ** 2 * 0.25 * 1 / 2)
+    assert sum_of_discrete_gaussians_epsilon(delta, 2.0, n, d) == pytest.approx(delta / (math.sqrt(n) * 2.0), rel=1e-12)
+    tau = 10 * math.exp(-2 * math.pi**2 * 0.25 * 1 / 2)
     assert sum_of_discrete_gaussians_tau(0.5, 2) == pytest.approx(tau, rel=1e-12)
-    assert sum_of_discrete_gaussians_epsilon(1.0, 0.5, 2, 4) == pytest.approx(math.sqrt(1 / 0.5 + tau * 2),
-                                                                               rel=1e-12)
+    assert sum_of_discrete_gaussians_epsilon(1.0, 0.5, 2, 4) == pytest.approx(math.sqrt(1 / 0.5 + tau * 2), rel=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["mask", "ckks", pytest.param("ckks-mp", marks=pytest.mark.slow)])
@@ -68,5 +73,5 @@ def test_release_spec_puts_distributed_float_sums_on_the_grid():
     spec = ValueSpec(max_abs=2.0)
     grid = release_spec(spec, DPRequest(clip=1.0), "distributed")
     assert grid.grid_bits == DP_GRID_BITS and grid.tolerance <= 2.0 ** -(DP_GRID_BITS + 2)
-    assert release_spec(spec, DPRequest(clip=1.0), "local") == spec              # each upload is its own release
-    assert release_spec(spec, DPRequest(clip=1.0, integer=True), "distributed") == spec   # already integers
+    assert release_spec(spec, DPRequest(clip=1.0), "local") == spec  # each upload is its own release
+    assert release_spec(spec, DPRequest(clip=1.0, integer=True), "distributed") == spec  # already integers

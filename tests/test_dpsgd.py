@@ -1,6 +1,7 @@
 """DP-SGD (secure_fgl.dpsgd): per-node clipping bounds every per-node gradient, the noise comes
 from the run's CSPRNG (not the seed), steps of all clients count once (parallel composition),
 and the run's one accountant composes them with the hop releases."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,7 +24,7 @@ def per_node_grads(model, x, y, mask):
     out = []
     for i in mask.nonzero().flatten().tolist():
         model.zero_grad()
-        F.cross_entropy(model(x, None)[i:i + 1], y[i:i + 1], reduction="sum").backward()
+        F.cross_entropy(model(x, None)[i : i + 1], y[i : i + 1], reduction="sum").backward()
         out.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     return torch.stack(out)
 
@@ -35,20 +36,20 @@ def test_per_node_clipping_bounds_every_gradient():
     mask = torch.zeros(30, dtype=torch.bool)
     mask[::2] = True
     ref = per_node_grads(model, x, y, mask)
-    clip = 0.5 * float(ref.norm(dim=1).median())           # about half the gradients are clipped
+    clip = 0.5 * float(ref.norm(dim=1).median())  # about half the gradients are clipped
     sgd = DPSGD(clip)
     clipped, _ = sgd.clipped_sum(model, x, None, y, mask)
     got = torch.cat([g.flatten() for g in clipped])
     scale = (clip / ref.norm(dim=1)).clamp(max=1.0)
     assert (ref * scale[:, None]).norm(dim=1).max() <= clip * (1 + 1e-5)
-    assert torch.allclose(got, (ref * scale[:, None]).sum(0), atol=1e-5)    # opacus' per-node grads
+    assert torch.allclose(got, (ref * scale[:, None]).sum(0), atol=1e-5)  # opacus' per-node grads
     assert (scale < 1).any() and (scale == 1).any()
 
 
 def test_noise_is_fresh_and_steps_of_all_clients_count_once():
     eng = DPEngine(DPConfig(epsilon=2.0), num_clients=3, protocol_mode="plain")
     sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=2)
-    a = [eng.local_noise(sgd.tag, step, 5, sgd.request) for step in (0, 0, 0, 1)]   # 3 clients at step 0
+    a = [eng.local_noise(sgd.tag, step, 5, sgd.request) for step in (0, 0, 0, 1)]  # 3 clients at step 0
     assert eng.accountant.releases("stage/dpsgd") == 2
     assert not torch.equal(torch.as_tensor(a[0]), torch.as_tensor(a[1]))
 
@@ -58,21 +59,35 @@ def test_gap_with_dpsgd_composes_sample_and_edge_releases():
     from opacus.accountants import RDPAccountant
 
     from protocols.accountant import opacus_options
-    cfg = RunConfig(algorithm="fedgcn-gap", mode="plain", clients=3, rounds=2, local_epochs=2, dp_epsilon=4.0,
-                    options={"dpsgd": True}, synthetic=dict(TINY))
+
+    cfg = RunConfig(
+        algorithm="fedgcn-gap",
+        mode="plain",
+        clients=3,
+        rounds=2,
+        local_epochs=2,
+        dp_epsilon=4.0,
+        options={"dpsgd": True},
+        synthetic=dict(TINY),
+    )
     p = run_experiment(cfg, progress=False)["privacy"]
     units = {r["tag"]: r.get("unit") for r in p["releases"] if r["dp"]}
-    assert units == {"fedgcn-gap/hop/1": "edge", "fedgcn-gap/hop/2": "edge",
-                     "fedgcn-gap/encoder/dpsgd": "sample", "fedgcn-gap/dpsgd": "sample"}
+    assert units == {
+        "fedgcn-gap/hop/1": "edge",
+        "fedgcn-gap/hop/2": "edge",
+        "fedgcn-gap/encoder/dpsgd": "sample",
+        "fedgcn-gap/dpsgd": "sample",
+    }
     assert p["units"] == ["edge", "sample"] and p["claim_holds"]
-    assert [r["releases"] for r in p["releases"] if r.get("unit") == "sample"] == [4, 4]   # rounds x epochs
+    assert [r["releases"] for r in p["releases"] if r.get("unit") == "sample"] == [4, 4]  # rounds x epochs
     assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
     # the hop sums are discrete releases: the run composes in Renyi DP, as Opacus' RDP accountant does
     assert p["composition"] == "rdp"
     acc = RDPAccountant()
     acc.history = [(r["noise_multiplier"], 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
-    assert acc.get_epsilon(delta=1e-5, **opacus_options(acc.history, 1e-5, "rdp")) == \
-        pytest.approx(p["total_epsilon"], rel=0.01)
+    assert acc.get_epsilon(delta=1e-5, **opacus_options(acc.history, 1e-5, "rdp")) == pytest.approx(
+        p["total_epsilon"], rel=0.01
+    )
 
 
 def test_secure_mean_of_one_sgd_step_is_one_central_dpsgd_step():
@@ -103,35 +118,45 @@ def test_secure_mean_of_one_sgd_step_is_one_central_dpsgd_step():
 
 def test_noise_shares_only_for_one_sgd_step_in_a_secure_mean():
     from secure_fgl.dpsgd import noise_contributors
+
     ok = RunConfig(algorithm="fedgcn-gap", mode="mask", local_epochs=1, optimizer="sgd")
     assert noise_contributors(ok, "distributed", 10, False) == 10
-    assert noise_contributors(ok, "local", 10, False) == 1                     # plain: the server sees each
-    assert noise_contributors(ok, "distributed", 10, True) == 1                # the mean is DP-FedAvg's
+    assert noise_contributors(ok, "local", 10, False) == 1  # plain: the server sees each
+    assert noise_contributors(ok, "distributed", 10, True) == 1  # the mean is DP-FedAvg's
     for change in ({"local_epochs": 2}, {"optimizer": "adam"}, {"momentum": 0.9}, {"client_fraction": 0.5}):
         assert noise_contributors(replace(ok, **change), "distributed", 10, False) == 1, change
 
 
 def test_distributed_step_noise_is_split_and_counted_once():
-    eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=10,
-                   protocol_mode="mask")
+    eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=10, protocol_mode="mask")
     sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=1)
     sigma = eng.local_release(sgd.tag, 0, sgd.request)
     share = eng.local_release(sgd.tag, 0, sgd.request, contributors=10)
-    assert share == pytest.approx(sigma / 3.0)                                 # sqrt(10 - 0 dropouts - 1)
+    assert share == pytest.approx(sigma / 3.0)  # sqrt(10 - 0 dropouts - 1)
     assert eng.accountant.releases("stage/dpsgd") == 1
     assert eng.report()["per_tag"]["stage/dpsgd"]["noise_shares"] == 10
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero")
 def test_gap_dpsgd_in_mask_mode_splits_each_step_over_the_clients():
-    cfg = RunConfig(algorithm="fedgcn-gap", mode="mask", clients=3, rounds=2, local_epochs=1, optimizer="sgd",
-                    lr=1.0, dp_epsilon=4.0, options={"dpsgd": True}, synthetic=dict(TINY))
+    cfg = RunConfig(
+        algorithm="fedgcn-gap",
+        mode="mask",
+        clients=3,
+        rounds=2,
+        local_epochs=1,
+        optimizer="sgd",
+        lr=1.0,
+        dp_epsilon=4.0,
+        options={"dpsgd": True},
+        synthetic=dict(TINY),
+    )
     p = run_experiment(cfg, progress=False)["privacy"]
     sample = [r for r in p["releases"] if r.get("unit") == "sample"]
     assert [r["noise_shares"] for r in sample] == [3, 3] and not p["warnings"]
     assert p["coalition"]["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
     weak = run_experiment(replace(cfg, dp_colluders=0), progress=False)["privacy"]
-    assert weak["coalition"]["total_epsilon"] > weak["total_epsilon"]        # calibrated for no colluder
+    assert weak["coalition"]["total_epsilon"] > weak["total_epsilon"]  # calibrated for no colluder
 
 
 def test_per_graph_clipping_sums_each_graphs_nodes():
@@ -140,12 +165,14 @@ def test_per_graph_clipping_sums_each_graphs_nodes():
     from torch_geometric.data import Batch, Data
 
     from secure_fgl.models.gcfl_gin import GCFLGIN
+
     torch.manual_seed(2)
     graphs = []
     for n in (3, 5, 1, 4):
         edges = torch.combinations(torch.arange(n), 2).T if n > 1 else torch.empty(2, 0, dtype=torch.long)
-        graphs.append(Data(x=torch.randn(n, 4), edge_index=torch.cat([edges, edges.flip(0)], 1),
-                           y=torch.randint(0, 2, (1,))))
+        graphs.append(
+            Data(x=torch.randn(n, 4), edge_index=torch.cat([edges, edges.flip(0)], 1), y=torch.randint(0, 2, (1,)))
+        )
     model = GCFLGIN(4, 8, 2, num_layers=2, dropout=0.0)
     ref = []
     for g in graphs:
@@ -164,25 +191,39 @@ def test_per_graph_clipping_sums_each_graphs_nodes():
 @pytest.mark.filterwarnings("ignore:divide by zero")
 def test_graph_classification_dpsgd_is_sample_level():
     from opacus.accountants import PRVAccountant
-    cfg = RunConfig(algorithm="gcfl", dataset="synthetic-graphs", clients=4, rounds=2, local_epochs=2, hidden=16,
-                    dp_epsilon=4.0, options={"dpsgd": True})
+
+    cfg = RunConfig(
+        algorithm="gcfl",
+        dataset="synthetic-graphs",
+        clients=4,
+        rounds=2,
+        local_epochs=2,
+        hidden=16,
+        dp_epsilon=4.0,
+        options={"dpsgd": True},
+    )
     r = run_experiment(cfg, progress=False)
     p = r["privacy"]
     assert p["unit"] == "sample" and p["claim_holds"] and not p["uncovered"]
     sgd = [x for x in p["releases"] if x.get("unit") == "sample"]
-    assert [x["tag"] for x in sgd] == ["gcfl/dpsgd"] and sgd[0]["releases"] == 4        # rounds x epochs
+    assert [x["tag"] for x in sgd] == ["gcfl/dpsgd"] and sgd[0]["releases"] == 4  # rounds x epochs
     assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
     acc = PRVAccountant()
     acc.history = [(sgd[0]["noise_multiplier"], 1.0, 4)]
     assert acc.get_epsilon(delta=1e-5, eps_error=1e-3) == pytest.approx(p["total_epsilon"], rel=0.01)
-    assert all(c["train_acc"] == 0.0 for c in r["final"]["per_client"])          # not read outside DP-SGD
+    assert all(c["train_acc"] == 0.0 for c in r["final"]["per_client"])  # not read outside DP-SGD
 
 
 def test_graph_classification_dp_needs_dpsgd():
     from secure_fgl.config import ConfigError
+
     with pytest.raises(ConfigError, match="add --dpsgd"):
-        run_experiment(RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1,
-                                 dp_epsilon=4.0), progress=False)
+        run_experiment(
+            RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1, dp_epsilon=4.0),
+            progress=False,
+        )
     with pytest.raises(ConfigError, match="needs --dp-epsilon"):
-        run_experiment(RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1,
-                                 options={"dpsgd": True}), progress=False)
+        run_experiment(
+            RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1, options={"dpsgd": True}),
+            progress=False,
+        )

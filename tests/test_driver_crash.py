@@ -2,6 +2,7 @@
 ``--resume``: the run continues from its last checkpoint and ends as the uninterrupted run does --
 the same rounds, losses and accuracies in plain, mask and ckks-mp (their model means are exact),
 within the exchange tolerance in ckks.  Every wait is bounded."""
+
 from __future__ import annotations
 
 import json
@@ -18,19 +19,38 @@ from secure_fgl.cli.main import main
 
 SMALL = "dataset = 'sbm'\npartition = 'iid'\n[synthetic]\nnum_nodes = 200\nnum_features = 16\n"
 ROUNDS = 12
-WAIT_S = 300.0                      # the crashed driver's first checkpoint must appear within this
+WAIT_S = 300.0  # the crashed driver's first checkpoint must appear within this
 
 
 def args(mode: str, out: Path, config: Path, *extra: str) -> list[str]:
-    return ["run", "--algorithm", "fedavg", "--mode", mode, "--clients", "3", "--rounds", str(ROUNDS), "--out",
-            str(out), "--quiet", "--config", str(config), *extra]
+    return [
+        "run",
+        "--algorithm",
+        "fedavg",
+        "--mode",
+        mode,
+        "--clients",
+        "3",
+        "--rounds",
+        str(ROUNDS),
+        "--out",
+        str(out),
+        "--quiet",
+        "--config",
+        str(config),
+        *extra,
+    ]
 
 
 def crash_after_first_checkpoint(argv: list[str], out: Path) -> None:
     """Run the CLI in a subprocess and SIGKILL it as soon as its first checkpoint is on disk."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "secure_fgl.cli.main", *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "secure_fgl.cli.main", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + WAIT_S
         while not (out / "checkpoint.pt").exists():
@@ -53,7 +73,7 @@ def test_resume_after_a_driver_crash_equals_the_uninterrupted_run(mode, tmp_path
     assert main(args(mode, tmp_path / "full", config)) == 0
     full, resumed = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("full", "crashed"))
     assert [r["round"] for r in resumed["rounds"]] == list(range(ROUNDS))
-    keys = "auth/keys"                      # two sessions: the crashed one and the resumed one registered keys
+    keys = "auth/keys"  # two sessions: the crashed one and the resumed one registered keys
     assert resumed["comm"]["per_tag"][keys]["messages"] == 2 * full["comm"]["per_tag"][keys]["messages"]
     for key in ("train_loss", "test_acc", "val_acc"):
         got, want = [r[key] for r in resumed["rounds"]], [r[key] for r in full["rounds"]]

@@ -8,6 +8,7 @@ t survivors; ckks-mp: any dropout, n-of-n; every mode: a client missing at key r
 key dealer of ckks's and mask's set-up) a DropoutError names the missing clients and no client
 gets a result.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,24 @@ LENGTH = 24
 #: is in the sum, it gets no result)
 POLICY = {
     "plain": {"register": "fatal", "upload": "excluded", "download": "undelivered"},
-    "mask": {"register": "fatal", "group_seed": "fatal", "advertise_keys": "excluded", "share_keys": "excluded",
-             "masked_upload": "excluded", "consistency": "undelivered", "unmask": "undelivered",
-             "download": "undelivered"},
+    "mask": {
+        "register": "fatal",
+        "group_seed": "fatal",
+        "advertise_keys": "excluded",
+        "share_keys": "excluded",
+        "masked_upload": "excluded",
+        "consistency": "undelivered",
+        "unmask": "undelivered",
+        "download": "undelivered",
+    },
     "ckks": {"register": "fatal", "key_setup": "fatal", "upload": "excluded", "download": "undelivered"},
-    "ckks-mp": {"register": "fatal", "key_setup": "fatal", "upload": "fatal", "keyswitch": "fatal",
-                "download": "undelivered"},
+    "ckks-mp": {
+        "register": "fatal",
+        "key_setup": "fatal",
+        "upload": "fatal",
+        "keyswitch": "fatal",
+        "download": "undelivered",
+    },
 }
 #: stages only the set-up dealer (client 0) answers: ckks's key pair, mask's output-mask group seed
 DEALER_STAGES = {("ckks", "key_setup"), ("mask", "group_seed")}
@@ -47,7 +60,7 @@ def tolerance(mode: str, stage: str, n: int) -> int:
     """The most dropouts at ``stage`` after which the exchange still completes."""
     if POLICY[mode][stage] == "fatal":
         return 0
-    if mode == "mask" and stage != "download":         # Shamir threshold t = n // 2 + 1
+    if mode == "mask" and stage != "download":  # Shamir threshold t = n // 2 + 1
         return n - (n // 2 + 1)
     return n - 1 if POLICY[mode][stage] == "excluded" else n
 
@@ -92,7 +105,7 @@ def check_case(mode: str, stage: str, dropped: tuple[int, ...]) -> None:
         named = getattr(err.value, "clients", None)
         if named is not None:
             assert set(named) == set(dropped)
-        else:                                           # registration and the dealer's set-up: the first one
+        else:  # registration and the dealer's set-up: the first one
             assert f"client {min(dropped)} did not" in str(err.value)
         assert delivered(proto) == {}
     else:
@@ -102,7 +115,7 @@ def check_case(mode: str, stage: str, dropped: tuple[int, ...]) -> None:
         assert sorted(got) == list(survivors)
         for total in got.values():
             np.testing.assert_allclose(total, sum(x[k] for k in included), atol=1e-3)
-    assert schedule.events == {(0, stage): list(dropped)}     # the dropout happened, at that stage
+    assert schedule.events == {(0, stage): list(dropped)}  # the dropout happened, at that stage
 
 
 CASES = [(m, s, d) for m in POLICY for s in POLICY[m] for d in dropped_sets(m, s, CLIENTS[m])]
@@ -126,22 +139,45 @@ def test_spec_parses_counts_ids_stages_and_rounds():
     assert parse_dropouts("2@upload", 10, "plain") == (DropRule((8, 9), "upload"),)
     assert parse_dropouts("2@upload:r3", 10, "mask", rounds=5) == (DropRule((8, 9), "masked_upload", 3, 3),)
     assert parse_dropouts(" 1,4@unmask:r1-2 ; 3,@download", 10, "mask") == (
-        DropRule((1, 4), "unmask", 1, 2), DropRule((3,), "download"))
+        DropRule((1, 4), "unmask", 1, 2),
+        DropRule((3,), "download"),
+    )
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("two@upload", "expected WHO@STAGE"), ("2@unmask", "mode ckks has no stage 'unmask'"),
-    ("11@upload", "a count of 1..10"), ("1,12@upload", r"client id\(s\) \[12\] out of range"),
-    ("1@upload:r7", "rounds must be an increasing range in 0..4"), ("1@upload:r3-1", "increasing range"),
-    (";", "empty spec")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("two@upload", "expected WHO@STAGE"),
+        ("2@unmask", "mode ckks has no stage 'unmask'"),
+        ("11@upload", "a count of 1..10"),
+        ("1,12@upload", r"client id\(s\) \[12\] out of range"),
+        ("1@upload:r7", "rounds must be an increasing range in 0..4"),
+        ("1@upload:r3-1", "increasing range"),
+        (";", "empty spec"),
+    ],
+)
 def test_bad_spec_is_one_clear_error(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_dropouts(spec, 10, "ckks", rounds=5)
 
 
 def test_bad_spec_exits_2_before_any_work(capsys, tmp_path):
-    code = main(["run", "--mode", "mask", "--clients", "3", "--rounds", "1", "--simulate-dropouts", "2@keyswitch",
-                 "--out", str(tmp_path / "run"), "--quiet"])
+    code = main(
+        [
+            "run",
+            "--mode",
+            "mask",
+            "--clients",
+            "3",
+            "--rounds",
+            "1",
+            "--simulate-dropouts",
+            "2@keyswitch",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "mode mask has no stage 'keyswitch'" in err[0]
     assert not (tmp_path / "run").exists()
@@ -151,8 +187,16 @@ def test_bad_spec_exits_2_before_any_work(capsys, tmp_path):
 
 # ---------------------------------------------------------------------- runtimes
 def small(mode: str, spec: str, **kw) -> RunConfig:
-    return RunConfig(algorithm="fedavg", dataset="sbm", clients=4, mode=mode, rounds=2, simulate_dropouts=spec,
-                     synthetic={"num_nodes": 240, "num_features": 32}, **kw).validate()
+    return RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        clients=4,
+        mode=mode,
+        rounds=2,
+        simulate_dropouts=spec,
+        synthetic={"num_nodes": 240, "num_features": 32},
+        **kw,
+    ).validate()
 
 
 def test_runtime_mask_drops_in_its_round_only_and_rejoins():
@@ -171,7 +215,8 @@ def test_runtime_mask_drops_in_its_round_only_and_rejoins():
     finally:
         executor.shutdown()
     assert executor.describe()["simulated_dropouts"]["dropped"] == [
-        {"round": 0, "stage": "masked_upload", "clients": [3]}]
+        {"round": 0, "stage": "masked_upload", "clients": [3]}
+    ]
 
 
 def test_runtime_ckks_mp_dropout_is_a_clean_error_naming_the_client():
@@ -183,14 +228,22 @@ def test_result_json_records_the_spec_and_the_dropouts(tmp_path):
     result = run_experiment(small("ckks", "2@upload", out=str(tmp_path / "run")), progress=False)
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["config"]["simulate_dropouts"] == "2@upload"
-    assert saved["runtime"]["simulated_dropouts"] == result["runtime"]["simulated_dropouts"] == {
-        "rules": [{"clients": [2, 3], "stage": "upload", "rounds": "all"}],
-        "dropped": [{"round": 0, "stage": "upload", "clients": [2, 3]},
-                    {"round": 1, "stage": "upload", "clients": [2, 3]}]}
+    assert (
+        saved["runtime"]["simulated_dropouts"]
+        == result["runtime"]["simulated_dropouts"]
+        == {
+            "rules": [{"clients": [2, 3], "stage": "upload", "rounds": "all"}],
+            "dropped": [
+                {"round": 0, "stage": "upload", "clients": [2, 3]},
+                {"round": 1, "stage": "upload", "clients": [2, 3]},
+            ],
+        }
+    )
 
 
 def test_bench_dropout_column_measures_the_survivors_round():
     from secure_fgl.bench.runtime import dropout_counts, dropout_round
+
     assert dropout_counts(10) == (0, 1, 4) and dropout_counts(100) == (0, 1, 49)
     full, recovered = (dropout_round("mask", 5, k, features=16, nodes=200) for k in (0, 2))
     assert (full["included"], recovered["included"]) == (5, 3)

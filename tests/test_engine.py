@@ -1,4 +1,5 @@
 """Engine and baselines: FedAvg equivalences, resume, model forward/backward, result format."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,7 @@ SMALL = {"num_nodes": 300, "num_features": 64, "num_classes": 3}
 
 
 def cfg(**kw) -> RunConfig:
-    base = dict(algorithm="fedavg", mode="plain", dataset="sbm", clients=3, rounds=5, synthetic=dict(SMALL),
-                seed=0)
+    base = dict(algorithm="fedavg", mode="plain", dataset="sbm", clients=3, rounds=5, synthetic=dict(SMALL), seed=0)
     base.update(kw)
     return RunConfig(**base)
 
@@ -37,7 +37,7 @@ def test_sgc_reuses_propagation_only_for_the_same_unmodified_input(dropout):
     x, edge_index = torch.randn(12, 5), torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
     model = build_model("sgc", 5, 8, 3, dropout=dropout).eval()
 
-    def uncached(*inputs):                        # a new model with the same weights holds nothing
+    def uncached(*inputs):  # a new model with the same weights holds nothing
         ref = build_model("sgc", 5, 8, 3, dropout=dropout).eval()
         ref.load_state_dict(model.state_dict())
         return ref(*inputs)
@@ -45,7 +45,7 @@ def test_sgc_reuses_propagation_only_for_the_same_unmodified_input(dropout):
     for inputs in [(x, edge_index), (x, edge_index), (torch.randn(12, 5), edge_index)]:
         torch.testing.assert_close(model(*inputs), uncached(*inputs))
     model(x, edge_index)
-    x.mul_(2.0)                                   # modified in place: the held propagation is stale
+    x.mul_(2.0)  # modified in place: the held propagation is stale
     torch.testing.assert_close(model(x, edge_index), uncached(x, edge_index))
     model.train()
     model(x, edge_index).sum().backward()
@@ -57,9 +57,10 @@ def test_narrowing_sage_conv_equals_pyg_sage_conv(dims):
     from torch_geometric.nn import SAGEConv
 
     from secure_fgl.models.node import NarrowingSAGEConv
+
     torch.manual_seed(0)
     x = torch.randn(7, dims[0])
-    edge_index = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]])       # nodes 4-6 have no neighbours
+    edge_index = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]])  # nodes 4-6 have no neighbours
     ours, ref = NarrowingSAGEConv(*dims), SAGEConv(*dims)
     torch.nn.init.normal_(ours.lin_l.bias)
     ref.load_state_dict(ours.state_dict())
@@ -69,19 +70,20 @@ def test_narrowing_sage_conv_equals_pyg_sage_conv(dims):
 @pytest.mark.parametrize("density", [0.01, 0.9])
 def test_dropout_keeps_each_entry_with_probability_1_minus_p(density):
     from secure_fgl.models.node import dropout
+
     torch.manual_seed(0)
     x = (torch.rand(400, 300) < density) * torch.randn(400, 300)
     x.requires_grad_(True)
     out = dropout(x, 0.3, True)
     kept = out != 0
-    assert not kept[x == 0].any()                                   # zeros stay zero
-    torch.testing.assert_close(out[kept], x[kept] / 0.7)            # survivors rescaled
+    assert not kept[x == 0].any()  # zeros stay zero
+    torch.testing.assert_close(out[kept], x[kept] / 0.7)  # survivors rescaled
     n = int((x != 0).sum())
     rate = kept.sum().item() / n
-    assert abs(rate - 0.7) < 5 * (0.21 / n) ** 0.5                  # binomial, 5 sigma
+    assert abs(rate - 0.7) < 5 * (0.21 / n) ** 0.5  # binomial, 5 sigma
     out.sum().backward()
     nz = x != 0
-    assert torch.equal(x.grad[nz] != 0, kept[nz])                    # gradient only through survivors
+    assert torch.equal(x.grad[nz] != 0, kept[nz])  # gradient only through survivors
     assert dropout(x, 0.3, False) is x
 
 
@@ -109,7 +111,7 @@ def test_fedavg_with_one_client_equals_centralized(optimizer, lr):
 
 
 def test_result_format_and_comm_from_transcript(tmp_path):
-    res = run_experiment(cfg(out=str(tmp_path), grid_model_mean=False), progress=False)   # plain's float32 mean
+    res = run_experiment(cfg(out=str(tmp_path), grid_model_mean=False), progress=False)  # plain's float32 mean
     on_disk = json.loads((tmp_path / "result.json").read_text())
     for key in ("config", "final", "rounds", "comm", "time", "privacy", "attacks"):
         assert key in on_disk
@@ -172,10 +174,17 @@ def test_early_stopping_with_patience():
     assert res["final"]["rounds_run"] < 60
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(rounds=0), "--rounds"), (dict(beta=0.0), "--beta"), (dict(clients=0), "--clients"),
-    (dict(mode="rot13"), "--mode"), (dict(algorithm="nope"), "--algorithm"), (dict(optimizer="lbfgs"), "--optimizer"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(rounds=0), "--rounds"),
+        (dict(beta=0.0), "--beta"),
+        (dict(clients=0), "--clients"),
+        (dict(mode="rot13"), "--mode"),
+        (dict(algorithm="nope"), "--algorithm"),
+        (dict(optimizer="lbfgs"), "--optimizer"),
+    ],
+)
 def test_bad_config_names_the_setting(kw, needle):
     with pytest.raises(ConfigError, match=needle):
         run_experiment(cfg(**kw), progress=False)

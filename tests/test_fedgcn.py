@@ -3,6 +3,7 @@ in every protocol mode; 0-hop is FedAvg; DP noise has the stated scale; short ru
 
 Ground truth (``fed.graph``) is read only here, never by the algorithm.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,7 @@ def secure_mode(mode: str):
 @pytest.fixture(scope="module")
 def fed():
     """Binary-feature SBM, K clients (Dirichlet label skew)."""
-    return make_federated("sbm", num_clients=K, beta=100.0, seed=3, num_nodes=240, num_features=24,
-                          avg_degree=6.0)
+    return make_federated("sbm", num_clients=K, beta=100.0, seed=3, num_nodes=240, num_features=24, avg_degree=6.0)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,7 @@ def fed_float():
 def fed_counts(fed):
     """The binary SBM's graph and partition with word-count features (0..3): integers, not binary."""
     from secure_fgl.data.build import build_federated
+
     data = copy.copy(fed.graph)
     data.x = fed.graph.x * torch.randint(1, 4, fed.graph.x.shape, generator=torch.Generator().manual_seed(5))
     del data.binary_features
@@ -141,8 +142,7 @@ def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout):
     for k in range(K):
         assert torch.equal(sec.received[k], plain.received[k]), f"client {k}"
     assert sec.final_metrics()["pretrain_bytes_up"] > 0
-    ups = [m for m in sec.protocol.transcript.select(tag=TAG) if m.receiver == "server"
-           and m.kind != "metadata"]
+    ups = [m for m in sec.protocol.transcript.select(tag=TAG) if m.receiver == "server" and m.kind != "metadata"]
     assert ups and all(m.kind != "plain" for m in ups)
 
 
@@ -163,6 +163,7 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
     with pytest.raises(BoundError, match="feature-bound"):
         make_algo(fed_counts, mode, hops=1, feature_bound=2.0).setup()
     from protocols.dp import DPConfig
+
     cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0)
     dp_protocol = make_protocol(mode, K, dp=DPConfig(epsilon=4.0), seed=11)
     assert not make_algo(fed_counts, cfg=cfg, protocol=dp_protocol, hops=1).value_spec().integer
@@ -174,13 +175,20 @@ def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
     feature type, so the ckks exchange is the integer one (its bytes are the in-process
     algorithm's) and, with the model mean on the public grid in both modes, its rounds equal plain's."""
     from secure_fgl.runtime.facts import PublicFacts
+
     assert PublicFacts.of(fed_counts).count_features
     runs = {}
     for mode in ("plain", "ckks"):
-        cfg = RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=2, grid_model_mean=True,
-                        options={"hops": 1, "feature_bound": 3})     # the same model mean in both modes
+        cfg = RunConfig(
+            algorithm="fedgcn",
+            mode=mode,
+            clients=K,
+            rounds=2,
+            grid_model_mean=True,
+            options={"hops": 1, "feature_bound": 3},
+        )  # the same model mean in both modes
         runs[mode] = run_experiment(cfg, progress=False, fed=fed_counts)
-    inline = make_algo(fed_counts, "ckks", hops=1, feature_bound=3)       # integer fields (test above)
+    inline = make_algo(fed_counts, "ckks", hops=1, feature_bound=3)  # integer fields (test above)
     inline.setup()
     assert runs["ckks"]["final"]["pretrain_bytes_up"] == inline.final_metrics()["pretrain_bytes_up"]
     assert [r["train_loss"] for r in runs["ckks"]["rounds"]] == [r["train_loss"] for r in runs["plain"]["rounds"]]
@@ -223,7 +231,7 @@ def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(
     largest = max(fed_degrees(c) for c in algo.clients)
     with pytest.raises(BoundError, match=f"degree-cap.*largest {largest}.*at least {largest}"):
         algo.setup()
-    assert algo.protocol.transcript.select(tag=TAG) == []     # refused before anything was sent
+    assert algo.protocol.transcript.select(tag=TAG) == []  # refused before anything was sent
     raised = make_algo(fed, mode, hops=1, degree_cap=largest)  # following the message once is enough
     raised.setup()
 
@@ -231,6 +239,7 @@ def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(
 def fed_degrees(c) -> int:
     """Largest degree of client c's own nodes (local plus cross edges, self loop not counted)."""
     from secure_fgl.algorithms.fedgcn.ops import local_degrees
+
     return int(local_degrees(c).max()) - 1
 
 
@@ -243,6 +252,7 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
     for k in capped.received:
         assert torch.equal(capped.received[k], free.received[k])
     from protocols.dp import DPConfig
+
     cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node")
     proto = make_protocol("plain", K, dp=DPConfig(epsilon=8.0), seed=0)
     with pytest.raises(BoundError, match="node-level DP"):
@@ -251,6 +261,7 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
 
 def test_option_validation():
     from secure_fgl.config import ConfigError
+
     f = make_federated("sbm", num_clients=2, seed=0, num_nodes=40, num_features=8)
     for bad in ({"hops": 3}, {"layout": "x"}, {"norm": "x"}, {"degree_cap": 0}):
         with pytest.raises(ConfigError):
@@ -263,6 +274,7 @@ def test_dp_noise_has_the_stated_scale():
     """Noise on the released sums: std = z * Delta * sqrt(K) (local placement, dense layout,
     every client uploads every row), Delta = sqrt(2) C (edge) or sqrt(D+1) C (node)."""
     from protocols.dp import DPConfig
+
     f = make_federated("sbm", num_clients=K, beta=100.0, seed=5, num_nodes=400, num_features=40)
     ax, deg = full_graph_operator(f)
     stds = {}
@@ -278,7 +290,7 @@ def test_dp_noise_has_the_stated_scale():
         expected = z * delta * math.sqrt(K)
         # the count column is exact + noise; features were subsampled to <= floor(C^2-1) ones
         resid = torch.cat([algo.received[k][:, -1] - deg[c.global_ids] for k, c in enumerate(algo.clients)])
-        assert torch.allclose(resid, resid.round())             # discrete Gaussian: integers
+        assert torch.allclose(resid, resid.round())  # discrete Gaussian: integers
         got = float(resid.std())
         assert got == pytest.approx(expected, rel=0.15), (level, got, expected)
         stds[level] = got
@@ -290,15 +302,24 @@ def test_dp_noise_has_the_stated_scale():
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("mode", ["plain", secure_mode("ckks"), secure_mode("mask")])
 def test_end_to_end_run(mode, tmp_path):
-    cfg = RunConfig(algorithm="fedgcn", dataset="sbm", mode=mode, clients=K, rounds=2, local_epochs=2,
-                    synthetic={"num_nodes": 200, "num_features": 16}, out=str(tmp_path),
-                    options={"hops": 1})
+    cfg = RunConfig(
+        algorithm="fedgcn",
+        dataset="sbm",
+        mode=mode,
+        clients=K,
+        rounds=2,
+        local_epochs=2,
+        synthetic={"num_nodes": 200, "num_features": 16},
+        out=str(tmp_path),
+        options={"hops": 1},
+    )
     res = run_experiment(cfg, progress=False)
     fin = res["final"]
     assert 0.0 <= fin["test_acc"] <= 1.0
     assert fin["hops"] == 1 and fin["pretrain_bytes_up"] > 0
-    assert fin["pretrain_plaintext_equiv_bytes_up"] == sum(p["plaintext_equiv_bytes_up"]
-                                                           for p in fin["pretrain_per_client"])
+    assert fin["pretrain_plaintext_equiv_bytes_up"] == sum(
+        p["plaintext_equiv_bytes_up"] for p in fin["pretrain_per_client"]
+    )
     assert TAG in res["comm"]["per_tag"] and "fedgcn/model" in res["comm"]["per_tag"]
     assert res["comm"]["per_tag"][TAG]["bytes_up"] == fin["pretrain_bytes_up"]
     assert (tmp_path / "result.json").exists()
@@ -320,8 +341,7 @@ def test_resume_keeps_received_sums(fed):
 @pytest.fixture(scope="module")
 def fed_wide():
     """More rows than one ckks block holds (rpb = 10240 // 65 = 157 < 900 nodes)."""
-    return make_federated("sbm", num_clients=K, beta=10000.0, seed=5, num_nodes=900, num_features=64,
-                          avg_degree=6.0)
+    return make_federated("sbm", num_clients=K, beta=10000.0, seed=5, num_nodes=900, num_features=64, avg_degree=6.0)
 
 
 def _upload_bytes(algo) -> int:
@@ -348,6 +368,7 @@ def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops):
 def test_touch_signatures_are_the_contributing_clients(fed_wide):
     """The owner-side signature S(v) equals the set of clients whose contribution has row v."""
     from secure_fgl.algorithms.fedgcn.ops import neighbour_terms, partial_neighbour_sums, touch_signatures
+
     masks = touch_signatures(fed_wide.clients, fed_wide.owner, fed_wide.graph.num_nodes)
     expected = np.zeros(fed_wide.graph.num_nodes, dtype=np.int64)
     for k, c in enumerate(fed_wide.clients):
@@ -359,13 +380,15 @@ def test_touch_signatures_are_the_contributing_clients(fed_wide):
 def test_segment_blocks_is_optimal_on_small_sequences():
     """The DP's cut equals the brute-force minimum of sum_blocks popcount(OR of the block)."""
     from secure_fgl.algorithms.fedgcn.ops import segment_blocks
+
     rng = np.random.default_rng(0)
 
     def best(m, rpb):
         if not m:
             return 0
-        return min(int(np.bitwise_or.reduce(m[:j])).bit_count() + best(m[j:], rpb)
-                   for j in range(1, min(rpb, len(m)) + 1))
+        return min(
+            int(np.bitwise_or.reduce(m[:j])).bit_count() + best(m[j:], rpb) for j in range(1, min(rpb, len(m)) + 1)
+        )
 
     for _ in range(40):
         n, rpb = int(rng.integers(1, 10)), int(rng.integers(2, 5))
@@ -379,6 +402,7 @@ def test_segment_blocks_is_optimal_on_small_sequences():
 
 def test_row_order_validation(fed):
     from secure_fgl.config import ConfigError
+
     with pytest.raises(ConfigError, match="row-order"):
         make_algo(fed, layout="dense", row_order="signature")
     with pytest.raises(ConfigError, match="row-order"):
@@ -391,7 +415,7 @@ def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
     """A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
     clients asked for; with ``row_order='owner'`` exactly its own requested rows (plus padding),
     and the totals it asked for are unchanged."""
-    cfg = RunConfig(mode="plain", rounds=2, clients=K, attacks="fedgcn_client_subtraction")   # keeps what it read
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, attacks="fedgcn_client_subtraction")  # keeps what it read
     given, owner = make_algo(fed, cfg=cfg, hops=hops), make_algo(fed, cfg=cfg, hops=hops, row_order="owner")
     given.setup()
     owner.setup()
@@ -403,19 +427,23 @@ def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
         nodes_owner = owner.decrypted[k][0]
         assert set(nodes_owner[nodes_owner >= 0].tolist()) == asked
         assert torch.equal(owner.received[k], given.received[k])
-    assert foreign_read > 0                               # the leak the owner order removes
+    assert foreign_read > 0  # the leak the owner order removes
     assert owner.exchange_rows >= fed.graph.num_nodes
 
 
 def test_client_subtraction_reads_every_decrypted_row(fed):
     """The client-side attack scores every row of the blocks a client decrypted, not only its own."""
     from attacks.runner import run_attacks
+
     cfg = RunConfig(mode="plain", rounds=1, clients=K, attacks="fedgcn_client_subtraction")
     out = {}
     for order in ("given", "owner"):
         algo = make_algo(fed, cfg=cfg, hops=1, row_order=order)
         algo.setup()
-        res = [r for r in run_attacks(cfg.attacks, algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg)
-               if r.get("name") == "fedgcn_client_subtraction"]
+        res = [
+            r
+            for r in run_attacks(cfg.attacks, algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg)
+            if r.get("name") == "fedgcn_client_subtraction"
+        ]
         out[order] = res[0]["value"]
-    assert out["given"] > out["owner"] > 0                # foreign rows in the blocks add exposures
+    assert out["given"] > out["owner"] > 0  # foreign rows in the blocks add exposures

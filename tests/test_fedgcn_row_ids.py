@@ -1,17 +1,17 @@
 """FedGCN's row ids travel between clients over the encrypted channel: the server relays ciphertext only."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_runtime import small
 
 from protocols import SERVER
 from protocols.errors import IntegrityError
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.algorithms.fedgcn.ops import IDS_TAG
-
-from test_runtime import small
 
 
 class FrameLog(LocalExecutor):
@@ -63,6 +63,7 @@ def test_relayed_row_ids_are_ciphertext_not_the_plaintext_ids():
 def test_a_row_id_ciphertext_changed_in_relay_is_refused():
     def flip(method, requests):
         from secure_fgl.runtime import wire
+
         out = {}
         for k, frame in requests.items():
             req = wire.unpack(frame) if method == "receive" else None
@@ -71,6 +72,7 @@ def test_a_row_id_ciphertext_changed_in_relay_is_refused():
                 frame = wire.pack(req)
             out[k] = frame
         return out
+
     executor = FrameLog()
     executor.tamper = flip
     with pytest.raises(IntegrityError, match="does not authenticate"):

@@ -1,4 +1,5 @@
 """FedOMD: the two-round moment exchange, CMD, the orthogonal model, end-to-end runs."""
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,13 @@ from hypothesis import strategies as st
 
 from protocols import SERVER, Transcript, make_protocol
 from secure_fgl.algorithms.fedomd.cmd import central_moments, clip_activations, cmd
-from secure_fgl.algorithms.fedomd.ops import (FedOMD, FedOMDOptions, GlobalStats, exchange_hidden_statistics,
-                                              stats_dp_requests)
+from secure_fgl.algorithms.fedomd.ops import (
+    FedOMD,
+    FedOMDOptions,
+    GlobalStats,
+    exchange_hidden_statistics,
+    stats_dp_requests,
+)
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.orthogonal import (
@@ -38,7 +44,7 @@ def _shared_protocol(mode: str):
 def _protocol_or_skip(mode: str):
     try:
         return _shared_protocol(mode)
-    except (ImportError, NotImplementedError) as e:     # backend still being written
+    except (ImportError, NotImplementedError) as e:  # backend still being written
         pytest.skip(f"{mode} backend not available yet: {e}")
 
 
@@ -48,7 +54,7 @@ def _pooled(samples: list[np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray
     return mu, {j: ((z - mu) ** j).mean(axis=0) for j in ORDERS}
 
 
-_round = iter(range(10 ** 9))
+_round = iter(range(10**9))
 
 
 # ------------------------------------------------------------------ the two-round exchange
@@ -66,10 +72,12 @@ def test_exchange_equals_pooled_central_moments(mode, data):
         sizes[0] = 1
     d = data.draw(st.integers(1, 5))
     layers = data.draw(st.integers(1, 2))
-    seed = data.draw(st.integers(0, 2 ** 31 - 1))
+    seed = data.draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
-    hidden = {k: [torch.as_tensor(rng.uniform(0, 1, (n, d)) ** (1 + l), dtype=torch.float32)
-                  for l in range(layers)] for k, n in zip(clients, sizes)}
+    hidden = {
+        k: [torch.as_tensor(rng.uniform(0, 1, (n, d)) ** (1 + l), dtype=torch.float32) for l in range(layers)]
+        for k, n in zip(clients, sizes)
+    }
     stats = exchange_hidden_statistics(proto, next(_round), hidden, ORDERS, 0.0, 1.0)
     assert len(stats) == layers
     for l, g in enumerate(stats):
@@ -98,13 +106,14 @@ def test_server_reads_neither_statistics_nor_counts(mode):
     exchange_hidden_statistics(proto, 0, h, ORDERS, 0.0, 1.0)
     ups = [m for m in proto.transcript.messages if m.receiver == SERVER and m.tag.startswith("fedomd/")]
     assert {m.tag for m in ups} == {"fedomd/hidden1/mean", "fedomd/hidden1/moments"}
-    assert not [m for m in ups if m.kind == "plain"]          # key material aside, nothing readable
+    assert not [m for m in ups if m.kind == "plain"]  # key material aside, nothing readable
     data_ups = [m for m in ups if m.kind in UNREADABLE]
     assert {m.sender for m in data_ups} == {"client0", "client1", "client2"}
 
 
 def test_dp_statistics_are_noisy_but_close_and_accounted():
     from protocols.dp import DPConfig
+
     torch.manual_seed(0)
     h = {k: [torch.rand(400, 8) * 0.5] for k in range(3)}
     exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, h, ORDERS, 0.0, 1.0)[0]
@@ -114,7 +123,7 @@ def test_dp_statistics_are_noisy_but_close_and_accounted():
     noisy = exchange_hidden_statistics(proto, 0, h, ORDERS, 0.0, 1.0, dp=dp)[0]
     assert not torch.equal(noisy.mean, exact.mean)
     assert (noisy.mean - exact.mean).abs().max() < 0.1
-    assert 0 <= noisy.mean.min() and noisy.mean.max() <= 1          # projected onto [a, b]
+    assert 0 <= noisy.mean.min() and noisy.mean.max() <= 1  # projected onto [a, b]
     rep = proto.privacy_report()
     assert {"fedomd/hidden1/mean", "fedomd/hidden1/moments"} <= set(rep["per_tag"])
 
@@ -138,7 +147,7 @@ def test_cmd_sees_higher_moments_and_scaling():
     assert cmd(x, y).item() > 0.03
     mx, cx = central_moments(clip_activations(x, 0, 1))
     assert set(cx) == set(ORDERS) and mx.shape == (3,)
-    wide = cmd(x, y, low=0.0, high=2.0).item()          # same samples, 1/2^j scaling
+    wide = cmd(x, y, low=0.0, high=2.0).item()  # same samples, 1/2^j scaling
     assert wide < cmd(x, y).item()
 
 
@@ -147,9 +156,9 @@ def test_orthogonality_loss_zero_for_orthogonal_weights():
     w = torch.empty(16, 16)
     torch.nn.init.orthogonal_(w)
     assert orthogonality_loss([w, w.T]).item() == pytest.approx(0.0, abs=1e-5)
-    assert orthogonality_loss([2 * w]).item() == pytest.approx(3 * 4.0, rel=1e-4)   # ||3I||_F, d=16
+    assert orthogonality_loss([2 * w]).item() == pytest.approx(3 * 4.0, rel=1e-4)  # ||3I||_F, d=16
     model = OrthoGCN(10, 16, 3, ortho_layers=2)
-    assert model.orthogonality_loss().item() == pytest.approx(0.0, abs=1e-4)        # orthogonal init
+    assert model.orthogonality_loss().item() == pytest.approx(0.0, abs=1e-4)  # orthogonal init
     assert OrthoGCN(10, 16, 3, orthogonal=False).orthogonality_loss().item() == 0.0
 
 
@@ -157,12 +166,12 @@ def test_newton_orthogonalisation():
     torch.manual_seed(0)
     w = torch.empty(32, 32)
     torch.nn.init.orthogonal_(w)
-    assert torch.allclose(newton_orthogonalize(w, 8), w, atol=1e-4)                 # fixed point
-    a = torch.eye(32) + 0.2 * torch.randn(32, 32) / 32 ** 0.5                        # well conditioned
+    assert torch.allclose(newton_orthogonalize(w, 8), w, atol=1e-4)  # fixed point
+    a = torch.eye(32) + 0.2 * torch.randn(32, 32) / 32**0.5  # well conditioned
     assert orthogonality_loss([newton_orthogonalize(a, 8)]).item() < 1e-3
-    b = torch.randn(32, 32)                                                          # ill conditioned:
-    assert torch.isfinite(newton_orthogonalize(b, 40)).all()                         # stable anyway
-    assert newton_orthogonalize(b, 0).norm().item() == pytest.approx(1.0, rel=1e-5)   # eq. 8 literally
+    b = torch.randn(32, 32)  # ill conditioned:
+    assert torch.isfinite(newton_orthogonalize(b, 40)).all()  # stable anyway
+    assert newton_orthogonalize(b, 0).norm().item() == pytest.approx(1.0, rel=1e-5)  # eq. 8 literally
 
 
 def test_model_exposes_hidden_layers():
@@ -175,8 +184,18 @@ def test_model_exposes_hidden_layers():
 
 # ------------------------------------------------------------------ end to end
 def _cfg(mode: str, **kw) -> RunConfig:
-    base = {"algorithm": "fedomd", "dataset": "sbm", "clients": 3, "mode": mode, "partition": "louvain",
-            "split": "fedomd", "rounds": 3, "hidden": 8, "synthetic": SMALL_SBM, "seed": 1}
+    base = {
+        "algorithm": "fedomd",
+        "dataset": "sbm",
+        "clients": 3,
+        "mode": mode,
+        "partition": "louvain",
+        "split": "fedomd",
+        "rounds": 3,
+        "hidden": 8,
+        "synthetic": SMALL_SBM,
+        "seed": 1,
+    }
     base.update(kw)
     return RunConfig(**base)
 
@@ -191,8 +210,13 @@ def test_end_to_end_each_mode(mode, tmp_path):
     assert (tmp_path / "result.json").exists()
     assert 0.0 <= res["final"]["test_acc"] <= 1.0
     tags = set(res["comm"]["per_tag"])
-    assert {"fedomd/hidden1/mean", "fedomd/hidden1/moments", "fedomd/hidden2/mean",
-            "fedomd/hidden2/moments", "fedomd/model"} <= tags
+    assert {
+        "fedomd/hidden1/mean",
+        "fedomd/hidden1/moments",
+        "fedomd/hidden2/mean",
+        "fedomd/hidden2/moments",
+        "fedomd/model",
+    } <= tags
     last = res["rounds"][-1]
     assert last["cmd_loss"] >= 0 and np.isfinite(last["train_loss"])
 
@@ -203,7 +227,7 @@ def test_modes_agree_and_ablations_skip_exchanges():
         mask = run_experiment(_cfg("mask"), progress=False)
     except (ImportError, NotImplementedError):
         mask = None
-    if mask is not None:   # same algorithm, only the transport differs
+    if mask is not None:  # same algorithm, only the transport differs
         assert mask["rounds"][-1]["cmd_loss"] == pytest.approx(plain["rounds"][-1]["cmd_loss"], abs=1e-3)
     no_cmd = run_experiment(_cfg("plain", options={"cmd_weight": 0.0}), progress=False)
     # auth/keys: key registration; eval/counts: the runtimes' evaluation reports (docs/runtime.md)
@@ -221,10 +245,12 @@ def test_dp_run_accounts_statistics():
 
 def _algo(stats_nodes: str) -> FedOMD:
     from secure_fgl.experiment import load_federation
+
     cfg = _cfg("plain")
     fed = load_federation(cfg)
-    return FedOMD(fed, make_protocol("plain", fed.num_clients), cfg, torch.device("cpu"),
-                  FedOMDOptions(stats_nodes=stats_nodes))
+    return FedOMD(
+        fed, make_protocol("plain", fed.num_clients), cfg, torch.device("cpu"), FedOMDOptions(stats_nodes=stats_nodes)
+    )
 
 
 @pytest.mark.parametrize("stats_nodes", ("all", "train", "train_vs_all"))
@@ -245,7 +271,7 @@ def test_statistics_node_sets(stats_nodes):
     own = [algo._select(k, z, "local") for z in hidden]
     assert own[0].shape[0] == (n_all if stats_nodes == "all" else n_train)
     algo.global_stats = []
-    for z in own:                                     # global target = the client's own side
+    for z in own:  # global target = the client's own side
         mu, mom = central_moments(clip_activations(z, 0.0, 1.0), ORDERS)
         algo.global_stats.append(GlobalStats(mu, mom))
     assert algo.cmd_loss(k, hidden).item() == pytest.approx(0.0, abs=1e-6)

@@ -1,4 +1,5 @@
 """FedSpray (Fu et al., KDD 2024): proxy alignment, what the server sees, soft proxies, end to end."""
+
 from __future__ import annotations
 
 import functools
@@ -30,11 +31,11 @@ UNREADABLE = {"ciphertext", "masked", "share"}
 def _protocol_or_skip(mode: str, num_clients: int = K, **kw):
     try:
         return make_protocol(mode, num_clients, **kw)
-    except (ImportError, NotImplementedError) as e:   # backend still being written
+    except (ImportError, NotImplementedError) as e:  # backend still being written
         pytest.skip(f"{mode} backend not available yet: {e}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_protocol(mode: str):
     """One protocol per mode for the property test (key set-up once); rounds stay unique."""
     return make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
@@ -58,10 +59,8 @@ def test_proxy_alignment_equals_plaintext_ratio_weighted_mean(mode):
     @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
     @given(C=st.integers(2, 5), d=st.integers(1, 6), data=st.data())
     def check(C, d, data):
-        values = {k: data.draw(hnp.arrays(np.float64, (C, d), elements=st.floats(-3, 3, width=32)))
-                  for k in range(K)}
-        counts = {k: np.array(data.draw(st.lists(st.integers(0, 40), min_size=C, max_size=C)), float)
-                  for k in range(K)}
+        values = {k: data.draw(hnp.arrays(np.float64, (C, d), elements=st.floats(-3, 3, width=32))) for k in range(K)}
+        counts = {k: np.array(data.draw(st.lists(st.integers(0, 40), min_size=C, max_size=C)), float) for k in range(K)}
         if not any(c.sum() for c in counts.values()):
             counts[0][0] = 1.0
         weights = {k: class_weights(counts[k], "ratio") for k in range(K)}
@@ -85,9 +84,9 @@ def _two_presence_patterns(C=4, d=3):
     values = {k: rng.normal(size=(C, d)) for k in range(K)}
     full = {k: np.array([5.0, 3.0, 2.0, 1.0]) for k in range(K)}
     gappy = {k: v.copy() for k, v in full.items()}
-    gappy[0][[1, 3]] = 0.0          # client 0 lacks classes 1 and 3
-    gappy[2][0] = 0.0               # client 2 lacks class 0
-    for k in values:                # what the algorithm sends for an absent class: a zero row
+    gappy[0][[1, 3]] = 0.0  # client 0 lacks classes 1 and 3
+    gappy[2][0] = 0.0  # client 2 lacks class 0
+    for k in values:  # what the algorithm sends for an absent class: a zero row
         values[k] = values[k] * (gappy[k] > 0)[:, None]
     return values, full, gappy
 
@@ -106,8 +105,9 @@ def test_secure_server_view_hides_ratios_and_absent_classes(mode):
         align_proxies(protocol, PROXY_TAG, 0, values, weights, torch.zeros(4, 3))
         view = protocol.transcript.view(SERVER)
         # control messages (mask's share commitments and survivor-set signatures) hold no input
-        uploads = [m for m in view if m.receiver == SERVER and m.tag == PROXY_TAG
-                   and m.kind not in ("public_key", "control")]
+        uploads = [
+            m for m in view if m.receiver == SERVER and m.tag == PROXY_TAG and m.kind not in ("public_key", "control")
+        ]
         assert len(uploads) >= K
         assert all(m.kind in UNREADABLE for m in uploads), {m.kind for m in uploads}
         assert not [m for m in view if m.kind in ("plain", "metadata")], "server reads a plaintext message"
@@ -127,16 +127,18 @@ def test_plain_server_view_exposes_ratios_and_absent_classes():
         msg = uploads[f"client{k}"]
         assert msg.kind == "plain"
         flat = np.asarray(msg.payload["values"], np.float64).ravel()
-        np.testing.assert_allclose(flat[C * d:C * d + C], weights[k], rtol=1e-6)          # ratios visible
-        np.testing.assert_allclose(flat[:C * d].reshape(C, d), weights[k][:, None] * values[k], atol=1e-5)
-    absent = np.asarray(uploads["client0"].payload["values"], np.float64).ravel()[:C * d].reshape(C, d)
-    assert (absent[[1, 3]] == 0).all()                                                  # absent rows visible
+        np.testing.assert_allclose(flat[C * d : C * d + C], weights[k], rtol=1e-6)  # ratios visible
+        np.testing.assert_allclose(flat[: C * d].reshape(C, d), weights[k][:, None] * values[k], atol=1e-5)
+    absent = np.asarray(uploads["client0"].payload["values"], np.float64).ravel()[: C * d].reshape(C, d)
+    assert (absent[[1, 3]] == 0).all()  # absent rows visible
 
 
 def _fed_with_absent_classes():
     from secure_fgl.data import make_federated
-    return make_federated("sbm", num_clients=K, partition="dirichlet", beta=0.1, split="fedspray", seed=0,
-                          num_nodes=300)
+
+    return make_federated(
+        "sbm", num_clients=K, partition="dirichlet", beta=0.1, split="fedspray", seed=0, num_nodes=300
+    )
 
 
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
@@ -160,20 +162,24 @@ def test_algorithm_uploads(mode):
             k = int(m.sender[6:])
             flat = np.asarray(m.payload["values"], np.float64).ravel()
             ratios = counts[k].double().numpy() / counts[k].sum().item()
-            np.testing.assert_allclose(flat[C * d:C * d + C], ratios, rtol=1e-6)
-            rows = flat[:C * d].reshape(C, d)
+            np.testing.assert_allclose(flat[C * d : C * d + C], ratios, rtol=1e-6)
+            rows = flat[: C * d].reshape(C, d)
             assert (rows[counts[k].numpy() == 0] == 0).all()
     else:
         assert ups and all(m.kind in UNREADABLE for m in ups)
-        proxy_sizes = {(tuple(m.shape), m.nbytes) for m in ups       # the data uploads (not unmasking shares)
-                       if m.kind in ("masked", "ciphertext")}
+        proxy_sizes = {
+            (tuple(m.shape), m.nbytes)
+            for m in ups  # the data uploads (not unmasking shares)
+            if m.kind in ("masked", "ciphertext")
+        }
         assert len(proxy_sizes) == 1, "clients' proxy uploads differ in size"
 
 
 # --------------------------------------------------------------------------- soft proxies
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 20), C=st.integers(1, 6), d=st.integers(1, 8), seed=st.integers(0, 2**16),
-       scale=st.floats(0.1, 50))
+@given(
+    n=st.integers(1, 20), C=st.integers(1, 6), d=st.integers(1, 8), seed=st.integers(0, 2**16), scale=st.floats(0.1, 50)
+)
 def test_soft_proxies_are_convex_combinations_of_S(n, C, d, seed, scale):
     g = torch.Generator().manual_seed(seed)
     q_logits = torch.randn(n, C, generator=g, dtype=torch.float64) * scale
@@ -196,8 +202,13 @@ def test_soft_proxies_are_convex_combinations_of_S(n, C, d, seed, scale):
 def test_algorithm_soft_targets_use_convex_proxies():
     fed = _fed_with_absent_classes()
     protocol = make_protocol("plain", K)
-    algo = FedSpray(fed, protocol, RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-                    torch.device("cpu"), FedSpray.Options(phase_epochs=1, proxy_dim=8))
+    algo = FedSpray(
+        fed,
+        protocol,
+        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
+        torch.device("cpu"),
+        FedSpray.Options(phase_epochs=1, proxy_dim=8),
+    )
     algo.proxies = torch.randn_like(algo.proxies)
     c = algo.clients[1]
     p, q, s = algo.soft_targets(1, algo.encoders[1])
@@ -209,13 +220,22 @@ def test_algorithm_soft_targets_use_convex_proxies():
 
 def test_teacher_accuracy_is_the_global_encoders_soft_targets():
     fed = _fed_with_absent_classes()
-    algo = FedSpray(fed, make_protocol("plain", K), RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-                    torch.device("cpu"), FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8))
-    algo.train_round(0)                          # local copies now differ from the global encoder
+    algo = FedSpray(
+        fed,
+        make_protocol("plain", K),
+        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
+        torch.device("cpu"),
+        FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8),
+    )
+    algo.train_round(0)  # local copies now differ from the global encoder
     ev = algo.evaluate()
-    reference = FedSpray(fed, make_protocol("plain", K),
-                         RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-                         torch.device("cpu"), FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8))
+    reference = FedSpray(
+        fed,
+        make_protocol("plain", K),
+        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
+        torch.device("cpu"),
+        FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8),
+    )
     enc = reference.encoders[0]
     vector_to_parameters(algo.global_encoder.clone(), enc.parameters())
     reference.proxies = algo.proxies
@@ -230,10 +250,19 @@ def test_teacher_accuracy_is_the_global_encoders_soft_targets():
 
 # --------------------------------------------------------------------------- end to end
 def _cfg(mode, **kw):
-    base = dict(algorithm="fedspray", dataset="csbm", clients=3, mode=mode, partition="louvain",
-                keep_largest=True, split="fedspray", rounds=3, seed=1,
-                synthetic={"num_nodes": 600},
-                options={"phase_epochs": 2, "proxy_dim": 16, "gnn_hidden": 16})
+    base = dict(
+        algorithm="fedspray",
+        dataset="csbm",
+        clients=3,
+        mode=mode,
+        partition="louvain",
+        keep_largest=True,
+        split="fedspray",
+        rounds=3,
+        seed=1,
+        synthetic={"num_nodes": 600},
+        options={"phase_epochs": 2, "proxy_dim": 16, "gnn_hidden": 16},
+    )
     base.update(kw)
     return RunConfig(**base)
 
@@ -246,15 +275,17 @@ def test_end_to_end(mode, tmp_path):
     final = result["final"]
     assert 0 <= final["test_acc"] <= 1 and 0 <= final["minority_acc"] <= 1
     best = result["rounds"][final["best_round"]]
-    assert final["minority_acc"] == best["minority_acc"]           # same model state as test_acc
+    assert final["minority_acc"] == best["minority_acc"]  # same model state as test_acc
     assert final["test_acc"] == best["test_acc"]
     assert set(result["comm"]["per_tag"]) >= {"fedspray/encoder", PROXY_TAG}
     assert (tmp_path / "result.json").exists()
 
 
 def test_ablation_exchanges_no_proxies():
-    result = run_experiment(_cfg("plain", options={"phase_epochs": 1, "proxy_dim": 8, "gnn_hidden": 8,
-                                                   "ablate_proxy": True}, rounds=2), progress=False)
+    result = run_experiment(
+        _cfg("plain", options={"phase_epochs": 1, "proxy_dim": 8, "gnn_hidden": 8, "ablate_proxy": True}, rounds=2),
+        progress=False,
+    )
     assert PROXY_TAG not in result["comm"]["per_tag"]
     assert "minority_acc" in result["final"]
 
@@ -267,7 +298,7 @@ def test_checkpoint_round_trip():
     a.train_round(0)
     a.evaluate()
     b = FedSpray(fed, make_protocol("plain", K), cfg, torch.device("cpu"), opts)
-    buf = io.BytesIO()                       # as the engine does: through torch.save
+    buf = io.BytesIO()  # as the engine does: through torch.save
     torch.save(a.state_dict(), buf)
     buf.seek(0)
     b.load_state_dict(torch.load(buf, weights_only=False))

@@ -1,4 +1,5 @@
 """FGSSL (Huang et al., IJCAI 2023): FNSC (eq. 8), FGSD (eq. 9-11), augmentations, end to end."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from protocols import make_protocol
-from secure_fgl.algorithms.fgssl.ops import class_contrast, fgsd_loss, fnsc_loss
 from secure_fgl.algorithms.fgssl.augment import AugmentRates, augment, view_generator
+from secure_fgl.algorithms.fgssl.ops import class_contrast, fgsd_loss, fnsc_loss
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models import build_model
@@ -18,7 +19,7 @@ def _clustered(n=120, classes=4, dim=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % classes
     centres = 3.0 * torch.randn(classes, dim, generator=g)
-    noise = lambda: 0.5 * torch.randn(n, dim, generator=g)   # noqa: E731
+    noise = lambda: 0.5 * torch.randn(n, dim, generator=g)  # noqa: E731
     return centres[y] + noise(), centres[y] + noise(), y, g
 
 
@@ -26,25 +27,28 @@ def _clustered(n=120, classes=4, dim=16, seed=0):
 def test_fnsc_lower_for_class_clustered_embeddings_than_for_shuffled_labels():
     h_local, h_global, y, g = _clustered()
     clustered = fnsc_loss(h_local, h_global, y, tau=0.1)
-    shuffled = torch.stack([fnsc_loss(h_local, h_global, y[torch.randperm(len(y), generator=g)], tau=0.1)
-                            for _ in range(5)])
+    shuffled = torch.stack(
+        [fnsc_loss(h_local, h_global, y[torch.randperm(len(y), generator=g)], tau=0.1) for _ in range(5)]
+    )
     assert float(clustered) < float(shuffled.min())
     # the released code's InfoNCE form ranks them the same way
-    assert float(class_contrast(h_local, h_global, y, 0.1, per_positive=False)) < \
-        float(class_contrast(h_local, h_global, y[torch.randperm(len(y), generator=g)], 0.1, per_positive=False))
+    assert float(class_contrast(h_local, h_global, y, 0.1, per_positive=False)) < float(
+        class_contrast(h_local, h_global, y[torch.randperm(len(y), generator=g)], 0.1, per_positive=False)
+    )
 
 
 def test_fnsc_matches_eq8_written_out():
     h_local, h_global, y, _ = _clustered(n=12, classes=3, dim=5, seed=3)
     tau = 0.1
     cos = torch.nn.functional.cosine_similarity
-    phi = lambda a, b: math.exp(float(cos(a, b, dim=0)) / tau)   # noqa: E731
+    phi = lambda a, b: math.exp(float(cos(a, b, dim=0)) / tau)  # noqa: E731
     total = 0.0
     for i in range(len(y)):
         pos = [p for p in range(len(y)) if y[p] == y[i]]
         neg_sum = sum(phi(h_local[i], h_global[k]) for k in range(len(y)) if y[k] != y[i])
-        total += -sum(math.log(phi(h_local[i], h_global[p]) / (phi(h_local[i], h_global[p]) + neg_sum))
-                      for p in pos) / len(pos)
+        total += -sum(
+            math.log(phi(h_local[i], h_global[p]) / (phi(h_local[i], h_global[p]) + neg_sum)) for p in pos
+        ) / len(pos)
     assert float(fnsc_loss(h_local, h_global, y, tau)) == pytest.approx(total / len(y), rel=1e-4)
 
 
@@ -68,7 +72,7 @@ def test_fgsd_zero_for_identical_models_and_positive_when_they_differ():
     model = build_model("gat", x.size(1), 8, 4, heads=1, dropout=0.0).eval()
     z = model(x, edge_index).detach()
     assert float(fgsd_loss(z, z.clone(), edge_index, omega=5.0)) == pytest.approx(0.0, abs=1e-6)
-    other = build_model("gat", x.size(1), 8, 4, heads=1, dropout=0.0).eval()   # different weights
+    other = build_model("gat", x.size(1), 8, 4, heads=1, dropout=0.0).eval()  # different weights
     assert float(fgsd_loss(other(x, edge_index).detach(), z, edge_index, omega=5.0)) > 1e-4
     # scaling logits changes the neighbour-similarity distribution, not the nodes' ranking
     assert float(fgsd_loss(3.0 * z, z, edge_index, omega=5.0)) > 1e-4
@@ -97,8 +101,10 @@ def test_augmentations_keep_shapes_and_drop_at_the_stated_rates(rates):
     xv, ev = augment(x, edge_index, rates, view_generator(0, 1, 2))
     assert xv.shape == x.shape and ev.size(0) == 2 and ev.dtype == edge_index.dtype
     dropped_cols = float((xv == 0).all(0).sum())
-    assert abs(dropped_cols - d * rates.feature_mask) <= 5 * math.sqrt(d * rates.feature_mask * (1 - rates.feature_mask))
-    assert bool(((xv == 0) | (xv == x)).all())                  # whole columns masked, the rest untouched
+    assert abs(dropped_cols - d * rates.feature_mask) <= 5 * math.sqrt(
+        d * rates.feature_mask * (1 - rates.feature_mask)
+    )
+    assert bool(((xv == 0) | (xv == x)).all())  # whole columns masked, the rest untouched
     dropped_edges = e - ev.size(1)
     assert abs(dropped_edges - e * rates.edge_drop) <= 5 * math.sqrt(e * rates.edge_drop * (1 - rates.edge_drop))
 
@@ -115,9 +121,24 @@ def test_augmentation_draws_do_not_depend_on_values():
 
 # --------------------------------------------------------------------------- end to end
 def _cfg(mode, **kw):
-    base = dict(algorithm="fgssl", dataset="sbm", clients=3, mode=mode, partition="louvain", split="fgssl",
-                model="gat", hidden=16, heads=1, optimizer="sgd", momentum=0.9, lr=0.05, local_epochs=2,
-                rounds=3, seed=1, synthetic={"num_nodes": 300, "num_features": 64})
+    base = dict(
+        algorithm="fgssl",
+        dataset="sbm",
+        clients=3,
+        mode=mode,
+        partition="louvain",
+        split="fgssl",
+        model="gat",
+        hidden=16,
+        heads=1,
+        optimizer="sgd",
+        momentum=0.9,
+        lr=0.05,
+        local_epochs=2,
+        rounds=3,
+        seed=1,
+        synthetic={"num_nodes": 300, "num_features": 64},
+    )
     base.update(kw)
     return RunConfig(**base)
 

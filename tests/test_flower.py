@@ -2,6 +2,7 @@
 (subprocesses, killed in the fixture's teardown; insecure transport in the default test, TLS and
 SuperNode authentication in the slow one).  The run through Flower is the local run: the same
 accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
     from secure_fgl.runtime import flower_app, wire
+
     frame = wire.pack({"x": np.arange(100_000, dtype=np.float32), "tag": "fedavg/model"})
     content = flower_app.pack({"method": "receive", "client": 2, "timeout": 5.0}, frame)
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
@@ -62,8 +64,16 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
     stats, carried = runtime["stats"], runtime["flower"]
     assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
-    assert carried["framing_overhead_bytes"] == (carried["message_bytes_down"] + carried["message_bytes_up"]
-                                                 - carried["frame_bytes_down"] - carried["frame_bytes_up"]) > 0
+    assert (
+        carried["framing_overhead_bytes"]
+        == (
+            carried["message_bytes_down"]
+            + carried["message_bytes_up"]
+            - carried["frame_bytes_down"]
+            - carried["frame_bytes_up"]
+        )
+        > 0
+    )
 
 
 @pytest.mark.slow
@@ -73,12 +83,28 @@ def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
     keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""
     assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
     tls, sock = federation.tls, federation.folder / "impostor" / "site.sock"
-    federation.spawn("impostor-site", [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock),
-                                       "--client", "0"])
-    impostor = federation.spawn("impostor", [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{federation.port}",
-                                             "--port", str(free_port()), "--root-certificates", tls["ca"],
-                                             "--auth-supernode-private-key", tls["node_key"][3],
-                                             "--node-config", f'site-socket="{sock}"', "--max-wait-time", "60"])
+    federation.spawn(
+        "impostor-site",
+        [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), "--client", "0"],
+    )
+    impostor = federation.spawn(
+        "impostor",
+        [
+            str(BIN / "flower-supernode"),
+            "--superlink",
+            f"127.0.0.1:{federation.port}",
+            "--port",
+            str(free_port()),
+            "--root-certificates",
+            tls["ca"],
+            "--auth-supernode-private-key",
+            tls["node_key"][3],
+            "--node-config",
+            f'site-socket="{sock}"',
+            "--max-wait-time",
+            "60",
+        ],
+    )
     assert impostor.wait(timeout=120) != 0
     assert "Failed to activate SuperNode" in (federation.folder / "impostor.log").read_text()
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
@@ -93,8 +119,9 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
     kw = {"options": {"row_order": "signature"}, "rounds": 1}
     local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
     flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
-    assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx([r["train_loss"] for r in local["rounds"]],
-                                                                        abs=1e-4)
+    assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx(
+        [r["train_loss"] for r in local["rounds"]], abs=1e-4
+    )
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
@@ -125,7 +152,7 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
     finally:
         executor.shutdown()
     assert [r["clients_lost"] for r in rows] == [1]
-    assert protocol.last_included == (0, 1)              # the survivors' sum, by mask recovery
+    assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
 
 
 @pytest.mark.slow
@@ -137,6 +164,7 @@ def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federati
     run_experiment(small(executor="flower", rounds=1, out=str(tmp_path / "b"), **kw), progress=False)
     assert not list((tmp_path / "b").glob("clients/*.pt"))
     assert all((federation.folder / f"site{k}" / "state" / f"client{k}.pt").is_file() for k in range(3))
-    resumed = run_experiment(small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw),
-                             progress=False)
+    resumed = run_experiment(
+        small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw), progress=False
+    )
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]

@@ -2,6 +2,7 @@
 in process: the adversary is the aggregator, which writes every request a site receives (the
 set-up frame's settings included).  It gets no data in the set-up frame, no answer to a request
 off the public schedule, and no file written outside the site's state folder."""
+
 from __future__ import annotations
 
 import json
@@ -53,18 +54,21 @@ def test_the_setup_frame_carries_a_digest_not_the_data_and_the_site_loads_the_sa
     assert site.handle("start", 1, frame) == b""
     here, there = site.runtimes[1].data, planned.runtimes[1].data
     assert np.array_equal(here.x.numpy(), there.x.numpy()) and np.array_equal(here.y.numpy(), there.y.numpy())
-    other = wire.pack({**fields, "data_digest": "0" * 64})             # not the partition the run planned
+    other = wire.pack({**fields, "data_digest": "0" * 64})  # not the partition the run planned
     with pytest.raises(ValueError, match="digest mismatch"):
         Site([1], None, tmp_path).handle("start", 1, other)
 
 
 def test_a_site_serves_only_the_public_schedule_of_its_own_clients(planned, tmp_path):
     site = Site([0], None, tmp_path / "state")
-    site.handle("start", 0, strip_data(planned.frames[0]))      # the aggregator asked for attacks=all
+    site.handle("start", 0, strip_data(planned.frames[0]))  # the aggregator asked for attacks=all
     assert site.runtimes[0].cfg.attacks == []
     assert wire.unpack(site.handle("evaluate", 0, wire.pack({"round": 0})))
-    for method, request in (("attack", wire.pack({"what": "keys"})), ("weights", wire.pack({})),
-                            ("train_on_my_data", b"")):
+    for method, request in (
+        ("attack", wire.pack({"what": "keys"})),
+        ("weights", wire.pack({})),
+        ("train_on_my_data", b""),
+    ):
         with pytest.raises(SiteRefusal, match="does not serve"):
             site.handle(method, 0, request)
     with pytest.raises(SiteRefusal, match="serves clients \\[0\\], not client 2"):
@@ -80,7 +84,7 @@ def test_attack_simulation_only_at_a_site_that_opts_in(planned, tmp_path):
     site = Site([0], None, tmp_path, allow_attack_simulation=True)
     site.handle("start", 0, strip_data(planned.frames[0]))
     assert site.runtimes[0].cfg.attacks == ["all"]
-    request = wire.pack({"what": "keys"})      # what the client would hand a coalition it joins
+    request = wire.pack({"what": "keys"})  # what the client would hand a coalition it joins
     assert site.handle("attack", 0, request) == planned.runtimes[0].handle("attack", request)
 
 
@@ -98,7 +102,7 @@ def test_a_protocol_refusal_crosses_the_socket_as_its_class(planned, tmp_path):
     exc = _refusal(got["error"], got["message"], 0)
     assert isinstance(exc, ProtocolError) and type(exc).__name__ == got["error"] and exc.refusing_client == 0
     assert isinstance(_refusal("MalformedMessageError", "x", 1), MalformedMessageError)
-    assert type(_refusal("SystemExit", "x", 1)) is ProtocolError      # only ProtocolError classes are built
+    assert type(_refusal("SystemExit", "x", 1)) is ProtocolError  # only ProtocolError classes are built
     reply, _ = answer(site, {"method": "attack", "client": 0}, wire.pack({"what": "keys"}))
     assert reply["status"] == "error" and reply["error"] == "SiteRefusal"
 

@@ -5,6 +5,7 @@ In-model categories (a third party or a faulty channel) must end rejected with t
 ProtocolError: 0 accepted-wrong, 0 unexpected exceptions.  The full run is
 ``secure-fgl bench --suite fuzz --cases 20000`` (:mod:`secure_fgl.bench.fuzz`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,20 +20,22 @@ from secure_fgl.bench.fuzz import CASES, format_table, run_fuzz
 
 @pytest.fixture(scope="module")
 def records():
-    return run_fuzz(1600, seed=1)           # one protocol object (one CKKS context) per backend
+    return run_fuzz(1600, seed=1)  # one protocol object (one CKKS context) per backend
 
 
 def test_in_model_categories_all_rejected(records):
-    bad = [r for r in records if r["in_model"] and (r["accepted_wrong"] or r["unexpected"]
-                                                    or r["rejected"] != r["cases"])]
+    bad = [
+        r for r in records if r["in_model"] and (r["accepted_wrong"] or r["unexpected"] or r["rejected"] != r["cases"])
+    ]
     assert not bad, format_table(bad)
     assert {r["category"] for r in records} == {c.name for c in CASES}
 
 
 def test_out_of_model_categories_are_reported(records):
     out = [r for r in records if not r["in_model"]]
-    assert out and all(r["unexpected"] == 0 and r["cases"] == r["rejected"] + r["accepted_correct"]
-                       + r["accepted_wrong"] for r in out)
+    assert out and all(
+        r["unexpected"] == 0 and r["cases"] == r["rejected"] + r["accepted_correct"] + r["accepted_wrong"] for r in out
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,11 +49,19 @@ def test_random_bytes_never_parse_as_a_message(data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.binary(max_size=20) | st.text(max_size=10)
-                    | st.floats(allow_nan=False),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
-                    max_leaves=12),
-       st.data())
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.binary(max_size=20)
+        | st.text(max_size=10)
+        | st.floats(allow_nan=False),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+        max_leaves=12,
+    ),
+    st.data(),
+)
 def test_body_codec_round_trip_and_truncation(obj, data):
     body = encode_body(obj)
     assert encode_body(decode_body(body)) == body

@@ -1,5 +1,6 @@
 """Graph-level attacks (issue 19): the gradient inversion of a GIN update, the cut margin of
 GCFL's split, and graph-level runs in the ``--attacks`` runner."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,18 +49,36 @@ def test_inversion_recovers_labels_of_a_matched_update():
     batch = next(iter(DataLoader(client.train, batch_size=len(client.train))))
     loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch), batch.y)
     grad = parameters_to_vector(torch.autograd.grad(loss, list(model.convs.parameters())))
-    _, labels = invert_gin_update(model, start, -grad, [(g.edge_index, g.num_nodes) for g in client.train],
-                                  client.num_features, client.num_classes, iterations=60)
+    _, labels = invert_gin_update(
+        model,
+        start,
+        -grad,
+        [(g.edge_index, g.num_nodes) for g in client.train],
+        client.num_features,
+        client.num_classes,
+        iterations=60,
+    )
     y = np.array([int(g.y) for g in client.train])
     assert (labels.argmax(1) == y).mean() >= np.bincount(y).max() / y.size + 0.2
 
 
 def _finished(mode: str, rounds: int = 2):
     fed = two_task_graphs(4, graphs_per_client=20, seed=0)
-    cfg = RunConfig(algorithm="gcfl", dataset="synthetic-graphs", clients=4, mode=mode, hidden=16, num_layers=3,
-                    lr=1e-2, seed=0, rounds=rounds, options={"eps1": 0.5, "eps2": 0.0})
-    algo = get_algorithm("gcfl")(fed, make_protocol(mode, 4, seed=0), cfg, torch.device("cpu"),
-                                 get_algorithm("gcfl").Options(eps1=0.5, eps2=0.0))
+    cfg = RunConfig(
+        algorithm="gcfl",
+        dataset="synthetic-graphs",
+        clients=4,
+        mode=mode,
+        hidden=16,
+        num_layers=3,
+        lr=1e-2,
+        seed=0,
+        rounds=rounds,
+        options={"eps1": 0.5, "eps2": 0.0},
+    )
+    algo = get_algorithm("gcfl")(
+        fed, make_protocol(mode, 4, seed=0), cfg, torch.device("cpu"), get_algorithm("gcfl").Options(eps1=0.5, eps2=0.0)
+    )
     algo.last_eval = [{"test_acc": 0.5}] * 4
     for rnd in range(rounds):
         algo.train_round(rnd)
@@ -69,14 +88,23 @@ def _finished(mode: str, rounds: int = 2):
 @pytest.mark.parametrize("mode", ["plain", "ckks"])
 def test_graph_runs_in_the_attack_runner(mode):
     names = resolve_names(["all"], "gcfl", graph_level=True)
-    assert set(names) == {"gin_gradient_inversion", "gcfl_same_dataset", "graph_property"}   # node-level ones stay out
+    assert set(names) == {"gin_gradient_inversion", "gcfl_same_dataset", "graph_property"}  # node-level ones stay out
     fed, cfg, algo = _finished(mode)
-    entries = {e["name"]: e for e in run_attacks(["all"], algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg,
-                                                 options={"gin_gradient_inversion": {"iterations": 5}})}
+    entries = {
+        e["name"]: e
+        for e in run_attacks(
+            ["all"],
+            algo=algo,
+            protocol=algo.protocol,
+            fed=fed,
+            cfg=cfg,
+            options={"gin_gradient_inversion": {"iterations": 5}},
+        )
+    }
     inversion, same = entries["gin_gradient_inversion"], entries["gcfl_same_dataset"]
     if mode == "plain":
         assert inversion["applicable"] and inversion["metric"] == "label_acc" and inversion["round"] == 1
         assert 0 <= inversion["value"] <= 1 and 0.5 <= inversion["chance"] <= 1
         assert same["applicable"] and 0 <= same["value"] <= 1 and same["chance"] == 0.5
-    else:                        # ciphertext uploads, and no split yet: the server reads nothing
+    else:  # ciphertext uploads, and no split yet: the server reads nothing
         assert not inversion["applicable"] and not same["applicable"]

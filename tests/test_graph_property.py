@@ -1,6 +1,7 @@
 """Graph-property inference on graph-level clients (attacks.graph_property): a planted property
 (half of the clients hold only dense graphs) is separated above chance from the plaintext
 updates, and a server that reads no update (mask) gets nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,19 @@ PLANTED = [1.0 if (k // 2) % 2 == 0 else 0.0 for k in range(CLIENTS)]
 
 
 def attack_entry(mode: str) -> dict:
-    cfg = RunConfig(algorithm="gc-fedavg", mode=mode, dataset="synthetic-graphs", clients=CLIENTS, rounds=1,
-                    hidden=16, num_layers=3, lr=1e-2, seed=0, synthetic={"dense_share": PLANTED},
-                    attacks=["graph_property"])
+    cfg = RunConfig(
+        algorithm="gc-fedavg",
+        mode=mode,
+        dataset="synthetic-graphs",
+        clients=CLIENTS,
+        rounds=1,
+        hidden=16,
+        num_layers=3,
+        lr=1e-2,
+        seed=0,
+        synthetic={"dense_share": PLANTED},
+        attacks=["graph_property"],
+    )
     return next(e for e in run_experiment(cfg, progress=False)["attacks"] if e["name"] == "graph_property")
 
 

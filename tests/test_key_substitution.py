@@ -6,6 +6,7 @@ secret it aimed at; against the manifest-pinned, owner-signed keys each aborts w
 :class:`~protocols.errors.KeySubstitutionError` (or, for diverging manifests, a
 :class:`~protocols.errors.ReplayError`) before the secret leaves its owner.
 """
+
 from dataclasses import replace
 
 import numpy as np
@@ -42,8 +43,11 @@ def _with_server(mode: str, server_cls, **options):
 
 def _relayed_secrets(proto, stage: str):
     """Messages client 0 relayed at ``stage`` (the dealt secret) in the server's transcript."""
-    return [m for m in proto.transcript.view(SERVER)
-            if m.relay == SERVER and m.sender == "client0" and envelope_of(m).stage == stage]
+    return [
+        m
+        for m in proto.transcript.view(SERVER)
+        if m.relay == SERVER and m.sender == "client0" and envelope_of(m).stage == stage
+    ]
 
 
 def directory_forger(mode: str, *, resign: bool, identity: bool = False):
@@ -62,8 +66,9 @@ def directory_forger(mode: str, *, resign: bool, identity: bool = False):
                     entry["signing"] = impostor.public_bytes
                 if resign or identity:
                     signer = impostor if identity else self.signing
-                    entry["channel_signature"] = sign_public_key(signer, "channel", self.setup.run_id, "client1",
-                                                                 self.mitm.public_bytes)
+                    entry["channel_signature"] = sign_public_key(
+                        signer, "channel", self.setup.run_id, "client1", self.mitm.public_bytes
+                    )
                 msg = replace(msg, payload={**msg.payload, "client1": entry})
             return super()._outgoing(msg, stage, part, intercept)
 
@@ -71,13 +76,19 @@ def directory_forger(mode: str, *, resign: bool, identity: bool = False):
 
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
-@pytest.mark.parametrize("resign,identity", [(True, False), (False, False), (True, True)],
-                         ids=["channel_key_server_signed", "channel_key_owner_signature_kept", "identity_key"])
+@pytest.mark.parametrize(
+    "resign,identity",
+    [(True, False), (False, False), (True, True)],
+    ids=["channel_key_server_signed", "channel_key_owner_signature_kept", "identity_key"],
+)
 def test_substituted_directory_key_never_receives_the_dealt_secret(mode, resign, identity):
     """The measured attack: the server's channel key in client0's directory opened the relayed
     CKKS secret context / mask group seed.  Now client0 refuses the directory: nothing is dealt."""
-    proto = _with_server(mode, directory_forger(mode, resign=resign, identity=identity),
-                         **({"params": "n4096"} if mode == "ckks" else {}))
+    proto = _with_server(
+        mode,
+        directory_forger(mode, resign=resign, identity=identity),
+        **({"params": "n4096"} if mode == "ckks" else {}),
+    )
     with pytest.raises(KeySubstitutionError, match="client1"):
         proto.weighted_sum("w", 0, _values(), spec=SPEC)
     assert _relayed_secrets(proto, DEALT[mode]) == []
@@ -88,26 +99,29 @@ def test_control_trust_on_first_use_hands_the_server_the_dealt_secret(mode):
     """The same forger against clients that trust on first use (the former registration):
     client0 encrypts the mask group seed G / the CKKS secret context to the server's key, and
     the server opens it."""
-    proto = _with_server(mode, directory_forger(mode, resign=True, identity=True),
-                         **({"params": "n4096"} if mode == "ckks" else {}))
+    proto = _with_server(
+        mode, directory_forger(mode, resign=True, identity=True), **({"params": "n4096"} if mode == "ckks" else {})
+    )
     for k in range(K):
         half = proto.client_half(k, proto.setup.to_bytes())
         half.signing, half.trust_on_first_use = proto.clients[k].signing, True
         proto.clients[k] = proto.link.halves[k] = half
     with pytest.warns(RuntimeWarning, match="trust on first use"), pytest.raises(ProtocolError):
-        proto.weighted_sum("w", 0, _values(), spec=SPEC)     # client1 cannot open what was sealed to the server
+        proto.weighted_sum("w", 0, _values(), spec=SPEC)  # client1 cannot open what was sealed to the server
     to_victim = [m for m in _relayed_secrets(proto, DEALT[mode]) if m.receiver == "client1"]
     assert len(to_victim) == 1
     m, run_id = to_victim[0], proto.setup.run_id
-    ad = associated_data(run_id, proto.session, envelope_of(m).exchange, m.round, m.tag, DEALT[mode], "client0",
-                         "client1")
+    ad = associated_data(
+        run_id, proto.session, envelope_of(m).exchange, m.round, m.tag, DEALT[mode], "client0", "client1"
+    )
     opened = proto.server.mitm.open("client0", proto.clients[0].channel.public_bytes, run_id, m.payload, ad, {})
     if mode == "mask":
         assert opened == proto.clients[0].group_seed
     else:
         import tenseal as ts
+
         n = int.from_bytes(opened[:4], "big")
-        assert ts.context_from(opened[4:4 + n]).has_secret_key()
+        assert ts.context_from(opened[4 : 4 + n]).has_secret_key()
 
 
 def test_substituted_mask_key_is_refused():
@@ -117,8 +131,12 @@ def test_substituted_mask_key_is_refused():
 
     class MaskKeyForger(base):
         def _outgoing(self, msg, stage, part, intercept=None):
-            if stage == "advertise_keys" and msg.receiver == "client0" and isinstance(msg.payload, dict) \
-                    and 1 in msg.payload:
+            if (
+                stage == "advertise_keys"
+                and msg.receiver == "client0"
+                and isinstance(msg.payload, dict)
+                and 1 in msg.payload
+            ):
                 self.mitm = MaskKeyPair.generate()
                 forged = signed_mask_key(self.signing, self.setup.run_id, "client1", self.mitm.public_bytes)
                 msg = replace(msg, payload={**msg.payload, 1: forged})
@@ -151,8 +169,9 @@ def test_diverging_manifests_abort_in_the_first_exchange(mode):
     """Client 2 holds a manifest that differs in one security parameter: its run id differs, so
     it refuses the server's first message and nothing of this run is aggregated."""
     proto = make_protocol(mode, K)
-    theirs = Manifest.from_dict({**proto.manifest.to_dict(),
-                                 "security": {**proto.manifest.security, "sample_seed": 12345}})
+    theirs = Manifest.from_dict(
+        {**proto.manifest.to_dict(), "security": {**proto.manifest.security, "sample_seed": 12345}}
+    )
     assert theirs.run_id != proto.manifest.run_id
     setup = PartySetup(proto.mode, K, theirs.run_id, proto.session, proto.public_options())
     half = proto.client_half(2, setup.to_bytes())

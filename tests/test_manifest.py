@@ -1,4 +1,5 @@
 """The run manifest: canonical bytes, run id, comparison code; ``secure-fgl keys`` / ``manifest``."""
+
 import json
 import stat
 
@@ -21,12 +22,19 @@ def test_canonical_bytes_and_digest_do_not_depend_on_field_order():
     shuffled = json.dumps({k: doc[k] for k in reversed(list(doc))}, indent=2).encode()
     again = Manifest.from_bytes(shuffled)
     assert again == m and again.to_bytes() == m.to_bytes() and again.run_id == m.run_id
-    assert len(m.run_id) == 16 and len(m.comparison_code) == 39          # 32 base32 characters (160 bits), 8 groups
+    assert len(m.run_id) == 16 and len(m.comparison_code) == 39  # 32 base32 characters (160 bits), 8 groups
 
 
-@pytest.mark.parametrize("field,value", [("mode", "ckks"), ("options", {"b": 2, "a": [1, 2]}),
-                                         ("security", {"colluders": 2}), ("schedule", "cd" * 32),
-                                         ("nonce", "00" * 16)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("mode", "ckks"),
+        ("options", {"b": 2, "a": [1, 2]}),
+        ("security", {"colluders": 2}),
+        ("schedule", "cd" * 32),
+        ("nonce", "00" * 16),
+    ],
+)
 def test_every_field_changes_the_run_id_and_the_code(field, value):
     m = Manifest.new("mask", _parties(), {"b": 1, "a": [1, 2]}, {"colluders": 1}, "ab" * 32)
     other = Manifest.from_dict({**m.to_dict(), field: value})
@@ -39,8 +47,10 @@ def test_a_changed_fingerprint_changes_the_run_id():
     assert other.run_id != m.run_id
 
 
-@pytest.mark.parametrize("parties", [{"client0": "0" * 64}, {"server": "0" * 64, "client1": "0" * 64},
-                                     {"server": "0" * 64, "client0": "XYZ"}])
+@pytest.mark.parametrize(
+    "parties",
+    [{"client0": "0" * 64}, {"server": "0" * 64, "client1": "0" * 64}, {"server": "0" * 64, "client0": "XYZ"}],
+)
 def test_malformed_party_lists_are_refused(parties):
     with pytest.raises(ConfigurationError):
         Manifest.new("mask", parties)
@@ -64,7 +74,7 @@ def test_keys_new_writes_an_owner_only_key_and_prints_its_fingerprint(tmp_path, 
     fingerprint = SigningKey.load(key_file).fingerprint
     assert f"fingerprint:  {fingerprint}" in printed
     assert main(["keys", "show", str(tmp_path / "site")]) == 0 and capsys.readouterr().out.strip() == fingerprint
-    assert main(["keys", "new", "--out", str(tmp_path / "site")]) == 2        # never overwritten
+    assert main(["keys", "new", "--out", str(tmp_path / "site")]) == 2  # never overwritten
     assert SigningKey.load(key_file).fingerprint == fingerprint
 
 
@@ -84,12 +94,12 @@ def test_manifest_new_and_verify(tmp_path, capsys):
     verify = ["manifest", "verify", str(out), "--config", str(config)]
     assert main(verify + ["--key", str(tmp_path / "client1"), "--as", "client1"]) == 0
     assert code in capsys.readouterr().out
-    assert main(verify + ["--key", str(tmp_path / "client1"), "--as", "client0"]) == 2      # not client0's key
+    assert main(verify + ["--key", str(tmp_path / "client1"), "--as", "client0"]) == 2  # not client0's key
     assert "client0's fingerprint" in capsys.readouterr().err
     config.write_text(json.dumps({"mode": "mask", "clients": 2, "dataset": "synthetic", "seed": 7}))
-    assert main(verify) == 2                                                    # another schedule / seed
+    assert main(verify) == 2  # another schedule / seed
     assert "sample_seed" in capsys.readouterr().err
-    assert main(["manifest", "verify", str(tmp_path / "missing.json")]) == 2                  # one line, no traceback
+    assert main(["manifest", "verify", str(tmp_path / "missing.json")]) == 2  # one line, no traceback
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -99,8 +109,16 @@ def test_result_records_the_keys_each_client_accepted(executor):
     server's) is what result.json records, and it holds the manifest's identity keys."""
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    cfg = RunConfig(algorithm="fedavg", dataset="sbm", clients=3, mode="mask", rounds=1, executor=executor,
-                    synthetic={"num_nodes": 200, "num_features": 16})
+
+    cfg = RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        clients=3,
+        mode="mask",
+        rounds=1,
+        executor=executor,
+        synthetic={"num_nodes": 200, "num_features": 16},
+    )
     result = run_experiment(cfg, progress=False)
     accepted = result["key_fingerprints"]
     assert sorted(accepted) == ["client0", "client1", "client2"]

@@ -1,4 +1,5 @@
 """Owner-signed public keys: a relayed key verifies only under its owner's identity key."""
+
 import pytest
 
 from protocols.auth import KeyRegistry, SigningKey, check_public_key, sign_public_key
@@ -32,7 +33,7 @@ def test_substituted_key_is_refused(change):
         kind = "mask"
     elif change == "run":
         run = b"s" * 16
-    else:   # the relaying server signs a key of its own choosing in client0's name
+    else:  # the relaying server signs a key of its own choosing in client0's name
         key = b"x" * 32
         sig = sign_public_key(server, "channel", RUN, "client0", key)
     with pytest.raises(KeySubstitutionError):

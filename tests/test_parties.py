@@ -1,4 +1,5 @@
 """Backends split into client and server halves: only bytes cross the link, and what each half holds."""
+
 from __future__ import annotations
 
 import gc
@@ -84,9 +85,9 @@ def test_client_half_holds_nothing_of_another_client(mode):
         for j, other in proto.clients.items():
             if j != k:
                 assert not {id(other), id(other.signing), id(other.channel)} & mine
-                assert not {id(tables[j]), id(tables[j].values)} & mine      # another client's contribution
+                assert not {id(tables[j]), id(tables[j].values)} & mine  # another client's contribution
         assert not {id(proto.server), id(proto.server.signing), id(proto.server.transcript), id(ctx)} & mine
-        assert not {id(out[j][0]) for j in out if j != k} & mine                # nor another's result
+        assert not {id(out[j][0]) for j in out if j != k} & mine  # nor another's result
 
 
 def test_client_half_is_built_from_public_bytes_only():
@@ -94,7 +95,7 @@ def test_client_half_is_built_from_public_bytes_only():
     setup = proto.setup.to_bytes()
     assert isinstance(setup, bytes) and proto.clients[0].setup == proto.clients[1].setup
     fresh = type(proto.clients[0])(0, setup)
-    assert fresh.signing.public_bytes != proto.clients[0].signing.public_bytes    # keys made inside, fresh
+    assert fresh.signing.public_bytes != proto.clients[0].signing.public_bytes  # keys made inside, fresh
 
 
 def test_dropped_client_is_named_not_waited_for():
@@ -110,16 +111,16 @@ def test_dropped_client_is_named_not_waited_for():
         plain.link.drop(k, "upload")
     with pytest.raises(DropoutError, match=r"client\(s\) 0, 1, 2 did not upload \(every contributor dropped\)"):
         plain.weighted_sum("x/t", 1, x, spec=SPEC)
-    mask = make_protocol("mask", 3)                 # t = 2 of 3
+    mask = make_protocol("mask", 3)  # t = 2 of 3
     mask.weighted_sum("x/t", 0, x, spec=SPEC)
-    mask.link.drop(1, "masked_upload")              # gone from its upload on, in this and later exchanges
+    mask.link.drop(1, "masked_upload")  # gone from its upload on, in this and later exchanges
     got = mask.weighted_sum("x/t", 1, x, spec=SPEC, recipients=[0, 2])
     assert mask.last_included == (0, 2) and np.allclose(got, x[0] + x[2], atol=1e-4)
     mask.link.drop(2, "masked_upload")
     with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 dropped out") as err:
         mask.weighted_sum("x/t", 2, x, spec=SPEC, recipients=[0])
     assert err.value.clients == (1, 2)
-    ckks = make_protocol("ckks", 3)                 # shared key: the survivors' sum
+    ckks = make_protocol("ckks", 3)  # shared key: the survivors' sum
     ckks.link.drop(2, "upload")
     got = ckks.weighted_sum("x/t", 0, x, spec=SPEC, recipients=[0, 1])
     assert np.allclose(got, x[0] + x[1], atol=1e-3)
@@ -137,8 +138,9 @@ def test_ckks_mp_missing_partial_decryption_is_named():
     proto = make_protocol("ckks-mp", 3)
     proto.weighted_sum("x/t", 0, x, spec=SPEC)
     proto.link.drop(2, "keyswitch")
-    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its key-switching \(partial decryption\)"
-                       ) as err:
+    with pytest.raises(
+        DropoutError, match=r"client\(s\) 2 did not send its key-switching \(partial decryption\)"
+    ) as err:
         proto.weighted_sum("x/t", 1, {0: x[0], 1: x[1]}, spec=SPEC, recipients=[0, 1])
     assert err.value.clients == (2,)
     assert all(c._result is None or c._result[0] != c.plan.exchange for c in proto.clients.values())
@@ -162,8 +164,10 @@ def test_registry_lists_every_backend_once():
     assert backend("MASK").upload_kind == "masked"
     with pytest.raises(ConfigurationError, match="choose one of plain, ckks, mask, ckks-mp"):
         make_protocol("rot13", 2)
-    from secure_fgl.config import RunConfig
     from dataclasses import fields
+
+    from secure_fgl.config import RunConfig
+
     assert tuple(f.metadata.get("choices", ()) for f in fields(RunConfig) if f.name == "mode")[0] == modes()
 
 
@@ -197,10 +201,14 @@ def test_mask_exchange_after_a_refused_upload_starts_clean():
     the self-mask shares relayed to them: each client reads its bundle anyway (as over a parallel
     link), so the next exchange finds no stale message and sums correctly."""
     import dataclasses
+
     values = {k: np.full(50, 0.25 * (k + 1)) for k in range(3)}
     proto = make_protocol("mask", 3)
-    proto.intercept = lambda m: dataclasses.replace(m, round=m.round + 1) \
-        if m.sender == "client0" and m.receiver == SERVER and m.kind == "masked" else m
+    proto.intercept = lambda m: (
+        dataclasses.replace(m, round=m.round + 1)
+        if m.sender == "client0" and m.receiver == SERVER and m.kind == "masked"
+        else m
+    )
     with pytest.raises(IntegrityError, match="client 0"):
         proto.weighted_sum("t", 0, values)
     proto.intercept = None

@@ -10,6 +10,7 @@ two worker raylets on 127.0.0.1), clients pinned to the two worker nodes by reso
 Every wait is bounded (``--round-timeout``, ``wait_for_nodes``) and the cluster is shut down in
 teardown.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,17 +26,18 @@ from secure_fgl.runtime import build, ray_executor  # noqa: E402
 from secure_fgl.runtime.ray_executor import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.slow
-PINNED = "site_a:0-2;site_b:3,4"        # clients 0-2 on node A, 3-4 on node B
-TIMEOUT = 120.0                          # seconds a call may take before its silent clients are dropouts
+PINNED = "site_a:0-2;site_b:3,4"  # clients 0-2 on node A, 3-4 on node B
+TIMEOUT = 120.0  # seconds a call may take before its silent clients are dropouts
 
 
 @pytest.fixture
 def nodes():
     from ray.cluster_utils import Cluster
+
     if ray.is_initialized():
         ray.shutdown()
-    ray_executor._IDLE_HOSTS.clear()             # actors of an earlier module's cluster, gone with it
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})   # the driver's node hosts no actor
+    ray_executor._IDLE_HOSTS.clear()  # actors of an earlier module's cluster, gone with it
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's node hosts no actor
     node_a = cluster.add_node(num_cpus=1, resources={"site_a": 1})
     node_b = cluster.add_node(num_cpus=1, resources={"site_b": 1})
     try:
@@ -48,9 +50,20 @@ def nodes():
 
 
 def config(mode: str, cluster, **kw) -> RunConfig:
-    return RunConfig(algorithm="fedavg", dataset="sbm", clients=5, mode=mode, rounds=3, executor="ray",
-                     ray_address=cluster.address, ray_client_resources=PINNED, round_timeout=TIMEOUT,
-                     partition="iid", synthetic={"num_nodes": 200, "num_features": 16}, **kw).validate()
+    return RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        clients=5,
+        mode=mode,
+        rounds=3,
+        executor="ray",
+        ray_address=cluster.address,
+        ray_client_resources=PINNED,
+        round_timeout=TIMEOUT,
+        partition="iid",
+        synthetic={"num_nodes": 200, "num_features": 16},
+        **kw,
+    ).validate()
 
 
 class NodeKillingExecutor(RayExecutor):
@@ -79,7 +92,7 @@ class NodeKillingExecutor(RayExecutor):
                 try:
                     self.ray.get(actor.memory.remote(), timeout=5)
                 except self.ray.exceptions.GetTimeoutError:
-                    pass                                        # silent, not yet reported dead: ask again
+                    pass  # silent, not yet reported dead: ask again
                 except self.ray.exceptions.RayError:
                     break
                 assert time.monotonic() < deadline, "an actor of the removed node still answers"
@@ -88,11 +101,20 @@ class NodeKillingExecutor(RayExecutor):
 
 def killing(cluster, node, method, at_round, made: list | None = None):
     """A ``make_executor`` whose executor removes ``node`` (each one made is appended to ``made``)."""
+
     def make(cfg, device="cpu"):
-        executor = NodeKillingExecutor(cluster, node, method, at_round, address=cfg.ray_address,
-                                       round_timeout=cfg.round_timeout, client_resources=build.client_resources(cfg))
+        executor = NodeKillingExecutor(
+            cluster,
+            node,
+            method,
+            at_round,
+            address=cfg.ray_address,
+            round_timeout=cfg.round_timeout,
+            client_resources=build.client_resources(cfg),
+        )
         (made if made is not None else []).append(executor)
         return executor
+
     return make
 
 
@@ -105,13 +127,13 @@ def test_mask_finishes_the_round_without_the_dead_nodes_clients(nodes):
     strategy = build.make_strategy(cfg, fed, protocol, {}, executor)
     try:
         on = executor.resources()
-        assert {on[k]["node"] for k in (0, 1, 2)} != {on[k]["node"] for k in (3, 4)}   # two nodes
+        assert {on[k]["node"] for k in (0, 1, 2)} != {on[k]["node"] for k in (3, 4)}  # two nodes
         strategy.train_round(0)
         assert protocol.last_included == (0, 1, 2, 3, 4)
         with pytest.warns(RuntimeWarning, match=r"client\(s\) \[3, 4\] lost in half:masked_upload of round 1"):
             strategy.train_round(1)
-        assert protocol.last_included == (0, 1, 2)          # the survivors' sum, by Shamir recovery
-        strategy.train_round(2)                             # the next round runs without them
+        assert protocol.last_included == (0, 1, 2)  # the survivors' sum, by Shamir recovery
+        strategy.train_round(2)  # the next round runs without them
         assert protocol.last_included == (0, 1, 2) and sorted(strategy.lost) == [3, 4]
     finally:
         executor.shutdown()
@@ -122,12 +144,14 @@ def test_ckks_mp_stops_cleanly_and_resume_continues_from_the_checkpoint(nodes, t
     out = str(tmp_path / "run")
     made: list = []
     monkeypatch.setattr(build, "make_executor", killing(cluster, node_b, "half:upload", at_round=1, made=made))
-    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[3, 4\] lost"), \
-            pytest.raises(DropoutError, match=r"client\(s\) 3, 4 did not send"):
+    with (
+        pytest.warns(RuntimeWarning, match=r"client\(s\) \[3, 4\] lost"),
+        pytest.raises(DropoutError, match=r"client\(s\) 3, 4 did not send"),
+    ):
         run_experiment(config("ckks-mp", cluster, out=out), progress=False)
     monkeypatch.undo()
-    made[0].shutdown()                                           # the driver process would have exited
-    cluster.add_node(num_cpus=1, resources={"site_b": 1})       # the site's machine is back
+    made[0].shutdown()  # the driver process would have exited
+    cluster.add_node(num_cpus=1, resources={"site_b": 1})  # the site's machine is back
     cluster.wait_for_nodes(timeout=TIMEOUT)
     resumed = run_experiment(config("ckks-mp", cluster, out=out, resume=True), progress=False)
     assert [r["round"] for r in resumed["rounds"]] == [0, 1, 2] and resumed["final"]["clients_lost"] == {}

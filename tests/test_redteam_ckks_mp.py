@@ -1,6 +1,7 @@
 """Red-team attacks on ckks-mp and the signed envelopes by a server that deviates (plus colluding
 clients): each is a malicious server half (a subclass of the honest one; the clients' code is never
 changed) and either aborts with a specific ProtocolError at an honest client or learns nothing."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,7 @@ class SplitView(CKKSMPServer):
 
     def run(self, plan, link):
         self._announced = plan.contributors
-        return super().run(replace(plan, contributors=tuple(c for c in plan.contributors if c != self.excluded)),
-                           link)
+        return super().run(replace(plan, contributors=tuple(c for c in plan.contributors if c != self.excluded)), link)
 
     def begin(self, plan, link, fingerprint, extra=()):
         self.plan, self.exchange = plan, plan.exchange
@@ -73,7 +73,7 @@ def test_a_client_told_it_does_not_contribute_cannot_isolate_the_victim():
     views = {k: common_plan_digest(c.plan) for k, c in p.clients.items()}
     assert views[0] == views[2] != views[1]
 
-    control = protocol_with(OneView).weighted_sum("w", 0, x, spec=FLOATS)    # the machinery is sound
+    control = protocol_with(OneView).weighted_sum("w", 0, x, spec=FLOATS)  # the machinery is sound
     assert np.abs(control - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
 
 
@@ -87,8 +87,11 @@ class TwoBroadcastLabels(CKKSMPServer):
             for batch in messages.values():
                 msg, part = batch[0]
                 blocks = np.asarray(msg.payload["blocks"])
-                payload = {**msg.payload, "groups": np.array([[-2, blocks.size], [-3, blocks.size]]),
-                           "blocks": np.concatenate([blocks, blocks])}
+                payload = {
+                    **msg.payload,
+                    "groups": np.array([[-2, blocks.size], [-3, blocks.size]]),
+                    "blocks": np.concatenate([blocks, blocks]),
+                }
                 batch[0] = (replace(msg, payload=payload, shape=(2, 2)), part)
         return super().call(link, stage, messages, hook=hook)
 
@@ -121,15 +124,16 @@ class ForeignSession(CKKSMPServer):
 
 def test_a_server_message_of_another_session_does_not_move_the_exchange_number():
     from protocols.errors import ProtocolError
+
     p = protocol_with(ForeignSession)
     x = inputs()
-    p.weighted_sum("a", 0, x, spec=FLOATS, recipients=[0])   # the packet waits in client 1's next bundle
-    try:                                     # refusing the exchange it arrives in is allowed
+    p.weighted_sum("a", 0, x, spec=FLOATS, recipients=[0])  # the packet waits in client 1's next bundle
+    try:  # refusing the exchange it arrives in is allowed
         p.weighted_sum("b", 1, x, spec=FLOATS)
     except ProtocolError:
         pass
-    assert p.clients[1].exchange == p.clients[0].exchange      # moving the counter is not
-    third = p.weighted_sum("c", 2, x, spec=FLOATS)            # and the exchanges after it still run
+    assert p.clients[1].exchange == p.clients[0].exchange  # moving the counter is not
+    third = p.weighted_sum("c", 2, x, spec=FLOATS)  # and the exchanges after it still run
     assert np.abs(third - sum(x.values())).max() <= 2 * K * FLOATS.tolerance
 
 
@@ -160,8 +164,9 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
 
     def delivery_correlation(p, tag):
         plan = p.plan(spec, block_len=4000)
-        msg = next(m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2))
-                   if m.kind == "ciphertext")
+        msg = next(
+            m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2)) if m.kind == "ciphertext"
+        )
         ct = encryption.from_bytes(p.ring, msg.payload["data"], (1, 2, plan.level, p.params.n))[0]
         opened = encryption.decrypt(p.ring, p._clients[2]._broadcast.s_hat, ct)
         used = encoding.used_coefficients(plan, 4000)
@@ -177,7 +182,7 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
     assert corr < 5 / np.sqrt(used)
 
     honest = CKKSMPProtocol(K)
-    vals[1] = np.zeros(4000)                        # the honest sum then equals m_0 + m_2
+    vals[1] = np.zeros(4000)  # the honest sum then equals m_0 + m_2
     honest.weighted_sum("v", 0, vals, spec=spec)
     assert delivery_correlation(honest, "v")[0] > 0.999
 
@@ -208,8 +213,12 @@ def detour_server(base, shape: str):
 
     def run(self, plan, link):
         if shape == "pairwise":
-            detour = replace(plan, contributors=(0, 2), requests={2: np.zeros(1, np.int64)},
-                             encoding={"shape": "pairwise", "decider": 2})
+            detour = replace(
+                plan,
+                contributors=(0, 2),
+                requests={2: np.zeros(1, np.int64)},
+                encoding={"shape": "pairwise", "decider": 2},
+            )
             self.begin(detour, link, "")
             self.call(link, "key_setup", {2: []})
             stage, kind = "upload", "ciphertext"
@@ -231,6 +240,7 @@ def what_the_coalition_reads(p, shape):
         return None
     if shape == "pairwise":
         import tenseal as ts
+
         return np.array(ts.ckks_vector_from(p.clients[2].pairwise_secret[1], stolen["frames"][0]).decrypt()[:8])
     return np.asarray(stolen, dtype=float)
 
@@ -238,6 +248,7 @@ def what_the_coalition_reads(p, shape):
 def _mask_protocol(server):
     from protocols.mask import MaskProtocol
     from protocols.mask.backend import MaskServer
+
     return type("Attacked", (MaskProtocol,), {"server_half": detour_server(MaskServer, server)})(K)
 
 
@@ -245,18 +256,21 @@ def _mp_protocol(server):
     return protocol_with(detour_server(CKKSMPServer, server))
 
 
-
-@pytest.mark.parametrize("make,shape", [
-    (_mp_protocol, "pairwise"),
-    (_mask_protocol, "pairwise"),          # refused by the framing: 'key_setup' is no stage of mask
-    (_mp_protocol, "report"),             # refused: the tag is not one its owner reports in the clear
-    (_mask_protocol, "report"),
-])
+@pytest.mark.parametrize(
+    "make,shape",
+    [
+        (_mp_protocol, "pairwise"),
+        (_mask_protocol, "pairwise"),  # refused by the framing: 'key_setup' is no stage of mask
+        (_mp_protocol, "report"),  # refused: the tag is not one its owner reports in the clear
+        (_mask_protocol, "report"),
+    ],
+)
 def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make, shape):
     """Server (+ the decider) against client 0: the exchange of tag 'w' is replaced by a pairwise or a
     report step for the same tag.  Required: a refusal before anything is sent, so the coalition
     reads nothing of client 0's contribution."""
     from protocols.errors import ProtocolError
+
     p = make(shape)
     x = inputs()
     with pytest.raises(ProtocolError):
@@ -281,6 +295,7 @@ class RewoundExchange(CKKSMPServer):
 def test_an_exchange_number_is_never_used_twice():
     from protocols.errors import ReplayError
     from protocols.transcript import SERVER
+
     p = protocol_with(RewoundExchange)
     p.weighted_sum("first", 0, inputs(0), spec=FLOATS)
     with pytest.raises(ReplayError):

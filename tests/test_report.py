@@ -1,5 +1,6 @@
 """The privacy/utility report: a tiny sweep produces report.md, report.html and PNG figures,
 resumes without rerunning, and every number comes from the run files."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from secure_fgl.report.cli import main as report_main
 from secure_fgl.report.sweep import SweepSpec, load_runs, parse_epsilon, run_id, run_sweep
 
 
-
 def test_parse_epsilon_and_run_ids():
     assert parse_epsilon("inf") is None and parse_epsilon(None) is None and parse_epsilon(math.inf) is None
     assert parse_epsilon("2") == 2.0
@@ -23,28 +23,50 @@ def test_parse_epsilon_and_run_ids():
 
 
 def _fake_result(mode, eps, value, applicable=True, at_chance=None, acc=0.8, seed=0):
-    entry = {"name": "fedgcn_readout", "observer": "server", "exchange": "fedgcn/*", "metric": "exposure_rate",
-             "value": value if applicable else None, "chance": 0.0, "applicable": applicable,
-             "higher_is_leakier": True, "knowledge": ["public"]}
+    entry = {
+        "name": "fedgcn_readout",
+        "observer": "server",
+        "exchange": "fedgcn/*",
+        "metric": "exposure_rate",
+        "value": value if applicable else None,
+        "chance": 0.0,
+        "applicable": applicable,
+        "higher_is_leakier": True,
+        "knowledge": ["public"],
+    }
     if at_chance is not None:
         entry["at_chance"] = at_chance
-    audit = {"name": "transcript_audit", "observer": "server", "metric": "passed",
-             "value": 0.0 if mode == "plain" else (1.0 if at_chance else 0.0), "applicable": True, "failures": []}
-    return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": mode, "dp_epsilon": eps, "seed": seed},
-            "final": {"test_acc": acc}, "attacks": [audit, entry], "comm": {"bytes_up": 1e6, "bytes_down": 2e6},
-            "time": {"total": 1.0, "setup": 0.1, "train": 0.5}, "privacy": None}
+    audit = {
+        "name": "transcript_audit",
+        "observer": "server",
+        "metric": "passed",
+        "value": 0.0 if mode == "plain" else (1.0 if at_chance else 0.0),
+        "applicable": True,
+        "failures": [],
+    }
+    return {
+        "config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": mode, "dp_epsilon": eps, "seed": seed},
+        "final": {"test_acc": acc},
+        "attacks": [audit, entry],
+        "comm": {"bytes_up": 1e6, "bytes_down": 2e6},
+        "time": {"total": 1.0, "setup": 0.1, "train": 0.5},
+        "privacy": None,
+    }
 
 
 def test_leakage_matrix_cells():
-    res = [_fake_result("plain", None, 0.8), _fake_result("plain", None, 0.6, seed=1),
-           _fake_result("mask", None, None, applicable=False, at_chance=True),
-           _fake_result("ckks", None, None, applicable=False, at_chance=False),
-           _fake_result("plain", 1.0, 0.1, acc=0.5)]
+    res = [
+        _fake_result("plain", None, 0.8),
+        _fake_result("plain", None, 0.6, seed=1),
+        _fake_result("mask", None, None, applicable=False, at_chance=True),
+        _fake_result("ckks", None, None, applicable=False, at_chance=False),
+        _fake_result("plain", 1.0, 0.1, acc=0.5),
+    ]
     t = tables.leakage_matrix(res, "fedgcn", "sbm")
     assert t.header[1:] == ["plain", "plain ε=1", "ckks", "mask", "chance"]
     row = t.rows[0]
     assert row[1] == "0.700 ± 0.141" and row[2] == "0.100"
-    assert row[3] == "n/a" and row[4] == "n/a (chance)"      # at chance only when the audit passed
+    assert row[3] == "n/a" and row[4] == "n/a (chance)"  # at chance only when the audit passed
     assert t.rows[-1][0] == "test accuracy" and t.rows[-1][2] == "0.500"
     md = t.to_markdown()
     assert "| fedgcn_readout (server): exposure_rate |" in md
@@ -54,10 +76,29 @@ def test_leakage_matrix_cells():
 
 def test_tiny_report_sweep(tmp_path):
     out = tmp_path / "rep"
-    argv = ["--algorithms", "fedgcn", "--datasets", "sbm", "--modes", "plain,mask", "--dp-epsilons", "inf,2",
-            "--seeds", "1", "--rounds", "2", "--clients", "3", "--partition", "iid",
-            "--synthetic", json.dumps({"num_nodes": 150, "num_features": 30, "avg_degree": 4}),
-            "--out", str(out), "--quiet"]
+    argv = [
+        "--algorithms",
+        "fedgcn",
+        "--datasets",
+        "sbm",
+        "--modes",
+        "plain,mask",
+        "--dp-epsilons",
+        "inf,2",
+        "--seeds",
+        "1",
+        "--rounds",
+        "2",
+        "--clients",
+        "3",
+        "--partition",
+        "iid",
+        "--synthetic",
+        json.dumps({"num_nodes": 150, "num_features": 30, "avg_degree": 4}),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert report_main(argv) == 0
     results, errors = load_runs(out)
     # the mask backend may be absent in a partial checkout: then its cells are recorded failures
@@ -75,11 +116,22 @@ def test_tiny_report_sweep(tmp_path):
     cells = [c.strip() for c in acc_row.strip("|").split("|")[1:-1]]
     assert all(c in accs or c == "—" for c in cells)
     # resumable: a second sweep skips every finished run
-    spec = SweepSpec(algorithms=["fedgcn"], datasets=["sbm"], modes=["plain", "mask"], epsilons=[None, 2.0],
-                     seeds=[0], config={"rounds": 2, "clients": 3, "partition": "iid",
-                                        "synthetic": {"num_nodes": 150, "num_features": 30, "avg_degree": 4}})
-    status = run_sweep(spec, out, progress=False,
-                       runner=lambda cfg: (_ for _ in ()).throw(AssertionError("should not rerun")))
+    spec = SweepSpec(
+        algorithms=["fedgcn"],
+        datasets=["sbm"],
+        modes=["plain", "mask"],
+        epsilons=[None, 2.0],
+        seeds=[0],
+        config={
+            "rounds": 2,
+            "clients": 3,
+            "partition": "iid",
+            "synthetic": {"num_nodes": 150, "num_features": 30, "avg_degree": 4},
+        },
+    )
+    status = run_sweep(
+        spec, out, progress=False, runner=lambda cfg: (_ for _ in ()).throw(AssertionError("should not rerun"))
+    )
     assert sum(s["status"] == "skipped" for s in status) == len(results)
 
 

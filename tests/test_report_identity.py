@@ -1,5 +1,6 @@
 """Run identity: a report never mixes runs made with other settings, a finished run is never
 silently overwritten, unfinished runs are left out (and counted) by every reader."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,32 @@ SYNTH = json.dumps({"num_nodes": 120, "num_features": 20, "avg_degree": 4})
 
 
 def _report(out, rounds, *extra):
-    return report_main(["--algorithms", "fedgcn", "--datasets", "sbm", "--modes", "plain,mask", "--seeds", "2",
-                        "--rounds", str(rounds), "--clients", "3", "--partition", "iid", "--attacks", "none",
-                        "--synthetic", SYNTH, "--out", str(out), "--quiet", *extra])
+    return report_main(
+        [
+            "--algorithms",
+            "fedgcn",
+            "--datasets",
+            "sbm",
+            "--modes",
+            "plain,mask",
+            "--seeds",
+            "2",
+            "--rounds",
+            str(rounds),
+            "--clients",
+            "3",
+            "--partition",
+            "iid",
+            "--attacks",
+            "none",
+            "--synthetic",
+            SYNTH,
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ]
+    )
 
 
 def _rounds_of(folder):
@@ -46,24 +70,24 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
     interrupted.write_text(json.dumps({**result, "status": "attacks_running"}))
     capsys.readouterr()
 
-    assert _report(out, 2) == 0                           # other rounds: nothing of the first sweep is reused
+    assert _report(out, 2) == 0  # other rounds: nothing of the first sweep is reused
     text = capsys.readouterr().out
     assert "0 finished run(s) reused" in text and "holds other settings (rounds: 3 -> 2)" in text
-    assert "plan: estimate" in text and "from 3 past run(s) in --out" in text     # the unfinished one not counted
+    assert "plan: estimate" in text and "from 3 past run(s) in --out" in text  # the unfinished one not counted
     assert "sweep: 4 run(s) done, 0 reused" in text
-    assert all(_rounds_of(out / f) == 3 for f in first)   # the first sweep's runs are untouched
+    assert all(_rounds_of(out / f) == 3 for f in first)  # the first sweep's runs are untouched
     md = (out / "report.md").read_text()
     assert "4 finished run(s)" in md and "| rounds | 2 |" in md and "| rounds | 3 |" not in md
     assert "Left out: 4 run folder(s) of other sweeps" in md
 
-    assert _report(out, 3) == 0                           # back to the first settings: its finished runs return
+    assert _report(out, 3) == 0  # back to the first settings: its finished runs return
     text = capsys.readouterr().out
     assert "3 finished run(s) reused (same settings), 1 to run (1 unfinished, run again)" in text
     assert json.loads(interrupted.read_text())["status"] == "complete"
     md = (out / "report.md").read_text()
     assert "| rounds | 3 |" in md and "| rounds | 2 |" not in md and "4 finished run(s)" in md
 
-    assert _report(out, 3, "--dry-run") == 0              # the plan only
+    assert _report(out, 3, "--dry-run") == 0  # the plan only
     text = capsys.readouterr().out
     assert "plan: 4 finished run(s) reused (same settings), 0 to run" in text and "nothing to run" in text
     assert "sweep:" not in text
@@ -71,8 +95,10 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
 
 def _tiny_run_config(tmp_path, rounds=1):
     cfg = tmp_path / f"run{rounds}.toml"
-    cfg.write_text(f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\nexecutor = 'inline'\n"
-                   "[synthetic]\nnum_nodes = 120\nnum_features = 20\navg_degree = 4\n")
+    cfg.write_text(
+        f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\nexecutor = 'inline'\n"
+        "[synthetic]\nnum_nodes = 120\nnum_features = 20\navg_degree = 4\n"
+    )
     return str(cfg)
 
 
@@ -84,8 +110,7 @@ def test_run_refuses_a_finished_folder_without_overwrite_and_a_resume_with_other
     assert "holds a finished run; add --overwrite" in capsys.readouterr().err
     assert cli_main(["run", "--config", _tiny_run_config(tmp_path, 2), "--out", out, "--resume", "--quiet"]) == 2
     assert "holds a run with other settings (rounds: 1 -> 2)" in capsys.readouterr().err
-    assert cli_main(["run", "--config", _tiny_run_config(tmp_path, 2), "--out", out, "--overwrite",
-                     "--quiet"]) == 0
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path, 2), "--out", out, "--overwrite", "--quiet"]) == 0
     assert _rounds_of(tmp_path / "run") == 2
 
 
@@ -111,9 +136,18 @@ def test_time_after_a_resume_counts_every_session(tmp_path):
     """A resumed run's total covers the sessions before it: never less than its phases."""
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    base = dict(algorithm="fedavg", mode="plain", clients=3, partition="iid", executor="inline", out=str(tmp_path),
-                synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4})
+
+    base = dict(
+        algorithm="fedavg",
+        mode="plain",
+        clients=3,
+        partition="iid",
+        executor="inline",
+        out=str(tmp_path),
+        synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4},
+    )
     import time
+
     first = run_experiment(RunConfig(rounds=2, **base), progress=False)["time"]
     t0 = time.perf_counter()
     t = run_experiment(RunConfig(rounds=4, resume=True, **base), progress=False)["time"]
@@ -126,8 +160,19 @@ def test_report_states_settings_per_cell_when_they_differ():
     from secure_fgl.report.tables import settings_of_runs
 
     def run(mode, rounds):
-        return {"config": {"algorithm": "fedgcn", "dataset": "sbm", "mode": mode, "dp_epsilon": None, "seed": 0,
-                           "rounds": rounds, "clients": 3, "options": {"hops": 1}}}
+        return {
+            "config": {
+                "algorithm": "fedgcn",
+                "dataset": "sbm",
+                "mode": mode,
+                "dp_epsilon": None,
+                "seed": 0,
+                "rounds": rounds,
+                "clients": 3,
+                "options": {"hops": 1},
+            }
+        }
+
     common, per_cell = settings_of_runs([run("plain", 20), run("plain", 5), run("mask", 5)])
     assert common == {"clients": "3", "options of fedgcn": "{hops=1}"}
     assert per_cell.header[-1] == "rounds"
@@ -137,11 +182,24 @@ def test_report_states_settings_per_cell_when_they_differ():
 def test_a_run_at_chance_says_so_on_its_own_line():
     from secure_fgl.cli.summary import format_summary
     from secure_fgl.results import accuracy_at_chance
+
     assert accuracy_at_chance(0.178, 6) and not accuracy_at_chance(0.6, 6) and accuracy_at_chance(0.5, None) is None
-    result = {"config": {"algorithm": "fedgcn", "dataset": "citeseer", "mode": "mask", "dp_epsilon": 4.0,
-                         "dp_delta": 1e-5, "dp_placement": "auto"}, "num_clients": 10, "device": "cpu",
-              "num_classes": 6, "final": {"test_acc": 0.178, "val_acc": 0.2, "best_round": 3, "rounds_run": 50,
-                                          "at_chance": True},
-              "comm": {"per_tag": {}, "bytes_up": 0, "bytes_down": 0}, "time": {}, "privacy": None}
+    result = {
+        "config": {
+            "algorithm": "fedgcn",
+            "dataset": "citeseer",
+            "mode": "mask",
+            "dp_epsilon": 4.0,
+            "dp_delta": 1e-5,
+            "dp_placement": "auto",
+        },
+        "num_clients": 10,
+        "device": "cpu",
+        "num_classes": 6,
+        "final": {"test_acc": 0.178, "val_acc": 0.2, "best_round": 3, "rounds_run": 50, "at_chance": True},
+        "comm": {"per_tag": {}, "bytes_up": 0, "bytes_down": 0},
+        "time": {},
+        "privacy": None,
+    }
     lines = format_summary(result).splitlines()
     assert any(line.startswith("AT CHANCE: test accuracy 0.1780") for line in lines)

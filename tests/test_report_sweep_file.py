@@ -1,5 +1,6 @@
 """`secure-fgl report --config FILE`: a sweep file (run-config keys + [grid]) runs its grid and the
 report carries the headline accuracy-vs-epsilon figure (PNG, PDF, SVG)."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,11 @@ def test_sweep_file_runs_its_grid_and_the_report_has_the_headline_figure(tmp_pat
     f = tmp_path / "sweep.toml"
     f.write_text(SWEEP)
     spec = spec_from_file(f)
-    assert [rid for rid, _ in spec.runs(tmp_path)] == ["fedavg_sbm_plain_eps-inf_s0", "fedgcn-gap_sbm_plain_eps-inf_s0",
-                                                        "fedgcn-gap_sbm_plain_eps-2_s0"]
+    assert [rid for rid, _ in spec.runs(tmp_path)] == [
+        "fedavg_sbm_plain_eps-inf_s0",
+        "fedgcn-gap_sbm_plain_eps-inf_s0",
+        "fedgcn-gap_sbm_plain_eps-2_s0",
+    ]
     out = tmp_path / "out"
     assert report_main(["--config", str(f), "--out", str(out), "--quiet"]) == 0
     results, errors = load_runs(out)
@@ -50,7 +54,7 @@ def test_sweep_file_refuses_grid_flags_and_run_only_keys(tmp_path, capsys):
     f.write_text(SWEEP)
     assert report_main(["--config", str(f), "--seeds", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "--config sets the grid; drop --seeds" in capsys.readouterr().err
-    f.write_text(SWEEP.replace("rounds = 2", "rounds = 2\ndataset = \"cora\""))
+    f.write_text(SWEEP.replace("rounds = 2", 'rounds = 2\ndataset = "cora"'))
     with pytest.raises(ValueError, match="'dataset' is set by the \\[grid\\] table"):
         spec_from_file(f)
     f.write_text("rounds = 2\n")
@@ -64,6 +68,7 @@ def test_shipped_dp_sweep_files_parse_with_a_converging_schedule(name):
     from pathlib import Path
 
     import secure_fgl
+
     spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
     assert "fedgcn-gap" in spec.algorithms and spec.config["local_epochs"] == 20 and len(spec.seeds) == 3
     assert spec.algorithm_epsilons["fedavg"] == [None]

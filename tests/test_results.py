@@ -1,5 +1,6 @@
 """What a run leaves behind: result.json (schema, provenance, written before attacks), file
 modes, best_model.pt, per-round logs, the default run folder, load_runs / compare / plot."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ SYNTH = dict(num_nodes=200, num_features=32, num_classes=3)
 
 
 def _cfg(out, **kw):
-    base = dict(algorithm="fedavg", mode="plain", clients=3, rounds=3, partition="iid", synthetic=SYNTH,
-                out=str(out))
+    base = dict(algorithm="fedavg", mode="plain", clients=3, rounds=3, partition="iid", synthetic=SYNTH, out=str(out))
     return RunConfig(**{**base, **kw})
 
 
@@ -48,15 +48,17 @@ def test_result_follows_the_shipped_schema_with_provenance(sweep):
 def test_results_are_group_readable_and_checkpoints_private(sweep):
     mode = lambda name: stat.S_IMODE(os.stat(sweep / "seed0" / name).st_mode)  # noqa: E731
     assert mode("result.json") == 0o644 and mode("best_model.pt") == 0o644 and mode("rounds.csv") == 0o644
-    assert mode("checkpoint.pt") == 0o600 and mode("clients/client0.pt") == 0o600   # each runtime's own
+    assert mode("checkpoint.pt") == 0o600 and mode("clients/client0.pt") == 0o600  # each runtime's own
 
 
 def test_best_model_loads_with_weights_only(sweep):
     from secure_fgl.engine.hooks import load_best_model
+
     weights = torch.load(sweep / "seed0" / "best_model.pt", weights_only=True)
     assert weights and all(torch.is_tensor(v) for v in weights.values())
     res = json.loads((sweep / "seed0" / "result.json").read_text())
     from secure_fgl.models import build_model
+
     model = build_model("gcn", SYNTH["num_features"], 16, SYNTH["num_classes"])
     load_best_model(sweep / "seed0" / "best_model.pt", model, prefix="models.0")
     first = next(iter(model.state_dict()))
@@ -102,8 +104,28 @@ def test_result_is_written_before_attacks_and_attack_failures_are_recorded(tmp_p
 
 def test_default_run_folder_is_printed(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["run", "--algorithm", "local", "--mode", "plain", "--clients", "2", "--rounds", "1",
-                 "--partition", "iid", "--config", str(_small_toml(tmp_path)), "--log-file", "progress.log"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--algorithm",
+                "local",
+                "--mode",
+                "plain",
+                "--clients",
+                "2",
+                "--rounds",
+                "1",
+                "--partition",
+                "iid",
+                "--config",
+                str(_small_toml(tmp_path)),
+                "--log-file",
+                "progress.log",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "[data] done" in (tmp_path / "progress.log").read_text() and "[setup]" in captured.err
     (folder,) = list((tmp_path / "runs").iterdir())
@@ -124,9 +146,31 @@ def _small_toml(tmp_path):
 
 
 def test_summary_formats_privacy(tmp_path, capsys):
-    assert main(["run", "--algorithm", "fedavg", "--mode", "plain", "--clients", "3", "--rounds", "2",
-                 "--partition", "iid", "--dp-epsilon", "4", "--quiet", "--out", str(tmp_path / "dp"),
-                 "--config", str(_small_toml(tmp_path))]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--algorithm",
+                "fedavg",
+                "--mode",
+                "plain",
+                "--clients",
+                "3",
+                "--rounds",
+                "2",
+                "--partition",
+                "iid",
+                "--dp-epsilon",
+                "4",
+                "--quiet",
+                "--out",
+                str(tmp_path / "dp"),
+                "--config",
+                str(_small_toml(tmp_path)),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("privacy:"))
     assert "spent of 4 (delta 1e-05" in line and "None" not in out

@@ -1,4 +1,5 @@
 """Client runtimes, strategies and the in-process executor (issue 14; Ray: test_runtime_ray.py)."""
+
 from __future__ import annotations
 
 import gc
@@ -7,23 +8,23 @@ import types
 import numpy as np
 import pytest
 import torch
+from golden_numbers import assert_golden
 
 from protocols import SERVER, DropoutError, ProtocolError
+from secure_fgl.algorithms.fedgcn.ops import ORDER_TAG
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.algorithms.fedgcn.ops import ORDER_TAG
 from secure_fgl.runtime.strategy import EVAL_TAG
-
-from golden_numbers import assert_golden
 
 
 def small(algorithm="fedavg", mode="mask", **kw) -> RunConfig:
     kw = {"rounds": 3, **kw}
-    return RunConfig(algorithm=algorithm, dataset="sbm", clients=3, mode=mode,
-                     synthetic={"num_nodes": 300, "num_features": 40}, **kw)
+    return RunConfig(
+        algorithm=algorithm, dataset="sbm", clients=3, mode=mode, synthetic={"num_nodes": 300, "num_features": 40}, **kw
+    )
 
 
 def test_wire_round_trip_and_refuses_malformed_frames():
@@ -44,8 +45,20 @@ def _reachable_tensors(root, limit=200_000) -> dict[int, torch.Tensor]:
     seen, stack, found = set(), [root], {}
     while stack and len(seen) < limit:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type, types.ModuleType, types.FunctionType,
-                                               types.BuiltinFunctionType, types.CodeType)):
+        if id(obj) in seen or isinstance(
+            obj,
+            (
+                str,
+                bytes,
+                int,
+                float,
+                type,
+                types.ModuleType,
+                types.FunctionType,
+                types.BuiltinFunctionType,
+                types.CodeType,
+            ),
+        ):
             continue
         seen.add(id(obj))
         if torch.is_tensor(obj):
@@ -76,14 +89,23 @@ def test_a_client_runtime_holds_no_other_clients_tensors():
         assert not any(type(o).__name__ == "FederatedGraph" for o in gc.get_referents(rt.logic))
 
 
-@pytest.mark.parametrize("algorithm,options", [("fedavg", {}), ("fedprox", {}), ("local", {}),
-                                               ("fedgcn", {"row_order": "signature", "hops": 2})])
+@pytest.mark.parametrize(
+    "algorithm,options",
+    [("fedavg", {}), ("fedprox", {}), ("local", {}), ("fedgcn", {"row_order": "signature", "hops": 2})],
+)
 def test_local_executor_gives_the_golden_run(algorithm, options, request):
     """Same models (exact, mask), same protocol bytes as the golden run (recorded when the in-process
     algorithm and the runtimes were proven equal); the runtime's own messages are counted."""
     b = run_experiment(small(algorithm, options=dict(options)), progress=False)
-    assert_golden("runtime", request.node.name, {"train_loss": [r["train_loss"] for r in b["rounds"]],
-                                                 "test_acc": b["final"]["test_acc"], "per_tag": b["comm"]["per_tag"]})
+    assert_golden(
+        "runtime",
+        request.node.name,
+        {
+            "train_loss": [r["train_loss"] for r in b["rounds"]],
+            "test_acc": b["final"]["test_acc"],
+            "per_tag": b["comm"]["per_tag"],
+        },
+    )
     stats = b["runtime"]["stats"]["per_method"]
     assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"]
     if algorithm == "fedgcn":
@@ -108,8 +130,11 @@ class FlakyExecutor(LocalExecutor):
 def _run_with(cfg, executor, halves_in_runtimes=False):
     cfg.validate()
     fed = load_federation(cfg)
-    protocol = (make_runtime_protocol(cfg, fed.num_clients, executor) if halves_in_runtimes
-                else make_run_protocol(cfg, fed.num_clients))
+    protocol = (
+        make_runtime_protocol(cfg, fed.num_clients, executor)
+        if halves_in_runtimes
+        else make_run_protocol(cfg, fed.num_clients)
+    )
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     strategy.setup()
     return strategy, protocol, [strategy.train_round(r) for r in range(cfg.rounds)]
@@ -146,6 +171,7 @@ def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
     from secure_fgl.algorithms import SPECS
     from secure_fgl.runtime.logic import ClientLogic
     from secure_fgl.runtime.strategy import Strategy
+
     for spec in SPECS.values():
         assert issubclass(spec.logic_class(), ClientLogic) and issubclass(spec.strategy_class(), Strategy), spec.name
 
@@ -167,6 +193,7 @@ class RecordingExecutor(Recording, LocalExecutor):
 def protocol_bytes_crossing(frames) -> int:
     """Bytes of the signed messages inside the bundles (bundle framing excluded)."""
     from protocols.framing import unpack_bundle
+
     return sum(len(m) for f in frames for m in unpack_bundle(f))
 
 
@@ -184,8 +211,9 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
     strategy.setup()
     for r in range(2):
         strategy.train_round(r)
-    recorded = sum(m.nbytes for m in protocol.transcript.messages
-                   if m.tag not in (EVAL_TAG, ORDER_TAG, "fedgcn/row_ids"))
+    recorded = sum(
+        m.nbytes for m in protocol.transcript.messages if m.tag not in (EVAL_TAG, ORDER_TAG, "fedgcn/row_ids")
+    )
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
@@ -193,8 +221,9 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
 def test_local_executor_keeps_the_secure_mode_settings_golden(fixed_point_bits, request):
     """--update-bound and --fixed-point-bits reach the runtime's protocol: the model exchange takes
     the encoding (so the bytes) of the golden run."""
-    run = run_experiment(small(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits),
-                         progress=False)
+    run = run_experiment(
+        small(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits), progress=False
+    )
     assert_golden("runtime", request.node.name, {"model_bytes": run["comm"]["per_tag"]["fedavg/model"]})
     assert run["comm"]["per_tag"]["fedavg/model"]["bytes_up"] > 0
 
@@ -211,6 +240,7 @@ def refuse_once(protocol, client: int, stage: str) -> None:
             bad[-1] ^= 1
             requests = {**requests, client: bytes(bad)}
         return call(st, requests)
+
     protocol.link.call = corrupting
 
 
@@ -226,9 +256,14 @@ def refusal_keeps_the_other_clients_keys(executor) -> None:
     try:
         with pytest.raises(ProtocolError, match="client 0"):
             strategy.train_round(0)
+
         def sums_sent(rnd):
-            return [m for m in protocol.transcript.select(tag="fedavg/model", round=rnd, sender=SERVER)
-                    if m.kind == "ciphertext"]
+            return [
+                m
+                for m in protocol.transcript.select(tag="fedavg/model", round=rnd, sender=SERVER)
+                if m.kind == "ciphertext"
+            ]
+
         assert not sums_sent(0)
         strategy.train_round(1)
         assert protocol.last_included == (0, 1, 2) and len(sums_sent(1)) == 3
@@ -242,14 +277,20 @@ def test_a_refusing_client_does_not_cost_the_others_their_keys():
 
 def test_client_resources_parse_and_place_each_group_on_its_own_actors():
     from secure_fgl.runtime.placement import actor_plan, parse_client_resources
+
     pinned = parse_client_resources("site_a:0-2, 5; site_b:3", 8)
     assert pinned == {0: "site_a", 1: "site_a", 2: "site_a", 5: "site_a", 3: "site_b"}
     actors, placement = actor_plan(list(range(8)), pinned, workers=4)
-    assert all(actors[placement[k]] == pinned.get(k) for k in range(8))     # each client on an actor of its resource
+    assert all(actors[placement[k]] == pinned.get(k) for k in range(8))  # each client on an actor of its resource
     assert actors.count("site_a") == 2 and actors.count("site_b") == 1 and actors.count(None) == 1
-    assert actor_plan(list(range(10)), {}, 4)[1] == {k: k * 4 // 10 for k in range(10)}   # the default grouping
-    for bad, why in [("site_a", "RESOURCE:CLIENTS"), ("CPU:0", "custom resource"), ("a:9", r"within 0\.\.7"),
-                     ("a:x", "not a client id"), ("a:0;b:0", "both a and b")]:
+    assert actor_plan(list(range(10)), {}, 4)[1] == {k: k * 4 // 10 for k in range(10)}  # the default grouping
+    for bad, why in [
+        ("site_a", "RESOURCE:CLIENTS"),
+        ("CPU:0", "custom resource"),
+        ("a:9", r"within 0\.\.7"),
+        ("a:x", "not a client id"),
+        ("a:0;b:0", "both a and b"),
+    ]:
         with pytest.raises(ConfigError, match=why):
             parse_client_resources(bad, 8)
     with pytest.raises(ConfigError, match="needs --executor ray"):

@@ -1,11 +1,13 @@
 """The attack suite on the client runtimes (``--executor local``): each attacker reads what its
 party holds, asked of that party's runtime; the numbers equal the golden run's."""
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
+from golden_numbers import assert_golden
 
 from attacks.parties import RuntimeParties
 from attacks.runner import run_attacks
@@ -14,23 +16,33 @@ from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 
-from golden_numbers import assert_golden
-
 
 def small(algorithm, mode, executor, **kw) -> RunConfig:
-    return RunConfig(algorithm=algorithm, dataset="sbm", clients=3, mode=mode, rounds=3, executor=executor,
-                     synthetic={"num_nodes": 300, "num_features": 40}, attacks=["all"], **kw)
+    return RunConfig(
+        algorithm=algorithm,
+        dataset="sbm",
+        clients=3,
+        mode=mode,
+        rounds=3,
+        executor=executor,
+        synthetic={"num_nodes": 300, "num_features": 40},
+        attacks=["all"],
+        **kw,
+    )
 
 
 def _entries(result: dict) -> dict:
     """Attack entries without timings; the audit by verdict (the runtime adds a declared release)."""
-    out = {a["name"]: {k: v for k, v in a.items() if k not in ("seconds", "warnings", "num_warnings")}
-           for a in result["attacks"]}
+    out = {
+        a["name"]: {k: v for k, v in a.items() if k not in ("seconds", "warnings", "num_warnings")}
+        for a in result["attacks"]
+    }
     return out
 
 
-@pytest.mark.parametrize("algorithm,mode", [("fedavg", "plain"), ("fedgcn", "mask"),
-                                            ("fedgcn", "ckks"), ("fedomd", "plain")])
+@pytest.mark.parametrize(
+    "algorithm,mode", [("fedavg", "plain"), ("fedgcn", "mask"), ("fedgcn", "ckks"), ("fedomd", "plain")]
+)
 def test_local_executor_gives_the_golden_attack_numbers(algorithm, mode, request):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -49,6 +61,7 @@ class SpyExecutor(LocalExecutor):
     def _call(self, method, requests):
         if method == "attack":
             from secure_fgl.runtime import wire
+
             self.asked += [(wire.unpack(r)["what"], k) for k, r in requests.items()]
         return super()._call(method, requests)
 
@@ -63,13 +76,14 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
     strategy.train_round(0)
     before = len(protocol.transcript.messages)
     out = run_attacks(["fedgcn_client_subtraction", "coalition"], algo=strategy, protocol=protocol, fed=fed, cfg=cfg)
-    assert len(protocol.transcript.messages) == before          # oracle access, not protocol messages
+    assert len(protocol.transcript.messages) == before  # oracle access, not protocol messages
     by = {e["name"]: e for e in out}
     assert by["fedgcn_client_subtraction"]["applicable"] and by["coalition"]["value"] == 1.0
     # client:each -- every client is asked for its own data and decoded rows only; the coalition
     # [server, 0] asks client 0 for its keys
-    assert sorted(executor.asked) == sorted([(w, k) for k in range(3) for w in ("own_data", "received")]
-                                            + [("keys", 0)])
+    assert sorted(executor.asked) == sorted(
+        [(w, k) for k in range(3) for w in ("own_data", "received")] + [("keys", 0)]
+    )
     own = RuntimeParties(strategy).own_data(1)
     assert torch.equal(own.x, fed.clients[1].x) and torch.equal(own.global_ids, fed.clients[1].global_ids)
     # a run without --attacks: the runtimes hand nothing to the attack suite
@@ -78,15 +92,17 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
         RuntimeParties(strategy).own_data(1)
 
 
-@pytest.mark.slow          # ~8 s; graph-level parity also checked by hand (docs/runtime.md)
+@pytest.mark.slow  # ~8 s; graph-level parity also checked by hand (docs/runtime.md)
 def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
     """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
     victim's model (asked of the victim's runtime, built in its own GIN shape)."""
     from test_runtime_graph import graph_cfg
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        local = _entries(run_experiment(graph_cfg("gc-fedavg", "plain", executor="local", rounds=3,
-                                                  attacks=["all"]), progress=False))
+        local = _entries(
+            run_experiment(graph_cfg("gc-fedavg", "plain", executor="local", rounds=3, attacks=["all"]), progress=False)
+        )
     assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion", "graph_property"}
     assert local["gin_gradient_inversion"]["value"] is not None
     assert_golden("runtime_attacks", request.node.name, {"attacks": local})

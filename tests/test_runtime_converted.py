@@ -1,18 +1,23 @@
 """fgssl, centralized and fedgcn-gap on the client runtimes (issue 14): the golden run."""
+
 from __future__ import annotations
 
 import pytest
+from golden_numbers import assert_golden
+from test_runtime import _reachable_tensors, small
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors, small
-
-CASES = [("fgssl", "plain", {}), ("fgssl", "mask", {"variant": "paper"}), ("centralized", "mask", {"center": True}),
-         ("fedgcn-gap", "plain", {"layout": "dense", "hops": 1}), ("fedgcn-gap", "mask", {"encoder_rounds": 2})]
+CASES = [
+    ("fgssl", "plain", {}),
+    ("fgssl", "mask", {"variant": "paper"}),
+    ("centralized", "mask", {"center": True}),
+    ("fedgcn-gap", "plain", {"layout": "dense", "hops": 1}),
+    ("fedgcn-gap", "mask", {"encoder_rounds": 2}),
+]
 FINAL = ("train_acc", "val_acc", "test_acc", "test_acc_client_mean", "encoder_test_acc", "uses_head")
 
 
@@ -21,9 +26,15 @@ def test_local_executor_gives_the_golden_run(algorithm, mode, options, request):
     """Same losses and accuracies (exact: plain, mask), same protocol bytes per tag as the golden run
     (recorded when the in-process algorithm and the runtimes were proven equal)."""
     run = run_experiment(small(algorithm, mode, options=dict(options)), progress=False)
-    assert_golden("runtime_converted", request.node.name, {
-        "train_loss": [r["train_loss"] for r in run["rounds"]],
-        "final": {k: run["final"].get(k) for k in FINAL}, "per_tag": run["comm"]["per_tag"]})
+    assert_golden(
+        "runtime_converted",
+        request.node.name,
+        {
+            "train_loss": [r["train_loss"] for r in run["rounds"]],
+            "final": {k: run["final"].get(k) for k in FINAL},
+            "per_tag": run["comm"]["per_tag"],
+        },
+    )
     assert run["comm"]["per_tag"][EVAL_TAG]["bytes_up"] > 0
 
 
@@ -32,7 +43,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm, options):
     cfg = small(algorithm, "plain", options=dict(options)).validate()
     fed = load_federation(cfg)
     executor = LocalExecutor()
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)        # the halves in the runtimes
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)  # the halves in the runtimes
     strategy = make_strategy(cfg, fed, protocol, dict(options), executor)
     strategy.setup()
     strategy.train_round(0)

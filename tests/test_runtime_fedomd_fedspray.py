@@ -1,10 +1,13 @@
 """FedOMD and FedSpray as client runtimes (issue 14): the golden run (exact in plain/mask, within
 the CKKS tolerance in ckks), the same protocol bytes per tag, no
 shared tensors between runtimes, resume from each client's checkpoint."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from golden_numbers import assert_golden
+from test_runtime import _reachable_tensors, small
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
@@ -12,18 +15,21 @@ from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors, small
-
 #: (algorithm, mode, options): every statistics shape of FedOMD once (batched two-stage, one-stage raw
 #: moments, per layer), FedSpray's encoder mean and class-wise proxy mean in each backend
-CASES = [("fedomd", "plain", {"raw_moments": True}), ("fedomd", "mask", {}),
-         ("fedomd", "ckks", {"batch_stats": False, "stats_pass": "train"}),
-         ("fedspray", "plain", {"gnn_dropout": 0.5, "proxy_weighting": "count"}), ("fedspray", "mask", {}),
-         ("fedspray", "ckks", {})]
+CASES = [
+    ("fedomd", "plain", {"raw_moments": True}),
+    ("fedomd", "mask", {}),
+    ("fedomd", "ckks", {"batch_stats": False, "stats_pass": "train"}),
+    ("fedspray", "plain", {"gnn_dropout": 0.5, "proxy_weighting": "count"}),
+    ("fedspray", "mask", {}),
+    ("fedspray", "ckks", {}),
+]
 #: per-round metrics each algorithm adds to the train loss and accuracies
-TERMS = {"fedomd": ("ce_loss", "ortho_loss", "cmd_loss"),
-         "fedspray": ("teacher_test_acc", "minority_acc", "val_minority_acc")}
+TERMS = {
+    "fedomd": ("ce_loss", "ortho_loss", "cmd_loss"),
+    "fedspray": ("teacher_test_acc", "minority_acc", "val_minority_acc"),
+}
 
 
 @pytest.mark.parametrize("algorithm,mode,options", CASES)
@@ -31,10 +37,11 @@ def test_local_executor_gives_the_golden_run_and_its_bytes(algorithm, mode, opti
     b = run_experiment(small(algorithm, mode, rounds=2, options=dict(options)), progress=False)
     keys = ("train_loss",) + TERMS[algorithm] + ("test_acc", "val_acc")
     observed = {"rounds": [[r[key] for key in keys] for r in b["rounds"]], "per_tag": b["comm"]["per_tag"]}
-    if mode != "ckks":          # ckks: fresh encryption noise, equal within the exchanges' tolerance
+    if mode != "ckks":  # ckks: fresh encryption noise, equal within the exchanges' tolerance
         observed["final"] = {k: b["final"][k] for k in ("test_acc", "per_client", "minority_acc") if k in b["final"]}
-    assert_golden("runtime_fedomd_fedspray", request.node.name, observed,
-                  tolerance={"rounds": 1e-4} if mode == "ckks" else {})
+    assert_golden(
+        "runtime_fedomd_fedspray", request.node.name, observed, tolerance={"rounds": 1e-4} if mode == "ckks" else {}
+    )
     stats = b["runtime"]["stats"]["per_method"]
     assert b["comm"]["per_tag"][EVAL_TAG]["bytes_up"] == stats["evaluate"]["bytes_from_clients"] > 0
 
@@ -58,14 +65,26 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm):
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_resume_continues_from_the_clients_checkpoints(algorithm, tmp_path):
-    run = lambda out, rounds, **kw: run_experiment(small(algorithm, "plain", executor="local", rounds=rounds,  # noqa
-                                                         out=str(tmp_path / out), **kw), progress=False)
+    run = lambda out, rounds, **kw: run_experiment(
+        small(
+            algorithm,
+            "plain",
+            executor="local",
+            rounds=rounds,  # noqa
+            out=str(tmp_path / out),
+            **kw,
+        ),
+        progress=False,
+    )
     full = run("a", 3)
     run("b", 2)
     resumed = run("b", 3, resume=True)
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
-    assert all(resumed["final"][k] == full["final"][k] for k in ("test_acc", "best_round", "per_client", "minority_acc")
-               if k in full["final"])
+    assert all(
+        resumed["final"][k] == full["final"][k]
+        for k in ("test_acc", "best_round", "per_client", "minority_acc")
+        if k in full["final"]
+    )
 
 
 class AnswerLog(LocalExecutor):
@@ -93,10 +112,13 @@ def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_
     strategy.train_round(0)
     assert strategy.split and protocol.clients == {}
     assert executor.answers and all(set(a) == {"length"} for a in executor.answers)
-    tags = {"fedomd": {"fedomd/stats/mean", "fedomd/stats/moments", "fedomd/model"},
-            "fedspray": {"fedspray/batch"}}[algorithm]         # encoder and proxies in one upload
-    uploads = [m for m in protocol.transcript.messages if m.tag in tags and m.receiver == "server" and m.kind != "control"]
-    assert {m.tag for m in uploads} == tags            # every value upload masked; the rest is key agreement
+    tags = {"fedomd": {"fedomd/stats/mean", "fedomd/stats/moments", "fedomd/model"}, "fedspray": {"fedspray/batch"}}[
+        algorithm
+    ]  # encoder and proxies in one upload
+    uploads = [
+        m for m in protocol.transcript.messages if m.tag in tags and m.receiver == "server" and m.kind != "control"
+    ]
+    assert {m.tag for m in uploads} == tags  # every value upload masked; the rest is key agreement
     assert {m.kind for m in uploads} == {"masked", "public_key", "share"}
 
 
@@ -108,6 +130,7 @@ def test_attack_suite_on_the_runtimes_gives_the_golden_numbers(algorithm, reques
 
     from test_runtime_attacks import _entries
     from test_runtime_attacks import small as attacked
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         local = _entries(run_experiment(attacked(algorithm, "plain", "local"), progress=False))
@@ -121,6 +144,7 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
     FedSpray: its first, the round's batch of encoder update and proxies): the server half recovers the survivors' sum, the run goes on
     without client 1, whose later exchanges it is no longer asked for."""
     from test_runtime import FlakyExecutor, _run_with
+
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth={"fedomd": 2, "fedspray": 1}[algorithm])
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload of round 0"):
         strategy, protocol, rows = _run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)

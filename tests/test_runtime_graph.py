@@ -1,9 +1,12 @@
 """Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes (issue 14): the same
 losses, accuracies, cluster splits and protocol bytes as the golden runs; a runtime
 holds only its own graphs; a resumed strategy continues exactly."""
+
 from __future__ import annotations
 
 import pytest
+from golden_numbers import assert_golden
+from test_runtime import _reachable_tensors
 
 from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
 from secure_fgl.algorithms import get_algorithm
@@ -11,8 +14,6 @@ from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors
 
 #: GCFL splits only after round 20 (reference warm-up): the rounds driven here
 ROUNDS = (20, 21)
@@ -21,8 +22,18 @@ FORCED = {"eps1": 0.5, "eps2": 0.0}
 
 def graph_cfg(algorithm, mode, **kw) -> RunConfig:
     options = {**FORCED, **({"seq_length": 1} if algorithm == "gcflplus" else {})} if "gcfl" in algorithm else {}
-    return RunConfig(algorithm=algorithm, dataset="synthetic-graphs", clients=5, mode=mode, hidden=16, lr=1e-2,
-                     seed=0, synthetic={"graphs_per_client": 30}, options=options, **kw).validate()
+    return RunConfig(
+        algorithm=algorithm,
+        dataset="synthetic-graphs",
+        clients=5,
+        mode=mode,
+        hidden=16,
+        lr=1e-2,
+        seed=0,
+        synthetic={"graphs_per_client": 30},
+        options=options,
+        **kw,
+    ).validate()
 
 
 def build(cfg, executor):
@@ -40,17 +51,28 @@ def drive(algo, rounds=ROUNDS):
     return rows, algo.final_metrics()
 
 
-
-@pytest.mark.parametrize("algorithm,mode", [("gc-fedavg", "mask"), ("gc-fedprox", "plain"), ("gc-selftrain", "plain"),
-                                            ("gcfl", "plain"), ("gcfl", "ckks"), ("gcflplus", "mask")])
+@pytest.mark.parametrize(
+    "algorithm,mode",
+    [
+        ("gc-fedavg", "mask"),
+        ("gc-fedprox", "plain"),
+        ("gc-selftrain", "plain"),
+        ("gcfl", "plain"),
+        ("gcfl", "ckks"),
+        ("gcflplus", "mask"),
+    ],
+)
 def test_local_executor_gives_the_golden_run(algorithm, mode, request):
     cfg = graph_cfg(algorithm, mode)
     strategy, p_local, _ = build(cfg, LocalExecutor())
-    assert strategy.split and p_local.clients == {}          # the protocol's client halves live in the runtimes
+    assert strategy.split and p_local.clients == {}  # the protocol's client halves live in the runtimes
     b, fb = drive(strategy)
     keys = ("train_loss", "num_clusters", "test_acc", "val_acc", "train_acc", "test_acc_client_mean")
-    observed = {"rounds": [{k: rb[k] for k in keys} for rb in b],
-                "clusters": fb["clusters"], "per_client_test_acc_last": fb["per_client_test_acc_last"]}
+    observed = {
+        "rounds": [{k: rb[k] for k in keys} for rb in b],
+        "clusters": fb["clusters"],
+        "per_client_test_acc_last": fb["per_client_test_acc_last"],
+    }
     if "gcfl" in algorithm:
         assert fb["splits"], "the forced criteria must split"
         observed["splits"] = [[s["round"], s["into"], s["delta_mean"], s["delta_max"]] for s in fb["splits"]]
@@ -62,8 +84,12 @@ def test_local_executor_gives_the_golden_run(algorithm, mode, request):
         similarity = tb.pop(f"{algorithm}/similarity")
         observed["similarity_messages"] = similarity["messages"]
     observed["per_tag"] = tb
-    assert_golden("runtime_graph", request.node.name, observed,
-                  tolerance={"similarity": PAIRWISE_TOLERANCE} if mode == "ckks" else {})
+    assert_golden(
+        "runtime_graph",
+        request.node.name,
+        observed,
+        tolerance={"similarity": PAIRWISE_TOLERANCE} if mode == "ckks" else {},
+    )
     if "gcfl" in algorithm:
         assert {f"{algorithm}/update_norms", f"{algorithm}/mean_norm"} <= set(tb)
 
@@ -74,8 +100,13 @@ def test_a_graph_runtime_holds_only_its_own_graphs():
     strategy, _, fed = build(cfg, executor)
     strategy.train_round(0)
     held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
-    driver = {t.untyped_storage().data_ptr() for c in fed.clients for s in ("train", "val", "test")
-              for g in getattr(c, s) for t in (g.x, g.edge_index, g.y)}
+    driver = {
+        t.untyped_storage().data_ptr()
+        for c in fed.clients
+        for s in ("train", "val", "test")
+        for g in getattr(c, s)
+        for t in (g.x, g.edge_index, g.y)
+    }
     for k, rt in executor.runtimes.items():
         assert len(rt.data.train) == len(fed.clients[k].train)
         assert rt.data.train[0].x.untyped_storage().data_ptr() in held[k]
@@ -107,10 +138,16 @@ def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime_golden(re
     """`victim_model` (K3) on the runtimes: the victim's GIN asked of its runtime is the golden run's
     model of that client (a runtime answers only in a run with --attacks)."""
     from attacks.parties import party_access
+
     cfg = graph_cfg("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])
     strategy, p_local, fed = build(cfg, LocalExecutor())
     strategy.train_round(0)
     got = party_access(strategy, p_local, fed).victim_model(3).state_dict()
-    assert_golden("runtime_graph", request.node.name,
-                  {name: {"shape": list(t.shape), "sum": float(t.double().sum()), "first": t.flatten()[:4].tolist()}
-                   for name, t in got.items()})
+    assert_golden(
+        "runtime_graph",
+        request.node.name,
+        {
+            name: {"shape": list(t.shape), "sum": float(t.double().sum()), "first": t.flatten()[:4].tolist()}
+            for name, t in got.items()
+        },
+    )

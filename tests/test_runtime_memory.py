@@ -1,6 +1,7 @@
 """Memory of the client runtimes (issue 14, 100 clients within 8 GB): a client holds its compact
 rows while a row sum streams, keeps only the rows it asked for of the blocks it decodes, and a
 host process can measure itself and give freed memory back."""
+
 from __future__ import annotations
 
 import os
@@ -8,16 +9,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_runtime import small
 
 from protocols.party import ClientHalf
 from protocols.row_blocks import BlockRows
+from secure_fgl.algorithms.fedgcn import client as fedgcn_client
 from secure_fgl.algorithms.fedgcn.ops import TAG
 from secure_fgl.experiment import run_experiment
 from secure_fgl.runtime import memory
-from secure_fgl.algorithms.fedgcn import client as fedgcn_client
 from secure_fgl.runtime.exchange import keep_rows, rows_table
-
-from test_runtime import small
 
 
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
@@ -27,13 +27,13 @@ def test_a_row_contribution_stays_compact_and_reads_as_its_dense_blocks(layout):
     ids = rng.choice(num_blocks * rpb, size=9, replace=False)
     rows = rng.normal(size=(ids.size, dim))
     table = rows_table(SimpleNamespace(block_len=rpb * dim, num_blocks=num_blocks, layout=layout), ids, rows)
-    assert isinstance(table.values, BlockRows)               # nothing dense is held
+    assert isinstance(table.values, BlockRows)  # nothing dense is held
     full = np.zeros((num_blocks * rpb, dim))
     full[ids] = rows
     expected_ids = np.arange(num_blocks) if layout == "dense" else np.unique(ids // rpb)
     assert np.array_equal(table.ids, expected_ids)
     assert np.array_equal(np.asarray(table.values), full.reshape(num_blocks, rpb * dim)[expected_ids])
-    assert np.array_equal(table.values[1:3], np.asarray(table.values)[1:3])     # a chunk, as the ckks half reads it
+    assert np.array_equal(table.values[1:3], np.asarray(table.values)[1:3])  # a chunk, as the ckks half reads it
 
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
@@ -47,9 +47,11 @@ def test_a_fedgcn_client_keeps_only_the_rows_it_requested(mode, monkeypatch):
         deliver(self, blocks)
         if self.plan.tag == TAG:
             logic = self.provider.__self__
-            kept[self.id] = (sum(v.size for v in self._result[1].values()),
-                             np.unique(logic.request_rows).size * (logic.facts.num_features + 1),
-                             len(blocks) * self.plan.block_len)
+            kept[self.id] = (
+                sum(v.size for v in self._result[1].values()),
+                np.unique(logic.request_rows).size * (logic.facts.num_features + 1),
+                len(blocks) * self.plan.block_len,
+            )
 
     monkeypatch.setattr(ClientHalf, "deliver", spy)
     cfg = small("fedgcn", mode, executor="local", rounds=2)
@@ -91,18 +93,20 @@ print(held, after_free, memory.process_pss(os.getpid())["Pss_Anon"])
 def test_a_process_reads_its_pss_and_gives_freed_buffers_back():
     import subprocess
     import sys
+
     own = memory.process_pss(os.getpid())
     if own is None:
         pytest.skip("no /proc/PID/smaps_rollup on this system")
     assert own["Pss"] >= own["Pss_Anon"] > 0
-    assert memory.process_pss(2 ** 31 - 1) is None                     # no such process
-    done = subprocess.run([sys.executable, "-c", _FREED_BUFFERS_CHECK, memory.__file__], capture_output=True,
-                          text=True, timeout=60)
+    assert memory.process_pss(2**31 - 1) is None  # no such process
+    done = subprocess.run(
+        [sys.executable, "-c", _FREED_BUFFERS_CHECK, memory.__file__], capture_output=True, text=True, timeout=60
+    )
     if done.returncode == 3:
         pytest.skip("the C library is not glibc")
     assert done.returncode == 0, done.stderr
     held, after_free, after_release = map(int, done.stdout.split())
-    assert after_free > held - 16 * (1 << 20)                           # freed, still held
+    assert after_free > held - 16 * (1 << 20)  # freed, still held
     assert after_release < held - 48 * (1 << 20)
 
 
@@ -110,6 +114,7 @@ def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
     """A client pinned to a node gets the digest of its data, not the data; its runtime loads and
     partitions the dataset there and holds exactly the subgraph the driver planned."""
     import dataclasses
+
     import torch
 
     from secure_fgl.experiment import load_federation
@@ -129,7 +134,7 @@ def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
     c = fed.clients[1]
     assert all(torch.equal(getattr(built.data, f), getattr(c, f)) for f in DATA_FIELDS)
     assert torch.equal(built.far_owner, partition.far_owners(fed, c))
-    other = dataclasses.replace(cfg, seed=cfg.seed + 1)          # another partition of the same dataset
+    other = dataclasses.replace(cfg, seed=cfg.seed + 1)  # another partition of the same dataset
     forged = wire.pack({**pinned, "config": other.to_dict()})
     partition.forget()
     with pytest.raises(ValueError, match="differs from the driver's"):
@@ -143,6 +148,7 @@ def test_a_run_keeps_message_payloads_only_for_its_attacks(attacks, monkeypatch)
     downloads are not held for the rest of the run (``runtime.build.run_transcript``); the byte counts
     are the same either way."""
     import secure_fgl.runtime.build as build
+
     made, real = [], build.make_run_protocol
     monkeypatch.setattr(build, "make_run_protocol", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
     result = run_experiment(small("fedgcn", "plain", executor="local", rounds=1, attacks=attacks), progress=False)

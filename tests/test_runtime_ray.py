@@ -2,18 +2,18 @@
 lost actors as protocol dropouts, clients pinned by resource.  One local Ray cluster (2 CPUs, a
 custom resource ``site_a``) for the module; its actors are
 reused from test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`)."""
+
 from __future__ import annotations
 
 import pytest
+from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
 
+from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
-
-from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 
@@ -32,7 +32,7 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
     remote = run_experiment(small("fedgcn", mode, executor="ray", **cfg), progress=False)
     assert remote["runtime"]["workers"] == 2
     losses = [[r["train_loss"] for r in run["rounds"]] for run in (local, remote)]
-    if mode in ("ckks", "ckks-mp"):      # fresh encryption noise: equal within the exchange's tolerance
+    if mode in ("ckks", "ckks-mp"):  # fresh encryption noise: equal within the exchange's tolerance
         assert losses[0] == pytest.approx(losses[1], abs=1e-4)
     else:
         assert losses[0] == losses[1] and local["final"]["test_acc"] == remote["final"]["test_acc"]
@@ -48,8 +48,9 @@ def test_ray_gives_the_local_run_and_its_byte_counts(mode):
 def test_fedomd_on_ray_gives_the_local_run():
     """Per-client dropout generators and the statistics stages: the actors' run is the in-process one."""
     runs = [run_experiment(small("fedomd", "mask", executor=ex, rounds=2), progress=False) for ex in ("local", "ray")]
-    assert [[(r["train_loss"], r["cmd_loss"]) for r in run["rounds"]] for run in runs] == \
-           [[(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]] * 2
+    assert [[(r["train_loss"], r["cmd_loss"]) for r in run["rounds"]] for run in runs] == [
+        [(r["train_loss"], r["cmd_loss"]) for r in runs[0]["rounds"]]
+    ] * 2
     assert runs[0]["final"]["test_acc"] == runs[1]["final"]["test_acc"]
     assert runs[0]["comm"]["per_tag"] == runs[1]["comm"]["per_tag"]
     # the actors kept for the next run on this cluster hold no runtime of this one
@@ -63,20 +64,20 @@ class RecordingRayExecutor(Recording, RayExecutor):
 
 def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     from secure_fgl.runtime.build import make_runtime_protocol
+
     cfg = small("fedgcn", "plain", executor="ray", options={"row_order": "signature"}, rounds=2).validate()
     fed = load_federation(cfg)
     executor = RecordingRayExecutor()
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {"row_order": "signature"}, executor)
     try:
-        assert strategy.split and protocol.clients == {}      # the halves (and their keys) live in the actors
+        assert strategy.split and protocol.clients == {}  # the halves (and their keys) live in the actors
         strategy.setup()
         for r in range(cfg.rounds):
             strategy.train_round(r)
     finally:
         executor.shutdown()
-    recorded = sum(m.nbytes for m in protocol.transcript.messages
-                   if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG))
+    recorded = sum(m.nbytes for m in protocol.transcript.messages if m.tag not in (EVAL_TAG, ORDER_TAG, IDS_TAG))
     assert recorded == protocol_bytes_crossing(executor.frames) > 0
 
 
@@ -84,6 +85,7 @@ def test_gcfl_on_actors_splits_as_in_process_with_the_same_bytes():
     """GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
     the same losses, splits and bytes per tag (model, reports, similarity) as the local executor."""
     from test_runtime_graph import build, drive, graph_cfg
+
     cfg = graph_cfg("gcfl", "plain")
     strategy, protocol, _ = build(cfg, LocalExecutor())
     local = drive(strategy), protocol.transcript.comm()["per_tag"]
@@ -113,6 +115,7 @@ class KillingRayExecutor(RayExecutor):
 
 def _run(mode, executor, rounds=3):
     from secure_fgl.runtime.build import make_runtime_protocol
+
     cfg = small(mode=mode, rounds=rounds).validate()
     fed = load_federation(cfg)
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
@@ -129,7 +132,7 @@ def test_actor_killed_inside_the_mask_exchange_is_a_dropout_with_recovery():
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round 1: actor 1 died"):
         strategy, protocol, rows = _run("mask", KillingRayExecutor(victim=2, method="half:masked_upload"))
     assert strategy.split and [r["clients_lost"] for r in rows] == [0, 1, 1]
-    assert protocol.last_included == (0, 1)              # the survivors' sum, by mask recovery
+    assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
     assert strategy.final_metrics()["executor"]["dead_actors"] == {"1": "actor 1 died (ActorDiedError)"}
 
 
@@ -141,7 +144,7 @@ def test_actor_killed_inside_a_ckks_exchange_leaves_the_survivors_sum():
 
 
 def test_silent_actors_time_out_instead_of_hanging():
-    executor = RayExecutor(round_timeout=180)    # set-up alone; generous for a loaded machine
+    executor = RayExecutor(round_timeout=180)  # set-up alone; generous for a loaded machine
     cfg = small(rounds=1).validate()
     fed = load_federation(cfg)
     strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
@@ -150,7 +153,6 @@ def test_silent_actors_time_out_instead_of_hanging():
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
-
 
 
 def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
@@ -170,8 +172,10 @@ def test_dpsgd_runs_on_the_actors_with_the_privacy_section_of_local():
     local = run_experiment(small("fedgcn-gap", "plain", **cfg), progress=False)
     remote = run_experiment(small("fedgcn-gap", "plain", executor="ray", **cfg), progress=False)
     assert remote["config"]["executor"] == "ray" and remote["privacy"] == local["privacy"]
-    assert {r["tag"] for r in remote["privacy"]["releases"] if r.get("unit") == "sample"} == \
-           {"fedgcn-gap/encoder/dpsgd", "fedgcn-gap/dpsgd"}
+    assert {r["tag"] for r in remote["privacy"]["releases"] if r.get("unit") == "sample"} == {
+        "fedgcn-gap/encoder/dpsgd",
+        "fedgcn-gap/dpsgd",
+    }
 
 
 def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():
@@ -182,6 +186,7 @@ def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_key
 
 def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
     from secure_fgl.config import ConfigError
+
     cfg = small(rounds=1, executor="ray", ray_client_resources="site_a:0,2").validate()
     fed = load_federation(cfg)
     executor = RayExecutor(workers=2, client_resources={0: "site_a", 2: "site_a"})
@@ -204,8 +209,9 @@ def test_simulated_dropouts_on_ray_give_the_local_run():
     cfg = dict(rounds=2, simulate_dropouts="2,@upload:r1")
     local = run_experiment(small("fedavg", "mask", executor="local", **cfg), progress=False)
     remote = run_experiment(small("fedavg", "mask", executor="ray", **cfg), progress=False)
-    assert remote["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "masked_upload",
-                                                                    "clients": [2]}]
+    assert remote["runtime"]["simulated_dropouts"]["dropped"] == [
+        {"round": 1, "stage": "masked_upload", "clients": [2]}
+    ]
     assert remote["runtime"]["simulated_dropouts"] == local["runtime"]["simulated_dropouts"]
     assert [r["train_loss"] for r in remote["rounds"]] == [r["train_loss"] for r in local["rounds"]]
     assert remote["final"]["test_acc"] == local["final"]["test_acc"]

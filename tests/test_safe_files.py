@@ -2,6 +2,7 @@
 settings; Planetoid pickles go through a restricted unpickler; dataset checksums ship in the
 package.  Issue 12 measured a crafted ``checkpoint.pt`` and a crafted ``ind.cora.y`` each
 running a shell command."""
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,16 @@ SMALL = {"num_nodes": 200, "num_features": 16, "num_classes": 3}
 
 
 def cfg(out, **kw) -> RunConfig:
-    base = dict(algorithm="fedavg", mode="plain", dataset="sbm", clients=3, rounds=2, synthetic=dict(SMALL),
-                seed=0, out=str(out))
+    base = dict(
+        algorithm="fedavg",
+        mode="plain",
+        dataset="sbm",
+        clients=3,
+        rounds=2,
+        synthetic=dict(SMALL),
+        seed=0,
+        out=str(out),
+    )
     base.update(kw)
     return RunConfig(**base)
 
@@ -45,13 +54,13 @@ class RunsCode:
 def test_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "PWNED"
     run_experiment(cfg(out), progress=False)
-    torch.save({"algorithm": RunsCode(marker)}, out / CHECKPOINT)     # a pickle naming pathlib.Path.touch
+    torch.save({"algorithm": RunsCode(marker)}, out / CHECKPOINT)  # a pickle naming pathlib.Path.touch
     with pytest.raises(ConfigError, match="corrupt or not a plain-data") as err:
         run_experiment(cfg(out, rounds=3, resume=True), progress=False)
     assert "\n" not in str(err.value)
     assert not marker.exists()
-    torch.load(out / CHECKPOINT, weights_only=False)                     # the file is a real attack:
-    assert marker.exists()                                               # the old loader ran it
+    torch.load(out / CHECKPOINT, weights_only=False)  # the file is a real attack:
+    assert marker.exists()  # the old loader ran it
 
 
 @pytest.mark.parametrize("content", [b"", b"not a zip at all", b"PK\x03\x04" + b"\x00" * 40])
@@ -70,25 +79,45 @@ def test_resume_refuses_other_settings_naming_the_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"other settings: mode .*seed ") as err:
         run_experiment(cfg(out, rounds=3, resume=True, seed=1, mode="mask"), progress=False)
     assert "\n" not in str(err.value) and "clients" not in str(err.value)
-    resumed = run_experiment(cfg(out, rounds=3, resume=True), progress=False)   # same settings: fine
+    resumed = run_experiment(cfg(out, rounds=3, resume=True), progress=False)  # same settings: fine
     assert resumed["final"]["rounds_run"] == 3
 
 
 def test_checkpoint_is_plain_data_and_private(tmp_path):
     out = tmp_path / "run"
     run_experiment(cfg(out, dp_epsilon=4.0), progress=False)
-    saved = torch.load(out / CHECKPOINT, weights_only=True)              # nothing but plain types
+    saved = torch.load(out / CHECKPOINT, weights_only=True)  # nothing but plain types
     assert saved["fingerprint"]["seed"] == 0 and saved["fingerprint"]["dp_epsilon"] == 4.0
     assert isinstance(saved["train"], dict) and set(saved["extra"]["transcript"]) == {"messages", "bytes", "sha256"}
-    assert stat.S_IMODE((out / CHECKPOINT).stat().st_mode) == 0o600       # holds the clients' models
+    assert stat.S_IMODE((out / CHECKPOINT).stat().st_mode) == 0o600  # holds the clients' models
 
 
 def test_cli_prints_one_line_for_a_refused_resume(tmp_path, capsys):
     from secure_fgl.cli.main import main
+
     out = tmp_path / "run"
     run_experiment(cfg(out), progress=False)
-    rc = main(["run", "--algorithm", "fedavg", "--mode", "plain", "--dataset", "sbm", "--clients", "3",
-               "--rounds", "3", "--seed", "5", "--out", str(out), "--resume", "--quiet"])
+    rc = main(
+        [
+            "run",
+            "--algorithm",
+            "fedavg",
+            "--mode",
+            "plain",
+            "--dataset",
+            "sbm",
+            "--clients",
+            "3",
+            "--rounds",
+            "3",
+            "--seed",
+            "5",
+            "--out",
+            str(out),
+            "--resume",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "seed" in err
 
@@ -99,6 +128,7 @@ def test_restricted_unpickler_refuses_code_and_accepts_the_format(tmp_path):
 
     import numpy as np
     import scipy.sparse as sp
+
     marker = tmp_path / "PWNED"
     with pytest.raises(DataError, match="pathlib") as err:
         load_pickle(io.BytesIO(pickle.dumps(RunsCode(marker))), path="ind.cora.y")
@@ -107,7 +137,7 @@ def test_restricted_unpickler_refuses_code_and_accepts_the_format(tmp_path):
         with pytest.raises(DataError):
             load_pickle(io.BytesIO(evil))
     with pytest.raises(DataError, match="not a valid"):
-        load_pickle(io.BytesIO(b"\x80\x02}q\x00"))                       # truncated
+        load_pickle(io.BytesIO(b"\x80\x02}q\x00"))  # truncated
     graph = collections.defaultdict(list, {0: [1, 2], 1: [0]})
     ok = [np.arange(6, dtype=np.float32).reshape(2, 3), sp.csr_matrix(np.eye(3)), graph]
     for obj in ok:
@@ -115,8 +145,9 @@ def test_restricted_unpickler_refuses_code_and_accepts_the_format(tmp_path):
         assert type(back) is type(obj)
 
 
-needs_cora = pytest.mark.skipif(not (DATA / "Cora" / "raw" / "ind.cora.x").exists(),
-                                reason=f"Cora raw files not under {DATA}: set SECURE_FGL_DATA")
+needs_cora = pytest.mark.skipif(
+    not (DATA / "Cora" / "raw" / "ind.cora.x").exists(), reason=f"Cora raw files not under {DATA}: set SECURE_FGL_DATA"
+)
 
 
 @needs_cora
@@ -128,8 +159,8 @@ def test_crafted_cora_file_raises_data_error_and_runs_nothing(tmp_path):
     with pytest.warns(UserWarning, match="ind.cora.y differ"), pytest.raises(DataError, match="refusing to load"):
         load_node_dataset("cora", data_root=root, cache_dir=tmp_path / "cache")
     assert not marker.exists()
-    pickle.loads((root / "Cora" / "raw" / "ind.cora.y").read_bytes())    # the file is a real attack:
-    assert marker.exists()                                                # a plain unpickler runs it
+    pickle.loads((root / "Cora" / "raw" / "ind.cora.y").read_bytes())  # the file is a real attack:
+    assert marker.exists()  # a plain unpickler runs it
 
 
 @needs_cora

@@ -1,5 +1,6 @@
 """``--log wandb`` and ``--log mlflow`` record the rounds, the config and the final result of a run
 (offline: W&B's offline mode, MLflow's file store in the run folder); skipped without the extra."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,16 @@ SYNTH = dict(num_nodes=150, num_features=16, num_classes=2)
 
 
 def _run(tmp_path, log):
-    cfg = RunConfig(algorithm="fedavg", mode="plain", clients=3, rounds=2, partition="iid", synthetic=SYNTH,
-                    out=str(tmp_path / "run"), log=log)
+    cfg = RunConfig(
+        algorithm="fedavg",
+        mode="plain",
+        clients=3,
+        rounds=2,
+        partition="iid",
+        synthetic=SYNTH,
+        out=str(tmp_path / "run"),
+        log=log,
+    )
     return run_experiment(cfg, progress=False)
 
 
@@ -41,8 +50,8 @@ def test_wandb_offline_logs_rounds_config_and_result(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     result = _run(tmp_path, "wandb")
     (log,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
-    data = log.read_bytes()    # the offline transaction log (protobuf records; wandb ships no Python reader)
-    for row in result["rounds"]:                           # each round's value, JSON-encoded as W&B stores it
+    data = log.read_bytes()  # the offline transaction log (protobuf records; wandb ships no Python reader)
+    for row in result["rounds"]:  # each round's value, JSON-encoded as W&B stores it
         assert json.dumps(row["test_acc"]).encode() in data
     for needle in ("final.test_acc", json.dumps(result["final"]["test_acc"]), "complete", "fedavg"):
         assert needle.encode() in data, needle
@@ -51,9 +60,9 @@ def test_wandb_offline_logs_rounds_config_and_result(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
 def test_missing_tracker_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch, name):
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda mod, *a: None if mod == name else real(mod, *a))
-    assert main(["run", "--algorithm", "fedavg", "--rounds", "1", "--log", name,
-                 "--out", str(tmp_path / "r")]) == 2
+    assert main(["run", "--algorithm", "fedavg", "--rounds", "1", "--log", name, "--out", str(tmp_path / "r")]) == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"pip install 'secure-fgl[{name}]'" in lines[0], lines

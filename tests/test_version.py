@@ -1,4 +1,5 @@
 """The package's version and typing marker come from its metadata and ship with it."""
+
 from importlib import metadata
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import secure_fgl
 def test_version_is_the_installed_package_metadata():
     try:
         expected = metadata.version("secure-fgl")
-    except metadata.PackageNotFoundError:          # a source checkout that was not pip-installed
+    except metadata.PackageNotFoundError:  # a source checkout that was not pip-installed
         expected = "0+unknown"
     assert secure_fgl.__version__ == expected
 
@@ -16,5 +17,6 @@ def test_version_is_the_installed_package_metadata():
 def test_every_package_ships_a_py_typed_marker():
     import attacks
     import protocols
+
     for package in (secure_fgl, protocols, attacks):
         assert (Path(package.__file__).parent / "py.typed").is_file()

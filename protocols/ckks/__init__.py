@@ -8,8 +8,17 @@ Modules, one concept each:
 * :mod:`.wire`    — framing of serialized ciphertexts (integrity digest);
 * :mod:`.backend` — :class:`CKKSProtocol`, the exchange itself.
 """
+
 from .backend import CKKSProtocol
 from .params import ADD_ONLY_CHAINS, N4096, N8192, REFERENCE, ChainParams, EncodingPlan, check_security
 
-__all__ = ["CKKSProtocol", "ChainParams", "EncodingPlan", "check_security", "N8192", "N4096", "REFERENCE",
-           "ADD_ONLY_CHAINS"]
+__all__ = [
+    "CKKSProtocol",
+    "ChainParams",
+    "EncodingPlan",
+    "check_security",
+    "N8192",
+    "N4096",
+    "REFERENCE",
+    "ADD_ONLY_CHAINS",
+]

@@ -49,6 +49,7 @@ leak).  Each recipient gets one download Message (kind ``ciphertext``).  The tes
 streamed exchange: each chunk's part of a client's upload) and every download.  Every ciphertext has a fixed padded size per chain, so every message size is
 a function of public shapes only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,8 +62,16 @@ import numpy as np
 import tenseal as ts
 
 from ..base import ExchangeContext, ValueSpec
-from ..errors import (BoundError, ConfigurationError, DropoutError, IntegrityError, MalformedMessageError,
-                      PackingOverflowError, ProtocolError, ShapeError)
+from ..errors import (
+    BoundError,
+    ConfigurationError,
+    DropoutError,
+    IntegrityError,
+    MalformedMessageError,
+    PackingOverflowError,
+    ProtocolError,
+    ShapeError,
+)
 from ..fixed_point import FixedPoint, rounding_rng
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..split import SplitProtocol
@@ -72,8 +81,19 @@ from . import wire
 from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, client_codec, plan_fixed_point, server_load
 from .keys import ClientKey, ClientKeyRing, ServerContext
 from .packing import PackingLayout
-from .params import (ADD_ONLY_CHAINS, NAMED_CHAINS, REFERENCE_SCALE_BITS, ChainParams, EncodingPlan,
-                     check_security, choose_chain, per_client_limits, plan_float, plan_packed, release_step)
+from .params import (
+    ADD_ONLY_CHAINS,
+    NAMED_CHAINS,
+    REFERENCE_SCALE_BITS,
+    ChainParams,
+    EncodingPlan,
+    check_security,
+    choose_chain,
+    per_client_limits,
+    plan_float,
+    plan_packed,
+    release_step,
+)
 
 KEYS_TAG = "ckks/keys"
 #: sparse row_sum: a smaller ring is preferred when its bytes per value are at most this much
@@ -85,11 +105,19 @@ _LEN = struct.Struct(">I")
 # ====================================================================== the public plan on the wire
 def plan_to_payload(plan: EncodingPlan) -> dict:
     """An :class:`EncodingPlan` as a message body (all public)."""
-    return {"chain": {"name": plan.chain.name, "n": plan.chain.poly_modulus_degree,
-                      "bits": np.asarray(plan.chain.coeff_mod_bit_sizes, np.int64)},
-            "scale_bits": plan.scale_bits, "encoding": plan.encoding, "error_bound": float(plan.error_bound),
-            "exact": bool(plan.exact), "sum_bound": float(plan.sum_bound),
-            "layout": None if plan.layout is None else dataclasses.asdict(plan.layout)}
+    return {
+        "chain": {
+            "name": plan.chain.name,
+            "n": plan.chain.poly_modulus_degree,
+            "bits": np.asarray(plan.chain.coeff_mod_bit_sizes, np.int64),
+        },
+        "scale_bits": plan.scale_bits,
+        "encoding": plan.encoding,
+        "error_bound": float(plan.error_bound),
+        "exact": bool(plan.exact),
+        "sum_bound": float(plan.sum_bound),
+        "layout": None if plan.layout is None else dataclasses.asdict(plan.layout),
+    }
 
 
 def _layout_from_payload(p: dict) -> PackingLayout | FixedPointLayout:
@@ -97,8 +125,15 @@ def _layout_from_payload(p: dict) -> PackingLayout | FixedPointLayout:
     if "codec" not in p:
         return PackingLayout(**{k: int(v) for k, v in p.items()})
     c = p["codec"]
-    codec = FixedPoint(float(c["entry_bound"]), float(c["sum_bound"]), int(c["num_clients"]), int(c["width"]),
-                       int(c["fields"]), bool(c["integer"]), int(c["grid_bits"]))
+    codec = FixedPoint(
+        float(c["entry_bound"]),
+        float(c["sum_bound"]),
+        int(c["num_clients"]),
+        int(c["width"]),
+        int(c["fields"]),
+        bool(c["integer"]),
+        int(c["grid_bits"]),
+    )
     return FixedPointLayout(codec, int(p["slots"]), str(p["encryption"]), int(p["offset"]))
 
 
@@ -108,8 +143,15 @@ def plan_from_payload(p) -> EncodingPlan:
         c = p["chain"]
         chain = ChainParams(str(c["name"]), int(c["n"]), tuple(int(b) for b in np.asarray(c["bits"]).ravel()))
         layout = None if p["layout"] is None else _layout_from_payload(p["layout"])
-        plan = EncodingPlan(chain, int(p["scale_bits"]), str(p["encoding"]), float(p["error_bound"]),
-                            bool(p["exact"]), layout, float(p["sum_bound"]))
+        plan = EncodingPlan(
+            chain,
+            int(p["scale_bits"]),
+            str(p["encoding"]),
+            float(p["error_bound"]),
+            bool(p["exact"]),
+            layout,
+            float(p["sum_bound"]),
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise MalformedMessageError(f"malformed CKKS encoding plan ({e})") from None
     check_security(chain)
@@ -132,7 +174,7 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
     """One framed fresh ciphertext (SEAL's seeded form under symmetric encryption: half the bytes)."""
     fixed = isinstance(plan.layout, FixedPointLayout)
     size = plan.chain.upload_ciphertext_bytes(encryption)
-    for _ in range(8):          # a fresh encryption's size is independent of the data (wire doc)
+    for _ in range(8):  # a fresh encryption's size is independent of the data (wire doc)
         if fixed:
             ct = plan.layout.encrypt(context, plan, values)
         else:
@@ -140,12 +182,21 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
             ct = client_codec(context, plan.chain, encryption).encrypt(slots, plan.scale)
         if len(ct) <= size:
             return wire.frame(ct, size)
-    raise ConfigurationError(f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
-                             "update PADDED_CT_BYTES / PADDED_SEEDED_CT_BYTES for this TenSEAL version")
+    raise ConfigurationError(
+        f"ciphertexts of {plan.chain.describe()} exceed the padded size {size}; "
+        "update PADDED_CT_BYTES / PADDED_SEEDED_CT_BYTES for this TenSEAL version"
+    )
 
 
-def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, where: dict,
-             encryption: str, step: float | None = None) -> np.ndarray:
+def _decrypt(
+    context: ts.Context,
+    plan: EncodingPlan,
+    frame: bytes,
+    n: int,
+    where: dict,
+    encryption: str,
+    step: float | None = None,
+) -> np.ndarray:
     """Decrypt and decode one frame; float sums rounded to the grid ``step`` (:func:`.params.release_step`)."""
     if isinstance(plan.layout, FixedPointLayout):
         vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
@@ -156,9 +207,12 @@ def _decrypt(context: ts.Context, plan: EncodingPlan, frame: bytes, n: int, wher
             return np.rint(dec) if plan.exact else dec if step is None else np.rint(dec / step) * step
         vals, residual, in_range = plan.layout.unpack(dec, n)
     if residual > 0.25 or not in_range:
-        raise BoundError(f"decoded packed slots are off their integers by {residual:.3g} (bound "
-                         f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
-                         "bound was violated; the result was refused", **where)
+        raise BoundError(
+            f"decoded packed slots are off their integers by {residual:.3g} (bound "
+            f"{plan.error_bound:.3g}) or out of range: the CKKS noise model or the public sum "
+            "bound was violated; the result was refused",
+            **where,
+        )
     return vals
 
 
@@ -205,7 +259,7 @@ class CKKSClient(ClientHalf):
 
     def on_stage(self, stage, inbox):
         rest = []
-        for m in inbox:                      # the secret context of a chain, relayed from client 0
+        for m in inbox:  # the secret context of a chain, relayed from client 0
             if m.sender != SERVER and envelope_of(m).stage == "key_setup":
                 self._take_secret(m)
             else:
@@ -244,8 +298,14 @@ class CKKSClient(ClientHalf):
         if self.id not in p.contributors:
             return []
         ids = np.asarray(self._own_table(plan_from_payload(p.encoding["plan"])).ids, dtype=np.int64)
-        msg = self.message(SERVER, "metadata", (ids.size,), {"block_ids": ids.astype(np.int32)},
-                           p.encoding["fingerprint"], note="block ids of the sparse layout")
+        msg = self.message(
+            SERVER,
+            "metadata",
+            (ids.size,),
+            {"block_ids": ids.astype(np.int32)},
+            p.encoding["fingerprint"],
+            note="block ids of the sparse layout",
+        )
         return [self.seal(msg, "block_ids")]
 
     # ------------------------------------------------------------------ keys
@@ -259,30 +319,67 @@ class CKKSClient(ClientHalf):
         env = envelope_of(req)
         where = dict(tag=KEYS_TAG, round=req.round, client=self.id)
         self.check(req, SERVER, "key_setup", env.part, where)
-        chain = plan_from_payload({**req.payload, "scale_bits": 0, "encoding": "float", "error_bound": 0.0,
-                                   "exact": False, "sum_bound": 0.0, "layout": None}).chain \
-            if isinstance(req.payload, dict) else None
+        chain = (
+            plan_from_payload(
+                {
+                    **req.payload,
+                    "scale_bits": 0,
+                    "encoding": "float",
+                    "error_bound": 0.0,
+                    "exact": False,
+                    "sum_bound": 0.0,
+                    "layout": None,
+                }
+            ).chain
+            if isinstance(req.payload, dict)
+            else None
+        )
         if chain is None:
             raise IntegrityError("malformed key set-up request", **where)
         key = self.keys.get(chain) if chain in self.keys else self.keys.create(chain)
         note = f"CKKS {chain.describe()}, {self.keys.encryption} encryption"
-        secret = key.context.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                                       save_relin_keys=False)
+        secret = key.context.serialize(
+            save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
+        )
         secret = _LEN.pack(len(secret)) + secret
-        secret += bytes(max(0, key.secret_nbytes + _LEN.size - len(secret)))   # padded: sizes are public
+        secret += bytes(max(0, key.secret_nbytes + _LEN.size - len(secret)))  # padded: sizes are public
         out = []
         for k in range(1, self.setup.num_clients):
-            out.append(self.seal_relayed(k, "key_setup", secret, f"secret context ({note})", key.fingerprint,
-                                         part=env.part, tag=KEYS_TAG, round=req.round))
-        pub = Message(req.round, KEYS_TAG, self.name, SERVER, "public_key", (), 0, self.mode, key.fingerprint,
-                      key.public_bytes, note=f"public context without secret/Galois/relin keys ({note})")
+            out.append(
+                self.seal_relayed(
+                    k,
+                    "key_setup",
+                    secret,
+                    f"secret context ({note})",
+                    key.fingerprint,
+                    part=env.part,
+                    tag=KEYS_TAG,
+                    round=req.round,
+                )
+            )
+        pub = Message(
+            req.round,
+            KEYS_TAG,
+            self.name,
+            SERVER,
+            "public_key",
+            (),
+            0,
+            self.mode,
+            key.fingerprint,
+            key.public_bytes,
+            note=f"public context without secret/Galois/relin keys ({note})",
+        )
         return [self.seal(pub, "key_setup", env.part)] + out
 
     def coalition_secrets(self) -> dict[str, bytes]:
         """Each chain's secret context (TenSEAL serialization), keyed by its public fingerprint."""
-        return {k.fingerprint: k.context.serialize(save_public_key=False, save_secret_key=True,
-                                                   save_galois_keys=False, save_relin_keys=False)
-                for k in self.keys._keys.values()}
+        return {
+            k.fingerprint: k.context.serialize(
+                save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
+            )
+            for k in self.keys._keys.values()
+        }
 
     def _take_secret(self, m: Message) -> None:
         env = envelope_of(m)
@@ -290,7 +387,7 @@ class CKKSClient(ClientHalf):
         where = dict(tag=KEYS_TAG, round=m.round, client=self.id)
         try:
             (n,) = _LEN.unpack_from(raw, 0)
-            context = ts.context_from(raw[_LEN.size:_LEN.size + n], n_threads=1)
+            context = ts.context_from(raw[_LEN.size : _LEN.size + n], n_threads=1)
         except Exception as exc:  # noqa: BLE001 - TenSEAL raises several types
             raise IntegrityError(f"the relayed secret context does not deserialize: {exc}", **where) from None
         self.keys.adopt(context, m.fingerprint, len(raw) - _LEN.size)
@@ -313,39 +410,44 @@ class CKKSClient(ClientHalf):
         self._up_part += 1
         chunks = _chunks(p.num_blocks, int(p.encoding["blocks_per_chunk"]))
         if part == len(chunks) - 1:
-            self._table = None                          # the last chunk: the contribution is not needed again
+            self._table = None  # the last chunk: the contribution is not needed again
         b0, b1 = chunks[part]
         bounds, _ = _pieces(ep, p.block_len)
         i0, i1 = np.searchsorted(table.ids, [b0, b1])
         t0 = time.perf_counter()
         context = self._key().context
         rows = table.values[i0:i1]
-        if isinstance(ep.layout, FixedPointLayout):     # packed fixed point: quantise this chunk
-            if self._rounding is None:                  # one generator per client and exchange, drawn in block order
+        if isinstance(ep.layout, FixedPointLayout):  # packed fixed point: quantise this chunk
+            if self._rounding is None:  # one generator per client and exchange, drawn in block order
                 self._rounding = rounding_rng(int(self.setup.options["rounding_seed"]), p.tag, p.round, self.id)
             rows = ep.layout.quantize(rows, self._rounding, p.dp_noise_std > 0)
         encryption = self.keys.encryption
         frames = [_encrypt(context, ep, row[a:b], encryption) for row in rows for a, b in bounds]
         self.timing["upload_s"] = self.timing.get("upload_s", 0.0) + time.perf_counter() - t0
-        msg = self.message(SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"],
-                           note=ep.describe())
+        msg = self.message(
+            SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"], note=ep.describe()
+        )
         return [self.seal(msg, "upload", part)]
 
     def _checked_table(self, ep: EncodingPlan):
         """The contribution, checked against the public plan before anything is encrypted."""
         p = self.plan
-        table = self.contribution(dense=False)      # lazy rows stay lazy: _upload reads them chunk by chunk
+        table = self.contribution(dense=False)  # lazy rows stay lazy: _upload reads them chunk by chunk
         ids, vals = check_block_table(p, self.id, table, self.setup.num_clients)
         lo, hi, offset = per_client_limits(p.spec, p.dp_noise_std, self.setup.num_clients)
         bad = find_violation(vals, lo, hi, p.spec.integer)
         if bad is not None:
             i, v, why = bad
             err = PackingOverflowError if (ep.layout is not None and "range" in why) else BoundError
-            raise err(f"entry {i % p.block_len} of block {int(ids[i // p.block_len])} is {v:g}, which "
-                      f"{why} of this exchange's {ep.describe()} encoding (ValueSpec max_abs={p.spec.max_abs:g}, "
-                      f"sum_max={p.spec.sum_max}, integer={p.spec.integer}"
-                      + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
-                      "values or declare a larger public bound", **self.where())
+            raise err(
+                f"entry {i % p.block_len} of block {int(ids[i // p.block_len])} is {v:g}, which "
+                f"{why} of this exchange's {ep.describe()} encoding (ValueSpec max_abs={p.spec.max_abs:g}, "
+                f"sum_max={p.spec.sum_max}, integer={p.spec.integer}"
+                + (f", DP offset {offset}" if offset else "")
+                + "). Nothing was encrypted. Fix: clip the "
+                "values or declare a larger public bound",
+                **self.where(),
+            )
         return table
 
     def _download(self, inbox):
@@ -365,22 +467,36 @@ class CKKSClient(ClientHalf):
         bounds, _ = _pieces(ep, p.block_len)
         n = len(bounds)
         if not isinstance(msg.payload, list) or len(msg.payload) != len(wanted) * n:
-            raise IntegrityError(f"download of {len(msg.payload) if isinstance(msg.payload, list) else None} "
-                                 f"ciphertexts, expected {len(wanted) * n}", **self.where())
+            raise IntegrityError(
+                f"download of {len(msg.payload) if isinstance(msg.payload, list) else None} "
+                f"ciphertexts, expected {len(wanted) * n}",
+                **self.where(),
+            )
         t0 = time.perf_counter()
         key = self._key()
         step = release_step(ep, p.spec)
-        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)   # one chunk at a time
+        scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)  # one chunk at a time
         zero = np.zeros(p.block_len)
         for i, bid in enumerate(wanted):
-            frames = msg.payload[i * n:(i + 1) * n]
-            if any(f == wire.EMPTY for f in frames):      # no client uploaded this block
+            frames = msg.payload[i * n : (i + 1) * n]
+            if any(f == wire.EMPTY for f in frames):  # no client uploaded this block
                 self._received[bid] = self.keep(bid, zero)
                 continue
-            self._received[bid] = self.keep(bid, np.concatenate([     # the rows this client keeps, at once
-                _MEMO.decrypt(scope, f, lambda f=f, a=a, b=b: _decrypt(key.context, ep, f, b - a, self.where(),
-                                                                         self.keys.encryption, step))
-                for f, (a, b) in zip(frames, bounds)]))
+            self._received[bid] = self.keep(
+                bid,
+                np.concatenate(
+                    [  # the rows this client keeps, at once
+                        _MEMO.decrypt(
+                            scope,
+                            f,
+                            lambda f=f, a=a, b=b: _decrypt(
+                                key.context, ep, f, b - a, self.where(), self.keys.encryption, step
+                            ),
+                        )
+                        for f, (a, b) in zip(frames, bounds)
+                    ]
+                ),
+            )
         self.timing["download_s"] = self.timing.get("download_s", 0.0) + time.perf_counter() - t0
         if part == len(chunks) - 1:
             received, self._received = self._received, {}
@@ -407,8 +523,12 @@ class CKKSServer(ServerHalf):
             msg = replace(msg, note="secret context (channel-encrypted, relayed by the server)")
             if msg.nbytes > self.keep_payload_bytes:
                 msg = msg.without_payload()
-        if self._streaming is not None and msg.tag == self.plan.tag and msg.kind == "ciphertext" \
-                and msg.relay != SERVER:
+        if (
+            self._streaming is not None
+            and msg.tag == self.plan.tag
+            and msg.kind == "ciphertext"
+            and msg.relay != SERVER
+        ):
             sent = self._streaming.setdefault((msg.sender, msg.receiver), [])
             sent.append(msg)
             if len(sent) > 1 or msg.nbytes > self.keep_payload_bytes:
@@ -426,10 +546,25 @@ class CKKSServer(ServerHalf):
             return self.contexts[chain.name]
         self.register(link, rnd, range(self.setup.num_clients))
         part = len(self.contexts)
-        request = Message(rnd, KEYS_TAG, SERVER, client_party(0), "control", (), 0, self.mode, "",
-                          {"chain": {"name": chain.name, "n": chain.poly_modulus_degree,
-                                     "bits": np.asarray(chain.coeff_mod_bit_sizes, np.int64)}},
-                          note="key set-up request")
+        request = Message(
+            rnd,
+            KEYS_TAG,
+            SERVER,
+            client_party(0),
+            "control",
+            (),
+            0,
+            self.mode,
+            "",
+            {
+                "chain": {
+                    "name": chain.name,
+                    "n": chain.poly_modulus_degree,
+                    "bits": np.asarray(chain.coeff_mod_bit_sizes, np.int64),
+                }
+            },
+            note="key set-up request",
+        )
         got = self.call(link, "key_setup", {0: [(request, part)]}, hook=False)
         where = dict(tag=KEYS_TAG, round=rnd, client=0)
         pub = [m for m in got.get(0, []) if m.receiver == SERVER]
@@ -439,7 +574,7 @@ class CKKSServer(ServerHalf):
         relayed = [m for m in got[0] if m.relay == SERVER]
         if len(relayed) != self.setup.num_clients - 1:
             raise IntegrityError("client 0 did not send the secret context to every client", **where)
-        context = ServerContext(pub[0].payload, chain)          # the server: public bytes only
+        context = ServerContext(pub[0].payload, chain)  # the server: public bytes only
         if context.fingerprint != pub[0].fingerprint:
             raise IntegrityError("the public context does not match its fingerprint", **where)
         self.contexts[chain.name] = context
@@ -466,7 +601,7 @@ class CKKSServer(ServerHalf):
         # sparse layout: block ids travel in the clear (documented leak), checked by the server
         server_ids: dict[int, np.ndarray] = {}
         first_call = {k: [] for k in plan.parties}
-        dropped: list[int] = []             # contributors that stopped answering before their first upload
+        dropped: list[int] = []  # contributors that stopped answering before their first upload
         if plan.layout == "sparse":
             got = self.call(link, "block_ids", first_call)
             first_call = {}
@@ -495,38 +630,48 @@ class CKKSServer(ServerHalf):
                 t = time.perf_counter()
                 loaded = {}
                 missing = [k for k in contributors if k not in got]
-                if part == 0 and missing:           # not a contributor after all: a survivors' sum
+                if part == 0 and missing:  # not a contributor after all: a survivors' sum
                     dropped += missing
                     contributors = [k for k in contributors if k not in missing]
                     missing = []
                 if dropped and (plan.dp_noise_std > 0 or not contributors):
-                    raise self._missing(dropped, "upload", "every contributor dropped" if not contributors else
-                                        "each contributor adds a share of the DP noise")
-                if missing:                         # after its first chunk: its blocks are in the sums already
+                    raise self._missing(
+                        dropped,
+                        "upload",
+                        "every contributor dropped"
+                        if not contributors
+                        else "each contributor adds a share of the DP noise",
+                    )
+                if missing:  # after its first chunk: its blocks are in the sums already
                     raise self._missing(missing, "upload")
-                for k in contributors:                      # check ALL uploads of the chunk first
+                for k in contributors:  # check ALL uploads of the chunk first
                     msg = self.responses(got, k, "upload", "ciphertext", part)
                     if msg is None:
                         raise self._missing([k], "upload")
                     self.check_envelope(msg, fp, k)
                     ids = server_ids[k]
                     sel = ids[(ids >= b0) & (ids < b1)]
-                    if tuple(msg.shape) != (sel.size, plan.block_len) or not isinstance(msg.payload, (list, tuple)) \
-                            or len(msg.payload) != sel.size * n_pieces:
+                    if (
+                        tuple(msg.shape) != (sel.size, plan.block_len)
+                        or not isinstance(msg.payload, (list, tuple))
+                        or len(msg.payload) != sel.size * n_pieces
+                    ):
                         n = len(msg.payload) if isinstance(msg.payload, (list, tuple)) else None
-                        raise ShapeError(f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
-                                         f"{(sel.size, plan.block_len)} in {sel.size * n_pieces} ciphertexts",
-                                         **where(k))
+                        raise ShapeError(
+                            f"upload of shape {tuple(msg.shape)} with {n} ciphertexts; expected shape "
+                            f"{(sel.size, plan.block_len)} in {sel.size * n_pieces} ciphertexts",
+                            **where(k),
+                        )
                     vecs = [self._load(server, ep, f, k, i) for i, f in enumerate(msg.payload)]
                     loaded[k] = (sel, vecs)
                 sums: dict[int, list] = {}
                 counts: dict[int, int] = {}
-                for k in contributors:                      # then add, per block id
+                for k in contributors:  # then add, per block id
                     sel, vecs = loaded[k]
                     for i, bid in enumerate(sel.tolist()):
                         if not needed[bid]:
                             continue
-                        pieces = vecs[i * n_pieces:(i + 1) * n_pieces]
+                        pieces = vecs[i * n_pieces : (i + 1) * n_pieces]
                         if bid in sums:
                             for acc, v in zip(sums[bid], pieces):
                                 acc.add_(v)
@@ -534,38 +679,55 @@ class CKKSServer(ServerHalf):
                             sums[bid] = pieces
                         counts[bid] = counts.get(bid, 0) + 1
                 if ep.layout is not None and ep.layout.offset:
-                    for bid, c in counts.items():           # pad missing clients' DP offsets (public)
+                    for bid, c in counts.items():  # pad missing clients' DP offsets (public)
                         if c < K:
                             const = ep.layout.offset_constant(K - c)
                             for acc, n in zip(sums[bid], vec_lens):
                                 acc.add_constant_(const, n)
                 size = chain.padded_ciphertext_bytes
-                out_frames = {bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
-                              for bid, accs in sums.items()}
+                out_frames = {
+                    bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs]
+                    for bid, accs in sums.items()
+                }
                 del loaded, sums
                 server_s += time.perf_counter() - t
                 downloads = {}
-                for r, bids in plan.requests.items():         # signed download of this chunk's blocks
+                for r, bids in plan.requests.items():  # signed download of this chunk's blocks
                     mine = [int(b) for b in bids if b0 <= int(b) < b1]
                     frames = [f for b in mine for f in out_frames.get(b, [wire.EMPTY] * n_pieces)]
-                    downloads[r] = [(self.message(r, "ciphertext", (len(mine), plan.block_len), frames, fp,
-                                                  note=ep.describe()), part)]
+                    downloads[r] = [
+                        (
+                            self.message(r, "ciphertext", (len(mine), plan.block_len), frames, fp, note=ep.describe()),
+                            part,
+                        )
+                    ]
                 self.call(link, "download", downloads)
         finally:
             streamed, self._streaming = self._streaming, None
             self._record_streamed(streamed)
         self.last_stats = {
-            "chunks": len(chunks), "ciphertexts_per_block": n_pieces, "server_s": server_s, "setup_s": setup_s,
+            "chunks": len(chunks),
+            "ciphertexts_per_block": n_pieces,
+            "server_s": server_s,
+            "setup_s": setup_s,
             "bytes_up": {k: sum(m.nbytes for m in streamed.get((client_party(k), SERVER), [])) for k in contributors},
-            "bytes_down": {r: sum(m.nbytes for m in streamed.get((SERVER, client_party(r)), []))
-                           for r in plan.requests},
+            "bytes_down": {
+                r: sum(m.nbytes for m in streamed.get((SERVER, client_party(r)), [])) for r in plan.requests
+            },
         }
         return tuple(contributors)
 
-    def _missing(self, clients: list[int], stage: str, why: str = "a client that stops answering during "
-                 "its upload leaves a partial sum") -> DropoutError:
-        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not answer the '{stage}' stage ({why}); "
-                           "nothing was aggregated. Re-run it without them", **self.where(clients[0]))
+    def _missing(
+        self,
+        clients: list[int],
+        stage: str,
+        why: str = "a client that stops answering during its upload leaves a partial sum",
+    ) -> DropoutError:
+        err = DropoutError(
+            f"client(s) {', '.join(map(str, clients))} did not answer the '{stage}' stage ({why}); "
+            "nothing was aggregated. Re-run it without them",
+            **self.where(clients[0]),
+        )
         err.clients = tuple(clients)
         return err
 
@@ -574,13 +736,16 @@ class CKKSServer(ServerHalf):
         expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
             size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
-            raise IntegrityError(f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
-                                 f"or not made with this exchange's parameters ({server.chain.describe()})", **where)
+            raise IntegrityError(
+                f"ciphertext {index} is {size} bytes, expected {expected}: truncated, corrupted "
+                f"or not made with this exchange's parameters ({server.chain.describe()})",
+                **where,
+            )
         try:
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
-        try:            # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
+        try:  # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
             return server_load(server.chain, body, plan.scale)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
@@ -596,10 +761,15 @@ class CKKSServer(ServerHalf):
                 last = msgs[-1]
                 try:
                     shape = (sum(int(m.shape[0]) for m in msgs), self.plan.block_len)
-                except (TypeError, ValueError, IndexError):   # a tampered shape: record it as sent
+                except (TypeError, ValueError, IndexError):  # a tampered shape: record it as sent
                     shape = last.shape
-                msg = replace(last, shape=shape, nbytes=sum(int(m.nbytes) for m in msgs), payload=None,
-                              note=last.note + f"; streamed in {len(msgs)} chunks, payload not kept")
+                msg = replace(
+                    last,
+                    shape=shape,
+                    nbytes=sum(int(m.nbytes) for m in msgs),
+                    payload=None,
+                    note=last.note + f"; streamed in {len(msgs)} chunks, payload not kept",
+                )
             super().record(msg)
 
 
@@ -660,15 +830,28 @@ class CKKSProtocol(SplitProtocol):
     client_half = CKKSClient
     server_half = CKKSServer
 
-    def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0, packing=True,
-                 params=None, encryption: str = "symmetric", chunk_bytes: int = 16 << 20,
-                 keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = False,
-                 fixed_point_bits: int | None = None, exact_fields: bool = True, link=None, schedule: str = "",
-                 **collusion):
+    def __init__(
+        self,
+        num_clients: int,
+        *,
+        transcript=None,
+        dp=None,
+        seed: int = 0,
+        packing=True,
+        params=None,
+        encryption: str = "symmetric",
+        chunk_bytes: int = 16 << 20,
+        keep_payload_bytes: int = 8 << 20,
+        audit_sum_bound: bool = False,
+        fixed_point_bits: int | None = None,
+        exact_fields: bool = True,
+        link=None,
+        schedule: str = "",
+        **collusion,
+    ):
         if packing not in (True, False):
-            raise ConfigurationError(f"packing must be True or False, got {packing!r} "
-                                     "(BFV packing is not implemented)")
-        ClientKeyRing(encryption)                         # validates the encryption type
+            raise ConfigurationError(f"packing must be True or False, got {packing!r} (BFV packing is not implemented)")
+        ClientKeyRing(encryption)  # validates the encryption type
         self.packing = bool(packing)
         self.encryption = encryption
         self._candidates, self._fixed_scale = self._resolve_params(params)
@@ -676,20 +859,29 @@ class CKKSProtocol(SplitProtocol):
         self.chunk_bytes = int(chunk_bytes)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
-        if fixed_point_bits is not None and (isinstance(fixed_point_bits, bool) or not isinstance(fixed_point_bits, int)
-                                             or not 2 <= fixed_point_bits <= 52):
-            raise ConfigurationError(f"fixed_point_bits must be an integer in [2, 52] or None, got {fixed_point_bits!r} "
-                                     f"(e.g. {DEFAULT_FIELD_BITS})")
+        if fixed_point_bits is not None and (
+            isinstance(fixed_point_bits, bool)
+            or not isinstance(fixed_point_bits, int)
+            or not 2 <= fixed_point_bits <= 52
+        ):
+            raise ConfigurationError(
+                f"fixed_point_bits must be an integer in [2, 52] or None, got {fixed_point_bits!r} "
+                f"(e.g. {DEFAULT_FIELD_BITS})"
+            )
         self.fixed_point_bits = fixed_point_bits
         self.exact_fields = bool(exact_fields)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
-                         **collusion)
+        super().__init__(
+            num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule, **collusion
+        )
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
         self.last_stats: dict | None = None
 
     def public_options(self) -> dict:
-        return {"encryption": self.encryption, "keep_payload_bytes": self.keep_payload_bytes,
-                "rounding_seed": int(self.seed)}
+        return {
+            "encryption": self.encryption,
+            "keep_payload_bytes": self.keep_payload_bytes,
+            "rounding_seed": int(self.seed),
+        }
 
     # ------------------------------------------------------------------ configuration
     @staticmethod
@@ -698,8 +890,10 @@ class CKKSProtocol(SplitProtocol):
             return ADD_ONLY_CHAINS, None
         if isinstance(params, str):
             if params not in NAMED_CHAINS:
-                raise ConfigurationError(f"unknown CKKS parameter set {params!r}; use 'auto', "
-                                         f"{', '.join(repr(n) for n in NAMED_CHAINS)} or a ChainParams")
+                raise ConfigurationError(
+                    f"unknown CKKS parameter set {params!r}; use 'auto', "
+                    f"{', '.join(repr(n) for n in NAMED_CHAINS)} or a ChainParams"
+                )
             chain = NAMED_CHAINS[params]
         elif isinstance(params, ChainParams):
             chain = params
@@ -714,31 +908,51 @@ class CKKSProtocol(SplitProtocol):
         for chain in self._candidates:
             try:
                 if spec.integer and self.packing and chain.data_primes == 1:
-                    if self.fixed_point_bits or self.exact_fields:    # exact signed fields in both halves
-                        plans[chain.name + "/fixed"] = plan_fixed_point(chain, spec, self.num_clients, dp_std,
-                                                                        self.encryption,
-                                                                        self.fixed_point_bits or DEFAULT_FIELD_BITS,
-                                                                        tag=tag, round=rnd)
-                    plans[chain.name] = plan_packed(chain, spec, self.num_clients, dp_std, self.encryption,
-                                                    tag=tag, round=rnd)
-                elif not spec.integer and chain.data_primes == 1 and (
-                        self.fixed_point_bits or (self.exact_fields and spec.grid_bits is not None)):
+                    if self.fixed_point_bits or self.exact_fields:  # exact signed fields in both halves
+                        plans[chain.name + "/fixed"] = plan_fixed_point(
+                            chain,
+                            spec,
+                            self.num_clients,
+                            dp_std,
+                            self.encryption,
+                            self.fixed_point_bits or DEFAULT_FIELD_BITS,
+                            tag=tag,
+                            round=rnd,
+                        )
+                    plans[chain.name] = plan_packed(
+                        chain, spec, self.num_clients, dp_std, self.encryption, tag=tag, round=rnd
+                    )
+                elif (
+                    not spec.integer
+                    and chain.data_primes == 1
+                    and (self.fixed_point_bits or (self.exact_fields and spec.grid_bits is not None))
+                ):
                     # both encodings compete: fixed point where it saves ciphertexts, float (within
                     # the spec's tolerance) where it costs no more bytes (params.choose_chain); on a
                     # public grid the fields are exact and the float plan comes first: a grid too
                     # fine for exact fields keeps it
-                    bits = self.fixed_point_bits or DEFAULT_FIELD_BITS    # (grid fields take their own width)
-                    build = {chain.name + "/fixed": lambda: plan_fixed_point(chain, spec, self.num_clients, dp_std,
-                                                                             self.encryption, bits,
-                                                                             tag=tag, round=rnd),
-                             chain.name: lambda: plan_float(chain, spec, self.num_clients, dp_std, self.encryption,
-                                                            tag=tag, round=rnd)}
-                    for name in (sorted(build) if spec.grid_bits is not None else sorted(build, reverse=True)):
+                    bits = self.fixed_point_bits or DEFAULT_FIELD_BITS  # (grid fields take their own width)
+                    build = {
+                        chain.name + "/fixed": lambda: plan_fixed_point(
+                            chain, spec, self.num_clients, dp_std, self.encryption, bits, tag=tag, round=rnd
+                        ),
+                        chain.name: lambda: plan_float(
+                            chain, spec, self.num_clients, dp_std, self.encryption, tag=tag, round=rnd
+                        ),
+                    }
+                    for name in sorted(build) if spec.grid_bits is not None else sorted(build, reverse=True):
                         plans[name] = build[name]()
                 else:
                     plans[chain.name] = plan_float(
-                        chain, spec, self.num_clients, dp_std, self.encryption,
-                        fixed_scale_bits=None if chain.data_primes == 1 else self._fixed_scale, tag=tag, round=rnd)
+                        chain,
+                        spec,
+                        self.num_clients,
+                        dp_std,
+                        self.encryption,
+                        fixed_scale_bits=None if chain.data_primes == 1 else self._fixed_scale,
+                        tag=tag,
+                        round=rnd,
+                    )
             except ProtocolError as exc:
                 first_error = first_error or exc
         if not plans:
@@ -759,7 +973,7 @@ class CKKSProtocol(SplitProtocol):
         try:
             return self.plan(spec, dp_std=self._dp_std_hint()).values_per_ciphertext
         except ProtocolError:
-            return self._candidates[0].slots   # the exchange raises the error with the exchange named
+            return self._candidates[0].slots  # the exchange raises the error with the exchange named
 
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
         """The capacity of the plan with the fewest bytes for ``length`` values (whole
@@ -829,11 +1043,17 @@ class CKKSProtocol(SplitProtocol):
         if bad is not None:
             k, block, entry, v, why = bad
             err = PackingOverflowError if (packed and "range" in why) else BoundError
-            raise err(f"entry {entry} of block {block} is {v:g}, which "
-                      f"{why} of this exchange's {plan.describe()} encoding (ValueSpec max_abs={spec.max_abs:g}, "
-                      f"sum_max={spec.sum_max}, integer={spec.integer}"
-                      + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: clip the "
-                      "values or declare a larger public bound", tag=ctx.tag, round=ctx.round, client=k)
+            raise err(
+                f"entry {entry} of block {block} is {v:g}, which "
+                f"{why} of this exchange's {plan.describe()} encoding (ValueSpec max_abs={spec.max_abs:g}, "
+                f"sum_max={spec.sum_max}, integer={spec.integer}"
+                + (f", DP offset {offset}" if offset else "")
+                + "). Nothing was encrypted. Fix: clip the "
+                "values or declare a larger public bound",
+                tag=ctx.tag,
+                round=ctx.round,
+                client=k,
+            )
         if not spec.integer or isinstance(plan.layout, FixedPointLayout):
             return
         if packed:
@@ -841,7 +1061,7 @@ class CKKSProtocol(SplitProtocol):
             bottom = -self.num_clients * offset
         else:
             top, bottom = plan.sum_bound, -plan.sum_bound
-        for b0, b1 in chunks:                       # chunk-wise: memory stays bounded
+        for b0, b1 in chunks:  # chunk-wise: memory stays bounded
             total = np.zeros((b1 - b0, ctx.block_len))
             for table in ctx.contributions.values():
                 i0, i1 = np.searchsorted(table.ids, [b0, b1])
@@ -851,28 +1071,40 @@ class CKKSProtocol(SplitProtocol):
                 b, j = int(bad[0][0]), int(bad[1][0])
                 b += b0
                 err = PackingOverflowError if packed else BoundError
-                raise err(f"the {len(ctx.contributions)}-client sum of entry {j} of block {b} is {total[b - b0, j]:g}, "
-                          f"outside [{bottom:g}, {top:g}] that the public bound sum_max={spec.sum_max} allows"
-                          + (f": its {plan.layout.width}-bit packed field would carry into the next one" if packed
-                             else "") + ". Nothing was encrypted. Fix: declare the true bound (e.g. degree cap + 1) "
-                          "in ValueSpec.sum_max", tag=ctx.tag, round=ctx.round)
+                raise err(
+                    f"the {len(ctx.contributions)}-client sum of entry {j} of block {b} is {total[b - b0, j]:g}, "
+                    f"outside [{bottom:g}, {top:g}] that the public bound sum_max={spec.sum_max} allows"
+                    + (f": its {plan.layout.width}-bit packed field would carry into the next one" if packed else "")
+                    + ". Nothing was encrypted. Fix: declare the true bound (e.g. degree cap + 1) "
+                    "in ValueSpec.sum_max",
+                    tag=ctx.tag,
+                    round=ctx.round,
+                )
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         out = super()._aggregate(ctx)
         plan, ep, srv = self.server.plan, self._last_plan, self.server.last_stats
         timing = {k: self.clients[k].timing for k in plan.parties}
-        step = release_step(ep, ctx.spec)          # the clients' rounding of released float sums
+        step = release_step(ep, ctx.spec)  # the clients' rounding of released float sums
         self.last_stats = {
-            "tag": ctx.tag, "round": ctx.round, "params": ep.describe(), "chain": ep.chain.name,
-            "encoding": ep.encoding, "scale_bits": ep.scale_bits,
+            "tag": ctx.tag,
+            "round": ctx.round,
+            "params": ep.describe(),
+            "chain": ep.chain.name,
+            "encoding": ep.encoding,
+            "scale_bits": ep.scale_bits,
             "error_bound": ep.error_bound + (step / 2 if step else 0.0),
             "fields_per_slot": ep.layout.fields if ep.layout else 1,
             "field_bits": ep.layout.width if ep.layout else None,
-            "ciphertexts_per_block": srv["ciphertexts_per_block"], "chunks": srv["chunks"],
-            "bytes_up": srv["bytes_up"], "bytes_down": srv["bytes_down"],
-            "client_upload_s": {k: timing[k].get("encode_s", 0.0) + timing[k].get("upload_s", 0.0)
-                                for k in plan.contributors},
+            "ciphertexts_per_block": srv["ciphertexts_per_block"],
+            "chunks": srv["chunks"],
+            "bytes_up": srv["bytes_up"],
+            "bytes_down": srv["bytes_down"],
+            "client_upload_s": {
+                k: timing[k].get("encode_s", 0.0) + timing[k].get("upload_s", 0.0) for k in plan.contributors
+            },
             "client_download_s": {r: timing[r].get("download_s", 0.0) for r in plan.requests},
-            "server_s": srv["server_s"], "setup_s": srv["setup_s"],
+            "server_s": srv["server_s"],
+            "setup_s": srv["setup_s"],
         }
         return out

@@ -26,6 +26,7 @@ TenSEAL vectors, travel in the same framed wire format).  Recipients: decrypt, r
 component, refuse the result when a component is off its integer by more than 1/4 or out
 of range, unpack, multiply by the quantum.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,7 +36,7 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import tenseal as ts
@@ -43,8 +44,15 @@ from tenseal import sealapi
 
 from ..errors import BoundError, PackingOverflowError
 from ..fixed_point import FixedPoint
-from .params import (MIN_SCALE_BITS, ROUNDING_TARGET, ChainParams, EncodingPlan, integer_sum_range, noise_bound,
-                     per_client_limits)
+from .params import (
+    MIN_SCALE_BITS,
+    ROUNDING_TARGET,
+    ChainParams,
+    EncodingPlan,
+    integer_sum_range,
+    noise_bound,
+    per_client_limits,
+)
 
 #: default smallest field width of packed fixed point (2 fields per component on a 60-bit prime)
 DEFAULT_FIELD_BITS = 20
@@ -53,7 +61,7 @@ DEFAULT_FIELD_BITS = 20
 def signed_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
     """Largest ``c`` with ``(2^(c-1) + 1/8) 2^s < q_0 / 2``: components hold ``|P| < 2^(c-1)``."""
     q = chain.data_modulus()
-    fits = lambda c: ((1 << (c + 2)) + 1) * (1 << scale_bits) < 4 * q   # noqa: E731  (x8 both sides)
+    fits = lambda c: ((1 << (c + 2)) + 1) * (1 << scale_bits) < 4 * q  # noqa: E731  (x8 both sides)
     c = 1
     while c < 52 and fits(c + 1):
         c += 1
@@ -65,9 +73,9 @@ class FixedPointLayout:
     """Public layout of a packed fixed-point exchange: the codec and the slots per ciphertext."""
 
     codec: FixedPoint
-    slots: int                  # complex slots per ciphertext (N / 2)
+    slots: int  # complex slots per ciphertext (N / 2)
     encryption: str = "symmetric"
-    offset: int = 0             # no DP offset: digits are signed
+    offset: int = 0  # no DP offset: digits are signed
 
     @property
     def width(self) -> int:
@@ -103,7 +111,7 @@ class FixedPointLayout:
         carriers = self.codec.pack(digits)
         s = math.ceil(carriers.size / 2)
         both = np.zeros(2 * s, dtype=np.int64)
-        both[:carriers.size] = carriers
+        both[: carriers.size] = carriers
         return (both[:s].astype(np.float64) + 1j * both[s:].astype(np.float64)).tolist()
 
     def encrypt(self, context: ts.Context, plan: EncodingPlan, digits: np.ndarray) -> bytes:
@@ -117,8 +125,8 @@ class FixedPointLayout:
     def unpack(self, decoded: np.ndarray, n: int) -> tuple[np.ndarray, float, bool]:
         """Decoded complex slots -> the n summed values (float64), the largest rounding
         residual, and whether every component was in range."""
-        z = np.asarray(decoded)[:self.slots_for(n)]
-        comps = np.concatenate([z.real, z.imag])[:self.codec.carriers_for(n)]
+        z = np.asarray(decoded)[: self.slots_for(n)]
+        comps = np.concatenate([z.real, z.imag])[: self.codec.carriers_for(n)]
         r = np.rint(comps)
         residual = float(np.abs(comps - r).max()) if comps.size else 0.0
         limit = 1 << (self.width * self.fields - 1)
@@ -127,14 +135,24 @@ class FixedPointLayout:
         return self.codec.dequantize(sums), residual, in_range
 
 
-def plan_fixed_point(chain: ChainParams, spec, num_clients: int, dp_std: float, encryption: str,
-                     field_bits: int, *, tag: str | None = None, round: int | None = None) -> EncodingPlan:
+def plan_fixed_point(
+    chain: ChainParams,
+    spec,
+    num_clients: int,
+    dp_std: float,
+    encryption: str,
+    field_bits: int,
+    *,
+    tag: str | None = None,
+    round: int | None = None,
+) -> EncodingPlan:
     """Packed fixed-point plan of a float exchange (module doc); integer exchanges, and float
     exchanges on a public grid (``ValueSpec.grid_bits``), get exact signed fields of the width
     their public sum bound needs (no DP offsets: digits are signed)."""
     if chain.data_primes != 1:
-        raise BoundError(f"packed fixed point needs one data prime; {chain.describe()} has {chain.data_primes}",
-                         tag=tag, round=round)
+        raise BoundError(
+            f"packed fixed point needs one data prime; {chain.describe()} has {chain.data_primes}", tag=tag, round=round
+        )
     _, bound, offset = per_client_limits(spec, dp_std, num_clients)
     tail = bound - float(spec.max_abs)
     owner = bool(getattr(spec, "owner_checked_sum", False))
@@ -145,23 +163,38 @@ def plan_fixed_point(chain: ChainParams, spec, num_clients: int, dp_std: float, 
     if spec.integer or spec.grid_bits is not None:
         # |sum| <= the unsigned range of params.integer_sum_range without its 2 K o of offsets, + K o;
         # values on a public grid (ValueSpec.grid_bits) are integers of quantum 2^-f with |sum| <= K B
-        total = (integer_sum_range(spec, num_clients, 0) + num_clients * offset if spec.integer
-                 else num_clients * bound)
+        total = integer_sum_range(spec, num_clients, 0) + num_clients * offset if spec.integer else num_clients * bound
         try:
             codec = FixedPoint.integers(bound, total, num_clients, cap, spec.grid_bits or 0)
         except PackingOverflowError as exc:
             raise PackingOverflowError(str(exc), tag=tag, round=round) from None
-        return EncodingPlan(chain, scale_bits, "fixed", 0.0, True, FixedPointLayout(codec, chain.slots, encryption),
-                            float(total))
+        return EncodingPlan(
+            chain, scale_bits, "fixed", 0.0, True, FixedPointLayout(codec, chain.slots, encryption), float(total)
+        )
     fields = cap // int(field_bits)
     if fields < 1:
-        raise PackingOverflowError(f"a {field_bits}-bit fixed-point field does not fit the {cap} exact bits of a "
-                                   f"{chain.describe()} slot at scale 2^{scale_bits}. Fix: fixed_point_bits <= {cap}",
-                                   tag=tag, round=round)
-    codec = FixedPoint.plan(bound, num_clients, cap // fields, fields,
-                            sum_bound=(float(spec.max_abs) + num_clients * tail) if owner else None)
-    return EncodingPlan(chain, scale_bits, "fixed", codec.sum_error, False,
-                        FixedPointLayout(codec, chain.slots, encryption), codec.sum_bound)
+        raise PackingOverflowError(
+            f"a {field_bits}-bit fixed-point field does not fit the {cap} exact bits of a "
+            f"{chain.describe()} slot at scale 2^{scale_bits}. Fix: fixed_point_bits <= {cap}",
+            tag=tag,
+            round=round,
+        )
+    codec = FixedPoint.plan(
+        bound,
+        num_clients,
+        cap // fields,
+        fields,
+        sum_bound=(float(spec.max_abs) + num_clients * tail) if owner else None,
+    )
+    return EncodingPlan(
+        chain,
+        scale_bits,
+        "fixed",
+        codec.sum_error,
+        False,
+        FixedPointLayout(codec, chain.slots, encryption),
+        codec.sum_bound,
+    )
 
 
 # ---------------------------------------------------------------------- SEAL objects
@@ -179,7 +212,7 @@ def _scratch_path() -> str:
         fd, path = tempfile.mkstemp(prefix="sfgl-ckks-", dir=base)
         if os.path.isdir("/proc/self/fd"):
             os.unlink(path)
-            _scratch.file, path = os.fdopen(fd, "rb"), f"/proc/self/fd/{fd}"   # closed when the thread ends
+            _scratch.file, path = os.fdopen(fd, "rb"), f"/proc/self/fd/{fd}"  # closed when the thread ends
         else:
             os.close(fd)
             atexit.register(_remove, path)
@@ -209,7 +242,7 @@ def _load_into(obj, context, data: bytes):
     return obj
 
 
-@lru_cache(maxsize=None)
+@cache
 def seal_context(n: int, bits: tuple[int, ...]) -> sealapi.SEALContext:
     """SEAL context of a chain (public parameters only)."""
     parms = sealapi.EncryptionParameters(sealapi.SCHEME_TYPE.CKKS)
@@ -235,7 +268,7 @@ class ClientCodec:
         self.symmetric = encryption == "symmetric"
         if self.symmetric:
             self.encryptor = sealapi.Encryptor(sc, secret)
-        else:        # a public key of the secret (the relayed secret contexts carry none)
+        else:  # a public key of the secret (the relayed secret contexts carry none)
             public = sealapi.PublicKey()
             sealapi.KeyGenerator(sc, secret).create_public_key(public)
             self.encryptor = sealapi.Encryptor(sc, public)
@@ -249,10 +282,12 @@ class ClientCodec:
         plain = sealapi.Plaintext()
         try:
             self.encoder.encode(slots, scale, plain)
-        except ValueError as exc:       # SEAL: the scale or the values exceed the chain's modulus
-            raise BoundError(f"the exchange plan's values do not fit {scale:.3g} x the slot range of this chain "
-                             f"(SEAL: {exc}); a plan with a scale or packed fields past the chain's modulus is "
-                             "refused") from None
+        except ValueError as exc:  # SEAL: the scale or the values exceed the chain's modulus
+            raise BoundError(
+                f"the exchange plan's values do not fit {scale:.3g} x the slot range of this chain "
+                f"(SEAL: {exc}); a plan with a scale or packed fields past the chain's modulus is "
+                "refused"
+            ) from None
         if self.symmetric:
             return _to_bytes(self.encryptor.encrypt_symmetric(plain))
         ct = sealapi.Ciphertext()
@@ -267,7 +302,7 @@ class ClientCodec:
 
 
 #: per client context, its SEAL objects (dropped with the context)
-_client_codecs: "weakref.WeakKeyDictionary[ts.Context, ClientCodec]" = weakref.WeakKeyDictionary()
+_client_codecs: weakref.WeakKeyDictionary[ts.Context, ClientCodec] = weakref.WeakKeyDictionary()
 
 
 def client_codec(context: ts.Context, chain: ChainParams, encryption: str) -> ClientCodec:
@@ -284,17 +319,18 @@ class SealSum:
     def __init__(self, ct: sealapi.Ciphertext, chain: ChainParams):
         self.ct, self.chain = ct, chain
 
-    def add_(self, other: "SealSum") -> "SealSum":
+    def add_(self, other: SealSum) -> SealSum:
         _evaluator(self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)).add_inplace(self.ct, other.ct)
         return self
 
-    def add_constant_(self, value: float, slots: int) -> "SealSum":
+    def add_constant_(self, value: float, slots: int) -> SealSum:
         """Add the public ``value`` to the first ``slots`` slots (the DP offsets of missing clients)."""
         n, bits = self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)
         plain = sealapi.Plaintext()
         try:
-            sealapi.CKKSEncoder(seal_context(n, bits)).encode([float(value)] * slots, self.ct.parms_id(),
-                                                              self.ct.scale, plain)
+            sealapi.CKKSEncoder(seal_context(n, bits)).encode(
+                [float(value)] * slots, self.ct.parms_id(), self.ct.scale, plain
+            )
         except ValueError as exc:
             raise BoundError(f"the public offset {value:g} does not fit the ciphertext's scale (SEAL: {exc})") from None
         _evaluator(n, bits).add_plain_inplace(self.ct, plain)
@@ -304,7 +340,7 @@ class SealSum:
         return _to_bytes(self.ct)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _evaluator(n: int, bits: tuple[int, ...]) -> sealapi.Evaluator:
     return sealapi.Evaluator(seal_context(n, bits))
 
@@ -317,7 +353,11 @@ def server_load(chain: ChainParams, data: bytes, scale: float) -> SealSum:
         ct = _load_into(sealapi.Ciphertext(sc), sc, data)
     except Exception as exc:  # noqa: BLE001 - SEAL raises ValueError/RuntimeError
         raise ValueError(f"does not deserialize under {chain.describe()}: {exc}") from exc
-    if ct.size() != 2 or list(ct.parms_id()) != list(sc.first_parms_id()) or not ct.is_ntt_form() \
-            or not math.isclose(ct.scale, scale, rel_tol=1e-9):
+    if (
+        ct.size() != 2
+        or list(ct.parms_id()) != list(sc.first_parms_id())
+        or not ct.is_ntt_form()
+        or not math.isclose(ct.scale, scale, rel_tol=1e-9)
+    ):
         raise ValueError(f"was not encrypted with this exchange's parameters ({chain.describe()}, scale {scale:g})")
     return SealSum(ct, chain)

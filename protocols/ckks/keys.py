@@ -30,6 +30,7 @@ Limitation (docs/security.md): with one shared secret key any client could decry
 client's upload if it saw it; uploads must travel over authenticated, encrypted
 client-server channels (TLS).  Threshold or multi-key HE would remove this.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,6 +54,8 @@ SYMMETRIC_PUBLIC_BYTES = 256
 def padded_key_bytes(chain: ChainParams, polys: int) -> int:
     """Upper bound of a serialized key of ``polys`` polynomials over every prime of ``chain``."""
     return polys * chain.poly_modulus_degree * 8 * len(chain.coeff_mod_bit_sizes) + 1024
+
+
 ENCRYPTION_TYPES = {"symmetric": ts.ENCRYPTION_TYPE.SYMMETRIC, "asymmetric": ts.ENCRYPTION_TYPE.ASYMMETRIC}
 
 
@@ -72,10 +75,14 @@ def make_secret_context(chain: ChainParams, encryption: str) -> ts.Context:
     check_security(chain)
     if encryption not in ENCRYPTION_TYPES:
         raise ConfigurationError(f"encryption must be one of {sorted(ENCRYPTION_TYPES)}, got {encryption!r}")
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, chain.poly_modulus_degree,
-                     coeff_mod_bit_sizes=list(chain.coeff_mod_bit_sizes),
-                     encryption_type=ENCRYPTION_TYPES[encryption], n_threads=1)
-    ctx.global_scale = 2.0 ** 20   # unused: every encryption passes the exchange's own scale
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        chain.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(chain.coeff_mod_bit_sizes),
+        encryption_type=ENCRYPTION_TYPES[encryption],
+        n_threads=1,
+    )
+    ctx.global_scale = 2.0**20  # unused: every encryption passes the exchange's own scale
     return ctx
 
 
@@ -84,9 +91,9 @@ class ClientKey:
     """One chain's key material as the clients hold it."""
 
     chain: ChainParams
-    context: ts.Context          # secret context (clients only)
-    public_bytes: bytes          # what the server receives
-    secret_nbytes: int           # size of the secret context sent to each other client
+    context: ts.Context  # secret context (clients only)
+    public_bytes: bytes  # what the server receives
+    secret_nbytes: int  # size of the secret context sent to each other client
     fingerprint: str
 
 
@@ -117,8 +124,9 @@ class ClientKeyRing:
         """A chain's secret context received from client 0 (its fingerprint names the chain's
         public context, which this client does not need)."""
         n, bits = context_chain(context)
-        chain = next((c for c in _known_chains() if (c.poly_modulus_degree, c.coeff_mod_bit_sizes) == (n, bits)),
-                     None) or ChainParams(f"n{n}-{'-'.join(map(str, bits))}", n, bits)
+        chain = next(
+            (c for c in _known_chains() if (c.poly_modulus_degree, c.coeff_mod_bit_sizes) == (n, bits)), None
+        ) or ChainParams(f"n{n}-{'-'.join(map(str, bits))}", n, bits)
         check_security(chain)
         if not context.is_private():
             raise IntegrityError("the relayed context holds no secret key")
@@ -128,16 +136,26 @@ class ClientKeyRing:
 
     def create(self, chain: ChainParams) -> ClientKey:
         ctx = make_secret_context(chain, self.encryption)
-        secret = ctx.serialize(save_public_key=False, save_secret_key=True,
-                               save_galois_keys=False, save_relin_keys=False)
-        public = ctx.serialize(save_public_key=self.encryption == "asymmetric", save_secret_key=False,
-                               save_galois_keys=False, save_relin_keys=False)
+        secret = ctx.serialize(
+            save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
+        )
+        public = ctx.serialize(
+            save_public_key=self.encryption == "asymmetric",
+            save_secret_key=False,
+            save_galois_keys=False,
+            save_relin_keys=False,
+        )
         size = SYMMETRIC_PUBLIC_BYTES if self.encryption == "symmetric" else padded_key_bytes(chain, 2)
         if len(public) > size:
             raise ConfigurationError(f"public context of {len(public)} bytes exceeds its padded size {size}")
-        blob = MAGIC + secrets.token_bytes(KEY_ID_BYTES) + struct.pack(">I", len(public)) + public \
+        blob = (
+            MAGIC
+            + secrets.token_bytes(KEY_ID_BYTES)
+            + struct.pack(">I", len(public))
+            + public
             + bytes(size - len(public))
-        secret_size = max(len(secret), padded_key_bytes(chain, 1))   # sent padded to a fixed size
+        )
+        secret_size = max(len(secret), padded_key_bytes(chain, 1))  # sent padded to a fixed size
         key = ClientKey(chain, ctx, blob, secret_size, fingerprint_of(blob))
         self._keys[chain.name] = key
         return key
@@ -145,6 +163,7 @@ class ClientKeyRing:
 
 def _known_chains():
     from .params import NAMED_CHAINS
+
     return NAMED_CHAINS.values()
 
 
@@ -161,17 +180,19 @@ class ServerContext:
         head = len(MAGIC) + KEY_ID_BYTES
         if not isinstance(public_bytes, bytes) or not public_bytes.startswith(MAGIC) or len(public_bytes) <= head + 4:
             raise IntegrityError("public context bytes are malformed (bad header)")
-        (n_bytes,) = struct.unpack(">I", public_bytes[head:head + 4])
+        (n_bytes,) = struct.unpack(">I", public_bytes[head : head + 4])
         try:
-            ctx = ts.context_from(public_bytes[head + 4:head + 4 + n_bytes], n_threads=1)
+            ctx = ts.context_from(public_bytes[head + 4 : head + 4 + n_bytes], n_threads=1)
         except Exception as exc:  # noqa: BLE001 - TenSEAL raises several types
             raise IntegrityError(f"public context bytes do not deserialize: {exc}") from exc
         if ctx.is_private() or ctx.has_secret_key():
-            raise ConfigurationError("the server was handed a context holding the secret key; "
-                                     "serialize it with save_secret_key=False")
+            raise ConfigurationError(
+                "the server was handed a context holding the secret key; serialize it with save_secret_key=False"
+            )
         if ctx.has_galois_keys() or ctx.has_relin_keys():
-            raise ConfigurationError("the server's public context must not hold Galois or relinearisation "
-                                     "keys: aggregation only adds")
+            raise ConfigurationError(
+                "the server's public context must not hold Galois or relinearisation keys: aggregation only adds"
+            )
         n, bits = context_chain(ctx)
         if (n, bits) != (chain.poly_modulus_degree, tuple(chain.coeff_mod_bit_sizes)):
             raise ConfigurationError(f"public context has N={n} {list(bits)}, expected {chain.describe()}")

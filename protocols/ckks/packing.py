@@ -44,6 +44,7 @@ rounds to the nearest integer (the noise bound is <= 1/8) and unpacks with int64
 All bound checks happen on the clients BEFORE anything is encrypted
 (:func:`protocols.validate.find_violation`).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,10 +64,10 @@ def field_width(sum_range: int) -> int:
 class PackingLayout:
     """Public description of one packed exchange (all parties derive the same one)."""
 
-    width: int          # bits per field
-    fields: int         # fields per slot
-    slots: int          # slots per ciphertext (N / 2)
-    offset: int = 0     # public per-client DP offset o
+    width: int  # bits per field
+    fields: int  # fields per slot
+    slots: int  # slots per ciphertext (N / 2)
+    offset: int = 0  # public per-client DP offset o
     num_clients: int = 1  # K: the recipients subtract K * o
 
     def __post_init__(self):

@@ -31,6 +31,7 @@ ciphertexts whose slots all hold one inner product each.  Limitation (as the add
 backend): ``d`` plus the server could decrypt every upload -- the uploads are signed but not
 channel-encrypted, and ``ckks-mp`` would remove the single key holder.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,17 @@ import tenseal as ts
 from ..errors import BoundError, ConfigurationError, ShapeError
 from .params import ChainParams, check_security
 
-__all__ = ["PAIRWISE_CHAIN", "PAIRWISE_SCALE_BITS", "PAIRWISE_TOLERANCE", "make_key_pair", "public_context",
-           "encrypt_unit", "inner_products", "decrypt_pairs", "cosine_from_pairs"]
+__all__ = [
+    "PAIRWISE_CHAIN",
+    "PAIRWISE_SCALE_BITS",
+    "PAIRWISE_TOLERANCE",
+    "make_key_pair",
+    "public_context",
+    "encrypt_unit",
+    "inner_products",
+    "decrypt_pairs",
+    "cosine_from_pairs",
+]
 
 PAIRWISE_CHAIN = ChainParams("pairwise-n8192", 8192, (60, 40, 60))
 PAIRWISE_SCALE_BITS = 40
@@ -55,14 +65,20 @@ def make_key_pair() -> tuple[ts.Context, bytes, bytes]:
     ``(secret context, evaluation context bytes for the server, encryption context bytes
     for the other clients)``.  Neither byte string holds the secret key."""
     check_security(PAIRWISE_CHAIN)
-    secret = ts.context(ts.SCHEME_TYPE.CKKS, PAIRWISE_CHAIN.poly_modulus_degree,
-                        coeff_mod_bit_sizes=list(PAIRWISE_CHAIN.coeff_mod_bit_sizes), n_threads=1)
-    secret.global_scale = 2.0 ** PAIRWISE_SCALE_BITS
+    secret = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        PAIRWISE_CHAIN.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(PAIRWISE_CHAIN.coeff_mod_bit_sizes),
+        n_threads=1,
+    )
+    secret.global_scale = 2.0**PAIRWISE_SCALE_BITS
     secret.generate_galois_keys()
-    evaluation = secret.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=True,
-                                  save_relin_keys=True)
-    encryption = secret.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                  save_relin_keys=False)
+    evaluation = secret.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=True, save_relin_keys=True
+    )
+    encryption = secret.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+    )
     return secret, evaluation, encryption
 
 
@@ -74,8 +90,9 @@ def public_context(data: bytes, tag: str = "", rnd: int = 0) -> ts.Context:
     return ctx
 
 
-def encrypt_unit(encryption: ts.Context, update: np.ndarray, *, tag: str = "", rnd: int = 0,
-                 client: int | None = None) -> tuple[list[bytes], bool]:
+def encrypt_unit(
+    encryption: ts.Context, update: np.ndarray, *, tag: str = "", rnd: int = 0, client: int | None = None
+) -> tuple[list[bytes], bool]:
     """Client: ``u / ||u||`` (bound ``|entry| <= 1`` checked before encryption; a zero update
     stays zero) in ``N/2``-slot pieces encrypted with the public key; ``(frames, nonzero)``."""
     v = np.asarray(update, dtype=np.float64).ravel()
@@ -83,13 +100,14 @@ def encrypt_unit(encryption: ts.Context, update: np.ndarray, *, tag: str = "", r
     unit = v / norm if norm > 0 else v
     if np.abs(unit).max(initial=0.0) > 1.0 + 1e-9:
         raise BoundError("a normalised update has an entry above 1", tag=tag, round=rnd, client=client)
-    scale = 2.0 ** PAIRWISE_SCALE_BITS
-    return [ts.ckks_vector(encryption, piece.tolist(), scale=scale).serialize()
-            for piece in _pieces(unit, PAIRWISE_CHAIN.slots)], norm > 0
+    scale = 2.0**PAIRWISE_SCALE_BITS
+    return [
+        ts.ckks_vector(encryption, piece.tolist(), scale=scale).serialize()
+        for piece in _pieces(unit, PAIRWISE_CHAIN.slots)
+    ], norm > 0
 
 
-def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: str = "",
-                   rnd: int = 0) -> list[bytes]:
+def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: str = "", rnd: int = 0) -> list[bytes]:
     """Server: one ciphertext per pair ``a < b`` (in that order) holding ``<u_a, u_b>`` in every slot."""
     cts = [[ts.ckks_vector_from(evaluation, f) for f in frames] for frames in uploads]
     if len({len(c) for c in cts}) != 1:
@@ -130,5 +148,5 @@ def _pairs(m: int) -> list[tuple[int, int]]:
 def _pieces(unit: np.ndarray, slots: int) -> list[np.ndarray]:
     count = -(-unit.size // slots)
     padded = np.zeros(count * slots)
-    padded[:unit.size] = unit
+    padded[: unit.size] = unit
     return list(padded.reshape(count, slots))

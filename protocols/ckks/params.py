@@ -83,11 +83,12 @@ integers add a public per-client offset of ``ceil(DP_TAIL_SIGMAS * sigma)`` (see
 :mod:`protocols.ckks.packing`).  CKKS's own approximation noise is not DP noise and is
 never counted as such (research §6).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..precision import kway_sum_bound, largest_scale_bits
@@ -97,7 +98,7 @@ from .packing import PackingLayout, field_width
 MAX_COEFF_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 #: max |noise| of one fresh ciphertext over its slots, in scaled units (model; see module doc)
-FRESH_NOISE_MODEL = {"symmetric": 2.0 ** 11, "asymmetric": 2.0 ** 14}
+FRESH_NOISE_MODEL = {"symmetric": 2.0**11, "asymmetric": 2.0**14}
 #: multiplicative safety margin applied on top of the model
 SAFETY = 4.0
 #: a packed exchange needs every decoded slot within this distance of its integer
@@ -162,6 +163,7 @@ class ChainParams:
     def ciphertext_bytes(self) -> int:
         """Bytes on the wire per ciphertext (padded ciphertext + frame header)."""
         from .wire import HEADER_BYTES
+
         return self.padded_ciphertext_bytes + HEADER_BYTES
 
     def data_modulus(self) -> int:
@@ -172,9 +174,10 @@ class ChainParams:
         return f"N={self.poly_modulus_degree} {list(self.coeff_mod_bit_sizes)}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _data_modulus(n: int, bits: tuple[int, ...]) -> int:
     from tenseal import sealapi  # registers SEAL types
+
     primes = [m.value() for m in sealapi.CoeffModulus.Create(n, list(bits))]
     out = 1
     for q in primes[:-1]:
@@ -187,26 +190,26 @@ def _data_modulus(n: int, bits: tuple[int, ...]) -> int:
 #: 60-bit data primes (spread: 1 B) and 2 % of the raw size for zstd-compressible primes
 #: (spread: std 30-340 B).  Raw = 16 B per coefficient pair; measured ranges in comments.
 PADDED_CT_BYTES = {
-    (8192, (60, 60)): 131_264,           # 131,216 - 131,217  (8.0x float32 per slot)
-    (4096, (60, 49)): 65_728,            # 65,675 - 65,676
-    (8192, (50, 60)): 120_640,           # 117,854 - 117,996  (7.4x)
-    (4096, (50, 49)): 60_352,            # 58,943 - 59,031
-    (8192, (40, 60)): 97_152,            # 94,248 - 94,517    (5.9x)
-    (4096, (40, 49)): 50_688,            # 49,069 - 49,371
-    (8192, (60, 40, 40, 60)): 341_056,   # 330,199 - 333,182  (20.8x; the reference)
+    (8192, (60, 60)): 131_264,  # 131,216 - 131,217  (8.0x float32 per slot)
+    (4096, (60, 49)): 65_728,  # 65,675 - 65,676
+    (8192, (50, 60)): 120_640,  # 117,854 - 117,996  (7.4x)
+    (4096, (50, 49)): 60_352,  # 58,943 - 59,031
+    (8192, (40, 60)): 97_152,  # 94,248 - 94,517    (5.9x)
+    (4096, (40, 49)): 50_688,  # 49,069 - 49,371
+    (8192, (60, 40, 40, 60)): 341_056,  # 330,199 - 333,182  (20.8x; the reference)
 }
 
 #: padded size of a *seeded* fresh ciphertext (symmetric encryption: SEAL sends the second
 #: polynomial as its PRNG seed, :class:`~protocols.ckks.fixed_point.ClientCodec`): max of 120
 #: measured serializations (TenSEAL 0.3.18's SEAL) plus the margins above; raw = 8 B per coefficient
 PADDED_SEEDED_CT_BYTES = {
-    (8192, (60, 60)): 65_788,            # 65,740
-    (4096, (60, 49)): 33_020,            # 32,972
-    (8192, (50, 60)): 60_416,            # 58,999 - 59,098
-    (4096, (50, 49)): 30_304,            # 29,556 - 29,635
-    (8192, (40, 60)): 50_768,            # 49,130 - 49,443
-    (4096, (40, 49)): 25_456,            # 24,663 - 24,793
-    (8192, (60, 40, 40, 60)): 168_896,   # 160,074 - 164,945
+    (8192, (60, 60)): 65_788,  # 65,740
+    (4096, (60, 49)): 33_020,  # 32,972
+    (8192, (50, 60)): 60_416,  # 58,999 - 59,098
+    (4096, (50, 49)): 30_304,  # 29,556 - 29,635
+    (8192, (40, 60)): 50_768,  # 49,130 - 49,443
+    (4096, (40, 49)): 25_456,  # 24,663 - 24,793
+    (8192, (60, 40, 40, 60)): 168_896,  # 160,074 - 164,945
 }
 
 N8192 = ChainParams("n8192", 8192, (60, 60))
@@ -226,8 +229,9 @@ def check_security(chain: ChainParams) -> None:
     """Refuse a chain that is not 128-bit secure by the HE standard's table."""
     n = chain.poly_modulus_degree
     if n not in MAX_COEFF_BITS_128:
-        raise ConfigurationError(f"poly_modulus_degree {n} is not a supported power of two; "
-                                 f"use one of {sorted(MAX_COEFF_BITS_128)}")
+        raise ConfigurationError(
+            f"poly_modulus_degree {n} is not a supported power of two; use one of {sorted(MAX_COEFF_BITS_128)}"
+        )
     limit = MAX_COEFF_BITS_128[n]
     if chain.total_bits > limit:
         bigger = next((m for m in sorted(MAX_COEFF_BITS_128) if MAX_COEFF_BITS_128[m] >= chain.total_bits), None)
@@ -235,19 +239,22 @@ def check_security(chain: ChainParams) -> None:
             f"CKKS parameters {chain.describe()} total {chain.total_bits} coefficient-modulus bits, above "
             f"the {limit} allowed for 128-bit security at N={n} (HE standard, Table 1). Fix: drop primes "
             f"(add-only exchanges need one data prime, e.g. N=8192 [60,60])"
-            + (f" or raise N to {bigger}" if bigger else ""))
+            + (f" or raise N to {bigger}" if bigger else "")
+        )
     if len(chain.coeff_mod_bit_sizes) < 2:
-        raise ConfigurationError("TenSEAL needs at least two primes (one data prime + the special prime); "
-                                 "use e.g. N=8192 [60,60]")
+        raise ConfigurationError(
+            "TenSEAL needs at least two primes (one data prime + the special prime); use e.g. N=8192 [60,60]"
+        )
 
 
-def noise_bound(chain: ChainParams, scale_bits: float, num_terms: int, encryption: str,
-                magnitude: float = 0.0) -> float:
+def noise_bound(
+    chain: ChainParams, scale_bits: float, num_terms: int, encryption: str, magnitude: float = 0.0
+) -> float:
     """Bound on |decoded - exact| of a sum of ``num_terms`` fresh ciphertexts (module doc)."""
     fresh = FRESH_NOISE_MODEL[encryption] * math.sqrt(max(1, chain.poly_modulus_degree // 8192))
-    bound = SAFETY * fresh * math.sqrt(max(1, num_terms)) / 2.0 ** scale_bits
+    bound = SAFETY * fresh * math.sqrt(max(1, num_terms)) / 2.0**scale_bits
     if chain.data_primes > 1:
-        bound += abs(magnitude) * 2.0 ** -45
+        bound += abs(magnitude) * 2.0**-45
     return bound
 
 
@@ -279,11 +286,11 @@ class EncodingPlan:
 
     chain: ChainParams
     scale_bits: int
-    encoding: str                     # 'float' | 'packed' | 'fixed' (protocols.ckks.fixed_point)
-    error_bound: float                # bound on |decoded sum - exact sum| per entry, before rounding
-    exact: bool                       # results are rounded to integers (integer exchanges)
+    encoding: str  # 'float' | 'packed' | 'fixed' (protocols.ckks.fixed_point)
+    error_bound: float  # bound on |decoded sum - exact sum| per entry, before rounding
+    exact: bool  # results are rounded to integers (integer exchanges)
     layout: PackingLayout | None = None
-    sum_bound: float = 0.0            # public bound on |sum| the scale was chosen for
+    sum_bound: float = 0.0  # public bound on |sum| the scale was chosen for
 
     @property
     def values_per_ciphertext(self) -> int:
@@ -291,10 +298,10 @@ class EncodingPlan:
 
     @property
     def scale(self) -> float:
-        return float(2 ** self.scale_bits)
+        return float(2**self.scale_bits)
 
     def describe(self) -> str:
-        enc = (f"{self.encoding} {self.layout.fields}x{self.layout.width}b" if self.layout else "float")
+        enc = f"{self.encoding} {self.layout.fields}x{self.layout.width}b" if self.layout else "float"
         return f"{self.chain.describe()} scale 2^{self.scale_bits} {enc}"
 
 
@@ -329,8 +336,16 @@ def integer_sum_range(spec, num_clients: int, offset: int) -> int:
     return base + 2 * num_clients * offset
 
 
-def plan_packed(chain: ChainParams, spec, num_clients: int, dp_std: float, encryption: str,
-                *, tag: str | None = None, round: int | None = None) -> EncodingPlan:
+def plan_packed(
+    chain: ChainParams,
+    spec,
+    num_clients: int,
+    dp_std: float,
+    encryption: str,
+    *,
+    tag: str | None = None,
+    round: int | None = None,
+) -> EncodingPlan:
     """Packed integer plan: field width from the PUBLIC sum range, smallest safe scale."""
     _, _, offset = per_client_limits(spec, dp_std, num_clients)
     rng = integer_sum_range(spec, num_clients, offset)
@@ -345,16 +360,27 @@ def plan_packed(chain: ChainParams, spec, num_clients: int, dp_std: float, encry
             f"a packed field needs {width} bits for the public sum range {rng} (K*max_abs or owner-checked "
             f"sum_max, + 2*K*DP offset) "
             f"but a slot of {chain.describe()} at scale 2^{scale_bits} holds only {cap} exact bits. Fix: "
-            f"lower ValueSpec.sum_max / the DP noise, or use packing=False", tag=tag, round=round)
-    layout = PackingLayout(width=width, fields=fields, slots=chain.slots, offset=offset,
-                           num_clients=num_clients)
-    return EncodingPlan(chain, scale_bits, "packed",
-                        noise_bound(chain, scale_bits, num_clients, encryption), True, layout, float(rng))
+            f"lower ValueSpec.sum_max / the DP noise, or use packing=False",
+            tag=tag,
+            round=round,
+        )
+    layout = PackingLayout(width=width, fields=fields, slots=chain.slots, offset=offset, num_clients=num_clients)
+    return EncodingPlan(
+        chain, scale_bits, "packed", noise_bound(chain, scale_bits, num_clients, encryption), True, layout, float(rng)
+    )
 
 
-def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryption: str,
-               *, fixed_scale_bits: int | None = None, tag: str | None = None,
-               round: int | None = None) -> EncodingPlan:
+def plan_float(
+    chain: ChainParams,
+    spec,
+    num_clients: int,
+    dp_std: float,
+    encryption: str,
+    *,
+    fixed_scale_bits: int | None = None,
+    tag: str | None = None,
+    round: int | None = None,
+) -> EncodingPlan:
     """Float plan: scale from the public sum bound; error bound checked against the tolerance.
 
     Integer exchanges encoded as floats (``packing=False``) are rounded after decoding and
@@ -367,11 +393,14 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
         bound = kway_sum_bound(max(abs(lo), abs(hi)), num_clients)
     if fixed_scale_bits is not None:
         s = fixed_scale_bits
-        limit = chain.data_modulus() / 4.0 / 2.0 ** s
+        limit = chain.data_modulus() / 4.0 / 2.0**s
         if bound > limit:
-            raise BoundError(f"the public sum bound {bound:.3g} exceeds the headroom {limit:.3g} of "
-                             f"{chain.describe()} at scale 2^{s}. Fix: clip (lower ValueSpec.max_abs)",
-                             tag=tag, round=round)
+            raise BoundError(
+                f"the public sum bound {bound:.3g} exceeds the headroom {limit:.3g} of "
+                f"{chain.describe()} at scale 2^{s}. Fix: clip (lower ValueSpec.max_abs)",
+                tag=tag,
+                round=round,
+            )
     else:
         s = min(MAX_FLOAT_SCALE_BITS, max_float_scale_bits(chain, bound))
     err = noise_bound(chain, s, num_clients, encryption, magnitude=bound)
@@ -382,9 +411,14 @@ def plan_float(chain: ChainParams, spec, num_clients: int, dp_std: float, encryp
             f"no CKKS parameter set carries sums up to {bound:.3g} (K={num_clients}) within "
             f"{'exact rounding' if spec.integer else f'tolerance {spec.tolerance:g}'}: one 60-bit data prime "
             f"leaves scale 2^{s} and an error bound of {best:.3g}. Fix: "
-            + ("lower ValueSpec.sum_max/max_abs" if spec.integer else
-               f"raise ValueSpec.tolerance to >= {best:.2g} or clip harder (lower ValueSpec.max_abs)"),
-            tag=tag, round=round)
+            + (
+                "lower ValueSpec.sum_max/max_abs"
+                if spec.integer
+                else f"raise ValueSpec.tolerance to >= {best:.2g} or clip harder (lower ValueSpec.max_abs)"
+            ),
+            tag=tag,
+            round=round,
+        )
     return EncodingPlan(chain, s, "float", err, bool(spec.integer), None, bound)
 
 
@@ -411,11 +445,16 @@ def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -
     Packed fixed point (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance)
     is taken only where it saves at least :data:`FIXED_POINT_MIN_SAVING` of the best float
     plan's bytes: a small exchange (a few class proxies) keeps float precision."""
+
     def cost(p: EncodingPlan):
         per_ct = p.values_per_ciphertext
-        nbytes = (p.chain.ciphertext_bytes / per_ct if block_len is None
-                  else math.ceil(block_len / per_ct) * p.chain.ciphertext_bytes)
+        nbytes = (
+            p.chain.ciphertext_bytes / per_ct
+            if block_len is None
+            else math.ceil(block_len / per_ct) * p.chain.ciphertext_bytes
+        )
         return (round(nbytes, 6), -p.chain.poly_modulus_degree, -p.chain.coeff_mod_bit_sizes[0])
+
     best = min(plans.values(), key=cost)
     floats = [p for p in plans.values() if p.encoding != "fixed"]
     if best.encoding == "fixed" and floats:

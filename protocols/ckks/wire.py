@@ -25,6 +25,7 @@ An empty frame (``b""``) in a download means "no client uploaded this block": th
 recipient decodes zeros.  (Only possible in the sparse layout, where the server already
 knows which blocks were uploaded.)
 """
+
 from __future__ import annotations
 
 import struct
@@ -57,4 +58,4 @@ def unframe(data: bytes) -> bytes:
     (n,) = struct.unpack(">I", data[:LENGTH_BYTES])
     if LENGTH_BYTES + n > len(data):
         raise ValueError("frame length field exceeds the frame")
-    return bytes(data[LENGTH_BYTES:LENGTH_BYTES + n])
+    return bytes(data[LENGTH_BYTES : LENGTH_BYTES + n])

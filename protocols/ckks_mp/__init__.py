@@ -14,6 +14,7 @@ Modules, one concept each:
 * :mod:`.server`     — the server half (forward signed keys, add, combine partial decryptions);
 * :mod:`.backend`    — :class:`CKKSMPProtocol`, the algorithms' facade over the halves.
 """
+
 from .backend import CKKSMPProtocol
 from .params import MPParams, Plan, check_security, plan_exchange
 

@@ -54,6 +54,7 @@ Against a server that deviates, see :mod:`.client` (the refusals).  Transcript p
 ``keep_payload_bytes`` are dropped before recording (the note says so); ``nbytes`` is always
 the real size.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -88,16 +89,28 @@ class CKKSMPProtocol(SplitProtocol):
     client_half = CKKSMPClient
     server_half = CKKSMPServer
 
-    def __init__(self, num_clients: int, *, transcript=None, dp=None, seed: int = 0,
-                 params: MPParams | None = None, keep_payload_bytes: int = 8 << 20, audit_sum_bound: bool = True,
-                 link=None, schedule: str = "", **collusion):
+    def __init__(
+        self,
+        num_clients: int,
+        *,
+        transcript=None,
+        dp=None,
+        seed: int = 0,
+        params: MPParams | None = None,
+        keep_payload_bytes: int = 8 << 20,
+        audit_sum_bound: bool = True,
+        link=None,
+        schedule: str = "",
+        **collusion,
+    ):
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(keep_payload_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
-        super().__init__(num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule,
-                         **collusion)
+        super().__init__(
+            num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule, **collusion
+        )
         #: statistics of the key set-up and of the last exchange (bytes, seconds) -- for benchmarks
         self.setup_stats: dict | None = None
         self.last_stats: dict | None = None
@@ -114,12 +127,13 @@ class CKKSMPProtocol(SplitProtocol):
         try:
             return self.plan(spec, dp_std=dp_std).capacity
         except BoundError:
-            return self.params.n          # the exchange raises the error with the exchange named
+            return self.params.n  # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
         ctx.check_requests(self.num_clients)
-        plan = plan_exchange(self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len,
-                             tag=ctx.tag, round=ctx.round)
+        plan = plan_exchange(
+            self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len, tag=ctx.tag, round=ctx.round
+        )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
         return {"plan": plan.describe()}
@@ -128,6 +142,7 @@ class CKKSMPProtocol(SplitProtocol):
         """Test aid: the K-way integer sums in the clear against the plan's field (no party could
         do this in a deployment; there the bound is enforced where the data is made)."""
         from ..ckks.params import per_client_limits
+
         _, _, offset = per_client_limits(ctx.spec, ctx.dp_noise_std, self.num_clients)
         top, bottom = (1 << plan.width) - 1 - self.num_clients * offset, -self.num_clients * offset
         total = np.zeros((ctx.num_blocks, ctx.block_len))
@@ -140,7 +155,10 @@ class CKKSMPProtocol(SplitProtocol):
                 f"the {len(ctx.contributions)}-client sum of entry {j} of block {b} is {total[b, j]:g}, outside "
                 f"[{bottom}, {top}] that the public bound sum_max={ctx.spec.sum_max} allows: its {plan.width}-bit "
                 "field would carry into the next one. Nothing was encrypted. Fix: declare the true bound "
-                "(e.g. degree cap + 1) in ValueSpec.sum_max", tag=ctx.tag, round=ctx.round)
+                "(e.g. degree cap + 1) in ValueSpec.sum_max",
+                tag=ctx.tag,
+                round=ctx.round,
+            )
 
     # ------------------------------------------------------------------ facade views
     @property
@@ -155,12 +173,20 @@ class CKKSMPProtocol(SplitProtocol):
         ``0 .. count-1``).  For attack simulations and tests."""
         from ..party import envelope_of
         from .sampling import crs_seed, upload_c1
+
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)
         c0 = encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n))
-        c1 = upload_c1(crs_seed(self.setup.run_id), self.setup.session, envelope_of(msg).exchange, blocks, pieces,
-                       self.params.primes[:plan.level], plan.n)
+        c1 = upload_c1(
+            crs_seed(self.setup.run_id),
+            self.setup.session,
+            envelope_of(msg).exchange,
+            blocks,
+            pieces,
+            self.params.primes[: plan.level],
+            plan.n,
+        )
         return np.stack([c0, c1], axis=1)
 
     @property
@@ -174,17 +200,22 @@ class CKKSMPProtocol(SplitProtocol):
         plan, halves = self.server.last_stats["plan"], self.clients
         if self.setup_stats is None and halves:
             comm = self.transcript.comm()["per_tag"][KEYS_TAG]
-            self.setup_stats = {"client_s": {k: h.setup_s for k, h in halves.items()},
-                                "server_s": self.server.setup_s, "params": self.params.describe(),
-                                "bytes_up_per_client": comm["bytes_up"] / self.num_clients,
-                                "bytes_down_per_client": comm["bytes_down"] / self.num_clients}
+            self.setup_stats = {
+                "client_s": {k: h.setup_s for k, h in halves.items()},
+                "server_s": self.server.setup_s,
+                "params": self.params.describe(),
+                "bytes_up_per_client": comm["bytes_up"] / self.num_clients,
+                "bytes_down_per_client": comm["bytes_down"] / self.num_clients,
+            }
         timing = {k: h.timing for k, h in halves.items()}
-        self.last_stats = {"tag": ctx.tag, "params": plan.describe(), "level": plan.level,
-                           "client_upload_s": {k: t.get("upload_s", 0.0) for k, t in timing.items()
-                                               if k in ctx.contributions},
-                           "client_download_s": {k: t.get("keyswitch_s", 0.0) + t.get("download_s", 0.0)
-                                                 for k, t in timing.items()},
-                           "server_s": self.server.last_stats["server_s"],
-                           "smudging_bits": smudging_bits(self.params, self.num_clients),
-                           "error_bound": plan.error_bound}
+        self.last_stats = {
+            "tag": ctx.tag,
+            "params": plan.describe(),
+            "level": plan.level,
+            "client_upload_s": {k: t.get("upload_s", 0.0) for k, t in timing.items() if k in ctx.contributions},
+            "client_download_s": {k: t.get("keyswitch_s", 0.0) + t.get("download_s", 0.0) for k, t in timing.items()},
+            "server_s": self.server.last_stats["server_s"],
+            "smudging_bits": smudging_bits(self.params, self.num_clients),
+            "error_bound": plan.error_bound,
+        }
         return out

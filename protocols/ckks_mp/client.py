@@ -33,6 +33,7 @@ this client's answer):
                        broadcast) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,9 +45,17 @@ import numpy as np
 from ..auth import check_public_key, sign_public_key
 from ..ckks.backend import DecryptionMemo
 from ..ckks.params import per_client_limits
-from ..errors import (BoundError, DowngradeError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
-                      RecipientKeyError,
-                      RepeatedKeySwitchError, RepeatedUploadError, SmudgingBudgetError)
+from ..errors import (
+    BoundError,
+    DowngradeError,
+    IntegrityError,
+    KeySubstitutionError,
+    KeySwitchRefusedError,
+    RecipientKeyError,
+    RepeatedKeySwitchError,
+    RepeatedUploadError,
+    SmudgingBudgetError,
+)
 from ..message import encode_body
 from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
@@ -93,7 +102,7 @@ class CKKSMPClient(ClientHalf):
         #: seconds of the key set-up, and per stage of the last exchange (benchmarks)
         self.setup_s = 0.0
         self.timing: dict[str, float] = {}
-        self._state = (None, None)              # (exchange, checked contribution)
+        self._state = (None, None)  # (exchange, checked contribution)
         #: ciphertexts this client key-switched in the run (against MPParams.max_keyswitches)
         self.switched = 0
         #: (exchange, switched to the broadcast key) of this client's last key switch
@@ -128,9 +137,13 @@ class CKKSMPClient(ClientHalf):
         super()._accept_plan(msg)
         if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
             self.plan = None
-            raise DowngradeError("a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
-                                 "contribution under one client's key; nothing was sent",
-                                 tag=msg.tag, round=msg.round, client=self.id)
+            raise DowngradeError(
+                "a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
+                "contribution under one client's key; nothing was sent",
+                tag=msg.tag,
+                round=msg.round,
+                client=self.id,
+            )
 
     def _from_server(self, inbox, stage: str, where: dict) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
@@ -141,11 +154,15 @@ class CKKSMPClient(ClientHalf):
     def _plan(self) -> Plan:
         """The exchange's encoding, derived from the public plan; it must be the server's."""
         p = self.plan
-        ep = plan_exchange(self.params, p.spec, self.setup.num_clients, p.dp_noise_std, p.block_len,
-                           tag=p.tag, round=p.round)
+        ep = plan_exchange(
+            self.params, p.spec, self.setup.num_clients, p.dp_noise_std, p.block_len, tag=p.tag, round=p.round
+        )
         if ep.describe() != p.encoding.get("plan"):
-            raise IntegrityError(f"the server's encoding {p.encoding.get('plan')!r} is not the one the public "
-                                 f"bounds give ({ep.describe()})", **self.where())
+            raise IntegrityError(
+                f"the server's encoding {p.encoding.get('plan')!r} is not the one the public "
+                f"bounds give ({ep.describe()})",
+                **self.where(),
+            )
         return ep
 
     def _pieces(self, ep: Plan) -> list[int]:
@@ -153,8 +170,15 @@ class CKKSMPClient(ClientHalf):
 
     def _c1(self, ep: Plan, blocks) -> np.ndarray:
         """The public ``c1`` of this exchange's pieces of ``blocks`` (:func:`.sampling.upload_c1`)."""
-        return upload_c1(self._seed, self.setup.session, self.plan.exchange, blocks, len(self._pieces(ep)),
-                         self.params.primes[:ep.level], self.params.n)
+        return upload_c1(
+            self._seed,
+            self.setup.session,
+            self.plan.exchange,
+            blocks,
+            len(self._pieces(ep)),
+            self.params.primes[: ep.level],
+            self.params.n,
+        )
 
     # ------------------------------------------------------------------ keys
     def _key_setup(self, inbox):
@@ -176,20 +200,33 @@ class CKKSMPClient(ClientHalf):
         return sign_public_key(self.signing, kind, self.setup.run_id, self.name, key)
 
     def _make_keys(self, req: Message, where: dict):
-        self.keys = MPClient(self.id, self.ring, self.params, common_polynomial(self._seed, self.params.primes,
-                                                                                self.params.n))
+        self.keys = MPClient(
+            self.id, self.ring, self.params, common_polynomial(self._seed, self.params.primes, self.params.n)
+        )
         p_r = self.keys.recipient_public_key
         public = {"recipient": p_r, "recipient_sig": self._sign(RECIPIENT_KEY, p_r)}
         relayed = []
-        if self.id == 0:                           # the dealer of the broadcast key
+        if self.id == 0:  # the dealer of the broadcast key
             p_b = self.keys.make_broadcast_key()
             public.update(broadcast=p_b, broadcast_sig=self._sign(BROADCAST_KEY, p_b))
             secret = self.keys.broadcast_secret()
-            relayed = [self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG,
-                                         round=req.round) for k in range(1, self.setup.num_clients)]
-        msg = Message(req.round, KEYS_TAG, self.name, SERVER, "public_key",
-                      (len(public) // 2, self.params.num_primes, self.params.n), 0, self.mode, "", public,
-                      note="p_R = -a s_R + e_R" + (" and p_B" if self.id == 0 else "") + ", owner-signed")
+            relayed = [
+                self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG, round=req.round)
+                for k in range(1, self.setup.num_clients)
+            ]
+        msg = Message(
+            req.round,
+            KEYS_TAG,
+            self.name,
+            SERVER,
+            "public_key",
+            (len(public) // 2, self.params.num_primes, self.params.n),
+            0,
+            self.mode,
+            "",
+            public,
+            note="p_R = -a s_R + e_R" + (" and p_B" if self.id == 0 else "") + ", owner-signed",
+        )
         return [self.seal(msg, "key_setup")] + relayed
 
     def _take_public_keys(self, req: Message, relayed: list[Message], where: dict) -> None:
@@ -201,9 +238,10 @@ class CKKSMPClient(ClientHalf):
             signature = bytes(req.payload["broadcast_sig"])
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed public keys ({e})", **where) from None
-        if self.id:                                # the dealer compares p_B with its own key below
-            check_public_key(self.registry, BROADCAST_KEY, self.setup.run_id, client_party(0), pk_bytes, signature,
-                             where)
+        if self.id:  # the dealer compares p_B with its own key below
+            check_public_key(
+                self.registry, BROADCAST_KEY, self.setup.run_id, client_party(0), pk_bytes, signature, where
+            )
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
@@ -212,8 +250,9 @@ class CKKSMPClient(ClientHalf):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
         else:
             if len(relayed) != 1:
-                raise IntegrityError(f"expected the broadcast secret from client 0, got {len(relayed)} messages",
-                                     **where)
+                raise IntegrityError(
+                    f"expected the broadcast secret from client 0, got {len(relayed)} messages", **where
+                )
             env = envelope_of(relayed[0])
             secret = self.open_relayed(relayed[0], "key_setup", env.part, exchange=env.exchange)
             try:
@@ -230,8 +269,11 @@ class CKKSMPClient(ClientHalf):
         if to in self.recipient_keys:
             return self.recipient_keys[to]
         if not 0 <= to < self.setup.num_clients or to not in offered:
-            raise RecipientKeyError(f"a key switch to recipient {to}, which is no client of this run or whose "
-                                    "owner-signed key was not sent", **where)
+            raise RecipientKeyError(
+                f"a key switch to recipient {to}, which is no client of this run or whose "
+                "owner-signed key was not sent",
+                **where,
+            )
         try:
             key, signature = bytes(offered[to]["key"]), bytes(offered[to]["sig"])
             p_r = encryption.from_bytes(self.ring, key, (self.params.num_primes, self.params.n))
@@ -247,12 +289,16 @@ class CKKSMPClient(ClientHalf):
         digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
         recipient, the block and the piece: they cancel only if every client holds the same plan."""
         if self._pair_seeds is None:
-            self._pair_seeds = {k: self.channel.pair_seed(client_party(k), self._peer_channel(client_party(k)),
-                                                          self.setup.run_id, "ckks-mp/keyswitch-mask")
-                                for k in range(self.setup.num_clients) if k != self.id}
+            self._pair_seeds = {
+                k: self.channel.pair_seed(
+                    client_party(k), self._peer_channel(client_party(k)), self.setup.run_id, "ckks-mp/keyswitch-mask"
+                )
+                for k in range(self.setup.num_clients)
+                if k != self.id
+            }
         prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
-        return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[:ep.level], self.params.n)
+        return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
 
     # ------------------------------------------------------------------ upload
     def _table(self):
@@ -264,11 +310,15 @@ class CKKSMPClient(ClientHalf):
             bad = find_violation(vals, lo, hi, p.spec.integer)
             if bad is not None:
                 i, v, why = bad
-                raise BoundError(f"entry {i % p.block_len} of block {int(ids[i // p.block_len])} is {v:g}, which "
-                                 f"{why} of this exchange ({self._plan().describe()}; ValueSpec "
-                                 f"max_abs={p.spec.max_abs:g}, sum_max={p.spec.sum_max}"
-                                 + (f", DP offset {offset}" if offset else "") + "). Nothing was encrypted. Fix: "
-                                 "clip the values or declare a larger public bound", **self.where())
+                raise BoundError(
+                    f"entry {i % p.block_len} of block {int(ids[i // p.block_len])} is {v:g}, which "
+                    f"{why} of this exchange ({self._plan().describe()}; ValueSpec "
+                    f"max_abs={p.spec.max_abs:g}, sum_max={p.spec.sum_max}"
+                    + (f", DP offset {offset}" if offset else "")
+                    + "). Nothing was encrypted. Fix: "
+                    "clip the values or declare a larger public bound",
+                    **self.where(),
+                )
             self._state = (p.exchange, (np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=np.float64)))
         return self._state[1]
 
@@ -276,8 +326,14 @@ class CKKSMPClient(ClientHalf):
         if self.id not in self.plan.contributors:
             return []
         ids, _ = self._table()
-        msg = self.message(SERVER, "metadata", (ids.size,), {"block_ids": ids.astype(np.int32)}, self.fingerprint,
-                           note="block ids of the sparse layout")
+        msg = self.message(
+            SERVER,
+            "metadata",
+            (ids.size,),
+            {"block_ids": ids.astype(np.int32)},
+            self.fingerprint,
+            note="block ids of the sparse layout",
+        )
         return [self.seal(msg, "block_ids")]
 
     def _upload(self):
@@ -285,9 +341,11 @@ class CKKSMPClient(ClientHalf):
         if self.id not in p.contributors:
             return []
         if self._last_upload is not None and self._last_upload >= p.exchange:
-            raise RepeatedUploadError(f"a second upload request for exchange {p.exchange}: its ciphertexts would "
-                                      "share the first one's c1 and reveal the difference of the inputs",
-                                      **self.where())
+            raise RepeatedUploadError(
+                f"a second upload request for exchange {p.exchange}: its ciphertexts would "
+                "share the first one's c1 and reveal the difference of the inputs",
+                **self.where(),
+            )
         self._last_upload = p.exchange
         ep = self._plan()
         ids, vals = self._table()
@@ -295,8 +353,14 @@ class CKKSMPClient(ClientHalf):
         data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()))
         self.timing["upload_s"] = time.perf_counter() - t
         pieces = len(self._pieces(ep))
-        msg = self.message(SERVER, "ciphertext", (ids.size, p.block_len), data, self.fingerprint,
-                           note=f"{ids.size * pieces} ciphertexts (c0; c1 public), {ep.describe()}")
+        msg = self.message(
+            SERVER,
+            "ciphertext",
+            (ids.size, p.block_len),
+            data,
+            self.fingerprint,
+            note=f"{ids.size * pieces} ciphertexts (c0; c1 public), {ep.describe()}",
+        )
         return [self.seal(msg, "upload")]
 
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
@@ -305,50 +369,66 @@ class CKKSMPClient(ClientHalf):
         if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
         if self.id in self.plan.contributors and self._last_upload != self.plan.exchange:
-            raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange",
-                                        **where)
+            raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
         req = self._from_server(inbox, "keyswitch", where)
         self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
         if not isinstance(req.payload, dict) or set(req.payload) != KEYSWITCH_FIELDS:
             got = sorted(req.payload) if isinstance(req.payload, dict) else type(req.payload).__name__
-            raise KeySwitchRefusedError(f"a key-switching request with fields {got}, expected "
-                                        f"{sorted(KEYSWITCH_FIELDS)}: clients compute every c1 themselves", **where)
+            raise KeySwitchRefusedError(
+                f"a key-switching request with fields {got}, expected "
+                f"{sorted(KEYSWITCH_FIELDS)}: clients compute every c1 themselves",
+                **where,
+            )
         try:
             groups = np.asarray(req.payload["groups"], dtype=np.int64).reshape(-1, 2)
             blocks = np.asarray(req.payload["blocks"], dtype=np.int64).ravel()
             offered = {int(r): v for r, v in dict(req.payload["keys"]).items()}
         except (TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
-        if groups[:, 1].min(initial=0) < 0 or groups[:, 1].sum() != blocks.size or blocks.size and (
-                blocks.min() < 0 or blocks.max() >= self.plan.num_blocks):
+        if (
+            groups[:, 1].min(initial=0) < 0
+            or groups[:, 1].sum() != blocks.size
+            or blocks.size
+            and (blocks.min() < 0 or blocks.max() >= self.plan.num_blocks)
+        ):
             raise IntegrityError("key-switching groups do not partition blocks of this exchange", **where)
         recipients = groups[:, 0].tolist()
         if len(set(recipients)) != len(recipients) or (-1 in recipients and len(recipients) > 1):
-            raise RepeatedKeySwitchError(f"key-switching groups {recipients}: one per recipient, and the broadcast "
-                                         "key only alone", **where)
+            raise RepeatedKeySwitchError(
+                f"key-switching groups {recipients}: one per recipient, and the broadcast key only alone", **where
+            )
         pieces = len(self._pieces(ep))
         total = int(groups[:, 1].sum()) * pieces
         if self.switched + total > self.params.max_keyswitches:
-            raise SmudgingBudgetError(f"{total} more key-switched ciphertexts would exceed this run's budget of "
-                                      f"{self.params.max_keyswitches} ({self.switched} done), past which the "
-                                      f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
-                                      "MPParams.max_keyswitches (a larger smudging noise)", **where)
+            raise SmudgingBudgetError(
+                f"{total} more key-switched ciphertexts would exceed this run's budget of "
+                f"{self.params.max_keyswitches} ({self.switched} done), past which the "
+                f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
+                "MPParams.max_keyswitches (a larger smudging noise)",
+                **where,
+            )
         mine = set(self._table()[0].tolist()) if self.id in self.plan.contributors else set()
         own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
         jobs, start = [], 0
         for to, count in groups.tolist():
-            bids = blocks[start:start + count].tolist()
+            bids = blocks[start : start + count].tolist()
             start += count
             if len(set(bids)) != len(bids):
                 raise RepeatedKeySwitchError(f"a block switched twice to one key in group {to}", **where)
             if to < -1:
-                raise RecipientKeyError(f"a key switch to recipient {to}: the broadcast key is -1, clients are "
-                                        f"0..{self.setup.num_clients - 1}", **where)
+                raise RecipientKeyError(
+                    f"a key switch to recipient {to}: the broadcast key is -1, clients are "
+                    f"0..{self.setup.num_clients - 1}",
+                    **where,
+                )
             if to < 0:
                 if sorted(bids) != own_request:
-                    raise DowngradeError(f"blocks {bids[:8]} to the broadcast key, but this client receives "
-                                         f"{own_request[:8]}: a scoped block may not go to every client", **where)
+                    raise DowngradeError(
+                        f"blocks {bids[:8]} to the broadcast key, but this client receives "
+                        f"{own_request[:8]}: a scoped block may not go to every client",
+                        **where,
+                    )
                 pk = self.keys.broadcast_pk
             else:
                 pk = self._recipient_key(to, offered, where)
@@ -358,13 +438,14 @@ class CKKSMPClient(ClientHalf):
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
             c1 = self._c1(ep, bids)
-            for i, b in enumerate(bids):          # s_i c1 only for the blocks this client uploaded
+            for i, b in enumerate(bids):  # s_i c1 only for the blocks this client uploaded
                 if b not in mine:
-                    c1[i * pieces:(i + 1) * pieces] = 0
+                    c1[i * pieces : (i + 1) * pieces] = 0
             share = self.keys.pcks_shares(c1, self._masks(ep, to, bids), pk, smudge)
             label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
-            msg = self.message(SERVER, "share", (len(bids) * pieces,), share, self.fingerprint,
-                               note=f"PCKS shares to {label}")
+            msg = self.message(
+                SERVER, "share", (len(bids) * pieces,), share, self.fingerprint, note=f"PCKS shares to {label}"
+            )
             out.append(self.seal(msg, "keyswitch", g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
@@ -390,12 +471,21 @@ class CKKSMPClient(ClientHalf):
         broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
         if to != (-1 if broadcast else self.id):
             err = DowngradeError if to == -1 else RecipientKeyError
-            raise err(f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where this "
-                      f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}", **where)
+            raise err(
+                f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where this "
+                f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}",
+                **where,
+            )
         decode = lambda: self._decode(ep, cts, bids, lengths, to < 0)  # noqa: E731
-        values = decode() if to >= 0 else _MEMO.decrypt(
-            (self.fingerprint, self.setup.run_id, self.setup.session, p.exchange, bids.tobytes()),
-            bytes(msg.payload["data"]), decode)
+        values = (
+            decode()
+            if to >= 0
+            else _MEMO.decrypt(
+                (self.fingerprint, self.setup.run_id, self.setup.session, p.exchange, bids.tobytes()),
+                bytes(msg.payload["data"]),
+                decode,
+            )
+        )
         self.timing["download_s"] = time.perf_counter() - t
         self.deliver({int(b): v for b, v in zip(bids.tolist(), values)})
         return []
@@ -410,12 +500,17 @@ class CKKSMPClient(ClientHalf):
             for j in range(len(lengths)):
                 fields, residual, in_range = decoded[i * len(lengths) + j]
                 if residual > ep.noise_bound or not in_range:
-                    why = (f"noise 2^{math.log2(residual):.1f} above the worst-case bound "
-                           f"2^{math.log2(ep.noise_bound):.1f}" if residual > ep.noise_bound
-                           else "a packed field out of range")
-                    raise IntegrityError(f"block {b} decrypts with {why}: a key-switching share or ciphertext was "
-                                         "corrupted; nothing was delivered", **self.where())
+                    why = (
+                        f"noise 2^{math.log2(residual):.1f} above the worst-case bound "
+                        f"2^{math.log2(ep.noise_bound):.1f}"
+                        if residual > ep.noise_bound
+                        else "a packed field out of range"
+                    )
+                    raise IntegrityError(
+                        f"block {b} decrypts with {why}: a key-switching share or ciphertext was "
+                        "corrupted; nothing was delivered",
+                        **self.where(),
+                    )
                 parts.append(encoding.dequantize(fields, ep))
             out[i] = np.concatenate(parts)
         return out
-

@@ -11,6 +11,7 @@ offset per contributing client).  ``m_c`` has up to ~130 bits; it is built direc
 Chinese remainder theorem on Python integers, then split into fields with
 ``numpy.unpackbits`` (no per-field Python loop).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,11 +45,12 @@ def encode(ring: RNSRing, plan: Plan, fields: np.ndarray) -> np.ndarray:
     grid = np.full(plan.fields * s, plan.offset, dtype=np.int64)
     grid[:n] = fields
     grid = grid.reshape(plan.fields, s)
-    q = ring.q[:plan.level]
+    q = ring.q[: plan.level]
     out = np.zeros((plan.level, ring.n), dtype=np.int64)
     for j in range(plan.fields):
-        w = np.array([pow(2, plan.width * j + plan.scale_bits, p) for p in ring.primes[:plan.level]],
-                     dtype=np.int64)[:, None]
+        w = np.array([pow(2, plan.width * j + plan.scale_bits, p) for p in ring.primes[: plan.level]], dtype=np.int64)[
+            :, None
+        ]
         out[:, :s] = (out[:, :s] + np.mod(grid[j][None, :], q) * w) % q
     return out
 
@@ -68,7 +70,7 @@ def crt_centered(ring: RNSRing, residues: np.ndarray) -> list[int]:
     acc = np.zeros(residues.shape[1], dtype=object)
     for j, q in enumerate(ring.primes[:level]):
         q_hat = big_q // q
-        y = residues[j] * pow(q_hat % q, -1, q) % q          # int64, < 2^31 * 2^31
+        y = residues[j] * pow(q_hat % q, -1, q) % q  # int64, < 2^31 * 2^31
         acc = acc + y.astype(object) * q_hat
     half = big_q // 2
     return [(int(v) % big_q) - big_q if int(v) % big_q > half else int(v) % big_q for v in acc]
@@ -94,5 +96,5 @@ def decode(ring: RNSRing, plan: Plan, residues: np.ndarray, n: int) -> tuple[np.
     raw = np.frombuffer(b"".join(p.to_bytes(nbytes, "little") for p in packed[:s]), dtype=np.uint8)
     bits = np.unpackbits(raw.reshape(s, nbytes), axis=1, bitorder="little")[:, :nbits]
     weights = np.left_shift(np.int64(1), np.arange(plan.width, dtype=np.int64))
-    fields = bits.reshape(s, plan.fields, plan.width).astype(np.int64) @ weights   # [S, F]
+    fields = bits.reshape(s, plan.fields, plan.width).astype(np.int64) @ weights  # [S, F]
     return fields.T.reshape(-1)[:n], residual, True

@@ -16,6 +16,7 @@ Wire format: ``count`` polynomials ``[count, L, N]`` (uploads) or ciphertexts ``
 function of public shapes only).  :func:`from_bytes` refuses a wrong length or a residue outside
 ``[0, q_j)``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +50,7 @@ def from_bytes(ring: RNSRing, data: bytes, shape: tuple[int, ...]) -> np.ndarray
         got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
         raise ValueError(f"expected {expected} bytes ({shape} uint32 residues), got {got}")
     arr = np.frombuffer(data, dtype="<u4").astype(np.int64).reshape(shape)
-    q = ring.q[:shape[-2]]
+    q = ring.q[: shape[-2]]
     if (arr >= q).any():
         raise ValueError("a residue is not reduced modulo its prime (corrupted bytes)")
     return arr

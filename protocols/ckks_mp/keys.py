@@ -13,6 +13,7 @@ published signed by its owner's identity key (:func:`protocols.auth.sign_public_
 are kept in NTT form, at the full modulus; an exchange at level ``L`` uses their first ``L``
 residue rows.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -20,6 +20,7 @@ recipient colluding with the server reads ``s_i c1 + z_i + noise`` per client, w
 meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is uniform), hence
 n-out-of-n.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,16 +29,25 @@ from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
 
-def pcks_share(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, mask_hat: np.ndarray, p_r_hat: np.ndarray,
-               a_hat: np.ndarray, eta: int, smudge_bits: int) -> np.ndarray:
+def pcks_share(
+    ring: RNSRing,
+    s_hat: np.ndarray,
+    c1_hat: np.ndarray,
+    mask_hat: np.ndarray,
+    p_r_hat: np.ndarray,
+    a_hat: np.ndarray,
+    eta: int,
+    smudge_bits: int,
+) -> np.ndarray:
     """Client i's share ``[B, 2, L, N]`` (NTT form) for ciphertexts with ``c1_hat`` ``[B, L, N]``
     (zero rows for blocks client i did not upload) and masks ``mask_hat`` ``[B, L, N]``."""
     batch, level = c1_hat.shape[0], c1_hat.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    h0 = ring.add(ring.add(ring.add(ring.mul(c1_hat, s_hat[:level]), mask_hat), ring.mul(p_r_hat[:level], u_hat)),
-                  ring.ntt(e0))
+    h0 = ring.add(
+        ring.add(ring.add(ring.mul(c1_hat, s_hat[:level]), mask_hat), ring.mul(p_r_hat[:level], u_hat)), ring.ntt(e0)
+    )
     h1 = ring.add(ring.mul(a_hat[:level], u_hat), ring.ntt(e1))
     return np.stack([h0, h1], axis=1)
 

@@ -42,6 +42,7 @@ sum is within ``K 2^-(f+1)`` of the exact float sum; ``f`` is the smallest integ
 only (:func:`protocols.ckks.params.per_client_limits` / ``integer_sum_range``, shared with
 ``ckks``), never from the data.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,14 +86,16 @@ class MPParams:
         return ntt_primes(self.n, self.num_primes)
 
     def log_q(self, level: int | None = None) -> float:
-        return sum(math.log2(q) for q in self.primes[:level or self.num_primes])
+        return sum(math.log2(q) for q in self.primes[: level or self.num_primes])
 
     def modulus(self, level: int) -> int:
         return math.prod(self.primes[:level])
 
     def describe(self) -> str:
-        return (f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
-                f"smudging 2^-{self.keyswitch_lambda} per ciphertext, <= {self.max_keyswitches} per client")
+        return (
+            f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
+            f"smudging 2^-{self.keyswitch_lambda} per ciphertext, <= {self.max_keyswitches} per client"
+        )
 
 
 def params_to_options(params: MPParams) -> dict:
@@ -103,8 +106,9 @@ def params_to_options(params: MPParams) -> dict:
 def params_from_options(options) -> MPParams:
     """Strict inverse of :func:`params_to_options`; ConfigurationError on anything else."""
     try:
-        params = MPParams(**{k: int(options[k]) for k in ("n", "num_primes", "eta", "smudging_lambda",
-                                                                 "max_keyswitches")})
+        params = MPParams(
+            **{k: int(options[k]) for k in ("n", "num_primes", "eta", "smudging_lambda", "max_keyswitches")}
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigurationError(f"malformed ckks-mp parameters ({e})") from None
     check_security(params)
@@ -125,14 +129,19 @@ def check_security(params: MPParams) -> None:
     if limit is None or params.log_q() > limit:
         raise ConfigurationError(
             f"{params.describe()} exceeds the HE standard's 128-bit bound (log2 Q <= {limit} at N={params.n}). "
-            "Fix: use fewer primes or a larger N")
-    if params.eta / 2 < ERROR_STD ** 2:
-        raise ConfigurationError(f"eta={params.eta} gives error std {math.sqrt(params.eta / 2):.2f} < {ERROR_STD} "
-                                 "(HE standard). Fix: use eta >= 21")
+            "Fix: use fewer primes or a larger N"
+        )
+    if params.eta / 2 < ERROR_STD**2:
+        raise ConfigurationError(
+            f"eta={params.eta} gives error std {math.sqrt(params.eta / 2):.2f} < {ERROR_STD} "
+            "(HE standard). Fix: use eta >= 21"
+        )
     if params.smudging_lambda < MIN_SMUDGING_LAMBDA:
-        raise ConfigurationError(f"smudging_lambda={params.smudging_lambda} is below the floor of "
-                                 f"{MIN_SMUDGING_LAMBDA} (statistical distance 2^-lambda per key-switched ciphertext). "
-                                 f"Fix: use smudging_lambda >= {MIN_SMUDGING_LAMBDA}")
+        raise ConfigurationError(
+            f"smudging_lambda={params.smudging_lambda} is below the floor of "
+            f"{MIN_SMUDGING_LAMBDA} (statistical distance 2^-lambda per key-switched ciphertext). "
+            f"Fix: use smudging_lambda >= {MIN_SMUDGING_LAMBDA}"
+        )
     if not 1 <= params.max_keyswitches <= 1 << 40:
         raise ConfigurationError(f"max_keyswitches={params.max_keyswitches} must lie in [1, 2^40]")
 
@@ -156,15 +165,15 @@ def keyswitch_bound(params: MPParams, k: int) -> int:
 class Plan:
     """How one exchange is encoded (all parties derive the same plan from public data)."""
 
-    level: int            # primes used, L
-    scale_bits: int       # D, Delta = 2^D
-    frac_bits: int        # f: floats are round(x 2^f); 0 for integers
-    width: int            # w, bits per field
-    fields: int           # F, fields per coefficient
-    offset: int           # per-client offset making every field non-negative
-    num_clients: int      # K: recipients subtract K * offset
-    noise_bound: int      # B_ks
-    error_bound: float    # bound on |decoded sum - exact sum| (0 for integers)
+    level: int  # primes used, L
+    scale_bits: int  # D, Delta = 2^D
+    frac_bits: int  # f: floats are round(x 2^f); 0 for integers
+    width: int  # w, bits per field
+    fields: int  # F, fields per coefficient
+    offset: int  # per-client offset making every field non-negative
+    num_clients: int  # K: recipients subtract K * offset
+    noise_bound: int  # B_ks
+    error_bound: float  # bound on |decoded sum - exact sum| (0 for integers)
     n: int
     integer: bool
 
@@ -191,8 +200,16 @@ def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> 
     return ((room - 1) // (1 << scale_bits) + 1).bit_length() - 1
 
 
-def plan_exchange(params: MPParams, spec, k: int, dp_std: float = 0.0, block_len: int | None = None,
-                  *, tag: str | None = None, round: int | None = None) -> Plan:
+def plan_exchange(
+    params: MPParams,
+    spec,
+    k: int,
+    dp_std: float = 0.0,
+    block_len: int | None = None,
+    *,
+    tag: str | None = None,
+    round: int | None = None,
+) -> Plan:
     """The cheapest plan (fewest ciphertext bytes for blocks of ``block_len`` values; ``None``:
     per value of an unbounded stream; ties to fewer primes) meeting the exchange's bounds."""
     noise = keyswitch_bound(params, k)
@@ -207,7 +224,7 @@ def plan_exchange(params: MPParams, spec, k: int, dp_std: float = 0.0, block_len
             raise BoundError(f"ValueSpec.tolerance must be > 0, got {tol}", tag=tag, round=round)
         frac = math.ceil(math.log2(k / (2.0 * tol)))
         error = k * 2.0 ** -(frac + 1)
-        offset = math.ceil(max(abs(lo), abs(hi)) * 2.0 ** frac)
+        offset = math.ceil(max(abs(lo), abs(hi)) * 2.0**frac)
         width = field_width(2 * k * offset)
     best, best_cost = None, None
     for level in range(1, params.num_primes + 1):
@@ -217,8 +234,7 @@ def plan_exchange(params: MPParams, spec, k: int, dp_std: float = 0.0, block_len
         per_ct = fields * params.n
         cost = (level / per_ct) if block_len is None else math.ceil(block_len / per_ct) * level
         if best_cost is None or cost < best_cost - 1e-12:
-            best = Plan(level, scale_bits, frac, width, fields, offset, k, noise, error, params.n,
-                        bool(spec.integer))
+            best = Plan(level, scale_bits, frac, width, fields, offset, k, noise, error, params.n, bool(spec.integer))
             best_cost = cost
     if best is None:
         top = capacity_bits(params, params.num_primes, scale_bits, noise)
@@ -226,7 +242,13 @@ def plan_exchange(params: MPParams, spec, k: int, dp_std: float = 0.0, block_len
             f"a field needs {width} bits (public range of the K={k} sum"
             + ("" if spec.integer else f" at precision 2^-{frac} for tolerance {spec.tolerance:g}")
             + f") but a coefficient of {params.describe()} carries {min(top, MAX_FIELD_BITS)} exact bits above the "
-            "smudging noise. Fix: " + ("lower ValueSpec.sum_max/max_abs" if spec.integer else
-                                       "raise ValueSpec.tolerance or lower ValueSpec.max_abs"),
-            tag=tag, round=round)
+            "smudging noise. Fix: "
+            + (
+                "lower ValueSpec.sum_max/max_abs"
+                if spec.integer
+                else "raise ValueSpec.tolerance or lower ValueSpec.max_abs"
+            ),
+            tag=tag,
+            round=round,
+        )
     return best

@@ -10,6 +10,7 @@ encrypts its contribution under its own share ``s_i`` with public per-ciphertext
 lives inside the client half (:mod:`.client`); the server half (:mod:`.server`) only ever sees
 the bytes these methods return.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +27,9 @@ class MPClient:
     def __init__(self, client: int, ring: RNSRing, params: MPParams, a_hat: np.ndarray):
         self.client = client
         self.ring, self.params, self.a_hat = ring, params, a_hat
-        self._share: np.ndarray = secret_key(ring, a_hat.shape[0])    # s_i: collective-key share
-        self._own: KeyPair = key_pair(ring, a_hat, params.eta)         # s_R: recipient key
-        self._broadcast: KeyPair | None = None                         # s_B: every client's, the server's never
+        self._share: np.ndarray = secret_key(ring, a_hat.shape[0])  # s_i: collective-key share
+        self._own: KeyPair = key_pair(ring, a_hat, params.eta)  # s_R: recipient key
+        self._broadcast: KeyPair | None = None  # s_B: every client's, the server's never
 
     # ------------------------------------------------------------------ public keys
     @property
@@ -72,23 +73,28 @@ class MPClient:
         """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
         the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces."""
         per_ct = plan.capacity
-        pieces = [row[a:a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
+        pieces = [row[a : a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
         if not pieces:
             return b""
         plain = np.stack([encoding.encode(self.ring, plan, encoding.quantize(p, plan)) for p in pieces])
         return encryption.to_bytes(encryption.encrypt(self.ring, self._share, c1_hat, plain, self.params.eta))
 
     # ------------------------------------------------------------------ key switching
-    def pcks_shares(self, c1_hat: np.ndarray, mask_hat: np.ndarray, recipient_pk: np.ndarray,
-                    smudge_bits: int) -> bytes:
+    def pcks_shares(
+        self, c1_hat: np.ndarray, mask_hat: np.ndarray, recipient_pk: np.ndarray, smudge_bits: int
+    ) -> bytes:
         """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
         blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``."""
-        return encryption.to_bytes(keyswitch.pcks_share(self.ring, self._share, c1_hat, mask_hat, recipient_pk,
-                                                        self.a_hat, self.params.eta, smudge_bits))
+        return encryption.to_bytes(
+            keyswitch.pcks_share(
+                self.ring, self._share, c1_hat, mask_hat, recipient_pk, self.a_hat, self.params.eta, smudge_bits
+            )
+        )
 
     # ------------------------------------------------------------------ download
-    def decrypt_delivery(self, plan: Plan, ct_hat: np.ndarray, lengths: list[int],
-                         broadcast: bool = False) -> list[tuple[np.ndarray, int, bool]]:
+    def decrypt_delivery(
+        self, plan: Plan, ct_hat: np.ndarray, lengths: list[int], broadcast: bool = False
+    ) -> list[tuple[np.ndarray, int, bool]]:
         """Decrypt key-switched ciphertexts ``[B, 2, L, N]`` with ``s_R`` (``s_B`` if ``broadcast``);
         per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`)."""
         key = self._broadcast if broadcast else self._own

@@ -20,9 +20,10 @@ polynomials, with one ``%`` (the twiddle product) and branch-free conditional su
 for the sums.  A ring with fewer primes (a lower "level") uses the first ``L`` rows of the
 tables: residues mod the first ``L`` primes are a valid element of ``R_{q_0...q_{L-1}}``.
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def is_prime(n: int) -> bool:
     return True
 
 
-@lru_cache(maxsize=None)
+@cache
 def ntt_primes(n: int, count: int, below: int = 1 << 31) -> tuple[int, ...]:
     """The ``count`` largest primes ``q < below`` with ``q = 1 (mod 2n)``, descending."""
     out, q = [], (below - 1) // (2 * n) * (2 * n) + 1
@@ -103,7 +104,7 @@ class RNSRing:
                 raise ValueError(f"{q} is not an NTT-friendly prime below 2^31 for N={n}")
         self.n = n
         self.primes = tuple(int(q) for q in primes)
-        self.q = np.array(self.primes, dtype=np.int64)[:, None]          # [L, 1]
+        self.q = np.array(self.primes, dtype=np.int64)[:, None]  # [L, 1]
         rev = _bit_reverse(n)
         fwd, inv = [], []
         for q in self.primes:
@@ -112,7 +113,7 @@ class RNSRing:
             ipowers = np.array([pow(psi, (2 * n - int(e)) % (2 * n), q) for e in range(n)], dtype=np.int64)
             fwd.append(powers[rev])
             inv.append(ipowers[rev])
-        self._psi_rev = np.stack(fwd)        # [L, N]
+        self._psi_rev = np.stack(fwd)  # [L, N]
         self._psi_inv_rev = np.stack(inv)
         self._n_inv = np.array([pow(n, -1, q) for q in self.primes], dtype=np.int64)[:, None]
 
@@ -172,7 +173,7 @@ class RNSRing:
         while m < n:
             t //= 2
             x = x.reshape(-1, level, m, 2 * t)
-            s = self._psi_rev[:level, m:2 * m].reshape(1, level, m, 1)
+            s = self._psi_rev[:level, m : 2 * m].reshape(1, level, m, 1)
             v = x[..., t:] * s
             v %= q
             d = x[..., :t] - v
@@ -191,7 +192,7 @@ class RNSRing:
         while m > 1:
             h = m // 2
             x = x.reshape(-1, level, h, 2 * t)
-            s = self._psi_inv_rev[:level, h:2 * h].reshape(1, level, h, 1)
+            s = self._psi_inv_rev[:level, h : 2 * h].reshape(1, level, h, 1)
             d = _reduce_signed(x[..., :t] - x[..., t:], q)
             x[..., :t] += x[..., t:]
             _reduce_once(x[..., :t], q)

@@ -21,6 +21,7 @@ expansion under other labels gives each uploaded ciphertext its own public ``c1`
 (:func:`upload_c1`) and each pair of clients its zero-sum key-switching mask
 (:func:`pairwise_mask`, from the pair's secret seed).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,9 @@ def crs_seed(run_id: bytes) -> bytes:
     return hashlib.sha256(b"secure_fgl/ckks-mp/crs-seed/v1" + bytes(run_id)).digest()
 
 
-def upload_c1(seed: bytes, session: bytes, exchange: int, blocks, pieces: int, primes: tuple[int, ...],
-              n: int) -> np.ndarray:
+def upload_c1(
+    seed: bytes, session: bytes, exchange: int, blocks, pieces: int, primes: tuple[int, ...], n: int
+) -> np.ndarray:
     """The public ``c1 = a_{x,b,j}`` of piece ``j`` of block ``b`` in exchange ``x``, ``[len(blocks) *
     pieces, L, N]`` (NTT form), expanded from the CRS seed: every client encrypts its piece under
     its own key share with it and recomputes it when asked to key-switch the sum.  The label binds
@@ -113,8 +115,9 @@ def upload_c1(seed: bytes, session: bytes, exchange: int, blocks, pieces: int, p
     return out
 
 
-def pairwise_mask(pair_seeds: dict[int, bytes], me: int, labels: list[str], primes: tuple[int, ...],
-                  n: int) -> np.ndarray:
+def pairwise_mask(
+    pair_seeds: dict[int, bytes], me: int, labels: list[str], primes: tuple[int, ...], n: int
+) -> np.ndarray:
     """Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
     one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
     of one label cancel exactly, while one client's mask hides its key-switching share from everyone

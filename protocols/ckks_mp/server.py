@@ -24,6 +24,7 @@ What a server that deviates can and cannot do is in :mod:`.client` (the refusals
 ``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a
 value of its choosing switched.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,9 +38,9 @@ from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
 from .client import KEYS_TAG
 from .keys import key_fingerprint
-from .sampling import crs_seed
 from .keyswitch import combine_shares
 from .params import params_from_options, plan_exchange, ring_of
+from .sampling import crs_seed
 
 
 class CKKSMPServer(ServerHalf):
@@ -57,7 +58,7 @@ class CKKSMPServer(ServerHalf):
         self.fingerprint: str | None = None
         #: recipient -> (its p_R bytes, its owner's signature), forwarded verbatim
         self.recipient_pks: dict[int, tuple[bytes, bytes]] = {}
-        self._keys_sent: set[tuple[int, int]] = set()          # (client, recipient) p_R already sent
+        self._keys_sent: set[tuple[int, int]] = set()  # (client, recipient) p_R already sent
         self.setup_s = 0.0
         self.last_stats: dict = {}
 
@@ -67,9 +68,11 @@ class CKKSMPServer(ServerHalf):
         super().record(msg)
 
     def _missing(self, clients, what: str, **where) -> DropoutError:
-        err = DropoutError(f"client(s) {', '.join(map(str, clients))} did not send {what}; ckks-mp needs every "
-                           "client (n-out-of-n), so nothing was delivered. Re-run the exchange without them",
-                           **{"client": clients[0], **where})
+        err = DropoutError(
+            f"client(s) {', '.join(map(str, clients))} did not send {what}; ckks-mp needs every "
+            "client (n-out-of-n), so nothing was delivered. Re-run the exchange without them",
+            **{"client": clients[0], **where},
+        )
         err.clients = tuple(clients)
         return err
 
@@ -81,8 +84,27 @@ class CKKSMPServer(ServerHalf):
         K, n, P = self.setup.num_clients, self.params.n, self.params.num_primes
         self.register(link, rnd, range(K))
         where = dict(tag=KEYS_TAG, round=rnd)
-        request = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "control", (), 0, self.mode, "", {},
-                                note="make your keys"), 0)] for k in range(K)}
+        request = {
+            k: [
+                (
+                    Message(
+                        rnd,
+                        KEYS_TAG,
+                        SERVER,
+                        client_party(k),
+                        "control",
+                        (),
+                        0,
+                        self.mode,
+                        "",
+                        {},
+                        note="make your keys",
+                    ),
+                    0,
+                )
+            ]
+            for k in range(K)
+        }
         got = self.call(link, "key_setup", request, hook=False)
         t = time.perf_counter()
         missing = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
@@ -99,19 +121,38 @@ class CKKSMPServer(ServerHalf):
                 encryption.from_bytes(self.ring, key, (P, n))
                 self.recipient_pks[k] = (key, bytes(msg.payload["recipient_sig"]))
                 if k == 0:
-                    broadcast = {"broadcast": bytes(msg.payload["broadcast"]),
-                                 "broadcast_sig": bytes(msg.payload["broadcast_sig"])}
+                    broadcast = {
+                        "broadcast": bytes(msg.payload["broadcast"]),
+                        "broadcast_sig": bytes(msg.payload["broadcast_sig"]),
+                    }
                     encryption.from_bytes(self.ring, broadcast["broadcast"], (P, n))
             except (KeyError, TypeError, ValueError) as e:
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
         if len([m for m in got[0] if m.relay == SERVER]) != K - 1:
-            raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0,
-                                 **where)
+            raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0, **where)
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
-        keys = {k: [(Message(rnd, KEYS_TAG, SERVER, client_party(k), "public_key", (1, P, n), 0, self.mode, fp,
-                             broadcast, note="broadcast key p_B, signed by client 0"), 1)]
-                for k in range(K)}
+        keys = {
+            k: [
+                (
+                    Message(
+                        rnd,
+                        KEYS_TAG,
+                        SERVER,
+                        client_party(k),
+                        "public_key",
+                        (1, P, n),
+                        0,
+                        self.mode,
+                        fp,
+                        broadcast,
+                        note="broadcast key p_B, signed by client 0",
+                    ),
+                    1,
+                )
+            ]
+            for k in range(K)
+        }
         got = self.call(link, "key_setup", keys, hook=False)
         missing = [k for k in range(K) if k not in got]
         if missing:
@@ -123,10 +164,9 @@ class CKKSMPServer(ServerHalf):
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, self.fingerprint
-        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag,
-                           round=plan.round)
+        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
-        self.begin(plan, link, fp, extra=tuple(range(K)))     # every client key-switches
+        self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
         if not plan.requests:
             raise ShapeError("the exchange has no recipients", **self.where())
         spans = [(a, min(plan.block_len, a + ep.capacity)) for a in range(0, plan.block_len, ep.capacity)]
@@ -136,7 +176,7 @@ class CKKSMPServer(ServerHalf):
 
         first = {k: [] for k in range(K)}
         ids_of: dict[int, np.ndarray] = {}
-        if plan.layout == "sparse":            # block ids travel in the clear (documented leak)
+        if plan.layout == "sparse":  # block ids travel in the clear (documented leak)
             got = self.call(link, "block_ids", first)
             first = {}
             for k in contributors:
@@ -163,8 +203,9 @@ class CKKSMPServer(ServerHalf):
             self.check_envelope(msg, fp, k)
             ids = ids_of[k]
             if tuple(msg.shape) != (ids.size, plan.block_len):
-                raise ShapeError(f"upload of shape {tuple(msg.shape)}, expected {(ids.size, plan.block_len)}",
-                                 **self.where(k))
+                raise ShapeError(
+                    f"upload of shape {tuple(msg.shape)}, expected {(ids.size, plan.block_len)}", **self.where(k)
+                )
             try:
                 uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + c0_shape)
             except ValueError as exc:
@@ -181,7 +222,7 @@ class CKKSMPServer(ServerHalf):
                 agg[dst] = self.ring.add(agg[dst], cts[src])
                 counts[dst] += 1
         del uploads
-        if ep.offset:                          # pad the missing clients' public offsets
+        if ep.offset:  # pad the missing clients' public offsets
             for i in np.nonzero(counts < K)[0]:
                 for j, (a, b) in enumerate(spans):
                     pad = self.ring.ntt(encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i])))
@@ -202,9 +243,19 @@ class CKKSMPServer(ServerHalf):
             new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
             keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
-            requests[k] = [(self.message(k, "control", (len(groups), 2), {"groups": table, "blocks": blocks,
-                                                                         "keys": keys}, fp,
-                                         note="block ids to key-switch, per recipient key"), 0)]
+            requests[k] = [
+                (
+                    self.message(
+                        k,
+                        "control",
+                        (len(groups), 2),
+                        {"groups": table, "blocks": blocks, "keys": keys},
+                        fp,
+                        note="block ids to key-switch, per recipient key",
+                    ),
+                    0,
+                )
+            ]
         got = self.call(link, "keyswitch", requests)
         t = time.perf_counter()
         shares: list[list[np.ndarray]] = [[] for _ in groups]
@@ -215,8 +266,10 @@ class CKKSMPServer(ServerHalf):
                 missing.append(k)
                 continue
             if set(mine) != set(range(len(groups))):
-                raise IntegrityError(f"key-switching shares for parts {sorted(mine)}, expected one per group "
-                                     f"0..{len(groups) - 1}", **self.where(k))
+                raise IntegrityError(
+                    f"key-switching shares for parts {sorted(mine)}, expected one per group 0..{len(groups) - 1}",
+                    **self.where(k),
+                )
             for g, (to, rows) in enumerate(groups):
                 msg = self.check(mine[g], client_party(k), "keyswitch", g, self.where(k))
                 if msg.kind != "share":
@@ -227,10 +280,13 @@ class CKKSMPServer(ServerHalf):
                 except ValueError as exc:
                     raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
         if missing:
-            raise self._missing(missing, "its key-switching (partial decryption) shares", tag=plan.tag,
-                                round=plan.round)
-        switched = {to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
-                    for g, (to, rows) in enumerate(groups)}
+            raise self._missing(
+                missing, "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+            )
+        switched = {
+            to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
+            for g, (to, rows) in enumerate(groups)
+        }
         server_s += time.perf_counter() - t
 
         downloads = {}
@@ -239,8 +295,19 @@ class CKKSMPServer(ServerHalf):
             to = -1 if -1 in switched else r
             data = encryption.to_bytes(switched[to]) if rows else empty
             label = "the broadcast key" if to < 0 else f"recipient {r}'s key"
-            downloads[r] = [(self.message(r, "ciphertext", (len(rows), pieces), {"to": to, "data": data}, fp,
-                                          note=f"aggregate blocks key-switched to {label}"), 0)]
+            downloads[r] = [
+                (
+                    self.message(
+                        r,
+                        "ciphertext",
+                        (len(rows), pieces),
+                        {"to": to, "data": data},
+                        fp,
+                        note=f"aggregate blocks key-switched to {label}",
+                    ),
+                    0,
+                )
+            ]
         self.call(link, "download", downloads)
         self.last_stats = {"server_s": server_s, "plan": ep}
         return tuple(contributors)

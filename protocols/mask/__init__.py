@@ -8,6 +8,7 @@ Modules, one concept each:
 * :mod:`.shamir`   — Shamir secret sharing for dropout recovery;
 * :mod:`.backend`  — :class:`MaskProtocol`, the protocol rounds.
 """
+
 from .backend import MaskProtocol
 
 __all__ = ["MaskProtocol"]

@@ -127,6 +127,7 @@ recorded, never aggregated).  A dropped client still receives its download (it r
 for the result), so callers get every recipient's result; :attr:`MaskProtocol.last_included`
 names the clients whose contributions the result covers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -134,21 +135,39 @@ import hashlib
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
 from ..base import ExchangeContext
-from ..errors import (ConfigurationError, DropoutError, IntegrityError, ProtocolError, ShapeError,
-                      ConsistencyError, ShareIntegrityError, ThresholdRefusedError, UnmaskingRefusedError)
+from ..errors import (
+    ConfigurationError,
+    ConsistencyError,
+    DropoutError,
+    IntegrityError,
+    ProtocolError,
+    ShapeError,
+    ShareIntegrityError,
+    ThresholdRefusedError,
+    UnmaskingRefusedError,
+)
 from ..link import stream_groups
 from ..party import ClientHalf, ServerHalf, envelope_of
 from ..plan_policy import collusion_bound
 from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party, party_client
-from .keys import (SEED_BYTES, SIGNED_KEY_BYTES, ExchangeBinding, MaskKeyPair, check_signed_mask_key,
-                   new_secret_seed, output_mask_key, output_mask_keys, signed_mask_key)
+from .keys import (
+    SEED_BYTES,
+    SIGNED_KEY_BYTES,
+    ExchangeBinding,
+    MaskKeyPair,
+    check_signed_mask_key,
+    new_secret_seed,
+    output_mask_key,
+    output_mask_keys,
+    signed_mask_key,
+)
 from .prg import ranked_mask, ring_mask, stream_id
 from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .shamir import SHARE_BYTES, Share, combine, split
@@ -157,8 +176,12 @@ from .shamir import SHARE_BYTES, Share, combine, split
 MASK_BLOCK = 4096
 DROP_STAGES = ("keys", "upload", "unmask", "late")
 #: link stages at which a client dropped at each simulated stage goes silent
-_SILENT_AT = {"keys": ("block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask"),
-              "upload": ("masked_upload", "unmask"), "late": ("masked_upload", "unmask"), "unmask": ("unmask",)}
+_SILENT_AT = {
+    "keys": ("block_ids", "advertise_keys", "share_keys", "masked_upload", "unmask"),
+    "upload": ("masked_upload", "unmask"),
+    "late": ("masked_upload", "unmask"),
+    "unmask": ("unmask",),
+}
 _ID = 4  # bytes of a client or block id on the wire (int32)
 
 
@@ -166,12 +189,12 @@ _ID = 4  # bytes of a client or block id on the wire (int32)
 class _Participant:
     """Client-side state of one participant for one exchange (its secrets stay here)."""
 
-    ids: np.ndarray                      # block ids it contributes (sorted)
-    encoded: np.ndarray                  # [n_blocks, L] ring elements
+    ids: np.ndarray  # block ids it contributes (sorted)
+    encoded: np.ndarray  # [n_blocks, L] ring elements
     common: dict[int, np.ndarray] = field(default_factory=dict)  # peer -> shared block ids
-    self_seed: bytes | None = None       # b_k of this exchange
-    seeds: dict[int, bytes] = field(default_factory=dict)        # peer -> pairwise seed of this exchange
-    held: dict[int, Share] = field(default_factory=dict)         # owner -> its b_owner share of this exchange
+    self_seed: bytes | None = None  # b_k of this exchange
+    seeds: dict[int, bytes] = field(default_factory=dict)  # peer -> pairwise seed of this exchange
+    held: dict[int, Share] = field(default_factory=dict)  # owner -> its b_owner share of this exchange
 
 
 @dataclass
@@ -180,7 +203,7 @@ class _SelfMaskBatch:
     threshold): the owner keeps ``seeds``; each holder keeps its ``shares`` of them."""
 
     first: int
-    values: list                         # bytes (the owner's seeds) or Share (a holder's shares)
+    values: list  # bytes (the owner's seeds) or Share (a holder's shares)
 
     def at(self, seq: int):
         """The entry for exchange ``seq``, or ``None`` outside the batch."""
@@ -191,9 +214,13 @@ def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
     """A holder's ``size`` Shamir shares of ``owner``'s self-mask seeds from the decrypted channel bytes."""
     n = 4 + SHARE_BYTES
     if size < 1 or len(raw) != size * n:
-        raise IntegrityError(f"share message of {len(raw)} bytes, expected {size} shares of {n} bytes",
-                             tag=ctx.tag, round=ctx.round, client=owner)
-    return [Share.from_bytes(raw[i:i + n]) for i in range(0, len(raw), n)]
+        raise IntegrityError(
+            f"share message of {len(raw)} bytes, expected {size} shares of {n} bytes",
+            tag=ctx.tag,
+            round=ctx.round,
+            client=owner,
+        )
+    return [Share.from_bytes(raw[i : i + n]) for i in range(0, len(raw), n)]
 
 
 #: domain separator of a dealer's commitment to one Shamir share
@@ -207,8 +234,13 @@ def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> byte
     every commitment to the server in a message it signs; the server checks each share revealed
     for unmasking against it, so a corrupted share is refused naming its sender.  A share is a
     uniform element of a 256-bit prime field: its hash reveals nothing about the seed."""
-    return hashlib.sha256(SHARE_COMMITMENT_DOMAIN + bytes(run_id) + int(dealer).to_bytes(4, "big")
-                          + int(seq).to_bytes(8, "big") + share.to_bytes()).digest()
+    return hashlib.sha256(
+        SHARE_COMMITMENT_DOMAIN
+        + bytes(run_id)
+        + int(dealer).to_bytes(4, "big")
+        + int(seq).to_bytes(8, "big")
+        + share.to_bytes()
+    ).digest()
 
 
 #: domain separator of the survivor set every survivor signs in the consistency round
@@ -218,13 +250,21 @@ SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
 def survivor_statement(run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors) -> bytes:
     """The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
     the run, session and exchange, and the sorted survivor set, length-prefixed."""
-    fields = (SURVIVORS_DOMAIN, bytes(run_id), bytes(session), int(seq).to_bytes(8, "big"), tag.encode(),
-              int(rnd).to_bytes(8, "big", signed=True), np.asarray(survivors, dtype=">i4").tobytes())
+    fields = (
+        SURVIVORS_DOMAIN,
+        bytes(run_id),
+        bytes(session),
+        int(seq).to_bytes(8, "big"),
+        tag.encode(),
+        int(rnd).to_bytes(8, "big", signed=True),
+        np.asarray(survivors, dtype=">i4").tobytes(),
+    )
     return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
 
 
-def _unmask_answer(st: _Participant, want_pairwise: list[int], want_self: list[int], ctx,
-                   responder: int) -> tuple[dict, dict]:
+def _unmask_answer(
+    st: _Participant, want_pairwise: list[int], want_self: list[int], ctx, responder: int
+) -> tuple[dict, dict]:
     """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
     Unmasking, with the pairwise seeds of this exchange in place of the dropped clients' key
     shares): its pairwise seed with each dropped peer OR its share of each survivor's self-mask
@@ -232,11 +272,17 @@ def _unmask_answer(st: _Participant, want_pairwise: list[int], want_self: list[i
     Shares it does not hold are left out (the server needs ``t`` of them)."""
     both = sorted(set(want_pairwise) & set(want_self))
     if both:
-        raise UnmaskingRefusedError(f"the server asked for both the self-mask shares and the pairwise seeds of "
-                                    f"client(s) {both}; an honest client refuses (that would reveal their inputs)",
-                                    tag=ctx.tag, round=ctx.round, client=responder)
-    return ({d: st.seeds[d] for d in want_pairwise if d in st.seeds},
-            {u: st.held[u].to_bytes() for u in want_self if u in st.held})
+        raise UnmaskingRefusedError(
+            f"the server asked for both the self-mask shares and the pairwise seeds of "
+            f"client(s) {both}; an honest client refuses (that would reveal their inputs)",
+            tag=ctx.tag,
+            round=ctx.round,
+            client=responder,
+        )
+    return (
+        {d: st.seeds[d] for d in want_pairwise if d in st.seeds},
+        {u: st.held[u].to_bytes() for u in want_self if u in st.held},
+    )
 
 
 def _positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
@@ -259,9 +305,11 @@ def shamir_threshold(n: int, threshold: int | None, max_colluders: int) -> int:
 def mask_fingerprint(num_clients: int, options: dict) -> str:
     """Public fingerprint of the run's mask parameters (every party computes it from the setup)."""
     o = options
-    params = (f"mask:{num_clients}:ring{o['ring_bits']}:frac{o['frac_bits']}:reveal{int(o['reveal_to_server'])}:"
-              f"recovery{int(o['dropout_recovery'])}:t{o['threshold']}:block{o['block_size']}:"
-              f"batch{o['self_mask_batch']}")
+    params = (
+        f"mask:{num_clients}:ring{o['ring_bits']}:frac{o['frac_bits']}:reveal{int(o['reveal_to_server'])}:"
+        f"recovery{int(o['dropout_recovery'])}:t{o['threshold']}:block{o['block_size']}:"
+        f"batch{o['self_mask_batch']}"
+    )
     return hashlib.sha256(params.encode()).hexdigest()[:16]
 
 
@@ -292,8 +340,16 @@ def _masked(st: _Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[
     return y
 
 
-def remove_output_masks(rows: np.ndarray, members: np.ndarray, group_seed: bytes, num_clients: int,
-                        binding: ExchangeBinding, sid: bytes, block_ids: np.ndarray, L: int) -> None:
+def remove_output_masks(
+    rows: np.ndarray,
+    members: np.ndarray,
+    group_seed: bytes,
+    num_clients: int,
+    binding: ExchangeBinding,
+    sid: bytes,
+    block_ids: np.ndarray,
+    L: int,
+) -> None:
     """Subtract, in place, ``sum_{k in S_b} R_k`` from each summed block ``b``.
 
     ``members[b, j]``: client ``j`` is an included contributor of block ``b`` (``[n_blocks, K]``).
@@ -305,8 +361,9 @@ def remove_output_masks(rows: np.ndarray, members: np.ndarray, group_seed: bytes
     for j in np.flatnonzero(np.any(coef != 0, axis=0)).tolist():
         rows_j = np.flatnonzero(coef[:, j])
         whole = rows_j.size == rows.shape[0]
-        mask = ring_mask(output_mask_key(group_seed, j, binding), sid, block_ids if whole else block_ids[rows_j],
-                         L, rows.dtype)
+        mask = ring_mask(
+            output_mask_key(group_seed, j, binding), sid, block_ids if whole else block_ids[rows_j], L, rows.dtype
+        )
         plus = coef[rows_j, j] > 0
         if plus.all():
             rows[slice(None) if whole else rows_j] -= mask
@@ -317,9 +374,13 @@ def remove_output_masks(rows: np.ndarray, members: np.ndarray, group_seed: bytes
 
 def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
     names = ", ".join(str(c) for c in clients)
-    err = DropoutError(f"client(s) {names} dropped out: {why}; nothing was aggregated. Re-run the exchange "
-                       "without them, or lower the threshold / enable dropout_recovery",
-                       tag=where.get("tag"), round=where.get("round"), client=clients[0] if clients else None)
+    err = DropoutError(
+        f"client(s) {names} dropped out: {why}; nothing was aggregated. Re-run the exchange "
+        "without them, or lower the threshold / enable dropout_recovery",
+        tag=where.get("tag"),
+        round=where.get("round"),
+        client=clients[0] if clients else None,
+    )
     err.clients = tuple(clients)
     return err
 
@@ -337,16 +398,16 @@ class MaskClient(ClientHalf):
         self.options = self.setup.options
         self.fingerprint = mask_fingerprint(self.setup.num_clients, self.options)
         self.group_seed: bytes | None = None
-        self.mask_keys: MaskKeyPair | None = None           # drawn once per run
-        self.peer_keys: dict[int, bytes] = {}               # peers' mask public keys (server broadcast)
+        self.mask_keys: MaskKeyPair | None = None  # drawn once per run
+        self.peer_keys: dict[int, bytes] = {}  # peers' mask public keys (server broadcast)
         #: (contributors, threshold) -> own self-mask seed batch / owner -> this client's shares of it
         self.own_batches: dict[tuple, _SelfMaskBatch] = {}
         self.held_batches: dict[tuple, dict[int, _SelfMaskBatch]] = {}
         self.state: _Participant | None = None
         self.encoding: FixedPoint | None = None
-        self._prepared: int | None = None                    # exchange whose contribution is encoded
-        self._participants: list[int] | None = None           # the server's list, when it excluded someone
-        self._unmasked: int | None = None                     # the exchange whose unmasking round it answered
+        self._prepared: int | None = None  # exchange whose contribution is encoded
+        self._participants: list[int] | None = None  # the server's list, when it excluded someone
+        self._unmasked: int | None = None  # the exchange whose unmasking round it answered
         #: (exchange, survivor set) this client signed in the consistency round
         self._signed: tuple[int, tuple[int, ...]] | None = None
         #: seconds spent by this client in the last exchange, per step
@@ -370,14 +431,19 @@ class MaskClient(ClientHalf):
         t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
         planned = p.encoding.get("threshold")
         if planned != t:
-            raise ThresholdRefusedError(f"the plan names Shamir threshold t={planned}, the run's setup gives t={t} "
-                                        f"for {len(p.contributors)} contributors: refused", **self.where())
+            raise ThresholdRefusedError(
+                f"the plan names Shamir threshold t={planned}, the run's setup gives t={t} "
+                f"for {len(p.contributors)} contributors: refused",
+                **self.where(),
+            )
         n = len(p.contributors)
         if 2 * t <= n + c:
-            raise ThresholdRefusedError(f"Shamir threshold t={t} with {n} contributors and max colluders c={c} "
-                                        f"breaks 2t > n + c: the server could collect t answers from two disjoint "
-                                        f"sets of clients; use threshold >= {(n + c) // 2 + 1} (the default)",
-                                        **self.where())
+            raise ThresholdRefusedError(
+                f"Shamir threshold t={t} with {n} contributors and max colluders c={c} "
+                f"breaks 2t > n + c: the server could collect t answers from two disjoint "
+                f"sets of clients; use threshold >= {(n + c) // 2 + 1} (the default)",
+                **self.where(),
+            )
         return t
 
     def _message(self, kind, shape, payload, note=""):
@@ -388,8 +454,9 @@ class MaskClient(ClientHalf):
         for m in inbox:
             if m.sender != SERVER and envelope_of(m).stage == "group_seed":
                 if self.group_seed is not None:
-                    raise IntegrityError("a second output-mask group seed was sent; the first one stands",
-                                         **self.where())
+                    raise IntegrityError(
+                        "a second output-mask group seed was sent; the first one stands", **self.where()
+                    )
                 self.group_seed = self.open_relayed(m, "group_seed", exchange=envelope_of(m).exchange)
             else:
                 rest.append(m)
@@ -419,10 +486,10 @@ class MaskClient(ClientHalf):
                 self._take_participants(self.check(m, SERVER, stage, 0, self.where()))
             elif m.sender != SERVER and stage == "share_keys":
                 owner = party_client(m.sender)
-                shares = _parse_batch(self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]),
-                                      self.plan, owner)
-                self.held_batches.setdefault(self._batch_key(), {})[owner] = \
-                    _SelfMaskBatch(self.plan.exchange, shares)
+                shares = _parse_batch(
+                    self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]), self.plan, owner
+                )
+                self.held_batches.setdefault(self._batch_key(), {})[owner] = _SelfMaskBatch(self.plan.exchange, shares)
             else:
                 rest.append(m)
         return rest
@@ -435,11 +502,18 @@ class MaskClient(ClientHalf):
         except (AttributeError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
         own = self.state.ids
-        for j, c in common.items():      # a subset of this client's own blocks, with another contributor
-            if j == self.id or j not in self.plan.contributors or np.any(np.diff(c) <= 0) \
-                    or not np.isin(c, own, assume_unique=True).all():
-                raise IntegrityError(f"the block ids shared with client {j} are not a sorted subset of this "
-                                     "client's own blocks shared with another contributor", **self.where())
+        for j, c in common.items():  # a subset of this client's own blocks, with another contributor
+            if (
+                j == self.id
+                or j not in self.plan.contributors
+                or np.any(np.diff(c) <= 0)
+                or not np.isin(c, own, assume_unique=True).all()
+            ):
+                raise IntegrityError(
+                    f"the block ids shared with client {j} are not a sorted subset of this "
+                    "client's own blocks shared with another contributor",
+                    **self.where(),
+                )
         self.state.common = common
 
     def _take_keys(self, msg: Message) -> None:
@@ -447,24 +521,32 @@ class MaskClient(ClientHalf):
             raise IntegrityError("malformed key broadcast", **self.where())
         for j, signed in msg.payload.items():
             j = int(j)
-            raw = check_signed_mask_key(self.registry, self.setup.run_id, client_party(j), signed,
-                                        dict(self.where(), client=j))
+            raw = check_signed_mask_key(
+                self.registry, self.setup.run_id, client_party(j), signed, dict(self.where(), client=j)
+            )
             if j == self.id:
                 if self.mask_keys is None or raw != self.mask_keys.public_bytes:
                     raise IntegrityError("the key broadcast lists another key for this client", **self.where())
             elif self.peer_keys.setdefault(j, raw) != raw:
-                raise IntegrityError(f"the key broadcast changes client {j}'s mask key (keys are fixed for the run)",
-                                     **self.where())
+                raise IntegrityError(
+                    f"the key broadcast changes client {j}'s mask key (keys are fixed for the run)", **self.where()
+                )
 
     def _take_participants(self, msg: Message) -> None:
         try:
             got = [int(k) for k in msg.payload["participants"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed participant list ({e})", **self.where()) from None
-        if msg.kind != "control" or got != sorted(set(got)) or not set(got) <= set(self.plan.contributors) \
-                or self.id not in got:
-            raise IntegrityError(f"the participant list {got} is not a sorted subset of the contributors that "
-                                 "includes this client", **self.where())
+        if (
+            msg.kind != "control"
+            or got != sorted(set(got))
+            or not set(got) <= set(self.plan.contributors)
+            or self.id not in got
+        ):
+            raise IntegrityError(
+                f"the participant list {got} is not a sorted subset of the contributors that includes this client",
+                **self.where(),
+            )
         self._participants = got
 
     # ------------------------------------------------------------------ stages
@@ -483,8 +565,11 @@ class MaskClient(ClientHalf):
         """Client 0, once per run: ``G`` for every other client over the relayed channel."""
         if self.group_seed is None:
             self.group_seed = new_secret_seed()
-        return [self.seal_relayed(c, "group_seed", self.group_seed, "output-mask group seed", self.fingerprint)
-                for c in range(self.setup.num_clients) if c != self.id]
+        return [
+            self.seal_relayed(c, "group_seed", self.group_seed, "output-mask group seed", self.fingerprint)
+            for c in range(self.setup.num_clients)
+            if c != self.id
+        ]
 
     def _prepare(self) -> None:
         """Local encoding, once per exchange: every bound is checked before any message leaves."""
@@ -493,7 +578,7 @@ class MaskClient(ClientHalf):
         self._prepared, self.state, self.timing, self._participants = self.plan.exchange, None, {}, None
         if self.id not in self.plan.contributors:
             return
-        self._threshold()                 # the plan's t is the run's, before anything is sent
+        self._threshold()  # the plan's t is the run's, before anything is sent
         enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
         t0 = time.perf_counter()
         table = self.contribution()
@@ -505,8 +590,11 @@ class MaskClient(ClientHalf):
         if self.state is None:
             return []
         ids = self.state.ids
-        return [self.seal(self._message("metadata", ids.shape, {"block_ids": ids.astype(np.int32)}, "block ids"),
-                          "block_ids")]
+        return [
+            self.seal(
+                self._message("metadata", ids.shape, {"block_ids": ids.astype(np.int32)}, "block ids"), "block_ids"
+            )
+        ]
 
     def stage_advertise_keys(self, inbox):
         """The mask public key, drawn once per run (its secret key never leaves this client)."""
@@ -516,8 +604,14 @@ class MaskClient(ClientHalf):
         if self.mask_keys is None:
             self.mask_keys = MaskKeyPair.generate()
         signed = signed_mask_key(self.signing, self.setup.run_id, self.name, self.mask_keys.public_bytes)
-        return [self.seal(self._message("public_key", (SIGNED_KEY_BYTES,), signed,
-                                        "X25519 mask key, signed by the owner (once per run)"), "advertise_keys")]
+        return [
+            self.seal(
+                self._message(
+                    "public_key", (SIGNED_KEY_BYTES,), signed, "X25519 mask key, signed by the owner (once per run)"
+                ),
+                "advertise_keys",
+            )
+        ]
 
     def stage_share_keys(self, inbox):
         """A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
@@ -535,15 +629,32 @@ class MaskClient(ClientHalf):
         out, commitments, first = [], {}, self.plan.exchange
         for j in contributors:
             mine = [sh[j + 1] for sh in shares]
-            commitments[j] = b"".join(share_commitment(self.setup.run_id, self.id, first + i, s)
-                                      for i, s in enumerate(mine))
+            commitments[j] = b"".join(
+                share_commitment(self.setup.run_id, self.id, first + i, s) for i, s in enumerate(mine)
+            )
             if j == self.id:
                 held[j] = _SelfMaskBatch(first, mine)
                 continue
-            out.append(self.seal_relayed(j, "share_keys", b"".join(s.to_bytes() for s in mine),
-                                         f"Shamir shares of {len(seeds)} self-mask seeds", self.fingerprint))
-        out.append(self.seal(self._message("control", (len(commitments), len(seeds), COMMITMENT_BYTES), commitments,
-                                           "commitments to the dealt shares (SHA-256)"), "share_keys"))
+            out.append(
+                self.seal_relayed(
+                    j,
+                    "share_keys",
+                    b"".join(s.to_bytes() for s in mine),
+                    f"Shamir shares of {len(seeds)} self-mask seeds",
+                    self.fingerprint,
+                )
+            )
+        out.append(
+            self.seal(
+                self._message(
+                    "control",
+                    (len(commitments), len(seeds), COMMITMENT_BYTES),
+                    commitments,
+                    "commitments to the dealt shares (SHA-256)",
+                ),
+                "share_keys",
+            )
+        )
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
@@ -558,12 +669,14 @@ class MaskClient(ClientHalf):
         if self.plan.layout == "dense":
             st.common = {j: st.ids for j in participants if j != self.id}
         st.common = {j: c for j, c in st.common.items() if j in participants and j != self.id and c.size}
-        if len(participants) >= 2:                     # Bonawitz self mask b_k (double masking)
+        if len(participants) >= 2:  # Bonawitz self mask b_k (double masking)
             own = self.own_batches.get(key)
             st.self_seed = own.at(seq) if own is not None else None
             if st.self_seed is None:
-                raise IntegrityError("no self-mask seed was shared for this exchange (the server skipped the "
-                                     "share round)", **self.where())
+                raise IntegrityError(
+                    "no self-mask seed was shared for this exchange (the server skipped the share round)",
+                    **self.where(),
+                )
             st.held = {u: share for u, b in self.held_batches.get(key, {}).items() if (share := b.at(seq)) is not None}
         if st.common and self.mask_keys is None:
             raise IntegrityError("this client advertised no mask key", **self.where())
@@ -581,10 +694,14 @@ class MaskClient(ClientHalf):
 
     def _upload_words(self) -> np.ndarray:
         st, enc, p = self.state, self.encoding, self.plan
-        out_keys = () if self.options["reveal_to_server"] else \
-            output_mask_keys(self._seed(), self.id, self.setup.num_clients, self._binding())
-        return _masked(st, self.id, p.block_len, enc.dtype, _streams(self.setup.run_id, p.exchange, p.tag, p.round),
-                       out_keys)
+        out_keys = (
+            ()
+            if self.options["reveal_to_server"]
+            else output_mask_keys(self._seed(), self.id, self.setup.num_clients, self._binding())
+        )
+        return _masked(
+            st, self.id, p.block_len, enc.dtype, _streams(self.setup.run_id, p.exchange, p.tag, p.round), out_keys
+        )
 
     def _seed(self) -> bytes:
         if self.group_seed is None:
@@ -609,14 +726,25 @@ class MaskClient(ClientHalf):
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed survivor set ({e})", **self.where()) from None
         participants, t = self._participants or list(self.plan.contributors), self._threshold()
-        if survivors != sorted(set(survivors)) or not set(survivors) <= set(participants) or self.id not in survivors \
-                or len(survivors) < t:
-            raise ConsistencyError(f"the survivor set {survivors} is not a sorted set of at least t={t} participants "
-                                   "that includes this client", **self.where())
+        if (
+            survivors != sorted(set(survivors))
+            or not set(survivors) <= set(participants)
+            or self.id not in survivors
+            or len(survivors) < t
+        ):
+            raise ConsistencyError(
+                f"the survivor set {survivors} is not a sorted set of at least t={t} participants "
+                "that includes this client",
+                **self.where(),
+            )
         self._signed = (self.plan.exchange, tuple(survivors))
         sig = self.signing.sign(self._statement(survivors))
-        return [self.seal(self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
-                          "consistency")]
+        return [
+            self.seal(
+                self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
+                "consistency",
+            )
+        ]
 
     def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict) -> None:
         """The unmasking request must name the survivor set this client signed (its self-mask shares)
@@ -628,8 +756,11 @@ class MaskClient(ClientHalf):
         survivors = list(self._signed[1])
         dropped = [k for k in (self._participants or list(self.plan.contributors)) if k not in survivors]
         if want_self != survivors or want_pairwise != dropped:
-            raise ConsistencyError(f"the unmasking request (survivors {want_self}, dropped {want_pairwise}) is not "
-                                   f"the survivor set {survivors} this client signed", **where)
+            raise ConsistencyError(
+                f"the unmasking request (survivors {want_self}, dropped {want_pairwise}) is not "
+                f"the survivor set {survivors} this client signed",
+                **where,
+            )
         statement, t = self._statement(survivors), self._threshold()
         for k, sig in signatures.items():
             if k not in survivors:
@@ -637,11 +768,15 @@ class MaskClient(ClientHalf):
             try:
                 self.registry.check_signature(client_party(k), statement, sig, where)
             except IntegrityError:
-                raise ConsistencyError(f"client {k}'s signature is not over the survivor set {survivors} this client "
-                                       "signed: the server told clients different survivor sets", **where) from None
+                raise ConsistencyError(
+                    f"client {k}'s signature is not over the survivor set {survivors} this client "
+                    "signed: the server told clients different survivor sets",
+                    **where,
+                ) from None
         if len(signatures) < t:
-            raise ConsistencyError(f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}",
-                                   **where)
+            raise ConsistencyError(
+                f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}", **where
+            )
 
     def stage_unmask(self, inbox):
         """Step 5, answered once per exchange, after the consistency round: the request names the
@@ -660,12 +795,22 @@ class MaskClient(ClientHalf):
             raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
         self._check_request(want_pairwise, want_self, signatures)
         if want_pairwise and not self.options["dropout_recovery"]:
-            raise UnmaskingRefusedError("the server asked for pairwise seeds, but dropout recovery is off",
-                                        **self.where())
+            raise UnmaskingRefusedError(
+                "the server asked for pairwise seeds, but dropout recovery is off", **self.where()
+            )
         seeds, b_part = _unmask_answer(self.state, want_pairwise, want_self, self.plan, self.id)
         n = len(seeds) + len(b_part)
-        return [self.seal(self._message("share", (n,), {"pairwise": seeds, "self_mask": b_part},
-                                        "unmasking shares (and pairwise seeds with dropped peers)"), "unmask")]
+        return [
+            self.seal(
+                self._message(
+                    "share",
+                    (n,),
+                    {"pairwise": seeds, "self_mask": b_part},
+                    "unmasking shares (and pairwise seeds with dropped peers)",
+                ),
+                "unmask",
+            )
+        ]
 
     def stage_download(self, inbox):
         msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
@@ -682,21 +827,31 @@ class MaskClient(ClientHalf):
             raise IntegrityError("the download carries other block ids than this client asked for", **self.where())
         rows = read_words(data, enc, (bids.size, L), "download", self.where())
         if len(set(included)) != len(included) or any(not 0 <= k < self.setup.num_clients for k in included):
-            raise IntegrityError(f"malformed download: included clients {included} are not distinct client ids",
-                                 **self.where())
+            raise IntegrityError(
+                f"malformed download: included clients {included} are not distinct client ids", **self.where()
+            )
         if not self.options["reveal_to_server"] and bids.size:
             members = np.zeros((bids.size, self.setup.num_clients), dtype=bool)
             if p.layout == "sparse":
                 try:
-                    bitmap = np.unpackbits(np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1,
-                                           count=len(included)).astype(bool)
+                    bitmap = np.unpackbits(
+                        np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1, count=len(included)
+                    ).astype(bool)
                     members[:, included] = bitmap
                 except (KeyError, TypeError, ValueError) as e:
                     raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
             else:
                 members[:, included] = True
-            remove_output_masks(rows, members, self._seed(), self.setup.num_clients, self._binding(),
-                                _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"], bids, L)
+            remove_output_masks(
+                rows,
+                members,
+                self._seed(),
+                self.setup.num_clients,
+                self._binding(),
+                _streams(self.setup.run_id, p.exchange, p.tag, p.round)["output"],
+                bids,
+                L,
+            )
         dec = enc.decode(rows)
         self.deliver({int(b): dec[i] for i, b in enumerate(bids)})
         self.timing["decode_s"] = time.perf_counter() - t0
@@ -706,12 +861,18 @@ class MaskClient(ClientHalf):
 def read_words(data, enc: FixedPoint, shape: tuple[int, int], what: str, where: dict) -> np.ndarray:
     """Ring elements of an upload or download: raw bytes, exactly ``shape`` values of ``b/8`` bytes."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ShapeError(f"{what} must carry raw bytes of {enc.ring_bits}-bit ring elements, got "
-                         f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}", **where)
+        raise ShapeError(
+            f"{what} must carry raw bytes of {enc.ring_bits}-bit ring elements, got "
+            f"{type(data).__name__}{'/' + str(data.dtype) if hasattr(data, 'dtype') else ''}",
+            **where,
+        )
     want = shape[0] * shape[1] * enc.bytes_per_value
     if len(data) != want:
-        raise IntegrityError(f"{what} is {len(data)} bytes, expected {want} ({shape[0]} blocks x {shape[1]} values "
-                             f"x {enc.bytes_per_value} bytes): truncated or corrupted", **where)
+        raise IntegrityError(
+            f"{what} is {len(data)} bytes, expected {want} ({shape[0]} blocks x {shape[1]} values "
+            f"x {enc.bytes_per_value} bytes): truncated or corrupted",
+            **where,
+        )
     return enc.from_wire(data, shape)
 
 
@@ -745,7 +906,7 @@ class MaskServer(ServerHalf):
         self.last_timing: dict[str, float] = {}
 
     def record(self, msg: Message) -> None:
-        if msg.relay == SERVER and not msg.note:     # what the server knows a relayed ciphertext is
+        if msg.relay == SERVER and not msg.note:  # what the server knows a relayed ciphertext is
             stage = envelope_of(msg).stage if len(msg.auth) > 64 else ""
             note = self._NOTES.get(stage, "channel message")
             msg = dataclasses.replace(msg, note=note + " (channel-encrypted, relayed by the server)")
@@ -777,11 +938,14 @@ class MaskServer(ServerHalf):
         first, table = self.commitments[batch_key].get(dealer, (None, {}))
         seq = self.plan.exchange
         i = None if first is None else seq - first
-        expected = table.get(holder, b"")[i * COMMITMENT_BYTES:(i + 1) * COMMITMENT_BYTES] if i is not None else b""
+        expected = table.get(holder, b"")[i * COMMITMENT_BYTES : (i + 1) * COMMITMENT_BYTES] if i is not None else b""
         if share.x != holder + 1 or share_commitment(self.setup.run_id, dealer, seq, share) != expected:
-            raise ShareIntegrityError(f"client {holder}'s share of client {dealer}'s self-mask seed does not match "
-                                      f"the commitment client {dealer} signed: corrupted by client {holder}; "
-                                      "nothing was aggregated", **self.where(holder))
+            raise ShareIntegrityError(
+                f"client {holder}'s share of client {dealer}'s self-mask seed does not match "
+                f"the commitment client {dealer} signed: corrupted by client {holder}; "
+                "nothing was aggregated",
+                **self.where(holder),
+            )
 
     def _exclude(self, clients) -> None:
         """Clients out of this exchange before uploading: what was queued for them is void."""
@@ -798,10 +962,10 @@ class MaskServer(ServerHalf):
         self.last_missing = {}
         t_start = time.perf_counter()
         deal = not o["reveal_to_server"] and not self.group_seed_sent
-        if deal:                          # every client gets G: all register (and get the directory) now
+        if deal:  # every client gets G: all register (and get the directory) now
             self.register(link, plan.round, range(self.setup.num_clients))
         self.begin(plan, link, self.fingerprint, extra=(0,) if deal else ())
-        if deal:                          # client 0 deals the output-mask group seed, once per run
+        if deal:  # client 0 deals the output-mask group seed, once per run
             got = self.call(link, "group_seed", {0: []})
             if 0 not in got or len([m for m in got[0] if m.relay == SERVER]) != self.setup.num_clients - 1:
                 raise _dropout_error(where(), [0], "client 0 did not deal the output-mask group seed")
@@ -817,24 +981,35 @@ class MaskServer(ServerHalf):
                     self.last_missing[k] = "block_ids"
                     continue
                 self.check_envelope(msg, self.fingerprint, k)
-                ids = np.asarray(msg.payload["block_ids"], dtype=np.int64) if isinstance(msg.payload, dict) \
-                    else None
-                if ids is None or ids.ndim != 1 or np.any(np.diff(ids) <= 0) or \
-                        (ids.size and (ids[0] < 0 or ids[-1] >= plan.num_blocks)):
+                ids = np.asarray(msg.payload["block_ids"], dtype=np.int64) if isinstance(msg.payload, dict) else None
+                if (
+                    ids is None
+                    or ids.ndim != 1
+                    or np.any(np.diff(ids) <= 0)
+                    or (ids.size and (ids[0] < 0 or ids[-1] >= plan.num_blocks))
+                ):
                     raise IntegrityError("block-id metadata must be a sorted list of unique ids in range", **where(k))
                 announced[k] = ids
             common = {}
             listed = sorted(announced)
             for i, a in enumerate(listed):
-                for b in listed[i + 1:]:
+                for b in listed[i + 1 :]:
                     c = np.intersect1d(announced[a], announced[b], assume_unique=True)
                     if c.size:
                         common[(a, b)] = c
             for k in listed:
                 mine = {j: c for (a, b), c in common.items() for j in (a, b) if k in (a, b) and j != k}
-                self.queue(k, self._msg(k, "metadata", (len(mine),), {int(j): c.astype(np.int32)
-                                                                     for j, c in mine.items()},
-                                        "block ids shared with each peer"), "block_ids")
+                self.queue(
+                    k,
+                    self._msg(
+                        k,
+                        "metadata",
+                        (len(mine),),
+                        {int(j): c.astype(np.int32) for j, c in mine.items()},
+                        "block ids shared with each peer",
+                    ),
+                    "block_ids",
+                )
         else:
             announced = {k: np.arange(plan.num_blocks) for k in contributors}
 
@@ -849,16 +1024,22 @@ class MaskServer(ServerHalf):
                     continue
                 self.check_envelope(msg, self.fingerprint, k)
                 check_signed_mask_key(self.registry, self.setup.run_id, client_party(k), msg.payload, where(k))
-                self.mask_public[k] = bytes(msg.payload)      # forwarded verbatim, with its owner's signature
+                self.mask_public[k] = bytes(msg.payload)  # forwarded verbatim, with its owner's signature
         participants = [k for k in contributors if k in announced and k in self.mask_public]
         if self.last_missing and len(participants) < t:
-            raise _dropout_error(where(), sorted(self.last_missing), f"only {len(participants)} of {n0} "
-                                 f"contributors advertised keys, fewer than the threshold t={t}")
+            raise _dropout_error(
+                where(),
+                sorted(self.last_missing),
+                f"only {len(participants)} of {n0} contributors advertised keys, fewer than the threshold t={t}",
+            )
         for k in participants:
             new = {j: self.mask_public[j] for j in participants if j not in self.keys_sent[k]}
             if new:
-                self.queue(k, self._msg(k, "public_key", (len(new), SIGNED_KEY_BYTES), new,
-                                        "broadcast of mask keys"), "advertise_keys")
+                self.queue(
+                    k,
+                    self._msg(k, "public_key", (len(new), SIGNED_KEY_BYTES), new, "broadcast of mask keys"),
+                    "advertise_keys",
+                )
                 self.keys_sent[k] |= set(new)
 
         # -- 3. ShareKeys: a batch of self-mask seeds from each participant whose batch for this
@@ -870,31 +1051,41 @@ class MaskServer(ServerHalf):
             if stale:
                 got = self.call(link, "share_keys", {k: [] for k in stale})
                 for k in stale:
-                    if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) \
-                            != [j for j in contributors if j != k]:
+                    if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) != [
+                        j for j in contributors if j != k
+                    ]:
                         self.last_missing.setdefault(k, "share_keys")
                     else:
                         self._take_commitments(got, k, batch_key, contributors)
                 participants = [k for k in participants if k not in self.last_missing]
-                for k in stale:            # the holders: the participants, whose next bundle has the shares
+                for k in stale:  # the holders: the participants, whose next bundle has the shares
                     if k in participants:
                         self.batches[batch_key][k] = (seq, int(o["self_mask_batch"]), frozenset(participants))
         self._exclude(k for k in contributors if k not in participants)
         if participants != contributors:
             for k in participants:
-                self.queue(k, self._msg(k, "control", (len(participants),),
-                                        {"participants": np.asarray(participants, np.int32)}, "participants"),
-                           "share_keys")
+                self.queue(
+                    k,
+                    self._msg(
+                        k,
+                        "control",
+                        (len(participants),),
+                        {"participants": np.asarray(participants, np.int32)},
+                        "participants",
+                    ),
+                    "share_keys",
+                )
         t_setup = time.perf_counter()
 
         # -- 4. MaskedInputCollection: each upload is folded into the total as it arrives, client by
         #       client over a sequential link (the server holds the total and one upload at a time)
-        union = np.unique(np.concatenate([announced[k] for k in participants])) if participants \
-            else np.zeros(0, np.int64)            # a block only a dropped client announced stays 0
+        union = (
+            np.unique(np.concatenate([announced[k] for k in participants])) if participants else np.zeros(0, np.int64)
+        )  # a block only a dropped client announced stays 0
         total = np.zeros((union.size, L), dtype=enc.dtype)
         uploaders, server_s, refused = [], 0.0, None
         for group in stream_groups(link, participants):
-            try:        # after a refusal the rest still read their bundles (their relayed shares), as in parallel
+            try:  # after a refusal the rest still read their bundles (their relayed shares), as in parallel
                 got = self.call(link, "masked_upload", {k: [] for k in group})
                 if refused is None:
                     server_s += self._fold_uploads(got, group, total, union, announced, enc, uploaders)
@@ -907,15 +1098,24 @@ class MaskServer(ServerHalf):
         dropped_upload = [k for k in participants if k not in uploaders]
         missing = sorted(self.last_missing)
         if missing and len(uploaders) < t:
-            raise _dropout_error(where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer "
-                                                   f"than the threshold t={t}")
+            raise _dropout_error(
+                where(), missing, f"only {len(uploaders)} of {n0} contributors uploaded, fewer than the threshold t={t}"
+            )
         if len(missing) > plan.encoding["provisioned_dropouts"]:
-            raise _dropout_error(where(), missing, "with distributed DP every client adds a share of the noise "
-                                 f"variance provisioned for at most {plan.encoding['provisioned_dropouts']:g} "
-                                 "dropout(s), so a sum without them would be short of DP noise (--dp-dropouts)")
+            raise _dropout_error(
+                where(),
+                missing,
+                "with distributed DP every client adds a share of the noise "
+                f"variance provisioned for at most {plan.encoding['provisioned_dropouts']:g} "
+                "dropout(s), so a sum without them would be short of DP noise (--dp-dropouts)",
+            )
         if dropped_upload and not (o["dropout_recovery"] and use_self):
-            raise _dropout_error(where(), dropped_upload, "they were counted in (the other clients masked "
-                                 "toward them) and dropout recovery is disabled (dropout_recovery=False)")
+            raise _dropout_error(
+                where(),
+                dropped_upload,
+                "they were counted in (the other clients masked "
+                "toward them) and dropout recovery is disabled (dropout_recovery=False)",
+            )
 
         # -- 5. Consistency check, then unmasking
         if use_self:
@@ -933,21 +1133,27 @@ class MaskServer(ServerHalf):
             downloads = {}
             for r in group:
                 bids = plan.requests[r]
-                if last[0] is None or not np.array_equal(last[0], bids):    # dense: every recipient asks the same
-                    rows = np.zeros((bids.size, L), dtype=enc.dtype)        # a block nobody contributed sums to 0
+                if last[0] is None or not np.array_equal(last[0], bids):  # dense: every recipient asks the same
+                    rows = np.zeros((bids.size, L), dtype=enc.dtype)  # a block nobody contributed sums to 0
                     if union.size:
                         at = np.minimum(np.searchsorted(union, bids), union.size - 1)
                         hit = union[at] == bids
                         rows[hit] = total[at[hit]]
                     last = (bids, enc.to_wire(rows))
-                payload = {"block_ids": bids.astype(np.int32), "data": last[1],
-                           "included": np.asarray(included, np.int32)}
+                payload = {
+                    "block_ids": bids.astype(np.int32),
+                    "data": last[1],
+                    "included": np.asarray(included, np.int32),
+                }
                 if sparse and not o["reveal_to_server"]:
-                    bitmap = np.stack([np.isin(bids, announced[k]) for k in included], axis=1) if included \
+                    bitmap = (
+                        np.stack([np.isin(bids, announced[k]) for k in included], axis=1)
+                        if included
                         else np.zeros((bids.size, 0), bool)
+                    )
                     payload["contributors"] = np.packbits(bitmap, axis=1)
                 downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
-            try:        # a recipient's refusal does not keep the download from the others
+            try:  # a recipient's refusal does not keep the download from the others
                 self.call(link, "download", downloads)
             except ProtocolError as e:
                 refused = refused or e
@@ -968,8 +1174,11 @@ class MaskServer(ServerHalf):
                 continue
             self.check_envelope(msg, self.fingerprint, k)
             if msg.kind != "masked":
-                raise IntegrityError(f"message rejected: expected a 'masked' message from {client_party(k)} "
-                                     f"to the server, got '{msg.kind}'", **where(k))
+                raise IntegrityError(
+                    f"message rejected: expected a 'masked' message from {client_party(k)} "
+                    f"to the server, got '{msg.kind}'",
+                    **where(k),
+                )
             total[_positions(union, announced[k])] += self._read_upload(k, msg, announced[k], enc)
             uploaders.append(k)
         return time.perf_counter() - t0
@@ -978,8 +1187,14 @@ class MaskServer(ServerHalf):
         """Consistency check (Bonawitz et al. §4, active variant): every uploader signs the survivor
         set; returns the signatures of those that answered (at least ``t``, else DropoutError)."""
         survivors = np.asarray(uploaders, np.int32)
-        got = self.call(link, "consistency", {j: [(self._msg(j, "control", (len(uploaders),), {"survivors": survivors},
-                                                             "survivor set"), 0)] for j in uploaders})
+        got = self.call(
+            link,
+            "consistency",
+            {
+                j: [(self._msg(j, "control", (len(uploaders),), {"survivors": survivors}, "survivor set"), 0)]
+                for j in uploaders
+            },
+        )
         signatures = {}
         for j in uploaders:
             msg = self.responses(got, j, "consistency", "control")
@@ -992,8 +1207,11 @@ class MaskServer(ServerHalf):
                 raise IntegrityError("malformed survivor-set signature", **self.where(j))
             signatures[j] = bytes(sig)
         if len(signatures) < t:
-            raise _dropout_error(self.where(), sorted(self.last_missing), f"only {len(signatures)} clients signed the "
-                                 f"survivor set, fewer than the threshold t={t}")
+            raise _dropout_error(
+                self.where(),
+                sorted(self.last_missing),
+                f"only {len(signatures)} clients signed the survivor set, fewer than the threshold t={t}",
+            )
         return signatures
 
     def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key, signatures) -> None:
@@ -1002,11 +1220,20 @@ class MaskServer(ServerHalf):
         The request goes to the clients that signed the survivor set, with their signatures."""
         plan, where = self.plan, self.where
         L = plan.block_len
-        request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32),
-                   "signatures": signatures}
+        request = {
+            "pairwise": np.asarray(dropped, np.int32),
+            "self_mask": np.asarray(uploaders, np.int32),
+            "signatures": signatures,
+        }
         asked = sorted(signatures)
-        got = self.call(link, "unmask", {j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request,
-                                                        "unmasking request"), 0)] for j in asked})
+        got = self.call(
+            link,
+            "unmask",
+            {
+                j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request, "unmasking request"), 0)]
+                for j in asked
+            },
+        )
         seeds, b_shares, responders = {}, defaultdict(list), []
         for j in asked:
             msg = self.responses(got, j, "unmask", "share")
@@ -1027,8 +1254,11 @@ class MaskServer(ServerHalf):
                 self._check_share(batch_key, u, j, share)
                 b_shares[u].append(share)
         if len(responders) < t:
-            raise _dropout_error(where(), sorted(self.last_missing), f"only {len(responders)} clients answered "
-                                 f"the unmasking round, fewer than the threshold t={t}")
+            raise _dropout_error(
+                where(),
+                sorted(self.last_missing),
+                f"only {len(responders)} clients answered the unmasking round, fewer than the threshold t={t}",
+            )
         sid = _streams(self.setup.run_id, plan.exchange, plan.tag, plan.round)
         for d in dropped:
             for j in uploaders:
@@ -1036,26 +1266,31 @@ class MaskServer(ServerHalf):
                 if not c.size:
                     continue
                 if (j, d) not in seeds:
-                    raise _dropout_error(where(), [d, j] if j in self.last_missing else [d],
-                                         f"client {j} did not reveal its pairwise seed with dropped client {d}, "
-                                         "so their pairwise mask cannot be removed")
+                    raise _dropout_error(
+                        where(),
+                        [d, j] if j in self.last_missing else [d],
+                        f"client {j} did not reveal its pairwise seed with dropped client {d}, "
+                        "so their pairwise mask cannot be removed",
+                    )
                 m = ranked_mask(seeds[(j, d)], sid["pairwise"], c.size, L, enc.dtype)
                 pos = _positions(union, c)
-                if d > j:      # j added +PRG(s_jd)
+                if d > j:  # j added +PRG(s_jd)
                     total[pos] -= m
-                else:          # j subtracted it
+                else:  # j subtracted it
                     total[pos] += m
         for u in uploaders:
             if len(b_shares[u]) < t:
-                self.batches[batch_key].pop(u, None)          # too few holders left: a fresh batch next time
-                raise _dropout_error(where(), [u], f"only {len(b_shares[u])} shares of its self-mask seed came "
-                                     f"back, fewer than the threshold t={t}")
+                self.batches[batch_key].pop(u, None)  # too few holders left: a fresh batch next time
+                raise _dropout_error(
+                    where(),
+                    [u],
+                    f"only {len(b_shares[u])} shares of its self-mask seed came back, fewer than the threshold t={t}",
+                )
             try:
                 b_u = combine(b_shares[u], t)
             except ValueError as e:
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
-            total[_positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L,
-                                                                  enc.dtype)
+            total[_positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, enc.dtype)
 
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:
@@ -1104,16 +1339,28 @@ class MaskProtocol(SplitProtocol):
     client_half = MaskClient
     server_half = MaskServer
 
-    def __init__(self, num_clients: int, *, ring_bits: int | str = "auto", frac_bits: int | None = None,
-                 reveal_to_server: bool = False, dropout_recovery: bool = True,
-                 threshold: int | None = None, block_size: int = MASK_BLOCK, self_mask_batch: int = 64,
-                 **base_options):
+    def __init__(
+        self,
+        num_clients: int,
+        *,
+        ring_bits: int | str = "auto",
+        frac_bits: int | None = None,
+        reveal_to_server: bool = False,
+        dropout_recovery: bool = True,
+        threshold: int | None = None,
+        block_size: int = MASK_BLOCK,
+        self_mask_batch: int = 64,
+        **base_options,
+    ):
         if ring_bits != "auto" and ring_bits not in RING_BITS:
-            raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))} or 'auto', "
-                                     f"got {ring_bits!r}")
+            raise ConfigurationError(
+                f"ring_bits must be one of {', '.join(map(str, RING_BITS))} or 'auto', got {ring_bits!r}"
+            )
         if threshold is not None and int(threshold) < 2:
-            raise ConfigurationError("threshold must be >= 2: with t=1 every share is the secret itself, so "
-                                     "each client would hold every other client's mask key")
+            raise ConfigurationError(
+                "threshold must be >= 2: with t=1 every share is the secret itself, so "
+                "each client would hold every other client's mask key"
+            )
         if int(block_size) < 1:
             raise ConfigurationError(f"block_size must be >= 1, got {block_size}")
         if not 1 <= int(self_mask_batch) <= 1024:
@@ -1141,9 +1388,15 @@ class MaskProtocol(SplitProtocol):
         self.last_binding: ExchangeBinding | None = None
 
     def public_options(self) -> dict:
-        return {"ring_bits": self.ring_bits, "frac_bits": self.frac_bits, "reveal_to_server": self.reveal_to_server,
-                "dropout_recovery": self.dropout_recovery, "threshold": self.threshold,
-                "block_size": self.block_size, "self_mask_batch": self.self_mask_batch}
+        return {
+            "ring_bits": self.ring_bits,
+            "frac_bits": self.frac_bits,
+            "reveal_to_server": self.reveal_to_server,
+            "dropout_recovery": self.dropout_recovery,
+            "threshold": self.threshold,
+            "block_size": self.block_size,
+            "self_mask_batch": self.self_mask_batch,
+        }
 
     # ------------------------------------------------------------------ public knobs
     @property
@@ -1175,15 +1428,29 @@ class MaskProtocol(SplitProtocol):
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
         n0 = len(ctx.contributions)
-        enc = choose_encoding(max_abs=ctx.spec.max_abs, integer=ctx.spec.integer, tolerance=ctx.spec.tolerance,
-                              num_contributors=n0, ring_bits=self.ring_bits, dp_noise_std=ctx.dp_noise_std,
-                              frac_bits=self.frac_bits, tag=ctx.tag, round=ctx.round)
-        self.last_encoding = enc          # public; set before any message (test hooks read it)
-        distributed = (ctx.dp_noise_std > 0 and self.dp is not None
-                       and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed")
+        enc = choose_encoding(
+            max_abs=ctx.spec.max_abs,
+            integer=ctx.spec.integer,
+            tolerance=ctx.spec.tolerance,
+            num_contributors=n0,
+            ring_bits=self.ring_bits,
+            dp_noise_std=ctx.dp_noise_std,
+            frac_bits=self.frac_bits,
+            tag=ctx.tag,
+            round=ctx.round,
+        )
+        self.last_encoding = enc  # public; set before any message (test hooks read it)
+        distributed = (
+            ctx.dp_noise_std > 0
+            and self.dp is not None
+            and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed"
+        )
         # dropouts the distributed DP noise was over-provisioned for (protocols.dp.DPConfig.dropouts)
-        return {"fixed_point": dataclasses.asdict(enc), "threshold": self.threshold_for(n0),
-                "provisioned_dropouts": float(self.dp.config.dropouts) if distributed else math.inf}
+        return {
+            "fixed_point": dataclasses.asdict(enc),
+            "threshold": self.threshold_for(n0),
+            "provisioned_dropouts": float(self.dp.config.dropouts) if distributed else math.inf,
+        }
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         drops, self._pending_drops = self._pending_drops, {}
@@ -1192,8 +1459,9 @@ class MaskProtocol(SplitProtocol):
             raise ShapeError("no contributions", tag=ctx.tag, round=ctx.round)
         stray = sorted(set(drops) - set(contributors))
         if stray:
-            raise ConfigurationError(f"drop_clients named {stray}, which do not contribute to this exchange",
-                                     tag=ctx.tag, round=ctx.round)
+            raise ConfigurationError(
+                f"drop_clients named {stray}, which do not contribute to this exchange", tag=ctx.tag, round=ctx.round
+            )
         for k, stage in drops.items():
             self.link.mute(k, _SILENT_AT[stage])
         for half in self.clients.values():
@@ -1208,7 +1476,7 @@ class MaskProtocol(SplitProtocol):
         self.last_binding = ExchangeBinding(self.run_id, plan.exchange, ctx.tag, ctx.round)
         self.last_included = self.server.last_included
         self.last_dropped = {k: drops.get(k, stage) for k, stage in self.server.last_missing.items()}
-        for k in sorted(drops):          # the upload of a 'late' client arrives after recovery: recorded only
+        for k in sorted(drops):  # the upload of a 'late' client arrives after recovery: recorded only
             if drops[k] == "late":
                 for msg in self.server.parse(self.link.lost.pop((k, "masked_upload")), self.server.where(k)):
                     self.server.record(dataclasses.replace(msg, note="late upload, not aggregated"))
@@ -1225,17 +1493,25 @@ class MaskProtocol(SplitProtocol):
         encode = sum(t.get("encode_s", 0.0) for t in timing.values())
         setup = self.server.last_timing.get("setup_s", 0.0)
         self.last_timing = {
-            "encode_s": encode,                                            # all clients, quantise + bound check
-            "setup_s": setup,                                              # metadata, keys, shares (wall clock)
+            "encode_s": encode,  # all clients, quantise + bound check
+            "setup_s": setup,  # metadata, keys, shares (wall clock)
             "client_mask_s": float(np.mean([t.get("mask_s", 0.0) for t in timing.values()])) if timing else 0.0,
-            "server_s": self.server.last_timing.get("server_s", 0.0),     # checks, sum, recovery
+            "server_s": self.server.last_timing.get("server_s", 0.0),  # checks, sum, recovery
             "recipient_s": float(np.mean(list(down.values()))) if down else 0.0,
         }
         enc = self.last_encoding
         self.last_stats = {
-            "tag": ctx.tag, "round": ctx.round, "client_upload_s": up, "client_download_s": down,
-            "server_s": self.last_timing["server_s"], "setup_s": setup,
-            "params": {"ring_bits": enc.ring_bits, "frac_bits": enc.frac_bits,
-                       "threshold": int(plan.encoding["threshold"]), "output_mask": not self.reveal_to_server,
-                       "error_bound": enc.error_bound},
+            "tag": ctx.tag,
+            "round": ctx.round,
+            "client_upload_s": up,
+            "client_download_s": down,
+            "server_s": self.last_timing["server_s"],
+            "setup_s": setup,
+            "params": {
+                "ring_bits": enc.ring_bits,
+                "frac_bits": enc.frac_bits,
+                "threshold": int(plan.encoding["threshold"]),
+                "output_mask": not self.reveal_to_server,
+                "error_bound": enc.error_bound,
+            },
         }

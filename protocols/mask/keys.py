@@ -31,6 +31,7 @@ setting (it appears in configs and result.json), so keys derived from it would b
 known to the server.  Results do not depend on the keys: masks cancel exactly in
 the ring, so runs with the same protocol seed give bit-identical sums.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -66,8 +67,7 @@ class ExchangeBinding:
 
     def __post_init__(self):
         validate.exchange(self.tag, self.round)
-        validate.count(self.seq, "the exchange sequence number", self.tag, self.round, minimum=0,
-                       maximum=2 ** 63 - 1)
+        validate.count(self.seq, "the exchange sequence number", self.tag, self.round, minimum=0, maximum=2**63 - 1)
         if not isinstance(self.run_id, bytes):
             raise ConfigurationError("an exchange binding needs a bytes run id", tag=self.tag, round=self.round)
 
@@ -93,22 +93,23 @@ class MaskKeyPair:
     def __init__(self, private: X25519PrivateKey):
         self._private = private
         self.public_bytes = private.public_key().public_bytes(**_RAW)
-        self._agreed: dict[bytes, bytes] = {}          # peer public key -> X25519 output
+        self._agreed: dict[bytes, bytes] = {}  # peer public key -> X25519 output
 
     @classmethod
-    def generate(cls) -> "MaskKeyPair":
+    def generate(cls) -> MaskKeyPair:
         """A fresh key pair from the OS CSPRNG."""
         return cls(X25519PrivateKey.generate())
 
     @classmethod
-    def from_private_bytes(cls, raw: bytes) -> "MaskKeyPair":
+    def from_private_bytes(cls, raw: bytes) -> MaskKeyPair:
         """Rebuild a key pair from its 32 secret bytes (server side, after Shamir recovery)."""
         return cls(X25519PrivateKey.from_private_bytes(raw))
 
     def private_bytes(self) -> bytes:
         """The 32 secret bytes (only ever Shamir-shared, never sent whole)."""
-        return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                           serialization.NoEncryption())
+        return self._private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
 
     def pairwise_seed(self, own_id: int, peer_id: int, peer_public: bytes, binding: ExchangeBinding) -> bytes:
         """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.
@@ -125,12 +126,20 @@ class MaskKeyPair:
             try:
                 shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
             except ValueError:
-                raise IntegrityError("the peer's X25519 public key is a low-order point (all-zero shared secret): "
-                                     "refused", **where) from None
+                raise IntegrityError(
+                    "the peer's X25519 public key is a low-order point (all-zero shared secret): refused", **where
+                ) from None
             self._agreed[bytes(peer_public)] = shared
         (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
-        info = _join(b"secure_fgl/mask/v1", b"pairwise-mask", binding.encoded,
-                     lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
+        info = _join(
+            b"secure_fgl/mask/v1",
+            b"pairwise-mask",
+            binding.encoded,
+            lo.to_bytes(4, "big"),
+            hi.to_bytes(4, "big"),
+            pk_lo,
+            pk_hi,
+        )
         return _hkdf(shared, binding.run_id, info)
 
 
@@ -145,8 +154,7 @@ def check_signed_mask_key(registry, run_id: bytes, owner: str, signed, where: di
     signature under its registered (manifest-pinned) identity key; IntegrityError if malformed,
     :class:`~protocols.errors.KeySubstitutionError` if the owner did not sign it."""
     if not isinstance(signed, (bytes, bytearray)) or len(signed) != SIGNED_KEY_BYTES:
-        raise IntegrityError(f"an advertised mask key is {SIGNED_KEY_BYTES} bytes (key and owner's signature)",
-                             **where)
+        raise IntegrityError(f"an advertised mask key is {SIGNED_KEY_BYTES} bytes (key and owner's signature)", **where)
     key = bytes(signed[:PUBLIC_KEY_BYTES])
     check_public_key(registry, KEY_KIND, run_id, owner, key, bytes(signed[PUBLIC_KEY_BYTES:]), where)
     return key

@@ -24,6 +24,7 @@ Keystream layout — no (key, counter) pair is ever used twice:
   (:func:`ring_mask`).  Distinct blocks therefore read disjoint keystream.  The 64-bit
   offset half never carries into the stream id for streams below 2^68 bytes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,14 @@ def stream_id(purpose: str, run_id: bytes, seq: int, tag: str, rnd: int) -> byte
     """8-byte stream identifier binding (purpose, run, exchange number, tag, round); public, so
     memoised (every party derives the same few per exchange)."""
     h = hashlib.sha256()
-    for part in (b"secure_fgl/mask/stream/v1", purpose.encode(), run_id, seq.to_bytes(8, "big"),
-                 tag.encode(), rnd.to_bytes(8, "big", signed=True)):
+    for part in (
+        b"secure_fgl/mask/stream/v1",
+        purpose.encode(),
+        run_id,
+        seq.to_bytes(8, "big"),
+        tag.encode(),
+        rnd.to_bytes(8, "big", signed=True),
+    ):
         h.update(len(part).to_bytes(4, "big"))
         h.update(part)
     return h.digest()[:8]
@@ -85,21 +92,23 @@ def ring_mask(key: bytes, sid: bytes, block_ids: np.ndarray, block_len: int, dty
         return np.empty((0, block_len), dtype=dtype)
     row_bytes = block_len * w
     if ids[-1] - ids[0] + 1 == ids.size:  # one contiguous run (always so in the dense layout): no copy
-        return np.frombuffer(keystream(key, sid, int(ids[0]) * row_bytes, ids.size * row_bytes),
-                             dtype=dtype).reshape(ids.size, block_len)
+        return np.frombuffer(keystream(key, sid, int(ids[0]) * row_bytes, ids.size * row_bytes), dtype=dtype).reshape(
+            ids.size, block_len
+        )
     # spans of nearby blocks: a new span where the gap exceeds SPAN_GAP_BYTES or the span would
     # exceed SPAN_MAX_BYTES; each span is one AES call, its blocks gathered by one index
     starts = [0]
     for cut in (np.flatnonzero((np.diff(ids) - 1) * row_bytes > SPAN_GAP_BYTES) + 1).tolist() + [ids.size]:
         while cut - starts[-1] > 1 and (ids[cut - 1] - ids[starts[-1]] + 1) * row_bytes > SPAN_MAX_BYTES:
-            room = max(1, SPAN_MAX_BYTES // row_bytes)          # blocks per span (at least one)
-            starts.append(starts[-1] + max(1, int(np.searchsorted(ids[starts[-1]:cut], ids[starts[-1]] + room))))
+            room = max(1, SPAN_MAX_BYTES // row_bytes)  # blocks per span (at least one)
+            starts.append(starts[-1] + max(1, int(np.searchsorted(ids[starts[-1] : cut], ids[starts[-1]] + room))))
         starts.append(cut)
     out = np.empty((ids.size, block_len), dtype=dtype)
     for s, e in zip(starts[:-1], starts[1:]):
         first = int(ids[s])
-        span = np.frombuffer(keystream(key, sid, first * row_bytes, (int(ids[e - 1]) - first + 1) * row_bytes),
-                             dtype=dtype).reshape(-1, block_len)
+        span = np.frombuffer(
+            keystream(key, sid, first * row_bytes, (int(ids[e - 1]) - first + 1) * row_bytes), dtype=dtype
+        ).reshape(-1, block_len)
         out[s:e] = span[ids[s:e] - first]
     return out
 

@@ -40,6 +40,7 @@ a multiple of ``2^b``, so sums of such words agree with the ring sum mod ``2^b``
 :meth:`FixedPoint.to_wire` keeps the low ``b / 8`` bytes of each word (the reduction) and
 :meth:`FixedPoint.decode` reads bit ``b - 1`` as the sign.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,9 @@ from ..precision import kway_sum_bound, largest_scale_bits
 #: ring sizes b of Z_{2^b}: whole bytes, so a value costs b/8 bytes on the wire
 RING_BITS = (8, 16, 24, 32, 40, 48, 56, 64)
 #: the unsigned word that holds a ring element in memory (the narrowest at least b bits wide)
-STORAGE_DTYPES = {b: np.uint8 if b <= 8 else np.uint16 if b <= 16 else np.uint32 if b <= 32 else np.uint64
-                  for b in RING_BITS}
+STORAGE_DTYPES = {
+    b: np.uint8 if b <= 8 else np.uint16 if b <= 16 else np.uint32 if b <= 32 else np.uint64 for b in RING_BITS
+}
 #: DP headroom: a Gaussian entry exceeds this many sigmas with probability < 2e-23
 DP_SIGMAS = 10.0
 
@@ -90,12 +92,13 @@ class FixedPoint:
         if self.integer:
             return 0.0
         rounding = self.num_contributors * 2.0 ** (-self.frac_bits - 1)
-        readout = self.num_contributors * self.entry_bound * 2.0 ** -52  # int -> float64
+        readout = self.num_contributors * self.entry_bound * 2.0**-52  # int -> float64
         return rounding + readout
 
     # ------------------------------------------------------------------ client side
-    def encode(self, x: np.ndarray, *, tag: str | None = None, round: int | None = None,
-               client: int | None = None) -> np.ndarray:
+    def encode(
+        self, x: np.ndarray, *, tag: str | None = None, round: int | None = None, client: int | None = None
+    ) -> np.ndarray:
         """Quantise ``x`` into the ring after checking every entry against the public bound.
 
         Raises NonFiniteError for NaN/inf, BoundError for an entry above ``entry_bound``
@@ -105,21 +108,31 @@ class FixedPoint:
         if x.size:
             peak = max(abs(float(x.max())), abs(float(x.min())))  # NaN propagates through max/min
             if not math.isfinite(peak):
-                raise NonFiniteError("contribution holds NaN or inf; it cannot be quantised",
-                                     tag=tag, round=round, client=client)
+                raise NonFiniteError(
+                    "contribution holds NaN or inf; it cannot be quantised", tag=tag, round=round, client=client
+                )
             if peak > self.entry_bound:
-                raise BoundError(f"an entry of magnitude {peak:.6g} exceeds the public bound "
-                                 f"{self.entry_bound:.6g} of the {self.ring_bits}-bit fixed-point encoding; "
-                                 "raise ValueSpec.max_abs (or clip the contribution)",
-                                 tag=tag, round=round, client=client)
-        if self.integer:           # integral entries below the bound fit the signed word exactly
+                raise BoundError(
+                    f"an entry of magnitude {peak:.6g} exceeds the public bound "
+                    f"{self.entry_bound:.6g} of the {self.ring_bits}-bit fixed-point encoding; "
+                    "raise ValueSpec.max_abs (or clip the contribution)",
+                    tag=tag,
+                    round=round,
+                    client=client,
+                )
+        if self.integer:  # integral entries below the bound fit the signed word exactly
             q = x.astype(self._signed)
             if not np.array_equal(q, x):
-                raise BoundError("an integer exchange received a non-integral entry; send counts (with DP, "
-                                 "integer noise: DPRequest(integer=True)), or use a float ValueSpec (integer=False)", tag=tag, round=round, client=client)
+                raise BoundError(
+                    "an integer exchange received a non-integral entry; send counts (with DP, "
+                    "integer noise: DPRequest(integer=True)), or use a float ValueSpec (integer=False)",
+                    tag=tag,
+                    round=round,
+                    client=client,
+                )
         else:
             q = np.ldexp(x, self.frac_bits)  # exact scaling by 2^f ...
-            np.rint(q, out=q)                # ... then round half to even
+            np.rint(q, out=q)  # ... then round half to even
             q = q.astype(self._signed)
         # |q| < 2^(b-1) / K by construction, so the cast to the signed word is exact; its
         # unsigned view is the two's-complement reduction mod the word, a multiple of 2^b
@@ -138,8 +151,9 @@ class FixedPoint:
     def _low_bytes(self) -> np.dtype:
         """A word seen as its ``b/8`` low-order bytes (a void field at offset 0, little-endian
         words): numpy copies these fields whole, much faster than a strided byte slice."""
-        return np.dtype({"names": ["low"], "formats": [f"V{self.bytes_per_value}"], "offsets": [0],
-                         "itemsize": self.dtype.itemsize})
+        return np.dtype(
+            {"names": ["low"], "formats": [f"V{self.bytes_per_value}"], "offsets": [0], "itemsize": self.dtype.itemsize}
+        )
 
     def from_wire(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
         """The words of :meth:`to_wire` back (a fresh array); ``data`` must hold exactly ``shape``."""
@@ -163,13 +177,22 @@ class FixedPoint:
         w = np.asarray(ring_sum, dtype=self.dtype)
         spare = 8 * self.dtype.itemsize - self.ring_bits
         signed = w.view(self._signed) if spare == 0 else (w << w.dtype.type(spare)).view(self._signed) >> spare
-        out = signed.astype(np.float64)          # as int64 -> float64 (the read-out term of error_bound)
+        out = signed.astype(np.float64)  # as int64 -> float64 (the read-out term of error_bound)
         return out if self.integer else np.ldexp(out, -self.frac_bits, out=out)
 
 
-def choose_encoding(*, max_abs: float, integer: bool, tolerance: float, num_contributors: int,
-                    ring_bits: int | str = 64, dp_noise_std: float = 0.0, frac_bits: int | None = None,
-                    tag: str | None = None, round: int | None = None) -> FixedPoint:
+def choose_encoding(
+    *,
+    max_abs: float,
+    integer: bool,
+    tolerance: float,
+    num_contributors: int,
+    ring_bits: int | str = 64,
+    dp_noise_std: float = 0.0,
+    frac_bits: int | None = None,
+    tag: str | None = None,
+    round: int | None = None,
+) -> FixedPoint:
     """The encoding of one exchange, from public parameters only.
 
     ``ring_bits='auto'`` takes the smallest ring (8, 16, 24, ..., 64 bits) that carries the
@@ -183,22 +206,26 @@ def choose_encoding(*, max_abs: float, integer: bool, tolerance: float, num_cont
     if ring_bits == "auto":
         for b in RING_BITS:
             try:
-                return _encoding_for_ring(max_abs, integer, tolerance, num_contributors, b, dp_noise_std,
-                                          frac_bits, tag, round)
+                return _encoding_for_ring(
+                    max_abs, integer, tolerance, num_contributors, b, dp_noise_std, frac_bits, tag, round
+                )
             except BoundError:
                 if b == RING_BITS[-1]:
                     raise
-    return _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std,
-                              frac_bits, tag, round)
+    return _encoding_for_ring(
+        max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std, frac_bits, tag, round
+    )
 
 
-def _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std, frac_bits,
-                       tag, round) -> FixedPoint:
+def _encoding_for_ring(
+    max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std, frac_bits, tag, round
+) -> FixedPoint:
     if ring_bits not in RING_BITS:
         raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))}, got {ring_bits}")
     if not (math.isfinite(max_abs) and max_abs > 0):
-        raise ConfigurationError(f"ValueSpec.max_abs must be a positive finite bound, got {max_abs}",
-                                 tag=tag, round=round)
+        raise ConfigurationError(
+            f"ValueSpec.max_abs must be a positive finite bound, got {max_abs}", tag=tag, round=round
+        )
     K = max(1, int(num_contributors))
     half = 2 ** (ring_bits - 1)
     exact_integer = bool(integer)
@@ -207,17 +234,25 @@ def _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits,
         bound = float(math.floor(bound))
         worst = K * bound
         if worst >= half:
-            raise BoundError(f"{K} contributors x max_abs {bound:.6g} can reach {worst:.6g}, beyond the "
-                             f"signed range 2^{ring_bits - 1} of the {ring_bits}-bit ring; use a larger ring "
-                             "(ring_bits=64) or a smaller ValueSpec.max_abs", tag=tag, round=round)
-        if worst >= 2 ** 53:
-            raise BoundError(f"integer sums up to {worst:.6g} cannot be returned exactly as float64 "
-                             "(limit 2^53); lower ValueSpec.max_abs", tag=tag, round=round)
+            raise BoundError(
+                f"{K} contributors x max_abs {bound:.6g} can reach {worst:.6g}, beyond the "
+                f"signed range 2^{ring_bits - 1} of the {ring_bits}-bit ring; use a larger ring "
+                "(ring_bits=64) or a smaller ValueSpec.max_abs",
+                tag=tag,
+                round=round,
+            )
+        if worst >= 2**53:
+            raise BoundError(
+                f"integer sums up to {worst:.6g} cannot be returned exactly as float64 "
+                "(limit 2^53); lower ValueSpec.max_abs",
+                tag=tag,
+                round=round,
+            )
         return FixedPoint(ring_bits, 0, bound, True, K)
 
     def fits(f: int) -> bool:
         # exact rational check: K * (bound * 2^f + 1/2) < 2^(b-1)
-        return K * (bound * 2.0 ** f + 0.5) < half * (1 - 2 ** -50)
+        return K * (bound * 2.0**f + 0.5) < half * (1 - 2**-50)
 
     if frac_bits is None:
         # the shared rule (protocols.precision): K * B * 2^f <= headroom, less K/2 for rounding
@@ -227,18 +262,29 @@ def _encoding_for_ring(max_abs, integer, tolerance, num_contributors, ring_bits,
         while fits(f + 1):
             f += 1
         if not fits(f):
-            raise BoundError(f"{K} contributors x bound {bound:.6g} do not fit the {ring_bits}-bit ring at any "
-                             "precision; use ring_bits=64 or a smaller ValueSpec.max_abs", tag=tag, round=round)
+            raise BoundError(
+                f"{K} contributors x bound {bound:.6g} do not fit the {ring_bits}-bit ring at any "
+                "precision; use ring_bits=64 or a smaller ValueSpec.max_abs",
+                tag=tag,
+                round=round,
+            )
     else:
         f = int(frac_bits)
         if not fits(f):
-            raise BoundError(f"frac_bits={f}: {K} contributors x bound {bound:.6g} x 2^{f} overflow the signed "
-                             f"range of the {ring_bits}-bit ring; lower frac_bits, raise ring_bits or lower "
-                             "ValueSpec.max_abs", tag=tag, round=round)
+            raise BoundError(
+                f"frac_bits={f}: {K} contributors x bound {bound:.6g} x 2^{f} overflow the signed "
+                f"range of the {ring_bits}-bit ring; lower frac_bits, raise ring_bits or lower "
+                "ValueSpec.max_abs",
+                tag=tag,
+                round=round,
+            )
     enc = FixedPoint(ring_bits, f, bound, False, K)
     if enc.error_bound > tolerance:
-        raise BoundError(f"the {ring_bits}-bit ring leaves {f} fractional bits for {K} contributors with bound "
-                         f"{bound:.6g}: worst-case sum error {enc.error_bound:.3g} exceeds ValueSpec.tolerance "
-                         f"{tolerance:.3g}; use ring_bits=64, a smaller max_abs, or a looser tolerance",
-                         tag=tag, round=round)
+        raise BoundError(
+            f"the {ring_bits}-bit ring leaves {f} fractional bits for {K} contributors with bound "
+            f"{bound:.6g}: worst-case sum error {enc.error_bound:.3g} exceeds ValueSpec.tolerance "
+            f"{tolerance:.3g}; use ring_bits=64, a smaller max_abs, or a looser tolerance",
+            tag=tag,
+            round=round,
+        )
     return enc

@@ -16,14 +16,15 @@ tests).  A share is an x-coordinate (a client id + 1, never 0) and a 33-byte val
 
 Randomness for the polynomial comes from :mod:`secrets` (the OS CSPRNG).
 """
+
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 #: the smallest prime above 2^256
-PRIME = 2 ** 256 + 297
+PRIME = 2**256 + 297
 SHARE_BYTES = 33  # ceil(257 / 8)
 SECRET_BYTES = 32
 
@@ -39,7 +40,7 @@ class Share:
         return self.x.to_bytes(4, "big") + self.y.to_bytes(SHARE_BYTES, "big")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Share":
+    def from_bytes(cls, data: bytes) -> Share:
         if len(data) != 4 + SHARE_BYTES:
             raise ValueError(f"a share is {4 + SHARE_BYTES} bytes, got {len(data)}")
         return cls(int.from_bytes(data[:4], "big"), int.from_bytes(data[4:], "big"))
@@ -56,8 +57,9 @@ def split(secret: bytes, xs: Sequence[int], threshold: int) -> dict[int, Share]:
     if len(set(xs)) != len(xs) or any(x < 1 or x >= PRIME for x in xs):
         raise ValueError("share x-coordinates must be distinct and in [1, P)")
     if not 2 <= threshold <= len(xs):
-        raise ValueError(f"threshold {threshold} must lie in [2, {len(xs)}]: with t = 1 every share is the secret "
-                         "itself")
+        raise ValueError(
+            f"threshold {threshold} must lie in [2, {len(xs)}]: with t = 1 every share is the secret itself"
+        )
     coeffs = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
     out = {}
     for x in xs:

@@ -4,6 +4,7 @@
 checks, modes, catalogue text and the client logic / server strategy that run it.  Nothing here
 imports torch: the halves are imported on use, so ``--help`` stays fast.
 """
+
 from __future__ import annotations
 
 from ..validation import match_choice
@@ -30,9 +31,17 @@ def __getattr__(name: str):
     """``FederatedAlgorithm`` and ``ModelAveraging`` load torch, so only on first use."""
     if name in ("FederatedAlgorithm", "ModelAveraging"):
         from . import base
+
         return getattr(base, name)
     raise AttributeError(name)
 
 
-__all__ = ["SPECS", "AlgorithmSpec", "get_spec", "get_algorithm", "algorithm_name", "FederatedAlgorithm",
-           "ModelAveraging"]
+__all__ = [
+    "SPECS",
+    "AlgorithmSpec",
+    "get_spec",
+    "get_algorithm",
+    "algorithm_name",
+    "FederatedAlgorithm",
+    "ModelAveraging",
+]

@@ -18,6 +18,7 @@ The weights are divided by the public size of the training split, so each is in
 :class:`protocols.precision.MeanPrecision` from these public bounds (:func:`model_precision`),
 so the averaged update is within ``FLOAT32_MEAN_TOLERANCE`` of the exact mean.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,7 +47,7 @@ PARAM_BOUND = 100.0
 
 #: target of a model mean on the public grid (:func:`model_spec` with ``grid``) for parameters up to 4:
 #: 2^-22, the float32 rounding error of a parameter of size 4 (:func:`grid_model_tolerance` scales it)
-GRID_MODEL_TOLERANCE = 2.0 ** -22
+GRID_MODEL_TOLERANCE = 2.0**-22
 
 
 def grid_model_tolerance(value_bound: float) -> float:
@@ -58,16 +59,18 @@ def grid_model_tolerance(value_bound: float) -> float:
     return 2.0 ** (math.floor(math.log2(max(4.0, float(value_bound)))) - 24)
 
 
-def model_spec(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
-               grid: bool = False) -> ValueSpec:
+def model_spec(
+    num_contributors: int, num_clients: int, value_bound: float | None = None, *, grid: bool = False
+) -> ValueSpec:
     """The model exchange's :class:`~protocols.base.ValueSpec`: :func:`model_precision`'s plan, or with
     ``grid`` its exact mean on the public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`,
     target :func:`grid_model_tolerance`): every mode then averages to the same bits."""
     if not grid:
         return model_precision(num_contributors, num_clients, value_bound).spec()
     bound = value_bound or PARAM_BOUND
-    return model_precision(num_contributors, num_clients, bound,
-                           tolerance=grid_tolerance(grid_model_tolerance(bound), num_clients)).grid_spec(num_contributors)
+    return model_precision(
+        num_contributors, num_clients, bound, tolerance=grid_tolerance(grid_model_tolerance(bound), num_clients)
+    ).grid_spec(num_contributors)
 
 
 def model_dp_request(cfg, dp, tag: str) -> DPRequest | None:
@@ -77,8 +80,13 @@ def model_dp_request(cfg, dp, tag: str) -> DPRequest | None:
     return DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if dp_on else None
 
 
-def model_precision(num_contributors: int, num_clients: int, value_bound: float | None = None, *,
-                    tolerance: float = FLOAT32_MEAN_TOLERANCE) -> MeanPrecision:
+def model_precision(
+    num_contributors: int,
+    num_clients: int,
+    value_bound: float | None = None,
+    *,
+    tolerance: float = FLOAT32_MEAN_TOLERANCE,
+) -> MeanPrecision:
     """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
     over all clients: ``T_min = 1`` under full participation (exact), else the expected share
     ``m / K`` of the sampled clients (a planning value; the recipients' bound
@@ -86,8 +94,9 @@ def model_precision(num_contributors: int, num_clients: int, value_bound: float 
     regardless).  ``value_bound``: the public bound on update entries (``--update-bound``;
     default :data:`PARAM_BOUND`); packed fixed point takes its quantum from it."""
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
-    return MeanPrecision(value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share,
-                         tolerance=tolerance)
+    return MeanPrecision(
+        value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share, tolerance=tolerance
+    )
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
@@ -130,8 +139,9 @@ class FederatedAlgorithm:
     #: evaluate each client's own model (True) or a single global model (False)
     personalized: ClassVar[bool] = False
 
-    def __init__(self, fed: FederatedGraph, protocol: Protocol, cfg: RunConfig, device: torch.device,
-                 options: Any = None):
+    def __init__(
+        self, fed: FederatedGraph, protocol: Protocol, cfg: RunConfig, device: torch.device, options: Any = None
+    ):
         self.fed, self.protocol, self.cfg, self.device = fed, protocol, cfg, device
         self.opts = options if options is not None else self.Options()
         self.clients: list[ClientSubgraph] = [self._to_device(c) for c in fed.clients]
@@ -162,8 +172,12 @@ class FederatedAlgorithm:
 
     # ------------------------------------------------------------------ shared
     def _to_device(self, c: ClientSubgraph) -> ClientSubgraph:
-        return ClientSubgraph(**{f: (getattr(c, f).to(self.device) if torch.is_tensor(getattr(c, f))
-                                     else getattr(c, f)) for f in c.__dataclass_fields__})
+        return ClientSubgraph(
+            **{
+                f: (getattr(c, f).to(self.device) if torch.is_tensor(getattr(c, f)) else getattr(c, f))
+                for f in c.__dataclass_fields__
+            }
+        )
 
     def sample_clients(self, rnd: int) -> list[int]:
         """Clients taking part in round ``rnd`` (all, or a seeded fraction)."""
@@ -206,16 +220,22 @@ class ModelAveraging(FederatedAlgorithm):
     # -- overridable pieces
     def build_model(self) -> nn.Module:
         cfg = self.cfg
-        return build_model(cfg.model, self.fed.num_features, cfg.hidden, self.fed.num_classes,
-                           num_layers=cfg.num_layers, dropout=cfg.dropout, heads=cfg.heads)
+        return build_model(
+            cfg.model,
+            self.fed.num_features,
+            cfg.hidden,
+            self.fed.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+            heads=cfg.heads,
+        )
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """``--optimizer``: Adam (Kipf's setting, default) or SGD with ``--momentum`` (FedGCN's
         released code: plain SGD; FGSSL: momentum 0.9)."""
         cfg = self.cfg
         if cfg.optimizer == "sgd":
-            return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay)
+            return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,21 +282,29 @@ class ModelAveraging(FederatedAlgorithm):
         """Weighted mean of the sampled clients' parameters through the protocol; every
         client (sampled or not) then starts the next round from it."""
         contributors = [k for k in sampled if self.aggregation_weight(k) > 0] or sampled
-        updates = to_host({k: parameters_to_vector(self.models[k].parameters()).detach() - self.global_params
-                           for k in contributors})          # one pinned device -> host copy
+        updates = to_host(
+            {k: parameters_to_vector(self.models[k].parameters()).detach() - self.global_params for k in contributors}
+        )  # one pinned device -> host copy
         tag = f"{self.name}/model"
         dp = self.model_dp_request(tag)
         # DP-FedAvg (McMahan et al., ICLR 2018) averages clipped updates with equal weights:
         # tiny n_k/N weights would drown in the noise on the weight total
         weights = None if dp is not None else {k: self.aggregation_weight(k) for k in contributors}
-        mean_update = self.protocol.weighted_mean(tag, rnd, updates, weights,
-                                                  spec=model_spec(len(contributors), len(self.clients),
-                                                                  self.cfg.update_bound,
-                                                                  grid=self.grid_model_mean or self.cfg.model_mean_on_grid),
-                                                  dp=dp,
-                                                  recipients=range(len(self.clients)))
-        self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32,
-                                                                  device=self.device)
+        mean_update = self.protocol.weighted_mean(
+            tag,
+            rnd,
+            updates,
+            weights,
+            spec=model_spec(
+                len(contributors),
+                len(self.clients),
+                self.cfg.update_bound,
+                grid=self.grid_model_mean or self.cfg.model_mean_on_grid,
+            ),
+            dp=dp,
+            recipients=range(len(self.clients)),
+        )
+        self.global_params = self.global_params + torch.as_tensor(mean_update, dtype=torch.float32, device=self.device)
         for m in self.models:
             vector_to_parameters(self.global_params.clone(), m.parameters())
 
@@ -292,9 +320,11 @@ class ModelAveraging(FederatedAlgorithm):
 
     # -- checkpoints
     def state_dict(self) -> dict:
-        return {"models": [m.state_dict() for m in self.models],
-                "optimizers": [o.state_dict() for o in self.optimizers],
-                "global_params": self.global_params.cpu()}
+        return {
+            "models": [m.state_dict() for m in self.models],
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "global_params": self.global_params.cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for m, s in zip(self.models, state["models"]):

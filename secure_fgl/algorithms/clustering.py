@@ -15,6 +15,7 @@ pure functions on the statistics the server is given.
   gradient-norm sequences (``dtaidistance``), turned into similarities ``max(D) - D``
   before the cut, as the reference code does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,7 +23,16 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-__all__ = ["should_split", "bipartition", "cut_margin", "cut_flip_bound", "dtw_distances", "dtw_similarity", "MIN_SPLIT_SIZE", "WARMUP_ROUNDS"]
+__all__ = [
+    "should_split",
+    "bipartition",
+    "cut_margin",
+    "cut_flip_bound",
+    "dtw_distances",
+    "dtw_similarity",
+    "MIN_SPLIT_SIZE",
+    "WARMUP_ROUNDS",
+]
 
 #: a cluster must have more than this many members to be split (reference code)
 MIN_SPLIT_SIZE = 2
@@ -35,8 +45,9 @@ def should_split(delta_mean: float, delta_max: float, size: int, rnd: int, eps1:
     return delta_mean < eps1 and delta_max > eps2 and size > MIN_SPLIT_SIZE and rnd + 1 > WARMUP_ROUNDS
 
 
-def bipartition(similarity: np.ndarray, members: Sequence[int],
-                min_side: int = 1) -> tuple[list[int], list[int]] | None:
+def bipartition(
+    similarity: np.ndarray, members: Sequence[int], min_side: int = 1
+) -> tuple[list[int], list[int]] | None:
     """Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity`` (``[m, m]``,
     symmetric, non-negative; row ``i`` belongs to ``members[i]``).  Each side is sorted.
 
@@ -54,7 +65,7 @@ def bipartition(similarity: np.ndarray, members: Sequence[int],
     if min(len(side_a), len(side_b)) < min_side:
         if m < 2 * min_side or m > MARGIN_MAX_MEMBERS:
             return None
-        codes = np.arange(1, 2 ** (m - 1))                  # member m-1 always on side 0
+        codes = np.arange(1, 2 ** (m - 1))  # member m-1 always on side 0
         side = ((codes[:, None] >> np.arange(m)) & 1).astype(np.float64)
         sizes = side.sum(axis=1)
         weights = np.einsum("ci,ij,cj->c", side, sim, 1.0 - side)
@@ -76,7 +87,7 @@ def cut_margin(similarity: np.ndarray) -> float | None:
     m = sim.shape[0]
     if m < 3 or m > MARGIN_MAX_MEMBERS:
         return None
-    codes = np.arange(1, 2 ** (m - 1))                      # member m-1 always on side 0
+    codes = np.arange(1, 2 ** (m - 1))  # member m-1 always on side 0
     side = ((codes[:, None] >> np.arange(m)) & 1).astype(np.float64)
     weights = np.einsum("ci,ij,cj->c", side, sim, 1.0 - side)
     lightest, second = np.partition(weights, 1)[:2]
@@ -85,13 +96,14 @@ def cut_margin(similarity: np.ndarray) -> float | None:
 
 def cut_flip_bound(num_members: int, similarity_error: float) -> float:
     """``m^2 eps / 2``: the margin above which no similarity error ``<= eps`` changes the cut."""
-    return num_members ** 2 * similarity_error / 2.0
+    return num_members**2 * similarity_error / 2.0
 
 
 def dtw_distances(sequences: Sequence[Sequence[float]], standardize: bool = False) -> np.ndarray:
     """Pairwise DTW distances (``dtaidistance.dtw.distance_matrix``: Euclidean DTW, no
     window); ``standardize`` divides each sequence by its standard deviation (reference option)."""
     from dtaidistance import dtw
+
     seqs = [np.asarray(s, dtype=np.float64) for s in sequences]
     if standardize:
         seqs = [s / max(s.std(), 1e-12) for s in seqs]

@@ -22,6 +22,7 @@ returns the same ``mean = S[:-1] / S[-1]``.  The cost is the grid itself: each c
 moves by at most ``2^-(GRID_BITS+1)``, so the mean by at most ``4 K 2^-(GRID_BITS+1) / sum_k w_k``
 (~3e-8 K under full participation).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,15 @@ from protocols import ValueSpec
 from protocols.errors import BoundError
 from protocols.fixed_point import to_grid
 
-__all__ = ["GRID_BITS", "GRID_RANGE", "GRID_SPEC", "VALUE_BOUND", "grid_contribution", "grid_mean_of_sum",
-           "grid_weighted_mean"]
+__all__ = [
+    "GRID_BITS",
+    "GRID_RANGE",
+    "GRID_SPEC",
+    "VALUE_BOUND",
+    "grid_contribution",
+    "grid_mean_of_sum",
+    "grid_weighted_mean",
+]
 
 #: grid of the summed entries: 2^-26 ~ 1.5e-8
 GRID_BITS = 26
@@ -47,31 +55,48 @@ _SHRINK = 4.0
 GRID_SPEC = ValueSpec(max_abs=GRID_RANGE, tolerance=2.0 ** -(GRID_BITS + 2), grid_bits=GRID_BITS)
 
 
-def grid_contribution(value: np.ndarray, weight: float, *, tag: str = "", rnd: int = 0,
-                      client: int | None = None) -> np.ndarray:
+def grid_contribution(
+    value: np.ndarray, weight: float, *, tag: str = "", rnd: int = 0, client: int | None = None
+) -> np.ndarray:
     """Client side: ``[Q(w v / 4), F(w / 4)]`` after checking ``|v| <= VALUE_BOUND`` and ``0 <= w <= 1``."""
     value = np.asarray(value, dtype=np.float64).ravel()
     if not 0.0 <= weight <= 1.0:
-        raise BoundError(f"weight {weight:g} is outside [0, 1]: normalise the weights by the public total",
-                         tag=tag, round=rnd, client=client)
+        raise BoundError(
+            f"weight {weight:g} is outside [0, 1]: normalise the weights by the public total",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
     top = float(np.abs(value).max(initial=0.0))
     if not top <= VALUE_BOUND:
-        raise BoundError(f"an update entry is {top:g}, above the grid mean's bound {VALUE_BOUND}: nothing was sent. "
-                         "Fix: lower the learning rate or the local steps", tag=tag, round=rnd, client=client)
-    weight_down = np.floor(np.ldexp(weight / _SHRINK, GRID_BITS)) * 2.0 ** -GRID_BITS
+        raise BoundError(
+            f"an update entry is {top:g}, above the grid mean's bound {VALUE_BOUND}: nothing was sent. "
+            "Fix: lower the learning rate or the local steps",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
+    weight_down = np.floor(np.ldexp(weight / _SHRINK, GRID_BITS)) * 2.0**-GRID_BITS
     return np.concatenate([to_grid(value * (weight / _SHRINK), GRID_BITS), [weight_down]])
 
 
-def grid_weighted_mean(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray],
-                       weights: Mapping[int, float], recipients: Sequence[int] | None = None) -> np.ndarray:
+def grid_weighted_mean(
+    protocol,
+    tag: str,
+    rnd: int,
+    values: Mapping[int, np.ndarray],
+    weights: Mapping[int, float],
+    recipients: Sequence[int] | None = None,
+) -> np.ndarray:
     """``sum_k Q(w_k v_k / 4) / sum_k Q(w_k / 4)`` through ``protocol.weighted_sum``, equal in every mode.
 
     ``weights`` must sum to at most 1 (e.g. ``n_k / n_total``); ``values`` entries lie in
     ``[-VALUE_BOUND, VALUE_BOUND]``."""
     if sum(weights[k] for k in values) > 1.0 + 1e-12:
         raise BoundError("the weights sum above 1: divide them by the public total", tag=tag, round=rnd)
-    contributions = {k: grid_contribution(np.asarray(v), float(weights[k]), tag=tag, rnd=rnd, client=k)
-                     for k, v in values.items()}
+    contributions = {
+        k: grid_contribution(np.asarray(v), float(weights[k]), tag=tag, rnd=rnd, client=k) for k, v in values.items()
+    }
     return grid_mean_of_sum(protocol.weighted_sum(tag, rnd, contributions, spec=GRID_SPEC, recipients=recipients))
 
 

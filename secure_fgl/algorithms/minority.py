@@ -12,6 +12,7 @@ at the round the engine reports (best validation accuracy, first such round — 
 rule as :func:`secure_fgl.engine.trainer.train`), so ``result['final']['minority_acc']``
 sits next to ``final.test_acc`` for the same model state.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,16 +40,19 @@ def minority_report(logits: torch.Tensor, c, num_classes: int) -> dict:
     """One client's part of the metric: its majority class and minority ``(correct, total)`` on its
     test and validation nodes (what the client reports; it needs only its own data)."""
     majority = majority_class(c.y, c.train_mask, num_classes)
-    return {"majority_class": majority,
-            **{split: minority_counts(logits, c.y, getattr(c, f"{split}_mask"), majority) for split in ("test", "val")}}
+    return {
+        "majority_class": majority,
+        **{split: minority_counts(logits, c.y, getattr(c, f"{split}_mask"), majority) for split in ("test", "val")},
+    }
 
 
 class MinorityAccuracy:
     """Mixin: ``minority_acc`` in ``evaluate()`` and in ``final_metrics()`` (best-val round)."""
 
     def _minority_tracker(self) -> dict:
-        return self.__dict__.setdefault("_minority_best", {"val_acc": None, "minority_acc": None,
-                                                           "val_minority_acc": None, "last": None})
+        return self.__dict__.setdefault(
+            "_minority_best", {"val_acc": None, "minority_acc": None, "val_minority_acc": None, "last": None}
+        )
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -60,12 +64,12 @@ class MinorityAccuracy:
                 cached[k] = inner(k)
             return cached[k]
 
-        self.client_logits = logits_once          # share one forward pass per client
+        self.client_logits = logits_once  # share one forward pass per client
         try:
             out = super().evaluate()
             reports = {k: minority_report(logits_once(k), c, self.fed.num_classes) for k, c in enumerate(self.clients)}
         finally:
-            del self.client_logits                # back to the class method
+            del self.client_logits  # back to the class method
         return self.add_minority(out, reports)
 
     def add_minority(self, out: dict, reports: dict[int, dict]) -> dict:
@@ -85,15 +89,20 @@ class MinorityAccuracy:
         out["val_minority_acc"] = sums["val"][0] / sums["val"][1] if sums["val"][1] else 0.0
         best = self._minority_tracker()
         best["last"] = out["minority_acc"]
-        if best["val_acc"] is None or out["val_acc"] > best["val_acc"]:   # the engine's rule
-            best.update(val_acc=out["val_acc"], minority_acc=out["minority_acc"],
-                        val_minority_acc=out["val_minority_acc"])
+        if best["val_acc"] is None or out["val_acc"] > best["val_acc"]:  # the engine's rule
+            best.update(
+                val_acc=out["val_acc"], minority_acc=out["minority_acc"], val_minority_acc=out["val_minority_acc"]
+            )
         return out
 
     def final_metrics(self) -> dict:
         best = self._minority_tracker()
-        return {**super().final_metrics(), "minority_acc": best["minority_acc"],
-                "val_minority_acc": best["val_minority_acc"], "last_minority_acc": best["last"]}
+        return {
+            **super().final_metrics(),
+            "minority_acc": best["minority_acc"],
+            "val_minority_acc": best["val_minority_acc"],
+            "last_minority_acc": best["last"],
+        }
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "minority_best": dict(self._minority_tracker())}

@@ -5,6 +5,7 @@ An algorithm names its Options class (and its cross-field check, if any) in its
 :class:`~secure_fgl.algorithms.spec.AlgorithmSpec`; every field is a
 :func:`~secure_fgl.validation.setting` with its help line, unit, choices and range.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,25 +35,50 @@ class FedProxOptions:
 class FedGCNOptions:
     """FedGCN (Yao et al. 2023) pre-training exchange settings."""
 
-    hops: int = setting(1, choices=(0, 1, 2), unit="hops",
-                        help="neighbour sums exchanged before training: 0 none (= FedAvg), 1 own rows, "
-                             "2 also cross-edge endpoints")
-    layout: str = setting("sparse", choices=("sparse", "dense"),
-                          help="encrypted row-sum layout: sparse (blocks a client touches) or dense (every block)")
-    row_order: str = setting("given", choices=("given", "signature", "owner"),
-                             help="sparse row numbering: given (dataset ids), signature (fewer blocks; publishes "
-                                  "a histogram) or owner (no block mixes recipients; see the fedgcn module doc)")
-    degree_cap: int = setting(254, min=1, unit="edges",
-                              help="public degree bound; 254 makes sums fit an 8-bit packed field")
-    dp_row_clip: float | None = setting(None, min=0, min_exclusive=True, unit="L2 norm",
-                                        help="C, L2 bound of a node's term [x, 1] under DP (default: --dp-clip)")
-    norm: str = setting("row", choices=("row", "sym", "none"),
-                        help="first-layer normalisation: row D^-1(A+I)X, sym D^-1/2(A+I)D^-1/2 X, none (A+I)X")
-    feature_bound: float = setting(10.0, min=0, min_exclusive=True,
-                                   help="public bound on |x| for non-binary features (integer ones, e.g. counts: exact "
-                                        "integer fields sized by its floor; others: the float encoding)")
-    center: bool = setting(False, help="the model sees its first-layer input minus the client's own mean (dense "
-                                       "bag-of-words graphs such as Amazon Photo; see the fedgcn module doc)")
+    hops: int = setting(
+        1,
+        choices=(0, 1, 2),
+        unit="hops",
+        help="neighbour sums exchanged before training: 0 none (= FedAvg), 1 own rows, 2 also cross-edge endpoints",
+    )
+    layout: str = setting(
+        "sparse",
+        choices=("sparse", "dense"),
+        help="encrypted row-sum layout: sparse (blocks a client touches) or dense (every block)",
+    )
+    row_order: str = setting(
+        "given",
+        choices=("given", "signature", "owner"),
+        help="sparse row numbering: given (dataset ids), signature (fewer blocks; publishes "
+        "a histogram) or owner (no block mixes recipients; see the fedgcn module doc)",
+    )
+    degree_cap: int = setting(
+        254, min=1, unit="edges", help="public degree bound; 254 makes sums fit an 8-bit packed field"
+    )
+    dp_row_clip: float | None = setting(
+        None,
+        min=0,
+        min_exclusive=True,
+        unit="L2 norm",
+        help="C, L2 bound of a node's term [x, 1] under DP (default: --dp-clip)",
+    )
+    norm: str = setting(
+        "row",
+        choices=("row", "sym", "none"),
+        help="first-layer normalisation: row D^-1(A+I)X, sym D^-1/2(A+I)D^-1/2 X, none (A+I)X",
+    )
+    feature_bound: float = setting(
+        10.0,
+        min=0,
+        min_exclusive=True,
+        help="public bound on |x| for non-binary features (integer ones, e.g. counts: exact "
+        "integer fields sized by its floor; others: the float encoding)",
+    )
+    center: bool = setting(
+        False,
+        help="the model sees its first-layer input minus the client's own mean (dense "
+        "bag-of-words graphs such as Amazon Photo; see the fedgcn module doc)",
+    )
 
 
 def check_fedgcn(o: FedGCNOptions, cfg) -> None:
@@ -64,8 +90,10 @@ def check_fedgcn(o: FedGCNOptions, cfg) -> None:
     if o.row_order not in ROW_ORDERS:
         raise ConfigError(f"--row-order must be one of {', '.join(ROW_ORDERS)}, got {o.row_order!r}")
     if o.row_order != "given" and o.layout != "sparse":
-        raise ConfigError(f"--row-order {o.row_order} numbers rows for the sparse layout (the dense layout "
-                          "uploads every block anyway); use --layout sparse or --row-order given")
+        raise ConfigError(
+            f"--row-order {o.row_order} numbers rows for the sparse layout (the dense layout "
+            "uploads every block anyway); use --layout sparse or --row-order given"
+        )
     if o.norm not in NORMS:
         raise ConfigError(f"--norm must be one of {', '.join(NORMS)}, got {o.norm!r}")
     if o.degree_cap < 1:
@@ -78,8 +106,10 @@ def check_fedgcn(o: FedGCNOptions, cfg) -> None:
     if not o.feature_bound > 0:
         raise ConfigError(f"--feature-bound must be > 0, got {o.feature_bound}")
     if o.hops > 0 and cfg.model.lower() != "gcn":
-        raise ConfigError(f"FedGCN with --hops {o.hops} trains a GCN; use --model gcn "
-                          f"(or --hops 0 for FedAvg with --model {cfg.model})")
+        raise ConfigError(
+            f"FedGCN with --hops {o.hops} trains a GCN; use --model gcn "
+            f"(or --hops 0 for FedAvg with --model {cfg.model})"
+        )
     if o.hops > 0 and cfg.num_layers < 1:
         raise ConfigError(f"--num-layers must be >= 1, got {cfg.num_layers}")
 
@@ -89,26 +119,33 @@ class FedOMDOptions:
     """FedOMD settings (defaults: FedOMD sec. 4.5 / 5.1; readings in the fedomd module doc)."""
 
     ortho_weight: float = setting(0.0005, min=0, help="alpha, weight of the orthogonality loss (eq. 12)")
-    cmd_weight: float = setting(10.0, min=0, help="beta, weight of the CMD loss (eq. 12; 0: no statistics "
-                                                  "exchange)")
+    cmd_weight: float = setting(10.0, min=0, help="beta, weight of the CMD loss (eq. 12; 0: no statistics exchange)")
     ortho_layers: int = setting(1, min=1, unit="layers", help="OrthoConv hidden layers (Table 1)")
     orthogonal: bool = setting(True, help="false: plain GCNConv hidden layers and no L_ortho (Table 6)")
-    newton_steps: int = setting(5, min=0, unit="iterations",
-                                help="ONI Newton iterations; 0 = W / ||W||_F (eq. 8 literally)")
+    newton_steps: int = setting(
+        5, min=0, unit="iterations", help="ONI Newton iterations; 0 = W / ||W||_F (eq. 8 literally)"
+    )
     ortho_propagate: bool = setting(True, help="OrthoConv propagates with S~ (false: eq. 8 literally)")
     cmd_order: int = setting(5, min=1, help="highest central moment order J (Algorithm 1: 5)")
     act_low: float = setting(0.0, help="a, lower activation bound of eq. 11")
     act_high: float = setting(1.0, help="b, upper activation bound of eq. 11")
-    stats_nodes: str = setting("all", choices=("all", "train", "train_vs_all"),
-                               help="node set of the exchanged statistics")
-    stats_pass: str = setting("eval", choices=("eval", "train"),
-                              help="statistics from dropout-free (eval) or training passes")
-    dp_rows: int = setting(1, min=1, unit="rows", help="DP unit: hidden rows it can change (1: one row; N: a "
-                                                       "client)")
-    batch_stats: bool = setting(True, help="all hidden layers' statistics in two uploads per client per round "
-                                           "(protocols.batch; not with DP); false: two per layer")
-    raw_moments: bool = setting(False, help="with batch_stats: one upload per round (raw moments, central ones "
-                                            "by binomial expansion; error up to 2^J x the two-stage one)")
+    stats_nodes: str = setting(
+        "all", choices=("all", "train", "train_vs_all"), help="node set of the exchanged statistics"
+    )
+    stats_pass: str = setting(
+        "eval", choices=("eval", "train"), help="statistics from dropout-free (eval) or training passes"
+    )
+    dp_rows: int = setting(1, min=1, unit="rows", help="DP unit: hidden rows it can change (1: one row; N: a client)")
+    batch_stats: bool = setting(
+        True,
+        help="all hidden layers' statistics in two uploads per client per round "
+        "(protocols.batch; not with DP); false: two per layer",
+    )
+    raw_moments: bool = setting(
+        False,
+        help="with batch_stats: one upload per round (raw moments, central ones "
+        "by binomial expansion; error up to 2^J x the two-stage one)",
+    )
 
 
 @dataclass
@@ -117,21 +154,29 @@ class FedSprayOptions:
 
     backbone: str = setting("gcn", choices=("gcn", "sgc", "sage"), help="personalized GNN")
     gnn_hidden: int = setting(64, min=1, unit="units", help="hidden size of the 2-layer GNN")
-    gnn_dropout: float = setting(0.0, min=0, max=0.99, unit="probability",
-                                 help="GNN dropout (not used in the paper / reference code)")
+    gnn_dropout: float = setting(
+        0.0, min=0, max=0.99, unit="probability", help="GNN dropout (not used in the paper / reference code)"
+    )
     proxy_dim: int = setting(64, min=1, unit="units", help="d_s, proxy size, also the embedding size of g_e")
     model_lr: float = setting(0.003, min=0, min_exclusive=True, help="Adam lr of the GNN and of the encoder")
     proxy_lr: float = setting(0.02, min=0, min_exclusive=True, help="Adam lr of the structure proxies")
     lambda1: float = setting(5.0, min=0, help="KD weight in the GNN loss (eq. 7)")
     lambda2: float = setting(1.0, min=0, help="KD weight in the encoder loss (eq. 11)")
     phase_epochs: int = setting(5, min=1, unit="epochs", help="E: epochs of each of the two local phases")
-    kd_threshold: float = setting(0.0, min=0, max=1, unit="probability",
-                                  help="unlabelled nodes enter eq. 6 only if max q > this (reference code: 0.7)")
-    proxy_weighting: str = setting("ratio", choices=("ratio", "count"),
-                                   help="eq. 15 weights: class ratio (paper) or class count")
+    kd_threshold: float = setting(
+        0.0,
+        min=0,
+        max=1,
+        unit="probability",
+        help="unlabelled nodes enter eq. 6 only if max q > this (reference code: 0.7)",
+    )
+    proxy_weighting: str = setting(
+        "ratio", choices=("ratio", "count"), help="eq. 15 weights: class ratio (paper) or class count"
+    )
     ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")
-    batch_exchanges: bool = setting(True, help="encoder and proxies in one upload per client per round "
-                                               "(protocols.batch; not with DP)")
+    batch_exchanges: bool = setting(
+        True, help="encoder and proxies in one upload per client per round (protocols.batch; not with DP)"
+    )
 
 
 @dataclass
@@ -139,8 +184,11 @@ class GraphOptions:
     """Graph-classification baselines' settings (GCFL, Xie et al. NeurIPS 2021, sec. 6.1)."""
 
     batch_size: int = setting(128, min=1, unit="graphs", help="graphs per mini-batch of local training")
-    dpsgd: bool = setting(False, help="train by per-graph DP-SGD (a training graph is a record; clip --dp-clip, "
-                                      "budget --dp-epsilon; secure_fgl/dpsgd.py)")
+    dpsgd: bool = setting(
+        False,
+        help="train by per-graph DP-SGD (a training graph is a record; clip --dp-clip, "
+        "budget --dp-epsilon; secure_fgl/dpsgd.py)",
+    )
 
 
 @dataclass
@@ -154,15 +202,20 @@ class GraphProxOptions(GraphOptions):
 class GCFLOptions(GraphOptions):
     """GCFL cluster-split thresholds (Xie et al. NeurIPS 2021, eq. 4-5; reference defaults)."""
 
-    eps1: float = setting(0.05, min=0, help="split a cluster when the norm of its weighted mean update is "
-                                            "below eps1 (eq. 4) ...")
+    eps1: float = setting(
+        0.05, min=0, help="split a cluster when the norm of its weighted mean update is below eps1 (eq. 4) ..."
+    )
     eps2: float = setting(0.1, min=0, help="... and the largest member update norm is above eps2 (eq. 5)")
-    decider: int = setting(0, min=0, unit="client",
-                           help="ckks: the client that holds the pairwise key and decrypts the similarity matrix")
-    mean_norm: str = setting("weighted", choices=("weighted", "unweighted"),
-                             help="eq. 4's delta_mean: the norm of the |G_i|-weighted mean update (the paper) or "
-                                  "of the unweighted mean (the authors' server.compute_mean_update_norm; one more "
-                                  "secure mean per cluster and round)")
+    decider: int = setting(
+        0, min=0, unit="client", help="ckks: the client that holds the pairwise key and decrypts the similarity matrix"
+    )
+    mean_norm: str = setting(
+        "weighted",
+        choices=("weighted", "unweighted"),
+        help="eq. 4's delta_mean: the norm of the |G_i|-weighted mean update (the paper) or "
+        "of the unweighted mean (the authors' server.compute_mean_update_norm; one more "
+        "secure mean per cluster and round)",
+    )
 
 
 @dataclass
@@ -185,18 +238,21 @@ class FGSSLOptions:
     """FGSSL settings (Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a
     grid on Cora's validation split, see docs/fgssl.md)."""
 
-    lambda_c: float = setting(0.5, min=0, help="weight of FNSC (eq. 12); released-code variant: of the local "
-                                               "InfoNCE (the code uses 3)")
+    lambda_c: float = setting(
+        0.5, min=0, help="weight of FNSC (eq. 12); released-code variant: of the local InfoNCE (the code uses 3)"
+    )
     lambda_d: float = setting(0.5, min=0, help="weight of FGSD (eq. 12)")
     tau: float = setting(0.1, min=0, min_exclusive=True, help="contrast temperature (eq. 7)")
     omega: float = setting(5.0, min=0, min_exclusive=True, help="distillation temperature (eq. 9-10)")
     weak_edge_drop: float = setting(0.3, min=0, max=1, unit="probability", help="weak view: edge removing")
     weak_feature_mask: float = setting(0.3, min=0, max=1, unit="probability", help="weak view: feature masking")
     strong_edge_drop: float = setting(0.8, min=0, max=1, unit="probability", help="strong view: edge removing")
-    strong_feature_mask: float = setting(0.5, min=0, max=1, unit="probability",
-                                         help="strong view: feature masking")
-    variant: str = setting("paper", choices=("paper", "released-code"),
-                           help="objective: the paper's eq. 12 or the released code's CE + lambda_c * InfoNCE")
+    strong_feature_mask: float = setting(0.5, min=0, max=1, unit="probability", help="strong view: feature masking")
+    variant: str = setting(
+        "paper",
+        choices=("paper", "released-code"),
+        help="objective: the paper's eq. 12 or the released code's CE + lambda_c * InfoNCE",
+    )
 
 
 @dataclass
@@ -206,14 +262,20 @@ class GAPOptions:
     the embeddings are its last hidden layer (``--hidden`` wide)."""
 
     hops: int = setting(2, min=1, unit="hops", help="noisy aggregation hops (each a separate DP release)")
-    encoder_rounds: int | None = setting(None, min=1, unit="rounds", help="FedAvg rounds of the encoder "
-                                                                          "(default: --rounds)")
+    encoder_rounds: int | None = setting(
+        None, min=1, unit="rounds", help="FedAvg rounds of the encoder (default: --rounds)"
+    )
     layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
-    select: str = setting("val", choices=("val", "head"),
-                          help="head or encoder by the federation's validation accuracy (val), or always the head")
-    dpsgd: bool = setting(False, help="train the encoder and the head by DP-SGD (a training node is a record; "
-                                      "clip --dp-clip; shares --dp-epsilon with the hops); in ckks/mask with "
-                                      "--local-epochs 1 --optimizer sgd each step's noise is split over the "
-                                      "clients inside the secure model mean")
-
+    select: str = setting(
+        "val",
+        choices=("val", "head"),
+        help="head or encoder by the federation's validation accuracy (val), or always the head",
+    )
+    dpsgd: bool = setting(
+        False,
+        help="train the encoder and the head by DP-SGD (a training node is a record; "
+        "clip --dp-clip; shares --dp-epsilon with the hops); in ckks/mask with "
+        "--local-epochs 1 --optimizer sgd each step's noise is split over the "
+        "clients inside the secure model mean",
+    )

@@ -6,11 +6,12 @@ cross-field check, the modes it runs in, its catalogue text, and the two halves 
 client logic (one per client runtime) and the server strategy.  The halves are named as
 ``"module:Class"`` and imported on use, so ``--help`` and a client process load only what they run.
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 def load(ref: str):

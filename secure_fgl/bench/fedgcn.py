@@ -32,6 +32,7 @@ Two parts (``secure-fgl bench --suite fedgcn``; ``quick=True`` shrinks both for 
 Writes ``OUT/fedgcn_bench.json`` and ``OUT/fedgcn_bench.md`` and prints the tables.
 Run: ``python -m secure_fgl.bench.fedgcn --out runs/bench [--quick] [--data-root PATH]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,43 +61,56 @@ BACKENDS = {
 def _fed_cora(data_root, quick: bool):
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import load_federation
-    if quick:   # Cora-shaped but small: a smoke test must not need the real files
-        return load_federation(RunConfig(dataset="sbm", clients=K, synthetic={"num_nodes": 600,
-                                                                                "num_features": 128}))
+
+    if quick:  # Cora-shaped but small: a smoke test must not need the real files
+        return load_federation(RunConfig(dataset="sbm", clients=K, synthetic={"num_nodes": 600, "num_features": 128}))
     return load_federation(RunConfig(dataset="cora", clients=K, beta=10000.0, seed=0, data_root=data_root))
 
 
-def _pretrain(fed, backend: str, layout: str, hops: int = 1, model_round: bool = True,
-              row_order: str = "given") -> dict:
+def _pretrain(
+    fed, backend: str, layout: str, hops: int = 1, model_round: bool = True, row_order: str = "given"
+) -> dict:
     """Run FedGCN's pre-training on ``backend``/``layout`` (plus one model round); measure it."""
     from protocols import make_protocol
     from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
+
     mode, kw = BACKENDS[backend]
     cfg = RunConfig(mode=mode, clients=K, rounds=1, local_epochs=1)
     proto = make_protocol(mode, K, **kw)
-    algo = FedGCN(fed, proto, cfg, torch.device("cpu"),
-                  FedGCNOptions(hops=hops, layout=layout, row_order=row_order))
+    algo = FedGCN(fed, proto, cfg, torch.device("cpu"), FedGCNOptions(hops=hops, layout=layout, row_order=row_order))
     t0 = time.perf_counter()
     algo.setup()
     seconds = time.perf_counter() - t0
     m = algo.final_metrics()
-    rec = {"backend": backend, "layout": _label(layout, row_order), "row_order": row_order, "hops": hops,
-           "exchange_rows": m.get("pretrain_exchange_rows"), "pretrain_s": seconds,
-           "bytes_up": m["pretrain_bytes_up"], "bytes_down": m["pretrain_bytes_down"],
-           "plain_f32_up": m["pretrain_plaintext_equiv_bytes_up"],
-           "plain_f32_down": m["pretrain_plaintext_equiv_bytes_down"],
-           "ratio_up": m["pretrain_upload_ratio"],
-           "ratio_down": (m["pretrain_bytes_down"] / m["pretrain_plaintext_equiv_bytes_down"]
-                          if m["pretrain_plaintext_equiv_bytes_down"] else None),
-           "per_client_up": [p["bytes_up"] for p in m["pretrain_per_client"]],
-           "per_client_down": [p["bytes_down"] for p in m["pretrain_per_client"]],
-           "rows_up": m["pretrain_rows_up"], "rows_down": m["pretrain_rows_down"],
-           "key_bytes": sum(x.nbytes for x in proto.transcript.messages if x.tag.endswith("/keys"))}
+    rec = {
+        "backend": backend,
+        "layout": _label(layout, row_order),
+        "row_order": row_order,
+        "hops": hops,
+        "exchange_rows": m.get("pretrain_exchange_rows"),
+        "pretrain_s": seconds,
+        "bytes_up": m["pretrain_bytes_up"],
+        "bytes_down": m["pretrain_bytes_down"],
+        "plain_f32_up": m["pretrain_plaintext_equiv_bytes_up"],
+        "plain_f32_down": m["pretrain_plaintext_equiv_bytes_down"],
+        "ratio_up": m["pretrain_upload_ratio"],
+        "ratio_down": (
+            m["pretrain_bytes_down"] / m["pretrain_plaintext_equiv_bytes_down"]
+            if m["pretrain_plaintext_equiv_bytes_down"]
+            else None
+        ),
+        "per_client_up": [p["bytes_up"] for p in m["pretrain_per_client"]],
+        "per_client_down": [p["bytes_down"] for p in m["pretrain_per_client"]],
+        "rows_up": m["pretrain_rows_up"],
+        "rows_down": m["pretrain_rows_down"],
+        "key_bytes": sum(x.nbytes for x in proto.transcript.messages if x.tag.endswith("/keys")),
+    }
     stats = getattr(proto, "last_stats", None)
     if stats:
-        rec["ckks_plan"] = {k: stats.get(k) for k in ("params", "encoding", "fields_per_slot", "field_bits",
-                                                      "scale_bits")}
+        rec["ckks_plan"] = {
+            k: stats.get(k) for k in ("params", "encoding", "fields_per_slot", "field_bits", "scale_bits")
+        }
     if model_round:
         algo.train_round(0)
         m = algo.final_metrics()
@@ -123,10 +137,14 @@ def cora_part(data_root, quick: bool) -> list[dict]:
         for backend in ("plain", "ckks", "mask", "ckks-default", "ckks-mp"):
             try:
                 rec = _pretrain(fed, backend, layout, row_order=row_order)
-            except ImportError as e:           # a backend not built yet
+            except ImportError as e:  # a backend not built yet
                 rec = {"backend": backend, "layout": _label(layout, row_order), "error": f"not importable: {e}"}
-            rec["graph"] = {"nodes": fed.graph.num_nodes, "features": fed.num_features,
-                            "edges": int(fed.graph.edge_index.size(1)) // 2, "name": fed.name}
+            rec["graph"] = {
+                "nodes": fed.graph.num_nodes,
+                "features": fed.num_features,
+                "edges": int(fed.graph.edge_index.size(1)) // 2,
+                "name": fed.name,
+            }
             out.append(rec)
             print(_row_line(rec), flush=True)
     return out
@@ -146,10 +164,11 @@ def _peak_rss_mb() -> float:
 
 def _scale_point(args) -> dict:
     """One size, in its own process (clean peak RSS)."""
-    n, feats, backend, layout, *graph = args     # graph: (dataset, generator settings), default the SBM
+    n, feats, backend, layout, *graph = args  # graph: (dataset, generator settings), default the SBM
     dataset, extra = graph if graph else ("sbm", {"avg_degree": 8.0})
     torch.set_num_threads(1)
     from secure_fgl.data import make_federated
+
     t0 = time.perf_counter()
     fed = make_federated(dataset, num_clients=K, beta=10000.0, seed=0, num_nodes=n, num_features=feats, **extra)
     gen_s = time.perf_counter() - t0
@@ -159,10 +178,19 @@ def _scale_point(args) -> dict:
     _, py_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     edges = int(fed.graph.edge_index.size(1)) // 2
-    rec.update({"nodes": n, "features": feats, "edges": edges, "generate_s": gen_s, "dataset": dataset,
-                "rss_peak_mb": _peak_rss_mb(),
-                "rss_peak_before_pretrain_mb": rss_before, "py_peak_mb": py_peak / 2**20,
-                "s_per_edge_feature": rec["pretrain_s"] / (edges * (feats + 1))})
+    rec.update(
+        {
+            "nodes": n,
+            "features": feats,
+            "edges": edges,
+            "generate_s": gen_s,
+            "dataset": dataset,
+            "rss_peak_mb": _peak_rss_mb(),
+            "rss_peak_before_pretrain_mb": rss_before,
+            "py_peak_mb": py_peak / 2**20,
+            "s_per_edge_feature": rec["pretrain_s"] / (edges * (feats + 1)),
+        }
+    )
     return rec
 
 
@@ -190,17 +218,21 @@ def _mb(b) -> str:
 def _row_line(r: dict) -> str:
     if "error" in r:
         return f"{r['backend']:<13}{r['layout']:<11}{r['error']}"
-    return (f"{r['backend']:<13}{r['layout']:<11}{_mb(r['bytes_up']):>10}{_mb(r['plain_f32_up']):>10}"
-            f"{r['ratio_up']:>8.2f}x{_mb(r['bytes_down']):>10}{_mb(r['plain_f32_down']):>10}"
-            f"{r['pretrain_s']:>9.2f}")
+    return (
+        f"{r['backend']:<13}{r['layout']:<11}{_mb(r['bytes_up']):>10}{_mb(r['plain_f32_up']):>10}"
+        f"{r['ratio_up']:>8.2f}x{_mb(r['bytes_down']):>10}{_mb(r['plain_f32_down']):>10}"
+        f"{r['pretrain_s']:>9.2f}"
+    )
 
 
 def _scale_line(r: dict) -> str:
     if "error" in r:
         return f"{r['nodes']:>9} {r.get('features', '')}: {r['error']}"
-    return (f"{r['nodes']:>9}{r['edges']:>10}{r['features']:>6}{r['pretrain_s']:>10.2f}"
-            f"{_mb(r['bytes_up']):>11}{r['rss_peak_mb']:>10.0f}{r['py_peak_mb']:>10.0f}"
-            f"{r['s_per_edge_feature'] * 1e9:>12.1f}")
+    return (
+        f"{r['nodes']:>9}{r['edges']:>10}{r['features']:>6}{r['pretrain_s']:>10.2f}"
+        f"{_mb(r['bytes_up']):>11}{r['rss_peak_mb']:>10.0f}{r['py_peak_mb']:>10.0f}"
+        f"{r['s_per_edge_feature'] * 1e9:>12.1f}"
+    )
 
 
 def to_markdown(res: dict) -> str:
@@ -208,43 +240,54 @@ def to_markdown(res: dict) -> str:
     cora = res["cora"]
     if cora:
         g = next((r["graph"] for r in cora if "graph" in r), {})
-        L += [f"## {g.get('name', 'graph')} ({g.get('nodes')} nodes, {g.get('edges')} edges, {g.get('features')} "
-              f"features), 1-hop, {K} clients", "",
-              "Bytes are totals over the 10 clients (MB); `f32` = the float32 rows the exchange carries "
-              "(sparse: the rows a client touches; dense: every row); time = whole `FedGCN.setup()`. "
-              "`sparse-sig`: sparse layout with `row_order='signature'` (rows numbered by the set of "
-              "clients touching them; reveals a histogram of those sets); `sparse-own`: `row_order='owner'` "
-              "(blocks never mix recipients: a client decrypts only its own rows).", "",
-              "| backend | layout | up MB | f32 up MB | up/f32 | down MB | f32 down MB | per-client up MB "
-              "(min–max) | per-client down MB (min–max) | pretrain s | model round up MB (f32) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            f"## {g.get('name', 'graph')} ({g.get('nodes')} nodes, {g.get('edges')} edges, {g.get('features')} "
+            f"features), 1-hop, {K} clients",
+            "",
+            "Bytes are totals over the 10 clients (MB); `f32` = the float32 rows the exchange carries "
+            "(sparse: the rows a client touches; dense: every row); time = whole `FedGCN.setup()`. "
+            "`sparse-sig`: sparse layout with `row_order='signature'` (rows numbered by the set of "
+            "clients touching them; reveals a histogram of those sets); `sparse-own`: `row_order='owner'` "
+            "(blocks never mix recipients: a client decrypts only its own rows).",
+            "",
+            "| backend | layout | up MB | f32 up MB | up/f32 | down MB | f32 down MB | per-client up MB "
+            "(min–max) | per-client down MB (min–max) | pretrain s | model round up MB (f32) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in cora:
             if "error" in r:
                 L.append(f"| {r['backend']} | {r['layout']} | {r['error']} |" + " |" * 8)
                 continue
-            L.append(f"| {r['backend']} | {r['layout']} | {_mb(r['bytes_up'])} | {_mb(r['plain_f32_up'])} | "
-                     f"{r['ratio_up']:.2f}x | {_mb(r['bytes_down'])} | {_mb(r['plain_f32_down'])} | "
-                     f"{_mb(min(r['per_client_up']))}–{_mb(max(r['per_client_up']))} | "
-                     f"{_mb(min(r['per_client_down']))}–{_mb(max(r['per_client_down']))} | "
-                     f"{r['pretrain_s']:.2f} | {_mb(r.get('model_bytes_up_round'))} "
-                     f"({_mb(r.get('model_f32_up_round'))}) |")
+            L.append(
+                f"| {r['backend']} | {r['layout']} | {_mb(r['bytes_up'])} | {_mb(r['plain_f32_up'])} | "
+                f"{r['ratio_up']:.2f}x | {_mb(r['bytes_down'])} | {_mb(r['plain_f32_down'])} | "
+                f"{_mb(min(r['per_client_up']))}–{_mb(max(r['per_client_up']))} | "
+                f"{_mb(min(r['per_client_down']))}–{_mb(max(r['per_client_down']))} | "
+                f"{r['pretrain_s']:.2f} | {_mb(r.get('model_bytes_up_round'))} "
+                f"({_mb(r.get('model_f32_up_round'))}) |"
+            )
         L.append("")
         for k, v in res.get("summary", {}).items():
             L.append(f"* {k}: {v}")
         L.append("")
     if res.get("scale"):
-        L += ["## Scale: synthetic SBM, binary features, 10 clients, ckks (packed), sparse layout", "",
-              "| nodes | edges | features | pretrain s | up MB | peak RSS MB (before pretrain) | "
-              "py peak MB (pretrain) | ns per (edge x feature) |",
-              "|---|---|---|---|---|---|---|---|"]
+        L += [
+            "## Scale: synthetic SBM, binary features, 10 clients, ckks (packed), sparse layout",
+            "",
+            "| nodes | edges | features | pretrain s | up MB | peak RSS MB (before pretrain) | "
+            "py peak MB (pretrain) | ns per (edge x feature) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in res["scale"]:
             if "error" in r:
                 L.append(f"| {r['nodes']} | – | {r.get('features')} | {r['error']} | | | | |")
             else:
-                L.append(f"| {r['nodes']} | {r['edges']} | {r['features']} | {r['pretrain_s']:.2f} | "
-                         f"{_mb(r['bytes_up'])} | {r['rss_peak_mb']:.0f} ({r['rss_peak_before_pretrain_mb']:.0f}) | "
-                         f"{r['py_peak_mb']:.0f} | "
-                         f"{r['s_per_edge_feature'] * 1e9:.1f} |")
+                L.append(
+                    f"| {r['nodes']} | {r['edges']} | {r['features']} | {r['pretrain_s']:.2f} | "
+                    f"{_mb(r['bytes_up'])} | {r['rss_peak_mb']:.0f} ({r['rss_peak_before_pretrain_mb']:.0f}) | "
+                    f"{r['py_peak_mb']:.0f} | "
+                    f"{r['s_per_edge_feature'] * 1e9:.1f} |"
+                )
         L.append("")
     return "\n".join(L)
 
@@ -252,6 +295,7 @@ def to_markdown(res: dict) -> str:
 def _summary(cora: list[dict]) -> dict:
     def get(b, lay):
         return next((r for r in cora if r["backend"] == b and r["layout"] == lay and "error" not in r), None)
+
     out = {}
     for lay in ("dense", "sparse", "sparse-sig", "sparse-own"):
         ck, ref, pl = get("ckks", lay), get("ckks-default", lay), get("plain", lay)
@@ -261,25 +305,26 @@ def _summary(cora: list[dict]) -> dict:
                 extra = f"; given numbering {get('ckks', 'sparse')['ratio_up']:.2f}x"
             out[f"ckks packed upload vs float32 rows ({lay})"] = f"{ck['ratio_up']:.2f}x (target <= 2.0x){extra}"
         if ck and pl:
-            out[f"ckks packed upload vs the plain backend's upload ({lay})"] = \
-                f"{ck['bytes_up'] / pl['bytes_up']:.2f}x"
+            out[f"ckks packed upload vs the plain backend's upload ({lay})"] = f"{ck['bytes_up'] / pl['bytes_up']:.2f}x"
         if ck and ref:
-            out[f"ckks packed pre-training speed-up vs ckks-default ({lay})"] = \
-                f"{ref['pretrain_s'] / ck['pretrain_s']:.1f}x faster (target >= 5x); bytes " \
+            out[f"ckks packed pre-training speed-up vs ckks-default ({lay})"] = (
+                f"{ref['pretrain_s'] / ck['pretrain_s']:.1f}x faster (target >= 5x); bytes "
                 f"{ref['bytes_up'] / ck['bytes_up']:.1f}x smaller"
+            )
     return out
 
 
-def run_fedgcn_bench(out_dir, quick: bool = False, data_root=None, sizes=None,
-                     parts=("cora", "scale")) -> dict:
+def run_fedgcn_bench(out_dir, quick: bool = False, data_root=None, sizes=None, parts=("cora", "scale")) -> dict:
     """Both parts; returns the results and writes ``fedgcn_bench.json`` / ``.md`` to ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     res = {"cora": [], "summary": {}, "scale": []}
     if "cora" in parts:
-        print(f"{'backend':<13}{'layout':<11}{'up MB':>10}{'f32 up':>10}{'up/f32':>9}{'down MB':>10}"
-              f"{'f32 down':>10}{'pre s':>9}")
+        print(
+            f"{'backend':<13}{'layout':<11}{'up MB':>10}{'f32 up':>10}{'up/f32':>9}{'down MB':>10}"
+            f"{'f32 down':>10}{'pre s':>9}"
+        )
         res["cora"] = cora_part(data_root, quick)
         res["summary"] = _summary(res["cora"])
         for k, v in res["summary"].items():
@@ -287,8 +332,9 @@ def run_fedgcn_bench(out_dir, quick: bool = False, data_root=None, sizes=None,
     if "scale" in parts:
         if sizes is None:
             sizes = [1000, 10000] if quick else [10_000, 100_000, 1_000_000]
-        print(f"{'nodes':>9}{'edges':>10}{'feat':>6}{'pre s':>10}{'up MB':>11}{'RSS MB':>10}{'py MB':>10}"
-              f"{'ns/(E*F)':>12}")
+        print(
+            f"{'nodes':>9}{'edges':>10}{'feat':>6}{'pre s':>10}{'up MB':>11}{'RSS MB':>10}{'py MB':>10}{'ns/(E*F)':>12}"
+        )
         # 64 binary features up to 1e5 nodes, 16 at 1e6 (the rows alone would be ~3 GB of float64 at 64)
         res["scale"] = scale_part(sizes, lambda n: 64 if n <= 100_000 else 16)
     (out / "fedgcn_bench.json").write_text(json.dumps(res, indent=1, default=str))

@@ -22,6 +22,7 @@ Two parts (10 clients; ratios against the one float32 baseline of :mod:`protocol
 Run: ``python -m secure_fgl.bench.fixed_point --out runs/bench_fixed [--parts models features]
 [--datasets pubmed amazon-photo coauthor-cs]``; writes ``OUT/fixed_point.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,25 @@ import numpy as np
 import torch
 
 K = 10
-BACKENDS = {"plain": ("plain", {}), "ckks": ("ckks", {}), "ckks-fixed": ("ckks", {"fixed_point_bits": 20}),
-            "mask": ("mask", {}), "ckks-real": ("ckks", {"exact_fields": False})}
+BACKENDS = {
+    "plain": ("plain", {}),
+    "ckks": ("ckks", {}),
+    "ckks-fixed": ("ckks", {"fixed_point_bits": 20}),
+    "mask": ("mask", {}),
+    "ckks-real": ("ckks", {"exact_fields": False}),
+}
 #: parameters of FedGCN's GCN (16 hidden units): d*16 + 16 + 16*C + C
-MODEL_SIZES = {"cora": 1433 * 16 + 16 + 16 * 7 + 7, "citeseer": 3703 * 16 + 16 + 16 * 6 + 6,
-               "pubmed": 500 * 16 + 16 + 16 * 3 + 3}
+MODEL_SIZES = {
+    "cora": 1433 * 16 + 16 + 16 * 7 + 7,
+    "citeseer": 3703 * 16 + 16 + 16 * 6 + 6,
+    "pubmed": 500 * 16 + 16 + 16 * 3 + 3,
+}
 
 
 def models_part(update_bound: float) -> list[dict]:
     from protocols import make_protocol
     from secure_fgl.algorithms.base import model_precision
+
     rng = np.random.default_rng(0)
     out = []
     for name, n in MODEL_SIZES.items():
@@ -59,17 +69,25 @@ def models_part(update_bound: float) -> list[dict]:
             wall = time.perf_counter() - t
             comm = proto.transcript.comm()["per_tag"]["bench/model"]
             stats = getattr(proto, "last_stats", None) or {}
-            rec = {"workload": f"model_{name}", "values": n + 1, "backend": backend,
-                   "upload_ratio": comm["bytes_up"] / comm["plaintext_bytes_up"],
-                   "max_abs_error": float(np.abs(got - exact).max()), "seconds": wall,
-                   "params": stats.get("params")}
+            rec = {
+                "workload": f"model_{name}",
+                "values": n + 1,
+                "backend": backend,
+                "upload_ratio": comm["bytes_up"] / comm["plaintext_bytes_up"],
+                "max_abs_error": float(np.abs(got - exact).max()),
+                "seconds": wall,
+                "params": stats.get("params"),
+            }
             if stats.get("encoding") == "fixed":
-                rec["stated_bound"] = plan.error_bound(stats["error_bound"], weight_total=1.0,
-                                                       mean_abs=float(np.abs(got).max()))
+                rec["stated_bound"] = plan.error_bound(
+                    stats["error_bound"], weight_total=1.0, mean_abs=float(np.abs(got).max())
+                )
             out.append(rec)
-            print(f"{rec['workload']:<15}{backend:<11}{rec['upload_ratio']:>7.2f}x  err {rec['max_abs_error']:.2e}"
-                  f"  bound {rec.get('stated_bound', float('nan')):.2e}  {wall:6.2f} s  {rec['params'] or ''}",
-                  flush=True)
+            print(
+                f"{rec['workload']:<15}{backend:<11}{rec['upload_ratio']:>7.2f}x  err {rec['max_abs_error']:.2e}"
+                f"  bound {rec.get('stated_bound', float('nan')):.2e}  {wall:6.2f} s  {rec['params'] or ''}",
+                flush=True,
+            )
             del proto
     return out
 
@@ -78,28 +96,49 @@ def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str
     from protocols import make_protocol
     from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
+
     mode, opts = BACKENDS[backend]
     proto = make_protocol(mode, K, **opts)
-    algo = FedGCN(fed, proto, RunConfig(mode=mode, clients=K, rounds=1), torch.device("cpu"),
-                  FedGCNOptions(hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm,
-                                degree_cap=degree_cap))
+    algo = FedGCN(
+        fed,
+        proto,
+        RunConfig(mode=mode, clients=K, rounds=1),
+        torch.device("cpu"),
+        FedGCNOptions(
+            hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm, degree_cap=degree_cap
+        ),
+    )
     t = time.perf_counter()
     algo.setup()
     seconds = time.perf_counter() - t
     m = algo.final_metrics()
     stats = getattr(proto, "last_stats", None) or {}
-    rec = {"backend": backend, "row_order": row_order, "norm": norm, "pretrain_s": seconds,
-           "bytes_up": m["pretrain_bytes_up"], "f32_up": m["pretrain_plaintext_equiv_bytes_up"],
-           "upload_ratio": m["pretrain_upload_ratio"], "params": stats.get("params")}
+    rec = {
+        "backend": backend,
+        "row_order": row_order,
+        "norm": norm,
+        "pretrain_s": seconds,
+        "bytes_up": m["pretrain_bytes_up"],
+        "f32_up": m["pretrain_plaintext_equiv_bytes_up"],
+        "upload_ratio": m["pretrain_upload_ratio"],
+        "params": stats.get("params"),
+    }
     del algo, proto
     gc.collect()
     return rec
 
 
-def features_part(datasets, data_root, feature_bound: float, row_orders=("given", "signature"),
-                  norms=("row", "sym"), backends=tuple(BACKENDS)) -> list[dict]:
+def features_part(
+    datasets,
+    data_root,
+    feature_bound: float,
+    row_orders=("given", "signature"),
+    norms=("row", "sym"),
+    backends=tuple(BACKENDS),
+) -> list[dict]:
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import load_federation
+
     out = []
     for name in datasets:
         fed = load_federation(RunConfig(dataset=name, clients=K, beta=1.0, seed=0, data_root=data_root))
@@ -109,18 +148,30 @@ def features_part(datasets, data_root, feature_bound: float, row_orders=("given"
         # real-valued features: float slots against fixed point; integer ones (binary, counts):
         # exact packed integers under row normalisation (real slots, ckks-real, against ckks's
         # default signed fields in complex slots), fixed point under sym
-        runs = ([("row", ("ckks", "ckks-fixed"))] if not fed.count_features
-                else [("row", ("ckks-real", "ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))])
+        runs = (
+            [("row", ("ckks", "ckks-fixed"))]
+            if not fed.count_features
+            else [("row", ("ckks-real", "ckks", "ckks-fixed")), ("sym", ("ckks-fixed",))]
+        )
         for norm, pair in [(n, b) for n, b in runs if n in norms]:
             for row_order in row_orders:
                 for backend in [b for b in pair if b in backends]:
                     rec = _pretrain(fed, backend, row_order, feature_bound, norm, cap)
-                    rec.update({"dataset": name, "binary_features": bool(fed.binary_features),
-                                "count_features": bool(fed.count_features),
-                                "feature_bound": feature_bound, "degree_cap": cap})
+                    rec.update(
+                        {
+                            "dataset": name,
+                            "binary_features": bool(fed.binary_features),
+                            "count_features": bool(fed.count_features),
+                            "feature_bound": feature_bound,
+                            "degree_cap": cap,
+                        }
+                    )
                     out.append(rec)
-                    print(f"{name:<15}{norm:<5}{row_order:<10}{backend:<11}{rec['upload_ratio']:>7.2f}x "
-                          f"{rec['bytes_up'] / 1e6:>9.1f} MB {rec['pretrain_s']:>7.1f} s  {rec['params']}", flush=True)
+                    print(
+                        f"{name:<15}{norm:<5}{row_order:<10}{backend:<11}{rec['upload_ratio']:>7.2f}x "
+                        f"{rec['bytes_up'] / 1e6:>9.1f} MB {rec['pretrain_s']:>7.1f} s  {rec['params']}",
+                        flush=True,
+                    )
         del fed
         gc.collect()
     return out
@@ -143,8 +194,7 @@ def main(argv=None) -> None:
     if "models" in a.parts:
         res["models"] = models_part(a.update_bound)
     if "features" in a.parts:
-        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound, a.row_orders, a.norms,
-                                        a.backends)
+        res["features"] = features_part(a.datasets, a.data_root, a.feature_bound, a.row_orders, a.norms, a.backends)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fixed_point.json").write_text(json.dumps(res, indent=1))

@@ -24,26 +24,35 @@ caught where a recipient can (a decoded packed sum out of its public range raise
 Run: ``secure-fgl bench --suite fuzz --cases 20000 --out DIR`` (prints a table per category,
 writes ``DIR/fuzz.json``); ``tests/test_fuzz.py`` runs a small sample.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
-from protocols.errors import (ConsistencyError, IntegrityError, KeySubstitutionError, KeySwitchRefusedError,
-                              PlanRefusedError, ProtocolError, RepeatedContributionError, ShareIntegrityError)
+from protocols.errors import (
+    ConsistencyError,
+    IntegrityError,
+    KeySubstitutionError,
+    KeySwitchRefusedError,
+    PlanRefusedError,
+    ProtocolError,
+    RepeatedContributionError,
+    ShareIntegrityError,
+)
 from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.mask.shamir import PRIME, Share
-from protocols.message import Envelope, SIGNATURE_BYTES, body_digest
+from protocols.message import SIGNATURE_BYTES, Envelope, body_digest
 from protocols.party import AUTH_TAG
 from protocols.transcript import SERVER
 
@@ -65,8 +74,12 @@ def _is_upload(m) -> bool:
 
 
 def _is_download(m) -> bool:
-    return m.sender == SERVER and m.receiver == VICTIM and m.kind in ("masked", "ciphertext", "plain") \
+    return (
+        m.sender == SERVER
+        and m.receiver == VICTIM
+        and m.kind in ("masked", "ciphertext", "plain")
         and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage == "download"
+    )
 
 
 def _payload_bytes(m) -> bytes:
@@ -88,8 +101,9 @@ def _recomputed_digest(m, rng):
     m = _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
     env = Envelope.from_header(m.auth[SIGNATURE_BYTES:])
     digest, n = body_digest(m.payload)
-    return dataclasses.replace(m, auth=m.auth[:SIGNATURE_BYTES] + dataclasses.replace(env, digest=digest,
-                                                                                     body_len=n).header_bytes())
+    return dataclasses.replace(
+        m, auth=m.auth[:SIGNATURE_BYTES] + dataclasses.replace(env, digest=digest, body_len=n).header_bytes()
+    )
 
 
 @dataclass
@@ -99,19 +113,19 @@ class Case:
     name: str
     backends: tuple[str, ...]
     in_model: bool
-    target: Callable | None = None            # message predicate (None: the call itself is fuzzed)
-    tamper: Callable | None = None            # (msg, rng, fuzzer) -> msg
-    call: Callable | None = None              # (fuzzer, rng) -> (values, kwargs, round, tag) for malformed calls
+    target: Callable | None = None  # message predicate (None: the call itself is fuzzed)
+    tamper: Callable | None = None  # (msg, rng, fuzzer) -> msg
+    call: Callable | None = None  # (fuzzer, rng) -> (values, kwargs, round, tag) for malformed calls
     expected: type = IntegrityError
-    tag: str = "fuzz/x"                       # the tag of the messages the case may tamper with
-    fresh: bool = False                       # run on a fresh protocol object (its first exchange)
+    tag: str = "fuzz/x"  # the tag of the messages the case may tamper with
+    fresh: bool = False  # run on a fresh protocol object (its first exchange)
 
 
 def _truncate(m, rng):
     if rng.random() < 0.5:
-        return dataclasses.replace(m, auth=m.auth[:int(rng.integers(0, len(m.auth)))])
+        return dataclasses.replace(m, auth=m.auth[: int(rng.integers(0, len(m.auth)))])
     data = _payload_bytes(m)
-    return _with_payload_bytes(m, data[:int(rng.integers(0, len(data)))])
+    return _with_payload_bytes(m, data[: int(rng.integers(0, len(data)))])
 
 
 def _tamper_download(m, rng, fz):
@@ -127,7 +141,7 @@ def _tamper_download(m, rng, fz):
                 return old
     if choice == 1:
         return dataclasses.replace(m, auth=_flip(m.auth, rng))
-    if isinstance(m.payload, dict):                 # mask: a bit of the ring elements' wire bytes
+    if isinstance(m.payload, dict):  # mask: a bit of the ring elements' wire bytes
         return dataclasses.replace(m, payload={**m.payload, "data": _flip(m.payload["data"], rng)})
     return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
 
@@ -149,11 +163,14 @@ def _forged_directory(m, rng, fz, identity: bool = False):
     entry = dict(m.payload[peer], channel=mitm.public_bytes)
     if identity:
         impostor = SigningKey()
-        entry.update(signing=impostor.public_bytes, channel_signature=sign_public_key(
-            impostor, "channel", server.setup.run_id, peer, mitm.public_bytes))
+        entry.update(
+            signing=impostor.public_bytes,
+            channel_signature=sign_public_key(impostor, "channel", server.setup.run_id, peer, mitm.public_bytes),
+        )
     elif rng.random() < 0.5:
-        entry["channel_signature"] = sign_public_key(server.signing, "channel", server.setup.run_id, peer,
-                                                     mitm.public_bytes)
+        entry["channel_signature"] = sign_public_key(
+            server.signing, "channel", server.setup.run_id, peer, mitm.public_bytes
+        )
     return server.seal(dataclasses.replace(m, payload={**m.payload, peer: entry}), "directory")[0]
 
 
@@ -163,8 +180,11 @@ def _forged_mask_key(m, rng, fz):
     server = fz.proto.server
     peer = int(rng.choice([j for j in m.payload if int(j) != 0]))
     mitm = MaskKeyPair.generate().public_bytes
-    forged = signed_mask_key(server.signing, server.setup.run_id, f"client{peer}", mitm) if rng.random() < 0.5 \
-        else mitm + bytes(m.payload[peer][len(mitm):])
+    forged = (
+        signed_mask_key(server.signing, server.setup.run_id, f"client{peer}", mitm)
+        if rng.random() < 0.5
+        else mitm + bytes(m.payload[peer][len(mitm) :])
+    )
     return server.seal(dataclasses.replace(m, payload={**m.payload, peer: forged}), "advertise_keys")[0]
 
 
@@ -175,6 +195,7 @@ def _stage_of(fz):
 def _malicious_ckks(m, rng, fz):
     """The sender corrupts its own ciphertext before framing and signing it."""
     from protocols.ckks import wire
+
     raw = bytearray(wire.unframe(m.payload[0]))
     i = int(rng.integers(len(raw) // 2, len(raw)))
     raw[i] ^= 1 << int(rng.integers(0, 8))
@@ -187,14 +208,17 @@ def _malicious_mask(m, rng, fz):
     enc = fz.proto.last_encoding
     data = m.payload["data"]
     y = enc.from_wire(data, (len(data) // enc.bytes_per_value,))
-    with np.errstate(over="ignore"):        # ring arithmetic wraps by design
+    with np.errstate(over="ignore"):  # ring arithmetic wraps by design
         y[int(rng.integers(0, y.size))] += y.dtype.type(int(rng.integers(1, 1 << 8)))
     return fz.proto._seal(dataclasses.replace(m, payload={**m.payload, "data": enc.to_wire(y)}), "masked_upload")
 
 
 def _is_keyswitch_request(m) -> bool:
-    return m.sender == SERVER and m.receiver == VICTIM and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage \
-        == "keyswitch"
+    return (
+        m.sender == SERVER
+        and m.receiver == VICTIM
+        and Envelope.from_header(m.auth[SIGNATURE_BYTES:]).stage == "keyswitch"
+    )
 
 
 def _forged_key_switch(m, rng, fz):
@@ -221,8 +245,11 @@ def _substituted_recipient_key(m, rng, fz):
     ring = fz.proto.ring
     primes = np.array(ring.primes, dtype=np.int64)[:, None]
     key = (rng.integers(0, 1 << 31, (primes.size, ring.n)) % primes).astype("<u4").tobytes()
-    body = {**m.payload, "groups": np.array([[2, len(m.payload["blocks"])]]),
-            "keys": {2: {"key": key, "sig": bytes(rng.integers(0, 256, 64, dtype=np.uint8))}}}
+    body = {
+        **m.payload,
+        "groups": np.array([[2, len(m.payload["blocks"])]]),
+        "keys": {2: {"key": key, "sig": bytes(rng.integers(0, 256, 64, dtype=np.uint8))}},
+    }
     return fz.proto._seal(dataclasses.replace(m, payload=body), "keyswitch")
 
 
@@ -262,7 +289,7 @@ def _call_absurd(fz, rng):
     elif choice == 4:
         vals[1] = np.array(["a"] * N_VALUES)
     else:
-        vals = {7: vals[0], 1: vals[1], 2: vals[2]}           # a client id outside 0..K-1
+        vals = {7: vals[0], 1: vals[1], 2: vals[2]}  # a client id outside 0..K-1
     return vals, {}, rnd, tag
 
 
@@ -323,91 +350,238 @@ def _split_unmasking(m, rng, fz):
     victim only) and leaves that survivor out of the victim's self-mask request."""
     survivors = [int(u) for u in m.payload["self_mask"] if int(u) != 1]
     u = int(rng.choice(survivors))
-    payload = {**m.payload, "self_mask": np.asarray([k for k in m.payload["self_mask"] if int(k) != u], np.int32),
-               "pairwise": np.asarray(sorted([*map(int, m.payload["pairwise"]), u]), np.int32)}
+    payload = {
+        **m.payload,
+        "self_mask": np.asarray([k for k in m.payload["self_mask"] if int(k) != u], np.int32),
+        "pairwise": np.asarray(sorted([*map(int, m.payload["pairwise"]), u]), np.int32),
+    }
     return fz.proto._seal(dataclasses.replace(m, payload=payload), "unmask")
 
 
 CASES = [
     Case("truncation", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
-    Case("bitflip_frame", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, auth=_flip(m.auth, r))),
-    Case("bitflip_body_recomputed_digest", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: _recomputed_digest(m, r)),
-    Case("bitflip_mask_data", ("mask",), True, _is_upload,
-         lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
-    Case("bitflip_ckks_ciphertext", ("ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r))),
-    Case("bitflip_mask_public_key", ("mask",), True,
-         lambda m: m.sender == VICTIM and m.kind == "public_key" and m.tag == "fuzz/x",
-         lambda m, r, f: dataclasses.replace(m, payload=_flip(m.payload, r)), call=_call_first_exchange),
-    Case("bitflip_shares", ("mask",), True,
-         lambda m: m.sender == VICTIM and ((m.kind == "ciphertext" and m.relay == SERVER) or m.kind == "share"),
-         lambda m, r, f: (dataclasses.replace(m, payload=_flip(m.payload, r)) if isinstance(m.payload, bytes) else
-                          dataclasses.replace(m, payload={**m.payload, "self_mask": {
-                              u: _flip(raw, r) for u, raw in m.payload["self_mask"].items()}}))),
-    Case("wrong_fingerprint", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, fingerprint=os.urandom(8).hex())),
-    Case("wrong_round", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, round=m.round + int(r.integers(1, 1 << 30)))),
-    Case("wrong_tag", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: dataclasses.replace(m, tag="fuzz/other")),
-    Case("wrong_stage", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: f.proto._seal(m, "download")),
-    Case("wrong_recipient", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: f.proto._seal(dataclasses.replace(m, receiver="client2"), _stage_of(f))),
+    Case(
+        "bitflip_frame",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, auth=_flip(m.auth, r)),
+    ),
+    Case(
+        "bitflip_body_recomputed_digest",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: _recomputed_digest(m, r),
+    ),
+    Case(
+        "bitflip_mask_data",
+        ("mask",),
+        True,
+        _is_upload,
+        lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r)),
+    ),
+    Case(
+        "bitflip_ckks_ciphertext",
+        ("ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: _with_payload_bytes(m, _flip(_payload_bytes(m), r)),
+    ),
+    Case(
+        "bitflip_mask_public_key",
+        ("mask",),
+        True,
+        lambda m: m.sender == VICTIM and m.kind == "public_key" and m.tag == "fuzz/x",
+        lambda m, r, f: dataclasses.replace(m, payload=_flip(m.payload, r)),
+        call=_call_first_exchange,
+    ),
+    Case(
+        "bitflip_shares",
+        ("mask",),
+        True,
+        lambda m: m.sender == VICTIM and ((m.kind == "ciphertext" and m.relay == SERVER) or m.kind == "share"),
+        lambda m, r, f: (
+            dataclasses.replace(m, payload=_flip(m.payload, r))
+            if isinstance(m.payload, bytes)
+            else dataclasses.replace(
+                m, payload={**m.payload, "self_mask": {u: _flip(raw, r) for u, raw in m.payload["self_mask"].items()}}
+            )
+        ),
+    ),
+    Case(
+        "wrong_fingerprint",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, fingerprint=os.urandom(8).hex()),
+    ),
+    Case(
+        "wrong_round",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, round=m.round + int(r.integers(1, 1 << 30))),
+    ),
+    Case(
+        "wrong_tag",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, tag="fuzz/other"),
+    ),
+    Case("wrong_stage", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.proto._seal(m, "download")),
+    Case(
+        "wrong_recipient",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: f.proto._seal(dataclasses.replace(m, receiver="client2"), _stage_of(f)),
+    ),
     Case("wrong_session", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.other_session(m)),
-    Case("replay_same_round", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=True)),
-    Case("replay_later_round", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=False)),
+    Case(
+        "replay_same_round", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: f.replay(m, same_round=True)
+    ),
+    Case(
+        "replay_later_round",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: f.replay(m, same_round=False),
+    ),
     # the victim's upload delivered a second time, in client 2's slot; and a message of an
     # earlier stage of the victim re-delivered at a later stage (mask)
-    Case("duplicate_upload", ("mask", "ckks", "ckks-mp"), True,
-         lambda m: m.sender == "client2" and m.receiver == SERVER and m.kind in ("masked", "ciphertext"),
-         lambda m, r, f: f.victim_upload(m)),
-    Case("duplicate_earlier_stage", ("mask",), True,
-         lambda m: m.sender == VICTIM and m.receiver == SERVER and m.tag == "fuzz/x" and m.kind == "share",
-         lambda m, r, f: f.earlier_upload(m)),
-    Case("other_client_payload", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, payload=f.other_payload(m))),
-    Case("sender_spoofing", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, sender="client2")),
-    Case("changed_block_ids", ("mask",), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "block_ids": m.payload["block_ids"] + 1})),
-    Case("changed_shape", ("mask", "ckks", "ckks-mp"), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + int(r.integers(1, 9))))),
-    Case("changed_dtype", ("mask",), True, _is_upload,
-         lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "data": np.frombuffer(
-             m.payload["data"], np.uint8).astype(np.float32)})),
+    Case(
+        "duplicate_upload",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        lambda m: m.sender == "client2" and m.receiver == SERVER and m.kind in ("masked", "ciphertext"),
+        lambda m, r, f: f.victim_upload(m),
+    ),
+    Case(
+        "duplicate_earlier_stage",
+        ("mask",),
+        True,
+        lambda m: m.sender == VICTIM and m.receiver == SERVER and m.tag == "fuzz/x" and m.kind == "share",
+        lambda m, r, f: f.earlier_upload(m),
+    ),
+    Case(
+        "other_client_payload",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, payload=f.other_payload(m)),
+    ),
+    Case(
+        "sender_spoofing",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, sender="client2"),
+    ),
+    Case(
+        "changed_block_ids",
+        ("mask",),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, payload={**m.payload, "block_ids": m.payload["block_ids"] + 1}),
+    ),
+    Case(
+        "changed_shape",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(m, shape=(m.shape[0], m.shape[1] + int(r.integers(1, 9)))),
+    ),
+    Case(
+        "changed_dtype",
+        ("mask",),
+        True,
+        _is_upload,
+        lambda m, r, f: dataclasses.replace(
+            m, payload={**m.payload, "data": np.frombuffer(m.payload["data"], np.uint8).astype(np.float32)}
+        ),
+    ),
     Case("download_tampering", ("mask", "ckks", "ckks-mp"), True, _is_download, _tamper_download),
     Case("nonfinite_input", ("mask", "ckks", "ckks-mp"), True, call=_call_nonfinite, expected=ProtocolError),
     Case("empty_input", ("mask", "ckks", "ckks-mp"), True, call=_call_empty, expected=ProtocolError),
     Case("absurd_metadata", ("mask", "ckks", "ckks-mp"), True, call=_call_absurd, expected=ProtocolError),
-    Case("substituted_channel_key", ("mask", "ckks"), True, _to_dealer("directory"), _forged_directory,
-         expected=KeySubstitutionError, tag=AUTH_TAG, fresh=True),
-    Case("substituted_identity_key", ("mask", "ckks"), True, _to_dealer("directory"),
-         lambda m, r, f: _forged_directory(m, r, f, identity=True), expected=KeySubstitutionError, tag=AUTH_TAG,
-         fresh=True),
-    Case("substituted_mask_key", ("mask",), True,
-         lambda m: _to_dealer("advertise_keys")(m) and m.kind == "public_key" and isinstance(m.payload, dict)
-         and len(m.payload) > 1, _forged_mask_key, expected=KeySubstitutionError, fresh=True),
+    Case(
+        "substituted_channel_key",
+        ("mask", "ckks"),
+        True,
+        _to_dealer("directory"),
+        _forged_directory,
+        expected=KeySubstitutionError,
+        tag=AUTH_TAG,
+        fresh=True,
+    ),
+    Case(
+        "substituted_identity_key",
+        ("mask", "ckks"),
+        True,
+        _to_dealer("directory"),
+        lambda m, r, f: _forged_directory(m, r, f, identity=True),
+        expected=KeySubstitutionError,
+        tag=AUTH_TAG,
+        fresh=True,
+    ),
+    Case(
+        "substituted_mask_key",
+        ("mask",),
+        True,
+        lambda m: (
+            _to_dealer("advertise_keys")(m)
+            and m.kind == "public_key"
+            and isinstance(m.payload, dict)
+            and len(m.payload) > 1
+        ),
+        _forged_mask_key,
+        expected=KeySubstitutionError,
+        fresh=True,
+    ),
     # an active server (it signs what it sends) and a client that re-signs what it corrupts
     Case("plan_contributors", ("mask", "ckks"), True, _is_plan, _plan_contributors, expected=PlanRefusedError),
     Case("plan_recipients", ("mask", "ckks"), True, _is_plan, _plan_other_request, expected=PlanRefusedError),
     Case("plan_threshold", ("mask",), True, _is_plan, _plan_threshold, expected=PlanRefusedError),
-    Case("differencing_same_round", ("mask", "ckks"), True, call=_call_differencing,
-         expected=RepeatedContributionError),
-    Case("split_unmasking", ("mask",), True,
-         lambda m: m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "unmask" and m.tag == "fuzz/x",
-         _split_unmasking, expected=ConsistencyError),
-    Case("resigned_shares", ("mask",), True,
-         lambda m: m.sender == VICTIM and m.kind == "share" and m.tag == "fuzz/x", _resigned_share,
-         expected=ShareIntegrityError),
+    Case(
+        "differencing_same_round", ("mask", "ckks"), True, call=_call_differencing, expected=RepeatedContributionError
+    ),
+    Case(
+        "split_unmasking",
+        ("mask",),
+        True,
+        lambda m: m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "unmask" and m.tag == "fuzz/x",
+        _split_unmasking,
+        expected=ConsistencyError,
+    ),
+    Case(
+        "resigned_shares",
+        ("mask",),
+        True,
+        lambda m: m.sender == VICTIM and m.kind == "share" and m.tag == "fuzz/x",
+        _resigned_share,
+        expected=ShareIntegrityError,
+    ),
     Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
     Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
     # a malicious server's own messages, signed by it (active adversary): must be refused
-    Case("forged_key_switch", ("ckks-mp",), True, _is_keyswitch_request, _forged_key_switch,
-         expected=(KeySwitchRefusedError, IntegrityError)),
-    Case("key_substitution", ("ckks-mp",), True, _is_keyswitch_request, _substituted_recipient_key,
-         expected=KeySubstitutionError),
+    Case(
+        "forged_key_switch",
+        ("ckks-mp",),
+        True,
+        _is_keyswitch_request,
+        _forged_key_switch,
+        expected=(KeySwitchRefusedError, IntegrityError),
+    ),
+    Case(
+        "key_substitution",
+        ("ckks-mp",),
+        True,
+        _is_keyswitch_request,
+        _substituted_recipient_key,
+        expected=KeySubstitutionError,
+    ),
 ]
 
 
@@ -418,7 +592,7 @@ class Fuzzer:
         self.mode = mode
         self.proto = self.new_protocol()
         self.round = 0
-        self.sent: dict[tuple, object] = {}       # (exchange, sender, kind, receiver) -> message, as signed
+        self.sent: dict[tuple, object] = {}  # (exchange, sender, kind, receiver) -> message, as signed
         self.prev_exchange: dict[tuple, object] = {}
 
     def new_protocol(self):
@@ -450,8 +624,13 @@ class Fuzzer:
 
     def earlier_upload(self, m):
         for (ex, sender, kind, receiver, tag), old in self.sent.items():
-            if ex == self.proto.exchange and sender == m.sender and receiver == SERVER and old is not m \
-                    and kind != m.kind:
+            if (
+                ex == self.proto.exchange
+                and sender == m.sender
+                and receiver == SERVER
+                and old is not m
+                and kind != m.kind
+            ):
                 return old
         return self.prev_exchange.get((m.sender, m.kind, m.receiver), m)
 
@@ -503,12 +682,13 @@ class Fuzzer:
             return "rejected"
         except ProtocolError:
             return "unexpected" if case.expected is not ProtocolError else "rejected"
-        except Exception:          # noqa: BLE001 -- classifying every other exception is the point
+        except Exception:  # noqa: BLE001 -- classifying every other exception is the point
             return "unexpected"
         finally:
             self.proto.intercept = None
-            self.prev_exchange = {(m.sender, m.kind, m.receiver): m for (ex, *_), m in self.sent.items()
-                                  if ex == self.proto.exchange} or self.prev_exchange
+            self.prev_exchange = {
+                (m.sender, m.kind, m.receiver): m for (ex, *_), m in self.sent.items() if ex == self.proto.exchange
+            } or self.prev_exchange
             self.sent = {k: v for k, v in self.sent.items() if k[0] == self.proto.exchange}
         want = sum(np.asarray(v, dtype=np.float64) for v in vals.values())
         ok = np.shape(got) == np.shape(want) and np.allclose(got, want, atol=SPEC.tolerance * 10)
@@ -534,12 +714,16 @@ def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks", "ckks-mp"),
 
 
 def format_table(records: list[dict]) -> str:
-    head = f"{'backend':<7} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} " \
-           f"{'acc-WRONG':>9} {'unexpected':>10}"
+    head = (
+        f"{'backend':<7} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} "
+        f"{'acc-WRONG':>9} {'unexpected':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in records:
-        lines.append(f"{r['backend']:<7} {r['category']:<32} {'in' if r['in_model'] else 'out':<5} {r['cases']:>6} "
-                     f"{r['rejected']:>9} {r['accepted_correct']:>7} {r['accepted_wrong']:>9} {r['unexpected']:>10}")
+        lines.append(
+            f"{r['backend']:<7} {r['category']:<32} {'in' if r['in_model'] else 'out':<5} {r['cases']:>6} "
+            f"{r['rejected']:>9} {r['accepted_correct']:>7} {r['accepted_wrong']:>9} {r['unexpected']:>10}"
+        )
     return "\n".join(lines)
 
 
@@ -548,8 +732,10 @@ def run_fuzz_bench(out_dir: str, cases: int = 20000, seed: int = 0) -> list[dict
     records = run_fuzz(cases, seed=seed)
     print(format_table(records))
     inm = [r for r in records if r["in_model"]]
-    print(f"in-model: {sum(r['cases'] for r in inm)} cases, accepted-WRONG {sum(r['accepted_wrong'] for r in inm)}, "
-          f"unexpected {sum(r['unexpected'] for r in inm)}; {time.perf_counter() - t0:.0f} s")
+    print(
+        f"in-model: {sum(r['cases'] for r in inm)} cases, accepted-WRONG {sum(r['accepted_wrong'] for r in inm)}, "
+        f"unexpected {sum(r['unexpected'] for r in inm)}; {time.perf_counter() - t0:.0f} s"
+    )
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     (path / "fuzz.json").write_text(json.dumps(records, indent=1))
@@ -559,6 +745,7 @@ def run_fuzz_bench(out_dir: str, cases: int = 20000, seed: int = 0) -> list[dict
 
 if __name__ == "__main__":
     import argparse
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=20000)
     ap.add_argument("--out", default="runs/bench")

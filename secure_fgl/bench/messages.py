@@ -7,6 +7,7 @@ Prints and writes ``DIR/messages.json``: envelope header bytes and per-message o
 
 Run: ``python -m secure_fgl.bench.messages --out runs/bench``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,32 @@ def _best(fn, repeat: int) -> float:
 def run_message_bench(out_dir: str, floats: int = 1_000_000, clients: int = 10) -> dict:
     body = {"block_ids": np.arange(245, dtype=np.int32), "data": np.random.default_rng(0).bytes(4 << 20)}
     digest, n = body_digest(body)
-    env = Envelope(bytes(16), bytes(16), "mask", "0" * 16, 1, 0, "fedavg/model", "masked_upload", 0, "client1",
-                   SERVER, "masked", (245, 4096), digest, n)
+    env = Envelope(
+        bytes(16),
+        bytes(16),
+        "mask",
+        "0" * 16,
+        1,
+        0,
+        "fedavg/model",
+        "masked_upload",
+        0,
+        "client1",
+        SERVER,
+        "masked",
+        (245, 4096),
+        digest,
+        n,
+    )
     header = env.header_bytes()
     key = SigningKey()
     sig = key.sign(header)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     pub = Ed25519PublicKey.from_public_bytes(key.public_bytes)
     rec = {
-        "header_bytes": len(header), "signature_bytes": SIGNATURE_BYTES,
+        "header_bytes": len(header),
+        "signature_bytes": SIGNATURE_BYTES,
         "overhead_bytes_per_message": SIGNATURE_BYTES + 4 + len(header),
         "sign_us": 1e6 * _best(lambda: key.sign(header), 200),
         "verify_us": 1e6 * _best(lambda: pub.verify(sig, header), 200),
@@ -57,8 +75,9 @@ def run_message_bench(out_dir: str, floats: int = 1_000_000, clients: int = 10) 
     rec["mask_messages_up_per_client"] = len(up)
     rec["mask_ratio_vs_float32"] = rec["mask_bytes_up_per_client"] / (4 * floats)
     rec["mask_ring_bits"] = proto.last_encoding.ring_bits
-    rec["registration_bytes_per_client"] = sum(m.nbytes for m in proto.transcript.messages
-                                               if m.tag == "auth/keys" and m.sender == "client0")
+    rec["registration_bytes_per_client"] = sum(
+        m.nbytes for m in proto.transcript.messages if m.tag == "auth/keys" and m.sender == "client0"
+    )
     for k, v in rec.items():
         print(f"{k:32s} {v:.4g}" if isinstance(v, float) else f"{k:32s} {v}")
     path = Path(out_dir)

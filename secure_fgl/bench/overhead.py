@@ -36,6 +36,7 @@ Writes ``OUT/overhead.json``: a list of records ``{workload, mode, wall_s, wall_
 bytes_up, bytes_up_ratio_to_plain, peak_rss_mb, ...}`` (scale points have ``workload``
 ``scale-<nodes>`` and ``wall_ratio_to_plain`` ``None``), and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ from pathlib import Path
 #: workload -> (preset, overrides, overrides with --quick)
 WORKLOADS = {
     "cora-fedgcn": ("fedgcn-table2", {"dataset": "cora", "rounds": 100}, {"rounds": 10}),
-    "cora-fedgcn-2hop": ("fedgcn-table2", {"dataset": "cora", "rounds": 100,
-                                           "options": {"hops": 2, "layout": "dense"}}, {"rounds": 10}),
+    "cora-fedgcn-2hop": (
+        "fedgcn-table2",
+        {"dataset": "cora", "rounds": 100, "options": {"hops": 2, "layout": "dense"}},
+        {"rounds": 10},
+    ),
     "cora-fedomd": ("fedomd-table4", {"dataset": "cora", "rounds": 30, "patience": None}, {"rounds": 5}),
     "pubmed-fedspray": ("fedspray-table2", {"dataset": "pubmed", "rounds": 10}, {"rounds": 2}),
 }
@@ -61,9 +65,11 @@ MODES = ("plain", "mask", "ckks", "ckks-mp", "ckks-fp20", "ckks-grid")
 #: fixed-point codec (``--fixed-point-bits 20 --update-bound 1``, docs/performance.md), opt-in;
 #: ``ckks-grid`` / ``plain-grid``: the model mean on its public grid (``--grid-model-mean
 #: --update-bound 1``), which CKKS carries as exact integer fields: the same model as plain-grid, bit for bit
-VARIANTS = {"ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0}),
-            "ckks-grid": ("ckks", {"grid_model_mean": True, "update_bound": 1.0}),
-            "plain-grid": ("plain", {"grid_model_mean": True, "update_bound": 1.0})}
+VARIANTS = {
+    "ckks-fp20": ("ckks", {"fixed_point_bits": 20, "update_bound": 1.0}),
+    "ckks-grid": ("ckks", {"grid_model_mean": True, "update_bound": 1.0}),
+    "plain-grid": ("plain", {"grid_model_mean": True, "update_bound": 1.0}),
+}
 #: where the parties run unless ``--executor`` says otherwise: one client runtime per client (the
 #: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
 EXECUTOR = "local"
@@ -71,46 +77,73 @@ EXECUTOR = "local"
 KEY_TAG_SUFFIX = "/keys"
 
 
-def workload_config(name: str, mode: str, quick: bool, data_root=None, executor: str | None = None,
-                    device: str = "cpu") -> dict:
+def workload_config(
+    name: str, mode: str, quick: bool, data_root=None, executor: str | None = None, device: str = "cpu"
+) -> dict:
     """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
     ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train (``cuda`` on a GPU machine)."""
     from secure_fgl.presets import load_preset
+
     preset, overrides, quick_overrides = WORKLOADS[name]
     mode, options = VARIANTS.get(mode, (mode, {}))
-    values = {**load_preset(preset), **overrides, **(quick_overrides if quick else {}), **options,
-              "mode": mode, "seed": 0, "device": device, "save_best_model": False, "data_root": data_root,
-              "executor": executor or EXECUTOR}
+    values = {
+        **load_preset(preset),
+        **overrides,
+        **(quick_overrides if quick else {}),
+        **options,
+        "mode": mode,
+        "seed": 0,
+        "device": device,
+        "save_best_model": False,
+        "data_root": data_root,
+        "executor": executor or EXECUTOR,
+    }
     return values
 
 
 def _peak_rss_mb() -> float:
     from .fedgcn import _peak_rss_mb as peak
+
     return peak()
 
 
 def run_worker(values: dict) -> dict:
     """In the worker process: run one configuration, return its measurements."""
     import torch
+
     torch.set_num_threads(1)
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
-    with tempfile.TemporaryDirectory(prefix="overhead-") as out:    # checkpoints as in a CLI run
+
+    with tempfile.TemporaryDirectory(prefix="overhead-") as out:  # checkpoints as in a CLI run
         cfg = RunConfig.from_dict({**values, "out": out}).validate()
         t0, c0 = time.perf_counter(), time.process_time()
         result = run_experiment(cfg, progress=False)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     comm = result["comm"]
-    per_tag = {tag: {k: v.get(k) for k in ("bytes_up", "bytes_down", "plaintext_bytes_up", "messages")}
-               for tag, v in comm["per_tag"].items()}
+    per_tag = {
+        tag: {k: v.get(k) for k in ("bytes_up", "bytes_down", "plaintext_bytes_up", "messages")}
+        for tag, v in comm["per_tag"].items()
+    }
     data = {t: v for t, v in per_tag.items() if v["plaintext_bytes_up"] is not None}
     up = sum(v["bytes_up"] for v in data.values())
     f32 = sum(v["plaintext_bytes_up"] for v in data.values())
-    return {"wall_s": wall, "cpu_s": cpu, "time": result["time"], "bytes_up": up, "bytes_up_float32": f32,
-            "bytes_up_ratio_to_plain": up / f32 if f32 else None,
-            "bytes_up_keys": comm["bytes_up"] - up, "bytes_down": comm["bytes_down"],
-            "per_tag": per_tag, "peak_rss_mb": _peak_rss_mb(), "test_acc": result["final"]["test_acc"],
-            "rounds": cfg.rounds, "executor": cfg.executor, "device": result["device"]}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "time": result["time"],
+        "bytes_up": up,
+        "bytes_up_float32": f32,
+        "bytes_up_ratio_to_plain": up / f32 if f32 else None,
+        "bytes_up_keys": comm["bytes_up"] - up,
+        "bytes_down": comm["bytes_down"],
+        "per_tag": per_tag,
+        "peak_rss_mb": _peak_rss_mb(),
+        "test_acc": result["final"]["test_acc"],
+        "rounds": cfg.rounds,
+        "executor": cfg.executor,
+        "device": result["device"],
+    }
 
 
 def _spawn(values: dict) -> dict:
@@ -129,8 +162,9 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str | None = None,
-                  repeats: int = 1, device: str = "cpu") -> list[dict]:
+def run_workloads(
+    workloads, modes, quick: bool, data_root=None, executor: str | None = None, repeats: int = 1, device: str = "cpu"
+) -> list[dict]:
     """Each workload's modes one after the other, ``repeats`` times round-robin (plain, mask, ckks,
     plain, ...); every run's ratios divide by the plain run of its own repeat.  With several
     repeats, :func:`medians` adds one summary record per (workload, mode)."""
@@ -140,13 +174,19 @@ def run_workloads(workloads, modes, quick: bool, data_root=None, executor: str |
             plain = None
             for mode in modes:
                 load = _load_average()
-                rec = {"workload": name, "mode": mode, "repeat": rep, "load_average_before": load,
-                       **_spawn(workload_config(name, mode, quick, data_root, executor, device))}
+                rec = {
+                    "workload": name,
+                    "mode": mode,
+                    "repeat": rep,
+                    "load_average_before": load,
+                    **_spawn(workload_config(name, mode, quick, data_root, executor, device)),
+                }
                 if mode == "plain" and "error" not in rec:
                     plain = rec
                 for what in ("wall", "cpu"):
-                    rec[f"{what}_ratio_to_plain"] = (rec[f"{what}_s"] / plain[f"{what}_s"]
-                                                     if plain and "error" not in rec else None)
+                    rec[f"{what}_ratio_to_plain"] = (
+                        rec[f"{what}_s"] / plain[f"{what}_s"] if plain and "error" not in rec else None
+                    )
                 records.append(rec)
                 print(_line(rec), flush=True)
     return records + (medians(records) if repeats > 1 else [])
@@ -165,10 +205,13 @@ def medians(records: list[dict]) -> list[dict]:
             if field.endswith("ratio_to_plain") and vals:
                 rec[field + "_range"] = [vals[0], vals[-1]]
         out.append(rec)
-        print(f"{key[0]:<17}{key[1]:<7}median of {len(runs)}: wall {_fmt(rec['wall_s'], '.1f')} s, "
-              f"/plain {_fmt(rec['wall_ratio_to_plain'], '.3f')}x (range {_fmt(rec.get('wall_ratio_to_plain_range', [None])[0], '.3f')}"
-              f"-{_fmt(rec.get('wall_ratio_to_plain_range', [None, None])[-1], '.3f')}), cpu /plain "
-              f"{_fmt(rec['cpu_ratio_to_plain'], '.3f')}x", flush=True)
+        print(
+            f"{key[0]:<17}{key[1]:<7}median of {len(runs)}: wall {_fmt(rec['wall_s'], '.1f')} s, "
+            f"/plain {_fmt(rec['wall_ratio_to_plain'], '.3f')}x (range {_fmt(rec.get('wall_ratio_to_plain_range', [None])[0], '.3f')}"
+            f"-{_fmt(rec.get('wall_ratio_to_plain_range', [None, None])[-1], '.3f')}), cpu /plain "
+            f"{_fmt(rec['cpu_ratio_to_plain'], '.3f')}x",
+            flush=True,
+        )
     return out
 
 
@@ -181,6 +224,7 @@ def run_scale(sizes, arxiv: bool) -> list[dict]:
     """The SBM sizes (binary features: 64 up to 1e5 nodes, 16 above; ckks packed) and the
     ogbn-arxiv-sized point, each in a fresh process (:func:`secure_fgl.bench.fedgcn.scale_part`)."""
     from .fedgcn import scale_part
+
     recs = scale_part(sizes, lambda n: 64 if n <= 100_000 else 16)
     if arxiv:
         n, feats, graph = ARXIV_SHAPE
@@ -188,11 +232,16 @@ def run_scale(sizes, arxiv: bool) -> list[dict]:
     out = []
     for rec in recs:
         name = "arxiv-sized" if rec.get("dataset") == "csbm" else f"scale-{rec['nodes']}"
-        rec = {"workload": name, "mode": rec.get("backend", "ckks"),
-               "wall_s": rec.get("pretrain_s"), "wall_ratio_to_plain": None,
-               "bytes_up_ratio_to_plain": rec.get("ratio_up"), "peak_rss_mb": rec.get("rss_peak_mb"),
-               "ns_per_edge_feature": (rec["s_per_edge_feature"] * 1e9 if "s_per_edge_feature" in rec else None),
-               **{k: v for k, v in rec.items() if k not in ("per_client_up", "per_client_down")}}
+        rec = {
+            "workload": name,
+            "mode": rec.get("backend", "ckks"),
+            "wall_s": rec.get("pretrain_s"),
+            "wall_ratio_to_plain": None,
+            "bytes_up_ratio_to_plain": rec.get("ratio_up"),
+            "peak_rss_mb": rec.get("rss_peak_mb"),
+            "ns_per_edge_feature": (rec["s_per_edge_feature"] * 1e9 if "s_per_edge_feature" in rec else None),
+            **{k: v for k, v in rec.items() if k not in ("per_client_up", "per_client_down")},
+        }
         out.append(rec)
     return out
 
@@ -205,12 +254,14 @@ def _fmt(x, spec: str) -> str:
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['workload']:<17}{r['mode']:<7}{r['error']}"
-    return (f"{r['workload']:<17}{r['mode']:<7}{_fmt(r['wall_s'], '.1f'):>8}{_fmt(r['wall_ratio_to_plain'], '.2f'):>7}x"
-            f"{_fmt(r['cpu_s'], '.1f'):>8}{_fmt(r['cpu_ratio_to_plain'], '.2f'):>7}x{_fmt(r['bytes_up'] / 1e6, '.2f'):>11}{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x"
-            f"{_fmt(r['peak_rss_mb'], '.0f'):>9}  {r.get('executor', ''):<7}{r.get('device', ''):<8}load {r.get('load_average_before')}")
+    return (
+        f"{r['workload']:<17}{r['mode']:<7}{_fmt(r['wall_s'], '.1f'):>8}{_fmt(r['wall_ratio_to_plain'], '.2f'):>7}x"
+        f"{_fmt(r['cpu_s'], '.1f'):>8}{_fmt(r['cpu_ratio_to_plain'], '.2f'):>7}x{_fmt(r['bytes_up'] / 1e6, '.2f'):>11}{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x"
+        f"{_fmt(r['peak_rss_mb'], '.0f'):>9}  {r.get('executor', ''):<7}{r.get('device', ''):<8}load {r.get('load_average_before')}"
+    )
 
 
-HEADER = (f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}  executor device")
+HEADER = f"{'workload':<17}{'mode':<7}{'wall s':>8}{'/plain':>8}{'cpu s':>8}{'/plain':>8}{'up MB':>11}{'up/f32':>9}{'RSS MB':>9}  executor device"
 
 
 def tag_table(records: list[dict]) -> list[str]:
@@ -254,16 +305,26 @@ def exchange_table(records: list[dict]) -> list[str]:
     return lines
 
 
-def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=None, modes=MODES,
-                       sizes=None, arxiv: bool = True, executor: str | None = None, repeats: int = 1,
-                       device: str = "cpu") -> list[dict]:
+def run_overhead_bench(
+    out_dir,
+    quick: bool = False,
+    data_root=None,
+    workloads=None,
+    modes=MODES,
+    sizes=None,
+    arxiv: bool = True,
+    executor: str | None = None,
+    repeats: int = 1,
+    device: str = "cpu",
+) -> list[dict]:
     """Every workload in every mode, then the scale points; writes ``OUT/overhead.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
-    modes = ["plain", *(m for m in modes if m != "plain")]     # ratios divide by the plain run
-    records = run_workloads(list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root,
-                            executor, repeats, device)
+    modes = ["plain", *(m for m in modes if m != "plain")]  # ratios divide by the plain run
+    records = run_workloads(
+        list(WORKLOADS) if workloads is None else workloads, modes, quick, data_root, executor, repeats, device
+    )
     if sizes is None:
         sizes = [10_000] if quick else [100_000, 1_000_000]
     if sizes or arxiv:
@@ -277,9 +338,11 @@ def run_overhead_bench(out_dir, quick: bool = False, data_root=None, workloads=N
             if "error" in r:
                 print(f"{r['workload']:<17}{r['mode']:<7}{r['error']}")
                 continue
-            print(f"{r['workload']:<17}{r['mode']:<7}{r['wall_s']:>8.1f}{r['bytes_up'] / 1e6:>11.2f}"
-                  f"{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x{r['peak_rss_mb']:>9.0f}"
-                  f"{r['ns_per_edge_feature']:>10.1f}")
+            print(
+                f"{r['workload']:<17}{r['mode']:<7}{r['wall_s']:>8.1f}{r['bytes_up'] / 1e6:>11.2f}"
+                f"{_fmt(r['bytes_up_ratio_to_plain'], '.2f'):>8}x{r['peak_rss_mb']:>9.0f}"
+                f"{r['ns_per_edge_feature']:>10.1f}"
+            )
     (out / "overhead.json").write_text(json.dumps(records, indent=1, default=str))
     print(f"written: {out / 'overhead.json'} (load average now {_load_average()})")
     return records
@@ -295,10 +358,15 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
-    ap.add_argument("--executor", default=None, choices=["inline", "local"],
-                    help=f"where the parties run (default {EXECUTOR})")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="run the modes this many times round-robin and add the medians (default 1)")
+    ap.add_argument(
+        "--executor", default=None, choices=["inline", "local"], help=f"where the parties run (default {EXECUTOR})"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the modes this many times round-robin and add the medians (default 1)",
+    )
     ap.add_argument("--device", default="cpu", help="where the workloads train: cpu (default) | cuda | auto")
     a = ap.parse_args(argv)
     if a.repeats < 1:
@@ -306,9 +374,18 @@ def main(argv=None) -> None:
     if a.worker is not None:
         print(json.dumps(run_worker(json.loads(a.worker)), default=str))
         return
-    run_overhead_bench(a.out, quick=a.quick, data_root=a.data_root, workloads=a.workloads, modes=a.modes,
-                       sizes=a.sizes, arxiv=not a.no_arxiv, executor=a.executor, repeats=a.repeats,
-                       device=a.device)
+    run_overhead_bench(
+        a.out,
+        quick=a.quick,
+        data_root=a.data_root,
+        workloads=a.workloads,
+        modes=a.modes,
+        sizes=a.sizes,
+        arxiv=not a.no_arxiv,
+        executor=a.executor,
+        repeats=a.repeats,
+        device=a.device,
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ whole call, all parties in one process), ``max_abs_error`` against the exact flo
 
 Run: ``python -m secure_fgl.bench.protocols --out runs/bench [--quick]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ K_DEFAULT = 10
 def cora_like_graph(n: int, d: int, degree_cap: int, density: float, mean_degree: float, seed: int):
     """Binary features and (A + I) of a synthetic graph with one hub of degree ``degree_cap``."""
     import scipy.sparse as sp
+
     rng = np.random.default_rng(seed)
     x = (rng.random((n, d)) < density).astype(np.float64)
     m = int(n * mean_degree / 2)
@@ -61,7 +63,7 @@ def cora_like_graph(n: int, d: int, degree_cap: int, density: float, mean_degree
     a = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n)).tocsr()
     a = ((a + a.T) > 0).astype(np.float64)
     deg = np.asarray(a.sum(axis=1)).ravel()
-    if deg.max() > degree_cap:   # enforce the public cap (drop surplus edges of rare high-degree nodes)
+    if deg.max() > degree_cap:  # enforce the public cap (drop surplus edges of rare high-degree nodes)
         a = a.tolil()
         for v in np.nonzero(deg > degree_cap)[0]:
             nb = a.rows[v][degree_cap:]
@@ -100,10 +102,17 @@ def _make(mode: str, k: int, opts: dict):
 def _record(workload, backend, proto, tag, k, wall, err, extra=None):
     comm = proto.transcript.comm()["per_tag"][tag]
     stats = getattr(proto, "last_stats", None)
-    rec = {"workload": workload, "backend": backend, "clients": k,
-           "bytes_up_per_client": comm["bytes_up"] / k,
-           "plaintext_bytes_up_per_client": comm["plaintext_bytes_up"] / k,   # protocols.baseline
-           "client_s": None, "server_s": None, "total_s": wall, "max_abs_error": err}
+    rec = {
+        "workload": workload,
+        "backend": backend,
+        "clients": k,
+        "bytes_up_per_client": comm["bytes_up"] / k,
+        "plaintext_bytes_up_per_client": comm["plaintext_bytes_up"] / k,  # protocols.baseline
+        "client_s": None,
+        "server_s": None,
+        "total_s": wall,
+        "max_abs_error": err,
+    }
     if stats and stats.get("tag") == tag:
         up, down = stats["client_upload_s"], stats["client_download_s"]
         rec["client_s"] = float(np.mean(list(up.values()))) + float(np.mean(list(down.values())))
@@ -112,17 +121,21 @@ def _record(workload, backend, proto, tag, k, wall, err, extra=None):
         rec["client_s_all"] = float(sum(up.values()) + sum(down.values()))
     rec["bytes_down_per_client"] = comm.get("bytes_down", 0) / k
     setup = getattr(proto, "setup_stats", None)
-    if setup:   # ckks-mp: collective key generation, once per run
-        rec["key_setup"] = {"client_s": float(np.mean(list(setup["client_s"].values()))),
-                            "server_s": setup["server_s"], "bytes_up_per_client": setup["bytes_up_per_client"],
-                            "bytes_down_per_client": setup["bytes_down_per_client"]}
+    if setup:  # ckks-mp: collective key generation, once per run
+        rec["key_setup"] = {
+            "client_s": float(np.mean(list(setup["client_s"].values()))),
+            "server_s": setup["server_s"],
+            "bytes_up_per_client": setup["bytes_up_per_client"],
+            "bytes_down_per_client": setup["bytes_down_per_client"],
+        }
     if extra:
         rec.update(extra)
     return rec
 
 
-def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
-                       backends: tuple[str, ...] | None = None) -> list[dict]:
+def run_protocol_bench(
+    out_dir, quick: bool = False, clients: int = K_DEFAULT, backends: tuple[str, ...] | None = None
+) -> list[dict]:
     """Run the three workloads on every backend; write ``out_dir/bench.json``; print a table."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +174,18 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
             continue
         wall = time.perf_counter() - t
         err = max(float(np.abs(got[j] - truth[requests[j]]).max()) if requests[j].size else 0.0 for j in range(k))
-        records.append(_record("cora_neighbour_sums", name, proto, "bench/neighbour_sums", k, wall, err,
-                               {"workload_shape": {key: c[key] for key in ("n", "d", "cap")}}))
+        records.append(
+            _record(
+                "cora_neighbour_sums",
+                name,
+                proto,
+                "bench/neighbour_sums",
+                k,
+                wall,
+                err,
+                {"workload_shape": {key: c[key] for key in ("n", "d", "cap")}},
+            )
+        )
         _print_last(records)
         del proto, got
     del contribs, x, ai, truth
@@ -173,10 +196,17 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     vals = {j: np.clip(rng.normal(0, 0.3, nf), -1, 1) for j in range(k)}
     exact = sum(vals.values())
     spec_b = ValueSpec(max_abs=1.0, tolerance=1e-5)
-    _dense_workload("floats_1e6" if not quick else f"floats_{nf}", "bench/floats", exact,
-                    lambda proto: proto.weighted_sum("bench/floats", 0, vals, spec=spec_b),
-                    k, wanted, records, skipped)
-    vals = exact = None                     # free the arrays (the lambda above has run)
+    _dense_workload(
+        "floats_1e6" if not quick else f"floats_{nf}",
+        "bench/floats",
+        exact,
+        lambda proto: proto.weighted_sum("bench/floats", 0, vals, spec=spec_b),
+        k,
+        wanted,
+        records,
+        skipped,
+    )
+    vals = exact = None  # free the arrays (the lambda above has run)
 
     # (c) 92,231-parameter model weighted_mean -----------------------------------------------
     nm = cfg["n_model"]
@@ -184,14 +214,31 @@ def run_protocol_bench(out_dir, quick: bool = False, clients: int = K_DEFAULT,
     weights = {j: float(rng.integers(50, 500)) for j in range(k)}
     exact = sum(models[j] * weights[j] for j in range(k)) / sum(weights.values())
     spec_c = ValueSpec(max_abs=1e4, tolerance=1e-4)
-    _dense_workload("gcn_cora_92k" if not quick else f"model_{nm}", "bench/model", exact,
-                    lambda proto: proto.weighted_mean("bench/model", 0, models, weights, spec=spec_c),
-                    k, wanted, records, skipped)
+    _dense_workload(
+        "gcn_cora_92k" if not quick else f"model_{nm}",
+        "bench/model",
+        exact,
+        lambda proto: proto.weighted_mean("bench/model", 0, models, weights, spec=spec_c),
+        k,
+        wanted,
+        records,
+        skipped,
+    )
 
     targets = _targets(records)
-    (out_dir / "bench.json").write_text(json.dumps({"records": records, "targets": targets, "skipped": skipped,
-                                                    "quick": quick, "clients": k, "cpu_count": os.cpu_count()},
-                                                   indent=2))
+    (out_dir / "bench.json").write_text(
+        json.dumps(
+            {
+                "records": records,
+                "targets": targets,
+                "skipped": skipped,
+                "quick": quick,
+                "clients": k,
+                "cpu_count": os.cpu_count(),
+            },
+            indent=2,
+        )
+    )
     print_table(records)
     for line in targets.get("lines", []):
         print(line)
@@ -217,8 +264,7 @@ def _dense_workload(workload, tag, exact, call, k, wanted, records, skipped) -> 
             skipped[f"{name}@{tag}"] = repr(exc)
             continue
         wall = time.perf_counter() - t
-        records.append(_record(workload, name, proto, tag, k, wall,
-                               float(np.abs(got - exact).max())))
+        records.append(_record(workload, name, proto, tag, k, wall, float(np.abs(got - exact).max())))
         _print_last(records)
         del proto
 
@@ -249,21 +295,28 @@ def _targets(records) -> dict:
         lines.append(f"(a) packed CKKS upload = {out['a_packed_bytes_vs_f32']:.2f}x float32 (target <= 2.0)")
         c = packed["workload_shape"]
         generic = ValueSpec(integer=True, sum_max=c["cap"] + 1, max_abs=c["cap"] + 1)
-        out["a_packed_bytes_vs_f32_client_bounds_only"] = packed_upload_ratio(generic, packed["clients"], c["n"],
-                                                                              c["d"])
-        lines.append(f"(a) ... with per-client bounds alone (no owner-checked sum_max): "
-                     f"{out['a_packed_bytes_vs_f32_client_bounds_only']:.2f}x float32 (plan)")
+        out["a_packed_bytes_vs_f32_client_bounds_only"] = packed_upload_ratio(
+            generic, packed["clients"], c["n"], c["d"]
+        )
+        lines.append(
+            f"(a) ... with per-client bounds alone (no owner-checked sum_max): "
+            f"{out['a_packed_bytes_vs_f32_client_bounds_only']:.2f}x float32 (plan)"
+        )
     if packed and ref:
         out["a_packed_time_vs_default"] = _cs(packed) / _cs(ref)
         out["a_packed_time_vs_default_wall"] = packed["total_s"] / ref["total_s"]
-        lines.append(f"(a) packed CKKS client+server time = {out['a_packed_time_vs_default']:.3f}x the default-context "
-                     f"reference (target <= 0.2); wall clock {out['a_packed_time_vs_default_wall']:.3f}x")
+        lines.append(
+            f"(a) packed CKKS client+server time = {out['a_packed_time_vs_default']:.3f}x the default-context "
+            f"reference (target <= 0.2); wall clock {out['a_packed_time_vs_default_wall']:.3f}x"
+        )
     mask, plain = _find(records, "floats", "mask"), _find(records, "floats", "plain")
     if mask and plain:
         out["b_mask_bytes_vs_f32"] = mask["bytes_up_per_client"] / mask["plaintext_bytes_up_per_client"]
         out["b_mask_time_vs_plain"] = mask["total_s"] / plain["total_s"]
-        lines.append(f"(b) mask upload = {out['b_mask_bytes_vs_f32']:.2f}x float32 (target <= 1.1); wall time "
-                     f"{out['b_mask_time_vs_plain']:.1f}x plain (target <= 10)")
+        lines.append(
+            f"(b) mask upload = {out['b_mask_bytes_vs_f32']:.2f}x float32 (target <= 1.1); wall time "
+            f"{out['b_mask_time_vs_plain']:.1f}x plain (target <= 10)"
+        )
     ck = _find(records, "gcn", "ckks-float") or _find(records, "model", "ckks-float")
     if ck:
         out["c_ckks_bytes_vs_f32"] = ck["bytes_up_per_client"] / ck["plaintext_bytes_up_per_client"]
@@ -273,12 +326,16 @@ def _targets(records) -> dict:
         shared = _find(records, workload, "ckks-packed" if workload == "cora" else "ckks-float")
         if mp and shared:
             key = f"ckks_mp_{workload}"
-            out[key] = {"bytes_up_vs_f32": mp["bytes_up_per_client"] / mp["plaintext_bytes_up_per_client"],
-                        "bytes_up_vs_shared_ckks": mp["bytes_up_per_client"] / shared["bytes_up_per_client"],
-                        "time_vs_shared_ckks": _cs(mp) / _cs(shared) if _cs(shared) else None}
-            lines.append(f"ckks-mp {mp['workload']}: upload {out[key]['bytes_up_vs_f32']:.2f}x float32, "
-                         f"{out[key]['bytes_up_vs_shared_ckks']:.2f}x shared-key ckks; client+server time "
-                         f"{out[key]['time_vs_shared_ckks'] or float('nan'):.2f}x shared-key ckks")
+            out[key] = {
+                "bytes_up_vs_f32": mp["bytes_up_per_client"] / mp["plaintext_bytes_up_per_client"],
+                "bytes_up_vs_shared_ckks": mp["bytes_up_per_client"] / shared["bytes_up_per_client"],
+                "time_vs_shared_ckks": _cs(mp) / _cs(shared) if _cs(shared) else None,
+            }
+            lines.append(
+                f"ckks-mp {mp['workload']}: upload {out[key]['bytes_up_vs_f32']:.2f}x float32, "
+                f"{out[key]['bytes_up_vs_shared_ckks']:.2f}x shared-key ckks; client+server time "
+                f"{out[key]['time_vs_shared_ckks'] or float('nan'):.2f}x shared-key ckks"
+            )
     out["lines"] = lines
     return out
 
@@ -295,9 +352,17 @@ HEADER = ("workload", "backend", "K", "MB up/client", "x f32", "client s", "serv
 
 
 def _row(r):
-    return (r["workload"], r["backend"], str(r["clients"]), f"{r['bytes_up_per_client'] / 1e6:.2f}",
-            f"{r['bytes_up_per_client'] / r['plaintext_bytes_up_per_client']:.2f}", _fmt(r["client_s"]),
-            _fmt(r["server_s"]), _fmt(r["total_s"]), _fmt(r["max_abs_error"]))
+    return (
+        r["workload"],
+        r["backend"],
+        str(r["clients"]),
+        f"{r['bytes_up_per_client'] / 1e6:.2f}",
+        f"{r['bytes_up_per_client'] / r['plaintext_bytes_up_per_client']:.2f}",
+        _fmt(r["client_s"]),
+        _fmt(r["server_s"]),
+        _fmt(r["total_s"]),
+        _fmt(r["max_abs_error"]),
+    )
 
 
 def print_table(records) -> None:
@@ -310,8 +375,10 @@ def print_table(records) -> None:
 
 
 def _print_last(records) -> None:
-    print("  ".join(_row(records[-1])) + (f"   [{records[-1].get('params')}]" if records[-1].get("params") else ""),
-          flush=True)
+    print(
+        "  ".join(_row(records[-1])) + (f"   [{records[-1].get('params')}]" if records[-1].get("params") else ""),
+        flush=True,
+    )
 
 
 def main(argv=None) -> None:
@@ -321,8 +388,9 @@ def main(argv=None) -> None:
     ap.add_argument("--clients", type=int, default=K_DEFAULT)
     ap.add_argument("--backends", default=None, help="comma-separated subset")
     a = ap.parse_args(argv)
-    run_protocol_bench(a.out, quick=a.quick, clients=a.clients,
-                       backends=tuple(a.backends.split(",")) if a.backends else None)
+    run_protocol_bench(
+        a.out, quick=a.quick, clients=a.clients, backends=tuple(a.backends.split(",")) if a.backends else None
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ Run: ``secure-fgl bench --suite runtime --out DIR [--quick]``; ``--clients``, ``
 ``--modes``, ``--executors``, ``--repeats``, ``--ray-cpus`` narrow the grid (e.g. ``--clients 100
 --features 16 --modes mask --executors local ray --ray-cpus 2``).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,7 @@ def _process_name(p) -> str:
         return "?"
     first = cmd[0].split()[0]
     if first.startswith("ray::"):
-        return first.split(".")[0]                 # ray::ClientHost.call -> ray::ClientHost
+        return first.split(".")[0]  # ray::ClientHost.call -> ray::ClientHost
     script = next((os.path.basename(c) for c in cmd[1:] if c.endswith(".py")), None)
     return script or os.path.basename(first)
 
@@ -62,6 +63,7 @@ def _process_name(p) -> str:
 def tree_pss(root_pid: int) -> dict[int, dict]:
     """PSS (:func:`process_pss`, plus ``name``) of ``root_pid`` and all its descendants, by pid."""
     import psutil
+
     try:
         root = psutil.Process(root_pid)
         procs = [root] + root.children(recursive=True)
@@ -108,8 +110,10 @@ class PeakPSS:
 
     def breakdown_mb(self) -> list[dict]:
         """``at_peak`` in MiB, largest process first."""
-        rows = [{"pid": pid, "name": v["name"], **{k.lower() + "_mb": round(v[k] / 2 ** 20, 1) for k in PSS_FIELDS
-                                                   if k in v}} for pid, v in self.at_peak.items()]
+        rows = [
+            {"pid": pid, "name": v["name"], **{k.lower() + "_mb": round(v[k] / 2**20, 1) for k in PSS_FIELDS if k in v}}
+            for pid, v in self.at_peak.items()
+        ]
         return sorted(rows, key=lambda r: -r["pss_mb"])
 
 
@@ -125,14 +129,24 @@ def _settings(quick: bool) -> dict:
 
 def _config(executor: str, mode: str, clients: int, s: dict, ray_cpus: int):
     from ..config import RunConfig
-    return RunConfig(algorithm="fedgcn", dataset="sbm", clients=clients, rounds=s["rounds"], mode=mode,
-                     executor=executor, ray_num_cpus=ray_cpus, save_best_model=False,
-                     synthetic={"num_nodes": s["nodes"], "num_features": s["features"]}).validate()
+
+    return RunConfig(
+        algorithm="fedgcn",
+        dataset="sbm",
+        clients=clients,
+        rounds=s["rounds"],
+        mode=mode,
+        executor=executor,
+        ray_num_cpus=ray_cpus,
+        save_best_model=False,
+        synthetic={"num_nodes": s["nodes"], "num_features": s["features"]},
+    ).validate()
 
 
 def _ping_overhead(executor, clients: int, calls: int = 5) -> float:
     """Seconds per message of a 1 KiB request/response round trip through ``executor``."""
     from ..runtime import wire
+
     frame = wire.pack({"pad": bytes(1024).hex()})
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -145,6 +159,7 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
     from ..algorithms import base
     from ..experiment import run_experiment
     from ..runtime import build
+
     base.PARAM_BOUND = BENCH_PARAM_BOUND
     kept = {}
     make = build.make_executor
@@ -157,36 +172,58 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
     build.make_executor = keep
     load0 = os.getloadavg()[0]
     try:
-        with PeakPSS(tree=executor == "ray") as pss:      # inline/local: one process (the idle Ray
-                                                             # cluster of other runs is not theirs)
+        with PeakPSS(tree=executor == "ray") as pss:  # inline/local: one process (the idle Ray
+            # cluster of other runs is not theirs)
             t0 = time.perf_counter()
             res = run_experiment(_config(executor, mode, clients, s, ray_cpus), progress=False, fed=fed)
             wall = time.perf_counter() - t0
     finally:
         build.make_executor = make
-    rec = {"executor": executor, "mode": mode, "clients": clients, "wall_s": wall, "time": res["time"],
-           "test_acc": res["final"]["test_acc"], "bytes_up": res["comm"]["bytes_up"],
-           "bytes_down": res["comm"]["bytes_down"], "peak_total_pss_mb": pss.peak / 2 ** 20,
-           "pss_at_peak": pss.breakdown_mb(),
-           "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "load_avg_1m": [load0, os.getloadavg()[0]]}
+    rec = {
+        "executor": executor,
+        "mode": mode,
+        "clients": clients,
+        "wall_s": wall,
+        "time": res["time"],
+        "test_acc": res["final"]["test_acc"],
+        "bytes_up": res["comm"]["bytes_up"],
+        "bytes_down": res["comm"]["bytes_down"],
+        "peak_total_pss_mb": pss.peak / 2**20,
+        "pss_at_peak": pss.breakdown_mb(),
+        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_avg_1m": [load0, os.getloadavg()[0]],
+    }
     ex = kept.get("ex")
     if ex is not None:
         rec["executor_stats"] = {k: v for k, v in res["runtime"]["stats"].items() if k != "per_method"}
         rec["per_message_overhead_s"] = _ping_overhead(ex, clients)
         if executor == "ray":
-            rec["actors"] = [{"pid": m["pid"], "clients": m["clients"],
-                              **{f.lower() + "_mb": m[f] / 2 ** 20 for f in PSS_FIELDS if f in m}} for m in ex.memory()]
+            rec["actors"] = [
+                {
+                    "pid": m["pid"],
+                    "clients": m["clients"],
+                    **{f.lower() + "_mb": m[f] / 2**20 for f in PSS_FIELDS if f in m},
+                }
+                for m in ex.memory()
+            ]
         kept["close"]()
     return rec
 
 
-def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local", "ray"), modes=("ckks", "mask"),
-                      ray_cpus: int | None = None, repeats: int | None = None, clients=None,
-                      features: int | None = None) -> dict:
+def run_runtime_bench(
+    out_dir,
+    quick: bool = False,
+    executors=("inline", "local", "ray"),
+    modes=("ckks", "mask"),
+    ray_cpus: int | None = None,
+    repeats: int | None = None,
+    clients=None,
+    features: int | None = None,
+) -> dict:
     """The grid of the module docstring; ``repeats``, ``clients`` (a tuple of K) and ``features``
     override the settings' values."""
     from ..data import make_federated
+
     s = _settings(quick)
     for key, value in (("repeats", repeats), ("features", features)):
         if value is not None:
@@ -199,37 +236,65 @@ def run_runtime_bench(out_dir, quick: bool = False, executors=("inline", "local"
     res = {"settings": s, "cpus": os.cpu_count(), "ray_cpus": ray_cpus, "records": []}
     if "ray" in executors:
         import ray
+
         t0 = time.perf_counter()
         ray.init(address="local", num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False)
         res["ray_init_s"] = time.perf_counter() - t0
     try:
         for clients in s["clients"]:
-            fed = make_federated(dataset="sbm", num_clients=clients, partition="dirichlet", beta=10000.0,
-                                 seed=0, num_nodes=s["nodes"], num_features=s["features"])
+            fed = make_federated(
+                dataset="sbm",
+                num_clients=clients,
+                partition="dirichlet",
+                beta=10000.0,
+                seed=0,
+                num_nodes=s["nodes"],
+                num_features=s["features"],
+            )
             for mode in modes:
                 for executor in executors:
-                    warm = executor == "ray" and not any(r["executor"] == "ray" and r["clients"] == clients
-                                                         for r in res["records"])
-                    if warm:                      # start the actors on a small graph of the same K
+                    warm = executor == "ray" and not any(
+                        r["executor"] == "ray" and r["clients"] == clients for r in res["records"]
+                    )
+                    if warm:  # start the actors on a small graph of the same K
                         small = dict(s, nodes=2000, rounds=1)
                         t0 = time.perf_counter()
-                        one_run(executor, mode, clients, small, make_federated(
-                            dataset="sbm", num_clients=clients, partition="dirichlet", beta=10000.0, seed=0,
-                            num_nodes=small["nodes"], num_features=s["features"]), ray_cpus)
+                        one_run(
+                            executor,
+                            mode,
+                            clients,
+                            small,
+                            make_federated(
+                                dataset="sbm",
+                                num_clients=clients,
+                                partition="dirichlet",
+                                beta=10000.0,
+                                seed=0,
+                                num_nodes=small["nodes"],
+                                num_features=s["features"],
+                            ),
+                            ray_cpus,
+                        )
                         res.setdefault("ray_warmup_s", {})[str(clients)] = time.perf_counter() - t0
-                        print(f"{clients:>4} ray warm-up (actors start, 2000-node graph): "
-                              f"{res['ray_warmup_s'][str(clients)]:.1f} s", flush=True)
+                        print(
+                            f"{clients:>4} ray warm-up (actors start, 2000-node graph): "
+                            f"{res['ray_warmup_s'][str(clients)]:.1f} s",
+                            flush=True,
+                        )
                     for rep in range(s["repeats"]):
                         rec = one_run(executor, mode, clients, s, fed, ray_cpus)
                         rec["repeat"] = rep
                         res["records"].append(rec)
-                        print(f"{clients:>4} {mode:<5} {executor:<7} rep {rep}: {rec['wall_s']:.1f} s, "
-                              f"peak PSS {rec['peak_total_pss_mb']:.0f} MB, load {rec['load_avg_1m'][0]:.1f}",
-                              flush=True)
+                        print(
+                            f"{clients:>4} {mode:<5} {executor:<7} rep {rep}: {rec['wall_s']:.1f} s, "
+                            f"peak PSS {rec['peak_total_pss_mb']:.0f} MB, load {rec['load_avg_1m'][0]:.1f}",
+                            flush=True,
+                        )
                         (out / "runtime_bench.json").write_text(json.dumps(res, indent=1, default=str))
     finally:
         if "ray" in executors:
             import ray
+
             ray.shutdown()
     res["table"] = summarise(res["records"])
     (out / "runtime_bench.json").write_text(json.dumps(res, indent=1, default=str))
@@ -245,40 +310,61 @@ def summarise(records: list[dict]) -> list[dict]:
     rows = []
     for (clients, mode, executor), rs in groups.items():
         med = lambda key: statistics.median(key(r) for r in rs)  # noqa: E731
-        row = {"clients": clients, "mode": mode, "executor": executor, "runs": len(rs),
-               "wall_s": med(lambda r: r["wall_s"]), "setup_s": med(lambda r: r["time"].get("setup", 0.0)),
-               "train_s": med(lambda r: r["time"].get("train", 0.0)),
-               "peak_total_pss_mb": max(r["peak_total_pss_mb"] for r in rs),
-               "per_message_overhead_us": (med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6
-                                           if executor != "inline" else None),
-               "load_avg_1m": med(lambda r: r["load_avg_1m"][0])}
+        row = {
+            "clients": clients,
+            "mode": mode,
+            "executor": executor,
+            "runs": len(rs),
+            "wall_s": med(lambda r: r["wall_s"]),
+            "setup_s": med(lambda r: r["time"].get("setup", 0.0)),
+            "train_s": med(lambda r: r["time"].get("train", 0.0)),
+            "peak_total_pss_mb": max(r["peak_total_pss_mb"] for r in rs),
+            "per_message_overhead_us": (
+                med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6 if executor != "inline" else None
+            ),
+            "load_avg_1m": med(lambda r: r["load_avg_1m"][0]),
+        }
         peak = max(rs, key=lambda r: r["peak_total_pss_mb"]).get("pss_at_peak", [])
-        row["pss_at_peak_mb"] = {"driver": sum(p["pss_mb"] for p in peak if p["name"] == "driver"),
-                                 "actors": [p["pss_mb"] for p in peak if p["name"] == "ray::ClientHost"],
-                                 "other": sum(p["pss_mb"] for p in peak if p["name"] not in ("driver", "ray::ClientHost"))}
+        row["pss_at_peak_mb"] = {
+            "driver": sum(p["pss_mb"] for p in peak if p["name"] == "driver"),
+            "actors": [p["pss_mb"] for p in peak if p["name"] == "ray::ClientHost"],
+            "other": sum(p["pss_mb"] for p in peak if p["name"] not in ("driver", "ray::ClientHost")),
+        }
         if executor == "ray":
             row["actor_pss_mb"] = [round(a["pss_mb"]) for a in rs[-1].get("actors", [])]
         rows.append(row)
     for row in rows:
-        base = next((r for r in rows if r["clients"] == row["clients"] and r["mode"] == row["mode"]
-                     and r["executor"] == "local"), None)
+        base = next(
+            (
+                r
+                for r in rows
+                if r["clients"] == row["clients"] and r["mode"] == row["mode"] and r["executor"] == "local"
+            ),
+            None,
+        )
         row["speedup_vs_local"] = base["wall_s"] / row["wall_s"] if base else None
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'K':>4} {'mode':<5} {'executor':<8} {'runs':>4} {'wall s':>8} {'setup s':>8} {'train s':>8} "
-          f"{'x local':>8} {'msg us':>8} {'PSS MB':>8} {'load':>6}")
+    print(
+        f"{'K':>4} {'mode':<5} {'executor':<8} {'runs':>4} {'wall s':>8} {'setup s':>8} {'train s':>8} "
+        f"{'x local':>8} {'msg us':>8} {'PSS MB':>8} {'load':>6}"
+    )
     for r in rows:
         us = f"{r['per_message_overhead_us']:.0f}" if r["per_message_overhead_us"] is not None else "-"
         speedup = f"{r['speedup_vs_local']:.2f}" if r["speedup_vs_local"] is not None else "-"
-        print(f"{r['clients']:>4} {r['mode']:<5} {r['executor']:<8} {r['runs']:>4} {r['wall_s']:>8.1f} "
-              f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {speedup:>8} {us:>8} "
-              f"{r['peak_total_pss_mb']:>8.0f} {r['load_avg_1m']:>6.1f}")
+        print(
+            f"{r['clients']:>4} {r['mode']:<5} {r['executor']:<8} {r['runs']:>4} {r['wall_s']:>8.1f} "
+            f"{r['setup_s']:>8.1f} {r['train_s']:>8.1f} {speedup:>8} {us:>8} "
+            f"{r['peak_total_pss_mb']:>8.0f} {r['load_avg_1m']:>6.1f}"
+        )
         at = r["pss_at_peak_mb"]
         if at["actors"]:
-            print(f"{'':>19}PSS at the peak: driver {at['driver']:.0f}, actors "
-                  f"{' + '.join(f'{a:.0f}' for a in at['actors'])}, Ray's other processes {at['other']:.0f} MB")
+            print(
+                f"{'':>19}PSS at the peak: driver {at['driver']:.0f}, actors "
+                f"{' + '.join(f'{a:.0f}' for a in at['actors'])}, Ray's other processes {at['other']:.0f} MB"
+            )
 
 
 # ---------------------------------------------------------------- the dropout column
@@ -287,18 +373,29 @@ def dropout_counts(clients: int) -> tuple[int, ...]:
     return tuple(sorted({0, 1, clients - (clients // 2 + 1)}))
 
 
-def dropout_round(mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64,
-                  nodes: int = 2000) -> dict:
+def dropout_round(
+    mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64, nodes: int = 2000
+) -> dict:
     """Seconds and bytes of one FedAvg round (round 1, after round 0 paid registration and key
     set-up) in which the ``dropped`` highest client ids drop at their upload
     (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages."""
     from protocols import SERVER
+
     from ..config import RunConfig
     from ..experiment import load_federation
     from ..runtime.build import make_executor, make_runtime_protocol, make_strategy
-    cfg = RunConfig(algorithm="fedavg", dataset="sbm", clients=clients, rounds=2, mode=mode, executor=executor,
-                    hidden=64, simulate_dropouts=f"{dropped}@upload:r1" if dropped else None,
-                    synthetic={"num_nodes": nodes, "num_features": features}).validate()
+
+    cfg = RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        clients=clients,
+        rounds=2,
+        mode=mode,
+        executor=executor,
+        hidden=64,
+        simulate_dropouts=f"{dropped}@upload:r1" if dropped else None,
+        synthetic={"num_nodes": nodes, "num_features": features},
+    ).validate()
     fed = load_federation(cfg)
     ex = make_executor(cfg)
     protocol = make_runtime_protocol(cfg, fed.num_clients, ex)
@@ -311,35 +408,52 @@ def dropout_round(mode: str, clients: int, dropped: int, executor: str = "local"
     finally:
         ex.shutdown()
     msgs = protocol.transcript.select(round=1)
-    server = protocol.server                      # its checks, sums and (mask) recovery of round 1's exchange
+    server = protocol.server  # its checks, sums and (mask) recovery of round 1's exchange
     server_s = (getattr(server, "last_timing", None) or getattr(server, "last_stats", None) or {}).get("server_s")
-    return {"mode": mode, "clients": clients, "dropped": dropped, "executor": executor, "round_s": seconds,
-            "server_s": server_s,
-            "bytes_up": sum(m.nbytes for m in msgs if m.receiver == SERVER),
-            "bytes_down": sum(m.nbytes for m in msgs if m.receiver != SERVER),
-            "included": len(protocol.last_included), "model_parameters": strategy.model_size,
-            "load_avg_1m": os.getloadavg()[0]}
+    return {
+        "mode": mode,
+        "clients": clients,
+        "dropped": dropped,
+        "executor": executor,
+        "round_s": seconds,
+        "server_s": server_s,
+        "bytes_up": sum(m.nbytes for m in msgs if m.receiver == SERVER),
+        "bytes_down": sum(m.nbytes for m in msgs if m.receiver != SERVER),
+        "included": len(protocol.last_included),
+        "model_parameters": strategy.model_size,
+        "load_avg_1m": os.getloadavg()[0],
+    }
 
 
-def run_dropout_bench(out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1,
-                      features: int | None = None) -> list[dict]:
+def run_dropout_bench(
+    out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1, features: int | None = None
+) -> list[dict]:
     """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over
     ``repeats``), written to ``dropout_bench.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'K':>4} {'mode':<7} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'server s':>8} "
-          f"{'up kB':>9} {'down kB':>9} {'load':>5}")
+    print(
+        f"{'K':>4} {'mode':<7} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'server s':>8} "
+        f"{'up kB':>9} {'down kB':>9} {'load':>5}"
+    )
     for k in clients:
         for mode in modes:
             for executor in executors:
                 for dropped in dropout_counts(int(k)):
                     runs = [dropout_round(mode, int(k), dropped, executor, features or 64) for _ in range(repeats)]
-                    row = dict(runs[0], round_s=statistics.median(r["round_s"] for r in runs),
-                               server_s=statistics.median(r["server_s"] or 0.0 for r in runs), runs=len(runs))
+                    row = dict(
+                        runs[0],
+                        round_s=statistics.median(r["round_s"] for r in runs),
+                        server_s=statistics.median(r["server_s"] or 0.0 for r in runs),
+                        runs=len(runs),
+                    )
                     rows.append(row)
-                    print(f"{k:>4} {mode:<7} {executor:<8} {dropped:>7} {row['included']:>8} {row['round_s']:>8.2f} "
-                          f"{row['server_s']:>8.3f} {row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} "
-                          f"{row['load_avg_1m']:>5.1f}", flush=True)
+                    print(
+                        f"{k:>4} {mode:<7} {executor:<8} {dropped:>7} {row['included']:>8} {row['round_s']:>8.2f} "
+                        f"{row['server_s']:>8.3f} {row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} "
+                        f"{row['load_avg_1m']:>5.1f}",
+                        flush=True,
+                    )
                     (out / "dropout_bench.json").write_text(json.dumps(rows, indent=1))
     return rows

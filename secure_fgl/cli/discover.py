@@ -1,4 +1,5 @@
 """Discovery and analysis commands: ``algorithms [NAME]``, ``attacks``, ``modes``, ``compare``, ``plot``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ def _wrap(text: str, indent: str = "  ") -> str:
 def algorithms_command(name: str | None) -> int:
     from ..algorithms import SPECS, get_spec
     from ..presets import preset_description, presets_of
+
     if name is None:
         for key, spec in SPECS.items():
             print(f"{key:<14}{spec.summary}")
@@ -56,14 +58,20 @@ def datasets_command(data_root: str | None) -> int:
     generator and GCFL's groups of TU datasets (present when all their members are)."""
     from ..data import GCFL_GROUPS, dataset_status
     from ..data.datasets import SYNTHETIC_GRAPHS
+
     rows = dataset_status(data_root)
     present = {r["name"].lower(): r["present"] for r in rows}
     rows.append({"name": SYNTHETIC_GRAPHS, "task": "graph", "present": True, "path": None})
     for group, members in GCFL_GROUPS.items():
         missing = [m for m in members if not present.get(m.lower())]
-        rows.append({"name": group, "task": "graph", "present": not missing,
-                     "path": f"group of {len(members)} TU datasets" + (f"; missing {', '.join(missing)}"
-                                                                       if missing else "")})
+        rows.append(
+            {
+                "name": group,
+                "task": "graph",
+                "present": not missing,
+                "path": f"group of {len(members)} TU datasets" + (f"; missing {', '.join(missing)}" if missing else ""),
+            }
+        )
     width = max(len(r["name"]) for r in rows) + 2
     print(f"{'name':<{width}}{'task':<8}{'present':<9}path")
     for r in rows:
@@ -73,12 +81,14 @@ def datasets_command(data_root: str | None) -> int:
 
 def attacks_command() -> int:
     from attacks.catalog import attack_catalog  # read from source: no torch import
+
     catalog = attack_catalog()
     width = max(len(a.name) for a in catalog) + 2
     for attack in catalog:
         targets = ", ".join(attack.algorithms) if attack.algorithms else "any node-level algorithm"
-        text = textwrap.fill(first_paragraph(attack.doc), width=110, initial_indent=" " * width,
-                             subsequent_indent=" " * width)
+        text = textwrap.fill(
+            first_paragraph(attack.doc), width=110, initial_indent=" " * width, subsequent_indent=" " * width
+        )
         print(f"{attack.name:<{width}}{text[width:]}")
         print(f"{'':<{width}}exchange {attack.exchange}; targets {targets}")
     print("\nsecure-fgl run ... --attacks all | NAME[,NAME]")
@@ -93,16 +103,24 @@ def modes_command() -> int:
     return 0
 
 
-COMPARE_COLUMNS = (("config.algorithm", "algorithm", "{}"), ("config.dataset", "dataset", "{}"),
-                   ("config.mode", "mode", "{}"), ("config.clients", "clients", "{}"),
-                   ("config.seed", "seed", "{}"), ("config.dp_epsilon", "eps", "{:g}"),
-                   ("final.test_acc", "test_acc", "{:.4f}"), ("final.val_acc", "val_acc", "{:.4f}"),
-                   ("final.best_round", "best", "{}"), ("comm.bytes_up", "up_MB", "{:.2f}"),
-                   ("time.total", "total_s", "{:.1f}"))
+COMPARE_COLUMNS = (
+    ("config.algorithm", "algorithm", "{}"),
+    ("config.dataset", "dataset", "{}"),
+    ("config.mode", "mode", "{}"),
+    ("config.clients", "clients", "{}"),
+    ("config.seed", "seed", "{}"),
+    ("config.dp_epsilon", "eps", "{:g}"),
+    ("final.test_acc", "test_acc", "{:.4f}"),
+    ("final.val_acc", "val_acc", "{:.4f}"),
+    ("final.best_round", "best", "{}"),
+    ("comm.bytes_up", "up_MB", "{:.2f}"),
+    ("time.total", "total_s", "{:.1f}"),
+)
 
 
 def compare_command(paths: list[str], include_unfinished: bool = False) -> int:
     from ..results import find_results, flatten, read_finished
+
     if not find_results(*paths):
         raise ConfigError(f"no result.json under {', '.join(paths)}; give run folders (secure-fgl run --out DIR)")
     kept, left = read_finished(*paths, include_unfinished=include_unfinished)
@@ -121,8 +139,10 @@ def compare_command(paths: list[str], include_unfinished: bool = False) -> int:
     for r in [header] + rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     if left:
-        print(f"left out {len(left)} unfinished run(s): {', '.join(str(p.parent) for p in left[:5])}"
-              f"{', ...' if len(left) > 5 else ''} (--include-unfinished to show them)")
+        print(
+            f"left out {len(left)} unfinished run(s): {', '.join(str(p.parent) for p in left[:5])}"
+            f"{', ...' if len(left) > 5 else ''} (--include-unfinished to show them)"
+        )
     return 0
 
 
@@ -130,8 +150,10 @@ def plot_command(run: str, out: str | None) -> int:
     import json
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     path = Path(run) / "result.json" if Path(run).is_dir() else Path(run)
     if not path.is_file():
         raise ConfigError(f"no result.json at {run}; give a run folder (secure-fgl run --out DIR)")

@@ -11,6 +11,7 @@
 See :mod:`protocols.manifest` for what the manifest holds and why the code is compared over a
 channel the server does not control.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,28 +37,42 @@ def add_key_parsers(sub) -> None:
     mnew = ms.add_parser("new", help="build a run manifest; prints its comparison code", allow_abbrev=False)
     mnew.add_argument("--config", required=True, metavar="FILE", help="the run's config file (as for run)")
     mnew.add_argument("--preset", metavar="NAME", default=None, help="a preset the config file overrides")
-    mnew.add_argument("--party", action="append", required=True, metavar="NAME=FINGERPRINT",
-                      help="a party and its fingerprint (server, client0, client1, ...), once per party")
+    mnew.add_argument(
+        "--party",
+        action="append",
+        required=True,
+        metavar="NAME=FINGERPRINT",
+        help="a party and its fingerprint (server, client0, client1, ...), once per party",
+    )
     mnew.add_argument("--out", required=True, metavar="FILE", help="where to write the manifest (JSON)")
     ver = ms.add_parser("verify", help="check a manifest and print the code to compare", allow_abbrev=False)
     ver.add_argument("manifest", metavar="FILE")
-    ver.add_argument("--config", metavar="FILE", default=None,
-                     help="recompute options and schedule from this config and compare")
+    ver.add_argument(
+        "--config", metavar="FILE", default=None, help="recompute options and schedule from this config and compare"
+    )
     ver.add_argument("--preset", metavar="NAME", default=None)
-    ver.add_argument("--party", action="append", default=[], metavar="NAME=FINGERPRINT",
-                     help="check that the manifest lists this fingerprint for this party")
+    ver.add_argument(
+        "--party",
+        action="append",
+        default=[],
+        metavar="NAME=FINGERPRINT",
+        help="check that the manifest lists this fingerprint for this party",
+    )
     ver.add_argument("--key", metavar="DIR|FILE", default=None, help="this site's identity key (with --as)")
     ver.add_argument("--as", dest="as_party", metavar="NAME", default=None, help="the party this site plays")
 
 
 def key_command(args: argparse.Namespace) -> int:
     from protocols.auth import SigningKey
+
     if args.keys_command == "new":
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if (out / KEY_FILE).exists():
-            raise ConfigError(f"{out / KEY_FILE} exists; a site keeps one identity key (use another --out, or "
-                              "delete the old key if it is to be replaced)")
+            raise ConfigError(
+                f"{out / KEY_FILE} exists; a site keeps one identity key (use another --out, or "
+                "delete the old key if it is to be replaced)"
+            )
         key = SigningKey()
         key.save(out / KEY_FILE)
         (out / PUB_FILE).write_text(key.public_bytes.hex() + "\n")
@@ -70,6 +85,7 @@ def key_command(args: argparse.Namespace) -> int:
 
 def manifest_command(args: argparse.Namespace) -> int:
     from protocols.manifest import Manifest
+
     if args.manifest_command == "new":
         parties = _parties(args.party)
         cfg = _config(args.config, args.preset)
@@ -99,8 +115,10 @@ def manifest_command(args: argparse.Namespace) -> int:
                 problems.append(f"the manifest's {what} differ from what {args.config} gives")
         for name, value in security.items():
             if manifest.security.get(name) != value:
-                problems.append(f"the manifest's security parameter {name} is {manifest.security.get(name)!r}, "
-                                f"{args.config} gives {value!r}")
+                problems.append(
+                    f"the manifest's security parameter {name} is {manifest.security.get(name)!r}, "
+                    f"{args.config} gives {value!r}"
+                )
     print(f"manifest: {args.manifest} ({manifest.mode}, {manifest.num_clients} clients)")
     for party, fp in sorted(manifest.parties.items(), key=lambda p: (p[0] != "server", len(p[0]), p[0])):
         print(f"  {party:<10} {fp}")
@@ -121,6 +139,7 @@ def _read(path: str, what: str) -> bytes:
 
 def _load_key(path: str):
     from protocols.auth import SigningKey
+
     p = Path(path)
     p = p / KEY_FILE if p.is_dir() else p
     _read(str(p), "identity key")
@@ -139,6 +158,7 @@ def _parties(items: list[str]) -> dict[str, str]:
 
 def _config(path: str, preset: str | None):
     from .main import config_from_args
+
     return config_from_args(argparse.Namespace(config=path, preset=preset))
 
 

@@ -15,6 +15,7 @@
 Every setting is checked before any work starts; bad input prints one line naming the
 problem and the fix and exits with code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,23 +52,33 @@ def _add_setting(group, cls, f: dataclasses.Field, dest: str) -> None:
 
 
 def _add_run_parser(sub) -> argparse.ArgumentParser:
-    run = sub.add_parser("run", help="run one experiment", allow_abbrev=False,
-                         description="Run one experiment. Settings come from --preset, then --config, then flags; "
-                                     "each flag shows its default, unit, choices and range.")
+    run = sub.add_parser(
+        "run",
+        help="run one experiment",
+        allow_abbrev=False,
+        description="Run one experiment. Settings come from --preset, then --config, then flags; "
+        "each flag shows its default, unit, choices and range.",
+    )
     from ..presets import preset_names
-    run.add_argument("--preset", metavar="NAME",
-                     help=f"a paper's setting shipped with the package {{{'|'.join(preset_names())}}} "
-                          "(described by secure-fgl algorithms NAME)")
+
+    run.add_argument(
+        "--preset",
+        metavar="NAME",
+        help=f"a paper's setting shipped with the package {{{'|'.join(preset_names())}}} "
+        "(described by secure-fgl algorithms NAME)",
+    )
     run.add_argument("--config", metavar="FILE", help="TOML/YAML/JSON file whose keys mirror the flags")
     groups = {g: run.add_argument_group(g) for g in GROUPS}
     for f in dataclasses.fields(RunConfig):
         if f.name not in CONFIG_ONLY:
             _add_setting(groups[f.metadata.get("group", "training")], RunConfig, f, f.name)
-    groups["output"].add_argument("--overwrite", action="store_true",
-                                  help="replace the finished run in --out (refused without it)")
+    groups["output"].add_argument(
+        "--overwrite", action="store_true", help="replace the finished run in --out (refused without it)"
+    )
     groups["output"].add_argument("--quiet", action="store_true", help="no progress output")
     groups["output"].add_argument("--log-file", metavar="PATH", help="also append progress lines to this file")
     from ..algorithms import SPECS
+
     added: set[str] = set()
     for name, spec in SPECS.items():
         cls = spec.options
@@ -76,15 +87,19 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
             if f.name not in added:
                 added.add(f.name)
                 _add_setting(group, cls, f, f"opt_{f.name}")
-    run.epilog = ("Options of algorithms not listed above: secure-fgl algorithms NAME. Any --<option> of the "
-                  "chosen algorithm is accepted.")
+    run.epilog = (
+        "Options of algorithms not listed above: secure-fgl algorithms NAME. Any --<option> of the "
+        "chosen algorithm is accepted."
+    )
     return run
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ..provenance import package_version
-    parser = Parser(prog="secure-fgl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    allow_abbrev=False)
+
+    parser = Parser(
+        prog="secure-fgl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"secure-fgl {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run_parser(sub)
@@ -92,12 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     algos.add_argument("name", nargs="?")
     sub.add_parser("attacks", help="list the attacks", allow_abbrev=False)
     sub.add_parser("modes", help="list the secure modes", allow_abbrev=False)
-    sub.add_parser("datasets", help="list datasets and whether their files are present",
-                   allow_abbrev=False).add_argument("--data-root", dest="data_root", default=None)
+    sub.add_parser(
+        "datasets", help="list datasets and whether their files are present", allow_abbrev=False
+    ).add_argument("--data-root", dest="data_root", default=None)
     compare = sub.add_parser("compare", help="table of finished runs", allow_abbrev=False)
     compare.add_argument("runs", nargs="+", metavar="DIR")
-    compare.add_argument("--include-unfinished", action="store_true",
-                         help="also show runs that did not finish (status other than complete)")
+    compare.add_argument(
+        "--include-unfinished",
+        action="store_true",
+        help="also show runs that did not finish (status other than complete)",
+    )
     plot = sub.add_parser("plot", help="draw one run's curves", allow_abbrev=False)
     plot.add_argument("run", metavar="RUN")
     plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
@@ -113,15 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
     runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
-    runtime.add_argument("--executors", nargs="+", choices=["inline", "local", "ray"],
-                         default=["inline", "local", "ray"])
-    runtime.add_argument("--repeats", type=int, default=None,
-                         help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)")
+    runtime.add_argument(
+        "--executors", nargs="+", choices=["inline", "local", "ray"], default=["inline", "local", "ray"]
+    )
+    runtime.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per cell (median reported); overhead suite: the modes round-robin (default 1)",
+    )
     runtime.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None, help="CPUs of the local Ray cluster")
-    runtime.add_argument("--dropouts", action="store_true",
-                         help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
-                              "(--simulate-dropouts; default 10 clients, local executor)")
+    runtime.add_argument(
+        "--dropouts",
+        action="store_true",
+        help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
+        "(--simulate-dropouts; default 10 clients, local executor)",
+    )
     from .keys import add_key_parsers
+
     add_key_parsers(sub)
     return parser
 
@@ -150,8 +178,10 @@ def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
     layer = dict(layer)
     options = layer.pop("options", None) or {}
     if not isinstance(options, dict):
-        raise ConfigError(f"options must be a table of algorithm options ([options] in TOML), got "
-                          f"{type(options).__name__} {options!r}")
+        raise ConfigError(
+            f"options must be a table of algorithm options ([options] in TOML), got "
+            f"{type(options).__name__} {options!r}"
+        )
     options = dict(options)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for key in [k for k in layer if k not in known and k in options_fields]:
@@ -162,15 +192,18 @@ def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
 def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConfig:
     """Preset < config file < flags, merged and checked (types, ranges, names)."""
     from ..algorithms import get_spec
+
     layers = []
     if getattr(args, "preset", None):
         from ..presets import load_preset
+
         layers.append(load_preset(args.preset))
     if getattr(args, "config", None):
         layers.append(load_config_file(args.config))
     flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
-    algorithm = flags.get("algorithm") or next((l["algorithm"] for l in reversed(layers) if "algorithm" in l),
-                                               RunConfig.algorithm)
+    algorithm = flags.get("algorithm") or next(
+        (l["algorithm"] for l in reversed(layers) if "algorithm" in l), RunConfig.algorithm
+    )
     option_fields = {f.name for f in dataclasses.fields(get_spec(str(algorithm)).options)}
     values, options = {}, {}
     for layer in layers:
@@ -192,6 +225,7 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     from ..engine.progress import Phases
     from ..preflight import preflight
     from ..run_identity import check_run_folder, resolved_config
+
     cfg = config_from_args(args, extra)
     options = preflight(cfg)
     if cfg.out is None:
@@ -200,6 +234,7 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     phases = Phases(enabled=not args.quiet, log_file=args.log_file)
     from ..experiment import run_experiment
     from .summary import format_summary
+
     result = run_experiment(cfg, progress=not args.quiet, phases=phases)
     print(format_summary(result))
     print(f"result: {cfg.out}/result.json")
@@ -207,8 +242,9 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    if argv and argv[0] == "report":           # the report command owns its flags (secure_fgl.report.cli)
+    if argv and argv[0] == "report":  # the report command owns its flags (secure_fgl.report.cli)
         from ..report.cli import main as report_main
+
         return report_main(argv[1:])
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":
@@ -217,49 +253,75 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "algorithms":
         from .discover import algorithms_command
+
         return algorithms_command(args.name)
     if args.command == "attacks":
         from .discover import attacks_command
+
         return attacks_command()
     if args.command == "modes":
         from .discover import modes_command
+
         return modes_command()
     if args.command == "compare":
         from .discover import compare_command
+
         return compare_command(args.runs, args.include_unfinished)
     if args.command == "plot":
         from .discover import plot_command
+
         return plot_command(args.run, args.out)
     if args.command == "datasets":
         from .discover import datasets_command
+
         return datasets_command(args.data_root)
     if args.command == "bench":
         if args.suite == "protocols":
             from ..bench.protocols import run_protocol_bench
+
             run_protocol_bench(args.out, quick=args.quick)
         elif args.suite == "runtime" and args.dropouts:
             from ..bench.runtime import run_dropout_bench
-            run_dropout_bench(args.out, clients=tuple(args.clients or (10,)), modes=tuple(args.modes),
-                              executors=tuple(e for e in args.executors if e != "inline") or ("local",),
-                              repeats=args.repeats or 1, features=args.features)
+
+            run_dropout_bench(
+                args.out,
+                clients=tuple(args.clients or (10,)),
+                modes=tuple(args.modes),
+                executors=tuple(e for e in args.executors if e != "inline") or ("local",),
+                repeats=args.repeats or 1,
+                features=args.features,
+            )
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
-            run_runtime_bench(args.out, quick=args.quick, executors=tuple(args.executors), modes=tuple(args.modes),
-                              ray_cpus=args.ray_cpus, repeats=args.repeats, clients=args.clients,
-                              features=args.features)
+
+            run_runtime_bench(
+                args.out,
+                quick=args.quick,
+                executors=tuple(args.executors),
+                modes=tuple(args.modes),
+                ray_cpus=args.ray_cpus,
+                repeats=args.repeats,
+                clients=args.clients,
+                features=args.features,
+            )
         elif args.suite == "overhead":
             from ..bench.overhead import run_overhead_bench
-            run_overhead_bench(args.out, quick=args.quick, data_root=args.data_root, repeats=args.repeats or 1,
-                               device=args.device)
+
+            run_overhead_bench(
+                args.out, quick=args.quick, data_root=args.data_root, repeats=args.repeats or 1, device=args.device
+            )
         elif args.suite == "fuzz":
             from ..bench.fuzz import run_fuzz_bench
+
             run_fuzz_bench(args.out, cases=args.cases)
         else:
             from ..bench.fedgcn import run_fedgcn_bench
+
             run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
         return 0
     if args.command in ("keys", "manifest"):
         from .keys import key_command, manifest_command
+
         return key_command(args) if args.command == "keys" else manifest_command(args)
     parser.print_help()
     return 2
@@ -269,7 +331,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ConfigError, UsageError]
     if "protocols" in sys.modules or "torch" in sys.modules:
         from protocols.errors import ProtocolError
+
         from ..data.errors import DataError
+
         errs += [ProtocolError, DataError]
     return tuple(errs)
 
@@ -277,8 +341,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _unknown_command(argv: list[str], parser) -> str | None:
     commands = list(parser._subparsers._group_actions[0].choices)
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
-        return f"unknown command {argv[0]!r}" + (did_you_mean(argv[0], commands) or
-                                                 f"; choose one of {', '.join(commands)}")
+        return f"unknown command {argv[0]!r}" + (
+            did_you_mean(argv[0], commands) or f"; choose one of {', '.join(commands)}"
+        )
     return None
 
 
@@ -290,11 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         if message:
             raise UsageError(message)
         return _dispatch(parser, argv)
-    except SystemExit as e:                    # --help / --version
+    except SystemExit as e:  # --help / --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
-        print("secure-fgl: interrupted (rerun with the same --out and --resume to continue from the last "
-              "checkpoint)", file=sys.stderr)
+        print(
+            "secure-fgl: interrupted (rerun with the same --out and --resume to continue from the last checkpoint)",
+            file=sys.stderr,
+        )
         return 130
     except Exception as e:
         if not isinstance(e, _user_errors()):

@@ -1,4 +1,5 @@
 """The end-of-run summary the CLI prints: numbers formatted, nothing shown as ``None``."""
+
 from __future__ import annotations
 
 
@@ -13,8 +14,10 @@ def privacy_line(result: dict) -> str:
     spent = privacy.get("total_epsilon")
     accountant = privacy.get("accountant")
     how = f"delta {cfg['dp_delta']:g}" + (f", {str(accountant).upper()}" if accountant else "")
-    return (f"privacy: epsilon {_num(spent, '.2f')} spent of {cfg['dp_epsilon']:g} ({how}, "
-            f"{privacy.get('placement') or cfg['dp_placement']} noise)")
+    return (
+        f"privacy: epsilon {_num(spent, '.2f')} spent of {cfg['dp_epsilon']:g} ({how}, "
+        f"{privacy.get('placement') or cfg['dp_placement']} noise)"
+    )
 
 
 def attack_line(entry: dict) -> str:
@@ -25,8 +28,10 @@ def attack_line(entry: dict) -> str:
         return f"attack {name}: not applicable ({entry.get('reason') or 'no target in this run'})"
     chance = entry.get("chance")
     observer = entry.get("observer")
-    return (f"attack {name}" + (f" by {observer}" if observer is not None else "") + f": {entry.get('metric')} "
-            f"{_num(entry.get('value'), '.3f')}" + (f" (chance {_num(chance, '.3f')})" if chance is not None else ""))
+    return (
+        f"attack {name}" + (f" by {observer}" if observer is not None else "") + f": {entry.get('metric')} "
+        f"{_num(entry.get('value'), '.3f')}" + (f" (chance {_num(chance, '.3f')})" if chance is not None else "")
+    )
 
 
 def format_summary(result: dict) -> str:
@@ -38,8 +43,10 @@ def format_summary(result: dict) -> str:
         f"{final['best_round']} of {final['rounds_run']})",
     ]
     if final.get("at_chance"):
-        lines.append(f"AT CHANCE: test accuracy {final['test_acc']:.4f} is within 0.05 of 1/{result.get('num_classes')} "
-                     "classes: the model learned nothing (read no privacy result off it)")
+        lines.append(
+            f"AT CHANCE: test accuracy {final['test_acc']:.4f} is within 0.05 of 1/{result.get('num_classes')} "
+            "classes: the model learned nothing (read no privacy result off it)"
+        )
     for key in sorted(k for k in final if k.endswith("_acc") and k not in ("test_acc", "val_acc", "train_acc")):
         if isinstance(final[key], float):
             lines.append(f"{key:<15} {final[key]:.4f}")
@@ -48,8 +55,10 @@ def format_summary(result: dict) -> str:
         plain = v.get("plaintext_bytes_up")
         plain_txt = f"{plain / 1e6:.3f}" if plain is not None else "-"
         lines.append(f"{tag:<34}{v['bytes_up'] / 1e6:>12.3f}{v['bytes_down'] / 1e6:>12.3f}{plain_txt:>22}")
-    lines.append(f"{'total':<34}{comm['bytes_up'] / 1e6:>12.3f}{comm['bytes_down'] / 1e6:>12.3f}"
-                 f"{(comm.get('plaintext_bytes_up') or 0) / 1e6:>22.3f}")
+    lines.append(
+        f"{'total':<34}{comm['bytes_up'] / 1e6:>12.3f}{comm['bytes_down'] / 1e6:>12.3f}"
+        f"{(comm.get('plaintext_bytes_up') or 0) / 1e6:>22.3f}"
+    )
     lines.append("time (s): " + "  ".join(f"{k} {v:.2f}" for k, v in t.items()))
     lines.append(privacy_line(result))
     lines.extend(attack_line(a) for a in result.get("attacks") or [])

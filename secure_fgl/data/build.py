@@ -10,6 +10,7 @@ Edges touching a dropped node (``owner = -1``) exist for no client.
 Everything is vectorised over nodes and edges (one pass of sorting); the only Python loop is
 over clients, so a 10^6-node graph is cut in seconds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,7 @@ def _groups(keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, bounds
 
 
-def build_federated(data: Data, owner: torch.Tensor, split: str = "public",
-                    seed: int = 0) -> FederatedGraph:
+def build_federated(data: Data, owner: torch.Tensor, split: str = "public", seed: int = 0) -> FederatedGraph:
     """Split ``data`` among the clients named by ``owner`` (``-1`` = dropped).
 
     The edge set is made undirected and coalesced first (a no-op for PyG datasets and the
@@ -60,8 +60,7 @@ def build_federated(data: Data, owner: torch.Tensor, split: str = "public",
     sizes = np.bincount(own[kept], minlength=k)
     if (sizes == 0).any():
         empty = np.flatnonzero(sizes == 0).tolist()
-        raise DataError(f"clients {empty} own no node: number clients 0..K-1 without gaps, "
-                        "or use fewer clients")
+        raise DataError(f"clients {empty} own no node: number clients 0..K-1 without gaps, or use fewer clients")
 
     train, val, test = apply_split(data, owner, split, seed)
 
@@ -88,41 +87,60 @@ def build_federated(data: Data, owner: torch.Tensor, split: str = "public",
 
     clients = []
     for cid in range(k):
-        gids = torch.from_numpy(np.ascontiguousarray(kept_order[node_bounds[cid]:node_bounds[cid + 1]]))
+        gids = torch.from_numpy(np.ascontiguousarray(kept_order[node_bounds[cid] : node_bounds[cid + 1]]))
         lo, hi = in_bounds[cid], in_bounds[cid + 1]
         e_local = torch.from_numpy(np.stack([loc_r[lo:hi], loc_c[lo:hi]]))
-        sel = torch.from_numpy(cross[cr_bounds[cid]:cr_bounds[cid + 1]])
-        clients.append(ClientSubgraph(
-            client_id=cid,
-            global_ids=gids,
-            x=data.x[gids],
-            y=data.y[gids],
-            edge_index=e_local,
-            train_mask=train_t[gids],
-            val_mask=val_t[gids],
-            test_mask=test_t[gids],
-            cross_edges=torch.stack([g_row[sel], g_col[sel]]),
-        ))
+        sel = torch.from_numpy(cross[cr_bounds[cid] : cr_bounds[cid + 1]])
+        clients.append(
+            ClientSubgraph(
+                client_id=cid,
+                global_ids=gids,
+                x=data.x[gids],
+                y=data.y[gids],
+                edge_index=e_local,
+                train_mask=train_t[gids],
+                val_mask=val_t[gids],
+                test_mask=test_t[gids],
+                cross_edges=torch.stack([g_row[sel], g_col[sel]]),
+            )
+        )
 
-    graph = copy.copy(data)                     # shallow: tensors shared, attributes separate
+    graph = copy.copy(data)  # shallow: tensors shared, attributes separate
     graph.edge_index = edge_index
     graph.train_mask, graph.val_mask, graph.test_mask = train, val, test
     num_classes = int(getattr(data, "num_classes", None) or int(data.y.max()) + 1)
     binary = getattr(data, "binary_features", None)
     if binary is None:
         binary = bool(((data.x == 0) | (data.x == 1)).all())
-    counts = bool(binary) or bool((data.x >= 0).all()) and (not data.x.is_floating_point()
-                                                            or bool(torch.equal(data.x, data.x.round())))
-    return FederatedGraph(graph=graph, clients=clients, owner=torch.from_numpy(own),
-                          num_classes=num_classes, name=str(getattr(data, "name", "graph")),
-                          binary_features=bool(binary), count_features=counts)
+    counts = (
+        bool(binary)
+        or bool((data.x >= 0).all())
+        and (not data.x.is_floating_point() or bool(torch.equal(data.x, data.x.round())))
+    )
+    return FederatedGraph(
+        graph=graph,
+        clients=clients,
+        owner=torch.from_numpy(own),
+        num_classes=num_classes,
+        name=str(getattr(data, "name", "graph")),
+        binary_features=bool(binary),
+        count_features=counts,
+    )
 
 
-def make_federated(dataset: str = "sbm", num_clients: int = 10, partition: str | None = None,
-                   beta: float = 10000.0, resolution: float = 1.0, keep_largest: bool = False,
-                   split: str = "public", seed: int = 0,
-                   data_root: str | os.PathLike | None = None, allow_download: bool = False,
-                   **synthetic_kwargs: Any) -> FederatedGraph:
+def make_federated(
+    dataset: str = "sbm",
+    num_clients: int = 10,
+    partition: str | None = None,
+    beta: float = 10000.0,
+    resolution: float = 1.0,
+    keep_largest: bool = False,
+    split: str = "public",
+    seed: int = 0,
+    data_root: str | os.PathLike | None = None,
+    allow_download: bool = False,
+    **synthetic_kwargs: Any,
+) -> FederatedGraph:
     """Load (or generate), partition and split in one call.
 
     ``partition``: ``'dirichlet'`` (label skew ``beta``), ``'louvain'`` (``resolution``,
@@ -138,26 +156,27 @@ def make_federated(dataset: str = "sbm", num_clients: int = 10, partition: str |
         synthetic_kwargs.setdefault("seed", seed)
         if info.name == "csbm-fed":
             synthetic_kwargs.setdefault("num_clients", num_clients)
-    data = load_node_dataset(info.name, data_root=data_root, allow_download=allow_download,
-                             **synthetic_kwargs)
+    data = load_node_dataset(info.name, data_root=data_root, allow_download=allow_download, **synthetic_kwargs)
     if partition is None:
         partition = "native" if getattr(data, "owner", None) is not None else "dirichlet"
     p = str(partition).lower()
     if p == "dirichlet":
         owner = dirichlet_partition(data.y, num_clients, beta, seed)
     elif p == "louvain":
-        owner = louvain_partition(data.edge_index, data.num_nodes, num_clients,
-                                  resolution=resolution, seed=seed, keep_largest=keep_largest)
+        owner = louvain_partition(
+            data.edge_index, data.num_nodes, num_clients, resolution=resolution, seed=seed, keep_largest=keep_largest
+        )
     elif p == "iid":
         owner = iid_partition(data.num_nodes, num_clients, seed)
     elif p == "native":
         owner = getattr(data, "owner", None)
         if owner is None:
-            raise DataError(f"{info.name} defines no clients: use partition='dirichlet', "
-                            "'louvain' or 'iid'")
+            raise DataError(f"{info.name} defines no clients: use partition='dirichlet', 'louvain' or 'iid'")
         if int(owner.max()) + 1 != num_clients:
-            raise DataError(f"{info.name} was generated for {int(owner.max()) + 1} clients, not "
-                            f"{num_clients}: pass num_clients={int(owner.max()) + 1}")
+            raise DataError(
+                f"{info.name} was generated for {int(owner.max()) + 1} clients, not "
+                f"{num_clients}: pass num_clients={int(owner.max()) + 1}"
+            )
     else:
         raise DataError(f"unknown partition {partition!r}: choose one of {', '.join(PARTITIONS)}")
     return build_federated(data, owner, split=split, seed=seed)

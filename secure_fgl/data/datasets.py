@@ -19,6 +19,7 @@ IMDB-BINARY, IMDB-MULTI and COLLAB have no node features; as in GCFL's ``setupGC
 get one-hot node degrees (``OneHotDegree(max_degree, cat=False)``; GCFL hard-codes
 135 / 88 / 491, here the maximum degree is measured on the data).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,14 +30,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
 from .safe_files import restricted_pickle, verify_checksums
 
-if TYPE_CHECKING:                     # the registry and its status answer without torch (secure-fgl datasets)
+if TYPE_CHECKING:  # the registry and its status answer without torch (secure-fgl datasets)
     import torch
     from torch_geometric.data import Data
 
@@ -92,7 +91,7 @@ class DatasetInfo:
     """
 
     name: str
-    task: str                                   # 'node' | 'graph'
+    task: str  # 'node' | 'graph'
     loader: Callable[..., Any] = field(repr=False, compare=False)
     folder: str | None = None
     files: tuple[str, ...] = ()
@@ -118,22 +117,26 @@ def _pyg_load(cls: Any, info: DatasetInfo, root: Path, **kw: Any) -> Any:
 
 def _load_planetoid(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
     from torch_geometric.datasets import Planetoid
-    with restricted_pickle():                   # the raw files are pickles: no code may run
+
+    with restricted_pickle():  # the raw files are pickles: no code may run
         return _pyg_load(Planetoid, info, root)[0]
 
 
 def _load_amazon(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
     from torch_geometric.datasets import Amazon
+
     return _pyg_load(Amazon, info, root)[0]
 
 
 def _load_coauthor(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
     from torch_geometric.datasets import Coauthor
+
     return _pyg_load(Coauthor, info, root)[0]
 
 
 def _load_wikics(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
     from torch_geometric.datasets import WikiCS
+
     data = WikiCS(root=str(root / info.folder), is_undirected=True)[0]
     # WikiCS ships 20 train/val splits and one test mask: the first split is the public one.
     if data.train_mask.dim() == 2:
@@ -144,6 +147,7 @@ def _load_wikics(info: DatasetInfo, root: Path, allow_download: bool) -> Data:
 
 def _max_degree(dataset: Any) -> int:
     from torch_geometric.utils import degree
+
     best = 0
     for g in dataset:
         if g.edge_index.numel():
@@ -154,6 +158,7 @@ def _max_degree(dataset: Any) -> int:
 def _load_tu(info: DatasetInfo, root: Path, allow_download: bool) -> Any:
     from torch_geometric.datasets import TUDataset
     from torch_geometric.transforms import OneHotDegree
+
     ds = _pyg_load(TUDataset, info, root)
     if info.featureless or ds.num_node_features == 0:
         # GCFL (setupGC.py): one-hot degree features, replacing the (absent) x.
@@ -167,13 +172,15 @@ def _load_tu(info: DatasetInfo, root: Path, allow_download: bool) -> Any:
 
 def _synthetic_loader(generator: str) -> Callable[..., Data]:
     """A loader calling ``secure_fgl.data.synthetic.<generator>`` (imported when a graph is made)."""
+
     def load(info: DatasetInfo, root: Path | None, allow_download: bool, **kw: Any) -> Data:
         from . import synthetic
+
         try:
             return getattr(synthetic, generator)(**kw)
-        except TypeError as exc:            # unknown keyword
-            raise DataError(f"{info.name}: {exc}; see help(secure_fgl.data.{generator}) "
-                            "for its options") from None
+        except TypeError as exc:  # unknown keyword
+            raise DataError(f"{info.name}: {exc}; see help(secure_fgl.data.{generator}) for its options") from None
+
     return load
 
 
@@ -181,36 +188,37 @@ _PLANETOID = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 
 
 def _planetoid(name: str) -> DatasetInfo:
-    return DatasetInfo(name, "node", _load_planetoid, name,
-                       tuple(f"ind.{name.lower()}.{s}" for s in _PLANETOID))
+    return DatasetInfo(name, "node", _load_planetoid, name, tuple(f"ind.{name.lower()}.{s}" for s in _PLANETOID))
 
 
 def _tu(name: str, featureless: bool = False, archive: str | None = None) -> DatasetInfo:
     files = tuple(f"{name}_{s}.txt" for s in ("A", "graph_indicator", "graph_labels"))
-    return DatasetInfo(name, "graph", _load_tu, name, files, archive=archive,
-                       featureless=featureless)
+    return DatasetInfo(name, "graph", _load_tu, name, files, archive=archive, featureless=featureless)
 
 
 _ENTRIES: list[DatasetInfo] = [
-    _planetoid("Cora"), _planetoid("CiteSeer"), _planetoid("PubMed"),
-    DatasetInfo("Computers", "node", _load_amazon, "Computers",
-                ("amazon_electronics_computers.npz",), aliases=("amazon-computers",)),
-    DatasetInfo("Photo", "node", _load_amazon, "Photo",
-                ("amazon_electronics_photo.npz",), aliases=("amazon-photo",)),
-    DatasetInfo("CS", "node", _load_coauthor, "CS", ("ms_academic_cs.npz",),
-                aliases=("coauthor-cs",)),
-    DatasetInfo("Physics", "node", _load_coauthor, "Physics", ("ms_academic_phy.npz",),
-                aliases=("coauthor-physics",)),
+    _planetoid("Cora"),
+    _planetoid("CiteSeer"),
+    _planetoid("PubMed"),
+    DatasetInfo(
+        "Computers",
+        "node",
+        _load_amazon,
+        "Computers",
+        ("amazon_electronics_computers.npz",),
+        aliases=("amazon-computers",),
+    ),
+    DatasetInfo("Photo", "node", _load_amazon, "Photo", ("amazon_electronics_photo.npz",), aliases=("amazon-photo",)),
+    DatasetInfo("CS", "node", _load_coauthor, "CS", ("ms_academic_cs.npz",), aliases=("coauthor-cs",)),
+    DatasetInfo("Physics", "node", _load_coauthor, "Physics", ("ms_academic_phy.npz",), aliases=("coauthor-physics",)),
     DatasetInfo("WikiCS", "node", _load_wikics, "WikiCS", ("data.json",), aliases=("wiki-cs",)),
-    *[_tu(n) for n in ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
-                       "ENZYMES", "DD", "PROTEINS")],
+    *[_tu(n) for n in ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1", "ENZYMES", "DD", "PROTEINS")],
     _tu("COLLAB", featureless=True, archive="_archives/COLLAB.tar.xz"),
     _tu("IMDB-BINARY", featureless=True),
     _tu("IMDB-MULTI", featureless=True),
     DatasetInfo("sbm", "node", _synthetic_loader("sbm_binary")),
     DatasetInfo("csbm", "node", _synthetic_loader("contextual_sbm")),
-    DatasetInfo("csbm-fed", "node", _synthetic_loader("contextual_sbm_federated"),
-                aliases=("csbm-fedspray",)),
+    DatasetInfo("csbm-fed", "node", _synthetic_loader("contextual_sbm_federated"), aliases=("csbm-fedspray",)),
 ]
 
 #: name -> DatasetInfo, keyed by the canonical name (look-ups are case-insensitive).
@@ -220,10 +228,22 @@ DATASETS: dict[str, DatasetInfo] = {e.name: e for e in _ENTRIES}
 GCFL_GROUPS: dict[str, tuple[str, ...]] = {
     "molecules": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1"),
     "small": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "ENZYMES", "DD", "PROTEINS"),
-    "biochem": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
-                "ENZYMES", "DD", "PROTEINS"),
-    "mix": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1",
-            "ENZYMES", "DD", "PROTEINS", "COLLAB", "IMDB-BINARY", "IMDB-MULTI"),
+    "biochem": ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1", "ENZYMES", "DD", "PROTEINS"),
+    "mix": (
+        "MUTAG",
+        "BZR",
+        "COX2",
+        "DHFR",
+        "PTC_MR",
+        "AIDS",
+        "NCI1",
+        "ENZYMES",
+        "DD",
+        "PROTEINS",
+        "COLLAB",
+        "IMDB-BINARY",
+        "IMDB-MULTI",
+    ),
 }
 #: the built-in graph-classification generator (:mod:`.synthetic_graphs`)
 SYNTHETIC_GRAPHS = "synthetic-graphs"
@@ -266,7 +286,7 @@ def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
-    except ImportError:                         # pragma: no cover - Windows
+    except ImportError:  # pragma: no cover - Windows
         yield
         return
     with open(path, "w") as fh:
@@ -280,7 +300,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.symlink(src, dst)
-    except OSError:                             # pragma: no cover - no symlink support
+    except OSError:  # pragma: no cover - no symlink support
         shutil.copy2(src, dst)
 
 
@@ -289,8 +309,7 @@ def _extract_archive(archive: Path, dst_root: Path, folder: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder}-", dir=dst_root))
     try:
         with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers()
-                       if m.isfile() and Path(m.name).parts[:2] == (folder, "raw")]
+            members = [m for m in tar.getmembers() if m.isfile() and Path(m.name).parts[:2] == (folder, "raw")]
             kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(tmp, members=members, **kw)
         target = dst_root / folder / "raw"
@@ -320,13 +339,14 @@ def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download:
         raise DataError(
             f"{info.name}: raw files not found; put {', '.join(info.files)} in "
             f"{info.expected_dir(data_root)} (or pass --data-root / set ${ENV_DATA}; from Python, "
-            "allow_download=True lets PyG download it)")
+            "allow_download=True lets PyG download it)"
+        )
     # a cache made from another source is stale: rebuild it (it is ours to delete)
     if marker.exists() and marker.read_text().strip() != source:
         shutil.rmtree(dst_dir)
     dst_raw.mkdir(parents=True, exist_ok=True)
     if source == "download":
-        pass                                    # PyG downloads into dst_raw
+        pass  # PyG downloads into dst_raw
     elif source.endswith((".tar.xz", ".tar.gz", ".tgz", ".tar")):
         if not all((dst_raw / f).is_file() for f in info.files):
             _extract_archive(Path(source), cache_root, info.folder)
@@ -338,12 +358,13 @@ def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download:
     marker.write_text(source + "\n")
 
 
-def _load_real(info: DatasetInfo, data_root: str | os.PathLike | None, allow_download: bool,
-               cache_dir: str | os.PathLike | None) -> Any:
+def _load_real(
+    info: DatasetInfo, data_root: str | os.PathLike | None, allow_download: bool, cache_dir: str | os.PathLike | None
+) -> Any:
     root = resolve_data_root(data_root)
     cache_root = resolve_cache_dir(cache_dir) / "processed"
     if not _is_present(info, root) and not allow_download:
-        _stage(info, root, cache_root, allow_download)      # raises the DataError
+        _stage(info, root, cache_root, allow_download)  # raises the DataError
     if _raw_present(info, root):
         verify_checksums(info.folder, info.expected_dir(root))
     with _locked(cache_root / f".{info.folder}.lock"):
@@ -358,9 +379,13 @@ def _is_binary(x: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------
 # public loaders
 # ---------------------------------------------------------------------------
-def load_node_dataset(name: str, data_root: str | os.PathLike | None = None,
-                      allow_download: bool = False, cache_dir: str | os.PathLike | None = None,
-                      **synthetic_kwargs: Any) -> Data:
+def load_node_dataset(
+    name: str,
+    data_root: str | os.PathLike | None = None,
+    allow_download: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    **synthetic_kwargs: Any,
+) -> Data:
     """One node-classification graph as a ``Data`` with ``num_classes``, ``name`` and
     ``binary_features`` set.
 
@@ -372,13 +397,17 @@ def load_node_dataset(name: str, data_root: str | os.PathLike | None = None,
     """
     info = get_dataset_info(name)
     if info.task != "node":
-        raise DataError(f"{info.name} is a graph-classification dataset: use "
-                        "load_graph_dataset / a graph-level algorithm (e.g. gcfl)")
+        raise DataError(
+            f"{info.name} is a graph-classification dataset: use "
+            "load_graph_dataset / a graph-level algorithm (e.g. gcfl)"
+        )
     if info.synthetic:
         return info.loader(info, None, allow_download, **synthetic_kwargs)
     if synthetic_kwargs:
-        raise DataError(f"{info.name} is a real dataset and takes no generator options "
-                        f"({', '.join(synthetic_kwargs)}): drop them or use 'sbm'/'csbm'")
+        raise DataError(
+            f"{info.name} is a real dataset and takes no generator options "
+            f"({', '.join(synthetic_kwargs)}): drop them or use 'sbm'/'csbm'"
+        )
     data = _load_real(info, data_root, allow_download, cache_dir)
     data.y = data.y.view(-1).long()
     data.num_classes = int(data.y.max()) + 1
@@ -387,9 +416,12 @@ def load_node_dataset(name: str, data_root: str | os.PathLike | None = None,
     return data
 
 
-def load_graph_dataset(name: str, data_root: str | os.PathLike | None = None,
-                       allow_download: bool = False,
-                       cache_dir: str | os.PathLike | None = None) -> Any:
+def load_graph_dataset(
+    name: str,
+    data_root: str | os.PathLike | None = None,
+    allow_download: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+) -> Any:
     """A TU graph-classification dataset (``torch_geometric.datasets.TUDataset``).
 
     Featureless sets (IMDB-BINARY, IMDB-MULTI, COLLAB) get one-hot degree features, as

@@ -5,6 +5,7 @@ partition, a bad split string) raises :class:`DataError` with a one-line message
 that names the problem and the fix.  The CLI turns it into exit code 2; library
 callers can catch it as a ``ValueError``.
 """
+
 from __future__ import annotations
 
 

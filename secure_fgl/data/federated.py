@@ -7,6 +7,7 @@ lives in its ``ClientSubgraph``: its own nodes (with their *global* ids), the
 edges among them, its masks, and the cross-client edges it is an endpoint of.
 An edge between two clients is known to both of them (FedGCN, sec. 3).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,8 +46,14 @@ class ClientSubgraph:
 
     def to_data(self) -> Data:
         """The local subgraph as a torch_geometric ``Data`` (cross edges dropped)."""
-        return Data(x=self.x, y=self.y, edge_index=self.edge_index,
-                    train_mask=self.train_mask, val_mask=self.val_mask, test_mask=self.test_mask)
+        return Data(
+            x=self.x,
+            y=self.y,
+            edge_index=self.edge_index,
+            train_mask=self.train_mask,
+            val_mask=self.val_mask,
+            test_mask=self.test_mask,
+        )
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """``--dataset`` for graph-level algorithms: a TU dataset chunked across ``--clients``
 (GCFL's single-dataset setting), a GCFL group (one dataset per client), or the synthetic
 two-task federation."""
+
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ __all__ = ["is_graph_dataset", "make_graph_federated"]
 def is_graph_dataset(name: str) -> bool:
     """True for a TU graph-classification dataset, a GCFL group or ``synthetic-graphs``."""
     from .datasets import get_dataset_info
+
     key = name.lower()
     if key in GCFL_GROUPS or key == SYNTHETIC_GRAPHS:
         return True
@@ -24,9 +26,14 @@ def is_graph_dataset(name: str) -> bool:
         return False
 
 
-def make_graph_federated(dataset: str, num_clients: int, seed: int = 0,
-                         data_root: str | os.PathLike | None = None, chunk_order: str = "shuffled",
-                         **synthetic_kwargs) -> FederatedGraphDataset:
+def make_graph_federated(
+    dataset: str,
+    num_clients: int,
+    seed: int = 0,
+    data_root: str | os.PathLike | None = None,
+    chunk_order: str = "shuffled",
+    **synthetic_kwargs,
+) -> FederatedGraphDataset:
     """``chunk_order``: ``'shuffled'`` or ``'file'`` (GCFL's reference chunking), one TU dataset only."""
     key = dataset.lower()
     if chunk_order != "shuffled" and (key == SYNTHETIC_GRAPHS or key in GCFL_GROUPS):

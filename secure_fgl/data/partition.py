@@ -10,6 +10,7 @@ Every partitioner returns ``owner``, a ``LongTensor [N]`` with the client id of 
   clients, as FedSage+/FGSSL/FedOMD do, or only the K largest kept (FedSpray sec. 3.1).
 * :func:`iid_partition` -- uniform random, equal sizes.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -19,8 +20,7 @@ import torch
 
 from .errors import DataError
 
-__all__ = ["dirichlet_partition", "louvain_partition", "iid_partition",
-           "partition_label_distribution"]
+__all__ = ["dirichlet_partition", "louvain_partition", "iid_partition", "partition_label_distribution"]
 
 
 def _as_numpy(t: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -31,8 +31,7 @@ def _check_k(num_nodes: int, num_clients: int) -> None:
     if num_clients < 1:
         raise DataError(f"num_clients={num_clients}: need at least 1 client")
     if num_clients > num_nodes:
-        raise DataError(f"num_clients={num_clients} > number of nodes {num_nodes}: "
-                        "use fewer clients or a larger graph")
+        raise DataError(f"num_clients={num_clients} > number of nodes {num_nodes}: use fewer clients or a larger graph")
 
 
 def iid_partition(num_nodes: int, num_clients: int, seed: int = 0) -> torch.Tensor:
@@ -44,8 +43,9 @@ def iid_partition(num_nodes: int, num_clients: int, seed: int = 0) -> torch.Tens
     return torch.from_numpy(owner)
 
 
-def dirichlet_partition(y: torch.Tensor, num_clients: int, beta: float, seed: int = 0,
-                        min_size: int = 10, max_tries: int = 100) -> torch.Tensor:
+def dirichlet_partition(
+    y: torch.Tensor, num_clients: int, beta: float, seed: int = 0, min_size: int = 10, max_tries: int = 100
+) -> torch.Tensor:
     r"""Label-Dirichlet partition (FedGCN's ``label_dirichlet_partition``, Hsu et al. 2019).
 
     For every class ``c`` the class's nodes are shuffled and cut at proportions
@@ -57,8 +57,7 @@ def dirichlet_partition(y: torch.Tensor, num_clients: int, beta: float, seed: in
     n = yn.shape[0]
     _check_k(n, num_clients)
     if not beta > 0:
-        raise DataError(f"beta={beta}: the Dirichlet concentration must be > 0 "
-                        "(10000 ~ i.i.d., 1 = highly skewed)")
+        raise DataError(f"beta={beta}: the Dirichlet concentration must be > 0 (10000 ~ i.i.d., 1 = highly skewed)")
     k = int(num_clients)
     need = min(int(min_size), n // k)
     rng = np.random.default_rng([seed, 12])
@@ -79,13 +78,20 @@ def dirichlet_partition(y: torch.Tensor, num_clients: int, beta: float, seed: in
             sizes += counts
         if sizes.min() >= need:
             return torch.from_numpy(owner)
-    raise DataError(f"dirichlet_partition: after {max_tries} draws some client still has fewer "
-                    f"than {need} nodes (beta={beta}, K={k}, N={n}): raise beta or use fewer clients")
+    raise DataError(
+        f"dirichlet_partition: after {max_tries} draws some client still has fewer "
+        f"than {need} nodes (beta={beta}, K={k}, N={n}): raise beta or use fewer clients"
+    )
 
 
-def louvain_partition(edge_index: torch.Tensor, num_nodes: int, num_clients: int,
-                      resolution: float = 1.0, seed: int = 0,
-                      keep_largest: bool = False) -> torch.Tensor:
+def louvain_partition(
+    edge_index: torch.Tensor,
+    num_nodes: int,
+    num_clients: int,
+    resolution: float = 1.0,
+    seed: int = 0,
+    keep_largest: bool = False,
+) -> torch.Tensor:
     """Louvain communities (``networkx.community.louvain_communities``) as clients.
 
     ``keep_largest=False`` (FedSage+/FGSSL/FedOMD): communities, largest first, go to the
@@ -103,15 +109,17 @@ def louvain_partition(edge_index: torch.Tensor, num_nodes: int, num_clients: int
     ei = _as_numpy(edge_index).astype(np.int64)
     g = nx.Graph()
     g.add_nodes_from(range(num_nodes))
-    keep = ei[0] < ei[1]                       # each undirected edge once, no self loops
+    keep = ei[0] < ei[1]  # each undirected edge once, no self loops
     g.add_edges_from(zip(ei[0, keep].tolist(), ei[1, keep].tolist()))
     comms = nx.community.louvain_communities(g, resolution=resolution, seed=seed)
     # deterministic order: size desc, then smallest member
     comms = sorted((sorted(c) for c in comms), key=lambda c: (-len(c), c[0]))
     k = int(num_clients)
     if len(comms) < k:
-        raise DataError(f"Louvain found only {len(comms)} communities for {k} clients: "
-                        f"raise resolution (now {resolution}) or use fewer clients")
+        raise DataError(
+            f"Louvain found only {len(comms)} communities for {k} clients: "
+            f"raise resolution (now {resolution}) or use fewer clients"
+        )
     owner = np.full(num_nodes, -1, dtype=np.int64)
     if keep_largest:
         for cid, members in enumerate(comms[:k]):
@@ -125,8 +133,7 @@ def louvain_partition(edge_index: torch.Tensor, num_nodes: int, num_clients: int
     return torch.from_numpy(owner)
 
 
-def partition_label_distribution(y: torch.Tensor, owner: torch.Tensor,
-                                 num_classes: int | None = None) -> torch.Tensor:
+def partition_label_distribution(y: torch.Tensor, owner: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
     """``[K, C]`` row-stochastic label distribution of every client (FedGCN Def. 5.1)."""
     yn, on = _as_numpy(y).astype(np.int64), _as_numpy(owner).astype(np.int64)
     c = int(num_classes if num_classes is not None else yn.max() + 1)

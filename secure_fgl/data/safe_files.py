@@ -11,6 +11,7 @@
   the list).  :func:`verify_checksums` warns on a mismatch (a re-packaged but honest copy
   stays usable; the restricted unpickler is the actual protection).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,26 +19,44 @@ import hashlib
 import pickle
 import types
 import warnings
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
 
 from .errors import DataError
 
-_BUILTINS = {"list", "dict", "set", "frozenset", "tuple", "int", "float", "bool", "str", "bytes",
-             "bytearray", "complex", "slice", "range"}
+_BUILTINS = {
+    "list",
+    "dict",
+    "set",
+    "frozenset",
+    "tuple",
+    "int",
+    "float",
+    "bool",
+    "str",
+    "bytes",
+    "bytearray",
+    "complex",
+    "slice",
+    "range",
+}
 _SPARSE = {"csr_matrix", "csc_matrix", "coo_matrix"}
 #: module -> names a Planetoid pickle may resolve
 ALLOWED_GLOBALS: dict[str, set[str]] = {
-    "builtins": _BUILTINS, "__builtin__": _BUILTINS,
+    "builtins": _BUILTINS,
+    "__builtin__": _BUILTINS,
     "collections": {"defaultdict", "OrderedDict"},
-    "_codecs": {"encode"},                    # how protocol-2 pickles written by Python 3 carry bytes
+    "_codecs": {"encode"},  # how protocol-2 pickles written by Python 3 carry bytes
     "numpy": {"ndarray", "dtype"},
     "numpy.core.multiarray": {"_reconstruct", "scalar"},
     "numpy._core.multiarray": {"_reconstruct", "scalar"},
-    "scipy.sparse.csr": _SPARSE, "scipy.sparse._csr": _SPARSE,
-    "scipy.sparse.csc": _SPARSE, "scipy.sparse._csc": _SPARSE,
-    "scipy.sparse.coo": _SPARSE, "scipy.sparse._coo": _SPARSE,
+    "scipy.sparse.csr": _SPARSE,
+    "scipy.sparse._csr": _SPARSE,
+    "scipy.sparse.csc": _SPARSE,
+    "scipy.sparse._csc": _SPARSE,
+    "scipy.sparse.coo": _SPARSE,
+    "scipy.sparse._coo": _SPARSE,
 }
 
 
@@ -46,9 +65,11 @@ class PlanetoidUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if name not in ALLOWED_GLOBALS.get(module, ()):
-            raise DataError(f"refusing to load {getattr(self, 'path', 'a pickle')}: it references {module}.{name}, "
-                            "which a Planetoid file never needs (a crafted or corrupt file?); replace it with the "
-                            "public original")
+            raise DataError(
+                f"refusing to load {getattr(self, 'path', 'a pickle')}: it references {module}.{name}, "
+                "which a Planetoid file never needs (a crafted or corrupt file?); replace it with the "
+                "public original"
+            )
         return super().find_class(module, name)
 
 
@@ -62,8 +83,10 @@ def load_pickle(file, *, path: str = "a pickle", encoding: str = "latin1"):
     except DataError:
         raise
     except Exception as exc:  # truncated/corrupt bytes raise many types inside pickle
-        raise DataError(f"cannot read {path}: not a valid Planetoid pickle ({type(exc).__name__}: "
-                        f"{str(exc)[:120]}); replace it with the public original") from None
+        raise DataError(
+            f"cannot read {path}: not a valid Planetoid pickle ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); replace it with the public original"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -71,8 +94,12 @@ def restricted_pickle() -> Iterator[None]:
     """While active, PyG's Planetoid reader (``torch_geometric.io.planetoid``) unpickles with
     :func:`load_pickle`."""
     import torch_geometric.io.planetoid as planetoid_io
-    shim = types.SimpleNamespace(load=lambda f, encoding="latin1": load_pickle(
-        f, path=getattr(f, "path", getattr(f, "name", "a Planetoid file")), encoding=encoding))
+
+    shim = types.SimpleNamespace(
+        load=lambda f, encoding="latin1": load_pickle(
+            f, path=getattr(f, "path", getattr(f, "name", "a Planetoid file")), encoding=encoding
+        )
+    )
     original = planetoid_io.pickle
     planetoid_io.pickle = shim
     try:
@@ -103,6 +130,9 @@ def verify_checksums(folder: str, raw_dir: Path) -> list[str]:
         if h.hexdigest() != want:
             bad.append(path.name)
     if bad:
-        warnings.warn(f"{folder}: {', '.join(bad)} differ from the public files' SHA-256 (secure_fgl/data/SHA256SUMS);"
-                      " results may not be comparable — replace them with the public originals", stacklevel=3)
+        warnings.warn(
+            f"{folder}: {', '.join(bad)} differ from the public files' SHA-256 (secure_fgl/data/SHA256SUMS);"
+            " results may not be comparable — replace them with the public originals",
+            stacklevel=3,
+        )
     return bad

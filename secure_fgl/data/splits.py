@@ -23,6 +23,7 @@ fedomd      1 / 20 / 20 per client   FedOMD sec. 5.1, Table 2 ("1 %, 20 % and 20
 random:a/b/c  a / b / c per client   fractions (0.6/0.2/0.2) or percent (60/20/20)
 ==========  =======================  ===============================================
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,7 @@ SPLITS: dict[str, tuple[float, float, float, int]] = {
 #: Shchur et al. (2018): training and validation nodes per class
 SHCHUR_PER_CLASS = (20, 30)
 
-_HINT = ("use 'public', 'shchur', 'fedspray', 'fgssl', 'fedomd' or 'random:a/b/c' "
-         "(e.g. random:0.6/0.2/0.2)")
+_HINT = "use 'public', 'shchur', 'fedspray', 'fgssl', 'fedomd' or 'random:a/b/c' (e.g. random:0.6/0.2/0.2)"
 
 
 def parse_split(split: str) -> tuple[float, float, float, int] | None:
@@ -55,32 +55,35 @@ def parse_split(split: str) -> tuple[float, float, float, int] | None:
     if s in SPLITS:
         return SPLITS[s]
     if s.startswith("random:"):
-        parts = s[len("random:"):].split("/")
+        parts = s[len("random:") :].split("/")
         try:
             vals = [float(p) for p in parts]
         except ValueError:
             vals = []
         if len(vals) != 3 or min(vals) < 0:
-            raise DataError(f"bad split {split!r}: write random:a/b/c with three non-negative "
-                            "numbers, e.g. random:0.6/0.2/0.2")
-        if max(vals) > 1:                                   # percentages
+            raise DataError(
+                f"bad split {split!r}: write random:a/b/c with three non-negative numbers, e.g. random:0.6/0.2/0.2"
+            )
+        if max(vals) > 1:  # percentages
             vals = [v / 100.0 for v in vals]
         if sum(vals) > 1 + 1e-9:
-            raise DataError(f"bad split {split!r}: the fractions sum to {sum(vals):.3g} > 1; "
-                            "make train + val + test <= 1")
+            raise DataError(
+                f"bad split {split!r}: the fractions sum to {sum(vals):.3g} > 1; make train + val + test <= 1"
+            )
         return vals[0], vals[1], vals[2], 0
     raise DataError(f"unknown split {split!r}: {_HINT}")
 
 
-def _per_client_masks(owner: np.ndarray, fracs: tuple[float, float, float, int],
-                      seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _per_client_masks(
+    owner: np.ndarray, fracs: tuple[float, float, float, int], seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised: rank every node inside its client by a random key, then threshold."""
     a, b, c, min_train = fracs
     n = owner.shape[0]
     rng = np.random.default_rng([seed, 21])
     key = rng.random(n)
     kept = np.flatnonzero(owner >= 0)
-    order = kept[np.lexsort((key[kept], owner[kept]))]       # by client, then random key
+    order = kept[np.lexsort((key[kept], owner[kept]))]  # by client, then random key
     k = int(owner.max()) + 1 if kept.size else 0
     sizes = np.bincount(owner[kept], minlength=k)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -109,17 +112,19 @@ def _per_class_masks(y: np.ndarray, owner: np.ndarray, seed: int) -> tuple[np.nd
     for cls in np.unique(y[valid]):
         members = rng.permutation(np.flatnonzero(valid & (y == cls)))
         train[members[:n_train]] = True
-        val[members[n_train:n_train + n_val]] = True
+        val[members[n_train : n_train + n_val]] = True
     return train, val, valid & ~train & ~val
 
 
-def apply_split(data: Data, owner: torch.Tensor, split: str = "public",
-                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def apply_split(
+    data: Data, owner: torch.Tensor, split: str = "public", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Global ``(train_mask, val_mask, test_mask)`` for a partitioned graph (see module doc)."""
     own = owner.detach().cpu().numpy().astype(np.int64)
     if own.shape[0] != data.num_nodes:
-        raise DataError(f"owner has {own.shape[0]} entries for {data.num_nodes} nodes: "
-                        "partition the same graph you split")
+        raise DataError(
+            f"owner has {own.shape[0]} entries for {data.num_nodes} nodes: partition the same graph you split"
+        )
     fracs = parse_split(split)
     if fracs is None:
         masks = [getattr(data, m, None) for m in ("train_mask", "val_mask", "test_mask")]
@@ -131,8 +136,10 @@ def apply_split(data: Data, owner: torch.Tensor, split: str = "public",
         for m in masks:
             m = m.bool()
             if m.dim() != 1 or m.numel() != own.shape[0]:
-                raise DataError(f"public mask of shape {tuple(m.shape)} does not match "
-                                f"{own.shape[0]} nodes: pick one split column or use a per-client split")
+                raise DataError(
+                    f"public mask of shape {tuple(m.shape)} does not match "
+                    f"{own.shape[0]} nodes: pick one split column or use a per-client split"
+                )
             out.append(m & valid)
         return out[0], out[1], out[2]
     tr, va, te = _per_client_masks(own, fracs, seed)

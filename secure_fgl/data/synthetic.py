@@ -19,6 +19,7 @@ attributes ``num_classes``, ``name`` and ``binary_features``.
 Edges are drawn as endpoint pairs (expected ``E = N * avg_degree / 2`` undirected edges)
 rather than by flipping ``N^2`` coins, so a 10^6-node graph takes seconds.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -41,8 +42,9 @@ __all__ = [
 # ---------------------------------------------------------------------------
 # shared helpers
 # ---------------------------------------------------------------------------
-def coalesce_undirected(row: np.ndarray, col: np.ndarray, num_nodes: int,
-                        remove_self_loops: bool = True) -> torch.Tensor:
+def coalesce_undirected(
+    row: np.ndarray, col: np.ndarray, num_nodes: int, remove_self_loops: bool = True
+) -> torch.Tensor:
     """``[2, 2E]`` long tensor: both directions of every pair once, sorted by (row, col).
 
     Duplicate pairs collapse into one edge; self loops are dropped unless asked otherwise.
@@ -56,14 +58,15 @@ def coalesce_undirected(row: np.ndarray, col: np.ndarray, num_nodes: int,
     both_r = np.concatenate([row, col])
     both_c = np.concatenate([col, row])
     key = both_r * n + both_c
-    key.sort()                                  # sorted => coalesced (row, col) order
+    key.sort()  # sorted => coalesced (row, col) order
     if key.size:
         key = key[np.concatenate([[True], key[1:] != key[:-1]])]
     return torch.from_numpy(np.stack([key // n, key % n]))
 
 
-def random_masks(num_nodes: int, ratios: tuple[float, float, float] = (0.6, 0.2, 0.2),
-                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_masks(
+    num_nodes: int, ratios: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random disjoint train/val/test masks with the given fractions of ``num_nodes``."""
     rng = np.random.default_rng([seed, 0x5EED])
     perm = rng.permutation(num_nodes)
@@ -83,9 +86,9 @@ def _balanced_labels(num_nodes: int, num_classes: int, rng: np.random.Generator)
     return rng.permutation(np.arange(num_nodes, dtype=np.int64) % num_classes)
 
 
-def _planted_partition_edges(y: np.ndarray, num_classes: int, num_edges: int,
-                             homophily: float, rng: np.random.Generator
-                             ) -> tuple[np.ndarray, np.ndarray]:
+def _planted_partition_edges(
+    y: np.ndarray, num_classes: int, num_edges: int, homophily: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Sample ``num_edges`` endpoint pairs: a uniform source, then a uniform target in the
     source's class with probability ``homophily``, else uniform among the other classes.
 
@@ -103,7 +106,7 @@ def _planted_partition_edges(y: np.ndarray, num_classes: int, num_edges: int,
     same = (rng.random(num_edges) < homophily) | (other == 0)
     pos_same = offsets[c] + np.floor(u * sizes[c]).astype(np.int64)
     pos_diff = np.floor(u * other).astype(np.int64)
-    pos_diff += sizes[c] * (pos_diff >= offsets[c])          # skip the source's class block
+    pos_diff += sizes[c] * (pos_diff >= offsets[c])  # skip the source's class block
     pos = np.where(same, pos_same, pos_diff)
     return src, order[np.minimum(pos, n - 1)]
 
@@ -113,22 +116,31 @@ def _check(cond: bool, msg: str) -> None:
         raise DataError(msg)
 
 
-def _check_common(num_nodes: int, num_classes: int, num_features: int,
-                  avg_degree: float, homophily: float) -> None:
+def _check_common(num_nodes: int, num_classes: int, num_features: int, avg_degree: float, homophily: float) -> None:
     _check(num_classes >= 2, f"num_classes={num_classes}: need at least 2 classes")
-    _check(num_nodes >= num_classes, f"num_nodes={num_nodes} < num_classes={num_classes}: "
-           "use more nodes or fewer classes")
-    _check(num_features >= num_classes, f"num_features={num_features} < num_classes="
-           f"{num_classes}: every class needs its own feature direction; raise num_features")
+    _check(
+        num_nodes >= num_classes, f"num_nodes={num_nodes} < num_classes={num_classes}: use more nodes or fewer classes"
+    )
+    _check(
+        num_features >= num_classes,
+        f"num_features={num_features} < num_classes="
+        f"{num_classes}: every class needs its own feature direction; raise num_features",
+    )
     _check(avg_degree > 0, f"avg_degree={avg_degree}: must be > 0")
     _check(0.0 <= homophily <= 1.0, f"homophily={homophily}: must lie in [0, 1]")
 
 
-def _finish(x: np.ndarray | torch.Tensor, y: np.ndarray, edge_index: torch.Tensor,
-            num_classes: int, name: str, binary: bool, seed: int) -> Data:
+def _finish(
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray,
+    edge_index: torch.Tensor,
+    num_classes: int,
+    name: str,
+    binary: bool,
+    seed: int,
+) -> Data:
     n = y.shape[0]
-    data = Data(x=torch.as_tensor(x, dtype=torch.float32), y=torch.from_numpy(y),
-                edge_index=edge_index, num_nodes=n)
+    data = Data(x=torch.as_tensor(x, dtype=torch.float32), y=torch.from_numpy(y), edge_index=edge_index, num_nodes=n)
     data.train_mask, data.val_mask, data.test_mask = random_masks(n, (0.6, 0.2, 0.2), seed)
     data.num_classes = int(num_classes)
     data.name = name
@@ -139,10 +151,16 @@ def _finish(x: np.ndarray | torch.Tensor, y: np.ndarray, edge_index: torch.Tenso
 # ---------------------------------------------------------------------------
 # FedGCN SBM with binary bag-of-words features
 # ---------------------------------------------------------------------------
-def sbm_binary(num_nodes: int = 2000, num_classes: int = 5, num_features: int = 500,
-               avg_degree: float = 8.0, homophily: float = 0.8,
-               feature_density: float = 0.02, class_signal: float = 0.28,
-               seed: int = 0) -> Data:
+def sbm_binary(
+    num_nodes: int = 2000,
+    num_classes: int = 5,
+    num_features: int = 500,
+    avg_degree: float = 8.0,
+    homophily: float = 0.8,
+    feature_density: float = 0.02,
+    class_signal: float = 0.28,
+    seed: int = 0,
+) -> Data:
     r"""Stochastic block model with class-correlated binary bag-of-words features.
 
     Graph (FedGCN sec. 5, App. D): ``C`` equal classes; ``E = N \cdot avg\_degree / 2``
@@ -189,12 +207,11 @@ def sbm_binary(num_nodes: int = 2000, num_classes: int = 5, num_features: int = 
 # ---------------------------------------------------------------------------
 # contextual SBM (Gaussian features)
 # ---------------------------------------------------------------------------
-def _class_means(num_classes: int, num_features: int, mu: float,
-                 rng: np.random.Generator) -> np.ndarray:
+def _class_means(num_classes: int, num_features: int, mu: float, rng: np.random.Generator) -> np.ndarray:
     """``C`` means at pairwise distance exactly ``mu``: ``(mu / sqrt 2)`` times orthonormal
     random directions (a QR of a Gaussian matrix)."""
     q, _ = np.linalg.qr(rng.standard_normal((num_features, num_classes)))
-    return (mu / np.sqrt(2.0)) * q.T                    # [C, F]
+    return (mu / np.sqrt(2.0)) * q.T  # [C, F]
 
 
 def _gaussian_features(y: np.ndarray, means: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
@@ -203,9 +220,15 @@ def _gaussian_features(y: np.ndarray, means: np.ndarray, rng: np.random.Generato
     return torch.from_numpy(x)
 
 
-def contextual_sbm(num_nodes: int = 2000, num_classes: int = 2, num_features: int = 32,
-                   avg_degree: float = 8.0, homophily: float = 0.8, mu: float = 1.0,
-                   seed: int = 0) -> Data:
+def contextual_sbm(
+    num_nodes: int = 2000,
+    num_classes: int = 2,
+    num_features: int = 32,
+    avg_degree: float = 8.0,
+    homophily: float = 0.8,
+    mu: float = 1.0,
+    seed: int = 0,
+) -> Data:
     r"""Contextual stochastic block model with Gaussian class features.
 
     ``x_i \sim \mathcal N(\mu_{y_i}, I_F)`` with class means at pairwise distance
@@ -228,16 +251,20 @@ def _per_client(value: float | Sequence[float], k: int, name: str) -> np.ndarray
     arr = np.asarray(value, dtype=np.float64).reshape(-1)
     if arr.size == 1:
         arr = np.repeat(arr, k)
-    _check(arr.size == k, f"{name} has {arr.size} entries for {k} clients: give one value "
-           "or one per client")
+    _check(arr.size == k, f"{name} has {arr.size} entries for {k} clients: give one value or one per client")
     return arr
 
 
-def contextual_sbm_federated(num_clients: int = 10, majority_fraction: float | Sequence[float] = 0.8,
-                             nodes_per_client: int | Sequence[int] = 400,
-                             num_features: int = 32, avg_degree: float = 8.0,
-                             majority_neighbor_prob: float | Sequence[float] = 0.8,
-                             mu: float = 1.0, seed: int = 0) -> Data:
+def contextual_sbm_federated(
+    num_clients: int = 10,
+    majority_fraction: float | Sequence[float] = 0.8,
+    nodes_per_client: int | Sequence[int] = 400,
+    num_features: int = 32,
+    avg_degree: float = 8.0,
+    majority_neighbor_prob: float | Sequence[float] = 0.8,
+    mu: float = 1.0,
+    seed: int = 0,
+) -> Data:
     r"""FedSpray's federated contextual SBM: one independent two-class graph per client.
 
     FedSpray sec. 3.2.1, ``G^{(k)} \sim Gen(\mu_1, \mu_2, p^{(k)}, q^{(k)})``:
@@ -263,24 +290,27 @@ def contextual_sbm_federated(num_clients: int = 10, majority_fraction: float | S
     frac = _per_client(majority_fraction, k, "majority_fraction")
     p = _per_client(majority_neighbor_prob, k, "majority_neighbor_prob")
     sizes = _per_client(nodes_per_client, k, "nodes_per_client").astype(np.int64)
-    _check(bool(np.all((frac > 0.5) & (frac < 1.0))),
-           f"majority_fraction={majority_fraction}: must lie in (0.5, 1) (FedSpray: 0 < q < 1)")
-    _check(bool(np.all((p > 0.5) & (p < 1.0))),
-           f"majority_neighbor_prob={majority_neighbor_prob}: must lie in (0.5, 1) (FedSpray: 1/2 < p < 1)")
+    _check(
+        bool(np.all((frac > 0.5) & (frac < 1.0))),
+        f"majority_fraction={majority_fraction}: must lie in (0.5, 1) (FedSpray: 0 < q < 1)",
+    )
+    _check(
+        bool(np.all((p > 0.5) & (p < 1.0))),
+        f"majority_neighbor_prob={majority_neighbor_prob}: must lie in (0.5, 1) (FedSpray: 1/2 < p < 1)",
+    )
     _check(avg_degree > 0, f"avg_degree={avg_degree}: must be > 0")
     _check(num_features >= 2, f"num_features={num_features}: need >= 2")
     n_maj = np.round(sizes * frac).astype(np.int64)
     n_min = sizes - n_maj
-    _check(bool(np.all(n_min >= 1)), "a client has no minority node: raise nodes_per_client "
-           "or lower majority_fraction")
+    _check(bool(np.all(n_min >= 1)), "a client has no minority node: raise nodes_per_client or lower majority_fraction")
     rng = np.random.default_rng([seed, 3])
 
-    maj_class = (np.arange(k) >= (k + 1) // 2).astype(np.int64)         # c1 first half, c2 rest
+    maj_class = (np.arange(k) >= (k + 1) // 2).astype(np.int64)  # c1 first half, c2 rest
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     n = int(sizes.sum())
     owner = np.repeat(np.arange(k, dtype=np.int64), sizes)
     local = np.arange(n, dtype=np.int64) - start[owner]
-    is_maj = local < n_maj[owner]                                      # majority block first
+    is_maj = local < n_maj[owner]  # majority block first
     y = np.where(is_maj, maj_class[owner], 1 - maj_class[owner])
 
     # expected edge counts per block pair, per client

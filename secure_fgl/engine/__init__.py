@@ -1,4 +1,5 @@
 """Rounds, evaluation, checkpoints and devices (one process; clients simulated in turn)."""
+
 from .device import resolve_device, seed_everything
 from .trainer import TrainState, train
 

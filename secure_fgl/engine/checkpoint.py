@@ -13,6 +13,7 @@ the run's data, protocol, privacy or models (everything in :class:`RunConfig` ex
 Files are written by :func:`~secure_fgl.engine.files.save_torch_atomic` through ``mkstemp``,
 so they are created with mode 0600 (they hold the clients' models).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -28,9 +29,24 @@ from .files import save_torch_atomic
 
 FORMAT = "secure_fgl-checkpoint/1"
 #: settings that may change between a run and its resumption
-RESUMABLE_KEYS = frozenset({"rounds", "patience", "device", "data_root", "out", "resume", "attacks", "log",
-                            "save_best_model", "ray_address", "ray_num_cpus", "ray_workers", "round_timeout",
-                            "ray_client_resources"})
+RESUMABLE_KEYS = frozenset(
+    {
+        "rounds",
+        "patience",
+        "device",
+        "data_root",
+        "out",
+        "resume",
+        "attacks",
+        "log",
+        "save_best_model",
+        "ray_address",
+        "ray_num_cpus",
+        "ray_workers",
+        "round_timeout",
+        "ray_client_resources",
+    }
+)
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:
@@ -50,7 +66,7 @@ def to_plain(obj: Any) -> Any:
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj).copy())}
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, (bytes, bytearray)):        # weights_only refuses the bytes global
+    if isinstance(obj, (bytes, bytearray)):  # weights_only refuses the bytes global
         data = torch.frombuffer(bytearray(obj), dtype=torch.uint8) if obj else torch.zeros(0, dtype=torch.uint8)
         return {"__bytes__": data}
     if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
@@ -82,8 +98,10 @@ def load_checkpoint(path: Path, cfg: RunConfig) -> dict:
         saved = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"checkpoint {path} is corrupt or not a plain-data secure_fgl checkpoint ({reason[:160]}); "
-                          "delete it or run without --resume") from None
+        raise ConfigError(
+            f"checkpoint {path} is corrupt or not a plain-data secure_fgl checkpoint ({reason[:160]}); "
+            "delete it or run without --resume"
+        ) from None
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         raise ConfigError(f"checkpoint {path} is not a {FORMAT} checkpoint; delete it or run without --resume")
     mine, theirs = config_fingerprint(cfg), saved.get("fingerprint")
@@ -92,6 +110,8 @@ def load_checkpoint(path: Path, cfg: RunConfig) -> dict:
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k} (checkpoint {theirs.get(k)!r}, now {mine.get(k)!r})" for k in differ)
-        raise ConfigError(f"--resume refused: the checkpoint in {path.parent} was made with other settings: {shown}; "
-                          "resume with the same settings or choose another --out")
+        raise ConfigError(
+            f"--resume refused: the checkpoint in {path.parent} was made with other settings: {shown}; "
+            "resume with the same settings or choose another --out"
+        )
     return from_plain({k: v for k, v in saved.items() if k not in ("format", "fingerprint")})

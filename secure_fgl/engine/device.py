@@ -1,4 +1,5 @@
 """Device selection and seeding."""
+
 from __future__ import annotations
 
 import random
@@ -10,6 +11,7 @@ import torch
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto``: CUDA when present, else CPU.  ``cuda`` without a GPU is an error."""
     from ..config import ConfigError
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -11,6 +11,7 @@ A hook may also have ``finish(result)``, called with the final ``result.json`` c
 entry per parameter of every model the algorithm holds; ``k`` indexes clients for per-client
 models), so it loads with ``torch.load(path, weights_only=True)``; see :func:`load_best_model`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,15 @@ def model_weights(algo) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for attr, value in vars(algo).items():
-        modules = [(attr, value)] if isinstance(value, nn.Module) else (
-            [(f"{attr}.{i}", m) for i, m in enumerate(value)]
-            if isinstance(value, (list, tuple)) and value and all(isinstance(m, nn.Module) for m in value) else [])
+        modules = (
+            [(attr, value)]
+            if isinstance(value, nn.Module)
+            else (
+                [(f"{attr}.{i}", m) for i, m in enumerate(value)]
+                if isinstance(value, (list, tuple)) and value and all(isinstance(m, nn.Module) for m in value)
+                else []
+            )
+        )
         for prefix, module in modules:
             if id(module) in seen:
                 continue
@@ -46,7 +53,7 @@ def load_best_model(path: str | Path, module: nn.Module, prefix: str = "models.0
     """Load the weights saved under ``prefix`` (e.g. ``models.0``: the global model of a
     model-averaging algorithm; ``models.3``/``gnns.3``: client 3's) into ``module``."""
     weights = torch.load(path, weights_only=True, map_location="cpu")
-    state = {k[len(prefix) + 1:]: v for k, v in weights.items() if k.startswith(prefix + ".")}
+    state = {k[len(prefix) + 1 :]: v for k, v in weights.items() if k.startswith(prefix + ".")}
     if not state:
         prefixes = sorted({".".join(k.split(".")[:2]) for k in weights})
         raise KeyError(f"no weights under {prefix!r} in {path}; it holds {', '.join(prefixes)}")
@@ -62,7 +69,7 @@ class BestModelSaver:
 
     def __call__(self, row: dict, state, algo) -> None:
         if state.best_round == row["round"]:
-            deployed = getattr(algo, "deployed_weights", None)     # client runtimes: asked of each client
+            deployed = getattr(algo, "deployed_weights", None)  # client runtimes: asked of each client
             weights = deployed() if deployed is not None else model_weights(algo)
             if weights:
                 save_torch_atomic(self.path, weights, private=False)
@@ -97,8 +104,10 @@ class TensorBoardLogger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("--log tensorboard needs the tensorboard package: "
-                              "pip install 'secure-fgl[tensorboard]' (or use --log csv)") from None
+            raise ConfigError(
+                "--log tensorboard needs the tensorboard package: "
+                "pip install 'secure-fgl[tensorboard]' (or use --log csv)"
+            ) from None
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def __call__(self, row: dict, state, algo) -> None:
@@ -108,15 +117,26 @@ class TensorBoardLogger:
         self.writer.flush()
 
 
-def make_hooks(out_dir: Path | None, *, log: tuple[str, ...] = (), save_best: bool = True,
-               resume: bool = False, config: dict | None = None) -> list:
+def make_hooks(
+    out_dir: Path | None,
+    *,
+    log: tuple[str, ...] = (),
+    save_best: bool = True,
+    resume: bool = False,
+    config: dict | None = None,
+) -> list:
     """The hooks a run asked for (none without a run folder); ``config`` goes to the trackers."""
     from .trackers import MLflowLogger, WandbLogger
+
     if out_dir is None:
         return []
     hooks: list = [BestModelSaver(out_dir)] if save_best else []
-    make = {"csv": lambda: CSVLogger(out_dir, resume), "tensorboard": lambda: TensorBoardLogger(out_dir),
-            "wandb": lambda: WandbLogger(out_dir, config or {}), "mlflow": lambda: MLflowLogger(out_dir, config or {})}
+    make = {
+        "csv": lambda: CSVLogger(out_dir, resume),
+        "tensorboard": lambda: TensorBoardLogger(out_dir),
+        "wandb": lambda: WandbLogger(out_dir, config or {}),
+        "mlflow": lambda: MLflowLogger(out_dir, config or {}),
+    }
     for name in log:
         hooks.append(make[name]())
     return hooks

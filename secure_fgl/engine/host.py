@@ -5,6 +5,7 @@ exchange needs the clients' updates on the host.  :func:`to_host` copies them in
 page-locked (pinned) ``[K, L]`` buffer with asynchronous copies and one synchronisation, instead
 of K pageable copies each waiting for the device; on the CPU it returns views, no copy.
 """
+
 from __future__ import annotations
 
 import numpy as np

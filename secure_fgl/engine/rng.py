@@ -21,6 +21,7 @@ by 1e-7 (or whose decrypted zeros are not exactly zero) must still draw the same
 These are simulation seeds for reproducible training, not cryptographic randomness
 (keys, masks and DP noise come from the OS CSPRNG elsewhere).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,13 +31,12 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-_ACTIVE: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("training_generator",
-                                                                                 default=None)
+_ACTIVE: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("training_generator", default=None)
 
 # lowbias32's multipliers as signed int32 (torch has no uint32 arithmetic; products wrap mod 2^32)
 _MIX1 = 0x7FEB352D
 _MIX2 = 0x846CA68B - (1 << 32)
-_UNIFORM_BITS = 24          # float32 has a 24-bit significand: u = top 24 bits / 2^24
+_UNIFORM_BITS = 24  # float32 has a 24-bit significand: u = top 24 bits / 2^24
 
 
 def client_generator(seed: int, rnd: int, client: int, step: int) -> torch.Generator:
@@ -60,7 +60,7 @@ def using(generator: torch.Generator) -> Iterator[torch.Generator]:
 def draw_key() -> int:
     """One 32-bit key (as a signed int32) from the active generator (torch's global one
     outside :func:`using`)."""
-    return int(torch.randint(-2 ** 31, 2 ** 31, (1,), generator=_ACTIVE.get()))
+    return int(torch.randint(-(2**31), 2**31, (1,), generator=_ACTIVE.get()))
 
 
 def _logical_shift_right(z: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
@@ -78,4 +78,4 @@ def uniform_at(key: int, index: torch.Tensor) -> torch.Tensor:
     z.bitwise_xor_(_logical_shift_right(z, 16, tmp)).mul_(_MIX1)
     z.bitwise_xor_(_logical_shift_right(z, 15, tmp)).mul_(_MIX2)
     z.bitwise_xor_(_logical_shift_right(z, 16, tmp))
-    return _logical_shift_right(z, 32 - _UNIFORM_BITS, tmp).to(torch.float32).mul_(2.0 ** -_UNIFORM_BITS)
+    return _logical_shift_right(z, 32 - _UNIFORM_BITS, tmp).to(torch.float32).mul_(2.0**-_UNIFORM_BITS)

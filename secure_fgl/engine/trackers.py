@@ -12,6 +12,7 @@ Each is a round hook (``hook(row, state, algo)``: the scalar metrics of each rou
   ``OUT/mlartifacts`` (``mlflow ui --backend-store-uri sqlite:///OUT/mlflow.db``); experiment
   ``$MLFLOW_EXPERIMENT_NAME`` (default ``secure-fgl``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,7 +24,7 @@ from ..results import flatten
 
 #: --log name -> (module it needs, extra that installs it)
 TRACKERS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
-MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "mlartifacts"      # MLflow's local store in the run folder
+MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "mlartifacts"  # MLflow's local store in the run folder
 
 
 def require(name: str):
@@ -32,8 +33,9 @@ def require(name: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigError(f"--log {name} needs the {module} package: pip install 'secure-fgl[{extra}]' "
-                          "(or use --log csv)") from None
+        raise ConfigError(
+            f"--log {name} needs the {module} package: pip install 'secure-fgl[{extra}]' (or use --log csv)"
+        ) from None
 
 
 def scalars(row: dict) -> dict[str, float]:
@@ -51,8 +53,13 @@ class WandbLogger:
 
     def __init__(self, out_dir: Path, config: dict):
         wandb = require("wandb")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "secure-fgl"), name=Path(out_dir).name,
-                              dir=str(out_dir), config=config, reinit="create_new")
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "secure-fgl"),
+            name=Path(out_dir).name,
+            dir=str(out_dir),
+            config=config,
+            reinit="create_new",
+        )
 
     def __call__(self, row: dict, state, algo) -> None:
         self.run.log(scalars(row), step=row["round"])
@@ -68,16 +75,21 @@ class MLflowLogger:
     def __init__(self, out_dir: Path, config: dict):
         mlflow = require("mlflow")
         from mlflow.entities import Param
+
         out = Path(out_dir).resolve()
-        self.client = mlflow.MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI")
-                                          or f"sqlite:///{out / MLFLOW_DB}")
+        self.client = mlflow.MlflowClient(
+            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out / MLFLOW_DB}"
+        )
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "secure-fgl")
         experiment = self.client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
-            name, artifact_location=(out / MLFLOW_ARTIFACTS).as_uri())
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment(name, artifact_location=(out / MLFLOW_ARTIFACTS).as_uri())
+        )
         self.run_id = self.client.create_run(experiment_id, run_name=Path(out_dir).name).info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in flatten({"config": config}).items() if v is not None]
-        self.client.log_batch(self.run_id, params=params)                   # 6000: MLflow's limit on a value
+        self.client.log_batch(self.run_id, params=params)  # 6000: MLflow's limit on a value
 
     def __call__(self, row: dict, state, algo) -> None:
         for key, value in scalars(row).items():

@@ -8,6 +8,7 @@ continues with the same RNG state, so an interrupted run ends with the same resu
 uninterrupted one — except under DP: the noise comes from a fresh OS-keyed generator after
 a resume (:mod:`protocols.csprng`), so DP runs are not bit-reproducible, by design.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, RunConfig
-from .device import rng_state, set_rng_state
 from .checkpoint import load_checkpoint, save_checkpoint
+from .device import rng_state, set_rng_state
 
-if TYPE_CHECKING:                     # the algorithms import engine.rng
+if TYPE_CHECKING:  # the algorithms import engine.rng
     from ..algorithms.base import FederatedAlgorithm
 
 CHECKPOINT = "checkpoint.pt"
@@ -53,13 +54,16 @@ def _restore(saved: dict, path: Path, algo: FederatedAlgorithm, extra_state) -> 
             extra_state[1](saved["extra"])
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
-        raise ConfigError(f"checkpoint {path} matches this run's settings but its content does not load "
-                          f"({type(exc).__name__}: {reason}); delete it or run without --resume") from None
+        raise ConfigError(
+            f"checkpoint {path} matches this run's settings but its content does not load "
+            f"({type(exc).__name__}: {reason}); delete it or run without --resume"
+        ) from None
     return state
 
 
-def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True,
-          extra_state=None, hooks=()) -> TrainState:
+def train(
+    algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True, extra_state=None, hooks=()
+) -> TrainState:
     """Run rounds ``next_round..rounds-1``; ``extra_state`` is a (save, load) pair of
     callables for run-level state the checkpoint must carry (transcript, accountant);
     ``hooks``: ``hook(row, state, algo)`` after each round (:mod:`.hooks`)."""
@@ -67,8 +71,15 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
     ckpt = out_dir / CHECKPOINT if out_dir is not None else None
     if cfg.resume and ckpt is not None and ckpt.exists():
         state = _restore(load_checkpoint(ckpt, cfg), ckpt, algo, extra_state)
-    bar = tqdm(range(state.next_round, cfg.rounds), initial=state.next_round, total=cfg.rounds,
-               desc=f"{cfg.algorithm}/{cfg.mode}", disable=not progress, dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        range(state.next_round, cfg.rounds),
+        initial=state.next_round,
+        total=cfg.rounds,
+        desc=f"{cfg.algorithm}/{cfg.mode}",
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
     for rnd in bar:
         if state.stopped_early:
             break
@@ -88,12 +99,23 @@ def train(algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, pro
         if cfg.patience is not None and state.since_best >= cfg.patience:
             state.stopped_early = True
         state.next_round = rnd + 1
-        bar.set_postfix(loss=f"{metrics.get('train_loss', 0):.3f}", val=f"{ev['val_acc']:.3f}",
-                        best_val=f"{state.best['val_acc']:.3f}")   # test accuracy only at the end
+        bar.set_postfix(
+            loss=f"{metrics.get('train_loss', 0):.3f}",
+            val=f"{ev['val_acc']:.3f}",
+            best_val=f"{state.best['val_acc']:.3f}",
+        )  # test accuracy only at the end
         for hook in hooks:
             hook(row, state, algo)
         if ckpt is not None:
-            save_checkpoint(ckpt, cfg, {"algorithm": algo.state_dict(), "train": asdict(state), "rng": rng_state(),
-                                        "extra": extra_state[0]() if extra_state is not None else None})
+            save_checkpoint(
+                ckpt,
+                cfg,
+                {
+                    "algorithm": algo.state_dict(),
+                    "train": asdict(state),
+                    "rng": rng_state(),
+                    "extra": extra_state[0]() if extra_state is not None else None,
+                },
+            )
     bar.close()
     return state

@@ -12,6 +12,7 @@ as a running hash.  On ``--resume`` the side file's first ``b`` bytes are hashed
 checkpoint (a crash between the append and the checkpoint) are truncated away, and the ``n``
 lines are parsed as JSON: nothing is unpickled.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,10 +48,10 @@ class TranscriptState:
     def __init__(self, transcript: Transcript, path: str | Path):
         self.transcript = transcript
         self.path = Path(path)
-        self._saved = 0                     # messages written to the side file
-        self._bytes = 0                     # its length in bytes
-        self._hash = hashlib.sha256()       # SHA-256 of those bytes
-        self._fresh = True                  # the next write starts a new file (a run not resumed)
+        self._saved = 0  # messages written to the side file
+        self._bytes = 0  # its length in bytes
+        self._hash = hashlib.sha256()  # SHA-256 of those bytes
+        self._fresh = True  # the next write starts a new file (a run not resumed)
 
     def encode(self) -> dict:
         """Append the messages recorded since the last call to the side file (flushed to disk
@@ -59,7 +60,7 @@ class TranscriptState:
         messages = self.transcript.messages
         if len(messages) < self._saved:
             raise RuntimeError("the transcript lost messages since the last checkpoint")
-        data = "".join(encode_message(m) + "\n" for m in messages[self._saved:]).encode()
+        data = "".join(encode_message(m) + "\n" for m in messages[self._saved :]).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "wb" if self._fresh else "ab") as f:
             f.write(data)
@@ -73,11 +74,16 @@ class TranscriptState:
     def restore(self, ref: dict) -> None:
         """Replace the transcript's messages by the first ``ref["messages"]`` lines of the side
         file after checking their SHA-256; bytes after them are cut off."""
+
         def refuse(why: str):
-            return ConfigError(f"--resume refused: {self.path} {why}; delete the run folder or run without "
-                               "--resume")
-        if not (isinstance(ref, dict) and isinstance(ref.get("messages"), int)
-                and isinstance(ref.get("bytes"), int) and isinstance(ref.get("sha256"), str)):
+            return ConfigError(f"--resume refused: {self.path} {why}; delete the run folder or run without --resume")
+
+        if not (
+            isinstance(ref, dict)
+            and isinstance(ref.get("messages"), int)
+            and isinstance(ref.get("bytes"), int)
+            and isinstance(ref.get("sha256"), str)
+        ):
             raise refuse("is referred to by a checkpoint of another format")
         try:
             with open(self.path, "rb") as f:

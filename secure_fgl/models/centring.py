@@ -20,6 +20,7 @@ data, is not dropped (the same input in expectation, ``E[drop(X)] - mu = X - mu`
 the outputs are the centred model's either way).  ``model.embed`` called on its own (not through
 ``model(...)``) always takes the sparse route, whose outputs are the same.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,17 +33,19 @@ from .node import SPARSE_DROPOUT_DENSITY
 def first_linear(model: nn.Module) -> nn.Module:
     """The linear map that starts ``model``'s first layer (weight ``[out, in]``)."""
     if isinstance(getattr(model, "lin", None), nn.Module) and hasattr(model.lin, "weight"):
-        return model.lin                                  # FedGCNNet
+        return model.lin  # FedGCNNet
     layers = getattr(model, "layers", None)
     if layers is not None and len(layers):
         first = layers[0]
-        if isinstance(first, nn.Linear):                  # MLP
+        if isinstance(first, nn.Linear):  # MLP
             return first
-        lin = getattr(first, "lin", None)                 # GCNConv: lin, then propagation
+        lin = getattr(first, "lin", None)  # GCNConv: lin, then propagation
         if lin is not None and hasattr(lin, "weight") and getattr(lin, "bias", None) is None:
             return lin
-    raise ConfigError(f"input centring needs a first layer that starts with a linear map (gcn, mlp, FedGCN's "
-                      f"model); {type(model).__name__} has none: drop --center or use --model gcn")
+    raise ConfigError(
+        f"input centring needs a first layer that starts with a linear map (gcn, mlp, FedGCN's "
+        f"model); {type(model).__name__} has none: drop --center or use --model gcn"
+    )
 
 
 def centre_first_layer(model: nn.Module, mu: torch.Tensor) -> None:
@@ -54,7 +57,7 @@ def centre_first_layer(model: nn.Module, mu: torch.Tensor) -> None:
     for handle in getattr(model, "_centring_hooks", ()):
         handle.remove()
     mu = mu.detach().reshape(1, -1)
-    copied = [False]                     # the current forward call centred a copy of its input
+    copied = [False]  # the current forward call centred a copy of its input
 
     def centre_dense_input(module, args):
         x = args[0]
@@ -67,9 +70,11 @@ def centre_first_layer(model: nn.Module, mu: torch.Tensor) -> None:
     def end_of_call(module, args, out):
         copied[0] = False
 
-    model._centring_hooks = (model.register_forward_pre_hook(centre_dense_input),
-                             lin.register_forward_hook(subtract_mean_row),
-                             model.register_forward_hook(end_of_call))
+    model._centring_hooks = (
+        model.register_forward_pre_hook(centre_dense_input),
+        lin.register_forward_hook(subtract_mean_row),
+        model.register_forward_hook(end_of_call),
+    )
 
 
 def own_mean(z: torch.Tensor, num_own: int) -> torch.Tensor:

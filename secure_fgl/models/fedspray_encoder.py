@@ -13,6 +13,7 @@ Fu et al., "Federated Graph Learning with Structure Proxy Alignment", KDD 2024, 
 variant active in the reference code, ``xbfu/FedSpray`` ``model.py``: concatenation is
 commented out there); it needs ``d_s`` equal to the embedding size.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,9 @@ def soft_proxies(q_logits: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
     return soft_proxy_weights(q_logits) @ proxies
 
 
-def node_proxies(q_logits: torch.Tensor, proxies: torch.Tensor, y: torch.Tensor,
-                 labelled: torch.Tensor) -> torch.Tensor:
+def node_proxies(
+    q_logits: torch.Tensor, proxies: torch.Tensor, y: torch.Tensor, labelled: torch.Tensor
+) -> torch.Tensor:
     """Structure proxy of every node: its class proxy if labelled, else its soft proxy."""
     s = soft_proxies(q_logits, proxies)
     return torch.where(labelled[:, None], proxies[y.clamp(min=0)], s)
@@ -48,9 +50,9 @@ class FeatureStructureEncoder(nn.Module):
 
     def __init__(self, in_dim: int, proxy_dim: int, num_classes: int):
         super().__init__()
-        self.embed = nn.Linear(in_dim, proxy_dim)           # g_e
+        self.embed = nn.Linear(in_dim, proxy_dim)  # g_e
         self.classifier = nn.Linear(proxy_dim, num_classes)  # g_p
-        self.projector = nn.Linear(proxy_dim, num_classes)   # g_q
+        self.projector = nn.Linear(proxy_dim, num_classes)  # g_q
 
     def embedding(self, x: torch.Tensor) -> torch.Tensor:
         """``e = g_e(x)``."""

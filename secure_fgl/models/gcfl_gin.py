@@ -9,6 +9,7 @@ layer maps each client's own feature dimension to ``hidden``, so clients holding
 datasets share the same GIN layers.  Dropout is the keyed one of
 :func:`secure_fgl.models.node.dropout` (its mask a function of the active generator).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,8 @@ class GCFLGIN(nn.Module):
         self.pre = nn.Linear(in_dim, hidden)
         self.convs = nn.ModuleList(
             GINConv(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden)))
-            for _ in range(num_layers))
+            for _ in range(num_layers)
+        )
         self.post = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())
         self.readout = nn.Linear(hidden, out_dim)
         self.dropout = dropout

@@ -11,6 +11,7 @@ hidden representation before the last layer), which FedOMD and the attacks use.
 * :class:`SGC` — Wu et al. 2019: ``softmax(S^K X W)``, one linear layer on K-hop propagated features.
 * :class:`MLP` — features only (the structure-blind baseline, e.g. FedProx-MLP in FedOMD Table 4).
 """
+
 from __future__ import annotations
 
 import torch
@@ -83,10 +84,13 @@ def _dims(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[tuple
 
 
 class GCN(_Stack):
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5,
-                 normalize: bool = True):
-        super().__init__([GCNConv(a, b, normalize=normalize, cached=False)
-                          for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout)
+    def __init__(
+        self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5, normalize: bool = True
+    ):
+        super().__init__(
+            [GCNConv(a, b, normalize=normalize, cached=False) for a, b in _dims(in_dim, hidden, out_dim, num_layers)],
+            dropout,
+        )
 
 
 class NarrowingSAGEConv(SAGEConv):
@@ -110,8 +114,9 @@ class SAGE(_Stack):
 
 
 class GAT(_Stack):
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.6,
-                 heads: int = 8):
+    def __init__(
+        self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.6, heads: int = 8
+    ):
         dims = _dims(in_dim, hidden, out_dim, num_layers)
         layers = []
         for i, (a, b) in enumerate(dims):
@@ -135,14 +140,13 @@ class SGC(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        if self.training and self.dropout > 0:          # dropout before propagation: nothing to reuse
+        if self.training and self.dropout > 0:  # dropout before propagation: nothing to reuse
             self.conv.cached, self.conv._cached_x, self._cached_for = False, None, None
             return self.conv(F.dropout(x, self.dropout, True), edge_index)
         # ``S^K x`` has no parameters: computed once per input and reused while the same,
         # unmodified tensors come back (a client trains on one graph for the whole run)
         c = self._cached_for
-        if c is None or c[0] is not x or c[2] is not edge_index \
-                or (c[1], c[3]) != (x._version, edge_index._version):
+        if c is None or c[0] is not x or c[2] is not edge_index or (c[1], c[3]) != (x._version, edge_index._version):
             self.conv._cached_x = None
             self._cached_for = (x, x._version, edge_index, edge_index._version)
         self.conv.cached = True
@@ -151,5 +155,6 @@ class SGC(nn.Module):
 
 class MLP(_Stack):
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
-        super().__init__([nn.Linear(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout,
-                         uses_graph=False)
+        super().__init__(
+            [nn.Linear(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout, uses_graph=False
+        )

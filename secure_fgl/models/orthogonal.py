@@ -34,6 +34,7 @@ Reading of the orthogonal layer (the paper is terse; no reference code exists):
 ``forward(x, edge_index, return_hidden=True)`` also returns ``[Z^1, ..., Z^(L-1)]``,
 the hidden features whose moments FedOMD exchanges (eq. 10-11).
 """
+
 from __future__ import annotations
 
 import torch
@@ -117,8 +118,9 @@ class OrthoConv(MessagePassing):
         return edge_weight.view(-1, 1) * x_j
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.channels}, newton_steps={self.newton_steps}, "
-                f"propagate={self.use_graph})")
+        return (
+            f"{self.__class__.__name__}({self.channels}, newton_steps={self.newton_steps}, propagate={self.use_graph})"
+        )
 
 
 class OrthoGCN(nn.Module):
@@ -131,8 +133,17 @@ class OrthoGCN(nn.Module):
     The model returns logits; eq. 9's softmax is inside the cross-entropy.
     """
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, ortho_layers: int = 1, dropout: float = 0.5,
-                 newton_steps: int = 5, ortho_propagate: bool = True, orthogonal: bool = True):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        ortho_layers: int = 1,
+        dropout: float = 0.5,
+        newton_steps: int = 5,
+        ortho_propagate: bool = True,
+        orthogonal: bool = True,
+    ):
         super().__init__()
         if ortho_layers < 0:
             raise ValueError(f"ortho_layers must be >= 0, got {ortho_layers}")
@@ -140,8 +151,11 @@ class OrthoGCN(nn.Module):
         self.orthogonal = orthogonal
         self.first = GCNConv(in_dim, hidden)
         self.hidden_layers = nn.ModuleList(
-            [OrthoConv(hidden, newton_steps, ortho_propagate) if orthogonal else GCNConv(hidden, hidden)
-             for _ in range(ortho_layers)])
+            [
+                OrthoConv(hidden, newton_steps, ortho_propagate) if orthogonal else GCNConv(hidden, hidden)
+                for _ in range(ortho_layers)
+            ]
+        )
         self.last = GCNConv(hidden, out_dim)
 
     @property

@@ -14,13 +14,13 @@ attacks, an estimate from past runs) is printed first; ``--dry-run`` prints it o
 sweep from a file: a run config's keys plus a ``[grid]`` table (:func:`.sweep.spec_from_file`;
 example: ``secure_fgl/configs/dp-gap-tradeoff.toml``).
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
 import sys
-
 
 
 def _csv(text: str) -> list[str]:
@@ -38,10 +38,15 @@ def _seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="secure-fgl report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="sweep file: run-config keys + a [grid] table (replaces the grid flags below)")
+    p = argparse.ArgumentParser(
+        prog="secure-fgl report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="sweep file: run-config keys + a [grid] table (replaces the grid flags below)",
+    )
     p.add_argument("--algorithms", default=None, help="comma-separated algorithm names (default fedgcn)")
     p.add_argument("--datasets", default=None, help="comma-separated dataset names (default sbm)")
     p.add_argument("--modes", default=None, help="comma-separated protocol modes (default plain,ckks,mask)")
@@ -56,27 +61,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--synthetic", default=None, help="JSON kwargs of the synthetic generator")
-    p.add_argument("--options", default=None,
-                   help='JSON per-algorithm options, e.g. \'{"fedgcn": {"hops": 1}}\'')
+    p.add_argument("--options", default=None, help='JSON per-algorithm options, e.g. \'{"fedgcn": {"hops": 1}}\'')
     p.add_argument("--out", default="runs/report", help="sweep folder (run folders + report)")
     p.add_argument("--title", default="secure_fgl privacy/utility report")
     p.add_argument("--no-run", action="store_true", help="only render the report from existing runs")
     p.add_argument("--dry-run", action="store_true", help="print the plan (runs, attacks, estimated time) only")
-    p.add_argument("--figure-size", choices=("column", "page"), default="column",
-                   help="figure width: one column (3.5 in) or a page (7 in) of a two-column paper")
+    p.add_argument(
+        "--figure-size",
+        choices=("column", "page"),
+        default="column",
+        help="figure width: one column (3.5 in) or a page (7 in) of a two-column paper",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-best-model", action="store_true",
-                   help="do not keep each run's best_model.pt (kept by default)")
+    p.add_argument(
+        "--no-best-model", action="store_true", help="do not keep each run's best_model.pt (kept by default)"
+    )
     return p
 
 
-GRID_FLAGS = {"algorithms": "fedgcn", "datasets": "sbm", "modes": "plain,ckks,mask", "dp_epsilons": "inf",
-              "seeds": "1", "attacks": "all"}
+GRID_FLAGS = {
+    "algorithms": "fedgcn",
+    "datasets": "sbm",
+    "modes": "plain,ckks,mask",
+    "dp_epsilons": "inf",
+    "seeds": "1",
+    "attacks": "all",
+}
 
 
 def spec_from_args(args: argparse.Namespace):
     """The :class:`.sweep.SweepSpec` of the command line (or of its ``--config`` file)."""
     from .sweep import SweepSpec, parse_epsilon, spec_from_file
+
     config = {}
     for key in ("rounds", "clients", "partition", "beta", "dp_placement", "data_root", "device"):
         v = getattr(args, key)
@@ -89,16 +105,25 @@ def spec_from_args(args: argparse.Namespace):
     if args.config:
         given = [f"--{k.replace('_', '-')}" for k in GRID_FLAGS if getattr(args, k) is not None]
         if given or args.options:
-            raise ValueError(f"--config sets the grid; drop {', '.join(given + ['--options'] * bool(args.options))} "
-                             "or put them in the file's [grid] table")
+            raise ValueError(
+                f"--config sets the grid; drop {', '.join(given + ['--options'] * bool(args.options))} "
+                "or put them in the file's [grid] table"
+            )
         spec = spec_from_file(args.config)
         spec.config = {**spec.config, **config}
         return spec
     grid = {k: getattr(args, k) if getattr(args, k) is not None else d for k, d in GRID_FLAGS.items()}
     attacks = [] if grid["attacks"].strip().lower() == "none" else _csv(grid["attacks"])
-    return SweepSpec(algorithms=_csv(grid["algorithms"]), datasets=_csv(grid["datasets"]), modes=_csv(grid["modes"]),
-                     epsilons=[parse_epsilon(e) for e in _csv(grid["dp_epsilons"])], seeds=_seeds(grid["seeds"]),
-                     attacks=attacks, config=config, options=json.loads(args.options) if args.options else {})
+    return SweepSpec(
+        algorithms=_csv(grid["algorithms"]),
+        datasets=_csv(grid["datasets"]),
+        modes=_csv(grid["modes"]),
+        epsilons=[parse_epsilon(e) for e in _csv(grid["dp_epsilons"])],
+        seeds=_seeds(grid["seeds"]),
+        attacks=attacks,
+        config=config,
+        options=json.loads(args.options) if args.options else {},
+    )
 
 
 def _minutes(seconds: float) -> str:
@@ -110,6 +135,7 @@ def estimate(cells, out_dir) -> tuple[float | None, str]:
     dataset and mode; training time scaled by rounds, attack time added when attacks are asked),
     and how it was made; None when no past run matches."""
     from .sweep import load_runs
+
     past, _ = load_runs(out_dir)
     total, known, unknown = 0.0, 0, 0
     for cell in cells:
@@ -142,14 +168,24 @@ def print_plan(spec, cells, out_dir) -> None:
     reuse = sum(c.action == "reuse" for c in cells)
     rerun = sum(c.action == "rerun" for c in cells)
     todo = len(cells) - reuse
-    print(f"plan: {len(cells)} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
-          f"{len(spec.modes)} mode(s) x {len(eps)} epsilon(s) x {len(spec.seeds)} seed(s); rounds "
-          f"{', '.join(sorted({str(c.cfg.rounds) for c in cells}))}")
+    print(
+        f"plan: {len(cells)} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
+        f"{len(spec.modes)} mode(s) x {len(eps)} epsilon(s) x {len(spec.seeds)} seed(s); rounds "
+        f"{', '.join(sorted({str(c.cfg.rounds) for c in cells}))}"
+    )
     attacks = ", ".join(spec.attacks) or "none"
-    print(f"plan: attacks {attacks}" + (" (each run attacked after training; often most of a run's time: "
-                                        "--attacks none to skip)" if spec.attacks else ""))
-    print(f"plan: {reuse} finished run(s) reused (same settings), {todo} to run"
-          + (f" ({rerun} unfinished, run again)" if rerun else ""))
+    print(
+        f"plan: attacks {attacks}"
+        + (
+            " (each run attacked after training; often most of a run's time: --attacks none to skip)"
+            if spec.attacks
+            else ""
+        )
+    )
+    print(
+        f"plan: {reuse} finished run(s) reused (same settings), {todo} to run"
+        + (f" ({rerun} unfinished, run again)" if rerun else "")
+    )
     for c in cells:
         if c.note:
             print(f"plan: {c.note}")
@@ -161,27 +197,33 @@ def print_plan(spec, cells, out_dir) -> None:
 
 
 def _interrupted() -> int:
-    print("secure-fgl report: interrupted; run the same command again (same --out): finished runs are reused and "
-          "the interrupted one starts again", file=sys.stderr)
+    print(
+        "secure-fgl report: interrupted; run the same command again (same --out): finished runs are reused and "
+        "the interrupted one starts again",
+        file=sys.stderr,
+    )
     return 130
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--"]:          # `secure-fgl report -- --flags` (argparse REMAINDER keeps the '--')
+    if argv[:1] == ["--"]:  # `secure-fgl report -- --flags` (argparse REMAINDER keeps the '--')
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     from ..validation import ConfigError
+
     try:
         spec = spec_from_args(args)
         from ..algorithms import get_spec
+
         for name in spec.algorithms:
-            get_spec(name)                 # an unknown name is a one-line error, not N failed runs
+            get_spec(name)  # an unknown name is a one-line error, not N failed runs
         if not args.no_run:
             from ..preflight import preflight
             from .sweep import plan_cells, run_sweep
-            for _, cfg in spec.runs(args.out):   # every config, option, dataset and attack name checked
-                preflight(dataclasses.replace(cfg, out=None))   # before the first run starts
+
+            for _, cfg in spec.runs(args.out):  # every config, option, dataset and attack name checked
+                preflight(dataclasses.replace(cfg, out=None))  # before the first run starts
             cells = plan_cells(spec, args.out)
             print_plan(spec, cells, args.out)
             if args.dry_run:
@@ -194,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in failed[:10]:
                 print(f"  failed {s['run_id']}: {s['error']}")
         from .render import render_report
+
         paths = render_report(args.out, title=args.title, figure_size=args.figure_size)
     except KeyboardInterrupt:
         return _interrupted()

@@ -11,6 +11,7 @@ marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std 
 * :func:`exposure_by_degree` -- FedGCN per-node exposure against the node's number of
   cross-client neighbours (explains why single-contributor rows exist).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,7 +43,8 @@ def _attack_value(name: str):
             return None
         if e.get("applicable"):
             return e.get("value")
-        return e.get("chance") if e.get("at_chance") else None     # at chance (audit passed)
+        return e.get("chance") if e.get("at_chance") else None  # at chance (audit passed)
+
     return value
 
 
@@ -50,6 +52,7 @@ def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chanc
     """One legend for the figure: each mode's colour and marker, "= other" where their series are
     equal, and the chance line's style when a panel draws one."""
     from matplotlib.lines import Line2D
+
     same = {b: a for a, b in equal}
     handles = []
     for m in modes:
@@ -62,14 +65,15 @@ def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chanc
 
 
 @style.styled
-def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str | Path,
-                   size: str = "column") -> list[Path]:
+def epsilon_curves(
+    results: list[dict], algorithm: str, dataset: str, path: str | Path, size: str = "column"
+) -> list[Path]:
     """Accuracy and attack metrics vs epsilon; returns the PNG of each figure (PDF, SVG beside it)."""
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     if not runs:
         return []
     names = []
-    for r in runs:                      # run order of the suite, whatever mode was read first
+    for r in runs:  # run order of the suite, whatever mode was read first
         for a in r.get("attacks") or []:
             if a["name"] != "transcript_audit" and a.get("metric") and a["name"] not in names:
                 names.append(a["name"])
@@ -81,13 +85,15 @@ def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str 
     out = []
     for index, chunk in enumerate(style.chunks(panels, size)):
         fig, axes = style.new_figure(len(chunk), size)
-        equal_all: set | None = None           # pairs of modes equal in every panel
+        equal_all: set | None = None  # pairs of modes equal in every panel
         for ax, name in zip(axes, chunk):
             value = final_acc if name is None else _attack_value(name)
             per_mode = {}
             for mode in modes:
-                per_mode[mode] = {e: style.mean_sd([value(r) for r in runs if r["config"]["mode"] == mode
-                                                    and run_eps(r) == e]) for e in pos}
+                per_mode[mode] = {
+                    e: style.mean_sd([value(r) for r in runs if r["config"]["mode"] == mode and run_eps(r) == e])
+                    for e in pos
+                }
                 per_mode[mode] = {e: v for e, v in per_mode[mode].items() if v[0] is not None}
             equal = style.equal_series(per_mode)
             equal_all = set(equal) if equal_all is None else equal_all & set(equal)
@@ -114,12 +120,13 @@ def epsilon_curves(results: list[dict], algorithm: str, dataset: str, path: str 
 
 
 @style.styled
-def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path,
-             size: str = "column") -> list[Path]:
+def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path, size: str = "column") -> list[Path]:
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     pts = []
-    keys = sorted({(r["config"]["mode"], run_eps(r)) for r in runs},
-                  key=lambda k: (style.mode_rank(k[0]), k[1] is None, k[1] or 0))
+    keys = sorted(
+        {(r["config"]["mode"], run_eps(r)) for r in runs},
+        key=lambda k: (style.mode_rank(k[0]), k[1] is None, k[1] or 0),
+    )
     for mode, e in keys:
         rs = [r for r in runs if r["config"]["mode"] == mode and run_eps(r) == e]
         leaks = []
@@ -139,8 +146,9 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
         color, marker = style.mode_style(mode)
         ax.scatter(lk, acc, color=color, marker=marker, s=14, zorder=3)
     # Pareto front: no other point has both less leakage and more accuracy
-    front = sorted([p for p in pts if not any(q[0] <= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1])
-                                                for q in pts)])
+    front = sorted(
+        [p for p in pts if not any(q[0] <= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in pts)]
+    )
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.7, label="Pareto front")
     ax.set_xlabel("mean normalised leakage (0 = chance, 1 = full)")
@@ -149,13 +157,19 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
     ax.margins(y=0.15)
     ax.set_title(f"{algorithm} on {dataset}: privacy-utility frontier")
     mode_legend(fig, [ax], sorted({p[2] for p in pts}, key=style.mode_rank), [])
-    fig.canvas.draw()                      # final layout before the labels look for free places
+    fig.canvas.draw()  # final layout before the labels look for free places
     fig.set_layout_engine("none")
     labels = [(lk, acc, "no DP" if e is None else f"ε={e:g}", style.mode_style(mode)[0]) for lk, acc, mode, e in pts]
     dropped = style.place_labels(ax, labels)
     if dropped:
-        ax.text(0.0, -0.32, f"unlabelled (no free place): {len(dropped)} point(s)", transform=ax.transAxes,
-                fontsize=5.5, color="0.4")
+        ax.text(
+            0.0,
+            -0.32,
+            f"unlabelled (no free place): {len(dropped)} point(s)",
+            transform=ax.transAxes,
+            fontsize=5.5,
+            color="0.4",
+        )
     return style.save(fig, path)[:1]
 
 
@@ -167,7 +181,7 @@ def exposure_by_degree(results: list[dict], path: str | Path, size: str = "colum
             hist = a.get("by_cross_degree")
             if not hist or not a.get("applicable"):
                 continue
-            if run_eps(r) is not None:         # the no-DP runs show the structure; DP only blurs it
+            if run_eps(r) is not None:  # the no-DP runs show the structure; DP only blurs it
                 continue
             key = (name, r["config"]["dataset"], r["config"]["mode"])
             acc = series.setdefault(key, {})
@@ -179,8 +193,9 @@ def exposure_by_degree(results: list[dict], path: str | Path, size: str = "colum
         return []
     fig, (ax,) = style.new_figure(1, size, legend_rows=len(series))
     names = sorted({k[0] for k in series})
-    shares = {key: {b: (hist[b][0] / hist[b][1] if hist[b][1] else None, 0.0) for b in hist}
-              for key, hist in series.items()}
+    shares = {
+        key: {b: (hist[b][0] / hist[b][1] if hist[b][1] else None, 0.0) for b in hist} for key, hist in series.items()
+    }
     same = {b: a for a, b in style.equal_series(shares) if a[:2] == b[:2]}
     keys = sorted(series, key=lambda k: (k[0], k[1], style.mode_rank(k[2])))
     for i, key in enumerate(keys):
@@ -189,9 +204,14 @@ def exposure_by_degree(results: list[dict], path: str | Path, size: str = "colum
         xs = [int(b.rstrip("+")) for b in buckets]
         ys = [np.nan if shares[key][b][0] is None else shares[key][b][0] for b in buckets]
         color, marker = style.mode_style(mode)
-        ax.plot(np.array(xs) + style.dodge(i % 3, 3), ys, marker=marker, color=color,
-                ls=style.LINESTYLES[names.index(name) % len(style.LINESTYLES)],
-                label=f"{name} ({ds}, {mode})" + (f" = {same[key][2]}" if key in same else ""))
+        ax.plot(
+            np.array(xs) + style.dodge(i % 3, 3),
+            ys,
+            marker=marker,
+            color=color,
+            ls=style.LINESTYLES[names.index(name) % len(style.LINESTYLES)],
+            label=f"{name} ({ds}, {mode})" + (f" = {same[key][2]}" if key in same else ""),
+        )
         ax.set_xticks(xs)
         ax.set_xticklabels(buckets)
     ax.set_xlabel("cross-client neighbours of the node")

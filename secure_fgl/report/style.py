@@ -12,6 +12,7 @@
 * **Error bars**: mean ± sample standard deviation (ddof = 1) over seeds -- the tables' statistic.
 * Every figure is written as PNG (300 dpi), PDF and SVG.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,21 @@ PANEL_COLUMNS = {"column": 2, "page": 3}
 MAX_PANELS = {"column": 4, "page": 6}
 #: height of one row of panels (inches)
 ROW_HEIGHT = {"column": 1.75, "page": 2.1}
-RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "font.size": 7, "axes.titlesize": 7, "axes.labelsize": 7,
-      "xtick.labelsize": 6, "ytick.labelsize": 6, "legend.fontsize": 6, "lines.linewidth": 1.0,
-      "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False, "legend.frameon": False}
+RC = {
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "font.size": 7,
+    "axes.titlesize": 7,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6,
+    "ytick.labelsize": 6,
+    "legend.fontsize": 6,
+    "lines.linewidth": 1.0,
+    "lines.markersize": 3.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+}
 FORMATS = (".png", ".pdf", ".svg")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 #: every registered mode's fixed (colour, marker); an unknown mode is grey crosses
@@ -51,6 +64,7 @@ def styled(draw):
     def wrapper(*args, **kwargs):
         with plt.rc_context(RC):
             return draw(*args, **kwargs)
+
     return wrapper
 
 
@@ -71,8 +85,13 @@ def new_figure(panels: int, size: str, legend_rows: int = 1):
         raise ValueError(f"{panels} panels exceed the {MAX_PANELS[size]} of a {size} figure; split it")
     ncol = min(PANEL_COLUMNS[size], panels)
     nrow = math.ceil(panels / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(WIDTH[size], ROW_HEIGHT[size] * nrow + 0.35 + 0.1 * legend_rows),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(WIDTH[size], ROW_HEIGHT[size] * nrow + 0.35 + 0.1 * legend_rows),
+        squeeze=False,
+        layout="constrained",
+    )
     flat = [ax for row in axes for ax in row]
     for ax in flat[panels:]:
         ax.axis("off")
@@ -82,6 +101,7 @@ def new_figure(panels: int, size: str, legend_rows: int = 1):
 def title(fig, text: str, size: str) -> None:
     """The figure's title, wrapped to its width (a title never runs past the page)."""
     import textwrap
+
     fig.suptitle(textwrap.fill(text, width=int(WIDTH[size] * 15)))
 
 
@@ -93,7 +113,7 @@ def numbered(path: Path, index: int) -> Path:
 def chunks(items: list, size: str) -> list[list]:
     """``items`` in groups of at most one figure's panels."""
     n = MAX_PANELS[size]
-    return [items[i:i + n] for i in range(0, len(items), n)] or [[]]
+    return [items[i : i + n] for i in range(0, len(items), n)] or [[]]
 
 
 def save(fig, path: str | Path) -> list[Path]:
@@ -141,19 +161,32 @@ def dodge(index: int, count: int, width: float = 0.1) -> float:
     return (index - (count - 1) / 2) * width
 
 
-def series(ax, pos: dict, points: dict, *, offset: float, color: str, marker: str, ls: str = "-",
-           label: str | None = None) -> None:
+def series(
+    ax, pos: dict, points: dict, *, offset: float, color: str, marker: str, ls: str = "-", label: str | None = None
+) -> None:
     """``points``: eps -> (mean, sd).  Error bars at every point; a line joins finite budgets only."""
-    finite = [(pos[e] + offset, m, s) for e, (m, s) in sorted(points.items(), key=lambda kv: pos[kv[0]])
-              if e is not None and m is not None]
+    finite = [
+        (pos[e] + offset, m, s)
+        for e, (m, s) in sorted(points.items(), key=lambda kv: pos[kv[0]])
+        if e is not None and m is not None
+    ]
     if finite:
         xs, ms, ss = zip(*finite)
         ax.errorbar(xs, ms, yerr=ss, color=color, marker=marker, ls=ls, capsize=1.5, elinewidth=0.7, label=label)
         label = None
     if None in points and points[None][0] is not None:
         m, s = points[None]
-        ax.errorbar([pos[None] + offset], [m], yerr=[s], color=color, marker=marker, ls="none", capsize=1.5,
-                    elinewidth=0.7, label=label)
+        ax.errorbar(
+            [pos[None] + offset],
+            [m],
+            yerr=[s],
+            color=color,
+            marker=marker,
+            ls="none",
+            capsize=1.5,
+            elinewidth=0.7,
+            label=label,
+        )
 
 
 def equal_series(named: dict[str, dict]) -> list[tuple[str, str]]:
@@ -161,10 +194,13 @@ def equal_series(named: dict[str, dict]) -> list[tuple[str, str]]:
     names = list(named)
     pairs = []
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             pa, pb = named[a], named[b]
-            if pa and pa.keys() == pb.keys() and all(
-                    pa[k][0] is not None and pb[k][0] is not None and abs(pa[k][0] - pb[k][0]) < 1e-9 for k in pa):
+            if (
+                pa
+                and pa.keys() == pb.keys()
+                and all(pa[k][0] is not None and pb[k][0] is not None and abs(pa[k][0] - pb[k][0]) < 1e-9 for k in pa)
+            ):
                 pairs.append((a, b))
     return pairs
 
@@ -178,11 +214,23 @@ def place_labels(ax, points: list[tuple[float, float, str, str]]) -> list[str]:
     taken, dropped = [], []
     for x, y, text, color in points:
         for dx, dy in ((3, 3), (3, -8), (-3, 3), (-3, -8), (3, 10), (-3, 10), (3, -15), (-3, -15)):
-            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=5.5,
-                            ha="left" if dx > 0 else "right", color=color)
+            t = ax.annotate(
+                text,
+                (x, y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=5.5,
+                ha="left" if dx > 0 else "right",
+                color=color,
+            )
             box = t.get_window_extent(renderer)
-            fits = (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and box.y1 <= inside.y1
-                    and not any(box.overlaps(o) for o in taken))
+            fits = (
+                box.x0 >= inside.x0
+                and box.x1 <= inside.x1
+                and box.y0 >= inside.y0
+                and box.y1 <= inside.y1
+                and not any(box.overlaps(o) for o in taken)
+            )
             if fits:
                 taken.append(box)
                 break

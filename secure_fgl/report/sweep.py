@@ -9,6 +9,7 @@ that fails writes ``error.json`` (config, error, traceback) and is retried by th
 ``DIR/sweep.json`` records the grid and the folder and fingerprint of every cell: the report
 reads those runs only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,9 +17,10 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -80,9 +82,16 @@ class SweepSpec:
                     for mode in self.modes:
                         for eps in self.algorithm_epsilons.get(algo, self.epsilons):
                             rid = run_id(algo, ds, mode, eps, seed)
-                            values = {**self.config, "algorithm": algo, "dataset": ds, "mode": mode,
-                                      "dp_epsilon": eps, "seed": int(seed), "attacks": list(self.attacks),
-                                      "out": str(out / rid)}
+                            values = {
+                                **self.config,
+                                "algorithm": algo,
+                                "dataset": ds,
+                                "mode": mode,
+                                "dp_epsilon": eps,
+                                "seed": int(seed),
+                                "attacks": list(self.attacks),
+                                "out": str(out / rid),
+                            }
                             if algo in self.options:
                                 values["options"] = {**values.get("options", {}), **self.options[algo]}
                             plan.append((rid, RunConfig.from_dict(values).validate()))
@@ -96,8 +105,14 @@ class SweepSpec:
 
 
 #: keys of a sweep file's ``[grid]`` table (lists; seeds also a count) and their SweepSpec fields
-GRID_KEYS = {"algorithms": "algorithms", "datasets": "datasets", "modes": "modes", "dp_epsilons": "epsilons",
-             "seeds": "seeds", "attacks": "attacks"}
+GRID_KEYS = {
+    "algorithms": "algorithms",
+    "datasets": "datasets",
+    "modes": "modes",
+    "dp_epsilons": "epsilons",
+    "seeds": "seeds",
+    "attacks": "attacks",
+}
 
 
 def spec_from_file(path: str | Path) -> SweepSpec:
@@ -106,11 +121,14 @@ def spec_from_file(path: str | Path) -> SweepSpec:
     ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count), ``attacks``) and optional
     ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``."""
     from ..config import ConfigError, load_config_file
+
     raw = dict(load_config_file(path))
     grid = raw.pop("grid", None)
     if not isinstance(grid, dict):
-        raise ConfigError(f"sweep file {path} needs a [grid] table (algorithms, datasets, modes, dp_epsilons, "
-                          "seeds); without one it is a run config: use secure-fgl run --config")
+        raise ConfigError(
+            f"sweep file {path} needs a [grid] table (algorithms, datasets, modes, dp_epsilons, "
+            "seeds); without one it is a run config: use secure-fgl run --config"
+        )
     spec = {}
     per_algo = {k: grid.pop(k) for k in list(grid) if isinstance(grid[k], dict)}
     for key, value in grid.items():
@@ -121,17 +139,23 @@ def spec_from_file(path: str | Path) -> SweepSpec:
         spec["seeds"] = list(range(spec["seeds"]))
     spec["epsilons"] = [parse_epsilon(e) for e in spec.get("epsilons", ["inf"])]
     if "options" in raw:
-        raise ConfigError(f"sweep file {path}: put algorithm options in [grid.<algorithm>.options] tables "
-                          "(each algorithm has its own)")
+        raise ConfigError(
+            f"sweep file {path}: put algorithm options in [grid.<algorithm>.options] tables "
+            "(each algorithm has its own)"
+        )
     algos = spec.get("algorithms", [raw.get("algorithm", "fedgcn")])
     raw.pop("algorithm", None)
     for key in ("dataset", "mode", "dp_epsilon", "seed", "attacks"):
         if key in raw:
             raise ConfigError(f"sweep file {path}: {key!r} is set by the [grid] table; remove it from the top level")
-    return SweepSpec(**{**spec, "algorithms": algos}, config=raw,
-                     options={a: dict(t["options"]) for a, t in per_algo.items() if t.get("options")},
-                     algorithm_epsilons={a: [parse_epsilon(e) for e in t["dp_epsilons"]]
-                                         for a, t in per_algo.items() if "dp_epsilons" in t})
+    return SweepSpec(
+        **{**spec, "algorithms": algos},
+        config=raw,
+        options={a: dict(t["options"]) for a, t in per_algo.items() if t.get("options")},
+        algorithm_epsilons={
+            a: [parse_epsilon(e) for e in t["dp_epsilons"]] for a, t in per_algo.items() if "dp_epsilons" in t
+        },
+    )
 
 
 @dataclass
@@ -150,6 +174,7 @@ class Cell:
 def resolve(cfg: RunConfig) -> dict:
     """The resolved config of a planned run (``result.json``'s ``config``: options filled in)."""
     from ..preflight import preflight
+
     return resolved_config(cfg, preflight(cfg, check_data=False))
 
 
@@ -181,20 +206,33 @@ def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
     return cells
 
 
-def run_sweep(spec: SweepSpec, out_dir: str | Path, *, progress: bool = True,
-              runner: Callable[[RunConfig], dict] | None = None, cells: list[Cell] | None = None) -> list[dict]:
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    runner: Callable[[RunConfig], dict] | None = None,
+    cells: list[Cell] | None = None,
+) -> list[dict]:
     """Run every cell of the grid that has no finished run with the same identity; returns one
     status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = plan_cells(spec, out) if cells is None else cells
-    write_json_atomic(out / "sweep.json", {"spec": spec.to_dict(), "runs": [c.run_id for c in cells],
-                                           "fingerprints": {c.run_id: c.fingerprint for c in cells}})
+    write_json_atomic(
+        out / "sweep.json",
+        {
+            "spec": spec.to_dict(),
+            "runs": [c.run_id for c in cells],
+            "fingerprints": {c.run_id: c.fingerprint for c in cells},
+        },
+    )
     if runner is None:
         from ..experiment import run_experiment
 
         def runner(cfg: RunConfig) -> dict:
             return run_experiment(cfg, progress=False)
+
     status = [{"run_id": c.run_id, "status": "skipped", "seconds": 0.0} for c in cells if c.action == "reuse"]
     todo = [c for c in cells if c.action != "reuse"]
     bar = tqdm(todo, desc="sweep", unit="run", disable=not progress, dynamic_ncols=True)
@@ -207,23 +245,41 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, progress: bool = True,
             runner(cfg)
             if (run_dir / ERROR).exists():
                 (run_dir / ERROR).unlink()
-            ckpt = run_dir / "checkpoint.pt"      # the run is final: its checkpoint is no longer needed
+            ckpt = run_dir / "checkpoint.pt"  # the run is final: its checkpoint is no longer needed
             if (run_dir / RESULT).exists() and ckpt.exists():
                 ckpt.unlink()
             status.append({"run_id": rid, "status": "done", "seconds": time.perf_counter() - t0})
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a failing cell is recorded, the sweep goes on
-            write_json_atomic(run_dir / ERROR, {"config": cfg.to_dict(), "error": f"{type(e).__name__}: {e}",
-                                                "traceback": traceback.format_exc(limit=8)})
-            status.append({"run_id": rid, "status": "failed", "seconds": time.perf_counter() - t0,
-                           "error": f"{type(e).__name__}: {e}"})
+            write_json_atomic(
+                run_dir / ERROR,
+                {
+                    "config": cfg.to_dict(),
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc(limit=8),
+                },
+            )
+            status.append(
+                {
+                    "run_id": rid,
+                    "status": "failed",
+                    "seconds": time.perf_counter() - t0,
+                    "error": f"{type(e).__name__}: {e}",
+                }
+            )
     bar.close()
     return status
 
 
-def load_runs(out_dir: str | Path, *, run_ids: Sequence[str] | None = None, fingerprints: dict | None = None,
-              include_unfinished: bool = False, left_out: dict | None = None) -> tuple[list[dict], list[dict]]:
+def load_runs(
+    out_dir: str | Path,
+    *,
+    run_ids: Sequence[str] | None = None,
+    fingerprints: dict | None = None,
+    include_unfinished: bool = False,
+    left_out: dict | None = None,
+) -> tuple[list[dict], list[dict]]:
     """``(results, errors)`` found under ``out_dir`` (one level of run folders): only the folders
     ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when
     given, only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the

@@ -12,13 +12,14 @@
 Every table renders as Markdown, HTML and LaTeX (booktabs).  Cells are ``mean ± sample std``
 (ddof = 1) over seeds, the statistic the figures' error bars show.
 """
+
 from __future__ import annotations
 
 import html
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
@@ -57,8 +58,12 @@ class Table:
         if not self.rows:
             return f"**{self.title}**: no data.\n"
         esc = [[c.replace("|", "\\|") for c in r] for r in [self.header] + self.rows]
-        lines = [f"**{self.title}**", "", "| " + " | ".join(esc[0]) + " |",
-                 "|" + "|".join("---" for _ in self.header) + "|"]
+        lines = [
+            f"**{self.title}**",
+            "",
+            "| " + " | ".join(esc[0]) + " |",
+            "|" + "|".join("---" for _ in self.header) + "|",
+        ]
         lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
         if self.note:
             lines += ["", self.note]
@@ -82,9 +87,16 @@ class Table:
         if not self.rows:
             return ""
         cols = "l" + "r" * (len(self.header) - 1)
-        lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{latex_escape(self.title)}}}",
-                 f"\\begin{{tabular}}{{{cols}}}", "\\toprule",
-                 " & ".join(latex_escape(h) for h in self.header) + " \\\\", "\\midrule"]
+        lines = [
+            "\\begin{table}[t]",
+            "\\centering",
+            "\\small",
+            f"\\caption{{{latex_escape(self.title)}}}",
+            f"\\begin{{tabular}}{{{cols}}}",
+            "\\toprule",
+            " & ".join(latex_escape(h) for h in self.header) + " \\\\",
+            "\\midrule",
+        ]
         lines += [" & ".join(latex_escape(c) for c in r) + " \\\\" for r in self.rows]
         lines += ["\\bottomrule", "\\end{tabular}"]
         if self.note:
@@ -94,10 +106,28 @@ class Table:
 
 
 #: characters LaTeX treats specially, and the unicode the tables print
-_LATEX = {"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
-          "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
-          "±": "$\\pm$", "ε": "$\\varepsilon$", "∞": "$\\infty$", "—": "--", "↓": "$\\downarrow$",
-          "└": "", "≤": "$\\le$", "≥": "$\\ge$", "δ": "$\\delta$", "→": "$\\to$"}
+_LATEX = {
+    "\\": "\\textbackslash{}",
+    "&": "\\&",
+    "%": "\\%",
+    "$": "\\$",
+    "#": "\\#",
+    "_": "\\_",
+    "{": "\\{",
+    "}": "\\}",
+    "~": "\\textasciitilde{}",
+    "^": "\\textasciicircum{}",
+    "±": "$\\pm$",
+    "ε": "$\\varepsilon$",
+    "∞": "$\\infty$",
+    "—": "--",
+    "↓": "$\\downarrow$",
+    "└": "",
+    "≤": "$\\le$",
+    "≥": "$\\ge$",
+    "δ": "$\\delta$",
+    "→": "$\\to$",
+}
 
 
 def latex_escape(text: str) -> str:
@@ -121,6 +151,7 @@ def settings_of(results: Iterable[dict]) -> list[tuple[str, float | None]]:
         mode, eps = k
         mi = MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
         return (mi, mode, 0 if eps is None else 1, -(eps or 0))
+
     return sorted(keys, key=order)
 
 
@@ -171,12 +202,18 @@ def _below_chance(entries: list[dict]) -> str:
     """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
     chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
     for e in entries:
-        if e.get("below_chance"):                 # the attack's own verdict (attacks.significance)
+        if e.get("below_chance"):  # the attack's own verdict (attacks.significance)
             return " (below chance?)"
         ci, chance = e.get("ci"), e.get("chance")
-        if "below_chance" not in e and (e.get("applicable") and e.get("higher_is_leakier", True) and isinstance(chance, (int, float))
-                and isinstance(ci, (list, tuple)) and len(ci) == 2 and isinstance(ci[1], (int, float))
-                and ci[1] < chance):
+        if "below_chance" not in e and (
+            e.get("applicable")
+            and e.get("higher_is_leakier", True)
+            and isinstance(chance, (int, float))
+            and isinstance(ci, (list, tuple))
+            and len(ci) == 2
+            and isinstance(ci[1], (int, float))
+            and ci[1] < chance
+        ):
             return " (below chance?)"
     return ""
 
@@ -188,8 +225,11 @@ def _cell(entries: list[dict], key: str) -> str:
     vals = [e.get(key) for e in entries if e.get("applicable")]
     vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if vals:
-        return fmt_stats([float(v) for v in vals]) + (_interval(entries[0]) if key == "value" and len(vals) == 1
-                                                      else "") + (_below_chance(entries) if key == "value" else "")
+        return (
+            fmt_stats([float(v) for v in vals])
+            + (_interval(entries[0]) if key == "value" and len(vals) == 1 else "")
+            + (_below_chance(entries) if key == "value" else "")
+        )
     if any(e.get("applicable") for e in entries):
         return "—"
     if all(e.get("at_chance") for e in entries):
@@ -232,14 +272,20 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
         first = any_e or next((e for es in per.values() for e in es), {})
         metric = first.get("metric") or "—"
         arrow = "" if first.get("higher_is_leakier", True) else " (↓ leakier)"
-        rows.append([f"{name} ({first.get('observer', '?')}): {metric}{arrow}"]
-                    + [_cell(per[s], "value") for s in settings] + [fmt_num(first.get("chance"))])
+        rows.append(
+            [f"{name} ({first.get('observer', '?')}): {metric}{arrow}"]
+            + [_cell(per[s], "value") for s in settings]
+            + [fmt_num(first.get("chance"))]
+        )
         for sec, chance in SECONDARY.get(name, []):
             if not any(sec in e for es in per.values() for e in es):
                 continue
             ch = any_e.get(chance) if isinstance(chance, str) and any_e else chance
-            rows.append([f"  └ {sec}"] + [_cell(per[s], sec) for s in settings]
-                        + [fmt_num(ch) if not isinstance(ch, str) else "—"])
+            rows.append(
+                [f"  └ {sec}"]
+                + [_cell(per[s], sec) for s in settings]
+                + [fmt_num(ch) if not isinstance(ch, str) else "—"]
+            )
     audit_row = ["transcript audit (server)"]
     for s in settings:
         aud = [audit_of(r) for r in by_setting[s]]
@@ -252,17 +298,24 @@ def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
             audit_row.append("PASS" if all(a.get("value") == 1.0 for a in aud) else "FAIL")
     rows.append(audit_row + ["—"])
     chance = accuracy_chance(runs)
-    rows.append(["model at chance?"] + [at_chance_label([final_acc(r) for r in by_setting[s]], chance)
-                                        for s in settings] + [fmt_num(chance)])
+    rows.append(
+        ["model at chance?"]
+        + [at_chance_label([final_acc(r) for r in by_setting[s]], chance) for s in settings]
+        + [fmt_num(chance)]
+    )
     rows.append(["test accuracy"] + [fmt_stats([final_acc(r) for r in by_setting[s]]) for s in settings] + ["—"])
     seeds = sorted({r["config"]["seed"] for r in runs})
-    return Table(f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))", header, rows,
-                 note="Cells: mean ± sample std over seeds; with one seed, the value and the attack's own 95% "
-                      "interval [lo, hi] when it reports one ('below chance?': the interval lies wholly on the "
-                      "non-leaky side of chance, a suspect measurement). n/a: the observer could read nothing the attack needs; "
-                      "n/a (chance): ... and the transcript audit passed, so the result is at chance. "
-                      "(↓ leakier): lower values leak more (distance to the truth). model at chance?: AT CHANCE when "
-                      "the mean test accuracy is within max(std, 0.05) of 1/classes -- read no privacy result off it.")
+    return Table(
+        f"Leakage matrix — {algorithm} on {dataset} ({len(seeds)} seed(s))",
+        header,
+        rows,
+        note="Cells: mean ± sample std over seeds; with one seed, the value and the attack's own 95% "
+        "interval [lo, hi] when it reports one ('below chance?': the interval lies wholly on the "
+        "non-leaky side of chance, a suspect measurement). n/a: the observer could read nothing the attack needs; "
+        "n/a (chance): ... and the transcript audit passed, so the result is at chance. "
+        "(↓ leakier): lower values leak more (distance to the truth). model at chance?: AT CHANCE when "
+        "the mean test accuracy is within max(std, 0.05) of 1/classes -- read no privacy result off it.",
+    )
 
 
 #: the grid's axes: a report varies them on purpose, every other setting should be equal
@@ -303,10 +356,16 @@ def settings_of_runs(results: list[dict]) -> tuple[dict[str, str], Table]:
         cells = group(results, "algorithm", "dataset", "mode", "dp_epsilon")
         for (a, d, m, e), rs in sorted(cells.items(), key=lambda kv: str(kv[0])):
             cell_ids = [identity(r["config"]) for r in rs]
-            rows.append([a, d, m, "∞" if e is None else f"{e:g}"]
-                        + [" | ".join(sorted({_show(i.get(k)) for i in cell_ids})) for k in varying])
-    return common, Table("Settings that differ between cells", ["algorithm", "dataset", "mode", "ε", *varying],
-                         rows, note="Compare cells only where their settings agree.")
+            rows.append(
+                [a, d, m, "∞" if e is None else f"{e:g}"]
+                + [" | ".join(sorted({_show(i.get(k)) for i in cell_ids})) for k in varying]
+            )
+    return common, Table(
+        "Settings that differ between cells",
+        ["algorithm", "dataset", "mode", "ε", *varying],
+        rows,
+        note="Compare cells only where their settings agree.",
+    )
 
 
 def code_table(results: list[dict]) -> Table:
@@ -326,31 +385,61 @@ def _eps_spent(r: dict) -> tuple[str, str]:
 
 
 def utility_table(results: list[dict]) -> Table:
-    header = ["algorithm", "dataset", "mode", "ε (budget)", "seeds", "test acc", "time total (s)",
-              "setup (s)", "train (s)", "bytes up (MB)", "bytes down (MB)", "ε spent", "ε per exchange"]
+    header = [
+        "algorithm",
+        "dataset",
+        "mode",
+        "ε (budget)",
+        "seeds",
+        "test acc",
+        "time total (s)",
+        "setup (s)",
+        "train (s)",
+        "bytes up (MB)",
+        "bytes down (MB)",
+        "ε spent",
+        "ε per exchange",
+    ]
     rows = []
     groups = group(results, "algorithm", "dataset", "mode", "dp_epsilon")
-    stale = any(code_mismatch(r) for r in results)   # a column only when some run was made by other code
+    stale = any(code_mismatch(r) for r in results)  # a column only when some run was made by other code
 
     def order(k):
         a, d, m, e = k
         return (a, d, MODE_ORDER.index(m) if m in MODE_ORDER else 9, 0 if e is None else 1, -(e or 0))
+
     for key in sorted(groups, key=order):
         rs = groups[key]
         a, d, m, e = key
         t = [r.get("time") or {} for r in rs]
         c = [r.get("comm") or {} for r in rs]
         spent = _eps_spent(rs[0])
-        rows.append([a, d, m, "∞" if e is None else f"{e:g}", str(len(rs)), fmt_stats([final_acc(r) for r in rs]),
-                     fmt_stats([x.get("total") for x in t], 2), fmt_stats([x.get("setup") for x in t], 2),
-                     fmt_stats([x.get("train") for x in t], 2),
-                     fmt_stats([(x.get("bytes_up") or 0) / 1e6 for x in c], 3),
-                     fmt_stats([(x.get("bytes_down") or 0) / 1e6 for x in c], 3), spent[0], spent[1]])
+        rows.append(
+            [
+                a,
+                d,
+                m,
+                "∞" if e is None else f"{e:g}",
+                str(len(rs)),
+                fmt_stats([final_acc(r) for r in rs]),
+                fmt_stats([x.get("total") for x in t], 2),
+                fmt_stats([x.get("setup") for x in t], 2),
+                fmt_stats([x.get("train") for x in t], 2),
+                fmt_stats([(x.get("bytes_up") or 0) / 1e6 for x in c], 3),
+                fmt_stats([(x.get("bytes_down") or 0) / 1e6 for x in c], 3),
+                spent[0],
+                spent[1],
+            ]
+        )
         if stale:
             rows[-1].append("; ".join(sorted({code_mismatch(r) or "this version" for r in rs})))
-    return Table("Utility and cost", header + ["code"] * stale, rows,
-                 note="ε spent: the accountant's total over every release of the run (first seed shown); "
-                      "bytes as recorded in the transcript.")
+    return Table(
+        "Utility and cost",
+        header + ["code"] * stale,
+        rows,
+        note="ε spent: the accountant's total over every release of the run (first seed shown); "
+        "bytes as recorded in the transcript.",
+    )
 
 
 def audit_table(results: list[dict]) -> Table:
@@ -361,8 +450,11 @@ def audit_table(results: list[dict]) -> Table:
         if not a:
             continue
         status = "exposed (plain)" if r["config"]["mode"] == "plain" else ("PASS" if a.get("value") == 1.0 else "FAIL")
-        fails = "; ".join(a.get("failures") or [])[:300] if r["config"]["mode"] != "plain" else \
-            f"{a.get('num_failures', 0)} plaintext exchange(s)"
+        fails = (
+            "; ".join(a.get("failures") or [])[:300]
+            if r["config"]["mode"] != "plain"
+            else f"{a.get('num_failures', 0)} plaintext exchange(s)"
+        )
         warns = (a.get("warnings") or ["—"])[0][:200]
         rows.append([r.get("_run_id", "?"), r["config"]["mode"], status, fails or "—", warns])
     return Table("Transcript audit per run", header, rows)
@@ -370,8 +462,16 @@ def audit_table(results: list[dict]) -> Table:
 
 def audit_exchange_table(results: list[dict]) -> Table:
     """Table T of the survey: per mode and exchange, kinds uploaded, sizes, data dependence."""
-    header = ["mode", "exchange", "kinds up", "bytes up (all rounds)", "client bytes min..max",
-              "size depends on data", "layout", "side fields"]
+    header = [
+        "mode",
+        "exchange",
+        "kinds up",
+        "bytes up (all rounds)",
+        "client bytes min..max",
+        "size depends on data",
+        "layout",
+        "side fields",
+    ]
     rows, seen = [], set()
     for r in results:
         a = audit_of(r)
@@ -381,11 +481,20 @@ def audit_exchange_table(results: list[dict]) -> Table:
             if key in seen:
                 continue
             seen.add(key)
-            rows.append([mode, ex["tag"], ",".join(ex.get("kinds_up") or []), str(ex.get("bytes_up")),
-                         f"{ex.get('min_client_bytes')}..{ex.get('max_client_bytes')}",
-                         "yes" if ex.get("size_depends_on_data") else
-                         (f"jitter {ex['size_jitter']:.2%}" if ex.get("size_jitter") else "no"),
-                         ex.get("layout", "—"), str(ex.get("side_fields", 0))])
+            rows.append(
+                [
+                    mode,
+                    ex["tag"],
+                    ",".join(ex.get("kinds_up") or []),
+                    str(ex.get("bytes_up")),
+                    f"{ex.get('min_client_bytes')}..{ex.get('max_client_bytes')}",
+                    "yes"
+                    if ex.get("size_depends_on_data")
+                    else (f"jitter {ex['size_jitter']:.2%}" if ex.get("size_jitter") else "no"),
+                    ex.get("layout", "—"),
+                    str(ex.get("side_fields", 0)),
+                ]
+            )
     rows.sort(key=lambda row: (MODE_ORDER.index(row[0]) if row[0] in MODE_ORDER else 9, row[1]))
     return Table("What the server receives, per exchange (first run of each mode)", header, rows)
 
@@ -398,8 +507,15 @@ def attack_table(results: list[dict]) -> Table:
             if a["name"] in seen or a["name"] == "transcript_audit":
                 continue
             seen.add(a["name"])
-            rows.append([a["name"], a.get("observer", "?"), a.get("exchange", "?"),
-                         ", ".join(a.get("knowledge") or []) or "—", a.get("metric") or "—"])
+            rows.append(
+                [
+                    a["name"],
+                    a.get("observer", "?"),
+                    a.get("exchange", "?"),
+                    ", ".join(a.get("knowledge") or []) or "—",
+                    a.get("metric") or "—",
+                ]
+            )
     return Table("Attacks", header, rows)
 
 
@@ -419,7 +535,15 @@ def skipped_attacks(results: list[dict]) -> Table:
             if key in seen:
                 continue
             seen.add(key)
-            rows.append([a["name"], r["config"]["algorithm"], r["config"]["mode"], a.get("reason", "")[:200],
-                         "yes" if a.get("at_chance") else "no"])
-    return Table("Attacks not applicable, and why", ["attack", "algorithm", "mode", "reason", "at chance (audit passed)"],
-                 rows)
+            rows.append(
+                [
+                    a["name"],
+                    r["config"]["algorithm"],
+                    r["config"]["mode"],
+                    a.get("reason", "")[:200],
+                    "yes" if a.get("at_chance") else "no",
+                ]
+            )
+    return Table(
+        "Attacks not applicable, and why", ["attack", "algorithm", "mode", "reason", "at chance (audit passed)"], rows
+    )

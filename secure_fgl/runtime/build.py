@@ -6,6 +6,7 @@ run) and hands client ``k`` one set-up frame with its own data only
 and what the clients send.  (A deployment where each machine loads its own partition would
 build the same frame there.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,15 +35,23 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     ``flower`` (:mod:`.flower_executor`, needs ``pip install -e ".[flower]"``)."""
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
-        executor = RayExecutor(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus, workers=cfg.ray_workers,
-                               round_timeout=cfg.round_timeout, client_resources=client_resources(cfg))
-    elif cfg.executor == "flower":                 # sites behind Flower SuperNodes (docs/deployment.md)
+
+        executor = RayExecutor(
+            address=cfg.ray_address,
+            num_cpus=cfg.ray_num_cpus,
+            workers=cfg.ray_workers,
+            round_timeout=cfg.round_timeout,
+            client_resources=client_resources(cfg),
+        )
+    elif cfg.executor == "flower":  # sites behind Flower SuperNodes (docs/deployment.md)
         from .flower_executor import FlowerExecutor, needs_of
+
         executor = FlowerExecutor(round_timeout=cfg.round_timeout, needs=needs_of(cfg))
     else:
         executor = LocalExecutor(device)
-    if cfg.simulate_dropouts:                  # --simulate-dropouts (.dropouts)
+    if cfg.simulate_dropouts:  # --simulate-dropouts (.dropouts)
         from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
+
         rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
         return SimulatedDropouts(executor, DropoutSchedule(rules))
     return executor
@@ -55,6 +64,7 @@ def client_resources(cfg) -> dict[int, str]:
     if cfg.executor != "ray":
         raise ConfigError("--ray-client-resources pins clients to Ray nodes: it needs --executor ray")
     from .placement import parse_client_resources
+
     return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
@@ -64,8 +74,10 @@ def check_runtime(cfg) -> None:
     if cfg.executor == "inline":
         return
     if cfg.dp_epsilon is not None and not get_spec(cfg.algorithm).strategy_class().dp_on_runtimes:
-        raise ConfigError(f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
-                          "yet; use --executor inline")
+        raise ConfigError(
+            f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
+            "yet; use --executor inline"
+        )
 
 
 def run_transcript(cfg: RunConfig) -> Transcript:
@@ -80,11 +92,11 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
         extra["exact_fields"] = False
-    if link is not None:          # a backend split into halves, its client halves behind ``link``
+    if link is not None:  # a backend split into halves, its client halves behind ``link``
         extra["link"] = link
-    if cfg.mode != "plain":       # the public collusion bound every client half checks plans against
+    if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
-    extra.update(schedule_option(cfg))           # the manifest's hash of the public schedule
+    extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
@@ -101,19 +113,26 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
     cls = get_spec(cfg.algorithm).strategy_class()
-    if isinstance(fed, FederatedGraphDataset):     # graph classification: each client its own graphs
+    if isinstance(fed, FederatedGraphDataset):  # graph classification: each client its own graphs
         facts = GraphFacts.of(fed)
         frames = {c.client_id: graph_client_frame(c, cfg, facts, opts, setup) for c in fed.clients}
-    else:                                          # node classification: the strategy's frames
+    else:  # node classification: the strategy's frames
         facts = PublicFacts.of(fed)
         frames = cls.client_frames(fed, cfg, facts, opts, setup)
-    if setup is not None:                          # the manifest and each identity key, driver -> runtime directly
-        frames = {k: wire.pack({**wire.unpack(f), **{n: np.frombuffer(b, dtype=np.uint8)
-                                                     for n, b in protocol.client_identity(k).items()}})
-                  for k, f in frames.items()}
+    if setup is not None:  # the manifest and each identity key, driver -> runtime directly
+        frames = {
+            k: wire.pack(
+                {
+                    **wire.unpack(f),
+                    **{n: np.frombuffer(b, dtype=np.uint8) for n, b in protocol.client_identity(k).items()},
+                }
+            )
+            for k, f in frames.items()
+        }
     executor.start(frames)
     strategy = cls(executor, protocol, cfg, facts, opts)
     from .dropouts import SimulatedDropouts
-    if isinstance(executor, SimulatedDropouts):    # simulated dropouts follow the strategy's round
+
+    if isinstance(executor, SimulatedDropouts):  # simulated dropouts follow the strategy's round
         executor.clock = lambda: strategy.round
     return strategy

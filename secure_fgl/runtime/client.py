@@ -8,6 +8,7 @@ local training and evaluation and answers the server's requests.  Its only inter
 Ray actor on another machine (:class:`~.ray_executor.RayExecutor`) unchanged.  It never
 sees another client's data: the runtime is built from its own frame only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,9 +31,16 @@ from .partition import DATA_FIELDS, data_digest, data_fields, own_fields
 #: ClientSubgraph fields carried in a client's set-up frame
 
 
-def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, facts: PublicFacts,
-                 options: dict, party_setup: bytes | None = None, owner: torch.Tensor | None = None,
-                 load_own_data: bool = False) -> bytes:
+def client_frame(
+    c: ClientSubgraph,
+    far_owner: torch.Tensor,
+    cfg: RunConfig,
+    facts: PublicFacts,
+    options: dict,
+    party_setup: bytes | None = None,
+    owner: torch.Tensor | None = None,
+    load_own_data: bool = False,
+) -> bytes:
     """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
     cross edges (a client knows who holds the other end of its edges), the run's settings,
     the public facts and, for a backend split into halves, its public setup bytes
@@ -43,9 +51,17 @@ def client_frame(c: ClientSubgraph, far_owner: torch.Tensor, cfg: RunConfig, fac
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     owned = {} if owner is None else {"owner": owner}
     data = data_fields(c, far_owner)
-    return wire.pack({**({"data_digest": data_digest(data)} if load_own_data else data),
-                      "client_id": int(c.client_id), "config": cfg.to_dict(), "facts": facts.to_dict(),
-                      "options": options, **setup, **owned})
+    return wire.pack(
+        {
+            **({"data_digest": data_digest(data)} if load_own_data else data),
+            "client_id": int(c.client_id),
+            "config": cfg.to_dict(),
+            "facts": facts.to_dict(),
+            "options": options,
+            **setup,
+            **owned,
+        }
+    )
 
 
 class ClientRuntime:
@@ -54,14 +70,15 @@ class ClientRuntime:
     def __init__(self, frame: bytes, device: str = "cpu"):
         f = wire.unpack(frame)
         self.client_id = int(f["client_id"])
-        if "data_digest" in f:                      # a pinned client: its data is loaded here (partition.py)
+        if "data_digest" in f:  # a pinned client: its data is loaded here (partition.py)
             f.update(own_fields(RunConfig.from_dict(f["config"]), self.client_id, f.pop("data_digest")))
         self.device = torch.device(device)
-        if f.get("task") == "graph":                # a graph-classification client (graph_data.py)
+        if f.get("task") == "graph":  # a graph-classification client (graph_data.py)
             self.data, self.facts = graph_client(f, self.client_id), GraphFacts(**f["facts"])
         else:
-            self.data = ClientSubgraph(self.client_id, **{k: torch.from_numpy(f[k]).to(self.device)
-                                                          for k in DATA_FIELDS})
+            self.data = ClientSubgraph(
+                self.client_id, **{k: torch.from_numpy(f[k]).to(self.device) for k in DATA_FIELDS}
+            )
             self.far_owner = torch.from_numpy(f["far_owner"])
             self.facts = PublicFacts(**f["facts"])
         #: the client owning each node (only for a runtime holding several clients' nodes)
@@ -74,10 +91,12 @@ class ClientRuntime:
             from protocols.auth import SigningKey
             from protocols.manifest import Manifest
             from protocols.registry import backend_class
+
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
             # the manifest and identity key come from the driver directly (protocols/split.py), never via the server
-            self.half.use_manifest(Manifest.from_bytes(f["manifest"].tobytes()),
-                                   SigningKey.from_private_bytes(f["identity"].tobytes()))
+            self.half.use_manifest(
+                Manifest.from_bytes(f["manifest"].tobytes()), SigningKey.from_private_bytes(f["identity"].tobytes())
+            )
             self.half.provider = self.logic.table
             self.half.clear_tags = self.logic.clear_tags
 
@@ -85,28 +104,35 @@ class ClientRuntime:
         """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
         ``save``, ``load``, ``weights`` or ``attack`` (a request frame in, a response frame out), or
         ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
-        if method.startswith("half:"):             # a protocol stage: signed message bundles in and out
+        if method.startswith("half:"):  # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
-        if method == "ping":                        # transport overhead measurement (bench)
+        if method == "ping":  # transport overhead measurement (bench)
             return request
-        if method == "accepted_keys":               # the key fingerprints this client's half accepted
+        if method == "accepted_keys":  # the key fingerprints this client's half accepted
             return wire.pack({"fingerprints": self.half.registry.fingerprints() if self.half is not None else {}})
         req = wire.unpack(request)
         if method == "save":
             return wire.pack(self._save(Path(req["path"])))
         if method == "load":
             return wire.pack(self._load(Path(req["path"]), req["sha256"]))
-        if method == "weights":                     # best_model.pt of a run that writes it
+        if method == "weights":  # best_model.pt of a run that writes it
             return wire.pack(self._weights())
         if method == "attack" and not self.cfg.attacks:
-            raise PermissionError(f"client {self.client_id} hands its state to the attack suite only in a run "
-                                  "started with --attacks (an evaluation, attacks/parties.py)")
-        if method == "attack" and req["what"] == "keys":     # what it hands a coalition it joins
+            raise PermissionError(
+                f"client {self.client_id} hands its state to the attack suite only in a run "
+                "started with --attacks (an evaluation, attacks/parties.py)"
+            )
+        if method == "attack" and req["what"] == "keys":  # what it hands a coalition it joins
             secrets = self.half.coalition_secrets() if self.half is not None else {}
             return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
-        handler = {"local_update": self.logic.local_update, "contribute": self.logic.contribute,
-                   "receive": self.logic.receive, "evaluate": self.logic.evaluate,
-                   "privatize": self.logic.privatize, "attack": self.logic.attack_state}.get(method)
+        handler = {
+            "local_update": self.logic.local_update,
+            "contribute": self.logic.contribute,
+            "receive": self.logic.receive,
+            "evaluate": self.logic.evaluate,
+            "privatize": self.logic.privatize,
+            "attack": self.logic.attack_state,
+        }.get(method)
         if handler is None:
             raise ValueError(f"client runtime has no method {method!r}")
         return wire.pack(handler(req) or {})
@@ -114,8 +140,10 @@ class ClientRuntime:
     def _weights(self) -> dict:
         """Its deployed model's parameters, for ``best_model.pt`` (only in a run that writes it)."""
         if not (self.cfg.save_best_model and self.cfg.out):
-            raise PermissionError(f"client {self.client_id} hands its model weights to the driver only in a run "
-                                  "that writes best_model.pt (--out, --save-best-model)")
+            raise PermissionError(
+                f"client {self.client_id} hands its model weights to the driver only in a run "
+                "that writes best_model.pt (--out, --save-best-model)"
+            )
         model = getattr(self.logic, "model", None)
         return {} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()}
 
@@ -129,10 +157,13 @@ class ClientRuntime:
 
     def _load(self, path: Path, sha256: str) -> dict:
         if not path.exists():
-            raise FileNotFoundError(f"client {self.client_id}: checkpoint {path} is missing on this machine; "
-                                    "--resume needs each client's file where that client now runs")
+            raise FileNotFoundError(
+                f"client {self.client_id}: checkpoint {path} is missing on this machine; "
+                "--resume needs each client's file where that client now runs"
+            )
         if hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
-            raise ValueError(f"client {self.client_id}: {path} is not the file the driver's checkpoint names "
-                             "(digest differs)")
+            raise ValueError(
+                f"client {self.client_id}: {path} is not the file the driver's checkpoint names (digest differs)"
+            )
         self.logic.load_state_dict(from_plain(torch.load(path, weights_only=True, map_location=self.device)))
         return {}

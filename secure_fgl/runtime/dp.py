@@ -24,6 +24,7 @@ uploaded; ``--resume`` repeats the round); dropouts *inside* the exchange keep t
 ``--dp-dropouts`` semantics (mask refuses more than d).  With ``local`` placement every share is
 the full sigma and the survivors go on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,12 @@ from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 def request_fields(req: DPRequest, spec) -> dict:
     """What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields), with
     the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`)."""
-    return {"clip": float(req.clip), "per_row": bool(req.per_row), "integer": bool(req.integer),
-            "grid_bits": grid_bits_of(spec, req)}
+    return {
+        "clip": float(req.clip),
+        "per_row": bool(req.per_row),
+        "integer": bool(req.integer),
+        "grid_bits": grid_bits_of(spec, req),
+    }
 
 
 def request_of(fields: dict) -> DPRequest:
@@ -55,7 +60,7 @@ class ClientNoise:
 
     @property
     def rng(self) -> SecureRandom:
-        if self._rng is None:                  # keyed by os.urandom(32) on first use, in this process
+        if self._rng is None:  # keyed by os.urandom(32) on first use, in this process
             self._rng = SecureRandom()
         return self._rng
 
@@ -64,8 +69,11 @@ class ClientNoise:
         """The std the server asked for, refused unless positive and finite (no noise-free release)."""
         std = np.asarray(std, dtype=np.float64)
         if not (np.all(np.isfinite(std)) and np.all(std > 0)):
-            raise PrivacyBudgetError("a DP release needs noise of a positive, finite std; this client refuses to "
-                                     "upload without it", tag=tag, round=int(rnd))
+            raise PrivacyBudgetError(
+                "a DP release needs noise of a positive, finite std; this client refuses to upload without it",
+                tag=tag,
+                round=int(rnd),
+            )
         return std
 
     def gaussian(self, std: float, size: int, tag: str, rnd: int) -> np.ndarray:
@@ -80,9 +88,10 @@ class ClientNoise:
             return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len, grid_bits=req.get("grid_bits")),)
         ids, rows = kept
         rpb, num_rows = int(req["rpb"]), int(req["num_rows"])
-        ids, rows = Protocol._expand_to_blocks({0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows,
-                                               req["layout"])
-        ids, rows = ids[0], rows[0]            # every row of the blocks it uploads gets noise
+        ids, rows = Protocol._expand_to_blocks(
+            {0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows, req["layout"]
+        )
+        ids, rows = ids[0], rows[0]  # every row of the blocks it uploads gets noise
         blocks = np.asarray(req["blocks"], dtype=np.int64)
         row_std = std[np.searchsorted(blocks, ids // rpb)]
         return ids, noise_rows(self.rng, rows, dp, row_std, grid_bits=req.get("grid_bits"))
@@ -92,9 +101,13 @@ class ClientNoise:
 def _check_lost(strategy, tag: str, rnd: int, asked, answered) -> list[int]:
     gone = sorted(set(asked) - set(answered))
     if gone and strategy.protocol.dp.config.placement == "distributed":
-        raise DropoutError(f"client(s) {gone} were lost after their share of the distributed DP noise of {tag} was "
-                           "sized; the other contributors' shares are short of it, so nothing is uploaded. "
-                           "Run again with --resume", tag=tag, round=rnd)
+        raise DropoutError(
+            f"client(s) {gone} were lost after their share of the distributed DP noise of {tag} was "
+            "sized; the other contributors' shares are short of it, so nothing is uploaded. "
+            "Run again with --resume",
+            tag=tag,
+            round=rnd,
+        )
     return sorted(answered)
 
 
@@ -103,22 +116,34 @@ def for_spec(req: DPRequest, spec) -> DPRequest:
     return dataclasses.replace(req, integer=True) if spec.integer and not req.integer else req
 
 
-def privatize_dense(strategy, tag: str, rnd: int, contributors, length: int, req: DPRequest, spec, *,
-                    row_len: int | None = None) -> tuple[list[int], float, object]:
+def privatize_dense(
+    strategy, tag: str, rnd: int, contributors, length: int, req: DPRequest, spec, *, row_len: int | None = None
+) -> tuple[list[int], float, object]:
     """Count one dense release in the run's accountant and have every contributor noise its kept
     vector; returns the contributors still there, the std of the noise in the sum and the spec
     the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`, as inline)."""
     dp, req = strategy.protocol.dp, for_spec(req, spec)
     spec = strategy.protocol.release_spec(spec, req)
-    std = dp.vector_release(tag, rnd, len(contributors), length, req, row_len=row_len,
-                            grid_bits=grid_bits_of(spec, req))
+    std = dp.vector_release(
+        tag, rnd, len(contributors), length, req, row_len=row_len, grid_bits=grid_bits_of(spec, req)
+    )
     ask = {"tag": tag, "round": rnd, "std": std, "row_len": row_len, **request_fields(req, spec)}
     done = strategy.ask("privatize", {k: ask for k in contributors})
     return _check_lost(strategy, tag, rnd, contributors, done), dp.last_std, spec
 
 
-def privatize_row_sum(strategy, tag: str, rnd: int, blocks: dict[int, np.ndarray], rpb: int, num_rows: int,
-                      layout: str, req: DPRequest, spec, dim: int) -> tuple[list[int], float]:
+def privatize_row_sum(
+    strategy,
+    tag: str,
+    rnd: int,
+    blocks: dict[int, np.ndarray],
+    rpb: int,
+    num_rows: int,
+    layout: str,
+    req: DPRequest,
+    spec,
+    dim: int,
+) -> tuple[list[int], float]:
     """The same for a row sum of ``dim``-wide rows: ``blocks[k]`` are the blocks client k uploads;
     each of their rows gets noise sized by the number of clients uploading that block (``spec``:
     the release spec the caller sized its blocks with)."""
@@ -127,11 +152,24 @@ def privatize_row_sum(strategy, tag: str, rnd: int, blocks: dict[int, np.ndarray
     for b in blocks.values():
         per_block[np.asarray(b, dtype=np.int64)] += 1
     dp, req = strategy.protocol.dp, for_spec(req, spec)
-    row_std = dp.row_release(tag, rnd, np.repeat(per_block, rpb)[:num_rows], req, row_len=dim,
-                             grid_bits=grid_bits_of(spec, req))
+    row_std = dp.row_release(
+        tag, rnd, np.repeat(per_block, rpb)[:num_rows], req, row_len=dim, grid_bits=grid_bits_of(spec, req)
+    )
     block_std = row_std[::rpb]
-    done = strategy.ask("privatize", {k: {"tag": tag, "round": rnd, "std": block_std[np.asarray(b, dtype=np.int64)],
-                                          "blocks": np.asarray(b, dtype=np.int64), "rpb": rpb, "num_rows": num_rows,
-                                          "layout": layout, **request_fields(req, spec)} for k, b in blocks.items()})
+    done = strategy.ask(
+        "privatize",
+        {
+            k: {
+                "tag": tag,
+                "round": rnd,
+                "std": block_std[np.asarray(b, dtype=np.int64)],
+                "blocks": np.asarray(b, dtype=np.int64),
+                "rpb": rpb,
+                "num_rows": num_rows,
+                "layout": layout,
+                **request_fields(req, spec),
+            }
+            for k, b in blocks.items()
+        },
+    )
     return _check_lost(strategy, tag, rnd, blocks, done), dp.last_std
-

@@ -28,11 +28,12 @@ answers a stage (``half:<stage>``), so every backend and every executor (local, 
 same way; :class:`DroppingLink` applies it to any :class:`~protocols.link.ClientLink` (the
 protocol's own tests).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from protocols.link import ClientLink
 from protocols.message import STAGES
@@ -43,8 +44,10 @@ from ..validation import ConfigError
 NOT_PROTOCOL = frozenset({"evaluate", "save", "load", "weights", "local_update"})
 #: stages that never travel as a call of their own
 _BUNDLED = ("directory", "plan")
-_RULE = re.compile(r"^\s*(?P<who>\d+|(?:\d+\s*,\s*)+\d*)\s*@\s*(?P<stage>[a-z_]+)"
-                   r"(?::r(?P<first>\d+)(?:-(?P<last>\d+))?)?\s*$")
+_RULE = re.compile(
+    r"^\s*(?P<who>\d+|(?:\d+\s*,\s*)+\d*)\s*@\s*(?P<stage>[a-z_]+)"
+    r"(?::r(?P<first>\d+)(?:-(?P<last>\d+))?)?\s*$"
+)
 
 
 def drop_stages(mode: str) -> tuple[str, ...]:
@@ -65,8 +68,11 @@ class DropRule:
         return self.first is None or self.first <= rnd <= self.last
 
     def describe(self) -> dict:
-        return {"clients": list(self.clients), "stage": self.stage,
-                "rounds": "all" if self.first is None else [self.first, self.last]}
+        return {
+            "clients": list(self.clients),
+            "stage": self.stage,
+            "rounds": "all" if self.first is None else [self.first, self.last],
+        }
 
 
 def parse_dropouts(spec: str, num_clients: int, mode: str, rounds: int | None = None) -> tuple[DropRule, ...]:
@@ -76,33 +82,43 @@ def parse_dropouts(spec: str, num_clients: int, mode: str, rounds: int | None = 
     for text in (r for r in str(spec).split(";") if r.strip()):
         m = _RULE.match(text)
         if m is None:
-            raise ConfigError(f"--simulate-dropouts {text.strip()!r}: expected WHO@STAGE[:rROUND[-ROUND]], e.g. "
-                              "2@upload, 2@upload:r3 or 1,4@unmask (WHO: a count, or ids with commas)")
+            raise ConfigError(
+                f"--simulate-dropouts {text.strip()!r}: expected WHO@STAGE[:rROUND[-ROUND]], e.g. "
+                "2@upload, 2@upload:r3 or 1,4@unmask (WHO: a count, or ids with commas)"
+            )
         who, stage = m["who"].replace(" ", ""), m["stage"]
         if stage == "upload" and "upload" not in stages and "masked_upload" in stages:
             stage = "masked_upload"
         if stage not in stages:
-            raise ConfigError(f"--simulate-dropouts {text.strip()!r}: mode {mode} has no stage {stage!r}; "
-                              f"its stages: {', '.join(stages)}")
+            raise ConfigError(
+                f"--simulate-dropouts {text.strip()!r}: mode {mode} has no stage {stage!r}; "
+                f"its stages: {', '.join(stages)}"
+            )
         if "," in who:
             clients = tuple(sorted({int(x) for x in who.split(",") if x}))
             bad = [k for k in clients if k >= num_clients]
             if bad:
-                raise ConfigError(f"--simulate-dropouts {text.strip()!r}: client id(s) {bad} out of range "
-                                  f"(clients are 0..{num_clients - 1})")
+                raise ConfigError(
+                    f"--simulate-dropouts {text.strip()!r}: client id(s) {bad} out of range "
+                    f"(clients are 0..{num_clients - 1})"
+                )
         else:
             count = int(who)
             if not 1 <= count <= num_clients:
-                raise ConfigError(f"--simulate-dropouts {text.strip()!r}: a count of 1..{num_clients} clients; "
-                                  "for client ids write them with commas (one id: '3,')")
+                raise ConfigError(
+                    f"--simulate-dropouts {text.strip()!r}: a count of 1..{num_clients} clients; "
+                    "for client ids write them with commas (one id: '3,')"
+                )
             clients = tuple(range(num_clients - count, num_clients))
         first = last = None
         if m["first"] is not None:
             first = int(m["first"])
             last = int(m["last"]) if m["last"] is not None else first
             if last < first or (rounds is not None and last >= rounds):
-                raise ConfigError(f"--simulate-dropouts {text.strip()!r}: rounds must be an increasing range in "
-                                  f"0..{(rounds or 1) - 1}")
+                raise ConfigError(
+                    f"--simulate-dropouts {text.strip()!r}: rounds must be an increasing range in "
+                    f"0..{(rounds or 1) - 1}"
+                )
         rules.append(DropRule(clients, stage, first, last))
     if not rules:
         raise ConfigError("--simulate-dropouts: an empty spec; e.g. 2@upload")
@@ -123,7 +139,7 @@ class DropoutSchedule:
     def silent(self, rnd: int, stage: str | None, addressed) -> set[int]:
         """The clients among ``addressed`` that do not answer this call (``stage`` None: not a
         protocol stage, only clients already gone this round stay silent)."""
-        if rnd != self._round:                     # a new round: every dropped client rejoins
+        if rnd != self._round:  # a new round: every dropped client rejoins
             self._round, self.gone = rnd, {}
         addressed = {int(k) for k in addressed}
         for rule in self.rules:
@@ -135,8 +151,10 @@ class DropoutSchedule:
 
     def describe(self) -> dict:
         """The rules and the dropouts that happened (``result.json``'s ``runtime.simulated_dropouts``)."""
-        return {"rules": [r.describe() for r in self.rules],
-                "dropped": [{"round": r, "stage": s, "clients": sorted(ks)} for (r, s), ks in self.events.items()]}
+        return {
+            "rules": [r.describe() for r in self.rules],
+            "dropped": [{"round": r, "stage": s, "clients": sorted(ks)} for (r, s), ks in self.events.items()],
+        }
 
 
 class SimulatedDropouts:
@@ -156,7 +174,7 @@ class SimulatedDropouts:
     def describe(self) -> dict:
         return {**self.executor.describe(), "simulated_dropouts": self.schedule.describe()}
 
-    def __getattr__(self, name):                   # start, shutdown, stats, sequential, name, Ray's extras
+    def __getattr__(self, name):  # start, shutdown, stats, sequential, name, Ray's extras
         return getattr(self.executor, name)
 
 

@@ -15,9 +15,10 @@ exchange:
 3. ``receive``: each recipient reads its half's decoded result (:func:`dense_result`,
    :func:`rows_result`).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -81,8 +82,9 @@ def rows_result(half, request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarra
     return stacked[np.searchsorted(bids, request_rows // rpb) * rpb + request_rows % rpb]
 
 
-def keep_rows(logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict,
-              whole_blocks: bool = False) -> dict:
+def keep_rows(
+    logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict, whole_blocks: bool = False
+) -> dict:
     """Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
     facts -- row counts, the blocks it asks for and, under DP, the blocks it uploads (the server
     half learns them in the sparse layout anyway; all of them in the dense layout).  The half keeps
@@ -91,56 +93,104 @@ def keep_rows(logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.nd
     logic.keep(tag, ids, rows)
     rpb, num_blocks, layout = int(req["rpb"]), int(req["num_blocks"]), req["layout"]
     logic.rt.half.selection = None if whole_blocks else RowSelection(request, rpb, rows.shape[1])
-    public = {"rows_up": ids.size, "rows_down": request.size,
-              "request_blocks": request_blocks(request, rpb, num_blocks, layout)}
+    public = {
+        "rows_up": ids.size,
+        "rows_down": request.size,
+        "request_blocks": request_blocks(request, rpb, num_blocks, layout),
+    }
     if req.get("dp_clip") is not None:
         public["upload_blocks"] = np.arange(num_blocks) if layout == "dense" else np.unique(ids // rpb)
     return public
 
 
 # ---------------------------------------------------------------- server side
-def plan_dense(protocol, tag: str, rnd: int, contributors, recipients, length: int, spec, *,
-               dp_noise_std: float = 0.0) -> ExchangeContext:
+def plan_dense(
+    protocol, tag: str, rnd: int, contributors, recipients, length: int, spec, *, dp_noise_std: float = 0.0
+) -> ExchangeContext:
     """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``);
     ``dp_noise_std``: the std of the DP noise in the sum (the encodings leave room for it)."""
     cap = max(1, protocol.vector_block_capacity(spec, length))
     num_blocks = max(1, -(-length // cap))
     block_len = min(cap, length) if num_blocks == 1 else cap
-    return ExchangeContext(tag, rnd, spec, {k: None for k in contributors},
-                           {r: np.arange(num_blocks) for r in recipients}, num_blocks, block_len, "dense",
-                           dp_noise_std=dp_noise_std,
-                           float32_bytes=vector_sum_bytes(len(contributors), length, len(recipients)))
+    return ExchangeContext(
+        tag,
+        rnd,
+        spec,
+        {k: None for k in contributors},
+        {r: np.arange(num_blocks) for r in recipients},
+        num_blocks,
+        block_len,
+        "dense",
+        dp_noise_std=dp_noise_std,
+        float32_bytes=vector_sum_bytes(len(contributors), length, len(recipients)),
+    )
 
 
-def plan_rows(tag: str, rnd: int, rows_up: dict[int, int], requests: dict[int, np.ndarray],
-              rows_down: dict[int, int], num_rows: int, dim: int, layout: str, spec, rpb: int, *,
-              dp_noise_std: float = 0.0) -> ExchangeContext:
+def plan_rows(
+    tag: str,
+    rnd: int,
+    rows_up: dict[int, int],
+    requests: dict[int, np.ndarray],
+    rows_down: dict[int, int],
+    num_rows: int,
+    dim: int,
+    layout: str,
+    spec,
+    rpb: int,
+    *,
+    dp_noise_std: float = 0.0,
+) -> ExchangeContext:
     """The public context of a row sum in blocks of ``rpb`` rows (the blocking of
     :meth:`protocols.base.Protocol.row_sum`, fixed before any DP noise, as the clients were told)."""
     num_blocks = -(-num_rows // rpb)
     up, down = row_sum_bytes(rows_up, rows_down, dim, num_rows, layout)
-    return ExchangeContext(tag, rnd, spec, {k: None for k in rows_up}, requests, num_blocks, rpb * dim, layout,
-                           dp_noise_std=dp_noise_std, float32_bytes=(sum(up.values()), sum(down.values())))
+    return ExchangeContext(
+        tag,
+        rnd,
+        spec,
+        {k: None for k in rows_up},
+        requests,
+        num_blocks,
+        rpb * dim,
+        layout,
+        dp_noise_std=dp_noise_std,
+        float32_bytes=(sum(up.values()), sum(down.values())),
+    )
 
 
-def run_row_sum(strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec,
-                rpb: int, dp=None) -> float:
+def run_row_sum(
+    strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec, rpb: int, dp=None
+) -> float:
     """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
     blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release as inline):
     with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
     (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
     the totals (0 without DP)."""
     from .dp import privatize_row_sum
+
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:
-        privatize_row_sum(strategy, tag, rnd, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows,
-                          layout, dp, spec, dim)
+        privatize_row_sum(
+            strategy, tag, rnd, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows, layout, dp, spec, dim
+        )
         strategy.check_lost(sent, f"the noising of {tag}")
         noise_std = protocol.dp.last_std
-    run_split(protocol, plan_rows(tag, rnd, {k: int(r["rows_up"]) for k, r in sent.items()},
-                                  {k: r["request_blocks"] for k, r in sent.items()},
-                                  {k: int(r["rows_down"]) for k, r in sent.items()}, num_rows, dim, layout, spec,
-                                  rpb, dp_noise_std=noise_std))
+    run_split(
+        protocol,
+        plan_rows(
+            tag,
+            rnd,
+            {k: int(r["rows_up"]) for k, r in sent.items()},
+            {k: r["request_blocks"] for k, r in sent.items()},
+            {k: int(r["rows_down"]) for k, r in sent.items()},
+            num_rows,
+            dim,
+            layout,
+            spec,
+            rpb,
+            dp_noise_std=noise_std,
+        ),
+    )
     return noise_std
 
 

@@ -17,11 +17,12 @@ re-raised and no answer of that call is used (:func:`answer_each`).
 :class:`LocalExecutor` (default) keeps the runtimes in the driver's process.
 :class:`~.ray_executor.RayExecutor` places them on Ray actors.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from protocols import ProtocolError
 
@@ -83,13 +84,18 @@ class Executor:
         """Build client ``k``'s runtime from its set-up frame ``frames[k]``."""
         raise NotImplementedError
 
-    def call(self, method: str, requests: Mapping[int, bytes], label: str = "") -> tuple[dict[int, bytes],
-                                                                                          dict[int, str]]:
+    def call(
+        self, method: str, requests: Mapping[int, bytes], label: str = ""
+    ) -> tuple[dict[int, bytes], dict[int, str]]:
         """``label`` (e.g. the exchange tag) keys :attr:`ExecutorStats.per_method` next to ``method``."""
         t0 = time.perf_counter()
         responses, lost = self._call(method, dict(requests))
-        self.stats.add(f"{method}:{label}" if label else method,
-                       {k: v for k, v in requests.items() if k in responses}, responses, time.perf_counter() - t0)
+        self.stats.add(
+            f"{method}:{label}" if label else method,
+            {k: v for k, v in requests.items() if k in responses},
+            responses,
+            time.perf_counter() - t0,
+        )
         return responses, lost
 
     def _call(self, method: str, requests: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, str]]:
@@ -115,6 +121,7 @@ class LocalExecutor(Executor):
 
     def start(self, frames: Mapping[int, bytes]) -> None:
         from .client import ClientRuntime
+
         self.runtimes = {k: ClientRuntime(f, self.device) for k, f in frames.items()}
 
     def _call(self, method, requests):

@@ -1,5 +1,6 @@
 """The public facts of a run: all an algorithm's server side and client logic learn about the
 federation as a whole (never the global ``FederatedGraph``)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -24,12 +25,20 @@ class PublicFacts:
     count_features: bool = False
 
     @classmethod
-    def of(cls, fed) -> "PublicFacts":
+    def of(cls, fed) -> PublicFacts:
         """The facts of a partitioned graph (read once, by whoever partitions the data)."""
         train_owners = fed.owner[fed.graph.train_mask & (fed.owner >= 0)]
-        return cls(int(fed.graph.num_nodes), int(fed.num_features), int(fed.num_classes), int(fed.num_clients),
-                   bool(fed.binary_features), int(fed.graph.train_mask.sum()), int((fed.owner >= 0).sum()),
-                   int(train_owners.unique().numel()), bool(getattr(fed, "count_features", False)))
+        return cls(
+            int(fed.graph.num_nodes),
+            int(fed.num_features),
+            int(fed.num_classes),
+            int(fed.num_clients),
+            bool(fed.binary_features),
+            int(fed.graph.train_mask.sum()),
+            int((fed.owner >= 0).sum()),
+            int(train_owners.unique().numel()),
+            bool(getattr(fed, "count_features", False)),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,10 +60,17 @@ class GraphFacts:
     num_classes: list
 
     @classmethod
-    def of(cls, fed) -> "GraphFacts":
+    def of(cls, fed) -> GraphFacts:
         cs = fed.clients
-        return cls(len(cs), [c.dataset for c in cs], [len(c.train) for c in cs], [len(c.val) for c in cs],
-                   [len(c.test) for c in cs], [int(c.num_features) for c in cs], [int(c.num_classes) for c in cs])
+        return cls(
+            len(cs),
+            [c.dataset for c in cs],
+            [len(c.train) for c in cs],
+            [len(c.val) for c in cs],
+            [len(c.test) for c in cs],
+            [int(c.num_features) for c in cs],
+            [int(c.num_classes) for c in cs],
+        )
 
     @property
     def total_train(self) -> int:

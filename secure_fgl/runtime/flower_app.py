@@ -15,6 +15,7 @@ Relay operations (driver -> ServerApp, :mod:`.local_socket` messages): ``sites``
 SuperNode serving each client), ``call`` (one stage, every addressed client's frame) and
 ``stop``.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,12 @@ PULL_INTERVAL = 0.05
 
 def pack(header: dict, frame: bytes) -> RecordDict:
     """A Flower message's content: ``header`` (str/int/float values) and the frame's bytes."""
-    return RecordDict({"sfgl": ConfigRecord(header),
-                       "frame": ArrayRecord({"frame": Array(dtype="uint8", shape=(len(frame),), stype="raw",
-                                                            data=bytes(frame))})})
+    return RecordDict(
+        {
+            "sfgl": ConfigRecord(header),
+            "frame": ArrayRecord({"frame": Array(dtype="uint8", shape=(len(frame),), stype="raw", data=bytes(frame))}),
+        }
+    )
 
 
 def unpack(content: RecordDict) -> tuple[dict, bytes]:
@@ -60,27 +64,37 @@ def forward(message: Message, context: Context) -> Message:
     """Hand the frame to this site's client process and reply with its answer."""
     path = context.node_config.get("site-socket")
     if not path:
-        raise ValueError("this SuperNode has no site process: start it with --node-config "
-                         "'site-socket=\"<the --socket of python -m secure_fgl.runtime.flower_site>\"'")
+        raise ValueError(
+            "this SuperNode has no site process: start it with --node-config "
+            "'site-socket=\"<the --socket of python -m secure_fgl.runtime.flower_site>\"'"
+        )
     header, frame = unpack(message.content)
     with local_socket.connect(str(path), float(header["timeout"])) as sock:
         local_socket.send(sock, {"method": header["method"], "client": int(header["client"])}, frame)
         answer, payload = local_socket.receive(sock)
-    return Message(pack({k: v for k, v in answer.items() if isinstance(v, (str, int, float, bool))}, payload),
-                   reply_to=message)
+    return Message(
+        pack({k: v for k, v in answer.items() if isinstance(v, (str, int, float, bool))}, payload), reply_to=message
+    )
 
 
 # ----------------------------------------------------------------------------------- ServerApp
 serverapp = ServerApp()
 
 
-def _exchange(grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes],
-              timeout: float) -> tuple[dict, dict, int, int]:
+def _exchange(
+    grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes], timeout: float
+) -> tuple[dict, dict, int, int]:
     """Send ``frames[k]`` to client ``k``'s node; wait at most ``timeout`` seconds for the replies.
     Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``."""
-    messages = {k: Message(pack({"method": method, "client": int(k), "timeout": float(timeout)}, frame),
-                           dst_node_id=node_of[k], message_type=MESSAGE_TYPE, ttl=max(timeout, 1.0))
-                for k, frame in frames.items()}
+    messages = {
+        k: Message(
+            pack({"method": method, "client": int(k), "timeout": float(timeout)}, frame),
+            dst_node_id=node_of[k],
+            message_type=MESSAGE_TYPE,
+            ttl=max(timeout, 1.0),
+        )
+        for k, frame in frames.items()
+    }
     down = sum(message_bytes(m) for m in messages.values())
     ids = dict(zip(grid.push_messages(messages.values()), messages))
     pending, replies, up = dict(ids), {}, 0
@@ -118,8 +132,13 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
             time.sleep(0.2)
             continue
         asked.update(new)
-        answers, _, _, _ = _exchange(grid, {i: n for i, n in enumerate(new)}, "hello",
-                                     {i: b"" for i in range(len(new))}, max(1.0, deadline - time.monotonic()))
+        answers, _, _, _ = _exchange(
+            grid,
+            {i: n for i, n in enumerate(new)},
+            "hello",
+            {i: b"" for i in range(len(new))},
+            max(1.0, deadline - time.monotonic()),
+        )
         for i, (header, payload) in answers.items():
             site = json.loads(payload) if header.get("status") == "ok" else {"clients": []}
             for k in map(int, site["clients"]):
@@ -134,7 +153,7 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
 def relay(grid: Grid, context: Context) -> None:
     """Serve the driver's calls until it says ``stop`` or closes the socket."""
     sock = local_socket.connect(str(context.run_config["relay-socket"]), 60.0)
-    sock.settimeout(None)                  # the driver may compute for long between two calls
+    sock.settimeout(None)  # the driver may compute for long between two calls
     node_of: dict[int, int] = {}
     with sock:
         while True:
@@ -147,19 +166,31 @@ def relay(grid: Grid, context: Context) -> None:
                 return
             if op["op"] == "sites":
                 node_of, twice, serves = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
-                local_socket.send(sock, {"nodes": {str(k): n for k, n in node_of.items()}, "claimed_twice": twice,
-                                         "serves": {str(k): v for k, v in serves.items()}})
+                local_socket.send(
+                    sock,
+                    {
+                        "nodes": {str(k): n for k, n in node_of.items()},
+                        "claimed_twice": twice,
+                        "serves": {str(k): v for k, v in serves.items()},
+                    },
+                )
                 continue
-            frames, offset = {}, 0                       # op == "call"
+            frames, offset = {}, 0  # op == "call"
             for k, n in op["sizes"]:
-                frames[int(k)] = payload[offset:offset + n]
+                frames[int(k)] = payload[offset : offset + n]
                 offset += n
             unknown = {k: "no SuperNode serves this client" for k in frames if k not in node_of}
-            answers, lost, down, up = _exchange(grid, node_of, op["method"],
-                                                {k: f for k, f in frames.items() if k not in unknown},
-                                                float(op["timeout"]))
+            answers, lost, down, up = _exchange(
+                grid, node_of, op["method"], {k: f for k, f in frames.items() if k not in unknown}, float(op["timeout"])
+            )
             order = sorted(answers)
-            local_socket.send(sock, {"answers": [[k, len(answers[k][1]), answers[k][0]] for k in order],
-                                     "lost": {str(k): why for k, why in {**lost, **unknown}.items()},
-                                     "flower_bytes_down": down, "flower_bytes_up": up},
-                              b"".join(answers[k][1] for k in order))
+            local_socket.send(
+                sock,
+                {
+                    "answers": [[k, len(answers[k][1]), answers[k][0]] for k in order],
+                    "lost": {str(k): why for k, why in {**lost, **unknown}.items()},
+                    "flower_bytes_down": down,
+                    "flower_bytes_up": up,
+                },
+                b"".join(answers[k][1] for k in order),
+            )

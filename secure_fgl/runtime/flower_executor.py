@@ -24,6 +24,7 @@ died, or is cut off) comes back as lost: the strategy makes it a protocol dropou
 every addressed site has answered), as by the other executors; any other error a site
 reports is raised as :class:`SiteError`.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,9 @@ def _flwr() -> str:
     try:
         import flwr  # noqa: F401
     except ModuleNotFoundError:
-        raise ConfigError("--executor flower needs Flower: pip install -e '.[flower]' (or use --executor local)") \
-            from None
+        raise ConfigError(
+            "--executor flower needs Flower: pip install -e '.[flower]' (or use --executor local)"
+        ) from None
     here = Path(sys.executable).parent / "flwr"
     return str(here) if here.exists() else (shutil.which("flwr") or "flwr")
 
@@ -105,8 +107,10 @@ def _refusal(name: str, message: str, client: int) -> Exception:
 
 
 #: requests a site serves only when it opts in, and the driver's setting that makes them
-OPTIONAL = {"attack": ("--allow-attack-simulation", "run without --attacks"),
-            "weights": ("--allow-model-export", "run with --save-best-model false")}
+OPTIONAL = {
+    "attack": ("--allow-attack-simulation", "run without --attacks"),
+    "weights": ("--allow-model-export", "run with --save-best-model false"),
+}
 
 
 def needs_of(cfg) -> tuple[str, ...]:
@@ -121,8 +125,10 @@ def check_sites_serve(needs, serves: dict[int, dict]) -> None:
         refusing = sorted(k for k, s in serves.items() if not s.get(need))
         if refusing:
             flag, fix = OPTIONAL[need]
-            raise ConfigError(f"--executor flower: the site(s) of client(s) {refusing} do not serve {need!r} "
-                              f"requests: {fix}, or start those sites with {flag}")
+            raise ConfigError(
+                f"--executor flower: the site(s) of client(s) {refusing} do not serve {need!r} "
+                f"requests: {fix}, or start those sites with {flag}"
+            )
 
 
 def strip_data(frame: bytes) -> bytes:
@@ -130,6 +136,7 @@ def strip_data(frame: bytes) -> bytes:
     (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
     from .client import DATA_FIELDS
     from .partition import data_digest
+
     f = wire.unpack(frame)
     if "data_digest" in f or f.get("task") == "graph" or "x" not in f:
         return frame
@@ -150,31 +157,44 @@ class FlowerExecutor(Executor):
         flwr = _flwr()
         self.round_timeout, self.start_timeout = float(round_timeout), float(start_timeout)
         self.folder = Path(tempfile.mkdtemp(prefix="secure-fgl-flower-"))
-        self.flower = {"messages": 0, "message_bytes_down": 0, "message_bytes_up": 0,
-                       "frame_bytes_down": 0, "frame_bytes_up": 0}
+        self.flower = {
+            "messages": 0,
+            "message_bytes_down": 0,
+            "message_bytes_up": 0,
+            "frame_bytes_down": 0,
+            "frame_bytes_up": 0,
+        }
         self.sock = self.run_id = None
         self.clients: list[int] = []
-        self.nodes: dict[int, int] = {}                 # client -> the node id of its site's SuperNode
+        self.nodes: dict[int, int] = {}  # client -> the node id of its site's SuperNode
         try:
             listener = local_socket.listen(self.folder / "relay" / "relay.sock")
             app = self.folder / "app"
             app.mkdir()
             (app / "pyproject.toml").write_text(APP_TOML)
-            out = subprocess.run([flwr, "run", str(app), "--format", "json", "--run-config",
-                                  f"relay-socket='{listener.getsockname()}'"],
-                                 env=flower_env(), capture_output=True, text=True, timeout=self.start_timeout,
-                                 check=False)
+            out = subprocess.run(
+                [flwr, "run", str(app), "--format", "json", "--run-config", f"relay-socket='{listener.getsockname()}'"],
+                env=flower_env(),
+                capture_output=True,
+                text=True,
+                timeout=self.start_timeout,
+                check=False,
+            )
             if out.returncode != 0:
-                raise ConfigError("--executor flower: `flwr run` failed (is a SuperLink running, and the default "
-                                  f"connection of $FLWR_HOME/config.toml pointing at it?): "
-                                  f"{(out.stdout + out.stderr).strip()[-600:]}")
+                raise ConfigError(
+                    "--executor flower: `flwr run` failed (is a SuperLink running, and the default "
+                    f"connection of $FLWR_HOME/config.toml pointing at it?): "
+                    f"{(out.stdout + out.stderr).strip()[-600:]}"
+                )
             self.run_id = _run_id(out.stdout)
             listener.settimeout(self.start_timeout)
             try:
                 self.sock, _ = listener.accept()
             except TimeoutError:
-                raise ConfigError(f"--executor flower: the ServerApp of run {self.run_id} did not connect within "
-                                  f"{self.start_timeout:g} s (see `flwr log {self.run_id}`)") from None
+                raise ConfigError(
+                    f"--executor flower: the ServerApp of run {self.run_id} did not connect within "
+                    f"{self.start_timeout:g} s (see `flwr log {self.run_id}`)"
+                ) from None
             finally:
                 listener.close()
             self.sock.settimeout(None)
@@ -199,13 +219,17 @@ class FlowerExecutor(Executor):
         self.clients = sorted(frames)
         found, _ = self._relay({"op": "sites", "clients": self.clients, "timeout": self.start_timeout})
         if found["claimed_twice"]:
-            raise ConfigError(f"--executor flower: client(s) {found['claimed_twice']} are served by more than one "
-                              "site; give each site its own --client")
+            raise ConfigError(
+                f"--executor flower: client(s) {found['claimed_twice']} are served by more than one "
+                "site; give each site its own --client"
+            )
         missing = sorted(set(self.clients) - {int(k) for k in found["nodes"]})
         if missing:
-            raise ConfigError(f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
-                              "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
-                              "--node-config 'site-socket=\"...\"')")
+            raise ConfigError(
+                f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
+                "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
+                "--node-config 'site-socket=\"...\"')"
+            )
         self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
         check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items() if int(k) in frames})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
@@ -214,34 +238,50 @@ class FlowerExecutor(Executor):
 
     def _call(self, method, requests):
         order = sorted(requests)
-        answer, payload = self._relay({"op": "call", "method": method, "timeout": self.round_timeout,
-                                       "sizes": [[k, len(requests[k])] for k in order]},
-                                      b"".join(bytes(requests[k]) for k in order))
+        answer, payload = self._relay(
+            {
+                "op": "call",
+                "method": method,
+                "timeout": self.round_timeout,
+                "sizes": [[k, len(requests[k])] for k in order],
+            },
+            b"".join(bytes(requests[k]) for k in order),
+        )
         responses, failures, offset = {}, [], 0
         for k, n, status in answer["answers"]:
-            body, offset = payload[offset:offset + n], offset + n
+            body, offset = payload[offset : offset + n], offset + n
             if status.get("status") == "ok":
                 responses[int(k)] = body
             elif status.get("status") == "refused":
                 failures.append((int(k), _refusal(status.get("error", ""), status.get("message", ""), int(k))))
             else:
-                failures.append((int(k), SiteError(f"client {k}'s site: {status.get('error')}: "
-                                                   f"{status.get('message')}")))
+                failures.append(
+                    (int(k), SiteError(f"client {k}'s site: {status.get('error')}: {status.get('message')}"))
+                )
         f = self.flower
         f["messages"] += len(order) + len(answer["answers"])
         f["message_bytes_down"] += answer["flower_bytes_down"]
         f["message_bytes_up"] += answer["flower_bytes_up"]
         f["frame_bytes_down"] += sum(len(requests[k]) for k in order)
         f["frame_bytes_up"] += len(payload)
-        if failures:                                   # every site has answered: the first in client order
+        if failures:  # every site has answered: the first in client order
             raise min(failures, key=lambda x: x[0])[1]
         return responses, {int(k): why for k, why in answer["lost"].items()}
 
     def describe(self) -> dict:
         f = self.flower
-        return {"executor": self.name, "run_id": self.run_id, "sites": len(set(self.nodes.values())),
-                "flower": {**f, "framing_overhead_bytes": f["message_bytes_down"] + f["message_bytes_up"]
-                           - f["frame_bytes_down"] - f["frame_bytes_up"]}}
+        return {
+            "executor": self.name,
+            "run_id": self.run_id,
+            "sites": len(set(self.nodes.values())),
+            "flower": {
+                **f,
+                "framing_overhead_bytes": f["message_bytes_down"]
+                + f["message_bytes_up"]
+                - f["frame_bytes_down"]
+                - f["frame_bytes_up"],
+            },
+        }
 
     def shutdown(self) -> None:
         """Let the sites drop their runtimes, stop the ServerApp (the Flower run ends) and remove
@@ -261,6 +301,6 @@ class FlowerExecutor(Executor):
 def _run_id(stdout: str):
     """The run id ``flwr run --format json`` printed (``None`` if it printed none)."""
     try:
-        return json.loads(stdout[stdout.index("{"):]).get("run-id")
+        return json.loads(stdout[stdout.index("{") :]).get("run-id")
     except ValueError:
         return None

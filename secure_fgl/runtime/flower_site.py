@@ -27,6 +27,7 @@ A refusal by the protocol (a :class:`protocols.ProtocolError`) goes back as its 
 message; the driver re-raises it.  Standard library sockets, runtime frames (:mod:`.wire`):
 nothing is unpickled.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ from protocols import ProtocolError
 from . import local_socket, wire
 
 #: the runtime methods any algorithm's schedule uses (:meth:`.client.ClientRuntime.handle`)
-SCHEDULE = frozenset({"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping",
-                      "accepted_keys"})
+SCHEDULE = frozenset(
+    {"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping", "accepted_keys"}
+)
 
 
 class SiteRefusal(PermissionError):
@@ -51,36 +53,52 @@ class SiteRefusal(PermissionError):
 class Site:
     """The runtimes of this site's clients and the site's policy (module docstring)."""
 
-    def __init__(self, clients, data_root: str | None, state_dir: Path, allow_attack_simulation: bool = False,
-                 allow_model_export: bool = False, device: str = "cpu"):
+    def __init__(
+        self,
+        clients,
+        data_root: str | None,
+        state_dir: Path,
+        allow_attack_simulation: bool = False,
+        allow_model_export: bool = False,
+        device: str = "cpu",
+    ):
         self.clients = sorted({int(k) for k in clients})
         self.data_root, self.state_dir, self.device = data_root, Path(state_dir), device
         self.allow_attack_simulation, self.allow_model_export = allow_attack_simulation, allow_model_export
         self.runtimes: dict = {}
 
     def allowed(self, method: str) -> bool:
-        return (method in SCHEDULE or method.startswith("half:")
-                or (method == "attack" and self.allow_attack_simulation)
-                or (method == "weights" and self.allow_model_export))
+        return (
+            method in SCHEDULE
+            or method.startswith("half:")
+            or (method == "attack" and self.allow_attack_simulation)
+            or (method == "weights" and self.allow_model_export)
+        )
 
     def handle(self, method: str, client: int, frame: bytes) -> bytes:
         """Answer one forwarded request (``hello``, ``start``, ``stop`` or a runtime method)."""
-        if method == "hello":                       # public: which clients, and which optional requests it serves
-            return json.dumps({"clients": self.clients, "serves": {"attack": self.allow_attack_simulation,
-                                                                   "weights": self.allow_model_export}}).encode()
+        if method == "hello":  # public: which clients, and which optional requests it serves
+            return json.dumps(
+                {
+                    "clients": self.clients,
+                    "serves": {"attack": self.allow_attack_simulation, "weights": self.allow_model_export},
+                }
+            ).encode()
         if client not in self.clients:
             raise SiteRefusal(f"this site serves clients {self.clients}, not client {client}")
         if method == "start":
             from .client import ClientRuntime
+
             self.runtimes[client] = ClientRuntime(self.own_setup(frame), self.device)
             return b""
         if method == "stop":
             self.runtimes.pop(client, None)
             return b""
         if not self.allowed(method):
-            option = {"attack": " (start the site with --allow-attack-simulation to take part in the attack "
-                                "suite)", "weights": " (start the site with --allow-model-export to hand its "
-                                "model to best_model.pt)"}.get(method, "")
+            option = {
+                "attack": " (start the site with --allow-attack-simulation to take part in the attack suite)",
+                "weights": " (start the site with --allow-model-export to hand its model to best_model.pt)",
+            }.get(method, "")
             raise SiteRefusal(f"this site does not serve {method!r}{option}")
         if client not in self.runtimes:
             raise SiteRefusal(f"client {client} has no runtime on this site yet (no set-up frame)")
@@ -93,7 +111,7 @@ class Site:
         loads, and no state kept for attacks unless it takes part in attack simulation."""
         f = wire.unpack(frame)
         config = dict(f["config"])
-        config["data_root"] = self.data_root          # None: this machine's $SECURE_FGL_DATA
+        config["data_root"] = self.data_root  # None: this machine's $SECURE_FGL_DATA
         if not self.allow_attack_simulation:
             config["attacks"] = []
         f["config"] = config
@@ -114,7 +132,7 @@ def answer(site: Site, header: dict, frame: bytes) -> tuple[dict, bytes]:
         return {"status": "ok"}, site.handle(str(header["method"]), int(header["client"]), frame)
     except ProtocolError as exc:
         return {"status": "refused", "error": type(exc).__name__, "message": str(exc)}, b""
-    except Exception as exc:       # noqa: BLE001 - reported to the driver
+    except Exception as exc:  # noqa: BLE001 - reported to the driver
         return {"status": "error", "error": type(exc).__name__, "message": str(exc)}, b""
 
 
@@ -127,7 +145,7 @@ def serve(site: Site, path: Path) -> None:
             with conn:
                 try:
                     local_socket.send(conn, *answer(site, *local_socket.receive(conn)))
-                except (OSError, ValueError):    # a peer that went away or sent no message
+                except (OSError, ValueError):  # a peer that went away or sent no message
                     continue
     finally:
         server.close()
@@ -139,27 +157,52 @@ def _exit(*_) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m secure_fgl.runtime.flower_site",
-                                description="A site's client process for secure-fgl runs over Flower "
-                                            "(docs/deployment.md).")
-    p.add_argument("--socket", required=True, type=Path,
-                   help="Unix socket the site's ClientApp processes reach this process on (give the same path "
-                        "to the SuperNode as --node-config 'site-socket=\"PATH\"'); its folder is made private")
-    p.add_argument("--client", type=int, action="append", required=True,
-                   help="the client (partition) this site holds; repeat for several")
-    p.add_argument("--data-root", default=None,
-                   help="this site's dataset folder (default: $SECURE_FGL_DATA, as for every run)")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="where this site keeps its checkpoints for --resume (default: next to --socket)")
-    p.add_argument("--allow-attack-simulation", action="store_true",
-                   help="serve the attack suite's requests (posteriors, own contributions, kept inputs, keys)")
-    p.add_argument("--allow-model-export", action="store_true",
-                   help="hand the deployed model to the driver for best_model.pt")
+    p = argparse.ArgumentParser(
+        prog="python -m secure_fgl.runtime.flower_site",
+        description="A site's client process for secure-fgl runs over Flower (docs/deployment.md).",
+    )
+    p.add_argument(
+        "--socket",
+        required=True,
+        type=Path,
+        help="Unix socket the site's ClientApp processes reach this process on (give the same path "
+        "to the SuperNode as --node-config 'site-socket=\"PATH\"'); its folder is made private",
+    )
+    p.add_argument(
+        "--client",
+        type=int,
+        action="append",
+        required=True,
+        help="the client (partition) this site holds; repeat for several",
+    )
+    p.add_argument(
+        "--data-root", default=None, help="this site's dataset folder (default: $SECURE_FGL_DATA, as for every run)"
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where this site keeps its checkpoints for --resume (default: next to --socket)",
+    )
+    p.add_argument(
+        "--allow-attack-simulation",
+        action="store_true",
+        help="serve the attack suite's requests (posteriors, own contributions, kept inputs, keys)",
+    )
+    p.add_argument(
+        "--allow-model-export", action="store_true", help="hand the deployed model to the driver for best_model.pt"
+    )
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    site = Site(args.client, args.data_root, args.state_dir or args.socket.parent / "state",
-                args.allow_attack_simulation, args.allow_model_export, args.device)
+    site = Site(
+        args.client,
+        args.data_root,
+        args.state_dir or args.socket.parent / "state",
+        args.allow_attack_simulation,
+        args.allow_model_export,
+        args.device,
+    )
     signal.signal(signal.SIGTERM, _exit)
     serve(site, args.socket)
 

@@ -10,6 +10,7 @@ The payload is carried as given (a runtime frame or a protocol bundle, unchanged
 unpickled.  The socket file lives in a folder only its owner may enter (0700), which is what
 keeps other local users out.
 """
+
 from __future__ import annotations
 
 import json

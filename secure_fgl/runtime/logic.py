@@ -17,6 +17,7 @@ optimizer) and answers the server strategy (:mod:`.strategy`):
 An algorithm's logic subclasses :class:`ClientLogic` in its package (FedAvg's:
 :class:`secure_fgl.algorithms.fedavg.client.ModelAveragingLogic`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -71,7 +72,7 @@ class ClientLogic:
         if plan.tag not in self.pending:
             raise ValueError(f"client {self.rt.client_id} has no contribution for {plan.tag!r}")
         kept = self.pending.pop(plan.tag)
-        if len(kept) == 1:                       # a dense upload (row uploads are not kept: too large)
+        if len(kept) == 1:  # a dense upload (row uploads are not kept: too large)
             self.uploaded[plan.tag] = (int(plan.round), kept[0])
         return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
@@ -105,7 +106,7 @@ class ClientLogic:
             return {f: getattr(c, f) for f in DATA_FIELDS}
         if what == "received":
             return self.decoded_rows()
-        if what == "contributions":           # dense uploads and decoded results, by tag
+        if what == "contributions":  # dense uploads and decoded results, by tag
             out = {f"upload:{t}": v for t, (_, v) in self.uploaded.items()}
             out.update({f"upload_round:{t}": r for t, (r, _) in self.uploaded.items()})
             out.update({f"aggregate:{t}": v for t, (_, v) in self.aggregates.items()})

@@ -13,6 +13,7 @@ at 100 clients for no lower peak; docs/runtime.md.)
 
 :func:`process_pss` reads a process's proportional set size from ``/proc/PID/smaps_rollup``.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -15,6 +15,7 @@ one organisation holds every partition); what changes is that a pinned client's 
 crosses from the driver to its machine.  Clients of one process share one load
 (:func:`forget` drops it once their runtimes are built).
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,18 @@ from ..data.load import load_federation
 from . import wire
 
 #: RunConfig fields that decide a client's partition (:func:`secure_fgl.data.load.load_federation`)
-SPEC_FIELDS = ("dataset", "clients", "partition", "beta", "resolution", "keep_largest", "split", "seed",
-               "data_root", "synthetic")
+SPEC_FIELDS = (
+    "dataset",
+    "clients",
+    "partition",
+    "beta",
+    "resolution",
+    "keep_largest",
+    "split",
+    "seed",
+    "data_root",
+    "synthetic",
+)
 
 
 #: a client subgraph's tensors, as its set-up frame carries them
@@ -63,13 +74,14 @@ def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
     c = fed.clients[int(client_id)]
     fields = data_fields(c, far_owners(fed, c))
     if data_digest(fields) != digest:
-        raise ValueError(f"client {client_id}: the partition of {cfg.dataset} loaded on this machine differs from "
-                         "the driver's (digest mismatch); give every machine the same dataset files "
-                         "(--data-root / $SECURE_FGL_DATA) and the same secure_fgl version")
+        raise ValueError(
+            f"client {client_id}: the partition of {cfg.dataset} loaded on this machine differs from "
+            "the driver's (digest mismatch); give every machine the same dataset files "
+            "(--data-root / $SECURE_FGL_DATA) and the same secure_fgl version"
+        )
     return {name: value.cpu().numpy() for name, value in fields.items()}
 
 
 def forget() -> None:
     """Drop the loaded federation (the clients of this process have taken their subgraphs)."""
     _federation.cache_clear()
-

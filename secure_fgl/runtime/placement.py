@@ -10,6 +10,7 @@ anywhere); a group of ``n`` of the ``K`` clients gets ``max(1, min(n, W*n//K))``
 ``--ray-workers`` ``W`` actors, and its ``i``-th client is on its ``i*a//n``-th actor.  Without pinning this is the executor's default: client ``k`` on actor
 ``k*W//K``.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,10 @@ def parse_client_resources(spec: str, num_clients: int) -> dict[int, str]:
         name, sep, clients = part.partition(":")
         name = name.strip()
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", name) or name in ("CPU", "GPU", "memory"):
-            raise ConfigError(f"--ray-client-resources: {part!r} is not RESOURCE:CLIENTS with a custom resource "
-                              "name (e.g. site_a:0-4;site_b:5,6)")
+            raise ConfigError(
+                f"--ray-client-resources: {part!r} is not RESOURCE:CLIENTS with a custom resource "
+                "name (e.g. site_a:0-4;site_b:5,6)"
+            )
         for token in filter(None, (t.strip() for t in clients.split(","))):
             m = re.fullmatch(r"(\d+)(?:-(\d+))?", token)
             if m is None:

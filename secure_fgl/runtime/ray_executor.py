@@ -24,11 +24,12 @@ resource (:mod:`.placement`): their actors require it.
 One Ray cluster is one trust domain: its members can run code in each other's workers and Ray
 pickles task arguments (docs/runtime.md).
 """
+
 from __future__ import annotations
 
 import os
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..config import ConfigError
 from . import partition
@@ -55,10 +56,11 @@ class ClientHost:
 
     def start(self, frames: dict[int, bytes]) -> list[int]:
         from .client import ClientRuntime
+
         self.empty()
         for k in sorted(frames):
             self.runtimes[k] = ClientRuntime(frames.pop(k), self.device)
-        partition.forget()                         # pinned clients' shared load of the data (.partition)
+        partition.forget()  # pinned clients' shared load of the data (.partition)
         release_freed_memory()
         return sorted(self.runtimes)
 
@@ -76,6 +78,7 @@ class ClientHost:
     def resources(self) -> dict:
         """The node this actor runs on and the resources Ray assigned it."""
         import ray
+
         ctx = ray.get_runtime_context()
         return {"node": ctx.get_node_id(), "resources": dict(ctx.get_assigned_resources())}
 
@@ -94,8 +97,15 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, workers: int | None = None,
-                 round_timeout: float = 600.0, device: str = "cpu", client_resources: dict[int, str] | None = None):
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        workers: int | None = None,
+        round_timeout: float = 600.0,
+        device: str = "cpu",
+        client_resources: dict[int, str] | None = None,
+    ):
         super().__init__()
         ray = self.ray = _import_ray()
         self.started_cluster = False
@@ -104,9 +114,11 @@ class RayExecutor(Executor):
                 try:
                     ray.init(address=address, log_to_driver=False)
                 except ConnectionError as exc:
-                    raise ConfigError(f"--ray-address {address}: no Ray cluster answers ({exc}). Start one with "
-                                      "`ray start --head` and pass the address it prints (its node IP, which "
-                                      "127.0.0.1 is not), or auto on the head machine") from None
+                    raise ConfigError(
+                        f"--ray-address {address}: no Ray cluster answers ({exc}). Start one with "
+                        "`ray start --head` and pass the address it prints (its node IP, which "
+                        "127.0.0.1 is not), or auto on the head machine"
+                    ) from None
             else:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
                 self.started_cluster = True
@@ -116,13 +128,15 @@ class RayExecutor(Executor):
         self.pinned = dict(client_resources or {})
         missing = sorted(set(self.pinned.values()) - set(ray.cluster_resources()))
         if missing:
-            raise ConfigError(f"--ray-client-resources: no node of the cluster declares {', '.join(missing)}; start "
-                              "the node holding those clients' data with ray start --resources "
-                              f"'{{\"{missing[0]}\": 1}}'")
+            raise ConfigError(
+                f"--ray-client-resources: no node of the cluster declares {', '.join(missing)}; start "
+                "the node holding those clients' data with ray start --resources "
+                f"'{{\"{missing[0]}\": 1}}'"
+            )
         self.actors: list = []
         self.actor_resources: list[str | None] = []  # the custom resource each actor requires
-        self.placement: dict[int, int] = {}          # client -> actor index
-        self.dead: dict[int, str] = {}               # actor index -> why
+        self.placement: dict[int, int] = {}  # client -> actor index
+        self.dead: dict[int, str] = {}  # actor index -> why
 
     def start(self, frames: Mapping[int, bytes]) -> None:
         ray = self.ray
@@ -130,16 +144,17 @@ class RayExecutor(Executor):
         self.actor_resources, self.placement = actor_plan(clients, self.pinned, self.workers_wanted)
         cpu = min(1.0, self.cpus / len(self.actor_resources))
         self.actors = []
-        while len(_IDLE_HOSTS) > self.actor_resources.count(None):   # surplus idle actors hold the CPUs
-            ray.kill(_IDLE_HOSTS.pop(), no_restart=True)              # the pinned new ones need
-        for resource in self.actor_resources:        # idle actors are reused where no resource is required
+        while len(_IDLE_HOSTS) > self.actor_resources.count(None):  # surplus idle actors hold the CPUs
+            ray.kill(_IDLE_HOSTS.pop(), no_restart=True)  # the pinned new ones need
+        for resource in self.actor_resources:  # idle actors are reused where no resource is required
             if resource is None and _IDLE_HOSTS:
                 self.actors.append(_IDLE_HOSTS.pop())
             else:
                 options = {"resources": {resource: PIN}} if resource else {}
                 self.actors.append(ray.remote(num_cpus=cpu, max_restarts=0, **options)(ClientHost).remote(self.device))
-        refs = [a.start.remote({k: frames[k] for k in clients if self.placement[k] == j})
-                for j, a in enumerate(self.actors)]
+        refs = [
+            a.start.remote({k: frames[k] for k in clients if self.placement[k] == j}) for j, a in enumerate(self.actors)
+        ]
         ray.get(refs, timeout=self.round_timeout)
 
     def _call(self, method, requests):
@@ -156,17 +171,17 @@ class RayExecutor(Executor):
             j = refs[ref]
             ray.kill(self.actors[j], no_restart=True)
             self._lose(j, f"actor {j} gave no answer within --round-timeout {self.round_timeout:g} s", groups, lost)
-        raised = []                                    # (client, error) of each actor whose client code raised
+        raised = []  # (client, error) of each actor whose client code raised
         for ref in ready:
             j = refs[ref]
             try:
                 responses.update(ray.get(ref))
-            except ray.exceptions.RayTaskError as e:   # client code raised: an error, not a dropout
+            except ray.exceptions.RayTaskError as e:  # client code raised: an error, not a dropout
                 cause = e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()
                 raised.append((getattr(cause, "refusing_client", min(groups[j])), cause))
-            except ray.exceptions.RayError as e:       # the actor died (crash, kill, Ray's OOM killer)
+            except ray.exceptions.RayError as e:  # the actor died (crash, kill, Ray's OOM killer)
                 self._lose(j, f"actor {j} died ({type(e).__name__})", groups, lost)
-        if raised:                                     # every actor has answered: the first in client order
+        if raised:  # every actor has answered: the first in client order
             raise min(raised, key=lambda r: r[0])[1] from None
         return responses, lost
 
@@ -197,10 +212,15 @@ class RayExecutor(Executor):
         return self.ray.get([a.memory.remote() for a in live], timeout=self.round_timeout)
 
     def describe(self) -> dict:
-        return {"executor": self.name, "workers": len(self.actors), "cluster_cpus": self.cpus,
-                "address": self.address or "local", "ray_version": self.ray.__version__,
-                "client_resources": {str(k): r for k, r in sorted(self.pinned.items())},
-                "dead_actors": {str(j): why for j, why in self.dead.items()}}
+        return {
+            "executor": self.name,
+            "workers": len(self.actors),
+            "cluster_cpus": self.cpus,
+            "address": self.address or "local",
+            "ray_version": self.ray.__version__,
+            "client_resources": {str(k): r for k, r in sorted(self.pinned.items())},
+            "dead_actors": {str(j): why for j, why in self.dead.items()},
+        }
 
     def shutdown(self) -> None:
         """Kill the actors and the cluster this executor started; on a cluster it joined, keep
@@ -209,7 +229,7 @@ class RayExecutor(Executor):
             if self.started_cluster or j in self.dead or self.actor_resources[j] is not None:
                 self.ray.kill(a, no_restart=True)
             else:
-                a.empty.remote()                   # an idle host holds no runtime, nor its memory
+                a.empty.remote()  # an idle host holds no runtime, nor its memory
                 _IDLE_HOSTS.append(a)
         self.actors = []
         if self.started_cluster:

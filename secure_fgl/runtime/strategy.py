@@ -23,11 +23,12 @@ client stops the exchange, named).  On the driver-side path a lost
 contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
 backends raise DropoutError naming it.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
@@ -65,8 +66,10 @@ class Strategy:
         if self.split:
             protocol.link.on_lost = self.lose
         elif protocol.dp is not None:
-            raise ConfigError(f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
-                              f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
+            raise ConfigError(
+                f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
+                f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline"
+            )
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
@@ -76,8 +79,12 @@ class Strategy:
         only; a client pinned to a Ray node (``--ray-client-resources``) loads its data there
         (:mod:`.partition`) and gets the digest of it instead."""
         pinned = parse_client_resources(cfg.ray_client_resources, cfg.clients) if cfg.ray_client_resources else {}
-        return {c.client_id: client_frame(c, far_owners(fed, c), cfg, facts, options, party_setup,
-                                          load_own_data=c.client_id in pinned) for c in fed.clients}
+        return {
+            c.client_id: client_frame(
+                c, far_owners(fed, c), cfg, facts, options, party_setup, load_own_data=c.client_id in pinned
+            )
+            for c in fed.clients
+        }
 
     @property
     def num_clients(self) -> int:
@@ -97,8 +104,13 @@ class Strategy:
         return [k for k in clients if k not in self.lost]
 
     # ------------------------------------------------------------------ messaging
-    def ask(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None,
-            ) -> dict[int, dict]:
+    def ask(
+        self,
+        method: str,
+        requests: dict[int, dict],
+        *,
+        record: tuple[str, str] | None = None,
+    ) -> dict[int, dict]:
         """Send each client its request; returns the unpacked responses of those that answered
         (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
         transcript as a client -> server message of its frame's length; a readable kind (plain,
@@ -110,16 +122,26 @@ class Strategy:
         unpacked = {k: wire.unpack(v) for k, v in responses.items()}
         if record is not None:
             for k, frame in responses.items():
-                self.record(record[0], client_party(k), SERVER, record[1], len(frame),
-                            payload=unpacked[k] if record[1] in READABLE_KINDS else None)
+                self.record(
+                    record[0],
+                    client_party(k),
+                    SERVER,
+                    record[1],
+                    len(frame),
+                    payload=unpacked[k] if record[1] in READABLE_KINDS else None,
+                )
         return unpacked
 
     def lose(self, lost: dict[int, str], method: str) -> None:
         """Record clients that did not answer ``method`` (a warning names them)."""
         if lost:
             self.lost.update(lost)
-            warnings.warn(f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
-                          + "; ".join(sorted(set(lost.values()))), RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"client(s) {sorted(lost)} lost in {method} of round {self.round}: "
+                + "; ".join(sorted(set(lost.values()))),
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
         """Like :meth:`ask` for requests whose answer is empty; ``record`` records the requests
@@ -130,18 +152,43 @@ class Strategy:
                     self.record(record[0], SERVER, client_party(k), record[1], len(wire.pack(r)))
         self.ask(method, requests)
 
-    def record(self, tag: str, sender: str, receiver: str, kind: str, nbytes: int, note: str = "",
-               relay: str = "", payload=None) -> None:
-        self.protocol.transcript.record(Message(self.round, tag, sender, receiver, kind, (nbytes,), nbytes,
-                                                self.protocol.mode, "", payload, note=note, relay=relay))
+    def record(
+        self,
+        tag: str,
+        sender: str,
+        receiver: str,
+        kind: str,
+        nbytes: int,
+        note: str = "",
+        relay: str = "",
+        payload=None,
+    ) -> None:
+        self.protocol.transcript.record(
+            Message(
+                self.round,
+                tag,
+                sender,
+                receiver,
+                kind,
+                (nbytes,),
+                nbytes,
+                self.protocol.mode,
+                "",
+                payload,
+                note=note,
+                relay=relay,
+            )
+        )
 
     def check_lost(self, clients: Iterable[int], what: str) -> None:
         """DropoutError naming the lost ones among ``clients`` (an exchange that cannot lose any)."""
         gone = sorted(k for k in clients if k in self.lost)
         if gone:
-            raise DropoutError(f"client(s) {gone} were lost ({'; '.join(sorted({self.lost[k] for k in gone}))}) "
-                               f"before {what}; nothing was aggregated. Restart them and run again with --resume",
-                               round=self.round)
+            raise DropoutError(
+                f"client(s) {gone} were lost ({'; '.join(sorted({self.lost[k] for k in gone}))}) "
+                f"before {what}; nothing was aggregated. Restart them and run again with --resume",
+                round=self.round,
+            )
 
     # ------------------------------------------------------------------ round loop
     def setup(self) -> None:
@@ -164,8 +211,7 @@ class Strategy:
         model as ``models.<k>.<parameter>``, asked of its runtime (the run's output, as inline
         writes it: not a protocol message, counted in the executor's stats only)."""
         answers = self.ask("weights", {k: {} for k in self.alive()})
-        return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers)
-                for name, t in answers[k].items()}
+        return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].items()}
 
     # ------------------------------------------------------------------ checkpoints
     def _client_file(self, k: int) -> str:
@@ -180,8 +226,10 @@ class Strategy:
         digests = {int(k): v for k, v in state["clients"].items()}
         missing = sorted(set(self.hosts) - set(digests))
         if missing:
-            raise DropoutError(f"the checkpoint has no state for client(s) {missing} (lost before it was written); "
-                               "start a new run", round=self.round)
+            raise DropoutError(
+                f"the checkpoint has no state for client(s) {missing} (lost before it was written); start a new run",
+                round=self.round,
+            )
         self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
         self.check_lost(self.hosts, "the resume")
         self.load_server_state(state["server"])

@@ -22,9 +22,10 @@ other sum (FedSpray's class-wise mean) is clipped whole to ``C`` on the client i
 The planned blocking is that of ``_sum_vectors`` (:func:`~.exchange.plan_dense`), so the
 transcript counts the same bytes as the in-process algorithm's exchange.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -80,15 +81,25 @@ def scoped(strategy, tag: str, req: DPRequest | None) -> DPRequest | None:
     return req if req is not None and dp is not None and dp.config.in_scope(tag) else None
 
 
-def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], recipients: Iterable[int], spec,
-                 fields: dict | None = None, *, dp: DPRequest | None = None, dp_mean: bool = False) -> int:
+def sum_exchange(
+    strategy,
+    tag: str,
+    rnd: int,
+    contributors: Iterable[int],
+    recipients: Iterable[int],
+    spec,
+    fields: dict | None = None,
+    *,
+    dp: DPRequest | None = None,
+    dp_mean: bool = False,
+) -> int:
     """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
     live recipient receive the total (``fields`` go with both requests).  A client lost before the
     exchange is not a contributor; one lost during it is the backend's dropout.  ``dp``: the release's
     request (module docstring; ``dp_mean``: a weighted mean's ``[w~ clip(v), w~ C]``); the recipients
     get the std of the noise in the sum as ``dp_std``.  Returns the summed vector's length."""
     fields = dict(fields or {})
-    if dp is not None and dp_mean:                   # clipped by the clients; the sum's request (protocols.dp)
+    if dp is not None and dp_mean:  # clipped by the clients; the sum's request (protocols.dp)
         fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
         dp, spec, _ = strategy.protocol.dp.mean_request(tag, rnd, dp, spec, weighted=True)
     ask = {"tag": tag, "round": rnd, "split": strategy.split, **fields}
@@ -97,15 +108,18 @@ def sum_exchange(strategy, tag: str, rnd: int, contributors: Iterable[int], reci
         raise DropoutError(f"every contributor of {tag} was lost: {sorted(strategy.lost)}", tag=tag, round=rnd)
     recipients = strategy.alive(recipients)
     protocol = strategy.protocol
-    if strategy.split:                               # the clients' halves run the exchange
+    if strategy.split:  # the clients' halves run the exchange
         length = int(next(iter(sent.values()))["length"])
         noisy, noise_std = sorted(sent), 0.0
-        if dp is not None:                           # counted here, noised by each contributor (.dp)
+        if dp is not None:  # counted here, noised by each contributor (.dp)
             noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
         run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
         result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
     else:
-        result = {"total": protocol.weighted_sum(tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec,
-                                                 recipients=recipients)}
+        result = {
+            "total": protocol.weighted_sum(
+                tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec, recipients=recipients
+            )
+        }
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
     return int(result["length"]) if "length" in result else int(result["total"].size)

@@ -9,11 +9,13 @@ values, written as::
 The header names each array's dtype, shape and byte range.  Nothing is unpickled, so a
 malformed or hostile frame can only raise :class:`WireError`, never run code.
 """
+
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,23 +51,23 @@ def pack(fields: Mapping[str, Any]) -> bytes:
 
 def unpack(frame: bytes) -> dict[str, Any]:
     """Inverse of :func:`pack`; arrays come back as writable numpy arrays."""
-    if not isinstance(frame, (bytes, bytearray, memoryview)) or bytes(frame[:len(MAGIC)]) != MAGIC:
+    if not isinstance(frame, (bytes, bytearray, memoryview)) or bytes(frame[: len(MAGIC)]) != MAGIC:
         raise WireError("not a runtime frame (bad magic)")
     frame = memoryview(frame)
     start = len(MAGIC) + 4
     if len(frame) < start:
         raise WireError("truncated frame header")
-    (hlen,) = struct.unpack(">I", frame[len(MAGIC):start])
+    (hlen,) = struct.unpack(">I", frame[len(MAGIC) : start])
     try:
-        header = json.loads(bytes(frame[start:start + hlen]))
+        header = json.loads(bytes(frame[start : start + hlen]))
         arrays, values = header["arrays"], header["values"]
     except (ValueError, KeyError, TypeError) as e:
         raise WireError(f"malformed frame header: {e}") from None
-    body, out = frame[start + hlen:], dict(values)
+    body, out = frame[start + hlen :], dict(values)
     for name, (dtype, shape, off, n) in arrays.items():
         if dtype not in DTYPES or off < 0 or n < 0 or off + n > len(body):
             raise WireError(f"field {name!r}: bad dtype or byte range")
-        a = np.frombuffer(body[off:off + n], dtype=dtype)
+        a = np.frombuffer(body[off : off + n], dtype=dtype)
         if a.size != int(np.prod(shape, dtype=np.int64)):
             raise WireError(f"field {name!r}: {a.size} values do not fill shape {shape}")
         out[name] = a.reshape(shape).copy()

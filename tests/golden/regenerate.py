@@ -6,6 +6,7 @@ that is meant to move the numbers, with one thread (bit-for-bit floats depend on
 
     OMP_NUM_THREADS=1 python tests/golden/regenerate.py [pytest arguments, e.g. tests/test_runtime.py]
 """
+
 from __future__ import annotations
 
 import os
@@ -18,5 +19,8 @@ TESTS = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     env = {**os.environ, "SECURE_FGL_REGEN_GOLDEN": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     targets = sys.argv[1:] or [str(TESTS)]
-    sys.exit(subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "", "-k", "golden", *targets],
-                             cwd=TESTS.parent, env=env))
+    sys.exit(
+        subprocess.call(
+            [sys.executable, "-m", "pytest", "-q", "-m", "", "-k", "golden", *targets], cwd=TESTS.parent, env=env
+        )
+    )

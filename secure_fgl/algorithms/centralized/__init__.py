@@ -4,6 +4,7 @@ is compared with (accuracy reported per client, on the nodes each client owns).
 * :mod:`.client`: :class:`~.client.CentralizedLogic`, the one runtime holding the whole graph;
 * :mod:`.server`: :class:`~.server.CentralizedStrategy`, train a round, ask for the counts.
 """
+
 from __future__ import annotations
 
 from protocols.registry import modes
@@ -12,8 +13,15 @@ from ..options import CentralizedOptions
 from ..spec import AlgorithmSpec
 
 SPECS = [
-    AlgorithmSpec("centralized", "one model on the whole graph (upper reference); accuracy reported per client",
-                  "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017", "none",
-                  options=CentralizedOptions, modes=modes(), logic=f"{__name__}.client:CentralizedLogic",
-                  strategy=f"{__name__}.server:CentralizedStrategy", inline=f"{__name__}.inline:Centralized"),
+    AlgorithmSpec(
+        "centralized",
+        "one model on the whole graph (upper reference); accuracy reported per client",
+        "Kipf & Welling, Semi-Supervised Classification with GCNs, ICLR 2017",
+        "none",
+        options=CentralizedOptions,
+        modes=modes(),
+        logic=f"{__name__}.client:CentralizedLogic",
+        strategy=f"{__name__}.server:CentralizedStrategy",
+        inline=f"{__name__}.inline:Centralized",
+    ),
 ]

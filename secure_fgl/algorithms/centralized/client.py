@@ -1,5 +1,6 @@
 """The centralized reference's one runtime: FedAvg's local training on the whole graph, never
 exchanging; the attack suite's view of each client (:meth:`CentralizedLogic.attack_state`)."""
+
 from __future__ import annotations
 
 import copy
@@ -7,11 +8,11 @@ import copy
 import torch
 from torch_geometric.utils import subgraph
 
-from ..base import SPLITS, accuracy
-from ..options import CentralizedOptions
 from ...data.federated import ClientSubgraph
 from ...models.centring import centre_first_layer
+from ..base import SPLITS, accuracy
 from ..fedavg.client import ModelAveragingLogic
+from ..options import CentralizedOptions
 
 
 class CentralizedLogic(ModelAveragingLogic):
@@ -19,7 +20,7 @@ class CentralizedLogic(ModelAveragingLogic):
 
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
-        if CentralizedOptions(**options).center:         # the model sees x - mean(x), no centred copy
+        if CentralizedOptions(**options).center:  # the model sees x - mean(x), no centred copy
             centre_first_layer(self.model, self.data.x.mean(0, keepdim=True))
 
     def attack_state(self, req: dict) -> dict:
@@ -41,13 +42,26 @@ class CentralizedLogic(ModelAveragingLogic):
     def evaluate(self, req: dict) -> dict:
         """Counts per owning client (nodes no client keeps are left out, as in the federation)."""
         logits, c, owner = self.logits(), self.data, self.rt.owner.to(self.data.y.device)
-        return {"per_client": {str(k): {s: list(accuracy(logits, c.y, getattr(c, f"{s}_mask") & (owner == k)))
-                                        for s in SPLITS} for k in range(self.facts.num_clients)}}
+        return {
+            "per_client": {
+                str(k): {s: list(accuracy(logits, c.y, getattr(c, f"{s}_mask") & (owner == k))) for s in SPLITS}
+                for k in range(self.facts.num_clients)
+            }
+        }
 
 
 def owned_subgraph(g: ClientSubgraph, keep: torch.Tensor, client: int) -> ClientSubgraph:
     """The nodes of ``g`` where ``keep`` holds and the edges among them, relabelled in node order
     (the subgraph the partition hands that client)."""
     edge_index, _ = subgraph(keep, g.edge_index, relabel_nodes=True, num_nodes=g.num_nodes)
-    return ClientSubgraph(client, g.global_ids[keep], g.x[keep], g.y[keep], edge_index, g.train_mask[keep],
-                          g.val_mask[keep], g.test_mask[keep], g.edge_index.new_empty(2, 0))
+    return ClientSubgraph(
+        client,
+        g.global_ids[keep],
+        g.x[keep],
+        g.y[keep],
+        edge_index,
+        g.train_mask[keep],
+        g.val_mask[keep],
+        g.test_mask[keep],
+        g.edge_index.new_empty(2, 0),
+    )

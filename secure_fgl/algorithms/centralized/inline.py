@@ -3,8 +3,8 @@
 The federation is kept only for evaluation: accuracy is reported per client on the
 nodes each client owns, so numbers are comparable with the federated methods.
 ``center``: subtract the mean of every node's features (FedGCN's ``--center`` on the whole graph)."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
@@ -27,7 +27,7 @@ class Centralized(ModelAveraging):
         self.y, self.train_mask = g.y.to(device), g.train_mask.to(device)
         self.model, self.optimizer = self.models[0], self.optimizers[0]
         self.models, self.optimizers = [self.model], [self.optimizer]
-        if self.opts.center:             # the model sees x - mean(x), no centred copy
+        if self.opts.center:  # the model sees x - mean(x), no centred copy
             centre_first_layer(self.model, self.x.mean(0, keepdim=True))
         self._logits = None
 
@@ -35,7 +35,7 @@ class Centralized(ModelAveraging):
         self.model.train()
         for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
-            with rng.using(rng.client_generator(self.cfg.seed, rnd, 0, step)):   # the one "client"
+            with rng.using(rng.client_generator(self.cfg.seed, rnd, 0, step)):  # the one "client"
                 logits = self.model(self.x, self.edge_index)
             loss = F.cross_entropy(logits[self.train_mask], self.y[self.train_mask])
             loss.backward()

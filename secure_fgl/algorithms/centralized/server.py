@@ -12,28 +12,37 @@ comparable with the federated runs).  The runtime trains exactly as the in-proce
 train and asks for its counts (one ``eval/counts`` message per evaluation).  Nothing here is
 private: it is what a federation avoids.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 
-from ..base import accuracy_summary
 from ...data.federated import ClientSubgraph
 from ...runtime.client import client_frame
 from ...runtime.strategy import EVAL_TAG, Strategy
+from ..base import accuracy_summary
 
 
 class CentralizedStrategy(Strategy):
     """Drives the one runtime: train a round, ask for the counts."""
 
     personalized = False
-    dp_on_runtimes = True          # nothing is released, as inline
+    dp_on_runtimes = True  # nothing is released, as inline
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
         g, n = fed.graph, int(fed.graph.num_nodes)
-        whole = ClientSubgraph(0, torch.arange(n), g.x, g.y, g.edge_index, g.train_mask, g.val_mask, g.test_mask,
-                               g.edge_index.new_empty(2, 0))
+        whole = ClientSubgraph(
+            0,
+            torch.arange(n),
+            g.x,
+            g.y,
+            g.edge_index,
+            g.train_mask,
+            g.val_mask,
+            g.test_mask,
+            g.edge_index.new_empty(2, 0),
+        )
         return {0: client_frame(whole, whole.cross_edges[1], cfg, facts, options, party_setup, owner=fed.owner)}
 
     @property

@@ -4,6 +4,7 @@ with weight ``n_k / n_train``; FedProx adds ``mu/2 ||w - w_global||^2`` (Li et a
 eq. 2); Local never exchanges.  Initialisation and per-step randomness: ``torch.manual_seed(seed)``
 before building the model, :func:`secure_fgl.engine.rng.client_generator` per step.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,14 +40,22 @@ class ModelAveragingLogic(ClientLogic):
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
         """The model of the run's public architecture (randomly initialised)."""
-        return build_model(cfg.model, facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
-                           dropout=cfg.dropout, heads=cfg.heads)
+        return build_model(
+            cfg.model,
+            facts.num_features,
+            cfg.hidden,
+            facts.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+            heads=cfg.heads,
+        )
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.cfg
         if cfg.optimizer == "sgd":
-            return torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay)
+            return torch.optim.SGD(
+                self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            )
         return torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def inputs(self):
@@ -88,10 +97,10 @@ class ModelAveragingLogic(ClientLogic):
             return super().contribute(req)
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         update = update.astype(np.float64)
-        if req.get("dp_clip") is not None:       # DP-FedAvg: the clipped update, unweighted (protocols.dp)
+        if req.get("dp_clip") is not None:  # DP-FedAvg: the clipped update, unweighted (protocols.dp)
             self.keep(req["tag"], clip_mean_value(update, DPRequest(clip=float(req["dp_clip"]))))
             return {"length": update.size}
-        if req.get("split"):                     # the half uploads [w v, w] (protocols.base.weighted_mean)
+        if req.get("split"):  # the half uploads [w v, w] (protocols.base.weighted_mean)
             w = self.weight()
             self.keep(req["tag"], np.concatenate([update * w, [w]]))
             return {"length": update.size + 1}
@@ -102,11 +111,11 @@ class ModelAveragingLogic(ClientLogic):
             return super().receive(req)
         if "mean_update" in req:
             mean = req["mean_update"]
-        elif "count" in req:                     # DP-FedAvg: the noisy sum of clipped updates / the public count
+        elif "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
             total = dense_result(self.rt.half.result(), int(req["length"]))
             self.aggregates[req["tag"]] = (int(req["round"]), total)
             mean = total / float(req["count"])
-        else:                                    # this client's own decoded result: [sum w v, sum w]
+        else:  # this client's own decoded result: [sum w v, sum w]
             total = dense_result(self.rt.half.result(), int(req["length"]))
             self.aggregates[req["tag"]] = (int(req["round"]), total)
             if not total[-1] > 0:
@@ -123,8 +132,11 @@ class ModelAveragingLogic(ClientLogic):
         return self.model(*self.inputs())
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "global_params": self.global_params.cpu()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_params": self.global_params.cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])

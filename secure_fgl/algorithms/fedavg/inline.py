@@ -1,8 +1,8 @@
 """FedAvg (McMahan et al., AISTATS 2017) and FedProx (Li et al., MLSys 2020) on
 clients' local subgraphs, cross-client edges ignored (FedGCN's "0-hop"); Local: each client
 trains alone, nothing is exchanged."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 from ..base import ModelAveraging
 from ..options import FedProxOptions

@@ -1,4 +1,5 @@
 """FedAvg's server (McMahan et al., AISTATS 2017, Algorithm 1), shared by FedProx and Local."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,12 +57,16 @@ class ModelAveragingStrategy(Strategy):
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
         tag = tag or f"{self.name}/model"
-        spec = model_spec(len(contributors), self.num_clients, self.cfg.update_bound,
-                          grid=self.grid_model_mean or self.cfg.model_mean_on_grid)
-        if self.split:                                   # the clients' halves run the exchange
+        spec = model_spec(
+            len(contributors),
+            self.num_clients,
+            self.cfg.update_bound,
+            grid=self.grid_model_mean or self.cfg.model_mean_on_grid,
+        )
+        if self.split:  # the clients' halves run the exchange
             dp = self.model_dp_request(tag)
             ask = {"tag": tag, "round": rnd, "split": True}
-            if dp is not None:                           # DP-FedAvg: clipped, unweighted (protocols.dp)
+            if dp is not None:  # DP-FedAvg: clipped, unweighted (protocols.dp)
                 dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
                 ask["dp_clip"] = float(dp.clip)
             sent = self.ask("contribute", {k: ask for k in contributors})
@@ -72,8 +77,10 @@ class ModelAveragingStrategy(Strategy):
             noisy, noise_std = sorted(sent), 0.0
             if dp is not None:
                 noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
-            included = run_split(self.protocol, plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec,
-                                                           dp_noise_std=noise_std))
+            included = run_split(
+                self.protocol,
+                plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
+            )
             done = {"tag": tag, "round": rnd, "length": length}
             self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return
@@ -92,10 +99,10 @@ class ModelAveragingStrategy(Strategy):
         """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
         mode = self.protocol.mode
         if mode == "plain":
-            return                                        # the survivors' mean
+            return  # the survivors' mean
         if mode != "mask":
             self.check_lost(gone, f"the {mode} exchange {tag} (no dropout recovery in {mode})")
         length = next(iter(updates.values())).size if updates else 0
-        for k in gone:                                    # advertised keys, never uploads
+        for k in gone:  # advertised keys, never uploads
             updates[k], weights[k] = np.zeros(length), 0.0
         self.protocol.drop_clients(gone, stage="upload")

@@ -6,6 +6,7 @@ sums, then FedAvg of a GCN on them.
 * :mod:`.client`: :class:`~.client.FedGCNLogic`, one client's side of the exchange and its training;
 * :mod:`.server`: :class:`~.server.FedGCNStrategy`, the row layout and the exchange's server side.
 """
+
 from __future__ import annotations
 
 from protocols.registry import modes
@@ -14,11 +15,18 @@ from ..options import FedGCNOptions, check_fedgcn
 from ..spec import AlgorithmSpec
 
 SPECS = [
-    AlgorithmSpec("fedgcn", "one pre-training exchange of neighbour-feature sums (0/1/2 hops), then FedAvg of a GCN",
-                  "Yao, Jin, Ravi & Joe-Wong, FedGCN: Convergence-Communication Tradeoffs in Federated "
-                  "Training of Graph Convolutional Networks, NeurIPS 2023",
-                  "fedgcn/neighbour_sums: row sums [A~X, degree] once before training; fedgcn/model: "
-                  "weighted mean of model updates, every round",
-                  options=FedGCNOptions, check=check_fedgcn, modes=modes(), logic=f"{__name__}.client:FedGCNLogic",
-                  strategy=f"{__name__}.server:FedGCNStrategy", inline=f"{__name__}.ops:FedGCN"),
+    AlgorithmSpec(
+        "fedgcn",
+        "one pre-training exchange of neighbour-feature sums (0/1/2 hops), then FedAvg of a GCN",
+        "Yao, Jin, Ravi & Joe-Wong, FedGCN: Convergence-Communication Tradeoffs in Federated "
+        "Training of Graph Convolutional Networks, NeurIPS 2023",
+        "fedgcn/neighbour_sums: row sums [A~X, degree] once before training; fedgcn/model: "
+        "weighted mean of model updates, every round",
+        options=FedGCNOptions,
+        check=check_fedgcn,
+        modes=modes(),
+        logic=f"{__name__}.client:FedGCNLogic",
+        strategy=f"{__name__}.server:FedGCNStrategy",
+        inline=f"{__name__}.ops:FedGCN",
+    ),
 ]

@@ -1,6 +1,7 @@
 """FedGCN's client (Yao et al., NeurIPS 2023): the pre-training exchange from one client's side
 (its touch-set histogram, its row ids, its partial neighbour sums and the totals it decodes;
 :mod:`.server` describes the exchange), then FedAvg's local training on the received sums."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,9 +14,23 @@ from ...models.centring import centre_first_layer, own_mean
 from ...runtime.exchange import keep_rows, rows_result
 from ..fedavg.client import ModelAveragingLogic
 from ..options import FedGCNOptions
-from .ops import (IDS_TAG, ORDER_TAG, RELAY_STAGE, TAG, FedGCNNet, PropGraph, _local_positions, denoise_with_own_data,
-                  local_degrees, narrow_integer_rows, neighbour_terms, normalise, partial_neighbour_sums,
-                  propagation_graph, requested_rows)
+from .ops import (
+    IDS_TAG,
+    ORDER_TAG,
+    RELAY_STAGE,
+    TAG,
+    FedGCNNet,
+    PropGraph,
+    _local_positions,
+    denoise_with_own_data,
+    local_degrees,
+    narrow_integer_rows,
+    neighbour_terms,
+    normalise,
+    partial_neighbour_sums,
+    propagation_graph,
+    requested_rows,
+)
 
 
 def own_signatures(c, far_owner: torch.Tensor) -> np.ndarray:
@@ -38,8 +53,8 @@ class FedGCNLogic(ModelAveragingLogic):
         self._inputs = None
         if self.fopts.hops == 0:
             self._set_inputs(c.x, c.edge_index)
-        self.row_of = {}                        # global id -> exchange row id (own nodes and known remote ones)
-        self.sent_own = None                    # DP: the clipped own rows it sent
+        self.row_of = {}  # global id -> exchange row id (own nodes and known remote ones)
+        self.sent_own = None  # DP: the clipped own rows it sent
         #: with --attacks: (node id, total) of every row of the blocks this client decoded
         self.decoded: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -47,8 +62,9 @@ class FedGCNLogic(ModelAveragingLogic):
     def architecture(cfg, facts, options: dict):
         if FedGCNOptions(**options).hops == 0:
             return ModelAveragingLogic.architecture(cfg, facts, options)
-        return FedGCNNet(facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
-                         dropout=cfg.dropout)
+        return FedGCNNet(
+            facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
+        )
 
     def inputs(self):
         if self._inputs is None:
@@ -69,46 +85,61 @@ class FedGCNLogic(ModelAveragingLogic):
 
     def contribute(self, req: dict) -> dict:
         c, o, tag = self.data, self.fopts, req["tag"]
-        if tag == ORDER_TAG:                    # the histogram h[., k] of the own nodes' touch sets
+        if tag == ORDER_TAG:  # the histogram h[., k] of the own nodes' touch sets
             self.signatures = own_signatures(c, self.rt.far_owner)
-            self.channel = ChannelKey(client_party(self.rt.client_id))      # X25519 key from the OS CSPRNG
+            self.channel = ChannelKey(client_party(self.rt.client_id))  # X25519 key from the OS CSPRNG
             masks, counts = np.unique(self.signatures, return_counts=True)
-            return {"masks": masks, "counts": counts.astype(np.int64),
-                    "channel_key": np.frombuffer(self.channel.public_bytes, dtype=np.uint8)}
-        if tag == IDS_TAG:                      # number own nodes; tell each toucher their row ids
+            return {
+                "masks": masks,
+                "counts": counts.astype(np.int64),
+                "channel_key": np.frombuffer(self.channel.public_bytes, dtype=np.uint8),
+            }
+        if tag == IDS_TAG:  # number own nodes; tell each toucher their row ids
             order = np.argsort(c.global_ids.cpu().numpy(), kind="stable")
             rows = np.empty(c.num_nodes, dtype=np.int64)
             for m, ids in zip(req["masks"].tolist(), np.split(req["rows"], np.cumsum(req["counts"])[:-1])):
                 rows[order[self.signatures[order] == m]] = ids
             gids = c.global_ids.cpu().numpy()
             self.row_of = dict(zip(gids.tolist(), rows.tolist()))
-            self._relay = {"keys": req["channel_keys"], "run_id": req["run_id"].tobytes(),
-                           "session": req["session"].tobytes()}
+            self._relay = {
+                "keys": req["channel_keys"],
+                "run_id": req["run_id"].tobytes(),
+                "session": req["session"].tobytes(),
+            }
             return self._seal_row_ids(gids, rows)
         if tag != TAG:
             return super().contribute(req)
         refusal = self._check_bounds(req)
         if refusal:
             return refusal
-        clip = req.get("dp_clip")               # DP: every term [x_j, 1] clipped to C (protocols.dp)
-        ids, rows = partial_neighbour_sums(c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features,
-                                                              seed=self.cfg.seed))
-        self.sent_own = rows[:c.num_nodes] if clip is not None else None     # for the DP post-processing
-        if clip is None:                        # counts of binary features: int16, not float64 (as inline)
+        clip = req.get("dp_clip")  # DP: every term [x_j, 1] clipped to C (protocols.dp)
+        ids, rows = partial_neighbour_sums(
+            c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features, seed=self.cfg.seed)
+        )
+        self.sent_own = rows[: c.num_nodes] if clip is not None else None  # for the DP post-processing
+        if clip is None:  # counts of binary features: int16, not float64 (as inline)
             rows = narrow_integer_rows(rows)
         ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
         if not req.get("split"):
             return {"ids": ids, "rows": rows, "request": request}
         self.request_rows = request
-        return keep_rows(self, tag, ids, rows, request, req,     # the half uploads it; public facts leave here
-                         whole_blocks=self.cfg.attacks)           # --attacks: it keeps every decoded row
+        return keep_rows(
+            self,
+            tag,
+            ids,
+            rows,
+            request,
+            req,  # the half uploads it; public facts leave here
+            whole_blocks=self.cfg.attacks,
+        )  # --attacks: it keeps every decoded row
 
     def _row_ids_channel(self, sender: int, receiver: int) -> tuple[str, bytes, bytes, bytes]:
         """(peer, its channel key, run id, associated data) of the row ids ``sender`` -> ``receiver``."""
         r, me = self._relay, self.rt.client_id
         peer = receiver if sender == me else sender
-        ad = associated_data(r["run_id"], r["session"], 0, 0, IDS_TAG, RELAY_STAGE, client_party(sender),
-                             client_party(receiver))
+        ad = associated_data(
+            r["run_id"], r["session"], 0, 0, IDS_TAG, RELAY_STAGE, client_party(sender), client_party(receiver)
+        )
         return client_party(peer), r["keys"][peer].tobytes(), r["run_id"], ad
 
     def _seal_row_ids(self, gids: np.ndarray, rows: np.ndarray) -> dict:
@@ -122,8 +153,11 @@ class FedGCNLogic(ModelAveragingLogic):
             peer, key, run_id, ad = self._row_ids_channel(me, j)
             sealed.append(self.channel.seal(peer, key, run_id, pairs, ad))
             dest.append(j)
-        return {"dest": np.asarray(dest, dtype=np.int64), "lengths": np.asarray([len(b) for b in sealed], np.int64),
-                "sealed": np.frombuffer(b"".join(sealed), dtype=np.uint8)}
+        return {
+            "dest": np.asarray(dest, dtype=np.int64),
+            "lengths": np.asarray([len(b) for b in sealed], np.int64),
+            "sealed": np.frombuffer(b"".join(sealed), dtype=np.uint8),
+        }
 
     def _open_row_ids(self, req: dict) -> None:
         """Open the row ids each sender sealed for this client (IntegrityError if one does not authenticate)."""
@@ -142,7 +176,7 @@ class FedGCNLogic(ModelAveragingLogic):
             over = deg[deg > o.degree_cap]
             if over.numel():
                 return {"refused": "degree", "count": int(over.numel()), "largest": int(over.max())}
-        if not (self.facts.binary_features or req.get("dp_clip") is not None):    # DP clips the terms instead
+        if not (self.facts.binary_features or req.get("dp_clip") is not None):  # DP clips the terms instead
             m = float(c.x.abs().max()) if c.x.numel() else 0.0
             if m > o.feature_bound:
                 return {"refused": "feature", "largest": m}
@@ -158,23 +192,26 @@ class FedGCNLogic(ModelAveragingLogic):
         c, o = self.data, self.fopts
         if "totals" in req:
             totals = req["totals"]
-        else:                                   # this client's own decoded blocks
+        else:  # this client's own decoded blocks
             half, rpb = self.rt.half, int(req["rpb"])
             if self.cfg.attacks:
                 self.decoded = self._block_rows(half.result(), rpb)
             totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
-        if self.sent_own is not None:           # DP: post-processing with the client's own data
-            totals = denoise_with_own_data(c, totals, self.sent_own.to(totals), o.norm,
-                                           noise_std=float(req["noise_std"]))
+        if self.sent_own is not None:  # DP: post-processing with the client's own data
+            totals = denoise_with_own_data(
+                c, totals, self.sent_own.to(totals), o.norm, noise_std=float(req["noise_std"])
+            )
             counts = totals[:, -1]
         else:
             counts = totals[:, -1].round()
-            if not torch.equal(counts[:c.num_nodes], own_deg):
-                raise RuntimeError(f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
-                                   "local degrees -- a contribution is missing or corrupted")
-        degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
+            if not torch.equal(counts[: c.num_nodes], own_deg):
+                raise RuntimeError(
+                    f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
+                    "local degrees -- a contribution is missing or corrupted"
+                )
+        degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])
         z = normalise(totals, degrees, o.norm).to(torch.float32)
         self._set_inputs(z, propagation_graph(c, o.hops, degrees))
         return {}
@@ -190,7 +227,7 @@ class FedGCNLogic(ModelAveragingLogic):
         if self.row_of:
             node_of = {r: g for g, r in self.row_of.items()}
             nodes = np.array([node_of.get(int(r), -1) for r in rows], dtype=np.int64)
-        else:                                   # the given order: row id = node id
+        else:  # the given order: row id = node id
             nodes = np.where(rows < self.facts.num_nodes, rows, -1)
         return nodes, totals.astype(np.float32)
 
@@ -203,13 +240,18 @@ class FedGCNLogic(ModelAveragingLogic):
         state = super().state_dict()
         if self.fopts.hops > 0 and self._inputs is not None:
             z, g = self._inputs
-            state["inputs"] = {"z": z.cpu(), "edge_index": g.edge_index.cpu(), "edge_weight": g.edge_weight.cpu(),
-                               "num_out": g.num_out}
+            state["inputs"] = {
+                "z": z.cpu(),
+                "edge_index": g.edge_index.cpu(),
+                "edge_weight": g.edge_weight.cpu(),
+                "num_out": g.num_out,
+            }
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if "inputs" in state:
             s, dev = state["inputs"], self.rt.device
-            self._set_inputs(s["z"].to(dev), PropGraph(s["edge_index"].to(dev), s["edge_weight"].to(dev),
-                                                       int(s["num_out"])))
+            self._set_inputs(
+                s["z"].to(dev), PropGraph(s["edge_index"].to(dev), s["edge_weight"].to(dev), int(s["num_out"]))
+            )

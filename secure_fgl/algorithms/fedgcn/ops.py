@@ -165,6 +165,7 @@ neighbour's feature row is revealed exactly (the paper's footnote 2).  2-hop row
 reveal remote nodes' degrees and neighbourhood feature sums.  Secure aggregation does not
 stop this; DP does (the attack suite measures it).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -249,7 +250,7 @@ def subsample_ones(x: torch.Tensor, max_ones: int, generator: torch.Generator) -
     if rows.numel() == 0:
         return out
     key = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(x.device) + rows.to(torch.float64)
-    order = torch.argsort(key)                           # by row, random within a row
+    order = torch.argsort(key)  # by row, random within a row
     rows, cols = rows[order], cols[order]
     starts = torch.zeros(x.size(0) + 1, dtype=torch.long, device=x.device)
     starts[1:] = torch.cumsum(torch.bincount(rows, minlength=x.size(0)), 0)
@@ -259,8 +260,9 @@ def subsample_ones(x: torch.Tensor, max_ones: int, generator: torch.Generator) -
     return out
 
 
-def neighbour_terms(c: ClientSubgraph, norm: str = "row", clip: float | None = None,
-                    binary: bool = False, seed: int = 0) -> torch.Tensor:
+def neighbour_terms(
+    c: ClientSubgraph, norm: str = "row", clip: float | None = None, binary: bool = False, seed: int = 0
+) -> torch.Tensor:
     """``t_j = [x̂_j, 1]`` for own nodes (float64).
 
     Without ``clip``: ``x̂_j = x_j``.  With ``clip = C`` (DP): ``||t_j|| <= C`` -- binary
@@ -289,8 +291,8 @@ def partial_neighbour_sums(c: ClientSubgraph, terms: torch.Tensor) -> tuple[torc
     Returns ``(global_row_ids [m], rows [m, d+1])``.
     """
     a, b = _local_edges(c)
-    own = terms.clone()                                   # the self loop, once, by the owner
-    own.index_add_(0, a, terms[b])                        # edge (a, b): b is a neighbour of a
+    own = terms.clone()  # the self loop, once, by the owner
+    own.index_add_(0, a, terms[b])  # edge (a, b): b is a neighbour of a
     if c.cross_edges.numel():
         mine = _local_positions(c.global_ids, c.cross_edges[0])
         remote_ids, inv = torch.unique(c.cross_edges[1], return_inverse=True)
@@ -369,8 +371,9 @@ def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_W
     return pos
 
 
-def exchange_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int,
-                       rpb: int) -> tuple[np.ndarray, int]:
+def exchange_numbering(
+    clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int
+) -> tuple[np.ndarray, int]:
     """``row_order='signature'`` (module docstring): exchange row id of every global node and
     the exchange's number of rows (``>= num_nodes``: partly empty blocks).
 
@@ -389,8 +392,9 @@ def exchange_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_n
     return perm, int(pos.max()) + 1 if pos.size else 0
 
 
-def denoise_with_own_data(c: ClientSubgraph, totals: torch.Tensor, sent_own: torch.Tensor,
-                          norm: str, noise_std: float = 0.0) -> torch.Tensor:
+def denoise_with_own_data(
+    c: ClientSubgraph, totals: torch.Tensor, sent_own: torch.Tensor, norm: str, noise_std: float = 0.0
+) -> torch.Tensor:
     """DP post-processing with what client ``k`` legitimately holds (no privacy cost).
 
     For an own node ``v`` the total is ``P_v^{(k)} + R_v + noise`` where ``P^{(k)}`` is the
@@ -405,22 +409,26 @@ def denoise_with_own_data(c: ClientSubgraph, totals: torch.Tensor, sent_own: tor
     exact_own = partial_neighbour_sums(c, neighbour_terms(c, norm))[1][:n]
     r = torch.zeros(n, dtype=torch.float64, device=totals.device)
     if c.cross_edges.numel():
-        r.index_add_(0, _local_positions(c.global_ids, c.cross_edges[0]),
-                     torch.ones(c.cross_edges.size(1), dtype=torch.float64, device=totals.device))
+        r.index_add_(
+            0,
+            _local_positions(c.global_ids, c.cross_edges[0]),
+            torch.ones(c.cross_edges.size(1), dtype=torch.float64, device=totals.device),
+        )
     remote = (totals[:n] - sent_own) * (r > 0).to(totals.dtype)[:, None]
     if noise_std > 0:
         # James-Stein shrinkage of each row's remote part (known noise std, d >= 3 entries)
         d = remote.size(1) - 1
         sq = remote[:, :-1].pow(2).sum(1).clamp_min(1e-300)
-        shrink = (1.0 - (d - 2) * noise_std ** 2 / sq).clamp(0.0, 1.0)
+        shrink = (1.0 - (d - 2) * noise_std**2 / sq).clamp(0.0, 1.0)
         remote = remote * shrink[:, None]
     out = totals.clone()
     out[:n] = exact_own + remote
     return out
 
 
-def recipient_numbering(clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int,
-                        hops: int) -> tuple[np.ndarray, int]:
+def recipient_numbering(
+    clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int, hops: int
+) -> tuple[np.ndarray, int]:
     """``row_order='owner'``: exchange row id of every global node and the exchange's number of
     rows.  Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
     every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
@@ -479,8 +487,10 @@ def dp_row_clip(o: FedGCNOptions, cfg) -> float:
     """``C`` of the DP terms (``--dp-row-clip``, else ``--dp-clip``)."""
     C = o.dp_row_clip if o.dp_row_clip is not None else cfg.dp_clip
     if not C >= 1.0:
-        raise ConfigError(f"FedGCN's DP terms [x, 1] need an L2 bound C >= 1 (the ones column takes 1); "
-                          f"got {C}. Set --dp-row-clip (e.g. sqrt(typical ones per row + 1))")
+        raise ConfigError(
+            f"FedGCN's DP terms [x, 1] need an L2 bound C >= 1 (the ones column takes 1); "
+            f"got {C}. Set --dp-row-clip (e.g. sqrt(typical ones per row + 1))"
+        )
     return float(C)
 
 
@@ -490,10 +500,12 @@ def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
     from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
     from ...privacy import resolve_unit
+
     C = dp_row_clip(o, cfg)
     sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
-    return DPRequest(clip=math.inf, per_row=True, sensitivity=sens, releases=1,
-                     integer=bool(binary) and o.norm != "sym")
+    return DPRequest(
+        clip=math.inf, per_row=True, sensitivity=sens, releases=1, integer=bool(binary) and o.norm != "sym"
+    )
 
 
 def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
@@ -501,6 +513,7 @@ def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
     packing / modulus with it, and node-level DP takes its sensitivity from it.  The
     plaintext protocol sums floats and needs no cap."""
     from ...privacy import resolve_unit
+
     return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
 
 
@@ -551,8 +564,9 @@ class FedGCNNet(nn.Module):
         super().__init__()
         sizes = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.lin = nn.Linear(sizes[0], sizes[1])
-        self.convs = nn.ModuleList([GCNConv(a, b, normalize=False, add_self_loops=False, cached=False)
-                                    for a, b in zip(sizes[1:-1], sizes[2:])])
+        self.convs = nn.ModuleList(
+            [GCNConv(a, b, normalize=False, add_self_loops=False, cached=False) for a, b in zip(sizes[1:-1], sizes[2:])]
+        )
         self.dropout = dropout
 
     def _layer(self, i: int, h: torch.Tensor, g: PropGraph) -> torch.Tensor:
@@ -567,14 +581,15 @@ class FedGCNNet(nn.Module):
         return h
 
     def forward(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:
-        return self._layer(len(self.convs), self.embed(z, g), g)[:g.num_out]
+        return self._layer(len(self.convs), self.embed(z, g), g)[: g.num_out]
 
 
 # ---------------------------------------------------------------------------
 # the algorithm
 # ---------------------------------------------------------------------------
-def pretrain_stats(tr, rows_up: dict, rows_down: dict, width: int, exchange_rows: int, layout: str,
-                   row_order: str) -> dict:
+def pretrain_stats(
+    tr, rows_up: dict, rows_down: dict, width: int, exchange_rows: int, layout: str, row_order: str
+) -> dict:
     """Bytes of the pre-training exchange from the transcript ``tr``, next to its float32 baseline
     (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
     client uploads / requests; dense -- all rows), per client and in total, the same in every mode."""
@@ -584,21 +599,43 @@ def pretrain_stats(tr, rows_up: dict, rows_down: dict, width: int, exchange_rows
     for k in sorted(rows_up):
         up = sum(m.nbytes for m in tr.select(tag=TAG, sender=client_party(k), receiver=SERVER))
         down = sum(m.nbytes for m in tr.select(tag=TAG, sender=SERVER, receiver=client_party(k)))
-        per_client.append({"client": k, "bytes_up": up, "bytes_down": down,
-                           "rows_up": exchange_rows if dense else rows_up[k],
-                           "rows_down": exchange_rows if dense else rows_down[k],
-                           "plaintext_equiv_bytes_up": f32_up[k], "plaintext_equiv_bytes_down": f32_down[k]})
-    tot = {key: sum(p[key] for p in per_client) for key in
-           ("bytes_up", "bytes_down", "rows_up", "rows_down", "plaintext_equiv_bytes_up",
-            "plaintext_equiv_bytes_down")}
-    return {"pretrain_bytes_up": tot["bytes_up"], "pretrain_bytes_down": tot["bytes_down"],
-            "pretrain_plaintext_equiv_bytes_up": tot["plaintext_equiv_bytes_up"],
-            "pretrain_plaintext_equiv_bytes_down": tot["plaintext_equiv_bytes_down"],
-            "pretrain_upload_ratio": (tot["bytes_up"] / tot["plaintext_equiv_bytes_up"]
-                                      if tot["plaintext_equiv_bytes_up"] else None),
-            "pretrain_rows_up": tot["rows_up"], "pretrain_rows_down": tot["rows_down"],
-            "pretrain_row_width": width, "pretrain_row_order": row_order,
-            "pretrain_exchange_rows": exchange_rows, "pretrain_per_client": per_client}
+        per_client.append(
+            {
+                "client": k,
+                "bytes_up": up,
+                "bytes_down": down,
+                "rows_up": exchange_rows if dense else rows_up[k],
+                "rows_down": exchange_rows if dense else rows_down[k],
+                "plaintext_equiv_bytes_up": f32_up[k],
+                "plaintext_equiv_bytes_down": f32_down[k],
+            }
+        )
+    tot = {
+        key: sum(p[key] for p in per_client)
+        for key in (
+            "bytes_up",
+            "bytes_down",
+            "rows_up",
+            "rows_down",
+            "plaintext_equiv_bytes_up",
+            "plaintext_equiv_bytes_down",
+        )
+    }
+    return {
+        "pretrain_bytes_up": tot["bytes_up"],
+        "pretrain_bytes_down": tot["bytes_down"],
+        "pretrain_plaintext_equiv_bytes_up": tot["plaintext_equiv_bytes_up"],
+        "pretrain_plaintext_equiv_bytes_down": tot["plaintext_equiv_bytes_down"],
+        "pretrain_upload_ratio": (
+            tot["bytes_up"] / tot["plaintext_equiv_bytes_up"] if tot["plaintext_equiv_bytes_up"] else None
+        ),
+        "pretrain_rows_up": tot["rows_up"],
+        "pretrain_rows_down": tot["rows_down"],
+        "pretrain_row_width": width,
+        "pretrain_row_order": row_order,
+        "pretrain_exchange_rows": exchange_rows,
+        "pretrain_per_client": per_client,
+    }
 
 
 def release_dependencies_of(name: str) -> dict[str, set[str]]:
@@ -625,19 +662,19 @@ class FedGCN(ModelAveraging):
         #: number of row ids of the pre-training exchange (> N with ``row_order='signature'``)
         self.exchange_rows = fed.graph.num_nodes
         dp = getattr(self.protocol, "dp", None)
-        if dp is not None and self.cfg.dp_epsilon and opts.hops > 0 \
-                and getattr(dp.config, "split", None) is None:
-            dp.declare(TAG, f"{self.name}/model")    # even split of the run's budget
+        if dp is not None and self.cfg.dp_epsilon and opts.hops > 0 and getattr(dp.config, "split", None) is None:
+            dp.declare(TAG, f"{self.name}/model")  # even split of the run's budget
 
     # -- options: checked before any data is loaded (secure_fgl.preflight, the spec's check)
     _validate = staticmethod(check_fedgcn)
 
     def build_model(self) -> nn.Module:
         if self.opts.hops == 0:
-            return super().build_model()          # 0-hop: exactly FedAvg's model
+            return super().build_model()  # 0-hop: exactly FedAvg's model
         cfg = self.cfg
-        return FedGCNNet(self.fed.num_features, cfg.hidden, self.fed.num_classes,
-                         num_layers=cfg.num_layers, dropout=cfg.dropout)
+        return FedGCNNet(
+            self.fed.num_features, cfg.hidden, self.fed.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
+        )
 
     # -- pre-training exchange
     @property
@@ -656,8 +693,12 @@ class FedGCN(ModelAveraging):
         the backend leaves headroom for it).  Otherwise floats: an entry sums at most
         ``degree_cap + 1`` terms, each entry bounded by ``max(feature_bound, 1)`` (1 for binary
         features), or by ``C`` under DP."""
-        return exchange_spec(self.opts, bool(self.fed.binary_features), self.row_clip() if self._dp_on else None,
-                             counts=bool(self.fed.count_features))
+        return exchange_spec(
+            self.opts,
+            bool(self.fed.binary_features),
+            self.row_clip() if self._dp_on else None,
+            counts=bool(self.fed.count_features),
+        )
 
     def dp_request(self) -> DPRequest | None:
         """The exchange's DP request (:func:`exchange_dp_request`), ``None`` without DP."""
@@ -680,21 +721,32 @@ class FedGCN(ModelAveraging):
             if over:
                 worst = max(over, key=lambda k: int(over[k].max()))
                 largest = int(over[worst].max())
-                why = ("node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
-                       if self.protocol.mode == "plain" else f"{self.protocol.mode} sums sized to it would wrap")
-                raise BoundError(f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
-                                 f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
-                                 f"Raise --degree-cap to at least {largest} (it is a public bound)", tag=TAG,
-                                 round=0, client=worst)
+                why = (
+                    "node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                    if self.protocol.mode == "plain"
+                    else f"{self.protocol.mode} sums sized to it would wrap"
+                )
+                raise BoundError(
+                    f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
+                    f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
+                    f"Raise --degree-cap to at least {largest} (it is a public bound)",
+                    tag=TAG,
+                    round=0,
+                    client=worst,
+                )
         if self.fed.binary_features or self._dp_on:
             return
         fb = self.opts.feature_bound
         for k, c in enumerate(self.clients):
             m = float(c.x.abs().max()) if c.x.numel() else 0.0
             if m > fb:
-                raise BoundError(f"a feature has |x| = {m:.4g} above --feature-bound {fb}; raise "
-                                 f"--feature-bound (a public bound) or scale the features", tag=TAG, round=0,
-                                 client=k)
+                raise BoundError(
+                    f"a feature has |x| = {m:.4g} above --feature-bound {fb}; raise "
+                    f"--feature-bound (a public bound) or scale the features",
+                    tag=TAG,
+                    round=0,
+                    client=k,
+                )
 
     def setup(self) -> None:
         """The pre-training communication round (sec. 4, "Training Algorithm", steps 1-3)."""
@@ -702,9 +754,13 @@ class FedGCN(ModelAveraging):
         if o.hops == 0:
             self._inputs = [(c.x, c.edge_index) for c in self.clients]
             self._centre_inputs()
-            self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0,
-                             "pretrain_plaintext_equiv_bytes_up": 0, "pretrain_plaintext_equiv_bytes_down": 0,
-                             "pretrain_time": 0.0}
+            self.pretrain = {
+                "pretrain_bytes_up": 0,
+                "pretrain_bytes_down": 0,
+                "pretrain_plaintext_equiv_bytes_up": 0,
+                "pretrain_plaintext_equiv_bytes_down": 0,
+                "pretrain_time": 0.0,
+            }
             return
         t0 = time.perf_counter()
         self._check_degree_cap()
@@ -716,15 +772,17 @@ class FedGCN(ModelAveraging):
             ids, rows = partial_neighbour_sums(c, terms)
             contributions[k] = (ids.cpu(), rows.cpu() if dp is not None else narrow_integer_rows(rows.cpu()))
             requests[k] = requested_rows(c, o.hops).cpu()
-            sent[k] = rows[:c.num_nodes] if dp is not None else None    # a view: keeps the rows alive
+            sent[k] = rows[: c.num_nodes] if dp is not None else None  # a view: keeps the rows alive
         num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
         self.exchange_rows = num_rows
         perm = np.arange(num_rows, dtype=np.int64)
         if o.row_order != "given" and o.layout == "sparse":
             rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, "sparse")
-            perm, num_rows = (exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
-                              if o.row_order == "signature" else
-                              recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops))
+            perm, num_rows = (
+                exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
+                if o.row_order == "signature"
+                else recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops)
+            )
             perm_t = torch.as_tensor(perm)
             # the same permutation on both sides: each row's total comes back unchanged
             contributions = {k: (perm_t[ids], rows) for k, (ids, rows) in contributions.items()}
@@ -734,10 +792,11 @@ class FedGCN(ModelAveraging):
         # it read (what the client-side attack reads), not only the rows it asked for; without,
         # each recipient keeps only its requested rows as blocks are decoded (memory at scale)
         readable = bool(self.cfg.attacks)
-        received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows,
-                                         layout=o.layout, spec=spec, dp=dp, readable=readable)
-        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}   # free the rows
-        node_of_row = np.full(num_rows, -1, dtype=np.int64)          # padding rows belong to no node
+        received = self.protocol.row_sum(
+            TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec, dp=dp, readable=readable
+        )
+        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}  # free the rows
+        node_of_row = np.full(num_rows, -1, dtype=np.int64)  # padding rows belong to no node
         node_of_row[perm] = np.arange(perm.size)
         self._inputs = []
         self.received = {}
@@ -745,25 +804,32 @@ class FedGCN(ModelAveraging):
         self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for k, c in enumerate(self.clients):
             if readable:
-                read_rows, read_totals = self.protocol.last_readable.pop(k)     # kept once, as float32
+                read_rows, read_totals = self.protocol.last_readable.pop(k)  # kept once, as float32
                 self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
             totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
-            self.received[k] = totals            # the rows client k asked for: [S_v[:d], S_v[d]] per row
+            self.received[k] = totals  # the rows client k asked for: [S_v[:d], S_v[d]] per row
             if dp is not None:
-                totals = denoise_with_own_data(c, totals, sent[k].to(self.device), o.norm,
-                                               noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)))
+                totals = denoise_with_own_data(
+                    c,
+                    totals,
+                    sent[k].to(self.device),
+                    o.norm,
+                    noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)),
+                )
             own_deg = local_degrees(c)
             counts = totals[:, -1]
             if dp is None:
                 # counts are integers by construction (float encodings return them within
                 # their tolerance): a missing or corrupted contribution is off by >= 1
                 counts = counts.round()
-                if not torch.equal(counts[:c.num_nodes], own_deg):
-                    raise RuntimeError(f"client {k}: received degrees of its own nodes differ from its "
-                                       "local degrees -- a contribution is missing or corrupted")
+                if not torch.equal(counts[: c.num_nodes], own_deg):
+                    raise RuntimeError(
+                        f"client {k}: received degrees of its own nodes differ from its "
+                        "local degrees -- a contribution is missing or corrupted"
+                    )
             # own nodes: the exact local degree; remote endpoints: the degree that came through
             # the ones column (equal without DP; with DP the counts carry noise)
-            degrees = torch.cat([own_deg, counts[c.num_nodes:].clamp_min(1.0)])
+            degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])
             z = normalise(totals, degrees, o.norm).to(torch.float32)
             self._inputs.append((z, propagation_graph(c, o.hops, degrees)))
         self._centre_inputs()
@@ -774,8 +840,15 @@ class FedGCN(ModelAveraging):
         """:func:`pretrain_stats` of this run's exchange."""
         rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
         rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
-        return pretrain_stats(self.protocol.transcript, rows_up, rows_down, self.fed.num_features + 1,
-                              self.exchange_rows, self.opts.layout, self.opts.row_order)
+        return pretrain_stats(
+            self.protocol.transcript,
+            rows_up,
+            rows_down,
+            self.fed.num_features + 1,
+            self.exchange_rows,
+            self.opts.layout,
+            self.opts.row_order,
+        )
 
     def _centre_inputs(self) -> None:
         """``--center``: each client's model sees its first-layer input minus the mean of its own
@@ -795,19 +868,25 @@ class FedGCN(ModelAveraging):
         model_up = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.receiver == SERVER]
         model_down = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.sender == SERVER]
         rounds = len({m.round for m in tr.messages if m.tag == f"{self.name}/model"}) or 1
-        out = {"hops": self.opts.hops, "norm": self.opts.norm, "layout": self.opts.layout,
-               "model_bytes_up_per_round": sum(model_up) / rounds,
-               "model_bytes_down_per_round": sum(model_down) / rounds}
+        out = {
+            "hops": self.opts.hops,
+            "norm": self.opts.norm,
+            "layout": self.opts.layout,
+            "model_bytes_up_per_round": sum(model_up) / rounds,
+            "model_bytes_down_per_round": sum(model_down) / rounds,
+        }
         out.update(self.pretrain)
         return out
 
     # -- checkpoints: the received sums are part of the state (setup() is not rerun on resume)
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["fedgcn"] = {"pretrain": self.pretrain,
-                           "inputs": None if self._inputs is None or self.opts.hops == 0 else
-                           [(z.cpu(), tuple(t.cpu() if torch.is_tensor(t) else t for t in g))
-                            for z, g in self._inputs]}
+        state["fedgcn"] = {
+            "pretrain": self.pretrain,
+            "inputs": None
+            if self._inputs is None or self.opts.hops == 0
+            else [(z.cpu(), tuple(t.cpu() if torch.is_tensor(t) else t for t in g)) for z, g in self._inputs],
+        }
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -817,7 +896,9 @@ class FedGCN(ModelAveraging):
         if self.opts.hops == 0:
             self._inputs = [(c.x, c.edge_index) for c in self.clients]
         elif saved.get("inputs") is not None:
-            self._inputs = [(z.to(self.device), PropGraph(g[0].to(self.device), g[1].to(self.device), g[2]))
-                            for z, g in saved["inputs"]]
+            self._inputs = [
+                (z.to(self.device), PropGraph(g[0].to(self.device), g[1].to(self.device), g[2]))
+                for z, g in saved["inputs"]
+            ]
         if self._inputs is not None:
             self._centre_inputs()

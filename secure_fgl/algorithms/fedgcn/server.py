@@ -24,6 +24,7 @@ The pre-training exchange (:mod:`.ops`), with every party apart:
 
 A lost client stops the pre-training (its rows would be missing): DropoutError naming it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,12 +36,25 @@ from protocols.errors import IntegrityError
 from ...runtime.exchange import run_row_sum
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import FedGCNOptions
-from .ops import (IDS_TAG, ORDER_TAG, TAG, _inverse_gray, degree_cap_needed, dp_applies, dp_row_clip,
-                  exchange_dp_request, exchange_spec, pretrain_stats, release_dependencies_of, segment_blocks)
+from .ops import (
+    IDS_TAG,
+    ORDER_TAG,
+    TAG,
+    _inverse_gray,
+    degree_cap_needed,
+    dp_applies,
+    dp_row_clip,
+    exchange_dp_request,
+    exchange_spec,
+    pretrain_stats,
+    release_dependencies_of,
+    segment_blocks,
+)
 
 
-def layout_from_histogram(classes: list[tuple[int, int, int]], rpb: int, row_order: str, hops: int,
-                          num_nodes: int) -> tuple[dict[tuple[int, int], np.ndarray], int]:
+def layout_from_histogram(
+    classes: list[tuple[int, int, int]], rpb: int, row_order: str, hops: int, num_nodes: int
+) -> tuple[dict[tuple[int, int], np.ndarray], int]:
     """Row ids of every class ``(mask S, owner k, count)`` and the exchange's number of rows.
 
     ``signature``: classes in reflected-Gray order of ``S``, then owner; the sequence cut into
@@ -67,7 +81,7 @@ def layout_from_histogram(classes: list[tuple[int, int, int]], rpb: int, row_ord
         pos = np.repeat(np.r_[0, np.cumsum(padded)[:-1]] - starts, sizes) + np.arange(n)
         num_rows = int(padded.sum())
     ends = np.cumsum(counts[order])
-    return {(int(masks[i]), int(owners[i])): pos[e - counts[i]:e] for i, e in zip(order, ends)}, num_rows
+    return {(int(masks[i]), int(owners[i])): pos[e - counts[i] : e] for i, e in zip(order, ends)}, num_rows
 
 
 class FedGCNStrategy(ModelAveragingStrategy):
@@ -80,7 +94,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.exchange_rows = facts.num_nodes
         self.dp_on = self.fopts.hops > 0 and dp_applies(cfg, protocol)
         if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
-            protocol.dp.declare(TAG, f"{self.name}/model")    # even split of the run's budget (as inline)
+            protocol.dp.declare(TAG, f"{self.name}/model")  # even split of the run's budget (as inline)
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """The data each release touches (:mod:`secure_fgl.privacy`)."""
@@ -88,28 +102,40 @@ class FedGCNStrategy(ModelAveragingStrategy):
 
     def setup(self) -> None:
         import time
+
         o, f, K = self.fopts, self.facts, self.num_clients
         if o.hops == 0:
-            self.pretrain = {"pretrain_bytes_up": 0, "pretrain_bytes_down": 0, "pretrain_plaintext_equiv_bytes_up": 0,
-                             "pretrain_plaintext_equiv_bytes_down": 0, "pretrain_time": 0.0}
+            self.pretrain = {
+                "pretrain_bytes_up": 0,
+                "pretrain_bytes_down": 0,
+                "pretrain_plaintext_equiv_bytes_up": 0,
+                "pretrain_plaintext_equiv_bytes_down": 0,
+                "pretrain_time": 0.0,
+            }
             return
         t0 = time.perf_counter()
         dp = exchange_dp_request(o, self.cfg, f.binary_features) if self.dp_on else None
-        spec = exchange_spec(o, f.binary_features, dp_row_clip(o, self.cfg) if dp else None,
-                             counts=f.count_features)
+        spec = exchange_spec(o, f.binary_features, dp_row_clip(o, self.cfg) if dp else None, counts=f.count_features)
         num_rows = f.num_nodes
         if o.row_order != "given" and o.layout == "sparse":
             num_rows = self._number_rows(self.protocol.rows_per_block(spec, f.num_features + 1, f.num_nodes, "sparse"))
         dim = f.num_features + 1
-        spec = self.protocol.release_spec(spec, dp)       # a DP sum's public grid (protocols.dp.release_spec)
+        spec = self.protocol.release_spec(spec, dp)  # a DP sum's public grid (protocols.dp.release_spec)
         rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
-        ask = {"tag": TAG, "round": 0, "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
-               "split": self.split, "rpb": rpb, "num_blocks": -(-num_rows // rpb), "layout": o.layout,
-               "dp_clip": dp_row_clip(o, self.cfg) if dp else None}
+        ask = {
+            "tag": TAG,
+            "round": 0,
+            "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
+            "split": self.split,
+            "rpb": rpb,
+            "num_blocks": -(-num_rows // rpb),
+            "layout": o.layout,
+            "dp_clip": dp_row_clip(o, self.cfg) if dp else None,
+        }
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
-        if self.split:                          # the clients' halves run the exchange
+        if self.split:  # the clients' halves run the exchange
             rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
             rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
             noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
@@ -119,8 +145,9 @@ class FedGCNStrategy(ModelAveragingStrategy):
             requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
             rows_up = {k: int(r["ids"].size) for k, r in sent.items()}
             rows_down = {k: int(r["request"].size) for k, r in sent.items()}
-            received = self.protocol.row_sum(TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout,
-                                             spec=spec)
+            received = self.protocol.row_sum(
+                TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec
+            )
             self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
         self.check_lost(range(K), f"the delivery of {TAG}")
         self.exchange_rows = num_rows
@@ -130,37 +157,67 @@ class FedGCNStrategy(ModelAveragingStrategy):
     def _number_rows(self, rpb: int) -> int:
         """Stage 1 of the module docstring; returns the exchange's number of rows."""
         K = self.num_clients
-        hist = self.ask("contribute", {k: {"tag": ORDER_TAG, "round": 0} for k in range(K)},
-                        record=(ORDER_TAG, "metadata"))
+        hist = self.ask(
+            "contribute", {k: {"tag": ORDER_TAG, "round": 0} for k in range(K)}, record=(ORDER_TAG, "metadata")
+        )
         self.check_lost(range(K), "the row numbering")
         classes = [(int(m), k, int(n)) for k in range(K) for m, n in zip(hist[k]["masks"], hist[k]["counts"])]
-        rows, num_rows = layout_from_histogram(classes, rpb, self.fopts.row_order, self.fopts.hops,
-                                               self.facts.num_nodes)
-        channel = {"channel_keys": np.stack([hist[k]["channel_key"] for k in range(K)]).astype(np.uint8),
-                   "run_id": np.frombuffer(self.protocol.run_id, dtype=np.uint8),
-                   "session": np.frombuffer(self.protocol.session, dtype=np.uint8)}
-        mine = {k: {"tag": IDS_TAG, "round": 0, "masks": hist[k]["masks"], "counts": hist[k]["counts"],
-                    "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]]), **channel}
-                for k in range(K)}
+        rows, num_rows = layout_from_histogram(
+            classes, rpb, self.fopts.row_order, self.fopts.hops, self.facts.num_nodes
+        )
+        channel = {
+            "channel_keys": np.stack([hist[k]["channel_key"] for k in range(K)]).astype(np.uint8),
+            "run_id": np.frombuffer(self.protocol.run_id, dtype=np.uint8),
+            "session": np.frombuffer(self.protocol.session, dtype=np.uint8),
+        }
+        mine = {
+            k: {
+                "tag": IDS_TAG,
+                "round": 0,
+                "masks": hist[k]["masks"],
+                "counts": hist[k]["counts"],
+                "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]]),
+                **channel,
+            }
+            for k in range(K)
+        }
         for k, r in mine.items():
             self.record(ORDER_TAG, SERVER, client_party(k), "metadata", len(_frame(r)))
         told = self.ask("contribute", mine)
         self.check_lost(range(K), "the row numbering")
         inbox: dict[int, list] = {j: [] for j in range(K)}
-        for k, r in told.items():               # the server relays ciphertext it cannot open
+        for k, r in told.items():  # the server relays ciphertext it cannot open
             dest, lengths = r["dest"].tolist(), r["lengths"]
-            if len(dest) != lengths.size or int(lengths.sum()) != r["sealed"].size or \
-                    any(j == k or not 0 <= j < K for j in dest):
+            if (
+                len(dest) != lengths.size
+                or int(lengths.sum()) != r["sealed"].size
+                or any(j == k or not 0 <= j < K for j in dest)
+            ):
                 raise IntegrityError("malformed sealed row ids", tag=IDS_TAG, round=0, client=k)
             for j, blob in zip(dest, np.split(r["sealed"], np.cumsum(lengths)[:-1])):
-                self.record(IDS_TAG, client_party(k), client_party(j), "ciphertext", blob.size,
-                            note="row ids of the owner's nodes the receiver touches (channel-encrypted, relayed)",
-                            relay=SERVER)
+                self.record(
+                    IDS_TAG,
+                    client_party(k),
+                    client_party(j),
+                    "ciphertext",
+                    blob.size,
+                    note="row ids of the owner's nodes the receiver touches (channel-encrypted, relayed)",
+                    relay=SERVER,
+                )
                 inbox[j].append((k, blob))
-        self.tell("receive", {j: {"tag": IDS_TAG, "round": 0, "senders": np.asarray([k for k, _ in parts], np.int64),
-                                  "lengths": np.asarray([b.size for _, b in parts], np.int64),
-                                  "sealed": np.concatenate([b for _, b in parts] or [np.zeros(0, np.uint8)])}
-                              for j, parts in inbox.items()})
+        self.tell(
+            "receive",
+            {
+                j: {
+                    "tag": IDS_TAG,
+                    "round": 0,
+                    "senders": np.asarray([k for k, _ in parts], np.int64),
+                    "lengths": np.asarray([b.size for _, b in parts], np.int64),
+                    "sealed": np.concatenate([b for _, b in parts] or [np.zeros(0, np.uint8)]),
+                }
+                for j, parts in inbox.items()
+            },
+        )
         return num_rows
 
     def _refuse(self, sent: dict) -> None:
@@ -172,29 +229,52 @@ class FedGCNStrategy(ModelAveragingStrategy):
         r, o = refused[worst], self.fopts
         if r["refused"] == "degree":
             n = sum(x.get("count", 0) for x in refused.values() if x["refused"] == "degree")
-            raise BoundError(f"{n} node(s) on {len(refused)} client(s) have degree above --degree-cap "
-                             f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {self.protocol.mode} sums "
-                             f"sized to it would wrap. Raise --degree-cap to at least {r['largest']} (it is a public "
-                             "bound)", tag=TAG, round=0, client=worst)
-        raise BoundError(f"a feature has |x| = {r['largest']:.4g} above --feature-bound {o.feature_bound}; raise "
-                         "--feature-bound (a public bound) or scale the features", tag=TAG, round=0, client=worst)
+            raise BoundError(
+                f"{n} node(s) on {len(refused)} client(s) have degree above --degree-cap "
+                f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {self.protocol.mode} sums "
+                f"sized to it would wrap. Raise --degree-cap to at least {r['largest']} (it is a public "
+                "bound)",
+                tag=TAG,
+                round=0,
+                client=worst,
+            )
+        raise BoundError(
+            f"a feature has |x| = {r['largest']:.4g} above --feature-bound {o.feature_bound}; raise "
+            "--feature-bound (a public bound) or scale the features",
+            tag=TAG,
+            round=0,
+            client=worst,
+        )
 
     def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
         """The in-process FedGCN's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`) from
         the server half's transcript, plus the bytes of the row numbering."""
         tr = self.protocol.transcript
-        return {**pretrain_stats(tr, rows_up, rows_down, self.facts.num_features + 1, self.exchange_rows,
-                                 self.fopts.layout, self.fopts.row_order),
-                "pretrain_order_bytes": sum(m.nbytes for m in tr.messages if m.tag in (ORDER_TAG, IDS_TAG))}
+        return {
+            **pretrain_stats(
+                tr,
+                rows_up,
+                rows_down,
+                self.facts.num_features + 1,
+                self.exchange_rows,
+                self.fopts.layout,
+                self.fopts.row_order,
+            ),
+            "pretrain_order_bytes": sum(m.nbytes for m in tr.messages if m.tag in (ORDER_TAG, IDS_TAG)),
+        }
 
     def final_metrics(self) -> dict:
         tr, tag = self.protocol.transcript, f"{self.name}/model"
         rounds = len({m.round for m in tr.messages if m.tag == tag}) or 1
-        return {**super().final_metrics(), "hops": self.fopts.hops, "norm": self.fopts.norm,
-                "layout": self.fopts.layout,
-                "model_bytes_up_per_round": sum(m.nbytes for m in tr.select(tag=tag, receiver=SERVER)) / rounds,
-                "model_bytes_down_per_round": sum(m.nbytes for m in tr.select(tag=tag, sender=SERVER)) / rounds,
-                **self.pretrain}
+        return {
+            **super().final_metrics(),
+            "hops": self.fopts.hops,
+            "norm": self.fopts.norm,
+            "layout": self.fopts.layout,
+            "model_bytes_up_per_round": sum(m.nbytes for m in tr.select(tag=tag, receiver=SERVER)) / rounds,
+            "model_bytes_down_per_round": sum(m.nbytes for m in tr.select(tag=tag, sender=SERVER)) / rounds,
+            **self.pretrain,
+        }
 
     def server_state(self) -> dict:
         return {"pretrain": self.pretrain, "exchange_rows": self.exchange_rows}
@@ -205,4 +285,5 @@ class FedGCNStrategy(ModelAveragingStrategy):
 
 def _frame(fields: dict) -> bytes:
     from ...runtime import wire
+
     return wire.pack(fields)

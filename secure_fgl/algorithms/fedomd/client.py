@@ -1,5 +1,6 @@
 """FedOMD's client: its orthogonal GCN, its hidden statistics (kept for the protocol half) and
 local training against the pooled statistics (eq. 12); :mod:`.server` describes the round."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,13 +8,12 @@ import torch
 
 from protocols.batch import batch_means, batch_vector
 
-from .cmd import clip_activations
-from .ops import (GlobalStats, build_ortho_gcn, hidden_for_stats, project_moments, train_client)
-from ..options import FedOMDOptions
-from .stats_batch import central_from_raw, local_central_moments, local_mean, \
-    local_raw_moments
-from ..fedavg.client import ModelAveragingLogic
 from ...runtime.sums import dp_mean_vector, mean_of, offer, summed
+from ..fedavg.client import ModelAveragingLogic
+from ..options import FedOMDOptions
+from .cmd import clip_activations
+from .ops import GlobalStats, build_ortho_gcn, hidden_for_stats, project_moments, train_client
+from .stats_batch import central_from_raw, local_central_moments, local_mean, local_raw_moments
 
 
 class FedOMDLogic(ModelAveragingLogic):
@@ -24,8 +24,8 @@ class FedOMDLogic(ModelAveragingLogic):
         super().__init__(runtime, options)
         self.orders = tuple(range(2, self.fopts.cmd_order + 1))
         self.global_stats: list[GlobalStats] | None = None
-        self.samples: tuple[int, list[np.ndarray]] | None = None    # (round, clipped Z^l as float64)
-        self.pooled: dict = {}                                      # this round's received statistics
+        self.samples: tuple[int, list[np.ndarray]] | None = None  # (round, clipped Z^l as float64)
+        self.pooled: dict = {}  # this round's received statistics
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
@@ -34,8 +34,18 @@ class FedOMDLogic(ModelAveragingLogic):
     def local_update(self, req: dict) -> dict:
         if not bool(self.data.train_mask.any()):
             return {"trained": False, "loss": 0.0}
-        loss, terms = train_client(self.model, self.optimizer, *self.inputs(), self.data, self.fopts, self.cfg,
-                                   self.global_stats, self.orders, int(req["round"]), self.rt.client_id)
+        loss, terms = train_client(
+            self.model,
+            self.optimizer,
+            *self.inputs(),
+            self.data,
+            self.fopts,
+            self.cfg,
+            self.global_stats,
+            self.orders,
+            int(req["round"]),
+            self.rt.client_id,
+        )
         return {"trained": True, "loss": loss, **terms}
 
     def _samples(self, rnd: int) -> list[np.ndarray]:
@@ -51,10 +61,13 @@ class FedOMDLogic(ModelAveragingLogic):
         if "stage" not in req:
             return super().contribute(req)
         layers = self._samples(int(req["round"]))
-        if req.get("dp_clip") is not None:          # one layer's DP weighted mean (.sums)
+        if req.get("dp_clip") is not None:  # one layer's DP weighted mean (.sums)
             a = layers[req["layers"][0]]
-            value = local_mean(a) if req["stage"] == "mean" else \
-                local_central_moments(a, self.pooled[("mean", req["layers"][0])], self.orders)
+            value = (
+                local_mean(a)
+                if req["stage"] == "mean"
+                else local_central_moments(a, self.pooled[("mean", req["layers"][0])], self.orders)
+            )
             return offer(self, req, dp_mean_vector(value, float(a.shape[0]), req))
         parts = []
         for l in req["layers"]:
@@ -63,7 +76,7 @@ class FedOMDLogic(ModelAveragingLogic):
                 parts.append(local_mean(a))
             elif req["stage"] == "moments":
                 parts.append(local_central_moments(a, self.pooled[("mean", l)], self.orders))
-            else:                                   # raw: E[z] and E[z^2..J] as two parts
+            else:  # raw: E[z] and E[z^2..J] as two parts
                 raw = local_raw_moments(a, max(self.orders))
                 parts += [raw[0], raw[1:]]
         return offer(self, req, batch_vector(parts, float(layers[0].shape[0])))
@@ -74,28 +87,38 @@ class FedOMDLogic(ModelAveragingLogic):
         o, stage, layers = self.fopts, req["stage"], list(req["layers"])
         d, J = self.cfg.hidden, len(self.orders)
         per_layer = {"mean": [(d,)], "moments": [(J, d)], "raw": [(d,), (J, d)]}[stage]
-        if req.get("dp_clip") is not None:          # one layer's DP weighted mean
+        if req.get("dp_clip") is not None:  # one layer's DP weighted mean
             means = [mean_of(summed(self, req), req["tag"], req).reshape(per_layer[0])]
         else:
             means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
-        dp_run = bool(self.cfg.dp_epsilon)          # post-processing of the DP path (as in-process)
+        dp_run = bool(self.cfg.dp_epsilon)  # post-processing of the DP path (as in-process)
         for i, l in enumerate(layers):
-            if stage == "mean":                     # the means-only exchange and DP project them
+            if stage == "mean":  # the means-only exchange and DP project them
                 project = dp_run or not self.orders
                 self.pooled[("mean", l)] = np.clip(means[i], o.act_low, o.act_high) if project else means[i]
             elif stage == "moments":
-                self.pooled[("moments", l)] = project_moments(means[i], self.orders, o.act_low, o.act_high) \
-                    if dp_run else {j: means[i][n] for n, j in enumerate(self.orders)}
+                self.pooled[("moments", l)] = (
+                    project_moments(means[i], self.orders, o.act_low, o.act_high)
+                    if dp_run
+                    else {j: means[i][n] for n, j in enumerate(self.orders)}
+                )
             else:
                 mu = means[2 * i]
                 self.pooled[("mean", l)] = mu
                 self.pooled[("moments", l)] = central_from_raw(mu, means[2 * i + 1], self.orders)
         num_hidden = 1 + o.ortho_layers
-        if all(("mean", l) in self.pooled and (not self.orders or ("moments", l) in self.pooled)
-               for l in range(num_hidden)):
+        if all(
+            ("mean", l) in self.pooled and (not self.orders or ("moments", l) in self.pooled) for l in range(num_hidden)
+        ):
             dev = self.rt.device
-            self.global_stats = [GlobalStats(torch.as_tensor(self.pooled[("mean", l)], dtype=torch.float32).to(dev),
-                                             {j: torch.as_tensor(m, dtype=torch.float32).to(dev)
-                                              for j, m in self.pooled.get(("moments", l), {}).items()})
-                                 for l in range(num_hidden)]
+            self.global_stats = [
+                GlobalStats(
+                    torch.as_tensor(self.pooled[("mean", l)], dtype=torch.float32).to(dev),
+                    {
+                        j: torch.as_tensor(m, dtype=torch.float32).to(dev)
+                        for j, m in self.pooled.get(("moments", l), {}).items()
+                    },
+                )
+                for l in range(num_hidden)
+            ]
         return {}

@@ -19,6 +19,7 @@ sees, so the model itself is unchanged (see :mod:`secure_fgl.algorithms.fedomd`)
 Small pure functions, torch in and out (differentiable where the client needs the
 gradient of its own moments).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -36,8 +37,9 @@ def clip_activations(z: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return z.clamp(min=low, max=high)
 
 
-def central_moments(z: torch.Tensor, orders: Sequence[int] = FEDOMD_ORDERS,
-                    center: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def central_moments(
+    z: torch.Tensor, orders: Sequence[int] = FEDOMD_ORDERS, center: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """``(mean [d], {j: E((z - c)^j) [d]})`` of samples ``z [n, d]`` about ``c``.
 
     ``center`` defaults to the sample mean (the client side of eq. 11); pass the
@@ -52,9 +54,14 @@ def central_moments(z: torch.Tensor, orders: Sequence[int] = FEDOMD_ORDERS,
     return mean, {int(j): diff.pow(int(j)).mean(dim=0) for j in orders}
 
 
-def cmd_from_moments(mean_x: torch.Tensor, moments_x: Mapping[int, torch.Tensor],
-                     mean_y: torch.Tensor, moments_y: Mapping[int, torch.Tensor],
-                     low: float, high: float) -> torch.Tensor:
+def cmd_from_moments(
+    mean_x: torch.Tensor,
+    moments_x: Mapping[int, torch.Tensor],
+    mean_y: torch.Tensor,
+    moments_y: Mapping[int, torch.Tensor],
+    low: float,
+    high: float,
+) -> torch.Tensor:
     """Eq. 11 from the two sides' means and central moments (same orders on both sides)."""
     if set(moments_x) != set(moments_y):
         raise ValueError(f"moment orders differ: {sorted(moments_x)} vs {sorted(moments_y)}")
@@ -63,12 +70,13 @@ def cmd_from_moments(mean_x: torch.Tensor, moments_x: Mapping[int, torch.Tensor]
         raise ValueError("CMD needs a < b")
     d = torch.linalg.vector_norm(mean_x - mean_y) / span
     for j in sorted(moments_x):
-        d = d + torch.linalg.vector_norm(moments_x[j] - moments_y[j]) / span ** j
+        d = d + torch.linalg.vector_norm(moments_x[j] - moments_y[j]) / span**j
     return d
 
 
-def cmd(x: torch.Tensor, y: torch.Tensor, low: float = 0.0, high: float = 1.0,
-        orders: Sequence[int] = FEDOMD_ORDERS) -> torch.Tensor:
+def cmd(
+    x: torch.Tensor, y: torch.Tensor, low: float = 0.0, high: float = 1.0, orders: Sequence[int] = FEDOMD_ORDERS
+) -> torch.Tensor:
     """``d_CMD`` between samples ``x [n, d]`` and ``y [m, d]`` after clipping both to ``[low, high]``."""
     x, y = clip_activations(x, low, high), clip_activations(y, low, high)
     mx, cx = central_moments(x, orders)

@@ -127,6 +127,7 @@ gives client-level DP (at a large utility cost).  Each tag is released once per 
 statistics tags (declared at construction).  The model exchange is the base class's
 (client-level, ``cfg.dp_clip``), which implies the same epsilon at the row level.
 """
+
 from __future__ import annotations
 
 import math
@@ -143,15 +144,15 @@ from protocols.precision import MeanPrecision, grid_tolerance
 from ...engine import rng
 from ...models.orthogonal import OrthoGCN
 from ..base import ModelAveraging
-from .cmd import central_moments, clip_activations, cmd_from_moments
 from ..options import FedOMDOptions
+from .cmd import central_moments, clip_activations, cmd_from_moments
 from .stats_batch import batched_central_moments, one_stage_raw_moments
 
 #: target error of every pooled statistic (mean, central moments of order 2..5) on the public grid
 #: (:meth:`FedOMD.stats_spec`): ``2^-34``, i.e. ``2^-18`` relative to a statistic of size ``2^-16``
 #: (the higher central moments of features in ``[0, 1]`` are that small); finer grids leave CKKS
 #: short of an exact sum at K = 10.  The same grid value in every mode (docs/secure_equals_plain.md).
-STATS_MEAN_TOLERANCE = 2.0 ** -34
+STATS_MEAN_TOLERANCE = 2.0**-34
 
 #: node sets of the statistics (see "Node set of the statistics" in the module docstring)
 STATS_NODES = ("all", "train", "train_vs_all")
@@ -169,8 +170,9 @@ class GlobalStats:
     moments: dict[int, torch.Tensor]
 
 
-def stats_dp_requests(low: float, high: float, dim: int, orders: tuple[int, ...], num_nodes: int,
-                      releases: int, rows: int = 1) -> tuple[DPRequest, DPRequest]:
+def stats_dp_requests(
+    low: float, high: float, dim: int, orders: tuple[int, ...], num_nodes: int, releases: int, rows: int = 1
+) -> tuple[DPRequest, DPRequest]:
     """DP requests of the two statistics rounds (see "Differential privacy" above).
 
     ``num_nodes`` is the public weight bound ``W`` (the graph size); ``rows`` how many hidden
@@ -180,8 +182,10 @@ def stats_dp_requests(low: float, high: float, dim: int, orders: tuple[int, ...]
     c_mom = math.sqrt(dim * sum((high - low) ** (2 * j) for j in orders)) or 1.0
     w = float(num_nodes)
     scale = math.sqrt(2.0) * min(int(rows), num_nodes) / w
-    return (DPRequest(clip=c_mean, sensitivity=scale * c_mean, releases=releases, weight_bound=w),
-            DPRequest(clip=c_mom, sensitivity=scale * c_mom, releases=releases, weight_bound=w))
+    return (
+        DPRequest(clip=c_mean, sensitivity=scale * c_mean, releases=releases, weight_bound=w),
+        DPRequest(clip=c_mom, sensitivity=scale * c_mom, releases=releases, weight_bound=w),
+    )
 
 
 def stats_tags(name: str, ortho_layers: int) -> list[str]:
@@ -193,12 +197,20 @@ def project_moments(mom: np.ndarray, orders, low: float, high: float) -> dict[in
     """Noisy pooled central moments (``[J, d]``) projected onto their feasible range
     (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release."""
     span = high - low
-    return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -span ** j, span ** j) for i, j in enumerate(orders)}
+    return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -(span**j), span**j) for i, j in enumerate(orders)}
 
 
-def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: dict[int, np.ndarray], orders,
-                                       low: float, high: float, spec,
-                                       dp: tuple[DPRequest | None, DPRequest | None]):
+def _central_moments_by_weighted_means(
+    protocol,
+    tag: str,
+    rnd: int,
+    samples: dict[int, np.ndarray],
+    orders,
+    low: float,
+    high: float,
+    spec,
+    dp: tuple[DPRequest | None, DPRequest | None],
+):
     """The two rounds of :meth:`protocols.Protocol.central_moments` as two weighted means, so
     each can carry a DP request: identical messages and tags, but the (noisy) global mean is
     projected onto ``[low, high]`` before the moments (post-processing; a no-op without noise)
@@ -208,19 +220,30 @@ def _central_moments_by_weighted_means(protocol, tag: str, rnd: int, samples: di
     means = {k: a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for k, a in samples.items()}
     mu = protocol.weighted_mean(f"{tag}/mean", rnd, means, counts, spec=spec, dp=dp[0])
     mu = np.clip(mu, low, high)
-    if not orders:                                   # cmd_order = 1: the means only
+    if not orders:  # cmd_order = 1: the means only
         return mu, {}
-    stacked = {k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1])
-                            for j in orders]) for k, a in samples.items()}
+    stacked = {
+        k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for j in orders])
+        for k, a in samples.items()
+    }
     mom = protocol.weighted_mean(f"{tag}/moments", rnd, stacked, counts, spec=spec, dp=dp[1])
     return mu, project_moments(mom, orders, low, high)
 
 
-def exchange_hidden_statistics(protocol, rnd: int, hidden: dict[int, list[torch.Tensor]],
-                               orders: tuple[int, ...], low: float, high: float, *,
-                               spec: ValueSpec | None = None, dp: tuple[DPRequest, DPRequest] | None = None,
-                               tag: str = "fedomd", batch: bool = False,
-                               raw_moments: bool = False) -> list[GlobalStats]:
+def exchange_hidden_statistics(
+    protocol,
+    rnd: int,
+    hidden: dict[int, list[torch.Tensor]],
+    orders: tuple[int, ...],
+    low: float,
+    high: float,
+    *,
+    spec: ValueSpec | None = None,
+    dp: tuple[DPRequest, DPRequest] | None = None,
+    tag: str = "fedomd",
+    batch: bool = False,
+    raw_moments: bool = False,
+) -> list[GlobalStats]:
     """Eq. 10 and Algorithm 1 lines 8-17 for every hidden layer.
 
     ``hidden``: client -> ``[Z_k^1, ..., Z_k^(L-1)]`` (each ``[n_k, d]``, the node set of the
@@ -233,30 +256,51 @@ def exchange_hidden_statistics(protocol, rnd: int, hidden: dict[int, list[torch.
     num_layers = len(next(iter(hidden.values())))
     out = []
     if batch and dp is None and orders:
-        layers = [{k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy()
-                   for k, zs in hidden.items()} for layer in range(num_layers)]
-        return [GlobalStats(torch.as_tensor(mu, dtype=torch.float32),
-                            {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()})
-                for mu, moments in (one_stage_raw_moments if raw_moments else batched_central_moments)(
-                    protocol, tag, rnd, layers, orders, spec=spec)]
+        layers = [
+            {k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()}
+            for layer in range(num_layers)
+        ]
+        return [
+            GlobalStats(
+                torch.as_tensor(mu, dtype=torch.float32),
+                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
+            )
+            for mu, moments in (one_stage_raw_moments if raw_moments else batched_central_moments)(
+                protocol, tag, rnd, layers, orders, spec=spec
+            )
+        ]
     for layer in range(num_layers):
-        samples = {k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy()
-                   for k, zs in hidden.items()}
+        samples = {
+            k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()
+        }
         name = f"{tag}/hidden{layer + 1}"
         if dp is None and orders:
             mu, moments = protocol.central_moments(name, rnd, samples, orders, spec=spec)
-        else:                                       # DP, or cmd_order = 1 (round 1, the means, only)
-            mu, moments = _central_moments_by_weighted_means(protocol, name, rnd, samples, orders, low, high,
-                                                             spec, dp or (None, None))
-        out.append(GlobalStats(torch.as_tensor(mu, dtype=torch.float32),
-                               {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()}))
+        else:  # DP, or cmd_order = 1 (round 1, the means, only)
+            mu, moments = _central_moments_by_weighted_means(
+                protocol, name, rnd, samples, orders, low, high, spec, dp or (None, None)
+            )
+        out.append(
+            GlobalStats(
+                torch.as_tensor(mu, dtype=torch.float32),
+                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
+            )
+        )
     return out
 
 
 def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: int) -> nn.Module:
     """The model of Table 1 (:class:`~secure_fgl.models.orthogonal.OrthoGCN`) with the run's settings."""
-    return OrthoGCN(num_features, cfg.hidden, num_classes, ortho_layers=opts.ortho_layers, dropout=cfg.dropout,
-                    newton_steps=opts.newton_steps, ortho_propagate=opts.ortho_propagate, orthogonal=opts.orthogonal)
+    return OrthoGCN(
+        num_features,
+        cfg.hidden,
+        num_classes,
+        ortho_layers=opts.ortho_layers,
+        dropout=cfg.dropout,
+        newton_steps=opts.newton_steps,
+        ortho_propagate=opts.ortho_propagate,
+        orthogonal=opts.orthogonal,
+    )
 
 
 def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> torch.Tensor:
@@ -267,8 +311,9 @@ def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> to
 
 
 @torch.no_grad()
-def hidden_for_stats(model: nn.Module, x, edge_index, c, opts: FedOMDOptions, seed: int, rnd: int,
-                     k: int) -> list[torch.Tensor]:
+def hidden_for_stats(
+    model: nn.Module, x, edge_index, c, opts: FedOMDOptions, seed: int, rnd: int, k: int
+) -> list[torch.Tensor]:
     """Client k's hidden features ``[Z^1..Z^(L-1)]`` on the statistics' node set (eval- or
     training-mode pass of the current model: ``stats_pass``; dropout keyed by its own generator)."""
     model.train(opts.stats_pass == "train")
@@ -277,8 +322,9 @@ def hidden_for_stats(model: nn.Module, x, edge_index, c, opts: FedOMDOptions, se
     return [stats_rows(c, z, opts.stats_nodes) for z in hidden]
 
 
-def cmd_loss(c, hidden: list[torch.Tensor], global_stats: list[GlobalStats] | None, opts: FedOMDOptions,
-             orders: tuple[int, ...]) -> torch.Tensor:
+def cmd_loss(
+    c, hidden: list[torch.Tensor], global_stats: list[GlobalStats] | None, opts: FedOMDOptions, orders: tuple[int, ...]
+) -> torch.Tensor:
     """``sum_l d_CMD(Z_k^l, global^l)`` (eq. 11, Algorithm 1 line 19)."""
     total = hidden[0].new_zeros(())
     if global_stats is None:
@@ -292,9 +338,19 @@ def cmd_loss(c, hidden: list[torch.Tensor], global_stats: list[GlobalStats] | No
     return total
 
 
-def train_client(model: nn.Module, opt: torch.optim.Optimizer, x, edge_index, c, opts: FedOMDOptions, cfg,
-                 global_stats: list[GlobalStats] | None, orders: tuple[int, ...], rnd: int,
-                 k: int) -> tuple[float, dict[str, float]]:
+def train_client(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x,
+    edge_index,
+    c,
+    opts: FedOMDOptions,
+    cfg,
+    global_stats: list[GlobalStats] | None,
+    orders: tuple[int, ...],
+    rnd: int,
+    k: int,
+) -> tuple[float, dict[str, float]]:
     """Client k's local steps of eq. 12 (Algorithm 1 lines 19-20); returns the loss and its terms."""
     model.train()
     terms = {}
@@ -307,7 +363,7 @@ def train_client(model: nn.Module, opt: torch.optim.Optimizer, x, edge_index, c,
         ortho = model.orthogonality_loss() if opts.ortho_weight > 0 else ce.new_zeros(())
         if opts.cmd_weight > 0 and global_stats is not None:
             if opts.stats_pass == "eval" and cfg.dropout > 0:
-                model.eval()                      # dropout-free features, with gradient
+                model.eval()  # dropout-free features, with gradient
                 _, hidden = model(x, edge_index, return_hidden=True)
                 model.train()
             dcmd = cmd_loss(c, hidden, global_stats, opts, orders)
@@ -328,12 +384,14 @@ def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: in
     a, b = opts.act_low, opts.act_high
     per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in orders])
     total = float(max(1, node_total))
-    return MeanPrecision(value_bound=per_node, weight_bound=total, min_weight_total=share * total,
-                         tolerance=STATS_MEAN_TOLERANCE)
+    return MeanPrecision(
+        value_bound=per_node, weight_bound=total, min_weight_total=share * total, tolerance=STATS_MEAN_TOLERANCE
+    )
 
 
-def stats_grid_spec(opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, num_contributors: int,
-                    num_clients: int) -> ValueSpec:
+def stats_grid_spec(
+    opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, num_contributors: int, num_clients: int
+) -> ValueSpec:
     """The statistics exchanges' spec: :func:`stats_precision` exact on its public grid
     (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten clients the target is coarsened
     by :func:`protocols.precision.grid_tolerance`), so every mode pools the same statistics bit for bit."""
@@ -388,39 +446,65 @@ class FedOMD(ModelAveraging):
 
     def stats_precision(self, num_contributors: int) -> MeanPrecision:
         """:func:`stats_precision` of this run (``num_contributors`` of the clients)."""
-        return stats_precision(self.opts, self.orders, self.stats_node_total(),
-                               min(1.0, num_contributors / len(self.clients)))
+        return stats_precision(
+            self.opts, self.orders, self.stats_node_total(), min(1.0, num_contributors / len(self.clients))
+        )
 
     def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
         """:func:`stats_grid_spec` of this run."""
-        return stats_grid_spec(self.opts, self.orders, self.stats_node_total(),
-                               len(self.clients) if num_contributors is None else num_contributors, len(self.clients))
+        return stats_grid_spec(
+            self.opts,
+            self.orders,
+            self.stats_node_total(),
+            len(self.clients) if num_contributors is None else num_contributors,
+            len(self.clients),
+        )
 
     def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
         if not self.cfg.dp_epsilon:
             return None
-        return stats_dp_requests(self.opts.act_low, self.opts.act_high, self.cfg.hidden, self.orders,
-                                 self.fed.graph.num_nodes, self.cfg.rounds, self.opts.dp_rows)
+        return stats_dp_requests(
+            self.opts.act_low,
+            self.opts.act_high,
+            self.cfg.hidden,
+            self.orders,
+            self.fed.graph.num_nodes,
+            self.cfg.rounds,
+            self.opts.dp_rows,
+        )
 
     def stats_tags(self) -> list[str]:
         return stats_tags(self.name, self.opts.ortho_layers)
 
     def client_hidden(self, k: int) -> list[torch.Tensor]:
         """:func:`hidden_for_stats` of client k."""
-        return hidden_for_stats(self.models[k], *self.client_inputs(k), self.clients[k], self.opts, self.cfg.seed,
-                                self.round, k)
+        return hidden_for_stats(
+            self.models[k], *self.client_inputs(k), self.clients[k], self.opts, self.cfg.seed, self.round, k
+        )
 
     def exchange_statistics(self, rnd: int, clients: list[int]) -> list[GlobalStats]:
         hidden = {k: self.client_hidden(k) for k in clients}
         if not any(zs[0].shape[0] for zs in hidden.values()):
-            raise ValueError("no client has nodes for the FedOMD statistics "
-                             "(stats_nodes='train' with no training nodes?); use --stats-nodes all")
-        stats = exchange_hidden_statistics(self.protocol, rnd, hidden, self.orders, self.opts.act_low,
-                                           self.opts.act_high, spec=self.stats_spec(len(clients)), dp=self.stats_dp(),
-                                           tag=self.name, batch=self.opts.batch_stats,
-                                           raw_moments=self.opts.raw_moments)
-        return [GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()})
-                for s in stats]
+            raise ValueError(
+                "no client has nodes for the FedOMD statistics "
+                "(stats_nodes='train' with no training nodes?); use --stats-nodes all"
+            )
+        stats = exchange_hidden_statistics(
+            self.protocol,
+            rnd,
+            hidden,
+            self.orders,
+            self.opts.act_low,
+            self.opts.act_high,
+            spec=self.stats_spec(len(clients)),
+            dp=self.stats_dp(),
+            tag=self.name,
+            batch=self.opts.batch_stats,
+            raw_moments=self.opts.raw_moments,
+        )
+        return [
+            GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()}) for s in stats
+        ]
 
     # ------------------------------------------------------------------ local objective
     def cmd_loss(self, k: int, hidden: list[torch.Tensor]) -> torch.Tensor:
@@ -428,9 +512,18 @@ class FedOMD(ModelAveraging):
         return cmd_loss(self.clients[k], hidden, self.global_stats, self.opts, self.orders)
 
     def local_update(self, k: int) -> float:
-        loss, self._last_terms[k] = train_client(self.models[k], self.optimizers[k], *self.client_inputs(k),
-                                                 self.clients[k], self.opts, self.cfg, self.global_stats,
-                                                 self.orders, self.round, k)
+        loss, self._last_terms[k] = train_client(
+            self.models[k],
+            self.optimizers[k],
+            *self.client_inputs(k),
+            self.clients[k],
+            self.opts,
+            self.cfg,
+            self.global_stats,
+            self.orders,
+            self.round,
+            k,
+        )
         return loss
 
     def train_round(self, rnd: int) -> dict:

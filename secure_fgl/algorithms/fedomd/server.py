@@ -38,17 +38,16 @@ moments and the noisy moments onto their range (post-processing).  The budget is
 
 Per-client randomness (dropout) is :func:`secure_fgl.engine.rng.client_generator`'s, as in-process.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-
-from .ops import (stats_dp_requests, stats_grid_spec,
-                  stats_tags)
-from ..options import FedOMDOptions
-from .stats_batch import layer_names
-from ..fedavg.server import ModelAveragingStrategy
 from ...runtime.sums import scoped, sum_exchange
+from ..fedavg.server import ModelAveragingStrategy
+from ..options import FedOMDOptions
+from .ops import stats_dp_requests, stats_grid_spec, stats_tags
+from .stats_batch import layer_names
 
 TERMS = ("ce", "ortho", "cmd")
 
@@ -56,7 +55,7 @@ TERMS = ("ce", "ortho", "cmd")
 class FedOMDStrategy(ModelAveragingStrategy):
     """FedOMD's server: the statistics stages (module docstring), then FedAvg."""
 
-    grid_model_mean = True        # as the in-process FedOMD: every real exchange on its public grid
+    grid_model_mean = True  # as the in-process FedOMD: every real exchange on its public grid
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
@@ -65,38 +64,65 @@ class FedOMDStrategy(ModelAveragingStrategy):
         self.updates: dict[int, dict] = {}
         if protocol.dp is not None and protocol.dp.config.split is None:
             # split the run's budget evenly over every DP exchange of FedOMD (as in-process)
-            protocol.dp.declare(f"{self.name}/model",
-                                *(stats_tags(self.name, self.fopts.ortho_layers) if self.fopts.cmd_weight > 0 else []))
+            protocol.dp.declare(
+                f"{self.name}/model",
+                *(stats_tags(self.name, self.fopts.ortho_layers) if self.fopts.cmd_weight > 0 else []),
+            )
 
     def stages(self) -> list[tuple[str, str, list[int], tuple | None]]:
         """``(tag, stage, layers, batch layout)`` of one round's statistics exchanges (public)."""
         o, d, J = self.fopts, self.cfg.hidden, len(self.orders)
         layers = list(range(1 + o.ortho_layers))
         names = layer_names(self.name, len(layers))
-        if not (o.batch_stats and self.orders) or self.protocol.dp is not None:     # per layer (DP: always)
-            return [(f"{n}/{stage}", stage, [l], None) for l, n in zip(layers, names)
-                    for stage in (("mean", "moments") if self.orders else ("mean",))]
+        if not (o.batch_stats and self.orders) or self.protocol.dp is not None:  # per layer (DP: always)
+            return [
+                (f"{n}/{stage}", stage, [l], None)
+                for l, n in zip(layers, names)
+                for stage in (("mean", "moments") if self.orders else ("mean",))
+            ]
         if o.raw_moments:
-            return [(f"{self.name}/stats/raw", "raw", layers,
-                     tuple(p for n in names for p in ((f"{n}/mean", d), (f"{n}/moments", J * d))))]
-        return [(f"{self.name}/stats/mean", "mean", layers, tuple((f"{n}/mean", d) for n in names)),
-                (f"{self.name}/stats/moments", "moments", layers, tuple((f"{n}/moments", J * d) for n in names))]
+            return [
+                (
+                    f"{self.name}/stats/raw",
+                    "raw",
+                    layers,
+                    tuple(p for n in names for p in ((f"{n}/mean", d), (f"{n}/moments", J * d))),
+                )
+            ]
+        return [
+            (f"{self.name}/stats/mean", "mean", layers, tuple((f"{n}/mean", d) for n in names)),
+            (f"{self.name}/stats/moments", "moments", layers, tuple((f"{n}/moments", J * d) for n in names)),
+        ]
 
     def exchange_statistics(self, rnd: int, sampled: list[int]) -> None:
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
-        spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)   # exact in every mode
-        dp = stats_dp_requests(o.act_low, o.act_high, self.cfg.hidden, self.orders, self.facts.num_nodes,
-                               self.cfg.rounds, o.dp_rows) if self.protocol.dp is not None else (None, None)
+        spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)  # exact in every mode
+        dp = (
+            stats_dp_requests(
+                o.act_low, o.act_high, self.cfg.hidden, self.orders, self.facts.num_nodes, self.cfg.rounds, o.dp_rows
+            )
+            if self.protocol.dp is not None
+            else (None, None)
+        )
         for tag, stage, layers, layout in self.stages():
             if layout is not None:
                 self.protocol.transcript.attribute(tag, layout)
-            sum_exchange(self, tag, rnd, sampled, sampled, spec, {"stage": stage, "layers": layers},
-                         dp=scoped(self, tag, dp[stage == "moments"]), dp_mean=True)
+            sum_exchange(
+                self,
+                tag,
+                rnd,
+                sampled,
+                sampled,
+                spec,
+                {"stage": stage, "layers": layers},
+                dp=scoped(self, tag, dp[stage == "moments"]),
+                dp_mean=True,
+            )
 
     def ask(self, method: str, requests: dict[int, dict], **kw) -> dict[int, dict]:
         responses = super().ask(method, requests, **kw)
-        if method == "local_update":                 # keep the loss terms of this round's clients
+        if method == "local_update":  # keep the loss terms of this round's clients
             self.updates = responses
         return responses
 

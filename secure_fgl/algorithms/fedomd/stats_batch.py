@@ -8,6 +8,7 @@ every layer's ``n_k m_j^(k,l)``, ``m_j^(k,l) = mean_i (z_i^l - mu^l)^j``: the sa
 as the per-layer exchanges, whose tags (``<tag>/hidden<l>/mean|moments``) keep their byte shares
 in the transcript.
 """
+
 from __future__ import annotations
 
 from math import comb
@@ -29,13 +30,13 @@ def local_central_moments(a: np.ndarray, mu: np.ndarray, orders) -> np.ndarray:
 
 def local_raw_moments(a: np.ndarray, top: int) -> np.ndarray:
     """``[E_k[z^p] for p = 1..top]`` (``[top, d]``)."""
-    return np.stack([local_mean(a ** p) for p in range(1, top + 1)])
+    return np.stack([local_mean(a**p) for p in range(1, top + 1)])
 
 
 def central_from_raw(mu: np.ndarray, higher: np.ndarray, orders) -> dict[int, np.ndarray]:
     """Central moments from the pooled raw ones (``higher``: ``E[z^2..J]``) by the binomial expansion
     of :func:`one_stage_raw_moments`."""
-    raw = [np.ones_like(mu), mu, *higher]                              # E[z^0..J]
+    raw = [np.ones_like(mu), mu, *higher]  # E[z^0..J]
     return {j: sum(comb(j, i) * raw[i] * (-mu) ** (j - i) for i in range(j + 1)) for j in orders}
 
 
@@ -44,22 +45,26 @@ def layer_names(tag: str, num_layers: int) -> list[str]:
     return [f"{tag}/hidden{l + 1}" for l in range(num_layers)]
 
 
-def batched_central_moments(protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *,
-                            spec=None) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
+def batched_central_moments(
+    protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *, spec=None
+) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
     """``layers[l]``: client -> ``[n_k, d_l]`` samples of hidden layer ``l + 1`` (the same nodes in
     every layer).  Returns per layer ``(mu [d_l], {j: E[(z - mu)^j] [d_l]})``."""
     counts = {k: float(a.shape[0]) for k, a in layers[0].items()}
     names = layer_names(tag, len(layers))
     means = {f"{n}/mean": {k: local_mean(a) for k, a in s.items()} for n, s in zip(names, layers)}
     mu = batched_weighted_mean(protocol, f"{tag}/stats/mean", rnd, means, counts, spec=spec)
-    moments = {f"{n}/moments": {k: local_central_moments(a, mu[f"{n}/mean"], orders) for k, a in s.items()}
-               for n, s in zip(names, layers)}
+    moments = {
+        f"{n}/moments": {k: local_central_moments(a, mu[f"{n}/mean"], orders) for k, a in s.items()}
+        for n, s in zip(names, layers)
+    }
     mom = batched_weighted_mean(protocol, f"{tag}/stats/moments", rnd, moments, counts, spec=spec)
     return [(mu[f"{n}/mean"], {j: mom[f"{n}/moments"][i] for i, j in enumerate(orders)}) for n in names]
 
 
-def one_stage_raw_moments(protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *,
-                          spec=None) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
+def one_stage_raw_moments(
+    protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *, spec=None
+) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
     """The same statistics from ONE upload per client per round (``raw_moments`` option): every
     layer's raw moments ``n_k E_k[z^p]``, ``p = 1..J``, in one batch (tag ``<tag>/stats/raw``; the
     ``p = 1`` part is attributed to ``<tag>/hidden<l>/mean``, the rest to ``.../moments``), and the
@@ -80,5 +85,4 @@ def one_stage_raw_moments(protocol, tag: str, rnd: int, layers: list[dict[int, n
         parts[f"{n}/mean"] = {k: r[0] for k, r in raw.items()}
         parts[f"{n}/moments"] = {k: r[1:] for k, r in raw.items()}
     pooled = batched_weighted_mean(protocol, f"{tag}/stats/raw", rnd, parts, counts, spec=spec)
-    return [(pooled[f"{n}/mean"], central_from_raw(pooled[f"{n}/mean"], pooled[f"{n}/moments"], orders))
-            for n in names]
+    return [(pooled[f"{n}/mean"], central_from_raw(pooled[f"{n}/mean"], pooled[f"{n}/moments"], orders)) for n in names]

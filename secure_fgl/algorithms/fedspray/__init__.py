@@ -4,6 +4,7 @@ feature-structure encoder with class-wise structure proxies.
 * :mod:`.ops`: the encoder, the proxies, their alignment and DP bounds, a client's two local phases;
 * :mod:`.client`: :class:`~.client.FedSprayLogic`; :mod:`.server`: :class:`~.server.FedSprayStrategy`.
 """
+
 from __future__ import annotations
 
 from protocols.registry import modes
@@ -12,12 +13,17 @@ from ..options import FedSprayOptions
 from ..spec import AlgorithmSpec
 
 SPECS = [
-    AlgorithmSpec("fedspray", "personalized GNNs distilled from a global feature-structure encoder with class-wise "
-                  "structure proxies",
-                  "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
-                  "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
-                  "weighted mean of structure proxies (weights stay secret), every round (one upload per client: "
-                  "fedspray/batch, without DP)",
-                  options=FedSprayOptions, modes=modes(), logic=f"{__name__}.client:FedSprayLogic",
-                  strategy=f"{__name__}.server:FedSprayStrategy", inline=f"{__name__}.ops:FedSpray"),
+    AlgorithmSpec(
+        "fedspray",
+        "personalized GNNs distilled from a global feature-structure encoder with class-wise structure proxies",
+        "Fu, Chen, Ding & Li, Federated Graph Learning with Structure Proxy Alignment, KDD 2024",
+        "fedspray/encoder: weighted mean of encoder updates; fedspray/proxies: class-wise "
+        "weighted mean of structure proxies (weights stay secret), every round (one upload per client: "
+        "fedspray/batch, without DP)",
+        options=FedSprayOptions,
+        modes=modes(),
+        logic=f"{__name__}.client:FedSprayLogic",
+        strategy=f"{__name__}.server:FedSprayStrategy",
+        inline=f"{__name__}.ops:FedSpray",
+    ),
 ]

@@ -1,5 +1,6 @@
 """FedSpray's client: its personalized GNN, its copies of the global encoder and proxies, its
 upload of encoder update and class-wise proxies; :mod:`.server` describes the round."""
+
 from __future__ import annotations
 
 import copy
@@ -10,12 +11,12 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols.base import classwise_result, classwise_vector
 
-from ..base import SPLITS, accuracy
-from .ops import (DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, first_proxies, keep_absent, new_encoder)
-from ..minority import minority_report
-from ..options import FedSprayOptions
 from ...runtime.logic import ClientLogic
 from ...runtime.sums import dp_mean_vector, mean_of, mean_vector, offer, summed
+from ..base import SPLITS, accuracy
+from ..minority import minority_report
+from ..options import FedSprayOptions
+from .ops import DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, first_proxies, keep_absent, new_encoder
 
 
 class FedSprayLogic(ClientLogic):
@@ -39,26 +40,36 @@ class FedSprayLogic(ClientLogic):
     def local_update(self, req: dict) -> dict:
         if not bool(self.data.train_mask.any()):
             return {"trained": False, "loss": 0.0}
-        loss, self.update, self.local_proxies = self.part.local_update(self.global_encoder, self.proxies,
-                                                                       int(req["round"]))
+        loss, self.update, self.local_proxies = self.part.local_update(
+            self.global_encoder, self.proxies, int(req["round"])
+        )
         return {"trained": True, "loss": loss}
 
     def contribute(self, req: dict) -> dict:
         tag, N = req["tag"], self.facts.num_nodes
         if tag == "fedspray/encoder":
             update, weight = self.update.cpu().numpy(), self.part.encoder_weight(N)
-            return offer(self, req, dp_mean_vector(update, weight, req) if req.get("dp_clip") is not None
-                         else mean_vector(update, weight))
+            return offer(
+                self,
+                req,
+                dp_mean_vector(update, weight, req) if req.get("dp_clip") is not None else mean_vector(update, weight),
+            )
         if tag == "fedspray/proxies":
             return offer(self, req, self.proxy_upload())
-        if tag == "fedspray/batch":             # both in one upload (round_spec): [a * S, a, w dw, w]
-            return offer(self, req, np.concatenate([self.proxy_upload(),
-                                                    mean_vector(self.update.cpu().numpy(), self.part.encoder_weight(N))]))
+        if tag == "fedspray/batch":  # both in one upload (round_spec): [a * S, a, w dw, w]
+            return offer(
+                self,
+                req,
+                np.concatenate(
+                    [self.proxy_upload(), mean_vector(self.update.cpu().numpy(), self.part.encoder_weight(N))]
+                ),
+            )
         return super().contribute(req)
 
     def proxy_upload(self) -> np.ndarray:
-        return classwise_vector(self.local_proxies.cpu().numpy().astype(np.float64),
-                                self.part.proxy_weights(self.facts.num_nodes))
+        return classwise_vector(
+            self.local_proxies.cpu().numpy().astype(np.float64), self.part.proxy_weights(self.facts.num_nodes)
+        )
 
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
@@ -68,8 +79,8 @@ class FedSprayLogic(ClientLogic):
             self.apply_proxies(summed(self, req), max(PROXY_SPEC.tolerance, 3.0 * float(req.get("dp_std", 0.0))))
         elif tag == "fedspray/batch":
             total, C, d = summed(self, req), *self.proxies.shape
-            self.apply_proxies(total[:C * (d + 1)], float(req["tolerance"]))
-            self.apply_encoder(mean_of(total[C * (d + 1):], tag))
+            self.apply_proxies(total[: C * (d + 1)], float(req["tolerance"]))
+            self.apply_encoder(mean_of(total[C * (d + 1) :], tag))
         else:
             return super().receive(req)
         return {}
@@ -80,7 +91,7 @@ class FedSprayLogic(ClientLogic):
     def apply_proxies(self, total: np.ndarray, tolerance: float) -> None:
         C, d = self.proxies.shape
         self.proxies = keep_absent(*classwise_result(total, C, d, tolerance), self.proxies)
-        if self.cfg.dp_epsilon:         # a noisy class-weight total near zero can blow a row up: keep S bounded
+        if self.cfg.dp_epsilon:  # a noisy class-weight total near zero can blow a row up: keep S bounded
             self.proxies = self.proxies.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
 
     def inputs(self):
@@ -96,8 +107,11 @@ class FedSprayLogic(ClientLogic):
             self.teacher = copy.deepcopy(self.part.encoder)
         vector_to_parameters(self.global_encoder.clone(), self.teacher.parameters())
         teacher = accuracy(self.part.soft_targets(self.teacher, self.proxies)[0], c.y, c.test_mask)
-        return {**{split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS},
-                "minority": minority_report(logits, c, self.facts.num_classes), "teacher": list(teacher)}
+        return {
+            **{split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS},
+            "minority": minority_report(logits, c, self.facts.num_classes),
+            "teacher": list(teacher),
+        }
 
     def state_dict(self) -> dict:
         return {**self.part.state_dict(), "global_encoder": self.global_encoder.cpu(), "proxies": self.proxies.cpu()}

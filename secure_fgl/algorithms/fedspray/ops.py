@@ -80,10 +80,12 @@ numbers in docs/fedspray.md):
   overall-accuracy rule, not divergence.  The table script prints the last-round accuracies next
   to the selected ones.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -112,13 +114,13 @@ PROXY_SPEC = MeanPrecision(value_bound=PARAM_BOUND).spec()
 DP_PROXY_BOUND = 10.0
 
 
-def classwise_weighted_mean(values: dict[int, np.ndarray], weights: dict[int, np.ndarray],
-                            previous: np.ndarray | None = None) -> np.ndarray:
+def classwise_weighted_mean(
+    values: dict[int, np.ndarray], weights: dict[int, np.ndarray], previous: np.ndarray | None = None
+) -> np.ndarray:
     """Plaintext eq. 15: ``S_j = sum_k w_kj S_kj / sum_k w_kj``; rows with zero total weight keep
     ``previous`` (zeros without it).  The reference for the protocol's secure result."""
     ks = list(values)
-    num = sum(np.asarray(weights[k], dtype=np.float64)[:, None] * np.asarray(values[k], dtype=np.float64)
-              for k in ks)
+    num = sum(np.asarray(weights[k], dtype=np.float64)[:, None] * np.asarray(values[k], dtype=np.float64) for k in ks)
     den = sum(np.asarray(weights[k], dtype=np.float64) for k in ks)
     out = np.zeros_like(num) if previous is None else np.array(previous, dtype=np.float64)
     present = den > 1e-9
@@ -135,9 +137,17 @@ def class_weights(counts: np.ndarray, weighting: str = "ratio", graph_size: int 
     return counts / max(counts.sum(), 1.0)
 
 
-def align_proxies(protocol: Protocol, tag: str, rnd: int, local: Mapping[int, torch.Tensor | np.ndarray],
-                  weights: Mapping[int, np.ndarray], previous: torch.Tensor, *,
-                  recipients: Sequence[int] | None = None, dp: DPRequest | None = None) -> torch.Tensor:
+def align_proxies(
+    protocol: Protocol,
+    tag: str,
+    rnd: int,
+    local: Mapping[int, torch.Tensor | np.ndarray],
+    weights: Mapping[int, np.ndarray],
+    previous: torch.Tensor,
+    *,
+    recipients: Sequence[int] | None = None,
+    dp: DPRequest | None = None,
+) -> torch.Tensor:
     """Server-side proxy alignment (eq. 15) as one :meth:`Protocol.classwise_mean` exchange.
 
     Each client sends ``[w_k * S^(k), w_k]``: in secure modes the server sees neither the weights
@@ -156,8 +166,9 @@ def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptio
         dp.declare(f"{name}/encoder", *([] if opts.ablate_proxy else [f"{name}/proxies"]))
 
 
-def round_spec(encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None, num_contributors: int,
-               num_clients: int) -> ValueSpec | None:
+def round_spec(
+    encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None, num_contributors: int, num_clients: int
+) -> ValueSpec | None:
     """The spec of one upload per client carrying both exchanges of a round (tag ``<name>/batch``:
     ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``, :func:`protocols.batch.batched_sum`), or ``None`` where
     they stay separate: DP on (each release keeps its own clip), ``S = 0``, ``batch_exchanges`` off, or
@@ -168,8 +179,11 @@ def round_spec(encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | N
     then aligns the proxies to the same bits too."""
     if dp is not None or opts.ablate_proxy or not opts.batch_exchanges:
         return None
-    proxies = PROXY_SPEC if encoder_spec.grid_bits is None else \
-        model_spec(num_contributors, num_clients, PARAM_BOUND, grid=True)
+    proxies = (
+        PROXY_SPEC
+        if encoder_spec.grid_bits is None
+        else model_spec(num_contributors, num_clients, PARAM_BOUND, grid=True)
+    )
     return batch_spec([encoder_spec, proxies])
 
 
@@ -181,8 +195,9 @@ def dp_request(cfg) -> DPRequest | None:
 def keep_absent(mean: np.ndarray, present: np.ndarray, previous: torch.Tensor) -> torch.Tensor:
     """Eq. 15's result as the new ``S``: rows of classes with zero total weight keep ``previous``."""
     present_t = torch.as_tensor(present, device=previous.device)
-    return torch.where(present_t[:, None], torch.as_tensor(mean, dtype=previous.dtype, device=previous.device),
-                       previous)
+    return torch.where(
+        present_t[:, None], torch.as_tensor(mean, dtype=previous.dtype, device=previous.device), previous
+    )
 
 
 def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed: int, k: int) -> torch.nn.Module:
@@ -190,16 +205,25 @@ def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed:
     the client runs, whatever the other clients draw)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0]))
-        return build_model(opts.backbone, num_features, opts.gnn_hidden, num_classes, num_layers=2,
-                           dropout=opts.gnn_dropout)
+        return build_model(
+            opts.backbone, num_features, opts.gnn_hidden, num_classes, num_layers=2, dropout=opts.gnn_dropout
+        )
 
 
 class SprayClient:
     """One client's FedSpray state -- its GNN ``f(theta_k)``, its working copy of the encoder, the
     proxies ``s_i`` of its training nodes, their optimizers -- and its two local phases."""
 
-    def __init__(self, c, k: int, opts: FedSprayOptions, num_features: int, num_classes: int,
-                 encoder: FeatureStructureEncoder, seed: int):
+    def __init__(
+        self,
+        c,
+        k: int,
+        opts: FedSprayOptions,
+        num_features: int,
+        num_classes: int,
+        encoder: FeatureStructureEncoder,
+        seed: int,
+    ):
         self.c, self.k, self.opts, self.num_classes, self.seed = c, k, opts, num_classes, seed
         device = c.x.device
         self.gnn = client_gnn(opts, num_features, num_classes, seed, k).to(device)
@@ -234,7 +258,11 @@ class SprayClient:
         """Phase 1: ``E`` epochs of ``CE + lambda1 * KL(p || y_hat)`` (eq. 5-7); dropout keyed per
         client and epoch (:func:`~secure_fgl.engine.rng.client_generator`)."""
         c, gnn, opt, o = self.c, self.gnn, self.gnn_opt, self.opts
-        kd_mask = torch.ones_like(c.train_mask) if o.kd_threshold <= 0 else (c.train_mask | (q.max(-1).values > o.kd_threshold))
+        kd_mask = (
+            torch.ones_like(c.train_mask)
+            if o.kd_threshold <= 0
+            else (c.train_mask | (q.max(-1).values > o.kd_threshold))
+        )
         log_p = torch.log(p.clamp_min(1e-12))
         gnn.train()
         loss = torch.zeros(())
@@ -279,11 +307,12 @@ class SprayClient:
         with torch.no_grad():
             sums = torch.zeros(self.num_classes, o.proxy_dim, device=s.device).index_add_(0, y, s.detach())
             counts = torch.bincount(y, minlength=self.num_classes).clamp(min=1).to(s.dtype)
-            local = sums / counts[:, None]          # absent classes: zero rows
+            local = sums / counts[:, None]  # absent classes: zero rows
         return float(loss.detach()), local
 
-    def local_update(self, global_encoder: torch.Tensor, proxies: torch.Tensor,
-                     rnd: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+    def local_update(
+        self, global_encoder: torch.Tensor, proxies: torch.Tensor, rnd: int
+    ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Algorithm 1 ``LocalUpdate``: ``(loss, encoder update w_k - w, local proxies S^(k))``."""
         vector_to_parameters(global_encoder.clone(), self.encoder.parameters())
         p, q, s = self.soft_targets(self.encoder, proxies)
@@ -298,9 +327,13 @@ class SprayClient:
         return self.gnn(self.c.x, self.c.edge_index)
 
     def state_dict(self) -> dict:
-        return {"gnn": self.gnn.state_dict(), "gnn_opt": self.gnn_opt.state_dict(),
-                "encoder_opt": self.encoder_opt.state_dict(), "proxy_opt": self.proxy_opt.state_dict(),
-                "node_proxy": self.node_proxy.detach().cpu()}
+        return {
+            "gnn": self.gnn.state_dict(),
+            "gnn_opt": self.gnn_opt.state_dict(),
+            "encoder_opt": self.encoder_opt.state_dict(),
+            "proxy_opt": self.proxy_opt.state_dict(),
+            "node_proxy": self.node_proxy.detach().cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.gnn.load_state_dict(state["gnn"])
@@ -319,14 +352,16 @@ def new_encoder(opts: FedSprayOptions, num_features: int, num_classes: int, seed
 
 def first_proxies(opts: FedSprayOptions, num_classes: int) -> torch.Tensor:
     """``S_0`` (zeros with ``ablate_proxy``)."""
-    return torch.zeros(num_classes, opts.proxy_dim) if opts.ablate_proxy else initial_proxies(num_classes,
-                                                                                              opts.proxy_dim)
+    return (
+        torch.zeros(num_classes, opts.proxy_dim) if opts.ablate_proxy else initial_proxies(num_classes, opts.proxy_dim)
+    )
 
 
 def check_options(o: FedSprayOptions) -> None:
     if o.backbone.lower() not in BACKBONES:
-        raise ConfigError(f"--backbone {o.backbone!r} is not one FedSpray supports; choose one of "
-                          f"{', '.join(BACKBONES)}")
+        raise ConfigError(
+            f"--backbone {o.backbone!r} is not one FedSpray supports; choose one of {', '.join(BACKBONES)}"
+        )
     if o.proxy_weighting not in ("ratio", "count"):
         raise ConfigError(f"--proxy-weighting must be 'ratio' or 'count', got {o.proxy_weighting!r}")
     if o.phase_epochs < 1:
@@ -336,8 +371,13 @@ def check_options(o: FedSprayOptions) -> None:
 
 
 #: the in-process checkpoint's per-client lists -> :meth:`SprayClient.state_dict` keys
-_CLIENT_STATE = {"gnns": "gnn", "gnn_opts": "gnn_opt", "encoder_opts": "encoder_opt", "proxy_opts": "proxy_opt",
-                 "node_proxy": "node_proxy"}
+_CLIENT_STATE = {
+    "gnns": "gnn",
+    "gnn_opts": "gnn_opt",
+    "encoder_opts": "encoder_opt",
+    "proxy_opts": "proxy_opt",
+    "node_proxy": "node_proxy",
+}
 
 
 class FedSprayCore(FederatedAlgorithm):
@@ -396,34 +436,57 @@ class FedSprayCore(FederatedAlgorithm):
             self.batched_round(rnd, updates, local, batch)
             return
         mean_update = self.protocol.weighted_mean(
-            f"{self.name}/encoder", rnd, updates, {k: self.parts[k].encoder_weight(N) for k in updates},
-            spec=spec, dp=dp, recipients=range(K))
-        self.global_encoder = self.global_encoder + torch.as_tensor(mean_update, dtype=torch.float32,
-                                                                    device=self.device)
+            f"{self.name}/encoder",
+            rnd,
+            updates,
+            {k: self.parts[k].encoder_weight(N) for k in updates},
+            spec=spec,
+            dp=dp,
+            recipients=range(K),
+        )
+        self.global_encoder = self.global_encoder + torch.as_tensor(
+            mean_update, dtype=torch.float32, device=self.device
+        )
         if not self.opts.ablate_proxy:
             self.align_proxies(rnd, local, dp)
 
-    def batched_round(self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor],
-                      spec: ValueSpec) -> None:
+    def batched_round(
+        self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor], spec: ValueSpec
+    ) -> None:
         """Eq. 14 and eq. 15 from one upload per client (:func:`round_spec`): the same sums as the two
         exchanges, each part's bytes attributed to its own tag in the transcript."""
         N, encoder, proxies = self.fed.graph.num_nodes, f"{self.name}/encoder", f"{self.name}/proxies"
-        parts = {proxies: {k: classwise_vector(np.asarray(local[k].detach().cpu().numpy(), dtype=np.float64),
-                                               self.parts[k].proxy_weights(N)) for k in updates},
-                 encoder: {k: mean_vector(u.detach().cpu().numpy(), self.parts[k].encoder_weight(N))
-                           for k, u in updates.items()}}
+        parts = {
+            proxies: {
+                k: classwise_vector(
+                    np.asarray(local[k].detach().cpu().numpy(), dtype=np.float64), self.parts[k].proxy_weights(N)
+                )
+                for k in updates
+            },
+            encoder: {
+                k: mean_vector(u.detach().cpu().numpy(), self.parts[k].encoder_weight(N)) for k, u in updates.items()
+            },
+        }
         totals = batched_sum(self.protocol, f"{self.name}/batch", rnd, parts, spec, recipients=range(len(self.clients)))
-        self.global_encoder = self.global_encoder + torch.as_tensor(mean_of(totals[encoder], encoder),
-                                                                    dtype=torch.float32, device=self.device)
+        self.global_encoder = self.global_encoder + torch.as_tensor(
+            mean_of(totals[encoder], encoder), dtype=torch.float32, device=self.device
+        )
         C, d = self.proxies.shape
         self.proxies = keep_absent(*classwise_result(totals[proxies], C, d, spec.tolerance), self.proxies)
 
     def align_proxies(self, rnd: int, local: dict[int, torch.Tensor], dp: DPRequest | None = None) -> torch.Tensor:
         """Eq. 15 through :meth:`Protocol.classwise_mean`; classes nobody holds keep their proxy."""
-        aligned = align_proxies(self.protocol, f"{self.name}/proxies", rnd, local,
-                                {k: self.parts[k].proxy_weights(self.fed.graph.num_nodes) for k in local},
-                                self.proxies, recipients=range(len(self.clients)), dp=dp)
-        if dp is not None:      # a noisy class-weight total near zero can blow a row up: keep S bounded
+        aligned = align_proxies(
+            self.protocol,
+            f"{self.name}/proxies",
+            rnd,
+            local,
+            {k: self.parts[k].proxy_weights(self.fed.graph.num_nodes) for k in local},
+            self.proxies,
+            recipients=range(len(self.clients)),
+            dp=dp,
+        )
+        if dp is not None:  # a noisy class-weight total near zero can blow a row up: keep S bounded
             aligned = aligned.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
         self.proxies = aligned
         return self.proxies
@@ -449,8 +512,11 @@ class FedSprayCore(FederatedAlgorithm):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         per = [p.state_dict() for p in self.parts]
-        return {**{name: [s[key] for s in per] for name, key in _CLIENT_STATE.items()},
-                "global_encoder": self.global_encoder.cpu(), "proxies": self.proxies.cpu()}
+        return {
+            **{name: [s[key] for s in per] for name, key in _CLIENT_STATE.items()},
+            "global_encoder": self.global_encoder.cpu(),
+            "proxies": self.proxies.cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k, p in enumerate(self.parts):

@@ -25,20 +25,18 @@ Evaluation: each client reports its counts, its minority counts
 (:func:`~secure_fgl.algorithms.minority.minority_report`) and its teacher's test counts (the
 global encoder with ``S`` on its test nodes), recorded as ``eval/counts`` messages.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 
-
-from ..base import accuracy_summary, model_spec
-from .ops import (PROXY_SPEC, declare_dp_exchanges, dp_request,
-                  round_spec)
-from ..minority import MinorityAccuracy
-from ..options import FedSprayOptions
-from ..fedavg.server import ModelAveragingStrategy
 from ...runtime.strategy import EVAL_TAG
 from ...runtime.sums import scoped, sum_exchange
+from ..base import accuracy_summary, model_spec
+from ..fedavg.server import ModelAveragingStrategy
+from ..minority import MinorityAccuracy
+from ..options import FedSprayOptions
+from .ops import PROXY_SPEC, declare_dp_exchanges, dp_request, round_spec
 
 
 class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
@@ -65,12 +63,14 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
         spec = model_spec(len(trained), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
         batch = round_spec(spec, self.fopts, dp, len(trained), K)
-        if batch is not None:                # one upload per client (algorithms.fedspray.round_spec)
-            length = sum_exchange(self, f"{self.name}/batch", rnd, trained, range(K), batch,
-                                  {"tolerance": batch.tolerance})
+        if batch is not None:  # one upload per client (algorithms.fedspray.round_spec)
+            length = sum_exchange(
+                self, f"{self.name}/batch", rnd, trained, range(K), batch, {"tolerance": batch.tolerance}
+            )
             proxy_len = self.facts.num_classes * (self.fopts.proxy_dim + 1)
-            self.protocol.transcript.attribute(f"{self.name}/batch", ((proxies, proxy_len),
-                                                                      (encoder, length - proxy_len)))
+            self.protocol.transcript.attribute(
+                f"{self.name}/batch", ((proxies, proxy_len), (encoder, length - proxy_len))
+            )
             return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}
         sum_exchange(self, encoder, rnd, trained, range(K), spec, dp=scoped(self, encoder, dp), dp_mean=True)
         if not self.fopts.ablate_proxy:

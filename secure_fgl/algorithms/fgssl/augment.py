@@ -10,6 +10,7 @@ FGSSL (Huang et al., IJCAI 2023, sec. 4.1, "Graph Augmentation Strategy"):
 Every draw comes from the ``torch.Generator`` passed in and depends only on the shapes, never on the
 values: a run with the same seed draws the same views in every protocol mode.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ def mask_features(x: torch.Tensor, p: float, generator: torch.Generator) -> torc
     return x * keep.to(x.dtype)
 
 
-def augment(x: torch.Tensor, edge_index: torch.Tensor, rates: AugmentRates,
-            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def augment(
+    x: torch.Tensor, edge_index: torch.Tensor, rates: AugmentRates, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One view ``(MF(x), RE(edge_index))``."""
     return mask_features(x, rates.feature_mask, generator), drop_edges(edge_index, rates.edge_drop, generator)

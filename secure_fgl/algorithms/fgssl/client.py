@@ -7,6 +7,7 @@ epochs of eq. 12 (or the released code's objective, ``--variant``) on its own su
 (:func:`~secure_fgl.algorithms.fgssl.fgssl_objective`), with the same value-independent
 augmentation draws as the in-process algorithm, so the two give the same models.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,9 +15,9 @@ import copy
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from .ops import fgssl_objective, fgssl_rates, fgssl_views
-from ..options import FGSSLOptions
 from ..fedavg.client import ModelAveragingLogic
+from ..options import FGSSLOptions
+from .ops import fgssl_objective, fgssl_rates, fgssl_views
 
 
 class FGSSLLogic(ModelAveragingLogic):
@@ -36,5 +37,13 @@ class FGSSLLogic(ModelAveragingLogic):
     def step_loss(self, rnd: int, step: int) -> torch.Tensor:
         c, (x, edge_index) = self.data, self.inputs()
         key = (self.cfg.seed, rnd, self.rt.client_id, step)
-        return fgssl_objective(self.model, self.global_model, x, edge_index, c.train_mask, c.y[c.train_mask],
-                               self.fopts, lambda: fgssl_views(x, edge_index, self.weak, self.strong, key))
+        return fgssl_objective(
+            self.model,
+            self.global_model,
+            x,
+            edge_index,
+            c.train_mask,
+            c.y[c.train_mask],
+            self.fopts,
+            lambda: fgssl_views(x, edge_index, self.weak, self.strong, key),
+        )

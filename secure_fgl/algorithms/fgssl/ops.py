@@ -50,6 +50,7 @@ epochs, Louvain partition, 60/20/20 split (``--partition louvain --split fgssl``
 draws come from generators keyed by (seed, round, client, epoch, view) and never depend on values,
 so every mode trains on the same views.
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,8 +69,9 @@ from .augment import AugmentRates, augment, view_generator
 VARIANTS = ("paper", "released-code")
 
 
-def class_contrast(anchor: torch.Tensor, sample: torch.Tensor, y: torch.Tensor, tau: float,
-                   per_positive: bool = True) -> torch.Tensor:
+def class_contrast(
+    anchor: torch.Tensor, sample: torch.Tensor, y: torch.Tensor, tau: float, per_positive: bool = True
+) -> torch.Tensor:
     """Supervised contrast of ``anchor[i]`` against ``sample[j]``; positives ``y_j == y_i``.
 
     ``per_positive=True`` is FGSSL's eq. 8: each positive ``p`` against itself plus the negatives,
@@ -99,8 +101,7 @@ def neighbour_log_similarity(z: torch.Tensor, edge_index: torch.Tensor, omega: f
     return torch.log(segment_softmax(scores, dst, num_nodes=z.size(0)).clamp_min(1e-30))
 
 
-def fgsd_loss(z_local: torch.Tensor, z_global: torch.Tensor, edge_index: torch.Tensor,
-              omega: float) -> torch.Tensor:
+def fgsd_loss(z_local: torch.Tensor, z_global: torch.Tensor, edge_index: torch.Tensor, omega: float) -> torch.Tensor:
     """Federated graph structure distillation (eq. 11): ``KL(S^g || S^m)`` per node, mean over
     nodes with at least one neighbour (0 for a graph without edges)."""
     if edge_index.size(1) == 0:
@@ -123,23 +124,35 @@ def fgssl_rates(o: FGSSLOptions, model: torch.nn.Module, model_name: str) -> tup
     if not hasattr(model, "embed_and_logits"):
         raise ConfigError(f"FGSSL needs a message-passing --model (gat, gcn, sage); got {model_name!r}")
     try:
-        return (AugmentRates(o.weak_edge_drop, o.weak_feature_mask),
-                AugmentRates(o.strong_edge_drop, o.strong_feature_mask))
+        return (
+            AugmentRates(o.weak_edge_drop, o.weak_feature_mask),
+            AugmentRates(o.strong_edge_drop, o.strong_feature_mask),
+        )
     except ValueError as e:
         raise ConfigError(f"FGSSL augmentation: {e}") from None
 
 
-def fgssl_views(x: torch.Tensor, edge_index: torch.Tensor, weak: AugmentRates, strong: AugmentRates,
-                key: tuple[int, int, int, int]):
+def fgssl_views(
+    x: torch.Tensor, edge_index: torch.Tensor, weak: AugmentRates, strong: AugmentRates, key: tuple[int, int, int, int]
+):
     """``(Aug_s(G), Aug_w(G))`` of a client for ``key = (seed, round, client, epoch)``
     (value-independent draws)."""
-    return (augment(x, edge_index, strong, view_generator(*key, 0, device=x.device)),
-            augment(x, edge_index, weak, view_generator(*key, 1, device=x.device)))
+    return (
+        augment(x, edge_index, strong, view_generator(*key, 0, device=x.device)),
+        augment(x, edge_index, weak, view_generator(*key, 1, device=x.device)),
+    )
 
 
-def fgssl_objective(model: torch.nn.Module, global_model: torch.nn.Module, x: torch.Tensor,
-                    edge_index: torch.Tensor, train: torch.Tensor, y: torch.Tensor, o: FGSSLOptions,
-                    views) -> torch.Tensor:
+def fgssl_objective(
+    model: torch.nn.Module,
+    global_model: torch.nn.Module,
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    train: torch.Tensor,
+    y: torch.Tensor,
+    o: FGSSLOptions,
+    views,
+) -> torch.Tensor:
     """Eq. 12 (``variant='paper'``) or the released code's ``CE + lambda_c * InfoNCE`` of one client;
     ``y`` the labels of its ``train`` nodes, ``views()`` its (strong, weak) views (drawn on use)."""
     loss = F.cross_entropy(model(x, edge_index)[train], y)
@@ -148,8 +161,10 @@ def fgssl_objective(model: torch.nn.Module, global_model: torch.nn.Module, x: to
     strong, weak = views()
     if o.variant == "released-code":
         h_strong, h_weak = model.embed(*strong)[train], model.embed(*weak)[train]
-        info_nce = 0.5 * (class_contrast(h_weak, h_strong, y, o.tau, per_positive=False)
-                          + class_contrast(h_strong, h_weak, y, o.tau, per_positive=False))
+        info_nce = 0.5 * (
+            class_contrast(h_weak, h_strong, y, o.tau, per_positive=False)
+            + class_contrast(h_strong, h_weak, y, o.tau, per_positive=False)
+        )
         return loss + o.lambda_c * info_nce
     h_m, z_m = model.embed_and_logits(*strong)
     with torch.no_grad():
@@ -185,8 +200,15 @@ class FGSSL(ModelAveraging):
     def fgssl_loss(self, k: int, epoch: int) -> torch.Tensor:
         """Client k's objective (:func:`fgssl_objective`)."""
         c = self.clients[k]
-        return fgssl_objective(self.models[k], self.global_model, *self.client_inputs(k), c.train_mask,
-                               c.y[c.train_mask], self.opts, lambda: self.views(k, epoch))
+        return fgssl_objective(
+            self.models[k],
+            self.global_model,
+            *self.client_inputs(k),
+            c.train_mask,
+            c.y[c.train_mask],
+            self.opts,
+            lambda: self.views(k, epoch),
+        )
 
     def local_update(self, k: int) -> float:
         """Algorithm 1 ``LocalUpdating``: freeze the received global model, then ``E`` epochs of
@@ -197,7 +219,7 @@ class FGSSL(ModelAveraging):
         loss = torch.zeros(())
         for epoch in range(self.cfg.local_epochs):
             opt.zero_grad()
-            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, epoch)):   # dropout, as FedAvg's
+            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, epoch)):  # dropout, as FedAvg's
                 loss = self.fgssl_loss(k, epoch)
             loss.backward()
             opt.step()

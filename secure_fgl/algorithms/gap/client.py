@@ -1,18 +1,19 @@
 """FedGCN-GAP's client (Sajadmanesh et al., USENIX Security 2023): its edge-free encoder, its noisy
 row sums of embeddings per hop, its MLP head; :mod:`.server` describes the three stages."""
+
 from __future__ import annotations
 
 import copy
 
 import torch
 
-from ..fedgcn.ops import partial_neighbour_sums
-from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_degree_cap, row_normalise
-from ..options import GAPOptions
 from ...dpsgd import DPSGD
 from ...models import build_model
 from ...runtime.exchange import keep_rows, rows_result
 from ..fedavg.client import ModelAveragingLogic
+from ..fedgcn.ops import partial_neighbour_sums
+from ..options import GAPOptions
+from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_degree_cap, row_normalise
 
 
 class GAPEncoderLogic(ModelAveragingLogic):
@@ -25,8 +26,9 @@ class GAPEncoderLogic(ModelAveragingLogic):
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
-        return build_model("mlp", facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers,
-                           dropout=cfg.dropout)
+        return build_model(
+            "mlp", facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
+        )
 
     def inputs(self):
         return self.data.x, self.no_edges
@@ -39,7 +41,7 @@ class GAPLogic(ModelAveragingLogic):
         self.gopts = GAPOptions(**options)
         super().__init__(runtime, options)
         self.encoder = GAPEncoderLogic(runtime, options)
-        self.encoder.pending, self.encoder.noise = self.pending, self.noise   # one protocol half, one noise source
+        self.encoder.pending, self.encoder.noise = self.pending, self.noise  # one protocol half, one noise source
         self.best_encoder: dict | None = None
         self.hops: list[torch.Tensor] = []
         self._inputs: torch.Tensor | None = None
@@ -49,8 +51,14 @@ class GAPLogic(ModelAveragingLogic):
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
         """The head: an MLP on ``[H_0, ..., H_K]``."""
-        return build_model("mlp", (GAPOptions(**options).hops + 1) * cfg.hidden, cfg.hidden, facts.num_classes,
-                           num_layers=cfg.num_layers, dropout=cfg.dropout)
+        return build_model(
+            "mlp",
+            (GAPOptions(**options).hops + 1) * cfg.hidden,
+            cfg.hidden,
+            facts.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+        )
 
     def inputs(self):
         if self._inputs is None:
@@ -66,11 +74,22 @@ class GAPLogic(ModelAveragingLogic):
         c, rnd = self.data, int(req["round"])
         if not bool(c.train_mask.any()):
             return {"trained": False, "loss": 0.0}
-        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd)
-                  for std in req["dpsgd_std"]]
+        noises = [
+            lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]
+        ]
         x, edge_index = stage.inputs()
-        loss = self.sgd.train(stage.model, stage.optimizer, x, edge_index, c.y, c.train_mask, seed=self.cfg.seed,
-                              rnd=rnd, client=self.rt.client_id, noises=noises)
+        loss = self.sgd.train(
+            stage.model,
+            stage.optimizer,
+            x,
+            edge_index,
+            c.y,
+            c.train_mask,
+            seed=self.cfg.seed,
+            rnd=rnd,
+            client=self.rt.client_id,
+            noises=noises,
+        )
         return {"trained": True, "loss": loss}
 
     def contribute(self, req: dict) -> dict:
@@ -80,7 +99,7 @@ class GAPLogic(ModelAveragingLogic):
         if not tag.startswith(HOP_TAG + "/"):
             return super().contribute(req)
         c = self.data
-        if int(req["hop"]) == 1:                 # H_0 from the best encoder
+        if int(req["hop"]) == 1:  # H_0 from the best encoder
             check_degree_cap(c, self.gopts.degree_cap, self.rt.client_id)
             if self.best_encoder is not None:
                 self.encoder.model.load_state_dict(self.best_encoder)
@@ -99,8 +118,7 @@ class GAPLogic(ModelAveragingLogic):
             return {}
         if not tag.startswith(HOP_TAG + "/"):
             return super().receive(req)
-        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]),
-                             self.cfg.hidden)
+        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]), self.cfg.hidden)
         self.hops.append(row_normalise(torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)))
         if len(self.hops) == self.gopts.hops + 1:
             self._inputs = torch.cat(self.hops, dim=1).to(torch.float32)
@@ -113,8 +131,12 @@ class GAPLogic(ModelAveragingLogic):
         return {"head": super().evaluate(req), "encoder": self.encoder.evaluate(req)}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "encoder": self.encoder.state_dict(), "best_encoder": self.best_encoder,
-                "inputs": self._inputs}
+        return {
+            **super().state_dict(),
+            "encoder": self.encoder.state_dict(),
+            "best_encoder": self.best_encoder,
+            "inputs": self._inputs,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -41,6 +41,7 @@ edge reaches a model: no GCN layer over local edges, no denoising with own edges
 *not* protect a node's features or labels (the encoder and head exchanges are exact, unless
 ``dpsgd`` is on, see :mod:`secure_fgl.dpsgd`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,8 @@ from ...config import ConfigError
 from ...dpsgd import EngineDPSGD
 from ...models import build_model
 from ..base import ModelAveraging
-from ..options import GAPOptions
 from ..fedgcn.ops import local_degrees, partial_neighbour_sums
+from ..options import GAPOptions
 
 HOP_TAG = "fedgcn-gap/hop"
 #: the encoder's FedAvg exchange
@@ -69,15 +70,22 @@ SELECT = ("val", "head")
 def release_dependencies_of(name: str) -> dict[str, set[str]]:
     """The data each release touches (:mod:`secure_fgl.privacy`): the hop sums read embeddings over
     edges; the encoder and head touch no exact edge."""
-    return {HOP_TAG: {"features", "labels", "edges"}, f"{name}/encoder": {"features", "labels"},
-            f"{name}/model": {"features", "labels"}, f"{name}/dpsgd": {"features", "labels"}}
+    return {
+        HOP_TAG: {"features", "labels", "edges"},
+        f"{name}/encoder": {"features", "labels"},
+        f"{name}/model": {"features", "labels"},
+        f"{name}/dpsgd": {"features", "labels"},
+    }
 
 
 def hop_dp_request(dp) -> DPRequest | None:
     """A hop sum's edge-level DP request (rows of unit norm: an edge changes one term by at most 1);
     None without DP (``dp``: the protocol's engine)."""
-    return None if dp is None else DPRequest(clip=float("inf"), per_row=True,
-                                             sensitivity=edge_level_sensitivity(1.0), releases=1)
+    return (
+        None
+        if dp is None
+        else DPRequest(clip=float("inf"), per_row=True, sensitivity=edge_level_sensitivity(1.0), releases=1)
+    )
 
 
 def row_normalise(h: torch.Tensor) -> torch.Tensor:
@@ -89,8 +97,12 @@ def check_degree_cap(c, cap: int, client: int) -> None:
     """The owner's check of its own nodes' degrees against the public cap (bounds the sums)."""
     deg = local_degrees(c) - 1
     if c.num_nodes and int(deg.max()) > cap:
-        raise BoundError(f"a node has degree {int(deg.max())} above --degree-cap {cap}; raise --degree-cap "
-                         "(a public bound)", tag=HOP_TAG, round=0, client=client)
+        raise BoundError(
+            f"a node has degree {int(deg.max())} above --degree-cap {cap}; raise --degree-cap (a public bound)",
+            tag=HOP_TAG,
+            round=0,
+            client=client,
+        )
 
 
 def hop_spec(opts: GAPOptions) -> ValueSpec:
@@ -115,15 +127,16 @@ class _EncoderTraining(ModelAveraging):
 
     name = "fedgcn-gap/encoder"
 
-    def __init__(self, parent: "FedGCNGAP"):
+    def __init__(self, parent: FedGCNGAP):
         self.parent = parent
         super().__init__(parent.fed, parent.protocol, parent.cfg, parent.device, parent.opts)
 
     def build_model(self) -> nn.Module:
         """The feature-only MLP of ``--algorithm fedavg --model mlp`` (same shape, seed and init)."""
         cfg, f = self.cfg, self.parent.fed
-        return build_model("mlp", f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers,
-                           dropout=cfg.dropout)
+        return build_model(
+            "mlp", f.num_features, cfg.hidden, f.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
+        )
 
     def client_inputs(self, k: int):
         return self.clients[k].x, self.parent.no_edges
@@ -141,7 +154,8 @@ class FedGCNGAP(ModelAveraging):
 
     name = "fedgcn-gap"
     Options = GAPOptions
-    #: a one-SGD-step round lets the secure model mean carry DP-SGD's noise (:func:`~secure_fgl.dpsgd.noise_contributors`)
+    #: a one-SGD-step round lets the secure model mean carry DP-SGD's noise
+    #: (:func:`~secure_fgl.dpsgd.noise_contributors`)
     dpsgd_secure_mean = True
 
     def __init__(self, fed, protocol, cfg, device, options=None):
@@ -161,10 +175,12 @@ class FedGCNGAP(ModelAveraging):
             if dp is None:
                 raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
             epochs, enc_rounds = cfg.local_epochs, opts.encoder_rounds or cfg.rounds
-            self.dpsgd = {stage: EngineDPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds, epochs)
-                          for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))}
+            self.dpsgd = {
+                stage: EngineDPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds, epochs)
+                for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))
+            }
         if dp is not None and dp.config.split is None:
-            dp.declare(*self.hop_tags(), *(s.tag for s in self.dpsgd.values()))   # even split
+            dp.declare(*self.hop_tags(), *(s.tag for s in self.dpsgd.values()))  # even split
 
     def hop_tags(self) -> list[str]:
         return [f"{HOP_TAG}/{h}" for h in range(1, self.opts.hops + 1)]
@@ -182,12 +198,19 @@ class FedGCNGAP(ModelAveraging):
 
     def build_model(self) -> nn.Module:
         cfg = self.cfg
-        return build_model("mlp", (self.opts.hops + 1) * cfg.hidden, cfg.hidden, self.fed.num_classes,
-                           num_layers=cfg.num_layers, dropout=cfg.dropout)
+        return build_model(
+            "mlp",
+            (self.opts.hops + 1) * cfg.hidden,
+            cfg.hidden,
+            self.fed.num_classes,
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+        )
 
     def model_dp_request(self, tag: str) -> DPRequest | None:
         """Edge-level: the model exchanges touch no edge, so they carry no noise."""
         from ...privacy import resolve_unit
+
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
         return super().model_dp_request(tag)
@@ -210,13 +233,24 @@ class FedGCNGAP(ModelAveraging):
         spec = hop_spec(self.opts)
         hops, prev = [h0], h0
         for h, tag in enumerate(self.hop_tags(), start=1):
-            contributions = {k: tuple(t.cpu() for t in partial_neighbour_sums(c, prev[k]))
-                             for k, c in enumerate(self.clients)}
+            contributions = {
+                k: tuple(t.cpu() for t in partial_neighbour_sums(c, prev[k])) for k, c in enumerate(self.clients)
+            }
             requests = {k: c.global_ids.cpu() for k, c in enumerate(self.clients)}
-            received = self.protocol.row_sum(tag, 0, contributions, requests, num_rows=self.fed.graph.num_nodes,
-                                             layout=self.opts.layout, spec=spec, dp=self.hop_request(h))
-            prev = [row_normalise(torch.as_tensor(received[k], dtype=torch.float64, device=self.device))
-                    for k in range(len(self.clients))]
+            received = self.protocol.row_sum(
+                tag,
+                0,
+                contributions,
+                requests,
+                num_rows=self.fed.graph.num_nodes,
+                layout=self.opts.layout,
+                spec=spec,
+                dp=self.hop_request(h),
+            )
+            prev = [
+                row_normalise(torch.as_tensor(received[k], dtype=torch.float64, device=self.device))
+                for k in range(len(self.clients))
+            ]
             hops.append(prev)
         return [torch.cat([hop[k] for hop in hops], dim=1).to(torch.float32) for k in range(len(self.clients))]
 
@@ -256,13 +290,20 @@ class FedGCNGAP(ModelAveraging):
     def final_metrics(self) -> dict:
         """Also the test accuracy of the encoder's own classifier: the feature-only MLP reference."""
         enc = self.encoder.evaluate()
-        return {"hops": self.opts.hops, "uses_head": self.uses_head,
-                "encoder_test_acc": enc["test_acc"], "encoder_val_acc": enc["val_acc"]}
+        return {
+            "hops": self.opts.hops,
+            "uses_head": self.uses_head,
+            "encoder_test_acc": enc["test_acc"],
+            "encoder_val_acc": enc["val_acc"],
+        }
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["gap"] = {"encoder": self.encoder.state_dict(), "encoder_val_acc": self.encoder_val_acc,
-                        "inputs": [z.cpu() for z in self._inputs] if self._inputs is not None else None}
+        state["gap"] = {
+            "encoder": self.encoder.state_dict(),
+            "encoder_val_acc": self.encoder_val_acc,
+            "inputs": [z.cpu() for z in self._inputs] if self._inputs is not None else None,
+        }
         return state
 
     def load_state_dict(self, state: dict) -> None:

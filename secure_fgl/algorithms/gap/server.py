@@ -23,19 +23,17 @@ the client clips every per-node gradient of its own training nodes (Opacus) and 
 its own OS-keyed keystream (:class:`~.dp.ClientNoise`), as inline draws it from the run's engine.
 A step is counted before any client trains (conservative: it counts even if the client is lost).
 """
+
 from __future__ import annotations
 
-
-
-from ..base import accuracy_summary
-from .ops import (BEST_TAG, ENCODER_TAG, HOP_TAG, check_gap_options, hop_dp_request, hop_spec,
-                  release_dependencies_of)
-from ..options import GAPOptions
 from ...config import ConfigError
 from ...dpsgd import noise_contributors, stage_request
 from ...runtime.exchange import run_row_sum
-from ..fedavg.server import ModelAveragingStrategy
 from ...runtime.strategy import EVAL_TAG
+from ..base import accuracy_summary
+from ..fedavg.server import ModelAveragingStrategy
+from ..options import GAPOptions
+from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_gap_options, hop_dp_request, hop_spec, release_dependencies_of
 
 
 class GAPStrategy(ModelAveragingStrategy):
@@ -59,18 +57,22 @@ class GAPStrategy(ModelAveragingStrategy):
             raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
         super().__init__(executor, protocol, cfg, facts, options)
         if not self.split:
-            raise ConfigError(f"fedgcn-gap with --executor {cfg.executor} runs its hop sums in the clients' protocol "
-                              f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline")
+            raise ConfigError(
+                f"fedgcn-gap with --executor {cfg.executor} runs its hop sums in the clients' protocol "
+                f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline"
+            )
         self.encoder_val_acc, self.uses_head = 0.0, True
         self.hop_tags = [f"{HOP_TAG}/{h}" for h in range(1, self.gopts.hops + 1)]
         #: ``--dpsgd``: model tag of a training stage -> (its DP tag, its request), as inline names them
         self.dpsgd = {}
         if self.gopts.dpsgd:
             epochs, enc_rounds = cfg.local_epochs, self.gopts.encoder_rounds or cfg.rounds
-            self.dpsgd = {ENCODER_TAG: (f"{self.name}/encoder/dpsgd", stage_request(cfg.dp_clip, enc_rounds, epochs)),
-                          f"{self.name}/model": (f"{self.name}/dpsgd", stage_request(cfg.dp_clip, cfg.rounds, epochs))}
+            self.dpsgd = {
+                ENCODER_TAG: (f"{self.name}/encoder/dpsgd", stage_request(cfg.dp_clip, enc_rounds, epochs)),
+                f"{self.name}/model": (f"{self.name}/dpsgd", stage_request(cfg.dp_clip, cfg.rounds, epochs)),
+            }
         if protocol.dp is not None and protocol.dp.config.split is None:
-            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))   # even split (as inline)
+            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # even split (as inline)
 
     def release_units(self) -> dict[str, str]:
         """DP-SGD steps protect a training node (a sample), as inline."""
@@ -84,14 +86,19 @@ class GAPStrategy(ModelAveragingStrategy):
             return ask
         dp_tag, request = stage
         epochs, dp = self.cfg.local_epochs, self.protocol.dp
-        n = noise_contributors(self.cfg, dp.config.placement, self.facts.num_trainers,
-                               self.model_dp_request(tag or f"{self.name}/model") is not None)
+        n = noise_contributors(
+            self.cfg,
+            dp.config.placement,
+            self.facts.num_trainers,
+            self.model_dp_request(tag or f"{self.name}/model") is not None,
+        )
         std = [dp.local_release(dp_tag, rnd * epochs + s, request, contributors=n) for s in range(epochs)]
         return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
 
     def model_dp_request(self, tag: str):
         """Edge-level: the model exchanges touch no edge, so they carry no noise (as inline)."""
         from ...privacy import resolve_unit
+
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
         return super().model_dp_request(tag)
@@ -110,10 +117,17 @@ class GAPStrategy(ModelAveragingStrategy):
         K, N, dim, o = self.num_clients, self.facts.num_nodes, self.cfg.hidden, self.gopts
         for h, tag in enumerate(self.hop_tags, start=1):
             dp = self.hop_request(h) if self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag) else None
-            spec = self.protocol.release_spec(hop_spec(o), dp)             # as inline's row_sum, per hop
+            spec = self.protocol.release_spec(hop_spec(o), dp)  # as inline's row_sum, per hop
             rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)
-            ask = {"tag": tag, "round": 0, "hop": h, "rpb": rpb, "num_blocks": -(-N // rpb), "layout": o.layout,
-                   "dp_clip": float(dp.clip) if dp else None}
+            ask = {
+                "tag": tag,
+                "round": 0,
+                "hop": h,
+                "rpb": rpb,
+                "num_blocks": -(-N // rpb),
+                "layout": o.layout,
+                "dp_clip": float(dp.clip) if dp else None,
+            }
             sent = self.ask("contribute", {k: ask for k in range(K)})
             self.check_lost(range(K), f"the hop exchange {tag}")
             run_row_sum(self, tag, 0, sent, N, dim, o.layout, spec, rpb, dp)
@@ -133,8 +147,13 @@ class GAPStrategy(ModelAveragingStrategy):
 
     def final_metrics(self) -> dict:
         enc = self._encoder_summary()
-        return {**super().final_metrics(), "hops": self.gopts.hops, "uses_head": self.uses_head,
-                "encoder_test_acc": enc["test_acc"], "encoder_val_acc": enc["val_acc"]}
+        return {
+            **super().final_metrics(),
+            "hops": self.gopts.hops,
+            "uses_head": self.uses_head,
+            "encoder_test_acc": enc["test_acc"],
+            "encoder_val_acc": enc["val_acc"],
+        }
 
     def server_state(self) -> dict:
         return {"encoder_val_acc": self.encoder_val_acc, "uses_head": self.uses_head}

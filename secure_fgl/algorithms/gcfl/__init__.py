@@ -6,6 +6,7 @@ is small and one is large; GCFL+ compares sequences of gradient norms by DTW ins
 * :mod:`.client`: :class:`~.client.GCFLLogic`; :mod:`.server`: :class:`~.server.GCFLStrategy`,
   :class:`~.server.GCFLPlusStrategy`.
 """
+
 from __future__ import annotations
 
 from protocols.registry import graph_level_modes, pairwise_modes
@@ -15,25 +16,40 @@ from ..options import GCFLOptions, GCFLPlusOptions
 from ..spec import AlgorithmSpec
 
 SPECS = [
-    AlgorithmSpec("gcfl", "graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
-                  "similarity of their updates) when the cluster's mean update is small and one is large; "
-                  "shared GIN layers averaged per cluster", GCFL_PAPER,
-                  "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
-                  "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
-                  "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
-                  "gcfl/similarity: pairwise "
-                  "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
-                  options=GCFLOptions, logic=f"{__name__}.client:GCFLLogic", strategy=f"{__name__}.server:GCFLStrategy",
-                  modes=pairwise_modes(), task="graph", inline=f"{__name__}.ops:GCFL",
-                  mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
-                            "ckks (or plain)"),
-    AlgorithmSpec("gcflplus", "graph classification: GCFL whose split compares sequences of gradient norms by DTW "
-                  "(no inner products of updates)", GCFL_PAPER,
-                  "gcflplus/model: weighted mean of shared-layer updates per cluster, every round "
-                  "(--mean-norm unweighted: also gcflplus/criterion_mean); "
-                  "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
-                  "clear (one report: gcflplus/norms), every round",
-                  options=GCFLPlusOptions, logic=f"{__name__}.client:GCFLLogic",
-                  strategy=f"{__name__}.server:GCFLPlusStrategy", modes=graph_level_modes(), task="graph",
-                  inline=f"{__name__}.ops:GCFLPlus"),
+    AlgorithmSpec(
+        "gcfl",
+        "graph classification: clients are split into clusters (Stoer-Wagner on the cosine "
+        "similarity of their updates) when the cluster's mean update is small and one is large; "
+        "shared GIN layers averaged per cluster",
+        GCFL_PAPER,
+        "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
+        "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
+        "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
+        "gcfl/similarity: pairwise "
+        "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
+        options=GCFLOptions,
+        logic=f"{__name__}.client:GCFLLogic",
+        strategy=f"{__name__}.server:GCFLStrategy",
+        modes=pairwise_modes(),
+        task="graph",
+        inline=f"{__name__}.ops:GCFL",
+        mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
+        "ckks (or plain)",
+    ),
+    AlgorithmSpec(
+        "gcflplus",
+        "graph classification: GCFL whose split compares sequences of gradient norms by DTW "
+        "(no inner products of updates)",
+        GCFL_PAPER,
+        "gcflplus/model: weighted mean of shared-layer updates per cluster, every round "
+        "(--mean-norm unweighted: also gcflplus/criterion_mean); "
+        "gcflplus/grad_norms, gcflplus/mean_norm and gcflplus/update_norms: norms reported in "
+        "clear (one report: gcflplus/norms), every round",
+        options=GCFLPlusOptions,
+        logic=f"{__name__}.client:GCFLLogic",
+        strategy=f"{__name__}.server:GCFLPlusStrategy",
+        modes=graph_level_modes(),
+        task="graph",
+        inline=f"{__name__}.ops:GCFLPlus",
+    ),
 ]

@@ -1,9 +1,9 @@
 """GCFL's and GCFL+'s client (Xie et al., NeurIPS 2021): the baselines' GIN client, plus the norms
 it reports and its part of the pairwise similarity; :mod:`.server` describes the clustering."""
+
 from __future__ import annotations
 
 import numpy as np
-
 
 from ..graph_level.client import GraphLogic
 
@@ -15,7 +15,7 @@ class GCFLLogic(GraphLogic):
     def scalar(self, tag: str) -> float | None:
         """The value this client reports for ``tag`` (None: not a report tag)."""
         name = self.cfg.algorithm
-        if tag == f"{name}/mean_norm":           # eq. 4's mean: the FedAvg mean, or the unweighted one
+        if tag == f"{name}/mean_norm":  # eq. 4's mean: the FedAvg mean, or the unweighted one
             return float(np.linalg.norm(self.mean if self.criterion_mean is None else self.criterion_mean))
         if tag == f"{name}/update_norms":
             return float(self.learner.update().norm())
@@ -40,15 +40,15 @@ class GCFLLogic(GraphLogic):
 
     def contribute(self, req: dict) -> dict:
         tag, name = req["tag"], self.cfg.algorithm
-        if tag == f"{name}/norms":               # one report of every norm of the round (algorithms.gcfl)
+        if tag == f"{name}/norms":  # one report of every norm of the round (algorithms.gcfl)
             values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
-            if req.get("split"):                 # the half sends it, signed (protocols/report.py)
+            if req.get("split"):  # the half sends it, signed (protocols/report.py)
                 self.keep(tag, values, clear=True)
                 return {}
             return {"value": values.tolist()}
         if tag == f"{name}/similarity":
             update = self.learner.update().cpu().numpy()
-            if req.get("split"):                 # the half sends it (protocols/pairwise_exchange.py)
+            if req.get("split"):  # the half sends it (protocols/pairwise_exchange.py)
                 self.keep(tag, update.astype(np.float64))
                 return {"length": update.size}
             return {"update": update}

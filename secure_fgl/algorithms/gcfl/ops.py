@@ -35,6 +35,7 @@ code's number: the model of a cluster is cached (with its members' test accuraci
 previous round) before every split and at the end, and each client takes its *maximum* over
 the cached entries it belongs to -- a selection on test data, reported only for comparison.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -118,8 +119,11 @@ class GCFLServer:
         """One round of clustered FedAvg over the clients in ``updated`` (module docstring)."""
         clusters = [m for m in ([k for k in members if k in updated] for members in self.clusters) if m]
         means = [self.exchange_mean(rnd, members) for members in clusters]
-        eq4_means = means if self.opts.mean_norm == "weighted" else \
-            [self.exchange_unweighted_mean(rnd, members) for members in clusters]
+        eq4_means = (
+            means
+            if self.opts.mean_norm == "weighted"
+            else [self.exchange_unweighted_mean(rnd, members) for members in clusters]
+        )
         norms = self.round_norms(rnd, clusters, eq4_means) if clusters else {}
         self.note_norms(norms)
         new_clusters = []
@@ -130,16 +134,26 @@ class GCFLServer:
             delta_max = max(norms["update_norms"][k] for k in members)
             criteria.append([float(delta_mean), float(delta_max)])
             halves = None
-            if should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2) \
-                    and self.ready_to_split():
+            if (
+                should_split(delta_mean, delta_max, len(members), rnd, self.opts.eps1, self.opts.eps2)
+                and self.ready_to_split()
+            ):
                 sim = self.similarity(rnd, members)
                 # a cluster below the minimum would have its mean, beside the whole one's, reveal its inputs
                 halves = bipartition(sim, members, min_side=self.min_cluster_size())
             if halves is not None:
                 self.cache_cluster(members)
-                self.splits.append({"round": rnd, "cluster": members, "into": [list(h) for h in halves],
-                                    "delta_mean": delta_mean, "delta_max": delta_max, "cut_margin": cut_margin(sim),
-                                    "similarity": sim[np.triu_indices(len(members), 1)].tolist()})
+                self.splits.append(
+                    {
+                        "round": rnd,
+                        "cluster": members,
+                        "into": [list(h) for h in halves],
+                        "delta_mean": delta_mean,
+                        "delta_max": delta_max,
+                        "cut_margin": cut_margin(sim),
+                        "similarity": sim[np.triu_indices(len(members), 1)].tolist(),
+                    }
+                )
                 self.after_split()
                 for half in halves:
                     self.apply_mean(half, self.exchange_mean(rnd, half))
@@ -151,8 +165,7 @@ class GCFLServer:
 
     # ------------------------------------------------------------------ reporting
     def cache_cluster(self, members: list[int]) -> None:
-        accs = [self.last_eval[k]["test_acc"] for k in members] if self.last_eval is not None \
-            else [0.0] * len(members)
+        accs = [self.last_eval[k]["test_acc"] for k in members] if self.last_eval is not None else [0.0] * len(members)
         self.cache.append((list(members), accs))
 
     def best_cached(self, num_clients: int) -> dict:
@@ -163,10 +176,13 @@ class GCFLServer:
         for members, accs in entries:
             for k, a in zip(members, accs):
                 best[k] = max(best[k], a)
-        return {"test_acc_best_cached": float(best.mean()),
-                "test_acc_best_cached_note": "reference-code metric: per client, max test accuracy over "
-                                             "cached cluster models (selected on test data)",
-                "per_client_test_acc_best_cached": best.tolist(), "splits": self.splits}
+        return {
+            "test_acc_best_cached": float(best.mean()),
+            "test_acc_best_cached_note": "reference-code metric: per client, max test accuracy over "
+            "cached cluster models (selected on test data)",
+            "per_client_test_acc_best_cached": best.tolist(),
+            "splits": self.splits,
+        }
 
     def cluster_state(self) -> dict:
         return {"clusters": self.clusters, "cache": self.cache, "splits": self.splits, "last_eval": self.last_eval}
@@ -193,7 +209,7 @@ class GCFLPlusServer(GCFLServer):
         return all(len(s) >= self.opts.seq_length for s in self.sequences)
 
     def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
-        seqs = [self.sequences[k][-self.opts.seq_length:] for k in members]
+        seqs = [self.sequences[k][-self.opts.seq_length :] for k in members]
         return dtw_similarity(dtw_distances(seqs, self.opts.standardize))
 
     def after_split(self) -> None:
@@ -221,8 +237,10 @@ class GCFL(GCFLServer, GraphFederated):
 
     @classmethod
     def mode_refusal(cls, mode: str) -> str:
-        return (f"{cls.name} needs inner products of client updates, which --mode {mode} cannot compute: "
-                f"use --mode ckks (or plain)")
+        return (
+            f"{cls.name} needs inner products of client updates, which --mode {mode} cannot compute: "
+            f"use --mode ckks (or plain)"
+        )
 
     def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
         self._updates = updates
@@ -240,18 +258,26 @@ class GCFL(GCFLServer, GraphFederated):
 
     def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
         """What each client reports: its update's norm and the norm of eq. 4's mean of its cluster."""
-        return {"update_norms": {k: float(self._updates[k].norm()) for c in clusters for k in c},
-                "mean_norm": {k: float(np.linalg.norm(mean)) for c, mean in zip(clusters, means) for k in c}}
+        return {
+            "update_norms": {k: float(self._updates[k].norm()) for c in clusters for k in c},
+            "mean_norm": {k: float(np.linalg.norm(mean)) for c, mean in zip(clusters, means) for k in c},
+        }
 
     def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
         values = self.norm_values(clusters, means)
-        got = batched_report(self.protocol, f"{self.name}/norms", rnd,
-                             {f"{self.name}/{p}": values[p] for p in self.norm_parts})
+        got = batched_report(
+            self.protocol, f"{self.name}/norms", rnd, {f"{self.name}/{p}": values[p] for p in self.norm_parts}
+        )
         return {p: got[f"{self.name}/{p}"] for p in self.norm_parts}
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
-        return pairwise_cosine(self.protocol, f"{self.name}/similarity", rnd,
-                               {k: self._updates[k] for k in members}, decider=self.opts.decider)
+        return pairwise_cosine(
+            self.protocol,
+            f"{self.name}/similarity",
+            rnd,
+            {k: self._updates[k] for k in members},
+            decider=self.opts.decider,
+        )
 
     # ------------------------------------------------------------------ reporting
     def final_metrics(self) -> dict:
@@ -274,5 +300,7 @@ class GCFLPlus(GCFLPlusServer, GCFL):
     supported_modes = ("plain", "ckks", "mask")
 
     def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
-        return {**super().norm_values(clusters, means),
-                "grad_norms": {k: float(self.learners[k].grad_norm) for c in clusters for k in c}}
+        return {
+            **super().norm_values(clusters, means),
+            "grad_norms": {k: float(self.learners[k].grad_norm) for c in clusters for k in c},
+        }

@@ -23,6 +23,7 @@ the executor, so the server sees only what the clients send:
 With a protocol whose halves are not in the runtimes (built without the executor as its link),
 the clients' values reach the driver as frames and the driver plays them in the same exchanges.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,11 +33,11 @@ from protocols.pairwise import pairwise_cosine
 from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
 
-from .ops import GCFLPlusServer, GCFLServer
-from ..graph_level.ops import last_round_metrics
-from ..options import GCFLOptions, GCFLPlusOptions
-from ..graph_level.server import GraphStrategy
 from ...runtime.strategy import Strategy
+from ..graph_level.ops import last_round_metrics
+from ..graph_level.server import GraphStrategy
+from ..options import GCFLOptions, GCFLPlusOptions
+from .ops import GCFLPlusServer, GCFLServer
 
 
 class GCFLStrategy(GraphStrategy, GCFLServer):
@@ -67,27 +68,33 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
             reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
             values = report_parts(self.protocol, tag, names, reports)
         else:
-            values = batched_report(self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()}
-                                                              for i, n in enumerate(names)})
+            values = batched_report(
+                self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()} for i, n in enumerate(names)}
+            )
         return {p: values[n] for p, n in zip(parts, names)}
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
         tag = f"{self.name}/similarity"
-        if self.split:                     # the members' and the decider's halves (protocols/pairwise_exchange.py)
+        if self.split:  # the members' and the decider's halves (protocols/pairwise_exchange.py)
             sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in members})
             self.check_lost(members + [int(self.opts.decider)], tag)
-            return pairwise_over_halves(self.protocol, tag, rnd, members, int(self.opts.decider),
-                                        int(sent[members[0]]["length"]))
+            return pairwise_over_halves(
+                self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
+            )
         got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
-        self.check_lost(members, tag)                 # frames to the driver, which plays the members
-        return pairwise_cosine(self.protocol, tag, rnd, {k: got[k]["update"] for k in members},
-                               decider=int(self.opts.decider))
+        self.check_lost(members, tag)  # frames to the driver, which plays the members
+        return pairwise_cosine(
+            self.protocol, tag, rnd, {k: got[k]["update"] for k in members}, decider=int(self.opts.decider)
+        )
 
     # ------------------------------------------------------------------ reporting, checkpoints
     def final_metrics(self) -> dict:
         last = self.evaluate()["per_client"]
-        return {**Strategy.final_metrics(self), **last_round_metrics(last, self.clusters),
-                **self.best_cached(self.num_clients)}
+        return {
+            **Strategy.final_metrics(self),
+            **last_round_metrics(last, self.clusters),
+            **self.best_cached(self.num_clients),
+        }
 
     def server_state(self) -> dict:
         return self.cluster_state()

@@ -1,15 +1,15 @@
 """The graph-classification baselines' client (GCFL's self-train, FedAvg and FedProx): its GIN on
 its own graphs; the shared GIN layers go to the exchange, the rest stays local."""
+
 from __future__ import annotations
 
 import numpy as np
 
-
-from .ops import (GCFLGIN, GraphLearner, initial_shared)
-from ..grid_mean import grid_contribution, grid_mean_of_sum
 from ...dpsgd import DPSGD
 from ...runtime.exchange import dense_result
 from ...runtime.logic import ClientLogic
+from ..grid_mean import grid_contribution, grid_mean_of_sum
+from .ops import GCFLGIN, GraphLearner, initial_shared
 
 
 class GraphLogic(ClientLogic):
@@ -18,8 +18,9 @@ class GraphLogic(ClientLogic):
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
         self.prox_mu = float(options.get("mu", 0.0)) if self.cfg.algorithm == "gc-fedprox" else 0.0
-        self.learner = GraphLearner(self.data, self.cfg, runtime.device, int(options["batch_size"]),
-                                    initial_shared(self.cfg))
+        self.learner = GraphLearner(
+            self.data, self.cfg, runtime.device, int(options["batch_size"]), initial_shared(self.cfg)
+        )
         #: the last cluster mean received, applied when the server says so
         self.mean: np.ndarray | None = None
         #: ``--dpsgd``: per-graph clipping to ``--dp-clip``, noise from this client's own keystream
@@ -36,7 +37,9 @@ class GraphLogic(ClientLogic):
             return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu)}
         if self.sgd is None:
             raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
-        noises = [lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]]
+        noises = [
+            lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]
+        ]
         return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
 
     def weight(self, tag: str) -> float | None:
@@ -49,8 +52,9 @@ class GraphLogic(ClientLogic):
         weight = self.weight(tag)
         if weight is None:
             return super().contribute(req)
-        contribution = grid_contribution(self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd,
-                                         client=self.rt.client_id)
+        contribution = grid_contribution(
+            self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd, client=self.rt.client_id
+        )
         if req.get("split"):
             self.keep(tag, contribution)
             return {"length": contribution.size}
@@ -71,8 +75,9 @@ class GraphLogic(ClientLogic):
 
     def received_mean(self, req: dict) -> np.ndarray:
         """The mean of this client's decoded grid sum (or of the sum the driver sent)."""
-        return grid_mean_of_sum(req["total"] if "total" in req else
-                                dense_result(self.rt.half.result(), int(req["length"])))
+        return grid_mean_of_sum(
+            req["total"] if "total" in req else dense_result(self.rt.half.result(), int(req["length"]))
+        )
 
     def evaluate(self, req: dict) -> dict:
         return self.learner.counts()

@@ -19,6 +19,7 @@ Evaluation: each client's accuracy on its own validation and test graphs with it
 model (the one of its cluster, with its local layers); the training accuracy is the
 running accuracy of the last local epoch (as the reference's ``train_gc``).
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -38,8 +39,17 @@ from ..base import FederatedAlgorithm
 from ..grid_mean import grid_weighted_mean
 from ..options import GraphOptions, GraphProxOptions
 
-__all__ = ["GraphOptions", "GraphProxOptions", "GraphLearner", "GraphFederated", "graph_summary", "initial_shared",
-           "GraphSelfTrain", "GraphFedAvg", "GraphFedProx"]
+__all__ = [
+    "GraphOptions",
+    "GraphProxOptions",
+    "GraphLearner",
+    "GraphFederated",
+    "graph_summary",
+    "initial_shared",
+    "GraphSelfTrain",
+    "GraphFedAvg",
+    "GraphFedProx",
+]
 
 
 def initial_shared(cfg) -> torch.Tensor:
@@ -63,8 +73,9 @@ class GraphLearner:
         self.client, self.cfg, self.device, self.batch_size = client, cfg, device, batch_size
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(np.random.SeedSequence([cfg.seed, client.client_id, 19]).generate_state(1)[0]))
-            self.model = GCFLGIN(client.num_features, cfg.hidden, client.num_classes, cfg.num_layers,
-                                 cfg.dropout).to(device)
+            self.model = GCFLGIN(client.num_features, cfg.hidden, client.num_classes, cfg.num_layers, cfg.dropout).to(
+                device
+            )
         vector_to_parameters(shared.clone().to(device), self.model.shared_parameters())
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.anchor = shared.clone().to(device)
@@ -73,8 +84,9 @@ class GraphLearner:
         #: norm of the shared layers' gradient at the last local step (reference ``convGradsNorm``)
         self.grad_norm = 0.0
         #: validation and test graphs collated once (evaluated every round, always in the same order)
-        self.eval_batches = {s: [b.to(device) for b in DataLoader(getattr(client, s), batch_size=batch_size)]
-                             for s in ("val", "test")}
+        self.eval_batches = {
+            s: [b.to(device) for b in DataLoader(getattr(client, s), batch_size=batch_size)] for s in ("val", "test")
+        }
 
     def shared_vector(self) -> torch.Tensor:
         return parameters_to_vector(self.model.shared_parameters()).detach()
@@ -105,8 +117,9 @@ class GraphLearner:
                         grads, loss = dpsgd.clipped_sum_graphs(model, batch)
                         dpsgd.apply_noisy(model, grads, noises[epoch], batch.num_graphs)
                         if prox_mu > 0:
-                            for p, w in zip(shared, (parameters_to_vector(shared) - self.anchor).split(
-                                    [p.numel() for p in shared])):
+                            for p, w in zip(
+                                shared, (parameters_to_vector(shared) - self.anchor).split([p.numel() for p in shared])
+                            ):
                                 p.grad = p.grad + prox_mu * w.view_as(p).detach()
                     else:
                         out = model(batch.x, batch.edge_index, batch.batch)
@@ -142,8 +155,13 @@ class GraphLearner:
         return {"train": list(self.train_counts), **{s: list(self.accuracy(s)) for s in ("val", "test")}}
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "anchor": self.anchor.cpu(), "train_counts": list(self.train_counts), "grad_norm": self.grad_norm}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "anchor": self.anchor.cpu(),
+            "train_counts": list(self.train_counts),
+            "grad_norm": self.grad_norm,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -160,8 +178,10 @@ def dpsgd_tag(algorithm: str) -> str:
 def check_graph_dp(name: str, cfg, dpsgd: bool) -> None:
     """A graph-classification run privatises its training by per-graph DP-SGD or not at all."""
     if cfg.dp_epsilon is not None and not dpsgd:
-        raise ConfigError(f"{name}'s exchanges have no DP mechanism of their own: add --dpsgd (per-graph DP-SGD, "
-                          "a training graph as the record) or drop --dp-epsilon")
+        raise ConfigError(
+            f"{name}'s exchanges have no DP mechanism of their own: add --dpsgd (per-graph DP-SGD, "
+            "a training graph as the record) or drop --dp-epsilon"
+        )
     if dpsgd and cfg.dp_epsilon is None:
         raise ConfigError(f"{name} --dpsgd needs --dp-epsilon (the run's total budget)")
 
@@ -179,8 +199,12 @@ def graph_summary(rows: list[dict]) -> dict:
     per_client, sums = [], {s: [0, 0] for s in ("val", "test")}
     for r in rows:
         correct, seen = r["train"]
-        row = {"client": r["client"], "dataset": r["dataset"], "train_acc": correct / max(seen, 1),
-               "num_train": r["num_train"]}
+        row = {
+            "client": r["client"],
+            "dataset": r["dataset"],
+            "train_acc": correct / max(seen, 1),
+            "num_train": r["num_train"],
+        }
         for split in sums:
             correct, total = r[split]
             sums[split][0] += correct
@@ -189,8 +213,9 @@ def graph_summary(rows: list[dict]) -> dict:
             row[f"num_{split}"] = total
         per_client.append(row)
     out = {f"{s}_acc": v[0] / v[1] if v[1] else 0.0 for s, v in sums.items()}
-    out["train_acc"] = float(np.average([r["train_acc"] for r in per_client],
-                                        weights=[r["num_train"] for r in per_client]))
+    out["train_acc"] = float(
+        np.average([r["train_acc"] for r in per_client], weights=[r["num_train"] for r in per_client])
+    )
     for split in sums:
         out[f"{split}_acc_client_mean"] = float(np.mean([r[f"{split}_acc"] for r in per_client]))
     out["per_client"] = per_client
@@ -214,11 +239,14 @@ class GraphFederated(FederatedAlgorithm):
         self.opts = options if options is not None else self.Options()
         check_graph_dp(self.name, cfg, self.opts.dpsgd)
         #: ``--dpsgd``: per-graph DP-SGD, counted and noised by the run's DP engine
-        self.dpsgd = EngineDPSGD(protocol.dp, dpsgd_tag(self.name), cfg.dp_clip, cfg.rounds, cfg.local_epochs) \
-            if self.opts.dpsgd else None
+        self.dpsgd = (
+            EngineDPSGD(protocol.dp, dpsgd_tag(self.name), cfg.dp_clip, cfg.rounds, cfg.local_epochs)
+            if self.opts.dpsgd
+            else None
+        )
         if self.dpsgd is not None and protocol.dp.config.split is None:
             protocol.dp.declare(self.dpsgd.tag)
-        self.prox_mu = float(getattr(self.opts, "mu", 0.0))     # FedProx options carry mu
+        self.prox_mu = float(getattr(self.opts, "mu", 0.0))  # FedProx options carry mu
         self.clients = fed.clients
         shared = initial_shared(cfg)
         self.learners = [GraphLearner(c, cfg, device, self.opts.batch_size, shared) for c in self.clients]
@@ -259,13 +287,15 @@ class GraphFederated(FederatedAlgorithm):
         sgd, epochs = self.dpsgd, self.cfg.local_epochs
         if sgd is None:
             return self.learners[k].local_update(rnd, self.prox_mu)
-        noises = [lambda size, step=rnd * epochs + e: sgd.engine.local_noise(sgd.tag, step, size, sgd.request)
-                  for e in range(epochs)]
+        noises = [
+            lambda size, step=rnd * epochs + e: sgd.engine.local_noise(sgd.tag, step, size, sgd.request)
+            for e in range(epochs)
+        ]
         return self.learners[k].local_update(rnd, self.prox_mu, sgd, noises)
 
     def train_round(self, rnd: int) -> dict:
         sampled = self.sample_clients(rnd)
-        self.round_info: dict = {}      # what the cluster round records (GCFL: eq. 4-5 per cluster)
+        self.round_info: dict = {}  # what the cluster round records (GCFL: eq. 4-5 per cluster)
         losses = [self.local_update(rnd, k) for k in sampled]
         if self.aggregate_models:
             updates = {k: self.learners[k].update() for k in sampled}
@@ -279,8 +309,9 @@ class GraphFederated(FederatedAlgorithm):
             if members:
                 self.apply_mean(members, self.cluster_mean(rnd, members, updates))
 
-    def cluster_mean(self, rnd: int, members: list[int], updates: dict[int, torch.Tensor],
-                     unweighted: bool = False) -> np.ndarray:
+    def cluster_mean(
+        self, rnd: int, members: list[int], updates: dict[int, torch.Tensor], unweighted: bool = False
+    ) -> np.ndarray:
         """``sum_i n_i dW_i / sum_i n_i`` over ``members``, through the protocol on the grid of
         :mod:`~secure_fgl.algorithms.grid_mean` (the same value in every mode, so GCFL's
         decisions do not depend on the mode); only the members receive it.  ``unweighted``:
@@ -291,8 +322,9 @@ class GraphFederated(FederatedAlgorithm):
         else:
             total = float(self.num_train.sum())
             tag, weights = f"{self.name}/model", {k: self.num_train[k] / total for k in members}
-        return grid_weighted_mean(self.protocol, tag, rnd, {k: updates[k].cpu().numpy() for k in members},
-                                  weights, recipients=members)
+        return grid_weighted_mean(
+            self.protocol, tag, rnd, {k: updates[k].cpu().numpy() for k in members}, weights, recipients=members
+        )
 
     def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
         """Every member restarts from its anchor plus the cluster's mean update."""
@@ -302,8 +334,12 @@ class GraphFederated(FederatedAlgorithm):
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
         """Per client: its own model on its own graphs (:func:`graph_summary`)."""
-        out = graph_summary([{"client": k, "dataset": c.dataset, "num_train": len(c.train),
-                              **self.learners[k].counts()} for k, c in enumerate(self.clients)])
+        out = graph_summary(
+            [
+                {"client": k, "dataset": c.dataset, "num_train": len(c.train), **self.learners[k].counts()}
+                for k, c in enumerate(self.clients)
+            ]
+        )
         self.last_eval = out["per_client"]
         return out
 
@@ -323,8 +359,11 @@ class GraphFederated(FederatedAlgorithm):
 
 def last_round_metrics(per_client: list[dict], clusters: list[list[int]]) -> dict:
     accs = [r["test_acc"] for r in per_client]
-    return {"test_acc_last_client_mean": float(np.mean(accs)), "per_client_test_acc_last": accs,
-            "clusters": [list(map(int, c)) for c in clusters]}
+    return {
+        "test_acc_last_client_mean": float(np.mean(accs)),
+        "per_client_test_acc_last": accs,
+        "clusters": [list(map(int, c)) for c in clusters],
+    }
 
 
 class GraphFedAvg(GraphFederated):

@@ -15,19 +15,19 @@ Server (:class:`GraphStrategy`): FedAvg within each cluster (one cluster here; G
 gc-selftrain only trains.  The per-client rows of the evaluation are built from the counts and
 the public facts (:class:`~.facts.GraphFacts`: dataset and split sizes of every client).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from protocols import DropoutError
 
-from .ops import (check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_summary,
-                  last_round_metrics)
-from ..grid_mean import GRID_SPEC
 from ...dpsgd import stage_request
 from ...runtime.exchange import plan_dense, run_split
-from ..fedavg.server import ModelAveragingStrategy
 from ...runtime.strategy import EVAL_TAG, Strategy
+from ..fedavg.server import ModelAveragingStrategy
+from ..grid_mean import GRID_SPEC
+from .ops import check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_summary, last_round_metrics
 
 
 class GraphStrategy(ModelAveragingStrategy):
@@ -43,8 +43,11 @@ class GraphStrategy(ModelAveragingStrategy):
         self.last_eval: list[dict | None] | None = None
         check_graph_dp(self.name, cfg, bool(options.get("dpsgd")))
         #: ``--dpsgd``: the DP tag of the steps and its request (as inline)
-        self.dpsgd = (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs)) \
-            if options.get("dpsgd") else None
+        self.dpsgd = (
+            (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs))
+            if options.get("dpsgd")
+            else None
+        )
         if self.dpsgd is not None and protocol.dp.config.split is None:
             protocol.dp.declare(self.dpsgd[0])
 
@@ -63,19 +66,26 @@ class GraphStrategy(ModelAveragingStrategy):
             return ask
         dp_tag, request = self.dpsgd
         epochs = self.cfg.local_epochs
-        return {**ask, "dpsgd_tag": dp_tag,
-                "dpsgd_std": [self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)]}
+        return {
+            **ask,
+            "dpsgd_tag": dp_tag,
+            "dpsgd_std": [self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)],
+        }
 
     def train_round(self, rnd: int) -> dict:
         self.round = rnd
-        self.round_info: dict = {}      # what the cluster round records (GCFL: eq. 4-5 per cluster)
+        self.round_info: dict = {}  # what the cluster round records (GCFL: eq. 4-5 per cluster)
         ask = self.local_update_request(rnd)
         done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
         if self.aggregate_models and done:
             self.cluster_round(rnd, sorted(done))
         losses = [r["loss"] for r in done.values()]
-        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "num_clusters": len(self.clusters),
-                "clients_lost": len(self.lost), **self.round_info}
+        return {
+            "train_loss": float(np.mean(losses)) if losses else 0.0,
+            "num_clusters": len(self.clusters),
+            "clients_lost": len(self.lost),
+            **self.round_info,
+        }
 
     def cluster_round(self, rnd: int, updated: list[int]) -> None:
         for members in self.clusters:
@@ -93,14 +103,15 @@ class GraphStrategy(ModelAveragingStrategy):
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
         if not sent:
             raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-        members = sorted(sent)                       # a member lost in training is not a contributor
+        members = sorted(sent)  # a member lost in training is not a contributor
         if split:
             length = int(next(iter(sent.values()))["length"])
             run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), members, length, GRID_SPEC))
             self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
             return
-        total = self.protocol.weighted_sum(tag, rnd, {k: r["contribution"] for k, r in sent.items()},
-                                           spec=GRID_SPEC, recipients=members)
+        total = self.protocol.weighted_sum(
+            tag, rnd, {k: r["contribution"] for k, r in sent.items()}, spec=GRID_SPEC, recipients=members
+        )
         self.tell("receive", {k: {"tag": tag, "round": rnd, "total": total} for k in members})
 
     def apply_mean(self, members: list[int], mean=None) -> None:
@@ -112,8 +123,9 @@ class GraphStrategy(ModelAveragingStrategy):
         """:func:`~secure_fgl.algorithms.graph_level.graph_summary` of the clients' counts."""
         counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
         f = self.facts
-        out = graph_summary([{"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k]}
-                             for k in sorted(counts)])
+        out = graph_summary(
+            [{"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k]} for k in sorted(counts)]
+        )
         rows = {r["client"]: r for r in out["per_client"]}
         self.last_eval = [rows.get(k) for k in range(self.num_clients)]
         return out
