@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from secure_fgl.cli.main import main
 
@@ -79,3 +80,18 @@ def test_resume_after_a_driver_crash_equals_the_uninterrupted_run(mode, tmp_path
         got, want = [r[key] for r in resumed["rounds"]], [r[key] for r in full["rounds"]]
         assert got == (pytest.approx(want, abs=1e-6) if mode == "ckks" else want), key
     assert resumed["final"]["test_acc"] == pytest.approx(full["final"]["test_acc"], abs=1e-6 if mode == "ckks" else 0)
+
+
+def test_a_crash_between_the_client_files_and_the_driver_checkpoint_still_resumes(tmp_path):
+    """The clients write the slot the last driver checkpoint does not name: a crash after their
+    writes (here: that slot overwritten with another state) leaves the named files intact."""
+    config = tmp_path / "small.toml"
+    config.write_text(SMALL)
+    out = tmp_path / "run"
+    crash_after_first_checkpoint(args("plain", out, config), out)
+    slot = torch.load(out / "checkpoint.pt", weights_only=True)["algorithm"]["slot"]
+    for k in range(3):  # the next save's half-finished writes land in the other slot, never in the named one
+        assert (out / "clients" / f"client{k}.{slot}.pt").exists()
+        (out / "clients" / f"client{k}.{1 - slot}.pt").write_bytes(b"a later, unfinished save")
+    assert main(args("plain", out, config, "--resume")) == 0
+    assert len(json.loads((out / "result.json").read_text())["rounds"]) == ROUNDS

@@ -48,7 +48,7 @@ def test_result_follows_the_shipped_schema_with_provenance(sweep):
 def test_results_are_group_readable_and_checkpoints_private(sweep):
     mode = lambda name: stat.S_IMODE(os.stat(sweep / "seed0" / name).st_mode)  # noqa: E731
     assert mode("result.json") == 0o644 and mode("best_model.pt") == 0o644 and mode("rounds.csv") == 0o644
-    assert mode("checkpoint.pt") == 0o600 and mode("clients/client0.pt") == 0o600  # each runtime's own
+    assert mode("checkpoint.pt") == 0o600 and mode("clients/client0.0.pt") == 0o600  # each runtime's own
 
 
 def test_best_model_loads_with_weights_only(sweep):

@@ -120,7 +120,10 @@ class Site:
     def own_checkpoint(self, client: int, frame: bytes) -> bytes:
         """A ``save``/``load`` request pointed at this site's own checkpoint file of ``client``."""
         f = wire.unpack(frame)
-        f["path"] = str(local_socket.private_folder(self.state_dir) / f"client{client}.pt")
+        name = Path(str(f["path"])).name  # client<k>[.<slot>].pt: the slot the driver's checkpoint names
+        if not name.startswith(f"client{client}.") or not name.endswith(".pt"):
+            raise ValueError(f"a checkpoint request for client {client} names the file {name!r}")
+        f["path"] = str(local_socket.private_folder(self.state_dir) / name)
         return wire.pack(f)
 
 

@@ -214,15 +214,24 @@ class Strategy:
         return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].items()}
 
     # ------------------------------------------------------------------ checkpoints
-    def _client_file(self, k: int) -> str:
-        return str(Path(self.cfg.out) / "clients" / f"client{k}.pt")
+    #: which of the two client checkpoint files the next save writes: the slots alternate, so a crash
+    #: between the clients' writes and the driver's checkpoint leaves the files that checkpoint names
+    _slot = 0
+
+    def _client_file(self, k: int, slot: int | None) -> str:
+        name = f"client{k}.pt" if slot is None else f"client{k}.{slot}.pt"  # None: a checkpoint without slots
+        return str(Path(self.cfg.out) / "clients" / name)
 
     def state_dict(self) -> dict:
-        """Each client writes its own checkpoint where it runs; the driver keeps their digests."""
-        saved = self.ask("save", {k: {"path": self._client_file(k)} for k in self.alive()})
-        return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "server": self.server_state()}
+        """Each client writes its own checkpoint where it runs (into the slot the last checkpoint
+        does not name); the driver keeps their digests and the slot."""
+        slot, self._slot = self._slot, 1 - self._slot
+        saved = self.ask("save", {k: {"path": self._client_file(k, slot)} for k in self.alive()})
+        return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "slot": slot, "server": self.server_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        slot = state.get("slot")
+        self._slot = 0 if slot is None else 1 - int(slot)
         digests = {int(k): v for k, v in state["clients"].items()}
         missing = sorted(set(self.hosts) - set(digests))
         if missing:
@@ -230,7 +239,7 @@ class Strategy:
                 f"the checkpoint has no state for client(s) {missing} (lost before it was written); start a new run",
                 round=self.round,
             )
-        self.ask("load", {k: {"path": self._client_file(k), "sha256": d} for k, d in digests.items()})
+        self.ask("load", {k: {"path": self._client_file(k, slot), "sha256": d} for k, d in digests.items()})
         self.check_lost(self.hosts, "the resume")
         self.load_server_state(state["server"])
 
