@@ -16,6 +16,12 @@ from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import run_experiment
 
 
+def last_client_state(out):
+    """Client 0's state in the slot the run's last checkpoint names."""
+    slot = torch.load(out / "checkpoint.pt", weights_only=True)["algorithm"]["slot"]
+    return torch.load(out / "clients" / f"client0.{slot}.pt", weights_only=True)
+
+
 def _run(mode: str, out, grid: bool = True, **extra) -> tuple[dict, torch.Tensor]:
     """A 4-round FedGCN run and the global parameters client 0 holds at its end."""
     cfg = RunConfig(
@@ -35,7 +41,7 @@ def _run(mode: str, out, grid: bool = True, **extra) -> tuple[dict, torch.Tensor
         **extra,
     ).validate()
     result = run_experiment(cfg, progress=False)
-    return result, torch.load(out / "clients" / "client0.pt", weights_only=True)["global_params"]
+    return result, last_client_state(out)["global_params"]
 
 
 def test_grid_model_mean_trains_the_same_model_in_plain_and_ckks_with_fewer_ckks_bytes(tmp_path):
@@ -82,7 +88,7 @@ def test_every_mode_trains_plains_model_bit_for_bit_by_default(tmp_path):
             options={"hops": 1},
         ).validate()
         result = run_experiment(cfg, progress=False)
-        params = torch.load(tmp_path / mode / "clients" / "client0.pt", weights_only=True)["global_params"]
+        params = last_client_state(tmp_path / mode)["global_params"]
         return [r["train_loss"] for r in result["rounds"]], params
 
     plain = run("plain")
