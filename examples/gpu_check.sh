@@ -18,30 +18,31 @@
 #   (cd ../shared/datasets && tar cJf - MUTAG BZR COX2 DHFR PTC_MR AIDS NCI1 ENZYMES DD PROTEINS \
 #     IMDB-BINARY IMDB-MULTI) > .data/tu.tar.xz        # the TU text files travel compressed (64 MiB limit)
 # Run (device tool): command `END=560 bash examples/gpu_check.sh`, carry [".data", ".whl"], timeout_s 595.
-# Dry run here: DEV=cpu ROUNDS=2 GC_ROUNDS=2 BIG=cora END=240 OUT=/tmp/x bash examples/gpu_check.sh
+# Dry run here: DEV=cpu ROUNDS=2 GC_ROUNDS=2 BIG=cora END=240 OUT="$(mktemp -d)" bash examples/gpu_check.sh
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 DEV=${DEV:-cuda}; ROUNDS=${ROUNDS:-100}; GC_ROUNDS=${GC_ROUNDS:-200}; BIG=${BIG:-physics}; END=${END:-495}
 GC_SETTING=${GC_SETTING:-mix}; GC_METHODS=${GC_METHODS:-self-train FedAvg FedProx GCFL GCFL+}
-L=/tmp/gpu_check/logs; R=/tmp/gpu_check/res; mkdir -p $L $R
+W=${GPU_CHECK_DIR:-$(mktemp -d)}  # scratch folder of this check
+L=$W/logs; R=$W/res; mkdir -p $L $R
 finish() { kill $SAMPLER 2>/dev/null; cat $L/jobs.txt 2>/dev/null; for f in $R/*/runs.jsonl; do cat $f; done > $OUT/runs.jsonl 2>/dev/null
            python3 -c "import json,sys
 for l in open(sys.argv[1]):
     r=json.loads(l); print(r['dataset'],r['method'],r['mode'],r['seed'],round(r['test_acc'],4),int(r['seconds']),'s',round(r['peak_rss_gb'],1),'GB')" $OUT/runs.jsonl
            for f in $R/gc_*/*/*/seed*/result.json; do [ -f "$f" ] && python3 -c "import json,sys
 r=json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-3], r['final']['test_acc'], round(r['time']['total']), 's')" $f; done
-           tar czf $OUT/gpu_check.tgz -C /tmp/gpu_check --exclude=./data --exclude=./cache --exclude='./res/gc_*' .
+           tar czf $OUT/gpu_check.tgz -C $W --exclude=./data --exclude=./cache --exclude='./res/gc_*' .
            # one file per GCFL method: the 16 MiB limit per returned file (clients/ holds the runtimes' state)
            for d in $R/gc_*; do [ -d "$d" ] && tar czf $OUT/$(basename "$d" | tr '+' 'p').tgz -C $R $(basename "$d"); done
            echo "done at $(el) s"; }
 if [ "$DEV" = cuda ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > $L/pip.log 2>&1 || { tail -5 $L/pip.log; exit 3; }
-  export PYTHONPATH=/tmp/site:$PWD
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $W/site .whl/*.whl > $L/pip.log 2>&1 || { tail -5 $L/pip.log; exit 3; }
+  export PYTHONPATH=$W/site:$PWD
 fi
-D=/tmp/gpu_check/data; mkdir -p $D; ln -sf $PWD/.data/* $D/; [ -f .data/tu.tar.xz ] && tar xJf .data/tu.tar.xz -C $D
-export SECURE_FGL_DATA=$D SECURE_FGL_CACHE=/tmp/gpu_check/cache PYTHONUNBUFFERED=1
+D=$W/data; mkdir -p $D; ln -sf $PWD/.data/* $D/; [ -f .data/tu.tar.xz ] && tar xJf .data/tu.tar.xz -C $D
+export SECURE_FGL_DATA=$D SECURE_FGL_CACHE=$W/cache PYTHONUNBUFFERED=1
 (nvidia-smi; nproc; free -g; python3 -c "import torch,torch_geometric,tenseal,opacus,cryptography,dtaidistance; print('versions', torch.__version__, torch_geometric.__version__, torch.cuda.is_available())") > $L/env.txt 2>&1
 grep versions $L/env.txt
-smoke() { timeout 120 python3 -m secure_fgl.cli.main run "$@" --rounds 2 --device $DEV --quiet --out /tmp/smoke_$1$2$3$4 > $L/smoke.log 2>&1 || { tail -30 $L/smoke.log; finish; exit 4; }; }
+smoke() { timeout 120 python3 -m secure_fgl.cli.main run "$@" --rounds 2 --device $DEV --quiet --out $W/smoke_$1$2$3$4 > $L/smoke.log 2>&1 || { tail -30 $L/smoke.log; finish; exit 4; }; }
 smoke --algorithm fedgcn --dataset sbm --clients 3 --mode mask
 smoke --algorithm gcflplus --dataset synthetic-graphs --clients 4 --mode plain
 echo "smoke ok at $(el) s"
