@@ -35,15 +35,32 @@ def public_schedule(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS}
 
 
+#: algorithms whose ``<algorithm>/model`` exchange broadcasts the global model to every client,
+#: over the round's sample (:func:`protocols.client_sampling.sample_clients`)
+BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox")
+
+
+def public_roles(cfg: RunConfig) -> dict[str, str]:
+    """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
+    from protocols.schedule import BROADCAST
+
+    return {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+
+
 def schedule_option(cfg: RunConfig) -> dict:
-    """``{"schedule": sha256 hex}`` for a backend split into halves (it builds a manifest), else ``{}``."""
+    """For a backend split into halves (it builds a manifest): the hash of the public schedule, the
+    client fraction and the exchange roles every client half checks plans against; else ``{}``."""
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
     from protocols.split import SplitProtocol
 
     if not issubclass(backend_class(cfg.mode), SplitProtocol):
         return {}
-    return {"schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str)))}
+    return {
+        "schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str))),
+        "client_fraction": float(cfg.client_fraction),
+        "roles": public_roles(cfg),
+    }
 
 
 def accepted_keys(protocol, executor=None, hosts=()) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import DropoutError
+from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
@@ -15,8 +16,8 @@ from ..base import model_dp_request, model_spec
 class ModelAveragingStrategy(Strategy):
     """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
     deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
-    (``aggregate_models`` false) only trains.  Client sampling is
-    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+    (``aggregate_models`` false) only trains.  Client sampling is the public PRF of the run
+    manifest's seed (:func:`protocols.client_sampling.sample_clients`)."""
 
     dp_on_runtimes = True
     #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
@@ -28,11 +29,8 @@ class ModelAveragingStrategy(Strategy):
         self.personalized = cfg.algorithm == "local"
 
     def sample_clients(self, rnd: int) -> list[int]:
-        K = self.num_clients
-        if self.cfg.client_fraction >= 1:
-            return list(range(K))
-        m = max(1, int(round(self.cfg.client_fraction * K)))
-        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
+        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`)."""
+        return sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
 
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
         """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
