@@ -24,6 +24,9 @@ import hashlib
 
 import numpy as np
 
+#: the modes whose contributions bind the chain (shared-key ``ckks`` gains nothing: any one client
+#: can read every upload, docs/security.md)
+VIEW_BINDING_MODES = ("mask", "ckks-mp")
 #: domain separator of the chain
 VIEW_DOMAIN = b"secure-fgl/broadcast-view/v1"
 EMPTY_VIEW = bytes(32)

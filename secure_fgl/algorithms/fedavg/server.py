@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import DropoutError
+from protocols.broadcast_view import VIEW_BINDING_MODES
 from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
@@ -27,10 +28,16 @@ class ModelAveragingStrategy(Strategy):
         super().__init__(executor, protocol, cfg, facts, options)
         self.aggregate_models = cfg.algorithm != "local"
         self.personalized = cfg.algorithm == "local"
+        #: clients that missed a model broadcast: they train on another model from then on, and the
+        #: clients' check of the models each contributor received (:mod:`protocols.broadcast_view`)
+        #: would refuse every later sum they join, so they contribute no more
+        self.out_of_sync: set[int] = set()
 
     def sample_clients(self, rnd: int) -> list[int]:
-        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`)."""
-        return sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
+        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`),
+        without the clients out of sync."""
+        sample = sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
+        return [k for k in sample if k not in self.out_of_sync]
 
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
         """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
@@ -79,6 +86,8 @@ class ModelAveragingStrategy(Strategy):
                 self.protocol,
                 plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
             )
+            if self.protocol.mode in VIEW_BINDING_MODES:  # silent from some stage on: no model download
+                self.out_of_sync |= set(getattr(self.protocol.server, "last_missing", {}))
             done = {"tag": tag, "round": rnd, "length": length}
             self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return
