@@ -169,3 +169,26 @@ def test_without_the_broadcast_role_the_stale_model_goes_unnoticed():
     proto = _protocol("mask", StaleModelServer, roles={})
     _three_rounds(proto)
     assert proto.clients[VICTIM].views.digest("model") == proto.clients[0].views.digest("model")
+
+
+# ---------------------------------------------------------------------- the run: driver and clients agree
+def test_a_sampled_mask_run_passes_every_clients_schedule_check():
+    """FedAvg over mask with half the clients each round: the driver samples with the same PRF the
+    client halves recompute, and every contributor received the same models."""
+    from secure_fgl.config import RunConfig
+    from secure_fgl.experiment import run_experiment
+    from secure_fgl.manifest import public_roles
+
+    cfg = RunConfig(
+        algorithm="fedavg",
+        dataset="sbm",
+        synthetic={"num_nodes": 120, "num_features": 8, "num_classes": 3},
+        mode="mask",
+        clients=4,
+        client_fraction=0.5,
+        rounds=3,
+        seed=SEED,
+    )
+    assert public_roles(cfg) == {"fedavg/model": BROADCAST}
+    res = run_experiment(cfg, progress=False)  # a sample or a model the clients disagree on would raise
+    assert len(res["rounds"]) == 3 and res["threat_model"]["mode"] == "mask"
