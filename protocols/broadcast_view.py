@@ -35,7 +35,7 @@ EMPTY_VIEW = bytes(32)
 class BroadcastViews:
     """A client's digest chain per broadcast tag (module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.chains: dict[str, bytes] = {}
 
     def digest(self, tag: str) -> bytes:

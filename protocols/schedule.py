@@ -25,6 +25,7 @@ A tag the schedule does not list is checked by the run-wide rules only
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,10 +45,10 @@ class PublicSchedule:
     num_clients: int
     sample_seed: int = 0
     client_fraction: float = 1.0
-    roles: dict = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, num_clients: int, security: dict) -> PublicSchedule:
+    def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
         """The schedule in a manifest's ``security`` section (missing fields: every client each
         round, no roles)."""
         roles = dict(security.get("roles") or {})
@@ -72,19 +73,22 @@ class PublicSchedule:
         """Refuse ``plan`` if it breaks the role the schedule gives its tag (module docstring)."""
         if self.roles.get(plan.tag) != BROADCAST:
             return
-        where = dict(tag=plan.tag, round=plan.round, client=client)
         outside = sorted(set(plan.contributors) - set(self.sample(plan.round)))
         if outside:
             raise SampleMismatchError(
                 f"the plan's contributors include {outside}, who are not in round {plan.round}'s sample "
                 f"{self.sample(plan.round)} (the run manifest's sampling seed and client fraction): refused, "
                 "nothing was sent",
-                **where,
+                tag=plan.tag,
+                round=plan.round,
+                client=client,
             )
         own = plan.requests.get(client)
         if own is not None and not np.array_equal(np.sort(own), np.arange(plan.num_blocks)):
             raise ScheduleRoleError(
                 f"the public schedule makes {plan.tag!r} a broadcast (every recipient gets every block), "
                 f"but this client is sent {np.asarray(own).size} of {plan.num_blocks} blocks: refused",
-                **where,
+                tag=plan.tag,
+                round=plan.round,
+                client=client,
             )
