@@ -86,7 +86,8 @@ class ModelAveragingStrategy(Strategy):
                 self.protocol,
                 plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
             )
-            if self.protocol.mode in VIEW_BINDING_MODES:  # silent from some stage on: no model download
+            if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+                # a client silent from some stage on got no model download
                 self.out_of_sync |= set(getattr(self.protocol.server, "last_missing", {}))
             done = {"tag": tag, "round": rnd, "length": length}
             self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
