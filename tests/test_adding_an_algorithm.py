@@ -14,7 +14,7 @@ from secure_fgl.experiment import run_experiment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import minimal_fedavg  # noqa: E402
-from golden_numbers import GOLDEN  # noqa: E402
+from support.golden import GOLDEN  # noqa: E402
 
 
 def test_the_minimal_fedavg_trains_as_the_built_in_fedavg():

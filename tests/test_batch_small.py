@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_fedspray import K, _fed_with_absent_classes
+from support.runs import fedspray_federation
 
 from protocols import SERVER, DPRequest, Transcript, ValueSpec, make_protocol
 from protocols.batch import batch_spec, batched_report, batched_sum
@@ -18,6 +18,7 @@ from secure_fgl.algorithms.base import model_spec
 from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, FedSpray, round_spec
 from secure_fgl.config import RunConfig
 
+K = 4
 TAGS = ("fedspray/encoder", "fedspray/proxies")
 
 
@@ -46,7 +47,7 @@ def _run(mode: str, batch: bool, rounds: int = 2, **settings):
     protocol = make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
     cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds, **settings)
     algo = FedSpray(
-        _fed_with_absent_classes(),
+        fedspray_federation(),
         protocol,
         cfg,
         torch.device("cpu"),

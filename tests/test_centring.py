@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from test_runtime import small
+from support.runs import small
 
 from secure_fgl.algorithms.fedgcn.ops import FedGCNNet, PropGraph
 from secure_fgl.config import ConfigError
@@ -84,7 +84,7 @@ def test_centring_refuses_a_model_without_a_linear_first_map():
 
 @pytest.mark.parametrize("hops", [0, 1])
 def test_centred_fedgcn_on_the_runtimes_is_the_golden_run(hops, request):
-    from golden_numbers import assert_golden
+    from support.golden import assert_golden
 
     from secure_fgl.experiment import run_experiment
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import ks_2samp
+from support.runs import reachable_objects
 
 from protocols import MODES, BoundError, ConfigurationError, DropoutError, IntegrityError, ValueSpec, make_protocol
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
@@ -322,8 +323,6 @@ def test_secret_shares_never_reach_the_server():
 def test_server_half_holds_no_secret_key_share():
     """Walk every object the server half reaches: no client's key holder, no secret (s_i, s_R,
     s_B) as an object, and none of their bytes inside any array or bytes it holds."""
-    from test_parties import _reachable
-
     k = 3
     p = fresh(k)
     p.row_sum(
@@ -335,7 +334,7 @@ def test_server_half_holds_no_secret_key_share():
         spec=ValueSpec(max_abs=1, tolerance=1e-4),
     )
     held = []
-    reach = _reachable(p.server, data=held)
+    reach = reachable_objects(p.server, data=held)
     secrets = []
     for c, keys in p._clients.items():
         assert id(keys) not in reach and id(p.clients[c]) not in reach
@@ -356,7 +355,7 @@ def test_server_half_holds_no_secret_key_share():
 
     assert not found(held)
     own = []  # positive control: the same scan finds client 0's secrets in its half
-    _reachable(p.clients[0], data=own)
+    reachable_objects(p.clients[0], data=own)
     assert found(own)
 
 

@@ -4,8 +4,8 @@ shares; only counted bytes cross; a client silent at the partial decryption stop
 from __future__ import annotations
 
 import pytest
-from golden_numbers import assert_golden
-from test_runtime import FlakyExecutor, RecordingExecutor, _run_with, protocol_bytes_crossing, small
+from support.golden import assert_golden
+from support.runs import FlakyExecutor, RecordingExecutor, protocol_bytes_crossing, run_with, small
 
 from protocols import SERVER, DropoutError
 from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
@@ -45,5 +45,5 @@ def test_ckks_mp_client_silent_at_partial_decryption_is_named():
         pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:keyswitch"),
         pytest.raises(DropoutError, match=r"client\(s\) 1 did not send its key-switching") as err,
     ):
-        _run_with(small(mode="ckks-mp"), executor, halves_in_runtimes=True)
+        run_with(small(mode="ckks-mp"), executor, halves_in_runtimes=True)
     assert err.value.clients == (1,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_runtime import small
+from support.runs import small
 
 from protocols import SERVER
 from protocols.errors import IntegrityError

@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.runs import fedspray_federation
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import SERVER, Transcript, make_protocol
@@ -133,19 +134,11 @@ def test_plain_server_view_exposes_ratios_and_absent_classes():
     assert (absent[[1, 3]] == 0).all()  # absent rows visible
 
 
-def _fed_with_absent_classes():
-    from secure_fgl.data import make_federated
-
-    return make_federated(
-        "sbm", num_clients=K, partition="dirichlet", beta=0.1, split="fedspray", seed=0, num_nodes=300
-    )
-
-
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_algorithm_uploads(mode):
     """One real round: what FedSpray puts on the wire, per mode (one batched upload per client whose
     first ``C (d + 1)`` entries are the proxy exchange's ``[a * S, a]``)."""
-    fed = _fed_with_absent_classes()
+    fed = fedspray_federation()
     counts = [torch.bincount(c.y[c.train_mask], minlength=fed.num_classes) for c in fed.clients]
     assert any((c == 0).any() for c in counts), "the fixture should have a client lacking a class"
     protocol = _protocol_or_skip(mode, transcript=Transcript(keep_payloads="all"))
@@ -200,7 +193,7 @@ def test_soft_proxies_are_convex_combinations_of_S(n, C, d, seed, scale):
 
 
 def test_algorithm_soft_targets_use_convex_proxies():
-    fed = _fed_with_absent_classes()
+    fed = fedspray_federation()
     protocol = make_protocol("plain", K)
     algo = FedSpray(
         fed,
@@ -219,7 +212,7 @@ def test_algorithm_soft_targets_use_convex_proxies():
 
 
 def test_teacher_accuracy_is_the_global_encoders_soft_targets():
-    fed = _fed_with_absent_classes()
+    fed = fedspray_federation()
     algo = FedSpray(
         fed,
         make_protocol("plain", K),
@@ -291,7 +284,7 @@ def test_ablation_exchanges_no_proxies():
 
 
 def test_checkpoint_round_trip():
-    fed = _fed_with_absent_classes()
+    fed = fedspray_federation()
     cfg = RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=2)
     opts = FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8)
     a = FedSpray(fed, make_protocol("plain", K), cfg, torch.device("cpu"), opts)

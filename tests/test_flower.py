@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from flower_federation import BIN, Federation, free_port, make_tls
-from test_runtime import small
+from support.flower import BIN, Federation, free_port, make_tls
+from support.runs import small
 
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy

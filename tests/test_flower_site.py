@@ -10,7 +10,7 @@ import socket
 
 import numpy as np
 import pytest
-from test_runtime import small
+from support.runs import small
 
 from protocols import ProtocolError
 from protocols.errors import MalformedMessageError

@@ -65,7 +65,7 @@ def test_dtw_matches_brute_force():
 
 
 @pytest.mark.parametrize(
-    "dm,dx,size,rnd", itertools.product([0.01, 0.05, 0.2], [0.05, 0.1, 0.5], [2, 3, 10], [19, 20, 50])
+    "dm,dx,size,rnd", list(itertools.product([0.01, 0.05, 0.2], [0.05, 0.1, 0.5], [2, 3, 10], [19, 20, 50]))
 )
 def test_split_criteria_are_eq4_eq5(dm, dx, size, rnd):
     assert should_split(dm, dx, size, rnd, eps1=0.05, eps2=0.1) == (

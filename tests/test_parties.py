@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
+from support.runs import reachable_objects
 
 from protocols import SERVER, BlockTable, ExchangeContext, ValueSpec, make_protocol
 from protocols.errors import ConfigurationError, DropoutError, IntegrityError
@@ -32,21 +31,6 @@ class RecordingLink(ClientLink):
 def _values(K, n=300, seed=0):
     rng = np.random.default_rng(seed)
     return {k: rng.uniform(-1, 1, n) for k in range(K)}
-
-
-def _reachable(root, limit=200_000, data=None):
-    """ids of every object reachable from ``root`` (modules and classes are not followed);
-    ``data``: a list that receives every bytes object and array reached."""
-    seen, stack = set(), [root]
-    while stack and len(seen) < limit:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, type) or type(obj).__name__ == "module":
-            continue
-        seen.add(id(obj))
-        if data is not None and isinstance(obj, (bytes, bytearray, memoryview, np.ndarray)):
-            data.append(obj)
-        stack.extend(gc.get_referents(obj))
-    return seen
 
 
 @pytest.mark.parametrize("mode", SPLIT_MODES)
@@ -81,7 +65,7 @@ def test_client_half_holds_nothing_of_another_client(mode):
     out = proto._aggregate(ctx)
     assert np.allclose(out[0][0], sum(t.values[0] for t in tables.values()), atol=1e-4)
     for k, half in proto.clients.items():
-        mine = _reachable(half)
+        mine = reachable_objects(half)
         for j, other in proto.clients.items():
             if j != k:
                 assert not {id(other), id(other.signing), id(other.channel)} & mine

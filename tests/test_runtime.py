@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 import gc
-import types
 
 import numpy as np
 import pytest
 import torch
-from golden_numbers import assert_golden
+from support.golden import assert_golden
+from support.runs import (
+    FlakyExecutor,
+    RecordingExecutor,
+    protocol_bytes_crossing,
+    reachable_tensors,
+    refusal_keeps_the_other_clients_keys,
+    run_with,
+    small,
+)
 
-from protocols import SERVER, DropoutError, ProtocolError
+from protocols import DropoutError
 from secure_fgl.algorithms.fedgcn.ops import ORDER_TAG
-from secure_fgl.config import ConfigError, RunConfig
+from secure_fgl.config import ConfigError
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
-
-
-def small(algorithm="fedavg", mode="mask", **kw) -> RunConfig:
-    kw = {"rounds": 3, **kw}
-    return RunConfig(
-        algorithm=algorithm, dataset="sbm", clients=3, mode=mode, synthetic={"num_nodes": 300, "num_features": 40}, **kw
-    )
 
 
 def test_wire_round_trip_and_refuses_malformed_frames():
@@ -39,36 +40,6 @@ def test_wire_round_trip_and_refuses_malformed_frames():
         wire.pack({"o": np.array([object()])})
 
 
-def _reachable_tensors(root, limit=200_000) -> dict[int, torch.Tensor]:
-    """Every tensor reachable from ``root`` through object references (by storage pointer); code
-    (modules, functions, classes) is not followed: its globals are the test's, not the client's."""
-    seen, stack, found = set(), [root], {}
-    while stack and len(seen) < limit:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(
-            obj,
-            (
-                str,
-                bytes,
-                int,
-                float,
-                type,
-                types.ModuleType,
-                types.FunctionType,
-                types.BuiltinFunctionType,
-                types.CodeType,
-            ),
-        ):
-            continue
-        seen.add(id(obj))
-        if torch.is_tensor(obj):
-            if obj.numel():
-                found[obj.untyped_storage().data_ptr()] = obj
-            continue
-        stack.extend(gc.get_referents(obj))
-    return found
-
-
 def test_a_client_runtime_holds_no_other_clients_tensors():
     cfg = small("fedgcn", options={"row_order": "signature"}).validate()
     fed = load_federation(cfg)
@@ -76,7 +47,7 @@ def test_a_client_runtime_holds_no_other_clients_tensors():
     strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {"row_order": "signature"}, executor)
     strategy.setup()
     strategy.train_round(0)
-    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    held = {k: reachable_tensors(rt) for k, rt in executor.runtimes.items()}
     for k, rt in executor.runtimes.items():
         assert rt.data.x.untyped_storage().data_ptr() in held[k]
         for j in held:
@@ -112,41 +83,13 @@ def test_local_executor_gives_the_golden_run(algorithm, options, request):
         assert b["comm"]["per_tag"][ORDER_TAG]["bytes_up"] == stats[f"contribute:{ORDER_TAG}"]["bytes_from_clients"]
 
 
-class FlakyExecutor(LocalExecutor):
-    """Client ``victim``'s runtime stops answering at the ``nth`` call of ``method`` (and after)."""
-
-    def __init__(self, victim: int, method: str = "contribute", nth: int = 2):
-        super().__init__()
-        self.victim, self.method, self.nth, self.seen = victim, method, nth, 0
-
-    def _call(self, method, requests):
-        self.seen += method == self.method
-        if self.seen >= self.nth and self.victim in requests:
-            rest = {k: v for k, v in requests.items() if k != self.victim}
-            return super()._call(method, rest)[0], {self.victim: "test: process gone"}
-        return super()._call(method, requests)
-
-
-def _run_with(cfg, executor, halves_in_runtimes=False):
-    cfg.validate()
-    fed = load_federation(cfg)
-    protocol = (
-        make_runtime_protocol(cfg, fed.num_clients, executor)
-        if halves_in_runtimes
-        else make_run_protocol(cfg, fed.num_clients)
-    )
-    strategy = make_strategy(cfg, fed, protocol, {}, executor)
-    strategy.setup()
-    return strategy, protocol, [strategy.train_round(r) for r in range(cfg.rounds)]
-
-
 def test_lost_client_mask_recovers_the_survivors_mean_ckks_names_it():
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost"):
-        strategy, protocol, rows = _run_with(small(mode="mask"), FlakyExecutor(victim=1))
+        strategy, protocol, rows = run_with(small(mode="mask"), FlakyExecutor(victim=1))
     assert rows[-1]["clients_lost"] == 1 and protocol.last_included == (0, 2)
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
     with pytest.warns(RuntimeWarning), pytest.raises(DropoutError, match=r"client\(s\) \[1\].*ckks"):
-        _run_with(small(mode="ckks"), FlakyExecutor(victim=1))
+        run_with(small(mode="ckks"), FlakyExecutor(victim=1))
 
 
 def test_client_lost_inside_the_mask_exchange_of_its_runtime_half_is_recovered():
@@ -154,7 +97,7 @@ def test_client_lost_inside_the_mask_exchange_of_its_runtime_half_is_recovered()
     masked upload of round 1: the server half recovers the survivors' sum from the Shamir shares."""
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth=2)
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload"):
-        strategy, protocol, rows = _run_with(small(mode="mask"), executor, halves_in_runtimes=True)
+        strategy, protocol, rows = run_with(small(mode="mask"), executor, halves_in_runtimes=True)
     assert strategy.split and protocol.clients == {}
     assert rows[1]["clients_lost"] == 1 and protocol.last_included == (0, 2)
 
@@ -174,27 +117,6 @@ def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
 
     for spec in SPECS.values():
         assert issubclass(spec.logic_class(), ClientLogic) and issubclass(spec.strategy_class(), Strategy), spec.name
-
-
-class Recording:
-    """Executor mix-in: keeps every frame handed to and returned from the runtimes' protocol halves."""
-
-    def _call(self, method, requests):
-        responses, lost = super()._call(method, requests)
-        if method.startswith("half:"):
-            self.frames = getattr(self, "frames", []) + list(requests.values()) + list(responses.values())
-        return responses, lost
-
-
-class RecordingExecutor(Recording, LocalExecutor):
-    pass
-
-
-def protocol_bytes_crossing(frames) -> int:
-    """Bytes of the signed messages inside the bundles (bundle framing excluded)."""
-    from protocols.framing import unpack_bundle
-
-    return sum(len(m) for f in frames for m in unpack_bundle(f))
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedgcn"])
@@ -226,49 +148,6 @@ def test_local_executor_keeps_the_secure_mode_settings_golden(fixed_point_bits, 
     )
     assert_golden("runtime", request.node.name, {"model_bytes": run["comm"]["per_tag"]["fedavg/model"]})
     assert run["comm"]["per_tag"]["fedavg/model"]["bytes_up"] > 0
-
-
-def refuse_once(protocol, client: int, stage: str) -> None:
-    """Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
-    protocol half refuses it (a signature that does not verify)."""
-    call, done = protocol.link.call, []
-
-    def corrupting(st, requests):
-        if st == stage and not done:
-            done.append(st)
-            bad = bytearray(requests[client])
-            bad[-1] ^= 1
-            requests = {**requests, client: bytes(bad)}
-        return call(st, requests)
-
-    protocol.link.call = corrupting
-
-
-def refusal_keeps_the_other_clients_keys(executor) -> None:
-    """ckks, first exchange of the chain: client 0 made the keys; the secret contexts ride to
-    clients 1 and 2 in their 'upload' bundles, the stage client 0 refuses.  The refusal is
-    re-raised, nothing is aggregated, and the next exchange runs: 1 and 2 kept their keys."""
-    cfg = small("fedavg", "ckks", rounds=2).validate()
-    fed = load_federation(cfg)
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
-    strategy = make_strategy(cfg, fed, protocol, {}, executor)
-    refuse_once(protocol, 0, "upload")
-    try:
-        with pytest.raises(ProtocolError, match="client 0"):
-            strategy.train_round(0)
-
-        def sums_sent(rnd):
-            return [
-                m
-                for m in protocol.transcript.select(tag="fedavg/model", round=rnd, sender=SERVER)
-                if m.kind == "ciphertext"
-            ]
-
-        assert not sums_sent(0)
-        strategy.train_round(1)
-        assert protocol.last_included == (0, 1, 2) and len(sums_sent(1)) == 3
-    finally:
-        executor.shutdown()
 
 
 def test_a_refusing_client_does_not_cost_the_others_their_keys():

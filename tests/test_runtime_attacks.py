@@ -7,37 +7,14 @@ import warnings
 
 import pytest
 import torch
-from golden_numbers import assert_golden
+from support.golden import assert_golden
+from support.runs import attack_entries, attacked_config, graph_config
 
 from attacks.parties import RuntimeParties
 from attacks.runner import run_attacks
-from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-
-
-def small(algorithm, mode, executor, **kw) -> RunConfig:
-    return RunConfig(
-        algorithm=algorithm,
-        dataset="sbm",
-        clients=3,
-        mode=mode,
-        rounds=3,
-        executor=executor,
-        synthetic={"num_nodes": 300, "num_features": 40},
-        attacks=["all"],
-        **kw,
-    )
-
-
-def _entries(result: dict) -> dict:
-    """Attack entries without timings; the audit by verdict (the runtime adds a declared release)."""
-    out = {
-        a["name"]: {k: v for k, v in a.items() if k not in ("seconds", "warnings", "num_warnings")}
-        for a in result["attacks"]
-    }
-    return out
 
 
 @pytest.mark.parametrize(
@@ -46,7 +23,7 @@ def _entries(result: dict) -> dict:
 def test_local_executor_gives_the_golden_attack_numbers(algorithm, mode, request):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        local = _entries(run_experiment(small(algorithm, mode, "local"), progress=False))
+        local = attack_entries(run_experiment(attacked_config(algorithm, mode, "local"), progress=False))
     assert any(e.get("value") is not None for n, e in local.items() if n != "transcript_audit")
     assert_golden("runtime_attacks", request.node.name, {"attacks": local})
 
@@ -67,7 +44,7 @@ class SpyExecutor(LocalExecutor):
 
 
 def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript():
-    cfg = small("fedgcn", "ckks", "local").validate()
+    cfg = attacked_config("fedgcn", "ckks", "local").validate()
     fed = load_federation(cfg)
     executor = SpyExecutor()
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
@@ -96,12 +73,13 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
 def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
     """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
     victim's model (asked of the victim's runtime, built in its own GIN shape)."""
-    from test_runtime_graph import graph_cfg
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        local = _entries(
-            run_experiment(graph_cfg("gc-fedavg", "plain", executor="local", rounds=3, attacks=["all"]), progress=False)
+        local = attack_entries(
+            run_experiment(
+                graph_config("gc-fedavg", "plain", executor="local", rounds=3, attacks=["all"]), progress=False
+            )
         )
     assert set(local) == {"transcript_audit", "gcfl_same_dataset", "gin_gradient_inversion", "graph_property"}
     assert local["gin_gradient_inversion"]["value"] is not None
@@ -114,9 +92,9 @@ def test_the_centralized_reference_is_attacked_on_the_default_executor_golden(re
     algorithm's when they were recorded)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = run_experiment(small("centralized", "plain", "local"), progress=False)
+        run = run_experiment(attacked_config("centralized", "plain", "local"), progress=False)
     assert run["config"]["executor"] == "local"
-    local = _entries(run)
+    local = attack_entries(run)
     model_attacks = {n: local[n] for n in ("membership", "link_posterior", "link_influence")}
     assert all(e["applicable"] and e["value"] is not None and "error" not in e for e in model_attacks.values())
     assert_golden("runtime_attacks", request.node.name, {"attacks": model_attacks})

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors, small
+from support.golden import assert_golden
+from support.runs import reachable_tensors, small
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
@@ -47,7 +47,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm, options):
     strategy = make_strategy(cfg, fed, protocol, dict(options), executor)
     strategy.setup()
     strategy.train_round(0)
-    held = {k: set(_reachable_tensors(rt)) for k, rt in executor.runtimes.items()}
+    held = {k: set(reachable_tensors(rt)) for k, rt in executor.runtimes.items()}
     driver = {t.untyped_storage().data_ptr() for c in fed.clients for t in (c.x, c.y, c.edge_index)}
     driver |= {fed.graph.x.untyped_storage().data_ptr(), fed.graph.y.untyped_storage().data_ptr()}
     for k in held:

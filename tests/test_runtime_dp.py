@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from golden_numbers import assert_golden
-from test_runtime import small
+from support.golden import assert_golden
+from support.runs import small
 
 from protocols import PrivacyBudgetError
 from protocols.csprng import SecureRandom

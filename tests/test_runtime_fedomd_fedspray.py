@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors, small
+from support.golden import assert_golden
+from support.runs import attack_entries, attacked_config, reachable_tensors, small
 
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
 from secure_fgl.runtime import wire
@@ -54,7 +54,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm):
     strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
     strategy.setup()
     strategy.train_round(0)
-    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    held = {k: reachable_tensors(rt) for k, rt in executor.runtimes.items()}
     driver = {t.untyped_storage().data_ptr() for c in fed.clients for t in (c.x, c.y, c.edge_index)}
     for k in held:
         assert executor.runtimes[k].data.x.untyped_storage().data_ptr() in held[k]
@@ -128,12 +128,9 @@ def test_attack_suite_on_the_runtimes_gives_the_golden_numbers(algorithm, reques
     posterior attacks ask each client's runtime for its deployed model's output."""
     import warnings
 
-    from test_runtime_attacks import _entries
-    from test_runtime_attacks import small as attacked
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        local = _entries(run_experiment(attacked(algorithm, "plain", "local"), progress=False))
+        local = attack_entries(run_experiment(attacked_config(algorithm, "plain", "local"), progress=False))
     assert local[f"{algorithm}_label_dist"]["applicable"]
     assert_golden("runtime_fedomd_fedspray", request.node.name, {"attacks": local})
 
@@ -143,11 +140,11 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
     """Client 1 vanishes before a masked upload of round 0 (FedOMD: its second, the moments stage;
     FedSpray: its first, the round's batch of encoder update and proxies): the server half recovers the survivors' sum, the run goes on
     without client 1, whose later exchanges it is no longer asked for."""
-    from test_runtime import FlakyExecutor, _run_with
+    from support.runs import FlakyExecutor, run_with
 
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth={"fedomd": 2, "fedspray": 1}[algorithm])
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload of round 0"):
-        strategy, protocol, rows = _run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)
+        strategy, protocol, rows = run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)
     assert [r["clients_lost"] for r in rows] == [1, 1, 1] and protocol.last_included == (0, 2)
     assert all(np.isfinite(r["train_loss"]) for r in rows)
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}

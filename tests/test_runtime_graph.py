@@ -5,50 +5,11 @@ holds only its own graphs; a resumed strategy continues exactly."""
 from __future__ import annotations
 
 import pytest
-from golden_numbers import assert_golden
-from test_runtime import _reachable_tensors
+from support.golden import assert_golden
+from support.runs import ROUNDS, build_graph_run, drive_graph_run, graph_config, reachable_tensors
 
 from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
-from secure_fgl.algorithms import get_algorithm
-from secure_fgl.config import RunConfig
-from secure_fgl.experiment import load_federation
-from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
-
-#: GCFL splits only after round 20 (reference warm-up): the rounds driven here
-ROUNDS = (20, 21)
-FORCED = {"eps1": 0.5, "eps2": 0.0}
-
-
-def graph_cfg(algorithm, mode, **kw) -> RunConfig:
-    options = {**FORCED, **({"seq_length": 1} if algorithm == "gcflplus" else {})} if "gcfl" in algorithm else {}
-    return RunConfig(
-        algorithm=algorithm,
-        dataset="synthetic-graphs",
-        clients=5,
-        mode=mode,
-        hidden=16,
-        lr=1e-2,
-        seed=0,
-        synthetic={"graphs_per_client": 30},
-        options=options,
-        **kw,
-    ).validate()
-
-
-def build(cfg, executor):
-    """The strategy over ``executor``, its protocol and the federation."""
-    fed = load_federation(cfg)
-    opts = get_algorithm(cfg.algorithm).Options(**cfg.options)
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
-    return make_strategy(cfg, fed, protocol, opts, executor), protocol, fed
-
-
-def drive(algo, rounds=ROUNDS):
-    rows = []
-    for r in rounds:
-        rows.append({**algo.train_round(r), **{k: v for k, v in algo.evaluate().items() if k != "per_client"}})
-    return rows, algo.final_metrics()
 
 
 @pytest.mark.parametrize(
@@ -63,10 +24,10 @@ def drive(algo, rounds=ROUNDS):
     ],
 )
 def test_local_executor_gives_the_golden_run(algorithm, mode, request):
-    cfg = graph_cfg(algorithm, mode)
-    strategy, p_local, _ = build(cfg, LocalExecutor())
+    cfg = graph_config(algorithm, mode)
+    strategy, p_local, _ = build_graph_run(cfg, LocalExecutor())
     assert strategy.split and p_local.clients == {}  # the protocol's client halves live in the runtimes
-    b, fb = drive(strategy)
+    b, fb = drive_graph_run(strategy)
     keys = ("train_loss", "num_clusters", "test_acc", "val_acc", "train_acc", "test_acc_client_mean")
     observed = {
         "rounds": [{k: rb[k] for k in keys} for rb in b],
@@ -95,11 +56,11 @@ def test_local_executor_gives_the_golden_run(algorithm, mode, request):
 
 
 def test_a_graph_runtime_holds_only_its_own_graphs():
-    cfg = graph_cfg("gcfl", "plain")
+    cfg = graph_config("gcfl", "plain")
     executor = LocalExecutor()
-    strategy, _, fed = build(cfg, executor)
+    strategy, _, fed = build_graph_run(cfg, executor)
     strategy.train_round(0)
-    held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}
+    held = {k: reachable_tensors(rt) for k, rt in executor.runtimes.items()}
     driver = {
         t.untyped_storage().data_ptr()
         for c in fed.clients
@@ -119,17 +80,17 @@ def test_a_graph_runtime_holds_only_its_own_graphs():
 def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
     """Checkpoint after round 20 (each client writes its own file), rebuild everything, load, run
     round 21: the same as the uninterrupted run (GCFL+ sequences and clusters included)."""
-    cfg = graph_cfg("gcflplus", "mask", out=str(tmp_path))
-    full, _, _ = build(cfg, LocalExecutor())
-    expect, _ = drive(full)
-    first, _, _ = build(cfg, LocalExecutor())
+    cfg = graph_config("gcflplus", "mask", out=str(tmp_path))
+    full, _, _ = build_graph_run(cfg, LocalExecutor())
+    expect, _ = drive_graph_run(full)
+    first, _, _ = build_graph_run(cfg, LocalExecutor())
     first.train_round(ROUNDS[0])
     first.evaluate()
     state = first.state_dict()
     assert list((tmp_path / "clients").glob("client4.*.pt"))
-    resumed, _, _ = build(cfg, LocalExecutor())
+    resumed, _, _ = build_graph_run(cfg, LocalExecutor())
     resumed.load_state_dict(state)
-    got, final = drive(resumed, ROUNDS[1:])
+    got, final = drive_graph_run(resumed, ROUNDS[1:])
     assert got[0]["train_loss"] == expect[1]["train_loss"] and got[0]["test_acc"] == expect[1]["test_acc"]
     assert final["clusters"] == full.clusters and final["splits"] == full.splits
 
@@ -139,8 +100,8 @@ def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime_golden(re
     model of that client (a runtime answers only in a run with --attacks)."""
     from attacks.parties import party_access
 
-    cfg = graph_cfg("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])
-    strategy, p_local, fed = build(cfg, LocalExecutor())
+    cfg = graph_config("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])
+    strategy, p_local, fed = build_graph_run(cfg, LocalExecutor())
     strategy.train_round(0)
     got = party_access(strategy, p_local, fed).victim_model(3).state_dict()
     assert_golden(

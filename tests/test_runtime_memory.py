@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_runtime import small
+from support.runs import small
 
 from protocols.party import ClientHalf
 from protocols.row_blocks import BlockRows

@@ -6,7 +6,15 @@ reused from test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`)."
 from __future__ import annotations
 
 import pytest
-from test_runtime import Recording, protocol_bytes_crossing, refusal_keeps_the_other_clients_keys, small
+from support.runs import (
+    Recording,
+    build_graph_run,
+    drive_graph_run,
+    graph_config,
+    protocol_bytes_crossing,
+    refusal_keeps_the_other_clients_keys,
+    small,
+)
 
 from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
@@ -84,15 +92,13 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
 def test_gcfl_on_actors_splits_as_in_process_with_the_same_bytes():
     """GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
     the same losses, splits and bytes per tag (model, reports, similarity) as the local executor."""
-    from test_runtime_graph import build, drive, graph_cfg
-
-    cfg = graph_cfg("gcfl", "plain")
-    strategy, protocol, _ = build(cfg, LocalExecutor())
-    local = drive(strategy), protocol.transcript.comm()["per_tag"]
+    cfg = graph_config("gcfl", "plain")
+    strategy, protocol, _ = build_graph_run(cfg, LocalExecutor())
+    local = drive_graph_run(strategy), protocol.transcript.comm()["per_tag"]
     executor = RayExecutor()
-    strategy, protocol, _ = build(cfg, executor)
+    strategy, protocol, _ = build_graph_run(cfg, executor)
     try:
-        remote = drive(strategy), protocol.transcript.comm()["per_tag"]
+        remote = drive_graph_run(strategy), protocol.transcript.comm()["per_tag"]
     finally:
         executor.shutdown()
     assert [r["train_loss"] for r in remote[0][0]] == [r["train_loss"] for r in local[0][0]] and remote[0][1]["splits"]

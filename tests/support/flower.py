@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

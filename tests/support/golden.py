@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGENERATE = "OMP_NUM_THREADS=1 python tests/golden/regenerate.py"
 
 
