@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from protocols import SERVER, ProtocolError
+from secure_fgl import experiment
 from secure_fgl.algorithms import get_algorithm
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, make_run_protocol
@@ -234,3 +235,9 @@ def drive_graph_run(algo, rounds=ROUNDS):
     for r in rounds:
         rows.append({**algo.train_round(r), **{k: v for k, v in algo.evaluate().items() if k != "per_client"}})
     return rows, algo.final_metrics()
+
+
+def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
+    """The module and name of the function that builds ``cfg``'s protocol: the in-process object
+    (``inline``) or the server half whose clients are the runtimes (``local``/``ray``)."""
+    return experiment, ("make_run_protocol" if cfg.executor == "inline" else "make_runtime_protocol")

@@ -1,4 +1,4 @@
-"""The GPU path (issue 17): runs only where CUDA is available, skipped with a reason otherwise.
+"""The GPU path: runs only where CUDA is available, skipped with a reason otherwise.
 
 Training and the attacks' model fits run on ``--device auto``'s device; data move there once
 (``FederatedAlgorithm._to_device``) and each exchange brings the clients' updates to the host

@@ -1,7 +1,6 @@
 """DP noise is unpredictable: drawn from an OS-keyed AES-CTR keystream, never from --seed.
 
-The regeneration attack of issue 12 (measured on the seeded implementation: 73/73 noise
-draws regenerated, residual 1.9e-6 against sigma 12.8) is replayed here: the attacker
+The regeneration attack on seed-derived noise is replayed here: the attacker
 knows everything in ``result.json`` and the checkpoint, reruns the same configuration and
 subtracts its noise from the victim's uploads.  Tolerances are >= 6 standard errors.
 """
@@ -14,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+from support.runs import protocol_maker
 
 import secure_fgl.experiment as experiment
 from protocols import DPRequest, Transcript
@@ -41,12 +41,6 @@ def dp_cfg(out, **kw) -> RunConfig:
     )
     base.update(kw)
     return RunConfig(**base)
-
-
-def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
-    """The module and name of the function that builds ``cfg``'s protocol: the in-process object
-    (``inline``) or the server half whose clients are the runtimes (``local``/``ray``)."""
-    return experiment, ("make_run_protocol" if cfg.executor == "inline" else "make_runtime_protocol")
 
 
 def run_capturing_protocol(cfg: RunConfig, monkeypatch) -> tuple[dict, object]:

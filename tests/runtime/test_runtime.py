@@ -1,4 +1,4 @@
-"""Client runtimes, strategies and the in-process executor (issue 14; Ray: test_runtime_ray.py)."""
+"""Client runtimes, strategies and the local executor (Ray: test_runtime_ray.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from fgssl_table1 import paper_accuracy  # noqa: E402
 from fgssl_whole_graph_eval import evaluate_run, write_table  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import minimal_fedavg  # noqa: E402
 from support.golden import GOLDEN  # noqa: E402
 
@@ -27,7 +27,7 @@ def test_the_minimal_fedavg_trains_as_the_built_in_fedavg():
         synthetic={"num_nodes": 300, "num_features": 40},
     )
     run = run_experiment(cfg, progress=False)
-    # the golden run of the built-in fedavg on the same settings (tests/test_runtime.py)
+    # the golden run of the built-in fedavg on the same settings (tests/runtime/test_runtime.py)
     fedavg = json.loads((GOLDEN / "runtime.json").read_text())["cases"][
         "test_local_executor_gives_the_golden_run[fedavg-options0]"
     ]["observed"]

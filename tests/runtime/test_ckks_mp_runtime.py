@@ -1,4 +1,4 @@
-"""ckks-mp through the client runtimes (issue 14): each runtime holds its client half and its key
+"""ckks-mp through the client runtimes: each runtime holds its client half and its key
 shares; only counted bytes cross; a client silent at the partial decryption stops the run naming it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedOMD and FedSpray as client runtimes (issue 14): the golden run (exact in plain/mask, within
+"""FedOMD and FedSpray as client runtimes: the golden run (exact in plain/mask, within
 the CKKS tolerance in ckks), the same protocol bytes per tag, no
 shared tensors between runtimes, resume from each client's checkpoint."""
 

@@ -1,4 +1,4 @@
-"""Memory at scale (issue 17): a recipient keeps only the rows it asked for; compact integer rows."""
+"""Memory at scale: a recipient keeps only the rows it asked for; compact integer rows."""
 
 from __future__ import annotations
 

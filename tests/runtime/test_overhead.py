@@ -1,4 +1,4 @@
-"""Whole-run overhead (issue 17): the checkpointed transcript and the overhead benchmark's records."""
+"""Whole-run overhead: the checkpointed transcript and the overhead benchmark's records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GCFL / GCFL+ (issue 19): clustering decisions, DTW, per-cluster FedAvg, the pairwise
+"""GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg, the pairwise
 statistics exchange in plain and ckks, and short end-to-end runs per mode."""
 
 from __future__ import annotations

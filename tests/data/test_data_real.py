@@ -25,7 +25,7 @@ from secure_fgl.data import (
     multi_dataset_partition,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ.get("SECURE_FGL_DATA") or REPO.parent / "shared" / "datasets").resolve()
 
 

@@ -1,7 +1,6 @@
 """Files never run code: checkpoints load with ``weights_only=True`` and are bound to the run's
 settings; Planetoid pickles go through a restricted unpickler; dataset checksums ship in the
-package.  Issue 12 measured a crafted ``checkpoint.pt`` and a crafted ``ind.cora.y`` each
-running a shell command."""
+package: a crafted ``checkpoint.pt`` or ``ind.cora.y`` that would run code is refused."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from secure_fgl.data.safe_files import canonical_checksums, load_pickle, verify_
 from secure_fgl.engine.trainer import CHECKPOINT
 from secure_fgl.experiment import run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("SECURE_FGL_DATA") or REPO.parent / "shared" / "datasets")
 SMALL = {"num_nodes": 200, "num_features": 16, "num_classes": 3}
 

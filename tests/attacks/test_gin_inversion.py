@@ -1,4 +1,4 @@
-"""Graph-level attacks (issue 19): the gradient inversion of a GIN update, the cut margin of
+"""Graph-level attacks: the gradient inversion of a GIN update, the cut margin of
 GCFL's split, and graph-level runs in the ``--attacks`` runner."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Ray executor (issue 14): the same run as in-process, bytes counted at the actor boundary,
+"""The Ray executor: the same run as in-process, bytes counted at the actor boundary,
 lost actors as protocol dropouts, clients pinned by resource.  One local Ray cluster (2 CPUs, a
 custom resource ``site_a``) for the module; its actors are
 reused from test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`)."""

@@ -2,7 +2,7 @@
 'distributed'): the noise left in a sum after d dropouts and after a coalition of c clients
 subtracts its own shares is still at least the calibrated sigma; more dropouts are refused.
 
-Statistical checks as in tests/test_dp.py: n * mean(x^2) / s^2 ~ chi^2_n, accepted inside the
+Statistical checks as in tests/protocols/test_dp.py: n * mean(x^2) / s^2 ~ chi^2_n, accepted inside the
 two-sided 5e-8 interval (false failure < 1e-6 over this file)."""
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ import json
 
 import numpy as np
 import pytest
+from support.runs import protocol_maker
 
 from protocols import DPRequest
 from protocols.dp import DPConfig, DPEngine
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import DP_LEDGER, run_experiment
-from tests.test_dp_csprng import protocol_maker
 
 SMALL = {"num_nodes": 200, "num_features": 16, "num_classes": 3}
 TAG = "fedavg/model"

@@ -1,4 +1,4 @@
-"""DP on the client runtimes (issue 14): each client clips and noises its own contribution with
+"""DP on the client runtimes: each client clips and noises its own contribution with
 its own OS-keyed keystream; the driver's one accountant composes the releases as in the golden runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fgssl, centralized and fedgcn-gap on the client runtimes (issue 14): the golden run."""
+"""fgssl, centralized and fedgcn-gap on the client runtimes: the golden run."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def args(mode: str, out: Path, config: Path, *extra: str) -> list[str]:
 
 def crash_after_first_checkpoint(argv: list[str], out: Path) -> None:
     """Run the CLI in a subprocess and SIGKILL it as soon as its first checkpoint is on disk."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "secure_fgl.cli.main", *argv],
         env=env,

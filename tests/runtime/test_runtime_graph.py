@@ -1,4 +1,4 @@
-"""Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes (issue 14): the same
+"""Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes: the same
 losses, accuracies, cluster splits and protocol bytes as the golden runs; a runtime
 holds only its own graphs; a resumed strategy continues exactly."""
 

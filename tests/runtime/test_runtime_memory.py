@@ -1,4 +1,4 @@
-"""Memory of the client runtimes (issue 14, 100 clients within 8 GB): a client holds its compact
+"""Memory of the client runtimes (100 clients within 8 GB): a client holds its compact
 rows while a row sum streams, keeps only the rows it asked for of the blocks it decodes, and a
 host process can measure itself and give freed memory back."""
 
