@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cached import cached_protocol, fresh_round
 
 from protocols import BoundError, IntegrityError, PackingOverflowError, ValueSpec, make_protocol
 from protocols.fixed_point import FixedPoint, rounding_rng
@@ -25,16 +24,11 @@ from protocols.precision import MeanPrecision
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 CKKS_SETTINGS = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-_PROTOCOLS: dict[int, object] = {}
-#: a fresh round for every exchange on a reused protocol: a client contributes to a (round, tag) once
-ROUNDS = itertools.count()
 
 
 def fixed_ckks(k: int):
-    """One fixed-point ckks protocol per K, reused across examples (key generation is slow)."""
-    if k not in _PROTOCOLS:
-        _PROTOCOLS[k] = make_protocol("ckks", k, fixed_point_bits=20)
-    return _PROTOCOLS[k]
+    """The session's fixed-point ckks protocol for K clients."""
+    return cached_protocol("ckks", k, fixed_point_bits=20)
 
 
 def plans():
@@ -128,7 +122,7 @@ def test_ckks_fixed_point_mean_within_the_stated_bound(data):
     vals = {c: rng.uniform(-1, 1, n) for c in range(k)}
     proto = fixed_ckks(k)
     before = len(proto.transcript.messages)
-    got = proto.weighted_mean("fx/model", next(ROUNDS), vals, dict(enumerate(weights)), spec=plan.spec())
+    got = proto.weighted_mean("fx/model", fresh_round(), vals, dict(enumerate(weights)), spec=plan.spec())
     exact = sum(w * vals[c] for c, w in enumerate(weights))
     stats = proto.last_stats
     assert stats["encoding"] == "fixed"
@@ -148,7 +142,7 @@ def test_small_exchanges_keep_float_precision():
     proto = fixed_ckks(2)
     got = proto.weighted_mean(
         "fx/small",
-        next(ROUNDS),
+        fresh_round(),
         {0: [0.25] * 200, 1: [0.5] * 200},
         {0: 0.5, 1: 0.5},
         spec=MeanPrecision(value_bound=100.0).spec(),
@@ -174,7 +168,7 @@ def test_an_entry_above_the_bound_is_refused_before_encryption(data):
     before = len(proto.transcript.messages)
     assert proto.plan(ValueSpec(max_abs=1.0), block_len=n).encoding == "fixed"
     with pytest.raises(BoundError) as err:
-        proto.weighted_sum("fx/refuse", next(ROUNDS), vals, spec=ValueSpec(max_abs=1.0))
+        proto.weighted_sum("fx/refuse", fresh_round(), vals, spec=ValueSpec(max_abs=1.0))
     assert err.value.client == bad_client and "Nothing was encrypted" in str(err.value)
     # (the chain's key set-up, tag ckks/keys, may run first: the halves set keys up before uploads)
     assert not [m for m in proto.transcript.messages[before:] if m.tag == "fx/refuse" and m.kind == "ciphertext"]
@@ -285,6 +279,6 @@ def test_integer_exchanges_sum_exactly_in_signed_complex_fields(data):
     vals = {c: rng.integers(0, cap + 1, n).astype(float) for c in range(k)}
     vals[0][: n // 3] = cap  # the worst case
     proto = fixed_ckks(k)
-    got = proto.weighted_sum("fx/int", next(ROUNDS), vals, spec=ValueSpec(integer=True, max_abs=float(cap)))
+    got = proto.weighted_sum("fx/int", fresh_round(), vals, spec=ValueSpec(integer=True, max_abs=float(cap)))
     assert proto.last_stats["encoding"] == "fixed" and proto.last_stats["error_bound"] == 0.0
     assert np.array_equal(got, sum(vals.values()))

@@ -14,19 +14,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cached import cached_protocol
 
 from protocols import BoundError, PackingOverflowError, ValueSpec, make_protocol
 from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, kway_sum_bound, largest_scale_bits
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-_PROTOCOLS: dict[tuple[str, int], object] = {}
-
-
-def protocol(mode: str, k: int):
-    """One protocol per (mode, K), reused across examples (CKKS key generation is slow)."""
-    if (mode, k) not in _PROTOCOLS:
-        _PROTOCOLS[(mode, k)] = make_protocol(mode, k)
-    return _PROTOCOLS[(mode, k)]
 
 
 def test_shared_scale_rule():
@@ -48,7 +41,7 @@ def test_contributions_that_pass_the_client_check_sum_exactly(mode, data):
     entries = st.one_of(st.just(cap), st.integers(0, cap))  # the worst case is drawn often
     vals = {c: np.array(data.draw(st.lists(entries, min_size=n, max_size=n)), dtype=float) for c in range(k)}
     spec = ValueSpec(integer=True, max_abs=float(cap), sum_max=cap + 1)
-    proto = protocol(mode, k)
+    proto = cached_protocol(mode, k)
     assert not getattr(proto, "audit_sum_bound", False)
     got = proto.weighted_sum("bounds", len(proto.transcript.messages), vals, spec=spec)
     assert np.array_equal(got, sum(vals.values()))
@@ -76,7 +69,7 @@ def test_owner_checked_sum_keeps_narrow_fields():
     widens them to cover K * max_abs."""
     owner_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169, owner_checked_sum=True)
     alone_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169)
-    for ck, sign in ((protocol("ckks", 4), 1), (make_protocol("ckks", 4, exact_fields=False), 0)):
+    for ck, sign in ((cached_protocol("ckks", 4), 1), (make_protocol("ckks", 4, exact_fields=False), 0)):
         owner, alone = ck.plan(owner_spec), ck.plan(alone_spec)
         assert owner.encoding == alone.encoding == ("fixed" if sign else "packed")
         assert owner.layout.width == 8 + sign and alone.layout.width == (4 * 169).bit_length() + sign
@@ -101,7 +94,7 @@ def test_weighted_mean_with_tiny_weights_within_the_stated_bound(mode):
     w = {c: counts[c] / counts.sum() for c in range(k)}  # n_k / n_train: total 1
     v = {c: rng.normal(0, 1e-3, size=500) for c in range(k)}  # small updates
     plan = MeanPrecision(value_bound=100.0)
-    proto = protocol(mode, k)
+    proto = cached_protocol(mode, k)
     got = proto.weighted_mean("model", len(proto.transcript.messages), v, w, spec=plan.spec())
     exact = sum(w[c] * v[c] for c in range(k)) / sum(w.values())
     err = np.abs(got - exact).max()
