@@ -140,6 +140,8 @@ class Party:
         #: register identity keys as the server relays them (no manifest; secure only against a
         #: server that follows the protocol)
         self.trust_on_first_use = False
+        #: the public exchange schedule, from the run manifest (:mod:`protocols.schedule`; none without one)
+        self.schedule: PublicSchedule | None = None
 
     def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
         """Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
@@ -156,6 +158,7 @@ class Party:
             )
         self.manifest, self.signing = manifest, identity
         self.registry = KeyRegistry(pinned=dict(manifest.parties))
+        self.schedule = PublicSchedule.of(manifest.num_clients, manifest.security)
 
     def parameter(self, name: str, default: Any = None) -> Any:
         """A security parameter of the run, from the pinned manifest (:meth:`Manifest.parameter`);
@@ -254,8 +257,6 @@ class ClientHalf(Party):
         self.id = int(client_id)
         self.policy = PlanPolicy(self.id, parsed.num_clients, collusion_bound(parsed))
         self._refused: int | None = None  # the exchange whose plan this client refused
-        #: the public schedule from the run manifest (:meth:`use_manifest`; none without one)
-        self.schedule: PublicSchedule | None = None
         #: digests of the broadcasts this client received (:mod:`protocols.broadcast_view`)
         self.views = BroadcastViews()
         self.channel = ChannelKey(self.name)
@@ -317,11 +318,6 @@ class ClientHalf(Party):
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
-
-    def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
-        """:meth:`Party.use_manifest`, and read the public schedule (:mod:`protocols.schedule`)."""
-        super().use_manifest(manifest, identity)
-        self.schedule = PublicSchedule.of(manifest.num_clients, manifest.security)
 
     def view_digest(self) -> bytes:
         """The digest of the broadcasts this client received under the current plan's tag, which

@@ -88,16 +88,17 @@ def accepted_keys(protocol, executor=None, hosts=()) -> dict:
 NOT_PROTECTED = (
     "a malicious client's own input",
     "a server re-signing a wrong aggregate (no verifiable aggregation)",
-    "a crafted model that leaks one update through the sum (use DP)",
+    "a crafted model, the same for every client, that leaks one update through the sum (use DP)",
 )
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
-    "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
+    "per sum, a signed consistency round before unmasking that also binds the models each contributor "
+    "received under a broadcast tag); the aggregate is known to any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-    "of docs/ckks_mp.md",
+    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag is refused",
 }
 
 

@@ -1230,6 +1230,13 @@ class MaskServer(ServerHalf):
                 sorted(self.last_missing),
                 f"only {len(signatures)} clients signed the survivor set, fewer than the threshold t={t}",
             )
+        if len(signatures) < len(uploaders) and self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+            raise _dropout_error(
+                self.where(),
+                sorted(self.last_missing),
+                "in an exchange the public schedule marks as a broadcast every survivor signs the survivor "
+                "set (each checks the models the others received, protocols/broadcast_view.py)",
+            )
         return signatures
 
     def _unmask(self, link, total, union, announced, uploaders, dropped, t, enc, batch_key, signatures) -> None:

@@ -192,3 +192,18 @@ def test_a_sampled_mask_run_passes_every_clients_schedule_check():
     assert public_roles(cfg) == {"fedavg/model": BROADCAST}
     res = run_experiment(cfg, progress=False)  # a sample or a model the clients disagree on would raise
     assert len(res["rounds"]) == 3 and res["threat_model"]["mode"] == "mask"
+
+
+def test_mask_a_survivor_silent_at_consistency_of_a_broadcast_is_a_dropout_error():
+    """An honest server that misses a survivor's signature in a broadcast exchange stops with a
+    DropoutError naming it (the others would refuse to unmask without it), nothing delivered."""
+    from protocols.errors import DropoutError
+    from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
+
+    proto = _protocol("mask")
+    sample = sample_clients(SEED, 0, K, FRACTION)
+    proto.link = DroppingLink(proto.link, DropoutSchedule(parse_dropouts(f"{sample[-1]},@consistency", K, "mask")))
+    with pytest.raises(DropoutError, match="every survivor signs") as err:
+        _model_round(proto, 0)
+    assert tuple(err.value.clients) == (sample[-1],)
+    assert all(half._result is None for half in proto.clients.values())
