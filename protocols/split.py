@@ -36,6 +36,7 @@ from .manifest import Manifest
 from .party import ClientHalf, PartySetup, ServerHalf
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound
+from .schedule import PublicSchedule
 from .transcript import SERVER, Message, client_party, party_client
 
 
@@ -48,7 +49,9 @@ class SplitProtocol(Protocol):
     (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
     ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
     public (in the party setup and the manifest); every client half refuses a plan that breaks
-    it (:mod:`protocols.plan_policy`).
+    it (:mod:`protocols.plan_policy`).  ``client_fraction`` and ``roles`` (tag -> role): the
+    public schedule in the manifest, which every client half checks plans against too
+    (:mod:`protocols.schedule`; the sampling seed is ``seed``).
     """
 
     client_half: type[ClientHalf] = ClientHalf
@@ -62,10 +65,15 @@ class SplitProtocol(Protocol):
         schedule: str = "",
         max_colluders: int = 0,
         min_contributors: int | None = None,
+        client_fraction: float = 1.0,
+        roles: dict[str, str] | None = None,
         **base_options,
     ):
         super().__init__(num_clients, **base_options)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
+        self.schedule = PublicSchedule.of(
+            num_clients, {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}}
+        )
         identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
         self.manifest = Manifest.new(
             self.mode,
@@ -99,7 +107,8 @@ class SplitProtocol(Protocol):
 
     def security_parameters(self) -> dict:
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
-        return {"sample_seed": int(self.seed), **self.collusion.to_dict()}
+        schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
+        return {**schedule, "roles": dict(self.schedule.roles), **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup: the run

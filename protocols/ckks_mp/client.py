@@ -48,6 +48,7 @@ from ..ckks.params import per_client_limits
 from ..errors import (
     BoundError,
     DowngradeError,
+    InconsistentViewError,
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
@@ -286,8 +287,10 @@ class CKKSMPClient(ClientHalf):
     def _masks(self, ep: Plan, to: int, blocks) -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
         (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
-        digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
-        recipient, the block and the piece: they cancel only if every client holds the same plan."""
+        digest of the plan this client holds (:func:`common_plan_digest`), the digest of the
+        broadcasts it trained on (:mod:`protocols.broadcast_view`), the exchange, the recipient,
+        the block and the piece: they cancel only if every client holds the same plan and was sent
+        the same broadcasts."""
         if self._pair_seeds is None:
             self._pair_seeds = {
                 k: self.channel.pair_seed(
@@ -296,7 +299,8 @@ class CKKSMPClient(ClientHalf):
                 for k in range(self.setup.num_clients)
                 if k != self.id
             }
-        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
+        view = self.view_digest().hex()  # the broadcasts this client trained on (protocols.broadcast_view)
+        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{view}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
         return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
 
@@ -506,6 +510,14 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
+                    if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+                        raise InconsistentViewError(
+                            f"block {b} of a broadcast exchange decrypts with {why}: the clients' key-switching "
+                            "masks did not cancel, so they hold different plans or were sent different "
+                            "broadcasts to train on (model inconsistency), or a share or ciphertext was "
+                            "corrupted; nothing was delivered",
+                            **self.where(),
+                        )
                     raise IntegrityError(
                         f"block {b} decrypts with {why}: a key-switching share or ciphertext was "
                         "corrupted; nothing was delivered",

@@ -37,7 +37,9 @@ ring ``Z_{2^b}``:
    exchange, ``b_k^(seq)`` its self-mask seed and ``R_k`` the output mask (default; absent
    with ``reveal_to_server=True``), see below.
 5. *ConsistencyCheck* — the server sends every uploader the survivor set ``U``; each signs
-   ``(run, session, exchange, tag, round, U)`` (:func:`survivor_statement`) with its identity key.
+   ``(run, session, exchange, tag, round, U, v)`` (:func:`survivor_statement`) with its identity
+   key, ``v`` the digest of the broadcasts it trained on (:mod:`protocols.broadcast_view`; in an
+   exchange the public schedule marks as a broadcast, every survivor must sign).
    The unmasking request carries ``U``, the dropped participants and those signatures; a client
    answers only a request that names the set it signed, with at least ``t`` valid signatures
    over it (:class:`~protocols.errors.ConsistencyError` otherwise), so the server cannot ask
@@ -141,10 +143,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..base import ExchangeContext
+from ..broadcast_view import EMPTY_VIEW
 from ..errors import (
     ConfigurationError,
     ConsistencyError,
     DropoutError,
+    InconsistentViewError,
     IntegrityError,
     ProtocolError,
     ShapeError,
@@ -247,9 +251,12 @@ def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> byte
 SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
 
 
-def survivor_statement(run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors) -> bytes:
+def survivor_statement(
+    run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors, view: bytes = EMPTY_VIEW
+) -> bytes:
     """The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
-    the run, session and exchange, and the sorted survivor set, length-prefixed."""
+    the run, session and exchange, the sorted survivor set and the digest of the broadcasts the
+    signer trained on (:mod:`protocols.broadcast_view`), length-prefixed."""
     fields = (
         SURVIVORS_DOMAIN,
         bytes(run_id),
@@ -258,6 +265,7 @@ def survivor_statement(run_id: bytes, session: bytes, seq: int, tag: str, rnd: i
         tag.encode(),
         int(rnd).to_bytes(8, "big", signed=True),
         np.asarray(survivors, dtype=">i4").tobytes(),
+        bytes(view),
     )
     return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
 
@@ -710,7 +718,9 @@ class MaskClient(ClientHalf):
 
     def _statement(self, survivors) -> bytes:
         p = self.plan
-        return survivor_statement(self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors)
+        return survivor_statement(
+            self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors, self.view_digest()
+        )
 
     def stage_consistency(self, inbox):
         """Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
@@ -762,15 +772,23 @@ class MaskClient(ClientHalf):
                 **where,
             )
         statement, t = self._statement(survivors), self._threshold()
+        bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+        if bound and set(signatures) != set(survivors):  # an unsigned survivor's view is unchecked
+            raise InconsistentViewError(
+                f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of a "
+                "broadcast exchange: each survivor's view of the broadcasts is checked before unmasking",
+                **where,
+            )
         for k, sig in signatures.items():
             if k not in survivors:
                 raise ConsistencyError(f"a survivor-set signature of client {k}, who is not a survivor", **where)
             try:
                 self.registry.check_signature(client_party(k), statement, sig, where)
             except IntegrityError:
-                raise ConsistencyError(
+                raise (InconsistentViewError if bound else ConsistencyError)(
                     f"client {k}'s signature is not over the survivor set {survivors} this client "
-                    "signed: the server told clients different survivor sets",
+                    "signed: the server told clients different survivor sets"
+                    + (" or sent them different broadcasts to train on (model inconsistency)" if bound else ""),
                     **where,
                 ) from None
         if len(signatures) < t:
@@ -1211,6 +1229,13 @@ class MaskServer(ServerHalf):
                 self.where(),
                 sorted(self.last_missing),
                 f"only {len(signatures)} clients signed the survivor set, fewer than the threshold t={t}",
+            )
+        if len(signatures) < len(uploaders) and self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+            raise _dropout_error(
+                self.where(),
+                sorted(self.last_missing),
+                "in an exchange the public schedule marks as a broadcast every survivor signs the survivor "
+                "set (each checks the models the others received, protocols/broadcast_view.py)",
             )
         return signatures
 
