@@ -25,7 +25,8 @@ from protocols.errors import (
 )
 from protocols.framing import message_to_bytes, pack_bundle
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import MaskClient, MaskServer
+from protocols.mask.client import MaskClient
+from protocols.mask.server import MaskServer
 from protocols.mask.shamir import Share, split
 from protocols.party import envelope_of
 

@@ -29,7 +29,7 @@ from protocols import (
 )
 from protocols.errors import DigestError
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import remove_output_masks
+from protocols.mask.client import remove_output_masks
 from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key, output_mask_keys
 from protocols.mask.prg import keystream, ring_mask, stream_id
 from protocols.mask.quantize import RING_BITS, STORAGE_DTYPES, FixedPoint, choose_encoding
