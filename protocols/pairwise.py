@@ -23,22 +23,19 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import validate
-from .base import ArrayLike, Protocol
+from .base import Protocol
 from .errors import ConfigurationError, NonFiniteError, ShapeError
+from .exchange import ArrayLike
+from .pairwise_exchange import cosine_matrix, pairwise_over_halves
 from .registry import pairwise_modes
+from .report import collect_reports
+from .split import SplitProtocol
 from .transcript import SERVER, Message, client_party
 
 __all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODES", "cosine_matrix"]
 
 #: modes in which :func:`pairwise_cosine` runs
 PAIRWISE_MODES = pairwise_modes()
-
-
-def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
-    """Cosine similarities of the rows of ``vectors`` (a zero row has similarity 0 to all)."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.maximum(norms, 1e-12)
-    return unit @ unit.T
 
 
 def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
@@ -64,8 +61,6 @@ def pairwise_cosine(
     arrays = _validated(protocol, tag, rnd, updates)
     if not 0 <= decider < protocol.num_clients:
         raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
-    from .pairwise_exchange import pairwise_over_halves
-
     members = [int(k) for k in arrays]
     for k in members:  # the facade plays each member: its half's provider returns its update
         protocol.clients[k].provider = lambda plan, v=arrays[k]: plan.dense_table(v)
@@ -88,8 +83,6 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
     one message; returns what the server got.  Checked on the client first: a NaN or inf
     (:class:`~protocols.errors.NonFiniteError`) or a length unlike the others'
     (:class:`~protocols.errors.ShapeError`) and nothing is sent."""
-    from .split import SplitProtocol
-
     vectors = {int(k): np.asarray(v, dtype=np.float64).ravel() for k, v in values.items()}
     lengths = {v.size for v in vectors.values()}
     if len(lengths) > 1 or 0 in lengths:
@@ -126,8 +119,6 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
 
 def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """The facade plays each reporting client: its half's provider returns its values."""
-    from .report import collect_reports
-
     for k, v in values.items():
         protocol.clients[int(k)].provider = lambda plan, v=v: plan.dense_table(v)
         protocol.clients[int(k)].clear_tags.add(tag)  # the caller reports these values in the clear

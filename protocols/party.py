@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .base import BlockTable, check_exchange_fields
+from .base import check_exchange_fields
 from .channel import ChannelKey, associated_data
 from .errors import (
     ClearReportRefusedError,
@@ -55,6 +55,7 @@ from .errors import (
     PlanRefusedError,
     ProtocolError,
 )
+from .exchange import BlockTable
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest

@@ -13,6 +13,8 @@ summed blocks, which the recipient's half decodes.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .errors import BoundError, DropoutError, IntegrityError, ShapeError
@@ -26,8 +28,6 @@ PLAIN_BLOCK = 4096
 
 
 def plain_fingerprint(num_clients: int) -> str:
-    import hashlib
-
     return hashlib.sha256(f"plain:{num_clients}".encode()).hexdigest()[:16]
 
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import ValueSpec
 from .errors import DropoutError, IntegrityError, NonFiniteError
+from .exchange import ValueSpec
 from .plan import ExchangePlan
 from .transcript import SERVER
 

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .auth import SigningKey
-from .base import ExchangeContext, Protocol
+from .base import Protocol
+from .exchange import ExchangeContext
 from .link import ClientLink, InProcessLink
 from .manifest import Manifest
 from .party import ClientHalf, PartySetup, ServerHalf

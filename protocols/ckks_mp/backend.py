@@ -59,12 +59,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import ExchangeContext
 from ..errors import BoundError, PackingOverflowError
+from ..exchange import ExchangeContext
+from ..party import envelope_of
 from ..split import SplitProtocol
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
+from .sampling import crs_seed, upload_c1
 from .server import CKKSMPServer
 
 __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
@@ -171,9 +173,6 @@ class CKKSMPProtocol(SplitProtocol):
         """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
         the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
         ``0 .. count-1``).  For attack simulations and tests."""
-        from ..party import envelope_of
-        from .sampling import crs_seed, upload_c1
-
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)

@@ -136,8 +136,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..base import ExchangeContext
 from ..errors import ConfigurationError, ShapeError
+from ..exchange import ExchangeContext
 from ..split import SplitProtocol
 from .client import MaskClient, Participant
 from .keys import ExchangeBinding
