@@ -38,7 +38,7 @@ from .public import (
     stream_ids,
 )
 from .quantize import FixedPoint
-from .shamir import SHARE_BYTES, Share, split
+from .shamir import SHARE_BYTES, Share, split_secret
 
 
 @dataclass
@@ -413,7 +413,7 @@ class MaskClient(ClientHalf):
         contributors, t = self._batch_key()
         xs = [j + 1 for j in contributors]
         seeds = [new_secret_seed() for _ in range(int(self.options["self_mask_batch"]))]
-        shares = [split(b, xs, t) for b in seeds]
+        shares = [split_secret(b, xs, t) for b in seeds]
         self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
         held = self.held_batches.setdefault((contributors, t), {})
         out, commitments, first = [], {}, self.plan.exchange
