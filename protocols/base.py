@@ -544,8 +544,8 @@ class Protocol(ABC):
         return self.registry.fingerprints()
 
     def _ensure_registered(self, rnd: int) -> None:
-        """Register every party's keys once per run, pinned by the run manifest (a backend split into
-        halves runs the ``register`` stage: :meth:`protocols.split.SplitProtocol._ensure_registered`)."""
+        """Register every party's keys once per run, pinned by the run manifest (a backend in
+        halves runs the ``register`` stage: :meth:`protocols.halves.HalvesProtocol._ensure_registered`)."""
         raise NotImplementedError
 
     def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:

@@ -26,10 +26,10 @@ from . import validate
 from .base import Protocol
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .exchange import ArrayLike
+from .halves import HalvesProtocol
 from .pairwise_exchange import cosine_matrix, pairwise_over_halves
 from .registry import pairwise_modes
 from .report import collect_reports
-from .split import SplitProtocol
 from .transcript import SERVER, Message, client_party
 
 __all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODES", "cosine_matrix"]
@@ -73,7 +73,7 @@ def pairwise_cosine(
 
 def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
     """Each client sends one float64 to the server in the clear; returns what the server got.
-    A backend split into halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+    A backend in halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
     got = report_vectors(protocol, tag, rnd, {k: [v] for k, v in values.items()})
     return {k: float(v[0]) for k, v in got.items()}
 
@@ -92,7 +92,7 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
     for k, v in vectors.items():
         if not np.isfinite(v).all():
             raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
-    if isinstance(protocol, SplitProtocol) and protocol.clients:
+    if isinstance(protocol, HalvesProtocol) and protocol.clients:
         return _report_through_halves(protocol, tag, rnd, vectors)
     out = {}
     protocol._begin_exchange(tag, rnd)

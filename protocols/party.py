@@ -1,6 +1,6 @@
 """The two halves of a protocol backend: one client half per client, one server half.
 
-A backend is split along the privacy boundary (docs/parties.md):
+A backend is divided along the privacy boundary (docs/parties.md):
 
 * :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
   only (:class:`PartySetup`), so it can live in another process or machine.  It makes its

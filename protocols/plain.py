@@ -18,9 +18,9 @@ import hashlib
 import numpy as np
 
 from .errors import BoundError, DropoutError, IntegrityError, ShapeError
+from .halves import HalvesProtocol
 from .link import stream_groups
 from .party import ClientHalf, ServerHalf
-from .split import SplitProtocol
 from .transcript import SERVER
 
 #: values per transport block; only the layout granularity (no ciphertext here)
@@ -132,7 +132,7 @@ class PlainServer(ServerHalf):
         return tuple(k for k in plan.contributors if k not in missing)  # the clients that uploaded
 
 
-class PlainProtocol(SplitProtocol):
+class PlainProtocol(HalvesProtocol):
     mode = "plain"
     upload_kind = "plain"
     client_half = PlainClient

@@ -37,11 +37,11 @@ def public_schedule(cfg: RunConfig) -> dict:
 
 def schedule_option(cfg: RunConfig) -> dict:
     """``{"schedule": sha256 hex}`` for a backend split into halves (it builds a manifest), else ``{}``."""
+    from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
-    from protocols.split import SplitProtocol
 
-    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
         return {}
     return {"schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str)))}
 

@@ -20,7 +20,7 @@ makes packed integers exact with a worst-case (not statistical) noise bound, and
 recipient detect a corrupted share.  Relinearisation and rotation keys (needed only for
 slot-wise products) are not built.
 
-The backend is split along the privacy boundary (:mod:`protocols.party`): one
+The backend is divided along the privacy boundary (:mod:`protocols.party`): one
 :class:`~.client.CKKSMPClient` per client (its key shares are made there, from the OS CSPRNG,
 and never leave it) and one :class:`~.server.CKKSMPServer` (public keys and ciphertexts only),
 exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` in the stages
@@ -61,8 +61,8 @@ import numpy as np
 
 from ..errors import BoundError, PackingOverflowError
 from ..exchange import ExchangeContext
+from ..halves import HalvesProtocol
 from ..party import envelope_of
-from ..split import SplitProtocol
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
@@ -72,7 +72,7 @@ from .server import CKKSMPServer
 __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
 
 
-class CKKSMPProtocol(SplitProtocol):
+class CKKSMPProtocol(HalvesProtocol):
     """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n.
 
     Options (``make_protocol('ckks-mp', K, ...)``):

@@ -138,7 +138,7 @@ import numpy as np
 
 from ..errors import ConfigurationError, ShapeError
 from ..exchange import ExchangeContext
-from ..split import SplitProtocol
+from ..halves import HalvesProtocol
 from .client import MaskClient, Participant
 from .keys import ExchangeBinding
 from .public import mask_fingerprint, shamir_threshold
@@ -157,7 +157,7 @@ _SILENT_AT = {
 }
 
 
-class MaskProtocol(SplitProtocol):
+class MaskProtocol(HalvesProtocol):
     """Pairwise-mask secure aggregation over ``Z_{2^ring_bits}``.
 
     Parameters (besides those of :class:`~protocols.base.Protocol`)

@@ -1,6 +1,6 @@
-"""The algorithms' protocol facade over a backend split into client and server halves.
+"""The algorithms' protocol facade over a backend built of client and server halves.
 
-:class:`SplitProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
+:class:`HalvesProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
 (``weighted_mean``, ``row_sum``, ``classwise_mean``, ``central_moments``) for algorithms that
 hold every client's contribution in one dict, and runs each exchange as the parties would:
 
@@ -40,7 +40,7 @@ from .plan_policy import CollusionBound
 from .transcript import SERVER, Message, client_party, party_client
 
 
-class SplitProtocol(Protocol):
+class HalvesProtocol(Protocol):
     """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
 
     ``link``: the transport to the client halves (default: in-process halves built here;
