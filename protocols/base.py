@@ -29,47 +29,25 @@ equal-length blocks with per-recipient block selection.
 from __future__ import annotations
 
 import hashlib
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import validate
-from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .baseline import row_sum_bytes, vector_sum_bytes
-from .channel import ChannelKey, associated_data
-from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
+from .errors import ConfigurationError, ShapeError
 from .exchange import ArrayLike, BlockTable, DPRequest, ExchangeContext, ValueSpec
-from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
 from .row_blocks import BlockRows, ReadableRows, RowSelection
-from .transcript import SERVER, Message, Transcript, client_party, party_client
+from .transcript import Transcript
 
 if TYPE_CHECKING:  # the DP settings are injected: dp imports this package's data types
     from .dp import DPConfig, DPEngine
 
 #: tag of the once-per-run registration of the clients' public keys
 AUTH_TAG = "auth/keys"
-
-
-def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
-    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
-    this exchange's (IntegrityError naming the client and what differs)."""
-    expected = (protocol, fingerprint, rnd, tag)
-    got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
-    if got != expected:
-        names = ("protocol", "context fingerprint", "round", "tag")
-        bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-        raise IntegrityError(
-            "message rejected: wrong "
-            + "; ".join(bad)
-            + ". The client must use this run's public context and current exchange",
-            tag=tag,
-            round=rnd,
-            client=client,
-        )
 
 
 def classwise_vector(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -115,19 +93,8 @@ class Protocol(ABC):
         self.seed = int(seed)
         #: the run's DP engine, built by the injected DP settings (``None``: no DP)
         self.dp: DPEngine | None = None if dp is None else dp.engine(self.num_clients, self.mode)
-        #: test hook: called on every message in transit (uploads, downloads, relayed client->client)
-        self.intercept: Callable[[Message], Message] | None = None
-        #: public run id and this session's nonce (os.urandom; a resumed run gets a new session)
-        self.run_id = os.urandom(NONCE_BYTES)
-        self.session = os.urandom(NONCE_BYTES)
         #: number of the current exchange in this session (bound into every envelope)
         self.exchange = 0
-        #: the registered public keys (trust on first use; see :mod:`protocols.auth`)
-        self.registry = KeyRegistry()
-        self._signing = {k: SigningKey() for k in range(self.num_clients)}  # client side
-        self._server_signing = SigningKey()  # server side
-        self._channel = {k: ChannelKey(client_party(k)) for k in range(self.num_clients)}
-        self._replay: dict[str, ReplayCache] = {}  # per receiving party
 
     # ------------------------------------------------------------------ identity
     @property
@@ -507,145 +474,6 @@ class Protocol(ABC):
         exchange with the same tag and round is a replay.  Every exchange shape calls it once."""
         self._check_exchange_id(tag, rnd)
         self.exchange += 1
-
-    def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message | None:
-        """Client ``msg.sender`` signs ``msg`` and sends it to the server; it passes the test
-        hook in transit, is recorded (unless ``record`` is false) and the server verifies it
-        (:func:`protocols.auth.verify`) before anything reads it.  ``None`` when the hook
-        drops it (a dropout)."""
-        return self._transmit(msg, stage, part, record)
-
-    def _download(self, msg: Message, stage: str = "download", part: int = 0, *, record: bool = True) -> Message | None:
-        """The server signs ``msg`` (to client ``msg.receiver``) with its own key; it passes the
-        test hook in transit, is recorded (unless ``record`` is false) and the recipient
-        verifies it (signature, sender, recipient, session, exchange, stage, digest, replay)
-        before decoding anything.  ``None`` when the hook drops it."""
-        return self._transmit(msg, stage, part, record)
-
-    def _transmit(self, msg: Message, stage: str, part: int, record: bool) -> Message | None:
-        sender, receiver, tag, rnd = msg.sender, msg.receiver, msg.tag, msg.round
-        msg = self._seal(msg, stage, part)
-        if self.intercept is not None:
-            msg = self.intercept(msg)
-            if msg is None:
-                return None
-        if record:
-            self._record_message(msg)
-        self._authenticate(msg, sender, receiver, stage, part, tag, rnd)
-        return msg
-
-    def _record_message(self, msg: Message) -> None:
-        """Put a message that crossed the wire in the transcript (a backend may strip large payloads)."""
-        self.transcript.record(msg)
-
-    # ------------------------------------------------------------------ authentication
-    def identity_fingerprints(self) -> dict[str, dict[str, str]]:
-        """SHA-256 fingerprints of every registered key, the server's signing key included (for result.json)."""
-        return self.registry.fingerprints()
-
-    def _ensure_registered(self, rnd: int) -> None:
-        """Register every party's keys once per run, pinned by the run manifest (a backend in
-        halves runs the ``register`` stage: :meth:`protocols.halves.HalvesProtocol._ensure_registered`)."""
-        raise NotImplementedError
-
-    def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
-        """Sender side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
-        self._ensure_registered(msg.round)
-        k = party_client(msg.sender)
-        key = self._server_signing if k is None else self._signing[k]
-        digest, length = body_digest(msg.payload)
-        env = Envelope(
-            self.run_id,
-            self.session,
-            msg.protocol,
-            msg.fingerprint,
-            self.exchange,
-            int(msg.round),
-            msg.tag,
-            stage,
-            int(part),
-            msg.sender,
-            msg.receiver,
-            msg.kind,
-            tuple(int(d) for d in msg.shape),
-            digest,
-            length,
-        )
-        header = env.header_bytes()
-        return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
-
-    def _authenticate(
-        self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str, rnd: int
-    ) -> None:
-        """Receiver side: verify ``msg`` (signature, sender, recipient, session, exchange, stage,
-        digest, replay) expected in exchange (``tag``, ``rnd``); an IntegrityError subclass
-        naming the client and exchange otherwise."""
-        where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
-        expected = dict(
-            run_id=self.run_id,
-            session=self.session,
-            exchange=self.exchange,
-            stage=stage,
-            part=part,
-            sender=sender,
-            recipient=recipient,
-        )
-        try:
-            verify(msg, expected, self.registry, self._replay.setdefault(recipient, ReplayCache()), where)
-        except MalformedMessageError as e:
-            if e.client is None:
-                raise MalformedMessageError(str(e), **where) from None
-            raise
-
-    def _relay(
-        self,
-        rnd: int,
-        tag: str,
-        a: int,
-        b: int,
-        stage: str,
-        secret: bytes,
-        note: str,
-        fingerprint: str | None = None,
-        keep_payload: bool = True,
-        part: int = 0,
-    ) -> bytes:
-        """Client ``a`` sends ``secret`` to client ``b`` through the server over the encrypted
-        channel (:mod:`protocols.channel`); returns what ``b`` decrypts after verifying it."""
-        self._ensure_registered(rnd)
-        pa, pb = client_party(a), client_party(b)
-        ad = associated_data(self.run_id, self.session, self.exchange, rnd, tag, stage, pa, pb)
-        sealed = self._channel[a].seal(pb, self.registry.channel[pb], self.run_id, secret, ad)
-        fp = self.fingerprint if fingerprint is None else fingerprint
-        msg = self._seal(
-            Message(
-                rnd,
-                tag,
-                pa,
-                pb,
-                "ciphertext",
-                (len(sealed),),
-                0,
-                self.mode,
-                fp,
-                sealed,
-                note=note + " (channel-encrypted, relayed by the server)",
-                relay=SERVER,
-            ),
-            stage,
-            part,
-        )
-        if self.intercept is not None:
-            msg = self.intercept(msg)
-        self.transcript.record(msg if keep_payload else msg.without_payload())
-        self._authenticate(msg, pa, pb, stage, part, tag, rnd)
-        return self._channel[b].open(
-            pa, self.registry.channel[pa], self.run_id, msg.payload, ad, dict(tag=tag, round=rnd, client=a)
-        )
-
-    def _check_envelope(self, msg: Message, ctx: ExchangeContext, client: int) -> None:
-        """Server side: refuse a message that does not belong to this exchange."""
-        check_exchange_fields(msg, self.mode, self.fingerprint, ctx.round, ctx.tag, client)
 
     @abstractmethod
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:

@@ -5,7 +5,7 @@ the output-mask group seed once per run, the shared block ids in the sparse layo
 :meth:`~MaskServer.stage_advertise_keys`, :meth:`~MaskServer.stage_share_keys`,
 :meth:`~MaskServer.stage_collect_masked_input`, :meth:`~MaskServer.stage_consistency`,
 :meth:`~MaskServer.stage_unmask` and :meth:`~MaskServer.stage_download`, each reading and
-extending one :class:`MaskRound` (the protocol and its stages: :mod:`.backend`).
+extending one :class:`MaskExchange` (the protocol and its stages: :mod:`.backend`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
 
 
 @dataclass
-class MaskRound:
+class MaskExchange:
     """What the server knows of one exchange, filled in stage by stage (public data only)."""
 
     plan: ExchangePlan
@@ -168,14 +168,14 @@ class MaskServer(ServerHalf):
         return self.last_included
 
     # ------------------------------------------------------------------ stages
-    def stage_setup(self, plan, link) -> MaskRound:
+    def stage_setup(self, plan, link) -> MaskExchange:
         """Send the plan; once per run, client 0 deals the output-mask group seed; in the sparse
         layout, collect each contributor's block ids and queue, per peer, the ids they share."""
         contributors = list(plan.contributors)
         t = shamir_threshold(
             len(contributors), self.setup.options["threshold"], collusion_bound(self.setup).max_colluders
         )
-        ex = MaskRound(plan, FixedPoint(**plan.encoding["fixed_point"]), contributors, t)
+        ex = MaskExchange(plan, FixedPoint(**plan.encoding["fixed_point"]), contributors, t)
         self.last_missing = {}
         deal = not self.setup.options["reveal_to_server"] and not self.group_seed_sent
         if deal:  # every client gets G: all register (and get the directory) now
@@ -192,7 +192,7 @@ class MaskServer(ServerHalf):
             ex.announced = {k: np.arange(plan.num_blocks) for k in contributors}
         return ex
 
-    def _collect_block_ids(self, ex: MaskRound, link) -> None:
+    def _collect_block_ids(self, ex: MaskExchange, link) -> None:
         """Sparse layout: each contributor's sorted block ids, and per peer the ids two share."""
         plan = ex.plan
         got = self.call(link, "block_ids", {k: [] for k in plan.parties})
@@ -232,7 +232,7 @@ class MaskServer(ServerHalf):
                 "block_ids",
             )
 
-    def stage_advertise_keys(self, ex: MaskRound, link) -> None:
+    def stage_advertise_keys(self, ex: MaskExchange, link) -> None:
         """AdvertiseKeys: each contributor's owner-signed mask key, once per run (its first
         exchange); every participant is sent the keys it has not been sent yet, verbatim."""
         unkeyed = [k for k in ex.contributors if k in ex.announced and k not in self.mask_public]
@@ -264,7 +264,7 @@ class MaskServer(ServerHalf):
                 )
                 self.keys_sent[k] |= set(new)
 
-    def stage_share_keys(self, ex: MaskRound, link) -> None:
+    def stage_share_keys(self, ex: MaskExchange, link) -> None:
         """ShareKeys: a batch of self-mask seeds from each participant whose batch for this
         contributor set does not cover this exchange (the shares are relayed to their holders, the
         dealer's commitments kept); the participant list goes out when someone was left out."""
@@ -301,7 +301,7 @@ class MaskServer(ServerHalf):
                     "share_keys",
                 )
 
-    def stage_collect_masked_input(self, ex: MaskRound, link) -> None:
+    def stage_collect_masked_input(self, ex: MaskExchange, link) -> None:
         """MaskedInputCollection: each upload is folded into the total as it arrives, client by
         client over a sequential link (the server holds the total and one upload at a time); too
         few uploads, more dropouts than distributed DP provisioned for, or a dropout without
@@ -350,7 +350,7 @@ class MaskServer(ServerHalf):
                 "toward them) and dropout recovery is disabled (dropout_recovery=False)",
             )
 
-    def _fold_uploads(self, got, group, ex: MaskRound) -> float:
+    def _fold_uploads(self, got, group, ex: MaskExchange) -> float:
         """One group's answers: verify each masked upload and add it into the total (mod ``2^b``); a
         client without one is noted as missing.  Returns the seconds it took."""
         t0, where = time.perf_counter(), self.where
@@ -370,7 +370,7 @@ class MaskServer(ServerHalf):
             ex.uploaders.append(k)
         return time.perf_counter() - t0
 
-    def stage_consistency(self, ex: MaskRound, link) -> None:
+    def stage_consistency(self, ex: MaskExchange, link) -> None:
         """ConsistencyCheck (Bonawitz et al. §4, active variant): every uploader signs the survivor
         set; keeps the signatures of those that answered (at least ``t``, else DropoutError)."""
         survivors = np.asarray(ex.uploaders, np.int32)
@@ -399,7 +399,7 @@ class MaskServer(ServerHalf):
                 f"only {len(ex.signatures)} clients signed the survivor set, fewer than the threshold t={ex.t}",
             )
 
-    def stage_unmask(self, ex: MaskRound, link) -> None:
+    def stage_unmask(self, ex: MaskExchange, link) -> None:
         """Unmasking: remove each uploader's self mask (from ``t`` shares of its seed, each checked
         against its dealer's commitment) and the pairwise masks the survivors shared with the
         dropped clients (from the survivors' seeds), in place.  The request goes to the clients
@@ -479,7 +479,7 @@ class MaskServer(ServerHalf):
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
             total[positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, ex.enc.dtype)
 
-    def stage_download(self, ex: MaskRound, link) -> None:
+    def stage_download(self, ex: MaskExchange, link) -> None:
         """Delivery: each recipient gets its blocks, who is included and (sparse, with output
         masks) who contributed what; sent as they are built, recipient by recipient over a
         sequential link.  A recipient's refusal does not keep the download from the others."""
