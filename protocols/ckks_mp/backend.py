@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import ExchangeContext
-from ..errors import BoundError, PackingOverflowError
+from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..split import SplitProtocol
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
@@ -82,6 +82,9 @@ class CKKSMPProtocol(SplitProtocol):
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
     link:               the transport to the client halves (default: in-process halves).
+    threshold:          t of t-out-of-n key switching (:mod:`.threshold`; default n, i.e.
+                        n-out-of-n): any t clients can key-switch, so t clients together hold the
+                        key (the collusion bound on the key drops from n - 1 to t - 1).
     """
 
     mode = "ckks-mp"
@@ -101,8 +104,15 @@ class CKKSMPProtocol(SplitProtocol):
         audit_sum_bound: bool = True,
         link=None,
         schedule: str = "",
+        threshold: int | None = None,
         **collusion,
     ):
+        self.threshold = int(num_clients if threshold is None else threshold)
+        if not 1 <= self.threshold <= num_clients:
+            raise ConfigurationError(
+                f"ckks-mp threshold {self.threshold} with {num_clients} clients: choose t in 1..{num_clients} "
+                "(t clients together hold the key; the default n is n-out-of-n)"
+            )
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
@@ -116,7 +126,10 @@ class CKKSMPProtocol(SplitProtocol):
         self.last_stats: dict | None = None
 
     def public_options(self) -> dict:
-        return {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
+        options = {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
+        if self.threshold < self.num_clients:  # n-out-of-n keeps its setup bytes unchanged
+            options["threshold"] = self.threshold
+        return options
 
     # ------------------------------------------------------------------ plan
     def plan(self, spec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
