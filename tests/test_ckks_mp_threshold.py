@@ -21,7 +21,7 @@ from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
 from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
 from protocols.transcript import SERVER, client_party
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
-from secure_fgl.runtime.exchange import dense_result, plan_dense, run_split
+from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
 
 K, T = 4, 3
 COUNTS = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
@@ -116,6 +116,36 @@ def test_dropout_at_upload_sums_the_uploaders_and_n_minus_t_is_the_limit():
     with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 did not send its upload") as err:
         exchange(dropping(make_protocol("ckks-mp", K, threshold=T), "1,2@upload"), x)
     assert err.value.clients == (1, 2)
+
+
+@pytest.mark.parametrize("spec", ["3,@upload", "1,@block_ids"])
+def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
+    """Sparse layout: client c uploads blocks c and c + 1 (mod 4), client r receives block r.  A
+    client dropped before its upload is left out of exactly the blocks it would have uploaded."""
+    p = dropping(make_protocol("ckks-mp", K, threshold=T), spec)
+    spec_rows = ValueSpec(integer=True, max_abs=1, sum_max=K)
+    rpb, dim = p.rows_per_block(spec_rows, 2, 10**7), 2
+    for c, half in p.clients.items():
+        ids = np.sort(np.array([c, (c + 1) % K]) * rpb)
+        half.provider = lambda plan, ids=ids: rows_table(plan, ids, np.ones((2, dim)))
+    ctx = plan_rows(
+        "t/rows",
+        0,
+        {c: 2 for c in range(K)},
+        {c: np.array([c]) for c in range(K)},
+        {c: 1 for c in range(K)},
+        K * rpb,
+        dim,
+        "sparse",
+        spec_rows,
+        rpb,
+    )
+    dropped = int(spec[0])
+    assert run_split(p, ctx) == tuple(c for c in range(K) if c != dropped)
+    for r in range(K):  # block r's uploaders are clients r - 1 and r; the dropped one gets nothing
+        if r != dropped:
+            uploaders = {(r - 1) % K, r} - {dropped}
+            assert np.array_equal(p.clients[r].take_result()[r][:dim], np.full(dim, len(uploaders)))
 
 
 def test_set_up_relays_n_times_n_minus_1_shares_of_one_ring_element_each():
