@@ -257,7 +257,9 @@ def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
     p.weighted_sum("victim", 0, vals, spec=spec)
     plan = p.plan(spec, block_len=length)
     msg = next(
-        m for m in p.transcript.select(tag="victim", sender=client_party(victim), receiver=SERVER) if m.kind == "ciphertext"
+        m
+        for m in p.transcript.select(tag="victim", sender=client_party(victim), receiver=SERVER)
+        if m.kind == "ciphertext"
     )
     ct = p.upload_ciphertexts(msg, plan)[0]
     used = encoding.used_coefficients(plan, length)

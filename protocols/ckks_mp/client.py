@@ -98,6 +98,8 @@ def threshold_of(setup) -> int:
     if not 1 <= t <= k:
         raise IntegrityError(f"the public setup names threshold {t}, outside 1..{k}")
     return t
+
+
 #: clients in one process decode a broadcast delivery (same bytes, same key s_B) once; each gets a copy
 _MEMO = DecryptionMemo()
 

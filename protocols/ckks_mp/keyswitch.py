@@ -50,7 +50,8 @@ def pcks_share(
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
     h0 = ring.add(
-        ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat)), ring.ntt(e0)
+        ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat)),
+        ring.ntt(e0),
     )
     h1 = ring.add(ring.mul(a_hat[:level], u_hat), ring.ntt(e1))
     return np.stack([h0, h1], axis=1)

@@ -14,9 +14,9 @@ the bytes these methods return.
 
 from __future__ import annotations
 
-import numpy as np
-
 from collections.abc import Sequence
+
+import numpy as np
 
 from . import encoding, encryption, keyswitch
 from .keys import KeyPair, key_pair, secret_key
