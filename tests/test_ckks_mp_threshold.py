@@ -207,6 +207,14 @@ def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
         exchange(attacked(server), inputs())
 
 
+def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
+    """With c = 2 colluders every client requires 4 contributors: a server that declares one
+    honest upload dropped (as a real dropout would) cannot get the other three key-switched."""
+    p = dropping(make_protocol("ckks-mp", K, threshold=T, max_colluders=2), "3,@upload")
+    with pytest.raises(ActiveSetError, match="at least 4"):
+        exchange(p, inputs())
+
+
 class SecondActiveSet(EvilServer):
     """After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
     share of each set would let the server interpolate what neither set released."""

@@ -546,7 +546,9 @@ class CKKSMPClient(ClientHalf):
     def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
         """The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
         ``A`` exactly t distinct clients of the run, this one among them; ``U`` within the plan's
-        contributors, at most n - t of them missing, this client in ``U`` exactly when it uploaded;
+        contributors, at most n - t of them missing and at least the run's minimum contributors
+        (a server declaring honest uploads dropped cannot shrink a sum below it), this client in
+        ``U`` exactly when it uploaded;
         ``uploaded`` (one row per requested block, one column per client) within ``U`` and, for this
         client, exactly its own blocks.  Returns (A, uploaded rows, the masks' label context)."""
         K, t = self.setup.num_clients, self.threshold
@@ -570,16 +572,18 @@ class CKKSMPClient(ClientHalf):
         contributors = set(int(k) for k in self.plan.contributors)
         uploaded_myself = self.id in contributors and self._last_upload == self.plan.exchange
         missing = contributors - set(uploaders)
+        fewest = self.setup.collusion.min_contributors
         if (
             len(set(uploaders)) != len(uploaders)
             or not set(uploaders) <= contributors
             or len(missing) > K - t
+            or len(uploaders) < fewest
             or (self.id in uploaders) != uploaded_myself
         ):
             raise ActiveSetError(
-                f"uploaders {uploaders}: they must be distinct contributors of the plan with at most "
-                f"n - t = {K - t} missing (here {sorted(missing)}), and name this client's own upload "
-                f"({'made' if uploaded_myself else 'none'})",
+                f"uploaders {uploaders}: they must be at least {fewest} (the run's minimum contributors) "
+                f"distinct contributors of the plan with at most n - t = {K - t} missing (here "
+                f"{sorted(missing)}), and name this client's own upload ({'made' if uploaded_myself else 'none'})",
                 **where,
             )
         outside = np.ones(K, dtype=bool)
