@@ -5,7 +5,8 @@ from Ring-Learning-with-Errors", PoPETs 2021 — a collective secret ``s = sum_i
 party holds, each client's upload encrypted under its own share ``s_i`` with a public
 per-ciphertext ``c1`` (so the sum of the uploads is an encryption under ``s``), and collective
 public-key switching (PCKS, Protocol 5) of each aggregate block to its recipient's own key,
-with zero-sum masked shares, n-out-of-n.
+with zero-sum masked shares, n-out-of-n; t-out-of-n with the ``threshold`` option (Mouchet,
+Bertrand, Hubaux, J. Cryptology 2023: Shamir-shared ``s_i``, :mod:`.threshold`).
 
 Why our own RNS arithmetic (option B) and not SEAL through TenSEAL's ``sealapi``: sealapi
 reads key and ciphertext coefficients but cannot write them and exposes no NTT, so every
@@ -71,7 +72,7 @@ __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
 
 
 class CKKSMPProtocol(SplitProtocol):
-    """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n.
+    """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n or t-out-of-n.
 
     Options (``make_protocol('ckks-mp', K, ...)``):
 
