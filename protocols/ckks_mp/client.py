@@ -312,7 +312,7 @@ class CKKSMPClient(ClientHalf):
 
     def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
         """Open the Shamir share of ``s_i`` every other client i sent on the channel (exactly one each)."""
-        dealers = sorted(party_client(m.sender) for m in relayed)
+        dealers = sorted(-1 if party_client(m.sender) is None else party_client(m.sender) for m in relayed)
         expected = [k for k in range(self.setup.num_clients) if k != self.id]
         if dealers != expected:
             missing = sorted(set(expected) - set(dealers))
@@ -323,7 +323,7 @@ class CKKSMPClient(ClientHalf):
             )
         for msg in relayed:
             env = envelope_of(msg)
-            secret = self.open_relayed(msg, "key_setup", env.part, exchange=env.exchange)
+            secret = self.open_relayed(msg, "key_setup", SHARE_PART, exchange=env.exchange)
             try:
                 sigma = encryption.from_bytes(self.ring, secret, (self.params.num_primes, self.params.n))
             except ValueError as e:

@@ -12,11 +12,12 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    under its own share with the public ``c1`` of the exchange, :mod:`.encryption`) checked
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
-3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of aggregate blocks --
-   one per recipient, or one for all when every client receives the same blocks (switched to
-   ``p_B``) -- their block ids, and the owner-signed recipient keys a client has not seen yet;
-   back one PCKS share per group, computed on the ``c1`` each client recomputes itself.  A client
-   that does not answer: DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to ``c0`` (Protocol 5).
+3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
+   aggregate blocks -- one per recipient, or one for all when every client receives the same
+   blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
+   has not seen yet; back one PCKS share per group, computed on the ``c1`` each client recomputes
+   itself.  A client that does not answer: DropoutError naming it (n-out-of-n: ``s`` needs every
+   ``s_i``).  The server adds the K shares to ``c0`` (Protocol 5).
 4. ``download``: each recipient gets only its blocks, switched to its key.
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
