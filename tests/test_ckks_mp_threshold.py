@@ -287,3 +287,31 @@ def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
 
 def centred(p, residues) -> np.ndarray:
     return np.array([float(c) for c in encoding.crt_centered(p.ring, residues)])
+
+
+# ------------------------------------------------------------------ the run's settings and threat model
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"mode": "mask", "threshold": 3}, "use --mode ckks-mp"),
+        ({"mode": "ckks-mp", "threshold": 5}, "exceeds --clients 4"),
+        ({"mode": "ckks-mp", "threshold": 2, "max_colluders": 2}, "threshold must exceed the colluders"),
+    ],
+)
+def test_threshold_setting_is_checked_before_the_run(options, message):
+    from secure_fgl.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(clients=4, **options).validate()
+
+
+def test_threat_model_records_the_key_collusion_bound():
+    from secure_fgl.config import RunConfig
+    from secure_fgl.manifest import threat_model
+    from secure_fgl.runtime.build import make_run_protocol
+
+    for t, bound in ((None, K - 1), (T, T - 1)):
+        cfg = RunConfig(clients=K, mode="ckks-mp", threshold=t).validate()
+        model = threat_model(cfg, make_run_protocol(cfg, K))
+        assert model["key_collusion_bound"] == bound
+        assert (f"t = {T}" in model["holds"]) == (t is not None)
