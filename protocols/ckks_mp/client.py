@@ -59,6 +59,7 @@ from ..errors import (
     ActiveSetError,
     BoundError,
     DowngradeError,
+    InconsistentViewError,
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
@@ -355,10 +356,12 @@ class CKKSMPClient(ClientHalf):
     def _masks(self, ep: Plan, to: int, blocks, active=None, context: str = "") -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
         (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
-        digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
-        recipient, the block and the piece: they cancel only if every client holds the same plan.
-        t-out-of-n: the masks are over the active set ``active`` and ``context`` (a digest of the
-        active set and the uploaders) joins the label: they cancel only among clients told the same."""
+        digest of the plan this client holds (:func:`common_plan_digest`), the digest of the
+        broadcasts it trained on (:mod:`protocols.broadcast_view`), the exchange, the recipient,
+        the block and the piece: they cancel only if every client holds the same plan and was sent
+        the same broadcasts.  t-out-of-n: the masks are over the active set ``active`` and
+        ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
+        only among clients told the same."""
         if self._pair_seeds is None:
             self._pair_seeds = {
                 k: self.channel.pair_seed(
@@ -367,7 +370,9 @@ class CKKSMPClient(ClientHalf):
                 for k in range(self.setup.num_clients)
                 if k != self.id
             }
-        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}{context}/{self.plan.exchange}/{to}"
+        view = self.view_digest().hex()  # the broadcasts this client trained on (protocols.broadcast_view)
+        plan = f"{common_plan_digest(self.plan)}{context}"
+        prefix = f"{self.setup.session.hex()}/{plan}/{view}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
         seeds = self._pair_seeds if active is None else {k: v for k, v in self._pair_seeds.items() if k in active}
         return pairwise_mask(seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
@@ -660,6 +665,14 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
+                    if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+                        raise InconsistentViewError(
+                            f"block {b} of a broadcast exchange decrypts with {why}: the clients' key-switching "
+                            "masks did not cancel, so they hold different plans or were sent different "
+                            "broadcasts to train on (model inconsistency), or a share or ciphertext was "
+                            "corrupted; nothing was delivered",
+                            **self.where(),
+                        )
                     raise IntegrityError(
                         f"block {b} decrypts with {why}: a key-switching share or ciphertext was "
                         "corrupted; nothing was delivered",
