@@ -153,6 +153,12 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
     """A second key-switching request in one exchange."""
 
 
+class ActiveSetError(KeySwitchRefusedError):
+    """A t-out-of-n ckks-mp key switch names an active set that is not exactly ``t`` distinct
+    clients of the run including this one, or an uploader set the plan does not allow (a
+    non-contributor, this client's own upload misreported, more uploads missing than n - t)."""
+
+
 class SmudgingBudgetError(KeySwitchRefusedError):
     """The run's key switches would exceed the public budget that keeps the smudging's total
     statistical distance within 2^-30."""

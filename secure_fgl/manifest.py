@@ -106,10 +106,22 @@ def threat_model(cfg: RunConfig, protocol) -> dict:
     """``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
     the run's collusion bound and what is not protected (docs/security.md)."""
     bound = getattr(protocol, "collusion", None)
+    holds = MODE_CLAIMS.get(cfg.mode, "see docs/security.md")
+    extra = {}
+    if cfg.mode == "ckks-mp":  # t-out-of-n: any t clients hold the key together
+        t = int(getattr(protocol, "threshold", None) or cfg.clients)
+        extra["key_collusion_bound"] = t - 1
+        if t < cfg.clients:
+            holds = (
+                f"the secret key stays shared against the server plus up to t - 1 = {t - 1} clients "
+                f"(t-out-of-n, t = {t}); a sum covers at least the contributors minus n - t dropouts; "
+                "inputs within the limits of docs/ckks_mp.md"
+            )
     return {
         "adversary": "server deviating from the protocol, colluding with up to max_colluders clients",
         "mode": cfg.mode,
-        "holds": MODE_CLAIMS.get(cfg.mode, "see docs/security.md"),
+        "holds": holds,
+        **extra,
         "max_colluders": None if bound is None else bound.max_colluders,
         "min_contributors": None if bound is None else bound.min_contributors,
         "not_protected": list(NOT_PROTECTED),

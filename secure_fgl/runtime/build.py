@@ -97,6 +97,8 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
+    if cfg.threshold is not None:  # ckks-mp t-out-of-n
+        extra["threshold"] = cfg.threshold
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
