@@ -16,6 +16,13 @@ the consistency round (:func:`protocols.mask.backend.survivor_statement`), ckks-
 key-switching masks with it.  Two honest clients of one sum then hold one ``v`` or the sum is
 refused.  Every recipient of a broadcast decodes the same bytes (mask: the same ring sum; ckks-mp:
 one ciphertext under the broadcast key), so honest chains agree exactly.
+
+The chain, not the last broadcast, because a broadcast may be an update the client adds to its
+model (FedAvg: :math:`w \leftarrow w + \Delta_r`), so the model it trains on, and state built from
+it such as optimizer moments, depends on every broadcast received: a victim sent
+:math:`\Delta_r + \delta`, then left out of one round, would otherwise match the others again while
+its model still differs by :math:`\delta`.  For the same reason a client that missed a broadcast
+stays out of sync (docs/security.md, "Same model for everyone").
 """
 
 from __future__ import annotations
