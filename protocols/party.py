@@ -1,6 +1,6 @@
 """The two halves of a protocol backend: one client half per client, one server half.
 
-A backend is split along the privacy boundary (docs/parties.md):
+A backend is divided along the privacy boundary (docs/parties.md):
 
 * :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
   only (:class:`PartySetup`), so it can live in another process or machine.  It makes its
@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .base import BlockTable, check_exchange_fields
 from .broadcast_view import BroadcastViews
 from .channel import ChannelKey, associated_data
 from .errors import (
@@ -56,6 +55,7 @@ from .errors import (
     PlanRefusedError,
     ProtocolError,
 )
+from .exchange import BlockTable
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
@@ -120,6 +120,48 @@ class PartySetup:
         return setup
 
 
+def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
+    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
+    this exchange's (IntegrityError naming the client and what differs)."""
+    expected = (protocol, fingerprint, rnd, tag)
+    got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
+    if got != expected:
+        names = ("protocol", "context fingerprint", "round", "tag")
+        bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
+        raise IntegrityError(
+            "message rejected: wrong "
+            + "; ".join(bad)
+            + ". The client must use this run's public context and current exchange",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
+
+
+def envelope_for(
+    msg: Message, run_id: bytes, session: bytes, exchange: int, stage: str, part: int, digest: bytes, length: int
+) -> Envelope:
+    """The envelope that binds ``msg`` (its header fields and a body of ``length`` bytes with SHA-256
+    ``digest``) to the run, the session, the exchange and the stage."""
+    return Envelope(
+        run_id,
+        session,
+        msg.protocol,
+        msg.fingerprint,
+        exchange,
+        int(msg.round),
+        msg.tag,
+        stage,
+        int(part),
+        msg.sender,
+        msg.receiver,
+        msg.kind,
+        tuple(int(d) for d in msg.shape),
+        digest,
+        length,
+    )
+
+
 def envelope_of(msg: Message) -> Envelope:
     """The signed header of a sealed message."""
     return Envelope.from_header(bytes(msg.auth[SIGNATURE_BYTES:]))
@@ -170,22 +212,8 @@ class Party:
     def seal(self, msg: Message, stage: str, part: int = 0) -> tuple[Message, bytes]:
         """Sign ``msg`` as this party: ``(sealed message, its wire bytes)``; ``nbytes == len(bytes)``."""
         body = encode_body(msg.payload)
-        env = Envelope(
-            self.setup.run_id,
-            self.setup.session,
-            msg.protocol,
-            msg.fingerprint,
-            self.exchange,
-            int(msg.round),
-            msg.tag,
-            stage,
-            int(part),
-            msg.sender,
-            msg.receiver,
-            msg.kind,
-            tuple(int(d) for d in msg.shape),
-            self._body_digest(body),
-            len(body),
+        env = envelope_for(
+            msg, self.setup.run_id, self.setup.session, self.exchange, stage, part, self._body_digest(body), len(body)
         )
         header = env.header_bytes()
         signature = self.signing.sign(header)

@@ -50,11 +50,11 @@ def public_roles(cfg: RunConfig) -> dict[str, str]:
 def schedule_option(cfg: RunConfig) -> dict:
     """For a backend split into halves (it builds a manifest): the hash of the public schedule, the
     client fraction and the exchange roles every client half checks plans against; else ``{}``."""
+    from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
-    from protocols.split import SplitProtocol
 
-    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
         return {}
     return {
         "schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str))),

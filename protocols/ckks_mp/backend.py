@@ -20,7 +20,7 @@ makes packed integers exact with a worst-case (not statistical) noise bound, and
 recipient detect a corrupted share.  Relinearisation and rotation keys (needed only for
 slot-wise products) are not built.
 
-The backend is split along the privacy boundary (:mod:`protocols.party`): one
+The backend is divided along the privacy boundary (:mod:`protocols.party`): one
 :class:`~.client.CKKSMPClient` per client (its key shares are made there, from the OS CSPRNG,
 and never leave it) and one :class:`~.server.CKKSMPServer` (public keys and ciphertexts only),
 exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` in the stages
@@ -59,18 +59,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import ExchangeContext
 from ..errors import BoundError, PackingOverflowError
-from ..split import SplitProtocol
+from ..exchange import ExchangeContext
+from ..halves import HalvesProtocol
+from ..party import envelope_of
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
+from .sampling import crs_seed, upload_c1
 from .server import CKKSMPServer
 
 __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
 
 
-class CKKSMPProtocol(SplitProtocol):
+class CKKSMPProtocol(HalvesProtocol):
     """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n.
 
     Options (``make_protocol('ckks-mp', K, ...)``):
@@ -171,9 +173,6 @@ class CKKSMPProtocol(SplitProtocol):
         """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
         the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
         ``0 .. count-1``).  For attack simulations and tests."""
-        from ..party import envelope_of
-        from .sampling import crs_seed, upload_c1
-
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)

@@ -135,9 +135,10 @@ class StaleModelUnsignedServer(StaleModelServer):
     """The stale model, and the victim's survivor-set signature left out of the unmasking request
     (so that the others would unmask a sum holding the victim's update)."""
 
-    def _consistency(self, link, uploaders, t):
-        signatures = super()._consistency(link, uploaders, t)
-        return {k: s for k, s in signatures.items() if k != VICTIM or self.plan.round < 2}
+    def stage_consistency(self, ex, link):
+        super().stage_consistency(ex, link)
+        if self.plan.round >= 2:
+            ex.signatures.pop(VICTIM, None)
 
 
 def _three_rounds(proto):

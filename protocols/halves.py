@@ -1,6 +1,6 @@
-"""The algorithms' protocol facade over a backend split into client and server halves.
+"""The algorithms' protocol facade over a backend built of client and server halves.
 
-:class:`SplitProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
+:class:`HalvesProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
 (``weighted_mean``, ``row_sum``, ``classwise_mean``, ``central_moments``) for algorithms that
 hold every client's contribution in one dict, and runs each exchange as the parties would:
 
@@ -25,22 +25,26 @@ separate the parties.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from .auth import SigningKey
-from .base import ExchangeContext, Protocol
+from .base import Protocol
+from .exchange import ExchangeContext
 from .link import ClientLink, InProcessLink
 from .manifest import Manifest
-from .party import ClientHalf, PartySetup, ServerHalf
+from .message import NONCE_BYTES, SIGNATURE_BYTES, body_digest
+from .party import ClientHalf, PartySetup, ServerHalf, envelope_for
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound
 from .schedule import PublicSchedule
 from .transcript import SERVER, Message, client_party, party_client
 
 
-class SplitProtocol(Protocol):
+class HalvesProtocol(Protocol):
     """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
 
     ``link``: the transport to the client halves (default: in-process halves built here;
@@ -70,6 +74,8 @@ class SplitProtocol(Protocol):
         **base_options,
     ):
         super().__init__(num_clients, **base_options)
+        #: this session's nonce (os.urandom; a resumed run gets a new session)
+        self.session = os.urandom(NONCE_BYTES)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
         self.schedule = PublicSchedule.of(
             num_clients, {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}}
@@ -164,8 +170,22 @@ class SplitProtocol(Protocol):
         self.server.exchange = self.exchange
 
     # ------------------------------------------------------------------ authentication (facade view)
+    def identity_fingerprints(self) -> dict[str, dict[str, str]]:
+        """SHA-256 fingerprints of every key the server half registered, its own signing key included
+        (for result.json)."""
+        return self.registry.fingerprints()
+
     def _ensure_registered(self, rnd: int) -> None:
         self.server.register(self.link, rnd, range(self.num_clients))
+
+    def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
+        """Sender side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
+        self._ensure_registered(msg.round)
+        k = party_client(msg.sender)
+        key = self._server_signing if k is None else self._signing[k]
+        digest, length = body_digest(msg.payload)
+        header = envelope_for(msg, self.run_id, self.session, self.exchange, stage, part, digest, length).header_bytes()
+        return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
 
     def _party(self, name: str):
         k = party_client(name)
