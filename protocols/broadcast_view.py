@@ -12,7 +12,7 @@ a broadcast (:mod:`protocols.schedule`), the chain
 
 over the results ``j = 1, 2, ...`` it received under the tag (round ``r_j``, block ids, float64
 values as decoded), and binds ``v`` into what it contributes next under that tag: mask signs it in
-the consistency round (:func:`protocols.mask.backend.survivor_statement`), ckks-mp labels its
+the consistency round (:func:`protocols.mask.client.survivor_statement`), ckks-mp labels its
 key-switching masks with it.  Two honest clients of one sum then hold one ``v`` or the sum is
 refused.  Every recipient of a broadcast decodes the same bytes (mask: the same ring sum; ckks-mp:
 one ciphertext under the broadcast key), so honest chains agree exactly.
