@@ -59,7 +59,7 @@ def _prior(truth: GroundTruth, mask: np.ndarray | None = None) -> np.ndarray:
 
 
 def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
-    tvs, base, exact, absent_ok = [], [], [], []
+    tvs, base, uniform, exact, absent_ok = [], [], [], [], []
     prior = _prior(truth, truth.train_mask if node_set == "train" else None)
     for k, pi in est.items():
         c = truth.clients[k]
@@ -72,6 +72,7 @@ def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.n
         tv = tv_distance(pi, true)
         tvs.append(tv)
         base.append(tv_distance(prior, true))
+        uniform.append(tv_distance(np.ones(truth.num_classes), true))
         exact.append(tv < 1e-6)
         absent_ok.append(float(((np.asarray(pi) <= 1e-9) == (true == 0)).mean()))
     res.add(
@@ -87,6 +88,7 @@ def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.n
     res.metrics.update(
         {
             "prior_tv": res.chance,
+            "uniform_tv": float(np.mean(uniform)) if uniform else None,
             "exact_clients": float(np.mean(exact)) if exact else None,
             "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
             "clients_scored": len(tvs),
