@@ -171,7 +171,9 @@ def score_estimate(
     if chance is None:
         null = permutation_null(metric, scores, labels, draws=draws, seed=seed + 1)
         chance, q95, method = float(np.mean(null)), float(np.percentile(null, 95)), f"permutation({draws})"
-    ci_method = f"group bootstrap({draws})" if groups is not None else f"bootstrap({draws})"
+    ci_method = (
+        f"group bootstrap({draws}, {np.unique(groups).size} groups)" if groups is not None else f"bootstrap({draws})"
+    )
     return Estimate(name, float(value), float(chance), ci, n, method, ci_method, null_q95=q95)
 
 
@@ -201,6 +203,50 @@ def proportion_estimate(
     value = successes / n if n else None
     return Estimate(
         name, value, chance, wilson(successes, n) if n else None, int(n), chance_method, "wilson", higher_is_leakier
+    )
+
+
+def cluster_proportion_estimate(
+    name: str,
+    successes,
+    clusters,
+    chance: float | None,
+    *,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> Estimate:
+    """A proportion over units that are correlated inside clusters (e.g. the nodes of one client),
+    with a cluster bootstrap interval: whole clusters are resampled with replacement and the
+    proportion ``sum successes / count`` recomputed over the units they hold.
+
+    Args:
+        name: The metric's name.
+        successes: One 0/1 outcome per unit.
+        clusters: The cluster id of each unit.
+        chance: The metric's chance level.
+        draws: Bootstrap draws.
+        seed: Seed of the resampling.
+
+    Returns:
+        The estimate; ``samples`` counts the units, ``ci_method`` names the clusters.
+    """
+    hits = np.asarray(successes, dtype=np.float64).ravel()
+    ids, inv = np.unique(np.asarray(clusters).ravel(), return_inverse=True)
+    if hits.size == 0:
+        return Estimate(name, None, chance, None, 0, "analytic", "cluster bootstrap")
+    per_hits = np.bincount(inv, weights=hits, minlength=ids.size)
+    per_count = np.bincount(inv, minlength=ids.size).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, ids.size, (draws, ids.size))
+    boots = per_hits[pick].sum(1) / np.maximum(per_count[pick].sum(1), 1.0)
+    return Estimate(
+        name,
+        float(hits.mean()),
+        chance,
+        _percentile_ci(boots),
+        int(hits.size),
+        "analytic",
+        f"cluster bootstrap({draws}, {ids.size} clusters)",
     )
 
 
