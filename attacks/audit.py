@@ -77,7 +77,8 @@ SIDE_FIELD = re.compile(
 @dataclass
 class AuditReport:
     """Result of :func:`audit_transcript`.  ``passed`` is meaningful for secure modes; for
-    ``plain`` the failures are the expected exposure and are listed as such."""
+    ``plain`` the failures are the expected exposure and are listed as such.
+    """
 
     mode: str
     secure: bool
@@ -175,7 +176,8 @@ def payload_side_fields(msg: Message) -> list[str]:
 
 def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secure: bool | None = None) -> AuditReport:
     """Audit a list of messages (``Transcript.messages``).  ``secure`` defaults to true unless ``mode``
-    is a registered backend that is not secure (:mod:`protocols.registry`)."""
+    is a registered backend that is not secure (:mod:`protocols.registry`).
+    """
     messages = list(messages)
     if secure is None:  # only a registered backend that says so is audited as not secure
         from protocols.registry import modes, secure_modes

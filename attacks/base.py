@@ -213,7 +213,8 @@ def payload_blocks(payload: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 def dense_vector(payload: Any, length: int | None = None) -> np.ndarray | None:
     """A dense exchange's flat vector (blocks in id order).  Without ``length`` trailing
-    padding is kept; pass the public length to cut it."""
+    padding is kept; pass the public length to cut it.
+    """
     blocks = payload_blocks(payload)
     if blocks is None:
         return None
@@ -276,7 +277,8 @@ class AttackResult:
     def add(self, est, primary: bool = False) -> AttackResult:
         """Record an :class:`~attacks.significance.Estimate`: as the primary metric (metric, value,
         chance, interval) or as a secondary one (its value flat in ``metrics`` and its chance and
-        interval under ``metrics['significance'][name]``)."""
+        interval under ``metrics['significance'][name]``).
+        """
         if primary:
             self.metric, self.value, self.chance = est.metric, est.value, est.chance
             self.higher_is_leakier, self.estimate = est.higher_is_leakier, est
@@ -519,7 +521,8 @@ def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index:
     """For each recovered row, whether its cosine nearest neighbour among ``candidates_x``
     has the same features as row ``true_index`` (duplicates of the true row count as hits).
 
-    This is node identifiability precision (NIP, after Breaching's IIP)."""
+    This is node identifiability precision (NIP, after Breaching's IIP).
+    """
     if recovered.shape[0] == 0:
         return np.zeros(0, dtype=bool)
     dev = attack_device()

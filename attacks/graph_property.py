@@ -59,7 +59,8 @@ def dense_majority(graphs, threshold: float) -> bool:
 def read_norms(view: View, algorithm: str, num_shared: int) -> tuple[int, dict[int, np.ndarray], dict, bool] | None:
     """``(round, {k: [||dW_k||(, grad norm)]}, {k: sum of the means sent to k before}, exact)`` of
     the latest round in which the server reads client updates or GCFL's norm report, or ``None``.
-    ``exact``: every earlier mean was still readable (else the round start is only approximated)."""
+    ``exact``: every earlier mean was still readable (else the round start is only approximated).
+    """
     model_tag, report_tag = f"{algorithm}/model", f"{algorithm}/norms"
     norms: dict[int, np.ndarray] = {}
     rnd = view.latest_round(report_tag, receiver=SERVER)
@@ -109,7 +110,8 @@ def shadow_norms(
     """``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local
     training from ``start`` on shadow clients of ``graphs`` auxiliary graphs.  Every pool (the auxiliary graphs of one
     source, so of one labelling task) with graphs on both sides of ``threshold`` gives
-    ``shadows`` clients with the property and ``shadows`` without."""
+    ``shadows`` clients with the property and ``shadows`` without.
+    """
     from secure_fgl.algorithms.graph_level.ops import GraphLearner
     from secure_fgl.data.graph_classification import GraphClient
 

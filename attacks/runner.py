@@ -198,7 +198,8 @@ class RunContext:
 
     def received(self, observer: str, **_):
         """FedGCN totals of every row the observer client decrypted (the whole blocks it received,
-        not only the rows it asked for), keyed by node id."""
+        not only the rows it asked for), keyed by node id.
+        """
         if getattr(self.algo, "name", "") != "fedgcn":
             return None
         parties = observer_parties(observer)
@@ -223,7 +224,8 @@ class RunContext:
 
     def own_contributions(self, observer: str, **_) -> dict:
         """What the observer's clients uploaded and decoded (each client's own memory of the
-        exchanges): ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``."""
+        exchanges): ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``.
+        """
         uploads: dict = {}
         aggregates: dict = {}
         for p in observer_parties(observer):
@@ -272,7 +274,8 @@ class RunContext:
 
     def aux_graphs(self, **_) -> dict | None:
         """K1 (graph classification): graphs from the clients' distribution that no client trains
-        on (each client's validation and test graphs: one pool per client), and the mean training-set size."""
+        on (each client's validation and test graphs: one pool per client), and the mean training-set size.
+        """
         if hasattr(self.fed, "graph"):
             return None
         clients = self.fed.clients
@@ -315,7 +318,8 @@ class RunContext:
 
     def aux_labelled(self, **_):
         """K1 shadow data: a seeded 30 % of the nodes with labels, read in their neighbourhood
-        (features and edges of the graph they live in; only their labels are 'extra')."""
+        (features and edges of the graph they live in; only their labels are 'extra').
+        """
         g = self.fed.graph
         n = int(g.num_nodes)
         rng = np.random.default_rng([self.seed, 99])
@@ -408,7 +412,8 @@ def _entry(res: AttackResult, seconds: float, *, secure: bool, audit_passed: boo
 def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | None = None) -> list[dict]:
     """Run ``names`` (or ``['all']``) on a finished run; returns JSON-ready entries.
 
-    ``options``: per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``."""
+    ``options``: per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
+    """
     algorithm = getattr(algo, "name", cfg.algorithm)
     graph_level = not hasattr(fed, "graph")
     selected = resolve_names(names, algorithm, graph_level)

@@ -114,7 +114,8 @@ def bootstrap_ci(
     seed: int = 0,
 ) -> tuple[float, float] | None:
     """Percentile bootstrap interval of ``metric(scores, labels)``: positives and negatives are
-    resampled separately (their counts stay fixed), or whole ``groups`` are resampled."""
+    resampled separately (their counts stay fixed), or whole ``groups`` are resampled.
+    """
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels).astype(bool)
     out = np.empty(draws)
@@ -159,7 +160,8 @@ def score_estimate(
     seed: int = 0,
 ) -> Estimate:
     """A score-based metric (AUC, advantage, TPR at low FPR) with its interval; ``chance=None``
-    takes the permutation null's mean as the chance level."""
+    takes the permutation null's mean as the chance level.
+    """
     scores = np.asarray(scores, dtype=np.float64).ravel()
     labels = np.asarray(labels).astype(bool).ravel()
     n = int(labels.size if groups is None else np.unique(groups).size)
@@ -252,7 +254,8 @@ def cluster_proportion_estimate(
 
 def matching_chance(guess, truth) -> float:
     """Expected accuracy of ``guess`` against ``truth`` when paired at random:
-    ``sum_c P(guess = c) P(truth = c)`` (the permutation null's mean, exactly)."""
+    ``sum_c P(guess = c) P(truth = c)`` (the permutation null's mean, exactly).
+    """
     g, t = np.asarray(guess).ravel(), np.asarray(truth).ravel()
     if g.size == 0:
         return float("nan")

@@ -95,7 +95,8 @@ def shadow_updates(
     """The update of a shadow client per row of ``dists``: the auxiliary nodes weighted by
     ``pi[y_v] / n_aux(y_v)`` (a weighted cross-entropy with label distribution ``pi``), trained
     from ``start`` for ``E`` local steps after ``min(rnd E, max_warmup)`` warm-up steps of the
-    optimizer state (the client's optimizer keeps its state across rounds)."""
+    optimizer state (the client's optimizer keeps its state across rounds).
+    """
     x = torch.as_tensor(aux["x"], dtype=torch.float32)
     ei = torch.as_tensor(aux["edge_index"])
     ids = torch.as_tensor(np.asarray(aux["ids"]))

@@ -46,7 +46,8 @@ from ..runtime.memory import PSS_FIELDS, process_pss
 
 def _process_name(p) -> str:
     """``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``,
-    ``ray::IDLE``), else the executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``)."""
+    ``ray::IDLE``), else the executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``).
+    """
     if p.pid == os.getpid():
         return "driver"
     try:
@@ -80,7 +81,8 @@ def tree_pss(root_pid: int) -> dict[int, dict]:
 class PeakPSS:
     """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds;
     ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that
-    moment (:func:`tree_pss`)."""
+    moment (:func:`tree_pss`).
+    """
 
     def __init__(self, interval: float = 0.5, tree: bool = True):
         self.interval, self.peak, self.at_peak, self._stop, self.tree = interval, 0, {}, threading.Event(), tree
@@ -221,7 +223,8 @@ def run_runtime_bench(
     features: int | None = None,
 ) -> dict:
     """The grid of the module docstring; ``repeats``, ``clients`` (a tuple of K) and ``features``
-    override the settings' values."""
+    override the settings' values.
+    """
     from ..data import make_federated
 
     s = _settings(quick)
@@ -378,7 +381,8 @@ def dropout_round(
 ) -> dict:
     """Seconds and bytes of one FedAvg round (round 1, after round 0 paid registration and key
     set-up) in which the ``dropped`` highest client ids drop at their upload
-    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages."""
+    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages.
+    """
     from protocols import SERVER
 
     from ..config import RunConfig
@@ -429,7 +433,8 @@ def run_dropout_bench(
     out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1, features: int | None = None
 ) -> list[dict]:
     """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over
-    ``repeats``), written to ``dropout_bench.json``."""
+    ``repeats``), written to ``dropout_bench.json``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -59,7 +59,8 @@ ENV_CACHE = "SECURE_FGL_CACHE"
 # ---------------------------------------------------------------------------
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
     """The data root: the argument, else ``$SECURE_FGL_DATA``, else
-    ``~/.cache/secure_fgl/datasets``.  Nothing is created."""
+    ``~/.cache/secure_fgl/datasets``.  Nothing is created.
+    """
     if data_root is not None and str(data_root) != "":
         return Path(data_root).expanduser().resolve()
     env = os.environ.get(ENV_DATA)
@@ -323,7 +324,8 @@ def _extract_archive(archive: Path, dst_root: Path, folder: str) -> None:
 
 def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download: bool) -> None:
     """Make ``cache_root/<folder>/raw`` mirror the data root's raw files (symlinks), or unpack
-    the archive there.  The data root is only read."""
+    the archive there.  The data root is only read.
+    """
     assert info.folder is not None
     dst_dir = cache_root / info.folder
     dst_raw = dst_dir / "raw"

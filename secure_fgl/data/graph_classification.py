@@ -156,7 +156,8 @@ def chunk_partition(
 
     ``order``: ``'shuffled'`` (graphs shuffled by ``seed`` before chunking) or ``'file'``
     (the reference ``_randChunk``: the first ``K * min(50, G // K)`` graphs in file order, the
-    rest to random clients)."""
+    rest to random clients).
+    """
     if order not in ("shuffled", "file"):
         raise DataError(f"order={order!r}: use 'shuffled' or 'file' (GCFL reference chunking)")
     ds = load_graph_dataset(dataset, data_root, allow_download) if isinstance(dataset, str) else dataset

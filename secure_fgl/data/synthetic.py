@@ -209,7 +209,8 @@ def sbm_binary(
 # ---------------------------------------------------------------------------
 def _class_means(num_classes: int, num_features: int, mu: float, rng: np.random.Generator) -> np.ndarray:
     """``C`` means at pairwise distance exactly ``mu``: ``(mu / sqrt 2)`` times orthonormal
-    random directions (a QR of a Gaussian matrix)."""
+    random directions (a QR of a Gaussian matrix).
+    """
     q, _ = np.linalg.qr(rng.standard_normal((num_features, num_classes)))
     return (mu / np.sqrt(2.0)) * q.T  # [C, F]
 

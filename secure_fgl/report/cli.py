@@ -133,7 +133,8 @@ def _minutes(seconds: float) -> str:
 def estimate(cells, out_dir) -> tuple[float | None, str]:
     """Seconds the runs to do will take, from the finished runs under ``out_dir`` (same algorithm,
     dataset and mode; training time scaled by rounds, attack time added when attacks are asked),
-    and how it was made; None when no past run matches."""
+    and how it was made; None when no past run matches.
+    """
     from .sweep import load_runs
 
     past, _ = load_runs(out_dir)

@@ -24,7 +24,8 @@ from .tables import attack_entries, final_acc, run_eps
 
 def normalised_leakage(entry: dict) -> float | None:
     """(m - chance) / (max - chance) in [0, 1] (1 = full leakage); 0 for a not-applicable attack
-    whose audit passed; None when undefined."""
+    whose audit passed; None when undefined.
+    """
     if not entry.get("applicable"):
         return 0.0 if entry.get("at_chance") else None
     v, c = entry.get("value"), entry.get("chance")
@@ -50,7 +51,8 @@ def _attack_value(name: str):
 
 def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False) -> None:
     """One legend for the figure: each mode's colour and marker, "= other" where their series are
-    equal, and the chance line's style when a panel draws one."""
+    equal, and the chance line's style when a panel draws one.
+    """
     from matplotlib.lines import Line2D
 
     same = {b: a for a, b in equal}

@@ -61,7 +61,8 @@ def _seeds_per_point(runs: list[dict]) -> str:
 
 def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], algorithms: list[str]) -> list:
     """Mean ± sample std of ``value`` vs epsilon for each (algorithm, mode) with DP runs; returns
-    the pairs of equal series."""
+    the pairs of equal series.
+    """
     curves = [r for r in runs if r["config"]["algorithm"] not in references]
     pos = style.eps_positions([r["config"]["dp_epsilon"] for r in curves])
     keys = sorted(

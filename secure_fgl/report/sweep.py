@@ -58,7 +58,8 @@ def run_id(algorithm: str, dataset: str, mode: str, eps: float | None, seed: int
 @dataclass
 class SweepSpec:
     """The grid.  ``config`` holds further :class:`RunConfig` fields common to every run
-    (``clients``, ``partition``, ``rounds``, ``synthetic``, ``options`` ...)."""
+    (``clients``, ``partition``, ``rounds``, ``synthetic``, ``options`` ...).
+    """
 
     algorithms: Sequence[str] = ("fedgcn",)
     datasets: Sequence[str] = ("sbm",)
@@ -119,7 +120,8 @@ def spec_from_file(path: str | Path) -> SweepSpec:
     """A sweep file: a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied
     to every run, plus a ``[grid]`` table (``algorithms``, ``datasets``, ``modes``,
     ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count), ``attacks``) and optional
-    ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``."""
+    ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
+    """
     from ..config import ConfigError, load_config_file
 
     raw = dict(load_config_file(path))
@@ -161,7 +163,8 @@ def spec_from_file(path: str | Path) -> SweepSpec:
 @dataclass
 class Cell:
     """One run of the plan: its folder, resolved config and identity, and what the sweep does with it
-    (``reuse`` a finished run with the same identity, ``run`` it, ``rerun`` an unfinished one)."""
+    (``reuse`` a finished run with the same identity, ``run`` it, ``rerun`` an unfinished one).
+    """
 
     run_id: str
     cfg: RunConfig
@@ -180,7 +183,8 @@ def resolve(cfg: RunConfig) -> dict:
 
 def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
     """Every run of the grid with the folder it goes to: ``<run-id>`` when that folder is free or
-    holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run is never touched)."""
+    holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run is never touched).
+    """
     out = Path(out_dir)
     cells = []
     for rid, cfg in spec.runs(out):
@@ -215,7 +219,8 @@ def run_sweep(
     cells: list[Cell] | None = None,
 ) -> list[dict]:
     """Run every cell of the grid that has no finished run with the same identity; returns one
-    status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``)."""
+    status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = plan_cells(spec, out) if cells is None else cells
@@ -283,7 +288,8 @@ def load_runs(
     """``(results, errors)`` found under ``out_dir`` (one level of run folders): only the folders
     ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when
     given, only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the
-    counts of what was left out (``unfinished``, ``not_in_sweep``, ``other_settings``)."""
+    counts of what was left out (``unfinished``, ``not_in_sweep``, ``other_settings``).
+    """
     out = Path(out_dir)
     results, errors = [], []
     counts = {"unfinished": 0, "not_in_sweep": 0, "other_settings": 0}

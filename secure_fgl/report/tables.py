@@ -200,7 +200,8 @@ def _interval(entry: dict) -> str:
 
 def _below_chance(entries: list[dict]) -> str:
     """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
-    chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
+    chance level: an attack cannot do worse than guessing, so the measurement is suspect.
+    """
     for e in entries:
         if e.get("below_chance"):  # the attack's own verdict (attacks.significance)
             return " (below chance?)"
@@ -245,7 +246,8 @@ def accuracy_chance(runs: list[dict]) -> float | None:
 
 def at_chance_label(accs: list[float | None], chance: float | None) -> str:
     """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``:
-    a privacy result read off a model that learned nothing means nothing."""
+    a privacy result read off a model that learned nothing means nothing.
+    """
     vals = [float(a) for a in accs if a is not None]
     if not vals or chance is None:
         return "—"
@@ -335,7 +337,8 @@ def _show(value) -> str:
 def settings_of_runs(results: list[dict]) -> tuple[dict[str, str], Table]:
     """The settings the runs hold (their resolved configs): ``(common, per_cell)`` -- the settings
     equal in every run (options per algorithm), and a table of those that differ, one row per
-    (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``)."""
+    (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``).
+    """
     ids = [identity(r.get("config") or {}) for r in results]
     keys = sorted({k for i in ids for k in i if k not in GRID_AXES and k != "options"})
     common, varying = {}, []
