@@ -212,8 +212,9 @@ def payload_blocks(payload: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def dense_vector(payload: Any, length: int | None = None) -> np.ndarray | None:
-    """A dense exchange's flat vector (blocks in id order).  Without ``length`` trailing
-    padding is kept; pass the public length to cut it.
+    """A dense exchange's flat vector (blocks in id order).
+
+    Without ``length`` trailing padding is kept; pass the public length to cut it.
     """
     blocks = payload_blocks(payload)
     if blocks is None:
@@ -275,9 +276,10 @@ class AttackResult:
     estimate: Any = None
 
     def add(self, est, primary: bool = False) -> AttackResult:
-        """Record an :class:`~attacks.significance.Estimate`: as the primary metric (metric, value,
-        chance, interval) or as a secondary one (its value flat in ``metrics`` and its chance and
-        interval under ``metrics['significance'][name]``).
+        """Record an :class:`~attacks.significance.Estimate`.
+
+        As the primary metric (metric, value, chance, interval) or as a secondary one (its value flat in ``metrics`` and
+        its chance and interval under ``metrics['significance'][name]``).
         """
         if primary:
             self.metric, self.value, self.chance = est.metric, est.value, est.chance
@@ -518,8 +520,10 @@ def bit_f1(pred, true) -> float:
 
 
 def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index: np.ndarray) -> np.ndarray:
-    """For each recovered row, whether its cosine nearest neighbour among ``candidates_x``
-    has the same features as row ``true_index`` (duplicates of the true row count as hits).
+    """Whether each recovered row's cosine nearest neighbour is the true row.
+
+    A hit: the nearest neighbour among ``candidates_x`` has the same features as row ``true_index``
+    (duplicates of the true row count as hits).
 
     This is node identifiability precision (NIP, after Breaching's IIP).
     """

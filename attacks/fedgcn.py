@@ -1,4 +1,4 @@
-"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums (attack survey A1, A2).
+r"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums (attack survey A1, A2).
 
 FedGCN (Yao et al., NeurIPS 2023) has client ``k`` upload, for every global row ``i`` it
 touches, ``S_k[i] = sum_{j in N(i) ∩ V_k} x_j`` (closed neighbourhood ``N[i]`` when the
@@ -20,7 +20,7 @@ ground truth.
   least squares ``min ||B_k X - S_k||`` with ``B_k = M[:, V_k]``; nodes whose unit vector lies
   in the row space of ``B_k`` are identifiable (exact up to noise).
 * :class:`ClientSubtraction` -- a client subtracts its own contribution from the totals it
-  receives: ``T_i - S_c[i] = sum_{j in N(i) \\ V_c} x_j``, the exact feature vector of ``j``
+  receives: ``T_i - S_c[i] = sum_{j in N(i) \ V_c} x_j``, the exact feature vector of ``j``
   when its own node ``i`` has exactly one foreign neighbour ``j`` (the client knows its cross
   edges, so the vector is attributed too); other residual rows are read with the blind pure-row
   detector.  Works in every mode (the client legitimately decrypts its totals); only DP noise
@@ -70,8 +70,9 @@ def neighbour_sum_tags(view: View, pattern: str = EXCHANGE) -> list[str]:
 
 
 def row_width(pub: Mapping[str, Any], view: View, tags: list[str]) -> int:
-    """Width of a row of the exchange: the public ``row_width``, else ``d + 1`` (count column)
-    when it divides the block length, else ``d``.
+    """Width of a row of the exchange.
+
+    The public ``row_width``, else ``d + 1`` (count column) when it divides the block length, else ``d``.
     """
     d = int(pub["num_features"])
     if pub.get("row_width"):
@@ -87,8 +88,10 @@ def row_width(pub: Mapping[str, Any], view: View, tags: list[str]) -> int:
 
 
 def rows_to_vectors(feats: np.ndarray, binary: bool, relative: bool) -> np.ndarray:
-    """Read feature vectors off rows: binary -> bits (threshold 0.5, or half the row maximum
-    when owners pre-scaled their terms); otherwise the rows themselves.
+    """Read feature vectors off rows.
+
+    Binary -> bits (threshold 0.5, or half the row maximum when owners pre-scaled their terms); otherwise the rows
+    themselves.
     """
     if not binary:
         return feats.astype(np.float32)
@@ -101,8 +104,9 @@ def rows_to_vectors(feats: np.ndarray, binary: bool, relative: bool) -> np.ndarr
 def _collect_rows(
     view: View, tags: list[str], d: int, n: int, *, receiver=None, sender=None
 ) -> tuple[dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], int, int]:
-    """Readable row-sum payloads -> {(tag, client): (gids, rows)}, plus counts of messages
-    seen and of unreadable ones.  Per tag only the latest readable round is used.
+    """Readable row-sum payloads -> {(tag, client): (gids, rows)}, plus counts of messages seen and of unreadable ones.
+
+    Per tag only the latest readable round is used.
     """
     out, seen, opaque = {}, 0, 0
     for tag in tags:
@@ -229,8 +233,9 @@ def exposure_by_degree(exposed: np.ndarray, truth: GroundTruth) -> dict[str, lis
 
 
 def exposure_estimate(exposed: int, eligible: int):
-    """Share of eligible nodes whose features are read exactly: chance 0 (no guess without the
-    transcript reproduces a feature row), Wilson interval over the nodes.
+    """Share of eligible nodes whose features are read exactly.
+
+    Chance 0 (no guess without the transcript reproduces a feature row), Wilson interval over the nodes.
     """
     return proportion_estimate("exposure_rate", float(exposed), int(eligible), 0.0)
 
@@ -486,9 +491,10 @@ def own_degrees(own) -> np.ndarray:
 def own_contribution(
     own, num_nodes: int, gids: np.ndarray, closed: bool, *, with_count: bool = False, prescale: bool = False
 ) -> np.ndarray:
-    """Rows ``gids`` of what client ``own`` (a ClientSubgraph) contributes to 1-hop sums:
-    ``sum_{j in N(i) ∩ V_c} t_j`` (+ ``t_i`` for own ``i`` when ``closed``), ``t_j = x_j``
-    (times ``deg_j^-1/2`` when ``prescale``), with a ones column when ``with_count``.
+    """Rows ``gids`` of what client ``own`` (a ClientSubgraph) contributes to 1-hop sums.
+
+    ``sum_{j in N(i) ∩ V_c} t_j`` (+ ``t_i`` for own ``i`` when ``closed``), ``t_j = x_j`` (times ``deg_j^-1/2`` when
+    ``prescale``), with a ones column when ``with_count``.
     """
     g = own.global_ids.cpu().numpy().astype(np.int64)
     x = own.x.detach().cpu().numpy().astype(np.float64)

@@ -54,8 +54,9 @@ def model_tag(view: View, pattern: str = EXCHANGE) -> str | None:
 
 
 def _vector(view: View, m, P: int) -> np.ndarray | None:
-    """``[w v, w]`` (P + 1 entries) of a readable message; an unweighted DP mean sends ``v``
-    alone (P entries) -- returned with a zero weight slot.
+    """``[w v, w]`` (P + 1 entries) of a readable message.
+
+    An unweighted DP mean sends ``v`` alone (P entries) -- returned with a zero weight slot.
     """
     p = view.payload(m)
     vec = dense_vector(p) if p is not None else None
@@ -87,8 +88,10 @@ def read_aggregate(view: View, tag: str, rnd: int, P: int) -> np.ndarray | None:
 
 
 def split_weighted(vec: np.ndarray, pub: Mapping[str, Any], contributors: int = 1) -> tuple[np.ndarray, float]:
-    """``[w v, w']`` -> ``(v, w)``.  Under DP the weight coordinate is ``w~ C`` (protocols.dp);
-    a zero weight slot marks an unweighted sum over ``contributors`` clients.
+    """``[w v, w']`` -> ``(v, w)``.
+
+    Under DP the weight coordinate is ``w~ C`` (protocols.dp); a zero weight slot marks an unweighted sum over
+    ``contributors`` clients.
     """
     P = vec.size - 1
     w = float(vec[P])
@@ -109,8 +112,10 @@ def round_start_params(
 
 # ----------------------------------------------------------------------------- the inversion
 def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
-    """(offset, numel, shape) in the flat parameter vector of the first weight that reads the
-    ``d`` input features.
+    """Locate the first weight that reads the ``d`` input features.
+
+    Returns:
+        ``(offset, numel, shape)`` in the flat parameter vector, or ``None``.
     """
     off = 0
     for p in model.parameters():
@@ -138,8 +143,10 @@ def support_scores(
     step: float = 0.0,
     weight_decay: float = 0.0,
 ) -> np.ndarray | None:
-    """Per input feature: how far its first-layer column update ``U_j`` departs from the update
-    it gets with no data gradient (a word no victim node holds).
+    """Per input feature.
+
+    How far its first-layer column update ``U_j`` departs from the update it gets with no data gradient (a word no
+    victim node holds).
 
     SGD (+ L2): that update is parallel to the weight column ``W_j``; the score is the share of
     ``U_j`` orthogonal to ``W_j``.  Adam (+ L2): Adam normalises the weight-decay gradient
@@ -464,9 +471,10 @@ class AggregateGradientInversion(GradientInversion):
 
 
 class IsolatedGradientInversion(GradientInversion):
-    """A coalition of clients subtracts its own uploads from the aggregate (A13): with all
-    other ``K - 1`` clients (or the single other one when ``K = 2``) the victim's weighted update
-    is isolated exactly, then inverted.
+    """A coalition of clients subtracts its own uploads from the aggregate (A13).
+
+    With all other ``K - 1`` clients (or the single other one when ``K = 2``) the victim's weighted update is isolated
+    exactly, then inverted.
     """
 
     name = "gradient_inversion_isolated"

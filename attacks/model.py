@@ -1,5 +1,6 @@
-"""Attacks on the released model (attack survey A14, A15) -- unchanged by secure aggregation,
-since every client decrypts the model it then deploys.
+"""Attacks on the released model (attack survey A14, A15).
+
+They are unchanged by secure aggregation, since every client decrypts the model it then deploys.
 
 * :class:`MembershipInference` -- node-level membership inference with a loss threshold
   (Yeom et al., CSF 2018; node-level: Olatunji et al. 2021, He et al. 2021): score
@@ -80,9 +81,10 @@ def sample_pairs(
     anchors: np.ndarray | None = None,
     keep_pair=None,
 ) -> dict[str, np.ndarray]:
-    """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among
-    ``nodes``; with ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)``
-    (boolean arrays) restricts all three sets to one population (e.g. both ends in one client).
+    """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among ``nodes``.
+
+    With ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)`` (boolean arrays) restricts all
+    three sets to one population (e.g. both ends in one client).
     """
     rng = np.random.default_rng(seed)
     n = int(max(edge_index.max(initial=0), nodes.max(initial=0))) + 1
@@ -122,8 +124,10 @@ def sample_pairs(
 
 
 def pair_estimates(score_fn, pairs: dict[str, np.ndarray], suffix: str = "") -> dict:
-    """AUC of the positive pairs against random (``auc_random``) and 2-hop (``auc_2hop``)
-    negatives, each an :class:`~attacks.significance.Estimate` (None if a set is empty).
+    """AUC of the positive pairs against random (``auc_random``) and 2-hop (``auc_2hop``) negatives.
+
+    Returns:
+        Each an :class:`~attacks.significance.Estimate` (None if a set is empty).
     """
     out = {}
     sp_ = score_fn(pairs["pos"]) if pairs["pos"].shape[1] else None

@@ -197,8 +197,9 @@ class RunContext:
         return {k: self.parties.own_data(k) for k in ks}
 
     def received(self, observer: str, **_):
-        """FedGCN totals of every row the observer client decrypted (the whole blocks it received,
-        not only the rows it asked for), keyed by node id.
+        """FedGCN totals of every row the observer client decrypted, keyed by node id.
+
+        The whole blocks it received, not only the rows it asked for.
         """
         if getattr(self.algo, "name", "") != "fedgcn":
             return None
@@ -223,8 +224,9 @@ class RunContext:
         return {tag: (nodes[real], rows[real].astype(np.float64))}
 
     def own_contributions(self, observer: str, **_) -> dict:
-        """What the observer's clients uploaded and decoded (each client's own memory of the
-        exchanges): ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``.
+        """What the observer's clients uploaded and decoded (each client's own memory of the exchanges).
+
+        ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``.
         """
         uploads: dict = {}
         aggregates: dict = {}
@@ -273,8 +275,10 @@ class RunContext:
         }
 
     def aux_graphs(self, **_) -> dict | None:
-        """K1 (graph classification): graphs from the clients' distribution that no client trains
-        on (each client's validation and test graphs: one pool per client), and the mean training-set size.
+        """K1 (graph classification).
+
+        Graphs from the clients' distribution that no client trains on (each client's validation and test graphs: one
+        pool per client), and the mean training-set size.
         """
         if hasattr(self.fed, "graph"):
             return None
@@ -317,8 +321,10 @@ class RunContext:
         return self.parties.query_api(t)
 
     def aux_labelled(self, **_):
-        """K1 shadow data: a seeded 30 % of the nodes with labels, read in their neighbourhood
-        (features and edges of the graph they live in; only their labels are 'extra').
+        """K1 shadow data.
+
+        a seeded 30 % of the nodes with labels, read in their neighbourhood (features and edges of the graph they live
+        in; only their labels are 'extra').
         """
         g = self.fed.graph
         n = int(g.num_nodes)

@@ -113,8 +113,9 @@ def bootstrap_ci(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of ``metric(scores, labels)``: positives and negatives are
-    resampled separately (their counts stay fixed), or whole ``groups`` are resampled.
+    """Percentile bootstrap interval of ``metric(scores, labels)``.
+
+    Positives and negatives are resampled separately (their counts stay fixed), or whole ``groups`` are resampled.
     """
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels).astype(bool)
@@ -159,8 +160,9 @@ def score_estimate(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> Estimate:
-    """A score-based metric (AUC, advantage, TPR at low FPR) with its interval; ``chance=None``
-    takes the permutation null's mean as the chance level.
+    """A score-based metric (AUC, advantage, TPR at low FPR) with its interval.
+
+    ``chance=None`` takes the permutation null's mean as the chance level.
     """
     scores = np.asarray(scores, dtype=np.float64).ravel()
     labels = np.asarray(labels).astype(bool).ravel()
@@ -217,9 +219,10 @@ def cluster_proportion_estimate(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> Estimate:
-    """A proportion over units that are correlated inside clusters (e.g. the nodes of one client),
-    with a cluster bootstrap interval: whole clusters are resampled with replacement and the
-    proportion ``sum successes / count`` recomputed over the units they hold.
+    """A proportion over units correlated inside clusters, with a cluster bootstrap interval.
+
+    Units are e.g. the nodes of one client; whole clusters are resampled with replacement and the proportion
+    ``sum successes / count`` recomputed over the units they hold.
 
     Args:
         name: The metric's name.
@@ -253,7 +256,8 @@ def cluster_proportion_estimate(
 
 
 def matching_chance(guess, truth) -> float:
-    """Expected accuracy of ``guess`` against ``truth`` when paired at random:
+    """Expected accuracy of ``guess`` against ``truth`` when paired at random.
+
     ``sum_c P(guess = c) P(truth = c)`` (the permutation null's mean, exactly).
     """
     g, t = np.asarray(guess).ravel(), np.asarray(truth).ravel()

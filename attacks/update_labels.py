@@ -1,5 +1,6 @@
-"""A client's label distribution from its model update (after iDLG/LLG, Zhao et al. 2020,
-Wainakh et al. 2022, and EC-LDA's FGL setting).
+"""A client's label distribution from its model update.
+
+After iDLG/LLG (Zhao et al. 2020, Wainakh et al. 2022) and EC-LDA's FGL setting.
 
 **SGD.** With softmax cross-entropy the gradient of the last layer's bias is ``mean_train(p - y)``:
 the mean posterior minus the client's label shares.  ``E`` full-batch SGD steps (momentum ``mu``,
@@ -92,10 +93,11 @@ def shadow_updates(
     rnd: int,
     max_warmup: int = 20,
 ) -> list[np.ndarray]:
-    """The update of a shadow client per row of ``dists``: the auxiliary nodes weighted by
-    ``pi[y_v] / n_aux(y_v)`` (a weighted cross-entropy with label distribution ``pi``), trained
-    from ``start`` for ``E`` local steps after ``min(rnd E, max_warmup)`` warm-up steps of the
-    optimizer state (the client's optimizer keeps its state across rounds).
+    """The update of a shadow client per row of ``dists``.
+
+    The auxiliary nodes weighted by ``pi[y_v] / n_aux(y_v)`` (a weighted cross-entropy with label distribution ``pi``),
+    trained from ``start`` for ``E`` local steps after ``min(rnd E, max_warmup)`` warm-up steps of the optimizer state
+    (the client's optimizer keeps its state across rounds).
     """
     x = torch.as_tensor(aux["x"], dtype=torch.float32)
     ei = torch.as_tensor(aux["edge_index"])

@@ -54,8 +54,10 @@ def first_paragraph(doc: str | None) -> str:
 
 
 def datasets_command(data_root: str | None) -> int:
-    """Every ``--dataset`` name: the registry's datasets, the built-in graph-classification
-    generator and GCFL's groups of TU datasets (present when all their members are).
+    """Every ``--dataset`` name.
+
+    The registry's datasets, the built-in graph-classification generator and GCFL's groups of TU datasets (present when
+    all their members are).
     """
     from ..data import GCFL_GROUPS, dataset_status
     from ..data.datasets import SYNTHETIC_GRAPHS

@@ -163,8 +163,9 @@ def _config(path: str, preset: str | None):
 
 
 def _run_parameters(cfg, num_clients: int) -> tuple[dict, dict, str]:
-    """The options, security parameters and schedule hash the run of ``cfg`` records in its
-    manifest: those of the protocol facade the run builds (no party is started).
+    """The options, security parameters and schedule hash the run of ``cfg`` records in its manifest.
+
+    Those of the protocol facade the run builds (no party is started).
     """
     from protocols.link import ClientLink
 

@@ -173,8 +173,9 @@ def _extra_options(extra: list[str]) -> dict:
 
 
 def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
-    """A preset/config file's settings and its algorithm options (a table, or top-level keys
-    that are options of the algorithm).
+    """A preset/config file's settings and its algorithm options.
+
+    The options are a table, or top-level keys that are options of the algorithm.
     """
     layer = dict(layer)
     options = layer.pop("options", None) or {}

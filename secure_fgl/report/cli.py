@@ -1,8 +1,8 @@
-"""``secure-fgl report``: run (or resume) a privacy/utility sweep, then write the report.
+r"""``secure-fgl report``: run (or resume) a privacy/utility sweep, then write the report.
 
 Example::
 
-    secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \\
+    secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \
         --dp-epsilons inf,8,4,2,1 --seeds 3 --rounds 50 --out runs/report
 
 ``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  A finished run is
@@ -131,9 +131,10 @@ def _minutes(seconds: float) -> str:
 
 
 def estimate(cells, out_dir) -> tuple[float | None, str]:
-    """Seconds the runs to do will take, from the finished runs under ``out_dir`` (same algorithm,
-    dataset and mode; training time scaled by rounds, attack time added when attacks are asked),
-    and how it was made; None when no past run matches.
+    """Seconds the runs to do will take, and how the estimate was made.
+
+    Estimated from the finished runs under ``out_dir`` (same algorithm, dataset and mode; training time scaled by
+    rounds, attack time added when attacks are asked); None when no past run matches.
     """
     from .sweep import load_runs
 

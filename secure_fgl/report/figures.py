@@ -1,6 +1,7 @@
-"""Figures of the report, computed only from run files; every one in the shared look of
-:mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one colour and
-marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
+"""Figures of the report, computed only from run files.
+
+Every one in the shared look of :mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one
+colour and marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
 
 * :func:`epsilon_curves` -- test accuracy, then each attack's primary metric (its chance level
   dotted), against DP epsilon; one series per mode, dodged sideways; at most a few panels per
@@ -23,8 +24,9 @@ from .tables import attack_entries, final_acc, run_eps
 
 
 def normalised_leakage(entry: dict) -> float | None:
-    """(m - chance) / (max - chance) in [0, 1] (1 = full leakage); 0 for a not-applicable attack
-    whose audit passed; None when undefined.
+    """(m - chance) / (max - chance) in [0, 1] (1 = full leakage).
+
+    0 for a not-applicable attack whose audit passed; None when undefined.
     """
     if not entry.get("applicable"):
         return 0.0 if entry.get("at_chance") else None
@@ -50,8 +52,10 @@ def _attack_value(name: str):
 
 
 def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False) -> None:
-    """One legend for the figure: each mode's colour and marker, "= other" where their series are
-    equal, and the chance line's style when a panel draws one.
+    """One legend for the figure.
+
+    Each mode's colour and marker, "= other" where their series are equal, and the chance line's style when a panel
+    draws one.
     """
     from matplotlib.lines import Line2D
 

@@ -77,8 +77,12 @@ def mode_rank(mode: str) -> int:
 
 
 def new_figure(panels: int, size: str, legend_rows: int = 1):
-    """A figure of ``size`` with ``panels`` axes in a grid (constrained layout) and room for a legend
-    of ``legend_rows`` lines below; returns (fig, axes).
+    """A figure of ``size`` with ``panels`` axes in a grid and room for a legend below.
+
+    The layout is constrained; the legend has ``legend_rows`` lines.
+
+    Returns:
+        ``(fig, axes)``.
     """
     if size not in WIDTH:
         raise ValueError(f"figure size {size!r} is not one of {', '.join(WIDTH)}")
@@ -207,8 +211,9 @@ def equal_series(named: dict[str, dict]) -> list[tuple[str, str]]:
 
 
 def place_labels(ax, points: list[tuple[float, float, str, str]]) -> list[str]:
-    """Label each (x, y, text, colour) beside its point where it overlaps no other label and stays
-    inside the axes; returns the texts that found no free place (the caller counts them in a note).
+    """Label each (x, y, text, colour) beside its point where it overlaps no other label and stays inside the axes.
+
+    Returns the texts that found no free place (the caller counts them in a note).
     """
     fig = ax.figure
     renderer = fig.canvas.get_renderer()

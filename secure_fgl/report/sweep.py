@@ -57,8 +57,10 @@ def run_id(algorithm: str, dataset: str, mode: str, eps: float | None, seed: int
 
 @dataclass
 class SweepSpec:
-    """The grid.  ``config`` holds further :class:`RunConfig` fields common to every run
-    (``clients``, ``partition``, ``rounds``, ``synthetic``, ``options`` ...).
+    """The grid.
+
+    ``config`` holds further :class:`RunConfig` fields common to every run (``clients``, ``partition``, ``rounds``,
+    ``synthetic``, ``options`` ...).
     """
 
     algorithms: Sequence[str] = ("fedgcn",)
@@ -117,10 +119,11 @@ GRID_KEYS = {
 
 
 def spec_from_file(path: str | Path) -> SweepSpec:
-    """A sweep file: a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied
-    to every run, plus a ``[grid]`` table (``algorithms``, ``datasets``, ``modes``,
-    ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count), ``attacks``) and optional
-    ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
+    """A sweep file.
+
+    a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied to every run, plus a ``[grid]`` table
+    (``algorithms``, ``datasets``, ``modes``, ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count),
+    ``attacks``) and optional ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
     """
     from ..config import ConfigError, load_config_file
 
@@ -162,8 +165,10 @@ def spec_from_file(path: str | Path) -> SweepSpec:
 
 @dataclass
 class Cell:
-    """One run of the plan: its folder, resolved config and identity, and what the sweep does with it
-    (``reuse`` a finished run with the same identity, ``run`` it, ``rerun`` an unfinished one).
+    """One run of the plan.
+
+    Its folder, resolved config and identity, and what the sweep does with it (``reuse`` a finished run with the same
+    identity, ``run`` it, ``rerun`` an unfinished one).
     """
 
     run_id: str
@@ -182,8 +187,10 @@ def resolve(cfg: RunConfig) -> dict:
 
 
 def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
-    """Every run of the grid with the folder it goes to: ``<run-id>`` when that folder is free or
-    holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run is never touched).
+    """Every run of the grid with the folder it goes to.
+
+    ``<run-id>`` when that folder is free or holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run
+    is never touched).
     """
     out = Path(out_dir)
     cells = []
@@ -218,8 +225,9 @@ def run_sweep(
     runner: Callable[[RunConfig], dict] | None = None,
     cells: list[Cell] | None = None,
 ) -> list[dict]:
-    """Run every cell of the grid that has no finished run with the same identity; returns one
-    status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
+    """Run every cell of the grid that has no finished run with the same identity.
+
+    Returns one status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,10 +293,11 @@ def load_runs(
     include_unfinished: bool = False,
     left_out: dict | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """``(results, errors)`` found under ``out_dir`` (one level of run folders): only the folders
-    ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when
-    given, only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the
-    counts of what was left out (``unfinished``, ``not_in_sweep``, ``other_settings``).
+    """``(results, errors)`` found under ``out_dir`` (one level of run folders).
+
+    Only the folders ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when given,
+    only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the counts of what was left
+    out (``unfinished``, ``not_in_sweep``, ``other_settings``).
     """
     out = Path(out_dir)
     results, errors = [], []

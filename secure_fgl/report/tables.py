@@ -83,7 +83,7 @@ class Table:
         return "".join(out)
 
     def to_latex(self) -> str:
-        """A ``table`` with a booktabs ``tabular`` (``\\usepackage{booktabs}``), the note as a footnote line."""
+        r"""A ``table`` with a booktabs ``tabular`` (``\usepackage{booktabs}``), the note as a footnote line."""
         if not self.rows:
             return ""
         cols = "l" + "r" * (len(self.header) - 1)
@@ -199,8 +199,9 @@ def _interval(entry: dict) -> str:
 
 
 def _below_chance(entries: list[dict]) -> str:
-    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
-    chance level: an attack cannot do worse than guessing, so the measurement is suspect.
+    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its chance level.
+
+    An attack cannot do worse than guessing, so the measurement is suspect.
     """
     for e in entries:
         if e.get("below_chance"):  # the attack's own verdict (attacks.significance)
@@ -245,7 +246,8 @@ def accuracy_chance(runs: list[dict]) -> float | None:
 
 
 def at_chance_label(accs: list[float | None], chance: float | None) -> str:
-    """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``:
+    """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``.
+
     a privacy result read off a model that learned nothing means nothing.
     """
     vals = [float(a) for a in accs if a is not None]
@@ -335,9 +337,10 @@ def _show(value) -> str:
 
 
 def settings_of_runs(results: list[dict]) -> tuple[dict[str, str], Table]:
-    """The settings the runs hold (their resolved configs): ``(common, per_cell)`` -- the settings
-    equal in every run (options per algorithm), and a table of those that differ, one row per
-    (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``).
+    """The settings the runs hold (their resolved configs).
+
+    ``(common, per_cell)`` -- the settings equal in every run (options per algorithm), and a table of those that differ,
+    one row per (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``).
     """
     ids = [identity(r.get("config") or {}) for r in results]
     keys = sorted({k for i in ids for k in i if k not in GRID_AXES and k != "options"})
