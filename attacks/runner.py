@@ -416,9 +416,19 @@ def _entry(res: AttackResult, seconds: float, *, secure: bool, audit_passed: boo
 
 
 def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | None = None) -> list[dict]:
-    """Run ``names`` (or ``['all']``) on a finished run; returns JSON-ready entries.
+    """Run ``names`` (or ``['all']``) on a finished run.
 
-    ``options``: per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
+    Args:
+        names: Attack names, or ``['all']`` for every attack that targets the run's algorithm.
+        algo: The finished run's algorithm (server strategy or in-process algorithm).
+        protocol: Its protocol (transcript, keys).
+        fed: Its federation (ground truth for scoring).
+        cfg: Its configuration.
+        options: Per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
+
+    Returns:
+        JSON-ready entries: the transcript audit, then one entry per attack (not-applicable ones with the reason;
+        an attack that fails becomes an entry with its error).
     """
     algorithm = getattr(algo, "name", cfg.algorithm)
     graph_level = not hasattr(fed, "graph")

@@ -95,9 +95,21 @@ def shadow_updates(
 ) -> list[np.ndarray]:
     """The update of a shadow client per row of ``dists``.
 
-    The auxiliary nodes weighted by ``pi[y_v] / n_aux(y_v)`` (a weighted cross-entropy with label distribution ``pi``),
-    trained from ``start`` for ``E`` local steps after ``min(rnd E, max_warmup)`` warm-up steps of the optimizer state
-    (the client's optimizer keeps its state across rounds).
+    A shadow client is the auxiliary nodes weighted by ``pi[y_v] / n_aux(y_v)`` (a weighted cross-entropy with label
+    distribution ``pi``), trained from ``start`` for ``E`` local steps after ``min(rnd E, max_warmup)`` warm-up steps
+    of the optimizer state (the client's optimizer keeps its state across rounds).
+
+    Args:
+        architecture: Builds the run's model (random weights; replaced by ``start``).
+        start: The round-start parameters (flat).
+        aux: The labelled auxiliary sample: ``x``, ``edge_index``, ``ids``, ``y``.
+        pub: The run's public settings (optimizer, lr, momentum, weight decay, local epochs).
+        dists: ``[M, C]`` label distributions, one per shadow client.
+        rnd: The round whose update is attacked.
+        max_warmup: Cap on the optimizer warm-up steps.
+
+    Returns:
+        The flat update (parameters after minus ``start``) of each shadow client.
     """
     x = torch.as_tensor(aux["x"], dtype=torch.float32)
     ei = torch.as_tensor(aux["edge_index"])
