@@ -143,10 +143,9 @@ def support_scores(
     step: float = 0.0,
     weight_decay: float = 0.0,
 ) -> np.ndarray | None:
-    """Per input feature.
+    """Score each input feature by how far its first-layer column update departs from a data-free one.
 
-    How far its first-layer column update ``U_j`` departs from the update it gets with no data gradient (a word no
-    victim node holds).
+    The data-free update of column ``U_j`` is the one it gets with no data gradient (a word no victim node holds).
 
     SGD (+ L2): that update is parallel to the weight column ``W_j``; the score is the share of
     ``U_j`` orthogonal to ``W_j``.  Adam (+ L2): Adam normalises the weight-decay gradient

@@ -110,9 +110,9 @@ def shadow_norms(
     graphs: int,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(norms [n, 2], labels [n])``.
+    """Update and gradient norms of shadow clients with and without the property.
 
-    ``[||dW||, grad norm]`` after one round of the public local training from ``start`` on shadow clients of ``graphs``
+    Returns ``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local training from ``start`` on shadow clients of ``graphs``
     auxiliary graphs.  Every pool (the auxiliary graphs of one source, so of one labelling task) with graphs on both
     sides of ``threshold`` gives ``shadows`` clients with the property and ``shadows`` without.
     """

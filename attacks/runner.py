@@ -323,7 +323,7 @@ class RunContext:
     def aux_labelled(self, **_):
         """K1 shadow data.
 
-        a seeded 30 % of the nodes with labels, read in their neighbourhood (features and edges of the graph they live
+        A seeded 30 % of the nodes with labels, read in their neighbourhood (features and edges of the graph they live
         in; only their labels are 'extra').
         """
         g = self.fed.graph

@@ -131,7 +131,7 @@ def _truncate(m, rng):
 def _tamper_download(m, rng, fz):
     """The server's signed download to the victim, changed in transit.
 
-    a body bit or a signature/header bit flipped, the previous exchange's download replayed, or client 0's download of
+    A body bit or a signature/header bit flipped, the previous exchange's download replayed, or client 0's download of
     this exchange handed to the victim.
     """
     choice = int(rng.integers(0, 4))
@@ -230,7 +230,7 @@ def _is_keyswitch_request(m) -> bool:
 def _forged_key_switch(m, rng, fz):
     """A malicious server's own key-switching request (re-signed by it).
 
-    a ``c1`` of its choosing, a recipient that is no client, a second group for one key, or the broadcast group widened
+    A ``c1`` of its choosing, a recipient that is no client, a second group for one key, or the broadcast group widened
     to blocks the victim does not receive.
     """
     choice, body = int(rng.integers(0, 4)), dict(m.payload)

@@ -91,7 +91,7 @@ def _planted_partition_edges(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sample ``num_edges`` endpoint pairs.
 
-    a uniform source, then a uniform target in the source's class with probability ``homophily``, else uniform among the
+    A uniform source, then a uniform target in the source's class with probability ``homophily``, else uniform among the
     other classes.
 
     With balanced classes this is the SBM with ``p_in / p_out = h (C-1) / (1-h)`` and

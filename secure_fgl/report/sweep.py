@@ -121,7 +121,7 @@ GRID_KEYS = {
 def spec_from_file(path: str | Path) -> SweepSpec:
     """A sweep file.
 
-    a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied to every run, plus a ``[grid]`` table
+    A run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied to every run, plus a ``[grid]`` table
     (``algorithms``, ``datasets``, ``modes``, ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count),
     ``attacks``) and optional ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
     """

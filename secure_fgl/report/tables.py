@@ -248,7 +248,7 @@ def accuracy_chance(runs: list[dict]) -> float | None:
 def at_chance_label(accs: list[float | None], chance: float | None) -> str:
     """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``.
 
-    a privacy result read off a model that learned nothing means nothing.
+    A privacy result read off a model that learned nothing means nothing.
     """
     vals = [float(a) for a in accs if a is not None]
     if not vals or chance is None:
