@@ -112,9 +112,10 @@ def shadow_norms(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Update and gradient norms of shadow clients with and without the property.
 
-    Returns ``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local training from ``start`` on shadow clients of ``graphs``
-    auxiliary graphs.  Every pool (the auxiliary graphs of one source, so of one labelling task) with graphs on both
-    sides of ``threshold`` gives ``shadows`` clients with the property and ``shadows`` without.
+    Returns ``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local training
+    from ``start`` on shadow clients of ``graphs`` auxiliary graphs.  Every pool (the auxiliary graphs of one
+    source, so of one labelling task) with graphs on both sides of ``threshold`` gives ``shadows`` clients with the
+    property and ``shadows`` without.
     """
     from secure_fgl.algorithms.graph_level.ops import GraphLearner
     from secure_fgl.data.graph_classification import GraphClient
