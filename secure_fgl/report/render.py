@@ -44,6 +44,14 @@ def render_report(
 
     They are made from the finished runs of its latest sweep (``sweep.json``; every run folder when there is
     none).
+
+    Args:
+        out_dir: The sweep folder (its run folders hold ``result.json``).
+        title: The report's title.
+        figure_size: ``column`` or ``page`` width of the figures.
+
+    Returns:
+        The written files by kind.
     """
     out = Path(out_dir)
     sweep = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else {}

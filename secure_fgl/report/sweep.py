@@ -227,7 +227,15 @@ def run_sweep(
 ) -> list[dict]:
     """Run every cell of the grid that has no finished run with the same identity.
 
-    Returns one status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
+    Args:
+        spec: The sweep: base settings and grid.
+        out_dir: The sweep folder; each run writes its own folder in it, ``sweep.json`` records the plan.
+        progress: Print one line per run.
+        runner: Runs one configuration (default: :func:`~secure_fgl.experiment.run_experiment`).
+        cells: The planned runs (default: :func:`plan_cells` of ``spec``).
+
+    Returns:
+        One status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
