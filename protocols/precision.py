@@ -93,7 +93,7 @@ def grid_tolerance(target: float, num_clients: int) -> float:
     exactly only while the grid step stays above its noise on the K-way sum; the sum bound grows as
     K, the step a target allows shrinks as 1/K (``eps_f = K 2^-(f+1)``) and the noise as sqrt(K), so
     the finest target CKKS meets grows as ``K^2.5`` (checked for K = 10 .. 100 on FedOMD's plans,
-    ``tests/test_precision.py``)."""
+    ``tests/protocols/test_precision.py``)."""
     k = max(1, int(num_clients))
     return target if k <= 10 else target * 2.0 ** (math.ceil(2.5 * math.log2(k / 10)) + 1)
 

@@ -22,7 +22,7 @@ values encoded past the client check): outside the honest-but-curious model; rep
 caught where a recipient can (a decoded packed sum out of its public range raises BoundError).
 
 Run: ``secure-fgl bench --suite fuzz --cases 20000 --out DIR`` (prints a table per category,
-writes ``DIR/fuzz.json``); ``tests/test_fuzz.py`` runs a small sample.
+writes ``DIR/fuzz.json``); ``tests/protocols/test_fuzz.py`` runs a small sample.
 """
 
 from __future__ import annotations
