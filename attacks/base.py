@@ -434,21 +434,50 @@ class Attack:
         self.opts = {**self.options, **options}
 
     def result(self, **kw) -> AttackResult:
+        """A result of this attack and observer; ``kw`` are :class:`AttackResult` fields."""
         return AttackResult(
             name=self.name, observer=self.observer, exchange=self.exchange, knowledge=tuple(self.knowledge), **kw
         )
 
     def not_applicable(self, reason: str, **kw) -> AttackResult:
+        """A result that says why the attack cannot run (``applicable=False``, the ``reason`` shown to users)."""
         return self.result(applicable=False, reason=reason, **kw)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Attack what the observer reads.
+
+        Args:
+            view: The messages the observer sent or received, readable through its keys only.
+            knowledge: The declared background knowledge (``self.knowledge``) by name.
+
+        Returns:
+            The attack's raw output (``output``), not yet scored; or a not-applicable result.
+        """
         raise NotImplementedError
 
     def score(self, result: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Score ``result`` against the ground truth.
+
+        Args:
+            result: The output of :meth:`run`.
+            truth: The run's ground truth (labels, owners, features), never shown to :meth:`run`.
+
+        Returns:
+            ``result`` with its metric, chance level, interval and ``at_chance``.
+        """
         raise NotImplementedError
 
     def __call__(self, view: View, knowledge: Mapping[str, Any], truth: GroundTruth | None = None) -> AttackResult:
-        """``run`` then (with ``truth``) ``score``.  ``knowledge`` is cut to what the attack declares."""
+        """``run`` then (with ``truth``) ``score``.
+
+        Args:
+            view: The observer's view of the transcript.
+            knowledge: Background knowledge by name; cut to what the attack declares.
+            truth: The ground truth; ``None`` leaves the result unscored.
+
+        Returns:
+            The (scored) result; not applicable when declared knowledge is missing.
+        """
         missing = [k for k in self.knowledge if k not in knowledge]
         if missing:
             return self.not_applicable(f"background knowledge not available: {', '.join(missing)}")
