@@ -63,6 +63,7 @@ def add_key_parsers(sub) -> None:
 
 
 def key_command(args: argparse.Namespace) -> int:
+    """``secure-fgl key``: make a site's identity key (``new``, never overwriting one) or print a key's fingerprint."""
     from protocols.auth import SigningKey
 
     if args.keys_command == "new":
@@ -84,6 +85,11 @@ def key_command(args: argparse.Namespace) -> int:
 
 
 def manifest_command(args: argparse.Namespace) -> int:
+    """``secure-fgl manifest``: write a run manifest (``new``, never overwriting one) or check one.
+
+    The check compares the parties' key fingerprints in the manifest with the ones expected (``--party``, or this
+    site's ``--key`` ``--as`` a party).
+    """
     from protocols.manifest import Manifest
 
     if args.manifest_command == "new":
