@@ -572,4 +572,5 @@ def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index:
 
 
 def dumps(results: Iterable[AttackResult]) -> str:
+    """The results as an indented JSON list."""
     return json.dumps([r.to_dict() for r in results], indent=2)

@@ -191,6 +191,7 @@ def candidate_operators(adj: sp.csr_matrix, hops: int | None = None) -> dict[str
 
 
 def adjacency_from(edge_index: np.ndarray, n: int) -> sp.csr_matrix:
+    """The ``n x n`` 0/1 adjacency of ``edge_index`` (duplicates merged, self loops removed)."""
     a = sp.csr_matrix((np.ones(edge_index.shape[1]), (edge_index[0], edge_index[1])), shape=(n, n))
     a.data[:] = 1.0
     a.setdiag(0)

@@ -49,6 +49,7 @@ RAW_FEATURE_ALGORITHMS = ("fedavg", "fedprox")
 
 # ----------------------------------------------------------------------------- reading updates
 def model_tag(view: View, pattern: str = EXCHANGE) -> str | None:
+    """The first model-exchange tag matching ``pattern`` in the view, or ``None``."""
     tags = view.tags(pattern)
     return tags[0] if tags else None
 
@@ -126,6 +127,7 @@ def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, .
 
 
 def last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
+    """``(offset, C)`` in the flat parameter vector of the last 1-D parameter with ``C`` entries (the output bias)."""
     off, found = 0, None
     for p in model.parameters():
         if p.dim() == 1 and p.numel() == C:

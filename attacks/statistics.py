@@ -59,6 +59,18 @@ def _prior(truth: GroundTruth, mask: np.ndarray | None = None) -> np.ndarray:
 
 
 def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
+    """Score estimated label distributions by their mean total-variation distance to the clients' true ones.
+
+    Args:
+        res: The result to score.
+        truth: The ground truth (each client's labels and masks).
+        est: Client -> estimated label distribution.
+        node_set: ``"train"`` (the training labels) or ``"all"`` (every node the client holds).
+
+    Returns:
+        ``res`` with ``label_tv`` (lower is leakier) against the global prior's TV as the chance level, and
+        ``uniform_tv``, ``exact_clients``, ``absent_class_acc``, ``clients_scored``.
+    """
     tvs, base, uniform, exact, absent_ok = [], [], [], [], []
     prior = _prior(truth, truth.train_mask if node_set == "train" else None)
     for k, pi in est.items():

@@ -38,6 +38,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secure-fgl report`` parser."""
     p = argparse.ArgumentParser(
         prog="secure-fgl report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -208,6 +209,11 @@ def _interrupted() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``secure-fgl report``: plan, run (or resume) the sweep, then render the report.
+
+    Returns:
+        The exit status.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--"]:  # `secure-fgl report -- --flags` (argparse REMAINDER keeps the '--')
         argv = argv[1:]

@@ -127,6 +127,11 @@ def epsilon_curves(
 
 @style.styled
 def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path, size: str = "column") -> list[Path]:
+    """Test accuracy against mean normalised leakage per setting of one algorithm and dataset, with the Pareto front.
+
+    Returns:
+        The files written (one per format).
+    """
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     pts = []
     keys = sorted(
@@ -181,6 +186,11 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
 
 @style.styled
 def exposure_by_degree(results: list[dict], path: str | Path, size: str = "column") -> list[Path]:
+    """The FedGCN attacks' exposure rate by a node's number of cross-client neighbours.
+
+    Returns:
+        The files written (one per format).
+    """
     series = {}
     for r in results:
         for name, a in attack_entries(r).items():

@@ -69,10 +69,12 @@ def styled(draw):
 
 
 def mode_style(mode: str) -> tuple[str, str]:
+    """``(colour, marker)`` of a mode (grey x for an unknown one)."""
     return MODE_STYLE.get(mode, ("tab:gray", "x"))
 
 
 def mode_rank(mode: str) -> int:
+    """A mode's position in the report order (unknown modes last)."""
     return list(MODE_STYLE).index(mode) if mode in MODE_STYLE else len(MODE_STYLE)
 
 

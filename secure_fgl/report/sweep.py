@@ -48,10 +48,12 @@ def parse_epsilon(text: str | float | None) -> float | None:
 
 
 def eps_label(eps: float | None) -> str:
+    """``inf`` for no DP, else epsilon in short form."""
     return "inf" if eps is None else f"{eps:g}"
 
 
 def run_id(algorithm: str, dataset: str, mode: str, eps: float | None, seed: int) -> str:
+    """The folder name of one run of a sweep: ``<algorithm>_<dataset>_<mode>_eps-<eps>_s<seed>``."""
     return f"{algorithm}_{dataset}_{mode}_eps-{eps_label(eps)}_s{seed}"
 
 
