@@ -69,6 +69,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .exchange import ValueSpec
+
 #: the float32 resolution (2^-24) of a unit-size value: averaged updates are planned to be as
 #: precise as the float32 wire of the plain protocol carries a unit-size parameter
 FLOAT32_MEAN_TOLERANCE = 2.0**-24
@@ -134,8 +136,6 @@ class MeanPrecision:
         below float32 resolution (``delta < FLOAT32_MEAN_TOLERANCE``) sets ``float64_wire``:
         the plain protocol's float32 wire would itself miss the target that the secure codecs
         are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64."""
-        from .base import ValueSpec
-
         return ValueSpec(
             max_abs=self.entry_bound, tolerance=self.sum_tolerance, float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE
         )
@@ -153,8 +153,6 @@ class MeanPrecision:
         the grid ``2^-f``, ``f =`` :meth:`grid_bits` (module doc): ``max_abs = B_e`` on the grid, codec
         tolerance ``2^-(f+2)`` (CKKS then rounds back exactly), float64 plain wire where float32 cannot
         hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``)."""
-        from .base import ValueSpec
-
         k, f = max(1, int(num_contributors)), self.grid_bits(num_contributors)
         bound = math.ceil(self.entry_bound * 2.0**f) * 2.0**-f
         steps = kway_sum_bound(bound, k) * 2.0**f

@@ -40,8 +40,10 @@ import numpy as np
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
+from protocols.client_sampling import sample_clients
 from protocols.errors import (
     ConsistencyError,
+    InconsistentViewError,
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
@@ -54,12 +56,18 @@ from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.mask.shamir import PRIME, Share
 from protocols.message import SIGNATURE_BYTES, Envelope, body_digest
 from protocols.party import AUTH_TAG
+from protocols.schedule import BROADCAST
 from protocols.transcript import SERVER
 
 K = 3
 N_VALUES = 16
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
 VICTIM = "client1"
+#: the public schedule of the runs the schedule categories use: the sample's fraction and seed, and
+#: the broadcast tag every client checks plans of (and binds the models it received under) by role
+SAMPLED_FRACTION, SAMPLE_SEED, BROADCAST_TAG = 2 / 3, 5, "fuzz/model"
+#: broadcast tags one model-inconsistency case each leaves diverged (then a new protocol)
+STALE_TAGS = tuple(f"{BROADCAST_TAG}/{i}" for i in range(64))
 
 
 def _flip(data: bytes, rng, start: int = 0) -> bytes:
@@ -119,6 +127,8 @@ class Case:
     expected: type = IntegrityError
     tag: str = "fuzz/x"  # the tag of the messages the case may tamper with
     fresh: bool = False  # run on a fresh protocol object (its first exchange)
+    scheduled: bool = False  # run on a protocol with a public schedule (BROADCAST_TAG sampled, a broadcast)
+    must_reject: bool = False  # an accepted result is the attack succeeding, whatever its value
 
 
 def _truncate(m, rng):
@@ -374,6 +384,61 @@ def _split_unmasking(m, rng, fz):
     return fz.proto._seal(dataclasses.replace(m, payload=payload), "unmask")
 
 
+def _call_sampled(fz, rng, victim_contributes: bool = False, tag: str = BROADCAST_TAG):
+    """An honest sampled broadcast: the round's sample contributes, every client receives
+    (``victim_contributes``: the next round whose sample holds the victim)."""
+    rnd = fz.next_round()
+    while victim_contributes and 1 not in sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION):
+        rnd = fz.next_round()
+    vals = fz.values(rng)
+    sample = sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION)
+    return {k: vals[k] for k in sample}, {"recipients": range(K)}, rnd, tag
+
+
+def _plan_outside_sample(m, rng, fz):
+    """The server plans the broadcast over a contributor set that leaves the round's sample."""
+    sample = sample_clients(SAMPLE_SEED, int(m.payload["round"]), K, SAMPLED_FRACTION)
+    outside = [k for k in range(K) if k not in sample]
+    sets = (list(range(K)), sorted([int(rng.choice(outside)), int(rng.choice(sample))]))
+    return _resigned_plan(m, fz, contributors=np.asarray(sets[int(rng.integers(0, 2))], np.int32))
+
+
+def _plan_scoped_broadcast(m, rng, fz):
+    """The server sends the victim, as a recipient of the broadcast, part of its blocks only."""
+    own = np.asarray(m.payload["requests"][1], dtype=np.int64)
+    cut = own[: int(rng.integers(0, own.size))]
+    return _resigned_plan(m, fz, requests={1: cut})
+
+
+def _call_stale_model(fz, rng):
+    """Two honest broadcasts, the second sent to the victim as the first one again (re-signed by
+    the server: a model-inconsistency attack); the case's sum, which the victim joins, then binds
+    the models each contributor received.  Each case takes a broadcast tag of its own (it leaves
+    the victim's view of it diverged for good)."""
+    if fz.stale_tags >= len(STALE_TAGS):
+        fz.proto = fz.scheduled = fz.new_protocol(scheduled=True)
+        fz.stale_tags = 0
+    tag, kept, stale = STALE_TAGS[fz.stale_tags], fz.proto.intercept, {}
+    fz.stale_tags += 1
+
+    def hook(m):
+        if m.tag == tag and m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "download":
+            if "payload" not in stale:
+                stale["payload"] = m.payload
+            else:
+                return fz.proto._seal(dataclasses.replace(m, payload=stale["payload"]), "download")
+        return m
+
+    fz.proto.intercept = hook
+    try:
+        for _ in range(2):
+            vals, kw, rnd, _ = _call_sampled(fz, rng, tag=tag)
+            fz.proto.weighted_sum(tag, rnd, vals, spec=SPEC, **kw)
+    finally:
+        fz.proto.intercept = kept
+    return _call_sampled(fz, rng, victim_contributes=True, tag=tag)
+
+
 CASES = [
     Case("truncation", ("mask", "ckks", "ckks-mp"), True, _is_upload, lambda m, r, f: _truncate(m, r)),
     Case(
@@ -579,6 +644,39 @@ CASES = [
         _resigned_share,
         expected=ShareIntegrityError,
     ),
+    # the public schedule: the round's sample, the broadcast role, the same model for everyone
+    Case(
+        "plan_outside_sample",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_plan,
+        _plan_outside_sample,
+        call=_call_sampled,
+        expected=PlanRefusedError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+    ),
+    Case(
+        "plan_scoped_broadcast",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_plan,
+        _plan_scoped_broadcast,
+        call=_call_sampled,
+        expected=PlanRefusedError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+    ),
+    Case(
+        "model_inconsistency",
+        ("mask", "ckks-mp"),
+        True,
+        call=_call_stale_model,
+        expected=InconsistentViewError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+        must_reject=True,
+    ),
     Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
     Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
     # a malicious server's own messages, signed by it (active adversary): must be refused
@@ -607,12 +705,21 @@ class Fuzzer:
     def __init__(self, mode: str, seed: int = 0):
         self.mode = mode
         self.proto = self.new_protocol()
+        self.scheduled = None  # the protocol with a public schedule (made on first use)
+        self.stale_tags = 0  # STALE_TAGS used on it
         self.round = 0
         self.sent: dict[tuple, object] = {}  # (exchange, sender, kind, receiver) -> message, as signed
         self.prev_exchange: dict[tuple, object] = {}
 
-    def new_protocol(self):
-        return make_protocol(self.mode, K, **({"params": "n4096"} if self.mode == "ckks" else {}))
+    def new_protocol(self, scheduled: bool = False):
+        options = {"params": "n4096"} if self.mode == "ckks" else {}
+        if not scheduled:
+            return make_protocol(self.mode, K, **options)
+        roles = {tag: BROADCAST for tag in (BROADCAST_TAG, *STALE_TAGS)}
+        proto = make_protocol(self.mode, K, seed=SAMPLE_SEED, client_fraction=SAMPLED_FRACTION, roles=roles, **options)
+        # one honest exchange first (mask deals its output-mask group seed in a run's first exchange)
+        proto.weighted_sum("fuzz/setup", 0, {k: np.zeros(N_VALUES) for k in range(K)}, spec=SPEC)
+        return proto
 
     def values(self, rng) -> dict[int, np.ndarray]:
         return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}
@@ -664,10 +771,16 @@ class Fuzzer:
 
     # -- one case
     def run(self, case: Case, rng) -> str:
-        if not case.fresh:
+        if not (case.fresh or case.scheduled):
             return self._run(case, rng)
         kept = self.proto, self.sent, self.prev_exchange
-        self.proto, self.sent, self.prev_exchange = self.new_protocol(), {}, {}
+        if case.fresh:
+            proto = self.new_protocol(case.scheduled)
+        else:  # one protocol with the public schedule for every case that needs it
+            if self.scheduled is None:
+                self.scheduled = self.new_protocol(scheduled=True)
+            proto = self.scheduled
+        self.proto, self.sent, self.prev_exchange = proto, {}, {}
         try:
             return self._run(case, rng)
         finally:
@@ -706,6 +819,8 @@ class Fuzzer:
                 (m.sender, m.kind, m.receiver): m for (ex, *_), m in self.sent.items() if ex == self.proto.exchange
             } or self.prev_exchange
             self.sent = {k: v for k, v in self.sent.items() if k[0] == self.proto.exchange}
+        if case.must_reject:
+            return "accepted_wrong"
         want = sum(np.asarray(v, dtype=np.float64) for v in vals.values())
         ok = np.shape(got) == np.shape(want) and np.allclose(got, want, atol=SPEC.tolerance * 10)
         return "accepted_correct" if ok else "accepted_wrong"

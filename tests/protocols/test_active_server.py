@@ -25,8 +25,9 @@ from protocols.errors import (
 )
 from protocols.framing import message_to_bytes, pack_bundle
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import MaskClient, MaskServer
-from protocols.mask.shamir import Share, split
+from protocols.mask.client import MaskClient
+from protocols.mask.server import MaskServer
+from protocols.mask.shamir import Share, split_secret
 from protocols.party import envelope_of
 
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
@@ -194,7 +195,7 @@ def test_mask_threshold_comes_from_the_run_not_the_plan():
 def test_shamir_split_refuses_a_threshold_below_two_or_above_n():
     for t in (0, 1, 4):
         with pytest.raises(ValueError, match=r"must lie in \[2, 3\]"):
-            split(bytes(32), [1, 2, 3], t)
+            split_secret(bytes(32), [1, 2, 3], t)
 
 
 def test_an_explicit_threshold_below_the_active_condition_is_refused():

@@ -29,11 +29,11 @@ from protocols import (
 )
 from protocols.errors import DigestError
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import remove_output_masks
+from protocols.mask.client import remove_output_masks
 from protocols.mask.keys import ExchangeBinding, MaskKeyPair, output_mask_key, output_mask_keys
 from protocols.mask.prg import keystream, ring_mask, stream_id
 from protocols.mask.quantize import RING_BITS, STORAGE_DTYPES, FixedPoint, choose_encoding
-from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split
+from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split_secret
 from protocols.message import encode_body
 
 #: examples per property test; raise MASK_EXAMPLES for a longer local soak
@@ -68,13 +68,13 @@ def _inputs(seed, K, shape, scale=1.0):
 def test_shamir_prime_and_threshold():
     assert PRIME > 2**256 and _is_probable_prime(PRIME)
     secret = bytes(range(32))
-    shares = split(secret, [1, 2, 3, 4, 5], threshold=3)
+    shares = split_secret(secret, [1, 2, 3, 4, 5], threshold=3)
     for subset in ([1, 2, 3], [2, 4, 5], [5, 3, 1, 4]):
         assert combine([shares[x] for x in subset], 3) == secret
     with pytest.raises(ValueError):
         combine([shares[1], shares[2]], 3)
     # t-1 shares are consistent with any secret: two sharings of different secrets give unrelated points
-    assert split(secret, [1, 2], 2)[1].y != split(secret, [1, 2], 2)[1].y
+    assert split_secret(secret, [1, 2], 2)[1].y != split_secret(secret, [1, 2], 2)[1].y
 
 
 def test_prg_offsets_and_domain_separation():

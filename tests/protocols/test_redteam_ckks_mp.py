@@ -247,7 +247,7 @@ def what_the_coalition_reads(p, shape):
 
 def _mask_protocol(server):
     from protocols.mask import MaskProtocol
-    from protocols.mask.backend import MaskServer
+    from protocols.mask.server import MaskServer
 
     return type("Attacked", (MaskProtocol,), {"server_half": detour_server(MaskServer, server)})(K)
 

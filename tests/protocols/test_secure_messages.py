@@ -18,7 +18,7 @@ from protocols.errors import (
     UnmaskingRefusedError,
 )
 from protocols.mask import MaskProtocol
-from protocols.mask.backend import _unmask_answer
+from protocols.mask.client import _unmask_answer
 from protocols.message import Envelope, decode_body, encode_body
 
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)

@@ -4,9 +4,9 @@ The matrix drops k clients at one stage of one dense exchange and checks the bac
 against its dropout policy: a client dropped before its contribution counted is excluded and the
 survivors get the exact sum over the clients the server says it included; one dropped after
 (unmask, download) is included but gets no result; past the backend's tolerance (mask: fewer than
-t survivors; ckks-mp: any dropout, n-of-n; every mode: a client missing at key registration; the
-key dealer of ckks's and mask's set-up) a DropoutError names the missing clients and no client
-gets a result.
+t survivors; ckks-mp: any dropout, n-of-n; t-out-of-n ckks-mp (``ckks-mp:t=3``): more than n - t at
+upload or key switching; every mode: a client missing at key registration; the key dealer of ckks's
+and mask's set-up) a DropoutError names the missing clients and no client gets a result.
 """
 
 from __future__ import annotations
@@ -50,10 +50,24 @@ POLICY = {
         "keyswitch": "fatal",
         "download": "undelivered",
     },
+    # t-out-of-n (threshold 3 of 4): an upload's owner gone is left out, a key switcher gone is replaced
+    "ckks-mp:t=3": {
+        "register": "fatal",
+        "key_setup": "fatal",
+        "upload": "excluded",
+        "keyswitch": "undelivered",
+        "download": "undelivered",
+    },
 }
 #: stages only the set-up dealer (client 0) answers: ckks's key pair, mask's output-mask group seed
 DEALER_STAGES = {("ckks", "key_setup"), ("mask", "group_seed")}
-CLIENTS = {"plain": 5, "mask": 5, "ckks": 4, "ckks-mp": 4}
+CLIENTS = {"plain": 5, "mask": 5, "ckks": 4, "ckks-mp": 4, "ckks-mp:t=3": 4}
+
+
+def backend(mode: str) -> tuple[str, dict]:
+    """``mode`` of the matrix -> (the backend's mode, its options): ``ckks-mp:t=3`` is t-out-of-n ckks-mp."""
+    name, _, t = mode.partition(":t=")
+    return name, ({"threshold": int(t)} if t else {})
 
 
 def tolerance(mode: str, stage: str, n: int) -> int:
@@ -62,6 +76,9 @@ def tolerance(mode: str, stage: str, n: int) -> int:
         return 0
     if mode == "mask" and stage != "download":  # Shamir threshold t = n // 2 + 1
         return n - (n // 2 + 1)
+    threshold = backend(mode)[1].get("threshold")
+    if threshold is not None and stage in ("upload", "keyswitch"):
+        return n - threshold
     return n - 1 if POLICY[mode][stage] == "excluded" else n
 
 
@@ -75,8 +92,9 @@ def dropped_sets(mode: str, stage: str, n: int) -> list[tuple[int, ...]]:
 
 def exchange(mode: str, n: int, spec: str):
     """One dense sum of every client's vector to every client, clients dropping by ``spec``."""
-    proto = make_protocol(mode, n)
-    schedule = DropoutSchedule(parse_dropouts(spec, n, mode))
+    name, options = backend(mode)
+    proto = make_protocol(name, n, **options)
+    schedule = DropoutSchedule(parse_dropouts(spec, n, name))
     proto.link = DroppingLink(proto.link, schedule)
     rng = np.random.default_rng(n)
     x = {k: rng.uniform(-1, 1, LENGTH) for k in range(n)}
@@ -130,7 +148,7 @@ def test_the_matrix_covers_every_stage_a_dense_exchange_calls():
     """Every stage of each mode is in the policy table, except those a dense sum never calls
     (block ids: the sparse layout; report: a value published in the clear)."""
     for mode, policy in POLICY.items():
-        new = set(drop_stages(mode)) - set(policy) - {"block_ids", "report"}
+        new = set(drop_stages(backend(mode)[0])) - set(policy) - {"block_ids", "report"}
         assert not new, f"{mode} has stage(s) {sorted(new)}: add what a dropout there does to POLICY"
 
 
@@ -201,7 +219,9 @@ def small(mode: str, spec: str, **kw) -> RunConfig:
 
 def test_runtime_mask_drops_in_its_round_only_and_rejoins():
     """Client 3 drops at its masked upload of round 0 (on the client runtimes, local executor): mask
-    recovers the sum of the 3 survivors (t = 3 of 4); client 3 rejoins in round 1 and is included."""
+    recovers the sum of the 3 survivors (t = 3 of 4); client 3 answers again in round 1 but missed
+    round 0's model, so it contributes no more (the clients check that every contributor received
+    the same models, protocols/broadcast_view.py)."""
     cfg = small("mask", "3,@upload:r0")
     fed = load_federation(cfg)
     executor = make_executor(cfg)
@@ -211,7 +231,7 @@ def test_runtime_mask_drops_in_its_round_only_and_rejoins():
         strategy.train_round(0)
         assert protocol.last_included == (0, 1, 2)
         strategy.train_round(1)
-        assert protocol.last_included == (0, 1, 2, 3) and strategy.lost == {}
+        assert protocol.last_included == (0, 1, 2) and strategy.lost == {} and strategy.out_of_sync == {3}
     finally:
         executor.shutdown()
     assert executor.describe()["simulated_dropouts"]["dropped"] == [

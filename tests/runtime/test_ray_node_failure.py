@@ -4,6 +4,8 @@ two worker raylets on 127.0.0.1), clients pinned to the two worker nodes by reso
 
 * mask: the clients of the dead node become dropouts and the round completes with the survivors'
   sum (Shamir recovery: 3 of 5 survive, t = 3);
+* t-out-of-n ckks-mp (``--threshold 3`` of 5): likewise, the dead node's clients are left out at upload
+  and the three survivors form the active set of the key switch;
 * ckks-mp (n-out-of-n): the run stops with a DropoutError naming the lost clients; once the node
   is back, ``--resume`` continues from the last checkpoint to the end of the run.
 
@@ -134,6 +136,25 @@ def test_mask_finishes_the_round_without_the_dead_nodes_clients(nodes):
             strategy.train_round(1)
         assert protocol.last_included == (0, 1, 2)  # the survivors' sum, by Shamir recovery
         strategy.train_round(2)  # the next round runs without them
+        assert protocol.last_included == (0, 1, 2) and sorted(strategy.lost) == [3, 4]
+    finally:
+        executor.shutdown()
+
+
+def test_threshold_ckks_mp_finishes_the_round_without_the_dead_nodes_clients(nodes):
+    cluster, _, node_b = nodes
+    cfg = config("ckks-mp", cluster, threshold=3)
+    fed = load_federation(cfg)
+    executor = killing(cluster, node_b, "half:upload", at_round=1)(cfg)
+    protocol = build.make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = build.make_strategy(cfg, fed, protocol, {}, executor)
+    try:
+        strategy.train_round(0)
+        assert protocol.last_included == (0, 1, 2, 3, 4)
+        with pytest.warns(RuntimeWarning, match=r"client\(s\) \[3, 4\] lost in half:upload of round 1"):
+            strategy.train_round(1)
+        assert protocol.last_included == (0, 1, 2)  # the survivors' uploads, key-switched by them (t = 3)
+        strategy.train_round(2)
         assert protocol.last_included == (0, 1, 2) and sorted(strategy.lost) == [3, 4]
     finally:
         executor.shutdown()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import DropoutError
+from protocols.broadcast_view import VIEW_BINDING_MODES
+from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
@@ -15,8 +17,8 @@ from ..base import model_dp_request, model_spec
 class ModelAveragingStrategy(Strategy):
     """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
     deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
-    (``aggregate_models`` false) only trains.  Client sampling is
-    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+    (``aggregate_models`` false) only trains.  Client sampling is the public PRF of the run
+    manifest's seed (:func:`protocols.client_sampling.sample_clients`)."""
 
     dp_on_runtimes = True
     #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
@@ -26,13 +28,16 @@ class ModelAveragingStrategy(Strategy):
         super().__init__(executor, protocol, cfg, facts, options)
         self.aggregate_models = cfg.algorithm != "local"
         self.personalized = cfg.algorithm == "local"
+        #: clients that missed a model broadcast: they train on another model from then on, and the
+        #: clients' check of the models each contributor received (:mod:`protocols.broadcast_view`)
+        #: would refuse every later sum they join, so they contribute no more
+        self.out_of_sync: set[int] = set()
 
     def sample_clients(self, rnd: int) -> list[int]:
-        K = self.num_clients
-        if self.cfg.client_fraction >= 1:
-            return list(range(K))
-        m = max(1, int(round(self.cfg.client_fraction * K)))
-        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
+        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`),
+        without the clients out of sync."""
+        sample = sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
+        return [k for k in sample if k not in self.out_of_sync]
 
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
         """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
@@ -81,6 +86,9 @@ class ModelAveragingStrategy(Strategy):
                 self.protocol,
                 plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
             )
+            if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+                # a client silent from some stage on got no model download
+                self.out_of_sync |= set(getattr(self.protocol.server, "last_missing", {}))
             done = {"tag": tag, "round": rnd, "length": length}
             self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return

@@ -1,6 +1,6 @@
-"""The algorithms' protocol facade over a backend split into client and server halves.
+"""The algorithms' protocol facade over a backend built of client and server halves.
 
-:class:`SplitProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
+:class:`HalvesProtocol` keeps the four exchange shapes of :class:`~protocols.base.Protocol`
 (``weighted_mean``, ``row_sum``, ``classwise_mean``, ``central_moments``) for algorithms that
 hold every client's contribution in one dict, and runs each exchange as the parties would:
 
@@ -25,21 +25,26 @@ separate the parties.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from .auth import SigningKey
-from .base import ExchangeContext, Protocol
+from .base import Protocol
+from .exchange import ExchangeContext
 from .link import ClientLink, InProcessLink
 from .manifest import Manifest
-from .party import ClientHalf, PartySetup, ServerHalf
+from .message import NONCE_BYTES, SIGNATURE_BYTES, body_digest
+from .party import ClientHalf, PartySetup, ServerHalf, envelope_for
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound
+from .schedule import PublicSchedule
 from .transcript import SERVER, Message, client_party, party_client
 
 
-class SplitProtocol(Protocol):
+class HalvesProtocol(Protocol):
     """A :class:`Protocol` whose backend is a :attr:`server_half` and one :attr:`client_half` per client.
 
     ``link``: the transport to the client halves (default: in-process halves built here;
@@ -48,7 +53,9 @@ class SplitProtocol(Protocol):
     (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
     ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
     public (in the party setup and the manifest); every client half refuses a plan that breaks
-    it (:mod:`protocols.plan_policy`).
+    it (:mod:`protocols.plan_policy`).  ``client_fraction`` and ``roles`` (tag -> role): the
+    public schedule in the manifest, which every client half checks plans against too
+    (:mod:`protocols.schedule`; the sampling seed is ``seed``).
     """
 
     client_half: type[ClientHalf] = ClientHalf
@@ -62,10 +69,17 @@ class SplitProtocol(Protocol):
         schedule: str = "",
         max_colluders: int = 0,
         min_contributors: int | None = None,
+        client_fraction: float = 1.0,
+        roles: dict[str, str] | None = None,
         **base_options,
     ):
         super().__init__(num_clients, **base_options)
+        #: this session's nonce (os.urandom; a resumed run gets a new session)
+        self.session = os.urandom(NONCE_BYTES)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
+        self.schedule = PublicSchedule.of(
+            num_clients, {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}}
+        )
         identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
         self.manifest = Manifest.new(
             self.mode,
@@ -99,7 +113,8 @@ class SplitProtocol(Protocol):
 
     def security_parameters(self) -> dict:
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
-        return {"sample_seed": int(self.seed), **self.collusion.to_dict()}
+        schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
+        return {**schedule, "roles": dict(self.schedule.roles), **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup: the run
@@ -155,8 +170,22 @@ class SplitProtocol(Protocol):
         self.server.exchange = self.exchange
 
     # ------------------------------------------------------------------ authentication (facade view)
+    def identity_fingerprints(self) -> dict[str, dict[str, str]]:
+        """SHA-256 fingerprints of every key the server half registered, its own signing key included
+        (for result.json)."""
+        return self.registry.fingerprints()
+
     def _ensure_registered(self, rnd: int) -> None:
         self.server.register(self.link, rnd, range(self.num_clients))
+
+    def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
+        """Sender side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
+        self._ensure_registered(msg.round)
+        k = party_client(msg.sender)
+        key = self._server_signing if k is None else self._signing[k]
+        digest, length = body_digest(msg.payload)
+        header = envelope_for(msg, self.run_id, self.session, self.exchange, stage, part, digest, length).header_bytes()
+        return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
 
     def _party(self, name: str):
         k = party_client(name)
