@@ -385,8 +385,10 @@ def _split_unmasking(m, rng, fz):
 
 
 def _call_sampled(fz, rng, victim_contributes: bool = False, tag: str = BROADCAST_TAG):
-    """An honest sampled broadcast: the round's sample contributes, every client receives
-    (``victim_contributes``: the next round whose sample holds the victim)."""
+    """An honest sampled broadcast: the round's sample contributes, every client receives.
+
+    With ``victim_contributes``, the next round whose sample holds the victim.
+    """
     rnd = fz.next_round()
     while victim_contributes and 1 not in sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION):
         rnd = fz.next_round()
@@ -411,10 +413,12 @@ def _plan_scoped_broadcast(m, rng, fz):
 
 
 def _call_stale_model(fz, rng):
-    """Two honest broadcasts, the second sent to the victim as the first one again (re-signed by
-    the server: a model-inconsistency attack); the case's sum, which the victim joins, then binds
-    the models each contributor received.  Each case takes a broadcast tag of its own (it leaves
-    the victim's view of it diverged for good)."""
+    """Two honest broadcasts, the second sent to the victim as the first one again.
+
+    The second is re-signed by the server: a model-inconsistency attack; the case's sum, which the victim joins, then
+    binds the models each contributor received.  Each case takes a broadcast tag of its own (it leaves the victim's
+    view of it diverged for good).
+    """
     if fz.stale_tags >= len(STALE_TAGS):
         fz.proto = fz.scheduled = fz.new_protocol(scheduled=True)
         fz.stale_tags = 0
