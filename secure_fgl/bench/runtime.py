@@ -376,18 +376,36 @@ def print_table(rows: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------- the dropout column
-def dropout_counts(clients: int) -> tuple[int, ...]:
-    """0, 1 and ``n - t`` dropouts (mask's default threshold ``t = n // 2 + 1``: the most it recovers from)."""
-    return tuple(sorted({0, 1, clients - (clients // 2 + 1)}))
+def dropout_counts(clients: int, threshold: int | None = None) -> tuple[int, ...]:
+    """0, 1 and ``n - t`` dropouts, the most a round survives.
+
+    ``t`` is ``threshold`` (ckks-mp's t-out-of-n; ``t = n`` survives none) or mask's default
+    ``n // 2 + 1``.
+    """
+    spare = clients - (clients // 2 + 1 if threshold is None else threshold)
+    return tuple(sorted({0, min(1, spare), spare}))
+
+
+def mode_label(mode: str, threshold: int | None = None) -> str:
+    """The mode as the dropout column prints it: ``ckks-mp:t=7`` for t-out-of-n ckks-mp."""
+    return f"{mode}:t={threshold}" if threshold is not None else mode
 
 
 def dropout_round(
-    mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64, nodes: int = 2000
+    mode: str,
+    clients: int,
+    dropped: int,
+    executor: str = "local",
+    features: int = 64,
+    nodes: int = 2000,
+    threshold: int | None = None,
 ) -> dict:
-    """Seconds and bytes of one FedAvg round in which the ``dropped`` highest client ids drop at their upload.
+    """Seconds and bytes of one FedAvg round with ``dropped`` clients lost at their upload.
 
-    Round 1, after round 0 paid registration and key set-up (``--simulate-dropouts dropped@upload:r1``); bytes are
-    those of round 1's protocol messages.
+    Round 1 (round 0 paid registration and key set-up), in which the ``dropped`` highest client ids drop at their upload
+    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages.
+    ``threshold``: ckks-mp's t of t-out-of-n (``--threshold``).  ``round_cpu_s`` is the driver
+    process's CPU time of the round (the local executor runs every client in it).
     """
     from protocols import SERVER
 
@@ -403,6 +421,7 @@ def dropout_round(
         mode=mode,
         executor=executor,
         hidden=64,
+        threshold=threshold,
         simulate_dropouts=f"{dropped}@upload:r1" if dropped else None,
         synthetic={"num_nodes": nodes, "num_features": features},
     ).validate()
@@ -412,20 +431,21 @@ def dropout_round(
     try:
         strategy = make_strategy(cfg, fed, protocol, {}, ex)
         strategy.train_round(0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         strategy.train_round(1)
-        seconds = time.perf_counter() - t0
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     finally:
         ex.shutdown()
     msgs = protocol.transcript.select(round=1)
     server = protocol.server  # its checks, sums and (mask) recovery of round 1's exchange
     server_s = (getattr(server, "last_timing", None) or getattr(server, "last_stats", None) or {}).get("server_s")
     return {
-        "mode": mode,
+        "mode": mode_label(mode, threshold),
         "clients": clients,
         "dropped": dropped,
         "executor": executor,
         "round_s": seconds,
+        "round_cpu_s": cpu_seconds,
         "server_s": server_s,
         "bytes_up": sum(m.nbytes for m in msgs if m.receiver == SERVER),
         "bytes_down": sum(m.nbytes for m in msgs if m.receiver != SERVER),
@@ -436,35 +456,48 @@ def dropout_round(
 
 
 def run_dropout_bench(
-    out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1, features: int | None = None
+    out_dir,
+    clients=(10,),
+    modes=("ckks", "mask"),
+    executors=("local",),
+    repeats: int = 1,
+    features: int | None = None,
+    threshold: int | None = None,
 ) -> list[dict]:
-    """The dropout column.
+    """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts.
 
-    :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over ``repeats``), written to ``dropout_bench.json``.
+    Medians over ``repeats``, written to ``dropout_bench.json``.  ``threshold``: ckks-mp's t
+    (default ``n``: n-out-of-n, measured without dropouts only).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     print(
-        f"{'K':>4} {'mode':<7} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'server s':>8} "
-        f"{'up kB':>9} {'down kB':>9} {'load':>5}"
+        f"{'K':>4} {'mode':<12} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'cpu s':>8} "
+        f"{'server s':>8} {'up kB':>9} {'down kB':>9} {'load':>5}"
     )
     for k in clients:
         for mode in modes:
+            t = threshold if mode == "ckks-mp" else None
+            limit = int(k) if mode == "ckks-mp" and t is None else t  # n-out-of-n survives no dropout
             for executor in executors:
-                for dropped in dropout_counts(int(k)):
-                    runs = [dropout_round(mode, int(k), dropped, executor, features or 64) for _ in range(repeats)]
+                for dropped in dropout_counts(int(k), limit):
+                    runs = [
+                        dropout_round(mode, int(k), dropped, executor, features or 64, threshold=t)
+                        for _ in range(repeats)
+                    ]
                     row = dict(
                         runs[0],
                         round_s=statistics.median(r["round_s"] for r in runs),
+                        round_cpu_s=statistics.median(r["round_cpu_s"] for r in runs),
                         server_s=statistics.median(r["server_s"] or 0.0 for r in runs),
                         runs=len(runs),
                     )
                     rows.append(row)
                     print(
-                        f"{k:>4} {mode:<7} {executor:<8} {dropped:>7} {row['included']:>8} {row['round_s']:>8.2f} "
-                        f"{row['server_s']:>8.3f} {row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} "
-                        f"{row['load_avg_1m']:>5.1f}",
+                        f"{k:>4} {row['mode']:<12} {executor:<8} {dropped:>7} {row['included']:>8} "
+                        f"{row['round_s']:>8.2f} {row['round_cpu_s']:>8.2f} {row['server_s']:>8.3f} "
+                        f"{row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} {row['load_avg_1m']:>5.1f}",
                         flush=True,
                     )
                     (out / "dropout_bench.json").write_text(json.dumps(rows, indent=1))

@@ -135,7 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     runtime = bench.add_argument_group("runtime suite (override the full grid)")
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
-    runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
+    runtime.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["ckks", "mask", "ckks-mp"],
+        default=["ckks", "mask"],
+        help="secure modes (ckks-mp: the dropout column only)",
+    )
     runtime.add_argument(
         "--executors", nargs="+", choices=["inline", "local", "ray"], default=["inline", "local", "ray"]
     )
@@ -151,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
         "(--simulate-dropouts; default 10 clients, local executor)",
+    )
+    runtime.add_argument(
+        "--threshold",
+        type=int,
+        default=None,
+        help="dropout column: ckks-mp's t of t-out-of-n key switching (default n: n-out-of-n, no dropouts)",
     )
     from .keys import add_key_parsers
 
@@ -295,6 +307,8 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             from ..bench.protocols import run_protocol_bench
 
             run_protocol_bench(args.out, quick=args.quick)
+        elif args.suite == "runtime" and not args.dropouts and ("ckks-mp" in args.modes or args.threshold):
+            raise UsageError("--modes ckks-mp and --threshold belong to the dropout column: add --dropouts")
         elif args.suite == "runtime" and args.dropouts:
             from ..bench.runtime import run_dropout_bench
 
@@ -305,6 +319,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 executors=tuple(e for e in args.executors if e != "inline") or ("local",),
                 repeats=args.repeats or 1,
                 features=args.features,
+                threshold=args.threshold,
             )
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench

@@ -364,3 +364,17 @@ def test_bench_runtime_passes_its_grid_overrides(monkeypatch, tmp_path):
         "clients": [100],
         "features": 16,
     }
+
+
+def test_bench_dropout_column_takes_ckks_mp_with_its_threshold(monkeypatch, tmp_path, capsys):
+    """``bench --suite runtime --dropouts --modes ckks-mp --threshold 7`` reaches the dropout column;
+    ckks-mp or --threshold without --dropouts is a usage error."""
+    import secure_fgl.bench.runtime as runtime_bench
+
+    seen = {}
+    monkeypatch.setattr(runtime_bench, "run_dropout_bench", lambda out, **kw: seen.update(kw))
+    base = ["bench", "--suite", "runtime", "--out", str(tmp_path), "--modes", "ckks-mp", "--threshold", "7"]
+    assert main([*base, "--dropouts"]) == 0
+    assert seen["modes"] == ("ckks-mp",) and seen["threshold"] == 7
+    assert main(base) == 2
+    assert "add --dropouts" in capsys.readouterr().err

@@ -326,3 +326,13 @@ def test_bench_dropout_column_measures_the_survivors_round():
     full, recovered = (dropout_round("mask", 5, k, features=16, nodes=200) for k in (0, 2))
     assert (full["included"], recovered["included"]) == (5, 3)
     assert recovered["bytes_up"] < full["bytes_up"] and recovered["server_s"] > 0
+
+
+def test_bench_dropout_column_runs_t_of_n_ckks_mp_up_to_n_minus_t_dropouts():
+    from secure_fgl.bench.runtime import dropout_counts, dropout_round
+
+    assert dropout_counts(10, 7) == (0, 1, 3) and dropout_counts(10, 10) == (0,)
+    full, recovered = (dropout_round("ckks-mp", 4, k, features=16, nodes=200, threshold=3) for k in (0, 1))
+    assert full["mode"] == recovered["mode"] == "ckks-mp:t=3"
+    assert (full["included"], recovered["included"]) == (4, 3)
+    assert recovered["bytes_up"] < full["bytes_up"] and recovered["round_cpu_s"] > 0
