@@ -108,9 +108,12 @@ class ModelAveragingStrategy(Strategy):
         """Put the clients without the model broadcast just run (not a recipient, or silent at its
         ``download``: :attr:`protocols.party.ServerHalf.last_undelivered`) out of sync.  In
         ``ckks-mp`` every client key-switches every exchange under the models it received, so one
-        such client stops the run: DropoutError now, before a checkpoint records the round."""
+        such client stops an n-out-of-n run: DropoutError now, before a checkpoint records the round.
+        With ``--threshold t`` the key switches run on ``t`` in-sync clients: the server half leaves
+        the out-of-sync ones out of its active sets (``stale``)."""
         missed = sorted((set(range(self.num_clients)) - set(self.alive())) | set(self.protocol.server.last_undelivered))
-        if missed and self.protocol.mode == "ckks-mp":
+        server = self.protocol.server
+        if missed and self.protocol.mode == "ckks-mp" and server.threshold >= self.num_clients:
             raise DropoutError(
                 f"client(s) {missed} got no result of this model broadcast; in ckks-mp every client "
                 "key-switches every later exchange bound to the models it received, so the next one would be "
@@ -119,6 +122,8 @@ class ModelAveragingStrategy(Strategy):
                 round=rnd,
             )
         self.out_of_sync.update(missed)
+        if self.protocol.mode == "ckks-mp":
+            server.stale = set(self.out_of_sync)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "out_of_sync": sorted(self.out_of_sync)}
@@ -126,6 +131,8 @@ class ModelAveragingStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.out_of_sync = {int(k) for k in state.get("out_of_sync", ())}
+        if self.protocol.mode == "ckks-mp":
+            self.protocol.server.stale = set(self.out_of_sync)
 
     def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
         """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
