@@ -48,9 +48,12 @@ def _rebuild(shares: list[Share], t: int) -> bytes | None:
 
 
 def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> dict:
-    """(a) for one mask upload: the coalition's best unmasking of ``victim``'s upload of the last
-    exchange (needs ``proto.keep_client_state``).  Returns ``{'recovered': fraction of entries
-    equal to the victim's encoded input, 'chance', 'removed': [...], 'estimate': ring array}``."""
+    """(a) for one mask upload.
+
+    The coalition's best unmasking of ``victim``'s upload of the last exchange (needs ``proto.keep_client_state``).
+    Returns ``{'recovered': fraction of entries equal to the victim's encoded input, 'chance', 'removed': [...],
+    'estimate': ring array}``.
+    """
     state, binding = proto.last_client_state, proto.last_binding
     if not state or binding is None:
         raise ValueError("run the exchange with proto.keep_client_state = True")
@@ -122,9 +125,11 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
 
 
 def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> dict[int, np.ndarray]:
-    """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
-    ring ``keys`` (default: the in-process client 0's, ``proto._keys``) decrypts (all of them:
-    one secret key).  Returns victim -> decrypted values."""
+    """(a) for shared-key CKKS.
+
+    Each upload in the server's view that a coalition client's key ring ``keys`` (default: the in-process client 0's,
+    ``proto._keys``) decrypts (all of them: one secret key).  Returns victim -> decrypted values.
+    """
     from protocols.ckks import wire
     from protocols.ckks.fixed_point import client_codec
     from protocols.ckks.keys import context_chain
@@ -154,15 +159,15 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
 
 
 def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray, spec) -> dict:
-    """(a) for multiparty CKKS: the coalition decrypts ``victim``'s upload (one block of
-    ``values``, exchanged under ``spec``; ``c0`` as sent, ``c1`` public) with the sum of its
-    collective-key shares ``sum_{i in C} s_i`` -- the upload is encrypted under the victim's
-    own share ``s_victim``.
-    Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
-    plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
-    data, 'used': coefficients carrying data}``; with ``c < K``
-    the missing share leaves ``c1 s_victim`` uniformly random, so ``abs_corr`` is at chance.
-    With ``coalition = [victim]`` the same decryption is exact (positive control)."""
+    """(a) for multiparty CKKS.
+
+    The coalition decrypts ``victim``'s upload (one block of ``values``, exchanged under ``spec``; ``c0`` as sent,
+    ``c1`` public) with the sum of its collective-key shares ``sum_{i in C} s_i`` -- the upload is encrypted under the
+    victim's own share ``s_victim``. Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's
+    encoded plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent data, 'used':
+    coefficients carrying data}``; with ``c < K`` the missing share leaves ``c1 s_victim`` uniformly random, so
+    ``abs_corr`` is at chance. With ``coalition = [victim]`` the same decryption is exact (positive control).
+    """
     from protocols.ckks_mp import encoding, encryption
 
     ring = proto.ring
@@ -194,8 +199,10 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
 
 
 def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
-    """(b) fraction of the blocks coalition clients receive whose aggregate has exactly one
-    non-coalition contributor (aggregate minus own inputs = that client's value)."""
+    """(b) Fraction of the blocks whose aggregate has exactly one non-coalition contributor.
+
+    Counted over the blocks coalition clients receive; for those, aggregate minus own inputs = that client's value.
+    """
     msgs = [m for m in proto.transcript.messages if m.tag == tag and m.round == rnd]
     uploaders = sorted(
         {party_client(m.sender) for m in msgs if m.receiver == SERVER and m.kind in ("plain", "ciphertext", "masked")}
@@ -225,8 +232,10 @@ from attacks.base import Attack, AttackResult, View  # noqa: E402  (after the fu
 
 
 def _probe_mask(proto, coalition: list[int], late: bool) -> float:
-    """Mean fraction of a non-coalition client's upload the coalition recovers, on a probe
-    exchange of the same protocol settings (random inputs; the break does not depend on data)."""
+    """Mean fraction of a non-coalition client's upload the coalition recovers.
+
+    Measured on a probe exchange of the same protocol settings (random inputs; the break does not depend on data).
+    """
     from protocols.mask import MaskProtocol
 
     probe = MaskProtocol(
@@ -251,9 +260,11 @@ def _probe_mask(proto, coalition: list[int], late: bool) -> float:
 
 
 def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
-    """(a) for ckks-mp on a probe exchange of the same parameters (random integers; fresh keys:
-    the break does not depend on data or key values): the coalition's decryption of the first
-    non-coalition client's upload.  None when every client is in the coalition."""
+    """(a) For ckks-mp: the coalition's decryption of the first non-coalition client's upload.
+
+    Run on a probe exchange of the same parameters (random integers; fresh keys: the break does not depend on data
+    or key values).  None when every client is in the coalition.
+    """
     from protocols import ValueSpec, make_protocol
 
     victims = [k for k in range(proto.num_clients) if k not in coalition]
@@ -268,8 +279,11 @@ def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
 
 
 class CoalitionAttack(Attack):
-    """Server + c colluding clients (default c=1: client 0): (a) upload fraction read by breaking
-    the protocol, (b) fraction of received blocks the aggregate isolates (see module docstring)."""
+    """Server + c colluding clients (default c=1: client 0).
+
+    (a) upload fraction read by breaking the protocol, (b) fraction of received blocks the aggregate isolates (see
+    module docstring).
+    """
 
     name = "coalition"
     exchange = "*"

@@ -12,10 +12,17 @@ a broadcast (:mod:`protocols.schedule`), the chain
 
 over the results ``j = 1, 2, ...`` it received under the tag (round ``r_j``, block ids, float64
 values as decoded), and binds ``v`` into what it contributes next under that tag: mask signs it in
-the consistency round (:func:`protocols.mask.backend.survivor_statement`), ckks-mp labels its
+the consistency round (:func:`protocols.mask.client.survivor_statement`), ckks-mp labels its
 key-switching masks with it.  Two honest clients of one sum then hold one ``v`` or the sum is
 refused.  Every recipient of a broadcast decodes the same bytes (mask: the same ring sum; ckks-mp:
 one ciphertext under the broadcast key), so honest chains agree exactly.
+
+The chain, not the last broadcast, because a broadcast may be an update the client adds to its
+model (FedAvg: :math:`w \leftarrow w + \Delta_r`), so the model it trains on, and state built from
+it such as optimizer moments, depends on every broadcast received: a victim sent
+:math:`\Delta_r + \delta`, then left out of one round, would otherwise match the others again while
+its model still differs by :math:`\delta`.  For the same reason a client that missed a broadcast
+stays out of sync (docs/security.md, "Same model for everyone").
 """
 
 from __future__ import annotations

@@ -622,6 +622,8 @@ class ServerHalf(Party):
         self.registered: set[int] = set()
         #: party -> its owner's signature over its channel key (forwarded verbatim in the directory)
         self.channel_signatures: dict[str, bytes] = {}
+        #: the recipients of the last exchange whose ``download`` went unanswered (they got no result)
+        self.last_undelivered: tuple[int, ...] = ()
 
     def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
         """Run one exchange over ``link``; returns the clients whose contributions the
@@ -663,6 +665,7 @@ class ServerHalf(Party):
         ``extra`` clients', which take part in a setup step only)."""
         self.plan = plan
         self.exchange = plan.exchange
+        self.last_undelivered = ()
         parties = sorted(set(plan.parties) | set(extra))
         self.register(link, plan.round, parties)
         for k in parties:
@@ -697,6 +700,8 @@ class ServerHalf(Party):
                     wires.append(wire)
             requests[k] = pack_bundle(wires)
         responses = link.call(stage, requests)
+        if stage == "download":
+            self.last_undelivered = tuple(sorted(set(self.last_undelivered) | (set(requests) - set(responses))))
         out = {}
         for k, data in responses.items():
             msgs = []

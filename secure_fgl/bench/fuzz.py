@@ -139,9 +139,11 @@ def _truncate(m, rng):
 
 
 def _tamper_download(m, rng, fz):
-    """The server's signed download to the victim, changed in transit: a body bit or a
-    signature/header bit flipped, the previous exchange's download replayed, or client 0's
-    download of this exchange handed to the victim."""
+    """The server's signed download to the victim, changed in transit.
+
+    A body bit or a signature/header bit flipped, the previous exchange's download replayed, or client 0's download of
+    this exchange handed to the victim.
+    """
     choice = int(rng.integers(0, 4))
     if choice == 2 and fz.prev_exchange.get((SERVER, m.kind, VICTIM)) is not None:
         return fz.prev_exchange[(SERVER, m.kind, VICTIM)]
@@ -166,8 +168,10 @@ def _to_dealer(stage: str):
 
 
 def _forged_directory(m, rng, fz, identity: bool = False):
-    """The server lists a channel key of its own for a peer of client0, signed by itself or with
-    the peer's original signature; with ``identity``, an identity key of its own as well."""
+    """The server lists a channel key of its own for a peer of client0.
+
+    Signed by itself or with the peer's original signature; with ``identity``, an identity key of its own as well.
+    """
     peer = f"client{int(rng.integers(1, K))}"
     server, mitm = fz.proto.server, ChannelKey(peer)
     entry = dict(m.payload[peer], channel=mitm.public_bytes)
@@ -185,8 +189,10 @@ def _forged_directory(m, rng, fz, identity: bool = False):
 
 
 def _forged_mask_key(m, rng, fz):
-    """The server puts a mask key of its own for a peer into client0's key broadcast, signed by
-    itself or followed by the peer's original signature."""
+    """The server puts a mask key of its own for a peer into client0's key broadcast.
+
+    Signed by itself or followed by the peer's original signature.
+    """
     server = fz.proto.server
     peer = int(rng.choice([j for j in m.payload if int(j) != 0]))
     mitm = MaskKeyPair.generate().public_bytes
@@ -232,9 +238,11 @@ def _is_keyswitch_request(m) -> bool:
 
 
 def _forged_key_switch(m, rng, fz):
-    """A malicious server's own key-switching request (re-signed by it): a ``c1`` of its choosing,
-    a recipient that is no client, a second group for one key, or the broadcast group widened to
-    blocks the victim does not receive."""
+    """A malicious server's own key-switching request (re-signed by it).
+
+    A ``c1`` of its choosing, a recipient that is no client, a second group for one key, or the broadcast group widened
+    to blocks the victim does not receive.
+    """
     choice, body = int(rng.integers(0, 4)), dict(m.payload)
     if choice == 0:
         body["c1"] = bytes(rng.integers(0, 256, 4096, dtype=np.uint8))
@@ -250,8 +258,10 @@ def _forged_key_switch(m, rng, fz):
 
 
 def _substituted_recipient_key(m, rng, fz):
-    """A malicious server's request to switch to client 2 under a key of its own (signature kept
-    random, or client 2's signature of another key)."""
+    """A malicious server's request to switch to client 2 under a key of its own.
+
+    The signature is kept random, or client 2's signature of another key.
+    """
     ring = fz.proto.ring
     primes = np.array(ring.primes, dtype=np.int64)[:, None]
     key = (rng.integers(0, 1 << 31, (primes.size, ring.n)) % primes).astype("<u4").tobytes()
@@ -318,8 +328,10 @@ def _resigned_plan(m, fz, **changes):
 
 
 def _plan_contributors(m, rng, fz):
-    """The server plans another contributor set for the victim: the victim alone, a set with a
-    duplicate, or ids outside the run."""
+    """The server plans another contributor set for the victim.
+
+    The victim alone, a set with a duplicate, or ids outside the run.
+    """
     choice = int(rng.integers(0, 3))
     sets = ([1], [1, 1, 2], [0, 1, int(rng.integers(K, 1 << 20))])
     return _resigned_plan(m, fz, contributors=np.asarray(sets[choice], np.int32))
@@ -339,8 +351,10 @@ def _plan_other_request(m, rng, fz):
 
 
 def _call_differencing(fz, rng):
-    """The same (round, tag) as the previous case, summed again without client 2: the difference of
-    the two sums would be client 2's input."""
+    """The same (round, tag) as the previous case, summed again without client 2.
+
+    The difference of the two sums would be client 2's input.
+    """
     vals = fz.values(rng)
     del vals[2]
     return vals, {}, fz.round, "fuzz/x"
@@ -356,8 +370,10 @@ def _resigned_share(m, rng, fz):
 
 
 def _split_unmasking(m, rng, fz):
-    """The server asks the victim for its pairwise seed with a survivor (declared dropped to the
-    victim only) and leaves that survivor out of the victim's self-mask request."""
+    """The server asks the victim for its pairwise seed with a survivor.
+
+    The survivor is declared dropped to the victim only and left out of the victim's self-mask request.
+    """
     survivors = [int(u) for u in m.payload["self_mask"] if int(u) != 1]
     u = int(rng.choice(survivors))
     payload = {
@@ -369,8 +385,10 @@ def _split_unmasking(m, rng, fz):
 
 
 def _call_sampled(fz, rng, victim_contributes: bool = False, tag: str = BROADCAST_TAG):
-    """An honest sampled broadcast: the round's sample contributes, every client receives
-    (``victim_contributes``: the next round whose sample holds the victim)."""
+    """An honest sampled broadcast: the round's sample contributes, every client receives.
+
+    With ``victim_contributes``, the next round whose sample holds the victim.
+    """
     rnd = fz.next_round()
     while victim_contributes and 1 not in sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION):
         rnd = fz.next_round()
@@ -395,10 +413,12 @@ def _plan_scoped_broadcast(m, rng, fz):
 
 
 def _call_stale_model(fz, rng):
-    """Two honest broadcasts, the second sent to the victim as the first one again (re-signed by
-    the server: a model-inconsistency attack); the case's sum, which the victim joins, then binds
-    the models each contributor received.  Each case takes a broadcast tag of its own (it leaves
-    the victim's view of it diverged for good)."""
+    """Two honest broadcasts, the second sent to the victim as the first one again.
+
+    The second is re-signed by the server: a model-inconsistency attack; the case's sum, which the victim joins, then
+    binds the models each contributor received.  Each case takes a broadcast tag of its own (it leaves the victim's
+    view of it diverged for good).
+    """
     if fz.stale_tags >= len(STALE_TAGS):
         fz.proto = fz.scheduled = fz.new_protocol(scheduled=True)
         fz.stale_tags = 0

@@ -1,5 +1,6 @@
-"""Runtime benchmark: the same FedGCN run through the in-process engine, the
-:class:`~secure_fgl.runtime.executor.LocalExecutor` and the
+"""Runtime benchmark.
+
+The same FedGCN run through the in-process engine, the :class:`~secure_fgl.runtime.executor.LocalExecutor` and the
 :class:`~secure_fgl.runtime.ray_executor.RayExecutor`.
 
 Workload: a synthetic SBM graph (``sbm``, binary features) partitioned over ``K`` clients
@@ -45,8 +46,11 @@ from ..runtime.memory import PSS_FIELDS, process_pss
 
 
 def _process_name(p) -> str:
-    """``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``,
-    ``ray::IDLE``), else the executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``)."""
+    """A short name of process ``p``.
+
+    ``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``, ``ray::IDLE``), else the
+    executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``).
+    """
     if p.pid == os.getpid():
         return "driver"
     try:
@@ -78,9 +82,11 @@ def tree_pss(root_pid: int) -> dict[int, dict]:
 
 
 class PeakPSS:
-    """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds;
-    ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that
-    moment (:func:`tree_pss`)."""
+    """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds.
+
+    ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that moment
+    (:func:`tree_pss`).
+    """
 
     def __init__(self, interval: float = 0.5, tree: bool = True):
         self.interval, self.peak, self.at_peak, self._stop, self.tree = interval, 0, {}, threading.Event(), tree
@@ -220,8 +226,10 @@ def run_runtime_bench(
     clients=None,
     features: int | None = None,
 ) -> dict:
-    """The grid of the module docstring; ``repeats``, ``clients`` (a tuple of K) and ``features``
-    override the settings' values."""
+    """The grid of the module docstring.
+
+    ``repeats``, ``clients`` (a tuple of K) and ``features`` override the settings' values.
+    """
     from ..data import make_federated
 
     s = _settings(quick)
@@ -376,9 +384,11 @@ def dropout_counts(clients: int) -> tuple[int, ...]:
 def dropout_round(
     mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64, nodes: int = 2000
 ) -> dict:
-    """Seconds and bytes of one FedAvg round (round 1, after round 0 paid registration and key
-    set-up) in which the ``dropped`` highest client ids drop at their upload
-    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages."""
+    """Seconds and bytes of one FedAvg round in which the ``dropped`` highest client ids drop at their upload.
+
+    Round 1, after round 0 paid registration and key set-up (``--simulate-dropouts dropped@upload:r1``); bytes are
+    those of round 1's protocol messages.
+    """
     from protocols import SERVER
 
     from ..config import RunConfig
@@ -428,8 +438,10 @@ def dropout_round(
 def run_dropout_bench(
     out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1, features: int | None = None
 ) -> list[dict]:
-    """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over
-    ``repeats``), written to ``dropout_bench.json``."""
+    """The dropout column.
+
+    :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over ``repeats``), written to ``dropout_bench.json``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

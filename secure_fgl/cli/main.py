@@ -37,7 +37,10 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting."""
+
     def error(self, message: str):
+        """Raise the usage error (``main`` prints it with the exit status of a usage error)."""
         raise UsageError(message)
 
 
@@ -95,6 +98,7 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secure-fgl`` parser: ``run`` with one flag per setting, and the other subcommands."""
     from ..provenance import package_version
 
     parser = Parser(
@@ -173,8 +177,10 @@ def _extra_options(extra: list[str]) -> dict:
 
 
 def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
-    """A preset/config file's settings and its algorithm options (a table, or top-level keys
-    that are options of the algorithm)."""
+    """A preset/config file's settings and its algorithm options.
+
+    The options are a table, or top-level keys that are options of the algorithm.
+    """
     layer = dict(layer)
     options = layer.pop("options", None) or {}
     if not isinstance(options, dict):
@@ -222,6 +228,15 @@ def _default_out(cfg: RunConfig) -> str:
 
 
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """``secure-fgl run``: check the settings, run the experiment and print its summary.
+
+    Args:
+        args: The parsed command line.
+        extra: Unparsed ``--<option>`` flags (the algorithm's own options).
+
+    Returns:
+        The exit status.
+    """
     from ..engine.progress import Phases
     from ..preflight import preflight
     from ..run_identity import check_run_folder, resolved_config
@@ -348,6 +363,14 @@ def _unknown_command(argv: list[str], parser) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``secure-fgl`` entry point.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``; none means ``run``).
+
+    Returns:
+        The exit status; usage and configuration errors print their message instead of a traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
     parser = build_parser()
     try:

@@ -197,19 +197,29 @@ def test_coalition_isolates_the_victim_in_a_masked_run_with_the_runs_optimizer()
     assert iso["significance"]["support_auc"]["ci"][0] > 0.5
 
 
+def _within_three_se_of_half(estimate: dict) -> bool:
+    """``|AUC - 1/2|`` within three standard errors, read off the 95 % interval (half-width ~1.96 SE)."""
+    lo, hi = estimate["ci"]
+    return abs(estimate["value"] - 0.5) <= 3 / 1.96 * (hi - lo) / 2
+
+
 def test_a_dp_runs_server_attacks_stay_at_chance_inside_their_interval():
     """DP-FedAvg at epsilon 0.1: the update the server reads is noise; the inversion's feature
-    and support AUCs sit at 1/2 inside their 95 % intervals."""
+    and support AUCs sit at 1/2 within three standard errors.  (A 95 % interval misses the chance
+    level in 1 of 20 noise-only runs by design, and the DP noise cannot be seeded.)"""
     by = _run(mode="plain", dp_epsilon=0.1, attacks=["gradient_inversion"])
     r = by["gradient_inversion"]
     assert r["applicable"] and r["observer"] == "server"
-    assert r["at_chance"] is True and r["ci"][0] <= 0.5 <= r["ci"][1], r
-    assert r["significance"]["support_auc"]["at_chance"] is True
+    assert _within_three_se_of_half(r), r
+    assert _within_three_se_of_half(r["significance"]["support_auc"]), r["significance"]["support_auc"]
 
 
-def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False, label_dists=None):
+def _ownership_case(
+    num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False, label_dists=None, adam_steps=0
+):
     """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words;
-    client k's labels drawn from ``label_dists[k]`` (uniform by default)."""
+    client k's labels drawn from ``label_dists[k]`` (uniform by default); ``adam_steps > 0``: each
+    client takes that many full-batch Adam steps instead."""
     from attacks.base import GroundTruth
 
     rng = np.random.default_rng(seed)
@@ -226,6 +236,15 @@ def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updat
     for k in range(num_clients):
         ids = torch.arange(k * n, (k + 1) * n)
         local = ei[:, (ei[0] >= k * n) & (ei[0] < (k + 1) * n)] - k * n
+        if adam_steps:
+            client = copy.deepcopy(model)
+            opt = torch.optim.Adam(client.parameters(), lr=lr)
+            for _ in range(adam_steps):
+                opt.zero_grad()
+                F.cross_entropy(client(x[ids], local), y[ids]).backward()
+                opt.step()
+            ups[k] = parameters_to_vector(client.parameters()).detach() - w0
+            continue
         loss = F.cross_entropy(model(x[ids], local), y[ids])
         g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, list(model.parameters()))])
         ups[k] = torch.randn_like(g) * g.norm() / g.numel() ** 0.5 if random_updates else -lr * g
@@ -254,9 +273,9 @@ def _ownership_case(num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updat
             "num_features": d,
             "num_classes": C,
             "num_clients": num_clients,
-            "optimizer": "sgd",
+            "optimizer": "adam" if adam_steps else "sgd",
             "lr": lr,
-            "local_epochs": 1,
+            "local_epochs": max(1, adam_steps),
         },
         "architecture": lambda: copy.deepcopy(model),
         "released_model": released,
@@ -282,7 +301,7 @@ def test_ownership_inference_finds_each_nodes_client_from_the_updates():
 
 def test_label_distribution_read_off_each_clients_sgd_update():
     """Skewed clients: the bias of each FedSGD update gives its label shares far closer than the
-    global prior does; an Adam run is refused with the reason (the sign carries no shares)."""
+    global prior does."""
     from attacks.update_labels import UpdateLabelDistribution
 
     dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
@@ -290,9 +309,19 @@ def test_label_distribution_read_off_each_clients_sgd_update():
     r = UpdateLabelDistribution()(view, knowledge, truth).to_dict()
     assert r["metric"] == "label_tv" and not r["higher_is_leakier"] and r["samples"] == 3
     assert r["value"] < 0.5 * r["chance"] and r["ci"][1] < r["chance"] and not r["at_chance"], r
-    knowledge["public"]["optimizer"] = "adam"
-    adam = UpdateLabelDistribution()(view, knowledge, truth)
-    assert not adam.applicable and "--optimizer sgd" in adam.reason
+
+
+def test_label_distribution_of_adam_updates_by_shadow_calibration():
+    """Skewed clients taking Adam steps: the shadow-calibrated regression on the last layer's update
+    gives label shares closer than the global prior (whose TV is the chance level), interval and all."""
+    from attacks.update_labels import UpdateLabelDistribution
+
+    dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
+    dists += [np.array([0.1, 0.8, 0.1]), np.array([0.6, 0.2, 0.2]), np.array([0.2, 0.2, 0.6])]
+    view, knowledge, truth = _ownership_case(num_clients=6, n=30, lr=0.01, label_dists=dists, adam_steps=3)
+    r = UpdateLabelDistribution(shadows=48)(view, knowledge, truth).to_dict()
+    assert r["applicable"] and r["method"].startswith("shadow calibration") and r["samples"] == 6
+    assert r["ci"][1] < r["chance"] and not r["at_chance"], r
 
 
 @pytest.mark.parametrize("layout", ["sparse", "dense"])

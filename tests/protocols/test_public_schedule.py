@@ -157,6 +157,26 @@ def test_a_different_model_to_one_client_aborts_the_next_sum(mode):
     assert proto.clients[VICTIM].views.digest("model") != proto.clients[0].views.digest("model")
 
 
+@pytest.mark.parametrize("mode,refused_in", [("mask", 3), ("ckks-mp", 2)])
+def test_a_different_model_stays_refused_after_a_round_without_the_victim(mode, refused_in):
+    """The broadcast is the mean update each client adds to its model, so a client that was sent
+    another one trains on another model from then on.  Round 2 leaves the victim out of the
+    contributors and sends every client the same update: in mask the victim's last broadcast then
+    equals the others', yet its round-3 contribution is refused (each client binds every broadcast
+    it received, not only the last); in ckks-mp every client key-switches every exchange, so round
+    2 is refused already."""
+    proto = _protocol(mode, StaleModelServer)
+    for rnd in range(2):
+        _model_round(proto, rnd, seed=rnd)
+    x = _values(seed=2)
+    others = [k for k in sample_clients(SEED, 2, K, FRACTION) if k != VICTIM]
+    assert VICTIM in sample_clients(SEED, 3, K, FRACTION)
+    with pytest.raises(InconsistentViewError, match="different broadcasts") as err:
+        proto.weighted_sum("model", 2, {k: x[k] for k in others}, spec=SPEC, recipients=range(K))
+        _model_round(proto, 3, seed=3)
+    assert err.value.round == refused_in
+
+
 def test_mask_an_unsigned_survivor_of_a_broadcast_exchange_is_refused():
     proto = _protocol("mask", StaleModelUnsignedServer)
     with pytest.raises(InconsistentViewError, match=f"survivors \\[{VICTIM}\\] did not sign") as err:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from protocols import DropoutError, ValueSpec, make_protocol
+from protocols.errors import InconsistentViewError
 from secure_fgl.cli.main import main
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
@@ -210,18 +211,18 @@ def small(mode: str, spec: str, **kw) -> RunConfig:
         dataset="sbm",
         clients=4,
         mode=mode,
-        rounds=2,
         simulate_dropouts=spec,
         synthetic={"num_nodes": 240, "num_features": 32},
-        **kw,
+        **{"rounds": 2, **kw},
     ).validate()
 
 
-def test_runtime_mask_drops_in_its_round_only_and_rejoins():
+def test_runtime_mask_drops_in_its_round_only_and_then_sits_out():
     """Client 3 drops at its masked upload of round 0 (on the client runtimes, local executor): mask
-    recovers the sum of the 3 survivors (t = 3 of 4); client 3 answers again in round 1 but missed
-    round 0's model, so it contributes no more (the clients check that every contributor received
-    the same models, protocols/broadcast_view.py)."""
+    recovers the sum of the 3 survivors (t = 3 of 4).  Silent to the end of the round, it got no
+    download of round 0's mean update, which each client adds to its model: it answers again in
+    round 1 but trains on another model from then on, so it contributes no more (the clients bind
+    every broadcast each contributor received, protocols/broadcast_view.py)."""
     cfg = small("mask", "3,@upload:r0")
     fed = load_federation(cfg)
     executor = make_executor(cfg)
@@ -229,7 +230,7 @@ def test_runtime_mask_drops_in_its_round_only_and_rejoins():
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     try:
         strategy.train_round(0)
-        assert protocol.last_included == (0, 1, 2)
+        assert protocol.last_included == (0, 1, 2) and protocol.server.last_undelivered == (3,)
         strategy.train_round(1)
         assert protocol.last_included == (0, 1, 2) and strategy.lost == {} and strategy.out_of_sync == {3}
     finally:
@@ -237,6 +238,63 @@ def test_runtime_mask_drops_in_its_round_only_and_rejoins():
     assert executor.describe()["simulated_dropouts"]["dropped"] == [
         {"round": 0, "stage": "masked_upload", "clients": [3]}
     ]
+
+
+def test_runtime_mask_a_client_silent_only_at_the_download_sits_out(tmp_path):
+    """Client 3 answers every stage of round 0's model exchange but its download: its update is in
+    round 0's sum (it counted) but it got no result, so the server puts it out of sync and rounds 1
+    and 2 sum the others only, instead of refusing (InconsistentViewError) with it in.  The set is
+    in the checkpoint (``--resume`` keeps it out)."""
+    cfg = small("mask", "3,@download:r0", rounds=3, out=str(tmp_path / "run"))
+    fed = load_federation(cfg)
+    executor = make_executor(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+    strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    try:
+        strategy.train_round(0)
+        assert protocol.last_included == (0, 1, 2, 3) and protocol.server.last_undelivered == (3,)
+        assert strategy.out_of_sync == {3}
+        for rnd in (1, 2):
+            strategy.train_round(rnd)
+            assert protocol.last_included == (0, 1, 2) and protocol.server.last_undelivered == ()
+        assert strategy.lost == {} and strategy.out_of_sync == {3}
+        state = strategy.state_dict()
+        strategy.out_of_sync = set()
+        strategy.load_state_dict(state)
+        assert state["out_of_sync"] == [3] and strategy.out_of_sync == {3}
+    finally:
+        executor.shutdown()
+
+
+def test_protocol_a_missed_download_is_known_to_the_server_and_later_sums_without_it_are_exact():
+    """The server half records who left a download unanswered; the next broadcast sums without
+    that client are exact in mask, and with it they are refused (its chain of broadcasts differs)."""
+    n, rnd = 4, [0]
+    proto = make_protocol("mask", n, roles={"t/model": "broadcast"})
+    proto.link = DroppingLink(proto.link, DropoutSchedule(parse_dropouts("3,@download:r0", n, "mask")), lambda: rnd[0])
+    rng = np.random.default_rng(1)
+    for r, contributors in ((0, range(n)), (1, range(3)), (2, range(3))):
+        rnd[0] = r
+        x = {k: rng.uniform(-1, 1, LENGTH) for k in range(n)}
+        for k, half in proto.clients.items():
+            half.provider = lambda plan, v=x[k]: plan.dense_table(v)
+        included = run_split(proto, plan_dense(proto, "t/model", r, contributors, range(n), LENGTH, SPEC))
+        assert proto.server.last_undelivered == ((3,) if r == 0 else ())
+        got = delivered(proto)
+        assert sorted(got) == ([0, 1, 2] if r == 0 else list(range(n)))
+        for total in got.values():
+            np.testing.assert_allclose(total, sum(x[k] for k in included), atol=1e-3)
+    rnd[0] = 3
+    with pytest.raises(InconsistentViewError):
+        run_split(proto, plan_dense(proto, "t/model", 3, range(n), range(n), LENGTH, SPEC))
+
+
+def test_runtime_ckks_mp_a_missed_model_download_stops_the_run_naming_the_client():
+    """Every ckks-mp client key-switches every exchange bound to the models it received: the round
+    whose download client 3 missed stops with a DropoutError, not the next with a view mismatch."""
+    with pytest.raises(DropoutError, match=r"client\(s\) \[3\] got no result of this model broadcast") as err:
+        run_experiment(small("ckks-mp", "3,@download:r0"), progress=False)
+    assert err.value.round == 0
 
 
 def test_runtime_ckks_mp_dropout_is_a_clean_error_naming_the_client():
