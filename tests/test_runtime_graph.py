@@ -142,7 +142,7 @@ def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime_golden(re
     cfg = graph_cfg("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])
     strategy, p_local, fed = build(cfg, LocalExecutor())
     strategy.train_round(0)
-    got = party_access(strategy, p_local, fed).victim_model(3).state_dict()
+    got = party_access(strategy).victim_model(3).state_dict()
     assert_golden(
         "runtime_graph",
         request.node.name,

@@ -68,18 +68,6 @@ def client_resources(cfg) -> dict[int, str]:
     return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
-def check_runtime(cfg) -> None:
-    """Settings the client runtimes cannot run: one line naming what can."""
-    client_resources(cfg)
-    if cfg.executor == "inline":
-        return
-    if cfg.dp_epsilon is not None and not get_spec(cfg.algorithm).strategy_class().dp_on_runtimes:
-        raise ConfigError(
-            f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
-            "yet; use --executor inline"
-        )
-
-
 def run_transcript(cfg: RunConfig) -> Transcript:
     """The transcript of a run: message metadata always (``comm``, the privacy section, the side
     file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without

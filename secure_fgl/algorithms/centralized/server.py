@@ -27,7 +27,6 @@ class CentralizedStrategy(Strategy):
     """Drives the one runtime: train a round, ask for the counts."""
 
     personalized = False
-    dp_on_runtimes = True  # nothing is released, as inline
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:

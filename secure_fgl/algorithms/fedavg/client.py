@@ -100,18 +100,14 @@ class ModelAveragingLogic(ClientLogic):
         if req.get("dp_clip") is not None:  # DP-FedAvg: the clipped update, unweighted (protocols.dp)
             self.keep(req["tag"], clip_mean_value(update, DPRequest(clip=float(req["dp_clip"]))))
             return {"length": update.size}
-        if req.get("split"):  # the half uploads [w v, w] (protocols.base.weighted_mean)
-            w = self.weight()
-            self.keep(req["tag"], np.concatenate([update * w, [w]]))
-            return {"length": update.size + 1}
-        return {"update": update, "weight": self.weight()}
+        w = self.weight()  # the half uploads [w v, w] (protocols.base.weighted_mean)
+        self.keep(req["tag"], np.concatenate([update * w, [w]]))
+        return {"length": update.size + 1}
 
     def receive(self, req: dict) -> dict:
         if req["tag"] != self.model_tag:
             return super().receive(req)
-        if "mean_update" in req:
-            mean = req["mean_update"]
-        elif "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
+        if "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
             total = dense_result(self.rt.half.result(), int(req["length"]))
             self.aggregates[req["tag"]] = (int(req["round"]), total)
             mean = total / float(req["count"])

@@ -28,7 +28,6 @@ A lost client stops the pre-training (its rows would be missing): DropoutError n
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from protocols import SERVER, BoundError, client_party
 from protocols.errors import IntegrityError
@@ -94,7 +93,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.exchange_rows = facts.num_nodes
         self.dp_on = self.fopts.hops > 0 and dp_applies(cfg, protocol)
         if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
-            protocol.dp.declare(TAG, f"{self.name}/model")  # even split of the run's budget (as inline)
+            protocol.dp.declare(TAG, f"{self.name}/model")  # an even split of the run's budget
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """The data each release touches (:mod:`secure_fgl.privacy`)."""
@@ -126,7 +125,6 @@ class FedGCNStrategy(ModelAveragingStrategy):
             "tag": TAG,
             "round": 0,
             "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
-            "split": self.split,
             "rpb": rpb,
             "num_blocks": -(-num_rows // rpb),
             "layout": o.layout,
@@ -135,20 +133,10 @@ class FedGCNStrategy(ModelAveragingStrategy):
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
-        if self.split:  # the clients' halves run the exchange
-            rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
-            rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
-            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
-        else:
-            contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
-            requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
-            rows_up = {k: int(r["ids"].size) for k, r in sent.items()}
-            rows_down = {k: int(r["request"].size) for k, r in sent.items()}
-            received = self.protocol.row_sum(
-                TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec
-            )
-            self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
+        rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
+        rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
+        noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
+        self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         self.check_lost(range(K), f"the delivery of {TAG}")
         self.exchange_rows = num_rows
         self.pretrain = self._pretrain_stats(rows_up, rows_down)

@@ -143,10 +143,8 @@ from protocols.precision import MeanPrecision, grid_tolerance
 
 from ...engine import rng
 from ...models.orthogonal import OrthoGCN
-from ..base import ModelAveraging
 from ..options import FedOMDOptions
 from .cmd import central_moments, clip_activations, cmd_from_moments
-from .stats_batch import batched_central_moments, one_stage_raw_moments
 
 #: target error of every pooled statistic (mean, central moments of order 2..5) on the public grid
 #: (:meth:`FedOMD.stats_spec`): ``2^-34``, i.e. ``2^-18`` relative to a statistic of size ``2^-16``
@@ -154,8 +152,6 @@ from .stats_batch import batched_central_moments, one_stage_raw_moments
 #: short of an exact sum at K = 10.  The same grid value in every mode (docs/secure_equals_plain.md).
 STATS_MEAN_TOLERANCE = 2.0**-34
 
-#: node sets of the statistics (see "Node set of the statistics" in the module docstring)
-STATS_NODES = ("all", "train", "train_vs_all")
 
 #: the ``step`` of :func:`~secure_fgl.engine.rng.client_generator` keying a client's statistics pass
 #: (``stats_pass='train'``: dropout), apart from its local steps ``0..local_epochs-1``
@@ -198,95 +194,6 @@ def project_moments(mom: np.ndarray, orders, low: float, high: float) -> dict[in
     (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release."""
     span = high - low
     return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -(span**j), span**j) for i, j in enumerate(orders)}
-
-
-def _central_moments_by_weighted_means(
-    protocol,
-    tag: str,
-    rnd: int,
-    samples: dict[int, np.ndarray],
-    orders,
-    low: float,
-    high: float,
-    spec,
-    dp: tuple[DPRequest | None, DPRequest | None],
-):
-    """The two rounds of :meth:`protocols.Protocol.central_moments` as two weighted means, so
-    each can carry a DP request: identical messages and tags, but the (noisy) global mean is
-    projected onto ``[low, high]`` before the moments (post-processing; a no-op without noise)
-    so every row's moment vector stays inside the clip ball, and the noisy moments onto their
-    feasible range.  With no ``orders`` (``cmd_order = 1``) only round 1 runs."""
-    counts = {k: float(a.shape[0]) for k, a in samples.items()}
-    means = {k: a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for k, a in samples.items()}
-    mu = protocol.weighted_mean(f"{tag}/mean", rnd, means, counts, spec=spec, dp=dp[0])
-    mu = np.clip(mu, low, high)
-    if not orders:  # cmd_order = 1: the means only
-        return mu, {}
-    stacked = {
-        k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for j in orders])
-        for k, a in samples.items()
-    }
-    mom = protocol.weighted_mean(f"{tag}/moments", rnd, stacked, counts, spec=spec, dp=dp[1])
-    return mu, project_moments(mom, orders, low, high)
-
-
-def exchange_hidden_statistics(
-    protocol,
-    rnd: int,
-    hidden: dict[int, list[torch.Tensor]],
-    orders: tuple[int, ...],
-    low: float,
-    high: float,
-    *,
-    spec: ValueSpec | None = None,
-    dp: tuple[DPRequest, DPRequest] | None = None,
-    tag: str = "fedomd",
-    batch: bool = False,
-    raw_moments: bool = False,
-) -> list[GlobalStats]:
-    """Eq. 10 and Algorithm 1 lines 8-17 for every hidden layer.
-
-    ``hidden``: client -> ``[Z_k^1, ..., Z_k^(L-1)]`` (each ``[n_k, d]``, the node set of the
-    statistics).  Features are clipped to ``[low, high]`` on the client side.  Returns, per
-    layer, the pooled mean and central moments of all clients' (clipped) features, computed
-    by :meth:`protocols.Protocol.central_moments` (tags ``<tag>/hidden<l>/mean|moments``);
-    ``dp``: the (mean, moments) requests of :func:`stats_dp_requests`; ``batch`` (no DP): every
-    layer in two uploads per client (:mod:`.stats_batch`), one with ``raw_moments``.
-    """
-    num_layers = len(next(iter(hidden.values())))
-    out = []
-    if batch and dp is None and orders:
-        layers = [
-            {k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()}
-            for layer in range(num_layers)
-        ]
-        return [
-            GlobalStats(
-                torch.as_tensor(mu, dtype=torch.float32),
-                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
-            )
-            for mu, moments in (one_stage_raw_moments if raw_moments else batched_central_moments)(
-                protocol, tag, rnd, layers, orders, spec=spec
-            )
-        ]
-    for layer in range(num_layers):
-        samples = {
-            k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()
-        }
-        name = f"{tag}/hidden{layer + 1}"
-        if dp is None and orders:
-            mu, moments = protocol.central_moments(name, rnd, samples, orders, spec=spec)
-        else:  # DP, or cmd_order = 1 (round 1, the means, only)
-            mu, moments = _central_moments_by_weighted_means(
-                protocol, name, rnd, samples, orders, low, high, spec, dp or (None, None)
-            )
-        out.append(
-            GlobalStats(
-                torch.as_tensor(mu, dtype=torch.float32),
-                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
-            )
-        )
-    return out
 
 
 def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: int) -> nn.Module:
@@ -399,144 +306,4 @@ def stats_grid_spec(
     return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)
 
 
-class FedOMD(ModelAveraging):
-    name = "fedomd"
-    Options = FedOMDOptions
-    #: Adam + CMD amplifies 1e-8 differences between modes: average on the public grid
-    grid_model_mean = True
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        opts = options if options is not None else FedOMDOptions()
-        if opts.stats_nodes not in STATS_NODES:
-            raise ValueError(f"--stats-nodes must be one of {', '.join(STATS_NODES)}, got {opts.stats_nodes!r}")
-        if opts.stats_pass not in ("eval", "train"):
-            raise ValueError(f"--stats-pass must be 'eval' or 'train', got {opts.stats_pass!r}")
-        if not opts.act_high > opts.act_low:
-            raise ValueError(f"need --act-low < --act-high, got [{opts.act_low}, {opts.act_high}]")
-        if opts.cmd_order < 1:
-            raise ValueError(f"--cmd-order must be >= 1 (1 = means only), got {opts.cmd_order}")
-        if opts.dp_rows < 1:
-            raise ValueError(f"--dp-rows must be >= 1, got {opts.dp_rows}")
-        super().__init__(fed, protocol, cfg, device, opts)
-        self.orders = tuple(range(2, self.opts.cmd_order + 1))
-        self.global_stats: list[GlobalStats] | None = None
-        self._last_terms: dict[int, dict[str, float]] = {}
-        if self.protocol.dp is not None and getattr(self.protocol.dp.config, "split", None) is None:
-            # split the run's budget evenly over every DP exchange of FedOMD
-            self.protocol.dp.declare(f"{self.name}/model", *(self.stats_tags() if self.uses_cmd else []))
-
-    # ------------------------------------------------------------------ model
-    def build_model(self) -> nn.Module:
-        return build_ortho_gcn(self.opts, self.cfg, self.fed.num_features, self.fed.num_classes)
-
-    def _select(self, k: int, z: torch.Tensor, side: str = "global") -> torch.Tensor:
-        return stats_rows(self.clients[k], z, self.opts.stats_nodes, side)
-
-    @property
-    def uses_cmd(self) -> bool:
-        return self.opts.cmd_weight > 0
-
-    # ------------------------------------------------------------------ statistics
-    def stats_node_total(self) -> int:
-        """Public size of the exchanged statistics' node set over all clients, the total of the
-        weights ``n_k``: the partitioned graph's node count, or its training split's size."""
-        if self.opts.stats_nodes == "train":
-            return int(self.fed.graph.train_mask.sum())
-        return int((self.fed.owner >= 0).sum())
-
-    def stats_precision(self, num_contributors: int) -> MeanPrecision:
-        """:func:`stats_precision` of this run (``num_contributors`` of the clients)."""
-        return stats_precision(
-            self.opts, self.orders, self.stats_node_total(), min(1.0, num_contributors / len(self.clients))
-        )
-
-    def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
-        """:func:`stats_grid_spec` of this run."""
-        return stats_grid_spec(
-            self.opts,
-            self.orders,
-            self.stats_node_total(),
-            len(self.clients) if num_contributors is None else num_contributors,
-            len(self.clients),
-        )
-
-    def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
-        if not self.cfg.dp_epsilon:
-            return None
-        return stats_dp_requests(
-            self.opts.act_low,
-            self.opts.act_high,
-            self.cfg.hidden,
-            self.orders,
-            self.fed.graph.num_nodes,
-            self.cfg.rounds,
-            self.opts.dp_rows,
-        )
-
-    def stats_tags(self) -> list[str]:
-        return stats_tags(self.name, self.opts.ortho_layers)
-
-    def client_hidden(self, k: int) -> list[torch.Tensor]:
-        """:func:`hidden_for_stats` of client k."""
-        return hidden_for_stats(
-            self.models[k], *self.client_inputs(k), self.clients[k], self.opts, self.cfg.seed, self.round, k
-        )
-
-    def exchange_statistics(self, rnd: int, clients: list[int]) -> list[GlobalStats]:
-        hidden = {k: self.client_hidden(k) for k in clients}
-        if not any(zs[0].shape[0] for zs in hidden.values()):
-            raise ValueError(
-                "no client has nodes for the FedOMD statistics "
-                "(stats_nodes='train' with no training nodes?); use --stats-nodes all"
-            )
-        stats = exchange_hidden_statistics(
-            self.protocol,
-            rnd,
-            hidden,
-            self.orders,
-            self.opts.act_low,
-            self.opts.act_high,
-            spec=self.stats_spec(len(clients)),
-            dp=self.stats_dp(),
-            tag=self.name,
-            batch=self.opts.batch_stats,
-            raw_moments=self.opts.raw_moments,
-        )
-        return [
-            GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()}) for s in stats
-        ]
-
-    # ------------------------------------------------------------------ local objective
-    def cmd_loss(self, k: int, hidden: list[torch.Tensor]) -> torch.Tensor:
-        """:func:`cmd_loss` of client k against the received statistics."""
-        return cmd_loss(self.clients[k], hidden, self.global_stats, self.opts, self.orders)
-
-    def local_update(self, k: int) -> float:
-        loss, self._last_terms[k] = train_client(
-            self.models[k],
-            self.optimizers[k],
-            *self.client_inputs(k),
-            self.clients[k],
-            self.opts,
-            self.cfg,
-            self.global_stats,
-            self.orders,
-            self.round,
-            k,
-        )
-        return loss
-
-    def train_round(self, rnd: int) -> dict:
-        self.round = rnd
-        sampled = self.sample_clients(rnd)
-        self._last_terms = {}
-        if self.uses_cmd:
-            self.global_stats = self.exchange_statistics(rnd, sampled)
-        out = super().train_round(rnd)
-        for name in ("ce", "ortho", "cmd"):
-            vals = [t[name] for t in self._last_terms.values()]
-            out[f"{name}_loss"] = float(np.mean(vals)) if vals else 0.0
-        return out
-
-
-__all__ = ["FedOMD", "FedOMDOptions", "GlobalStats", "exchange_hidden_statistics"]
+__all__ = ["FedOMDOptions", "GlobalStats"]

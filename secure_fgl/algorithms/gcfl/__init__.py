@@ -32,7 +32,6 @@ SPECS = [
         strategy=f"{__name__}.server:GCFLStrategy",
         modes=pairwise_modes(),
         task="graph",
-        inline=f"{__name__}.ops:GCFL",
         mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
         "ckks (or plain)",
     ),
@@ -50,6 +49,5 @@ SPECS = [
         strategy=f"{__name__}.server:GCFLPlusStrategy",
         modes=graph_level_modes(),
         task="graph",
-        inline=f"{__name__}.ops:GCFLPlus",
     ),
 ]

@@ -42,14 +42,10 @@ class GCFLLogic(GraphLogic):
         tag, name = req["tag"], self.cfg.algorithm
         if tag == f"{name}/norms":  # one report of every norm of the round (algorithms.gcfl)
             values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
-            if req.get("split"):  # the half sends it, signed (protocols/report.py)
-                self.keep(tag, values, clear=True)
-                return {}
-            return {"value": values.tolist()}
+            self.keep(tag, values, clear=True)  # the half sends it, signed (protocols/report.py)
+            return {}
         if tag == f"{name}/similarity":
             update = self.learner.update().cpu().numpy()
-            if req.get("split"):  # the half sends it (protocols/pairwise_exchange.py)
-                self.keep(tag, update.astype(np.float64))
-                return {"length": update.size}
-            return {"update": update}
+            self.keep(tag, update.astype(np.float64))  # the half sends it (protocols/pairwise_exchange.py)
+            return {"length": update.size}
         return super().contribute(req)

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.batch import batched_report, report_parts
-from protocols.pairwise import pairwise_cosine
+from protocols.batch import report_parts
 from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
 
@@ -61,30 +60,20 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
         tag, parts = f"{self.name}/norms", list(self.norm_parts)
         names = [f"{self.name}/{p}" for p in parts]
-        ask = {"tag": tag, "round": rnd, "parts": parts, "split": self.split}
+        ask = {"tag": tag, "round": rnd, "parts": parts}
         clients = [k for c in clusters for k in c]
-        got = self.ask("contribute", {k: ask for k in clients})
-        if self.split:
-            reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
-            values = report_parts(self.protocol, tag, names, reports)
-        else:
-            values = batched_report(
-                self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()} for i, n in enumerate(names)}
-            )
+        self.ask("contribute", {k: ask for k in clients})
+        reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
+        values = report_parts(self.protocol, tag, names, reports)
         return {p: values[n] for p, n in zip(parts, names)}
 
     def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
         tag = f"{self.name}/similarity"
-        if self.split:  # the members' and the decider's halves (protocols/pairwise_exchange.py)
-            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in members})
-            self.check_lost(members + [int(self.opts.decider)], tag)
-            return pairwise_over_halves(
-                self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
-            )
-        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
-        self.check_lost(members, tag)  # frames to the driver, which plays the members
-        return pairwise_cosine(
-            self.protocol, tag, rnd, {k: got[k]["update"] for k in members}, decider=int(self.opts.decider)
+        # the members' and the decider's halves (protocols/pairwise_exchange.py)
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        self.check_lost(members + [int(self.opts.decider)], tag)
+        return pairwise_over_halves(
+            self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
         )
 
     # ------------------------------------------------------------------ reporting, checkpoints

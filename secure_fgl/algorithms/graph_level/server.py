@@ -99,20 +99,13 @@ class GraphStrategy(ModelAveragingStrategy):
         the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
         ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant."""
         tag = tag or f"{self.name}/model"
-        split = self.split
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
         if not sent:
             raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
         members = sorted(sent)  # a member lost in training is not a contributor
-        if split:
-            length = int(next(iter(sent.values()))["length"])
-            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), members, length, GRID_SPEC))
-            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
-            return
-        total = self.protocol.weighted_sum(
-            tag, rnd, {k: r["contribution"] for k, r in sent.items()}, spec=GRID_SPEC, recipients=members
-        )
-        self.tell("receive", {k: {"tag": tag, "round": rnd, "total": total} for k in members})
+        length = int(next(iter(sent.values()))["length"])
+        run_split(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
 
     def apply_mean(self, members: list[int], mean=None) -> None:
         """Tell the members to restart from the cluster mean they received."""
