@@ -44,9 +44,9 @@ def dp_cfg(out, **kw) -> RunConfig:
 
 
 def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
-    """The module and name of the function that builds ``cfg``'s protocol: the in-process object
-    (``inline``) or the server half whose clients are the runtimes (``local``/``ray``)."""
-    return experiment, ("make_run_protocol" if cfg.executor == "inline" else "make_runtime_protocol")
+    """The module and name of the function that builds ``cfg``'s protocol: the server half whose
+    clients are the runtimes."""
+    return experiment, "make_runtime_protocol"
 
 
 def run_capturing_protocol(cfg: RunConfig, monkeypatch) -> tuple[dict, object]:

@@ -96,7 +96,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
 def _tiny_run_config(tmp_path, rounds=1):
     cfg = tmp_path / f"run{rounds}.toml"
     cfg.write_text(
-        f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\nexecutor = 'inline'\n"
+        f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\n"
         "[synthetic]\nnum_nodes = 120\nnum_features = 20\navg_degree = 4\n"
     )
     return str(cfg)
@@ -142,7 +142,6 @@ def test_time_after_a_resume_counts_every_session(tmp_path):
         mode="plain",
         clients=3,
         partition="iid",
-        executor="inline",
         out=str(tmp_path),
         synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4},
     )

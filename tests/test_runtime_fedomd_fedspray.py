@@ -9,7 +9,7 @@ import pytest
 from golden_numbers import assert_golden
 from test_runtime import _reachable_tensors, small
 
-from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
+from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
@@ -51,7 +51,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm):
     cfg = small(algorithm, "mask", rounds=1).validate()
     fed = load_federation(cfg)
     executor = LocalExecutor()
-    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     strategy.setup()
     strategy.train_round(0)
     held = {k: _reachable_tensors(rt) for k, rt in executor.runtimes.items()}

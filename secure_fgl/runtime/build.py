@@ -20,7 +20,9 @@ from protocols.split import SplitProtocol
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
+from ..data.load import load_federation
 from ..manifest import schedule_option
+from ..preflight import preflight
 from ..privacy import dp_config
 from . import wire
 from .exchange import RuntimeLink, split_backend
@@ -124,3 +126,44 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     if isinstance(executor, SimulatedDropouts):  # simulated dropouts follow the strategy's round
         executor.clock = lambda: strategy.round
     return strategy
+
+
+@dataclasses.dataclass
+class StartedRun:
+    """A run's parties, built but not trained (:func:`start_run`): the server ``strategy``, its
+    ``protocol`` (server half and transcript), the ``executor`` holding the client runtimes and the
+    partitioned data ``fed`` (the evaluator's ground truth)."""
+
+    strategy: Strategy
+    protocol: object
+    executor: Executor
+    fed: object
+
+    @property
+    def runtimes(self) -> dict:
+        """Client id -> its :class:`~.client.ClientRuntime` (``--executor local`` only)."""
+        return self.executor.runtimes
+
+    def logic(self, k: int):
+        """Client ``k``'s :class:`~.logic.ClientLogic` (``--executor local`` only)."""
+        return self.executor.runtimes[k].logic
+
+    def train(self, rounds: int | None = None, *, setup: bool = True) -> list[dict]:
+        """``setup()`` (unless ``setup`` is false), then ``rounds`` rounds (default: the config's);
+        returns each round's metrics."""
+        if setup:
+            self.strategy.setup()
+        n = self.strategy.cfg.rounds if rounds is None else rounds
+        return [self.strategy.train_round(r) for r in range(n)]
+
+
+def start_run(cfg: RunConfig, fed=None, executor: Executor | None = None) -> StartedRun:
+    """Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
+    given, start one runtime per client on ``executor`` (default: :func:`make_executor`'s) and
+    build the server strategy: what :func:`secure_fgl.experiment.run_experiment` trains, for a
+    script or a test that drives the rounds itself.  Shut the executor down when done."""
+    options = preflight(cfg, check_data=fed is None)
+    fed = load_federation(cfg) if fed is None else fed
+    executor = make_executor(cfg) if executor is None else executor
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+    return StartedRun(make_strategy(cfg, fed, protocol, options, executor), protocol, executor, fed)
