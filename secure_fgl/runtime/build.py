@@ -157,13 +157,16 @@ class StartedRun:
         return [self.strategy.train_round(r) for r in range(n)]
 
 
-def start_run(cfg: RunConfig, fed=None, executor: Executor | None = None) -> StartedRun:
+def start_run(
+    cfg: RunConfig, fed=None, executor: Executor | None = None, transcript: Transcript | None = None
+) -> StartedRun:
     """Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
     given, start one runtime per client on ``executor`` (default: :func:`make_executor`'s) and
     build the server strategy: what :func:`secure_fgl.experiment.run_experiment` trains, for a
-    script or a test that drives the rounds itself.  Shut the executor down when done."""
+    script or a test that drives the rounds itself (``transcript``: default
+    :func:`run_transcript`'s).  Shut the executor down when done."""
     options = preflight(cfg, check_data=fed is None)
     fed = load_federation(cfg) if fed is None else fed
     executor = make_executor(cfg) if executor is None else executor
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, transcript or run_transcript(cfg))
     return StartedRun(make_strategy(cfg, fed, protocol, options, executor), protocol, executor, fed)
