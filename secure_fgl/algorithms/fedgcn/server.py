@@ -217,11 +217,16 @@ class FedGCNStrategy(ModelAveragingStrategy):
         r, o = refused[worst], self.fopts
         if r["refused"] == "degree":
             n = sum(x.get("count", 0) for x in refused.values() if x["refused"] == "degree")
+            mode = self.protocol.mode
+            why = (
+                "node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                if mode == "plain"
+                else f"{mode} sums sized to it would wrap"
+            )
             raise BoundError(
                 f"{n} node(s) on {len(refused)} client(s) have degree above --degree-cap "
-                f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {self.protocol.mode} sums "
-                f"sized to it would wrap. Raise --degree-cap to at least {r['largest']} (it is a public "
-                "bound)",
+                f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {why}. "
+                f"Raise --degree-cap to at least {r['largest']} (it is a public bound)",
                 tag=TAG,
                 round=0,
                 client=worst,
@@ -235,8 +240,8 @@ class FedGCNStrategy(ModelAveragingStrategy):
         )
 
     def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
-        """The in-process FedGCN's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`) from
-        the server half's transcript, plus the bytes of the row numbering."""
+        """The pre-training exchange's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`)
+        from the server half's transcript, plus the bytes of the row numbering."""
         tr = self.protocol.transcript
         return {
             **pretrain_stats(
