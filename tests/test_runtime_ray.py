@@ -71,7 +71,7 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {"row_order": "signature"}, executor)
     try:
-        assert strategy.split and protocol.clients == {}  # the halves (and their keys) live in the actors
+        assert protocol.clients == {}  # the halves (and their keys) live in the actors
         strategy.setup()
         for r in range(cfg.rounds):
             strategy.train_round(r)
@@ -131,7 +131,7 @@ def test_actor_killed_inside_the_mask_exchange_is_a_dropout_with_recovery():
     """Client 2's actor dies after the key stages of round 1, before its masked upload."""
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round 1: actor 1 died"):
         strategy, protocol, rows = _run("mask", KillingRayExecutor(victim=2, method="half:masked_upload"))
-    assert strategy.split and [r["clients_lost"] for r in rows] == [0, 1, 1]
+    assert [r["clients_lost"] for r in rows] == [0, 1, 1]
     assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
     assert strategy.final_metrics()["executor"]["dead_actors"] == {"1": "actor 1 died (ActorDiedError)"}
 
