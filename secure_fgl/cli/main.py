@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
     runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
     runtime.add_argument(
-        "--executors", nargs="+", choices=["inline", "local", "ray"], default=["inline", "local", "ray"]
+        "--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"]
     )
     runtime.add_argument(
         "--repeats",
@@ -287,7 +287,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 args.out,
                 clients=tuple(args.clients or (10,)),
                 modes=tuple(args.modes),
-                executors=tuple(e for e in args.executors if e != "inline") or ("local",),
+                executors=tuple(args.executors),
                 repeats=args.repeats or 1,
                 features=args.features,
             )

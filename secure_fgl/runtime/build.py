@@ -14,8 +14,6 @@ import dataclasses
 import numpy as np
 
 from protocols import Transcript, make_protocol
-from protocols.registry import backend_class
-from protocols.split import SplitProtocol
 
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
@@ -78,7 +76,9 @@ def run_transcript(cfg: RunConfig) -> Transcript:
     return Transcript(keep_payloads="latest" if cfg.attacks else "none")
 
 
-def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
+def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None, **options):
+    """The run's protocol object (:func:`protocols.make_protocol`) from ``cfg``; ``link``: where its
+    client halves live; ``options``: backend settings no flag carries (a bench's CKKS parameters)."""
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
         extra["exact_fields"] = False
@@ -87,15 +87,14 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
+    extra.update(options)
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
-def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None):
-    """The run's protocol; a backend split into halves gets the executor as its link
-    (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
-    if not issubclass(backend_class(cfg.mode), SplitProtocol):
-        return make_run_protocol(cfg, num_clients, transcript)
-    return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor))
+def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None, **options):
+    """The run's protocol with the executor as its link (:class:`~.exchange.RuntimeLink`): its
+    client halves live in the runtimes."""
+    return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor), **options)
 
 
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
@@ -158,15 +157,21 @@ class StartedRun:
 
 
 def start_run(
-    cfg: RunConfig, fed=None, executor: Executor | None = None, transcript: Transcript | None = None
+    cfg: RunConfig,
+    fed=None,
+    executor: Executor | None = None,
+    transcript: Transcript | None = None,
+    protocol_options: dict | None = None,
 ) -> StartedRun:
     """Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
     given, start one runtime per client on ``executor`` (default: :func:`make_executor`'s) and
     build the server strategy: what :func:`secure_fgl.experiment.run_experiment` trains, for a
     script or a test that drives the rounds itself (``transcript``: default
-    :func:`run_transcript`'s).  Shut the executor down when done."""
+    :func:`run_transcript`'s; ``protocol_options``: :func:`make_run_protocol`'s ``options``).
+    Shut the executor down when done."""
     options = preflight(cfg, check_data=fed is None)
     fed = load_federation(cfg) if fed is None else fed
     executor = make_executor(cfg) if executor is None else executor
-    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, transcript or run_transcript(cfg))
+    transcript = transcript or run_transcript(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, transcript, **(protocol_options or {}))
     return StartedRun(make_strategy(cfg, fed, protocol, options, executor), protocol, executor, fed)

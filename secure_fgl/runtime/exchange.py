@@ -162,7 +162,7 @@ def run_row_sum(
     strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec, rpb: int, dp=None
 ) -> float:
     """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
-    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release as inline):
+    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release):
     with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
     (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
     the totals (0 without DP)."""

@@ -42,7 +42,7 @@ class GraphStrategy(ModelAveragingStrategy):
         self.clusters: list[list[int]] = [list(range(facts.num_clients))]
         self.last_eval: list[dict | None] | None = None
         check_graph_dp(self.name, cfg, bool(options.get("dpsgd")))
-        #: ``--dpsgd``: the DP tag of the steps and its request (as inline)
+        #: ``--dpsgd``: the DP tag of the steps and its request
         self.dpsgd = (
             (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs))
             if options.get("dpsgd")
@@ -55,7 +55,7 @@ class GraphStrategy(ModelAveragingStrategy):
         return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
 
     def release_units(self) -> dict[str, str]:
-        """DP-SGD steps protect one training graph (a sample), as inline."""
+        """DP-SGD steps protect one training graph (a sample)."""
         return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
 
     def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
