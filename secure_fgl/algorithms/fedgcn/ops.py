@@ -66,7 +66,7 @@ common component; centring it away removes the dominant direction of the first l
 (LeCun et al., "Efficient BackProp", 1998, sec. 4.3), so Adam at Kipf's lr 0.01 converges in the
 rounds given: measured in ``docs/fedgcn_amazon_coauthor.md``.
 
-Training: FedAvg (``ModelAveraging``) over these models, the model exchange through the
+Training: FedAvg (:mod:`secure_fgl.algorithms.fedavg`) over these models, the model exchange through the
 protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
 lr 0.01, weight decay 5e-4) come from :class:`~secure_fgl.config.RunConfig`.
 

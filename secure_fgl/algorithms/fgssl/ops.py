@@ -4,7 +4,7 @@ Huang, Ye, Du, Wan, Wang — "Federated Graph Semantic and Structural Learning",
 (sec. 3.3, Algorithm 1, eq. 6-12).
 
 The server side is FedAvg (Algorithm 1, "Server Side": ``theta <- sum_m |D^m|/|D| theta^m``), run by
-:class:`~secure_fgl.algorithms.base.ModelAveraging` through :meth:`Protocol.weighted_mean` (tag
+FedAvg's strategy (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`, tag
 ``fgssl/model``), so plain, ckks and mask all apply unchanged.  Only the client objective differs.
 
 ``LocalUpdating(theta_t, m)``: the received global model ``G^g, F^g <- theta_t`` is frozen (evaluated
