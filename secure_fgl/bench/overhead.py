@@ -358,9 +358,7 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
-    ap.add_argument(
-        "--executor", default=None, choices=["local"], help=f"where the parties run (default {EXECUTOR})"
-    )
+    ap.add_argument("--executor", default=None, choices=["local"], help=f"where the parties run (default {EXECUTOR})")
     ap.add_argument(
         "--repeats",
         type=int,

@@ -132,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
     runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
-    runtime.add_argument(
-        "--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"]
-    )
+    runtime.add_argument("--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"])
     runtime.add_argument(
         "--repeats",
         type=int,

@@ -107,18 +107,15 @@ class ModelAveragingLogic(ClientLogic):
     def receive(self, req: dict) -> dict:
         if req["tag"] != self.model_tag:
             return super().receive(req)
+        total = dense_result(self.rt.half.result(), int(req["length"]))  # this client's own decoded result
+        self.aggregates[req["tag"]] = (int(req["round"]), total)
         if "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
-            total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.aggregates[req["tag"]] = (int(req["round"]), total)
             mean = total / float(req["count"])
-        else:  # this client's own decoded result: [sum w v, sum w]
-            total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.aggregates[req["tag"]] = (int(req["round"]), total)
+        else:  # [sum w v, sum w]
             if not total[-1] > 0:
                 raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
             mean = total[:-1] / total[-1]
-        mean = torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
-        self.global_params = self.global_params + mean
+        self.global_params = self.global_params + torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
         vector_to_parameters(self.global_params.clone(), self.model.parameters())
         return {}
 
