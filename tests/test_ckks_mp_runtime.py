@@ -45,5 +45,5 @@ def test_ckks_mp_client_silent_at_partial_decryption_is_named():
         pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:keyswitch"),
         pytest.raises(DropoutError, match=r"client\(s\) 1 did not send its key-switching") as err,
     ):
-        _run_with(small(mode="ckks-mp"), executor, halves_in_runtimes=True)
+        _run_with(small(mode="ckks-mp"), executor)
     assert err.value.clients == (1,)

@@ -133,7 +133,7 @@ def _fedomd_stats(run_small, mode: str, **options):
         hidden=8,
         synthetic={"num_nodes": 240, "num_features": 24},
         seed=1,
-        options={"ortho_layers": 2, **options},
+        options=options,
     )
     run = run_small(cfg)
     run.train(1)

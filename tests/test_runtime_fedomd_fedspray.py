@@ -147,7 +147,7 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
 
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth={"fedomd": 2, "fedspray": 1}[algorithm])
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload of round 0"):
-        strategy, protocol, rows = _run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)
+        strategy, protocol, rows = _run_with(small(algorithm, "mask"), executor)
     assert [r["clients_lost"] for r in rows] == [1, 1, 1] and protocol.last_included == (0, 2)
     assert all(np.isfinite(r["train_loss"]) for r in rows)
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}
