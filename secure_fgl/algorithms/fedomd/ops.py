@@ -22,110 +22,15 @@
    with ``d_CMD`` of eq. 11 between the client's *own* mean/central moments (about its own
    mean, differentiable) and the received global ones (constants), ``alpha = ortho_weight
    = 0.0005``, ``beta = cmd_weight = 10`` (sec. 4.5).
-4. **FedAvg** of the weights (lines 21, 26-29) by the base class (tag ``fedomd/model``).
+4. **FedAvg** of the weights (lines 21, 26-29) by FedAvg's strategy (tag ``fedomd/model``).
 
 Every real-valued exchange (the statistics and the model mean) is planned on a public grid
 (:meth:`protocols.precision.MeanPrecision.grid_spec`): each client rounds its contribution to
 it in every mode, so plain, ckks and mask pool the same bits and train the same model.
 
-Readings chosen where the paper is ambiguous
---------------------------------------------
-* **Node set of the statistics** (``stats_nodes``).  Eq. 11 writes ``Z_i^train`` while
-  Algorithm 1 averages over ``m = 1..n_i`` and eq. 10 weights by ``n_i``.  Hidden features
-  need no labels, and under the paper's 1 % label rate a client holds a handful of training
-  nodes (about 9 per client on Cora with M=3) -- far too few for a 5th central moment.  We
-  read ``Z^train`` as "the features computed during training" and use **all local nodes**
-  (``stats_nodes='all'``, the default, Algorithm 1's reading).  Options:
-  ``'train'`` -- training nodes on both sides (exchanged statistics and local term);
-  ``'train_vs_all'`` -- the exchanged (global) statistics over all nodes, the client side of
-  eq. 11 over its training nodes only.  The latter is eq. 11's notation taken literally: the
-  pair ``d_CMD(Z^train, Z_IID)`` is SR-GNN's regulariser (Zhu et al., NeurIPS 2021), which
-  pulls the *labelled* sample's representation towards the population's instead of pulling
-  every node of a client towards the other clients.
-* **Activation bounds** ``[a, b]`` of eq. 11 (the paper only says "the elements of Z are
-  limited to [a, b]"): ``a = act_low = 0`` (ReLU features) and a public ``b = act_high``
-  (default 1.0, so every moment term has weight 1; on Cora, hidden 64, the mean activation is
-  about 0.05-0.2 and the 99th percentile 0.3-1.9, so the bulk lies inside and the tail is
-  clipped).  Clipping is applied to the copies of the features that enter the statistics
-  (both the exchanged ones and the local CMD term), not to the forward pass: it makes eq. 11's
-  scaling valid and bounds the DP sensitivity without changing the model.  A larger ``b``
-  down-weights the order-j term by ``1/b^j`` (a weaker constraint).
-* **Forward mode of the statistics** (``stats_pass``).  Algorithm 1 takes the exchanged
-  statistics and the local CMD term from the training forward pass, i.e. with dropout.  But
-  two dropout passes of the *same* model on the *same* nodes already differ in their higher
-  moments: on Cora (M=3, hidden 64, dropout 0.5) d_CMD between two dropout passes of one
-  client is ~0.08 while clients differ by ~0.10 -- the constraint would mostly chase dropout
-  noise, and the cheapest way to reduce that noise is to shrink the features.  Without
-  dropout the clients differ by ~0.065 against ~0.022 for a random (i.i.d.) split of the same
-  nodes, a real signal.  So by default (``stats_pass='eval'``) both sides of eq. 11 are
-  moments of the *deterministic* feature map the model is evaluated with: the exchanged
-  statistics come from a no-grad eval-mode pass and the local term from an eval-mode pass
-  with gradient (one extra forward per local epoch; cross-entropy keeps dropout).
-  ``stats_pass='train'`` uses dropout passes on both sides (closer to Algorithm 1).
-  With ``local_epochs > 1`` the global statistics stay fixed during the round.
-* **Orthogonal layer**: see :mod:`secure_fgl.models.orthogonal` (graph convolution with an
-  ONI/Newton-orthogonalised weight; eq. 6 on the parameter).  ``orthogonal=False`` gives
-  Table 6's "without orthogonality" (plain GCN hidden layers, no ``L_ortho``);
-  ``cmd_weight=0`` gives "without CMD" (and skips the statistics exchange).
-* ``d_CMD`` is summed over the hidden layers ``l = 1..L-1`` (line 19); the outer sum over
-  clients in line 19 is the federated objective, each client minimises its own term.
-
-Why the CMD term lowers accuracy here (diagnosis, Cora, Louvain M=3, seed 0, 100 rounds)
--------------------------------------------------------------------------------------------
-Best validation accuracy (%, model selection as in the trainer; one seed, so +-3 is noise):
-
-* ``cmd_weight = 0`` (Table 6 "w/o CMD"): 62.6; ``cmd_weight = 1e-6``: 62.6 (the same run,
-  so the exchange itself is harmless);
-* ``cmd_weight = 0.1 / 1 / 10``: 54.4 / 39.5 / 28.8 (the default reading);
-* beta = 10 with ``stats_nodes='train'`` 28.6, ``'train_vs_all'`` 30.4 (56.5 at beta = 1),
-  ``stats_pass='train'`` (dropout passes) 28.6, ``act_high = 10`` 41.3 (terms scaled by
-  1/10^j, a weaker constraint), ``cmd_order = 1`` (means only) 32.1;
-* the orthogonal layer as eq. 8 writes it (``newton_steps = 0``, ``W / ||W||_F``): 27.9 with
-  beta = 10 and 31.2 with beta = 1, against 58.5 without CMD;
-* an i.i.d. partition (Dirichlet, concentration 1000): 46.6 without CMD, 38.5 with beta = 10.
-
-Checked and found as specified: the global statistics are constants (numpy, no gradient);
-both sides use the same node set, pass and clipping; the statistics are those of the model
-that then takes its one local step (communication interval 1, nothing stale); eq. 11's
-scaling with ``[a, b] = [0, 1]`` keeps every term <= sqrt(d).  The harm grows monotonically
-with beta and survives every reading above, also the means-only constraint and an i.i.d.
-partition.  Likely mechanism: eq. 11 uses plain (not squared) L2 norms, whose gradient has constant
-size however close the moments already are, so beta = 10 puts a pull of about beta per term
-and layer against a cross-entropy over ~9 labelled nodes per client; the cheapest way for
-the shared model to make all clients' hidden moments agree is to silence hidden units (a
-dead ReLU unit has discrepancy 0): with beta = 10, 60 % of the hidden entries are 0 (12 %
-without CMD) and the class information of the unlabelled nodes is lost.  With Louvain
-(community = class-skewed) parties, matching the marginal feature distributions also fights
-the label shift between parties.  We therefore keep the paper's beta = 10 as the default (it
-is what the paper states) and report the ablation honestly; no reading we could justify
-reproduces the paper's gain from CMD.  The paper's own Table 6 gain is small next to its spread:
-with vs without CMD, Cora M=3 54.35 +- 5.86 vs 52.13 +- 9.13 and CiteSeer M=3 53.08 +- 3.67 vs
-51.58 +- 2.65 (5 runs each: Welch t = 0.46 and 0.74); the largest, Cora M=7 (41.90 +- 4.71 vs
-33.95 +- 8.21), gives t = 1.88 -- none is significant at the 5 % level.
-
-Differential privacy (``cfg.dp_epsilon`` set)
----------------------------------------------
-Mechanism: :mod:`protocols.dp`'s DP weighted mean.  A client's value (its mean of round 1,
-its stacked moments of round 2) is clipped to L2 norm ``C`` and its weight ``n_k`` is
-normalised by the public bound ``W = N`` (graph size), so it sends
-``[n_k/N * v_k, n_k/N * C] = [sum_i u_i / N, n_k C / N]`` with ``u_i`` node i's row:
-``z_i`` in round 1, ``((z_i - M)^j)_j`` in round 2.  Features are clipped to ``[a, b]``, hence
-
-* round 1: ``||u_i|| <= C_1 = max(|a|, |b|) sqrt(d)``;
-* round 2: ``||u_i|| <= C_2 = sqrt(d sum_j (b-a)^(2j))`` -- valid because the noisy ``M`` is
-  projected onto ``[a, b]`` before the moments (post-processing; that is why the DP path runs
-  the two rounds itself instead of calling ``central_moments``, with the same tags/messages).
-
-Clipping at ``C`` never alters honest values (a mean of rows in the ball is in the ball), so
-adding or removing **one hidden row** changes the sent vector by at most ``sqrt(2) C / N``:
-that is the stated ``sensitivity`` (times ``dp_rows`` when a unit can change several rows).
-Caveat, stated plainly: a graph node's input features reach the hidden rows of its
-neighbours through message passing, so row-level DP is node-level DP only with a degree cap
-``D`` and ``dp_rows >= 1 + D + ... + D^l`` (we do not enforce degree caps); ``dp_rows = N``
-gives client-level DP (at a large utility cost).  Each tag is released once per round
-(``releases = rounds``); the run's budget is split evenly over ``fedomd/model`` and the
-statistics tags (declared at construction).  The model exchange is the base class's
-(client-level, ``cfg.dp_clip``), which implies the same epsilon at the row level.
+Options where the paper is ambiguous (``stats_nodes``, ``act_low``/``act_high``, ``stats_pass``),
+the measured effect of the CMD term and the DP mechanism (a row-level DP weighted mean of the
+clipped statistics): docs/fedomd.md.
 """
 
 from __future__ import annotations

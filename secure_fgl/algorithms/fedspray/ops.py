@@ -34,51 +34,9 @@ GNN and the encoder, 0.02 for proxies, ``lambda1 = 5``, ``lambda2 = 1``, ``d_s =
 (``phase_epochs``; FedSpray ignores ``--local-epochs``).  The paper's 300 rounds is ``--rounds 300``
 (a run setting, not an option).
 
-Where the reference code (``xbfu/FedSpray``) differs from the paper, we follow the paper:
-
-* ``main.py`` runs 500 rounds with ``lambda1 = 1.0`` (a local ``lambda_1 = 5`` is unused);
-* the GNN's KD term uses only training nodes and unlabelled nodes whose ``max q > 0.7``
-  (``client.py``; here ``kd_threshold``, default 0 = all nodes as in eq. 6);
-* labelled nodes keep their *own* trained proxy across rounds instead of restarting from
-  ``S_{r-1}[y_i]`` (here: restart from the class proxy each round, Algorithm 1 line 4);
-* the projector ``g_q`` is overwritten with the aggregated classifier ``g_p`` every round (its
-  own average is discarded); here ``g_q`` is averaged and kept;
-* the encoder FedAvg weights are training-node counts (here: local node counts, eq. 14 — the
-  same up to a constant under the 40/30/30 split); proxies are weighted by class *ratios*
-  (``proxy_weighting='ratio'``, as in eq. 15 and the code; ``'count'`` weights by counts);
-* GNN parameters are initialised ``uniform_(0, 1)`` (here: the layers' default Glorot init);
-* model selection on the best *validation loss* (here: best validation accuracy, the engine's rule).
-
-On PubMed (3 seeds, ``examples/fedspray_table2.py``) the paper's ``lambda1 = 5`` with KD on all
-nodes left the SGC and GraphSAGE backbones' minority accuracy unstable across seeds, while the
-code's ``lambda1 = 1`` with ``kd_threshold = 0.7`` was stable for all three and close to the
-paper's Table 2 for GCN and GraphSAGE (SGC's minority accuracy stays ~11 points under it); GCN was
-stable with both (numbers in docs/fedspray.md).
-
 ``ablate_proxy=True`` is Table 3's ``S = 0``: proxies fixed at zero, neither trained nor exchanged.
-
-What the measurements say (PubMed, 7 clients, GCN, seeds 0-2; ``examples/fedspray_table2.py``,
-numbers in docs/fedspray.md):
-
-* **The teacher is weaker than the student.**  ``evaluate()`` logs ``teacher_test_acc``, the
-  accuracy of the soft targets ``p`` the GNNs distil from: 81.7 % at the reported round, below a
-  feature-only local MLP (85.7 %) and the GNNs themselves (Local GCN 87.1 %).  With the paper's
-  ``lambda1 = 5`` the GNNs are pulled towards it: overall accuracy peaks within ~100 rounds and
-  then falls (83.2 % after round 300) while minority accuracy keeps rising (61.0 -> 64.7 %) -- the
-  teacher is a federated model, so it knows the classes a client rarely sees (a federated MLP
-  alone reaches 66 % minority accuracy against 46 % for a local one).
-* **Why S = 0 does not collapse here.**  Zeroing the proxies leaves the teacher's accuracy where it
-  was (81.7 % with S, 81.7 % without), so the GNNs distil the same thing and end within 0.3
-  points (overall) and 0.9 points (minority) of full FedSpray -- on PubMed's 500 TF-IDF features
-  the feature encoder carries the teacher, and the class proxies add nothing we can measure.  The
-  paper's 77.11 / 42.01 for S = 0 is below even the local MLP; we cannot reach it with a
-  feature-only teacher.
-* **Why SGC/SAGE minority accuracy swings over seeds.**  With ``lambda1 = 5``, on the unstable
-  seeds the best *overall* validation accuracy falls in rounds 2-5, before distillation has done
-  anything, and the engine reports that round (minority 19-38 %); after round 300 the same runs sit
-  at 63-70 % (SAGE seeds 1, 2) and 44 % (SGC seed 2) -- a selection effect of the
-  overall-accuracy rule, not divergence.  The table script prints the last-round accuracies next
-  to the selected ones.
+Where the reference code (``xbfu/FedSpray``) differs from the paper the defaults follow the paper;
+the differences and the measured behaviour on PubMed: docs/fedspray.md.
 """
 
 from __future__ import annotations
