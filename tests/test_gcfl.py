@@ -102,7 +102,7 @@ class PlainClusters(GCFLServer):
         mean_norm = {k: float(np.linalg.norm(m)) for c, m in zip(clusters, means) for k in c}
         return {"update_norms": {k: float(np.linalg.norm(u)) for k, u in self.updates.items()}, "mean_norm": mean_norm}
 
-    def cosine(self, rnd, members):
+    def update_similarity(self, rnd, members):
         return cosine_matrix(np.stack([self.updates[k] for k in members]))
 
 

@@ -25,8 +25,8 @@ SPECS = [
         "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
         "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
         "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
-        "gcfl/similarity: pairwise "
-        "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
+        "gcfl/similarity: cosine "
+        "similarity matrix of updates (ckks: decrypted by the --decider client), at a split",
         options=GCFLOptions,
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLStrategy",

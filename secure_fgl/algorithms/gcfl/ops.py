@@ -20,8 +20,8 @@ Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
    largest ``||dW_i||`` (eq. 5);
 3. when :func:`~secure_fgl.algorithms.clustering.should_split` holds (eq. 4-5, ``|c| > 2``,
    round > 20), the cluster is cut in two by Stoer-Wagner on a similarity matrix --
-   GCFL: ``1 + cos(dW_i, dW_j)`` from the pairwise-statistics exchange
-   (:mod:`protocols.pairwise`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
+   GCFL: ``1 + cos(dW_i, dW_j)`` from the update-similarity exchange
+   (the cosine matrix, :mod:`protocols.pairwise`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
    members' last ``seq_length`` gradient norms (every client must have that many; all
    sequences restart after a split, as the reference) -- and each half is averaged on its
    own (two more weighted means) instead of ``mean_c``.
@@ -86,14 +86,14 @@ class GCFLServer:
     def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
         """Hook: GCFL+ extends its gradient-norm sequences."""
 
-    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
-        """The members' pairwise cosine matrix (:mod:`protocols.pairwise`)."""
+    def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
+        """The members' cosine similarity matrix of their updates (:mod:`protocols.pairwise`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ decisions
     def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
         """``1 + cos`` of the members' updates (the reference's ``pairwise_angles``)."""
-        return 1.0 + self.cosine(rnd, members)
+        return 1.0 + self.update_similarity(rnd, members)
 
     def ready_to_split(self) -> bool:
         return True

@@ -14,14 +14,12 @@ the executor, so the server sees only what the clients send:
   shared layers (``<algorithm>/grad_norms``).  The values are in the clear (the documented leak
   of the decision rule, :mod:`protocols.pairwise`), sent by the client's protocol half as one
   signed message of a report exchange (:mod:`protocols.report`);
-* GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire: an exchange of the
-  halves (:mod:`protocols.pairwise_exchange`) -- ``plain``: each member's half sends its update;
+* GCFL's update similarity, the cosine matrix of the members' updates (``<algorithm>/similarity``),
+  only when eq. 4-5 fire: an exchange of the halves (:mod:`protocols.pairwise_exchange`) --
+  ``plain``: each member's half sends its update;
   ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
   each member's half encrypts its normalised update under the key the decider signed, the
   server half evaluates the inner products, the decider's half decrypts only the pair values.
-
-With a protocol whose halves are not in the runtimes (built without the executor as its link),
-the clients' values reach the driver as frames and the driver plays them in the same exchanges.
 """
 
 from __future__ import annotations
@@ -67,9 +65,9 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         values = report_parts(self.protocol, tag, names, reports)
         return {p: values[n] for p, n in zip(parts, names)}
 
-    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+    def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
         tag = f"{self.name}/similarity"
-        # the members' and the decider's halves (protocols/pairwise_exchange.py)
+        # the members' and the decider's halves run the exchange (protocols/pairwise_exchange.py)
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
         self.check_lost(members + [int(self.opts.decider)], tag)
         return pairwise_over_halves(
