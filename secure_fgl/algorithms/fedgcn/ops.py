@@ -183,9 +183,9 @@ from protocols import SERVER, DPRequest, ValueSpec, client_party
 from protocols.baseline import row_sum_bytes
 from protocols.row_blocks import exact_integers
 
-from ...config import ConfigError
 from ...data.federated import ClientSubgraph
 from ...models.node import dropout
+from ...validation import ConfigError
 from ..options import FedGCNOptions
 
 #: tag of the pre-training exchange

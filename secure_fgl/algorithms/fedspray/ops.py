@@ -50,10 +50,10 @@ from protocols import DPRequest, Protocol, ValueSpec
 from protocols.batch import batch_spec
 from protocols.precision import MeanPrecision
 
-from ...config import ConfigError
 from ...engine import rng
 from ...models import build_model
 from ...models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
+from ...validation import ConfigError
 from ..base import PARAM_BOUND, model_spec
 from ..options import FedSprayOptions
 

@@ -57,7 +57,7 @@ import torch
 from torch.nn import functional as F
 from torch_geometric.utils import softmax as segment_softmax
 
-from ...config import ConfigError
+from ...validation import ConfigError
 from ..options import FGSSLOptions
 from .augment import AugmentRates, augment, view_generator
 

@@ -49,7 +49,7 @@ import torch
 from protocols import BoundError, DPRequest, ValueSpec
 from protocols.dp import edge_level_sensitivity
 
-from ...config import ConfigError
+from ...validation import ConfigError
 from ..fedgcn.ops import local_degrees
 from ..options import GAPOptions
 

@@ -26,10 +26,10 @@ A step is counted before any client trains (conservative: it counts even if the 
 
 from __future__ import annotations
 
-from ...config import ConfigError
 from ...dpsgd import noise_contributors, stage_request
 from ...runtime.exchange import run_row_sum
 from ...runtime.strategy import EVAL_TAG
+from ...validation import ConfigError
 from ..base import accuracy_summary
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import GAPOptions

@@ -28,10 +28,10 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch_geometric.loader import DataLoader
 
-from ...config import ConfigError
 from ...data.graph_classification import GraphClient
 from ...engine import rng
 from ...models.gcfl_gin import GCFLGIN
+from ...validation import ConfigError
 from ..options import GraphOptions, GraphProxOptions
 
 __all__ = [
