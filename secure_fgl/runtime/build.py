@@ -23,6 +23,7 @@ from ..manifest import schedule_option
 from ..preflight import preflight
 from ..privacy import dp_config
 from . import wire
+from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
@@ -50,8 +51,6 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     else:
         executor = LocalExecutor(device)
     if cfg.simulate_dropouts:  # --simulate-dropouts (.dropouts)
-        from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
-
         rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
         return SimulatedDropouts(executor, DropoutSchedule(rules))
     return executor
@@ -120,8 +119,6 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
         }
     executor.start(frames)
     strategy = cls(executor, protocol, cfg, facts, opts)
-    from .dropouts import SimulatedDropouts
-
     if isinstance(executor, SimulatedDropouts):  # simulated dropouts follow the strategy's round
         executor.clock = lambda: strategy.round
     return strategy

@@ -185,6 +185,7 @@ from protocols.row_blocks import exact_integers
 
 from ...data.federated import ClientSubgraph
 from ...models.node import dropout
+from ...privacy import resolve_unit
 from ...validation import ConfigError
 from ..options import FedGCNOptions
 
@@ -496,8 +497,6 @@ def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
     bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
     from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
-    from ...privacy import resolve_unit
-
     C = dp_row_clip(o, cfg)
     sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
     return DPRequest(
@@ -509,8 +508,6 @@ def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
     """The cap is a bound some encoding or guarantee relies on: the secure modes size their
     packing / modulus with it, and node-level DP takes its sensitivity from it.  The
     plaintext protocol sums floats and needs no cap."""
-    from ...privacy import resolve_unit
-
     return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
 
 

@@ -27,6 +27,8 @@ A lost client stops the pre-training (its rows would be missing): DropoutError n
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from protocols import SERVER, BoundError, client_party
@@ -100,8 +102,6 @@ class FedGCNStrategy(ModelAveragingStrategy):
         return release_dependencies_of(self.name)
 
     def setup(self) -> None:
-        import time
-
         o, f, K = self.fopts, self.facts, self.num_clients
         if o.hops == 0:
             self.pretrain = {

@@ -27,6 +27,7 @@ A step is counted before any client trains (conservative: it counts even if the 
 from __future__ import annotations
 
 from ...dpsgd import noise_contributors, stage_request
+from ...privacy import resolve_unit
 from ...runtime.exchange import run_row_sum
 from ...runtime.strategy import EVAL_TAG
 from ...validation import ConfigError
@@ -92,8 +93,6 @@ class GAPStrategy(ModelAveragingStrategy):
 
     def model_dp_request(self, tag: str):
         """Edge-level: the model exchanges touch no edge, so they carry no noise."""
-        from ...privacy import resolve_unit
-
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
         return super().model_dp_request(tag)
