@@ -57,7 +57,7 @@ def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
     """Tags of the run's neighbour-sum (``row_sum``) exchanges, whose noise is edge- or node-level."""
     if cfg.algorithm == "fedgcn" and int(cfg.options.get("hops", 1)) > 0:
         return ("fedgcn/neighbour_sums",)
-    if cfg.algorithm == "fedgcn-gap":
+    if cfg.algorithm in ("fedgcn-gap", "gap"):  # gap: the same hops on one party
         return ("fedgcn-gap/hop",)
     return ()
 
@@ -119,8 +119,8 @@ def dp_config(cfg: RunConfig):
             "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
             "--dp-unit edge)"
         )
-    if unit == "node" and cfg.algorithm == "fedgcn-gap":
-        raise ConfigError("fedgcn-gap implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
+    if unit == "node" and cfg.algorithm in ("fedgcn-gap", "gap"):
+        raise ConfigError(f"{cfg.algorithm} implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
     if split is not None:
         out = [t for t in split if scope and not _in_scope(scope, t)]
         if out:
