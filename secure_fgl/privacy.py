@@ -120,7 +120,9 @@ def dp_config(cfg: RunConfig):
             "--dp-unit edge)"
         )
     if unit == "node" and cfg.algorithm in ("fedgcn-gap", "gap"):
-        raise ConfigError(f"{cfg.algorithm} implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
+        raise ConfigError(
+            f"{cfg.algorithm} implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)"
+        )
     if split is not None:
         out = [t for t in split if scope and not _in_scope(scope, t)]
         if out:
