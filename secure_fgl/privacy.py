@@ -113,6 +113,12 @@ def dp_config(cfg: RunConfig):
             "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
             f"{cfg.algorithm}/model"
         )
+    if sums and unit in ("edge", "node") and cfg.algorithm == "fedgcn" and _in_scope(scope, "fedgcn/model"):
+        raise ConfigError(
+            "fedgcn's GCN propagates over exact local edges, so its model exchange would need client-level "
+            "noise, which drowns the updates of a federation's clients (it trains to chance): use "
+            "--algorithm fedgcn-gap for edge-level DP that learns"
+        )
     if unit == "sample" and (sums or not cfg.options.get("dpsgd")):
         raise ConfigError(
             "--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
@@ -222,6 +228,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                     ),
                 }
             )
+            if "sample_rate" in t:  # Poisson-sampled DP-SGD (amplified accounting)
+                entry["sample_rate"] = t["sample_rate"]
             covered = unit in COVERS[local_units[tag]] or not (deps & PROTECTS[unit])
             if shares == 1 and rep["placement"] == "distributed" and getattr(algo, "dpsgd_secure_mean", False):
                 warnings.append(

@@ -51,3 +51,19 @@ def test_gap_states_the_edge_level_claim_of_its_hop_releases(tmp_path):
     assert 3.96 <= privacy["total_epsilon"] <= 4.0
     touching_edges = [r for r in privacy["releases"] if "edges" in r["touches"]]
     assert [r["tag"] for r in touching_edges] == ["fedgcn-gap/hop/1"] and touching_edges[0]["dp"]
+
+
+@pytest.mark.parametrize("name", ["dp-gap-central-cora.toml", "dp-gap-federated-cora.toml"])
+def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(name, tmp_path):
+    """Every run the two sweep files plan passes preflight (no data loaded), with the same width and hops."""
+    from pathlib import Path
+
+    import secure_fgl
+    from secure_fgl.report.sweep import spec_from_file
+
+    spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
+    runs = [cfg for _, cfg in spec.runs(tmp_path)]
+    assert runs and len(spec.seeds) == 5
+    for cfg in runs:
+        options = preflight(cfg, check_data=False)
+        assert cfg.hidden == 64 and (cfg.algorithm == "fedavg" or options.hops == 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from protocols.registry import modes
 
-from ..options import GAPOptions
+from ..options import GAPOptions, check_gap
 from ..spec import AlgorithmSpec
 from .central import check_central
 
@@ -26,6 +26,7 @@ SPECS = [
         "fedgcn-gap/encoder: weighted mean of encoder updates; fedgcn-gap/hop/<h>: noisy "
         "row sums of embeddings, once per hop; fedgcn-gap/model: weighted mean of head updates",
         options=GAPOptions,
+        check=check_gap,
         modes=modes(),
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",

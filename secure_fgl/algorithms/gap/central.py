@@ -10,11 +10,13 @@ federated sum carries in the secure modes).
 from __future__ import annotations
 
 from ...validation import ConfigError
+from ..options import check_gap
 
 
 def check_central(options, cfg) -> None:
     """ConfigError unless the run has one party (``--clients 1``): the central reference holds the
     whole graph."""
+    check_gap(options, cfg)
     if cfg.clients != 1:
         raise ConfigError(
             f"gap is the central reference (one party holding the whole graph): use --clients 1, "

@@ -177,7 +177,7 @@ class FedGCNGAP(ModelAveraging):
                 raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
             epochs, enc_rounds = cfg.local_epochs, opts.encoder_rounds or cfg.rounds
             self.dpsgd = {
-                stage: EngineDPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds, epochs)
+                stage: EngineDPSGD(dp, f"{stage}/dpsgd", cfg.dp_clip, rounds, epochs, opts.dp_sample_rate)
                 for stage, rounds in ((self.encoder.name, enc_rounds), (self.name, cfg.rounds))
             }
         if dp is not None and dp.config.split is None:
