@@ -20,11 +20,12 @@ Poisson sampling (``sample_rate`` q < 1, ``--dp-sample-rate``): each step sums o
 ``B_t = {i in T_k : u_i < q}``, ``u_i`` uniform from the client's OS-keyed keystream (secret,
 fresh each step), and divides by the expected batch ``q |T_k|`` (public), as Opacus does.  The
 step is a subsampled Gaussian mechanism, accounted at rate q in Renyi DP (Mironov, Talwar &
-Zhang 2019; Opacus' RDP accountant): the amplification by subsampling.  The run's :class:`protocols.dp.DPEngine`
-counts each step in the run's one accountant (:meth:`~protocols.dp.DPEngine.local_release`):
-clients hold disjoint nodes, so step ``t`` of all clients is one Gaussian release (parallel
-composition), ``rounds x local_epochs`` releases in all, composed with the run's other
-releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
+Zhang 2019; Opacus' RDP accountant): the amplification by subsampling.
+
+The run's :class:`protocols.dp.DPEngine` counts each step in the run's one accountant
+(:meth:`~protocols.dp.DPEngine.local_release`): clients hold disjoint nodes, so step ``t`` of all
+clients is one Gaussian release (parallel composition), ``rounds x local_epochs`` releases in all,
+composed with the run's other releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
 run seed: the engine's in process (:class:`EngineDPSGD`), each client's own keystream on the
 client runtimes (:mod:`secure_fgl.algorithms.gap.client`, with the std the driver's engine sizes).  The models a
 client uploads are post-processing of its noisy gradients.
