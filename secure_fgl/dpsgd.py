@@ -25,9 +25,10 @@ Zhang 2019; Opacus' RDP accountant): the amplification by subsampling.
 The run's :class:`protocols.dp.DPEngine` counts each step in the run's one accountant
 (:meth:`~protocols.dp.DPEngine.local_release`): clients hold disjoint nodes, so step ``t`` of all
 clients is one Gaussian release (parallel composition), ``rounds x local_epochs`` releases in all,
-composed with the run's other releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
-run seed: the engine's in process (:class:`EngineDPSGD`), each client's own keystream on the
-client runtimes (:mod:`secure_fgl.algorithms.gap.client`, with the std the driver's engine sizes).  The models a
+composed with the run's other releases.  The noise is drawn from an OS-keyed
+:class:`protocols.csprng.SecureRandom`, never the run seed: the engine's in process
+(:class:`EngineDPSGD`), each client's own keystream on the client runtimes
+(:mod:`secure_fgl.algorithms.gap.client`, with the std the driver's engine sizes).  The models a
 client uploads are post-processing of its noisy gradients.
 
 Noise placement: each client adds all of ``N(0, z^2 C^2)`` to each step (local), unless a round
