@@ -83,3 +83,15 @@ def test_a_sample_rate_without_dpsgd_is_refused():
 
     with pytest.raises(ConfigError, match="add --dpsgd"):
         preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dp_sample_rate": 0.5}), check_data=False)
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
+def test_sampled_step_noise_is_still_split_over_the_clients_of_a_secure_mean():
+    """Distributed placement, 3 clients, one colluder: each adds sigma / sqrt(2) of the sampled
+    step's noise (its multiplier calibrated at rate q), and the step counts once."""
+    eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=3, protocol_mode="mask")
+    req = stage_request(1.0, 10, 1)
+    stds = [eng.local_release("stage/dpsgd", 0, req, contributors=3, sample_rate=0.2) for _ in range(3)]
+    z = eng.noise_multiplier("stage/dpsgd")
+    assert stds == pytest.approx([z / math.sqrt(2)] * 3) and eng.accountant.releases("stage/dpsgd") == 1
+    assert eng.accountant.history("stage/dpsgd") == [(z, 0.2, 1)]
