@@ -144,3 +144,14 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
         hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
         assert c["total_epsilon"] == pytest.approx(epsilon_of(hist, 1e-5, p["composition"]), rel=1e-9)
     assert tiny_run(algorithm="fedgcn-gap")["coalition"] is None  # plain: local noise, each adds all
+
+
+def test_fedgcn_edge_level_dp_is_refused_before_the_run_starts(tmp_path):
+    """One line naming fedgcn-gap, from preflight: no data loaded, no run folder written."""
+    from secure_fgl.preflight import preflight
+
+    cfg = RunConfig(dp_epsilon=4.0, out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="use --algorithm fedgcn-gap") as err:
+        preflight(cfg, check_data=False)
+    assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
+    preflight(RunConfig(dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums"), check_data=False)  # sums only: runs

@@ -25,6 +25,9 @@ from secure_fgl.experiment import run_experiment
 K = 5
 CPU = torch.device("cpu")
 
+#: FedGCN with edge/node-level DP runs with noise on its neighbour sums only (its model exchange is refused DP)
+SUMS = "fedgcn/neighbour_sums"
+
 
 def _importable(mod: str) -> str | None:
     try:
@@ -164,7 +167,7 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
         make_algo(fed_counts, mode, hops=1, feature_bound=2.0).setup()
     from protocols.dp import DPConfig
 
-    cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0)
+    cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0, dp_exchanges=SUMS)
     dp_protocol = make_protocol(mode, K, dp=DPConfig(epsilon=4.0), seed=11)
     assert not make_algo(fed_counts, cfg=cfg, protocol=dp_protocol, hops=1).value_spec().integer
     assert not make_federated("csbm", num_clients=K, seed=4, num_nodes=60, num_features=4).count_features
@@ -253,7 +256,7 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
         assert torch.equal(capped.received[k], free.received[k])
     from protocols.dp import DPConfig
 
-    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node")
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node", dp_exchanges=SUMS)
     proto = make_protocol("plain", K, dp=DPConfig(epsilon=8.0), seed=0)
     with pytest.raises(BoundError, match="node-level DP"):
         make_algo(fed, cfg=cfg, protocol=proto, hops=1, degree_cap=2).setup()
@@ -279,7 +282,9 @@ def test_dp_noise_has_the_stated_scale():
     ax, deg = full_graph_operator(f)
     stds = {}
     for level in ("edge", "node"):
-        cfg = RunConfig(mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level)
+        cfg = RunConfig(
+            mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level, dp_exchanges=SUMS
+        )
         proto = make_protocol("plain", K, dp=DPConfig(epsilon=4.0), seed=11)
         algo = make_algo(f, cfg=cfg, protocol=proto, hops=1, layout="dense", degree_cap=30, dp_row_clip=3.0)
         algo.setup()
