@@ -26,7 +26,7 @@ TOML
 step $SFGL run "${SHORT[@]}" --out runs/main
 step $SFGL run --algorithm fedavg --dataset cora --clients 10 --mode mask --out runs/cora-fedavg "${SHORT[@]}"
 step $SFGL run --preset fedgcn-table2 --dataset citeseer --mode ckks "${SHORT[@]}" --out runs/preset
-step $SFGL run --algorithm fedgcn --hops 2 --mode mask --dp-epsilon 4 --dataset citeseer "${SHORT[@]}" --out runs/dp
+step $SFGL run --algorithm fedgcn-gap --mode mask --dp-epsilon 4 --dataset citeseer "${SHORT[@]}" --out runs/dp
 step $SFGL run --config run.toml --quiet --out runs/config
 step $SFGL run --executor local --mode mask "${SHORT[@]}" --out runs/local
 step $SFGL run --executor ray --ray-num-cpus 2 --ray-workers 2 --mode ckks "${SHORT[@]}" --out runs/ray
@@ -45,7 +45,7 @@ step $SFGL modes
 TAIL=30 step $SFGL datasets
 TAIL=10 step $SFGL compare runs/
 step $SFGL plot runs/cora-fedavg
-step $SFGL report --algorithms fedgcn --datasets sbm --modes plain,ckks,mask --dp-epsilons inf,8 --seeds 1 \
+step $SFGL report --algorithms fedgcn-gap --datasets sbm --modes plain,ckks,mask --dp-epsilons inf,8 --seeds 1 \
     --rounds 2 --quiet --out runs/report
 step python - <<'PY'
 import torch

@@ -225,9 +225,11 @@ class PrivacyAccountant:
         """The accountant that composes ``tag`` (or the run): ``exact`` Gaussian composition holds for
         continuous Gaussians only; a history with a discrete-Gaussian release (whose proof is
         ``Delta^2/(2 sigma^2)``-zCDP, Canonne, Kamath & Steinke 2020, Thm 14; Kairouz, Liu & Steinke
-        2021 for sums) is composed in Renyi DP instead, the same curve ``alpha/(2 z^2)`` per release."""
+        2021 for sums) is composed in Renyi DP instead, the same curve ``alpha/(2 z^2)`` per release;
+        so is a history with a Poisson-subsampled release (q < 1)."""
         discrete = self.discrete_tags if tag is None else self.discrete_tags & {tag}
-        return "rdp" if self.mechanism == "exact" and discrete else self.mechanism
+        subsampled = any(q < 1 for _, q, _ in self.history(tag))  # exact composition needs q = 1
+        return "rdp" if self.mechanism == "exact" and (discrete or subsampled) else self.mechanism
 
     def step(
         self,
@@ -311,6 +313,9 @@ class PrivacyAccountant:
                 "noise_multiplier": zs[0] if len(zs) == 1 else zs,
                 "sensitivity": self._sensitivity.get(tag),
             }
+            qs = sorted({r[1] for r in runs})
+            if qs != [1.0]:  # Poisson-subsampled releases state their rate
+                per_tag[tag]["sample_rate"] = qs[0] if len(qs) == 1 else qs
         return {
             "delta": self.delta,
             "total_epsilon": self.epsilon(),

@@ -412,6 +412,7 @@ class _TagState:
     sensitivity: float = 0.0  # largest Delta used so far
     clip: float | None = None
     integer: bool = False
+    sample_rate: float = 1.0  # Poisson sampling rate of each release (1: every record)
 
 
 class DPEngine:
@@ -473,28 +474,29 @@ class DPEngine:
         shares = self._shares or {tag: 1.0}
         return shares.get(tag, 0.0) / sum(shares.values())
 
-    def calibration_mechanism(self, discrete: bool = False) -> str:
+    def calibration_mechanism(self, discrete: bool = False, subsampled: bool = False) -> str:
         """The accountant the budget is calibrated with: the run's, except that ``exact`` (Gaussian
-        composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP
-        (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`)."""
+        composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP, or with
+        Poisson-subsampled ones (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`)."""
+        subsampled = subsampled or any(s.sample_rate < 1 for s in self._tags.values())
         if self.config.accountant == "exact" and (
-            discrete or self.config.exchange_releases or self.accountant.discrete_tags
+            discrete or subsampled or self.config.exchange_releases or self.accountant.discrete_tags
         ):
             return "rdp"
         return self.config.accountant
 
-    def total_mu(self, discrete: bool = False) -> float:
+    def total_mu(self, discrete: bool = False, subsampled: bool = False) -> float:
         """mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
         run's accountant (see "Calibration" in the module docstring)."""
         return 1.0 / calibrate_noise_multiplier(
-            self.config.epsilon, self.config.delta, 1, self.calibration_mechanism(discrete)
+            self.config.epsilon, self.config.delta, 1, self.calibration_mechanism(discrete, subsampled)
         )
 
     def noise_multiplier(self, tag: str) -> float | None:
         st = self._tags.get(tag)
         return None if st is None else st.noise_multiplier
 
-    def _calibrate(self, tag: str, releases: int, discrete: bool = False) -> _TagState:
+    def _calibrate(self, tag: str, releases: int, discrete: bool = False, sample_rate: float = 1.0) -> _TagState:
         if not self._frozen:
             self._frozen = True
             if not self._shares:  # nothing declared: the first tag takes the whole budget
@@ -506,13 +508,15 @@ class DPEngine:
                 f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
                 tag=tag,
             )
-        mech, delta = self.calibration_mechanism(discrete), self.config.delta
-        z = math.sqrt(releases) / (self.total_mu(discrete) * math.sqrt(self.share(tag)))
+        mech, delta, q = self.calibration_mechanism(discrete, sample_rate < 1), self.config.delta, float(sample_rate)
+        z = math.sqrt(releases) / (self.total_mu(discrete, q < 1) * math.sqrt(self.share(tag)))
         eps = epsilon_of([(z, 1.0, releases)], delta, mech)
-        plan = [(s.noise_multiplier, 1.0, s.releases) for s in self._tags.values()]
+        if q < 1:  # Poisson-subsampled: the multiplier that spends the tag's own epsilon at rate q
+            z = calibrate_noise_multiplier(eps, delta, releases, mech, sample_rate=q)
+        plan = [(s.noise_multiplier, s.sample_rate, s.releases) for s in self._tags.values()]
 
         def total(zz: float) -> float:
-            return epsilon_of(plan + [(zz, 1.0, releases)], delta, mech)
+            return epsilon_of(plan + [(zz, q, releases)], delta, mech)
 
         if total(z) > self.config.epsilon:  # never expected (see docstring); keep the total in budget
             lo, hi = z, 2 * z
@@ -528,7 +532,7 @@ class DPEngine:
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if total(mid) > self.config.epsilon else (lo, mid)
             z = hi
-        st = _TagState(epsilon=eps, releases=int(releases), noise_multiplier=z)
+        st = _TagState(epsilon=eps, releases=int(releases), noise_multiplier=z, sample_rate=q)
         self._tags[tag] = st
         return st
 
@@ -541,6 +545,7 @@ class DPEngine:
         *,
         slack: float = 0.0,
         discrete: bool = False,
+        sample_rate: float = 1.0,
     ) -> tuple[_TagState, float, float]:
         """Check the budget and calibrate; returns (state, Delta, sigma) of this release.  ``slack``:
         what rounding onto the release's grid adds to Delta (:func:`grid_slack`)."""
@@ -556,7 +561,7 @@ class DPEngine:
         sens = float(sens) + float(slack)
         st = self._tags.get(tag)
         if st is None:
-            st = self._calibrate(tag, req.releases, discrete)
+            st = self._calibrate(tag, req.releases, discrete, sample_rate)
         if req.releases > st.releases:
             raise PrivacyBudgetError(
                 f"this tag's noise was calibrated for {st.releases} releases but the request declares "
@@ -597,7 +602,7 @@ class DPEngine:
             client_std, honest, entries = discrete
             tau_term = sum_of_discrete_gaussians_tau(client_std, honest) * entries / 2.0
             z = 1.0 / math.sqrt(1.0 / z**2 + tau_term)
-        self.accountant.step(tag, z, 1.0, sensitivity=sens, discrete=discrete is not None)
+        self.accountant.step(tag, z, st.sample_rate, sensitivity=sens, discrete=discrete is not None)
         self.last_std = float(total_std)
         if self.on_release is not None:
             self.on_release(self.state_dict())
@@ -611,7 +616,9 @@ class DPEngine:
         return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
 
     # ------------------------------------------------------------------ local releases
-    def local_release(self, tag: str, step: int, req: DPRequest, *, contributors: int = 1) -> float:
+    def local_release(
+        self, tag: str, step: int, req: DPRequest, *, contributors: int = 1, sample_rate: float = 1.0
+    ) -> float:
         """Each client's noise std for a release it computes from its own records (a DP-SGD step,
         :mod:`secure_fgl.dpsgd`): ``sigma = z_t Delta``, Delta = ``req.sensitivity`` or ``req.clip``.
         Clients hold disjoint records, so step ``step`` of every client is one release (parallel
@@ -620,9 +627,12 @@ class DPEngine:
         only as one secure sum of that many (a one-step SGD update averaged by the protocol), so in
         distributed placement each adds ``sigma / sqrt(max(1, n - dropouts - colluders))``, as in an
         exchange.  Whoever holds the records draws the noise (:meth:`local_noise` in process; a
-        client runtime from its own keystream)."""
+        client runtime from its own keystream).  ``sample_rate`` q < 1: every record takes part in a
+        step with probability q, independently and secretly (Poisson sampling, DP-SGD's
+        amplification); the tag is calibrated and accounted at rate q (Renyi DP of the subsampled
+        Gaussian, Mironov, Talwar & Zhang 2019, as Opacus' RDP accountant)."""
         if step > self._local_step.get(tag, -1):
-            st, sens, sigma = self._begin(tag, step, req, req.clip)
+            st, sens, sigma = self._begin(tag, step, req, req.clip, sample_rate=sample_rate)
             self._local_step[tag] = int(step)
             self._commit(tag, st, sens, req, sigma)
         else:
@@ -630,10 +640,13 @@ class DPEngine:
         self._local_shares[tag] = int(contributors)
         return float(self._client_std(sigma, contributors)) if contributors > 1 else sigma
 
-    def local_noise(self, tag: str, step: int, size: int, req: DPRequest, *, contributors: int = 1) -> np.ndarray:
+    def local_noise(
+        self, tag: str, step: int, size: int, req: DPRequest, *, contributors: int = 1, sample_rate: float = 1.0
+    ) -> np.ndarray:
         """Noise of size ``size`` for release ``step`` of ``tag`` at the std :meth:`local_release`
         gives, from this engine's OS-keyed keystream."""
-        return gaussian_noise(self._noise, self.local_release(tag, step, req, contributors=contributors), int(size))
+        std = self.local_release(tag, step, req, contributors=contributors, sample_rate=sample_rate)
+        return gaussian_noise(self._noise, std, int(size))
 
     # ------------------------------------------------------------------ exchanges
     def vector_release(

@@ -1,6 +1,7 @@
 r"""Record-level DP-SGD: per-record gradients from Opacus, noise from the CSPRNG.
 
-Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, Alg. 1, at sampling rate 1.
+Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, Alg. 1, full batch or with
+Poisson sampling.
 For a model whose output on node ``v`` depends only on ``v``'s own input row (an MLP on
 ``x_v``, or GAP's head on ``[H_0, ..., H_K]_v``), a training node is one record; for a graph
 classifier a training graph is (:meth:`DPSGD.clipped_sum_graphs`, each mini-batch a step over
@@ -13,13 +14,20 @@ training nodes ``T_k``:
 ``g_i`` the gradient of node ``i``'s loss (:class:`opacus.GradSampleModule`), ``C`` the clip
 (``--dp-clip``), ``z`` the tag's noise multiplier.  Adding or removing one training node
 changes the clipped sum by at most ``C`` (L2 sensitivity C, add/remove-one); ``|T_k|`` is
-treated as public, like Opacus' expected batch size.  The run's :class:`protocols.dp.DPEngine`
-counts each step in the run's one accountant (:meth:`~protocols.dp.DPEngine.local_release`):
-clients hold disjoint nodes, so step ``t`` of all clients is one Gaussian release (parallel
-composition), ``rounds x local_epochs`` releases in all, composed with the run's other
-releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
-run seed: each client's own keystream on its runtime (:mod:`secure_fgl.algorithms.gap.client`,
-with the std the driver's engine sizes).  The models a
+treated as public, like Opacus' expected batch size.
+
+Poisson sampling (``sample_rate`` q < 1, ``--dp-sample-rate``): each step sums over the nodes
+``B_t = {i in T_k : u_i < q}``, ``u_i`` uniform from the client's OS-keyed keystream (secret,
+fresh each step), and divides by the expected batch ``q |T_k|`` (public), as Opacus does.  The
+step is a subsampled Gaussian mechanism, accounted at rate q in Renyi DP (Mironov, Talwar &
+Zhang 2019; Opacus' RDP accountant): the amplification by subsampling.
+
+The run's :class:`protocols.dp.DPEngine` counts each step in the run's one accountant
+(:meth:`~protocols.dp.DPEngine.local_release`): clients hold disjoint nodes, so step ``t`` of all
+clients is one Gaussian release (parallel composition), ``rounds x local_epochs`` releases in all,
+composed with the run's other releases.  The noise is drawn from an OS-keyed
+:class:`protocols.csprng.SecureRandom`, never the run seed: each client's own keystream on its
+runtime (:mod:`secure_fgl.algorithms.gap.client`, with the std the driver's engine sizes).  The models a
 client uploads are post-processing of its noisy gradients.
 
 Noise placement: each client adds all of ``N(0, z^2 C^2)`` to each step (local), unless a round
@@ -54,10 +62,10 @@ class DPSGD:
     """Full-batch DP-SGD steps with per-node clipping to ``clip``; the noise of each step comes
     from the caller (:meth:`train`)."""
 
-    def __init__(self, clip: float):
+    def __init__(self, clip: float, sample_rate: float = 1.0):
         from opacus import GradSampleModule
 
-        self.clip = float(clip)
+        self.clip, self.sample_rate = float(clip), float(sample_rate)
         self._wrap = GradSampleModule
         self._modules: dict[int, nn.Module] = {}
 
@@ -156,12 +164,28 @@ class DPSGD:
         edge_index: torch.Tensor,
         y: torch.Tensor,
         mask: torch.Tensor,
+        uniform: Callable[[int], np.ndarray] | None = None,
     ) -> float:
-        """One DP-SGD step of one client; returns the mean loss."""
-        grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
-        self.apply_noisy(model, grads, noise, int(mask.sum()))
+        """One DP-SGD step of one client over the nodes of ``mask`` (with ``sample_rate`` < 1: over the
+        Poisson sample of them :meth:`poisson_sample` draws from ``uniform``); returns the mean loss."""
+        records = int(mask.sum())
+        if self.sample_rate < 1:
+            if uniform is None:
+                raise ValueError("Poisson-sampled DP-SGD needs the client's uniform draws (its keystream)")
+            mask, records = self.poisson_sample(mask, uniform), self.sample_rate * records
+        if bool(mask.any()):
+            grads, loss = self.clipped_sum(model, x, edge_index, y, mask)
+        else:  # nobody sampled: the step is the noise alone
+            grads, loss = [torch.zeros_like(p) for p in model.parameters() if p.requires_grad], torch.tensor(0.0)
+        self.apply_noisy(model, grads, noise, records)
         optimizer.step()
         return float(loss)
+
+    def poisson_sample(self, mask: torch.Tensor, uniform: Callable[[int], np.ndarray]) -> torch.Tensor:
+        """The nodes of ``mask`` each kept with probability ``sample_rate``, independently
+        (``uniform(n)``: n draws from U[0, 1), the client's secret keystream)."""
+        u = torch.as_tensor(uniform(int(mask.numel())), device=mask.device)
+        return mask & (u < self.sample_rate)
 
     def train(
         self,
@@ -176,16 +200,18 @@ class DPSGD:
         rnd: int,
         client: int,
         noises: list[NoiseSource],
+        uniform: Callable[[int], np.ndarray] | None = None,
     ) -> float:
         """Client ``client``'s local update of round ``rnd``: one DP-SGD step per noise source
         (``local_epochs`` of them), step ``s`` under the client's generator
-        :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``."""
+        :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``; ``uniform``: the
+        client's secret U[0, 1) draws for Poisson sampling."""
         model.train()
         loss = 0.0
         for s, noise in enumerate(noises):
             optimizer.zero_grad()
             with rng.using(rng.client_generator(seed, rnd, client, s)):
-                loss = self.step(model, optimizer, noise, x, edge_index, y, mask)
+                loss = self.step(model, optimizer, noise, x, edge_index, y, mask, uniform)
         return loss
 
 

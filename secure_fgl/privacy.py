@@ -57,7 +57,7 @@ def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
     """Tags of the run's neighbour-sum (``row_sum``) exchanges, whose noise is edge- or node-level."""
     if cfg.algorithm == "fedgcn" and int(cfg.options.get("hops", 1)) > 0:
         return ("fedgcn/neighbour_sums",)
-    if cfg.algorithm == "fedgcn-gap":
+    if cfg.algorithm in ("fedgcn-gap", "gap"):  # gap: the same hops on one party
         return ("fedgcn-gap/hop",)
     return ()
 
@@ -113,14 +113,22 @@ def dp_config(cfg: RunConfig):
             "rows have no client-level bound): use --dp-unit edge|node, or --dp-exchanges "
             f"{cfg.algorithm}/model"
         )
+    if sums and unit in ("edge", "node") and cfg.algorithm == "fedgcn" and _in_scope(scope, "fedgcn/model"):
+        raise ConfigError(
+            "fedgcn's GCN propagates over exact local edges, so its model exchange would need client-level "
+            "noise, which drowns the updates of a federation's clients (it trains to chance): use "
+            "--algorithm fedgcn-gap for edge-level DP that learns"
+        )
     if unit == "sample" and (sums or not cfg.options.get("dpsgd")):
         raise ConfigError(
             "--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
             "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
             "--dp-unit edge)"
         )
-    if unit == "node" and cfg.algorithm == "fedgcn-gap":
-        raise ConfigError("fedgcn-gap implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)")
+    if unit == "node" and cfg.algorithm in ("fedgcn-gap", "gap"):
+        raise ConfigError(
+            f"{cfg.algorithm} implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)"
+        )
     if split is not None:
         out = [t for t in split if scope and not _in_scope(scope, t)]
         if out:
@@ -220,6 +228,8 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
                     ),
                 }
             )
+            if "sample_rate" in t:  # Poisson-sampled DP-SGD (amplified accounting)
+                entry["sample_rate"] = t["sample_rate"]
             covered = unit in COVERS[local_units[tag]] or not (deps & PROTECTS[unit])
             if shares == 1 and rep["placement"] == "distributed" and getattr(algo, "dpsgd_secure_mean", False):
                 warnings.append(

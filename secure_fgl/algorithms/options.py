@@ -112,6 +112,10 @@ def check_fedgcn(o: FedGCNOptions, cfg) -> None:
         )
     if o.hops > 0 and cfg.num_layers < 1:
         raise ConfigError(f"--num-layers must be >= 1, got {cfg.num_layers}")
+    if cfg.dp_epsilon is not None:  # the DP settings FedGCN cannot run with, before any data is loaded
+        from ..privacy import dp_config
+
+        dp_config(cfg)
 
 
 @dataclass
@@ -279,3 +283,18 @@ class GAPOptions:
         "--local-epochs 1 --optimizer sgd each step's noise is split over the "
         "clients inside the secure model mean",
     )
+    dp_sample_rate: float = setting(
+        1.0,
+        min=0,
+        max=1,
+        min_exclusive=True,
+        unit="probability",
+        help="--dpsgd with Poisson sampling: each step trains on every training node with this "
+        "probability, drawn secretly by its client (amplified accounting, Renyi DP); 1: full batch",
+    )
+
+
+def check_gap(o: GAPOptions, cfg) -> None:
+    """GAP's cross-field rules that need no data (the rest: ``gap.ops.check_gap_options``)."""
+    if o.dp_sample_rate < 1 and not o.dpsgd:
+        raise ConfigError("--dp-sample-rate samples DP-SGD's batches: add --dpsgd (or drop --dp-sample-rate)")

@@ -24,16 +24,21 @@ def test_privacy_section_spends_the_budget_and_matches_opacus():
 
     from protocols.accountant import opacus_options
 
-    p = tiny_run(options={"layout": "dense"})
+    p = tiny_run(algorithm="fedgcn-gap")
     assert p["unit"] == "edge" and p["delta"] == 1e-5 and p["accountant"] == "exact" and p["claim_holds"]
-    assert {r["tag"] for r in p["releases"]} == {"fedgcn/neighbour_sums", "fedgcn/model"}
+    assert [r["tag"] for r in p["releases"] if r["dp"]] == ["fedgcn-gap/hop/1", "fedgcn-gap/hop/2"]
     assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
     assert p["composition"] == "rdp"
     acc = RDPAccountant()
-    acc.history = [(r["noise_multiplier"], 1.0, r["releases"]) for r in p["releases"]]
+    acc.history = [(r["noise_multiplier"], 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
     opts = opacus_options(acc.history, 1e-5, "rdp")
     assert acc.get_epsilon(delta=1e-5, **opts) == pytest.approx(p["total_epsilon"], rel=0.01)
-    assert all(r["noise_to_signal"] > 1 for r in p["releases"] if r["unit"] == "client") and p["warnings"]
+
+
+def test_client_level_noise_on_a_few_clients_is_flagged():
+    p = tiny_run(algorithm="fedavg")
+    assert p["unit"] == "client" and p["claim_holds"]
+    assert all(r["noise_to_signal"] > 1 for r in p["releases"] if r["dp"]) and p["warnings"]
 
 
 def test_unprivatised_edge_release_breaks_the_edge_claim():
@@ -52,6 +57,9 @@ def test_conflicting_settings_are_refused():
         dp_config(RunConfig(dp_epsilon=1.0, dp_exchanges="fedgcn/model", dp_split="fedgcn/neighbour_sums=1"))
     with pytest.raises(ConfigError, match="need --dp-epsilon"):
         RunConfig(dp_unit="edge").validate()
+    for unit in ("edge", "node"):  # FedGCN's GCN reads exact edges: its model would need client-level noise
+        with pytest.raises(ConfigError, match="use --algorithm fedgcn-gap"):
+            dp_config(RunConfig(dp_epsilon=1.0, dp_unit=unit))
     with pytest.raises(ConfigError, match="positive shares"):
         parse_split("a=1,b")
     assert parse_split("a=3, b=1") == {"a": 3.0, "b": 1.0}
@@ -122,14 +130,28 @@ def test_distributed_noise_states_the_guarantee_against_a_coalition():
     the variance in the worst case, the model mean (K-1)/K)."""
     from protocols.accountant import epsilon_of
 
-    p = tiny_run(mode="mask", options={"layout": "dense"})
-    c = p["coalition"]
-    assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
-    assert c["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
-    p = tiny_run(mode="mask", dp_colluders=0, options={"layout": "dense"})
-    c = p["coalition"]
-    assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
-    left = {"fedgcn/neighbour_sums": 0.5, "fedgcn/model": 2 / 3}  # 1/(c+1) on row sums, (K-c)/K else
-    hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
-    assert c["total_epsilon"] == pytest.approx(epsilon_of(hist, 1e-5, p["composition"]), rel=1e-9)
-    assert tiny_run(options={"layout": "dense"})["coalition"] is None  # plain: local noise, each adds all
+    for algorithm, left in (
+        ("fedgcn-gap", {"fedgcn-gap/hop/1": 0.5, "fedgcn-gap/hop/2": 0.5}),  # row sums: 1/(c+1)
+        ("fedavg", {"fedavg/model": 2 / 3}),  # a model mean: (K-c)/K
+    ):
+        p = tiny_run(algorithm=algorithm, mode="mask")
+        c = p["coalition"]
+        assert p["placement"] == "distributed" and c["colluding_clients"] == c["calibrated_colluders"] == 1
+        assert c["total_epsilon"] == pytest.approx(p["total_epsilon"], rel=1e-6)
+        p = tiny_run(algorithm=algorithm, mode="mask", dp_colluders=0)
+        c = p["coalition"]
+        assert c["colluding_clients"] == 1 and c["total_epsilon"] > p["total_epsilon"]
+        hist = [(r["noise_multiplier"] * left[r["tag"]] ** 0.5, 1.0, r["releases"]) for r in p["releases"] if r["dp"]]
+        assert c["total_epsilon"] == pytest.approx(epsilon_of(hist, 1e-5, p["composition"]), rel=1e-9)
+    assert tiny_run(algorithm="fedgcn-gap")["coalition"] is None  # plain: local noise, each adds all
+
+
+def test_fedgcn_edge_level_dp_is_refused_before_the_run_starts(tmp_path):
+    """One line naming fedgcn-gap, from preflight: no data loaded, no run folder written."""
+    from secure_fgl.preflight import preflight
+
+    cfg = RunConfig(dp_epsilon=4.0, out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="use --algorithm fedgcn-gap") as err:
+        preflight(cfg, check_data=False)
+    assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
+    preflight(RunConfig(dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums"), check_data=False)  # sums only: runs

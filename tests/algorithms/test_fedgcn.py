@@ -33,6 +33,9 @@ from secure_fgl.runtime.build import start_run
 
 K = 5
 
+#: FedGCN with edge/node-level DP runs with noise on its neighbour sums only (its model exchange is refused DP)
+SUMS = "fedgcn/neighbour_sums"
+
 
 def _importable(mod: str) -> str | None:
     try:
@@ -232,7 +235,7 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode, make_algo
         assert torch.equal(sec.received[k], plain.received[k]), f"client {k}"
     with pytest.raises(BoundError, match="feature-bound"):
         make_algo(fed_counts, mode, hops=1, feature_bound=2.0).setup()
-    cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0)
+    cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0, dp_exchanges=SUMS)
     assert not make_algo(fed_counts, cfg=cfg, hops=1).value_spec().integer
     assert not make_federated("csbm", num_clients=K, seed=4, num_nodes=60, num_features=4).count_features
 
@@ -310,7 +313,7 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed, ma
     free.setup()
     for k in capped.received:
         assert torch.equal(capped.received[k], free.received[k])
-    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node")
+    cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node", dp_exchanges=SUMS)
     with pytest.raises(BoundError, match="node-level DP"):
         make_algo(fed, cfg=cfg, hops=1, degree_cap=2).setup()
 
@@ -333,7 +336,9 @@ def test_dp_noise_has_the_stated_scale(make_algo):
     ax, deg = full_graph_operator(f)
     stds = {}
     for level in ("edge", "node"):
-        cfg = RunConfig(mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level)
+        cfg = RunConfig(
+            mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level, dp_exchanges=SUMS
+        )
         algo = make_algo(f, cfg=cfg, hops=1, layout="dense", degree_cap=30, dp_row_clip=3.0)
         proto = algo.protocol
         algo.setup()

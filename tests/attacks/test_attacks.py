@@ -252,6 +252,7 @@ def test_fedgcn_dp_run_pushes_readout_toward_chance():
             partition="iid",
             rounds=1,
             dp_epsilon=eps,
+            dp_exchanges="fedgcn/neighbour_sums" if eps else "all",  # what the readout reads
             attacks=["fedgcn_readout"],
             synthetic=syn,
         )

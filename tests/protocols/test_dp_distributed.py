@@ -71,6 +71,6 @@ def test_secure_modes_default_to_distributed_noise_for_one_colluder():
     from secure_fgl.config import RunConfig
     from secure_fgl.privacy import dp_config
 
-    dp = dp_config(RunConfig(mode="mask", dp_epsilon=1.0))
+    dp = dp_config(RunConfig(algorithm="fedgcn-gap", mode="mask", dp_epsilon=1.0))
     assert (dp.placement, dp.colluders, dp.dropouts) == ("distributed", 1, 0)
-    assert dp_config(RunConfig(mode="plain", dp_epsilon=1.0)).placement == "local"
+    assert dp_config(RunConfig(algorithm="fedgcn-gap", mode="plain", dp_epsilon=1.0)).placement == "local"

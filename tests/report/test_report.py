@@ -3,14 +3,13 @@ resumes without rerunning, and every number comes from the run files."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from secure_fgl.report import tables
 from secure_fgl.report.cli import main as report_main
-from secure_fgl.report.sweep import SweepSpec, load_runs, parse_epsilon, run_id, run_sweep
+from secure_fgl.report.sweep import load_runs, parse_epsilon, run_id, run_sweep, spec_from_file
 
 
 def test_parse_epsilon_and_run_ids():
@@ -75,38 +74,26 @@ def test_leakage_matrix_cells():
 
 
 def test_tiny_report_sweep(tmp_path):
+    """FedGCN without DP (its exposure by degree) and fedgcn-gap at eps 2 (FedGCN's own edge-level DP
+    is refused), from a sweep file."""
     out = tmp_path / "rep"
-    argv = [
-        "--algorithms",
-        "fedgcn",
-        "--datasets",
-        "sbm",
-        "--modes",
-        "plain,mask",
-        "--dp-epsilons",
-        "inf,2",
-        "--seeds",
-        "1",
-        "--rounds",
-        "2",
-        "--clients",
-        "3",
-        "--partition",
-        "iid",
-        "--synthetic",
-        json.dumps({"num_nodes": 150, "num_features": 30, "avg_degree": 4}),
-        "--out",
-        str(out),
-        "--quiet",
-    ]
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        'rounds = 2\nclients = 3\npartition = "iid"\n'
+        "synthetic = {num_nodes = 150, num_features = 30, avg_degree = 4}\n"
+        '[grid]\nalgorithms = ["fedgcn", "fedgcn-gap"]\ndatasets = ["sbm"]\n'
+        'modes = ["plain", "mask"]\ndp_epsilons = ["inf", 2]\nseeds = 1\n'
+        '[grid.fedgcn]\ndp_epsilons = ["inf"]\n'
+    )
+    argv = ["--config", str(sweep), "--out", str(out), "--quiet"]
     assert report_main(argv) == 0
     results, errors = load_runs(out)
     # the mask backend may be absent in a partial checkout: then its cells are recorded failures
-    assert len(results) + len(errors) == 4 and len(results) >= 2
+    assert len(results) + len(errors) == 6 and len(results) >= 3
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     pngs = sorted(p.name for p in (out / "figures").glob("*.png"))
-    assert "eps_fedgcn_sbm.png" in pngs and "frontier_fedgcn_sbm.png" in pngs
+    assert "eps_fedgcn-gap_sbm.png" in pngs and "frontier_fedgcn-gap_sbm.png" in pngs
     assert "exposure_by_degree.png" in pngs
     assert "Leakage matrix — fedgcn on sbm" in md and "test accuracy" in md
     assert html.count("data:image/png;base64,") == len(pngs) and "<table>" in html
@@ -116,19 +103,7 @@ def test_tiny_report_sweep(tmp_path):
     cells = [c.strip() for c in acc_row.strip("|").split("|")[1:-1]]
     assert all(c in accs or c == "—" for c in cells)
     # resumable: a second sweep skips every finished run
-    spec = SweepSpec(
-        algorithms=["fedgcn"],
-        datasets=["sbm"],
-        modes=["plain", "mask"],
-        epsilons=[None, 2.0],
-        seeds=[0],
-        config={
-            "rounds": 2,
-            "clients": 3,
-            "partition": "iid",
-            "synthetic": {"num_nodes": 150, "num_features": 30, "avg_degree": 4},
-        },
-    )
+    spec = spec_from_file(sweep)
     status = run_sweep(
         spec, out, progress=False, runner=lambda cfg: (_ for _ in ()).throw(AssertionError("should not rerun"))
     )

@@ -24,7 +24,7 @@ def test_local_is_the_default():
     "kw",
     [
         dict(algorithm="fedavg", dp_epsilon=4.0),
-        dict(algorithm="fedgcn", dp_epsilon=4.0),
+        dict(algorithm="fedgcn", dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums"),
         dict(algorithm="fedomd", dp_epsilon=8.0),
         dict(algorithm="fedspray", dp_epsilon=8.0),
         dict(algorithm="fedgcn-gap", dp_epsilon=4.0, options={"dpsgd": True}),

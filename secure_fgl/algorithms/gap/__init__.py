@@ -3,15 +3,17 @@
 noisy row-normalised neighbour sums of its embeddings, an MLP head; no exact edge enters a model.
 
 * :mod:`.ops`: the models, the hop exchanges' bounds and DP requests;
-* :mod:`.client`: :class:`~.client.GAPLogic` (and its encoder stage); :mod:`.server`: :class:`~.server.GAPStrategy`.
+* :mod:`.client`: :class:`~.client.GAPLogic` (and its encoder stage); :mod:`.server`: :class:`~.server.GAPStrategy`;
+* :mod:`.central`: ``--algorithm gap``, the same modules on one party holding the whole graph.
 """
 
 from __future__ import annotations
 
 from protocols.registry import modes
 
-from ..options import GAPOptions
+from ..options import GAPOptions, check_gap
 from ..spec import AlgorithmSpec
+from .central import check_central
 
 SPECS = [
     AlgorithmSpec(
@@ -24,7 +26,24 @@ SPECS = [
         "fedgcn-gap/encoder: weighted mean of encoder updates; fedgcn-gap/hop/<h>: noisy "
         "row sums of embeddings, once per hop; fedgcn-gap/model: weighted mean of head updates",
         options=GAPOptions,
+        check=check_gap,
         modes=modes(),
+        logic=f"{__name__}.client:GAPLogic",
+        strategy=f"{__name__}.server:GAPStrategy",
+    ),
+    AlgorithmSpec(
+        "gap",
+        "central GAP: fedgcn-gap's encoder, noisy hops and head on one party holding the whole "
+        "graph (--clients 1, plain); the reference of the federated DP curves",
+        "Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, GAP: Differentially Private Graph "
+        "Neural Networks with Aggregation Perturbation, USENIX Security 2023",
+        "as fedgcn-gap, with one party: fedgcn-gap/encoder, fedgcn-gap/hop/<h> (the noisy "
+        "aggregation, the only DP release at edge level), gap/model",
+        options=GAPOptions,
+        check=check_central,
+        modes=("plain",),
+        mode_note="is the central reference (one party holding the whole graph): nothing to "
+        "aggregate securely in --mode {mode}; use --mode plain",
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
     ),

@@ -46,7 +46,7 @@ class GAPLogic(ModelAveragingLogic):
         self.hops: list[torch.Tensor] = []
         self._inputs: torch.Tensor | None = None
         #: ``--dpsgd``: per-node clipping to ``--dp-clip``, noise from this client's own keystream
-        self.sgd = DPSGD(self.cfg.dp_clip) if self.gopts.dpsgd else None
+        self.sgd = DPSGD(self.cfg.dp_clip, self.gopts.dp_sample_rate) if self.gopts.dpsgd else None
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
@@ -89,6 +89,7 @@ class GAPLogic(ModelAveragingLogic):
             rnd=rnd,
             client=self.rt.client_id,
             noises=noises,
+            uniform=self.noise.rng.uniform,
         )
         return {"trained": True, "loss": loss}
 

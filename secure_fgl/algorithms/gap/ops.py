@@ -66,6 +66,7 @@ def release_dependencies_of(name: str) -> dict[str, set[str]]:
     edges; the encoder and head touch no exact edge."""
     return {
         HOP_TAG: {"features", "labels", "edges"},
+        ENCODER_TAG: {"features", "labels"},  # gap (central) runs fedgcn-gap's exchanges under its own name
         f"{name}/encoder": {"features", "labels"},
         f"{name}/model": {"features", "labels"},
         f"{name}/dpsgd": {"features", "labels"},

@@ -88,7 +88,10 @@ class GAPStrategy(ModelAveragingStrategy):
             self.facts.num_trainers,
             self.model_dp_request(tag or f"{self.name}/model") is not None,
         )
-        std = [dp.local_release(dp_tag, rnd * epochs + s, request, contributors=n) for s in range(epochs)]
+        q = self.gopts.dp_sample_rate
+        std = [
+            dp.local_release(dp_tag, rnd * epochs + s, request, contributors=n, sample_rate=q) for s in range(epochs)
+        ]
         return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
 
     def model_dp_request(self, tag: str):
