@@ -5,12 +5,14 @@
 #
 #   pip install -e ".[flower]"
 #   bash examples/flower_local.sh [secure-fgl run flags, replacing the default]     # default: FedGCN, mask, Cora, 3 clients, 1 round
+#   FLOWER_SITES=10 bash examples/flower_local.sh --clients 10 ...                  # one site per client
 #
 # Each "site" folder stands for one organisation's machine: its key, its data folder, its state.
 set -euo pipefail
 export FLWR_DISABLE_UPDATE_CHECK=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 WORK="$(mktemp -d -t secure-fgl-flower-XXXXXX)"
 PORT="${FLOWER_PORT:-39093}"
+SITES="${FLOWER_SITES:-3}"
 DATA="${SECURE_FGL_DATA:-}"
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -43,7 +45,7 @@ PIDS+=($!)
 for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.2; done
 
 # --- each site: its node key (the public half registered with the SuperLink), its client process, its SuperNode
-for K in 0 1 2; do
+for K in $(seq 0 $((SITES - 1))); do
     SITE="$WORK/site$K"
     mkdir -p "$SITE"
     ssh-keygen -q -t ecdsa -b 384 -N "" -f "$SITE/node.key"

@@ -195,6 +195,19 @@ class RunConfig:
         help="contributors every client requires in each sum it joins "
         "(default max-colluders + 2: at least two honest ones)",
     )
+    manifest: str | None = setting(
+        None,
+        group="secure mode",
+        unit="path",
+        help="run manifest built from the sites' own identity keys (secure-fgl manifest new; "
+        "--executor flower, with --identity-key; docs/deployment.md)",
+    )
+    identity_key: str | None = setting(
+        None,
+        group="secure mode",
+        unit="path",
+        help="the aggregator's identity key (secure-fgl keys new), listed as 'server' in --manifest",
+    )
     # runtime (docs/runtime.md)
     executor: str = setting(
         "local",
@@ -310,6 +323,13 @@ class RunConfig:
             from .runtime.dropouts import parse_dropouts
 
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
+        if (self.manifest is None) != (self.identity_key is None):
+            raise ConfigError("--manifest and --identity-key go together: the sites' manifest and the server's key")
+        if self.manifest is not None and self.executor != "flower":
+            raise ConfigError(
+                "--manifest pins identity keys the sites hold: use --executor flower (the other "
+                "executors draw every party's key in this one trust domain)"
+            )
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

@@ -10,9 +10,10 @@ import sys
 
 import numpy as np
 import pytest
-from flower_federation import BIN, Federation, free_port, make_tls
+from flower_federation import BIN, Federation, free_port, identity_keys, make_tls, write_manifest
 from test_runtime import small
 
+from protocols.auth import SigningKey
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.flower_executor import FlowerExecutor
@@ -39,8 +40,19 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 
 @pytest.fixture
 def federation(tmp_path, monkeypatch, request):
-    tls = make_tls(tmp_path / "tls", clients=4) if getattr(request, "param", False) else None  # key 3: unregistered
-    fed = Federation(tmp_path, clients=3, tls=tls)
+    """``request.param``: ``tls`` (TLS and SuperNode authentication) and/or ``own-keys`` (each
+    site started with its own identity key and the manifest ``fed.manifest`` it reads at set-up)."""
+    features = getattr(request, "param", ())
+    tls = make_tls(tmp_path / "tls", clients=4) if "tls" in features else None  # key 3: unregistered
+    keys = identity_keys(tmp_path / "keys", 3) if "own-keys" in features else None
+    manifest = tmp_path / "keys" / "manifest.json"
+    fed = Federation(
+        tmp_path,
+        clients=3,
+        tls=tls,
+        site_args=(lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)]) if keys else (),
+    )
+    fed.keys, fed.manifest = keys, manifest
     monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
     monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
     try:
@@ -55,10 +67,20 @@ def same_run(local: dict, flower: dict) -> None:
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
+@pytest.mark.parametrize("federation", [("own-keys",)], indirect=True, ids=["site-keys"])
 def test_fedavg_mask_over_flower_is_the_local_run(federation):
+    """Each site signs with its own identity key, pinned by the manifest built from the sites'
+    public keys (no client key crosses Flower)."""
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
-    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    cfg = write_manifest(
+        federation.keys, small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), federation.manifest
+    )
+    flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
+    fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
+    for k in range(3):  # what each site's half accepted: the sites' own keys
+        accepted = flower["key_fingerprints"][f"client{k}"]
+        assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
     runtime = flower["runtime"]
     assert runtime["executor"] == "flower" and runtime["sites"] == 3
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
@@ -77,7 +99,7 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("federation", [True], indirect=True, ids=["tls+node-auth"])
+@pytest.mark.parametrize("federation", [("tls",)], indirect=True, ids=["tls+node-auth"])
 def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
     """TLS on every Flower connection (a CA made here), SuperNode authentication with registered
     keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""

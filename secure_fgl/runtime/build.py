@@ -20,7 +20,7 @@ from protocols.split import SplitProtocol
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
-from ..manifest import schedule_option
+from ..manifest import schedule_option, site_keys
 from ..privacy import dp_config
 from . import wire
 from .exchange import RuntimeLink, split_backend
@@ -97,6 +97,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
+    extra.update(site_keys(cfg))  # the sites' manifest and the server's key (--manifest), if given
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 

@@ -131,6 +131,38 @@ def check_sites_serve(needs, serves: dict[int, dict]) -> None:
             )
 
 
+def check_site_keys(frames: Mapping[int, bytes], identities: dict[int, str | None]) -> None:
+    """``ConfigError`` naming the fix, before any set-up frame is sent, if the run's manifest and
+    the sites' own identity keys (their public fingerprints, from ``hello``) do not agree: a run
+    that draws the keys itself while a site holds its own, the reverse, or a manifest that lists
+    another key for a site.  (The sites' own check is :meth:`protocols.party.Party.use_manifest`;
+    this one only names the fix early.)"""
+    from protocols.manifest import Manifest
+    from protocols.transcript import client_party
+
+    for k in sorted(frames):
+        f = wire.unpack(frames[k])
+        if "manifest" not in f:  # a backend without a manifest
+            continue
+        own = identities.get(k)
+        if own is not None and "identity" in f:
+            raise ConfigError(
+                f"--executor flower: the site of client {k} holds its own identity key: build the "
+                "manifest from the sites' keys (secure-fgl manifest new) and run with --manifest and --identity-key"
+            )
+        if own is None and "identity" not in f:
+            raise ConfigError(
+                f"--executor flower: the site of client {k} has no identity key of its own: start it "
+                "with --identity-key and --manifest (or run without --manifest)"
+            )
+        listed = Manifest.from_bytes(f["manifest"].tobytes()).parties.get(client_party(k))
+        if own is not None and listed != own:
+            raise ConfigError(
+                f"--executor flower: the manifest lists {listed[:16]}... for client {k}, its site "
+                f"holds {own[:16]}...: rebuild the manifest with the sites' fingerprints"
+            )
+
+
 def strip_data(frame: bytes) -> bytes:
     """A node-classification set-up frame with its data fields replaced by their digest
     (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
@@ -231,7 +263,9 @@ class FlowerExecutor(Executor):
                 "--node-config 'site-socket=\"...\"')"
             )
         self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
-        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items() if int(k) in frames})
+        sites = {int(k): v for k, v in found["sites"].items() if int(k) in frames}
+        check_sites_serve(self.needs, {k: v["serves"] for k, v in sites.items()})
+        check_site_keys(frames, {k: v["identity"] for k, v in sites.items()})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
         if lost:
             raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")
