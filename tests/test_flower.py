@@ -147,6 +147,23 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
+@pytest.mark.slow
+def test_attacks_over_sites_that_did_not_opt_in_run_on_the_aggregators_view(federation):
+    """No site serves attack simulation: the run goes on, the attacks on the server's view run
+    as on local (same values), and those needing a client's state are reported not applicable."""
+    kw = {"rounds": 1, "attacks": ["all"]}
+    local = run_experiment(small("fedavg", "plain", executor="local", **kw), progress=False)
+    with pytest.warns(RuntimeWarning, match="take no part in attack simulation"):
+        flower = run_experiment(small("fedavg", "plain", executor="flower", round_timeout=60, **kw), progress=False)
+    same_run(local, flower)
+    expected = {(e["name"], e.get("observer")): e for e in local["attacks"]}
+    ran = [e for e in flower["attacks"] if e["applicable"]]
+    refused = [e for e in flower["attacks"] if "--allow-attack-simulation" in str(e.get("reason", e.get("error")))]
+    assert ran and refused and all(e.get("observer") == "server" for e in ran if e["name"] != "transcript_audit")
+    for e in ran:
+        assert e["value"] == expected[(e["name"], e.get("observer"))]["value"]
+
+
 class KillingFlowerExecutor(FlowerExecutor):
     """Kills the SuperNode of client ``victim`` (and its ClientApp processes) before ``method``."""
 

@@ -23,7 +23,9 @@ from secure_fgl.runtime import local_socket, wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import Executor, LocalExecutor
 from secure_fgl.runtime.flower_executor import (
+    SiteError,
     _refusal,
+    check_attack_simulation,
     check_site_keys,
     check_sites_serve,
     needs_of,
@@ -121,6 +123,15 @@ def test_the_driver_stops_before_set_up_when_a_site_does_not_serve_what_the_run_
     with pytest.raises(ConfigError, match=r"client\(s\) \[0\] do not serve 'attack'.*--allow-attack-simulation"):
         check_sites_serve(needs, {0: hello["serves"]})
     assert needs_of(small(save_best_model=False, out=str(tmp_path)).validate()) == ()
+
+
+def test_an_attack_needing_the_state_of_a_site_that_did_not_opt_in_is_not_sent():
+    """--attacks over sites that took no part in attack simulation: the driver asks only the
+    sites that opted in; an attack needing another client's state fails before anything is sent
+    (the attack runner reports it not applicable, naming the site's flag)."""
+    check_attack_simulation({1: b""}, {1, 2})
+    with pytest.raises(SiteError, match=r"client\(s\) \[0\].*--allow-attack-simulation"):
+        check_attack_simulation({0: b""}, {1, 2})
 
 
 # ------------------------------------------------------------------ identity keys held by the sites
