@@ -5,6 +5,7 @@ accuracy and the same protocol bytes per tag; Flower's own framing is counted ap
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -235,7 +236,7 @@ def matrix_cfg(algorithm: str, mode: str, **kw):
     if get_spec(algorithm).task == "graph":
         from test_runtime_graph import graph_cfg
 
-        return graph_cfg(algorithm, mode, clients=3, rounds=1, **kw)
+        return dataclasses.replace(graph_cfg(algorithm, mode, rounds=1, **kw), clients=3).validate()
     return small(algorithm, mode, rounds=1, **kw)
 
 

@@ -5,6 +5,7 @@ off the public schedule, and no file written outside the site's state folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -61,6 +62,29 @@ def test_the_setup_frame_carries_a_digest_not_the_data_and_the_site_loads_the_sa
     here, there = site.runtimes[1].data, planned.runtimes[1].data
     assert np.array_equal(here.x.numpy(), there.x.numpy()) and np.array_equal(here.y.numpy(), there.y.numpy())
     other = wire.pack({**fields, "data_digest": "0" * 64})  # not the partition the run planned
+    with pytest.raises(ValueError, match="digest mismatch"):
+        Site([1], None, tmp_path).handle("start", 1, other)
+
+
+def test_a_graph_clients_setup_frame_carries_no_graphs_and_the_site_loads_its_own(tmp_path):
+    from test_runtime_graph import graph_cfg
+
+    from secure_fgl.algorithms import get_spec
+
+    cfg = dataclasses.replace(graph_cfg("gc-fedavg", "mask", rounds=1), clients=3).validate()
+    executor, options = FrameKeeper(), get_spec(cfg.algorithm).options()
+    make_strategy(cfg, load_federation(cfg), make_runtime_protocol(cfg, 3, executor), options, executor)
+    frame = strip_data(executor.frames[1])
+    fields = wire.unpack(frame)
+    assert "data_digest" in fields and not [name for name in fields if "/" in name]
+    site = Site([1], None, tmp_path)
+    site.handle("start", 1, frame)
+    here, there = site.runtimes[1].data, executor.runtimes[1].data
+    for split in ("train", "val", "test"):
+        mine, planned = getattr(here, split), getattr(there, split)
+        assert len(mine) == len(planned) > 0
+        assert all(a.x.equal(b.x) and a.edge_index.equal(b.edge_index) for a, b in zip(mine, planned))
+    other = wire.pack({**fields, "data_digest": "0" * 64})
     with pytest.raises(ValueError, match="digest mismatch"):
         Site([1], None, tmp_path).handle("start", 1, other)
 

@@ -182,15 +182,23 @@ def check_site_keys(frames: Mapping[int, bytes], identities: dict[int, str | Non
 
 
 def strip_data(frame: bytes) -> bytes:
-    """A node-classification set-up frame with its data fields replaced by their digest
-    (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
+    """A set-up frame with its data fields (a node client's subgraph, a graph client's graphs)
+    replaced by their digest (:func:`.partition.data_digest`): the site loads its partition
+    itself and checks it."""
     from .client import DATA_FIELDS
+    from .graph_data import SPLITS
     from .partition import data_digest
 
     f = wire.unpack(frame)
-    if "data_digest" in f or f.get("task") == "graph" or "x" not in f:
+    if "data_digest" in f:
         return frame
-    data = {name: f.pop(name) for name in (*DATA_FIELDS, "far_owner")}
+    if f.get("task") == "graph":
+        names = [name for name in f if name.split("/")[0] in SPLITS]
+    elif "x" in f:
+        names = [*DATA_FIELDS, "far_owner"]
+    else:
+        return frame
+    data = {name: f.pop(name) for name in names}
     return wire.pack({"data_digest": data_digest(data), **f})
 
 
