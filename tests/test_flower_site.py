@@ -140,7 +140,7 @@ def test_a_protocol_refusal_crosses_the_socket_as_its_class(planned, tmp_path):
 def test_the_driver_stops_before_set_up_when_a_site_does_not_serve_what_the_run_needs(tmp_path):
     site = Site([0], None, tmp_path, allow_model_export=True)
     hello = json.loads(site.handle("hello", -1, b""))
-    assert hello == {"clients": [0], "serves": {"attack": False, "weights": True}, "identity": None}
+    assert hello == {"clients": [0], "serves": {"attack": False, "weights": True}, "identities": {}}
     needs = needs_of(small(attacks=["all"], out=str(tmp_path)).validate())
     assert needs == ("weights", "attack")
     check_sites_serve(("weights",), {0: hello["serves"]})
@@ -196,7 +196,7 @@ def setup_frame(manifest: Path) -> bytes:
 
 def own_key_sites(site_keys, root):
     _, keys, manifest, _ = site_keys
-    return {k: Site([k], None, root / f"site{k}", identity=keys[f"client{k}"], manifest=manifest) for k in range(3)}
+    return {k: Site([k], None, root / f"site{k}", identities={k: keys[f"client{k}"]}, manifest=manifest) for k in range(3)}
 
 
 def test_each_site_signs_with_its_own_key_which_never_leaves_it(site_keys, tmp_path):
@@ -210,7 +210,7 @@ def test_each_site_signs_with_its_own_key_which_never_leaves_it(site_keys, tmp_p
         assert site.runtimes[k].half.signing.fingerprint == keys[f"client{k}"].fingerprint
         accepted = site.runtimes[k].half.registry.fingerprints()
         assert {p: accepted[p]["signing"] for p in keys} == {p: key.fingerprint for p, key in keys.items()}
-    assert json.loads(executor.sites[0].handle("hello", -1, b""))["identity"] == keys["client0"].fingerprint
+    assert json.loads(executor.sites[0].handle("hello", -1, b""))["identities"] == {"0": keys["client0"].fingerprint}
 
 
 def test_a_manifest_listing_another_key_for_a_site_is_refused_by_the_site(site_keys, tmp_path):

@@ -145,7 +145,7 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
             for k in map(int, site["clients"]):
                 if node_of.setdefault(k, new[i]) != new[i]:
                     twice.add(k)
-                hellos[k] = {"serves": site.get("serves", {}), "identity": site.get("identity")}
+                hellos[k] = {"serves": site.get("serves", {}), "identity": site.get("identities", {}).get(str(k))}
         asked.difference_update(new[i] for i in range(len(new)) if i not in answers)  # ask again
     return node_of, sorted(twice), hellos
 
