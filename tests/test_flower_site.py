@@ -196,7 +196,9 @@ def setup_frame(manifest: Path) -> bytes:
 
 def own_key_sites(site_keys, root):
     _, keys, manifest, _ = site_keys
-    return {k: Site([k], None, root / f"site{k}", identities={k: keys[f"client{k}"]}, manifest=manifest) for k in range(3)}
+    return {
+        k: Site([k], None, root / f"site{k}", identities={k: keys[f"client{k}"]}, manifest=manifest) for k in range(3)
+    }
 
 
 def test_each_site_signs_with_its_own_key_which_never_leaves_it(site_keys, tmp_path):

@@ -23,10 +23,10 @@ aggregator, decides:
 * **where its checkpoint goes**: ``save``/``load`` write and read ``STATE_DIR/client<k>.pt``
   whatever path the request names.
 * **whose key it signs with** (``--identity-key KEY --manifest FILE``; one key per
-  ``--client``, in the same order): each client half signs with the identity key this site made (``secure-fgl keys new``; the private key never leaves
-  this process) and pins the run manifest this site verified (``secure-fgl manifest verify``,
-  its comparison code compared out of band), read at every set-up; the manifest and key in the
-  set-up frame are ignored.  The half refuses a set-up that is not this manifest's run
+  ``--client``, in the same order): each client half signs with the identity key this site
+  made (``secure-fgl keys new``; the private key never leaves this process) and pins the run
+  manifest this site verified (``secure-fgl manifest verify``, its comparison code compared out
+  of band), read at every set-up; the manifest and key in the set-up frame are ignored.  The half refuses a set-up that is not this manifest's run
   (:meth:`protocols.party.Party.use_manifest`), and every public key relayed by the aggregator
   must be signed by an identity key the manifest lists
   (:class:`~protocols.errors.KeySubstitutionError`).  Without ``--identity-key`` the site takes
