@@ -26,7 +26,8 @@ aggregator, decides:
   ``--client``, in the same order): each client half signs with the identity key this site
   made (``secure-fgl keys new``; the private key never leaves this process) and pins the run
   manifest this site verified (``secure-fgl manifest verify``, its comparison code compared out
-  of band), read at every set-up; the manifest and key in the set-up frame are ignored.  The half refuses a set-up that is not this manifest's run
+  of band), read at every set-up; the manifest and key in the set-up frame are ignored.  The
+  half refuses a set-up that is not this manifest's run
   (:meth:`protocols.party.Party.use_manifest`), and every public key relayed by the aggregator
   must be signed by an identity key the manifest lists
   (:class:`~protocols.errors.KeySubstitutionError`).  Without ``--identity-key`` the site takes
