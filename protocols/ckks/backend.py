@@ -73,8 +73,8 @@ from ..errors import (
     ShapeError,
 )
 from ..fixed_point import FixedPoint, rounding_rng
+from ..halves import HalvesProtocol
 from ..party import ClientHalf, ServerHalf, envelope_of
-from ..split import SplitProtocol
 from ..transcript import SERVER, Message, client_party
 from ..validate import check_block_table, find_violation, first_out_of_range
 from . import wire
@@ -790,7 +790,7 @@ class _KeyView:
 
 
 # ====================================================================== the algorithms' facade
-class CKKSProtocol(SplitProtocol):
+class CKKSProtocol(HalvesProtocol):
     """TenSEAL CKKS secure aggregation.
 
     Options (``make_protocol('ckks', K, ...)``):

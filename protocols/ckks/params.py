@@ -42,7 +42,7 @@ classical 128-bit, ternary secret): the total coefficient-modulus bits may not e
 ``MAX_COEFF_BITS_128[N]``.  SEAL enforces the same table, but fails with an opaque
 "encryption parameters are not set correctly"; :func:`check_security` names the fix.
 
-Error model (verified by ``tests/test_ckks.py::test_error_model_holds``)
+Error model (verified by ``tests/protocols/test_ckks.py::test_error_model_holds``)
 -----------------------------------------------------------------------
 A decoded CKKS value is ``m + e / Delta`` with ``Delta = 2**scale_bits``.  Measured on
 TenSEAL 0.3.18 (max |e| over all slots of one ciphertext, in scaled units):
