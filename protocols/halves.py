@@ -20,7 +20,9 @@ party's identity key, writes the run manifest (identity fingerprints, public opt
 security parameters), derives the run id from it and hands every half the manifest and its
 own identity key directly, never through the server half.  In one process this is one trust
 domain: it exercises the checks each client makes against the manifest, it does not
-separate the parties.
+separate the parties.  Where the sites are separate (a deployment across organisations), each
+site draws its own key and the facade is given the manifest built from their public keys: it
+then draws no client key, and each client half signs with its site's key.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import numpy as np
 
 from .auth import SigningKey
 from .base import Protocol
+from .errors import ConfigurationError
 from .exchange import ExchangeContext
 from .link import ClientLink, InProcessLink
-from .manifest import Manifest
+from .manifest import Manifest, canonical_json
 from .message import NONCE_BYTES, SIGNATURE_BYTES, body_digest
 from .party import ClientHalf, PartySetup, ServerHalf, envelope_for
 from .plan import ExchangePlan
@@ -56,6 +59,9 @@ class HalvesProtocol(Protocol):
     it (:mod:`protocols.plan_policy`).  ``client_fraction`` and ``roles`` (tag -> role): the
     public schedule in the manifest, which every client half checks plans against too
     (:mod:`protocols.schedule`; the sampling seed is ``seed``).
+    ``manifest`` and ``identity``: a manifest built from the sites' own identity keys
+    (``secure-fgl manifest new``) and the server's key; with them no client key is drawn here,
+    and each client runtime signs with the key its site holds (needs ``link``).
     """
 
     client_half: type[ClientHalf] = ClientHalf
@@ -71,6 +77,8 @@ class HalvesProtocol(Protocol):
         min_contributors: int | None = None,
         client_fraction: float = 1.0,
         roles: dict[str, str] | None = None,
+        manifest: Manifest | None = None,
+        identity: SigningKey | None = None,
         **base_options,
     ):
         super().__init__(num_clients, **base_options)
@@ -80,14 +88,21 @@ class HalvesProtocol(Protocol):
         self.schedule = PublicSchedule.of(
             num_clients, {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}}
         )
-        identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
-        self.manifest = Manifest.new(
-            self.mode,
-            {p: key.fingerprint for p, key in identities.items()},
-            self.public_options(),
-            self.security_parameters(),
-            schedule,
-        )
+        if manifest is None:  # this process plays every site: it draws every party's identity key
+            identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
+            manifest = Manifest.new(
+                self.mode,
+                {p: key.fingerprint for p, key in identities.items()},
+                self.public_options(),
+                self.security_parameters(),
+                schedule,
+            )
+        else:  # the sites' manifest: each client's identity key stays at its site
+            if link is None:
+                raise ConfigurationError("a run manifest of the sites' keys needs the sites: give the link to them")
+            self._check_manifest(manifest, schedule)
+            identities = {SERVER: identity}  # None: use_manifest names the missing key
+        self.manifest = manifest
         self.run_id = self.manifest.run_id
         self.setup = PartySetup(
             self.mode, self.num_clients, self.run_id, self.session, self.public_options(), self.collusion
@@ -118,8 +133,25 @@ class HalvesProtocol(Protocol):
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup: the run
-        manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`)."""
-        return {"manifest": self.manifest.to_bytes(), "identity": self._identities[client_party(k)].private_bytes()}
+        manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`); only the manifest
+        when the sites hold their keys."""
+        key = self._identities.get(client_party(k))
+        return {"manifest": self.manifest.to_bytes(), **({"identity": key.private_bytes()} if key else {})}
+
+    def _check_manifest(self, manifest: Manifest, schedule: str) -> None:
+        """Refuse a given manifest that is not this run's (ConfigurationError naming the field)."""
+        for what, got, want in (
+            ("mode", manifest.mode, self.mode),
+            ("client count", manifest.num_clients, self.num_clients),
+            ("schedule", manifest.schedule, schedule),
+            ("security parameters", manifest.security, self.security_parameters()),
+            ("options", manifest.options, self.public_options()),
+        ):
+            if canonical_json(got) != canonical_json(want):
+                raise ConfigurationError(
+                    f"the run manifest's {what} differ from this run's: build the manifest with "
+                    "secure-fgl manifest new --config of this run's settings"
+                )
 
     # the test hook lives on the server half (every message crosses it)
     @property

@@ -209,6 +209,19 @@ class RunConfig:
         "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out "
         "(default n: n-out-of-n; docs/ckks_mp.md)",
     )
+    manifest: str | None = setting(
+        None,
+        group="secure mode",
+        unit="path",
+        help="run manifest built from the sites' own identity keys (secure-fgl manifest new; "
+        "--executor flower, with --identity-key; docs/deployment.md)",
+    )
+    identity_key: str | None = setting(
+        None,
+        group="secure mode",
+        unit="path",
+        help="the aggregator's identity key (secure-fgl keys new), listed as 'server' in --manifest",
+    )
     # runtime (docs/runtime.md)
     executor: str = setting(
         "local",
@@ -334,6 +347,13 @@ class RunConfig:
             from .runtime.dropouts import parse_dropouts
 
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
+        if (self.manifest is None) != (self.identity_key is None):
+            raise ConfigError("--manifest and --identity-key go together: the sites' manifest and the server's key")
+        if self.manifest is not None and self.executor != "flower":
+            raise ConfigError(
+                "--manifest pins identity keys the sites hold: use --executor flower (the other "
+                "executors draw every party's key in this one trust domain)"
+            )
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError("--momentum applies to --optimizer sgd only (Adam keeps its own moments)")
         return self

@@ -1,7 +1,8 @@
 """A run's manifest, seen from the experiment driver (:mod:`protocols.manifest`).
 
 The driver records in the manifest the hash of the public configuration that fixes the exchange
-schedule (:func:`schedule_option`), and writes to ``result.json`` what each *client* accepted
+schedule (:func:`schedule_option`), reads the manifest the sites built from their own keys
+(:func:`site_keys`, ``--manifest``), and writes to ``result.json`` what each *client* accepted
 (:func:`accepted_keys`): the fingerprints of the identity and channel keys in its own key
 registry, and the manifest's comparison code.
 """
@@ -27,6 +28,8 @@ LOCAL_SETTINGS = (
     "save_best_model",
     "log",
     "attacks",
+    "manifest",
+    "identity_key",
 )
 
 
@@ -61,6 +64,30 @@ def schedule_option(cfg: RunConfig) -> dict:
         "client_fraction": float(cfg.client_fraction),
         "roles": public_roles(cfg),
     }
+
+
+def site_keys(cfg: RunConfig) -> dict:
+    """``{"manifest": ..., "identity": ...}``: the run manifest of ``--manifest`` (built from the
+    sites' own identity keys) and the server's key of ``--identity-key``; ``{}`` without them
+    (the run draws every key itself)."""
+    if cfg.manifest is None:
+        return {}
+    from pathlib import Path
+
+    from protocols.auth import SigningKey
+    from protocols.halves import HalvesProtocol
+    from protocols.manifest import Manifest
+    from protocols.registry import backend_class
+
+    from .config import ConfigError
+
+    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
+        raise ConfigError(f"mode {cfg.mode} builds no run manifest: omit --manifest")
+    for what, path in (("--manifest", cfg.manifest), ("--identity-key", cfg.identity_key)):
+        if not Path(str(path)).is_file():
+            raise ConfigError(f"{what} {path} does not exist")
+    manifest = Manifest.from_bytes(Path(str(cfg.manifest)).read_bytes())
+    return {"manifest": manifest, "identity": SigningKey.load(cfg.identity_key)}
 
 
 def accepted_keys(protocol, executor, hosts) -> dict:

@@ -35,6 +35,8 @@ NOT_IDENTITY = (
     "ray_workers",
     "ray_client_resources",
     "round_timeout",
+    "manifest",
+    "identity_key",
 )
 #: the identity file written into every run folder when the run starts
 RUN_FILE = "run.json"

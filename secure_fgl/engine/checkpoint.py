@@ -45,6 +45,8 @@ RESUMABLE_KEYS = frozenset(
         "ray_workers",
         "round_timeout",
         "ray_client_resources",
+        "manifest",
+        "identity_key",
     }
 )
 

@@ -19,7 +19,7 @@ from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
 from ..data.load import load_federation
-from ..manifest import schedule_option
+from ..manifest import schedule_option, site_keys
 from ..preflight import preflight
 from ..privacy import dp_config
 from . import wire
@@ -89,6 +89,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     if cfg.threshold is not None:  # ckks-mp t-out-of-n
         extra["threshold"] = cfg.threshold
     extra.update(options)
+    extra.update(site_keys(cfg))  # the sites' manifest and the server's key (--manifest), if given
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 

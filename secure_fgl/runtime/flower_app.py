@@ -120,10 +120,11 @@ def _exchange(
 def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
     """Ask every connected SuperNode which clients its site serves, until each of ``clients``
     has one or ``timeout`` seconds have passed.  Returns client -> node, the clients that more
-    than one site claims, and client -> the optional requests its site serves."""
+    than one site claims, and client -> its site's public answer (the optional requests it
+    serves, its identity-key fingerprint)."""
     node_of: dict[int, int] = {}
     twice: set[int] = set()
-    serves: dict[int, dict] = {}
+    hellos: dict[int, dict] = {}
     asked: set[int] = set()
     deadline = time.monotonic() + timeout
     while set(clients) - set(node_of) and time.monotonic() < deadline:
@@ -144,9 +145,9 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
             for k in map(int, site["clients"]):
                 if node_of.setdefault(k, new[i]) != new[i]:
                     twice.add(k)
-                serves[k] = site.get("serves", {})
+                hellos[k] = {"serves": site.get("serves", {}), "identity": site.get("identities", {}).get(str(k))}
         asked.difference_update(new[i] for i in range(len(new)) if i not in answers)  # ask again
-    return node_of, sorted(twice), serves
+    return node_of, sorted(twice), hellos
 
 
 @serverapp.main()
@@ -165,13 +166,13 @@ def relay(grid: Grid, context: Context) -> None:
                 local_socket.send(sock, {"status": "ok"})
                 return
             if op["op"] == "sites":
-                node_of, twice, serves = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
+                node_of, twice, hellos = _find_sites(grid, [int(k) for k in op["clients"]], float(op["timeout"]))
                 local_socket.send(
                     sock,
                     {
                         "nodes": {str(k): n for k, n in node_of.items()},
                         "claimed_twice": twice,
-                        "serves": {str(k): v for k, v in serves.items()},
+                        "sites": {str(k): v for k, v in hellos.items()},
                     },
                 )
                 continue

@@ -18,6 +18,9 @@ message objects: metadata, records; without the HTTP/TLS framing) is counted sep
 
 A set-up frame leaves the driver **without the client's data**: its data fields are replaced
 by their digest and the site loads its own partition (:func:`strip_data`, :mod:`.partition`).
+With ``--attacks``, an ``attack`` request goes only to the sites that opted in to attack
+simulation (:data:`SOFT`); the attacks needing another client's state fail before anything is
+sent and are reported not applicable, the others run on the aggregator's view.
 A client whose site gives no answer within ``--round-timeout`` (its SuperNode or site process
 died, or is cut off) comes back as lost: the strategy makes it a protocol dropout.  A
 :class:`~protocols.ProtocolError` a site raised is re-raised (the first in client order, after
@@ -33,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -111,6 +115,9 @@ OPTIONAL = {
     "attack": ("--allow-attack-simulation", "run without --attacks"),
     "weights": ("--allow-model-export", "run with --save-best-model false"),
 }
+#: optional requests a run does without where a site refuses them: ``--attacks`` then runs the
+#: attacks on the aggregator's view, and reports those needing such a site's state not applicable
+SOFT = frozenset({"attack"})
 
 
 def needs_of(cfg) -> tuple[str, ...]:
@@ -131,16 +138,68 @@ def check_sites_serve(needs, serves: dict[int, dict]) -> None:
             )
 
 
+def check_attack_simulation(requests, attack_sites) -> None:
+    """:class:`SiteError`, without sending anything, if an ``attack`` request addresses a client
+    whose site takes no part in attack simulation (the attack needs that client's state)."""
+    refusing = sorted(set(map(int, requests)) - set(attack_sites))
+    if refusing:
+        raise SiteError(
+            f"this attack needs the state of client(s) {refusing}, whose site takes no part in attack "
+            f"simulation (start it with {OPTIONAL['attack'][0]} to include it)"
+        )
+
+
+def check_site_keys(frames: Mapping[int, bytes], identities: dict[int, str | None]) -> None:
+    """``ConfigError`` naming the fix, before any set-up frame is sent, if the run's manifest and
+    the sites' own identity keys (their public fingerprints, from ``hello``) do not agree: a run
+    that draws the keys itself while a site holds its own, the reverse, or a manifest that lists
+    another key for a site.  (The sites' own check is :meth:`protocols.party.Party.use_manifest`;
+    this one only names the fix early.)"""
+    from protocols.manifest import Manifest
+    from protocols.transcript import client_party
+
+    for k in sorted(frames):
+        f = wire.unpack(frames[k])
+        if "manifest" not in f:  # a backend without a manifest
+            continue
+        own = identities.get(k)
+        if own is not None and "identity" in f:
+            raise ConfigError(
+                f"--executor flower: the site of client {k} holds its own identity key: build the "
+                "manifest from the sites' keys (secure-fgl manifest new) and run with --manifest and --identity-key"
+            )
+        if own is None and "identity" not in f:
+            raise ConfigError(
+                f"--executor flower: the site of client {k} has no identity key of its own: start it "
+                "with --identity-key and --manifest (or run without --manifest)"
+            )
+        listed = Manifest.from_bytes(f["manifest"].tobytes()).parties.get(client_party(k))
+        if own is not None and listed != own:
+            raise ConfigError(
+                f"--executor flower: the manifest lists {listed[:16]}... for client {k}, its site "
+                f"holds {own[:16]}...: rebuild the manifest with the sites' fingerprints"
+            )
+
+
 def strip_data(frame: bytes) -> bytes:
-    """A node-classification set-up frame with its data fields replaced by their digest
-    (:func:`.partition.data_digest`): the site loads the partition itself and checks it."""
+    """A set-up frame with its data fields (a node client's subgraph, a graph client's graphs)
+    replaced by their digest (:func:`.partition.data_digest`): the site loads its partition
+    itself and checks it.  The frame of a runtime holding several clients' nodes (the
+    ``centralized`` reference) is not a partition and goes as it is."""
     from .client import DATA_FIELDS
+    from .graph_data import SPLITS
     from .partition import data_digest
 
     f = wire.unpack(frame)
-    if "data_digest" in f or f.get("task") == "graph" or "x" not in f:
+    if "data_digest" in f or "owner" in f:  # a runtime holding several clients' nodes (centralized) keeps its data
         return frame
-    data = {name: f.pop(name) for name in (*DATA_FIELDS, "far_owner")}
+    if f.get("task") == "graph":
+        names = [name for name in f if name.split("/")[0] in SPLITS]
+    elif "x" in f:
+        names = [*DATA_FIELDS, "far_owner"]
+    else:
+        return frame
+    data = {name: f.pop(name) for name in names}
     return wire.pack({"data_digest": data_digest(data), **f})
 
 
@@ -167,6 +226,7 @@ class FlowerExecutor(Executor):
         self.sock = self.run_id = None
         self.clients: list[int] = []
         self.nodes: dict[int, int] = {}  # client -> the node id of its site's SuperNode
+        self.attack_sites: set[int] = set()  # clients whose site serves attack-simulation requests
         try:
             listener = local_socket.listen(self.folder / "relay" / "relay.sock")
             app = self.folder / "app"
@@ -231,12 +291,26 @@ class FlowerExecutor(Executor):
                 "--node-config 'site-socket=\"...\"')"
             )
         self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
-        check_sites_serve(self.needs, {int(k): v for k, v in found["serves"].items() if int(k) in frames})
+        sites = {int(k): v for k, v in found["sites"].items() if int(k) in frames}
+        check_sites_serve([n for n in self.needs if n not in SOFT], {k: v["serves"] for k, v in sites.items()})
+        self.attack_sites = {k for k, v in sites.items() if v["serves"].get("attack")}
+        if "attack" in self.needs and len(self.attack_sites) < len(sites):
+            warnings.warn(
+                f"--executor flower: the sites of client(s) {sorted(set(sites) - self.attack_sites)} take no "
+                "part in attack simulation (started without --allow-attack-simulation): --attacks runs "
+                "the attacks on the aggregator's view; those needing these clients' state are reported "
+                "not applicable",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        check_site_keys(frames, {k: v["identity"] for k, v in sites.items()})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
         if lost:
             raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")
 
     def _call(self, method, requests):
+        if method == "attack":
+            check_attack_simulation(requests, self.attack_sites)
         order = sorted(requests)
         answer, payload = self._relay(
             {

@@ -22,6 +22,16 @@ aggregator, decides:
   driver stops before set-up when the run needs one.
 * **where its checkpoint goes**: ``save``/``load`` write and read ``STATE_DIR/client<k>.pt``
   whatever path the request names.
+* **whose key it signs with** (``--identity-key KEY --manifest FILE``; one key per
+  ``--client``, in the same order): each client half signs with the identity key this site
+  made (``secure-fgl keys new``; the private key never leaves this process) and pins the run
+  manifest this site verified (``secure-fgl manifest verify``, its comparison code compared out
+  of band), read at every set-up; the manifest and key in the set-up frame are ignored.  The
+  half refuses a set-up that is not this manifest's run
+  (:meth:`protocols.party.Party.use_manifest`), and every public key relayed by the aggregator
+  must be signed by an identity key the manifest lists
+  (:class:`~protocols.errors.KeySubstitutionError`).  Without ``--identity-key`` the site takes
+  the key the aggregator drew (trying it out: no protection against an active aggregator).
 
 A refusal by the protocol (a :class:`protocols.ProtocolError`) goes back as its class name and
 message; the driver re-raises it.  Standard library sockets, runtime frames (:mod:`.wire`):
@@ -35,6 +45,8 @@ import json
 import os
 import signal
 from pathlib import Path
+
+import numpy as np
 
 from protocols import ProtocolError
 
@@ -61,8 +73,15 @@ class Site:
         allow_attack_simulation: bool = False,
         allow_model_export: bool = False,
         device: str = "cpu",
+        identities: dict | None = None,
+        manifest: Path | None = None,
     ):
+        """``identities``: client -> this site's :class:`~protocols.auth.SigningKey` for it, and
+        ``manifest`` the path of the run manifest it verified (both or neither)."""
         self.clients = sorted({int(k) for k in clients})
+        if (identities is None) != (manifest is None) or (identities and set(identities) != set(self.clients)):
+            raise ValueError("a site holding its own identity keys has one per client, and the manifest listing them")
+        self.identities, self.manifest = identities, manifest
         self.data_root, self.state_dir, self.device = data_root, Path(state_dir), device
         self.allow_attack_simulation, self.allow_model_export = allow_attack_simulation, allow_model_export
         self.runtimes: dict = {}
@@ -82,6 +101,7 @@ class Site:
                 {
                     "clients": self.clients,
                     "serves": {"attack": self.allow_attack_simulation, "weights": self.allow_model_export},
+                    "identities": {str(k): key.fingerprint for k, key in (self.identities or {}).items()},
                 }
             ).encode()
         if client not in self.clients:
@@ -108,8 +128,20 @@ class Site:
 
     def own_setup(self, frame: bytes) -> bytes:
         """The set-up frame as this site runs it: its own ``--data-root`` for the partition it
-        loads, and no state kept for attacks unless it takes part in attack simulation."""
+        loads, no state kept for attacks unless it takes part in attack simulation, and its own
+        identity key and manifest when it holds them."""
         f = wire.unpack(frame)
+        if self.identities and self.manifest is not None and "party_setup" in f:
+            from protocols.manifest import Manifest
+
+            manifest = Manifest.from_bytes(self.manifest.read_bytes())
+            f["manifest"] = np.frombuffer(manifest.to_bytes(), dtype=np.uint8)
+            f["identity"] = np.frombuffer(self.identities[int(f["client_id"])].private_bytes(), dtype=np.uint8)
+        elif "party_setup" in f and "identity" not in f:
+            raise SiteRefusal(
+                "the run's manifest lists the sites' own identity keys: start this site with "
+                "--identity-key and --manifest"
+            )
         config = dict(f["config"])
         config["data_root"] = self.data_root  # None: this machine's $SECURE_FGL_DATA
         if not self.allow_attack_simulation:
@@ -195,8 +227,33 @@ def main(argv=None) -> None:
     p.add_argument(
         "--allow-model-export", action="store_true", help="hand the deployed model to the driver for best_model.pt"
     )
+    p.add_argument(
+        "--identity-key",
+        type=Path,
+        action="append",
+        default=None,
+        help="the identity key of a --client (secure-fgl keys new: DIR or DIR/identity.key); one per "
+        "--client, in the same order; with --manifest",
+    )
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="the run manifest this site verified (secure-fgl manifest verify --key KEY --as clientK), "
+        "read at each run's set-up",
+    )
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
+    if (args.identity_key is None) != (args.manifest is None):
+        p.error("--identity-key and --manifest go together")
+    identities = None
+    if args.identity_key is not None:
+        from protocols.auth import SigningKey
+
+        if len(args.identity_key) != len(args.client):
+            p.error("give one --identity-key per --client, in the same order")
+        paths = [path / "identity.key" if path.is_dir() else path for path in args.identity_key]
+        identities = {k: SigningKey.load(path) for k, path in zip(args.client, paths)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     site = Site(
         args.client,
@@ -205,6 +262,8 @@ def main(argv=None) -> None:
         args.allow_attack_simulation,
         args.allow_model_export,
         args.device,
+        identities,
+        args.manifest,
     )
     signal.signal(signal.SIGTERM, _exit)
     serve(site, args.socket)

@@ -35,9 +35,14 @@ def _split_arrays(graphs: list[Data], split: str) -> dict[str, np.ndarray]:
     }
 
 
+def graph_fields(c: GraphClient) -> dict[str, np.ndarray]:
+    """Graph client ``c``'s data as set-up frame fields: every split's flat arrays."""
+    return {k: v for s in SPLITS for k, v in _split_arrays(getattr(c, s), s).items()}
+
+
 def graph_client_frame(c: GraphClient, cfg, facts, options: dict, party_setup: bytes | None = None) -> bytes:
     """The set-up frame of graph client ``c`` (same envelope as :func:`~.client.client_frame`)."""
-    arrays = {k: v for s in SPLITS for k, v in _split_arrays(getattr(c, s), s).items()}
+    arrays = graph_fields(c)
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     return wire.pack(
         {

@@ -22,6 +22,8 @@ import functools
 import hashlib
 import json
 
+import numpy as np
+
 from ..config import RunConfig
 from ..data.load import load_federation
 from . import wire
@@ -72,14 +74,19 @@ def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
     spec = json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True)
     fed = _federation(spec)
     c = fed.clients[int(client_id)]
-    fields = data_fields(c, far_owners(fed, c))
+    if hasattr(fed, "graph"):  # node classification: the client's subgraph
+        fields = data_fields(c, far_owners(fed, c))
+    else:  # graph classification: the client's own graphs
+        from .graph_data import graph_fields
+
+        fields = graph_fields(c)
     if data_digest(fields) != digest:
         raise ValueError(
             f"client {client_id}: the partition of {cfg.dataset} loaded on this machine differs from "
             "the driver's (digest mismatch); give every machine the same dataset files "
             "(--data-root / $SECURE_FGL_DATA) and the same secure_fgl version"
         )
-    return {name: value.cpu().numpy() for name, value in fields.items()}
+    return {name: value if isinstance(value, np.ndarray) else value.cpu().numpy() for name, value in fields.items()}
 
 
 def forget() -> None:

@@ -11,10 +11,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from support.forgers import directory_forger
 
 from protocols import ValueSpec, make_protocol
-from protocols.auth import KeyRegistry, SigningKey, sign_public_key
-from protocols.channel import ChannelKey, associated_data
+from protocols.auth import KeyRegistry, SigningKey
+from protocols.channel import associated_data
 from protocols.ckks_mp import CKKSMPProtocol
 from protocols.errors import ConfigurationError, KeySubstitutionError, ProtocolError, ReplayError
 from protocols.manifest import Manifest
@@ -48,31 +49,6 @@ def _relayed_secrets(proto, stage: str):
         for m in proto.transcript.view(SERVER)
         if m.relay == SERVER and m.sender == "client0" and envelope_of(m).stage == stage
     ]
-
-
-def directory_forger(mode: str, *, resign: bool, identity: bool = False):
-    """A server half that puts its own channel key (and, with ``identity``, its own identity
-    key) for client1 into client0's key directory, signed by itself (``resign``) or with
-    client1's original signature."""
-    base = backend_class(mode).server_half
-
-    class DirectoryForger(base):
-        def _outgoing(self, msg, stage, part, intercept=None):
-            if stage == "directory" and msg.receiver == "client0":
-                self.mitm = ChannelKey("client1")
-                impostor = SigningKey()
-                entry = dict(msg.payload["client1"], channel=self.mitm.public_bytes)
-                if identity:
-                    entry["signing"] = impostor.public_bytes
-                if resign or identity:
-                    signer = impostor if identity else self.signing
-                    entry["channel_signature"] = sign_public_key(
-                        signer, "channel", self.setup.run_id, "client1", self.mitm.public_bytes
-                    )
-                msg = replace(msg, payload={**msg.payload, "client1": entry})
-            return super()._outgoing(msg, stage, part, intercept)
-
-    return DirectoryForger
 
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])

@@ -5,14 +5,16 @@ accuracy and the same protocol bytes per tag; Flower's own framing is counted ap
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 import numpy as np
 import pytest
-from support.flower import BIN, Federation, free_port, make_tls
+from support.flower import BIN, Federation, free_port, identity_keys, make_tls, write_manifest
 from support.runs import small
 
+from protocols.auth import SigningKey
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.flower_executor import FlowerExecutor
@@ -39,8 +41,19 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 
 @pytest.fixture
 def federation(tmp_path, monkeypatch, request):
-    tls = make_tls(tmp_path / "tls", clients=4) if getattr(request, "param", False) else None  # key 3: unregistered
-    fed = Federation(tmp_path, clients=3, tls=tls)
+    """``request.param``: ``tls`` (TLS and SuperNode authentication) and/or ``own-keys`` (each
+    site started with its own identity key and the manifest ``fed.manifest`` it reads at set-up)."""
+    features = getattr(request, "param", ())
+    tls = make_tls(tmp_path / "tls", clients=4) if "tls" in features else None  # key 3: unregistered
+    keys = identity_keys(tmp_path / "keys", 3) if "own-keys" in features else None
+    manifest = tmp_path / "keys" / "manifest.json"
+    fed = Federation(
+        tmp_path,
+        clients=3,
+        tls=tls,
+        site_args=(lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)]) if keys else (),
+    )
+    fed.keys, fed.manifest = keys, manifest
     monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
     monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
     try:
@@ -55,10 +68,20 @@ def same_run(local: dict, flower: dict) -> None:
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
+@pytest.mark.parametrize("federation", [("own-keys",)], indirect=True, ids=["site-keys"])
 def test_fedavg_mask_over_flower_is_the_local_run(federation):
+    """Each site signs with its own identity key, pinned by the manifest built from the sites'
+    public keys (no client key crosses Flower)."""
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
-    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    cfg = write_manifest(
+        federation.keys, small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), federation.manifest
+    )
+    flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
+    fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
+    for k in range(3):  # what each site's half accepted: the sites' own keys
+        accepted = flower["key_fingerprints"][f"client{k}"]
+        assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
     runtime = flower["runtime"]
     assert runtime["executor"] == "flower" and runtime["sites"] == 3
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
@@ -77,7 +100,7 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("federation", [True], indirect=True, ids=["tls+node-auth"])
+@pytest.mark.parametrize("federation", [("tls",)], indirect=True, ids=["tls+node-auth"])
 def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
     """TLS on every Flower connection (a CA made here), SuperNode authentication with registered
     keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""
@@ -125,6 +148,24 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
+@pytest.mark.slow
+def test_attacks_over_sites_that_did_not_opt_in_run_on_the_aggregators_view(federation):
+    """No site serves attack simulation: the run goes on, the attacks that need only what the
+    aggregator saw run as on local (same values), and those needing a client's state are
+    reported not applicable, naming the site's flag."""
+    kw = {"rounds": 1, "attacks": ["all"]}
+    local = run_experiment(small("fedavg", "plain", executor="local", **kw), progress=False)
+    with pytest.warns(RuntimeWarning, match="take no part in attack simulation"):
+        flower = run_experiment(small("fedavg", "plain", executor="flower", round_timeout=60, **kw), progress=False)
+    same_run(local, flower)
+    expected = {(e["name"], e.get("observer")): e for e in local["attacks"]}
+    ran = [e for e in flower["attacks"] if e["applicable"]]
+    refused = [e for e in flower["attacks"] if "--allow-attack-simulation" in str(e.get("reason", e.get("error")))]
+    assert len(ran) > 1 and refused and len(ran) + len(refused) == len(flower["attacks"])
+    for e in ran:  # what needs only the aggregator's view (here, plain: the coalition's reading too)
+        assert e["value"] == expected[(e["name"], e.get("observer"))]["value"]
+
+
 class KillingFlowerExecutor(FlowerExecutor):
     """Kills the SuperNode of client ``victim`` (and its ClientApp processes) before ``method``."""
 
@@ -168,3 +209,49 @@ def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federati
         small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw), progress=False
     )
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
+
+
+def _matrix() -> list[tuple[str, str]]:
+    from secure_fgl.algorithms import SPECS
+
+    return [(name, mode) for name, spec in SPECS.items() for mode in spec.modes]
+
+
+@pytest.fixture(scope="module")
+def shared_federation(tmp_path_factory):
+    """One federation of three sites for the whole matrix: each run starts and stops its
+    runtimes on the same long-lived sites."""
+    fed = Federation(tmp_path_factory.mktemp("flower-matrix"), clients=3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
+        patch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+        try:
+            yield fed
+        finally:
+            fed.close()
+
+
+def matrix_cfg(algorithm: str, mode: str, **kw):
+    from secure_fgl.algorithms import get_spec
+
+    if get_spec(algorithm).task == "graph":
+        from support.runs import graph_config
+
+        return dataclasses.replace(graph_config(algorithm, mode, rounds=1, **kw), clients=3).validate()
+    return small(algorithm, mode, rounds=1, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm,mode", _matrix())
+def test_every_algorithm_and_mode_over_flower_is_the_local_run(shared_federation, algorithm, mode):
+    """Every algorithm x mode that runs on ``local`` runs over Flower with the same results: equal
+    protocol bytes per tag; losses and accuracy equal (plain, mask) or within the fresh
+    encryption noise of ckks and ckks-mp."""
+    local = run_experiment(matrix_cfg(algorithm, mode, executor="local"), progress=False)
+    flower = run_experiment(matrix_cfg(algorithm, mode, executor="flower", round_timeout=120), progress=False)
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+    exact = mode in ("plain", "mask")
+    losses = [[r["train_loss"] for r in run["rounds"]] for run in (flower, local)]
+    assert losses[0] == (losses[1] if exact else pytest.approx(losses[1], abs=1e-4))
+    if exact:
+        assert flower["final"]["test_acc"] == local["final"]["test_acc"]

@@ -5,22 +5,29 @@ off the public schedule, and no file written outside the site's state folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
+from support.flower import identity_keys, write_manifest
 from support.runs import small
 
 from protocols import ProtocolError
-from protocols.errors import MalformedMessageError
+from protocols.auth import SigningKey
+from protocols.errors import ConfigurationError, KeySubstitutionError, MalformedMessageError
 from secure_fgl.config import ConfigError
 from secure_fgl.experiment import load_federation
 from secure_fgl.runtime import local_socket, wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
-from secure_fgl.runtime.executor import LocalExecutor
+from secure_fgl.runtime.executor import Executor, LocalExecutor
 from secure_fgl.runtime.flower_executor import (
+    SiteError,
     _refusal,
+    check_attack_simulation,
+    check_site_keys,
     check_sites_serve,
     needs_of,
     strip_data,
@@ -55,6 +62,29 @@ def test_the_setup_frame_carries_a_digest_not_the_data_and_the_site_loads_the_sa
     here, there = site.runtimes[1].data, planned.runtimes[1].data
     assert np.array_equal(here.x.numpy(), there.x.numpy()) and np.array_equal(here.y.numpy(), there.y.numpy())
     other = wire.pack({**fields, "data_digest": "0" * 64})  # not the partition the run planned
+    with pytest.raises(ValueError, match="digest mismatch"):
+        Site([1], None, tmp_path).handle("start", 1, other)
+
+
+def test_a_graph_clients_setup_frame_carries_no_graphs_and_the_site_loads_its_own(tmp_path):
+    from support.runs import graph_config
+
+    from secure_fgl.algorithms import get_spec
+
+    cfg = dataclasses.replace(graph_config("gc-fedavg", "mask", rounds=1), clients=3).validate()
+    executor, options = FrameKeeper(), get_spec(cfg.algorithm).options()
+    make_strategy(cfg, load_federation(cfg), make_runtime_protocol(cfg, 3, executor), options, executor)
+    frame = strip_data(executor.frames[1])
+    fields = wire.unpack(frame)
+    assert "data_digest" in fields and not [name for name in fields if "/" in name]
+    site = Site([1], None, tmp_path)
+    site.handle("start", 1, frame)
+    here, there = site.runtimes[1].data, executor.runtimes[1].data
+    for split in ("train", "val", "test"):
+        mine, planned = getattr(here, split), getattr(there, split)
+        assert len(mine) == len(planned) > 0
+        assert all(a.x.equal(b.x) and a.edge_index.equal(b.edge_index) for a, b in zip(mine, planned))
+    other = wire.pack({**fields, "data_digest": "0" * 64})
     with pytest.raises(ValueError, match="digest mismatch"):
         Site([1], None, tmp_path).handle("start", 1, other)
 
@@ -110,10 +140,136 @@ def test_a_protocol_refusal_crosses_the_socket_as_its_class(planned, tmp_path):
 def test_the_driver_stops_before_set_up_when_a_site_does_not_serve_what_the_run_needs(tmp_path):
     site = Site([0], None, tmp_path, allow_model_export=True)
     hello = json.loads(site.handle("hello", -1, b""))
-    assert hello == {"clients": [0], "serves": {"attack": False, "weights": True}}
+    assert hello == {"clients": [0], "serves": {"attack": False, "weights": True}, "identities": {}}
     needs = needs_of(small(attacks=["all"], out=str(tmp_path)).validate())
     assert needs == ("weights", "attack")
     check_sites_serve(("weights",), {0: hello["serves"]})
     with pytest.raises(ConfigError, match=r"client\(s\) \[0\] do not serve 'attack'.*--allow-attack-simulation"):
         check_sites_serve(needs, {0: hello["serves"]})
     assert needs_of(small(save_best_model=False, out=str(tmp_path)).validate()) == ()
+
+
+def test_an_attack_needing_the_state_of_a_site_that_did_not_opt_in_is_not_sent():
+    """--attacks over sites that took no part in attack simulation: the driver asks only the
+    sites that opted in; an attack needing another client's state fails before anything is sent
+    (the attack runner reports it not applicable, naming the site's flag)."""
+    check_attack_simulation({1: b""}, {1, 2})
+    with pytest.raises(SiteError, match=r"client\(s\) \[0\].*--allow-attack-simulation"):
+        check_attack_simulation({0: b""}, {1, 2})
+
+
+# ------------------------------------------------------------------ identity keys held by the sites
+class SiteExecutor(Executor):
+    """In process, as over Flower: client ``k``'s set-up frame (without its data) and requests go
+    to its :class:`Site`; what the driver handed out is kept."""
+
+    name = "sites"
+
+    def __init__(self, sites: dict):
+        super().__init__()
+        self.sites, self.frames = sites, {}
+
+    def start(self, frames):
+        self.frames = {k: strip_data(f) for k, f in frames.items()}
+        for k, frame in self.frames.items():
+            self.sites[k].handle("start", k, frame)
+
+    def _call(self, method, requests):
+        return {k: self.sites[k].handle(method, k, r) for k, r in requests.items()}, {}
+
+
+@pytest.fixture(scope="module")
+def site_keys(tmp_path_factory):
+    """What happens before a run: each site and the aggregator make their identity key; the
+    operator builds the manifest from the public fingerprints, which every site verifies."""
+    folder = tmp_path_factory.mktemp("site-keys")
+    folders = identity_keys(folder, 3)
+    cfg = write_manifest(folders, small("fedavg", "mask", executor="flower", rounds=1), folder / "manifest.json")
+    keys = {p: SigningKey.load(d / "identity.key") for p, d in folders.items()}
+    return cfg.validate(), keys, Path(cfg.manifest), folders
+
+
+def setup_frame(manifest: Path) -> bytes:
+    """The key fields of a set-up frame from a driver that holds no client key: the manifest only."""
+    return wire.pack({"party_setup": np.zeros(1, np.uint8), "manifest": np.frombuffer(manifest.read_bytes(), np.uint8)})
+
+
+def own_key_sites(site_keys, root):
+    _, keys, manifest, _ = site_keys
+    return {
+        k: Site([k], None, root / f"site{k}", identities={k: keys[f"client{k}"]}, manifest=manifest) for k in range(3)
+    }
+
+
+def test_each_site_signs_with_its_own_key_which_never_leaves_it(site_keys, tmp_path):
+    cfg, keys, _, _ = site_keys
+    executor = SiteExecutor(own_key_sites(site_keys, tmp_path))
+    protocol = make_runtime_protocol(cfg, 3, executor)
+    strategy = make_strategy(cfg, load_federation(cfg), protocol, {}, executor)
+    assert all("identity" not in wire.unpack(f) for f in executor.frames.values())  # no key leaves the driver
+    strategy.train_round(0)  # the register stage and a masked sum, every message signed
+    for k, site in executor.sites.items():
+        assert site.runtimes[k].half.signing.fingerprint == keys[f"client{k}"].fingerprint
+        accepted = site.runtimes[k].half.registry.fingerprints()
+        assert {p: accepted[p]["signing"] for p in keys} == {p: key.fingerprint for p, key in keys.items()}
+    assert json.loads(executor.sites[0].handle("hello", -1, b""))["identities"] == {"0": keys["client0"].fingerprint}
+
+
+def test_a_manifest_listing_another_key_for_a_site_is_refused_by_the_site(site_keys, tmp_path):
+    """Adversary: the aggregator, which builds its own manifest listing a key it holds for
+    client 0 (to sign as client 0 towards the others).  Each site pins the manifest it verified:
+    the run id differs, and the site refuses the set-up before any exchange."""
+    cfg, keys, _, folders = site_keys
+    mine = SigningKey()  # the aggregator's key for client 0
+    evil = write_manifest(folders, cfg, tmp_path / "forged.json", {"client0": mine.fingerprint})
+    forged = Path(evil.manifest)
+    executor = SiteExecutor(own_key_sites(site_keys, tmp_path))
+    protocol = make_runtime_protocol(evil, 3, executor)
+    with pytest.raises(ConfigurationError, match="run id differs from the run manifest"):
+        make_strategy(evil, load_federation(evil), protocol, {}, executor)
+    # an honest driver names the fix before any set-up frame is sent
+    frames = {0: setup_frame(forged)}
+    with pytest.raises(ConfigError, match="lists .* for client 0, its site holds"):
+        check_site_keys(frames, {0: keys["client0"].fingerprint})
+
+
+def test_a_relayed_key_substituted_by_the_aggregator_is_refused_by_the_site(site_keys, tmp_path):
+    """Adversary: the aggregator, with the sites' manifest, puts a channel key of its own for
+    client 1 (signed by its server key) into client 0's key directory.  Client 0's site accepts
+    client 1's key only signed by the identity key the manifest lists for client 1, which only
+    client 1's site holds."""
+    from support.forgers import directory_forger
+
+    from protocols.registry import backend_class
+    from secure_fgl.manifest import schedule_option
+    from secure_fgl.manifest import site_keys as manifest_of
+    from secure_fgl.privacy import dp_config
+    from secure_fgl.runtime.exchange import RuntimeLink
+
+    cfg = site_keys[0]
+    executor = SiteExecutor(own_key_sites(site_keys, tmp_path))
+    evil = type("EvilMask", (backend_class("mask"),), {"server_half": directory_forger("mask", resign=True)})
+    protocol = evil(
+        3,
+        link=RuntimeLink(executor),
+        seed=cfg.seed,
+        dp=dp_config(cfg),
+        max_colluders=cfg.max_colluders,
+        min_contributors=cfg.min_contributors,
+        **schedule_option(cfg),
+        **manifest_of(cfg),
+    )
+    strategy = make_strategy(cfg, load_federation(cfg), protocol, {}, executor)
+    with pytest.raises(KeySubstitutionError):
+        strategy.train_round(0)
+
+
+def test_a_site_without_its_own_key_is_named_before_set_up(site_keys, tmp_path):
+    frames = {0: setup_frame(site_keys[2])}
+    with pytest.raises(ConfigError, match="site of client 0 has no identity key of its own"):
+        check_site_keys(frames, {0: None})
+    with pytest.raises(ConfigError, match="holds its own identity key"):
+        check_site_keys({0: wire.pack({**wire.unpack(frames[0]), "identity": np.zeros(32, np.uint8)})}, {0: "ab" * 32})
+    site = Site([0], None, tmp_path)  # no key of its own: a set-up frame without a key is refused
+    with pytest.raises(SiteRefusal, match="start this site with --identity-key"):
+        site.own_setup(frames[0])

@@ -22,11 +22,10 @@ def free_port() -> int:
 
 class Federation:
     """``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
-    :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only)."""
+    :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only).
+    ``site_args``: more arguments of every site process, or a function of the client giving them."""
 
-    def __init__(
-        self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args: tuple = ()
-    ):
+    def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args=()):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
         self.env = {
             **os.environ,
@@ -83,7 +82,7 @@ class Federation:
                         str(sock),
                         "--client",
                         str(k),
-                        *site_args,
+                        *(site_args(k) if callable(site_args) else site_args),
                     ],
                 )
                 node = [
@@ -161,6 +160,42 @@ class Federation:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(timeout=10)
+
+
+def identity_keys(folder: Path, clients: int) -> dict[str, Path]:
+    """Each site's and the aggregator's identity key, made where it stays (``secure-fgl keys
+    new --out FOLDER/<party>``): party -> its key folder."""
+    from secure_fgl.cli.main import main
+
+    parties = ["server", *(f"client{k}" for k in range(clients))]
+    for party in parties:
+        assert main(["keys", "new", "--out", str(folder / party)]) == 0
+    return {party: folder / party for party in parties}
+
+
+def write_manifest(keys: dict[str, Path], cfg, manifest: Path, fingerprints: dict | None = None):
+    """The operator's step before a run: the manifest of run ``cfg`` from the parties' public
+    keys (``secure-fgl manifest new``; ``fingerprints`` replaces some), then each site's check of
+    it against its own key (``secure-fgl manifest verify --key --as``).  Returns ``cfg`` with
+    ``--manifest`` and the aggregator's ``--identity-key``."""
+    import dataclasses
+    import json
+
+    from protocols.auth import SigningKey
+    from secure_fgl.cli.main import main
+
+    cfg = dataclasses.replace(cfg, manifest=None, identity_key=None)
+    config = manifest.with_suffix(".config.json")
+    config.write_text(json.dumps(cfg.to_dict()))
+    fps = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in keys.items()} | (fingerprints or {})
+    manifest.unlink(missing_ok=True)
+    new = ["manifest", "new", "--config", str(config), "--out", str(manifest)]
+    assert main([*new, *(f"--party={p}={fp}" for p, fp in fps.items())]) == 0
+    if not fingerprints:
+        for party, folder in keys.items():
+            verify = ["manifest", "verify", str(manifest), "--config", str(config)]
+            assert main([*verify, "--key", str(folder), "--as", party]) == 0
+    return dataclasses.replace(cfg, manifest=str(manifest), identity_key=str(keys["server"] / "identity.key"))
 
 
 def make_tls(folder: Path, clients: int) -> dict:
