@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from ..auth import check_public_key, sign_public_key
-from ..ckks.backend import DecryptionMemo
+from ..ckks.memo import DecryptionMemo
 from ..ckks.params import per_client_limits
 from ..errors import (
     BoundError,
