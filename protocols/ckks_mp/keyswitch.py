@@ -53,8 +53,11 @@ def pcks_share(
 
 
 def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
-    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L, N]``."""
+    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
+    aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' shares, each
+    switched down to ``L'`` by its sender (:func:`.encryption.switch_down`)."""
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    return np.stack([ring.add(c0_hat, h[:, 0]), h[:, 1]], axis=1)
+    c0 = ring.rescale(ring.intt(c0_hat), h.shape[-2])
+    return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
