@@ -36,7 +36,12 @@ as ``round(x 2^f)``), ``F`` fields of ``w`` bits are packed into one coefficient
 recipient rounds ``d / Delta`` to the exact packed integer (``|noise| <= Delta / 4``) and
 detects a corrupted share or ciphertext when the residual exceeds ``B_ks``.  A coefficient
 carries ``C`` exact bits, the largest ``C`` with ``(2^C - 1) Delta + B_ks < Q_L / 2``;
-``F = floor(C / w)``.
+``F = floor(C / w)``.  Float error: each client's rounding is at most ``2^-(f+1)``, so the
+sum is within ``K 2^-(f+1)`` of the exact float sum; ``f`` is the smallest integer meeting
+``ValueSpec.tolerance``.  Integers are exact, and so are values on a public grid
+(``ValueSpec.grid_bits``: ``f`` is the grid's, every value an integer multiple of ``2^-f``).
+The field width comes from PUBLIC bounds only (:func:`protocols.ckks.params.per_client_limits`
+/ ``integer_sum_range``, shared with ``ckks``), never from the data.
 
 Switching down (the key-switching shares and the key-switched downloads): what a recipient
 decrypts needs only the fields above the noise, not the whole upload modulus ``Q_L``.  Each
@@ -49,11 +54,7 @@ multiplied by the ternary recipient key, below ``N`` each), so the recipient mul
 ``P`` and decodes as above with ``B_ks + P E_r`` in place of ``B_ks`` (``2^D >= 4 (B_ks + P
 E_r)``); the fields fit when ``(2^C - 1) Delta + B_ks + P E_r < Q_L / 2``.  The planner picks
 ``(L, L')`` with the fewest bytes: ``L`` for the upload ``c0``, ``2 L'`` for each share and
-each download.  Float error: each client's rounding is at most ``2^-(f+1)``, so the
-sum is within ``K 2^-(f+1)`` of the exact float sum; ``f`` is the smallest integer meeting
-``ValueSpec.tolerance``.  Integers are exact.  The field width comes from PUBLIC bounds
-only (:func:`protocols.ckks.params.per_client_limits` / ``integer_sum_range``, shared with
-``ckks``), never from the data.
+each download.
 """
 
 from __future__ import annotations
@@ -253,8 +254,11 @@ def plan_exchange(
         tol = float(spec.tolerance)
         if not tol > 0:
             raise BoundError(f"ValueSpec.tolerance must be > 0, got {tol}", tag=tag, round=round)
-        frac = math.ceil(math.log2(k / (2.0 * tol)))
-        error = k * 2.0 ** -(frac + 1)
+        if spec.grid_bits is not None:  # values on the public grid 2^-f: exact integers of quantum 2^-f
+            frac, error = int(spec.grid_bits), 0.0
+        else:
+            frac = math.ceil(math.log2(k / (2.0 * tol)))
+            error = k * 2.0 ** -(frac + 1)
         offset = math.ceil(max(abs(lo), abs(hi)) * 2.0**frac)
         width = field_width(2 * k * offset)
     best, best_cost = None, None
