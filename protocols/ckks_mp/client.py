@@ -458,10 +458,10 @@ class CKKSMPClient(ClientHalf):
         return out
 
     def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
-        """The ``count`` shares (NTT form at ``L``) switched down to ``L'`` before they leave
-        (:func:`.encryption.switch_down`): what the recipient needs, at a fraction of the bytes."""
+        """The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
+        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes."""
         full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
-        return encryption.to_bytes(encryption.switch_down(self.ring, full, ep.switch_level))
+        return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
     # ------------------------------------------------------------------ download
     def _download(self, inbox):
