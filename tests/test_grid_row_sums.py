@@ -34,6 +34,8 @@ def test_float_pretraining_spec_is_on_the_grid_without_dp_only():
     assert spec.float64_wire == (21 * 1.3 * 2.0**PRETRAIN_GRID_BITS > 2.0**24)
     assert exchange_spec(o, binary=False, dp_clip=1.0).grid_bits is None  # DP sums: their own release grid
     assert exchange_spec(o, binary=True).integer  # binary features: exact integers already
+    huge = exchange_spec(FedGCNOptions(feature_bound=1e8, degree_cap=20), binary=False)
+    assert huge.grid_bits < PRETRAIN_GRID_BITS and huge.max_abs * 2.0**huge.grid_bits <= 2.0**39  # coarser grid
 
 
 def test_every_mode_returns_plains_grid_sums_bit_for_bit():
