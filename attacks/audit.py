@@ -1,5 +1,6 @@
-"""Transcript audit (attack survey A17): what each party saw, and whether a secure mode hides
-every individual contribution from the server.
+"""Transcript audit (attack survey A17).
+
+What each party saw, and whether a secure mode hides every individual contribution from the server.
 
 Checks, for a run in a secure mode (``ckks``/``mask``):
 
@@ -76,8 +77,11 @@ SIDE_FIELD = re.compile(
 
 @dataclass
 class AuditReport:
-    """Result of :func:`audit_transcript`.  ``passed`` is meaningful for secure modes; for
-    ``plain`` the failures are the expected exposure and are listed as such."""
+    """Result of :func:`audit_transcript`.
+
+    ``passed`` is meaningful for secure modes; for ``plain`` the failures are the expected exposure and are listed as
+    such.
+    """
 
     mode: str
     secure: bool
@@ -174,8 +178,10 @@ def payload_side_fields(msg: Message) -> list[str]:
 
 
 def audit_transcript(messages: Iterable[Message], *, mode: str = "unknown", secure: bool | None = None) -> AuditReport:
-    """Audit a list of messages (``Transcript.messages``).  ``secure`` defaults to true unless ``mode``
-    is a registered backend that is not secure (:mod:`protocols.registry`)."""
+    """Audit a list of messages (``Transcript.messages``).
+
+    ``secure`` defaults to true unless ``mode`` is a registered backend that is not secure (:mod:`protocols.registry`).
+    """
     messages = list(messages)
     if secure is None:  # only a registered backend that says so is audited as not secure
         from protocols.registry import modes, secure_modes

@@ -212,8 +212,10 @@ def payload_blocks(payload: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def dense_vector(payload: Any, length: int | None = None) -> np.ndarray | None:
-    """A dense exchange's flat vector (blocks in id order).  Without ``length`` trailing
-    padding is kept; pass the public length to cut it."""
+    """A dense exchange's flat vector (blocks in id order).
+
+    Without ``length`` trailing padding is kept; pass the public length to cut it.
+    """
     blocks = payload_blocks(payload)
     if blocks is None:
         return None
@@ -274,9 +276,11 @@ class AttackResult:
     estimate: Any = None
 
     def add(self, est, primary: bool = False) -> AttackResult:
-        """Record an :class:`~attacks.significance.Estimate`: as the primary metric (metric, value,
-        chance, interval) or as a secondary one (its value flat in ``metrics`` and its chance and
-        interval under ``metrics['significance'][name]``)."""
+        """Record an :class:`~attacks.significance.Estimate`.
+
+        As the primary metric (metric, value, chance, interval) or as a secondary one (its value flat in ``metrics`` and
+        its chance and interval under ``metrics['significance'][name]``).
+        """
         if primary:
             self.metric, self.value, self.chance = est.metric, est.value, est.chance
             self.higher_is_leakier, self.estimate = est.higher_is_leakier, est
@@ -430,21 +434,50 @@ class Attack:
         self.opts = {**self.options, **options}
 
     def result(self, **kw) -> AttackResult:
+        """A result of this attack and observer; ``kw`` are :class:`AttackResult` fields."""
         return AttackResult(
             name=self.name, observer=self.observer, exchange=self.exchange, knowledge=tuple(self.knowledge), **kw
         )
 
     def not_applicable(self, reason: str, **kw) -> AttackResult:
+        """A result that says why the attack cannot run (``applicable=False``, the ``reason`` shown to users)."""
         return self.result(applicable=False, reason=reason, **kw)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Attack what the observer reads.
+
+        Args:
+            view: The messages the observer sent or received, readable through its keys only.
+            knowledge: The declared background knowledge (``self.knowledge``) by name.
+
+        Returns:
+            The attack's raw output (``output``), not yet scored; or a not-applicable result.
+        """
         raise NotImplementedError
 
     def score(self, result: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Score ``result`` against the ground truth.
+
+        Args:
+            result: The output of :meth:`run`.
+            truth: The run's ground truth (labels, owners, features), never shown to :meth:`run`.
+
+        Returns:
+            ``result`` with its metric, chance level, interval and ``at_chance``.
+        """
         raise NotImplementedError
 
     def __call__(self, view: View, knowledge: Mapping[str, Any], truth: GroundTruth | None = None) -> AttackResult:
-        """``run`` then (with ``truth``) ``score``.  ``knowledge`` is cut to what the attack declares."""
+        """``run`` then (with ``truth``) ``score``.
+
+        Args:
+            view: The observer's view of the transcript.
+            knowledge: Background knowledge by name; cut to what the attack declares.
+            truth: The ground truth; ``None`` leaves the result unscored.
+
+        Returns:
+            The (scored) result; not applicable when declared knowledge is missing.
+        """
         missing = [k for k in self.knowledge if k not in knowledge]
         if missing:
             return self.not_applicable(f"background knowledge not available: {', '.join(missing)}")
@@ -516,10 +549,13 @@ def bit_f1(pred, true) -> float:
 
 
 def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index: np.ndarray) -> np.ndarray:
-    """For each recovered row, whether its cosine nearest neighbour among ``candidates_x``
-    has the same features as row ``true_index`` (duplicates of the true row count as hits).
+    """Whether each recovered row's cosine nearest neighbour is the true row.
 
-    This is node identifiability precision (NIP, after Breaching's IIP)."""
+    A hit: the nearest neighbour among ``candidates_x`` has the same features as row ``true_index``
+    (duplicates of the true row count as hits).
+
+    This is node identifiability precision (NIP, after Breaching's IIP).
+    """
     if recovered.shape[0] == 0:
         return np.zeros(0, dtype=bool)
     dev = attack_device()
@@ -536,4 +572,5 @@ def nearest_is_true(recovered: np.ndarray, candidates_x: np.ndarray, true_index:
 
 
 def dumps(results: Iterable[AttackResult]) -> str:
+    """The results as an indented JSON list."""
     return json.dumps([r.to_dict() for r in results], indent=2)

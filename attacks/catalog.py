@@ -20,6 +20,8 @@ FIELDS = ("name", "exchange", "algorithms")
 
 @dataclass(frozen=True)
 class AttackEntry:
+    """What ``secure-fgl attacks`` lists of one attack: name, exchange, target algorithms and docstring."""
+
     name: str
     exchange: str
     algorithms: tuple[str, ...] | None

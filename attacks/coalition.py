@@ -14,9 +14,15 @@ Two quantities are reported separately, per exchange:
     ``>= t`` Shamir shares (server's unmasking shares + the coalition's own),
     and compares what is left with the victim's encoded input (exact ring equality; chance
     ``2^-b`` per entry).  With ``c < t`` and at least one honest peer: 0 beyond chance.
-    Multiparty CKKS (``ckks-mp``): the coalition decrypts a victim's upload with the sum of its
-    ``c`` collective-key shares (the secret key is the sum of all ``K``); reported as the
-    |correlation| with the victim's plaintext on a probe exchange (chance ``1/sqrt(n)``).
+    Multiparty CKKS (``ckks-mp``): the upload is encrypted under the victim's share ``s_v``.
+    n-out-of-n: the coalition tries the sum of its own shares ``sum_{i in C} s_i`` (never ``s_v``).
+    t-out-of-n: it interpolates its Shamir shares of ``s_v`` at 0 with the Lagrange weights of
+    ``A`` = its first ``min(c, t)`` members, ``s_v = sum_{j in A} lambda_j^A sigma_{v,j}`` when
+    ``c >= t`` (Mouchet, Bertrand, Hubaux, J. Cryptology 2023); with ``c < t`` the result is uniform.
+    Reported as the |correlation| with the victim's plaintext on a probe exchange (chance
+    ``1/sqrt(n)``).
+    Whether the coalition holds the key is decided by the run's key collusion bound
+    (:func:`key_collusion_bound`): ``c`` clients hold it when ``c`` exceeds the bound.
 (b) **implied** -- the fraction of the blocks a coalition client receives whose aggregate has
     exactly one non-coalition contributor: aggregate minus the coalition's own inputs is that
     client's value, in every mode (e.g. a FedGCN row with two contributors).  Legitimate
@@ -48,9 +54,12 @@ def _rebuild(shares: list[Share], t: int) -> bytes | None:
 
 
 def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> dict:
-    """(a) for one mask upload: the coalition's best unmasking of ``victim``'s upload of the last
-    exchange (needs ``proto.keep_client_state``).  Returns ``{'recovered': fraction of entries
-    equal to the victim's encoded input, 'chance', 'removed': [...], 'estimate': ring array}``."""
+    """(a) for one mask upload.
+
+    The coalition's best unmasking of ``victim``'s upload of the last exchange (needs ``proto.keep_client_state``).
+    Returns ``{'recovered': fraction of entries equal to the victim's encoded input, 'chance', 'removed': [...],
+    'estimate': ring array}``.
+    """
     state, binding = proto.last_client_state, proto.last_binding
     if not state or binding is None:
         raise ValueError("run the exchange with proto.keep_client_state = True")
@@ -122,9 +131,11 @@ def mask_break(proto, tag: str, rnd: int, victim: int, coalition: list[int]) -> 
 
 
 def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> dict[int, np.ndarray]:
-    """(a) for shared-key CKKS: each upload in the server's view that a coalition client's key
-    ring ``keys`` (default: the in-process client 0's, ``proto._keys``) decrypts (all of them:
-    one secret key).  Returns victim -> decrypted values."""
+    """(a) for shared-key CKKS.
+
+    Each upload in the server's view that a coalition client's key ring ``keys`` (default: the in-process client 0's,
+    ``proto._keys``) decrypts (all of them: one secret key).  Returns victim -> decrypted values.
+    """
     from protocols.ckks import wire
     from protocols.ckks.fixed_point import client_codec
     from protocols.ckks.keys import context_chain
@@ -153,16 +164,58 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
     return out
 
 
+def key_collusion_bound(proto) -> int | None:
+    """The most clients that, with the server, still cannot decrypt another client's upload.
+
+    Shared-key ``ckks`` 0 (every client holds the secret key), ``ckks-mp`` ``t - 1`` (any ``t``
+    clients' Shamir shares rebuild a client's share ``s_i``; ``n - 1`` for n-out-of-n), ``mask``
+    ``t - 1`` of its Shamir threshold for ``n`` contributors (``t`` shares rebuild a self-mask
+    seed); None in ``plain`` (no key: the server reads every upload).
+    """
+    mode = getattr(proto, "mode", "plain")
+    if mode == "ckks":
+        return 0
+    if mode == "ckks-mp":
+        return int(proto.threshold) - 1
+    if mode == "mask":
+        return proto.threshold_for(proto.num_clients) - 1
+    return None
+
+
+def ckks_mp_coalition_key(proto, victim: int, coalition: list[int]) -> tuple[np.ndarray, str]:
+    """The coalition's best key (NTT form) for ``victim``'s ``ckks-mp`` upload, and how it was made.
+
+    Built from the members' own key material only (module docstring, (a)).
+    """
+    held, ring = proto._clients, proto.ring
+    if victim in coalition:
+        return held[victim]._share, "the victim's own share s_v"
+    t = int(proto.threshold)
+    if t < proto.num_clients:
+        active = coalition[:t]
+        key = held[active[0]].threshold_key([victim], active)
+        for j in active[1:]:
+            key = ring.add(key, held[j].threshold_key([victim], active))
+        return key, f"Lagrange interpolation of {len(active)} Shamir share(s) of s_v (threshold {t})"
+    key = held[coalition[0]]._share
+    for c in coalition[1:]:
+        key = ring.add(key, held[c]._share)
+    return key, f"sum of the {len(coalition)} coalition shares s_i (n-out-of-n: s_v is not among them)"
+
+
 def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], values: np.ndarray, spec) -> dict:
-    """(a) for multiparty CKKS: the coalition decrypts ``victim``'s upload (one block of
-    ``values``, exchanged under ``spec``; ``c0`` as sent, ``c1`` public) with the sum of its
-    collective-key shares ``sum_{i in C} s_i`` -- the upload is encrypted under the victim's
-    own share ``s_victim``.
+    """(a) for multiparty CKKS.
+
+    The coalition decrypts ``victim``'s upload (one block of ``values``, exchanged under ``spec``;
+    ``c0`` as sent, ``c1`` public) with its best key (:func:`ckks_mp_coalition_key`) -- the upload is encrypted under the victim's own share ``s_v``.
     Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
     plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
-    data, 'used': coefficients carrying data}``; with ``c < K``
-    the missing share leaves ``c1 s_victim`` uniformly random, so ``abs_corr`` is at chance.
-    With ``coalition = [victim]`` the same decryption is exact (positive control)."""
+    data, 'used': coefficients carrying data, 'exact': every decrypted coefficient lies within
+    ``Delta / 2`` of the victim's encoded plaintext (its input read exactly), 'holds_key': the
+    coalition holds the victim's share or exceeds the run's key collusion bound, 'key': how the
+    key was made}``.  Without ``s_v`` the term ``c1 s_v`` stays uniformly random, so ``abs_corr`` is at
+    chance.  With ``coalition = [victim]`` the decryption is exact (positive control).
+    """
     from protocols.ckks_mp import encoding, encryption
 
     ring = proto.ring
@@ -177,25 +230,29 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
         and m.receiver == SERVER
     )
     ct = proto.upload_ciphertexts(msg, plan)[0]  # c0 as sent, c1 public
-    key = proto._clients[coalition[0]]._share  # the colluding clients' collective-key shares
-    for c in coalition[1:]:
-        key = ring.add(key, proto._clients[c]._share)
+    key, how = ckks_mp_coalition_key(proto, victim, coalition)
     used = encoding.used_coefficients(plan, len(values))
     attack = np.array(encoding.crt_centered(ring, encryption.decrypt(ring, key, ct))[:used], dtype=np.float64)
     truth = np.array(
         encoding.crt_centered(ring, encoding.encode(ring, plan, encoding.quantize(values, plan)))[:used],
         dtype=np.float64,
     )
+    error = np.abs(attack - truth)
     return {
         "abs_corr": float(abs(np.corrcoef(attack, truth)[0, 1])),
         "chance": float(1.0 / np.sqrt(used)),
         "used": used,
+        "exact": bool(error.max() < 2 ** (plan.scale_bits - 1)),
+        "holds_key": victim in coalition or len(coalition) > key_collusion_bound(proto),
+        "key": how,
     }
 
 
 def implied_isolation(proto, tag: str, rnd: int, coalition: list[int]) -> dict:
-    """(b) fraction of the blocks coalition clients receive whose aggregate has exactly one
-    non-coalition contributor (aggregate minus own inputs = that client's value)."""
+    """(b) Fraction of the blocks whose aggregate has exactly one non-coalition contributor.
+
+    Counted over the blocks coalition clients receive; for those, aggregate minus own inputs = that client's value.
+    """
     msgs = [m for m in proto.transcript.messages if m.tag == tag and m.round == rnd]
     uploaders = sorted(
         {party_client(m.sender) for m in msgs if m.receiver == SERVER and m.kind in ("plain", "ciphertext", "masked")}
@@ -225,8 +282,10 @@ from attacks.base import Attack, AttackResult, View  # noqa: E402  (after the fu
 
 
 def _probe_mask(proto, coalition: list[int], late: bool) -> float:
-    """Mean fraction of a non-coalition client's upload the coalition recovers, on a probe
-    exchange of the same protocol settings (random inputs; the break does not depend on data)."""
+    """Mean fraction of a non-coalition client's upload the coalition recovers.
+
+    Measured on a probe exchange of the same protocol settings (random inputs; the break does not depend on data).
+    """
     from protocols.mask import MaskProtocol
 
     probe = MaskProtocol(
@@ -251,15 +310,17 @@ def _probe_mask(proto, coalition: list[int], late: bool) -> float:
 
 
 def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
-    """(a) for ckks-mp on a probe exchange of the same parameters (random integers; fresh keys:
-    the break does not depend on data or key values): the coalition's decryption of the first
-    non-coalition client's upload.  None when every client is in the coalition."""
+    """(a) For ckks-mp: the coalition's decryption of the first non-coalition client's upload.
+
+    Run on a probe exchange of the same parameters and threshold (random integers; fresh keys: the
+    break does not depend on data or key values).  None when every client is in the coalition.
+    """
     from protocols import ValueSpec, make_protocol
 
     victims = [k for k in range(proto.num_clients) if k not in coalition]
     if not victims:
         return None
-    probe = make_protocol("ckks-mp", proto.num_clients, params=proto.params)
+    probe = make_protocol("ckks-mp", proto.num_clients, params=proto.params, threshold=proto.threshold)
     rng = np.random.default_rng(0)
     spec = ValueSpec(integer=True, max_abs=200, sum_max=200 * proto.num_clients)
     vals = {k: rng.integers(0, 200, 4096).astype(float) for k in range(proto.num_clients)}
@@ -268,8 +329,11 @@ def _probe_ckks_mp(proto, coalition: list[int]) -> dict | None:
 
 
 class CoalitionAttack(Attack):
-    """Server + c colluding clients (default c=1: client 0): (a) upload fraction read by breaking
-    the protocol, (b) fraction of received blocks the aggregate isolates (see module docstring)."""
+    """Server + c colluding clients (default c=1: client 0).
+
+    (a) upload fraction read by breaking the protocol, (b) fraction of received blocks the aggregate isolates (see
+    module docstring).
+    """
 
     name = "coalition"
     exchange = "*"
@@ -282,6 +346,8 @@ class CoalitionAttack(Attack):
         if SERVER not in view.parties or not coalition:
             return self.not_applicable("the coalition needs the server and at least one client")
         mode = getattr(proto, "mode", "plain")
+        bound = key_collusion_bound(proto)
+        holds_key = bound is None or len(coalition) > bound
         tags = sorted(
             {
                 m.tag
@@ -306,7 +372,7 @@ class CoalitionAttack(Attack):
                     and m.kind == "ciphertext"
                     and party_client(m.sender) not in coalition
                 ]
-                read = ckks_break(proto, tag, rnd, coalition, keys.get("ckks_keys")) if ups else {}
+                read = ckks_break(proto, tag, rnd, coalition, keys.get("ckks_keys")) if ups and holds_key else {}
                 entry["break_read_fraction"] = len(read) / len(ups) if ups and any(m.payload for m in ups) else None
             elif mode == "plain":
                 entry["break_read_fraction"] = 1.0
@@ -316,6 +382,8 @@ class CoalitionAttack(Attack):
         metrics = {
             "per_exchange": per_tag,
             "coalition_clients": coalition,
+            "key_collusion_bound": bound,
+            "coalition_holds_key": holds_key,
             "implied_isolated_fraction": max((e["implied_isolated_fraction"] for e in per_tag.values()), default=0.0),
         }
         chance = 0.0
@@ -329,6 +397,8 @@ class CoalitionAttack(Attack):
             if probe is None:
                 return self.not_applicable("every client is in the coalition: it holds the whole secret key")
             metrics["break_probe_abs_corr"] = probe["abs_corr"]
+            metrics["break_probe_exact"] = probe["exact"]
+            metrics["break_probe_key"] = probe["key"]
             return self.result(
                 metric="break_probe_abs_corr", value=probe["abs_corr"], chance=probe["chance"], metrics=metrics
             )

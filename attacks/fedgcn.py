@@ -1,4 +1,4 @@
-"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums (attack survey A1, A2).
+r"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums (attack survey A1, A2).
 
 FedGCN (Yao et al., NeurIPS 2023) has client ``k`` upload, for every global row ``i`` it
 touches, ``S_k[i] = sum_{j in N(i) ∩ V_k} x_j`` (closed neighbourhood ``N[i]`` when the
@@ -20,7 +20,7 @@ ground truth.
   least squares ``min ||B_k X - S_k||`` with ``B_k = M[:, V_k]``; nodes whose unit vector lies
   in the row space of ``B_k`` are identifiable (exact up to noise).
 * :class:`ClientSubtraction` -- a client subtracts its own contribution from the totals it
-  receives: ``T_i - S_c[i] = sum_{j in N(i) \\ V_c} x_j``, the exact feature vector of ``j``
+  receives: ``T_i - S_c[i] = sum_{j in N(i) \ V_c} x_j``, the exact feature vector of ``j``
   when its own node ``i`` has exactly one foreign neighbour ``j`` (the client knows its cross
   edges, so the vector is attributed too); other residual rows are read with the blind pure-row
   detector.  Works in every mode (the client legitimately decrypts its totals); only DP noise
@@ -70,8 +70,10 @@ def neighbour_sum_tags(view: View, pattern: str = EXCHANGE) -> list[str]:
 
 
 def row_width(pub: Mapping[str, Any], view: View, tags: list[str]) -> int:
-    """Width of a row of the exchange: the public ``row_width``, else ``d + 1`` (count column)
-    when it divides the block length, else ``d``."""
+    """Width of a row of the exchange.
+
+    The public ``row_width``, else ``d + 1`` (count column) when it divides the block length, else ``d``.
+    """
     d = int(pub["num_features"])
     if pub.get("row_width"):
         return int(pub["row_width"])
@@ -86,8 +88,11 @@ def row_width(pub: Mapping[str, Any], view: View, tags: list[str]) -> int:
 
 
 def rows_to_vectors(feats: np.ndarray, binary: bool, relative: bool) -> np.ndarray:
-    """Read feature vectors off rows: binary -> bits (threshold 0.5, or half the row maximum
-    when owners pre-scaled their terms); otherwise the rows themselves."""
+    """Read feature vectors off rows.
+
+    Binary -> bits (threshold 0.5, or half the row maximum when owners pre-scaled their terms); otherwise the rows
+    themselves.
+    """
     if not binary:
         return feats.astype(np.float32)
     if relative:
@@ -99,8 +104,10 @@ def rows_to_vectors(feats: np.ndarray, binary: bool, relative: bool) -> np.ndarr
 def _collect_rows(
     view: View, tags: list[str], d: int, n: int, *, receiver=None, sender=None
 ) -> tuple[dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], int, int]:
-    """Readable row-sum payloads -> {(tag, client): (gids, rows)}, plus counts of messages
-    seen and of unreadable ones.  Per tag only the latest readable round is used."""
+    """Readable row-sum payloads -> {(tag, client): (gids, rows)}, plus counts of messages seen and of unreadable ones.
+
+    Per tag only the latest readable round is used.
+    """
     out, seen, opaque = {}, 0, 0
     for tag in tags:
         msgs = view.select(tag, receiver=receiver, sender=sender)
@@ -135,7 +142,8 @@ def detect_single_contributor(
 
     Binary features: a non-zero row whose entries are all < 1.5 (two contributors overlap in
     some word with high probability), read as ``row > 0.5``.  Row-normalised bag of words:
-    equal non-zero entries.  Otherwise every non-zero row is a candidate ("none")."""
+    equal non-zero entries.  Otherwise every non-zero row is a candidate ("none").
+    """
     if rows.shape[0] == 0:
         return np.zeros(0, bool), rows[:, :d] if d else rows, "none"
     if d is not None and rows.shape[1] == d + 1:
@@ -183,6 +191,7 @@ def candidate_operators(adj: sp.csr_matrix, hops: int | None = None) -> dict[str
 
 
 def adjacency_from(edge_index: np.ndarray, n: int) -> sp.csr_matrix:
+    """The ``n x n`` 0/1 adjacency of ``edge_index`` (duplicates merged, self loops removed)."""
     a = sp.csr_matrix((np.ones(edge_index.shape[1]), (edge_index[0], edge_index[1])), shape=(n, n))
     a.data[:] = 1.0
     a.setdiag(0)
@@ -225,8 +234,10 @@ def exposure_by_degree(exposed: np.ndarray, truth: GroundTruth) -> dict[str, lis
 
 
 def exposure_estimate(exposed: int, eligible: int):
-    """Share of eligible nodes whose features are read exactly: chance 0 (no guess without the
-    transcript reproduces a feature row), Wilson interval over the nodes."""
+    """Share of eligible nodes whose features are read exactly.
+
+    Chance 0 (no guess without the transcript reproduces a feature row), Wilson interval over the nodes.
+    """
     return proportion_estimate("exposure_rate", float(exposed), int(eligible), 0.0)
 
 
@@ -235,7 +246,8 @@ def _claims_metrics(
 ) -> tuple[dict, np.ndarray]:
     """Exposure, precision, bit-F1 and NIP of claimed vectors with their true contributor sets.
 
-    ``eligible``: nodes that count for exposure (e.g. not the observer's own)."""
+    ``eligible``: nodes that count for exposure (e.g. not the observer's own).
+    """
     X, binary = truth.x, truth.binary
     exposed = np.zeros(truth.num_nodes, bool)
     correct = np.zeros(len(claim_cands), bool)
@@ -292,7 +304,8 @@ def _bit_auc(scores: list[np.ndarray], bits: list[np.ndarray], limit_rows: int =
 def _readable_uploads(attack, view: View, pub: Mapping[str, Any]):
     """The neighbour-sum uploads the observer can read, or a not-applicable result.
 
-    Returns ``(obs, seen, opaque, tags, observer, relative)``."""
+    Returns ``(obs, seen, opaque, tags, observer, relative)``.
+    """
     tags = neighbour_sum_tags(view, attack.exchange)
     if not tags:
         return attack.not_applicable("no FedGCN neighbour-sum exchange in the transcript")
@@ -479,9 +492,11 @@ def own_degrees(own) -> np.ndarray:
 def own_contribution(
     own, num_nodes: int, gids: np.ndarray, closed: bool, *, with_count: bool = False, prescale: bool = False
 ) -> np.ndarray:
-    """Rows ``gids`` of what client ``own`` (a ClientSubgraph) contributes to 1-hop sums:
-    ``sum_{j in N(i) ∩ V_c} t_j`` (+ ``t_i`` for own ``i`` when ``closed``), ``t_j = x_j``
-    (times ``deg_j^-1/2`` when ``prescale``), with a ones column when ``with_count``."""
+    """Rows ``gids`` of what client ``own`` (a ClientSubgraph) contributes to 1-hop sums.
+
+    ``sum_{j in N(i) ∩ V_c} t_j`` (+ ``t_i`` for own ``i`` when ``closed``), ``t_j = x_j`` (times ``deg_j^-1/2`` when
+    ``prescale``), with a ones column when ``with_count``.
+    """
     g = own.global_ids.cpu().numpy().astype(np.int64)
     x = own.x.detach().cpu().numpy().astype(np.float64)
     if prescale:

@@ -39,8 +39,10 @@ DOMAINS = {
 
 
 def server_similarity(view: View, num_shared: int, algorithm: str = "gcfl") -> tuple[list[int], np.ndarray] | None:
-    """``(clients, [m, m] cosine matrix)`` the server can read, or ``None``.  ``num_shared``:
-    the public number of shared parameters (the upload is ``[n_i dW_i, n_i]`` + padding)."""
+    """``(clients, [m, m] cosine matrix)`` the server can read, or ``None``.
+
+    ``num_shared``: the public number of shared parameters (the upload is ``[n_i dW_i, n_i]`` + padding).
+    """
     model_tag, sim_tag = f"{algorithm}/model", f"{algorithm}/similarity"
     rnd = view.latest_round(model_tag, receiver=SERVER)
     if rnd is not None:
@@ -84,8 +86,10 @@ def same_dataset_pairs(
 
 
 def same_dataset_auc(clients: list[int], similarity: np.ndarray, datasets: list[str]) -> float:
-    """Rank AUC of "same dataset" over all pairs of ``clients`` scored by ``similarity``
-    (``nan`` when every pair is same, or every pair different)."""
+    """Rank AUC of "same dataset" over all pairs of ``clients`` scored by ``similarity``.
+
+    ``nan`` when every pair is same, or every pair different.
+    """
     scores, labels = same_dataset_pairs(clients, similarity, datasets)
     if len(set(labels.tolist())) < 2:
         return float("nan")
@@ -93,9 +97,10 @@ def same_dataset_auc(clients: list[int], similarity: np.ndarray, datasets: list[
 
 
 class SameDatasetInference(Attack):
-    """The server guesses which clients hold the same dataset (the same domain, where each
-    client holds its own dataset) from the similarity it reads (``--attacks gcfl_same_dataset``;
-    module docstring)."""
+    """The server guesses which clients hold the same dataset from the similarity it reads.
+
+    The same domain, where each client holds its own dataset (``--attacks gcfl_same_dataset``; module docstring).
+    """
 
     name = "gcfl_same_dataset"
     exchange = "*/model"

@@ -84,7 +84,8 @@ def invert_gin_update(
     """Dummy node features and graph labels whose gradient direction matches ``target``.
 
     ``graphs``: ``(edge_index, num_nodes)`` of every training graph.  Returns
-    ``(node feature probabilities [N, d], label probabilities [G, C])``."""
+    ``(node feature probabilities [N, d], label probabilities [G, C])``.
+    """
     model = copy.deepcopy(model).cpu().eval()  # no dropout in the simulation
     shared = list(model.convs.parameters())
     vector_to_parameters(start.clone(), shared)

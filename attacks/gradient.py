@@ -49,13 +49,16 @@ RAW_FEATURE_ALGORITHMS = ("fedavg", "fedprox")
 
 # ----------------------------------------------------------------------------- reading updates
 def model_tag(view: View, pattern: str = EXCHANGE) -> str | None:
+    """The first model-exchange tag matching ``pattern`` in the view, or ``None``."""
     tags = view.tags(pattern)
     return tags[0] if tags else None
 
 
 def _vector(view: View, m, P: int) -> np.ndarray | None:
-    """``[w v, w]`` (P + 1 entries) of a readable message; an unweighted DP mean sends ``v``
-    alone (P entries) -- returned with a zero weight slot."""
+    """``[w v, w]`` (P + 1 entries) of a readable message.
+
+    An unweighted DP mean sends ``v`` alone (P entries) -- returned with a zero weight slot.
+    """
     p = view.payload(m)
     vec = dense_vector(p) if p is not None else None
     if vec is None or vec.size < P:
@@ -86,8 +89,11 @@ def read_aggregate(view: View, tag: str, rnd: int, P: int) -> np.ndarray | None:
 
 
 def split_weighted(vec: np.ndarray, pub: Mapping[str, Any], contributors: int = 1) -> tuple[np.ndarray, float]:
-    """``[w v, w']`` -> ``(v, w)``.  Under DP the weight coordinate is ``w~ C`` (protocols.dp);
-    a zero weight slot marks an unweighted sum over ``contributors`` clients."""
+    """``[w v, w']`` -> ``(v, w)``.
+
+    Under DP the weight coordinate is ``w~ C`` (protocols.dp); a zero weight slot marks an unweighted sum over
+    ``contributors`` clients.
+    """
     P = vec.size - 1
     w = float(vec[P])
     if w == 0.0:
@@ -107,8 +113,11 @@ def round_start_params(
 
 # ----------------------------------------------------------------------------- the inversion
 def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, ...]] | None:
-    """(offset, numel, shape) in the flat parameter vector of the first weight that reads the
-    ``d`` input features."""
+    """Locate the first weight that reads the ``d`` input features.
+
+    Returns:
+        ``(offset, numel, shape)`` in the flat parameter vector, or ``None``.
+    """
     off = 0
     for p in model.parameters():
         if p.dim() == 2 and d in p.shape:
@@ -118,6 +127,7 @@ def first_weight(model: torch.nn.Module, d: int) -> tuple[int, int, tuple[int, .
 
 
 def last_bias(model: torch.nn.Module, C: int) -> tuple[int, int] | None:
+    """``(offset, C)`` in the flat parameter vector of the last 1-D parameter with ``C`` entries (the output bias)."""
     off, found = 0, None
     for p in model.parameters():
         if p.dim() == 1 and p.numel() == C:
@@ -135,13 +145,15 @@ def support_scores(
     step: float = 0.0,
     weight_decay: float = 0.0,
 ) -> np.ndarray | None:
-    """Per input feature: how far its first-layer column update ``U_j`` departs from the update
-    it gets with no data gradient (a word no victim node holds).
+    """Score each input feature by how far its first-layer column update departs from a data-free one.
+
+    The data-free update of column ``U_j`` is the one it gets with no data gradient (a word no victim node holds).
 
     SGD (+ L2): that update is parallel to the weight column ``W_j``; the score is the share of
     ``U_j`` orthogonal to ``W_j``.  Adam (+ L2): Adam normalises the weight-decay gradient
     ``lambda W`` to its sign, so that update is ``-step sign(W_j)`` (``step = lr x local steps``;
-    zero without weight decay); the score is ``||U_j + step sign(W_j)|| / (step sqrt(h))``."""
+    zero without weight decay); the score is ``||U_j + step sign(W_j)|| / (step sqrt(h))``.
+    """
     loc = first_weight(model, d)
     if loc is None:
         return None
@@ -182,7 +194,8 @@ def invert_update(
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Optimise dummy features/labels whose simulated update matches ``target`` in cosine.
 
-    Returns ``(features [n, d], label probabilities [n_train, C], final loss)``."""
+    Returns ``(features [n, d], label probabilities [n_train, C], final loss)``.
+    """
     dev = device or attack_device()
     model = model.to(dev)
     model.eval()  # no dropout: the attacker cannot replay it
@@ -445,7 +458,8 @@ class AggregateGradientInversion(GradientInversion):
     """The same inversion on the aggregate the observer can read (scored against the victim).
 
     In plain mode the server reads the aggregate it sends; in ckks/mask the server's downloads
-    are ciphertext/masked (not applicable) and only the recipients read it."""
+    are ciphertext/masked (not applicable) and only the recipients read it.
+    """
 
     name = "gradient_inversion_aggregate"
     default_observer = SERVER
@@ -458,9 +472,11 @@ class AggregateGradientInversion(GradientInversion):
 
 
 class IsolatedGradientInversion(GradientInversion):
-    """A coalition of clients subtracts its own uploads from the aggregate (A13): with all
-    other ``K - 1`` clients (or the single other one when ``K = 2``) the victim's weighted update
-    is isolated exactly, then inverted."""
+    """A coalition of clients subtracts its own uploads from the aggregate (A13).
+
+    With all other ``K - 1`` clients (or the single other one when ``K = 2``) the victim's weighted update is isolated
+    exactly, then inverted.
+    """
 
     name = "gradient_inversion_isolated"
     default_observer = "coalition:others"

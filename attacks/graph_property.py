@@ -1,5 +1,6 @@
-"""Graph-property inference against graph-level federated clients (after PIAFGNN and the
-shadow-model property inference of Ganju et al., CCS 2018, and Melis et al., S&P 2019).
+"""Graph-property inference against graph-level federated clients.
+
+After PIAFGNN and the shadow-model property inference of Ganju et al., CCS 2018, and Melis et al., S&P 2019.
 
 Target: GCFL, GCFL+ and their FedAvg/FedProx baselines, whose clients train a GIN with private
 input/``post``/classifier layers and upload the update ``dW_k`` of the shared GIN layers
@@ -57,9 +58,12 @@ def dense_majority(graphs, threshold: float) -> bool:
 
 
 def read_norms(view: View, algorithm: str, num_shared: int) -> tuple[int, dict[int, np.ndarray], dict, bool] | None:
-    """``(round, {k: [||dW_k||(, grad norm)]}, {k: sum of the means sent to k before}, exact)`` of
-    the latest round in which the server reads client updates or GCFL's norm report, or ``None``.
-    ``exact``: every earlier mean was still readable (else the round start is only approximated)."""
+    """The update norms of the latest round in which the server reads updates or GCFL's norm report.
+
+    Returns:
+        ``(round, {k: [||dW_k||(, grad norm)]}, {k: sum of the means sent to k before}, exact)``, or ``None``;
+        ``exact``: every earlier mean was still readable (else the round start is only approximated).
+    """
     model_tag, report_tag = f"{algorithm}/model", f"{algorithm}/norms"
     norms: dict[int, np.ndarray] = {}
     rnd = view.latest_round(report_tag, receiver=SERVER)
@@ -106,10 +110,13 @@ def shadow_norms(
     graphs: int,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local
-    training from ``start`` on shadow clients of ``graphs`` auxiliary graphs.  Every pool (the auxiliary graphs of one
-    source, so of one labelling task) with graphs on both sides of ``threshold`` gives
-    ``shadows`` clients with the property and ``shadows`` without."""
+    """Update and gradient norms of shadow clients with and without the property.
+
+    Returns ``(norms [n, 2], labels [n])``: ``[||dW||, grad norm]`` after one round of the public local training
+    from ``start`` on shadow clients of ``graphs`` auxiliary graphs.  Every pool (the auxiliary graphs of one
+    source, so of one labelling task) with graphs on both sides of ``threshold`` gives ``shadows`` clients with the
+    property and ``shadows`` without.
+    """
     from secure_fgl.algorithms.graph_level.ops import GraphLearner
     from secure_fgl.data.graph_classification import GraphClient
 

@@ -1,5 +1,6 @@
-"""Attacks on the released model (attack survey A14, A15) -- unchanged by secure aggregation,
-since every client decrypts the model it then deploys.
+"""Attacks on the released model (attack survey A14, A15).
+
+They are unchanged by secure aggregation, since every client decrypts the model it then deploys.
 
 * :class:`MembershipInference` -- node-level membership inference with a loss threshold
   (Yeom et al., CSF 2018; node-level: Olatunji et al. 2021, He et al. 2021): score
@@ -80,9 +81,11 @@ def sample_pairs(
     anchors: np.ndarray | None = None,
     keep_pair=None,
 ) -> dict[str, np.ndarray]:
-    """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among
-    ``nodes``; with ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)``
-    (boolean arrays) restricts all three sets to one population (e.g. both ends in one client)."""
+    """Positive pairs (edges), random non-edges and 2-hop pairs (distance exactly 2) among ``nodes``.
+
+    With ``anchors`` every pair has an anchor as its first element; ``keep_pair(u, v)`` (boolean arrays) restricts all
+    three sets to one population (e.g. both ends in one client).
+    """
     rng = np.random.default_rng(seed)
     n = int(max(edge_index.max(initial=0), nodes.max(initial=0))) + 1
     keep = np.zeros(n, bool)
@@ -121,8 +124,11 @@ def sample_pairs(
 
 
 def pair_estimates(score_fn, pairs: dict[str, np.ndarray], suffix: str = "") -> dict:
-    """AUC of the positive pairs against random (``auc_random``) and 2-hop (``auc_2hop``)
-    negatives, each an :class:`~attacks.significance.Estimate` (None if a set is empty)."""
+    """AUC of the positive pairs against random (``auc_random``) and 2-hop (``auc_2hop``) negatives.
+
+    Returns:
+        Each an :class:`~attacks.significance.Estimate` (None if a set is empty).
+    """
     out = {}
     sp_ = score_fn(pairs["pos"]) if pairs["pos"].shape[1] else None
     for key, name in (("random", "auc_random"), ("hard", "auc_2hop")):
@@ -154,7 +160,8 @@ class PosteriorLinkInference(Attack):
     In a federated run the deployed models saw only the edges inside each client: those pairs
     (both ends and the negatives in one client) are the headline ``auc_2hop``/``auc_random``;
     cross-client edges, which no model saw, are scored apart (``auc_2hop_cross``,
-    ``auc_random_cross``)."""
+    ``auc_random_cross``).
+    """
 
     name = "link_posterior"
     exchange = "released model"
@@ -196,7 +203,8 @@ class InfluenceLinkInference(Attack):
 
     The API answers log-probabilities ``log P`` (LinkTeller's reference scoring): on a confident
     model softmax outputs saturate, so neighbours and 2-hop nodes both show near-zero softmax
-    influence, while ``log P`` keeps the GCN's exact receptive field structure."""
+    influence, while ``log P`` keeps the GCN's exact receptive field structure.
+    """
 
     name = "link_influence"
     exchange = "released model"

@@ -11,8 +11,9 @@ features, graph and labels of a labelled node sample (``aux_labelled``); the tar
 nodes.  Metrics (scored on the targets that are some client's training nodes, the ones whose
 gradients entered an update): ownership accuracy (chance: a random pairing of guesses and owners,
 ``sum_k P(guess = k) P(owner = k)``) and the AUC of the true owner's score against the other
-clients' scores (chance 1/2, nodes resampled as groups).  The intervals treat the target nodes
-as independent; neighbouring nodes' gradients are correlated, so they are on the narrow side.
+clients' scores (chance 1/2).  Both intervals are cluster bootstraps over the owning clients: a
+client's nodes are neighbours whose gradients and errors are correlated, so whole clients are
+resampled (``attacks.significance.cluster_proportion_estimate``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .gradient import (
     round_start_params,
     split_weighted,
 )
-from .significance import auc_estimate, matching_chance, proportion_estimate
+from .significance import auc_estimate, cluster_proportion_estimate, matching_chance
 
 
 class OwnershipInference(Attack):
@@ -93,17 +94,10 @@ class OwnershipInference(Attack):
         member = truth.train_mask[ids] & np.isin(truth.owner[ids], clients)
         owner = truth.owner[ids][member]
         guess = clients[S[member].argmax(1)]
-        res.add(
-            proportion_estimate(
-                "ownership_acc",
-                float((guess == owner).sum()),
-                int(member.sum()),
-                matching_chance(guess, owner) if owner.size else None,
-            ),
-            primary=True,
-        )
+        chance = matching_chance(guess, owner) if owner.size else None
+        res.add(cluster_proportion_estimate("ownership_acc", guess == owner, owner, chance), primary=True)
         is_owner = clients[None, :] == owner[:, None]
-        groups = np.repeat(np.arange(owner.size), clients.size)
+        groups = np.repeat(owner, clients.size)
         res.add(auc_estimate("owner_auc", S[member].ravel(), is_owner.ravel(), groups=groups))
         res.metrics.update(
             {
@@ -124,7 +118,9 @@ class RequestOwnership(Attack):
     are node ids under ``row_order='given'``.  The server guesses node ``v``'s owner among the
     clients that requested ``v``'s block (ties broken at random).  ``--layout dense`` (every client
     requests every block) leaves it at chance; with a private row numbering (``row_order`` other
-    than ``given``) the server cannot map blocks to nodes and the attack says so."""
+    than ``given``) the server cannot map blocks to nodes and the attack says so.  Intervals:
+    cluster bootstrap over the owning clients, as for :class:`OwnershipInference`.
+    """
 
     name = "ownership_requests"
     exchange = "fedgcn/*"
@@ -172,16 +168,10 @@ class RequestOwnership(Attack):
         noisy = S[kept] + rng.random(S[kept].shape) * 1e-9  # ties broken at random
         guess = clients[noisy.argmax(1)]
         res.add(
-            proportion_estimate(
-                "ownership_acc", float((guess == owner).sum()), int(kept.size), matching_chance(guess, owner)
-            ),
+            cluster_proportion_estimate("ownership_acc", guess == owner, owner, matching_chance(guess, owner)),
             primary=True,
         )
         is_owner = clients[None, :] == owner[:, None]
-        res.add(
-            auc_estimate(
-                "owner_auc", S[kept].ravel(), is_owner.ravel(), groups=np.repeat(np.arange(kept.size), clients.size)
-            )
-        )
+        res.add(auc_estimate("owner_auc", S[kept].ravel(), is_owner.ravel(), groups=np.repeat(owner, clients.size)))
         res.metrics.update({"rows_per_block": out["rows_per_block"], "layout": out["layout"]})
         return res

@@ -197,8 +197,10 @@ class RunContext:
         return {k: self.parties.own_data(k) for k in ks}
 
     def received(self, observer: str, **_):
-        """FedGCN totals of every row the observer client decrypted (the whole blocks it received,
-        not only the rows it asked for), keyed by node id."""
+        """FedGCN totals of every row the observer client decrypted, keyed by node id.
+
+        The whole blocks it received, not only the rows it asked for.
+        """
         if getattr(self.algo, "name", "") != "fedgcn":
             return None
         parties = observer_parties(observer)
@@ -222,8 +224,10 @@ class RunContext:
         return {tag: (nodes[real], rows[real].astype(np.float64))}
 
     def own_contributions(self, observer: str, **_) -> dict:
-        """What the observer's clients uploaded and decoded (each client's own memory of the
-        exchanges): ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``."""
+        """What the observer's clients uploaded and decoded (each client's own memory of the exchanges).
+
+        ``{"uploads": {tag: {round: {k: vector}}}, "aggregates": {tag: {round: vector}}}``.
+        """
         uploads: dict = {}
         aggregates: dict = {}
         for p in observer_parties(observer):
@@ -271,8 +275,11 @@ class RunContext:
         }
 
     def aux_graphs(self, **_) -> dict | None:
-        """K1 (graph classification): graphs from the clients' distribution that no client trains
-        on (each client's validation and test graphs: one pool per client), and the mean training-set size."""
+        """K1 (graph classification).
+
+        Graphs from the clients' distribution that no client trains on (each client's validation and test graphs: one
+        pool per client), and the mean training-set size.
+        """
         if hasattr(self.fed, "graph"):
             return None
         clients = self.fed.clients
@@ -314,8 +321,11 @@ class RunContext:
         return self.parties.query_api(t)
 
     def aux_labelled(self, **_):
-        """K1 shadow data: a seeded 30 % of the nodes with labels, read in their neighbourhood
-        (features and edges of the graph they live in; only their labels are 'extra')."""
+        """K1 shadow data.
+
+        A seeded 30 % of the nodes with labels, read in their neighbourhood (features and edges of the graph they live
+        in; only their labels are 'extra').
+        """
         g = self.fed.graph
         n = int(g.num_nodes)
         rng = np.random.default_rng([self.seed, 99])
@@ -406,9 +416,20 @@ def _entry(res: AttackResult, seconds: float, *, secure: bool, audit_passed: boo
 
 
 def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | None = None) -> list[dict]:
-    """Run ``names`` (or ``['all']``) on a finished run; returns JSON-ready entries.
+    """Run ``names`` (or ``['all']``) on a finished run.
 
-    ``options``: per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``."""
+    Args:
+        names: Attack names, or ``['all']`` for every attack that targets the run's algorithm.
+        algo: The finished run's algorithm (server strategy or in-process algorithm).
+        protocol: Its protocol (transcript, keys).
+        fed: Its federation (ground truth for scoring).
+        cfg: Its configuration.
+        options: Per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
+
+    Returns:
+        JSON-ready entries: the transcript audit, then one entry per attack (not-applicable ones with the reason;
+        an attack that fails becomes an entry with its error).
+    """
     algorithm = getattr(algo, "name", cfg.algorithm)
     graph_level = not hasattr(fed, "graph")
     selected = resolve_names(names, algorithm, graph_level)

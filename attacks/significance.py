@@ -84,7 +84,16 @@ def _f(v):
 
 # ----------------------------------------------------------------------------- intervals
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``successes / n``."""
+    """Wilson score interval of a proportion ``successes / n``.
+
+    Args:
+        successes: Number of successes.
+        n: Number of trials.
+        z: Standard normal quantile of the interval (95 %: 1.96).
+
+    Returns:
+        ``(low, high)``; ``(0, 1)`` when ``n = 0``.
+    """
     if n <= 0:
         return (0.0, 1.0)
     p = successes / n
@@ -113,8 +122,20 @@ def bootstrap_ci(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of ``metric(scores, labels)``: positives and negatives are
-    resampled separately (their counts stay fixed), or whole ``groups`` are resampled."""
+    """Percentile bootstrap interval of ``metric(scores, labels)``.
+
+    Args:
+        metric: ``(scores, labels) -> float``.
+        scores: The attack's score per item.
+        labels: The item's true class (bool).
+        groups: Optional group id per item: whole groups are resampled (correlated items); otherwise
+            positives and negatives are resampled separately (their counts stay fixed).
+        draws: Bootstrap draws.
+        seed: Seed of the resampling.
+
+    Returns:
+        The 2.5 and 97.5 percentiles of the resampled metric, or ``None`` if no draw is finite.
+    """
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels).astype(bool)
     out = np.empty(draws)
@@ -140,7 +161,18 @@ def permutation_null(
     draws: int = DRAWS,
     seed: int = 1,
 ) -> np.ndarray:
-    """``metric`` on ``draws`` random permutations of ``labels`` over the fixed ``scores``."""
+    """``metric`` on ``draws`` random permutations of ``labels`` over the fixed ``scores``.
+
+    Args:
+        metric: ``(scores, labels) -> float``.
+        scores: The attack's fixed scores (the attack is not re-run).
+        labels: The labels to permute.
+        draws: Number of permutations.
+        seed: Seed of the permutations.
+
+    Returns:
+        The metric of each permutation (``draws`` values).
+    """
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     return np.array([metric(scores, rng.permutation(labels)) for _ in range(draws)])
@@ -158,8 +190,21 @@ def score_estimate(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> Estimate:
-    """A score-based metric (AUC, advantage, TPR at low FPR) with its interval; ``chance=None``
-    takes the permutation null's mean as the chance level."""
+    """A score-based metric (AUC, advantage, TPR at low FPR) with its interval.
+
+    Args:
+        name: The metric's name.
+        metric: ``(scores, labels) -> float``.
+        scores: The attack's score per item.
+        labels: The item's true class (bool).
+        chance: The analytic chance level; ``None`` takes the permutation null's mean.
+        groups: Optional group id per item for a group bootstrap (``samples`` then counts groups).
+        draws: Bootstrap and permutation draws.
+        seed: Seed of the resampling.
+
+    Returns:
+        The estimate; without both classes among the labels its value and interval are ``None``.
+    """
     scores = np.asarray(scores, dtype=np.float64).ravel()
     labels = np.asarray(labels).astype(bool).ravel()
     n = int(labels.size if groups is None else np.unique(groups).size)
@@ -171,7 +216,9 @@ def score_estimate(
     if chance is None:
         null = permutation_null(metric, scores, labels, draws=draws, seed=seed + 1)
         chance, q95, method = float(np.mean(null)), float(np.percentile(null, 95)), f"permutation({draws})"
-    ci_method = f"group bootstrap({draws})" if groups is not None else f"bootstrap({draws})"
+    ci_method = (
+        f"group bootstrap({draws}, {np.unique(groups).size} groups)" if groups is not None else f"bootstrap({draws})"
+    )
     return Estimate(name, float(value), float(chance), ci, n, method, ci_method, null_q95=q95)
 
 
@@ -197,16 +244,75 @@ def proportion_estimate(
     higher_is_leakier: bool = True,
     chance_method: str = "analytic",
 ) -> Estimate:
-    """A proportion (accuracy, exposure rate) with its Wilson interval."""
+    """A proportion (accuracy, exposure rate) with its Wilson interval.
+
+    Args:
+        name: The metric's name.
+        successes: Number of successes.
+        n: Number of independent trials.
+        chance: The chance level.
+        higher_is_leakier: Whether a higher value means more leakage.
+        chance_method: How the chance level was obtained.
+
+    Returns:
+        The estimate.
+    """
     value = successes / n if n else None
     return Estimate(
         name, value, chance, wilson(successes, n) if n else None, int(n), chance_method, "wilson", higher_is_leakier
     )
 
 
+def cluster_proportion_estimate(
+    name: str,
+    successes,
+    clusters,
+    chance: float | None,
+    *,
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> Estimate:
+    """A proportion over units correlated inside clusters, with a cluster bootstrap interval.
+
+    Units are e.g. the nodes of one client; whole clusters are resampled with replacement and the proportion
+    ``sum successes / count`` recomputed over the units they hold.
+
+    Args:
+        name: The metric's name.
+        successes: One 0/1 outcome per unit.
+        clusters: The cluster id of each unit.
+        chance: The metric's chance level.
+        draws: Bootstrap draws.
+        seed: Seed of the resampling.
+
+    Returns:
+        The estimate; ``samples`` counts the units, ``ci_method`` names the clusters.
+    """
+    hits = np.asarray(successes, dtype=np.float64).ravel()
+    ids, inv = np.unique(np.asarray(clusters).ravel(), return_inverse=True)
+    if hits.size == 0:
+        return Estimate(name, None, chance, None, 0, "analytic", "cluster bootstrap")
+    per_hits = np.bincount(inv, weights=hits, minlength=ids.size)
+    per_count = np.bincount(inv, minlength=ids.size).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, ids.size, (draws, ids.size))
+    boots = per_hits[pick].sum(1) / np.maximum(per_count[pick].sum(1), 1.0)
+    return Estimate(
+        name,
+        float(hits.mean()),
+        chance,
+        _percentile_ci(boots),
+        int(hits.size),
+        "analytic",
+        f"cluster bootstrap({draws}, {ids.size} clusters)",
+    )
+
+
 def matching_chance(guess, truth) -> float:
-    """Expected accuracy of ``guess`` against ``truth`` when paired at random:
-    ``sum_c P(guess = c) P(truth = c)`` (the permutation null's mean, exactly)."""
+    """Expected accuracy of ``guess`` against ``truth`` when paired at random.
+
+    ``sum_c P(guess = c) P(truth = c)`` (the permutation null's mean, exactly).
+    """
     g, t = np.asarray(guess).ravel(), np.asarray(truth).ravel()
     if g.size == 0:
         return float("nan")
@@ -224,7 +330,20 @@ def mean_estimate(
     draws: int = DRAWS,
     seed: int = 0,
 ) -> Estimate:
-    """A mean over independent units (e.g. clients) with a bootstrap interval over the units."""
+    """A mean over independent units (e.g. clients) with a bootstrap interval over the units.
+
+    Args:
+        name: The metric's name.
+        values: One value per unit (``None`` and non-finite values are left out).
+        chance: The chance level (or baseline).
+        higher_is_leakier: Whether a higher value means more leakage.
+        chance_method: How the chance level was obtained.
+        draws: Bootstrap draws.
+        seed: Seed of the resampling.
+
+    Returns:
+        The estimate.
+    """
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
     if v.size == 0:
         return Estimate(name, None, chance, None, 0, chance_method, higher_is_leakier=higher_is_leakier)

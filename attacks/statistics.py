@@ -59,7 +59,19 @@ def _prior(truth: GroundTruth, mask: np.ndarray | None = None) -> np.ndarray:
 
 
 def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.ndarray], node_set: str) -> AttackResult:
-    tvs, base, exact, absent_ok = [], [], [], []
+    """Score estimated label distributions by their mean total-variation distance to the clients' true ones.
+
+    Args:
+        res: The result to score.
+        truth: The ground truth (each client's labels and masks).
+        est: Client -> estimated label distribution.
+        node_set: ``"train"`` (the training labels) or ``"all"`` (every node the client holds).
+
+    Returns:
+        ``res`` with ``label_tv`` (lower is leakier) against the global prior's TV as the chance level, and
+        ``uniform_tv``, ``exact_clients``, ``absent_class_acc``, ``clients_scored``.
+    """
+    tvs, base, uniform, exact, absent_ok = [], [], [], [], []
     prior = _prior(truth, truth.train_mask if node_set == "train" else None)
     for k, pi in est.items():
         c = truth.clients[k]
@@ -72,6 +84,7 @@ def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.n
         tv = tv_distance(pi, true)
         tvs.append(tv)
         base.append(tv_distance(prior, true))
+        uniform.append(tv_distance(np.ones(truth.num_classes), true))
         exact.append(tv < 1e-6)
         absent_ok.append(float(((np.asarray(pi) <= 1e-9) == (true == 0)).mean()))
     res.add(
@@ -87,6 +100,7 @@ def score_label_dists(res: AttackResult, truth: GroundTruth, est: dict[int, np.n
     res.metrics.update(
         {
             "prior_tv": res.chance,
+            "uniform_tv": float(np.mean(uniform)) if uniform else None,
             "exact_clients": float(np.mean(exact)) if exact else None,
             "absent_class_acc": float(np.mean(absent_ok)) if absent_ok else None,
             "clients_scored": len(tvs),

@@ -15,7 +15,7 @@ best-validation round, plain mode: secure = plain is measured by the table scrip
 * ``1-hop``                        -- the table's setting (beta 1);
 * ``1-hop, 3 local epochs``        -- 3x the local optimisation steps;
 * ``2-hop sym``                    -- ``--norm sym --hops 2``: for its own nodes exactly Kipf's GCN
-  on the whole graph (``tests/test_fedgcn.py``), so only FedAvg over the clients differs.
+  on the whole graph (``tests/algorithms/test_fedgcn.py``), so only FedAvg over the clients differs.
 
 Also printed per dataset and beta: the training nodes the clients hold (their union is the
 Centralized training set) and the share of edges whose endpoints belong to different clients.

@@ -61,6 +61,7 @@ PUBLISHED = {
     ("fedsgd", "update_label_dist", "label_tv"): (None, "EC-LDA: first FGL label-distribution attack, no Cora number"),
     ("fedavg", "ownership", "ownership_acc"): (None, "CC-MIA reports ownership as 'high', no number"),
     ("fedavg", "ownership", "owner_auc"): (None, "CC-MIA reports ownership as 'high', no number"),
+    ("fedavg", "update_label_dist", "label_tv"): (None, "EC-LDA: no Cora number; Adam, shadow-calibrated"),
     ("fedgcn", "fedgcn_readout", "exposure_rate"): (None, "FedGCN publishes no attack"),
     ("fedgcn", "fedgcn_ls", "exposure_rate"): (None, "FedGCN publishes no attack"),
     ("fedgcn", "fedgcn_client_subtraction", "exposure_rate"): (None, "FedGCN publishes no attack"),
@@ -102,7 +103,11 @@ SETTINGS = {
         attacks=["gradient_inversion", "ownership", "update_label_dist"],
     ),
     "fedavg": dict(
-        algorithm="fedavg", clients=10, rounds=3, local_epochs=3, attacks=["gradient_inversion", "ownership"]
+        algorithm="fedavg",
+        clients=10,
+        rounds=3,
+        local_epochs=3,
+        attacks=["gradient_inversion", "ownership", "update_label_dist"],
     ),
     "fedgcn": dict(
         algorithm="fedgcn",

@@ -59,7 +59,7 @@ load_federation(gcfl_tables.config('$GC_SETTING', 'FedAvg', 'plain', 0, argparse
     for m in $GC_METHODS; do gcfl $m & done; wait ) & JOBS+=($!)
 fi
 # the tests and timings first, on an otherwise idle GPU
-timeout 200 python3 -m pytest -p no:cacheprovider -o addopts="" -q -rs tests/test_gpu.py > $L/pytest_gpu.log 2>&1; echo "pytest rc $? at $(el) s" >> $L/jobs.txt
+timeout 200 python3 -m pytest -p no:cacheprovider -o addopts="" -q -rs tests/attacks/test_gpu.py > $L/pytest_gpu.log 2>&1; echo "pytest rc $? at $(el) s" >> $L/jobs.txt
 tail -3 $L/pytest_gpu.log
 timeout 150 python3 -m secure_fgl.bench.overhead --workloads cora-fedgcn --modes plain mask ckks --quick --sizes --no-arxiv --device $DEV --data-root $D --out $L/overhead_$DEV > $L/overhead_$DEV.log 2>&1
 echo "overhead $DEV rc $? at $(el) s" >> $L/jobs.txt

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from .base import BlockTable, DPRequest, ExchangeContext, Protocol, ValueSpec
+from .base import Protocol
 from .errors import (
     BoundError,
     ConfigurationError,
@@ -19,6 +19,7 @@ from .errors import (
     ProtocolError,
     ShapeError,
 )
+from .exchange import BlockTable, DPRequest, ExchangeContext, ValueSpec
 from .plain import PlainProtocol
 from .registry import backend_class, modes
 from .transcript import SERVER, Message, Transcript, client_party, party_client

@@ -28,6 +28,7 @@ session and exchange (replays), the body digest, then a replay cache keyed by
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import AuthenticationError, DigestError, KeySubstitutionError, MisdirectedError, ReplayError
+from .errors import (
+    AuthenticationError,
+    DigestError,
+    KeySubstitutionError,
+    MalformedMessageError,
+    MisdirectedError,
+    ReplayError,
+)
 from .message import SIGNATURE_BYTES, Envelope, body_digest
 from .transcript import party_client
 
@@ -67,8 +75,6 @@ class SigningKey:
     def save(self, path) -> None:
         """Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
         an existing file is never overwritten."""
-        import os
-
         pem = self._private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -209,8 +215,6 @@ def check_public_key(
 
 def split_auth(auth: Any) -> tuple[bytes, bytes]:
     """``(signature, header)`` of the ``auth`` bytes a transcript Message carries."""
-    from .errors import MalformedMessageError
-
     if not isinstance(auth, (bytes, bytearray)) or len(auth) <= SIGNATURE_BYTES:
         raise MalformedMessageError("the message carries no signed envelope (truncated or stripped)")
     return bytes(auth[:SIGNATURE_BYTES]), bytes(auth[SIGNATURE_BYTES:])

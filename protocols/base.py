@@ -29,173 +29,25 @@ equal-length blocks with per-recipient block selection.
 from __future__ import annotations
 
 import hashlib
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import validate
-from .auth import KeyRegistry, ReplayCache, SigningKey, verify
 from .baseline import row_sum_bytes, vector_sum_bytes
-from .channel import ChannelKey, associated_data
-from .errors import ConfigurationError, IntegrityError, MalformedMessageError, ShapeError
-from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, body_digest
+from .errors import ConfigurationError, ShapeError
+from .exchange import ArrayLike, BlockTable, DPRequest, ExchangeContext, ValueSpec
 from .row_blocks import BlockRows, ReadableRows, RowSelection
-from .transcript import SERVER, Message, Transcript, client_party, party_client
+from .transcript import Transcript
+
+if TYPE_CHECKING:  # the DP settings are injected: dp imports this package's data types
+    from .dp import DPConfig, DPEngine
 
 #: tag of the once-per-run registration of the clients' public keys
 AUTH_TAG = "auth/keys"
-
-ArrayLike = Any  # numpy array or torch tensor
-
-
-def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
-    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
-    this exchange's (IntegrityError naming the client and what differs)."""
-    expected = (protocol, fingerprint, rnd, tag)
-    got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
-    if got != expected:
-        names = ("protocol", "context fingerprint", "round", "tag")
-        bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
-        raise IntegrityError(
-            "message rejected: wrong "
-            + "; ".join(bad)
-            + ". The client must use this run's public context and current exchange",
-            tag=tag,
-            round=rnd,
-            client=client,
-        )
-
-
-@dataclass(frozen=True)
-class ValueSpec:
-    """Public bounds of one exchange's values — they fix the encoding, never the data.
-
-    max_abs:   bound on ``|entry|`` of any single client's contribution (after weighting).
-    integer:   entries are non-negative integers (enables exact packed encodings).
-    sum_max:   for integer exchanges, a public bound on every entry of the K-way sum
-               (e.g. a degree cap + 1 for neighbour-feature counts).
-    tolerance: largest absolute error acceptable in a float sum; backends whose
-               computed error bound exceeds it refuse the exchange.
-    owner_checked_sum: ``sum_max`` holds whenever every client passes its own check (e.g.
-               FedGCN: row v's total counts deg(v) + 1 terms and v's owner refuses a degree
-               above the cap).  Encodings then size packed fields from ``sum_max``; without
-               it from ``K * max_abs``, the only sum bound K client-checked entries guarantee
-               (:func:`protocols.precision.kway_sum_bound`).  For a float exchange it says
-               that ``max_abs`` bounds the K-way sum too (packed fixed point,
-               :mod:`protocols.ckks.fixed_point`, sizes its fields from it).
-    float64_wire: the plain protocol carries these values as float64 instead of float32: set
-               by plans whose target error is below float32 resolution
-               (:meth:`protocols.precision.MeanPrecision.spec`), so plain computes what the
-               secure codecs compute.  The float32 byte baseline is unchanged.
-    grid_bits: every contribution is rounded to the public grid ``2^-grid_bits`` on its client
-               before it is encoded, and every decoded sum back to it, so every mode returns
-               the same sum bit for bit (:meth:`protocols.precision.MeanPrecision.grid_spec`
-               plans it; :func:`protocols.fixed_point.to_grid` rounds).  ``None``: no grid.
-    """
-
-    max_abs: float = 1e4
-    integer: bool = False
-    sum_max: int | None = None
-    tolerance: float = 1e-4
-    owner_checked_sum: bool = False
-    float64_wire: bool = False
-    grid_bits: int | None = None
-
-    def sum_bound(self, num_clients: int) -> float:
-        if self.integer and self.sum_max is not None and self.owner_checked_sum:
-            return float(self.sum_max)
-        return float(self.max_abs) * num_clients
-
-
-@dataclass
-class BlockTable:
-    """A client's contribution as blocks of equal length.
-
-    ``ids[i]`` is the global block id of row ``i`` of ``values`` (``[n_blocks, block_len]``).
-    """
-
-    ids: np.ndarray
-    values: np.ndarray
-
-    @property
-    def block_len(self) -> int:
-        return int(self.values.shape[1])
-
-
-@dataclass
-class ExchangeContext:
-    """Everything a backend needs to run one aggregation."""
-
-    tag: str
-    round: int
-    spec: ValueSpec
-    contributions: dict[int, BlockTable]
-    requests: dict[int, np.ndarray]  # client -> sorted block ids it receives
-    num_blocks: int
-    block_len: int
-    layout: str = "dense"  # 'dense' | 'sparse'
-    dp_noise_std: float = 0.0  # std of the DP noise already in the values (for bounds)
-    float32_bytes: tuple[int, int] = (0, 0)  # (up, down) of the plain protocol (protocols.baseline)
-    keep: dict | None = None  # recipient -> the rows of its blocks it keeps (RowSelection)
-
-    def check_requests(self, num_clients: int) -> None:
-        """Every recipient is a client and asks only for blocks of this exchange (else ShapeError)."""
-        for r, bids in self.requests.items():
-            bids = np.asarray(bids)
-            if not 0 <= int(r) < num_clients or (bids.size and (bids.min() < 0 or bids.max() >= self.num_blocks)):
-                raise ShapeError(
-                    f"recipient {r} requests blocks outside [0, {self.num_blocks})",
-                    tag=self.tag,
-                    round=self.round,
-                    client=r,
-                )
-
-
-@dataclass(frozen=True)
-class DPRequest:
-    """How one exchange is privatised when the run has DP on (see :mod:`protocols.dp`).
-
-    clip:         L2 clip bound applied by the client before noise (``math.inf``: the caller
-                  bounded its contributions itself and must give ``sensitivity``);
-    per_row:      clip each row (first-axis slice / contributed row) separately instead of
-                  the whole contribution;
-    sensitivity:  L2 sensitivity of the released *sum*.  Default: ``clip`` for a whole
-                  contribution (add/remove one client; ``clip*sqrt(rows)`` per row); a DP
-                  weighted mean with weights uses ``sqrt(2)*clip`` (the weight is noised too);
-                  :meth:`Protocol.row_sum` with ``per_row`` needs it stated (e.g.
-                  ``protocols.dp.edge_level_sensitivity(C)``);
-    releases:     how many times this tag is released in the run (for calibration);
-    integer:      integer noise (discrete Gaussian) so exact integer encodings stay exact;
-                  set automatically when the exchange's ``ValueSpec.integer`` is true;
-    weight_bound: public bound W on the weights of a DP weighted mean (weights are clipped
-                  to W); needed when any weight exceeds 1.
-    """
-
-    clip: float
-    per_row: bool = False
-    sensitivity: float | None = None
-    releases: int = 1
-    integer: bool = False
-    weight_bound: float | None = None
-
-    def __post_init__(self):
-        for name in ("clip", "sensitivity", "releases", "weight_bound"):
-            value = getattr(self, name)
-            optional = value is None and name in ("sensitivity", "weight_bound")
-            if not optional and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))):
-                raise ConfigurationError(f"DPRequest.{name} must be a number, got {type(value).__name__}")
-        if not self.clip > 0:
-            raise ConfigurationError(f"DPRequest.clip must be > 0 (math.inf: no clipping), got {self.clip!r}")
-        if self.sensitivity is not None and not (np.isfinite(self.sensitivity) and self.sensitivity > 0):
-            raise ConfigurationError(f"DPRequest.sensitivity must be finite and > 0, got {self.sensitivity!r}")
-        if int(self.releases) != self.releases or self.releases < 1:
-            raise ConfigurationError(f"DPRequest.releases must be an integer >= 1, got {self.releases!r}")
-        if self.weight_bound is not None and not (np.isfinite(self.weight_bound) and self.weight_bound > 0):
-            raise ConfigurationError(f"DPRequest.weight_bound must be finite and > 0, got {self.weight_bound!r}")
 
 
 def classwise_vector(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -233,28 +85,16 @@ class Protocol(ABC):
     #: kind of the messages a client uploads ('plain' | 'ciphertext' | 'masked')
     upload_kind: str = "plain"
 
-    def __init__(self, num_clients: int, *, transcript: Transcript | None = None, dp: Any = None, seed: int = 0):
+    def __init__(
+        self, num_clients: int, *, transcript: Transcript | None = None, dp: DPConfig | None = None, seed: int = 0
+    ):
         self.num_clients = validate.count(num_clients, "num_clients", None, None)
         self.transcript = transcript if transcript is not None else Transcript()
         self.seed = int(seed)
-        self.dp = None
-        if dp is not None:
-            from .dp import DPEngine  # local import: dp depends on accountant/opacus
-
-            self.dp = DPEngine(dp, num_clients=self.num_clients, protocol_mode=self.mode)
-        #: test hook: called on every message in transit (uploads, downloads, relayed client->client)
-        self.intercept: Callable[[Message], Message] | None = None
-        #: public run id and this session's nonce (os.urandom; a resumed run gets a new session)
-        self.run_id = os.urandom(NONCE_BYTES)
-        self.session = os.urandom(NONCE_BYTES)
+        #: the run's DP engine, built by the injected DP settings (``None``: no DP)
+        self.dp: DPEngine | None = None if dp is None else dp.engine(self.num_clients, self.mode)
         #: number of the current exchange in this session (bound into every envelope)
         self.exchange = 0
-        #: the registered public keys (trust on first use; see :mod:`protocols.auth`)
-        self.registry = KeyRegistry()
-        self._signing = {k: SigningKey() for k in range(self.num_clients)}  # client side
-        self._server_signing = SigningKey()  # server side
-        self._channel = {k: ChannelKey(client_party(k)) for k in range(self.num_clients)}
-        self._replay: dict[str, ReplayCache] = {}  # per receiving party
 
     # ------------------------------------------------------------------ identity
     @property
@@ -613,9 +453,7 @@ class Protocol(ABC):
         (:func:`protocols.dp.release_spec`)."""
         if self.dp is None or dp is None:
             return spec
-        from .dp import release_spec
-
-        return release_spec(spec, replace(dp, integer=dp.integer or spec.integer), self.dp.config.placement)
+        return self.dp.release_spec(spec, dp)
 
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
         """The DP request if the run has DP and ``tag`` is in its scope, else ``None``."""
@@ -636,145 +474,6 @@ class Protocol(ABC):
         exchange with the same tag and round is a replay.  Every exchange shape calls it once."""
         self._check_exchange_id(tag, rnd)
         self.exchange += 1
-
-    def _deliver(self, msg: Message, stage: str = "upload", part: int = 0, *, record: bool = True) -> Message | None:
-        """Client ``msg.sender`` signs ``msg`` and sends it to the server; it passes the test
-        hook in transit, is recorded (unless ``record`` is false) and the server verifies it
-        (:func:`protocols.auth.verify`) before anything reads it.  ``None`` when the hook
-        drops it (a dropout)."""
-        return self._transmit(msg, stage, part, record)
-
-    def _download(self, msg: Message, stage: str = "download", part: int = 0, *, record: bool = True) -> Message | None:
-        """The server signs ``msg`` (to client ``msg.receiver``) with its own key; it passes the
-        test hook in transit, is recorded (unless ``record`` is false) and the recipient
-        verifies it (signature, sender, recipient, session, exchange, stage, digest, replay)
-        before decoding anything.  ``None`` when the hook drops it."""
-        return self._transmit(msg, stage, part, record)
-
-    def _transmit(self, msg: Message, stage: str, part: int, record: bool) -> Message | None:
-        sender, receiver, tag, rnd = msg.sender, msg.receiver, msg.tag, msg.round
-        msg = self._seal(msg, stage, part)
-        if self.intercept is not None:
-            msg = self.intercept(msg)
-            if msg is None:
-                return None
-        if record:
-            self._record_message(msg)
-        self._authenticate(msg, sender, receiver, stage, part, tag, rnd)
-        return msg
-
-    def _record_message(self, msg: Message) -> None:
-        """Put a message that crossed the wire in the transcript (a backend may strip large payloads)."""
-        self.transcript.record(msg)
-
-    # ------------------------------------------------------------------ authentication
-    def identity_fingerprints(self) -> dict[str, dict[str, str]]:
-        """SHA-256 fingerprints of every registered key, the server's signing key included (for result.json)."""
-        return self.registry.fingerprints()
-
-    def _ensure_registered(self, rnd: int) -> None:
-        """Register every party's keys once per run, pinned by the run manifest (a backend split into
-        halves runs the ``register`` stage: :meth:`protocols.split.SplitProtocol._ensure_registered`)."""
-        raise NotImplementedError
-
-    def _seal(self, msg: Message, stage: str, part: int = 0) -> Message:
-        """Sender side: the signed envelope of ``msg``; ``nbytes`` becomes the real wire size."""
-        self._ensure_registered(msg.round)
-        k = party_client(msg.sender)
-        key = self._server_signing if k is None else self._signing[k]
-        digest, length = body_digest(msg.payload)
-        env = Envelope(
-            self.run_id,
-            self.session,
-            msg.protocol,
-            msg.fingerprint,
-            self.exchange,
-            int(msg.round),
-            msg.tag,
-            stage,
-            int(part),
-            msg.sender,
-            msg.receiver,
-            msg.kind,
-            tuple(int(d) for d in msg.shape),
-            digest,
-            length,
-        )
-        header = env.header_bytes()
-        return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
-
-    def _authenticate(
-        self, msg: Message, sender: str, recipient: str, stage: str, part: int, tag: str, rnd: int
-    ) -> None:
-        """Receiver side: verify ``msg`` (signature, sender, recipient, session, exchange, stage,
-        digest, replay) expected in exchange (``tag``, ``rnd``); an IntegrityError subclass
-        naming the client and exchange otherwise."""
-        where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
-        expected = dict(
-            run_id=self.run_id,
-            session=self.session,
-            exchange=self.exchange,
-            stage=stage,
-            part=part,
-            sender=sender,
-            recipient=recipient,
-        )
-        try:
-            verify(msg, expected, self.registry, self._replay.setdefault(recipient, ReplayCache()), where)
-        except MalformedMessageError as e:
-            if e.client is None:
-                raise MalformedMessageError(str(e), **where) from None
-            raise
-
-    def _relay(
-        self,
-        rnd: int,
-        tag: str,
-        a: int,
-        b: int,
-        stage: str,
-        secret: bytes,
-        note: str,
-        fingerprint: str | None = None,
-        keep_payload: bool = True,
-        part: int = 0,
-    ) -> bytes:
-        """Client ``a`` sends ``secret`` to client ``b`` through the server over the encrypted
-        channel (:mod:`protocols.channel`); returns what ``b`` decrypts after verifying it."""
-        self._ensure_registered(rnd)
-        pa, pb = client_party(a), client_party(b)
-        ad = associated_data(self.run_id, self.session, self.exchange, rnd, tag, stage, pa, pb)
-        sealed = self._channel[a].seal(pb, self.registry.channel[pb], self.run_id, secret, ad)
-        fp = self.fingerprint if fingerprint is None else fingerprint
-        msg = self._seal(
-            Message(
-                rnd,
-                tag,
-                pa,
-                pb,
-                "ciphertext",
-                (len(sealed),),
-                0,
-                self.mode,
-                fp,
-                sealed,
-                note=note + " (channel-encrypted, relayed by the server)",
-                relay=SERVER,
-            ),
-            stage,
-            part,
-        )
-        if self.intercept is not None:
-            msg = self.intercept(msg)
-        self.transcript.record(msg if keep_payload else msg.without_payload())
-        self._authenticate(msg, pa, pb, stage, part, tag, rnd)
-        return self._channel[b].open(
-            pa, self.registry.channel[pa], self.run_id, msg.payload, ad, dict(tag=tag, round=rnd, client=a)
-        )
-
-    def _check_envelope(self, msg: Message, ctx: ExchangeContext, client: int) -> None:
-        """Server side: refuse a message that does not belong to this exchange."""
-        check_exchange_fields(msg, self.mode, self.fingerprint, ctx.round, ctx.tag, client)
 
     @abstractmethod
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:

@@ -25,7 +25,7 @@ tag's value of one stage in one signed message per client (:func:`protocols.pair
 and attributes its bytes to the part tags, one entry each.
 
 Byte attribution: the transcript records one message per client under the batch tag and the
-batch's layout (:meth:`Transcript.attribute`); :func:`split_per_tag` divides every byte
+batch's layout (:meth:`Transcript.attribute`); :meth:`Transcript.comm` divides every byte
 count of the batch tag -- wire bytes and the float32 baseline -- among the part tags in
 proportion to their entries (the shared weight entry and the remainder of the integer
 division go to the last part), so ``comm()['per_tag']`` still lists every part tag and its
@@ -39,11 +39,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import validate
-from .base import ValueSpec
 from .errors import ConfigurationError, ShapeError
-
-#: per-tag counters that are split among a batch's parts
-SPLIT_KEYS = ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down")
+from .exchange import ValueSpec
+from .pairwise import report_vectors
 
 
 def batched_weighted_mean(
@@ -122,8 +120,6 @@ def batched_report(
     doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
     (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
     client -> what the server got."""
-    from .pairwise import report_vectors
-
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
     names = list(parts)
@@ -191,26 +187,3 @@ def batch_means(total: np.ndarray, shapes: Sequence[tuple[int, ...]], tag: str, 
         out.append((total[start : start + size] / total[0]).reshape(shape))
         start += size
     return out
-
-
-def split_per_tag(per_tag: dict[str, dict], batches: Mapping[str, tuple[tuple[str, int], ...]]) -> None:
-    """Replace each batch tag's counters in ``per_tag`` by its parts' shares (module doc), in place."""
-    for batch, layout in batches.items():
-        slot = per_tag.pop(batch, None)
-        if slot is None:
-            continue
-        total_entries = sum(n for _, n in layout) or 1
-        for i, (name, n) in enumerate(layout):
-            part = per_tag.setdefault(name, {"bytes_up": 0, "bytes_down": 0, "bytes_p2p": 0, "messages": 0})
-            part["messages"] = part.get("messages", 0) + slot.get("messages", 0)
-            part["batched_in"] = batch
-            for key in SPLIT_KEYS:
-                if key not in slot:
-                    continue
-                value = slot[key]
-                share = (
-                    value - sum(value * m // total_entries for _, m in layout[:-1])
-                    if i == len(layout) - 1
-                    else value * n // total_entries
-                )
-                part[key] = part.get(key, 0) + share

@@ -55,7 +55,7 @@ class SecureRandom:
     """Uniforms, Gaussians and discrete Gaussians from an AES-256-CTR keystream keyed by
     ``os.urandom(32)`` (see module docstring).  Not picklable and never persisted."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._encryptor = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
 
     def __reduce__(self):

@@ -147,9 +147,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .accountant import MECHANISMS, PrivacyAccountant, calibrate_noise_multiplier, epsilon_of
-from .base import DPRequest, ValueSpec
 from .csprng import SecureRandom
 from .errors import ConfigurationError, PrivacyBudgetError
+from .exchange import DPRequest, ValueSpec
 from .registry import distributed_dp_modes
 
 PLACEMENTS = ("local", "distributed")
@@ -213,6 +213,10 @@ class DPConfig:
     dropouts: int = 0
     colluders: int = 0
     exchange_releases: bool = True
+
+    def engine(self, num_clients: int, protocol_mode: str) -> DPEngine:
+        """The run's :class:`DPEngine` for a protocol of ``num_clients`` clients in ``protocol_mode``."""
+        return DPEngine(self, num_clients=num_clients, protocol_mode=protocol_mode)
 
     def in_scope(self, tag: str) -> bool:
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
@@ -851,6 +855,11 @@ class DPEngine:
         self.last_std = float(state["last_std"])
 
     # ------------------------------------------------------------------ report
+    def release_spec(self, spec: ValueSpec, req: DPRequest) -> ValueSpec:
+        """The spec this run encodes the DP sum of ``req`` with (:func:`release_spec`, integer noise
+        for an integer exchange)."""
+        return release_spec(spec, dataclasses.replace(req, integer=req.integer or spec.integer), self.config.placement)
+
     def report(self) -> dict:
         """The accountant's report plus the budget, placement and per-tag calibration."""
         rep = self.accountant.report()

@@ -109,6 +109,16 @@ class RecipientRoleError(PlanRefusedError):
     shown to this client, or a recipient that is not a client of the run)."""
 
 
+class ScheduleRoleError(RecipientRoleError):
+    """The plan breaks the role the run's public schedule gives its tag (a broadcast sent to this
+    client in part only)."""
+
+
+class SampleMismatchError(PlanRefusedError):
+    """The plan's contributors are not within the round's client sample, which every client
+    recomputes from the run manifest's sampling seed (:mod:`protocols.client_sampling`)."""
+
+
 class ClearReportRefusedError(PlanRefusedError):
     """A report plan (a value sent in the clear) for a tag this client's owner did not mark as
     reported in the clear: the server asked for a protected contribution through the report stage."""
@@ -143,6 +153,12 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
     """A second key-switching request in one exchange."""
 
 
+class ActiveSetError(KeySwitchRefusedError):
+    """A t-out-of-n ckks-mp key switch names an active set that is not exactly ``t`` distinct
+    clients of the run including this one, or an uploader set the plan does not allow (a
+    non-contributor, this client's own upload misreported, more uploads missing than n - t)."""
+
+
 class SmudgingBudgetError(KeySwitchRefusedError):
     """The run's key switches would exceed the public budget that keeps the smudging's total
     statistical distance within 2^-30."""
@@ -152,6 +168,12 @@ class ConsistencyError(UnmaskingRefusedError):
     """A mask client refused to unmask: the server's survivor set is not the one this client
     signed in the consistency round, or fewer than ``t`` survivors signed it (the server told
     different clients different survivor sets)."""
+
+
+class InconsistentViewError(ConsistencyError, IntegrityError):
+    """The clients of one exchange do not hold one view of it: the server told them different
+    survivor sets or plans, or sent them different broadcasts to train on (a model-inconsistency
+    attack, :mod:`protocols.broadcast_view`).  Nothing was revealed."""
 
 
 class RepeatedUploadError(ProtocolError):

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import IntegrityError, PackingOverflowError
+from .precision import kway_sum_bound
 
 #: failure probability per try of conditional randomized rounding (Kairouz et al.'s beta)
 CRR_BETA = 2.0**-20
@@ -160,8 +161,6 @@ class FixedPoint:
     ) -> FixedPoint:
         """The plan for entries bounded by ``entry_bound`` (sum bound ``K B`` unless an owner's
         check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound`` given)."""
-        from .precision import kway_sum_bound
-
         if sum_bound is None:
             sum_bound = entry_bound if owner_checked_sum else kway_sum_bound(entry_bound, num_clients)
         return cls(float(entry_bound), float(sum_bound), int(num_clients), int(width), int(fields))

@@ -23,10 +23,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import validate
-from .base import ArrayLike, Protocol
 from .errors import ConfigurationError, NonFiniteError, ShapeError
+from .exchange import ArrayLike
+from .halves import HalvesProtocol
+from .pairwise_exchange import cosine_matrix, pairwise_over_halves
 from .registry import pairwise_modes
-from .transcript import SERVER, Message, client_party
+from .report import collect_reports
 
 __all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODES", "cosine_matrix"]
 
@@ -34,14 +36,7 @@ __all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODE
 PAIRWISE_MODES = pairwise_modes()
 
 
-def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
-    """Cosine similarities of the rows of ``vectors`` (a zero row has similarity 0 to all)."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.maximum(norms, 1e-12)
-    return unit @ unit.T
-
-
-def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
+def _validated(protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
     if len(updates) < 2:
         raise ShapeError("pairwise statistics need at least two clients", tag=tag, round=rnd)
     return protocol._dense_inputs(
@@ -50,7 +45,7 @@ def _validated(protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, Arr
 
 
 def pairwise_cosine(
-    protocol: Protocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *, decider: int = 0
+    protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *, decider: int = 0
 ) -> np.ndarray:
     """The ``[m, m]`` cosine matrix of ``updates`` (rows in the order of ``updates``), known
     afterwards to the server (the party that decides the clusters)."""
@@ -64,8 +59,6 @@ def pairwise_cosine(
     arrays = _validated(protocol, tag, rnd, updates)
     if not 0 <= decider < protocol.num_clients:
         raise ConfigurationError(f"decider {decider} is not a client of this run", tag=tag, round=rnd)
-    from .pairwise_exchange import pairwise_over_halves
-
     members = [int(k) for k in arrays]
     for k in members:  # the facade plays each member: its half's provider returns its update
         protocol.clients[k].provider = lambda plan, v=arrays[k]: plan.dense_table(v)
@@ -76,20 +69,20 @@ def pairwise_cosine(
             protocol.clients[k].provider = None
 
 
-def report_scalars(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
+def report_scalars(protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
     """Each client sends one float64 to the server in the clear; returns what the server got.
-    A backend split into halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+    A backend in halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
     got = report_vectors(protocol, tag, rnd, {k: [v] for k, v in values.items()})
     return {k: float(v[0]) for k, v in got.items()}
 
 
-def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
+def report_vectors(
+    protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping[int, ArrayLike]
+) -> dict[int, np.ndarray]:
     """Each client sends one float64 vector (the same length for all) to the server in the clear, in
     one message; returns what the server got.  Checked on the client first: a NaN or inf
     (:class:`~protocols.errors.NonFiniteError`) or a length unlike the others'
     (:class:`~protocols.errors.ShapeError`) and nothing is sent."""
-    from .split import SplitProtocol
-
     vectors = {int(k): np.asarray(v, dtype=np.float64).ravel() for k, v in values.items()}
     lengths = {v.size for v in vectors.values()}
     if len(lengths) > 1 or 0 in lengths:
@@ -99,35 +92,18 @@ def report_vectors(protocol: Protocol, tag: str, rnd: int, values: Mapping[int, 
     for k, v in vectors.items():
         if not np.isfinite(v).all():
             raise NonFiniteError("reported scalar is NaN or inf", tag=tag, round=rnd, client=k)
-    if isinstance(protocol, SplitProtocol) and protocol.clients:
-        return _report_through_halves(protocol, tag, rnd, vectors)
-    out = {}
-    protocol._begin_exchange(tag, rnd)
-    for k, v in vectors.items():
-        payload = float(v[0]) if v.size == 1 else [float(x) for x in v]
-        msg = protocol._deliver(
-            Message(
-                rnd,
-                tag,
-                client_party(k),
-                SERVER,
-                "plain",
-                (v.size,),
-                8 * v.size,
-                protocol.mode,
-                protocol.fingerprint,
-                payload=payload,
-            ),
-            stage="report",
+    if not protocol.clients:
+        raise ConfigurationError(
+            "the clients' reports are in this process but their halves are not: with a link, each "
+            "client runtime reports its own values (protocols.report.client_report)",
+            tag=tag,
+            round=rnd,
         )
-        out[k] = np.asarray(msg.payload, dtype=np.float64).ravel()
-    return out
+    return _report_through_halves(protocol, tag, rnd, vectors)
 
 
 def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """The facade plays each reporting client: its half's provider returns its values."""
-    from .report import collect_reports
-
     for k, v in values.items():
         protocol.clients[int(k)].provider = lambda plan, v=v: plan.dense_table(v)
         protocol.clients[int(k)].clear_tags.add(tag)  # the caller reports these values in the clear

@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import ValueSpec
 from .errors import DropoutError, IntegrityError
+from .exchange import ValueSpec
 from .plan import ExchangePlan
 from .transcript import SERVER, client_party
 
@@ -49,11 +49,16 @@ def _answer(server, got: dict, k: int, stage: str, kind: str):
     return msg
 
 
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """Cosine similarities of the rows of ``vectors`` (a zero row has similarity 0 to all)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.maximum(norms, 1e-12)
+    return unit @ unit.T
+
+
 def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decider: int, length: int) -> np.ndarray:
     """Server side: the ``[m, m]`` cosine matrix of the members' ``length``-vectors (rows in the
     order of ``members``), over ``protocol.link``; each member's half holds its own vector."""
-    from .pairwise import cosine_matrix
-
     ckks = protocol.mode == "ckks"
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)

@@ -1,6 +1,6 @@
 """The two halves of a protocol backend: one client half per client, one server half.
 
-A backend is split along the privacy boundary (docs/parties.md):
+A backend is divided along the privacy boundary (docs/parties.md):
 
 * :class:`ClientHalf` — one object per client, built from the run's **public** setup bytes
   only (:class:`PartySetup`), so it can live in another process or machine.  It makes its
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .base import BlockTable, check_exchange_fields
+from .broadcast_view import BroadcastViews
 from .channel import ChannelKey, associated_data
 from .errors import (
     ClearReportRefusedError,
@@ -55,6 +55,7 @@ from .errors import (
     PlanRefusedError,
     ProtocolError,
 )
+from .exchange import BlockTable
 from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
@@ -63,6 +64,7 @@ from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound, PlanPolicy, collusion_bound
 from .report import REPORT_STAGE, client_report
+from .schedule import PublicSchedule
 from .transcript import SERVER, Message, Transcript, client_party, party_client
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -118,6 +120,48 @@ class PartySetup:
         return setup
 
 
+def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
+    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
+    this exchange's (IntegrityError naming the client and what differs)."""
+    expected = (protocol, fingerprint, rnd, tag)
+    got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
+    if got != expected:
+        names = ("protocol", "context fingerprint", "round", "tag")
+        bad = [f"{n} {g!r} (expected {e!r})" for n, g, e in zip(names, got, expected) if g != e]
+        raise IntegrityError(
+            "message rejected: wrong "
+            + "; ".join(bad)
+            + ". The client must use this run's public context and current exchange",
+            tag=tag,
+            round=rnd,
+            client=client,
+        )
+
+
+def envelope_for(
+    msg: Message, run_id: bytes, session: bytes, exchange: int, stage: str, part: int, digest: bytes, length: int
+) -> Envelope:
+    """The envelope that binds ``msg`` (its header fields and a body of ``length`` bytes with SHA-256
+    ``digest``) to the run, the session, the exchange and the stage."""
+    return Envelope(
+        run_id,
+        session,
+        msg.protocol,
+        msg.fingerprint,
+        exchange,
+        int(msg.round),
+        msg.tag,
+        stage,
+        int(part),
+        msg.sender,
+        msg.receiver,
+        msg.kind,
+        tuple(int(d) for d in msg.shape),
+        digest,
+        length,
+    )
+
+
 def envelope_of(msg: Message) -> Envelope:
     """The signed header of a sealed message."""
     return Envelope.from_header(bytes(msg.auth[SIGNATURE_BYTES:]))
@@ -138,6 +182,8 @@ class Party:
         #: register identity keys as the server relays them (no manifest; secure only against a
         #: server that follows the protocol)
         self.trust_on_first_use = False
+        #: the public exchange schedule, from the run manifest (:mod:`protocols.schedule`; none without one)
+        self.schedule: PublicSchedule | None = None
 
     def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
         """Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
@@ -154,6 +200,7 @@ class Party:
             )
         self.manifest, self.signing = manifest, identity
         self.registry = KeyRegistry(pinned=dict(manifest.parties))
+        self.schedule = PublicSchedule.of(manifest.num_clients, manifest.security)
 
     def parameter(self, name: str, default: Any = None) -> Any:
         """A security parameter of the run, from the pinned manifest (:meth:`Manifest.parameter`);
@@ -165,22 +212,8 @@ class Party:
     def seal(self, msg: Message, stage: str, part: int = 0) -> tuple[Message, bytes]:
         """Sign ``msg`` as this party: ``(sealed message, its wire bytes)``; ``nbytes == len(bytes)``."""
         body = encode_body(msg.payload)
-        env = Envelope(
-            self.setup.run_id,
-            self.setup.session,
-            msg.protocol,
-            msg.fingerprint,
-            self.exchange,
-            int(msg.round),
-            msg.tag,
-            stage,
-            int(part),
-            msg.sender,
-            msg.receiver,
-            msg.kind,
-            tuple(int(d) for d in msg.shape),
-            self._body_digest(body),
-            len(body),
+        env = envelope_for(
+            msg, self.setup.run_id, self.setup.session, self.exchange, stage, part, self._body_digest(body), len(body)
         )
         header = env.header_bytes()
         signature = self.signing.sign(header)
@@ -252,6 +285,8 @@ class ClientHalf(Party):
         self.id = int(client_id)
         self.policy = PlanPolicy(self.id, parsed.num_clients, collusion_bound(parsed))
         self._refused: int | None = None  # the exchange whose plan this client refused
+        #: digests of the broadcasts this client received (:mod:`protocols.broadcast_view`)
+        self.views = BroadcastViews()
         self.channel = ChannelKey(self.name)
         self.provider = provider
         #: the tags whose contribution this client's owner agreed to send in the clear (reports,
@@ -289,6 +324,8 @@ class ClientHalf(Party):
         if planned is not None and self.checks_plans and stage != REPORT_STAGE:
             try:  # the bundle's last plan: an earlier one it supersedes was never used
                 self.policy.check(planned)
+                if self.schedule is not None:
+                    self.schedule.check(planned, self.id)
             except PlanRefusedError:
                 self.plan, self._refused = None, self.exchange  # never contribute under a refused plan
                 raise
@@ -309,6 +346,11 @@ class ClientHalf(Party):
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
+
+    def view_digest(self) -> bytes:
+        """The digest of the broadcasts this client received under the current plan's tag, which
+        it binds into its contribution (:mod:`protocols.broadcast_view`; all-zero for other tags)."""
+        return self.views.digest(self.plan.tag)
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
         """The server numbers exchanges (older ones are replays): a later number is adopted only
@@ -405,6 +447,8 @@ class ClientHalf(Party):
         quarter step (else the sum is refused)."""
         if self.plan.spec.grid_bits is not None:
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
+        if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+            self.views.record(self.plan.tag, self.plan.round, blocks)
         self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
@@ -571,6 +615,8 @@ class ServerHalf(Party):
         self.registered: set[int] = set()
         #: party -> its owner's signature over its channel key (forwarded verbatim in the directory)
         self.channel_signatures: dict[str, bytes] = {}
+        #: the recipients of the last exchange whose ``download`` went unanswered (they got no result)
+        self.last_undelivered: tuple[int, ...] = ()
 
     def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
         """Run one exchange over ``link``; returns the clients whose contributions the
@@ -612,6 +658,7 @@ class ServerHalf(Party):
         ``extra`` clients', which take part in a setup step only)."""
         self.plan = plan
         self.exchange = plan.exchange
+        self.last_undelivered = ()
         parties = sorted(set(plan.parties) | set(extra))
         self.register(link, plan.round, parties)
         for k in parties:
@@ -646,6 +693,8 @@ class ServerHalf(Party):
                     wires.append(wire)
             requests[k] = pack_bundle(wires)
         responses = link.call(stage, requests)
+        if stage == "download":
+            self.last_undelivered = tuple(sorted(set(self.last_undelivered) | (set(requests) - set(responses))))
         out = {}
         for k, data in responses.items():
             msgs = []

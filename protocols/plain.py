@@ -13,12 +13,14 @@ summed blocks, which the recipient's half decodes.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .errors import BoundError, DropoutError, IntegrityError, ShapeError
+from .halves import HalvesProtocol
 from .link import stream_groups
 from .party import ClientHalf, ServerHalf
-from .split import SplitProtocol
 from .transcript import SERVER
 
 #: values per transport block; only the layout granularity (no ciphertext here)
@@ -26,8 +28,6 @@ PLAIN_BLOCK = 4096
 
 
 def plain_fingerprint(num_clients: int) -> str:
-    import hashlib
-
     return hashlib.sha256(f"plain:{num_clients}".encode()).hexdigest()[:16]
 
 
@@ -132,7 +132,7 @@ class PlainServer(ServerHalf):
         return tuple(k for k in plan.contributors if k not in missing)  # the clients that uploaded
 
 
-class PlainProtocol(SplitProtocol):
+class PlainProtocol(HalvesProtocol):
     mode = "plain"
     upload_kind = "plain"
     client_half = PlainClient

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import BlockTable, ValueSpec
 from .errors import MalformedMessageError, ShapeError
+from .exchange import BlockTable, ValueSpec
 
 _SPEC_FIELDS = ("max_abs", "integer", "sum_max", "tolerance", "owner_checked_sum", "float64_wire", "grid_bits")
 

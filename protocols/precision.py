@@ -69,6 +69,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .exchange import ValueSpec
+
 #: the float32 resolution (2^-24) of a unit-size value: averaged updates are planned to be as
 #: precise as the float32 wire of the plain protocol carries a unit-size parameter
 FLOAT32_MEAN_TOLERANCE = 2.0**-24
@@ -93,7 +95,7 @@ def grid_tolerance(target: float, num_clients: int) -> float:
     exactly only while the grid step stays above its noise on the K-way sum; the sum bound grows as
     K, the step a target allows shrinks as 1/K (``eps_f = K 2^-(f+1)``) and the noise as sqrt(K), so
     the finest target CKKS meets grows as ``K^2.5`` (checked for K = 10 .. 100 on FedOMD's plans,
-    ``tests/test_precision.py``)."""
+    ``tests/protocols/test_precision.py``)."""
     k = max(1, int(num_clients))
     return target if k <= 10 else target * 2.0 ** (math.ceil(2.5 * math.log2(k / 10)) + 1)
 
@@ -134,8 +136,6 @@ class MeanPrecision:
         below float32 resolution (``delta < FLOAT32_MEAN_TOLERANCE``) sets ``float64_wire``:
         the plain protocol's float32 wire would itself miss the target that the secure codecs
         are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64."""
-        from .base import ValueSpec
-
         return ValueSpec(
             max_abs=self.entry_bound, tolerance=self.sum_tolerance, float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE
         )
@@ -153,8 +153,6 @@ class MeanPrecision:
         the grid ``2^-f``, ``f =`` :meth:`grid_bits` (module doc): ``max_abs = B_e`` on the grid, codec
         tolerance ``2^-(f+2)`` (CKKS then rounds back exactly), float64 plain wire where float32 cannot
         hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``)."""
-        from .base import ValueSpec
-
         k, f = max(1, int(num_contributors)), self.grid_bits(num_contributors)
         bound = math.ceil(self.entry_bound * 2.0**f) * 2.0**-f
         steps = kway_sum_bound(bound, k) * 2.0**f

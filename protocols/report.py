@@ -4,7 +4,7 @@ the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
 GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
-backend split into halves (:mod:`protocols.party`) a report is one exchange of its own:
+backend in halves (:mod:`protocols.party`) a report is one exchange of its own:
 
 1. the server half queues each reporting client the exchange's plan (one block of one value);
 2. stage ``report``: each client half asks its provider for its value, refuses a NaN or inf
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import ValueSpec
 from .errors import DropoutError, IntegrityError, NonFiniteError
+from .exchange import ValueSpec
 from .plan import ExchangePlan
 from .transcript import SERVER
 

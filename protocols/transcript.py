@@ -9,7 +9,7 @@ runs do not hold every model update in memory; metadata is always kept.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -145,7 +145,7 @@ class Transcript:
     def comm(self) -> dict:
         """Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
         with the plaintext-float32 equivalent of each exchange (``plaintext_bytes_up/down``).
-        A batched exchange's bytes are attributed to its part tags (:func:`protocols.batch.split_per_tag`)."""
+        A batched exchange's bytes are attributed to its part tags (:func:`apportion_batches`)."""
         per_tag: dict[str, dict[str, int]] = defaultdict(
             lambda: {"bytes_up": 0, "bytes_down": 0, "bytes_p2p": 0, "messages": 0}
         )
@@ -165,7 +165,33 @@ class Transcript:
             k: sum(v.get(k, 0) for v in per_tag.values())
             for k in ("bytes_up", "bytes_down", "bytes_p2p", "messages", "plaintext_bytes_up", "plaintext_bytes_down")
         }
-        from .batch import split_per_tag
-
-        split_per_tag(per_tag, self.batches)
+        apportion_batches(per_tag, self.batches)
         return {**total, "per_tag": dict(sorted(per_tag.items()))}
+
+
+#: per-tag counters that a batch's parts share in proportion to their entries
+BATCH_SHARED_KEYS = ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down")
+
+
+def apportion_batches(per_tag: dict[str, dict], batches: Mapping[str, tuple[tuple[str, int], ...]]) -> None:
+    """Replace each batch tag's counters in ``per_tag`` by its parts' shares, in place: in proportion to
+    their entries, the remainder of the integer division to the last part (:mod:`protocols.batch`)."""
+    for batch, layout in batches.items():
+        slot = per_tag.pop(batch, None)
+        if slot is None:
+            continue
+        total_entries = sum(n for _, n in layout) or 1
+        for i, (name, n) in enumerate(layout):
+            part = per_tag.setdefault(name, {"bytes_up": 0, "bytes_down": 0, "bytes_p2p": 0, "messages": 0})
+            part["messages"] = part.get("messages", 0) + slot.get("messages", 0)
+            part["batched_in"] = batch
+            for key in BATCH_SHARED_KEYS:
+                if key not in slot:
+                    continue
+                value = slot[key]
+                share = (
+                    value - sum(value * m // total_entries for _, m in layout[:-1])
+                    if i == len(layout) - 1
+                    else value * n // total_entries
+                )
+                part[key] = part.get(key, 0) + share

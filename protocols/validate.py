@@ -23,14 +23,12 @@ parsed):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import ConfigurationError, NonFiniteError, ShapeError
-
-if TYPE_CHECKING:  # base imports this module
-    from .base import BlockTable, ExchangeContext
+from .exchange import BlockTable, ExchangeContext
 
 #: rounds are bound into signed 64-bit fields
 MAX_ROUND = 2**63

@@ -195,6 +195,15 @@ class RunConfig:
         help="contributors every client requires in each sum it joins "
         "(default max-colluders + 2: at least two honest ones)",
     )
+    threshold: int | None = setting(
+        None,
+        group="secure mode",
+        min=2,
+        unit="clients",
+        help="ckks-mp: t-out-of-n key switching, any t clients decrypt (so t clients together hold "
+        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out "
+        "(default n: n-out-of-n; docs/ckks_mp.md)",
+    )
     # runtime (docs/runtime.md)
     executor: str = setting(
         "local",
@@ -304,6 +313,16 @@ class RunConfig:
                 "--ckks-real-slots keeps every ckks exchange in real slots; use --mode ckks without "
                 "--fixed-point-bits, or omit it"
             )
+        if self.threshold is not None:
+            if self.mode != "ckks-mp":
+                raise ConfigError("--threshold sets ckks-mp's t-out-of-n key switching; use --mode ckks-mp or omit it")
+            if self.threshold > self.clients:
+                raise ConfigError(f"--threshold {self.threshold} exceeds --clients {self.clients}: choose t <= n")
+            if self.max_colluders >= self.threshold:
+                raise ConfigError(
+                    f"--max-colluders {self.max_colluders} with --threshold {self.threshold}: any t clients "
+                    "hold the key together, so the threshold must exceed the colluders (raise --threshold)"
+                )
         if self.simulate_dropouts is not None:
             if self.executor == "inline":
                 raise ConfigError("--simulate-dropouts drops clients at their runtimes: use --executor local or ray")

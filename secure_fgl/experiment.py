@@ -55,7 +55,22 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
 
     Every setting is checked (:func:`~secure_fgl.preflight.preflight`) before any data is
     loaded.  With ``cfg.out``, ``result.json`` is written once training ends (``status:
-    attacks_running`` when attacks follow) and rewritten after the attacks (``complete``)."""
+    attacks_running`` when attacks follow) and rewritten after the attacks (``complete``).
+    When an exception escapes, the executor the run started (Ray, the local runtimes, Flower)
+    is shut down before it propagates."""
+    opened: list = []  # the executor, once made
+    try:
+        return _run_experiment(cfg, progress, fed, phases, opened)
+    except BaseException:
+        for executor in opened:
+            try:
+                executor.shutdown()
+            except Exception as e:  # the run's own error is the one to report
+                print(f"warning: shutting the executor down after the error failed: {type(e).__name__}: {e}")
+        raise
+
+
+def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, opened: list) -> dict:
     started = provenance()
     options = preflight(cfg, check_data=fed is None)
     t_start = time.perf_counter()
@@ -86,6 +101,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
         # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
         with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
             executor = make_executor(cfg, str(device))
+            opened.append(executor)
             protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
             algo = make_strategy(cfg, fed, protocol, options, executor)
         if cfg.executor == "ray":

@@ -35,15 +35,32 @@ def public_schedule(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS}
 
 
+#: algorithms whose ``<algorithm>/model`` exchange broadcasts the global model to every client,
+#: over the round's sample (:func:`protocols.client_sampling.sample_clients`)
+BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox")
+
+
+def public_roles(cfg: RunConfig) -> dict[str, str]:
+    """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
+    from protocols.schedule import BROADCAST
+
+    return {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+
+
 def schedule_option(cfg: RunConfig) -> dict:
-    """``{"schedule": sha256 hex}`` for a backend split into halves (it builds a manifest), else ``{}``."""
+    """For a backend split into halves (it builds a manifest): the hash of the public schedule, the
+    client fraction and the exchange roles every client half checks plans against; else ``{}``."""
+    from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
-    from protocols.split import SplitProtocol
 
-    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
         return {}
-    return {"schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str)))}
+    return {
+        "schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str))),
+        "client_fraction": float(cfg.client_fraction),
+        "roles": public_roles(cfg),
+    }
 
 
 def accepted_keys(protocol, executor=None, hosts=()) -> dict:
@@ -71,16 +88,17 @@ def accepted_keys(protocol, executor=None, hosts=()) -> dict:
 NOT_PROTECTED = (
     "a malicious client's own input",
     "a server re-signing a wrong aggregate (no verifiable aggregation)",
-    "a crafted model that leaks one update through the sum (use DP)",
+    "a crafted model, the same for every client, that leaks one update through the sum (use DP)",
 )
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
-    "per sum, a signed consistency round before unmasking); the aggregate is known to any one client",
+    "per sum, a signed consistency round before unmasking that also binds the models each contributor "
+    "received under a broadcast tag); the aggregate is known to any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-    "of docs/ckks_mp.md",
+    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag is refused",
 }
 
 
@@ -88,10 +106,22 @@ def threat_model(cfg: RunConfig, protocol) -> dict:
     """``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
     the run's collusion bound and what is not protected (docs/security.md)."""
     bound = getattr(protocol, "collusion", None)
+    holds = MODE_CLAIMS.get(cfg.mode, "see docs/security.md")
+    extra = {}
+    if cfg.mode == "ckks-mp":  # t-out-of-n: any t clients hold the key together
+        t = int(getattr(protocol, "threshold", None) or cfg.clients)
+        extra["key_collusion_bound"] = t - 1
+        if t < cfg.clients:
+            holds = (
+                f"the secret key stays shared against the server plus up to t - 1 = {t - 1} clients "
+                f"(t-out-of-n, t = {t}); a sum covers at least the contributors minus n - t dropouts; "
+                "inputs within the limits of docs/ckks_mp.md"
+            )
     return {
         "adversary": "server deviating from the protocol, colluding with up to max_colluders clients",
         "mode": cfg.mode,
-        "holds": MODE_CLAIMS.get(cfg.mode, "see docs/security.md"),
+        "holds": holds,
+        **extra,
         "max_colluders": None if bound is None else bound.max_colluders,
         "min_contributors": None if bound is None else bound.min_contributors,
         "not_protected": list(NOT_PROTECTED),

@@ -39,7 +39,7 @@ import tenseal as ts
 
 from ..base import ExchangeContext, ValueSpec
 from ..errors import BoundError, ConfigurationError, PackingOverflowError, ProtocolError
-from ..split import SplitProtocol
+from ..halves import HalvesProtocol
 from ..validate import first_out_of_range
 from .client import CKKSClient
 from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point
@@ -82,7 +82,7 @@ class _KeyView:
 
 
 # ====================================================================== the algorithms' facade
-class CKKSProtocol(SplitProtocol):
+class CKKSProtocol(HalvesProtocol):
     """TenSEAL CKKS secure aggregation.
 
     Options (``make_protocol('ckks', K, ...)``):

@@ -56,7 +56,7 @@ __all__ = [
 
 PAIRWISE_CHAIN = ChainParams("pairwise-n8192", 8192, (60, 40, 60))
 PAIRWISE_SCALE_BITS = 40
-#: largest |error| accepted on a decrypted cosine (checked in tests/test_gcfl.py)
+#: largest |error| accepted on a decrypted cosine (checked in tests/algorithms/test_gcfl.py)
 PAIRWISE_TOLERANCE = 1e-4
 
 

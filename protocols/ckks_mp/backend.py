@@ -5,7 +5,8 @@ from Ring-Learning-with-Errors", PoPETs 2021 — a collective secret ``s = sum_i
 party holds, each client's upload encrypted under its own share ``s_i`` with a public
 per-ciphertext ``c1`` (so the sum of the uploads is an encryption under ``s``), and collective
 public-key switching (PCKS, Protocol 5) of each aggregate block to its recipient's own key,
-with zero-sum masked shares, n-out-of-n.
+with zero-sum masked shares, n-out-of-n; t-out-of-n with the ``threshold`` option (Mouchet,
+Bertrand, Hubaux, J. Cryptology 2023: Shamir-shared ``s_i``, :mod:`.threshold`).
 
 Why our own RNS arithmetic (option B) and not SEAL through TenSEAL's ``sealapi``: sealapi
 reads key and ciphertext coefficients but cannot write them and exposes no NTT, so every
@@ -20,7 +21,7 @@ makes packed integers exact with a worst-case (not statistical) noise bound, and
 recipient detect a corrupted share.  Relinearisation and rotation keys (needed only for
 slot-wise products) are not built.
 
-The backend is split along the privacy boundary (:mod:`protocols.party`): one
+The backend is divided along the privacy boundary (:mod:`protocols.party`): one
 :class:`~.client.CKKSMPClient` per client (its key shares are made there, from the OS CSPRNG,
 and never leave it) and one :class:`~.server.CKKSMPServer` (public keys and ciphertexts only),
 exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` in the stages
@@ -59,19 +60,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import ExchangeContext
-from ..errors import BoundError, PackingOverflowError
-from ..split import SplitProtocol
+from ..errors import BoundError, ConfigurationError, PackingOverflowError
+from ..exchange import ExchangeContext
+from ..halves import HalvesProtocol
+from ..party import envelope_of
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
+from .sampling import crs_seed, upload_c1
 from .server import CKKSMPServer
 
 __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
 
 
-class CKKSMPProtocol(SplitProtocol):
-    """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n.
+class CKKSMPProtocol(HalvesProtocol):
+    """Multiparty RLWE (CKKS-style fixed point) secure aggregation, n-out-of-n or t-out-of-n.
 
     Options (``make_protocol('ckks-mp', K, ...)``):
 
@@ -82,6 +85,9 @@ class CKKSMPProtocol(SplitProtocol):
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
     link:               the transport to the client halves (default: in-process halves).
+    threshold:          t of t-out-of-n key switching (:mod:`.threshold`; default n, i.e.
+                        n-out-of-n): any t clients can key-switch, so t clients together hold the
+                        key (the collusion bound on the key drops from n - 1 to t - 1).
     """
 
     mode = "ckks-mp"
@@ -101,8 +107,15 @@ class CKKSMPProtocol(SplitProtocol):
         audit_sum_bound: bool = True,
         link=None,
         schedule: str = "",
+        threshold: int | None = None,
         **collusion,
     ):
+        self.threshold = int(num_clients if threshold is None else threshold)
+        if not 1 <= self.threshold <= num_clients:
+            raise ConfigurationError(
+                f"ckks-mp threshold {self.threshold} with {num_clients} clients: choose t in 1..{num_clients} "
+                "(t clients together hold the key; the default n is n-out-of-n)"
+            )
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
@@ -116,7 +129,10 @@ class CKKSMPProtocol(SplitProtocol):
         self.last_stats: dict | None = None
 
     def public_options(self) -> dict:
-        return {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
+        options = {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
+        if self.threshold < self.num_clients:  # n-out-of-n keeps its setup bytes unchanged
+            options["threshold"] = self.threshold
+        return options
 
     # ------------------------------------------------------------------ plan
     def plan(self, spec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
@@ -171,9 +187,6 @@ class CKKSMPProtocol(SplitProtocol):
         """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
         the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
         ``0 .. count-1``).  For attack simulations and tests."""
-        from ..party import envelope_of
-        from .sampling import crs_seed, upload_c1
-
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)

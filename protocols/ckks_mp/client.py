@@ -32,6 +32,16 @@ this client's answer):
 ``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
                        broadcast) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
+
+t-out-of-n (the public setup's ``threshold`` t < n; :mod:`.threshold`, Mouchet, Bertrand, Hubaux,
+J. Cryptology 2023): at ``key_setup`` part 0 each client also sends every other client a Shamir
+share of ``s_i`` on the channel, and opens the n - 1 it receives at part 1.  ``keyswitch`` part 0
+is a liveness probe (answered with an empty signed message); part 1 names the active set ``A`` and
+the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each with
+``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
+(:class:`~protocols.errors.ActiveSetError`) unless ``A`` is exactly t distinct clients of the run
+including this one, ``U`` lies within the plan's contributors with at most n - t of them missing,
+and ``U`` names this client's own upload exactly; the mask labels hold a digest of ``A`` and ``U``.
 """
 
 from __future__ import annotations
@@ -46,8 +56,10 @@ from ..auth import check_public_key, sign_public_key
 from ..ckks.memo import DecryptionMemo
 from ..ckks.params import per_client_limits
 from ..errors import (
+    ActiveSetError,
     BoundError,
     DowngradeError,
+    InconsistentViewError,
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
@@ -59,7 +71,7 @@ from ..errors import (
 from ..message import encode_body
 from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
-from ..transcript import SERVER, Message, client_party
+from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
 from .keys import BROADCAST_KEY, RECIPIENT_KEY, key_fingerprint
@@ -68,8 +80,27 @@ from .party import MPClient
 from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
 
 KEYS_TAG = "ckks-mp/keys"
+#: tag of the relayed Shamir shares of the t-out-of-n key set-up
+THRESHOLD_TAG = "ckks-mp/threshold-shares"
+#: envelope part of a relayed Shamir share (``s_B`` travels at part 0 of the same stage)
+SHARE_PART = 1
+#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts 0..groups-1)
+READY_PART = (1 << 32) - 1
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
+#: t-out-of-n adds the active set, the uploaders and which of them uploaded each requested block
+THRESHOLD_FIELDS = KEYSWITCH_FIELDS | {"active", "uploaders", "uploaded"}
+
+
+def threshold_of(setup) -> int:
+    """The run's key-switching threshold t from its public setup (default n: n-out-of-n)."""
+    k = int(setup.num_clients)
+    t = int(setup.options.get("threshold") or k)
+    if not 1 <= t <= k:
+        raise IntegrityError(f"the public setup names threshold {t}, outside 1..{k}")
+    return t
+
+
 #: clients in one process decode a broadcast delivery (same bytes, same key s_B) once; each gets a copy
 _MEMO = DecryptionMemo()
 
@@ -110,6 +141,8 @@ class CKKSMPClient(ClientHalf):
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
+        #: t of t-out-of-n key switching (n: every client answers every key switch)
+        self.threshold = threshold_of(self.setup)
 
     def on_stage(self, stage, inbox):
         if stage == "key_setup":
@@ -145,11 +178,14 @@ class CKKSMPClient(ClientHalf):
                 client=self.id,
             )
 
-    def _from_server(self, inbox, stage: str, where: dict) -> Message:
+    def _from_server(self, inbox, stage: str, where: dict, parts: tuple[int, ...] = (0,)) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
         if len(mine) != 1:
             raise IntegrityError(f"expected one '{stage}' message from the server, got {len(mine)}", **where)
-        return self.check(mine[0], SERVER, stage, envelope_of(mine[0]).part if stage == "key_setup" else 0, where)
+        part = envelope_of(mine[0]).part
+        if stage != "key_setup" and part not in parts:
+            raise IntegrityError(f"a '{stage}' message of part {part}, expected one of {list(parts)}", **where)
+        return self.check(mine[0], SERVER, stage, part, where)
 
     def _plan(self) -> Plan:
         """The exchange's encoding, derived from the public plan; it must be the server's."""
@@ -214,6 +250,14 @@ class CKKSMPClient(ClientHalf):
                 self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG, round=req.round)
                 for k in range(1, self.setup.num_clients)
             ]
+        if self.threshold < self.setup.num_clients:  # t-out-of-n: a Shamir share of s_i to each client
+            shares = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
+            relayed += [
+                self.seal_relayed(
+                    k, "key_setup", sigma, f"Shamir share of s_{self.id}", "", SHARE_PART, THRESHOLD_TAG, req.round
+                )
+                for k, sigma in sorted(shares.items())
+            ]
         msg = Message(
             req.round,
             KEYS_TAG,
@@ -245,6 +289,12 @@ class CKKSMPClient(ClientHalf):
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
+        shares = [m for m in relayed if m.tag == THRESHOLD_TAG]
+        relayed = [m for m in relayed if m.tag != THRESHOLD_TAG]
+        if self.threshold < self.setup.num_clients:
+            self._take_threshold_shares(shares, where)
+        elif shares:
+            raise IntegrityError("Shamir shares in an n-out-of-n run", **where)
         if self.id == 0:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
@@ -260,6 +310,26 @@ class CKKSMPClient(ClientHalf):
             except ValueError as e:
                 raise IntegrityError(f"broadcast key refused: {e}", **where) from None
         self.fingerprint = fp
+
+    def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
+        """Open the Shamir share of ``s_i`` every other client i sent on the channel (exactly one each)."""
+        dealers = sorted(-1 if party_client(m.sender) is None else party_client(m.sender) for m in relayed)
+        expected = [k for k in range(self.setup.num_clients) if k != self.id]
+        if dealers != expected:
+            missing = sorted(set(expected) - set(dealers))
+            raise IntegrityError(
+                f"expected one Shamir share from each of clients {expected}, got them from {dealers}"
+                + (f" (missing: {missing})" if missing else ""),
+                **where,
+            )
+        for msg in relayed:
+            env = envelope_of(msg)
+            secret = self.open_relayed(msg, "key_setup", SHARE_PART, exchange=env.exchange)
+            try:
+                sigma = encryption.from_bytes(self.ring, secret, (self.params.num_primes, self.params.n))
+            except ValueError as e:
+                raise IntegrityError(f"malformed Shamir share from {msg.sender} ({e})", **where) from None
+            self.keys.adopt_threshold_share(party_client(msg.sender), sigma)
 
     def _recipient_key(self, to: int, offered: dict, where: dict) -> np.ndarray:
         """Recipient ``to``'s ``p_R``: this client's own, one checked before, or one in this request
@@ -283,11 +353,15 @@ class CKKSMPClient(ClientHalf):
         self.recipient_keys[to] = p_r
         return p_r
 
-    def _masks(self, ep: Plan, to: int, blocks) -> np.ndarray:
+    def _masks(self, ep: Plan, to: int, blocks, active=None, context: str = "") -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
         (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
-        digest of the plan this client holds (:func:`common_plan_digest`), the exchange, the
-        recipient, the block and the piece: they cancel only if every client holds the same plan."""
+        digest of the plan this client holds (:func:`common_plan_digest`), the digest of the
+        broadcasts it trained on (:mod:`protocols.broadcast_view`), the exchange, the recipient,
+        the block and the piece: they cancel only if every client holds the same plan and was sent
+        the same broadcasts.  t-out-of-n: the masks are over the active set ``active`` and
+        ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
+        only among clients told the same."""
         if self._pair_seeds is None:
             self._pair_seeds = {
                 k: self.channel.pair_seed(
@@ -296,9 +370,12 @@ class CKKSMPClient(ClientHalf):
                 for k in range(self.setup.num_clients)
                 if k != self.id
             }
-        prefix = f"{self.setup.session.hex()}/{common_plan_digest(self.plan)}/{self.plan.exchange}/{to}"
+        view = self.view_digest().hex()  # the broadcasts this client trained on (protocols.broadcast_view)
+        plan = f"{common_plan_digest(self.plan)}{context}"
+        prefix = f"{self.setup.session.hex()}/{plan}/{view}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
-        return pairwise_mask(self._pair_seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
+        seeds = self._pair_seeds if active is None else {k: v for k, v in self._pair_seeds.items() if k in active}
+        return pairwise_mask(seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
 
     # ------------------------------------------------------------------ upload
     def _table(self):
@@ -346,6 +423,8 @@ class CKKSMPClient(ClientHalf):
                 "share the first one's c1 and reveal the difference of the inputs",
                 **self.where(),
             )
+        if self._last_switch is not None and self._last_switch[0] >= p.exchange:
+            raise RepeatedUploadError("an upload after this client's key switch of the exchange", **self.where())
         self._last_upload = p.exchange
         ep = self._plan()
         ids, vals = self._table()
@@ -368,16 +447,23 @@ class CKKSMPClient(ClientHalf):
         where = self.where()
         if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
-        if self.id in self.plan.contributors and self._last_upload != self.plan.exchange:
+        t_of_n = self.threshold < self.setup.num_clients
+        # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
+        # (the uploaders then exclude it, checked in _active_set)
+        if self.id in self.plan.contributors and self._last_upload != self.plan.exchange and not t_of_n:
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
-        req = self._from_server(inbox, "keyswitch", where)
+        req = self._from_server(inbox, "keyswitch", where, (0, 1) if t_of_n else (0,))
+        if t_of_n and envelope_of(req).part == 0:  # the liveness probe: answer it, commit to nothing
+            msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
+            return [self.seal(msg, "keyswitch", READY_PART)]
         self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
-        if not isinstance(req.payload, dict) or set(req.payload) != KEYSWITCH_FIELDS:
+        fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
+        if not isinstance(req.payload, dict) or set(req.payload) != fields:
             got = sorted(req.payload) if isinstance(req.payload, dict) else type(req.payload).__name__
             raise KeySwitchRefusedError(
                 f"a key-switching request with fields {got}, expected "
-                f"{sorted(KEYSWITCH_FIELDS)}: clients compute every c1 themselves",
+                f"{sorted(fields)}: clients compute every c1 themselves",
                 **where,
             )
         try:
@@ -409,9 +495,13 @@ class CKKSMPClient(ClientHalf):
                 **where,
             )
         mine = set(self._table()[0].tolist()) if self.id in self.plan.contributors else set()
+        active, context, uploaded = None, "", None
+        if t_of_n:
+            active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
         own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
-        jobs, start = [], 0
+        jobs, start, start_of = [], 0, []
         for to, count in groups.tolist():
+            start_of.append(start)
             bids = blocks[start : start + count].tolist()
             start += count
             if len(set(bids)) != len(bids):
@@ -438,10 +528,16 @@ class CKKSMPClient(ClientHalf):
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
             c1 = self._c1(ep, bids)
-            for i, b in enumerate(bids):  # s_i c1 only for the blocks this client uploaded
-                if b not in mine:
-                    c1[i * pieces : (i + 1) * pieces] = 0
-            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids), pk, smudge)
+            if uploaded is None:
+                for i, b in enumerate(bids):  # s_i c1 only for the blocks this client uploaded
+                    if b not in mine:
+                        c1[i * pieces : (i + 1) * pieces] = 0
+                threshold = None
+            else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
+                rows = uploaded[start_of[g] : start_of[g] + len(bids)]
+                per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
+                threshold = ([u for u in per_block for _ in range(pieces)], active)
+            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids, active, context), pk, smudge, threshold)
             label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
             msg = self.message(
                 SERVER,
@@ -463,6 +559,66 @@ class CKKSMPClient(ClientHalf):
         full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
         return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
+    def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
+        """The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
+        ``A`` exactly t distinct clients of the run, this one among them; ``U`` within the plan's
+        contributors, at most n - t of them missing and at least the run's minimum contributors
+        (a server declaring honest uploads dropped cannot shrink a sum below it), this client in
+        ``U`` exactly when it uploaded;
+        ``uploaded`` (one row per requested block, one column per client) within ``U`` and, for this
+        client, exactly its own blocks.  Returns (A, uploaded rows, the masks' label context)."""
+        K, t = self.setup.num_clients, self.threshold
+        try:
+            active = [int(k) for k in np.asarray(payload["active"], dtype=np.int64).ravel()]
+            uploaders = [int(k) for k in np.asarray(payload["uploaders"], dtype=np.int64).ravel()]
+            uploaded = np.asarray(payload["uploaded"], dtype=np.uint8).reshape(blocks.size, K)
+        except (TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed active set or uploaders ({e})", **where) from None
+        strangers = sorted({k for k in active + uploaders if not 0 <= k < K})
+        if strangers:
+            raise ActiveSetError(f"the request names client(s) {strangers}, not among this run's 0..{K - 1}", **where)
+        if len(active) != t or len(set(active)) != t or active != sorted(active):
+            raise ActiveSetError(
+                f"an active set of {len(set(active))} distinct client(s) {active}: t-out-of-n key switching "
+                f"needs exactly t = {t}, sorted",
+                **where,
+            )
+        if self.id not in active:
+            raise ActiveSetError(f"asked to key-switch by an active set {active} without this client", **where)
+        contributors = set(int(k) for k in self.plan.contributors)
+        uploaded_myself = self.id in contributors and self._last_upload == self.plan.exchange
+        missing = contributors - set(uploaders)
+        fewest = self.setup.collusion.min_contributors
+        if (
+            len(set(uploaders)) != len(uploaders)
+            or not set(uploaders) <= contributors
+            or len(missing) > K - t
+            or len(uploaders) < fewest
+            or (self.id in uploaders) != uploaded_myself
+        ):
+            raise ActiveSetError(
+                f"uploaders {uploaders}: they must be at least {fewest} (the run's minimum contributors) "
+                f"distinct contributors of the plan with at most n - t = {K - t} missing (here "
+                f"{sorted(missing)}), and name this client's own upload ({'made' if uploaded_myself else 'none'})",
+                **where,
+            )
+        outside = np.ones(K, dtype=bool)
+        outside[uploaders] = False
+        own = np.array([b in mine for b in blocks.tolist()], dtype=bool) & uploaded_myself
+        if (uploaded > 1).any() or uploaded[:, outside].any() or not np.array_equal(uploaded[:, self.id] == 1, own):
+            raise ActiveSetError(
+                "the per-block uploaders name a client outside the uploaders, or misreport this client's own blocks",
+                **where,
+            )
+        digest = hashlib.sha256(
+            np.asarray(active, dtype="<i8").tobytes()
+            + b"/"
+            + np.asarray(uploaders, dtype="<i8").tobytes()
+            + b"/"
+            + uploaded.tobytes()
+        ).hexdigest()
+        return active, uploaded, f"/active:{digest}"
+
     # ------------------------------------------------------------------ download
     def _download(self, inbox):
         p = self.plan
@@ -482,6 +638,9 @@ class CKKSMPClient(ClientHalf):
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
         broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
+        switched = self._last_switch is not None and self._last_switch[0] == p.exchange
+        if not switched and self.threshold < self.setup.num_clients and to == -1:
+            broadcast = True  # outside the active set: the t clients that switched checked the broadcast
         if to != (-1 if broadcast else self.id):
             err = DowngradeError if to == -1 else RecipientKeyError
             raise err(
@@ -519,6 +678,14 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
+                    if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+                        raise InconsistentViewError(
+                            f"block {b} of a broadcast exchange decrypts with {why}: the clients' key-switching "
+                            "masks did not cancel, so they hold different plans or were sent different "
+                            "broadcasts to train on (model inconsistency), or a share or ciphertext was "
+                            "corrupted; nothing was delivered",
+                            **self.where(),
+                        )
                     raise IntegrityError(
                         f"block {b} decrypts with {why}: a key-switching share or ciphertext was "
                         "corrupted; nothing was delivered",

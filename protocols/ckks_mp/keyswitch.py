@@ -18,7 +18,9 @@ is an RLWE encryption under ``p_R`` (masked by ``p_R u_i``), so the server learn
 recipient colluding with the server reads ``s_i c1 + z_i + noise`` per client, where the uniform
 ``z_i`` hides ``s_i c1`` (which would open client i's upload ``c0_i``) and only the sum is
 meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is uniform), hence
-n-out-of-n.
+n-out-of-n.  t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
+shares, each with ``lambda_j^A sum_{i in U} sigma_{i,j}`` in place of ``s_i`` (``U``: the block's
+uploaders) and its mask over ``A``; the noise terms are added after that product, unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def pcks_share(
     """Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
     inverse NTT of the products) for ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for blocks
     client i did not upload) and masks ``mask_hat`` ``[B, L, N]``, both in NTT form; ``s_hat`` is
-    one key ``[L', N]`` or one per ciphertext ``[B, L', N]``, ``L' >= L``."""
+    one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
+    share of each block's uploaders, :mod:`.threshold`), ``L' >= L``."""
     batch, level = c1_hat.shape[0], c1_hat.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)

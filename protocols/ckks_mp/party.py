@@ -3,7 +3,8 @@
 A :class:`MPClient` holds its collective-key share ``s_i`` and its own recipient key pair
 ``s_R`` — both secret, both sampled from the OS CSPRNG, neither ever serialized — and the
 clients' common broadcast secret ``s_B`` (made by client 0, sent to each other client over
-the encrypted client-to-client channel, so the relaying server never holds it).  It
+the encrypted client-to-client channel, so the relaying server never holds it).  In a
+t-out-of-n run it also holds one Shamir share of every client's ``s_i`` (:mod:`.threshold`).  It
 encrypts its contribution under its own share ``s_i`` with public per-ciphertext ``c1``
 (:mod:`.encryption`), computes its public-key-switching shares for every recipient
 (:mod:`.keyswitch`), and, as a recipient, decrypts what was switched to its key.  It
@@ -13,12 +14,15 @@ the bytes these methods return.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from . import encoding, encryption, keyswitch
 from .keys import KeyPair, key_pair, secret_key
 from .params import MPParams, Plan
 from .ring import RNSRing
+from .threshold import lagrange_coefficient, share_secret
 
 
 class MPClient:
@@ -30,6 +34,8 @@ class MPClient:
         self._share: np.ndarray = secret_key(ring, a_hat.shape[0])  # s_i: collective-key share
         self._own: KeyPair = key_pair(ring, a_hat, params.eta)  # s_R: recipient key
         self._broadcast: KeyPair | None = None  # s_B: every client's, the server's never
+        #: t-out-of-n: dealer i -> this client's Shamir share sigma_{i,me} of s_i (NTT form)
+        self._dealt: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ public keys
     @property
@@ -68,6 +74,30 @@ class MPClient:
     def broadcast_pk(self) -> np.ndarray:
         return self._broadcast.p_hat
 
+    # ------------------------------------------------------------------ threshold shares
+    def deal_threshold_shares(self, threshold: int, clients: int) -> dict[int, bytes]:
+        """Shamir-share ``s_i`` among ``clients`` with threshold ``t`` (:func:`.threshold.share_secret`);
+        keep this client's own share, return every other client's as wire bytes (each is sent only
+        over the encrypted client-to-client channel)."""
+        shares = share_secret(self.ring, self._share, threshold, clients)
+        self._dealt[self.client] = shares.pop(self.client)
+        return {j: encryption.to_bytes(sigma) for j, sigma in shares.items()}
+
+    def adopt_threshold_share(self, dealer: int, sigma_hat: np.ndarray) -> None:
+        """Keep ``sigma_{dealer, me}`` (parsed and range-checked by the caller).  Shares cannot be
+        checked here: a dealer dealing inconsistent shares is caught only by the recipients'
+        noise bound at decryption, without naming it."""
+        self._dealt[int(dealer)] = sigma_hat
+
+    def threshold_key(self, uploaders: Sequence[int], active: Sequence[int]) -> np.ndarray:
+        """``lambda_me^A sum_{i in U} sigma_{i,me}`` (NTT form): summed over the active set ``A`` it
+        is ``sum_{i in U} s_i`` exactly."""
+        total = np.zeros_like(self._share)
+        for dealer in uploaders:
+            total = self.ring.add(total, self._dealt[int(dealer)])
+        lam = lagrange_coefficient(self.ring.primes[: total.shape[0]], active, self.client)
+        return self.ring.mul(total, lam)
+
     # ------------------------------------------------------------------ upload
     def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray) -> bytes:
         """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
@@ -81,13 +111,25 @@ class MPClient:
 
     # ------------------------------------------------------------------ key switching
     def pcks_shares(
-        self, c1_hat: np.ndarray, mask_hat: np.ndarray, recipient_pk: np.ndarray, smudge_bits: int
+        self,
+        c1_hat: np.ndarray,
+        mask_hat: np.ndarray,
+        recipient_pk: np.ndarray,
+        smudge_bits: int,
+        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
     ) -> bytes:
         """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
-        blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``."""
+        blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``.
+        ``threshold``: (the uploaders of each ciphertext, the active set); the key of each
+        ciphertext is then :meth:`threshold_key` instead of ``s_i``."""
+        key = self._share
+        if threshold is not None:
+            uploaders, active = threshold
+            keys = {u: self.threshold_key(u, active) for u in sorted(set(uploaders))}
+            key = keys[uploaders[0]] if len(keys) == 1 else np.stack([keys[u] for u in uploaders])
         return encryption.to_bytes(
             keyswitch.pcks_share(
-                self.ring, self._share, c1_hat, mask_hat, recipient_pk, self.a_hat, self.params.eta, smudge_bits
+                self.ring, key, c1_hat, mask_hat, recipient_pk, self.a_hat, self.params.eta, smudge_bits
             )
         )
 

@@ -12,13 +12,21 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    under its own share with the public ``c1`` of the exchange, :mod:`.encryption`) checked
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
-3. ``keyswitch`` (every client: decryption is n-out-of-n): the groups of aggregate blocks --
-   one per recipient, or one for all when every client receives the same blocks (switched to
-   ``p_B``) -- their block ids, and the owner-signed recipient keys a client has not seen yet;
-   back one PCKS share per group, computed on the ``c1`` each client recomputes itself.  A client
-   that does not answer: DropoutError naming it (there is no threshold: ``s`` needs every
+3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
+   aggregate blocks -- one per recipient, or one for all when every client receives the same
+   blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
+   has not seen yet; back one PCKS share per group, computed on the ``c1`` each client recomputes
+   itself.  A client that does not answer: DropoutError naming it (n-out-of-n: ``s`` needs every
    ``s_i``).  The server adds the K shares to ``c0`` (Protocol 5).
 4. ``download``: each recipient gets only its blocks, switched to its key.
+
+t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
+also relays every client's n - 1 Shamir shares (channel-encrypted); at upload up to n - t missing
+contributors are left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness
+probe of every client, the active set ``A`` is the first t responders among the uploaders and the
+clients that contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a
+per-block table of who uploaded what (fewer than t responders, or a member of ``A`` that does not
+answer: DropoutError naming the missing clients).
 
 What a server that deviates can and cannot do is in :mod:`.client` (the refusals) and
 ``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a
@@ -36,7 +44,7 @@ from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
-from .client import KEYS_TAG
+from .client import KEYS_TAG, READY_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_shares
 from .params import params_from_options, plan_exchange, ring_of
@@ -61,6 +69,8 @@ class CKKSMPServer(ServerHalf):
         self._keys_sent: set[tuple[int, int]] = set()  # (client, recipient) p_R already sent
         self.setup_s = 0.0
         self.last_stats: dict = {}
+        #: t of t-out-of-n key switching (n: every client key-switches)
+        self.threshold = threshold_of(setup)
 
     def record(self, msg: Message) -> None:
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
@@ -68,9 +78,15 @@ class CKKSMPServer(ServerHalf):
         super().record(msg)
 
     def _missing(self, clients, what: str, **where) -> DropoutError:
+        K, t = self.setup.num_clients, self.threshold
+        need = (
+            f"this run's threshold needs {t} of the {K} clients (at most {K - t} missing)"
+            if t < K
+            else "ckks-mp needs every client (n-out-of-n)"
+        )
         err = DropoutError(
-            f"client(s) {', '.join(map(str, clients))} did not send {what}; ckks-mp needs every "
-            "client (n-out-of-n), so nothing was delivered. Re-run the exchange without them",
+            f"client(s) {', '.join(map(str, clients))} did not send {what}; {need}, so nothing was "
+            "delivered. Re-run the exchange without them",
             **{"client": clients[0], **where},
         )
         err.clients = tuple(clients)
@@ -128,8 +144,12 @@ class CKKSMPServer(ServerHalf):
                     encryption.from_bytes(self.ring, broadcast["broadcast"], (P, n))
             except (KeyError, TypeError, ValueError) as e:
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
-        if len([m for m in got[0] if m.relay == SERVER]) != K - 1:
+        if len([m for m in got[0] if m.relay == SERVER and m.tag == KEYS_TAG]) != K - 1:
             raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0, **where)
+        if self.threshold < K:  # n (n - 1) Shamir shares, already queued for their recipients
+            for k in range(K):
+                if len([m for m in got[k] if m.relay == SERVER and m.tag == THRESHOLD_TAG]) != K - 1:
+                    raise IntegrityError("a client did not send a Shamir share to every other", client=k, **where)
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
         keys = {
@@ -179,10 +199,13 @@ class CKKSMPServer(ServerHalf):
         if plan.layout == "sparse":  # block ids travel in the clear (documented leak)
             got = self.call(link, "block_ids", first)
             first = {}
-            for k in contributors:
-                msg = self.responses(got, k, "block_ids", "metadata")
+            answers = {k: self.responses(got, k, "block_ids", "metadata") for k in contributors}
+            silent = [k for k, msg in answers.items() if msg is None]
+            if len(silent) > K - self.threshold:
+                raise self._missing(silent, "its block ids", tag=plan.tag, round=plan.round)
+            for k, msg in answers.items():
                 if msg is None:
-                    raise self._missing([k], "its block ids", tag=plan.tag, round=plan.round)
+                    continue
                 self.check_envelope(msg, fp, k)
                 ids = np.asarray((msg.payload or {}).get("block_ids", []), dtype=np.int64).ravel()
                 if ids.size and (ids.min() < 0 or ids.max() >= plan.num_blocks or (np.diff(ids) <= 0).any()):
@@ -192,14 +215,15 @@ class CKKSMPServer(ServerHalf):
             ids_of = {k: np.arange(plan.num_blocks) for k in contributors}
 
         # upload: every ciphertext checked, then added per needed block
-        got = self.call(link, "upload", {**first, **{k: [] for k in contributors}})
+        got = self.call(link, "upload", {**first, **{k: [] for k in ids_of}})
         t = time.perf_counter()
-        msgs = {k: self.responses(got, k, "upload", "ciphertext") for k in contributors}
+        msgs = {k: self.responses(got, k, "upload", "ciphertext") if k in ids_of else None for k in contributors}
         missing = [k for k, msg in msgs.items() if msg is None]
-        if missing:
+        if len(missing) > K - self.threshold:
             raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
+        uploaders = [k for k in contributors if k not in missing]  # t-out-of-n: the rest are dropouts
         uploads = {}
-        for k, msg in msgs.items():
+        for k, msg in ((k, msgs[k]) for k in uploaders):
             self.check_envelope(msg, fp, k)
             ids = ids_of[k]
             if tuple(msg.shape) != (ids.size, plan.block_len):
@@ -238,8 +262,16 @@ class CKKSMPServer(ServerHalf):
         table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
+        active, extra, part = list(range(K)), {}, 0
+        if self.threshold < K:
+            active = self._active_set(link, contributors, uploaders)
+            table_of = np.zeros((blocks.size, K), dtype=np.uint8)
+            for k in uploaders:
+                table_of[:, k] = np.isin(blocks, ids_of[k])
+            extra = {"active": np.array(active, dtype=np.int64), "uploaders": np.array(uploaders, dtype=np.int64)}
+            extra["uploaded"], part = table_of, 1
         requests = {}
-        for k in range(K):
+        for k in active:
             new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
             keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
@@ -249,18 +281,18 @@ class CKKSMPServer(ServerHalf):
                         k,
                         "control",
                         (len(groups), 2),
-                        {"groups": table, "blocks": blocks, "keys": keys},
+                        {"groups": table, "blocks": blocks, "keys": keys, **extra},
                         fp,
                         note="block ids to key-switch, per recipient key",
                     ),
-                    0,
+                    part,
                 )
             ]
         got = self.call(link, "keyswitch", requests)
         t = time.perf_counter()
         shares: list[list[np.ndarray]] = [[] for _ in groups]
         missing = []
-        for k in range(K):
+        for k in active:
             mine = {envelope_of(m).part: m for m in got.get(k, []) if m.relay != SERVER}
             if len(mine) < len(groups):
                 missing.append(k)
@@ -309,5 +341,26 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         self.call(link, "download", downloads)
-        self.last_stats = {"server_s": server_s, "plan": ep}
-        return tuple(contributors)
+        self.last_stats = {"server_s": server_s, "plan": ep, "active": tuple(active)}
+        return tuple(uploaders)
+
+    def _active_set(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
+        """t-out-of-n: probe every client; the first t responders that uploaded or contribute
+        nothing (a contributor that missed its upload is not asked) form the active set."""
+        K, t = self.setup.num_clients, self.threshold
+        probe = {
+            k: [(self.message(k, "control", (), {}, self.fingerprint, note="key-switching liveness probe"), 0)]
+            for k in range(K)
+        }
+        got = self.call(link, "keyswitch", probe)
+        ready = []
+        for k in range(K):
+            if self.responses(got, k, "keyswitch", "control", READY_PART) is not None:
+                ready.append(k)
+        eligible = [k for k in ready if k in uploaders or k not in contributors]
+        if len(eligible) < t:
+            absent = [k for k in range(K) if k not in eligible]
+            raise self._missing(
+                absent, "an answer to the key-switching probe (or its upload)", tag=self.plan.tag, round=self.plan.round
+            )
+        return eligible[:t]

@@ -6,7 +6,10 @@ Modules, one concept each:
 * :mod:`.prg`      — AES-256-CTR mask keystream as ring elements;
 * :mod:`.quantize` — fixed-point encoding over ``Z_{2^b}`` with range checks;
 * :mod:`.shamir`   — Shamir secret sharing for dropout recovery;
-* :mod:`.backend`  — :class:`MaskProtocol`, the protocol rounds.
+* :mod:`.public`   — what both halves derive from public data (threshold, fingerprint, wire format);
+* :mod:`.client`   — the client half, one handler per stage (its secrets stay there);
+* :mod:`.server`   — the server half, one method per stage (sums, consistency, unmasking);
+* :mod:`.backend`  — :class:`MaskProtocol`, the protocol and the algorithms' facade over the halves.
 """
 
 from .backend import MaskProtocol

@@ -46,7 +46,7 @@ class Share:
         return cls(int.from_bytes(data[:4], "big"), int.from_bytes(data[4:], "big"))
 
 
-def split(secret: bytes, xs: Sequence[int], threshold: int) -> dict[int, Share]:
+def split_secret(secret: bytes, xs: Sequence[int], threshold: int) -> dict[int, Share]:
     """Shares of a 32-byte ``secret`` for holders at x-coordinates ``xs`` (distinct, >= 1).
 
     Any ``threshold`` of them reconstruct the secret; fewer reveal nothing.

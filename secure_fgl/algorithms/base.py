@@ -180,13 +180,11 @@ class FederatedAlgorithm:
         )
 
     def sample_clients(self, rnd: int) -> list[int]:
-        """Clients taking part in round ``rnd`` (all, or a seeded fraction)."""
-        K = len(self.clients)
-        if self.cfg.client_fraction >= 1:
-            return list(range(K))
-        m = max(1, int(round(self.cfg.client_fraction * K)))
-        rng = np.random.default_rng([self.cfg.seed, rnd, 7])
-        return sorted(rng.choice(K, size=m, replace=False).tolist())
+        """Clients taking part in round ``rnd`` (all, or the public PRF sample of a fraction,
+        :func:`protocols.client_sampling.sample_clients`)."""
+        from protocols.client_sampling import sample_clients
+
+        return sample_clients(self.cfg.seed, rnd, len(self.clients), self.cfg.client_fraction)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -1,0 +1,1 @@
+"""Benchmarks that print measured costs and ratios (``secure-fgl bench --suite NAME``)."""

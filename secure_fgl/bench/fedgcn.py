@@ -151,8 +151,11 @@ def cora_part(data_root, quick: bool) -> list[dict]:
 
 
 def _peak_rss_mb() -> float:
-    """This process's resident-set high-water mark (``VmHWM``; unlike ``ru_maxrss`` it is not
-    inherited from the parent across fork+exec), falling back to ``ru_maxrss``."""
+    """This process's resident-set high-water mark in MiB.
+
+    ``VmHWM`` (unlike ``ru_maxrss`` it is not inherited from the parent across fork+exec), falling back to
+    ``ru_maxrss``.
+    """
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

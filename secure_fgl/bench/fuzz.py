@@ -22,7 +22,7 @@ values encoded past the client check): outside the honest-but-curious model; rep
 caught where a recipient can (a decoded packed sum out of its public range raises BoundError).
 
 Run: ``secure-fgl bench --suite fuzz --cases 20000 --out DIR`` (prints a table per category,
-writes ``DIR/fuzz.json``); ``tests/test_fuzz.py`` runs a small sample.
+writes ``DIR/fuzz.json``); ``tests/protocols/test_fuzz.py`` runs a small sample.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ import numpy as np
 from protocols import ValueSpec, make_protocol
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
+from protocols.client_sampling import sample_clients
 from protocols.errors import (
     ConsistencyError,
+    InconsistentViewError,
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
@@ -54,12 +56,18 @@ from protocols.mask.keys import MaskKeyPair, signed_mask_key
 from protocols.mask.shamir import PRIME, Share
 from protocols.message import SIGNATURE_BYTES, Envelope, body_digest
 from protocols.party import AUTH_TAG
+from protocols.schedule import BROADCAST
 from protocols.transcript import SERVER
 
 K = 3
 N_VALUES = 16
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
 VICTIM = "client1"
+#: the public schedule of the runs the schedule categories use: the sample's fraction and seed, and
+#: the broadcast tag every client checks plans of (and binds the models it received under) by role
+SAMPLED_FRACTION, SAMPLE_SEED, BROADCAST_TAG = 2 / 3, 5, "fuzz/model"
+#: broadcast tags one model-inconsistency case each leaves diverged (then a new protocol)
+STALE_TAGS = tuple(f"{BROADCAST_TAG}/{i}" for i in range(64))
 
 
 def _flip(data: bytes, rng, start: int = 0) -> bytes:
@@ -119,6 +127,8 @@ class Case:
     expected: type = IntegrityError
     tag: str = "fuzz/x"  # the tag of the messages the case may tamper with
     fresh: bool = False  # run on a fresh protocol object (its first exchange)
+    scheduled: bool = False  # run on a protocol with a public schedule (BROADCAST_TAG sampled, a broadcast)
+    must_reject: bool = False  # an accepted result is the attack succeeding, whatever its value
 
 
 def _truncate(m, rng):
@@ -129,9 +139,11 @@ def _truncate(m, rng):
 
 
 def _tamper_download(m, rng, fz):
-    """The server's signed download to the victim, changed in transit: a body bit or a
-    signature/header bit flipped, the previous exchange's download replayed, or client 0's
-    download of this exchange handed to the victim."""
+    """The server's signed download to the victim, changed in transit.
+
+    A body bit or a signature/header bit flipped, the previous exchange's download replayed, or client 0's download of
+    this exchange handed to the victim.
+    """
     choice = int(rng.integers(0, 4))
     if choice == 2 and fz.prev_exchange.get((SERVER, m.kind, VICTIM)) is not None:
         return fz.prev_exchange[(SERVER, m.kind, VICTIM)]
@@ -156,8 +168,10 @@ def _to_dealer(stage: str):
 
 
 def _forged_directory(m, rng, fz, identity: bool = False):
-    """The server lists a channel key of its own for a peer of client0, signed by itself or with
-    the peer's original signature; with ``identity``, an identity key of its own as well."""
+    """The server lists a channel key of its own for a peer of client0.
+
+    Signed by itself or with the peer's original signature; with ``identity``, an identity key of its own as well.
+    """
     peer = f"client{int(rng.integers(1, K))}"
     server, mitm = fz.proto.server, ChannelKey(peer)
     entry = dict(m.payload[peer], channel=mitm.public_bytes)
@@ -175,8 +189,10 @@ def _forged_directory(m, rng, fz, identity: bool = False):
 
 
 def _forged_mask_key(m, rng, fz):
-    """The server puts a mask key of its own for a peer into client0's key broadcast, signed by
-    itself or followed by the peer's original signature."""
+    """The server puts a mask key of its own for a peer into client0's key broadcast.
+
+    Signed by itself or followed by the peer's original signature.
+    """
     server = fz.proto.server
     peer = int(rng.choice([j for j in m.payload if int(j) != 0]))
     mitm = MaskKeyPair.generate().public_bytes
@@ -222,9 +238,11 @@ def _is_keyswitch_request(m) -> bool:
 
 
 def _forged_key_switch(m, rng, fz):
-    """A malicious server's own key-switching request (re-signed by it): a ``c1`` of its choosing,
-    a recipient that is no client, a second group for one key, or the broadcast group widened to
-    blocks the victim does not receive."""
+    """A malicious server's own key-switching request (re-signed by it).
+
+    A ``c1`` of its choosing, a recipient that is no client, a second group for one key, or the broadcast group widened
+    to blocks the victim does not receive.
+    """
     choice, body = int(rng.integers(0, 4)), dict(m.payload)
     if choice == 0:
         body["c1"] = bytes(rng.integers(0, 256, 4096, dtype=np.uint8))
@@ -240,8 +258,10 @@ def _forged_key_switch(m, rng, fz):
 
 
 def _substituted_recipient_key(m, rng, fz):
-    """A malicious server's request to switch to client 2 under a key of its own (signature kept
-    random, or client 2's signature of another key)."""
+    """A malicious server's request to switch to client 2 under a key of its own.
+
+    The signature is kept random, or client 2's signature of another key.
+    """
     ring = fz.proto.ring
     primes = np.array(ring.primes, dtype=np.int64)[:, None]
     key = (rng.integers(0, 1 << 31, (primes.size, ring.n)) % primes).astype("<u4").tobytes()
@@ -308,8 +328,10 @@ def _resigned_plan(m, fz, **changes):
 
 
 def _plan_contributors(m, rng, fz):
-    """The server plans another contributor set for the victim: the victim alone, a set with a
-    duplicate, or ids outside the run."""
+    """The server plans another contributor set for the victim.
+
+    The victim alone, a set with a duplicate, or ids outside the run.
+    """
     choice = int(rng.integers(0, 3))
     sets = ([1], [1, 1, 2], [0, 1, int(rng.integers(K, 1 << 20))])
     return _resigned_plan(m, fz, contributors=np.asarray(sets[choice], np.int32))
@@ -329,8 +351,10 @@ def _plan_other_request(m, rng, fz):
 
 
 def _call_differencing(fz, rng):
-    """The same (round, tag) as the previous case, summed again without client 2: the difference of
-    the two sums would be client 2's input."""
+    """The same (round, tag) as the previous case, summed again without client 2.
+
+    The difference of the two sums would be client 2's input.
+    """
     vals = fz.values(rng)
     del vals[2]
     return vals, {}, fz.round, "fuzz/x"
@@ -346,8 +370,10 @@ def _resigned_share(m, rng, fz):
 
 
 def _split_unmasking(m, rng, fz):
-    """The server asks the victim for its pairwise seed with a survivor (declared dropped to the
-    victim only) and leaves that survivor out of the victim's self-mask request."""
+    """The server asks the victim for its pairwise seed with a survivor.
+
+    The survivor is declared dropped to the victim only and left out of the victim's self-mask request.
+    """
     survivors = [int(u) for u in m.payload["self_mask"] if int(u) != 1]
     u = int(rng.choice(survivors))
     payload = {
@@ -356,6 +382,65 @@ def _split_unmasking(m, rng, fz):
         "pairwise": np.asarray(sorted([*map(int, m.payload["pairwise"]), u]), np.int32),
     }
     return fz.proto._seal(dataclasses.replace(m, payload=payload), "unmask")
+
+
+def _call_sampled(fz, rng, victim_contributes: bool = False, tag: str = BROADCAST_TAG):
+    """An honest sampled broadcast: the round's sample contributes, every client receives.
+
+    With ``victim_contributes``, the next round whose sample holds the victim.
+    """
+    rnd = fz.next_round()
+    while victim_contributes and 1 not in sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION):
+        rnd = fz.next_round()
+    vals = fz.values(rng)
+    sample = sample_clients(SAMPLE_SEED, rnd, K, SAMPLED_FRACTION)
+    return {k: vals[k] for k in sample}, {"recipients": range(K)}, rnd, tag
+
+
+def _plan_outside_sample(m, rng, fz):
+    """The server plans the broadcast over a contributor set that leaves the round's sample."""
+    sample = sample_clients(SAMPLE_SEED, int(m.payload["round"]), K, SAMPLED_FRACTION)
+    outside = [k for k in range(K) if k not in sample]
+    sets = (list(range(K)), sorted([int(rng.choice(outside)), int(rng.choice(sample))]))
+    return _resigned_plan(m, fz, contributors=np.asarray(sets[int(rng.integers(0, 2))], np.int32))
+
+
+def _plan_scoped_broadcast(m, rng, fz):
+    """The server sends the victim, as a recipient of the broadcast, part of its blocks only."""
+    own = np.asarray(m.payload["requests"][1], dtype=np.int64)
+    cut = own[: int(rng.integers(0, own.size))]
+    return _resigned_plan(m, fz, requests={1: cut})
+
+
+def _call_stale_model(fz, rng):
+    """Two honest broadcasts, the second sent to the victim as the first one again.
+
+    The second is re-signed by the server: a model-inconsistency attack; the case's sum, which the victim joins, then
+    binds the models each contributor received.  Each case takes a broadcast tag of its own (it leaves the victim's
+    view of it diverged for good).
+    """
+    if fz.stale_tags >= len(STALE_TAGS):
+        fz.proto = fz.scheduled = fz.new_protocol(scheduled=True)
+        fz.stale_tags = 0
+    tag, kept, stale = STALE_TAGS[fz.stale_tags], fz.proto.intercept, {}
+    fz.stale_tags += 1
+
+    def hook(m):
+        if m.tag == tag and m.sender == SERVER and m.receiver == VICTIM and _stage(m) == "download":
+            if "payload" not in stale:
+                stale["payload"] = m.payload
+            else:
+                return fz.proto._seal(dataclasses.replace(m, payload=stale["payload"]), "download")
+        return m
+
+    fz.proto.intercept = hook
+    try:
+        for _ in range(2):
+            vals, kw, rnd, _ = _call_sampled(fz, rng, tag=tag)
+            fz.proto.weighted_sum(tag, rnd, vals, spec=SPEC, **kw)
+    finally:
+        fz.proto.intercept = kept
+    return _call_sampled(fz, rng, victim_contributes=True, tag=tag)
 
 
 CASES = [
@@ -563,6 +648,39 @@ CASES = [
         _resigned_share,
         expected=ShareIntegrityError,
     ),
+    # the public schedule: the round's sample, the broadcast role, the same model for everyone
+    Case(
+        "plan_outside_sample",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_plan,
+        _plan_outside_sample,
+        call=_call_sampled,
+        expected=PlanRefusedError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+    ),
+    Case(
+        "plan_scoped_broadcast",
+        ("mask", "ckks", "ckks-mp"),
+        True,
+        _is_plan,
+        _plan_scoped_broadcast,
+        call=_call_sampled,
+        expected=PlanRefusedError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+    ),
+    Case(
+        "model_inconsistency",
+        ("mask", "ckks-mp"),
+        True,
+        call=_call_stale_model,
+        expected=InconsistentViewError,
+        tag=BROADCAST_TAG,
+        scheduled=True,
+        must_reject=True,
+    ),
     Case("malicious_sender_ciphertext", ("ckks",), False, _is_upload, _malicious_ckks, expected=ProtocolError),
     Case("malicious_sender_values", ("mask",), False, _is_upload, _malicious_mask, expected=ProtocolError),
     # a malicious server's own messages, signed by it (active adversary): must be refused
@@ -591,12 +709,21 @@ class Fuzzer:
     def __init__(self, mode: str, seed: int = 0):
         self.mode = mode
         self.proto = self.new_protocol()
+        self.scheduled = None  # the protocol with a public schedule (made on first use)
+        self.stale_tags = 0  # STALE_TAGS used on it
         self.round = 0
         self.sent: dict[tuple, object] = {}  # (exchange, sender, kind, receiver) -> message, as signed
         self.prev_exchange: dict[tuple, object] = {}
 
-    def new_protocol(self):
-        return make_protocol(self.mode, K, **({"params": "n4096"} if self.mode == "ckks" else {}))
+    def new_protocol(self, scheduled: bool = False):
+        options = {"params": "n4096"} if self.mode == "ckks" else {}
+        if not scheduled:
+            return make_protocol(self.mode, K, **options)
+        roles = {tag: BROADCAST for tag in (BROADCAST_TAG, *STALE_TAGS)}
+        proto = make_protocol(self.mode, K, seed=SAMPLE_SEED, client_fraction=SAMPLED_FRACTION, roles=roles, **options)
+        # one honest exchange first (mask deals its output-mask group seed in a run's first exchange)
+        proto.weighted_sum("fuzz/setup", 0, {k: np.zeros(N_VALUES) for k in range(K)}, spec=SPEC)
+        return proto
 
     def values(self, rng) -> dict[int, np.ndarray]:
         return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}
@@ -648,10 +775,16 @@ class Fuzzer:
 
     # -- one case
     def run(self, case: Case, rng) -> str:
-        if not case.fresh:
+        if not (case.fresh or case.scheduled):
             return self._run(case, rng)
         kept = self.proto, self.sent, self.prev_exchange
-        self.proto, self.sent, self.prev_exchange = self.new_protocol(), {}, {}
+        if case.fresh:
+            proto = self.new_protocol(case.scheduled)
+        else:  # one protocol with the public schedule for every case that needs it
+            if self.scheduled is None:
+                self.scheduled = self.new_protocol(scheduled=True)
+            proto = self.scheduled
+        self.proto, self.sent, self.prev_exchange = proto, {}, {}
         try:
             return self._run(case, rng)
         finally:
@@ -690,6 +823,8 @@ class Fuzzer:
                 (m.sender, m.kind, m.receiver): m for (ex, *_), m in self.sent.items() if ex == self.proto.exchange
             } or self.prev_exchange
             self.sent = {k: v for k, v in self.sent.items() if k[0] == self.proto.exchange}
+        if case.must_reject:
+            return "accepted_wrong"
         want = sum(np.asarray(v, dtype=np.float64) for v in vals.values())
         ok = np.shape(got) == np.shape(want) and np.allclose(got, want, atol=SPEC.tolerance * 10)
         return "accepted_correct" if ok else "accepted_wrong"

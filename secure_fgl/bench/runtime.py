@@ -1,5 +1,6 @@
-"""Runtime benchmark: the same FedGCN run through the in-process engine, the
-:class:`~secure_fgl.runtime.executor.LocalExecutor` and the
+"""Runtime benchmark.
+
+The same FedGCN run through the in-process engine, the :class:`~secure_fgl.runtime.executor.LocalExecutor` and the
 :class:`~secure_fgl.runtime.ray_executor.RayExecutor`.
 
 Workload: a synthetic SBM graph (``sbm``, binary features) partitioned over ``K`` clients
@@ -45,8 +46,11 @@ from ..runtime.memory import PSS_FIELDS, process_pss
 
 
 def _process_name(p) -> str:
-    """``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``,
-    ``ray::IDLE``), else the executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``)."""
+    """A short name of process ``p``.
+
+    ``driver`` for this process, Ray's process title for a worker (``ray::ClientHost``, ``ray::IDLE``), else the
+    executable or Python script (``raylet``, ``gcs_server``, ``log_monitor.py``).
+    """
     if p.pid == os.getpid():
         return "driver"
     try:
@@ -78,9 +82,11 @@ def tree_pss(root_pid: int) -> dict[int, dict]:
 
 
 class PeakPSS:
-    """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds;
-    ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that
-    moment (:func:`tree_pss`)."""
+    """Samples the PSS of this process (``tree``: and all it started) every ``interval`` seconds.
+
+    ``peak`` is the largest total (bytes) and ``at_peak`` each process's PSS breakdown at that moment
+    (:func:`tree_pss`).
+    """
 
     def __init__(self, interval: float = 0.5, tree: bool = True):
         self.interval, self.peak, self.at_peak, self._stop, self.tree = interval, 0, {}, threading.Event(), tree
@@ -220,8 +226,10 @@ def run_runtime_bench(
     clients=None,
     features: int | None = None,
 ) -> dict:
-    """The grid of the module docstring; ``repeats``, ``clients`` (a tuple of K) and ``features``
-    override the settings' values."""
+    """The grid of the module docstring.
+
+    ``repeats``, ``clients`` (a tuple of K) and ``features`` override the settings' values.
+    """
     from ..data import make_federated
 
     s = _settings(quick)
@@ -368,17 +376,37 @@ def print_table(rows: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------- the dropout column
-def dropout_counts(clients: int) -> tuple[int, ...]:
-    """0, 1 and ``n - t`` dropouts (mask's default threshold ``t = n // 2 + 1``: the most it recovers from)."""
-    return tuple(sorted({0, 1, clients - (clients // 2 + 1)}))
+def dropout_counts(clients: int, threshold: int | None = None) -> tuple[int, ...]:
+    """0, 1 and ``n - t`` dropouts, the most a round survives.
+
+    ``t`` is ``threshold`` (ckks-mp's t-out-of-n; ``t = n`` survives none) or mask's default
+    ``n // 2 + 1``.
+    """
+    spare = clients - (clients // 2 + 1 if threshold is None else threshold)
+    return tuple(sorted({0, min(1, spare), spare}))
+
+
+def mode_label(mode: str, threshold: int | None = None) -> str:
+    """The mode as the dropout column prints it: ``ckks-mp:t=7`` for t-out-of-n ckks-mp."""
+    return f"{mode}:t={threshold}" if threshold is not None else mode
 
 
 def dropout_round(
-    mode: str, clients: int, dropped: int, executor: str = "local", features: int = 64, nodes: int = 2000
+    mode: str,
+    clients: int,
+    dropped: int,
+    executor: str = "local",
+    features: int = 64,
+    nodes: int = 2000,
+    threshold: int | None = None,
 ) -> dict:
-    """Seconds and bytes of one FedAvg round (round 1, after round 0 paid registration and key
-    set-up) in which the ``dropped`` highest client ids drop at their upload
-    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages."""
+    """Seconds and bytes of one FedAvg round with ``dropped`` clients lost at their upload.
+
+    Round 1 (round 0 paid registration and key set-up), in which the ``dropped`` highest client ids drop at their upload
+    (``--simulate-dropouts dropped@upload:r1``); bytes are those of round 1's protocol messages.
+    ``threshold``: ckks-mp's t of t-out-of-n (``--threshold``).  ``round_cpu_s`` is the driver
+    process's CPU time of the round (the local executor runs every client in it).
+    """
     from protocols import SERVER
 
     from ..config import RunConfig
@@ -393,6 +421,7 @@ def dropout_round(
         mode=mode,
         executor=executor,
         hidden=64,
+        threshold=threshold,
         simulate_dropouts=f"{dropped}@upload:r1" if dropped else None,
         synthetic={"num_nodes": nodes, "num_features": features},
     ).validate()
@@ -402,20 +431,21 @@ def dropout_round(
     try:
         strategy = make_strategy(cfg, fed, protocol, {}, ex)
         strategy.train_round(0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         strategy.train_round(1)
-        seconds = time.perf_counter() - t0
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     finally:
         ex.shutdown()
     msgs = protocol.transcript.select(round=1)
     server = protocol.server  # its checks, sums and (mask) recovery of round 1's exchange
     server_s = (getattr(server, "last_timing", None) or getattr(server, "last_stats", None) or {}).get("server_s")
     return {
-        "mode": mode,
+        "mode": mode_label(mode, threshold),
         "clients": clients,
         "dropped": dropped,
         "executor": executor,
         "round_s": seconds,
+        "round_cpu_s": cpu_seconds,
         "server_s": server_s,
         "bytes_up": sum(m.nbytes for m in msgs if m.receiver == SERVER),
         "bytes_down": sum(m.nbytes for m in msgs if m.receiver != SERVER),
@@ -426,33 +456,48 @@ def dropout_round(
 
 
 def run_dropout_bench(
-    out_dir, clients=(10,), modes=("ckks", "mask"), executors=("local",), repeats: int = 1, features: int | None = None
+    out_dir,
+    clients=(10,),
+    modes=("ckks", "mask"),
+    executors=("local",),
+    repeats: int = 1,
+    features: int | None = None,
+    threshold: int | None = None,
 ) -> list[dict]:
-    """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts (median over
-    ``repeats``), written to ``dropout_bench.json``."""
+    """The dropout column: :func:`dropout_round` for 0, 1 and ``n - t`` dropouts.
+
+    Medians over ``repeats``, written to ``dropout_bench.json``.  ``threshold``: ckks-mp's t
+    (default ``n``: n-out-of-n, measured without dropouts only).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     print(
-        f"{'K':>4} {'mode':<7} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'server s':>8} "
-        f"{'up kB':>9} {'down kB':>9} {'load':>5}"
+        f"{'K':>4} {'mode':<12} {'executor':<8} {'dropped':>7} {'included':>8} {'round s':>8} {'cpu s':>8} "
+        f"{'server s':>8} {'up kB':>9} {'down kB':>9} {'load':>5}"
     )
     for k in clients:
         for mode in modes:
+            t = threshold if mode == "ckks-mp" else None
+            limit = int(k) if mode == "ckks-mp" and t is None else t  # n-out-of-n survives no dropout
             for executor in executors:
-                for dropped in dropout_counts(int(k)):
-                    runs = [dropout_round(mode, int(k), dropped, executor, features or 64) for _ in range(repeats)]
+                for dropped in dropout_counts(int(k), limit):
+                    runs = [
+                        dropout_round(mode, int(k), dropped, executor, features or 64, threshold=t)
+                        for _ in range(repeats)
+                    ]
                     row = dict(
                         runs[0],
                         round_s=statistics.median(r["round_s"] for r in runs),
+                        round_cpu_s=statistics.median(r["round_cpu_s"] for r in runs),
                         server_s=statistics.median(r["server_s"] or 0.0 for r in runs),
                         runs=len(runs),
                     )
                     rows.append(row)
                     print(
-                        f"{k:>4} {mode:<7} {executor:<8} {dropped:>7} {row['included']:>8} {row['round_s']:>8.2f} "
-                        f"{row['server_s']:>8.3f} {row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} "
-                        f"{row['load_avg_1m']:>5.1f}",
+                        f"{k:>4} {row['mode']:<12} {executor:<8} {dropped:>7} {row['included']:>8} "
+                        f"{row['round_s']:>8.2f} {row['round_cpu_s']:>8.2f} {row['server_s']:>8.3f} "
+                        f"{row['bytes_up'] / 1e3:>9.1f} {row['bytes_down'] / 1e3:>9.1f} {row['load_avg_1m']:>5.1f}",
                         flush=True,
                     )
                     (out / "dropout_bench.json").write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,1 @@
+"""The ``secure-fgl`` command line."""

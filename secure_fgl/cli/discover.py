@@ -18,6 +18,11 @@ def _wrap(text: str, indent: str = "  ") -> str:
 
 
 def algorithms_command(name: str | None) -> int:
+    """``secure-fgl algorithms [NAME]``: list the algorithms, or one algorithm's paper, exchanges, options and presets.
+
+    Returns:
+        The exit status (0).
+    """
     from ..algorithms import SPECS, get_spec
     from ..presets import preset_description, presets_of
 
@@ -54,8 +59,11 @@ def first_paragraph(doc: str | None) -> str:
 
 
 def datasets_command(data_root: str | None) -> int:
-    """Every ``--dataset`` name: the registry's datasets, the built-in graph-classification
-    generator and GCFL's groups of TU datasets (present when all their members are)."""
+    """Every ``--dataset`` name.
+
+    The registry's datasets, the built-in graph-classification generator and GCFL's groups of TU datasets (present when
+    all their members are).
+    """
     from ..data import GCFL_GROUPS, dataset_status
     from ..data.datasets import SYNTHETIC_GRAPHS
 
@@ -80,6 +88,7 @@ def datasets_command(data_root: str | None) -> int:
 
 
 def attacks_command() -> int:
+    """``secure-fgl attacks``: every attack's name, targets and summary, read from source (no torch import)."""
     from attacks.catalog import attack_catalog  # read from source: no torch import
 
     catalog = attack_catalog()
@@ -96,6 +105,7 @@ def attacks_command() -> int:
 
 
 def modes_command() -> int:
+    """``secure-fgl modes``: the secure-aggregation modes, one line each."""
     width = max(map(len, MODES)) + 2
     for name, text in MODES.items():
         print(f"{name:<{width}}{text}")
@@ -119,6 +129,18 @@ COMPARE_COLUMNS = (
 
 
 def compare_command(paths: list[str], include_unfinished: bool = False) -> int:
+    """``secure-fgl compare``: one table row per finished run under ``paths``.
+
+    Args:
+        paths: Run folders, or folders holding them.
+        include_unfinished: Also list runs that did not finish.
+
+    Returns:
+        The exit status (0).
+
+    Raises:
+        ConfigError: No ``result.json`` under ``paths``.
+    """
     from ..results import find_results, flatten, read_finished
 
     if not find_results(*paths):
@@ -147,6 +169,18 @@ def compare_command(paths: list[str], include_unfinished: bool = False) -> int:
 
 
 def plot_command(run: str, out: str | None) -> int:
+    """``secure-fgl plot``: the training curves of one run as an image.
+
+    Args:
+        run: A run folder or its ``result.json``.
+        out: The image file (default: ``curves.png`` in the run folder).
+
+    Returns:
+        The exit status (0).
+
+    Raises:
+        ConfigError: No ``result.json`` at ``run``.
+    """
     import json
 
     import matplotlib

@@ -63,6 +63,7 @@ def add_key_parsers(sub) -> None:
 
 
 def key_command(args: argparse.Namespace) -> int:
+    """``secure-fgl key``: make a site's identity key (``new``, never overwriting one) or print a key's fingerprint."""
     from protocols.auth import SigningKey
 
     if args.keys_command == "new":
@@ -84,6 +85,11 @@ def key_command(args: argparse.Namespace) -> int:
 
 
 def manifest_command(args: argparse.Namespace) -> int:
+    """``secure-fgl manifest``: write a run manifest (``new``, never overwriting one) or check one.
+
+    The check compares the parties' key fingerprints in the manifest with the ones expected (``--party``, or this
+    site's ``--key`` ``--as`` a party).
+    """
     from protocols.manifest import Manifest
 
     if args.manifest_command == "new":
@@ -163,8 +169,10 @@ def _config(path: str, preset: str | None):
 
 
 def _run_parameters(cfg, num_clients: int) -> tuple[dict, dict, str]:
-    """The options, security parameters and schedule hash the run of ``cfg`` records in its
-    manifest: those of the protocol facade the run builds (no party is started)."""
+    """The options, security parameters and schedule hash the run of ``cfg`` records in its manifest.
+
+    Those of the protocol facade the run builds (no party is started).
+    """
     from protocols.link import ClientLink
 
     from ..experiment import make_run_protocol

@@ -37,7 +37,10 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting."""
+
     def error(self, message: str):
+        """Raise the usage error (``main`` prints it with the exit status of a usage error)."""
         raise UsageError(message)
 
 
@@ -95,6 +98,7 @@ def _add_run_parser(sub) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secure-fgl`` parser: ``run`` with one flag per setting, and the other subcommands."""
     from ..provenance import package_version
 
     parser = Parser(
@@ -131,7 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     runtime = bench.add_argument_group("runtime suite (override the full grid)")
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
     runtime.add_argument("--features", type=int, default=None, help="features of the SBM graph")
-    runtime.add_argument("--modes", nargs="+", choices=["ckks", "mask"], default=["ckks", "mask"])
+    runtime.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["ckks", "mask", "ckks-mp"],
+        default=["ckks", "mask"],
+        help="secure modes (ckks-mp: the dropout column only)",
+    )
     runtime.add_argument(
         "--executors", nargs="+", choices=["inline", "local", "ray"], default=["inline", "local", "ray"]
     )
@@ -147,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the dropout column instead: a FedAvg round with 0, 1 and n-t clients dropped at upload "
         "(--simulate-dropouts; default 10 clients, local executor)",
+    )
+    runtime.add_argument(
+        "--threshold",
+        type=int,
+        default=None,
+        help="dropout column: ckks-mp's t of t-out-of-n key switching (default n: n-out-of-n, no dropouts)",
     )
     from .keys import add_key_parsers
 
@@ -173,8 +189,10 @@ def _extra_options(extra: list[str]) -> dict:
 
 
 def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
-    """A preset/config file's settings and its algorithm options (a table, or top-level keys
-    that are options of the algorithm)."""
+    """A preset/config file's settings and its algorithm options.
+
+    The options are a table, or top-level keys that are options of the algorithm.
+    """
     layer = dict(layer)
     options = layer.pop("options", None) or {}
     if not isinstance(options, dict):
@@ -222,6 +240,15 @@ def _default_out(cfg: RunConfig) -> str:
 
 
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """``secure-fgl run``: check the settings, run the experiment and print its summary.
+
+    Args:
+        args: The parsed command line.
+        extra: Unparsed ``--<option>`` flags (the algorithm's own options).
+
+    Returns:
+        The exit status.
+    """
     from ..engine.progress import Phases
     from ..preflight import preflight
     from ..run_identity import check_run_folder, resolved_config
@@ -280,6 +307,8 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             from ..bench.protocols import run_protocol_bench
 
             run_protocol_bench(args.out, quick=args.quick)
+        elif args.suite == "runtime" and not args.dropouts and ("ckks-mp" in args.modes or args.threshold):
+            raise UsageError("--modes ckks-mp and --threshold belong to the dropout column: add --dropouts")
         elif args.suite == "runtime" and args.dropouts:
             from ..bench.runtime import run_dropout_bench
 
@@ -290,6 +319,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 executors=tuple(e for e in args.executors if e != "inline") or ("local",),
                 repeats=args.repeats or 1,
                 features=args.features,
+                threshold=args.threshold,
             )
         elif args.suite == "runtime":
             from ..bench.runtime import run_runtime_bench
@@ -348,6 +378,14 @@ def _unknown_command(argv: list[str], parser) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``secure-fgl`` entry point.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``; none means ``run``).
+
+    Returns:
+        The exit status; usage and configuration errors print their message instead of a traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
     parser = build_parser()
     try:

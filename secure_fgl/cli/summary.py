@@ -8,6 +8,7 @@ def _num(value, fmt: str = ".4f") -> str:
 
 
 def privacy_line(result: dict) -> str:
+    """One line on the run's DP: the epsilon spent of the budget, delta, accountant and noise placement."""
     cfg, privacy = result["config"], result.get("privacy")
     if cfg.get("dp_epsilon") is None or not privacy:
         return "privacy: no DP"
@@ -21,6 +22,7 @@ def privacy_line(result: dict) -> str:
 
 
 def attack_line(entry: dict) -> str:
+    """One line per attack entry: its metric, value and chance level, or why it failed or did not apply."""
     name = entry.get("name")
     if entry.get("error") and entry.get("value") is None:
         return f"attack {name}: failed ({entry['error'].strip().splitlines()[-1][:120]})"
@@ -35,6 +37,7 @@ def attack_line(entry: dict) -> str:
 
 
 def format_summary(result: dict) -> str:
+    """The text summary printed after a run: accuracy, communication, time, privacy and attacks."""
     cfg, final, comm, t = result["config"], result["final"], result["comm"], result["time"]
     lines = [
         f"algorithm {cfg['algorithm']}  dataset {cfg['dataset']}  clients {result['num_clients']}  "

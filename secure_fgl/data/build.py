@@ -46,6 +46,18 @@ def build_federated(data: Data, owner: torch.Tensor, split: str = "public", seed
     The edge set is made undirected and coalesced first (a no-op for PyG datasets and the
     synthetic graphs); ``FederatedGraph.graph`` is a shallow copy of ``data`` carrying that
     edge set and the global masks of ``split`` (see :func:`~secure_fgl.data.splits.apply_split`).
+
+    Args:
+        data: The whole graph.
+        owner: ``[N]`` client id of each node, ``-1`` = dropped.
+        split: The train/validation/test split (``public``, ``random:a/b/c``, ...).
+        seed: Seed of a random split.
+
+    Returns:
+        The federation: the global graph and one subgraph per client.
+
+    Raises:
+        DataError: ``owner`` does not match the graph or drops every node.
     """
     n = int(data.num_nodes)
     own = owner.detach().cpu().numpy().astype(np.int64).reshape(-1)
@@ -143,11 +155,26 @@ def make_federated(
 ) -> FederatedGraph:
     """Load (or generate), partition and split in one call.
 
-    ``partition``: ``'dirichlet'`` (label skew ``beta``), ``'louvain'`` (``resolution``,
-    ``keep_largest``), ``'iid'``, or ``'native'`` (the clients a generator defines, e.g.
-    ``csbm-fed``).  ``None`` means ``'native'`` when the dataset defines clients, else
-    ``'dirichlet'``.  ``seed`` seeds the generator (unless given in ``synthetic_kwargs``),
-    the partition and the split.
+    Args:
+        dataset: A ``--dataset`` name (real or synthetic).
+        num_clients: Number of clients.
+        partition: ``'dirichlet'`` (label skew ``beta``), ``'louvain'`` (``resolution``, ``keep_largest``),
+            ``'iid'``, or ``'native'`` (the clients a generator defines, e.g. ``csbm-fed``).  ``None`` means
+            ``'native'`` when the dataset defines clients, else ``'dirichlet'``.
+        beta: Dirichlet concentration.
+        resolution: Louvain resolution.
+        keep_largest: Louvain: keep only the ``num_clients`` largest communities.
+        split: The train/validation/test split.
+        seed: Seeds the generator (unless given in ``synthetic_kwargs``), the partition and the split.
+        data_root: Folder of the real datasets (default: ``$SECURE_FGL_DATA``).
+        allow_download: Let PyG download a missing dataset into the cache.
+        **synthetic_kwargs: Arguments of a synthetic generator.
+
+    Returns:
+        The federation.
+
+    Raises:
+        DataError: Unknown dataset or partition, missing files, or a partition that cannot be made.
     """
     from .datasets import get_dataset_info
 

@@ -58,8 +58,10 @@ ENV_CACHE = "SECURE_FGL_CACHE"
 # roots
 # ---------------------------------------------------------------------------
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
-    """The data root: the argument, else ``$SECURE_FGL_DATA``, else
-    ``~/.cache/secure_fgl/datasets``.  Nothing is created."""
+    """The data root: the argument, else ``$SECURE_FGL_DATA``, else ``~/.cache/secure_fgl/datasets``.
+
+    Nothing is created.
+    """
     if data_root is not None and str(data_root) != "":
         return Path(data_root).expanduser().resolve()
     env = os.environ.get(ENV_DATA)
@@ -322,8 +324,10 @@ def _extract_archive(archive: Path, dst_root: Path, folder: str) -> None:
 
 
 def _stage(info: DatasetInfo, data_root: Path, cache_root: Path, allow_download: bool) -> None:
-    """Make ``cache_root/<folder>/raw`` mirror the data root's raw files (symlinks), or unpack
-    the archive there.  The data root is only read."""
+    """Make ``cache_root/<folder>/raw`` mirror the data root's raw files (symlinks), or unpack the archive there.
+
+    The data root is only read.
+    """
     assert info.folder is not None
     dst_dir = cache_root / info.folder
     dst_raw = dst_dir / "raw"
@@ -386,8 +390,9 @@ def load_node_dataset(
     cache_dir: str | os.PathLike | None = None,
     **synthetic_kwargs: Any,
 ) -> Data:
-    """One node-classification graph as a ``Data`` with ``num_classes``, ``name`` and
-    ``binary_features`` set.
+    """One node-classification graph as a ``Data``.
+
+    Its ``num_classes``, ``name`` and ``binary_features`` are set.
 
     Planetoid graphs keep their public ``train/val/test`` masks; Amazon/Coauthor have none
     (use a ``split`` other than ``'public'``).  ``synthetic_kwargs`` go to the generator of a

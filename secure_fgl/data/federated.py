@@ -20,7 +20,7 @@ from torch_geometric.data import Data
 class ClientSubgraph:
     """What client ``client_id`` holds.
 
-    Attributes
+    Attributes:
     ----------
     global_ids:   ``[n_k]`` long; local node ``i`` is global node ``global_ids[i]``.
     x, y:         local features ``[n_k, d]`` (float32) and labels ``[n_k]``.

@@ -1,6 +1,8 @@
-"""``--dataset`` for graph-level algorithms: a TU dataset chunked across ``--clients``
-(GCFL's single-dataset setting), a GCFL group (one dataset per client), or the synthetic
-two-task federation."""
+"""``--dataset`` for graph-level algorithms.
+
+a TU dataset chunked across ``--clients`` (GCFL's single-dataset setting), a GCFL group (one dataset per client), or the
+synthetic two-task federation.
+"""
 
 from __future__ import annotations
 

@@ -151,12 +151,14 @@ def chunk_partition(
     allow_download: bool = False,
     order: str = "shuffled",
 ) -> FederatedGraphDataset:
-    """GCFL single-dataset setting: ``dataset`` (a name or a loaded TU dataset) chunked at
-    random across ``num_clients`` clients, each split 80/10/10.
+    """GCFL single-dataset setting.
+
+    ``dataset`` (a name or a loaded TU dataset) chunked at random across ``num_clients`` clients, each split 80/10/10.
 
     ``order``: ``'shuffled'`` (graphs shuffled by ``seed`` before chunking) or ``'file'``
     (the reference ``_randChunk``: the first ``K * min(50, G // K)`` graphs in file order, the
-    rest to random clients)."""
+    rest to random clients).
+    """
     if order not in ("shuffled", "file"):
         raise DataError(f"order={order!r}: use 'shuffled' or 'file' (GCFL reference chunking)")
     ds = load_graph_dataset(dataset, data_root, allow_download) if isinstance(dataset, str) else dataset

@@ -35,7 +35,19 @@ def _check_k(num_nodes: int, num_clients: int) -> None:
 
 
 def iid_partition(num_nodes: int, num_clients: int, seed: int = 0) -> torch.Tensor:
-    """Uniformly random assignment with client sizes differing by at most one."""
+    """Uniformly random assignment with client sizes differing by at most one.
+
+    Args:
+        num_nodes: Number of nodes ``N``.
+        num_clients: Number of clients ``K`` (``1 <= K <= N``).
+        seed: Seed of the permutation.
+
+    Returns:
+        ``owner [N]``: the client of each node.
+
+    Raises:
+        DataError: ``K`` is below 1 or above ``N``.
+    """
     _check_k(num_nodes, num_clients)
     rng = np.random.default_rng([seed, 11])
     owner = np.empty(num_nodes, dtype=np.int64)
@@ -52,6 +64,21 @@ def dirichlet_partition(
     ``q_c \sim Dir(\beta \mathbf 1_K)``; clients that already hold ``N/K`` nodes get no more
     (the balancing rule of FedGCN's code).  The draw is repeated until every client holds at
     least ``min(min_size, N // K)`` nodes.
+
+    Args:
+        y: Node labels ``[N]``.
+        num_clients: Number of clients ``K``.
+        beta: Dirichlet concentration (10000 ~ i.i.d., 1 = highly skewed).
+        seed: Seed of the draws.
+        min_size: Minimum client size wanted (capped at ``N // K``).
+        max_tries: Draws before giving up.
+
+    Returns:
+        ``owner [N]``: the client of each node.
+
+    Raises:
+        DataError: ``beta <= 0``, ``K`` out of range, or no draw within ``max_tries`` gives every client
+            ``min(min_size, N // K)`` nodes.
     """
     yn = _as_numpy(y).reshape(-1).astype(np.int64)
     n = yn.shape[0]
@@ -99,7 +126,19 @@ def louvain_partition(
     ``keep_largest=True`` (FedSpray sec. 3.1): the K largest communities become the clients
     (largest = client 0) and every other node is dropped (``owner = -1``).
 
-    Raises :class:`DataError` when Louvain finds fewer than K communities.
+    Args:
+        edge_index: ``[2, E]`` edges (each undirected edge used once).
+        num_nodes: Number of nodes ``N``.
+        num_clients: Number of clients ``K``.
+        resolution: Louvain resolution (larger = more, smaller communities).
+        seed: Seed of Louvain.
+        keep_largest: Keep only the ``K`` largest communities (FedSpray) instead of packing all of them.
+
+    Returns:
+        ``owner [N]``: the client of each node, ``-1`` for a dropped node.
+
+    Raises:
+        DataError: Louvain finds fewer than ``K`` communities, ``resolution <= 0`` or ``K`` out of range.
     """
     import networkx as nx
 
@@ -134,7 +173,16 @@ def louvain_partition(
 
 
 def partition_label_distribution(y: torch.Tensor, owner: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
-    """``[K, C]`` row-stochastic label distribution of every client (FedGCN Def. 5.1)."""
+    """``[K, C]`` row-stochastic label distribution of every client (FedGCN Def. 5.1).
+
+    Args:
+        y: Node labels ``[N]``.
+        owner: The client of each node (``-1``: dropped, not counted).
+        num_classes: ``C`` (default: the largest label + 1).
+
+    Returns:
+        Row ``k``: the label shares of client ``k``'s nodes.
+    """
     yn, on = _as_numpy(y).astype(np.int64), _as_numpy(owner).astype(np.int64)
     c = int(num_classes if num_classes is not None else yn.max() + 1)
     k = int(on.max()) + 1

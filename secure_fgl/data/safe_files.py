@@ -74,8 +74,10 @@ class PlanetoidUnpickler(pickle.Unpickler):
 
 
 def load_pickle(file, *, path: str = "a pickle", encoding: str = "latin1"):
-    """Unpickle ``file`` (an open binary file) with :class:`PlanetoidUnpickler`; any failure is a
-    one-line :class:`DataError`."""
+    """Unpickle ``file`` (an open binary file) with :class:`PlanetoidUnpickler`.
+
+    Any failure is a one-line :class:`DataError`.
+    """
     unpickler = PlanetoidUnpickler(file, encoding=encoding)
     unpickler.path = path
     try:
@@ -91,8 +93,10 @@ def load_pickle(file, *, path: str = "a pickle", encoding: str = "latin1"):
 
 @contextlib.contextmanager
 def restricted_pickle() -> Iterator[None]:
-    """While active, PyG's Planetoid reader (``torch_geometric.io.planetoid``) unpickles with
-    :func:`load_pickle`."""
+    """Make PyG's Planetoid reader unpickle with :func:`load_pickle` while active.
+
+    The reader is ``torch_geometric.io.planetoid``.
+    """
     import torch_geometric.io.planetoid as planetoid_io
 
     shim = types.SimpleNamespace(
@@ -115,8 +119,13 @@ def canonical_checksums() -> dict[str, str]:
 
 
 def verify_checksums(folder: str, raw_dir: Path) -> list[str]:
-    """Warn (``UserWarning``) for each file of ``raw_dir`` whose SHA-256 differs from the canonical
-    one of ``<folder>/raw/<name>``; returns the names that differ."""
+    """Warn (``UserWarning``) for each file of ``raw_dir`` whose SHA-256 differs from the canonical one.
+
+    The canonical checksum is that of ``<folder>/raw/<name>``.
+
+    Returns:
+        The names that differ.
+    """
     known = canonical_checksums()
     bad = []
     for path in sorted(Path(raw_dir).iterdir()):

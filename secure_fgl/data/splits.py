@@ -103,8 +103,11 @@ def _per_client_masks(
 
 
 def _per_class_masks(y: np.ndarray, owner: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Shchur et al.'s split: per class, a seeded random ``SHCHUR_PER_CLASS`` training and
-    validation nodes among the kept ones (fewer if the class is smaller), the rest test."""
+    """Shchur et al.'s split.
+
+    Per class, a seeded random ``SHCHUR_PER_CLASS`` training and validation nodes among the kept ones (fewer if the
+    class is smaller), the rest test.
+    """
     n_train, n_val = SHCHUR_PER_CLASS
     rng = np.random.default_rng([seed, 22])
     train, val = np.zeros(y.shape[0], bool), np.zeros(y.shape[0], bool)

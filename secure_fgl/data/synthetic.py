@@ -89,8 +89,10 @@ def _balanced_labels(num_nodes: int, num_classes: int, rng: np.random.Generator)
 def _planted_partition_edges(
     y: np.ndarray, num_classes: int, num_edges: int, homophily: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sample ``num_edges`` endpoint pairs: a uniform source, then a uniform target in the
-    source's class with probability ``homophily``, else uniform among the other classes.
+    """Sample ``num_edges`` endpoint pairs.
+
+    A uniform source, then a uniform target in the source's class with probability ``homophily``, else uniform among the
+    other classes.
 
     With balanced classes this is the SBM with ``p_in / p_out = h (C-1) / (1-h)`` and
     expected edge homophily ``h``.
@@ -208,8 +210,10 @@ def sbm_binary(
 # contextual SBM (Gaussian features)
 # ---------------------------------------------------------------------------
 def _class_means(num_classes: int, num_features: int, mu: float, rng: np.random.Generator) -> np.ndarray:
-    """``C`` means at pairwise distance exactly ``mu``: ``(mu / sqrt 2)`` times orthonormal
-    random directions (a QR of a Gaussian matrix)."""
+    """``C`` means at pairwise distance exactly ``mu``.
+
+    ``(mu / sqrt 2)`` times orthonormal random directions (a QR of a Gaussian matrix).
+    """
     q, _ = np.linalg.qr(rng.standard_normal((num_features, num_classes)))
     return (mu / np.sqrt(2.0)) * q.T  # [C, F]
 

@@ -1,5 +1,6 @@
-"""A synthetic graph-classification federation with two opposite labelings, so tests and the
-quick start need no files.
+"""A synthetic graph-classification federation with two opposite labelings.
+
+Tests and the quick start need no files.
 
 Every graph is an Erdos-Renyi graph ``G(n, p)`` with ``n`` uniform in ``[min_nodes,
 max_nodes]`` and ``p`` either ``p_sparse`` or ``p_dense`` (fair coin).  Node features are

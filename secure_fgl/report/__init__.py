@@ -1,0 +1,1 @@
+"""Privacy/utility reports from the run files of a sweep (``secure-fgl report``)."""

@@ -1,8 +1,8 @@
-"""``secure-fgl report``: run (or resume) a privacy/utility sweep, then write the report.
+r"""``secure-fgl report``: run (or resume) a privacy/utility sweep, then write the report.
 
 Example::
 
-    secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \\
+    secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \
         --dp-epsilons inf,8,4,2,1 --seeds 3 --rounds 50 --out runs/report
 
 ``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  A finished run is
@@ -38,6 +38,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secure-fgl report`` parser."""
     p = argparse.ArgumentParser(
         prog="secure-fgl report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -131,9 +132,11 @@ def _minutes(seconds: float) -> str:
 
 
 def estimate(cells, out_dir) -> tuple[float | None, str]:
-    """Seconds the runs to do will take, from the finished runs under ``out_dir`` (same algorithm,
-    dataset and mode; training time scaled by rounds, attack time added when attacks are asked),
-    and how it was made; None when no past run matches."""
+    """Seconds the runs to do will take, and how the estimate was made.
+
+    Estimated from the finished runs under ``out_dir`` (same algorithm, dataset and mode; training time scaled by
+    rounds, attack time added when attacks are asked); None when no past run matches.
+    """
     from .sweep import load_runs
 
     past, _ = load_runs(out_dir)
@@ -206,6 +209,11 @@ def _interrupted() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``secure-fgl report``: plan, run (or resume) the sweep, then render the report.
+
+    Returns:
+        The exit status.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--"]:  # `secure-fgl report -- --flags` (argparse REMAINDER keeps the '--')
         argv = argv[1:]

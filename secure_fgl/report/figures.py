@@ -1,6 +1,7 @@
-"""Figures of the report, computed only from run files; every one in the shared look of
-:mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one colour and
-marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
+"""Figures of the report, computed only from run files.
+
+Every one in the shared look of :mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one
+colour and marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
 
 * :func:`epsilon_curves` -- test accuracy, then each attack's primary metric (its chance level
   dotted), against DP epsilon; one series per mode, dodged sideways; at most a few panels per
@@ -23,8 +24,10 @@ from .tables import attack_entries, final_acc, run_eps
 
 
 def normalised_leakage(entry: dict) -> float | None:
-    """(m - chance) / (max - chance) in [0, 1] (1 = full leakage); 0 for a not-applicable attack
-    whose audit passed; None when undefined."""
+    """(m - chance) / (max - chance) in [0, 1] (1 = full leakage).
+
+    0 for a not-applicable attack whose audit passed; None when undefined.
+    """
     if not entry.get("applicable"):
         return 0.0 if entry.get("at_chance") else None
     v, c = entry.get("value"), entry.get("chance")
@@ -49,8 +52,11 @@ def _attack_value(name: str):
 
 
 def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False) -> None:
-    """One legend for the figure: each mode's colour and marker, "= other" where their series are
-    equal, and the chance line's style when a panel draws one."""
+    """One legend for the figure.
+
+    Each mode's colour and marker, "= other" where their series are equal, and the chance line's style when a panel
+    draws one.
+    """
     from matplotlib.lines import Line2D
 
     same = {b: a for a, b in equal}
@@ -121,6 +127,11 @@ def epsilon_curves(
 
 @style.styled
 def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path, size: str = "column") -> list[Path]:
+    """Test accuracy against mean normalised leakage per setting of one algorithm and dataset, with the Pareto front.
+
+    Returns:
+        The files written (one per format).
+    """
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     pts = []
     keys = sorted(
@@ -175,6 +186,11 @@ def frontier(results: list[dict], algorithm: str, dataset: str, path: str | Path
 
 @style.styled
 def exposure_by_degree(results: list[dict], path: str | Path, size: str = "column") -> list[Path]:
+    """The FedGCN attacks' exposure rate by a node's number of cross-client neighbours.
+
+    Returns:
+        The files written (one per format).
+    """
     series = {}
     for r in results:
         for name, a in attack_entries(r).items():

@@ -1,5 +1,7 @@
-"""The headline figure: test accuracy vs DP epsilon, one series per (algorithm, mode), then one
-panel per attack with its chance line, for each dataset.
+"""The headline figure.
+
+Test accuracy vs DP epsilon, one series per (algorithm, mode), then one panel per attack with its chance line, for each
+dataset.
 
 Reads ``result.json`` dicts.  Each point is the mean over seeds with ± 1 sample std error bars
 (the DP noise is fresh in every run, so the bar includes its variance); the non-DP run of the
@@ -60,8 +62,10 @@ def _seeds_per_point(runs: list[dict]) -> str:
 
 
 def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], algorithms: list[str]) -> list:
-    """Mean ± sample std of ``value`` vs epsilon for each (algorithm, mode) with DP runs; returns
-    the pairs of equal series."""
+    """Mean ± sample std of ``value`` vs epsilon for each (algorithm, mode) with DP runs.
+
+    Returns the pairs of equal series.
+    """
     curves = [r for r in runs if r["config"]["algorithm"] not in references]
     pos = style.eps_positions([r["config"]["dp_epsilon"] for r in curves])
     keys = sorted(

@@ -1,6 +1,8 @@
-"""Render ``report.md`` and a self-contained ``report.html`` (PNGs embedded as base64) from the
-run files of a sweep folder.  Every number comes from a ``result.json``; nothing is recomputed
-from data or models."""
+"""Render ``report.md`` and a self-contained ``report.html`` from the run files of a sweep folder.
+
+PNGs are embedded as base64.  Every number comes from a ``result.json``; nothing is recomputed from data or
+models.
+"""
 
 from __future__ import annotations
 
@@ -38,9 +40,19 @@ def _left_out_line(left: dict) -> str | None:
 def render_report(
     out_dir: str | Path, *, title: str = "secure_fgl privacy/utility report", figure_size: str = "column"
 ) -> dict[str, Path]:
-    """Write ``report.md``, ``report.html``, ``tables.tex`` and ``figures/*.{png,pdf,svg}`` into
-    ``out_dir``, from the finished runs of its latest sweep (``sweep.json``; every run folder
-    when there is none)."""
+    """Write ``report.md``, ``report.html``, ``tables.tex`` and ``figures/*.{png,pdf,svg}`` into ``out_dir``.
+
+    They are made from the finished runs of its latest sweep (``sweep.json``; every run folder when there is
+    none).
+
+    Args:
+        out_dir: The sweep folder (its run folders hold ``result.json``).
+        title: The report's title.
+        figure_size: ``column`` or ``page`` width of the figures.
+
+    Returns:
+        The written files by kind.
+    """
     out = Path(out_dir)
     sweep = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else {}
     left: dict = {}

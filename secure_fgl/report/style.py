@@ -69,16 +69,23 @@ def styled(draw):
 
 
 def mode_style(mode: str) -> tuple[str, str]:
+    """``(colour, marker)`` of a mode (grey x for an unknown one)."""
     return MODE_STYLE.get(mode, ("tab:gray", "x"))
 
 
 def mode_rank(mode: str) -> int:
+    """A mode's position in the report order (unknown modes last)."""
     return list(MODE_STYLE).index(mode) if mode in MODE_STYLE else len(MODE_STYLE)
 
 
 def new_figure(panels: int, size: str, legend_rows: int = 1):
-    """A figure of ``size`` with ``panels`` axes in a grid (constrained layout) and room for a legend
-    of ``legend_rows`` lines below; returns (fig, axes)."""
+    """A figure of ``size`` with ``panels`` axes in a grid and room for a legend below.
+
+    The layout is constrained; the legend has ``legend_rows`` lines.
+
+    Returns:
+        ``(fig, axes)``.
+    """
     if size not in WIDTH:
         raise ValueError(f"figure size {size!r} is not one of {', '.join(WIDTH)}")
     if panels > MAX_PANELS[size]:
@@ -129,7 +136,7 @@ def save(fig, path: str | Path) -> list[Path]:
 
 
 def eps_positions(eps_values) -> dict:
-    """x position of each budget: finite ones 0, 1, 2, ... in increasing order, None (no DP) set apart."""
+    """X position of each budget: finite ones 0, 1, 2, ... in increasing order, None (no DP) set apart."""
     finite = sorted(e for e in set(eps_values) if e is not None)
     pos = {e: float(i) for i, e in enumerate(finite)}
     if None in set(eps_values):
@@ -206,8 +213,10 @@ def equal_series(named: dict[str, dict]) -> list[tuple[str, str]]:
 
 
 def place_labels(ax, points: list[tuple[float, float, str, str]]) -> list[str]:
-    """Label each (x, y, text, colour) beside its point where it overlaps no other label and stays
-    inside the axes; returns the texts that found no free place (the caller counts them in a note)."""
+    """Label each (x, y, text, colour) beside its point where it overlaps no other label and stays inside the axes.
+
+    Returns the texts that found no free place (the caller counts them in a note).
+    """
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)

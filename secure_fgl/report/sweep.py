@@ -48,17 +48,22 @@ def parse_epsilon(text: str | float | None) -> float | None:
 
 
 def eps_label(eps: float | None) -> str:
+    """``inf`` for no DP, else epsilon in short form."""
     return "inf" if eps is None else f"{eps:g}"
 
 
 def run_id(algorithm: str, dataset: str, mode: str, eps: float | None, seed: int) -> str:
+    """The folder name of one run of a sweep: ``<algorithm>_<dataset>_<mode>_eps-<eps>_s<seed>``."""
     return f"{algorithm}_{dataset}_{mode}_eps-{eps_label(eps)}_s{seed}"
 
 
 @dataclass
 class SweepSpec:
-    """The grid.  ``config`` holds further :class:`RunConfig` fields common to every run
-    (``clients``, ``partition``, ``rounds``, ``synthetic``, ``options`` ...)."""
+    """The grid.
+
+    ``config`` holds further :class:`RunConfig` fields common to every run (``clients``, ``partition``, ``rounds``,
+    ``synthetic``, ``options`` ...).
+    """
 
     algorithms: Sequence[str] = ("fedgcn",)
     datasets: Sequence[str] = ("sbm",)
@@ -116,10 +121,12 @@ GRID_KEYS = {
 
 
 def spec_from_file(path: str | Path) -> SweepSpec:
-    """A sweep file: a run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied
-    to every run, plus a ``[grid]`` table (``algorithms``, ``datasets``, ``modes``,
-    ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count), ``attacks``) and optional
-    ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``."""
+    """A sweep file.
+
+    A run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied to every run, plus a ``[grid]`` table
+    (``algorithms``, ``datasets``, ``modes``, ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count),
+    ``attacks``) and optional ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
+    """
     from ..config import ConfigError, load_config_file
 
     raw = dict(load_config_file(path))
@@ -160,8 +167,11 @@ def spec_from_file(path: str | Path) -> SweepSpec:
 
 @dataclass
 class Cell:
-    """One run of the plan: its folder, resolved config and identity, and what the sweep does with it
-    (``reuse`` a finished run with the same identity, ``run`` it, ``rerun`` an unfinished one)."""
+    """One run of the plan.
+
+    Its folder, resolved config and identity, and what the sweep does with it (``reuse`` a finished run with the same
+    identity, ``run`` it, ``rerun`` an unfinished one).
+    """
 
     run_id: str
     cfg: RunConfig
@@ -179,8 +189,11 @@ def resolve(cfg: RunConfig) -> dict:
 
 
 def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
-    """Every run of the grid with the folder it goes to: ``<run-id>`` when that folder is free or
-    holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run is never touched)."""
+    """Every run of the grid with the folder it goes to.
+
+    ``<run-id>`` when that folder is free or holds the same identity, else ``<run-id>-<fingerprint[:8]>`` (the other run
+    is never touched).
+    """
     out = Path(out_dir)
     cells = []
     for rid, cfg in spec.runs(out):
@@ -214,8 +227,18 @@ def run_sweep(
     runner: Callable[[RunConfig], dict] | None = None,
     cells: list[Cell] | None = None,
 ) -> list[dict]:
-    """Run every cell of the grid that has no finished run with the same identity; returns one
-    status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``)."""
+    """Run every cell of the grid that has no finished run with the same identity.
+
+    Args:
+        spec: The sweep: base settings and grid.
+        out_dir: The sweep folder; each run writes its own folder in it, ``sweep.json`` records the plan.
+        progress: Print one line per run.
+        runner: Runs one configuration (default: :func:`~secure_fgl.experiment.run_experiment`).
+        cells: The planned runs (default: :func:`plan_cells` of ``spec``).
+
+    Returns:
+        One status row per run (``{"run_id", "status": done|skipped|failed, "seconds", "error"?}``).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = plan_cells(spec, out) if cells is None else cells
@@ -280,10 +303,12 @@ def load_runs(
     include_unfinished: bool = False,
     left_out: dict | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """``(results, errors)`` found under ``out_dir`` (one level of run folders): only the folders
-    ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when
-    given, only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the
-    counts of what was left out (``unfinished``, ``not_in_sweep``, ``other_settings``)."""
+    """``(results, errors)`` found under ``out_dir`` (one level of run folders).
+
+    Only the folders ``run_ids`` when given, only those whose identity still equals ``fingerprints[folder]`` when given,
+    only finished runs unless ``include_unfinished``.  ``left_out``, when given, receives the counts of what was left
+    out (``unfinished``, ``not_in_sweep``, ``other_settings``).
+    """
     out = Path(out_dir)
     results, errors = [], []
     counts = {"unfinished": 0, "not_in_sweep": 0, "other_settings": 0}

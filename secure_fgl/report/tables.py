@@ -49,6 +49,8 @@ SECONDARY: dict[str, list[tuple[str, float | str | None]]] = {
 
 @dataclass
 class Table:
+    """A report table: title, header, rows of formatted cells and a note (rendered as markdown, HTML or LaTeX)."""
+
     title: str
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
@@ -83,7 +85,7 @@ class Table:
         return "".join(out)
 
     def to_latex(self) -> str:
-        """A ``table`` with a booktabs ``tabular`` (``\\usepackage{booktabs}``), the note as a footnote line."""
+        r"""A ``table`` with a booktabs ``tabular`` (``\usepackage{booktabs}``), the note as a footnote line."""
         if not self.rows:
             return ""
         cols = "l" + "r" * (len(self.header) - 1)
@@ -131,20 +133,27 @@ _LATEX = {
 
 
 def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped."""
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
 # ----------------------------------------------------------------------------- helpers
 def run_eps(r: dict) -> float | None:
+    """The run's DP epsilon, ``None`` without DP (or an infinite budget)."""
     e = r["config"].get("dp_epsilon")
     return None if e is None or (isinstance(e, float) and math.isinf(e)) else float(e)
 
 
 def setting_label(mode: str, eps: float | None) -> str:
+    """``mode`` or ``mode ε=eps``: the column label of a setting."""
     return mode if eps is None else f"{mode} ε={eps:g}"
 
 
 def settings_of(results: Iterable[dict]) -> list[tuple[str, float | None]]:
+    """The distinct ``(mode, epsilon)`` settings of ``results``.
+
+    Modes in report order; within a mode no DP first, then epsilon descending.
+    """
     keys = {(r["config"]["mode"], run_eps(r)) for r in results}
 
     def order(k):
@@ -156,12 +165,14 @@ def settings_of(results: Iterable[dict]) -> list[tuple[str, float | None]]:
 
 
 def fmt_num(v: float | None, digits: int = 3) -> str:
+    """``v`` to ``digits`` decimals; a dash when missing or not finite."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "—"
     return f"{v:.{digits}f}"
 
 
 def fmt_stats(values: list[float], digits: int = 3) -> str:
+    """Mean ± sample standard deviation of the finite ``values`` (the value alone when there is one)."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return "—"
@@ -171,6 +182,7 @@ def fmt_stats(values: list[float], digits: int = 3) -> str:
 
 
 def group(results: Iterable[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """``results`` grouped by the config values of ``keys`` (``dp_epsilon`` as :func:`run_eps`)."""
     out: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
         k = tuple(r["config"][key] if key != "dp_epsilon" else run_eps(r) for key in keys)
@@ -179,14 +191,17 @@ def group(results: Iterable[dict], *keys: str) -> dict[tuple, list[dict]]:
 
 
 def attack_entries(r: dict) -> dict[str, dict]:
+    """The run's attack entries by name."""
     return {a["name"]: a for a in (r.get("attacks") or [])}
 
 
 def audit_of(r: dict) -> dict | None:
+    """The run's transcript-audit entry, if any."""
     return attack_entries(r).get("transcript_audit")
 
 
 def final_acc(r: dict) -> float | None:
+    """The run's final test accuracy."""
     return (r.get("final") or {}).get("test_acc")
 
 
@@ -199,8 +214,10 @@ def _interval(entry: dict) -> str:
 
 
 def _below_chance(entries: list[dict]) -> str:
-    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its
-    chance level: an attack cannot do worse than guessing, so the measurement is suspect."""
+    """`` (below chance?)`` when an attack that leaks by scoring high has an interval wholly under its chance level.
+
+    An attack cannot do worse than guessing, so the measurement is suspect.
+    """
     for e in entries:
         if e.get("below_chance"):  # the attack's own verdict (attacks.significance)
             return " (below chance?)"
@@ -244,8 +261,10 @@ def accuracy_chance(runs: list[dict]) -> float | None:
 
 
 def at_chance_label(accs: list[float | None], chance: float | None) -> str:
-    """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``:
-    a privacy result read off a model that learned nothing means nothing."""
+    """``AT CHANCE`` when the mean accuracy is within max(std, 0.05) of chance, else ``no``.
+
+    A privacy result read off a model that learned nothing means nothing.
+    """
     vals = [float(a) for a in accs if a is not None]
     if not vals or chance is None:
         return "—"
@@ -256,6 +275,12 @@ def at_chance_label(accs: list[float | None], chance: float | None) -> str:
 
 # ----------------------------------------------------------------------------- tables
 def leakage_matrix(results: list[dict], algorithm: str, dataset: str) -> Table:
+    """The leakage matrix of one algorithm and dataset.
+
+    One row per attack metric, one column per setting (mode, epsilon), then the chance level; each cell the mean
+    ± sample std over seeds, or with one seed the value and its 95 % interval, marked when the interval lies wholly
+    on the non-leaky side of chance; the last rows say whether the model learned anything (the table's note).
+    """
     runs = [r for r in results if r["config"]["algorithm"] == algorithm and r["config"]["dataset"] == dataset]
     settings = settings_of(runs)
     by_setting = {s: [r for r in runs if (r["config"]["mode"], run_eps(r)) == s] for s in settings}
@@ -333,9 +358,11 @@ def _show(value) -> str:
 
 
 def settings_of_runs(results: list[dict]) -> tuple[dict[str, str], Table]:
-    """The settings the runs hold (their resolved configs): ``(common, per_cell)`` -- the settings
-    equal in every run (options per algorithm), and a table of those that differ, one row per
-    (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``)."""
+    """The settings the runs hold (their resolved configs).
+
+    ``(common, per_cell)`` -- the settings equal in every run (options per algorithm), and a table of those that differ,
+    one row per (algorithm, dataset, mode, epsilon) cell (several values in a cell: ``a | b``).
+    """
     ids = [identity(r.get("config") or {}) for r in results]
     keys = sorted({k for i in ids for k in i if k not in GRID_AXES and k != "options"})
     common, varying = {}, []
@@ -385,6 +412,7 @@ def _eps_spent(r: dict) -> tuple[str, str]:
 
 
 def utility_table(results: list[dict]) -> Table:
+    """Accuracy, time, bytes and DP budget spent per (algorithm, dataset, mode, epsilon), over seeds."""
     header = [
         "algorithm",
         "dataset",
@@ -443,6 +471,7 @@ def utility_table(results: list[dict]) -> Table:
 
 
 def audit_table(results: list[dict]) -> Table:
+    """The transcript audit of each run: verdict, number of failures and the first warnings."""
     header = ["run", "mode", "audit", "failures", "warnings (first)"]
     rows = []
     for r in results:
@@ -500,6 +529,7 @@ def audit_exchange_table(results: list[dict]) -> Table:
 
 
 def attack_table(results: list[dict]) -> Table:
+    """Each attack the runs ran: observer, exchange, background knowledge and metric."""
     header = ["attack", "observer", "exchange", "background knowledge", "metric"]
     rows, seen = [], set()
     for r in results:
@@ -520,6 +550,7 @@ def attack_table(results: list[dict]) -> Table:
 
 
 def error_table(errors: list[dict]) -> Table:
+    """The runs that failed, with their errors."""
     rows = [[e.get("_run_id", "?"), e.get("error", "?")[:300]] for e in errors]
     return Table("Failed runs", ["run", "error"], rows)
 

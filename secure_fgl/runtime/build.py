@@ -14,8 +14,8 @@ import dataclasses
 import numpy as np
 
 from protocols import Transcript, make_protocol
+from protocols.halves import HalvesProtocol
 from protocols.registry import backend_class
-from protocols.split import SplitProtocol
 
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
@@ -97,13 +97,15 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
+    if cfg.threshold is not None:  # ckks-mp t-out-of-n
+        extra["threshold"] = cfg.threshold
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None):
     """The run's protocol; a backend split into halves gets the executor as its link
     (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
-    if not issubclass(backend_class(cfg.mode), SplitProtocol):
+    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
         return make_run_protocol(cfg, num_clients, transcript)
     return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor))
 

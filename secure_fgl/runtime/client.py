@@ -93,7 +93,7 @@ class ClientRuntime:
             from protocols.registry import backend_class
 
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
-            # the manifest and identity key come from the driver directly (protocols/split.py), never via the server
+            # the manifest and identity key come from the driver directly (protocols/halves.py), never via the server
             self.half.use_manifest(
                 Manifest.from_bytes(f["manifest"].tobytes()), SigningKey.from_private_bytes(f["identity"].tobytes())
             )

@@ -4,7 +4,7 @@ Runs every test whose name contains ``golden`` (slow ones included) with ``SECUR
 so each ``assert_golden`` call stores what the run gave instead of comparing. Run it only after a change
 that is meant to move the numbers, with one thread (bit-for-bit floats depend on it):
 
-    OMP_NUM_THREADS=1 python tests/golden/regenerate.py [pytest arguments, e.g. tests/test_runtime.py]
+    OMP_NUM_THREADS=1 python tests/golden/regenerate.py [pytest arguments, e.g. tests/runtime/test_runtime.py]
 """
 
 from __future__ import annotations

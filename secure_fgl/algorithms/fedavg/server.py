@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from protocols import DropoutError
+from protocols.broadcast_view import VIEW_BINDING_MODES
+from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
@@ -15,8 +17,8 @@ from ..base import model_dp_request, model_spec
 class ModelAveragingStrategy(Strategy):
     """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
     deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
-    (``aggregate_models`` false) only trains.  Client sampling is
-    :meth:`~secure_fgl.algorithms.base.FederatedAlgorithm.sample_clients`'s."""
+    (``aggregate_models`` false) only trains.  Client sampling is the public PRF of the run
+    manifest's seed (:func:`protocols.client_sampling.sample_clients`)."""
 
     dp_on_runtimes = True
     #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
@@ -26,13 +28,18 @@ class ModelAveragingStrategy(Strategy):
         super().__init__(executor, protocol, cfg, facts, options)
         self.aggregate_models = cfg.algorithm != "local"
         self.personalized = cfg.algorithm == "local"
+        #: clients that missed a model broadcast (not a recipient, or no answer to its download):
+        #: the broadcast is the mean update each client adds to its model, so from then on they
+        #: train on another model, and the clients' check of the broadcasts each contributor
+        #: received (:mod:`protocols.broadcast_view`) would refuse every later sum they join; they
+        #: contribute no more (kept in checkpoints)
+        self.out_of_sync: set[int] = set()
 
     def sample_clients(self, rnd: int) -> list[int]:
-        K = self.num_clients
-        if self.cfg.client_fraction >= 1:
-            return list(range(K))
-        m = max(1, int(round(self.cfg.client_fraction * K)))
-        return sorted(np.random.default_rng([self.cfg.seed, rnd, 7]).choice(K, size=m, replace=False).tolist())
+        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`),
+        without the clients out of sync."""
+        sample = sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
+        return [k for k in sample if k not in self.out_of_sync]
 
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
         """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
@@ -81,6 +88,8 @@ class ModelAveragingStrategy(Strategy):
                 self.protocol,
                 plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
             )
+            if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+                self.note_missed_download(tag, rnd)
             done = {"tag": tag, "round": rnd, "length": length}
             self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
             return
@@ -94,6 +103,29 @@ class ModelAveragingStrategy(Strategy):
             raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
         mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
         self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
+
+    def note_missed_download(self, tag: str, rnd: int) -> None:
+        """Put the clients without the model broadcast just run (not a recipient, or silent at its
+        ``download``: :attr:`protocols.party.ServerHalf.last_undelivered`) out of sync.  In
+        ``ckks-mp`` every client key-switches every exchange under the models it received, so one
+        such client stops the run: DropoutError now, before a checkpoint records the round."""
+        missed = sorted((set(range(self.num_clients)) - set(self.alive())) | set(self.protocol.server.last_undelivered))
+        if missed and self.protocol.mode == "ckks-mp":
+            raise DropoutError(
+                f"client(s) {missed} got no result of this model broadcast; in ckks-mp every client "
+                "key-switches every later exchange bound to the models it received, so the next one would be "
+                "refused: rerun with --resume (every client restarts from the last checkpoint, on one model)",
+                tag=tag,
+                round=rnd,
+            )
+        self.out_of_sync.update(missed)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "out_of_sync": sorted(self.out_of_sync)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.out_of_sync = {int(k) for k in state.get("out_of_sync", ())}
 
     def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
         """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""

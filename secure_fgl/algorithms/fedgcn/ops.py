@@ -41,7 +41,7 @@ Normalisation (``norm`` option) -- what is achievable from received sums only
   ``d̃_j`` exactly from its local and cross edges), and the receiver multiply by
   ``d̃_v^{-1/2}``.  The sums are then real numbers: float CKKS encoding, no packing.
   With ``hops=2`` and 2 layers this is *exactly* Kipf's GCN on the full graph for the
-  client's own nodes (verified in ``tests/test_fedgcn.py``).
+  client's own nodes (verified in ``tests/algorithms/test_fedgcn.py``).
 * ``'none'``: ``Z_v = (ÃX)_v``, the raw sums, as the paper's released code feeds them to
   its first (linear) layer.
 

@@ -1,0 +1,58 @@
+r"""What a client binds of the broadcasts it trained on: one digest chain per broadcast tag.
+
+A server that deviates can send one client a different model than the others (the
+model-inconsistency attack of Pasquini et al., CCS 2022: a model under which only the victim's
+update survives in the sum).  Each client therefore keeps, per tag the public schedule marks as
+a broadcast (:mod:`protocols.schedule`), the chain
+
+.. math::
+
+    v_0 = 0^{32}, \qquad v_{j} = \mathrm{SHA\text{-}256}(\mathrm{domain} \,\|\, v_{j-1} \,\|\,
+    \mathrm{tag} \,\|\, r_j \,\|\, \mathrm{ids}_j \,\|\, \mathrm{values}_j)
+
+over the results ``j = 1, 2, ...`` it received under the tag (round ``r_j``, block ids, float64
+values as decoded), and binds ``v`` into what it contributes next under that tag: mask signs it in
+the consistency round (:func:`protocols.mask.client.survivor_statement`), ckks-mp labels its
+key-switching masks with it.  Two honest clients of one sum then hold one ``v`` or the sum is
+refused.  Every recipient of a broadcast decodes the same bytes (mask: the same ring sum; ckks-mp:
+one ciphertext under the broadcast key), so honest chains agree exactly.
+
+The chain, not the last broadcast, because a broadcast may be an update the client adds to its
+model (FedAvg: :math:`w \leftarrow w + \Delta_r`), so the model it trains on, and state built from
+it such as optimizer moments, depends on every broadcast received: a victim sent
+:math:`\Delta_r + \delta`, then left out of one round, would otherwise match the others again while
+its model still differs by :math:`\delta`.  For the same reason a client that missed a broadcast
+stays out of sync (docs/security.md, "Same model for everyone").
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+#: the modes whose contributions bind the chain (shared-key ``ckks`` gains nothing: any one client
+#: can read every upload, docs/security.md)
+VIEW_BINDING_MODES = ("mask", "ckks-mp")
+#: domain separator of the chain
+VIEW_DOMAIN = b"secure-fgl/broadcast-view/v1"
+EMPTY_VIEW = bytes(32)
+
+
+class BroadcastViews:
+    """A client's digest chain per broadcast tag (module docstring)."""
+
+    def __init__(self) -> None:
+        self.chains: dict[str, bytes] = {}
+
+    def digest(self, tag: str) -> bytes:
+        """``v`` for ``tag``: all-zero before the first broadcast."""
+        return self.chains.get(tag, EMPTY_VIEW)
+
+    def record(self, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> None:
+        """Chain one received result (block id -> decoded values) into ``tag``'s digest."""
+        h = hashlib.sha256(VIEW_DOMAIN + self.digest(tag))
+        h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
+        for b in sorted(blocks):
+            h.update(int(b).to_bytes(8, "big") + np.ascontiguousarray(blocks[b], dtype=np.float64).tobytes())
+        self.chains[tag] = h.digest()

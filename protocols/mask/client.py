@@ -1,0 +1,669 @@
+"""The client half of ``mask``: one handler per stage of the link (``stage_<name>``).
+
+Its mask key pair (one per run), its self-mask seeds, the shares it holds for its peers and its
+copy of the output-mask group seed never leave it, except as channel ciphertexts and the
+unmasking answers; every plan, key broadcast, survivor set and unmasking request is checked
+before it is used (the protocol and its stages: :mod:`.backend`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..broadcast_view import EMPTY_VIEW
+from ..errors import (
+    ConsistencyError,
+    InconsistentViewError,
+    IntegrityError,
+    ThresholdRefusedError,
+    UnmaskingRefusedError,
+)
+from ..party import ClientHalf, envelope_of
+from ..plan_policy import collusion_bound
+from ..transcript import SERVER, Message, client_party, party_client
+from .keys import (
+    SIGNED_KEY_BYTES,
+    ExchangeBinding,
+    MaskKeyPair,
+    check_signed_mask_key,
+    new_secret_seed,
+    output_mask_key,
+    output_mask_keys,
+    signed_mask_key,
+)
+from .prg import ranked_mask, ring_mask
+from .public import (
+    COMMITMENT_BYTES,
+    mask_fingerprint,
+    positions,
+    read_words,
+    shamir_threshold,
+    share_commitment,
+    stream_ids,
+)
+from .quantize import FixedPoint
+from .shamir import SHARE_BYTES, Share, split_secret
+
+
+@dataclass
+class Participant:
+    """Client-side state of one participant for one exchange (its secrets stay here)."""
+
+    ids: np.ndarray  # block ids it contributes (sorted)
+    encoded: np.ndarray  # [n_blocks, L] ring elements
+    common: dict[int, np.ndarray] = field(default_factory=dict)  # peer -> shared block ids
+    self_seed: bytes | None = None  # b_k of this exchange
+    seeds: dict[int, bytes] = field(default_factory=dict)  # peer -> pairwise seed of this exchange
+    held: dict[int, Share] = field(default_factory=dict)  # owner -> its b_owner share of this exchange
+
+
+@dataclass
+class _SelfMaskBatch:
+    """Self-mask seeds ``b^(s)`` for exchanges ``first .. first + len - 1`` of one (contributor set,
+    threshold): the owner keeps ``seeds``; each holder keeps its ``shares`` of them."""
+
+    first: int
+    values: list  # bytes (the owner's seeds) or Share (a holder's shares)
+
+    def at(self, seq: int):
+        """The entry for exchange ``seq``, or ``None`` outside the batch."""
+        return self.values[seq - self.first] if self.first <= seq < self.first + len(self.values) else None
+
+
+def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
+    """A holder's ``size`` Shamir shares of ``owner``'s self-mask seeds from the decrypted channel bytes."""
+    n = 4 + SHARE_BYTES
+    if size < 1 or len(raw) != size * n:
+        raise IntegrityError(
+            f"share message of {len(raw)} bytes, expected {size} shares of {n} bytes",
+            tag=ctx.tag,
+            round=ctx.round,
+            client=owner,
+        )
+    return [Share.from_bytes(raw[i : i + n]) for i in range(0, len(raw), n)]
+
+
+#: domain separator of the survivor set every survivor signs in the consistency round
+SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
+
+
+def survivor_statement(
+    run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors, view: bytes = EMPTY_VIEW
+) -> bytes:
+    """The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
+    the run, session and exchange, the sorted survivor set and the digest of the broadcasts the
+    signer trained on (:mod:`protocols.broadcast_view`), length-prefixed."""
+    fields = (
+        SURVIVORS_DOMAIN,
+        bytes(run_id),
+        bytes(session),
+        int(seq).to_bytes(8, "big"),
+        tag.encode(),
+        int(rnd).to_bytes(8, "big", signed=True),
+        np.asarray(survivors, dtype=">i4").tobytes(),
+        bytes(view),
+    )
+    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
+def _unmask_answer(
+    st: Participant, want_pairwise: list[int], want_self: list[int], ctx, responder: int
+) -> tuple[dict, dict]:
+    """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
+    Unmasking, with the pairwise seeds of this exchange in place of the dropped clients' key
+    shares): its pairwise seed with each dropped peer OR its share of each survivor's self-mask
+    seed, never both for one client — both would let the server unmask that client's input.
+    Shares it does not hold are left out (the server needs ``t`` of them)."""
+    both = sorted(set(want_pairwise) & set(want_self))
+    if both:
+        raise UnmaskingRefusedError(
+            f"the server asked for both the self-mask shares and the pairwise seeds of "
+            f"client(s) {both}; an honest client refuses (that would reveal their inputs)",
+            tag=ctx.tag,
+            round=ctx.round,
+            client=responder,
+        )
+    return (
+        {d: st.seeds[d] for d in want_pairwise if d in st.seeds},
+        {u: st.held[u].to_bytes() for u in want_self if u in st.held},
+    )
+
+
+def _masked(st: Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[bytes, ...]) -> np.ndarray:
+    """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) + R_k`` mod ``2^b``, with
+    ``R_k = P_k - P_{k+1}`` from ``out_keys`` (empty: no output mask; one key: ``P_{k+1} = 0``)."""
+    y = st.encoded.copy()
+    for j, seed in st.seeds.items():
+        c = st.common[j]
+        m = ranked_mask(seed, sid["pairwise"], c.size, L, dtype)
+        pos = positions(st.ids, c)
+        if j > k:
+            y[pos] += m
+        else:
+            y[pos] -= m
+    if st.self_seed is not None:
+        y += ranked_mask(st.self_seed, sid["self"], st.ids.size, L, dtype)
+    for sign, key in zip((1, -1), out_keys):
+        m = ring_mask(key, sid["output"], st.ids, L, dtype)
+        if sign > 0:
+            y += m
+        else:
+            y -= m
+    return y
+
+
+def remove_output_masks(
+    rows: np.ndarray,
+    members: np.ndarray,
+    group_seed: bytes,
+    num_clients: int,
+    binding: ExchangeBinding,
+    sid: bytes,
+    block_ids: np.ndarray,
+    L: int,
+) -> None:
+    """Subtract, in place, ``sum_{k in S_b} R_k`` from each summed block ``b``.
+
+    ``members[b, j]``: client ``j`` is an included contributor of block ``b`` (``[n_blocks, K]``).
+    The coefficient of ``P_j`` in ``sum_{k in S_b} (P_k - P_{k+1})`` is ``[j in S_b] - [j-1 in S_b]``
+    (``P_K = 0``), so only the first id of every run of consecutive members (+1) and the id after
+    its last one (-1) cost a stream."""
+    m = members.astype(np.int8)
+    coef = m - np.concatenate([np.zeros((m.shape[0], 1), np.int8), m[:, :-1]], axis=1)
+    for j in np.flatnonzero(np.any(coef != 0, axis=0)).tolist():
+        rows_j = np.flatnonzero(coef[:, j])
+        whole = rows_j.size == rows.shape[0]
+        mask = ring_mask(
+            output_mask_key(group_seed, j, binding), sid, block_ids if whole else block_ids[rows_j], L, rows.dtype
+        )
+        plus = coef[rows_j, j] > 0
+        if plus.all():
+            rows[slice(None) if whole else rows_j] -= mask
+            continue
+        rows[rows_j[plus]] -= mask[plus]
+        rows[rows_j[~plus]] += mask[~plus]
+
+
+class MaskClient(ClientHalf):
+    """One client of the mask protocol: its mask key pair (one per run), self-mask seeds, the
+    shares it holds for its peers and its copy of the group seed never leave this object (except
+    as channel ciphertexts and the unmasking answers of step 5)."""
+
+    mode = "mask"
+
+    def __init__(self, client_id: int, setup: bytes, provider=None):
+        super().__init__(client_id, setup, provider)
+        self.options = self.setup.options
+        self.fingerprint = mask_fingerprint(self.setup.num_clients, self.options)
+        self.group_seed: bytes | None = None
+        self.mask_keys: MaskKeyPair | None = None  # drawn once per run
+        self.peer_keys: dict[int, bytes] = {}  # peers' mask public keys (server broadcast)
+        #: (contributors, threshold) -> own self-mask seed batch / owner -> this client's shares of it
+        self.own_batches: dict[tuple, _SelfMaskBatch] = {}
+        self.held_batches: dict[tuple, dict[int, _SelfMaskBatch]] = {}
+        self.state: Participant | None = None
+        self.encoding: FixedPoint | None = None
+        self._prepared: int | None = None  # exchange whose contribution is encoded
+        self._participants: list[int] | None = None  # the server's list, when it excluded someone
+        self._unmasked: int | None = None  # the exchange whose unmasking round it answered
+        #: (exchange, survivor set) this client signed in the consistency round
+        self._signed: tuple[int, tuple[int, ...]] | None = None
+        #: seconds spent by this client in the last exchange, per step
+        self.timing: dict[str, float] = {}
+        #: attack simulations only: keep the encoded input after the masked upload is built (by
+        #: default it is freed then: the client needs only its seeds and shares for the rest)
+        self.keep_input = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _binding(self) -> ExchangeBinding:
+        p = self.plan
+        return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
+
+    def _batch_key(self) -> tuple:
+        return tuple(self.plan.contributors), self._threshold()
+
+    def _threshold(self) -> int:
+        """``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
+        as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``)."""
+        p, c = self.plan, collusion_bound(self.setup).max_colluders
+        t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
+        planned = p.encoding.get("threshold")
+        if planned != t:
+            raise ThresholdRefusedError(
+                f"the plan names Shamir threshold t={planned}, the run's setup gives t={t} "
+                f"for {len(p.contributors)} contributors: refused",
+                **self.where(),
+            )
+        n = len(p.contributors)
+        if 2 * t <= n + c:
+            raise ThresholdRefusedError(
+                f"Shamir threshold t={t} with {n} contributors and max colluders c={c} "
+                f"breaks 2t > n + c: the server could collect t answers from two disjoint "
+                f"sets of clients; use threshold >= {(n + c) // 2 + 1} (the default)",
+                **self.where(),
+            )
+        return t
+
+    def _message(self, kind, shape, payload, note=""):
+        return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
+
+    def _take_group_seed(self, inbox: list[Message]) -> list[Message]:
+        rest = []
+        for m in inbox:
+            if m.sender != SERVER and envelope_of(m).stage == "group_seed":
+                if self.group_seed is not None:
+                    raise IntegrityError(
+                        "a second output-mask group seed was sent; the first one stands", **self.where()
+                    )
+                self.group_seed = self.open_relayed(m, "group_seed", exchange=envelope_of(m).exchange)
+            else:
+                rest.append(m)
+        return rest
+
+    def _from_server(self, inbox: list[Message], stage: str, kind: str) -> Message:
+        mine = [m for m in inbox if m.sender == SERVER]
+        if len(mine) != 1:
+            raise IntegrityError(f"expected one '{stage}' message from the server, got {len(mine)}", **self.where())
+        msg = self.check(mine[0], SERVER, stage, 0, self.where())
+        if msg.kind != kind:
+            raise IntegrityError(f"expected a '{kind}' message, got '{msg.kind}'", **self.where())
+        return msg
+
+    def _absorb(self, inbox: list[Message]) -> list[Message]:
+        """Take the set-up messages of this exchange, whichever stage's bundle carries them: the
+        shared block ids (sparse), the key broadcast, the participant list and the peers' share
+        batches.  Returns the other messages."""
+        rest = []
+        for m in inbox:
+            stage = envelope_of(m).stage
+            if m.sender == SERVER and stage == "block_ids":
+                self._take_common(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender == SERVER and stage == "advertise_keys":
+                self._take_keys(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender == SERVER and stage == "share_keys":
+                self._take_participants(self.check(m, SERVER, stage, 0, self.where()))
+            elif m.sender != SERVER and stage == "share_keys":
+                owner = party_client(m.sender)
+                shares = _parse_batch(
+                    self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]), self.plan, owner
+                )
+                self.held_batches.setdefault(self._batch_key(), {})[owner] = _SelfMaskBatch(self.plan.exchange, shares)
+            else:
+                rest.append(m)
+        return rest
+
+    def _take_common(self, msg: Message) -> None:
+        if msg.kind != "metadata" or self.state is None:
+            raise IntegrityError("unexpected shared-block-id message", **self.where())
+        try:
+            common = {int(j): np.asarray(c, dtype=np.int64).ravel() for j, c in msg.payload.items()}
+        except (AttributeError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed shared block ids ({e})", **self.where()) from None
+        own = self.state.ids
+        for j, c in common.items():  # a subset of this client's own blocks, with another contributor
+            if (
+                j == self.id
+                or j not in self.plan.contributors
+                or np.any(np.diff(c) <= 0)
+                or not np.isin(c, own, assume_unique=True).all()
+            ):
+                raise IntegrityError(
+                    f"the block ids shared with client {j} are not a sorted subset of this "
+                    "client's own blocks shared with another contributor",
+                    **self.where(),
+                )
+        self.state.common = common
+
+    def _take_keys(self, msg: Message) -> None:
+        if msg.kind != "public_key" or not isinstance(msg.payload, dict):
+            raise IntegrityError("malformed key broadcast", **self.where())
+        for j, signed in msg.payload.items():
+            j = int(j)
+            raw = check_signed_mask_key(
+                self.registry, self.setup.run_id, client_party(j), signed, dict(self.where(), client=j)
+            )
+            if j == self.id:
+                if self.mask_keys is None or raw != self.mask_keys.public_bytes:
+                    raise IntegrityError("the key broadcast lists another key for this client", **self.where())
+            elif self.peer_keys.setdefault(j, raw) != raw:
+                raise IntegrityError(
+                    f"the key broadcast changes client {j}'s mask key (keys are fixed for the run)", **self.where()
+                )
+
+    def _take_participants(self, msg: Message) -> None:
+        try:
+            got = [int(k) for k in msg.payload["participants"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed participant list ({e})", **self.where()) from None
+        if (
+            msg.kind != "control"
+            or got != sorted(set(got))
+            or not set(got) <= set(self.plan.contributors)
+            or self.id not in got
+        ):
+            raise IntegrityError(
+                f"the participant list {got} is not a sorted subset of the contributors that includes this client",
+                **self.where(),
+            )
+        self._participants = got
+
+    # ------------------------------------------------------------------ stages
+    def on_stage(self, stage, inbox):
+        inbox = self._take_group_seed(inbox)
+        if stage == "register":
+            return []
+        step = getattr(self, "stage_" + stage, None)
+        if step is None:
+            raise IntegrityError(f"unknown stage {stage!r}", **self.where())
+        if stage != "group_seed":
+            self._prepare()
+        return step(inbox)
+
+    def stage_group_seed(self, inbox):
+        """Client 0, once per run: ``G`` for every other client over the relayed channel."""
+        if self.group_seed is None:
+            self.group_seed = new_secret_seed()
+        return [
+            self.seal_relayed(c, "group_seed", self.group_seed, "output-mask group seed", self.fingerprint)
+            for c in range(self.setup.num_clients)
+            if c != self.id
+        ]
+
+    def _prepare(self) -> None:
+        """Local encoding, once per exchange: every bound is checked before any message leaves."""
+        if self.plan is None or self._prepared == self.plan.exchange:
+            return
+        self._prepared, self.state, self.timing, self._participants = self.plan.exchange, None, {}, None
+        if self.id not in self.plan.contributors:
+            return
+        self._threshold()  # the plan's t is the run's, before anything is sent
+        enc = self.encoding = FixedPoint(**self.plan.encoding["fixed_point"])
+        t0 = time.perf_counter()
+        table = self.contribution()
+        encoded = enc.encode(table.values, tag=self.plan.tag, round=self.plan.round, client=self.id)
+        self.state = Participant(table.ids, encoded)
+        self.timing["encode_s"] = time.perf_counter() - t0
+
+    def stage_block_ids(self, inbox):
+        if self.state is None:
+            return []
+        ids = self.state.ids
+        return [
+            self.seal(
+                self._message("metadata", ids.shape, {"block_ids": ids.astype(np.int32)}, "block ids"), "block_ids"
+            )
+        ]
+
+    def stage_advertise_keys(self, inbox):
+        """The mask public key, drawn once per run (its secret key never leaves this client)."""
+        self._absorb(inbox)
+        if self.state is None:
+            return []
+        if self.mask_keys is None:
+            self.mask_keys = MaskKeyPair.generate()
+        signed = signed_mask_key(self.signing, self.setup.run_id, self.name, self.mask_keys.public_bytes)
+        return [
+            self.seal(
+                self._message(
+                    "public_key", (SIGNED_KEY_BYTES,), signed, "X25519 mask key, signed by the owner (once per run)"
+                ),
+                "advertise_keys",
+            )
+        ]
+
+    def stage_share_keys(self, inbox):
+        """A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
+        Shamir-shared with every other contributor over the relayed channel."""
+        self._absorb(inbox)
+        if self.state is None:
+            return []
+        t0 = time.perf_counter()
+        contributors, t = self._batch_key()
+        xs = [j + 1 for j in contributors]
+        seeds = [new_secret_seed() for _ in range(int(self.options["self_mask_batch"]))]
+        shares = [split_secret(b, xs, t) for b in seeds]
+        self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
+        held = self.held_batches.setdefault((contributors, t), {})
+        out, commitments, first = [], {}, self.plan.exchange
+        for j in contributors:
+            mine = [sh[j + 1] for sh in shares]
+            commitments[j] = b"".join(
+                share_commitment(self.setup.run_id, self.id, first + i, s) for i, s in enumerate(mine)
+            )
+            if j == self.id:
+                held[j] = _SelfMaskBatch(first, mine)
+                continue
+            out.append(
+                self.seal_relayed(
+                    j,
+                    "share_keys",
+                    b"".join(s.to_bytes() for s in mine),
+                    f"Shamir shares of {len(seeds)} self-mask seeds",
+                    self.fingerprint,
+                )
+            )
+        out.append(
+            self.seal(
+                self._message(
+                    "control",
+                    (len(commitments), len(seeds), COMMITMENT_BYTES),
+                    commitments,
+                    "commitments to the dealt shares (SHA-256)",
+                ),
+                "share_keys",
+            )
+        )
+        self.timing["setup_s"] = time.perf_counter() - t0
+        return out
+
+    def stage_masked_upload(self, inbox):
+        self._absorb(inbox)
+        st = self.state
+        if st is None:
+            return []
+        t0 = time.perf_counter()
+        seq, key = self.plan.exchange, self._batch_key()
+        participants = self._participants or list(self.plan.contributors)
+        if self.plan.layout == "dense":
+            st.common = {j: st.ids for j in participants if j != self.id}
+        st.common = {j: c for j, c in st.common.items() if j in participants and j != self.id and c.size}
+        if len(participants) >= 2:  # Bonawitz self mask b_k (double masking)
+            own = self.own_batches.get(key)
+            st.self_seed = own.at(seq) if own is not None else None
+            if st.self_seed is None:
+                raise IntegrityError(
+                    "no self-mask seed was shared for this exchange (the server skipped the share round)",
+                    **self.where(),
+                )
+            st.held = {u: share for u, b in self.held_batches.get(key, {}).items() if (share := b.at(seq)) is not None}
+        if st.common and self.mask_keys is None:
+            raise IntegrityError("this client advertised no mask key", **self.where())
+        binding = self._binding()
+        for j in st.common:
+            if j not in self.peer_keys:
+                raise IntegrityError(f"no mask public key of participant {j} was broadcast", **self.where())
+            st.seeds[j] = self.mask_keys.pairwise_seed(self.id, j, self.peer_keys[j], binding)
+        y = self._upload_words()
+        if not self.keep_input:
+            st.encoded = None
+        payload = {"block_ids": st.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
+        self.timing["mask_s"] = time.perf_counter() - t0
+        return [self.seal(self._message("masked", y.shape, payload), "masked_upload")]
+
+    def _upload_words(self) -> np.ndarray:
+        st, enc, p = self.state, self.encoding, self.plan
+        out_keys = (
+            ()
+            if self.options["reveal_to_server"]
+            else output_mask_keys(self._seed(), self.id, self.setup.num_clients, self._binding())
+        )
+        return _masked(
+            st, self.id, p.block_len, enc.dtype, stream_ids(self.setup.run_id, p.exchange, p.tag, p.round), out_keys
+        )
+
+    def _seed(self) -> bytes:
+        if self.group_seed is None:
+            raise IntegrityError("no output-mask group seed was received", **self.where())
+        return self.group_seed
+
+    def _statement(self, survivors) -> bytes:
+        p = self.plan
+        return survivor_statement(
+            self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors, self.view_digest()
+        )
+
+    def stage_consistency(self, inbox):
+        """Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
+        survivor set the server names, if it is a sorted set of at least ``t`` participants that
+        includes this client."""
+        if self.state is None:
+            return []
+        if self._signed is not None and self._signed[0] == self.plan.exchange:
+            raise ConsistencyError("a second consistency round in one exchange: refused", **self.where())
+        msg = self._from_server(inbox, "consistency", "control")
+        try:
+            survivors = [int(k) for k in msg.payload["survivors"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed survivor set ({e})", **self.where()) from None
+        participants, t = self._participants or list(self.plan.contributors), self._threshold()
+        if (
+            survivors != sorted(set(survivors))
+            or not set(survivors) <= set(participants)
+            or self.id not in survivors
+            or len(survivors) < t
+        ):
+            raise ConsistencyError(
+                f"the survivor set {survivors} is not a sorted set of at least t={t} participants "
+                "that includes this client",
+                **self.where(),
+            )
+        self._signed = (self.plan.exchange, tuple(survivors))
+        sig = self.signing.sign(self._statement(survivors))
+        return [
+            self.seal(
+                self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
+                "consistency",
+            )
+        ]
+
+    def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict) -> None:
+        """The unmasking request must name the survivor set this client signed (its self-mask shares)
+        and exactly the other participants (their pairwise seeds), with the signatures of at least
+        ``t`` survivors over that set -- so no two clients can be asked about different sets."""
+        where = self.where()
+        if self._signed is None or self._signed[0] != self.plan.exchange:
+            raise ConsistencyError("an unmasking request before this client signed the survivor set", **where)
+        survivors = list(self._signed[1])
+        dropped = [k for k in (self._participants or list(self.plan.contributors)) if k not in survivors]
+        if want_self != survivors or want_pairwise != dropped:
+            raise ConsistencyError(
+                f"the unmasking request (survivors {want_self}, dropped {want_pairwise}) is not "
+                f"the survivor set {survivors} this client signed",
+                **where,
+            )
+        statement, t = self._statement(survivors), self._threshold()
+        bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+        if bound and set(signatures) != set(survivors):  # an unsigned survivor's view is unchecked
+            raise InconsistentViewError(
+                f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of a "
+                "broadcast exchange: each survivor's view of the broadcasts is checked before unmasking",
+                **where,
+            )
+        for k, sig in signatures.items():
+            if k not in survivors:
+                raise ConsistencyError(f"a survivor-set signature of client {k}, who is not a survivor", **where)
+            try:
+                self.registry.check_signature(client_party(k), statement, sig, where)
+            except IntegrityError:
+                raise (InconsistentViewError if bound else ConsistencyError)(
+                    f"client {k}'s signature is not over the survivor set {survivors} this client "
+                    "signed: the server told clients different survivor sets"
+                    + (" or sent them different broadcasts to train on (model inconsistency)" if bound else ""),
+                    **where,
+                ) from None
+        if len(signatures) < t:
+            raise ConsistencyError(
+                f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}", **where
+            )
+
+    def stage_unmask(self, inbox):
+        """Step 5, answered once per exchange, after the consistency round: the request names the
+        survivors (self-mask shares) and who dropped (pairwise seeds), with the survivors' signatures."""
+        if self.state is None:
+            return []
+        if self._unmasked == self.plan.exchange:
+            raise UnmaskingRefusedError("a second unmasking round in one exchange: refused", **self.where())
+        self._unmasked = self.plan.exchange
+        msg = self._from_server(inbox, "unmask", "control")
+        try:
+            want_pairwise = [int(d) for d in msg.payload["pairwise"]]
+            want_self = [int(u) for u in msg.payload["self_mask"]]
+            signatures = {int(k): bytes(v) for k, v in msg.payload["signatures"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
+        self._check_request(want_pairwise, want_self, signatures)
+        if want_pairwise and not self.options["dropout_recovery"]:
+            raise UnmaskingRefusedError(
+                "the server asked for pairwise seeds, but dropout recovery is off", **self.where()
+            )
+        seeds, b_part = _unmask_answer(self.state, want_pairwise, want_self, self.plan, self.id)
+        n = len(seeds) + len(b_part)
+        return [
+            self.seal(
+                self._message(
+                    "share",
+                    (n,),
+                    {"pairwise": seeds, "self_mask": b_part},
+                    "unmasking shares (and pairwise seeds with dropped peers)",
+                ),
+                "unmask",
+            )
+        ]
+
+    def stage_download(self, inbox):
+        msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
+        t0 = time.perf_counter()
+        p, L = self.plan, self.plan.block_len
+        enc = self.encoding = FixedPoint(**p.encoding["fixed_point"])
+        try:
+            bids = np.asarray(msg.payload["block_ids"], dtype=np.int64).ravel()
+            data = msg.payload["data"]
+            included = [int(k) for k in msg.payload["included"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed download ({e})", **self.where()) from None
+        if not np.array_equal(bids, p.requests.get(self.id, np.zeros(0, np.int64))):
+            raise IntegrityError("the download carries other block ids than this client asked for", **self.where())
+        rows = read_words(data, enc, (bids.size, L), "download", self.where())
+        if len(set(included)) != len(included) or any(not 0 <= k < self.setup.num_clients for k in included):
+            raise IntegrityError(
+                f"malformed download: included clients {included} are not distinct client ids", **self.where()
+            )
+        if not self.options["reveal_to_server"] and bids.size:
+            members = np.zeros((bids.size, self.setup.num_clients), dtype=bool)
+            if p.layout == "sparse":
+                try:
+                    bitmap = np.unpackbits(
+                        np.asarray(msg.payload["contributors"], dtype=np.uint8), axis=1, count=len(included)
+                    ).astype(bool)
+                    members[:, included] = bitmap
+                except (KeyError, TypeError, ValueError) as e:
+                    raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
+            else:
+                members[:, included] = True
+            remove_output_masks(
+                rows,
+                members,
+                self._seed(),
+                self.setup.num_clients,
+                self._binding(),
+                stream_ids(self.setup.run_id, p.exchange, p.tag, p.round)["output"],
+                bids,
+                L,
+            )
+        dec = enc.decode(rows)
+        self.deliver({int(b): dec[i] for i, b in enumerate(bids)})
+        self.timing["decode_s"] = time.perf_counter() - t0
+        return []

@@ -1,0 +1,94 @@
+r"""The data-independent part of a run's exchange schedule, as every client half reads it from the
+run manifest, and the checks it makes on each plan against it.
+
+The manifest's ``security`` section carries (:mod:`protocols.manifest`):
+
+* ``sample_seed`` and ``client_fraction``: the round's sample ``S_r``
+  (:func:`protocols.client_sampling.sample_clients`);
+* ``roles``: tag -> public role of the exchanges under that tag.  One role is defined,
+  :data:`BROADCAST`: the exchange of a model every client trains on (FedAvg's ``<algorithm>/model``).
+  For a tag with that role a client refuses (nothing is sent) a plan
+
+  1. whose contributors are not within the round's sample ``S_r`` (dropouts only remove
+     clients): :class:`~protocols.errors.SampleMismatchError`;
+  2. that gives it, as a recipient, anything but every block of the sum (a broadcast reaches
+     every recipient whole and alike): :class:`~protocols.errors.ScheduleRoleError`;
+
+  and binds the digest of every broadcast it received under the tag into what it contributes
+  next under it (:mod:`protocols.broadcast_view`), so clients that were sent different models
+  cannot complete a sum together.
+
+A tag the schedule does not list is checked by the run-wide rules only
+(:mod:`protocols.plan_policy`).  A party without a manifest (trust on first use) has no schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .client_sampling import sample_clients
+from .errors import ConfigurationError, SampleMismatchError, ScheduleRoleError
+from .plan import ExchangePlan
+
+#: the role of a model broadcast every client trains on (module docstring)
+BROADCAST = "broadcast"
+ROLES = (BROADCAST,)
+
+
+@dataclass(frozen=True)
+class PublicSchedule:
+    """What a client knows of the schedule before any plan: sampling and each listed tag's role."""
+
+    num_clients: int
+    sample_seed: int = 0
+    client_fraction: float = 1.0
+    roles: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
+        """The schedule in a manifest's ``security`` section (missing fields: every client each
+        round, no roles)."""
+        roles = dict(security.get("roles") or {})
+        bad = {tag: role for tag, role in roles.items() if role not in ROLES}
+        if bad:
+            raise ConfigurationError(f"unknown exchange roles {bad} in the run manifest; known roles: {list(ROLES)}")
+        return cls(
+            int(num_clients),
+            int(security.get("sample_seed", 0)),
+            float(security.get("client_fraction", 1.0)),
+            roles,
+        )
+
+    def binds_views(self, tag: str) -> bool:
+        """Whether contributions under ``tag`` bind the broadcasts received under it."""
+        return self.roles.get(tag) == BROADCAST
+
+    def sample(self, rnd: int) -> list[int]:
+        return sample_clients(self.sample_seed, rnd, self.num_clients, self.client_fraction)
+
+    def check(self, plan: ExchangePlan, client: int) -> None:
+        """Refuse ``plan`` if it breaks the role the schedule gives its tag (module docstring)."""
+        if self.roles.get(plan.tag) != BROADCAST:
+            return
+        outside = sorted(set(plan.contributors) - set(self.sample(plan.round)))
+        if outside:
+            raise SampleMismatchError(
+                f"the plan's contributors include {outside}, who are not in round {plan.round}'s sample "
+                f"{self.sample(plan.round)} (the run manifest's sampling seed and client fraction): refused, "
+                "nothing was sent",
+                tag=plan.tag,
+                round=plan.round,
+                client=client,
+            )
+        own = plan.requests.get(client)
+        if own is not None and not np.array_equal(np.sort(own), np.arange(plan.num_blocks)):
+            raise ScheduleRoleError(
+                f"the public schedule makes {plan.tag!r} a broadcast (every recipient gets every block), "
+                f"but this client is sent {np.asarray(own).size} of {plan.num_blocks} blocks: refused",
+                tag=plan.tag,
+                round=plan.round,
+                client=client,
+            )

@@ -1,0 +1,119 @@
+"""The reproduction scripts' shared run loop (``examples/sweep.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+from sweep import Job, cli_command, run_sweep  # noqa: E402
+
+from secure_fgl.cli.main import build_parser, config_from_args  # noqa: E402
+from secure_fgl.config import RunConfig  # noqa: E402
+
+
+def _cfg(**kw) -> RunConfig:
+    return RunConfig(
+        **{
+            **dict(
+                algorithm="fgssl",
+                dataset="sbm",
+                clients=3,
+                model="gat",
+                hidden=16,
+                heads=1,
+                optimizer="sgd",
+                momentum=0.9,
+                lr=0.05,
+                rounds=1,
+                local_epochs=1,
+                seed=3,
+                options={"lambda_c": 1.0, "lambda_d": 2.0},
+            ),
+            **kw,
+        }
+    )
+
+
+def test_cli_command_makes_the_same_run():
+    cfg = _cfg(out="runs/somewhere")
+    argv = shlex.split(cli_command(cfg))
+    assert argv[:4] == ["python", "-m", "secure_fgl.cli.main", "run"]
+    args, extra = build_parser().parse_known_args(argv[3:])
+    again = config_from_args(args, extra)
+    for f in dataclasses.fields(RunConfig):
+        if f.name != "options":
+            assert getattr(again, f.name) == getattr(cfg, f.name), f.name
+    assert {k: float(v) for k, v in again.options.items()} == cfg.options
+
+
+def test_run_sweep_runs_once_logs_and_cleans_up(tmp_path):
+    jobs = [Job(tmp_path / "a", _cfg(), {"method": "FGSSL"}), Job(tmp_path / "b", _cfg(algorithm="fedavg", options={}))]
+    done = []
+    run_sweep(jobs, lambda job, r, s: done.append((job.dir.name, r["final"]["test_acc"])), log=tmp_path / "log.txt")
+    assert [name for name, _ in done] == ["a", "b"]
+    assert json.loads((tmp_path / "a" / "meta.json").read_text()) == {"method": "FGSSL"}
+    assert not (tmp_path / "b" / "meta.json").exists()
+    for d in ("a", "b"):
+        assert (tmp_path / d / "result.json").exists() and not (tmp_path / d / "checkpoint.pt").exists()
+    assert (tmp_path / "log.txt").read_text().splitlines() == [cli_command(j.cfg) for j in jobs]
+    run_sweep(jobs, lambda *a: done.append(a))  # finished runs are skipped
+    assert len(done) == 2
+
+
+def test_run_sweep_resumes_a_run_from_its_checkpoint(tmp_path):
+    from secure_fgl.experiment import run_experiment
+
+    first = run_experiment(_cfg(out=str(tmp_path / "a")), progress=False)
+    (tmp_path / "a" / "result.json").unlink()  # as if stopped after round 1 of 2
+    assert (tmp_path / "a" / "checkpoint.pt").exists()
+    done = []
+    run_sweep([Job(tmp_path / "a", _cfg(rounds=2))], lambda job, r, s: done.append(r), log=tmp_path / "log.txt")
+    assert len(done[0]["rounds"]) == 2
+    assert done[0]["time"]["setup"] == first["time"]["setup"]  # restored, not measured again
+    assert "--resume True" in (tmp_path / "log.txt").read_text()
+
+
+def test_run_sweep_skips_or_raises_a_failing_run(tmp_path):
+    bad = Job(tmp_path / "bad", _cfg(mode="no-such-mode"))
+    run_sweep([bad], lambda *a: None)  # reported, the sweep goes on
+    assert not (bad.dir / "result.json").exists()
+    with pytest.raises(Exception, match="no-such-mode"):
+        run_sweep([bad], lambda *a: None, skip_errors=False)
+
+
+def test_amazon_coauthor_table_pairs_secure_with_plain_on_the_same_device():
+    from fedgcn_amazon_coauthor import table
+
+    row = dict(dataset="cs", rounds=100, method="2-hop", seconds=10.0)
+    runs = [
+        {**row, "mode": "plain", "seed": 0, "test_acc": 0.80},  # a row without a device: cpu
+        {**row, "mode": "mask", "seed": 0, "device": "cpu", "test_acc": 0.80},
+        {**row, "mode": "plain", "seed": 0, "device": "cuda:0", "test_acc": 0.70},
+        {**row, "mode": "mask", "seed": 0, "device": "cuda:0", "test_acc": 0.71},
+    ]
+    lines = table(runs).splitlines()
+    assert lines[0].split(" | ")[3] == "device"
+    cpu, cuda = (next(ln for ln in lines if f"| {d} |" in ln) for d in ("cpu", "cuda"))
+    assert "+0.00 (0.00)" in cpu and "+1.00 (1.00)" in cuda
+
+
+def test_exchange_exactness_script_compares_every_received_total(tmp_path, monkeypatch, capsys):
+    import fedgcn_exchange_exactness as ex
+
+    out = tmp_path / "ex.jsonl"
+    monkeypatch.setattr(sys, "argv", ["x", "--datasets", "sbm", "--modes", "mask", "--float-path", "--out", str(out)])
+    ex.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["integer_fields"], r["bit_identical"]) for r in rows] == [(True, True), (False, True)]
+    assert rows[0]["max_abs_diff"] == 0.0 and rows[1]["bytes_up"] > rows[0]["bytes_up"] > 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["x", "--table-only", "--out", str(out)])
+    ex.main()
+    assert "| sbm | 1 | 0 | mask | integer fields | 0.0e+00 | yes |" in capsys.readouterr().out

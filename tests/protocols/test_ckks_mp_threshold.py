@@ -1,0 +1,317 @@
+"""t-out-of-n ckks-mp (``threshold``): Shamir-shared client secrets, an active set of exactly t
+clients key-switching with Lagrange-weighted shares, dropouts of up to n - t clients, and a server
+that names a wrong active set or misreports the uploaders (malicious server halves: subclasses
+that change what the honest server sends, never the clients' code)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import combinations
+
+import numpy as np
+import pytest
+
+from protocols import DropoutError, ValueSpec, make_protocol
+from protocols.ckks_mp import encoding, encryption
+from protocols.ckks_mp.backend import CKKSMPProtocol
+from protocols.ckks_mp.client import THRESHOLD_TAG
+from protocols.ckks_mp.keys import secret_key
+from protocols.ckks_mp.server import CKKSMPServer
+from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
+from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
+from protocols.transcript import SERVER, client_party
+from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
+from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
+
+K, T = 4, 3
+COUNTS = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
+LENGTH = 16
+
+
+def inputs(n: int = K) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {k: rng.integers(0, 51, LENGTH).astype(float) for k in range(n)}
+
+
+def exchange(p, x, rnd: int = 0, tag: str = "t/sum"):
+    """One dense integer sum of every client's vector to every client; returns (included, results)."""
+    for k, half in p.clients.items():
+        half.provider = lambda plan, v=x[k]: plan.dense_table(v)
+    included = run_split(p, plan_dense(p, tag, rnd, range(K), range(K), LENGTH, COUNTS))
+    got = {}
+    for k, half in p.clients.items():
+        try:
+            got[k] = dense_result(half.result(), LENGTH)
+        except DropoutError:
+            pass
+    return included, got
+
+
+def dropping(p, spec: str):
+    """``p`` with its clients dropping by ``spec`` (a fresh schedule over its undropping link)."""
+    base = p.link.link if isinstance(p.link, DroppingLink) else p.link
+    p.link = DroppingLink(base, DropoutSchedule(parse_dropouts(spec, K, "ckks-mp")))
+    return p
+
+
+# ------------------------------------------------------------------ Shamir over R_Q
+def test_any_t_shares_reconstruct_the_secret_and_t_minus_1_give_noise():
+    p = make_protocol("ckks-mp", 5, threshold=3)
+    ring, level = p.ring, p.params.num_primes
+    s = secret_key(ring, level)
+    shares = share_secret(ring, s, 3, 5)
+    q0 = ring.primes[0]
+
+    def interpolate(subset):
+        total = np.zeros_like(s)
+        for j in subset:
+            total = ring.add(total, ring.mul(shares[j], lagrange_coefficient(ring.primes[:level], subset, j)))
+        return total
+
+    for subset in combinations(range(5), 3):
+        assert np.array_equal(interpolate(list(subset)), s)
+    for subset in combinations(range(5), 2):  # as if the coalition's two points were all there is
+        guess = ring.intt(interpolate(list(subset)))[0]
+        centred = np.where(guess > q0 // 2, guess - q0, guess)
+        # a ternary secret has every coefficient in {-1, 0, 1}; a uniform residue almost never
+        assert np.mean(np.abs(centred) <= 1) < 1e-3
+
+
+def test_threshold_outside_1_to_n_is_refused():
+    with pytest.raises(ConfigurationError, match="choose t in 1..4"):
+        CKKSMPProtocol(K, threshold=5)
+
+
+# ------------------------------------------------------------------ t of n decrypt, exactly
+def test_any_t_of_n_clients_decrypt_exactly_and_fewer_is_a_dropout_error():
+    """Each round drops a different client at key switching: the four active sets of 3 of 4
+    clients each key-switch every upload (the dropped client's included) to the exact sum."""
+    p = make_protocol("ckks-mp", K, threshold=T)
+    x = inputs()
+    active_sets = []
+    for rnd in range(K):
+        included, got = exchange(dropping(p, f"{rnd},@keyswitch"), x, rnd, f"t/r{rnd}")
+        assert included == tuple(range(K))
+        assert sorted(got) == [k for k in range(K) if k != rnd]  # the dropped one gets nothing
+        for total in got.values():
+            assert np.array_equal(total, sum(x.values()))
+        active_sets.append(p.server.last_stats["active"])
+    assert sorted(active_sets) == sorted(tuple(a) for a in combinations(range(K), T))
+    # two of four at key switching: fewer than t left, a DropoutError naming both, nothing delivered
+    p = dropping(make_protocol("ckks-mp", K, threshold=T), "2,3@keyswitch")
+    with pytest.raises(DropoutError) as err:
+        exchange(p, x)
+    assert err.value.clients == (2, 3)
+    for half in p.clients.values():  # nothing delivered
+        with pytest.raises(DropoutError):
+            half.result()
+
+
+def test_dropout_at_upload_sums_the_uploaders_and_n_minus_t_is_the_limit():
+    x = inputs()
+    included, got = exchange(dropping(make_protocol("ckks-mp", K, threshold=T), "1,@upload"), x)
+    assert included == (0, 2, 3) and sorted(got) == [0, 2, 3]
+    for total in got.values():
+        assert np.array_equal(total, x[0] + x[2] + x[3])
+    with pytest.raises(DropoutError, match=r"client\(s\) 1, 2 did not send its upload") as err:
+        exchange(dropping(make_protocol("ckks-mp", K, threshold=T), "1,2@upload"), x)
+    assert err.value.clients == (1, 2)
+
+
+@pytest.mark.parametrize("spec", ["3,@upload", "1,@block_ids"])
+def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
+    """Sparse layout: client c uploads blocks c and c + 1 (mod 4), client r receives block r.  A
+    client dropped before its upload is left out of exactly the blocks it would have uploaded."""
+    p = dropping(make_protocol("ckks-mp", K, threshold=T), spec)
+    spec_rows = ValueSpec(integer=True, max_abs=1, sum_max=K)
+    rpb, dim = p.rows_per_block(spec_rows, 2, 10**7), 2
+    for c, half in p.clients.items():
+        ids = np.sort(np.array([c, (c + 1) % K]) * rpb)
+        half.provider = lambda plan, ids=ids: rows_table(plan, ids, np.ones((2, dim)))
+    ctx = plan_rows(
+        "t/rows",
+        0,
+        {c: 2 for c in range(K)},
+        {c: np.array([c]) for c in range(K)},
+        {c: 1 for c in range(K)},
+        K * rpb,
+        dim,
+        "sparse",
+        spec_rows,
+        rpb,
+    )
+    dropped = int(spec[0])
+    assert run_split(p, ctx) == tuple(c for c in range(K) if c != dropped)
+    for r in range(K):  # block r's uploaders are clients r - 1 and r; the dropped one gets nothing
+        if r != dropped:
+            uploaders = {(r - 1) % K, r} - {dropped}
+            assert np.array_equal(p.clients[r].take_result()[r][:dim], np.full(dim, len(uploaders)))
+
+
+def test_set_up_relays_n_times_n_minus_1_shares_of_one_ring_element_each():
+    p = make_protocol("ckks-mp", K, threshold=T)
+    exchange(p, inputs())
+    relayed = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
+    assert len(relayed) == K * (K - 1)
+    element = p.params.num_primes * p.params.n * 4  # L x N uint32 residues
+    assert all(element <= m.nbytes < element + 1024 for m in relayed)
+
+
+# ------------------------------------------------------------------ a server naming a wrong active set
+class EvilServer(CKKSMPServer):
+    """The honest server, with every request passed through :meth:`tamper` before it is signed."""
+
+    def tamper(self, stage: str, client: int, msg, part: int):
+        return [(msg, part)]
+
+    def call(self, link, stage, messages, *, hook=True):
+        messages = {
+            k: [x for msg, part in batch for x in self.tamper(stage, k, msg, part)] for k, batch in messages.items()
+        }
+        return super().call(link, stage, messages, hook=hook)
+
+
+def request_changer(**changes):
+    """A server that rewrites fields of the t-out-of-n key-switching request (part 1)."""
+
+    class Changed(EvilServer):
+        def tamper(self, stage, client, msg, part):
+            if stage == "keyswitch" and part == 1:
+                msg = replace(msg, payload={**msg.payload, **{k: f(msg.payload) for k, f in changes.items()}})
+            return [(msg, part)]
+
+    return Changed
+
+
+def attacked(server_class) -> CKKSMPProtocol:
+    cls = type("Attacked", (CKKSMPProtocol,), {"server_half": server_class})
+    return cls(K, threshold=T)
+
+
+@pytest.mark.parametrize(
+    "server,message",
+    [
+        (request_changer(active=lambda p: np.array([0, 1])), "needs exactly t = 3"),  # t - 1
+        (request_changer(active=lambda p: np.arange(4)), "needs exactly t = 3"),  # t + 1
+        (request_changer(active=lambda p: np.array([0, 1, 0])), "needs exactly t = 3"),  # a repeat
+        (request_changer(active=lambda p: np.array([0, 1, 7])), r"client\(s\) \[7\], not among"),
+        # the three honest members are told that client 0 did not upload (to leave it out)
+        (request_changer(uploaders=lambda p: np.array([1, 2, 3])), "name this client's own upload"),
+        # more uploads declared missing than n - t
+        (request_changer(uploaders=lambda p: np.array([0, 1])), "at most n - t = 1 missing"),
+        (request_changer(uploaders=lambda p: np.array([0, 1, 2, 3, 9])), r"client\(s\) \[9\], not among"),
+    ],
+)
+def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
+    with pytest.raises(ActiveSetError, match=message):
+        exchange(attacked(server), inputs())
+
+
+def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
+    """With c = 2 colluders every client requires 4 contributors: a server that declares one
+    honest upload dropped (as a real dropout would) cannot get the other three key-switched."""
+    p = dropping(make_protocol("ckks-mp", K, threshold=T, max_colluders=2), "3,@upload")
+    with pytest.raises(ActiveSetError, match="at least 4"):
+        exchange(p, inputs())
+
+
+class SecondActiveSet(EvilServer):
+    """After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
+    share of each set would let the server interpolate what neither set released."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        got = super().call(link, stage, messages, hook=hook)
+        if stage == "keyswitch" and 0 in messages and messages[0] and messages[0][0][1] == 1:
+            msg, part = messages[0][0]
+            again = replace(msg, payload={**msg.payload, "active": np.array([0, 1, 3])})
+            super().call(link, stage, {0: [(again, part + 1)]}, hook=hook)
+        return got
+
+
+def test_one_key_switch_per_exchange_whatever_the_active_set():
+    with pytest.raises(RepeatedKeySwitchError):
+        exchange(attacked(SecondActiveSet), inputs())
+
+
+class SplitUploaders(EvilServer):
+    """Tells client 2 that client 3's upload is missing while clients 0 and 1 count it: the shares
+    (keys and masks of two different views) combine to noise, which the recipients refuse."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and part == 1 and client == 2:
+            uploaded = np.array(msg.payload["uploaded"])
+            uploaded[:, 3] = 0
+            msg = replace(msg, payload={**msg.payload, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded})
+        return [(msg, part)]
+
+
+def test_clients_told_different_uploaders_deliver_noise_not_a_sum():
+    with pytest.raises(IntegrityError, match="a key-switching share or ciphertext was corrupted"):
+        exchange(attacked(SplitUploaders), inputs())
+
+
+# ------------------------------------------------------------------ a coalition of t - 1 clients
+def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
+    """Clients 0 and 1 (t - 1 = 2) pool their Shamir shares of client 3's secret and interpolate
+    as well as two points allow; the victim's upload decrypts to noise (correlation at chance).
+    Positive control: with a third share the upload opens exactly."""
+    p = make_protocol("ckks-mp", K, threshold=T)
+    x = inputs()
+    victim, length = 3, 4000
+    rng = np.random.default_rng(5)
+    vals = {k: rng.integers(0, 51, length).astype(float) for k in range(K)}
+    spec = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
+    exchange(p, x)  # key set-up
+    p.weighted_sum("victim", 0, vals, spec=spec)
+    plan = p.plan(spec, block_len=length)
+    msg = next(
+        m
+        for m in p.transcript.select(tag="victim", sender=client_party(victim), receiver=SERVER)
+        if m.kind == "ciphertext"
+    )
+    ct = p.upload_ciphertexts(msg, plan)[0]
+    used = encoding.used_coefficients(plan, length)
+    truth = centred(p, encoding.encode(p.ring, plan, encoding.quantize(vals[victim], plan)))[:used]
+    level = p.params.num_primes
+
+    def pooled(coalition):
+        key = np.zeros_like(p._clients[0]._dealt[victim])
+        for j in coalition:
+            lam = lagrange_coefficient(p.ring.primes[:level], coalition, j)
+            key = p.ring.add(key, p.ring.mul(p._clients[j]._dealt[victim], lam))
+        return centred(p, encryption.decrypt(p.ring, key, ct))[:used]
+
+    assert abs(np.corrcoef(pooled([0, 1]), truth)[0, 1]) < 5 / np.sqrt(used)
+    assert np.corrcoef(pooled([0, 1, 2]), truth)[0, 1] > 0.999999
+
+
+def centred(p, residues) -> np.ndarray:
+    return np.array([float(c) for c in encoding.crt_centered(p.ring, residues)])
+
+
+# ------------------------------------------------------------------ the run's settings and threat model
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"mode": "mask", "threshold": 3}, "use --mode ckks-mp"),
+        ({"mode": "ckks-mp", "threshold": 5}, "exceeds --clients 4"),
+        ({"mode": "ckks-mp", "threshold": 2, "max_colluders": 2}, "threshold must exceed the colluders"),
+    ],
+)
+def test_threshold_setting_is_checked_before_the_run(options, message):
+    from secure_fgl.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(clients=4, **options).validate()
+
+
+def test_threat_model_records_the_key_collusion_bound():
+    from secure_fgl.config import RunConfig
+    from secure_fgl.manifest import threat_model
+    from secure_fgl.runtime.build import make_run_protocol
+
+    for t, bound in ((None, K - 1), (T, T - 1)):
+        cfg = RunConfig(clients=K, mode="ckks-mp", threshold=t).validate()
+        model = threat_model(cfg, make_run_protocol(cfg, K))
+        assert model["key_collusion_bound"] == bound
+        assert (f"t = {T}" in model["holds"]) == (t is not None)

@@ -1,0 +1,170 @@
+"""``--executor flower``: a SuperLink, three SuperNodes and their site processes on 127.0.0.1
+(subprocesses, killed in the fixture's teardown; insecure transport in the default test, TLS and
+SuperNode authentication in the slow one).  The run through Flower is the local run: the same
+accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from support.flower import BIN, Federation, free_port, make_tls
+from support.runs import small
+
+from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
+from secure_fgl.runtime.flower_executor import FlowerExecutor
+
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
+
+
+def test_a_frame_crosses_flower_serialisation_unchanged():
+    """In process: a runtime frame packed into a Flower message's content, deflated into Flower's
+    objects and inflated again, is the same bytes; Flower's objects are counted apart from it."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    from secure_fgl.runtime import flower_app, wire
+
+    frame = wire.pack({"x": np.arange(100_000, dtype=np.float32), "tag": "fedavg/model"})
+    content = flower_app.pack({"method": "receive", "client": 2, "timeout": 5.0}, frame)
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
+    assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > len(frame)
+    header, carried = flower_app.unpack(inflate_object_from_contents(content.object_id, contents))
+    assert carried == frame and header == {"method": "receive", "client": 2, "timeout": 5.0}
+
+
+@pytest.fixture
+def federation(tmp_path, monkeypatch, request):
+    tls = make_tls(tmp_path / "tls", clients=4) if getattr(request, "param", False) else None  # key 3: unregistered
+    fed = Federation(tmp_path, clients=3, tls=tls)
+    monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
+    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+    try:
+        yield fed
+    finally:
+        fed.close()
+
+
+def same_run(local: dict, flower: dict) -> None:
+    assert [r["train_loss"] for r in flower["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert flower["final"]["test_acc"] == local["final"]["test_acc"]
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+def test_fedavg_mask_over_flower_is_the_local_run(federation):
+    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    same_run(local, flower)
+    runtime = flower["runtime"]
+    assert runtime["executor"] == "flower" and runtime["sites"] == 3
+    # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
+    stats, carried = runtime["stats"], runtime["flower"]
+    assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
+    assert (
+        carried["framing_overhead_bytes"]
+        == (
+            carried["message_bytes_down"]
+            + carried["message_bytes_up"]
+            - carried["frame_bytes_down"]
+            - carried["frame_bytes_up"]
+        )
+        > 0
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("federation", [True], indirect=True, ids=["tls+node-auth"])
+def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
+    """TLS on every Flower connection (a CA made here), SuperNode authentication with registered
+    keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""
+    assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
+    tls, sock = federation.tls, federation.folder / "impostor" / "site.sock"
+    federation.spawn(
+        "impostor-site",
+        [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), "--client", "0"],
+    )
+    impostor = federation.spawn(
+        "impostor",
+        [
+            str(BIN / "flower-supernode"),
+            "--superlink",
+            f"127.0.0.1:{federation.port}",
+            "--port",
+            str(free_port()),
+            "--root-certificates",
+            tls["ca"],
+            "--auth-supernode-private-key",
+            tls["node_key"][3],
+            "--node-config",
+            f'site-socket="{sock}"',
+            "--max-wait-time",
+            "60",
+        ],
+    )
+    assert impostor.wait(timeout=120) != 0
+    assert "Failed to activate SuperNode" in (federation.folder / "impostor.log").read_text()
+    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    flower = run_experiment(small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), progress=False)
+    same_run(local, flower)
+
+
+@pytest.mark.slow
+def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
+    """FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
+    same protocol bytes per tag; losses equal within CKKS's fresh encryption noise."""
+    kw = {"options": {"row_order": "signature"}, "rounds": 1}
+    local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
+    flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
+    assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx(
+        [r["train_loss"] for r in local["rounds"]], abs=1e-4
+    )
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+class KillingFlowerExecutor(FlowerExecutor):
+    """Kills the SuperNode of client ``victim`` (and its ClientApp processes) before ``method``."""
+
+    def __init__(self, federation, victim: int, method: str, **kw):
+        super().__init__(**kw)
+        self.federation, self.victim, self.method = federation, victim, method
+
+    def _call(self, method, requests):
+        if method == self.method and self.victim in requests:
+            self.federation.kill(f"supernode{self.victim}")
+        return super()._call(method, requests)
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(federation):
+    cfg = small("fedavg", "mask", executor="flower", rounds=1, round_timeout=40).validate()
+    fed = load_federation(cfg)
+    executor = KillingFlowerExecutor(federation, victim=2, method="half:masked_upload", round_timeout=40)
+    try:
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+        # Flower reports the message undeliverable (or the site silent until --round-timeout)
+        with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round \d+"):
+            rows = [strategy.train_round(0)]
+    finally:
+        executor.shutdown()
+    assert [r["clients_lost"] for r in rows] == [1]
+    assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
+
+
+@pytest.mark.slow
+def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federation, tmp_path):
+    """Each site writes its checkpoint in its own state folder (not the driver's run folder) and
+    resumes from it: the resumed run is the uninterrupted local one."""
+    kw = {"save_best_model": False, "round_timeout": 60}
+    full = run_experiment(small(executor="local", rounds=2, out=str(tmp_path / "a"), **kw), progress=False)
+    run_experiment(small(executor="flower", rounds=1, out=str(tmp_path / "b"), **kw), progress=False)
+    assert not list((tmp_path / "b").glob("clients/*.pt"))
+    assert all(list((federation.folder / f"site{k}" / "state").glob(f"client{k}.*.pt")) for k in range(3))
+    resumed = run_experiment(
+        small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw), progress=False
+    )
+    assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]

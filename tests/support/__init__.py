@@ -1,0 +1,1 @@
+"""Code the tests share; test modules import it, never each other."""

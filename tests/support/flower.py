@@ -1,0 +1,234 @@
+"""A Flower federation on 127.0.0.1 for the tests: one SuperLink, one SuperNode and one site
+process per client, each a subprocess that :meth:`Federation.close` kills.  Every wait is bounded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Federation:
+    """``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
+    :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only)."""
+
+    def __init__(
+        self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args: tuple = ()
+    ):
+        self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
+        self.env = {
+            **os.environ,
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_HOME": str(self.folder / "flwr-home"),
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "OMP_NUM_THREADS": "1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+        }
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        secure = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{self.port}"\n{secure}\n'
+        )
+        try:
+            link = [
+                str(BIN / "flower-superlink"),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(self.folder / "state.db"),
+            ]
+            link += (
+                [
+                    "--ssl-ca-certfile",
+                    tls["ca"],
+                    "--ssl-certfile",
+                    tls["cert"],
+                    "--ssl-keyfile",
+                    tls["key"],
+                    "--enable-supernode-auth",
+                ]
+                if tls
+                else ["--insecure"]
+            )
+            (self.folder / "superlink.argv").write_text(" ".join(link))
+            self.spawn("superlink", link)
+            self.wait_listening(self.port, timeout)
+            for k in range(clients):
+                if tls:
+                    self.register(tls["node_pub"][k], tls["ca"])
+                sock = self.folder / f"site{k}" / "site.sock"
+                self.spawn(
+                    f"site{k}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "secure_fgl.runtime.flower_site",
+                        "--socket",
+                        str(sock),
+                        "--client",
+                        str(k),
+                        *site_args,
+                    ],
+                )
+                node = [
+                    str(BIN / "flower-supernode"),
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f'site-socket="{sock}"',
+                    "--max-wait-time",
+                    str(timeout),
+                ]
+                node += (
+                    ["--root-certificates", tls["ca"], "--auth-supernode-private-key", tls["node_key"][k]]
+                    if tls
+                    else ["--insecure"]
+                )
+                self.spawn(f"supernode{k}", node)
+        except BaseException:
+            self.close()
+            raise
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with open(self.folder / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True
+            )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        """Kill process ``name`` (e.g. ``supernode2``) and its children at once, as a crash would."""
+        os.killpg(self.procs[name].pid, 9)
+        self.procs[name].wait(timeout=10)
+
+    def register(self, public_key: str, ca: str) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        out = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "register", public_key, "test"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=self.folder,
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def wait_listening(self, port: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if any(p.poll() is not None for p in self.procs.values()):
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"the SuperLink did not listen on 127.0.0.1:{port}: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.folder.glob("*.log"))
+
+    def close(self) -> None:
+        """Kill every process this federation started (their process groups), then reap them."""
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                except ProcessLookupError:
+                    pass
+        for proc in reversed(list(self.procs.values())):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
+
+
+def make_tls(folder: Path, clients: int) -> dict:
+    """A self-signed CA, the SuperLink's certificate for 127.0.0.1 (signed by it) and one ECDSA
+    key pair per SuperNode (its public key in OpenSSH form, as ``flwr supernode register`` takes it)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject_key, subject, issuer_key, issuer, ca: bool):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(subject_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def write(name: str, data: bytes) -> str:
+        (folder / name).write_bytes(data)
+        os.chmod(folder / name, 0o600)
+        return str(folder / name)
+
+    pem = serialization.Encoding.PEM
+
+    def private(key) -> bytes:
+        return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+    ca_key, link_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    link_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    paths = {
+        "ca": write("ca.crt", cert(ca_key, ca_name, ca_key, ca_name, True).public_bytes(pem)),
+        "cert": write("superlink.crt", cert(link_key, link_name, ca_key, ca_name, False).public_bytes(pem)),
+        "key": write("superlink.key", private(link_key)),
+        "node_key": [],
+        "node_pub": [],
+    }
+    for k in range(clients):
+        key = ec.generate_private_key(ec.SECP384R1())
+        paths["node_key"].append(
+            write(
+                f"node{k}.key",
+                key.private_bytes(pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()),
+            )
+        )
+        paths["node_pub"].append(
+            write(
+                f"node{k}.pub",
+                key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH),
+            )
+        )
+    return paths
