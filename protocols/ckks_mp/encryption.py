@@ -12,9 +12,9 @@ centered binomial from the OS CSPRNG.  The sum over the contributors ``S`` of th
 (additions are slot-wise there, and key switching needs ``NTT(c1)``).
 
 Key-switching shares and key-switched downloads are switched down before they leave their
-sender (:func:`switch_down`): coefficient form at the plan's switch level ``L'``, each residue
-``round(x / P)`` for the product ``P`` of the dropped primes (:mod:`.params`); a recipient
-decrypts them with :func:`decrypt_switched`.
+sender (:meth:`.ring.RNSRing.rescale`; :func:`switch_down` from NTT form): coefficient form at
+the plan's switch level ``L'``, each residue ``round(x / P)`` for the product ``P`` of the
+dropped primes (:mod:`.params`); a recipient decrypts them with :func:`decrypt_switched`.
 
 Wire format: ``count`` polynomials ``[count, L, N]`` (uploads, NTT form) or two-polynomial
 shares and ciphertexts ``[count, 2, L', N]`` (coefficient form) as little-endian uint32 residues

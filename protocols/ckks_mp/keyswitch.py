@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .encryption import switch_down
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
@@ -62,5 +63,5 @@ def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) 
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    c0 = ring.rescale(ring.intt(c0_hat), h.shape[-2])
+    c0 = switch_down(ring, c0_hat, h.shape[-2])
     return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
