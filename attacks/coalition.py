@@ -207,7 +207,8 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
     """(a) for multiparty CKKS.
 
     The coalition decrypts ``victim``'s upload (one block of ``values``, exchanged under ``spec``;
-    ``c0`` as sent, ``c1`` public) with its best key (:func:`ckks_mp_coalition_key`) -- the upload is encrypted under the victim's own share ``s_v``.
+    ``c0`` as sent, ``c1`` public) with its best key (:func:`ckks_mp_coalition_key`) -- the
+    upload is encrypted under the victim's own share ``s_v``.
     Returns ``{'abs_corr': |corr| of the decrypted coefficients with the victim's encoded
     plaintext, 'chance': 1/sqrt(used), that correlation's standard deviation for independent
     data, 'used': coefficients carrying data, 'exact': every decrypted coefficient lies within

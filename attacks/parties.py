@@ -2,23 +2,17 @@
 
 The runner (:mod:`attacks.runner`) builds each attack's declared knowledge.  What a *party*
 holds after the run -- a client's own data, the rows it decoded, its deployed model and that
-model's answers, a colluding client's keys -- is asked of that party through one of two
-adapters with the same methods:
+model's answers, a colluding client's keys -- is asked of that party: each client lives in its
+own :class:`~secure_fgl.runtime.client.ClientRuntime`, so :class:`RuntimeParties` sends the
+observer client an ``attack`` request through the executor and reads the bytes it answers
+(:meth:`~secure_fgl.runtime.logic.ClientLogic.attack_state`).  These requests are the
+evaluation's oracle access, after training: they are counted in the executor's statistics
+(method ``attack``) but are not protocol messages, so the transcript (what ``comm``, the
+audit and every view read) is that of the run.
 
-* :class:`InlineParties` (``--executor inline``): one algorithm object plays every client, so
-  it reads that client's entry of the algorithm's lists (``algo.decrypted[k]``,
-  ``algo.models[k]``, ...);
-* :class:`RuntimeParties` (``--executor local|ray``): each client lives in its own
-  :class:`~secure_fgl.runtime.client.ClientRuntime`, so the adapter sends the observer client
-  an ``attack`` request through the executor and reads the bytes it answers
-  (:meth:`~secure_fgl.runtime.logic.ClientLogic.attack_state`).  These requests are the
-  evaluation's oracle access, after training: they are counted in the executor's statistics
-  (method ``attack``) but are not protocol messages, so the transcript (what ``comm``, the
-  audit and every view read) is that of the run.
-
-What the *server* observer reads is the server half's transcript in both cases (the driver
-holds it).  Declared side knowledge that no single party holds (K1/K2: the global topology, the
-victim's local topology, the labelled auxiliary sample, the membership candidates) and the
+What the *server* observer reads is the server half's transcript (the driver holds it).
+Declared side knowledge that no single party holds (K1/K2: the global topology, the victim's
+local topology, the labelled auxiliary sample, the membership candidates) and the
 ground truth that *scores* an attack (:class:`~attacks.base.GroundTruth`) are the evaluator's:
 the runner takes them from the driver's partitioned data, never from a runtime, and ground
 truth never enters an attack's ``run``.
@@ -32,68 +26,8 @@ import numpy as np
 import torch
 
 
-class InlineParties:
-    """Party state read from the in-process algorithm object (``--executor inline``)."""
-
-    def __init__(self, algo, protocol, fed):
-        self.algo, self.protocol, self.fed = algo, protocol, fed
-
-    def own_data(self, k: int):
-        return self.fed.clients[k]
-
-    def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-        decrypted = getattr(self.algo, "decrypted", None)
-        return decrypted[k] if decrypted else None
-
-    def released_model(self) -> torch.nn.Module | None:
-        models = getattr(self.algo, "models", None)
-        return models[0] if models else None
-
-    def victim_model(self, k: int) -> torch.nn.Module:
-        return self.algo.models[k]
-
-    def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        c = self.fed.clients[k]
-        p = torch.softmax(self.algo.client_logits(k).float(), -1).cpu().numpy()
-        return c.global_ids.cpu().numpy()[: p.shape[0]], p[: c.num_nodes]
-
-    def query_api(self, t: int) -> dict | None:
-        algo = self.algo
-        models = getattr(algo, "models", None) or getattr(algo, "gnns", None)
-        if not models:
-            return None
-        model = models[min(t, len(models) - 1)]
-        if hasattr(algo, "client_inputs") and getattr(algo, "models", None):
-            feats, graph = algo.client_inputs(t)
-        else:
-            c = algo.clients[t]
-            feats, graph = c.x, c.edge_index
-        dev = next(model.parameters()).device
-
-        def query(x: torch.Tensor) -> torch.Tensor:
-            model.eval()
-            out = model(x.to(dev), graph)
-            out = out[0] if isinstance(out, tuple) else out
-            return torch.log_softmax(out.float(), -1).cpu()
-
-        return {
-            "client": t,
-            "features": feats.detach().cpu(),
-            "query": query,
-            "global_ids": self.fed.clients[t].global_ids.cpu().numpy(),
-        }
-
-    def contributions(self, k: int) -> dict:
-        """Not kept by the in-process algorithm object: coalitions read their uploads in the transcript."""
-        return {}
-
-    def ckks_keys(self, clients: list[int]):
-        """The CKKS key ring a colluding client holds (every client holds the same keys)."""
-        return self.protocol._keys if clients and getattr(self.protocol, "mode", "") == "ckks" else None
-
-
 class RuntimeParties:
-    """Party state asked of each client's runtime through the executor (``--executor local|ray``)."""
+    """Party state asked of each client's runtime through the executor."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -197,6 +131,6 @@ class _KeyRing:
         return None if ctx is None else SimpleNamespace(context=ctx)
 
 
-def party_access(algo, protocol, fed):
-    """The adapter for a finished run: runtimes when ``algo`` is a server strategy."""
-    return RuntimeParties(algo) if hasattr(algo, "executor") else InlineParties(algo, protocol, fed)
+def party_access(strategy) -> RuntimeParties:
+    """The party adapter of a finished run (its server strategy)."""
+    return RuntimeParties(strategy)

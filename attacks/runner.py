@@ -7,8 +7,8 @@ reason?, at_chance?, seconds, ...extra metrics}``.
 
 Each attack gets **only** its observer's :class:`~attacks.base.View` of the transcript and the
 background knowledge it declares.  The runner builds that knowledge here.  What a party holds
-is asked of that party through :mod:`attacks.parties` (``P``: the in-process algorithm object
-with ``--executor inline``, the client's runtime through the executor with ``local``/``ray``);
+is asked of that party through :mod:`attacks.parties` (``P``: the client's runtime, through the
+executor);
 declared side knowledge and the ground truth come from the driver's partitioned data (``fed``):
 
 =================  ==========================================================================
@@ -122,7 +122,7 @@ class RunContext:
 
     def __init__(self, algo, protocol, fed, cfg):
         self.algo, self.protocol, self.fed, self.cfg = algo, protocol, fed, cfg
-        self.parties = party_access(algo, protocol, fed)
+        self.parties = party_access(algo)
         self._posteriors = None
         self.seed = int(getattr(cfg, "seed", 0))
 

@@ -22,13 +22,12 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from secure_fgl.algorithms import get_algorithm
 from secure_fgl.algorithms.fedgcn import ops as fedgcn
 from secure_fgl.config import RunConfig
-from secure_fgl.engine import resolve_device, seed_everything
-from secure_fgl.experiment import load_federation, make_run_protocol
+from secure_fgl.engine import seed_everything
+from secure_fgl.experiment import load_federation
 from secure_fgl.models import node
-from secure_fgl.preflight import preflight
+from secure_fgl.runtime.build import start_run
 
 
 def value_dependent_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -71,22 +70,20 @@ def main() -> None:
             options={"hops": 1} if algorithm == "fedgcn" else {},
         )
         seed_everything(cfg.seed)
-        algo_cls = get_algorithm(algorithm)
-        algo = algo_cls(
-            fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False)
-        )
-        algo.setup()
-        clients = [k for k, c in enumerate(algo.clients) if c.train_mask.any()]
+        run = start_run(cfg, fed)  # the client runtimes (--executor local)
+        run.strategy.setup()
+        clients = [run.logic(k) for k in run.runtimes if run.logic(k).data.train_mask.any()]
         times = {"position-keyed": [], "value-dependent": []}
         for epoch in range(args.epochs + 1):
             for name, fn in (("position-keyed", keyed), ("value-dependent", value_dependent_dropout)):
                 use(fn)
                 t0 = time.perf_counter()
-                for k in clients:
-                    algo.local_update(k)
+                for client in clients:
+                    client.local_update({"round": 0})
                 if epoch:  # epoch 0 warms up
                     times[name].append(time.perf_counter() - t0)
         use(keyed)
+        run.executor.shutdown()
         med = {name: statistics.median(t) for name, t in times.items()}
         result[algorithm] = {**med, "ratio": med["position-keyed"] / med["value-dependent"]}
         print(

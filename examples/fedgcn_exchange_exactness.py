@@ -24,25 +24,41 @@ from pathlib import Path
 import torch
 from torch_geometric.utils import degree
 
-from protocols import make_protocol
-from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
+import secure_fgl.algorithms.fedgcn.client as fedgcn_client
+from secure_fgl.algorithms.fedgcn.ops import FedGCNOptions, exchange_spec
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation
+from secure_fgl.runtime.build import start_run
 
 CLIENTS = 10
 
 
 def exchange(fed, mode: str, hops: int, cap: int, seed: int) -> tuple[dict, dict]:
-    """The totals each client received, and the exchange's figures."""
-    cfg = RunConfig(dataset=fed.name, mode=mode, clients=CLIENTS, rounds=1, seed=seed)
-    algo = FedGCN(
-        fed, make_protocol(mode, CLIENTS, seed=seed), cfg, torch.device("cpu"), FedGCNOptions(hops=hops, degree_cap=cap)
+    """The totals each client received (as its logic reads them from its protocol half), and the
+    exchange's figures."""
+    options = {"hops": hops, "degree_cap": cap}
+    cfg = RunConfig(
+        algorithm="fedgcn", dataset=fed.name, mode=mode, clients=CLIENTS, rounds=1, seed=seed, options=options
     )
-    spec = algo.value_spec()
+    run = start_run(cfg, fed)
+    owner = {id(rt.half): k for k, rt in run.runtimes.items()}
+    received, read = {}, fedgcn_client.rows_result
+
+    def recording(half, request_rows, rpb, dim):
+        totals = read(half, request_rows, rpb, dim)
+        received[owner[id(half)]] = torch.as_tensor(totals, dtype=torch.float64)
+        return totals
+
+    fedgcn_client.rows_result = recording
+    spec = exchange_spec(FedGCNOptions(**options), bool(fed.binary_features), counts=bool(fed.count_features))
     t0 = time.perf_counter()
-    algo.setup()
-    fin = algo.final_metrics()
-    return algo.received, {
+    try:
+        run.strategy.setup()
+    finally:
+        fedgcn_client.rows_result = read
+    fin = run.strategy.final_metrics()
+    run.executor.shutdown()
+    return received, {
         "integer_fields": bool(spec.integer),
         "seconds": time.perf_counter() - t0,
         "bytes_up": fin["pretrain_bytes_up"],

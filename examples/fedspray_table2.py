@@ -39,12 +39,17 @@ from secure_fgl.algorithms import SPECS
 from secure_fgl.config import RunConfig
 from secure_fgl.report.tables import fmt_stats
 
-# FedAvg / Local with the minority-accuracy metric (same exchanges, tags and training as the registry's;
-# in process only: --executor inline)
-for _base, _cls in (("fedavg", "FedAvgMinority"), ("local", "LocalMinority")):
+# FedAvg / Local with the minority-accuracy metric (the registry's training and exchanges; the model
+# exchange's tag is <name>/model)
+for _base in ("fedavg", "local"):
     SPECS.setdefault(
         f"{_base}_minority",
-        replace(SPECS[_base], name=f"{_base}_minority", inline=f"secure_fgl.algorithms.minority:{_cls}"),
+        replace(
+            SPECS[_base],
+            name=f"{_base}_minority",
+            logic="secure_fgl.algorithms.minority:MinorityLogic",
+            strategy="secure_fgl.algorithms.minority:MinorityStrategy",
+        ),
     )
 
 #: paper Table 2 / 3, PubMed (overall, minority), for the markdown table
@@ -102,7 +107,6 @@ def method_config(method: str, backbone: str, mode: str, args, dataset: str, see
     # the FedSpray paper's settings for every method: 2 layers, hidden 64, Adam lr 0.003, 5 local epochs
     return RunConfig(
         algorithm=algo,
-        executor="inline",
         model=model,
         hidden=64,
         num_layers=2,

@@ -24,15 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.runner import run_attacks  # noqa: E402
-from secure_fgl.algorithms import get_algorithm  # noqa: E402
+from protocols import Transcript  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
 from secure_fgl.engine import seed_everything, train  # noqa: E402
-from secure_fgl.experiment import load_federation, make_run_protocol  # noqa: E402
+from secure_fgl.runtime.build import start_run  # noqa: E402
 
 CLIENTS = {"synthetic-graphs": 8, "PROTEINS": 10, "IMDB-BINARY": 10, "NCI1": 30, "molecules": 7, "biochem": 10}
 
@@ -53,10 +51,8 @@ def attack(setting: str, rounds: int, victims: list[int], args) -> list[dict]:
         data_root=args.data_root,
     )
     seed_everything(cfg.seed)
-    fed = load_federation(cfg)
-    proto = make_run_protocol(cfg, fed.num_clients)
-    cls = get_algorithm(cfg.algorithm)
-    algo = cls(fed, proto, cfg, torch.device("cpu"), cls.Options(**cfg.options))
+    run = start_run(cfg, transcript=Transcript())  # the client runtimes; the transcript keeps what the server read
+    fed, algo, proto = run.fed, run.strategy, run.protocol
     train(algo, cfg, None, progress=False)
     rows = []
     for v in victims:

@@ -16,16 +16,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.base import View  # noqa: E402
 from attacks.gcfl import same_dataset_auc, server_similarity  # noqa: E402
-from secure_fgl.algorithms import get_algorithm  # noqa: E402
+from protocols import Transcript  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
 from secure_fgl.engine import seed_everything, train  # noqa: E402
-from secure_fgl.experiment import load_federation, make_run_protocol  # noqa: E402
+from secure_fgl.runtime.build import start_run  # noqa: E402
 
 
 def attack(seed: int, mode: str, clients: int) -> dict:
@@ -42,12 +40,10 @@ def attack(seed: int, mode: str, clients: int) -> dict:
         options={"eps1": 0.5, "eps2": 0.0},
     )
     seed_everything(seed)
-    fed = load_federation(cfg)
-    proto = make_run_protocol(cfg, clients)
-    cls = get_algorithm("gcfl")
-    algo = cls(fed, proto, cfg, torch.device("cpu"), cls.Options(**cfg.options))
+    run = start_run(cfg, transcript=Transcript())  # the client runtimes; the transcript keeps what the server read
+    fed, algo, proto = run.fed, run.strategy, run.protocol
     train(algo, cfg, None, progress=False)
-    members, sim = server_similarity(View.of(proto.transcript, "server"), algo.anchors[0].numel())
+    members, sim = server_similarity(View.of(proto.transcript, "server"), run.logic(0).learner.shared_vector().numel())
     return {
         "seed": seed,
         "mode": mode,

@@ -321,6 +321,7 @@ class ClientHalf(Party):
                 planned = self.plan  # (a backend's override may refuse it: None)
             else:
                 inbox.append(msg)
+        inbox = self.take_run_material(inbox)  # kept even when the plan below is refused
         if planned is not None and self.checks_plans and stage != REPORT_STAGE:
             try:  # the bundle's last plan: an earlier one it supersedes was never used
                 self.policy.check(planned)
@@ -368,6 +369,12 @@ class ClientHalf(Party):
             exchange,
         ):
             self.exchange = exchange
+
+    def take_run_material(self, inbox: list[Message]) -> list[Message]:
+        """Verify and keep the messages of ``inbox`` that carry set-up material of the whole run,
+        not of one exchange (a backend that has some overrides this); returns the other messages.
+        :meth:`handle` calls it before the plan is checked, so a refused plan does not drop them."""
+        return inbox
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The backend's step for ``stage``: the verified-on-read ``inbox`` -> sealed responses."""

@@ -20,6 +20,11 @@ from .validation import ConfigError, check_settings, did_you_mean, match_choice,
 OPTIMIZERS = ("adam", "sgd")
 #: ``secure_fgl.models.MODELS`` (kept here so that ``--help`` needs no torch; a test checks they agree)
 MODEL_NAMES = ("gcn", "sage", "gat", "sgc", "mlp", "gin")
+#: the answer to ``--executor inline``, the in-process executor that was removed
+INLINE_REMOVED = (
+    "--executor inline was removed: use --executor local (the default; one runtime per client in this "
+    "process, the same results)"
+)
 
 
 @dataclass
@@ -208,9 +213,9 @@ class RunConfig:
     executor: str = setting(
         "local",
         group="runtime",
-        choices=("inline", "local", "ray", "flower"),
-        help="where clients run: local (default: one runtime per client, this process), inline "
-        "(one object plays every party), ray (Ray actors; pip install -e '.[ray]') or "
+        choices=("local", "ray", "flower"),
+        help="where clients run: local (default: one runtime per client, this process), "
+        "ray (Ray actors; pip install -e '.[ray]') or "
         "flower (one site per organisation behind a Flower SuperNode; pip install -e "
         "'.[flower]', docs/deployment.md); docs/runtime.md",
     )
@@ -277,6 +282,8 @@ class RunConfig:
         """Every field against its type, range and choices (names matched case-insensitively and
         replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
         self.algorithm = algorithm_name(str(self.algorithm))
+        if str(self.executor).strip().lower() == "inline":
+            raise ConfigError(INLINE_REMOVED)
         if str(self.dp_epsilon).strip().lower() in ("inf", "infinity", "none", "no-dp", "nodp", "∞"):
             self.dp_epsilon = None  # "inf" = no DP, as in secure-fgl report --dp-epsilons
         values = {
@@ -324,8 +331,6 @@ class RunConfig:
                     "hold the key together, so the threshold must exceed the colluders (raise --threshold)"
                 )
         if self.simulate_dropouts is not None:
-            if self.executor == "inline":
-                raise ConfigError("--simulate-dropouts drops clients at their runtimes: use --executor local or ray")
             from .runtime.dropouts import parse_dropouts
 
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)

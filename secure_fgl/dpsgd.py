@@ -18,8 +18,8 @@ counts each step in the run's one accountant (:meth:`~protocols.dp.DPEngine.loca
 clients hold disjoint nodes, so step ``t`` of all clients is one Gaussian release (parallel
 composition), ``rounds x local_epochs`` releases in all, composed with the run's other
 releases.  The noise is drawn from an OS-keyed :class:`protocols.csprng.SecureRandom`, never the
-run seed: the engine's in process (:class:`EngineDPSGD`), each client's own keystream on the
-client runtimes (:mod:`secure_fgl.algorithms.gap.client`, with the std the driver's engine sizes).  The models a
+run seed: each client's own keystream on its runtime (:mod:`secure_fgl.algorithms.gap.client`,
+with the std the driver's engine sizes).  The models a
 client uploads are post-processing of its noisy gradients.
 
 Noise placement: each client adds all of ``N(0, z^2 C^2)`` to each step (local), unless a round
@@ -45,7 +45,6 @@ from torch.nn import functional as F
 from protocols import DPRequest
 
 from .engine import rng
-from .runtime.facts import PublicFacts
 
 #: what a DP-SGD step asks for its noise: the number of gradient entries -> N(0, sigma^2) noise
 NoiseSource = Callable[[int], np.ndarray]
@@ -231,44 +230,3 @@ def noise_contributors(cfg, placement: str, num_trainers: int, model_mean_has_dp
 def stage_request(clip: float, rounds: int, local_epochs: int) -> DPRequest:
     """The DP request of one training stage: sensitivity C per step, ``rounds x local_epochs`` releases."""
     return DPRequest(clip=float(clip), sensitivity=float(clip), releases=int(rounds) * int(local_epochs))
-
-
-class EngineDPSGD(DPSGD):
-    """In-process DP-SGD of one training stage (one DP tag): the run's :class:`protocols.dp.DPEngine`
-    counts each step and draws its noise (:meth:`~protocols.dp.DPEngine.local_noise`)."""
-
-    def __init__(self, engine, tag: str, clip: float, rounds: int, local_epochs: int):
-        super().__init__(clip)
-        self.engine, self.tag = engine, tag
-        self.request = stage_request(clip, rounds, local_epochs)
-
-    def local_update(self, algo, k: int) -> float:
-        """``algo.local_update(k)`` (a :class:`~secure_fgl.algorithms.base.ModelAveraging`) with
-        DP-SGD steps on client k's training nodes; step ``t`` of round ``r`` is release
-        ``r * local_epochs + t``."""
-        c, epochs = algo.clients[k], algo.cfg.local_epochs
-        x, edge_index = algo.client_inputs(k)
-        n = noise_contributors(
-            algo.cfg,
-            self.engine.config.placement,
-            PublicFacts.of(algo.fed).num_trainers,
-            algo.model_dp_request(f"{algo.name}/model") is not None,
-        )
-        noises = [
-            lambda size, step=algo.round * epochs + s: self.engine.local_noise(
-                self.tag, step, size, self.request, contributors=n
-            )
-            for s in range(epochs)
-        ]
-        return self.train(
-            algo.models[k],
-            algo.optimizers[k],
-            x,
-            edge_index,
-            c.y,
-            c.train_mask,
-            seed=algo.cfg.seed,
-            rnd=algo.round,
-            client=k,
-            noises=noises,
-        )

@@ -91,21 +91,16 @@ def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, 
         write_run_file(out_dir, config, started)  # the run's identity (run_identity.py)
         phases.log(f"run folder: {out_dir}")
 
-    if cfg.executor == "inline":
-        from .algorithms import get_algorithm
-
-        protocol = make_run_protocol(cfg, fed.num_clients, run_transcript(cfg))
-        algo = get_algorithm(cfg.algorithm)(fed, protocol, cfg, device, options)
-    else:  # one runtime per client, a server strategy (docs/runtime.md)
-        t0 = time.perf_counter()
-        # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
-        with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
-            executor = make_executor(cfg, str(device))
-            opened.append(executor)
-            protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
-            algo = make_strategy(cfg, fed, protocol, options, executor)
-        if cfg.executor == "ray":
-            times["startup"] = time.perf_counter() - t0
+    # one runtime per client and the algorithm's server strategy (docs/runtime.md)
+    t0 = time.perf_counter()
+    # a cluster's start-up (Ray, its actors, the client runtimes on them) is a phase of its own
+    with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
+        executor = make_executor(cfg, str(device))
+        opened.append(executor)
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
+        algo = make_strategy(cfg, fed, protocol, options, executor)
+    if cfg.executor == "ray":
+        times["startup"] = time.perf_counter() - t0
 
     # checkpoints are written only with an --out folder; the transcript's lines go to a side file there
     transcript_state = TranscriptState(protocol.transcript, out_dir / SIDE_FILE) if out_dir is not None else None
@@ -205,14 +200,13 @@ def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, 
         result["status"] = "complete"
     result["comm"] = protocol.transcript.comm()
     # what each client accepted, pinned by the run manifest (protocols/manifest.py)
-    result.update(accepted_keys(protocol, *((algo.executor, algo.alive()) if cfg.executor != "inline" else ())))
+    result.update(accepted_keys(protocol, executor, algo.alive()))
     result["threat_model"] = threat_model(cfg, protocol)
-    if cfg.executor != "inline":
-        result["runtime"] = {**algo.executor.describe(), "stats": dataclasses.asdict(algo.executor.stats)}
-        t0 = time.perf_counter()
-        algo.executor.shutdown()
-        if cfg.executor == "ray":
-            times["shutdown"] = time.perf_counter() - t0
+    result["runtime"] = {**executor.describe(), "stats": dataclasses.asdict(executor.stats)}
+    t0 = time.perf_counter()
+    executor.shutdown()
+    if cfg.executor == "ray":
+        times["shutdown"] = time.perf_counter() - t0
     times["total"] = before["elapsed"] + time.perf_counter() - t_start
     result["finished_at"] = now_utc()
     result["files"] = _files(out_dir)

@@ -63,21 +63,17 @@ def schedule_option(cfg: RunConfig) -> dict:
     }
 
 
-def accepted_keys(protocol, executor=None, hosts=()) -> dict:
+def accepted_keys(protocol, executor, hosts) -> dict:
     """``result.json`` fields: ``manifest`` (comparison code, run id) and ``key_fingerprints``
-    (client -> party -> {'signing', 'channel'} fingerprints that client accepted).  ``executor``:
-    the client runtimes to ask, ``hosts`` their ids (the halves live there); ``None``: the
-    in-process halves."""
+    (client -> party -> {'signing', 'channel'} fingerprints that client accepted), asked of the
+    client runtimes ``hosts`` on ``executor`` (the halves live there)."""
     manifest = getattr(protocol, "manifest", None)
     if manifest is None:
         return {"key_fingerprints": protocol.identity_fingerprints()}
-    if executor is None:
-        accepted = protocol.accepted_fingerprints()
-    else:
-        from .runtime import wire
+    from .runtime import wire  # torch: only once a run has its runtimes (the CLI reads this module)
 
-        responses, _ = executor.call("accepted_keys", {k: wire.pack({}) for k in hosts})
-        accepted = {f"client{k}": wire.unpack(r)["fingerprints"] for k, r in sorted(responses.items())}
+    responses, _ = executor.call("accepted_keys", {k: wire.pack({}) for k in hosts})
+    accepted = {f"client{k}": wire.unpack(r)["fingerprints"] for k, r in sorted(responses.items())}
     return {
         "manifest": {"comparison_code": manifest.comparison_code, "run_id": manifest.run_id.hex()},
         "key_fingerprints": accepted,

@@ -181,7 +181,7 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     if check_data:
         check_dataset(cfg, spec)
     check_attacks(cfg)
-    from .runtime.build import check_runtime
+    from .runtime.build import client_resources  # the runtime imports torch: after the cheap checks
 
-    check_runtime(cfg)
+    client_resources(cfg)  # --ray-client-resources
     return options

@@ -49,3 +49,21 @@ def _one_thread():
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Processed dataset copies go to a per-session temp cache, never into the data root."""
     monkeypatch.setenv("SECURE_FGL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def run_small():
+    """``run_small(cfg, fed=None, executor=None, transcript=None)``: the run's parties, started but not trained
+    (:func:`secure_fgl.runtime.build.start_run`: ``.strategy``, ``.protocol``, ``.runtimes``,
+    ``.logic(k)``, ``.train(rounds)``); every executor it started is shut down after the test."""
+    from secure_fgl.runtime.build import start_run
+
+    started = []
+
+    def run(cfg, fed=None, executor=None, transcript=None):
+        started.append(start_run(cfg, fed, executor, transcript))
+        return started[-1]
+
+    yield run
+    for s in started:
+        s.executor.shutdown()

@@ -71,6 +71,8 @@ class CKKSMPServer(ServerHalf):
         self.last_stats: dict = {}
         #: t of t-out-of-n key switching (n: every client key-switches)
         self.threshold = threshold_of(setup)
+        #: clients whose view of the broadcasts is stale (they missed one): never in an active set
+        self.stale: set[int] = set()
 
     def record(self, msg: Message) -> None:
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
@@ -346,7 +348,8 @@ class CKKSMPServer(ServerHalf):
 
     def _active_set(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
         """t-out-of-n: probe every client; the first t responders that uploaded or contribute
-        nothing (a contributor that missed its upload is not asked) form the active set."""
+        nothing (a contributor that missed its upload is not asked) and are not :attr:`stale` form
+        the active set."""
         K, t = self.setup.num_clients, self.threshold
         probe = {
             k: [(self.message(k, "control", (), {}, self.fingerprint, note="key-switching liveness probe"), 0)]
@@ -357,7 +360,7 @@ class CKKSMPServer(ServerHalf):
         for k in range(K):
             if self.responses(got, k, "keyswitch", "control", READY_PART) is not None:
                 ready.append(k)
-        eligible = [k for k in ready if k in uploaders or k not in contributors]
+        eligible = [k for k in ready if (k in uploaders or k not in contributors) and k not in self.stale]
         if len(eligible) < t:
             absent = [k for k in range(K) if k not in eligible]
             raise self._missing(

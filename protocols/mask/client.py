@@ -250,15 +250,28 @@ class MaskClient(ClientHalf):
     def _message(self, kind, shape, payload, note=""):
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
 
-    def _take_group_seed(self, inbox: list[Message]) -> list[Message]:
+    def take_run_material(self, inbox: list[Message]) -> list[Message]:
+        """Verify and keep the set-up material of the whole run, whatever the fate of the plan it
+        travels with: client 0's output-mask group seed ``G`` (once per run) and the server's
+        broadcasts of the peers' mask keys (each key once per run).  A client that refuses the plan
+        of the exchange carrying them still holds them for the exchanges to come.
+
+        Keeping them gives a deviating server nothing: ``G`` is signed by client 0's identity key
+        (pinned by the run manifest), encrypted under its owner-signed channel key and bound to this
+        run, session and client, and a second seed is refused; each mask key is signed by its owner
+        and fixed for the run.  The server can neither choose nor change them, and keeping them sends
+        nothing: whatever this client contributes is still decided by the plans it accepts."""
         rest = []
         for m in inbox:
-            if m.sender != SERVER and envelope_of(m).stage == "group_seed":
+            stage = envelope_of(m).stage
+            if m.sender != SERVER and stage == "group_seed":
                 if self.group_seed is not None:
                     raise IntegrityError(
                         "a second output-mask group seed was sent; the first one stands", **self.where()
                     )
                 self.group_seed = self.open_relayed(m, "group_seed", exchange=envelope_of(m).exchange)
+            elif m.sender == SERVER and stage == "advertise_keys":
+                self._take_keys(self.check(m, SERVER, stage, 0, self.where()))
             else:
                 rest.append(m)
         return rest
@@ -274,15 +287,13 @@ class MaskClient(ClientHalf):
 
     def _absorb(self, inbox: list[Message]) -> list[Message]:
         """Take the set-up messages of this exchange, whichever stage's bundle carries them: the
-        shared block ids (sparse), the key broadcast, the participant list and the peers' share
-        batches.  Returns the other messages."""
+        shared block ids (sparse), the participant list and the peers' share batches (those of the
+        whole run: :meth:`take_run_material`).  Returns the other messages."""
         rest = []
         for m in inbox:
             stage = envelope_of(m).stage
             if m.sender == SERVER and stage == "block_ids":
                 self._take_common(self.check(m, SERVER, stage, 0, self.where()))
-            elif m.sender == SERVER and stage == "advertise_keys":
-                self._take_keys(self.check(m, SERVER, stage, 0, self.where()))
             elif m.sender == SERVER and stage == "share_keys":
                 self._take_participants(self.check(m, SERVER, stage, 0, self.where()))
             elif m.sender != SERVER and stage == "share_keys":
@@ -352,7 +363,6 @@ class MaskClient(ClientHalf):
 
     # ------------------------------------------------------------------ stages
     def on_stage(self, stage, inbox):
-        inbox = self._take_group_seed(inbox)
         if stage == "register":
             return []
         step = getattr(self, "stage_" + stage, None)

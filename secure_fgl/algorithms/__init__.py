@@ -8,7 +8,7 @@ imports torch: the halves are imported on use, so ``--help`` stays fast.
 from __future__ import annotations
 
 from ..validation import match_choice
-from .spec import AlgorithmSpec, load
+from .spec import AlgorithmSpec
 from .specs import SPECS
 
 
@@ -22,26 +22,9 @@ def get_spec(name: str) -> AlgorithmSpec:
     return SPECS[algorithm_name(name)]
 
 
-def get_algorithm(name: str):
-    """The in-process class behind ``--executor inline``."""
-    return load(get_spec(name).inline)
-
-
-def __getattr__(name: str):
-    """``FederatedAlgorithm`` and ``ModelAveraging`` load torch, so only on first use."""
-    if name in ("FederatedAlgorithm", "ModelAveraging"):
-        from . import base
-
-        return getattr(base, name)
-    raise AttributeError(name)
-
-
 __all__ = [
     "SPECS",
     "AlgorithmSpec",
     "get_spec",
-    "get_algorithm",
     "algorithm_name",
-    "FederatedAlgorithm",
-    "ModelAveraging",
 ]

@@ -6,18 +6,24 @@ majority class; the majority class is the most frequent label among the client's
 ``print_count_nodes_per_class``).  The reported number is node-weighted over clients:
 ``sum_k correct_k / sum_k minority_k``.
 
-:class:`MinorityAccuracy` is a mixin for any :class:`FederatedAlgorithm`: it adds
-``minority_acc`` to every ``evaluate()`` dict, and ``final_metrics()`` returns the value
-at the round the engine reports (best validation accuracy, first such round — the same
-rule as :func:`secure_fgl.engine.trainer.train`), so ``result['final']['minority_acc']``
-sits next to ``final.test_acc`` for the same model state.
+Each client reports its part (:func:`minority_report`) with its evaluation counts;
+:class:`MinorityAccuracy` is a mixin for a server strategy: :meth:`~MinorityAccuracy.add_minority`
+adds ``minority_acc`` to an ``evaluate()`` dict, and ``final_metrics()`` returns the value at the
+round the engine reports (best validation accuracy, first such round — the same rule as
+:func:`secure_fgl.engine.trainer.train`), so ``result['final']['minority_acc']`` sits next to
+``final.test_acc`` for the same model state.  :class:`MinorityLogic` and
+:class:`MinorityStrategy` are FedAvg (and, with ``aggregate_models`` off, Local) reporting it: the
+FedSpray Table 2 baselines (``examples/fedspray_table2.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .fedavg.inline import FedAvg, Local
+from ..runtime.strategy import EVAL_TAG
+from .base import accuracy_summary
+from .fedavg.client import ModelAveragingLogic
+from .fedavg.server import ModelAveragingStrategy
 
 
 def majority_class(y: torch.Tensor, train_mask: torch.Tensor, num_classes: int) -> int:
@@ -53,24 +59,6 @@ class MinorityAccuracy:
         return self.__dict__.setdefault(
             "_minority_best", {"val_acc": None, "minority_acc": None, "val_minority_acc": None, "last": None}
         )
-
-    @torch.no_grad()
-    def evaluate(self) -> dict:
-        cached: dict[int, torch.Tensor] = {}
-        inner = self.client_logits
-
-        def logits_once(k: int) -> torch.Tensor:
-            if k not in cached:
-                cached[k] = inner(k)
-            return cached[k]
-
-        self.client_logits = logits_once  # share one forward pass per client
-        try:
-            out = super().evaluate()
-            reports = {k: minority_report(logits_once(k), c, self.fed.num_classes) for k, c in enumerate(self.clients)}
-        finally:
-            del self.client_logits  # back to the class method
-        return self.add_minority(out, reports)
 
     def add_minority(self, out: dict, reports: dict[int, dict]) -> dict:
         """``out`` (an ``evaluate()`` dict) with the clients' :func:`minority_report` entries: per-client
@@ -115,9 +103,24 @@ class MinorityAccuracy:
             self._minority_tracker().update(saved)
 
 
-class FedAvgMinority(MinorityAccuracy, FedAvg):
-    """FedAvg reporting minority accuracy (the FedSpray Table 2 baseline)."""
+class MinorityLogic(ModelAveragingLogic):
+    """FedAvg's client whose evaluation counts carry its :func:`minority_report`."""
+
+    @torch.no_grad()
+    def evaluate(self, req: dict) -> dict:
+        counts = super().evaluate(req)
+        return {**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)}
 
 
-class LocalMinority(MinorityAccuracy, Local):
-    """Local training reporting minority accuracy (the FedSpray Table 2 baseline)."""
+class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
+    """FedAvg's server reporting minority accuracy; ``local`` in the algorithm's name: Local
+    training (each client alone, nothing exchanged)."""
+
+    def __init__(self, executor, protocol, cfg, facts, options):
+        super().__init__(executor, protocol, cfg, facts, options)
+        self.aggregate_models = not cfg.algorithm.startswith("local")
+        self.personalized = not self.aggregate_models
+
+    def evaluate(self) -> dict:
+        reports = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        return self.add_minority(accuracy_summary(reports), {k: r["minority"] for k, r in reports.items()})

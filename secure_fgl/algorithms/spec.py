@@ -28,7 +28,7 @@ class AlgorithmSpec:
     ``--mode`` values it runs in), the catalogue text (``summary``, ``paper``, ``exchanges``: what
     crosses the wire, by tag), ``logic`` and ``strategy`` (``"module:Class"`` of its client logic
     and server strategy), ``mode_note`` (why other modes are refused, after the name; ``{mode}``
-    is filled in) and ``inline`` (the in-process class behind ``--executor inline``)."""
+    is filled in)."""
 
     name: str
     summary: str
@@ -41,7 +41,6 @@ class AlgorithmSpec:
     task: str = "node"
     check: Callable | None = None
     mode_note: str = ""
-    inline: str | None = None
 
     def logic_class(self) -> type:
         return load(self.logic)

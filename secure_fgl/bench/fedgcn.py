@@ -10,7 +10,7 @@ Two parts (``secure-fgl bench --suite fedgcn``; ``quick=True`` shrinks both for 
    pre-training bytes up/down per client and in total (transcript, tag
    ``fedgcn/neighbour_sums``; CKKS key set-up is the separate tag ``ckks/keys``), the float32
    message of the same rows (``rows x (d+1) x 4``), the upload ratio against it, the wall time
-   of the whole pre-training (``FedGCN.setup()``: encode, encrypt, upload, server sum, download,
+   of the whole pre-training (the strategy's ``setup()``: encode, encrypt, upload, server sum, download,
    decrypt, normalise) and the bytes of one model-averaging round (tag ``fedgcn/model``).
    The sparse layout runs twice: with the dataset's row numbering (``row_order='given'``) and
    with the signature numbering (``row_order='signature'``, layout label ``sparse-sig``; rows
@@ -70,19 +70,22 @@ def _fed_cora(data_root, quick: bool):
 def _pretrain(
     fed, backend: str, layout: str, hops: int = 1, model_round: bool = True, row_order: str = "given"
 ) -> dict:
-    """Run FedGCN's pre-training on ``backend``/``layout`` (plus one model round); measure it."""
-    from protocols import make_protocol
-    from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
+    """Run and measure FedGCN's pre-training on ``backend``/``layout`` over the client runtimes.
+
+    One model round follows the pre-training.
+    """
     from secure_fgl.config import RunConfig
+    from secure_fgl.runtime.build import start_run
 
     mode, kw = BACKENDS[backend]
-    cfg = RunConfig(mode=mode, clients=K, rounds=1, local_epochs=1)
-    proto = make_protocol(mode, K, **kw)
-    algo = FedGCN(fed, proto, cfg, torch.device("cpu"), FedGCNOptions(hops=hops, layout=layout, row_order=row_order))
+    options = {"hops": hops, "layout": layout, "row_order": row_order}
+    cfg = RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=1, local_epochs=1, options=options)
+    run = start_run(cfg, fed, protocol_options=kw)
+    strategy, proto = run.strategy, run.protocol
     t0 = time.perf_counter()
-    algo.setup()
+    strategy.setup()
     seconds = time.perf_counter() - t0
-    m = algo.final_metrics()
+    m = strategy.final_metrics()
     rec = {
         "backend": backend,
         "layout": _label(layout, row_order),
@@ -106,18 +109,23 @@ def _pretrain(
         "rows_down": m["pretrain_rows_down"],
         "key_bytes": sum(x.nbytes for x in proto.transcript.messages if x.tag.endswith("/keys")),
     }
-    stats = getattr(proto, "last_stats", None)
-    if stats:
+    plan = getattr(proto, "_last_plan", None)  # ckks: the encoding plan of the exchange
+    if plan is not None:
         rec["ckks_plan"] = {
-            k: stats.get(k) for k in ("params", "encoding", "fields_per_slot", "field_bits", "scale_bits")
+            "params": plan.describe(),
+            "encoding": plan.encoding,
+            "fields_per_slot": plan.layout.fields if plan.layout else 1,
+            "field_bits": plan.layout.width if plan.layout else None,
+            "scale_bits": plan.scale_bits,
         }
     if model_round:
-        algo.train_round(0)
-        m = algo.final_metrics()
+        strategy.train_round(0)
+        m = strategy.final_metrics()
         rec["model_bytes_up_round"] = m["model_bytes_up_per_round"]
         rec["model_bytes_down_round"] = m["model_bytes_down_per_round"]
-        rec["model_f32_up_round"] = 4 * (sum(p.numel() for p in algo.models[0].parameters()) + 1) * K
-    del algo, proto
+        rec["model_f32_up_round"] = 4 * (sum(p.numel() for p in run.logic(0).model.parameters()) + 1) * K
+    run.executor.shutdown()
+    del run, strategy, proto
     gc.collect()
     return rec
 
@@ -248,7 +256,7 @@ def to_markdown(res: dict) -> str:
             f"features), 1-hop, {K} clients",
             "",
             "Bytes are totals over the 10 clients (MB); `f32` = the float32 rows the exchange carries "
-            "(sparse: the rows a client touches; dense: every row); time = whole `FedGCN.setup()`. "
+            "(sparse: the rows a client touches; dense: every row); time = the whole pre-training (`setup()`). "
             "`sparse-sig`: sparse layout with `row_order='signature'` (rows numbered by the set of "
             "clients touching them; reveals a histogram of those sets); `sparse-own`: `row_order='owner'` "
             "(blocks never mix recipients: a client decrypts only its own rows).",

@@ -93,26 +93,21 @@ def models_part(update_bound: float) -> list[dict]:
 
 
 def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str, degree_cap: int) -> dict:
-    from protocols import make_protocol
-    from secure_fgl.algorithms.fedgcn.ops import FedGCN, FedGCNOptions
     from secure_fgl.config import RunConfig
+    from secure_fgl.runtime.build import start_run
 
-    mode, opts = BACKENDS[backend]
-    proto = make_protocol(mode, K, **opts)
-    algo = FedGCN(
-        fed,
-        proto,
-        RunConfig(mode=mode, clients=K, rounds=1),
-        torch.device("cpu"),
-        FedGCNOptions(
-            hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm, degree_cap=degree_cap
-        ),
+    mode, kw = BACKENDS[backend]
+    options = dict(
+        hops=1, layout="sparse", row_order=row_order, feature_bound=feature_bound, norm=norm, degree_cap=degree_cap
+    )
+    run = start_run(
+        RunConfig(algorithm="fedgcn", mode=mode, clients=K, rounds=1, options=options), fed, protocol_options=kw
     )
     t = time.perf_counter()
-    algo.setup()
+    run.strategy.setup()
     seconds = time.perf_counter() - t
-    m = algo.final_metrics()
-    stats = getattr(proto, "last_stats", None) or {}
+    m = run.strategy.final_metrics()
+    plan = getattr(run.protocol, "_last_plan", None)  # ckks: the encoding plan of the exchange
     rec = {
         "backend": backend,
         "row_order": row_order,
@@ -121,9 +116,10 @@ def _pretrain(fed, backend: str, row_order: str, feature_bound: float, norm: str
         "bytes_up": m["pretrain_bytes_up"],
         "f32_up": m["pretrain_plaintext_equiv_bytes_up"],
         "upload_ratio": m["pretrain_upload_ratio"],
-        "params": stats.get("params"),
+        "params": plan.describe() if plan is not None else None,
     }
-    del algo, proto
+    run.executor.shutdown()
+    del run
     gc.collect()
     return rec
 

@@ -720,10 +720,7 @@ class Fuzzer:
         if not scheduled:
             return make_protocol(self.mode, K, **options)
         roles = {tag: BROADCAST for tag in (BROADCAST_TAG, *STALE_TAGS)}
-        proto = make_protocol(self.mode, K, seed=SAMPLE_SEED, client_fraction=SAMPLED_FRACTION, roles=roles, **options)
-        # one honest exchange first (mask deals its output-mask group seed in a run's first exchange)
-        proto.weighted_sum("fuzz/setup", 0, {k: np.zeros(N_VALUES) for k in range(K)}, spec=SPEC)
-        return proto
+        return make_protocol(self.mode, K, seed=SAMPLE_SEED, client_fraction=SAMPLED_FRACTION, roles=roles, **options)
 
     def values(self, rng) -> dict[int, np.ndarray]:
         return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}

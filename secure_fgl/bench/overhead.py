@@ -12,7 +12,7 @@ Workloads (``--quick``: fewer rounds, same records):
 Modes: ``plain``, ``mask``, ``ckks``, ``ckks-mp``, ``ckks-fp20`` (CKKS with the opt-in packed fixed-point
 codec, ``--fixed-point-bits 20 --update-bound 1``) and ``ckks-grid`` (the model mean on its public
 grid, ``--grid-model-mean --update-bound 1``: CKKS's exact integer fields; ``plain-grid`` on request).  The parties run on the ``local`` executor
-(:data:`EXECUTOR`; ``--executor inline`` plays them all in one object).
+(:data:`EXECUTOR`).
 
 Every (workload, mode) runs in its own subprocess (``python -m secure_fgl.bench.overhead --worker``)
 one after the other, so its peak RSS (``VmHWM``) is that mode's own and the modes are measured side
@@ -358,9 +358,7 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
     ap.add_argument("--no-arxiv", action="store_true", help="skip the ogbn-arxiv-sized point")
-    ap.add_argument(
-        "--executor", default=None, choices=["inline", "local"], help=f"where the parties run (default {EXECUTOR})"
-    )
+    ap.add_argument("--executor", default=None, choices=["local"], help=f"where the parties run (default {EXECUTOR})")
     ap.add_argument(
         "--repeats",
         type=int,

@@ -19,7 +19,7 @@ and after.  The table gives the median over repeats and the speed-up of each exe
 ``local`` (``local_s / executor_s``).  Ray runs on a local cluster of ``ray_cpus`` CPUs started
 once; its actors are reused between runs (emptied of the last run's runtimes and their memory,
 :meth:`~secure_fgl.runtime.ray_executor.ClientHost.empty`), so one warm-up run per client count on a 2000-node graph
-(its seconds under ``ray_warmup_s``, not in the table) pays the actors' start.  inline/local PSS is the driver's
+(its seconds under ``ray_warmup_s``, not in the table) pays the actors' start.  local PSS is the driver's
 alone; Ray's is the driver's plus every process it started (actors, raylet, GCS).
 
 Model exchange bound: the runs plan the model exchange with ``|parameter| <= 10``
@@ -178,7 +178,7 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
     build.make_executor = keep
     load0 = os.getloadavg()[0]
     try:
-        with PeakPSS(tree=executor == "ray") as pss:  # inline/local: one process (the idle Ray
+        with PeakPSS(tree=executor == "ray") as pss:  # local: one process (the idle Ray
             # cluster of other runs is not theirs)
             t0 = time.perf_counter()
             res = run_experiment(_config(executor, mode, clients, s, ray_cpus), progress=False, fed=fed)
@@ -219,7 +219,7 @@ def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int)
 def run_runtime_bench(
     out_dir,
     quick: bool = False,
-    executors=("inline", "local", "ray"),
+    executors=("local", "ray"),
     modes=("ckks", "mask"),
     ray_cpus: int | None = None,
     repeats: int | None = None,
@@ -327,9 +327,7 @@ def summarise(records: list[dict]) -> list[dict]:
             "setup_s": med(lambda r: r["time"].get("setup", 0.0)),
             "train_s": med(lambda r: r["time"].get("train", 0.0)),
             "peak_total_pss_mb": max(r["peak_total_pss_mb"] for r in rs),
-            "per_message_overhead_us": (
-                med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6 if executor != "inline" else None
-            ),
+            "per_message_overhead_us": med(lambda r: r.get("per_message_overhead_s", 0.0)) * 1e6,
             "load_avg_1m": med(lambda r: r["load_avg_1m"][0]),
         }
         peak = max(rs, key=lambda r: r["peak_total_pss_mb"]).get("pss_at_peak", [])

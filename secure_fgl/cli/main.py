@@ -142,9 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=["ckks", "mask"],
         help="secure modes (ckks-mp: the dropout column only)",
     )
-    runtime.add_argument(
-        "--executors", nargs="+", choices=["inline", "local", "ray"], default=["inline", "local", "ray"]
-    )
+    runtime.add_argument("--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"])
     runtime.add_argument(
         "--repeats",
         type=int,
@@ -316,7 +314,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                 args.out,
                 clients=tuple(args.clients or (10,)),
                 modes=tuple(args.modes),
-                executors=tuple(e for e in args.executors if e != "inline") or ("local",),
+                executors=tuple(args.executors),
                 repeats=args.repeats or 1,
                 features=args.features,
                 threshold=args.threshold,

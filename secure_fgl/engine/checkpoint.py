@@ -107,6 +107,11 @@ def load_checkpoint(path: Path, cfg: RunConfig) -> dict:
     mine, theirs = config_fingerprint(cfg), saved.get("fingerprint")
     if not isinstance(theirs, dict):
         raise ConfigError(f"checkpoint {path} has no config fingerprint; delete it or run without --resume")
+    if theirs.get("executor") == "inline":  # the removed in-process executor kept one state for every party
+        raise ConfigError(
+            f"checkpoint {path} was written by --executor inline, which was removed: its state cannot be "
+            "resumed; delete it or choose another --out and start the run again"
+        )
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k} (checkpoint {theirs.get(k)!r}, now {mine.get(k)!r})" for k in differ)

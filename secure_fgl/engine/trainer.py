@@ -22,8 +22,8 @@ from ..config import ConfigError, RunConfig
 from .checkpoint import load_checkpoint, save_checkpoint
 from .device import rng_state, set_rng_state
 
-if TYPE_CHECKING:  # the algorithms import engine.rng
-    from ..algorithms.base import FederatedAlgorithm
+if TYPE_CHECKING:  # the runtime imports the engine
+    from ..runtime.strategy import Strategy
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -43,7 +43,7 @@ def _summary(ev: dict) -> dict:
     return {k: v for k, v in ev.items() if k != "per_client"}
 
 
-def _restore(saved: dict, path: Path, algo: FederatedAlgorithm, extra_state) -> TrainState:
+def _restore(saved: dict, path: Path, algo: Strategy, extra_state) -> TrainState:
     """Load a checkpoint's content into ``algo`` (and ``extra_state``); content that does not fit
     this run (a key missing, a wrong type or shape) is refused in one line."""
     try:
@@ -62,7 +62,7 @@ def _restore(saved: dict, path: Path, algo: FederatedAlgorithm, extra_state) -> 
 
 
 def train(
-    algo: FederatedAlgorithm, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True, extra_state=None, hooks=()
+    algo: Strategy, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True, extra_state=None, hooks=()
 ) -> TrainState:
     """Run rounds ``next_round..rounds-1``; ``extra_state`` is a (save, load) pair of
     callables for run-level state the checkpoint must carry (transcript, accountant);

@@ -14,15 +14,16 @@ import dataclasses
 import numpy as np
 
 from protocols import Transcript, make_protocol
-from protocols.halves import HalvesProtocol
-from protocols.registry import backend_class
 
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig
 from ..data.graph_classification import FederatedGraphDataset
+from ..data.load import load_federation
 from ..manifest import schedule_option
+from ..preflight import preflight
 from ..privacy import dp_config
 from . import wire
+from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
 from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
@@ -50,8 +51,6 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     else:
         executor = LocalExecutor(device)
     if cfg.simulate_dropouts:  # --simulate-dropouts (.dropouts)
-        from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
-
         rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
         return SimulatedDropouts(executor, DropoutSchedule(rules))
     return executor
@@ -68,18 +67,6 @@ def client_resources(cfg) -> dict[int, str]:
     return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
-def check_runtime(cfg) -> None:
-    """Settings the client runtimes cannot run: one line naming what can."""
-    client_resources(cfg)
-    if cfg.executor == "inline":
-        return
-    if cfg.dp_epsilon is not None and not get_spec(cfg.algorithm).strategy_class().dp_on_runtimes:
-        raise ConfigError(
-            f"--dp-epsilon: {cfg.algorithm}'s exchanges are not privatised on the client runtimes "
-            "yet; use --executor inline"
-        )
-
-
 def run_transcript(cfg: RunConfig) -> Transcript:
     """The transcript of a run: message metadata always (``comm``, the privacy section, the side
     file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
@@ -88,7 +75,9 @@ def run_transcript(cfg: RunConfig) -> Transcript:
     return Transcript(keep_payloads="latest" if cfg.attacks else "none")
 
 
-def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None):
+def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None, **options):
+    """The run's protocol object (:func:`protocols.make_protocol`) from ``cfg``; ``link``: where its
+    client halves live; ``options``: backend settings no flag carries (a bench's CKKS parameters)."""
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
         extra["exact_fields"] = False
@@ -99,15 +88,14 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
     if cfg.threshold is not None:  # ckks-mp t-out-of-n
         extra["threshold"] = cfg.threshold
+    extra.update(options)
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)
 
 
-def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None):
-    """The run's protocol; a backend split into halves gets the executor as its link
-    (:class:`~.exchange.RuntimeLink`): its client halves then live in the runtimes."""
-    if not issubclass(backend_class(cfg.mode), HalvesProtocol):
-        return make_run_protocol(cfg, num_clients, transcript)
-    return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor))
+def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None, **options):
+    """The run's protocol with the executor as its link (:class:`~.exchange.RuntimeLink`): its
+    client halves live in the runtimes."""
+    return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor), **options)
 
 
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
@@ -133,8 +121,56 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
         }
     executor.start(frames)
     strategy = cls(executor, protocol, cfg, facts, opts)
-    from .dropouts import SimulatedDropouts
-
     if isinstance(executor, SimulatedDropouts):  # simulated dropouts follow the strategy's round
         executor.clock = lambda: strategy.round
     return strategy
+
+
+@dataclasses.dataclass
+class StartedRun:
+    """A run's parties, built but not trained (:func:`start_run`): the server ``strategy``, its
+    ``protocol`` (server half and transcript), the ``executor`` holding the client runtimes and the
+    partitioned data ``fed`` (the evaluator's ground truth)."""
+
+    strategy: Strategy
+    protocol: object
+    executor: Executor
+    fed: object
+
+    @property
+    def runtimes(self) -> dict:
+        """Client id -> its :class:`~.client.ClientRuntime` (``--executor local`` only)."""
+        return self.executor.runtimes
+
+    def logic(self, k: int):
+        """Client ``k``'s :class:`~.logic.ClientLogic` (``--executor local`` only)."""
+        return self.executor.runtimes[k].logic
+
+    def train(self, rounds: int | None = None, *, setup: bool = True) -> list[dict]:
+        """``setup()`` (unless ``setup`` is false), then ``rounds`` rounds (default: the config's);
+        returns each round's metrics."""
+        if setup:
+            self.strategy.setup()
+        n = self.strategy.cfg.rounds if rounds is None else rounds
+        return [self.strategy.train_round(r) for r in range(n)]
+
+
+def start_run(
+    cfg: RunConfig,
+    fed=None,
+    executor: Executor | None = None,
+    transcript: Transcript | None = None,
+    protocol_options: dict | None = None,
+) -> StartedRun:
+    """Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
+    given, start one runtime per client on ``executor`` (default: :func:`make_executor`'s) and
+    build the server strategy: what :func:`secure_fgl.experiment.run_experiment` trains, for a
+    script or a test that drives the rounds itself (``transcript``: default
+    :func:`run_transcript`'s; ``protocol_options``: :func:`make_run_protocol`'s ``options``).
+    Shut the executor down when done."""
+    options = preflight(cfg, check_data=fed is None)
+    fed = load_federation(cfg) if fed is None else fed
+    executor = make_executor(cfg) if executor is None else executor
+    transcript = transcript or run_transcript(cfg)
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor, transcript, **(protocol_options or {}))
+    return StartedRun(make_strategy(cfg, fed, protocol, options, executor), protocol, executor, fed)

@@ -9,8 +9,8 @@ The mechanism is :mod:`protocols.dp`'s, split between the parties:
   drawn from its **own** :class:`protocols.csprng.SecureRandom` (an OS-keyed keystream made in
   the runtime, never the run seed, never leaving it) -- before anything is encoded;
 * **strategy** (the driver): the run's one :class:`protocols.dp.DPEngine` calibrates each tag,
-  composes every release in the accountant and writes the DP ledger exactly as with
-  ``--executor inline`` (:meth:`~protocols.dp.DPEngine.vector_release`,
+  composes every release in the accountant and writes the DP ledger
+  (:meth:`~protocols.dp.DPEngine.vector_release`,
   :meth:`~protocols.dp.DPEngine.row_release`), then tells each contributor the std of its
   share: ``sigma`` (``local`` placement) or ``sigma / sqrt(max(1, n - d - c))``
   (``distributed``, n the contributors of the sum -- per row for row sums -- d = ``--dp-dropouts``,
@@ -121,7 +121,7 @@ def privatize_dense(
 ) -> tuple[list[int], float, object]:
     """Count one dense release in the run's accountant and have every contributor noise its kept
     vector; returns the contributors still there, the std of the noise in the sum and the spec
-    the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`, as inline)."""
+    the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`)."""
     dp, req = strategy.protocol.dp, for_spec(req, spec)
     spec = strategy.protocol.release_spec(spec, req)
     std = dp.vector_release(

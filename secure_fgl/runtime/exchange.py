@@ -27,6 +27,8 @@ from protocols.baseline import row_sum_bytes, vector_sum_bytes
 from protocols.link import ClientLink
 from protocols.row_blocks import BlockRows, RowSelection
 
+from .dp import privatize_row_sum
+
 
 class RuntimeLink(ClientLink):
     """The executor as the protocol's transport: stage ``s`` for client ``k`` is the runtime
@@ -162,12 +164,10 @@ def run_row_sum(
     strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec, rpb: int, dp=None
 ) -> float:
     """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
-    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release as inline):
+    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release):
     with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
     (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
     the totals (0 without DP)."""
-    from .dp import privatize_row_sum
-
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:
         privatize_row_sum(

@@ -3,25 +3,21 @@
 A strategy holds the protocol's server side, the run's public facts and the round state; it
 addresses client runtimes only through :meth:`Executor.call <.executor.Executor.call>` and
 sees only what comes back.  It is what :func:`secure_fgl.engine.trainer.train` drives
-(``setup``, ``train_round``, ``evaluate``, ``state_dict``), in place of an in-process
-:class:`~secure_fgl.algorithms.base.FederatedAlgorithm`.
+(``setup``, ``train_round``, ``evaluate``, ``state_dict``).
 
 Evaluation: every client reports ``(correct, total)`` per split; each report is a message
 in the transcript (tag ``eval/counts``, client -> server, its frame's length in bytes), so
 ``comm`` counts it.
 
-Protocol: a backend split into client and server halves (:mod:`protocols.party`) runs with its
-client halves inside the runtimes (:mod:`.exchange`); a protocol object built without the executor
-as its link encodes in the driver, so a contribution crosses from its runtime to the driver as a frame.
+Protocol: every backend is split into client and server halves (:mod:`protocols.party`); the
+client halves run inside the runtimes (:mod:`.exchange`), the strategy holds the server half.
 
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
 dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: the sum of the
 clients that uploaded) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
-client stops the exchange, named).  On the driver-side path a lost
-contributor becomes mask's upload-stage dropout, plain averages the survivors and the other
-backends raise DropoutError naming it.
+client stops the exchange, named).
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ from protocols import SERVER, DropoutError, client_party
 from protocols.transcript import READABLE_KINDS, Message
 
 from ..algorithms.base import accuracy_summary
-from ..config import ConfigError
 from . import wire
 from .client import client_frame
 from .exchange import split_backend
@@ -51,9 +46,6 @@ class Strategy:
 
     name = "base"
     personalized = False
-    #: its DP exchanges clip and noise on the clients (:mod:`.dp`); otherwise DP runs are refused
-    #: (:func:`.build.check_runtime`)
-    dp_on_runtimes = False
 
     def __init__(self, executor, protocol, cfg, facts, options: dict):
         self.executor, self.protocol, self.cfg, self.facts, self.opts = executor, protocol, cfg, facts, options
@@ -61,15 +53,12 @@ class Strategy:
         self.round = 0
         #: client -> why it was lost (its runtime died or timed out); never asked again
         self.lost: dict[int, str] = {}
-        #: the backend runs in client halves inside the runtimes (:mod:`.exchange`)
-        self.split = split_backend(protocol)
-        if self.split:
-            protocol.link.on_lost = self.lose
-        elif protocol.dp is not None:
-            raise ConfigError(
-                f"--dp-epsilon with --executor {cfg.executor} adds the noise in the clients' protocol "
-                f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline"
+        if not split_backend(protocol):
+            raise ValueError(
+                "a strategy drives the protocol halves in the client runtimes: build its protocol with "
+                "secure_fgl.runtime.build.make_runtime_protocol"
             )
+        protocol.link.on_lost = self.lose
         #: parameters of the exchanged model (the privacy section's noise-to-signal ratio)
         self.model_size: int | None = None
 
@@ -198,8 +187,8 @@ class Strategy:
         raise NotImplementedError
 
     def evaluate(self) -> dict:
-        """The node-weighted and per-client accuracies of :meth:`FederatedAlgorithm.evaluate
-        <secure_fgl.algorithms.base.FederatedAlgorithm.evaluate>`, from the clients' counts."""
+        """Node-weighted and per-client accuracies (:func:`~secure_fgl.algorithms.base.accuracy_summary`),
+        from the clients' counts."""
         counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
         return accuracy_summary(counts)
 
@@ -208,8 +197,8 @@ class Strategy:
 
     def deployed_weights(self) -> dict:
         """``best_model.pt``'s content (:mod:`secure_fgl.engine.hooks`): each live client's deployed
-        model as ``models.<k>.<parameter>``, asked of its runtime (the run's output, as inline
-        writes it: not a protocol message, counted in the executor's stats only)."""
+        model as ``models.<k>.<parameter>``, asked of its runtime (the run's output: not a protocol
+        message, counted in the executor's stats only)."""
         answers = self.ask("weights", {k: {} for k in self.alive()})
         return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].items()}
 

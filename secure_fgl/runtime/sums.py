@@ -7,20 +7,17 @@ a batch ``[w_k, w_k v_k^(1), ...]`` (:func:`protocols.batch.batch_vector`), a cl
 strategy only moves the sum:
 
 * client side: :func:`offer` (the vector kept for the client's protocol half, answering only its
-  length; on the driver-side path, the vector itself) and :func:`summed` (the client's own decoded
-  total, or the one delivered);
+  length) and :func:`summed` (the client's own decoded total);
 * server side: :func:`sum_exchange` (plan the dense exchange from the public length, run the server
-  half, tell the recipients; on the driver-side path, :meth:`~protocols.base.Protocol.weighted_sum`).
+  half, tell the recipients).
 
-DP (:mod:`.dp`, as the in-process :meth:`~protocols.base.Protocol.weighted_mean` and
-``_sum_vectors``): the strategy counts the release in the run's accountant and each contributor adds
+DP (:mod:`.dp`): the strategy counts the release in the run's accountant and each contributor adds
 its share of the noise to its kept vector before its half encodes.  A DP weighted mean
 (``dp_mean``) has each client send ``[w~ clip(v), w~ C]`` (:func:`protocols.dp.weighted_mean_value`,
 clipped in ``contribute``) and the recipients divide by ``max(total weight, noise std) / C``; any
 other sum (FedSpray's class-wise mean) is clipped whole to ``C`` on the client in ``privatize``.
 
-The planned blocking is that of ``_sum_vectors`` (:func:`~.exchange.plan_dense`), so the
-transcript counts the same bytes as the in-process algorithm's exchange.
+The planned blocking is that of ``_sum_vectors`` (:func:`~.exchange.plan_dense`).
 """
 
 from __future__ import annotations
@@ -39,16 +36,12 @@ from .exchange import dense_result, plan_dense, run_split
 def offer(logic, req: dict, vector: np.ndarray) -> dict:
     """Client side of ``contribute``: ``vector`` for the sum ``req['tag']``."""
     vector = np.asarray(vector, dtype=np.float64)
-    if req.get("split"):
-        logic.keep(req["tag"], vector)
-        return {"length": int(vector.size)}
-    return {"vector": vector}
+    logic.keep(req["tag"], vector)
+    return {"length": int(vector.size)}
 
 
 def summed(logic, req: dict) -> np.ndarray:
-    """Client side of ``receive``: the total of the sum ``req['tag']``."""
-    if "total" in req:
-        return np.asarray(req["total"], dtype=np.float64)
+    """Client side of ``receive``: the client's own decoded total of the sum ``req['tag']``."""
     return dense_result(logic.rt.half.result(), int(req["length"]))
 
 
@@ -67,7 +60,7 @@ def dp_mean_vector(values, weight: float, req: dict) -> np.ndarray:
 def mean_of(total: np.ndarray, tag: str, req: dict | None = None) -> np.ndarray:
     """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`; of a DP mean
     (:func:`dp_mean_vector`, ``req`` with ``dp_clip`` and the sum's noise std ``dp_std``), the noisy
-    weight total floored at its noise std (post-processing, as the in-process ``weighted_mean``)."""
+    weight total floored at its noise std (post-processing, as :meth:`protocols.base.Protocol.weighted_mean`)."""
     if req is not None and req.get("dp_clip") is not None:
         return total[:-1] / (max(total[-1], float(req["dp_std"])) / float(req["dp_clip"]))
     if not total[-1] > 0:
@@ -102,24 +95,17 @@ def sum_exchange(
     if dp is not None and dp_mean:  # clipped by the clients; the sum's request (protocols.dp)
         fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
         dp, spec, _ = strategy.protocol.dp.mean_request(tag, rnd, dp, spec, weighted=True)
-    ask = {"tag": tag, "round": rnd, "split": strategy.split, **fields}
+    ask = {"tag": tag, "round": rnd, **fields}
     sent = strategy.ask("contribute", {k: ask for k in contributors})
     if not sent:
         raise DropoutError(f"every contributor of {tag} was lost: {sorted(strategy.lost)}", tag=tag, round=rnd)
     recipients = strategy.alive(recipients)
     protocol = strategy.protocol
-    if strategy.split:  # the clients' halves run the exchange
-        length = int(next(iter(sent.values()))["length"])
-        noisy, noise_std = sorted(sent), 0.0
-        if dp is not None:  # counted here, noised by each contributor (.dp)
-            noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
-        run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
-        result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
-    else:
-        result = {
-            "total": protocol.weighted_sum(
-                tag, rnd, {k: r["vector"] for k, r in sent.items()}, spec=spec, recipients=recipients
-            )
-        }
+    length = int(next(iter(sent.values()))["length"])  # the clients' halves run the exchange
+    noisy, noise_std = sorted(sent), 0.0
+    if dp is not None:  # counted here, noised by each contributor (.dp)
+        noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
+    run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
+    result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
-    return int(result["length"]) if "length" in result else int(result["total"].size)
+    return length

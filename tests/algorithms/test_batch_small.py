@@ -15,7 +15,8 @@ from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
 from protocols.pairwise import report_scalars
 from secure_fgl.algorithms.base import model_spec
-from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, FedSpray, round_spec
+from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, round_spec
+from secure_fgl.algorithms.options import FedSprayOptions
 from secure_fgl.config import RunConfig
 
 K = 4
@@ -42,30 +43,24 @@ def test_a_batch_gives_every_part_the_sum_of_its_own_exchange(mode):
             np.testing.assert_array_equal(batched[name], alone)
 
 
-def _run(mode: str, batch: bool, rounds: int = 2, **settings):
-    torch.manual_seed(0)
-    protocol = make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
-    cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds, **settings)
-    algo = FedSpray(
-        fedspray_federation(),
-        protocol,
-        cfg,
-        torch.device("cpu"),
-        FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8, batch_exchanges=batch),
-    )
+def _run(run_small, mode: str, batch: bool, rounds: int = 2, **settings):
+    """FedSpray over the client runtimes: client 0's global encoder and proxies after each round."""
+    options = {"phase_epochs": 1, "proxy_dim": 8, "gnn_hidden": 8, "batch_exchanges": batch}
+    cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=rounds, options=options, **settings)
+    run = run_small(cfg, fedspray_federation(), transcript=Transcript(keep_payloads="none"))
     trajectory = []
     for rnd in range(rounds):
-        algo.train_round(rnd)
-        trajectory.append((algo.global_encoder.clone(), algo.proxies.clone()))
-    return trajectory, protocol.transcript
+        run.strategy.train_round(rnd)
+        trajectory.append((run.logic(0).global_encoder.clone(), run.logic(0).proxies.clone()))
+    return trajectory, run.protocol.transcript
 
 
 @pytest.mark.parametrize("mode", ("plain", "mask"))
-def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag(mode):
+def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag(mode, run_small):
     # off the model grid (--grid-model-mean false): the batch keeps the proxies' own spec; on the grid
     # the batched proxies take the model's grid (test below), a different rounding than their own exchange
-    batched, tb = _run(mode, True, grid_model_mean=False)
-    separate, ts = _run(mode, False, grid_model_mean=False)
+    batched, tb = _run(run_small, mode, True, grid_model_mean=False)
+    separate, ts = _run(run_small, mode, False, grid_model_mean=False)
     for (e1, s1), (e2, s2) in zip(batched, separate):  # exact codecs: the same bits
         assert torch.equal(e1, e2) and torch.equal(s1, s2)
     uploads = [m for m in tb.messages if m.receiver == SERVER and m.kind in ("plain", "masked")]
@@ -81,18 +76,18 @@ def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag
     assert per_tag["fedspray/proxies"]["plaintext_bytes_up"] < per_tag["fedspray/encoder"]["plaintext_bytes_up"]
 
 
-def test_on_the_model_grid_ckks_aligns_the_proxies_to_plains_bits():
+def test_on_the_model_grid_ckks_aligns_the_proxies_to_plains_bits(run_small):
     """ckks's default (the encoder mean on its grid) puts the proxies on the same grid: the batched
     round gives the encoder and proxies of plain with --grid-model-mean bit for bit."""
-    ckks, tc = _run("ckks", True)
-    plain, _ = _run("plain", True, grid_model_mean=True)
+    ckks, tc = _run(run_small, "ckks", True)
+    plain, _ = _run(run_small, "plain", True, grid_model_mean=True)
     for (e1, s1), (e2, s2) in zip(ckks, plain):
         assert torch.equal(e1, e2) and torch.equal(s1, s2)
     assert "fedspray/batch" in {m.tag for m in tc.messages}
 
 
 def test_specs_merge_only_where_no_part_changes():
-    opts = FedSpray.Options()
+    opts = FedSprayOptions()
     assert round_spec(model_spec(4, 4), opts, None, 4, 4) == PROXY_SPEC  # plain default: equal specs
     grid = model_spec(4, 4, None, grid=True)  # ckks default: the model's grid
     assert round_spec(grid, opts, None, 4, 4) == grid  # proxies on the same grid

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from protocols.dp import DPConfig, DPEngine
 from secure_fgl.config import RunConfig
-from secure_fgl.dpsgd import DPSGD, EngineDPSGD
+from secure_fgl.dpsgd import DPSGD, stage_request
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models import build_model
 
@@ -48,8 +48,8 @@ def test_per_node_clipping_bounds_every_gradient():
 
 def test_noise_is_fresh_and_steps_of_all_clients_count_once():
     eng = DPEngine(DPConfig(epsilon=2.0), num_clients=3, protocol_mode="plain")
-    sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=2)
-    a = [eng.local_noise(sgd.tag, step, 5, sgd.request) for step in (0, 0, 0, 1)]  # 3 clients at step 0
+    tag, request = "stage/dpsgd", stage_request(1.0, rounds=2, local_epochs=2)
+    a = [eng.local_noise(tag, step, 5, request) for step in (0, 0, 0, 1)]  # 3 clients at step 0
     assert eng.accountant.releases("stage/dpsgd") == 2
     assert not torch.equal(torch.as_tensor(a[0]), torch.as_tensor(a[1]))
 
@@ -129,9 +129,9 @@ def test_noise_shares_only_for_one_sgd_step_in_a_secure_mean():
 
 def test_distributed_step_noise_is_split_and_counted_once():
     eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=10, protocol_mode="mask")
-    sgd = EngineDPSGD(eng, "stage/dpsgd", 1.0, rounds=2, local_epochs=1)
-    sigma = eng.local_release(sgd.tag, 0, sgd.request)
-    share = eng.local_release(sgd.tag, 0, sgd.request, contributors=10)
+    tag, request = "stage/dpsgd", stage_request(1.0, rounds=2, local_epochs=1)
+    sigma = eng.local_release(tag, 0, request)
+    share = eng.local_release(tag, 0, request, contributors=10)
     assert share == pytest.approx(sigma / 3.0)  # sqrt(10 - 0 dropouts - 1)
     assert eng.accountant.releases("stage/dpsgd") == 1
     assert eng.report()["per_tag"]["stage/dpsgd"]["noise_shares"] == 10

@@ -15,15 +15,23 @@ import torch
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, degree
 
-from protocols import BoundError, make_protocol
-from secure_fgl.algorithms.fedavg.inline import FedAvg
-from secure_fgl.algorithms.fedgcn.ops import TAG, FedGCN, FedGCNNet, FedGCNOptions, requested_rows
+import secure_fgl.algorithms.fedgcn.client as fedgcn_client
+from protocols import BoundError
+from secure_fgl.algorithms.fedgcn.ops import (
+    TAG,
+    FedGCNNet,
+    FedGCNOptions,
+    dp_row_clip,
+    exchange_dp_request,
+    exchange_spec,
+    requested_rows,
+)
 from secure_fgl.config import RunConfig
 from secure_fgl.data import make_federated
 from secure_fgl.experiment import run_experiment
+from secure_fgl.runtime.build import start_run
 
 K = 5
-CPU = torch.device("cpu")
 
 
 def _importable(mod: str) -> str | None:
@@ -71,15 +79,77 @@ def full_graph_operator(fed):
     return ax, deg
 
 
-def make_algo(fed, mode="plain", *, cfg=None, protocol=None, **opts) -> FedGCN:
-    cfg = cfg or RunConfig(mode=mode, rounds=2, clients=K)
-    protocol = protocol or make_protocol(mode, fed.num_clients, seed=cfg.seed)
-    return FedGCN(fed, protocol, cfg, CPU, FedGCNOptions(**opts))
+class FedGCNRun:
+    """A FedGCN run over the client runtimes (``--executor local``) with what these tests read:
+    ``received[k]``, the totals ``[S_v[:d], d̃_v]`` client ``k`` decoded, in the order of
+    :func:`requested_rows` (recorded as its logic reads them), and ``client_inputs(k)``."""
+
+    def __init__(self, fed, cfg: RunConfig, readers: dict):
+        self.fed, self.clients, self.cfg = fed, fed.clients, cfg
+        self.run = start_run(cfg, fed)
+        self.protocol, self.strategy = self.run.protocol, self.run.strategy
+        self.opts = FedGCNOptions(**cfg.options)
+        self.received: dict[int, torch.Tensor] = {}
+        readers.update({id(rt.half): (self.received, k) for k, rt in self.run.runtimes.items()})
+
+    def setup(self) -> None:
+        self.strategy.setup()
+
+    def client_inputs(self, k: int):
+        return self.run.logic(k).inputs()
+
+    def value_spec(self):
+        """The exchange's public bounds (:func:`exchange_spec`), as the strategy plans them."""
+        return exchange_spec(
+            self.opts,
+            bool(self.fed.binary_features),
+            dp_row_clip(self.opts, self.cfg) if self.strategy.dp_on else None,
+            counts=bool(self.fed.count_features),
+        )
+
+    def dp_request(self):
+        return exchange_dp_request(self.opts, self.cfg, bool(self.fed.binary_features)) if self.strategy.dp_on else None
+
+    def final_metrics(self) -> dict:
+        return self.strategy.final_metrics()
+
+    @property
+    def exchange_rows(self) -> int:
+        return self.strategy.exchange_rows
+
+    @property
+    def decrypted(self) -> dict:
+        """Client -> (node id, total) of every row of the blocks it decoded (with ``--attacks``)."""
+        return {k: rt.logic.decoded for k, rt in self.run.runtimes.items()}
+
+
+@pytest.fixture
+def make_algo(monkeypatch):
+    """``make_algo(fed, mode="plain", *, cfg=None, **options)``: a :class:`FedGCNRun` (executors shut down after)."""
+    made, readers, real = [], {}, fedgcn_client.rows_result
+
+    def recording(half, request_rows, rpb, dim):  # each client's decoded totals, as its logic reads them
+        totals = real(half, request_rows, rpb, dim)
+        received, k = readers[id(half)]
+        received[k] = torch.as_tensor(totals, dtype=torch.float64)
+        return totals
+
+    monkeypatch.setattr(fedgcn_client, "rows_result", recording)
+
+    def make(fed, mode="plain", *, cfg=None, **opts) -> FedGCNRun:
+        base = cfg or RunConfig(mode=mode, rounds=2, clients=fed.num_clients)
+        cfg = RunConfig(**{**base.to_dict(), "algorithm": "fedgcn", "clients": fed.num_clients, "options": opts})
+        made.append(FedGCNRun(fed, cfg, readers))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.run.executor.shutdown()
 
 
 # ----------------------------------------------------------------------------- operator
 @pytest.mark.parametrize("hops", [1, 2])
-def test_received_sums_equal_full_graph_neighbour_sums(fed, hops):
+def test_received_sums_equal_full_graph_neighbour_sums(fed, hops, make_algo):
     """Each client receives [(Ã X)_v, d̃_v] for its own nodes (1-hop) and also the remote
     endpoints of its cross edges (2-hop); the first-layer input is D̃^-1 Ã X on those rows."""
     ax, deg = full_graph_operator(fed)
@@ -96,7 +166,7 @@ def test_received_sums_equal_full_graph_neighbour_sums(fed, hops):
         assert torch.equal(z, (ax[rows] / deg[rows, None]).float())
 
 
-def test_two_hop_sym_equals_centralized_gcn(fed):
+def test_two_hop_sym_equals_centralized_gcn(fed, make_algo):
     """hops=2, norm='sym': with the same weights the FedGCN model's logits for each client's
     nodes are those of Kipf's GCN on the full graph (D̃^-1/2 Ã D̃^-1/2, both layers)."""
     torch.manual_seed(0)
@@ -119,7 +189,7 @@ def test_two_hop_sym_equals_centralized_gcn(fed):
             torch.testing.assert_close(out, ref[c.global_ids], rtol=1e-4, atol=1e-5)
 
 
-def test_one_hop_second_layer_is_local(fed):
+def test_one_hop_second_layer_is_local(fed, make_algo):
     """1-hop propagates the second layer over the local subgraph only (own nodes)."""
     algo = make_algo(fed, hops=1)
     algo.setup()
@@ -132,7 +202,7 @@ def test_one_hop_second_layer_is_local(fed):
 # ----------------------------------------------------------------------------- secure modes
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
 @pytest.mark.parametrize("hops,layout", [(1, "sparse"), (2, "dense")])
-def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout):
+def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout, make_algo):
     """Binary features: packed integer sums come back exactly equal to the plaintext ones."""
     plain = make_algo(fed, "plain", hops=hops, layout=layout)
     plain.setup()
@@ -147,7 +217,7 @@ def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout):
 
 
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
-def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
+def test_count_features_travel_as_exact_integer_sums(fed_counts, mode, make_algo):
     """Word counts (Coauthor CS / Physics hold them): exact integer fields sized by the degree cap
     and --feature-bound, so a secure mode returns plain's totals bit for bit; a count above the
     bound is refused by its owner; DP (which scales the terms) keeps the float encoding."""
@@ -162,18 +232,14 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode):
         assert torch.equal(sec.received[k], plain.received[k]), f"client {k}"
     with pytest.raises(BoundError, match="feature-bound"):
         make_algo(fed_counts, mode, hops=1, feature_bound=2.0).setup()
-    from protocols.dp import DPConfig
-
     cfg = RunConfig(mode=mode, rounds=2, clients=K, dp_epsilon=4.0, dp_clip=3.0)
-    dp_protocol = make_protocol(mode, K, dp=DPConfig(epsilon=4.0), seed=11)
-    assert not make_algo(fed_counts, cfg=cfg, protocol=dp_protocol, hops=1).value_spec().integer
+    assert not make_algo(fed_counts, cfg=cfg, hops=1).value_spec().integer
     assert not make_federated("csbm", num_clients=K, seed=4, num_nodes=60, num_features=4).count_features
 
 
 def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
-    """The same over the client runtimes (the default executor): the public facts carry the
-    feature type, so the ckks exchange is the integer one (its bytes are the in-process
-    algorithm's) and, with the model mean on the public grid in both modes, its rounds equal plain's."""
+    """A whole run: the public facts carry the feature type, so the ckks exchange is the integer
+    one and, with the model mean on the public grid in both modes, its rounds equal plain's."""
     from secure_fgl.runtime.facts import PublicFacts
 
     assert PublicFacts.of(fed_counts).count_features
@@ -188,14 +254,12 @@ def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
             options={"hops": 1, "feature_bound": 3},
         )  # the same model mean in both modes
         runs[mode] = run_experiment(cfg, progress=False, fed=fed_counts)
-    inline = make_algo(fed_counts, "ckks", hops=1, feature_bound=3)  # integer fields (test above)
-    inline.setup()
-    assert runs["ckks"]["final"]["pretrain_bytes_up"] == inline.final_metrics()["pretrain_bytes_up"]
+    assert runs["ckks"]["final"]["pretrain_bytes_up"] > 0
     assert [r["train_loss"] for r in runs["ckks"]["rounds"]] == [r["train_loss"] for r in runs["plain"]["rounds"]]
 
 
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
-def test_secure_float_features_close_to_plain(fed_float, mode):
+def test_secure_float_features_close_to_plain(fed_float, mode, make_algo):
     """Float features (and norm='sym' on them) use the float encoding: within tolerance."""
     plain = make_algo(fed_float, "plain", hops=2, norm="sym")
     plain.setup()
@@ -207,26 +271,21 @@ def test_secure_float_features_close_to_plain(fed_float, mode):
 
 
 # ----------------------------------------------------------------------------- 0-hop = FedAvg
-def test_zero_hop_equals_fedavg(fed):
-    cfg = RunConfig(mode="plain", rounds=3, clients=K, seed=7)
-    a = FedGCN(fed, make_protocol("plain", K), cfg, CPU, FedGCNOptions(hops=0))
-    b = FedAvg(fed, make_protocol("plain", K), copy.deepcopy(cfg), CPU)
-    a.setup()
-    b.setup()
+def test_zero_hop_equals_fedavg(fed, run_small):
+    """hops=0 runs no exchange and trains exactly FedAvg's model (same rounds, same parameters)."""
+    cfg = dict(mode="plain", rounds=3, clients=K, seed=7)
+    a = run_small(RunConfig(algorithm="fedgcn", options={"hops": 0}, **cfg), fed)
+    b = run_small(RunConfig(algorithm="fedavg", **cfg), fed)
+    assert a.train() == b.train()
     assert a.protocol.transcript.select(tag=TAG) == []
-    for r in range(3):
-        torch.manual_seed(100 + r)
-        la = a.train_round(r)
-        torch.manual_seed(100 + r)
-        lb = b.train_round(r)
-        assert la == lb
-    assert torch.equal(a.global_params, b.global_params)
-    assert a.evaluate()["test_acc"] == b.evaluate()["test_acc"]
+    for k in range(K):
+        assert torch.equal(a.logic(k).global_params, b.logic(k).global_params)
+    assert a.strategy.evaluate()["test_acc"] == b.strategy.evaluate()["test_acc"]
 
 
 # ----------------------------------------------------------------------------- bounds
 @pytest.mark.parametrize("mode", [secure_mode("mask")])
-def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(fed, mode):
+def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(fed, mode, make_algo):
     algo = make_algo(fed, mode, hops=1, degree_cap=2)
     largest = max(fed_degrees(c) for c in algo.clients)
     with pytest.raises(BoundError, match=f"degree-cap.*largest {largest}.*at least {largest}"):
@@ -243,7 +302,7 @@ def fed_degrees(c) -> int:
     return int(local_degrees(c).max()) - 1
 
 
-def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
+def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed, make_algo):
     """The plaintext protocol sums floats: the cap protects no encoding there, so plain runs and
     gets the exact sums; node-level DP's sensitivity relies on the cap, so it is still enforced."""
     capped, free = make_algo(fed, hops=1, degree_cap=2), make_algo(fed, hops=1)
@@ -251,15 +310,12 @@ def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed):
     free.setup()
     for k in capped.received:
         assert torch.equal(capped.received[k], free.received[k])
-    from protocols.dp import DPConfig
-
     cfg = RunConfig(mode="plain", rounds=2, clients=K, dp_epsilon=8.0, dp_unit="node")
-    proto = make_protocol("plain", K, dp=DPConfig(epsilon=8.0), seed=0)
     with pytest.raises(BoundError, match="node-level DP"):
-        make_algo(fed, cfg=cfg, protocol=proto, hops=1, degree_cap=2).setup()
+        make_algo(fed, cfg=cfg, hops=1, degree_cap=2).setup()
 
 
-def test_option_validation():
+def test_option_validation(make_algo):
     from secure_fgl.config import ConfigError
 
     f = make_federated("sbm", num_clients=2, seed=0, num_nodes=40, num_features=8)
@@ -270,18 +326,16 @@ def test_option_validation():
 
 # ----------------------------------------------------------------------------- DP
 @pytest.mark.skipif(_importable("protocols.dp") is not None, reason=_importable("protocols.dp") or "")
-def test_dp_noise_has_the_stated_scale():
+def test_dp_noise_has_the_stated_scale(make_algo):
     """Noise on the released sums: std = z * Delta * sqrt(K) (local placement, dense layout,
     every client uploads every row), Delta = sqrt(2) C (edge) or sqrt(D+1) C (node)."""
-    from protocols.dp import DPConfig
-
     f = make_federated("sbm", num_clients=K, beta=100.0, seed=5, num_nodes=400, num_features=40)
     ax, deg = full_graph_operator(f)
     stds = {}
     for level in ("edge", "node"):
         cfg = RunConfig(mode="plain", rounds=1, clients=K, dp_epsilon=4.0, dp_clip=1.0, dp_unit=level)
-        proto = make_protocol("plain", K, dp=DPConfig(epsilon=4.0), seed=11)
-        algo = make_algo(f, cfg=cfg, protocol=proto, hops=1, layout="dense", degree_cap=30, dp_row_clip=3.0)
+        algo = make_algo(f, cfg=cfg, hops=1, layout="dense", degree_cap=30, dp_row_clip=3.0)
+        proto = algo.protocol
         algo.setup()
         C = 3.0
         delta = math.sqrt(2) * C if level == "edge" else math.sqrt(31) * C
@@ -325,13 +379,13 @@ def test_end_to_end_run(mode, tmp_path):
     assert (tmp_path / "result.json").exists()
 
 
-def test_resume_keeps_received_sums(fed):
+def test_resume_keeps_received_sums(fed, make_algo):
+    """A client's checkpoint holds its received sums: a fresh client loads them without the exchange."""
     algo = make_algo(fed, hops=2)
     algo.setup()
-    state = algo.state_dict()
     fresh = make_algo(fed, hops=2)
-    fresh.load_state_dict(state)
     for k in range(K):
+        fresh.run.logic(k).load_state_dict(algo.run.logic(k).state_dict())
         za, ga = algo.client_inputs(k)
         zb, gb = fresh.client_inputs(k)
         assert torch.equal(za, zb) and torch.equal(ga.edge_index, gb.edge_index) and ga.num_out == gb.num_out
@@ -350,7 +404,7 @@ def _upload_bytes(algo) -> int:
 
 @pytest.mark.parametrize("mode", ["plain", secure_mode("ckks"), secure_mode("mask")])
 @pytest.mark.parametrize("hops", [1, 2])
-def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops):
+def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops, make_algo):
     """row_order='signature' permutes row ids on both sides: every client receives exactly
     the same totals, and uploads fewer bytes than with the given numbering."""
     given = make_algo(fed_wide, mode, hops=hops, layout="sparse")
@@ -400,7 +454,7 @@ def test_segment_blocks_is_optimal_on_small_sequences():
         assert cost == best(list(masks), rpb)
 
 
-def test_row_order_validation(fed):
+def test_row_order_validation(fed, make_algo):
     from secure_fgl.config import ConfigError
 
     with pytest.raises(ConfigError, match="row-order"):
@@ -411,7 +465,7 @@ def test_row_order_validation(fed):
 
 # ----------------------------------------------------------------------------- what a recipient decrypts
 @pytest.mark.parametrize("hops", [1, 2])
-def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
+def test_owner_row_order_blocks_never_mix_recipients(fed, hops, make_algo):
     """A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
     clients asked for; with ``row_order='owner'`` exactly its own requested rows (plus padding),
     and the totals it asked for are unchanged."""
@@ -431,7 +485,7 @@ def test_owner_row_order_blocks_never_mix_recipients(fed, hops):
     assert owner.exchange_rows >= fed.graph.num_nodes
 
 
-def test_client_subtraction_reads_every_decrypted_row(fed):
+def test_client_subtraction_reads_every_decrypted_row(fed, make_algo):
     """The client-side attack scores every row of the blocks a client decrypted, not only its own."""
     from attacks.runner import run_attacks
 
@@ -442,7 +496,7 @@ def test_client_subtraction_reads_every_decrypted_row(fed):
         algo.setup()
         res = [
             r
-            for r in run_attacks(cfg.attacks, algo=algo, protocol=algo.protocol, fed=fed, cfg=cfg)
+            for r in run_attacks(cfg.attacks, algo=algo.strategy, protocol=algo.protocol, fed=fed, cfg=algo.cfg)
             if r.get("name") == "fedgcn_client_subtraction"
         ]
         out[order] = res[0]["value"]

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from protocols import SERVER, Transcript, make_protocol
+from protocols import SERVER, make_protocol
 from secure_fgl.algorithms.fedomd.cmd import central_moments, clip_activations, cmd
-from secure_fgl.algorithms.fedomd.ops import (
-    FedOMD,
-    FedOMDOptions,
-    GlobalStats,
-    exchange_hidden_statistics,
-    stats_dp_requests,
-)
+from secure_fgl.algorithms.fedomd.ops import FedOMDOptions, GlobalStats, cmd_loss, hidden_for_stats, stats_rows
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.orthogonal import (
@@ -35,100 +26,42 @@ UNREADABLE = {"ciphertext", "masked", "share"}
 SMALL_SBM = {"num_nodes": 240, "num_features": 24}
 
 
-@functools.cache
-def _shared_protocol(mode: str):
-    """One protocol per mode for the property test (keys set up once; rounds stay unique)."""
-    return make_protocol(mode, K, transcript=Transcript(keep_payloads="none"))
-
-
-def _protocol_or_skip(mode: str):
-    try:
-        return _shared_protocol(mode)
-    except (ImportError, NotImplementedError) as e:  # backend still being written
-        pytest.skip(f"{mode} backend not available yet: {e}")
-
-
-def _pooled(samples: list[np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+def _pooled(samples: list[np.ndarray], orders=ORDERS) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     z = np.concatenate(samples)
     mu = z.mean(axis=0)
-    return mu, {j: ((z - mu) ** j).mean(axis=0) for j in ORDERS}
-
-
-_round = iter(range(10**9))
+    return mu, {j: ((z - mu) ** j).mean(axis=0) for j in orders}
 
 
 # ------------------------------------------------------------------ the two-round exchange
 @pytest.mark.parametrize("mode", MODES)
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data())
-def test_exchange_equals_pooled_central_moments(mode, data):
-    """Eq. 10 + Algorithm 1 lines 8-17 give the central moments of all clients' pooled
-    features (about the global mean), whatever the partition sizes, layers and width."""
-    proto = _protocol_or_skip(mode)
-    # secure modes: at least the run's minimum contributors (2 with the default collusion bound)
-    clients = sorted(data.draw(st.sets(st.integers(0, K - 1), min_size=1 if mode == "plain" else 2, max_size=K)))
-    sizes = data.draw(st.lists(st.integers(0, 30), min_size=len(clients), max_size=len(clients)))
-    if sum(sizes) == 0:
-        sizes[0] = 1
-    d = data.draw(st.integers(1, 5))
-    layers = data.draw(st.integers(1, 2))
-    seed = data.draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    hidden = {
-        k: [torch.as_tensor(rng.uniform(0, 1, (n, d)) ** (1 + l), dtype=torch.float32) for l in range(layers)]
-        for k, n in zip(clients, sizes)
-    }
-    stats = exchange_hidden_statistics(proto, next(_round), hidden, ORDERS, 0.0, 1.0)
-    assert len(stats) == layers
+def test_clients_receive_the_pooled_central_moments_of_every_clients_samples(mode, run_small):
+    """Eq. 10 + Algorithm 1 lines 8-17: every client receives the central moments of all clients'
+    pooled hidden features (about the global mean), each feature clipped to ``[a, b]`` first; in a
+    secure mode the server reads none of the statistics' uploads."""
+    run = run_small(_cfg(mode, rounds=1))
+    run.train(1)
+    logics = [run.logic(k) for k in run.runtimes]
+    o = logics[0].fopts
+    for lg in logics:
+        assert lg.samples is not None and all(o.act_low <= z.min() and z.max() <= o.act_high for z in lg.samples[1])
+    stats = logics[0].global_stats
+    assert stats is not None and len(stats) == len(logics[0].samples[1])
     for l, g in enumerate(stats):
-        mu, mom = _pooled([hidden[k][l].double().numpy() for k in clients])
-        np.testing.assert_allclose(g.mean.numpy(), mu, atol=1e-4)
-        for j in ORDERS:
-            np.testing.assert_allclose(g.moments[j].numpy(), mom[j], atol=1e-4)
+        mu, mom = _pooled([lg.samples[1][l] for lg in logics], logics[0].orders)
+        np.testing.assert_allclose(g.mean.numpy(), mu, atol=1e-6)
+        for j in logics[0].orders:
+            np.testing.assert_allclose(g.moments[j].numpy(), mom[j], atol=1e-6)
+        assert all(torch.equal(lg.global_stats[l].mean, g.mean) for lg in logics)
+    ups = [
+        m
+        for m in run.protocol.transcript.messages
+        if m.receiver == SERVER and m.tag.startswith("fedomd/") and m.tag != "fedomd/model"
+    ]
+    assert ups
+    if mode != "plain":
+        assert {m.kind for m in ups if m.sender.startswith("client")} <= UNREADABLE | {"public_key", "control"}
 
 
-def test_exchange_clips_to_the_cmd_bounds():
-    """Features outside [a, b] enter the statistics clipped (the CMD domain / DP bound)."""
-    proto = make_protocol("plain", 2)
-    h = {0: [torch.tensor([[3.0], [-1.0]])], 1: [torch.tensor([[0.5]])]}
-    g = exchange_hidden_statistics(proto, 0, h, ORDERS, 0.0, 1.0)[0]
-    assert g.mean.item() == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("mode", ("ckks", "mask"))
-def test_server_reads_neither_statistics_nor_counts(mode):
-    """In secure modes every upload of both rounds is unreadable to the server."""
-    try:
-        proto = make_protocol(mode, 3)
-    except (ImportError, NotImplementedError) as e:
-        pytest.skip(f"{mode} backend not available yet: {e}")
-    h = {k: [torch.rand(5 + 7 * k, 3)] for k in range(3)}
-    exchange_hidden_statistics(proto, 0, h, ORDERS, 0.0, 1.0)
-    ups = [m for m in proto.transcript.messages if m.receiver == SERVER and m.tag.startswith("fedomd/")]
-    assert {m.tag for m in ups} == {"fedomd/hidden1/mean", "fedomd/hidden1/moments"}
-    assert not [m for m in ups if m.kind == "plain"]  # key material aside, nothing readable
-    data_ups = [m for m in ups if m.kind in UNREADABLE]
-    assert {m.sender for m in data_ups} == {"client0", "client1", "client2"}
-
-
-def test_dp_statistics_are_noisy_but_close_and_accounted():
-    from protocols.dp import DPConfig
-
-    torch.manual_seed(0)
-    h = {k: [torch.rand(400, 8) * 0.5] for k in range(3)}
-    exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, h, ORDERS, 0.0, 1.0)[0]
-    proto = make_protocol("plain", 3, dp=DPConfig(epsilon=50.0))
-    proto.dp.declare("fedomd/hidden1/mean", "fedomd/hidden1/moments")
-    dp = stats_dp_requests(0.0, 1.0, 8, ORDERS, num_nodes=1200, releases=1)
-    noisy = exchange_hidden_statistics(proto, 0, h, ORDERS, 0.0, 1.0, dp=dp)[0]
-    assert not torch.equal(noisy.mean, exact.mean)
-    assert (noisy.mean - exact.mean).abs().max() < 0.1
-    assert 0 <= noisy.mean.min() and noisy.mean.max() <= 1  # projected onto [a, b]
-    rep = proto.privacy_report()
-    assert {"fedomd/hidden1/mean", "fedomd/hidden1/moments"} <= set(rep["per_tag"])
-
-
-# ------------------------------------------------------------------ CMD
 def test_cmd_zero_for_identical_samples_and_grows_with_shift():
     torch.manual_seed(0)
     x = torch.rand(500, 6) * 0.6
@@ -243,40 +176,31 @@ def test_dp_run_accounts_statistics():
     assert res["privacy"]["total_epsilon"] <= 20.0 + 1e-6
 
 
-def _algo(stats_nodes: str) -> FedOMD:
-    from secure_fgl.experiment import load_federation
-
-    cfg = _cfg("plain")
-    fed = load_federation(cfg)
-    return FedOMD(
-        fed, make_protocol("plain", fed.num_clients), cfg, torch.device("cpu"), FedOMDOptions(stats_nodes=stats_nodes)
-    )
-
-
 @pytest.mark.parametrize("stats_nodes", ("all", "train", "train_vs_all"))
-def test_statistics_node_sets(stats_nodes):
+def test_statistics_node_sets(stats_nodes, run_small):
     """'all': both sides of eq. 11 over all local nodes; 'train': both over the training nodes;
     'train_vs_all': exchanged statistics over all nodes, the client's own term over its
     training nodes (d_CMD is then 0 when the global moments equal those of its training nodes)."""
-    algo = _algo(stats_nodes)
-    k = max(range(len(algo.clients)), key=lambda i: int(algo.clients[i].train_mask.sum()))
-    c = algo.clients[k]
+    run = run_small(_cfg("plain", options={"stats_nodes": stats_nodes}))
+    k = max(run.runtimes, key=lambda i: int(run.logic(i).data.train_mask.sum()))
+    client = run.logic(k)
+    c, o = client.data, client.fopts
     n_all, n_train = c.x.shape[0], int(c.train_mask.sum())
     assert 0 < n_train < n_all
-    sent = algo.client_hidden(k)
+    sent = hidden_for_stats(client.model, *client.inputs(), c, o, 1, 0, k)
     assert sent[0].shape[0] == (n_train if stats_nodes == "train" else n_all)
-    model = algo.models[k].eval()
+    model = client.model.eval()
     with torch.no_grad():
-        _, hidden = model(*algo.client_inputs(k), return_hidden=True)
-    own = [algo._select(k, z, "local") for z in hidden]
+        _, hidden = model(*client.inputs(), return_hidden=True)
+    own = [stats_rows(c, z, stats_nodes, "local") for z in hidden]
     assert own[0].shape[0] == (n_all if stats_nodes == "all" else n_train)
-    algo.global_stats = []
+    target = []
     for z in own:  # global target = the client's own side
-        mu, mom = central_moments(clip_activations(z, 0.0, 1.0), ORDERS)
-        algo.global_stats.append(GlobalStats(mu, mom))
-    assert algo.cmd_loss(k, hidden).item() == pytest.approx(0.0, abs=1e-6)
-    algo.global_stats = [GlobalStats(g.mean + 0.1, g.moments) for g in algo.global_stats]
-    assert algo.cmd_loss(k, hidden).item() > 0.1
+        mu, mom = central_moments(clip_activations(z, o.act_low, o.act_high), client.orders)
+        target.append(GlobalStats(mu, mom))
+    assert cmd_loss(c, hidden, target, o, client.orders).item() == pytest.approx(0.0, abs=1e-6)
+    shifted = [GlobalStats(g.mean + 0.1, g.moments) for g in target]
+    assert cmd_loss(c, hidden, shifted, o, client.orders).item() > 0.1
 
 
 def test_means_only_cmd_order_1():
@@ -291,4 +215,3 @@ def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="stats-nodes"):
         run_experiment(_cfg("plain", options={"stats_nodes": "some"}), progress=False)
     assert FedOMDOptions().cmd_weight == 10.0 and FedOMDOptions().ortho_weight == 0.0005
-    assert FedOMD.name == "fedomd"

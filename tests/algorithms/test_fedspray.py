@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import copy
 import functools
-import io
 import itertools
 
 import numpy as np
@@ -16,7 +16,7 @@ from support.runs import fedspray_federation
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import SERVER, Transcript, make_protocol
-from secure_fgl.algorithms.fedspray.ops import FedSpray, align_proxies, class_weights, classwise_weighted_mean
+from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, class_weights, classwise_weighted_mean, keep_absent
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import run_experiment
 from secure_fgl.models.fedspray_encoder import node_proxies, soft_proxies, soft_proxy_weights
@@ -43,6 +43,13 @@ def _shared_protocol(mode: str):
 
 
 _rounds = itertools.count()
+
+
+def align_proxies(protocol, tag, rnd, local, weights, previous):
+    """Eq. 15 as one class-wise mean exchange (the clients' ``[w_k * S^(k), w_k]``); a class nobody
+    holds keeps ``previous``."""
+    mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=PROXY_SPEC)
+    return keep_absent(mean, present, previous)
 
 
 def _tolerance(mode: str) -> float:
@@ -135,16 +142,15 @@ def test_plain_server_view_exposes_ratios_and_absent_classes():
 
 
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
-def test_algorithm_uploads(mode):
+def test_algorithm_uploads(mode, run_small):
     """One real round: what FedSpray puts on the wire, per mode (one batched upload per client whose
     first ``C (d + 1)`` entries are the proxy exchange's ``[a * S, a]``)."""
     fed = fedspray_federation()
     counts = [torch.bincount(c.y[c.train_mask], minlength=fed.num_classes) for c in fed.clients]
     assert any((c == 0).any() for c in counts), "the fixture should have a client lacking a class"
-    protocol = _protocol_or_skip(mode, transcript=Transcript(keep_payloads="all"))
-    cfg = RunConfig(algorithm="fedspray", mode=mode, clients=K, rounds=1)
-    algo = FedSpray(fed, protocol, cfg, torch.device("cpu"), FedSpray.Options(phase_epochs=1, proxy_dim=8))
-    algo.train_round(0)
+    run = run_small(_small_cfg(mode), fed, transcript=Transcript(keep_payloads="all"))
+    run.strategy.train_round(0)
+    protocol = run.protocol
     view = protocol.transcript.view(SERVER)
     tags = {m.tag for m in view}
     assert BATCH_TAG in tags and {"fedspray/encoder", PROXY_TAG} <= set(protocol.transcript.comm()["per_tag"])
@@ -192,53 +198,42 @@ def test_soft_proxies_are_convex_combinations_of_S(n, C, d, seed, scale):
     torch.testing.assert_close(s_all[~labelled], s[~labelled])
 
 
-def test_algorithm_soft_targets_use_convex_proxies():
-    fed = fedspray_federation()
-    protocol = make_protocol("plain", K)
-    algo = FedSpray(
-        fed,
-        protocol,
-        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-        torch.device("cpu"),
-        FedSpray.Options(phase_epochs=1, proxy_dim=8),
+def _small_cfg(mode: str = "plain", **options) -> RunConfig:
+    return RunConfig(
+        algorithm="fedspray",
+        mode=mode,
+        clients=K,
+        rounds=1,
+        options={"phase_epochs": 1, "proxy_dim": 8, **options},
     )
-    algo.proxies = torch.randn_like(algo.proxies)
-    c = algo.clients[1]
-    p, q, s = algo.soft_targets(1, algo.encoders[1])
+
+
+def test_algorithm_soft_targets_use_convex_proxies(run_small):
+    client = run_small(_small_cfg(), fedspray_federation()).logic(1)
+    client.proxies = torch.randn_like(client.proxies)
+    c = client.data
+    p, q, s = client.part.soft_targets(client.part.encoder, client.proxies)
     unl = ~c.train_mask
-    torch.testing.assert_close(s[unl], q[unl] @ algo.proxies)
-    torch.testing.assert_close(s[c.train_mask], algo.proxies[c.y[c.train_mask]])
+    torch.testing.assert_close(s[unl], q[unl] @ client.proxies)
+    torch.testing.assert_close(s[c.train_mask], client.proxies[c.y[c.train_mask]])
     torch.testing.assert_close(p.sum(-1), torch.ones(c.num_nodes))
 
 
-def test_teacher_accuracy_is_the_global_encoders_soft_targets():
-    fed = fedspray_federation()
-    algo = FedSpray(
-        fed,
-        make_protocol("plain", K),
-        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-        torch.device("cpu"),
-        FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8),
-    )
-    algo.train_round(0)  # local copies now differ from the global encoder
-    ev = algo.evaluate()
-    reference = FedSpray(
-        fed,
-        make_protocol("plain", K),
-        RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=1),
-        torch.device("cpu"),
-        FedSpray.Options(phase_epochs=2, proxy_dim=8, gnn_hidden=8),
-    )
-    enc = reference.encoders[0]
-    vector_to_parameters(algo.global_encoder.clone(), enc.parameters())
-    reference.proxies = algo.proxies
+def test_teacher_accuracy_is_the_global_encoders_soft_targets(run_small):
+    run = run_small(_small_cfg(phase_epochs=2, gnn_hidden=8), fedspray_federation())
+    run.strategy.train_round(0)  # local copies now differ from the global encoder
+    ev = run.strategy.evaluate()
     correct = total = 0
-    for k, c in enumerate(algo.clients):
-        p, _, _ = reference.soft_targets(k, enc)
+    for k in run.runtimes:
+        client = run.logic(k)
+        teacher = copy.deepcopy(client.part.encoder)
+        vector_to_parameters(client.global_encoder.clone(), teacher.parameters())
+        p, _, _ = client.part.soft_targets(teacher, client.proxies)
+        c = client.data
         correct += int((p[c.test_mask].argmax(-1) == c.y[c.test_mask]).sum())
         total += int(c.test_mask.sum())
+        assert not torch.equal(parameters_to_vector(client.part.encoder.parameters()), client.global_encoder)
     assert total > 0 and ev["teacher_test_acc"] == correct / total
-    assert not torch.equal(parameters_to_vector(algo.encoders[0].parameters()), algo.global_encoder)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -283,26 +278,18 @@ def test_ablation_exchanges_no_proxies():
     assert "minority_acc" in result["final"]
 
 
-def test_checkpoint_round_trip():
-    fed = fedspray_federation()
-    cfg = RunConfig(algorithm="fedspray", mode="plain", clients=K, rounds=2)
-    opts = FedSpray.Options(phase_epochs=1, proxy_dim=8, gnn_hidden=8)
-    a = FedSpray(fed, make_protocol("plain", K), cfg, torch.device("cpu"), opts)
-    a.train_round(0)
-    a.evaluate()
-    b = FedSpray(fed, make_protocol("plain", K), cfg, torch.device("cpu"), opts)
-    buf = io.BytesIO()  # as the engine does: through torch.save
-    torch.save(a.state_dict(), buf)
-    buf.seek(0)
-    b.load_state_dict(torch.load(buf, weights_only=False))
-    torch.manual_seed(0)
-    a.train_round(1)
-    torch.manual_seed(0)
-    b.train_round(1)
-    for k in range(K):
-        torch.testing.assert_close(a.client_logits(k), b.client_logits(k))
-    torch.testing.assert_close(a.proxies, b.proxies)
-    assert a.final_metrics()["minority_acc"] == b.final_metrics()["minority_acc"]
+def test_resume_continues_every_client_and_the_minority_tracker(tmp_path):
+    """A run stopped after round 1 and resumed ends as the uninterrupted one: each client's GNN,
+    encoder and proxies, and the server's best-round minority accuracy, come back from the checkpoint."""
+    opts = {"phase_epochs": 1, "proxy_dim": 8, "gnn_hidden": 8}
+    full = run_experiment(_cfg("plain", rounds=2, options=opts, out=str(tmp_path / "a")), progress=False)
+    run_experiment(_cfg("plain", rounds=1, options=opts, out=str(tmp_path / "b")), progress=False)
+    resumed = run_experiment(
+        _cfg("plain", rounds=2, options=opts, out=str(tmp_path / "b"), resume=True), progress=False
+    )
+    assert [r["test_acc"] for r in resumed["rounds"]] == [r["test_acc"] for r in full["rounds"]]
+    assert [r["minority_acc"] for r in resumed["rounds"]] == [r["minority_acc"] for r in full["rounds"]]
+    assert resumed["final"]["minority_acc"] == full["final"]["minority_acc"]
 
 
 @pytest.mark.parametrize("mode", ("plain", "mask"))

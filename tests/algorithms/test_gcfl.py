@@ -13,9 +13,10 @@ import torch
 from protocols import make_protocol
 from protocols.errors import BoundError, ConfigurationError
 from protocols.pairwise import cosine_matrix, pairwise_cosine
-from secure_fgl.algorithms import get_algorithm
 from secure_fgl.algorithms.clustering import bipartition, dtw_distances, should_split
+from secure_fgl.algorithms.gcfl.ops import GCFLServer
 from secure_fgl.algorithms.grid_mean import GRID_BITS, grid_weighted_mean
+from secure_fgl.algorithms.options import GCFLOptions
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.data.synthetic_graphs import client_groups, two_task_graphs
 from secure_fgl.experiment import run_experiment
@@ -73,81 +74,101 @@ def test_split_criteria_are_eq4_eq5(dm, dx, size, rnd):
     )
 
 
-def _algo(name, mode="plain", **options):
-    fed = two_task_graphs(6, graphs_per_client=30, seed=0)
-    cfg = RunConfig(algorithm=name, mode=mode, rounds=1, **FAST, options=options)
-    return get_algorithm(name)(
-        fed, make_protocol(mode, 6, seed=0), cfg, torch.device("cpu"), get_algorithm(name).Options(**options)
-    )
+class PlainClusters(GCFLServer):
+    """GCFL's server decisions over given updates, every exchange in the clear: the cluster mean is
+    FedAvg's (weights ``num_train``), each client reports its ``||dW_i||`` and the norm of its
+    cluster's mean, the similarity is ``1 + cos``.  What the decisions do with these values is
+    the code under test (:class:`~secure_fgl.algorithms.gcfl.ops.GCFLServer`)."""
+
+    def __init__(self, updates: dict[int, torch.Tensor], num_train, **options):
+        self.opts = GCFLOptions(**options)
+        self.cfg = RunConfig(clients=len(updates), mode="plain")
+        self.updates = {k: u.double().numpy() for k, u in updates.items()}
+        self.num_train = np.asarray(num_train, dtype=np.float64)
+        self.anchors = {k: np.zeros_like(u) for k, u in self.updates.items()}
+        self.init_clusters(len(updates))
+
+    def exchange_mean(self, rnd, members):
+        return _fedavg(self.updates, self.num_train, members)
+
+    def exchange_unweighted_mean(self, rnd, members):
+        return np.mean([self.updates[k] for k in members], axis=0)
+
+    def apply_mean(self, members, mean):
+        for k in members:
+            self.anchors[k] = self.anchors[k] + mean
+
+    def round_norms(self, rnd, clusters, means):
+        mean_norm = {k: float(np.linalg.norm(m)) for c, m in zip(clusters, means) for k in c}
+        return {"update_norms": {k: float(np.linalg.norm(u)) for k, u in self.updates.items()}, "mean_norm": mean_norm}
+
+    def update_similarity(self, rnd, members):
+        return cosine_matrix(np.stack([self.updates[k] for k in members]))
 
 
-def _updates(algo, scale=0.01):
+NUM_TRAIN = [20, 20, 20, 20, 20, 20]
+
+
+def _updates(scale=0.01, num_clients=6, dim=64):
     gen = torch.Generator().manual_seed(3)
-    dim = algo.anchors[0].numel()
-    return {k: scale * torch.randn(dim, generator=gen) for k in range(len(algo.clients))}
+    return {k: scale * torch.randn(dim, generator=gen) for k in range(num_clients)}
 
 
 def _fedavg(updates, weights, members):
     w = np.array([weights[k] for k in members])
-    return sum(w_k * updates[k].double().numpy() for w_k, k in zip(w, members)) / w.sum()
+    return sum(w_k * np.asarray(updates[k], np.float64) for w_k, k in zip(w, members)) / w.sum()
 
 
 def test_criteria_fire_exactly_at_the_eq4_eq5_boundary():
-    probe = _algo("gcfl")
-    updates = _updates(probe)
+    updates = _updates()
     members = list(range(6))
-    delta_mean = float(np.linalg.norm(_fedavg(updates, probe.num_train, members)))
-    delta_max = max(float(u.norm()) for u in updates.values())
+    delta_mean = float(np.linalg.norm(_fedavg({k: u.double().numpy() for k, u in updates.items()}, NUM_TRAIN, members)))
+    delta_max = max(float(u.double().norm()) for u in updates.values())
     for eps1, eps2, fires in [
         (delta_mean * 1.001, delta_max * 0.999, True),
         (delta_mean * 0.999, delta_max * 0.999, False),
         (delta_mean * 1.001, delta_max * 1.001, False),
     ]:
-        algo = _algo("gcfl", eps1=eps1, eps2=eps2)
-        algo.last_eval = [{"test_acc": 0.5}] * 6
-        algo.cluster_round(25, updates)
-        assert (len(algo.clusters) == 2) == fires
+        server = PlainClusters(updates, NUM_TRAIN, eps1=eps1, eps2=eps2)
+        server.last_eval = [{"test_acc": 0.5}] * 6
+        server.split_clusters(25, members)
+        assert (len(server.clusters) == 2) == fires
         if fires:
-            assert algo.splits[0]["delta_mean"] == pytest.approx(delta_mean, rel=1e-6)
-            assert algo.splits[0]["delta_max"] == pytest.approx(delta_max, rel=1e-6)
-    algo = _algo("gcfl", eps1=1e9, eps2=0.0)  # criteria hold, but round <= 20 or size <= 2
-    algo.cluster_round(19, updates)
-    algo.clusters = [[0, 1], [2, 3], [4, 5]]
-    algo.cluster_round(20, updates)
-    assert algo.clusters == [[0, 1], [2, 3], [4, 5]] and not algo.splits
+            assert server.splits[0]["delta_mean"] == pytest.approx(delta_mean, rel=1e-6)
+            assert server.splits[0]["delta_max"] == pytest.approx(delta_max, rel=1e-6)
+    server = PlainClusters(updates, NUM_TRAIN, eps1=1e9, eps2=0.0)  # criteria hold, but round <= 20 or size <= 2
+    server.split_clusters(19, members)
+    server.clusters = [[0, 1], [2, 3], [4, 5]]
+    server.split_clusters(20, members)
+    assert server.clusters == [[0, 1], [2, 3], [4, 5]] and not server.splits
 
 
 def test_fedavg_within_a_cluster_is_fedavg_on_the_cluster():
-    algo = _algo("gcfl", eps1=0.0, eps2=1e9)  # never splits
-    algo.clusters = [[0, 2, 4], [1, 3, 5]]
-    start = [a.clone() for a in algo.anchors]
-    updates = _updates(algo)
-    algo.cluster_round(30, updates)
-    for members in algo.clusters:
-        expect = _fedavg(updates, algo.num_train, members)
+    num_train = [10, 50, 20, 80, 30, 40]
+    server = PlainClusters(_updates(), num_train, eps1=0.0, eps2=1e9)  # never splits
+    server.clusters = [[0, 2, 4], [1, 3, 5]]
+    server.split_clusters(30, list(range(6)))
+    for members in server.clusters:
+        expect = _fedavg(server.updates, num_train, members)
         for k in members:
-            np.testing.assert_allclose(algo.anchors[k].numpy(), start[k].numpy() + expect, atol=1e-6)
-            np.testing.assert_allclose(algo.shared_vector(k).numpy(), algo.anchors[k].numpy(), atol=0)
+            np.testing.assert_allclose(server.anchors[k], expect, atol=1e-12)
 
 
 def test_unweighted_mean_norm_reads_the_unweighted_mean_and_aggregates_fedavg():
-    weighted, unweighted = _algo("gcfl", eps1=0.0, eps2=1e9), _algo("gcfl", eps1=0.0, eps2=1e9, mean_norm="unweighted")
-    updates = _updates(weighted)
+    num_train = [10, 50, 20, 80, 30, 40]  # unequal |G_i|
+    updates = _updates()
+    weighted = PlainClusters(updates, num_train, eps1=0.0, eps2=1e9)
+    unweighted = PlainClusters(updates, num_train, eps1=0.0, eps2=1e9, mean_norm="unweighted")
     members = list(range(6))
-    for algo in (weighted, unweighted):
-        algo.num_train = np.array([10, 50, 20, 80, 30, 40])  # unequal |G_i|
-        algo.cluster_round(30, updates)
-    plain_mean = np.mean([updates[k].double().numpy() for k in members], axis=0)
-    fedavg = _fedavg(updates, weighted.num_train, members)
+    for server in (weighted, unweighted):
+        server.split_clusters(30, members)
+    plain_mean = np.mean([weighted.updates[k] for k in members], axis=0)
+    fedavg = _fedavg(weighted.updates, num_train, members)
     assert weighted.round_info["split_criteria"][0][0] == pytest.approx(np.linalg.norm(fedavg), rel=1e-6)
     assert unweighted.round_info["split_criteria"][0][0] == pytest.approx(np.linalg.norm(plain_mean), rel=1e-6)
     assert abs(np.linalg.norm(plain_mean) - np.linalg.norm(fedavg)) > 1e-4  # the sizes differ: so do the norms
     for k in members:  # the criterion's mean is read by eq. 4 only: the models stay FedAvg's
-        np.testing.assert_array_equal(unweighted.anchors[k].numpy(), weighted.anchors[k].numpy())
-    tags = {m.tag for m in unweighted.protocol.transcript.select()}
-    assert "gcfl/criterion_mean" in tags and "gcfl/criterion_mean" not in {
-        m.tag for m in weighted.protocol.transcript.select()
-    }
+        np.testing.assert_array_equal(unweighted.anchors[k], weighted.anchors[k])
 
 
 def test_unweighted_mean_norm_is_the_same_over_the_runtime_in_a_secure_mode():
@@ -304,16 +325,6 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
     clients, sim = server_similarity(View.of(ckks.transcript, "server"), 3000)
     assert clients == list(range(5)) and np.abs(sim - expect).max() < 1e-4
     assert same_dataset_auc(clients, sim, datasets) == 1.0
-
-
-@pytest.mark.parametrize("name", ["gc-selftrain", "gc-fedavg", "gc-fedprox", "gcfl", "gcflplus"])
-def test_the_spec_matches_the_class(name):
-    """`secure-fgl algorithms` and `run --help` read the torch-free spec: it must agree with the class."""
-    from secure_fgl.algorithms import get_spec
-
-    cls, spec = get_algorithm(name), get_spec(name)
-    assert spec.options is cls.Options
-    assert spec.task == "graph" and spec.modes == tuple(cls.supported_modes)
 
 
 def test_a_cut_never_leaves_a_side_below_the_minimum():

@@ -12,8 +12,6 @@ from torch_geometric.loader import DataLoader
 
 from attacks.gin_inversion import invert_gin_update
 from attacks.runner import resolve_names, run_attacks
-from protocols import make_protocol
-from secure_fgl.algorithms import get_algorithm
 from secure_fgl.algorithms.clustering import bipartition, cut_margin
 from secure_fgl.config import RunConfig
 from secure_fgl.data.synthetic_graphs import two_task_graphs
@@ -62,7 +60,7 @@ def test_inversion_recovers_labels_of_a_matched_update():
     assert (labels.argmax(1) == y).mean() >= np.bincount(y).max() / y.size + 0.2
 
 
-def _finished(mode: str, rounds: int = 2):
+def _finished(run_small, mode: str, rounds: int = 2):
     fed = two_task_graphs(4, graphs_per_client=20, seed=0)
     cfg = RunConfig(
         algorithm="gcfl",
@@ -74,28 +72,25 @@ def _finished(mode: str, rounds: int = 2):
         lr=1e-2,
         seed=0,
         rounds=rounds,
+        attacks=["all"],  # the run keeps the payloads the attacks read
         options={"eps1": 0.5, "eps2": 0.0},
     )
-    algo = get_algorithm("gcfl")(
-        fed, make_protocol(mode, 4, seed=0), cfg, torch.device("cpu"), get_algorithm("gcfl").Options(eps1=0.5, eps2=0.0)
-    )
-    algo.last_eval = [{"test_acc": 0.5}] * 4
-    for rnd in range(rounds):
-        algo.train_round(rnd)
-    return fed, cfg, algo
+    run = run_small(cfg, fed)
+    run.train(rounds)
+    return fed, cfg, run
 
 
 @pytest.mark.parametrize("mode", ["plain", "ckks"])
-def test_graph_runs_in_the_attack_runner(mode):
+def test_graph_runs_in_the_attack_runner(mode, run_small):
     names = resolve_names(["all"], "gcfl", graph_level=True)
     assert set(names) == {"gin_gradient_inversion", "gcfl_same_dataset", "graph_property"}  # node-level ones stay out
-    fed, cfg, algo = _finished(mode)
+    fed, cfg, run = _finished(run_small, mode)
     entries = {
         e["name"]: e
         for e in run_attacks(
             ["all"],
-            algo=algo,
-            protocol=algo.protocol,
+            algo=run.strategy,
+            protocol=run.protocol,
             fed=fed,
             cfg=cfg,
             options={"gin_gradient_inversion": {"iterations": 5}},

@@ -1,7 +1,7 @@
 """The GPU path: runs only where CUDA is available, skipped with a reason otherwise.
 
 Training and the attacks' model fits run on ``--device auto``'s device; data move there once
-(``FederatedAlgorithm._to_device``) and each exchange brings the clients' updates to the host
+(each client runtime's own data) and each exchange brings the clients' updates to the host
 once, through one pinned buffer (:func:`secure_fgl.engine.host.to_host`)."""
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ def test_result_records_the_threat_model():
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
 
-    res = run_experiment(RunConfig(mode="mask", clients=4, max_colluders=1, executor="inline", **SMALL), progress=False)
+    res = run_experiment(RunConfig(mode="mask", clients=4, max_colluders=1, **SMALL), progress=False)
     tm = res["threat_model"]
     assert (tm["mode"], tm["max_colluders"], tm["min_contributors"]) == ("mask", 1, 3)
     assert "consistency round" in tm["holds"] and "2t > n + c" in tm["holds"] and tm["not_protected"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.cached import cached_protocol, fresh_round
@@ -198,12 +197,8 @@ def test_a_ciphertext_of_another_plan_is_refused_by_the_server():
         proto.weighted_sum("fx/alien", 0, vals, spec=ValueSpec(max_abs=1.0))
 
 
-def _fedavg_first_round(**extra):
-    from secure_fgl.algorithms import get_algorithm
+def _fedavg_first_round(run_small, **extra):
     from secure_fgl.config import RunConfig
-    from secure_fgl.engine import resolve_device
-    from secure_fgl.experiment import load_federation, make_run_protocol
-    from secure_fgl.preflight import preflight
 
     cfg = RunConfig(
         algorithm="fedavg",
@@ -218,25 +213,25 @@ def _fedavg_first_round(**extra):
         update_bound=4.0,
         **extra,
     )
-    fed = load_federation(cfg)
-    torch.manual_seed(cfg.seed)
-    algo = get_algorithm("fedavg")(
-        fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False)
-    )
-    start = algo.global_params.double().clone()
-    algo.train_round(0)
-    return start, algo.global_params.double().clone(), algo.protocol
+    run = run_small(cfg)
+    start = run.logic(0).global_params.double().clone()
+    run.strategy.train_round(0)
+    return start, run.logic(0).global_params.double().clone(), run.protocol
 
 
-def test_fedavg_round_equals_plain_within_the_stated_bound():
+def test_fedavg_round_equals_plain_within_the_stated_bound(run_small):
     """One FedAvg round from the same start: the packed fixed-point mean differs from
     plain's by at most the bound the recipients can state (decoded total, |mean|)."""
-    start, plain, _ = _fedavg_first_round(mode="plain")
-    _, fixed, proto = _fedavg_first_round(mode="ckks", fixed_point_bits=20)
-    stats = proto.last_stats
-    assert stats["encoding"] == "fixed" and stats["tag"] == "fedavg/model"
+    from protocols.ckks.params import release_step
+
+    start, plain, _ = _fedavg_first_round(run_small, mode="plain")
+    _, fixed, proto = _fedavg_first_round(run_small, mode="ckks", fixed_point_bits=20)
+    plan = proto._last_plan  # the encoding plan of the run's last exchange: the model mean
+    assert plan.encoding == "fixed"
+    step = release_step(plan, proto.server.plan.spec)
     mean_abs = float((plain - start).abs().max())
-    bound = MeanPrecision(value_bound=4.0).error_bound(stats["error_bound"], weight_total=1.0, mean_abs=mean_abs)
+    total_bound = plan.error_bound + (step / 2 if step else 0.0)
+    bound = MeanPrecision(value_bound=4.0).error_bound(total_bound, weight_total=1.0, mean_abs=mean_abs)
     f32 = 2.0**-23 * float(plain.abs().max())
     diff = float((fixed - plain).abs().max())
     assert 0 < diff <= bound + f32

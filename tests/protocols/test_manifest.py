@@ -103,8 +103,7 @@ def test_manifest_new_and_verify(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("executor", ["inline", "local"])
-def test_result_records_the_keys_each_client_accepted(executor):
+def test_result_records_the_keys_each_client_accepted():
     """The manifest reaches the client runtimes from the driver; each client's registry (not the
     server's) is what result.json records, and it holds the manifest's identity keys."""
     from secure_fgl.config import RunConfig
@@ -116,7 +115,6 @@ def test_result_records_the_keys_each_client_accepted(executor):
         clients=3,
         mode="mask",
         rounds=1,
-        executor=executor,
         synthetic={"num_nodes": 200, "num_features": 16},
     )
     result = run_experiment(cfg, progress=False)

@@ -105,12 +105,8 @@ def test_weighted_mean_with_tiny_weights_within_the_stated_bound(mode):
         assert err <= 1e-3 * np.abs(exact).max()  # far below a 0.1 % relative error
 
 
-def _fedavg(mode: str, rounds: int = 10):
-    from secure_fgl.algorithms import get_algorithm
+def _fedavg(run_small, mode: str, rounds: int = 10):
     from secure_fgl.config import RunConfig
-    from secure_fgl.engine import resolve_device
-    from secure_fgl.experiment import load_federation, make_run_protocol
-    from secure_fgl.preflight import preflight
 
     cfg = RunConfig(
         algorithm="fedavg",
@@ -124,37 +120,30 @@ def _fedavg(mode: str, rounds: int = 10):
         local_epochs=2,
         seed=3,
     )
-    fed = load_federation(cfg)
-    cls = get_algorithm("fedavg")
-    torch.manual_seed(cfg.seed)
-    algo = cls(
-        fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False)
-    )
+    run = run_small(cfg)
     trajectory = []
     for r in range(rounds):
-        algo.train_round(r)
-        trajectory.append(algo.global_params.double().clone())
+        run.strategy.train_round(r)
+        trajectory.append(run.logic(0).global_params.double().clone())
     return trajectory
 
 
-def test_fedavg_parameters_follow_plain_within_the_stated_bound():
+def test_fedavg_parameters_follow_plain_within_the_stated_bound(run_small):
     """Per round, |secure - plain| <= r * (the plan's bound + plain's float32 wire rounding)."""
-    plain = _fedavg("plain")
+    plain = _fedavg(run_small, "plain")
     for mode in ("ckks", "mask"):
-        sec = _fedavg(mode)
+        sec = _fedavg(run_small, mode)
         for r, (p, s) in enumerate(zip(plain, sec), start=1):
             f32 = 2.0**-23 * float(p.abs().max())
             assert float((s - p).abs().max()) <= r * (FLOAT32_MEAN_TOLERANCE + f32), (mode, r)
 
 
-def _fedomd(mode: str, rounds: int = 4):
+def _fedomd(run_small, mode: str, rounds: int = 4):
     """FedOMD (Adam, beta = 10) on a small SBM graph: per-round parameters and, per statistics
-    exchange, the decoded pooled statistic and the exact float64 one of the same inputs."""
-    from secure_fgl.algorithms import get_algorithm
+    exchange, the pooled statistic client 0 decoded against the exact float64 one of the clients'
+    uploads."""
     from secure_fgl.config import RunConfig
-    from secure_fgl.engine import resolve_device
-    from secure_fgl.experiment import load_federation, make_run_protocol
-    from secure_fgl.preflight import preflight
+    from secure_fgl.runtime.exchange import dense_result
 
     cfg = RunConfig(
         algorithm="fedomd",
@@ -168,44 +157,44 @@ def _fedomd(mode: str, rounds: int = 4):
         synthetic={"num_nodes": 240, "num_features": 24},
         seed=1,
     )
-    fed = load_federation(cfg)
-    torch.manual_seed(cfg.seed)
-    algo = get_algorithm("fedomd")(
-        fed, make_run_protocol(cfg, fed.num_clients), cfg, resolve_device("cpu"), preflight(cfg, check_data=False)
-    )
-    stats_errors, weighted_sum = [], algo.protocol.weighted_sum
+    run = run_small(cfg)
+    stats_errors, first = [], run.logic(0)
+    receive = first.receive
 
-    def recording_sum(tag, rnd, values, **kw):
+    def recording_receive(req):
         # the batched statistics (protocols.batch): [sum w_k, sum w_k v_k] -> the pooled means
-        out = weighted_sum(tag, rnd, values, **kw)
-        if "/stats/" in tag:
-            exact = sum(np.asarray(v, np.float64) for v in values.values())
+        if "/stats/" in req["tag"]:
+            out = dense_result(first.rt.half.result(), int(req["length"]))
+            exact = sum(run.logic(k).uploaded[req["tag"]][1] for k in run.runtimes)
             stats_errors.append(float(np.abs(out[1:] / out[0] - exact[1:] / exact[0]).max()))
-        return out
+        return receive(req)
 
-    algo.protocol.weighted_sum = recording_sum
+    first.receive = recording_receive
     trajectory = []
     for r in range(rounds):
-        algo.train_round(r)
-        trajectory.append(algo.global_params.double().clone())
-    return trajectory, stats_errors, algo
+        run.strategy.train_round(r)
+        trajectory.append(first.global_params.double().clone())
+    return trajectory, stats_errors, run
 
 
-def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode():
+def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode(run_small):
     """FedOMD's statistics and model mean travel on their plans' public grids
     (``MeanPrecision.grid_spec``): per round, for the first 10 rounds, the global parameters of
     ckks and mask are *identical* to plain's (torch.equal, not close), and every pooled statistic
     is within the grid's stated bound of the exact float64 one (before the grid: within the
     bound but not equal, and Adam + CMD amplified the differences into different runs)."""
-    from secure_fgl.algorithms.fedomd.ops import STATS_MEAN_TOLERANCE
+    from secure_fgl.algorithms.fedomd.ops import STATS_MEAN_TOLERANCE, stats_grid_spec, stats_precision
 
-    runs = {mode: _fedomd(mode, rounds=10) for mode in ("plain", "ckks", "mask")}
-    for mode, (params, errors, algo) in runs.items():
-        k = len(algo.clients)
-        spec, plan = algo.stats_spec(k), algo.stats_precision(k)
+    runs = {mode: _fedomd(run_small, mode, rounds=10) for mode in ("plain", "ckks", "mask")}
+    for mode, (params, errors, run) in runs.items():
+        k, strategy = run.fed.num_clients, run.strategy
+        f = strategy.facts
+        node_total = f.num_train if strategy.fopts.stats_nodes == "train" else f.num_owned
+        spec = stats_grid_spec(strategy.fopts, strategy.orders, node_total, k, k)
+        plan = stats_precision(strategy.fopts, strategy.orders, node_total, 1.0)
         assert spec.grid_bits == plan.grid_bits(k) and spec.float64_wire
         assert len(errors) == 2 * 10 and max(errors) <= plan.grid_error_bound(k) <= STATS_MEAN_TOLERANCE, mode
-        assert algo.grid_model_mean
+        assert strategy.grid_model_mean
         for r, (p, s) in enumerate(zip(runs["plain"][0], params), start=1):
             assert torch.equal(p, s), (mode, r)
     assert runs["ckks"][1] == runs["plain"][1] == runs["mask"][1]  # the same statistics errors, bit for bit

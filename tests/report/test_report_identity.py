@@ -96,7 +96,7 @@ def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path
 def _tiny_run_config(tmp_path, rounds=1):
     cfg = tmp_path / f"run{rounds}.toml"
     cfg.write_text(
-        f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\nexecutor = 'inline'\n"
+        f"rounds = {rounds}\nclients = 3\npartition = 'iid'\nmode = 'plain'\n"
         "[synthetic]\nnum_nodes = 120\nnum_features = 20\navg_degree = 4\n"
     )
     return str(cfg)
@@ -132,6 +132,24 @@ def test_unfinished_runs_are_left_out_and_counted(tmp_path, capsys):
     assert "left out 1 unfinished run(s)" in text and str(stopped) not in text.splitlines()[1]
 
 
+def test_results_of_the_removed_inline_executor_are_still_read(tmp_path, capsys):
+    """result.json files an older version wrote with ``executor: inline`` load and compare beside
+    current ones."""
+    done = tmp_path / "runs" / "local"
+    assert cli_main(["run", "--config", _tiny_run_config(tmp_path), "--out", str(done), "--quiet"]) == 0
+    old = tmp_path / "runs" / "inline"
+    shutil.copytree(done, old)
+    result = json.loads((old / "result.json").read_text())
+    result["config"]["executor"] = "inline"
+    result.pop("runtime", None)
+    (old / "result.json").write_text(json.dumps(result))
+    df = load_frame(tmp_path / "runs")
+    assert len(df) == 2
+    capsys.readouterr()
+    assert cli_main(["compare", str(tmp_path / "runs")]) == 0
+    assert str(old) in capsys.readouterr().out
+
+
 def test_time_after_a_resume_counts_every_session(tmp_path):
     """A resumed run's total covers the sessions before it: never less than its phases."""
     from secure_fgl.config import RunConfig
@@ -142,7 +160,6 @@ def test_time_after_a_resume_counts_every_session(tmp_path):
         mode="plain",
         clients=3,
         partition="iid",
-        executor="inline",
         out=str(tmp_path),
         synthetic={"num_nodes": 120, "num_features": 20, "avg_degree": 4},
     )

@@ -24,7 +24,7 @@ def test_ckks_mp_halves_run_in_the_local_runtimes_golden(algorithm, options, req
     executor = RecordingExecutor()
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, options, executor)
-    assert strategy.split and protocol.clients == {}
+    assert protocol.clients == {}
     strategy.setup()
     losses = [strategy.train_round(r)["train_loss"] for r in range(cfg.rounds)]
     halves = [rt.half for rt in executor.runtimes.values()]
@@ -45,5 +45,5 @@ def test_ckks_mp_client_silent_at_partial_decryption_is_named():
         pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:keyswitch"),
         pytest.raises(DropoutError, match=r"client\(s\) 1 did not send its key-switching") as err,
     ):
-        run_with(small(mode="ckks-mp"), executor, halves_in_runtimes=True)
+        run_with(small(mode="ckks-mp"), executor)
     assert err.value.clients == (1,)

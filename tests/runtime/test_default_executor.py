@@ -1,6 +1,6 @@
-"""``--executor local`` is the default and runs every setting (fedgcn-gap --dpsgd included); a
-strategy not privatised on the clients would be refused in one line naming ``--executor inline``
-(docs/runtime.md, "The default executor")."""
+"""``--executor local`` is the default and runs every setting (fedgcn-gap --dpsgd included); the
+removed ``--executor inline`` answers in one line naming ``local`` (docs/runtime.md, "The default
+executor")."""
 
 from __future__ import annotations
 
@@ -36,13 +36,26 @@ def test_runtime_settings_stay_local(kw, capsys):
     assert cfg.executor == "local" and "executor:" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("executor", ["local", "ray"])
-def test_dp_with_a_strategy_not_privatised_on_the_clients_is_refused_naming_inline(executor, monkeypatch):
-    """(None is registered now: every strategy privatises on the clients.)"""
-    from secure_fgl.algorithms.fedomd.server import FedOMDStrategy
+def test_the_removed_inline_executor_answers_in_one_line_naming_local(capsys):
+    from secure_fgl.cli.main import main
 
-    monkeypatch.setattr(FedOMDStrategy, "dp_on_runtimes", False)
-    with pytest.raises(
-        ConfigError, match="fedomd's exchanges are not privatised on the client runtimes yet; use --executor inline"
-    ):
-        preflight(_cfg(algorithm="fedomd", dp_epsilon=8.0, executor=executor), check_data=False)
+    with pytest.raises(ConfigError, match="--executor local") as err:
+        _cfg(algorithm="fedavg", executor="inline").validate()
+    assert "\n" not in str(err.value) and "removed" in str(err.value)
+    assert main(["run", "--executor", "inline", "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--executor local" in lines[0]
+
+
+def test_a_checkpoint_of_the_inline_executor_is_refused_in_one_line(tmp_path):
+    """A run folder an older version wrote with ``--executor inline`` cannot be resumed."""
+    from secure_fgl.engine.checkpoint import config_fingerprint, load_checkpoint
+    from secure_fgl.engine.files import save_torch_atomic
+
+    cfg = _cfg(algorithm="fedavg").validate()
+    path = tmp_path / "checkpoint.pt"
+    old = {**config_fingerprint(cfg), "executor": "inline"}
+    save_torch_atomic(path, {"format": "secure_fgl-checkpoint/1", "fingerprint": old})
+    with pytest.raises(ConfigError, match="--executor inline, which was removed") as err:
+        load_checkpoint(path, cfg)
+    assert "\n" not in str(err.value)

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from protocols import make_protocol
 from secure_fgl.config import ConfigError
@@ -117,44 +118,58 @@ def test_batch_attribution_per_tag_sums_to_the_total(mode):
     assert a["plaintext_bytes_up"] + b["plaintext_bytes_up"] == 3 * 2 * 14 * 4
 
 
+def _fedomd_stats(run_small, mode: str, **options):
+    """Client 0's pooled statistics after one FedOMD round over the runtimes, and the uploads of them."""
+    from secure_fgl.config import RunConfig
+
+    cfg = RunConfig(
+        algorithm="fedomd",
+        dataset="sbm",
+        clients=3,
+        mode=mode,
+        partition="louvain",
+        split="fedomd",
+        rounds=1,
+        hidden=8,
+        synthetic={"num_nodes": 240, "num_features": 24},
+        seed=1,
+        options=options,
+    )
+    run = run_small(cfg)
+    run.train(1)
+    ups = [
+        m
+        for m in run.protocol.transcript.messages
+        if m.receiver == "server"
+        and m.tag.startswith("fedomd/")
+        and m.tag != "fedomd/model"
+        and m.kind in ("plain", "masked", "ciphertext")
+    ]
+    return run.logic(0).global_stats, ups, run.protocol.transcript
+
+
 @pytest.mark.parametrize("mode", ("plain", "ckks"))
-def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode):
-    import torch
-
-    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
-
-    torch.manual_seed(0)
-    hidden = {k: [torch.rand(6 + 4 * k, 3), torch.rand(6 + 4 * k, 2)] for k in range(3)}
-    per_layer = make_protocol(mode, 3)
-    batched = make_protocol(mode, 3)
-    a = exchange_hidden_statistics(per_layer, 0, hidden, (2, 3), 0.0, 1.0)
-    b = exchange_hidden_statistics(batched, 0, hidden, (2, 3), 0.0, 1.0, batch=True)
-    for x, y in zip(a, b):
+def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode, run_small):
+    batched, b_ups, tb = _fedomd_stats(run_small, mode, batch_stats=True)
+    per_layer, l_ups, _ = _fedomd_stats(run_small, mode, batch_stats=False)
+    assert len(batched) == len(per_layer) == 2
+    for x, y in zip(per_layer, batched):
         torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-6)
-        for j in (2, 3):
+        for j in x.moments:
             torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=1e-6)
-    uploads = lambda p: [m for m in p.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]  # noqa: E731
-    assert len(uploads(batched)) == 2 * 3 and len(uploads(per_layer)) == 4 * 3  # 2 stages x 3 clients
-    assert set(batched.transcript.comm()["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
+    assert len(b_ups) == 2 * 3 and len(l_ups) == 4 * 3  # 2 stages (x 2 layers) x 3 clients
+    assert set(tb.comm()["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
 
 
-def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade():
-    import torch
-
-    from secure_fgl.algorithms.fedomd.ops import exchange_hidden_statistics
-
-    torch.manual_seed(1)
-    hidden = {k: [torch.rand(8 + 3 * k, 4), torch.rand(8 + 3 * k, 2)] for k in range(3)}
-    exact = exchange_hidden_statistics(make_protocol("plain", 3), 0, hidden, (2, 3, 4, 5), 0.0, 1.0)
-    proto = make_protocol("ckks", 3)
-    raw = exchange_hidden_statistics(proto, 0, hidden, (2, 3, 4, 5), 0.0, 1.0, batch=True, raw_moments=True)
+def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade(run_small):
+    exact, _, _ = _fedomd_stats(run_small, "plain", batch_stats=True)
+    raw, ups, _ = _fedomd_stats(run_small, "ckks", batch_stats=True, raw_moments=True)
     for x, y in zip(exact, raw):
         # a float exchange: its decrypted sums are released on a power-of-two grid within the default
         # tolerance 1e-4 (protocols.ckks.params.release_step), here divided by >= 8 rows per client
         torch.testing.assert_close(x.mean, y.mean, rtol=0, atol=1e-4 / 8)
-        for j in (2, 3, 4, 5):
+        for j in x.moments:
             torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=2**j * 1e-6)
-    ups = [m for m in proto.transcript.messages if m.receiver == "server" and m.tag.startswith("fedomd/")]
     assert len(ups) == 3 and {m.tag for m in ups} == {"fedomd/stats/raw"}  # one per client
 
 

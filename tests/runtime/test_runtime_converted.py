@@ -6,7 +6,7 @@ import pytest
 from support.golden import assert_golden
 from support.runs import reachable_tensors, small
 
-from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
+from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
@@ -56,11 +56,11 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm, options):
 
 
 def test_centralized_is_one_runtime_holding_the_whole_graph():
-    """The non-federated reference: host 0 holds every node; the per-client breakdown is inline's."""
+    """The non-federated reference: host 0 holds every node; accuracy is still broken down per client."""
     cfg = small("centralized", "plain").validate()
     fed = load_federation(cfg)
     executor = LocalExecutor()
-    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     assert list(executor.runtimes) == [0] and executor.runtimes[0].data.num_nodes == fed.graph.num_nodes
     strategy.train_round(0)
     assert [r["client"] for r in strategy.evaluate()["per_client"]] == list(range(fed.num_clients))

@@ -9,7 +9,7 @@ import pytest
 from support.golden import assert_golden
 from support.runs import attack_entries, attacked_config, reachable_tensors, small
 
-from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
+from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
@@ -51,7 +51,7 @@ def test_a_runtime_holds_no_other_clients_tensors(algorithm):
     cfg = small(algorithm, "mask", rounds=1).validate()
     fed = load_federation(cfg)
     executor = LocalExecutor()
-    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     strategy.setup()
     strategy.train_round(0)
     held = {k: reachable_tensors(rt) for k, rt in executor.runtimes.items()}
@@ -110,7 +110,7 @@ def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     strategy.setup()
     strategy.train_round(0)
-    assert strategy.split and protocol.clients == {}
+    assert protocol.clients == {}
     assert executor.answers and all(set(a) == {"length"} for a in executor.answers)
     tags = {"fedomd": {"fedomd/stats/mean", "fedomd/stats/moments", "fedomd/model"}, "fedspray": {"fedspray/batch"}}[
         algorithm
@@ -144,7 +144,7 @@ def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(alg
 
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth={"fedomd": 2, "fedspray": 1}[algorithm])
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload of round 0"):
-        strategy, protocol, rows = run_with(small(algorithm, "mask"), executor, halves_in_runtimes=True)
+        strategy, protocol, rows = run_with(small(algorithm, "mask"), executor)
     assert [r["clients_lost"] for r in rows] == [1, 1, 1] and protocol.last_included == (0, 2)
     assert all(np.isfinite(r["train_loss"]) for r in rows)
     assert {r["client"] for r in strategy.evaluate()["per_client"]} == {0, 2}

@@ -17,8 +17,8 @@ from support.runs import (
 )
 
 from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
-from secure_fgl.experiment import load_federation, make_run_protocol, run_experiment
-from secure_fgl.runtime.build import make_strategy
+from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
@@ -79,7 +79,7 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {"row_order": "signature"}, executor)
     try:
-        assert strategy.split and protocol.clients == {}  # the halves (and their keys) live in the actors
+        assert protocol.clients == {}  # the halves (and their keys) live in the actors
         strategy.setup()
         for r in range(cfg.rounds):
             strategy.train_round(r)
@@ -137,7 +137,7 @@ def test_actor_killed_inside_the_mask_exchange_is_a_dropout_with_recovery():
     """Client 2's actor dies after the key stages of round 1, before its masked upload."""
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round 1: actor 1 died"):
         strategy, protocol, rows = _run("mask", KillingRayExecutor(victim=2, method="half:masked_upload"))
-    assert strategy.split and [r["clients_lost"] for r in rows] == [0, 1, 1]
+    assert [r["clients_lost"] for r in rows] == [0, 1, 1]
     assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
     assert strategy.final_metrics()["executor"]["dead_actors"] == {"1": "actor 1 died (ActorDiedError)"}
 
@@ -153,7 +153,7 @@ def test_silent_actors_time_out_instead_of_hanging():
     executor = RayExecutor(round_timeout=180)  # set-up alone; generous for a loaded machine
     cfg = small(rounds=1).validate()
     fed = load_federation(cfg)
-    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     executor.round_timeout = 1e-3
     with pytest.warns(RuntimeWarning, match="no answer within --round-timeout"):
         strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
@@ -161,12 +161,12 @@ def test_silent_actors_time_out_instead_of_hanging():
     executor.shutdown()
 
 
-def test_dp_noise_is_added_on_the_actors_and_accounted_as_inline():
+def test_dp_noise_is_added_on_the_actors_and_accounted_as_local():
     """DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
-    to the actors); the driver's accountant reports inline's privacy section."""
-    inline = run_experiment(small("fedgcn", "mask", rounds=2, dp_epsilon=4.0), progress=False)
+    to the actors); the driver's accountant reports the local executor's privacy section."""
+    local = run_experiment(small("fedgcn", "mask", rounds=2, dp_epsilon=4.0), progress=False)
     remote = run_experiment(small("fedgcn", "mask", executor="ray", rounds=2, dp_epsilon=4.0), progress=False)
-    assert remote["privacy"] == inline["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
+    assert remote["privacy"] == local["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
     calls = remote["runtime"]["stats"]["per_method"]
     assert calls["privatize:fedgcn/neighbour_sums"]["calls"] >= 1 and calls["privatize:fedgcn/model"]["calls"] >= 2
 
@@ -196,7 +196,7 @@ def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
     cfg = small(rounds=1, executor="ray", ray_client_resources="site_a:0,2").validate()
     fed = load_federation(cfg)
     executor = RayExecutor(workers=2, client_resources={0: "site_a", 2: "site_a"})
-    strategy = make_strategy(cfg, fed, make_run_protocol(cfg, fed.num_clients), {}, executor)
+    strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     try:
         placed = executor.resources()
         assert placed[0]["resources"].get("site_a") and placed[2]["resources"].get("site_a")

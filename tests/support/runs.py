@@ -12,9 +12,9 @@ import torch
 
 from protocols import SERVER, ProtocolError
 from secure_fgl import experiment
-from secure_fgl.algorithms import get_algorithm
+from secure_fgl.algorithms import get_spec
 from secure_fgl.config import RunConfig
-from secure_fgl.experiment import load_federation, make_run_protocol
+from secure_fgl.experiment import load_federation
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 
@@ -71,14 +71,11 @@ class FlakyExecutor(LocalExecutor):
         return super()._call(method, requests)
 
 
-def run_with(cfg, executor, halves_in_runtimes=False):
+def run_with(cfg, executor):
+    """Set up ``cfg``'s strategy over ``executor`` and train every round: strategy, protocol, round rows."""
     cfg.validate()
     fed = load_federation(cfg)
-    protocol = (
-        make_runtime_protocol(cfg, fed.num_clients, executor)
-        if halves_in_runtimes
-        else make_run_protocol(cfg, fed.num_clients)
-    )
+    protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     strategy = make_strategy(cfg, fed, protocol, {}, executor)
     strategy.setup()
     return strategy, protocol, [strategy.train_round(r) for r in range(cfg.rounds)]
@@ -224,7 +221,7 @@ ROUNDS = (20, 21)
 def build_graph_run(cfg, executor):
     """The strategy over ``executor``, its protocol and the federation."""
     fed = load_federation(cfg)
-    opts = get_algorithm(cfg.algorithm).Options(**cfg.options)
+    opts = get_spec(cfg.algorithm).options(**cfg.options)
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
     return make_strategy(cfg, fed, protocol, opts, executor), protocol, fed
 
@@ -238,6 +235,6 @@ def drive_graph_run(algo, rounds=ROUNDS):
 
 
 def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
-    """The module and name of the function that builds ``cfg``'s protocol: the in-process object
-    (``inline``) or the server half whose clients are the runtimes (``local``/``ray``)."""
-    return experiment, ("make_run_protocol" if cfg.executor == "inline" else "make_runtime_protocol")
+    """The module and name of the function that builds ``cfg``'s protocol: the server half whose
+    clients are the runtimes."""
+    return experiment, "make_runtime_protocol"

@@ -22,6 +22,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:CentralizedLogic",
         strategy=f"{__name__}.server:CentralizedStrategy",
-        inline=f"{__name__}.inline:Centralized",
     ),
 ]

@@ -7,8 +7,8 @@ split to preserve, so it maps honestly onto a single :class:`~.client.ClientRunt
 whose set-up frame is the **whole graph** -- every client's nodes, features, labels and edges,
 pooled, as a central data holder would have them -- plus the client owning each node, kept only
 to break the evaluation down per client (``per_client`` and the client-mean accuracies are
-comparable with the federated runs).  The runtime trains exactly as the in-process algorithm
-(same seed, initialisation, per-step generator of "client 0"); the strategy only tells it to
+comparable with the federated runs).  The runtime trains as FedAvg's client with the seed's
+initialisation and the per-step generator of "client 0"; the strategy only tells it to
 train and asks for its counts (one ``eval/counts`` message per evaluation).  Nothing here is
 private: it is what a federation avoids.
 """
@@ -27,7 +27,6 @@ class CentralizedStrategy(Strategy):
     """Drives the one runtime: train a round, ask for the counts."""
 
     personalized = False
-    dp_on_runtimes = True  # nothing is released, as inline
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:

@@ -22,7 +22,6 @@ SPECS = [
         options=NoOptions,
         modes=modes(),
         **HALVES,
-        inline=f"{__name__}.inline:FedAvg",
     ),
     AlgorithmSpec(
         "fedprox",
@@ -32,7 +31,6 @@ SPECS = [
         options=FedProxOptions,
         modes=modes(),
         **HALVES,
-        inline=f"{__name__}.inline:FedProx",
     ),
     AlgorithmSpec(
         "local",
@@ -42,6 +40,5 @@ SPECS = [
         options=NoOptions,
         modes=modes(),
         **HALVES,
-        inline=f"{__name__}.inline:Local",
     ),
 ]

@@ -100,29 +100,22 @@ class ModelAveragingLogic(ClientLogic):
         if req.get("dp_clip") is not None:  # DP-FedAvg: the clipped update, unweighted (protocols.dp)
             self.keep(req["tag"], clip_mean_value(update, DPRequest(clip=float(req["dp_clip"]))))
             return {"length": update.size}
-        if req.get("split"):  # the half uploads [w v, w] (protocols.base.weighted_mean)
-            w = self.weight()
-            self.keep(req["tag"], np.concatenate([update * w, [w]]))
-            return {"length": update.size + 1}
-        return {"update": update, "weight": self.weight()}
+        w = self.weight()  # the half uploads [w v, w] (protocols.base.weighted_mean)
+        self.keep(req["tag"], np.concatenate([update * w, [w]]))
+        return {"length": update.size + 1}
 
     def receive(self, req: dict) -> dict:
         if req["tag"] != self.model_tag:
             return super().receive(req)
-        if "mean_update" in req:
-            mean = req["mean_update"]
-        elif "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
-            total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.aggregates[req["tag"]] = (int(req["round"]), total)
+        total = dense_result(self.rt.half.result(), int(req["length"]))  # this client's own decoded result
+        self.aggregates[req["tag"]] = (int(req["round"]), total)
+        if "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
             mean = total / float(req["count"])
-        else:  # this client's own decoded result: [sum w v, sum w]
-            total = dense_result(self.rt.half.result(), int(req["length"]))
-            self.aggregates[req["tag"]] = (int(req["round"]), total)
+        else:  # [sum w v, sum w]
             if not total[-1] > 0:
                 raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
             mean = total[:-1] / total[-1]
-        mean = torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
-        self.global_params = self.global_params + mean
+        self.global_params = self.global_params + torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
         vector_to_parameters(self.global_params.clone(), self.model.parameters())
         return {}
 

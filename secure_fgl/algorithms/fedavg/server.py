@@ -20,7 +20,6 @@ class ModelAveragingStrategy(Strategy):
     (``aggregate_models`` false) only trains.  Client sampling is the public PRF of the run
     manifest's seed (:func:`protocols.client_sampling.sample_clients`)."""
 
-    dp_on_runtimes = True
     #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
     grid_model_mean = False
 
@@ -58,8 +57,8 @@ class ModelAveragingStrategy(Strategy):
         """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""
         return {"round": rnd, **({"model": tag} if tag else {})}
 
-    #: client-level DP-FedAvg on the model exchange when the run's DP scope covers it (as inline)
     def model_dp_request(self, tag: str):
+        """Client-level DP-FedAvg on the model exchange when the run's DP scope covers it."""
         return model_dp_request(self.cfg, self.protocol.dp, tag)
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
@@ -70,47 +69,38 @@ class ModelAveragingStrategy(Strategy):
             self.cfg.update_bound,
             grid=self.grid_model_mean or self.cfg.model_mean_on_grid,
         )
-        if self.split:  # the clients' halves run the exchange
-            dp = self.model_dp_request(tag)
-            ask = {"tag": tag, "round": rnd, "split": True}
-            if dp is not None:  # DP-FedAvg: clipped, unweighted (protocols.dp)
-                dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
-                ask["dp_clip"] = float(dp.clip)
-            sent = self.ask("contribute", {k: ask for k in contributors})
-            if not sent:
-                raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-            length = int(next(iter(sent.values()))["length"])
-            self.model_size = length - (dp is None)
-            noisy, noise_std = sorted(sent), 0.0
-            if dp is not None:
-                noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
-            included = run_split(
-                self.protocol,
-                plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
-            )
-            if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
-                self.note_missed_download(tag, rnd)
-            done = {"tag": tag, "round": rnd, "length": length}
-            self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
-            return
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in contributors})
-        updates = {k: r["update"] for k, r in sent.items()}
-        weights = {k: float(r["weight"]) for k, r in sent.items()}
-        gone = [k for k in contributors if k not in sent]
-        if gone:
-            self._handle_dropouts(tag, gone, updates, weights)
-        if not updates:
+        dp = self.model_dp_request(tag)
+        ask = {"tag": tag, "round": rnd}
+        if dp is not None:  # DP-FedAvg: clipped, unweighted (protocols.dp)
+            dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
+            ask["dp_clip"] = float(dp.clip)
+        sent = self.ask("contribute", {k: ask for k in contributors})
+        if not sent:
             raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-        mean = self.protocol.weighted_mean(tag, rnd, updates, weights, spec=spec, recipients=range(self.num_clients))
-        self.tell("receive", {k: {"tag": tag, "round": rnd, "mean_update": mean} for k in self.alive()})
+        length = int(next(iter(sent.values()))["length"])
+        self.model_size = length - (dp is None)
+        noisy, noise_std = sorted(sent), 0.0
+        if dp is not None:
+            noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
+        included = run_split(
+            self.protocol,
+            plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
+        )
+        if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+            self.note_missed_download(tag, rnd)
+        done = {"tag": tag, "round": rnd, "length": length}
+        self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
 
     def note_missed_download(self, tag: str, rnd: int) -> None:
         """Put the clients without the model broadcast just run (not a recipient, or silent at its
         ``download``: :attr:`protocols.party.ServerHalf.last_undelivered`) out of sync.  In
         ``ckks-mp`` every client key-switches every exchange under the models it received, so one
-        such client stops the run: DropoutError now, before a checkpoint records the round."""
+        such client stops an n-out-of-n run: DropoutError now, before a checkpoint records the round.
+        With ``--threshold t`` the key switches run on ``t`` in-sync clients: the server half leaves
+        the out-of-sync ones out of its active sets (``stale``)."""
         missed = sorted((set(range(self.num_clients)) - set(self.alive())) | set(self.protocol.server.last_undelivered))
-        if missed and self.protocol.mode == "ckks-mp":
+        server = self.protocol.server
+        if missed and self.protocol.mode == "ckks-mp" and server.threshold >= self.num_clients:
             raise DropoutError(
                 f"client(s) {missed} got no result of this model broadcast; in ckks-mp every client "
                 "key-switches every later exchange bound to the models it received, so the next one would be "
@@ -119,6 +109,8 @@ class ModelAveragingStrategy(Strategy):
                 round=rnd,
             )
         self.out_of_sync.update(missed)
+        if self.protocol.mode == "ckks-mp":
+            server.stale = set(self.out_of_sync)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "out_of_sync": sorted(self.out_of_sync)}
@@ -126,15 +118,5 @@ class ModelAveragingStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.out_of_sync = {int(k) for k in state.get("out_of_sync", ())}
-
-    def _handle_dropouts(self, tag: str, gone: list[int], updates: dict, weights: dict) -> None:
-        """Lost contributors become the protocol's upload-stage dropouts (module docstring)."""
-        mode = self.protocol.mode
-        if mode == "plain":
-            return  # the survivors' mean
-        if mode != "mask":
-            self.check_lost(gone, f"the {mode} exchange {tag} (no dropout recovery in {mode})")
-        length = next(iter(updates.values())).size if updates else 0
-        for k in gone:  # advertised keys, never uploads
-            updates[k], weights[k] = np.zeros(length), 0.0
-        self.protocol.drop_clients(gone, stage="upload")
+        if self.protocol.mode == "ckks-mp":
+            self.protocol.server.stale = set(self.out_of_sync)

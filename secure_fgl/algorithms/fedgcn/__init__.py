@@ -27,6 +27,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedGCNLogic",
         strategy=f"{__name__}.server:FedGCNStrategy",
-        inline=f"{__name__}.ops:FedGCN",
     ),
 ]

@@ -117,11 +117,9 @@ class FedGCNLogic(ModelAveragingLogic):
             c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features, seed=self.cfg.seed)
         )
         self.sent_own = rows[: c.num_nodes] if clip is not None else None  # for the DP post-processing
-        if clip is None:  # counts of binary features: int16, not float64 (as inline)
+        if clip is None:  # counts of binary features: int16, not float64
             rows = narrow_integer_rows(rows)
         ids, rows, request = self._rows(ids).numpy(), rows.cpu().numpy(), self._rows(requested_rows(c, o.hops)).numpy()
-        if not req.get("split"):
-            return {"ids": ids, "rows": rows, "request": request}
         self.request_rows = request
         return keep_rows(
             self,
@@ -190,13 +188,10 @@ class FedGCNLogic(ModelAveragingLogic):
         if tag != TAG:
             return super().receive(req)
         c, o = self.data, self.fopts
-        if "totals" in req:
-            totals = req["totals"]
-        else:  # this client's own decoded blocks
-            half, rpb = self.rt.half, int(req["rpb"])
-            if self.cfg.attacks:
-                self.decoded = self._block_rows(half.result(), rpb)
-            totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
+        half, rpb = self.rt.half, int(req["rpb"])  # this client's own decoded blocks
+        if self.cfg.attacks:
+            self.decoded = self._block_rows(half.result(), rpb)
+        totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
         if self.sent_own is not None:  # DP: post-processing with the client's own data
@@ -217,9 +212,9 @@ class FedGCNLogic(ModelAveragingLogic):
         return {}
 
     def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every row of the decoded ``blocks`` as (node id, total), float32 as the in-process
-        algorithm keeps them; a row whose node this client cannot name (another client's node
-        under ``--row-order signature|owner``) or a padding row gets node id -1."""
+        """Every row of the decoded ``blocks`` as (node id, total), float32; a row whose node this
+        client cannot name (another client's node under ``--row-order signature|owner``) or a
+        padding row gets node id -1."""
         dim = self.facts.num_features + 1
         bids = np.array(sorted(blocks), dtype=np.int64)
         rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()

@@ -66,7 +66,7 @@ common component; centring it away removes the dominant direction of the first l
 (LeCun et al., "Efficient BackProp", 1998, sec. 4.3), so Adam at Kipf's lr 0.01 converges in the
 rounds given: measured in ``docs/fedgcn_amazon_coauthor.md``.
 
-Training: FedAvg (``ModelAveraging``) over these models, the model exchange through the
+Training: FedAvg (:mod:`secure_fgl.algorithms.fedavg`) over these models, the model exchange through the
 protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
 lr 0.01, weight decay 5e-4) come from :class:`~secure_fgl.config.RunConfig`.
 
@@ -170,7 +170,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -180,16 +179,15 @@ from torch.nn import functional as F
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from protocols import SERVER, BoundError, DPRequest, ValueSpec, client_party
+from protocols import SERVER, DPRequest, ValueSpec, client_party
 from protocols.baseline import row_sum_bytes
 from protocols.row_blocks import exact_integers
 
-from ...config import ConfigError
 from ...data.federated import ClientSubgraph
-from ...models.centring import centre_first_layer, own_mean
 from ...models.node import dropout
-from ..base import ModelAveraging
-from ..options import FedGCNOptions, check_fedgcn
+from ...privacy import resolve_unit
+from ...validation import ConfigError
+from ..options import FedGCNOptions
 
 #: tag of the pre-training exchange
 TAG = "fedgcn/neighbour_sums"
@@ -519,8 +517,6 @@ def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
     bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
     from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
-    from ...privacy import resolve_unit
-
     C = dp_row_clip(o, cfg)
     sens = edge_level_sensitivity(C) if resolve_unit(cfg) == "edge" else node_level_sensitivity(C, o.degree_cap)
     return DPRequest(
@@ -532,8 +528,6 @@ def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
     """The cap is a bound some encoding or guarantee relies on: the secure modes size their
     packing / modulus with it, and node-level DP takes its sensitivity from it.  The
     plaintext protocol sums floats and needs no cap."""
-    from ...privacy import resolve_unit
-
     return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
 
 
@@ -662,263 +656,3 @@ def release_dependencies_of(name: str) -> dict[str, set[str]]:
     """Data each release touches (:mod:`secure_fgl.privacy`): the sums read features over edges; the
     model trains GCN layers over the client's exact local edges."""
     return {TAG: {"features", "edges"}, f"{name}/model": {"features", "labels", "edges"}}
-
-
-class FedGCN(ModelAveraging):
-    """FedGCN: pre-training neighbour-sum exchange (:meth:`setup`), then FedAvg."""
-
-    name = "fedgcn"
-    Options = FedGCNOptions
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        opts = options if options is not None else FedGCNOptions()
-        self._validate(opts, cfg)
-        self.opts = opts
-        super().__init__(fed, protocol, cfg, device, opts)
-        self._inputs: list[tuple[torch.Tensor, PropGraph]] | None = None
-        #: client -> received totals ``[S_v[:d], d̃_v]`` in the order of :func:`requested_rows`
-        self.received: dict[int, torch.Tensor] = {}
-        self.pretrain: dict = {}
-        #: number of row ids of the pre-training exchange (> N with ``row_order='signature'``)
-        self.exchange_rows = fed.graph.num_nodes
-        dp = getattr(self.protocol, "dp", None)
-        if dp is not None and self.cfg.dp_epsilon and opts.hops > 0 and getattr(dp.config, "split", None) is None:
-            dp.declare(TAG, f"{self.name}/model")  # even split of the run's budget
-
-    # -- options: checked before any data is loaded (secure_fgl.preflight, the spec's check)
-    _validate = staticmethod(check_fedgcn)
-
-    def build_model(self) -> nn.Module:
-        if self.opts.hops == 0:
-            return super().build_model()  # 0-hop: exactly FedAvg's model
-        cfg = self.cfg
-        return FedGCNNet(
-            self.fed.num_features, cfg.hidden, self.fed.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
-        )
-
-    # -- pre-training exchange
-    @property
-    def _dp_on(self) -> bool:
-        """DP applies to the pre-training exchange (:func:`dp_applies`)."""
-        return dp_applies(self.cfg, self.protocol)
-
-    def row_clip(self) -> float:
-        """``C`` of the DP terms (:func:`dp_row_clip`)."""
-        return dp_row_clip(self.opts, self.cfg)
-
-    def value_spec(self) -> ValueSpec:
-        """Public bounds of the exchange.  Integer exchanges (binary features, ``norm``
-        row/none): non-negative integers, every entry of a contribution and of the sum
-        ``<= degree_cap + 1`` (packed exactly by ckks; DP noise is then discrete Gaussian and
-        the backend leaves headroom for it).  Otherwise floats: an entry sums at most
-        ``degree_cap + 1`` terms, each entry bounded by ``max(feature_bound, 1)`` (1 for binary
-        features), or by ``C`` under DP."""
-        return exchange_spec(
-            self.opts,
-            bool(self.fed.binary_features),
-            self.row_clip() if self._dp_on else None,
-            counts=bool(self.fed.count_features),
-        )
-
-    def dp_request(self) -> DPRequest | None:
-        """The exchange's DP request (:func:`exchange_dp_request`), ``None`` without DP."""
-        return exchange_dp_request(self.opts, self.cfg, bool(self.fed.binary_features)) if self._dp_on else None
-
-    def _degree_cap_needed(self) -> bool:
-        return degree_cap_needed(self.cfg, self.protocol.mode, self._dp_on)
-
-    def release_dependencies(self) -> dict[str, set[str]]:
-        return release_dependencies_of(self.name)
-
-    def _check_degree_cap(self) -> None:
-        cap = self.opts.degree_cap
-        if self._degree_cap_needed():
-            # each owner checks its own nodes; the refusal names the maximum over all clients
-            # so that one change of the flag is enough
-            over = {k: local_degrees(c) - 1 for k, c in enumerate(self.clients)}
-            over = {k: deg[deg > cap] for k, deg in over.items()}
-            over = {k: deg for k, deg in over.items() if deg.numel()}
-            if over:
-                worst = max(over, key=lambda k: int(over[k].max()))
-                largest = int(over[worst].max())
-                why = (
-                    "node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
-                    if self.protocol.mode == "plain"
-                    else f"{self.protocol.mode} sums sized to it would wrap"
-                )
-                raise BoundError(
-                    f"{sum(d.numel() for d in over.values())} node(s) on {len(over)} client(s) have "
-                    f"degree above --degree-cap {cap} (largest {largest}, on client {worst}); {why}. "
-                    f"Raise --degree-cap to at least {largest} (it is a public bound)",
-                    tag=TAG,
-                    round=0,
-                    client=worst,
-                )
-        if self.fed.binary_features or self._dp_on:
-            return
-        fb = self.opts.feature_bound
-        for k, c in enumerate(self.clients):
-            m = float(c.x.abs().max()) if c.x.numel() else 0.0
-            if m > fb:
-                raise BoundError(
-                    f"a feature has |x| = {m:.4g} above --feature-bound {fb}; raise "
-                    f"--feature-bound (a public bound) or scale the features",
-                    tag=TAG,
-                    round=0,
-                    client=k,
-                )
-
-    def setup(self) -> None:
-        """The pre-training communication round (sec. 4, "Training Algorithm", steps 1-3)."""
-        o = self.opts
-        if o.hops == 0:
-            self._inputs = [(c.x, c.edge_index) for c in self.clients]
-            self._centre_inputs()
-            self.pretrain = {
-                "pretrain_bytes_up": 0,
-                "pretrain_bytes_down": 0,
-                "pretrain_plaintext_equiv_bytes_up": 0,
-                "pretrain_plaintext_equiv_bytes_down": 0,
-                "pretrain_time": 0.0,
-            }
-            return
-        t0 = time.perf_counter()
-        self._check_degree_cap()
-        dp = self.dp_request()
-        clip = self.row_clip() if dp is not None else None
-        contributions, requests, sent = {}, {}, {}
-        for k, c in enumerate(self.clients):
-            terms = neighbour_terms(c, o.norm, clip, binary=self.fed.binary_features, seed=self.cfg.seed)
-            ids, rows = partial_neighbour_sums(c, terms)
-            contributions[k] = (ids.cpu(), rows.cpu() if dp is not None else narrow_integer_rows(rows.cpu()))
-            requests[k] = requested_rows(c, o.hops).cpu()
-            sent[k] = rows[: c.num_nodes] if dp is not None else None  # a view: keeps the rows alive
-        num_rows, spec = self.fed.graph.num_nodes, self.value_spec()
-        self.exchange_rows = num_rows
-        perm = np.arange(num_rows, dtype=np.int64)
-        if o.row_order != "given" and o.layout == "sparse":
-            rpb = self.protocol.rows_per_block(spec, self.fed.num_features + 1, num_rows, "sparse")
-            perm, num_rows = (
-                exchange_numbering(self.clients, self.fed.owner, num_rows, rpb)
-                if o.row_order == "signature"
-                else recipient_numbering(self.clients, self.fed.owner, num_rows, rpb, o.hops)
-            )
-            perm_t = torch.as_tensor(perm)
-            # the same permutation on both sides: each row's total comes back unchanged
-            contributions = {k: (perm_t[ids], rows) for k, (ids, rows) in contributions.items()}
-            requests = {k: perm_t[r] for k, r in requests.items()}
-            self.exchange_rows = num_rows
-        # a recipient decrypts whole blocks: with attacks to run, ``self.decrypted`` keeps every row
-        # it read (what the client-side attack reads), not only the rows it asked for; without,
-        # each recipient keeps only its requested rows as blocks are decoded (memory at scale)
-        readable = bool(self.cfg.attacks)
-        received = self.protocol.row_sum(
-            TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec, dp=dp, readable=readable
-        )
-        contributions = {k: (ids, None) for k, (ids, _) in contributions.items()}  # free the rows
-        node_of_row = np.full(num_rows, -1, dtype=np.int64)  # padding rows belong to no node
-        node_of_row[perm] = np.arange(perm.size)
-        self._inputs = []
-        self.received = {}
-        #: client -> (node id of every row it decrypted, -1 for padding; those rows' totals)
-        self.decrypted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for k, c in enumerate(self.clients):
-            if readable:
-                read_rows, read_totals = self.protocol.last_readable.pop(k)  # kept once, as float32
-                self.decrypted[k] = (node_of_row[read_rows], read_totals.astype(np.float32))
-            totals = torch.as_tensor(received[k], dtype=torch.float64, device=self.device)
-            self.received[k] = totals  # the rows client k asked for: [S_v[:d], S_v[d]] per row
-            if dp is not None:
-                totals = denoise_with_own_data(
-                    c,
-                    totals,
-                    sent[k].to(self.device),
-                    o.norm,
-                    noise_std=float(getattr(self.protocol.dp, "last_std", 0.0)),
-                )
-            own_deg = local_degrees(c)
-            counts = totals[:, -1]
-            if dp is None:
-                # counts are integers by construction (float encodings return them within
-                # their tolerance): a missing or corrupted contribution is off by >= 1
-                counts = counts.round()
-                if not torch.equal(counts[: c.num_nodes], own_deg):
-                    raise RuntimeError(
-                        f"client {k}: received degrees of its own nodes differ from its "
-                        "local degrees -- a contribution is missing or corrupted"
-                    )
-            # own nodes: the exact local degree; remote endpoints: the degree that came through
-            # the ones column (equal without DP; with DP the counts carry noise)
-            degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])
-            z = normalise(totals, degrees, o.norm).to(torch.float32)
-            self._inputs.append((z, propagation_graph(c, o.hops, degrees)))
-        self._centre_inputs()
-        self.pretrain = self._pretrain_stats(contributions, requests)
-        self.pretrain["pretrain_time"] = time.perf_counter() - t0
-
-    def _pretrain_stats(self, contributions, requests) -> dict:
-        """:func:`pretrain_stats` of this run's exchange."""
-        rows_up = {k: int(contributions[k][0].numel()) for k in range(len(self.clients))}
-        rows_down = {k: int(requests[k].numel()) for k in range(len(self.clients))}
-        return pretrain_stats(
-            self.protocol.transcript,
-            rows_up,
-            rows_down,
-            self.fed.num_features + 1,
-            self.exchange_rows,
-            self.opts.layout,
-            self.opts.row_order,
-        )
-
-    def _centre_inputs(self) -> None:
-        """``--center``: each client's model sees its first-layer input minus the mean of its own
-        rows (:func:`~secure_fgl.models.centring.centre_first_layer`; no centred copy is made)."""
-        if self.opts.center:
-            for k, c in enumerate(self.clients):
-                centre_first_layer(self.models[k], own_mean(self._inputs[k][0], c.num_nodes))
-
-    # -- training hooks
-    def client_inputs(self, k: int):
-        if self._inputs is None:
-            raise RuntimeError("FedGCN.setup() (the pre-training exchange) must run before training")
-        return self._inputs[k]
-
-    def final_metrics(self) -> dict:
-        tr = self.protocol.transcript
-        model_up = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.receiver == SERVER]
-        model_down = [m.nbytes for m in tr.messages if m.tag == f"{self.name}/model" and m.sender == SERVER]
-        rounds = len({m.round for m in tr.messages if m.tag == f"{self.name}/model"}) or 1
-        out = {
-            "hops": self.opts.hops,
-            "norm": self.opts.norm,
-            "layout": self.opts.layout,
-            "model_bytes_up_per_round": sum(model_up) / rounds,
-            "model_bytes_down_per_round": sum(model_down) / rounds,
-        }
-        out.update(self.pretrain)
-        return out
-
-    # -- checkpoints: the received sums are part of the state (setup() is not rerun on resume)
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["fedgcn"] = {
-            "pretrain": self.pretrain,
-            "inputs": None
-            if self._inputs is None or self.opts.hops == 0
-            else [(z.cpu(), tuple(t.cpu() if torch.is_tensor(t) else t for t in g)) for z, g in self._inputs],
-        }
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        saved = state.get("fedgcn", {})
-        self.pretrain = saved.get("pretrain", {})
-        if self.opts.hops == 0:
-            self._inputs = [(c.x, c.edge_index) for c in self.clients]
-        elif saved.get("inputs") is not None:
-            self._inputs = [
-                (z.to(self.device), PropGraph(g[0].to(self.device), g[1].to(self.device), g[2]))
-                for z, g in saved["inputs"]
-            ]
-        if self._inputs is not None:
-            self._centre_inputs()

@@ -27,8 +27,9 @@ A lost client stops the pre-training (its rows would be missing): DropoutError n
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
-import torch
 
 from protocols import SERVER, BoundError, client_party
 from protocols.errors import IntegrityError
@@ -94,15 +95,13 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.exchange_rows = facts.num_nodes
         self.dp_on = self.fopts.hops > 0 and dp_applies(cfg, protocol)
         if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
-            protocol.dp.declare(TAG, f"{self.name}/model")  # even split of the run's budget (as inline)
+            protocol.dp.declare(TAG, f"{self.name}/model")  # an even split of the run's budget
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """The data each release touches (:mod:`secure_fgl.privacy`)."""
         return release_dependencies_of(self.name)
 
     def setup(self) -> None:
-        import time
-
         o, f, K = self.fopts, self.facts, self.num_clients
         if o.hops == 0:
             self.pretrain = {
@@ -126,7 +125,6 @@ class FedGCNStrategy(ModelAveragingStrategy):
             "tag": TAG,
             "round": 0,
             "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
-            "split": self.split,
             "rpb": rpb,
             "num_blocks": -(-num_rows // rpb),
             "layout": o.layout,
@@ -135,20 +133,10 @@ class FedGCNStrategy(ModelAveragingStrategy):
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
-        if self.split:  # the clients' halves run the exchange
-            rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
-            rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
-            noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
-            self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
-        else:
-            contributions = {k: (torch.as_tensor(r["ids"]), torch.as_tensor(r["rows"])) for k, r in sent.items()}
-            requests = {k: torch.as_tensor(r["request"]) for k, r in sent.items()}
-            rows_up = {k: int(r["ids"].size) for k, r in sent.items()}
-            rows_down = {k: int(r["request"].size) for k, r in sent.items()}
-            received = self.protocol.row_sum(
-                TAG, 0, contributions, requests, num_rows=num_rows, layout=o.layout, spec=spec
-            )
-            self.tell("receive", {k: {"tag": TAG, "round": 0, "totals": received[k]} for k in range(K)})
+        rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
+        rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
+        noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
+        self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
         self.check_lost(range(K), f"the delivery of {TAG}")
         self.exchange_rows = num_rows
         self.pretrain = self._pretrain_stats(rows_up, rows_down)
@@ -229,11 +217,16 @@ class FedGCNStrategy(ModelAveragingStrategy):
         r, o = refused[worst], self.fopts
         if r["refused"] == "degree":
             n = sum(x.get("count", 0) for x in refused.values() if x["refused"] == "degree")
+            mode = self.protocol.mode
+            why = (
+                "node-level DP's sensitivity sqrt(cap + 1) * C would not hold"
+                if mode == "plain"
+                else f"{mode} sums sized to it would wrap"
+            )
             raise BoundError(
                 f"{n} node(s) on {len(refused)} client(s) have degree above --degree-cap "
-                f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {self.protocol.mode} sums "
-                f"sized to it would wrap. Raise --degree-cap to at least {r['largest']} (it is a public "
-                "bound)",
+                f"{o.degree_cap} (largest {r['largest']}, on client {worst}); {why}. "
+                f"Raise --degree-cap to at least {r['largest']} (it is a public bound)",
                 tag=TAG,
                 round=0,
                 client=worst,
@@ -247,8 +240,8 @@ class FedGCNStrategy(ModelAveragingStrategy):
         )
 
     def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
-        """The in-process FedGCN's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`) from
-        the server half's transcript, plus the bytes of the row numbering."""
+        """The pre-training exchange's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`)
+        from the server half's transcript, plus the bytes of the row numbering."""
         tr = self.protocol.transcript
         return {
             **pretrain_stats(

@@ -23,6 +23,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedOMDLogic",
         strategy=f"{__name__}.server:FedOMDStrategy",
-        inline=f"{__name__}.ops:FedOMD",
     ),
 ]

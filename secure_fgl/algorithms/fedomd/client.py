@@ -91,7 +91,7 @@ class FedOMDLogic(ModelAveragingLogic):
             means = [mean_of(summed(self, req), req["tag"], req).reshape(per_layer[0])]
         else:
             means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
-        dp_run = bool(self.cfg.dp_epsilon)  # post-processing of the DP path (as in-process)
+        dp_run = bool(self.cfg.dp_epsilon)  # post-processing of the DP path
         for i, l in enumerate(layers):
             if stage == "mean":  # the means-only exchange and DP project them
                 project = dp_run or not self.orders

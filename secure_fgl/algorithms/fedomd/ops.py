@@ -22,110 +22,15 @@
    with ``d_CMD`` of eq. 11 between the client's *own* mean/central moments (about its own
    mean, differentiable) and the received global ones (constants), ``alpha = ortho_weight
    = 0.0005``, ``beta = cmd_weight = 10`` (sec. 4.5).
-4. **FedAvg** of the weights (lines 21, 26-29) by the base class (tag ``fedomd/model``).
+4. **FedAvg** of the weights (lines 21, 26-29) by FedAvg's strategy (tag ``fedomd/model``).
 
 Every real-valued exchange (the statistics and the model mean) is planned on a public grid
 (:meth:`protocols.precision.MeanPrecision.grid_spec`): each client rounds its contribution to
 it in every mode, so plain, ckks and mask pool the same bits and train the same model.
 
-Readings chosen where the paper is ambiguous
---------------------------------------------
-* **Node set of the statistics** (``stats_nodes``).  Eq. 11 writes ``Z_i^train`` while
-  Algorithm 1 averages over ``m = 1..n_i`` and eq. 10 weights by ``n_i``.  Hidden features
-  need no labels, and under the paper's 1 % label rate a client holds a handful of training
-  nodes (about 9 per client on Cora with M=3) -- far too few for a 5th central moment.  We
-  read ``Z^train`` as "the features computed during training" and use **all local nodes**
-  (``stats_nodes='all'``, the default, Algorithm 1's reading).  Options:
-  ``'train'`` -- training nodes on both sides (exchanged statistics and local term);
-  ``'train_vs_all'`` -- the exchanged (global) statistics over all nodes, the client side of
-  eq. 11 over its training nodes only.  The latter is eq. 11's notation taken literally: the
-  pair ``d_CMD(Z^train, Z_IID)`` is SR-GNN's regulariser (Zhu et al., NeurIPS 2021), which
-  pulls the *labelled* sample's representation towards the population's instead of pulling
-  every node of a client towards the other clients.
-* **Activation bounds** ``[a, b]`` of eq. 11 (the paper only says "the elements of Z are
-  limited to [a, b]"): ``a = act_low = 0`` (ReLU features) and a public ``b = act_high``
-  (default 1.0, so every moment term has weight 1; on Cora, hidden 64, the mean activation is
-  about 0.05-0.2 and the 99th percentile 0.3-1.9, so the bulk lies inside and the tail is
-  clipped).  Clipping is applied to the copies of the features that enter the statistics
-  (both the exchanged ones and the local CMD term), not to the forward pass: it makes eq. 11's
-  scaling valid and bounds the DP sensitivity without changing the model.  A larger ``b``
-  down-weights the order-j term by ``1/b^j`` (a weaker constraint).
-* **Forward mode of the statistics** (``stats_pass``).  Algorithm 1 takes the exchanged
-  statistics and the local CMD term from the training forward pass, i.e. with dropout.  But
-  two dropout passes of the *same* model on the *same* nodes already differ in their higher
-  moments: on Cora (M=3, hidden 64, dropout 0.5) d_CMD between two dropout passes of one
-  client is ~0.08 while clients differ by ~0.10 -- the constraint would mostly chase dropout
-  noise, and the cheapest way to reduce that noise is to shrink the features.  Without
-  dropout the clients differ by ~0.065 against ~0.022 for a random (i.i.d.) split of the same
-  nodes, a real signal.  So by default (``stats_pass='eval'``) both sides of eq. 11 are
-  moments of the *deterministic* feature map the model is evaluated with: the exchanged
-  statistics come from a no-grad eval-mode pass and the local term from an eval-mode pass
-  with gradient (one extra forward per local epoch; cross-entropy keeps dropout).
-  ``stats_pass='train'`` uses dropout passes on both sides (closer to Algorithm 1).
-  With ``local_epochs > 1`` the global statistics stay fixed during the round.
-* **Orthogonal layer**: see :mod:`secure_fgl.models.orthogonal` (graph convolution with an
-  ONI/Newton-orthogonalised weight; eq. 6 on the parameter).  ``orthogonal=False`` gives
-  Table 6's "without orthogonality" (plain GCN hidden layers, no ``L_ortho``);
-  ``cmd_weight=0`` gives "without CMD" (and skips the statistics exchange).
-* ``d_CMD`` is summed over the hidden layers ``l = 1..L-1`` (line 19); the outer sum over
-  clients in line 19 is the federated objective, each client minimises its own term.
-
-Why the CMD term lowers accuracy here (diagnosis, Cora, Louvain M=3, seed 0, 100 rounds)
--------------------------------------------------------------------------------------------
-Best validation accuracy (%, model selection as in the trainer; one seed, so +-3 is noise):
-
-* ``cmd_weight = 0`` (Table 6 "w/o CMD"): 62.6; ``cmd_weight = 1e-6``: 62.6 (the same run,
-  so the exchange itself is harmless);
-* ``cmd_weight = 0.1 / 1 / 10``: 54.4 / 39.5 / 28.8 (the default reading);
-* beta = 10 with ``stats_nodes='train'`` 28.6, ``'train_vs_all'`` 30.4 (56.5 at beta = 1),
-  ``stats_pass='train'`` (dropout passes) 28.6, ``act_high = 10`` 41.3 (terms scaled by
-  1/10^j, a weaker constraint), ``cmd_order = 1`` (means only) 32.1;
-* the orthogonal layer as eq. 8 writes it (``newton_steps = 0``, ``W / ||W||_F``): 27.9 with
-  beta = 10 and 31.2 with beta = 1, against 58.5 without CMD;
-* an i.i.d. partition (Dirichlet, concentration 1000): 46.6 without CMD, 38.5 with beta = 10.
-
-Checked and found as specified: the global statistics are constants (numpy, no gradient);
-both sides use the same node set, pass and clipping; the statistics are those of the model
-that then takes its one local step (communication interval 1, nothing stale); eq. 11's
-scaling with ``[a, b] = [0, 1]`` keeps every term <= sqrt(d).  The harm grows monotonically
-with beta and survives every reading above, also the means-only constraint and an i.i.d.
-partition.  Likely mechanism: eq. 11 uses plain (not squared) L2 norms, whose gradient has constant
-size however close the moments already are, so beta = 10 puts a pull of about beta per term
-and layer against a cross-entropy over ~9 labelled nodes per client; the cheapest way for
-the shared model to make all clients' hidden moments agree is to silence hidden units (a
-dead ReLU unit has discrepancy 0): with beta = 10, 60 % of the hidden entries are 0 (12 %
-without CMD) and the class information of the unlabelled nodes is lost.  With Louvain
-(community = class-skewed) parties, matching the marginal feature distributions also fights
-the label shift between parties.  We therefore keep the paper's beta = 10 as the default (it
-is what the paper states) and report the ablation honestly; no reading we could justify
-reproduces the paper's gain from CMD.  The paper's own Table 6 gain is small next to its spread:
-with vs without CMD, Cora M=3 54.35 +- 5.86 vs 52.13 +- 9.13 and CiteSeer M=3 53.08 +- 3.67 vs
-51.58 +- 2.65 (5 runs each: Welch t = 0.46 and 0.74); the largest, Cora M=7 (41.90 +- 4.71 vs
-33.95 +- 8.21), gives t = 1.88 -- none is significant at the 5 % level.
-
-Differential privacy (``cfg.dp_epsilon`` set)
----------------------------------------------
-Mechanism: :mod:`protocols.dp`'s DP weighted mean.  A client's value (its mean of round 1,
-its stacked moments of round 2) is clipped to L2 norm ``C`` and its weight ``n_k`` is
-normalised by the public bound ``W = N`` (graph size), so it sends
-``[n_k/N * v_k, n_k/N * C] = [sum_i u_i / N, n_k C / N]`` with ``u_i`` node i's row:
-``z_i`` in round 1, ``((z_i - M)^j)_j`` in round 2.  Features are clipped to ``[a, b]``, hence
-
-* round 1: ``||u_i|| <= C_1 = max(|a|, |b|) sqrt(d)``;
-* round 2: ``||u_i|| <= C_2 = sqrt(d sum_j (b-a)^(2j))`` -- valid because the noisy ``M`` is
-  projected onto ``[a, b]`` before the moments (post-processing; that is why the DP path runs
-  the two rounds itself instead of calling ``central_moments``, with the same tags/messages).
-
-Clipping at ``C`` never alters honest values (a mean of rows in the ball is in the ball), so
-adding or removing **one hidden row** changes the sent vector by at most ``sqrt(2) C / N``:
-that is the stated ``sensitivity`` (times ``dp_rows`` when a unit can change several rows).
-Caveat, stated plainly: a graph node's input features reach the hidden rows of its
-neighbours through message passing, so row-level DP is node-level DP only with a degree cap
-``D`` and ``dp_rows >= 1 + D + ... + D^l`` (we do not enforce degree caps); ``dp_rows = N``
-gives client-level DP (at a large utility cost).  Each tag is released once per round
-(``releases = rounds``); the run's budget is split evenly over ``fedomd/model`` and the
-statistics tags (declared at construction).  The model exchange is the base class's
-(client-level, ``cfg.dp_clip``), which implies the same epsilon at the row level.
+Options where the paper is ambiguous (``stats_nodes``, ``act_low``/``act_high``, ``stats_pass``),
+the measured effect of the CMD term and the DP mechanism (a row-level DP weighted mean of the
+clipped statistics): docs/fedomd.md.
 """
 
 from __future__ import annotations
@@ -143,10 +48,8 @@ from protocols.precision import MeanPrecision, grid_tolerance
 
 from ...engine import rng
 from ...models.orthogonal import OrthoGCN
-from ..base import ModelAveraging
 from ..options import FedOMDOptions
 from .cmd import central_moments, clip_activations, cmd_from_moments
-from .stats_batch import batched_central_moments, one_stage_raw_moments
 
 #: target error of every pooled statistic (mean, central moments of order 2..5) on the public grid
 #: (:meth:`FedOMD.stats_spec`): ``2^-34``, i.e. ``2^-18`` relative to a statistic of size ``2^-16``
@@ -154,8 +57,6 @@ from .stats_batch import batched_central_moments, one_stage_raw_moments
 #: short of an exact sum at K = 10.  The same grid value in every mode (docs/secure_equals_plain.md).
 STATS_MEAN_TOLERANCE = 2.0**-34
 
-#: node sets of the statistics (see "Node set of the statistics" in the module docstring)
-STATS_NODES = ("all", "train", "train_vs_all")
 
 #: the ``step`` of :func:`~secure_fgl.engine.rng.client_generator` keying a client's statistics pass
 #: (``stats_pass='train'``: dropout), apart from its local steps ``0..local_epochs-1``
@@ -198,95 +99,6 @@ def project_moments(mom: np.ndarray, orders, low: float, high: float) -> dict[in
     (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release."""
     span = high - low
     return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -(span**j), span**j) for i, j in enumerate(orders)}
-
-
-def _central_moments_by_weighted_means(
-    protocol,
-    tag: str,
-    rnd: int,
-    samples: dict[int, np.ndarray],
-    orders,
-    low: float,
-    high: float,
-    spec,
-    dp: tuple[DPRequest | None, DPRequest | None],
-):
-    """The two rounds of :meth:`protocols.Protocol.central_moments` as two weighted means, so
-    each can carry a DP request: identical messages and tags, but the (noisy) global mean is
-    projected onto ``[low, high]`` before the moments (post-processing; a no-op without noise)
-    so every row's moment vector stays inside the clip ball, and the noisy moments onto their
-    feasible range.  With no ``orders`` (``cmd_order = 1``) only round 1 runs."""
-    counts = {k: float(a.shape[0]) for k, a in samples.items()}
-    means = {k: a.mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for k, a in samples.items()}
-    mu = protocol.weighted_mean(f"{tag}/mean", rnd, means, counts, spec=spec, dp=dp[0])
-    mu = np.clip(mu, low, high)
-    if not orders:  # cmd_order = 1: the means only
-        return mu, {}
-    stacked = {
-        k: np.stack([((a - mu) ** j).mean(axis=0) if a.shape[0] else np.zeros(a.shape[1]) for j in orders])
-        for k, a in samples.items()
-    }
-    mom = protocol.weighted_mean(f"{tag}/moments", rnd, stacked, counts, spec=spec, dp=dp[1])
-    return mu, project_moments(mom, orders, low, high)
-
-
-def exchange_hidden_statistics(
-    protocol,
-    rnd: int,
-    hidden: dict[int, list[torch.Tensor]],
-    orders: tuple[int, ...],
-    low: float,
-    high: float,
-    *,
-    spec: ValueSpec | None = None,
-    dp: tuple[DPRequest, DPRequest] | None = None,
-    tag: str = "fedomd",
-    batch: bool = False,
-    raw_moments: bool = False,
-) -> list[GlobalStats]:
-    """Eq. 10 and Algorithm 1 lines 8-17 for every hidden layer.
-
-    ``hidden``: client -> ``[Z_k^1, ..., Z_k^(L-1)]`` (each ``[n_k, d]``, the node set of the
-    statistics).  Features are clipped to ``[low, high]`` on the client side.  Returns, per
-    layer, the pooled mean and central moments of all clients' (clipped) features, computed
-    by :meth:`protocols.Protocol.central_moments` (tags ``<tag>/hidden<l>/mean|moments``);
-    ``dp``: the (mean, moments) requests of :func:`stats_dp_requests`; ``batch`` (no DP): every
-    layer in two uploads per client (:mod:`.stats_batch`), one with ``raw_moments``.
-    """
-    num_layers = len(next(iter(hidden.values())))
-    out = []
-    if batch and dp is None and orders:
-        layers = [
-            {k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()}
-            for layer in range(num_layers)
-        ]
-        return [
-            GlobalStats(
-                torch.as_tensor(mu, dtype=torch.float32),
-                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
-            )
-            for mu, moments in (one_stage_raw_moments if raw_moments else batched_central_moments)(
-                protocol, tag, rnd, layers, orders, spec=spec
-            )
-        ]
-    for layer in range(num_layers):
-        samples = {
-            k: clip_activations(zs[layer].detach(), low, high).double().cpu().numpy() for k, zs in hidden.items()
-        }
-        name = f"{tag}/hidden{layer + 1}"
-        if dp is None and orders:
-            mu, moments = protocol.central_moments(name, rnd, samples, orders, spec=spec)
-        else:  # DP, or cmd_order = 1 (round 1, the means, only)
-            mu, moments = _central_moments_by_weighted_means(
-                protocol, name, rnd, samples, orders, low, high, spec, dp or (None, None)
-            )
-        out.append(
-            GlobalStats(
-                torch.as_tensor(mu, dtype=torch.float32),
-                {j: torch.as_tensor(m, dtype=torch.float32) for j, m in moments.items()},
-            )
-        )
-    return out
 
 
 def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: int) -> nn.Module:
@@ -399,144 +211,4 @@ def stats_grid_spec(
     return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)
 
 
-class FedOMD(ModelAveraging):
-    name = "fedomd"
-    Options = FedOMDOptions
-    #: Adam + CMD amplifies 1e-8 differences between modes: average on the public grid
-    grid_model_mean = True
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        opts = options if options is not None else FedOMDOptions()
-        if opts.stats_nodes not in STATS_NODES:
-            raise ValueError(f"--stats-nodes must be one of {', '.join(STATS_NODES)}, got {opts.stats_nodes!r}")
-        if opts.stats_pass not in ("eval", "train"):
-            raise ValueError(f"--stats-pass must be 'eval' or 'train', got {opts.stats_pass!r}")
-        if not opts.act_high > opts.act_low:
-            raise ValueError(f"need --act-low < --act-high, got [{opts.act_low}, {opts.act_high}]")
-        if opts.cmd_order < 1:
-            raise ValueError(f"--cmd-order must be >= 1 (1 = means only), got {opts.cmd_order}")
-        if opts.dp_rows < 1:
-            raise ValueError(f"--dp-rows must be >= 1, got {opts.dp_rows}")
-        super().__init__(fed, protocol, cfg, device, opts)
-        self.orders = tuple(range(2, self.opts.cmd_order + 1))
-        self.global_stats: list[GlobalStats] | None = None
-        self._last_terms: dict[int, dict[str, float]] = {}
-        if self.protocol.dp is not None and getattr(self.protocol.dp.config, "split", None) is None:
-            # split the run's budget evenly over every DP exchange of FedOMD
-            self.protocol.dp.declare(f"{self.name}/model", *(self.stats_tags() if self.uses_cmd else []))
-
-    # ------------------------------------------------------------------ model
-    def build_model(self) -> nn.Module:
-        return build_ortho_gcn(self.opts, self.cfg, self.fed.num_features, self.fed.num_classes)
-
-    def _select(self, k: int, z: torch.Tensor, side: str = "global") -> torch.Tensor:
-        return stats_rows(self.clients[k], z, self.opts.stats_nodes, side)
-
-    @property
-    def uses_cmd(self) -> bool:
-        return self.opts.cmd_weight > 0
-
-    # ------------------------------------------------------------------ statistics
-    def stats_node_total(self) -> int:
-        """Public size of the exchanged statistics' node set over all clients, the total of the
-        weights ``n_k``: the partitioned graph's node count, or its training split's size."""
-        if self.opts.stats_nodes == "train":
-            return int(self.fed.graph.train_mask.sum())
-        return int((self.fed.owner >= 0).sum())
-
-    def stats_precision(self, num_contributors: int) -> MeanPrecision:
-        """:func:`stats_precision` of this run (``num_contributors`` of the clients)."""
-        return stats_precision(
-            self.opts, self.orders, self.stats_node_total(), min(1.0, num_contributors / len(self.clients))
-        )
-
-    def stats_spec(self, num_contributors: int | None = None) -> ValueSpec:
-        """:func:`stats_grid_spec` of this run."""
-        return stats_grid_spec(
-            self.opts,
-            self.orders,
-            self.stats_node_total(),
-            len(self.clients) if num_contributors is None else num_contributors,
-            len(self.clients),
-        )
-
-    def stats_dp(self) -> tuple[DPRequest, DPRequest] | None:
-        if not self.cfg.dp_epsilon:
-            return None
-        return stats_dp_requests(
-            self.opts.act_low,
-            self.opts.act_high,
-            self.cfg.hidden,
-            self.orders,
-            self.fed.graph.num_nodes,
-            self.cfg.rounds,
-            self.opts.dp_rows,
-        )
-
-    def stats_tags(self) -> list[str]:
-        return stats_tags(self.name, self.opts.ortho_layers)
-
-    def client_hidden(self, k: int) -> list[torch.Tensor]:
-        """:func:`hidden_for_stats` of client k."""
-        return hidden_for_stats(
-            self.models[k], *self.client_inputs(k), self.clients[k], self.opts, self.cfg.seed, self.round, k
-        )
-
-    def exchange_statistics(self, rnd: int, clients: list[int]) -> list[GlobalStats]:
-        hidden = {k: self.client_hidden(k) for k in clients}
-        if not any(zs[0].shape[0] for zs in hidden.values()):
-            raise ValueError(
-                "no client has nodes for the FedOMD statistics "
-                "(stats_nodes='train' with no training nodes?); use --stats-nodes all"
-            )
-        stats = exchange_hidden_statistics(
-            self.protocol,
-            rnd,
-            hidden,
-            self.orders,
-            self.opts.act_low,
-            self.opts.act_high,
-            spec=self.stats_spec(len(clients)),
-            dp=self.stats_dp(),
-            tag=self.name,
-            batch=self.opts.batch_stats,
-            raw_moments=self.opts.raw_moments,
-        )
-        return [
-            GlobalStats(s.mean.to(self.device), {j: m.to(self.device) for j, m in s.moments.items()}) for s in stats
-        ]
-
-    # ------------------------------------------------------------------ local objective
-    def cmd_loss(self, k: int, hidden: list[torch.Tensor]) -> torch.Tensor:
-        """:func:`cmd_loss` of client k against the received statistics."""
-        return cmd_loss(self.clients[k], hidden, self.global_stats, self.opts, self.orders)
-
-    def local_update(self, k: int) -> float:
-        loss, self._last_terms[k] = train_client(
-            self.models[k],
-            self.optimizers[k],
-            *self.client_inputs(k),
-            self.clients[k],
-            self.opts,
-            self.cfg,
-            self.global_stats,
-            self.orders,
-            self.round,
-            k,
-        )
-        return loss
-
-    def train_round(self, rnd: int) -> dict:
-        self.round = rnd
-        sampled = self.sample_clients(rnd)
-        self._last_terms = {}
-        if self.uses_cmd:
-            self.global_stats = self.exchange_statistics(rnd, sampled)
-        out = super().train_round(rnd)
-        for name in ("ce", "ortho", "cmd"):
-            vals = [t[name] for t in self._last_terms.values()]
-            out[f"{name}_loss"] = float(np.mean(vals)) if vals else 0.0
-        return out
-
-
-__all__ = ["FedOMD", "FedOMDOptions", "GlobalStats", "exchange_hidden_statistics"]
+__all__ = ["FedOMDOptions", "GlobalStats"]

@@ -19,24 +19,22 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
    The server sees only the vectors its protocol gives it (in mask/ckks neither ``s_k`` nor ``n_k``)
    and plans from public facts: the number of hidden layers and their width, the orders, the
    public total of the weights (``N`` held nodes, or the training split's size).
-   A per-layer exchange is sent as ``[n_k, n_k s_k]`` (weight first) where the in-process
-   :meth:`~protocols.base.Protocol.weighted_mean` sends ``[n_k s_k, n_k]``: the same values and
-   bytes, permuted.
+   A per-layer exchange is sent as ``[n_k, n_k s_k]`` (weight first; the values and bytes of
+   :meth:`~protocols.base.Protocol.weighted_mean`'s ``[n_k s_k, n_k]``, permuted).
 2. **Local training** (eq. 12): :func:`~secure_fgl.algorithms.fedomd.train_client` against the
    received statistics; the loss terms (``ce``, ``ortho``, ``cmd``) come back with the loss.
 3. **FedAvg** of the weights (tag ``fedomd/model``):
    :class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`.
 
-DP (``--dp-epsilon``, as the in-process algorithm, "Differential privacy" of
-:mod:`secure_fgl.algorithms.fedomd`): the statistics run per layer (``--batch-stats`` is off under
+DP (``--dp-epsilon``, docs/fedomd.md): the statistics run per layer (``--batch-stats`` is off under
 DP), each stage a DP weighted mean (:func:`~secure_fgl.algorithms.fedomd.stats_dp_requests`): a
 client sends ``[w~ clip(v_k), w~ C]`` with ``w~ = n_k / N`` (:func:`.sums.dp_mean_vector`) plus its
 share of the noise, added in its runtime before its half encodes; the driver's accountant counts
 each release (:mod:`.dp`).  The recipients project the noisy mean onto ``[a, b]`` before the
 moments and the noisy moments onto their range (post-processing).  The budget is split evenly over
-``fedomd/model`` and the statistics tags, as in-process.
+``fedomd/model`` and the statistics tags.
 
-Per-client randomness (dropout) is :func:`secure_fgl.engine.rng.client_generator`'s, as in-process.
+Per-client randomness (dropout) is :func:`secure_fgl.engine.rng.client_generator`'s.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ TERMS = ("ce", "ortho", "cmd")
 class FedOMDStrategy(ModelAveragingStrategy):
     """FedOMD's server: the statistics stages (module docstring), then FedAvg."""
 
-    grid_model_mean = True  # as the in-process FedOMD: every real exchange on its public grid
+    grid_model_mean = True  # every real exchange on its public grid
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
@@ -63,7 +61,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
         self.orders = tuple(range(2, self.fopts.cmd_order + 1))
         self.updates: dict[int, dict] = {}
         if protocol.dp is not None and protocol.dp.config.split is None:
-            # split the run's budget evenly over every DP exchange of FedOMD (as in-process)
+            # split the run's budget evenly over every DP exchange of FedOMD
             protocol.dp.declare(
                 f"{self.name}/model",
                 *(stats_tags(self.name, self.fopts.ortho_layers) if self.fopts.cmd_weight > 0 else []),

@@ -24,6 +24,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedSprayLogic",
         strategy=f"{__name__}.server:FedSprayStrategy",
-        inline=f"{__name__}.ops:FedSpray",
     ),
 ]

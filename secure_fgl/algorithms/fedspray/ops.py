@@ -34,58 +34,12 @@ GNN and the encoder, 0.02 for proxies, ``lambda1 = 5``, ``lambda2 = 1``, ``d_s =
 (``phase_epochs``; FedSpray ignores ``--local-epochs``).  The paper's 300 rounds is ``--rounds 300``
 (a run setting, not an option).
 
-Where the reference code (``xbfu/FedSpray``) differs from the paper, we follow the paper:
-
-* ``main.py`` runs 500 rounds with ``lambda1 = 1.0`` (a local ``lambda_1 = 5`` is unused);
-* the GNN's KD term uses only training nodes and unlabelled nodes whose ``max q > 0.7``
-  (``client.py``; here ``kd_threshold``, default 0 = all nodes as in eq. 6);
-* labelled nodes keep their *own* trained proxy across rounds instead of restarting from
-  ``S_{r-1}[y_i]`` (here: restart from the class proxy each round, Algorithm 1 line 4);
-* the projector ``g_q`` is overwritten with the aggregated classifier ``g_p`` every round (its
-  own average is discarded); here ``g_q`` is averaged and kept;
-* the encoder FedAvg weights are training-node counts (here: local node counts, eq. 14 — the
-  same up to a constant under the 40/30/30 split); proxies are weighted by class *ratios*
-  (``proxy_weighting='ratio'``, as in eq. 15 and the code; ``'count'`` weights by counts);
-* GNN parameters are initialised ``uniform_(0, 1)`` (here: the layers' default Glorot init);
-* model selection on the best *validation loss* (here: best validation accuracy, the engine's rule).
-
-On PubMed (3 seeds, ``examples/fedspray_table2.py``) the paper's ``lambda1 = 5`` with KD on all
-nodes left the SGC and GraphSAGE backbones' minority accuracy unstable across seeds, while the
-code's ``lambda1 = 1`` with ``kd_threshold = 0.7`` was stable for all three and close to the
-paper's Table 2 for GCN and GraphSAGE (SGC's minority accuracy stays ~11 points under it); GCN was
-stable with both (numbers in docs/fedspray.md).
-
 ``ablate_proxy=True`` is Table 3's ``S = 0``: proxies fixed at zero, neither trained nor exchanged.
-
-What the measurements say (PubMed, 7 clients, GCN, seeds 0-2; ``examples/fedspray_table2.py``,
-numbers in docs/fedspray.md):
-
-* **The teacher is weaker than the student.**  ``evaluate()`` logs ``teacher_test_acc``, the
-  accuracy of the soft targets ``p`` the GNNs distil from: 81.7 % at the reported round, below a
-  feature-only local MLP (85.7 %) and the GNNs themselves (Local GCN 87.1 %).  With the paper's
-  ``lambda1 = 5`` the GNNs are pulled towards it: overall accuracy peaks within ~100 rounds and
-  then falls (83.2 % after round 300) while minority accuracy keeps rising (61.0 -> 64.7 %) -- the
-  teacher is a federated model, so it knows the classes a client rarely sees (a federated MLP
-  alone reaches 66 % minority accuracy against 46 % for a local one).
-* **Why S = 0 does not collapse here.**  Zeroing the proxies leaves the teacher's accuracy where it
-  was (81.7 % with S, 81.7 % without), so the GNNs distil the same thing and end within 0.3
-  points (overall) and 0.9 points (minority) of full FedSpray -- on PubMed's 500 TF-IDF features
-  the feature encoder carries the teacher, and the class proxies add nothing we can measure.  The
-  paper's 77.11 / 42.01 for S = 0 is below even the local MLP; we cannot reach it with a
-  feature-only teacher.
-* **Why SGC/SAGE minority accuracy swings over seeds.**  With ``lambda1 = 5``, on the unstable
-  seeds the best *overall* validation accuracy falls in rounds 2-5, before distillation has done
-  anything, and the engine reports that round (minority 19-38 %); after round 300 the same runs sit
-  at 63-70 % (SAGE seeds 1, 2) and 44 % (SGC seed 2) -- a selection effect of the
-  overall-accuracy rule, not divergence.  The table script prints the last-round accuracies next
-  to the selected ones.
+Where the reference code (``xbfu/FedSpray``) differs from the paper the defaults follow the paper;
+the differences and the measured behaviour on PubMed: docs/fedspray.md.
 """
 
 from __future__ import annotations
-
-import copy
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -93,17 +47,14 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from protocols import DPRequest, Protocol, ValueSpec
-from protocols.base import classwise_result, classwise_vector
-from protocols.batch import batch_spec, batched_sum
+from protocols.batch import batch_spec
 from protocols.precision import MeanPrecision
 
-from ...config import ConfigError
 from ...engine import rng
 from ...models import build_model
 from ...models.fedspray_encoder import FeatureStructureEncoder, initial_proxies, node_proxies
-from ...runtime.sums import mean_of, mean_vector
-from ..base import PARAM_BOUND, FederatedAlgorithm, accuracy, model_spec
-from ..minority import MinorityAccuracy
+from ...validation import ConfigError
+from ..base import PARAM_BOUND, model_spec
 from ..options import FedSprayOptions
 
 BACKBONES = ("gcn", "sgc", "sage")
@@ -135,28 +86,6 @@ def class_weights(counts: np.ndarray, weighting: str = "ratio", graph_size: int 
     if weighting == "count":
         return counts / float(graph_size if graph_size else max(counts.sum(), 1.0))
     return counts / max(counts.sum(), 1.0)
-
-
-def align_proxies(
-    protocol: Protocol,
-    tag: str,
-    rnd: int,
-    local: Mapping[int, torch.Tensor | np.ndarray],
-    weights: Mapping[int, np.ndarray],
-    previous: torch.Tensor,
-    *,
-    recipients: Sequence[int] | None = None,
-    dp: DPRequest | None = None,
-) -> torch.Tensor:
-    """Server-side proxy alignment (eq. 15) as one :meth:`Protocol.classwise_mean` exchange.
-
-    Each client sends ``[w_k * S^(k), w_k]``: in secure modes the server sees neither the weights
-    nor which rows are zero.  Rows of classes with zero total weight keep ``previous``.  Weights
-    are at most 1 (class ratios); the exchange is planned for class totals of 1
-    (:class:`protocols.precision.MeanPrecision`), a class of total ``T`` gets the bound
-    ``eps (1 + B) / (T - eps)``."""
-    mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=PROXY_SPEC, dp=dp, recipients=recipients)
-    return keep_absent(mean, present, previous)
 
 
 def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptions) -> None:
@@ -368,164 +297,3 @@ def check_options(o: FedSprayOptions) -> None:
         raise ConfigError(f"--phase-epochs must be >= 1, got {o.phase_epochs}")
     if o.proxy_dim < 1 or o.gnn_hidden < 1:
         raise ConfigError("--proxy-dim and --gnn-hidden must be >= 1")
-
-
-#: the in-process checkpoint's per-client lists -> :meth:`SprayClient.state_dict` keys
-_CLIENT_STATE = {
-    "gnns": "gnn",
-    "gnn_opts": "gnn_opt",
-    "encoder_opts": "encoder_opt",
-    "proxy_opts": "proxy_opt",
-    "node_proxy": "node_proxy",
-}
-
-
-class FedSprayCore(FederatedAlgorithm):
-    """The algorithm; :class:`FedSpray` adds the minority-accuracy metric on top."""
-
-    name: ClassVar[str] = "fedspray"
-    Options = FedSprayOptions
-    personalized = True
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
-        o = self.opts
-        check_options(o)
-        C, d = fed.num_classes, fed.num_features
-        # global encoder (one initialisation), each client its own GNN and a working copy of the encoder
-        template = new_encoder(o, d, C, cfg.seed).to(device)
-        self.global_encoder = parameters_to_vector(template.parameters()).detach().clone()
-        self.parts = [SprayClient(c, k, o, d, C, copy.deepcopy(template), cfg.seed) for k, c in enumerate(self.clients)]
-        self.gnns = [p.gnn for p in self.parts]
-        self.encoders = [p.encoder for p in self.parts]
-        # structure proxies: the global S (the per-node proxies s_i live in each client's part)
-        self.proxies = first_proxies(o, C).to(device)
-
-    def setup(self) -> None:
-        declare_dp_exchanges(self.protocol, self.cfg, self.name, self.opts)
-
-    # ------------------------------------------------------------------ one client
-    def soft_targets(self, k: int, encoder: FeatureStructureEncoder) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`SprayClient.soft_targets` of client k under the current global ``S``."""
-        return self.parts[k].soft_targets(encoder, self.proxies)
-
-    def local_update(self, k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """:meth:`SprayClient.local_update` of client k."""
-        return self.parts[k].local_update(self.global_encoder, self.proxies, self.round)
-
-    # ------------------------------------------------------------------ one round
-    def train_round(self, rnd: int) -> dict:
-        self.round = rnd
-        sampled = [k for k in self.sample_clients(rnd) if bool(self.clients[k].train_mask.any())]
-        if not sampled:
-            return {"train_loss": 0.0}
-        losses, updates, local = [], {}, {}
-        for k in sampled:
-            loss, updates[k], local[k] = self.local_update(k)
-            losses.append(loss)
-        self.aggregate(rnd, updates, local)
-        return {"train_loss": float(np.mean(losses))}
-
-    def aggregate(self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor]) -> None:
-        """Server update: eq. 14 (encoder) and eq. 15 (proxy alignment), both via the protocol."""
-        cfg, K, N = self.cfg, len(self.clients), self.fed.graph.num_nodes
-        dp = dp_request(cfg)
-        spec = model_spec(len(updates), K, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
-        batch = round_spec(spec, self.opts, dp, len(updates), K)
-        if batch is not None:
-            self.batched_round(rnd, updates, local, batch)
-            return
-        mean_update = self.protocol.weighted_mean(
-            f"{self.name}/encoder",
-            rnd,
-            updates,
-            {k: self.parts[k].encoder_weight(N) for k in updates},
-            spec=spec,
-            dp=dp,
-            recipients=range(K),
-        )
-        self.global_encoder = self.global_encoder + torch.as_tensor(
-            mean_update, dtype=torch.float32, device=self.device
-        )
-        if not self.opts.ablate_proxy:
-            self.align_proxies(rnd, local, dp)
-
-    def batched_round(
-        self, rnd: int, updates: dict[int, torch.Tensor], local: dict[int, torch.Tensor], spec: ValueSpec
-    ) -> None:
-        """Eq. 14 and eq. 15 from one upload per client (:func:`round_spec`): the same sums as the two
-        exchanges, each part's bytes attributed to its own tag in the transcript."""
-        N, encoder, proxies = self.fed.graph.num_nodes, f"{self.name}/encoder", f"{self.name}/proxies"
-        parts = {
-            proxies: {
-                k: classwise_vector(
-                    np.asarray(local[k].detach().cpu().numpy(), dtype=np.float64), self.parts[k].proxy_weights(N)
-                )
-                for k in updates
-            },
-            encoder: {
-                k: mean_vector(u.detach().cpu().numpy(), self.parts[k].encoder_weight(N)) for k, u in updates.items()
-            },
-        }
-        totals = batched_sum(self.protocol, f"{self.name}/batch", rnd, parts, spec, recipients=range(len(self.clients)))
-        self.global_encoder = self.global_encoder + torch.as_tensor(
-            mean_of(totals[encoder], encoder), dtype=torch.float32, device=self.device
-        )
-        C, d = self.proxies.shape
-        self.proxies = keep_absent(*classwise_result(totals[proxies], C, d, spec.tolerance), self.proxies)
-
-    def align_proxies(self, rnd: int, local: dict[int, torch.Tensor], dp: DPRequest | None = None) -> torch.Tensor:
-        """Eq. 15 through :meth:`Protocol.classwise_mean`; classes nobody holds keep their proxy."""
-        aligned = align_proxies(
-            self.protocol,
-            f"{self.name}/proxies",
-            rnd,
-            local,
-            {k: self.parts[k].proxy_weights(self.fed.graph.num_nodes) for k in local},
-            self.proxies,
-            recipients=range(len(self.clients)),
-            dp=dp,
-        )
-        if dp is not None:  # a noisy class-weight total near zero can blow a row up: keep S bounded
-            aligned = aligned.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
-        self.proxies = aligned
-        return self.proxies
-
-    # ------------------------------------------------------------------ evaluation
-    def client_logits(self, k: int) -> torch.Tensor:
-        return self.parts[k].logits()
-
-    @torch.no_grad()
-    def evaluate(self) -> dict:
-        """The engine's accuracies of the personalized GNNs, plus ``teacher_test_acc``: the
-        accuracy, node-weighted over all clients' test nodes, of the soft targets ``p`` (eq. 9-10)
-        that the GNNs distil from -- the global encoder ``w_r`` with the aligned proxies ``S_r``
-        (a diagnostic of the teacher's quality; model selection still uses the GNNs)."""
-        out = super().evaluate()
-        teacher = self.__dict__.setdefault("_teacher", copy.deepcopy(self.encoders[0]))
-        vector_to_parameters(self.global_encoder.clone(), teacher.parameters())
-        counts = [accuracy(self.soft_targets(k, teacher)[0], c.y, c.test_mask) for k, c in enumerate(self.clients)]
-        total = sum(t for _, t in counts)
-        out["teacher_test_acc"] = sum(n for n, _ in counts) / total if total else 0.0
-        return out
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        per = [p.state_dict() for p in self.parts]
-        return {
-            **{name: [s[key] for s in per] for name, key in _CLIENT_STATE.items()},
-            "global_encoder": self.global_encoder.cpu(),
-            "proxies": self.proxies.cpu(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        for k, p in enumerate(self.parts):
-            p.load_state_dict({key: state[name][k] for name, key in _CLIENT_STATE.items()})
-        self.global_encoder = state["global_encoder"].to(self.device)
-        self.proxies = state["proxies"].to(self.device)
-        for enc in self.encoders:
-            vector_to_parameters(self.global_encoder.clone(), enc.parameters())
-
-
-class FedSpray(MinorityAccuracy, FedSprayCore):
-    """FedSpray reporting ``minority_acc`` (Table 2) at the engine's best-validation round."""

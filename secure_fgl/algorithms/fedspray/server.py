@@ -16,7 +16,7 @@ The round of :mod:`secure_fgl.algorithms.fedspray` with every party apart:
 The server moves the two sums (:mod:`.sums`) and sees only what its protocol gives it: in mask and
 ckks neither the weights nor which classes a client lacks.  It never holds ``w`` or ``S``.
 
-DP (``--dp-epsilon``, as the in-process algorithm; :mod:`.dp`): both exchanges are client-level
+DP (``--dp-epsilon``; :mod:`.dp`): both exchanges are client-level
 releases (``--dp-clip``, one per round, the budget split between the two).  The encoder mean is a
 DP weighted mean (each client sends ``[w~ clip(u_k), w~ C]``, :func:`.sums.dp_mean_vector`); the
 class-wise proxy vector is clipped whole to ``C`` on the client; each client adds its share of the

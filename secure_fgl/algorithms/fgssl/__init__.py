@@ -25,6 +25,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FGSSLLogic",
         strategy=HALVES["strategy"],
-        inline=f"{__name__}.ops:FGSSL",
     ),
 ]

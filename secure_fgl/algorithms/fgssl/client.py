@@ -4,8 +4,8 @@ Algorithm 1 of :mod:`secure_fgl.algorithms.fgssl` with every party apart: the se
 FedAvg's weighted mean (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`, tag ``fgssl/model``); each
 client's ``LocalUpdating`` freezes the global model it received (``G^g, F^g``), then runs ``E``
 epochs of eq. 12 (or the released code's objective, ``--variant``) on its own subgraph
-(:func:`~secure_fgl.algorithms.fgssl.fgssl_objective`), with the same value-independent
-augmentation draws as the in-process algorithm, so the two give the same models.
+(:func:`~secure_fgl.algorithms.fgssl.fgssl_objective`), with value-independent augmentation
+draws (keyed by the client's per-step generator).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Huang, Ye, Du, Wan, Wang — "Federated Graph Semantic and Structural Learning",
 (sec. 3.3, Algorithm 1, eq. 6-12).
 
 The server side is FedAvg (Algorithm 1, "Server Side": ``theta <- sum_m |D^m|/|D| theta^m``), run by
-:class:`~secure_fgl.algorithms.base.ModelAveraging` through :meth:`Protocol.weighted_mean` (tag
+FedAvg's strategy (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`, tag
 ``fgssl/model``), so plain, ckks and mask all apply unchanged.  Only the client objective differs.
 
 ``LocalUpdating(theta_t, m)``: the received global model ``G^g, F^g <- theta_t`` is frozen (evaluated
@@ -53,16 +53,11 @@ so every mode trains on the same views.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch.nn import functional as F
-from torch.nn.utils import vector_to_parameters
 from torch_geometric.utils import softmax as segment_softmax
 
-from ...config import ConfigError
-from ...engine import rng
-from ..base import ModelAveraging
+from ...validation import ConfigError
 from ..options import FGSSLOptions
 from .augment import AugmentRates, augment, view_generator
 
@@ -174,53 +169,3 @@ def fgssl_objective(
     if o.lambda_d:
         loss = loss + o.lambda_d * fgsd_loss(z_m, z_g, edge_index, o.omega)
     return loss
-
-
-class FGSSL(ModelAveraging):
-    """FedAvg with FGSSL's local objective (eq. 12) or the released code's (``variant``)."""
-
-    name = "fgssl"
-    Options = FGSSLOptions
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
-        self.weak, self.strong = fgssl_rates(self.opts, self.models[0], cfg.model)
-        #: the received global model G^g, F^g (frozen, evaluated without dropout)
-        self.global_model = copy.deepcopy(self.models[0]).eval().requires_grad_(False)
-        self.round = 0
-
-    def train_round(self, rnd: int) -> dict:
-        self.round = rnd
-        return super().train_round(rnd)
-
-    def views(self, k: int, epoch: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """``(Aug_s(G), Aug_w(G))`` of client k for this round and epoch (:func:`fgssl_views`)."""
-        return fgssl_views(*self.client_inputs(k), self.weak, self.strong, (self.cfg.seed, self.round, k, epoch))
-
-    def fgssl_loss(self, k: int, epoch: int) -> torch.Tensor:
-        """Client k's objective (:func:`fgssl_objective`)."""
-        c = self.clients[k]
-        return fgssl_objective(
-            self.models[k],
-            self.global_model,
-            *self.client_inputs(k),
-            c.train_mask,
-            c.y[c.train_mask],
-            self.opts,
-            lambda: self.views(k, epoch),
-        )
-
-    def local_update(self, k: int) -> float:
-        """Algorithm 1 ``LocalUpdating``: freeze the received global model, then ``E`` epochs of
-        the FGSSL objective on the local model."""
-        vector_to_parameters(self.global_params.clone(), self.global_model.parameters())
-        model, opt = self.models[k], self.optimizers[k]
-        model.train()
-        loss = torch.zeros(())
-        for epoch in range(self.cfg.local_epochs):
-            opt.zero_grad()
-            with rng.using(rng.client_generator(self.cfg.seed, self.round, k, epoch)):  # dropout, as FedAvg's
-                loss = self.fgssl_loss(k, epoch)
-            loss.backward()
-            opt.step()
-        return float(loss.detach())

@@ -27,6 +27,5 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
-        inline=f"{__name__}.ops:FedGCNGAP",
     ),
 ]

@@ -10,7 +10,7 @@ The three stages of :mod:`secure_fgl.algorithms.gap` with every party apart:
    (``H_0 = E(x)/||E(x)||``), checks its degrees against ``--degree-cap``, and for hop ``h``
    contributes its partial sums ``P^{(k)} = sum_{j in V_k} Ã_vj H_{h-1,j}`` through the row-sum
    exchange (tag ``fedgcn-gap/hop/h``); under DP it adds its share of the edge-level noise itself
-   (:mod:`.dp`) and the driver's accountant counts each hop as inline.  Each client receives the
+   (:mod:`.dp`) and the driver's accountant counts each hop.  Each client receives the
    totals of its own nodes and row-normalises them into ``H_h``.
 3. **Head**: FedAvg (tag ``fedgcn-gap/model``) of an MLP on ``[H_0, ..., H_K]``; evaluation picks
    the head or the encoder by the federation's validation accuracy (``--select val``), from one
@@ -20,16 +20,17 @@ The three stages of :mod:`secure_fgl.algorithms.gap` with every party apart:
 driver's one accountant counts that round's steps of the stage (``<stage>/dpsgd``, one release per
 step for all clients: they hold disjoint nodes) and tells each sampled client the std of each step;
 the client clips every per-node gradient of its own training nodes (Opacus) and adds the noise from
-its own OS-keyed keystream (:class:`~.dp.ClientNoise`), as inline draws it from the run's engine.
+its own OS-keyed keystream (:class:`~.dp.ClientNoise`).
 A step is counted before any client trains (conservative: it counts even if the client is lost).
 """
 
 from __future__ import annotations
 
-from ...config import ConfigError
 from ...dpsgd import noise_contributors, stage_request
+from ...privacy import resolve_unit
 from ...runtime.exchange import run_row_sum
 from ...runtime.strategy import EVAL_TAG
+from ...validation import ConfigError
 from ..base import accuracy_summary
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import GAPOptions
@@ -56,14 +57,9 @@ class GAPStrategy(ModelAveragingStrategy):
         if self.gopts.dpsgd and protocol.dp is None:
             raise ConfigError("fedgcn-gap --dpsgd needs --dp-epsilon (the run's total budget)")
         super().__init__(executor, protocol, cfg, facts, options)
-        if not self.split:
-            raise ConfigError(
-                f"fedgcn-gap with --executor {cfg.executor} runs its hop sums in the clients' protocol "
-                f"halves; mode {protocol.mode} is not split into halves yet: use --executor inline"
-            )
         self.encoder_val_acc, self.uses_head = 0.0, True
         self.hop_tags = [f"{HOP_TAG}/{h}" for h in range(1, self.gopts.hops + 1)]
-        #: ``--dpsgd``: model tag of a training stage -> (its DP tag, its request), as inline names them
+        #: ``--dpsgd``: model tag of a training stage -> (its DP tag, its request)
         self.dpsgd = {}
         if self.gopts.dpsgd:
             epochs, enc_rounds = cfg.local_epochs, self.gopts.encoder_rounds or cfg.rounds
@@ -72,10 +68,10 @@ class GAPStrategy(ModelAveragingStrategy):
                 f"{self.name}/model": (f"{self.name}/dpsgd", stage_request(cfg.dp_clip, cfg.rounds, epochs)),
             }
         if protocol.dp is not None and protocol.dp.config.split is None:
-            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # even split (as inline)
+            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # an even split
 
     def release_units(self) -> dict[str, str]:
-        """DP-SGD steps protect a training node (a sample), as inline."""
+        """DP-SGD steps protect a training node (a sample)."""
         return {t: "sample" for t, _ in self.dpsgd.values()}
 
     def local_update_request(self, rnd: int, tag: str | None) -> dict:
@@ -96,9 +92,7 @@ class GAPStrategy(ModelAveragingStrategy):
         return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
 
     def model_dp_request(self, tag: str):
-        """Edge-level: the model exchanges touch no edge, so they carry no noise (as inline)."""
-        from ...privacy import resolve_unit
-
+        """Edge-level: the model exchanges touch no edge, so they carry no noise."""
         if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
             return None
         return super().model_dp_request(tag)
@@ -117,7 +111,7 @@ class GAPStrategy(ModelAveragingStrategy):
         K, N, dim, o = self.num_clients, self.facts.num_nodes, self.cfg.hidden, self.gopts
         for h, tag in enumerate(self.hop_tags, start=1):
             dp = self.hop_request(h) if self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag) else None
-            spec = self.protocol.release_spec(hop_spec(o), dp)  # as inline's row_sum, per hop
+            spec = self.protocol.release_spec(hop_spec(o), dp)  # a DP row sum's public grid, per hop
             rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)
             ask = {
                 "tag": tag,
@@ -139,7 +133,7 @@ class GAPStrategy(ModelAveragingStrategy):
         return accuracy_summary(counts)
 
     def evaluate(self) -> dict:
-        """Metrics of the head or the encoder, whichever scores higher on all validation nodes (as inline)."""
+        """Metrics of the head or the encoder, whichever scores higher on all validation nodes."""
         counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
         head = accuracy_summary({k: r["head"] for k, r in counts.items()})
         self.uses_head = self.gopts.select != "val" or head["val_acc"] >= self.encoder_val_acc

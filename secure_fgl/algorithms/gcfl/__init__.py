@@ -25,14 +25,13 @@ SPECS = [
         "gcfl/model: weighted mean of shared-layer updates per cluster, every round "
         "(--mean-norm unweighted: also gcfl/criterion_mean, their unweighted mean); "
         "gcfl/mean_norm and gcfl/update_norms: norms reported in clear (one report: gcfl/norms); "
-        "gcfl/similarity: pairwise "
-        "cosine matrix of updates (ckks: decrypted by the --decider client), at a split",
+        "gcfl/similarity: cosine "
+        "similarity matrix of updates (ckks: decrypted by the --decider client), at a split",
         options=GCFLOptions,
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLStrategy",
         modes=pairwise_modes(),
         task="graph",
-        inline=f"{__name__}.ops:GCFL",
         mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
         "ckks (or plain)",
     ),
@@ -50,6 +49,5 @@ SPECS = [
         strategy=f"{__name__}.server:GCFLPlusStrategy",
         modes=graph_level_modes(),
         task="graph",
-        inline=f"{__name__}.ops:GCFLPlus",
     ),
 ]

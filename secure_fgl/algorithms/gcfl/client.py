@@ -1,5 +1,5 @@
 """GCFL's and GCFL+'s client (Xie et al., NeurIPS 2021): the baselines' GIN client, plus the norms
-it reports and its part of the pairwise similarity; :mod:`.server` describes the clustering."""
+it reports and its part of the update similarity (the cosine matrix); :mod:`.server` describes the clustering."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..graph_level.client import GraphLogic
 
 class GCFLLogic(GraphLogic):
     """A GCFL/GCFL+ client: :class:`~.graph_level.GraphLogic` plus the scalars it reports and its
-    update for the pairwise exchange (its protocol half does the rest; a decider's key stays there)."""
+    update for the update-similarity exchange (its protocol half does the rest; a decider's key stays there)."""
 
     def scalar(self, tag: str) -> float | None:
         """The value this client reports for ``tag`` (None: not a report tag)."""
@@ -42,14 +42,10 @@ class GCFLLogic(GraphLogic):
         tag, name = req["tag"], self.cfg.algorithm
         if tag == f"{name}/norms":  # one report of every norm of the round (algorithms.gcfl)
             values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
-            if req.get("split"):  # the half sends it, signed (protocols/report.py)
-                self.keep(tag, values, clear=True)
-                return {}
-            return {"value": values.tolist()}
+            self.keep(tag, values, clear=True)  # the half sends it, signed (protocols/report.py)
+            return {}
         if tag == f"{name}/similarity":
             update = self.learner.update().cpu().numpy()
-            if req.get("split"):  # the half sends it (protocols/pairwise_exchange.py)
-                self.keep(tag, update.astype(np.float64))
-                return {"length": update.size}
-            return {"update": update}
+            self.keep(tag, update.astype(np.float64))  # the half sends it to the update-similarity exchange
+            return {"length": update.size}
         return super().contribute(req)

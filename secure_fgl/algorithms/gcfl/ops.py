@@ -20,8 +20,8 @@ Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
    largest ``||dW_i||`` (eq. 5);
 3. when :func:`~secure_fgl.algorithms.clustering.should_split` holds (eq. 4-5, ``|c| > 2``,
    round > 20), the cluster is cut in two by Stoer-Wagner on a similarity matrix --
-   GCFL: ``1 + cos(dW_i, dW_j)`` from the pairwise-statistics exchange
-   (:mod:`protocols.pairwise`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
+   GCFL: ``1 + cos(dW_i, dW_j)`` from the update-similarity exchange
+   (the cosine matrix, :mod:`protocols.pairwise`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
    members' last ``seq_length`` gradient norms (every client must have that many; all
    sequences restart after a split, as the reference) -- and each half is averaged on its
    own (two more weighted means) instead of ``mean_c``.
@@ -39,24 +39,18 @@ the cached entries it belongs to -- a selection on test data, reported only for 
 from __future__ import annotations
 
 import numpy as np
-import torch
-
-from protocols.batch import batched_report
-from protocols.pairwise import PAIRWISE_MODES, pairwise_cosine
 
 from ..clustering import bipartition, cut_margin, dtw_distances, dtw_similarity, should_split
-from ..graph_level.ops import GraphFederated
 from ..options import GCFLOptions, GCFLPlusOptions
 
-__all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer", "GCFL", "GCFLPlus"]
+__all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer"]
 
 
 class GCFLServer:
     """The server side of GCFL (a mixin): the clusters, eq. 4-5, the Stoer-Wagner cut and the
     cache behind ``test_acc_best_cached``.  How a cluster's mean is exchanged and applied and
     how the clients' scalars and similarities reach the server are hooks, played by the
-    algorithm object (:class:`GCFL`) or by the runtime strategy
-    (:mod:`secure_fgl.algorithms.gcfl.server`)."""
+    server strategy (:mod:`secure_fgl.algorithms.gcfl.server`)."""
 
     #: the norms each client reports per round, in one batched report (module docstring, step 2)
     norm_parts: tuple[str, ...] = ("update_norms", "mean_norm")
@@ -92,14 +86,14 @@ class GCFLServer:
     def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
         """Hook: GCFL+ extends its gradient-norm sequences."""
 
-    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
-        """The members' pairwise cosine matrix (:mod:`protocols.pairwise`)."""
+    def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
+        """The members' cosine similarity matrix of their updates (:mod:`protocols.pairwise`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ decisions
     def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
         """``1 + cos`` of the members' updates (the reference's ``pairwise_angles``)."""
-        return 1.0 + self.cosine(rnd, members)
+        return 1.0 + self.update_similarity(rnd, members)
 
     def ready_to_split(self) -> bool:
         return True
@@ -221,86 +215,3 @@ class GCFLPlusServer(GCFLServer):
     def load_cluster_state(self, state: dict) -> None:
         super().load_cluster_state(state)
         self.sequences = state["sequences"]
-
-
-class GCFL(GCFLServer, GraphFederated):
-    """GCFL with every client in this object: the hooks call the protocol directly."""
-
-    name = "gcfl"
-    Options = GCFLOptions
-    supported_modes = PAIRWISE_MODES
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        super().__init__(fed, protocol, cfg, device, options)
-        self.init_clusters(len(self.clients))
-        self._updates: dict[int, torch.Tensor] = {}
-
-    @classmethod
-    def mode_refusal(cls, mode: str) -> str:
-        return (
-            f"{cls.name} needs inner products of client updates, which --mode {mode} cannot compute: "
-            f"use --mode ckks (or plain)"
-        )
-
-    def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
-        self._updates = updates
-        self.split_clusters(rnd, list(updates))
-
-    # ------------------------------------------------------------------ hooks
-    def exchange_mean(self, rnd: int, members: list[int]) -> np.ndarray:
-        return self.cluster_mean(rnd, members, self._updates)
-
-    def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
-        GraphFederated.apply_mean(self, members, mean)
-
-    def exchange_unweighted_mean(self, rnd: int, members: list[int]) -> np.ndarray:
-        return self.cluster_mean(rnd, members, self._updates, unweighted=True)
-
-    def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
-        """What each client reports: its update's norm and the norm of eq. 4's mean of its cluster."""
-        return {
-            "update_norms": {k: float(self._updates[k].norm()) for c in clusters for k in c},
-            "mean_norm": {k: float(np.linalg.norm(mean)) for c, mean in zip(clusters, means) for k in c},
-        }
-
-    def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
-        values = self.norm_values(clusters, means)
-        got = batched_report(
-            self.protocol, f"{self.name}/norms", rnd, {f"{self.name}/{p}": values[p] for p in self.norm_parts}
-        )
-        return {p: got[f"{self.name}/{p}"] for p in self.norm_parts}
-
-    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
-        return pairwise_cosine(
-            self.protocol,
-            f"{self.name}/similarity",
-            rnd,
-            {k: self._updates[k] for k in members},
-            decider=self.opts.decider,
-        )
-
-    # ------------------------------------------------------------------ reporting
-    def final_metrics(self) -> dict:
-        return {**super().final_metrics(), **self.best_cached(len(self.clients))}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), **self.cluster_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.load_cluster_state(state)
-
-
-class GCFLPlus(GCFLPlusServer, GCFL):
-    """GCFL+ with every client in this object."""
-
-    name = "gcflplus"
-    Options = GCFLPlusOptions
-    #: no inner products: the weighted means and the reported norms run in every mode
-    supported_modes = ("plain", "ckks", "mask")
-
-    def norm_values(self, clusters: list[list[int]], means: list[np.ndarray]) -> dict[str, dict[int, float]]:
-        return {
-            **super().norm_values(clusters, means),
-            "grad_norms": {k: float(self.learners[k].grad_norm) for c in clusters for k in c},
-        }

@@ -14,22 +14,19 @@ the executor, so the server sees only what the clients send:
   shared layers (``<algorithm>/grad_norms``).  The values are in the clear (the documented leak
   of the decision rule, :mod:`protocols.pairwise`), sent by the client's protocol half as one
   signed message of a report exchange (:mod:`protocols.report`);
-* GCFL's cosine matrix (``<algorithm>/similarity``), only when eq. 4-5 fire: an exchange of the
-  halves (:mod:`protocols.pairwise_exchange`) -- ``plain``: each member's half sends its update;
+* GCFL's update similarity, the cosine matrix of the members' updates (``<algorithm>/similarity``),
+  only when eq. 4-5 fire: an exchange of the halves (:mod:`protocols.pairwise_exchange`) --
+  ``plain``: each member's half sends its update;
   ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
   each member's half encrypts its normalised update under the key the decider signed, the
   server half evaluates the inner products, the decider's half decrypts only the pair values.
-
-With a protocol whose halves are not in the runtimes (built without the executor as its link),
-the clients' values reach the driver as frames and the driver plays them in the same exchanges.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from protocols.batch import batched_report, report_parts
-from protocols.pairwise import pairwise_cosine
+from protocols.batch import report_parts
 from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
 
@@ -61,30 +58,20 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
         tag, parts = f"{self.name}/norms", list(self.norm_parts)
         names = [f"{self.name}/{p}" for p in parts]
-        ask = {"tag": tag, "round": rnd, "parts": parts, "split": self.split}
+        ask = {"tag": tag, "round": rnd, "parts": parts}
         clients = [k for c in clusters for k in c]
-        got = self.ask("contribute", {k: ask for k in clients})
-        if self.split:
-            reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
-            values = report_parts(self.protocol, tag, names, reports)
-        else:
-            values = batched_report(
-                self.protocol, tag, rnd, {n: {k: r["value"][i] for k, r in got.items()} for i, n in enumerate(names)}
-            )
+        self.ask("contribute", {k: ask for k in clients})
+        reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
+        values = report_parts(self.protocol, tag, names, reports)
         return {p: values[n] for p, n in zip(parts, names)}
 
-    def cosine(self, rnd: int, members: list[int]) -> np.ndarray:
+    def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
         tag = f"{self.name}/similarity"
-        if self.split:  # the members' and the decider's halves (protocols/pairwise_exchange.py)
-            sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": True} for k in members})
-            self.check_lost(members + [int(self.opts.decider)], tag)
-            return pairwise_over_halves(
-                self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
-            )
-        got = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
-        self.check_lost(members, tag)  # frames to the driver, which plays the members
-        return pairwise_cosine(
-            self.protocol, tag, rnd, {k: got[k]["update"] for k in members}, decider=int(self.opts.decider)
+        # the members' and the decider's halves run the exchange (protocols/pairwise_exchange.py)
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        self.check_lost(members + [int(self.opts.decider)], tag)
+        return pairwise_over_halves(
+            self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
         )
 
     # ------------------------------------------------------------------ reporting, checkpoints

@@ -31,7 +31,6 @@ SPECS = [
         "none",
         options=GraphOptions,
         **HALVES,
-        inline=f"{__name__}.ops:GraphSelfTrain",
     ),
     AlgorithmSpec(
         "gc-fedavg",
@@ -41,7 +40,6 @@ SPECS = [
         "gc-fedavg/model: weighted mean of shared-layer updates, every round",
         options=GraphOptions,
         **HALVES,
-        inline=f"{__name__}.ops:GraphFedAvg",
     ),
     AlgorithmSpec(
         "gc-fedprox",
@@ -50,6 +48,5 @@ SPECS = [
         "gc-fedprox/model: weighted mean of shared-layer updates, every round",
         options=GraphProxOptions,
         **HALVES,
-        inline=f"{__name__}.ops:GraphFedProx",
     ),
 ]

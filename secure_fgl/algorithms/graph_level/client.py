@@ -55,10 +55,8 @@ class GraphLogic(ClientLogic):
         contribution = grid_contribution(
             self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd, client=self.rt.client_id
         )
-        if req.get("split"):
-            self.keep(tag, contribution)
-            return {"length": contribution.size}
-        return {"contribution": contribution}
+        self.keep(tag, contribution)
+        return {"length": contribution.size}
 
     def receive(self, req: dict) -> dict:
         tag = req["tag"]
@@ -74,10 +72,8 @@ class GraphLogic(ClientLogic):
         return super().receive(req)
 
     def received_mean(self, req: dict) -> np.ndarray:
-        """The mean of this client's decoded grid sum (or of the sum the driver sent)."""
-        return grid_mean_of_sum(
-            req["total"] if "total" in req else dense_result(self.rt.half.result(), int(req["length"]))
-        )
+        """The mean of this client's decoded grid sum."""
+        return grid_mean_of_sum(dense_result(self.rt.half.result(), int(req["length"])))
 
     def evaluate(self, req: dict) -> dict:
         return self.learner.counts()

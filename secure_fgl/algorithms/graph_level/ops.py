@@ -22,33 +22,24 @@ running accuracy of the last local epoch (as the reference's ``train_gc``).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch_geometric.loader import DataLoader
 
-from ...config import ConfigError
 from ...data.graph_classification import GraphClient
-from ...dpsgd import EngineDPSGD
 from ...engine import rng
 from ...models.gcfl_gin import GCFLGIN
-from ..base import FederatedAlgorithm
-from ..grid_mean import grid_weighted_mean
+from ...validation import ConfigError
 from ..options import GraphOptions, GraphProxOptions
 
 __all__ = [
     "GraphOptions",
     "GraphProxOptions",
     "GraphLearner",
-    "GraphFederated",
     "graph_summary",
     "initial_shared",
-    "GraphSelfTrain",
-    "GraphFedAvg",
-    "GraphFedProx",
 ]
 
 
@@ -222,141 +213,6 @@ def graph_summary(rows: list[dict]) -> dict:
     return out
 
 
-class GraphFederated(FederatedAlgorithm):
-    """Shared GIN layers averaged within clusters of clients (FedAvg: one cluster)."""
-
-    name = "gc-fedavg"
-    Options = GraphOptions
-    personalized = True
-    #: modes whose exchanges this algorithm can run
-    supported_modes: ClassVar[tuple[str, ...]] = ("plain", "ckks", "mask")
-    aggregate_models: ClassVar[bool] = True
-
-    def __init__(self, fed, protocol, cfg, device, options=None):
-        if protocol.mode not in self.supported_modes:
-            raise ConfigError(self.mode_refusal(protocol.mode))
-        self.fed, self.protocol, self.cfg, self.device = fed, protocol, cfg, device
-        self.opts = options if options is not None else self.Options()
-        check_graph_dp(self.name, cfg, self.opts.dpsgd)
-        #: ``--dpsgd``: per-graph DP-SGD, counted and noised by the run's DP engine
-        self.dpsgd = (
-            EngineDPSGD(protocol.dp, dpsgd_tag(self.name), cfg.dp_clip, cfg.rounds, cfg.local_epochs)
-            if self.opts.dpsgd
-            else None
-        )
-        if self.dpsgd is not None and protocol.dp.config.split is None:
-            protocol.dp.declare(self.dpsgd.tag)
-        self.prox_mu = float(getattr(self.opts, "mu", 0.0))  # FedProx options carry mu
-        self.clients = fed.clients
-        shared = initial_shared(cfg)
-        self.learners = [GraphLearner(c, cfg, device, self.opts.batch_size, shared) for c in self.clients]
-        self.clusters: list[list[int]] = [list(range(len(self.clients)))]
-        self.num_train = np.array([len(c.train) for c in self.clients], dtype=np.float64)
-
-    @classmethod
-    def mode_refusal(cls, mode: str) -> str:
-        return f"{cls.name} cannot run in --mode {mode}: use one of {', '.join(cls.supported_modes)}"
-
-    # the clients' models and anchors (read by the attack suite and tests)
-    @property
-    def models(self) -> list[torch.nn.Module]:
-        return [lr.model for lr in self.learners]
-
-    @property
-    def anchors(self) -> list[torch.Tensor]:
-        return [lr.anchor for lr in self.learners]
-
-    @property
-    def grad_norms(self) -> np.ndarray:
-        return np.array([lr.grad_norm for lr in self.learners])
-
-    def shared_vector(self, k: int) -> torch.Tensor:
-        return self.learners[k].shared_vector()
-
-    # ------------------------------------------------------------------ one round
-    def release_dependencies(self) -> dict[str, set[str]]:
-        """:func:`dpsgd_release_dependencies` with ``--dpsgd``."""
-        return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
-
-    def release_units(self) -> dict[str, str]:
-        """DP-SGD steps protect one training graph (a sample)."""
-        return {self.dpsgd.tag: "sample"} if self.dpsgd is not None else {}
-
-    def local_update(self, rnd: int, k: int) -> float:
-        """Client k's local epochs; with ``--dpsgd`` epoch ``e`` is release ``rnd * E + e``."""
-        sgd, epochs = self.dpsgd, self.cfg.local_epochs
-        if sgd is None:
-            return self.learners[k].local_update(rnd, self.prox_mu)
-        noises = [
-            lambda size, step=rnd * epochs + e: sgd.engine.local_noise(sgd.tag, step, size, sgd.request)
-            for e in range(epochs)
-        ]
-        return self.learners[k].local_update(rnd, self.prox_mu, sgd, noises)
-
-    def train_round(self, rnd: int) -> dict:
-        sampled = self.sample_clients(rnd)
-        self.round_info: dict = {}  # what the cluster round records (GCFL: eq. 4-5 per cluster)
-        losses = [self.local_update(rnd, k) for k in sampled]
-        if self.aggregate_models:
-            updates = {k: self.learners[k].update() for k in sampled}
-            self.cluster_round(rnd, updates)
-        return {"train_loss": float(np.mean(losses)), "num_clusters": len(self.clusters), **self.round_info}
-
-    def cluster_round(self, rnd: int, updates: dict[int, torch.Tensor]) -> None:
-        """FedAvg within every cluster (GCFL overrides this to split clusters first)."""
-        for members in self.clusters:
-            members = [k for k in members if k in updates]
-            if members:
-                self.apply_mean(members, self.cluster_mean(rnd, members, updates))
-
-    def cluster_mean(
-        self, rnd: int, members: list[int], updates: dict[int, torch.Tensor], unweighted: bool = False
-    ) -> np.ndarray:
-        """``sum_i n_i dW_i / sum_i n_i`` over ``members``, through the protocol on the grid of
-        :mod:`~secure_fgl.algorithms.grid_mean` (the same value in every mode, so GCFL's
-        decisions do not depend on the mode); only the members receive it.  ``unweighted``:
-        the plain mean of the updates instead (GCFL's ``--mean-norm unweighted``, tag
-        ``<algorithm>/criterion_mean``)."""
-        if unweighted:
-            tag, weights = f"{self.name}/criterion_mean", {k: 1.0 / len(self.clients) for k in members}
-        else:
-            total = float(self.num_train.sum())
-            tag, weights = f"{self.name}/model", {k: self.num_train[k] / total for k in members}
-        return grid_weighted_mean(
-            self.protocol, tag, rnd, {k: updates[k].cpu().numpy() for k in members}, weights, recipients=members
-        )
-
-    def apply_mean(self, members: list[int], mean: np.ndarray) -> None:
-        """Every member restarts from its anchor plus the cluster's mean update."""
-        for k in members:
-            self.learners[k].apply_mean(mean)
-
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict:
-        """Per client: its own model on its own graphs (:func:`graph_summary`)."""
-        out = graph_summary(
-            [
-                {"client": k, "dataset": c.dataset, "num_train": len(c.train), **self.learners[k].counts()}
-                for k, c in enumerate(self.clients)
-            ]
-        )
-        self.last_eval = out["per_client"]
-        return out
-
-    def final_metrics(self) -> dict:
-        """The last round's per-client test accuracy (the paper evaluates after the last round)."""
-        return last_round_metrics(self.evaluate()["per_client"], self.clusters)
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        return {"learners": [lr.state_dict() for lr in self.learners], "clusters": self.clusters}
-
-    def load_state_dict(self, state: dict) -> None:
-        for lr, s in zip(self.learners, state["learners"]):
-            lr.load_state_dict(s)
-        self.clusters = [list(c) for c in state["clusters"]]
-
-
 def last_round_metrics(per_client: list[dict], clusters: list[list[int]]) -> dict:
     accs = [r["test_acc"] for r in per_client]
     return {
@@ -364,19 +220,3 @@ def last_round_metrics(per_client: list[dict], clusters: list[list[int]]) -> dic
         "per_client_test_acc_last": accs,
         "clusters": [list(map(int, c)) for c in clusters],
     }
-
-
-class GraphFedAvg(GraphFederated):
-    name = "gc-fedavg"
-
-
-class GraphFedProx(GraphFederated):
-    name = "gc-fedprox"
-    Options = GraphProxOptions
-
-
-class GraphSelfTrain(GraphFederated):
-    """Self-train: every client trains its GIN alone; nothing is exchanged."""
-
-    name = "gc-selftrain"
-    aggregate_models = False

@@ -42,7 +42,7 @@ class GraphStrategy(ModelAveragingStrategy):
         self.clusters: list[list[int]] = [list(range(facts.num_clients))]
         self.last_eval: list[dict | None] | None = None
         check_graph_dp(self.name, cfg, bool(options.get("dpsgd")))
-        #: ``--dpsgd``: the DP tag of the steps and its request (as inline)
+        #: ``--dpsgd``: the DP tag of the steps and its request
         self.dpsgd = (
             (dpsgd_tag(self.name), stage_request(cfg.dp_clip, cfg.rounds, cfg.local_epochs))
             if options.get("dpsgd")
@@ -55,7 +55,7 @@ class GraphStrategy(ModelAveragingStrategy):
         return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
 
     def release_units(self) -> dict[str, str]:
-        """DP-SGD steps protect one training graph (a sample), as inline."""
+        """DP-SGD steps protect one training graph (a sample)."""
         return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
 
     def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
@@ -99,20 +99,13 @@ class GraphStrategy(ModelAveragingStrategy):
         the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
         ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant."""
         tag = tag or f"{self.name}/model"
-        split = self.split
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd, "split": split} for k in members})
+        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
         if not sent:
             raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
         members = sorted(sent)  # a member lost in training is not a contributor
-        if split:
-            length = int(next(iter(sent.values()))["length"])
-            run_split(self.protocol, plan_dense(self.protocol, tag, rnd, sorted(sent), members, length, GRID_SPEC))
-            self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
-            return
-        total = self.protocol.weighted_sum(
-            tag, rnd, {k: r["contribution"] for k, r in sent.items()}, spec=GRID_SPEC, recipients=members
-        )
-        self.tell("receive", {k: {"tag": tag, "round": rnd, "total": total} for k in members})
+        length = int(next(iter(sent.values()))["length"])
+        run_split(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
+        self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
 
     def apply_mean(self, members: list[int], mean=None) -> None:
         """Tell the members to restart from the cluster mean they received."""
