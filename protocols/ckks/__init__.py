@@ -6,7 +6,11 @@ Modules, one concept each:
 * :mod:`.packing` — several bounded integer fields per CKKS slot;
 * :mod:`.keys`    — client-side key ring, server-side public context, fingerprints;
 * :mod:`.wire`    — framing of serialized ciphertexts (integrity digest);
-* :mod:`.backend` — :class:`CKKSProtocol`, the exchange itself.
+* :mod:`.plan_message` — the public encoding plan as a message body, pieces and chunks;
+* :mod:`.memo`    — co-located clients decrypt each distinct ciphertext once;
+* :mod:`.client`  — :class:`~.client.CKKSClient`, one client's half (holds the secret context);
+* :mod:`.server`  — :class:`~.server.CKKSServer`, the server's half (public contexts only);
+* :mod:`.backend` — :class:`CKKSProtocol`, the algorithms' facade over the halves.
 """
 
 from .backend import CKKSProtocol

@@ -1,87 +1,33 @@
-"""CKKS parameter sets, the error model, and the per-exchange encoding plan.
+"""CKKS parameter chains, the 128-bit security check, the error model and the per-exchange encoding plan.
 
-Why these parameter sets
-------------------------
-Secure aggregation only *adds* ciphertexts, so it needs no multiplicative depth.
-In SEAL's CKKS the coefficient-modulus chain ``[q_0, ..., q_L, p]`` spends one
-prime per rescale; the last prime ``p`` is the key-switching ("special") prime.
-An add-only exchange therefore needs exactly **one data prime**:
+Secure aggregation only adds ciphertexts, so an exchange needs no multiplicative depth: in SEAL's
+chain ``[q_0, ..., q_L, p]`` one prime is spent per rescale and ``p`` is the key-switching
+("special") prime, so the add-only chains (:data:`ADD_ONLY_CHAINS`) are ``[q_0, p]`` with a 60-,
+50- or 40-bit data prime at N = 8192 or 4096; :data:`REFERENCE` is TenSEAL's common
+``[60, 40, 40, 60]`` context.  :func:`choose_chain` takes, among the plans whose headroom and error
+bound satisfy the exchange, the one with the fewest bytes for its block length (ties: larger N,
+then larger prime).  Every ciphertext is padded to a fixed size per chain (:data:`PADDED_CT_BYTES`,
+:data:`PADDED_SEEDED_CT_BYTES`), so message sizes depend on public shapes only.
 
-==========================  =======================  =====  =========================================
-name                        N, coeff_mod_bit_sizes   slots  ciphertext on the wire (padded, measured)
-==========================  =======================  =====  =========================================
-``n8192``                   8192, [60, 60]           4096   131,300 B = 8.0x float32 per slot
-``n4096``                   4096, [60, 49]           2048    65,764 B = 8.0x
-``n8192-q50`` / ``n4096-q50``  8192 [50, 60] / 4096 [50, 49]   120,676 / 60,388 B = 7.4x
-``n8192-q40`` / ``n4096-q40``  8192 [40, 60] / 4096 [40, 49]    97,188 / 50,724 B = 5.9x / 6.2x
-``default`` (reference)     8192, [60, 40, 40, 60]   4096   341,092 B = 20.8x (331 KB unpadded)
-==========================  =======================  =====  =========================================
+Security: the total coefficient-modulus bits may not exceed ``MAX_COEFF_BITS_128[N]`` (Albrecht et
+al., "Homomorphic Encryption Security Standard", 2018, Table 1, classical 128-bit, ternary
+secret); :func:`check_security` names the fix where SEAL fails with an opaque error.
 
-The common TenSEAL/FedGraph
-context ``default`` carries two unused levels; it is kept only as the benchmark
-reference.  All sets are 128-bit secure (§ security below).
+Error model: a decoded value is ``m + e / Delta``, ``Delta = 2^scale_bits``, and every bound is
 
-Smaller data primes: SEAL stores each coefficient in a 64-bit word and compresses the
-serialization with zstd, which only gains once the prime leaves top bits zero.  Measured
-(N=8192, symmetric): a [50, 60] ciphertext is ~117,900 B (7.2x float32), a [40, 60] one
-~94,300 B (5.8x), against 8.01x with a 60-bit prime; serialize/deserialize stay ~0.2 ms at
-50 bits, serialize rises to ~0.9 ms at 40 bits.  A float exchange whose public sum bound and
-tolerance fit in fewer bits therefore uses a q50 / q40 chain: the planner
-(:func:`choose_chain`) takes, among the chains whose headroom and error bound satisfy the
-exchange, the one with the fewest bytes for the exchange's block length (ties: larger N,
-then larger prime).  Packed integers end up on the 60-bit prime (exact bits per byte are
-highest there).  On the wire every ciphertext is padded to a fixed size per chain
-(:data:`PADDED_CT_BYTES`: +48 B for 60-bit primes, +2 % for compressible ones) so message
-sizes depend on public shapes only (:mod:`protocols.ckks.wire`).
+    ``bound(K) = SAFETY * FRESH_NOISE_MODEL[enc] * sqrt(K) / Delta``    (one data prime)
 
-Security
---------
-Every context this package creates is checked against the HomomorphicEncryption.org
-standard (Albrecht et al., "Homomorphic Encryption Security Standard", 2018, Table 1,
-classical 128-bit, ternary secret): the total coefficient-modulus bits may not exceed
-``MAX_COEFF_BITS_128[N]``.  SEAL enforces the same table, but fails with an opaque
-"encryption parameters are not set correctly"; :func:`check_security` names the fix.
+plus ``|m| 2^-45`` with more than one data prime (SEAL's double-precision FFT).  Headroom: a value
+is exact only while ``|m| Delta + e < q_0 / 2`` (past it, it wraps silently), so float exchanges
+take the largest ``Delta <= 2^50`` with ``B Delta <= q_0 / 4`` for the public sum bound ``B``, and
+packed integer exchanges the smallest ``Delta`` whose bound is ``<= ROUNDING_TARGET``.
 
-Error model (verified by ``tests/protocols/test_ckks.py::test_error_model_holds``)
------------------------------------------------------------------------
-A decoded CKKS value is ``m + e / Delta`` with ``Delta = 2**scale_bits``.  Measured on
-TenSEAL 0.3.18 (max |e| over all slots of one ciphertext, in scaled units):
+DP noise: ``ExchangeContext.dp_noise_std`` (the std of the total noise in the sum) is used as a
+per-client std; floats widen the per-client bound by ``DP_TAIL_SIGMAS`` sigmas, packed integers
+add a public per-client offset of ``ceil(DP_TAIL_SIGMAS sigma)`` (:mod:`protocols.ckks.packing`).
+CKKS's approximation noise is never counted as DP noise.
 
-=============  ==========  ===========
-encryption     N = 4096    N = 8192
-=============  ==========  ===========
-symmetric      2^9.3       2^10.0
-asymmetric     2^12.3      2^13.3
-=============  ==========  ===========
-
-independent of the magnitude of ``m`` up to the headroom limit and of the scale
-(2^20..2^40), and growing like ``sqrt(K)`` when K ciphertexts are added (the noises
-are independent).  The model used for every bound is
-
-    ``bound(K) = SAFETY * FRESH_NOISE_MODEL[enc] * sqrt(K) / Delta``    (single data prime)
-
-with ``FRESH_NOISE_MODEL = {symmetric: 2^11, asymmetric: 2^14}`` (one bit above the
-worst measured value, covering N <= 8192) and ``SAFETY = 4``.  The max over millions
-of slots grows only ~0.5 bit over the max over one ciphertext (Gaussian tails), so the
-bound has > 3 bits of margin.  With more than one data prime SEAL's double-precision
-FFT limits exactness to about 48 bits (research §2), adding ``|m| * 2^-45``.
-
-Headroom: with one data prime ``q_0`` (60 bits) a value is exact only while
-``|m| * Delta + e < q_0 / 2``; past that it wraps **silently** (research §8).  Float
-exchanges therefore take ``Delta`` from the *public* sum bound B: the largest
-``Delta <= 2^50`` with ``B * Delta <= q_0 / 4`` (one bit of margin), i.e. a headroom of
-``2^(59 - log2 Delta)`` for ``q_0 ~ 2^60``.  Packed integer exchanges take the smallest
-``Delta`` whose bound is <= 1/8 (exact rounding with a wide margin), which leaves
-``59 - log2 Delta`` exact bits per slot (e.g. 2^18 -> 41 bits at K = 10;
-2^20 -> 39 bits at K = 100).
-
-DP noise: ``ExchangeContext.dp_noise_std`` is the std of the *total* DP noise in the sum
-(:class:`protocols.dp.DPEngine.last_std`); each client's share is at most that, so the
-planner uses it as a per-client std — conservative (by up to sqrt(K) under local
-placement).  Floats widen the per-client bound by ``DP_TAIL_SIGMAS`` sigmas; packed
-integers add a public per-client offset of ``ceil(DP_TAIL_SIGMAS * sigma)`` (see
-:mod:`protocols.ckks.packing`).  CKKS's own approximation noise is not DP noise and is
-never counted as such (research §6).
+The measured ciphertext sizes and noise behind these constants are in ``docs/ckks.md``.
 """
 
 from __future__ import annotations

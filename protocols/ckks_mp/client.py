@@ -53,7 +53,7 @@ import time
 import numpy as np
 
 from ..auth import check_public_key, sign_public_key
-from ..ckks.backend import DecryptionMemo
+from ..ckks.memo import DecryptionMemo
 from ..ckks.params import per_client_limits
 from ..errors import (
     ActiveSetError,
@@ -540,13 +540,24 @@ class CKKSMPClient(ClientHalf):
             share = self.keys.pcks_shares(c1, self._masks(ep, to, bids, active, context), pk, smudge, threshold)
             label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
             msg = self.message(
-                SERVER, "share", (len(bids) * pieces,), share, self.fingerprint, note=f"PCKS shares to {label}"
+                SERVER,
+                "share",
+                (len(bids) * pieces,),
+                self._switch_down(ep, share, len(bids) * pieces),
+                self.fingerprint,
+                note=f"PCKS shares to {label}",
             )
             out.append(self.seal(msg, "keyswitch", g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
+
+    def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
+        """The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
+        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes."""
+        full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
+        return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
     def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
         """The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
@@ -621,7 +632,9 @@ class CKKSMPClient(ClientHalf):
         t = time.perf_counter()
         try:
             to = int(msg.payload["to"])
-            cts = encryption.from_bytes(self.ring, msg.payload["data"], (bids.size * len(lengths), 2, ep.level, ep.n))
+            cts = encryption.from_bytes(
+                self.ring, msg.payload["data"], (bids.size * len(lengths), 2, ep.switch_level, ep.n)
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
         broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)

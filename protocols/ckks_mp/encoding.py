@@ -77,12 +77,14 @@ def crt_centered(ring: RNSRing, residues: np.ndarray) -> list[int]:
 
 
 def decode(ring: RNSRing, plan: Plan, residues: np.ndarray, n: int) -> tuple[np.ndarray, int, bool]:
-    """Decrypted ``Delta m + e`` in RNS -> ``(summed fields [n], max |e|, fields in range)``.
+    """Decrypted ``(Delta m + e) / P`` at the switch level in RNS -> ``(summed fields [n], max |e|,
+    fields in range)``.
 
-    ``max |e|`` is the largest distance of any coefficient from a multiple of ``Delta`` (the
-    caller compares it with the noise bound); in-range means every packed integer is
-    non-negative, below ``2^(F w)``, and the unused coefficients are 0."""
-    coeffs = crt_centered(ring, residues)
+    Each coefficient is multiplied back by ``P`` (:attr:`.params.Plan.switch_factor`); ``max |e|``
+    is then the largest distance of any coefficient from a multiple of ``Delta``, in the uploads'
+    units (the caller compares it with the noise bound, which includes ``P E_r``); in-range means
+    every packed integer is non-negative, below ``2^(F w)``, and the unused coefficients are 0."""
+    coeffs = [c * plan.switch_factor for c in crt_centered(ring, residues)]
     shift = plan.scale_bits
     half = 1 << (shift - 1)
     packed = [(c + half) >> shift for c in coeffs]

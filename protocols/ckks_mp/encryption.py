@@ -11,10 +11,15 @@ centered binomial from the OS CSPRNG.  The sum over the contributors ``S`` of th
 ``c1`` would give ``c0_i - c0'_i = Delta (m_i - m'_i) + small``).  Ciphertexts stay in NTT form
 (additions are slot-wise there, and key switching needs ``NTT(c1)``).
 
-Wire format: ``count`` polynomials ``[count, L, N]`` (uploads) or ciphertexts ``[count, 2, L, N]``
-(key-switched downloads) as little-endian uint32 residues (4 bytes per residue; the size is a
-function of public shapes only).  :func:`from_bytes` refuses a wrong length or a residue outside
-``[0, q_j)``.
+Key-switching shares and key-switched downloads are switched down before they leave their
+sender (:meth:`.ring.RNSRing.rescale`; :func:`switch_down` from NTT form): coefficient form at
+the plan's switch level ``L'``, each residue ``round(x / P)`` for the product ``P`` of the
+dropped primes (:mod:`.params`); a recipient decrypts them with :func:`decrypt_switched`.
+
+Wire format: ``count`` polynomials ``[count, L, N]`` (uploads, NTT form) or two-polynomial
+shares and ciphertexts ``[count, 2, L', N]`` (coefficient form) as little-endian uint32 residues
+(4 bytes per residue; the size is a function of public shapes only).  :func:`from_bytes`
+refuses a wrong length or a residue outside ``[0, q_j)``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,19 @@ def decrypt(ring: RNSRing, s_hat: np.ndarray, ct_hat: np.ndarray) -> np.ndarray:
     """``c0 + s c1`` in coefficient form, ``[..., L, N]``."""
     level = ct_hat.shape[-2]
     return ring.intt(ring.add(ct_hat[..., 0, :, :], ring.mul(ct_hat[..., 1, :, :], s_hat[:level])))
+
+
+def switch_down(ring: RNSRing, ct_hat: np.ndarray, level: int) -> np.ndarray:
+    """Polynomials ``[..., L, N]`` in NTT form -> coefficient form at ``level``, divided by the
+    product of the dropped primes and rounded (:meth:`.ring.RNSRing.rescale`)."""
+    return ring.rescale(ring.intt(ct_hat), level)
+
+
+def decrypt_switched(ring: RNSRing, s_hat: np.ndarray, ct: np.ndarray) -> np.ndarray:
+    """``c0 + s c1`` of switched-down ciphertexts ``[..., 2, L', N]`` (coefficient form), in
+    coefficient form."""
+    level = ct.shape[-2]
+    return ring.add(ct[..., 0, :, :], ring.intt(ring.mul(ring.ntt(ct[..., 1, :, :]), s_hat[:level])))
 
 
 def to_bytes(polys: np.ndarray) -> bytes:

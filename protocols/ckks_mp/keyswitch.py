@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .encryption import switch_down
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
@@ -41,25 +42,26 @@ def pcks_share(
     eta: int,
     smudge_bits: int,
 ) -> np.ndarray:
-    """Client i's share ``[B, 2, L, N]`` (NTT form) for ciphertexts with ``c1_hat`` ``[B, L, N]``
-    (zero rows for blocks client i did not upload) and masks ``mask_hat`` ``[B, L, N]``; ``s_hat``
-    is one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
+    """Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
+    inverse NTT of the products) for ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for blocks
+    client i did not upload) and masks ``mask_hat`` ``[B, L, N]``, both in NTT form; ``s_hat`` is
+    one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
     share of each block's uploaders, :mod:`.threshold`), ``L' >= L``."""
     batch, level = c1_hat.shape[0], c1_hat.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    h0 = ring.add(
-        ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat)),
-        ring.ntt(e0),
-    )
-    h1 = ring.add(ring.mul(a_hat[:level], u_hat), ring.ntt(e1))
-    return np.stack([h0, h1], axis=1)
+    h0_hat = ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat))
+    h = ring.intt(np.stack([h0_hat, ring.mul(a_hat[:level], u_hat)], axis=1))
+    return np.stack([ring.add(h[:, 0], e0), ring.add(h[:, 1], e1)], axis=1)
 
 
 def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
-    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L, N]``."""
+    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
+    aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' shares, each
+    switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`)."""
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    return np.stack([ring.add(c0_hat, h[:, 0]), h[:, 1]], axis=1)
+    c0 = switch_down(ring, c0_hat, h.shape[-2])
+    return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)

@@ -38,9 +38,23 @@ detects a corrupted share or ciphertext when the residual exceeds ``B_ks``.  A c
 carries ``C`` exact bits, the largest ``C`` with ``(2^C - 1) Delta + B_ks < Q_L / 2``;
 ``F = floor(C / w)``.  Float error: each client's rounding is at most ``2^-(f+1)``, so the
 sum is within ``K 2^-(f+1)`` of the exact float sum; ``f`` is the smallest integer meeting
-``ValueSpec.tolerance``.  Integers are exact.  The field width comes from PUBLIC bounds
-only (:func:`protocols.ckks.params.per_client_limits` / ``integer_sum_range``, shared with
-``ckks``), never from the data.
+``ValueSpec.tolerance``.  Integers are exact, and so are values on a public grid
+(``ValueSpec.grid_bits``: ``f`` is the grid's, every value an integer multiple of ``2^-f``).
+The field width comes from PUBLIC bounds only (:func:`protocols.ckks.params.per_client_limits`
+/ ``integer_sum_range``, shared with ``ckks``), never from the data.
+
+Switching down (the key-switching shares and the key-switched downloads): what a recipient
+decrypts needs only the fields above the noise, not the whole upload modulus ``Q_L``.  Each
+share and the summed ``c0`` are divided by the product ``P = q_L' ... q_{L-1}`` of the dropped
+primes and rounded before they leave their sender (:meth:`.ring.RNSRing.rescale`, a public
+function of the smudged share, so the security argument is unchanged), and travel at the
+switch level ``Q_L'``.  The rounding adds, per coefficient of the recipient's decryption,
+``E_r = 1 + K + N K`` (``c0`` and the K shares' ``h0`` each below 1; the K ``h1`` errors
+multiplied by the ternary recipient key, below ``N`` each), so the recipient multiplies by
+``P`` and decodes as above with ``B_ks + P E_r`` in place of ``B_ks`` (``2^D >= 4 (B_ks + P
+E_r)``); the fields fit when ``(2^C - 1) Delta + B_ks + P E_r < Q_L / 2``.  The planner picks
+``(L, L')`` with the fewest bytes: ``L`` for the upload ``c0``, ``2 L'`` for each share and
+each download.
 """
 
 from __future__ import annotations
@@ -156,6 +170,12 @@ def smudging_bits(params: MPParams, k: int) -> int:
     return math.ceil(params.keyswitch_lambda + math.log2(params.n * fresh_sum_bound(params, k)))
 
 
+def rescale_error(params: MPParams, k: int) -> int:
+    """``E_r``: worst-case rounding error per coefficient, in the switched units, that switching
+    ``c0`` and the K shares down adds to the recipient's decryption (module docstring)."""
+    return 1 + k + params.n * k
+
+
 def keyswitch_bound(params: MPParams, k: int) -> int:
     """``B_ks``: worst-case noise a recipient decrypts after public-key switching."""
     return fresh_sum_bound(params, k) + k * (1 << smudging_bits(params, k)) + 2 * k * params.n * params.eta
@@ -165,17 +185,19 @@ def keyswitch_bound(params: MPParams, k: int) -> int:
 class Plan:
     """How one exchange is encoded (all parties derive the same plan from public data)."""
 
-    level: int  # primes used, L
+    level: int  # primes of the uploads, L
     scale_bits: int  # D, Delta = 2^D
     frac_bits: int  # f: floats are round(x 2^f); 0 for integers
     width: int  # w, bits per field
     fields: int  # F, fields per coefficient
     offset: int  # per-client offset making every field non-negative
     num_clients: int  # K: recipients subtract K * offset
-    noise_bound: int  # B_ks
+    noise_bound: int  # B_ks + P E_r: bound on the decrypted noise, in the uploads' units
     error_bound: float  # bound on |decoded sum - exact sum| (0 for integers)
     n: int
     integer: bool
+    switch_level: int  # primes of the key-switching shares and downloads, L' <= L
+    switch_factor: int  # P = q_L' ... q_{L-1}, the product of the dropped primes (1: none)
 
     @property
     def capacity(self) -> int:
@@ -183,12 +205,21 @@ class Plan:
         return self.fields * self.n
 
     @property
-    def ciphertext_bytes(self) -> int:
-        return 2 * self.level * self.n * 4
+    def upload_bytes(self) -> int:
+        """One upload ``c0`` (residues as uint32)."""
+        return self.level * self.n * 4
+
+    @property
+    def switched_bytes(self) -> int:
+        """One key-switching share or key-switched download (two polynomials at ``L'``)."""
+        return 2 * self.switch_level * self.n * 4
 
     def describe(self) -> str:
         kind = "integers" if self.integer else f"fixed-point 2^-{self.frac_bits}"
-        return f"L={self.level} Delta=2^{self.scale_bits} {self.fields}x{self.width}-bit fields ({kind})"
+        return (
+            f"L={self.level} (shares, downloads L'={self.switch_level}) Delta=2^{self.scale_bits} "
+            f"{self.fields}x{self.width}-bit fields ({kind})"
+        )
 
 
 def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> int:
@@ -210,10 +241,11 @@ def plan_exchange(
     tag: str | None = None,
     round: int | None = None,
 ) -> Plan:
-    """The cheapest plan (fewest ciphertext bytes for blocks of ``block_len`` values; ``None``:
-    per value of an unbounded stream; ties to fewer primes) meeting the exchange's bounds."""
-    noise = keyswitch_bound(params, k)
-    scale_bits = (4 * noise - 1).bit_length()
+    """The cheapest plan meeting the exchange's bounds: the fewest bytes for blocks of
+    ``block_len`` values (``None``: per value of an unbounded stream), counting per ciphertext
+    ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties
+    to fewer primes."""
+    base_noise = keyswitch_bound(params, k)
     lo, hi, offset = per_client_limits(spec, dp_std, k)
     if spec.integer:
         frac, error = 0, 0.0
@@ -222,22 +254,44 @@ def plan_exchange(
         tol = float(spec.tolerance)
         if not tol > 0:
             raise BoundError(f"ValueSpec.tolerance must be > 0, got {tol}", tag=tag, round=round)
-        frac = math.ceil(math.log2(k / (2.0 * tol)))
-        error = k * 2.0 ** -(frac + 1)
+        if spec.grid_bits is not None:  # values on the public grid 2^-f: exact integers of quantum 2^-f
+            frac, error = int(spec.grid_bits), 0.0
+        else:
+            frac = math.ceil(math.log2(k / (2.0 * tol)))
+            error = k * 2.0 ** -(frac + 1)
         offset = math.ceil(max(abs(lo), abs(hi)) * 2.0**frac)
         width = field_width(2 * k * offset)
     best, best_cost = None, None
     for level in range(1, params.num_primes + 1):
-        fields = capacity_bits(params, level, scale_bits, noise) // width
-        if fields < 1 or width > MAX_FIELD_BITS:
-            continue
-        per_ct = fields * params.n
-        cost = (level / per_ct) if block_len is None else math.ceil(block_len / per_ct) * level
-        if best_cost is None or cost < best_cost - 1e-12:
-            best = Plan(level, scale_bits, frac, width, fields, offset, k, noise, error, params.n, bool(spec.integer))
-            best_cost = cost
+        for switch in range(1, level + 1):
+            factor = params.modulus(level) // params.modulus(switch)
+            noise = base_noise + (factor * rescale_error(params, k) if switch < level else 0)
+            scale_bits = (4 * noise - 1).bit_length()
+            fields = capacity_bits(params, level, scale_bits, noise) // width
+            if fields < 1 or width > MAX_FIELD_BITS:
+                continue
+            per_ct = fields * params.n
+            units = level + 4 * switch
+            cost = (units / per_ct) if block_len is None else math.ceil(block_len / per_ct) * units
+            if best_cost is None or cost < best_cost - 1e-12:
+                best = Plan(
+                    level,
+                    scale_bits,
+                    frac,
+                    width,
+                    fields,
+                    offset,
+                    k,
+                    noise,
+                    error,
+                    params.n,
+                    bool(spec.integer),
+                    switch,
+                    factor,
+                )
+                best_cost = cost
     if best is None:
-        top = capacity_bits(params, params.num_primes, scale_bits, noise)
+        top = capacity_bits(params, params.num_primes, (4 * base_noise - 1).bit_length(), base_noise)
         raise BoundError(
             f"a field needs {width} bits (public range of the K={k} sum"
             + ("" if spec.integer else f" at precision 2^-{frac} for tolerance {spec.tolerance:g}")

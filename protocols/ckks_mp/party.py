@@ -137,8 +137,9 @@ class MPClient:
     def decrypt_delivery(
         self, plan: Plan, ct_hat: np.ndarray, lengths: list[int], broadcast: bool = False
     ) -> list[tuple[np.ndarray, int, bool]]:
-        """Decrypt key-switched ciphertexts ``[B, 2, L, N]`` with ``s_R`` (``s_B`` if ``broadcast``);
-        per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`)."""
+        """Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with
+        ``s_R`` (``s_B`` if ``broadcast``); per ciphertext ``(summed fields, max residual, in range)``
+        (:func:`.encoding.decode`)."""
         key = self._broadcast if broadcast else self._own
-        plain = encryption.decrypt(self.ring, key.s_hat, ct_hat)
+        plain = encryption.decrypt_switched(self.ring, key.s_hat, ct_hat)
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

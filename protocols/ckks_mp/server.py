@@ -192,7 +192,7 @@ class CKKSMPServer(ServerHalf):
         if not plan.requests:
             raise ShapeError("the exchange has no recipients", **self.where())
         spans = [(a, min(plan.block_len, a + ep.capacity)) for a in range(0, plan.block_len, ep.capacity)]
-        pieces, ct_shape, c0_shape = len(spans), (2, ep.level, ep.n), (ep.level, ep.n)
+        pieces, ct_shape, c0_shape = len(spans), (2, ep.switch_level, ep.n), (ep.level, ep.n)
         contributors = list(plan.contributors)
         server_s = 0.0
 

@@ -10,7 +10,7 @@ import pytest
 
 from protocols import SERVER, ValueSpec, make_protocol
 from protocols.ckks import CKKSProtocol
-from protocols.ckks.backend import CKKSServer
+from protocols.ckks.server import CKKSServer
 from protocols.errors import (
     AuthenticationError,
     BoundError,

@@ -116,8 +116,9 @@ def test_smudging_has_a_floor_raised_with_the_run_budget():
 )
 def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len):
     """Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
-    ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors and the smudging recomputed
-    here from their definitions, within the 128-bit bound; or the planner refuses (BoundError)."""
+    ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors, the smudging and the
+    switch-down's rounding recomputed here from their definitions, at the upload level and at the
+    shares' and downloads' switch level, within the 128-bit bound; or the planner refuses (BoundError)."""
     params = MPParams(smudging_lambda=smudging, max_keyswitches=1 << budget_log)
     bound = 2.0**bound_log
     spec = (
@@ -131,11 +132,21 @@ def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging
         return
     lam = max(smudging, 30 + (params.max_keyswitches - 1).bit_length())
     smudge = lam + (params.n * k * params.eta - 1).bit_length()  # 2^b >= 2^lambda N B_ct
-    assert plan.noise_bound >= k * params.eta + k * 2**smudge + 2 * k * params.n * params.eta
+    b_ks = k * params.eta + k * 2**smudge + 2 * k * params.n * params.eta
+    # shares and downloads switched down to L' <= L: divided by the dropped primes P and rounded, which
+    # adds < 1 per summed polynomial and < N per h1 times the ternary key
+    drop = params.modulus(plan.level) // params.modulus(plan.switch_level)
+    rounding = 0 if plan.switch_level == plan.level else drop * (1 + k + params.n * k)
+    assert 1 <= plan.switch_level <= plan.level and plan.switch_factor == drop
+    assert plan.noise_bound >= b_ks + rounding
     assert 2**plan.scale_bits >= 4 * plan.noise_bound
     assert params.log_q(plan.level) <= 218
     packed_max = 2 ** (plan.fields * plan.width) - 1
     assert packed_max * 2**plan.scale_bits + plan.noise_bound < params.modulus(plan.level) // 2
+    # after the switch-down the fields and noise still sit below Q_L' / 2 (no wrap at the recipient)
+    assert (packed_max * 2**plan.scale_bits + b_ks) // drop + 1 + rounding // drop < params.modulus(
+        plan.switch_level
+    ) // 2
     if integer:
         assert 2**plan.width > spec.sum_max + 2 * k * plan.offset
     else:
@@ -280,14 +291,14 @@ def test_coalition_cannot_read_another_recipients_rows():
     assert down.payload["to"] == target
     plan = p.plan(spec, block_len=d * rpb)
     cts = encryption.from_bytes(
-        p.ring, down.payload["data"], (down.shape[0] * down.shape[1], 2, plan.level, p.params.n)
+        p.ring, down.payload["data"], (down.shape[0] * down.shape[1], 2, plan.switch_level, p.params.n)
     )
     used = encoding.used_coefficients(plan, 400 * d)
     assert used >= 500
-    own = centred_coeffs(p, encryption.decrypt(p.ring, p._clients[target]._own.s_hat, cts[0]))
+    own = centred_coeffs(p, encryption.decrypt_switched(p.ring, p._clients[target]._own.s_hat, cts[0]))
     colluders = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
     for key in (colluders, p._clients[0]._own.s_hat, p._clients[0]._broadcast.s_hat):
-        attack = centred_coeffs(p, encryption.decrypt(p.ring, key, cts[0]))
+        attack = centred_coeffs(p, encryption.decrypt_switched(p.ring, key, cts[0]))
         assert abs(corr(attack[:used], own[:used])) < 5 / np.sqrt(used)  # chance: std 1/sqrt(used)
     # a recipient receives exactly its rows and nothing else
     total = sum(r for _, r in contrib.values())
@@ -371,7 +382,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     def noises(p):
         p.weighted_sum("noise", 0, vals, spec=spec)
         plan = p.plan(spec, block_len=20_000)
-        shape = (1, 2, plan.level, p.params.n)
+        shape = (1, 2, plan.switch_level, p.params.n)  # the download: switched down
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
         agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
@@ -382,24 +393,28 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
         ][0]
         out = encryption.from_bytes(p.ring, down.payload["data"], shape)
 
-        def residual(key, ct):
-            coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, key, ct)[0])
+        def residual(decrypted, factor=1):
+            """Distance from the Delta grid in the uploads' units (a switched-down download times P)."""
+            coeffs = [c * factor for c in encoding.crt_centered(p.ring, decrypted[0])]
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
 
-        return residual(s, agg), residual(p._clients[0]._broadcast.s_hat, out)
+        seen = encryption.decrypt_switched(p.ring, p._clients[0]._broadcast.s_hat, out)
+        return residual(encryption.decrypt(p.ring, s, agg)), residual(seen, plan.switch_factor)
 
     e_ct, seen = noises(fresh(k))
     assert abs(corr(e_ct, seen)) < 0.05
     e_ct2, seen2 = noises(fresh(k))
     assert ks_2samp(seen, seen2).pvalue > 1e-3
     # the smudging is applied: the recipient's noise spans ~K 2^b (uniform, std 2^b sqrt(K/3)), beyond
-    # the upload errors e_ct (|e_ct| <= K eta) by ~2^lambda; without it the noise is a few hundred
+    # the upload errors e_ct (|e_ct| <= K eta) by ~2^lambda; without it what remains is the switch-down's
+    # rounding (P E_r, P = the dropped primes) and a few hundred
     b = mp_client.smudging_bits(MPParams(), k)
     assert np.abs(e_ct).max() <= k * 21 and seen.std() > 2.0 ** (b - 1)
     monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
     _, seen3 = noises(fresh(k))
-    assert seen3.std() < 2.0**16
+    unsmudged_bound = plan_exchange(MPParams(), spec, k, block_len=20_000).noise_bound - k * 2**b
+    assert np.abs(seen3).max() <= unsmudged_bound and seen3.std() < seen.std() / 2
 
 
 def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():

@@ -13,6 +13,7 @@ from protocols import ValueSpec
 from protocols.ckks_mp import encoding, encryption
 from protocols.ckks_mp.backend import CKKSMPProtocol
 from protocols.ckks_mp.keys import RECIPIENT_KEY, key_fingerprint, key_pair
+from protocols.ckks_mp.keyswitch import combine_shares
 from protocols.ckks_mp.params import smudging_bits
 from protocols.ckks_mp.sampling import crs_seed, upload_c1
 from protocols.ckks_mp.server import CKKSMPServer
@@ -320,9 +321,9 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     )
     share = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "share")
     c0 = p.upload_ciphertexts(up, plan)[0, 0]
-    h = encryption.from_bytes(p.ring, share.payload, (1, 2, plan.level, p.params.n))[0]
+    h = encryption.from_bytes(p.ring, share.payload, (1, 2, plan.switch_level, p.params.n))[0]
     s_b = p._clients[0]._broadcast.s_hat
-    opened = encryption.decrypt(p.ring, s_b, h)  # s_1 c1 + z_1 + noise (coefficients)
+    opened = encryption.decrypt_switched(p.ring, s_b, h)  # (s_1 c1 + z_1 + noise) / P (coefficients)
     used = encoding.used_coefficients(plan, 4000)
     truth = np.array(
         [
@@ -337,9 +338,9 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
         got = np.array([float(x) for x in encoding.crt_centered(p.ring, poly_coeffs)[:used]])
         return abs(np.corrcoef(got, truth)[0, 1])
 
-    attack = p.ring.add(p.ring.intt(c0), opened)
+    attack = p.ring.add(encryption.switch_down(p.ring, c0, plan.switch_level), opened)
     assert corr_with_truth(attack) < 5 / np.sqrt(used)
-    mask = p.ring.intt(p.clients[1]._masks(plan, -1, [0])[0])  # client 1's half still holds exchange "v"
+    mask = encryption.switch_down(p.ring, p.clients[1]._masks(plan, -1, [0])[0], plan.switch_level)  # still held
     assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
 
 
@@ -368,7 +369,7 @@ def test_shares_of_different_blocks_do_not_combine():
     with pytest.raises(IntegrityError, match="corrupted"):
         p.row_sum("mix", 0, contrib, {0: rows}, 2 * rpb, layout="sparse", spec=COUNTS)
     plan = p.plan(COUNTS, block_len=rpb * 2)
-    level, n = plan.level, p.params.n
+    level, n = plan.switch_level, p.params.n  # the shares travel switched down
     c0 = {
         c: p.upload_ciphertexts(
             next(
@@ -394,13 +395,13 @@ def test_shares_of_different_blocks_do_not_combine():
     s_r = p._clients[0]._own.s_hat
 
     def residual(blocks_of_client):
-        """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid."""
+        """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid
+        in the uploads' units."""
         pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}  # client 1's shares reversed
-        c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[:level]
-        h = sum(shares[c][pos[c]] for c in range(K))
-        h0, h1 = h[0] % p.ring.q[:level], h[1] % p.ring.q[:level]
-        ct = np.stack([p.ring.add(c0_sum, h0), h1])
-        coeffs = encoding.crt_centered(p.ring, encryption.decrypt(p.ring, s_r, ct))
+        c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[: plan.level]
+        ct = combine_shares(p.ring, c0_sum[None], [shares[c][pos[c]][None] for c in range(K)])[0]
+        decrypted = encryption.decrypt_switched(p.ring, s_r, ct)
+        coeffs = [c * plan.switch_factor for c in encoding.crt_centered(p.ring, decrypted)]
         d = plan.scale_bits
         return max(abs(int(c) - (((int(c) + (1 << (d - 1))) >> d) << d)) for c in coeffs)
 

@@ -167,8 +167,8 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2)) if m.kind == "ciphertext"
         )
-        ct = encryption.from_bytes(p.ring, msg.payload["data"], (1, 2, plan.level, p.params.n))[0]
-        opened = encryption.decrypt(p.ring, p._clients[2]._broadcast.s_hat, ct)
+        ct = encryption.from_bytes(p.ring, msg.payload["data"], (1, 2, plan.switch_level, p.params.n))[0]
+        opened = encryption.decrypt_switched(p.ring, p._clients[2]._broadcast.s_hat, ct)
         used = encoding.used_coefficients(plan, 4000)
         target = encoding.quantize(vals[0] + vals[2], plan) - (K - 2) * encoding.quantize(np.zeros(4000), plan)
         truth = [float(x) for x in encoding.crt_centered(p.ring, encoding.encode(p.ring, plan, target))[:used]]

@@ -453,13 +453,23 @@ def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
     return torch.cat([c.global_ids, torch.unique(c.cross_edges[1])])
 
 
+#: the public grid of float pre-training sums (without DP): each contribution is rounded to a multiple
+#: of 2^-20 on its client, every decoded sum back to it (``ValueSpec.grid_bits``)
+PRETRAIN_GRID_BITS = 20
+#: a coarser grid where the sums' bound needs it: at most 2^39 grid steps, exact in ckks's signed fields
+PRETRAIN_GRID_STEP_BITS = 39
+
+
 def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, counts: bool = False) -> ValueSpec:
     """Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
     type and the DP term bound ``C`` (``None`` without DP).  Integer sums (``norm`` row or none)
     travel as exact integer fields in every mode: binary features (each entry of a row's total
     at most ``cap + 1``) and, without DP (whose clipping scales the terms), non-negative integer
     features such as word counts (``counts``; at most ``(cap + 1) * floor(feature_bound)``,
-    each owner checking its features against ``--feature-bound``)."""
+    each owner checking its features against ``--feature-bound``).  Float sums without DP travel
+    on the public grid ``2^-f``, ``f = min(PRETRAIN_GRID_BITS, PRETRAIN_GRID_STEP_BITS - ceil(log2 B))``
+    for the sum bound ``B`` (plain on a float64 wire where float32 cannot hold ``B 2^f`` steps), so
+    every mode returns the same sums bit for bit."""
     cap1 = o.degree_cap + 1
     if binary and o.norm != "sym":
         return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
@@ -469,7 +479,17 @@ def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, 
     bound = dp_clip if dp_clip is not None else (1.0 if binary else max(float(o.feature_bound), 1.0))
     # a row's total sums deg(v) + 1 <= cap + 1 terms, each entry bounded by ``bound``
     # (owners check degree and feature bound): cap1 * bound bounds the sum too
-    return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
+    if dp_clip is not None:
+        return ValueSpec(max_abs=cap1 * bound, owner_checked_sum=True)
+    # float sums on a public grid: every mode returns plain's sums bit for bit
+    bits = min(PRETRAIN_GRID_BITS, PRETRAIN_GRID_STEP_BITS - math.ceil(math.log2(cap1 * bound)))
+    return ValueSpec(
+        max_abs=cap1 * bound,
+        owner_checked_sum=True,
+        tolerance=2.0 ** -(bits + 2),
+        float64_wire=cap1 * bound * 2.0**bits > 2.0**24,
+        grid_bits=bits,
+    )
 
 
 def dp_applies(cfg, protocol) -> bool:
