@@ -27,6 +27,7 @@ step $SFGL run "${SHORT[@]}" --out runs/main
 step $SFGL run --algorithm fedavg --dataset cora --clients 10 --mode mask --out runs/cora-fedavg "${SHORT[@]}"
 step $SFGL run --preset fedgcn-table2 --dataset citeseer --mode ckks "${SHORT[@]}" --out runs/preset
 step $SFGL run --algorithm fedgcn-gap --mode mask --dp-epsilon 4 --dataset citeseer "${SHORT[@]}" --out runs/dp
+step $SFGL run --mode ckks-mp --clients 10 --threshold 7 "${SHORT[@]}" --out runs/threshold
 step $SFGL run --config run.toml --quiet --out runs/config
 step $SFGL run --executor local --mode mask "${SHORT[@]}" --out runs/local
 step $SFGL run --executor ray --ray-num-cpus 2 --ray-workers 2 --mode ckks "${SHORT[@]}" --out runs/ray
