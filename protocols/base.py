@@ -61,7 +61,8 @@ def classwise_result(total: np.ndarray, C: int, d: int, threshold: float) -> tup
     A class is present when its weight total stands above ``threshold``: the encoding error (the
     backend guarantees ``|error| <= spec.tolerance``; CKKS never decodes an exact 0) and, with DP,
     3 noise stds above zero (post-processing; costs no privacy).  A class whose true total weight
-    is below ``spec.tolerance`` is therefore reported absent."""
+    is below ``spec.tolerance`` is therefore reported absent.
+    """
     wsum = total[C * d :]
     present = wsum > threshold
     mean = np.zeros((C, d))
@@ -107,20 +108,28 @@ class Protocol(ABC):
         return 1
 
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
-        """Values per block of a dense vector sum of ``length`` values (default:
-        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less)."""
+        """Values per block of a dense vector sum of ``length`` values.
+
+        Values per block of a dense vector sum of ``length`` values (default:
+        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less).
+        """
         return self.block_capacity(spec)
 
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Values per block of a :meth:`row_sum` in ``layout`` (default: :meth:`block_capacity`).
+
         A backend may pick a smaller transport unit for the sparse layout, where a client
-        pays for every block it touches (finer blocks -> fewer untouched rows paid for)."""
+        pays for every block it touches (finer blocks -> fewer untouched rows paid for).
+        """
         return self.block_capacity(spec)
 
     def rows_per_block(self, spec: ValueSpec, dim: int, num_rows: int, layout: str = "sparse") -> int:
-        """Public rows per block of a :meth:`row_sum` with rows of width ``dim``:
+        """Public rows per block of a :meth:`row_sum` with rows of width ``dim``.
+
+        Public rows per block of a :meth:`row_sum` with rows of width ``dim``:
         ``max(1, min(num_rows, capacity // dim))``.  A function of public shapes only, so
-        callers can plan a row numbering aligned to the blocks (FedGCN's ``row_order``)."""
+        callers can plan a row numbering aligned to the blocks (FedGCN's ``row_order``).
+        """
         return max(1, min(int(num_rows), self.row_block_capacity(spec, layout) // max(1, int(dim))))
 
     # ------------------------------------------------------------------ shape 1
@@ -156,14 +165,17 @@ class Protocol(ABC):
         recipients: Sequence[int] | None = None,
         dp: DPRequest | None = None,
     ) -> np.ndarray:
-        """``sum_k w_k v_k / sum_k w_k``.  Each client sends ``[w_k v_k, w_k]`` in one
+        """``sum_k w_k v_k / sum_k w_k``.
+
+        Each client sends ``[w_k v_k, w_k]`` in one
         message, so in secure modes the server learns neither values nor weights.
 
         With DP (``dp`` given and the run has a DP config) the weight is private too:
         unweighted, each client sends ``clip(v_k)`` and the recipients divide by the
         (public) number of contributors; weighted, each sends ``[w~ clip(v_k), w~ C]`` with
         ``w~ = min(w_k, W)/W`` (``W = dp.weight_bound``), noised with sensitivity
-        ``sqrt(2) C`` — see :mod:`protocols.dp`."""
+        ``sqrt(2) C`` — see :mod:`protocols.dp`.
+        """
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
@@ -355,8 +367,11 @@ class Protocol(ABC):
 
     # ------------------------------------------------------------------ internals
     def _dense_inputs(self, tag: str, rnd: int, values: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
-        """Validated float64 copies of equal-shaped contributions of known clients (and a valid
-        tag and round: every dense exchange starts here)."""
+        """Validated float64 copies of the equal-shaped contributions of known clients.
+
+        Validated float64 copies of equal-shaped contributions of known clients (and a valid
+        tag and round: every dense exchange starts here).
+        """
         validate.exchange(tag, rnd)
         arrays, shape = {}, None
         for k, v in validate.contributions(values, self.num_clients, tag, rnd).items():
@@ -374,8 +389,11 @@ class Protocol(ABC):
     def _expand_to_blocks(
         ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int, layout: str
     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-        """Each client's rows padded with zero rows to the whole blocks it uploads
-        (every block in the dense layout), ids sorted; rows >= num_rows are left out."""
+        """Each client's rows padded with zero rows to the whole blocks it uploads.
+
+        Each client's rows padded with zero rows to the whole blocks it uploads
+        (every block in the dense layout), ids sorted; rows >= num_rows are left out.
+        """
         out_ids, out_rows = {}, {}
         for k in ids:
             if layout == "dense":
@@ -401,8 +419,10 @@ class Protocol(ABC):
         row_len: int | None = None,
     ) -> np.ndarray:
         """Sum 1-D vectors of one length, split into transport blocks; the common result.
+
         With DP each client clips and noises its vector first (``row_len``: the row
-        structure for ``per_row`` clipping)."""
+        structure for ``per_row`` clipping).
+        """
         dp = self._dp_in_scope(tag, dp)
         spec = self.release_spec(spec, dp)
         if self.dp is not None and dp is not None:
@@ -448,9 +468,12 @@ class Protocol(ABC):
             raise ConfigurationError(f"tag {tag!r:.80} is not valid UTF-8") from None
 
     def release_spec(self, spec: ValueSpec, dp: DPRequest | None) -> ValueSpec:
-        """The spec a sum is encoded with: with distributed DP noise a continuous sum is carried on
+        """The spec a sum is encoded with.
+
+        The spec a sum is encoded with: with distributed DP noise a continuous sum is carried on
         its public grid, so the released sum is the grid's exact integer sum
-        (:func:`protocols.dp.release_spec`)."""
+        (:func:`protocols.dp.release_spec`).
+        """
         if self.dp is None or dp is None:
             return spec
         return self.dp.release_spec(spec, dp)
@@ -462,16 +485,22 @@ class Protocol(ABC):
         return dp
 
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        """Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
-        the same in every mode), so every mode reports its expansion factor against it."""
+        """Run the backend and account the exchange's float32 baseline.
+
+        Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
+        the same in every mode), so every mode reports its expansion factor against it.
+        """
         self._begin_exchange(ctx.tag, ctx.round)
         received = self._aggregate(ctx)
         self.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
         return received
 
     def _begin_exchange(self, tag: str, rnd: int) -> None:
-        """A new exchange: its number is bound into every envelope, so a message of an earlier
-        exchange with the same tag and round is a replay.  Every exchange shape calls it once."""
+        """Start a new exchange and number it.
+
+        A new exchange: its number is bound into every envelope, so a message of an earlier
+        exchange with the same tag and round is a replay.  Every exchange shape calls it once.
+        """
         self._check_exchange_id(tag, rnd)
         self.exchange += 1
 

@@ -1,7 +1,10 @@
-"""The plain data of one exchange, shared by every module of the package (imports nothing of it
+"""The plain data of one exchange.
+
+The plain data of one exchange, shared by every module of the package (imports nothing of it
 but :mod:`.errors`): the public bounds of its values (:class:`ValueSpec`), how it is privatised
 (:class:`DPRequest`), one client's blocks (:class:`BlockTable`) and the exchange as a backend
-sees it (:class:`ExchangeContext`)."""
+sees it (:class:`ExchangeContext`).
+"""
 
 from __future__ import annotations
 

@@ -121,8 +121,11 @@ class ClientKeyRing:
         return next((k for k in self._keys.values() if k.fingerprint == fingerprint), None)
 
     def adopt(self, context: ts.Context, fingerprint: str, secret_nbytes: int) -> ClientKey:
-        """A chain's secret context received from client 0 (its fingerprint names the chain's
-        public context, which this client does not need)."""
+        """Adopt a chain's secret context received from client 0.
+
+        A chain's secret context received from client 0 (its fingerprint names the chain's
+        public context, which this client does not need).
+        """
         n, bits = context_chain(context)
         chain = next(
             (c for c in _known_chains() if (c.poly_modulus_degree, c.coeff_mod_bit_sizes) == (n, bits)), None
