@@ -1,4 +1,6 @@
-"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import): each
+"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name.
+
+Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import): each
 algorithm package's ``__init__`` holds its specs; this is the order ``secure-fgl algorithms`` lists them.
 
 ``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)

@@ -1,4 +1,6 @@
-"""Graph classification baselines of GCFL (Xie, Ma, Liu & Yang, NeurIPS 2021, sec. 6.1): each client
+"""Graph classification baselines of GCFL.
+
+Graph classification baselines of GCFL (Xie, Ma, Liu & Yang, NeurIPS 2021, sec. 6.1): each client
 a GIN on its own graphs; self-train exchanges nothing, FedAvg and FedProx average the shared GIN
 layers (input and classifier layers stay local).
 
