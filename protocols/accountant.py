@@ -259,9 +259,8 @@ class PrivacyAccountant:
     ) -> None:
         """Record one release of ``tag``.
 
-        Record one release of ``tag`` (Gaussian, std = noise_multiplier x sensitivity; ``discrete``:
-        a discrete Gaussian, or a sum of them, whose zCDP bound is that of multiplier
-        ``noise_multiplier``).
+        Gaussian, std = noise_multiplier x sensitivity; ``discrete``: a discrete Gaussian, or a sum of them, whose
+        zCDP bound is that of multiplier ``noise_multiplier``.
         """
         if not noise_multiplier > 0:
             raise ConfigurationError(f"noise multiplier must be > 0, got {noise_multiplier}", tag=tag)

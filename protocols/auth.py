@@ -187,8 +187,7 @@ KEY_STATEMENT_DOMAIN = b"secure-fgl/owner-signed-key/v1"
 def key_statement(kind: str, run_id: bytes, owner: str, public_key: bytes) -> bytes:
     """The bytes an owner signs to publish ``public_key``.
 
-    The bytes an owner signs to publish ``public_key``: domain, run, owner, kind and a
-    SHA-256 of the key, length-prefixed so that no two statements share an encoding.
+    Domain, run, owner, kind and a SHA-256 of the key, length-prefixed so that no two statements share an encoding.
     """
     fields = (
         KEY_STATEMENT_DOMAIN,

@@ -110,8 +110,7 @@ class Protocol(ABC):
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
         """Values per block of a dense vector sum of ``length`` values.
 
-        Values per block of a dense vector sum of ``length`` values (default:
-        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less).
+        Default: :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less.
         """
         return self.block_capacity(spec)
 
@@ -126,9 +125,8 @@ class Protocol(ABC):
     def rows_per_block(self, spec: ValueSpec, dim: int, num_rows: int, layout: str = "sparse") -> int:
         """Public rows per block of a :meth:`row_sum` with rows of width ``dim``.
 
-        Public rows per block of a :meth:`row_sum` with rows of width ``dim``:
-        ``max(1, min(num_rows, capacity // dim))``.  A function of public shapes only, so
-        callers can plan a row numbering aligned to the blocks (FedGCN's ``row_order``).
+        ``max(1, min(num_rows, capacity // dim))``. A function of public shapes only, so callers can plan a row
+        numbering aligned to the blocks (FedGCN's ``row_order``).
         """
         return max(1, min(int(num_rows), self.row_block_capacity(spec, layout) // max(1, int(dim))))
 
@@ -470,9 +468,8 @@ class Protocol(ABC):
     def release_spec(self, spec: ValueSpec, dp: DPRequest | None) -> ValueSpec:
         """The spec a sum is encoded with.
 
-        The spec a sum is encoded with: with distributed DP noise a continuous sum is carried on
-        its public grid, so the released sum is the grid's exact integer sum
-        (:func:`protocols.dp.release_spec`).
+        With distributed DP noise a continuous sum is carried on its public grid, so the released sum is the grid's
+        exact integer sum (:func:`protocols.dp.release_spec`).
         """
         if self.dp is None or dp is None:
             return spec

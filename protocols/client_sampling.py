@@ -1,7 +1,6 @@
 r"""Client sampling every party recomputes.
 
-Client sampling every party recomputes: the round's sample is a public pseudorandom function
-of the run manifest's sampling seed.
+The round's sample is a public pseudorandom function of the run manifest's sampling seed.
 
 .. math::
 

@@ -290,9 +290,9 @@ def grid_bits_of(spec: ValueSpec | None, req: DPRequest) -> int | None:
 def release_spec(spec: ValueSpec, req: DPRequest, placement: str) -> ValueSpec:
     """The spec a DP sum is encoded with.
 
-    The spec a DP sum is encoded with: in distributed placement a continuous release is carried
-    on its grid (``grid_bits``, codec tolerance a quarter step), so the codecs add the clients'
-    grid values exactly and the released sum is ``2^-f`` times an integer sum (module docstring).
+    In distributed placement a continuous release is carried on its grid (``grid_bits``, codec tolerance a quarter
+    step), so the codecs add the clients' grid values exactly and the released sum is ``2^-f`` times an integer sum
+    (module docstring).
     """
     bits = grid_bits_of(spec, req)
     if placement != "distributed" or bits is None or spec.grid_bits is not None:
@@ -510,9 +510,9 @@ class DPEngine:
     def calibration_mechanism(self, discrete: bool = False, subsampled: bool = False) -> str:
         """The accountant the budget is calibrated with.
 
-        The accountant the budget is calibrated with: the run's, except that ``exact`` (Gaussian
-        composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP, or with
-        Poisson-subsampled ones (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`).
+        The run's, except that ``exact`` (Gaussian composition) becomes ``rdp`` for a run with discrete releases,
+        whose proof is zCDP, or with Poisson-subsampled ones
+        (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`).
         """
         subsampled = subsampled or any(s.sample_rate < 1 for s in self._tags.values())
         if self.config.accountant == "exact" and (
@@ -752,8 +752,7 @@ class DPEngine:
     ) -> dict[int, np.ndarray]:
         """Clip and noise each client's 1-D contribution to a dense sum.
 
-        Clip and noise each client's 1-D contribution to a dense sum (:meth:`vector_release`,
-        then every client's :func:`noise_vector`, all in this process).
+        :meth:`vector_release`, then every client's :func:`noise_vector`, all in this process.
         """
         if not flat:
             return {}
@@ -775,12 +774,11 @@ class DPEngine:
     ) -> np.ndarray:
         """Server side of one row-keyed release.
 
-        Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody)
-        of ``row_len`` entries.  Checks the budget, calibrates, counts the release; returns each
-        uploader's noise std per row (distributed placement divides the variance by the row's
-        uploaders).  ``per_row=True`` needs an explicit sensitivity (edge- or node-level, see module
-        docstring).  A continuous release is rounded onto ``2^-grid_bits`` (:func:`grid_slack` over
-        every client's upload of all rows).
+        ``counts[r]`` clients upload row ``r`` (0: nobody) of ``row_len`` entries. Checks the budget, calibrates,
+        counts the release; returns each uploader's noise std per row (distributed placement divides the variance by
+        the row's uploaders). ``per_row=True`` needs an explicit sensitivity (edge- or node-level, see module
+        docstring). A continuous release is rounded onto ``2^-grid_bits`` (:func:`grid_slack` over every client's
+        upload of all rows).
         """
         counts = np.asarray(counts, dtype=np.int64)
         bits = 0 if req.integer else (DP_GRID_BITS if grid_bits is None else int(grid_bits))
@@ -891,9 +889,8 @@ class DPEngine:
     ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
         """Client-side inputs of a DP weighted mean, every client in this process.
 
-        Client-side inputs of a DP weighted mean, every client in this process: returns
-        ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`),
-        the flat vectors already clipped.
+        Returns ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`), the flat
+        vectors already clipped.
         """
         shape = next(iter(arrays.values())).shape
         nrows = shape[0] if len(shape) else 1
@@ -955,8 +952,7 @@ class DPEngine:
     def release_spec(self, spec: ValueSpec, req: DPRequest) -> ValueSpec:
         """The spec this run encodes the DP sum of ``req`` with.
 
-        The spec this run encodes the DP sum of ``req`` with (:func:`release_spec`, integer noise
-        for an integer exchange).
+        :func:`release_spec`, integer noise for an integer exchange.
         """
         return release_spec(spec, dataclasses.replace(req, integer=req.integer or spec.integer), self.config.placement)
 

@@ -38,8 +38,7 @@ class NonFiniteError(ProtocolError):
 class BoundError(ProtocolError):
     """A value lies outside the public range the encoding can carry exactly.
 
-    A value lies outside the public range the encoding can carry exactly
-    (CKKS headroom or precision, quantisation range, packed field width).
+    CKKS headroom or precision, quantisation range, packed field width.
     """
 
 
@@ -118,8 +117,7 @@ class PlanRefusedError(ProtocolError):
 class TooFewContributorsError(PlanRefusedError):
     """The plan sums over fewer contributors than the run's minimum.
 
-    The plan sums over fewer contributors than the run's minimum (a sum over one or two clients
-    hands a colluding recipient the others' inputs).
+    A sum over one or two clients hands a colluding recipient the others' inputs.
     """
 
 
@@ -134,8 +132,7 @@ class RepeatedContributionError(PlanRefusedError):
 class RecipientRoleError(PlanRefusedError):
     """The plan's recipients are not consistent with the public roles.
 
-    The plan's recipients are not consistent with the public roles (another recipient's request
-    shown to this client, or a recipient that is not a client of the run).
+    Another recipient's request shown to this client, or a recipient that is not a client of the run.
     """
 
 
@@ -181,9 +178,8 @@ class ShareIntegrityError(IntegrityError):
 class KeySwitchRefusedError(ProtocolError):
     """A ckks-mp client refused a key-switching request.
 
-    A ckks-mp client refused a key-switching request: answering it could re-encrypt what it
-    holds to a key the run does not name, for blocks or a recipient the plan does not release,
-    or past the run's smudging budget.
+    Answering it could re-encrypt what it holds to a key the run does not name, for blocks or a recipient the plan
+    does not release, or past the run's smudging budget.
     """
 
 
@@ -232,15 +228,14 @@ class ConsistencyError(UnmaskingRefusedError):
 class InconsistentViewError(ConsistencyError, IntegrityError):
     """The clients of one exchange do not hold one view of it.
 
-    The clients of one exchange do not hold one view of it: the server told them different
-    survivor sets or plans, or sent them different broadcasts to train on (a model-inconsistency
-    attack, :mod:`protocols.broadcast_view`).  Nothing was revealed.
+    The server told them different survivor sets or plans, or sent them different broadcasts to train on (a
+    model-inconsistency attack, :mod:`protocols.broadcast_view`). Nothing was revealed.
     """
 
 
 class RepeatedUploadError(ProtocolError):
     """A second upload request in one exchange.
 
-    A second upload request in one exchange (ckks-mp: the second ciphertext would share the
-    first one's public ``c1``, so their difference would reveal the difference of the inputs).
+    Ckks-mp: the second ciphertext would share the first one's public ``c1``, so their difference would reveal the
+    difference of the inputs.
     """

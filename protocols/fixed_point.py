@@ -169,8 +169,8 @@ class FixedPoint:
     ) -> FixedPoint:
         """The plan for entries bounded by ``entry_bound``.
 
-        The plan for entries bounded by ``entry_bound`` (sum bound ``K B`` unless an owner's
-        check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound`` given).
+        Sum bound ``K B`` unless an owner's check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound``
+        given.
         """
         if sum_bound is None:
             sum_bound = entry_bound if owner_checked_sum else kway_sum_bound(entry_bound, num_clients)
@@ -198,8 +198,7 @@ class FixedPoint:
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Randomized rounding of ``x / Delta`` to int64.
 
-        Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum; integers
-        and grid values are taken as they are).
+        Unbiased; error < 1 quantum; integers and grid values are taken as they are.
         """
         if self.integer:
             return np.rint(np.ldexp(np.asarray(x, dtype=np.float64), self.grid_bits)).astype(np.int64)

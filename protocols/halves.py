@@ -134,9 +134,8 @@ class HalvesProtocol(Protocol):
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup.
 
-        What the driver hands client ``k``'s runtime directly, beside the public setup: the run
-        manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`); only the manifest
-        when the sites hold their keys.
+        The run manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`); only the manifest when the
+        sites hold their keys.
         """
         key = self._identities.get(client_party(k))
         return {"manifest": self.manifest.to_bytes(), **({"identity": key.private_bytes()} if key else {})}

@@ -42,8 +42,7 @@ class ClientLink(ABC):
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
         """Deliver ``requests[k]`` to client ``k``'s half for ``stage``.
 
-        Deliver ``requests[k]`` to client ``k``'s half for ``stage``; return the responses of
-        the clients that answered.  Missing key: that client dropped out.  A ProtocolError a
+        Return the responses of the clients that answered. Missing key: that client dropped out. A ProtocolError a
         client half raised is re-raised.
         """
 
@@ -51,9 +50,8 @@ class ClientLink(ABC):
 def stream_groups(link: ClientLink, clients) -> list[list[int]]:
     """The clients of one stage in the groups a server half calls them in.
 
-    The clients of one stage in the groups a server half calls them in: one at a time over a
-    :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time, not
-    every answer at once), all together over a parallel one.
+    One at a time over a :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time,
+    not every answer at once), all together over a parallel one.
     """
     clients = [int(k) for k in clients]
     return [[k] for k in clients] if getattr(link, "sequential", False) else [clients]

@@ -73,8 +73,8 @@ _MAX_DIMS = 32
 class Envelope:
     """Header of one message.
 
-    Header of one message; ``body`` (its canonical bytes) is optional on the receiving
-    side of the simulation, where the digest is checked against the delivered payload.
+    ``body`` (its canonical bytes) is optional on the receiving side of the simulation, where the digest is checked
+    against the delivered payload.
     """
 
     run_id: bytes

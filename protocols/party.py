@@ -474,9 +474,8 @@ class ClientHalf(Party):
     def keep(self, block_id: int, block: np.ndarray) -> np.ndarray:
         """What this client keeps of decoded block ``block_id``.
 
-        What this client keeps of decoded block ``block_id``: the rows of :attr:`selection`
-        (idempotent), else the whole block.  Halves that decode block by block call it at once,
-        so a block's other rows are dropped as soon as they are decoded.
+        The rows of :attr:`selection` (idempotent), else the whole block. Halves that decode block by block call it
+        at once, so a block's other rows are dropped as soon as they are decoded.
         """
         return block if self.selection is None else self.selection.take(block_id, block)
 
@@ -629,9 +628,8 @@ class ClientHalf(Party):
     def _accept_plan(self, msg: Message) -> ExchangePlan:
         """Verify the plan.
 
-        Verify the plan; :meth:`handle` then checks it against the run's rules
-        (:mod:`protocols.plan_policy`) before anything is contributed (a report exchange sends a
-        scalar in the clear by design: no sum to check).
+        :meth:`handle` then checks it against the run's rules (:mod:`protocols.plan_policy`) before anything is
+        contributed (a report exchange sends a scalar in the clear by design: no sum to check).
         """
         self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
         plan = ExchangePlan.from_payload(msg.payload)
@@ -671,8 +669,7 @@ class ServerHalf(Party):
     def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
         """Run one exchange over ``link``.
 
-        Run one exchange over ``link``; returns the clients whose contributions the
-        result covers (the recipients decode it in their halves).
+        Returns the clients whose contributions the result covers (the recipients decode it in their halves).
         """
         raise NotImplementedError
 
@@ -709,8 +706,8 @@ class ServerHalf(Party):
     def begin(self, plan: ExchangePlan, link, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
         """Start an exchange.
 
-        Start an exchange: register the clients (first time), queue each party's plan (and
-        ``extra`` clients', which take part in a setup step only).
+        Register the clients (first time), queue each party's plan (and ``extra`` clients', which take part in a
+        setup step only).
         """
         self.plan = plan
         self.exchange = plan.exchange

@@ -148,8 +148,8 @@ class PlainProtocol(HalvesProtocol):
 def _check_wire_range(values: np.ndarray, wire, what: str, where: dict) -> None:
     """Refuse values the wire format cannot carry.
 
-    Refuse values the wire format cannot carry: finite inputs (checked before) that the cast
-    to ``wire`` turned into inf, or a float64 sum beyond the wire's range.
+    Finite inputs (checked before) that the cast to ``wire`` turned into inf, or a float64 sum beyond the wire's
+    range.
     """
     limit = float(np.finfo(wire).max)
     if values.size and not float(np.abs(values).max()) <= limit:

@@ -1,8 +1,7 @@
 """Scalar reports through a backend's halves.
 
-Scalar reports through a backend's halves: each client sends the server one float64 (or one
-short vector of them: a batch of several report tags, :func:`protocols.batch.batched_report`) in
-the clear, signed by its half (stage ``report``).
+Each client sends the server one float64 (or one short vector of them: a batch of several report tags,
+:func:`protocols.batch.batched_report`) in the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
 GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
@@ -45,8 +44,7 @@ def collect_reports(
 ) -> dict[int, float | np.ndarray]:
     """Server side: run one report exchange over ``protocol.link``.
 
-    Server side: run one report exchange over ``protocol.link``; returns what the server got
-    (a float per client, or with ``length > 1`` a float64 vector of that length).
+    Returns what the server got (a float per client, or with ``length > 1`` a float64 vector of that length).
     """
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)

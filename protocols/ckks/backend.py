@@ -270,8 +270,7 @@ class CKKSProtocol(HalvesProtocol):
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
         """The capacity of the plan with the fewest bytes for ``length`` values.
 
-        The capacity of the plan with the fewest bytes for ``length`` values (whole
-        ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes).
+        Whole ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes.
         """
         try:
             return choose_chain(self._plans(spec, self._dp_std_hint()), length).values_per_ciphertext

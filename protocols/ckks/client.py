@@ -96,8 +96,8 @@ _MEMO = DecryptionMemo()
 class CKKSClient(ClientHalf):
     """One client of the CKKS backend.
 
-    One client of the CKKS backend: holds the secret context of every chain (made by client 0,
-    or received from it over the encrypted channel), encrypts its blocks, decrypts its result.
+    Holds the secret context of every chain (made by client 0, or received from it over the encrypted channel),
+    encrypts its blocks, decrypts its result.
     """
 
     mode = "ckks"

@@ -100,8 +100,8 @@ class ChainParams:
     def upload_ciphertext_bytes(self, encryption: str) -> int:
         """Padded bytes of a client's fresh ciphertext.
 
-        Padded bytes of a client's fresh ciphertext: symmetric encryption uploads SEAL's seeded
-        form (:data:`PADDED_SEEDED_CT_BYTES`, about half), asymmetric the whole ciphertext.
+        Symmetric encryption uploads SEAL's seeded form (:data:`PADDED_SEEDED_CT_BYTES`, about half), asymmetric the
+        whole ciphertext.
         """
         if encryption != "symmetric":
             return self.padded_ciphertext_bytes
@@ -380,13 +380,11 @@ def plan_float(
 def release_step(plan: EncodingPlan, spec) -> float | None:
     """The grid a float exchange's decrypted sums are rounded to before they leave the client.
 
-    The grid a float exchange's decrypted sums are rounded to before they leave the client:
-    the largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released
-    error stays within the tolerance while the CKKS noise below ``g / 2`` is removed from the output
-    (Li and Micciancio, "On the Security of Homomorphic Encryption on Approximate Numbers",
-    EUROCRYPT 2021: exact decryptions of approximate HE leak the noise, and with it the key).
-    ``None`` for exact (integer or packed) plans, whose outputs are integers already, and for
-    exchanges on a public grid (``ValueSpec.grid_bits``), which the client rounds to that grid.
+    The largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released error stays within the
+    tolerance while the CKKS noise below ``g / 2`` is removed from the output (Li and Micciancio, "On the Security
+    of Homomorphic Encryption on Approximate Numbers", EUROCRYPT 2021: exact decryptions of approximate HE leak the
+    noise, and with it the key). ``None`` for exact (integer or packed) plans, whose outputs are integers already,
+    and for exchanges on a public grid (``ValueSpec.grid_bits``), which the client rounds to that grid.
     """
     if plan.exact or plan.layout is not None or spec.grid_bits is not None:
         return None

@@ -184,8 +184,7 @@ class CKKSMPProtocol(HalvesProtocol):
     def _clients(self) -> dict:
         """What each in-process client half holds of the keys.
 
-        What each in-process client half holds of the keys (:class:`.party.MPClient`; the
-        attack suite's coalition reads its colluders').
+        :class:`.party.MPClient`; the attack suite's coalition reads its colluders'.
         """
         return {k: half.keys for k, half in self.clients.items()}
 

@@ -1,7 +1,7 @@
 """The client half of ``ckks-mp``.
 
-The client half of ``ckks-mp``: one client's key shares, encryption, partial decryptions and
-decryption of its own result, behind :meth:`~protocols.party.ClientHalf.handle` (bytes only).
+One client's key shares, encryption, partial decryptions and decryption of its own result, behind
+:meth:`~protocols.party.ClientHalf.handle` (bytes only).
 
 Built from the run's public setup bytes (:class:`~protocols.party.PartySetup`: the ring
 parameters, which it checks itself, :func:`.params.check_security`).  Its secrets -- the

@@ -92,9 +92,8 @@ class MPParams:
     def keyswitch_lambda(self) -> int:
         """The statistical parameter each key-switched ciphertext is smudged to.
 
-        The statistical parameter each key-switched ciphertext is smudged to:
-        ``max(smudging_lambda, 30 + ceil(log2 T))`` for at most ``T = max_keyswitches``
-        ciphertexts per client per run, so the run's total distance is ``<= T 2^-lambda <= 2^-30``.
+        ``max(smudging_lambda, 30 + ceil(log2 T))`` for at most ``T = max_keyswitches`` ciphertexts per client per
+        run, so the run's total distance is ``<= T 2^-lambda <= 2^-30``.
         """
         return max(self.smudging_lambda, TOTAL_DISTANCE_BITS + (self.max_keyswitches - 1).bit_length())
 
@@ -252,10 +251,9 @@ def plan_exchange(
 ) -> Plan:
     """The cheapest plan meeting the exchange's bounds.
 
-    The cheapest plan meeting the exchange's bounds: the fewest bytes for blocks of
-    ``block_len`` values (``None``: per value of an unbounded stream), counting per ciphertext
-    ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties
-    to fewer primes.
+    The fewest bytes for blocks of ``block_len`` values (``None``: per value of an unbounded stream), counting per
+    ciphertext ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties to fewer
+    primes.
     """
     base_noise = keyswitch_bound(params, k)
     lo, hi, offset = per_client_limits(spec, dp_std, k)

@@ -203,9 +203,8 @@ def remove_output_masks(
 class MaskClient(ClientHalf):
     """One client of the mask protocol.
 
-    One client of the mask protocol: its mask key pair (one per run), self-mask seeds, the
-    shares it holds for its peers and its copy of the group seed never leave this object (except
-    as channel ciphertexts and the unmasking answers of step 5).
+    Its mask key pair (one per run), self-mask seeds, the shares it holds for its peers and its copy of the group
+    seed never leave this object (except as channel ciphertexts and the unmasking answers of step 5).
     """
 
     mode = "mask"

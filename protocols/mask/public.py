@@ -1,7 +1,6 @@
 """What both halves of a mask exchange derive from public data alone.
 
-What both halves of a mask exchange derive from public data alone: the run's parameter
-fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the wire
+The run's parameter fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the wire
 format of ring elements and the row positions of a block subset.
 """
 

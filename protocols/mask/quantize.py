@@ -146,8 +146,7 @@ class FixedPoint:
     def to_wire(self, words: np.ndarray) -> bytes:
         """Ring elements as ``b/8`` little-endian bytes each.
 
-        Ring elements as ``b/8`` little-endian bytes each: the low bytes of every word,
-        which is the reduction mod ``2^b``.
+        The low bytes of every word, which is the reduction mod ``2^b``.
         """
         w = np.ascontiguousarray(words, dtype=self.dtype)
         if self.dtype.itemsize == self.bytes_per_value:

@@ -32,11 +32,10 @@ GRID_MODEL_TOLERANCE = 2.0**-22
 def grid_model_tolerance(value_bound: float) -> float:
     """Target of a grid model mean with public bound ``B`` on update entries.
 
-    Target of a grid model mean with public bound ``B`` on update entries: the float32 rounding
-    error of a parameter of size ``max(4, B)``, ``2^(floor(log2 max(4, B)) - 24)`` -- :data:`GRID_MODEL_TOLERANCE`
-    up to ``B < 8``, ``2^-18`` at the default ``B = 100``.  A bound-independent target would make the grid
-    finer as ``B`` grows (the weight total's error enters as ``|mean| <= B``): at ``B = 100`` and ten
-    clients its sums need 43 bits, more than a CKKS slot half carries exactly (41); this one needs 38.
+    The float32 rounding error of a parameter of size ``max(4, B)``, ``2^(floor(log2 max(4, B)) - 24)`` --
+    :data:`GRID_MODEL_TOLERANCE` up to ``B < 8``, ``2^-18`` at the default ``B = 100``. A bound-independent target
+    would make the grid finer as ``B`` grows (the weight total's error enters as ``|mean| <= B``): at ``B = 100``
+    and ten clients its sums need 43 bits, more than a CKKS slot half carries exactly (41); this one needs 38.
     """
     return 2.0 ** (math.floor(math.log2(max(4.0, float(value_bound)))) - 24)
 
@@ -46,9 +45,9 @@ def model_spec(
 ) -> ValueSpec:
     """The model exchange's :class:`~protocols.base.ValueSpec`.
 
-    The model exchange's :class:`~protocols.base.ValueSpec`: :func:`model_precision`'s plan, or with
-    ``grid`` its exact mean on the public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`,
-    target :func:`grid_model_tolerance`): every mode then averages to the same bits.
+    :func:`model_precision`'s plan, or with ``grid`` its exact mean on the public grid
+    (:meth:`protocols.precision.MeanPrecision.grid_spec`, target :func:`grid_model_tolerance`): every mode then
+    averages to the same bits.
     """
     if not grid:
         return model_precision(num_contributors, num_clients, value_bound).spec()

@@ -88,8 +88,7 @@ MARGIN_MAX_MEMBERS = 16
 def cut_margin(similarity: np.ndarray) -> float | None:
     """Weight of the second-lightest cut minus the lightest.
 
-    Weight of the second-lightest cut minus the lightest (every bipartition enumerated;
-    ``None`` above :data:`MARGIN_MAX_MEMBERS` members).
+    Every bipartition enumerated; ``None`` above :data:`MARGIN_MAX_MEMBERS` members.
     """
     sim = np.asarray(similarity, dtype=np.float64)
     m = sim.shape[0]

@@ -121,8 +121,7 @@ class MinorityLogic(ModelAveragingLogic):
 class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
     """FedAvg's server reporting minority accuracy.
 
-    FedAvg's server reporting minority accuracy; ``local`` in the algorithm's name: Local
-    training (each client alone, nothing exchanged).
+    ``local`` in the algorithm's name: Local training (each client alone, nothing exchanged).
     """
 
     def __init__(self, executor, protocol, cfg, facts, options):

@@ -241,8 +241,8 @@ class CentralizedOptions:
 class FGSSLOptions:
     """FGSSL settings.
 
-    FGSSL settings (Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a
-    grid on Cora's validation split, see docs/fgssl.md).
+    Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a grid on Cora's validation split,
+    see docs/fgssl.md.
     """
 
     lambda_c: float = setting(

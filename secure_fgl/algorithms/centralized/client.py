@@ -1,7 +1,7 @@
 """The centralized reference's one runtime.
 
-The centralized reference's one runtime: FedAvg's local training on the whole graph, never
-exchanging; the attack suite's view of each client (:meth:`CentralizedLogic.attack_state`).
+FedAvg's local training on the whole graph, never exchanging; the attack suite's view of each client
+(:meth:`CentralizedLogic.attack_state`).
 """
 
 from __future__ import annotations

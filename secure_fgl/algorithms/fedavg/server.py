@@ -49,8 +49,8 @@ class ModelAveragingStrategy(Strategy):
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
         """One FedAvg round of the model exchanged as ``tag``.
 
-        One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
-        algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains).
+        Default ``<name>/model``; an algorithm with several models, e.g. fedgcn-gap's encoder, names the one it
+        trains.
         """
         self.round = rnd
         sampled = self.sample_clients(rnd)

@@ -223,8 +223,7 @@ class FedGCNLogic(ModelAveragingLogic):
     def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row of the decoded ``blocks`` as (node id, total), float32.
 
-        Every row of the decoded ``blocks`` as (node id, total), float32; a row whose node this
-        client cannot name (another client's node under ``--row-order signature|owner``) or a
+        A row whose node this client cannot name (another client's node under ``--row-order signature|owner``) or a
         padding row gets node id -1.
         """
         dim = self.facts.num_features + 1

@@ -1,7 +1,7 @@
 """FedOMD's client.
 
-FedOMD's client: its orthogonal GCN, its hidden statistics (kept for the protocol half) and
-local training against the pooled statistics (eq. 12); :mod:`.server` describes the round.
+Its orthogonal GCN, its hidden statistics (kept for the protocol half) and local training against the pooled
+statistics (eq. 12); :mod:`.server` describes the round.
 """
 
 from __future__ import annotations

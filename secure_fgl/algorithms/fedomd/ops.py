@@ -121,8 +121,7 @@ def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: in
 def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> torch.Tensor:
     """The rows of ``z`` (client ``c``'s nodes) that enter the statistics.
 
-    The rows of ``z`` (client ``c``'s nodes) that enter the statistics; ``side``: ``'global'``
-    (the exchanged statistics) or ``'local'`` (the client side of eq. 11).
+    ``side``: ``'global'`` (the exchanged statistics) or ``'local'`` (the client side of eq. 11).
     """
     train = stats_nodes == "train" or (stats_nodes == "train_vs_all" and side == "local")
     return z[c.train_mask] if train else z
@@ -218,9 +217,9 @@ def stats_grid_spec(
 ) -> ValueSpec:
     """The statistics exchanges' spec.
 
-    The statistics exchanges' spec: :func:`stats_precision` exact on its public grid
-    (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten clients the target is coarsened
-    by :func:`protocols.precision.grid_tolerance`), so every mode pools the same statistics bit for bit.
+    :func:`stats_precision` exact on its public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten
+    clients the target is coarsened by :func:`protocols.precision.grid_tolerance`), so every mode pools the same
+    statistics bit for bit.
     """
     plan = stats_precision(opts, orders, node_total, min(1.0, num_contributors / max(1, num_clients)))
     return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)

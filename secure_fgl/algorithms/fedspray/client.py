@@ -1,7 +1,7 @@
 """FedSpray's client.
 
-FedSpray's client: its personalized GNN, its copies of the global encoder and proxies, its
-upload of encoder update and class-wise proxies; :mod:`.server` describes the round.
+Its personalized GNN, its copies of the global encoder and proxies, its upload of encoder update and class-wise
+proxies; :mod:`.server` describes the round.
 """
 
 from __future__ import annotations

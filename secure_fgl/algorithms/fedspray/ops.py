@@ -87,8 +87,8 @@ def classwise_weighted_mean(
 def class_weights(counts: np.ndarray, weighting: str = "ratio", graph_size: int | None = None) -> np.ndarray:
     """Eq. 15 weights from a client's training class counts.
 
-    Eq. 15 weights from a client's training class counts: ratios ``a^(k)`` (``'ratio'``) or
-    counts divided by the public graph size (``'count'``; keeps ``|w * S|`` bounded).
+    Ratios ``a^(k)`` (``'ratio'``) or counts divided by the public graph size (``'count'``; keeps ``|w * S|``
+    bounded).
     """
     counts = np.asarray(counts, dtype=np.float64)
     if weighting == "count":

@@ -92,8 +92,7 @@ def fnsc_loss(h_local: torch.Tensor, h_global: torch.Tensor, y: torch.Tensor, ta
 def neighbour_log_similarity(z: torch.Tensor, edge_index: torch.Tensor, omega: float) -> torch.Tensor:
     """``log S_ij`` of eq. 9/10 for each edge ``(j -> i)``.
 
-    ``log S_ij`` of eq. 9/10 for each edge ``(j -> i)``: log-softmax of ``z_i . z_j / omega``
-    over the neighbours ``j`` of ``i``.
+    Log-softmax of ``z_i . z_j / omega`` over the neighbours ``j`` of ``i``.
     """
     src, dst = edge_index
     scores = (z[dst] * z[src]).sum(-1) / omega

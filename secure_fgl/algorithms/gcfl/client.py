@@ -14,8 +14,8 @@ from ..graph_level.client import GraphLogic
 class GCFLLogic(GraphLogic):
     """A GCFL/GCFL+ client.
 
-    A GCFL/GCFL+ client: :class:`~.graph_level.GraphLogic` plus the scalars it reports and its
-    update for the update-similarity exchange (its protocol half does the rest; a decider's key stays there).
+    :class:`~.graph_level.GraphLogic` plus the scalars it reports and its update for the update-similarity exchange
+    (its protocol half does the rest; a decider's key stays there).
     """
 
     def scalar(self, tag: str) -> float | None:

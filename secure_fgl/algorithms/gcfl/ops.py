@@ -1,8 +1,7 @@
 """GCFL and GCFL+.
 
-GCFL and GCFL+ (Xie et al., "Federated Graph Classification over Non-IID Graphs",
-NeurIPS 2021, sec. 4-5; the authors' ``training.py`` / ``server.py`` for the details the
-paper leaves open).
+Xie et al., "Federated Graph Classification over Non-IID Graphs", NeurIPS 2021, sec. 4-5; the authors'
+``training.py`` / ``server.py`` for the details the paper leaves open.
 
 Clients train the GIN of :mod:`~secure_fgl.algorithms.graph_level`; only the GIN layers are
 shared (the reference's ``serverGIN``), input, ``post`` and classifier layers stay local.
@@ -51,9 +50,8 @@ __all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer"]
 class GCFLServer:
     """The server side of GCFL (a mixin).
 
-    The server side of GCFL (a mixin): the clusters, eq. 4-5, the Stoer-Wagner cut and the
-    cache behind ``test_acc_best_cached``.  How a cluster's mean is exchanged and applied and
-    how the clients' scalars and similarities reach the server are hooks, played by the
+    The clusters, eq. 4-5, the Stoer-Wagner cut and the cache behind ``test_acc_best_cached``. How a cluster's mean
+    is exchanged and applied and how the clients' scalars and similarities reach the server are hooks, played by the
     server strategy (:mod:`secure_fgl.algorithms.gcfl.server`).
     """
 
@@ -112,10 +110,9 @@ class GCFLServer:
     def min_cluster_size(self) -> int:
         """The fewest members a cluster may have.
 
-        The fewest members a cluster may have: the run's minimum contributors (every mode, so
-        every mode makes the same clusters).  A split round sums the cluster, then each half: a half
-        below the minimum would be a sum the clients refuse (:mod:`protocols.plan_policy`), so the
-        cut is the lightest one that leaves both halves at least this large.
+        The run's minimum contributors (every mode, so every mode makes the same clusters). A split round sums the
+        cluster, then each half: a half below the minimum would be a sum the clients refuse
+        (:mod:`protocols.plan_policy`), so the cut is the lightest one that leaves both halves at least this large.
         """
         cfg = self.cfg
         return int(cfg.min_contributors if cfg.min_contributors is not None else cfg.max_colluders + 2)

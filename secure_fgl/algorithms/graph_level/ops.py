@@ -48,8 +48,8 @@ __all__ = [
 def initial_shared(cfg) -> torch.Tensor:
     """The shared GIN layers every client starts from.
 
-    The shared GIN layers every client starts from: those of a GIN built under the run seed
-    (their shapes depend only on ``hidden`` and ``num_layers``, not on any client's data).
+    Those of a GIN built under the run seed (their shapes depend only on ``hidden`` and ``num_layers``, not on any
+    client's data).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -59,8 +59,8 @@ def initial_shared(cfg) -> torch.Tensor:
 class GraphLearner:
     """One client's side of graph-level training.
 
-    One client's side of graph-level training: its graphs, its GIN and optimizer, and the
-    shared-layer vector its round starts from (``anchor``: its cluster's model).
+    Its graphs, its GIN and optimizer, and the shared-layer vector its round starts from (``anchor``: its cluster's
+    model).
 
     Randomness is the client's own (:mod:`secure_fgl.engine.rng`): its local layers are drawn
     from ``(seed, client)``, and epoch ``e`` of round ``r`` shuffles its graphs and draws its
