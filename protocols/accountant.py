@@ -83,8 +83,8 @@ _ALPHAS_SUBSAMPLED = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 def _prv_eps_error(scale: float) -> float:
     """The PRV accountant's discretisation error for an epsilon of this scale.
 
-    PRV discretisation error: 1e-3 absolute, or 0.1 % of the epsilon's scale when larger
-    (an absolute 1e-3 at eps ~ 50+ makes the PRV mesh huge: minutes instead of ms).
+    1e-3 absolute, or 0.1 % of the epsilon's scale when larger (an absolute 1e-3 at a large
+    epsilon makes the PRV mesh, and its cost, huge).
     """
     return max(PRV_EPS_ERROR, 1e-3 * float(scale))
 
