@@ -209,9 +209,8 @@ def check_public_key(
 ) -> None:
     """Refuse a public key its claimed owner did not sign.
 
-    Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
-    it): verifies ``signature`` over :func:`key_statement` under the owner's registered
-    identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`.
+    Catches a key substituted by whoever relayed it: verifies ``signature`` over :func:`key_statement` under the owner's
+    registered identity key. Raises :class:`~protocols.errors.KeySubstitutionError`.
     """
     try:
         registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)

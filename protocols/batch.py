@@ -166,10 +166,9 @@ def split_total(total: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
 def batch_spec(specs: Sequence[ValueSpec]) -> ValueSpec | None:
     """One :class:`~protocols.base.ValueSpec` for a batch of parts.
 
-    One :class:`~protocols.base.ValueSpec` for a batch of parts (module doc): the largest
-    ``max_abs``, the smallest ``tolerance``, a float64 plain wire if any part has one.  ``None``
-    where a part is integer or the parts' grids differ (a part put on another part's grid would
-    change its values), and where the specs are equal, that spec.
+    See the module doc. The largest ``max_abs``, the smallest ``tolerance``, a float64 plain wire if any part has one.
+    ``None`` where a part is integer or the parts' grids differ (a part put on another part's grid would change its
+    values), and where the specs are equal, that spec.
     """
     specs = list(specs)
     if all(s == specs[0] for s in specs):

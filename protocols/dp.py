@@ -279,8 +279,7 @@ def clip_rows(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarr
 def grid_bits_of(spec: ValueSpec | None, req: DPRequest) -> int | None:
     """The grid ``2^-f`` a continuous release is rounded to.
 
-    The grid ``2^-f`` a continuous release is rounded to (the exchange's own grid, else
-    :data:`DP_GRID_BITS`); ``None`` for an integer release (its grid is the integers).
+    The exchange's own grid, else :data:`DP_GRID_BITS`. ``None`` for an integer release (its grid is the integers).
     """
     if req.integer:
         return None

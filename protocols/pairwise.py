@@ -1,8 +1,7 @@
 """Pairwise statistics for clustering.
 
-Pairwise statistics for clustering (exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS
-2021, sec. 4): whoever decides the clusters learns the ``m x m`` cosine-similarity matrix of
-the members' updates, and the scalars it is told, nothing more.
+Exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS 2021, sec. 4. Whoever decides the clusters learns the
+``m x m`` cosine-similarity matrix of the members' updates, and the scalars it is told, nothing more.
 
 * :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``, an exchange of the
   backend's halves (:mod:`protocols.pairwise_exchange`; this function plays the members from

@@ -252,9 +252,8 @@ class Party:
     ) -> Message:
         """Verify a received message.
 
-        Verify a received message (signature, sender, recipient, session, exchange, stage,
-        digest, replay); an IntegrityError subclass naming ``where`` otherwise.  ``exchange``:
-        the exchange it must belong to (default: the one in progress).
+        Checks signature, sender, recipient, session, exchange, stage, digest and replay; an IntegrityError naming
+        ``where`` otherwise. ``exchange``: the exchange it must belong to (default: the one in progress).
         """
         expected = dict(
             run_id=self.setup.run_id,

@@ -176,8 +176,8 @@ class DPSGD:
     ) -> float:
         """One DP-SGD step of one client over the nodes of ``mask``.
 
-        One DP-SGD step of one client over the nodes of ``mask`` (with ``sample_rate`` < 1: over the
-        Poisson sample of them :meth:`poisson_sample` draws from ``uniform``); returns the mean loss.
+        With ``sample_rate`` < 1, over the Poisson sample of them :meth:`poisson_sample` draws from ``uniform``.
+        Returns the mean loss.
         """
         records = int(mask.sum())
         if self.sample_rate < 1:

@@ -121,9 +121,8 @@ def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple
 def load_runs(*paths: str | Path, include_unfinished: bool = False):
     """A pandas DataFrame with one row per finished run found under ``paths``.
 
-    A pandas DataFrame with one row per finished run found under ``paths``
-    (``pip install secure-fgl[analysis]``); unfinished runs are left out, with a warning that
-    counts them, unless ``include_unfinished=True``.
+    Needs ``pip install secure-fgl[analysis]``. Unfinished runs are left out, with a warning that counts them, unless
+    ``include_unfinished=True``.
     """
     try:
         import pandas as pd

@@ -98,9 +98,8 @@ def survivor_statement(
 ) -> bytes:
     """The bytes a survivor signs in the consistency round.
 
-    The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
-    the run, session and exchange, the sorted survivor set and the digest of the broadcasts the
-    signer trained on (:mod:`protocols.broadcast_view`), length-prefixed.
+    See Bonawitz et al. §4, ConsistencyCheck: the run, session and exchange, the sorted survivor set and the digest of
+    the broadcasts the signer trained on (:mod:`protocols.broadcast_view`), length-prefixed.
     """
     fields = (
         SURVIVORS_DOMAIN,
@@ -120,11 +119,10 @@ def _unmask_answer(
 ) -> tuple[dict, dict]:
     """An honest client's answer to the server's unmasking request.
 
-    An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
-    Unmasking, with the pairwise seeds of this exchange in place of the dropped clients' key
-    shares): its pairwise seed with each dropped peer OR its share of each survivor's self-mask
-    seed, never both for one client — both would let the server unmask that client's input.
-    Shares it does not hold are left out (the server needs ``t`` of them).
+    See Bonawitz et al. §4, round Unmasking, with the pairwise seeds of this exchange in place of the dropped clients'
+    key shares. Its pairwise seed with each dropped peer OR its share of each survivor's self-mask seed, never both
+    for one client — both would let the server unmask that client's input. Shares it does not hold are left out (the
+    server needs ``t`` of them).
     """
     both = sorted(set(want_pairwise) & set(want_self))
     if both:

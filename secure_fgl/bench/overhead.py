@@ -82,8 +82,8 @@ def workload_config(
 ) -> dict:
     """The run settings of one (workload, mode) as a flat dict.
 
-    The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
-    ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train (``cuda`` on a GPU machine).
+    For ``RunConfig.from_dict``. ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train
+    (``cuda`` on a GPU machine).
     """
     from secure_fgl.presets import load_preset
 

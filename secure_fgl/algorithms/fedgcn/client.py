@@ -1,8 +1,8 @@
 """FedGCN's client.
 
-FedGCN's client (Yao et al., NeurIPS 2023): the pre-training exchange from one client's side
-(its touch-set histogram, its row ids, its partial neighbour sums and the totals it decodes;
-:mod:`.server` describes the exchange), then FedAvg's local training on the received sums.
+Yao et al., NeurIPS 2023. The pre-training exchange from one client's side (its touch-set histogram, its row ids,
+its partial neighbour sums and the totals it decodes; :mod:`.server` describes the exchange), then FedAvg's local
+training on the received sums.
 """
 
 from __future__ import annotations

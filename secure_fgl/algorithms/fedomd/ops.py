@@ -199,10 +199,9 @@ def train_client(
 def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, share: float) -> MeanPrecision:
     """Precision plan of both statistics rounds.
 
-    Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
-    values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (``node_total``, the
-    node set's public total), ``T_min = N`` under full participation (else the expected ``share``
-    ``m/K`` of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic.
+    :class:`protocols.precision.MeanPrecision` with values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <=
+    W = N`` (``node_total``, the node set's public total), ``T_min = N`` under full participation (else the expected
+    ``share`` ``m/K`` of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic.
     """
     a, b = opts.act_low, opts.act_high
     per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in orders])

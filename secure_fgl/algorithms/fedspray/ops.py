@@ -184,8 +184,8 @@ class SprayClient:
     def soft_targets(self, encoder: FeatureStructureEncoder, proxies: torch.Tensor):
         """``(p, q, s)`` of the client's nodes under ``encoder`` and the global ``S``.
 
-        ``(p, q, s)`` of the client's nodes under ``encoder`` and the global ``S`` (Algorithm 1
-        lines 2-5): probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))`` and node proxies ``s``.
+        Algorithm 1 lines 2-5: probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))`` and node proxies
+        ``s``.
         """
         c = self.c
         encoder.eval()

@@ -64,8 +64,7 @@ SELECT = ("val", "head")
 def release_dependencies_of(name: str) -> dict[str, set[str]]:
     """The data each release touches.
 
-    The data each release touches (:mod:`secure_fgl.privacy`): the hop sums read embeddings over
-    edges; the encoder and head touch no exact edge.
+    See :mod:`secure_fgl.privacy`. The hop sums read embeddings over edges; the encoder and head touch no exact edge.
     """
     return {
         HOP_TAG: {"features", "labels", "edges"},
@@ -79,8 +78,7 @@ def release_dependencies_of(name: str) -> dict[str, set[str]]:
 def hop_dp_request(dp) -> DPRequest | None:
     """A hop sum's edge-level DP request.
 
-    A hop sum's edge-level DP request (rows of unit norm: an edge changes one term by at most 1);
-    None without DP (``dp``: the protocol's engine).
+    Rows of unit norm: an edge changes one term by at most 1. None without DP (``dp``: the protocol's engine).
     """
     return (
         None

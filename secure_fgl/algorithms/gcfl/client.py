@@ -1,7 +1,7 @@
 """GCFL's and GCFL+'s client.
 
-GCFL's and GCFL+'s client (Xie et al., NeurIPS 2021): the baselines' GIN client, plus the norms
-it reports and its part of the update similarity (the cosine matrix); :mod:`.server` describes the clustering.
+Xie et al., NeurIPS 2021. The baselines' GIN client, plus the norms it reports and its part of the update similarity
+(the cosine matrix); :mod:`.server` describes the clustering.
 """
 
 from __future__ import annotations

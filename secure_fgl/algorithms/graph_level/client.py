@@ -1,7 +1,7 @@
 """The graph-classification baselines' client.
 
-The graph-classification baselines' client (GCFL's self-train, FedAvg and FedProx): its GIN on
-its own graphs; the shared GIN layers go to the exchange, the rest stays local.
+GCFL's self-train, FedAvg and FedProx. Its GIN on its own graphs; the shared GIN layers go to the exchange, the rest
+stays local.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ class GraphLogic(ClientLogic):
     def weight(self, tag: str) -> float | None:
         """The weight of this client's update in the mean exchanged under ``tag``.
 
-        The weight of this client's update in the mean exchanged under ``tag`` (None: not a mean
-        of updates): FedAvg's ``n_k / N`` (``N``: the public number of training graphs).
+        None if not a mean of updates; FedAvg's ``n_k / N`` (``N``: the public number of training graphs).
         """
         return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
 

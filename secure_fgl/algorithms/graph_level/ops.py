@@ -199,9 +199,8 @@ def dpsgd_release_dependencies(name: str) -> dict[str, set[str]]:
 def graph_summary(rows: list[dict]) -> dict:
     """The evaluation of every client from its counts.
 
-    The evaluation of every client from its counts (``rows``: ``client``, ``dataset``,
-    ``num_train`` and ``{train,val,test}`` = ``(correct, total)``): overall = graph-weighted,
-    and the unweighted mean over clients (the paper's "average accuracy").
+    ``rows``: ``client``, ``dataset``, ``num_train`` and ``{train,val,test}`` = ``(correct, total)``. Overall =
+    graph-weighted, and the unweighted mean over clients (the paper's "average accuracy").
     """
     per_client, sums = [], {s: [0, 0] for s in ("val", "test")}
     for r in rows:

@@ -35,8 +35,7 @@ from .ops import check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_su
 class GraphStrategy(ModelAveragingStrategy):
     """FedAvg of the shared GIN layers within clusters.
 
-    FedAvg of the shared GIN layers within clusters (module docstring); client sampling is
-    :meth:`ModelAveragingStrategy.sample_clients`.
+    See the module docstring. Client sampling is :meth:`ModelAveragingStrategy.sample_clients`.
     """
 
     personalized = True
