@@ -155,8 +155,13 @@ def gaussian_mu_for(epsilon: float, delta: float) -> float:
 def epsilon_of(history: Iterable[tuple[float, float, int]], delta: float, mechanism: str = "rdp") -> float:
     """Epsilon at ``delta`` of composing the Gaussian releases in ``history``.
 
-    Epsilon at ``delta`` of composing the Gaussian releases in ``history``
-    (``(noise_multiplier, sample_rate, steps)`` triples).  0.0 for an empty history.
+    Args:
+        history: ``(noise_multiplier, sample_rate, steps)`` triples.
+        delta: The target delta.
+        mechanism: The accountant: ``rdp``, ``prv`` or ``exact``.
+
+    Returns:
+        The spent epsilon: 0.0 for an empty history, ``inf`` if a release has no noise.
     """
     _check_mechanism(mechanism)
     hist = [(float(z), float(q), int(n)) for z, q, n in history if int(n) > 0]
@@ -181,8 +186,20 @@ def calibrate_noise_multiplier(
 ) -> float:
     """Smallest noise multiplier whose composition stays within ``target_epsilon`` at ``delta``.
 
-    Smallest noise multiplier (to 0.1 % relative) whose ``steps``-fold composition at
-    ``sample_rate`` spends at most ``target_epsilon`` at ``delta`` under ``mechanism``.
+    The multiplier is found to 0.1 % relative.
+
+    Args:
+        target_epsilon: The budget to spend.
+        delta: The target delta.
+        steps: The number of releases composed.
+        mechanism: The accountant: ``rdp``, ``prv`` or ``exact``.
+        sample_rate: The sampling rate of every release.
+
+    Returns:
+        The noise multiplier ``z`` (noise std over sensitivity).
+
+    Raises:
+        ConfigurationError: The budget is not positive, or it would need a multiplier above 1e6.
     """
     _check_mechanism(mechanism)
     if not target_epsilon > 0:

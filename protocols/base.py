@@ -142,7 +142,20 @@ class Protocol(ABC):
         recipients: Sequence[int] | None = None,
         dp: DPRequest | None = None,
     ) -> np.ndarray:
-        """``sum_k w_k * v_k`` delivered to ``recipients`` (default: the contributors)."""
+        """The weighted sum ``sum_k w_k * v_k`` of the clients' values.
+
+        Args:
+            tag: The exchange's tag (for example ``fedavg/model``).
+            rnd: The round number.
+            values: Client id -> its contribution; every contribution has one shape.
+            weights: Client id -> ``w_k`` (default: 1 for every client).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            recipients: The clients that receive the sum (default: the contributors).
+            dp: The DP request of this release, or None.
+
+        Returns:
+            The sum, in the shape of one contribution.
+        """
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
         w = validate.weights(weights, arrays, tag, rnd)
@@ -173,6 +186,21 @@ class Protocol(ABC):
         (public) number of contributors; weighted, each sends ``[w~ clip(v_k), w~ C]`` with
         ``w~ = min(w_k, W)/W`` (``W = dp.weight_bound``), noised with sensitivity
         ``sqrt(2) C`` — see :mod:`protocols.dp`.
+
+        Args:
+            tag: The exchange's tag (for example ``fedavg/model``).
+            rnd: The round number.
+            values: Client id -> its contribution; every contribution has one shape.
+            weights: Client id -> ``w_k`` (default: 1 for every client).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            recipients: The clients that receive the mean (default: the contributors).
+            dp: The DP request of this release, or None.
+
+        Returns:
+            The mean, in the shape of one contribution.
+
+        Raises:
+            ConfigurationError: The weights sum to zero.
         """
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
