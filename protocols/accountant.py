@@ -276,8 +276,16 @@ class PrivacyAccountant:
     ) -> None:
         """Record one release of ``tag``.
 
-        Gaussian, std = noise_multiplier x sensitivity; ``discrete``: a discrete Gaussian, or a sum of them, whose
-        zCDP bound is that of multiplier ``noise_multiplier``.
+        Args:
+            tag: The exchange the release belongs to.
+            noise_multiplier: The Gaussian noise std over the sensitivity.
+            sample_rate: The release's sampling rate (1: every record).
+            sensitivity: The release's L2 sensitivity, kept for the report (the largest per tag).
+            discrete: A discrete Gaussian (or a sum of them), whose zCDP bound is that of
+                multiplier ``noise_multiplier``.
+
+        Raises:
+            ConfigurationError: The multiplier is not positive or the sampling rate is outside ``(0, 1]``.
         """
         if not noise_multiplier > 0:
             raise ConfigurationError(f"noise multiplier must be > 0, got {noise_multiplier}", tag=tag)

@@ -242,16 +242,31 @@ class Protocol(ABC):
     ) -> dict[int, np.ndarray]:
         """Row-keyed sum with scoped return.
 
-        contributions: client -> ``(row ids [m], rows [m, d])``, global row ids.
-        requests:      client -> row ids it receives.
-        Returns client -> ``[len(request), d]`` totals, in the order of its request.  A recipient
-        decrypts whole blocks, so it also reads the totals of the other rows of its blocks:
-        with ``readable`` :attr:`last_readable` holds, per recipient, ``(row ids, totals)`` of
-        every row it read (what a curious client can use; the float32 baseline counts only the
+        A recipient decrypts whole blocks, so it also reads the totals of the other rows of its
+        blocks: with ``readable`` :attr:`last_readable` holds, per recipient, ``(row ids, totals)``
+        of every row it read (what a curious client can use; the float32 baseline counts only the
         requested rows).  ``readable=False``: each recipient keeps only its requested rows of
         every block as the block is decoded (:class:`~protocols.row_blocks.RowSelection`) and
         :attr:`last_readable` is empty -- the memory of one copy of the requested rows instead of
         whole blocks per recipient; the sums are the same.
+
+        Args:
+            tag: The exchange's tag (for example ``fedgcn/neighbour_sums``).
+            rnd: The round number.
+            contributions: Client -> ``(row ids [m], rows [m, d])``, global row ids.
+            requests: Client -> the row ids it receives.
+            num_rows: The number of global rows.
+            layout: ``sparse`` (a client uploads the blocks it touches) or ``dense`` (every block).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            dp: The DP request of this release, or None.
+            readable: Keep what each recipient could read in :attr:`last_readable`.
+
+        Returns:
+            Client -> ``[len(request), d]`` totals, in the order of its request.
+
+        Raises:
+            ConfigurationError: ``layout`` is neither ``sparse`` nor ``dense``.
+            ShapeError: A contribution's row width differs from the others', or its row ids repeat.
         """
         validate.exchange(tag, rnd)
         num_rows = validate.count(num_rows, "num_rows", tag, rnd)
