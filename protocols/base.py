@@ -432,8 +432,7 @@ class Protocol(ABC):
     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Each client's rows padded with zero rows to the whole blocks it uploads.
 
-        Each client's rows padded with zero rows to the whole blocks it uploads
-        (every block in the dense layout), ids sorted; rows >= num_rows are left out.
+        In the dense layout that is every block. Ids are sorted; rows >= num_rows are left out.
         """
         out_ids, out_rows = {}, {}
         for k in ids:
@@ -527,8 +526,8 @@ class Protocol(ABC):
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         """Run the backend and account the exchange's float32 baseline.
 
-        Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
-        the same in every mode), so every mode reports its expansion factor against it.
+        The baseline (:mod:`protocols.baseline`) is the same in every mode, so every mode reports its expansion
+        factor against it.
         """
         self._begin_exchange(ctx.tag, ctx.round)
         received = self._aggregate(ctx)

@@ -124,10 +124,9 @@ def batched_report(
 ) -> dict[str, dict[int, float]]:
     """Every part's clear-text scalar from one report per client.
 
-    Every part's clear-text scalar from one report per client, ``[x_k^(1), ..., x_k^(T)]`` (module
-    doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
-    (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
-    client -> what the server got.
+    Each client reports ``[x_k^(1), ..., x_k^(T)]`` (module doc). The same clients in every part
+    (:class:`~protocols.errors.ShapeError`) and finite values (:class:`~protocols.errors.NonFiniteError`) are
+    checked before anything is sent. Returns part tag -> client -> what the server got.
     """
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)

@@ -654,8 +654,8 @@ class DPEngine:
     def _client_std(self, sigma, n) -> np.ndarray:
         """Per-client noise std given the number of contributors.
 
-        Per-client noise std given the number of contributors n (scalar or per row):
-        sigma (local), sigma / sqrt(max(1, n - dropouts - colluders)) (distributed).
+        ``n`` is a scalar or per row. The std is sigma (local) or sigma / sqrt(max(1, n - dropouts - colluders))
+        (distributed).
         """
         n = np.asarray(n, dtype=np.float64)
         if self.config.placement == "local":
@@ -715,12 +715,11 @@ class DPEngine:
     ) -> float:
         """Server side of one dense release by ``n`` contributors.
 
-        Server side of one dense release by ``n`` contributors of ``length``-vectors: check the
-        budget, calibrate, count the release; returns each contributor's noise std (the
-        contributors add it themselves, :func:`noise_vector`).  ``per_row`` clips consecutive
-        slices of ``row_len`` entries; default sensitivity is the client-level bound C (whole)
-        or C sqrt(rows) (per row).  A continuous release is rounded onto ``2^-grid_bits``: its
-        sensitivity grows by :func:`grid_slack`.
+        Each of the ``n`` contributors holds a ``length``-vector. Checks the budget, calibrates and counts the
+        release; returns each contributor's noise std (the contributors add it themselves, :func:`noise_vector`).
+        ``per_row`` clips consecutive slices of ``row_len`` entries; default sensitivity is the client-level bound C
+        (whole) or C sqrt(rows) (per row). A continuous release is rounded onto ``2^-grid_bits``: its sensitivity
+        grows by :func:`grid_slack`.
         """
         if req.per_row:
             if not row_len or length % row_len:
@@ -833,9 +832,8 @@ class DPEngine:
     ) -> dict[int, np.ndarray]:
         """Clip and noise each client's rows of a row-keyed sum.
 
-        Clip and noise each client's rows of a row-keyed sum (:meth:`row_release`, then every
-        client's :func:`noise_rows`, all in this process).  ``ids``/``rows`` are what each client
-        uploads (the caller expands them to whole transport blocks, so padding rows get noise too).
+        Calls :meth:`row_release`, then every client's :func:`noise_rows`, all in this process. ``ids``/``rows`` are
+        what each client uploads (the caller expands them to whole transport blocks, so padding rows get noise too).
         """
         counts = np.zeros(int(num_rows), dtype=np.int64)
         for k in ids:

@@ -109,8 +109,7 @@ class UnmaskingRefusedError(ProtocolError):
 class PlanRefusedError(ProtocolError):
     """A client refused the server's plan of an exchange before contributing.
 
-    A client refused the server's plan of an exchange before contributing anything: the plan
-    breaks a rule every client checks (:mod:`protocols.plan_policy`).
+    The plan breaks a rule every client checks (:mod:`protocols.plan_policy`).
     """
 
 
@@ -146,8 +145,7 @@ class ScheduleRoleError(RecipientRoleError):
 class SampleMismatchError(PlanRefusedError):
     """The plan's contributors are not within the round's client sample.
 
-    The plan's contributors are not within the round's client sample, which every client
-    recomputes from the run manifest's sampling seed (:mod:`protocols.client_sampling`).
+    Every client recomputes the sample from the run manifest's sampling seed (:mod:`protocols.client_sampling`).
     """
 
 

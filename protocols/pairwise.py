@@ -50,8 +50,8 @@ def pairwise_cosine(
 ) -> np.ndarray:
     """The ``[m, m]`` cosine matrix of ``updates``.
 
-    The ``[m, m]`` cosine matrix of ``updates`` (rows in the order of ``updates``), known
-    afterwards to the server (the party that decides the clusters).
+    Rows are in the order of ``updates``. The matrix is known afterwards to the server (the party that decides the
+    clusters).
     """
     if protocol.mode not in PAIRWISE_MODES:
         raise ConfigurationError(

@@ -194,11 +194,10 @@ class Party:
     def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
         """Pin the identity keys ``manifest`` lists and sign as ``identity``.
 
-        Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
-        the manifest must list).  Called before the first exchange, by whoever builds this party
-        from the manifest it holds (never with one relayed by the server).  The public setup must be
-        the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so
-        every option a half reads from its setup is one the sites compared.
+        ``identity`` is this party's key, which the manifest must list. Called before the first exchange, by whoever
+        builds this party from the manifest it holds (never with one relayed by the server). The public setup must
+        be the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so every option a
+        half reads from its setup is one the sites compared.
         """
         manifest.check_setup(self.setup.mode, self.setup.num_clients, self.setup.run_id, self.setup.options)
         identity = identity if identity is not None else self.signing
@@ -214,8 +213,8 @@ class Party:
     def parameter(self, name: str, default: Any = None) -> Any:
         """A security parameter of the run.
 
-        A security parameter of the run, from the pinned manifest (:meth:`Manifest.parameter`);
-        a party without one (trust on first use) reads its public setup options.
+        It is read from the pinned manifest (:meth:`Manifest.parameter`); a party without one (trust on first use)
+        reads its public setup options.
         """
         if self.manifest is not None:
             return self.manifest.parameter(name, default)
@@ -365,8 +364,7 @@ class ClientHalf(Party):
     def view_digest(self) -> bytes:
         """The digest of the broadcasts this client received under the current plan's tag.
 
-        The digest of the broadcasts this client received under the current plan's tag, which
-        it binds into its contribution (:mod:`protocols.broadcast_view`; all-zero for other tags).
+        The client binds it into its contribution (:mod:`protocols.broadcast_view`); it is all-zero for other tags.
         """
         return self.views.digest(self.plan.tag)
 
@@ -393,9 +391,8 @@ class ClientHalf(Party):
     def take_run_material(self, inbox: list[Message]) -> list[Message]:
         """Verify and keep the messages of ``inbox`` that carry set-up material of the whole run.
 
-        Verify and keep the messages of ``inbox`` that carry set-up material of the whole run,
-        not of one exchange (a backend that has some overrides this); returns the other messages.
-        :meth:`handle` calls it before the plan is checked, so a refused plan does not drop them.
+        Material of the whole run, not of one exchange (a backend that has some overrides this); returns the other
+        messages. :meth:`handle` calls it before the plan is checked, so a refused plan does not drop them.
         """
         return inbox
 
@@ -406,8 +403,7 @@ class ClientHalf(Party):
     def coalition_secrets(self) -> dict[str, bytes]:
         """Attack simulations only: the key material this client hands a coalition.
 
-        Attack simulations only: the key material this client hands a coalition it joins
-        (a backend that has some overrides this; :mod:`attacks.parties`).
+        A backend that has some overrides this (:mod:`attacks.parties`).
         """
         return {}
 
@@ -481,9 +477,8 @@ class ClientHalf(Party):
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
         """Keep this exchange's decoded blocks.
 
-        Keep this exchange's decoded blocks, cut to :attr:`selection` (:meth:`keep`); on a grid
-        exchange rounded back to the grid, after checking that the codec landed within its planned
-        quarter step (else the sum is refused).
+        The blocks are cut to :attr:`selection` (:meth:`keep`); on a grid exchange they are rounded back to the
+        grid, after checking that the codec landed within its planned quarter step (else the sum is refused).
         """
         if self.plan.spec.grid_bits is not None:
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())

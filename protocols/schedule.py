@@ -1,7 +1,6 @@
 r"""The data-independent part of a run's exchange schedule.
 
-The data-independent part of a run's exchange schedule, as every client half reads it from the
-run manifest, and the checks it makes on each plan against it.
+Every client half reads it from the run manifest and checks each plan against it.
 
 The manifest's ``security`` section carries (:mod:`protocols.manifest`):
 

@@ -278,9 +278,8 @@ def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, flo
 def integer_sum_range(spec, num_clients: int, offset: int) -> int:
     """Largest value a packed field can hold after the K-way sum.
 
-    Largest value a packed field can hold after the K-way sum, plus 2 K offset: ``K * hi``
-    for K contributions that each passed the client check ``<= hi``, or ``sum_max`` where a
-    data owner's check enforces it (``ValueSpec.owner_checked_sum``).  Either way no sum of
+    The range includes the 2 K offset: ``K * hi`` for K contributions that each passed the client check ``<= hi``,
+    or ``sum_max`` where a data owner's check enforces it (``ValueSpec.owner_checked_sum``). Either way no sum of
     contributions that pass their clients' checks can carry into the next field.
     """
     _, hi, _ = per_client_limits(spec, 0.0, num_clients)
@@ -397,12 +396,11 @@ def release_step(plan: EncodingPlan, spec) -> float | None:
 def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -> EncodingPlan:
     """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values.
 
-    The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values
-    (``None``: per value of an unbounded stream).  Ties go to the larger N (fewer
-    ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd).
-    Packed fixed point (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance)
-    is taken only where it saves at least :data:`FIXED_POINT_MIN_SAVING` of the best float
-    plan's bytes: a small exchange (a few class proxies) keeps float precision.
+    ``block_len=None`` plans per value of an unbounded stream. Ties go to the larger N (fewer ciphertexts, less
+    per-ciphertext overhead), then to the larger data prime (cheaper zstd). Packed fixed point
+    (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance) is taken only where it saves at least
+    :data:`FIXED_POINT_MIN_SAVING` of the best float plan's bytes: a small exchange (a few class proxies) keeps
+    float precision.
     """
 
     def cost(p: EncodingPlan):

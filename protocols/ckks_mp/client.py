@@ -110,11 +110,10 @@ _MEMO = DecryptionMemo()
 def common_plan_digest(plan) -> str:
     """SHA-256 hex of the part of an exchange plan every client receives alike.
 
-    SHA-256 hex of the part of an exchange plan every client receives alike (everything but
-    the recipients' requests, of which each client sees only its own).  It labels the zero-sum
-    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan:
-    a server that tells one honest client it is no contributor (it then key-switches without
-    ``s_i``) while the others count it gets a uniform sum, not the others' inputs without it.
+    That is everything but the recipients' requests, of which each client sees only its own. It labels the zero-sum
+    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan: a server that
+    tells one honest client it is no contributor (it then key-switches without ``s_i``) while the others count it
+    gets a uniform sum, not the others' inputs without it.
     """
     common = {k: v for k, v in plan.to_payload().items() if k != "requests"}
     return hashlib.sha256(encode_body(common)).hexdigest()
@@ -367,13 +366,11 @@ class CKKSMPClient(ClientHalf):
     def _masks(self, ep: Plan, to: int, blocks, active=None, context: str = "") -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``.
 
-        This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
-        (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
-        digest of the plan this client holds (:func:`common_plan_digest`), the digest of the
-        broadcasts it trained on (:mod:`protocols.broadcast_view`), the exchange, the recipient,
-        the block and the piece: they cancel only if every client holds the same plan and was sent
-        the same broadcasts.  t-out-of-n: the masks are over the active set ``active`` and
-        ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
+        One mask per (block, piece) (:func:`.sampling.pairwise_mask`), labelled by the session, the digest of the
+        plan this client holds (:func:`common_plan_digest`), the digest of the broadcasts it trained on
+        (:mod:`protocols.broadcast_view`), the exchange, the recipient, the block and the piece: they cancel only if
+        every client holds the same plan and was sent the same broadcasts. t-out-of-n: the masks are over the active
+        set ``active`` and ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
         only among clients told the same.
         """
         if self._pair_seeds is None:
@@ -685,8 +682,8 @@ class CKKSMPClient(ClientHalf):
     def _decode(self, ep: Plan, cts: np.ndarray, bids: np.ndarray, lengths: list[int], broadcast: bool) -> np.ndarray:
         """Decrypt and decode the delivered blocks.
 
-        Decrypt and decode the delivered blocks ``[len(bids), block_len]``; IntegrityError when a
-        residual exceeds the worst-case noise bound or a field is out of range.
+        Returns ``[len(bids), block_len]``. Raises IntegrityError when a residual exceeds the worst-case noise bound
+        or a field is out of range.
         """
         decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size, broadcast) if bids.size else []
         out = np.zeros((bids.size, self.plan.block_len))

@@ -269,10 +269,9 @@ class MaskClient(ClientHalf):
     def take_run_material(self, inbox: list[Message]) -> list[Message]:
         """Verify and keep the set-up material of the whole run.
 
-        Verify and keep the set-up material of the whole run, whatever the fate of the plan it
-        travels with: client 0's output-mask group seed ``G`` (once per run) and the server's
-        broadcasts of the peers' mask keys (each key once per run).  A client that refuses the plan
-        of the exchange carrying them still holds them for the exchanges to come.
+        The material is kept whatever the fate of the plan it travels with: client 0's output-mask group seed ``G``
+        (once per run) and the server's broadcasts of the peers' mask keys (each key once per run). A client that
+        refuses the plan of the exchange carrying them still holds them for the exchanges to come.
 
         Keeping them gives a deviating server nothing: ``G`` is signed by client 0's identity key
         (pinned by the run manifest), encrypted under its owner-signed channel key and bound to this
@@ -307,9 +306,8 @@ class MaskClient(ClientHalf):
     def _absorb(self, inbox: list[Message]) -> list[Message]:
         """Take the set-up messages of this exchange.
 
-        Take the set-up messages of this exchange, whichever stage's bundle carries them: the
-        shared block ids (sparse), the participant list and the peers' share batches (those of the
-        whole run: :meth:`take_run_material`).  Returns the other messages.
+        Whichever stage's bundle carries them: the shared block ids (sparse), the participant list and the peers'
+        share batches (those of the whole run: :meth:`take_run_material`). Returns the other messages.
         """
         rest = []
         for m in inbox:

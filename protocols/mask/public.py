@@ -49,10 +49,9 @@ def positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
 def shamir_threshold(n: int, threshold: int | None, max_colluders: int) -> int:
     """The Shamir threshold ``t`` of an exchange with ``n`` contributors.
 
-    The Shamir threshold ``t`` of an exchange with ``n`` contributors, from the run's public
-    setup only (never from a plan): the run's ``threshold`` capped at ``n``, by default the smallest
-    ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` -- so the
-    server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
+    It comes from the run's public setup only (never from a plan): the run's ``threshold`` capped at ``n``, by
+    default the smallest ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` --
+    so the server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
     condition of Bonawitz et al., CCS 2017, docs/security.md); with ``c = 0`` an honest majority.
     """
     t = (int(n) + int(max_colluders)) // 2 + 1 if threshold is None else int(threshold)
