@@ -76,12 +76,11 @@ def model_precision(
 ) -> MeanPrecision:
     """Precision plan of a model-averaging exchange.
 
-    Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
-    over all clients: ``T_min = 1`` under full participation (exact), else the expected share
-    ``m / K`` of the sampled clients (a planning value; the recipients' bound
-    :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds
-    regardless).  ``value_bound``: the public bound on update entries (``--update-bound``;
-    default :data:`PARAM_BOUND`); packed fixed point takes its quantum from it.
+    The weights lie in ``[0, 1]`` and total 1 over all clients: ``T_min = 1`` under full participation (exact), else
+    the expected share ``m / K`` of the sampled clients (a planning value; the recipients' bound
+    :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds regardless).
+    ``value_bound``: the public bound on update entries (``--update-bound``; default :data:`PARAM_BOUND`); packed
+    fixed point takes its quantum from it.
     """
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
     return MeanPrecision(
@@ -103,8 +102,7 @@ SPLITS = ("train", "val", "test")
 def accuracy_summary(counts: dict[int, dict[str, tuple[int, int]]]) -> dict:
     """Accuracy per client, overall (node-weighted) and mean over clients (unweighted).
 
-    Accuracy per client, overall (node-weighted) and mean over clients (unweighted), from
-    client -> split -> ``(correct, total)``.
+    ``counts`` maps client -> split -> ``(correct, total)``.
     """
     per_client, sums = [], {s: [0, 0] for s in SPLITS}
     for k in sorted(counts):

@@ -1,7 +1,6 @@
 """The server-side decisions of GCFL and GCFL+.
 
-The server-side decisions of GCFL and GCFL+ (Xie et al., NeurIPS 2021, sec. 4-5), as small
-pure functions on the statistics the server is given.
+Xie et al., NeurIPS 2021, sec. 4-5, as small pure functions on the statistics the server is given.
 
 * :func:`should_split` -- eq. 4-5: a cluster ``c`` is split when
   ``delta_mean = || sum_{i in c} (|G_i| / |G_c|) dW_i || < eps1`` (the cluster as a whole is
@@ -52,8 +51,8 @@ def bipartition(
 ) -> tuple[list[int], list[int]] | None:
     """Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity``.
 
-    Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity`` (``[m, m]``,
-    symmetric, non-negative; row ``i`` belongs to ``members[i]``).  Each side is sorted.
+    ``similarity`` is ``[m, m]``, symmetric and non-negative; row ``i`` belongs to ``members[i]``. Each side is
+    sorted.
 
     ``min_side``: the fewest members a side may have.  When the minimum cut leaves a smaller side,
     the lightest cut with both sides ``>= min_side`` (every bipartition enumerated, up to

@@ -38,8 +38,7 @@ from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 def request_fields(req: DPRequest, spec) -> dict:
     """What a client needs of a release's :class:`DPRequest` to clip and noise.
 
-    What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields), with
-    the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`).
+    The wire fields, with the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`).
     """
     return {
         "clip": float(req.clip),

@@ -65,9 +65,9 @@ def dense_table(plan, vector: np.ndarray) -> BlockTable:
 def rows_table(plan, ids: np.ndarray, rows: np.ndarray) -> BlockTable:
     """A row contribution as the plan's blocks.
 
-    A row contribution as the plan's blocks (``rpb = block_len / width`` rows each), built
-    block range by block range as the half reads them (:class:`~protocols.row_blocks.BlockRows`):
-    a client holds its compact rows, not its dense blocks, while the exchange streams.
+    Blocks of ``rpb = block_len / width`` rows each, built block range by block range as the half reads them
+    (:class:`~protocols.row_blocks.BlockRows`): a client holds its compact rows, not its dense blocks, while the
+    exchange streams.
     """
     rpb = plan.block_len // rows.shape[1]
     bids = np.arange(plan.num_blocks) if plan.layout == "dense" else np.unique(ids // rpb)
@@ -186,11 +186,10 @@ def run_row_sum(
 ) -> float:
     """Server side of a split row sum whose contributions the clients kept.
 
-    Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
-    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release):
-    with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
-    (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
-    the totals (0 without DP).
+    The clients kept their rows (:func:`keep_rows`) in blocks of ``rpb`` rows (``protocol.rows_per_block``, taken
+    before the release): with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
+    (:func:`~.dp.privatize_row_sum`); then the exchange runs. Returns the std of the noise in the totals (0 without
+    DP).
     """
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:

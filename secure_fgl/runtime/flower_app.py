@@ -52,8 +52,7 @@ def unpack(content: RecordDict) -> tuple[dict, bytes]:
 def message_bytes(message: Message) -> int:
     """The bytes of ``message`` as Flower serialises it.
 
-    The bytes of ``message`` as Flower serialises it (its objects, deflated), without the
-    HTTP/TLS framing below them.
+    Its objects, deflated, without the HTTP/TLS framing below them.
     """
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
 
@@ -125,10 +124,9 @@ def _exchange(
 def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
     """Ask every connected SuperNode which clients its site serves.
 
-    Ask every connected SuperNode which clients its site serves, until each of ``clients``
-    has one or ``timeout`` seconds have passed.  Returns client -> node, the clients that more
-    than one site claims, and client -> its site's public answer (the optional requests it
-    serves, its identity-key fingerprint).
+    Asks until each of ``clients`` has one or ``timeout`` seconds have passed. Returns client -> node, the clients
+    that more than one site claims, and client -> its site's public answer (the optional requests it serves, its
+    identity-key fingerprint).
     """
     node_of: dict[int, int] = {}
     twice: set[int] = set()

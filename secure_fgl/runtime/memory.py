@@ -39,9 +39,8 @@ def _glibc():
 def release_freed_memory(collect: bool = True) -> None:
     """Hand the heaps' free pages back to the OS.
 
-    Hand the heaps' free pages back to the OS (glibc's ``malloc_trim(0)``), after
-    collecting Python's garbage (``collect``: a full collection, costly in a process holding
-    torch: not after every call).
+    Uses glibc's ``malloc_trim(0)``, after collecting Python's garbage (``collect``: a full collection, costly in a
+    process holding torch: not after every call).
     """
     if collect:
         gc.collect()

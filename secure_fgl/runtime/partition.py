@@ -73,8 +73,7 @@ def _federation(spec: str):
 def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
     """Client ``client_id``'s data fields, loaded and partitioned in this process.
 
-    Client ``client_id``'s data fields, loaded and partitioned in this process, as numpy arrays
-    (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``).
+    As numpy arrays (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``).
     """
     spec = json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True)
     fed = _federation(spec)

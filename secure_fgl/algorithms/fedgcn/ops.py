@@ -347,11 +347,10 @@ def _inverse_gray(masks: np.ndarray) -> np.ndarray:
 def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_WORK) -> np.ndarray:
     """Row id of each entry of an ordered sequence of touch masks.
 
-    Row id of each entry of an ordered sequence of touch masks, cutting it into blocks of
-    ``<= rpb`` consecutive entries (the rest of a block left empty) so that the uploads,
-    ``sum over blocks of popcount(OR of the block's masks)``, are minimal (exact DP,
-    ``f[j] = min_{j-rpb <= i < j} f[i] + popcount(OR masks[i:j])``).  Above ``max_work``
-    (entries x rpb) the sequence is cut into full blocks (ids ``0..n-1``).
+    The sequence is cut into blocks of ``<= rpb`` consecutive entries (the rest of a block left empty) so that the
+    uploads, ``sum over blocks of popcount(OR of the block's masks)``, are minimal (exact DP, ``f[j] = min_{j-rpb <=
+    i < j} f[i] + popcount(OR masks[i:j])``). Above ``max_work`` (entries x rpb) the sequence is cut into full
+    blocks (ids ``0..n-1``).
     """
     n = int(masks.size)
     if n == 0 or rpb <= 1 or n * rpb > max_work:

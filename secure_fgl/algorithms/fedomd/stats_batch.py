@@ -36,8 +36,7 @@ def local_raw_moments(a: np.ndarray, top: int) -> np.ndarray:
 def central_from_raw(mu: np.ndarray, higher: np.ndarray, orders) -> dict[int, np.ndarray]:
     """Central moments from the pooled raw ones.
 
-    Central moments from the pooled raw ones (``higher``: ``E[z^2..J]``) by the binomial expansion
-    of :func:`one_stage_raw_moments`.
+    ``higher`` holds ``E[z^2..J]``; the binomial expansion is that of :func:`one_stage_raw_moments`.
     """
     raw = [np.ones_like(mu), mu, *higher]  # E[z^0..J]
     return {j: sum(comb(j, i) * raw[i] * (-mu) ** (j - i) for i in range(j + 1)) for j in orders}

@@ -1,7 +1,6 @@
 """FedSpray: personalized GNNs regularised by a global feature-structure encoder.
 
-FedSpray: personalized GNNs regularised by a global feature-structure encoder with
-class-wise structure proxies aligned on the server.
+The class-wise structure proxies are aligned on the server.
 
 Fu, Chen, Ding, Li — "Federated Graph Learning with Structure Proxy Alignment", KDD 2024
 (sec. 4, Algorithm 1, eq. 5-15).
@@ -108,14 +107,13 @@ def round_spec(
 ) -> ValueSpec | None:
     """The spec of one upload per client carrying both exchanges of a round.
 
-    The spec of one upload per client carrying both exchanges of a round (tag ``<name>/batch``:
-    ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``, :func:`protocols.batch.batched_sum`), or ``None`` where
-    they stay separate: DP on (each release keeps its own clip), ``S = 0``, ``batch_exchanges`` off, or
-    specs that cannot share an encoding.  With the encoder mean on its public grid (``ckks`` by
-    default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own bound
-    (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
-    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode
-    then aligns the proxies to the same bits too.
+    The upload has tag ``<name>/batch``: ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``
+    (:func:`protocols.batch.batched_sum`). ``None`` where they stay separate: DP on (each release keeps its own
+    clip), ``S = 0``, ``batch_exchanges`` off, or specs that cannot share an encoding. With the encoder mean on its
+    public grid (``ckks`` by default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own
+    bound (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
+    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode then aligns the
+    proxies to the same bits too.
     """
     if dp is not None or opts.ablate_proxy or not opts.batch_exchanges:
         return None
@@ -143,8 +141,7 @@ def keep_absent(mean: np.ndarray, present: np.ndarray, previous: torch.Tensor) -
 def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed: int, k: int) -> torch.nn.Module:
     """Client k's personalized GNN, initialised from its own seed.
 
-    Client k's personalized GNN, initialised from its own seed ``(seed, k)`` (the same wherever
-    the client runs, whatever the other clients draw).
+    The seed is ``(seed, k)``: the same wherever the client runs, whatever the other clients draw.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0]))

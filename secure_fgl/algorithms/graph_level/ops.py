@@ -1,7 +1,6 @@
 """Federated graph classification: self-train, FedAvg and FedProx over per-client GINs.
 
-Federated graph classification: self-train, FedAvg and FedProx over per-client GINs whose
-GIN layers are shared, the baselines of GCFL (Xie et al., NeurIPS 2021, sec. 6.1).
+The GIN layers are shared; these are the baselines of GCFL (Xie et al., NeurIPS 2021, sec. 6.1).
 
 Every client holds :class:`~secure_fgl.models.gcfl_gin.GCFLGIN` (local input, ``post`` and
 classifier layers; shared GIN layers, as the reference's ``serverGIN``) and trains it on

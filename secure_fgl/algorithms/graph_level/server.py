@@ -104,8 +104,7 @@ class GraphStrategy(ModelAveragingStrategy):
     def exchange_mean(self, rnd: int, members: list[int], tag: str | None = None) -> None:
         """The members' grid sum through the protocol, delivered to the members only.
 
-        The members' grid sum through the protocol, delivered to the members only (each keeps
-        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
+        Each member keeps the mean (:meth:`GraphLogic.receive`). A member lost before it contributed is left out.
         ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant.
         """
         tag = tag or f"{self.name}/model"
