@@ -59,6 +59,15 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     attacks_running`` when attacks follow) and rewritten after the attacks (``complete``).
     When an exception escapes, the executor the run started (Ray, the local runtimes, Flower)
     is shut down before it propagates.
+
+    Args:
+        cfg: The run's settings.
+        progress: Print the progress of each phase.
+        fed: An already loaded federation (its data is then not loaded again).
+        phases: The timer of the run's phases (default: one made with ``progress``).
+
+    Returns:
+        The result dict, as written to ``result.json``.
     """
     opened: list = []  # the executor, once made
     try:

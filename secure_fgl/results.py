@@ -123,6 +123,16 @@ def load_runs(*paths: str | Path, include_unfinished: bool = False):
 
     Needs ``pip install secure-fgl[analysis]``. Unfinished runs are left out, with a warning that counts them, unless
     ``include_unfinished=True``.
+
+    Args:
+        *paths: ``result.json`` files, or folders to search below for them.
+        include_unfinished: Keep the runs whose ``status`` is not ``complete``.
+
+    Returns:
+        A ``pandas.DataFrame`` with one row per run (:func:`flatten`).
+
+    Raises:
+        ImportError: pandas is not installed.
     """
     try:
         import pandas as pd
