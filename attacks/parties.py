@@ -34,8 +34,10 @@ class RuntimeParties:
         self._released = None
 
     def _ask(self, k: int, what: str, **fields) -> dict:
-        """Client ``k``'s view, asked of the runtime holding it (the centralized reference: the one
-        runtime, which answers for the nodes client ``k`` owns)."""
+        """Client ``k``'s view, asked of the runtime holding it.
+
+        The centralized reference: the one runtime, which answers for the nodes client ``k`` owns.
+        """
         from secure_fgl.runtime import wire
 
         host = self.strategy.host_of(k)
@@ -56,8 +58,10 @@ class RuntimeParties:
         return (f["nodes"], f["totals"]) if f else None
 
     def contributions(self, k: int) -> dict:
-        """Client ``k``'s memory of the dense exchanges: ``{tag: {"upload": (round, vector),
-        "aggregate": (round, decoded result)}}``."""
+        """Client ``k``'s memory of the dense exchanges.
+
+        ``{tag: {"upload": (round, vector), "aggregate": (round, decoded result)}}``.
+        """
         f = self._ask(k, "contributions")
         out: dict = {}
         for name, value in f.items():
@@ -118,8 +122,10 @@ class RuntimeParties:
 
 
 class _KeyRing:
-    """Secret contexts a colluding client handed over, by public fingerprint (``by_fingerprint``
-    as :class:`protocols.ckks.keys.ClientKeyRing`)."""
+    """Secret contexts a colluding client handed over, by public fingerprint.
+
+    ``by_fingerprint`` as :class:`protocols.ckks.keys.ClientKeyRing`.
+    """
 
     def __init__(self, secrets: dict):
         import tenseal as ts

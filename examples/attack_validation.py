@@ -1,5 +1,6 @@
-"""Each attack on its paper's setting (or the nearest one the data allows), ours next to the
-published number.  Cora (graph-level settings: the built-in ``synthetic-graphs``), seed 0.
+"""Each attack on its paper's setting (or the nearest one the data allows), ours next to the published number.
+
+Cora (graph-level settings: the built-in ``synthetic-graphs``), seed 0.
 
     SECURE_FGL_DATA=/path/to/datasets nice python examples/attack_validation.py [--only central,fedsgd,...]
 

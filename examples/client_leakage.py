@@ -1,4 +1,6 @@
-"""Client-side leakage of FedGCN's pre-training exchange, counted over every row a client
+"""Client-side leakage of FedGCN's pre-training exchange.
+
+Client-side leakage of FedGCN's pre-training exchange, counted over every row a client
 decrypts (whole blocks), for the row numberings ``given`` and ``owner``, with the bytes each
 costs.  Cora, FedGCN, 5 clients iid, seed 0 (the README's attack setting).
 

@@ -107,8 +107,11 @@ def main() -> None:
 
 
 def compact(table: dict, dataset: str) -> str:
-    """One table per dataset: a row per epsilon, a column per mode (mean ± std, head chosen in how
-    many seeds, the target), the MLP reference first."""
+    """One table per dataset: a row per epsilon, a column per mode.
+
+    One table per dataset: a row per epsilon, a column per mode (mean ± std, head chosen in how
+    many seeds, the target), the MLP reference first.
+    """
     modes = sorted(key.split("/")[1] for key in table if key.startswith(f"{dataset}/"))
     rows: dict[str, dict[str, dict]] = {}
     for mode in modes:

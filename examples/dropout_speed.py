@@ -1,4 +1,6 @@
-"""Time per local epoch of FedGCN (1-hop) and FedAvg on CiteSeer (10 clients, Dirichlet beta 1,
+"""Time per local epoch of FedGCN and FedAvg with position-keyed dropout.
+
+Time per local epoch of FedGCN (1-hop) and FedAvg on CiteSeer (10 clients, Dirichlet beta 1,
 plain mode) with :func:`secure_fgl.models.node.dropout` (position-keyed masks, data-independent)
 against the previous value-dependent draw (``torch.rand`` at the non-zeros only, reproduced
 below as the reference), alternating epoch by epoch in one process so that load from other
@@ -31,8 +33,11 @@ from secure_fgl.runtime.build import start_run
 
 
 def value_dependent_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """The reference: one ``torch.rand`` per non-zero of a mostly-zero input (the draw count
-    depends on the data), ``F.dropout`` otherwise."""
+    """The reference dropout, whose random draws depend on the data.
+
+    The reference: one ``torch.rand`` per non-zero of a mostly-zero input (the draw count
+    depends on the data), ``F.dropout`` otherwise.
+    """
     if not training or p == 0.0 or x.dim() != 2:
         return F.dropout(x, p, training)
     if int(torch.count_nonzero(x)) > node.SPARSE_DROPOUT_DENSITY * x.numel():

@@ -1,5 +1,6 @@
-"""FedGCN on Amazon (Photo, Computers) and Coauthor (CS, Physics): Centralized GCN, 0-hop,
-1-hop and 2-hop, plain and secure modes, on Shchur et al.'s split (20 training and 30
+"""FedGCN on Amazon (Photo, Computers) and Coauthor (CS, Physics).
+
+Centralized GCN, 0-hop, 1-hop and 2-hop, plain and secure modes, on Shchur et al.'s split (20 training and 30
 validation nodes per class, the rest test), 10 clients, Dirichlet beta 1.
 
     nice -n 5 python examples/fedgcn_amazon_coauthor.py [--datasets photo,computers,cs,physics]
@@ -116,8 +117,11 @@ def run_grid(args, path: Path, done: dict) -> None:
 
 
 def table(runs: list[dict]) -> str:
-    """Per (dataset, rounds, method, device): plain and each secure mode (mean +- std, n) and
-    secure - plain in points over the seeds both ran (mean, max |.|)."""
+    """Plain against each secure mode per (dataset, rounds, method, device).
+
+    Per (dataset, rounds, method, device): plain and each secure mode (mean +- std, n) and
+    secure - plain in points over the seeds both ran (mean, max |.|).
+    """
     modes = sorted({r["mode"] for r in runs} - {"plain"})
     cells: dict[tuple, dict[str, dict[int, float]]] = {}
     secs: dict[tuple, list[float]] = {}

@@ -1,4 +1,6 @@
-"""Does a secure mode hand every client exactly plain's FedGCN neighbour sums?  The pre-training
+"""Does a secure mode hand every client exactly plain's FedGCN neighbour sums?
+
+The pre-training
 exchange alone (no training), on a real graph, in plain and each secure mode: the largest
 |secure - plain| over every received total, and the encoding each mode used.
 
@@ -34,8 +36,7 @@ CLIENTS = 10
 
 
 def exchange(fed, mode: str, hops: int, cap: int, seed: int) -> tuple[dict, dict]:
-    """The totals each client received (as its logic reads them from its protocol half), and the
-    exchange's figures."""
+    """The totals each client received (as its logic reads them from its protocol half), and the exchange's figures."""
     options = {"hops": hops, "degree_cap": cap}
     cfg = RunConfig(
         algorithm="fedgcn", dataset=fed.name, mode=mode, clients=CLIENTS, rounds=1, seed=seed, options=options

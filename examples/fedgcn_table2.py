@@ -1,7 +1,8 @@
-"""Reproduce Table 2 of FedGCN (Yao et al., NeurIPS 2023): test accuracy of Centralized GCN and
-FedGCN 0/1/2-hop on Cora and CiteSeer, 10 clients, Dirichlet label skew beta in {1, 100, 10000},
-mean +- std over seeds -- in plaintext and in the secure modes, secure compared with plain on
-the same seeds.
+"""Reproduce Table 2 of FedGCN (Yao et al., NeurIPS 2023).
+
+Test accuracy of Centralized GCN and FedGCN 0/1/2-hop on Cora and CiteSeer, 10 clients, Dirichlet label skew beta in
+{1, 100, 10000}, mean +- std over seeds -- in plaintext and in the secure modes, secure compared with plain on the
+same seeds.
 
 Every run is one :func:`secure_fgl.experiment.run_experiment`; each finished run is appended
 to ``OUT/runs.jsonl`` (rerunning skips what is there, so an interrupted sweep resumes), and

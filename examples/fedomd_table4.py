@@ -1,4 +1,4 @@
-"""Reproduce FedOMD's Table 4 (node classification vs baselines) and Table 6 (ablation).
+r"""Reproduce FedOMD's Table 4 (node classification vs baselines) and Table 6 (ablation).
 
 "Federated Graph Learning with Center Moment Constraints for Node Classification" (FedOMD),
 sec. 5.1: Louvain partition of the whole graph into M in {3, 5, 7, 9} parties (resolution:
@@ -33,10 +33,10 @@ Full run (days on a shared CPU)::
 
 Reduced run (Cora M=3/5 and CiteSeer M=3, 3 seeds, at most 300 rounds, patience 100)::
 
-    OMP_NUM_THREADS=1 python examples/fedomd_table4.py --data-root ../shared/datasets \\
-        --datasets cora --parties 3 5 --seeds 0 1 2 --rounds 300 --patience 100 \\
-        --methods "FedOMD" "FedOMD w/o CMD" "FedOMD w/o Ortho" "FedOMD [train vs all]" \\
-                  "FedAvg (GCN)" "LocGCN" "FedProx (MLP)" "FedProx (GCN)" "FedGCN" \\
+    OMP_NUM_THREADS=1 python examples/fedomd_table4.py --data-root ../shared/datasets \
+        --datasets cora --parties 3 5 --seeds 0 1 2 --rounds 300 --patience 100 \
+        --methods "FedOMD" "FedOMD w/o CMD" "FedOMD w/o Ortho" "FedOMD [train vs all]" \
+                  "FedAvg (GCN)" "LocGCN" "FedProx (MLP)" "FedProx (GCN)" "FedGCN" \
         --out runs/fedomd_table4_fixed
     # then the same with --datasets citeseer --parties 3 (same --out: one table)
 

@@ -1,4 +1,6 @@
-"""Reproduce FedSpray's Table 2 (overall / minority accuracy) and Table 3 (S = 0 ablation),
+r"""Reproduce FedSpray's Tables 2 and 3 and compare its secure modes with plain.
+
+Reproduce FedSpray's Table 2 (overall / minority accuracy) and Table 3 (S = 0 ablation),
 and compare its secure modes with plain.
 
 Fu et al., "Federated Graph Learning with Structure Proxy Alignment", KDD 2024:
@@ -14,8 +16,8 @@ Full run (hours on a CPU)::
 
 Reduced run (the one reported in docs/fedspray.md)::
 
-    OMP_NUM_THREADS=1 python examples/fedspray_table2.py --data-root ../shared/datasets \\
-        --backbones gcn --seeds 0 1 2 --methods FedSpray FedAvg Local FedSpray-ref \\
+    OMP_NUM_THREADS=1 python examples/fedspray_table2.py --data-root ../shared/datasets \
+        --backbones gcn --seeds 0 1 2 --methods FedSpray FedAvg Local FedSpray-ref \
         --secure-modes mask ckks --out runs/fedspray_table2_small
 
 (``OMP_NUM_THREADS=1``: on a small shared CPU, torch's intra-op threads slow these small graphs ~10x.)
@@ -151,8 +153,10 @@ def collect(out: Path) -> list[dict]:
 
 
 def _teacher_at_best(result: dict) -> float | None:
-    """FedSpray's teacher accuracy (%) at the reported round (``None``: not FedSpray, or a run
-    made before the diagnostic existed)."""
+    """FedSpray's teacher accuracy (%) at the reported round.
+
+    ``None``: not FedSpray, or a run made before the diagnostic existed.
+    """
     best = result["final"]["best_round"]
     row = next((r for r in result["rounds"] if r["round"] == best), {})
     return 100 * row["teacher_test_acc"] if "teacher_test_acc" in row else None

@@ -1,4 +1,6 @@
-"""Reproduce FGSSL's Table 1 (M = ``--clients`` Louvain clients) and Table 2 (ablation), choose lambda_C /
+"""Reproduce FGSSL's Tables 1 and 2 and compare its secure modes with plain.
+
+Reproduce FGSSL's Table 1 (M = ``--clients`` Louvain clients) and Table 2 (ablation), choose lambda_C /
 lambda_D on Cora's validation split, and compare FGSSL's secure modes with plain.
 
 Huang et al., "Federated Graph Semantic and Structural Learning", IJCAI 2023, sec. 4.1: 2-layer
@@ -116,8 +118,11 @@ def method_job(d: Path, method: str, cfg: RunConfig) -> Job:
 
 
 def run_all(jobs: list[Job], out: Path, write) -> None:
-    """Run the jobs (skipping finished ones, one federation per dataset and seed), log each run's
-    CLI line to ``<out>/commands.txt`` and rewrite the table after every run."""
+    """Run the jobs, log each run's CLI line and rewrite the table after every run.
+
+    Run the jobs (skipping finished ones, one federation per dataset and seed), log each run's
+    CLI line to ``<out>/commands.txt`` and rewrite the table after every run.
+    """
 
     def done(job: Job, r: dict, seconds: float) -> None:
         cfg = job.cfg
@@ -286,8 +291,11 @@ def paired_differences(rows: list[dict], reference: str = "FedAvg (GAT)") -> lis
 
 
 def learning_curves(rows: list[dict], windows: int = 4) -> list[str]:
-    """Train / validation / test accuracy of the global model averaged over windows of rounds
-    (plain runs, then the mean over seeds)."""
+    """Train, validation and test accuracy of the global model over windows of rounds.
+
+    Train / validation / test accuracy of the global model averaged over windows of rounds
+    (plain runs, then the mean over seeds).
+    """
     methods = [m for m in METHODS if any(r["method"] == m and r["mode"] == "plain" for r in rows)]
     rounds = min(len(r["curve"]["val_acc"]) for r in rows if r["mode"] == "plain")
     size = rounds // windows

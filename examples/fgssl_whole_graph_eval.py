@@ -1,4 +1,6 @@
-"""Evaluate the saved models of ``examples/fgssl_table1.py`` on the whole graph's test nodes, the
+r"""Evaluate the saved models of ``examples/fgssl_table1.py`` on the whole graph's test nodes.
+
+Evaluate the saved models of ``examples/fgssl_table1.py`` on the whole graph's test nodes, the
 way FGSSL's released configuration evaluates (and the reading that explains its Local row).
 
 Our tables score every client's deployed model on that client's test nodes, on the client's
@@ -19,7 +21,7 @@ the federated methods) and measures, per run,
 
 Usage (after fgssl_table1.py's runs; every ``--out`` folder of that script can be given)::
 
-    python examples/fgssl_whole_graph_eval.py --runs runs/fgssl runs/fgssl_m7 runs/fgssl_m10 \\
+    python examples/fgssl_whole_graph_eval.py --runs runs/fgssl runs/fgssl_m7 runs/fgssl_m10 \
         --data-root ../shared/datasets --out runs/fgssl/whole_graph
 
 writes ``<out>/whole_graph.jsonl`` (one record per run and client) and ``<out>/whole_graph.md``

@@ -1,4 +1,4 @@
-"""What a plain-mode server recovers from one client's GIN update (GCFL and its baselines).
+r"""What a plain-mode server recovers from one client's GIN update (GCFL and its baselines).
 
 For every setting, trains ``--algorithm`` for ``--rounds`` rounds with the reference settings
 (GCFL GIN, hidden 64, Adam lr 1e-3, batch 128, one local epoch), then runs the graph-level
@@ -12,7 +12,7 @@ attacks of the ``--attacks`` runner on the finished run for each ``--victims`` c
 
 Writes one JSON line per (setting, rounds, victim) to ``--out`` and prints a markdown table.
 
-    OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_gin_inversion.py --data-root ../shared/datasets \\
+    OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_gin_inversion.py --data-root ../shared/datasets \
         --settings synthetic-graphs PROTEINS --rounds 1 20 --victims 0 1 2
 """
 

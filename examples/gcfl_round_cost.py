@@ -1,6 +1,8 @@
-"""Per-round cost of GCFL's settings: a few FedAvg rounds of each (the GCFL GIN, the reference
-hyper-parameters), to size a reproduction grid before running it.  Prints one line per setting
-with the result's phase times (data loading, training, evaluation) and training seconds per round.
+"""Per-round cost of GCFL's settings.
+
+A few FedAvg rounds of each (the GCFL GIN, the reference hyper-parameters), to size a reproduction grid before
+running it. Prints one line per setting with the result's phase times (data loading, training, evaluation) and
+training seconds per round.
 
     OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_round_cost.py --data-root ../shared/datasets
 """

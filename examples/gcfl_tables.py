@@ -1,5 +1,6 @@
-"""Reproduce GCFL's Tables 3 and 4 (Xie et al., NeurIPS 2021, sec. 6): self-train, FedAvg,
-FedProx, GCFL and GCFL+ on the same partitions.
+r"""Reproduce GCFL's Tables 3 and 4 (Xie et al., NeurIPS 2021, sec. 6).
+
+Self-train, FedAvg, FedProx, GCFL and GCFL+ on the same partitions.
 
 Settings (eps1 / eps2 / seq_length from the authors' ``runnerfile``):
 
@@ -32,7 +33,7 @@ after 50 epochs (the reference's self-train length) and FedProx against FedAvg o
 
 Run (reduced, as reported in docs/gcfl.md)::
 
-    OMP_NUM_THREADS=1 nice -n 10 python examples/gcfl_tables.py --data-root ../shared/datasets \\
+    OMP_NUM_THREADS=1 nice -n 10 python examples/gcfl_tables.py --data-root ../shared/datasets \
         --settings PROTEINS --seeds 0 1 2 --ckks PROTEINS --out runs/gcfl_tables
 
 Each run writes ``<out>/<setting>/<method>-<mode>/seed<s>/result.json`` and is skipped when it
@@ -240,8 +241,11 @@ def total_bytes(result: dict) -> int:
 
 
 def secure_vs_plain(out: Path, args) -> list[str]:
-    """Same seed, ckks (or mask) vs plain: every round's loss and accuracy, the split rounds and
-    partitions, the largest difference of the similarities each split cut, and the cut margins."""
+    """Same seed, ckks (or mask) against plain: every round's loss, accuracy and clustering.
+
+    Same seed, ckks (or mask) vs plain: every round's loss and accuracy, the split rounds and
+    partitions, the largest difference of the similarities each split cut, and the cut margins.
+    """
     rows = []
     for setting, mode in ((s, m) for s in SETTINGS for m in MODES[1:]):
         for method in ("GCFL", "GCFL+", "GCFL-unw", "GCFL+-unw"):
@@ -305,8 +309,11 @@ def secure_vs_plain(out: Path, args) -> list[str]:
 
 
 def selftrain_at_50(out: Path, args) -> list[str]:
-    """Self-train's client-mean test accuracy after 50 epochs: the reference trains self-train for
-    50 local epochs (``main_oneDS.py``), our run for ``--rounds`` one-epoch rounds."""
+    """Self-train's client-mean test accuracy after 50 epochs.
+
+    The reference trains self-train for 50 local epochs (``main_oneDS.py``), our run for ``--rounds`` one-epoch
+    rounds.
+    """
     rows = []
     for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
         rs = [r for r in (load(out, setting, "self-train", "plain", s, order) for s in args.seeds) if r]
@@ -329,9 +336,11 @@ def selftrain_at_50(out: Path, args) -> list[str]:
 
 
 def fedprox_vs_fedavg(out: Path, args) -> list[str]:
-    """FedProx against FedAvg on the same seed: with one optimizer step a round (every client <= 128
-    training graphs, batch 128) the proximal term and its gradient are zero at that step, so the
-    two runs should agree bit for bit."""
+    """FedProx against FedAvg on the same seed.
+
+    With one optimizer step a round (every client <= 128 training graphs, batch 128) the proximal term and its
+    gradient are zero at that step, so the two runs should agree bit for bit.
+    """
     rows = []
     for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
         for seed in args.seeds:

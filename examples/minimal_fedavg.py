@@ -62,8 +62,10 @@ class FedAvgClient(ClientLogic):
         return {"loss": float(loss.detach())}
 
     def contribute(self, req: dict) -> dict:
-        """Keep ``[n_k v_k, n_k]`` for the protocol half (``n_k``: the client's share of the
-        training nodes); the strategy learns only the public length."""
+        """Keep ``[n_k v_k, n_k]`` for the protocol half.
+
+        ``n_k``: the client's share of the training nodes. The strategy learns only the public length.
+        """
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         n_k = float(self.data.train_mask.sum()) / float(self.facts.num_train)
         self.keep(req["tag"], np.concatenate([update.astype(np.float64) * n_k, [n_k]]))

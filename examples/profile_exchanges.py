@@ -1,6 +1,7 @@
-"""CPU time of each exchange of the Cora FedGCN run (the overhead bench's ``cora-fedgcn`` workload,
-on the local executor: the protocol halves in the client runtimes, every exchange through
-:func:`secure_fgl.runtime.exchange.run_split`).
+"""CPU time of each exchange of the Cora FedGCN run.
+
+The overhead bench's ``cora-fedgcn`` workload, on the local executor: the protocol halves in the client runtimes,
+every exchange through :func:`secure_fgl.runtime.exchange.run_split`.
 
     python examples/profile_exchanges.py --mode mask --rounds 10 \
         [--profile model|pretrain --profile-out runs/prof/mask-model.prof]

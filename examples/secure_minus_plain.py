@@ -1,4 +1,4 @@
-"""Secure minus plain: the same runs (same seeds) in plain, ckks, mask (and ckks-mp), and their differences.
+r"""Secure minus plain: the same runs (same seeds) in plain, ckks, mask (and ckks-mp), and their differences.
 
 Grid (the evidence of docs/secure_equals_plain.md): FedGCN 1-hop on Cora, CiteSeer and PubMed, 10 clients, Dirichlet
 beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --rounds 100
@@ -14,11 +14,11 @@ in points over the seeds (mean and max |.|) at the best-validation round and at 
 and how many rounds' test accuracies equal plain's exactly ("trajectory").  The command of every run is printed with it.
 
     python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
-    python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \\
+    python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \
         --fedomd-rounds 50                                                     # reduced
-    python examples/secure_minus_plain.py --algorithms fedavg --rounds 50 --betas 1 \\
+    python examples/secure_minus_plain.py --algorithms fedavg --rounds 50 --betas 1 \
         --other-seeds                                                          # FedAvg grid, reduced
-    python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \\
+    python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \
         --datasets cora citeseer --betas 1 --seeds 0                           # packed fixed point
 
 With ``--fixed-point-bits`` the ckks runs carry their float exchanges as packed fixed point
@@ -109,8 +109,11 @@ def fedomd(seed: int, mode: str, args) -> RunConfig:
 
 
 def packed(cfg: RunConfig, args) -> RunConfig:
-    """``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only) and, with
-    ``--grid-model-mean``, the model mean on its public grid (every mode)."""
+    """``cfg`` with the packed fixed-point settings of ``args``.
+
+    ``cfg`` with the packed fixed-point settings of ``args`` (ckks runs only) and, with
+    ``--grid-model-mean``, the model mean on its public grid (every mode).
+    """
     if args.grid_model_mean and cfg.algorithm != "fedomd":  # (FedOMD's mean is always on its grid)
         cfg.grid_model_mean, cfg.update_bound = True, args.update_bound
     if cfg.mode == "ckks" and args.fixed_point_bits:

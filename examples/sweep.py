@@ -47,8 +47,10 @@ def read_runs(path: Path, key: Callable[[dict], Hashable]) -> dict:
 
 
 def cli_command(cfg: RunConfig) -> str:
-    """The ``secure_fgl.cli.main run`` line that makes the same run (settings that differ from
-    the defaults, then the algorithm options)."""
+    """The ``secure_fgl.cli.main run`` line that makes the same run.
+
+    Settings that differ from the defaults, then the algorithm options.
+    """
     defaults = RunConfig()
     parts = ["python", "-m", "secure_fgl.cli.main", "run"]
     for f in fields(RunConfig):
@@ -71,9 +73,12 @@ def run_sweep(
     command: Callable[[RunConfig], str] = cli_command,
     skip_errors: bool = True,
 ) -> None:
-    """Run every job without a ``result.json`` (module docstring).  ``fed_key=None``: each run
+    """Run every job without a ``result.json`` (module docstring).
+
+    ``fed_key=None``: each run
     loads its own federation.  ``prepare(cfg, fed)`` may complete ``cfg`` from the loaded
-    federation before the run."""
+    federation before the run.
+    """
     fed_cache: dict = {}
     for job in jobs:
         d, cfg = job.dir, job.cfg

@@ -30,7 +30,16 @@ MODES = modes()
 def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
     """Build the protocol object for ``mode`` (a registered backend, :mod:`protocols.registry`).
 
-    ``options`` go to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
+    Args:
+        mode: A registered backend name (``plain``, ``mask``, ``ckks``, ``ckks-mp``, ...).
+        num_clients: The number of clients of the run.
+        **options: Passed to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
+
+    Returns:
+        The backend's :class:`~protocols.base.Protocol`.
+
+    Raises:
+        ConfigurationError: ``mode`` is not a registered backend.
     """
     return backend_class(mode)(num_clients, **options)
 

@@ -81,8 +81,11 @@ _ALPHAS_SUBSAMPLED = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
 
 def _prv_eps_error(scale: float) -> float:
-    """PRV discretisation error: 1e-3 absolute, or 0.1 % of the epsilon's scale when larger
-    (an absolute 1e-3 at eps ~ 50+ makes the PRV mesh huge: minutes instead of ms)."""
+    """The PRV accountant's discretisation error for an epsilon of this scale.
+
+    1e-3 absolute, or 0.1 % of the epsilon's scale when larger (an absolute 1e-3 at a large
+    epsilon makes the PRV mesh, and its cost, huge).
+    """
     return max(PRV_EPS_ERROR, 1e-3 * float(scale))
 
 
@@ -93,8 +96,11 @@ def _kwargs(mechanism: str, sample_rates: Iterable[float] = (1.0,), scale: float
 
 
 def opacus_options(history: Iterable[tuple[float, float, int]], delta: float, mechanism: str) -> dict:
-    """The keyword arguments :func:`epsilon_of` passes to Opacus' ``get_epsilon`` for this
-    history (RDP: the order grid; PRV: ``eps_error``) — to reproduce a figure with Opacus."""
+    """The Opacus ``get_epsilon`` keyword arguments that reproduce :func:`epsilon_of` for this history.
+
+    The keyword arguments :func:`epsilon_of` passes to Opacus' ``get_epsilon`` for this
+    history (RDP: the order grid; PRV: ``eps_error``) — to reproduce a figure with Opacus.
+    """
     hist = list(history)
     if mechanism == "prv":
         return {"eps_error": _prv_eps_error(epsilon_of(hist, delta, "rdp"))}
@@ -102,8 +108,10 @@ def opacus_options(history: Iterable[tuple[float, float, int]], delta: float, me
 
 
 def gaussian_mu(history: Iterable[tuple[float, float, int]]) -> float:
-    """mu of the Gaussian mechanism equivalent to composing ``history`` at q = 1:
-    ``mu = sqrt(sum steps / z^2)``."""
+    """The Gaussian mu equivalent to composing ``history`` at q = 1.
+
+    ``mu = sqrt(sum steps / z^2)``.
+    """
     hist = list(history)
     if any(float(q) != 1.0 for _, q, _ in hist):
         raise ConfigurationError(
@@ -145,8 +153,16 @@ def gaussian_mu_for(epsilon: float, delta: float) -> float:
 
 
 def epsilon_of(history: Iterable[tuple[float, float, int]], delta: float, mechanism: str = "rdp") -> float:
-    """Epsilon at ``delta`` of composing the Gaussian releases in ``history``
-    (``(noise_multiplier, sample_rate, steps)`` triples).  0.0 for an empty history."""
+    """Epsilon at ``delta`` of composing the Gaussian releases in ``history``.
+
+    Args:
+        history: ``(noise_multiplier, sample_rate, steps)`` triples.
+        delta: The target delta.
+        mechanism: The accountant: ``rdp``, ``prv`` or ``exact``.
+
+    Returns:
+        The spent epsilon: 0.0 for an empty history, ``inf`` if a release has no noise.
+    """
     _check_mechanism(mechanism)
     hist = [(float(z), float(q), int(n)) for z, q, n in history if int(n) > 0]
     if not hist:
@@ -168,8 +184,23 @@ def epsilon_of(history: Iterable[tuple[float, float, int]], delta: float, mechan
 def calibrate_noise_multiplier(
     target_epsilon: float, delta: float, steps: int, mechanism: str = "rdp", sample_rate: float = 1.0
 ) -> float:
-    """Smallest noise multiplier (to 0.1 % relative) whose ``steps``-fold composition at
-    ``sample_rate`` spends at most ``target_epsilon`` at ``delta`` under ``mechanism``."""
+    """Smallest noise multiplier whose composition stays within ``target_epsilon`` at ``delta``.
+
+    The multiplier is found to 0.1 % relative.
+
+    Args:
+        target_epsilon: The budget to spend.
+        delta: The target delta.
+        steps: The number of releases composed.
+        mechanism: The accountant: ``rdp``, ``prv`` or ``exact``.
+        sample_rate: The sampling rate of every release.
+
+    Returns:
+        The noise multiplier ``z`` (noise std over sensitivity).
+
+    Raises:
+        ConfigurationError: The budget is not positive, or it would need a multiplier above 1e6.
+    """
     _check_mechanism(mechanism)
     if not target_epsilon > 0:
         raise ConfigurationError(f"target epsilon must be > 0, got {target_epsilon}")
@@ -222,11 +253,14 @@ class PrivacyAccountant:
         self.discrete_tags: set[str] = set()
 
     def mechanism_for(self, tag: str | None = None) -> str:
-        """The accountant that composes ``tag`` (or the run): ``exact`` Gaussian composition holds for
+        """The accountant that composes ``tag`` (or the whole run).
+
+        The accountant that composes ``tag`` (or the run): ``exact`` Gaussian composition holds for
         continuous Gaussians only; a history with a discrete-Gaussian release (whose proof is
         ``Delta^2/(2 sigma^2)``-zCDP, Canonne, Kamath & Steinke 2020, Thm 14; Kairouz, Liu & Steinke
         2021 for sums) is composed in Renyi DP instead, the same curve ``alpha/(2 z^2)`` per release;
-        so is a history with a Poisson-subsampled release (q < 1)."""
+        so is a history with a Poisson-subsampled release (q < 1).
+        """
         discrete = self.discrete_tags if tag is None else self.discrete_tags & {tag}
         subsampled = any(q < 1 for _, q, _ in self.history(tag))  # exact composition needs q = 1
         return "rdp" if self.mechanism == "exact" and (discrete or subsampled) else self.mechanism
@@ -240,9 +274,19 @@ class PrivacyAccountant:
         sensitivity: float | None = None,
         discrete: bool = False,
     ) -> None:
-        """Record one release of ``tag`` (Gaussian, std = noise_multiplier x sensitivity; ``discrete``:
-        a discrete Gaussian, or a sum of them, whose zCDP bound is that of multiplier
-        ``noise_multiplier``)."""
+        """Record one release of ``tag``.
+
+        Args:
+            tag: The exchange the release belongs to.
+            noise_multiplier: The Gaussian noise std over the sensitivity.
+            sample_rate: The release's sampling rate (1: every record).
+            sensitivity: The release's L2 sensitivity, kept for the report (the largest per tag).
+            discrete: A discrete Gaussian (or a sum of them), whose zCDP bound is that of
+                multiplier ``noise_multiplier``.
+
+        Raises:
+            ConfigurationError: The multiplier is not positive or the sampling rate is outside ``(0, 1]``.
+        """
         if not noise_multiplier > 0:
             raise ConfigurationError(f"noise multiplier must be > 0, got {noise_multiplier}", tag=tag)
         if not 0 < sample_rate <= 1:
@@ -302,8 +346,11 @@ class PrivacyAccountant:
         self.discrete_tags = set(state.get("discrete", ()))
 
     def report(self) -> dict:
-        """``{"delta", "total_epsilon", "per_tag": {tag: {epsilon, releases, noise_multiplier,
-        sensitivity}}, "accountant"}`` — goes into ``result.json`` under ``privacy``."""
+        """The privacy report that ``result.json`` stores under ``privacy``.
+
+        ``{"delta", "total_epsilon", "per_tag": {tag: {epsilon, releases, noise_multiplier,
+        sensitivity}}, "accountant"}`` — goes into ``result.json`` under ``privacy``.
+        """
         per_tag = {}
         for tag, runs in self._runs.items():
             zs = sorted({r[0] for r in runs})

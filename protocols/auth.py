@@ -52,7 +52,9 @@ _RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicForm
 
 class SigningKey:
     """A party's Ed25519 identity key pair (the private half never leaves the party).
-    ``SigningKey()`` draws a fresh one from the OS CSPRNG."""
+
+    ``SigningKey()`` draws a fresh one from the OS CSPRNG.
+    """
 
     def __init__(self, private: Ed25519PrivateKey | None = None):
         self._private = private if private is not None else Ed25519PrivateKey.generate()
@@ -73,8 +75,11 @@ class SigningKey:
         )
 
     def save(self, path) -> None:
-        """Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
-        an existing file is never overwritten."""
+        """Write the private key as PKCS#8 PEM readable by its owner only.
+
+        Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
+        an existing file is never overwritten.
+        """
         pem = self._private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -180,8 +185,10 @@ KEY_STATEMENT_DOMAIN = b"secure-fgl/owner-signed-key/v1"
 
 
 def key_statement(kind: str, run_id: bytes, owner: str, public_key: bytes) -> bytes:
-    """The bytes an owner signs to publish ``public_key``: domain, run, owner, kind and a
-    SHA-256 of the key, length-prefixed so that no two statements share an encoding."""
+    """The bytes an owner signs to publish ``public_key``.
+
+    Domain, run, owner, kind and a SHA-256 of the key, length-prefixed so that no two statements share an encoding.
+    """
     fields = (
         KEY_STATEMENT_DOMAIN,
         bytes(run_id),
@@ -200,9 +207,11 @@ def sign_public_key(signing: SigningKey, kind: str, run_id: bytes, owner: str, p
 def check_public_key(
     registry: KeyRegistry, kind: str, run_id: bytes, owner: str, public_key: bytes, signature: bytes, where: dict
 ) -> None:
-    """Refuse a public key its claimed owner did not sign (a key substituted by whoever relayed
-    it): verifies ``signature`` over :func:`key_statement` under the owner's registered
-    identity key.  Raises :class:`~protocols.errors.KeySubstitutionError`."""
+    """Refuse a public key its claimed owner did not sign.
+
+    Catches a key substituted by whoever relayed it: verifies ``signature`` over :func:`key_statement` under the owner's
+    registered identity key. Raises :class:`~protocols.errors.KeySubstitutionError`.
+    """
     try:
         registry.check_signature(owner, key_statement(kind, run_id, owner, public_key), bytes(signature), where)
     except AuthenticationError:
@@ -237,9 +246,12 @@ class ReplayCache:
 
 
 def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where: dict) -> Envelope:
-    """Check a delivered transcript ``Message`` against its signed envelope and what the
+    """Check a delivered transcript ``Message`` against its signed envelope and the receiver's expectations.
+
+    Check a delivered transcript ``Message`` against its signed envelope and what the
     receiver expects (``expected``: run_id, session, exchange, stage, part, sender, recipient).
-    Returns the envelope; raises an IntegrityError subclass otherwise."""
+    Returns the envelope; raises an IntegrityError subclass otherwise.
+    """
     signature, header = split_auth(getattr(msg, "auth", None))
     env = Envelope.from_header(header)
     registry.check_signature(env.sender, header, signature, where)

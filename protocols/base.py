@@ -61,7 +61,8 @@ def classwise_result(total: np.ndarray, C: int, d: int, threshold: float) -> tup
     A class is present when its weight total stands above ``threshold``: the encoding error (the
     backend guarantees ``|error| <= spec.tolerance``; CKKS never decodes an exact 0) and, with DP,
     3 noise stds above zero (post-processing; costs no privacy).  A class whose true total weight
-    is below ``spec.tolerance`` is therefore reported absent."""
+    is below ``spec.tolerance`` is therefore reported absent.
+    """
     wsum = total[C * d :]
     present = wsum > threshold
     mean = np.zeros((C, d))
@@ -107,20 +108,26 @@ class Protocol(ABC):
         return 1
 
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
-        """Values per block of a dense vector sum of ``length`` values (default:
-        :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less)."""
+        """Values per block of a dense vector sum of ``length`` values.
+
+        Default: :meth:`block_capacity`; a backend may pick a smaller transport unit that wastes less.
+        """
         return self.block_capacity(spec)
 
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
         """Values per block of a :meth:`row_sum` in ``layout`` (default: :meth:`block_capacity`).
+
         A backend may pick a smaller transport unit for the sparse layout, where a client
-        pays for every block it touches (finer blocks -> fewer untouched rows paid for)."""
+        pays for every block it touches (finer blocks -> fewer untouched rows paid for).
+        """
         return self.block_capacity(spec)
 
     def rows_per_block(self, spec: ValueSpec, dim: int, num_rows: int, layout: str = "sparse") -> int:
-        """Public rows per block of a :meth:`row_sum` with rows of width ``dim``:
-        ``max(1, min(num_rows, capacity // dim))``.  A function of public shapes only, so
-        callers can plan a row numbering aligned to the blocks (FedGCN's ``row_order``)."""
+        """Public rows per block of a :meth:`row_sum` with rows of width ``dim``.
+
+        ``max(1, min(num_rows, capacity // dim))``. A function of public shapes only, so callers can plan a row
+        numbering aligned to the blocks (FedGCN's ``row_order``).
+        """
         return max(1, min(int(num_rows), self.row_block_capacity(spec, layout) // max(1, int(dim))))
 
     # ------------------------------------------------------------------ shape 1
@@ -135,7 +142,20 @@ class Protocol(ABC):
         recipients: Sequence[int] | None = None,
         dp: DPRequest | None = None,
     ) -> np.ndarray:
-        """``sum_k w_k * v_k`` delivered to ``recipients`` (default: the contributors)."""
+        """The weighted sum ``sum_k w_k * v_k`` of the clients' values.
+
+        Args:
+            tag: The exchange's tag (for example ``fedavg/model``).
+            rnd: The round number.
+            values: Client id -> its contribution; every contribution has one shape.
+            weights: Client id -> ``w_k`` (default: 1 for every client).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            recipients: The clients that receive the sum (default: the contributors).
+            dp: The DP request of this release, or None.
+
+        Returns:
+            The sum, in the shape of one contribution.
+        """
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
         w = validate.weights(weights, arrays, tag, rnd)
@@ -156,14 +176,32 @@ class Protocol(ABC):
         recipients: Sequence[int] | None = None,
         dp: DPRequest | None = None,
     ) -> np.ndarray:
-        """``sum_k w_k v_k / sum_k w_k``.  Each client sends ``[w_k v_k, w_k]`` in one
+        """``sum_k w_k v_k / sum_k w_k``.
+
+        Each client sends ``[w_k v_k, w_k]`` in one
         message, so in secure modes the server learns neither values nor weights.
 
         With DP (``dp`` given and the run has a DP config) the weight is private too:
         unweighted, each client sends ``clip(v_k)`` and the recipients divide by the
         (public) number of contributors; weighted, each sends ``[w~ clip(v_k), w~ C]`` with
         ``w~ = min(w_k, W)/W`` (``W = dp.weight_bound``), noised with sensitivity
-        ``sqrt(2) C`` — see :mod:`protocols.dp`."""
+        ``sqrt(2) C`` — see :mod:`protocols.dp`.
+
+        Args:
+            tag: The exchange's tag (for example ``fedavg/model``).
+            rnd: The round number.
+            values: Client id -> its contribution; every contribution has one shape.
+            weights: Client id -> ``w_k`` (default: 1 for every client).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            recipients: The clients that receive the mean (default: the contributors).
+            dp: The DP request of this release, or None.
+
+        Returns:
+            The mean, in the shape of one contribution.
+
+        Raises:
+            ConfigurationError: The weights sum to zero.
+        """
         dp = self._dp_in_scope(tag, dp)
         arrays = self._dense_inputs(tag, rnd, values)
         shape = next(iter(arrays.values())).shape
@@ -204,16 +242,31 @@ class Protocol(ABC):
     ) -> dict[int, np.ndarray]:
         """Row-keyed sum with scoped return.
 
-        contributions: client -> ``(row ids [m], rows [m, d])``, global row ids.
-        requests:      client -> row ids it receives.
-        Returns client -> ``[len(request), d]`` totals, in the order of its request.  A recipient
-        decrypts whole blocks, so it also reads the totals of the other rows of its blocks:
-        with ``readable`` :attr:`last_readable` holds, per recipient, ``(row ids, totals)`` of
-        every row it read (what a curious client can use; the float32 baseline counts only the
+        A recipient decrypts whole blocks, so it also reads the totals of the other rows of its
+        blocks: with ``readable`` :attr:`last_readable` holds, per recipient, ``(row ids, totals)``
+        of every row it read (what a curious client can use; the float32 baseline counts only the
         requested rows).  ``readable=False``: each recipient keeps only its requested rows of
         every block as the block is decoded (:class:`~protocols.row_blocks.RowSelection`) and
         :attr:`last_readable` is empty -- the memory of one copy of the requested rows instead of
         whole blocks per recipient; the sums are the same.
+
+        Args:
+            tag: The exchange's tag (for example ``fedgcn/neighbour_sums``).
+            rnd: The round number.
+            contributions: Client -> ``(row ids [m], rows [m, d])``, global row ids.
+            requests: Client -> the row ids it receives.
+            num_rows: The number of global rows.
+            layout: ``sparse`` (a client uploads the blocks it touches) or ``dense`` (every block).
+            spec: The public bounds of the values (default: ``ValueSpec()``).
+            dp: The DP request of this release, or None.
+            readable: Keep what each recipient could read in :attr:`last_readable`.
+
+        Returns:
+            Client -> ``[len(request), d]`` totals, in the order of its request.
+
+        Raises:
+            ConfigurationError: ``layout`` is neither ``sparse`` nor ``dense``.
+            ShapeError: A contribution's row width differs from the others', or its row ids repeat.
         """
         validate.exchange(tag, rnd)
         num_rows = validate.count(num_rows, "num_rows", tag, rnd)
@@ -355,8 +408,11 @@ class Protocol(ABC):
 
     # ------------------------------------------------------------------ internals
     def _dense_inputs(self, tag: str, rnd: int, values: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
-        """Validated float64 copies of equal-shaped contributions of known clients (and a valid
-        tag and round: every dense exchange starts here)."""
+        """Validated float64 copies of the equal-shaped contributions of known clients.
+
+        Validated float64 copies of equal-shaped contributions of known clients (and a valid
+        tag and round: every dense exchange starts here).
+        """
         validate.exchange(tag, rnd)
         arrays, shape = {}, None
         for k, v in validate.contributions(values, self.num_clients, tag, rnd).items():
@@ -374,8 +430,10 @@ class Protocol(ABC):
     def _expand_to_blocks(
         ids: dict[int, np.ndarray], rows: dict[int, np.ndarray], rpb: int, num_rows: int, layout: str
     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-        """Each client's rows padded with zero rows to the whole blocks it uploads
-        (every block in the dense layout), ids sorted; rows >= num_rows are left out."""
+        """Each client's rows padded with zero rows to the whole blocks it uploads.
+
+        In the dense layout that is every block. Ids are sorted; rows >= num_rows are left out.
+        """
         out_ids, out_rows = {}, {}
         for k in ids:
             if layout == "dense":
@@ -401,8 +459,10 @@ class Protocol(ABC):
         row_len: int | None = None,
     ) -> np.ndarray:
         """Sum 1-D vectors of one length, split into transport blocks; the common result.
+
         With DP each client clips and noises its vector first (``row_len``: the row
-        structure for ``per_row`` clipping)."""
+        structure for ``per_row`` clipping).
+        """
         dp = self._dp_in_scope(tag, dp)
         spec = self.release_spec(spec, dp)
         if self.dp is not None and dp is not None:
@@ -448,9 +508,11 @@ class Protocol(ABC):
             raise ConfigurationError(f"tag {tag!r:.80} is not valid UTF-8") from None
 
     def release_spec(self, spec: ValueSpec, dp: DPRequest | None) -> ValueSpec:
-        """The spec a sum is encoded with: with distributed DP noise a continuous sum is carried on
-        its public grid, so the released sum is the grid's exact integer sum
-        (:func:`protocols.dp.release_spec`)."""
+        """The spec a sum is encoded with.
+
+        With distributed DP noise a continuous sum is carried on its public grid, so the released sum is the grid's
+        exact integer sum (:func:`protocols.dp.release_spec`).
+        """
         if self.dp is None or dp is None:
             return spec
         return self.dp.release_spec(spec, dp)
@@ -462,16 +524,22 @@ class Protocol(ABC):
         return dp
 
     def _run(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
-        """Run the backend and account the exchange's float32 baseline (:mod:`protocols.baseline`,
-        the same in every mode), so every mode reports its expansion factor against it."""
+        """Run the backend and account the exchange's float32 baseline.
+
+        The baseline (:mod:`protocols.baseline`) is the same in every mode, so every mode reports its expansion
+        factor against it.
+        """
         self._begin_exchange(ctx.tag, ctx.round)
         received = self._aggregate(ctx)
         self.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
         return received
 
     def _begin_exchange(self, tag: str, rnd: int) -> None:
-        """A new exchange: its number is bound into every envelope, so a message of an earlier
-        exchange with the same tag and round is a replay.  Every exchange shape calls it once."""
+        """Start a new exchange and number it.
+
+        A new exchange: its number is bound into every envelope, so a message of an earlier
+        exchange with the same tag and round is a replay.  Every exchange shape calls it once.
+        """
         self._check_exchange_id(tag, rnd)
         self.exchange += 1
 

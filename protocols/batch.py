@@ -71,10 +71,13 @@ def batched_weighted_mean(
 
 
 def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]):
-    """Every part's contributions checked by the client-side input checks of an exchange of its own
+    """Every part's contributions, checked as in an exchange of its own.
+
+    Every part's contributions checked by the client-side input checks of an exchange of its own
     (finite reals, one shape per part; :class:`~protocols.errors.NonFiniteError`,
     :class:`~protocols.errors.ShapeError` name the part) and the same clients in every part.
-    Returns ``(clients, part -> shape, part -> client -> array)``."""
+    Returns ``(clients, part -> shape, part -> client -> array)``.
+    """
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
     clients, shapes, flat = None, {}, {}
@@ -102,9 +105,12 @@ def batched_sum(
     *,
     recipients: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
-    """``sum_k u_k^(t)`` of every part ``t`` from one upload ``[u_k^(1), ..., u_k^(T)]`` per client
+    """The sum of every part of a batch from one upload per client.
+
+    ``sum_k u_k^(t)`` of every part ``t`` from one upload ``[u_k^(1), ..., u_k^(T)]`` per client
     (module doc), under the batch tag and ``spec`` (:func:`batch_spec` of the parts' specs).  No DP
-    (see :func:`batched_weighted_mean`).  Returns part tag -> its total (the part's shape)."""
+    (see :func:`batched_weighted_mean`).  Returns part tag -> its total (the part's shape).
+    """
     clients, shapes, flat = checked_parts(protocol, tag, rnd, parts)
     sizes = [int(np.prod(s)) for s in shapes.values()]
     protocol.transcript.attribute(tag, tuple(zip(parts, sizes)))
@@ -116,10 +122,12 @@ def batched_sum(
 def batched_report(
     protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
 ) -> dict[str, dict[int, float]]:
-    """Every part's clear-text scalar from one report per client, ``[x_k^(1), ..., x_k^(T)]`` (module
-    doc); the same clients in every part (:class:`~protocols.errors.ShapeError`), finite values
-    (:class:`~protocols.errors.NonFiniteError`), checked before anything is sent.  Returns part tag ->
-    client -> what the server got."""
+    """Every part's clear-text scalar from one report per client.
+
+    Each client reports ``[x_k^(1), ..., x_k^(T)]`` (module doc). The same clients in every part
+    (:class:`~protocols.errors.ShapeError`) and finite values (:class:`~protocols.errors.NonFiniteError`) are
+    checked before anything is sent. Returns part tag -> client -> what the server got.
+    """
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
     names = list(parts)
@@ -138,8 +146,11 @@ def batched_report(
 def report_parts(
     protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
 ) -> dict[str, dict[int, float]]:
-    """A batched report's vectors (client -> ``[x^(1), ..., x^(T)]``) as part tag -> client -> value, the
-    batch's bytes attributed to the part tags (one entry per client each)."""
+    """A batched report's vectors split back into its parts.
+
+    A batched report's vectors (client -> ``[x^(1), ..., x^(T)]``) as part tag -> client -> value, the
+    batch's bytes attributed to the part tags (one entry per client each).
+    """
     protocol.transcript.attribute(tag, tuple((n, len(got)) for n in names))
     return {n: {int(k): float(np.asarray(v).ravel()[i]) for k, v in got.items()} for i, n in enumerate(names)}
 
@@ -152,10 +163,12 @@ def split_total(total: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
 
 
 def batch_spec(specs: Sequence[ValueSpec]) -> ValueSpec | None:
-    """One :class:`~protocols.base.ValueSpec` for a batch of parts (module doc): the largest
-    ``max_abs``, the smallest ``tolerance``, a float64 plain wire if any part has one.  ``None``
-    where a part is integer or the parts' grids differ (a part put on another part's grid would
-    change its values), and where the specs are equal, that spec."""
+    """One :class:`~protocols.base.ValueSpec` for a batch of parts.
+
+    See the module doc. The largest ``max_abs``, the smallest ``tolerance``, a float64 plain wire if any part has one.
+    ``None`` where a part is integer or the parts' grids differ (a part put on another part's grid would change its
+    values), and where the specs are equal, that spec.
+    """
     specs = list(specs)
     if all(s == specs[0] for s in specs):
         return specs[0]

@@ -58,8 +58,10 @@ class ChannelKey:
         return self._keys[slot]
 
     def pair_seed(self, peer: str, peer_public: bytes, run_id: bytes, label: str) -> bytes:
-        """A 32-byte secret both ends of the pair derive alike (X25519, then HKDF with ``label``
-        and the sorted pair in ``info``, domain-separated from the channel key)."""
+        """A 32-byte secret both ends of the pair derive alike.
+
+        X25519, then HKDF with ``label`` and the sorted pair in ``info``, domain-separated from the channel key.
+        """
         try:
             shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
         except ValueError as e:

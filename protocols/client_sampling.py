@@ -1,5 +1,6 @@
-r"""Client sampling every party recomputes: the round's sample is a public pseudorandom function
-of the run manifest's sampling seed.
+r"""Client sampling every party recomputes.
+
+The round's sample is a public pseudorandom function of the run manifest's sampling seed.
 
 .. math::
 

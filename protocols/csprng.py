@@ -52,8 +52,11 @@ _CHUNK = 1 << 20  # entries per rejection round of the discrete sampler
 
 
 class SecureRandom:
-    """Uniforms, Gaussians and discrete Gaussians from an AES-256-CTR keystream keyed by
-    ``os.urandom(32)`` (see module docstring).  Not picklable and never persisted."""
+    """Uniform, Gaussian and discrete Gaussian samples from an OS-keyed AES-256-CTR keystream.
+
+    Uniforms, Gaussians and discrete Gaussians from an AES-256-CTR keystream keyed by
+    ``os.urandom(32)`` (see module docstring).  Not picklable and never persisted.
+    """
 
     def __init__(self) -> None:
         self._encryptor = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
@@ -88,8 +91,11 @@ class SecureRandom:
         return np.floor(np.log(self.uniform_open(p.shape)) / np.log1p(-p))
 
     def discrete_gaussian(self, sigma, size) -> np.ndarray:
-        """Integer-valued N_Z(0, sigma^2) samples (float64 holding integers) by CKS20 Alg. 3;
-        ``sigma`` broadcasts to ``size`` (per-entry std; entries with sigma <= 0 are 0)."""
+        """Integer-valued discrete Gaussian samples N_Z(0, sigma^2).
+
+        Integer-valued N_Z(0, sigma^2) samples (float64 holding integers) by CKS20 Alg. 3;
+        ``sigma`` broadcasts to ``size`` (per-entry std; entries with sigma <= 0 are 0).
+        """
         shape = _shape(size)
         sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), shape).reshape(-1)
         out = np.zeros(sig.size)

@@ -247,8 +247,11 @@ class DPConfig:
 
 # ----------------------------------------------------------------------------- mechanism
 def clip_l2(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarray:
-    """``x`` scaled to L2 norm <= ``bound`` (unchanged if already inside).  Integer inputs
-    are scaled then truncated toward zero: still integers, still inside the ball."""
+    """``x`` scaled to L2 norm <= ``bound`` (unchanged if already inside).
+
+    Integer inputs
+    are scaled then truncated toward zero: still integers, still inside the ball.
+    """
     x = np.asarray(x, dtype=np.float64)
     if not math.isfinite(bound):
         return x.copy()
@@ -274,17 +277,22 @@ def clip_rows(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarr
 
 
 def grid_bits_of(spec: ValueSpec | None, req: DPRequest) -> int | None:
-    """The grid ``2^-f`` a continuous release is rounded to (the exchange's own grid, else
-    :data:`DP_GRID_BITS`); ``None`` for an integer release (its grid is the integers)."""
+    """The grid ``2^-f`` a continuous release is rounded to.
+
+    The exchange's own grid, else :data:`DP_GRID_BITS`. ``None`` for an integer release (its grid is the integers).
+    """
     if req.integer:
         return None
     return int(spec.grid_bits) if spec is not None and spec.grid_bits is not None else DP_GRID_BITS
 
 
 def release_spec(spec: ValueSpec, req: DPRequest, placement: str) -> ValueSpec:
-    """The spec a DP sum is encoded with: in distributed placement a continuous release is carried
-    on its grid (``grid_bits``, codec tolerance a quarter step), so the codecs add the clients'
-    grid values exactly and the released sum is ``2^-f`` times an integer sum (module docstring)."""
+    """The spec a DP sum is encoded with.
+
+    In distributed placement a continuous release is carried on its grid (``grid_bits``, codec tolerance a quarter
+    step), so the codecs add the clients' grid values exactly and the released sum is ``2^-f`` times an integer sum
+    (module docstring).
+    """
     bits = grid_bits_of(spec, req)
     if placement != "distributed" or bits is None or spec.grid_bits is not None:
         return spec
@@ -292,20 +300,26 @@ def release_spec(spec: ValueSpec, req: DPRequest, placement: str) -> ValueSpec:
 
 
 def grid_slack(bits: int, contributors: int, entries: int) -> float:
-    """What randomised rounding onto ``2^-bits`` can add to the L2 sensitivity of a sum of
+    """What randomised rounding onto ``2^-bits`` can add to a sum's L2 sensitivity.
+
+    What randomised rounding onto ``2^-bits`` can add to the L2 sensitivity of a sum of
     ``contributors`` contributions of ``entries`` entries: ``n 2^-bits sqrt(entries)``.
 
     With the rounding's uniform ``U`` fixed, ``R_U(a) = 2^-f floor(2^f a + U)`` moves two inputs
     apart by less than one step per entry (``|R_U(a) - R_U(b) - (a - b)| < 2^-f``), and only the
     contributions that change move; the mechanism is a mixture over ``U`` with the same weights on
-    both datasets, so the Gaussian bound at the inflated sensitivity holds for the mixture."""
+    both datasets, so the Gaussian bound at the inflated sensitivity holds for the mixture.
+    """
     return float(contributors) * 2.0 ** -int(bits) * math.sqrt(int(entries))
 
 
 def grid_noise(rng: SecureRandom, x: np.ndarray, std, bits: int) -> np.ndarray:
-    """``x`` rounded at random onto the grid ``2^-bits`` (up with probability its fractional part),
+    """Round ``x`` at random onto the grid ``2^-bits`` and add discrete Gaussian noise.
+
+    ``x`` rounded at random onto the grid ``2^-bits`` (up with probability its fractional part),
     plus discrete Gaussian noise of ``std`` (in grid steps ``std 2^bits``, per entry or broadcast),
-    returned as the grid's floats ``k 2^-bits`` (exact in float64 below 2^53 steps)."""
+    returned as the grid's floats ``k 2^-bits`` (exact in float64 below 2^53 steps).
+    """
     x = np.asarray(x, dtype=np.float64)
     steps = np.floor(np.ldexp(x, int(bits)) + rng.uniform(x.shape))
     steps += rng.discrete_gaussian(np.ldexp(np.asarray(std, dtype=np.float64), int(bits)), x.shape)
@@ -313,25 +327,34 @@ def grid_noise(rng: SecureRandom, x: np.ndarray, std, bits: int) -> np.ndarray:
 
 
 def sum_of_discrete_gaussians_tau(client_std: float, honest: int) -> float:
-    """Kairouz, Liu & Steinke 2021 (Thm 1): ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k/(k+1))`` for the
-    sum of ``n`` i.i.d. N_Z(0, s^2) (``s`` in grid steps)."""
+    """The bound ``tau`` on the distance of a sum of discrete Gaussians from one.
+
+    Kairouz, Liu & Steinke 2021 (Thm 1): ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k/(k+1))`` for the
+    sum of ``n`` i.i.d. N_Z(0, s^2) (``s`` in grid steps).
+    """
     k = np.arange(1, max(int(honest), 1), dtype=np.float64)
     return float(10.0 * np.sum(np.exp(-2.0 * math.pi**2 * float(client_std) ** 2 * k / (k + 1))))
 
 
 def sum_of_discrete_gaussians_epsilon(sensitivity: float, client_std: float, honest: int, dim: int) -> float:
-    """The zCDP ``epsilon`` of the sum of ``honest`` i.i.d. N_Z(0, s^2) per entry over ``dim`` entries
+    """The zCDP ``epsilon`` of the sum of ``honest`` i.i.d.
+
+    N_Z(0, s^2) per entry over ``dim`` entries
     with L2 sensitivity ``Delta`` (both in grid steps): Kairouz, Liu & Steinke, ICML 2021, Thm 1, the
     sum is ``eps^2/2``-concentrated with ``eps = sqrt(Delta^2 / (n s^2) + tau d / 2)``; the continuous
-    Gaussian of the same total variance has ``eps = Delta / (sqrt(n) s)`` (``tau = 0``)."""
+    Gaussian of the same total variance has ``eps = Delta / (sqrt(n) s)`` (``tau = 0``).
+    """
     n = max(int(honest), 1)
     tau = sum_of_discrete_gaussians_tau(client_std, n)
     return math.sqrt(float(sensitivity) ** 2 / (n * float(client_std) ** 2) + tau * int(dim) / 2.0)
 
 
 def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np.ndarray:
-    """Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise
-    (integer-valued), from the OS-keyed keystream ``rng``."""
+    """Continuous or discrete Gaussian noise from the OS-keyed keystream ``rng``.
+
+    Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise
+    (integer-valued), from the OS-keyed keystream ``rng``.
+    """
     if integer:
         return rng.discrete_gaussian(std, size)
     return rng.standard_normal(size) * np.asarray(std, dtype=np.float64)
@@ -346,10 +369,13 @@ def noise_vector(
     row_len: int | None = None,
     grid_bits: int | None = DP_GRID_BITS,
 ) -> np.ndarray:
-    """Client side of a dense release: ``v`` clipped as ``req`` says (whole, or per slice of
+    """Client side of a dense release: clip ``v`` and add noise.
+
+    Client side of a dense release: ``v`` clipped as ``req`` says (whole, or per slice of
     ``row_len``), plus noise of ``std`` (:meth:`DPEngine.vector_release`) from ``rng``, the
     contributor's own OS-keyed keystream: discrete Gaussian on the integers (integer release) or
-    on the grid ``2^-grid_bits`` after randomised rounding (:func:`grid_noise`)."""
+    on the grid ``2^-grid_bits`` after randomised rounding (:func:`grid_noise`).
+    """
     v = np.asarray(v, dtype=np.float64).ravel()
     v = (
         clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel()
@@ -372,8 +398,11 @@ def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray
 def weighted_mean_value(
     a: np.ndarray, weight: float, req: DPRequest, nrows: int = 1, *, tag: str = "", rnd: int = 0
 ) -> np.ndarray:
-    """Client side of a DP weighted mean: ``[w~ clip(a), w~ C]`` with ``w~ = min(w, W) / W``
-    (``W = req.weight_bound``; without one the weights must lie in ``[0, 1]``, ``W = 1``)."""
+    """Client side of a DP weighted mean: the clipped, weighted value and its weight.
+
+    Client side of a DP weighted mean: ``[w~ clip(a), w~ C]`` with ``w~ = min(w, W) / W``
+    (``W = req.weight_bound``; without one the weights must lie in ``[0, 1]``, ``W = 1``).
+    """
     W = req.weight_bound
     if W is None:
         if float(weight) > 1.0:
@@ -391,9 +420,12 @@ def weighted_mean_value(
 def noise_rows(
     rng: SecureRandom, rows: np.ndarray, req: DPRequest, std: np.ndarray, *, grid_bits: int | None = DP_GRID_BITS
 ) -> np.ndarray:
-    """Client side of a row-keyed release: each row clipped (``per_row``, else the whole
+    """Client side of a row-keyed release: clip each row and add noise.
+
+    Client side of a row-keyed release: each row clipped (``per_row``, else the whole
     contribution) plus noise of its row's ``std`` (:meth:`DPEngine.row_release`) from ``rng``
-    (discrete, as in :func:`noise_vector`)."""
+    (discrete, as in :func:`noise_vector`).
+    """
     r = np.asarray(rows, dtype=np.float64)
     r = clip_rows(r, req.clip, integer=req.integer) if req.per_row else clip_l2(r, req.clip, integer=req.integer)
     std = np.asarray(std, dtype=np.float64)[:, None]
@@ -475,9 +507,12 @@ class DPEngine:
         return shares.get(tag, 0.0) / sum(shares.values())
 
     def calibration_mechanism(self, discrete: bool = False, subsampled: bool = False) -> str:
-        """The accountant the budget is calibrated with: the run's, except that ``exact`` (Gaussian
-        composition) becomes ``rdp`` for a run with discrete releases, whose proof is zCDP, or with
-        Poisson-subsampled ones (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`)."""
+        """The accountant the budget is calibrated with.
+
+        The run's, except that ``exact`` (Gaussian composition) becomes ``rdp`` for a run with discrete releases,
+        whose proof is zCDP, or with Poisson-subsampled ones
+        (:meth:`protocols.accountant.PrivacyAccountant.mechanism_for`).
+        """
         subsampled = subsampled or any(s.sample_rate < 1 for s in self._tags.values())
         if self.config.accountant == "exact" and (
             discrete or subsampled or self.config.exchange_releases or self.accountant.discrete_tags
@@ -486,8 +521,11 @@ class DPEngine:
         return self.config.accountant
 
     def total_mu(self, discrete: bool = False, subsampled: bool = False) -> float:
-        """mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
-        run's accountant (see "Calibration" in the module docstring)."""
+        """The Gaussian mu that spends exactly ``epsilon`` at ``delta``.
+
+        mu of the one Gaussian mechanism that spends exactly ``epsilon`` at ``delta`` under the
+        run's accountant (see "Calibration" in the module docstring).
+        """
         return 1.0 / calibrate_noise_multiplier(
             self.config.epsilon, self.config.delta, 1, self.calibration_mechanism(discrete, subsampled)
         )
@@ -547,8 +585,11 @@ class DPEngine:
         discrete: bool = False,
         sample_rate: float = 1.0,
     ) -> tuple[_TagState, float, float]:
-        """Check the budget and calibrate; returns (state, Delta, sigma) of this release.  ``slack``:
-        what rounding onto the release's grid adds to Delta (:func:`grid_slack`)."""
+        """Check the budget and calibrate; returns (state, Delta, sigma) of this release.
+
+        ``slack``:
+        what rounding onto the release's grid adds to Delta (:func:`grid_slack`).
+        """
         sens = req.sensitivity if req.sensitivity is not None else default_sensitivity
         if sens is None or not (math.isfinite(sens) and sens > 0):
             raise ConfigurationError(
@@ -589,10 +630,13 @@ class DPEngine:
         *,
         discrete: tuple[float, int, int] | None = None,
     ) -> None:
-        """Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
+        """Count the release and hand the new state to :attr:`on_release`.
+
+        Count the release, and hand the new state to :attr:`on_release` (the run's write-ahead
         ledger) before the noisy values are returned, i.e. before any upload leaves.  ``discrete``:
         ``(smallest client std in steps, most honest shares, entries)`` of a sum of discrete
-        Gaussians, counted at its zCDP bound (:func:`sum_of_discrete_gaussians_epsilon`)."""
+        Gaussians, counted at its zCDP bound (:func:`sum_of_discrete_gaussians_epsilon`).
+        """
         st.used += 1
         st.sensitivity = max(st.sensitivity, sens)
         st.clip = float(req.clip) if math.isfinite(req.clip) else self._mean_clip.get(tag)
@@ -608,8 +652,11 @@ class DPEngine:
             self.on_release(self.state_dict())
 
     def _client_std(self, sigma, n) -> np.ndarray:
-        """Per-client noise std given the number of contributors n (scalar or per row):
-        sigma (local), sigma / sqrt(max(1, n - dropouts - colluders)) (distributed)."""
+        """Per-client noise std given the number of contributors.
+
+        ``n`` is a scalar or per row. The std is sigma (local) or sigma / sqrt(max(1, n - dropouts - colluders))
+        (distributed).
+        """
         n = np.asarray(n, dtype=np.float64)
         if self.config.placement == "local":
             return np.broadcast_to(np.float64(sigma), n.shape).copy()
@@ -619,7 +666,9 @@ class DPEngine:
     def local_release(
         self, tag: str, step: int, req: DPRequest, *, contributors: int = 1, sample_rate: float = 1.0
     ) -> float:
-        """Each client's noise std for a release it computes from its own records (a DP-SGD step,
+        """Each client's noise std for a release computed from its own records.
+
+        Each client's noise std for a release it computes from its own records (a DP-SGD step,
         :mod:`secure_fgl.dpsgd`): ``sigma = z_t Delta``, Delta = ``req.sensitivity`` or ``req.clip``.
         Clients hold disjoint records, so step ``step`` of every client is one release (parallel
         composition, McSherry 2009): the first call with a new, larger ``step`` counts it, later
@@ -630,7 +679,8 @@ class DPEngine:
         client runtime from its own keystream).  ``sample_rate`` q < 1: every record takes part in a
         step with probability q, independently and secretly (Poisson sampling, DP-SGD's
         amplification); the tag is calibrated and accounted at rate q (Renyi DP of the subsampled
-        Gaussian, Mironov, Talwar & Zhang 2019, as Opacus' RDP accountant)."""
+        Gaussian, Mironov, Talwar & Zhang 2019, as Opacus' RDP accountant).
+        """
         if step > self._local_step.get(tag, -1):
             st, sens, sigma = self._begin(tag, step, req, req.clip, sample_rate=sample_rate)
             self._local_step[tag] = int(step)
@@ -643,8 +693,11 @@ class DPEngine:
     def local_noise(
         self, tag: str, step: int, size: int, req: DPRequest, *, contributors: int = 1, sample_rate: float = 1.0
     ) -> np.ndarray:
-        """Noise of size ``size`` for release ``step`` of ``tag`` at the std :meth:`local_release`
-        gives, from this engine's OS-keyed keystream."""
+        """Noise for release ``step`` of ``tag`` at the :meth:`local_release` std.
+
+        Noise of size ``size`` for release ``step`` of ``tag`` at the std :meth:`local_release`
+        gives, from this engine's OS-keyed keystream.
+        """
         std = self.local_release(tag, step, req, contributors=contributors, sample_rate=sample_rate)
         return gaussian_noise(self._noise, std, int(size))
 
@@ -660,12 +713,14 @@ class DPEngine:
         row_len: int | None = None,
         grid_bits: int | None = DP_GRID_BITS,
     ) -> float:
-        """Server side of one dense release by ``n`` contributors of ``length``-vectors: check the
-        budget, calibrate, count the release; returns each contributor's noise std (the
-        contributors add it themselves, :func:`noise_vector`).  ``per_row`` clips consecutive
-        slices of ``row_len`` entries; default sensitivity is the client-level bound C (whole)
-        or C sqrt(rows) (per row).  A continuous release is rounded onto ``2^-grid_bits``: its
-        sensitivity grows by :func:`grid_slack`."""
+        """Server side of one dense release by ``n`` contributors.
+
+        Each of the ``n`` contributors holds a ``length``-vector. Checks the budget, calibrates and counts the
+        release; returns each contributor's noise std (the contributors add it themselves, :func:`noise_vector`).
+        ``per_row`` clips consecutive slices of ``row_len`` entries; default sensitivity is the client-level bound C
+        (whole) or C sqrt(rows) (per row). A continuous release is rounded onto ``2^-grid_bits``: its sensitivity
+        grows by :func:`grid_slack`.
+        """
         if req.per_row:
             if not row_len or length % row_len:
                 raise ConfigurationError(
@@ -693,8 +748,10 @@ class DPEngine:
         row_len: int | None = None,
         spec: ValueSpec | None = None,
     ) -> dict[int, np.ndarray]:
-        """Clip and noise each client's 1-D contribution to a dense sum (:meth:`vector_release`,
-        then every client's :func:`noise_vector`, all in this process)."""
+        """Clip and noise each client's 1-D contribution to a dense sum.
+
+        :meth:`vector_release`, then every client's :func:`noise_vector`, all in this process.
+        """
         if not flat:
             return {}
         bits = grid_bits_of(spec, req)
@@ -713,12 +770,14 @@ class DPEngine:
         row_len: int,
         grid_bits: int | None = DP_GRID_BITS,
     ) -> np.ndarray:
-        """Server side of one row-keyed release: ``counts[r]`` clients upload row ``r`` (0: nobody)
-        of ``row_len`` entries.  Checks the budget, calibrates, counts the release; returns each
-        uploader's noise std per row (distributed placement divides the variance by the row's
-        uploaders).  ``per_row=True`` needs an explicit sensitivity (edge- or node-level, see module
-        docstring).  A continuous release is rounded onto ``2^-grid_bits`` (:func:`grid_slack` over
-        every client's upload of all rows)."""
+        """Server side of one row-keyed release.
+
+        ``counts[r]`` clients upload row ``r`` (0: nobody) of ``row_len`` entries. Checks the budget, calibrates,
+        counts the release; returns each uploader's noise std per row (distributed placement divides the variance by
+        the row's uploaders). ``per_row=True`` needs an explicit sensitivity (edge- or node-level, see module
+        docstring). A continuous release is rounded onto ``2^-grid_bits`` (:func:`grid_slack` over every client's
+        upload of all rows).
+        """
         counts = np.asarray(counts, dtype=np.int64)
         bits = 0 if req.integer else (DP_GRID_BITS if grid_bits is None else int(grid_bits))
         entries = counts.size * int(row_len)
@@ -741,14 +800,20 @@ class DPEngine:
         return std
 
     def _std_floor(self, bits: int) -> float:
-        """Distributed placement: each share's std is at least :data:`MIN_CLIENT_DGAUSS_STD` grid steps,
+        """Distributed placement: the smallest std of each noise share.
+
+        Distributed placement: each share's std is at least :data:`MIN_CLIENT_DGAUSS_STD` grid steps,
         where the sum of the shares is within ``tau`` < 1e-16 per share of one discrete Gaussian
-        (:func:`sum_of_discrete_gaussians_tau`); a local upload is one discrete Gaussian, no floor."""
+        (:func:`sum_of_discrete_gaussians_tau`); a local upload is one discrete Gaussian, no floor.
+        """
         return MIN_CLIENT_DGAUSS_STD * 2.0 ** -int(bits) if self.config.placement == "distributed" else 0.0
 
     def _honest(self, n: int) -> int:
-        """The noise shares a sum of ``n`` contributions keeps for sure (distributed placement:
-        ``n - dropouts - colluders``, at least 1; local: every upload is a release on its own, 1)."""
+        """The number of noise shares a sum of ``n`` contributions keeps for sure.
+
+        The noise shares a sum of ``n`` contributions keeps for sure (distributed placement:
+        ``n - dropouts - colluders``, at least 1; local: every upload is a release on its own, 1).
+        """
         if self.config.placement == "local":
             return 1
         return max(1, int(n) - self.config.dropouts - self.config.colluders)
@@ -765,9 +830,11 @@ class DPEngine:
         *,
         spec: ValueSpec | None = None,
     ) -> dict[int, np.ndarray]:
-        """Clip and noise each client's rows of a row-keyed sum (:meth:`row_release`, then every
-        client's :func:`noise_rows`, all in this process).  ``ids``/``rows`` are what each client
-        uploads (the caller expands them to whole transport blocks, so padding rows get noise too)."""
+        """Clip and noise each client's rows of a row-keyed sum.
+
+        Calls :meth:`row_release`, then every client's :func:`noise_rows`, all in this process. ``ids``/``rows`` are
+        what each client uploads (the caller expands them to whole transport blocks, so padding rows get noise too).
+        """
         counts = np.zeros(int(num_rows), dtype=np.int64)
         for k in ids:
             counts[np.asarray(ids[k], dtype=np.int64)] += 1
@@ -782,11 +849,14 @@ class DPEngine:
     def mean_request(
         self, tag: str, rnd: int, req: DPRequest, spec: ValueSpec, *, nrows: int = 1, weighted: bool = False
     ) -> tuple[DPRequest, ValueSpec, float | None]:
-        """Server side of a DP weighted mean (module docstring, "weighted_mean"): the request and
+        """Server side of a DP weighted mean: the request and spec of the clipped sum.
+
+        Server side of a DP weighted mean (module docstring, "weighted_mean"): the request and
         spec of the sum of the clipped contributions (:func:`clip_mean_value`; the request has
         ``clip=inf`` and the sensitivity set) and ``weight_scale``, ``None`` for an unweighted
         mean (divide by the number of contributors) else the factor C the weight coordinate
-        was scaled by.  ``nrows``: rows of a contribution (``per_row`` clipping)."""
+        was scaled by.  ``nrows``: rows of a contribution (``per_row`` clipping).
+        """
         C = float(req.clip)
         if not math.isfinite(C):
             raise ConfigurationError("a DP mean needs a finite clip bound on each client's values", tag=tag, round=rnd)
@@ -814,9 +884,11 @@ class DPEngine:
         req: DPRequest,
         spec: ValueSpec,
     ) -> tuple[dict[int, np.ndarray], DPRequest, ValueSpec, float | None]:
-        """Client-side inputs of a DP weighted mean, every client in this process: returns
-        ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`),
-        the flat vectors already clipped."""
+        """Client-side inputs of a DP weighted mean, every client in this process.
+
+        Returns ``(flat, request for the sum, spec for the sum, weight_scale)`` (:meth:`mean_request`), the flat
+        vectors already clipped.
+        """
         shape = next(iter(arrays.values())).shape
         nrows = shape[0] if len(shape) else 1
         dp_sum, spec_sum, wscale = self.mean_request(tag, rnd, req, spec, nrows=nrows, weighted=weights is not None)
@@ -827,8 +899,11 @@ class DPEngine:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Plain-data state: allocation, per-tag calibration and release counts, accountant
-        (a resumed run continues the same budget; the noise key is not part of it)."""
+        """Plain-data state of the engine.
+
+        Plain-data state: allocation, per-tag calibration and release counts, accountant
+        (a resumed run continues the same budget; the noise key is not part of it).
+        """
         return {
             "config": dataclasses.asdict(self.config),
             "shares": dict(self._shares),
@@ -842,10 +917,13 @@ class DPEngine:
         }
 
     def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
-        """Resume from a checkpoint's ``state``.  ``ledger`` is the latest :attr:`on_release`
+        """Resume from a checkpoint's ``state``.
+
+        ``ledger`` is the latest :attr:`on_release`
         state: releases it holds beyond the checkpoint left the client before a crash, and their
         rounds run again after the resume, so the accountant keeps them (the run ends with more
-        releases than planned, reported as ``replayed_releases``; epsilon counts them all)."""
+        releases than planned, reported as ``replayed_releases``; epsilon counts them all).
+        """
         for st in (state, ledger or state):
             saved = {k: st["config"][k] for k in ("epsilon", "delta", "placement", "accountant")}
             mine = {k: getattr(self.config, k) for k in saved}
@@ -869,8 +947,10 @@ class DPEngine:
 
     # ------------------------------------------------------------------ report
     def release_spec(self, spec: ValueSpec, req: DPRequest) -> ValueSpec:
-        """The spec this run encodes the DP sum of ``req`` with (:func:`release_spec`, integer noise
-        for an integer exchange)."""
+        """The spec this run encodes the DP sum of ``req`` with.
+
+        :func:`release_spec`, integer noise for an integer exchange.
+        """
         return release_spec(spec, dataclasses.replace(req, integer=req.integer or spec.integer), self.config.placement)
 
     def report(self) -> dict:

@@ -36,8 +36,10 @@ class NonFiniteError(ProtocolError):
 
 
 class BoundError(ProtocolError):
-    """A value lies outside the public range the encoding can carry exactly
-    (CKKS headroom or precision, quantisation range, packed field width)."""
+    """A value lies outside the public range the encoding can carry exactly.
+
+    CKKS headroom or precision, quantisation range, packed field width.
+    """
 
 
 class PackingOverflowError(BoundError):
@@ -45,8 +47,11 @@ class PackingOverflowError(BoundError):
 
 
 class IntegrityError(ProtocolError):
-    """A message does not belong to this exchange: wrong protocol, context fingerprint,
-    round or tag, or its bytes are truncated or corrupted."""
+    """A message does not belong to this exchange or is corrupted.
+
+    A message does not belong to this exchange: wrong protocol, context fingerprint,
+    round or tag, or its bytes are truncated or corrupted.
+    """
 
 
 class DropoutError(ProtocolError):
@@ -66,18 +71,27 @@ class DigestError(IntegrityError):
 
 
 class AuthenticationError(IntegrityError):
-    """A message's signature does not verify under its claimed sender's registered key,
-    or the sender it names is not the party expected in this slot (spoofing)."""
+    """A message's signature or sender does not check out.
+
+    A message's signature does not verify under its claimed sender's registered key,
+    or the sender it names is not the party expected in this slot (spoofing).
+    """
 
 
 class KeySubstitutionError(AuthenticationError):
-    """A relayed public key is not signed by the identity key of the party it belongs to
-    (the relaying server substituted or changed it)."""
+    """A relayed public key is not signed by its owner's identity key.
+
+    A relayed public key is not signed by the identity key of the party it belongs to
+    (the relaying server substituted or changed it).
+    """
 
 
 class ReplayError(IntegrityError):
-    """A message was seen before (same session, exchange, stage, sender, part), or belongs to
-    another session or an earlier exchange of this one."""
+    """A message was seen before or belongs to another session or exchange.
+
+    A message was seen before (same session, exchange, stage, sender, part), or belongs to
+    another session or an earlier exchange of this one.
+    """
 
 
 class MisdirectedError(IntegrityError):
@@ -85,64 +99,94 @@ class MisdirectedError(IntegrityError):
 
 
 class UnmaskingRefusedError(ProtocolError):
-    """An honest client refused an unmasking request that would reveal an individual input
-    (both the self-mask and the mask-key shares of one client)."""
+    """An honest client refused an unmasking request that would reveal an input.
+
+    An honest client refused an unmasking request that would reveal an individual input
+    (both the self-mask and the mask-key shares of one client).
+    """
 
 
 class PlanRefusedError(ProtocolError):
-    """A client refused the server's plan of an exchange before contributing anything: the plan
-    breaks a rule every client checks (:mod:`protocols.plan_policy`)."""
+    """A client refused the server's plan of an exchange before contributing.
+
+    The plan breaks a rule every client checks (:mod:`protocols.plan_policy`).
+    """
 
 
 class TooFewContributorsError(PlanRefusedError):
-    """The plan sums over fewer contributors than the run's minimum (a sum over one or two clients
-    hands a colluding recipient the others' inputs)."""
+    """The plan sums over fewer contributors than the run's minimum.
+
+    A sum over one or two clients hands a colluding recipient the others' inputs.
+    """
 
 
 class RepeatedContributionError(PlanRefusedError):
-    """The plan asks a client to contribute a second time to the same (round, tag): two sums over
-    different contributor sets differ by individual inputs."""
+    """The plan asks a client to contribute twice to the same (round, tag).
+
+    The plan asks a client to contribute a second time to the same (round, tag): two sums over
+    different contributor sets differ by individual inputs.
+    """
 
 
 class RecipientRoleError(PlanRefusedError):
-    """The plan's recipients are not consistent with the public roles (another recipient's request
-    shown to this client, or a recipient that is not a client of the run)."""
+    """The plan's recipients are not consistent with the public roles.
+
+    Another recipient's request shown to this client, or a recipient that is not a client of the run.
+    """
 
 
 class ScheduleRoleError(RecipientRoleError):
-    """The plan breaks the role the run's public schedule gives its tag (a broadcast sent to this
-    client in part only)."""
+    """The plan breaks the role the run's public schedule gives its tag.
+
+    For example, a broadcast sent to this client in part only.
+    """
 
 
 class SampleMismatchError(PlanRefusedError):
-    """The plan's contributors are not within the round's client sample, which every client
-    recomputes from the run manifest's sampling seed (:mod:`protocols.client_sampling`)."""
+    """The plan's contributors are not within the round's client sample.
+
+    Every client recomputes the sample from the run manifest's sampling seed (:mod:`protocols.client_sampling`).
+    """
 
 
 class ClearReportRefusedError(PlanRefusedError):
-    """A report plan (a value sent in the clear) for a tag this client's owner did not mark as
-    reported in the clear: the server asked for a protected contribution through the report stage."""
+    """A report plan for a tag the owner did not mark as reported in the clear.
+
+    A report plan (a value sent in the clear) for a tag this client's owner did not mark as
+    reported in the clear: the server asked for a protected contribution through the report stage.
+    """
 
 
 class ThresholdRefusedError(PlanRefusedError):
-    """A mask plan names a Shamir threshold other than the one the run's public setup gives, or
-    one the run's colluders could meet on their own."""
+    """A mask plan names a Shamir threshold the run does not allow.
+
+    A mask plan names a Shamir threshold other than the one the run's public setup gives, or
+    one the run's colluders could meet on their own.
+    """
 
 
 class ShareIntegrityError(IntegrityError):
-    """A Shamir share revealed for unmasking does not match the commitment its dealer signed:
-    the client that sent it (named) corrupted it."""
+    """A revealed Shamir share does not match its dealer's signed commitment.
+
+    A Shamir share revealed for unmasking does not match the commitment its dealer signed:
+    the client that sent it (named) corrupted it.
+    """
 
 
 class KeySwitchRefusedError(ProtocolError):
-    """A ckks-mp client refused a key-switching request: answering it could re-encrypt what it
-    holds to a key the run does not name, for blocks or a recipient the plan does not release,
-    or past the run's smudging budget."""
+    """A ckks-mp client refused a key-switching request.
+
+    Answering it could re-encrypt what it holds to a key the run does not name, for blocks or a recipient the plan
+    does not release, or past the run's smudging budget.
+    """
 
 
 class RecipientKeyError(KeySwitchRefusedError):
-    """A key switch names a recipient key that is not the owner-signed key of a recipient of
-    this exchange (or the dealer-signed broadcast key where the plan releases the blocks to all)."""
+    """A key switch names a recipient key that is not the exchange's.
+
+    A key switch names a recipient key that is not the owner-signed key of a recipient of
+    this exchange (or the dealer-signed broadcast key where the plan releases the blocks to all).
+    """
 
 
 class DowngradeError(KeySwitchRefusedError):
@@ -154,28 +198,42 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
 
 
 class ActiveSetError(KeySwitchRefusedError):
-    """A t-out-of-n ckks-mp key switch names an active set that is not exactly ``t`` distinct
+    """A t-out-of-n key switch names an active set or uploader set the plan does not allow.
+
+    A t-out-of-n ckks-mp key switch names an active set that is not exactly ``t`` distinct
     clients of the run including this one, or an uploader set the plan does not allow (a
-    non-contributor, this client's own upload misreported, more uploads missing than n - t)."""
+    non-contributor, this client's own upload misreported, more uploads missing than n - t).
+    """
 
 
 class SmudgingBudgetError(KeySwitchRefusedError):
-    """The run's key switches would exceed the public budget that keeps the smudging's total
-    statistical distance within 2^-30."""
+    """The run's key switches would exceed the public smudging budget.
+
+    The run's key switches would exceed the public budget that keeps the smudging's total
+    statistical distance within 2^-30.
+    """
 
 
 class ConsistencyError(UnmaskingRefusedError):
-    """A mask client refused to unmask: the server's survivor set is not the one this client
+    """A mask client refused to unmask an inconsistent survivor set.
+
+    A mask client refused to unmask: the server's survivor set is not the one this client
     signed in the consistency round, or fewer than ``t`` survivors signed it (the server told
-    different clients different survivor sets)."""
+    different clients different survivor sets).
+    """
 
 
 class InconsistentViewError(ConsistencyError, IntegrityError):
-    """The clients of one exchange do not hold one view of it: the server told them different
-    survivor sets or plans, or sent them different broadcasts to train on (a model-inconsistency
-    attack, :mod:`protocols.broadcast_view`).  Nothing was revealed."""
+    """The clients of one exchange do not hold one view of it.
+
+    The server told them different survivor sets or plans, or sent them different broadcasts to train on (a
+    model-inconsistency attack, :mod:`protocols.broadcast_view`). Nothing was revealed.
+    """
 
 
 class RepeatedUploadError(ProtocolError):
-    """A second upload request in one exchange (ckks-mp: the second ciphertext would share the
-    first one's public ``c1``, so their difference would reveal the difference of the inputs)."""
+    """A second upload request in one exchange.
+
+    Ckks-mp: the second ciphertext would share the first one's public ``c1``, so their difference would reveal the
+    difference of the inputs.
+    """

@@ -1,7 +1,9 @@
-"""The plain data of one exchange, shared by every module of the package (imports nothing of it
-but :mod:`.errors`): the public bounds of its values (:class:`ValueSpec`), how it is privatised
-(:class:`DPRequest`), one client's blocks (:class:`BlockTable`) and the exchange as a backend
-sees it (:class:`ExchangeContext`)."""
+"""The plain data of one exchange.
+
+Shared by every module of the package (it imports nothing of it but :mod:`.errors`): the public bounds of its values
+(:class:`ValueSpec`), how it is privatised (:class:`DPRequest`), one client's blocks (:class:`BlockTable`) and the
+exchange as a backend sees it (:class:`ExchangeContext`).
+"""
 
 from __future__ import annotations
 

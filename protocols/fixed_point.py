@@ -75,9 +75,12 @@ def to_grid(x: np.ndarray, bits: int) -> np.ndarray:
 
 
 def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int, np.ndarray]:
-    """A recipient's decoded blocks of a grid exchange rounded back to the grid ``2^-bits``, after
+    """A recipient's decoded grid blocks rounded back to the grid ``2^-bits``.
+
+    A recipient's decoded blocks of a grid exchange rounded back to the grid ``2^-bits``, after
     checking that the codec landed within its planned error ``2^-(bits+2)`` (the spec's tolerance,
-    :meth:`protocols.precision.MeanPrecision.grid_spec`); an IntegrityError refuses the sum otherwise."""
+    :meth:`protocols.precision.MeanPrecision.grid_spec`); an IntegrityError refuses the sum otherwise.
+    """
     blocks = {b: np.asarray(v, dtype=np.float64) for b, v in blocks.items()}
     exact = {b: to_grid(v, bits) for b, v in blocks.items()}
     off = max((float(np.abs(v - exact[b]).max(initial=0.0)) for b, v in blocks.items()), default=0.0)
@@ -91,9 +94,11 @@ def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int
 
 
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:
-    """The rounding randomness of one client in one exchange, from the run seed (public), so runs
-    reproduce.  It protects nothing: DP noise is drawn from the CSPRNG and added before rounding,
-    so rounding is post-processing of the private release (:mod:`protocols.csprng`)."""
+    """The rounding randomness of one client in one exchange, from the run seed (public), so runs reproduce.
+
+    It protects nothing: DP noise is drawn from the CSPRNG and added before rounding,
+    so rounding is post-processing of the private release (:mod:`protocols.csprng`).
+    """
     return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(tag.encode()), int(rnd), int(client)]))
 
 
@@ -135,8 +140,11 @@ class FixedPoint:
     def integers(
         cls, entry_bound: float, sum_bound: float, num_clients: int, capacity_bits: int, grid_bits: int = 0
     ) -> FixedPoint:
-        """Integer entries (or multiples of ``2^-grid_bits``, :func:`to_grid`) with ``|sum| <= sum_bound``:
-        the narrowest signed fields that hold the sum, as many as fit ``capacity_bits`` (exact, no rounding)."""
+        """The plan for integer (or grid) entries with a bounded sum.
+
+        Integer entries (or multiples of ``2^-grid_bits``, :func:`to_grid`) with ``|sum| <= sum_bound``:
+        the narrowest signed fields that hold the sum, as many as fit ``capacity_bits`` (exact, no rounding).
+        """
         width = int(math.ceil(sum_bound * 2.0**grid_bits)).bit_length() + 1
         if width > capacity_bits:
             raise PackingOverflowError(
@@ -159,8 +167,11 @@ class FixedPoint:
         owner_checked_sum: bool = False,
         sum_bound: float | None = None,
     ) -> FixedPoint:
-        """The plan for entries bounded by ``entry_bound`` (sum bound ``K B`` unless an owner's
-        check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound`` given)."""
+        """The plan for entries bounded by ``entry_bound``.
+
+        Sum bound ``K B`` unless an owner's check bounds the total: ``owner_checked_sum`` -> ``B``, or ``sum_bound``
+        given.
+        """
         if sum_bound is None:
             sum_bound = entry_bound if owner_checked_sum else kway_sum_bound(entry_bound, num_clients)
         return cls(float(entry_bound), float(sum_bound), int(num_clients), int(width), int(fields))
@@ -185,8 +196,10 @@ class FixedPoint:
 
     # ------------------------------------------------------------------ quantisation (client side)
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Randomized rounding of ``x / Delta`` to int64 (unbiased; error < 1 quantum; integers
-        and grid values are taken as they are)."""
+        """Randomized rounding of ``x / Delta`` to int64.
+
+        Unbiased; error < 1 quantum; integers and grid values are taken as they are.
+        """
         if self.integer:
             return np.rint(np.ldexp(np.asarray(x, dtype=np.float64), self.grid_bits)).astype(np.int64)
         y = np.asarray(x, dtype=np.float64) / self.quantum
@@ -194,8 +207,11 @@ class FixedPoint:
         return (low + (rng.random(y.shape) < (y - low))).astype(np.int64)
 
     def conditional_quantize(self, x: np.ndarray, rng: np.random.Generator, norm_bound: float) -> np.ndarray:
-        """Conditional randomized rounding (module doc): re-round until ``||Delta q||_2`` is
-        within Kairouz et al.'s bound for a vector of norm ``<= norm_bound``."""
+        """Conditional randomized rounding within Kairouz et al.'s norm bound.
+
+        Conditional randomized rounding (module doc): re-round until ``||Delta q||_2`` is
+        within Kairouz et al.'s bound for a vector of norm ``<= norm_bound``.
+        """
         x = np.asarray(x, dtype=np.float64)
         d, c, g = x.size, float(norm_bound), self.quantum
         limit = min(
@@ -222,8 +238,11 @@ class FixedPoint:
         return (np.arange(self.fields, dtype=np.int64) * self.width)[:, None]
 
     def pack(self, q: np.ndarray) -> np.ndarray:
-        """Signed integers ``q`` (length n) -> int64 carriers (length ``carriers_for(n)``),
-        planar: digit j of carrier i holds ``q[j * carriers + i]``."""
+        """Pack signed integers into int64 carriers.
+
+        Signed integers ``q`` (length n) -> int64 carriers (length ``carriers_for(n)``),
+        planar: digit j of carrier i holds ``q[j * carriers + i]``.
+        """
         q = np.asarray(q, dtype=np.int64)
         s = self.carriers_for(q.size)
         grid = np.zeros(self.fields * s, dtype=np.int64)

@@ -132,9 +132,11 @@ class HalvesProtocol(Protocol):
         return {**schedule, "roles": dict(self.schedule.roles), **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:
-        """What the driver hands client ``k``'s runtime directly, beside the public setup: the run
-        manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`); only the manifest
-        when the sites hold their keys."""
+        """What the driver hands client ``k``'s runtime directly, beside the public setup.
+
+        The run manifest and ``k``'s identity key (:meth:`ClientHalf.use_manifest`); only the manifest when the
+        sites hold their keys.
+        """
         key = self._identities.get(client_party(k))
         return {"manifest": self.manifest.to_bytes(), **({"identity": key.private_bytes()} if key else {})}
 
@@ -203,8 +205,10 @@ class HalvesProtocol(Protocol):
 
     # ------------------------------------------------------------------ authentication (facade view)
     def identity_fingerprints(self) -> dict[str, dict[str, str]]:
-        """SHA-256 fingerprints of every key the server half registered, its own signing key included
-        (for result.json)."""
+        """SHA-256 fingerprints of every key the server half registered, its own signing key included.
+
+        They are written to result.json.
+        """
         return self.registry.fingerprints()
 
     def _ensure_registered(self, rnd: int) -> None:

@@ -40,15 +40,19 @@ class ClientLink(ABC):
 
     @abstractmethod
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
-        """Deliver ``requests[k]`` to client ``k``'s half for ``stage``; return the responses of
-        the clients that answered.  Missing key: that client dropped out.  A ProtocolError a
-        client half raised is re-raised."""
+        """Deliver ``requests[k]`` to client ``k``'s half for ``stage``.
+
+        Return the responses of the clients that answered. Missing key: that client dropped out. A ProtocolError a
+        client half raised is re-raised.
+        """
 
 
 def stream_groups(link: ClientLink, clients) -> list[list[int]]:
-    """The clients of one stage in the groups a server half calls them in: one at a time over a
-    :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time, not
-    every answer at once), all together over a parallel one."""
+    """The clients of one stage in the groups a server half calls them in.
+
+    One at a time over a :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time,
+    not every answer at once), all together over a parallel one.
+    """
     clients = [int(k) for k in clients]
     return [[k] for k in clients] if getattr(link, "sequential", False) else [clients]
 
@@ -84,9 +88,12 @@ class InProcessLink(ClientLink):
         self._muted.pop(int(client), None)
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
-        """Every client reads its request, as separate processes would (a relayed key in a
+        """Deliver every request, then re-raise the first refusal.
+
+        Every client reads its request, as separate processes would (a relayed key in a
         bundle reaches its client even when another client refuses this stage); then the first
-        refusal, in client order, is re-raised."""
+        refusal, in client order, is re-raised.
+        """
         out: dict[int, bytes] = {}
         refusal: ProtocolError | None = None
         for k, request in requests.items():

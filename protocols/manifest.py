@@ -128,8 +128,11 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        """Strict parse; a document that is not canonical (re-indented, re-ordered) is accepted
-        only through :meth:`from_dict` so that the digest is always over canonical bytes."""
+        """Strict parse of a canonical manifest document.
+
+        Strict parse; a document that is not canonical (re-indented, re-ordered) is accepted
+        only through :meth:`from_dict` so that the digest is always over canonical bytes.
+        """
         try:
             doc = json.loads(bytes(data).decode())
         except (UnicodeDecodeError, ValueError) as e:

@@ -71,8 +71,11 @@ _MAX_DIMS = 32
 
 @dataclass(frozen=True)
 class Envelope:
-    """Header of one message; ``body`` (its canonical bytes) is optional on the receiving
-    side of the simulation, where the digest is checked against the delivered payload."""
+    """Header of one message.
+
+    ``body`` (its canonical bytes) is optional on the receiving side of the simulation, where the digest is checked
+    against the delivered payload.
+    """
 
     run_id: bytes
     session: bytes
@@ -163,10 +166,13 @@ class Envelope:
 
 @lru_cache(maxsize=4096)
 def _parse_header(view: bytes) -> Envelope:
-    """The strict parse behind :meth:`Envelope.from_header`, memoised on the exact header bytes: a
+    """The strict, memoised parse behind :meth:`Envelope.from_header`.
+
+    The strict parse behind :meth:`Envelope.from_header`, memoised on the exact header bytes: a
     receiver reads one header several times (bundle parse, routing, verification), and an
     :class:`Envelope` is immutable, so the same bytes always give the same envelope.  A header that
-    fails to parse raises every time (exceptions are not cached)."""
+    fails to parse raises every time (exceptions are not cached).
+    """
     pos, parts = len(MAGIC), []
     for _ in range(15):
         if pos + 4 > len(view):
@@ -323,8 +329,7 @@ def encode_body(payload: Any) -> bytes:
 
 
 def body_digest(payload: Any) -> tuple[bytes, int]:
-    """``(SHA-256, length)`` of :func:`encode_body` of ``payload``, computed in one pass without
-    building it."""
+    """``(SHA-256, length)`` of :func:`encode_body` of ``payload``, computed in one pass without building it."""
     h, n = hashlib.sha256(), 0
     for piece in _pieces(payload):
         h.update(piece)
@@ -333,9 +338,12 @@ def body_digest(payload: Any) -> tuple[bytes, int]:
 
 
 def decode_body(data: bytes) -> Any:
-    """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise).  Arrays are
+    """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise).
+
+    Arrays are
     read-only views into ``data`` when it is (a view of) immutable ``bytes``, as the framing's
-    messages are: a received body is not copied again per array."""
+    messages are: a received body is not copied again per array.
+    """
     if not (isinstance(data, bytes) or isinstance(data, memoryview) and isinstance(data.obj, bytes)):
         data = bytes(data)
     data = memoryview(data)

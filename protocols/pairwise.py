@@ -1,6 +1,7 @@
-"""Pairwise statistics for clustering (exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS
-2021, sec. 4): whoever decides the clusters learns the ``m x m`` cosine-similarity matrix of
-the members' updates, and the scalars it is told, nothing more.
+"""Pairwise statistics for clustering.
+
+Exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS 2021, sec. 4. Whoever decides the clusters learns the
+``m x m`` cosine-similarity matrix of the members' updates, and the scalars it is told, nothing more.
 
 * :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``, an exchange of the
   backend's halves (:mod:`protocols.pairwise_exchange`; this function plays the members from
@@ -47,8 +48,11 @@ def _validated(protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[in
 def pairwise_cosine(
     protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *, decider: int = 0
 ) -> np.ndarray:
-    """The ``[m, m]`` cosine matrix of ``updates`` (rows in the order of ``updates``), known
-    afterwards to the server (the party that decides the clusters)."""
+    """The ``[m, m]`` cosine matrix of ``updates``.
+
+    Rows are in the order of ``updates``. The matrix is known afterwards to the server (the party that decides the
+    clusters).
+    """
     if protocol.mode not in PAIRWISE_MODES:
         raise ConfigurationError(
             f"pairwise statistics need inner products of updates, which --mode "
@@ -71,7 +75,9 @@ def pairwise_cosine(
 
 def report_scalars(protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping[int, float]) -> dict[int, float]:
     """Each client sends one float64 to the server in the clear; returns what the server got.
-    A backend in halves runs it as a report exchange of its halves (:mod:`protocols.report`)."""
+
+    A backend in halves runs it as a report exchange of its halves (:mod:`protocols.report`).
+    """
     got = report_vectors(protocol, tag, rnd, {k: [v] for k, v in values.items()})
     return {k: float(v[0]) for k, v in got.items()}
 
@@ -79,10 +85,13 @@ def report_scalars(protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping
 def report_vectors(
     protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping[int, ArrayLike]
 ) -> dict[int, np.ndarray]:
-    """Each client sends one float64 vector (the same length for all) to the server in the clear, in
+    """Each client sends the server one float64 vector in the clear.
+
+    Each client sends one float64 vector (the same length for all) to the server in the clear, in
     one message; returns what the server got.  Checked on the client first: a NaN or inf
     (:class:`~protocols.errors.NonFiniteError`) or a length unlike the others'
-    (:class:`~protocols.errors.ShapeError`) and nothing is sent."""
+    (:class:`~protocols.errors.ShapeError`) and nothing is sent.
+    """
     vectors = {int(k): np.asarray(v, dtype=np.float64).ravel() for k, v in values.items()}
     lengths = {v.size for v in vectors.values()}
     if len(lengths) > 1 or 0 in lengths:

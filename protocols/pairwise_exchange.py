@@ -1,4 +1,6 @@
-"""GCFL's pairwise statistics (docs/design.md shape 4) as an exchange of a backend's halves: the
+"""GCFL's pairwise statistics as an exchange of a backend's halves.
+
+GCFL's pairwise statistics (docs/design.md shape 4) as an exchange of a backend's halves: the
 server half learns the members' ``m x m`` cosine matrix and nothing else the protocol hides.
 
 One exchange, tag ``T``; its plan (one block of the update's length, the members as
@@ -57,8 +59,11 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
 
 
 def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decider: int, length: int) -> np.ndarray:
-    """Server side: the ``[m, m]`` cosine matrix of the members' ``length``-vectors (rows in the
-    order of ``members``), over ``protocol.link``; each member's half holds its own vector."""
+    """Server side: the ``[m, m]`` cosine matrix of the members' vectors.
+
+    Server side: the ``[m, m]`` cosine matrix of the members' ``length``-vectors (rows in the
+    order of ``members``), over ``protocol.link``; each member's half holds its own vector.
+    """
     ckks = protocol.mode == "ckks"
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)
@@ -100,8 +105,11 @@ def pairwise_over_halves(protocol, tag: str, rnd: int, members: list[int], decid
 
 
 def pairwise_client_step(half, stage: str, inbox: list) -> list:
-    """Client side (:meth:`protocols.party.ClientHalf.handle` under a pairwise plan): this
-    half's answer to ``stage`` as sealed messages."""
+    """Client side: this half's answer to ``stage`` of a pairwise plan.
+
+    Client side (:meth:`protocols.party.ClientHalf.handle` under a pairwise plan): this
+    half's answer to ``stage`` as sealed messages.
+    """
     plan, where = half.plan, half.where()
     decider = int(plan.encoding["decider"])
     if half.mode == "plain":

@@ -121,8 +121,11 @@ class PartySetup:
 
 
 def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: int, tag: str, client: int) -> None:
-    """Server side: refuse a message whose protocol, context fingerprint, round or tag are not
-    this exchange's (IntegrityError naming the client and what differs)."""
+    """Server side: refuse a message that is not of this exchange.
+
+    Server side: refuse a message whose protocol, context fingerprint, round or tag are not
+    this exchange's (IntegrityError naming the client and what differs).
+    """
     expected = (protocol, fingerprint, rnd, tag)
     got = (msg.protocol, msg.fingerprint, msg.round, msg.tag)
     if got != expected:
@@ -141,8 +144,11 @@ def check_exchange_fields(msg: Message, protocol: str, fingerprint: str, rnd: in
 def envelope_for(
     msg: Message, run_id: bytes, session: bytes, exchange: int, stage: str, part: int, digest: bytes, length: int
 ) -> Envelope:
-    """The envelope that binds ``msg`` (its header fields and a body of ``length`` bytes with SHA-256
-    ``digest``) to the run, the session, the exchange and the stage."""
+    """The envelope that binds ``msg`` to the run, session, exchange and stage.
+
+    The envelope that binds ``msg`` (its header fields and a body of ``length`` bytes with SHA-256
+    ``digest``) to the run, the session, the exchange and the stage.
+    """
     return Envelope(
         run_id,
         session,
@@ -186,11 +192,13 @@ class Party:
         self.schedule: PublicSchedule | None = None
 
     def use_manifest(self, manifest: Manifest, identity: SigningKey | None = None) -> None:
-        """Pin the identity keys ``manifest`` lists and sign as ``identity`` (this party's key, which
-        the manifest must list).  Called before the first exchange, by whoever builds this party
-        from the manifest it holds (never with one relayed by the server).  The public setup must be
-        the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so
-        every option a half reads from its setup is one the sites compared."""
+        """Pin the identity keys ``manifest`` lists and sign as ``identity``.
+
+        ``identity`` is this party's key, which the manifest must list. Called before the first exchange, by whoever
+        builds this party from the manifest it holds (never with one relayed by the server). The public setup must
+        be the manifest's run (mode, client count, run id, options: ConfigurationError otherwise), so every option a
+        half reads from its setup is one the sites compared.
+        """
         manifest.check_setup(self.setup.mode, self.setup.num_clients, self.setup.run_id, self.setup.options)
         identity = identity if identity is not None else self.signing
         if manifest.parties.get(self.name) != identity.fingerprint:
@@ -203,8 +211,11 @@ class Party:
         self.schedule = PublicSchedule.of(manifest.num_clients, manifest.security)
 
     def parameter(self, name: str, default: Any = None) -> Any:
-        """A security parameter of the run, from the pinned manifest (:meth:`Manifest.parameter`);
-        a party without one (trust on first use) reads its public setup options."""
+        """A security parameter of the run.
+
+        It is read from the pinned manifest (:meth:`Manifest.parameter`); a party without one (trust on first use)
+        reads its public setup options.
+        """
         if self.manifest is not None:
             return self.manifest.parameter(name, default)
         return self.setup.options.get(name, default)
@@ -238,9 +249,11 @@ class Party:
     def check(
         self, msg: Message, sender: str, stage: str, part: int, where: dict, exchange: int | None = None
     ) -> Message:
-        """Verify a received message (signature, sender, recipient, session, exchange, stage,
-        digest, replay); an IntegrityError subclass naming ``where`` otherwise.  ``exchange``:
-        the exchange it must belong to (default: the one in progress)."""
+        """Verify a received message.
+
+        Checks signature, sender, recipient, session, exchange, stage, digest and replay; an IntegrityError naming
+        ``where`` otherwise. ``exchange``: the exchange it must belong to (default: the one in progress).
+        """
         expected = dict(
             run_id=self.setup.run_id,
             session=self.setup.session,
@@ -349,16 +362,21 @@ class ClientHalf(Party):
         return pack_bundle(out)
 
     def view_digest(self) -> bytes:
-        """The digest of the broadcasts this client received under the current plan's tag, which
-        it binds into its contribution (:mod:`protocols.broadcast_view`; all-zero for other tags)."""
+        """The digest of the broadcasts this client received under the current plan's tag.
+
+        The client binds it into its contribution (:mod:`protocols.broadcast_view`); it is all-zero for other tags.
+        """
         return self.views.digest(self.plan.tag)
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
-        """The server numbers exchanges (older ones are replays): a later number is adopted only
+        """Adopt the exchange number of a verified server message.
+
+        The server numbers exchanges (older ones are replays): a later number is adopted only
         from a message whose signature verifies under the server's registered key and whose
         envelope names this run, this session and this client, so neither a forged packet nor a
         server message recorded elsewhere can push this client past the exchanges to come (such a
-        message is refused when it is read)."""
+        message is refused when it is read).
+        """
         signature, header = split_auth(msg.auth)
         self.registry.check_signature(SERVER, header, signature, dict(tag=msg.tag, round=msg.round, client=self.id))
         env = Envelope.from_header(header)
@@ -371,9 +389,11 @@ class ClientHalf(Party):
             self.exchange = exchange
 
     def take_run_material(self, inbox: list[Message]) -> list[Message]:
-        """Verify and keep the messages of ``inbox`` that carry set-up material of the whole run,
-        not of one exchange (a backend that has some overrides this); returns the other messages.
-        :meth:`handle` calls it before the plan is checked, so a refused plan does not drop them."""
+        """Verify and keep the messages of ``inbox`` that carry set-up material of the whole run.
+
+        Material of the whole run, not of one exchange (a backend that has some overrides this); returns the other
+        messages. :meth:`handle` calls it before the plan is checked, so a refused plan does not drop them.
+        """
         return inbox
 
     def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
@@ -381,8 +401,10 @@ class ClientHalf(Party):
         raise NotImplementedError
 
     def coalition_secrets(self) -> dict[str, bytes]:
-        """Attack simulations only: the key material this client hands a coalition it joins
-        (a backend that has some overrides this; :mod:`attacks.parties`)."""
+        """Attack simulations only: the key material this client hands a coalition.
+
+        A backend that has some overrides this (:mod:`attacks.parties`).
+        """
         return {}
 
     def result(self) -> dict[int, np.ndarray]:
@@ -424,8 +446,10 @@ class ClientHalf(Party):
 
     def contribution(self, dense: bool = True) -> BlockTable:
         """Ask the provider for this exchange's contribution and check it against the plan.
+
         ``dense=False`` keeps a lazily built table (:class:`protocols.row_blocks.BlockRows`) lazy, for
-        halves that read it chunk by chunk (ckks) instead of holding every block at once."""
+        halves that read it chunk by chunk (ckks) instead of holding every block at once.
+        """
         if self.provider is None:
             raise ProtocolError("this client half has no provider of contributions", **self.where())
         table = self.provider(self.plan)
@@ -443,15 +467,19 @@ class ClientHalf(Party):
         return out
 
     def keep(self, block_id: int, block: np.ndarray) -> np.ndarray:
-        """What this client keeps of decoded block ``block_id``: the rows of :attr:`selection`
-        (idempotent), else the whole block.  Halves that decode block by block call it at once,
-        so a block's other rows are dropped as soon as they are decoded."""
+        """What this client keeps of decoded block ``block_id``.
+
+        The rows of :attr:`selection` (idempotent), else the whole block. Halves that decode block by block call it
+        at once, so a block's other rows are dropped as soon as they are decoded.
+        """
         return block if self.selection is None else self.selection.take(block_id, block)
 
     def deliver(self, blocks: dict[int, np.ndarray]) -> None:
-        """Keep this exchange's decoded blocks, cut to :attr:`selection` (:meth:`keep`); on a grid
-        exchange rounded back to the grid, after checking that the codec landed within its planned
-        quarter step (else the sum is refused)."""
+        """Keep this exchange's decoded blocks.
+
+        The blocks are cut to :attr:`selection` (:meth:`keep`); on a grid exchange they are rounded back to the
+        grid, after checking that the codec landed within its planned quarter step (else the sum is refused).
+        """
         if self.plan.spec.grid_bits is not None:
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
@@ -459,8 +487,11 @@ class ClientHalf(Party):
         self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
-        """Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`);
-        ``exchange``: the exchange it was sent in (default: the one in progress)."""
+        """Verify and decrypt a message a peer relayed through the server.
+
+        Verify and decrypt a message a peer sent through the server (:mod:`protocols.channel`);
+        ``exchange``: the exchange it was sent in (default: the one in progress).
+        """
         peer = msg.sender
         exchange = self.exchange if exchange is None else exchange
         self.check(msg, peer, stage, part, self.where(), exchange)
@@ -589,9 +620,11 @@ class ClientHalf(Party):
             self.registry.register(party, signing, channel)
 
     def _accept_plan(self, msg: Message) -> ExchangePlan:
-        """Verify the plan; :meth:`handle` then checks it against the run's rules
-        (:mod:`protocols.plan_policy`) before anything is contributed (a report exchange sends a
-        scalar in the clear by design: no sum to check)."""
+        """Verify the plan.
+
+        :meth:`handle` then checks it against the run's rules (:mod:`protocols.plan_policy`) before anything is
+        contributed (a report exchange sends a scalar in the clear by design: no sum to check).
+        """
         self.check(msg, SERVER, "plan", 0, dict(tag=msg.tag, round=msg.round, client=self.id))
         plan = ExchangePlan.from_payload(msg.payload)
         if (plan.tag, plan.round, plan.exchange) != (msg.tag, msg.round, self.exchange):
@@ -603,8 +636,10 @@ class ClientHalf(Party):
 
 
 class ServerHalf(Party):
-    """The server's half of a backend: verify, aggregate, route; no secret key, no unmasking
-    material.  Subclasses implement :meth:`run`."""
+    """The server's half of a backend: verify, aggregate, route; no secret key, no unmasking material.
+
+    Subclasses implement :meth:`run`.
+    """
 
     mode = "base"
     #: clients send each other messages through the server (they need the key directory)
@@ -626,8 +661,10 @@ class ServerHalf(Party):
         self.last_undelivered: tuple[int, ...] = ()
 
     def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
-        """Run one exchange over ``link``; returns the clients whose contributions the
-        result covers (the recipients decode it in their halves)."""
+        """Run one exchange over ``link``.
+
+        Returns the clients whose contributions the result covers (the recipients decode it in their halves).
+        """
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for backends
@@ -661,8 +698,11 @@ class ServerHalf(Party):
         )
 
     def begin(self, plan: ExchangePlan, link, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
-        """Start an exchange: register the clients (first time), queue each party's plan (and
-        ``extra`` clients', which take part in a setup step only)."""
+        """Start an exchange.
+
+        Register the clients (first time), queue each party's plan (and ``extra`` clients', which take part in a
+        setup step only).
+        """
         self.plan = plan
         self.exchange = plan.exchange
         self.last_undelivered = ()
@@ -685,11 +725,14 @@ class ServerHalf(Party):
     def call(
         self, link, stage: str, messages: dict[int, list[tuple[Message, int]]], *, hook: bool = True
     ) -> dict[int, list[Message]]:
-        """One stage, to the clients in ``messages``: seal and record their messages (client ->
+        """Run one stage with the clients in ``messages``.
+
+        One stage, to the clients in ``messages``: seal and record their messages (client ->
         [(message, part)]) after the ones queued for them, send one bundle per client, and return
         the parsed (recorded, not yet verified) responses of the clients that answered.  A client
         -> client message in a response is forwarded to its recipient's next bundle.  ``hook``:
-        pass the messages through the test hook :attr:`intercept`."""
+        pass the messages through the test hook :attr:`intercept`.
+        """
         intercept = self.intercept if hook else None
         requests = {}
         for k in sorted(messages):
@@ -735,8 +778,11 @@ class ServerHalf(Party):
         return wire
 
     def register(self, link, rnd: int, clients) -> None:
-        """The server's identity key to each new client; its identity key and owner-signed channel key
-        back (each checked against the run manifest); then the key directory, forwarded verbatim."""
+        """Register new clients and exchange identity and channel keys.
+
+        The server's identity key to each new client; its identity key and owner-signed channel key
+        back (each checked against the run manifest); then the key directory, forwarded verbatim.
+        """
         new = [k for k in clients if k not in self.registered]
         if not new:
             return
@@ -811,7 +857,9 @@ class ServerHalf(Party):
         self, got: dict[int, list[Message]], k: int, stage: str, kind: str | None = None, part: int = 0
     ) -> Message | None:
         """Client ``k``'s one verified ``stage`` message to the server (``None``: it sent none).
-        Every message of its answer but the relayed ones must be that one (else it is refused)."""
+
+        Every message of its answer but the relayed ones must be that one (else it is refused).
+        """
         mine = [m for m in got.get(k, []) if m.relay != SERVER]
         if not mine:
             return None

@@ -67,9 +67,12 @@ class PlainServer(ServerHalf):
     mode = "plain"
 
     def run(self, plan, link):
-        """Uploads are folded into the float64 totals as they arrive and downloads are sent as they
+        """Run the plain exchange, streaming uploads and downloads client by client.
+
+        Uploads are folded into the float64 totals as they arrive and downloads are sent as they
         are built, client by client over a sequential link (:func:`~protocols.link.stream_groups`):
-        the server holds the totals and one client's blocks, not every upload and download at once."""
+        the server holds the totals and one client's blocks, not every upload and download at once.
+        """
         fp = plain_fingerprint(self.setup.num_clients)
         self.begin(plan, link, fp)
         contributors = set(plan.contributors)
@@ -143,8 +146,11 @@ class PlainProtocol(HalvesProtocol):
 
 
 def _check_wire_range(values: np.ndarray, wire, what: str, where: dict) -> None:
-    """Refuse values the wire format cannot carry: finite inputs (checked before) that the cast
-    to ``wire`` turned into inf, or a float64 sum beyond the wire's range."""
+    """Refuse values the wire format cannot carry.
+
+    Finite inputs (checked before) that the cast to ``wire`` turned into inf, or a float64 sum beyond the wire's
+    range.
+    """
     limit = float(np.finfo(wire).max)
     if values.size and not float(np.abs(values).max()) <= limit:
         raise BoundError(

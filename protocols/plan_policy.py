@@ -34,8 +34,11 @@ from .plan import ExchangePlan
 
 @dataclass(frozen=True)
 class CollusionBound:
-    """``max_colluders`` (c): clients that may collude with the server; ``min_contributors``:
-    the fewest contributors of any sum a client joins (``>= c + 2``)."""
+    """The run's collusion bound and minimum contributors.
+
+    ``max_colluders`` (c): clients that may collude with the server; ``min_contributors``:
+    the fewest contributors of any sum a client joins (``>= c + 2``).
+    """
 
     max_colluders: int = 0
     min_contributors: int = 2
@@ -66,8 +69,10 @@ def collusion_bound(setup) -> CollusionBound:
 
 @dataclass
 class PlanPolicy:
-    """One client's plan checks and what it remembers between exchanges: the (round, tag) pairs
-    it has contributed to."""
+    """One client's plan checks and what it remembers between exchanges.
+
+    It remembers the (round, tag) pairs it has contributed to.
+    """
 
     client: int
     num_clients: int

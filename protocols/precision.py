@@ -90,12 +90,15 @@ def largest_scale_bits(sum_bound: float, headroom: float) -> int:
 
 
 def grid_tolerance(target: float, num_clients: int) -> float:
-    """The target of a grid mean (:meth:`MeanPrecision.grid_spec`) among ``num_clients`` clients:
+    """The target of a grid mean among ``num_clients`` clients.
+
+    The target of a grid mean (:meth:`MeanPrecision.grid_spec`) among ``num_clients`` clients:
     ``target`` up to ten clients, then ``target 2^(ceil(2.5 log2(K / 10)) + 1)``.  CKKS carries a grid
     exactly only while the grid step stays above its noise on the K-way sum; the sum bound grows as
     K, the step a target allows shrinks as 1/K (``eps_f = K 2^-(f+1)``) and the noise as sqrt(K), so
     the finest target CKKS meets grows as ``K^2.5`` (checked for K = 10 .. 100 on FedOMD's plans,
-    ``tests/protocols/test_precision.py``)."""
+    ``tests/protocols/test_precision.py``).
+    """
     k = max(1, int(num_clients))
     return target if k <= 10 else target * 2.0 ** (math.ceil(2.5 * math.log2(k / 10)) + 1)
 
@@ -132,10 +135,13 @@ class MeanPrecision:
         return self.tolerance * self.min_weight_total / (1.0 + self.value_bound + self.tolerance)
 
     def spec(self):
-        """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector.  A target
+        """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector.
+
+        A target
         below float32 resolution (``delta < FLOAT32_MEAN_TOLERANCE``) sets ``float64_wire``:
         the plain protocol's float32 wire would itself miss the target that the secure codecs
-        are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64."""
+        are held to (rounding ``[w v, w]`` to 24 bits), so plain carries these values as float64.
+        """
         return ValueSpec(
             max_abs=self.entry_bound, tolerance=self.sum_tolerance, float64_wire=self.tolerance < FLOAT32_MEAN_TOLERANCE
         )
@@ -149,10 +155,13 @@ class MeanPrecision:
         return f
 
     def grid_spec(self, num_contributors: int):
-        """The :class:`~protocols.base.ValueSpec` of the exact mean of ``num_contributors`` clients on
+        """The :class:`~protocols.base.ValueSpec` of the exact mean on the grid.
+
+        The :class:`~protocols.base.ValueSpec` of the exact mean of ``num_contributors`` clients on
         the grid ``2^-f``, ``f =`` :meth:`grid_bits` (module doc): ``max_abs = B_e`` on the grid, codec
         tolerance ``2^-(f+2)`` (CKKS then rounds back exactly), float64 plain wire where float32 cannot
-        hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``)."""
+        hold ``K B_e 2^f`` grid steps.  Raises ValueError where no float64 holds them (``> 2^49``).
+        """
         k, f = max(1, int(num_contributors)), self.grid_bits(num_contributors)
         bound = math.ceil(self.entry_bound * 2.0**f) * 2.0**-f
         steps = kway_sum_bound(bound, k) * 2.0**f
@@ -172,7 +181,8 @@ class MeanPrecision:
 
         Without arguments beyond ``sum_error`` the public worst case (``T = T_min``,
         ``|mean| <= B``); recipients, who know the decoded total and mean, may pass them for
-        the bound of this round."""
+        the bound of this round.
+        """
         total = self.min_weight_total if weight_total is None else float(weight_total)
         mean = self.value_bound if mean_abs is None else float(mean_abs)
         if total <= sum_error:

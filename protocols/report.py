@@ -1,6 +1,7 @@
-"""Scalar reports through a backend's halves: each client sends the server one float64 (or one
-short vector of them: a batch of several report tags, :func:`protocols.batch.batched_report`) in
-the clear, signed by its half (stage ``report``).
+"""Scalar reports through a backend's halves.
+
+Each client sends the server one float64 (or one short vector of them: a batch of several report tags,
+:func:`protocols.batch.batched_report`) in the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
 GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
@@ -41,8 +42,10 @@ def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int], length: in
 def collect_reports(
     protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1
 ) -> dict[int, float | np.ndarray]:
-    """Server side: run one report exchange over ``protocol.link``; returns what the server got
-    (a float per client, or with ``length > 1`` a float64 vector of that length)."""
+    """Server side: run one report exchange over ``protocol.link``.
+
+    Returns what the server got (a float per client, or with ``length > 1`` a float64 vector of that length).
+    """
     protocol._begin_exchange(tag, rnd)
     protocol._ensure_registered(rnd)
     server = protocol.server
@@ -65,8 +68,11 @@ def collect_reports(
 
 
 def client_report(half) -> tuple:
-    """Client side (:meth:`protocols.party.ClientHalf.handle` at stage ``report``): the provider's
-    value(s), checked finite, as one signed ``plain`` message to the server."""
+    """Client side: the provider's value as one signed ``plain`` message.
+
+    Client side (:meth:`protocols.party.ClientHalf.handle` at stage ``report``): the provider's
+    value(s), checked finite, as one signed ``plain`` message to the server.
+    """
     values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: half.plan.block_len]
     if not np.isfinite(values).all():
         raise NonFiniteError("reported scalar is NaN or inf", **half.where())

@@ -50,8 +50,11 @@ class BlockRows:
         return int(self.block_ids.size)
 
     def _dense(self, i0: int, i1: int, dtype=np.float64) -> np.ndarray:
-        """Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``, built in
-        ``dtype`` (each value rounded once, as a float64 block cast to it would be)."""
+        """Blocks ``i0..i1-1`` as a dense array.
+
+        Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``, built in
+        ``dtype`` (each value rounded once, as a float64 block cast to it would be).
+        """
         bids = self.block_ids[i0:i1]
         out = np.zeros((bids.size, self.rpb, self.dim), dtype=dtype)
         if bids.size:
@@ -86,9 +89,12 @@ class BlockRows:
 
 
 class ReadableRows:
-    """Recipient -> ``(row ids, totals)`` of every row of the blocks it decrypted
+    """Recipient to ``(row ids, totals)`` of every row of the blocks it decrypted.
+
+    Recipient -> ``(row ids, totals)`` of every row of the blocks it decrypted
     (:attr:`protocols.base.Protocol.last_readable`), built when asked for from the decoded blocks
-    the recipients share, instead of one dense copy per recipient held at once."""
+    the recipients share, instead of one dense copy per recipient held at once.
+    """
 
     def __init__(self, received: dict, requested_blocks: dict, rows_per_block: int, dim: int, num_rows: int):
         self._received, self._blocks = received, requested_blocks
@@ -167,9 +173,12 @@ class RowSelection:
 
 
 def exact_integers(values: np.ndarray) -> np.ndarray:
-    """``values`` in the narrowest of int8 / int16 / int32 that holds every entry exactly, when
+    """``values`` in the narrowest integer dtype that holds them exactly.
+
+    ``values`` in the narrowest of int8 / int16 / int32 that holds every entry exactly, when
     every entry is an integer (the same numbers in a quarter or less of float64's bytes); else
-    ``values`` unchanged."""
+    ``values`` unchanged.
+    """
     if (
         not values.size
         or values.dtype.kind not in "fiu"

@@ -1,5 +1,6 @@
-r"""The data-independent part of a run's exchange schedule, as every client half reads it from the
-run manifest, and the checks it makes on each plan against it.
+r"""The data-independent part of a run's exchange schedule.
+
+Every client half reads it from the run manifest and checks each plan against it.
 
 The manifest's ``security`` section carries (:mod:`protocols.manifest`):
 
@@ -49,8 +50,7 @@ class PublicSchedule:
 
     @classmethod
     def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
-        """The schedule in a manifest's ``security`` section (missing fields: every client each
-        round, no roles)."""
+        """The schedule in a manifest's ``security`` section (missing fields: every client each round, no roles)."""
         roles = dict(security.get("roles") or {})
         bad = {tag: role for tag, role in roles.items() if role not in ROLES}
         if bad:

@@ -143,9 +143,12 @@ class Transcript:
         return sorted(seen | {part for batch, layout in self.batches.items() if batch in seen for part, _ in layout})
 
     def comm(self) -> dict:
-        """Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
+        """Bytes up, down and peer-to-peer, total and per tag.
+
+        Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
         with the plaintext-float32 equivalent of each exchange (``plaintext_bytes_up/down``).
-        A batched exchange's bytes are attributed to its part tags (:func:`apportion_batches`)."""
+        A batched exchange's bytes are attributed to its part tags (:func:`apportion_batches`).
+        """
         per_tag: dict[str, dict[str, int]] = defaultdict(
             lambda: {"bytes_up": 0, "bytes_down": 0, "bytes_p2p": 0, "messages": 0}
         )
@@ -174,8 +177,11 @@ BATCH_SHARED_KEYS = ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up"
 
 
 def apportion_batches(per_tag: dict[str, dict], batches: Mapping[str, tuple[tuple[str, int], ...]]) -> None:
-    """Replace each batch tag's counters in ``per_tag`` by its parts' shares, in place: in proportion to
-    their entries, the remainder of the integer division to the last part (:mod:`protocols.batch`)."""
+    """Replace each batch tag's counters by its parts' shares.
+
+    Replace each batch tag's counters in ``per_tag`` by its parts' shares, in place: in proportion to
+    their entries, the remainder of the integer division to the last part (:mod:`protocols.batch`).
+    """
     for batch, layout in batches.items():
         slot = per_tag.pop(batch, None)
         if slot is None:

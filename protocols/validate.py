@@ -84,10 +84,13 @@ def real_array(
     copy: bool = True,
     keep_dtype: bool = False,
 ) -> np.ndarray:
-    """A float64 copy of a numpy array / torch tensor / nested list of real numbers (``copy=False``:
+    """A float64 copy of an array of real numbers.
+
+    A float64 copy of a numpy array / torch tensor / nested list of real numbers (``copy=False``:
     the caller's float64 CPU memory itself when it already is one; the caller must not write to it;
     ``keep_dtype``: the caller's memory in its own real dtype, e.g. int16 counts, read as float64 by
-    the consumer)."""
+    the consumer).
+    """
     if hasattr(x, "detach"):  # torch tensor, any device
         if x.is_complex():
             raise ShapeError(f"{what} is complex ({x.dtype}); send real values", tag=tag, round=rnd, client=client)
@@ -176,8 +179,11 @@ def recipients(recips: Any, num_clients: int, tag: str, rnd: int) -> list[int]:
 
 
 def row_contribution(item: Any, num_rows: int, tag: str, rnd: int, client: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(row ids [m] int64, rows [m, d])`` of one client of a row sum; the rows in the caller's own
-    real dtype and memory (read only; integer counts stay compact, blocks are built in float64)."""
+    """One client's row-sum contribution as ``(row ids, rows)``.
+
+    ``(row ids [m] int64, rows [m, d])`` of one client of a row sum; the rows in the caller's own
+    real dtype and memory (read only; integer counts stay compact, blocks are built in float64).
+    """
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         raise ShapeError("a row-sum contribution is a pair (row_ids, rows)", tag=tag, round=rnd, client=client)
     ids = row_ids(item[0], num_rows, tag, rnd, client)
@@ -230,9 +236,12 @@ def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> t
 def check_block_table(
     ctx: ExchangeContext, client: int, table: BlockTable, num_clients: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, values)`` of ``table`` after checking the client id, the shape, the block ids
+    """``(ids, values)`` of ``table`` after checking it.
+
+    ``(ids, values)`` of ``table`` after checking the client id, the shape, the block ids
     (increasing, in range; every block in the dense layout) and finiteness.  Raises
-    :class:`ShapeError` / :class:`NonFiniteError` naming the client; nothing is encrypted."""
+    :class:`ShapeError` / :class:`NonFiniteError` naming the client; nothing is encrypted.
+    """
     where = dict(tag=ctx.tag, round=ctx.round, client=client)
     if not 0 <= int(client) < num_clients:
         raise ShapeError(f"unknown client id {client}", **where)
@@ -259,9 +268,12 @@ def check_block_table(
 def first_out_of_range(
     ctx: ExchangeContext, num_clients: int, lo: float, hi: float
 ) -> tuple[int, int, int, float, str] | None:
-    """Check every contribution (:func:`check_block_table`), then return the first value outside the
+    """Check every contribution and return the first value outside the public range.
+
+    Check every contribution (:func:`check_block_table`), then return the first value outside the
     public range ``[lo, hi]`` (or not an integer, for integer exchanges) as ``(client, block id,
-    entry, value, why)``; ``None`` if all are inside.  The backend raises its own error for it."""
+    entry, value, why)``; ``None`` if all are inside.  The backend raises its own error for it.
+    """
     if not ctx.contributions:
         raise ShapeError("no contributions", tag=ctx.tag, round=ctx.round)
     for k, table in ctx.contributions.items():

@@ -283,17 +283,23 @@ class RunConfig:
 
     @property
     def model_mean_on_grid(self) -> bool:
-        """``--grid-model-mean``, or its default: on in every mode, so plain, mask, ckks and ckks-mp
+        """Whether the model mean is taken on the public grid (``--grid-model-mean``).
+
+        ``--grid-model-mean``, or its default: on in every mode, so plain, mask, ckks and ckks-mp
         average the model on the same public grid and return the same mean bit for bit (plain then
         carries it as float64 where float32 cannot hold the grid's sums); off for ckks with real slots
-        or packed fixed point, the codecs chosen instead of the grid.  ``False`` keeps plain's float32 mean."""
+        or packed fixed point, the codecs chosen instead of the grid.  ``False`` keeps plain's float32 mean.
+        """
         if self.grid_model_mean is not None:
             return self.grid_model_mean
         return not (self.mode == "ckks" and (self.ckks_real_slots or self.fixed_point_bits is not None))
 
     def validate(self) -> RunConfig:
-        """Every field against its type, range and choices (names matched case-insensitively and
-        replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError."""
+        """Check every field and the cross-field rules.
+
+        Every field against its type, range and choices (names matched case-insensitively and
+        replaced by their canonical spelling), then the cross-field rules.  Raises ConfigError.
+        """
         self.algorithm = algorithm_name(str(self.algorithm))
         if str(self.executor).strip().lower() == "inline":
             raise ConfigError(INLINE_REMOVED)

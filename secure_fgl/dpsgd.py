@@ -59,8 +59,10 @@ NoiseSource = Callable[[int], np.ndarray]
 
 
 class DPSGD:
-    """Full-batch DP-SGD steps with per-node clipping to ``clip``; the noise of each step comes
-    from the caller (:meth:`train`)."""
+    """Full-batch DP-SGD steps with per-node clipping to ``clip``.
+
+    The noise of each step comes from the caller (:meth:`train`).
+    """
 
     def __init__(self, clip: float, sample_rate: float = 1.0):
         from opacus import GradSampleModule
@@ -105,14 +107,17 @@ class DPSGD:
         return self._clip_and_sum(params, per_node), loss / max(1, int(mask.sum()))
 
     def clipped_sum_graphs(self, model: nn.Module, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(sum_g clip(g_g), loss)`` over the graphs of a mini-batch (a
+        """The sum of per-graph clipped gradients over a mini-batch, and the loss.
+
+        ``(sum_g clip(g_g), loss)`` over the graphs of a mini-batch (a
         :class:`torch_geometric.data.Batch`), a graph being one record; every trainable parameter
         must belong to an ``nn.Linear`` (GCFL's GIN).  A ``Linear`` with input rows ``z_i`` and
         output gradients ``d_i`` has weight gradient ``sum_i d_i z_i^T``; graph ``g``'s loss depends
         only on its own rows, so its gradient is that sum over its rows -- its nodes before the
         readout, itself after it -- computed for all graphs by one batched matmul over the
         zero-padded rows (:func:`per_graph_linear_grads`).  Opacus' per-row gradients would
-        materialise one ``out x in`` matrix per node (12x a plain step on PROTEINS-sized batches)."""
+        materialise one ``out x in`` matrix per node (12x a plain step on PROTEINS-sized batches).
+        """
         outputs: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def keep(module, inputs, output):
@@ -146,8 +151,11 @@ class DPSGD:
 
     @staticmethod
     def apply_noisy(model: nn.Module, grads: list[torch.Tensor], noise: NoiseSource, records: int) -> None:
-        """``p.grad = (clipped sum + N(0, sigma^2 I)) / records`` for every trainable parameter
-        (``records``: the public batch size)."""
+        """Set every trainable parameter's gradient to the noisy clipped mean.
+
+        ``p.grad = (clipped sum + N(0, sigma^2 I)) / records`` for every trainable parameter
+        (``records``: the public batch size).
+        """
         size = sum(g.numel() for g in grads)
         draw = torch.as_tensor(noise(size), dtype=grads[0].dtype, device=grads[0].device)
         at = 0
@@ -166,8 +174,11 @@ class DPSGD:
         mask: torch.Tensor,
         uniform: Callable[[int], np.ndarray] | None = None,
     ) -> float:
-        """One DP-SGD step of one client over the nodes of ``mask`` (with ``sample_rate`` < 1: over the
-        Poisson sample of them :meth:`poisson_sample` draws from ``uniform``); returns the mean loss."""
+        """One DP-SGD step of one client over the nodes of ``mask``.
+
+        With ``sample_rate`` < 1, over the Poisson sample of them :meth:`poisson_sample` draws from ``uniform``.
+        Returns the mean loss.
+        """
         records = int(mask.sum())
         if self.sample_rate < 1:
             if uniform is None:
@@ -182,8 +193,11 @@ class DPSGD:
         return float(loss)
 
     def poisson_sample(self, mask: torch.Tensor, uniform: Callable[[int], np.ndarray]) -> torch.Tensor:
-        """The nodes of ``mask`` each kept with probability ``sample_rate``, independently
-        (``uniform(n)``: n draws from U[0, 1), the client's secret keystream)."""
+        """The Poisson sample of the nodes of ``mask`` at ``sample_rate``.
+
+        The nodes of ``mask`` each kept with probability ``sample_rate``, independently
+        (``uniform(n)``: n draws from U[0, 1), the client's secret keystream).
+        """
         u = torch.as_tensor(uniform(int(mask.numel())), device=mask.device)
         return mask & (u < self.sample_rate)
 
@@ -202,10 +216,12 @@ class DPSGD:
         noises: list[NoiseSource],
         uniform: Callable[[int], np.ndarray] | None = None,
     ) -> float:
-        """Client ``client``'s local update of round ``rnd``: one DP-SGD step per noise source
-        (``local_epochs`` of them), step ``s`` under the client's generator
-        :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``; ``uniform``: the
-        client's secret U[0, 1) draws for Poisson sampling."""
+        """Client ``client``'s local update of round ``rnd``.
+
+        One DP-SGD step per noise source (``local_epochs`` of them), step ``s`` under the client's generator
+        :func:`~secure_fgl.engine.rng.client_generator` ``(seed, rnd, client, s)``; ``uniform``: the client's secret
+        U[0, 1) draws for Poisson sampling.
+        """
         model.train()
         loss = 0.0
         for s, noise in enumerate(noises):
@@ -218,9 +234,12 @@ class DPSGD:
 def per_graph_linear_grads(
     z: torch.Tensor, d: torch.Tensor, batch: torch.Tensor, graphs: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-graph ``(weight, bias)`` gradients ``([G, out, in], [G, out])`` of a ``Linear`` whose input
+    """Per-graph ``(weight, bias)`` gradients of a ``Linear`` layer.
+
+    Per-graph ``(weight, bias)`` gradients ``([G, out, in], [G, out])`` of a ``Linear`` whose input
     rows are ``z`` and output gradients ``d``: rows of a node-level layer belong to the graph
-    ``batch`` names (summed per graph), rows of a graph-level layer are the graphs."""
+    ``batch`` names (summed per graph), rows of a graph-level layer are the graphs.
+    """
     from torch_geometric.utils import to_dense_batch
 
     if z.shape[0] == graphs and batch.numel() != graphs:  # after the readout: one row a graph
@@ -232,8 +251,9 @@ def per_graph_linear_grads(
 
 
 def noise_contributors(cfg, placement: str, num_trainers: int, model_mean_has_dp: bool) -> int:
-    r"""How many clients' noise shares one DP-SGD step's release carries: ``num_trainers`` (the
-    clients with training nodes) when the step leaves them only inside the protocol's secure
+    r"""How many clients' noise shares one DP-SGD step's release carries.
+
+    ``num_trainers`` (the clients with training nodes) when the step leaves them only inside the protocol's secure
     model mean, else 1 (each client adds all of ``sigma``).
 
     The secure sum carries the step when a round is exactly one plain SGD step
@@ -247,7 +267,8 @@ def noise_contributors(cfg, placement: str, num_trainers: int, model_mean_has_dp
     one DP-SGD step on the union of the clients' training nodes (``G_k`` a client's clipped
     sum) whose noise is the sum of the shares ``xi_k``; only this mean leaves the secure sum.
     With several local steps or Adam's per-client moments a client's upload is a non-linear
-    function of its own share, which then has to carry all of ``sigma``."""
+    function of its own share, which then has to carry all of ``sigma``.
+    """
     one_sgd_step = cfg.local_epochs == 1 and cfg.optimizer == "sgd" and not cfg.momentum
     secure_sum = placement == "distributed" and cfg.client_fraction == 1 and not model_mean_has_dp
     return int(num_trainers) if one_sgd_step and secure_sum else 1

@@ -1,5 +1,6 @@
-"""One experiment end to end: data -> partition -> protocol -> algorithm -> rounds ->
-(attacks) -> ``result.json``.  The CLI, the report sweeps and the examples call
+"""One experiment end to end: data -> partition -> protocol -> algorithm -> rounds -> (attacks) -> ``result.json``.
+
+The CLI, the report sweeps and the examples call
 :func:`run_experiment`; it is the API a researcher scripts against.
 
 ``result.json`` (written atomically; schema ``secure_fgl/schemas/result.schema.json``, version
@@ -57,7 +58,17 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     loaded.  With ``cfg.out``, ``result.json`` is written once training ends (``status:
     attacks_running`` when attacks follow) and rewritten after the attacks (``complete``).
     When an exception escapes, the executor the run started (Ray, the local runtimes, Flower)
-    is shut down before it propagates."""
+    is shut down before it propagates.
+
+    Args:
+        cfg: The run's settings.
+        progress: Print the progress of each phase.
+        fed: An already loaded federation (its data is then not loaded again).
+        phases: The timer of the run's phases (default: one made with ``progress``).
+
+    Returns:
+        The result dict, as written to ``result.json``.
+    """
     opened: list = []  # the executor, once made
     try:
         return _run_experiment(cfg, progress, fed, phases, opened)

@@ -51,8 +51,11 @@ def public_roles(cfg: RunConfig) -> dict[str, str]:
 
 
 def schedule_option(cfg: RunConfig) -> dict:
-    """For a backend split into halves (it builds a manifest): the hash of the public schedule, the
-    client fraction and the exchange roles every client half checks plans against; else ``{}``."""
+    """The public schedule option of a backend split into halves.
+
+    For a backend split into halves (it builds a manifest): the hash of the public schedule, the
+    client fraction and the exchange roles every client half checks plans against; else ``{}``.
+    """
     from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
     from protocols.registry import backend_class
@@ -67,9 +70,12 @@ def schedule_option(cfg: RunConfig) -> dict:
 
 
 def site_keys(cfg: RunConfig) -> dict:
-    """``{"manifest": ..., "identity": ...}``: the run manifest of ``--manifest`` (built from the
+    """The run manifest and the server's identity key given on the command line.
+
+    ``{"manifest": ..., "identity": ...}``: the run manifest of ``--manifest`` (built from the
     sites' own identity keys) and the server's key of ``--identity-key``; ``{}`` without them
-    (the run draws every key itself)."""
+    (the run draws every key itself).
+    """
     if cfg.manifest is None:
         return {}
     from pathlib import Path
@@ -91,9 +97,12 @@ def site_keys(cfg: RunConfig) -> dict:
 
 
 def accepted_keys(protocol, executor, hosts) -> dict:
-    """``result.json`` fields: ``manifest`` (comparison code, run id) and ``key_fingerprints``
+    """The ``manifest`` and ``key_fingerprints`` fields of ``result.json``.
+
+    ``result.json`` fields: ``manifest`` (comparison code, run id) and ``key_fingerprints``
     (client -> party -> {'signing', 'channel'} fingerprints that client accepted), asked of the
-    client runtimes ``hosts`` on ``executor`` (the halves live there)."""
+    client runtimes ``hosts`` on ``executor`` (the halves live there).
+    """
     manifest = getattr(protocol, "manifest", None)
     if manifest is None:
         return {"key_fingerprints": protocol.identity_fingerprints()}
@@ -126,8 +135,11 @@ MODE_CLAIMS = {
 
 
 def threat_model(cfg: RunConfig, protocol) -> dict:
-    """``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
-    the run's collusion bound and what is not protected (docs/security.md)."""
+    """The ``threat_model`` field of ``result.json``.
+
+    ``result.json``'s ``threat_model``: the adversary the run's mode is claimed secure against,
+    the run's collusion bound and what is not protected (docs/security.md).
+    """
     bound = getattr(protocol, "collusion", None)
     holds = MODE_CLAIMS.get(cfg.mode, "see docs/security.md")
     extra = {}

@@ -1,6 +1,9 @@
-"""Checks that need the registries (datasets, algorithms, attacks, the run folder), made once
+"""Checks that need the registries, made once before any data is loaded.
+
+Checks that need the registries (datasets, algorithms, attacks, the run folder), made once
 before any data is loaded: a bad name or a bad folder is a one-line ConfigError, not a
-traceback after training.  :func:`preflight` returns the algorithm's filled Options."""
+traceback after training.  :func:`preflight` returns the algorithm's filled Options.
+"""
 
 from __future__ import annotations
 
@@ -55,8 +58,11 @@ def check_mode(cfg: RunConfig, spec) -> None:
 
 
 def check_collusion(cfg: RunConfig) -> None:
-    """Secure modes: the run's collusion bound is valid and every round samples at least the
-    minimum number of contributors each client requires (:mod:`protocols.plan_policy`)."""
+    """Secure modes: check the collusion bound and the per-round sample size.
+
+    Secure modes: the run's collusion bound is valid and every round samples at least the
+    minimum number of contributors each client requires (:mod:`protocols.plan_policy`).
+    """
     if cfg.mode == "plain":
         return
     from protocols.errors import ConfigurationError
@@ -159,7 +165,9 @@ def check_options(cfg: RunConfig, options_cls) -> object:
 
 def preflight(cfg: RunConfig, *, check_data: bool = True):
     """Validate ``cfg`` in place (canonical names); returns the algorithm's Options instance.
-    ``check_data=False`` when the caller brings its own federation (no dataset lookup)."""
+
+    ``check_data=False`` when the caller brings its own federation (no dataset lookup).
+    """
     from .algorithms import get_spec
 
     spec = get_spec(cfg.algorithm)

@@ -2,7 +2,8 @@
 
 ``secure-fgl run --preset fedgcn-table2 --dataset citeseer`` starts from the file's settings;
 a ``--config`` file and every flag override them.  The first line of each file, a comment,
-describes it; ``secure-fgl algorithms NAME`` lists the presets of an algorithm."""
+describes it; ``secure-fgl algorithms NAME`` lists the presets of an algorithm.
+"""
 
 from __future__ import annotations
 

@@ -63,8 +63,11 @@ def row_sum_tags(cfg: RunConfig) -> tuple[str, ...]:
 
 
 def resolve_unit(cfg: RunConfig) -> str:
-    """``--dp-unit``, else edge for algorithms with a neighbour-sum exchange, sample for DP-SGD
-    alone (``--dpsgd``), else client."""
+    """The DP unit: ``--dp-unit``, else the algorithm's default.
+
+    ``--dp-unit``, else edge for algorithms with a neighbour-sum exchange, sample for DP-SGD
+    alone (``--dpsgd``), else client.
+    """
     if cfg.dp_unit is not None:
         return cfg.dp_unit
     if row_sum_tags(cfg):
@@ -159,10 +162,12 @@ def resolve_placement(cfg: RunConfig) -> str:
 
 
 def _released_tags(protocol) -> list[str]:
-    """Tags of every exchange whose values left a client, in first-release order (key set-up
-    tags, ``*/keys`` such as ``auth/keys`` and ``ckks/keys``, carry key material, no data;
-    evaluation counts, ``eval/*``, are the run's reported metrics -- recorded as messages by the
-    client runtimes, released as ``result.json`` by every run -- and are not training releases)."""
+    """Tags of every exchange whose values left a client, in first-release order.
+
+    Key set-up tags, ``*/keys`` such as ``auth/keys`` and ``ckks/keys``, carry key material, no data; evaluation
+    counts, ``eval/*``, are the run's reported metrics -- recorded as messages by the client runtimes, released as
+    ``result.json`` by every run -- and are not training releases.
+    """
     seen = []
     for m in protocol.transcript.messages:
         if (
@@ -176,9 +181,11 @@ def _released_tags(protocol) -> list[str]:
 
 
 def release_dependencies(algo, tag: str) -> set[str]:
-    """The private data a release of ``tag`` is computed from: ``algo.release_dependencies()``
-    when the algorithm states it, else the conservative answer (all of it; an MLP model
-    exchange without a neighbour-sum exchange touches no edge)."""
+    """The private data a release of ``tag`` is computed from.
+
+    ``algo.release_dependencies()`` when the algorithm states it, else the conservative answer (all of it; an MLP
+    model exchange without a neighbour-sum exchange touches no edge).
+    """
     stated = getattr(algo, "release_dependencies", None)
     if stated is not None:
         for prefix, deps in stated().items():
@@ -327,7 +334,8 @@ def coalition_guarantee(
     free): ``1 / (1 + max(0, colluding - c))`` (one honest survivor, n = 1 + colluding + d).
     Capped at 1; at ``colluding <= c`` nothing is lost.  The epsilon against the coalition composes
     the releases at their reduced noise multipliers ``z sqrt(left)`` with the run's ``composition``
-    (:func:`protocols.accountant.epsilon_of`: exact Gaussian, or Renyi DP for discrete releases)."""
+    (:func:`protocols.accountant.epsilon_of`: exact Gaussian, or Renyi DP for discrete releases).
+    """
     from protocols.accountant import epsilon_of
 
     history = []

@@ -1,6 +1,7 @@
 """Where a result came from: package version, git commit, start time, library versions.
 
-Stored at the top level of ``result.json`` (see :mod:`secure_fgl.results` for the schema)."""
+Stored at the top level of ``result.json`` (see :mod:`secure_fgl.results` for the schema).
+"""
 
 from __future__ import annotations
 

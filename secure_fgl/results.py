@@ -24,8 +24,11 @@ AT_CHANCE_MARGIN = 0.05
 
 
 def accuracy_at_chance(test_acc: float | None, num_classes: int | None) -> bool | None:
-    """``test_acc <= 1/num_classes + AT_CHANCE_MARGIN`` (``final.at_chance``): a model that learned
-    nothing, whose privacy results mean nothing; None when either is unknown."""
+    """Whether the model's test accuracy is at chance (``final.at_chance``).
+
+    ``test_acc <= 1/num_classes + AT_CHANCE_MARGIN`` (``final.at_chance``): a model that learned
+    nothing, whose privacy results mean nothing; None when either is unknown.
+    """
     if test_acc is None or not num_classes:
         return None
     return bool(test_acc <= 1.0 / num_classes + AT_CHANCE_MARGIN)
@@ -56,8 +59,11 @@ def find_results(*paths: str | Path) -> list[Path]:
 
 
 def flatten(result: dict) -> dict:
-    """One flat row: ``config.*``, ``options.*``, scalar ``final.*``, ``comm.*`` totals, ``time.*``,
-    ``privacy.total_epsilon``, ``attack.<name>`` (its value) and the provenance keys."""
+    """One flat row of a run's result.
+
+    One flat row: ``config.*``, ``options.*``, scalar ``final.*``, ``comm.*`` totals, ``time.*``,
+    ``privacy.total_epsilon``, ``attack.<name>`` (its value) and the provenance keys.
+    """
     row: dict = {}
     for key in (
         "schema_version",
@@ -97,9 +103,12 @@ def flatten(result: dict) -> dict:
 
 
 def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple[list[tuple[Path, dict]], list[Path]]:
-    """``([(result.json path, result)], [left-out paths])``: the finished runs under ``paths``
+    """The finished runs under ``paths`` and the unfinished ones left out.
+
+    ``([(result.json path, result)], [left-out paths])``: the finished runs under ``paths``
     and the unfinished ones (``status`` not ``complete``, e.g. interrupted during the attacks)
-    left out unless ``include_unfinished``."""
+    left out unless ``include_unfinished``.
+    """
     from .run_identity import is_finished
 
     kept, left = [], []
@@ -110,9 +119,21 @@ def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple
 
 
 def load_runs(*paths: str | Path, include_unfinished: bool = False):
-    """A pandas DataFrame with one row per finished run found under ``paths``
-    (``pip install secure-fgl[analysis]``); unfinished runs are left out, with a warning that
-    counts them, unless ``include_unfinished=True``."""
+    """A pandas DataFrame with one row per finished run found under ``paths``.
+
+    Needs ``pip install secure-fgl[analysis]``. Unfinished runs are left out, with a warning that counts them, unless
+    ``include_unfinished=True``.
+
+    Args:
+        *paths: ``result.json`` files, or folders to search below for them.
+        include_unfinished: Keep the runs whose ``status`` is not ``complete``.
+
+    Returns:
+        A ``pandas.DataFrame`` with one row per run (:func:`flatten`).
+
+    Raises:
+        ImportError: pandas is not installed.
+    """
     try:
         import pandas as pd
     except ImportError:

@@ -56,8 +56,10 @@ def _canonical(value):
 
 
 def identity(config: dict) -> dict:
-    """The settings of a resolved config (``result.json``'s ``config``, options filled in) that
-    define the experiment."""
+    """The settings of a resolved config that define the experiment.
+
+    ``config`` is ``result.json``'s ``config``, options filled in.
+    """
     return _canonical({k: v for k, v in config.items() if k not in NOT_IDENTITY})
 
 
@@ -111,8 +113,11 @@ def write_run_file(out_dir: str | Path, config: dict, provenance: dict) -> None:
 
 
 def stored_run(out_dir: str | Path) -> dict | None:
-    """What a run folder holds: ``{"config", "fingerprint", "finished", "status"}`` from its
-    ``result.json`` (else its ``run.json``), or None for a folder with neither."""
+    """What a run folder holds.
+
+    ``{"config", "fingerprint", "finished", "status"}`` from its ``result.json`` (else its ``run.json``), or None
+    for a folder with neither.
+    """
     out = Path(out_dir)
     for name in ("result.json", RUN_FILE):
         path = out / name
@@ -156,8 +161,11 @@ def code_mismatch(result: dict) -> str | None:
 
 
 def check_run_folder(out_dir: str | Path, config: dict, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to silently replace a finished run, or to resume a run made with other settings
-    (``ConfigError`` naming the fix)."""
+    """Refuse to replace a finished run or to resume one with other settings.
+
+    Refuse to silently replace a finished run, or to resume a run made with other settings
+    (``ConfigError`` naming the fix).
+    """
     from .validation import ConfigError
 
     stored = stored_run(out_dir)

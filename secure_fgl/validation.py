@@ -37,7 +37,8 @@ def setting(
     """A dataclass field with the metadata :func:`check_settings` and the CLI read.
 
     ``min``/``max`` bound numbers (``min_exclusive``: strictly above ``min``); ``choices`` are
-    matched case-insensitively; ``group`` places a RunConfig flag in a ``--help`` section."""
+    matched case-insensitively; ``group`` places a RunConfig flag in a ``--help`` section.
+    """
     meta = {
         "help": help,
         "unit": unit,
@@ -143,7 +144,8 @@ def check_value(flag: str, value: Any, meta: typing.Mapping) -> Any:
 def check_settings(cls, values: dict, *, what: str = "a setting", skip=()) -> dict:
     """``values`` (name -> raw value) checked and typed against dataclass ``cls``.
 
-    Unknown names are refused with the closest known one; the result holds only given names."""
+    Unknown names are refused with the closest known one; the result holds only given names.
+    """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     out = {}
     for name, raw in values.items():

@@ -53,9 +53,12 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def run_small():
-    """``run_small(cfg, fed=None, executor=None, transcript=None)``: the run's parties, started but not trained
+    """Start a small run's parties without training them.
+
+    ``run_small(cfg, fed=None, executor=None, transcript=None)``: the run's parties, started but not trained
     (:func:`secure_fgl.runtime.build.start_run`: ``.strategy``, ``.protocol``, ``.runtimes``,
-    ``.logic(k)``, ``.train(rounds)``); every executor it started is shut down after the test."""
+    ``.logic(k)``, ``.train(rounds)``); every executor it started is shut down after the test.
+    """
     from secure_fgl.runtime.build import start_run
 
     started = []

@@ -268,19 +268,24 @@ class CKKSProtocol(HalvesProtocol):
             return self._candidates[0].slots  # the exchange raises the error with the exchange named
 
     def vector_block_capacity(self, spec: ValueSpec, length: int) -> int:
-        """The capacity of the plan with the fewest bytes for ``length`` values (whole
-        ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes)."""
+        """The capacity of the plan with the fewest bytes for ``length`` values.
+
+        Whole ciphertexts: a 8,068-value model fits one N=4096 ciphertext at half the bytes.
+        """
         try:
             return choose_chain(self._plans(spec, self._dp_std_hint()), length).values_per_ciphertext
         except ProtocolError:
             return self._candidates[0].slots
 
     def row_block_capacity(self, spec: ValueSpec, layout: str = "dense") -> int:
-        """Sparse layout: the smallest ring among the plans whose bytes per value are within
+        """The block capacity of the sparse (row) layout.
+
+        Sparse layout: the smallest ring among the plans whose bytes per value are within
         :data:`SPARSE_RING_TOLERANCE` of the cheapest.  A client pays for every block it
         touches, so half-size blocks (N=4096 instead of 8192: same 6.4 B per packed count)
         halve the untouched rows it pays for; the exchange then picks the same chain for
-        the resulting block length.  Dense layout: :meth:`block_capacity`."""
+        the resulting block length.  Dense layout: :meth:`block_capacity`.
+        """
         if layout != "sparse":
             return self.block_capacity(spec)
         try:
@@ -326,8 +331,11 @@ class CKKSProtocol(HalvesProtocol):
         return {"plan": plan_to_payload(ep), "blocks_per_chunk": per_chunk}
 
     def _audit(self, ctx: ExchangeContext, plan: EncodingPlan, chunks: list[tuple[int, int]]) -> None:
-        """Test aid: every contribution in range, then the K-way sums in the clear against the
-        plan's bound (no party could do this in a deployment)."""
+        """Test aid: check every contribution and the K-way sums in the clear.
+
+        Test aid: every contribution in range, then the K-way sums in the clear against the
+        plan's bound (no party could do this in a deployment).
+        """
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
         packed = plan.layout is not None

@@ -94,8 +94,11 @@ _MEMO = DecryptionMemo()
 
 
 class CKKSClient(ClientHalf):
-    """One client of the CKKS backend: holds the secret context of every chain (made by client 0,
-    or received from it over the encrypted channel), encrypts its blocks, decrypts its result."""
+    """One client of the CKKS backend.
+
+    Holds the secret context of every chain (made by client 0, or received from it over the encrypted channel),
+    encrypts its blocks, decrypts its result.
+    """
 
     mode = "ckks"
 
@@ -158,8 +161,11 @@ class CKKSClient(ClientHalf):
 
     # ------------------------------------------------------------------ keys
     def _make_key(self, inbox):
-        """Client 0: a fresh key pair for the chain the server names; public context to the
-        server, padded secret context to every other client."""
+        """Client 0: make a fresh key pair for the chain the server names.
+
+        Client 0: a fresh key pair for the chain the server names; public context to the
+        server, padded secret context to every other client.
+        """
         mine = [m for m in inbox if m.sender == SERVER]
         if len(mine) != 1:
             raise IntegrityError("expected one key set-up request", client=self.id)

@@ -97,10 +97,13 @@ class FixedPointLayout:
 
     # ------------------------------------------------------------------ client side
     def quantize(self, values: np.ndarray, rng: np.random.Generator, dp: bool) -> np.ndarray:
-        """A client's blocks ``[n_blocks, block_len]`` as int64 digits: randomized rounding with
+        """A client's blocks as int64 digits by randomized rounding.
+
+        A client's blocks ``[n_blocks, block_len]`` as int64 digits: randomized rounding with
         the client's rounding generator (:func:`protocols.fixed_point.rounding_rng`, consumed in
         block order, so chunk-by-chunk quantisation draws what one call would); conditional
-        rounding about each block's own norm when the exchange carries DP noise."""
+        rounding about each block's own norm when the exchange carries DP noise.
+        """
         values = np.asarray(values, dtype=np.float64)
         if not dp or self.codec.integer or not len(values):
             return self.codec.quantize(values, rng)
@@ -123,8 +126,11 @@ class FixedPointLayout:
         return self.unpack(client_codec(context, plan.chain, self.encryption).decrypt(data, plan.chain), n)
 
     def unpack(self, decoded: np.ndarray, n: int) -> tuple[np.ndarray, float, bool]:
-        """Decoded complex slots -> the n summed values (float64), the largest rounding
-        residual, and whether every component was in range."""
+        """Decoded complex slots back to the summed values, the largest residual and a range flag.
+
+        Decoded complex slots -> the n summed values (float64), the largest rounding
+        residual, and whether every component was in range.
+        """
         z = np.asarray(decoded)[: self.slots_for(n)]
         comps = np.concatenate([z.real, z.imag])[: self.codec.carriers_for(n)]
         r = np.rint(comps)
@@ -146,9 +152,12 @@ def plan_fixed_point(
     tag: str | None = None,
     round: int | None = None,
 ) -> EncodingPlan:
-    """Packed fixed-point plan of a float exchange (module doc); integer exchanges, and float
+    """The packed fixed-point plan of an exchange.
+
+    Packed fixed-point plan of a float exchange (module doc); integer exchanges, and float
     exchanges on a public grid (``ValueSpec.grid_bits``), get exact signed fields of the width
-    their public sum bound needs (no DP offsets: digits are signed)."""
+    their public sum bound needs (no DP offsets: digits are signed).
+    """
     if chain.data_primes != 1:
         raise BoundError(
             f"packed fixed point needs one data prime; {chain.describe()} has {chain.data_primes}", tag=tag, round=round
@@ -202,10 +211,13 @@ _scratch = threading.local()
 
 
 def _scratch_path() -> str:
-    """A per-thread scratch file (sealapi saves and loads through paths only).  Where the OS
+    """A per-thread scratch file (sealapi saves and loads through paths only).
+
+    Where the OS
     names open files (``/proc/self/fd``), the file is unlinked at once and reached through its
     descriptor: it vanishes with the process, however that ends, so no serialised key or
-    ciphertext outlives a crashed or killed run.  Elsewhere it is removed at exit."""
+    ciphertext outlives a crashed or killed run.  Elsewhere it is removed at exit.
+    """
     path = getattr(_scratch, "path", None)
     if path is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -275,10 +287,13 @@ class ClientCodec:
         self.decryptor = sealapi.Decryptor(sc, secret)
 
     def encrypt(self, slots: list[complex] | list[float], scale: float) -> bytes:
-        """Serialized fresh ciphertext of ``slots``.  Symmetric encryption sends SEAL's *seeded*
+        """Serialized fresh ciphertext of ``slots``.
+
+        Symmetric encryption sends SEAL's *seeded*
         form: the second polynomial of ``(c0, c1) = (-a s + m + e, a)`` is the uniform ``a``, which
         SEAL replaces by the seed of the PRNG that drew it, so an upload is half a ciphertext; the
-        server's load expands the seed (``a`` is public in either form)."""
+        server's load expands the seed (``a`` is public in either form).
+        """
         plain = sealapi.Plaintext()
         try:
             self.encoder.encode(slots, scale, plain)
@@ -346,8 +361,11 @@ def _evaluator(n: int, bits: tuple[int, ...]) -> sealapi.Evaluator:
 
 
 def server_load(chain: ChainParams, data: bytes, scale: float) -> SealSum:
-    """Server side: load a ciphertext under the public parameters and check that it is a fresh
-    two-polynomial ciphertext of this chain at the plan's scale; ``ValueError`` otherwise."""
+    """Server side: load a ciphertext and check it is fresh, of this chain and at the plan's scale.
+
+    Server side: load a ciphertext under the public parameters and check that it is a fresh
+    two-polynomial ciphertext of this chain at the plan's scale; ``ValueError`` otherwise.
+    """
     sc = _chain_context(chain)
     try:
         ct = _load_into(sealapi.Ciphertext(sc), sc, data)

@@ -8,15 +8,15 @@ run needs and sends
   serialized size; the bytes are never kept in the transcript), and
 * the **public context** to the server (kind ``public_key``): serialized without secret
   key, Galois keys or relinearisation keys.  Aggregation only adds ciphertexts, which
-  needs none of them (research §0.8: FedGraph ships the secret key to its server).
+  needs none of them.
 
 The server-side object, :class:`ServerContext`, is built *only* from those public bytes
 and checks on construction that it cannot decrypt.
 
 Encryption type: **symmetric** by default.  Every client holds the secret key anyway
-(it must decrypt the aggregate), and SEAL's secret-key encryption is ~2x faster than
-public-key encryption at the same ciphertext size, with ~8x smaller fresh noise
-(research §1, §8; error model in :mod:`protocols.ckks.params`).  With symmetric
+(it must decrypt the aggregate), and SEAL's secret-key encryption is faster than
+public-key encryption at the same ciphertext size, with smaller fresh noise
+(error model in :mod:`protocols.ckks.params`).  With symmetric
 encryption the public context carries only the parameters (no public key exists), so
 the public bytes are prefixed with a random 16-byte key id drawn by client 0: the
 context fingerprint, ``sha256(public bytes)``, then identifies this key pair and not just
@@ -121,8 +121,11 @@ class ClientKeyRing:
         return next((k for k in self._keys.values() if k.fingerprint == fingerprint), None)
 
     def adopt(self, context: ts.Context, fingerprint: str, secret_nbytes: int) -> ClientKey:
-        """A chain's secret context received from client 0 (its fingerprint names the chain's
-        public context, which this client does not need)."""
+        """Adopt a chain's secret context received from client 0.
+
+        A chain's secret context received from client 0 (its fingerprint names the chain's
+        public context, which this client does not need).
+        """
         n, bits = context_chain(context)
         chain = next(
             (c for c in _known_chains() if (c.poly_modulus_degree, c.coeff_mod_bit_sizes) == (n, bits)), None

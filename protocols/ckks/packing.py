@@ -2,7 +2,7 @@
 
 FedGCN's neighbour-feature sums of binary features are small counts (at most the degree
 cap + 1).  A CKKS slot with one 60-bit data prime holds ``59 - log2(scale)`` exact bits
-(research §2: 39 bits at 2^20, 41 bits at 2^18), so it can carry several counts at
+(docs/ckks.md gives the exact bits per scale), so it can carry several counts at
 once, in base ``2^w``:
 
     ``P = sum_j (x_j + o) * 2^(w*j)``,   ``j = 0 .. F-1``
@@ -13,7 +13,7 @@ long as no field exceeds 2^w - 1**, which is what the field width guarantees:
 * ``w = ceil(log2(R + 1))`` where ``R`` is the PUBLIC bound on a field after the K-way
   sum (``sum_max``, e.g. degree cap + 1).  The width is never taken from the data: a
   data-dependent width would leak the maximum, and a too-narrow one silently corrupts
-  the neighbouring field (research §2, "carry room").
+  the neighbouring field.
 * With DP the clients' values carry integer noise and may be negative.  Each client
   adds a PUBLIC offset ``o ~ 7 sigma`` before packing, so every field stays
   non-negative; the width then covers ``R = sum_max + 2 K o``; after decoding the

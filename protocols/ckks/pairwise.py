@@ -1,4 +1,6 @@
-"""Encrypted pairwise cosine similarities (docs/design.md shape 4, ckks): the server evaluates
+"""Encrypted pairwise cosine similarities under CKKS.
+
+Encrypted pairwise cosine similarities (docs/design.md shape 4, ckks): the server evaluates
 the inner products of the clients' normalised updates without a secret key, and a
 designated client decrypts only the resulting matrix.
 
@@ -61,9 +63,12 @@ PAIRWISE_TOLERANCE = 1e-4
 
 
 def make_key_pair() -> tuple[ts.Context, bytes, bytes]:
-    """Decider: a key pair on :data:`PAIRWISE_CHAIN` with relinearisation and Galois keys;
+    """Decider: make a key pair on :data:`PAIRWISE_CHAIN` and the contexts the others need.
+
+    Decider: a key pair on :data:`PAIRWISE_CHAIN` with relinearisation and Galois keys;
     ``(secret context, evaluation context bytes for the server, encryption context bytes
-    for the other clients)``.  Neither byte string holds the secret key."""
+    for the other clients)``.  Neither byte string holds the secret key.
+    """
     check_security(PAIRWISE_CHAIN)
     secret = ts.context(
         ts.SCHEME_TYPE.CKKS,
@@ -93,8 +98,11 @@ def public_context(data: bytes, tag: str = "", rnd: int = 0) -> ts.Context:
 def encrypt_unit(
     encryption: ts.Context, update: np.ndarray, *, tag: str = "", rnd: int = 0, client: int | None = None
 ) -> tuple[list[bytes], bool]:
-    """Client: ``u / ||u||`` (bound ``|entry| <= 1`` checked before encryption; a zero update
-    stays zero) in ``N/2``-slot pieces encrypted with the public key; ``(frames, nonzero)``."""
+    """Client: encrypt the unit vector ``u / ||u||`` with the public key.
+
+    Client: ``u / ||u||`` (bound ``|entry| <= 1`` checked before encryption; a zero update
+    stays zero) in ``N/2``-slot pieces encrypted with the public key; ``(frames, nonzero)``.
+    """
     v = np.asarray(update, dtype=np.float64).ravel()
     norm = float(np.linalg.norm(v))
     unit = v / norm if norm > 0 else v

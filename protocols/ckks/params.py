@@ -98,8 +98,11 @@ class ChainParams:
         return PADDED_CT_BYTES.get(key, 2 * self.poly_modulus_degree * 8 * self.data_primes + 1024)
 
     def upload_ciphertext_bytes(self, encryption: str) -> int:
-        """Padded bytes of a client's fresh ciphertext: symmetric encryption uploads SEAL's seeded
-        form (:data:`PADDED_SEEDED_CT_BYTES`, about half), asymmetric the whole ciphertext."""
+        """Padded bytes of a client's fresh ciphertext.
+
+        Symmetric encryption uploads SEAL's seeded form (:data:`PADDED_SEEDED_CT_BYTES`, about half), asymmetric the
+        whole ciphertext.
+        """
         if encryption != "symmetric":
             return self.padded_ciphertext_bytes
         key = (self.poly_modulus_degree, tuple(self.coeff_mod_bit_sizes))
@@ -205,8 +208,11 @@ def noise_bound(
 
 
 def max_float_scale_bits(chain: ChainParams, sum_bound: float) -> int:
-    """Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin;
-    the rule of :func:`protocols.precision.largest_scale_bits`)."""
+    """Largest scale (bits) that leaves one bit of headroom for ``sum_bound``.
+
+    Largest scale (bits) with ``sum_bound * 2^s <= q_data / 4`` (one bit of headroom margin;
+    the rule of :func:`protocols.precision.largest_scale_bits`).
+    """
     return largest_scale_bits(sum_bound, chain.data_modulus() / 4.0)
 
 
@@ -270,10 +276,12 @@ def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, flo
 
 
 def integer_sum_range(spec, num_clients: int, offset: int) -> int:
-    """Largest value a packed field can hold after the K-way sum, plus 2 K offset: ``K * hi``
-    for K contributions that each passed the client check ``<= hi``, or ``sum_max`` where a
-    data owner's check enforces it (``ValueSpec.owner_checked_sum``).  Either way no sum of
-    contributions that pass their clients' checks can carry into the next field."""
+    """Largest value a packed field can hold after the K-way sum.
+
+    The range includes the 2 K offset: ``K * hi`` for K contributions that each passed the client check ``<= hi``,
+    or ``sum_max`` where a data owner's check enforces it (``ValueSpec.owner_checked_sum``). Either way no sum of
+    contributions that pass their clients' checks can carry into the next field.
+    """
     _, hi, _ = per_client_limits(spec, 0.0, num_clients)
     if spec.sum_max is not None and getattr(spec, "owner_checked_sum", False):
         base = int(spec.sum_max)
@@ -369,13 +377,14 @@ def plan_float(
 
 
 def release_step(plan: EncodingPlan, spec) -> float | None:
-    """The grid a float exchange's decrypted sums are rounded to before they leave the client:
-    the largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released
-    error stays within the tolerance while the CKKS noise below ``g / 2`` is removed from the output
-    (Li and Micciancio, "On the Security of Homomorphic Encryption on Approximate Numbers",
-    EUROCRYPT 2021: exact decryptions of approximate HE leak the noise, and with it the key).
-    ``None`` for exact (integer or packed) plans, whose outputs are integers already, and for
-    exchanges on a public grid (``ValueSpec.grid_bits``), which the client rounds to that grid."""
+    """The grid a float exchange's decrypted sums are rounded to before they leave the client.
+
+    The largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released error stays within the
+    tolerance while the CKKS noise below ``g / 2`` is removed from the output (Li and Micciancio, "On the Security
+    of Homomorphic Encryption on Approximate Numbers", EUROCRYPT 2021: exact decryptions of approximate HE leak the
+    noise, and with it the key). ``None`` for exact (integer or packed) plans, whose outputs are integers already,
+    and for exchanges on a public grid (``ValueSpec.grid_bits``), which the client rounds to that grid.
+    """
     if plan.exact or plan.layout is not None or spec.grid_bits is not None:
         return None
     room = float(spec.tolerance) - plan.error_bound
@@ -385,12 +394,14 @@ def release_step(plan: EncodingPlan, spec) -> float | None:
 
 
 def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -> EncodingPlan:
-    """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values
-    (``None``: per value of an unbounded stream).  Ties go to the larger N (fewer
-    ciphertexts, less per-ciphertext overhead), then to the larger data prime (cheaper zstd).
-    Packed fixed point (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance)
-    is taken only where it saves at least :data:`FIXED_POINT_MIN_SAVING` of the best float
-    plan's bytes: a small exchange (a few class proxies) keeps float precision."""
+    """The feasible plan with the fewest ciphertext bytes for blocks of ``block_len`` values.
+
+    ``block_len=None`` plans per value of an unbounded stream. Ties go to the larger N (fewer ciphertexts, less
+    per-ciphertext overhead), then to the larger data prime (cheaper zstd). Packed fixed point
+    (:mod:`protocols.ckks.fixed_point`, coarser than the spec's tolerance) is taken only where it saves at least
+    :data:`FIXED_POINT_MIN_SAVING` of the best float plan's bytes: a small exchange (a few class proxies) keeps
+    float precision.
+    """
 
     def cost(p: EncodingPlan):
         per_ct = p.values_per_ciphertext

@@ -215,8 +215,11 @@ class CKKSServer(ServerHalf):
 
     # ------------------------------------------------------------------ stage upload
     def collect_upload(self, x: _Exchange, link, part: int) -> dict[int, tuple[np.ndarray, list]]:
-        """Chunk ``part`` of every contributor's upload, every ciphertext checked and loaded
-        before any is added: contributor -> (its block ids in the chunk, its ciphertexts)."""
+        """Collect and check chunk ``part`` of every contributor's upload.
+
+        Chunk ``part`` of every contributor's upload, every ciphertext checked and loaded
+        before any is added: contributor -> (its block ids in the chunk, its ciphertexts).
+        """
         plan = x.plan
         b0, b1 = x.spans[part]
         got = self.call(link, "upload", {**x.first_call, **{k: [] for k in x.contributors}})
@@ -259,8 +262,11 @@ class CKKSServer(ServerHalf):
         return loaded
 
     def add_chunk(self, x: _Exchange, loaded: dict, needed: np.ndarray) -> dict[int, list[bytes]]:
-        """Per needed block id, the sum of the loaded ciphertexts (missing clients' public DP
-        offsets padded), as framed bytes: block id -> one frame per piece."""
+        """Per needed block id, the sum of the loaded ciphertexts as framed bytes.
+
+        Per needed block id, the sum of the loaded ciphertexts (missing clients' public DP
+        offsets padded), as framed bytes: block id -> one frame per piece.
+        """
         ep, n_pieces, K = x.ep, x.n_pieces, self.setup.num_clients
         sums: dict[int, list] = {}
         counts: dict[int, int] = {}
@@ -289,8 +295,11 @@ class CKKSServer(ServerHalf):
 
     # ------------------------------------------------------------------ stage download
     def send_download(self, x: _Exchange, link, part: int, frames: dict[int, list[bytes]]) -> None:
-        """Each recipient's requested blocks of chunk ``part`` in one signed message (an empty
-        frame for a block no client uploaded)."""
+        """Send each recipient its requested blocks of chunk ``part`` in one signed message.
+
+        Each recipient's requested blocks of chunk ``part`` in one signed message (an empty
+        frame for a block no client uploaded).
+        """
         plan = x.plan
         b0, b1 = x.spans[part]
         downloads = {}

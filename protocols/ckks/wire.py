@@ -38,7 +38,8 @@ EMPTY = b""
 def frame(ciphertext: bytes, padded_size: int | None = None, *, allow_larger: bool = False) -> bytes:
     """Frame ``ciphertext`` padded to ``padded_size`` bytes of ciphertext area.
 
-    ``ValueError`` if it does not fit (unless ``allow_larger``: then it goes unpadded)."""
+    ``ValueError`` if it does not fit (unless ``allow_larger``: then it goes unpadded).
+    """
     n = len(ciphertext)
     size = n if padded_size is None else padded_size
     if n > size:

@@ -155,8 +155,11 @@ class CKKSMPProtocol(HalvesProtocol):
         return {"plan": plan.describe()}
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:
-        """Test aid: the K-way integer sums in the clear against the plan's field (no party could
-        do this in a deployment; there the bound is enforced where the data is made)."""
+        """Test aid: check the K-way integer sums in the clear against the plan's field.
+
+        Test aid: the K-way integer sums in the clear against the plan's field (no party could
+        do this in a deployment; there the bound is enforced where the data is made).
+        """
         from ..ckks.params import per_client_limits
 
         _, _, offset = per_client_limits(ctx.spec, ctx.dp_noise_std, self.num_clients)
@@ -179,14 +182,19 @@ class CKKSMPProtocol(HalvesProtocol):
     # ------------------------------------------------------------------ facade views
     @property
     def _clients(self) -> dict:
-        """What each in-process client half holds of the keys (:class:`.party.MPClient`; the
-        attack suite's coalition reads its colluders')."""
+        """What each in-process client half holds of the keys.
+
+        :class:`.party.MPClient`; the attack suite's coalition reads its colluders'.
+        """
         return {k: half.keys for k, half in self.clients.items()}
 
     def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
-        """The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
+        """The ciphertexts of an upload in the transcript, for attack simulations and tests.
+
+        The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
         the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
-        ``0 .. count-1``).  For attack simulations and tests."""
+        ``0 .. count-1``).  For attack simulations and tests.
+        """
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)

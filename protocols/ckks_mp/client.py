@@ -1,5 +1,7 @@
-"""The client half of ``ckks-mp``: one client's key shares, encryption, partial decryptions and
-decryption of its own result, behind :meth:`~protocols.party.ClientHalf.handle` (bytes only).
+"""The client half of ``ckks-mp``.
+
+One client's key shares, encryption, partial decryptions and decryption of its own result, behind
+:meth:`~protocols.party.ClientHalf.handle` (bytes only).
 
 Built from the run's public setup bytes (:class:`~protocols.party.PartySetup`: the ring
 parameters, which it checks itself, :func:`.params.check_security`).  Its secrets -- the
@@ -106,11 +108,13 @@ _MEMO = DecryptionMemo()
 
 
 def common_plan_digest(plan) -> str:
-    """SHA-256 hex of the part of an exchange plan every client receives alike (everything but
-    the recipients' requests, of which each client sees only its own).  It labels the zero-sum
-    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan:
-    a server that tells one honest client it is no contributor (it then key-switches without
-    ``s_i``) while the others count it gets a uniform sum, not the others' inputs without it."""
+    """SHA-256 hex of the part of an exchange plan every client receives alike.
+
+    That is everything but the recipients' requests, of which each client sees only its own. It labels the zero-sum
+    key-switching masks, so the masks cancel only in an exchange where all K clients hold one plan: a server that
+    tells one honest client it is no contributor (it then key-switches without ``s_i``) while the others count it
+    gets a uniform sum, not the others' inputs without it.
+    """
     common = {k: v for k, v in plan.to_payload().items() if k != "requests"}
     return hashlib.sha256(encode_body(common)).hexdigest()
 
@@ -164,9 +168,12 @@ class CKKSMPClient(ClientHalf):
         return []
 
     def _accept_plan(self, msg: Message) -> None:
-        """The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
+        """The base plan checks, then refuse a plan shaped for GCFL's pairwise statistics.
+
+        The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
         never runs one, and its steps would encrypt this client's contribution under a key that
-        one client (the plan's decider) holds alone, so that the server and that client read it."""
+        one client (the plan's decider) holds alone, so that the server and that client read it.
+        """
         super()._accept_plan(msg)
         if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
             self.plan = None
@@ -332,8 +339,11 @@ class CKKSMPClient(ClientHalf):
             self.keys.adopt_threshold_share(party_client(msg.sender), sigma)
 
     def _recipient_key(self, to: int, offered: dict, where: dict) -> np.ndarray:
-        """Recipient ``to``'s ``p_R``: this client's own, one checked before, or one in this request
-        signed by ``to``'s identity key (KeySubstitutionError otherwise)."""
+        """Recipient ``to``'s public key ``p_R``, checked.
+
+        Recipient ``to``'s ``p_R``: this client's own, one checked before, or one in this request
+        signed by ``to``'s identity key (KeySubstitutionError otherwise).
+        """
         if to == self.id:
             return self.keys._own.p_hat
         if to in self.recipient_keys:
@@ -354,14 +364,15 @@ class CKKSMPClient(ClientHalf):
         return p_r
 
     def _masks(self, ep: Plan, to: int, blocks, active=None, context: str = "") -> np.ndarray:
-        """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``
-        (:func:`.sampling.pairwise_mask`), one per (block, piece), labelled by the session, the
-        digest of the plan this client holds (:func:`common_plan_digest`), the digest of the
-        broadcasts it trained on (:mod:`protocols.broadcast_view`), the exchange, the recipient,
-        the block and the piece: they cancel only if every client holds the same plan and was sent
-        the same broadcasts.  t-out-of-n: the masks are over the active set ``active`` and
-        ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
-        only among clients told the same."""
+        """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``.
+
+        One mask per (block, piece) (:func:`.sampling.pairwise_mask`), labelled by the session, the digest of the
+        plan this client holds (:func:`common_plan_digest`), the digest of the broadcasts it trained on
+        (:mod:`protocols.broadcast_view`), the exchange, the recipient, the block and the piece: they cancel only if
+        every client holds the same plan and was sent the same broadcasts. t-out-of-n: the masks are over the active
+        set ``active`` and ``context`` (a digest of the active set and the uploaders) joins the label: they cancel
+        only among clients told the same.
+        """
         if self._pair_seeds is None:
             self._pair_seeds = {
                 k: self.channel.pair_seed(
@@ -554,19 +565,25 @@ class CKKSMPClient(ClientHalf):
         return out
 
     def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
-        """The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
-        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes."""
+        """The key-switching shares switched down to level ``L'`` before they leave.
+
+        The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
+        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes.
+        """
         full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
         return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
     def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
-        """The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
+        """The checked active set and uploaders of a t-out-of-n request.
+
+        The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
         ``A`` exactly t distinct clients of the run, this one among them; ``U`` within the plan's
         contributors, at most n - t of them missing and at least the run's minimum contributors
         (a server declaring honest uploads dropped cannot shrink a sum below it), this client in
         ``U`` exactly when it uploaded;
         ``uploaded`` (one row per requested block, one column per client) within ``U`` and, for this
-        client, exactly its own blocks.  Returns (A, uploaded rows, the masks' label context)."""
+        client, exactly its own blocks.  Returns (A, uploaded rows, the masks' label context).
+        """
         K, t = self.setup.num_clients, self.threshold
         try:
             active = [int(k) for k in np.asarray(payload["active"], dtype=np.int64).ravel()]
@@ -663,8 +680,11 @@ class CKKSMPClient(ClientHalf):
         return []
 
     def _decode(self, ep: Plan, cts: np.ndarray, bids: np.ndarray, lengths: list[int], broadcast: bool) -> np.ndarray:
-        """Decrypt and decode the delivered blocks ``[len(bids), block_len]``; IntegrityError when a
-        residual exceeds the worst-case noise bound or a field is out of range."""
+        """Decrypt and decode the delivered blocks.
+
+        Returns ``[len(bids), block_len]``. Raises IntegrityError when a residual exceeds the worst-case noise bound
+        or a field is out of range.
+        """
         decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size, broadcast) if bids.size else []
         out = np.zeros((bids.size, self.plan.block_len))
         for i, b in enumerate(bids.tolist()):

@@ -56,9 +56,12 @@ def encode(ring: RNSRing, plan: Plan, fields: np.ndarray) -> np.ndarray:
 
 
 def offset_plaintext(ring: RNSRing, plan: Plan, n: int, missing: int) -> np.ndarray:
-    """``Delta m`` adding ``missing * o`` to every field of the coefficients a block of ``n``
+    """The plaintext of the DP offsets the server pads for missing clients.
+
+    ``Delta m`` adding ``missing * o`` to every field of the coefficients a block of ``n``
     values uses (server padding for clients that did not upload the block, so the total
-    offset is always ``K o``)."""
+    offset is always ``K o``).
+    """
     full = plan.fields * used_coefficients(plan, n)
     return encode(ring, plan, np.full(full, missing * plan.offset, dtype=np.int64))
 
@@ -77,13 +80,13 @@ def crt_centered(ring: RNSRing, residues: np.ndarray) -> list[int]:
 
 
 def decode(ring: RNSRing, plan: Plan, residues: np.ndarray, n: int) -> tuple[np.ndarray, int, bool]:
-    """Decrypted ``(Delta m + e) / P`` at the switch level in RNS -> ``(summed fields [n], max |e|,
-    fields in range)``.
+    """Decrypted ``(Delta m + e) / P`` at the switch level in RNS -> ``(summed fields [n], max |e|, fields in range)``.
 
     Each coefficient is multiplied back by ``P`` (:attr:`.params.Plan.switch_factor`); ``max |e|``
     is then the largest distance of any coefficient from a multiple of ``Delta``, in the uploads'
     units (the caller compares it with the noise bound, which includes ``P E_r``); in-range means
-    every packed integer is non-negative, below ``2^(F w)``, and the unused coefficients are 0."""
+    every packed integer is non-negative, below ``2^(F w)``, and the unused coefficients are 0.
+    """
     coeffs = [c * plan.switch_factor for c in crt_centered(ring, residues)]
     shift = plan.scale_bits
     half = 1 << (shift - 1)

@@ -31,8 +31,11 @@ from .sampling import centered_binomial
 
 
 def encrypt(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
-    """``c0 = -c1 s + e + plain`` for plaintexts ``plain`` ``[B, L, N]`` (coefficient form) and public
-    ``c1_hat`` ``[B, L, N]`` -> ``c0`` ``[B, L, N]`` (NTT form)."""
+    """Encrypt plaintexts under a secret key share: ``c0 = -c1 s + e + plain``.
+
+    ``c0 = -c1 s + e + plain`` for plaintexts ``plain`` ``[B, L, N]`` (coefficient form) and public
+    ``c1_hat`` ``[B, L, N]`` -> ``c0`` ``[B, L, N]`` (NTT form).
+    """
     batch, level = plain.shape[0], plain.shape[1]
     e = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
     return ring.add(ring.neg(ring.mul(c1_hat, s_hat[:level])), ring.ntt(ring.add(e, plain)))
@@ -45,14 +48,16 @@ def decrypt(ring: RNSRing, s_hat: np.ndarray, ct_hat: np.ndarray) -> np.ndarray:
 
 
 def switch_down(ring: RNSRing, ct_hat: np.ndarray, level: int) -> np.ndarray:
-    """Polynomials ``[..., L, N]`` in NTT form -> coefficient form at ``level``, divided by the
-    product of the dropped primes and rounded (:meth:`.ring.RNSRing.rescale`)."""
+    """Switch NTT-form polynomials down to ``level`` in coefficient form.
+
+    Polynomials ``[..., L, N]`` in NTT form -> coefficient form at ``level``, divided by the
+    product of the dropped primes and rounded (:meth:`.ring.RNSRing.rescale`).
+    """
     return ring.rescale(ring.intt(ct_hat), level)
 
 
 def decrypt_switched(ring: RNSRing, s_hat: np.ndarray, ct: np.ndarray) -> np.ndarray:
-    """``c0 + s c1`` of switched-down ciphertexts ``[..., 2, L', N]`` (coefficient form), in
-    coefficient form."""
+    """``c0 + s c1`` of switched-down ciphertexts ``[..., 2, L', N]`` (coefficient form), in coefficient form."""
     level = ct.shape[-2]
     return ring.add(ct[..., 0, :, :], ring.intt(ring.mul(ring.ntt(ct[..., 1, :, :]), s_hat[:level])))
 

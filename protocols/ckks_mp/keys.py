@@ -1,5 +1,7 @@
-"""Key material of ``ckks-mp`` (Mouchet, Troncoso-Pastoriza, Bossuat, Hubaux, "Multiparty
-Homomorphic Encryption from Ring-Learning-with-Errors", PoPETs 2021).
+"""Key material of ``ckks-mp``.
+
+Mouchet, Troncoso-Pastoriza, Bossuat, Hubaux, "Multiparty Homomorphic Encryption from Ring-Learning-with-Errors",
+PoPETs 2021.
 
 Every party derives the public common polynomial ``a`` from the run's public seed
 (:func:`.sampling.crs_seed`, :func:`.sampling.common_polynomial`).  Client i samples its
@@ -51,6 +53,9 @@ def key_pair(ring: RNSRing, a_hat: np.ndarray, eta: int) -> KeyPair:
 
 
 def key_fingerprint(params_text: str, seed: bytes, broadcast_pk: bytes) -> str:
-    """The public context's fingerprint: sha256 of the parameters, the CRS seed and ``p_B`` (every
-    party computes it; a client refuses a plan naming another)."""
+    """The public context's fingerprint.
+
+    Sha256 of the parameters, the CRS seed and ``p_B`` (every party computes it; a client refuses a plan naming
+    another).
+    """
     return hashlib.sha256(b"ckks-mp" + params_text.encode() + seed + broadcast_pk).hexdigest()[:16]

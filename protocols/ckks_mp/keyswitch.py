@@ -42,11 +42,14 @@ def pcks_share(
     eta: int,
     smudge_bits: int,
 ) -> np.ndarray:
-    """Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
+    """Client i's public-key switching share.
+
+    Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
     inverse NTT of the products) for ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for blocks
     client i did not upload) and masks ``mask_hat`` ``[B, L, N]``, both in NTT form; ``s_hat`` is
     one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
-    share of each block's uploaders, :mod:`.threshold`), ``L' >= L``."""
+    share of each block's uploaders, :mod:`.threshold`), ``L' >= L``.
+    """
     batch, level = c1_hat.shape[0], c1_hat.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
@@ -57,9 +60,12 @@ def pcks_share(
 
 
 def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
-    """Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
+    """Server side: combine the clients' key-switching shares with the aggregate ciphertext.
+
+    Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
     aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' shares, each
-    switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`)."""
+    switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
+    """
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)

@@ -90,9 +90,11 @@ class MPParams:
 
     @property
     def keyswitch_lambda(self) -> int:
-        """The statistical parameter each key-switched ciphertext is smudged to:
-        ``max(smudging_lambda, 30 + ceil(log2 T))`` for at most ``T = max_keyswitches``
-        ciphertexts per client per run, so the run's total distance is ``<= T 2^-lambda <= 2^-30``."""
+        """The statistical parameter each key-switched ciphertext is smudged to.
+
+        ``max(smudging_lambda, 30 + ceil(log2 T))`` for at most ``T = max_keyswitches`` ciphertexts per client per
+        run, so the run's total distance is ``<= T 2^-lambda <= 2^-30``.
+        """
         return max(self.smudging_lambda, TOTAL_DISTANCE_BITS + (self.max_keyswitches - 1).bit_length())
 
     @property
@@ -136,9 +138,12 @@ def ring_of(params: MPParams) -> RNSRing:
 
 
 def check_security(params: MPParams) -> None:
-    """Refuse parameters outside the HE standard's 128-bit table (ternary secret), an error
+    """Refuse parameters outside the HE standard's 128-bit security table.
+
+    Refuse parameters outside the HE standard's 128-bit table (ternary secret), an error
     narrower than its width (``eta / 2 < 3.19^2``) or smudging below ``2^-40`` per ciphertext.
-    Every client runs it on the run's public setup before it makes a key."""
+    Every client runs it on the run's public setup before it makes a key.
+    """
     limit = MAX_COEFF_BITS_128.get(params.n)
     if limit is None or params.log_q() > limit:
         raise ConfigurationError(
@@ -171,8 +176,11 @@ def smudging_bits(params: MPParams, k: int) -> int:
 
 
 def rescale_error(params: MPParams, k: int) -> int:
-    """``E_r``: worst-case rounding error per coefficient, in the switched units, that switching
-    ``c0`` and the K shares down adds to the recipient's decryption (module docstring)."""
+    """Worst-case rounding error ``E_r`` per coefficient that switching down adds.
+
+    ``E_r``: worst-case rounding error per coefficient, in the switched units, that switching
+    ``c0`` and the K shares down adds to the recipient's decryption (module docstring).
+    """
     return 1 + k + params.n * k
 
 
@@ -241,10 +249,12 @@ def plan_exchange(
     tag: str | None = None,
     round: int | None = None,
 ) -> Plan:
-    """The cheapest plan meeting the exchange's bounds: the fewest bytes for blocks of
-    ``block_len`` values (``None``: per value of an unbounded stream), counting per ciphertext
-    ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties
-    to fewer primes."""
+    """The cheapest plan meeting the exchange's bounds.
+
+    The fewest bytes for blocks of ``block_len`` values (``None``: per value of an unbounded stream), counting per
+    ciphertext ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties to fewer
+    primes.
+    """
     base_noise = keyswitch_bound(params, k)
     lo, hi, offset = per_client_limits(spec, dp_std, k)
     if spec.integer:

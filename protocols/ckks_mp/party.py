@@ -56,8 +56,11 @@ class MPClient:
         return np.where(coeffs > q0 // 2, coeffs - q0, coeffs).astype(np.int8).tobytes()
 
     def adopt_broadcast_key(self, secret: bytes, p_b_hat: np.ndarray) -> None:
-        """Keep the dealt ``s_B`` after checking it is the secret of ``p_B``: ``p_B + a s_B`` must be
-        an error within ``eta`` (ValueError otherwise: a wrong or corrupted key)."""
+        """Keep the dealt broadcast secret ``s_B`` after checking it against ``p_B``.
+
+        Keep the dealt ``s_B`` after checking it is the secret of ``p_B``: ``p_B + a s_B`` must be
+        an error within ``eta`` (ValueError otherwise: a wrong or corrupted key).
+        """
         s = np.frombuffer(bytes(secret), dtype=np.int8).astype(np.int64)
         if s.size != self.ring.n or np.abs(s).max() > 1:
             raise ValueError(f"the broadcast secret must be {self.ring.n} coefficients in {{-1, 0, 1}}")
@@ -76,22 +79,31 @@ class MPClient:
 
     # ------------------------------------------------------------------ threshold shares
     def deal_threshold_shares(self, threshold: int, clients: int) -> dict[int, bytes]:
-        """Shamir-share ``s_i`` among ``clients`` with threshold ``t`` (:func:`.threshold.share_secret`);
+        """Shamir-share this client's secret ``s_i`` among ``clients`` with threshold ``t``.
+
+        Shamir-share ``s_i`` among ``clients`` with threshold ``t`` (:func:`.threshold.share_secret`);
         keep this client's own share, return every other client's as wire bytes (each is sent only
-        over the encrypted client-to-client channel)."""
+        over the encrypted client-to-client channel).
+        """
         shares = share_secret(self.ring, self._share, threshold, clients)
         self._dealt[self.client] = shares.pop(self.client)
         return {j: encryption.to_bytes(sigma) for j, sigma in shares.items()}
 
     def adopt_threshold_share(self, dealer: int, sigma_hat: np.ndarray) -> None:
-        """Keep ``sigma_{dealer, me}`` (parsed and range-checked by the caller).  Shares cannot be
+        """Keep ``sigma_{dealer, me}`` (parsed and range-checked by the caller).
+
+        Shares cannot be
         checked here: a dealer dealing inconsistent shares is caught only by the recipients'
-        noise bound at decryption, without naming it."""
+        noise bound at decryption, without naming it.
+        """
         self._dealt[int(dealer)] = sigma_hat
 
     def threshold_key(self, uploaders: Sequence[int], active: Sequence[int]) -> np.ndarray:
-        """``lambda_me^A sum_{i in U} sigma_{i,me}`` (NTT form): summed over the active set ``A`` it
-        is ``sum_{i in U} s_i`` exactly."""
+        """This client's threshold share of the uploaders' summed secret keys.
+
+        ``lambda_me^A sum_{i in U} sigma_{i,me}`` (NTT form): summed over the active set ``A`` it
+        is ``sum_{i in U} s_i`` exactly.
+        """
         total = np.zeros_like(self._share)
         for dealer in uploaders:
             total = self.ring.add(total, self._dealt[int(dealer)])
@@ -100,8 +112,11 @@ class MPClient:
 
     # ------------------------------------------------------------------ upload
     def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray) -> bytes:
-        """Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
-        the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces."""
+        """Encrypt blocks under this client's secret key share.
+
+        Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
+        the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces.
+        """
         per_ct = plan.capacity
         pieces = [row[a : a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
         if not pieces:
@@ -118,10 +133,13 @@ class MPClient:
         smudge_bits: int,
         threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
     ) -> bytes:
-        """Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
+        """This client's key-switching shares towards ``recipient_pk``.
+
+        Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
         blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``.
         ``threshold``: (the uploaders of each ciphertext, the active set); the key of each
-        ciphertext is then :meth:`threshold_key` instead of ``s_i``."""
+        ciphertext is then :meth:`threshold_key` instead of ``s_i``.
+        """
         key = self._share
         if threshold is not None:
             uploaders, active = threshold
@@ -137,9 +155,12 @@ class MPClient:
     def decrypt_delivery(
         self, plan: Plan, ct_hat: np.ndarray, lengths: list[int], broadcast: bool = False
     ) -> list[tuple[np.ndarray, int, bool]]:
-        """Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with
+        """Decrypt key-switched ciphertexts with the recipient's secret key.
+
+        Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with
         ``s_R`` (``s_B`` if ``broadcast``); per ciphertext ``(summed fields, max residual, in range)``
-        (:func:`.encoding.decode`)."""
+        (:func:`.encoding.decode`).
+        """
         key = self._broadcast if broadcast else self._own
         plain = encryption.decrypt_switched(self.ring, key.s_hat, ct_hat)
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

@@ -136,7 +136,8 @@ class RNSRing:
     def from_limbs(self, limbs: np.ndarray, limb_bits: int, shift: int, level: int) -> np.ndarray:
         """``sum_l limbs[l] 2^(limb_bits l) - 2^shift`` (non-negative limbs < 2^31) -> residues.
 
-        Carries big integers (e.g. smudging noise of ~80 bits) into RNS without multi-precision."""
+        Carries big integers (e.g. smudging noise of ~80 bits) into RNS without multi-precision.
+        """
         q = self.q[:level]
         out = np.zeros(limbs.shape[1:-1] + (level, self.n), dtype=np.int64)
         for i, limb in enumerate(limbs):
@@ -146,12 +147,15 @@ class RNSRing:
         return (out - sub) % q
 
     def rescale(self, a: np.ndarray, level: int) -> np.ndarray:
-        """Coefficient-form residues ``[..., L, N]`` of ``x`` -> residues ``[..., level, N]`` of
+        """Divide coefficient-form residues by the dropped primes and round.
+
+        Coefficient-form residues ``[..., L, N]`` of ``x`` -> residues ``[..., level, N]`` of
         ``x / P`` rounded, ``P = q_level ... q_{L-1}`` (the dropped primes).
 
         One prime at a time, last first: ``x <- (x - [x]_{q_l}) q_l^{-1}`` with ``[x]_{q_l}`` the
         centred residue, an exact division in every remaining ``Z_{q_j}``; the rounding error of
-        all the steps together is below 1 per coefficient."""
+        all the steps together is below 1 per coefficient.
+        """
         x = np.array(a, dtype=np.int64)
         for last in range(x.shape[-2] - 1, level - 1, -1):
             q_l = self.primes[last]

@@ -50,9 +50,12 @@ _POPCOUNT = np.array([v.bit_count() for v in range(256)], dtype=np.uint8)
 
 
 def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
-    """Centered binomial int64 array with parameter ``eta`` (|e| <= eta): per value, the popcount
+    """Centered binomial int64 samples with parameter ``eta``.
+
+    Centered binomial int64 array with parameter ``eta`` (|e| <= eta): per value, the popcount
     of ``eta`` fresh bits minus the popcount of ``eta`` others (bytes, the top one masked to the
-    bits left, counted with a byte table: no per-bit array)."""
+    bits left, counted with a byte table: no per-bit array).
+    """
     count = int(np.prod(shape))
     nbytes = -(-eta // 8)
     raw = np.frombuffer(os.urandom(count * 2 * nbytes), dtype=np.uint8).reshape(count, 2, nbytes).copy()
@@ -62,8 +65,11 @@ def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
 
 
 def smudging_limbs(shape: tuple[int, ...], bits: int) -> np.ndarray:
-    """Limbs ``[ceil((bits+1)/30), *shape]`` of a uniform integer in ``[0, 2^(bits+1))``;
-    subtracting ``2^bits`` (done in RNS) makes it uniform in ``[-2^bits, 2^bits)``."""
+    """Limbs of a uniform smudging integer.
+
+    Limbs ``[ceil((bits+1)/30), *shape]`` of a uniform integer in ``[0, 2^(bits+1))``;
+    subtracting ``2^bits`` (done in RNS) makes it uniform in ``[-2^bits, 2^bits)``.
+    """
     total = bits + 1
     nl = -(-total // LIMB_BITS)
     count = int(np.prod(shape))
@@ -78,7 +84,8 @@ def common_polynomial(seed: bytes, primes: tuple[int, ...], n: int, label: str =
     """The public uniform polynomial ``a`` in ``R_Q`` (NTT form) expanded from ``seed``.
 
     Uniform residues are uniform in NTT form too (the NTT is a bijection), so the words
-    are read directly as NTT-domain values."""
+    are read directly as NTT-domain values.
+    """
     key = hashlib.sha256(b"secure_fgl/ckks-mp/crs/v1" + label.encode() + seed).digest()
     out = np.empty((len(primes), n), dtype=np.int64)
     for j, q in enumerate(primes):
@@ -95,18 +102,23 @@ def common_polynomial(seed: bytes, primes: tuple[int, ...], n: int, label: str =
 
 
 def crs_seed(run_id: bytes) -> bytes:
-    """The run's public CRS seed: a hash of its run id (the one accessor every party uses; the
-    server cannot choose it)."""
+    """The run's public CRS seed: a hash of its run id.
+
+    The one accessor every party uses; the server cannot choose it.
+    """
     return hashlib.sha256(b"secure_fgl/ckks-mp/crs-seed/v1" + bytes(run_id)).digest()
 
 
 def upload_c1(
     seed: bytes, session: bytes, exchange: int, blocks, pieces: int, primes: tuple[int, ...], n: int
 ) -> np.ndarray:
-    """The public ``c1 = a_{x,b,j}`` of piece ``j`` of block ``b`` in exchange ``x``, ``[len(blocks) *
+    """The public ``c1`` of every piece of the uploaded blocks, expanded from the CRS seed.
+
+    The public ``c1 = a_{x,b,j}`` of piece ``j`` of block ``b`` in exchange ``x``, ``[len(blocks) *
     pieces, L, N]`` (NTT form), expanded from the CRS seed: every client encrypts its piece under
     its own key share with it and recomputes it when asked to key-switch the sum.  The label binds
-    session, exchange, block and piece, so no two ciphertexts of a run share a ``c1``."""
+    session, exchange, block and piece, so no two ciphertexts of a run share a ``c1``.
+    """
     out = np.empty((len(blocks) * pieces, len(primes), n), dtype=np.int64)
     for i, b in enumerate(blocks):
         for j in range(pieces):
@@ -118,12 +130,15 @@ def upload_c1(
 def pairwise_mask(
     pair_seeds: dict[int, bytes], me: int, labels: list[str], primes: tuple[int, ...], n: int
 ) -> np.ndarray:
-    """Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
+    """Client ``me``'s zero-sum masks, one per label.
+
+    Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
     one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
     of one label cancel exactly, while one client's mask hides its key-switching share from everyone
     who lacks one of its pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`).
     A label names one key-switched ciphertext (exchange, recipient, block, piece), so the masks cancel
-    only in the sum of the shares of that ciphertext, never across blocks or recipients."""
+    only in the sum of the shares of that ciphertext, never across blocks or recipients.
+    """
     q = np.asarray(primes, dtype=np.int64)[:, None]
     total = np.zeros((len(labels), len(primes), n), dtype=np.int64)
     for peer, seed in sorted(pair_seeds.items()):

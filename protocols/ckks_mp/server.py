@@ -347,9 +347,12 @@ class CKKSMPServer(ServerHalf):
         return tuple(uploaders)
 
     def _active_set(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
-        """t-out-of-n: probe every client; the first t responders that uploaded or contribute
+        """T-out-of-n: pick the active set from the first ``t`` eligible responders.
+
+        t-out-of-n: probe every client; the first t responders that uploaded or contribute
         nothing (a contributor that missed its upload is not asked) and are not :attr:`stale` form
-        the active set."""
+        the active set.
+        """
         K, t = self.setup.num_clients, self.threshold
         probe = {
             k: [(self.message(k, "control", (), {}, self.fingerprint, note="key-switching liveness probe"), 0)]

@@ -41,8 +41,11 @@ def point(client: int) -> int:
 
 
 def uniform_residues(primes: Sequence[int], n: int, rng: SecureRandom) -> np.ndarray:
-    """A uniform element of ``R_Q`` ``[L, N]`` (one residue per prime, rejection sampling on the
-    top 31 bits of CSPRNG words)."""
+    """A uniform element of ``R_Q`` from the CSPRNG.
+
+    A uniform element of ``R_Q`` ``[L, N]`` (one residue per prime, rejection sampling on the
+    top 31 bits of CSPRNG words).
+    """
     out = np.empty((len(primes), n), dtype=np.int64)
     for row, q in enumerate(primes):
         vals = np.empty(0, dtype=np.int64)
@@ -54,8 +57,11 @@ def uniform_residues(primes: Sequence[int], n: int, rng: SecureRandom) -> np.nda
 
 
 def share_secret(ring: RNSRing, s_hat: np.ndarray, threshold: int, clients: int) -> dict[int, np.ndarray]:
-    """Shamir shares ``{j: f(x_j)}`` ``[L, N]`` (NTT form) of ``s_hat`` for clients ``0..clients-1``,
-    threshold ``t`` (module docstring); ``t = 1`` gives every client ``s`` itself."""
+    """Shamir shares of ``s_hat`` for clients ``0..clients-1`` with threshold ``t``.
+
+    Shamir shares ``{j: f(x_j)}`` ``[L, N]`` (NTT form) of ``s_hat`` for clients ``0..clients-1``,
+    threshold ``t`` (module docstring); ``t = 1`` gives every client ``s`` itself.
+    """
     if not 1 <= threshold <= clients:
         raise ValueError(f"a threshold in 1..{clients}, got {threshold}")
     level = s_hat.shape[-2]
@@ -73,8 +79,11 @@ def share_secret(ring: RNSRing, s_hat: np.ndarray, threshold: int, clients: int)
 
 
 def lagrange_coefficient(primes: Sequence[int], active: Sequence[int], me: int) -> np.ndarray:
-    """``lambda_me^A`` modulo each prime ``[L, 1]``: the weight of ``me``'s share when the clients
-    ``active`` (distinct, ``me`` among them) interpolate at 0."""
+    """The Lagrange coefficient ``lambda_me^A`` modulo each prime.
+
+    ``lambda_me^A`` modulo each prime ``[L, 1]``: the weight of ``me``'s share when the clients
+    ``active`` (distinct, ``me`` among them) interpolate at 0.
+    """
     xs = [point(k) for k in active]
     mine = point(me)
     out = []

@@ -62,8 +62,11 @@ class Participant:
 
 @dataclass
 class _SelfMaskBatch:
-    """Self-mask seeds ``b^(s)`` for exchanges ``first .. first + len - 1`` of one (contributor set,
-    threshold): the owner keeps ``seeds``; each holder keeps its ``shares`` of them."""
+    """Self-mask seeds of a run of exchanges of one contributor set.
+
+    Self-mask seeds ``b^(s)`` for exchanges ``first .. first + len - 1`` of one (contributor set,
+    threshold): the owner keeps ``seeds``; each holder keeps its ``shares`` of them.
+    """
 
     first: int
     values: list  # bytes (the owner's seeds) or Share (a holder's shares)
@@ -93,9 +96,11 @@ SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
 def survivor_statement(
     run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors, view: bytes = EMPTY_VIEW
 ) -> bytes:
-    """The bytes a survivor signs in the consistency round (Bonawitz et al. §4, ConsistencyCheck):
-    the run, session and exchange, the sorted survivor set and the digest of the broadcasts the
-    signer trained on (:mod:`protocols.broadcast_view`), length-prefixed."""
+    """The bytes a survivor signs in the consistency round.
+
+    See Bonawitz et al. §4, ConsistencyCheck: the run, session and exchange, the sorted survivor set and the digest of
+    the broadcasts the signer trained on (:mod:`protocols.broadcast_view`), length-prefixed.
+    """
     fields = (
         SURVIVORS_DOMAIN,
         bytes(run_id),
@@ -112,11 +117,13 @@ def survivor_statement(
 def _unmask_answer(
     st: Participant, want_pairwise: list[int], want_self: list[int], ctx, responder: int
 ) -> tuple[dict, dict]:
-    """An honest client's answer to the server's unmasking request (Bonawitz et al. §4, round
-    Unmasking, with the pairwise seeds of this exchange in place of the dropped clients' key
-    shares): its pairwise seed with each dropped peer OR its share of each survivor's self-mask
-    seed, never both for one client — both would let the server unmask that client's input.
-    Shares it does not hold are left out (the server needs ``t`` of them)."""
+    """An honest client's answer to the server's unmasking request.
+
+    See Bonawitz et al. §4, round Unmasking, with the pairwise seeds of this exchange in place of the dropped clients'
+    key shares. Its pairwise seed with each dropped peer OR its share of each survivor's self-mask seed, never both
+    for one client — both would let the server unmask that client's input. Shares it does not hold are left out (the
+    server needs ``t`` of them).
+    """
     both = sorted(set(want_pairwise) & set(want_self))
     if both:
         raise UnmaskingRefusedError(
@@ -133,8 +140,11 @@ def _unmask_answer(
 
 
 def _masked(st: Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[bytes, ...]) -> np.ndarray:
-    """Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) + R_k`` mod ``2^b``, with
-    ``R_k = P_k - P_{k+1}`` from ``out_keys`` (empty: no output mask; one key: ``P_{k+1} = 0``)."""
+    """Client ``k``'s masked upload.
+
+    Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) + R_k`` mod ``2^b``, with
+    ``R_k = P_k - P_{k+1}`` from ``out_keys`` (empty: no output mask; one key: ``P_{k+1} = 0``).
+    """
     y = st.encoded.copy()
     for j, seed in st.seeds.items():
         c = st.common[j]
@@ -170,7 +180,8 @@ def remove_output_masks(
     ``members[b, j]``: client ``j`` is an included contributor of block ``b`` (``[n_blocks, K]``).
     The coefficient of ``P_j`` in ``sum_{k in S_b} (P_k - P_{k+1})`` is ``[j in S_b] - [j-1 in S_b]``
     (``P_K = 0``), so only the first id of every run of consecutive members (+1) and the id after
-    its last one (-1) cost a stream."""
+    its last one (-1) cost a stream.
+    """
     m = members.astype(np.int8)
     coef = m - np.concatenate([np.zeros((m.shape[0], 1), np.int8), m[:, :-1]], axis=1)
     for j in np.flatnonzero(np.any(coef != 0, axis=0)).tolist():
@@ -188,9 +199,11 @@ def remove_output_masks(
 
 
 class MaskClient(ClientHalf):
-    """One client of the mask protocol: its mask key pair (one per run), self-mask seeds, the
-    shares it holds for its peers and its copy of the group seed never leave this object (except
-    as channel ciphertexts and the unmasking answers of step 5)."""
+    """One client of the mask protocol.
+
+    Its mask key pair (one per run), self-mask seeds, the shares it holds for its peers and its copy of the group
+    seed never leave this object (except as channel ciphertexts and the unmasking answers of step 5).
+    """
 
     mode = "mask"
 
@@ -226,8 +239,11 @@ class MaskClient(ClientHalf):
         return tuple(self.plan.contributors), self._threshold()
 
     def _threshold(self) -> int:
-        """``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
-        as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``)."""
+        """The Shamir threshold ``t`` from the run's setup.
+
+        ``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
+        as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``).
+        """
         p, c = self.plan, collusion_bound(self.setup).max_colluders
         t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
         planned = p.encoding.get("threshold")
@@ -251,16 +267,18 @@ class MaskClient(ClientHalf):
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
 
     def take_run_material(self, inbox: list[Message]) -> list[Message]:
-        """Verify and keep the set-up material of the whole run, whatever the fate of the plan it
-        travels with: client 0's output-mask group seed ``G`` (once per run) and the server's
-        broadcasts of the peers' mask keys (each key once per run).  A client that refuses the plan
-        of the exchange carrying them still holds them for the exchanges to come.
+        """Verify and keep the set-up material of the whole run.
+
+        The material is kept whatever the fate of the plan it travels with: client 0's output-mask group seed ``G``
+        (once per run) and the server's broadcasts of the peers' mask keys (each key once per run). A client that
+        refuses the plan of the exchange carrying them still holds them for the exchanges to come.
 
         Keeping them gives a deviating server nothing: ``G`` is signed by client 0's identity key
         (pinned by the run manifest), encrypted under its owner-signed channel key and bound to this
         run, session and client, and a second seed is refused; each mask key is signed by its owner
         and fixed for the run.  The server can neither choose nor change them, and keeping them sends
-        nothing: whatever this client contributes is still decided by the plans it accepts."""
+        nothing: whatever this client contributes is still decided by the plans it accepts.
+        """
         rest = []
         for m in inbox:
             stage = envelope_of(m).stage
@@ -286,9 +304,11 @@ class MaskClient(ClientHalf):
         return msg
 
     def _absorb(self, inbox: list[Message]) -> list[Message]:
-        """Take the set-up messages of this exchange, whichever stage's bundle carries them: the
-        shared block ids (sparse), the participant list and the peers' share batches (those of the
-        whole run: :meth:`take_run_material`).  Returns the other messages."""
+        """Take the set-up messages of this exchange.
+
+        Whichever stage's bundle carries them: the shared block ids (sparse), the participant list and the peers'
+        share batches (those of the whole run: :meth:`take_run_material`). Returns the other messages.
+        """
         rest = []
         for m in inbox:
             stage = envelope_of(m).stage
@@ -425,8 +445,11 @@ class MaskClient(ClientHalf):
         ]
 
     def stage_share_keys(self, inbox):
-        """A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
-        Shamir-shared with every other contributor over the relayed channel."""
+        """Deal a fresh batch of self-mask seeds.
+
+        A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
+        Shamir-shared with every other contributor over the relayed channel.
+        """
         self._absorb(inbox)
         if self.state is None:
             return []
@@ -526,9 +549,12 @@ class MaskClient(ClientHalf):
         )
 
     def stage_consistency(self, inbox):
-        """Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
+        """Consistency check: sign the survivor set the server names.
+
+        Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
         survivor set the server names, if it is a sorted set of at least ``t`` participants that
-        includes this client."""
+        includes this client.
+        """
         if self.state is None:
             return []
         if self._signed is not None and self._signed[0] == self.plan.exchange:
@@ -560,9 +586,12 @@ class MaskClient(ClientHalf):
         ]
 
     def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict) -> None:
-        """The unmasking request must name the survivor set this client signed (its self-mask shares)
+        """Check the unmasking request against what this client signed.
+
+        The unmasking request must name the survivor set this client signed (its self-mask shares)
         and exactly the other participants (their pairwise seeds), with the signatures of at least
-        ``t`` survivors over that set -- so no two clients can be asked about different sets."""
+        ``t`` survivors over that set -- so no two clients can be asked about different sets.
+        """
         where = self.where()
         if self._signed is None or self._signed[0] != self.plan.exchange:
             raise ConsistencyError("an unmasking request before this client signed the survivor set", **where)
@@ -600,8 +629,11 @@ class MaskClient(ClientHalf):
             )
 
     def stage_unmask(self, inbox):
-        """Step 5, answered once per exchange, after the consistency round: the request names the
-        survivors (self-mask shares) and who dropped (pairwise seeds), with the survivors' signatures."""
+        """Answer the unmasking request.
+
+        Step 5, answered once per exchange, after the consistency round: the request names the
+        survivors (self-mask shares) and who dropped (pairwise seeds), with the survivors' signatures.
+        """
         if self.state is None:
             return []
         if self._unmasked == self.plan.exchange:

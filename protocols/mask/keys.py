@@ -115,7 +115,8 @@ class MaskKeyPair:
         """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.
 
         A peer key that is not 32 bytes, or a low-order point (all-zero shared secret, which
-        ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`."""
+        ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`.
+        """
         where = dict(tag=binding.tag, round=binding.round, client=peer_id)
         if not isinstance(peer_public, (bytes, bytearray)):
             raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
@@ -144,15 +145,21 @@ class MaskKeyPair:
 
 
 def signed_mask_key(signing, run_id: bytes, owner: str, public_bytes: bytes) -> bytes:
-    """``public_bytes || signature``: the mask key as its owner advertises it (the signature by
-    ``signing``, the owner's identity key, over :func:`protocols.auth.key_statement`)."""
+    """The mask key as its owner advertises it: ``public_bytes || signature``.
+
+    ``public_bytes || signature``: the mask key as its owner advertises it (the signature by
+    ``signing``, the owner's identity key, over :func:`protocols.auth.key_statement`).
+    """
     return bytes(public_bytes) + sign_public_key(signing, KEY_KIND, run_id, owner, public_bytes)
 
 
 def check_signed_mask_key(registry, run_id: bytes, owner: str, signed, where: dict) -> bytes:
-    """The mask public key of ``owner`` from its advertised form, after checking the owner's
+    """The mask public key of ``owner``, after checking its signature.
+
+    The mask public key of ``owner`` from its advertised form, after checking the owner's
     signature under its registered (manifest-pinned) identity key; IntegrityError if malformed,
-    :class:`~protocols.errors.KeySubstitutionError` if the owner did not sign it."""
+    :class:`~protocols.errors.KeySubstitutionError` if the owner did not sign it.
+    """
     if not isinstance(signed, (bytes, bytearray)) or len(signed) != SIGNED_KEY_BYTES:
         raise IntegrityError(f"an advertised mask key is {SIGNED_KEY_BYTES} bytes (key and owner's signature)", **where)
     key = bytes(signed[:PUBLIC_KEY_BYTES])
@@ -167,8 +174,11 @@ def output_mask_key(group_seed: bytes, client: int, binding: ExchangeBinding) ->
 
 
 def output_mask_keys(group_seed: bytes, k: int, num_clients: int, binding: ExchangeBinding) -> tuple[bytes, ...]:
-    """The keys of ``P_k`` and ``P_{k+1}`` in contributor ``k``'s output mask ``R_k = P_k - P_{k+1}``
-    (just ``P_k`` for the last client id: ``P_K = 0``)."""
+    """The keys of contributor ``k``'s output mask.
+
+    The keys of ``P_k`` and ``P_{k+1}`` in contributor ``k``'s output mask ``R_k = P_k - P_{k+1}``
+    (just ``P_k`` for the last client id: ``P_K = 0``).
+    """
     return tuple(output_mask_key(group_seed, j, binding) for j in range(k, min(k + 2, num_clients)))
 
 

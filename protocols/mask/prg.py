@@ -42,8 +42,11 @@ SPAN_MAX_BYTES = 1 << 24
 
 @lru_cache(maxsize=1024)
 def stream_id(purpose: str, run_id: bytes, seq: int, tag: str, rnd: int) -> bytes:
-    """8-byte stream identifier binding (purpose, run, exchange number, tag, round); public, so
-    memoised (every party derives the same few per exchange)."""
+    """8-byte public stream identifier of one mask stream.
+
+    8-byte stream identifier binding (purpose, run, exchange number, tag, round); public, so
+    memoised (every party derives the same few per exchange).
+    """
     h = hashlib.sha256()
     for part in (
         b"secure_fgl/mask/stream/v1",
@@ -114,6 +117,9 @@ def ring_mask(key: bytes, sid: bytes, block_ids: np.ndarray, block_len: int, dty
 
 
 def ranked_mask(key: bytes, sid: bytes, num_blocks: int, block_len: int, dtype: np.dtype) -> np.ndarray:
-    """Mask rows ``[num_blocks, block_len]`` for blocks indexed by their rank ``0 .. num_blocks - 1``
-    in a set both ends of the mask know (one contiguous keystream read)."""
+    """Mask rows for blocks indexed by their rank.
+
+    Mask rows ``[num_blocks, block_len]`` for blocks indexed by their rank ``0 .. num_blocks - 1``
+    in a set both ends of the mask know (one contiguous keystream read).
+    """
     return ring_mask(key, sid, np.arange(num_blocks), block_len, dtype)

@@ -1,6 +1,8 @@
-"""What both halves of a mask exchange derive from public data alone: the run's parameter
-fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the wire
-format of ring elements and the row positions of a block subset."""
+"""What both halves of a mask exchange derive from public data alone.
+
+The run's parameter fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the wire
+format of ring elements and the row positions of a block subset.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ COMMITMENT_BYTES = 32
 
 
 def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> bytes:
-    """``SHA-256(domain, run, dealer, exchange, x, y)``: the dealer's commitment to the share of its
+    """The dealer's commitment to one share of its self-mask seed.
+
+    ``SHA-256(domain, run, dealer, exchange, x, y)``: the dealer's commitment to the share of its
     self-mask seed for exchange ``seq`` held by the client at ``x = holder + 1``.  The dealer sends
     every commitment to the server in a message it signs; the server checks each share revealed
     for unmasking against it, so a corrupted share is refused naming its sender.  A share is a
-    uniform element of a 256-bit prime field: its hash reveals nothing about the seed."""
+    uniform element of a 256-bit prime field: its hash reveals nothing about the seed.
+    """
     return hashlib.sha256(
         SHARE_COMMITMENT_DOMAIN
         + bytes(run_id)
@@ -42,11 +47,13 @@ def positions(ids: np.ndarray, subset: np.ndarray) -> slice | np.ndarray:
 
 
 def shamir_threshold(n: int, threshold: int | None, max_colluders: int) -> int:
-    """The Shamir threshold ``t`` of an exchange with ``n`` contributors, from the run's public
-    setup only (never from a plan): the run's ``threshold`` capped at ``n``, by default the smallest
-    ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` -- so the
-    server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
-    condition of Bonawitz et al., CCS 2017, docs/security.md); with ``c = 0`` an honest majority."""
+    """The Shamir threshold ``t`` of an exchange with ``n`` contributors.
+
+    It comes from the run's public setup only (never from a plan): the run's ``threshold`` capped at ``n``, by
+    default the smallest ``t`` with ``2t > n + c`` (``c``: the run's max colluders), ``floor((n + c) / 2) + 1`` --
+    so the server cannot gather ``t`` answers from two disjoint sets of honest clients (the active-adversary
+    condition of Bonawitz et al., CCS 2017, docs/security.md); with ``c = 0`` an honest majority.
+    """
     t = (int(n) + int(max_colluders)) // 2 + 1 if threshold is None else int(threshold)
     return max(1, min(t, int(n)))
 

@@ -63,8 +63,11 @@ DP_SIGMAS = 10.0
 
 @dataclass(frozen=True)
 class FixedPoint:
-    """The public encoding of one exchange: ring ``Z_{2^ring_bits}``, ``frac_bits``
-    fractional bits, and the per-entry bound ``entry_bound`` checked before masking."""
+    """The public fixed-point encoding of one exchange.
+
+    The public encoding of one exchange: ring ``Z_{2^ring_bits}``, ``frac_bits``
+    fractional bits, and the per-entry bound ``entry_bound`` checked before masking.
+    """
 
     ring_bits: int
     frac_bits: int
@@ -141,16 +144,21 @@ class FixedPoint:
 
     # ------------------------------------------------------------------ the wire
     def to_wire(self, words: np.ndarray) -> bytes:
-        """Ring elements as ``b/8`` little-endian bytes each: the low bytes of every word,
-        which is the reduction mod ``2^b``."""
+        """Ring elements as ``b/8`` little-endian bytes each.
+
+        The low bytes of every word, which is the reduction mod ``2^b``.
+        """
         w = np.ascontiguousarray(words, dtype=self.dtype)
         if self.dtype.itemsize == self.bytes_per_value:
             return w.tobytes()
         return w.reshape(-1).view(self._low_bytes())["low"].tobytes()
 
     def _low_bytes(self) -> np.dtype:
-        """A word seen as its ``b/8`` low-order bytes (a void field at offset 0, little-endian
-        words): numpy copies these fields whole, much faster than a strided byte slice."""
+        """A word viewed as its ``b/8`` low-order bytes.
+
+        A word seen as its ``b/8`` low-order bytes (a void field at offset 0, little-endian
+        words): numpy copies these fields whole, much faster than a strided byte slice.
+        """
         return np.dtype(
             {"names": ["low"], "formats": [f"V{self.bytes_per_value}"], "offsets": [0], "itemsize": self.dtype.itemsize}
         )

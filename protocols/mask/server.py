@@ -76,11 +76,14 @@ class MaskExchange:
 
 
 class MaskServer(ServerHalf):
-    """The mask server: sums masked uploads, runs the recovery round, routes the sums.  It holds
+    """The mask server: sums masked uploads, runs the recovery round, routes the sums.
+
+    It holds
     public keys, masked vectors and, after the unmasking round, only what Bonawitz et al. give it
     (per client, self-mask shares or this exchange's pairwise seeds, never both).  Over a
     sequential link it folds each upload into the total as it arrives and sends each download as it
-    is built (:func:`~protocols.link.stream_groups`): it holds the total and one client's blocks."""
+    is built (:func:`~protocols.link.stream_groups`): it holds the total and one client's blocks.
+    """
 
     mode = "mask"
     relays_between_clients = True
@@ -119,8 +122,11 @@ class MaskServer(ServerHalf):
         return first <= seq < first + n and holders.issuperset(participants)
 
     def _take_commitments(self, got, k: int, batch_key: tuple, contributors: list[int]) -> None:
-        """Dealer ``k``'s signed commitments to the shares it dealt this exchange (one hash per
-        holder and seed of its batch), kept until its batch is replaced."""
+        """Keep dealer ``k``'s signed commitments to the shares it dealt.
+
+        Dealer ``k``'s signed commitments to the shares it dealt this exchange (one hash per
+        holder and seed of its batch), kept until its batch is replaced.
+        """
         msg = self.responses(got, k, "share_keys", "control")
         size = int(self.setup.options["self_mask_batch"]) * COMMITMENT_BYTES
         try:
@@ -169,8 +175,11 @@ class MaskServer(ServerHalf):
 
     # ------------------------------------------------------------------ stages
     def stage_setup(self, plan, link) -> MaskExchange:
-        """Send the plan; once per run, client 0 deals the output-mask group seed; in the sparse
-        layout, collect each contributor's block ids and queue, per peer, the ids they share."""
+        """Setup stage: send the plan and collect the set-up material.
+
+        Send the plan; once per run, client 0 deals the output-mask group seed; in the sparse
+        layout, collect each contributor's block ids and queue, per peer, the ids they share.
+        """
         contributors = list(plan.contributors)
         t = shamir_threshold(
             len(contributors), self.setup.options["threshold"], collusion_bound(self.setup).max_colluders
@@ -233,8 +242,11 @@ class MaskServer(ServerHalf):
             )
 
     def stage_advertise_keys(self, ex: MaskExchange, link) -> None:
-        """AdvertiseKeys: each contributor's owner-signed mask key, once per run (its first
-        exchange); every participant is sent the keys it has not been sent yet, verbatim."""
+        """AdvertiseKeys: relay each contributor's owner-signed mask key.
+
+        AdvertiseKeys: each contributor's owner-signed mask key, once per run (its first
+        exchange); every participant is sent the keys it has not been sent yet, verbatim.
+        """
         unkeyed = [k for k in ex.contributors if k in ex.announced and k not in self.mask_public]
         if unkeyed:
             got = self.call(link, "advertise_keys", {k: [] for k in unkeyed})
@@ -265,9 +277,12 @@ class MaskServer(ServerHalf):
                 self.keys_sent[k] |= set(new)
 
     def stage_share_keys(self, ex: MaskExchange, link) -> None:
-        """ShareKeys: a batch of self-mask seeds from each participant whose batch for this
+        """ShareKeys: relay fresh batches of self-mask seed shares.
+
+        ShareKeys: a batch of self-mask seeds from each participant whose batch for this
         contributor set does not cover this exchange (the shares are relayed to their holders, the
-        dealer's commitments kept); the participant list goes out when someone was left out."""
+        dealer's commitments kept); the participant list goes out when someone was left out.
+        """
         ex.use_self = len(ex.participants) >= 2
         seq = ex.plan.exchange
         if ex.use_self:
@@ -302,10 +317,13 @@ class MaskServer(ServerHalf):
                 )
 
     def stage_collect_masked_input(self, ex: MaskExchange, link) -> None:
-        """MaskedInputCollection: each upload is folded into the total as it arrives, client by
+        """MaskedInputCollection: fold each masked upload into the total.
+
+        MaskedInputCollection: each upload is folded into the total as it arrives, client by
         client over a sequential link (the server holds the total and one upload at a time); too
         few uploads, more dropouts than distributed DP provisioned for, or a dropout without
-        recovery: DropoutError."""
+        recovery: DropoutError.
+        """
         o, where, n0 = self.setup.options, self.where, len(ex.contributors)
         ex.union = (
             np.unique(np.concatenate([ex.announced[k] for k in ex.participants]))
@@ -351,8 +369,11 @@ class MaskServer(ServerHalf):
             )
 
     def _fold_uploads(self, got, group, ex: MaskExchange) -> float:
-        """One group's answers: verify each masked upload and add it into the total (mod ``2^b``); a
-        client without one is noted as missing.  Returns the seconds it took."""
+        """Verify one group's masked uploads and add them into the total.
+
+        One group's answers: verify each masked upload and add it into the total (mod ``2^b``); a
+        client without one is noted as missing.  Returns the seconds it took.
+        """
         t0, where = time.perf_counter(), self.where
         for k in group:
             msg = self.responses(got, k, "masked_upload")
@@ -371,8 +392,11 @@ class MaskServer(ServerHalf):
         return time.perf_counter() - t0
 
     def stage_consistency(self, ex: MaskExchange, link) -> None:
-        """ConsistencyCheck (Bonawitz et al. §4, active variant): every uploader signs the survivor
-        set; keeps the signatures of those that answered (at least ``t``, else DropoutError)."""
+        """ConsistencyCheck: collect the uploaders' signatures on the survivor set.
+
+        ConsistencyCheck (Bonawitz et al. §4, active variant): every uploader signs the survivor
+        set; keeps the signatures of those that answered (at least ``t``, else DropoutError).
+        """
         survivors = np.asarray(ex.uploaders, np.int32)
         got = self.call(
             link,
@@ -411,10 +435,13 @@ class MaskServer(ServerHalf):
             )
 
     def stage_unmask(self, ex: MaskExchange, link) -> None:
-        """Unmasking: remove each uploader's self mask (from ``t`` shares of its seed, each checked
+        """Unmasking: remove the self masks and the dropped clients' pairwise masks.
+
+        Unmasking: remove each uploader's self mask (from ``t`` shares of its seed, each checked
         against its dealer's commitment) and the pairwise masks the survivors shared with the
         dropped clients (from the survivors' seeds), in place.  The request goes to the clients
-        that signed the survivor set, with their signatures."""
+        that signed the survivor set, with their signatures.
+        """
         plan, where, t, total, union, announced = self.plan, self.where, ex.t, ex.total, ex.union, ex.announced
         dropped, uploaders = ex.dropped, ex.uploaders
         L = plan.block_len
@@ -491,9 +518,12 @@ class MaskServer(ServerHalf):
             total[positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, ex.enc.dtype)
 
     def stage_download(self, ex: MaskExchange, link) -> None:
-        """Delivery: each recipient gets its blocks, who is included and (sparse, with output
+        """Delivery: send each recipient its blocks.
+
+        Delivery: each recipient gets its blocks, who is included and (sparse, with output
         masks) who contributed what; sent as they are built, recipient by recipient over a
-        sequential link.  A recipient's refusal does not keep the download from the others."""
+        sequential link.  A recipient's refusal does not keep the download from the others.
+        """
         plan, L, enc, union = ex.plan, ex.plan.block_len, ex.enc, ex.union
         included = tuple(ex.uploaders)
         reveal = self.setup.options["reveal_to_server"]

@@ -30,20 +30,25 @@ GRID_MODEL_TOLERANCE = 2.0**-22
 
 
 def grid_model_tolerance(value_bound: float) -> float:
-    """Target of a grid model mean with public bound ``B`` on update entries: the float32 rounding
-    error of a parameter of size ``max(4, B)``, ``2^(floor(log2 max(4, B)) - 24)`` -- :data:`GRID_MODEL_TOLERANCE`
-    up to ``B < 8``, ``2^-18`` at the default ``B = 100``.  A bound-independent target would make the grid
-    finer as ``B`` grows (the weight total's error enters as ``|mean| <= B``): at ``B = 100`` and ten
-    clients its sums need 43 bits, more than a CKKS slot half carries exactly (41); this one needs 38."""
+    """Target of a grid model mean with public bound ``B`` on update entries.
+
+    The float32 rounding error of a parameter of size ``max(4, B)``, ``2^(floor(log2 max(4, B)) - 24)`` --
+    :data:`GRID_MODEL_TOLERANCE` up to ``B < 8``, ``2^-18`` at the default ``B = 100``. A bound-independent target
+    would make the grid finer as ``B`` grows (the weight total's error enters as ``|mean| <= B``): at ``B = 100``
+    and ten clients its sums need 43 bits, more than a CKKS slot half carries exactly (41); this one needs 38.
+    """
     return 2.0 ** (math.floor(math.log2(max(4.0, float(value_bound)))) - 24)
 
 
 def model_spec(
     num_contributors: int, num_clients: int, value_bound: float | None = None, *, grid: bool = False
 ) -> ValueSpec:
-    """The model exchange's :class:`~protocols.base.ValueSpec`: :func:`model_precision`'s plan, or with
-    ``grid`` its exact mean on the public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`,
-    target :func:`grid_model_tolerance`): every mode then averages to the same bits."""
+    """The model exchange's :class:`~protocols.base.ValueSpec`.
+
+    :func:`model_precision`'s plan, or with ``grid`` its exact mean on the public grid
+    (:meth:`protocols.precision.MeanPrecision.grid_spec`, target :func:`grid_model_tolerance`): every mode then
+    averages to the same bits.
+    """
     if not grid:
         return model_precision(num_contributors, num_clients, value_bound).spec()
     bound = value_bound or PARAM_BOUND
@@ -53,8 +58,11 @@ def model_spec(
 
 
 def model_dp_request(cfg, dp, tag: str) -> DPRequest | None:
-    """Client-level DP-FedAvg on the model exchange when the run's DP scope (``dp``, the protocol's
-    engine or None) covers ``tag``: updates clipped to ``--dp-clip``, one release per round."""
+    """Client-level DP-FedAvg request on the model exchange when the run's DP scope covers ``tag``.
+
+    Client-level DP-FedAvg on the model exchange when the run's DP scope (``dp``, the protocol's
+    engine or None) covers ``tag``: updates clipped to ``--dp-clip``, one release per round.
+    """
     dp_on = dp is not None and dp.config.in_scope(tag)
     return DPRequest(clip=cfg.dp_clip, releases=cfg.rounds) if dp_on else None
 
@@ -66,12 +74,14 @@ def model_precision(
     *,
     tolerance: float = FLOAT32_MEAN_TOLERANCE,
 ) -> MeanPrecision:
-    """Precision plan of a model-averaging exchange with weights in ``[0, 1]`` that total 1
-    over all clients: ``T_min = 1`` under full participation (exact), else the expected share
-    ``m / K`` of the sampled clients (a planning value; the recipients' bound
-    :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds
-    regardless).  ``value_bound``: the public bound on update entries (``--update-bound``;
-    default :data:`PARAM_BOUND`); packed fixed point takes its quantum from it."""
+    """Precision plan of a model-averaging exchange.
+
+    The weights lie in ``[0, 1]`` and total 1 over all clients: ``T_min = 1`` under full participation (exact), else
+    the expected share ``m / K`` of the sampled clients (a planning value; the recipients' bound
+    :meth:`~protocols.precision.MeanPrecision.error_bound` with the decoded total holds regardless).
+    ``value_bound``: the public bound on update entries (``--update-bound``; default :data:`PARAM_BOUND`); packed
+    fixed point takes its quantum from it.
+    """
     share = 1.0 if num_contributors >= num_clients else num_contributors / num_clients
     return MeanPrecision(
         value_bound=value_bound or PARAM_BOUND, weight_bound=1.0, min_weight_total=share, tolerance=tolerance
@@ -90,8 +100,10 @@ SPLITS = ("train", "val", "test")
 
 
 def accuracy_summary(counts: dict[int, dict[str, tuple[int, int]]]) -> dict:
-    """Accuracy per client, overall (node-weighted) and mean over clients (unweighted), from
-    client -> split -> ``(correct, total)``."""
+    """Accuracy per client, overall (node-weighted) and mean over clients (unweighted).
+
+    ``counts`` maps client -> split -> ``(correct, total)``.
+    """
     per_client, sums = [], {s: [0, 0] for s in SPLITS}
     for k in sorted(counts):
         row = {"client": k}

@@ -1,5 +1,6 @@
-"""The server-side decisions of GCFL and GCFL+ (Xie et al., NeurIPS 2021, sec. 4-5), as small
-pure functions on the statistics the server is given.
+"""The server-side decisions of GCFL and GCFL+.
+
+Xie et al., NeurIPS 2021, sec. 4-5, as small pure functions on the statistics the server is given.
 
 * :func:`should_split` -- eq. 4-5: a cluster ``c`` is split when
   ``delta_mean = || sum_{i in c} (|G_i| / |G_c|) dW_i || < eps1`` (the cluster as a whole is
@@ -48,12 +49,15 @@ def should_split(delta_mean: float, delta_max: float, size: int, rnd: int, eps1:
 def bipartition(
     similarity: np.ndarray, members: Sequence[int], min_side: int = 1
 ) -> tuple[list[int], list[int]] | None:
-    """Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity`` (``[m, m]``,
-    symmetric, non-negative; row ``i`` belongs to ``members[i]``).  Each side is sorted.
+    """Split ``members`` in two by the Stoer-Wagner minimum cut of ``similarity``.
+
+    ``similarity`` is ``[m, m]``, symmetric and non-negative; row ``i`` belongs to ``members[i]``. Each side is
+    sorted.
 
     ``min_side``: the fewest members a side may have.  When the minimum cut leaves a smaller side,
     the lightest cut with both sides ``>= min_side`` (every bipartition enumerated, up to
-    :data:`MARGIN_MAX_MEMBERS` members); ``None`` when there is none."""
+    :data:`MARGIN_MAX_MEMBERS` members); ``None`` when there is none.
+    """
     sim = np.asarray(similarity, dtype=np.float64)
     m = len(members)
     if sim.shape != (m, m) or m < 2:
@@ -81,8 +85,10 @@ MARGIN_MAX_MEMBERS = 16
 
 
 def cut_margin(similarity: np.ndarray) -> float | None:
-    """Weight of the second-lightest cut minus the lightest (every bipartition enumerated;
-    ``None`` above :data:`MARGIN_MAX_MEMBERS` members)."""
+    """Weight of the second-lightest cut minus the lightest.
+
+    Every bipartition enumerated; ``None`` above :data:`MARGIN_MAX_MEMBERS` members.
+    """
     sim = np.asarray(similarity, dtype=np.float64)
     m = sim.shape[0]
     if m < 3 or m > MARGIN_MAX_MEMBERS:
@@ -100,8 +106,11 @@ def cut_flip_bound(num_members: int, similarity_error: float) -> float:
 
 
 def dtw_distances(sequences: Sequence[Sequence[float]], standardize: bool = False) -> np.ndarray:
-    """Pairwise DTW distances (``dtaidistance.dtw.distance_matrix``: Euclidean DTW, no
-    window); ``standardize`` divides each sequence by its standard deviation (reference option)."""
+    """Pairwise DTW distances between sequences.
+
+    Pairwise DTW distances (``dtaidistance.dtw.distance_matrix``: Euclidean DTW, no
+    window); ``standardize`` divides each sequence by its standard deviation (reference option).
+    """
     from dtaidistance import dtw
 
     seqs = [np.asarray(s, dtype=np.float64) for s in sequences]

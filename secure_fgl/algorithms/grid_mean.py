@@ -91,7 +91,8 @@ def grid_weighted_mean(
     """``sum_k Q(w_k v_k / 4) / sum_k Q(w_k / 4)`` through ``protocol.weighted_sum``, equal in every mode.
 
     ``weights`` must sum to at most 1 (e.g. ``n_k / n_total``); ``values`` entries lie in
-    ``[-VALUE_BOUND, VALUE_BOUND]``."""
+    ``[-VALUE_BOUND, VALUE_BOUND]``.
+    """
     if sum(weights[k] for k in values) > 1.0 + 1e-12:
         raise BoundError("the weights sum above 1: divide them by the public total", tag=tag, round=rnd)
     contributions = {
@@ -101,7 +102,10 @@ def grid_weighted_mean(
 
 
 def grid_mean_of_sum(total: np.ndarray) -> np.ndarray:
-    """Recipient side: the decoded sum of the contributions back on the grid (the client half has
-    already rounded it: idempotent), ``S[:-1] / S[-1]``."""
+    """Recipient side: the mean ``S[:-1] / S[-1]`` from the decoded grid sum.
+
+    Recipient side: the decoded sum of the contributions back on the grid (the client half has
+    already rounded it: idempotent), ``S[:-1] / S[-1]``.
+    """
     total = to_grid(total, GRID_BITS)
     return total[:-1] / total[-1]

@@ -43,8 +43,11 @@ def minority_counts(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, m
 
 
 def minority_report(logits: torch.Tensor, c, num_classes: int) -> dict:
-    """One client's part of the metric: its majority class and minority ``(correct, total)`` on its
-    test and validation nodes (what the client reports; it needs only its own data)."""
+    """One client's part of the minority-accuracy metric.
+
+    One client's part of the metric: its majority class and minority ``(correct, total)`` on its
+    test and validation nodes (what the client reports; it needs only its own data).
+    """
     majority = majority_class(c.y, c.train_mask, num_classes)
     return {
         "majority_class": majority,
@@ -61,8 +64,11 @@ class MinorityAccuracy:
         )
 
     def add_minority(self, out: dict, reports: dict[int, dict]) -> dict:
-        """``out`` (an ``evaluate()`` dict) with the clients' :func:`minority_report` entries: per-client
-        rows, the node-weighted ``minority_acc`` / ``val_minority_acc``, and the best-val tracker."""
+        """Add the clients' minority reports to an ``evaluate()`` dict.
+
+        ``out`` (an ``evaluate()`` dict) with the clients' :func:`minority_report` entries: per-client
+        rows, the node-weighted ``minority_acc`` / ``val_minority_acc``, and the best-val tracker.
+        """
         sums = {"test": [0, 0], "val": [0, 0]}
         for row in out["per_client"]:
             rep = reports[row["client"]]
@@ -113,8 +119,10 @@ class MinorityLogic(ModelAveragingLogic):
 
 
 class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
-    """FedAvg's server reporting minority accuracy; ``local`` in the algorithm's name: Local
-    training (each client alone, nothing exchanged)."""
+    """FedAvg's server reporting minority accuracy.
+
+    ``local`` in the algorithm's name: Local training (each client alone, nothing exchanged).
+    """
 
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)

@@ -239,8 +239,11 @@ class CentralizedOptions:
 
 @dataclass
 class FGSSLOptions:
-    """FGSSL settings (Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a
-    grid on Cora's validation split, see docs/fgssl.md)."""
+    """FGSSL settings.
+
+    Huang et al., IJCAI 2023; the paper states no lambdas: ours are the best of a grid on Cora's validation split,
+    see docs/fgssl.md.
+    """
 
     lambda_c: float = setting(
         0.5, min=0, help="weight of FNSC (eq. 12); released-code variant: of the local InfoNCE (the code uses 3)"
@@ -261,9 +264,11 @@ class FGSSLOptions:
 
 @dataclass
 class GAPOptions:
-    """FedGCN-GAP settings (Sajadmanesh et al., USENIX Security 2023; GAP's defaults: 16-dim
-    embeddings, 2 hops).  The encoder is the run's feature-only MLP (``--hidden``, ``--num-layers``):
-    the embeddings are its last hidden layer (``--hidden`` wide)."""
+    """FedGCN-GAP settings (Sajadmanesh et al., USENIX Security 2023; GAP's defaults: 16-dim embeddings, 2 hops).
+
+    The encoder is the run's feature-only MLP (``--hidden``, ``--num-layers``):
+    the embeddings are its last hidden layer (``--hidden`` wide).
+    """
 
     hops: int = setting(2, min=1, unit="hops", help="noisy aggregation hops (each a separate DP release)")
     encoder_rounds: int | None = setting(

@@ -22,13 +22,16 @@ def load(ref: str):
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One algorithm: ``name`` (``--algorithm``), ``task`` (``node``/``graph`` classification),
+    """One algorithm's specification.
+
+    One algorithm: ``name`` (``--algorithm``), ``task`` (``node``/``graph`` classification),
     ``options`` (its settings dataclass, :mod:`.options`), ``check`` (cross-field rules,
     ``check(options, cfg)`` raising ConfigError, run before any data is loaded), ``modes`` (the
     ``--mode`` values it runs in), the catalogue text (``summary``, ``paper``, ``exchanges``: what
     crosses the wire, by tag), ``logic`` and ``strategy`` (``"module:Class"`` of its client logic
     and server strategy), ``mode_note`` (why other modes are refused, after the name; ``{mode}``
-    is filled in)."""
+    is filled in).
+    """
 
     name: str
     summary: str

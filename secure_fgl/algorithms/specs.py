@@ -1,5 +1,7 @@
-"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name (no torch import): each
-algorithm package's ``__init__`` holds its specs; this is the order ``secure-fgl algorithms`` lists them.
+"""Every algorithm's :class:`~.spec.AlgorithmSpec`, by ``--algorithm`` name.
+
+No torch import. Each algorithm package's ``__init__`` holds its specs; this is the order ``secure-fgl algorithms``
+lists them.
 
 ``secure-fgl algorithms [NAME]`` prints the catalogue text; presets (``secure_fgl/configs/*.toml``)
 name their algorithm and are found by it.

@@ -80,8 +80,11 @@ KEY_TAG_SUFFIX = "/keys"
 def workload_config(
     name: str, mode: str, quick: bool, data_root=None, executor: str | None = None, device: str = "cpu"
 ) -> dict:
-    """The run settings of one (workload, mode) as a flat dict (``RunConfig.from_dict``);
-    ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train (``cuda`` on a GPU machine)."""
+    """The run settings of one (workload, mode) as a flat dict.
+
+    For ``RunConfig.from_dict``. ``executor``: ``None`` for :data:`EXECUTOR`; ``device``: where the clients train
+    (``cuda`` on a GPU machine).
+    """
     from secure_fgl.presets import load_preset
 
     preset, overrides, quick_overrides = WORKLOADS[name]
@@ -165,9 +168,12 @@ def _load_average() -> list[float]:
 def run_workloads(
     workloads, modes, quick: bool, data_root=None, executor: str | None = None, repeats: int = 1, device: str = "cpu"
 ) -> list[dict]:
-    """Each workload's modes one after the other, ``repeats`` times round-robin (plain, mask, ckks,
+    """Run each workload's modes one after the other, ``repeats`` times round-robin.
+
+    Each workload's modes one after the other, ``repeats`` times round-robin (plain, mask, ckks,
     plain, ...); every run's ratios divide by the plain run of its own repeat.  With several
-    repeats, :func:`medians` adds one summary record per (workload, mode)."""
+    repeats, :func:`medians` adds one summary record per (workload, mode).
+    """
     records = []
     for name in workloads:
         for rep in range(repeats):
@@ -193,8 +199,11 @@ def run_workloads(
 
 
 def medians(records: list[dict]) -> list[dict]:
-    """Per (workload, mode) over its repeats: the median wall and CPU seconds and the median and
-    range of the per-repeat ratios to plain (``statistic: 'median'``; runs that failed are left out)."""
+    """Median wall and CPU seconds and ratios to plain per (workload, mode).
+
+    Per (workload, mode) over its repeats: the median wall and CPU seconds and the median and
+    range of the per-repeat ratios to plain (``statistic: 'median'``; runs that failed are left out).
+    """
     out = []
     for key in dict.fromkeys((r["workload"], r["mode"]) for r in records if "error" not in r):
         runs = [r for r in records if (r["workload"], r["mode"]) == key and "error" not in r]
@@ -221,8 +230,11 @@ ARXIV_SHAPE = (169_343, 128, ("csbm", {"avg_degree": 2 * 1_166_243 / 169_343, "n
 
 
 def run_scale(sizes, arxiv: bool) -> list[dict]:
-    """The SBM sizes (binary features: 64 up to 1e5 nodes, 16 above; ckks packed) and the
-    ogbn-arxiv-sized point, each in a fresh process (:func:`secure_fgl.bench.fedgcn.scale_part`)."""
+    """Run the SBM sizes and the ogbn-arxiv-sized point, each in a fresh process.
+
+    The SBM sizes (binary features: 64 up to 1e5 nodes, 16 above; ckks packed) and the
+    ogbn-arxiv-sized point, each in a fresh process (:func:`secure_fgl.bench.fedgcn.scale_part`).
+    """
     from .fedgcn import scale_part
 
     recs = scale_part(sizes, lambda n: 64 if n <= 100_000 else 16)
@@ -283,9 +295,12 @@ def tag_table(records: list[dict]) -> list[str]:
 
 
 def exchange_table(records: list[dict]) -> list[str]:
-    """Per workload and exchange (tag): each mode's bytes up + down over plain's bytes of the same
+    """Per workload and exchange: each mode's bytes and CPU seconds over plain's.
+
+    Per workload and exchange (tag): each mode's bytes up + down over plain's bytes of the same
     exchange, and the whole run's CPU seconds over plain's (the CPU of one exchange is not separable
-    from the run; the set-up and training phases' wall seconds are in ``time``)."""
+    from the run; the set-up and training phases' wall seconds are in ``time``).
+    """
     lines = []
     for name in dict.fromkeys(r["workload"] for r in records if "per_tag" in r):
         rows = [r for r in records if r["workload"] == name and "per_tag" in r and not r.get("repeat")]

@@ -94,8 +94,10 @@ def save_checkpoint(path: Path, cfg: RunConfig, content: dict) -> None:
 
 
 def load_checkpoint(path: Path, cfg: RunConfig) -> dict:
-    """The content saved by :func:`save_checkpoint`; a corrupt or foreign file, or one made by
-    a run with other settings, raises a one-line :class:`ConfigError`."""
+    """The content saved by :func:`save_checkpoint`.
+
+    A corrupt or foreign file, or one made by a run with other settings, raises a one-line :class:`ConfigError`.
+    """
     try:
         saved = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:

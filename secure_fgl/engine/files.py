@@ -2,7 +2,8 @@
 
 Results and model weights get the permissions the umask gives a new file (group-readable
 under the usual 022/002), so collaborators can read a run; checkpoints, which hold client
-state, keep the private 0600 of the temporary file."""
+state, keep the private 0600 of the temporary file.
+"""
 
 from __future__ import annotations
 

@@ -50,8 +50,11 @@ def model_weights(algo) -> dict[str, torch.Tensor]:
 
 
 def load_best_model(path: str | Path, module: nn.Module, prefix: str = "models.0") -> nn.Module:
-    """Load the weights saved under ``prefix`` (e.g. ``models.0``: the global model of a
-    model-averaging algorithm; ``models.3``/``gnns.3``: client 3's) into ``module``."""
+    """Load the weights saved under ``prefix`` into ``module``.
+
+    Load the weights saved under ``prefix`` (e.g. ``models.0``: the global model of a
+    model-averaging algorithm; ``models.3``/``gnns.3``: client 3's) into ``module``.
+    """
     weights = torch.load(path, weights_only=True, map_location="cpu")
     state = {k[len(prefix) + 1 :]: v for k, v in weights.items() if k.startswith(prefix + ".")}
     if not state:

@@ -3,7 +3,8 @@
 ``phases = Phases(enabled=True, log_file=None)``; ``with phases("setup", "keys and the
 pre-training exchange"):`` prints ``[setup] keys and the pre-training exchange ...`` when the
 phase starts and ``[setup] done in 12.3 s`` when it ends, on stderr (stdout keeps the
-summary) and, with ``log_file``, in that file too.  The rounds have their own bar."""
+summary) and, with ``log_file``, in that file too.  The rounds have their own bar.
+"""
 
 from __future__ import annotations
 

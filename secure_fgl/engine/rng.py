@@ -58,8 +58,7 @@ def using(generator: torch.Generator) -> Iterator[torch.Generator]:
 
 
 def draw_key() -> int:
-    """One 32-bit key (as a signed int32) from the active generator (torch's global one
-    outside :func:`using`)."""
+    """One 32-bit key (as a signed int32) from the active generator (torch's global one outside :func:`using`)."""
     return int(torch.randint(-(2**31), 2**31, (1,), generator=_ACTIVE.get()))
 
 
@@ -70,9 +69,12 @@ def _logical_shift_right(z: torch.Tensor, bits: int, out: torch.Tensor) -> torch
 
 
 def uniform_at(key: int, index: torch.Tensor) -> torch.Tensor:
-    """float32 uniforms in ``[0, 1)``, one per position in ``index`` (taken mod 2^32):
+    """Float32 uniforms in ``[0, 1)``, one per position in ``index``.
+
+    float32 uniforms in ``[0, 1)``, one per position in ``index`` (taken mod 2^32):
     ``z = key XOR i``, then ``z ^= z >> 16; z *= 0x7feb352d; z ^= z >> 15; z *= 0x846ca68b;
-    z ^= z >> 16`` and the top 24 bits (in place on two buffers: dropout calls it every step)."""
+    z ^= z >> 16`` and the top 24 bits (in place on two buffers: dropout calls it every step).
+    """
     z = index.to(torch.int32) ^ key
     tmp = torch.empty_like(z)
     z.bitwise_xor_(_logical_shift_right(z, 16, tmp)).mul_(_MIX1)

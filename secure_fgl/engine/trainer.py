@@ -44,8 +44,10 @@ def _summary(ev: dict) -> dict:
 
 
 def _restore(saved: dict, path: Path, algo: Strategy, extra_state) -> TrainState:
-    """Load a checkpoint's content into ``algo`` (and ``extra_state``); content that does not fit
-    this run (a key missing, a wrong type or shape) is refused in one line."""
+    """Load a checkpoint's content into ``algo`` (and ``extra_state``).
+
+    Content that does not fit this run (a key missing, a wrong type or shape) is refused in one line.
+    """
     try:
         algo.load_state_dict(saved["algorithm"])
         state = TrainState(**saved["train"])
@@ -64,9 +66,11 @@ def _restore(saved: dict, path: Path, algo: Strategy, extra_state) -> TrainState
 def train(
     algo: Strategy, cfg: RunConfig, out_dir: Path | None, *, progress: bool = True, extra_state=None, hooks=()
 ) -> TrainState:
-    """Run rounds ``next_round..rounds-1``; ``extra_state`` is a (save, load) pair of
-    callables for run-level state the checkpoint must carry (transcript, accountant);
-    ``hooks``: ``hook(row, state, algo)`` after each round (:mod:`.hooks`)."""
+    """Run rounds ``next_round..rounds-1``.
+
+    ``extra_state`` is a (save, load) pair of callables for run-level state the checkpoint must carry (transcript,
+    accountant); ``hooks``: ``hook(row, state, algo)`` after each round (:mod:`.hooks`).
+    """
     state = TrainState()
     ckpt = out_dir / CHECKPOINT if out_dir is not None else None
     if cfg.resume and ckpt is not None and ckpt.exists():

@@ -54,9 +54,12 @@ class TranscriptState:
         self._fresh = True  # the next write starts a new file (a run not resumed)
 
     def encode(self) -> dict:
-        """Append the messages recorded since the last call to the side file (flushed to disk
+        """Append the new messages to the side file and return the checkpoint reference.
+
+        Append the messages recorded since the last call to the side file (flushed to disk
         before returning, so a checkpoint never refers to bytes that are not there) and return the
-        checkpoint's reference to it."""
+        checkpoint's reference to it.
+        """
         messages = self.transcript.messages
         if len(messages) < self._saved:
             raise RuntimeError("the transcript lost messages since the last checkpoint")
@@ -72,8 +75,11 @@ class TranscriptState:
         return {"messages": self._saved, "bytes": self._bytes, "sha256": self._hash.hexdigest()}
 
     def restore(self, ref: dict) -> None:
-        """Replace the transcript's messages by the first ``ref["messages"]`` lines of the side
-        file after checking their SHA-256; bytes after them are cut off."""
+        """Restore the transcript's messages from the side file.
+
+        Replace the transcript's messages by the first ``ref["messages"]`` lines of the side
+        file after checking their SHA-256; bytes after them are cut off.
+        """
 
         def refuse(why: str):
             return ConfigError(f"--resume refused: {self.path} {why}; delete the run folder or run without --resume")

@@ -49,10 +49,12 @@ def first_linear(model: nn.Module) -> nn.Module:
 
 
 def centre_first_layer(model: nn.Module, mu: torch.Tensor) -> None:
-    """Make ``model`` see ``X - 1 mu^T`` for any input ``X`` (module docstring); a second call
-    replaces the first.  A dense input (the density at which :func:`~.node.dropout` draws at every
+    """Make ``model`` see ``X - 1 mu^T`` for any input ``X`` (module docstring); a second call replaces the first.
+
+    A dense input (the density at which :func:`~.node.dropout` draws at every
     position anyway) is centred as a copy for the call, so its dropout acts on ``X - 1 mu^T``
-    exactly as before; a sparse one keeps its zeros and the hook subtracts ``mu^T W``."""
+    exactly as before; a sparse one keeps its zeros and the hook subtracts ``mu^T W``.
+    """
     lin = first_linear(model)
     for handle in getattr(model, "_centring_hooks", ()):
         handle.remove()

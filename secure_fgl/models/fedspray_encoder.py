@@ -40,8 +40,11 @@ def node_proxies(
 
 
 def initial_proxies(num_classes: int, dim: int) -> torch.Tensor:
-    """``S_0[c] = 0.01 * c * 1`` — the reference code's initialisation (``server.py``);
-    the paper leaves ``S_0`` unspecified."""
+    """The initial class proxies ``S_0[c] = 0.01 * c * 1``.
+
+    ``S_0[c] = 0.01 * c * 1`` — the reference code's initialisation (``server.py``);
+    the paper leaves ``S_0`` unspecified.
+    """
     return 0.01 * torch.arange(num_classes, dtype=torch.float32)[:, None].expand(num_classes, dim).clone()
 
 

@@ -1,5 +1,7 @@
-"""The graph-classification GIN of GCFL (Xie et al., NeurIPS 2021, sec. 6.1; the authors'
-``models.py``): a local input layer, ``num_layers`` GIN layers (Xu et al., ICLR 2019)
+"""The graph-classification GIN of GCFL.
+
+Xie et al., NeurIPS 2021, sec. 6.1; the authors' ``models.py``. A local input layer, ``num_layers`` GIN layers (Xu
+et al., ICLR 2019)
 
     h_v' = MLP((1 + eps) h_v + sum_{u in N(v)} h_u),   MLP = Linear-ReLU-Linear (hidden -> hidden),
 

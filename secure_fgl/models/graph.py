@@ -1,5 +1,7 @@
-"""Graph-classification GIN with a sum readout (Xu et al., ICLR 2019, eq. 4.1),
-the model of GCFL (Xie et al., NeurIPS 2021, sec. 5: 3 GIN layers, hidden 64)."""
+"""Graph-classification GIN with a sum readout.
+
+Xu et al., ICLR 2019, eq. 4.1; the model of GCFL (Xie et al., NeurIPS 2021, sec. 5: 3 GIN layers, hidden 64).
+"""
 
 from __future__ import annotations
 

@@ -26,12 +26,15 @@ SPARSE_DROPOUT_DENSITY = 0.25
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``F.dropout(x, p, training)`` in distribution, with randomness that does not depend on the
+    """Dropout with randomness that does not depend on the values.
+
+    ``F.dropout(x, p, training)`` in distribution, with randomness that does not depend on the
     values: one key per call (:func:`~secure_fgl.engine.rng.draw_key`) and entry ``(i, j)`` kept
     when ``uniform_at(key, i * cols + j) >= p``, so the mask is a function of the key and the
     position only.  When ``x`` is mostly zero (a dropped zero is still zero) the mask is computed
     only at the non-zeros: bag-of-words inputs and their neighbour sums (Cora 1.3 %, CiteSeer
-    0.9 % non-zero) cost in proportion to their non-zeros, as in Kipf & Welling's sparse dropout."""
+    0.9 % non-zero) cost in proportion to their non-zeros, as in Kipf & Welling's sparse dropout.
+    """
     if not training or p == 0.0 or x.dim() != 2:
         return F.dropout(x, p, training)
     if p >= 1.0:
@@ -94,11 +97,14 @@ class GCN(_Stack):
 
 
 class NarrowingSAGEConv(SAGEConv):
-    """Mean-aggregator ``SAGEConv`` (``W_l mean_{j in N(i)} x_j + b + W_r x_i``) that, when the
+    """Mean-aggregator ``SAGEConv`` that projects before aggregating when the layer narrows.
+
+    Mean-aggregator ``SAGEConv`` (``W_l mean_{j in N(i)} x_j + b + W_r x_i``) that, when the
     layer narrows (in > out channels), computes ``W_l mean_j x_j`` as ``mean_j (W_l x_j)``: the
     same value (a mean commutes with a linear map; a node without neighbours gets ``b`` either
     way), with the neighbour aggregation over ``out`` instead of ``in`` channels (PubMed's 500
-    features -> 64: ~8x less scatter work).  Same parameters and state dict as ``SAGEConv``."""
+    features -> 64: ~8x less scatter work).  Same parameters and state dict as ``SAGEConv``.
+    """
 
     def forward(self, x, edge_index, size=None):
         if not isinstance(x, torch.Tensor) or self.in_channels <= self.out_channels:

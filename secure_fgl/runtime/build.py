@@ -32,8 +32,11 @@ from .strategy import Strategy
 
 
 def make_executor(cfg, device: str = "cpu") -> Executor:
-    """``--executor local``, ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``) or
-    ``flower`` (:mod:`.flower_executor`, needs ``pip install -e ".[flower]"``)."""
+    """The executor named by ``--executor``: ``local``, ``ray`` or ``flower``.
+
+    ``--executor local``, ``ray`` (:mod:`.ray_executor`, needs ``pip install -e ".[ray]"``) or
+    ``flower`` (:mod:`.flower_executor`, needs ``pip install -e ".[flower]"``).
+    """
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor
 
@@ -68,16 +71,22 @@ def client_resources(cfg) -> dict[int, str]:
 
 
 def run_transcript(cfg: RunConfig) -> Transcript:
-    """The transcript of a run: message metadata always (``comm``, the privacy section, the side
-    file); payloads (of each tag's latest round) only when ``--attacks`` will read them.  Without
-    attacks nothing reads a payload, and keeping them would hold a one-time exchange -- FedGCN's
-    neighbour sums, every upload and download of it -- in memory for the rest of the run."""
+    """The transcript of a run.
+
+    Message metadata always (``comm``, the privacy section, the side file); payloads (of each tag's latest round)
+    only when ``--attacks`` will read them. Without attacks nothing reads a payload, and keeping them would hold a
+    one-time exchange -- FedGCN's neighbour sums, every upload and download of it -- in memory for the rest of the
+    run.
+    """
     return Transcript(keep_payloads="latest" if cfg.attacks else "none")
 
 
 def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript | None = None, link=None, **options):
-    """The run's protocol object (:func:`protocols.make_protocol`) from ``cfg``; ``link``: where its
-    client halves live; ``options``: backend settings no flag carries (a bench's CKKS parameters)."""
+    """The run's protocol object from ``cfg``.
+
+    The run's protocol object (:func:`protocols.make_protocol`) from ``cfg``; ``link``: where its
+    client halves live; ``options``: backend settings no flag carries (a bench's CKKS parameters).
+    """
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
         extra["exact_fields"] = False
@@ -94,8 +103,10 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
 
 
 def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=None, **options):
-    """The run's protocol with the executor as its link (:class:`~.exchange.RuntimeLink`): its
-    client halves live in the runtimes."""
+    """The run's protocol with the executor as its link.
+
+    The link is a :class:`~.exchange.RuntimeLink`: its client halves live in the runtimes.
+    """
     return make_run_protocol(cfg, num_clients, transcript, link=RuntimeLink(executor), **options)
 
 
@@ -129,9 +140,11 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
 
 @dataclasses.dataclass
 class StartedRun:
-    """A run's parties, built but not trained (:func:`start_run`): the server ``strategy``, its
-    ``protocol`` (server half and transcript), the ``executor`` holding the client runtimes and the
-    partitioned data ``fed`` (the evaluator's ground truth)."""
+    """A run's parties, built but not trained.
+
+    Made by :func:`start_run`: the server ``strategy``, its ``protocol`` (server half and transcript), the ``executor``
+    holding the client runtimes and the partitioned data ``fed`` (the evaluator's ground truth).
+    """
 
     strategy: Strategy
     protocol: object
@@ -148,8 +161,11 @@ class StartedRun:
         return self.executor.runtimes[k].logic
 
     def train(self, rounds: int | None = None, *, setup: bool = True) -> list[dict]:
-        """``setup()`` (unless ``setup`` is false), then ``rounds`` rounds (default: the config's);
-        returns each round's metrics."""
+        """Set up, then train ``rounds`` rounds.
+
+        ``setup()`` (unless ``setup`` is false), then ``rounds`` rounds (default: the config's);
+        returns each round's metrics.
+        """
         if setup:
             self.strategy.setup()
         n = self.strategy.cfg.rounds if rounds is None else rounds
@@ -163,12 +179,15 @@ def start_run(
     transcript: Transcript | None = None,
     protocol_options: dict | None = None,
 ) -> StartedRun:
-    """Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
+    """Check ``cfg``, load its data and start one runtime per client.
+
+    Check ``cfg`` (:func:`~secure_fgl.preflight.preflight`), load its data unless ``fed`` is
     given, start one runtime per client on ``executor`` (default: :func:`make_executor`'s) and
     build the server strategy: what :func:`secure_fgl.experiment.run_experiment` trains, for a
     script or a test that drives the rounds itself (``transcript``: default
     :func:`run_transcript`'s; ``protocol_options``: :func:`make_run_protocol`'s ``options``).
-    Shut the executor down when done."""
+    Shut the executor down when done.
+    """
     options = preflight(cfg, check_data=fed is None)
     fed = load_federation(cfg) if fed is None else fed
     executor = make_executor(cfg) if executor is None else executor

@@ -41,13 +41,14 @@ def client_frame(
     owner: torch.Tensor | None = None,
     load_own_data: bool = False,
 ) -> bytes:
-    """The set-up frame of client ``c``: its own data, the owner of the far end of each of its
-    cross edges (a client knows who holds the other end of its edges), the run's settings,
-    the public facts and, for a backend split into halves, its public setup bytes
-    (:class:`protocols.party.PartySetup`).  ``owner``: the client owning each of ``c``'s nodes,
-    for a runtime that holds several clients' nodes (the centralized reference).
-    ``load_own_data``: the digest of that data instead of the data, which the runtime loads on
-    its own machine (:mod:`.partition`)."""
+    """The set-up frame of client ``c``.
+
+    Its own data, the owner of the far end of each of its cross edges (a client knows who holds the other end of its
+    edges), the run's settings, the public facts and, for a backend split into halves, its public setup bytes
+    (:class:`protocols.party.PartySetup`). ``owner``: the client owning each of ``c``'s nodes, for a runtime that
+    holds several clients' nodes (the centralized reference). ``load_own_data``: the digest of that data instead of
+    the data, which the runtime loads on its own machine (:mod:`.partition`).
+    """
     setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
     owned = {} if owner is None else {"owner": owner}
     data = data_fields(c, far_owner)
@@ -101,9 +102,12 @@ class ClientRuntime:
             self.half.clear_tags = self.logic.clear_tags
 
     def handle(self, method: str, request: bytes) -> bytes:
-        """Answer one request: ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``,
-        ``save``, ``load``, ``weights`` or ``attack`` (a request frame in, a response frame out), or
-        ``half:<stage>`` (the protocol half's stage, bundles of signed messages in and out)."""
+        """Answer one request.
+
+        ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``, ``save``, ``load``, ``weights``
+        or ``attack`` (a request frame in, a response frame out), or ``half:<stage>`` (the protocol half's stage,
+        bundles of signed messages in and out).
+        """
         if method.startswith("half:"):  # a protocol stage: signed message bundles in and out
             return self.half.handle(method[5:], request)
         if method == "ping":  # transport overhead measurement (bench)

@@ -1,5 +1,4 @@
-"""Differential privacy on the client runtimes: clipping and noise where the data is, one
-accountant with the strategy.
+"""Differential privacy on the client runtimes: clipping and noise where the data is, one accountant with the strategy.
 
 The mechanism is :mod:`protocols.dp`'s, split between the parties:
 
@@ -37,8 +36,10 @@ from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 
 
 def request_fields(req: DPRequest, spec) -> dict:
-    """What a client needs of a release's :class:`DPRequest` to clip and noise (wire fields), with
-    the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`)."""
+    """What a client needs of a release's :class:`DPRequest` to clip and noise.
+
+    The wire fields, with the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`).
+    """
     return {
         "clip": float(req.clip),
         "per_row": bool(req.per_row),
@@ -119,9 +120,12 @@ def for_spec(req: DPRequest, spec) -> DPRequest:
 def privatize_dense(
     strategy, tag: str, rnd: int, contributors, length: int, req: DPRequest, spec, *, row_len: int | None = None
 ) -> tuple[list[int], float, object]:
-    """Count one dense release in the run's accountant and have every contributor noise its kept
+    """Count one dense release and have every contributor noise its kept vector.
+
+    Count one dense release in the run's accountant and have every contributor noise its kept
     vector; returns the contributors still there, the std of the noise in the sum and the spec
-    the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`)."""
+    the sum is encoded with (:meth:`protocols.base.Protocol.release_spec`).
+    """
     dp, req = strategy.protocol.dp, for_spec(req, spec)
     spec = strategy.protocol.release_spec(spec, req)
     std = dp.vector_release(
@@ -144,9 +148,12 @@ def privatize_row_sum(
     spec,
     dim: int,
 ) -> tuple[list[int], float]:
-    """The same for a row sum of ``dim``-wide rows: ``blocks[k]`` are the blocks client k uploads;
+    """Count one row-sum release and have every contributor noise its rows.
+
+    The same for a row sum of ``dim``-wide rows: ``blocks[k]`` are the blocks client k uploads;
     each of their rows gets noise sized by the number of clients uploading that block (``spec``:
-    the release spec the caller sized its blocks with)."""
+    the release spec the caller sized its blocks with).
+    """
     num_blocks = -(-num_rows // rpb)
     per_block = np.zeros(num_blocks, dtype=np.int64)
     for b in blocks.values():

@@ -137,8 +137,10 @@ class DropoutSchedule:
         self.events: dict[tuple[int, str], list[int]] = {}
 
     def silent(self, rnd: int, stage: str | None, addressed) -> set[int]:
-        """The clients among ``addressed`` that do not answer this call (``stage`` None: not a
-        protocol stage, only clients already gone this round stay silent)."""
+        """The clients among ``addressed`` that do not answer this call.
+
+        ``stage`` None: not a protocol stage, only clients already gone this round stay silent.
+        """
         if rnd != self._round:  # a new round: every dropped client rejoins
             self._round, self.gone = rnd, {}
         addressed = {int(k) for k in addressed}
@@ -158,9 +160,12 @@ class DropoutSchedule:
 
 
 class SimulatedDropouts:
-    """An executor whose clients drop by ``schedule`` (module docstring): a silent client's request
+    """An executor whose clients drop out by ``schedule``.
+
+    An executor whose clients drop by ``schedule`` (module docstring): a silent client's request
     is not delivered, so the call returns without its answer.  ``clock()`` is the round in progress
-    (the strategy's, set by :func:`~.build.make_strategy`).  Everything else is the wrapped executor's."""
+    (the strategy's, set by :func:`~.build.make_strategy`).  Everything else is the wrapped executor's.
+    """
 
     def __init__(self, executor, schedule: DropoutSchedule):
         self.executor, self.schedule = executor, schedule

@@ -1,5 +1,6 @@
-"""Protocol exchanges run by client halves inside the client runtimes (backends split into
-halves, :mod:`protocols.party`).
+"""Protocol exchanges run by client halves inside the client runtimes.
+
+Backends split into halves, :mod:`protocols.party`.
 
 With a split backend the strategy never holds a contribution: each client runtime builds its
 backend's :class:`~protocols.party.ClientHalf` from the run's public setup bytes (its keys are
@@ -31,8 +32,11 @@ from .dp import privatize_row_sum
 
 
 class RuntimeLink(ClientLink):
-    """The executor as the protocol's transport: stage ``s`` for client ``k`` is the runtime
-    method ``half:s``; a client that did not answer is missing from the result (a dropout)."""
+    """The executor as the protocol's transport.
+
+    Stage ``s`` for client ``k`` is the runtime method ``half:s``; a client that did not answer is missing from the
+    result (a dropout).
+    """
 
     def __init__(self, executor, on_lost: Callable[[dict, str], None] = lambda lost, method: None):
         self.executor, self.on_lost = executor, on_lost
@@ -45,8 +49,11 @@ class RuntimeLink(ClientLink):
 
 
 def split_backend(protocol) -> bool:
-    """The protocol's client halves live in the runtimes: a split backend built with
-    :class:`RuntimeLink` (:func:`~.build.make_runtime_protocol`)."""
+    """Whether the protocol's client halves live in the runtimes.
+
+    The protocol's client halves live in the runtimes: a split backend built with
+    :class:`RuntimeLink` (:func:`~.build.make_runtime_protocol`).
+    """
     return isinstance(getattr(protocol, "link", None), RuntimeLink)
 
 
@@ -56,9 +63,12 @@ def dense_table(plan, vector: np.ndarray) -> BlockTable:
 
 
 def rows_table(plan, ids: np.ndarray, rows: np.ndarray) -> BlockTable:
-    """A row contribution as the plan's blocks (``rpb = block_len / width`` rows each), built
-    block range by block range as the half reads them (:class:`~protocols.row_blocks.BlockRows`):
-    a client holds its compact rows, not its dense blocks, while the exchange streams."""
+    """A row contribution as the plan's blocks.
+
+    Blocks of ``rpb = block_len / width`` rows each, built block range by block range as the half reads them
+    (:class:`~protocols.row_blocks.BlockRows`): a client holds its compact rows, not its dense blocks, while the
+    exchange streams.
+    """
     rpb = plan.block_len // rows.shape[1]
     bids = np.arange(plan.num_blocks) if plan.layout == "dense" else np.unique(ids // rpb)
     return BlockTable(bids, BlockRows(bids, ids, rows, rpb))
@@ -73,8 +83,11 @@ def dense_result(blocks: dict[int, np.ndarray], length: int) -> np.ndarray:
 
 
 def rows_result(half, request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarray:
-    """The totals of the requested rows, in request order, from ``half``'s decoded result of a row
-    sum, which the half then forgets: the rows its selection kept (:func:`keep_rows`), or whole blocks."""
+    """The totals of the requested rows from ``half``'s decoded row sum.
+
+    The totals of the requested rows, in request order, from ``half``'s decoded result of a row
+    sum, which the half then forgets: the rows its selection kept (:func:`keep_rows`), or whole blocks.
+    """
     blocks, selection = half.take_result(), half.selection
     half.selection = None
     if selection is not None:
@@ -87,11 +100,14 @@ def rows_result(half, request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarra
 def keep_rows(
     logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict, whole_blocks: bool = False
 ) -> dict:
-    """Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
+    """Client side of a split row sum: keep the rows for the half.
+
+    Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
     facts -- row counts, the blocks it asks for and, under DP, the blocks it uploads (the server
     half learns them in the sparse layout anyway; all of them in the dense layout).  The half keeps
     only the requested rows of each block it decodes (:class:`~protocols.row_blocks.RowSelection`;
-    ``whole_blocks``: every row, for a client that reads them all)."""
+    ``whole_blocks``: every row, for a client that reads them all).
+    """
     logic.keep(tag, ids, rows)
     rpb, num_blocks, layout = int(req["rpb"]), int(req["num_blocks"]), req["layout"]
     logic.rt.half.selection = None if whole_blocks else RowSelection(request, rpb, rows.shape[1])
@@ -109,8 +125,11 @@ def keep_rows(
 def plan_dense(
     protocol, tag: str, rnd: int, contributors, recipients, length: int, spec, *, dp_noise_std: float = 0.0
 ) -> ExchangeContext:
-    """The public context of a dense sum of ``length``-vectors (blocking of ``_sum_vectors``);
-    ``dp_noise_std``: the std of the DP noise in the sum (the encodings leave room for it)."""
+    """The public context of a dense sum of ``length``-vectors.
+
+    Blocking of ``_sum_vectors``. ``dp_noise_std``: the std of the DP noise in the sum (the encodings leave room for
+    it).
+    """
     cap = max(1, protocol.vector_block_capacity(spec, length))
     num_blocks = max(1, -(-length // cap))
     block_len = min(cap, length) if num_blocks == 1 else cap
@@ -142,8 +161,10 @@ def plan_rows(
     *,
     dp_noise_std: float = 0.0,
 ) -> ExchangeContext:
-    """The public context of a row sum in blocks of ``rpb`` rows (the blocking of
-    :meth:`protocols.base.Protocol.row_sum`, fixed before any DP noise, as the clients were told)."""
+    """The public context of a row sum in blocks of ``rpb`` rows.
+
+    The blocking of :meth:`protocols.base.Protocol.row_sum`, fixed before any DP noise, as the clients were told.
+    """
     num_blocks = -(-num_rows // rpb)
     up, down = row_sum_bytes(rows_up, rows_down, dim, num_rows, layout)
     return ExchangeContext(
@@ -163,11 +184,13 @@ def plan_rows(
 def run_row_sum(
     strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec, rpb: int, dp=None
 ) -> float:
-    """Server side of a split row sum whose contributions the clients kept (:func:`keep_rows`) in
-    blocks of ``rpb`` rows (``protocol.rows_per_block``, taken before the release):
-    with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
-    (:func:`~.dp.privatize_row_sum`); then the exchange runs.  Returns the std of the noise in
-    the totals (0 without DP)."""
+    """Server side of a split row sum whose contributions the clients kept.
+
+    The clients kept their rows (:func:`keep_rows`) in blocks of ``rpb`` rows (``protocol.rows_per_block``, taken
+    before the release): with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
+    (:func:`~.dp.privatize_row_sum`); then the exchange runs. Returns the std of the noise in the totals (0 without
+    DP).
+    """
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:
         privatize_row_sum(
@@ -195,8 +218,10 @@ def run_row_sum(
 
 
 def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
-    """Run one exchange's server half over the protocol's link; returns the clients whose
-    contributions the result covers (also kept as ``protocol.last_included``)."""
+    """Run one exchange's server half over the protocol's link.
+
+    Returns the clients whose contributions the result covers (also kept as ``protocol.last_included``).
+    """
     protocol._begin_exchange(ctx.tag, ctx.round)
     protocol._ensure_registered(ctx.round)
     included = protocol.server.run(protocol.plan_exchange(ctx), protocol.link)

@@ -54,9 +54,11 @@ class ExecutorStats:
 
 
 def answer_each(runtimes: Mapping, method: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
-    """Every addressed runtime answers ``method``, in client order; then the first
-    :class:`~protocols.ProtocolError` a runtime raised is re-raised (``refusing_client`` names
-    it).  Any other error is re-raised at once."""
+    """Every addressed runtime answers ``method``, in client order.
+
+    Then the first :class:`~protocols.ProtocolError` a runtime raised is re-raised (``refusing_client`` names it).
+    Any other error is re-raised at once.
+    """
     out, refusal = {}, None
     for k in sorted(requests):
         try:
@@ -128,7 +130,9 @@ class LocalExecutor(Executor):
         return answer_each(self.runtimes, method, requests), {}
 
     def shutdown(self) -> None:
-        """Drop the runtimes and hand their memory back to the OS (:mod:`.memory`): a process
-        running several runs does not keep the last one's."""
+        """Drop the runtimes and hand their memory back to the OS.
+
+        :mod:`.memory`. A process running several runs does not keep the last one's.
+        """
         self.runtimes = {}
         release_freed_memory()

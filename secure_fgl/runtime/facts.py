@@ -1,5 +1,8 @@
-"""The public facts of a run: all an algorithm's server side and client logic learn about the
-federation as a whole (never the global ``FederatedGraph``)."""
+"""The public facts of a run.
+
+All an algorithm's server side and client logic learn about the federation as a whole (never the global
+``FederatedGraph``).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,14 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class PublicFacts:
-    """``N`` nodes, ``d`` features, ``C`` classes, ``K`` clients, the feature type (binary;
+    """The public facts of a node-classification federation.
+
+    ``N`` nodes, ``d`` features, ``C`` classes, ``K`` clients, the feature type (binary;
     counts: every feature a non-negative integer), the public
     size of the training split (the denominator of FedAvg's weights ``n_k / n_train``), the
     number of nodes held by some client (a partition may drop nodes; FedOMD's weight total) and
-    the number of clients holding a training node (a DP-SGD step's noise shares)."""
+    the number of clients holding a training node (a DP-SGD step's noise shares).
+    """
 
     num_nodes: int
     num_features: int
@@ -46,10 +52,12 @@ class PublicFacts:
 
 @dataclass(frozen=True)
 class GraphFacts:
-    """A graph-classification federation's public facts (GCFL's settings, where each client's
-    dataset and graph counts are part of the experiment's description): ``K`` clients, the
-    dataset each holds, its numbers of train/val/test graphs, feature dimension and classes.
-    ``sum(num_train)`` is the denominator of FedAvg's weights ``n_k / N``."""
+    """A graph-classification federation's public facts.
+
+    GCFL's settings, where each client's dataset and graph counts are part of the experiment's description. ``K``
+    clients, the dataset each holds, its numbers of train/val/test graphs, feature dimension and classes.
+    ``sum(num_train)`` is the denominator of FedAvg's weights ``n_k / N``.
+    """
 
     num_clients: int
     datasets: list

@@ -50,8 +50,10 @@ def unpack(content: RecordDict) -> tuple[dict, bytes]:
 
 
 def message_bytes(message: Message) -> int:
-    """The bytes of ``message`` as Flower serialises it (its objects, deflated), without the
-    HTTP/TLS framing below them."""
+    """The bytes of ``message`` as Flower serialises it.
+
+    Its objects, deflated, without the HTTP/TLS framing below them.
+    """
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
 
 
@@ -85,7 +87,9 @@ def _exchange(
     grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes], timeout: float
 ) -> tuple[dict, dict, int, int]:
     """Send ``frames[k]`` to client ``k``'s node; wait at most ``timeout`` seconds for the replies.
-    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``."""
+
+    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``.
+    """
     messages = {
         k: Message(
             pack({"method": method, "client": int(k), "timeout": float(timeout)}, frame),
@@ -118,10 +122,12 @@ def _exchange(
 
 
 def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
-    """Ask every connected SuperNode which clients its site serves, until each of ``clients``
-    has one or ``timeout`` seconds have passed.  Returns client -> node, the clients that more
-    than one site claims, and client -> its site's public answer (the optional requests it
-    serves, its identity-key fingerprint)."""
+    """Ask every connected SuperNode which clients its site serves.
+
+    Asks until each of ``clients`` has one or ``timeout`` seconds have passed. Returns client -> node, the clients
+    that more than one site claims, and client -> its site's public answer (the optional requests it serves, its
+    identity-key fingerprint).
+    """
     node_of: dict[int, int] = {}
     twice: set[int] = set()
     hellos: dict[int, dict] = {}

@@ -98,8 +98,11 @@ relay-socket = ""
 
 
 def _refusal(name: str, message: str, client: int) -> Exception:
-    """The :class:`~protocols.ProtocolError` subclass named ``name`` (or the base class) with
-    ``message``, naming the refusing client; only ProtocolError classes are ever built."""
+    """The :class:`~protocols.ProtocolError` subclass named ``name``, with ``message``.
+
+    The :class:`~protocols.ProtocolError` subclass named ``name`` (or the base class) with
+    ``message``, naming the refusing client; only ProtocolError classes are ever built.
+    """
     classes, stack = {}, [ProtocolError]
     while stack:
         cls = stack.pop()
@@ -121,8 +124,10 @@ SOFT = frozenset({"attack"})
 
 
 def needs_of(cfg) -> tuple[str, ...]:
-    """The optional requests a run with settings ``cfg`` makes: ``weights`` when it writes
-    ``best_model.pt``, ``attack`` with ``--attacks``."""
+    """The optional requests a run with settings ``cfg`` makes.
+
+    ``weights`` when it writes ``best_model.pt``, ``attack`` with ``--attacks``.
+    """
     return (("weights",) if cfg.save_best_model and cfg.out else ()) + (("attack",) if cfg.attacks else ())
 
 
@@ -139,8 +144,11 @@ def check_sites_serve(needs, serves: dict[int, dict]) -> None:
 
 
 def check_attack_simulation(requests, attack_sites) -> None:
-    """:class:`SiteError`, without sending anything, if an ``attack`` request addresses a client
-    whose site takes no part in attack simulation (the attack needs that client's state)."""
+    """Refuse an ``attack`` request to a site that takes no part in attack simulations.
+
+    :class:`SiteError`, without sending anything, if an ``attack`` request addresses a client
+    whose site takes no part in attack simulation (the attack needs that client's state).
+    """
     refusing = sorted(set(map(int, requests)) - set(attack_sites))
     if refusing:
         raise SiteError(
@@ -150,11 +158,14 @@ def check_attack_simulation(requests, attack_sites) -> None:
 
 
 def check_site_keys(frames: Mapping[int, bytes], identities: dict[int, str | None]) -> None:
-    """``ConfigError`` naming the fix, before any set-up frame is sent, if the run's manifest and
+    """Check the run's manifest against the sites' own identity keys.
+
+    ``ConfigError`` naming the fix, before any set-up frame is sent, if the run's manifest and
     the sites' own identity keys (their public fingerprints, from ``hello``) do not agree: a run
     that draws the keys itself while a site holds its own, the reverse, or a manifest that lists
     another key for a site.  (The sites' own check is :meth:`protocols.party.Party.use_manifest`;
-    this one only names the fix early.)"""
+    this one only names the fix early.)
+    """
     from protocols.manifest import Manifest
     from protocols.transcript import client_party
 
@@ -182,10 +193,13 @@ def check_site_keys(frames: Mapping[int, bytes], identities: dict[int, str | Non
 
 
 def strip_data(frame: bytes) -> bytes:
-    """A set-up frame with its data fields (a node client's subgraph, a graph client's graphs)
+    """A set-up frame with its data fields replaced by their digest.
+
+    A set-up frame with its data fields (a node client's subgraph, a graph client's graphs)
     replaced by their digest (:func:`.partition.data_digest`): the site loads its partition
     itself and checks it.  The frame of a runtime holding several clients' nodes (the
-    ``centralized`` reference) is not a partition and goes as it is."""
+    ``centralized`` reference) is not a partition and goes as it is.
+    """
     from .client import DATA_FIELDS
     from .graph_data import SPLITS
     from .partition import data_digest
@@ -209,8 +223,11 @@ class FlowerExecutor(Executor):
     name = "flower"
 
     def __init__(self, round_timeout: float = 600.0, start_timeout: float = START_TIMEOUT, needs: tuple = ()):
-        """``needs``: the optional requests the run will make (:data:`OPTIONAL`), checked
-        against what each site serves before any set-up frame is sent."""
+        """Build the executor.
+
+        ``needs``: the optional requests the run will make (:data:`OPTIONAL`), checked
+        against what each site serves before any set-up frame is sent.
+        """
         super().__init__()
         self.needs = tuple(needs)
         flwr = _flwr()
@@ -267,8 +284,11 @@ class FlowerExecutor(Executor):
         return local_socket.receive(self.sock)
 
     def start(self, frames: Mapping[int, bytes]) -> None:
-        """Find the site of every client, then hand each its set-up frame without its data.  On
-        any failure the Flower run is stopped before the error is raised."""
+        """Find the site of every client, then hand each its set-up frame without its data.
+
+        On
+        any failure the Flower run is stopped before the error is raised.
+        """
         try:
             self._start(frames)
         except BaseException:
@@ -358,8 +378,7 @@ class FlowerExecutor(Executor):
         }
 
     def shutdown(self) -> None:
-        """Let the sites drop their runtimes, stop the ServerApp (the Flower run ends) and remove
-        the app folder."""
+        """Let the sites drop their runtimes, stop the ServerApp (the Flower run ends) and remove the app folder."""
         if self.sock is not None:
             try:
                 if self.clients:

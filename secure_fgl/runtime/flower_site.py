@@ -1,8 +1,8 @@
-"""A site's long-lived client process for the Flower deployment.
+r"""A site's long-lived client process for the Flower deployment.
 
 One organisation runs, next to its Flower SuperNode::
 
-    python -m secure_fgl.runtime.flower_site --socket SITE/site.sock --client 0 \\
+    python -m secure_fgl.runtime.flower_site --socket SITE/site.sock --client 0 \
         --data-root DATA --state-dir SITE/state
 
 It holds the :class:`~.client.ClientRuntime` of its client(s) for the whole run — their data,
@@ -76,8 +76,11 @@ class Site:
         identities: dict | None = None,
         manifest: Path | None = None,
     ):
-        """``identities``: client -> this site's :class:`~protocols.auth.SigningKey` for it, and
-        ``manifest`` the path of the run manifest it verified (both or neither)."""
+        """Build the site.
+
+        ``identities``: client -> this site's :class:`~protocols.auth.SigningKey` for it, and
+        ``manifest`` the path of the run manifest it verified (both or neither).
+        """
         self.clients = sorted({int(k) for k in clients})
         if (identities is None) != (manifest is None) or (identities and set(identities) != set(self.clients)):
             raise ValueError("a site holding its own identity keys has one per client, and the manifest listing them")
@@ -127,9 +130,11 @@ class Site:
         return self.runtimes[client].handle(method, frame)
 
     def own_setup(self, frame: bytes) -> bytes:
-        """The set-up frame as this site runs it: its own ``--data-root`` for the partition it
-        loads, no state kept for attacks unless it takes part in attack simulation, and its own
-        identity key and manifest when it holds them."""
+        """The set-up frame as this site runs it.
+
+        Its own ``--data-root`` for the partition it loads, no state kept for attacks unless it takes part in attack
+        simulation, and its own identity key and manifest when it holds them.
+        """
         f = wire.unpack(frame)
         if self.identities and self.manifest is not None and "party_setup" in f:
             from protocols.manifest import Manifest
@@ -160,9 +165,11 @@ class Site:
 
 
 def answer(site: Site, header: dict, frame: bytes) -> tuple[dict, bytes]:
-    """The reply to one forwarded request: ``status`` ``ok`` and the response frame, ``refused``
-    and the :class:`~protocols.ProtocolError` class and message, or ``error`` (anything else:
-    the site keeps serving, the driver raises it)."""
+    """The reply to one forwarded request.
+
+    ``status`` ``ok`` and the response frame, ``refused`` and the :class:`~protocols.ProtocolError` class and
+    message, or ``error`` (anything else: the site keeps serving, the driver raises it).
+    """
     try:
         return {"status": "ok"}, site.handle(str(header["method"]), int(header["client"]), frame)
     except ProtocolError as exc:

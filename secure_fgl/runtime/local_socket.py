@@ -77,8 +77,11 @@ def listen(path: Path) -> socket.socket:
 
 
 def connect(path: str, timeout: float) -> socket.socket:
-    """Connect to the Unix socket at ``path``, retrying for at most ``timeout`` seconds while it
-    does not exist yet; reads and writes then time out after ``timeout`` seconds."""
+    """Connect to the Unix socket at ``path``.
+
+    Retries for at most ``timeout`` seconds while it does not exist yet; reads and writes then time out after
+    ``timeout`` seconds.
+    """
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -57,8 +57,11 @@ class ClientLogic:
         raise ValueError(f"client {self.rt.client_id} contributes nothing to {req.get('tag')!r}")
 
     def keep(self, tag: str, *contribution, clear: bool = False) -> None:
-        """Hold a contribution for the protocol half to ask for (:meth:`table`); ``clear``: the
-        algorithm reports it in the clear (a protected contribution is never answered as a report)."""
+        """Hold a contribution for the protocol half to ask for.
+
+        :meth:`table`. ``clear``: the algorithm reports it in the clear (a protected contribution is never answered
+        as a report).
+        """
         self.pending[tag] = contribution
         (self.clear_tags.add if clear else self.clear_tags.discard)(tag)
 
@@ -95,12 +98,15 @@ class ClientLogic:
 
     # -- what this client holds, for the attack suite (attacks/parties.py; docs/runtime.md)
     def attack_state(self, req: dict) -> dict:
-        """``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
+        """This client's state for the attack suite.
+
+        ``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
         :meth:`decoded_rows`), ``model`` (its deployed model's parameters), ``posteriors`` (that
         model's class posteriors on its own nodes), ``inputs`` (the features that model takes),
         ``contributions`` (its last upload and decoded result of each dense exchange), ``query``
         (the posteriors and log-posteriors for features ``x`` on its own graph: an
-        inference API)."""
+        inference API).
+        """
         what, c = req["what"], self.data
         if what == "own_data":
             return {f: getattr(c, f) for f in DATA_FIELDS}

@@ -37,9 +37,11 @@ def _glibc():
 
 
 def release_freed_memory(collect: bool = True) -> None:
-    """Hand the heaps' free pages back to the OS (glibc's ``malloc_trim(0)``, ~0.1 ms), after
-    collecting Python's garbage (``collect``: a full collection, ~0.1 s in a process holding
-    torch: not after every call)."""
+    """Hand the heaps' free pages back to the OS.
+
+    Uses glibc's ``malloc_trim(0)``, after collecting Python's garbage (``collect``: a full collection, costly in a
+    process holding torch: not after every call).
+    """
     if collect:
         gc.collect()
     libc = _glibc()
@@ -48,9 +50,12 @@ def release_freed_memory(collect: bool = True) -> None:
 
 
 def process_pss(pid: int) -> dict[str, int] | None:
-    """``Pss`` of process ``pid`` and its anonymous (heap), shared-memory (Ray's object store is a
+    """The proportional set size of process ``pid`` and its parts, in bytes.
+
+    ``Pss`` of process ``pid`` and its anonymous (heap), shared-memory (Ray's object store is a
     shared mapping) and file-backed parts, in bytes; ``None`` when the process is gone or the
-    system has no ``/proc/PID/smaps_rollup``."""
+    system has no ``/proc/PID/smaps_rollup``.
+    """
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             text = f.read()

@@ -48,8 +48,10 @@ DATA_FIELDS = ("global_ids", "x", "y", "edge_index", "train_mask", "val_mask", "
 
 
 def data_fields(c, far_owner) -> dict:
-    """Client ``c``'s data as set-up frame fields: its subgraph and the owner of the far end of
-    each of its cross edges."""
+    """Client ``c``'s data as set-up frame fields.
+
+    Its subgraph and the owner of the far end of each of its cross edges.
+    """
     return {**{f: getattr(c, f) for f in DATA_FIELDS}, "far_owner": far_owner}
 
 
@@ -69,8 +71,10 @@ def _federation(spec: str):
 
 
 def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
-    """Client ``client_id``'s data fields, loaded and partitioned in this process, as numpy arrays
-    (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``)."""
+    """Client ``client_id``'s data fields, loaded and partitioned in this process.
+
+    As numpy arrays (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``).
+    """
     spec = json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True)
     fed = _federation(spec)
     c = fed.clients[int(client_id)]

@@ -190,8 +190,10 @@ class RayExecutor(Executor):
         lost.update({k: why for k in groups.get(j, {})})
 
     def kill_actor_of(self, client: int) -> None:
-        """Kill the actor hosting ``client`` (and its other clients): a crash, for tests.  Returns
-        once Ray reports it dead (``ray.kill`` is asynchronous)."""
+        """Kill the actor hosting ``client`` (and its other clients): a crash, for tests.
+
+        It returns once Ray reports it dead (``ray.kill`` is asynchronous).
+        """
         actor = self.actors[self.placement[client]]
         self.ray.kill(actor, no_restart=True)
         try:
@@ -223,8 +225,11 @@ class RayExecutor(Executor):
         }
 
     def shutdown(self) -> None:
-        """Kill the actors and the cluster this executor started; on a cluster it joined, keep
-        the live actors, emptied of their runtimes (:meth:`ClientHost.empty`), for reuse."""
+        """Kill the actors and the cluster this executor started.
+
+        On a cluster it joined, keep the live actors, emptied of their runtimes (:meth:`ClientHost.empty`), for
+        reuse.
+        """
         for j, a in enumerate(self.actors):
             if self.started_cluster or j in self.dead or self.actor_resources[j] is not None:
                 self.ray.kill(a, no_restart=True)

@@ -64,9 +64,11 @@ class Strategy:
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
-        """The set-up frame of each runtime the strategy addresses: one per client, its own data
-        only; a client pinned to a Ray node (``--ray-client-resources``) loads its data there
-        (:mod:`.partition`) and gets the digest of it instead."""
+        """The set-up frame of each runtime the strategy addresses.
+
+        One per client, its own data only; a client pinned to a Ray node (``--ray-client-resources``) loads its data
+        there (:mod:`.partition`) and gets the digest of it instead.
+        """
         pinned = parse_client_resources(cfg.ray_client_resources, cfg.clients) if cfg.ray_client_resources else {}
         return {
             c.client_id: client_frame(
@@ -100,10 +102,13 @@ class Strategy:
         *,
         record: tuple[str, str] | None = None,
     ) -> dict[int, dict]:
-        """Send each client its request; returns the unpacked responses of those that answered
+        """Send each client its request and return the answers.
+
+        Send each client its request; returns the unpacked responses of those that answered
         (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
         transcript as a client -> server message of its frame's length; a readable kind (plain,
-        metadata) keeps what the server read, the unpacked response, as its payload."""
+        metadata) keeps what the server read, the unpacked response, as its payload.
+        """
         frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
         tags = {r.get("tag") for r in requests.values()} - {None}
         responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
@@ -133,8 +138,10 @@ class Strategy:
             )
 
     def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
-        """Like :meth:`ask` for requests whose answer is empty; ``record`` records the requests
-        (server -> client) instead."""
+        """Like :meth:`ask` for requests whose answer is empty.
+
+        ``record`` records the requests (server -> client) instead.
+        """
         if record is not None:
             for k, r in requests.items():
                 if k not in self.lost:
@@ -187,8 +194,11 @@ class Strategy:
         raise NotImplementedError
 
     def evaluate(self) -> dict:
-        """Node-weighted and per-client accuracies (:func:`~secure_fgl.algorithms.base.accuracy_summary`),
-        from the clients' counts."""
+        """Node-weighted and per-client accuracies from the clients' counts.
+
+        Node-weighted and per-client accuracies (:func:`~secure_fgl.algorithms.base.accuracy_summary`),
+        from the clients' counts.
+        """
         counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
         return accuracy_summary(counts)
 
@@ -196,9 +206,12 @@ class Strategy:
         return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
 
     def deployed_weights(self) -> dict:
-        """``best_model.pt``'s content (:mod:`secure_fgl.engine.hooks`): each live client's deployed
+        """The content of ``best_model.pt``.
+
+        ``best_model.pt``'s content (:mod:`secure_fgl.engine.hooks`): each live client's deployed
         model as ``models.<k>.<parameter>``, asked of its runtime (the run's output: not a protocol
-        message, counted in the executor's stats only)."""
+        message, counted in the executor's stats only).
+        """
         answers = self.ask("weights", {k: {} for k in self.alive()})
         return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].items()}
 
@@ -212,8 +225,11 @@ class Strategy:
         return str(Path(self.cfg.out) / "clients" / name)
 
     def state_dict(self) -> dict:
-        """Each client writes its own checkpoint where it runs (into the slot the last checkpoint
-        does not name); the driver keeps their digests and the slot."""
+        """Have each client checkpoint itself; keep their digests and the slot.
+
+        Each client writes its own checkpoint where it runs (into the slot the last checkpoint
+        does not name); the driver keeps their digests and the slot.
+        """
         slot, self._slot = self._slot, 1 - self._slot
         saved = self.ask("save", {k: {"path": self._client_file(k, slot)} for k in self.alive()})
         return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "slot": slot, "server": self.server_state()}

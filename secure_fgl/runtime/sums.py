@@ -51,16 +51,21 @@ def mean_vector(values, weight: float) -> np.ndarray:
 
 
 def dp_mean_vector(values, weight: float, req: dict) -> np.ndarray:
-    """A DP weighted mean's upload ``[w~ clip(v), w~ C]`` (``req``: the strategy's ``dp_clip`` and
-    ``dp_weight_bound``; :func:`protocols.dp.weighted_mean_value`)."""
+    """A DP weighted mean's upload ``[w~ clip(v), w~ C]``.
+
+    ``req``: the strategy's ``dp_clip`` and ``dp_weight_bound``; :func:`protocols.dp.weighted_mean_value`.
+    """
     dp = DPRequest(clip=float(req["dp_clip"]), weight_bound=req.get("dp_weight_bound"))
     return weighted_mean_value(values, weight, dp, tag=req["tag"], rnd=int(req["round"]))
 
 
 def mean_of(total: np.ndarray, tag: str, req: dict | None = None) -> np.ndarray:
-    """``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`; of a DP mean
+    """The mean ``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`.
+
+    ``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`; of a DP mean
     (:func:`dp_mean_vector`, ``req`` with ``dp_clip`` and the sum's noise std ``dp_std``), the noisy
-    weight total floored at its noise std (post-processing, as :meth:`protocols.base.Protocol.weighted_mean`)."""
+    weight total floored at its noise std (post-processing, as :meth:`protocols.base.Protocol.weighted_mean`).
+    """
     if req is not None and req.get("dp_clip") is not None:
         return total[:-1] / (max(total[-1], float(req["dp_std"])) / float(req["dp_clip"]))
     if not total[-1] > 0:
@@ -86,11 +91,14 @@ def sum_exchange(
     dp: DPRequest | None = None,
     dp_mean: bool = False,
 ) -> int:
-    """Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
+    """Sum the contributors' vectors of ``tag`` and deliver the total to the recipients.
+
+    Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
     live recipient receive the total (``fields`` go with both requests).  A client lost before the
     exchange is not a contributor; one lost during it is the backend's dropout.  ``dp``: the release's
     request (module docstring; ``dp_mean``: a weighted mean's ``[w~ clip(v), w~ C]``); the recipients
-    get the std of the noise in the sum as ``dp_std``.  Returns the summed vector's length."""
+    get the std of the noise in the sum as ``dp_std``.  Returns the summed vector's length.
+    """
     fields = dict(fields or {})
     if dp is not None and dp_mean:  # clipped by the clients; the sum's request (protocols.dp)
         fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)

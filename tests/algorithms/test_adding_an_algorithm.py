@@ -1,5 +1,8 @@
-"""docs/design.md's "Adding an algorithm" example (examples/minimal_fedavg.py) is complete: a client
-logic, a server strategy and a spec run as an algorithm of their own, and train as the built-in fedavg."""
+"""The "Adding an algorithm" example of docs/design.md is complete.
+
+docs/design.md's "Adding an algorithm" example (examples/minimal_fedavg.py) is complete: a client
+logic, a server strategy and a spec run as an algorithm of their own, and train as the built-in fedavg.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""One float32 byte baseline (protocols/baseline.py): the same number in every mode, and the
-one FedGCN's final metrics and the transcript's ``comm`` report."""
+"""One float32 byte baseline, the same number in every mode.
+
+One float32 byte baseline (protocols/baseline.py): the same number in every mode, and the
+one FedGCN's final metrics and the transcript's ``comm`` report.
+"""
 
 from __future__ import annotations
 

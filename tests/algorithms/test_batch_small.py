@@ -1,7 +1,10 @@
-"""Batched small exchanges (protocols.batch): FedSpray's encoder and proxies in one upload per client
+"""Batched small exchanges: FedSpray's encoder and proxies in one upload per client per round.
+
+Batched small exchanges (protocols.batch): FedSpray's encoder and proxies in one upload per client
 per round (batched_sum) -- the same sums and model trajectory as the two exchanges -- and GCFL's norms
 in one clear-text report per client per round (batched_report); bytes attributed per tag summing to the
-total; malformed or out-of-range parts refused before anything is encrypted or sent."""
+total; malformed or out-of-range parts refused before anything is encrypted or sent.
+"""
 
 from __future__ import annotations
 
@@ -77,8 +80,11 @@ def test_fedspray_batched_round_keeps_the_model_trajectory_and_the_bytes_per_tag
 
 
 def test_on_the_model_grid_ckks_aligns_the_proxies_to_plains_bits(run_small):
-    """ckks's default (the encoder mean on its grid) puts the proxies on the same grid: the batched
-    round gives the encoder and proxies of plain with --grid-model-mean bit for bit."""
+    """On the model grid ckks aligns the proxies to plains bits.
+
+    ckks's default (the encoder mean on its grid) puts the proxies on the same grid: the batched
+    round gives the encoder and proxies of plain with --grid-model-mean bit for bit.
+    """
     ckks, tc = _run(run_small, "ckks", True)
     plain, _ = _run(run_small, "plain", True, grid_model_mean=True)
     for (e1, s1), (e2, s2) in zip(ckks, plain):

@@ -36,8 +36,11 @@ def _models(name: str, d: int):
 
 @pytest.mark.parametrize("name", ["gcn", "mlp", "fedgcn"])
 def test_centred_model_equals_the_model_on_the_centred_copy(name):
-    """Same logits and the same gradient of every parameter as the model fed ``X - 1 mu^T``;
-    the input is not changed and the hook adds no parameter (nothing extra is averaged)."""
+    """Centred model equals the model on the centred copy.
+
+    Same logits and the same gradient of every parameter as the model fed ``X - 1 mu^T``;
+    the input is not changed and the hook adds no parameter (nothing extra is averaged).
+    """
     x = _sparse_features()
     mu = own_mean(x, 20)  # the mean of the "own" rows, as a client takes it
     hooked, graph = _models(name, x.size(1))
@@ -59,8 +62,11 @@ def test_centred_model_equals_the_model_on_the_centred_copy(name):
 
 @pytest.mark.parametrize("name", ["gcn", "fedgcn"])
 def test_a_dense_input_is_dropped_out_as_the_centred_copy(name):
-    """Above the sparse-dropout density the dropout acts on ``X - 1 mu^T`` exactly: the same training
-    forward (same dropout key) as the model fed the centred copy."""
+    """A dense input is dropped out as the centred copy.
+
+    Above the sparse-dropout density the dropout acts on ``X - 1 mu^T`` exactly: the same training
+    forward (same dropout key) as the model fed the centred copy.
+    """
     from secure_fgl.engine import rng
 
     g = torch.Generator().manual_seed(1)

@@ -18,8 +18,11 @@ def tiny_run(**kw):
 
 @pytest.mark.filterwarnings("ignore:divide by zero")
 def test_privacy_section_spends_the_budget_and_matches_opacus():
-    """Asking epsilon 4 spends 4 (within 1 %), and Opacus' RDP accountant, given the same
-    releases, agrees within 1 % (the releases are discrete: they compose in Renyi DP)."""
+    """Privacy section spends the budget and matches opacus.
+
+    Asking epsilon 4 spends 4 (within 1 %), and Opacus' RDP accountant, given the same
+    releases, agrees within 1 % (the releases are discrete: they compose in Renyi DP).
+    """
     from opacus.accountants import RDPAccountant
 
     from protocols.accountant import opacus_options
@@ -124,10 +127,13 @@ def test_headline_figure_writes_png_pdf_svg_with_a_panel_per_attack(tmp_path, mo
 
 
 def test_distributed_noise_states_the_guarantee_against_a_coalition():
-    """Distributed placement (the default in secure modes) over-provisions against one colluding
+    """Distributed noise states the guarantee against a coalition.
+
+    Distributed placement (the default in secure modes) over-provisions against one colluding
     client: the coalition keeps the run's epsilon.  Calibrated for none (--dp-colluders 0), the
     section states the weaker epsilon, from the releases at their reduced noise (row sums: half
-    the variance in the worst case, the model mean (K-1)/K)."""
+    the variance in the worst case, the model mean (K-1)/K).
+    """
     from protocols.accountant import epsilon_of
 
     for algorithm, left in (

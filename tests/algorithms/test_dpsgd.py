@@ -1,6 +1,9 @@
-"""DP-SGD (secure_fgl.dpsgd): per-node clipping bounds every per-node gradient, the noise comes
+"""DP-SGD: per-node clipping, CSPRNG noise and the secure mean of one step.
+
+DP-SGD (secure_fgl.dpsgd): per-node clipping bounds every per-node gradient, the noise comes
 from the run's CSPRNG (not the seed), steps of all clients count once (parallel composition),
-and the run's one accountant composes them with the hop releases."""
+and the run's one accountant composes them with the hop releases.
+"""
 
 from __future__ import annotations
 
@@ -91,9 +94,12 @@ def test_gap_with_dpsgd_composes_sample_and_edge_releases():
 
 
 def test_secure_mean_of_one_sgd_step_is_one_central_dpsgd_step():
-    """noise_contributors' equation: the FedAvg mean (weights n_k/N) of one plain SGD step per
+    """Secure mean of one sgd step is one central DP-SGD step.
+
+    noise_contributors' equation: the FedAvg mean (weights n_k/N) of one plain SGD step per
     client equals one DP-SGD step on the union of the clients' nodes whose noise is the sum of
-    the clients' shares."""
+    the clients' shares.
+    """
     torch.manual_seed(1)
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     owner = torch.arange(40) % 3
@@ -160,8 +166,11 @@ def test_gap_dpsgd_in_mask_mode_splits_each_step_over_the_clients():
 
 
 def test_per_graph_clipping_sums_each_graphs_nodes():
-    """clipped_sum_graphs: a graph's gradient (every layer, before and after the readout) equals
-    one backward pass on that graph alone, and every clipped one has norm <= C."""
+    """Per graph clipping sums each graphs nodes.
+
+    clipped_sum_graphs: a graph's gradient (every layer, before and after the readout) equals
+    one backward pass on that graph alone, and every clipped one has norm <= C.
+    """
     from torch_geometric.data import Batch, Data
 
     from secure_fgl.models.gcfl_gin import GCFLGIN

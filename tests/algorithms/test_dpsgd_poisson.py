@@ -1,5 +1,8 @@
-"""DP-SGD with Poisson sampling: each step trains on a secret Bernoulli(q) sample of the training
-nodes, and the accountant composes the steps as subsampled Gaussians, as Opacus' RDP accountant does."""
+"""DP-SGD with Poisson sampling.
+
+Each step trains on a secret Bernoulli(q) sample of the training nodes, and the accountant composes the steps as
+subsampled Gaussians, as Opacus' RDP accountant does.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +18,11 @@ from secure_fgl.dpsgd import DPSGD, stage_request
 
 
 def test_poisson_sample_keeps_each_training_node_with_probability_q():
-    """The empirical rate over 40 steps of 500 training nodes is q within 4 binomial stds; nodes
-    outside the training mask are never drawn; two steps draw different samples."""
+    """Poisson sample keeps each training node with probability q.
+
+    The empirical rate over 40 steps of 500 training nodes is q within 4 binomial stds; nodes
+    outside the training mask are never drawn; two steps draw different samples.
+    """
     q, n, steps = 0.1, 500, 40
     mask = torch.zeros(2 * n, dtype=torch.bool)
     mask[::2] = True
@@ -30,9 +36,12 @@ def test_poisson_sample_keeps_each_training_node_with_probability_q():
 
 @pytest.mark.filterwarnings("ignore:divide by zero", "ignore:Optimal order is the largest alpha")
 def test_subsampled_steps_spend_the_budget_as_opacus_counts_it():
-    """A stage of 60 steps at q = 0.05 asked for epsilon 2: the engine's multiplier is Opacus'
+    """Subsampled steps spend the budget as opacus counts it.
+
+    A stage of 60 steps at q = 0.05 asked for epsilon 2: the engine's multiplier is Opacus'
     ``get_noise_multiplier`` for that target, and Opacus' RDP accountant given the steps reports
-    the engine's epsilon, which is the asked one (within 1 %)."""
+    the engine's epsilon, which is the asked one (within 1 %).
+    """
     from opacus.accountants import RDPAccountant
     from opacus.accountants.utils import get_noise_multiplier
 
@@ -87,8 +96,11 @@ def test_a_sample_rate_without_dpsgd_is_refused():
 
 @pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
 def test_sampled_step_noise_is_still_split_over_the_clients_of_a_secure_mean():
-    """Distributed placement, 3 clients, one colluder: each adds sigma / sqrt(2) of the sampled
-    step's noise (its multiplier calibrated at rate q), and the step counts once."""
+    """Sampled step noise is still split over the clients of a secure mean.
+
+    Distributed placement, 3 clients, one colluder: each adds sigma / sqrt(2) of the sampled
+    step's noise (its multiplier calibrated at rate q), and the step counts once.
+    """
     eng = DPEngine(DPConfig(epsilon=2.0, placement="distributed", colluders=1), num_clients=3, protocol_mode="mask")
     req = stage_request(1.0, 10, 1)
     stds = [eng.local_release("stage/dpsgd", 0, req, contributors=3, sample_rate=0.2) for _ in range(3)]

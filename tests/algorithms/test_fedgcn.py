@@ -1,4 +1,6 @@
-"""FedGCN (Yao et al. 2023): the pre-training exchange computes exactly the stated operator,
+"""FedGCN: the pre-training exchange computes exactly the stated operator in every mode.
+
+FedGCN (Yao et al. 2023): the pre-training exchange computes exactly the stated operator,
 in every protocol mode; 0-hop is FedAvg; DP noise has the stated scale; short runs end to end.
 
 Ground truth (``fed.graph``) is read only here, never by the algorithm.
@@ -83,9 +85,12 @@ def full_graph_operator(fed):
 
 
 class FedGCNRun:
-    """A FedGCN run over the client runtimes (``--executor local``) with what these tests read:
+    """A FedGCN run over the client runtimes with what these tests read.
+
+    A FedGCN run over the client runtimes (``--executor local``) with what these tests read:
     ``received[k]``, the totals ``[S_v[:d], d̃_v]`` client ``k`` decoded, in the order of
-    :func:`requested_rows` (recorded as its logic reads them), and ``client_inputs(k)``."""
+    :func:`requested_rows` (recorded as its logic reads them), and ``client_inputs(k)``.
+    """
 
     def __init__(self, fed, cfg: RunConfig, readers: dict):
         self.fed, self.clients, self.cfg = fed, fed.clients, cfg
@@ -153,8 +158,11 @@ def make_algo(monkeypatch):
 # ----------------------------------------------------------------------------- operator
 @pytest.mark.parametrize("hops", [1, 2])
 def test_received_sums_equal_full_graph_neighbour_sums(fed, hops, make_algo):
-    """Each client receives [(Ã X)_v, d̃_v] for its own nodes (1-hop) and also the remote
-    endpoints of its cross edges (2-hop); the first-layer input is D̃^-1 Ã X on those rows."""
+    """Received sums equal full graph neighbour sums.
+
+    Each client receives [(Ã X)_v, d̃_v] for its own nodes (1-hop) and also the remote
+    endpoints of its cross edges (2-hop); the first-layer input is D̃^-1 Ã X on those rows.
+    """
     ax, deg = full_graph_operator(fed)
     algo = make_algo(fed, hops=hops)
     algo.setup()
@@ -170,8 +178,11 @@ def test_received_sums_equal_full_graph_neighbour_sums(fed, hops, make_algo):
 
 
 def test_two_hop_sym_equals_centralized_gcn(fed, make_algo):
-    """hops=2, norm='sym': with the same weights the FedGCN model's logits for each client's
-    nodes are those of Kipf's GCN on the full graph (D̃^-1/2 Ã D̃^-1/2, both layers)."""
+    """Two hop sym equals centralized gcn.
+
+    hops=2, norm='sym': with the same weights the FedGCN model's logits for each client's
+    nodes are those of Kipf's GCN on the full graph (D̃^-1/2 Ã D̃^-1/2, both layers).
+    """
     torch.manual_seed(0)
     g = fed.graph
     conv1, conv2 = GCNConv(g.x.size(1), 8), GCNConv(8, fed.num_classes)
@@ -221,9 +232,12 @@ def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout, make_algo):
 
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
 def test_count_features_travel_as_exact_integer_sums(fed_counts, mode, make_algo):
-    """Word counts (Coauthor CS / Physics hold them): exact integer fields sized by the degree cap
+    """Count features travel as exact integer sums.
+
+    Word counts (Coauthor CS / Physics hold them): exact integer fields sized by the degree cap
     and --feature-bound, so a secure mode returns plain's totals bit for bit; a count above the
-    bound is refused by its owner; DP (which scales the terms) keeps the float encoding."""
+    bound is refused by its owner; DP (which scales the terms) keeps the float encoding.
+    """
     assert fed_counts.count_features and not fed_counts.binary_features
     plain = make_algo(fed_counts, "plain", hops=1)
     plain.setup()
@@ -241,8 +255,11 @@ def test_count_features_travel_as_exact_integer_sums(fed_counts, mode, make_algo
 
 
 def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
-    """A whole run: the public facts carry the feature type, so the ckks exchange is the integer
-    one and, with the model mean on the public grid in both modes, its rounds equal plain's."""
+    """Client runtimes send count features as exact integer sums.
+
+    A whole run: the public facts carry the feature type, so the ckks exchange is the integer
+    one and, with the model mean on the public grid in both modes, its rounds equal plain's.
+    """
     from secure_fgl.runtime.facts import PublicFacts
 
     assert PublicFacts.of(fed_counts).count_features
@@ -306,8 +323,11 @@ def fed_degrees(c) -> int:
 
 
 def test_plain_mode_runs_above_the_degree_cap_and_node_level_dp_does_not(fed, make_algo):
-    """The plaintext protocol sums floats: the cap protects no encoding there, so plain runs and
-    gets the exact sums; node-level DP's sensitivity relies on the cap, so it is still enforced."""
+    """Plain mode runs above the degree cap and node level DP does not.
+
+    The plaintext protocol sums floats: the cap protects no encoding there, so plain runs and
+    gets the exact sums; node-level DP's sensitivity relies on the cap, so it is still enforced.
+    """
     capped, free = make_algo(fed, hops=1, degree_cap=2), make_algo(fed, hops=1)
     capped.setup()
     free.setup()
@@ -330,8 +350,11 @@ def test_option_validation(make_algo):
 # ----------------------------------------------------------------------------- DP
 @pytest.mark.skipif(_importable("protocols.dp") is not None, reason=_importable("protocols.dp") or "")
 def test_dp_noise_has_the_stated_scale(make_algo):
-    """Noise on the released sums: std = z * Delta * sqrt(K) (local placement, dense layout,
-    every client uploads every row), Delta = sqrt(2) C (edge) or sqrt(D+1) C (node)."""
+    """DP noise has the stated scale.
+
+    Noise on the released sums: std = z * Delta * sqrt(K) (local placement, dense layout,
+    every client uploads every row), Delta = sqrt(2) C (edge) or sqrt(D+1) C (node).
+    """
     f = make_federated("sbm", num_clients=K, beta=100.0, seed=5, num_nodes=400, num_features=40)
     ax, deg = full_graph_operator(f)
     stds = {}
@@ -410,8 +433,11 @@ def _upload_bytes(algo) -> int:
 @pytest.mark.parametrize("mode", ["plain", secure_mode("ckks"), secure_mode("mask")])
 @pytest.mark.parametrize("hops", [1, 2])
 def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops, make_algo):
-    """row_order='signature' permutes row ids on both sides: every client receives exactly
-    the same totals, and uploads fewer bytes than with the given numbering."""
+    """Signature row order keeps sums and cuts upload.
+
+    row_order='signature' permutes row ids on both sides: every client receives exactly
+    the same totals, and uploads fewer bytes than with the given numbering.
+    """
     given = make_algo(fed_wide, mode, hops=hops, layout="sparse")
     given.setup()
     sig = make_algo(fed_wide, mode, hops=hops, layout="sparse", row_order="signature")
@@ -471,9 +497,12 @@ def test_row_order_validation(fed, make_algo):
 # ----------------------------------------------------------------------------- what a recipient decrypts
 @pytest.mark.parametrize("hops", [1, 2])
 def test_owner_row_order_blocks_never_mix_recipients(fed, hops, make_algo):
-    """A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
+    """Owner row order blocks never mix recipients.
+
+    A recipient decrypts whole blocks: with the given numbering it reads totals of rows other
     clients asked for; with ``row_order='owner'`` exactly its own requested rows (plus padding),
-    and the totals it asked for are unchanged."""
+    and the totals it asked for are unchanged.
+    """
     cfg = RunConfig(mode="plain", rounds=2, clients=K, attacks="fedgcn_client_subtraction")  # keeps what it read
     given, owner = make_algo(fed, cfg=cfg, hops=hops), make_algo(fed, cfg=cfg, hops=hops, row_order="owner")
     given.setup()

@@ -35,9 +35,12 @@ def _pooled(samples: list[np.ndarray], orders=ORDERS) -> tuple[np.ndarray, dict[
 # ------------------------------------------------------------------ the two-round exchange
 @pytest.mark.parametrize("mode", MODES)
 def test_clients_receive_the_pooled_central_moments_of_every_clients_samples(mode, run_small):
-    """Eq. 10 + Algorithm 1 lines 8-17: every client receives the central moments of all clients'
+    """Clients receive the pooled central moments of every clients samples.
+
+    Eq. 10 + Algorithm 1 lines 8-17: every client receives the central moments of all clients'
     pooled hidden features (about the global mean), each feature clipped to ``[a, b]`` first; in a
-    secure mode the server reads none of the statistics' uploads."""
+    secure mode the server reads none of the statistics' uploads.
+    """
     run = run_small(_cfg(mode, rounds=1))
     run.train(1)
     logics = [run.logic(k) for k in run.runtimes]
@@ -72,8 +75,11 @@ def test_cmd_zero_for_identical_samples_and_grows_with_shift():
 
 
 def test_cmd_sees_higher_moments_and_scaling():
-    """Same mean, different spread: only the central-moment terms differ; eq. 11 scales
-    the j-th term by 1/|b-a|^j."""
+    """Cmd sees higher moments and scaling.
+
+    Same mean, different spread: only the central-moment terms differ; eq. 11 scales
+    the j-th term by 1/|b-a|^j.
+    """
     torch.manual_seed(0)
     x = 0.5 + 0.05 * torch.randn(2000, 3)
     y = 0.5 + 0.2 * torch.randn(2000, 3)
@@ -178,9 +184,12 @@ def test_dp_run_accounts_statistics():
 
 @pytest.mark.parametrize("stats_nodes", ("all", "train", "train_vs_all"))
 def test_statistics_node_sets(stats_nodes, run_small):
-    """'all': both sides of eq. 11 over all local nodes; 'train': both over the training nodes;
+    """Statistics node sets.
+
+    'all': both sides of eq. 11 over all local nodes; 'train': both over the training nodes;
     'train_vs_all': exchanged statistics over all nodes, the client's own term over its
-    training nodes (d_CMD is then 0 when the global moments equal those of its training nodes)."""
+    training nodes (d_CMD is then 0 when the global moments equal those of its training nodes).
+    """
     run = run_small(_cfg("plain", options={"stats_nodes": stats_nodes}))
     k = max(run.runtimes, key=lambda i: int(run.logic(i).data.train_mask.sum()))
     client = run.logic(k)

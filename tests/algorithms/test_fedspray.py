@@ -46,8 +46,10 @@ _rounds = itertools.count()
 
 
 def align_proxies(protocol, tag, rnd, local, weights, previous):
-    """Eq. 15 as one class-wise mean exchange (the clients' ``[w_k * S^(k), w_k]``); a class nobody
-    holds keeps ``previous``."""
+    """Eq. 15 as one class-wise mean exchange.
+
+    The clients' ``[w_k * S^(k), w_k]``. A class nobody holds keeps ``previous``.
+    """
     mean, present = protocol.classwise_mean(tag, rnd, local, weights, spec=PROXY_SPEC)
     return keep_absent(mean, present, previous)
 
@@ -143,8 +145,11 @@ def test_plain_server_view_exposes_ratios_and_absent_classes():
 
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_algorithm_uploads(mode, run_small):
-    """One real round: what FedSpray puts on the wire, per mode (one batched upload per client whose
-    first ``C (d + 1)`` entries are the proxy exchange's ``[a * S, a]``)."""
+    """Algorithm uploads.
+
+    One real round: what FedSpray puts on the wire, per mode (one batched upload per client whose
+    first ``C (d + 1)`` entries are the proxy exchange's ``[a * S, a]``).
+    """
     fed = fedspray_federation()
     counts = [torch.bincount(c.y[c.train_mask], minlength=fed.num_classes) for c in fed.clients]
     assert any((c == 0).any() for c in counts), "the fixture should have a client lacking a class"
@@ -279,8 +284,11 @@ def test_ablation_exchanges_no_proxies():
 
 
 def test_resume_continues_every_client_and_the_minority_tracker(tmp_path):
-    """A run stopped after round 1 and resumed ends as the uninterrupted one: each client's GNN,
-    encoder and proxies, and the server's best-round minority accuracy, come back from the checkpoint."""
+    """Resume continues every client and the minority tracker.
+
+    A run stopped after round 1 and resumed ends as the uninterrupted one: each client's GNN,
+    encoder and proxies, and the server's best-round minority accuracy, come back from the checkpoint.
+    """
     opts = {"phase_epochs": 1, "proxy_dim": 8, "gnn_hidden": 8}
     full = run_experiment(_cfg("plain", rounds=2, options=opts, out=str(tmp_path / "a")), progress=False)
     run_experiment(_cfg("plain", rounds=1, options=opts, out=str(tmp_path / "b")), progress=False)

@@ -1,5 +1,8 @@
-"""``examples/fgssl_whole_graph_eval.py``: the saved models re-scored on the clients' subgraphs give
-the run's own test accuracy back; federated methods score one global model on the whole graph."""
+"""Tests of ``examples/fgssl_whole_graph_eval.py``.
+
+``examples/fgssl_whole_graph_eval.py``: the saved models re-scored on the clients' subgraphs give
+the run's own test accuracy back; federated methods score one global model on the whole graph.
+"""
 
 from __future__ import annotations
 

@@ -74,9 +74,12 @@ def test_gap_privacy_section_is_edge_level_and_spends_the_budget():
 
 
 def test_the_central_reference_is_one_client_on_the_default_executor():
-    """The DP central reference (docs/dp.md: one party holding the whole graph) is ``--clients 1``
+    """The central reference is one client on the default executor.
+
+    The DP central reference (docs/dp.md: one party holding the whole graph) is ``--clients 1``
     on the default executor: the party's encoder, noisy hop sums and head; edge-level DP spends
-    the budget on the hop sums only."""
+    the budget on the hop sums only.
+    """
     from secure_fgl.experiment import run_experiment
 
     cfg = RunConfig(

@@ -21,8 +21,11 @@ SMALL = dict(
 
 
 def test_central_gap_and_federated_gap_agree_on_one_client_without_noise(tmp_path):
-    """The central reference and the federated pipeline with one client (the party as a client
-    runtime, every stage through the protocol's exchanges) give the same output without noise."""
+    """Central gap and federated gap agree on one client without noise.
+
+    The central reference and the federated pipeline with one client (the party as a client
+    runtime, every stage through the protocol's exchanges) give the same output without noise.
+    """
     from secure_fgl.experiment import run_experiment
 
     central = run_experiment(RunConfig(algorithm="gap", out=str(tmp_path / "c"), **SMALL), progress=False)

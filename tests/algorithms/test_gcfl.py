@@ -1,5 +1,8 @@
-"""GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg, the pairwise
-statistics exchange in plain and ckks, and short end-to-end runs per mode."""
+"""GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg and the pairwise exchange.
+
+GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg, the pairwise
+statistics exchange in plain and ckks, and short end-to-end runs per mode.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def test_stoer_wagner_recovers_planted_blocks():
 
 
 def _dtw_brute_force(s, t):
-    """min over every monotone warping path of sqrt(sum of squared differences)."""
+    """The minimum over every monotone warping path of sqrt(sum of squared differences)."""
     best = np.inf
     n, m = len(s), len(t)
 
@@ -75,10 +78,12 @@ def test_split_criteria_are_eq4_eq5(dm, dx, size, rnd):
 
 
 class PlainClusters(GCFLServer):
-    """GCFL's server decisions over given updates, every exchange in the clear: the cluster mean is
-    FedAvg's (weights ``num_train``), each client reports its ``||dW_i||`` and the norm of its
-    cluster's mean, the similarity is ``1 + cos``.  What the decisions do with these values is
-    the code under test (:class:`~secure_fgl.algorithms.gcfl.ops.GCFLServer`)."""
+    """GCFL's server decisions over given updates, every exchange in the clear.
+
+    The cluster mean is FedAvg's (weights ``num_train``), each client reports its ``||dW_i||`` and the norm of its
+    cluster's mean, the similarity is ``1 + cos``. What the decisions do with these values is the code under test
+    (:class:`~secure_fgl.algorithms.gcfl.ops.GCFLServer`).
+    """
 
     def __init__(self, updates: dict[int, torch.Tensor], num_train, **options):
         self.opts = GCFLOptions(**options)
@@ -282,8 +287,11 @@ def test_synthetic_groups():
 
 
 def test_a_pairwise_key_the_decider_did_not_sign_is_refused_before_anything_is_encrypted():
-    """The server swaps the relayed encryption key for one of its own (whose secret it holds):
-    every member refuses it (signature), no member uploads a ciphertext."""
+    """A pairwise key the decider did not sign is refused before anything is encrypted.
+
+    The server swaps the relayed encryption key for one of its own (whose secret it holds):
+    every member refuses it (signature), no member uploads a ciphertext.
+    """
     from protocols.ckks.pairwise import make_key_pair
     from protocols.errors import IntegrityError
 
@@ -328,9 +336,12 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
 
 
 def test_a_cut_never_leaves_a_side_below_the_minimum():
-    """The Stoer-Wagner cut of 1 + cos often isolates one client; with ``min_side`` the lightest cut
+    """A cut never leaves a side below the minimum.
+
+    The Stoer-Wagner cut of 1 + cos often isolates one client; with ``min_side`` the lightest cut
     with both sides large enough is taken (a GCFL cluster below the run's minimum contributors would
-    have its mean, beside the whole cluster's, reveal its members' updates)."""
+    have its mean, beside the whole cluster's, reveal its members' updates).
+    """
     sim = np.full((5, 5), 1.9)
     sim[4, :4] = sim[:4, 4] = 0.5  # client 4 far from the rest: the minimum cut isolates it
     sim[[0, 1], 2:4] = sim[2:4, [0, 1]] = 1.2

@@ -1,6 +1,8 @@
-"""Chance levels and confidence intervals of attack metrics (attacks/significance.py): the chance
-levels match Monte-Carlo estimates on scores that carry no signal, the intervals cover, and
-``at_chance`` follows the interval."""
+"""Chance levels and confidence intervals of attack metrics.
+
+Attacks/significance.py. The chance levels match Monte-Carlo estimates on scores that carry no signal, the intervals
+cover, and ``at_chance`` follows the interval.
+"""
 
 from __future__ import annotations
 
@@ -89,9 +91,12 @@ def test_lower_is_leakier_mean_estimate():
 
 
 def test_cluster_bootstrap_covers_where_wilson_is_too_narrow():
-    """Nodes of one client share its success rate (rate ~ Beta around 0.5 per client): over 200
+    """Cluster bootstrap covers where wilson is too narrow.
+
+    Nodes of one client share its success rate (rate ~ Beta around 0.5 per client): over 200
     simulated runs of 10 clients x 40 nodes the cluster-bootstrap interval covers the true mean
-    about as often as it claims, the Wilson interval (nodes treated as independent) far less."""
+    about as often as it claims, the Wilson interval (nodes treated as independent) far less.
+    """
     rng = np.random.default_rng(0)
     cover_cluster = cover_wilson = 0
     runs = 200

@@ -1,6 +1,8 @@
-"""Attacks at the strength of their papers: each fixed attack recovers a planted signal the
-weaker version missed, and a secure or DP run's server attacks stay at chance inside their
-interval.  Small graphs only."""
+"""Attacks at the strength of their papers.
+
+Each fixed attack recovers a planted signal the weaker version missed, and a secure or DP run's server attacks stay
+at chance inside their interval. Small graphs only.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ from secure_fgl.models import build_model
 
 
 def test_linkteller_on_log_posteriors_separates_2hop_pairs_of_a_saturated_model():
-    """A confident model: softmax outputs saturate and 2-hop non-edges look like neighbours;
-    the influence on log P (LinkTeller's reference scoring) still separates them."""
+    """Linkteller on log posteriors separates 2hop pairs of a saturated model.
+
+    A confident model: softmax outputs saturate and 2-hop non-edges look like neighbours;
+    the influence on log P (LinkTeller's reference scoring) still separates them.
+    """
     from secure_fgl.data import make_federated
 
     fed = make_federated("sbm", num_clients=2, partition="iid", seed=0, num_nodes=200, num_features=30, avg_degree=4)
@@ -101,8 +106,11 @@ def _fedsgd_step(labels, n=8, d=40, C=5, lr=0.05, seed=0):
 
 
 def test_sgd_inversion_finds_label_presence_on_a_fedsgd_step():
-    """Two rare classes (1 node in 8 each) and two absent: the bias update read as an SGD step
-    gives every class's presence; read as an Adam step (the old fixed rule) it misses the rare ones."""
+    """Sgd inversion finds label presence on a fedsgd step.
+
+    Two rare classes (1 node in 8 each) and two absent: the bias update read as an SGD step
+    gives every class's presence; read as an Adam step (the old fixed rule) it misses the rare ones.
+    """
     view, knowledge, truth = _fedsgd_step([0, 0, 0, 0, 0, 0, 1, 3])
     sgd = GradientInversion(iterations=60, restarts=1)(view, knowledge("sgd"), truth)
     assert sgd.metrics["update_rule"] == "sgd" and sgd.metrics["label_presence_acc"] == 1.0
@@ -113,8 +121,11 @@ def test_sgd_inversion_finds_label_presence_on_a_fedsgd_step():
 
 
 def test_adam_support_test_reads_the_deviation_from_the_sign_step():
-    """A model trained for a while with Adam + L2, then one more local round: a word no node
-    holds moves by -lr sign(W) per step, which the projection on W mistakes for data."""
+    """Adam support test reads the deviation from the sign step.
+
+    A model trained for a while with Adam + L2, then one more local round: a word no node
+    holds moves by -lr sign(W) per step, which the projection on W mistakes for data.
+    """
     d, C, n, lr, wd, steps = 60, 4, 30, 0.01, 5e-4, 3
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -143,8 +154,11 @@ def test_adam_support_test_reads_the_deviation_from_the_sign_step():
 
 
 def test_link_posterior_scores_intra_and_cross_client_edges_apart():
-    """Each client's model maps a class to its own posterior: edges inside a client look alike,
-    cross-client edges (which no model saw) do not; the two populations are reported apart."""
+    """Link posterior scores intra and cross client edges apart.
+
+    Each client's model maps a class to its own posterior: edges inside a client look alike,
+    cross-client edges (which no model saw) do not; the two populations are reported apart.
+    """
     rng = np.random.default_rng(0)
     n, C = 300, 4
     y = rng.integers(0, C, n)
@@ -183,8 +197,11 @@ def _run(**kw):
 
 
 def test_coalition_isolates_the_victim_in_a_masked_run_with_the_runs_optimizer():
-    """mask: the server reads nothing (at chance by the audit); the other clients subtract their
-    own uploads from the aggregate they decoded and invert the victim's SGD update."""
+    """Coalition isolates the victim in a masked run with the runs optimizer.
+
+    mask: the server reads nothing (at chance by the audit); the other clients subtract their
+    own uploads from the aggregate they decoded and invert the victim's SGD update.
+    """
     try:
         make_protocol("mask", 3)
     except Exception as e:
@@ -204,9 +221,12 @@ def _within_three_se_of_half(estimate: dict) -> bool:
 
 
 def test_a_dp_runs_server_attacks_stay_at_chance_inside_their_interval():
-    """DP-FedAvg at epsilon 0.1: the update the server reads is noise; the inversion's feature
+    """A DP runs server attacks stay at chance inside their interval.
+
+    DP-FedAvg at epsilon 0.1: the update the server reads is noise; the inversion's feature
     and support AUCs sit at 1/2 within three standard errors.  (A 95 % interval misses the chance
-    level in 1 of 20 noise-only runs by design, and the DP noise cannot be seeded.)"""
+    level in 1 of 20 noise-only runs by design, and the DP noise cannot be seeded.)
+    """
     by = _run(mode="plain", dp_epsilon=0.1, attacks=["gradient_inversion"])
     r = by["gradient_inversion"]
     assert r["applicable"] and r["observer"] == "server"
@@ -217,9 +237,12 @@ def test_a_dp_runs_server_attacks_stay_at_chance_inside_their_interval():
 def _ownership_case(
     num_clients=3, n=12, d=80, C=3, lr=0.1, seed=0, random_updates=False, label_dists=None, adam_steps=0
 ):
-    """FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words;
+    """FedSGD on ``num_clients`` chains of ``n`` nodes, for ownership inference.
+
+    FedSGD on ``num_clients`` chains of ``n`` nodes (global ids in blocks), sparse binary words;
     client k's labels drawn from ``label_dists[k]`` (uniform by default); ``adam_steps > 0``: each
-    client takes that many full-batch Adam steps instead."""
+    client takes that many full-batch Adam steps instead.
+    """
     from attacks.base import GroundTruth
 
     rng = np.random.default_rng(seed)
@@ -285,8 +308,11 @@ def _ownership_case(
 
 
 def test_ownership_inference_finds_each_nodes_client_from_the_updates():
-    """A node's loss gradient is a summand of its own client's update: the owner is found well
-    above the chance of a random pairing; on updates that carry no data, at chance."""
+    """Ownership inference finds each nodes client from the updates.
+
+    A node's loss gradient is a summand of its own client's update: the owner is found well
+    above the chance of a random pairing; on updates that carry no data, at chance.
+    """
     from attacks.ownership import OwnershipInference
 
     view, knowledge, truth = _ownership_case(d=200)
@@ -300,8 +326,7 @@ def test_ownership_inference_finds_each_nodes_client_from_the_updates():
 
 
 def test_label_distribution_read_off_each_clients_sgd_update():
-    """Skewed clients: the bias of each FedSGD update gives its label shares far closer than the
-    global prior does."""
+    """Skewed clients: the bias of each FedSGD update gives its label shares far closer than the global prior does."""
     from attacks.update_labels import UpdateLabelDistribution
 
     dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
@@ -312,8 +337,11 @@ def test_label_distribution_read_off_each_clients_sgd_update():
 
 
 def test_label_distribution_of_adam_updates_by_shadow_calibration():
-    """Skewed clients taking Adam steps: the shadow-calibrated regression on the last layer's update
-    gives label shares closer than the global prior (whose TV is the chance level), interval and all."""
+    """Label distribution of adam updates by shadow calibration.
+
+    Skewed clients taking Adam steps: the shadow-calibrated regression on the last layer's update
+    gives label shares closer than the global prior (whose TV is the chance level), interval and all.
+    """
     from attacks.update_labels import UpdateLabelDistribution
 
     dists = [np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8]), np.array([0.2, 0.6, 0.2])]
@@ -326,8 +354,11 @@ def test_label_distribution_of_adam_updates_by_shadow_calibration():
 
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
 def test_fedgcn_sparse_requests_reveal_ownership_and_dense_hides_it(layout):
-    """mask, 2 rows per block: in the sparse layout each client's download requests name the
-    blocks of its own nodes, so the server places nodes well above chance; dense is at chance."""
+    """Fedgcn sparse requests reveal ownership and dense hides it.
+
+    mask, 2 rows per block: in the sparse layout each client's download requests name the
+    blocks of its own nodes, so the server places nodes well above chance; dense is at chance.
+    """
     try:
         make_protocol("mask", 3)
     except Exception as e:

@@ -1,5 +1,7 @@
-"""The attack suite: planted data is recovered, metrics sit at chance on random inputs, scores
-fall as DP noise grows, the transcript audit fails on a leaking protocol and passes on ckks/mask.
+"""The attack suite.
+
+Planted data is recovered, metrics sit at chance on random inputs, scores fall as DP noise grows, the transcript
+audit fails on a leaking protocol and passes on ckks/mask.
 
 Tiny synthetic instances only (the whole file runs in well under a minute on one CPU core).
 """
@@ -49,8 +51,11 @@ def small_fed(num_clients=4, num_nodes=240, num_features=60, seed=0):
 
 
 def fedgcn_exchange(fed, proto, noise: float = 0.0, seed: int = 0, hops: int = 1):
-    """FedGCN's real pre-training exchange (its client-side functions), optionally with
-    Gaussian noise of std ``noise`` added by every client to its rows (local-DP emulation)."""
+    """FedGCN's real pre-training exchange, optionally with Gaussian noise.
+
+    FedGCN's real pre-training exchange (its client-side functions), optionally with
+    Gaussian noise of std ``noise`` added by every client to its rows (local-DP emulation).
+    """
     from secure_fgl.algorithms.fedgcn.ops import TAG, neighbour_terms, partial_neighbour_sums, requested_rows
 
     rng = np.random.default_rng(seed)
@@ -173,8 +178,11 @@ def test_fedgcn_attacks_recover_planted_features():
 
 
 def test_client_subtraction_from_decrypted_results_only():
-    """Secure modes: the totals are ciphertext in the transcript; the client's own decrypted
-    copy (what it legitimately receives) suffices."""
+    """Client subtraction from decrypted results only.
+
+    Secure modes: the totals are ciphertext in the transcript; the client's own decrypted
+    copy (what it legitimately receives) suffices.
+    """
     fed = small_fed()
     proto = PlainProtocol(fed.num_clients)
     received = fedgcn_exchange(fed, proto)
@@ -319,7 +327,7 @@ def _grad_knowledge(model, w0, mean, clients, d, C, lr):
 
 
 def test_gradient_inversion_recovers_planted_node_features():
-    """iDLG setting (one node per client): features and label recovered; two nodes: mostly."""
+    """The iDLG setting (one node per client): features and label recovered; two nodes: mostly."""
     d, C = 12, 3
     model, w0, clients, ups = _planted_update(n=1, d=d, C=C)
     proto = PlainProtocol(2)

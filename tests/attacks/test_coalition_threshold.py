@@ -1,5 +1,8 @@
-"""The coalition attack against t-out-of-n ckks-mp: t colluding clients rebuild a victim's key
-share from their Shamir shares and read its upload; t - 1 get a uniform key (chance)."""
+"""The coalition attack against t-out-of-n ckks-mp.
+
+T colluding clients rebuild a victim's key share from their Shamir shares and read its upload; t - 1 get a uniform
+key (chance).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Graph-level attacks: the gradient inversion of a GIN update, the cut margin of
-GCFL's split, and graph-level runs in the ``--attacks`` runner."""
+"""Graph-level attacks.
+
+The gradient inversion of a GIN update, the cut margin of GCFL's split, and graph-level runs in the ``--attacks``
+runner.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +41,11 @@ def test_cut_margin_enumerates_the_stoer_wagner_cut():
 
 
 def test_inversion_recovers_labels_of_a_matched_update():
-    """With the simulation matching the update (one full-batch gradient, no dropout), the
-    labels come back well above chance: the attack code works where it can."""
+    """Inversion recovers labels of a matched update.
+
+    With the simulation matching the update (one full-batch gradient, no dropout), the
+    labels come back well above chance: the attack code works where it can.
+    """
     torch.manual_seed(0)
     client = two_task_graphs(2, graphs_per_client=30, seed=0).clients[0]
     model = GCFLGIN(client.num_features, 64, client.num_classes, 3, 0.5).eval()

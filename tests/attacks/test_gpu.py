@@ -2,7 +2,8 @@
 
 Training and the attacks' model fits run on ``--device auto``'s device; data move there once
 (each client runtime's own data) and each exchange brings the clients' updates to the host
-once, through one pinned buffer (:func:`secure_fgl.engine.host.to_host`)."""
+once, through one pinned buffer (:func:`secure_fgl.engine.host.to_host`).
+"""
 
 from __future__ import annotations
 
@@ -53,8 +54,11 @@ def test_cuda_run_trains_on_the_device_and_matches_the_cpu_run(mode):
 @pytest.mark.gpu
 @needs_cuda
 def test_attacks_on_a_cuda_trained_model_give_the_cpu_numbers():
-    """The model attacks read a CUDA-trained model as they read a CPU-trained one: the values agree
-    up to float nondeterminism and the 95 % intervals overlap."""
+    """Attacks on a cuda trained model give the cpu numbers.
+
+    The model attacks read a CUDA-trained model as they read a CPU-trained one: the values agree
+    up to float nondeterminism and the 95 % intervals overlap.
+    """
     names = ["membership", "link_posterior", "link_influence"]
     base = dict(
         algorithm="fedavg",

@@ -1,6 +1,8 @@
-"""Graph-property inference on graph-level clients (attacks.graph_property): a planted property
-(half of the clients hold only dense graphs) is separated above chance from the plaintext
-updates, and a server that reads no update (mask) gets nothing."""
+"""Graph-property inference on graph-level clients.
+
+Attacks.graph_property. A planted property (half of the clients hold only dense graphs) is separated above chance
+from the plaintext updates, and a server that reads no update (mask) gets nothing.
+"""
 
 from __future__ import annotations
 

@@ -83,9 +83,12 @@ def test_client_half_is_built_from_public_bytes_only():
 
 
 def test_dropped_client_is_named_not_waited_for():
-    """A client whose answer never comes back is a dropout: plain sums the clients that uploaded
+    """Dropped client is named not waited for.
+
+    A client whose answer never comes back is a dropout: plain sums the clients that uploaded
     (refusing, naming them, when none did); mask recovers the survivors' sum above the threshold
-    and refuses, naming the clients, below it."""
+    and refuses, naming the clients, below it.
+    """
     x = _values(3)
     plain = make_protocol("plain", 3)
     plain.link.drop(1, "upload")
@@ -116,8 +119,11 @@ def test_dropped_client_is_named_not_waited_for():
 
 
 def test_ckks_mp_missing_partial_decryption_is_named():
-    """ckks-mp is n-out-of-n: a client silent at the partial-decryption (key-switching) stage, even
-    one that is neither contributor nor recipient, stops the exchange naming it; nothing is delivered."""
+    """Ckks-mp missing partial decryption is named.
+
+    ckks-mp is n-out-of-n: a client silent at the partial-decryption (key-switching) stage, even
+    one that is neither contributor nor recipient, stops the exchange naming it; nothing is delivered.
+    """
     x = _values(3)
     proto = make_protocol("ckks-mp", 3)
     proto.weighted_sum("x/t", 0, x, spec=SPEC)
@@ -157,10 +163,13 @@ def test_registry_lists_every_backend_once():
 
 @pytest.mark.parametrize("mode,upload", [("plain", "upload"), ("mask", "masked_upload")])
 def test_server_streams_a_sequential_link_client_by_client(mode, upload):
-    """Over a sequential link (clients answering in turn, in this process) the plain and mask
+    """Server streams a sequential link client by client.
+
+    Over a sequential link (clients answering in turn, in this process) the plain and mask
     servers call one client per upload and per download call, so they hold one client's blocks at
     a time; over a parallel link they call them all at once.  The sums are the same bits either
-    way; plain's are those of folding the float32 uploads in client order."""
+    way; plain's are those of folding the float32 uploads in client order.
+    """
     rng = np.random.default_rng(0)
     values = {k: rng.normal(size=9000) for k in range(4)}
     totals = {}
@@ -181,9 +190,12 @@ def test_server_streams_a_sequential_link_client_by_client(mode, upload):
 
 
 def test_mask_exchange_after_a_refused_upload_starts_clean():
-    """Client 0's upload is refused in a run's first exchange, while the others' bundles still hold
+    """Mask exchange after a refused upload starts clean.
+
+    Client 0's upload is refused in a run's first exchange, while the others' bundles still hold
     the self-mask shares relayed to them: each client reads its bundle anyway (as over a parallel
-    link), so the next exchange finds no stale message and sums correctly."""
+    link), so the next exchange finds no stale message and sums correctly.
+    """
     import dataclasses
 
     values = {k: np.full(50, 0.25 * (k + 1)) for k in range(3)}
@@ -200,8 +212,11 @@ def test_mask_exchange_after_a_refused_upload_starts_clean():
 
 
 def test_mask_client_frees_its_encoded_input_after_the_masked_upload():
-    """A mask client needs only its seeds and shares once its masked upload is built, so it drops
-    the encoded input then (an attack simulation keeps it with ``keep_client_state``)."""
+    """Mask client frees its encoded input after the masked upload.
+
+    A mask client needs only its seeds and shares once its masked upload is built, so it drops
+    the encoded input then (an attack simulation keeps it with ``keep_client_state``).
+    """
     values = {k: np.full(100, 0.1 * k) for k in range(3)}
     for keep in (False, True):
         proto = make_protocol("mask", 3)

@@ -1,5 +1,8 @@
-"""The attack suite on the client runtimes (``--executor local``): each attacker reads what its
-party holds, asked of that party's runtime; the numbers equal the golden run's."""
+"""The attack suite on the client runtimes.
+
+``--executor local``. Each attacker reads what its party holds, asked of that party's runtime; the numbers equal the
+golden run's.
+"""
 
 from __future__ import annotations
 
@@ -56,8 +59,11 @@ def _trained(cfg: RunConfig, executor=None):
 
 
 def test_gradient_inversions_on_the_local_executor_with_small_settings_golden(request):
-    """The three inversions on a FedAvg run, with the iterations and restarts passed in (the defaults
-    stay strong for users)."""
+    """Gradient inversions on the local executor with small settings golden.
+
+    The three inversions on a FedAvg run, with the iterations and restarts passed in (the defaults
+    stay strong for users).
+    """
     run = _trained(small("fedavg", "plain", "local", INVERSIONS))
     options = {name: SMALL_INVERSION for name in INVERSIONS}
     with warnings.catch_warnings():
@@ -111,9 +117,11 @@ def test_a_client_attacker_is_answered_by_its_own_runtime_outside_the_transcript
 
 @pytest.mark.slow  # ~8 s; graph-level parity also checked by hand (docs/runtime.md)
 def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
-    """gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
-    victim's model (asked of the victim's runtime, built in its own GIN shape)."""
+    """Graph level attacks on the runtimes give the golden numbers.
 
+    gc-fedavg (plain): the server's same-dataset inference and the GIN inversion that reads the
+    victim's model (asked of the victim's runtime, built in its own GIN shape).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         local = attack_entries(
@@ -127,9 +135,12 @@ def test_graph_level_attacks_on_the_runtimes_give_the_golden_numbers(request):
 
 
 def test_the_centralized_reference_is_attacked_on_the_default_executor_golden(request):
-    """The one runtime holds the whole graph; each client's view is asked of it: the posteriors of the
+    """The centralized reference is attacked on the default executor golden.
+
+    The one runtime holds the whole graph; each client's view is asked of it: the posteriors of the
     nodes the client owns and queries on its own subgraph (golden numbers: equal to the in-process
-    algorithm's when they were recorded)."""
+    algorithm's when they were recorded).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = run_experiment(attacked_config("centralized", "plain", "local"), progress=False)

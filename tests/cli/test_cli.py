@@ -1,5 +1,7 @@
-"""The secure-fgl command, in-process: runs, config files, presets, discovery, and one-line
-errors with exit code 2 for every bad input (a table of them)."""
+"""The secure-fgl command, in-process.
+
+Runs, config files, presets, discovery, and one-line errors with exit code 2 for every bad input (a table of them).
+"""
 
 from __future__ import annotations
 
@@ -311,8 +313,11 @@ def test_presets_parse_and_flags_override(preset):
 
 
 def test_cli_modes_are_the_protocol_registry():
-    """config.py stays torch/protocol-free for a fast --help, so its mode choices are a copy:
-    they must name exactly the protocols' modes, and `secure-fgl modes` describes each."""
+    """Cli modes are the protocol registry.
+
+    config.py stays torch/protocol-free for a fast --help, so its mode choices are a copy:
+    they must name exactly the protocols' modes, and `secure-fgl modes` describes each.
+    """
     import dataclasses
 
     import protocols
@@ -325,8 +330,11 @@ def test_cli_modes_are_the_protocol_registry():
 
 
 def test_bench_runtime_passes_its_grid_overrides(monkeypatch, tmp_path):
-    """``bench --suite runtime --clients/--features/--modes/--executors/--repeats/--ray-cpus`` reach
-    the benchmark unchanged (the documented 100-client rows are run this way)."""
+    """Bench runtime passes its grid overrides.
+
+    ``bench --suite runtime --clients/--features/--modes/--executors/--repeats/--ray-cpus`` reach
+    the benchmark unchanged (the documented 100-client rows are run this way).
+    """
     import secure_fgl.bench.runtime as runtime_bench
 
     seen = {}
@@ -367,8 +375,11 @@ def test_bench_runtime_passes_its_grid_overrides(monkeypatch, tmp_path):
 
 
 def test_bench_dropout_column_takes_ckks_mp_with_its_threshold(monkeypatch, tmp_path, capsys):
-    """``bench --suite runtime --dropouts --modes ckks-mp --threshold 7`` reaches the dropout column;
-    ckks-mp or --threshold without --dropouts is a usage error."""
+    """Bench dropout column takes ckks-mp with its threshold.
+
+    ``bench --suite runtime --dropouts --modes ckks-mp --threshold 7`` reaches the dropout column;
+    ckks-mp or --threshold without --dropouts is a usage error.
+    """
     import secure_fgl.bench.runtime as runtime_bench
 
     seen = {}

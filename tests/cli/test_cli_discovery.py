@@ -1,6 +1,9 @@
-"""Discovery commands answer fast and whole (no torch for help and listings, no glued columns, no
+"""Discovery commands answer fast and whole.
+
+Discovery commands answer fast and whole (no torch for help and listings, no glued columns, no
 description cut mid-sentence, every --dataset name listed), and the bad inputs that used to
-give tracebacks or misleading hints are one line, exit 2, naming the fix."""
+give tracebacks or misleading hints are one line, exit 2, naming the fix.
+"""
 
 from __future__ import annotations
 

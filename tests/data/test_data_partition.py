@@ -281,8 +281,11 @@ def test_make_federated_unknown_partition():
 
 
 def test_shchur_split_is_the_default_without_public_masks():
-    """Shchur et al. (2018): 20 training and 30 validation nodes per class, the rest test; the
-    default for graphs without a public split (Amazon, Coauthor)."""
+    """Shchur split is the default without public masks.
+
+    Shchur et al. (2018): 20 training and 30 validation nodes per class, the rest test; the
+    default for graphs without a public split (Amazon, Coauthor).
+    """
     from torch_geometric.data import Data
 
     from secure_fgl.data.splits import apply_split

@@ -1,5 +1,8 @@
-"""A server (or network) that deviates from the protocol: each attack is refused with a specific
-ProtocolError, or gets nothing.  Malicious server halves are subclasses of the honest ones."""
+"""A server (or network) that deviates from the protocol.
+
+Each attack is refused with a specific ProtocolError, or gets nothing. Malicious server halves are subclasses of the
+honest ones.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +45,11 @@ def _values(K, n=40, seed=0):
 # ---------------------------------------------------------------------- exchange numbers
 @pytest.mark.parametrize("mode", MODES)
 def test_unsigned_packet_cannot_advance_a_clients_exchange(mode):
-    """A packet claiming sender 'server' with exchange + 1000 and no valid signature is refused
-    and leaves the client's exchange number alone: the next honest exchange still reaches it."""
+    """Unsigned packet cannot advance a clients exchange.
+
+    A packet claiming sender 'server' with exchange + 1000 and no valid signature is refused
+    and leaves the client's exchange number alone: the next honest exchange still reaches it.
+    """
     K = 3
     proto = make_protocol(mode, K)
     x = _values(K)
@@ -143,7 +149,7 @@ def test_single_contributor_exchange_is_refused(mode):
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
 def test_min_contributors_is_a_run_parameter_not_a_plan_field(mode):
-    """c = 1: every client requires 3 contributors; a 2-contributor plan is refused."""
+    """With c = 1 every client requires 3 contributors; a 2-contributor plan is refused."""
     x = _values(4)
     with pytest.raises(TooFewContributorsError, match="minimum of 3"):
         make_protocol(mode, 4, max_colluders=1).weighted_sum("w", 0, {0: x[0], 1: x[1]}, spec=SPEC)
@@ -156,8 +162,11 @@ def test_min_contributors_is_a_run_parameter_not_a_plan_field(mode):
 
 
 class _Differencing:
-    """The differencing attack: the same (round, tag) summed twice, the second time without the
-    victim (client 3): the difference is the victim's input."""
+    """The differencing attack.
+
+    The same (round, tag) summed twice, the second time without the victim (client 3): the difference is the
+    victim's input.
+    """
 
     def __init__(self):
         self.seen = set()
@@ -199,7 +208,7 @@ def test_shamir_split_refuses_a_threshold_below_two_or_above_n():
 
 
 def test_an_explicit_threshold_below_the_active_condition_is_refused():
-    """t = 2 of 5 contributors: two disjoint sets of 2 could each unmask; 2t > n + c fails."""
+    """A threshold t = 2 of 5 contributors: two disjoint sets of 2 could each unmask; 2t > n + c fails."""
     with pytest.raises(ThresholdRefusedError, match="2t > n \\+ c"):
         MaskProtocol(5, threshold=2).weighted_sum("w", 0, _values(5), spec=SPEC)
 
@@ -260,9 +269,12 @@ def test_result_records_the_threat_model():
 
 # ---------------------------------------------------------------------- mask: consistency round
 class SplitUnmaskingServer(MaskServer):
-    """Tells client 3 that client 4 dropped (so it would reveal its pairwise seed with client 4)
+    """Tells client 3 that client 4 dropped while the others see no dropout.
+
+    Tells client 3 that client 4 dropped (so it would reveal its pairwise seed with client 4)
     while the others are told client 4 survived (so they reveal their shares of its self mask):
-    together, client 4's input unmasked."""
+    together, client 4's input unmasked.
+    """
 
     def _msg(self, k, kind, shape, payload, note=""):
         if note in ("survivor set", "unmasking request") and k == 3 and self.plan.tag == "split":

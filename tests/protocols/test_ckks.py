@@ -35,8 +35,11 @@ FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChe
 
 
 def _f32_slack(x: np.ndarray, inputs_abs: np.ndarray | float = 0.0) -> float:
-    """The plain protocol's own rounding: every input (summing to ``inputs_abs`` in absolute
-    value) and the result ``x`` are float32 on the wire, each off by up to 2^-24 relative."""
+    """The plain protocol's own float32 rounding error.
+
+    The plain protocol's own rounding: every input (summing to ``inputs_abs`` in absolute
+    value) and the result ``x`` are float32 on the wire, each off by up to 2^-24 relative.
+    """
     return float(np.max(np.abs(x) + inputs_abs, initial=0.0)) * 2.0**-23 + 1e-12
 
 
@@ -175,8 +178,11 @@ def test_packed_exact_at_k100_at_the_field_limit():
 
 
 def test_packed_with_dp_noise_offsets_sparse_padding():
-    """Integer DP noise (negative values) through the offset path, with blocks uploaded by
-    fewer than K clients (the server pads the missing offsets)."""
+    """Packed with DP noise offsets sparse padding.
+
+    Integer DP noise (negative values) through the offset path, with blocks uploaded by
+    fewer than K clients (the server pads the missing offsets).
+    """
     k, block_len, nb = 4, 64, 3
     rng = np.random.default_rng(5)
     spec = ValueSpec(integer=True, sum_max=8, max_abs=2)
@@ -285,8 +291,11 @@ def test_slot_capacity_matches_59_minus_scale():
     seed=st.integers(0, 10_000),
 )
 def test_packing_sum_is_exact_without_carry(width, fields, k, n, offset, seed):
-    """Slot-wise sums of packed values unpack to the field-wise sums whenever the sum
-    (plus offsets) fits the field: no carry into the neighbour field."""
+    """Packing sum is exact without carry.
+
+    Slot-wise sums of packed values unpack to the field-wise sums whenever the sum
+    (plus offsets) fits the field: no carry into the neighbour field.
+    """
     rng = np.random.default_rng(seed)
     if width * fields > 52 or k * offset > (1 << width) - 1:  # the plan's width always covers K*offset
         return
@@ -369,7 +378,7 @@ def test_server_receives_only_ciphertexts_and_public_key():
 
 @pytest.mark.parametrize("params", ["n8192", "n4096-q40", "default"])
 def test_message_sizes_depend_only_on_public_shapes(params):
-    """zstd makes serialized sizes vary; padding makes every message size data-independent."""
+    """Compression (zstd) makes serialized sizes vary; padding makes every message size data-independent."""
     sizes = []
     for seed in range(2):
         rng = np.random.default_rng(seed)
@@ -445,8 +454,11 @@ def test_corrupted_ciphertext_bytes_refused(how):
 
 @pytest.mark.parametrize("direction", ["upload", "download"])
 def test_a_flipped_ciphertext_bit_is_refused_by_the_signed_envelope(direction):
-    """Frames carry no digest of their own (protocols/ckks/wire.py): the envelope's signed body
-    digest covers every frame, uploads and downloads, and refuses one flipped bit before decoding."""
+    """A flipped ciphertext bit is refused by the signed envelope.
+
+    Frames carry no digest of their own (protocols/ckks/wire.py): the envelope's signed body
+    digest covers every frame, uploads and downloads, and refuses one flipped bit before decoding.
+    """
     ck = make_protocol("ckks", 3)
 
     def flip(m):
@@ -481,8 +493,11 @@ def test_ciphertext_from_another_context_refused():
 
 @pytest.mark.parametrize("encryption", ["symmetric", "asymmetric"])
 def test_symmetric_uploads_are_seeded_half_ciphertexts(encryption):
-    """Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed):
-    half the bytes of the sum the server sends back; asymmetric uploads whole ciphertexts."""
+    """Symmetric uploads are seeded half ciphertexts.
+
+    Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed):
+    half the bytes of the sum the server sends back; asymmetric uploads whole ciphertexts.
+    """
     ck = make_protocol("ckks", 3, params="n4096", encryption=encryption)
     out = ck.weighted_sum(
         "t", 0, {k: np.full(5, k + 1.0) for k in range(3)}, spec=ValueSpec(max_abs=10, tolerance=1e-6)
@@ -577,8 +592,11 @@ def test_protocol_bench_quick(tmp_path):
 
 
 def test_sparse_rows_use_the_smaller_ring_at_equal_bytes_per_value():
-    """Packed counts cost the same per value on N=4096 and N=8192; the sparse row_sum takes
-    the half-size blocks (fewer untouched rows paid for), the dense one keeps N=8192."""
+    """Sparse rows use the smaller ring at equal bytes per value.
+
+    Packed counts cost the same per value on N=4096 and N=8192; the sparse row_sum takes
+    the half-size blocks (fewer untouched rows paid for), the dense one keeps N=8192.
+    """
     ck = make_protocol("ckks", 10)
     spec = ValueSpec(integer=True, max_abs=255.0, sum_max=255)
     d = 1434
@@ -590,8 +608,11 @@ def test_sparse_rows_use_the_smaller_ring_at_equal_bytes_per_value():
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
 def test_seal_scratch_file_leaves_nothing_on_disk():
-    """sealapi serialises through a path: the scratch file is unlinked at once, so a killed run
-    leaves no key or ciphertext bytes behind (only the open descriptor holds them)."""
+    """Seal scratch file leaves nothing on disk.
+
+    sealapi serialises through a path: the scratch file is unlinked at once, so a killed run
+    leaves no key or ciphertext bytes behind (only the open descriptor holds them).
+    """
     import threading
 
     import tenseal.sealapi as sealapi
@@ -616,9 +637,12 @@ def test_seal_scratch_file_leaves_nothing_on_disk():
 
 
 def test_float_sums_leave_the_client_rounded_to_the_tolerance_grid():
-    """Decrypted float sums are rounded to a power-of-two grid within the tolerance before they are
+    """Float sums leave the client rounded to the tolerance grid.
+
+    Decrypted float sums are rounded to a power-of-two grid within the tolerance before they are
     delivered, so the CKKS noise (which with the exact decryption leaks the key: Li-Micciancio) does
-    not leave the client; the released error stays within the tolerance."""
+    not leave the client; the released error stays within the tolerance.
+    """
     from protocols.ckks.params import release_step
 
     k, tol = 3, 1e-3

@@ -115,10 +115,13 @@ def test_smudging_has_a_floor_raised_with_the_run_budget():
     block_len=st.one_of(st.none(), st.integers(1, 50_000)),
 )
 def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len):
-    """Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
+    """Modulus plan never undershoots.
+
+    Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
     ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors, the smudging and the
     switch-down's rounding recomputed here from their definitions, at the upload level and at the
-    shares' and downloads' switch level, within the 128-bit bound; or the planner refuses (BoundError)."""
+    shares' and downloads' switch level, within the 128-bit bound; or the planner refuses (BoundError).
+    """
     params = MPParams(smudging_lambda=smudging, max_keyswitches=1 << budget_log)
     bound = 2.0**bound_log
     spec = (
@@ -271,8 +274,11 @@ def test_coalition_attack_in_the_runner_registry():
 
 
 def test_coalition_cannot_read_another_recipients_rows():
-    """Scoped key switching: recipient 3's blocks are switched to its own key; the other clients'
-    collective shares, recipient keys and the broadcast key all decrypt them to noise."""
+    """Coalition cannot read another recipients rows.
+
+    Scoped key switching: recipient 3's blocks are switched to its own key; the other clients'
+    collective shares, recipient keys and the broadcast key all decrypt them to noise.
+    """
     k, d = 4, 30
     p = proto(k)
     spec = ValueSpec(integer=True, max_abs=50, sum_max=200)
@@ -332,8 +338,11 @@ def test_secret_shares_never_reach_the_server():
 
 
 def test_server_half_holds_no_secret_key_share():
-    """Walk every object the server half reaches: no client's key holder, no secret (s_i, s_R,
-    s_B) as an object, and none of their bytes inside any array or bytes it holds."""
+    """Server half holds no secret key share.
+
+    Walk every object the server half reaches: no client's key holder, no secret (s_i, s_R,
+    s_B) as an object, and none of their bytes inside any array or bytes it holds.
+    """
     k = 3
     p = fresh(k)
     p.row_sum(
@@ -371,10 +380,13 @@ def test_server_half_holds_no_secret_key_share():
 
 
 def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
-    """The noise a recipient decrypts (a broadcast exchange: switched to the broadcast key), against
+    """Recipient noise does not depend on the secret.
+
+    The noise a recipient decrypts (a broadcast exchange: switched to the broadcast key), against
     the upload errors e_ct = c0 + s c1 - Delta m of the aggregate: uncorrelated, smudged (its spread
     is ~2^lambda times e_ct's bound; without smudging it is not), and distributed alike under two
-    independent key sets (KS test)."""
+    independent key sets (KS test).
+    """
     k = 3
     spec = ValueSpec(integer=True, max_abs=3, sum_max=9)
     vals = {c: np.full(20_000, float(c)) for c in range(k)}
@@ -473,8 +485,11 @@ def test_corrupted_share_is_refused(unreduced):
 
 @pytest.mark.parametrize("stage", ["upload", "keyswitch", "download"])
 def test_message_changed_in_transit_is_refused(stage):
-    """Every ckks-mp message is signed: a bit flipped in transit (upload, key-switch share or c1,
-    final download) is refused before it is used."""
+    """Message changed in transit is refused.
+
+    Every ckks-mp message is signed: a bit flipped in transit (upload, key-switch share or c1,
+    final download) is refused before it is used.
+    """
     p = proto(3)
 
     def flip(msg):
@@ -523,8 +538,11 @@ def test_out_of_range_refused_before_encryption():
 
 
 def test_dp_noised_exchanges_stay_within_the_widened_range():
-    """Distributed DP noise (integer and float) passes through ckks-mp: the plan widens the range
-    by the public DP offset, and the decoded sum equals the sum of the noised contributions."""
+    """DP noised exchanges stay within the widened range.
+
+    Distributed DP noise (integer and float) passes through ckks-mp: the plan widens the range
+    by the public DP offset, and the decoded sum equals the sum of the noised contributions.
+    """
     from protocols import DPRequest
     from protocols.dp import DPConfig
 

@@ -1,6 +1,9 @@
-"""ckks-mp against a server that deviates: each attack is a malicious server half (a subclass of
+"""Ckks-mp against a server that deviates.
+
+ckks-mp against a server that deviates: each attack is a malicious server half (a subclass of
 the honest one that changes what it sends, never the clients' code), and each either aborts with
-a specific ProtocolError at an honest client or, by construction, yields nothing beyond chance."""
+a specific ProtocolError at an honest client or, by construction, yields nothing beyond chance.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +36,11 @@ COUNTS = ValueSpec(integer=True, max_abs=1, sum_max=K)
 
 
 class EvilServer(CKKSMPServer):
-    """Runs the honest server, but passes every request it builds through :meth:`tamper` before it is
-    signed and sent (``stage``, client, message, part) -> list of (message, part)."""
+    """Runs the honest server, but tampers with every request before it is signed.
+
+    Runs the honest server, but passes every request it builds through :meth:`tamper` before it is
+    signed and sent (``stage``, client, message, part) -> list of (message, part).
+    """
 
     def tamper(self, stage: str, client: int, msg, part: int):
         return [(msg, part)]
@@ -76,8 +82,11 @@ def with_payload(msg, **changes):
 
 # ------------------------------------------------------------------ forged and adaptive c1
 class ForgedC1(EvilServer):
-    """Measured attack on the earlier design: a key-switching request with ``c1 = 2^(b+3)`` (so that
-    the partial decryption ``s_i c1 + noise`` reveals ``s_i``) to a key of the server's own."""
+    """A key-switching request with a forged ``c1``.
+
+    Measured attack on the earlier design: a key-switching request with ``c1 = 2^(b+3)`` (so that
+    the partial decryption ``s_i c1 + noise`` reveals ``s_i``) to a key of the server's own.
+    """
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch":
@@ -114,8 +123,11 @@ def test_a_c1_from_the_server_is_refused(server):
 
 
 def test_c1_is_public_fresh_per_exchange_and_block():
-    """By construction the server has no c1 to choose: each client encrypts and key-switches with
-    the expansion of the run's seed at (session, exchange, block, piece), never reused."""
+    """C1 is public fresh per exchange and block.
+
+    By construction the server has no c1 to choose: each client encrypts and key-switches with
+    the expansion of the run's seed at (session, exchange, block, piece), never reused.
+    """
     p = CKKSMPProtocol(K)
     broadcast_exchange(p, "a")
     broadcast_exchange(p, "b")
@@ -167,8 +179,10 @@ class StrangerRecipient(EvilServer):
 
 
 class RogueKey(EvilServer):
-    """The rogue-key / speak-last variant: a colluder's own key, validly signed by the colluder
-    (client 2), presented to client 0 as client 1's key."""
+    """The rogue-key / speak-last variant.
+
+    A colluder's own key, validly signed by the colluder (client 2), presented to client 0 as client 1's key.
+    """
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and client == 0:
@@ -210,8 +224,11 @@ def test_recipient_keys_are_owner_signed_statements():
 
 # ------------------------------------------------------------------ broadcast key
 class SubstitutedBroadcastKey(EvilServer):
-    """Key substitution: the server hands a broadcast key of its own (with a matching fingerprint, the
-    dealer's signature kept) to the clients ``victims``."""
+    """Key substitution of the broadcast key.
+
+    Key substitution: the server hands a broadcast key of its own (with a matching fingerprint, the
+    dealer's signature kept) to the clients ``victims``.
+    """
 
     victims = (1, 2)
 
@@ -240,9 +257,12 @@ def test_substituted_broadcast_key_is_refused(server, match):
 
 
 def test_no_collective_public_key_exists_to_substitute():
-    """Uploads are encrypted under each client's own share, so no party ever receives a collective
+    """No collective public key exists to substitute.
+
+    Uploads are encrypted under each client's own share, so no party ever receives a collective
     public key (the earlier design's substituted key read every upload): the key set-up delivers
-    only p_B, signed by its dealer."""
+    only p_B, signed by its dealer.
+    """
     p = CKKSMPProtocol(K)
     broadcast_exchange(p)
     setup = [
@@ -306,10 +326,13 @@ def test_one_upload_and_one_key_switch_per_exchange(server, error):
 
 # ------------------------------------------------------------------ a recipient colluding with the server
 def test_server_and_a_recipient_cannot_open_one_clients_share():
-    """Server + client 0 (holder of s_B) decrypt client 1's key-switching share of a broadcast
+    """Server and a recipient cannot open one clients share.
+
+    Server + client 0 (holder of s_B) decrypt client 1's key-switching share of a broadcast
     exchange: s_1 c1 + z_1 + noise.  Added to client 1's upload c0_1 it would open that upload if not
     for the zero-sum mask z_1: correlation with client 1's plaintext at chance.  Positive control:
-    with the mask removed (which needs client 1's pairwise seeds) the upload opens exactly."""
+    with the mask removed (which needs client 1's pairwise seeds) the upload opens exactly.
+    """
     p = CKKSMPProtocol(K)
     rng = np.random.default_rng(3)
     vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
@@ -345,9 +368,12 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
 
 
 class MixedBlocks(EvilServer):
-    """Asks client 1 to switch the recipient's blocks in the reverse order, so that summing the
+    """Asks client 1 to switch the recipient's blocks in the reverse order.
+
+    Asks client 1 to switch the recipient's blocks in the reverse order, so that summing the
     shares position by position would combine client 1's block-1 share with the others' block-0
-    shares: a mixed sum (client 1's block 1 + the others' block 0) the plan never releases."""
+    shares: a mixed sum (client 1's block 1 + the others' block 0) the plan never releases.
+    """
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and client == 1:
@@ -356,9 +382,12 @@ class MixedBlocks(EvilServer):
 
 
 def test_shares_of_different_blocks_do_not_combine():
-    """The masks are bound to (exchange, recipient, block, piece): shares of different blocks never
+    """Shares of different blocks do not combine.
+
+    The masks are bound to (exchange, recipient, block, piece): shares of different blocks never
     cancel each other's masks, so the mixed sum decrypts to noise for the recipient colluding with the
-    server (and the delivery is refused); the same shares regrouped by block decrypt exactly (control)."""
+    server (and the delivery is refused); the same shares regrouped by block decrypt exactly (control).
+    """
     from protocols.errors import IntegrityError
 
     p = protocol_with(MixedBlocks)
@@ -395,8 +424,11 @@ def test_shares_of_different_blocks_do_not_combine():
     s_r = p._clients[0]._own.s_hat
 
     def residual(blocks_of_client):
-        """Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid
-        in the uploads' units."""
+        """Decrypt the combined shares and return the largest distance from the Delta grid.
+
+        Decrypt sum_c (c0_c[b_c] + share_c[b_c]) under s_R; the largest distance from the Delta grid
+        in the uploads' units.
+        """
         pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}  # client 1's shares reversed
         c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[: plan.level]
         ct = combine_shares(p.ring, c0_sum[None], [shares[c][pos[c]][None] for c in range(K)])[0]
@@ -410,8 +442,10 @@ def test_shares_of_different_blocks_do_not_combine():
 
 
 class KeySwitchFirst(CKKSMPServer):
-    """Asks for key-switching shares before any upload of the exchange (a share of a c1 the client
-    has not yet encrypted under)."""
+    """Asks for key-switching shares before any upload of the exchange.
+
+    A share of a c1 the client has not yet encrypted under.
+    """
 
     def run(self, plan, link):
         self.ensure_keys(link, plan.round)

@@ -1,7 +1,10 @@
-"""t-out-of-n ckks-mp (``threshold``): Shamir-shared client secrets, an active set of exactly t
+"""T-out-of-n ckks-mp.
+
+t-out-of-n ckks-mp (``threshold``): Shamir-shared client secrets, an active set of exactly t
 clients key-switching with Lagrange-weighted shares, dropouts of up to n - t clients, and a server
 that names a wrong active set or misreports the uploaders (malicious server halves: subclasses
-that change what the honest server sends, never the clients' code)."""
+that change what the honest server sends, never the clients' code).
+"""
 
 from __future__ import annotations
 
@@ -84,8 +87,11 @@ def test_threshold_outside_1_to_n_is_refused():
 
 # ------------------------------------------------------------------ t of n decrypt, exactly
 def test_any_t_of_n_clients_decrypt_exactly_and_fewer_is_a_dropout_error():
-    """Each round drops a different client at key switching: the four active sets of 3 of 4
-    clients each key-switch every upload (the dropped client's included) to the exact sum."""
+    """Any t of n clients decrypt exactly and fewer is a dropout error.
+
+    Each round drops a different client at key switching: the four active sets of 3 of 4
+    clients each key-switch every upload (the dropped client's included) to the exact sum.
+    """
     p = make_protocol("ckks-mp", K, threshold=T)
     x = inputs()
     active_sets = []
@@ -120,8 +126,11 @@ def test_dropout_at_upload_sums_the_uploaders_and_n_minus_t_is_the_limit():
 
 @pytest.mark.parametrize("spec", ["3,@upload", "1,@block_ids"])
 def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
-    """Sparse layout: client c uploads blocks c and c + 1 (mod 4), client r receives block r.  A
-    client dropped before its upload is left out of exactly the blocks it would have uploaded."""
+    """Sparse row sum keys each block to its own uploaders.
+
+    Sparse layout: client c uploads blocks c and c + 1 (mod 4), client r receives block r.  A
+    client dropped before its upload is left out of exactly the blocks it would have uploaded.
+    """
     p = dropping(make_protocol("ckks-mp", K, threshold=T), spec)
     spec_rows = ValueSpec(integer=True, max_abs=1, sum_max=K)
     rpb, dim = p.rows_per_block(spec_rows, 2, 10**7), 2
@@ -208,16 +217,22 @@ def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
 
 
 def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
-    """With c = 2 colluders every client requires 4 contributors: a server that declares one
-    honest upload dropped (as a real dropout would) cannot get the other three key-switched."""
+    """A sum never covers fewer uploaders than the runs minimum contributors.
+
+    With c = 2 colluders every client requires 4 contributors: a server that declares one
+    honest upload dropped (as a real dropout would) cannot get the other three key-switched.
+    """
     p = dropping(make_protocol("ckks-mp", K, threshold=T, max_colluders=2), "3,@upload")
     with pytest.raises(ActiveSetError, match="at least 4"):
         exchange(p, inputs())
 
 
 class SecondActiveSet(EvilServer):
-    """After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
-    share of each set would let the server interpolate what neither set released."""
+    """Asks client 0 again with another active set after the honest key switch.
+
+    After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
+    share of each set would let the server interpolate what neither set released.
+    """
 
     def call(self, link, stage, messages, *, hook=True):
         got = super().call(link, stage, messages, hook=hook)
@@ -234,8 +249,10 @@ def test_one_key_switch_per_exchange_whatever_the_active_set():
 
 
 class SplitUploaders(EvilServer):
-    """Tells client 2 that client 3's upload is missing while clients 0 and 1 count it: the shares
-    (keys and masks of two different views) combine to noise, which the recipients refuse."""
+    """Tells client 2 that client 3's upload is missing while clients 0 and 1 count it.
+
+    The shares (keys and masks of two different views) combine to noise, which the recipients refuse.
+    """
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and part == 1 and client == 2:
@@ -252,9 +269,12 @@ def test_clients_told_different_uploaders_deliver_noise_not_a_sum():
 
 # ------------------------------------------------------------------ a coalition of t - 1 clients
 def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
-    """Clients 0 and 1 (t - 1 = 2) pool their Shamir shares of client 3's secret and interpolate
+    """T minus 1 clients and the server cannot decrypt an upload.
+
+    Clients 0 and 1 (t - 1 = 2) pool their Shamir shares of client 3's secret and interpolate
     as well as two points allow; the victim's upload decrypts to noise (correlation at chance).
-    Positive control: with a third share the upload opens exactly."""
+    Positive control: with a third share the upload opens exactly.
+    """
     p = make_protocol("ckks-mp", K, threshold=T)
     x = inputs()
     victim, length = 3, 4000

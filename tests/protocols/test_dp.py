@@ -37,8 +37,10 @@ P_FAIL = 5e-8
 
 
 def assert_std(samples: np.ndarray, std: float) -> None:
-    """Chi-square test that zero-mean ``samples`` have standard deviation ``std``
-    (false-failure probability P_FAIL, see module docstring)."""
+    """Chi-square test that zero-mean ``samples`` have standard deviation ``std``.
+
+    False-failure probability P_FAIL, see module docstring.
+    """
     x = np.asarray(samples, dtype=np.float64).ravel()
     n = x.size
     stat = float(np.sum(x * x)) / std**2
@@ -109,8 +111,11 @@ def test_distributed_with_plain_raises():
 
 # ----------------------------------------------------------------------------- accounting
 def test_accountant_matches_opacus():
-    """Same sigma and steps: our accountant's epsilon is Opacus' (called directly, with the
-    options we pass it); for RDP, Opacus' default orders give an epsilon >= ours."""
+    """Accountant matches opacus.
+
+    Same sigma and steps: our accountant's epsilon is Opacus' (called directly, with the
+    options we pass it); for RDP, Opacus' default orders give an epsilon >= ours.
+    """
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     hist = [(8.0, 1.0, 10), (12.0, 1.0, 5)]
@@ -204,8 +209,11 @@ def test_budget_overrun_raises():
 
 
 def test_budget_split_over_declared_tags():
-    """Tags share mu^2 of the run's one Gaussian; with every planned release made the run
-    spends the whole epsilon (within 1 %), not the ~70 % an epsilon split left unspent."""
+    """Budget split over declared tags.
+
+    Tags share mu^2 of the run's one Gaussian; with every planned release made the run
+    spends the whole epsilon (within 1 %), not the ~70 % an epsilon split left unspent.
+    """
     eng = engine(2.0, tags=("a", "b"))
     assert eng.share("a") == eng.share("b") == pytest.approx(0.5)
     eng.privatize_vectors("a", 0, {0: np.zeros(3)}, DPRequest(clip=1.0, releases=4))

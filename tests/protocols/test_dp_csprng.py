@@ -69,9 +69,12 @@ def uploads(protocol, tag: str = "fedavg/model") -> dict[str, np.ndarray]:
 
 
 def test_regeneration_attack_leaves_noise_level_residual(tmp_path, monkeypatch):
-    """Rerun with everything the victim's result.json and checkpoint hold (seed, config, DP
+    """Regeneration attack leaves noise level residual.
+
+    Rerun with everything the victim's result.json and checkpoint hold (seed, config, DP
     state): the attacker's noise is independent of the victim's, so victim - rerun has std
-    sqrt(2) sigma per entry (the clipped updates themselves are identical), not ~1e-6."""
+    sqrt(2) sigma per entry (the clipped updates themselves are identical), not ~1e-6.
+    """
     victim, victim_proto = run_capturing_protocol(dp_cfg(tmp_path / "victim"), monkeypatch)
     public = json.loads((tmp_path / "victim" / "result.json").read_text())
     assert (tmp_path / "victim" / CHECKPOINT).exists()
@@ -86,8 +89,11 @@ def test_regeneration_attack_leaves_noise_level_residual(tmp_path, monkeypatch):
 
 
 def test_noise_key_comes_from_os_urandom_and_is_never_written(tmp_path, monkeypatch):
-    """Every key byte comes from os.urandom (a fixed fake key makes two generators agree),
-    and the key appears in no file of the run (raw, hex, or as a list of byte values)."""
+    """Noise key comes from os urandom and is never written.
+
+    Every key byte comes from os.urandom (a fixed fake key makes two generators agree),
+    and the key appears in no file of the run (raw, hex, or as a list of byte values).
+    """
     key = bytes(range(100, 132))
     calls = []
 

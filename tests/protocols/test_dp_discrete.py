@@ -1,5 +1,7 @@
-"""The distributed discrete Gaussian (Kairouz, Liu & Steinke, ICML 2021): randomised rounding onto a
-public grid, discrete Gaussian noise, and the zCDP accounting of a sum of discrete Gaussians.
+"""The distributed discrete Gaussian (Kairouz, Liu & Steinke, ICML 2021).
+
+Randomised rounding onto a public grid, discrete Gaussian noise, and the zCDP accounting of a sum of discrete
+Gaussians.
 
 Statistical checks use fresh OS-keyed noise; their bounds fail a correct implementation with
 probability below 1e-7 each (6-sigma CLT intervals).
@@ -26,8 +28,11 @@ from protocols.dp import (
 
 
 def test_randomised_rounding_is_unbiased_and_on_the_grid():
-    """``grid_noise`` returns multiples of 2^-f whose mean is the input (rounding up with
-    probability the fractional part), with variance std^2 plus the rounding's p(1-p) steps^2."""
+    """Randomised rounding is unbiased and on the grid.
+
+    ``grid_noise`` returns multiples of 2^-f whose mean is the input (rounding up with
+    probability the fractional part), with variance std^2 plus the rounding's p(1-p) steps^2.
+    """
     bits, n = 4, 400_000
     x = np.full(n, 0.3 * 2.0**-bits + 1.0)  # fractional part 0.3 of a step
     std = 2.0 * 2.0**-bits  # 2 steps: the sampler's floor
@@ -41,9 +46,12 @@ def test_randomised_rounding_is_unbiased_and_on_the_grid():
 
 
 def test_sum_of_discrete_gaussians_epsilon_against_the_continuous_bound():
-    """KLS21 Thm 1: eps^2 = Delta^2/(n s^2) + tau d / 2.  At s >= 2 steps tau is below 1e-16 per
+    """KLS21 Thm 1: eps^2 = Delta^2/(n s^2) + tau d / 2.
+
+    At s >= 2 steps tau is below 1e-16 per
     share and the bound equals the continuous Gaussian's Delta/(sqrt(n) s); at s = 0.5 the tau term
-    is the closed form 10 exp(-pi^2/4) for two shares."""
+    is the closed form 10 exp(-pi^2/4) for two shares.
+    """
     delta, n, d = 3.0, 8, 10_000
     assert sum_of_discrete_gaussians_tau(2.0, n) < 1e-15
     assert sum_of_discrete_gaussians_epsilon(delta, 2.0, n, d) == pytest.approx(delta / (math.sqrt(n) * 2.0), rel=1e-12)
@@ -54,9 +62,12 @@ def test_sum_of_discrete_gaussians_epsilon_against_the_continuous_bound():
 
 @pytest.mark.parametrize("mode", ["mask", "ckks", pytest.param("ckks-mp", marks=pytest.mark.slow)])
 def test_secure_sum_is_the_exact_grid_sum_and_composes_in_renyi_dp(mode):
-    """In distributed placement each client's noisy contribution is on the grid and the codec carries
+    """Secure sum is the exact grid sum and composes in renyi DP.
+
+    In distributed placement each client's noisy contribution is on the grid and the codec carries
     it exactly: the released sum is 2^-f times an integer (one discrete release, no per-client
-    rounding after the noise); the run spends the asked epsilon, composed in Renyi DP (zCDP proof)."""
+    rounding after the noise); the run spends the asked epsilon, composed in Renyi DP (zCDP proof).
+    """
     K, d = 4, 500
     p = make_protocol(mode, K, dp=DPConfig(epsilon=4.0, placement="distributed", accountant="exact"), seed=3)
     vals = {k: np.linspace(-0.01, 0.01, d) * (k + 1) for k in range(K)}

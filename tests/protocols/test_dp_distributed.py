@@ -1,9 +1,11 @@
-"""Distributed DP noise over-provisioned for dropouts and colluders (protocols.dp, placement
-'distributed'): the noise left in a sum after d dropouts and after a coalition of c clients
+"""Distributed DP noise over-provisioned for dropouts and colluders.
+
+Protocols.dp, placement 'distributed'. The noise left in a sum after d dropouts and after a coalition of c clients
 subtracts its own shares is still at least the calibrated sigma; more dropouts are refused.
 
 Statistical checks as in tests/protocols/test_dp.py: n * mean(x^2) / s^2 ~ chi^2_n, accepted inside the
-two-sided 5e-8 interval (false failure < 1e-6 over this file)."""
+two-sided 5e-8 interval (false failure < 1e-6 over this file).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ def assert_std(samples: np.ndarray, std: float) -> None:
 
 
 def test_noise_left_after_dropouts_and_a_coalition_is_sigma():
-    """K = 8, over-provisioned for 2 dropouts and 1 colluder: each client adds sigma^2/5; the 5
-    honest survivors' noise (2 dropped, the colluder's share subtracted) sums to exactly sigma."""
+    """Noise left after dropouts and a coalition is sigma.
+
+    K = 8, over-provisioned for 2 dropouts and 1 colluder: each client adds sigma^2/5; the 5
+    honest survivors' noise (2 dropped, the colluder's share subtracted) sums to exactly sigma.
+    """
     K, n = 8, 100_000
     eng = DPEngine(
         DPConfig(epsilon=1.0, placement="distributed", dropouts=2, colluders=1), num_clients=K, protocol_mode="mask"

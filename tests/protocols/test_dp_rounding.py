@@ -1,8 +1,10 @@
-"""Rounding under DP cannot push a clipped vector past its bound (Kairouz, Liu, Steinke, ICML 2021,
-sec. 4): a block clipped to ``C`` by :func:`protocols.dp.clip_l2`, then quantised by the packed codec's
-DP path (:meth:`protocols.ckks.fixed_point.FixedPointLayout.quantize` with ``dp=True``: conditional
-randomized rounding), has ``||Delta q||_2`` within Kairouz et al.'s bound for ``C``; integer
-exchanges, rounded before their discrete noise, stay inside the ball itself (truncation toward zero)."""
+"""Rounding under DP cannot push a clipped vector past its bound.
+
+Kairouz, Liu, Steinke, ICML 2021, sec. 4. A block clipped to ``C`` by :func:`protocols.dp.clip_l2`, then quantised
+by the packed codec's DP path (:meth:`protocols.ckks.fixed_point.FixedPointLayout.quantize` with ``dp=True``:
+conditional randomized rounding), has ``||Delta q||_2`` within Kairouz et al.'s bound for ``C``; integer exchanges,
+rounded before their discrete noise, stay inside the ball itself (truncation toward zero).
+"""
 
 from __future__ import annotations
 

@@ -42,8 +42,10 @@ def plans():
 
 
 def _entries(data, plan: FixedPoint, n: int) -> dict[int, np.ndarray]:
-    """K contributions that pass the client check (|x| <= B); with an owner-checked sum the
-    K-way sum of every entry is within B too.  The extremes are drawn often."""
+    """K contributions that pass the client check.
+
+    |x| <= B. With an owner-checked sum the K-way sum of every entry is within B too. The extremes are drawn often.
+    """
     b = plan.entry_bound
     share = b / plan.num_clients if plan.sum_bound < plan.num_clients * b else b
     value = st.one_of(st.sampled_from([share, -share, 0.0]), st.floats(-share, share))
@@ -64,8 +66,11 @@ def test_round_trip_within_one_quantum(plan, data):
 @SETTINGS
 @given(plan=plans(), data=st.data())
 def test_kway_sums_of_packed_digits_are_exact(plan, data):
-    """Adding the packed carriers (what the CKKS slots add) and unpacking gives exactly the
-    sum of every client's digits, within K quanta of the exact real sum."""
+    """Kway sums of packed digits are exact.
+
+    Adding the packed carriers (what the CKKS slots add) and unpacking gives exactly the
+    sum of every client's digits, within K quanta of the exact real sum.
+    """
     n = data.draw(st.integers(1, 30), label="n")
     xs = _entries(data, plan, n)
     qs = {k: plan.quantize(x, rounding_rng(1, "t", 0, k)) for k, x in xs.items()}
@@ -136,8 +141,11 @@ def test_ckks_fixed_point_mean_within_the_stated_bound(data):
 
 
 def test_small_exchanges_keep_float_precision():
-    """A few values fit one ciphertext either way: fixed point would save too little to pay
-    for its coarser quantum (params.FIXED_POINT_MIN_SAVING)."""
+    """Small exchanges keep float precision.
+
+    A few values fit one ciphertext either way: fixed point would save too little to pay
+    for its coarser quantum (params.FIXED_POINT_MIN_SAVING).
+    """
     proto = fixed_ckks(2)
     got = proto.weighted_mean(
         "fx/small",
@@ -220,8 +228,11 @@ def _fedavg_first_round(run_small, **extra):
 
 
 def test_fedavg_round_equals_plain_within_the_stated_bound(run_small):
-    """One FedAvg round from the same start: the packed fixed-point mean differs from
-    plain's by at most the bound the recipients can state (decoded total, |mean|)."""
+    """Fedavg round equals plain within the stated bound.
+
+    One FedAvg round from the same start: the packed fixed-point mean differs from
+    plain's by at most the bound the recipients can state (decoded total, |mean|).
+    """
     from protocols.ckks.params import release_step
 
     start, plain, _ = _fedavg_first_round(run_small, mode="plain")
@@ -238,8 +249,11 @@ def test_fedavg_round_equals_plain_within_the_stated_bound(run_small):
 
 
 def test_real_valued_row_sums_within_the_stated_bound():
-    """FedGCN-shaped real-valued neighbour sums (sparse layout, owner-checked totals): every
-    requested row within the plan's K Delta of the exact total, at <= 3x float32 per value."""
+    """Real valued row sums within the stated bound.
+
+    FedGCN-shaped real-valued neighbour sums (sparse layout, owner-checked totals): every
+    requested row within the plan's K Delta of the exact total, at <= 3x float32 per value.
+    """
     k, num_rows, dim = 3, 600, 21
     rng = np.random.default_rng(4)
     spec = ValueSpec(max_abs=30.0, owner_checked_sum=True)  # (cap + 1) x feature bound
@@ -264,9 +278,12 @@ def test_real_valued_row_sums_within_the_stated_bound():
 @CKKS_SETTINGS
 @given(data=st.data())
 def test_integer_exchanges_sum_exactly_in_signed_complex_fields(data):
-    """Integer exchanges (FedGCN's counts) as exact signed fields in both halves of each slot:
+    """Integer exchanges sum exactly in signed complex fields.
+
+    Integer exchanges (FedGCN's counts) as exact signed fields in both halves of each slot:
     any K contributions that pass the client check sum exactly (no owner-checked bound here:
-    fields sized from K * max_abs)."""
+    fields sized from K * max_abs).
+    """
     k = 3
     cap = data.draw(st.integers(100, 300), label="max_abs")  # 9-10 bit unsigned fields: 4 per real
     n = data.draw(st.integers(20000, 24000), label="n")  # slot; signed complex ones fit n in one N=8192

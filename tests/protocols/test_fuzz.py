@@ -1,5 +1,7 @@
-"""Fuzz suite (sample): messages tampered in transit, a malicious server's own requests (ckks-mp) and
-malformed calls, in mask, ckks and ckks-mp.
+"""Fuzz suite (sample).
+
+Messages tampered in transit, a malicious server's own requests (ckks-mp) and malformed calls, in mask, ckks and
+ckks-mp.
 
 In-model categories (a third party or a faulty channel) must end rejected with the expected
 ProtocolError: 0 accepted-wrong, 0 unexpected exceptions.  The full run is

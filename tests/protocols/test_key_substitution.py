@@ -58,8 +58,11 @@ def _relayed_secrets(proto, stage: str):
     ids=["channel_key_server_signed", "channel_key_owner_signature_kept", "identity_key"],
 )
 def test_substituted_directory_key_never_receives_the_dealt_secret(mode, resign, identity):
-    """The measured attack: the server's channel key in client0's directory opened the relayed
-    CKKS secret context / mask group seed.  Now client0 refuses the directory: nothing is dealt."""
+    """Substituted directory key never receives the dealt secret.
+
+    The measured attack: the server's channel key in client0's directory opened the relayed
+    CKKS secret context / mask group seed.  Now client0 refuses the directory: nothing is dealt.
+    """
     proto = _with_server(
         mode,
         directory_forger(mode, resign=resign, identity=identity),
@@ -72,9 +75,12 @@ def test_substituted_directory_key_never_receives_the_dealt_secret(mode, resign,
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
 def test_control_trust_on_first_use_hands_the_server_the_dealt_secret(mode):
-    """The same forger against clients that trust on first use (the former registration):
+    """Control trust on first use hands the server the dealt secret.
+
+    The same forger against clients that trust on first use (the former registration):
     client0 encrypts the mask group seed G / the CKKS secret context to the server's key, and
-    the server opens it."""
+    the server opens it.
+    """
     proto = _with_server(
         mode, directory_forger(mode, resign=True, identity=True), **({"params": "n4096"} if mode == "ckks" else {})
     )
@@ -101,8 +107,11 @@ def test_control_trust_on_first_use_hands_the_server_the_dealt_secret(mode):
 
 
 def test_substituted_mask_key_is_refused():
-    """The server replaces client1's advertised mask key in client0's broadcast by its own
-    (signed by the server), to learn the pairwise seed s_{0,1}: refused before any seed is derived."""
+    """Substituted mask key is refused.
+
+    The server replaces client1's advertised mask key in client0's broadcast by its own
+    (signed by the server), to learn the pairwise seed s_{0,1}: refused before any seed is derived.
+    """
     base = MaskProtocol.server_half
 
     class MaskKeyForger(base):
@@ -125,8 +134,11 @@ def test_substituted_mask_key_is_refused():
 
 
 def test_server_with_an_identity_key_the_manifest_does_not_list_is_refused():
-    """A server that signs with a key of its own choosing (not the manifest's) is refused at
-    registration by every client, before any key of theirs is sent."""
+    """Server with an identity key the manifest does not list is refused.
+
+    A server that signs with a key of its own choosing (not the manifest's) is refused at
+    registration by every client, before any key of theirs is sent.
+    """
     base = MaskProtocol.server_half
 
     class Impostor(base):
@@ -142,8 +154,11 @@ def test_server_with_an_identity_key_the_manifest_does_not_list_is_refused():
 
 @pytest.mark.parametrize("mode", ["mask", "ckks-mp"])
 def test_diverging_manifests_abort_in_the_first_exchange(mode):
-    """Client 2 holds a manifest that differs in one security parameter: its run id differs, so
-    it refuses the server's first message and nothing of this run is aggregated."""
+    """Diverging manifests abort in the first exchange.
+
+    Client 2 holds a manifest that differs in one security parameter: its run id differs, so
+    it refuses the server's first message and nothing of this run is aggregated.
+    """
     proto = make_protocol(mode, K)
     theirs = Manifest.from_dict(
         {**proto.manifest.to_dict(), "security": {**proto.manifest.security, "sample_seed": 12345}}

@@ -104,8 +104,11 @@ def test_manifest_new_and_verify(tmp_path, capsys):
 
 
 def test_result_records_the_keys_each_client_accepted():
-    """The manifest reaches the client runtimes from the driver; each client's registry (not the
-    server's) is what result.json records, and it holds the manifest's identity keys."""
+    """Result records the keys each client accepted.
+
+    The manifest reaches the client runtimes from the driver; each client's registry (not the
+    server's) is what result.json records, and it holds the manifest's identity keys.
+    """
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
 

@@ -104,8 +104,11 @@ def test_prg_offsets_and_domain_separation():
     span=st.sampled_from([8, 64, 1 << 24]),
 )
 def test_ring_mask_spans_read_each_block_at_its_own_offset(ids, L, gap, span):
-    """However the ids are grouped into AES calls (gap and span limits), block ``b`` is the
-    keystream bytes ``[b L w, (b + 1) L w)``."""
+    """Ring mask spans read each block at its own offset.
+
+    However the ids are grouped into AES calls (gap and span limits), block ``b`` is the
+    keystream bytes ``[b L w, (b + 1) L w)``.
+    """
     import protocols.mask.prg as prg
 
     key, sid, dt = bytes(range(32)), stream_id("self", b"run", 3, "t", 1), np.dtype("<u4")
@@ -254,8 +257,11 @@ def test_row_sum_scoped_return(K, num_rows, d, seed, layout, reveal):
 @FAST
 @given(ring_bits=st.sampled_from(RING_BITS), n=st.integers(0, 200), seed=st.integers(0, 2**31))
 def test_byte_ring_wire_is_b_over_8_bytes_and_decodes_through_carries(ring_bits, n, seed):
-    """Every ring costs exactly b/8 bytes a value, and a sum carried past bit b in the wider
-    memory word (24, 40, 48, 56 bits) still decodes to the signed residue mod 2^b."""
+    """Byte ring wire is b over 8 bytes and decodes through carries.
+
+    Every ring costs exactly b/8 bytes a value, and a sum carried past bit b in the wider
+    memory word (24, 40, 48, 56 bits) still decodes to the signed residue mod 2^b.
+    """
     rng = np.random.default_rng(seed)
     enc = FixedPoint(ring_bits, 0, float(2 ** (ring_bits - 2)), True, 1)
     half = 2 ** (ring_bits - 2)
@@ -483,8 +489,11 @@ def test_telescoped_output_masks_cancel_for_any_included_set(K, n_blocks, data):
 
 
 def test_server_sum_stays_masked_when_clients_drop():
-    """With dropouts the included set has gaps ({0, 1, 3, 4}, {1, 2, 3, 4}): the server's sum
-    still looks uniform, and every recipient gets the exact survivors' sum."""
+    """Server sum stays masked when clients drop.
+
+    With dropouts the included set has gaps ({0, 1, 3, 4}, {1, 2, 3, 4}): the server's sum
+    still looks uniform, and every recipient gets the exact survivors' sum.
+    """
     K, n = 5, 6000
     vals = {k: np.full(n, 0.25) for k in range(K)}
     for dropped in ([2], [0], [4]):
@@ -724,9 +733,12 @@ def test_make_protocol_and_fingerprint():
 @settings(max_examples=int(os.environ.get("MASK_EXAMPLES", 25)) // 5 + 2, deadline=None)
 @given(seed=st.integers(0, 2**31), batch=st.sampled_from([1, 2, 64]), data=st.data())
 def test_runs_of_exchanges_with_changing_contributors_and_dropouts_stay_exact(seed, batch, data):
-    """One protocol object across exchanges whose contributor sets change and whose clients drop:
+    """Runs of exchanges with changing contributors and dropouts stay exact.
+
+    One protocol object across exchanges whose contributor sets change and whose clients drop:
     self-mask batches (per contributor set), run-long keys and the participant lists keep every
-    sum the exact ring sum of the included clients."""
+    sum the exact ring sum of the included clients.
+    """
     K = 6
     proto = MaskProtocol(K, self_mask_batch=batch)
     for rnd in range(6):

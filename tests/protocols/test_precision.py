@@ -33,8 +33,11 @@ def test_shared_scale_rule():
 @SETTINGS
 @given(data=st.data())
 def test_contributions_that_pass_the_client_check_sum_exactly(mode, data):
-    """The sum_max of the spec is NOT owner-checked here, and deliberately too small: the
-    encoding must not trust it (the audit that would catch it is off, as on a real server)."""
+    """Contributions that pass the client check sum exactly.
+
+    The sum_max of the spec is NOT owner-checked here, and deliberately too small: the
+    encoding must not trust it (the audit that would catch it is off, as on a real server).
+    """
     k = data.draw(st.integers(2, 4), label="K")
     cap = data.draw(st.integers(1, 300), label="max_abs")
     n = data.draw(st.integers(1, 40), label="n")
@@ -64,9 +67,12 @@ def test_an_entry_above_the_client_bound_is_refused_before_anything_is_sent(mode
 
 
 def test_owner_checked_sum_keeps_narrow_fields():
-    """FedGCN's spec (sum_max enforced by the owners' degree check) packs log2(cap+1)-bit fields
+    """Owner checked sum keeps narrow fields.
+
+    FedGCN's spec (sum_max enforced by the owners' degree check) packs log2(cap+1)-bit fields
     (one more, the sign, in the default signed complex fields); without the owner check the plan
-    widens them to cover K * max_abs."""
+    widens them to cover K * max_abs.
+    """
     owner_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169, owner_checked_sum=True)
     alone_spec = ValueSpec(integer=True, max_abs=169.0, sum_max=169)
     for ck, sign in ((cached_protocol("ckks", 4), 1), (make_protocol("ckks", 4, exact_fields=False), 0)):
@@ -139,9 +145,12 @@ def test_fedavg_parameters_follow_plain_within_the_stated_bound(run_small):
 
 
 def _fedomd(run_small, mode: str, rounds: int = 4):
-    """FedOMD (Adam, beta = 10) on a small SBM graph: per-round parameters and, per statistics
+    """A small FedOMD run with its per-round parameters and statistics.
+
+    FedOMD (Adam, beta = 10) on a small SBM graph: per-round parameters and, per statistics
     exchange, the pooled statistic client 0 decoded against the exact float64 one of the clients'
-    uploads."""
+    uploads.
+    """
     from secure_fgl.config import RunConfig
     from secure_fgl.runtime.exchange import dense_result
 
@@ -178,11 +187,14 @@ def _fedomd(run_small, mode: str, rounds: int = 4):
 
 
 def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode(run_small):
-    """FedOMD's statistics and model mean travel on their plans' public grids
+    """Fedomd trains the same model bit for bit in every mode.
+
+    FedOMD's statistics and model mean travel on their plans' public grids
     (``MeanPrecision.grid_spec``): per round, for the first 10 rounds, the global parameters of
     ckks and mask are *identical* to plain's (torch.equal, not close), and every pooled statistic
     is within the grid's stated bound of the exact float64 one (before the grid: within the
-    bound but not equal, and Adam + CMD amplified the differences into different runs)."""
+    bound but not equal, and Adam + CMD amplified the differences into different runs).
+    """
     from secure_fgl.algorithms.fedomd.ops import STATS_MEAN_TOLERANCE, stats_grid_spec, stats_precision
 
     runs = {mode: _fedomd(run_small, mode, rounds=10) for mode in ("plain", "ckks", "mask")}
@@ -209,9 +221,12 @@ def test_fedomd_trains_the_same_model_bit_for_bit_in_every_mode(run_small):
     ],
 )
 def test_grid_mean_is_identical_in_every_mode_within_the_stated_bound(plan, num_clients):
-    """A mean on ``grid_spec``'s grid: plain (float32 or float64 wire), mask, ckks (by default integer
+    """Grid mean is identical in every mode within the stated bound.
+
+    A mean on ``grid_spec``'s grid: plain (float32 or float64 wire), mask, ckks (by default integer
     fields of quantum ``2^-f`` where they fit and save bytes), ckks with real slots only, and ckks-mp return the same bits, within ``grid_error_bound`` of the exact mean; a decoded sum off the grid by more than the
-    codec's planned quarter step is refused."""
+    codec's planned quarter step is refused.
+    """
     from protocols.errors import IntegrityError
 
     rng = np.random.default_rng(num_clients)
@@ -239,8 +254,11 @@ def test_grid_mean_is_identical_in_every_mode_within_the_stated_bound(plan, num_
 
 
 def test_plain_carries_float64_only_where_the_plan_asks_and_counts_its_bytes():
-    """A mean planned below float32 resolution travels as float64 in plain (8 bytes a value in
-    the transcript); the float32 baseline of the exchange is the same as for a float32 plan."""
+    """Plain carries float64 only where the plan asks and counts its bytes.
+
+    A mean planned below float32 resolution travels as float64 in plain (8 bytes a value in
+    the transcript); the float32 baseline of the exchange is the same as for a float32 plan.
+    """
     from protocols import make_protocol
 
     values = {k: np.random.default_rng(k).uniform(-4.0, 4.0, 5) for k in range(3)}
@@ -263,8 +281,11 @@ def test_plain_carries_float64_only_where_the_plan_asks_and_counts_its_bytes():
 
 @pytest.mark.parametrize("num_clients", [10, 16, 50])
 def test_ckks_carries_fedomd_grids_for_many_clients(num_clients):
-    """Past ten clients ``grid_tolerance`` coarsens the targets so that CKKS still meets the grid's
-    quarter step (before it, FedOMD's grids were refused by the CKKS planner at K > 10)."""
+    """Ckks carries fedomd grids for many clients.
+
+    Past ten clients ``grid_tolerance`` coarsens the targets so that CKKS still meets the grid's
+    quarter step (before it, FedOMD's grids were refused by the CKKS planner at K > 10).
+    """
     from secure_fgl.algorithms.base import model_spec
     from secure_fgl.algorithms.fedomd.ops import FedOMDOptions, stats_grid_spec
 

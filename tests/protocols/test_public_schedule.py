@@ -1,7 +1,9 @@
-"""The public schedule every client checks plans against: client sampling recomputed from the
-run manifest's seed, the broadcast role of a model exchange, and the same model for everyone
-(model inconsistency, Pasquini et al., CCS 2022).  Each attack drives a malicious server half
-(a subclass of the honest one) and is refused with a specific ProtocolError, nothing sent."""
+"""The public schedule every client checks plans against.
+
+Client sampling recomputed from the run manifest's seed, the broadcast role of a model exchange, and the same model
+for everyone (model inconsistency, Pasquini et al., CCS 2022). Each attack drives a malicious server half (a
+subclass of the honest one) and is refused with a specific ProtocolError, nothing sent.
+"""
 
 from __future__ import annotations
 
@@ -95,8 +97,11 @@ def test_a_contributor_set_outside_the_rounds_sample_is_refused(mode):
 
 # ---------------------------------------------------------------------- attack: another role
 class ScopedBroadcastServer:
-    """Names client 1 a recipient of the model broadcast but sends it all blocks but the last:
-    a scoped delivery where the public schedule has a broadcast."""
+    """Sends a named recipient of the model broadcast only part of its blocks.
+
+    Names client 1 a recipient of the model broadcast but sends it all blocks but the last:
+    a scoped delivery where the public schedule has a broadcast.
+    """
 
     def run(self, plan, link):
         if plan.tag == "model":
@@ -118,8 +123,11 @@ VICTIM = 2
 
 
 class StaleModelServer:
-    """Sends the victim, in round 1, round 0's model download again (re-signed): the victim trains
-    on another model than the others (Pasquini et al.'s model inconsistency, here a stale model)."""
+    """Sends the victim, in round 1, round 0's model download again.
+
+    Re-signed. The victim trains on another model than the others (Pasquini et al.'s model inconsistency, here a
+    stale model).
+    """
 
     def call(self, link, stage, messages, *, hook=True):
         if stage == "download" and self.plan.tag == "model" and VICTIM in messages:
@@ -132,8 +140,11 @@ class StaleModelServer:
 
 
 class StaleModelUnsignedServer(StaleModelServer):
-    """The stale model, and the victim's survivor-set signature left out of the unmasking request
-    (so that the others would unmask a sum holding the victim's update)."""
+    """The stale model, with the victim's survivor-set signature left out.
+
+    The stale model, and the victim's survivor-set signature left out of the unmasking request
+    (so that the others would unmask a sum holding the victim's update).
+    """
 
     def stage_consistency(self, ex, link):
         super().stage_consistency(ex, link)
@@ -159,12 +170,15 @@ def test_a_different_model_to_one_client_aborts_the_next_sum(mode):
 
 @pytest.mark.parametrize("mode,refused_in", [("mask", 3), ("ckks-mp", 2)])
 def test_a_different_model_stays_refused_after_a_round_without_the_victim(mode, refused_in):
-    """The broadcast is the mean update each client adds to its model, so a client that was sent
+    """A different model stays refused after a round without the victim.
+
+    The broadcast is the mean update each client adds to its model, so a client that was sent
     another one trains on another model from then on.  Round 2 leaves the victim out of the
     contributors and sends every client the same update: in mask the victim's last broadcast then
     equals the others', yet its round-3 contribution is refused (each client binds every broadcast
     it received, not only the last); in ckks-mp every client key-switches every exchange, so round
-    2 is refused already."""
+    2 is refused already.
+    """
     proto = _protocol(mode, StaleModelServer)
     for rnd in range(2):
         _model_round(proto, rnd, seed=rnd)
@@ -194,8 +208,11 @@ def test_without_the_broadcast_role_the_stale_model_goes_unnoticed():
 
 # ---------------------------------------------------------------------- the run: driver and clients agree
 def test_a_sampled_mask_run_passes_every_clients_schedule_check():
-    """FedAvg over mask with half the clients each round: the driver samples with the same PRF the
-    client halves recompute, and every contributor received the same models."""
+    """A sampled mask run passes every clients schedule check.
+
+    FedAvg over mask with half the clients each round: the driver samples with the same PRF the
+    client halves recompute, and every contributor received the same models.
+    """
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
     from secure_fgl.manifest import public_roles
@@ -216,8 +233,11 @@ def test_a_sampled_mask_run_passes_every_clients_schedule_check():
 
 
 def test_mask_a_survivor_silent_at_consistency_of_a_broadcast_is_a_dropout_error():
-    """An honest server that misses a survivor's signature in a broadcast exchange stops with a
-    DropoutError naming it (the others would refuse to unmask without it), nothing delivered."""
+    """Mask a survivor silent at consistency of a broadcast is a dropout error.
+
+    An honest server that misses a survivor's signature in a broadcast exchange stops with a
+    DropoutError naming it (the others would refuse to unmask without it), nothing delivered.
+    """
     from protocols.errors import DropoutError
     from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
 

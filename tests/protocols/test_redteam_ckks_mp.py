@@ -1,6 +1,9 @@
-"""Red-team attacks on ckks-mp and the signed envelopes by a server that deviates (plus colluding
+"""Red-team attacks on ckks-mp and the signed envelopes.
+
+Red-team attacks on ckks-mp and the signed envelopes by a server that deviates (plus colluding
 clients): each is a malicious server half (a subclass of the honest one; the clients' code is never
-changed) and either aborts with a specific ProtocolError at an honest client or learns nothing."""
+changed) and either aborts with a specific ProtocolError at an honest client or learns nothing.
+"""
 
 from __future__ import annotations
 
@@ -32,12 +35,15 @@ def inputs(seed=0):
 
 # ------------------------------------------------------------------ one honest client told it does not contribute
 class SplitView(CKKSMPServer):
-    """Server + colluding recipient (client 2) against the victim (client 0).  Every client but
+    """Server + colluding recipient (client 2) against the victim (client 0).
+
+    Every client but
     ``excluded`` gets the true plan (all K contributors, so a minimum-contributors check passes at
     the victim); ``excluded`` (honest client 1) is told it is no contributor, so it uploads nothing
     and key-switches without its share ``s_1``.  The server adds only the victim's and the
     colluder's uploads: if the masks cancelled, the delivered sum would be ``x_0 + x_2`` and the
-    colluder would read ``x_0``."""
+    colluder would read ``x_0``.
+    """
 
     excluded: int | None = 1
 
@@ -62,9 +68,12 @@ class OneView(SplitView):
 
 
 def test_a_client_told_it_does_not_contribute_cannot_isolate_the_victim():
-    """The key-switching masks are labelled by the digest of the plan each client holds, so they
+    """A client told it does not contribute cannot isolate the victim.
+
+    The key-switching masks are labelled by the digest of the plan each client holds, so they
     cancel only when all K clients hold one plan: here the sum stays masked by the honest pair's
-    (0, 1) PRG stream, the recipients refuse it as corrupted and nothing is delivered."""
+    (0, 1) PRG stream, the recipients refuse it as corrupted and nothing is delivered.
+    """
     x = inputs()
     p = protocol_with(SplitView)
     with pytest.raises(IntegrityError, match="corrupted; nothing was delivered"):
@@ -79,8 +88,11 @@ def test_a_client_told_it_does_not_contribute_cannot_isolate_the_victim():
 
 # ------------------------------------------------------------------ broadcast key under other labels
 class TwoBroadcastLabels(CKKSMPServer):
-    """Asks every client to switch its blocks to the broadcast key twice, under the recipient ids
-    -2 and -3 (both negative: both would be treated as the broadcast key, with fresh masks)."""
+    """Asks every client to switch its blocks to the broadcast key twice.
+
+    Asks every client to switch its blocks to the broadcast key twice, under the recipient ids
+    -2 and -3 (both negative: both would be treated as the broadcast key, with fresh masks).
+    """
 
     def call(self, link, stage, messages, *, hook=True):
         if stage == "keyswitch":
@@ -103,11 +115,14 @@ def test_recipient_ids_below_the_broadcast_key_are_refused():
 
 # ------------------------------------------------------------------ a server message from another session
 class ForeignSession(CKKSMPServer):
-    """A server message recorded in another session (same server identity key: a site reuses its key
+    """Replays a server message recorded in another session.
+
+    A server message recorded in another session (same server identity key: a site reuses its key
     across runs, and a resumed run gets a new session) with an exchange number 1000 ahead, slipped
     into client 1's bundle.  It needs no key: an eavesdropper can
     replay it.  Client 1 is no recipient of the exchange, so the packet travels in its next bundle.  If
-    client 1 adopts its exchange number, every later exchange fails at client 1."""
+    client 1 adopts its exchange number, every later exchange fails at client 1.
+    """
 
     def call(self, link, stage, messages, *, hook=True):
         if stage == "download" and not getattr(self, "_sent", False):
@@ -139,8 +154,11 @@ def test_a_server_message_of_another_session_does_not_move_the_exchange_number()
 
 # ------------------------------------------------------------------ a subset of the uploads key-switched
 class DropsAnUpload(CKKSMPServer):
-    """Every client holds the same plan, but the server replaces honest client 1's upload by zeros
-    before adding, so that the aggregate holds only the victim's (0) and the colluder's (2) ``c0``."""
+    """Replaces honest client 1's upload by zeros.
+
+    Every client holds the same plan, but the server replaces honest client 1's upload by zeros
+    before adding, so that the aggregate holds only the victim's (0) and the colluder's (2) ``c0``.
+    """
 
     def responses(self, got, k, stage, kind=None, part=0):
         msg = super().responses(got, k, stage, kind, part)
@@ -150,11 +168,14 @@ class DropsAnUpload(CKKSMPServer):
 
 
 def test_key_switching_a_subset_of_the_uploads_gives_noise():
-    """The key-switching shares always carry ``s_i c1`` of every client that uploaded the block, and
+    """Key switching a subset of the uploads gives noise.
+
+    The key-switching shares always carry ``s_i c1`` of every client that uploaded the block, and
     the only multiple of ``s_1 c1`` the server holds is client 1's upload, which carries its input:
     without that upload the delivery is ``Delta (m_0 + m_2) + s_1 c1 + noise``, uniform modulo Q.
     The recipients refuse it; the colluder (client 2, holder of s_B) decrypting it finds no
-    correlation with ``m_0 + m_2`` beyond chance.  Control: the honest delivery correlates > 0.999."""
+    correlation with ``m_0 + m_2`` beyond chance.  Control: the honest delivery correlates > 0.999.
+    """
     from protocols.ckks_mp import encoding, encryption
     from protocols.transcript import SERVER
 
@@ -189,8 +210,10 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
 
 # ------------------------------------------------------------------ a withheld directory entry
 class WithheldPeer(CKKSMPServer):
-    """Leaves client 2 out of the key directory it sends client 1 (client 1 then has no pairwise
-    seed with client 2 for its key-switching mask)."""
+    """Leaves client 2 out of the key directory it sends client 1.
+
+    Client 1 then has no pairwise seed with client 2 for its key-switching mask.
+    """
 
     def _outgoing(self, msg, stage, part, intercept=None):
         if stage == "directory" and msg.receiver == client_party(1):
@@ -206,10 +229,13 @@ def test_a_withheld_peer_key_is_a_named_refusal():
 
 # ------------------------------------------------------------------ another exchange shape for the same contribution
 def detour_server(base, shape: str):
-    """A server half of ``base`` that, in place of the exchange it was asked to run, asks the victim
+    """A server half of ``base`` that detours the exchange it was asked to run.
+
+    A server half of ``base`` that, in place of the exchange it was asked to run, asks the victim
     (client 0) for the same contribution through a step that does not hide it: ``pairwise`` (GCFL's
     pairwise statistics: encrypted under a key the colluding decider, client 2, holds alone) or
-    ``report`` (a scalar report: sent in the clear).  What the server receives is kept in ``stolen``."""
+    ``report`` (a scalar report: sent in the clear).  What the server receives is kept in ``stolen``.
+    """
 
     def run(self, plan, link):
         if shape == "pairwise":
@@ -233,8 +259,11 @@ def detour_server(base, shape: str):
 
 
 def what_the_coalition_reads(p, shape):
-    """The victim's contribution as the server (with the decider, for ``pairwise``) reads it; the
-    pairwise step normalises it, so it is compared as a unit vector."""
+    """The victim's contribution as the server and its colluders read it.
+
+    The victim's contribution as the server (with the decider, for ``pairwise``) reads it; the
+    pairwise step normalises it, so it is compared as a unit vector.
+    """
     stolen = p.server.stolen
     if stolen is None:
         return None
@@ -266,9 +295,12 @@ def _mp_protocol(server):
     ],
 )
 def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make, shape):
-    """Server (+ the decider) against client 0: the exchange of tag 'w' is replaced by a pairwise or a
+    """A contribution is never sent through a step that does not hide it.
+
+    Server (+ the decider) against client 0: the exchange of tag 'w' is replaced by a pairwise or a
     report step for the same tag.  Required: a refusal before anything is sent, so the coalition
-    reads nothing of client 0's contribution."""
+    reads nothing of client 0's contribution.
+    """
     from protocols.errors import ProtocolError
 
     p = make(shape)
@@ -283,9 +315,12 @@ def test_a_contribution_is_never_sent_through_a_step_that_does_not_hide_it(make,
 
 # ------------------------------------------------------------------ an exchange number used twice
 class RewoundExchange(CKKSMPServer):
-    """Runs a second exchange under the first one's number, so that each client would encrypt its
+    """Runs a second exchange under the first one's number.
+
+    Runs a second exchange under the first one's number, so that each client would encrypt its
     second input with the first one's ``c1 = a_{x,b,j}`` (the difference of two such uploads is
-    ``Delta (m - m') + small``: the difference of the inputs)."""
+    ``Delta (m - m') + small``: the difference of the inputs).
+    """
 
     def run(self, plan, link):
         self.first = getattr(self, "first", plan.exchange)

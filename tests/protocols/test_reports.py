@@ -1,5 +1,8 @@
-"""Clear-text reports (:func:`protocols.pairwise.report_scalars`) played by the facade need the
-client halves in this process; behind a link each client runtime reports its own values."""
+"""Clear-text reports played by the facade.
+
+Clear-text reports (:func:`protocols.pairwise.report_scalars`) played by the facade need the
+client halves in this process; behind a link each client runtime reports its own values.
+"""
 
 import pytest
 

@@ -1,5 +1,8 @@
-"""Training randomness is data-independent: per-client, per-step generators and dropout masks
-that depend on the key and the position only (secure_fgl/engine/rng.py)."""
+"""Training randomness is data-independent.
+
+Per-client, per-step generators and dropout masks that depend on the key and the position only
+(secure_fgl/engine/rng.py).
+"""
 
 from __future__ import annotations
 
@@ -47,9 +50,12 @@ def test_client_generator_streams():
 
 @pytest.mark.parametrize("perturb", ["values", "dense"])
 def test_dropout_mask_and_stream_do_not_depend_on_the_values(perturb):
-    """Two inputs differing only in their values (same sparsity, or a 1e-7 perturbation of every
+    """Dropout mask and stream do not depend on the values.
+
+    Two inputs differing only in their values (same sparsity, or a 1e-7 perturbation of every
     zero making it dense, as a decrypted CKKS zero) get the same mask on their common non-zeros
-    and leave the generator in the same state."""
+    and leave the generator in the same state.
+    """
     torch.manual_seed(0)
     x = (torch.rand(300, 500) < 0.02) * torch.rand(300, 500)
     if perturb == "values":
@@ -80,9 +86,12 @@ def test_dropout_outside_a_generator_draws_one_number_per_call():
 
 
 def test_fedgcn_run_is_reproducible_and_unmoved_by_tiny_input_changes(monkeypatch):
-    """Same seed -> same result; and a 1e-7 change of the received neighbour sums (what a secure
+    """Fedgcn run is reproducible and unmoved by tiny input changes.
+
+    Same seed -> same result; and a 1e-7 change of the received neighbour sums (what a secure
     mode's decoding error does) leaves every round's dropout masks, hence the loss trajectory, in
-    step with the unperturbed run."""
+    step with the unperturbed run.
+    """
     cfg = dict(
         algorithm="fedgcn",
         mode="plain",

@@ -1,6 +1,9 @@
-"""Files never run code: checkpoints load with ``weights_only=True`` and are bound to the run's
-settings; Planetoid pickles go through a restricted unpickler; dataset checksums ship in the
-package: a crafted ``checkpoint.pt`` or ``ind.cora.y`` that would run code is refused."""
+"""Files never run code.
+
+Checkpoints load with ``weights_only=True`` and are bound to the run's settings; Planetoid pickles go through a
+restricted unpickler; dataset checksums ship in the package: a crafted ``checkpoint.pt`` or ``ind.cora.y`` that
+would run code is refused.
+"""
 
 from __future__ import annotations
 

@@ -247,8 +247,11 @@ def test_ckks_secret_context_travels_encrypted():
 
 # ---------------------------------------------------------------------- double masking and coalitions
 def test_late_upload_attack_recovers_nothing():
-    """Server reconstructs dropped client 2's pairwise key (normal recovery); its upload then
-    arrives late; server + one client remove every mask they can.  b_2 still hides it."""
+    """Late upload attack recovers nothing.
+
+    Server reconstructs dropped client 2's pairwise key (normal recovery); its upload then
+    arrives late; server + one client remove every mask they can.  b_2 still hides it.
+    """
     K = 5
     proto = MaskProtocol(K)
     proto.keep_client_state = True
@@ -266,11 +269,14 @@ def test_late_upload_attack_recovers_nothing():
     "size,late,expect", [(2, False, 0.0), (3, False, 0.0), (4, False, 1.0), (2, True, 0.0), (3, True, 1.0)]
 )
 def test_server_plus_coalition_threshold(size, late, expect):
-    """t = 3 for K = 5.  Server + clients 0..size-1 attack client 4's upload.  The self mask needs
+    """A threshold t = 3 for K = 5.
+
+    Server + clients 0..size-1 attack client 4's upload.  The self mask needs
     t shares; the pairwise masks need every other contributor's seed, which only the coalition's
     own members hold (mask keys are never shared) -- or the survivors reveal them when the victim
     is declared dropped (late).  So t colluders learn nothing while an honest peer remains, and
-    everything once the victim's pairwise seeds are revealed."""
+    everything once the victim's pairwise seeds are revealed.
+    """
     K = 5
     proto = MaskProtocol(K)
     proto.keep_client_state = True
@@ -302,8 +308,11 @@ def test_honest_client_refuses_both_shares_of_one_client():
 
 
 def test_unmasking_round_is_answered_once_and_names_only_dropouts():
-    """No dropout: the request names no dropped client and every uploader returns self-mask shares
-    of all participants, no seed; a second unmasking round in the same exchange is refused."""
+    """Unmasking round is answered once and names only dropouts.
+
+    No dropout: the request names no dropped client and every uploader returns self-mask shares
+    of all participants, no seed; a second unmasking round in the same exchange is refused.
+    """
     proto = MaskProtocol(4)
     proto.weighted_sum("x/u", 0, _values(4, 20), spec=SPEC)
     view = [m for m in proto.transcript.view(SERVER) if m.tag == "x/u"]
@@ -334,8 +343,11 @@ def test_ckks_shared_key_coalition_reads_every_upload():
 
 
 def test_ckks_coalition_reads_an_earlier_exchange_under_another_chain():
-    """Each upload is decrypted with the key of the chain it names (its fingerprint), not the last
-    exchange's: an integer exchange (packed chain) followed by a float one (another chain)."""
+    """Ckks coalition reads an earlier exchange under another chain.
+
+    Each upload is decrypted with the key of the chain it names (its fingerprint), not the last
+    exchange's: an integer exchange (packed chain) followed by a float one (another chain).
+    """
     ck = make_protocol("ckks", 3)
     ints = {k: np.arange(6, dtype=float) % 3 for k in range(3)}
     ck.weighted_sum("ints", 0, ints, spec=ValueSpec(integer=True, max_abs=3, sum_max=9))

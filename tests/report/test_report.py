@@ -1,5 +1,8 @@
-"""The privacy/utility report: a tiny sweep produces report.md, report.html and PNG figures,
-resumes without rerunning, and every number comes from the run files."""
+"""The privacy/utility report.
+
+A tiny sweep produces report.md, report.html and PNG figures, resumes without rerunning, and every number comes from
+the run files.
+"""
 
 from __future__ import annotations
 
@@ -74,8 +77,11 @@ def test_leakage_matrix_cells():
 
 
 def test_tiny_report_sweep(tmp_path):
-    """FedGCN without DP (its exposure by degree) and fedgcn-gap at eps 2 (FedGCN's own edge-level DP
-    is refused), from a sweep file."""
+    """Tiny report sweep.
+
+    FedGCN without DP (its exposure by degree) and fedgcn-gap at eps 2 (FedGCN's own edge-level DP
+    is refused), from a sweep file.
+    """
     out = tmp_path / "rep"
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(

@@ -1,6 +1,8 @@
-"""The report's figures are fit for a paper: PNG, PDF and SVG of each; TrueType fonts in every
-PDF (no Type 3); the chosen --figure-size; one colour and marker per mode in every figure;
-epsilon categorical with "no DP" set apart; equal series noted; tables also in LaTeX."""
+"""The report's figures are fit for a paper.
+
+PNG, PDF and SVG of each; TrueType fonts in every PDF (no Type 3); the chosen --figure-size; one colour and marker
+per mode in every figure; epsilon categorical with "no DP" set apart; equal series noted; tables also in LaTeX.
+"""
 
 from __future__ import annotations
 

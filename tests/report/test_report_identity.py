@@ -1,5 +1,8 @@
-"""Run identity: a report never mixes runs made with other settings, a finished run is never
-silently overwritten, unfinished runs are left out (and counted) by every reader."""
+"""Run identity in reports and run folders.
+
+Run identity: a report never mixes runs made with other settings, a finished run is never
+silently overwritten, unfinished runs are left out (and counted) by every reader.
+"""
 
 from __future__ import annotations
 
@@ -59,8 +62,11 @@ def test_fingerprint_ignores_where_files_go_and_names_what_differs():
 
 
 def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path, capsys):
-    """The issue's scenario: an interrupted sweep (one run stopped during its attacks), then a
-    sweep with other rounds into the same --out."""
+    """A sweep with other settings into the same out never mixes runs.
+
+    The issue's scenario: an interrupted sweep (one run stopped during its attacks), then a
+    sweep with other rounds into the same --out.
+    """
     out = tmp_path / "rep"
     assert _report(out, 3) == 0
     first = sorted(p.name for p in out.iterdir() if (p / "result.json").exists())
@@ -133,8 +139,7 @@ def test_unfinished_runs_are_left_out_and_counted(tmp_path, capsys):
 
 
 def test_results_of_the_removed_inline_executor_are_still_read(tmp_path, capsys):
-    """result.json files an older version wrote with ``executor: inline`` load and compare beside
-    current ones."""
+    """result.json files an older version wrote with ``executor: inline`` load and compare beside current ones."""
     done = tmp_path / "runs" / "local"
     assert cli_main(["run", "--config", _tiny_run_config(tmp_path), "--out", str(done), "--quiet"]) == 0
     old = tmp_path / "runs" / "inline"

@@ -1,5 +1,8 @@
-"""`secure-fgl report --config FILE`: a sweep file (run-config keys + [grid]) runs its grid and the
-report carries the headline accuracy-vs-epsilon figure (PNG, PDF, SVG)."""
+"""The ``secure-fgl report --config FILE`` sweep file.
+
+`secure-fgl report --config FILE`: a sweep file (run-config keys + [grid]) runs its grid and the
+report carries the headline accuracy-vs-epsilon figure (PNG, PDF, SVG).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""What a run leaves behind: result.json (schema, provenance, written before attacks), file
-modes, best_model.pt, per-round logs, the default run folder, load_runs / compare / plot."""
+"""What a run leaves behind.
+
+Result.json (schema, provenance, written before attacks), file modes, best_model.pt, per-round logs, the default run
+folder, load_runs / compare / plot.
+"""
 
 from __future__ import annotations
 

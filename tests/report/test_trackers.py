@@ -1,5 +1,8 @@
-"""``--log wandb`` and ``--log mlflow`` record the rounds, the config and the final result of a run
-(offline: W&B's offline mode, MLflow's file store in the run folder); skipped without the extra."""
+"""The ``--log wandb`` and ``--log mlflow`` trackers.
+
+``--log wandb`` and ``--log mlflow`` record the rounds, the config and the final result of a run
+(offline: W&B's offline mode, MLflow's file store in the run folder); skipped without the extra.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""ckks-mp through the client runtimes: each runtime holds its client half and its key
-shares; only counted bytes cross; a client silent at the partial decryption stops the run naming it."""
+"""Ckks-mp through the client runtimes.
+
+ckks-mp through the client runtimes: each runtime holds its client half and its key
+shares; only counted bytes cross; a client silent at the partial decryption stops the run naming it.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,12 @@ from secure_fgl.runtime.strategy import EVAL_TAG
 
 @pytest.mark.parametrize("algorithm,options", [("fedavg", {}), ("fedgcn", {"row_order": "signature"})])
 def test_ckks_mp_halves_run_in_the_local_runtimes_golden(algorithm, options, request):
-    """Keys made in each runtime, the driver holds no client half, the transcript counts exactly the
+    """Ckks-mp halves run in the local runtimes golden.
+
+    Keys made in each runtime, the driver holds no client half, the transcript counts exactly the
     bytes handed to / returned from the runtimes, and the run equals the golden one bit for bit
-    (FedGCN signature order: per-recipient key switching)."""
+    (FedGCN signature order: per-recipient key switching).
+    """
     cfg = small(algorithm, "ckks-mp", executor="local", options=dict(options), rounds=2).validate()
     fed = load_federation(cfg)
     executor = RecordingExecutor()

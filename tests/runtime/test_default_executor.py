@@ -1,6 +1,9 @@
-"""``--executor local`` is the default and runs every setting (fedgcn-gap --dpsgd included); the
+"""The local executor is the default and runs every setting.
+
+``--executor local`` is the default and runs every setting (fedgcn-gap --dpsgd included); the
 removed ``--executor inline`` answers in one line naming ``local`` (docs/runtime.md, "The default
-executor")."""
+executor").
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""DP across a crash: every release is recorded (``dp_ledger.json``) before its upload leaves,
-so a run resumed from an older checkpoint still counts the releases the checkpoint missed."""
+"""DP across a crash.
+
+Every release is recorded (``dp_ledger.json``) before its upload leaves, so a run resumed from an older checkpoint
+still counts the releases the checkpoint missed.
+"""
 
 from __future__ import annotations
 

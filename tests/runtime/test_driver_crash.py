@@ -1,7 +1,10 @@
-"""The driver killed mid-run (SIGKILL of the ``secure-fgl run`` process, nothing flushed), then
+"""The driver killed mid-run, then resumed.
+
+The driver killed mid-run (SIGKILL of the ``secure-fgl run`` process, nothing flushed), then
 ``--resume``: the run continues from its last checkpoint and ends as the uninterrupted run does --
 the same rounds, losses and accuracies in plain, mask and ckks-mp (their model means are exact),
-within the exchange tolerance in ckks.  Every wait is bounded."""
+within the exchange tolerance in ckks.  Every wait is bounded.
+"""
 
 from __future__ import annotations
 
@@ -83,8 +86,11 @@ def test_resume_after_a_driver_crash_equals_the_uninterrupted_run(mode, tmp_path
 
 
 def test_a_crash_between_the_client_files_and_the_driver_checkpoint_still_resumes(tmp_path):
-    """The clients write the slot the last driver checkpoint does not name: a crash after their
-    writes (here: that slot overwritten with another state) leaves the named files intact."""
+    """A crash between the client files and the driver checkpoint still resumes.
+
+    The clients write the slot the last driver checkpoint does not name: a crash after their
+    writes (here: that slot overwritten with another state) leaves the named files intact.
+    """
     config = tmp_path / "small.toml"
     config.write_text(SMALL)
     out = tmp_path / "run"

@@ -146,8 +146,11 @@ def test_dropout_at_every_stage(mode, stage, dropped):
 
 
 def test_the_matrix_covers_every_stage_a_dense_exchange_calls():
-    """Every stage of each mode is in the policy table, except those a dense sum never calls
-    (block ids: the sparse layout; report: a value published in the clear)."""
+    """The matrix covers every stage a dense exchange calls.
+
+    Every stage of each mode is in the policy table, except those a dense sum never calls
+    (block ids: the sparse layout; report: a value published in the clear).
+    """
     for mode, policy in POLICY.items():
         new = set(drop_stages(backend(mode)[0])) - set(policy) - {"block_ids", "report"}
         assert not new, f"{mode} has stage(s) {sorted(new)}: add what a dropout there does to POLICY"
@@ -216,11 +219,14 @@ def small(mode: str, spec: str, **kw) -> RunConfig:
 
 
 def test_runtime_mask_drops_in_its_round_only_and_then_sits_out():
-    """Client 3 drops at its masked upload of round 0 (on the client runtimes, local executor): mask
+    """Runtime mask drops in its round only and then sits out.
+
+    Client 3 drops at its masked upload of round 0 (on the client runtimes, local executor): mask
     recovers the sum of the 3 survivors (t = 3 of 4).  Silent to the end of the round, it got no
     download of round 0's mean update, which each client adds to its model: it answers again in
     round 1 but trains on another model from then on, so it contributes no more (the clients bind
-    every broadcast each contributor received, protocols/broadcast_view.py)."""
+    every broadcast each contributor received, protocols/broadcast_view.py).
+    """
     cfg = small("mask", "3,@upload:r0")
     fed = load_federation(cfg)
     executor = make_executor(cfg)
@@ -239,10 +245,13 @@ def test_runtime_mask_drops_in_its_round_only_and_then_sits_out():
 
 
 def test_runtime_mask_a_client_silent_only_at_the_download_sits_out(tmp_path):
-    """Client 3 answers every stage of round 0's model exchange but its download: its update is in
+    """Runtime mask a client silent only at the download sits out.
+
+    Client 3 answers every stage of round 0's model exchange but its download: its update is in
     round 0's sum (it counted) but it got no result, so the server puts it out of sync and rounds 1
     and 2 sum the others only, instead of refusing (InconsistentViewError) with it in.  The set is
-    in the checkpoint (``--resume`` keeps it out)."""
+    in the checkpoint (``--resume`` keeps it out).
+    """
     cfg = small("mask", "3,@download:r0", rounds=3, out=str(tmp_path / "run"))
     fed = load_federation(cfg)
     executor = make_executor(cfg)
@@ -265,8 +274,11 @@ def test_runtime_mask_a_client_silent_only_at_the_download_sits_out(tmp_path):
 
 
 def test_protocol_a_missed_download_is_known_to_the_server_and_later_sums_without_it_are_exact():
-    """The server half records who left a download unanswered; the next broadcast sums without
-    that client are exact in mask, and with it they are refused (its chain of broadcasts differs)."""
+    """Protocol a missed download is known to the server and later sums without it are exact.
+
+    The server half records who left a download unanswered; the next broadcast sums without
+    that client are exact in mask, and with it they are refused (its chain of broadcasts differs).
+    """
     n, rnd = 4, [0]
     proto = make_protocol("mask", n, roles={"t/model": "broadcast"})
     proto.link = DroppingLink(proto.link, DropoutSchedule(parse_dropouts("3,@download:r0", n, "mask")), lambda: rnd[0])
@@ -288,8 +300,11 @@ def test_protocol_a_missed_download_is_known_to_the_server_and_later_sums_withou
 
 
 def test_runtime_ckks_mp_a_missed_model_download_stops_the_run_naming_the_client():
-    """Every ckks-mp client key-switches every exchange bound to the models it received: the round
-    whose download client 3 missed stops with a DropoutError, not the next with a view mismatch."""
+    """Runtime ckks-mp a missed model download stops the run naming the client.
+
+    Every ckks-mp client key-switches every exchange bound to the models it received: the round
+    whose download client 3 missed stops with a DropoutError, not the next with a view mismatch.
+    """
     with pytest.raises(DropoutError, match=r"client\(s\) \[3\] got no result of this model broadcast") as err:
         run_experiment(small("ckks-mp", "3,@download:r0"), progress=False)
     assert err.value.round == 0

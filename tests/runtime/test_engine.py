@@ -99,8 +99,11 @@ def test_gin_forward_backward():
 
 @pytest.mark.parametrize("optimizer, lr", [("adam", 0.01), ("sgd", 0.5)])
 def test_fedavg_with_one_client_equals_centralized(optimizer, lr):
-    """With K=1 and one local epoch, FedAvg's averaged model is the client's model: the
-    same trajectory as centralized training on the whole graph, with either optimiser."""
+    """Fedavg with one client equals centralized.
+
+    With K=1 and one local epoch, FedAvg's averaged model is the client's model: the
+    same trajectory as centralized training on the whole graph, with either optimiser.
+    """
     opt = dict(clients=1, partition="iid", rounds=8, optimizer=optimizer, lr=lr)
     a = run_experiment(cfg(algorithm="fedavg", **opt), progress=False)
     b = run_experiment(cfg(algorithm="centralized", **opt), progress=False)
@@ -128,8 +131,11 @@ def test_result_format_and_comm_from_transcript(tmp_path):
 
 
 def test_local_sends_nothing():
-    """No model leaves a client; on the runtimes each client's evaluation counts are a recorded
-    message to the server (``eval/counts``, docs/runtime.md), and nothing else is."""
+    """Local sends nothing.
+
+    No model leaves a client; on the runtimes each client's evaluation counts are a recorded
+    message to the server (``eval/counts``, docs/runtime.md), and nothing else is.
+    """
     res = run_experiment(cfg(algorithm="local"), progress=False)
     sent = {tag: v["bytes_up"] for tag, v in res["comm"]["per_tag"].items()}
     assert sent == {"eval/counts": res["comm"]["bytes_up"]} and res["comm"]["bytes_up"] > 0

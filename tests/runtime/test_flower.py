@@ -1,7 +1,10 @@
-"""``--executor flower``: a SuperLink, three SuperNodes and their site processes on 127.0.0.1
+"""The Flower executor on 127.0.0.1.
+
+``--executor flower``: a SuperLink, three SuperNodes and their site processes on 127.0.0.1
 (subprocesses, killed in the fixture's teardown; insecure transport in the default test, TLS and
 SuperNode authentication in the slow one).  The run through Flower is the local run: the same
-accuracy and the same protocol bytes per tag; Flower's own framing is counted apart."""
+accuracy and the same protocol bytes per tag; Flower's own framing is counted apart.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +27,11 @@ pytest.importorskip("flwr", reason="the flower extra is not installed: pip insta
 
 
 def test_a_frame_crosses_flower_serialisation_unchanged():
-    """In process: a runtime frame packed into a Flower message's content, deflated into Flower's
-    objects and inflated again, is the same bytes; Flower's objects are counted apart from it."""
+    """A frame crosses flower serialisation unchanged.
+
+    In process: a runtime frame packed into a Flower message's content, deflated into Flower's
+    objects and inflated again, is the same bytes; Flower's objects are counted apart from it.
+    """
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
@@ -41,8 +47,11 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 
 @pytest.fixture
 def federation(tmp_path, monkeypatch, request):
-    """``request.param``: ``tls`` (TLS and SuperNode authentication) and/or ``own-keys`` (each
-    site started with its own identity key and the manifest ``fed.manifest`` it reads at set-up)."""
+    """A Flower federation for the settings in ``request.param``.
+
+    ``request.param``: ``tls`` (TLS and SuperNode authentication) and/or ``own-keys`` (each
+    site started with its own identity key and the manifest ``fed.manifest`` it reads at set-up).
+    """
     features = getattr(request, "param", ())
     tls = make_tls(tmp_path / "tls", clients=4) if "tls" in features else None  # key 3: unregistered
     keys = identity_keys(tmp_path / "keys", 3) if "own-keys" in features else None
@@ -70,8 +79,11 @@ def same_run(local: dict, flower: dict) -> None:
 
 @pytest.mark.parametrize("federation", [("own-keys",)], indirect=True, ids=["site-keys"])
 def test_fedavg_mask_over_flower_is_the_local_run(federation):
-    """Each site signs with its own identity key, pinned by the manifest built from the sites'
-    public keys (no client key crosses Flower)."""
+    """Fedavg mask over flower is the local run.
+
+    Each site signs with its own identity key, pinned by the manifest built from the sites'
+    public keys (no client key crosses Flower).
+    """
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     cfg = write_manifest(
         federation.keys, small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), federation.manifest
@@ -102,8 +114,11 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation):
 @pytest.mark.slow
 @pytest.mark.parametrize("federation", [("tls",)], indirect=True, ids=["tls+node-auth"])
 def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
-    """TLS on every Flower connection (a CA made here), SuperNode authentication with registered
-    keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in."""
+    """Fedavg mask over tls with registered supernodes.
+
+    TLS on every Flower connection (a CA made here), SuperNode authentication with registered
+    keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in.
+    """
     assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
     tls, sock = federation.tls, federation.folder / "impostor" / "site.sock"
     federation.spawn(
@@ -137,8 +152,11 @@ def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
 
 @pytest.mark.slow
 def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
-    """FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
-    same protocol bytes per tag; losses equal within CKKS's fresh encryption noise."""
+    """Fedgcn ckks over flower is the local run.
+
+    FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
+    same protocol bytes per tag; losses equal within CKKS's fresh encryption noise.
+    """
     kw = {"options": {"row_order": "signature"}, "rounds": 1}
     local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
     flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
@@ -150,9 +168,12 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
 
 @pytest.mark.slow
 def test_attacks_over_sites_that_did_not_opt_in_run_on_the_aggregators_view(federation):
-    """No site serves attack simulation: the run goes on, the attacks that need only what the
+    """Attacks over sites that did not opt in run on the aggregators view.
+
+    No site serves attack simulation: the run goes on, the attacks that need only what the
     aggregator saw run as on local (same values), and those needing a client's state are
-    reported not applicable, naming the site's flag."""
+    reported not applicable, naming the site's flag.
+    """
     kw = {"rounds": 1, "attacks": ["all"]}
     local = run_experiment(small("fedavg", "plain", executor="local", **kw), progress=False)
     with pytest.warns(RuntimeWarning, match="take no part in attack simulation"):
@@ -198,8 +219,11 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
 
 @pytest.mark.slow
 def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federation, tmp_path):
-    """Each site writes its checkpoint in its own state folder (not the driver's run folder) and
-    resumes from it: the resumed run is the uninterrupted local one."""
+    """Resume over flower continues each site from its own checkpoint.
+
+    Each site writes its checkpoint in its own state folder (not the driver's run folder) and
+    resumes from it: the resumed run is the uninterrupted local one.
+    """
     kw = {"save_best_model": False, "round_timeout": 60}
     full = run_experiment(small(executor="local", rounds=2, out=str(tmp_path / "a"), **kw), progress=False)
     run_experiment(small(executor="flower", rounds=1, out=str(tmp_path / "b"), **kw), progress=False)
@@ -219,8 +243,10 @@ def _matrix() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def shared_federation(tmp_path_factory):
-    """One federation of three sites for the whole matrix: each run starts and stops its
-    runtimes on the same long-lived sites."""
+    """One federation of three sites for the whole matrix.
+
+    Each run starts and stops its runtimes on the same long-lived sites.
+    """
     fed = Federation(tmp_path_factory.mktemp("flower-matrix"), clients=3)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
@@ -244,9 +270,12 @@ def matrix_cfg(algorithm: str, mode: str, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm,mode", _matrix())
 def test_every_algorithm_and_mode_over_flower_is_the_local_run(shared_federation, algorithm, mode):
-    """Every algorithm x mode that runs on ``local`` runs over Flower with the same results: equal
+    """Every algorithm and mode over flower is the local run.
+
+    Every algorithm x mode that runs on ``local`` runs over Flower with the same results: equal
     protocol bytes per tag; losses and accuracy equal (plain, mask) or within the fresh
-    encryption noise of ckks and ckks-mp."""
+    encryption noise of ckks and ckks-mp.
+    """
     local = run_experiment(matrix_cfg(algorithm, mode, executor="local"), progress=False)
     flower = run_experiment(matrix_cfg(algorithm, mode, executor="flower", round_timeout=120), progress=False)
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]

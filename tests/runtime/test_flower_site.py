@@ -1,7 +1,10 @@
-"""A site's client process for the Flower deployment (``secure_fgl/runtime/flower_site.py``),
+"""A site's client process for the Flower deployment, in process.
+
+A site's client process for the Flower deployment (``secure_fgl/runtime/flower_site.py``),
 in process: the adversary is the aggregator, which writes every request a site receives (the
 set-up frame's settings included).  It gets no data in the set-up frame, no answer to a request
-off the public schedule, and no file written outside the site's state folder."""
+off the public schedule, and no file written outside the site's state folder.
+"""
 
 from __future__ import annotations
 
@@ -150,9 +153,12 @@ def test_the_driver_stops_before_set_up_when_a_site_does_not_serve_what_the_run_
 
 
 def test_an_attack_needing_the_state_of_a_site_that_did_not_opt_in_is_not_sent():
-    """--attacks over sites that took no part in attack simulation: the driver asks only the
+    """An attack needing the state of a site that did not opt in is not sent.
+
+    --attacks over sites that took no part in attack simulation: the driver asks only the
     sites that opted in; an attack needing another client's state fails before anything is sent
-    (the attack runner reports it not applicable, naming the site's flag)."""
+    (the attack runner reports it not applicable, naming the site's flag).
+    """
     check_attack_simulation({1: b""}, {1, 2})
     with pytest.raises(SiteError, match=r"client\(s\) \[0\].*--allow-attack-simulation"):
         check_attack_simulation({0: b""}, {1, 2})
@@ -160,8 +166,11 @@ def test_an_attack_needing_the_state_of_a_site_that_did_not_opt_in_is_not_sent()
 
 # ------------------------------------------------------------------ identity keys held by the sites
 class SiteExecutor(Executor):
-    """In process, as over Flower: client ``k``'s set-up frame (without its data) and requests go
-    to its :class:`Site`; what the driver handed out is kept."""
+    """An executor that sends each client's frames to its site, in process.
+
+    In process, as over Flower: client ``k``'s set-up frame (without its data) and requests go
+    to its :class:`Site`; what the driver handed out is kept.
+    """
 
     name = "sites"
 
@@ -180,8 +189,11 @@ class SiteExecutor(Executor):
 
 @pytest.fixture(scope="module")
 def site_keys(tmp_path_factory):
-    """What happens before a run: each site and the aggregator make their identity key; the
-    operator builds the manifest from the public fingerprints, which every site verifies."""
+    """The identity keys and the manifest made before a run.
+
+    What happens before a run: each site and the aggregator make their identity key; the
+    operator builds the manifest from the public fingerprints, which every site verifies.
+    """
     folder = tmp_path_factory.mktemp("site-keys")
     folders = identity_keys(folder, 3)
     cfg = write_manifest(folders, small("fedavg", "mask", executor="flower", rounds=1), folder / "manifest.json")
@@ -216,9 +228,12 @@ def test_each_site_signs_with_its_own_key_which_never_leaves_it(site_keys, tmp_p
 
 
 def test_a_manifest_listing_another_key_for_a_site_is_refused_by_the_site(site_keys, tmp_path):
-    """Adversary: the aggregator, which builds its own manifest listing a key it holds for
+    """A manifest listing another key for a site is refused by the site.
+
+    Adversary: the aggregator, which builds its own manifest listing a key it holds for
     client 0 (to sign as client 0 towards the others).  Each site pins the manifest it verified:
-    the run id differs, and the site refuses the set-up before any exchange."""
+    the run id differs, and the site refuses the set-up before any exchange.
+    """
     cfg, keys, _, folders = site_keys
     mine = SigningKey()  # the aggregator's key for client 0
     evil = write_manifest(folders, cfg, tmp_path / "forged.json", {"client0": mine.fingerprint})
@@ -234,10 +249,13 @@ def test_a_manifest_listing_another_key_for_a_site_is_refused_by_the_site(site_k
 
 
 def test_a_relayed_key_substituted_by_the_aggregator_is_refused_by_the_site(site_keys, tmp_path):
-    """Adversary: the aggregator, with the sites' manifest, puts a channel key of its own for
+    """A relayed key substituted by the aggregator is refused by the site.
+
+    Adversary: the aggregator, with the sites' manifest, puts a channel key of its own for
     client 1 (signed by its server key) into client 0's key directory.  Client 0's site accepts
     client 1's key only signed by the identity key the manifest lists for client 1, which only
-    client 1's site holds."""
+    client 1's site holds.
+    """
     from support.forgers import directory_forger
 
     from protocols.registry import backend_class

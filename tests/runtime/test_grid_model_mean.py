@@ -69,8 +69,11 @@ def test_ckks_real_slots_is_a_ckks_option():
 
 
 def test_every_mode_trains_plains_model_bit_for_bit_by_default(tmp_path):
-    """Without ``--grid-model-mean`` every mode averages on the same public grid: plain, mask, ckks and
-    ckks-mp give the same train loss in every round and the same final parameters, bit for bit."""
+    """Every mode trains plains model bit for bit by default.
+
+    Without ``--grid-model-mean`` every mode averages on the same public grid: plain, mask, ckks and
+    ckks-mp give the same train loss in every round and the same final parameters, bit for bit.
+    """
 
     def run(mode):
         cfg = RunConfig(
@@ -99,9 +102,12 @@ def test_every_mode_trains_plains_model_bit_for_bit_by_default(tmp_path):
 
 
 def test_ckks_averages_the_model_on_its_grid_by_default_at_the_default_update_bound(tmp_path):
-    """Without ``--grid-model-mean`` and at the default ``--update-bound`` (100), ckks carries the model
+    """Ckks averages the model on its grid by default at the default update bound.
+
+    Without ``--grid-model-mean`` and at the default ``--update-bound`` (100), ckks carries the model
     mean on its grid in exact fields (``grid_model_tolerance`` keeps its ten-client sums within the 41
-    bits of a slot half): fewer bytes than the float slots of ``--grid-model-mean false``."""
+    bits of a slot half): fewer bytes than the float slots of ``--grid-model-mean false``.
+    """
     assert [RunConfig(mode=m).model_mean_on_grid for m in ("plain", "mask", "ckks", "ckks-mp")] == [True] * 4
     assert not RunConfig(mode="plain", grid_model_mean=False).model_mean_on_grid  # plain's float32 mean
     assert not RunConfig(mode="ckks", ckks_real_slots=True).model_mean_on_grid

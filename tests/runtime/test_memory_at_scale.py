@@ -27,9 +27,12 @@ def _row_sum_inputs(seed: int = 5, num_rows: int = 60, d: int = 3, clients: int 
 
 @pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
 def test_recipient_holds_only_its_requested_rows(mode, monkeypatch):
-    """``readable=False``: every block a recipient half keeps is cut to its requested rows (the
+    """Recipient holds only its requested rows.
+
+    ``readable=False``: every block a recipient half keeps is cut to its requested rows (the
     rest of each block is dropped as decoded), the half forgets its result once read, and the
-    sums equal the whole-block path's."""
+    sums equal the whole-block path's.
+    """
     contributions, requests, exact = _row_sum_inputs()
     held: dict[int, int] = {}
     deliver = ClientHalf.deliver

@@ -285,8 +285,11 @@ def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tm
     resumed = run_experiment(cfg(tmp_path / "part", 4, resume=True), progress=False)
 
     def keys(run, up, kinds=("public_key",)):
-        """Mask keys are advertised once per run and the self-mask shares dealt with signed commitments
-        (``control`` uploads) once per session: a resumed session does both again."""
+        """Mask keys are advertised once per run and the self-mask shares dealt with commitments.
+
+        Mask keys are advertised once per run and the self-mask shares dealt with signed commitments
+        (``control`` uploads) once per session: a resumed session does both again.
+        """
         lines = [json.loads(line) for line in (tmp_path / run / "transcript.jsonl").read_text().splitlines()]
         return sum(
             m["nbytes"]

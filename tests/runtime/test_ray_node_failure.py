@@ -1,4 +1,6 @@
-"""A real multi-node Ray cluster (Ray's own test harness, ``ray.cluster_utils.Cluster``: a head and
+"""A real multi-node Ray cluster losing a node.
+
+A real multi-node Ray cluster (Ray's own test harness, ``ray.cluster_utils.Cluster``: a head and
 two worker raylets on 127.0.0.1), clients pinned to the two worker nodes by resource
 (``--ray-client-resources``), and one node killed mid-round (``Cluster.remove_node``):
 
@@ -83,8 +85,11 @@ class NodeKillingExecutor(RayExecutor):
         return super()._call(method, requests)
 
     def remove_node(self) -> None:
-        """Kill the node's raylet and processes; return once its actors are reported dead (their
-        workers exit when they find their raylet gone, which takes a moment), within the timeout."""
+        """Kill the node's raylet and processes and wait until its actors are dead.
+
+        Kill the node's raylet and processes; return once its actors are reported dead (their
+        workers exit when they find their raylet gone, which takes a moment), within the timeout.
+        """
         doomed = [a for a, r in zip(self.actors, self.actor_resources) if r == "site_b"]
         self.cluster.remove_node(self.node, allow_graceful=False)
         self.node = None

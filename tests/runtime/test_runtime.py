@@ -66,8 +66,11 @@ def test_a_client_runtime_holds_no_other_clients_tensors():
     [("fedavg", {}), ("fedprox", {}), ("local", {}), ("fedgcn", {"row_order": "signature", "hops": 2})],
 )
 def test_local_executor_gives_the_golden_run(algorithm, options, request):
-    """Same models (exact, mask), same protocol bytes as the golden run (recorded when the in-process
-    algorithm and the runtimes were proven equal); the runtime's own messages are counted."""
+    """Local executor gives the golden run.
+
+    Same models (exact, mask), same protocol bytes as the golden run (recorded when the in-process
+    algorithm and the runtimes were proven equal); the runtime's own messages are counted.
+    """
     b = run_experiment(small(algorithm, options=dict(options)), progress=False)
     assert_golden(
         "runtime",
@@ -85,8 +88,11 @@ def test_local_executor_gives_the_golden_run(algorithm, options, request):
 
 
 def test_client_lost_inside_the_mask_exchange_of_its_runtime_half_is_recovered():
-    """The mask halves run in the runtimes; client 1 answers the key stages, then vanishes before its
-    masked upload of round 1: the server half recovers the survivors' sum from the Shamir shares."""
+    """Client lost inside the mask exchange of its runtime half is recovered.
+
+    The mask halves run in the runtimes; client 1 answers the key stages, then vanishes before its
+    masked upload of round 1: the server half recovers the survivors' sum from the Shamir shares.
+    """
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth=2)
     with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] lost in half:masked_upload"):
         strategy, protocol, rows = run_with(small(mode="mask"), executor)
@@ -113,8 +119,11 @@ def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedgcn"])
 def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(algorithm):
-    """plain runs as client/server halves: the driver holds no client half, and the transcript's
-    protocol bytes are exactly the messages handed to / returned from the runtimes."""
+    """Split backend halves live in the runtimes and only counted bytes cross.
+
+    plain runs as client/server halves: the driver holds no client half, and the transcript's
+    protocol bytes are exactly the messages handed to / returned from the runtimes.
+    """
     cfg = small(algorithm, mode="plain", executor="local").validate()
     fed = load_federation(cfg)
     executor = RecordingExecutor()
@@ -133,8 +142,11 @@ def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(
 
 @pytest.mark.parametrize("fixed_point_bits", [None, 20])
 def test_local_executor_keeps_the_secure_mode_settings_golden(fixed_point_bits, request):
-    """--update-bound and --fixed-point-bits reach the runtime's protocol: the model exchange takes
-    the encoding (so the bytes) of the golden run."""
+    """Local executor keeps the secure mode settings golden.
+
+    --update-bound and --fixed-point-bits reach the runtime's protocol: the model exchange takes
+    the encoding (so the bytes) of the golden run.
+    """
     run = run_experiment(
         small(mode="ckks", rounds=1, update_bound=1.0, fixed_point_bits=fixed_point_bits), progress=False
     )

@@ -23,8 +23,11 @@ FINAL = ("train_acc", "val_acc", "test_acc", "test_acc_client_mean", "encoder_te
 
 @pytest.mark.parametrize("algorithm,mode,options", CASES)
 def test_local_executor_gives_the_golden_run(algorithm, mode, options, request):
-    """Same losses and accuracies (exact: plain, mask), same protocol bytes per tag as the golden run
-    (recorded when the in-process algorithm and the runtimes were proven equal)."""
+    """Local executor gives the golden run.
+
+    Same losses and accuracies (exact: plain, mask), same protocol bytes per tag as the golden run
+    (recorded when the in-process algorithm and the runtimes were proven equal).
+    """
     run = run_experiment(small(algorithm, mode, options=dict(options)), progress=False)
     assert_golden(
         "runtime_converted",

@@ -1,5 +1,8 @@
-"""DP on the client runtimes: each client clips and noises its own contribution with
-its own OS-keyed keystream; the driver's one accountant composes the releases as in the golden runs."""
+"""DP on the client runtimes.
+
+Each client clips and noises its own contribution with its own OS-keyed keystream; the driver's one accountant
+composes the releases as in the golden runs.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +45,11 @@ def test_runtime_spends_the_budget_and_reports_the_golden_privacy_section(algori
 
 @pytest.mark.parametrize("algorithm,mode,extra", [("fedavg", "mask", {}), ("fedgcn", "plain", SUMS_ONLY)])
 def test_at_a_huge_epsilon_the_runtime_trains_as_the_golden_run(algorithm, mode, extra, request):
-    """Noise negligible: the clipped DP pipeline on the runtimes learns what the golden run learned
-    (fresh noise each run: test accuracy measured 0.38-0.47 over repeats; chance is 0.2)."""
+    """At a huge epsilon the runtime trains as the golden run.
+
+    Noise negligible: the clipped DP pipeline on the runtimes learns what the golden run learned
+    (fresh noise each run: test accuracy measured 0.38-0.47 over repeats; chance is 0.2).
+    """
     run = dp_run(algorithm, mode, 1e6, rounds=8, **extra)
     assert_golden(
         "runtime_dp",
@@ -70,8 +76,11 @@ def test_a_client_refuses_to_upload_without_noise():
     "algorithm,mode", [("fedomd", "plain"), ("fedomd", "mask"), ("fedspray", "plain"), ("fedspray", "mask")]
 )
 def test_statistics_and_means_are_privatised_on_the_clients_golden(algorithm, mode, request):
-    """FedOMD's hidden statistics and FedSpray's encoder and class-wise proxy means: the same releases,
-    calibration and epsilon as the golden run, each client noising with its own keystream."""
+    """Statistics and means are privatised on the clients golden.
+
+    FedOMD's hidden statistics and FedSpray's encoder and class-wise proxy means: the same releases,
+    calibration and epsilon as the golden run, each client noising with its own keystream.
+    """
     b = dp_run(algorithm, mode, 4.0, rounds=2)["privacy"]
     assert_golden("runtime_dp", request.node.name, {"privacy": b})
     assert b["total_epsilon"] == pytest.approx(4.0, rel=1e-2)

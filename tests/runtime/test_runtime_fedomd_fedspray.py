@@ -1,6 +1,8 @@
-"""FedOMD and FedSpray as client runtimes: the golden run (exact in plain/mask, within
-the CKKS tolerance in ckks), the same protocol bytes per tag, no
-shared tensors between runtimes, resume from each client's checkpoint."""
+"""FedOMD and FedSpray as client runtimes.
+
+The golden run (exact in plain/mask, within the CKKS tolerance in ckks), the same protocol bytes per tag, no shared
+tensors between runtimes, resume from each client's checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -101,8 +103,11 @@ class AnswerLog(LocalExecutor):
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_halves(algorithm):
-    """mask: the halves (and keys) live in the runtimes; a contribution leaves its client only as masked
-    protocol messages, the strategy is answered the public vector length and nothing else."""
+    """Server gets only vector lengths the statistics and proxies stay in the halves.
+
+    mask: the halves (and keys) live in the runtimes; a contribution leaves its client only as masked
+    protocol messages, the strategy is answered the public vector length and nothing else.
+    """
     cfg = small(algorithm, "mask", executor="local", rounds=1).validate()
     fed = load_federation(cfg)
     executor = AnswerLog()
@@ -124,8 +129,11 @@ def test_server_gets_only_vector_lengths_the_statistics_and_proxies_stay_in_the_
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_attack_suite_on_the_runtimes_gives_the_golden_numbers(algorithm, request):
-    """plain: the label-distribution attacks read the statistics / proxies off the transcript; the
-    posterior attacks ask each client's runtime for its deployed model's output."""
+    """Attack suite on the runtimes gives the golden numbers.
+
+    plain: the label-distribution attacks read the statistics / proxies off the transcript; the
+    posterior attacks ask each client's runtime for its deployed model's output.
+    """
     import warnings
 
     with warnings.catch_warnings():
@@ -137,9 +145,12 @@ def test_attack_suite_on_the_runtimes_gives_the_golden_numbers(algorithm, reques
 
 @pytest.mark.parametrize("algorithm", ["fedomd", "fedspray"])
 def test_client_lost_inside_a_statistics_or_proxy_exchange_is_a_mask_dropout(algorithm):
-    """Client 1 vanishes before a masked upload of round 0 (FedOMD: its second, the moments stage;
+    """Client lost inside a statistics or proxy exchange is a mask dropout.
+
+    Client 1 vanishes before a masked upload of round 0 (FedOMD: its second, the moments stage;
     FedSpray: its first, the round's batch of encoder update and proxies): the server half recovers the survivors' sum, the run goes on
-    without client 1, whose later exchanges it is no longer asked for."""
+    without client 1, whose later exchanges it is no longer asked for.
+    """
     from support.runs import FlakyExecutor, run_with
 
     executor = FlakyExecutor(victim=1, method="half:masked_upload", nth={"fedomd": 2, "fedspray": 1}[algorithm])

@@ -1,6 +1,9 @@
-"""Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes: the same
+"""Graph-classification algorithms as client runtimes.
+
+Graph-classification algorithms (gc-*, GCFL, GCFL+) as client runtimes: the same
 losses, accuracies, cluster splits and protocol bytes as the golden runs; a runtime
-holds only its own graphs; a resumed strategy continues exactly."""
+holds only its own graphs; a resumed strategy continues exactly.
+"""
 
 from __future__ import annotations
 
@@ -78,8 +81,11 @@ def test_a_graph_runtime_holds_only_its_own_graphs():
 
 
 def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
-    """Checkpoint after round 20 (each client writes its own file), rebuild everything, load, run
-    round 21: the same as the uninterrupted run (GCFL+ sequences and clusters included)."""
+    """A resumed strategy continues every client and the clusters.
+
+    Checkpoint after round 20 (each client writes its own file), rebuild everything, load, run
+    round 21: the same as the uninterrupted run (GCFL+ sequences and clusters included).
+    """
     cfg = graph_config("gcflplus", "mask", out=str(tmp_path))
     full, _, _ = build_graph_run(cfg, LocalExecutor())
     expect, _ = drive_graph_run(full)
@@ -96,8 +102,11 @@ def test_a_resumed_strategy_continues_every_client_and_the_clusters(tmp_path):
 
 
 def test_the_attack_suite_reads_a_graph_clients_model_from_its_runtime_golden(request):
-    """`victim_model` (K3) on the runtimes: the victim's GIN asked of its runtime is the golden run's
-    model of that client (a runtime answers only in a run with --attacks)."""
+    """The attack suite reads a graph clients model from its runtime golden.
+
+    `victim_model` (K3) on the runtimes: the victim's GIN asked of its runtime is the golden run's
+    model of that client (a runtime answers only in a run with --attacks).
+    """
     from attacks.parties import party_access
 
     cfg = graph_config("gc-fedavg", "plain", attacks=["gin_gradient_inversion"])

@@ -1,6 +1,8 @@
-"""Memory of the client runtimes (100 clients within 8 GB): a client holds its compact
-rows while a row sum streams, keeps only the rows it asked for of the blocks it decodes, and a
-host process can measure itself and give freed memory back."""
+"""Memory of the client runtimes.
+
+100 clients within 8 GB. A client holds its compact rows while a row sum streams, keeps only the rows it asked for
+of the blocks it decodes, and a host process can measure itself and give freed memory back.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ def test_a_row_contribution_stays_compact_and_reads_as_its_dense_blocks(layout):
 
 @pytest.mark.parametrize("mode", ["mask", "ckks"])
 def test_a_fedgcn_client_keeps_only_the_rows_it_requested(mode, monkeypatch):
-    """The neighbour sums decode in whole blocks; each client half keeps exactly its requested
-    rows of them (not the blocks), and the run is the one whose clients kept whole blocks."""
+    """A fedgcn client keeps only the rows it requested.
+
+    The neighbour sums decode in whole blocks; each client half keeps exactly its requested
+    rows of them (not the blocks), and the run is the one whose clients kept whole blocks.
+    """
     kept = {}
     deliver = ClientHalf.deliver
 
@@ -111,8 +116,11 @@ def test_a_process_reads_its_pss_and_gives_freed_buffers_back():
 
 
 def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
-    """A client pinned to a node gets the digest of its data, not the data; its runtime loads and
-    partitions the dataset there and holds exactly the subgraph the driver planned."""
+    """A pinned client loads its own partition and refuses another.
+
+    A client pinned to a node gets the digest of its data, not the data; its runtime loads and
+    partitions the dataset there and holds exactly the subgraph the driver planned.
+    """
     import dataclasses
 
     import torch
@@ -144,9 +152,12 @@ def test_a_pinned_client_loads_its_own_partition_and_refuses_another():
 
 @pytest.mark.parametrize("attacks", [[], ["fedgcn_client_subtraction"]])
 def test_a_run_keeps_message_payloads_only_for_its_attacks(attacks, monkeypatch):
-    """Without ``--attacks`` the transcript keeps metadata only: the neighbour sums' uploads and
+    """A run keeps message payloads only for its attacks.
+
+    Without ``--attacks`` the transcript keeps metadata only: the neighbour sums' uploads and
     downloads are not held for the rest of the run (``runtime.build.run_transcript``); the byte counts
-    are the same either way."""
+    are the same either way.
+    """
     import secure_fgl.runtime.build as build
 
     made, real = [], build.make_run_protocol

@@ -1,7 +1,9 @@
-"""The Ray executor: the same run as in-process, bytes counted at the actor boundary,
-lost actors as protocol dropouts, clients pinned by resource.  One local Ray cluster (2 CPUs, a
-custom resource ``site_a``) for the module; its actors are
-reused from test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`)."""
+"""The Ray executor.
+
+The same run as in-process, bytes counted at the actor boundary, lost actors as protocol dropouts, clients pinned by
+resource. One local Ray cluster (2 CPUs, a custom resource ``site_a``) for the module; its actors are reused from
+test to test (:data:`secure_fgl.runtime.ray_executor._IDLE_HOSTS`).
+"""
 
 from __future__ import annotations
 
@@ -90,8 +92,11 @@ def test_protocol_halves_in_actors_transcript_counts_the_bytes_handed_to_them():
 
 
 def test_gcfl_on_actors_splits_as_in_process_with_the_same_bytes():
-    """GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
-    the same losses, splits and bytes per tag (model, reports, similarity) as the local executor."""
+    """Gcfl on actors splits as in process with the same bytes.
+
+    GCFL (plain, forced split at round 20) with the clients and their protocol halves on actors:
+    the same losses, splits and bytes per tag (model, reports, similarity) as the local executor.
+    """
     cfg = graph_config("gcfl", "plain")
     strategy, protocol, _ = build_graph_run(cfg, LocalExecutor())
     local = drive_graph_run(strategy), protocol.transcript.comm()["per_tag"]
@@ -162,8 +167,11 @@ def test_silent_actors_time_out_instead_of_hanging():
 
 
 def test_dp_noise_is_added_on_the_actors_and_accounted_as_local():
-    """DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
-    to the actors); the driver's accountant reports the local executor's privacy section."""
+    """DP noise is added on the actors and accounted as local.
+
+    DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
+    to the actors); the driver's accountant reports the local executor's privacy section.
+    """
     dp = dict(rounds=2, dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums")
     local = run_experiment(small("fedgcn", "mask", **dp), progress=False)
     remote = run_experiment(small("fedgcn", "mask", executor="ray", **dp), progress=False)
@@ -172,8 +180,11 @@ def test_dp_noise_is_added_on_the_actors_and_accounted_as_local():
 
 
 def test_dpsgd_runs_on_the_actors_with_the_privacy_section_of_local():
-    """fedgcn-gap --dpsgd on Ray (one round a stage): each client's DP-SGD steps on its actor, the
-    driver's accountant as with the local executor."""
+    """DP-SGD runs on the actors with the privacy section of local.
+
+    fedgcn-gap --dpsgd on Ray (one round a stage): each client's DP-SGD steps on its actor, the
+    driver's accountant as with the local executor.
+    """
     cfg = dict(rounds=1, dp_epsilon=4.0, options={"dpsgd": True})
     local = run_experiment(small("fedgcn-gap", "plain", **cfg), progress=False)
     remote = run_experiment(small("fedgcn-gap", "plain", executor="ray", **cfg), progress=False)
@@ -185,8 +196,11 @@ def test_dpsgd_runs_on_the_actors_with_the_privacy_section_of_local():
 
 
 def test_a_refusing_client_does_not_cost_the_clients_sharing_its_actor_their_keys():
-    """All three clients on one actor, client 0 first: the actor lets 1 and 2 read their bundles
-    before it re-raises client 0's refusal (test_runtime.refusal_keeps_the_other_clients_keys)."""
+    """A refusing client does not cost the clients sharing its actor their keys.
+
+    All three clients on one actor, client 0 first: the actor lets 1 and 2 read their bundles
+    before it re-raises client 0's refusal (test_runtime.refusal_keeps_the_other_clients_keys).
+    """
     refusal_keeps_the_other_clients_keys(RayExecutor(workers=1))
 
 
@@ -210,8 +224,11 @@ def test_clients_pinned_to_a_resource_run_on_actors_that_hold_it():
 
 
 def test_simulated_dropouts_on_ray_give_the_local_run():
-    """--simulate-dropouts acts where an actor's runtime answers a stage: the same clients drop, the
-    same survivors' sums (mask recovery), the same run as on the local executor."""
+    """Simulated dropouts on ray give the local run.
+
+    --simulate-dropouts acts where an actor's runtime answers a stage: the same clients drop, the
+    same survivors' sums (mask recovery), the same run as on the local executor.
+    """
     cfg = dict(rounds=2, simulate_dropouts="2,@upload:r1")
     local = run_experiment(small("fedavg", "mask", executor="local", **cfg), progress=False)
     remote = run_experiment(small("fedavg", "mask", executor="ray", **cfg), progress=False)

@@ -2,7 +2,8 @@
 
 A client contributes to a (round, tag) once, so every exchange on a cached protocol takes a fresh
 round from :func:`fresh_round` (one counter for the session: tests in different files may share a
-protocol)."""
+protocol).
+"""
 
 from __future__ import annotations
 

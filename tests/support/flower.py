@@ -1,5 +1,8 @@
-"""A Flower federation on 127.0.0.1 for the tests: one SuperLink, one SuperNode and one site
-process per client, each a subprocess that :meth:`Federation.close` kills.  Every wait is bounded."""
+"""A Flower federation on 127.0.0.1 for the tests.
+
+One SuperLink, one SuperNode and one site process per client, each a subprocess that :meth:`Federation.close` kills.
+Every wait is bounded.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +24,12 @@ def free_port() -> int:
 
 
 class Federation:
-    """``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
+    """Sites behind their SuperNodes and a SuperLink.
+
+    ``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
     :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only).
-    ``site_args``: more arguments of every site process, or a function of the client giving them."""
+    ``site_args``: more arguments of every site process, or a function of the client giving them.
+    """
 
     def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args=()):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
@@ -163,8 +169,10 @@ class Federation:
 
 
 def identity_keys(folder: Path, clients: int) -> dict[str, Path]:
-    """Each site's and the aggregator's identity key, made where it stays (``secure-fgl keys
-    new --out FOLDER/<party>``): party -> its key folder."""
+    """Each site's and the aggregator's identity key, made where it stays.
+
+    ``secure-fgl keys new --out FOLDER/<party>``. Party -> its key folder.
+    """
     from secure_fgl.cli.main import main
 
     parties = ["server", *(f"client{k}" for k in range(clients))]
@@ -174,10 +182,13 @@ def identity_keys(folder: Path, clients: int) -> dict[str, Path]:
 
 
 def write_manifest(keys: dict[str, Path], cfg, manifest: Path, fingerprints: dict | None = None):
-    """The operator's step before a run: the manifest of run ``cfg`` from the parties' public
+    """The operator's step before a run: the manifest of run ``cfg``.
+
+    The operator's step before a run: the manifest of run ``cfg`` from the parties' public
     keys (``secure-fgl manifest new``; ``fingerprints`` replaces some), then each site's check of
     it against its own key (``secure-fgl manifest verify --key --as``).  Returns ``cfg`` with
-    ``--manifest`` and the aggregator's ``--identity-key``."""
+    ``--manifest`` and the aggregator's ``--identity-key``.
+    """
     import dataclasses
     import json
 
@@ -199,8 +210,11 @@ def write_manifest(keys: dict[str, Path], cfg, manifest: Path, fingerprints: dic
 
 
 def make_tls(folder: Path, clients: int) -> dict:
-    """A self-signed CA, the SuperLink's certificate for 127.0.0.1 (signed by it) and one ECDSA
-    key pair per SuperNode (its public key in OpenSSH form, as ``flwr supernode register`` takes it)."""
+    """A self-signed CA and the certificates and keys of the SuperLink and SuperNodes.
+
+    A self-signed CA, the SuperLink's certificate for 127.0.0.1 (signed by it) and one ECDSA
+    key pair per SuperNode (its public key in OpenSSH form, as ``flwr supernode register`` takes it).
+    """
     import datetime
     import ipaddress
 

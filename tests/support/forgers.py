@@ -10,9 +10,12 @@ from protocols.registry import backend_class
 
 
 def directory_forger(mode: str, *, resign: bool, identity: bool = False):
-    """A server half that puts its own channel key (and, with ``identity``, its own identity
+    """A server half that puts its own keys for client 1 in the key directory.
+
+    A server half that puts its own channel key (and, with ``identity``, its own identity
     key) for client1 into client0's key directory, signed by itself (``resign``) or with
-    client1's original signature."""
+    client1's original signature.
+    """
     base = backend_class(mode).server_half
 
     class DirectoryForger(base):

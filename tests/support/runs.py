@@ -1,5 +1,8 @@
-"""Helpers the tests share: a small run configuration, executors that record or lose clients, and
-probes of what a runtime holds.  Not tests themselves; test modules import them from here."""
+"""Helpers the tests share.
+
+A small run configuration, executors that record or lose clients, and probes of what a runtime holds. Not tests
+themselves; test modules import them from here.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +30,11 @@ def small(algorithm="fedavg", mode="mask", **kw) -> RunConfig:
 
 
 def reachable_tensors(root, limit=200_000) -> dict[int, torch.Tensor]:
-    """Every tensor reachable from ``root`` through object references (by storage pointer); code
-    (modules, functions, classes) is not followed: its globals are the test's, not the client's."""
+    """Every tensor reachable from ``root`` through object references.
+
+    By storage pointer. Code (modules, functions, classes) is not followed: its globals are the test's, not the
+    client's.
+    """
     seen, stack, found = set(), [root], {}
     while stack and len(seen) < limit:
         obj = stack.pop()
@@ -103,8 +109,11 @@ def protocol_bytes_crossing(frames) -> int:
 
 
 def refuse_once(protocol, client: int, stage: str) -> None:
-    """Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
-    protocol half refuses it (a signature that does not verify)."""
+    """Flip a byte of client ``client``'s request at the first ``stage`` call.
+
+    Client ``client``'s request at the first ``stage`` call arrives with a flipped byte: its
+    protocol half refuses it (a signature that does not verify).
+    """
     call, done = protocol.link.call, []
 
     def corrupting(st, requests):
@@ -119,9 +128,12 @@ def refuse_once(protocol, client: int, stage: str) -> None:
 
 
 def refusal_keeps_the_other_clients_keys(executor) -> None:
-    """ckks, first exchange of the chain: client 0 made the keys; the secret contexts ride to
+    """A refusal keeps the other clients' keys.
+
+    ckks, first exchange of the chain: client 0 made the keys; the secret contexts ride to
     clients 1 and 2 in their 'upload' bundles, the stage client 0 refuses.  The refusal is
-    re-raised, nothing is aggregated, and the next exchange runs: 1 and 2 kept their keys."""
+    re-raised, nothing is aggregated, and the next exchange runs: 1 and 2 kept their keys.
+    """
     cfg = small("fedavg", "ckks", rounds=2).validate()
     fed = load_federation(cfg)
     protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
@@ -200,8 +212,11 @@ def fedspray_federation(num_clients: int = 4):
 
 
 def reachable_objects(root, limit=200_000, data=None):
-    """ids of every object reachable from ``root`` (modules and classes are not followed);
-    ``data``: a list that receives every bytes object and array reached."""
+    """The ids of every object reachable from ``root``.
+
+    ids of every object reachable from ``root`` (modules and classes are not followed);
+    ``data``: a list that receives every bytes object and array reached.
+    """
     seen, stack = set(), [root]
     while stack and len(seen) < limit:
         obj = stack.pop()
@@ -235,6 +250,8 @@ def drive_graph_run(algo, rounds=ROUNDS):
 
 
 def protocol_maker(cfg: RunConfig) -> tuple[object, str]:
-    """The module and name of the function that builds ``cfg``'s protocol: the server half whose
-    clients are the runtimes."""
+    """The module and name of the function that builds ``cfg``'s protocol.
+
+    The server half whose clients are the runtimes.
+    """
     return experiment, "make_runtime_protocol"

@@ -1,5 +1,7 @@
-"""Centralized training: one model on the whole graph, the upper reference every federated method
-is compared with (accuracy reported per client, on the nodes each client owns).
+"""Centralized training: one model on the whole graph.
+
+It is the upper reference every federated method is compared with (accuracy reported per client, on the nodes each
+client owns).
 
 * :mod:`.client`: :class:`~.client.CentralizedLogic`, the one runtime holding the whole graph;
 * :mod:`.server`: :class:`~.server.CentralizedStrategy`, train a round, ask for the counts.

@@ -1,5 +1,8 @@
-"""The centralized reference's one runtime: FedAvg's local training on the whole graph, never
-exchanging; the attack suite's view of each client (:meth:`CentralizedLogic.attack_state`)."""
+"""The centralized reference's one runtime.
+
+FedAvg's local training on the whole graph, never exchanging; the attack suite's view of each client
+(:meth:`CentralizedLogic.attack_state`).
+"""
 
 from __future__ import annotations
 
@@ -24,10 +27,13 @@ class CentralizedLogic(ModelAveragingLogic):
             centre_first_layer(self.model, self.data.x.mean(0, keepdim=True))
 
     def attack_state(self, req: dict) -> dict:
-        """Client ``req["client"]``'s share of the one model (the attack suite's view of a client):
+        """Client ``req["client"]``'s share of the one model, for the attack suite.
+
+        Client ``req["client"]``'s share of the one model (the attack suite's view of a client):
         the posteriors of the nodes it owns, computed on the whole graph (what the model answers for
         them); its own data, inputs and queries on the subgraph of the nodes it owns and the edges
-        among them (what a client deploying the model serves)."""
+        among them (what a client deploying the model serves).
+        """
         k = req.get("client")
         if k is None:
             return super().attack_state(req)
@@ -51,8 +57,11 @@ class CentralizedLogic(ModelAveragingLogic):
 
 
 def owned_subgraph(g: ClientSubgraph, keep: torch.Tensor, client: int) -> ClientSubgraph:
-    """The nodes of ``g`` where ``keep`` holds and the edges among them, relabelled in node order
-    (the subgraph the partition hands that client)."""
+    """The subgraph of ``g`` induced by the nodes where ``keep`` holds.
+
+    The nodes of ``g`` where ``keep`` holds and the edges among them, relabelled in node order
+    (the subgraph the partition hands that client).
+    """
     edge_index, _ = subgraph(keep, g.edge_index, relabel_nodes=True, num_nodes=g.num_nodes)
     return ClientSubgraph(
         client,

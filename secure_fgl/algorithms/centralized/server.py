@@ -1,5 +1,4 @@
-"""Centralized training on the runtimes: the **non-federated reference**, one runtime holding the
-whole graph.
+"""Centralized training on the runtimes: the **non-federated reference**, one runtime holding the whole graph.
 
 Centralized (:mod:`secure_fgl.algorithms.centralized`) is the upper reference every federated
 method is compared with: one model trained on the whole graph, no exchange.  It has no party

@@ -1,4 +1,6 @@
-"""FedAvg's client (McMahan et al., AISTATS 2017, Algorithm 1, ``ClientUpdate``), shared by FedProx
+"""FedAvg's client, shared by FedProx and Local.
+
+FedAvg's client (McMahan et al., AISTATS 2017, Algorithm 1, ``ClientUpdate``), shared by FedProx
 and Local: ``local_epochs`` full-batch steps on the local subgraph, then the update ``w_k - w``
 with weight ``n_k / n_train``; FedProx adds ``mu/2 ||w - w_global||^2`` (Li et al., MLSys 2020,
 eq. 2); Local never exchanges.  Initialisation and per-step randomness: ``torch.manual_seed(seed)``

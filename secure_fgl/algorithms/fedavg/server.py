@@ -15,10 +15,13 @@ from ..base import model_dp_request, model_spec
 
 
 class ModelAveragingStrategy(Strategy):
-    """FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
+    """FedAvg's server: deliver the weighted mean of the sampled clients' updates.
+
+    FedAvg's server (McMahan et al. 2017, Algorithm 1): sample clients, let them train, and
     deliver the weighted mean of their updates (tag ``<name>/model``) to every client.  Local
     (``aggregate_models`` false) only trains.  Client sampling is the public PRF of the run
-    manifest's seed (:func:`protocols.client_sampling.sample_clients`)."""
+    manifest's seed (:func:`protocols.client_sampling.sample_clients`).
+    """
 
     #: the model mean on the plan's public grid (:func:`~secure_fgl.algorithms.base.model_spec`; FedOMD)
     grid_model_mean = False
@@ -35,14 +38,20 @@ class ModelAveragingStrategy(Strategy):
         self.out_of_sync: set[int] = set()
 
     def sample_clients(self, rnd: int) -> list[int]:
-        """Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`),
-        without the clients out of sync."""
+        """Round ``rnd``'s client sample, without the clients out of sync.
+
+        Round ``rnd``'s sample, the public PRF each client recomputes (:mod:`protocols.client_sampling`),
+        without the clients out of sync.
+        """
         sample = sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
         return [k for k in sample if k not in self.out_of_sync]
 
     def train_round(self, rnd: int, tag: str | None = None) -> dict:
-        """One FedAvg round of the model exchanged as ``tag`` (default ``<name>/model``; an
-        algorithm with several models, e.g. fedgcn-gap's encoder, names the one it trains)."""
+        """One FedAvg round of the model exchanged as ``tag``.
+
+        Default ``<name>/model``; an algorithm with several models, e.g. fedgcn-gap's encoder, names the one it
+        trains.
+        """
         self.round = rnd
         sampled = self.sample_clients(rnd)
         ask = self.local_update_request(rnd, tag)
@@ -92,12 +101,15 @@ class ModelAveragingStrategy(Strategy):
         self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
 
     def note_missed_download(self, tag: str, rnd: int) -> None:
-        """Put the clients without the model broadcast just run (not a recipient, or silent at its
+        """Put the clients that missed the model broadcast out of sync.
+
+        Put the clients without the model broadcast just run (not a recipient, or silent at its
         ``download``: :attr:`protocols.party.ServerHalf.last_undelivered`) out of sync.  In
         ``ckks-mp`` every client key-switches every exchange under the models it received, so one
         such client stops an n-out-of-n run: DropoutError now, before a checkpoint records the round.
         With ``--threshold t`` the key switches run on ``t`` in-sync clients: the server half leaves
-        the out-of-sync ones out of its active sets (``stale``)."""
+        the out-of-sync ones out of its active sets (``stale``).
+        """
         missed = sorted((set(range(self.num_clients)) - set(self.alive())) | set(self.protocol.server.last_undelivered))
         server = self.protocol.server
         if missed and self.protocol.mode == "ckks-mp" and server.threshold >= self.num_clients:

@@ -1,4 +1,6 @@
-"""FedGCN (Yao, Jin, Ravi & Joe-Wong, NeurIPS 2023): one pre-training exchange of neighbour-feature
+"""FedGCN: neighbour-feature sums exchanged once, then FedAvg of a GCN.
+
+FedGCN (Yao, Jin, Ravi & Joe-Wong, NeurIPS 2023): one pre-training exchange of neighbour-feature
 sums, then FedAvg of a GCN on them.
 
 * :mod:`.ops`: the exchange's maths (touch sets, row numberings, partial sums, value bounds, DP terms)

@@ -1,6 +1,9 @@
-"""FedGCN's client (Yao et al., NeurIPS 2023): the pre-training exchange from one client's side
-(its touch-set histogram, its row ids, its partial neighbour sums and the totals it decodes;
-:mod:`.server` describes the exchange), then FedAvg's local training on the received sums."""
+"""FedGCN's client.
+
+Yao et al., NeurIPS 2023. The pre-training exchange from one client's side (its touch-set histogram, its row ids,
+its partial neighbour sums and the totals it decodes; :mod:`.server` describes the exchange), then FedAvg's local
+training on the received sums.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ from .ops import (
 
 
 def own_signatures(c, far_owner: torch.Tensor) -> np.ndarray:
-    """``S(v)`` (int64 bitmask) of every own node: the owner's bit plus the owner of the far end
-    of each cross edge at ``v`` (:func:`~secure_fgl.algorithms.fedgcn.ops.touch_signatures`, one owner)."""
+    """The touch signature ``S(v)`` of every own node.
+
+    ``S(v)`` (int64 bitmask) of every own node: the owner's bit plus the owner of the far end
+    of each cross edge at ``v`` (:func:`~secure_fgl.algorithms.fedgcn.ops.touch_signatures`, one owner).
+    """
     masks = np.full(c.num_nodes, np.int64(1) << c.client_id, dtype=np.int64)
     if c.cross_edges.numel():
         pos = _local_positions(c.global_ids, c.cross_edges[0]).cpu().numpy()
@@ -72,8 +78,11 @@ class FedGCNLogic(ModelAveragingLogic):
         return self._inputs
 
     def _set_inputs(self, z: torch.Tensor, graph) -> None:
-        """The first-layer input and graph; ``--center``: the model sees ``z`` minus the mean of the
-        own rows (:func:`~secure_fgl.models.centring.centre_first_layer`, no centred copy)."""
+        """Set the first-layer input and graph.
+
+        The first-layer input and graph; ``--center``: the model sees ``z`` minus the mean of the
+        own rows (:func:`~secure_fgl.models.centring.centre_first_layer`, no centred copy).
+        """
         self._inputs = (z, graph)
         if self.fopts.center:
             centre_first_layer(self.model, own_mean(z, self.data.num_nodes))
@@ -212,9 +221,11 @@ class FedGCNLogic(ModelAveragingLogic):
         return {}
 
     def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every row of the decoded ``blocks`` as (node id, total), float32; a row whose node this
-        client cannot name (another client's node under ``--row-order signature|owner``) or a
-        padding row gets node id -1."""
+        """Every row of the decoded ``blocks`` as (node id, total), float32.
+
+        A row whose node this client cannot name (another client's node under ``--row-order signature|owner``) or a
+        padding row gets node id -1.
+        """
         dim = self.facts.num_features + 1
         bids = np.array(sorted(blocks), dtype=np.int64)
         rows = (bids[:, None] * rpb + np.arange(rpb)[None, :]).ravel()

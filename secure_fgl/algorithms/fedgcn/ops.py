@@ -266,7 +266,8 @@ def neighbour_terms(
     Without ``clip``: ``x̂_j = x_j``.  With ``clip = C`` (DP): ``||t_j|| <= C`` -- binary
     features keep at most ``floor(C^2 - 1)`` random ones, others are scaled to norm
     ``sqrt(C^2 - 1)``; the ones entry is untouched.  ``norm='sym'`` pre-scales ``x̂_j`` by
-    ``d̃_j^{-1/2}`` (the owner knows ``d̃_j``)."""
+    ``d̃_j^{-1/2}`` (the owner knows ``d̃_j``).
+    """
     x = c.x.to(torch.float64)
     if clip is not None:
         room = max(clip * clip - 1.0, 0.0)
@@ -303,11 +304,14 @@ def partial_neighbour_sums(c: ClientSubgraph, terms: torch.Tensor) -> tuple[torc
 
 
 def narrow_integer_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Integer-valued rows (counts of binary features) in the narrowest signed integer dtype that
+    """Integer-valued rows in the narrowest signed integer dtype that holds them.
+
+    Integer-valued rows (counts of binary features) in the narrowest signed integer dtype that
     holds them exactly (:func:`protocols.row_blocks.exact_integers`) -- int16 under the default
     degree cap, a quarter of float64's memory (10 clients' rows at 1e6 nodes: 0.76 GB -> 0.19 GB);
     other rows unchanged.  The backends build their blocks from them in float64, so the sums are
-    the same."""
+    the same.
+    """
     return torch.from_numpy(exact_integers(rows.cpu().numpy()))
 
 
@@ -316,7 +320,8 @@ def touch_signatures(clients: list[ClientSubgraph], owner: torch.Tensor, num_nod
 
     Computed owner-side, as each owner would: its own nodes get its bit, and a cross edge
     ``(v, u)`` at own node ``v`` adds the bit of ``u``'s owner (the client that holds that far
-    end and therefore contributes to row ``v``).  Dropped nodes (owner ``-1``) get 0."""
+    end and therefore contributes to row ``v``).  Dropped nodes (owner ``-1``) get 0.
+    """
     if len(clients) > 62:
         raise ConfigError(f"row_order='signature' supports at most 62 clients, got {len(clients)}")
     own = owner.detach().cpu().numpy()
@@ -340,11 +345,13 @@ def _inverse_gray(masks: np.ndarray) -> np.ndarray:
 
 
 def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_WORK) -> np.ndarray:
-    """Row id of each entry of an ordered sequence of touch masks, cutting it into blocks of
-    ``<= rpb`` consecutive entries (the rest of a block left empty) so that the uploads,
-    ``sum over blocks of popcount(OR of the block's masks)``, are minimal (exact DP,
-    ``f[j] = min_{j-rpb <= i < j} f[i] + popcount(OR masks[i:j])``).  Above ``max_work``
-    (entries x rpb) the sequence is cut into full blocks (ids ``0..n-1``)."""
+    """Row id of each entry of an ordered sequence of touch masks.
+
+    The sequence is cut into blocks of ``<= rpb`` consecutive entries (the rest of a block left empty) so that the
+    uploads, ``sum over blocks of popcount(OR of the block's masks)``, are minimal (exact DP, ``f[j] = min_{j-rpb <=
+    i < j} f[i] + popcount(OR masks[i:j])``). Above ``max_work`` (entries x rpb) the sequence is cut into full
+    blocks (ids ``0..n-1``).
+    """
     n = int(masks.size)
     if n == 0 or rpb <= 1 or n * rpb > max_work:
         return np.arange(n, dtype=np.int64)
@@ -372,13 +379,16 @@ def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_W
 def exchange_numbering(
     clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int
 ) -> tuple[np.ndarray, int]:
-    """``row_order='signature'`` (module docstring): exchange row id of every global node and
+    """The exchange row id of every global node under ``row_order='signature'``.
+
+    ``row_order='signature'`` (module docstring): exchange row id of every global node and
     the exchange's number of rows (``>= num_nodes``: partly empty blocks).
 
     Order: reflected-Gray rank of ``S(v)``, then owner, then the owner's own order (here its
     global ids); then :func:`segment_blocks`.  Everything but the owners' private order is a
     function of the public class counts ``h[S, k]`` and ``rpb``.  With a single block
-    (``rpb >= num_nodes``) the given numbering is kept."""
+    (``rpb >= num_nodes``) the given numbering is kept.
+    """
     if rpb >= num_nodes:
         return np.arange(num_nodes, dtype=np.int64), int(num_nodes)
     masks = touch_signatures(clients, owner, num_nodes)
@@ -427,12 +437,14 @@ def denoise_with_own_data(
 def recipient_numbering(
     clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int, hops: int
 ) -> tuple[np.ndarray, int]:
-    """``row_order='owner'``: exchange row id of every global node and the exchange's number of
-    rows.  Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
+    """``row_order='owner'``: exchange row id of every global node and the exchange's number of rows.
+
+    Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
     every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
     so no block holds rows of two different recipient sets: a client decrypts only rows it
     asked for (and padding).  Inside a group, nodes follow the reflected-Gray rank of ``S(v)``
-    (rows touched by the same clients share blocks), then their global id."""
+    (rows touched by the same clients share blocks), then their global id.
+    """
     masks = touch_signatures(clients, owner, num_nodes)
     group = owner.detach().cpu().numpy().astype(np.int64) if hops <= 1 else masks
     order = np.lexsort((np.arange(num_nodes), _inverse_gray(masks), group))
@@ -461,7 +473,9 @@ PRETRAIN_GRID_STEP_BITS = 39
 
 
 def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, counts: bool = False) -> ValueSpec:
-    """Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
+    """Public bounds of the pre-training exchange.
+
+    Public bounds of the exchange (:meth:`FedGCN.value_spec`), from the options, the feature
     type and the DP term bound ``C`` (``None`` without DP).  Integer sums (``norm`` row or none)
     travel as exact integer fields in every mode: binary features (each entry of a row's total
     at most ``cap + 1``) and, without DP (whose clipping scales the terms), non-negative integer
@@ -469,7 +483,8 @@ def exchange_spec(o: FedGCNOptions, binary: bool, dp_clip: float | None = None, 
     each owner checking its features against ``--feature-bound``).  Float sums without DP travel
     on the public grid ``2^-f``, ``f = min(PRETRAIN_GRID_BITS, PRETRAIN_GRID_STEP_BITS - ceil(log2 B))``
     for the sum bound ``B`` (plain on a float64 wire where float32 cannot hold ``B 2^f`` steps), so
-    every mode returns the same sums bit for bit."""
+    every mode returns the same sums bit for bit.
+    """
     cap1 = o.degree_cap + 1
     if binary and o.norm != "sym":
         return ValueSpec(integer=True, max_abs=float(cap1), sum_max=int(cap1), owner_checked_sum=True)
@@ -513,8 +528,11 @@ def dp_row_clip(o: FedGCNOptions, cfg) -> float:
 
 
 def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
-    """The DP request of the exchange (module docstring, "Differential privacy"): per-row terms
-    bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms."""
+    """The DP request of the pre-training exchange.
+
+    The DP request of the exchange (module docstring, "Differential privacy"): per-row terms
+    bounded by ``C``, edge- or node-level sensitivity, one release, integer noise for integer terms.
+    """
     from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
     C = dp_row_clip(o, cfg)
@@ -525,9 +543,12 @@ def exchange_dp_request(o: FedGCNOptions, cfg, binary: bool) -> DPRequest:
 
 
 def degree_cap_needed(cfg, mode: str, dp_on: bool) -> bool:
-    """The cap is a bound some encoding or guarantee relies on: the secure modes size their
+    """Whether the run needs a degree cap.
+
+    The cap is a bound some encoding or guarantee relies on: the secure modes size their
     packing / modulus with it, and node-level DP takes its sensitivity from it.  The
-    plaintext protocol sums floats and needs no cap."""
+    plaintext protocol sums floats and needs no cap.
+    """
     return mode != "plain" or (dp_on and resolve_unit(cfg) == "node")
 
 
@@ -569,10 +590,13 @@ def propagation_graph(c: ClientSubgraph, hops: int, degrees: torch.Tensor | None
 # model
 # ---------------------------------------------------------------------------
 class FedGCNNet(nn.Module):
-    """``Â_k … relu(Z W_1 + b_1) … W_L + b_L``: a linear first layer on the received
+    """FedGCN's model: a linear first layer on the received sums, then GCN layers.
+
+    ``Â_k … relu(Z W_1 + b_1) … W_L + b_L``: a linear first layer on the received
     normalised sums, then ``num_layers - 1`` GCN layers over :class:`PropGraph` with fixed
     weights (``GCNConv(normalize=False)``); dropout before every layer, ReLU between them
-    (as :class:`~secure_fgl.models.node.GCN`).  Returns the logits of the own nodes only."""
+    (as :class:`~secure_fgl.models.node.GCN`).  Returns the logits of the own nodes only.
+    """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
         super().__init__()
@@ -604,9 +628,12 @@ class FedGCNNet(nn.Module):
 def pretrain_stats(
     tr, rows_up: dict, rows_down: dict, width: int, exchange_rows: int, layout: str, row_order: str
 ) -> dict:
-    """Bytes of the pre-training exchange from the transcript ``tr``, next to its float32 baseline
+    """Bytes of the pre-training exchange next to its float32 baseline.
+
+    Bytes of the pre-training exchange from the transcript ``tr``, next to its float32 baseline
     (:func:`protocols.baseline.row_sum_bytes`: ``rows x (d+1) x 4``; sparse -- the rows a
-    client uploads / requests; dense -- all rows), per client and in total, the same in every mode."""
+    client uploads / requests; dense -- all rows), per client and in total, the same in every mode.
+    """
     f32_up, f32_down = row_sum_bytes(rows_up, rows_down, width, exchange_rows, layout)
     dense = layout == "dense"
     per_client = []
@@ -653,6 +680,9 @@ def pretrain_stats(
 
 
 def release_dependencies_of(name: str) -> dict[str, set[str]]:
-    """Data each release touches (:mod:`secure_fgl.privacy`): the sums read features over edges; the
-    model trains GCN layers over the client's exact local edges."""
+    """The data each release touches.
+
+    Data each release touches (:mod:`secure_fgl.privacy`): the sums read features over edges; the
+    model trains GCN layers over the client's exact local edges.
+    """
     return {TAG: {"features", "edges"}, f"{name}/model": {"features", "labels", "edges"}}

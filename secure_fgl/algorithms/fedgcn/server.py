@@ -61,7 +61,8 @@ def layout_from_histogram(
     ``signature``: classes in reflected-Gray order of ``S``, then owner; the sequence cut into
     blocks by :func:`segment_blocks` (a single block: the given numbering's row count).
     ``owner``: grouped by recipients (owner at 1 hop, ``S`` at 2 hops), each group starting a
-    new block, Gray order of ``S`` then owner inside a group."""
+    new block, Gray order of ``S`` then owner inside a group.
+    """
     masks = np.array([m for m, _, _ in classes], dtype=np.int64)
     owners = np.array([k for _, k, _ in classes], dtype=np.int64)
     counts = np.array([n for _, _, n in classes], dtype=np.int64)
@@ -240,8 +241,11 @@ class FedGCNStrategy(ModelAveragingStrategy):
         )
 
     def _pretrain_stats(self, rows_up: dict, rows_down: dict) -> dict:
-        """The pre-training exchange's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`)
-        from the server half's transcript, plus the bytes of the row numbering."""
+        """The pre-training exchange's figures from the server half's transcript.
+
+        The pre-training exchange's figures (:func:`secure_fgl.algorithms.fedgcn.ops.pretrain_stats`)
+        from the server half's transcript, plus the bytes of the row numbering.
+        """
         tr = self.protocol.transcript
         return {
             **pretrain_stats(

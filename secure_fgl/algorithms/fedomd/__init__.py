@@ -1,4 +1,6 @@
-"""FedOMD (federated graph learning with center moment constraints): orthogonal GCN layers and a
+"""FedOMD: federated graph learning with center moment constraints.
+
+FedOMD (federated graph learning with center moment constraints): orthogonal GCN layers and a
 central-moment (CMD) loss against the pooled statistics of every client's hidden features.
 
 * :mod:`.ops`: the orthogonal GCN, the statistics and their precision, DP requests and local training;

@@ -1,5 +1,8 @@
-"""FedOMD's client: its orthogonal GCN, its hidden statistics (kept for the protocol half) and
-local training against the pooled statistics (eq. 12); :mod:`.server` describes the round."""
+"""FedOMD's client.
+
+Its orthogonal GCN, its hidden statistics (kept for the protocol half) and local training against the pooled
+statistics (eq. 12); :mod:`.server` describes the round.
+"""
 
 from __future__ import annotations
 

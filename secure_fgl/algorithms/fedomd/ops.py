@@ -95,8 +95,11 @@ def stats_tags(name: str, ortho_layers: int) -> list[str]:
 
 
 def project_moments(mom: np.ndarray, orders, low: float, high: float) -> dict[int, np.ndarray]:
-    """Noisy pooled central moments (``[J, d]``) projected onto their feasible range
-    (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release."""
+    """Noisy pooled central moments projected onto their feasible range.
+
+    Noisy pooled central moments (``[J, d]``) projected onto their feasible range
+    (even orders ``[0, (b-a)^j]``, odd ``[-(b-a)^j, (b-a)^j]``): post-processing of a DP release.
+    """
     span = high - low
     return {j: np.clip(mom[i], 0.0 if j % 2 == 0 else -(span**j), span**j) for i, j in enumerate(orders)}
 
@@ -116,8 +119,10 @@ def build_ortho_gcn(opts: FedOMDOptions, cfg, num_features: int, num_classes: in
 
 
 def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> torch.Tensor:
-    """The rows of ``z`` (client ``c``'s nodes) that enter the statistics; ``side``: ``'global'``
-    (the exchanged statistics) or ``'local'`` (the client side of eq. 11)."""
+    """The rows of ``z`` (client ``c``'s nodes) that enter the statistics.
+
+    ``side``: ``'global'`` (the exchanged statistics) or ``'local'`` (the client side of eq. 11).
+    """
     train = stats_nodes == "train" or (stats_nodes == "train_vs_all" and side == "local")
     return z[c.train_mask] if train else z
 
@@ -126,8 +131,11 @@ def stats_rows(c, z: torch.Tensor, stats_nodes: str, side: str = "global") -> to
 def hidden_for_stats(
     model: nn.Module, x, edge_index, c, opts: FedOMDOptions, seed: int, rnd: int, k: int
 ) -> list[torch.Tensor]:
-    """Client k's hidden features ``[Z^1..Z^(L-1)]`` on the statistics' node set (eval- or
-    training-mode pass of the current model: ``stats_pass``; dropout keyed by its own generator)."""
+    """Client k's hidden features on the statistics' node set.
+
+    Client k's hidden features ``[Z^1..Z^(L-1)]`` on the statistics' node set (eval- or
+    training-mode pass of the current model: ``stats_pass``; dropout keyed by its own generator).
+    """
     model.train(opts.stats_pass == "train")
     with rng.using(rng.client_generator(seed, rnd, k, STATS_PASS_STEP)):
         _, hidden = model(x, edge_index, return_hidden=True)
@@ -189,10 +197,12 @@ def train_client(
 
 
 def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, share: float) -> MeanPrecision:
-    """Precision plan of both statistics rounds (:class:`protocols.precision.MeanPrecision`):
-    values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <= W = N`` (``node_total``, the
-    node set's public total), ``T_min = N`` under full participation (else the expected ``share``
-    ``m/K`` of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic."""
+    """Precision plan of both statistics rounds.
+
+    :class:`protocols.precision.MeanPrecision` with values ``|E(z^j)| <= B = max(|a|, |b|, (b-a)^j)``, weights ``n_k <=
+    W = N`` (``node_total``, the node set's public total), ``T_min = N`` under full participation (else the expected
+    ``share`` ``m/K`` of it), target ``STATS_MEAN_TOLERANCE`` on every pooled statistic.
+    """
     a, b = opts.act_low, opts.act_high
     per_node = max([1.0, abs(a), abs(b)] + [(b - a) ** j for j in orders])
     total = float(max(1, node_total))
@@ -204,9 +214,12 @@ def stats_precision(opts: FedOMDOptions, orders: tuple[int, ...], node_total: in
 def stats_grid_spec(
     opts: FedOMDOptions, orders: tuple[int, ...], node_total: int, num_contributors: int, num_clients: int
 ) -> ValueSpec:
-    """The statistics exchanges' spec: :func:`stats_precision` exact on its public grid
-    (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten clients the target is coarsened
-    by :func:`protocols.precision.grid_tolerance`), so every mode pools the same statistics bit for bit."""
+    """The statistics exchanges' spec.
+
+    :func:`stats_precision` exact on its public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten
+    clients the target is coarsened by :func:`protocols.precision.grid_tolerance`), so every mode pools the same
+    statistics bit for bit.
+    """
     plan = stats_precision(opts, orders, node_total, min(1.0, num_contributors / max(1, num_clients)))
     return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)
 

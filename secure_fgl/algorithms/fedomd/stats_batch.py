@@ -34,8 +34,10 @@ def local_raw_moments(a: np.ndarray, top: int) -> np.ndarray:
 
 
 def central_from_raw(mu: np.ndarray, higher: np.ndarray, orders) -> dict[int, np.ndarray]:
-    """Central moments from the pooled raw ones (``higher``: ``E[z^2..J]``) by the binomial expansion
-    of :func:`one_stage_raw_moments`."""
+    """Central moments from the pooled raw ones.
+
+    ``higher`` holds ``E[z^2..J]``; the binomial expansion is that of :func:`one_stage_raw_moments`.
+    """
     raw = [np.ones_like(mu), mu, *higher]  # E[z^0..J]
     return {j: sum(comb(j, i) * raw[i] * (-mu) ** (j - i) for i in range(j + 1)) for j in orders}
 
@@ -48,8 +50,10 @@ def layer_names(tag: str, num_layers: int) -> list[str]:
 def batched_central_moments(
     protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *, spec=None
 ) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
-    """``layers[l]``: client -> ``[n_k, d_l]`` samples of hidden layer ``l + 1`` (the same nodes in
-    every layer).  Returns per layer ``(mu [d_l], {j: E[(z - mu)^j] [d_l]})``."""
+    """``layers[l]``: client -> ``[n_k, d_l]`` samples of hidden layer ``l + 1`` (the same nodes in every layer).
+
+    Returns per layer ``(mu [d_l], {j: E[(z - mu)^j] [d_l]})``.
+    """
     counts = {k: float(a.shape[0]) for k, a in layers[0].items()}
     names = layer_names(tag, len(layers))
     means = {f"{n}/mean": {k: local_mean(a) for k, a in s.items()} for n, s in zip(names, layers)}
@@ -65,7 +69,9 @@ def batched_central_moments(
 def one_stage_raw_moments(
     protocol, tag: str, rnd: int, layers: list[dict[int, np.ndarray]], orders, *, spec=None
 ) -> list[tuple[np.ndarray, dict[int, np.ndarray]]]:
-    """The same statistics from ONE upload per client per round (``raw_moments`` option): every
+    """The same statistics from one upload per client per round.
+
+    The same statistics from ONE upload per client per round (``raw_moments`` option): every
     layer's raw moments ``n_k E_k[z^p]``, ``p = 1..J``, in one batch (tag ``<tag>/stats/raw``; the
     ``p = 1`` part is attributed to ``<tag>/hidden<l>/mean``, the rest to ``.../moments``), and the
     central moments from the binomial expansion
@@ -75,7 +81,8 @@ def one_stage_raw_moments(
     Precision trade (stated): each pooled raw moment carries the codec's error ``delta``; with
     ``|mu| <= m`` the expansion multiplies it by at most ``sum_i C(j, i) m^(j-i) = (1 + m)^j``
     (``2^j`` for activations in ``[0, 1]``: 32 ``delta`` at ``j = 5``), against ``delta`` for the
-    two-stage exchange, and float64 cancellation adds ~``2^j * 2^-52``."""
+    two-stage exchange, and float64 cancellation adds ~``2^j * 2^-52``.
+    """
     counts = {k: float(a.shape[0]) for k, a in layers[0].items()}
     names = layer_names(tag, len(layers))
     top = max(orders)

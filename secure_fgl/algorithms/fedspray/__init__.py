@@ -1,4 +1,6 @@
-"""FedSpray (Fu, Chen, Ding & Li, KDD 2024): personalized GNNs distilled from a global
+"""FedSpray: personalized GNNs distilled from a global feature-structure encoder.
+
+FedSpray (Fu, Chen, Ding & Li, KDD 2024): personalized GNNs distilled from a global
 feature-structure encoder with class-wise structure proxies.
 
 * :mod:`.ops`: the encoder, the proxies, their alignment and DP bounds, a client's two local phases;

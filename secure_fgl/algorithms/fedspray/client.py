@@ -1,5 +1,8 @@
-"""FedSpray's client: its personalized GNN, its copies of the global encoder and proxies, its
-upload of encoder update and class-wise proxies; :mod:`.server` describes the round."""
+"""FedSpray's client.
+
+Its personalized GNN, its copies of the global encoder and proxies, its upload of encoder update and class-wise
+proxies; :mod:`.server` describes the round.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ from .ops import DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, first_p
 
 
 class FedSprayLogic(ClientLogic):
-    """FedSpray's client: its :class:`~secure_fgl.algorithms.fedspray.SprayClient`, its copies of the
-    global ``w`` and ``S``, and its contributions to the two sums."""
+    """FedSpray's client logic.
+
+    FedSpray's client: its :class:`~secure_fgl.algorithms.fedspray.SprayClient`, its copies of the
+    global ``w`` and ``S``, and its contributions to the two sums.
+    """
 
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)

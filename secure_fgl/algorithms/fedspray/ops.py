@@ -1,5 +1,6 @@
-"""FedSpray: personalized GNNs regularised by a global feature-structure encoder with
-class-wise structure proxies aligned on the server.
+"""FedSpray: personalized GNNs regularised by a global feature-structure encoder.
+
+The class-wise structure proxies are aligned on the server.
 
 Fu, Chen, Ding, Li — "Federated Graph Learning with Structure Proxy Alignment", KDD 2024
 (sec. 4, Algorithm 1, eq. 5-15).
@@ -68,8 +69,11 @@ DP_PROXY_BOUND = 10.0
 def classwise_weighted_mean(
     values: dict[int, np.ndarray], weights: dict[int, np.ndarray], previous: np.ndarray | None = None
 ) -> np.ndarray:
-    """Plaintext eq. 15: ``S_j = sum_k w_kj S_kj / sum_k w_kj``; rows with zero total weight keep
-    ``previous`` (zeros without it).  The reference for the protocol's secure result."""
+    """Plaintext eq. 15: the class-wise weighted mean of the proxies.
+
+    Plaintext eq. 15: ``S_j = sum_k w_kj S_kj / sum_k w_kj``; rows with zero total weight keep
+    ``previous`` (zeros without it).  The reference for the protocol's secure result.
+    """
     ks = list(values)
     num = sum(np.asarray(weights[k], dtype=np.float64)[:, None] * np.asarray(values[k], dtype=np.float64) for k in ks)
     den = sum(np.asarray(weights[k], dtype=np.float64) for k in ks)
@@ -80,8 +84,11 @@ def classwise_weighted_mean(
 
 
 def class_weights(counts: np.ndarray, weighting: str = "ratio", graph_size: int | None = None) -> np.ndarray:
-    """Eq. 15 weights from a client's training class counts: ratios ``a^(k)`` (``'ratio'``) or
-    counts divided by the public graph size (``'count'``; keeps ``|w * S|`` bounded)."""
+    """Eq. 15 weights from a client's training class counts.
+
+    Ratios ``a^(k)`` (``'ratio'``) or counts divided by the public graph size (``'count'``; keeps ``|w * S|``
+    bounded).
+    """
     counts = np.asarray(counts, dtype=np.float64)
     if weighting == "count":
         return counts / float(graph_size if graph_size else max(counts.sum(), 1.0))
@@ -98,14 +105,16 @@ def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptio
 def round_spec(
     encoder_spec: ValueSpec, opts: FedSprayOptions, dp: DPRequest | None, num_contributors: int, num_clients: int
 ) -> ValueSpec | None:
-    """The spec of one upload per client carrying both exchanges of a round (tag ``<name>/batch``:
-    ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``, :func:`protocols.batch.batched_sum`), or ``None`` where
-    they stay separate: DP on (each release keeps its own clip), ``S = 0``, ``batch_exchanges`` off, or
-    specs that cannot share an encoding.  With the encoder mean on its public grid (``ckks`` by
-    default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own bound
-    (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
-    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode
-    then aligns the proxies to the same bits too."""
+    """The spec of one upload per client carrying both exchanges of a round.
+
+    The upload has tag ``<name>/batch``: ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``
+    (:func:`protocols.batch.batched_sum`). ``None`` where they stay separate: DP on (each release keeps its own
+    clip), ``S = 0``, ``batch_exchanges`` off, or specs that cannot share an encoding. With the encoder mean on its
+    public grid (``ckks`` by default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own
+    bound (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as
+    ``PROXY_SPEC``): with the default ``--update-bound`` that is the encoder's grid, and every mode then aligns the
+    proxies to the same bits too.
+    """
     if dp is not None or opts.ablate_proxy or not opts.batch_exchanges:
         return None
     proxies = (
@@ -130,8 +139,10 @@ def keep_absent(mean: np.ndarray, present: np.ndarray, previous: torch.Tensor) -
 
 
 def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed: int, k: int) -> torch.nn.Module:
-    """Client k's personalized GNN, initialised from its own seed ``(seed, k)`` (the same wherever
-    the client runs, whatever the other clients draw)."""
+    """Client k's personalized GNN, initialised from its own seed.
+
+    The seed is ``(seed, k)``: the same wherever the client runs, whatever the other clients draw.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0]))
         return build_model(
@@ -140,8 +151,11 @@ def client_gnn(opts: FedSprayOptions, num_features: int, num_classes: int, seed:
 
 
 class SprayClient:
-    """One client's FedSpray state -- its GNN ``f(theta_k)``, its working copy of the encoder, the
-    proxies ``s_i`` of its training nodes, their optimizers -- and its two local phases."""
+    """One client's FedSpray state and its two local phases.
+
+    One client's FedSpray state -- its GNN ``f(theta_k)``, its working copy of the encoder, the
+    proxies ``s_i`` of its training nodes, their optimizers -- and its two local phases.
+    """
 
     def __init__(
         self,
@@ -165,8 +179,11 @@ class SprayClient:
 
     @torch.no_grad()
     def soft_targets(self, encoder: FeatureStructureEncoder, proxies: torch.Tensor):
-        """``(p, q, s)`` of the client's nodes under ``encoder`` and the global ``S`` (Algorithm 1
-        lines 2-5): probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))`` and node proxies ``s``."""
+        """``(p, q, s)`` of the client's nodes under ``encoder`` and the global ``S``.
+
+        Algorithm 1 lines 2-5: probabilities ``p = softmax(g_p(e + s))``, ``q = softmax(g_q(e))`` and node proxies
+        ``s``.
+        """
         c = self.c
         encoder.eval()
         e = encoder.embedding(c.x)
@@ -184,8 +201,11 @@ class SprayClient:
         return self.c.num_nodes / float(graph_size)
 
     def train_gnn(self, p: torch.Tensor, q: torch.Tensor, rnd: int) -> float:
-        """Phase 1: ``E`` epochs of ``CE + lambda1 * KL(p || y_hat)`` (eq. 5-7); dropout keyed per
-        client and epoch (:func:`~secure_fgl.engine.rng.client_generator`)."""
+        """Phase 1: train the personalized GNN.
+
+        Phase 1: ``E`` epochs of ``CE + lambda1 * KL(p || y_hat)`` (eq. 5-7); dropout keyed per
+        client and epoch (:func:`~secure_fgl.engine.rng.client_generator`).
+        """
         c, gnn, opt, o = self.c, self.gnn, self.gnn_opt, self.opts
         kd_mask = (
             torch.ones_like(c.train_mask)
@@ -207,9 +227,12 @@ class SprayClient:
         return float(loss.detach())
 
     def train_encoder(self, s_train: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """Phase 2: ``E`` epochs of ``CE(y, q) + lambda2 * KL(y_hat || p)`` on the training nodes
+        """Phase 2: train the encoder copy and the per-node proxies.
+
+        Phase 2: ``E`` epochs of ``CE(y, q) + lambda2 * KL(y_hat || p)`` on the training nodes
         (eq. 11-13), updating the encoder copy and the per-node proxies (lines 13-22); returns the
-        loss and the local class proxies ``S^(k)`` (line 23)."""
+        loss and the local class proxies ``S^(k)`` (line 23).
+        """
         c, o, gnn, enc, enc_opt = self.c, self.opts, self.gnn, self.encoder, self.encoder_opt
         gnn.eval()
         with torch.no_grad():

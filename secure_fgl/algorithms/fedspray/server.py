@@ -40,8 +40,11 @@ from .ops import PROXY_SPEC, declare_dp_exchanges, dp_request, round_spec
 
 
 class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
-    """FedSpray's server: the encoder mean and the class-wise proxy mean (module docstring);
-    ``minority_acc`` at the best-validation round (:class:`~secure_fgl.algorithms.minority.MinorityAccuracy`)."""
+    """FedSpray's server: the encoder mean and the class-wise proxy mean.
+
+    See the module docstring. ``minority_acc`` at the best-validation round
+    (:class:`~secure_fgl.algorithms.minority.MinorityAccuracy`).
+    """
 
     personalized = True
 

@@ -1,4 +1,6 @@
-"""FGSSL (Huang, Ye, Wang, Du & Ye, IJCAI 2023): node-level semantic contrast with the received
+"""FGSSL: federated graph semantic and structural learning.
+
+FGSSL (Huang, Ye, Wang, Du & Ye, IJCAI 2023): node-level semantic contrast with the received
 global model (FNSC) and neighbour-similarity distillation (FGSD) in each client's loss; the server
 is FedAvg's.
 

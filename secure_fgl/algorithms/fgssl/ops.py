@@ -72,7 +72,8 @@ def class_contrast(
     ``per_positive=True`` is FGSSL's eq. 8: each positive ``p`` against itself plus the negatives,
     ``-log(phi_ip / (phi_ip + sum_k phi_ik))``, averaged over ``P_i``.  ``False`` is the SupCon /
     PyGCL ``InfoNCE`` form: ``-log(phi_ip / sum_{j in P_i u K_i} phi_ij)``.  ``phi = exp(cos / tau)``.
-    Mean over anchors."""
+    Mean over anchors.
+    """
     sim = F.normalize(anchor, dim=-1) @ F.normalize(sample, dim=-1).T / tau
     pos = y[:, None] == y[None, :]
     if per_positive:
@@ -89,16 +90,21 @@ def fnsc_loss(h_local: torch.Tensor, h_global: torch.Tensor, y: torch.Tensor, ta
 
 
 def neighbour_log_similarity(z: torch.Tensor, edge_index: torch.Tensor, omega: float) -> torch.Tensor:
-    """``log S_ij`` of eq. 9/10 for each edge ``(j -> i)``: log-softmax of ``z_i . z_j / omega``
-    over the neighbours ``j`` of ``i``."""
+    """``log S_ij`` of eq. 9/10 for each edge ``(j -> i)``.
+
+    Log-softmax of ``z_i . z_j / omega`` over the neighbours ``j`` of ``i``.
+    """
     src, dst = edge_index
     scores = (z[dst] * z[src]).sum(-1) / omega
     return torch.log(segment_softmax(scores, dst, num_nodes=z.size(0)).clamp_min(1e-30))
 
 
 def fgsd_loss(z_local: torch.Tensor, z_global: torch.Tensor, edge_index: torch.Tensor, omega: float) -> torch.Tensor:
-    """Federated graph structure distillation (eq. 11): ``KL(S^g || S^m)`` per node, mean over
-    nodes with at least one neighbour (0 for a graph without edges)."""
+    """Federated graph structure distillation loss (eq. 11).
+
+    Federated graph structure distillation (eq. 11): ``KL(S^g || S^m)`` per node, mean over
+    nodes with at least one neighbour (0 for a graph without edges).
+    """
     if edge_index.size(1) == 0:
         return z_local.sum() * 0.0
     log_g = neighbour_log_similarity(z_global.detach(), edge_index, omega)
@@ -130,8 +136,7 @@ def fgssl_rates(o: FGSSLOptions, model: torch.nn.Module, model_name: str) -> tup
 def fgssl_views(
     x: torch.Tensor, edge_index: torch.Tensor, weak: AugmentRates, strong: AugmentRates, key: tuple[int, int, int, int]
 ):
-    """``(Aug_s(G), Aug_w(G))`` of a client for ``key = (seed, round, client, epoch)``
-    (value-independent draws)."""
+    """``(Aug_s(G), Aug_w(G))`` of a client for ``key = (seed, round, client, epoch)`` (value-independent draws)."""
     return (
         augment(x, edge_index, strong, view_generator(*key, 0, device=x.device)),
         augment(x, edge_index, weak, view_generator(*key, 1, device=x.device)),
@@ -148,8 +153,11 @@ def fgssl_objective(
     o: FGSSLOptions,
     views,
 ) -> torch.Tensor:
-    """Eq. 12 (``variant='paper'``) or the released code's ``CE + lambda_c * InfoNCE`` of one client;
-    ``y`` the labels of its ``train`` nodes, ``views()`` its (strong, weak) views (drawn on use)."""
+    """One client's FGSSL objective.
+
+    Eq. 12 (``variant='paper'``) or the released code's ``CE + lambda_c * InfoNCE`` of one client;
+    ``y`` the labels of its ``train`` nodes, ``views()`` its (strong, weak) views (drawn on use).
+    """
     loss = F.cross_entropy(model(x, edge_index)[train], y)
     if o.lambda_c == 0 and (o.lambda_d == 0 or o.variant != "paper"):
         return loss

@@ -1,4 +1,6 @@
-"""FedGCN-GAP (``--algorithm fedgcn-gap``): edge-level DP FedGCN by aggregation perturbation
+"""FedGCN-GAP: edge-level DP FedGCN by aggregation perturbation.
+
+FedGCN-GAP (``--algorithm fedgcn-gap``): edge-level DP FedGCN by aggregation perturbation
 (Sajadmanesh, Shamsabadi, Bellet & Gatica-Perez, GAP, USENIX Security 2023): an edge-free encoder,
 noisy row-normalised neighbour sums of its embeddings, an MLP head; no exact edge enters a model.
 

@@ -14,8 +14,7 @@ from ..options import check_gap
 
 
 def check_central(options, cfg) -> None:
-    """ConfigError unless the run has one party (``--clients 1``): the central reference holds the
-    whole graph."""
+    """ConfigError unless the run has one party (``--clients 1``): the central reference holds the whole graph."""
     check_gap(options, cfg)
     if cfg.clients != 1:
         raise ConfigError(

@@ -1,5 +1,8 @@
-"""FedGCN-GAP's client (Sajadmanesh et al., USENIX Security 2023): its edge-free encoder, its noisy
-row sums of embeddings per hop, its MLP head; :mod:`.server` describes the three stages."""
+"""FedGCN-GAP's client.
+
+Sajadmanesh et al., USENIX Security 2023. Its edge-free encoder, its noisy row sums of embeddings per hop, its MLP
+head; :mod:`.server` describes the three stages.
+"""
 
 from __future__ import annotations
 

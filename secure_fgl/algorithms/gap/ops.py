@@ -62,8 +62,10 @@ SELECT = ("val", "head")
 
 
 def release_dependencies_of(name: str) -> dict[str, set[str]]:
-    """The data each release touches (:mod:`secure_fgl.privacy`): the hop sums read embeddings over
-    edges; the encoder and head touch no exact edge."""
+    """The data each release touches.
+
+    See :mod:`secure_fgl.privacy`. The hop sums read embeddings over edges; the encoder and head touch no exact edge.
+    """
     return {
         HOP_TAG: {"features", "labels", "edges"},
         ENCODER_TAG: {"features", "labels"},  # gap (central) runs fedgcn-gap's exchanges under its own name
@@ -74,8 +76,10 @@ def release_dependencies_of(name: str) -> dict[str, set[str]]:
 
 
 def hop_dp_request(dp) -> DPRequest | None:
-    """A hop sum's edge-level DP request (rows of unit norm: an edge changes one term by at most 1);
-    None without DP (``dp``: the protocol's engine)."""
+    """A hop sum's edge-level DP request.
+
+    Rows of unit norm: an edge changes one term by at most 1. None without DP (``dp``: the protocol's engine).
+    """
     return (
         None
         if dp is None

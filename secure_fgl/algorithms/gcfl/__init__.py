@@ -1,4 +1,5 @@
 """GCFL and GCFL+ (Xie, Ma, Liu & Yang, NeurIPS 2021): clustered federated graph classification.
+
 GCFL splits a cluster (Stoer-Wagner on the cosine similarity of the updates) when its mean update
 is small and one is large; GCFL+ compares sequences of gradient norms by DTW instead.
 

@@ -1,5 +1,8 @@
-"""GCFL's and GCFL+'s client (Xie et al., NeurIPS 2021): the baselines' GIN client, plus the norms
-it reports and its part of the update similarity (the cosine matrix); :mod:`.server` describes the clustering."""
+"""GCFL's and GCFL+'s client.
+
+Xie et al., NeurIPS 2021. The baselines' GIN client, plus the norms it reports and its part of the update similarity
+(the cosine matrix); :mod:`.server` describes the clustering.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,11 @@ from ..graph_level.client import GraphLogic
 
 
 class GCFLLogic(GraphLogic):
-    """A GCFL/GCFL+ client: :class:`~.graph_level.GraphLogic` plus the scalars it reports and its
-    update for the update-similarity exchange (its protocol half does the rest; a decider's key stays there)."""
+    """A GCFL/GCFL+ client.
+
+    :class:`~.graph_level.GraphLogic` plus the scalars it reports and its update for the update-similarity exchange
+    (its protocol half does the rest; a decider's key stays there).
+    """
 
     def scalar(self, tag: str) -> float | None:
         """The value this client reports for ``tag`` (None: not a report tag)."""

@@ -1,6 +1,7 @@
-"""GCFL and GCFL+ (Xie et al., "Federated Graph Classification over Non-IID Graphs",
-NeurIPS 2021, sec. 4-5; the authors' ``training.py`` / ``server.py`` for the details the
-paper leaves open).
+"""GCFL and GCFL+.
+
+Xie et al., "Federated Graph Classification over Non-IID Graphs", NeurIPS 2021, sec. 4-5; the authors'
+``training.py`` / ``server.py`` for the details the paper leaves open.
 
 Clients train the GIN of :mod:`~secure_fgl.algorithms.graph_level`; only the GIN layers are
 shared (the reference's ``serverGIN``), input, ``post`` and classifier layers stay local.
@@ -47,10 +48,12 @@ __all__ = ["GCFLOptions", "GCFLPlusOptions", "GCFLServer", "GCFLPlusServer"]
 
 
 class GCFLServer:
-    """The server side of GCFL (a mixin): the clusters, eq. 4-5, the Stoer-Wagner cut and the
-    cache behind ``test_acc_best_cached``.  How a cluster's mean is exchanged and applied and
-    how the clients' scalars and similarities reach the server are hooks, played by the
-    server strategy (:mod:`secure_fgl.algorithms.gcfl.server`)."""
+    """The server side of GCFL (a mixin).
+
+    The clusters, eq. 4-5, the Stoer-Wagner cut and the cache behind ``test_acc_best_cached``. How a cluster's mean
+    is exchanged and applied and how the clients' scalars and similarities reach the server are hooks, played by the
+    server strategy (:mod:`secure_fgl.algorithms.gcfl.server`).
+    """
 
     #: the norms each client reports per round, in one batched report (module docstring, step 2)
     norm_parts: tuple[str, ...] = ("update_norms", "mean_norm")
@@ -74,13 +77,19 @@ class GCFLServer:
         raise NotImplementedError
 
     def exchange_unweighted_mean(self, rnd: int, members: list[int]):
-        """``--mean-norm unweighted``: the members' unweighted mean update (tag
-        ``<algorithm>/criterion_mean``), received by the members (a handle to it)."""
+        """The members' unweighted mean update (``--mean-norm unweighted``).
+
+        ``--mean-norm unweighted``: the members' unweighted mean update (tag
+        ``<algorithm>/criterion_mean``), received by the members (a handle to it).
+        """
         raise NotImplementedError
 
     def round_norms(self, rnd: int, clusters: list[list[int]], means: list) -> dict[str, dict[int, float]]:
-        """Part (:attr:`norm_parts`) -> client -> the norm it reported, from one report per client of
-        every cluster (module docstring, step 2); ``means``: the means whose norm eq. 4 reads."""
+        """The norms the clients of every cluster reported, per part.
+
+        Part (:attr:`norm_parts`) -> client -> the norm it reported, from one report per client of
+        every cluster (module docstring, step 2); ``means``: the means whose norm eq. 4 reads.
+        """
         raise NotImplementedError
 
     def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
@@ -99,10 +108,12 @@ class GCFLServer:
         return True
 
     def min_cluster_size(self) -> int:
-        """The fewest members a cluster may have: the run's minimum contributors (every mode, so
-        every mode makes the same clusters).  A split round sums the cluster, then each half: a half
-        below the minimum would be a sum the clients refuse (:mod:`protocols.plan_policy`), so the
-        cut is the lightest one that leaves both halves at least this large."""
+        """The fewest members a cluster may have.
+
+        The run's minimum contributors (every mode, so every mode makes the same clusters). A split round sums the
+        cluster, then each half: a half below the minimum would be a sum the clients refuse
+        (:mod:`protocols.plan_policy`), so the cut is the lightest one that leaves both halves at least this large.
+        """
         cfg = self.cfg
         return int(cfg.min_contributors if cfg.min_contributors is not None else cfg.max_colluders + 2)
 
@@ -163,8 +174,11 @@ class GCFLServer:
         self.cache.append((list(members), accs))
 
     def best_cached(self, num_clients: int) -> dict:
-        """The reference code's accuracy: per client, the best over the cached cluster entries
-        and the final clusters (:attr:`last_eval` must be the last round's evaluation)."""
+        """The reference code's accuracy: the best over the cached and final clusters.
+
+        The reference code's accuracy: per client, the best over the cached cluster entries
+        and the final clusters (:attr:`last_eval` must be the last round's evaluation).
+        """
         entries = self.cache + [(c, [self.last_eval[k]["test_acc"] for k in c]) for c in self.clusters]
         best = np.zeros(num_clients)
         for members, accs in entries:

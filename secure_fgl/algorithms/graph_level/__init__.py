@@ -1,6 +1,7 @@
-"""Graph classification baselines of GCFL (Xie, Ma, Liu & Yang, NeurIPS 2021, sec. 6.1): each client
-a GIN on its own graphs; self-train exchanges nothing, FedAvg and FedProx average the shared GIN
-layers (input and classifier layers stay local).
+"""Graph classification baselines of GCFL.
+
+Xie, Ma, Liu & Yang, NeurIPS 2021, sec. 6.1. Each client a GIN on its own graphs; self-train exchanges nothing,
+FedAvg and FedProx average the shared GIN layers (input and classifier layers stay local).
 
 * :mod:`.ops`: the GIN learner, its shared layers, graph-level DP-SGD and the metrics;
 * :mod:`.client`: :class:`~.client.GraphLogic`; :mod:`.server`: :class:`~.server.GraphStrategy`.

@@ -1,5 +1,8 @@
-"""The graph-classification baselines' client (GCFL's self-train, FedAvg and FedProx): its GIN on
-its own graphs; the shared GIN layers go to the exchange, the rest stays local."""
+"""The graph-classification baselines' client.
+
+GCFL's self-train, FedAvg and FedProx. Its GIN on its own graphs; the shared GIN layers go to the exchange, the rest
+stays local.
+"""
 
 from __future__ import annotations
 
@@ -43,8 +46,10 @@ class GraphLogic(ClientLogic):
         return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
 
     def weight(self, tag: str) -> float | None:
-        """The weight of this client's update in the mean exchanged under ``tag`` (None: not a mean
-        of updates): FedAvg's ``n_k / N`` (``N``: the public number of training graphs)."""
+        """The weight of this client's update in the mean exchanged under ``tag``.
+
+        None if not a mean of updates; FedAvg's ``n_k / N`` (``N``: the public number of training graphs).
+        """
         return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
 
     def contribute(self, req: dict) -> dict:
@@ -79,8 +84,11 @@ class GraphLogic(ClientLogic):
         return self.learner.counts()
 
     def attack_state(self, req: dict) -> dict:
-        """For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
-        layers included) after the run."""
+        """This client's GIN after the run, for the attack suite.
+
+        For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
+        layers included) after the run.
+        """
         if req["what"] == "model":
             return {f"param:{n}": t for n, t in self.learner.model.state_dict().items()}
         raise ValueError(f"client {self.rt.client_id}: no attack state {req['what']!r} for a graph client")

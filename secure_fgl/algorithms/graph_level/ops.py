@@ -1,5 +1,6 @@
-"""Federated graph classification: self-train, FedAvg and FedProx over per-client GINs whose
-GIN layers are shared, the baselines of GCFL (Xie et al., NeurIPS 2021, sec. 6.1).
+"""Federated graph classification: self-train, FedAvg and FedProx over per-client GINs.
+
+The GIN layers are shared; these are the baselines of GCFL (Xie et al., NeurIPS 2021, sec. 6.1).
 
 Every client holds :class:`~secure_fgl.models.gcfl_gin.GCFLGIN` (local input, ``post`` and
 classifier layers; shared GIN layers, as the reference's ``serverGIN``) and trains it on
@@ -44,21 +45,27 @@ __all__ = [
 
 
 def initial_shared(cfg) -> torch.Tensor:
-    """The shared GIN layers every client starts from: those of a GIN built under the run seed
-    (their shapes depend only on ``hidden`` and ``num_layers``, not on any client's data)."""
+    """The shared GIN layers every client starts from.
+
+    Those of a GIN built under the run seed (their shapes depend only on ``hidden`` and ``num_layers``, not on any
+    client's data).
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         return parameters_to_vector(GCFLGIN(1, cfg.hidden, 1, cfg.num_layers, cfg.dropout).shared_parameters()).detach()
 
 
 class GraphLearner:
-    """One client's side of graph-level training: its graphs, its GIN and optimizer, and the
-    shared-layer vector its round starts from (``anchor``: its cluster's model).
+    """One client's side of graph-level training.
+
+    Its graphs, its GIN and optimizer, and the shared-layer vector its round starts from (``anchor``: its cluster's
+    model).
 
     Randomness is the client's own (:mod:`secure_fgl.engine.rng`): its local layers are drawn
     from ``(seed, client)``, and epoch ``e`` of round ``r`` shuffles its graphs and draws its
     dropout keys from ``client_generator(seed, r, client, e)`` -- the same whether the client
-    runs in the algorithm object or in its own runtime."""
+    runs in the algorithm object or in its own runtime.
+    """
 
     def __init__(self, client: GraphClient, cfg, device, batch_size: int, shared: torch.Tensor):
         self.client, self.cfg, self.device, self.batch_size = client, cfg, device, batch_size
@@ -88,11 +95,13 @@ class GraphLearner:
 
     def local_update(self, rnd: int, prox_mu: float = 0.0, dpsgd=None, noises=None) -> float:
         """``local_epochs`` epochs of mini-batch training; returns the last epoch's mean loss.
+
         FedProx adds ``mu/2 ||W - W_anchor||^2`` on the shared layers.  With ``dpsgd`` (a
         :class:`~secure_fgl.dpsgd.DPSGD`) every batch is a DP-SGD step on per-graph clipped
         gradients, epoch ``e``'s noise drawn from ``noises[e]``; the proximal gradient is
         data-independent and added after the noise.  Its running training accuracy is not
-        computed (it would read the training graphs outside the DP steps)."""
+        computed (it would read the training graphs outside the DP steps).
+        """
         model, opt, k = self.model, self.optimizer, self.client.client_id
         model.train()
         shared = model.shared_parameters()
@@ -178,15 +187,20 @@ def check_graph_dp(name: str, cfg, dpsgd: bool) -> None:
 
 
 def dpsgd_release_dependencies(name: str) -> dict[str, set[str]]:
-    """Under ``--dpsgd``: the DP-SGD steps read the training graphs; every exchange of ``name``
-    is computed from their outputs only (post-processing), so it touches no raw training graph."""
+    """The data each release touches under ``--dpsgd``.
+
+    Under ``--dpsgd``: the DP-SGD steps read the training graphs; every exchange of ``name``
+    is computed from their outputs only (post-processing), so it touches no raw training graph.
+    """
     return {dpsgd_tag(name): {"features", "labels", "edges"}, name: set()}
 
 
 def graph_summary(rows: list[dict]) -> dict:
-    """The evaluation of every client from its counts (``rows``: ``client``, ``dataset``,
-    ``num_train`` and ``{train,val,test}`` = ``(correct, total)``): overall = graph-weighted,
-    and the unweighted mean over clients (the paper's "average accuracy")."""
+    """The evaluation of every client from its counts.
+
+    ``rows``: ``client``, ``dataset``, ``num_train`` and ``{train,val,test}`` = ``(correct, total)``. Overall =
+    graph-weighted, and the unweighted mean over clients (the paper's "average accuracy").
+    """
     per_client, sums = [], {s: [0, 0] for s in ("val", "test")}
     for r in rows:
         correct, seen = r["train"]

@@ -1,4 +1,6 @@
-"""Graph classification (gc-selftrain, gc-fedavg, gc-fedprox; the baselines of GCFL, Xie et al.,
+"""Graph classification as a client logic and a server strategy.
+
+Graph classification (gc-selftrain, gc-fedavg, gc-fedprox; the baselines of GCFL, Xie et al.,
 NeurIPS 2021, sec. 6.1) as a client logic and a server strategy.
 
 Client (:class:`GraphLogic`): one client's graphs and its
@@ -31,8 +33,10 @@ from .ops import check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_su
 
 
 class GraphStrategy(ModelAveragingStrategy):
-    """FedAvg of the shared GIN layers within clusters (module docstring); client sampling is
-    :meth:`ModelAveragingStrategy.sample_clients`."""
+    """FedAvg of the shared GIN layers within clusters.
+
+    See the module docstring. Client sampling is :meth:`ModelAveragingStrategy.sample_clients`.
+    """
 
     personalized = True
 
@@ -59,8 +63,11 @@ class GraphStrategy(ModelAveragingStrategy):
         return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
 
     def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
-        """With ``--dpsgd``: count this round's epochs (one release each: an epoch's batches are
-        disjoint) and tell the clients each epoch's noise std."""
+        """With ``--dpsgd``: count this round's epochs and tell the clients the noise std.
+
+        With ``--dpsgd``: count this round's epochs (one release each: an epoch's batches are
+        disjoint) and tell the clients each epoch's noise std.
+        """
         ask = super().local_update_request(rnd, tag)
         if self.dpsgd is None:
             return ask
@@ -95,9 +102,11 @@ class GraphStrategy(ModelAveragingStrategy):
 
     # ------------------------------------------------------------------ the exchange of one cluster
     def exchange_mean(self, rnd: int, members: list[int], tag: str | None = None) -> None:
-        """The members' grid sum through the protocol, delivered to the members only (each keeps
-        the mean, :meth:`GraphLogic.receive`).  A member lost before it contributed is left out.
-        ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant."""
+        """The members' grid sum through the protocol, delivered to the members only.
+
+        Each member keeps the mean (:meth:`GraphLogic.receive`). A member lost before it contributed is left out.
+        ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant.
+        """
         tag = tag or f"{self.name}/model"
         sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
         if not sent:
