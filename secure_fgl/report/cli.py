@@ -176,7 +176,7 @@ def print_plan(spec, cells, out_dir) -> None:
     print(
         f"plan: {len(cells) - refs} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
         f"{len(spec.modes)} mode(s) x {len(eps)} epsilon(s) x {len(spec.seeds)} seed(s); rounds "
-        f"{', '.join(sorted({str(c.cfg.rounds) for c in cells}))}"
+        f"{', '.join(sorted({str(c.cfg.rounds) for c in cells if not c.reference}))}"
     )
     if refs:
         print(

@@ -67,13 +67,17 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values)
 
 
-def test_reference_sweep_is_run_and_drawn_with_unit_and_delta_in_the_caption(tmp_path):
+def test_reference_sweep_is_run_and_drawn_with_unit_and_delta_in_the_caption(tmp_path, capsys):
     (tmp_path / "central.toml").write_text(CENTRAL)
     main = tmp_path / "tradeoff.toml"
     main.write_text(MAIN)
     assert [r.algorithms for r in spec_from_file(main).references] == [["gap", "centralized"]]
     out = tmp_path / "out"
     assert report_main(["--config", str(main), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "plan: 6 run(s) = 2 algorithm(s)" in printed and "plan: + 6 reference run(s) of 1 reference sweep(s)" in printed
+    )
 
     sweep = json.loads((out / "sweep.json").read_text())
     assert sorted(sweep["references"]) == sorted(
