@@ -111,7 +111,8 @@ def spec_from_args(args: argparse.Namespace):
                 "or put them in the file's [grid] table"
             )
         spec = spec_from_file(args.config)
-        spec.config = {**spec.config, **config}
+        for s in [spec, *spec.references]:  # --rounds, --data-root ... apply to the reference sweeps too
+            s.config = {**s.config, **config}
         return spec
     grid = {k: getattr(args, k) if getattr(args, k) is not None else d for k, d in GRID_FLAGS.items()}
     attacks = [] if grid["attacks"].strip().lower() == "none" else _csv(grid["attacks"])
@@ -167,15 +168,20 @@ def estimate(cells, out_dir) -> tuple[float | None, str]:
 
 def print_plan(spec, cells, out_dir) -> None:
     """The plan: how many runs, which attacks, what is reused, and an estimate."""
-    eps = sorted({e for c in cells for e in [c.cfg.dp_epsilon]}, key=lambda e: (e is None, e or 0))
+    eps = sorted({c.cfg.dp_epsilon for c in cells if not c.reference}, key=lambda e: (e is None, e or 0))
     reuse = sum(c.action == "reuse" for c in cells)
     rerun = sum(c.action == "rerun" for c in cells)
     todo = len(cells) - reuse
+    refs = sum(c.reference for c in cells)
     print(
-        f"plan: {len(cells)} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
+        f"plan: {len(cells) - refs} run(s) = {len(spec.algorithms)} algorithm(s) x {len(spec.datasets)} dataset(s) x "
         f"{len(spec.modes)} mode(s) x {len(eps)} epsilon(s) x {len(spec.seeds)} seed(s); rounds "
-        f"{', '.join(sorted({str(c.cfg.rounds) for c in cells}))}"
+        f"{', '.join(sorted({str(c.cfg.rounds) for c in cells if not c.reference}))}"
     )
+    if refs:
+        print(
+            f"plan: + {refs} reference run(s) of {len(spec.references)} reference sweep(s), drawn as reference curves"
+        )
     attacks = ", ".join(spec.attacks) or "none"
     print(
         f"plan: attacks {attacks}"

@@ -3,9 +3,9 @@
 Every one in the shared look of :mod:`.style` (PNG, PDF with TrueType fonts, SVG; ``column`` or ``page`` wide; one
 colour and marker per mode; epsilon categorical with "no DP" set apart; mean ± sample std over seeds).
 
-* :func:`epsilon_curves` -- test accuracy, then each attack's primary metric (its chance level
-  dotted), against DP epsilon; one series per mode, dodged sideways; at most a few panels per
-  figure (more attacks: more figures, ``_2``, ``_3`` ...).
+* :func:`epsilon_curves` -- test accuracy (with the report's reference curves, :mod:`.references`),
+  then each attack's primary metric (its chance level dotted), against DP epsilon; one series per
+  mode, dodged sideways; at most a few panels per figure (more attacks: more figures, ``_2``, ``_3`` ...).
 * :func:`frontier` -- privacy-utility frontier: mean normalised leakage over the run's attacks
   vs accuracy, one point per (mode, epsilon), the Pareto front drawn; labels never overprint
   (those with no free place are listed under the plot).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import style
+from . import references, style
 from .tables import attack_entries, final_acc, run_eps
 
 
@@ -51,11 +51,13 @@ def _attack_value(name: str):
     return value
 
 
-def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False) -> None:
+def mode_legend(
+    fig, axes, modes: list[str], equal: list[tuple[str, str]], chance: bool = False, extra: list | None = None
+) -> None:
     """One legend for the figure.
 
-    Each mode's colour and marker, "= other" where their series are equal, and the chance line's style when a panel
-    draws one.
+    Each mode's colour and marker, "= other" where their series are equal, the ``extra`` handles (reference curves)
+    and the chance line's style when a panel draws one.
     """
     from matplotlib.lines import Line2D
 
@@ -65,9 +67,11 @@ def mode_legend(fig, axes, modes: list[str], equal: list[tuple[str, str]], chanc
         color, marker = style.mode_style(m)
         label = m + (f" (= {same[m]})" if m in same else "")
         handles.append(Line2D([], [], color=color, marker=marker, label=label))
+    handles += extra or []
     if chance:
         handles.append(Line2D([], [], color="0.4", ls=":", lw=0.8, label="chance"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4))
+    ncol = 2 if extra else min(len(handles), 4)  # reference labels are long: two columns
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol)
 
 
 @style.styled
@@ -84,13 +88,26 @@ def epsilon_curves(
             if a["name"] != "transcript_audit" and a.get("metric") and a["name"] not in names:
                 names.append(a["name"])
     panels = [None] + names
-    pos = style.eps_positions([run_eps(r) for r in runs])
+    refs = [
+        r
+        for r in results
+        if references.is_reference(r) and r["config"]["dataset"] == dataset and r["config"]["algorithm"] != algorithm
+    ]
+    dp_runs = [r for r in runs if run_eps(r) is not None]
+    groups, _ = references.reference_groups(
+        refs,
+        final_acc,
+        references.common(references.dp_unit(r) for r in dp_runs),
+        references.common(references.dp_delta(r) for r in dp_runs),
+    )
+    pos = style.eps_positions([run_eps(r) for r in runs] + [e for g in groups for e in g.points])
     modes = sorted({r["config"]["mode"] for r in runs}, key=style.mode_rank)
     seeds = sorted({r["config"]["seed"] for r in runs})
     chance_acc = next((1.0 / r["num_classes"] for r in runs if r.get("num_classes")), None)
     out = []
     for index, chunk in enumerate(style.chunks(panels, size)):
-        fig, axes = style.new_figure(len(chunk), size)
+        rows = -(-(len(modes) + len(groups) + 1) // 2) if groups and chunk[0] is None else 1
+        fig, axes = style.new_figure(len(chunk), size, legend_rows=rows)
         equal_all: set | None = None  # pairs of modes equal in every panel
         for ax, name in zip(axes, chunk):
             value = final_acc if name is None else _attack_value(name)
@@ -107,6 +124,7 @@ def epsilon_curves(
                 color, marker = style.mode_style(mode)
                 style.series(ax, pos, per_mode[mode], offset=style.dodge(i, len(modes)), color=color, marker=marker)
             if name is None:
+                references.draw(ax, pos, groups)
                 ax.set_ylabel("test accuracy")
                 ax.set_title("accuracy")
                 chance = chance_acc
@@ -119,7 +137,9 @@ def epsilon_curves(
             if chance is not None:
                 ax.axhline(chance, color="0.4", ls=":", lw=0.8)
             style.eps_axis(ax, pos)
-        mode_legend(fig, axes, modes, sorted(equal_all or ()), chance=True)
+        drawn = dict(zip(*axes[0].get_legend_handles_labels()[::-1])) if chunk[0] is None else {}
+        extra = [drawn[g.label] for g in groups if g.label in drawn]
+        mode_legend(fig, axes, modes, sorted(equal_all or ()), chance=True, extra=extra)
         style.title(fig, f"{algorithm} on {dataset}: mean ± sample std, {len(seeds)} seed(s)", size)
         out.append(style.save(fig, style.numbered(Path(path), index))[0])
     return out

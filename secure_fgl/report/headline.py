@@ -5,19 +5,21 @@ dataset.
 
 Reads ``result.json`` dicts.  Each point is the mean over seeds with ± 1 sample std error bars
 (the DP noise is fresh in every run, so the bar includes its variance); the non-DP run of the
-same algorithm and mode is the "no DP" point, set apart.  Accuracy panels carry reference lines:
-every non-DP run of ``references`` algorithms (e.g. the feature-only ``fedavg`` MLP) as a
-horizontal band, and chance (1 / number of classes).  Colour and marker say the mode, the line
+same algorithm and mode is the "no DP" point, set apart.  Accuracy panels carry the reference
+runs (:mod:`.references`: central GAP as a curve with its seed band, the feature-only MLP and
+non-private models as horizontal lines with their bands) and chance (1 / number of classes); the
+caption (``<stem>.json``, rendered under the figure) names the DP unit and delta.  Colour and marker say the mode, the line
 style the algorithm (:mod:`.style`).  At most a few panels a figure: more datasets or attacks
 give more figures (``_2``, ``_3``, ...).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
-from . import style
+from . import references, style
 
 Value = Callable[[dict], "float | None"]
 
@@ -61,13 +63,11 @@ def _seeds_per_point(runs: list[dict]) -> str:
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 
-def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], algorithms: list[str]) -> list:
+def _curves(ax, curves: list[dict], pos: dict, value: Value, algorithms: list[str]) -> tuple[list, dict]:
     """Mean ± sample std of ``value`` vs epsilon for each (algorithm, mode) with DP runs.
 
-    Returns the pairs of equal series.
+    Returns the pairs of equal series and each series' points {(algorithm, mode): {eps: (mean, sd)}}.
     """
-    curves = [r for r in runs if r["config"]["algorithm"] not in references]
-    pos = style.eps_positions([r["config"]["dp_epsilon"] for r in curves])
     keys = sorted(
         {(r["config"]["algorithm"], r["config"]["mode"]) for r in curves if r["config"]["dp_epsilon"] is not None},
         key=lambda k: (k[0], style.mode_rank(k[1])),
@@ -80,6 +80,7 @@ def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], alg
     for i, key in enumerate(keys):
         color, marker = style.mode_style(key[1])
         ls = style.LINESTYLES[algorithms.index(key[0]) % len(style.LINESTYLES)]
+        mine = [r for r in curves if (r["config"]["algorithm"], r["config"]["mode"]) == key]
         style.series(
             ax,
             pos,
@@ -88,75 +89,106 @@ def _curves(ax, runs: list[dict], value: Value, references: tuple[str, ...], alg
             color=color,
             marker=marker,
             ls=ls,
-            label=f"{key[0]} {key[1]} ({_unit([r for r in curves if (r['config']['algorithm'], r['config']['mode']) == key])} DP)",
+            label=f"{key[0]} {key[1]} ({_unit(mine)} DP)",
         )
-    if pos:
-        style.eps_axis(ax, pos, "total DP ε (δ = 1e-5)")
-    return style.equal_series(named)
+    return style.equal_series(named), named
+
+
+def _points_json(points: dict) -> dict:
+    return {("inf" if e is None else f"{e:g}"): {"mean": m, "std": s} for e, (m, s) in points.items()}
 
 
 @style.styled
-def accuracy_vs_epsilon(
-    results: list[dict], path: str | Path, references: tuple[str, ...] = ("fedavg",), size: str = "column"
-) -> list[Path]:
-    """Draw the figure(s) for ``results``; returns the PNG, PDF and SVG paths of each figure."""
+def accuracy_vs_epsilon(results: list[dict], path: str | Path, size: str = "column") -> list[Path]:
+    """Draw the figure(s) for ``results``; returns the PNG, PDF and SVG paths of each figure.
+
+    Reference runs (:func:`.references.is_reference`) are drawn on the accuracy panels as reference curves and lines.
+    Beside each figure, ``<stem>.json`` holds what it draws (every series' points, the references, the caption).
+    """
     from matplotlib.lines import Line2D
 
-    datasets = sorted({r["config"]["dataset"] for r in results})
-    attacks = _attack_names(results)
-    algorithms = sorted({r["config"]["algorithm"] for r in results if r["config"]["algorithm"] not in references})
+    def is_ref(r: dict) -> bool:  # a sweep of reference runs only draws them as its curves
+        return references.is_reference(r) and not every_ref
+
+    every_ref = all(references.is_reference(r) for r in results)
+    datasets = sorted({r["config"]["dataset"] for r in results if not is_ref(r)})
+    attacks = _attack_names([r for r in results if not is_ref(r)])
+    algorithms = sorted({r["config"]["algorithm"] for r in results if not is_ref(r)})
     panels = [(ds, name) for ds in datasets for name in [None] + attacks]
     out: list[Path] = []
     for index, chunk in enumerate(style.chunks(panels, size)):
-        fig, axes = style.new_figure(
-            len(chunk),
-            size,
-            legend_rows=len(
-                {
-                    (r["config"]["algorithm"], r["config"]["mode"])
-                    for r in results
-                    if r["config"]["algorithm"] in algorithms
-                }
-            ),
-        )
+        legend_rows = len(
+            {(r["config"]["algorithm"], r["config"]["mode"]) for r in results if r["config"]["algorithm"] in algorithms}
+        ) + len({(r["config"]["algorithm"], r["config"].get("model")) for r in results if is_ref(r)})
+        fig, axes = style.new_figure(len(chunk), size, legend_rows=legend_rows + 1)
         handles: dict[str, Line2D] = {}
         equal_all: set | None = None  # pairs of series equal in every panel
+        data: list[dict] = []
+        captions: list[str] = []
+        all_groups: list = []
         for ax, (ds, name) in zip(axes, chunk):
             runs = [r for r in results if r["config"]["dataset"] == ds]
-            equal = set(_curves(ax, runs, _accuracy if name is None else _attack(name), references, algorithms))
-            equal_all = equal if equal_all is None else equal_all & equal
+            curves = [r for r in runs if not is_ref(r)]
+            dp_runs = [r for r in curves if r["config"]["dp_epsilon"] is not None]
+            unit = references.common(references.dp_unit(r) for r in dp_runs)
+            delta = references.common(references.dp_delta(r) for r in dp_runs)
+            value = _accuracy if name is None else _attack(name)
+            groups: list = []
+            left_out = 0
             if name is None:
-                for ref in references:
-                    accs = [
-                        r["final"]["test_acc"]
-                        for r in runs
-                        if r["config"]["algorithm"] == ref and r["config"]["dp_epsilon"] is None
-                    ]
-                    if accs:
-                        mu, sd = style.mean_sd(accs)
-                        model = next(r["config"].get("model") for r in runs if r["config"]["algorithm"] == ref)
-                        ax.axhline(mu, color="0.5", ls="--", lw=0.8, label=f"{ref} {model} (no DP)")
-                        ax.axhspan(mu - sd, mu + sd, color="0.5", alpha=0.12)
+                groups, left_out = references.reference_groups([r for r in runs if is_ref(r)], value, unit, delta)
+            eps = [r["config"]["dp_epsilon"] for r in curves] + [e for g in groups for e in g.points]
+            pos = style.eps_positions(eps)
+            equal, named = _curves(ax, curves, pos, value, algorithms)
+            equal_all = set(equal) if equal_all is None else equal_all & set(equal)
+            panel = {
+                "dataset": ds,
+                "panel": "accuracy" if name is None else name,
+                "unit": unit,
+                "delta": delta,
+                "series": [
+                    {"algorithm": a, "mode": m, "points": _points_json(points)} for (a, m), points in named.items()
+                ],
+            }
+            if name is None:
+                references.draw(ax, pos, groups)
+                all_groups += groups
                 k = next((r.get("num_classes") for r in runs if r.get("num_classes")), None)
                 if k:
                     ax.axhline(1.0 / k, color="black", ls=":", lw=0.8, label=f"chance (1/{k})")
                 ax.set_ylabel("test accuracy")
                 ax.set_title(f"{ds}: accuracy ({_seeds_per_point(runs)} seed(s) a point)")
+                panel["references"] = [g.to_dict() for g in groups]
+                panel["caption"] = references.caption(unit, delta, groups, left_out, _seeds_per_point(runs))
+                captions.append(f"{ds}: {panel['caption']}")
             else:
                 entries = [
-                    a for r in runs for a in (r.get("attacks") or []) if a["name"] == name and a.get("applicable")
+                    a for r in curves for a in (r.get("attacks") or []) if a["name"] == name and a.get("applicable")
                 ]
                 chance = next((a.get("chance") for a in entries if a.get("chance") is not None), None)
                 if chance is not None:
                     ax.axhline(chance, color="black", ls=":", lw=0.8, label=f"chance ({chance:.3g})")
                 ax.set_ylabel(next((a.get("metric") for a in entries if a.get("metric")), "value"))
                 ax.set_title(f"{ds}: {name.replace('_', ' ')}")
+            if pos:
+                label = "total DP ε" + (f" (δ = {delta:g})" if delta is not None else "")
+                style.eps_axis(ax, pos, label)
+            data.append(panel)
             for h, label in zip(*ax.get_legend_handles_labels()):
-                if label.startswith(tuple(algorithms)):  # series: one figure legend
+                if not label.startswith("chance"):  # series and references: one figure legend
                     handles.setdefault(label, h)
-            refs = [(h, l) for h, l in zip(*ax.get_legend_handles_labels()) if not l.startswith(tuple(algorithms))]
-            if refs:
-                ax.legend(*zip(*refs), loc="best", fontsize=5)
+            chance_line = [(h, l) for h, l in zip(*ax.get_legend_handles_labels()) if l.startswith("chance")]
+            if chance_line:
+                ax.legend(*zip(*chance_line), loc="best", fontsize=5)
+        kinds = list(references.REFERENCE_STYLE)
+        order = sorted(
+            handles,
+            key=lambda l: (
+                _key(l, algorithms) is None,
+                next((kinds.index(g.kind) for g in all_groups if g.label == l), 0),
+            ),
+        )
+        handles = {l: handles[l] for l in order}  # the series first, then the references
         same = {b: a for a, b in equal_all or ()}
         labels = [
             l
@@ -170,12 +202,15 @@ def accuracy_vs_epsilon(
         if handles:
             fig.legend(list(handles.values()), labels, loc="outside lower center", ncol=1)
         style.title(fig, style.STATISTIC, size)
-        for p in style.save(fig, style.numbered(Path(path), index)):
+        target = style.numbered(Path(path), index)
+        for p in style.save(fig, target):
             out.append(p)
+        caption = " ".join(captions)
+        target.with_suffix(".json").write_text(json.dumps({"caption": caption, "panels": data}, indent=1))
     return out
 
 
 def _key(label: str, algorithms: list[str]) -> tuple[str, str] | None:
-    """(algorithm, mode) of a series label ``"algo mode (unit DP)"``."""
-    algo, mode = label.split(" (")[0].split(" ")[:2]
-    return (algo, mode) if algo in algorithms else None
+    """(algorithm, mode) of a series label ``"algo mode (unit DP)"``; None for a reference or chance line."""
+    words = label.split(" (")[0].split(" ")
+    return (words[0], words[1]) if len(words) >= 2 and words[0] in algorithms else None

@@ -57,6 +57,9 @@ def render_report(
     sweep = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else {}
     left: dict = {}
     results, errors = load_runs(out, run_ids=sweep.get("runs"), fingerprints=sweep.get("fingerprints"), left_out=left)
+    marked = set(sweep.get("references") or ())  # the runs of the sweep file's reference sweeps
+    for r in results:
+        r["_reference"] = r["_run_id"] in marked
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     spec = sweep.get("spec")
@@ -92,13 +95,12 @@ def render_report(
         if old.suffix in (".png", ".pdf", ".svg"):
             old.unlink()
     if any(r["config"].get("dp_epsilon") is not None for r in results):
-        pngs = [
-            p
-            for p in accuracy_vs_epsilon(results, fig_dir / "accuracy_vs_epsilon", size=figure_size)
-            if p.suffix == ".png"
-        ]
-        figs.update((p.name, p) for p in pngs)
-        sections.append(("Accuracy vs ε (headline)", pngs))
+        headline: list = []
+        for p in accuracy_vs_epsilon(results, fig_dir / "accuracy_vs_epsilon", size=figure_size):
+            if p.suffix == ".png":
+                figs[p.name] = p
+                headline += [p, json.loads(p.with_suffix(".json").read_text())["caption"]]
+        sections.append(("Accuracy vs ε (headline)", headline))
     for algo, ds in _pairs(results):
         items: list = [tables.leakage_matrix(results, algo, ds)]
         for p in figures.epsilon_curves(

@@ -76,9 +76,25 @@ class SweepSpec:
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: per-algorithm epsilon lists replacing ``epsilons``, e.g. {"fedavg": [None]} (a no-DP reference)
     algorithm_epsilons: dict[str, Sequence[float | None]] = field(default_factory=dict)
+    #: reference sweeps (e.g. central GAP) run with this one and drawn as reference curves (:mod:`.references`)
+    references: list[SweepSpec] = field(default_factory=list)
 
     def runs(self, out_dir: str | Path) -> list[tuple[str, RunConfig]]:
-        """Every cell, seed by seed (an interrupted sweep has whole grids for its first seeds)."""
+        """Every cell, seed by seed (an interrupted sweep has whole grids for its first seeds), then the references'."""
+        plan = self.own_runs(out_dir)
+        ids = {rid for rid, _ in plan}
+        for ref in self.references:
+            plan += [(rid, cfg) for rid, cfg in ref.runs(out_dir) if rid not in ids]
+            ids |= {rid for rid, _ in plan}
+        return plan
+
+    def reference_ids(self, out_dir: str | Path) -> set[str]:
+        """The run ids of the reference sweeps' cells (those not also in this grid)."""
+        own = {rid for rid, _ in self.own_runs(out_dir)}
+        return {rid for ref in self.references for rid, _ in ref.runs(out_dir)} - own
+
+    def own_runs(self, out_dir: str | Path) -> list[tuple[str, RunConfig]]:
+        """This grid's cells, without the reference sweeps'."""
         out = Path(out_dir)
         plan = []
         for seed in self.seeds:
@@ -106,6 +122,7 @@ class SweepSpec:
         d = asdict(self)
         d["epsilons"] = [eps_label(e) for e in self.epsilons]
         d["algorithm_epsilons"] = {a: [eps_label(e) for e in es] for a, es in self.algorithm_epsilons.items()}
+        d["references"] = [ref.to_dict() for ref in self.references]
         return d
 
 
@@ -126,10 +143,17 @@ def spec_from_file(path: str | Path) -> SweepSpec:
     A run config's keys (TOML/YAML/JSON, as ``secure-fgl run --config``), applied to every run, plus a ``[grid]`` table
     (``algorithms``, ``datasets``, ``modes``, ``dp_epsilons`` ("inf" = no DP), ``seeds`` (a list or a count),
     ``attacks``) and optional ``[grid.<algorithm>]`` tables with that algorithm's ``dp_epsilons`` and ``options``.
+    A top-level ``references`` list names other sweep files (relative to this one's folder, or a file of
+    ``secure_fgl/configs``) whose runs are made with this sweep and drawn as reference curves.
     """
     from ..config import ConfigError, load_config_file
 
     raw = dict(load_config_file(path))
+    refs = raw.pop("references", [])
+    if isinstance(refs, str) or not all(isinstance(f, str) for f in refs):
+        raise ConfigError(
+            f'sweep file {path}: references must be a list of sweep files, e.g. ["dp-gap-central-cora.toml"]'
+        )
     grid = raw.pop("grid", None)
     if not isinstance(grid, dict):
         raise ConfigError(
@@ -162,6 +186,20 @@ def spec_from_file(path: str | Path) -> SweepSpec:
         algorithm_epsilons={
             a: [parse_epsilon(e) for e in t["dp_epsilons"]] for a, t in per_algo.items() if "dp_epsilons" in t
         },
+        references=[spec_from_file(_reference_file(path, f)) for f in refs],
+    )
+
+
+def _reference_file(sweep_file: str | Path, name: str) -> Path:
+    """A reference sweep file: beside the sweep file, else one of the project's ``secure_fgl/configs``."""
+    from ..config import ConfigError
+
+    for candidate in (Path(sweep_file).parent / name, Path(__file__).resolve().parent.parent / "configs" / name):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"sweep file {sweep_file}: reference sweep {name!r} not found beside it nor in secure_fgl/configs; "
+        "give a path relative to the sweep file"
     )
 
 
@@ -179,6 +217,7 @@ class Cell:
     fingerprint: str
     action: str
     note: str = ""
+    reference: bool = False
 
 
 def resolve(cfg: RunConfig) -> dict:
@@ -196,6 +235,7 @@ def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
     """
     out = Path(out_dir)
     cells = []
+    refs = spec.reference_ids(out)
     for rid, cfg in spec.runs(out):
         config = resolve(cfg)
         fp = fingerprint(config)
@@ -215,7 +255,7 @@ def plan_cells(spec: SweepSpec, out_dir: str | Path) -> list[Cell]:
             cfg = dataclasses.replace(cfg, out=str(out / folder))
             config = {**config, "out": cfg.out}
             note += f": this run goes to {folder}"
-        cells.append(Cell(folder, cfg, config, fp, action, note))
+        cells.append(Cell(folder, cfg, config, fp, action, note, reference=rid in refs))
     return cells
 
 
@@ -248,6 +288,7 @@ def run_sweep(
             "spec": spec.to_dict(),
             "runs": [c.run_id for c in cells],
             "fingerprints": {c.run_id: c.fingerprint for c in cells},
+            "references": [c.run_id for c in cells if c.reference],
         },
     )
     if runner is None:
