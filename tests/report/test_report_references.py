@@ -1,6 +1,9 @@
-"""A sweep file naming reference sweeps: their runs are made with it and the accuracy-vs-epsilon panel draws them
-(central GAP as a curve with its seed band, the feature-only MLP and the non-private model as lines), with the DP
-unit and delta in the caption.  Read from the figure's JSON and report.md, not from pixels."""
+"""A sweep file naming reference sweeps: their runs are made with it and the report draws them.
+
+The accuracy-vs-epsilon panel shows central GAP as a curve with its seed band, the feature-only MLP
+and the non-private model as lines, with the DP unit and delta in the caption.  Read from the
+figure's JSON and report.md, not from pixels.
+"""
 
 from __future__ import annotations
 
