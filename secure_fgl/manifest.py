@@ -50,11 +50,19 @@ def public_roles(cfg: RunConfig) -> dict[str, str]:
     return {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
 
 
+def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
+    """The run's exchanges, tag -> (first, last) round (the algorithm's ``AlgorithmSpec.schedule``)."""
+    from .algorithms import get_spec
+
+    return get_spec(cfg.algorithm).exchanges_of(cfg)
+
+
 def schedule_option(cfg: RunConfig) -> dict:
     """The public schedule option of a backend split into halves.
 
     For a backend split into halves (it builds a manifest): the hash of the public schedule, the
-    client fraction and the exchange roles every client half checks plans against; else ``{}``.
+    client fraction, the exchange roles and the listing of the run's exchanges every client half
+    checks plans against; else ``{}``.
     """
     from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
@@ -66,6 +74,7 @@ def schedule_option(cfg: RunConfig) -> dict:
         "schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str))),
         "client_fraction": float(cfg.client_fraction),
         "roles": public_roles(cfg),
+        "exchanges": public_exchanges(cfg),
     }
 
 
