@@ -24,7 +24,11 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
 
   and binds the digest of every broadcast it received under the tag into what it contributes
   next under it (:mod:`protocols.broadcast_view`), so clients that were sent different models
-  cannot complete a sum together.
+  cannot complete a sum together.  A second role, :data:`RELEASE`: a sum whose recipients get
+  different rows (FedGCN's pre-training neighbour sums).  In ``mask`` the server sends each
+  recipient a proof that its rows are part of one committed sum; the recipient refuses rows
+  without a valid one (:class:`~protocols.errors.InconsistentViewError`) and binds the commitment
+  into every later contribution (:mod:`protocols.release_commitment`).
 
 A listed tag without a role is checked by the run-wide rules only (:mod:`protocols.plan_policy`).
 A party without a manifest (trust on first use) has no schedule.
@@ -43,7 +47,10 @@ from .plan import ExchangePlan
 
 #: the role of a model broadcast every client trains on (module docstring)
 BROADCAST = "broadcast"
-ROLES = (BROADCAST,)
+#: the role of a sum released as different rows to different recipients, bound by the server's
+#: commitment to the whole sum (:mod:`protocols.release_commitment`)
+RELEASE = "release"
+ROLES = (BROADCAST, RELEASE)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,10 @@ class PublicSchedule:
                 round=plan.round,
                 client=client,
             )
+
+    def releases(self, tag: str) -> bool:
+        """Whether ``tag``'s sum is released as rows under a commitment (:data:`RELEASE`)."""
+        return self.roles.get(tag) == RELEASE
 
     def binds_views(self, tag: str) -> bool:
         """Whether contributions under ``tag`` bind the broadcasts received under it."""

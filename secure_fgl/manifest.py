@@ -40,14 +40,18 @@ def public_schedule(cfg: RunConfig) -> dict:
 
 #: algorithms whose ``<algorithm>/model`` exchange broadcasts the global model to every client,
 #: over the round's sample (:func:`protocols.client_sampling.sample_clients`)
-BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox")
+BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox", "fedgcn")
+#: exchanges whose sum reaches its recipients as different rows, bound by a commitment (mask)
+RELEASE_TAGS = ("fedgcn/neighbour_sums",)
 
 
 def public_roles(cfg: RunConfig) -> dict[str, str]:
     """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
-    from protocols.schedule import BROADCAST
+    from protocols.schedule import BROADCAST, RELEASE
 
-    return {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+    roles = {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+    released = {tag: RELEASE for tag in RELEASE_TAGS if tag in public_exchanges(cfg)}
+    return {**released, **roles}
 
 
 def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
