@@ -35,6 +35,7 @@ not all-zero the digest a client binds under any tag is
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -70,18 +71,18 @@ class BroadcastViews:
         h.update(bytes(root))
         self.released = h.digest()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The chains, for a client's checkpoint (bytes as hex)."""
         return {"chains": {t: v.hex() for t, v in sorted(self.chains.items())}, "released": self.released.hex()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.chains = {str(t): bytes.fromhex(v) for t, v in dict(state.get("chains", {})).items()}
         self.released = bytes.fromhex(state.get("released", EMPTY_VIEW.hex()))
 
     def record(self, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> None:
         """Chain one received result (block id -> decoded values) into ``tag``'s digest."""
-        h = hashlib.sha256(VIEW_DOMAIN + self.digest(tag))
+        h = hashlib.sha256(VIEW_DOMAIN + self.chains.get(tag, EMPTY_VIEW))
         h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
         for b in sorted(blocks):
             h.update(int(b).to_bytes(8, "big") + np.ascontiguousarray(blocks[b], dtype=np.float64).tobytes())

@@ -24,6 +24,7 @@ different roots are refused in the next sum they share.  Proof size: at most
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 LEAF_DOMAIN = b"secure-fgl/release-leaf/v1"
 NODE_DOMAIN = b"secure-fgl/release-node/v1"
@@ -36,7 +37,7 @@ def leaf(block: int, data: bytes) -> bytes:
     return hashlib.sha256(LEAF_DOMAIN + int(block).to_bytes(8, "big") + data).digest()
 
 
-def block_leaf(block: int, wire: bytes, contributors) -> bytes:
+def block_leaf(block: int, wire: bytes, contributors: Iterable[int]) -> bytes:
     """A released block's leaf: its wire bytes and the sorted contributors its decoding removes masks of."""
     members = sorted(int(k) for k in contributors)
     return leaf(block, len(wire).to_bytes(8, "big") + wire + b"".join(k.to_bytes(4, "big") for k in members))
@@ -69,7 +70,7 @@ def root_of(levels: list[list[bytes]]) -> bytes:
     return _root(levels[-1][0], len(levels[0]))
 
 
-def prove(levels: list[list[bytes]], positions) -> bytes:
+def prove(levels: list[list[bytes]], positions: Iterable[int]) -> bytes:
     """The siblings recipient of leaves ``positions`` needs, concatenated in :func:`verify`'s order."""
     known, out = set(int(p) for p in positions), []
     for level in levels[:-1]:

@@ -687,7 +687,9 @@ class MaskClient(ClientHalf):
                 raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
         own = {
             int(b): block_leaf(
-                int(b), enc.to_wire(rows[i]), [k for j, k in enumerate(included) if bitmap[i, j]] if sparse else included
+                int(b),
+                enc.to_wire(rows[i]),
+                [k for j, k in enumerate(included) if bitmap[i, j]] if sparse else included,
             )
             for i, b in enumerate(bids.tolist())
         }

@@ -111,5 +111,7 @@ def test_merkle_proofs_recompute_the_root_only_for_the_committed_leaves():
             assert verify(root_of(levels), num, {p: leaves[p] for p in own}, proof)
             assert len(proof) <= 32 * len(own) * max(1, (num - 1).bit_length())
             first = min(own)
-            assert not verify(root_of(levels), num, {**{p: leaves[p] for p in own}, first: block_leaf(first, b"forged", [0])}, proof)
+            assert not verify(
+                root_of(levels), num, {**{p: leaves[p] for p in own}, first: block_leaf(first, b"forged", [0])}, proof
+            )
             assert not verify(root_of(levels), num + 1, {p: leaves[p] for p in own}, proof)

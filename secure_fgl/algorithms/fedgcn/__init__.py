@@ -17,7 +17,6 @@ from ..options import FedGCNOptions, check_fedgcn
 from ..spec import AlgorithmSpec, model_every_round
 
 
-
 def schedule(cfg) -> dict[str, tuple[int, int]]:
     """The neighbour sums once, in round 0, before training (none at 0 hops); the model every round."""
     hops = FedGCNOptions(**cfg.options).hops

@@ -15,7 +15,6 @@ from ..options import FedOMDOptions
 from ..spec import AlgorithmSpec, every_round
 
 
-
 def schedule(cfg) -> dict[str, tuple[int, int]]:
     """Every round: the statistics exchanges of the strategy's ``stages`` (public options, DP on or off), the model."""
     o, name = FedOMDOptions(**cfg.options), cfg.algorithm

@@ -15,7 +15,6 @@ from ..options import FedSprayOptions
 from ..spec import AlgorithmSpec, every_round
 
 
-
 def schedule(cfg) -> dict[str, tuple[int, int]]:
     """Every round: the encoder and proxy means, or (batching possible) their one-upload batch instead."""
     o, name = FedSprayOptions(**cfg.options), cfg.algorithm

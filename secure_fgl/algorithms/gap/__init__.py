@@ -18,7 +18,6 @@ from ..spec import AlgorithmSpec, every_round
 from .central import check_central
 
 
-
 def schedule(cfg) -> dict[str, tuple[int, int]]:
     """The encoder's rounds, each hop's noisy sums once in round 0, then the head every round."""
     o = GAPOptions(**cfg.options)

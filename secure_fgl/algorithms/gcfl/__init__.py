@@ -17,7 +17,6 @@ from ..options import GCFLOptions, GCFLPlusOptions
 from ..spec import AlgorithmSpec, every_round
 
 
-
 def schedule(cfg) -> dict[str, tuple[int, int]]:
     """Every round: the cluster means, the norm report and (GCFL) the update similarity at a split."""
     name = cfg.algorithm
