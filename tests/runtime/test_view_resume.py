@@ -16,6 +16,7 @@ import pytest
 from protocols.errors import InconsistentViewError
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation
+from secure_fgl.runtime import wire
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
 
@@ -48,8 +49,17 @@ def _config(out) -> RunConfig:
     ).validate()
 
 
-def _strategy(cfg, malicious: bool):
-    executor = LocalExecutor()
+class OtherSeedExecutor(LocalExecutor):
+    """The driver sets the victim's runtime up with another seed: it builds another initial model."""
+
+    def start(self, frames):
+        frame = wire.unpack(frames[VICTIM])
+        frame["config"] = {**frame["config"], "seed": frame["config"]["seed"] + 1}
+        super().start({**frames, VICTIM: wire.pack(frame)})
+
+
+def _strategy(cfg, malicious: bool, executor=None):
+    executor = executor or LocalExecutor()
     protocol = make_runtime_protocol(cfg, cfg.clients, executor)
     if malicious:  # the adversary: the server half of this run, as a malicious subclass
         protocol.server.__class__ = type("ShiftedMaskServer", (ShiftedModelServer, type(protocol.server)), {})
@@ -60,7 +70,9 @@ def _chains(executor) -> dict:
     return {k: rt.half.views.digest(TAG) for k, rt in executor.runtimes.items()}
 
 
-@pytest.mark.parametrize("malicious", [False, True])
+@pytest.mark.parametrize(
+    "malicious", [pytest.param(False, marks=pytest.mark.slow), True]
+)  # honest resumes with restored chains also run in tests/runtime/test_runtime.py
 def test_a_model_sent_before_the_checkpoint_is_still_refused_after_the_resume(tmp_path, malicious):
     cfg = _config(tmp_path)
     strategy, executor = _strategy(cfg, malicious)
@@ -82,4 +94,14 @@ def test_a_model_sent_before_the_checkpoint_is_still_refused_after_the_resume(tm
         assert err.value.round == 2
     else:
         resumed.train_round(2)
+    executor.shutdown()
+
+
+def test_another_initial_model_is_refused_in_the_first_sum(tmp_path):
+    """The initial model starts the chain: a client set up with another one is refused in the first model sum."""
+    strategy, executor = _strategy(_config(tmp_path), malicious=False, executor=OtherSeedExecutor())
+    assert _chains(executor)[VICTIM] != _chains(executor)[0]
+    with pytest.raises(InconsistentViewError, match="different broadcasts") as err:
+        strategy.train_round(0)
+    assert err.value.round == 0
     executor.shutdown()
