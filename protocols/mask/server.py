@@ -572,14 +572,14 @@ class MaskServer(ServerHalf):
         plan, enc, union, included = ex.plan, ex.enc, ex.union, tuple(ex.uploaders)
         needed = np.unique(np.concatenate([np.asarray(b, np.int64) for b in plan.requests.values()] or [[]]))
         sparse = plan.layout == "sparse" and not self.setup.options["reveal_to_server"]
+        holds = {k: np.isin(needed, ex.announced[k]) if sparse else np.ones(needed.size, bool) for k in included}
         leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
-        for b in needed.tolist():
-            row = np.zeros(plan.block_len, dtype=enc.dtype)
+        for i, b in enumerate(needed.tolist()):
+            row = np.zeros(plan.block_len, dtype=enc.dtype)  # a block nobody contributed sums to 0
             at = int(np.searchsorted(union, b)) if union.size else 0
             if union.size and at < union.size and union[at] == b:
                 row = ex.total[at]
-            members = [k for k in included if np.isin(b, ex.announced[k])] if sparse else included
-            leaves[b] = block_leaf(b, enc.to_wire(row), members)
+            leaves[b] = block_leaf(b, enc.to_wire(row), [k for k in included if holds[k][i]])
         return tree(leaves)
 
     # ------------------------------------------------------------------ server-side checks
