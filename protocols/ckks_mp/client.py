@@ -86,6 +86,9 @@ KEYS_TAG = "ckks-mp/keys"
 THRESHOLD_TAG = "ckks-mp/threshold-shares"
 #: envelope part of a relayed Shamir share (``s_B`` travels at part 0 of the same stage)
 SHARE_PART = 1
+#: t-out-of-n set-up: the server's request of part ``ROTATION_PART + r - 1`` asks each client i for its share of
+#: client ``(i + r) mod n`` (r = 1..n-1), so each call relays one share per client, never all at once
+ROTATION_PART = 2
 #: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts 0..groups-1)
 READY_PART = (1 << 32) - 1
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
@@ -145,6 +148,11 @@ class CKKSMPClient(ClientHalf):
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
+        #: t-out-of-n set-up: the Shamir shares this client has yet to send (recipient -> bytes), the next offset
+        #: it deals (:data:`ROTATION_PART`), and the relayed key set-up messages it keeps for the last step
+        self._to_deal: dict[int, bytes] = {}
+        self._next_offset = 1
+        self._setup_relayed: list[Message] = []
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
 
@@ -231,11 +239,22 @@ class CKKSMPClient(ClientHalf):
         if not isinstance(req.payload, dict):
             raise IntegrityError("malformed key set-up message", **where)
         t = time.perf_counter()
-        if envelope_of(req).part == 0:
+        part = envelope_of(req).part
+        relayed = [m for m in inbox if m.sender != SERVER]
+        if part == 0:
+            if relayed:
+                raise IntegrityError("messages relayed from other clients before key set-up began", **where)
             out = self._make_keys(req, where)
         else:
-            self._take_public_keys(req, [m for m in inbox if m.sender != SERVER], where)
-            out = []
+            if self.keys is None:
+                raise IntegrityError("a key set-up step before this client's key shares", **where)
+            self._take_threshold_shares([m for m in relayed if m.tag == THRESHOLD_TAG], where)
+            self._setup_relayed += [m for m in relayed if m.tag != THRESHOLD_TAG]
+            if part >= ROTATION_PART:
+                out = self._deal_next(req, part - ROTATION_PART + 1, where)
+            else:
+                self._take_public_keys(req, where)
+                out = []
         self.setup_s += time.perf_counter() - t
         return out
 
@@ -257,14 +276,8 @@ class CKKSMPClient(ClientHalf):
                 self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG, round=req.round)
                 for k in range(1, self.setup.num_clients)
             ]
-        if self.threshold < self.setup.num_clients:  # t-out-of-n: a Shamir share of s_i to each client
-            shares = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
-            relayed += [
-                self.seal_relayed(
-                    k, "key_setup", sigma, f"Shamir share of s_{self.id}", "", SHARE_PART, THRESHOLD_TAG, req.round
-                )
-                for k, sigma in sorted(shares.items())
-            ]
+        if self.threshold < self.setup.num_clients:  # t-out-of-n: sent one per call (_deal_next)
+            self._to_deal = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
         msg = Message(
             req.round,
             KEYS_TAG,
@@ -280,9 +293,27 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "key_setup")] + relayed
 
-    def _take_public_keys(self, req: Message, relayed: list[Message], where: dict) -> None:
-        if self.keys is None:
-            raise IntegrityError("public keys before this client's key shares", **where)
+    def _deal_next(self, req: Message, offset: int, where: dict) -> list:
+        """Rotation ``offset`` of the t-out-of-n set-up: this client's Shamir share for client ``(me + offset) mod n``.
+
+        The server asks for the offsets 1..n-1 in order, one call each (IntegrityError otherwise), and relays each
+        call's n shares before asking for the next: it never holds more than n of them.
+        """
+        K = self.setup.num_clients
+        to = (self.id + offset) % K
+        if self.threshold == K or offset != self._next_offset or offset >= K or req.payload.get("to") != to:
+            raise IntegrityError(
+                f"a request for the Shamir share of offset {offset} (to {req.payload.get('to')!r}) where this "
+                f"client deals offset {self._next_offset} of 1..{K - 1} (t-out-of-n only), in order",
+                **where,
+            )
+        self._next_offset += 1
+        sigma = self._to_deal.pop(to)
+        note = f"Shamir share of s_{self.id}"
+        return [self.seal_relayed(to, "key_setup", sigma, note, "", SHARE_PART, THRESHOLD_TAG, req.round)]
+
+    def _take_public_keys(self, req: Message, where: dict) -> None:
+        relayed, self._setup_relayed = self._setup_relayed, []
         try:
             pk_bytes = bytes(req.payload["broadcast"])
             p_b = encryption.from_bytes(self.ring, pk_bytes, (self.params.num_primes, self.params.n))
@@ -296,12 +327,15 @@ class CKKSMPClient(ClientHalf):
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
-        shares = [m for m in relayed if m.tag == THRESHOLD_TAG]
-        relayed = [m for m in relayed if m.tag != THRESHOLD_TAG]
-        if self.threshold < self.setup.num_clients:
-            self._take_threshold_shares(shares, where)
-        elif shares:
-            raise IntegrityError("Shamir shares in an n-out-of-n run", **where)
+        K = self.setup.num_clients
+        if self.threshold < K:
+            missing = sorted(set(range(K)) - self.keys.dealers)
+            if missing or self._next_offset != K:
+                raise IntegrityError(
+                    f"the key set-up ended before this client received a Shamir share from each other client "
+                    f"(missing: {missing}) and dealt its own to each (dealt {self._next_offset - 1} of {K - 1})",
+                    **where,
+                )
         if self.id == 0:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
@@ -319,17 +353,16 @@ class CKKSMPClient(ClientHalf):
         self.fingerprint = fp
 
     def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
-        """Open the Shamir share of ``s_i`` every other client i sent on the channel (exactly one each)."""
-        dealers = sorted(-1 if party_client(m.sender) is None else party_client(m.sender) for m in relayed)
-        expected = [k for k in range(self.setup.num_clients) if k != self.id]
-        if dealers != expected:
-            missing = sorted(set(expected) - set(dealers))
-            raise IntegrityError(
-                f"expected one Shamir share from each of clients {expected}, got them from {dealers}"
-                + (f" (missing: {missing})" if missing else ""),
-                **where,
-            )
+        """Open the Shamir shares of ``s_i`` relayed in this call (at most one per other client i, ever)."""
+        K = self.setup.num_clients
         for msg in relayed:
+            dealer = party_client(msg.sender)
+            if self.threshold == K or dealer is None or dealer == self.id or dealer in self.keys.dealers:
+                raise IntegrityError(
+                    f"a Shamir share from {msg.sender} where this client takes one from each other client once "
+                    "(t-out-of-n only)",
+                    **where,
+                )
             env = envelope_of(msg)
             secret = self.open_relayed(msg, "key_setup", SHARE_PART, exchange=env.exchange)
             try:

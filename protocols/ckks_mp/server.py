@@ -44,7 +44,7 @@ from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
-from .client import KEYS_TAG, READY_PART, THRESHOLD_TAG, threshold_of
+from .client import KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_shares
 from .params import params_from_options, plan_exchange, ring_of
@@ -73,11 +73,10 @@ class CKKSMPServer(ServerHalf):
         self.threshold = threshold_of(setup)
         #: clients whose view of the broadcasts is stale (they missed one): never in an active set
         self.stale: set[int] = set()
-
-    def record(self, msg: Message) -> None:
-        if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
-            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
-        super().record(msg)
+        #: bytes of client-to-client messages the server holds for relaying, now and at most (t-out-of-n set-up:
+        #: one rotation's n Shamir shares, :meth:`_relay_shares`), and per recipient
+        self.relay_held = self.relay_peak = 0
+        self._held_for: dict[int, int] = {}
 
     def _missing(self, clients, what: str, **where) -> DropoutError:
         K, t = self.setup.num_clients, self.threshold
@@ -148,10 +147,10 @@ class CKKSMPServer(ServerHalf):
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
         if len([m for m in got[0] if m.relay == SERVER and m.tag == KEYS_TAG]) != K - 1:
             raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0, **where)
-        if self.threshold < K:  # n (n - 1) Shamir shares, already queued for their recipients
-            for k in range(K):
-                if len([m for m in got[k] if m.relay == SERVER and m.tag == THRESHOLD_TAG]) != K - 1:
-                    raise IntegrityError("a client did not send a Shamir share to every other", client=k, **where)
+        if self.threshold < K:  # n (n - 1) Shamir shares, n per call
+            del got
+            for offset in range(1, K):
+                self._relay_shares(link, rnd, offset)
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
         keys = {
@@ -180,6 +179,63 @@ class CKKSMPServer(ServerHalf):
         if missing:
             raise self._missing(missing, "the key set-up's acknowledgement", **where)
         self.fingerprint = fp
+
+    def _relay_shares(self, link, rnd: int, offset: int) -> None:
+        """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
+
+        The n shares of the previous rotation travel in the same call's bundles, so the server holds at most one
+        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.
+        """
+        K, where = self.setup.num_clients, dict(tag=KEYS_TAG, round=rnd)
+        ask = {
+            k: [
+                (
+                    Message(
+                        rnd,
+                        KEYS_TAG,
+                        SERVER,
+                        client_party(k),
+                        "control",
+                        (),
+                        0,
+                        self.mode,
+                        "",
+                        {"to": (k + offset) % K},
+                        note=f"send your Shamir share for client {(k + offset) % K}",
+                    ),
+                    ROTATION_PART + offset - 1,
+                )
+            ]
+            for k in range(K)
+        }
+        got = self.call(link, "key_setup", ask, hook=False)
+        missing = [k for k in range(K) if k not in got]
+        if missing:
+            raise self._missing(missing, "its Shamir share", **where)
+        for k in range(K):
+            to = client_party((k + offset) % K)
+            if [(m.relay, m.tag, m.receiver) for m in got[k]] != [(SERVER, THRESHOLD_TAG, to)]:
+                raise IntegrityError(f"expected one Shamir share for {to} and nothing else", client=k, **where)
+
+    def record(self, msg: Message) -> None:
+        if msg.relay == SERVER and msg.tag == THRESHOLD_TAG and msg.payload is not None:
+            msg = replace(msg, payload=None, note=msg.note + "; sealed share not kept")
+        if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
+            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
+        super().record(msg)
+
+    def forward(self, client: int, msg: Message) -> None:
+        """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`)."""
+        super().forward(client, msg)
+        size = len(self._outbox[client][-1])
+        self._held_for[client] = self._held_for.get(client, 0) + size
+        self.relay_held += size
+        self.relay_peak = max(self.relay_peak, self.relay_held)
+
+    def call(self, link, stage, messages, *, hook=True):
+        for k in messages:  # their queued relays leave in this call's bundles
+            self.relay_held -= self._held_for.pop(k, 0)
+        return super().call(link, stage, messages, hook=hook)
 
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):

@@ -157,13 +157,22 @@ def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
             assert np.array_equal(p.clients[r].take_result()[r][:dim], np.full(dim, len(uploaders)))
 
 
-def test_set_up_relays_n_times_n_minus_1_shares_of_one_ring_element_each():
+def test_set_up_streams_n_times_n_minus_1_shares_holding_one_rotation_at_a_time():
+    """Set-up streams n (n - 1) shares holding one rotation at a time.
+
+    n (n - 1) shares of one ring element each cross the server, and its relay counter never holds more than one
+    rotation's n of them (the n - 1 of one dealer, plus one); it keeps no sealed share in its transcript.
+    """
     p = make_protocol("ckks-mp", K, threshold=T)
     exchange(p, inputs())
     relayed = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
     assert len(relayed) == K * (K - 1)
     element = p.params.num_primes * p.params.n * 4  # L x N uint32 residues
     assert all(element <= m.nbytes < element + 1024 for m in relayed)
+    assert all(m.payload is None for m in relayed)
+    share = max(m.nbytes for m in relayed) + 1024  # a share's wire bytes, at most
+    assert (K - 1) * element < p.server.relay_peak <= K * share
+    assert p.server.relay_held == 0
 
 
 # ------------------------------------------------------------------ a server naming a wrong active set
