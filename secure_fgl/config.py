@@ -349,6 +349,12 @@ class RunConfig:
                     f"--max-colluders {self.max_colluders} with --threshold {self.threshold}: any t clients "
                     "hold the key together, so the threshold must exceed the colluders (raise --threshold)"
                 )
+            if self.threshold < self.clients and 2 * self.threshold <= self.clients + self.max_colluders:
+                raise ConfigError(
+                    f"--threshold {self.threshold} with --clients {self.clients} and --max-colluders "
+                    f"{self.max_colluders}: t-out-of-n needs 2t > n + c, i.e. --threshold >= "
+                    f"{(self.clients + self.max_colluders) // 2 + 1} (docs/ckks_mp.md)"
+                )
         if self.simulate_dropouts is not None:
             from .runtime.dropouts import parse_dropouts
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -97,12 +98,34 @@ KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 THRESHOLD_FIELDS = KEYSWITCH_FIELDS | {"active", "uploaders", "uploaded"}
 
 
+@dataclass(frozen=True)
+class Replan:
+    """A client's t-out-of-n key switches of one exchange (:meth:`CKKSMPClient._check_replan`).
+
+    ``binding``: the digest of what they decrypt to; ``active_sets``: the sets answered, in order; ``lost``: the
+    clients an earlier active set held and a later one left out.
+    """
+
+    binding: bytes
+    active_sets: list[tuple[int, ...]]
+    lost: frozenset[int]
+
+
 def threshold_of(setup) -> int:
-    """The run's key-switching threshold t from its public setup (default n: n-out-of-n)."""
+    """The run's key-switching threshold t from its public setup (default n: n-out-of-n).
+
+    t-out-of-n needs ``2t > n + c`` (c: the run's colluders): any two active sets then share more than c clients,
+    so an honest one answers both and refuses the second unless it releases the same sum
+    (:meth:`CKKSMPClient._check_replan`).  IntegrityError otherwise.
+    """
     k = int(setup.num_clients)
     t = int(setup.options.get("threshold") or k)
-    if not 1 <= t <= k:
-        raise IntegrityError(f"the public setup names threshold {t}, outside 1..{k}")
+    c = setup.collusion.max_colluders
+    if not 1 <= t <= k or (t < k and 2 * t <= k + c):
+        raise IntegrityError(
+            f"the public setup names threshold {t} for {k} clients and {c} colluders: t-out-of-n needs "
+            "1 <= t <= n and 2t > n + c (two active sets could otherwise hold no common honest client)"
+        )
     return t
 
 
@@ -145,6 +168,8 @@ class CKKSMPClient(ClientHalf):
         self.switched = 0
         #: (exchange, switched to the broadcast key) of this client's last key switch
         self._last_switch: tuple[int, bool] | None = None
+        #: t-out-of-n: (exchange, what this client's key switches of it bound and answered; :meth:`_check_replan`)
+        self._answered: tuple[int, Replan] | None = None
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
@@ -489,17 +514,22 @@ class CKKSMPClient(ClientHalf):
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
     def _keyswitch(self, inbox):
         where = self.where()
-        if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
+        K = self.setup.num_clients
+        t_of_n = self.threshold < K
+        switched = self._last_switch is not None and self._last_switch[0] >= self.plan.exchange
+        answered = self._answered[1] if self._answered is not None and self._answered[0] == self.plan.exchange else None
+        if switched and answered is None:  # n-out-of-n, or a refused request: never a second one
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
-        t_of_n = self.threshold < self.setup.num_clients
         # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
         # (the uploaders then exclude it, checked in _active_set)
         if self.id in self.plan.contributors and self._last_upload != self.plan.exchange and not t_of_n:
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
-        req = self._from_server(inbox, "keyswitch", where, (0, 1) if t_of_n else (0,))
+        # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t)
+        req = self._from_server(inbox, "keyswitch", where, tuple(range(2 + K - self.threshold)) if t_of_n else (0,))
         if t_of_n and envelope_of(req).part == 0:  # the liveness probe: answer it, commit to nothing
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
+        replan = max(envelope_of(req).part - 1, 0)
         self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
         fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
@@ -542,6 +572,11 @@ class CKKSMPClient(ClientHalf):
         active, context, uploaded = None, "", None
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
+            uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            binding = hashlib.sha256(
+                b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
+            ).digest()
+            answered = self._check_replan(answered, binding, active, where)
         own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
         jobs, start, start_of = [], 0, []
         for to, count in groups.tolist():
@@ -591,11 +626,41 @@ class CKKSMPClient(ClientHalf):
                 self.fingerprint,
                 note=f"PCKS shares to {label}",
             )
-            out.append(self.seal(msg, "keyswitch", g))
+            out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
+        if t_of_n:
+            self._answered = (self.plan.exchange, answered)
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
+
+    def _check_replan(self, answered: Replan | None, binding: bytes, active: list[int], where: dict) -> Replan:
+        """T-out-of-n: refuse a key switch that could release anything but the exchange's one result.
+
+        The first request of an exchange fixes its ``binding`` (groups, blocks, uploaders ``U`` and per-block rows:
+        everything that decides what the shares decrypt to).  A later one -- the server re-planning after a member of
+        the active set was lost -- is answered only with the same binding, an active set not answered before, and
+        none of the clients an earlier active set lost (RepeatedKeySwitchError otherwise): every answer then releases
+        the same ``s_U c1`` under fresh masks and smudging, and each re-plan leaves out at least one more client, so
+        there are at most ``n - t`` of them.  Returns the updated record.
+        """
+        if answered is None:
+            return Replan(binding, [tuple(active)], frozenset())
+        if binding != answered.binding:
+            raise RepeatedKeySwitchError(
+                "a second key-switching request in this exchange for other blocks, recipients or uploaders: a "
+                "re-plan may change only the active set, or the two answers would release two different sums",
+                **where,
+            )
+        back = sorted(answered.lost & set(active))
+        if tuple(active) in answered.active_sets or back:
+            raise RepeatedKeySwitchError(
+                f"a re-plan with active set {active}: answered before, or bringing back client(s) {back} that an "
+                "earlier active set lost",
+                **where,
+            )
+        lost = answered.lost.union(*(set(a) - set(active) for a in answered.active_sets))
+        return Replan(binding, answered.active_sets + [tuple(active)], frozenset(lost))
 
     def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
         """The key-switching shares switched down to level ``L'`` before they leave.

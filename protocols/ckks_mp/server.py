@@ -317,62 +317,30 @@ class CKKSMPServer(ServerHalf):
             groups = [(-1, first_rows)]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
-        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
-        active, extra, part = list(range(K)), {}, 0
+        active, extra, eligible = list(range(K)), {}, []
         if self.threshold < K:
-            active = self._active_set(link, contributors, uploaders)
+            eligible = self._eligible(link, contributors, uploaders)
+            active = eligible[: self.threshold]
             table_of = np.zeros((blocks.size, K), dtype=np.uint8)
             for k in uploaders:
                 table_of[:, k] = np.isin(blocks, ids_of[k])
-            extra = {"active": np.array(active, dtype=np.int64), "uploaders": np.array(uploaders, dtype=np.int64)}
-            extra["uploaded"], part = table_of, 1
-        requests = {}
-        for k in active:
-            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
-            self._keys_sent.update((k, r) for r in new)
-            keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
-            requests[k] = [
-                (
-                    self.message(
-                        k,
-                        "control",
-                        (len(groups), 2),
-                        {"groups": table, "blocks": blocks, "keys": keys, **extra},
-                        fp,
-                        note="block ids to key-switch, per recipient key",
-                    ),
-                    part,
-                )
-            ]
-        got = self.call(link, "keyswitch", requests)
-        t = time.perf_counter()
-        shares: list[list[np.ndarray]] = [[] for _ in groups]
-        missing = []
-        for k in active:
-            mine = {envelope_of(m).part: m for m in got.get(k, []) if m.relay != SERVER}
-            if len(mine) < len(groups):
-                missing.append(k)
-                continue
-            if set(mine) != set(range(len(groups))):
-                raise IntegrityError(
-                    f"key-switching shares for parts {sorted(mine)}, expected one per group 0..{len(groups) - 1}",
-                    **self.where(k),
-                )
-            for g, (to, rows) in enumerate(groups):
-                msg = self.check(mine[g], client_party(k), "keyswitch", g, self.where(k))
-                if msg.kind != "share":
-                    raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
-                self.check_envelope(msg, fp, k)
-                try:
-                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces,) + ct_shape))
-                except ValueError as exc:
-                    raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
+            extra = {"uploaders": np.array(uploaders, dtype=np.int64), "uploaded": table_of}
+        lost: list[int] = []
+        for replan in range(K - self.threshold + 1):  # t-out-of-n: re-plan without a lost member of A
+            shares, missing = self._keyswitch(link, groups, blocks, active, extra, replan, (pieces,) + ct_shape)
+            if not missing:
+                break
+            lost += missing
+            active = [k for k in eligible if k not in lost][: self.threshold]
+            if len(active) < self.threshold:
+                break
         if missing:
             raise self._missing(
-                missing, "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+                sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
             )
+        t = time.perf_counter()
         switched = {
             to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
             for g, (to, rows) in enumerate(groups)
@@ -399,15 +367,71 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         self.call(link, "download", downloads)
-        self.last_stats = {"server_s": server_s, "plan": ep, "active": tuple(active)}
+        self.last_stats = {"server_s": server_s, "plan": ep, "active": tuple(active), "lost": tuple(sorted(lost))}
         return tuple(uploaders)
 
-    def _active_set(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
-        """T-out-of-n: pick the active set from the first ``t`` eligible responders.
+    def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):
+        """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).
 
-        t-out-of-n: probe every client; the first t responders that uploaded or contribute
-        nothing (a contributor that missed its upload is not asked) and are not :attr:`stale` form
-        the active set.
+        Returns (the shares per group, the members of ``active`` that did not answer).  t-out-of-n: request part
+        ``1 + replan``, answers at parts ``replan * groups + g``; n-out-of-n: part 0.  ``shape``: (pieces, ``c1``'s
+        shape after switching down).
+        """
+        fp, (pieces, *ct_shape) = self.fingerprint, shape
+        t_of_n = self.threshold < self.setup.num_clients
+        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+        first = replan * len(groups)
+        payload = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
+        requests = {}
+        for k in active:
+            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
+            self._keys_sent.update((k, r) for r in new)
+            keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
+            requests[k] = [
+                (
+                    self.message(
+                        k,
+                        "control",
+                        (len(groups), 2),
+                        {"groups": table, "blocks": blocks, "keys": keys, **payload},
+                        fp,
+                        note="block ids to key-switch, per recipient key"
+                        + (f" (re-plan {replan}: active set {active})" if replan else ""),
+                    ),
+                    1 + replan if t_of_n else 0,
+                )
+            ]
+        got = self.call(link, "keyswitch", requests)
+        shares: list[list[np.ndarray]] = [[] for _ in groups]
+        missing = []
+        for k in active:
+            mine = {envelope_of(m).part - first: m for m in got.get(k, []) if m.relay != SERVER}
+            if len(mine) < len(groups):
+                missing.append(k)
+                continue
+            if set(mine) != set(range(len(groups))):
+                raise IntegrityError(
+                    f"key-switching shares for parts {sorted(p + first for p in mine)}, expected one per group "
+                    f"{first}..{first + len(groups) - 1}",
+                    **self.where(k),
+                )
+            for g, (to, rows) in enumerate(groups):
+                msg = self.check(mine[g], client_party(k), "keyswitch", first + g, self.where(k))
+                if msg.kind != "share":
+                    raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
+                self.check_envelope(msg, fp, k)
+                try:
+                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces, *ct_shape)))
+                except ValueError as exc:
+                    raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
+        return shares, missing
+
+    def _eligible(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
+        """T-out-of-n: the clients an active set may hold, in the order they answered the probe.
+
+        t-out-of-n: probe every client; the responders that uploaded or contribute nothing (a contributor that
+        missed its upload is not asked) and are not :attr:`stale`, at least t of them.  The active set is the
+        first t; a re-plan takes the next.
         """
         K, t = self.setup.num_clients, self.threshold
         probe = {
@@ -425,4 +449,4 @@ class CKKSMPServer(ServerHalf):
             raise self._missing(
                 absent, "an answer to the key-switching probe (or its upload)", tag=self.plan.tag, round=self.plan.round
             )
-        return eligible[:t]
+        return eligible

@@ -22,6 +22,7 @@ from protocols.ckks_mp.keys import secret_key
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
 from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
+from protocols.link import ClientLink
 from protocols.transcript import SERVER, client_party
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
 from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
@@ -80,9 +81,18 @@ def test_any_t_shares_reconstruct_the_secret_and_t_minus_1_give_noise():
         assert np.mean(np.abs(centred) <= 1) < 1e-3
 
 
-def test_threshold_outside_1_to_n_is_refused():
+def test_threshold_outside_1_to_n_or_without_an_honest_overlap_is_refused():
+    """Threshold outside 1..n, or with two active sets that could share no honest client, is refused.
+
+    With 2t <= n + c two active sets of t could share only colluders, and the server could have each
+    key-switch another sum (their difference an honest input): t-out-of-n needs 2t > n + c.
+    """
     with pytest.raises(ConfigurationError, match="choose t in 1..4"):
         CKKSMPProtocol(K, threshold=5)
+    with pytest.raises(ConfigurationError, match=r"2t > n \+ c, i.e. t >= 3"):
+        CKKSMPProtocol(K, threshold=2)
+    with pytest.raises(ConfigurationError, match=r"i.e. t >= 4"):
+        CKKSMPProtocol(K, threshold=3, max_colluders=2)
 
 
 # ------------------------------------------------------------------ t of n decrypt, exactly
@@ -228,33 +238,81 @@ def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
 def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
     """A sum never covers fewer uploaders than the runs minimum contributors.
 
-    With c = 2 colluders every client requires 4 contributors: a server that declares one
-    honest upload dropped (as a real dropout would) cannot get the other three key-switched.
+    With a run minimum of 4 contributors, a server that declares one honest upload dropped (as a
+    real dropout would) cannot get the other three key-switched.
     """
-    p = dropping(make_protocol("ckks-mp", K, threshold=T, max_colluders=2), "3,@upload")
+    p = dropping(make_protocol("ckks-mp", K, threshold=T, min_contributors=4), "3,@upload")
     with pytest.raises(ActiveSetError, match="at least 4"):
         exchange(p, inputs())
 
 
-class SecondActiveSet(EvilServer):
-    """Asks client 0 again with another active set after the honest key switch.
+class Replan(EvilServer):
+    """After the honest key switch by (0, 1, 2), re-plans as if client 2 were lost, asking ``again``.
 
-    After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
-    share of each set would let the server interpolate what neither set released.
+    ``again``: the active set of the re-plan; ``change``: how it rewrites the request's uploaders.
     """
 
-    def call(self, link, stage, messages, *, hook=True):
-        got = super().call(link, stage, messages, hook=hook)
-        if stage == "keyswitch" and 0 in messages and messages[0] and messages[0][0][1] == 1:
-            msg, part = messages[0][0]
-            again = replace(msg, payload={**msg.payload, "active": np.array([0, 1, 3])})
-            super().call(link, stage, {0: [(again, part + 1)]}, hook=hook)
+    again: tuple[int, ...] = (0, 1, 3)
+    change = staticmethod(lambda extra: extra)
+
+    def _keyswitch(self, link, groups, blocks, active, extra, replan, shape):
+        got = super()._keyswitch(link, groups, blocks, active, extra, replan, shape)
+        if replan == 0:
+            super()._keyswitch(link, groups, blocks, list(self.again), self.change(extra), 1, shape)
         return got
 
 
-def test_one_key_switch_per_exchange_whatever_the_active_set():
-    with pytest.raises(RepeatedKeySwitchError):
-        exchange(attacked(SecondActiveSet), inputs())
+def without_3(extra):
+    """The uploaders without client 3: a second sum, whose difference from the first is client 3's input."""
+    uploaded = np.array(extra["uploaded"])
+    uploaded[:, 3] = 0
+    return {**extra, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded}
+
+
+@pytest.mark.parametrize(
+    "again,change,message",
+    [
+        ((0, 1, 2), None, "answered before"),  # the same active set twice
+        ((0, 1, 3), without_3, "re-plan may change only the active set"),  # a second, different sum
+    ],
+)
+def test_a_replan_releases_no_second_sum(again, change, message):
+    server = type("Evil", (Replan,), {"again": again, **({"change": staticmethod(change)} if change else {})})
+    with pytest.raises(RepeatedKeySwitchError, match=message):
+        exchange(attacked(server), inputs())
+
+
+class LostAfterProbe(ClientLink):
+    """Clients ``lost`` answer the key-switching liveness probe, then disconnect for the rest of the exchange."""
+
+    def __init__(self, link, lost):
+        self.link, self.lost, self.sequential, self.probed = link, set(lost), link.sequential, False
+
+    def call(self, stage, requests):
+        gone = self.lost if self.probed else set()
+        self.probed |= stage == "keyswitch"
+        return self.link.call(stage, {k: v for k, v in requests.items() if k not in gone})
+
+
+def test_a_member_of_the_active_set_lost_after_the_probe_is_replaced():
+    """A member of the active set lost after the probe is replaced.
+
+    Client 2 of the active set (0, 1, 2) answers the probe, then disconnects: the server re-plans with (0, 1, 3) and
+    the others decrypt the exact sum of all four uploads; losing 2 and then 3 leaves fewer than t, a DropoutError.
+    """
+    x = inputs()
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfterProbe(p.link, {2})
+    included, got = exchange(p, x)
+    assert included == tuple(range(K)) and sorted(got) == [0, 1, 3]
+    assert p.server.last_stats["active"] == (0, 1, 3) and p.server.last_stats["lost"] == (2,)
+    for total in got.values():
+        assert np.array_equal(total, sum(x.values()))
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfterProbe(p.link, {2, 3})
+    with pytest.raises(DropoutError, match="key-switching") as err:
+        exchange(p, x)
+    assert err.value.clients == (2, 3)
 
 
 class SplitUploaders(EvilServer):
@@ -325,6 +383,8 @@ def centred(p, residues) -> np.ndarray:
         ({"mode": "mask", "threshold": 3}, "use --mode ckks-mp"),
         ({"mode": "ckks-mp", "threshold": 5}, "exceeds --clients 4"),
         ({"mode": "ckks-mp", "threshold": 2, "max_colluders": 2}, "threshold must exceed the colluders"),
+        ({"mode": "ckks-mp", "threshold": 2}, r"2t > n \+ c, i.e. --threshold >= 3"),
+        ({"mode": "ckks-mp", "threshold": 3, "max_colluders": 2}, r"2t > n \+ c, i.e. --threshold >= 4"),
     ],
 )
 def test_threshold_setting_is_checked_before_the_run(options, message):
