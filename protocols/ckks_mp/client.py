@@ -27,23 +27,27 @@ this client's answer):
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
                        broadcast key only for exactly the blocks this client itself receives
-                       (DowngradeError), one request per exchange and one group per recipient
-                       (RepeatedKeySwitchError), within the run's smudging budget
+                       (DowngradeError), one request per exchange (t-out-of-n: re-plans below)
+                       and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
                        broadcast) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
 
-t-out-of-n (the public setup's ``threshold`` t < n; :mod:`.threshold`, Mouchet, Bertrand, Hubaux,
-J. Cryptology 2023): at ``key_setup`` part 0 each client also sends every other client a Shamir
-share of ``s_i`` on the channel, and opens the n - 1 it receives at part 1.  ``keyswitch`` part 0
-is a liveness probe (answered with an empty signed message); part 1 names the active set ``A`` and
-the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each with
-``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
+t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.threshold`, Mouchet,
+Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
+of ``s_i``; at part ``1 + r`` (r = 1..n-1, in order) it sends the one for client ``(me + r) mod n`` on
+the channel and opens the ones relayed to it; at part 1 it must hold one from every other client.
+``keyswitch`` part 0 is a liveness probe (answered with an empty signed message); part 1 names the
+active set ``A`` and the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each
+with ``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
 (:class:`~protocols.errors.ActiveSetError`) unless ``A`` is exactly t distinct clients of the run
 including this one, ``U`` lies within the plan's contributors with at most n - t of them missing,
 and ``U`` names this client's own upload exactly; the mask labels hold a digest of ``A`` and ``U``.
+Part ``1 + r`` (r >= 1) is the server's r-th re-plan after a member of ``A`` was lost: answered only
+with the first request's groups, blocks and uploaders, a new active set and none of the lost
+(:meth:`CKKSMPClient._check_replan`, RepeatedKeySwitchError).
 """
 
 from __future__ import annotations

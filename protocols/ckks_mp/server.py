@@ -21,12 +21,13 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
 4. ``download``: each recipient gets only its blocks, switched to its key.
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
-also relays every client's n - 1 Shamir shares (channel-encrypted); at upload up to n - t missing
-contributors are left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness
-probe of every client, the active set ``A`` is the first t responders among the uploaders and the
-clients that contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a
-per-block table of who uploaded what (fewer than t responders, or a member of ``A`` that does not
-answer: DropoutError naming the missing clients).
+also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in n - 1 rotations of n
+shares each (:meth:`CKKSMPServer._relay_shares`); at upload up to n - t missing contributors are
+left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness probe of every
+client, the active set ``A`` is the first t responders among the uploaders and the clients that
+contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a per-block table of
+who uploaded what; a member of ``A`` that does not answer is replaced by the next responder in a
+re-plan with the same request (fewer than t responders left: DropoutError naming the missing clients).
 
 What a server that deviates can and cannot do is in :mod:`.client` (the refusals) and
 ``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a

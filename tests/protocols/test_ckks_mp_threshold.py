@@ -185,6 +185,15 @@ def test_set_up_streams_n_times_n_minus_1_shares_holding_one_rotation_at_a_time(
     assert p.server.relay_held == 0
 
 
+def test_a_client_lost_during_the_share_rotations_is_a_dropout_error():
+    """Client 2 answers part 0 and the first rotation, then disconnects: the set-up stops naming it."""
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfter(p.link, {2}, "key_setup", calls=2)
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its Shamir share") as err:
+        exchange(p, inputs())
+    assert err.value.clients == (2,) and p.server.fingerprint is None
+
+
 # ------------------------------------------------------------------ a server naming a wrong active set
 class EvilServer(CKKSMPServer):
     """The honest server, with every request passed through :meth:`tamper` before it is signed."""
@@ -282,15 +291,16 @@ def test_a_replan_releases_no_second_sum(again, change, message):
         exchange(attacked(server), inputs())
 
 
-class LostAfterProbe(ClientLink):
-    """Clients ``lost`` answer the key-switching liveness probe, then disconnect for the rest of the exchange."""
+class LostAfter(ClientLink):
+    """Clients ``lost`` answer ``calls`` calls of ``stage`` (default: the key-switching probe), then disconnect."""
 
-    def __init__(self, link, lost):
-        self.link, self.lost, self.sequential, self.probed = link, set(lost), link.sequential, False
+    def __init__(self, link, lost, stage="keyswitch", calls=1):
+        self.link, self.lost, self.sequential = link, set(lost), link.sequential
+        self.stage, self.left = stage, calls
 
     def call(self, stage, requests):
-        gone = self.lost if self.probed else set()
-        self.probed |= stage == "keyswitch"
+        gone = self.lost if self.left <= 0 else set()
+        self.left -= stage == self.stage
         return self.link.call(stage, {k: v for k, v in requests.items() if k not in gone})
 
 
@@ -302,14 +312,14 @@ def test_a_member_of_the_active_set_lost_after_the_probe_is_replaced():
     """
     x = inputs()
     p = make_protocol("ckks-mp", K, threshold=T)
-    p.link = LostAfterProbe(p.link, {2})
+    p.link = LostAfter(p.link, {2})
     included, got = exchange(p, x)
     assert included == tuple(range(K)) and sorted(got) == [0, 1, 3]
     assert p.server.last_stats["active"] == (0, 1, 3) and p.server.last_stats["lost"] == (2,)
     for total in got.values():
         assert np.array_equal(total, sum(x.values()))
     p = make_protocol("ckks-mp", K, threshold=T)
-    p.link = LostAfterProbe(p.link, {2, 3})
+    p.link = LostAfter(p.link, {2, 3})
     with pytest.raises(DropoutError, match="key-switching") as err:
         exchange(p, x)
     assert err.value.clients == (2, 3)
