@@ -13,17 +13,20 @@ import argparse
 import json
 import time
 
-from protocols import make_protocol
+from protocols.ckks_mp.backend import CKKSMPProtocol
 from protocols.ckks_mp.client import THRESHOLD_TAG
+from protocols.ckks_mp.server import CKKSMPServer
 from protocols.transcript import SERVER
 
 
 def setup_row(clients: int, threshold: int | None = None) -> dict:
     """Run one key set-up of ``clients`` clients with threshold ``t`` (default ``floor(0.7 n)``)."""
     t = threshold or max(2, int(0.7 * clients))
-    p = make_protocol("ckks-mp", clients, threshold=t)
+    p = CKKSMPProtocol(clients, threshold=t)
+    server = p.server
+    assert isinstance(server, CKKSMPServer)
     cpu = time.process_time()
-    p.server.ensure_keys(p.link, 0)
+    server.ensure_keys(p.link, 0)
     cpu = time.process_time() - cpu
     shares = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
     total = sum(m.nbytes for m in shares)
@@ -33,7 +36,7 @@ def setup_row(clients: int, threshold: int | None = None) -> dict:
         "shares": len(shares),
         "share_bytes": total,
         "per_client_sent_bytes": total // clients,
-        "server_peak_held_bytes": p.server.relay_peak,
+        "server_peak_held_bytes": server.relay_peak,
         "setup_cpu_s": round(cpu, 2),
     }
 
