@@ -206,8 +206,8 @@ class RunConfig:
         min=2,
         unit="clients",
         help="ckks-mp: t-out-of-n key switching, any t clients decrypt (so t clients together hold "
-        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out "
-        "(default n: n-out-of-n; docs/ckks_mp.md)",
+        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out; "
+        "needs 2t > n + max-colluders (default n: n-out-of-n; docs/ckks_mp.md)",
     )
     manifest: str | None = setting(
         None,

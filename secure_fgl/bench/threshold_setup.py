@@ -20,8 +20,11 @@ from protocols.transcript import SERVER
 
 
 def setup_row(clients: int, threshold: int | None = None) -> dict:
-    """Run one key set-up of ``clients`` clients with threshold ``t`` (default ``floor(0.7 n)``)."""
-    t = threshold or max(2, int(0.7 * clients))
+    """One key set-up of ``clients`` clients with threshold ``t``.
+
+    The default ``t`` is ``max(floor(n / 2) + 1, floor(0.7 n))``.
+    """
+    t = threshold or max(clients // 2 + 1, int(0.7 * clients))
     p = CKKSMPProtocol(clients, threshold=t)
     server = p.server
     assert isinstance(server, CKKSMPServer)
@@ -44,7 +47,7 @@ def setup_row(clients: int, threshold: int | None = None) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 20])
-    parser.add_argument("--threshold", type=int, default=None, help="t (default floor(0.7 n))")
+    parser.add_argument("--threshold", type=int, default=None, help="t (default max(floor(n / 2) + 1, floor(0.7 n)))")
     args = parser.parse_args(argv)
     for n in args.clients:
         print(json.dumps(setup_row(n, args.threshold)), flush=True)
