@@ -94,7 +94,7 @@ SHARE_PART = 1
 #: t-out-of-n set-up: the server's request of part ``ROTATION_PART + r - 1`` asks each client i for its share of
 #: client ``(i + r) mod n`` (r = 1..n-1), so each call relays one share per client, never all at once
 ROTATION_PART = 2
-#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts 0..groups-1)
+#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts r * groups + g, r: the re-plan)
 READY_PART = (1 << 32) - 1
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
