@@ -368,7 +368,13 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         self.call(link, "download", downloads)
-        self.last_stats = {"server_s": server_s, "plan": ep, "active": tuple(active), "lost": tuple(sorted(lost))}
+        self.last_stats = {
+            "server_s": server_s,
+            "plan": ep,
+            "active": tuple(active),
+            "lost": tuple(sorted(lost)),
+            "replans": replan,
+        }
         return tuple(uploaders)
 
     def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):

@@ -22,9 +22,8 @@ from protocols.ckks_mp.keys import secret_key
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
 from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
-from protocols.link import ClientLink
 from protocols.transcript import SERVER, client_party
-from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
+from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
 from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
 
 K, T = 4, 3
@@ -291,19 +290,6 @@ def test_a_replan_releases_no_second_sum(again, change, message):
         exchange(attacked(server), inputs())
 
 
-class LostAfter(ClientLink):
-    """Clients ``lost`` answer ``calls`` calls of ``stage`` (default: the key-switching probe), then disconnect."""
-
-    def __init__(self, link, lost, stage="keyswitch", calls=1):
-        self.link, self.lost, self.sequential = link, set(lost), link.sequential
-        self.stage, self.left = stage, calls
-
-    def call(self, stage, requests):
-        gone = self.lost if self.left <= 0 else set()
-        self.left -= stage == self.stage
-        return self.link.call(stage, {k: v for k, v in requests.items() if k not in gone})
-
-
 def test_a_member_of_the_active_set_lost_after_the_probe_is_replaced():
     """A member of the active set lost after the probe is replaced.
 
@@ -316,6 +302,7 @@ def test_a_member_of_the_active_set_lost_after_the_probe_is_replaced():
     included, got = exchange(p, x)
     assert included == tuple(range(K)) and sorted(got) == [0, 1, 3]
     assert p.server.last_stats["active"] == (0, 1, 3) and p.server.last_stats["lost"] == (2,)
+    assert p.server.last_stats["replans"] == 1
     for total in got.values():
         assert np.array_equal(total, sum(x.values()))
     p = make_protocol("ckks-mp", K, threshold=T)
