@@ -16,12 +16,14 @@ import pytest
 
 from protocols import DropoutError, ValueSpec, make_protocol
 from protocols.ckks_mp import encoding, encryption
-from protocols.ckks_mp.backend import CKKSMPProtocol
-from protocols.ckks_mp.client import THRESHOLD_TAG
+from protocols.ckks_mp.backend import CKKSMPProtocol, params_to_options
+from protocols.ckks_mp.client import THRESHOLD_TAG, CKKSMPClient
 from protocols.ckks_mp.keys import secret_key
+from protocols.ckks_mp.params import MPParams
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
 from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
+from protocols.party import PartySetup
 from protocols.transcript import SERVER, client_party
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
 from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
@@ -92,6 +94,10 @@ def test_threshold_outside_1_to_n_or_without_an_honest_overlap_is_refused():
         CKKSMPProtocol(K, threshold=2)
     with pytest.raises(ConfigurationError, match=r"i.e. t >= 4"):
         CKKSMPProtocol(K, threshold=3, max_colluders=2)
+    # a public setup built past the facade: every client half refuses it itself
+    options = {"params": params_to_options(MPParams()), "keep_payload_bytes": 1, "threshold": 2}
+    with pytest.raises(IntegrityError, match=r"2t > n \+ c"):
+        CKKSMPClient(0, PartySetup("ckks-mp", K, b"r" * 16, b"s" * 16, options).to_bytes())
 
 
 # ------------------------------------------------------------------ t of n decrypt, exactly
