@@ -219,6 +219,7 @@ class DPConfig:
         return DPEngine(self, num_clients=num_clients, protocol_mode=protocol_mode)
 
     def in_scope(self, tag: str) -> bool:
+        """Whether DP applies to ``tag``: every tag when no scope is set, else tags at or under a scope prefix."""
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
 
     def __post_init__(self):
@@ -531,6 +532,7 @@ class DPEngine:
         )
 
     def noise_multiplier(self, tag: str) -> float | None:
+        """Noise multiplier z of ``tag`` (sigma / sensitivity), or None before its first release."""
         st = self._tags.get(tag)
         return None if st is None else st.noise_multiplier
 

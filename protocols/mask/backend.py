@@ -238,6 +238,7 @@ class MaskProtocol(HalvesProtocol):
         self.last_binding: ExchangeBinding | None = None
 
     def public_options(self) -> dict:
+        """Ring and fixed-point sizes, reveal and dropout switches, Shamir threshold, block size, self-mask batch."""
         return {
             "ring_bits": self.ring_bits,
             "frac_bits": self.frac_bits,
@@ -251,6 +252,7 @@ class MaskProtocol(HalvesProtocol):
     # ------------------------------------------------------------------ public knobs
     @property
     def fingerprint(self) -> str:
+        """Hash of the client count and the public options."""
         return mask_fingerprint(self.num_clients, self.public_options())
 
     @property
@@ -259,6 +261,7 @@ class MaskProtocol(HalvesProtocol):
         return {k: c.group_seed for k, c in self.clients.items() if c.group_seed is not None}
 
     def block_capacity(self, spec) -> int:
+        """Values per block: the configured ``block_size``."""
         return self.block_size
 
     def drop_clients(self, clients: Iterable[int], stage: str = "upload") -> None:
@@ -277,6 +280,7 @@ class MaskProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        """Fixed-point encoding, Shamir threshold and the dropouts distributed DP noise was provisioned for."""
         n0 = len(ctx.contributions)
         enc = choose_encoding(
             max_abs=ctx.spec.max_abs,
