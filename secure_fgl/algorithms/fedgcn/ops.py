@@ -619,6 +619,7 @@ class FedGCNNet(nn.Module):
         return h
 
     def forward(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:
+        """Class logits of the output nodes (the first ``g.num_out`` rows)."""
         return self._layer(len(self.convs), self.embed(z, g), g)[: g.num_out]
 
 
