@@ -75,6 +75,7 @@ class CKKSMPServer(ServerHalf):
         self.stale: set[int] = set()
 
     def record(self, msg: Message) -> None:
+        """Record a message, dropping payloads larger than ``keep_payload_bytes``."""
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
             msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
         super().record(msg)
@@ -183,6 +184,10 @@ class CKKSMPServer(ServerHalf):
 
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):
+        """Run one multiparty CKKS exchange: add the uploads, gather key-switch shares, send the switched sums.
+
+        Under a threshold t < n, up to n - t silent clients are tolerated; more raise an error naming them.
+        """
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, self.fingerprint
