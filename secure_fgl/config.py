@@ -30,6 +30,12 @@ INLINE_REMOVED = (
 @dataclass
 class RunConfig:
     # data
+    """Every setting of a run, one field per setting.
+
+    Each field is a command-line flag ``--<name>`` and a config-file key; its group, bounds and help text are in its
+    ``setting``. Algorithm-specific settings are in ``options``.
+    """
+
     dataset: str = setting("sbm", group="data", help="dataset name (list: secure-fgl datasets)")
     data_root: str | None = setting(
         None,
@@ -371,10 +377,16 @@ class RunConfig:
         return self
 
     def to_dict(self) -> dict:
+        """The settings as a plain dict."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
+        """Build a config from a dict of settings.
+
+        Raises:
+            ConfigError: a key is not a setting (the error suggests the nearest one).
+        """
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

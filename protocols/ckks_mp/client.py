@@ -186,6 +186,11 @@ class CKKSMPClient(ClientHalf):
         self.threshold = threshold_of(self.setup)
 
     def on_stage(self, stage, inbox):
+        """Multiparty CKKS client steps: key set-up, block ids, upload, key-switch share, decryption of the download.
+
+        Raises:
+            IntegrityError: the exchange names a key fingerprint this client did not set up.
+        """
         if stage == "key_setup":
             return self._key_setup(inbox)
         if self.plan is None:

@@ -75,6 +75,7 @@ class MPClient:
 
     @property
     def broadcast_pk(self) -> np.ndarray:
+        """This client's share p_hat of the collective public key."""
         return self._broadcast.p_hat
 
     # ------------------------------------------------------------------ threshold shares

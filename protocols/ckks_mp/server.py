@@ -79,6 +79,14 @@ class CKKSMPServer(ServerHalf):
         self.relay_held = self.relay_peak = 0
         self._held_for: dict[int, int] = {}
 
+    def record(self, msg: Message) -> None:
+        """Record a message without the sealed Shamir shares' bytes, and payloads above ``keep_payload_bytes``."""
+        if msg.relay == SERVER and msg.tag == THRESHOLD_TAG and msg.payload is not None:
+            msg = replace(msg, payload=None, note=msg.note + "; sealed share not kept")
+        if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
+            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
+        super().record(msg)
+
     def _missing(self, clients, what: str, **where) -> DropoutError:
         K, t = self.setup.num_clients, self.threshold
         need = (
@@ -218,13 +226,6 @@ class CKKSMPServer(ServerHalf):
             if [(m.relay, m.tag, m.receiver) for m in got[k]] != [(SERVER, THRESHOLD_TAG, to)]:
                 raise IntegrityError(f"expected one Shamir share for {to} and nothing else", client=k, **where)
 
-    def record(self, msg: Message) -> None:
-        if msg.relay == SERVER and msg.tag == THRESHOLD_TAG and msg.payload is not None:
-            msg = replace(msg, payload=None, note=msg.note + "; sealed share not kept")
-        if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
-            msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
-        super().record(msg)
-
     def forward(self, client: int, msg: Message) -> None:
         """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`)."""
         super().forward(client, msg)
@@ -234,12 +235,17 @@ class CKKSMPServer(ServerHalf):
         self.relay_peak = max(self.relay_peak, self.relay_held)
 
     def call(self, link, stage, messages, *, hook=True):
+        """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it."""
         for k in messages:  # their queued relays leave in this call's bundles
             self.relay_held -= self._held_for.pop(k, 0)
         return super().call(link, stage, messages, hook=hook)
 
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):
+        """Run one multiparty CKKS exchange: add the uploads, gather key-switch shares, send the switched sums.
+
+        Under a threshold t < n, up to n - t silent clients are tolerated; more raise an error naming them.
+        """
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, self.fingerprint

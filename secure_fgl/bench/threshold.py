@@ -91,6 +91,7 @@ def replan_row(clients: int, lost: int, threshold: int | None = None, length: in
 
 
 def main(argv=None) -> None:
+    """Print the rows the command line asks for (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", type=int, nargs="*", default=[], metavar="N", help="client counts of set-up rows")
     parser.add_argument("--replan", type=int, default=None, metavar="N", help="client count of the re-plan rows")
