@@ -212,8 +212,8 @@ class RunConfig:
         min=2,
         unit="clients",
         help="ckks-mp: t-out-of-n key switching, any t clients decrypt (so t clients together hold "
-        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out "
-        "(default n: n-out-of-n; docs/ckks_mp.md)",
+        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out; "
+        "needs 2t > n + max-colluders (default n: n-out-of-n; docs/ckks_mp.md)",
     )
     manifest: str | None = setting(
         None,
@@ -354,6 +354,12 @@ class RunConfig:
                 raise ConfigError(
                     f"--max-colluders {self.max_colluders} with --threshold {self.threshold}: any t clients "
                     "hold the key together, so the threshold must exceed the colluders (raise --threshold)"
+                )
+            if self.threshold < self.clients and 2 * self.threshold <= self.clients + self.max_colluders:
+                raise ConfigError(
+                    f"--threshold {self.threshold} with --clients {self.clients} and --max-colluders "
+                    f"{self.max_colluders}: t-out-of-n needs 2t > n + c, i.e. --threshold >= "
+                    f"{(self.clients + self.max_colluders) // 2 + 1} (docs/ckks_mp.md)"
                 )
         if self.simulate_dropouts is not None:
             from .runtime.dropouts import parse_dropouts

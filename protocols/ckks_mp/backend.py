@@ -116,6 +116,13 @@ class CKKSMPProtocol(HalvesProtocol):
                 f"ckks-mp threshold {self.threshold} with {num_clients} clients: choose t in 1..{num_clients} "
                 "(t clients together hold the key; the default n is n-out-of-n)"
             )
+        c = int(collusion.get("max_colluders") or 0)
+        if self.threshold < num_clients and 2 * self.threshold <= num_clients + c:
+            raise ConfigurationError(
+                f"ckks-mp threshold {self.threshold} with {num_clients} clients and {c} colluders: t-out-of-n needs "
+                f"2t > n + c, i.e. t >= {(num_clients + c) // 2 + 1} (else two active sets share no honest client "
+                "and the server could have two different sums key-switched)"
+            )
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)

@@ -90,6 +90,11 @@ class MPClient:
         self._dealt[self.client] = shares.pop(self.client)
         return {j: encryption.to_bytes(sigma) for j, sigma in shares.items()}
 
+    @property
+    def dealers(self) -> frozenset[int]:
+        """The clients whose Shamir share this client holds (itself included once it dealt)."""
+        return frozenset(self._dealt)
+
     def adopt_threshold_share(self, dealer: int, sigma_hat: np.ndarray) -> None:
         """Keep ``sigma_{dealer, me}`` (parsed and range-checked by the caller).
 

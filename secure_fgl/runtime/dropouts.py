@@ -198,3 +198,21 @@ class DroppingLink(ClientLink):
         """The wrapped link's call, without the requests of the clients silent at this round and stage."""
         silent = self.schedule.silent(self.clock(), stage, requests)
         return self.link.call(stage, {k: v for k, v in requests.items() if k not in silent})
+
+
+class LostAfter(ClientLink):
+    """A :class:`~protocols.link.ClientLink` whose clients ``lost`` disconnect after ``calls`` calls of ``stage``.
+
+    The default is a loss right after ``ckks-mp``'s key-switching liveness probe (the first ``keyswitch`` call), which
+    a stage of ``--simulate-dropouts`` cannot express: the server then re-plans its active set.
+    """
+
+    def __init__(self, link: ClientLink, lost, stage: str = "keyswitch", calls: int = 1):
+        self.link, self.lost, self.stage, self.left = link, {int(k) for k in lost}, stage, int(calls)
+        self.sequential = getattr(link, "sequential", False)
+
+    def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Deliver ``requests`` but those of the lost clients once their ``calls`` are spent."""
+        gone = self.lost if self.left <= 0 else set()
+        self.left -= stage == self.stage
+        return self.link.call(stage, {k: v for k, v in requests.items() if k not in gone})
