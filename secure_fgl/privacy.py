@@ -3,7 +3,8 @@ r"""What a run's differential privacy protects: the unit, the budget, every rele
 A DP run names its **unit of privacy** (``--dp-unit``):
 
 * ``edge``   -- neighbouring graphs differ in one edge (u, v);
-* ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``);
+* ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``; GAP: the
+  number of hop sums a node enters bounded by ``--max-degree``);
 * ``client`` -- one client's whole contribution (DP-FedAvg, McMahan et al., ICLR 2018);
 * ``sample`` -- one training record as a training example (DP-SGD: a node of a node-wise
   model, a graph of a graph classifier).

@@ -83,6 +83,30 @@ def test_node_level_gap_composes_hops_and_dpsgd_in_one_accountant_as_opacus_does
     assert 3.96 <= privacy["total_epsilon"] <= 4.0
 
 
+@pytest.mark.slow
+def test_federated_node_level_gap_in_mask_states_its_claim_against_a_coalition(tmp_path):
+    """fedgcn-gap at node level over three clients in mask: every release is node level and the claim holds.
+
+    The guarantee against the server plus one colluding client is the run's epsilon (calibrated for it).
+    """
+    cfg = RunConfig(
+        algorithm="fedgcn-gap",
+        clients=3,
+        mode="mask",
+        dp_epsilon=4.0,
+        dp_unit="node",
+        dp_colluders=1,
+        out=str(tmp_path),
+        options={"hops": 1, "dpsgd": True},
+        **TINY,
+    )
+    privacy = run_experiment(cfg, progress=False)["privacy"]
+    assert privacy["claim_holds"] and privacy["units"] == ["node"] and privacy["degree_bound"]["max_out_degree"] == 10
+    assert privacy["placement"] == "distributed"
+    assert privacy["coalition"]["total_epsilon"] == pytest.approx(privacy["total_epsilon"])
+    assert 3.96 <= privacy["total_epsilon"] <= 4.0
+
+
 def test_central_and_federated_gap_agree_on_one_client_with_the_degree_bound_and_no_noise(tmp_path):
     """With the out-degree bound on and no noise, gap and fedgcn-gap on one client give the same output.
 
