@@ -145,6 +145,8 @@ class CKKSMPClient(ClientHalf):
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
+        #: (exchange, blocks, their public c1) of this client's last switch to the broadcast key (for its download)
+        self._broadcast_c1: tuple[int, tuple, np.ndarray] | None = None
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
 
@@ -535,43 +537,34 @@ class CKKSMPClient(ClientHalf):
                 pk = self._recipient_key(to, offered, where)
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, self.setup.num_clients)
+        designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
         t = time.perf_counter()
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
             c1 = self._c1(ep, bids)
-            if uploaded is None:
-                for i, b in enumerate(bids):  # s_i c1 only for the blocks this client uploaded
-                    if b not in mine:
-                        c1[i * pieces : (i + 1) * pieces] = 0
+            if uploaded is None:  # s_i c1 only for the blocks this client uploaded
+                keyed = np.repeat([b in mine for b in bids], pieces)
                 threshold = None
             else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
+                keyed = np.ones(len(bids) * pieces, dtype=bool)
                 rows = uploaded[start_of[g] : start_of[g] + len(bids)]
                 per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
                 threshold = ([u for u in per_block for _ in range(pieces)], active)
-            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids, active, context), pk, smudge, threshold)
-            label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
-            msg = self.message(
-                SERVER,
-                "share",
-                (len(bids) * pieces,),
-                self._switch_down(ep, share, len(bids) * pieces),
-                self.fingerprint,
-                note=f"PCKS shares to {label}",
-            )
+            masks = self._masks(ep, to, bids, active, context)
+            if to < 0:
+                self._broadcast_c1 = (self.plan.exchange, tuple(bids), c1)
+                data = self.keys.cks_shares(c1, keyed, masks, smudge, ep.switch_level, designated, threshold)
+                note = "CKS shares to the broadcast key"
+            else:
+                c1 = c1 * keyed.astype(np.int64)[:, None, None]
+                data = self.keys.pcks_shares(c1, masks, pk, smudge, ep.switch_level, threshold)
+                note = f"PCKS shares to recipient {to}'s key"
+            msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
             out.append(self.seal(msg, "keyswitch", g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
-
-    def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
-        """The key-switching shares switched down to level ``L'`` before they leave.
-
-        The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
-        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes.
-        """
-        full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
-        return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
     def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
         """The checked active set and uploaders of a t-out-of-n request.
@@ -649,9 +642,6 @@ class CKKSMPClient(ClientHalf):
         t = time.perf_counter()
         try:
             to = int(msg.payload["to"])
-            cts = encryption.from_bytes(
-                self.ring, msg.payload["data"], (bids.size * len(lengths), 2, ep.switch_level, ep.n)
-            )
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
         broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
@@ -665,6 +655,12 @@ class CKKSMPClient(ClientHalf):
                 f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}",
                 **where,
             )
+        # a broadcast download is c0' only (its c1 is public); a scoped one the pair (c0', c1')
+        shape = (bids.size * len(lengths),) + ((ep.switch_level,) if to == -1 else (2, ep.switch_level)) + (ep.n,)
+        try:
+            cts = encryption.from_bytes(self.ring, msg.payload["data"], shape)
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed download ({e})", **where) from None
         decode = lambda: self._decode(ep, cts, bids, lengths, to < 0)  # noqa: E731
         values = (
             decode()
@@ -685,7 +681,15 @@ class CKKSMPClient(ClientHalf):
         Returns ``[len(bids), block_len]``. Raises IntegrityError when a residual exceeds the worst-case noise bound
         or a field is out of range.
         """
-        decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size, broadcast) if bids.size else []
+        if not bids.size:
+            decoded = []
+        elif broadcast:  # c0' only: c1 is the public one this client recomputes
+            cached = self._broadcast_c1
+            key = (self.plan.exchange, tuple(bids.tolist()))
+            c1 = cached[2] if cached is not None and cached[:2] == key else self._c1(ep, bids.tolist())
+            decoded = self.keys.decrypt_broadcast(ep, cts, c1, lengths * bids.size)
+        else:
+            decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size)
         out = np.zeros((bids.size, self.plan.block_len))
         for i, b in enumerate(bids.tolist()):
             parts = []

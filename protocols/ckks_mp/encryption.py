@@ -16,8 +16,9 @@ sender (:meth:`.ring.RNSRing.rescale`; :func:`switch_down` from NTT form): coeff
 the plan's switch level ``L'``, each residue ``round(x / P)`` for the product ``P`` of the
 dropped primes (:mod:`.params`); a recipient decrypts them with :func:`decrypt_switched`.
 
-Wire format: ``count`` polynomials ``[count, L, N]`` (uploads, NTT form) or two-polynomial
-shares and ciphertexts ``[count, 2, L', N]`` (coefficient form) as little-endian uint32 residues
+Wire format: ``count`` polynomials ``[count, L, N]`` (uploads, NTT form), two-polynomial
+shares and ciphertexts ``[count, 2, L', N]`` (public-key switching) or one-polynomial shares and downloads
+``[count, L', N]`` (switching to the broadcast key; coefficient form) as little-endian uint32 residues
 (4 bytes per residue; the size is a function of public shapes only).  :func:`from_bytes`
 refuses a wrong length or a residue outside ``[0, q_j)``.
 """
@@ -60,6 +61,15 @@ def decrypt_switched(ring: RNSRing, s_hat: np.ndarray, ct: np.ndarray) -> np.nda
     """``c0 + s c1`` of switched-down ciphertexts ``[..., 2, L', N]`` (coefficient form), in coefficient form."""
     level = ct.shape[-2]
     return ring.add(ct[..., 0, :, :], ring.intt(ring.mul(ring.ntt(ct[..., 1, :, :]), s_hat[:level])))
+
+
+def decrypt_broadcast(ring: RNSRing, s_hat: np.ndarray, c0: np.ndarray, c1_hat: np.ndarray) -> np.ndarray:
+    """``c0' + s_B c1`` of broadcast downloads, in coefficient form at the switch level.
+
+    ``c0`` ``[..., L', N]`` (switched down, coefficient form) and the public ``c1_hat`` ``[..., L, N]`` (NTT form at
+    the upload level): ``s_B c1`` is switched down like ``c0`` (rounding below 1 per coefficient) and added.
+    """
+    return ring.add(c0, switch_down(ring, ring.mul(c1_hat, s_hat[: c1_hat.shape[-2]]), c0.shape[-2]))
 
 
 def to_bytes(polys: np.ndarray) -> bytes:

@@ -1,4 +1,6 @@
-"""Collective public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch").
+"""Collective key switching of an aggregate: to a recipient's public key (PCKS) or to the broadcast key (CKS).
+
+Public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch"), for a block one recipient receives.
 
 A ciphertext ``(c0, c1)`` under the secret ``s_S = sum_{i in S} s_i`` of a block's contributors
 is re-encrypted to a recipient's public key ``(p_R = -a s_R + e_R, a)`` without anyone decrypting
@@ -21,6 +23,24 @@ meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is 
 n-out-of-n.  t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
 shares, each with ``lambda_j^A sum_{i in U} sigma_{i,j}`` in place of ``s_i`` (``U``: the block's
 uploaders) and its mask over ``A``; the noise terms are added after that product, unchanged.
+
+Collective key switching to the broadcast key (CKS; Mouchet et al. 2021, "KeySwitch"), for a block every
+client receives.  Every client holds the broadcast secret ``s_B`` and the public ``c1``, so the target needs
+no public key and no fresh ``c1``: client i sends the single polynomial
+
+    ``h_i = [i in S] s_i c1 - [i = d] s_B c1 + z_i + e0_i``
+
+(``d``: the lowest-numbered client answering the key switch), and the server outputs only
+
+    ``c0' = c0 + sum_i h_i = Delta m - s_B c1 + e + sum_i e0_i``,
+
+an encryption of the sum under ``s_B`` with the public ``c1``, which every recipient recomputes:
+``c0' + s_B c1 = Delta m + e + sum_i e0_i``.  The noise is the upload errors plus the smudging, without
+PCKS's ``e_R u_i + s_R e1_i`` terms.  What the server holds, ``c0'`` and ``sum_i h_i = (s_S - s_B) c1 + sum_i
+e0_i``, are RLWE samples under ``s_B`` and ``s_S - s_B`` with a fresh uniform ``c1`` and errors at least as wide
+as one honest client's smudging noise (an RLWE error far wider than the standard's, at the same ``N`` and
+``Q``), and each single share is hidden by its uniform mask ``z_i`` as in PCKS.  Every client may decrypt
+the result, so a client only answers for the blocks it receives itself (:mod:`.client`).
 """
 
 from __future__ import annotations
@@ -71,3 +91,39 @@ def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) 
         h = ring.add(h, share)
     c0 = switch_down(ring, c0_hat, h.shape[-2])
     return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
+
+
+def cks_share(
+    ring: RNSRing,
+    s_hat: np.ndarray,
+    c1_hat: np.ndarray,
+    mask_hat: np.ndarray,
+    smudge_bits: int,
+    target: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Client i's collective key-switching share to the broadcast key.
+
+    ``h_i = s_i c1 + z_i + e0_i`` ``[B, L, N]`` in coefficient form (one polynomial per ciphertext), for
+    ``c1_hat`` ``[B, L, N]`` (zero rows for blocks client i did not upload) and masks ``mask_hat``, both in
+    NTT form; ``s_hat`` as in :func:`pcks_share`.  ``target``: ``(s_B_hat, full c1_hat)`` for the one client
+    ``d`` that also subtracts ``s_B c1`` (module docstring).
+    """
+    batch, level = c1_hat.shape[0], c1_hat.shape[1]
+    h_hat = ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat)
+    if target is not None:
+        s_b_hat, c1_full = target
+        h_hat = ring.sub(h_hat, ring.mul(c1_full, s_b_hat[:level]))
+    e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
+    return ring.add(ring.intt(h_hat), e0)
+
+
+def combine_broadcast(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+    """Server side: ``c0' = c0 + sum_i h_i`` ``[B, L', N]`` in coefficient form (the ``c1`` stays public).
+
+    From the aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' CKS shares,
+    each switched down to ``L'`` by its sender.
+    """
+    h = shares[0]
+    for share in shares[1:]:
+        h = ring.add(h, share)
+    return ring.add(switch_down(ring, c0_hat, h.shape[-2]), h)

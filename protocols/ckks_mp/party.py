@@ -6,7 +6,7 @@ clients' common broadcast secret ``s_B`` (made by client 0, sent to each other c
 the encrypted client-to-client channel, so the relaying server never holds it).  In a
 t-out-of-n run it also holds one Shamir share of every client's ``s_i`` (:mod:`.threshold`).  It
 encrypts its contribution under its own share ``s_i`` with public per-ciphertext ``c1``
-(:mod:`.encryption`), computes its public-key-switching shares for every recipient
+(:mod:`.encryption`), computes its key-switching shares for every recipient and for the broadcast key
 (:mod:`.keyswitch`), and, as a recipient, decrypts what was switched to its key.  It
 lives inside the client half (:mod:`.client`); the server half (:mod:`.server`) only ever sees
 the bytes these methods return.
@@ -125,42 +125,82 @@ class MPClient:
         return encryption.to_bytes(encryption.encrypt(self.ring, self._share, c1_hat, plain, self.params.eta))
 
     # ------------------------------------------------------------------ key switching
+    def _switch_key(self, threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None) -> np.ndarray:
+        """``s_i``, or per ciphertext :meth:`threshold_key` of its uploaders (t-out-of-n)."""
+        if threshold is None:
+            return self._share
+        uploaders, active = threshold
+        keys = {u: self.threshold_key(u, active) for u in sorted(set(uploaders))}
+        return keys[uploaders[0]] if len(keys) == 1 else np.stack([keys[u] for u in uploaders])
+
     def pcks_shares(
         self,
         c1_hat: np.ndarray,
         mask_hat: np.ndarray,
         recipient_pk: np.ndarray,
         smudge_bits: int,
+        switch_level: int,
         threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
     ) -> bytes:
-        """This client's key-switching shares towards ``recipient_pk``.
+        """This client's key-switching shares towards ``recipient_pk``, switched down to ``switch_level``.
 
         Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
         blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``.
         ``threshold``: (the uploaders of each ciphertext, the active set); the key of each
         ciphertext is then :meth:`threshold_key` instead of ``s_i``.
         """
-        key = self._share
-        if threshold is not None:
-            uploaders, active = threshold
-            keys = {u: self.threshold_key(u, active) for u in sorted(set(uploaders))}
-            key = keys[uploaders[0]] if len(keys) == 1 else np.stack([keys[u] for u in uploaders])
-        return encryption.to_bytes(
-            keyswitch.pcks_share(
-                self.ring, key, c1_hat, mask_hat, recipient_pk, self.a_hat, self.params.eta, smudge_bits
-            )
+        share = keyswitch.pcks_share(
+            self.ring,
+            self._switch_key(threshold),
+            c1_hat,
+            mask_hat,
+            recipient_pk,
+            self.a_hat,
+            self.params.eta,
+            smudge_bits,
         )
+        return encryption.to_bytes(self.ring.rescale(share, switch_level))
+
+    def cks_shares(
+        self,
+        c1_hat: np.ndarray,
+        uploaded: np.ndarray,
+        mask_hat: np.ndarray,
+        smudge_bits: int,
+        switch_level: int,
+        designated: bool,
+        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
+    ) -> bytes:
+        """This client's shares switching ciphertexts to the broadcast key, switched down to ``switch_level``.
+
+        One polynomial ``h_i`` per ciphertext (:func:`.keyswitch.cks_share`) for the public ``c1_hat``
+        ``[B, L, N]``; ``uploaded`` ``[B]`` says which of them this client's key enters (n-out-of-n: the
+        blocks it uploaded; t-out-of-n: every one, its key then being :meth:`threshold_key`);
+        ``designated``: this client also subtracts ``s_B c1``.
+        """
+        c1_key = c1_hat if uploaded.all() else c1_hat * uploaded.astype(np.int64)[:, None, None]
+        target = (self._broadcast.s_hat, c1_hat) if designated else None
+        share = keyswitch.cks_share(
+            self.ring, self._switch_key(threshold), c1_key, mask_hat, smudge_bits, target
+        )
+        return encryption.to_bytes(self.ring.rescale(share, switch_level))
 
     # ------------------------------------------------------------------ download
-    def decrypt_delivery(
-        self, plan: Plan, ct_hat: np.ndarray, lengths: list[int], broadcast: bool = False
-    ) -> list[tuple[np.ndarray, int, bool]]:
-        """Decrypt key-switched ciphertexts with the recipient's secret key.
+    def decrypt_delivery(self, plan: Plan, ct_hat: np.ndarray, lengths: list[int]) -> list[tuple[np.ndarray, int, bool]]:
+        """Decrypt ciphertexts switched to this client's recipient key.
 
         Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with
-        ``s_R`` (``s_B`` if ``broadcast``); per ciphertext ``(summed fields, max residual, in range)``
-        (:func:`.encoding.decode`).
+        ``s_R``; per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`).
         """
-        key = self._broadcast if broadcast else self._own
-        plain = encryption.decrypt_switched(self.ring, key.s_hat, ct_hat)
+        plain = encryption.decrypt_switched(self.ring, self._own.s_hat, ct_hat)
+        return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]
+
+    def decrypt_broadcast(
+        self, plan: Plan, c0: np.ndarray, c1_hat: np.ndarray, lengths: list[int]
+    ) -> list[tuple[np.ndarray, int, bool]]:
+        """Decrypt broadcast downloads ``c0'`` ``[B, L', N]`` with ``s_B`` and the public ``c1_hat`` ``[B, L, N]``.
+
+        Per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`).
+        """
+        plain = encryption.decrypt_broadcast(self.ring, self._broadcast.s_hat, c0, c1_hat)
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

@@ -394,7 +394,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     def noises(p):
         p.weighted_sum("noise", 0, vals, spec=spec)
         plan = p.plan(spec, block_len=20_000)
-        shape = (1, 2, plan.switch_level, p.params.n)  # the download: switched down
+        shape = (1, plan.switch_level, p.params.n)  # the download: c0' only, switched down
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
         agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
@@ -411,7 +411,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
 
-        seen = encryption.decrypt_switched(p.ring, p._clients[0]._broadcast.s_hat, out)
+        seen = encryption.decrypt_broadcast(p.ring, p._clients[0]._broadcast.s_hat, out, agg[:, 1])
         return residual(encryption.decrypt(p.ring, s, agg)), residual(seen, plan.switch_factor)
 
     e_ct, seen = noises(fresh(k))
