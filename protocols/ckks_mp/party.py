@@ -180,13 +180,13 @@ class MPClient:
         """
         c1_key = c1_hat if uploaded.all() else c1_hat * uploaded.astype(np.int64)[:, None, None]
         target = (self._broadcast.s_hat, c1_hat) if designated else None
-        share = keyswitch.cks_share(
-            self.ring, self._switch_key(threshold), c1_key, mask_hat, smudge_bits, target
-        )
+        share = keyswitch.cks_share(self.ring, self._switch_key(threshold), c1_key, mask_hat, smudge_bits, target)
         return encryption.to_bytes(self.ring.rescale(share, switch_level))
 
     # ------------------------------------------------------------------ download
-    def decrypt_delivery(self, plan: Plan, ct_hat: np.ndarray, lengths: list[int]) -> list[tuple[np.ndarray, int, bool]]:
+    def decrypt_delivery(
+        self, plan: Plan, ct_hat: np.ndarray, lengths: list[int]
+    ) -> list[tuple[np.ndarray, int, bool]]:
         """Decrypt ciphertexts switched to this client's recipient key.
 
         Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with

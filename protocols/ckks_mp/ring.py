@@ -113,8 +113,8 @@ class RNSRing:
             ipowers = np.array([pow(psi, (2 * n - int(e)) % (2 * n), q) for e in range(n)], dtype=np.int64)
             fwd.append(powers[rev])
             inv.append(ipowers[rev])
-        self._psi_rev = np.stack(fwd)  # [L, N]
-        self._psi_inv_rev = np.stack(inv)
+        self._psi_rev_u = np.stack(fwd).astype(np.uint64)  # [L, N]
+        self._psi_inv_rev_u = np.stack(inv).astype(np.uint64)
         self._n_inv = np.array([pow(n, -1, q) for q in self.primes], dtype=np.int64)[:, None]
 
     # ------------------------------------------------------------------ helpers
@@ -168,59 +168,63 @@ class RNSRing:
 
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        s = a + b
-        q = self._q(a.shape[-2], 2)
-        return np.where(s >= q, s - q, s)
+        s = np.add(a, b, dtype=np.int64)
+        _reduce_once(s, self._q(s.shape[-2], 2))
+        return s
 
     def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        d = a - b
-        q = self._q(a.shape[-2], 2)
-        return np.where(d < 0, d + q, d)
+        return _reduce_signed(np.subtract(a, b, dtype=np.int64), self._q(a.shape[-2], 2))
 
     def neg(self, a: np.ndarray) -> np.ndarray:
-        q = self._q(a.shape[-2], 2)
-        return np.where(a == 0, 0, q - a)
+        return self.sub(np.zeros_like(a), a)
 
     def mul(self, a_hat: np.ndarray, b_hat: np.ndarray) -> np.ndarray:
         """Slot-wise product of two polynomials in NTT form."""
         return a_hat * b_hat % self._q(a_hat.shape[-2], 2)
 
     def ntt(self, a: np.ndarray) -> np.ndarray:
-        """Negacyclic NTT of ``a`` ``[..., L, N]`` (output in bit-reversed order)."""
+        """Negacyclic NTT of ``a`` ``[..., L, N]`` (output in bit-reversed order).
+
+        The stages work on unsigned words: ``x - q`` of an ``x < q`` wraps to a large value, so
+        ``min(x, x - q)`` reduces ``[0, 2q)`` and ``min(d, d + q)`` reduces ``(-q, q)`` in two passes.
+        """
         lead, (level, n) = a.shape[:-2], a.shape[-2:]
-        x = np.array(a, dtype=np.int64).reshape(-1, level, n)
-        q = self.q[:level].reshape(1, level, 1, 1)
+        x = np.array(a, dtype=np.int64).reshape(-1, level, n).view(np.uint64)
+        q = self.q[:level].reshape(1, level, 1, 1).astype(np.uint64)
         m, t = 1, n
         while m < n:
             t //= 2
             x = x.reshape(-1, level, m, 2 * t)
-            s = self._psi_rev[:level, m : 2 * m].reshape(1, level, m, 1)
-            v = x[..., t:] * s
+            s = self._psi_rev_u[:level, m : 2 * m].reshape(1, level, m, 1)
+            lo, hi = x[..., :t], x[..., t:]
+            v = hi * s
             v %= q
-            d = x[..., :t] - v
-            x[..., :t] += v
-            x[..., t:] = _reduce_signed(d, q)
-            _reduce_once(x[..., :t], q)
+            d = lo - v
+            np.minimum(d, d + q, out=hi)
+            lo += v
+            np.minimum(lo, lo - q, out=lo)
             m *= 2
-        return x.reshape(lead + (level, n))
+        return x.view(np.int64).reshape(lead + (level, n))
 
     def intt(self, a_hat: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`ntt` (coefficients in natural order, residues in ``[0, q_j)``)."""
         lead, (level, n) = a_hat.shape[:-2], a_hat.shape[-2:]
-        x = np.array(a_hat, dtype=np.int64).reshape(-1, level, n)
-        q = self.q[:level].reshape(1, level, 1, 1)
+        x = np.array(a_hat, dtype=np.int64).reshape(-1, level, n).view(np.uint64)
+        q = self.q[:level].reshape(1, level, 1, 1).astype(np.uint64)
         m, t = n, 1
         while m > 1:
             h = m // 2
             x = x.reshape(-1, level, h, 2 * t)
-            s = self._psi_inv_rev[:level, h : 2 * h].reshape(1, level, h, 1)
-            d = _reduce_signed(x[..., :t] - x[..., t:], q)
-            x[..., :t] += x[..., t:]
-            _reduce_once(x[..., :t], q)
-            d *= s
-            d %= q
-            x[..., t:] = d
+            s = self._psi_inv_rev_u[:level, h : 2 * h].reshape(1, level, h, 1)
+            lo, hi = x[..., :t], x[..., t:]
+            d = lo - hi
+            np.minimum(d, d + q, out=d)
+            lo += hi
+            np.minimum(lo, lo - q, out=lo)
+            np.multiply(d, s, out=hi)
+            hi %= q
             t *= 2
             m = h
-        x = x.reshape(-1, level, n) * self._n_inv[:level].reshape(1, level, 1) % self.q[:level].reshape(1, level, 1)
+        x = x.reshape(-1, level, n).view(np.int64)
+        x = x * self._n_inv[:level].reshape(1, level, 1) % self.q[:level].reshape(1, level, 1)
         return x.reshape(lead + (level, n))

@@ -344,7 +344,9 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     )
     share = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "share")
     c0 = p.upload_ciphertexts(up, plan)[0, 0]
-    opened = encryption.from_bytes(p.ring, share.payload, (1, plan.switch_level, p.params.n))[0]  # (s_1 c1 + z_1 + e0) / P
+    opened = encryption.from_bytes(p.ring, share.payload, (1, plan.switch_level, p.params.n))[
+        0
+    ]  # (s_1 c1 + z_1 + e0) / P
     used = encoding.used_coefficients(plan, 4000)
     truth = np.array(
         [
