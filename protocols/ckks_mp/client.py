@@ -21,9 +21,10 @@ this client's answer):
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
                        the public ``c1 = a_{x,b,j}`` of exchange ``x`` (only ``c0`` is sent); once per
                        exchange number (RepeatedUploadError: a second one would reuse ``c1``)
-``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its PCKS
-                       share per group (Mouchet et al. 2021, Protocol 5, :mod:`.keyswitch`) on the
-                       ``c1`` it recomputes itself, masked and smudged.  Refused
+``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its share
+                       per group on the ``c1`` it recomputes itself, masked and smudged: PCKS to a
+                       recipient's key (Mouchet et al. 2021, Protocol 5), CKS (one polynomial) to
+                       the broadcast key (:mod:`.keyswitch`).  Refused
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
                        broadcast key only for exactly the blocks this client itself receives
@@ -31,8 +32,8 @@ this client's answer):
                        (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
-``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
-                       broadcast) -> nothing; it decrypts, checks the residual against the worst-case
+``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
+                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
 
 t-out-of-n (the public setup's ``threshold`` t < n; :mod:`.threshold`, Mouchet, Bertrand, Hubaux,
