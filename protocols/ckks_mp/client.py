@@ -33,8 +33,9 @@ this client's answer):
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
-                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts, checks the residual against the worst-case
-                       noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
+                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
+                       checks the residual against the worst-case noise bound (IntegrityError: a
+                       corrupted share or ciphertext) and decodes
 
 t-out-of-n (the public setup's ``threshold`` t < n; :mod:`.threshold`, Mouchet, Bertrand, Hubaux,
 J. Cryptology 2023): at ``key_setup`` part 0 each client also sends every other client a Shamir
