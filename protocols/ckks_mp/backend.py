@@ -193,14 +193,14 @@ class CKKSMPProtocol(HalvesProtocol):
     def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
         """The ciphertexts of an upload in the transcript, for attack simulations and tests.
 
-        The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
-        the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
-        ``0 .. count-1``).  For attack simulations and tests.
+        The ciphertexts ``[blocks * pieces, 2, L, N]`` (NTT form) of an upload in the transcript: its ``c0``
+        (sent in coefficient form) and the public ``c1`` every party recomputes (``blocks``: the upload's block
+        ids, default ``0 .. count-1``).  For attack simulations and tests.
         """
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)
-        c0 = encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n))
+        c0 = self.ring.ntt(encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n)))
         c1 = upload_c1(
             crs_seed(self.setup.run_id),
             self.setup.session,

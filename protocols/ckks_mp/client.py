@@ -147,8 +147,6 @@ class CKKSMPClient(ClientHalf):
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
-        #: (exchange, blocks, their public c1) of this client's last switch to the broadcast key (for its download)
-        self._broadcast_c1: tuple[int, tuple, np.ndarray] | None = None
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
 
@@ -214,6 +212,11 @@ class CKKSMPClient(ClientHalf):
 
     def _pieces(self, ep: Plan) -> list[int]:
         return [min(self.plan.block_len, a + ep.capacity) - a for a in range(0, self.plan.block_len, ep.capacity)]
+
+    def _labels(self, ep: Plan, blocks) -> list[tuple[int, int, int]]:
+        """(exchange, block, piece) of each ciphertext of ``blocks``, in the order of :meth:`_c1`."""
+        pieces = len(self._pieces(ep))
+        return [(self.plan.exchange, int(b), j) for b in blocks for j in range(pieces)]
 
     def _c1(self, ep: Plan, blocks) -> np.ndarray:
         """The public ``c1`` of this exchange's pieces of ``blocks`` (:func:`.sampling.upload_c1`)."""
@@ -444,7 +447,7 @@ class CKKSMPClient(ClientHalf):
         ep = self._plan()
         ids, vals = self._table()
         t = time.perf_counter()
-        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()))
+        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()), self._labels(ep, ids.tolist()))
         self.timing["upload_s"] = time.perf_counter() - t
         pieces = len(self._pieces(ep))
         msg = self.message(
@@ -543,7 +546,7 @@ class CKKSMPClient(ClientHalf):
         t = time.perf_counter()
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
-            c1 = self._c1(ep, bids)
+            c1, labels = self._c1(ep, bids), self._labels(ep, bids)
             if uploaded is None:  # s_i c1 only for the blocks this client uploaded
                 keyed = np.repeat([b in mine for b in bids], pieces)
                 threshold = None
@@ -554,12 +557,10 @@ class CKKSMPClient(ClientHalf):
                 threshold = ([u for u in per_block for _ in range(pieces)], active)
             masks = self._masks(ep, to, bids, active, context)
             if to < 0:
-                self._broadcast_c1 = (self.plan.exchange, tuple(bids), c1)
-                data = self.keys.cks_shares(c1, keyed, masks, smudge, ep.switch_level, designated, threshold)
+                data = self.keys.cks_shares(c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold)
                 note = "CKS shares to the broadcast key"
             else:
-                c1 = c1 * keyed.astype(np.int64)[:, None, None]
-                data = self.keys.pcks_shares(c1, masks, pk, smudge, ep.switch_level, threshold)
+                data = self.keys.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
                 note = f"PCKS shares to recipient {to}'s key"
             msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
             out.append(self.seal(msg, "keyswitch", g))
@@ -686,10 +687,10 @@ class CKKSMPClient(ClientHalf):
         if not bids.size:
             decoded = []
         elif broadcast:  # c0' only: c1 is the public one this client recomputes
-            cached = self._broadcast_c1
-            key = (self.plan.exchange, tuple(bids.tolist()))
-            c1 = cached[2] if cached is not None and cached[:2] == key else self._c1(ep, bids.tolist())
-            decoded = self.keys.decrypt_broadcast(ep, cts, c1, lengths * bids.size)
+            blocks = bids.tolist()
+            decoded = self.keys.decrypt_broadcast(
+                ep, cts, self._labels(ep, blocks), lambda: self._c1(ep, blocks), lengths * bids.size
+            )
         else:
             decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size)
         out = np.zeros((bids.size, self.plan.block_len))

@@ -47,16 +47,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .encryption import switch_down
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
 
 def pcks_share(
     ring: RNSRing,
-    s_hat: np.ndarray,
-    c1_hat: np.ndarray,
-    mask_hat: np.ndarray,
+    s_c1: np.ndarray,
+    mask: np.ndarray,
     p_r_hat: np.ndarray,
     a_hat: np.ndarray,
     eta: int,
@@ -64,66 +62,56 @@ def pcks_share(
 ) -> np.ndarray:
     """Client i's public-key switching share.
 
-    Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
-    inverse NTT of the products) for ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for blocks
-    client i did not upload) and masks ``mask_hat`` ``[B, L, N]``, both in NTT form; ``s_hat`` is
-    one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
-    share of each block's uploaders, :mod:`.threshold`), ``L' >= L``.
+    Client i's share ``[B, 2, L, N]`` in coefficient form from ``s_c1`` ``[B, L, N]``, its key times each
+    ciphertext's ``c1`` in coefficient form (:func:`.encryption.key_product`; zero rows for blocks client i
+    did not upload), and its masks ``mask`` ``[B, L, N]`` (uniform residues, read in coefficient form).
     """
-    batch, level = c1_hat.shape[0], c1_hat.shape[1]
+    batch, level = s_c1.shape[0], s_c1.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    h0_hat = ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat))
-    h = ring.intt(np.stack([h0_hat, ring.mul(a_hat[:level], u_hat)], axis=1))
-    return np.stack([ring.add(h[:, 0], e0), ring.add(h[:, 1], e1)], axis=1)
+    h = ring.intt(np.stack([ring.mul(p_r_hat[:level], u_hat), ring.mul(a_hat[:level], u_hat)], axis=1))
+    return np.stack([ring.add(ring.add(ring.add(h[:, 0], s_c1), mask), e0), ring.add(h[:, 1], e1)], axis=1)
 
 
-def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
     """Server side: combine the clients' key-switching shares with the aggregate ciphertext.
 
     Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
-    aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' shares, each
+    aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' shares, each
     switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
     """
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    c0 = switch_down(ring, c0_hat, h.shape[-2])
+    c0 = ring.rescale(c0, h.shape[-2])
     return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
 
 
 def cks_share(
-    ring: RNSRing,
-    s_hat: np.ndarray,
-    c1_hat: np.ndarray,
-    mask_hat: np.ndarray,
-    smudge_bits: int,
-    target: tuple[np.ndarray, np.ndarray] | None = None,
+    ring: RNSRing, s_c1: np.ndarray, mask: np.ndarray, smudge_bits: int, s_b_c1: np.ndarray | None = None
 ) -> np.ndarray:
     """Client i's collective key-switching share to the broadcast key.
 
-    ``h_i = s_i c1 + z_i + e0_i`` ``[B, L, N]`` in coefficient form (one polynomial per ciphertext), for
-    ``c1_hat`` ``[B, L, N]`` (zero rows for blocks client i did not upload) and masks ``mask_hat``, both in
-    NTT form; ``s_hat`` as in :func:`pcks_share`.  ``target``: ``(s_B_hat, full c1_hat)`` for the one client
-    ``d`` that also subtracts ``s_B c1`` (module docstring).
+    ``h_i = s_i c1 + z_i + e0_i`` ``[B, L, N]`` in coefficient form (one polynomial per ciphertext), from
+    ``s_c1`` and ``mask`` as in :func:`pcks_share`: no transform.  ``s_b_c1``: ``s_B c1`` in coefficient form,
+    for the one client ``d`` that also subtracts it (module docstring).
     """
-    batch, level = c1_hat.shape[0], c1_hat.shape[1]
-    h_hat = ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat)
-    if target is not None:
-        s_b_hat, c1_full = target
-        h_hat = ring.sub(h_hat, ring.mul(c1_full, s_b_hat[:level]))
+    batch, level = s_c1.shape[0], s_c1.shape[1]
+    h = ring.add(s_c1, mask)
+    if s_b_c1 is not None:
+        h = ring.sub(h, s_b_c1)
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
-    return ring.add(ring.intt(h_hat), e0)
+    return ring.add(h, e0)
 
 
-def combine_broadcast(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
     """Server side: ``c0' = c0 + sum_i h_i`` ``[B, L', N]`` in coefficient form (the ``c1`` stays public).
 
-    From the aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' CKS shares,
+    From the aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' CKS shares,
     each switched down to ``L'`` by its sender.
     """
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    return ring.add(switch_down(ring, c0_hat, h.shape[-2]), h)
+    return ring.add(ring.rescale(c0, h.shape[-2]), h)

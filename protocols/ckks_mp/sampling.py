@@ -139,8 +139,8 @@ def pairwise_mask(
     """Client ``me``'s zero-sum masks, one per label.
 
     Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
-    one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
-    of one label cancel exactly, while one client's mask hides its key-switching share from everyone
+    one per label, ``[len(labels), L, N]`` (uniform residues of ``R_Q``, added in coefficient form): over all
+    clients the masks of one label cancel exactly, while one client's mask hides its key-switching share from everyone
     who lacks one of its pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`).
     A label names one key-switched ciphertext (exchange, recipient, block, piece), so the masks cancel
     only in the sum of the shares of that ciphertext, never across blocks or recipients.

@@ -242,19 +242,20 @@ class CKKSMPServer(ServerHalf):
         del msgs
         needed = sorted({int(b) for bids in plan.requests.values() for b in bids.tolist()})
         index = {b: i for i, b in enumerate(needed)}
-        agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)
+        agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)  # coefficient form
         counts = np.zeros(len(needed), dtype=np.int64)
-        for k, cts in uploads.items():
+        for k, cts in uploads.items():  # residues below 2^31: K < 2^32 of them add up exactly in int64
             rows = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
             if rows:
                 dst, src = (np.array(x) for x in zip(*rows))
-                agg[dst] = self.ring.add(agg[dst], cts[src])
+                agg[dst] += cts[src]
                 counts[dst] += 1
         del uploads
+        agg %= self.ring.q[: ep.level]
         if ep.offset:  # pad the missing clients' public offsets
             for i in np.nonzero(counts < K)[0]:
                 for j, (a, b) in enumerate(spans):
-                    pad = self.ring.ntt(encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i])))
+                    pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
         # keyswitch: one group per recipient key (one for all when every client gets the same blocks)

@@ -411,7 +411,8 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
 
-        seen = encryption.decrypt_broadcast(p.ring, p._clients[0]._broadcast.s_hat, out, agg[:, 1])
+        s_b_c1 = encryption.key_product(p.ring, p._clients[0]._broadcast.s_hat, agg[:, 1])
+        seen = encryption.decrypt_broadcast(p.ring, out, s_b_c1)
         return residual(encryption.decrypt(p.ring, s, agg)), residual(seen, plan.switch_factor)
 
     e_ct, seen = noises(fresh(k))

@@ -363,7 +363,7 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
 
     attack = p.ring.add(encryption.switch_down(p.ring, c0, plan.switch_level), opened)
     assert corr_with_truth(attack) < 5 / np.sqrt(used)
-    mask = encryption.switch_down(p.ring, p.clients[1]._masks(plan, -1, [0])[0], plan.switch_level)  # still held
+    mask = p.ring.rescale(p.clients[1]._masks(plan, -1, [0])[0], plan.switch_level)  # still held; coefficient form
     assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
 
 
@@ -431,7 +431,7 @@ def test_shares_of_different_blocks_do_not_combine():
         """
         pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}  # client 1's shares reversed
         c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[: plan.level]
-        ct = combine_shares(p.ring, c0_sum[None], [shares[c][pos[c]][None] for c in range(K)])[0]
+        ct = combine_shares(p.ring, p.ring.intt(c0_sum[None]), [shares[c][pos[c]][None] for c in range(K)])[0]
         decrypted = encryption.decrypt_switched(p.ring, s_r, ct)
         coeffs = [c * plan.switch_factor for c in encoding.crt_centered(p.ring, decrypted)]
         d = plan.scale_bits
