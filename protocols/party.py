@@ -89,6 +89,7 @@ class PartySetup:
     collusion: CollusionBound = CollusionBound()
 
     def to_bytes(self) -> bytes:
+        """Canonical encoding of the set-up (mode, client count, run id, session, options, collusion bound)."""
         return encode_body(
             {
                 "mode": self.mode,
@@ -102,6 +103,11 @@ class PartySetup:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PartySetup:
+        """Parse a set-up written by :meth:`to_bytes`.
+
+        Raises:
+            MalformedMessageError: a field is missing or malformed, or the run id, session or client count is invalid.
+        """
         try:
             p = decode_body(data)
             bound = CollusionBound.of(int(p["collusion"]["max_colluders"]), int(p["collusion"]["min_contributors"]))
@@ -335,11 +341,14 @@ class ClientHalf(Party):
             else:
                 inbox.append(msg)
         inbox = self.take_run_material(inbox)  # kept even when the plan below is refused
-        if planned is not None and self.checks_plans and stage != REPORT_STAGE:
+        if planned is not None:
             try:  # the bundle's last plan: an earlier one it supersedes was never used
-                self.policy.check(planned)
-                if self.schedule is not None:
-                    self.schedule.check(planned, self.id)
+                if self.schedule is not None:  # every mode, every stage: an exchange of the run's algorithm
+                    self.schedule.check_listed(planned, self.id)
+                if self.checks_plans and stage != REPORT_STAGE:
+                    self.policy.check(planned)
+                    if self.schedule is not None:
+                        self.schedule.check(planned, self.id)
             except PlanRefusedError:
                 self.plan, self._refused = None, self.exchange  # never contribute under a refused plan
                 raise
@@ -415,6 +424,7 @@ class ClientHalf(Party):
 
     # ------------------------------------------------------------------ helpers for backends
     def where(self) -> dict:
+        """Tag, round and client id of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
 
@@ -429,6 +439,7 @@ class ClientHalf(Party):
         tag: str | None = None,
         round: int | None = None,
     ) -> Message:
+        """A message from this client to ``receiver`` in the current exchange (its round and tag unless given)."""
         p = self.plan
         return Message(
             p.round if round is None else round,
@@ -669,6 +680,7 @@ class ServerHalf(Party):
 
     # ------------------------------------------------------------------ helpers for backends
     def where(self, client: int | None = None) -> dict:
+        """Tag, round and ``client`` of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=client)
 
@@ -682,6 +694,7 @@ class ServerHalf(Party):
         note: str = "",
         tag: str | None = None,
     ) -> Message:
+        """A message from the server to client ``receiver`` in the current exchange."""
         p = self.plan
         return Message(
             p.round,

@@ -83,6 +83,7 @@ def decrypt_broadcast(ring: RNSRing, c0: np.ndarray, s_c1: np.ndarray) -> np.nda
 
 
 def to_bytes(polys: np.ndarray) -> bytes:
+    """Serialise RNS polynomials as little-endian uint32 words."""
     return np.ascontiguousarray(polys, dtype="<u4").tobytes()
 
 

@@ -171,14 +171,17 @@ class RNSRing:
 
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(a + b) mod q_i per RNS limb; inputs reduced."""
         s = np.add(a, b, dtype=np.int64)
         return _min_unsigned(s, s - self._q(s.shape[-2], 2))
 
     def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(a - b) mod q_i per RNS limb; inputs reduced."""
         d = np.subtract(a, b, dtype=np.int64)
         return _min_unsigned(d, d + self._q(d.shape[-2], 2))
 
     def neg(self, a: np.ndarray) -> np.ndarray:
+        """(-a) mod q_i per RNS limb; input reduced."""
         return self.sub(np.zeros_like(a), a)
 
     def mul(self, a_hat: np.ndarray, b_hat: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..party import ClientHalf, envelope_of
 from ..plan_policy import collusion_bound
+from ..release_commitment import block_leaf, verify
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import (
     SIGNED_KEY_BYTES,
@@ -383,6 +384,11 @@ class MaskClient(ClientHalf):
 
     # ------------------------------------------------------------------ stages
     def on_stage(self, stage, inbox):
+        """Dispatch ``stage`` to the matching ``stage_<name>`` method.
+
+        Raises:
+            IntegrityError: the stage is unknown.
+        """
         if stage == "register":
             return []
         step = getattr(self, "stage_" + stage, None)
@@ -418,6 +424,7 @@ class MaskClient(ClientHalf):
         self.timing["encode_s"] = time.perf_counter() - t0
 
     def stage_block_ids(self, inbox):
+        """Send the ids of the blocks this client contributes to (sparse layout)."""
         if self.state is None:
             return []
         ids = self.state.ids
@@ -493,6 +500,15 @@ class MaskClient(ClientHalf):
         return out
 
     def stage_masked_upload(self, inbox):
+        """Upload y_k = x_k + PRG(b_k) + sum_j +-PRG(s_kj) mod 2^ring_bits (Bonawitz et al., CCS 2017).
+
+        Pairwise masks are drawn over the blocks shared with each peer; the self mask b_k is used when there are at
+        least
+        two participants.
+
+        Raises:
+            IntegrityError: a self-mask seed or a peer's mask key is missing.
+        """
         self._absorb(inbox)
         st = self.state
         if st is None:
@@ -665,7 +681,47 @@ class MaskClient(ClientHalf):
             )
         ]
 
+    def _check_release(self, payload: dict, bids: np.ndarray, rows: np.ndarray, enc, included: list[int]) -> None:
+        """Verify this client's blocks against the server's commitment to the whole sum; chain its root.
+
+        :mod:`protocols.release_commitment`; InconsistentViewError (nothing delivered) if they are not
+        leaves of the committed sum.
+        """
+        p = self.plan
+        try:
+            root, proof = bytes(payload["release"]["root"]), bytes(payload["release"]["proof"])
+        except (KeyError, TypeError, ValueError):
+            root, proof = b"", b""
+        sparse = p.layout == "sparse" and not self.options["reveal_to_server"]
+        if sparse:
+            try:
+                bitmap = np.unpackbits(
+                    np.asarray(payload["contributors"], dtype=np.uint8), axis=1, count=len(included)
+                ).astype(bool)
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
+        own = {
+            int(b): block_leaf(
+                int(b),
+                enc.to_wire(rows[i]),
+                [k for j, k in enumerate(included) if bitmap[i, j]] if sparse else included,
+            )
+            for i, b in enumerate(bids.tolist())
+        }
+        if len(root) != 32 or (own and not verify(root, p.num_blocks, own, proof)):
+            raise InconsistentViewError(
+                "the rows of this released sum are not part of the sum the server committed to (or no commitment "
+                "came with them): the server may be handing different clients different sums; nothing was delivered",
+                **self.where(),
+            )
+        self.views.release(p.tag, p.round, root)
+
     def stage_download(self, inbox):
+        """Check the download against this client's request, remove its output masks and decode the fixed-point sums.
+
+        Raises:
+            IntegrityError: the download is malformed or carries other blocks or clients than planned.
+        """
         msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
         t0 = time.perf_counter()
         p, L = self.plan, self.plan.block_len
@@ -683,6 +739,8 @@ class MaskClient(ClientHalf):
             raise IntegrityError(
                 f"malformed download: included clients {included} are not distinct client ids", **self.where()
             )
+        if self.schedule is not None and self.schedule.releases(p.tag):
+            self._check_release(msg.payload, bids, rows, enc, included)
         if not self.options["reveal_to_server"] and bids.size:
             members = np.zeros((bids.size, self.setup.num_clients), dtype=bool)
             if p.layout == "sparse":

@@ -90,6 +90,7 @@ class MinorityAccuracy:
         return out
 
     def final_metrics(self) -> dict:
+        """Base metrics plus the minority-class accuracy at the best round and at the last."""
         best = self._minority_tracker()
         return {
             **super().final_metrics(),
@@ -99,9 +100,11 @@ class MinorityAccuracy:
         }
 
     def state_dict(self) -> dict:
+        """Base checkpoint plus the minority tracker."""
         return {**super().state_dict(), "minority_best": dict(self._minority_tracker())}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the checkpoint and the minority tracker."""
         state = dict(state)
         saved = state.pop("minority_best", None)
         super().load_state_dict(state)
@@ -114,6 +117,7 @@ class MinorityLogic(ModelAveragingLogic):
 
     @torch.no_grad()
     def evaluate(self, req: dict) -> dict:
+        """Per-split counts plus the minority-class report."""
         counts = super().evaluate(req)
         return {**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)}
 
@@ -130,5 +134,6 @@ class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
         self.personalized = not self.aggregate_models
 
     def evaluate(self) -> dict:
+        """Accuracy summary plus the minority-class accuracies."""
         reports = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
         return self.add_minority(accuracy_summary(reports), {k: r["minority"] for k, r in reports.items()})

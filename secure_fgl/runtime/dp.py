@@ -49,6 +49,7 @@ def request_fields(req: DPRequest, spec) -> dict:
 
 
 def request_of(fields: dict) -> DPRequest:
+    """The :class:`~protocols.dp.DPRequest` of a request's DP fields."""
     return DPRequest(clip=float(fields["clip"]), per_row=bool(fields["per_row"]), integer=bool(fields["integer"]))
 
 
@@ -61,6 +62,7 @@ class ClientNoise:
 
     @property
     def rng(self) -> SecureRandom:
+        """This client's noise generator, keyed from the OS CSPRNG on first use."""
         if self._rng is None:  # keyed by os.urandom(32) on first use, in this process
             self._rng = SecureRandom()
         return self._rng
