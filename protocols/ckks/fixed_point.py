@@ -121,8 +121,10 @@ class FixedPointLayout:
         """Serialized SEAL ciphertext of one piece of a block (client side)."""
         return client_codec(context, plan.chain, self.encryption).encrypt(self.slot_values(digits), plan.scale)
 
-    def decrypt(self, context: ts.Context, plan: EncodingPlan, data: bytes, n: int) -> tuple[np.ndarray, float, bool]:
-        """Recipient side: the n summed values of a serialized sum (see :meth:`unpack`)."""
+    def decrypt(
+        self, context: ts.Context, plan: EncodingPlan, data: bytes | sealapi.Ciphertext, n: int
+    ) -> tuple[np.ndarray, float, bool]:
+        """Recipient side: the n summed values of a serialized (or loaded) sum (see :meth:`unpack`)."""
         return self.unpack(client_codec(context, plan.chain, self.encryption).decrypt(data, plan.chain), n)
 
     def unpack(self, decoded: np.ndarray, n: int) -> tuple[np.ndarray, float, bool]:
@@ -309,8 +311,9 @@ class ClientCodec:
         self.encryptor.encrypt(plain, ct)
         return _to_bytes(ct)
 
-    def decrypt(self, data: bytes, chain: ChainParams) -> np.ndarray:
-        ct = _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
+    def decrypt(self, data: bytes | sealapi.Ciphertext, chain: ChainParams) -> np.ndarray:
+        """The decoded complex slots of a serialized (or an already loaded) ciphertext."""
+        ct = data if isinstance(data, sealapi.Ciphertext) else _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
         plain = sealapi.Plaintext()
         self.decryptor.decrypt(ct, plain)
         return np.asarray(self.encoder.decode_complex(plain))
@@ -333,6 +336,7 @@ class SealSum:
 
     def __init__(self, ct: sealapi.Ciphertext, chain: ChainParams):
         self.ct, self.chain = ct, chain
+        self.padded_bytes = chain.padded_ciphertext_bytes  # on the wire (:mod:`.wire`)
 
     def add_(self, other: SealSum) -> SealSum:
         _evaluator(self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)).add_inplace(self.ct, other.ct)
