@@ -244,14 +244,24 @@ def _remove(path: str) -> None:
 def _to_bytes(obj) -> bytes:
     path = _scratch_path()
     obj.save(path)
+    held = getattr(_scratch, "file", None)
+    if held is not None:  # the scratch file's own descriptor: no open per call
+        fd = held.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0)
     with open(path, "rb") as f:
         return f.read()
 
 
 def _load_into(obj, context, data: bytes):
     path = _scratch_path()
-    with open(path, "wb") as f:
-        f.write(data)
+    held = getattr(_scratch, "file", None)
+    if held is not None:
+        fd = held.fileno()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
     obj.load(context, path)
     return obj
 
