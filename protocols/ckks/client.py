@@ -14,7 +14,8 @@ setup bytes.  Stages (server request -> this client's answer):
                quantised with its own rounding generator for packed fixed point, one framed
                ciphertext per block piece (:mod:`.wire`; SEAL's seeded form under symmetric
                encryption)
-``download``   (one call per chunk) its requested blocks, summed -> nothing; it decrypts and
+``download``   (one call per chunk) its requested blocks, summed (dense layout: ``sum c0`` and the
+               upload seeds, re-expanded with SEAL, :mod:`.seeded`) -> nothing; it decrypts and
                decodes (round + unpack for integers; float sums on the release grid,
                :func:`.params.release_step`), refusing a residual off the integers
                (BoundError)

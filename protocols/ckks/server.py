@@ -15,8 +15,10 @@ stage:
    one missing later aborts (its blocks are in earlier partial sums, which are discarded).
 4. adding (:meth:`~CKKSServer.add_chunk`): per needed block id, the ciphertexts of the clients
    that uploaded it (no multiplication, no rotation); missing clients' public DP offsets padded.
+   Dense layout under symmetric encryption: only ``sum c0`` is formed and the upload seeds kept
+   (:mod:`.seeded`); otherwise SEAL adds whole ciphertexts.
 5. ``download`` (:meth:`~CKKSServer.send_download`, one call per chunk): each recipient only the
-   blocks it requested, in one signed message.
+   blocks it requested, in one signed message (``sum c0`` and the seeds, or the full sum).
 
 Every ciphertext has a fixed padded size per chain, so every message size is a function of
 public shapes only.  Transcript: one upload (download) Message per client per exchange;
