@@ -323,7 +323,9 @@ class ClientCodec:
 
     def decrypt(self, data: bytes | sealapi.Ciphertext, chain: ChainParams) -> np.ndarray:
         """The decoded complex slots of a serialized (or an already loaded) ciphertext."""
-        ct = data if isinstance(data, sealapi.Ciphertext) else _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
+        ct = data
+        if not isinstance(ct, sealapi.Ciphertext):
+            ct = _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
         plain = sealapi.Plaintext()
         self.decryptor.decrypt(ct, plain)
         return np.asarray(self.encoder.decode_complex(plain))
