@@ -126,8 +126,9 @@ def _dyn_array_bytes(words: np.ndarray) -> bytes:
 
 def _mod_add(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``(a + b) mod q`` per prime row, for ``a, b < q < 2^62``."""
-    s = a + b
-    return np.where(s >= q, s - q, s)
+    s: np.ndarray = a + b
+    np.subtract(s, q, out=s, where=s >= q)
+    return s
 
 
 # ---------------------------------------------------------------------- bit packing
