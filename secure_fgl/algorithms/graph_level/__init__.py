@@ -23,6 +23,7 @@ HALVES = dict(
     task="graph",
 )
 
+
 def cluster_broadcast(cfg) -> tuple[str, ...]:
     """``<algorithm>/model`` when every client trains every round (the mean reaches the members that trained).
 
