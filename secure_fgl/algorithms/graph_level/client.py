@@ -48,7 +48,8 @@ class GraphLogic(ClientLogic):
         noises = [
             lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]
         ]
-        return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)}
+        self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)
+        return {"trained": True}  # the loss is computed from un-noised gradients: it stays here
 
     def weight(self, tag: str) -> float | None:
         """The weight of this client's update in the mean exchanged under ``tag``.
