@@ -38,9 +38,6 @@ def public_schedule(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS}
 
 
-#: algorithms whose ``<algorithm>/model`` exchange broadcasts the global model to every client,
-#: over the round's sample (:func:`protocols.client_sampling.sample_clients`)
-BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox", "fedgcn")
 #: exchanges whose sum reaches its recipients as different rows, bound by a commitment (mask)
 RELEASE_TAGS = ("fedgcn/neighbour_sums",)
 
@@ -49,7 +46,9 @@ def public_roles(cfg: RunConfig) -> dict[str, str]:
     """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
     from protocols.schedule import BROADCAST, RELEASE
 
-    roles = {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+    from .algorithms import get_spec
+
+    roles = {tag: BROADCAST for tag in get_spec(cfg.algorithm).broadcasts_of(cfg)}
     released = {tag: RELEASE for tag in RELEASE_TAGS if tag in public_exchanges(cfg)}
     return {**released, **roles}
 

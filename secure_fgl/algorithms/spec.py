@@ -30,6 +30,11 @@ def model_every_round(cfg) -> dict[str, tuple[int, int]]:
     return every_round(cfg, f"{cfg.algorithm}/model")
 
 
+def model_broadcast(cfg) -> tuple[str, ...]:
+    """FedAvg's broadcast: every client trains on the result of ``<algorithm>/model``."""
+    return (f"{cfg.algorithm}/model",)
+
+
 def no_exchanges(cfg) -> dict[str, tuple[int, int]]:
     """An algorithm that exchanges nothing: every plan is refused."""
     return {}
@@ -48,7 +53,10 @@ class AlgorithmSpec:
     is filled in), ``schedule`` (``schedule(cfg) -> {tag: (first round, last round)}``: every
     exchange the algorithm plans, from the public configuration alone; the run manifest lists it
     and every client refuses a plan for any other (round, tag), :mod:`protocols.schedule`;
-    default :func:`model_every_round`).
+    default :func:`model_every_round`), ``broadcasts`` (``broadcasts(cfg) -> tags``: the listed
+    exchanges whose one result every recipient gets whole and trains on, given the schedule's
+    ``broadcast`` role so that each client binds the chain of those it received into its next
+    contribution, :mod:`protocols.broadcast_view`; default none).
     """
 
     name: str
@@ -63,10 +71,16 @@ class AlgorithmSpec:
     check: Callable | None = None
     mode_note: str = ""
     schedule: Callable | None = None
+    broadcasts: Callable | None = None
 
     def exchanges_of(self, cfg) -> dict[str, tuple[int, int]]:
         """The run's public exchange listing (``schedule``, default :func:`model_every_round`)."""
         return (self.schedule or model_every_round)(cfg)
+
+    def broadcasts_of(self, cfg) -> tuple[str, ...]:
+        """The run's broadcast tags (``broadcasts``), those of them the schedule lists."""
+        listed = self.exchanges_of(cfg)
+        return tuple(tag for tag in (self.broadcasts(cfg) if self.broadcasts else ()) if tag in listed)
 
     def logic_class(self) -> type:
         """The client logic class, imported on first use."""

@@ -114,6 +114,8 @@ def sum_exchange(
     if dp is not None:  # counted here, noised by each contributor (.dp)
         noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
     run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
+    if hasattr(strategy, "note_broadcast"):  # a model broadcast: who missed it is out of sync (FedSpray)
+        strategy.note_broadcast(tag, rnd)
     result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
     strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
     return length

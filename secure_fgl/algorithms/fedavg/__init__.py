@@ -9,7 +9,7 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedProxOptions, NoOptions
-from ..spec import AlgorithmSpec, no_exchanges
+from ..spec import AlgorithmSpec, model_broadcast, no_exchanges
 
 HALVES = dict(logic=f"{__name__}.client:ModelAveragingLogic", strategy=f"{__name__}.server:ModelAveragingStrategy")
 
@@ -21,6 +21,7 @@ SPECS = [
         "fedavg/model: weighted mean of model updates, every round",
         options=NoOptions,
         modes=modes(),
+        broadcasts=model_broadcast,
         **HALVES,
     ),
     AlgorithmSpec(
@@ -30,6 +31,7 @@ SPECS = [
         "fedprox/model: weighted mean of model updates, every round",
         options=FedProxOptions,
         modes=modes(),
+        broadcasts=model_broadcast,
         **HALVES,
     ),
     AlgorithmSpec(

@@ -98,10 +98,14 @@ class ModelAveragingStrategy(Strategy):
             self.protocol,
             plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
         )
-        if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
-            self.note_missed_download(tag, rnd)
+        self.note_broadcast(tag, rnd)
         done = {"tag": tag, "round": rnd, "length": length}
         self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
+
+    def note_broadcast(self, tag: str, rnd: int) -> None:
+        """After a sum under ``tag``: when the schedule binds it (a broadcast), :meth:`note_missed_download`."""
+        if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+            self.note_missed_download(tag, rnd)
 
     def note_missed_download(self, tag: str, rnd: int) -> None:
         """Put the clients that missed the model broadcast out of sync.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedGCNOptions, check_fedgcn
-from ..spec import AlgorithmSpec, model_every_round
+from ..spec import AlgorithmSpec, model_broadcast, model_every_round
 
 
 def schedule(cfg) -> dict[str, tuple[int, int]]:
@@ -37,5 +37,6 @@ SPECS = [
         logic=f"{__name__}.client:FedGCNLogic",
         strategy=f"{__name__}.server:FedGCNStrategy",
         schedule=schedule,
+        broadcasts=model_broadcast,
     ),
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedOMDOptions
-from ..spec import AlgorithmSpec, every_round
+from ..spec import AlgorithmSpec, every_round, model_broadcast
 
 
 def schedule(cfg) -> dict[str, tuple[int, int]]:
@@ -43,5 +43,6 @@ SPECS = [
         logic=f"{__name__}.client:FedOMDLogic",
         strategy=f"{__name__}.server:FedOMDStrategy",
         schedule=schedule,
+        broadcasts=model_broadcast,
     ),
 ]

@@ -24,6 +24,11 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     return every_round(cfg, *tags)
 
 
+def broadcasts(cfg) -> tuple[str, ...]:
+    """The global encoder and proxies every client receives whole (batched or not)."""
+    return tuple(f"{cfg.algorithm}/{part}" for part in ("encoder", "proxies", "batch"))
+
+
 SPECS = [
     AlgorithmSpec(
         "fedspray",
@@ -37,5 +42,6 @@ SPECS = [
         logic=f"{__name__}.client:FedSprayLogic",
         strategy=f"{__name__}.server:FedSprayStrategy",
         schedule=schedule,
+        broadcasts=broadcasts,
     ),
 ]

@@ -14,7 +14,7 @@ from protocols.registry import modes
 
 from ..fedavg import HALVES
 from ..options import FGSSLOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, model_broadcast
 
 SPECS = [
     AlgorithmSpec(
@@ -27,5 +27,6 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FGSSLLogic",
         strategy=HALVES["strategy"],
+        broadcasts=model_broadcast,
     ),
 ]

@@ -26,6 +26,11 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     return {**encoder, **hops, **every_round(cfg, f"{cfg.algorithm}/model")}
 
 
+def broadcasts(cfg) -> tuple[str, ...]:
+    """The encoder and the head every client receives whole (the hops' rows differ per client: not broadcasts)."""
+    return ("fedgcn-gap/encoder/model", f"{cfg.algorithm}/model")
+
+
 SPECS = [
     AlgorithmSpec(
         "fedgcn-gap",
@@ -42,6 +47,7 @@ SPECS = [
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
         schedule=schedule,
+        broadcasts=broadcasts,
     ),
     AlgorithmSpec(
         "gap",
@@ -59,5 +65,6 @@ SPECS = [
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
         schedule=schedule,
+        broadcasts=broadcasts,
     ),
 ]

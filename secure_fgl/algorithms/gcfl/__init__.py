@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from protocols.registry import graph_level_modes, pairwise_modes
 
-from ..graph_level import GCFL_PAPER
+from ..graph_level import GCFL_PAPER, cluster_broadcast
 from ..options import GCFLOptions, GCFLPlusOptions
 from ..spec import AlgorithmSpec, every_round
 
@@ -43,6 +43,7 @@ SPECS = [
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLStrategy",
         schedule=schedule,
+        broadcasts=cluster_broadcast,
         modes=pairwise_modes(),
         task="graph",
         mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
@@ -61,6 +62,7 @@ SPECS = [
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLPlusStrategy",
         schedule=schedule,
+        broadcasts=cluster_broadcast,
         modes=graph_level_modes(),
         task="graph",
     ),

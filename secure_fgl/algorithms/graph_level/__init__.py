@@ -23,6 +23,16 @@ HALVES = dict(
     task="graph",
 )
 
+
+def cluster_broadcast(cfg) -> tuple[str, ...]:
+    """``<algorithm>/model`` when every client trains every round (the mean reaches the members that trained).
+
+    With ``--client-fraction`` below 1 a client left out of a round keeps its own shared layers (GCFL's
+    baselines), so the members of a later sum trained on different models by design: nothing is bound.
+    """
+    return (f"{cfg.algorithm}/model",) if float(cfg.client_fraction) >= 1.0 else ()
+
+
 SPECS = [
     AlgorithmSpec(
         "gc-selftrain",
@@ -41,6 +51,7 @@ SPECS = [
         GCFL_PAPER,
         "gc-fedavg/model: weighted mean of shared-layer updates, every round",
         options=GraphOptions,
+        broadcasts=cluster_broadcast,
         **HALVES,
     ),
     AlgorithmSpec(
@@ -49,6 +60,7 @@ SPECS = [
         GCFL_PAPER,
         "gc-fedprox/model: weighted mean of shared-layer updates, every round",
         options=GraphProxOptions,
+        broadcasts=cluster_broadcast,
         **HALVES,
     ),
 ]

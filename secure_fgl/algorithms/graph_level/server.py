@@ -116,6 +116,7 @@ class GraphStrategy(ModelAveragingStrategy):
         members = sorted(sent)  # a member lost in training is not a contributor
         length = int(next(iter(sent.values()))["length"])
         run_split(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
+        self.note_broadcast(tag, rnd)
         self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
 
     def apply_mean(self, members: list[int], mean=None) -> None:
