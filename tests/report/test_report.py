@@ -76,6 +76,7 @@ def test_leakage_matrix_cells():
     assert u.rows and u.rows[0][9] == "1.000 ± 0.000" and u.rows[1][9] == "1.000"
 
 
+@pytest.mark.usefixtures("png_figures")
 def test_tiny_report_sweep(tmp_path):
     """Tiny report sweep.
 
