@@ -36,10 +36,9 @@ from protocols.mask.quantize import RING_BITS, STORAGE_DTYPES, FixedPoint, choos
 from protocols.mask.shamir import PRIME, _is_probable_prime, combine, split_secret
 from protocols.message import encode_body
 
-#: examples per property test; raise MASK_EXAMPLES for a longer local soak
-FAST = settings(
-    max_examples=int(os.environ.get("MASK_EXAMPLES", 25)), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+#: examples per property test (as many as test_ckks.py's); raise MASK_EXAMPLES for a longer local soak
+EXAMPLES = int(os.environ.get("MASK_EXAMPLES", 12))
+FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SERVER_KINDS = {
     "masked",
     "public_key",
@@ -730,7 +729,7 @@ def test_make_protocol_and_fingerprint():
     assert p.block_capacity(ValueSpec()) == 4096
 
 
-@settings(max_examples=int(os.environ.get("MASK_EXAMPLES", 25)) // 5 + 2, deadline=None)
+@settings(max_examples=EXAMPLES // 2 + 1, deadline=None)
 @given(seed=st.integers(0, 2**31), batch=st.sampled_from([1, 2, 64]), data=st.data())
 def test_runs_of_exchanges_with_changing_contributors_and_dropouts_stay_exact(seed, batch, data):
     """Runs of exchanges with changing contributors and dropouts stay exact.

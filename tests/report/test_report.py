@@ -76,6 +76,7 @@ def test_leakage_matrix_cells():
     assert u.rows and u.rows[0][9] == "1.000 ± 0.000" and u.rows[1][9] == "1.000"
 
 
+@pytest.mark.usefixtures("png_figures")
 def test_tiny_report_sweep(tmp_path):
     """Tiny report sweep.
 
@@ -88,14 +89,13 @@ def test_tiny_report_sweep(tmp_path):
         'rounds = 2\nclients = 3\npartition = "iid"\n'
         "synthetic = {num_nodes = 150, num_features = 30, avg_degree = 4}\n"
         '[grid]\nalgorithms = ["fedgcn", "fedgcn-gap"]\ndatasets = ["sbm"]\n'
-        'modes = ["plain", "mask"]\ndp_epsilons = ["inf", 2]\nseeds = 1\n'
+        'modes = ["mask"]\ndp_epsilons = ["inf", 2]\nseeds = 1\n'
         '[grid.fedgcn]\ndp_epsilons = ["inf"]\n'
     )
     argv = ["--config", str(sweep), "--out", str(out), "--quiet"]
     assert report_main(argv) == 0
     results, errors = load_runs(out)
-    # the mask backend may be absent in a partial checkout: then its cells are recorded failures
-    assert len(results) + len(errors) == 6 and len(results) >= 3
+    assert not errors and len(results) == 3
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     pngs = sorted(p.name for p in (out / "figures").glob("*.png"))

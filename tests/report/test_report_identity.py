@@ -61,6 +61,7 @@ def test_fingerprint_ignores_where_files_go_and_names_what_differs():
     assert differences(a, c) == ["rounds: 20 -> 5", "options.hops: 1 -> 2"]
 
 
+@pytest.mark.usefixtures("png_figures")
 def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path, capsys):
     """A sweep with other settings into the same out never mixes runs.
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
+
 from secure_fgl.report.cli import main as report_main
 from secure_fgl.report.sweep import load_runs, spec_from_file
 
@@ -124,6 +126,7 @@ def test_reference_sweep_is_run_and_drawn_with_unit_and_delta_in_the_caption(tmp
         assert (out / "figures" / f"accuracy_vs_epsilon.{ext}").stat().st_size > 0
 
 
+@pytest.mark.usefixtures("png_figures")
 def test_reference_runs_of_another_delta_are_left_out_and_counted(tmp_path):
     (tmp_path / "central.toml").write_text(CENTRAL.replace("clients = 1", "clients = 1\ndp_delta = 1e-6"))
     main = tmp_path / "tradeoff.toml"

@@ -73,11 +73,8 @@ class Federation:
             )
             (self.folder / "superlink.argv").write_text(" ".join(link))
             self.spawn("superlink", link)
-            self.wait_listening(self.port, timeout)
-            for k in range(clients):
-                if tls:
-                    self.register(tls["node_pub"][k], tls["ca"])
-                sock = self.folder / f"site{k}" / "site.sock"
+            socks = [self.folder / f"site{k}" / "site.sock" for k in range(clients)]
+            for k, sock in enumerate(socks):  # the sites need no SuperLink: they start (import torch) meanwhile
                 self.spawn(
                     f"site{k}",
                     [
@@ -91,6 +88,10 @@ class Federation:
                         *(site_args(k) if callable(site_args) else site_args),
                     ],
                 )
+            self.wait_listening(self.port, timeout)
+            for k, sock in enumerate(socks):
+                if tls:
+                    self.register(tls["node_pub"][k], tls["ca"])
                 node = [
                     str(BIN / "flower-supernode"),
                     "--superlink",
