@@ -417,8 +417,8 @@ def _call_stale_model(fz, rng):
 
     The second is re-signed by the server: a model-inconsistency attack; the case's sum, which the victim joins, then
     binds the models each contributor received (in ckks-mp the victim already refuses the replay: a broadcast
-    switched to the broadcast key decrypts to noise under another exchange's ``c1``).  Each case takes a broadcast tag of its own (it leaves the victim's
-    view of it diverged for good).
+    switched to the broadcast key decrypts to noise under another exchange's ``c1``). Each case takes a broadcast tag
+    of its own (it leaves the victim's view of it diverged for good).
     """
     if fz.stale_tags >= len(STALE_TAGS):
         fz.proto = fz.scheduled = fz.new_protocol(scheduled=True)
