@@ -26,6 +26,7 @@ from . import wire
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client
 from .logic import make_logic
+from .messages import CheckpointRes, StateRes, decode_request, encode_reply
 from .partition import DATA_FIELDS, data_digest, data_fields, own_fields
 
 #: ClientSubgraph fields carried in a client's set-up frame
@@ -105,7 +106,8 @@ class ClientRuntime:
         """Answer one request.
 
         ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``, ``save``, ``load``, ``weights``
-        or ``attack`` (a request frame in, a response frame out), or ``half:<stage>`` (the protocol half's stage,
+        or ``attack`` (a request frame in, a response frame out, each a typed message of :mod:`.messages`: a
+        malformed one raises :class:`~.messages.MessageError`), or ``half:<stage>`` (the protocol half's stage,
         bundles of signed messages in and out).
         """
         if method.startswith("half:"):  # a protocol stage: signed message bundles in and out
@@ -114,21 +116,23 @@ class ClientRuntime:
             return request
         if method == "accepted_keys":  # the key fingerprints this client's half accepted
             return wire.pack({"fingerprints": self.half.registry.fingerprints() if self.half is not None else {}})
-        req = wire.unpack(request)
+        req = decode_request(method, wire.unpack(request))
         if method == "save":
-            return wire.pack(self._save(Path(req["path"])))
+            return wire.pack(encode_reply(method, self._save(Path(req.path))))
         if method == "load":
-            return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+            return wire.pack(encode_reply(method, self._load(Path(req.path), req.sha256)))
         if method == "weights":  # best_model.pt of a run that writes it
-            return wire.pack(self._weights())
+            return wire.pack(encode_reply(method, self._weights()))
         if method == "attack" and not self.cfg.attacks:
             raise PermissionError(
                 f"client {self.client_id} hands its state to the attack suite only in a run "
                 "started with --attacks (an evaluation, attacks/parties.py)"
             )
-        if method == "attack" and req["what"] == "keys":  # what it hands a coalition it joins
+        if method == "attack" and req.what == "keys":  # what it hands a coalition it joins
             secrets = self.half.coalition_secrets() if self.half is not None else {}
-            return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
+            return wire.pack(
+                encode_reply(method, StateRes({f: np.frombuffer(b, np.uint8) for f, b in secrets.items()}))
+            )
         handler = {
             "local_update": self.logic.local_update,
             "contribute": self.logic.contribute,
@@ -136,12 +140,10 @@ class ClientRuntime:
             "evaluate": self.logic.evaluate,
             "privatize": self.logic.privatize,
             "attack": self.logic.attack_state,
-        }.get(method)
-        if handler is None:
-            raise ValueError(f"client runtime has no method {method!r}")
-        return wire.pack(handler(req) or {})
+        }[method]
+        return wire.pack(encode_reply(method, handler(req)))
 
-    def _weights(self) -> dict:
+    def _weights(self) -> StateRes:
         """Its deployed model's parameters, for ``best_model.pt`` (only in a run that writes it)."""
         if not (self.cfg.save_best_model and self.cfg.out):
             raise PermissionError(
@@ -149,17 +151,17 @@ class ClientRuntime:
                 "that writes best_model.pt (--out, --save-best-model)"
             )
         model = getattr(self.logic, "model", None)
-        return {} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()}
+        return StateRes({} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()})
 
     # -- checkpoints: written where the client runs (weights-only plain data)
-    def _save(self, path: Path) -> dict:
+    def _save(self, path: Path) -> CheckpointRes:
         buf = io.BytesIO()
         torch.save(to_plain(self.logic.state_dict()), buf)
         data = buf.getvalue()
         write_bytes_atomic(path, data)
-        return {"sha256": hashlib.sha256(data).hexdigest()}
+        return CheckpointRes(hashlib.sha256(data).hexdigest())
 
-    def _load(self, path: Path, sha256: str) -> dict:
+    def _load(self, path: Path, sha256: str | None) -> CheckpointRes:
         if not path.exists():
             raise FileNotFoundError(
                 f"client {self.client_id}: checkpoint {path} is missing on this machine; "
@@ -170,4 +172,4 @@ class ClientRuntime:
                 f"client {self.client_id}: {path} is not the file the driver's checkpoint names (digest differs)"
             )
         self.logic.load_state_dict(from_plain(torch.load(path, weights_only=True, map_location=self.device)))
-        return {}
+        return CheckpointRes()

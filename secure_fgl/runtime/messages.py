@@ -125,7 +125,7 @@ class RuntimeMessage:
             raise MessageError(f"{cls.__name__} has no field(s) {sorted(rest)}")
         return cls(**kwargs)
 
-    def get(self, name: str) -> Any:
+    def entry(self, name: str) -> Any:
         """Entry ``name`` of the open mapping; :class:`MessageError` naming it when absent."""
         extra = getattr(self, self.OPEN) if self.OPEN is not None else {}
         if name not in extra:
