@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.messages import EvaluateIns, EvaluateRes
 from ..runtime.strategy import EVAL_TAG
 from .base import accuracy_summary
 from .fedavg.client import ModelAveragingLogic
@@ -113,9 +114,9 @@ class MinorityLogic(ModelAveragingLogic):
     """FedAvg's client whose evaluation counts carry its :func:`minority_report`."""
 
     @torch.no_grad()
-    def evaluate(self, req: dict) -> dict:
-        counts = super().evaluate(req)
-        return {**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)}
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        counts = super().evaluate(req).counts
+        return EvaluateRes({**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)})
 
 
 class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
@@ -130,5 +131,6 @@ class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
         self.personalized = not self.aggregate_models
 
     def evaluate(self) -> dict:
-        reports = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        asked = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        reports = {k: r.counts for k, r in asked.items()}
         return self.add_minority(accuracy_summary(reports), {k: r["minority"] for k, r in reports.items()})
