@@ -18,6 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from protocols.auth import SigningKey
+from protocols.manifest import Manifest
+from protocols.registry import backend_class
+
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph
 from ..engine.checkpoint import from_plain, to_plain
@@ -90,10 +94,6 @@ class ClientRuntime:
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
         if "party_setup" in f:
-            from protocols.auth import SigningKey
-            from protocols.manifest import Manifest
-            from protocols.registry import backend_class
-
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
             # the manifest and identity key come from the driver directly (protocols/halves.py), never via the server
             self.half.use_manifest(
