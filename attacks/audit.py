@@ -92,6 +92,7 @@ class AuditReport:
     exchanges: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready data (at most 50 failures and 50 warnings listed, with their full counts)."""
         return {
             "mode": self.mode,
             "secure": self.secure,

@@ -115,6 +115,7 @@ class View:
 
     @classmethod
     def of(cls, transcript, observer: str, *, opener=None, num_clients: int | None = None) -> View:
+        """The view of ``observer`` (a party or a coalition): the messages its parties sent or received."""
         parties = tuple(observer_parties(observer, num_clients))
         ps = set(parties)
         msgs = [m for m in transcript.messages if m.sender in ps or m.receiver in ps]
@@ -130,6 +131,7 @@ class View:
         round: int | None = None,
         kinds: Iterable[str] | None = None,
     ) -> list[Message]:
+        """Messages whose tag matches the glob ``pattern`` and that match every other given filter."""
         kinds = set(kinds) if kinds is not None else None
         return [
             m
@@ -142,6 +144,7 @@ class View:
         ]
 
     def tags(self, pattern: str | None = None) -> list[str]:
+        """Sorted distinct tags of the view, optionally only those matching the glob ``pattern``."""
         return sorted({m.tag for m in self.messages if pattern is None or fnmatch.fnmatchcase(m.tag, pattern)})
 
     def latest_round(self, tag: str, **kw) -> int | None:
@@ -151,6 +154,7 @@ class View:
 
     # -- reading
     def readable(self, m: Message) -> bool:
+        """Whether one of the view's parties can read ``m``'s payload (a readable kind, or opened with its keys)."""
         if m.payload is None:
             return False
         if m.kind in READABLE_KINDS:
@@ -289,6 +293,7 @@ class AttackResult:
         return self
 
     def to_dict(self) -> dict:
+        """JSON-ready summary: the primary metric, its chance level and interval, the other metrics (not ``output``)."""
         d = {
             "name": self.name,
             "observer": self.observer,
@@ -354,10 +359,12 @@ class GroundTruth:
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes of the global graph."""
         return int(self.x.shape[0])
 
     @classmethod
     def from_fed(cls, fed) -> GroundTruth:
+        """The ground truth of a federated graph: features, labels, edges, owners, masks and the client subgraphs."""
         g = fed.graph
         return cls(
             x=g.x.detach().cpu().numpy().astype(np.float64),
@@ -388,6 +395,7 @@ class GroundTruth:
         )
 
     def adjacency(self, self_loops: bool = False):
+        """The symmetric 0/1 adjacency as a CSR matrix (no self loops unless ``self_loops``)."""
         import scipy.sparse as sp
 
         n = self.num_nodes

@@ -342,6 +342,11 @@ class CoalitionAttack(Attack):
     knowledge = ("public", "coalition_keys")
 
     def run(self, view: View, knowledge) -> AttackResult:
+        """Measure (a) what the coalition reads by breaking the protocol, (b) what the aggregates isolate.
+
+        (a) per mode as the module docstring says: decryption with the shared key (ckks), mask removal compared
+        with the encoded input (mask, chance 2^-32), |correlation| of a probe decryption (ckks-mp); (b) for every mode.
+        """
         keys = knowledge["coalition_keys"]
         proto, coalition = keys["protocol"], sorted(keys["clients"])
         if SERVER not in view.parties or not coalition:
@@ -408,4 +413,5 @@ class CoalitionAttack(Attack):
         return self.result(metric="break_read_fraction", value=value, chance=chance, metrics=metrics)
 
     def score(self, result: AttackResult, truth) -> AttackResult:
+        """The result as measured by :meth:`run` (its metrics need no ground truth)."""
         return result

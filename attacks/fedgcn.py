@@ -330,6 +330,7 @@ class NeighbourSumReadout(Attack):
     algorithms = ("fedgcn",)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Claim the rows of each client's readable row-sum uploads that the blind detector finds single-contributor."""
         pub = knowledge["public"]
         got = _readable_uploads(self, view, pub)
         if isinstance(got, AttackResult):
@@ -348,6 +349,7 @@ class NeighbourSumReadout(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Exposure, precision and bit AUC of the claimed rows, with the operator that fits each client."""
         out = res.output
         adj = truth.adjacency()
         ops = candidate_operators(adj)
@@ -394,6 +396,10 @@ class NeighbourSumInversion(Attack):
     options = {"max_rows": 20000}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Solve S_k = B_k X_k per client by pseudo-inverse, under the candidate operator with the smallest residual.
+
+        Nodes whose row of pinv(B_k) B_k is a unit vector are marked identifiable.
+        """
         pub, topo = knowledge["public"], knowledge["topology"]
         got = _readable_uploads(self, view, pub)
         if isinstance(got, AttackResult):
@@ -444,6 +450,7 @@ class NeighbourSumInversion(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Share of the attacked clients' nodes whose features are recovered exactly, with bit AUC/F1 or MSE and NIP."""
         out = res.output
         attacked = np.isin(truth.owner, out["clients"])
         X, xh = truth.x, out["xhat"]
@@ -528,6 +535,12 @@ class ClientSubtraction(Attack):
     algorithms = ("fedgcn",)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Subtract the client's own contribution from the totals it receives and claim the residual rows.
+
+        The neighbourhood convention (open or closed) is the one whose own contribution fits the client's interior rows;
+        a
+        residual from exactly one foreign neighbour is attributed to it.
+        """
         pub, own = knowledge["public"], knowledge["own_data"]
         d, n, binary = int(pub["num_features"]), int(pub["num_nodes"]), bool(pub["binary_features"])
         me = view.parties[0]
@@ -610,6 +623,7 @@ class ClientSubtraction(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Exposure, precision and bit AUC of the claims against the foreign neighbours of each claimed row."""
         out = res.output
         c = out["client"]
         a_closed = truth.adjacency(self_loops=True)

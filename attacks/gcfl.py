@@ -107,6 +107,7 @@ class SameDatasetInference(Attack):
     algorithms = GRAPH_ALGORITHMS
 
     def run(self, view: View, knowledge) -> AttackResult:
+        """Read the client-update similarity matrix the server sees (``None`` result when nothing is readable)."""
         pub = knowledge["public"]
         read = server_similarity(view, int(pub["num_shared"]), pub["algorithm"])
         if read is None:
@@ -115,6 +116,7 @@ class SameDatasetInference(Attack):
         return self.result(output=(clients, sim), metrics={"clients": len(clients)})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """AUC of the similarity for telling same-dataset client pairs from the others."""
         clients, sim = res.output
         datasets = [c.dataset for c in truth.clients]
         if len(set(datasets)) == len(datasets):  # one dataset per client: ask for the domain

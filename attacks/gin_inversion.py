@@ -121,6 +121,7 @@ class GINUpdateInversion(Attack):
     options = {"victim": 0, "iterations": 200, "lr": 0.1}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Invert the victim's GIN-layer update from the round-start model (final model minus its cluster mean)."""
         pub, graphs, model = knowledge["public"], knowledge["victim_graphs"], knowledge["victim_model"]
         tags = view.tags(self.exchange)
         read = read_round(view, tags[0], int(self.opts["victim"]), int(pub["num_shared"])) if tags else None
@@ -146,6 +147,7 @@ class GINUpdateInversion(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Graph-label accuracy (chance: majority class), label-share TV distance and one-hot feature accuracy."""
         client = truth.clients[res.output["client"]]
         y = np.array([int(g.y.view(-1)[0]) for g in client.train])
         x = torch.cat([g.x for g in client.train]).numpy()

@@ -286,6 +286,11 @@ class GradientInversion(Attack):
         return ups[v], total
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Invert the victim's update on its known topology: features and labels whose update matches the observed one.
+
+        A label prior comes from the last-layer bias update; under SGD the label shares follow in closed form (iDLG /
+        LLG).
+        """
         pub = knowledge["public"]
         tag = model_tag(view, self.exchange)
         if tag is None:
@@ -382,6 +387,7 @@ class GradientInversion(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Feature AUC (binary) or cosine against a mean-feature baseline, over the training nodes' receptive field."""
         out = res.output
         c = truth.clients[out["victim"]]
         X = c.x.detach().cpu().numpy().astype(np.float64)
@@ -465,6 +471,7 @@ class AggregateGradientInversion(GradientInversion):
     default_observer = SERVER
 
     def target_vector(self, view, tag, rnd, length, pub):
+        """The readable aggregate of ``tag`` at ``rnd``, as both target and total, or a reason string."""
         total = read_aggregate(view, tag, rnd, length)
         if total is None:
             return f"the aggregate of {tag} round {rnd} is not readable by {'+'.join(view.parties)}"
@@ -484,11 +491,13 @@ class IsolatedGradientInversion(GradientInversion):
     _known: dict | None = None
 
     def target_round(self, view, tag):
+        """The latest round of ``tag`` the coalition reads in the transcript or holds decrypted."""
         known = (self._known or {}).get("aggregates", {}).get(tag, {})
         rounds = [r for r in (view.latest_round(tag), max(known, default=None)) if r is not None]
         return max(rounds) if rounds else None
 
     def target_vector(self, view, tag, rnd, length, pub):
+        """The victim's update isolated as total - sum of the coalition's own uploads, or a reason string."""
         known = self._known or {}
         total = read_aggregate(view, tag, rnd, length)
         if total is None and rnd in known.get("aggregates", {}).get(tag, {}):
@@ -511,6 +520,7 @@ class IsolatedGradientInversion(GradientInversion):
         return victim, total
 
     def run(self, view, knowledge):
+        """Invert the isolated update; not applicable when the victim is in the coalition."""
         self._known = knowledge.get("own_contributions") or {}
         v = int(self.opts["victim"])
         if client_party(v) in view.parties:

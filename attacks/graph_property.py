@@ -163,6 +163,7 @@ class GraphPropertyInference(Attack):
     options = {"threshold": 0.3, "shadows": 4}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Score each client's update norms with shadow classifiers trained on auxiliary graphs at its round start."""
         from secure_fgl.algorithms.graph_level.ops import initial_shared
 
         pub, aux = knowledge["public"], knowledge["aux_graphs"]
@@ -208,6 +209,7 @@ class GraphPropertyInference(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """AUC of the scores for telling clients whose graphs are mostly dense (above the density threshold)."""
         scores = res.output["scores"]
         thr = float(self.opts["threshold"])
         labels = [int(dense_majority(truth.clients[k].train, thr)) for k in scores]

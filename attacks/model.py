@@ -42,6 +42,7 @@ class MembershipInference(Attack):
     needs_exchange = False
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Loss, max-probability and negative-entropy scores of the candidate nodes under the deployed posteriors."""
         P = np.asarray(knowledge["posteriors"], dtype=np.float64)
         cand = knowledge["candidates"]
         ids, labels = np.asarray(cand["ids"]), np.asarray(cand["labels"])
@@ -55,6 +56,7 @@ class MembershipInference(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """AUC, membership advantage and TPR at 1 % FPR of the loss score (training nodes are members)."""
         ids = res.output["ids"]
         member = truth.train_mask[ids]
         s = res.output["scores"]
@@ -171,10 +173,12 @@ class PosteriorLinkInference(Attack):
     options = {"pairs": 2000, "seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Collect the posteriors; pairs are scored by cosine similarity in :meth:`score`."""
         P = np.asarray(knowledge["posteriors"], dtype=np.float64)
         return self.result(output={"posteriors": P})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """AUC of posterior cosine for edges against 2-hop and random negatives, intra- and cross-client."""
         P = res.output["posteriors"]
         owner = truth.owner
         nodes = np.flatnonzero(np.isfinite(P).all(1) & (owner >= 0))
@@ -214,6 +218,7 @@ class InfluenceLinkInference(Attack):
     options = {"targets": 500, "delta": 1e-2, "pairs": 4000, "seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """LinkTeller: perturb each target's features by ``delta``; record the change of every node's log-posteriors."""
         api = knowledge["query_api"]
         X = torch.as_tensor(api["features"], dtype=torch.float32)
         n = X.shape[0]
@@ -238,6 +243,7 @@ class InfluenceLinkInference(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """AUC of the influence for the client's edges against 2-hop and random negatives, with a feature baseline."""
         out = res.output
         c = truth.clients[out["client"]]
         ei = c.edge_index.detach().cpu().numpy()

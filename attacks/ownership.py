@@ -52,6 +52,10 @@ class OwnershipInference(Attack):
     options = {"targets": 1000, "seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Score each target node against each client by the cosine of its loss gradient with the client's update.
+
+        Scores are centred per client, so an offset common to every node does not count.
+        """
         pub = knowledge["public"]
         tag = model_tag(view, self.exchange)
         if tag is None:
@@ -89,6 +93,7 @@ class OwnershipInference(Attack):
         return self.result(output={"ids": ids[pick], "clients": np.asarray(clients), "scores": scores, "round": rnd})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Accuracy of the best-aligned client as the owner of the member targets (chance: matching), and owner AUC."""
         out = res.output
         ids, clients, S = out["ids"], out["clients"], out["scores"]
         member = truth.train_mask[ids] & np.isin(truth.owner[ids], clients)
@@ -130,6 +135,7 @@ class RequestOwnership(Attack):
     options = {"seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Score each node by the clients that request its row block (not applicable under a private row order)."""
         pub = knowledge["public"]
         order = str((pub.get("options") or {}).get("row_order", "given"))
         if order != "given":
@@ -160,6 +166,7 @@ class RequestOwnership(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Owner accuracy (ties broken at random; chance: matching) and owner AUC of the request scores."""
         out = res.output
         clients, S = out["clients"], out["scores"]
         kept = np.flatnonzero(np.isin(truth.owner, clients))

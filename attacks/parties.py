@@ -51,12 +51,14 @@ class RuntimeParties:
         return dict(reply.state)
 
     def own_data(self, k: int):
+        """Client ``k``'s subgraph, as its runtime reports it."""
         from secure_fgl.data.federated import ClientSubgraph
 
         f = self._ask(k, "own_data")
         return ClientSubgraph(k, **{name: torch.from_numpy(a) for name, a in f.items()})
 
     def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(node ids, totals)`` client ``k`` decrypted in its row exchanges, or None."""
         f = self._ask(k, "received")
         return (f["nodes"], f["totals"]) if f else None
 
@@ -99,10 +101,12 @@ class RuntimeParties:
         return model
 
     def posteriors(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(global ids, posteriors)`` of client ``k``'s nodes under its deployed model."""
         f = self._ask(k, "posteriors")
         return f["global_ids"], f["posteriors"][: f["global_ids"].size]
 
     def query_api(self, t: int) -> dict | None:
+        """Query access to client ``t``'s model: features, node ids and a features -> log-posteriors function."""
         inputs = self._ask(t, "inputs")
         if not inputs:
             return None

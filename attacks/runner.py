@@ -140,6 +140,7 @@ class RunContext:
 
     # -- providers
     def public(self, **_) -> dict:
+        """Public facts of the run: sizes, mode, algorithm, its public options and training hyper-parameters."""
         cfg, fed = self.cfg, self.fed
         algo_name = getattr(self.algo, "name", cfg.algorithm)
         if not hasattr(fed, "graph"):  # graph classification: per-client models
@@ -188,9 +189,11 @@ class RunContext:
         }
 
     def topology(self, **_) -> dict:
+        """The global edge index and node owners (knowledge K2)."""
         return {"edge_index": self.fed.graph.edge_index.cpu().numpy(), "owner": self.fed.owner.cpu().numpy()}
 
     def own_data(self, observer: str, **_):
+        """The subgraph of the observing client, or of each client of a coalition."""
         ks = [int(p[6:]) for p in observer_parties(observer) if p.startswith("client")]
         if len(ks) == 1:
             return self.parties.own_data(ks[0])
@@ -244,10 +247,12 @@ class RunContext:
         return {"uploads": uploads, "aggregates": aggregates}
 
     def released_model(self, **_):
+        """A CPU copy of the released global model, or None."""
         m = self._global_model()
         return None if m is None else copy.deepcopy(m).cpu()
 
     def architecture(self, **_):
+        """A factory of fresh copies of the global model's architecture, or None."""
         m = self._global_model()
         if m is None:
             return None
@@ -255,6 +260,7 @@ class RunContext:
         return lambda: copy.deepcopy(template)
 
     def victim_topology(self, attack: Attack, **_):
+        """The victim client's node count, edges and training mask."""
         v = int(attack.opts.get("victim", 0))
         c = self.fed.clients[v]
         return {
@@ -293,6 +299,7 @@ class RunContext:
         return copy.deepcopy(self.parties.victim_model(int(attack.opts.get("victim", 0)))).cpu()
 
     def posteriors(self, **_):
+        """The deployed posteriors of every node (rows of unowned nodes NaN), cached."""
         if self._posteriors is None:
             N, C = int(self.fed.graph.num_nodes), int(self.fed.num_classes)
             P = np.full((N, C), np.nan)
@@ -304,6 +311,7 @@ class RunContext:
         return self._posteriors
 
     def candidates(self, **_):
+        """Up to 1,000 training and 1,000 test nodes, shuffled, with their labels (membership candidates)."""
         g = self.fed.graph
         rng = np.random.default_rng([self.seed, 77])
         kept = self.fed.owner.cpu().numpy() >= 0
@@ -315,6 +323,7 @@ class RunContext:
         return {"ids": ids, "labels": g.y.cpu().numpy()[ids]}
 
     def query_api(self, attack: Attack, observer: str, **_):
+        """Query access to a target client's model (another client when the observer is the target)."""
         t = int(attack.opts.get("target_client", 0)) if "target_client" in attack.opts else 0
         if observer_parties(observer) == [client_party(t)]:
             t = 1 if self.fed.num_clients > 1 else 0
@@ -333,6 +342,10 @@ class RunContext:
         return {"ids": ids, "x": g.x, "y": g.y.cpu().numpy()[ids], "edge_index": g.edge_index}
 
     def hidden_fn(self, **_):
+        """A function (x, edge_index) -> the global model's first hidden layer, clamped to the activation bounds.
+
+        For FedOMD the mean of 8 training-mode passes, matching how it computes its statistics.
+        """
         m = self._global_model()
         if m is None:
             return None
@@ -369,6 +382,7 @@ class RunContext:
         return {"protocol": self.protocol, "clients": clients, "ckks_keys": self.parties.ckks_keys(sorted(clients))}
 
     def knowledge_for(self, attack: Attack, observer: str) -> dict:
+        """The knowledge ``attack`` declares, each from the provider method of that name (absent if none)."""
         out = {}
         for name in attack.knowledge:
             provider: Callable | None = getattr(self, name, None)
@@ -380,6 +394,7 @@ class RunContext:
         return out
 
     def opener(self):
+        """The protocol's ``open_for`` (decrypts with a party's keys), or None."""
         return getattr(self.protocol, "open_for", None)
 
 

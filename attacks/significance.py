@@ -49,6 +49,7 @@ class Estimate:
 
     @property
     def at_chance(self) -> bool | None:
+        """Whether the chance level lies in the interval (None without both)."""
         if self.ci is None or self.chance is None:
             return None
         return bool(self.ci[0] - 1e-12 <= self.chance <= self.ci[1] + 1e-12)
@@ -63,6 +64,7 @@ class Estimate:
         )
 
     def to_dict(self) -> dict:
+        """JSON-ready value, chance, interval and methods."""
         d = {
             "value": _f(self.value),
             "chance": _f(self.chance),

@@ -125,6 +125,7 @@ class ProxyLabelDistribution(Attack):
     algorithms = ("fedspray",)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Read each client's class weights off the latest readable proxy upload and normalise them to label shares."""
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
@@ -147,6 +148,7 @@ class ProxyLabelDistribution(Attack):
         return self.result(output={"dists": est, "round": rnd, "tag": tags[0]})
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Mean TV distance of the estimates to the clients' training label shares."""
         return score_label_dists(res, truth, res.output["dists"], "train")
 
 
@@ -174,6 +176,10 @@ class MomentLabelDistribution(Attack):
     algorithms = ("fedomd",)
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Unmix each client's mean hidden feature into class shares with prototypes from auxiliary labelled nodes.
+
+        The estimate shrinks toward the auxiliary prior by the prototypes' nearest-prototype accuracy above chance.
+        """
         pub = knowledge["public"]
         C = int(pub["num_classes"])
         tags = view.tags(self.exchange)
@@ -225,6 +231,7 @@ class MomentLabelDistribution(Attack):
         )
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Mean TV distance of the estimates to the clients' label shares; whether the read client sizes are exact."""
         node_set = res.output.get("node_set", "all")
         res = score_label_dists(res, truth, res.output["dists"], node_set)
 

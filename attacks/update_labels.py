@@ -163,6 +163,10 @@ class UpdateLabelDistribution(Attack):
     options = {"shadows": 64, "max_warmup": 20, "seed": 0}
 
     def run(self, view: View, knowledge: Mapping[str, Any]) -> AttackResult:
+        """Estimate each client's label shares from its last-layer bias update.
+
+        Closed form under SGD; under Adam, calibrated with shadow clients trained from the round-start model.
+        """
         pub = knowledge["public"]
         tag = model_tag(view, self.exchange)
         rnd = view.latest_round(tag) if tag else None
@@ -227,6 +231,7 @@ class UpdateLabelDistribution(Attack):
         return dists
 
     def score(self, res: AttackResult, truth: GroundTruth) -> AttackResult:
+        """Mean TV distance of the estimates to the clients' training label shares."""
         res = score_label_dists(res, truth, res.output["dists"], "train")
         res.metrics["method"] = res.output.get("method")
         return res

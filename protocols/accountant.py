@@ -303,6 +303,7 @@ class PrivacyAccountant:
 
     @property
     def tags(self) -> list[str]:
+        """The tags that have released noise, in the order of their first release."""
         return list(self._runs)
 
     def history(self, tag: str | None = None) -> History:
@@ -316,6 +317,7 @@ class PrivacyAccountant:
         return [(z, q, n) for (z, q), n in merged.items()]
 
     def releases(self, tag: str | None = None) -> int:
+        """Number of noisy releases recorded for ``tag``, or for the whole run when ``tag`` is None."""
         return sum(n for _, _, n in self.history(tag))
 
     def epsilon(self, tag: str | None = None, delta: float | None = None) -> float:
@@ -333,6 +335,11 @@ class PrivacyAccountant:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict` (resuming a checkpointed run).
+
+        Raises:
+            ConfigurationError: the checkpoint was made with another mechanism or delta.
+        """
         if state["mechanism"] != self.mechanism or state["delta"] != self.delta:
             raise ConfigurationError(
                 f"checkpoint accountant ({state['mechanism']}, delta={state['delta']}) differs "

@@ -66,6 +66,7 @@ class SigningKey:
         return key_fingerprint(self.public_bytes)
 
     def sign(self, header: bytes) -> bytes:
+        """Ed25519 signature of ``header`` under this party's private key."""
         return self._private.sign(header)
 
     def private_bytes(self) -> bytes:
@@ -101,6 +102,11 @@ class SigningKey:
 
     @classmethod
     def from_private_bytes(cls, raw: bytes) -> SigningKey:
+        """Load a key pair from its 32 raw private-key bytes.
+
+        Raises:
+            AuthenticationError: ``raw`` is not a valid Ed25519 private key.
+        """
         try:
             return cls(Ed25519PrivateKey.from_private_bytes(bytes(raw)))
         except (TypeError, ValueError) as e:
@@ -164,6 +170,11 @@ class KeyRegistry:
         }
 
     def check_signature(self, party: str, header: bytes, signature: bytes, where: dict) -> None:
+        """Verify ``signature`` over ``header`` under ``party``'s registered signing key.
+
+        Raises:
+            AuthenticationError: ``party`` has no registered key, or the signature does not verify.
+        """
         key = self.signing.get(party)
         if key is None:
             raise AuthenticationError(f"no registered key for sender {party!r}", **where)
@@ -236,6 +247,13 @@ class ReplayCache:
     seen: set = field(default_factory=set)
 
     def admit(self, env: Envelope, where: dict) -> None:
+        """Accept ``env`` once; refuse a second message with the same key.
+
+        The key is (session, exchange, stage, sender, recipient, part).
+
+        Raises:
+            ReplayError: the message was already received.
+        """
         key = (env.session, env.exchange, env.stage, env.sender, env.recipient, env.part)
         if key in self.seen:
             raise ReplayError(

@@ -71,10 +71,21 @@ class ChannelKey:
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=run_id, info=info).derive(shared)
 
     def seal(self, peer: str, peer_public: bytes, run_id: bytes, plaintext: bytes, ad: bytes) -> bytes:
+        """Encrypt ``plaintext`` for ``peer`` with ChaCha20-Poly1305 under the X25519+HKDF pairwise key.
+
+        The key is bound to ``run_id`` and the two party names; ``ad`` is authenticated, not encrypted. Returns the
+        random
+        12-byte nonce followed by the ciphertext and tag.
+        """
         nonce = os.urandom(NONCE_BYTES)
         return nonce + self._aead(peer, peer_public, run_id).encrypt(nonce, bytes(plaintext), ad)
 
     def open(self, peer: str, peer_public: bytes, run_id: bytes, sealed, ad: bytes, where: dict) -> bytes:
+        """Decrypt and authenticate a ciphertext made by :meth:`seal` on ``peer``'s side.
+
+        Raises:
+            IntegrityError: the ciphertext is truncated, or does not authenticate under this pair's key and ``ad``.
+        """
         if not isinstance(sealed, (bytes, bytearray)) or len(sealed) < OVERHEAD:
             raise IntegrityError("channel ciphertext truncated", **where)
         try:

@@ -3,138 +3,42 @@ r"""Differential privacy for protocol exchanges: L2 clipping + Gaussian noise, a
 A run turns DP on with ``make_protocol(mode, K, dp=DPConfig(epsilon=...))``; an exchange opts
 in by passing ``dp=DPRequest(clip=..., ...)``.  Each client clips its contribution and adds
 noise *before* encoding, so the protocol then encrypts / masks the noisy values; the
-:class:`~protocols.accountant.PrivacyAccountant` composes every release of the run.
+:class:`~protocols.accountant.PrivacyAccountant` composes every release of the run.  The design,
+the sensitivities of each exchange type and what DP does not cover: docs/dp.md.
 
-Mechanism (per release of tag ``t``)
-------------------------------------
-* **Clipping** (L2): ``per_row=False`` scales a client's whole contribution to norm
-  <= ``clip``; ``per_row=True`` scales each row (first-axis slice of a dense array, or each
-  contributed row of :meth:`Protocol.row_sum`) to norm <= ``clip``.  ``clip=inf`` means the
-  caller bounded its contributions itself (it must then state ``sensitivity``).
-* **Noise**: the released *sum* gets Gaussian noise of std ``sigma = z_t * Delta`` per
-  entry, ``Delta`` the L2 sensitivity of the sum (``DPRequest.sensitivity``, default below),
-  ``z_t`` the noise multiplier of the tag.
-* **Calibration** (the whole run at once): at q = 1 Gaussian releases compose exactly like
-  one Gaussian mechanism with ``mu^2 = sum_t R_t / z_t^2`` (Dong, Roth & Su 2022).  The run
-  first finds the ``mu`` of the single Gaussian that spends exactly ``epsilon`` at ``delta``
-  under its accountant (:meth:`DPEngine.total_mu`; ``1 / get_noise_multiplier(eps, delta,
-  steps=1)`` for Opacus' RDP/PRV, the analytic Gaussian for "exact"), then gives tag ``t`` the
-  share ``s_t`` of ``mu^2``: ``z_t = sqrt(R_t) / (mu sqrt(s_t))``, ``R_t = DPRequest.releases``.
-  When every tag makes its planned releases the run spends ``epsilon`` (to the accountant's
-  numerics), not less: splitting epsilon itself across tags would leave most of it unspent
-  (eps 4 over two tags spent 2.94).  Shares: ``DPConfig.split`` (relative weights), else an
-  even split over ``DPConfig.tags`` / :meth:`DPEngine.declare`, else (nothing declared) the
-  whole budget goes to the first tag released and any other tag is refused.  The allocation
-  is frozen at the first release.  After calibrating a tag we check that the planned releases
-  of every tag so far compose to <= ``epsilon`` (if the accountant's numerics ever disagreed,
-  that tag's z would be raised until it holds).  A tag's ``epsilon_budget`` in the report is
-  what its releases alone would spend.
-  The release ``R_t + 1`` of a tag raises :class:`PrivacyBudgetError`.  A release is counted
-  when its noise is drawn, even if the exchange then fails (conservative).
+Mechanism (per release of tag ``t``):
 
-Placement
----------
-* ``local``: every contributor adds N(0, sigma^2) to what it uploads, so each upload is
-  itself (eps, delta)-DP — needed in ``plain`` mode, where the server reads every upload.
-  The released sum carries std ``sigma * sqrt(n)`` (n contributors).  Here ``Delta`` must
-  bound the change of the *concatenation* of all uploads; for the units below it is the
-  same number as for the sum.
-* ``distributed``: each of the n contributors adds N(0, sigma^2 / m) with
-  ``m = max(1, n - d - c)``, so the *sum* carries at least sigma even after ``d`` contributors
-  drop out (``DPConfig.dropouts``) and ``c`` colluding contributors (``DPConfig.colluders``)
-  subtract their own shares (over-provisioning; Truex et al. 2019, Kairouz et al. 2021 "the
-  distributed discrete Gaussian": each party adds noise for the worst-case number of honest
-  survivors).  With d = c = 0 it is ``sigma/sqrt(n)`` per contributor and the full sum
-  carries exactly sigma.  Argument: at most ``d`` drop and at most ``c`` are corrupt, so at
-  least ``n - d - c`` honest noise shares of variance ``sigma^2/m`` stay in the sum, i.e. at
-  least sigma^2; when ``n - d - c < 1`` every contributor adds all of sigma^2 (a row left with
-  no honest contributor holds no honest data).  Only sound when nobody but the recipients
-  sees anything but the sum, hence only with ``ckks`` / ``mask``; a backend must refuse an
-  exchange that lost more than ``d`` contributors after noising (the mask backend does).
-  For :meth:`Protocol.row_sum` n is counted per uploaded row (the clients uploading the
-  block holding it), so every uploaded row of the sum carries sigma.
+* clipping (L2): the whole contribution (``per_row=False``) or each row (``per_row=True``) to
+  norm <= ``clip``; ``clip=inf``: the caller bounded its contributions and states ``sensitivity``;
+* noise: the released sum gets std ``sigma = z_t * Delta`` per entry, ``Delta`` the L2 sensitivity
+  of the sum (``DPRequest.sensitivity``), ``z_t`` the tag's noise multiplier;
+* calibration: at q = 1 Gaussian releases compose like one Gaussian with
+  ``mu^2 = sum_t R_t / z_t^2`` (Dong, Roth & Su 2022); :meth:`DPEngine.total_mu` finds the ``mu``
+  that spends ``epsilon`` at ``delta`` and tag ``t`` gets the share ``s_t`` of ``mu^2``,
+  ``z_t = sqrt(R_t) / (mu sqrt(s_t))`` with ``R_t = DPRequest.releases``.  Release ``R_t + 1`` of a
+  tag raises :class:`PrivacyBudgetError`.
 
-Discrete noise on a grid: every exchange release (Kairouz, Liu & Steinke, ICML 2021)
-------------------------------------------------------------------------------------
-Every exchange release adds **discrete Gaussian** noise N_Z(0, s^2) (P[x] ~ exp(-x^2 / 2 s^2) on
-the integers; Canonne, Kamath & Steinke 2020 Alg. 3, :meth:`SecureRandom.discrete_gaussian`), on
-the integers for integer exchanges (``ValueSpec.integer`` / ``DPRequest.integer``) and on the
-public grid ``2^-f`` for continuous ones (``f`` = the exchange's ``ValueSpec.grid_bits``, else
-:data:`DP_GRID_BITS`): the clipped contribution is rounded *at random* onto the grid (up with
-probability its fractional part), then noised in grid steps (:func:`grid_noise`).  What leaves a
-client is ``2^-f`` times an integer: no float output whose low bits depend on the data.
+Placement: ``local``, every contributor adds N(0, sigma^2) (each upload is itself DP; needed in
+``plain``); ``distributed``, each of the n contributors adds N(0, sigma^2 / m) with
+``m = max(1, n - d - c)``, d = ``DPConfig.dropouts``, c = ``DPConfig.colluders`` (Truex et al. 2019;
+Kairouz, Liu & Steinke, ICML 2021), so the sum keeps at least sigma^2 (``ckks``, ``mask`` only).
 
-* Sensitivity: with the rounding's uniform fixed, rounding moves two inputs apart by less than one
-  step per entry, so the sum's L2 sensitivity grows by at most ``n 2^-f sqrt(entries)`` over the
-  n contributions (:func:`grid_slack`; ~1e-4 relative at f = 24 for a Cora hop); the noise is
-  calibrated to the inflated sensitivity.
-* Distributed placement: the exchange is encoded on its grid (:func:`release_spec`, every
-  codec then adds the clients' grid values exactly), so the released sum is ``2^-f`` times the
-  exact integer sum of the clients' rounded values plus the sum of their discrete noises -- one
-  release, not a sum of separately rounded Gaussians.  Its guarantee is Kairouz-Liu-Steinke
-  2021, Thm 1: the sum of n i.i.d. N_Z(0, s^2) with L2 sensitivity Delta (in steps) is
-  ``eps^2/2``-zCDP with ``eps^2 = Delta^2/(n s^2) + tau d/2``, ``tau = 10 sum_{k<n}
-  exp(-2 pi^2 s^2 k/(k+1))`` (:func:`sum_of_discrete_gaussians_epsilon`); each share's std is
-  floored at 2 steps, where tau < 1e-16 n, and the accountant records the multiplier
-  ``1/eps`` (the tau term included).
-* Local placement: each upload is one discrete Gaussian, ``Delta^2/(2 s^2)``-zCDP (CKS20 Thm 14).
-* Accounting: a discrete release has the zCDP (Renyi) curve ``alpha/(2 z^2)`` of the continuous
-  Gaussian, but not its exact trade-off curve, so a run with discrete releases composes in Renyi
-  DP even under the ``exact`` accountant (:meth:`PrivacyAccountant.mechanism_for`; the budget is
-  calibrated the same way, so the run still spends what it asks).  DP-SGD steps
-  (:meth:`DPEngine.local_release`) keep continuous Gaussian noise (added to float gradients in
-  torch).  The PRV accountant evaluates the continuous Gaussian's curve, an approximation for
-  discrete releases.
-* Caveats: the sampler's acceptance test and the rounding's uniform use 53-bit floats (CKS20
-  section 5's all-integer sampler is not implemented); noise makes counts negative, so packed
-  encoders leave headroom and an offset (``ExchangeContext.dp_noise_std``).
+Discrete noise (Kairouz, Liu & Steinke, ICML 2021): every exchange release rounds the clipped
+contribution at random onto the public grid ``2^-f`` (the integers for integer exchanges) and adds
+discrete Gaussian noise N_Z(0, s^2), P[x] ~ exp(-x^2 / 2 s^2) (Canonne, Kamath & Steinke 2020,
+Alg. 3; :func:`grid_noise`).  The sum of n such shares with L2 sensitivity Delta (in steps) is
+``eps^2/2``-zCDP with ``eps^2 = Delta^2/(n s^2) + tau d/2``,
+``tau = 10 sum_{k<n} exp(-2 pi^2 s^2 k/(k+1))`` (KLS21 Thm 1,
+:func:`sum_of_discrete_gaussians_epsilon`); rounding adds at most ``n 2^-f sqrt(entries)`` to the
+sensitivity (:func:`grid_slack`).
 
-Sensitivities (add/remove-one adjacency; replace-one doubles them)
-------------------------------------------------------------------
-* **Model updates / dense contributions**, clipped to C per client (add/remove one
-  client): Delta = C (:func:`client_level_sensitivity`); with ``per_row`` on r rows, C*sqrt(r).
-* **FedGCN neighbour sums S = (A + I) X**, feature rows ``X_v`` clipped to C (the
-  algorithm clips X with :func:`clip_rows`, or binary rows with <= s ones have C = sqrt(s)),
-  then ``DPRequest(clip=inf or a no-op bound, per_row=True, sensitivity=...)``:
-    - edge-level (one undirected edge (u, v) changes rows u and v by x_v and x_u):
-      Delta = sqrt(2) * C (:func:`edge_level_sensitivity`);
-    - node-feature-level with degree cap D (node v's features appear in its own row and
-      those of its <= D neighbours): Delta = C * sqrt(D + 1) (:func:`node_level_sensitivity`);
-      the algorithm must enforce the degree cap.
-  Clipping S rows as well is harmless (projection onto the ball is 1-Lipschitz).
-  ``row_sum`` with ``per_row=True`` refuses to guess the unit: give ``sensitivity``.
-* **weighted_mean** (the flat vector is ``[w v, w]``; the weight is secret in secure
-  modes and changes with the client's data, so it must be private too):
-    - ``weights=None``: the denominator is the number of contributors, public (the
-      transcript shows who sent); each client sends only ``clip(v)``: Delta = C.
-    - with weights: v is clipped to C *before* weighting, the weight is clipped to a public
-      bound W (``DPRequest.weight_bound``; required if any weight exceeds 1) and
-      normalised, w~ = min(w, W)/W in [0, 1] (the mean is unchanged by a common scale);
-      the client sends ``[w~ clip(v), w~ C]`` — the weight coordinate scaled by C so it
-      carries the same sensitivity as the values — and the **weight is noised too**:
-      ||[w~ v, w~ C]|| <= sqrt(2) C, so Delta = sqrt(2) C (C sqrt(r+1) per row).  The
-      recipients divide the value total by (weight total / C), floored at the std of its
-      noise (post-processing, no privacy cost) so noise cannot make it <= 0.
-* ``weighted_sum`` clips the *weighted* contribution w v to C: Delta = C.
-  ``classwise_mean`` clips the whole ``[w a, w]`` jointly to C: Delta = C (a uniform
-  scale keeps each client's class means and only lowers its weight).
+Sensitivities (add/remove-one adjacency): client level Delta = C (:func:`client_level_sensitivity`);
+FedGCN neighbour sums, rows clipped to C: edge level sqrt(2) C (:func:`edge_level_sensitivity`), node
+level with degree cap D, sqrt(D + 1) C (:func:`node_level_sensitivity`); ``weighted_mean`` with
+weights sends ``[w~ clip(v), w~ C]``, w~ = min(w, W)/W: Delta = sqrt(2) C.
 
-The ``prv`` accountant answers with the RDP bound above eps = 100, where Opacus' PRV
-numerics overflow (:data:`protocols.accountant.PRV_MAX_EPSILON`).  :meth:`DPEngine.state_dict`
-/ :meth:`DPEngine.load_state_dict` carry the budget across checkpoint resumes.
-
-Not covered by DP: participation (who sends is public), and in the ``sparse`` row layout
-the set of blocks a client uploads (a documented leak of that layout: use ``dense`` for DP
-over the support).  Noise on every uploaded row of a block, including rows the client
-does not hold, hides *which* rows inside a block it holds.
-
-Randomness: every noise draw comes from :class:`protocols.csprng.SecureRandom`, an
-AES-256-CTR keystream keyed by ``os.urandom(32)`` when the engine is built and never
-persisted (not in :meth:`DPEngine.state_dict`, a checkpoint or ``result.json``).  The run's
-``--seed`` plays no part: knowing it, nobody can regenerate the noise and subtract it, so
-DP runs are not bit-reproducible by design (everything else still follows ``--seed``).
-See :mod:`protocols.csprng` for the sampler and the floating-point/timing caveats (Jin et
-al., S&P 2022).
+Randomness: every noise draw comes from :class:`protocols.csprng.SecureRandom`, keyed by
+``os.urandom(32)`` and never persisted; the run's ``--seed`` plays no part.
 """
 
 from __future__ import annotations
@@ -219,6 +123,7 @@ class DPConfig:
         return DPEngine(self, num_clients=num_clients, protocol_mode=protocol_mode)
 
     def in_scope(self, tag: str) -> bool:
+        """Whether DP applies to ``tag``: every tag when no scope is set, else tags at or under a scope prefix."""
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
 
     def __post_init__(self):
@@ -531,6 +436,7 @@ class DPEngine:
         )
 
     def noise_multiplier(self, tag: str) -> float | None:
+        """Noise multiplier z of ``tag`` (sigma / sensitivity), or None before its first release."""
         st = self._tags.get(tag)
         return None if st is None else st.noise_multiplier
 

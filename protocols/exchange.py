@@ -53,6 +53,7 @@ class ValueSpec:
     grid_bits: int | None = None
 
     def sum_bound(self, num_clients: int) -> float:
+        """Bound on |sum| over ``num_clients`` contributions: the owner-checked ``sum_max``, else max_abs * n."""
         if self.integer and self.sum_max is not None and self.owner_checked_sum:
             return float(self.sum_max)
         return float(self.max_abs) * num_clients
@@ -70,6 +71,7 @@ class BlockTable:
 
     @property
     def block_len(self) -> int:
+        """Values per block."""
         return int(self.values.shape[1])
 
 

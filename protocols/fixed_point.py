@@ -192,6 +192,7 @@ class FixedPoint:
         return 0.0 if self.integer else self.num_clients * self.quantum
 
     def describe(self) -> str:
+        """Short text form of the field layout, quantum and sum bound."""
         return f"fixed point {self.fields}x{self.width}b, quantum {self.quantum:.3g} (sum bound {self.sum_bound:g})"
 
     # ------------------------------------------------------------------ quantisation (client side)
@@ -227,6 +228,7 @@ class FixedPoint:
         return q  # every rounding already satisfies the deterministic term c + Delta sqrt(d)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
+        """Integers back to reals: x = q * quantum."""
         return np.asarray(q, dtype=np.float64) * self.quantum
 
     # ------------------------------------------------------------------ packing

@@ -158,6 +158,7 @@ class HalvesProtocol(Protocol):
     # the test hook lives on the server half (every message crosses it)
     @property
     def intercept(self):
+        """The server half's test hook on outgoing messages (None before the halves exist)."""
         return self.server.intercept if hasattr(self, "server") else None
 
     @intercept.setter
@@ -183,6 +184,7 @@ class HalvesProtocol(Protocol):
         )
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        """The backend's encoding parameters for the exchange plan (none by default)."""
         return {}
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:

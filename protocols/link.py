@@ -84,6 +84,7 @@ class InProcessLink(ClientLink):
         self._muted[int(client)] = frozenset(stages)
 
     def reconnect(self, client: int) -> None:
+        """Let ``client`` take part again after it was dropped or muted."""
         self._gone.pop(int(client), None)
         self._muted.pop(int(client), None)
 

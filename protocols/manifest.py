@@ -113,6 +113,7 @@ class Manifest:
 
     # ------------------------------------------------------------------ encoding
     def to_dict(self) -> dict:
+        """The manifest as a plain dict."""
         return {
             "version": self.version,
             "mode": self.mode,
@@ -124,6 +125,7 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
+        """Canonical JSON of :meth:`to_dict` (the bytes every party hashes and signs)."""
         return canonical_json(self.to_dict())
 
     @classmethod
@@ -141,6 +143,11 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, doc: Any) -> Manifest:
+        """Parse a manifest from a plain dict.
+
+        Raises:
+            ConfigurationError: the fields are missing, extra, or of the wrong type.
+        """
         keys = {"version", "mode", "parties", "options", "security", "schedule", "nonce"}
         if not isinstance(doc, dict) or set(doc) != keys:
             raise ConfigurationError(f"a run manifest has exactly the fields {sorted(keys)}")
@@ -175,6 +182,7 @@ class Manifest:
 
     @property
     def num_clients(self) -> int:
+        """Number of clients (every party except the server)."""
         return len(self.parties) - 1
 
     # ------------------------------------------------------------------ what clients read from it

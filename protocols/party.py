@@ -89,6 +89,7 @@ class PartySetup:
     collusion: CollusionBound = CollusionBound()
 
     def to_bytes(self) -> bytes:
+        """Canonical encoding of the set-up (mode, client count, run id, session, options, collusion bound)."""
         return encode_body(
             {
                 "mode": self.mode,
@@ -102,6 +103,11 @@ class PartySetup:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PartySetup:
+        """Parse a set-up written by :meth:`to_bytes`.
+
+        Raises:
+            MalformedMessageError: a field is missing or malformed, or the run id, session or client count is invalid.
+        """
         try:
             p = decode_body(data)
             bound = CollusionBound.of(int(p["collusion"]["max_colluders"]), int(p["collusion"]["min_contributors"]))
@@ -415,6 +421,7 @@ class ClientHalf(Party):
 
     # ------------------------------------------------------------------ helpers for backends
     def where(self) -> dict:
+        """Tag, round and client id of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
 
@@ -429,6 +436,7 @@ class ClientHalf(Party):
         tag: str | None = None,
         round: int | None = None,
     ) -> Message:
+        """A message from this client to ``receiver`` in the current exchange (its round and tag unless given)."""
         p = self.plan
         return Message(
             p.round if round is None else round,
@@ -669,6 +677,7 @@ class ServerHalf(Party):
 
     # ------------------------------------------------------------------ helpers for backends
     def where(self, client: int | None = None) -> dict:
+        """Tag, round and ``client`` of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=client)
 
@@ -682,6 +691,7 @@ class ServerHalf(Party):
         note: str = "",
         tag: str | None = None,
     ) -> Message:
+        """A message from the server to client ``receiver`` in the current exchange."""
         p = self.plan
         return Message(
             p.round,

@@ -28,6 +28,7 @@ PLAIN_BLOCK = 4096
 
 
 def plain_fingerprint(num_clients: int) -> str:
+    """Fingerprint of a plain run with ``num_clients`` clients (there are no keys)."""
     return hashlib.sha256(f"plain:{num_clients}".encode()).hexdigest()[:16]
 
 
@@ -38,6 +39,12 @@ class PlainClient(ClientHalf):
     checks_plans = False  # the server reads every contribution: no sum to protect
 
     def on_stage(self, stage, inbox):
+        """Upload this client's blocks unencrypted, then check and deliver the downloaded sums.
+
+        Raises:
+            IntegrityError: the download is malformed.
+            ShapeError: the download has the wrong shape.
+        """
         fp = plain_fingerprint(self.setup.num_clients)
         if stage == "upload":
             if self.id not in self.plan.contributors:
@@ -136,12 +143,15 @@ class PlainServer(ServerHalf):
 
 
 class PlainProtocol(HalvesProtocol):
+    """Insecure reference: clients send values in the clear and the server adds them (no privacy)."""
+
     mode = "plain"
     upload_kind = "plain"
     client_half = PlainClient
     server_half = PlainServer
 
     def block_capacity(self, spec) -> int:
+        """Values per block of the plain transport."""
         return PLAIN_BLOCK
 
 

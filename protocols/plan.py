@@ -29,6 +29,22 @@ _SPEC_FIELDS = ("max_abs", "integer", "sum_max", "tolerance", "owner_checked_sum
 
 @dataclass(frozen=True)
 class ExchangePlan:
+    """The public plan of one exchange, sent to every party before it runs.
+
+    Attributes:
+        tag: name of the quantity summed.
+        round: training round.
+        exchange: exchange number within the run.
+        layout: ``"dense"`` (every client uploads every block) or ``"sparse"`` (each uploads the blocks it holds).
+        num_blocks: blocks in the table.
+        block_len: values per block.
+        contributors: clients whose values are summed.
+        requests: client -> the block ids it receives.
+        spec: bounds and precision of the values.
+        dp_noise_std: standard deviation of the DP noise already in the values (it widens the bounds).
+        encoding: the backend's encoding parameters.
+    """
+
     tag: str
     round: int
     exchange: int
@@ -71,6 +87,7 @@ class ExchangePlan:
 
     # ------------------------------------------------------------------ wire
     def to_payload(self) -> dict:
+        """The plan as a plain payload for the wire."""
         return {
             "tag": self.tag,
             "round": int(self.round),

@@ -59,6 +59,7 @@ class CollusionBound:
         return cls(c, m)
 
     def to_dict(self) -> dict:
+        """The bound as a plain dict."""
         return {"max_colluders": self.max_colluders, "min_contributors": self.min_contributors}
 
 

@@ -63,22 +63,27 @@ def modes() -> tuple[str, ...]:
 
 
 def secure_modes() -> tuple[str, ...]:
+    """Names of the registered modes that hide individual contributions from the server."""
     return tuple(n for n, b in _BACKENDS.items() if b.secure)
 
 
 def distributed_dp_modes() -> tuple[str, ...]:
+    """Names of the modes that support distributed DP noise."""
     return tuple(n for n, b in _BACKENDS.items() if b.distributed_dp)
 
 
 def pairwise_modes() -> tuple[str, ...]:
+    """Names of the modes that support pairwise exchanges."""
     return tuple(n for n, b in _BACKENDS.items() if b.pairwise)
 
 
 def graph_level_modes() -> tuple[str, ...]:
+    """Names of the modes that support graph-level algorithms."""
     return tuple(n for n, b in _BACKENDS.items() if b.graph_level)
 
 
 def colours() -> dict[str, str]:
+    """Mode -> plot colour."""
     return {n: b.colour for n, b in _BACKENDS.items()}
 
 

@@ -44,6 +44,7 @@ class BlockRows:
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(blocks, rows per block * dim) of the table these rows form."""
         return (int(self.block_ids.size), self.rpb * self.dim)
 
     def __len__(self) -> int:
@@ -85,6 +86,7 @@ class BlockRows:
         return self._dense(0, len(self), np.float64 if dtype is None else dtype)
 
     def astype(self, dtype) -> np.ndarray:
+        """The rows as a dense array of ``dtype``."""
         return np.asarray(self, dtype=dtype)
 
 
@@ -125,9 +127,11 @@ class ReadableRows:
         return len(self._blocks)
 
     def keys(self):
+        """The block ids held."""
         return self._blocks.keys()
 
     def items(self):
+        """(block id, block) pairs, each block read on demand."""
         return ((k, self[k]) for k in self._blocks)
 
 
@@ -154,6 +158,11 @@ class RowSelection:
         self._offsets = self._unique % self.rpb
 
     def take(self, block_id: int, block: np.ndarray) -> np.ndarray:
+        """The requested rows of ``block_id`` from a block that holds either the whole block or just those rows.
+
+        Raises:
+            ValueError: the block holds neither.
+        """
         s, e = self._span.get(int(block_id), (0, 0))
         block = np.asarray(block)
         if block.size == (e - s) * self.dim:
@@ -166,6 +175,7 @@ class RowSelection:
         return exact_integers(block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel())
 
     def assemble(self, kept: dict) -> np.ndarray:
+        """The requested rows, in request order, from the ``kept`` blocks."""
         if not self.rows.size:
             return np.zeros((0, self.dim))
         unique = np.concatenate([self.take(b, kept[int(b)]) for b in self.block_ids]).reshape(-1, self.dim)

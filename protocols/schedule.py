@@ -67,6 +67,7 @@ class PublicSchedule:
         return self.roles.get(tag) == BROADCAST
 
     def sample(self, rnd: int) -> list[int]:
+        """The clients sampled in round ``rnd`` (a public function of the sample seed)."""
         return sample_clients(self.sample_seed, rnd, self.num_clients, self.client_fraction)
 
     def check(self, plan: ExchangePlan, client: int) -> None:

@@ -70,6 +70,7 @@ class Message:
             object.__setattr__(self, "received", None)
 
     def without_payload(self) -> Message:
+        """A copy with the payload dropped (size and metadata kept)."""
         return replace(self, payload=None)
 
 
@@ -91,14 +92,17 @@ class Transcript:
     batches: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def attribute(self, batch_tag: str, layout: tuple[tuple[str, int], ...]) -> None:
+        """Record how a batched exchange ``batch_tag`` splits into (tag, values) parts."""
         self.batches[batch_tag] = tuple((str(t), int(n)) for t, n in layout)
 
     def account_plaintext(self, tag: str, bytes_up: int, bytes_down: int) -> None:
+        """Add the bytes an unencrypted exchange of ``tag`` would have sent up and down."""
         slot = self.plaintext_equiv.setdefault(tag, [0, 0])
         slot[0] += int(bytes_up)
         slot[1] += int(bytes_down)
 
     def record(self, msg: Message) -> Message:
+        """Append ``msg``, dropping payloads as ``keep_payloads`` says (``none``, ``latest`` round per tag, or all)."""
         if self.keep_payloads == "none":
             msg = msg.without_payload()
         elif self.keep_payloads == "latest":
@@ -112,6 +116,7 @@ class Transcript:
         return msg
 
     def extend(self, msgs: Iterable[Message]) -> None:
+        """Record each message of ``msgs``."""
         for m in msgs:
             self.record(m)
 
@@ -124,6 +129,7 @@ class Transcript:
         sender: str | None = None,
         receiver: str | None = None,
     ) -> list[Message]:
+        """Messages matching every given filter (tag, round, sender, receiver)."""
         return [
             m
             for m in self.messages

@@ -31,6 +31,12 @@ INLINE_REMOVED = (
 @dataclass
 class RunConfig:
     # data
+    """Every setting of a run, one field per setting.
+
+    Each field is a command-line flag ``--<name>`` and a config-file key; its group, bounds and help text are in its
+    ``setting``. Algorithm-specific settings are in ``options``.
+    """
+
     dataset: str = setting("sbm", group="data", help="dataset name (list: secure-fgl datasets)")
     data_root: str | None = setting(
         None,
@@ -207,8 +213,8 @@ class RunConfig:
         min=2,
         unit="clients",
         help="ckks-mp: t-out-of-n key switching, any t clients decrypt (so t clients together hold "
-        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out "
-        "(default n: n-out-of-n; docs/ckks_mp.md)",
+        "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out; "
+        "needs 2t > n + max-colluders (default n: n-out-of-n; docs/ckks_mp.md)",
     )
     manifest: str | None = setting(
         None,
@@ -350,6 +356,12 @@ class RunConfig:
                     f"--max-colluders {self.max_colluders} with --threshold {self.threshold}: any t clients "
                     "hold the key together, so the threshold must exceed the colluders (raise --threshold)"
                 )
+            if self.threshold < self.clients and 2 * self.threshold <= self.clients + self.max_colluders:
+                raise ConfigError(
+                    f"--threshold {self.threshold} with --clients {self.clients} and --max-colluders "
+                    f"{self.max_colluders}: t-out-of-n needs 2t > n + c, i.e. --threshold >= "
+                    f"{(self.clients + self.max_colluders) // 2 + 1} (docs/ckks_mp.md)"
+                )
         if self.simulate_dropouts is not None:
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
         if (self.manifest is None) != (self.identity_key is None):
@@ -364,10 +376,16 @@ class RunConfig:
         return self
 
     def to_dict(self) -> dict:
+        """The settings as a plain dict."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
+        """Build a config from a dict of settings.
+
+        Raises:
+            ConfigError: a key is not a setting (the error suggests the nearest one).
+        """
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

@@ -43,6 +43,11 @@ def dataset_tasks() -> dict[str, str]:
 
 
 def check_dataset(cfg: RunConfig, spec) -> None:
+    """Check the dataset exists, suits the algorithm's task, and the data root is a folder; lower-case its name.
+
+    Raises:
+        ConfigError: an unknown dataset, the wrong task, or a data root that is not a folder.
+    """
     tasks = dataset_tasks()
     task = tasks[match_choice("--dataset", cfg.dataset, tuple(tasks))]
     cfg.dataset = cfg.dataset.lower()  # one spelling in results (the data layer ignores case)
@@ -86,6 +91,7 @@ def check_collusion(cfg: RunConfig) -> None:
 
 
 def check_attacks(cfg: RunConfig) -> None:
+    """Resolve the ``--attacks`` names to their canonical spelling."""
     if not cfg.attacks:
         return
     from attacks.runner import ATTACKS
@@ -97,6 +103,11 @@ def check_attacks(cfg: RunConfig) -> None:
 
 
 def check_out(cfg: RunConfig) -> None:
+    """Check the output folder can be written, and for ``--resume`` that it holds a readable checkpoint.
+
+    Raises:
+        ConfigError: the folder is a file or not writable, or there is no valid checkpoint to resume.
+    """
     if cfg.out is None:
         if cfg.resume:
             raise ConfigError("--resume needs --out DIR, the folder of the interrupted run")
@@ -133,6 +144,11 @@ def _algorithms_with_option(name: str) -> list[str]:
 
 
 def check_options(cfg: RunConfig, options_cls) -> object:
+    """Check and fill in the algorithm's options; returns its ``Options`` instance.
+
+    Raises:
+        ConfigError: an option the algorithm does not have, a bad value, or ``--act-low >= --act-high``.
+    """
     own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
     for key in cfg.options:
         flag = flag_name(str(key))

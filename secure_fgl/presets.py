@@ -16,21 +16,26 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 
 def preset_names() -> list[str]:
+    """Names of the shipped presets."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
 def preset_path(name: str) -> Path:
+    """The TOML file of preset ``name`` (close spellings accepted)."""
     return PRESET_DIR / f"{match_choice('--preset', name, tuple(preset_names()))}.toml"
 
 
 def load_preset(name: str) -> dict:
+    """The settings of preset ``name``."""
     return load_config_file(preset_path(name))
 
 
 def preset_description(name: str) -> str:
+    """The first comment line of the preset's file."""
     first = preset_path(name).read_text().splitlines()[0]
     return first.lstrip("# ").strip()
 
 
 def presets_of(algorithm: str) -> list[str]:
+    """Presets that run ``algorithm``."""
     return [n for n in preset_names() if load_preset(n).get("algorithm") == algorithm]

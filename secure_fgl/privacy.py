@@ -83,6 +83,7 @@ def resolve_unit(cfg: RunConfig) -> str:
 
 
 def parse_scope(cfg: RunConfig) -> tuple[str, ...]:
+    """The exchanges DP covers (``--dp-exchanges``): empty for ``all``, else the listed tag prefixes."""
     return () if cfg.dp_exchanges == "all" else tuple(t.strip() for t in cfg.dp_exchanges.split(",") if t.strip())
 
 

@@ -16,6 +16,7 @@ LIBRARIES = ("torch", "torch-geometric", "tenseal", "opacus", "cryptography", "n
 
 
 def package_version() -> str:
+    """The installed secure-fgl version, or ``unknown``."""
     try:
         return metadata.version("secure-fgl")
     except metadata.PackageNotFoundError:
@@ -41,6 +42,7 @@ def git_commit() -> str | None:
 
 
 def library_versions() -> dict[str, str | None]:
+    """Python's version and those of the main libraries (None when not installed)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in LIBRARIES:
         try:
@@ -51,10 +53,12 @@ def library_versions() -> dict[str, str | None]:
 
 
 def now_utc() -> str:
+    """Current UTC time in ISO 8601, to the second."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def provenance() -> dict:
+    """Version, git commit, start time and library versions of a run."""
     return {
         "secure_fgl_version": package_version(),
         "git_commit": git_commit(),

@@ -35,6 +35,7 @@ def accuracy_at_chance(test_acc: float | None, num_classes: int | None) -> bool 
 
 
 def schema() -> dict:
+    """The JSON schema of ``result.json``."""
     return json.loads(SCHEMA_PATH.read_text())
 
 

@@ -64,6 +64,7 @@ def identity(config: dict) -> dict:
 
 
 def fingerprint(config: dict) -> str:
+    """16-hex-digit SHA-256 of the settings that define the experiment (:func:`identity`)."""
     text = json.dumps(identity(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

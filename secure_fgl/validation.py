@@ -52,6 +52,7 @@ def setting(
 
 
 def flag_name(name: str) -> str:
+    """The command-line flag of setting ``name`` (``dp_epsilon`` -> ``--dp-epsilon``)."""
     return "--" + name.replace("_", "-")
 
 
@@ -83,6 +84,7 @@ def _base_type(tp) -> tuple[type, bool]:
 
 
 def field_type(cls, name: str) -> tuple[type, bool]:
+    """The base type of a dataclass field and whether it is optional."""
     return _base_type(typing.get_type_hints(cls)[name])
 
 

@@ -169,6 +169,7 @@ class CKKSProtocol(HalvesProtocol):
         self.last_stats: dict | None = None
 
     def public_options(self) -> dict:
+        """Encryption mode (symmetric or asymmetric), transcript payload limit and the public rounding seed."""
         return {
             "encryption": self.encryption,
             "keep_payload_bytes": self.keep_payload_bytes,
@@ -262,6 +263,7 @@ class CKKSProtocol(HalvesProtocol):
         return float(getattr(self.dp, "last_std", 0.0) or 0.0) if self.dp is not None else 0.0
 
     def block_capacity(self, spec: ValueSpec) -> int:
+        """Values one ciphertext of the planned chain carries for ``spec`` (packed fixed-point fields or real slots)."""
         try:
             return self.plan(spec, dp_std=self._dp_std_hint()).values_per_ciphertext
         except ProtocolError:
@@ -309,6 +311,7 @@ class CKKSProtocol(HalvesProtocol):
         return self.fingerprint_for(self._active or self._candidates[0])
 
     def fingerprint_for(self, chain: ChainParams | str) -> str:
+        """Fingerprint of ``chain``'s public context (a chain or a name in ``NAMED_CHAINS``); keys made on first use."""
         chain = NAMED_CHAINS[chain] if isinstance(chain, str) else chain
         return self.server.ensure_keys(chain, self.link, 0).fingerprint
 
@@ -320,6 +323,10 @@ class CKKSProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        """Choose the coefficient-modulus chain and encoding for the exchange and the number of blocks per upload chunk.
+
+        With ``audit_sum_bound`` the declared sum bound is checked against the contributions first.
+        """
         ctx.check_requests(self.num_clients)
         ep = choose_chain(self._plans(ctx.spec, ctx.dp_noise_std, ctx.tag, ctx.round), ctx.block_len)
         n_pieces = math.ceil(ctx.block_len / ep.values_per_ciphertext)

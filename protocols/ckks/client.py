@@ -109,6 +109,10 @@ class CKKSClient(ClientHalf):
         self._state_exchange = None
 
     def on_stage(self, stage, inbox):
+        """CKKS client steps: make the key (``key_setup``), send block ids, upload ciphertexts, decrypt the download.
+
+        A secret context relayed from client 0 is taken in whatever stage it arrives.
+        """
         rest = []
         for m in inbox:  # the secret context of a chain, relayed from client 0
             if m.sender != SERVER and envelope_of(m).stage == "key_setup":

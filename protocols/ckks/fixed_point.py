@@ -79,10 +79,12 @@ class FixedPointLayout:
 
     @property
     def width(self) -> int:
+        """Bits of one packed field."""
         return self.codec.width
 
     @property
     def fields(self) -> int:
+        """Fixed-point fields packed into one slot carrier."""
         return self.codec.fields
 
     @property
@@ -91,6 +93,11 @@ class FixedPointLayout:
         return 2 * self.fields * self.slots
 
     def slots_for(self, n: int) -> int:
+        """Complex slots that ``n`` packed values occupy (two real carriers per slot).
+
+        Raises:
+            ValueError: ``n`` exceeds the ciphertext's capacity.
+        """
         if n > self.capacity:
             raise ValueError(f"{n} values exceed the {self.capacity} a ciphertext carries")
         return max(1, math.ceil(self.codec.carriers_for(n) / 2))
@@ -310,6 +317,7 @@ class ClientCodec:
         return _to_bytes(ct)
 
     def decrypt(self, data: bytes, chain: ChainParams) -> np.ndarray:
+        """Decrypt a serialised ciphertext of ``chain`` and decode its complex slots."""
         ct = _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
         plain = sealapi.Plaintext()
         self.decryptor.decrypt(ct, plain)
@@ -335,6 +343,7 @@ class SealSum:
         self.ct, self.chain = ct, chain
 
     def add_(self, other: SealSum) -> SealSum:
+        """Add ``other``'s ciphertext into this one in place (homomorphic addition) and return self."""
         _evaluator(self.chain.poly_modulus_degree, tuple(self.chain.coeff_mod_bit_sizes)).add_inplace(self.ct, other.ct)
         return self
 
@@ -352,6 +361,7 @@ class SealSum:
         return self
 
     def serialize(self) -> bytes:
+        """The running sum's ciphertext as SEAL bytes."""
         return _to_bytes(self.ct)
 
 

@@ -114,6 +114,7 @@ class ClientKeyRing:
         return chain.name in self._keys
 
     def get(self, chain: ChainParams) -> ClientKey:
+        """This client's key for ``chain`` (made earlier by :meth:`create`)."""
         return self._keys[chain.name]
 
     def by_fingerprint(self, fingerprint: str) -> ClientKey | None:
@@ -138,6 +139,14 @@ class ClientKeyRing:
         return key
 
     def create(self, chain: ChainParams) -> ClientKey:
+        """Make a fresh CKKS key pair for ``chain`` and its padded public blob (the bytes the server fingerprints).
+
+        The public context carries the public key only in asymmetric mode; it is padded to a fixed size, so its length
+        does not depend on the key.
+
+        Raises:
+            ConfigurationError: the serialised public context is larger than its padded size.
+        """
         ctx = make_secret_context(chain, self.encryption)
         secret = ctx.serialize(
             save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False

@@ -81,6 +81,7 @@ class PackingLayout:
 
     @property
     def mask(self) -> int:
+        """Bit mask of one field, ``2**width - 1``."""
         return (1 << self.width) - 1
 
     def slots_for(self, n: int) -> int:

@@ -72,10 +72,12 @@ class ChainParams:
 
     @property
     def slots(self) -> int:
+        """Complex slots of one ciphertext, N/2."""
         return self.poly_modulus_degree // 2
 
     @property
     def total_bits(self) -> int:
+        """Bits of the coefficient modulus Q (the sum of the chain's prime sizes)."""
         return int(sum(self.coeff_mod_bit_sizes))
 
     @property
@@ -120,6 +122,7 @@ class ChainParams:
         return _data_modulus(self.poly_modulus_degree, self.coeff_mod_bit_sizes)
 
     def describe(self) -> str:
+        """Short text form, e.g. ``N=8192 [60, 40, 60]``."""
         return f"N={self.poly_modulus_degree} {list(self.coeff_mod_bit_sizes)}"
 
 
@@ -246,13 +249,16 @@ class EncodingPlan:
 
     @property
     def values_per_ciphertext(self) -> int:
+        """Values one ciphertext carries: the packed layout's capacity, or one real value per slot."""
         return self.layout.capacity if self.layout is not None else self.chain.slots
 
     @property
     def scale(self) -> float:
+        """The CKKS scale Delta = 2**scale_bits."""
         return float(2**self.scale_bits)
 
     def describe(self) -> str:
+        """Short text form of the chain, scale and encoding."""
         enc = f"{self.encoding} {self.layout.fields}x{self.layout.width}b" if self.layout else "float"
         return f"{self.chain.describe()} scale 2^{self.scale_bits} {enc}"
 

@@ -83,6 +83,11 @@ class CKKSServer(ServerHalf):
         self.last_stats: dict = {}
 
     def record(self, msg: Message) -> None:
+        """Record a message, stripping ciphertext payloads the transcript does not keep.
+
+        Relayed secret contexts get a note; streamed upload ciphertexts are kept without payload once there is more than
+        one.
+        """
         if msg.relay == SERVER and not msg.note and msg.tag == KEYS_TAG:
             msg = replace(msg, note="secret context (channel-encrypted, relayed by the server)")
             if msg.nbytes > self.keep_payload_bytes:
@@ -147,6 +152,10 @@ class CKKSServer(ServerHalf):
 
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):
+        """Run one CKKS exchange: collect block ids, add the uploaded ciphertexts, send each recipient its sums.
+
+        The server only adds ciphertexts; it never holds the secret key.
+        """
         t_setup = time.perf_counter()
         ep = plan_from_payload(plan.encoding["plan"])
         self.plan, self.exchange = plan, plan.exchange

@@ -116,6 +116,13 @@ class CKKSMPProtocol(HalvesProtocol):
                 f"ckks-mp threshold {self.threshold} with {num_clients} clients: choose t in 1..{num_clients} "
                 "(t clients together hold the key; the default n is n-out-of-n)"
             )
+        c = int(collusion.get("max_colluders") or 0)
+        if self.threshold < num_clients and 2 * self.threshold <= num_clients + c:
+            raise ConfigurationError(
+                f"ckks-mp threshold {self.threshold} with {num_clients} clients and {c} colluders: t-out-of-n needs "
+                f"2t > n + c, i.e. t >= {(num_clients + c) // 2 + 1} (else two active sets share no honest client "
+                "and the server could have two different sums key-switched)"
+            )
         self.params = params or MPParams()
         check_security(self.params)
         self.ring = ring_of(self.params)
@@ -129,6 +136,7 @@ class CKKSMPProtocol(HalvesProtocol):
         self.last_stats: dict | None = None
 
     def public_options(self) -> dict:
+        """Ring parameters and transcript payload limit; the threshold t when it is below n."""
         options = {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
         if self.threshold < self.num_clients:  # n-out-of-n keeps its setup bytes unchanged
             options["threshold"] = self.threshold
@@ -136,9 +144,11 @@ class CKKSMPProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ plan
     def plan(self, spec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
+        """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients."""
         return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len)
 
     def block_capacity(self, spec) -> int:
+        """Values one ciphertext carries for ``spec`` under the current DP noise; N when no plan fits."""
         dp_std = float(getattr(self.dp, "last_std", 0.0) or 0.0) if self.dp is not None else 0.0
         try:
             return self.plan(spec, dp_std=dp_std).capacity
@@ -146,6 +156,7 @@ class CKKSMPProtocol(HalvesProtocol):
             return self.params.n  # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        """Plan the exchange's encoding; with ``audit_sum_bound``, integer sums are checked against their bound."""
         ctx.check_requests(self.num_clients)
         plan = plan_exchange(
             self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len, tag=ctx.tag, round=ctx.round

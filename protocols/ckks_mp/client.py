@@ -27,23 +27,27 @@ this client's answer):
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
                        broadcast key only for exactly the blocks this client itself receives
-                       (DowngradeError), one request per exchange and one group per recipient
-                       (RepeatedKeySwitchError), within the run's smudging budget
+                       (DowngradeError), one request per exchange (t-out-of-n: re-plans below)
+                       and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
                        broadcast) -> nothing; it decrypts, checks the residual against the worst-case
                        noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
 
-t-out-of-n (the public setup's ``threshold`` t < n; :mod:`.threshold`, Mouchet, Bertrand, Hubaux,
-J. Cryptology 2023): at ``key_setup`` part 0 each client also sends every other client a Shamir
-share of ``s_i`` on the channel, and opens the n - 1 it receives at part 1.  ``keyswitch`` part 0
-is a liveness probe (answered with an empty signed message); part 1 names the active set ``A`` and
-the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each with
-``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
+t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.threshold`, Mouchet,
+Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
+of ``s_i``; at part ``1 + r`` (r = 1..n-1, in order) it sends the one for client ``(me + r) mod n`` on
+the channel and opens the ones relayed to it; at part 1 it must hold one from every other client.
+``keyswitch`` part 0 is a liveness probe (answered with an empty signed message); part 1 names the
+active set ``A`` and the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each
+with ``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
 (:class:`~protocols.errors.ActiveSetError`) unless ``A`` is exactly t distinct clients of the run
 including this one, ``U`` lies within the plan's contributors with at most n - t of them missing,
 and ``U`` names this client's own upload exactly; the mask labels hold a digest of ``A`` and ``U``.
+Part ``1 + r`` (r >= 1) is the server's r-th re-plan after a member of ``A`` was lost: answered only
+with the first request's groups, blocks and uploaders, a new active set and none of the lost
+(:meth:`CKKSMPClient._check_replan`, RepeatedKeySwitchError).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,7 +91,10 @@ KEYS_TAG = "ckks-mp/keys"
 THRESHOLD_TAG = "ckks-mp/threshold-shares"
 #: envelope part of a relayed Shamir share (``s_B`` travels at part 0 of the same stage)
 SHARE_PART = 1
-#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts 0..groups-1)
+#: t-out-of-n set-up: the server's request of part ``ROTATION_PART + r - 1`` asks each client i for its share of
+#: client ``(i + r) mod n`` (r = 1..n-1), so each call relays one share per client, never all at once
+ROTATION_PART = 2
+#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts r * groups + g, r: the re-plan)
 READY_PART = (1 << 32) - 1
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
@@ -94,12 +102,34 @@ KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 THRESHOLD_FIELDS = KEYSWITCH_FIELDS | {"active", "uploaders", "uploaded"}
 
 
+@dataclass(frozen=True)
+class Replan:
+    """A client's t-out-of-n key switches of one exchange (:meth:`CKKSMPClient._check_replan`).
+
+    ``binding``: the digest of what they decrypt to; ``active_sets``: the sets answered, in order; ``lost``: the
+    clients an earlier active set held and a later one left out.
+    """
+
+    binding: bytes
+    active_sets: list[tuple[int, ...]]
+    lost: frozenset[int]
+
+
 def threshold_of(setup) -> int:
-    """The run's key-switching threshold t from its public setup (default n: n-out-of-n)."""
+    """The run's key-switching threshold t from its public setup (default n: n-out-of-n).
+
+    t-out-of-n needs ``2t > n + c`` (c: the run's colluders): any two active sets then share more than c clients,
+    so an honest one answers both and refuses the second unless it releases the same sum
+    (:meth:`CKKSMPClient._check_replan`).  IntegrityError otherwise.
+    """
     k = int(setup.num_clients)
     t = int(setup.options.get("threshold") or k)
-    if not 1 <= t <= k:
-        raise IntegrityError(f"the public setup names threshold {t}, outside 1..{k}")
+    c = setup.collusion.max_colluders
+    if not 1 <= t <= k or (t < k and 2 * t <= k + c):
+        raise IntegrityError(
+            f"the public setup names threshold {t} for {k} clients and {c} colluders: t-out-of-n needs "
+            "1 <= t <= n and 2t > n + c (two active sets could otherwise hold no common honest client)"
+        )
     return t
 
 
@@ -142,13 +172,25 @@ class CKKSMPClient(ClientHalf):
         self.switched = 0
         #: (exchange, switched to the broadcast key) of this client's last key switch
         self._last_switch: tuple[int, bool] | None = None
+        #: t-out-of-n: (exchange, what this client's key switches of it bound and answered; :meth:`_check_replan`)
+        self._answered: tuple[int, Replan] | None = None
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
+        #: t-out-of-n set-up: the Shamir shares this client has yet to send (recipient -> bytes), the next offset
+        #: it deals (:data:`ROTATION_PART`), and the relayed key set-up messages it keeps for the last step
+        self._to_deal: dict[int, bytes] = {}
+        self._next_offset = 1
+        self._setup_relayed: list[Message] = []
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
 
     def on_stage(self, stage, inbox):
+        """Multiparty CKKS client steps: key set-up, block ids, upload, key-switch share, decryption of the download.
+
+        Raises:
+            IntegrityError: the exchange names a key fingerprint this client did not set up.
+        """
         if stage == "key_setup":
             return self._key_setup(inbox)
         if self.plan is None:
@@ -231,11 +273,22 @@ class CKKSMPClient(ClientHalf):
         if not isinstance(req.payload, dict):
             raise IntegrityError("malformed key set-up message", **where)
         t = time.perf_counter()
-        if envelope_of(req).part == 0:
+        part = envelope_of(req).part
+        relayed = [m for m in inbox if m.sender != SERVER]
+        if part == 0:
+            if relayed:
+                raise IntegrityError("messages relayed from other clients before key set-up began", **where)
             out = self._make_keys(req, where)
         else:
-            self._take_public_keys(req, [m for m in inbox if m.sender != SERVER], where)
-            out = []
+            if self.keys is None:
+                raise IntegrityError("a key set-up step before this client's key shares", **where)
+            self._take_threshold_shares([m for m in relayed if m.tag == THRESHOLD_TAG], where)
+            self._setup_relayed += [m for m in relayed if m.tag != THRESHOLD_TAG]
+            if part >= ROTATION_PART:
+                out = self._deal_next(req, part - ROTATION_PART + 1, where)
+            else:
+                self._take_public_keys(req, where)
+                out = []
         self.setup_s += time.perf_counter() - t
         return out
 
@@ -257,14 +310,8 @@ class CKKSMPClient(ClientHalf):
                 self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG, round=req.round)
                 for k in range(1, self.setup.num_clients)
             ]
-        if self.threshold < self.setup.num_clients:  # t-out-of-n: a Shamir share of s_i to each client
-            shares = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
-            relayed += [
-                self.seal_relayed(
-                    k, "key_setup", sigma, f"Shamir share of s_{self.id}", "", SHARE_PART, THRESHOLD_TAG, req.round
-                )
-                for k, sigma in sorted(shares.items())
-            ]
+        if self.threshold < self.setup.num_clients:  # t-out-of-n: sent one per call (_deal_next)
+            self._to_deal = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
         msg = Message(
             req.round,
             KEYS_TAG,
@@ -280,9 +327,27 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "key_setup")] + relayed
 
-    def _take_public_keys(self, req: Message, relayed: list[Message], where: dict) -> None:
-        if self.keys is None:
-            raise IntegrityError("public keys before this client's key shares", **where)
+    def _deal_next(self, req: Message, offset: int, where: dict) -> list:
+        """Rotation ``offset`` of the t-out-of-n set-up: this client's Shamir share for client ``(me + offset) mod n``.
+
+        The server asks for the offsets 1..n-1 in order, one call each (IntegrityError otherwise), and relays each
+        call's n shares before asking for the next: it never holds more than n of them.
+        """
+        K = self.setup.num_clients
+        to = (self.id + offset) % K
+        if self.threshold == K or offset != self._next_offset or offset >= K or req.payload.get("to") != to:
+            raise IntegrityError(
+                f"a request for the Shamir share of offset {offset} (to {req.payload.get('to')!r}) where this "
+                f"client deals offset {self._next_offset} of 1..{K - 1} (t-out-of-n only), in order",
+                **where,
+            )
+        self._next_offset += 1
+        sigma = self._to_deal.pop(to)
+        note = f"Shamir share of s_{self.id}"
+        return [self.seal_relayed(to, "key_setup", sigma, note, "", SHARE_PART, THRESHOLD_TAG, req.round)]
+
+    def _take_public_keys(self, req: Message, where: dict) -> None:
+        relayed, self._setup_relayed = self._setup_relayed, []
         try:
             pk_bytes = bytes(req.payload["broadcast"])
             p_b = encryption.from_bytes(self.ring, pk_bytes, (self.params.num_primes, self.params.n))
@@ -296,12 +361,15 @@ class CKKSMPClient(ClientHalf):
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
-        shares = [m for m in relayed if m.tag == THRESHOLD_TAG]
-        relayed = [m for m in relayed if m.tag != THRESHOLD_TAG]
-        if self.threshold < self.setup.num_clients:
-            self._take_threshold_shares(shares, where)
-        elif shares:
-            raise IntegrityError("Shamir shares in an n-out-of-n run", **where)
+        K = self.setup.num_clients
+        if self.threshold < K:
+            missing = sorted(set(range(K)) - self.keys.dealers)
+            if missing or self._next_offset != K:
+                raise IntegrityError(
+                    f"the key set-up ended before this client received a Shamir share from each other client "
+                    f"(missing: {missing}) and dealt its own to each (dealt {self._next_offset - 1} of {K - 1})",
+                    **where,
+                )
         if self.id == 0:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
@@ -319,17 +387,16 @@ class CKKSMPClient(ClientHalf):
         self.fingerprint = fp
 
     def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
-        """Open the Shamir share of ``s_i`` every other client i sent on the channel (exactly one each)."""
-        dealers = sorted(-1 if party_client(m.sender) is None else party_client(m.sender) for m in relayed)
-        expected = [k for k in range(self.setup.num_clients) if k != self.id]
-        if dealers != expected:
-            missing = sorted(set(expected) - set(dealers))
-            raise IntegrityError(
-                f"expected one Shamir share from each of clients {expected}, got them from {dealers}"
-                + (f" (missing: {missing})" if missing else ""),
-                **where,
-            )
+        """Open the Shamir shares of ``s_i`` relayed in this call (at most one per other client i, ever)."""
+        K = self.setup.num_clients
         for msg in relayed:
+            dealer = party_client(msg.sender)
+            if self.threshold == K or dealer is None or dealer == self.id or dealer in self.keys.dealers:
+                raise IntegrityError(
+                    f"a Shamir share from {msg.sender} where this client takes one from each other client once "
+                    "(t-out-of-n only)",
+                    **where,
+                )
             env = envelope_of(msg)
             secret = self.open_relayed(msg, "key_setup", SHARE_PART, exchange=env.exchange)
             try:
@@ -456,17 +523,22 @@ class CKKSMPClient(ClientHalf):
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
     def _keyswitch(self, inbox):
         where = self.where()
-        if self._last_switch is not None and self._last_switch[0] >= self.plan.exchange:
+        K = self.setup.num_clients
+        t_of_n = self.threshold < K
+        switched = self._last_switch is not None and self._last_switch[0] >= self.plan.exchange
+        answered = self._answered[1] if self._answered is not None and self._answered[0] == self.plan.exchange else None
+        if switched and answered is None:  # n-out-of-n, or a refused request: never a second one
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
-        t_of_n = self.threshold < self.setup.num_clients
         # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
         # (the uploaders then exclude it, checked in _active_set)
         if self.id in self.plan.contributors and self._last_upload != self.plan.exchange and not t_of_n:
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
-        req = self._from_server(inbox, "keyswitch", where, (0, 1) if t_of_n else (0,))
+        # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t)
+        req = self._from_server(inbox, "keyswitch", where, tuple(range(2 + K - self.threshold)) if t_of_n else (0,))
         if t_of_n and envelope_of(req).part == 0:  # the liveness probe: answer it, commit to nothing
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
+        replan = max(envelope_of(req).part - 1, 0)
         self._last_switch = (self.plan.exchange, False)
         ep = self._plan()
         fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
@@ -509,6 +581,11 @@ class CKKSMPClient(ClientHalf):
         active, context, uploaded = None, "", None
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
+            uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            binding = hashlib.sha256(
+                b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
+            ).digest()
+            answered = self._check_replan(answered, binding, active, where)
         own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
         jobs, start, start_of = [], 0, []
         for to, count in groups.tolist():
@@ -558,11 +635,41 @@ class CKKSMPClient(ClientHalf):
                 self.fingerprint,
                 note=f"PCKS shares to {label}",
             )
-            out.append(self.seal(msg, "keyswitch", g))
+            out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
+        if t_of_n:
+            self._answered = (self.plan.exchange, answered)
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
+
+    def _check_replan(self, answered: Replan | None, binding: bytes, active: list[int], where: dict) -> Replan:
+        """T-out-of-n: refuse a key switch that could release anything but the exchange's one result.
+
+        The first request of an exchange fixes its ``binding`` (groups, blocks, uploaders ``U`` and per-block rows:
+        everything that decides what the shares decrypt to).  A later one -- the server re-planning after a member of
+        the active set was lost -- is answered only with the same binding, an active set not answered before, and
+        none of the clients an earlier active set lost (RepeatedKeySwitchError otherwise): every answer then releases
+        the same ``s_U c1`` under fresh masks and smudging, and each re-plan leaves out at least one more client, so
+        there are at most ``n - t`` of them.  Returns the updated record.
+        """
+        if answered is None:
+            return Replan(binding, [tuple(active)], frozenset())
+        if binding != answered.binding:
+            raise RepeatedKeySwitchError(
+                "a second key-switching request in this exchange for other blocks, recipients or uploaders: a "
+                "re-plan may change only the active set, or the two answers would release two different sums",
+                **where,
+            )
+        back = sorted(answered.lost & set(active))
+        if tuple(active) in answered.active_sets or back:
+            raise RepeatedKeySwitchError(
+                f"a re-plan with active set {active}: answered before, or bringing back client(s) {back} that an "
+                "earlier active set lost",
+                **where,
+            )
+        lost = answered.lost.union(*(set(a) - set(active) for a in answered.active_sets))
+        return Replan(binding, answered.active_sets + [tuple(active)], frozenset(lost))
 
     def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
         """The key-switching shares switched down to level ``L'`` before they leave.

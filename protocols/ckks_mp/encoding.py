@@ -35,6 +35,7 @@ def dequantize(fields: np.ndarray, plan: Plan) -> np.ndarray:
 
 
 def used_coefficients(plan: Plan, n: int) -> int:
+    """Plaintext coefficients that ``n`` values occupy under ``plan`` (``plan.fields`` values per coefficient)."""
     return max(1, -(-n // plan.fields))
 
 

@@ -63,6 +63,7 @@ def decrypt_switched(ring: RNSRing, s_hat: np.ndarray, ct: np.ndarray) -> np.nda
 
 
 def to_bytes(polys: np.ndarray) -> bytes:
+    """Serialise RNS polynomials as little-endian uint32 words."""
     return np.ascontiguousarray(polys, dtype="<u4").tobytes()
 
 

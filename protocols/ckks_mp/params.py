@@ -99,15 +99,19 @@ class MPParams:
 
     @property
     def primes(self) -> tuple[int, ...]:
+        """The ``num_primes`` 31-bit NTT-friendly primes q_i = 1 mod 2N of the RNS modulus."""
         return ntt_primes(self.n, self.num_primes)
 
     def log_q(self, level: int | None = None) -> float:
+        """Bits of Q_level = prod q_i over the first ``level`` primes (all of them by default)."""
         return sum(math.log2(q) for q in self.primes[: level or self.num_primes])
 
     def modulus(self, level: int) -> int:
+        """Q_level, the product of the first ``level`` primes."""
         return math.prod(self.primes[:level])
 
     def describe(self) -> str:
+        """Short text form of the ring, modulus, secret distribution and smudging parameters."""
         return (
             f"N={self.n} Q={self.num_primes}x31-bit ({self.log_q():.1f} bits) eta={self.eta} "
             f"smudging 2^-{self.keyswitch_lambda} per ciphertext, <= {self.max_keyswitches} per client"
@@ -223,6 +227,7 @@ class Plan:
         return 2 * self.switch_level * self.n * 4
 
     def describe(self) -> str:
+        """Short text form of the level, scale and field packing."""
         kind = "integers" if self.integer else f"fixed-point 2^-{self.frac_bits}"
         return (
             f"L={self.level} (shares, downloads L'={self.switch_level}) Delta=2^{self.scale_bits} "

@@ -75,6 +75,7 @@ class MPClient:
 
     @property
     def broadcast_pk(self) -> np.ndarray:
+        """This client's share p_hat of the collective public key."""
         return self._broadcast.p_hat
 
     # ------------------------------------------------------------------ threshold shares
@@ -88,6 +89,11 @@ class MPClient:
         shares = share_secret(self.ring, self._share, threshold, clients)
         self._dealt[self.client] = shares.pop(self.client)
         return {j: encryption.to_bytes(sigma) for j, sigma in shares.items()}
+
+    @property
+    def dealers(self) -> frozenset[int]:
+        """The clients whose Shamir share this client holds (itself included once it dealt)."""
+        return frozenset(self._dealt)
 
     def adopt_threshold_share(self, dealer: int, sigma_hat: np.ndarray) -> None:
         """Keep ``sigma_{dealer, me}`` (parsed and range-checked by the caller).

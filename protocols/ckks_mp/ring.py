@@ -168,16 +168,19 @@ class RNSRing:
 
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(a + b) mod q_i per RNS limb; inputs reduced."""
         s = a + b
         q = self._q(a.shape[-2], 2)
         return np.where(s >= q, s - q, s)
 
     def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(a - b) mod q_i per RNS limb; inputs reduced."""
         d = a - b
         q = self._q(a.shape[-2], 2)
         return np.where(d < 0, d + q, d)
 
     def neg(self, a: np.ndarray) -> np.ndarray:
+        """(-a) mod q_i per RNS limb; input reduced."""
         q = self._q(a.shape[-2], 2)
         return np.where(a == 0, 0, q - a)
 

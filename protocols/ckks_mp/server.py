@@ -21,12 +21,13 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
 4. ``download``: each recipient gets only its blocks, switched to its key.
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
-also relays every client's n - 1 Shamir shares (channel-encrypted); at upload up to n - t missing
-contributors are left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness
-probe of every client, the active set ``A`` is the first t responders among the uploaders and the
-clients that contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a
-per-block table of who uploaded what (fewer than t responders, or a member of ``A`` that does not
-answer: DropoutError naming the missing clients).
+also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in n - 1 rotations of n
+shares each (:meth:`CKKSMPServer._relay_shares`); at upload up to n - t missing contributors are
+left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness probe of every
+client, the active set ``A`` is the first t responders among the uploaders and the clients that
+contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a per-block table of
+who uploaded what; a member of ``A`` that does not answer is replaced by the next responder in a
+re-plan with the same request (fewer than t responders left: DropoutError naming the missing clients).
 
 What a server that deviates can and cannot do is in :mod:`.client` (the refusals) and
 ``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a
@@ -44,7 +45,7 @@ from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
-from .client import KEYS_TAG, READY_PART, THRESHOLD_TAG, threshold_of
+from .client import KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_shares
 from .params import params_from_options, plan_exchange, ring_of
@@ -73,8 +74,15 @@ class CKKSMPServer(ServerHalf):
         self.threshold = threshold_of(setup)
         #: clients whose view of the broadcasts is stale (they missed one): never in an active set
         self.stale: set[int] = set()
+        #: bytes of client-to-client messages the server holds for relaying, now and at most (t-out-of-n set-up:
+        #: one rotation's n Shamir shares, :meth:`_relay_shares`), and per recipient
+        self.relay_held = self.relay_peak = 0
+        self._held_for: dict[int, int] = {}
 
     def record(self, msg: Message) -> None:
+        """Record a message without the sealed Shamir shares' bytes, and payloads above ``keep_payload_bytes``."""
+        if msg.relay == SERVER and msg.tag == THRESHOLD_TAG and msg.payload is not None:
+            msg = replace(msg, payload=None, note=msg.note + "; sealed share not kept")
         if msg.payload is not None and msg.nbytes > self.keep_payload_bytes:
             msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
         super().record(msg)
@@ -148,10 +156,10 @@ class CKKSMPServer(ServerHalf):
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
         if len([m for m in got[0] if m.relay == SERVER and m.tag == KEYS_TAG]) != K - 1:
             raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0, **where)
-        if self.threshold < K:  # n (n - 1) Shamir shares, already queued for their recipients
-            for k in range(K):
-                if len([m for m in got[k] if m.relay == SERVER and m.tag == THRESHOLD_TAG]) != K - 1:
-                    raise IntegrityError("a client did not send a Shamir share to every other", client=k, **where)
+        if self.threshold < K:  # n (n - 1) Shamir shares, n per call
+            del got
+            for offset in range(1, K):
+                self._relay_shares(link, rnd, offset)
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
         keys = {
@@ -181,8 +189,63 @@ class CKKSMPServer(ServerHalf):
             raise self._missing(missing, "the key set-up's acknowledgement", **where)
         self.fingerprint = fp
 
+    def _relay_shares(self, link, rnd: int, offset: int) -> None:
+        """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
+
+        The n shares of the previous rotation travel in the same call's bundles, so the server holds at most one
+        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.
+        """
+        K, where = self.setup.num_clients, dict(tag=KEYS_TAG, round=rnd)
+        ask = {
+            k: [
+                (
+                    Message(
+                        rnd,
+                        KEYS_TAG,
+                        SERVER,
+                        client_party(k),
+                        "control",
+                        (),
+                        0,
+                        self.mode,
+                        "",
+                        {"to": (k + offset) % K},
+                        note=f"send your Shamir share for client {(k + offset) % K}",
+                    ),
+                    ROTATION_PART + offset - 1,
+                )
+            ]
+            for k in range(K)
+        }
+        got = self.call(link, "key_setup", ask, hook=False)
+        missing = [k for k in range(K) if k not in got]
+        if missing:
+            raise self._missing(missing, "its Shamir share", **where)
+        for k in range(K):
+            to = client_party((k + offset) % K)
+            if [(m.relay, m.tag, m.receiver) for m in got[k]] != [(SERVER, THRESHOLD_TAG, to)]:
+                raise IntegrityError(f"expected one Shamir share for {to} and nothing else", client=k, **where)
+
+    def forward(self, client: int, msg: Message) -> None:
+        """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`)."""
+        super().forward(client, msg)
+        size = len(self._outbox[client][-1])
+        self._held_for[client] = self._held_for.get(client, 0) + size
+        self.relay_held += size
+        self.relay_peak = max(self.relay_peak, self.relay_held)
+
+    def call(self, link, stage, messages, *, hook=True):
+        """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it."""
+        for k in messages:  # their queued relays leave in this call's bundles
+            self.relay_held -= self._held_for.pop(k, 0)
+        return super().call(link, stage, messages, hook=hook)
+
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):
+        """Run one multiparty CKKS exchange: add the uploads, gather key-switch shares, send the switched sums.
+
+        Under a threshold t < n, up to n - t silent clients are tolerated; more raise an error naming them.
+        """
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, self.fingerprint
@@ -261,62 +324,30 @@ class CKKSMPServer(ServerHalf):
             groups = [(-1, first_rows)]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
-        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
-        active, extra, part = list(range(K)), {}, 0
+        active, extra, eligible = list(range(K)), {}, []
         if self.threshold < K:
-            active = self._active_set(link, contributors, uploaders)
+            eligible = self._eligible(link, contributors, uploaders)
+            active = eligible[: self.threshold]
             table_of = np.zeros((blocks.size, K), dtype=np.uint8)
             for k in uploaders:
                 table_of[:, k] = np.isin(blocks, ids_of[k])
-            extra = {"active": np.array(active, dtype=np.int64), "uploaders": np.array(uploaders, dtype=np.int64)}
-            extra["uploaded"], part = table_of, 1
-        requests = {}
-        for k in active:
-            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
-            self._keys_sent.update((k, r) for r in new)
-            keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
-            requests[k] = [
-                (
-                    self.message(
-                        k,
-                        "control",
-                        (len(groups), 2),
-                        {"groups": table, "blocks": blocks, "keys": keys, **extra},
-                        fp,
-                        note="block ids to key-switch, per recipient key",
-                    ),
-                    part,
-                )
-            ]
-        got = self.call(link, "keyswitch", requests)
-        t = time.perf_counter()
-        shares: list[list[np.ndarray]] = [[] for _ in groups]
-        missing = []
-        for k in active:
-            mine = {envelope_of(m).part: m for m in got.get(k, []) if m.relay != SERVER}
-            if len(mine) < len(groups):
-                missing.append(k)
-                continue
-            if set(mine) != set(range(len(groups))):
-                raise IntegrityError(
-                    f"key-switching shares for parts {sorted(mine)}, expected one per group 0..{len(groups) - 1}",
-                    **self.where(k),
-                )
-            for g, (to, rows) in enumerate(groups):
-                msg = self.check(mine[g], client_party(k), "keyswitch", g, self.where(k))
-                if msg.kind != "share":
-                    raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
-                self.check_envelope(msg, fp, k)
-                try:
-                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces,) + ct_shape))
-                except ValueError as exc:
-                    raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
+            extra = {"uploaders": np.array(uploaders, dtype=np.int64), "uploaded": table_of}
+        lost: list[int] = []
+        for replan in range(K - self.threshold + 1):  # t-out-of-n: re-plan without a lost member of A
+            shares, missing = self._keyswitch(link, groups, blocks, active, extra, replan, (pieces,) + ct_shape)
+            if not missing:
+                break
+            lost += missing
+            active = [k for k in eligible if k not in lost][: self.threshold]
+            if len(active) < self.threshold:
+                break
         if missing:
             raise self._missing(
-                missing, "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+                sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
             )
+        t = time.perf_counter()
         switched = {
             to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
             for g, (to, rows) in enumerate(groups)
@@ -343,15 +374,77 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         self.call(link, "download", downloads)
-        self.last_stats = {"server_s": server_s, "plan": ep, "active": tuple(active)}
+        self.last_stats = {
+            "server_s": server_s,
+            "plan": ep,
+            "active": tuple(active),
+            "lost": tuple(sorted(lost)),
+            "replans": replan,
+        }
         return tuple(uploaders)
 
-    def _active_set(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
-        """T-out-of-n: pick the active set from the first ``t`` eligible responders.
+    def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):
+        """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).
 
-        t-out-of-n: probe every client; the first t responders that uploaded or contribute
-        nothing (a contributor that missed its upload is not asked) and are not :attr:`stale` form
-        the active set.
+        Returns (the shares per group, the members of ``active`` that did not answer).  t-out-of-n: request part
+        ``1 + replan``, answers at parts ``replan * groups + g``; n-out-of-n: part 0.  ``shape``: (pieces, ``c1``'s
+        shape after switching down).
+        """
+        fp, (pieces, *ct_shape) = self.fingerprint, shape
+        t_of_n = self.threshold < self.setup.num_clients
+        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+        first = replan * len(groups)
+        payload = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
+        requests = {}
+        for k in active:
+            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
+            self._keys_sent.update((k, r) for r in new)
+            keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
+            requests[k] = [
+                (
+                    self.message(
+                        k,
+                        "control",
+                        (len(groups), 2),
+                        {"groups": table, "blocks": blocks, "keys": keys, **payload},
+                        fp,
+                        note="block ids to key-switch, per recipient key"
+                        + (f" (re-plan {replan}: active set {active})" if replan else ""),
+                    ),
+                    1 + replan if t_of_n else 0,
+                )
+            ]
+        got = self.call(link, "keyswitch", requests)
+        shares: list[list[np.ndarray]] = [[] for _ in groups]
+        missing = []
+        for k in active:
+            mine = {envelope_of(m).part - first: m for m in got.get(k, []) if m.relay != SERVER}
+            if len(mine) < len(groups):
+                missing.append(k)
+                continue
+            if set(mine) != set(range(len(groups))):
+                raise IntegrityError(
+                    f"key-switching shares for parts {sorted(p + first for p in mine)}, expected one per group "
+                    f"{first}..{first + len(groups) - 1}",
+                    **self.where(k),
+                )
+            for g, (to, rows) in enumerate(groups):
+                msg = self.check(mine[g], client_party(k), "keyswitch", first + g, self.where(k))
+                if msg.kind != "share":
+                    raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
+                self.check_envelope(msg, fp, k)
+                try:
+                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces, *ct_shape)))
+                except ValueError as exc:
+                    raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
+        return shares, missing
+
+    def _eligible(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
+        """T-out-of-n: the clients an active set may hold, in the order they answered the probe.
+
+        t-out-of-n: probe every client; the responders that uploaded or contribute nothing (a contributor that
+        missed its upload is not asked) and are not :attr:`stale`, at least t of them.  The active set is the
+        first t; a re-plan takes the next.
         """
         K, t = self.setup.num_clients, self.threshold
         probe = {
@@ -369,4 +462,4 @@ class CKKSMPServer(ServerHalf):
             raise self._missing(
                 absent, "an answer to the key-switching probe (or its upload)", tag=self.plan.tag, round=self.plan.round
             )
-        return eligible[:t]
+        return eligible

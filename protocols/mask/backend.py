@@ -1,133 +1,33 @@
 """Pairwise-mask secure aggregation (Bonawitz et al., CCS 2017) as a protocol backend.
 
 One exchange (:meth:`MaskServer.run` driving one :class:`MaskClient` per client over a
-:class:`~protocols.link.ClientLink`, only bytes crossing) is one aggregation instance of the
-protocol of Bonawitz, Ivanov, Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and
-Seth, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
-(CCS 2017, §4, Fig. 4), with the consistency check of its active-adversary variant, over the
-ring ``Z_{2^b}``:
+:class:`~protocols.link.ClientLink`, only bytes crossing) is one aggregation instance of Bonawitz,
+Ivanov, Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and Seth, "Practical Secure Aggregation
+for Privacy-Preserving Machine Learning" (CCS 2017, §4, Fig. 4), with the consistency check of its
+active-adversary variant, over the ring ``Z_{2^b}``.  Client ``k`` uploads, per block it contributes,
 
-0. *Local encoding* — every contributor quantises its blocks (:mod:`.quantize`; by
-   default the smallest ring that carries the sum within the ValueSpec) and checks
-   them against the public bound **before** anything is sent.
-1. *Metadata* (sparse layout only) — each client tells the server which block ids it
-   touches (the documented leak of this layout); the server returns to each client,
-   per peer, the ids they have in common, so that masks of block ``b`` involve only
-   the contributors of ``b``.
-2. *AdvertiseKeys* — one X25519 mask key pair per client **per run** (:mod:`.keys`): a
-   client's first exchange sends its public key; the server broadcasts to each participant
-   the keys it has not sent it yet.  The secret key never leaves its client.
-3. *ShareKeys* — each participant draws a batch of ``E`` fresh self-mask seeds
-   ``b_k^(s)`` (os.urandom) for exchanges ``s = seq .. seq+E-1`` of the same contributor set
-   and threshold, and Shamir-shares each (threshold ``t``, :mod:`.shamir`) with the other
-   contributors in one channel message per peer; the share round runs only in the exchanges
-   where a participant's batch does not cover ``seq``, or some participant holds no share of it
-   (it was absent from that share round) (``E = 1``: every exchange).  Shares
-   travel over the encrypted client-to-client channel relayed by the server
-   (:mod:`protocols.channel`; recorded as ``ciphertext`` messages with ``relay='server'``): the
-   server cannot read them.  If a contributor drops before uploading is planned (no key, no
-   batch), the server sends the remaining participants their list.
-4. *MaskedInputCollection* — client ``k`` uploads, per block it contributes (Bonawitz
-   double masking, plus an output mask),
+    y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k^(seq)) + R_k     (mod 2^b)
 
-       y_k = q(x_k) + sum_{j>k} PRG(s_kj) - sum_{j<k} PRG(s_kj) + PRG(b_k^(seq)) + R_k     (mod 2^b)
+with ``j`` over the other participants contributing to that block,
+``s_kj = HKDF(X25519(k, j); run, exchange, tag, round, k, j)`` the pairwise seed of this exchange
+(one mask key pair per client per run, :mod:`.keys`), ``b_k^(seq)`` a fresh self-mask seed
+Shamir-shared with threshold ``t`` (:mod:`.shamir`) and ``R_k`` the output mask.  Stages:
+``group_seed``, ``block_ids`` (sparse layout), ``advertise_keys``, ``share_keys``, ``masked_upload``,
+``consistency`` (the survivors sign the survivor set), ``unmask`` (shares of the survivors' ``b_u``,
+pairwise seeds toward clients that dropped before uploading, never both for one client),
+``download``.  Too few responders raise :class:`~protocols.errors.DropoutError`: never a wrong sum.
 
-   with ``j`` ranging over the other participants contributing to that block,
-   ``s_kj = HKDF(X25519(k, j); run, exchange, tag, round, k, j)`` the pairwise seed of this
-   exchange, ``b_k^(seq)`` its self-mask seed and ``R_k`` the output mask (default; absent
-   with ``reveal_to_server=True``), see below.
-5. *ConsistencyCheck* — the server sends every uploader the survivor set ``U``; each signs
-   ``(run, session, exchange, tag, round, U, v)`` (:func:`survivor_statement`) with its identity
-   key, ``v`` the digest of the broadcasts it trained on (:mod:`protocols.broadcast_view`; in an
-   exchange the public schedule marks as a broadcast, every survivor must sign).
-   The unmasking request carries ``U``, the dropped participants and those signatures; a client
-   answers only a request that names the set it signed, with at least ``t`` valid signatures
-   over it (:class:`~protocols.errors.ConsistencyError` otherwise), so the server cannot ask
-   some clients about a survivor and others about a "dropped" client (``2t > n + c``).
-   *Unmasking* — the server sums the uploads mod ``2^b``.  Pairwise masks cancel
-   between survivors.  The server asks each uploader for its share of every survivor's
-   ``b_u^(seq)`` **and**, for each client ``d`` that dropped before uploading, for the
-   uploader's pairwise seed ``s_jd`` of this exchange — never both for one client; an honest
-   client refuses a request naming one client in both lists
-   (:class:`~protocols.errors.UnmaskingRefusedError`) and answers one unmasking round per
-   exchange.  When every participant uploaded, the request names no dropped client: each
-   uploader answers with its shares of every participant's ``b_u`` and no seed.  The server rebuilds each ``b_u`` from
-   ``t`` shares and removes ``PRG(b_u)``, and removes the survivors' dangling masks toward
-   each dropped client — the sum then covers the survivors only and recipients are told who
-   was included.  Where Bonawitz et al. rebuild the dropped client's secret key from ``t``
-   shares, here every survivor that shares blocks with it reveals its own seed: the server
-   learns less (one exchange's seeds, not a key), which is what makes a key per run safe, but
-   a survivor that also misses the unmasking round leaves a mask it cannot remove.  Too few
-   responders (``< t``), a missing seed, recovery disabled, or DP noise placed 'distributed'
-   (a survivors' sum would be short of noise): DropoutError.  Never a wrong sum.
-6. *Delivery* — each recipient gets exactly the blocks it asked for, removes the
-   output mask and decodes.
-
-Every client->server and client->client message is signed (Ed25519) in the envelope of
-:mod:`protocols.message`, with stages ``advertise_keys``, ``share_keys``, ``masked_upload``,
-``consistency``, ``unmask`` (and ``block_ids`` in the sparse layout); the server and each recipient verify it
-before use (:mod:`protocols.auth`).
-
-**Individual inputs are protected by ``b_k``** (Bonawitz et al. §4): if a "dropped" client's
-upload arrives late after the server removed its pairwise masks, the server (and any coalition
-of fewer than ``t`` clients) still faces ``PRG(b_k^(seq))``, whose shares it never asked for in
-that exchange.  Each ``b_k^(s)`` and each pairwise seed masks one exchange only (the exchange
-number only grows, and a client answers one unmasking request per exchange), so what the
-server learns in one exchange's recovery unmasks nothing in another.
-
-**Output privacy (default).**  In Bonawitz et al. the server learns the sum.  Here the
-recipients of every exchange are clients, so the server need not: every client holds
-a 32-byte *group seed* ``G`` (drawn by client 0 and sent to every client over the relayed
-encrypted channel before the first exchange, stage ``group_seed``).  With
-``P_j = PRG(HKDF(G; exchange, j))`` for every client id ``j`` and ``P_K = 0`` (``K`` clients),
-contributor ``k`` adds the *telescoped* output mask
+Output privacy (default): with ``P_j = PRG(HKDF(G; exchange, j))`` from the clients' group seed
+``G`` and ``P_K = 0``,
 
     R_k = P_k - P_{k+1},    so that    sum_{k in S} R_k = sum_{maximal runs [a..c] of S} (P_a - P_{c+1})
 
-to each of its blocks.  For any non-empty set ``S`` of included contributors the smallest
-``m in S`` leaves ``P_m`` with coefficient 1 (``m - 1`` is not in ``S``), and ``P_m`` is
-independent of every other term, so the server's sum ``sum q(x_k) + sum R_k`` is uniformly
-random to it — with or without dropouts.  A recipient removes the sum of the included
-contributors' ``R_k`` block by block (the server tells it who was included): two streams per
-run of consecutive included ids, one when nobody dropped, instead of one stream per contributor.
-``R_k`` hides only the aggregate: every client knows ``G``.  With ``reveal_to_server=True``
-there is no output mask and downloads are recorded as ``plain`` (the server can read the
-aggregate it sends).
+and the smallest included contributor's ``P_m`` keeps the server's sum uniformly random to it;
+recipients remove the included contributors' ``R_k``.  ``reveal_to_server=True`` drops ``R_k``.
 
-**What still leaks.**  The server learns which clients took part and, in the sparse
-layout, which block ids each client touches; a block with a single contributor is
-that client's value in ``reveal_to_server`` mode.  Each client learns, per peer, the
-block ids they share (needed to mask pairwise), and each recipient learns, per block
-it receives, which clients contributed (needed to remove the output masks).  Clients
-legitimately learn the aggregates they receive (docs/design.md, threat model).
-
-**Collusion.**  Every client holds ``G``, so the server plus any one client sees the
-aggregate (as in standard Bonawitz).  An individual input stays hidden from the server
-plus ``c < t`` colluding clients (too few shares to rebuild the victim's ``b_k`` or mask key)
-as long as at least one other honest client contributes the same block
-(:mod:`attacks.coalition` measures it).  A server that lies about who dropped is stopped by the
-consistency round; one that corrupts nothing but drops honest clients only shrinks the sum.
-
-**Stages on the link** (one batch call each; a client whose answer is missing has dropped):
-``group_seed`` (once per run, client 0 only: ``G`` for every other client), ``block_ids``
-(sparse layout only: plan in, block ids out), ``advertise_keys`` (a client's first exchange:
-public mask key out), ``share_keys`` (when a batch runs out: channel-encrypted shares for each
-peer out, which the server forwards), ``masked_upload`` (set-up messages in, masked blocks
-out), ``consistency`` (the survivor set in, its signature out), ``unmask`` (the server's request
-with the survivors' signatures in, shares and seeds out), ``download`` (summed blocks,
-who is included and, in the sparse layout with output masks, a per-block bitmap of
-contributors).  The steady state of a dense exchange is ``masked_upload``, ``consistency``, ``unmask`` and
-``download``.  A client that misses ``advertise_keys`` or ``share_keys`` is not a participant;
-one that misses ``masked_upload`` is recovered (or the exchange refused) as in step 5.
-
-**Dropout simulation.**  :meth:`MaskProtocol.drop_clients` makes clients leave the
-*next* exchange at a given stage (their answers are lost on the in-process link):
-``'keys'`` (silent from the set-up on: not a participant when the exchange has a key or share
-round, else like ``'upload'``), ``'upload'`` (after the set-up, before uploading: needs
-recovery), ``'unmask'`` (after uploading, does not answer the recovery round), ``'late'``
-(like ``'upload'``, but its masked upload arrives after recovery: recorded, never aggregated).
-A dropped client still receives its download (it reconnects for the result), so callers get
-every recipient's result; :attr:`MaskProtocol.last_included` names the clients whose contributions the result covers.
+The steps, the security argument, what leaks, collusion and the dropout simulation
+(:meth:`MaskProtocol.drop_clients`): docs/mask.md; how the protocol differs from Bonawitz et al.:
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -238,6 +138,7 @@ class MaskProtocol(HalvesProtocol):
         self.last_binding: ExchangeBinding | None = None
 
     def public_options(self) -> dict:
+        """Ring and fixed-point sizes, reveal and dropout switches, Shamir threshold, block size, self-mask batch."""
         return {
             "ring_bits": self.ring_bits,
             "frac_bits": self.frac_bits,
@@ -251,6 +152,7 @@ class MaskProtocol(HalvesProtocol):
     # ------------------------------------------------------------------ public knobs
     @property
     def fingerprint(self) -> str:
+        """Hash of the client count and the public options."""
         return mask_fingerprint(self.num_clients, self.public_options())
 
     @property
@@ -259,6 +161,7 @@ class MaskProtocol(HalvesProtocol):
         return {k: c.group_seed for k, c in self.clients.items() if c.group_seed is not None}
 
     def block_capacity(self, spec) -> int:
+        """Values per block: the configured ``block_size``."""
         return self.block_size
 
     def drop_clients(self, clients: Iterable[int], stage: str = "upload") -> None:
@@ -277,6 +180,7 @@ class MaskProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ one exchange
     def plan_encoding(self, ctx: ExchangeContext) -> dict:
+        """Fixed-point encoding, Shamir threshold and the dropouts distributed DP noise was provisioned for."""
         n0 = len(ctx.contributions)
         enc = choose_encoding(
             max_abs=ctx.spec.max_abs,

@@ -383,6 +383,11 @@ class MaskClient(ClientHalf):
 
     # ------------------------------------------------------------------ stages
     def on_stage(self, stage, inbox):
+        """Dispatch ``stage`` to the matching ``stage_<name>`` method.
+
+        Raises:
+            IntegrityError: the stage is unknown.
+        """
         if stage == "register":
             return []
         step = getattr(self, "stage_" + stage, None)
@@ -418,6 +423,7 @@ class MaskClient(ClientHalf):
         self.timing["encode_s"] = time.perf_counter() - t0
 
     def stage_block_ids(self, inbox):
+        """Send the ids of the blocks this client contributes to (sparse layout)."""
         if self.state is None:
             return []
         ids = self.state.ids
@@ -493,6 +499,15 @@ class MaskClient(ClientHalf):
         return out
 
     def stage_masked_upload(self, inbox):
+        """Upload y_k = x_k + PRG(b_k) + sum_j +-PRG(s_kj) mod 2^ring_bits (Bonawitz et al., CCS 2017).
+
+        Pairwise masks are drawn over the blocks shared with each peer; the self mask b_k is used when there are at
+        least
+        two participants.
+
+        Raises:
+            IntegrityError: a self-mask seed or a peer's mask key is missing.
+        """
         self._absorb(inbox)
         st = self.state
         if st is None:
@@ -666,6 +681,11 @@ class MaskClient(ClientHalf):
         ]
 
     def stage_download(self, inbox):
+        """Check the download against this client's request, remove its output masks and decode the fixed-point sums.
+
+        Raises:
+            IntegrityError: the download is malformed or carries other blocks or clients than planned.
+        """
         msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
         t0 = time.perf_counter()
         p, L = self.plan, self.plan.block_len

@@ -87,6 +87,7 @@ class FixedPoint:
 
     @property
     def bytes_per_value(self) -> int:
+        """Bytes of one ring element, ring_bits / 8."""
         return self.ring_bits // 8
 
     @property

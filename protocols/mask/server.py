@@ -107,6 +107,7 @@ class MaskServer(ServerHalf):
         self.last_timing: dict[str, float] = {}
 
     def record(self, msg: Message) -> None:
+        """Record a message; a relayed channel ciphertext gets a note naming what it carries."""
         if msg.relay == SERVER and not msg.note:  # what the server knows a relayed ciphertext is
             stage = envelope_of(msg).stage if len(msg.auth) > 64 else ""
             note = self._NOTES.get(stage, "channel message")
@@ -157,6 +158,10 @@ class MaskServer(ServerHalf):
             self._outbox.pop(k, None)
 
     def run(self, plan, link):
+        """Run one masked exchange: share keys, collect masked inputs, check consistency, unmask, send the sums.
+
+        Returns the clients whose inputs the sums cover; timing goes to ``last_timing``.
+        """
         t_start = time.perf_counter()
         ex = self.stage_setup(plan, link)
         self.stage_advertise_keys(ex, link)

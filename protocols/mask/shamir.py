@@ -37,10 +37,16 @@ class Share:
     y: int
 
     def to_bytes(self) -> bytes:
+        """4-byte x coordinate followed by the big-endian y value."""
         return self.x.to_bytes(4, "big") + self.y.to_bytes(SHARE_BYTES, "big")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Share:
+        """Parse a share written by :meth:`to_bytes`.
+
+        Raises:
+            ValueError: ``data`` is not exactly one share long.
+        """
         if len(data) != 4 + SHARE_BYTES:
             raise ValueError(f"a share is {4 + SHARE_BYTES} bytes, got {len(data)}")
         return cls(int.from_bytes(data[:4], "big"), int.from_bytes(data[4:], "big"))

@@ -91,6 +91,7 @@ class MinorityAccuracy:
         return out
 
     def final_metrics(self) -> dict:
+        """Base metrics plus the minority-class accuracy at the best round and at the last."""
         best = self._minority_tracker()
         return {
             **super().final_metrics(),
@@ -100,9 +101,11 @@ class MinorityAccuracy:
         }
 
     def state_dict(self) -> dict:
+        """Base checkpoint plus the minority tracker."""
         return {**super().state_dict(), "minority_best": dict(self._minority_tracker())}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the checkpoint and the minority tracker."""
         state = dict(state)
         saved = state.pop("minority_best", None)
         super().load_state_dict(state)
@@ -115,6 +118,7 @@ class MinorityLogic(ModelAveragingLogic):
 
     @torch.no_grad()
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        """Per-split counts plus the minority-class report."""
         counts = super().evaluate(req).counts
         return EvaluateRes({**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)})
 
@@ -131,6 +135,7 @@ class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
         self.personalized = not self.aggregate_models
 
     def evaluate(self) -> dict:
+        """Accuracy summary plus the minority-class accuracies."""
         asked = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
         reports = {k: r.counts for k, r in asked.items()}
         return self.add_minority(accuracy_summary(reports), {k: r["minority"] for k, r in reports.items()})

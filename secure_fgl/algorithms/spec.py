@@ -46,9 +46,11 @@ class AlgorithmSpec:
     mode_note: str = ""
 
     def logic_class(self) -> type:
+        """The client logic class, imported on first use."""
         return load(self.logic)
 
     def strategy_class(self) -> type:
+        """The server strategy class, imported on first use."""
         return load(self.strategy)
 
     def mode_refusal(self, mode: str) -> str:

@@ -139,6 +139,7 @@ def _label(layout: str, row_order: str) -> str:
 
 
 def cora_part(data_root, quick: bool) -> list[dict]:
+    """Part 1: the pre-training exchange on Cora for every backend and row layout, one record each."""
     fed = _fed_cora(data_root, quick)
     out = []
     for layout, row_order in CORA_LAYOUTS:
@@ -247,6 +248,7 @@ def _scale_line(r: dict) -> str:
 
 
 def to_markdown(res: dict) -> str:
+    """The benchmark's records as markdown tables."""
     L = ["# FedGCN pre-training benchmark", ""]
     cora = res["cora"]
     if cora:
@@ -356,6 +358,7 @@ def run_fedgcn_bench(out_dir, quick: bool = False, data_root=None, sizes=None, p
 
 
 def main(argv=None) -> None:
+    """Command line of the FedGCN benchmark (``python -m secure_fgl.bench.fedgcn``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--quick", action="store_true")

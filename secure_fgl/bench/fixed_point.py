@@ -51,6 +51,7 @@ MODEL_SIZES = {
 
 
 def models_part(update_bound: float) -> list[dict]:
+    """Part 1: the model-averaging exchange per model size and backend: bytes, largest error and its stated bound."""
     from protocols import make_protocol
     from secure_fgl.algorithms.base import model_precision
 
@@ -132,6 +133,7 @@ def features_part(
     norms=("row", "sym"),
     backends=tuple(BACKENDS),
 ) -> list[dict]:
+    """Part 2: FedGCN's pre-training exchange per dataset, row order and norm; float slots against fixed point."""
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import load_federation
 
@@ -174,6 +176,7 @@ def features_part(
 
 
 def main(argv=None) -> None:
+    """Command line of the fixed-point benchmark; writes ``OUT/fixed_point.json``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bench_fixed")
     ap.add_argument("--parts", nargs="+", default=["models", "features"], choices=["models", "features"])

@@ -716,6 +716,7 @@ class Fuzzer:
         self.prev_exchange: dict[tuple, object] = {}
 
     def new_protocol(self, scheduled: bool = False):
+        """A fresh protocol of this backend, optionally with the public client-sampling schedule and broadcast roles."""
         options = {"params": "n4096"} if self.mode == "ckks" else {}
         if not scheduled:
             return make_protocol(self.mode, K, **options)
@@ -723,9 +724,11 @@ class Fuzzer:
         return make_protocol(self.mode, K, seed=SAMPLE_SEED, client_fraction=SAMPLED_FRACTION, roles=roles, **options)
 
     def values(self, rng) -> dict[int, np.ndarray]:
+        """Honest inputs: ``N_VALUES`` uniform floats in [-1, 1] per client."""
         return {k: rng.uniform(-1, 1, N_VALUES) for k in range(K)}
 
     def next_round(self) -> int:
+        """Advance to and return the next round number."""
         self.round += 1
         return self.round
 
@@ -734,6 +737,7 @@ class Fuzzer:
         self.sent[(self.proto.exchange, m.sender, m.kind, m.receiver, m.tag)] = m
 
     def other_session(self, m):
+        """Tamper: ``m`` re-sealed under another session id."""
         current, self.proto.session = self.proto.session, os.urandom(16)
         try:
             return self.proto._seal(m, _stage_of(self))
@@ -741,12 +745,14 @@ class Fuzzer:
             self.proto.session = current
 
     def replay(self, m, same_round: bool):
+        """Tamper: the previous exchange's message of this sender, kind and receiver (optionally this round's)."""
         old = self.prev_exchange.get((m.sender, m.kind, m.receiver))
         if old is None:
             return m
         return old if not same_round else dataclasses.replace(old, round=m.round)
 
     def earlier_upload(self, m):
+        """Tamper: another upload of the same sender in this exchange, else its upload of the previous exchange."""
         for (ex, sender, kind, receiver, tag), old in self.sent.items():
             if (
                 ex == self.proto.exchange
@@ -759,12 +765,14 @@ class Fuzzer:
         return self.prev_exchange.get((m.sender, m.kind, m.receiver), m)
 
     def victim_upload(self, m):
+        """Tamper: the victim client's upload of the same kind in this exchange."""
         for (ex, sender, kind, receiver, tag), old in self.sent.items():
             if ex == self.proto.exchange and sender == VICTIM and kind == m.kind and receiver == SERVER:
                 return old
         return m
 
     def other_payload(self, m):
+        """Tamper: the payload of another client's upload of the same kind."""
         for (ex, sender, kind, receiver, tag), old in self.sent.items():
             if ex == self.proto.exchange and kind == m.kind and receiver == SERVER and sender != m.sender:
                 return old.payload
@@ -772,6 +780,7 @@ class Fuzzer:
 
     # -- one case
     def run(self, case: Case, rng) -> str:
+        """Run one case and classify its outcome, on a fresh or the scheduled protocol when the case asks for one."""
         if not (case.fresh or case.scheduled):
             return self._run(case, rng)
         kept = self.proto, self.sent, self.prev_exchange
@@ -846,6 +855,7 @@ def run_fuzz(cases: int, *, seed: int = 0, backends=("mask", "ckks", "ckks-mp"),
 
 
 def format_table(records: list[dict]) -> str:
+    """The fuzz records as a fixed-width text table."""
     head = (
         f"{'backend':<7} {'category':<32} {'model':<5} {'cases':>6} {'rejected':>9} {'acc-ok':>7} "
         f"{'acc-WRONG':>9} {'unexpected':>10}"
@@ -860,6 +870,7 @@ def format_table(records: list[dict]) -> str:
 
 
 def run_fuzz_bench(out_dir: str, cases: int = 20000, seed: int = 0) -> list[dict]:
+    """Run ``cases`` fuzz cases, print the table and write ``OUT/fuzz.json``."""
     t0 = time.perf_counter()
     records = run_fuzz(cases, seed=seed)
     print(format_table(records))

@@ -32,6 +32,7 @@ def _best(fn, repeat: int) -> float:
 
 
 def run_message_bench(out_dir: str, floats: int = 1_000_000, clients: int = 10) -> dict:
+    """Envelope bytes, sign/verify/digest times and mask's bytes per client; writes ``OUT/messages.json``."""
     body = {"block_ids": np.arange(245, dtype=np.int32), "data": np.random.default_rng(0).bytes(4 << 20)}
     digest, n = body_digest(body)
     env = Envelope(

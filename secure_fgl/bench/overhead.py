@@ -364,6 +364,7 @@ def run_overhead_bench(
 
 
 def main(argv=None) -> None:
+    """Command line of the overhead benchmark (``secure-fgl bench --suite overhead``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="runs/bench")

@@ -366,6 +366,7 @@ def _row(r):
 
 
 def print_table(records) -> None:
+    """Print the records as an aligned text table."""
     rows = [HEADER] + [_row(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     for j, row in enumerate(rows):
@@ -382,6 +383,7 @@ def _print_last(records) -> None:
 
 
 def main(argv=None) -> None:
+    """Command line of the protocol benchmark."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--quick", action="store_true")

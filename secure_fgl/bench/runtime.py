@@ -93,6 +93,7 @@ class PeakPSS:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
+        """Take one PSS sample and keep it when its total is the largest so far."""
         per = tree_pss(os.getpid())
         if not self.tree:
             per = {pid: v for pid, v in per.items() if pid == os.getpid()}
@@ -353,6 +354,7 @@ def summarise(records: list[dict]) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
+    """Print the runtime records and, for Ray, the PSS breakdown at the peak."""
     print(
         f"{'K':>4} {'mode':<5} {'executor':<8} {'runs':>4} {'wall s':>8} {'setup s':>8} {'train s':>8} "
         f"{'x local':>8} {'msg us':>8} {'PSS MB':>8} {'load':>6}"

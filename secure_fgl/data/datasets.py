@@ -103,9 +103,11 @@ class DatasetInfo:
 
     @property
     def synthetic(self) -> bool:
+        """Whether the dataset is generated (it has no folder)."""
         return self.folder is None
 
     def expected_dir(self, data_root: Path) -> Path | None:
+        """The folder its raw files must be in under ``data_root`` (None for a synthetic dataset)."""
         return None if self.folder is None else data_root / self.folder / "raw"
 
 

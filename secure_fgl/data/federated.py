@@ -42,6 +42,7 @@ class ClientSubgraph:
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes the client owns."""
         return int(self.global_ids.numel())
 
     def to_data(self) -> Data:
@@ -76,8 +77,10 @@ class FederatedGraph:
 
     @property
     def num_clients(self) -> int:
+        """Number of clients."""
         return len(self.clients)
 
     @property
     def num_features(self) -> int:
+        """Feature dimension of the global graph."""
         return int(self.graph.x.size(1))

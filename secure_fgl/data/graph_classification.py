@@ -57,6 +57,7 @@ class GraphClient:
 
     @property
     def num_graphs(self) -> int:
+        """Number of the client's graphs over all splits."""
         return len(self.train) + len(self.val) + len(self.test)
 
 
@@ -70,6 +71,7 @@ class FederatedGraphDataset:
 
     @property
     def num_clients(self) -> int:
+        """Number of clients."""
         return len(self.clients)
 
 

@@ -64,6 +64,11 @@ class PlanetoidUnpickler(pickle.Unpickler):
     """An unpickler that resolves only :data:`ALLOWED_GLOBALS`."""
 
     def find_class(self, module: str, name: str):
+        """Resolve only the globals a Planetoid file needs (``ALLOWED_GLOBALS``).
+
+        Raises:
+            DataError: the pickle references any other global.
+        """
         if name not in ALLOWED_GLOBALS.get(module, ()):
             raise DataError(
                 f"refusing to load {getattr(self, 'path', 'a pickle')}: it references {module}.{name}, "

@@ -90,6 +90,7 @@ def from_plain(obj: Any) -> Any:
 
 
 def save_checkpoint(path: Path, cfg: RunConfig, content: dict) -> None:
+    """Write ``content`` atomically as a weights-only checkpoint, with the format and the config fingerprint."""
     save_torch_atomic(path, {"format": FORMAT, "fingerprint": config_fingerprint(cfg), **to_plain(content)})
 
 

@@ -23,12 +23,14 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 def rng_state() -> dict:
+    """The global generators' states (CUDA's too when present), for checkpoints."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -36,6 +38,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore the states returned by :func:`rng_state`."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

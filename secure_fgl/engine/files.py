@@ -43,6 +43,7 @@ def _public_mode(path) -> None:
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write ``data`` as indented JSON by a rename, so a reader never sees a partial file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

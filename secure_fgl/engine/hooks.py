@@ -71,6 +71,7 @@ class BestModelSaver:
         self.path = Path(out_dir) / BEST_MODEL
 
     def __call__(self, row: dict, state, algo) -> None:
+        """Save the deployed weights when this round is the best so far."""
         if state.best_round == row["round"]:
             deployed = getattr(algo, "deployed_weights", None)  # client runtimes: asked of each client
             weights = deployed() if deployed is not None else model_weights(algo)
@@ -89,6 +90,7 @@ class CSVLogger:
             self.path.unlink()
 
     def __call__(self, row: dict, state, algo) -> None:
+        """Append the round's scalar metrics as one row."""
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float))}
         new = not self.path.exists()
         if self.columns is None:
@@ -114,6 +116,7 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def __call__(self, row: dict, state, algo) -> None:
+        """Write the round's scalar metrics at step ``round``."""
         for key, value in row.items():
             if key != "round" and isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, row["round"])

@@ -15,12 +15,15 @@ from pathlib import Path
 
 
 class Phases:
+    """Logs the start and duration of named phases (module docstring); ``seconds`` holds each phase's time."""
+
     def __init__(self, enabled: bool = True, log_file: str | Path | None = None):
         self.enabled = enabled
         self.log_file = Path(log_file) if log_file else None
         self.seconds: dict[str, float] = {}
 
     def log(self, message: str) -> None:
+        """Print ``message`` on stderr (when enabled) and append it, time-stamped, to the log file."""
         if self.enabled:
             print(message, file=sys.stderr, flush=True)
         if self.log_file is not None:
@@ -30,6 +33,7 @@ class Phases:
 
     @contextmanager
     def __call__(self, name: str, what: str):
+        """Context manager that logs phase ``name`` (``what`` it does) on entry and its duration on exit."""
         self.log(f"[{name}] {what} ...")
         t0 = time.perf_counter()
         yield

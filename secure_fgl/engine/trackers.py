@@ -62,9 +62,11 @@ class WandbLogger:
         )
 
     def __call__(self, row: dict, state, algo) -> None:
+        """Log the round's scalar metrics at step ``round``."""
         self.run.log(scalars(row), step=row["round"])
 
     def finish(self, result: dict) -> None:
+        """Put the run's outcome in the summary and close the run."""
         self.run.summary.update({**outcome(result), "status": result.get("status")})
         self.run.finish()
 
@@ -92,10 +94,12 @@ class MLflowLogger:
         self.client.log_batch(self.run_id, params=params)  # 6000: MLflow's limit on a value
 
     def __call__(self, row: dict, state, algo) -> None:
+        """Log the round's scalar metrics at step ``round``."""
         for key, value in scalars(row).items():
             self.client.log_metric(self.run_id, key, float(value), step=row["round"])
 
     def finish(self, result: dict) -> None:
+        """Log the run's outcome, attach result.json and end the run (FINISHED or FAILED)."""
         for key, value in outcome(result).items():
             self.client.log_metric(self.run_id, key, float(value))
         self.client.log_dict(self.run_id, result, "result.json")

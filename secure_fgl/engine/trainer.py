@@ -30,6 +30,8 @@ CHECKPOINT = "checkpoint.pt"
 
 @dataclass
 class TrainState:
+    """The round loop's state: next round, per-round rows, best evaluation so far, early-stopping count and timings."""
+
     next_round: int = 0
     rounds: list[dict] = field(default_factory=list)
     best: dict | None = None

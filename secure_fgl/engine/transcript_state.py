@@ -31,6 +31,7 @@ SIDE_FILE = "transcript.jsonl"
 
 
 def encode_message(m: Message) -> str:
+    """One message as a compact JSON line."""
     d = {name: getattr(m, name) for name in FIELDS}
     d["shape"] = [int(x) for x in m.shape]
     d["auth"] = bytes(m.auth).hex()
@@ -38,6 +39,7 @@ def encode_message(m: Message) -> str:
 
 
 def decode_message(line: str) -> Message:
+    """The message of a line written by :func:`encode_message`."""
     d = json.loads(line)
     return Message(**{**d, "shape": tuple(d["shape"]), "auth": bytes.fromhex(d["auth"])})
 

@@ -23,6 +23,8 @@ from .node import dropout as keyed_dropout
 
 
 class GCFLGIN(nn.Module):
+    """GCFL's GIN: local input layer, shared GIN layers, sum readout, local post layer and classifier."""
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 3, dropout: float = 0.5):
         super().__init__()
         self.pre = nn.Linear(in_dim, hidden)
@@ -39,6 +41,7 @@ class GCFLGIN(nn.Module):
         return list(self.convs.parameters())
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """Class logits of each graph of ``batch``."""
         x = self.pre(x)
         for conv in self.convs:
             x = keyed_dropout(F.relu(conv(x, edge_index)), self.dropout, self.training)

@@ -12,6 +12,8 @@ from torch_geometric.nn import GINConv, global_add_pool
 
 
 class GIN(nn.Module):
+    """GIN layers h' = MLP((1 + eps) h + sum_{u in N(v)} h_u), a sum readout and an MLP head (Xu et al., ICLR 2019)."""
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 3, dropout: float = 0.5):
         super().__init__()
         self.convs = nn.ModuleList()
@@ -22,10 +24,12 @@ class GIN(nn.Module):
         self.dropout = dropout
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """Sum-pooled node embeddings of each graph."""
         for conv in self.convs:
             x = F.relu(conv(x, edge_index))
         return global_add_pool(x, batch)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """Class logits of each graph of ``batch``."""
         h = F.dropout(self.embed(x, edge_index, batch), self.dropout, self.training)
         return self.head(h)

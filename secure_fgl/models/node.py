@@ -87,6 +87,8 @@ def _dims(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[tuple
 
 
 class GCN(_Stack):
+    """GCN (Kipf & Welling, ICLR 2017): H' = sigma(D^-1/2 (A+I) D^-1/2 H W)."""
+
     def __init__(
         self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5, normalize: bool = True
     ):
@@ -107,6 +109,7 @@ class NarrowingSAGEConv(SAGEConv):
     """
 
     def forward(self, x, edge_index, size=None):
+        """Project then aggregate when the layer narrows; otherwise ``SAGEConv``'s forward."""
         if not isinstance(x, torch.Tensor) or self.in_channels <= self.out_channels:
             return super().forward(x, edge_index, size)
         h = F.linear(x, self.lin_l.weight)
@@ -115,11 +118,15 @@ class NarrowingSAGEConv(SAGEConv):
 
 
 class SAGE(_Stack):
+    """GraphSAGE with the mean aggregator (Hamilton et al., NeurIPS 2017)."""
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
         super().__init__([NarrowingSAGEConv(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout)
 
 
 class GAT(_Stack):
+    """GAT (Velickovic et al., ICLR 2018): ``heads`` concatenated attention heads per hidden layer."""
+
     def __init__(
         self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.6, heads: int = 8
     ):
@@ -143,9 +150,11 @@ class SGC(nn.Module):
         self._cached_for: tuple | None = None
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """The input itself (SGC has no hidden layer)."""
         return x
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Logits S^K x W; S^K x is computed once and reused while the same inputs come back."""
         if self.training and self.dropout > 0:  # dropout before propagation: nothing to reuse
             self.conv.cached, self.conv._cached_x, self._cached_for = False, None, None
             return self.conv(F.dropout(x, self.dropout, True), edge_index)
@@ -160,6 +169,8 @@ class SGC(nn.Module):
 
 
 class MLP(_Stack):
+    """Multi-layer perceptron on the features only (no graph)."""
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, dropout: float = 0.5):
         super().__init__(
             [nn.Linear(a, b) for a, b in _dims(in_dim, hidden, out_dim, num_layers)], dropout, uses_graph=False

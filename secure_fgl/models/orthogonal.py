@@ -98,6 +98,7 @@ class OrthoConv(MessagePassing):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Orthogonal initial weight, zero bias."""
         super().reset_parameters()
         nn.init.orthogonal_(self.weight)
         if self.bias is not None:
@@ -108,6 +109,7 @@ class OrthoConv(MessagePassing):
         return newton_orthogonalize(self.weight, self.newton_steps)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """S~ Z W~^T + bias, with S~ the GCN-normalised adjacency with self loops (Z W~^T + bias without the graph)."""
         h = x @ self.effective_weight().T
         if self.use_graph:
             ei, ew = gcn_norm(edge_index, None, x.size(0), add_self_loops=True, dtype=x.dtype)
@@ -115,6 +117,7 @@ class OrthoConv(MessagePassing):
         return h if self.bias is None else h + self.bias
 
     def message(self, x_j: torch.Tensor, edge_weight: torch.Tensor) -> torch.Tensor:
+        """Neighbour message: its features scaled by the edge weight."""
         return edge_weight.view(-1, 1) * x_j
 
     def __repr__(self) -> str:
@@ -164,6 +167,7 @@ class OrthoGCN(nn.Module):
         return 1 + len(self.hidden_layers)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, return_hidden: bool = False):
+        """Logits, and the hidden layers' activations when ``return_hidden``."""
         hidden = []
         h = F.relu(self.first(dropout(x, self.dropout, self.training), edge_index))
         hidden.append(h)

@@ -119,6 +119,7 @@ class SweepSpec:
         return plan
 
     def to_dict(self) -> dict:
+        """The grid as plain data (epsilons as labels)."""
         d = asdict(self)
         d["epsilons"] = [eps_label(e) for e in self.epsilons]
         d["algorithm_epsilons"] = {a: [eps_label(e) for e in es] for a, es in self.algorithm_epsilons.items()}

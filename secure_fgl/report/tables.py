@@ -57,6 +57,7 @@ class Table:
     note: str = ""
 
     def to_markdown(self) -> str:
+        """The table as markdown (cells with ``|`` escaped)."""
         if not self.rows:
             return f"**{self.title}**: no data.\n"
         esc = [[c.replace("|", "\\|") for c in r] for r in [self.header] + self.rows]
@@ -72,6 +73,7 @@ class Table:
         return "\n".join(lines) + "\n"
 
     def to_html(self) -> str:
+        """The table as escaped HTML."""
         if not self.rows:
             return f"<p><b>{html.escape(self.title)}</b>: no data.</p>"
         out = [f"<table><caption>{html.escape(self.title)}</caption><thead><tr>"]

@@ -52,6 +52,7 @@ def request_fields(req: DPRequest, spec) -> dict:
 
 
 def request_of(req: PrivatizeIns) -> DPRequest:
+    """The :class:`~protocols.dp.DPRequest` of a request's DP fields."""
     return DPRequest(clip=float(req.clip), per_row=bool(req.per_row), integer=bool(req.integer))
 
 
@@ -64,6 +65,7 @@ class ClientNoise:
 
     @property
     def rng(self) -> SecureRandom:
+        """This client's noise generator, keyed from the OS CSPRNG on first use."""
         if self._rng is None:  # keyed by os.urandom(32) on first use, in this process
             self._rng = SecureRandom()
         return self._rng

@@ -65,9 +65,11 @@ class DropRule:
     last: int | None = None
 
     def applies(self, rnd: int) -> bool:
+        """Whether the rule is active in round ``rnd``."""
         return self.first is None or self.first <= rnd <= self.last
 
     def describe(self) -> dict:
+        """The rule as plain data."""
         return {
             "clients": list(self.clients),
             "stage": self.stage,
@@ -172,11 +174,13 @@ class SimulatedDropouts:
         self.clock: Callable[[], int] = lambda: 0
 
     def call(self, method: str, requests: Mapping[int, bytes], label: str = ""):
+        """The wrapped executor's call, without the requests of the clients silent at this round and stage."""
         stage = method[5:] if method.startswith("half:") else None
         silent = set() if method in NOT_PROTOCOL else self.schedule.silent(self.clock(), stage, requests)
         return self.executor.call(method, {k: v for k, v in requests.items() if k not in silent}, label)
 
     def describe(self) -> dict:
+        """The wrapped executor's description plus the dropout schedule."""
         return {**self.executor.describe(), "simulated_dropouts": self.schedule.describe()}
 
     def __getattr__(self, name):  # start, shutdown, stats, sequential, name, Ray's extras
@@ -191,5 +195,24 @@ class DroppingLink(ClientLink):
         self.sequential = getattr(link, "sequential", False)
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """The wrapped link's call, without the requests of the clients silent at this round and stage."""
         silent = self.schedule.silent(self.clock(), stage, requests)
         return self.link.call(stage, {k: v for k, v in requests.items() if k not in silent})
+
+
+class LostAfter(ClientLink):
+    """A :class:`~protocols.link.ClientLink` whose clients ``lost`` disconnect after ``calls`` calls of ``stage``.
+
+    The default is a loss right after ``ckks-mp``'s key-switching liveness probe (the first ``keyswitch`` call), which
+    a stage of ``--simulate-dropouts`` cannot express: the server then re-plans its active set.
+    """
+
+    def __init__(self, link: ClientLink, lost, stage: str = "keyswitch", calls: int = 1):
+        self.link, self.lost, self.stage, self.left = link, {int(k) for k in lost}, stage, int(calls)
+        self.sequential = getattr(link, "sequential", False)
+
+    def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Deliver ``requests`` but those of the lost clients once their ``calls`` are spent."""
+        gone = self.lost if self.left <= 0 else set()
+        self.left -= stage == self.stage
+        return self.link.call(stage, {k: v for k, v in requests.items() if k not in gone})

@@ -44,6 +44,7 @@ class RuntimeLink(ClientLink):
         self.sequential = executor.sequential
 
     def call(self, stage: str, requests: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Run protocol ``stage`` in the client runtimes; report the clients lost."""
         responses, lost = self.executor.call(f"half:{stage}", requests)
         self.on_lost(lost, f"half:{stage}")
         return responses
@@ -60,6 +61,7 @@ def split_backend(protocol) -> bool:
 
 # ---------------------------------------------------------------- client side
 def dense_table(plan, vector: np.ndarray) -> BlockTable:
+    """The plan's blocks of a flat ``vector``."""
     return plan.dense_table(vector)
 
 
@@ -76,10 +78,12 @@ def rows_table(plan, ids: np.ndarray, rows: np.ndarray) -> BlockTable:
 
 
 def request_blocks(request_rows: np.ndarray, rpb: int, num_blocks: int, layout: str) -> np.ndarray:
+    """Blocks a client requests: every block (dense), else those holding its requested rows."""
     return np.arange(num_blocks) if layout == "dense" else np.unique(request_rows // rpb)
 
 
 def dense_result(blocks: dict[int, np.ndarray], length: int) -> np.ndarray:
+    """The first ``length`` values of the decoded blocks, in block order."""
     return np.concatenate([blocks[b] for b in sorted(blocks)])[:length]
 
 

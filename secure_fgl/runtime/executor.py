@@ -41,6 +41,7 @@ class ExecutorStats:
     per_method: dict = field(default_factory=dict)
 
     def add(self, method: str, requests: Mapping[int, bytes], responses: Mapping[int, bytes], seconds: float):
+        """Count one call: messages, bytes each way and seconds, in total and per method."""
         up, down = sum(map(len, responses.values())), sum(map(len, requests.values()))
         self.calls += 1
         self.messages += len(requests) + len(responses)
@@ -104,9 +105,11 @@ class Executor:
         raise NotImplementedError
 
     def describe(self) -> dict:
+        """The executor's description for the result."""
         return {"executor": self.name}
 
     def shutdown(self) -> None:
+        """Release the executor's resources (default: nothing)."""
         pass
 
 
@@ -122,6 +125,7 @@ class LocalExecutor(Executor):
         self.runtimes = {}
 
     def start(self, frames: Mapping[int, bytes]) -> None:
+        """Build every client runtime in this process."""
         from .client import ClientRuntime
 
         self.runtimes = {k: ClientRuntime(f, self.device) for k, f in frames.items()}

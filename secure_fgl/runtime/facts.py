@@ -47,6 +47,7 @@ class PublicFacts:
         )
 
     def to_dict(self) -> dict:
+        """The facts as a plain dict."""
         return asdict(self)
 
 
@@ -69,6 +70,7 @@ class GraphFacts:
 
     @classmethod
     def of(cls, fed) -> GraphFacts:
+        """The public facts of a graph-classification federation."""
         cs = fed.clients
         return cls(
             len(cs),
@@ -82,7 +84,9 @@ class GraphFacts:
 
     @property
     def total_train(self) -> int:
+        """Training graphs over all clients."""
         return int(sum(self.num_train))
 
     def to_dict(self) -> dict:
+        """The facts as a plain dict."""
         return asdict(self)

@@ -363,6 +363,7 @@ class FlowerExecutor(Executor):
         return responses, {int(k): why for k, why in answer["lost"].items()}
 
     def describe(self) -> dict:
+        """Run id, number of sites and Flower's message and frame byte counts (with the framing overhead)."""
         f = self.flower
         return {
             "executor": self.name,

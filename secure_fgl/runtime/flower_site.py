@@ -90,6 +90,7 @@ class Site:
         self.runtimes: dict = {}
 
     def allowed(self, method: str) -> bool:
+        """Whether the site serves ``method``: schedule, protocol stages, and attack or export calls if allowed."""
         return (
             method in SCHEDULE
             or method.startswith("half:")
@@ -199,6 +200,7 @@ def _exit(*_) -> None:
 
 
 def main(argv=None) -> None:
+    """Command line of a Flower site's client process (docs/deployment.md)."""
     p = argparse.ArgumentParser(
         prog="python -m secure_fgl.runtime.flower_site",
         description="A site's client process for secure-fgl runs over Flower (docs/deployment.md).",

@@ -67,9 +67,28 @@ class ClientLogic:
         self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
 
     def local_update(self, req: FitIns) -> FitRes:
+        """Train locally for one round (default: nothing to train).
+
+        Args:
+            req: The strategy's request; ``req.round`` is the round.
+
+        Returns:
+            Whether the client trained, its last loss and any algorithm-specific loss ``terms``.
+        """
         return FitRes(trained=False, loss=0.0)
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Prepare this client's contribution to exchange ``req.tag`` (held with :meth:`keep` for the protocol half).
+
+        Args:
+            req: The strategy's request: ``tag``, ``round`` and the exchange's public parameters.
+
+        Returns:
+            Public facts about the contribution (e.g. its ``length``); never the contribution itself.
+
+        Raises:
+            MessageError: this logic contributes nothing to ``tag`` (the base answer to every tag).
+        """
         raise MessageError(f"client {self.rt.client_id} contributes nothing to {req.tag!r}")
 
     def keep(self, tag: str, *contribution, clear: bool = False) -> None:
@@ -97,13 +116,23 @@ class ClientLogic:
         return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
     def receive(self, req: ReceiveIns) -> None:
+        """Use the result of exchange ``req.tag`` that this client's protocol half decoded.
+
+        Args:
+            req: The strategy's request: ``tag``, ``round`` and what the client needs to read the result.
+
+        Raises:
+            MessageError: this logic expects no result of ``tag`` (the base answer to every tag).
+        """
         raise MessageError(f"client {self.rt.client_id} expects no result of {req.tag!r}")
 
     def logits(self) -> torch.Tensor:
+        """Class logits of the deployed model on this client's nodes."""
         raise NotImplementedError
 
     @torch.no_grad()
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        """``[correct, total]`` per split (train, val, test) of the deployed model on this client's nodes."""
         return EvaluateRes(self.split_counts(self.logits()))
 
     def split_counts(self, logits: torch.Tensor) -> dict[str, list[int]]:
@@ -112,9 +141,11 @@ class ClientLogic:
         return {split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS}
 
     def state_dict(self) -> dict:
+        """This client's checkpoint state (model, optimizer, algorithm state); empty by default."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         pass
 
     # -- what this client holds, for the attack suite (attacks/parties.py; docs/runtime.md)

@@ -55,6 +55,7 @@ class ClientHost:
         self.runtimes = {}
 
     def start(self, frames: dict[int, bytes]) -> list[int]:
+        """Build the runtimes of this actor's clients; returns their ids."""
         from .client import ClientRuntime
 
         self.empty()
@@ -65,6 +66,7 @@ class ClientHost:
         return sorted(self.runtimes)
 
     def call(self, method: str, requests: dict[int, bytes]) -> dict[int, bytes]:
+        """Answer ``method`` for each addressed runtime of this actor."""
         try:
             return answer_each(self.runtimes, method, requests)
         finally:
@@ -139,6 +141,7 @@ class RayExecutor(Executor):
         self.dead: dict[int, str] = {}  # actor index -> why
 
     def start(self, frames: Mapping[int, bytes]) -> None:
+        """Start or reuse the actors (pinned as ``--ray-client-resources`` says) and build the runtimes on them."""
         ray = self.ray
         clients = sorted(frames)
         self.actor_resources, self.placement = actor_plan(clients, self.pinned, self.workers_wanted)
@@ -214,6 +217,7 @@ class RayExecutor(Executor):
         return self.ray.get([a.memory.remote() for a in live], timeout=self.round_timeout)
 
     def describe(self) -> dict:
+        """Workers, cluster CPUs, address, Ray version, pinned clients and dead actors."""
         return {
             "executor": self.name,
             "workers": len(self.actors),

@@ -81,6 +81,7 @@ class Strategy:
 
     @property
     def num_clients(self) -> int:
+        """Number of clients of the run."""
         return self.facts.num_clients
 
     @property
@@ -93,6 +94,7 @@ class Strategy:
         return client
 
     def alive(self, clients: Iterable[int] | None = None) -> list[int]:
+        """The given clients (default: every host) that have not been lost."""
         clients = self.hosts if clients is None else clients
         return [k for k in clients if k not in self.lost]
 
@@ -163,6 +165,7 @@ class Strategy:
         relay: str = "",
         payload=None,
     ) -> None:
+        """Record a message the strategy exchanged outside the protocol (e.g. evaluation counts) in the transcript."""
         self.protocol.transcript.record(
             Message(
                 self.round,
@@ -195,6 +198,14 @@ class Strategy:
         """One-off exchanges before training (default: none)."""
 
     def train_round(self, rnd: int) -> dict:
+        """Run round ``rnd``: local training and the algorithm's exchanges.
+
+        Args:
+            rnd: The round number.
+
+        Returns:
+            The round's metrics (at least ``train_loss`` and ``clients_lost``).
+        """
         raise NotImplementedError
 
     def evaluate(self) -> dict:
@@ -207,6 +218,7 @@ class Strategy:
         return accuracy_summary({k: r.counts for k, r in counts.items()})
 
     def final_metrics(self) -> dict:
+        """Metrics reported once at the end (executor description, lost clients; algorithms add theirs)."""
         return {"executor": self.executor.describe(), "clients_lost": {str(k): v for k, v in self.lost.items()}}
 
     def deployed_weights(self) -> dict:
@@ -241,6 +253,11 @@ class Strategy:
         return {"clients": {str(k): v.sha256 for k, v in saved.items()}, "slot": slot, "server": self.server_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from a checkpoint: each client loads its own file (digest checked), then the server state is restored.
+
+        Raises:
+            DropoutError: the checkpoint has no state for some client, or a client was lost during the resume.
+        """
         slot = state.get("slot")
         self._slot = 0 if slot is None else 1 - int(slot)
         digests = {int(k): v for k, v in state["clients"].items()}
@@ -255,7 +272,9 @@ class Strategy:
         self.load_server_state(state["server"])
 
     def server_state(self) -> dict:
+        """The strategy's own checkpoint state (default: none)."""
         return {}
 
     def load_server_state(self, state: dict) -> None:
+        """Restore the state written by :meth:`server_state`."""
         pass

@@ -16,14 +16,16 @@ import pytest
 
 from protocols import DropoutError, ValueSpec, make_protocol
 from protocols.ckks_mp import encoding, encryption
-from protocols.ckks_mp.backend import CKKSMPProtocol
-from protocols.ckks_mp.client import THRESHOLD_TAG
+from protocols.ckks_mp.backend import CKKSMPProtocol, params_to_options
+from protocols.ckks_mp.client import THRESHOLD_TAG, CKKSMPClient
 from protocols.ckks_mp.keys import secret_key
+from protocols.ckks_mp.params import MPParams
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
 from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
+from protocols.party import PartySetup
 from protocols.transcript import SERVER, client_party
-from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, parse_dropouts
+from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
 from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
 
 K, T = 4, 3
@@ -80,9 +82,22 @@ def test_any_t_shares_reconstruct_the_secret_and_t_minus_1_give_noise():
         assert np.mean(np.abs(centred) <= 1) < 1e-3
 
 
-def test_threshold_outside_1_to_n_is_refused():
+def test_threshold_outside_1_to_n_or_without_an_honest_overlap_is_refused():
+    """Threshold outside 1..n, or with two active sets that could share no honest client, is refused.
+
+    With 2t <= n + c two active sets of t could share only colluders, and the server could have each
+    key-switch another sum (their difference an honest input): t-out-of-n needs 2t > n + c.
+    """
     with pytest.raises(ConfigurationError, match="choose t in 1..4"):
         CKKSMPProtocol(K, threshold=5)
+    with pytest.raises(ConfigurationError, match=r"2t > n \+ c, i.e. t >= 3"):
+        CKKSMPProtocol(K, threshold=2)
+    with pytest.raises(ConfigurationError, match=r"i.e. t >= 4"):
+        CKKSMPProtocol(K, threshold=3, max_colluders=2)
+    # a public setup built past the facade: every client half refuses it itself
+    options = {"params": params_to_options(MPParams()), "keep_payload_bytes": 1, "threshold": 2}
+    with pytest.raises(IntegrityError, match=r"2t > n \+ c"):
+        CKKSMPClient(0, PartySetup("ckks-mp", K, b"r" * 16, b"s" * 16, options).to_bytes())
 
 
 # ------------------------------------------------------------------ t of n decrypt, exactly
@@ -157,13 +172,31 @@ def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
             assert np.array_equal(p.clients[r].take_result()[r][:dim], np.full(dim, len(uploaders)))
 
 
-def test_set_up_relays_n_times_n_minus_1_shares_of_one_ring_element_each():
+def test_set_up_streams_n_times_n_minus_1_shares_holding_one_rotation_at_a_time():
+    """Set-up streams n (n - 1) shares holding one rotation at a time.
+
+    n (n - 1) shares of one ring element each cross the server, and its relay counter never holds more than one
+    rotation's n of them (the n - 1 of one dealer, plus one); it keeps no sealed share in its transcript.
+    """
     p = make_protocol("ckks-mp", K, threshold=T)
     exchange(p, inputs())
     relayed = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
     assert len(relayed) == K * (K - 1)
     element = p.params.num_primes * p.params.n * 4  # L x N uint32 residues
     assert all(element <= m.nbytes < element + 1024 for m in relayed)
+    assert all(m.payload is None for m in relayed)
+    share = max(m.nbytes for m in relayed) + 1024  # a share's wire bytes, at most
+    assert (K - 1) * element < p.server.relay_peak <= K * share
+    assert p.server.relay_held == 0
+
+
+def test_a_client_lost_during_the_share_rotations_is_a_dropout_error():
+    """Client 2 answers part 0 and the first rotation, then disconnects: the set-up stops naming it."""
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfter(p.link, {2}, "key_setup", calls=2)
+    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its Shamir share") as err:
+        exchange(p, inputs())
+    assert err.value.clients == (2,) and p.server.fingerprint is None
 
 
 # ------------------------------------------------------------------ a server naming a wrong active set
@@ -219,33 +252,70 @@ def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
 def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
     """A sum never covers fewer uploaders than the runs minimum contributors.
 
-    With c = 2 colluders every client requires 4 contributors: a server that declares one
-    honest upload dropped (as a real dropout would) cannot get the other three key-switched.
+    With a run minimum of 4 contributors, a server that declares one honest upload dropped (as a
+    real dropout would) cannot get the other three key-switched.
     """
-    p = dropping(make_protocol("ckks-mp", K, threshold=T, max_colluders=2), "3,@upload")
+    p = dropping(make_protocol("ckks-mp", K, threshold=T, min_contributors=4), "3,@upload")
     with pytest.raises(ActiveSetError, match="at least 4"):
         exchange(p, inputs())
 
 
-class SecondActiveSet(EvilServer):
-    """Asks client 0 again with another active set after the honest key switch.
+class Replan(EvilServer):
+    """After the honest key switch by (0, 1, 2), re-plans as if client 2 were lost, asking ``again``.
 
-    After the honest key switch, asks client 0 again with another active set (0, 1, 3): one
-    share of each set would let the server interpolate what neither set released.
+    ``again``: the active set of the re-plan; ``change``: how it rewrites the request's uploaders.
     """
 
-    def call(self, link, stage, messages, *, hook=True):
-        got = super().call(link, stage, messages, hook=hook)
-        if stage == "keyswitch" and 0 in messages and messages[0] and messages[0][0][1] == 1:
-            msg, part = messages[0][0]
-            again = replace(msg, payload={**msg.payload, "active": np.array([0, 1, 3])})
-            super().call(link, stage, {0: [(again, part + 1)]}, hook=hook)
+    again: tuple[int, ...] = (0, 1, 3)
+    change = staticmethod(lambda extra: extra)
+
+    def _keyswitch(self, link, groups, blocks, active, extra, replan, shape):
+        got = super()._keyswitch(link, groups, blocks, active, extra, replan, shape)
+        if replan == 0:
+            super()._keyswitch(link, groups, blocks, list(self.again), self.change(extra), 1, shape)
         return got
 
 
-def test_one_key_switch_per_exchange_whatever_the_active_set():
-    with pytest.raises(RepeatedKeySwitchError):
-        exchange(attacked(SecondActiveSet), inputs())
+def without_3(extra):
+    """The uploaders without client 3: a second sum, whose difference from the first is client 3's input."""
+    uploaded = np.array(extra["uploaded"])
+    uploaded[:, 3] = 0
+    return {**extra, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded}
+
+
+@pytest.mark.parametrize(
+    "again,change,message",
+    [
+        ((0, 1, 2), None, "answered before"),  # the same active set twice
+        ((0, 1, 3), without_3, "re-plan may change only the active set"),  # a second, different sum
+    ],
+)
+def test_a_replan_releases_no_second_sum(again, change, message):
+    server = type("Evil", (Replan,), {"again": again, **({"change": staticmethod(change)} if change else {})})
+    with pytest.raises(RepeatedKeySwitchError, match=message):
+        exchange(attacked(server), inputs())
+
+
+def test_a_member_of_the_active_set_lost_after_the_probe_is_replaced():
+    """A member of the active set lost after the probe is replaced.
+
+    Client 2 of the active set (0, 1, 2) answers the probe, then disconnects: the server re-plans with (0, 1, 3) and
+    the others decrypt the exact sum of all four uploads; losing 2 and then 3 leaves fewer than t, a DropoutError.
+    """
+    x = inputs()
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfter(p.link, {2})
+    included, got = exchange(p, x)
+    assert included == tuple(range(K)) and sorted(got) == [0, 1, 3]
+    assert p.server.last_stats["active"] == (0, 1, 3) and p.server.last_stats["lost"] == (2,)
+    assert p.server.last_stats["replans"] == 1
+    for total in got.values():
+        assert np.array_equal(total, sum(x.values()))
+    p = make_protocol("ckks-mp", K, threshold=T)
+    p.link = LostAfter(p.link, {2, 3})
+    with pytest.raises(DropoutError, match="key-switching") as err:
+        exchange(p, x)
+    assert err.value.clients == (2, 3)
 
 
 class SplitUploaders(EvilServer):
@@ -316,6 +386,8 @@ def centred(p, residues) -> np.ndarray:
         ({"mode": "mask", "threshold": 3}, "use --mode ckks-mp"),
         ({"mode": "ckks-mp", "threshold": 5}, "exceeds --clients 4"),
         ({"mode": "ckks-mp", "threshold": 2, "max_colluders": 2}, "threshold must exceed the colluders"),
+        ({"mode": "ckks-mp", "threshold": 2}, r"2t > n \+ c, i.e. --threshold >= 3"),
+        ({"mode": "ckks-mp", "threshold": 3, "max_colluders": 2}, r"2t > n \+ c, i.e. --threshold >= 4"),
     ],
 )
 def test_threshold_setting_is_checked_before_the_run(options, message):

@@ -30,6 +30,7 @@ class CentralizedStrategy(Strategy):
 
     @classmethod
     def client_frames(cls, fed, cfg, facts, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
+        """One runtime holding the whole graph (the centralised reference: no cross-client edges)."""
         g, n = fed.graph, int(fed.graph.num_nodes)
         whole = ClientSubgraph(
             0,
@@ -46,18 +47,22 @@ class CentralizedStrategy(Strategy):
 
     @property
     def hosts(self) -> list[int]:
+        """The single runtime, 0."""
         return [0]
 
     def host_of(self, client: int) -> int:
+        """Runtime 0 holds every node."""
         return 0
 
     def train_round(self, rnd: int) -> dict:
+        """One local update of the single runtime on the whole graph."""
         self.round = rnd
         done = self.ask("local_update", {0: FitIns(rnd)})
         self.check_lost([0], f"round {rnd}")
         return {"train_loss": float(done[0].loss), "clients_lost": len(self.lost)}
 
     def evaluate(self) -> dict:
+        """Accuracies of the single model, per original client."""
         counts = self.ask("evaluate", {0: EvaluateIns()}, record=(EVAL_TAG, "plain"))
         self.check_lost([0], "the evaluation")
         return accuracy_summary({int(k): v for k, v in counts[0].counts["per_client"].items()})

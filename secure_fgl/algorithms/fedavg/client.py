@@ -38,6 +38,7 @@ class ModelAveragingLogic(ClientLogic):
         self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
 
     def build_model(self) -> torch.nn.Module:
+        """This algorithm's model for the run's configuration."""
         return self.architecture(self.cfg, self.facts, self.opts)
 
     @staticmethod
@@ -54,6 +55,7 @@ class ModelAveragingLogic(ClientLogic):
         )
 
     def make_optimizer(self) -> torch.optim.Optimizer:
+        """SGD (with momentum) or Adam over the model's parameters, as ``--optimizer`` says."""
         cfg = self.cfg
         if cfg.optimizer == "sgd":
             return torch.optim.SGD(
@@ -70,6 +72,7 @@ class ModelAveragingLogic(ClientLogic):
         return float(self.data.train_mask.sum()) / max(1.0, float(self.facts.num_train))
 
     def local_loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy on the training nodes, plus FedProx's (mu/2) ||w - w_global||^2 (Li et al., MLSys 2020)."""
         c = self.data
         loss = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
         if self.prox_mu > 0:
@@ -78,6 +81,7 @@ class ModelAveragingLogic(ClientLogic):
         return loss
 
     def local_update(self, req: FitIns) -> FitRes:
+        """``local_epochs`` optimiser steps on :meth:`step_loss`, each under its keyed generator."""
         if not bool(self.data.train_mask.any()):
             return FitRes(trained=False, loss=0.0)
         rnd, k = int(req.round), self.rt.client_id
@@ -96,6 +100,7 @@ class ModelAveragingLogic(ClientLogic):
         return self.local_loss(self.model(*self.inputs()))
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Keep the update v = w - w_global as [w_k v, w_k], or clipped and unweighted under DP-FedAvg."""
         if req.tag != self.model_tag:
             return super().contribute(req)
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
@@ -108,6 +113,11 @@ class ModelAveragingLogic(ClientLogic):
         return ContributeRes(length=update.size + 1)
 
     def receive(self, req: ReceiveIns) -> None:
+        """Apply the decoded mean update: w_global += sum_k w_k v_k / sum_k w_k (DP: the noisy sum / the public count).
+
+        Raises:
+            ValueError: the decoded weights do not sum to a positive number.
+        """
         if req.tag != self.model_tag:
             return super().receive(req)
         total = summed(self, req)  # this client's own decoded result
@@ -124,10 +134,12 @@ class ModelAveragingLogic(ClientLogic):
 
     @torch.no_grad()
     def logits(self) -> torch.Tensor:
+        """Logits of the model in eval mode on this client's inputs."""
         self.model.eval()
         return self.model(*self.inputs())
 
     def state_dict(self) -> dict:
+        """Model, optimizer and the last global parameters."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -135,6 +147,7 @@ class ModelAveragingLogic(ClientLogic):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.global_params = state["global_params"].to(self.rt.device)

@@ -72,6 +72,11 @@ class ModelAveragingStrategy(Strategy):
         return model_dp_request(self.cfg, self.protocol.dp, tag)
 
     def aggregate(self, rnd: int, contributors: list[int], tag: str | None = None) -> None:
+        """Run the model exchange of round ``rnd``: the weighted mean of the contributors' updates (DP-FedAvg when on).
+
+        Raises:
+            DropoutError: every contributor was lost.
+        """
         tag = tag or f"{self.name}/model"
         spec = model_spec(
             len(contributors),
@@ -125,9 +130,11 @@ class ModelAveragingStrategy(Strategy):
             server.stale = set(self.out_of_sync)
 
     def state_dict(self) -> dict:
+        """The base checkpoint plus the clients whose model is out of sync."""
         return {**super().state_dict(), "out_of_sync": sorted(self.out_of_sync)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the checkpoint and the out-of-sync clients (ckks-mp: marked stale on the protocol server)."""
         super().load_state_dict(state)
         self.out_of_sync = {int(k) for k in state.get("out_of_sync", ())}
         if self.protocol.mode == "ckks-mp":

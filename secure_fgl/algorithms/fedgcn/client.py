@@ -67,6 +67,7 @@ class FedGCNLogic(ModelAveragingLogic):
 
     @staticmethod
     def architecture(cfg, facts, options: dict):
+        """The FedGCN network on pre-aggregated inputs, or FedAvg's model at 0 hops."""
         if FedGCNOptions(**options).hops == 0:
             return ModelAveragingLogic.architecture(cfg, facts, options)
         return FedGCNNet(
@@ -74,6 +75,11 @@ class FedGCNLogic(ModelAveragingLogic):
         )
 
     def inputs(self):
+        """The pre-aggregated features and propagation graph.
+
+        Raises:
+            RuntimeError: the pre-training exchange has not run.
+        """
         if self._inputs is None:
             raise RuntimeError("FedGCN's pre-training exchange must run before training")
         return self._inputs
@@ -94,6 +100,11 @@ class FedGCNLogic(ModelAveragingLogic):
         return torch.as_tensor([self.row_of[int(v)] for v in gids.tolist()], dtype=torch.long)
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """FedGCN's pre-training contributions: row-order histogram, row ids, then the partial neighbour sums.
+
+        The neighbour-sum rows are sum_{j in N(i), j owned here} [x_j, 1] (Yao et al., NeurIPS 2023), clipped
+        per term under DP.
+        """
         c, o, tag = self.data, self.fopts, req.tag
         if tag == ORDER_TAG:  # the histogram h[., k] of the own nodes' touch sets
             self.signatures = own_signatures(c, self.rt.far_owner)
@@ -198,6 +209,7 @@ class FedGCNLogic(ModelAveragingLogic):
         return None
 
     def receive(self, req: ReceiveIns) -> None:
+        """Take the decoded neighbour sums (or row ids) and build the training inputs from them."""
         tag = req.tag
         if tag == IDS_TAG:
             self._open_row_ids(req)
@@ -246,11 +258,13 @@ class FedGCNLogic(ModelAveragingLogic):
         return nodes, totals.astype(np.float32)
 
     def decoded_rows(self) -> dict:
+        """Node ids and totals of the blocks this client decoded (kept with ``--attacks``)."""
         if self.decoded is None:
             return {}
         return {"nodes": self.decoded[0], "totals": self.decoded[1]}
 
     def state_dict(self) -> dict:
+        """The model state plus the pre-aggregated inputs (so a resumed run skips pre-training)."""
         state = super().state_dict()
         if self.fopts.hops > 0 and self._inputs is not None:
             z, g = self._inputs
@@ -263,6 +277,7 @@ class FedGCNLogic(ModelAveragingLogic):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the model state and the pre-aggregated inputs."""
         super().load_state_dict(state)
         if "inputs" in state:
             s, dev = state["inputs"], self.rt.device

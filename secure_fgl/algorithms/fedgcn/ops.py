@@ -2,168 +2,43 @@ r"""FedGCN: one secure pre-training exchange of neighbour-feature sums, then Fed
 
 Yao, Jin, Ravi & Joe-Wong, *FedGCN: Convergence-Communication Tradeoffs in Federated
 Training of Graph Convolutional Networks*, NeurIPS 2023, sec. 4 (eq. 2-3, "Training
-Algorithm") and sec. 6 (Table 2).
+Algorithm") and sec. 6 (Table 2).  Design and what each option reveals: docs/fedgcn.md.
 
-Operator summed (eq. 3, with the self loop of the GCN)
-------------------------------------------------------
-Let ``Ã = A + I`` (binary ``A``, any self loop in the data replaced by the single ``I``
-entry, as PyG's ``GCNConv`` does), ``d̃_v = deg(v) + 1`` and ``t_j = [x_j, 1]`` the feature
-row of node ``j`` with a *ones column* appended.  Client ``k`` contributes, for every node
-``v`` it knows about -- its own nodes and the remote endpoints of its cross edges --
+Operator summed (eq. 3, with the self loop of the GCN): with ``Ã = A + I``, ``d̃_v = deg(v) + 1``
+and ``t_j = [x_j, 1]`` (a ones column appended), client ``k`` contributes for every node ``v`` it
+knows (its own nodes and the remote endpoints of its cross edges)
 
 .. math::  P^{(k)}_v = \sum_{j \in V_k} Ã_{vj}\, t_j
-           \qquad(\text{eq. 3: } \textstyle\sum_j \mathbb{I}_k(c(j)) A_{vj} x_j,
-           \text{ plus } j = v \text{ by its owner})
 
-i.e. the sum of the terms of *its own* nodes in ``v``'s closed neighbourhood.  The server
-adds the contributions (under HE or masks; it never sees one) and returns
+and the parties receive the sum (eq. 2), the degree travelling through the ones column:
 
-.. math::  S_v = \sum_k P^{(k)}_v = \big[(ÃX)_v,\; d̃_v\big]     \qquad(\text{eq. 2})
+.. math::  S_v = \sum_k P^{(k)}_v = \big[(ÃX)_v,\; d̃_v\big]
 
-so the degree ``d̃_v`` travels *through the same exchange* (the ones column), never from the
-global graph.  With binary features every entry is a non-negative integer ``<= d̃_v <=
-degree_cap + 1``: the ckks backend packs them exactly (FedGCN's "Boolean Packing").
+Scope: ``hops=1`` returns ``S_v`` for the client's own nodes, ``hops=2`` also for the remote
+endpoints of its cross edges, ``hops=0`` has no exchange (FedAvg on the local subgraph).
 
-Scope of the return: **1-hop** -- each client receives ``S_v`` for its own nodes
-(``{Σ_j A_ij x_j}_{i ∈ V_k}``); **2-hop** -- also for the remote endpoints of its cross
-edges (``{Σ_j A_ij x_j}_{i ∈ N(V_k)}``), which is what the second propagation of its own
-nodes needs; **0-hop** -- no exchange, local training on the local subgraph, identical
-to FedAvg (the same code path, the same result for the same seed).
+Normalisation (``norm``): ``'row'`` ``Z_v = S_v[:d] / d̃_v = (D̃^{-1} Ã X)_v``; ``'sym'``
+``(D̃^{-1/2} Ã D̃^{-1/2} X)_v``, owners pre-scaling their terms ``t_j = [d̃_j^{-1/2} x_j, 1]`` and the
+receiver multiplying by ``d̃_v^{-1/2}``; ``'none'`` the raw sums ``(ÃX)_v``.
 
-Normalisation (``norm`` option) -- what is achievable from received sums only
----------------------------------------------------------------------------
-* ``'row'`` (default): ``Z_v = S_v[:d] / d̃_v = (D̃^{-1} Ã X)_v`` -- the mean over the closed
-  neighbourhood (the row normalisation of Kipf & Welling's own pygcn code).  Exact from
-  the integer sums, so binary features stay integer and pack exactly.
-* ``'sym'``: the GCN operator ``(D̃^{-1/2} Ã D̃^{-1/2} X)_v`` needs each *neighbour's* degree
-  inside the sum, so it cannot be completed from ``ÃX`` alone.  It is reached by letting
-  every owner pre-scale its own terms, ``t_j = [d̃_j^{-1/2} x_j, 1]`` (the owner knows
-  ``d̃_j`` exactly from its local and cross edges), and the receiver multiply by
-  ``d̃_v^{-1/2}``.  The sums are then real numbers: float CKKS encoding, no packing.
-  With ``hops=2`` and 2 layers this is *exactly* Kipf's GCN on the full graph for the
-  client's own nodes (verified in ``tests/algorithms/test_fedgcn.py``).
-* ``'none'``: ``Z_v = (ÃX)_v``, the raw sums, as the paper's released code feeds them to
-  its first (linear) layer.
+Model (the paper code's ``AggreGCN``): ``logits = Â_k · relu(Z W_1 + b_1) · W_2 + b_2``, the first
+layer a linear map of the received sums, the later ones propagating over the graph the client
+knows (1-hop: its local subgraph; 2-hop: with its cross edges and the received degrees).
+``center`` feeds ``Z - 1 mu^T`` (mu: the mean of the client's own rows) through
+``(Z - 1 mu^T) W = Z W - 1 (mu^T W)`` (:mod:`secure_fgl.models.centring`).
 
-Model (the paper code's ``AggreGCN`` design)
--------------------------------------------
-``logits = Â_k · relu(Z W_1 + b_1) · W_2 + b_2`` (dropout before each layer as in
-:class:`~secure_fgl.models.node.GCN`): the first GCN layer is a linear map of the
-received, normalised sums (its propagation already happened in the exchange); the
-remaining layers propagate over the graph the client knows:
+``degree_cap``: a public bound on every degree, checked by each owner on its own nodes before
+anything is encrypted (:class:`protocols.BoundError`); it fixes the packed field width
+(``sum_max = degree_cap + 1``) and the node-level DP sensitivity.
 
-* 1-hop: only own nodes have a first-layer output, so ``Â_k`` is the GCN normalisation of
-  the *local* subgraph (PyG ``gcn_norm``) -- the paper's 1-hop approximation;
-* 2-hop: the known graph is own nodes + remote endpoints with local and cross edges, and
-  ``Â_k[v, j] = d̃_v^{-1/2} d̃_j^{-1/2}`` with the degrees received through the ones column:
-  the rows of own nodes are exactly the rows of the global ``Â``.
+DP (``--dp-epsilon``): every term is clipped, ``||[x̂_j, 1]||_2 <= C``; L2 sensitivity ``sqrt(2) C``
+per edge (:func:`protocols.dp.edge_level_sensitivity`), ``sqrt(D + 1) C`` per node with
+``D = degree_cap`` (:func:`protocols.dp.node_level_sensitivity`); :func:`denoise_with_own_data`
+post-processes the noisy sums with the client's own data.
 
-Input centring (``center`` option, off by default): each client's model sees its first-layer
-input minus the mean of its own rows, for every ``hops`` (0-hop: the raw features), through
-``(Z - 1 mu^T) W = Z W - 1 (mu^T W)`` (:mod:`secure_fgl.models.centring`: no dense centred copy).
-Neighbour means of dense bag-of-words rows (Amazon: ~35 % of the words per row) share a large
-common component; centring it away removes the dominant direction of the first layer's Hessian
-(LeCun et al., "Efficient BackProp", 1998, sec. 4.3), so Adam at Kipf's lr 0.01 converges in the
-rounds given: measured in ``docs/fedgcn_amazon_coauthor.md``.
-
-Training: FedAvg (:mod:`secure_fgl.algorithms.fedavg`) over these models, the model exchange through the
-protocol (tag ``fedgcn/model``); Kipf's hyper-parameters (hidden 16, dropout 0.5, Adam
-lr 0.01, weight decay 5e-4) come from :class:`~secure_fgl.config.RunConfig`.
-
-Degree cap
-----------
-``degree_cap`` is a *public* bound on every degree; it fixes the packed field width
-(``sum_max = degree_cap + 1``) and the node-level DP sensitivity.  Each owner checks its
-own nodes (it knows their exact degree) before anything is encrypted and the run is
-refused with :class:`protocols.BoundError` naming the maximum degree over all clients if one
-exceeds the cap: CKKS and the masked sums would otherwise wrap silently.  The plaintext
-protocol sums floats and needs no cap; it is enforced there only for node-level DP, whose
-sensitivity it bounds.  Row v's total counts deg(v) + 1 binary terms, so the owner's check
-bounds the K-way sum (``ValueSpec.owner_checked_sum``) and packed fields stay
-``log2(degree_cap + 1)`` bits instead of the ``log2(K (degree_cap + 1))`` that per-client
-entry bounds alone would need.
-
-Differential privacy (``--dp-epsilon``)
----------------------------------------
-Every term is bounded before summing, ``||t_j||_2 = ||[x̂_j, 1]||_2 <= C`` with ``C =
---dp-row-clip`` (default ``--dp-clip``; it must be >= 1 since the ones entry takes 1 of the
-norm).  The ones entry is never altered, so the count column stays ``d̃_v`` plus noise:
-
-* binary features (``norm`` row/none): each owner keeps a seeded random subset of at most
-  ``s = floor(C^2 - 1)`` of a node's ones -- the terms stay integers, the exchange keeps the
-  packed integer encoding and the DP layer adds discrete Gaussian noise;
-* otherwise: ``x̂_j = x_j · min(1, sqrt(C^2 - 1) / ||x_j||)`` (float encoding); with
-  ``norm='sym'`` the pre-scaling by ``d̃_j^{-1/2} <= 1`` keeps the bound.
-
-Then one term changes any row by at most ``C`` in L2:
-
-* ``--dp-unit edge`` -- one edge ``{u, v}`` adds ``t_v`` to row ``u`` and ``t_u`` to row ``v``:
-  L2 sensitivity ``sqrt(2) · C`` (:func:`protocols.dp.edge_level_sensitivity`);
-* ``--dp-unit node`` -- one node's term appears in its own row and in the rows of its at
-  most ``D = degree_cap`` neighbours (the cap is enforced): sensitivity ``sqrt(D + 1) · C``
-  (:func:`protocols.dp.node_level_sensitivity`).
-
-The request is ``DPRequest(clip=inf, per_row=True, sensitivity=..., releases=1)`` (the
-algorithm bounded the terms itself); the run's budget is split evenly between this tag and
-``fedgcn/model`` (declared at construction).  Post-processing with the client's own data
-(no privacy cost, :func:`denoise_with_own_data`): own nodes use their exact local degree
-and their exact own part of the sum; the other clients' part is zero for a node without
-cross edges and otherwise shrunk James-Stein style with the known noise std; remote
-endpoints use the noisy count (floored at 1).  On high-dimensional features the noise can
-leave 1-hop below 0-hop (docs/dp.md) -- DP on FedGCN sums needs low-dimensional features
-(or a projection before the exchange; ``fedgcn-gap``).  The
-guarantee covers the *values*; in the ``sparse`` layout the server also learns which row
-blocks a client touches (a documented leak of the layout) -- use ``--layout dense`` to hide it.
-
-Row numbering of the sparse layout (``row_order``) -- bytes against what the server learns
-------------------------------------------------------------------------------------------
-``row_sum`` aggregates rows in blocks of ``rpb`` consecutive row ids (one ciphertext each;
-Cora, packed CKKS: 7 rows of 1434 values per N=4096 ciphertext); a client uploads every
-block holding a row it touches.  Client ``j`` touches node ``v`` iff ``j`` owns ``v`` or a
-neighbour of ``v``; call ``S(v)`` that set of clients (``P^{(j)}_v != 0`` only for ``j in S(v)``).
-
-* ``'given'`` (default): the dataset's node ids.  On Cora every client touches ~37 % of the
-  rows, spread over nearly every block: the upload is several times the float32 rows it
-  touches (docs/fedgcn.md), and the block ids the server sees are close to
-  "all blocks" for everyone.
-* ``'signature'``: nodes are numbered by ``S(v)`` in reflected-Gray-code order of its bitmask
-  (neighbouring classes differ by one client), owner and then the owner's own order within
-  a class, and the sequence is cut into blocks by an exact dynamic programme that may leave
-  a block partly empty when that saves uploads (``exchange_numbering``; the exchange then has
-  a few more row ids than nodes, never touched by anyone).  Sums are unchanged (the same
-  permutation maps contributions and requests).  Bytes against ``'given'``: docs/fedgcn.md.
-
-  How the parties agree without a trusted party: each owner computes ``S(v)`` of its own
-  nodes from its cross edges (assumption: a client knows which client holds the far end of
-  each of its cross edges) and publishes its class counts ``h[S, k]`` = #own nodes with set
-  ``S``; the numbering is a deterministic function of ``h`` and the public ``rpb``
-  (:meth:`protocols.base.Protocol.rows_per_block`) plus each owner's private order inside its
-  own ranges; the owner tells each client of ``S(v)`` the exchange id of ``v`` (that client
-  already knows ``v`` as the far end of one of its cross edges).  What this reveals beyond
-  ``'given'``: to every party (server included) the histogram ``h`` -- each client's node
-  count and how many of its nodes neighbour each set of clients, a coarse summary of the
-  inter-client edge structure (no node ids, no features); to client ``j``, for every remote
-  endpoint ``v`` of its cross edges, the set ``S(v)`` (which other clients also neighbour
-  ``v``), read off ``v``'s position; and the server's view of each client's block ids, already
-  revealed by the sparse layout, now names (block-wise) those classes.
-  ``--layout dense`` (every client uploads every block of the whole graph) reveals none of this.  Only for the
-  sparse layout; at most 62 clients (the class is an int64 bitmask).
-* ``'owner'``: rows grouped by their recipients (the owner at 1 hop; at 2 hops ``S(v)``, every
-  client with an edge to ``v`` asks for it too), each group starting a new block
-  (:func:`recipient_numbering`).  A recipient decrypts whole blocks, so under ``'given'`` and
-  ``'signature'`` it also reads the totals of rows other clients asked for (Cora, ckks: 7 rows
-  per block); under ``'owner'`` it reads only its own rows and padding.  Costs the padding of
-  one partly filled block per group and reveals the group sizes (each client's node count at
-  1 hop; the histogram ``h`` at 2 hops).  Measured in ``docs/client_leakage.md``.
-
-What the exchange still reveals
--------------------------------
-A client legitimately learns ``S_v`` for the rows it receives.  Subtracting its own share
-it learns the sum of the *other* clients' terms in ``v``'s neighbourhood and, through the
-ones column, how many of them there are; if ``v`` has a single remote neighbour, that
-neighbour's feature row is revealed exactly (the paper's footnote 2).  2-hop rows also
-reveal remote nodes' degrees and neighbourhood feature sums.  Secure aggregation does not
-stop this; DP does (the attack suite measures it).
+Row numbering of the sparse layout (``row_order``): ``'given'`` (node ids), ``'signature'`` (rows
+grouped by the set ``S(v)`` of clients touching them, :func:`exchange_numbering`), ``'owner'``
+(rows grouped by recipient, :func:`recipient_numbering`).
 """
 
 from __future__ import annotations
@@ -619,6 +494,7 @@ class FedGCNNet(nn.Module):
         return h
 
     def forward(self, z: torch.Tensor, g: PropGraph) -> torch.Tensor:
+        """Class logits of the output nodes (the first ``g.num_out`` rows)."""
         return self._layer(len(self.convs), self.embed(z, g), g)[: g.num_out]
 
 

@@ -105,6 +105,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         return release_dependencies_of(self.name)
 
     def setup(self) -> None:
+        """Run the pre-training neighbour-sum exchange once (nothing at 0 hops) and record its bytes and time."""
         o, f, K = self.fopts, self.facts, self.num_clients
         if o.hops == 0:
             self.pretrain = {
@@ -270,6 +271,7 @@ class FedGCNStrategy(ModelAveragingStrategy):
         }
 
     def final_metrics(self) -> dict:
+        """Base metrics plus hops, normalisation, layout, per-round model bytes and the pre-training cost."""
         tr, tag = self.protocol.transcript, f"{self.name}/model"
         rounds = len({m.round for m in tr.messages if m.tag == tag}) or 1
         return {
@@ -283,7 +285,9 @@ class FedGCNStrategy(ModelAveragingStrategy):
         }
 
     def server_state(self) -> dict:
+        """Pre-training cost and exchanged row counts."""
         return {"pretrain": self.pretrain, "exchange_rows": self.exchange_rows}
 
     def load_server_state(self, state: dict) -> None:
+        """Restore the state written by :meth:`server_state`."""
         self.pretrain, self.exchange_rows = state["pretrain"], state["exchange_rows"]

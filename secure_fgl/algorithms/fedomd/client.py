@@ -33,9 +33,11 @@ class FedOMDLogic(ModelAveragingLogic):
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The orthogonal GCN of FedOMD."""
         return build_ortho_gcn(FedOMDOptions(**options), cfg, facts.num_features, facts.num_classes)
 
     def local_update(self, req: FitIns) -> FitRes:
+        """FedOMD's local steps (eq. 12): cross-entropy, orthogonality and central-moment-discrepancy terms."""
         if not bool(self.data.train_mask.any()):
             return FitRes(trained=False, loss=0.0)
         loss, terms = train_client(
@@ -62,6 +64,7 @@ class FedOMDLogic(ModelAveragingLogic):
         return self.samples[1]
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Keep this client's hidden-feature statistics of the requested layers (means, central or raw moments)."""
         if "stage" not in req.config:
             return super().contribute(req)
         stage, layer_ids = req.entry("stage"), list(req.entry("layers"))
@@ -87,6 +90,7 @@ class FedOMDLogic(ModelAveragingLogic):
         return offer(self, req, batch_vector(parts, float(layers[0].shape[0])))
 
     def receive(self, req: ReceiveIns) -> None:
+        """Store the pooled statistics; under DP they are projected onto the activation bounds."""
         if "stage" not in req.config:
             return super().receive(req)
         o, stage, layers = self.fopts, req.entry("stage"), list(req.entry("layers"))

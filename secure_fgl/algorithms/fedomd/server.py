@@ -93,6 +93,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
         ]
 
     def exchange_statistics(self, rnd: int, sampled: list[int]) -> None:
+        """Exchange the sampled clients' hidden-feature statistics, stage by stage (the global moments of FedOMD)."""
         o = self.fopts
         node_total = self.facts.num_train if o.stats_nodes == "train" else self.facts.num_owned
         spec = stats_grid_spec(o, self.orders, node_total, len(sampled), self.num_clients)  # exact in every mode
@@ -119,12 +120,14 @@ class FedOMDStrategy(ModelAveragingStrategy):
             )
 
     def ask(self, method: str, requests, **kw) -> dict:
+        """:meth:`Strategy.ask`, keeping the loss terms of the round's local updates."""
         responses = super().ask(method, requests, **kw)
         if method == "local_update":  # keep the loss terms of this round's clients
             self.updates = responses
         return responses
 
     def train_round(self, rnd: int) -> dict:
+        """Exchange the statistics (when the moment term is on), then a FedAvg round; report each loss term."""
         self.round = rnd
         if self.fopts.cmd_weight > 0:
             self.exchange_statistics(rnd, self.alive(self.sample_clients(rnd)))

@@ -45,6 +45,7 @@ class FedSprayLogic(ClientLogic):
         self.update = self.local_proxies = None
 
     def local_update(self, req: FitIns) -> FitRes:
+        """One round of FedSpray's local training; keeps the encoder update and the local class proxies."""
         if not bool(self.data.train_mask.any()):
             return FitRes(trained=False, loss=0.0)
         loss, self.update, self.local_proxies = self.part.local_update(
@@ -53,6 +54,7 @@ class FedSprayLogic(ClientLogic):
         return FitRes(trained=True, loss=loss)
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Keep the encoder update as a weighted mean, the class-wise proxies, or both in one batch."""
         tag, N = req.tag, self.facts.num_nodes
         if tag == "fedspray/encoder":
             update, weight = self.update.cpu().numpy(), self.part.encoder_weight(N)
@@ -74,11 +76,13 @@ class FedSprayLogic(ClientLogic):
         return super().contribute(req)
 
     def proxy_upload(self) -> np.ndarray:
+        """The local proxies as a class-wise upload ``[a * S ([C, d]), a ([C])]`` with this client's class weights a."""
         return classwise_vector(
             self.local_proxies.cpu().numpy().astype(np.float64), self.part.proxy_weights(self.facts.num_nodes)
         )
 
     def receive(self, req: ReceiveIns) -> None:
+        """Apply the decoded encoder mean and/or class proxies."""
         tag = req.tag
         if tag == "fedspray/encoder":
             self.apply_encoder(mean_of(summed(self, req), tag, req))
@@ -93,22 +97,27 @@ class FedSprayLogic(ClientLogic):
         return None
 
     def apply_encoder(self, mean: np.ndarray) -> None:
+        """Add the mean encoder update to the global encoder."""
         self.global_encoder = self.global_encoder + torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
 
     def apply_proxies(self, total: np.ndarray, tolerance: float) -> None:
+        """Set the global proxies to the class-wise means (absent classes keep theirs; bounded under DP)."""
         C, d = self.proxies.shape
         self.proxies = keep_absent(*classwise_result(total, C, d, tolerance), self.proxies)
         if self.cfg.dp_epsilon:  # a noisy class-weight total near zero can blow a row up: keep S bounded
             self.proxies = self.proxies.clamp(-DP_PROXY_BOUND, DP_PROXY_BOUND)
 
     def inputs(self):
+        """The client's features and edges."""
         return self.data.x, self.data.edge_index
 
     def logits(self) -> torch.Tensor:
+        """Logits of the client's GNN."""
         return self.part.logits()
 
     @torch.no_grad()
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        """Per-split counts, minority-class report and the test accuracy of the global encoder as teacher."""
         logits, c = self.logits(), self.data
         if self.teacher is None:
             self.teacher = copy.deepcopy(self.part.encoder)
@@ -123,9 +132,11 @@ class FedSprayLogic(ClientLogic):
         )
 
     def state_dict(self) -> dict:
+        """The local part's state plus the global encoder and proxies."""
         return {**self.part.state_dict(), "global_encoder": self.global_encoder.cpu(), "proxies": self.proxies.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         self.part.load_state_dict(state)
         self.global_encoder = state["global_encoder"].to(self.rt.device)
         self.proxies = state["proxies"].to(self.rt.device)

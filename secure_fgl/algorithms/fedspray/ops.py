@@ -275,10 +275,12 @@ class SprayClient:
 
     @torch.no_grad()
     def logits(self) -> torch.Tensor:
+        """Logits of the client's GNN in eval mode."""
         self.gnn.eval()
         return self.gnn(self.c.x, self.c.edge_index)
 
     def state_dict(self) -> dict:
+        """GNN, the three optimizers and the node proxies."""
         return {
             "gnn": self.gnn.state_dict(),
             "gnn_opt": self.gnn_opt.state_dict(),
@@ -288,6 +290,7 @@ class SprayClient:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         self.gnn.load_state_dict(state["gnn"])
         self.gnn_opt.load_state_dict(state["gnn_opt"])
         self.encoder_opt.load_state_dict(state["encoder_opt"])
@@ -310,6 +313,11 @@ def first_proxies(opts: FedSprayOptions, num_classes: int) -> torch.Tensor:
 
 
 def check_options(o: FedSprayOptions) -> None:
+    """Check FedSpray's options.
+
+    Raises:
+        ConfigError: an unknown backbone or proxy weighting, or a size below 1.
+    """
     if o.backbone.lower() not in BACKBONES:
         raise ConfigError(
             f"--backbone {o.backbone!r} is not one FedSpray supports; choose one of {', '.join(BACKBONES)}"

@@ -55,9 +55,11 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         self.personalized = True
 
     def setup(self) -> None:
+        """Declare the DP exchanges of the run."""
         declare_dp_exchanges(self.protocol, self.cfg, self.name, self.fopts)
 
     def train_round(self, rnd: int) -> dict:
+        """Local updates, then the encoder and proxy exchanges (one batched upload when they fit together)."""
         self.round = rnd
         K = self.num_clients
         done = self.ask("local_update", {k: FitIns(rnd) for k in self.sample_clients(rnd)})
@@ -82,6 +84,7 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         return {"train_loss": float(np.mean([done[k].loss for k in trained])), "clients_lost": len(self.lost)}
 
     def evaluate(self) -> dict:
+        """Accuracy summary plus the teacher's test accuracy and the minority-class accuracies."""
         asked = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
         reports = {k: r.counts for k, r in asked.items()}
         out = accuracy_summary(reports)

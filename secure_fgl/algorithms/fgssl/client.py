@@ -32,10 +32,12 @@ class FGSSLLogic(ModelAveragingLogic):
         self.global_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def local_update(self, req: FitIns) -> FitRes:
+        """Load the global model (the contrastive target), then a FedAvg local update."""
         vector_to_parameters(self.global_params.clone(), self.global_model.parameters())
         return super().local_update(req)
 
     def step_loss(self, rnd: int, step: int) -> torch.Tensor:
+        """FGSSL's objective of one step (eq. 12, or the released code's CE + lambda_c InfoNCE)."""
         c, (x, edge_index) = self.data, self.inputs()
         key = (self.cfg.seed, rnd, self.rt.client_id, step)
         return fgssl_objective(

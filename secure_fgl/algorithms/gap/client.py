@@ -39,11 +39,13 @@ class GAPEncoderLogic(ModelAveragingLogic):
 
     @staticmethod
     def architecture(cfg, facts, options: dict) -> torch.nn.Module:
+        """The MLP encoder trained before the aggregation hops."""
         return build_model(
             "mlp", facts.num_features, cfg.hidden, facts.num_classes, num_layers=cfg.num_layers, dropout=cfg.dropout
         )
 
     def inputs(self):
+        """Features without edges (the encoder sees no structure)."""
         return self.data.x, self.no_edges
 
 
@@ -74,11 +76,21 @@ class GAPLogic(ModelAveragingLogic):
         )
 
     def inputs(self):
+        """The concatenated normalised hops, the head's input.
+
+        Raises:
+            RuntimeError: the encoder and the noisy hops have not run.
+        """
         if self._inputs is None:
             raise RuntimeError("fedgcn-gap's encoder and noisy hops must run before the head trains")
         return self._inputs, self.encoder.no_edges
 
     def local_update(self, req: FitIns) -> FitRes:
+        """Train the encoder or the head; by DP-SGD with this client's noise when the request carries its std.
+
+        Raises:
+            ValueError: DP-SGD is asked of a run without ``--dpsgd``.
+        """
         stage = self.encoder if req.model == ENCODER_TAG else self
         if req.dpsgd_std is None:
             return self.encoder.local_update(req) if stage is self.encoder else super().local_update(req)
@@ -105,6 +117,7 @@ class GAPLogic(ModelAveragingLogic):
         return FitRes(trained=True, loss=loss)
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Encoder updates, or the partial neighbour sums of the current hop (hop 1 starts from the best encoder)."""
         tag = req.tag
         if tag == ENCODER_TAG:
             return self.encoder.contribute(req)
@@ -122,6 +135,7 @@ class GAPLogic(ModelAveragingLogic):
         return keep_rows(self, tag, ids.cpu().numpy(), rows.cpu().numpy(), c.global_ids.cpu().numpy(), req)
 
     def receive(self, req: ReceiveIns) -> None:
+        """Take the encoder mean, the best-encoder mark, or a row-normalised aggregated hop."""
         tag = req.tag
         if tag == ENCODER_TAG:
             return self.encoder.receive(req)
@@ -140,11 +154,13 @@ class GAPLogic(ModelAveragingLogic):
 
     @torch.no_grad()
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        """Counts of the encoder, or of the head and the encoder once the head has inputs."""
         if req.model == ENCODER_TAG or self._inputs is None:
             return self.encoder.evaluate(req)
         return EvaluateRes({"head": super().evaluate(req).counts, "encoder": self.encoder.evaluate(req).counts})
 
     def state_dict(self) -> dict:
+        """Head state plus the encoder, the best encoder and the hop inputs."""
         return {
             **super().state_dict(),
             "encoder": self.encoder.state_dict(),
@@ -153,6 +169,7 @@ class GAPLogic(ModelAveragingLogic):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         super().load_state_dict(state)
         self.encoder.load_state_dict(state["encoder"])
         self.best_encoder, self._inputs = state["best_encoder"], state["inputs"]

@@ -147,6 +147,7 @@ class GAPStrategy(ModelAveragingStrategy):
         return head if self.uses_head else accuracy_summary({k: r.counts["encoder"] for k, r in counts.items()})
 
     def final_metrics(self) -> dict:
+        """Base metrics plus hops, whether the head is used and the encoder's accuracies."""
         enc = self._encoder_summary()
         return {
             **super().final_metrics(),
@@ -157,7 +158,9 @@ class GAPStrategy(ModelAveragingStrategy):
         }
 
     def server_state(self) -> dict:
+        """The encoder's validation accuracy and whether the head is used."""
         return {"encoder_val_acc": self.encoder_val_acc, "uses_head": self.uses_head}
 
     def load_server_state(self, state: dict) -> None:
+        """Restore the state written by :meth:`server_state`."""
         self.encoder_val_acc, self.uses_head = float(state["encoder_val_acc"]), bool(state["uses_head"])

@@ -40,12 +40,14 @@ class GCFLLogic(GraphLogic):
         return super().weight(tag)
 
     def receive(self, req: ReceiveIns) -> None:
+        """Store the cluster's unweighted mean (eq. 4's criterion), else the graph-level results."""
         if req.tag == f"{self.cfg.algorithm}/criterion_mean":
             self.criterion_mean = self.received_mean(req)
             return None
         return super().receive(req)
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Report the round's norms in the clear, or keep the update for the similarity exchange."""
         tag, name = req.tag, self.cfg.algorithm
         if tag == f"{name}/norms":  # one report of every norm of the round (algorithms.gcfl)
             values = np.array([self.scalar(f"{name}/{part}") for part in req.entry("parts")], dtype=np.float64)

@@ -59,6 +59,7 @@ class GCFLServer:
     norm_parts: tuple[str, ...] = ("update_norms", "mean_norm")
 
     def init_clusters(self, num_clients: int) -> None:
+        """Start with one cluster of every client, an empty cache and no splits."""
         self.clusters: list[list[int]] = [list(range(num_clients))]
         #: (members, their test accuracies) cached before each split and at the end
         self.cache: list[tuple[list[int], list[float]]] = []
@@ -105,6 +106,7 @@ class GCFLServer:
         return 1.0 + self.update_similarity(rnd, members)
 
     def ready_to_split(self) -> bool:
+        """Whether a cluster may split this round (GCFL: always)."""
         return True
 
     def min_cluster_size(self) -> int:
@@ -170,6 +172,7 @@ class GCFLServer:
 
     # ------------------------------------------------------------------ reporting
     def cache_cluster(self, members: list[int]) -> None:
+        """Cache the members' last test accuracies before their cluster splits."""
         accs = [self.last_eval[k]["test_acc"] for k in members] if self.last_eval is not None else [0.0] * len(members)
         self.cache.append((list(members), accs))
 
@@ -193,9 +196,11 @@ class GCFLServer:
         }
 
     def cluster_state(self) -> dict:
+        """Clusters, cache, splits and last evaluation (for checkpoints)."""
         return {"clusters": self.clusters, "cache": self.cache, "splits": self.splits, "last_eval": self.last_eval}
 
     def load_cluster_state(self, state: dict) -> None:
+        """Restore the state written by :meth:`cluster_state`."""
         self.clusters = [list(c) for c in state["clusters"]]
         self.cache, self.splits, self.last_eval = state["cache"], state["splits"], state["last_eval"]
 
@@ -204,28 +209,35 @@ class GCFLPlusServer(GCFLServer):
     """GCFL+'s server: the cut uses DTW distances of gradient-norm sequences (paper sec. 5)."""
 
     def init_clusters(self, num_clients: int) -> None:
+        """GCFL's start plus one empty gradient-norm sequence per client."""
         super().init_clusters(num_clients)
         self.sequences: list[list[float]] = [[] for _ in range(num_clients)]
 
     norm_parts = GCFLServer.norm_parts + ("grad_norms",)
 
     def note_norms(self, norms: dict[str, dict[int, float]]) -> None:
+        """Append each client's gradient norm to its sequence."""
         for k, v in norms.get("grad_norms", {}).items():
             self.sequences[k].append(v)
 
     def ready_to_split(self) -> bool:
+        """Whether every sequence holds ``seq_length`` norms."""
         return all(len(s) >= self.opts.seq_length for s in self.sequences)
 
     def similarity(self, rnd: int, members: list[int]) -> np.ndarray:
+        """DTW similarity of the members' last ``seq_length`` gradient norms (GCFL+, Xie et al., NeurIPS 2021)."""
         seqs = [self.sequences[k][-self.opts.seq_length :] for k in members]
         return dtw_similarity(dtw_distances(seqs, self.opts.standardize))
 
     def after_split(self) -> None:
+        """Restart every sequence."""
         self.sequences = [[] for _ in self.sequences]
 
     def cluster_state(self) -> dict:
+        """GCFL's state plus the sequences."""
         return {**super().cluster_state(), "sequences": self.sequences}
 
     def load_cluster_state(self, state: dict) -> None:
+        """Restore the state written by :meth:`cluster_state`."""
         super().load_cluster_state(state)
         self.sequences = state["sequences"]

@@ -49,10 +49,12 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         self.init_clusters(facts.num_clients)
 
     def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        """One round of clustered FedAvg with GCFL's split criterion."""
         self.split_clusters(rnd, updated)
 
     # ------------------------------------------------------------------ GCFLServer's hooks
     def exchange_unweighted_mean(self, rnd: int, members: list[int]) -> None:
+        """The members' unweighted mean update (the criterion of eq. 4), as an exchange."""
         self.exchange_mean(rnd, members, tag=f"{self.name}/criterion_mean")
 
     def round_norms(self, rnd: int, clusters: list[list[int]], means=None) -> dict[str, dict[int, float]]:
@@ -67,6 +69,11 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         return {p: values[n] for p, n in zip(parts, names)}
 
     def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
+        """The members' pairwise cosine similarity, computed over their protocol halves with the decider.
+
+        Raises:
+            DropoutError: a member or the decider was lost.
+        """
         tag = f"{self.name}/similarity"
         # the members' and the decider's halves run the exchange (protocols/pairwise_exchange.py)
         sent = self.ask("contribute", {k: ContributeIns(tag, rnd) for k in members})
@@ -77,6 +84,7 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
 
     # ------------------------------------------------------------------ reporting, checkpoints
     def final_metrics(self) -> dict:
+        """Base metrics, the last round's per-cluster accuracies and the best cached accuracies."""
         last = self.evaluate()["per_client"]
         return {
             **Strategy.final_metrics(self),
@@ -85,9 +93,11 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         }
 
     def server_state(self) -> dict:
+        """The cluster state."""
         return self.cluster_state()
 
     def load_server_state(self, state: dict) -> None:
+        """Restore the cluster state."""
         self.load_cluster_state(state)
 
 

@@ -47,6 +47,11 @@ class GraphLogic(ClientLogic):
         return GCFLGIN(facts.num_features[client], cfg.hidden, facts.num_classes[client], cfg.num_layers, cfg.dropout)
 
     def local_update(self, req: FitIns) -> FitRes:
+        """One local update of the shared layers (by DP-SGD with this client's noise when the request carries its std).
+
+        Raises:
+            ValueError: DP-SGD is asked of a run without ``--dpsgd``.
+        """
         rnd = int(req.round)
         if req.dpsgd_std is None:
             return FitRes(trained=True, loss=self.learner.local_update(rnd, self.prox_mu))
@@ -64,6 +69,7 @@ class GraphLogic(ClientLogic):
         return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Keep the weighted update on the public grid for the cluster-mean exchange."""
         tag, rnd = req.tag, int(req.round)
         weight = self.weight(tag)
         if weight is None:
@@ -75,6 +81,11 @@ class GraphLogic(ClientLogic):
         return ContributeRes(length=contribution.size)
 
     def receive(self, req: ReceiveIns) -> None:
+        """Store the cluster mean, or apply the stored one when told to.
+
+        Raises:
+            ValueError: told to apply a mean it never received.
+        """
         tag = req.tag
         if tag == f"{self.cfg.algorithm}/model":
             self.mean = self.received_mean(req)
@@ -92,6 +103,7 @@ class GraphLogic(ClientLogic):
         return grid_mean_of_sum(summed(self, req))
 
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
+        """The learner's per-split counts."""
         return EvaluateRes(self.learner.counts())
 
     def attack_state(self, req: AttackIns) -> StateRes:
@@ -105,7 +117,9 @@ class GraphLogic(ClientLogic):
         raise MessageError(f"client {self.rt.client_id}: no attack state {req.what!r} for a graph client")
 
     def state_dict(self) -> dict:
+        """The learner's state."""
         return self.learner.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the learner's state."""
         self.learner.load_state_dict(state)

@@ -87,6 +87,7 @@ class GraphLearner:
         }
 
     def shared_vector(self) -> torch.Tensor:
+        """The shared parameters as one flat vector."""
         return parameters_to_vector(self.model.shared_parameters()).detach()
 
     def update(self) -> torch.Tensor:
@@ -155,6 +156,7 @@ class GraphLearner:
         return {"train": list(self.train_counts), **{s: list(self.accuracy(s)) for s in ("val", "test")}}
 
     def state_dict(self) -> dict:
+        """Model, optimizer, round anchor, training counts and the last gradient norm."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -164,6 +166,7 @@ class GraphLearner:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state written by :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.anchor = state["anchor"].to(self.device)

@@ -59,6 +59,7 @@ class GraphStrategy(ModelAveragingStrategy):
             protocol.dp.declare(self.dpsgd[0])
 
     def release_dependencies(self) -> dict[str, set[str]]:
+        """Which DP releases depend on which (DP-SGD runs only)."""
         return dpsgd_release_dependencies(self.name) if self.dpsgd is not None else {}
 
     def release_units(self) -> dict[str, str]:
@@ -83,6 +84,7 @@ class GraphStrategy(ModelAveragingStrategy):
         )
 
     def train_round(self, rnd: int) -> dict:
+        """Local updates of the sampled clients, then the cluster round when models are aggregated."""
         self.round = rnd
         self.round_info: dict = {}  # what the cluster round records (GCFL: eq. 4-5 per cluster)
         ask = self.local_update_request(rnd)
@@ -98,6 +100,7 @@ class GraphStrategy(ModelAveragingStrategy):
         }
 
     def cluster_round(self, rnd: int, updated: list[int]) -> None:
+        """Exchange and apply each cluster's mean over its updated members."""
         for members in self.clusters:
             members = [k for k in members if k in updated]
             if members:
@@ -139,10 +142,13 @@ class GraphStrategy(ModelAveragingStrategy):
         return out
 
     def final_metrics(self) -> dict:
+        """Base metrics plus the last round's per-cluster accuracies."""
         return {**Strategy.final_metrics(self), **last_round_metrics(self.evaluate()["per_client"], self.clusters)}
 
     def server_state(self) -> dict:
+        """The clusters."""
         return {"clusters": self.clusters}
 
     def load_server_state(self, state: dict) -> None:
+        """Restore the clusters."""
         self.clusters = [list(c) for c in state["clusters"]]
