@@ -151,7 +151,8 @@ class Strategy:
         if record is not None:
             for k, r in requests.items():
                 if k not in self.lost:
-                    self.record(record[0], SERVER, client_party(k), record[1], len(wire.pack(r.to_fields())))
+                    nbytes = len(wire.pack(encode_request(method, r)))
+                    self.record(record[0], SERVER, client_party(k), record[1], nbytes)
         self.ask(method, requests)
 
     def record(
