@@ -23,11 +23,19 @@ it such as optimizer moments, depends on every broadcast received: a victim sent
 :math:`\Delta_r + \delta`, then left out of one round, would otherwise match the others again while
 its model still differs by :math:`\delta`.  For the same reason a client that missed a broadcast
 stays out of sync (docs/security.md, "Same model for everyone").
+
+A sum released as different rows to different recipients (the schedule's ``release`` role:
+FedGCN's pre-training neighbour sums) is bound through the root of the server's commitment to
+the whole sum, which each recipient verified its rows against (:mod:`protocols.release_commitment`):
+the roots are chained into ``u`` (same recursion, domain ``RELEASE_DOMAIN``), and once ``u`` is
+not all-zero the digest a client binds under any tag is
+``SHA-256(domain || u || v)``, so clients handed different sums cannot complete a later sum together.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +45,8 @@ VIEW_BINDING_MODES = ("mask", "ckks-mp")
 #: domain separator of the chain
 VIEW_DOMAIN = b"secure-fgl/broadcast-view/v1"
 EMPTY_VIEW = bytes(32)
+#: domain separator of the chain of release commitments
+RELEASE_DOMAIN = b"secure-fgl/release-view/v1"
 
 
 class BroadcastViews:
@@ -44,14 +54,35 @@ class BroadcastViews:
 
     def __init__(self) -> None:
         self.chains: dict[str, bytes] = {}
+        #: ``u``: the chain of the release commitments received (all-zero before the first)
+        self.released = EMPTY_VIEW
 
     def digest(self, tag: str) -> bytes:
-        """``v`` for ``tag``: all-zero before the first broadcast."""
-        return self.chains.get(tag, EMPTY_VIEW)
+        """What a contribution under ``tag`` binds: ``v`` (all-zero before the first broadcast), with ``u`` once set."""
+        chain = self.chains.get(tag, EMPTY_VIEW)
+        if self.released == EMPTY_VIEW:
+            return chain
+        return hashlib.sha256(VIEW_DOMAIN + self.released + chain).digest()
+
+    def release(self, tag: str, rnd: int, root: bytes) -> None:
+        """Chain the verified root of a released sum (:mod:`protocols.release_commitment`) into ``u``."""
+        h = hashlib.sha256(RELEASE_DOMAIN + self.released)
+        h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
+        h.update(bytes(root))
+        self.released = h.digest()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The chains, for a client's checkpoint (bytes as hex)."""
+        return {"chains": {t: v.hex() for t, v in sorted(self.chains.items())}, "released": self.released.hex()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.chains = {str(t): bytes.fromhex(v) for t, v in dict(state.get("chains", {})).items()}
+        self.released = bytes.fromhex(state.get("released", EMPTY_VIEW.hex()))
 
     def record(self, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> None:
         """Chain one received result (block id -> decoded values) into ``tag``'s digest."""
-        h = hashlib.sha256(VIEW_DOMAIN + self.digest(tag))
+        h = hashlib.sha256(VIEW_DOMAIN + self.chains.get(tag, EMPTY_VIEW))
         h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
         for b in sorted(blocks):
             h.update(int(b).to_bytes(8, "big") + np.ascontiguousarray(blocks[b], dtype=np.float64).tobytes())

@@ -149,6 +149,14 @@ class SampleMismatchError(PlanRefusedError):
     """
 
 
+class UnlistedExchangeError(PlanRefusedError):
+    """A plan for a (round, tag) the run's public schedule does not list.
+
+    Every client derives the exchanges of the run from its public configuration (the run manifest's
+    ``exchanges``, :mod:`protocols.schedule`); the server asked for a sum the algorithm never makes.
+    """
+
+
 class ClearReportRefusedError(PlanRefusedError):
     """A report plan for a tag the owner did not mark as reported in the clear.
 

@@ -56,9 +56,10 @@ class HalvesProtocol(Protocol):
     (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
     ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
     public (in the party setup and the manifest); every client half refuses a plan that breaks
-    it (:mod:`protocols.plan_policy`).  ``client_fraction`` and ``roles`` (tag -> role): the
-    public schedule in the manifest, which every client half checks plans against too
-    (:mod:`protocols.schedule`; the sampling seed is ``seed``).
+    it (:mod:`protocols.plan_policy`).  ``client_fraction``, ``roles`` (tag -> role) and
+    ``exchanges`` (tag -> first and last round; ``None``: not listed): the public schedule in the
+    manifest, which every client half checks plans against too (:mod:`protocols.schedule`; the
+    sampling seed is ``seed``).
     ``manifest`` and ``identity``: a manifest built from the sites' own identity keys
     (``secure-fgl manifest new``) and the server's key; with them no client key is drawn here,
     and each client runtime signs with the key its site holds (needs ``link``).
@@ -77,6 +78,7 @@ class HalvesProtocol(Protocol):
         min_contributors: int | None = None,
         client_fraction: float = 1.0,
         roles: dict[str, str] | None = None,
+        exchanges: dict[str, tuple[int, int]] | None = None,
         manifest: Manifest | None = None,
         identity: SigningKey | None = None,
         **base_options,
@@ -85,8 +87,10 @@ class HalvesProtocol(Protocol):
         #: this session's nonce (os.urandom; a resumed run gets a new session)
         self.session = os.urandom(NONCE_BYTES)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
+        listing = {} if exchanges is None else {"exchanges": {t: [int(a), int(b)] for t, (a, b) in exchanges.items()}}
         self.schedule = PublicSchedule.of(
-            num_clients, {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}}
+            num_clients,
+            {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}, **listing},
         )
         if manifest is None:  # this process plays every site: it draws every party's identity key
             identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
@@ -129,7 +133,9 @@ class HalvesProtocol(Protocol):
     def security_parameters(self) -> dict:
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
         schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
-        return {**schedule, "roles": dict(self.schedule.roles), **self.collusion.to_dict()}
+        listed = self.schedule.exchanges
+        listing = {} if listed is None else {"exchanges": {t: [a, b] for t, (a, b) in sorted(listed.items())}}
+        return {**schedule, "roles": dict(self.schedule.roles), **listing, **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup.

@@ -341,11 +341,14 @@ class ClientHalf(Party):
             else:
                 inbox.append(msg)
         inbox = self.take_run_material(inbox)  # kept even when the plan below is refused
-        if planned is not None and self.checks_plans and stage != REPORT_STAGE:
+        if planned is not None:
             try:  # the bundle's last plan: an earlier one it supersedes was never used
-                self.policy.check(planned)
-                if self.schedule is not None:
-                    self.schedule.check(planned, self.id)
+                if self.schedule is not None:  # every mode, every stage: an exchange of the run's algorithm
+                    self.schedule.check_listed(planned, self.id)
+                if self.checks_plans and stage != REPORT_STAGE:
+                    self.policy.check(planned)
+                    if self.schedule is not None:
+                        self.schedule.check(planned, self.id)
             except PlanRefusedError:
                 self.plan, self._refused = None, self.exchange  # never contribute under a refused plan
                 raise

@@ -4,6 +4,13 @@ Every client half reads it from the run manifest and checks each plan against it
 
 The manifest's ``security`` section carries (:mod:`protocols.manifest`):
 
+* ``exchanges``: tag -> ``[first, last]``, the rounds in which the run's algorithm may plan an
+  exchange under that tag, derived by every party from the public configuration (the algorithm's
+  :attr:`~secure_fgl.algorithms.spec.AlgorithmSpec.schedule`).  A client refuses, in every mode
+  and before anything is sent, a plan whose (round, tag) it does not list:
+  :class:`~protocols.errors.UnlistedExchangeError`.  (Without the field nothing is listed and no
+  plan is refused for its tag: protocol-level tests and attack simulations that drive a backend
+  directly.)
 * ``sample_seed`` and ``client_fraction``: the round's sample ``S_r``
   (:func:`protocols.client_sampling.sample_clients`);
 * ``roles``: tag -> public role of the exchanges under that tag.  One role is defined,
@@ -17,10 +24,14 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
 
   and binds the digest of every broadcast it received under the tag into what it contributes
   next under it (:mod:`protocols.broadcast_view`), so clients that were sent different models
-  cannot complete a sum together.
+  cannot complete a sum together.  A second role, :data:`RELEASE`: a sum whose recipients get
+  different rows (FedGCN's pre-training neighbour sums).  In ``mask`` the server sends each
+  recipient a proof that its rows are part of one committed sum; the recipient refuses rows
+  without a valid one (:class:`~protocols.errors.InconsistentViewError`) and binds the commitment
+  into every later contribution (:mod:`protocols.release_commitment`).
 
-A tag the schedule does not list is checked by the run-wide rules only
-(:mod:`protocols.plan_policy`).  A party without a manifest (trust on first use) has no schedule.
+A listed tag without a role is checked by the run-wide rules only (:mod:`protocols.plan_policy`).
+A party without a manifest (trust on first use) has no schedule.
 """
 
 from __future__ import annotations
@@ -31,12 +42,15 @@ from typing import Any
 import numpy as np
 
 from .client_sampling import sample_clients
-from .errors import ConfigurationError, SampleMismatchError, ScheduleRoleError
+from .errors import ConfigurationError, SampleMismatchError, ScheduleRoleError, UnlistedExchangeError
 from .plan import ExchangePlan
 
 #: the role of a model broadcast every client trains on (module docstring)
 BROADCAST = "broadcast"
-ROLES = (BROADCAST,)
+#: the role of a sum released as different rows to different recipients, bound by the server's
+#: commitment to the whole sum (:mod:`protocols.release_commitment`)
+RELEASE = "release"
+ROLES = (BROADCAST, RELEASE)
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,8 @@ class PublicSchedule:
     sample_seed: int = 0
     client_fraction: float = 1.0
     roles: dict[str, str] = field(default_factory=dict)
+    #: tag -> (first, last) round of its exchanges; ``None``: nothing listed, no tag refused
+    exchanges: dict[str, tuple[int, int]] | None = None
 
     @classmethod
     def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
@@ -55,12 +71,42 @@ class PublicSchedule:
         bad = {tag: role for tag, role in roles.items() if role not in ROLES}
         if bad:
             raise ConfigurationError(f"unknown exchange roles {bad} in the run manifest; known roles: {list(ROLES)}")
+        listed = security.get("exchanges")
+        try:
+            exchanges = None if listed is None else {str(t): (int(a), int(b)) for t, (a, b) in dict(listed).items()}
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"malformed exchange listing in the run manifest ({e})") from None
         return cls(
             int(num_clients),
             int(security.get("sample_seed", 0)),
             float(security.get("client_fraction", 1.0)),
             roles,
+            exchanges,
         )
+
+    def lists(self, tag: str, rnd: int) -> bool:
+        """Whether the schedule allows an exchange under ``tag`` in round ``rnd`` (nothing listed: every one)."""
+        if self.exchanges is None:
+            return True
+        span = self.exchanges.get(tag)
+        return span is not None and span[0] <= int(rnd) <= span[1]
+
+    def check_listed(self, plan: ExchangePlan, client: int) -> None:
+        """Refuse ``plan`` if its (round, tag) is not an exchange of the run (module docstring)."""
+        if not self.lists(plan.tag, plan.round):
+            span = (self.exchanges or {}).get(plan.tag)
+            listed = f"lists {plan.tag!r} for rounds {span[0]}..{span[1]} only" if span else f"has no {plan.tag!r}"
+            raise UnlistedExchangeError(
+                f"the run's public schedule {listed}, but the server plans it in round {plan.round}: refused, "
+                "nothing was sent (an algorithm lists its exchanges in its AlgorithmSpec.schedule)",
+                tag=plan.tag,
+                round=plan.round,
+                client=client,
+            )
+
+    def releases(self, tag: str) -> bool:
+        """Whether ``tag``'s sum is released as rows under a commitment (:data:`RELEASE`)."""
+        return self.roles.get(tag) == RELEASE
 
     def binds_views(self, tag: str) -> bool:
         """Whether contributions under ``tag`` bind the broadcasts received under it."""

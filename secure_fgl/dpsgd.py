@@ -90,7 +90,14 @@ class DPSGD:
     def clipped_sum(
         self, model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes (Opacus), each clipped to C."""
+        """``(sum_i clip(g_i), loss)``: per-node gradients of the masked nodes (Opacus), each clipped to C.
+
+        An edge-free model (``edge_index`` empty: an MLP, whose output on a node reads that node's row alone) runs on
+        the masked rows only.
+        """
+        if edge_index is not None and edge_index.numel() == 0:
+            x, y = x[mask], y[mask]
+            mask = torch.ones(x.size(0), dtype=torch.bool, device=x.device)
         gsm = self.per_sample_module(model)
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:

@@ -40,21 +40,33 @@ def public_schedule(cfg: RunConfig) -> dict:
 
 #: algorithms whose ``<algorithm>/model`` exchange broadcasts the global model to every client,
 #: over the round's sample (:func:`protocols.client_sampling.sample_clients`)
-BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox")
+BROADCAST_MODEL_ALGORITHMS = ("fedavg", "fedprox", "fedgcn")
+#: exchanges whose sum reaches its recipients as different rows, bound by a commitment (mask)
+RELEASE_TAGS = ("fedgcn/neighbour_sums",)
 
 
 def public_roles(cfg: RunConfig) -> dict[str, str]:
     """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
-    from protocols.schedule import BROADCAST
+    from protocols.schedule import BROADCAST, RELEASE
 
-    return {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+    roles = {f"{cfg.algorithm}/model": BROADCAST} if cfg.algorithm in BROADCAST_MODEL_ALGORITHMS else {}
+    released = {tag: RELEASE for tag in RELEASE_TAGS if tag in public_exchanges(cfg)}
+    return {**released, **roles}
+
+
+def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
+    """The run's exchanges, tag -> (first, last) round (the algorithm's ``AlgorithmSpec.schedule``)."""
+    from .algorithms import get_spec
+
+    return get_spec(cfg.algorithm).exchanges_of(cfg)
 
 
 def schedule_option(cfg: RunConfig) -> dict:
     """The public schedule option of a backend split into halves.
 
     For a backend split into halves (it builds a manifest): the hash of the public schedule, the
-    client fraction and the exchange roles every client half checks plans against; else ``{}``.
+    client fraction, the exchange roles and the listing of the run's exchanges every client half
+    checks plans against; else ``{}``.
     """
     from protocols.halves import HalvesProtocol
     from protocols.manifest import schedule_digest
@@ -66,6 +78,7 @@ def schedule_option(cfg: RunConfig) -> dict:
         "schedule": schedule_digest(json.loads(json.dumps(public_schedule(cfg), default=str))),
         "client_fraction": float(cfg.client_fraction),
         "roles": public_roles(cfg),
+        "exchanges": public_exchanges(cfg),
     }
 
 

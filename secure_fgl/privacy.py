@@ -3,7 +3,8 @@ r"""What a run's differential privacy protects: the unit, the budget, every rele
 A DP run names its **unit of privacy** (``--dp-unit``):
 
 * ``edge``   -- neighbouring graphs differ in one edge (u, v);
-* ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``);
+* ``node``   -- one node, its features, label and edges (degree capped by ``--degree-cap``; GAP: the
+  number of hop sums a node enters bounded by ``--max-degree``);
 * ``client`` -- one client's whole contribution (DP-FedAvg, McMahan et al., ICLR 2018);
 * ``sample`` -- one training record as a training example (DP-SGD: a node of a node-wise
   model, a graph of a graph classifier).
@@ -133,10 +134,6 @@ def dp_config(cfg: RunConfig):
             "--dp-unit sample is DP-SGD's unit (one training record): it needs --dpsgd, and an "
             "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
             "--dp-unit edge)"
-        )
-    if unit == "node" and cfg.algorithm in ("fedgcn-gap", "gap"):
-        raise ConfigError(
-            f"{cfg.algorithm} implements edge-level DP only; use --dp-unit edge (or fedgcn --dp-unit node)"
         )
     if split is not None:
         out = [t for t in split if scope and not _in_scope(scope, t)]
@@ -314,6 +311,7 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
         "warnings": warnings,
         "per_tag": per_tag,
         "replayed_releases": rep.get("replayed_releases", 0),
+        **({"degree_bound": algo.degree_bound()} if unit == "node" and hasattr(algo, "degree_bound") else {}),
     }
 
 
@@ -344,12 +342,12 @@ def coalition_guarantee(
     for r in releases:
         if not r.get("dp"):
             continue
-        if r.get("unit") == "sample" and r.get("noise_shares", 1) <= 1:  # DP-SGD, all noise local
+        if r.get("noise_shares", 2) <= 1:  # DP-SGD (a client's own release), all noise local
             left = 1.0
         elif any(r["tag"] == t or r["tag"].startswith(t) for t in sums):
             left = 1.0 / (1 + max(0, colluding - calibrated))
         else:  # dense sums of n shares (DP-SGD in the secure mean too)
-            n = int(r.get("noise_shares", num_clients)) if r.get("unit") == "sample" else num_clients
+            n = int(r.get("noise_shares", num_clients))
             honest = n - dropouts - colluding
             left = 1.0 if honest <= 0 else honest / max(1, n - dropouts - calibrated)
         history.append((r["noise_multiplier"] * math.sqrt(min(1.0, left)), 1.0, int(r["releases"])))

@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..party import ClientHalf, envelope_of
 from ..plan_policy import collusion_bound
+from ..release_commitment import block_leaf, verify
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import (
     SIGNED_KEY_BYTES,
@@ -680,6 +681,41 @@ class MaskClient(ClientHalf):
             )
         ]
 
+    def _check_release(self, payload: dict, bids: np.ndarray, rows: np.ndarray, enc, included: list[int]) -> None:
+        """Verify this client's blocks against the server's commitment to the whole sum; chain its root.
+
+        :mod:`protocols.release_commitment`; InconsistentViewError (nothing delivered) if they are not
+        leaves of the committed sum.
+        """
+        p = self.plan
+        try:
+            root, proof = bytes(payload["release"]["root"]), bytes(payload["release"]["proof"])
+        except (KeyError, TypeError, ValueError):
+            root, proof = b"", b""
+        sparse = p.layout == "sparse" and not self.options["reveal_to_server"]
+        if sparse:
+            try:
+                bitmap = np.unpackbits(
+                    np.asarray(payload["contributors"], dtype=np.uint8), axis=1, count=len(included)
+                ).astype(bool)
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"malformed contributor bitmap ({e})", **self.where()) from None
+        own = {
+            int(b): block_leaf(
+                int(b),
+                enc.to_wire(rows[i]),
+                [k for j, k in enumerate(included) if bitmap[i, j]] if sparse else included,
+            )
+            for i, b in enumerate(bids.tolist())
+        }
+        if len(root) != 32 or (own and not verify(root, p.num_blocks, own, proof)):
+            raise InconsistentViewError(
+                "the rows of this released sum are not part of the sum the server committed to (or no commitment "
+                "came with them): the server may be handing different clients different sums; nothing was delivered",
+                **self.where(),
+            )
+        self.views.release(p.tag, p.round, root)
+
     def stage_download(self, inbox):
         """Check the download against this client's request, remove its output masks and decode the fixed-point sums.
 
@@ -703,6 +739,8 @@ class MaskClient(ClientHalf):
             raise IntegrityError(
                 f"malformed download: included clients {included} are not distinct client ids", **self.where()
             )
+        if self.schedule is not None and self.schedule.releases(p.tag):
+            self._check_release(msg.payload, bids, rows, enc, included)
         if not self.options["reveal_to_server"] and bids.size:
             members = np.zeros((bids.size, self.setup.num_clients), dtype=bool)
             if p.layout == "sparse":

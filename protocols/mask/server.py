@@ -22,6 +22,7 @@ from ..link import stream_groups
 from ..party import ServerHalf, envelope_of
 from ..plan import ExchangePlan
 from ..plan_policy import collusion_bound
+from ..release_commitment import block_leaf, empty_leaf, prove, root_of, tree
 from ..transcript import SERVER, Message, client_party, party_client
 from .keys import SEED_BYTES, SIGNED_KEY_BYTES, check_signed_mask_key
 from .prg import ranked_mask
@@ -534,6 +535,7 @@ class MaskServer(ServerHalf):
         reveal = self.setup.options["reveal_to_server"]
         kind = "plain" if reveal else "masked"
         last, refused = (None, None), None
+        release = self._release_tree(ex) if self.schedule is not None and self.schedule.releases(plan.tag) else None
         for group in stream_groups(link, plan.requests):
             downloads = {}
             for r in group:
@@ -557,6 +559,8 @@ class MaskServer(ServerHalf):
                         else np.zeros((bids.size, 0), bool)
                     )
                     payload["contributors"] = np.packbits(bitmap, axis=1)
+                if release is not None:  # the whole sum's commitment, and this recipient's proof
+                    payload["release"] = {"root": root_of(release), "proof": prove(release, bids.tolist())}
                 downloads[r] = [(self._msg(r, kind, (bids.size, L), payload), 0)]
             try:
                 self.call(link, "download", downloads)
@@ -564,6 +568,24 @@ class MaskServer(ServerHalf):
                 refused = refused or e
         if refused is not None:
             raise refused
+
+    def _release_tree(self, ex: MaskExchange) -> list[list[bytes]]:
+        """The Merkle tree over every block of the released sum (:mod:`protocols.release_commitment`).
+
+        Leaf ``b``: the block's wire bytes and the contributors whose output masks its recipients remove.
+        """
+        plan, enc, union, included = ex.plan, ex.enc, ex.union, tuple(ex.uploaders)
+        needed = np.unique(np.concatenate([np.asarray(b, np.int64) for b in plan.requests.values()] or [[]]))
+        sparse = plan.layout == "sparse" and not self.setup.options["reveal_to_server"]
+        holds = {k: np.isin(needed, ex.announced[k]) if sparse else np.ones(needed.size, bool) for k in included}
+        leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
+        for i, b in enumerate(needed.tolist()):
+            row = np.zeros(plan.block_len, dtype=enc.dtype)  # a block nobody contributed sums to 0
+            at = int(np.searchsorted(union, b)) if union.size else 0
+            if union.size and at < union.size and union[at] == b:
+                row = ex.total[at]
+            leaves[b] = block_leaf(b, enc.to_wire(row), [k for k in included if holds[k][i]])
+        return tree(leaves)
 
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:

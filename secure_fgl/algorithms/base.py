@@ -20,6 +20,8 @@ import torch
 from protocols import DPRequest, ValueSpec
 from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, grid_tolerance
 
+from ..runtime.messages import FitRes
+
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
 PARAM_BOUND = 100.0
 
@@ -120,3 +122,13 @@ def accuracy_summary(counts: dict[int, dict[str, tuple[int, int]]]) -> dict:
         out[f"{split}_acc_client_mean"] = float(np.mean(accs)) if accs else 0.0
     out["per_client"] = per_client
     return out
+
+
+def train_loss_of(replies: dict[int, FitRes], losses: list[float]) -> dict:
+    """The round's ``train_loss`` from the clients' local-update replies (empty when a client withheld it).
+
+    A DP-SGD client keeps its loss, computed from un-noised gradients, to itself: then the round reports none.
+    """
+    if any(r.trained and r.loss is None for r in replies.values()):
+        return {}
+    return {"train_loss": float(np.mean(losses)) if losses else 0.0}

@@ -18,6 +18,8 @@ HOPS = (0, 1, 2)
 LAYOUTS = ("sparse", "dense")
 ROW_ORDERS = ("given", "signature", "owner")
 NORMS = ("row", "sym", "none")
+#: GAP's default out-degree bound under node-level DP (each node's embedding enters at most this many sums)
+NODE_MAX_DEGREE = 10
 
 
 @dataclass
@@ -296,9 +298,34 @@ class GAPOptions:
         help="--dpsgd with Poisson sampling: each step trains on every training node with this "
         "probability, drawn secretly by its client (amplified accounting, Renyi DP); 1: full batch",
     )
+    max_degree: int | None = setting(
+        None,
+        min=1,
+        unit="edges",
+        help="bound each node's out-degree by sampling: its embedding enters at most this many "
+        "neighbours' hop sums, chosen by its owner (default under --dp-unit node: "
+        f"{NODE_MAX_DEGREE}; off otherwise)",
+    )
+
+    def degree_bound(self, cfg) -> int | None:
+        """The out-degree bound D in force: ``--max-degree``, else the default under ``--dp-unit node``."""
+        if self.max_degree is not None:
+            return self.max_degree
+        return NODE_MAX_DEGREE if cfg.dp_unit == "node" else None
 
 
 def check_gap(o: GAPOptions, cfg) -> None:
     """GAP's cross-field rules that need no data (the rest: ``gap.ops.check_gap_options``)."""
     if o.dp_sample_rate < 1 and not o.dpsgd:
         raise ConfigError("--dp-sample-rate samples DP-SGD's batches: add --dpsgd (or drop --dp-sample-rate)")
+    if cfg.dp_unit == "node" and not o.dpsgd:
+        raise ConfigError(
+            f"{cfg.algorithm} --dp-unit node trains the encoder and the head by DP-SGD with per-node "
+            "gradients: add --dpsgd"
+        )
+    if cfg.dp_unit == "node" and cfg.mode == "plain" and cfg.clients > 1:
+        raise ConfigError(
+            f"{cfg.algorithm} --dp-unit node needs the hop sums added securely: in --mode plain the server "
+            "reads each client's partial sum of a node's row, which holds that node's incoming edges; use "
+            "--mode mask|ckks|ckks-mp, or --algorithm gap (one party)"
+        )

@@ -20,6 +20,21 @@ def load(ref: str):
     return getattr(importlib.import_module(module), name)
 
 
+def every_round(cfg, *tags: str) -> dict[str, tuple[int, int]]:
+    """``tags`` listed in every training round ``0 .. rounds - 1``."""
+    return {tag: (0, int(cfg.rounds) - 1) for tag in tags}
+
+
+def model_every_round(cfg) -> dict[str, tuple[int, int]]:
+    """FedAvg's schedule: the model mean ``<algorithm>/model`` every round."""
+    return every_round(cfg, f"{cfg.algorithm}/model")
+
+
+def no_exchanges(cfg) -> dict[str, tuple[int, int]]:
+    """An algorithm that exchanges nothing: every plan is refused."""
+    return {}
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One algorithm's specification.
@@ -30,7 +45,10 @@ class AlgorithmSpec:
     ``--mode`` values it runs in), the catalogue text (``summary``, ``paper``, ``exchanges``: what
     crosses the wire, by tag), ``logic`` and ``strategy`` (``"module:Class"`` of its client logic
     and server strategy), ``mode_note`` (why other modes are refused, after the name; ``{mode}``
-    is filled in).
+    is filled in), ``schedule`` (``schedule(cfg) -> {tag: (first round, last round)}``: every
+    exchange the algorithm plans, from the public configuration alone; the run manifest lists it
+    and every client refuses a plan for any other (round, tag), :mod:`protocols.schedule`;
+    default :func:`model_every_round`).
     """
 
     name: str
@@ -44,6 +62,11 @@ class AlgorithmSpec:
     task: str = "node"
     check: Callable | None = None
     mode_note: str = ""
+    schedule: Callable | None = None
+
+    def exchanges_of(self, cfg) -> dict[str, tuple[int, int]]:
+        """The run's public exchange listing (``schedule``, default :func:`model_every_round`)."""
+        return (self.schedule or model_every_round)(cfg)
 
     def logic_class(self) -> type:
         """The client logic class, imported on first use."""

@@ -101,6 +101,7 @@ class ClientRuntime:
             )
             self.half.provider = self.logic.table
             self.half.clear_tags = self.logic.clear_tags
+            self._chain_initial_model()
 
     def handle(self, method: str, request: bytes) -> bytes:
         """Answer one request.
@@ -153,10 +154,30 @@ class ClientRuntime:
         model = getattr(self.logic, "model", None)
         return StateRes({} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()})
 
+    def _chain_initial_model(self) -> None:
+        """Chain the initial model into the view of the broadcast tag it is trained under.
+
+        Every client builds it from the run's public seed, so honest chains start alike; a client set up with another
+        model (another seed, architecture or size) binds another digest into its first contribution
+        (:mod:`protocols.broadcast_view`, round ``-1``).
+        """
+        model, tag = getattr(self.logic, "model", None), getattr(self.logic, "model_tag", None)
+        schedule = self.half.schedule
+        if model is None or tag is None or schedule is None or not schedule.binds_views(tag):
+            return
+        params = {i: p.detach().cpu().double().numpy().ravel() for i, p in enumerate(model.state_dict().values())}
+        self.half.views.record(tag, -1, params)
+
     # -- checkpoints: written where the client runs (weights-only plain data)
+    #: the key of the protocol half's view chains in a client checkpoint (restored on --resume)
+    VIEWS_KEY = "protocol_views"
+
     def _save(self, path: Path) -> CheckpointRes:
         buf = io.BytesIO()
-        torch.save(to_plain(self.logic.state_dict()), buf)
+        state = self.logic.state_dict()
+        if self.half is not None:  # the broadcasts it trained on (protocols/broadcast_view.py)
+            state = {**state, self.VIEWS_KEY: self.half.views.state_dict()}
+        torch.save(to_plain(state), buf)
         data = buf.getvalue()
         write_bytes_atomic(path, data)
         return CheckpointRes(hashlib.sha256(data).hexdigest())
@@ -171,5 +192,9 @@ class ClientRuntime:
             raise ValueError(
                 f"client {self.client_id}: {path} is not the file the driver's checkpoint names (digest differs)"
             )
-        self.logic.load_state_dict(from_plain(torch.load(path, weights_only=True, map_location=self.device)))
+        state = from_plain(torch.load(path, weights_only=True, map_location=self.device))
+        views = state.pop(self.VIEWS_KEY, None)
+        if self.half is not None and views is not None:
+            self.half.views.load_state_dict(views)
+        self.logic.load_state_dict(state)
         return CheckpointRes()

@@ -252,12 +252,15 @@ class WeightsIns(RuntimeMessage):
 # ---------------------------------------------------------------- replies (client -> strategy)
 @dataclass(frozen=True)
 class FitRes(RuntimeMessage):
-    """The last local loss, whether the client had training nodes, and any loss ``terms`` by name."""
+    """Whether the client had training nodes, its last local loss and any loss ``terms`` by name.
+
+    ``loss`` None: the client keeps it (DP-SGD: a loss of un-noised gradients never leaves the client).
+    """
 
     OPEN: ClassVar[str | None] = "terms"
 
     trained: bool
-    loss: float
+    loss: float | None = None
     terms: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -49,6 +49,18 @@ def test_per_node_clipping_bounds_every_gradient():
     assert (scale < 1).any() and (scale == 1).any()
 
 
+def test_an_edge_free_model_gets_the_same_clipped_sum_from_its_training_rows_alone():
+    """With no edges the per-node gradients are computed on the masked rows only, with the same result."""
+    torch.manual_seed(1)
+    model = build_model("mlp", 6, 8, 3, num_layers=2, dropout=0.0)
+    x, y, mask = torch.randn(40, 6), torch.randint(0, 3, (40,)), torch.rand(40) < 0.3
+    sgd = DPSGD(0.5)
+    whole, loss_whole = sgd.clipped_sum(model, x, None, y, mask)
+    rows, loss_rows = sgd.clipped_sum(model, x, torch.empty(2, 0, dtype=torch.long), y, mask)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, rows))
+    assert torch.isclose(loss_whole, loss_rows)
+
+
 def test_noise_is_fresh_and_steps_of_all_clients_count_once():
     eng = DPEngine(DPConfig(epsilon=2.0), num_clients=3, protocol_mode="plain")
     tag, request = "stage/dpsgd", stage_request(1.0, rounds=2, local_epochs=2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import CentralizedOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, no_exchanges
 
 SPECS = [
     AlgorithmSpec(
@@ -24,5 +24,6 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:CentralizedLogic",
         strategy=f"{__name__}.server:CentralizedStrategy",
+        schedule=no_exchanges,
     ),
 ]

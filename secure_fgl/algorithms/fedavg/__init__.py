@@ -9,7 +9,7 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedProxOptions, NoOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, no_exchanges
 
 HALVES = dict(logic=f"{__name__}.client:ModelAveragingLogic", strategy=f"{__name__}.server:ModelAveragingStrategy")
 
@@ -39,6 +39,7 @@ SPECS = [
         "none",
         options=NoOptions,
         modes=modes(),
+        schedule=no_exchanges,
         **HALVES,
     ),
 ]

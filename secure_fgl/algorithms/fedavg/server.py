@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from protocols import DropoutError
 from protocols.broadcast_view import VIEW_BINDING_MODES
 from protocols.client_sampling import sample_clients
@@ -12,7 +10,7 @@ from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
 from ...runtime.messages import ContributeIns, FitIns, ReceiveIns
 from ...runtime.strategy import Strategy
-from ..base import model_dp_request, model_spec
+from ..base import model_dp_request, model_spec, train_loss_of
 
 
 class ModelAveragingStrategy(Strategy):
@@ -57,11 +55,11 @@ class ModelAveragingStrategy(Strategy):
         sampled = self.sample_clients(rnd)
         ask = self.local_update_request(rnd, tag)
         done = self.ask("local_update", {k: ask for k in sampled})
-        losses = [r.loss for r in done.values() if r.trained]
+        losses = [r.loss for r in done.values() if r.trained and r.loss is not None]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k].trained] or sampled
             self.aggregate(rnd, contributors, tag)
-        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "clients_lost": len(self.lost)}
+        return {**train_loss_of(done, losses), "clients_lost": len(self.lost)}
 
     def local_update_request(self, rnd: int, tag: str | None) -> FitIns:
         """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""

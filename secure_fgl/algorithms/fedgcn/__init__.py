@@ -14,7 +14,14 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedGCNOptions, check_fedgcn
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, model_every_round
+
+
+def schedule(cfg) -> dict[str, tuple[int, int]]:
+    """The neighbour sums once, in round 0, before training (none at 0 hops); the model every round."""
+    hops = FedGCNOptions(**cfg.options).hops
+    return {**({"fedgcn/neighbour_sums": (0, 0)} if hops > 0 else {}), **model_every_round(cfg)}
+
 
 SPECS = [
     AlgorithmSpec(
@@ -29,5 +36,6 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedGCNLogic",
         strategy=f"{__name__}.server:FedGCNStrategy",
+        schedule=schedule,
     ),
 ]

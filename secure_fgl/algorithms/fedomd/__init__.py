@@ -12,7 +12,24 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedOMDOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, every_round
+
+
+def schedule(cfg) -> dict[str, tuple[int, int]]:
+    """Every round: the statistics exchanges of the strategy's ``stages`` (public options, DP on or off), the model."""
+    o, name = FedOMDOptions(**cfg.options), cfg.algorithm
+    tags = [f"{name}/model"]
+    if o.cmd_weight > 0:
+        has_moments = o.cmd_order >= 2
+        if not (o.batch_stats and has_moments) or cfg.dp_epsilon is not None:  # per layer
+            stages = ("mean", "moments") if has_moments else ("mean",)
+            tags += [f"{name}/hidden{l + 1}/{s}" for l in range(1 + o.ortho_layers) for s in stages]
+        elif o.raw_moments:
+            tags.append(f"{name}/stats/raw")
+        else:
+            tags += [f"{name}/stats/mean", f"{name}/stats/moments"]
+    return every_round(cfg, *tags)
+
 
 SPECS = [
     AlgorithmSpec(
@@ -25,5 +42,6 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedOMDLogic",
         strategy=f"{__name__}.server:FedOMDStrategy",
+        schedule=schedule,
     ),
 ]

@@ -12,7 +12,17 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import FedSprayOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, every_round
+
+
+def schedule(cfg) -> dict[str, tuple[int, int]]:
+    """Every round: the encoder and proxy means, or (batching possible) their one-upload batch instead."""
+    o, name = FedSprayOptions(**cfg.options), cfg.algorithm
+    tags = [f"{name}/encoder"] + ([] if o.ablate_proxy else [f"{name}/proxies"])
+    if cfg.dp_epsilon is None and not o.ablate_proxy and o.batch_exchanges:
+        tags.append(f"{name}/batch")  # batched when the two specs share an encoding (fedspray.ops.round_spec)
+    return every_round(cfg, *tags)
+
 
 SPECS = [
     AlgorithmSpec(
@@ -26,5 +36,6 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:FedSprayLogic",
         strategy=f"{__name__}.server:FedSprayStrategy",
+        schedule=schedule,
     ),
 ]

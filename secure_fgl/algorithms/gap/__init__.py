@@ -14,8 +14,17 @@ from __future__ import annotations
 from protocols.registry import modes
 
 from ..options import GAPOptions, check_gap
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, every_round
 from .central import check_central
+
+
+def schedule(cfg) -> dict[str, tuple[int, int]]:
+    """The encoder's rounds, each hop's noisy sums once in round 0, then the head every round."""
+    o = GAPOptions(**cfg.options)
+    encoder = {"fedgcn-gap/encoder/model": (0, int(o.encoder_rounds or cfg.rounds) - 1)}
+    hops = {f"fedgcn-gap/hop/{h}": (0, 0) for h in range(1, o.hops + 1)}
+    return {**encoder, **hops, **every_round(cfg, f"{cfg.algorithm}/model")}
+
 
 SPECS = [
     AlgorithmSpec(
@@ -32,6 +41,7 @@ SPECS = [
         modes=modes(),
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
+        schedule=schedule,
     ),
     AlgorithmSpec(
         "gap",
@@ -48,5 +58,6 @@ SPECS = [
         "aggregate securely in --mode {mode}; use --mode plain",
         logic=f"{__name__}.client:GAPLogic",
         strategy=f"{__name__}.server:GAPStrategy",
+        schedule=schedule,
     ),
 ]

@@ -26,7 +26,15 @@ from ...runtime.messages import (
 from ..fedavg.client import ModelAveragingLogic
 from ..fedgcn.ops import partial_neighbour_sums
 from ..options import GAPOptions
-from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_degree_cap, row_normalise
+from .ops import (
+    BEST_TAG,
+    ENCODER_TAG,
+    HOP_TAG,
+    bound_out_degree,
+    check_degree_cap,
+    degree_generator,
+    row_normalise,
+)
 
 
 class GAPEncoderLogic(ModelAveragingLogic):
@@ -60,6 +68,8 @@ class GAPLogic(ModelAveragingLogic):
         self.best_encoder: dict | None = None
         self.hops: list[torch.Tensor] = []
         self._inputs: torch.Tensor | None = None
+        #: the graph the hops sum over: the client's own, or its out-degree-bounded sample (node level)
+        self.graph = self.data
         #: ``--dpsgd``: per-node clipping to ``--dp-clip``, noise from this client's own keystream
         self.sgd = DPSGD(self.cfg.dp_clip, self.gopts.dp_sample_rate) if self.gopts.dpsgd else None
 
@@ -101,7 +111,7 @@ class GAPLogic(ModelAveragingLogic):
             return FitRes(trained=False, loss=0.0)
         noises = [lambda size, std=std: self.noise.gaussian(std, size, dp_tag, rnd) for std in req.dpsgd_std]
         x, edge_index = stage.inputs()
-        loss = self.sgd.train(
+        self.sgd.train(
             stage.model,
             stage.optimizer,
             x,
@@ -114,7 +124,7 @@ class GAPLogic(ModelAveragingLogic):
             noises=noises,
             uniform=self.noise.rng.uniform,
         )
-        return FitRes(trained=True, loss=loss)
+        return FitRes(trained=True)  # the loss is computed from un-noised gradients: it stays here
 
     def contribute(self, req: ContributeIns) -> ContributeRes:
         """Encoder updates, or the partial neighbour sums of the current hop (hop 1 starts from the best encoder)."""
@@ -126,12 +136,15 @@ class GAPLogic(ModelAveragingLogic):
         c = self.data
         if int(req.entry("hop")) == 1:  # H_0 from the best encoder
             check_degree_cap(c, self.gopts.degree_cap, self.rt.client_id)
+            bound = self.gopts.degree_bound(self.cfg)
+            if bound is not None:  # node level: every own node's term goes to at most D neighbours
+                self.graph = bound_out_degree(c, bound, degree_generator(self.cfg.seed, self.rt.client_id))
             if self.best_encoder is not None:
                 self.encoder.model.load_state_dict(self.best_encoder)
             self.encoder.model.eval()
             with torch.no_grad():
                 self.hops = [row_normalise(self.encoder.model.embed(c.x, self.encoder.no_edges).to(torch.float64))]
-        ids, rows = partial_neighbour_sums(c, self.hops[-1])
+        ids, rows = partial_neighbour_sums(self.graph, self.hops[-1])
         return keep_rows(self, tag, ids.cpu().numpy(), rows.cpu().numpy(), c.global_ids.cpu().numpy(), req)
 
     def receive(self, req: ReceiveIns) -> None:

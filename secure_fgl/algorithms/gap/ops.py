@@ -40,17 +40,32 @@ graph) for everything the clients release, with the reported ``(epsilon, delta)`
 edge reaches a model: no GCN layer over local edges, no denoising with own edges.  It does
 *not* protect a node's features or labels (the encoder and head exchanges are exact, unless
 ``dpsgd`` is on, see :mod:`secure_fgl.dpsgd`).
+
+Node level (``--dp-unit node``; GAP's node-level variant, sec. 5): every node's embedding enters
+at most ``D`` (``--max-degree``) neighbours' sums besides its own row -- its owner, the client
+that computes its terms, keeps a uniform sample of at most ``D`` of its neighbours, local or
+across clients (:func:`bound_out_degree`) -- and the encoder and head are trained by DP-SGD with
+per-node gradients (valid on these MLPs, whose output on a node reads only that node's row).
+Removing a node ``v`` with its features, label and (sampled) edges changes ``H_{h-1,v}`` in its
+own row and in at most ``D`` others, each a unit vector: L2 sensitivity ``sqrt(D + 1)``
+(:func:`protocols.dp.node_level_sensitivity` with C = 1).  Row ``v``'s own total (its incoming
+edges) is ``v``'s record: it reaches ``v``'s owner and enters only ``v``'s own clipped DP-SGD
+examples.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from protocols import BoundError, DPRequest, ValueSpec
-from protocols.dp import edge_level_sensitivity
+from protocols.dp import edge_level_sensitivity, node_level_sensitivity
 
+from ...data.federated import ClientSubgraph
+from ...engine.rng import client_generator
 from ...validation import ConfigError
-from ..fedgcn.ops import local_degrees
+from ..fedgcn.ops import _local_positions, local_degrees
 from ..options import GAPOptions
 
 HOP_TAG = "fedgcn-gap/hop"
@@ -59,32 +74,64 @@ ENCODER_TAG = "fedgcn-gap/encoder/model"
 #: server -> client control: "keep your current encoder, the best so far"
 BEST_TAG = "fedgcn-gap/encoder/best"
 SELECT = ("val", "head")
+#: the step index of :func:`~secure_fgl.engine.rng.client_generator` that draws the out-degree sample
+DEGREE_SAMPLE_STEP = 1 << 30
 
 
-def release_dependencies_of(name: str) -> dict[str, set[str]]:
+def release_dependencies_of(name: str, dpsgd: bool = False) -> dict[str, set[str]]:
     """The data each release touches.
 
     See :mod:`secure_fgl.privacy`. The hop sums read embeddings over edges; the encoder and head touch no exact edge.
+    With ``dpsgd`` the model exchanges are post-processing of the DP-SGD steps, which read the training nodes'
+    features and labels (and the head's, their noisy hop rows).
     """
+    models = set() if dpsgd else {"features", "labels"}
     return {
         HOP_TAG: {"features", "labels", "edges"},
-        ENCODER_TAG: {"features", "labels"},  # gap (central) runs fedgcn-gap's exchanges under its own name
-        f"{name}/encoder": {"features", "labels"},
-        f"{name}/model": {"features", "labels"},
+        ENCODER_TAG: models,  # gap (central) runs fedgcn-gap's exchanges under its own name
+        f"{name}/encoder/dpsgd": {"features", "labels"},
+        f"{name}/encoder": models,
+        f"{name}/model": models,
         f"{name}/dpsgd": {"features", "labels"},
     }
 
 
-def hop_dp_request(dp) -> DPRequest | None:
-    """A hop sum's edge-level DP request.
+def hop_dp_request(dp, degree_bound: int | None = None) -> DPRequest | None:
+    """A hop sum's DP request: edge level, or node level under an out-degree bound ``D``.
 
-    Rows of unit norm: an edge changes one term by at most 1. None without DP (``dp``: the protocol's engine).
+    Rows of unit norm: an edge changes two terms by at most 1 each (``sqrt 2``); a node's term sits
+    in its own row and at most ``D`` others (``sqrt(D + 1)``). None without DP (``dp``: the protocol's engine).
     """
-    return (
-        None
-        if dp is None
-        else DPRequest(clip=float("inf"), per_row=True, sensitivity=edge_level_sensitivity(1.0), releases=1)
-    )
+    if dp is None:
+        return None
+    sens = edge_level_sensitivity(1.0) if degree_bound is None else node_level_sensitivity(1.0, degree_bound)
+    return DPRequest(clip=float("inf"), per_row=True, sensitivity=sens, releases=1)
+
+
+def bound_out_degree(c: ClientSubgraph, max_degree: int, generator: torch.Generator) -> ClientSubgraph:
+    """``c`` with each own node's outgoing terms cut to at most ``max_degree`` neighbours.
+
+    Row ``a`` receives node ``b``'s term along a local edge ``(a, b)`` and a remote row receives
+    node ``j``'s along a cross edge ``(j, remote)``; the owner keeps, for each of its nodes, a
+    uniformly random subset of at most ``max_degree`` of these (local and cross-client together),
+    drawn from ``generator``.  The self loop is kept apart by :func:`partial_neighbour_sums`.
+    """
+    a, b = c.edge_index[:, c.edge_index[0] != c.edge_index[1]]
+    cross = c.cross_edges
+    senders = torch.cat([b, _local_positions(c.global_ids, cross[0]) if cross.numel() else b.new_empty(0)])
+    key = torch.rand(senders.numel(), generator=generator, dtype=torch.float64).to(senders.device)
+    order = torch.argsort(key + senders.to(torch.float64))  # by sender, random within a sender
+    starts = torch.zeros(c.num_nodes + 1, dtype=torch.long, device=senders.device)
+    starts[1:] = torch.cumsum(torch.bincount(senders, minlength=c.num_nodes), 0)
+    keep = torch.zeros(senders.numel(), dtype=torch.bool, device=senders.device)
+    keep[order] = torch.arange(senders.numel(), device=senders.device) - starts[senders[order]] < int(max_degree)
+    local = keep[: b.numel()]
+    return dataclasses.replace(c, edge_index=torch.stack([a[local], b[local]]), cross_edges=cross[:, keep[b.numel() :]])
+
+
+def degree_generator(seed: int, client: int) -> torch.Generator:
+    """Client ``client``'s generator of the out-degree sample of run ``seed`` (the same for every hop)."""
+    return client_generator(seed, 0, client, DEGREE_SAMPLE_STEP)
 
 
 def row_normalise(h: torch.Tensor) -> torch.Tensor:

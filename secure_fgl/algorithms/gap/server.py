@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from protocols.dp import node_level_sensitivity
+
 from ...dpsgd import noise_contributors, stage_request
 from ...privacy import resolve_unit
 from ...runtime.exchange import run_row_sum
@@ -48,11 +50,24 @@ class GAPStrategy(ModelAveragingStrategy):
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """The data each release touches (:mod:`secure_fgl.privacy`)."""
-        return release_dependencies_of(self.name)
+        return release_dependencies_of(self.name, dpsgd=self.gopts.dpsgd)
 
     def hop_request(self, hop: int):
-        """The hop sums' edge-level DP request (None without DP)."""
-        return hop_dp_request(self.protocol.dp)
+        """The hop sums' DP request (None without DP): edge level, or node level under the out-degree bound."""
+        node = resolve_unit(self.cfg) == "node"
+        return hop_dp_request(self.protocol.dp, self.gopts.degree_bound(self.cfg) if node else None)
+
+    def degree_bound(self) -> dict | None:
+        """The out-degree bound in force and who enforces it (``result.json["privacy"]["degree_bound"]``)."""
+        bound = self.gopts.degree_bound(self.cfg)
+        if bound is None:
+            return None
+        return {
+            "max_out_degree": bound,
+            "enforced_by": "the owner of each node: its embedding enters its own row and at most this many "
+            "uniformly sampled neighbours' hop sums (local and cross-client edges)",
+            "hop_sensitivity": node_level_sensitivity(1.0, bound),
+        }
 
     def __init__(self, executor, protocol, cfg, facts, options):
         self.gopts = GAPOptions(**options)
@@ -74,8 +89,12 @@ class GAPStrategy(ModelAveragingStrategy):
             protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # an even split
 
     def release_units(self) -> dict[str, str]:
-        """DP-SGD steps protect a training node (a sample)."""
-        return {t: "sample" for t, _ in self.dpsgd.values()}
+        """DP-SGD steps protect a training node: a sample, or the node itself at node level.
+
+        At node level a node's per-node gradient reads its own features, label and hop rows only.
+        """
+        unit = "node" if self.protocol.dp is not None and resolve_unit(self.cfg) == "node" else "sample"
+        return {t: unit for t, _ in self.dpsgd.values()}
 
     def local_update_request(self, rnd: int, tag: str | None) -> FitIns:
         """With ``--dpsgd``: count this round's steps of the stage and tell the clients each step's std."""
@@ -98,8 +117,11 @@ class GAPStrategy(ModelAveragingStrategy):
         return dataclasses.replace(ask, dpsgd_tag=dp_tag, dpsgd_std=std)
 
     def model_dp_request(self, tag: str):
-        """Edge-level: the model exchanges touch no edge, so they carry no noise."""
-        if self.protocol.dp is None or resolve_unit(self.cfg) == "edge":
+        """No noise on the model exchanges at edge level (they touch no edge) or with ``--dpsgd``.
+
+        With DP-SGD they are post-processing of the noisy steps.
+        """
+        if self.protocol.dp is None or resolve_unit(self.cfg) == "edge" or self.gopts.dpsgd:
             return None
         return super().model_dp_request(tag)
 

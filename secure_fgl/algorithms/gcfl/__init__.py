@@ -14,7 +14,18 @@ from protocols.registry import graph_level_modes, pairwise_modes
 
 from ..graph_level import GCFL_PAPER
 from ..options import GCFLOptions, GCFLPlusOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, every_round
+
+
+def schedule(cfg) -> dict[str, tuple[int, int]]:
+    """Every round: the cluster means, the norm report and (GCFL) the update similarity at a split."""
+    name = cfg.algorithm
+    opts = (GCFLOptions if name == "gcfl" else GCFLPlusOptions)(**cfg.options)
+    tags = [f"{name}/model", f"{name}/norms"]
+    tags += [f"{name}/criterion_mean"] if opts.mean_norm == "unweighted" else []
+    tags += [f"{name}/similarity"] if name == "gcfl" else []
+    return every_round(cfg, *tags)
+
 
 SPECS = [
     AlgorithmSpec(
@@ -31,6 +42,7 @@ SPECS = [
         options=GCFLOptions,
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLStrategy",
+        schedule=schedule,
         modes=pairwise_modes(),
         task="graph",
         mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
@@ -48,6 +60,7 @@ SPECS = [
         options=GCFLPlusOptions,
         logic=f"{__name__}.client:GCFLLogic",
         strategy=f"{__name__}.server:GCFLPlusStrategy",
+        schedule=schedule,
         modes=graph_level_modes(),
         task="graph",
     ),

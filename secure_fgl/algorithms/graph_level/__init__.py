@@ -12,7 +12,7 @@ from __future__ import annotations
 from protocols.registry import graph_level_modes
 
 from ..options import GraphOptions, GraphProxOptions
-from ..spec import AlgorithmSpec
+from ..spec import AlgorithmSpec, no_exchanges
 
 GCFL_PAPER = "Xie, Ma, Liu & Yang, Federated Graph Classification over Non-IID Graphs, NeurIPS 2021"
 #: the two halves the baselines share; the graph-level algorithms do not run in ckks-mp yet
@@ -31,6 +31,7 @@ SPECS = [
         GCFL_PAPER,
         "none",
         options=GraphOptions,
+        schedule=no_exchanges,
         **HALVES,
     ),
     AlgorithmSpec(

@@ -59,7 +59,8 @@ class GraphLogic(ClientLogic):
             raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
         dp_tag = str(req.dpsgd_tag)
         noises = [lambda size, std=std: self.noise.gaussian(std, size, dp_tag, rnd) for std in req.dpsgd_std]
-        return FitRes(trained=True, loss=self.learner.local_update(rnd, self.prox_mu, self.sgd, noises))
+        self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)
+        return FitRes(trained=True)  # the loss is computed from un-noised gradients: it stays here
 
     def weight(self, tag: str) -> float | None:
         """The weight of this client's update in the mean exchanged under ``tag``.

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from protocols import DropoutError
 
 from ...dpsgd import stage_request
 from ...runtime.exchange import plan_dense, run_split
 from ...runtime.messages import ContributeIns, EvaluateIns, FitIns, ReceiveIns
 from ...runtime.strategy import EVAL_TAG, Strategy
+from ..base import train_loss_of
 from ..fedavg.server import ModelAveragingStrategy
 from ..grid_mean import GRID_SPEC
 from .ops import check_graph_dp, dpsgd_release_dependencies, dpsgd_tag, graph_summary, last_round_metrics
@@ -91,9 +90,9 @@ class GraphStrategy(ModelAveragingStrategy):
         done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
         if self.aggregate_models and done:
             self.cluster_round(rnd, sorted(done))
-        losses = [r.loss for r in done.values()]
+        losses = [r.loss for r in done.values() if r.loss is not None]
         return {
-            "train_loss": float(np.mean(losses)) if losses else 0.0,
+            **train_loss_of(done, losses),
             "num_clusters": len(self.clusters),
             "clients_lost": len(self.lost),
             **self.round_info,
