@@ -127,6 +127,9 @@ class KeyRegistry:
     channel: dict[str, bytes] = field(default_factory=dict)
     #: party -> (its registered key bytes, the loaded verifier): loaded once, not per message
     _verifiers: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the last signature that verified, as (key, header, signature): a message checked twice by its receiver (first
+    #: to adopt its exchange number, then when it is read) is verified once; verification is a function of these
+    _last_verified: tuple | None = field(default=None, repr=False, compare=False)
 
     def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
         """Register ``party``'s keys (the server has a signing key only)."""
@@ -178,11 +181,15 @@ class KeyRegistry:
         key = self.signing.get(party)
         if key is None:
             raise AuthenticationError(f"no registered key for sender {party!r}", **where)
+        checked = (key, bytes(header), bytes(signature))
+        if checked == self._last_verified:
+            return
         try:
             loaded = self._verifiers.get(party)
             if loaded is None or loaded[0] != key:
                 loaded = self._verifiers[party] = (key, Ed25519PublicKey.from_public_bytes(key))
-            loaded[1].verify(bytes(signature), bytes(header))
+            loaded[1].verify(checked[2], checked[1])
+            self._last_verified = checked
         except (InvalidSignature, ValueError, TypeError):
             raise AuthenticationError(
                 f"the signature of {party}'s message does not verify under its registered "

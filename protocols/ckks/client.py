@@ -14,7 +14,8 @@ setup bytes.  Stages (server request -> this client's answer):
                quantised with its own rounding generator for packed fixed point, one framed
                ciphertext per block piece (:mod:`.wire`; SEAL's seeded form under symmetric
                encryption)
-``download``   (one call per chunk) its requested blocks, summed -> nothing; it decrypts and
+``download``   (one call per chunk) its requested blocks, summed (dense layout: ``sum c0`` and the
+               upload seeds, re-expanded with SEAL, :mod:`.seeded`) -> nothing; it decrypts and
                decodes (round + unpack for integers; float sums on the release grid,
                :func:`.params.release_step`), refusing a residual off the integers
                (BoundError)
@@ -39,6 +40,7 @@ from .keys import ClientKey, ClientKeyRing
 from .memo import DecryptionMemo
 from .params import EncodingPlan, per_client_limits, release_step
 from .plan_message import KEYS_TAG, chunks, pieces, plan_from_payload
+from .seeded import expand_sum, uses_seeded_download
 
 _LEN = struct.Struct(">I")
 
@@ -61,21 +63,33 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
     )
 
 
+def _ciphertext(plan: EncodingPlan, frame: bytes, seeded: bool, max_uploads: int, where: dict):
+    """The summed ciphertext of a download frame: SEAL bytes, or re-expanded from ``sum c0`` and seeds."""
+    try:
+        body = wire.unframe(frame)
+        return expand_sum(plan.chain, body, plan.scale, max_uploads) if seeded else body
+    except ValueError as exc:
+        raise IntegrityError(f"the summed ciphertext {exc}", **where) from None
+
+
 def _decrypt(
     context: ts.Context,
     plan: EncodingPlan,
-    frame: bytes,
+    data,
     n: int,
     where: dict,
     encryption: str,
     step: float | None = None,
 ) -> np.ndarray:
-    """Decrypt and decode one frame; float sums rounded to the grid ``step`` (:func:`.params.release_step`)."""
+    """Decrypt and decode one sum (:func:`_ciphertext`); float sums rounded to the grid ``step``.
+
+    The grid ``step``: :func:`.params.release_step`.
+    """
     if isinstance(plan.layout, FixedPointLayout):
-        vals, residual, in_range = plan.layout.decrypt(context, plan, wire.unframe(frame), n)
+        vals, residual, in_range = plan.layout.decrypt(context, plan, data, n)
     else:
         slots = n if plan.layout is None else plan.layout.slots_for(n)
-        dec = client_codec(context, plan.chain, encryption).decrypt(wire.unframe(frame), plan.chain).real[:slots]
+        dec = client_codec(context, plan.chain, encryption).decrypt(data, plan.chain).real[:slots]
         if plan.layout is None:
             return np.rint(dec) if plan.exact else dec if step is None else np.rint(dec / step) * step
         vals, residual, in_range = plan.layout.unpack(dec, n)
@@ -335,6 +349,8 @@ class CKKSClient(ClientHalf):
         step = release_step(ep, p.spec)
         scope = (key.fingerprint, self.setup.run_id, self.setup.session, p.exchange, part)  # one chunk at a time
         zero = np.zeros(p.block_len)
+        seeded = uses_seeded_download(p.layout, self.keys.encryption)
+        where = self.where()
         for i, bid in enumerate(wanted):
             frames = msg.payload[i * n : (i + 1) * n]
             if any(f == wire.EMPTY for f in frames):  # no client uploaded this block
@@ -348,7 +364,13 @@ class CKKSClient(ClientHalf):
                             scope,
                             f,
                             lambda f=f, a=a, b=b: _decrypt(
-                                key.context, ep, f, b - a, self.where(), self.keys.encryption, step
+                                key.context,
+                                ep,
+                                _ciphertext(ep, f, seeded, len(p.contributors), where),
+                                b - a,
+                                where,
+                                self.keys.encryption,
+                                step,
                             ),
                         )
                         for f, (a, b) in zip(frames, bounds)

@@ -128,8 +128,10 @@ class FixedPointLayout:
         """Serialized SEAL ciphertext of one piece of a block (client side)."""
         return client_codec(context, plan.chain, self.encryption).encrypt(self.slot_values(digits), plan.scale)
 
-    def decrypt(self, context: ts.Context, plan: EncodingPlan, data: bytes, n: int) -> tuple[np.ndarray, float, bool]:
-        """Recipient side: the n summed values of a serialized sum (see :meth:`unpack`)."""
+    def decrypt(
+        self, context: ts.Context, plan: EncodingPlan, data: bytes | sealapi.Ciphertext, n: int
+    ) -> tuple[np.ndarray, float, bool]:
+        """Recipient side: the n summed values of a serialized (or loaded) sum (see :meth:`unpack`)."""
         return self.unpack(client_codec(context, plan.chain, self.encryption).decrypt(data, plan.chain), n)
 
     def unpack(self, decoded: np.ndarray, n: int) -> tuple[np.ndarray, float, bool]:
@@ -249,14 +251,24 @@ def _remove(path: str) -> None:
 def _to_bytes(obj) -> bytes:
     path = _scratch_path()
     obj.save(path)
+    held = getattr(_scratch, "file", None)
+    if held is not None:  # the scratch file's own descriptor: no open per call
+        fd = held.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0)
     with open(path, "rb") as f:
         return f.read()
 
 
 def _load_into(obj, context, data: bytes):
     path = _scratch_path()
-    with open(path, "wb") as f:
-        f.write(data)
+    held = getattr(_scratch, "file", None)
+    if held is not None:
+        fd = held.fileno()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
     obj.load(context, path)
     return obj
 
@@ -316,9 +328,11 @@ class ClientCodec:
         self.encryptor.encrypt(plain, ct)
         return _to_bytes(ct)
 
-    def decrypt(self, data: bytes, chain: ChainParams) -> np.ndarray:
-        """Decrypt a serialised ciphertext of ``chain`` and decode its complex slots."""
-        ct = _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
+    def decrypt(self, data: bytes | sealapi.Ciphertext, chain: ChainParams) -> np.ndarray:
+        """Decrypt a serialised (or an already loaded) ciphertext of ``chain`` and decode its complex slots."""
+        ct = data
+        if not isinstance(ct, sealapi.Ciphertext):
+            ct = _load_into(sealapi.Ciphertext(), _chain_context(chain), data)
         plain = sealapi.Plaintext()
         self.decryptor.decrypt(ct, plain)
         return np.asarray(self.encoder.decode_complex(plain))
@@ -341,6 +355,7 @@ class SealSum:
 
     def __init__(self, ct: sealapi.Ciphertext, chain: ChainParams):
         self.ct, self.chain = ct, chain
+        self.padded_bytes = chain.padded_ciphertext_bytes  # on the wire (:mod:`.wire`)
 
     def add_(self, other: SealSum) -> SealSum:
         """Add ``other``'s ciphertext into this one in place (homomorphic addition) and return self."""

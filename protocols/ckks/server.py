@@ -15,8 +15,10 @@ stage:
    one missing later aborts (its blocks are in earlier partial sums, which are discarded).
 4. adding (:meth:`~CKKSServer.add_chunk`): per needed block id, the ciphertexts of the clients
    that uploaded it (no multiplication, no rotation); missing clients' public DP offsets padded.
+   Dense layout under symmetric encryption: only ``sum c0`` is formed and the upload seeds kept
+   (:mod:`.seeded`); otherwise SEAL adds whole ciphertexts.
 5. ``download`` (:meth:`~CKKSServer.send_download`, one call per chunk): each recipient only the
-   blocks it requested, in one signed message.
+   blocks it requested, in one signed message (``sum c0`` and the seeds, or the full sum).
 
 Every ciphertext has a fixed padded size per chain, so every message size is a function of
 public shapes only.  Transcript: one upload (download) Message per client per exchange;
@@ -39,6 +41,7 @@ from .fixed_point import server_load
 from .keys import ServerContext
 from .params import ChainParams, EncodingPlan
 from .plan_message import KEYS_TAG, chunks, pieces, plan_from_payload
+from .seeded import load_seeded, uses_seeded_download
 
 
 @dataclass
@@ -54,6 +57,8 @@ class _Exchange:
     contributors: list[int]
     #: the parties the first call of the exchange reaches (every party learns the plan)
     first_call: dict[int, list] = field(default_factory=dict)
+    #: downloads as ``sum c0`` plus the upload seeds (:mod:`.seeded`), else full ciphertexts
+    seeded: bool = False
     #: contributors that stopped answering before their first upload
     dropped: list[int] = field(default_factory=list)
     #: per contributor, the ids of the blocks it uploads
@@ -172,6 +177,7 @@ class CKKSServer(ServerHalf):
             chunks(plan.num_blocks, int(plan.encoding["blocks_per_chunk"])),
             list(plan.contributors),
             first_call={k: [] for k in plan.parties},
+            seeded=uses_seeded_download(plan.layout, self.setup.options["encryption"]),
         )
         setup_s = time.perf_counter() - t_setup
         self.collect_block_ids(x, link)
@@ -266,7 +272,7 @@ class CKKSServer(ServerHalf):
                     f"{(sel.size, plan.block_len)} in {sel.size * x.n_pieces} ciphertexts",
                     **self.where(k),
                 )
-            loaded[k] = (sel, [self._load(x.context, x.ep, f, k, i) for i, f in enumerate(msg.payload)])
+            loaded[k] = (sel, [self._load(x, f, k, i) for i, f in enumerate(msg.payload)])
         x.server_s += time.perf_counter() - t
         return loaded
 
@@ -297,9 +303,9 @@ class CKKSServer(ServerHalf):
                     const = ep.layout.offset_constant(K - c)
                     for acc, n in zip(sums[bid], x.vec_lens):
                         acc.add_constant_(const, n)
-        size = ep.chain.padded_ciphertext_bytes
         return {
-            bid: [wire.frame(acc.serialize(), size, allow_larger=True) for acc in accs] for bid, accs in sums.items()
+            bid: [wire.frame(acc.serialize(), acc.padded_bytes, allow_larger=True) for acc in accs]
+            for bid, accs in sums.items()
         }
 
     # ------------------------------------------------------------------ stage download
@@ -339,7 +345,8 @@ class CKKSServer(ServerHalf):
         err.clients = tuple(clients)
         return err
 
-    def _load(self, server: ServerContext, plan: EncodingPlan, frame, client: int, index: int):
+    def _load(self, x: _Exchange, frame, client: int, index: int):
+        server, plan = x.context, x.ep
         where = self.where(client)
         expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
@@ -354,6 +361,8 @@ class CKKSServer(ServerHalf):
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
         try:  # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
+            if x.seeded:
+                return load_seeded(server.chain, body, plan.scale)
             return server_load(server.chain, body, plan.scale)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc

@@ -8,7 +8,7 @@ Modules, one concept each:
 * :mod:`.encoding`   — fixed-point fields packed into coefficients, CRT decoding;
 * :mod:`.keys`       — key shares, owner-signed recipient and broadcast keys, fingerprint;
 * :mod:`.encryption` — encryption under a client's share with a public ``c1``, decryption, wire format;
-* :mod:`.keyswitch`  — collective public-key switching (PCKS, Protocol 5);
+* :mod:`.keyswitch`  — collective key switching: to a public key (PCKS, Protocol 5) or to the broadcast key (CKS);
 * :mod:`.party`      — one client's key holder (key shares, encryption, shares, decryption);
 * :mod:`.client`     — the client half (stages, checks; holds its :class:`.party.MPClient`);
 * :mod:`.server`     — the server half (forward signed keys, add, combine partial decryptions);

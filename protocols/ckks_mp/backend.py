@@ -4,7 +4,8 @@ Scheme: Mouchet, Troncoso-Pastoriza, Bossuat, Hubaux, "Multiparty Homomorphic En
 from Ring-Learning-with-Errors", PoPETs 2021 — a collective secret ``s = sum_i s_i`` that no
 party holds, each client's upload encrypted under its own share ``s_i`` with a public
 per-ciphertext ``c1`` (so the sum of the uploads is an encryption under ``s``), and collective
-public-key switching (PCKS, Protocol 5) of each aggregate block to its recipient's own key,
+public-key switching (PCKS, Protocol 5) of each aggregate block to its recipient's own key (collective
+key switching to the clients' broadcast key for blocks every client receives),
 with zero-sum masked shares, n-out-of-n; t-out-of-n with the ``threshold`` option (Mouchet,
 Bertrand, Hubaux, J. Cryptology 2023: Shamir-shared ``s_i``, :mod:`.threshold`).
 
@@ -43,9 +44,10 @@ client's partial decryption: its PCKS share, re-encrypted to the recipient's key
    ``--resume`` a new protocol object runs the key set-up again.
 4. **Upload** ``c0`` under ``s_i`` (``c1`` public); the server checks every upload, adds per
    block and pads missing clients' public offsets.
-5. **Key switch, scoped per recipient**: to the recipient's own key, or once to ``p_B`` when
-   every client receives the same blocks (weighted means, model averages), which saves a
-   factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
+5. **Key switch, scoped per recipient**: to the recipient's own key (PCKS), or once to the
+   broadcast key ``s_B`` when every client receives the same blocks (weighted means, model
+   averages) by collective key switching (CKS: one polynomial per share, a ``c0``-only download),
+   which saves a factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
    not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming
    the client; a malformed one with IntegrityError.
 6. **Recipients decrypt** in their halves; a residual above the worst-case noise bound or a
@@ -202,14 +204,14 @@ class CKKSMPProtocol(HalvesProtocol):
     def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
         """The ciphertexts of an upload in the transcript, for attack simulations and tests.
 
-        The ciphertexts ``[blocks * pieces, 2, L, N]`` of an upload in the transcript: its ``c0`` and
-        the public ``c1`` every party recomputes (``blocks``: the upload's block ids, default
-        ``0 .. count-1``).  For attack simulations and tests.
+        The ciphertexts ``[blocks * pieces, 2, L, N]`` (NTT form) of an upload in the transcript: its ``c0``
+        (sent in coefficient form) and the public ``c1`` every party recomputes (``blocks``: the upload's block
+        ids, default ``0 .. count-1``).  For attack simulations and tests.
         """
         count = int(msg.shape[0])
         blocks = list(range(count)) if blocks is None else list(blocks)
         pieces = -(-int(msg.shape[1]) // plan.capacity)
-        c0 = encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n))
+        c0 = self.ring.ntt(encryption.from_bytes(self.ring, msg.payload, (count * pieces, plan.level, plan.n)))
         c1 = upload_c1(
             crs_seed(self.setup.run_id),
             self.setup.session,

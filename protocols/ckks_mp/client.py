@@ -21,9 +21,10 @@ this client's answer):
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
                        the public ``c1 = a_{x,b,j}`` of exchange ``x`` (only ``c0`` is sent); once per
                        exchange number (RepeatedUploadError: a second one would reuse ``c1``)
-``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its PCKS
-                       share per group (Mouchet et al. 2021, Protocol 5, :mod:`.keyswitch`) on the
-                       ``c1`` it recomputes itself, masked and smudged.  Refused
+``keyswitch``          the groups of aggregate blocks and the recipient each goes to -> its share
+                       per group on the ``c1`` it recomputes itself, masked and smudged: PCKS to a
+                       recipient's key (Mouchet et al. 2021, Protocol 5), CKS (one polynomial) to
+                       the broadcast key (:mod:`.keyswitch`).  Refused
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
                        broadcast key only for exactly the blocks this client itself receives
@@ -31,9 +32,10 @@ this client's answer):
                        and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
-``download``           its blocks, switched to its own key (or to ``s_B`` when its key switch was a
-                       broadcast) -> nothing; it decrypts, checks the residual against the worst-case
-                       noise bound (IntegrityError: a corrupted share or ciphertext) and decodes
+``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
+                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
+                       checks the residual against the worst-case noise bound (IntegrityError: a
+                       corrupted share or ciphertext) and decodes
 
 t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.threshold`, Mouchet,
 Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
@@ -252,6 +254,11 @@ class CKKSMPClient(ClientHalf):
 
     def _pieces(self, ep: Plan) -> list[int]:
         return [min(self.plan.block_len, a + ep.capacity) - a for a in range(0, self.plan.block_len, ep.capacity)]
+
+    def _labels(self, ep: Plan, blocks) -> list[tuple[int, int, int]]:
+        """(exchange, block, piece) of each ciphertext of ``blocks``, in the order of :meth:`_c1`."""
+        pieces = len(self._pieces(ep))
+        return [(self.plan.exchange, int(b), j) for b in blocks for j in range(pieces)]
 
     def _c1(self, ep: Plan, blocks) -> np.ndarray:
         """The public ``c1`` of this exchange's pieces of ``blocks`` (:func:`.sampling.upload_c1`)."""
@@ -507,7 +514,7 @@ class CKKSMPClient(ClientHalf):
         ep = self._plan()
         ids, vals = self._table()
         t = time.perf_counter()
-        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()))
+        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()), self._labels(ep, ids.tolist()))
         self.timing["upload_s"] = time.perf_counter() - t
         pieces = len(self._pieces(ep))
         msg = self.message(
@@ -612,29 +619,27 @@ class CKKSMPClient(ClientHalf):
                 pk = self._recipient_key(to, offered, where)
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, self.setup.num_clients)
+        designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
         t = time.perf_counter()
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
-            c1 = self._c1(ep, bids)
-            if uploaded is None:
-                for i, b in enumerate(bids):  # s_i c1 only for the blocks this client uploaded
-                    if b not in mine:
-                        c1[i * pieces : (i + 1) * pieces] = 0
+            c1, labels = self._c1(ep, bids), self._labels(ep, bids)
+            if uploaded is None:  # s_i c1 only for the blocks this client uploaded
+                keyed = np.repeat([b in mine for b in bids], pieces)
                 threshold = None
             else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
+                keyed = np.ones(len(bids) * pieces, dtype=bool)
                 rows = uploaded[start_of[g] : start_of[g] + len(bids)]
                 per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
                 threshold = ([u for u in per_block for _ in range(pieces)], active)
-            share = self.keys.pcks_shares(c1, self._masks(ep, to, bids, active, context), pk, smudge, threshold)
-            label = "the broadcast key" if to < 0 else f"recipient {to}'s key"
-            msg = self.message(
-                SERVER,
-                "share",
-                (len(bids) * pieces,),
-                self._switch_down(ep, share, len(bids) * pieces),
-                self.fingerprint,
-                note=f"PCKS shares to {label}",
-            )
+            masks = self._masks(ep, to, bids, active, context)
+            if to < 0:
+                data = self.keys.cks_shares(c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold)
+                note = "CKS shares to the broadcast key"
+            else:
+                data = self.keys.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
+                note = f"PCKS shares to recipient {to}'s key"
+            msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
             out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
         self.switched += total
         self._last_switch = (self.plan.exchange, recipients == [-1])
@@ -670,15 +675,6 @@ class CKKSMPClient(ClientHalf):
             )
         lost = answered.lost.union(*(set(a) - set(active) for a in answered.active_sets))
         return Replan(binding, answered.active_sets + [tuple(active)], frozenset(lost))
-
-    def _switch_down(self, ep: Plan, share: bytes, count: int) -> bytes:
-        """The key-switching shares switched down to level ``L'`` before they leave.
-
-        The ``count`` shares (coefficient form at ``L``) switched down to ``L'`` before they leave
-        (:meth:`.ring.RNSRing.rescale`): what the recipient needs, at a fraction of the bytes.
-        """
-        full = encryption.from_bytes(self.ring, share, (count, 2, ep.level, ep.n))
-        return encryption.to_bytes(self.ring.rescale(full, ep.switch_level))
 
     def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
         """The checked active set and uploaders of a t-out-of-n request.
@@ -756,9 +752,6 @@ class CKKSMPClient(ClientHalf):
         t = time.perf_counter()
         try:
             to = int(msg.payload["to"])
-            cts = encryption.from_bytes(
-                self.ring, msg.payload["data"], (bids.size * len(lengths), 2, ep.switch_level, ep.n)
-            )
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
         broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
@@ -772,6 +765,12 @@ class CKKSMPClient(ClientHalf):
                 f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}",
                 **where,
             )
+        # a broadcast download is c0' only (its c1 is public); a scoped one the pair (c0', c1')
+        shape = (bids.size * len(lengths),) + ((ep.switch_level,) if to == -1 else (2, ep.switch_level)) + (ep.n,)
+        try:
+            cts = encryption.from_bytes(self.ring, msg.payload["data"], shape)
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed download ({e})", **where) from None
         decode = lambda: self._decode(ep, cts, bids, lengths, to < 0)  # noqa: E731
         values = (
             decode()
@@ -792,7 +791,15 @@ class CKKSMPClient(ClientHalf):
         Returns ``[len(bids), block_len]``. Raises IntegrityError when a residual exceeds the worst-case noise bound
         or a field is out of range.
         """
-        decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size, broadcast) if bids.size else []
+        if not bids.size:
+            decoded = []
+        elif broadcast:  # c0' only: c1 is the public one this client recomputes
+            blocks = bids.tolist()
+            decoded = self.keys.decrypt_broadcast(
+                ep, cts, self._labels(ep, blocks), lambda: self._c1(ep, blocks), lengths * bids.size
+            )
+        else:
+            decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size)
         out = np.zeros((bids.size, self.plan.block_len))
         for i, b in enumerate(bids.tolist()):
             parts = []

@@ -8,16 +8,19 @@ with ``a_{x,b,j}`` expanded from the run's CRS seed (:func:`.sampling.upload_c1`
 centered binomial from the OS CSPRNG.  The sum over the contributors ``S`` of the block,
 ``(sum_S c0_i, a_{x,b,j})``, is an encryption of ``sum_S m_i`` under ``s_S = sum_S s_i``:
 ``sum c0_i + s_S a = Delta sum m_i + sum e_i``.  ``c1`` is fresh per ciphertext of a run (a reused
-``c1`` would give ``c0_i - c0'_i = Delta (m_i - m'_i) + small``).  Ciphertexts stay in NTT form
-(additions are slot-wise there, and key switching needs ``NTT(c1)``).
+``c1`` would give ``c0_i - c0'_i = Delta (m_i - m'_i) + small``).  Uploads travel in coefficient form:
+a client computes ``s_i c1`` once (:func:`key_product`, one inverse NTT) for its upload and uses it again
+for its key-switching share of the same exchange, and the server adds and switches down without a
+transform.
 
 Key-switching shares and key-switched downloads are switched down before they leave their
 sender (:meth:`.ring.RNSRing.rescale`; :func:`switch_down` from NTT form): coefficient form at
 the plan's switch level ``L'``, each residue ``round(x / P)`` for the product ``P`` of the
 dropped primes (:mod:`.params`); a recipient decrypts them with :func:`decrypt_switched`.
 
-Wire format: ``count`` polynomials ``[count, L, N]`` (uploads, NTT form) or two-polynomial
-shares and ciphertexts ``[count, 2, L', N]`` (coefficient form) as little-endian uint32 residues
+Wire format: ``count`` polynomials ``[count, L, N]`` (uploads), two-polynomial
+shares and ciphertexts ``[count, 2, L', N]`` (public-key switching) or one-polynomial shares and downloads
+``[count, L', N]`` (switching to the broadcast key), all in coefficient form, as little-endian uint32 residues
 (4 bytes per residue; the size is a function of public shapes only).  :func:`from_bytes`
 refuses a wrong length or a residue outside ``[0, q_j)``.
 """
@@ -30,15 +33,23 @@ from .ring import RNSRing
 from .sampling import centered_binomial
 
 
-def encrypt(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
-    """Encrypt plaintexts under a secret key share: ``c0 = -c1 s + e + plain``.
+def key_product(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray) -> np.ndarray:
+    """``s c1`` in coefficient form ``[B, L, N]``.
 
-    ``c0 = -c1 s + e + plain`` for plaintexts ``plain`` ``[B, L, N]`` (coefficient form) and public
-    ``c1_hat`` ``[B, L, N]`` -> ``c0`` ``[B, L, N]`` (NTT form).
+    For the public ``c1_hat`` ``[B, L, N]`` (NTT form) and a key ``s_hat`` ``[L', N]`` or one per ciphertext
+    ``[B, L', N]`` (NTT form, ``L' >= L``): one product and one inverse NTT.
+    """
+    return ring.intt(ring.mul(c1_hat, s_hat[..., : c1_hat.shape[-2], :]))
+
+
+def encrypt(ring: RNSRing, s_c1: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
+    """Encrypt plaintexts under a secret key share: ``c0 = e + plain - s c1`` (coefficient form).
+
+    ``s_c1`` = :func:`key_product` of the share and the public ``c1``; ``plain`` ``[B, L, N]`` (coefficient form).
     """
     batch, level = plain.shape[0], plain.shape[1]
     e = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    return ring.add(ring.neg(ring.mul(c1_hat, s_hat[:level])), ring.ntt(ring.add(e, plain)))
+    return ring.sub(ring.add(e, plain), s_c1)
 
 
 def decrypt(ring: RNSRing, s_hat: np.ndarray, ct_hat: np.ndarray) -> np.ndarray:
@@ -60,6 +71,15 @@ def decrypt_switched(ring: RNSRing, s_hat: np.ndarray, ct: np.ndarray) -> np.nda
     """``c0 + s c1`` of switched-down ciphertexts ``[..., 2, L', N]`` (coefficient form), in coefficient form."""
     level = ct.shape[-2]
     return ring.add(ct[..., 0, :, :], ring.intt(ring.mul(ring.ntt(ct[..., 1, :, :]), s_hat[:level])))
+
+
+def decrypt_broadcast(ring: RNSRing, c0: np.ndarray, s_c1: np.ndarray) -> np.ndarray:
+    """``c0' + s_B c1`` of broadcast downloads, in coefficient form at the switch level.
+
+    ``c0`` ``[..., L', N]`` (switched down, coefficient form) and ``s_c1`` = :func:`key_product` of ``s_B`` and
+    the public ``c1`` at the upload level, switched down here like ``c0`` (rounding below 1 per coefficient).
+    """
+    return ring.add(c0, ring.rescale(s_c1, c0.shape[-2]))
 
 
 def to_bytes(polys: np.ndarray) -> bytes:

@@ -1,4 +1,6 @@
-"""Collective public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch").
+"""Collective key switching of an aggregate: to a recipient's public key (PCKS) or to the broadcast key (CKS).
+
+Public-key switching (PCKS; Mouchet et al. 2021, Protocol 5 "PubKeySwitch"), for a block one recipient receives.
 
 A ciphertext ``(c0, c1)`` under the secret ``s_S = sum_{i in S} s_i`` of a block's contributors
 is re-encrypted to a recipient's public key ``(p_R = -a s_R + e_R, a)`` without anyone decrypting
@@ -21,22 +23,38 @@ meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is 
 n-out-of-n.  t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
 shares, each with ``lambda_j^A sum_{i in U} sigma_{i,j}`` in place of ``s_i`` (``U``: the block's
 uploaders) and its mask over ``A``; the noise terms are added after that product, unchanged.
+
+Collective key switching to the broadcast key (CKS; Mouchet et al. 2021, "KeySwitch"), for a block every
+client receives.  Every client holds the broadcast secret ``s_B`` and the public ``c1``, so the target needs
+no public key and no fresh ``c1``: client i sends the single polynomial
+
+    ``h_i = [i in S] s_i c1 - [i = d] s_B c1 + z_i + e0_i``
+
+(``d``: the lowest-numbered client answering the key switch), and the server outputs only
+
+    ``c0' = c0 + sum_i h_i = Delta m - s_B c1 + e + sum_i e0_i``,
+
+an encryption of the sum under ``s_B`` with the public ``c1``, which every recipient recomputes:
+``c0' + s_B c1 = Delta m + e + sum_i e0_i``.  The noise is the upload errors plus the smudging, without
+PCKS's ``e_R u_i + s_R e1_i`` terms.  What the server holds, ``c0'`` and ``sum_i h_i = (s_S - s_B) c1 + sum_i
+e0_i``, are RLWE samples under ``s_B`` and ``s_S - s_B`` with a fresh uniform ``c1`` and errors at least as wide
+as one honest client's smudging noise (an RLWE error far wider than the standard's, at the same ``N`` and
+``Q``), and each single share is hidden by its uniform mask ``z_i`` as in PCKS.  Every client may decrypt
+the result, so a client only answers for the blocks it receives itself (:mod:`.client`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .encryption import switch_down
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
 
 def pcks_share(
     ring: RNSRing,
-    s_hat: np.ndarray,
-    c1_hat: np.ndarray,
-    mask_hat: np.ndarray,
+    s_c1: np.ndarray,
+    mask: np.ndarray,
     p_r_hat: np.ndarray,
     a_hat: np.ndarray,
     eta: int,
@@ -44,30 +62,56 @@ def pcks_share(
 ) -> np.ndarray:
     """Client i's public-key switching share.
 
-    Client i's share ``[B, 2, L, N]`` in coefficient form (the errors are added there, after one
-    inverse NTT of the products) for ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for blocks
-    client i did not upload) and masks ``mask_hat`` ``[B, L, N]``, both in NTT form; ``s_hat`` is
-    one key ``[L', N]`` or one per ciphertext ``[B, L', N]`` (t-out-of-n: the Lagrange-weighted
-    share of each block's uploaders, :mod:`.threshold`), ``L' >= L``.
+    Client i's share ``[B, 2, L, N]`` in coefficient form from ``s_c1`` ``[B, L, N]``, its key times each
+    ciphertext's ``c1`` in coefficient form (:func:`.encryption.key_product`; zero rows for blocks client i
+    did not upload), and its masks ``mask`` ``[B, L, N]`` (uniform residues, read in coefficient form).
     """
-    batch, level = c1_hat.shape[0], c1_hat.shape[1]
+    batch, level = s_c1.shape[0], s_c1.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    h0_hat = ring.add(ring.add(ring.mul(c1_hat, s_hat[..., :level, :]), mask_hat), ring.mul(p_r_hat[:level], u_hat))
-    h = ring.intt(np.stack([h0_hat, ring.mul(a_hat[:level], u_hat)], axis=1))
-    return np.stack([ring.add(h[:, 0], e0), ring.add(h[:, 1], e1)], axis=1)
+    h = ring.intt(np.stack([ring.mul(p_r_hat[:level], u_hat), ring.mul(a_hat[:level], u_hat)], axis=1))
+    return np.stack([ring.add(ring.add(ring.add(h[:, 0], s_c1), mask), e0), ring.add(h[:, 1], e1)], axis=1)
 
 
-def combine_shares(ring: RNSRing, c0_hat: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
     """Server side: combine the clients' key-switching shares with the aggregate ciphertext.
 
     Server side: ``(c0 + sum h0_i, sum h1_i)`` ``[B, 2, L', N]`` in coefficient form, from the
-    aggregate ``c0_hat`` ``[B, L, N]`` (NTT form, switched down here) and the clients' shares, each
+    aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' shares, each
     switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
     """
     h = shares[0]
     for share in shares[1:]:
         h = ring.add(h, share)
-    c0 = switch_down(ring, c0_hat, h.shape[-2])
+    c0 = ring.rescale(c0, h.shape[-2])
     return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
+
+
+def cks_share(
+    ring: RNSRing, s_c1: np.ndarray, mask: np.ndarray, smudge_bits: int, s_b_c1: np.ndarray | None = None
+) -> np.ndarray:
+    """Client i's collective key-switching share to the broadcast key.
+
+    ``h_i = s_i c1 + z_i + e0_i`` ``[B, L, N]`` in coefficient form (one polynomial per ciphertext), from
+    ``s_c1`` and ``mask`` as in :func:`pcks_share`: no transform.  ``s_b_c1``: ``s_B c1`` in coefficient form,
+    for the one client ``d`` that also subtracts it (module docstring).
+    """
+    batch, level = s_c1.shape[0], s_c1.shape[1]
+    h = ring.add(s_c1, mask)
+    if s_b_c1 is not None:
+        h = ring.sub(h, s_b_c1)
+    e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
+    return ring.add(h, e0)
+
+
+def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
+    """Server side: ``c0' = c0 + sum_i h_i`` ``[B, L', N]`` in coefficient form (the ``c1`` stays public).
+
+    From the aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' CKS shares,
+    each switched down to ``L'`` by its sender.
+    """
+    h = shares[0]
+    for share in shares[1:]:
+        h = ring.add(h, share)
+    return ring.add(ring.rescale(c0, h.shape[-2]), h)

@@ -6,7 +6,7 @@ clients' common broadcast secret ``s_B`` (made by client 0, sent to each other c
 the encrypted client-to-client channel, so the relaying server never holds it).  In a
 t-out-of-n run it also holds one Shamir share of every client's ``s_i`` (:mod:`.threshold`).  It
 encrypts its contribution under its own share ``s_i`` with public per-ciphertext ``c1``
-(:mod:`.encryption`), computes its public-key-switching shares for every recipient
+(:mod:`.encryption`), computes its key-switching shares for every recipient and for the broadcast key
 (:mod:`.keyswitch`), and, as a recipient, decrypts what was switched to its key.  It
 lives inside the client half (:mod:`.client`); the server half (:mod:`.server`) only ever sees
 the bytes these methods return.
@@ -14,7 +14,7 @@ the bytes these methods return.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ class MPClient:
         self._broadcast: KeyPair | None = None  # s_B: every client's, the server's never
         #: t-out-of-n: dealer i -> this client's Shamir share sigma_{i,me} of s_i (NTT form)
         self._dealt: dict[int, np.ndarray] = {}
+        #: ``s_i c1`` of this exchange's uploads, and ``s_B c1`` of its switch to the broadcast key, by label
+        self._uploaded: dict[tuple, np.ndarray] = {}
+        self._broadcast_products: dict[tuple, np.ndarray] = {}
 
     # ------------------------------------------------------------------ public keys
     @property
@@ -117,56 +120,131 @@ class MPClient:
         return self.ring.mul(total, lam)
 
     # ------------------------------------------------------------------ upload
-    def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray) -> bytes:
+    def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray, labels: list[tuple]) -> bytes:
         """Encrypt blocks under this client's secret key share.
 
-        Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i``, with
-        the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces.
+        Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i`` (coefficient
+        form), with the public ``c1_hat`` ``[m * pieces, L, N]`` of this exchange's pieces, named by ``labels``
+        (one per ciphertext: exchange, block, piece).  ``s_i c1`` is kept under those labels for this client's
+        key switch of the same exchange (:meth:`cks_shares`, :meth:`pcks_shares`).
         """
         per_ct = plan.capacity
         pieces = [row[a : a + per_ct] for row in rows for a in range(0, rows.shape[1], per_ct)]
         if not pieces:
             return b""
         plain = np.stack([encoding.encode(self.ring, plan, encoding.quantize(p, plan)) for p in pieces])
-        return encryption.to_bytes(encryption.encrypt(self.ring, self._share, c1_hat, plain, self.params.eta))
+        s_c1 = encryption.key_product(self.ring, self._share, c1_hat)
+        self._uploaded = dict(zip(labels, s_c1))
+        return encryption.to_bytes(encryption.encrypt(self.ring, s_c1, plain, self.params.eta))
 
     # ------------------------------------------------------------------ key switching
-    def pcks_shares(
+    def _switch_products(
         self,
         c1_hat: np.ndarray,
-        mask_hat: np.ndarray,
-        recipient_pk: np.ndarray,
-        smudge_bits: int,
-        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
-    ) -> bytes:
-        """This client's key-switching shares towards ``recipient_pk``.
+        labels: list[tuple],
+        keyed: np.ndarray,
+        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None,
+    ) -> np.ndarray:
+        """This client's key times each ciphertext's ``c1`` (coefficient form ``[B, L, N]``).
 
-        Shares ``(h0_i, h1_i)`` switching ciphertexts with ``c1_hat`` ``[B, L, N]`` (zero rows for
-        blocks this client did not upload), masked by ``mask_hat``, to ``recipient_pk``.
-        ``threshold``: (the uploaders of each ciphertext, the active set); the key of each
-        ciphertext is then :meth:`threshold_key` instead of ``s_i``.
+        n-out-of-n: ``s_i c1`` for the ``keyed`` ciphertexts (those of blocks this client uploaded; kept from
+        its upload where the label matches, else computed), 0 for the rest; t-out-of-n: each ciphertext's
+        :meth:`threshold_key` times its ``c1``.  The kept products are dropped: one key switch per exchange.
         """
-        key = self._share
+        kept, self._uploaded = self._uploaded, {}
         if threshold is not None:
             uploaders, active = threshold
             keys = {u: self.threshold_key(u, active) for u in sorted(set(uploaders))}
             key = keys[uploaders[0]] if len(keys) == 1 else np.stack([keys[u] for u in uploaders])
-        return encryption.to_bytes(
-            keyswitch.pcks_share(
-                self.ring, key, c1_hat, mask_hat, recipient_pk, self.a_hat, self.params.eta, smudge_bits
-            )
+            return encryption.key_product(self.ring, key, c1_hat)
+        out = np.zeros(c1_hat.shape, dtype=np.int64)
+        missing = [i for i, (label, k) in enumerate(zip(labels, keyed)) if k and label not in kept]
+        if missing:
+            out[missing] = encryption.key_product(self.ring, self._share, c1_hat[missing])
+        for i, (label, k) in enumerate(zip(labels, keyed)):
+            if k and label in kept:
+                out[i] = kept[label]
+        return out
+
+    def pcks_shares(
+        self,
+        c1_hat: np.ndarray,
+        labels: list[tuple],
+        keyed: np.ndarray,
+        mask: np.ndarray,
+        recipient_pk: np.ndarray,
+        smudge_bits: int,
+        switch_level: int,
+        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
+    ) -> bytes:
+        """This client's key-switching shares towards ``recipient_pk``, switched down to ``switch_level``.
+
+        Shares ``(h0_i, h1_i)`` (:func:`.keyswitch.pcks_share`) switching the ciphertexts with ``c1_hat``
+        ``[B, L, N]`` and ``labels``, masked by ``mask``, to ``recipient_pk``; ``keyed`` and ``threshold`` as in
+        :meth:`_switch_products` (the uploaders of each ciphertext and the active set, t-out-of-n).
+        """
+        share = keyswitch.pcks_share(
+            self.ring,
+            self._switch_products(c1_hat, labels, keyed, threshold),
+            mask,
+            recipient_pk,
+            self.a_hat,
+            self.params.eta,
+            smudge_bits,
         )
+        return encryption.to_bytes(self.ring.rescale(share, switch_level))
+
+    def cks_shares(
+        self,
+        c1_hat: np.ndarray,
+        labels: list[tuple],
+        keyed: np.ndarray,
+        mask: np.ndarray,
+        smudge_bits: int,
+        switch_level: int,
+        designated: bool,
+        threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None = None,
+    ) -> bytes:
+        """This client's shares switching ciphertexts to the broadcast key, switched down to ``switch_level``.
+
+        One polynomial ``h_i`` per ciphertext (:func:`.keyswitch.cks_share`) for the public ``c1_hat``
+        ``[B, L, N]``; ``keyed`` and ``threshold`` as in :meth:`_switch_products`; ``designated``: this client
+        also subtracts ``s_B c1`` (kept for its own download, :meth:`decrypt_broadcast`).
+        """
+        s_b_c1 = None
+        if designated:
+            s_b_c1 = encryption.key_product(self.ring, self._broadcast.s_hat, c1_hat)
+            self._broadcast_products = dict(zip(labels, s_b_c1))
+        share = keyswitch.cks_share(
+            self.ring, self._switch_products(c1_hat, labels, keyed, threshold), mask, smudge_bits, s_b_c1
+        )
+        return encryption.to_bytes(self.ring.rescale(share, switch_level))
 
     # ------------------------------------------------------------------ download
     def decrypt_delivery(
-        self, plan: Plan, ct_hat: np.ndarray, lengths: list[int], broadcast: bool = False
+        self, plan: Plan, ct_hat: np.ndarray, lengths: list[int]
     ) -> list[tuple[np.ndarray, int, bool]]:
-        """Decrypt key-switched ciphertexts with the recipient's secret key.
+        """Decrypt ciphertexts switched to this client's recipient key.
 
         Decrypt key-switched ciphertexts ``[B, 2, L', N]`` (switched down, coefficient form) with
-        ``s_R`` (``s_B`` if ``broadcast``); per ciphertext ``(summed fields, max residual, in range)``
+        ``s_R``; per ciphertext ``(summed fields, max residual, in range)`` (:func:`.encoding.decode`).
+        """
+        plain = encryption.decrypt_switched(self.ring, self._own.s_hat, ct_hat)
+        return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]
+
+    def decrypt_broadcast(
+        self, plan: Plan, c0: np.ndarray, labels: list[tuple], c1_of: Callable[[], np.ndarray], lengths: list[int]
+    ) -> list[tuple[np.ndarray, int, bool]]:
+        """Decrypt broadcast downloads ``c0'`` ``[B, L', N]`` with ``s_B`` and the public ``c1``.
+
+        ``s_B c1`` is the one this client kept from its key switch under ``labels``, else computed from
+        ``c1_of()`` ``[B, L, N]``.  Per ciphertext ``(summed fields, max residual, in range)``
         (:func:`.encoding.decode`).
         """
-        key = self._broadcast if broadcast else self._own
-        plain = encryption.decrypt_switched(self.ring, key.s_hat, ct_hat)
+        kept, self._broadcast_products = self._broadcast_products, {}
+        if all(label in kept for label in labels):
+            s_b_c1 = np.stack([kept[label] for label in labels])
+        else:
+            s_b_c1 = encryption.key_product(self.ring, self._broadcast.s_hat, c1_of())
+        plain = encryption.decrypt_broadcast(self.ring, c0, s_b_c1)
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

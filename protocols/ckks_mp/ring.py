@@ -73,15 +73,18 @@ def primitive_root_2n(q: int, n: int) -> int:
     raise ValueError(f"no primitive {2 * n}-th root of unity mod {q}")
 
 
-def _reduce_signed(d: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """``d`` in ``(-q, q)`` -> ``[0, q)`` in place (adds ``q`` where the sign bit is set)."""
-    d += q & (d >> 63)
-    return d
+#: bytes of int64 residues one NTT pass works on at a time (fits a core's L2 cache)
+_CHUNK_BYTES = 2 << 20
 
 
-def _reduce_once(x: np.ndarray, q: np.ndarray) -> None:
-    """``x`` in ``[0, 2q)`` -> ``[0, q)`` in place (subtracts ``q`` where ``x >= q``)."""
-    x -= q & ((q - 1 - x) >> 63)
+def _min_unsigned(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``min(x, y)`` of int64 arrays read as unsigned, into ``x``.
+
+    With ``y = x - q`` (``x`` in ``[0, 2q)``) or ``y = x + q`` (``x`` in ``(-q, q)``) it is ``x mod q``: the
+    negative one of the two reads as a huge unsigned word.
+    """
+    np.minimum(x.view(np.uint64), y.view(np.uint64), out=x.view(np.uint64))
+    return x
 
 
 def _bit_reverse(n: int) -> np.ndarray:
@@ -113,9 +116,9 @@ class RNSRing:
             ipowers = np.array([pow(psi, (2 * n - int(e)) % (2 * n), q) for e in range(n)], dtype=np.int64)
             fwd.append(powers[rev])
             inv.append(ipowers[rev])
-        self._psi_rev = np.stack(fwd)  # [L, N]
-        self._psi_inv_rev = np.stack(inv)
-        self._n_inv = np.array([pow(n, -1, q) for q in self.primes], dtype=np.int64)[:, None]
+        self._psi_rev_u = np.stack(fwd).astype(np.uint64)  # [L, N]
+        self._psi_inv_rev_u = np.stack(inv).astype(np.uint64)
+        self._n_inv_u = np.array([pow(n, -1, q) for q in self.primes], dtype=np.uint64)[:, None]
 
     # ------------------------------------------------------------------ helpers
     def modulus(self, level: int) -> int:
@@ -169,61 +172,76 @@ class RNSRing:
     # ------------------------------------------------------------------ arithmetic
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(a + b) mod q_i per RNS limb; inputs reduced."""
-        s = a + b
-        q = self._q(a.shape[-2], 2)
-        return np.where(s >= q, s - q, s)
+        s = np.add(a, b, dtype=np.int64)
+        return _min_unsigned(s, s - self._q(s.shape[-2], 2))
 
     def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(a - b) mod q_i per RNS limb; inputs reduced."""
-        d = a - b
-        q = self._q(a.shape[-2], 2)
-        return np.where(d < 0, d + q, d)
+        d = np.subtract(a, b, dtype=np.int64)
+        return _min_unsigned(d, d + self._q(d.shape[-2], 2))
 
     def neg(self, a: np.ndarray) -> np.ndarray:
         """(-a) mod q_i per RNS limb; input reduced."""
-        q = self._q(a.shape[-2], 2)
-        return np.where(a == 0, 0, q - a)
+        return self.sub(np.zeros_like(a), a)
 
     def mul(self, a_hat: np.ndarray, b_hat: np.ndarray) -> np.ndarray:
         """Slot-wise product of two polynomials in NTT form."""
         return a_hat * b_hat % self._q(a_hat.shape[-2], 2)
 
-    def ntt(self, a: np.ndarray) -> np.ndarray:
-        """Negacyclic NTT of ``a`` ``[..., L, N]`` (output in bit-reversed order)."""
+    def _by_chunks(self, a: np.ndarray, transform) -> np.ndarray:
+        """Apply ``transform`` to ``a`` ``[..., L, N]`` a few polynomials at a time (about 2 MiB: cache-sized)."""
         lead, (level, n) = a.shape[:-2], a.shape[-2:]
         x = np.array(a, dtype=np.int64).reshape(-1, level, n)
-        q = self.q[:level].reshape(1, level, 1, 1)
+        step = max(1, _CHUNK_BYTES // (level * n * 8))
+        for i in range(0, x.shape[0], step):
+            transform(x[i : i + step].view(np.uint64), level)
+        return x.reshape(lead + (level, n))
+
+    def ntt(self, a: np.ndarray) -> np.ndarray:
+        """Negacyclic NTT of ``a`` ``[..., L, N]`` (output in bit-reversed order).
+
+        The stages work on unsigned words: ``x - q`` of an ``x < q`` wraps to a large value, so
+        ``min(x, x - q)`` reduces ``[0, 2q)`` and ``min(d, d + q)`` reduces ``(-q, q)`` in two passes.
+        """
+        return self._by_chunks(a, self._ntt_in_place)
+
+    def _ntt_in_place(self, x: np.ndarray, level: int) -> None:
+        n = self.n
+        q = self.q[:level].reshape(1, level, 1, 1).astype(np.uint64)
         m, t = 1, n
         while m < n:
             t //= 2
-            x = x.reshape(-1, level, m, 2 * t)
-            s = self._psi_rev[:level, m : 2 * m].reshape(1, level, m, 1)
-            v = x[..., t:] * s
+            y = x.reshape(-1, level, m, 2 * t)
+            s = self._psi_rev_u[:level, m : 2 * m].reshape(1, level, m, 1)
+            lo, hi = y[..., :t], y[..., t:]
+            v = hi * s
             v %= q
-            d = x[..., :t] - v
-            x[..., :t] += v
-            x[..., t:] = _reduce_signed(d, q)
-            _reduce_once(x[..., :t], q)
+            d = lo - v
+            np.minimum(d, d + q, out=hi)
+            lo += v
+            np.minimum(lo, lo - q, out=lo)
             m *= 2
-        return x.reshape(lead + (level, n))
 
     def intt(self, a_hat: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`ntt` (coefficients in natural order, residues in ``[0, q_j)``)."""
-        lead, (level, n) = a_hat.shape[:-2], a_hat.shape[-2:]
-        x = np.array(a_hat, dtype=np.int64).reshape(-1, level, n)
-        q = self.q[:level].reshape(1, level, 1, 1)
+        return self._by_chunks(a_hat, self._intt_in_place)
+
+    def _intt_in_place(self, x: np.ndarray, level: int) -> None:
+        n = self.n
+        q = self.q[:level].reshape(1, level, 1, 1).astype(np.uint64)
         m, t = n, 1
         while m > 1:
             h = m // 2
-            x = x.reshape(-1, level, h, 2 * t)
-            s = self._psi_inv_rev[:level, h : 2 * h].reshape(1, level, h, 1)
-            d = _reduce_signed(x[..., :t] - x[..., t:], q)
-            x[..., :t] += x[..., t:]
-            _reduce_once(x[..., :t], q)
-            d *= s
-            d %= q
-            x[..., t:] = d
+            y = x.reshape(-1, level, h, 2 * t)
+            s = self._psi_inv_rev_u[:level, h : 2 * h].reshape(1, level, h, 1)
+            lo, hi = y[..., :t], y[..., t:]
+            d = lo - hi
+            np.minimum(d, d + q, out=d)
+            lo += hi
+            np.minimum(lo, lo - q, out=lo)
+            np.multiply(d, s, out=hi)
+            hi %= q
             t *= 2
             m = h
-        x = x.reshape(-1, level, n) * self._n_inv[:level].reshape(1, level, 1) % self.q[:level].reshape(1, level, 1)
-        return x.reshape(lead + (level, n))
+        x *= self._n_inv_u[:level].reshape(1, level, 1)
+        x %= q.reshape(1, level, 1)

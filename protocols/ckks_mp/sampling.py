@@ -32,6 +32,8 @@ import numpy as np
 from ..mask.prg import keystream
 
 LIMB_BITS = 30
+#: words read beyond N per prime of a common polynomial, for the rejections (each word: probability < 2^-10)
+_SPARE_WORDS = 64
 
 
 def ternary(shape: tuple[int, ...]) -> np.ndarray:
@@ -84,20 +86,24 @@ def common_polynomial(seed: bytes, primes: tuple[int, ...], n: int, label: str =
     """The public uniform polynomial ``a`` in ``R_Q`` (NTT form) expanded from ``seed``.
 
     Uniform residues are uniform in NTT form too (the NTT is a bijection), so the words
-    are read directly as NTT-domain values.
+    are read directly as NTT-domain values: one AES-CTR stream of 31-bit words, ``N + 64`` per
+    prime, each prime's row keeping its first ``N`` words below ``q_j`` (rejection sampling; a row
+    short of ``N`` -- probability below ``2^-160`` -- reads on in a stream of its own).
     """
-    key = hashlib.sha256(b"secure_fgl/ckks-mp/crs/v1" + label.encode() + seed).digest()
+    key = hashlib.sha256(b"secure_fgl/ckks-mp/crs/v2" + label.encode() + seed).digest()
+    width = n + _SPARE_WORDS
+    words = np.frombuffer(keystream(key, bytes(8), 0, len(primes) * width * 4), dtype="<u4").reshape(len(primes), width)
+    words = (words & np.uint32((1 << 31) - 1)).astype(np.int64)
     out = np.empty((len(primes), n), dtype=np.int64)
     for j, q in enumerate(primes):
-        sid = hashlib.sha256(key + j.to_bytes(4, "big")).digest()[:8]
-        vals, offset = np.empty(0, dtype=np.int64), 0
-        while vals.size < n:
-            need = (n - vals.size) * 4 * 2 + 64
-            words = np.frombuffer(keystream(key, sid, offset, need), dtype=np.uint32).astype(np.int64)
-            offset += need
-            words &= (1 << 31) - 1
-            vals = np.concatenate([vals, words[words < q]])
-        out[j] = vals[:n]
+        row = words[j]
+        kept = row[row < q]
+        offset, sid = 0, (j + 1).to_bytes(8, "big")
+        while kept.size < n:
+            more = np.frombuffer(keystream(key, sid, offset, 4 * n), dtype="<u4").astype(np.int64) & ((1 << 31) - 1)
+            offset += 4 * n
+            kept = np.concatenate([kept, more[more < q]])
+        out[j] = kept[:n]
     return out
 
 
@@ -133,16 +139,19 @@ def pairwise_mask(
     """Client ``me``'s zero-sum masks, one per label.
 
     Client ``me``'s zero-sum masks ``z_me = sum_{j > me} PRG(k_{me j}) - sum_{j < me} PRG(k_{j me})``,
-    one per label, ``[len(labels), L, N]`` (NTT form, uniform in ``R_Q``): over all clients the masks
-    of one label cancel exactly, while one client's mask hides its key-switching share from everyone
+    one per label, ``[len(labels), L, N]`` (uniform residues of ``R_Q``, added in coefficient form): over all
+    clients the masks of one label cancel exactly, while one client's mask hides its key-switching share from everyone
     who lacks one of its pairwise seeds ``k_{me j}`` (:meth:`protocols.channel.ChannelKey.pair_seed`).
     A label names one key-switched ciphertext (exchange, recipient, block, piece), so the masks cancel
     only in the sum of the shares of that ciphertext, never across blocks or recipients.
     """
     q = np.asarray(primes, dtype=np.int64)[:, None]
     total = np.zeros((len(labels), len(primes), n), dtype=np.int64)
-    for peer, seed in sorted(pair_seeds.items()):
-        for c, label in enumerate(labels):
-            r = common_polynomial(seed, primes, n, label)
-            total[c] = (total[c] + r) % q if peer > me else (total[c] - r) % q
+    for c, label in enumerate(labels):  # at most 2^32 peers of 31 bits each: no reduction before the end
+        for peer, seed in sorted(pair_seeds.items()):
+            if peer > me:
+                total[c] += common_polynomial(seed, primes, n, label)
+            else:
+                total[c] -= common_polynomial(seed, primes, n, label)
+        total[c] %= q
     return total

@@ -15,10 +15,13 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
 3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
    aggregate blocks -- one per recipient, or one for all when every client receives the same
    blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
-   has not seen yet; back one PCKS share per group, computed on the ``c1`` each client recomputes
-   itself.  A client that does not answer: DropoutError naming it (n-out-of-n: ``s`` needs every
-   ``s_i``).  The server adds the K shares to ``c0`` (Protocol 5).
-4. ``download``: each recipient gets only its blocks, switched to its key.
+   has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
+   itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
+   (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
+   DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to
+   ``c0``.
+4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
+   ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
 also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in n - 1 rotations of n
@@ -47,7 +50,7 @@ from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
 from .client import KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
-from .keyswitch import combine_shares
+from .keyswitch import combine_broadcast, combine_shares
 from .params import params_from_options, plan_exchange, ring_of
 from .sampling import crs_seed
 
@@ -302,19 +305,20 @@ class CKKSMPServer(ServerHalf):
         del msgs
         needed = sorted({int(b) for bids in plan.requests.values() for b in bids.tolist()})
         index = {b: i for i, b in enumerate(needed)}
-        agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)
+        agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)  # coefficient form
         counts = np.zeros(len(needed), dtype=np.int64)
-        for k, cts in uploads.items():
+        for k, cts in uploads.items():  # residues below 2^31: K < 2^32 of them add up exactly in int64
             rows = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
             if rows:
                 dst, src = (np.array(x) for x in zip(*rows))
-                agg[dst] = self.ring.add(agg[dst], cts[src])
+                agg[dst] += cts[src]
                 counts[dst] += 1
         del uploads
+        agg %= self.ring.q[: ep.level]
         if ep.offset:  # pad the missing clients' public offsets
             for i in np.nonzero(counts < K)[0]:
                 for j, (a, b) in enumerate(spans):
-                    pad = self.ring.ntt(encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i])))
+                    pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
         # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
@@ -349,16 +353,17 @@ class CKKSMPServer(ServerHalf):
             )
         t = time.perf_counter()
         switched = {
-            to: combine_shares(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
+            to: (combine_broadcast if to < 0 else combine_shares)(
+                self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g]
+            )
             for g, (to, rows) in enumerate(groups)
         }
         server_s += time.perf_counter() - t
 
         downloads = {}
-        empty = encryption.to_bytes(np.zeros((0,) + ct_shape, dtype=np.int64))
         for r, rows in rows_of.items():
             to = -1 if -1 in switched else r
-            data = encryption.to_bytes(switched[to]) if rows else empty
+            data = encryption.to_bytes(switched[to]) if rows else b""
             label = "the broadcast key" if to < 0 else f"recipient {r}'s key"
             downloads[r] = [
                 (
@@ -433,8 +438,9 @@ class CKKSMPServer(ServerHalf):
                 if msg.kind != "share":
                     raise IntegrityError(f"expected a 'share' message, got '{msg.kind}'", **self.where(k))
                 self.check_envelope(msg, fp, k)
+                shape = (len(rows) * pieces, *(ct_shape[1:] if to < 0 else ct_shape))  # CKS: one polynomial
                 try:
-                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, (len(rows) * pieces, *ct_shape)))
+                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, shape))
                 except ValueError as exc:
                     raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
         return shares, missing

@@ -223,8 +223,8 @@ class MaskClient(ClientHalf):
         self._prepared: int | None = None  # exchange whose contribution is encoded
         self._participants: list[int] | None = None  # the server's list, when it excluded someone
         self._unmasked: int | None = None  # the exchange whose unmasking round it answered
-        #: (exchange, survivor set) this client signed in the consistency round
-        self._signed: tuple[int, tuple[int, ...]] | None = None
+        #: (exchange, survivor set, statement, signature) this client signed in the consistency round
+        self._signed: tuple[int, tuple[int, ...], bytes, bytes] | None = None
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
         #: attack simulations only: keep the encoded input after the masked upload is built (by
@@ -592,8 +592,9 @@ class MaskClient(ClientHalf):
                 "that includes this client",
                 **self.where(),
             )
-        self._signed = (self.plan.exchange, tuple(survivors))
-        sig = self.signing.sign(self._statement(survivors))
+        statement = self._statement(survivors)
+        sig = self.signing.sign(statement)
+        self._signed = (self.plan.exchange, tuple(survivors), statement, sig)
         return [
             self.seal(
                 self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
@@ -630,6 +631,8 @@ class MaskClient(ClientHalf):
         for k, sig in signatures.items():
             if k not in survivors:
                 raise ConsistencyError(f"a survivor-set signature of client {k}, who is not a survivor", **where)
+            if k == self.id and (statement, sig) == self._signed[2:]:
+                continue  # the signature this client itself made over this very statement
             try:
                 self.registry.check_signature(client_party(k), statement, sig, where)
             except IntegrityError:

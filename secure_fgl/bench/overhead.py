@@ -125,7 +125,7 @@ def run_worker(values: dict) -> dict:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     comm = result["comm"]
     per_tag = {
-        tag: {k: v.get(k) for k in ("bytes_up", "bytes_down", "plaintext_bytes_up", "messages")}
+        tag: {k: v.get(k) for k in ("bytes_up", "bytes_down", "plaintext_bytes_up", "plaintext_bytes_down", "messages")}
         for tag, v in comm["per_tag"].items()
     }
     data = {t: v for t, v in per_tag.items() if v["plaintext_bytes_up"] is not None}
@@ -298,8 +298,9 @@ def exchange_table(records: list[dict]) -> list[str]:
     """Per workload and exchange: each mode's bytes and CPU seconds over plain's.
 
     Per workload and exchange (tag): each mode's bytes up + down over plain's bytes of the same
-    exchange, and the whole run's CPU seconds over plain's (the CPU of one exchange is not separable
-    from the run; the set-up and training phases' wall seconds are in ``time``).
+    exchange (and, in brackets, over the float32 baseline of both directions), and the whole run's CPU
+    seconds over plain's (the CPU of one exchange is not separable from the run; the set-up and
+    training phases' wall seconds are in ``time``).
     """
     lines = []
     for name in dict.fromkeys(r["workload"] for r in records if "per_tag" in r):
@@ -315,7 +316,9 @@ def exchange_table(records: list[dict]) -> list[str]:
                 v, p = r["per_tag"].get(t), plain["per_tag"][t]
                 base = (p["bytes_up"] or 0) + (p["bytes_down"] or 0)
                 if v and base:
-                    cells.append(f"{t} {((v['bytes_up'] or 0) + (v['bytes_down'] or 0)) / base:.2f}x")
+                    both = (v["bytes_up"] or 0) + (v["bytes_down"] or 0)
+                    f32 = (v["plaintext_bytes_up"] or 0) + (v.get("plaintext_bytes_down") or 0)
+                    cells.append(f"{t} {both / base:.2f}x" + (f" ({both / f32:.2f}x f32)" if f32 else ""))
             lines.append(f"  {r['mode']:<10} cpu {_fmt(r.get('cpu_ratio_to_plain'), '.2f')}x  " + "  ".join(cells))
     return lines
 

@@ -28,6 +28,7 @@ from protocols.ckks import ChainParams, CKKSProtocol, check_security, wire
 from protocols.ckks import params as P
 from protocols.ckks.keys import ServerContext
 from protocols.ckks.packing import PackingLayout, field_width
+from protocols.ckks.seeded import download_bytes
 from protocols.message import encode_body
 from protocols.transcript import SERVER
 
@@ -492,11 +493,12 @@ def test_ciphertext_from_another_context_refused():
 
 
 @pytest.mark.parametrize("encryption", ["symmetric", "asymmetric"])
-def test_symmetric_uploads_are_seeded_half_ciphertexts(encryption):
-    """Symmetric uploads are seeded half ciphertexts.
+def test_symmetric_uploads_and_downloads_are_half_ciphertexts(encryption):
+    """Symmetric uploads and downloads are half ciphertexts.
 
-    Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed):
-    half the bytes of the sum the server sends back; asymmetric uploads whole ciphertexts.
+    Symmetric encryption uploads SEAL's seeded form (the uniform polynomial as its PRNG seed) and the
+    server sends back ``sum c0`` at the prime's width plus the seeds (:mod:`protocols.ckks.seeded`):
+    each about half a full ciphertext; asymmetric uploads and downloads whole ciphertexts.
     """
     ck = make_protocol("ckks", 3, params="n4096", encryption=encryption)
     out = ck.weighted_sum(
@@ -508,7 +510,12 @@ def test_symmetric_uploads_are_seeded_half_ciphertexts(encryption):
         for who in ({"receiver": SERVER}, {"sender": SERVER})
     )
     assert len(up) == ck._active.upload_ciphertext_bytes(encryption) + wire.HEADER_BYTES
-    assert (len(up) < 0.51 * len(down)) if encryption == "symmetric" else len(up) == len(down)
+    full = ck._active.padded_ciphertext_bytes
+    if encryption == "symmetric":
+        assert len(down) == wire.HEADER_BYTES + download_bytes(ck._active, 3)
+        assert max(len(up), len(down)) < 0.51 * full
+    else:
+        assert len(up) == len(down) == full + wire.HEADER_BYTES
 
 
 def test_wrong_scale_refused():

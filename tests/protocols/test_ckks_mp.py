@@ -17,7 +17,7 @@ from protocols import MODES, BoundError, ConfigurationError, DropoutError, Integ
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp import client as mp_client
-from protocols.ckks_mp.params import plan_exchange
+from protocols.ckks_mp.params import plan_exchange, ring_of
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
 from protocols.errors import DigestError
 from protocols.message import Envelope
@@ -394,7 +394,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     def noises(p):
         p.weighted_sum("noise", 0, vals, spec=spec)
         plan = p.plan(spec, block_len=20_000)
-        shape = (1, 2, plan.switch_level, p.params.n)  # the download: switched down
+        shape = (1, plan.switch_level, p.params.n)  # the download: c0' only, switched down
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
         agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
         s = p.ring.add(p.ring.add(secret(p, 0), secret(p, 1)), secret(p, 2))
@@ -411,7 +411,8 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
             d = plan.scale_bits
             return np.array([float(c - (((c + (1 << (d - 1))) >> d) << d)) for c in coeffs])
 
-        seen = encryption.decrypt_switched(p.ring, p._clients[0]._broadcast.s_hat, out)
+        s_b_c1 = encryption.key_product(p.ring, p._clients[0]._broadcast.s_hat, agg[:, 1])
+        seen = encryption.decrypt_broadcast(p.ring, out, s_b_c1)
         return residual(encryption.decrypt(p.ring, s, agg)), residual(seen, plan.switch_factor)
 
     e_ct, seen = noises(fresh(k))
@@ -447,6 +448,64 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
     shares = [m for m in p.transcript.select(tag="scoped-count") if m.kind == "share"]
     downs = [m for m in p.transcript.select(tag="scoped-count") if "key-switched" in m.note]
     assert len(shares) == k * k and sorted(m.payload["to"] for m in downs) == list(range(k))
+
+
+def test_broadcast_blocks_travel_as_one_polynomial_at_the_switch_level():
+    """Switching to the broadcast key (CKS): every share and the download are one polynomial at ``L'``, exact."""
+    k, length = 3, 300
+    p = fresh(k)
+    rng = np.random.default_rng(11)
+    vals = {c: rng.integers(0, 4, length).astype(float) for c in range(k)}
+    spec = ValueSpec(integer=True, max_abs=3, sum_max=9)
+    got = p.weighted_sum("cks", 0, vals, spec=spec)
+    assert np.array_equal(got, sum(vals.values()))
+    plan = p.plan(spec, block_len=length)
+    one_poly = plan.switch_level * p.params.n * 4
+    shares = [m for m in p.transcript.select(tag="cks") if m.kind == "share"]
+    downs = [m for m in p.transcript.select(tag="cks") if "key-switched" in m.note]
+    assert len(shares) == k and {len(m.payload) for m in shares} == {one_poly}
+    assert len(downs) == k and {len(m.payload["data"]) for m in downs} == {one_poly}
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    k=st.sampled_from([1, 10, 100]),
+    sum_max=st.sampled_from([1, 169, 10**6]),
+    noise=st.sampled_from([0.0, 0.5, 1.0, 4.0]),
+    seed=st.integers(0, 10_000),
+)
+def test_vectorised_decode_equals_python_integers(k, sum_max, noise, seed):
+    """``encoding.decode`` (limbs) equals the Python-integer CRT reference: fields, max residual, range check.
+
+    The decrypted coefficients are ``(Delta m + e) / P`` with ``|e|`` a multiple ``noise`` of the plan's bound
+    (4: beyond it, so the residual check must fire) and one negated coefficient when noise is 4 (out of range).
+    """
+    params = MPParams()
+    ring = ring_of(params)
+    plan = plan_exchange(params, ValueSpec(integer=True, max_abs=1, sum_max=sum_max), k)
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, plan.capacity + 1))
+    used = encoding.used_coefficients(plan, n)
+    fields = rng.integers(0, 1 << plan.width, (plan.fields, used))
+    bound = int(plan.noise_bound * noise)
+    coeffs = []
+    for c in range(params.n):
+        m = sum(int(fields[j, c]) << (plan.width * j) for j in range(plan.fields)) if c < used else 0
+        e = int(rng.integers(-(1 << 62), 1 << 62)) * bound >> 62
+        coeffs.append(((m << plan.scale_bits) + e) // plan.switch_factor)
+    if noise > 1:
+        coeffs[0] = -coeffs[0] - (1 << plan.scale_bits)
+    residues = np.array([[c % q for c in coeffs] for q in params.primes[: plan.switch_level]], dtype=np.int64)
+    got, residual, in_range = encoding.decode(ring, plan, residues, n)
+    centred = [c * plan.switch_factor for c in encoding.crt_centered(ring, residues)]
+    d = plan.scale_bits
+    packed = [(c + (1 << (d - 1))) >> d for c in centred]
+    assert residual == max(abs(c - (q << d)) for c, q in zip(centred, packed))
+    expect_in_range = all(0 <= x < 1 << (plan.fields * plan.width) for x in packed[:used]) and not any(packed[used:])
+    assert in_range == expect_in_range
+    if in_range:
+        want = [(x >> (plan.width * j)) & ((1 << plan.width) - 1) for j in range(plan.fields) for x in packed[:used]]
+        assert got.tolist() == want[:n]
 
 
 # ------------------------------------------------------------------ refusals

@@ -328,9 +328,9 @@ def test_one_upload_and_one_key_switch_per_exchange(server, error):
 def test_server_and_a_recipient_cannot_open_one_clients_share():
     """Server and a recipient cannot open one clients share.
 
-    Server + client 0 (holder of s_B) decrypt client 1's key-switching share of a broadcast
-    exchange: s_1 c1 + z_1 + noise.  Added to client 1's upload c0_1 it would open that upload if not
-    for the zero-sum mask z_1: correlation with client 1's plaintext at chance.  Positive control:
+    The server holds client 1's key-switching share of a broadcast exchange, s_1 c1 + z_1 + noise (switched to
+    the broadcast key, which client 0 would also lend it).  Added to client 1's upload c0_1 it would open that
+    upload if not for the zero-sum mask z_1: correlation with client 1's plaintext at chance.  Positive control:
     with the mask removed (which needs client 1's pairwise seeds) the upload opens exactly.
     """
     p = CKKSMPProtocol(K)
@@ -344,9 +344,9 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     )
     share = next(m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "share")
     c0 = p.upload_ciphertexts(up, plan)[0, 0]
-    h = encryption.from_bytes(p.ring, share.payload, (1, 2, plan.switch_level, p.params.n))[0]
-    s_b = p._clients[0]._broadcast.s_hat
-    opened = encryption.decrypt_switched(p.ring, s_b, h)  # (s_1 c1 + z_1 + noise) / P (coefficients)
+    opened = encryption.from_bytes(p.ring, share.payload, (1, plan.switch_level, p.params.n))[
+        0
+    ]  # (s_1 c1 + z_1 + e0) / P
     used = encoding.used_coefficients(plan, 4000)
     truth = np.array(
         [
@@ -363,7 +363,7 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
 
     attack = p.ring.add(encryption.switch_down(p.ring, c0, plan.switch_level), opened)
     assert corr_with_truth(attack) < 5 / np.sqrt(used)
-    mask = encryption.switch_down(p.ring, p.clients[1]._masks(plan, -1, [0])[0], plan.switch_level)  # still held
+    mask = p.ring.rescale(p.clients[1]._masks(plan, -1, [0])[0], plan.switch_level)  # still held; coefficient form
     assert corr_with_truth(p.ring.add(attack, p.ring.neg(mask))) > 0.999
 
 
@@ -431,7 +431,7 @@ def test_shares_of_different_blocks_do_not_combine():
         """
         pos = {c: (b if c != 1 else 1 - b) for c, b in blocks_of_client.items()}  # client 1's shares reversed
         c0_sum = sum(c0[c][b] for c, b in blocks_of_client.items()) % p.ring.q[: plan.level]
-        ct = combine_shares(p.ring, c0_sum[None], [shares[c][pos[c]][None] for c in range(K)])[0]
+        ct = combine_shares(p.ring, p.ring.intt(c0_sum[None]), [shares[c][pos[c]][None] for c in range(K)])[0]
         decrypted = encryption.decrypt_switched(p.ring, s_r, ct)
         coeffs = [c * plan.switch_factor for c in encoding.crt_centered(p.ring, decrypted)]
         d = plan.scale_bits

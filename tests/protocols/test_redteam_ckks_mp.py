@@ -188,8 +188,13 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2)) if m.kind == "ciphertext"
         )
-        ct = encryption.from_bytes(p.ring, msg.payload["data"], (1, 2, plan.switch_level, p.params.n))[0]
-        opened = encryption.decrypt_switched(p.ring, p._clients[2]._broadcast.s_hat, ct)
+        c0 = encryption.from_bytes(p.ring, msg.payload["data"], (1, plan.switch_level, p.params.n))  # c0' only
+        upload = next(
+            m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER) if m.kind == "ciphertext"
+        )
+        c1 = p.upload_ciphertexts(upload, plan)[:, 1]  # the public c1 every client recomputes
+        s_b_c1 = encryption.key_product(p.ring, p._clients[2]._broadcast.s_hat, c1)
+        opened = encryption.decrypt_broadcast(p.ring, c0, s_b_c1)[0]
         used = encoding.used_coefficients(plan, 4000)
         target = encoding.quantize(vals[0] + vals[2], plan) - (K - 2) * encoding.quantize(np.zeros(4000), plan)
         truth = [float(x) for x in encoding.crt_centered(p.ring, encoding.encode(p.ring, plan, target))[:used]]
