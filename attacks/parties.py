@@ -33,19 +33,22 @@ class RuntimeParties:
         self.strategy = strategy
         self._released = None
 
-    def _ask(self, k: int, what: str, **fields) -> dict:
-        """Client ``k``'s view, asked of the runtime holding it.
+    def _ask(self, k: int, what: str, x: np.ndarray | None = None) -> dict:
+        """Client ``k``'s view, asked of the runtime holding it (an :class:`~secure_fgl.runtime.messages.AttackIns`).
 
         The centralized reference: the one runtime, which answers for the nodes client ``k`` owns.
         """
         from secure_fgl.runtime import wire
+        from secure_fgl.runtime.messages import AttackIns, StateRes, decode_reply, encode_request
 
         host = self.strategy.host_of(k)
-        request = {"what": what, "client": k, **fields}
+        request = encode_request("attack", AttackIns(what, client=k, x=x))
         responses, lost = self.strategy.executor.call("attack", {host: wire.pack(request)}, label=what)
         if host not in responses:
             raise RuntimeError(f"client {k} cannot answer the attack suite: {lost.get(host, 'lost')}")
-        return wire.unpack(responses[host])
+        reply = decode_reply("attack", wire.unpack(responses[host]))
+        assert isinstance(reply, StateRes)  # decode_reply's class for "attack"
+        return dict(reply.state)
 
     def own_data(self, k: int):
         """Client ``k``'s subgraph, as its runtime reports it."""
@@ -109,7 +112,7 @@ class RuntimeParties:
             return None
 
         def query(x: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float())["log_posteriors"])
+            return torch.from_numpy(self._ask(t, "query", x=x.detach().cpu().float().numpy())["log_posteriors"])
 
         return {
             "client": t,

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from secure_fgl.algorithms.fedgcn import ops as fedgcn
 from secure_fgl.config import RunConfig
-from secure_fgl.engine import seed_everything
+from secure_fgl.engine.device import seed_everything
 from secure_fgl.experiment import load_federation
 from secure_fgl.models import node
 from secure_fgl.runtime.build import start_run

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attacks.runner import run_attacks  # noqa: E402
 from protocols import Transcript  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
-from secure_fgl.engine import seed_everything, train  # noqa: E402
+from secure_fgl.engine.device import seed_everything  # noqa: E402
+from secure_fgl.engine.trainer import train  # noqa: E402
 from secure_fgl.runtime.build import start_run  # noqa: E402
 
 CLIENTS = {"synthetic-graphs": 8, "PROTEINS": 10, "IMDB-BINARY": 10, "NCI1": 30, "molecules": 7, "biochem": 10}

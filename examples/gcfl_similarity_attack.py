@@ -22,7 +22,8 @@ from attacks.base import View  # noqa: E402
 from attacks.gcfl import same_dataset_auc, server_similarity  # noqa: E402
 from protocols import Transcript  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
-from secure_fgl.engine import seed_everything, train  # noqa: E402
+from secure_fgl.engine.device import seed_everything  # noqa: E402
+from secure_fgl.engine.trainer import train  # noqa: E402
 from secure_fgl.runtime.build import start_run  # noqa: E402
 
 

@@ -24,6 +24,7 @@ from secure_fgl.engine import rng
 from secure_fgl.models import build_model
 from secure_fgl.runtime.exchange import dense_result, plan_dense, run_split
 from secure_fgl.runtime.logic import ClientLogic
+from secure_fgl.runtime.messages import ContributeIns, ContributeRes, FitIns, FitRes, ReceiveIns
 from secure_fgl.runtime.strategy import Strategy
 
 NAME = "minimal-fedavg"
@@ -49,8 +50,8 @@ class FedAvgClient(ClientLogic):
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.global_params = parameters_to_vector(self.model.parameters()).detach().clone()
 
-    def local_update(self, req: dict) -> dict:
-        c, rnd = self.data, int(req["round"])
+    def local_update(self, req: FitIns) -> FitRes:
+        c, rnd = self.data, req.round
         self.model.train()
         for step in range(self.cfg.local_epochs):
             self.optimizer.zero_grad()
@@ -59,25 +60,24 @@ class FedAvgClient(ClientLogic):
             loss = F.cross_entropy(logits[c.train_mask], c.y[c.train_mask])
             loss.backward()
             self.optimizer.step()
-        return {"loss": float(loss.detach())}
+        return FitRes(trained=True, loss=float(loss.detach()))
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Keep ``[n_k v_k, n_k]`` for the protocol half.
 
         ``n_k``: the client's share of the training nodes. The strategy learns only the public length.
         """
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         n_k = float(self.data.train_mask.sum()) / float(self.facts.num_train)
-        self.keep(req["tag"], np.concatenate([update.astype(np.float64) * n_k, [n_k]]))
-        return {"length": update.size + 1}
+        self.keep(req.tag, np.concatenate([update.astype(np.float64) * n_k, [n_k]]))
+        return ContributeRes(length=update.size + 1)
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Decode this client's result of the exchange, ``[sum n_k v_k, sum n_k]``, and apply the mean."""
-        total = dense_result(self.rt.half.result(), int(req["length"]))
+        total = dense_result(self.rt.half.result(), req.length)
         mean = torch.as_tensor(total[:-1] / total[-1], dtype=torch.float32, device=self.rt.device)
         self.global_params = self.global_params + mean
         vector_to_parameters(self.global_params.clone(), self.model.parameters())
-        return {}
 
     @torch.no_grad()
     def logits(self) -> torch.Tensor:  # what evaluate() counts correct answers of
@@ -91,13 +91,13 @@ class FedAvgServer(Strategy):
     def train_round(self, rnd: int) -> dict:
         self.round = rnd
         clients = self.alive()
-        done = self.ask("local_update", {k: {"round": rnd} for k in clients})
-        sent = self.ask("contribute", {k: {"tag": TAG, "round": rnd} for k in clients})
-        length = int(next(iter(sent.values()))["length"])
+        done = self.ask("local_update", {k: FitIns(rnd) for k in clients})  # {k: FitRes}
+        sent = self.ask("contribute", {k: ContributeIns(TAG, rnd) for k in clients})  # {k: ContributeRes}
+        length = next(iter(sent.values())).length
         spec = model_spec(len(sent), self.num_clients, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
         run_split(self.protocol, plan_dense(self.protocol, TAG, rnd, sorted(sent), clients, length, spec))
-        self.tell("receive", {k: {"tag": TAG, "round": rnd, "length": length} for k in clients})
-        return {"train_loss": float(np.mean([r["loss"] for r in done.values()]))}
+        self.tell("receive", {k: ReceiveIns(TAG, rnd, length=length) for k in clients})
+        return {"train_loss": float(np.mean([r.loss for r in done.values()]))}
 
 
 SPEC = AlgorithmSpec(

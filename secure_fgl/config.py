@@ -14,6 +14,7 @@ from typing import Any
 from protocols.registry import modes
 
 from .algorithms import algorithm_name
+from .runtime.dropouts import parse_dropouts
 from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
 
 #: optimiser names accepted by ``--optimizer``
@@ -362,8 +363,6 @@ class RunConfig:
                     f"{(self.clients + self.max_colluders) // 2 + 1} (docs/ckks_mp.md)"
                 )
         if self.simulate_dropouts is not None:
-            from .runtime.dropouts import parse_dropouts
-
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
         if (self.manifest is None) != (self.identity_key is None):
             raise ConfigError("--manifest and --identity-key go together: the sites' manifest and the server's key")

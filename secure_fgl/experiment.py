@@ -31,10 +31,11 @@ from pathlib import Path
 
 from .config import RunConfig
 from .data.load import load_federation
-from .engine import resolve_device, seed_everything, train
+from .engine.device import resolve_device, seed_everything
 from .engine.files import write_json_atomic
 from .engine.hooks import finish_hooks, make_hooks
 from .engine.progress import Phases
+from .engine.trainer import train
 from .engine.transcript_state import SIDE_FILE, TranscriptState
 from .manifest import accepted_keys, threat_model
 from .preflight import preflight

@@ -7,12 +7,19 @@ traceback after training.  :func:`preflight` returns the algorithm's filled Opti
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 import re
 import zipfile
 from pathlib import Path
 
+from protocols.errors import ConfigurationError
+from protocols.plan_policy import CollusionBound
+
+from .algorithms import SPECS, get_spec
 from .config import RunConfig
+from .runtime.placement import client_resources
 from .validation import ConfigError, check_settings, did_you_mean, flag_name, match_choice
 
 #: accepted ``--device`` spellings
@@ -70,9 +77,6 @@ def check_collusion(cfg: RunConfig) -> None:
     """
     if cfg.mode == "plain":
         return
-    from protocols.errors import ConfigurationError
-    from protocols.plan_policy import CollusionBound
-
     try:
         bound = CollusionBound.of(cfg.max_colluders, cfg.min_contributors)
     except ConfigurationError as exc:
@@ -126,8 +130,6 @@ def check_out(cfg: RunConfig) -> None:
 
 def check_logs(cfg: RunConfig) -> None:
     """Every --log target's package is installed (a one-line error naming its extra, before the run)."""
-    import importlib.util
-
     for name in cfg.log.split(","):
         if name in ("tensorboard", "wandb", "mlflow") and importlib.util.find_spec(name) is None:
             raise ConfigError(
@@ -137,10 +139,6 @@ def check_logs(cfg: RunConfig) -> None:
 
 def _algorithms_with_option(name: str) -> list[str]:
     """The algorithms that have the option ``name`` (``-`` or ``_``)."""
-    import dataclasses
-
-    from .algorithms import SPECS
-
     key = name.replace("-", "_")
     return [a for a, spec in SPECS.items() if key in {f.name for f in dataclasses.fields(spec.options)}]
 
@@ -151,8 +149,6 @@ def check_options(cfg: RunConfig, options_cls) -> object:
     Raises:
         ConfigError: an option the algorithm does not have, a bad value, or ``--act-low >= --act-high``.
     """
-    import dataclasses
-
     own = [flag_name(f.name) for f in dataclasses.fields(options_cls)]
     for key in cfg.options:
         flag = flag_name(str(key))
@@ -184,8 +180,6 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
 
     ``check_data=False`` when the caller brings its own federation (no dataset lookup).
     """
-    from .algorithms import get_spec
-
     spec = get_spec(cfg.algorithm)
     cfg.algorithm = spec.name
     cfg.validate()
@@ -205,7 +199,5 @@ def preflight(cfg: RunConfig, *, check_data: bool = True):
     if check_data:
         check_dataset(cfg, spec)
     check_attacks(cfg)
-    from .runtime.build import client_resources  # the runtime imports torch: after the cheap checks
-
     client_resources(cfg)  # --ray-client-resources
     return options

@@ -32,8 +32,15 @@ noise has norm ~ z C sqrt(d) / K (d parameters).  The section stores this
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from .config import ConfigError, RunConfig
+from protocols.accountant import epsilon_of
+from protocols.dp import SECURE_MODES, DPConfig
+
+from .validation import ConfigError
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 UNITS = ("edge", "node", "client", "sample")
 #: the units a release privatised at a given unit also protects
@@ -108,8 +115,6 @@ def dp_config(cfg: RunConfig):
     """The run's :class:`protocols.dp.DPConfig` (``None`` without DP); refuses conflicting settings."""
     if cfg.dp_epsilon is None:
         return None
-    from protocols.dp import DPConfig
-
     unit, scope, split = resolve_unit(cfg), parse_scope(cfg), parse_split(cfg.dp_split)
     sums = [t for t in row_sum_tags(cfg) if _in_scope(scope, t)]
     if unit == "client" and sums:
@@ -152,8 +157,6 @@ def dp_config(cfg: RunConfig):
 
 def resolve_placement(cfg: RunConfig) -> str:
     """``--dp-placement``; ``auto``: distributed where only recipients see the sums (secure modes), else local."""
-    from protocols.dp import SECURE_MODES
-
     if cfg.dp_placement != "auto":
         return cfg.dp_placement
     return "distributed" if cfg.mode in SECURE_MODES else "local"
@@ -335,8 +338,6 @@ def coalition_guarantee(
     the releases at their reduced noise multipliers ``z sqrt(left)`` with the run's ``composition``
     (:func:`protocols.accountant.epsilon_of`: exact Gaussian, or Renyi DP for discrete releases).
     """
-    from protocols.accountant import epsilon_of
-
     history = []
     for r in releases:
         if not r.get("dp"):

@@ -20,6 +20,8 @@ import torch
 from protocols import DPRequest, ValueSpec
 from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, grid_tolerance
 
+from ..runtime.messages import FitRes
+
 #: public bound on |parameter| carried by model exchanges; larger weights are refused
 PARAM_BOUND = 100.0
 
@@ -122,11 +124,11 @@ def accuracy_summary(counts: dict[int, dict[str, tuple[int, int]]]) -> dict:
     return out
 
 
-def train_loss_of(replies: dict[int, dict], losses: list[float]) -> dict:
+def train_loss_of(replies: dict[int, FitRes], losses: list[float]) -> dict:
     """The round's ``train_loss`` from the clients' local-update replies (empty when a client withheld it).
 
     A DP-SGD client keeps its loss, computed from un-noised gradients, to itself: then the round reports none.
     """
-    if any(r.get("trained", True) and "loss" not in r for r in replies.values()):
+    if any(r.trained and r.loss is None for r in replies.values()):
         return {}
     return {"train_loss": float(np.mean(losses)) if losses else 0.0}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.messages import EvaluateIns, EvaluateRes
 from ..runtime.strategy import EVAL_TAG
 from .base import accuracy_summary
 from .fedavg.client import ModelAveragingLogic
@@ -116,10 +117,10 @@ class MinorityLogic(ModelAveragingLogic):
     """FedAvg's client whose evaluation counts carry its :func:`minority_report`."""
 
     @torch.no_grad()
-    def evaluate(self, req: dict) -> dict:
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
         """Per-split counts plus the minority-class report."""
-        counts = super().evaluate(req)
-        return {**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)}
+        counts = super().evaluate(req).counts
+        return EvaluateRes({**counts, "minority": minority_report(self.logits(), self.data, self.facts.num_classes)})
 
 
 class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
@@ -135,5 +136,6 @@ class MinorityStrategy(MinorityAccuracy, ModelAveragingStrategy):
 
     def evaluate(self) -> dict:
         """Accuracy summary plus the minority-class accuracies."""
-        reports = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        asked = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        reports = {k: r.counts for k, r in asked.items()}
         return self.add_minority(accuracy_summary(reports), {k: r["minority"] for k, r in reports.items()})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..privacy import dp_config
 from ..validation import ConfigError, setting
 
 #: FedGCN's choices: pre-training hops, row-sum layouts, sparse row numberings, first-layer normalisations
@@ -115,8 +116,6 @@ def check_fedgcn(o: FedGCNOptions, cfg) -> None:
     if o.hops > 0 and cfg.num_layers < 1:
         raise ConfigError(f"--num-layers must be >= 1, got {cfg.num_layers}")
     if cfg.dp_epsilon is not None:  # the DP settings FedGCN cannot run with, before any data is loaded
-        from ..privacy import dp_config
-
         dp_config(cfg)
 
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
+from .layers import config_from_args
 
 KEY_FILE, PUB_FILE = "identity.key", "identity.pub"
 
@@ -163,8 +164,6 @@ def _parties(items: list[str]) -> dict[str, str]:
 
 
 def _config(path: str, preset: str | None):
-    from .main import config_from_args
-
     return config_from_args(argparse.Namespace(config=path, preset=preset))
 
 

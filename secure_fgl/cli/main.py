@@ -23,17 +23,15 @@ import dataclasses
 import sys
 import time
 
-from ..config import ConfigError, RunConfig, load_config_file
+from ..config import ConfigError, RunConfig
 from ..validation import describe, did_you_mean, field_type, flag_name
+from .keys import add_key_parsers, key_command, manifest_command
+from .layers import UsageError, config_from_args
 
 #: ``run --help`` sections, in order (each RunConfig field names its group)
 GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "runtime", "output", "attacks")
 #: RunConfig fields set only in config files (tables)
 CONFIG_ONLY = ("synthetic", "options")
-
-
-class UsageError(Exception):
-    """Bad command line (argparse's complaints, made one line)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -162,75 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dropout column: ckks-mp's t of t-out-of-n key switching (default n: n-out-of-n, no dropouts)",
     )
-    from .keys import add_key_parsers
-
     add_key_parsers(sub)
     return parser
-
-
-def _extra_options(extra: list[str]) -> dict:
-    """``--name value`` / ``--name=value`` / bare ``--flag`` left over by argparse: algorithm options."""
-    out, i = {}, 0
-    while i < len(extra):
-        token = extra[i]
-        if not token.startswith("--") or token == "--":
-            raise UsageError(f"unexpected argument {token!r}")
-        name, eq, value = token[2:].partition("=")
-        if not eq:
-            if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
-                value, i = extra[i + 1], i + 1
-            else:
-                value = "true"
-        out[name.replace("-", "_")] = value
-        i += 1
-    return out
-
-
-def _split_layer(layer: dict, options_fields: set[str]) -> tuple[dict, dict]:
-    """A preset/config file's settings and its algorithm options.
-
-    The options are a table, or top-level keys that are options of the algorithm.
-    """
-    layer = dict(layer)
-    options = layer.pop("options", None) or {}
-    if not isinstance(options, dict):
-        raise ConfigError(
-            f"options must be a table of algorithm options ([options] in TOML), got "
-            f"{type(options).__name__} {options!r}"
-        )
-    options = dict(options)
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    for key in [k for k in layer if k not in known and k in options_fields]:
-        options[key] = layer.pop(key)
-    return layer, options
-
-
-def config_from_args(args: argparse.Namespace, extra: list[str] = ()) -> RunConfig:
-    """Preset < config file < flags, merged and checked (types, ranges, names)."""
-    from ..algorithms import get_spec
-
-    layers = []
-    if getattr(args, "preset", None):
-        from ..presets import load_preset
-
-        layers.append(load_preset(args.preset))
-    if getattr(args, "config", None):
-        layers.append(load_config_file(args.config))
-    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
-    algorithm = flags.get("algorithm") or next(
-        (l["algorithm"] for l in reversed(layers) if "algorithm" in l), RunConfig.algorithm
-    )
-    option_fields = {f.name for f in dataclasses.fields(get_spec(str(algorithm)).options)}
-    values, options = {}, {}
-    for layer in layers:
-        settings, opts = _split_layer(layer, option_fields)
-        values.update(settings)
-        options.update(opts)
-    values.update(flags)
-    options.update({k[4:]: v for k, v in vars(args).items() if k.startswith("opt_")})
-    options.update(_extra_options(list(extra)))
-    values["options"] = options
-    return RunConfig.from_dict(values).validate()
 
 
 def _default_out(cfg: RunConfig) -> str:
@@ -348,8 +279,6 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
         return 0
     if args.command in ("keys", "manifest"):
-        from .keys import key_command, manifest_command
-
         return key_command(args) if args.command == "keys" else manifest_command(args)
     parser.print_help()
     return 2

@@ -1,6 +1,7 @@
-"""Rounds, evaluation, checkpoints and devices (one process; clients simulated in turn)."""
+"""Rounds, evaluation, checkpoints, devices and randomness.
 
-from .device import resolve_device, seed_everything
-from .trainer import TrainState, train
-
-__all__ = ["resolve_device", "seed_everything", "train", "TrainState"]
+One module per concept, imported by name (nothing is imported here, so a client logic that needs
+only :mod:`.rng` does not load the round loop): :mod:`.trainer` (``train``, ``TrainState``),
+:mod:`.device` (``resolve_device``, ``seed_everything``), :mod:`.rng`, :mod:`.checkpoint`,
+:mod:`.hooks`, :mod:`.progress`.
+"""

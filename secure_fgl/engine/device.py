@@ -7,11 +7,11 @@ import random
 import numpy as np
 import torch
 
+from ..validation import ConfigError
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto``: CUDA when present, else CPU.  ``cuda`` without a GPU is an error."""
-    from ..config import ConfigError
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -16,7 +16,7 @@ import numpy as np
 from protocols import Transcript, make_protocol
 
 from ..algorithms import get_spec
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..data.graph_classification import FederatedGraphDataset
 from ..data.load import load_federation
 from ..manifest import schedule_option, site_keys
@@ -28,6 +28,7 @@ from .exchange import RuntimeLink, split_backend
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client_frame
+from .placement import client_resources
 from .strategy import Strategy
 
 
@@ -57,17 +58,6 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
         rules = parse_dropouts(cfg.simulate_dropouts, cfg.clients, cfg.mode, cfg.rounds)
         return SimulatedDropouts(executor, DropoutSchedule(rules))
     return executor
-
-
-def client_resources(cfg) -> dict[int, str]:
-    """``--ray-client-resources`` as client -> resource (:mod:`.placement`); only with ``--executor ray``."""
-    if not cfg.ray_client_resources:
-        return {}
-    if cfg.executor != "ray":
-        raise ConfigError("--ray-client-resources pins clients to Ray nodes: it needs --executor ray")
-    from .placement import parse_client_resources
-
-    return parse_client_resources(cfg.ray_client_resources, cfg.clients)
 
 
 def run_transcript(cfg: RunConfig) -> Transcript:

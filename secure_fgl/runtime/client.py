@@ -18,6 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from protocols.auth import SigningKey
+from protocols.manifest import Manifest
+from protocols.registry import backend_class
+
 from ..config import RunConfig
 from ..data.federated import ClientSubgraph
 from ..engine.checkpoint import from_plain, to_plain
@@ -26,6 +30,7 @@ from . import wire
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client
 from .logic import make_logic
+from .messages import CheckpointRes, StateRes, decode_request, encode_reply
 from .partition import DATA_FIELDS, data_digest, data_fields, own_fields
 
 #: ClientSubgraph fields carried in a client's set-up frame
@@ -89,10 +94,6 @@ class ClientRuntime:
         #: this client's half of a split protocol backend: its keys are generated here
         self.half = None
         if "party_setup" in f:
-            from protocols.auth import SigningKey
-            from protocols.manifest import Manifest
-            from protocols.registry import backend_class
-
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())
             # the manifest and identity key come from the driver directly (protocols/halves.py), never via the server
             self.half.use_manifest(
@@ -106,7 +107,8 @@ class ClientRuntime:
         """Answer one request.
 
         ``local_update``, ``contribute``, ``privatize``, ``receive``, ``evaluate``, ``save``, ``load``, ``weights``
-        or ``attack`` (a request frame in, a response frame out), or ``half:<stage>`` (the protocol half's stage,
+        or ``attack`` (a request frame in, a response frame out, each a typed message of :mod:`.messages`: a
+        malformed one raises :class:`~.messages.MessageError`), or ``half:<stage>`` (the protocol half's stage,
         bundles of signed messages in and out).
         """
         if method.startswith("half:"):  # a protocol stage: signed message bundles in and out
@@ -115,21 +117,23 @@ class ClientRuntime:
             return request
         if method == "accepted_keys":  # the key fingerprints this client's half accepted
             return wire.pack({"fingerprints": self.half.registry.fingerprints() if self.half is not None else {}})
-        req = wire.unpack(request)
+        req = decode_request(method, wire.unpack(request))
         if method == "save":
-            return wire.pack(self._save(Path(req["path"])))
+            return wire.pack(encode_reply(method, self._save(Path(req.path))))
         if method == "load":
-            return wire.pack(self._load(Path(req["path"]), req["sha256"]))
+            return wire.pack(encode_reply(method, self._load(Path(req.path), req.sha256)))
         if method == "weights":  # best_model.pt of a run that writes it
-            return wire.pack(self._weights())
+            return wire.pack(encode_reply(method, self._weights()))
         if method == "attack" and not self.cfg.attacks:
             raise PermissionError(
                 f"client {self.client_id} hands its state to the attack suite only in a run "
                 "started with --attacks (an evaluation, attacks/parties.py)"
             )
-        if method == "attack" and req["what"] == "keys":  # what it hands a coalition it joins
+        if method == "attack" and req.what == "keys":  # what it hands a coalition it joins
             secrets = self.half.coalition_secrets() if self.half is not None else {}
-            return wire.pack({f: np.frombuffer(b, dtype=np.uint8) for f, b in secrets.items()})
+            return wire.pack(
+                encode_reply(method, StateRes({f: np.frombuffer(b, np.uint8) for f, b in secrets.items()}))
+            )
         handler = {
             "local_update": self.logic.local_update,
             "contribute": self.logic.contribute,
@@ -137,12 +141,10 @@ class ClientRuntime:
             "evaluate": self.logic.evaluate,
             "privatize": self.logic.privatize,
             "attack": self.logic.attack_state,
-        }.get(method)
-        if handler is None:
-            raise ValueError(f"client runtime has no method {method!r}")
-        return wire.pack(handler(req) or {})
+        }[method]
+        return wire.pack(encode_reply(method, handler(req)))
 
-    def _weights(self) -> dict:
+    def _weights(self) -> StateRes:
         """Its deployed model's parameters, for ``best_model.pt`` (only in a run that writes it)."""
         if not (self.cfg.save_best_model and self.cfg.out):
             raise PermissionError(
@@ -150,7 +152,7 @@ class ClientRuntime:
                 "that writes best_model.pt (--out, --save-best-model)"
             )
         model = getattr(self.logic, "model", None)
-        return {} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()}
+        return StateRes({} if model is None else {n: t.detach().cpu() for n, t in model.state_dict().items()})
 
     def _chain_initial_model(self) -> None:
         """Chain the initial model into the view of the broadcast tag it is trained under.
@@ -170,7 +172,7 @@ class ClientRuntime:
     #: the key of the protocol half's view chains in a client checkpoint (restored on --resume)
     VIEWS_KEY = "protocol_views"
 
-    def _save(self, path: Path) -> dict:
+    def _save(self, path: Path) -> CheckpointRes:
         buf = io.BytesIO()
         state = self.logic.state_dict()
         if self.half is not None:  # the broadcasts it trained on (protocols/broadcast_view.py)
@@ -178,9 +180,9 @@ class ClientRuntime:
         torch.save(to_plain(state), buf)
         data = buf.getvalue()
         write_bytes_atomic(path, data)
-        return {"sha256": hashlib.sha256(data).hexdigest()}
+        return CheckpointRes(hashlib.sha256(data).hexdigest())
 
-    def _load(self, path: Path, sha256: str) -> dict:
+    def _load(self, path: Path, sha256: str | None) -> CheckpointRes:
         if not path.exists():
             raise FileNotFoundError(
                 f"client {self.client_id}: checkpoint {path} is missing on this machine; "
@@ -195,4 +197,4 @@ class ClientRuntime:
         if self.half is not None and views is not None:
             self.half.views.load_state_dict(views)
         self.logic.load_state_dict(state)
-        return {}
+        return CheckpointRes()

@@ -34,11 +34,14 @@ from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
 from protocols.csprng import SecureRandom
 from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 
+from .messages import MessageError, PrivatizeIns
+
 
 def request_fields(req: DPRequest, spec) -> dict:
     """What a client needs of a release's :class:`DPRequest` to clip and noise.
 
-    The wire fields, with the grid a continuous release is rounded to (:func:`protocols.dp.grid_bits_of`).
+    The :class:`~.messages.PrivatizeIns` fields, with the grid a continuous release is rounded to
+    (:func:`protocols.dp.grid_bits_of`).
     """
     return {
         "clip": float(req.clip),
@@ -48,9 +51,9 @@ def request_fields(req: DPRequest, spec) -> dict:
     }
 
 
-def request_of(fields: dict) -> DPRequest:
+def request_of(req: PrivatizeIns) -> DPRequest:
     """The :class:`~protocols.dp.DPRequest` of a request's DP fields."""
-    return DPRequest(clip=float(fields["clip"]), per_row=bool(fields["per_row"]), integer=bool(fields["integer"]))
+    return DPRequest(clip=float(req.clip), per_row=bool(req.per_row), integer=bool(req.integer))
 
 
 # ---------------------------------------------------------------- client side
@@ -83,21 +86,20 @@ class ClientNoise:
         """``size`` draws of N(0, std^2) for a release this client noises alone (a DP-SGD step)."""
         return gaussian_noise(self.rng, float(self.checked_std(std, tag, rnd)), int(size))
 
-    def privatize(self, kept: tuple, req: dict) -> tuple:
+    def privatize(self, kept: tuple, req: PrivatizeIns) -> tuple:
         """``kept`` (a dense vector, or row ids and rows) clipped and noised as ``req`` says."""
-        dp, std = request_of(req), self.checked_std(req["std"], req["tag"], req["round"])
+        dp, std = request_of(req), self.checked_std(req.std, req.tag, req.round)
         if len(kept) == 1:
-            row_len = req.get("row_len")
-            return (noise_vector(self.rng, kept[0], dp, float(std), row_len=row_len, grid_bits=req.get("grid_bits")),)
+            return (noise_vector(self.rng, kept[0], dp, float(std), row_len=req.row_len, grid_bits=req.grid_bits),)
+        if req.blocks is None or req.rpb is None or req.num_rows is None or req.layout is None:
+            raise MessageError(f"the noising of the row sum {req.tag!r} without its blocks, rpb, num_rows, layout")
         ids, rows = kept
-        rpb, num_rows = int(req["rpb"]), int(req["num_rows"])
-        ids, rows = Protocol._expand_to_blocks(
-            {0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows, req["layout"]
-        )
+        rpb, num_rows = int(req.rpb), int(req.num_rows)
+        ids, rows = Protocol._expand_to_blocks({0: np.asarray(ids)}, {0: np.asarray(rows)}, rpb, num_rows, req.layout)
         ids, rows = ids[0], rows[0]  # every row of the blocks it uploads gets noise
-        blocks = np.asarray(req["blocks"], dtype=np.int64)
+        blocks = np.asarray(req.blocks, dtype=np.int64)
         row_std = std[np.searchsorted(blocks, ids // rpb)]
-        return ids, noise_rows(self.rng, rows, dp, row_std, grid_bits=req.get("grid_bits"))
+        return ids, noise_rows(self.rng, rows, dp, row_std, grid_bits=req.grid_bits)
 
 
 # ---------------------------------------------------------------- server side
@@ -133,7 +135,7 @@ def privatize_dense(
     std = dp.vector_release(
         tag, rnd, len(contributors), length, req, row_len=row_len, grid_bits=grid_bits_of(spec, req)
     )
-    ask = {"tag": tag, "round": rnd, "std": std, "row_len": row_len, **request_fields(req, spec)}
+    ask = PrivatizeIns(tag, rnd, std, row_len=row_len, **request_fields(req, spec))
     done = strategy.ask("privatize", {k: ask for k in contributors})
     return _check_lost(strategy, tag, rnd, contributors, done), dp.last_std, spec
 
@@ -168,16 +170,16 @@ def privatize_row_sum(
     done = strategy.ask(
         "privatize",
         {
-            k: {
-                "tag": tag,
-                "round": rnd,
-                "std": block_std[np.asarray(b, dtype=np.int64)],
-                "blocks": np.asarray(b, dtype=np.int64),
-                "rpb": rpb,
-                "num_rows": num_rows,
-                "layout": layout,
+            k: PrivatizeIns(
+                tag,
+                rnd,
+                block_std[np.asarray(b, dtype=np.int64)],
+                blocks=np.asarray(b, dtype=np.int64),
+                rpb=rpb,
+                num_rows=num_rows,
+                layout=layout,
                 **request_fields(req, spec),
-            }
+            )
             for k, b in blocks.items()
         },
     )

@@ -29,6 +29,7 @@ from protocols.link import ClientLink
 from protocols.row_blocks import BlockRows, RowSelection
 
 from .dp import privatize_row_sum
+from .messages import ContributeIns, ContributeRes, MessageError
 
 
 class RuntimeLink(ClientLink):
@@ -102,8 +103,14 @@ def rows_result(half, request_rows: np.ndarray, rpb: int, dim: int) -> np.ndarra
 
 
 def keep_rows(
-    logic, tag: str, ids: np.ndarray, rows: np.ndarray, request: np.ndarray, req: dict, whole_blocks: bool = False
-) -> dict:
+    logic,
+    tag: str,
+    ids: np.ndarray,
+    rows: np.ndarray,
+    request: np.ndarray,
+    req: ContributeIns,
+    whole_blocks: bool = False,
+) -> ContributeRes:
     """Client side of a split row sum: keep the rows for the half.
 
     Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
@@ -112,17 +119,19 @@ def keep_rows(
     only the requested rows of each block it decodes (:class:`~protocols.row_blocks.RowSelection`;
     ``whole_blocks``: every row, for a client that reads them all).
     """
+    if req.rpb is None or req.num_blocks is None or req.layout is None:
+        raise MessageError(f"the row sum {tag!r} asked without its blocking (rpb, num_blocks, layout)")
     logic.keep(tag, ids, rows)
-    rpb, num_blocks, layout = int(req["rpb"]), int(req["num_blocks"]), req["layout"]
+    rpb, num_blocks, layout = int(req.rpb), int(req.num_blocks), req.layout
     logic.rt.half.selection = None if whole_blocks else RowSelection(request, rpb, rows.shape[1])
-    public = {
-        "rows_up": ids.size,
-        "rows_down": request.size,
-        "request_blocks": request_blocks(request, rpb, num_blocks, layout),
-    }
-    if req.get("dp_clip") is not None:
-        public["upload_blocks"] = np.arange(num_blocks) if layout == "dense" else np.unique(ids // rpb)
-    return public
+    return ContributeRes(
+        rows_up=int(ids.size),
+        rows_down=int(request.size),
+        request_blocks=request_blocks(request, rpb, num_blocks, layout),
+        upload_blocks=(
+            None if req.dp_clip is None else (np.arange(num_blocks) if layout == "dense" else np.unique(ids // rpb))
+        ),
+    )
 
 
 # ---------------------------------------------------------------- server side
@@ -186,7 +195,16 @@ def plan_rows(
 
 
 def run_row_sum(
-    strategy, tag: str, rnd: int, sent: dict[int, dict], num_rows: int, dim: int, layout: str, spec, rpb: int, dp=None
+    strategy,
+    tag: str,
+    rnd: int,
+    sent: dict[int, ContributeRes],
+    num_rows: int,
+    dim: int,
+    layout: str,
+    spec,
+    rpb: int,
+    dp=None,
 ) -> float:
     """Server side of a split row sum whose contributions the clients kept.
 
@@ -198,7 +216,7 @@ def run_row_sum(
     protocol, noise_std = strategy.protocol, 0.0
     if dp is not None:
         privatize_row_sum(
-            strategy, tag, rnd, {k: r["upload_blocks"] for k, r in sent.items()}, rpb, num_rows, layout, dp, spec, dim
+            strategy, tag, rnd, {k: r.upload_blocks for k, r in sent.items()}, rpb, num_rows, layout, dp, spec, dim
         )
         strategy.check_lost(sent, f"the noising of {tag}")
         noise_std = protocol.dp.last_std
@@ -207,9 +225,9 @@ def run_row_sum(
         plan_rows(
             tag,
             rnd,
-            {k: int(r["rows_up"]) for k, r in sent.items()},
-            {k: r["request_blocks"] for k, r in sent.items()},
-            {k: int(r["rows_down"]) for k, r in sent.items()},
+            {k: int(r.rows_up) for k, r in sent.items()},
+            {k: r.request_blocks for k, r in sent.items()},
+            {k: int(r.rows_down) for k, r in sent.items()},
             num_rows,
             dim,
             layout,

@@ -3,16 +3,19 @@
 A logic holds what its :class:`~.client.ClientRuntime` holds (one client's data, model,
 optimizer) and answers the server strategy (:mod:`.strategy`):
 
-* ``local_update({"round"})``      -- local training; returns the loss and whether the client has
-  training nodes;
-* ``contribute({"tag", "round"})`` -- what the client contributes to exchange ``tag``;
-* ``privatize({"tag", "std", ...})`` -- DP: clip and noise the kept contribution (:mod:`.dp`);
-* ``receive({"tag", "round", ...})`` -- how the client uses the result of ``tag``;
-* ``evaluate({})``                 -- correct/total counts per split (the only evaluation data
-  that leaves the client, recorded as a message by the strategy);
-* ``attack_state({"what"})``       -- after the run, what this client holds for an attack it
-  takes part in (:mod:`attacks.parties`): its own data, what it decoded, its deployed model's
+* ``local_update(FitIns) -> FitRes``            -- local training; the loss and whether the client
+  has training nodes;
+* ``contribute(ContributeIns) -> ContributeRes`` -- what the client contributes to exchange ``tag``
+  (kept for its protocol half; the reply holds public facts only);
+* ``privatize(PrivatizeIns)``                   -- DP: clip and noise the kept contribution (:mod:`.dp`);
+* ``receive(ReceiveIns)``                       -- how the client uses the result of ``tag``;
+* ``evaluate(EvaluateIns) -> EvaluateRes``      -- correct/total counts per split (the only evaluation
+  data that leaves the client, recorded as a message by the strategy);
+* ``attack_state(AttackIns) -> StateRes``       -- after the run, what this client holds for an attack
+  it takes part in (:mod:`attacks.parties`): its own data, what it decoded, its deployed model's
   parameters and answers (never another client's state; not a protocol message).
+
+The requests and replies are the typed messages of :mod:`.messages`.
 
 An algorithm's logic subclasses :class:`ClientLogic` in its package (FedAvg's:
 :class:`secure_fgl.algorithms.fedavg.client.ModelAveragingLogic`).
@@ -29,6 +32,19 @@ from ..algorithms import get_spec
 from ..algorithms.base import SPLITS, accuracy
 from .dp import ClientNoise
 from .exchange import dense_table, rows_table
+from .messages import (
+    AttackIns,
+    ContributeIns,
+    ContributeRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    MessageError,
+    PrivatizeIns,
+    ReceiveIns,
+    StateRes,
+)
 from .partition import DATA_FIELDS
 
 
@@ -50,19 +66,19 @@ class ClientLogic:
         self.uploaded: dict[str, tuple[int, np.ndarray]] = {}
         self.aggregates: dict[str, tuple[int, np.ndarray]] = {}
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """Train locally for one round (default: nothing to train).
 
         Args:
-            req: The strategy's request; ``req["round"]`` is the round.
+            req: The strategy's request; ``req.round`` is the round.
 
         Returns:
-            ``{"trained": bool, "loss": float}`` and any algorithm-specific terms (default: empty).
+            Whether the client trained, its last loss and any algorithm-specific loss ``terms``.
         """
-        return {}
+        return FitRes(trained=False, loss=0.0)
 
-    def contribute(self, req: dict) -> dict:
-        """Prepare this client's contribution to exchange ``req["tag"]`` (held with :meth:`keep` for the protocol half).
+    def contribute(self, req: ContributeIns) -> ContributeRes:
+        """Prepare this client's contribution to exchange ``req.tag`` (held with :meth:`keep` for the protocol half).
 
         Args:
             req: The strategy's request: ``tag``, ``round`` and the exchange's public parameters.
@@ -71,9 +87,9 @@ class ClientLogic:
             Public facts about the contribution (e.g. its ``length``); never the contribution itself.
 
         Raises:
-            ValueError: this logic contributes nothing to ``tag`` (the base answer to every tag).
+            MessageError: this logic contributes nothing to ``tag`` (the base answer to every tag).
         """
-        raise ValueError(f"client {self.rt.client_id} contributes nothing to {req.get('tag')!r}")
+        raise MessageError(f"client {self.rt.client_id} contributes nothing to {req.tag!r}")
 
     def keep(self, tag: str, *contribution, clear: bool = False) -> None:
         """Hold a contribution for the protocol half to ask for.
@@ -84,10 +100,11 @@ class ClientLogic:
         self.pending[tag] = contribution
         (self.clear_tags.add if clear else self.clear_tags.discard)(tag)
 
-    def privatize(self, req: dict) -> dict:
-        """Add this client's share of the DP noise of ``req["tag"]`` to its kept contribution (:mod:`.dp`)."""
-        self.pending[req["tag"]] = self.noise.privatize(self.pending[req["tag"]], req)
-        return {}
+    def privatize(self, req: PrivatizeIns) -> None:
+        """Add this client's share of the DP noise of ``req.tag`` to its kept contribution (:mod:`.dp`)."""
+        if req.tag not in self.pending:
+            raise MessageError(f"client {self.rt.client_id} has no contribution to {req.tag!r} to noise")
+        self.pending[req.tag] = self.noise.privatize(self.pending[req.tag], req)
 
     def table(self, plan) -> BlockTable:
         """The provider of this client's protocol half: the kept contribution as the plan's blocks."""
@@ -98,28 +115,29 @@ class ClientLogic:
             self.uploaded[plan.tag] = (int(plan.round), kept[0])
         return dense_table(plan, kept[0]) if len(kept) == 1 else rows_table(plan, *kept)
 
-    def receive(self, req: dict) -> dict:
-        """Use the result of exchange ``req["tag"]`` that this client's protocol half decoded.
+    def receive(self, req: ReceiveIns) -> None:
+        """Use the result of exchange ``req.tag`` that this client's protocol half decoded.
 
         Args:
             req: The strategy's request: ``tag``, ``round`` and what the client needs to read the result.
 
-        Returns:
-            An answer to the strategy (usually empty).
-
         Raises:
-            ValueError: this logic expects no result of ``tag`` (the base answer to every tag).
+            MessageError: this logic expects no result of ``tag`` (the base answer to every tag).
         """
-        raise ValueError(f"client {self.rt.client_id} expects no result of {req.get('tag')!r}")
+        raise MessageError(f"client {self.rt.client_id} expects no result of {req.tag!r}")
 
     def logits(self) -> torch.Tensor:
         """Class logits of the deployed model on this client's nodes."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def evaluate(self, req: dict) -> dict:
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
         """``[correct, total]`` per split (train, val, test) of the deployed model on this client's nodes."""
-        logits, c = self.logits(), self.data
+        return EvaluateRes(self.split_counts(self.logits()))
+
+    def split_counts(self, logits: torch.Tensor) -> dict[str, list[int]]:
+        """``split -> [correct, total]`` of ``logits`` on this client's nodes."""
+        c = self.data
         return {split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS}
 
     def state_dict(self) -> dict:
@@ -131,7 +149,7 @@ class ClientLogic:
         pass
 
     # -- what this client holds, for the attack suite (attacks/parties.py; docs/runtime.md)
-    def attack_state(self, req: dict) -> dict:
+    def attack_state(self, req: AttackIns) -> StateRes:
         """This client's state for the attack suite.
 
         ``what``: ``own_data`` (its subgraph), ``received`` (what it decoded of the exchanges,
@@ -141,29 +159,31 @@ class ClientLogic:
         (the posteriors and log-posteriors for features ``x`` on its own graph: an
         inference API).
         """
-        what, c = req["what"], self.data
+        what, c = req.what, self.data
         if what == "own_data":
-            return {f: getattr(c, f) for f in DATA_FIELDS}
+            return StateRes({f: getattr(c, f) for f in DATA_FIELDS})
         if what == "received":
-            return self.decoded_rows()
+            return StateRes(self.decoded_rows())
         if what == "contributions":  # dense uploads and decoded results, by tag
             out = {f"upload:{t}": v for t, (_, v) in self.uploaded.items()}
             out.update({f"upload_round:{t}": r for t, (r, _) in self.uploaded.items()})
             out.update({f"aggregate:{t}": v for t, (_, v) in self.aggregates.items()})
             out.update({f"aggregate_round:{t}": r for t, (r, _) in self.aggregates.items()})
-            return out
+            return StateRes(out)
         model = getattr(self, "model", None)
         if model is None:
-            return {}
+            return StateRes()
         if what == "model":
-            return {f"param:{n}": t for n, t in model.state_dict().items()}
+            return StateRes({f"param:{n}": t for n, t in model.state_dict().items()})
         x, graph = self.inputs()
         if what == "inputs":
-            return {"features": x, "global_ids": c.global_ids}
+            return StateRes({"features": x, "global_ids": c.global_ids})
         if what == "query":
-            x = torch.as_tensor(req["x"], dtype=torch.float32, device=self.rt.device)
+            if req.x is None:
+                raise MessageError(f"client {self.rt.client_id}: a query without its features x")
+            x = torch.as_tensor(req.x, dtype=torch.float32, device=self.rt.device)
         elif what != "posteriors":
-            raise ValueError(f"client {self.rt.client_id}: no attack state {what!r}")
+            raise MessageError(f"client {self.rt.client_id}: no attack state {what!r}")
         with torch.no_grad():
             model.eval()
             out = model(x, graph)
@@ -171,7 +191,7 @@ class ClientLogic:
         reply = {"posteriors": torch.softmax(out.float(), -1), "global_ids": c.global_ids}
         if what == "query":
             reply["log_posteriors"] = torch.log_softmax(out.float(), -1)
-        return reply
+        return StateRes(reply)
 
     def decoded_rows(self) -> dict:
         """Node ids and totals of the rows this client decoded (FedGCN: whole blocks), or nothing."""

@@ -47,6 +47,15 @@ def parse_client_resources(spec: str, num_clients: int) -> dict[int, str]:
     return pinned
 
 
+def client_resources(cfg) -> dict[int, str]:
+    """``--ray-client-resources`` as client -> resource; only with ``--executor ray``."""
+    if not cfg.ray_client_resources:
+        return {}
+    if cfg.executor != "ray":
+        raise ConfigError("--ray-client-resources pins clients to Ray nodes: it needs --executor ray")
+    return parse_client_resources(cfg.ray_client_resources, cfg.clients)
+
+
 def actor_plan(clients: list[int], pinned: dict[int, str], workers: int) -> tuple[list[str | None], dict[int, int]]:
     """The resource each actor requires (``None``: none) and client -> actor index (module docstring)."""
     groups: dict[str | None, list[int]] = {}

@@ -23,8 +23,9 @@ client stops the exchange, named).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from ..algorithms.base import accuracy_summary
 from . import wire
 from .client import client_frame
 from .exchange import split_backend
+from .messages import CheckpointIns, EvaluateIns, RuntimeMessage, WeightsIns, decode_reply, encode_request
 from .partition import far_owners
 from .placement import parse_client_resources
 
@@ -100,19 +102,19 @@ class Strategy:
     def ask(
         self,
         method: str,
-        requests: dict[int, dict],
+        requests: Mapping[int, RuntimeMessage],
         *,
         record: tuple[str, str] | None = None,
-    ) -> dict[int, dict]:
+    ) -> dict[int, Any]:
         """Send each client its request and return the answers.
 
-        Send each client its request; returns the unpacked responses of those that answered
-        (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in the
-        transcript as a client -> server message of its frame's length; a readable kind (plain,
-        metadata) keeps what the server read, the unpacked response, as its payload.
+        Send each client its typed request (:mod:`.messages`); returns the typed replies of those
+        that answered (the others join :attr:`lost`).  ``record=(tag, kind)`` puts every response in
+        the transcript as a client -> server message of its frame's length; a readable kind (plain,
+        metadata) keeps what the server read, the response's fields, as its payload.
         """
-        frames = {k: wire.pack(r) for k, r in requests.items() if k not in self.lost}
-        tags = {r.get("tag") for r in requests.values()} - {None}
+        frames = {k: wire.pack(encode_request(method, r)) for k, r in requests.items() if k not in self.lost}
+        tags = {getattr(r, "tag", None) for r in requests.values()} - {None}
         responses, lost = self.executor.call(method, frames, label=tags.pop() if len(tags) == 1 else "")
         self.lose(lost, method)
         unpacked = {k: wire.unpack(v) for k, v in responses.items()}
@@ -126,7 +128,7 @@ class Strategy:
                     len(frame),
                     payload=unpacked[k] if record[1] in READABLE_KINDS else None,
                 )
-        return unpacked
+        return {k: decode_reply(method, f) for k, f in unpacked.items()}
 
     def lose(self, lost: dict[int, str], method: str) -> None:
         """Record clients that did not answer ``method`` (a warning names them)."""
@@ -139,7 +141,9 @@ class Strategy:
                 stacklevel=3,
             )
 
-    def tell(self, method: str, requests: dict[int, dict], *, record: tuple[str, str] | None = None) -> None:
+    def tell(
+        self, method: str, requests: Mapping[int, RuntimeMessage], *, record: tuple[str, str] | None = None
+    ) -> None:
         """Like :meth:`ask` for requests whose answer is empty.
 
         ``record`` records the requests (server -> client) instead.
@@ -147,7 +151,8 @@ class Strategy:
         if record is not None:
             for k, r in requests.items():
                 if k not in self.lost:
-                    self.record(record[0], SERVER, client_party(k), record[1], len(wire.pack(r)))
+                    nbytes = len(wire.pack(encode_request(method, r)))
+                    self.record(record[0], SERVER, client_party(k), record[1], nbytes)
         self.ask(method, requests)
 
     def record(
@@ -210,8 +215,8 @@ class Strategy:
         Node-weighted and per-client accuracies (:func:`~secure_fgl.algorithms.base.accuracy_summary`),
         from the clients' counts.
         """
-        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
-        return accuracy_summary(counts)
+        counts = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        return accuracy_summary({k: r.counts for k, r in counts.items()})
 
     def final_metrics(self) -> dict:
         """Metrics reported once at the end (executor description, lost clients; algorithms add theirs)."""
@@ -224,8 +229,10 @@ class Strategy:
         model as ``models.<k>.<parameter>``, asked of its runtime (the run's output: not a protocol
         message, counted in the executor's stats only).
         """
-        answers = self.ask("weights", {k: {} for k in self.alive()})
-        return {f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].items()}
+        answers = self.ask("weights", {k: WeightsIns() for k in self.alive()})
+        return {
+            f"models.{k}.{name}": torch.as_tensor(t) for k in sorted(answers) for name, t in answers[k].state.items()
+        }
 
     # ------------------------------------------------------------------ checkpoints
     #: which of the two client checkpoint files the next save writes: the slots alternate, so a crash
@@ -243,8 +250,8 @@ class Strategy:
         does not name); the driver keeps their digests and the slot.
         """
         slot, self._slot = self._slot, 1 - self._slot
-        saved = self.ask("save", {k: {"path": self._client_file(k, slot)} for k in self.alive()})
-        return {"clients": {str(k): v["sha256"] for k, v in saved.items()}, "slot": slot, "server": self.server_state()}
+        saved = self.ask("save", {k: CheckpointIns(self._client_file(k, slot)) for k in self.alive()})
+        return {"clients": {str(k): v.sha256 for k, v in saved.items()}, "slot": slot, "server": self.server_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a checkpoint: each client loads its own file (digest checked), then the server state is restored.
@@ -261,7 +268,7 @@ class Strategy:
                 f"the checkpoint has no state for client(s) {missing} (lost before it was written); start a new run",
                 round=self.round,
             )
-        self.ask("load", {k: {"path": self._client_file(k, slot), "sha256": d} for k, d in digests.items()})
+        self.ask("load", {k: CheckpointIns(self._client_file(k, slot), d) for k, d in digests.items()})
         self.check_lost(self.hosts, "the resume")
         self.load_server_state(state["server"])
 

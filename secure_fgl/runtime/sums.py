@@ -31,18 +31,21 @@ from protocols.dp import weighted_mean_value
 
 from .dp import privatize_dense
 from .exchange import dense_result, plan_dense, run_split
+from .messages import ContributeIns, ContributeRes, MessageError, ReceiveIns
 
 
-def offer(logic, req: dict, vector: np.ndarray) -> dict:
-    """Client side of ``contribute``: ``vector`` for the sum ``req['tag']``."""
+def offer(logic, req: ContributeIns, vector: np.ndarray) -> ContributeRes:
+    """Client side of ``contribute``: ``vector`` for the sum ``req.tag``."""
     vector = np.asarray(vector, dtype=np.float64)
-    logic.keep(req["tag"], vector)
-    return {"length": int(vector.size)}
+    logic.keep(req.tag, vector)
+    return ContributeRes(length=int(vector.size))
 
 
-def summed(logic, req: dict) -> np.ndarray:
-    """Client side of ``receive``: the client's own decoded total of the sum ``req['tag']``."""
-    return dense_result(logic.rt.half.result(), int(req["length"]))
+def summed(logic, req: ReceiveIns) -> np.ndarray:
+    """Client side of ``receive``: the client's own decoded total of the sum ``req.tag``."""
+    if req.length is None:
+        raise MessageError(f"the result of {req.tag!r} delivered without its length")
+    return dense_result(logic.rt.half.result(), int(req.length))
 
 
 def mean_vector(values, weight: float) -> np.ndarray:
@@ -50,24 +53,28 @@ def mean_vector(values, weight: float) -> np.ndarray:
     return np.concatenate([np.asarray(values, dtype=np.float64).ravel() * weight, [weight]])
 
 
-def dp_mean_vector(values, weight: float, req: dict) -> np.ndarray:
+def dp_mean_vector(values, weight: float, req: ContributeIns) -> np.ndarray:
     """A DP weighted mean's upload ``[w~ clip(v), w~ C]``.
 
     ``req``: the strategy's ``dp_clip`` and ``dp_weight_bound``; :func:`protocols.dp.weighted_mean_value`.
     """
-    dp = DPRequest(clip=float(req["dp_clip"]), weight_bound=req.get("dp_weight_bound"))
-    return weighted_mean_value(values, weight, dp, tag=req["tag"], rnd=int(req["round"]))
+    if req.dp_clip is None:
+        raise MessageError(f"a DP weighted mean of {req.tag!r} asked without its dp_clip")
+    dp = DPRequest(clip=float(req.dp_clip), weight_bound=req.dp_weight_bound)
+    return weighted_mean_value(values, weight, dp, tag=req.tag, rnd=int(req.round))
 
 
-def mean_of(total: np.ndarray, tag: str, req: dict | None = None) -> np.ndarray:
+def mean_of(total: np.ndarray, tag: str, req: ReceiveIns | None = None) -> np.ndarray:
     """The mean ``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`.
 
     ``sum_k w_k v_k / sum_k w_k`` from the summed :func:`mean_vector`; of a DP mean
     (:func:`dp_mean_vector`, ``req`` with ``dp_clip`` and the sum's noise std ``dp_std``), the noisy
     weight total floored at its noise std (post-processing, as :meth:`protocols.base.Protocol.weighted_mean`).
     """
-    if req is not None and req.get("dp_clip") is not None:
-        return total[:-1] / (max(total[-1], float(req["dp_std"])) / float(req["dp_clip"]))
+    if req is not None and req.dp_clip is not None:
+        if req.dp_std is None:
+            raise MessageError(f"the DP mean {tag!r} delivered without the std of its noise (dp_std)")
+        return total[:-1] / (max(total[-1], float(req.dp_std)) / float(req.dp_clip))
     if not total[-1] > 0:
         raise ValueError(f"the weights of {tag} sum to {total[-1]}; no contributor had a positive weight")
     return total[:-1] / total[-1]
@@ -86,7 +93,7 @@ def sum_exchange(
     contributors: Iterable[int],
     recipients: Iterable[int],
     spec,
-    fields: dict | None = None,
+    config: dict | None = None,
     *,
     dp: DPRequest | None = None,
     dp_mean: bool = False,
@@ -94,28 +101,29 @@ def sum_exchange(
     """Sum the contributors' vectors of ``tag`` and deliver the total to the recipients.
 
     Ask ``contributors`` for their vectors of ``tag``, sum them through the protocol and have every
-    live recipient receive the total (``fields`` go with both requests).  A client lost before the
-    exchange is not a contributor; one lost during it is the backend's dropout.  ``dp``: the release's
-    request (module docstring; ``dp_mean``: a weighted mean's ``[w~ clip(v), w~ C]``); the recipients
-    get the std of the noise in the sum as ``dp_std``.  Returns the summed vector's length.
+    live recipient receive the total (``config``, the algorithm's own settings, goes with both
+    requests).  A client lost before the exchange is not a contributor; one lost during it is the
+    backend's dropout.  ``dp``: the release's request (module docstring; ``dp_mean``: a weighted
+    mean's ``[w~ clip(v), w~ C]``); the recipients get the std of the noise in the sum as
+    ``dp_std``.  Returns the summed vector's length.
     """
-    fields = dict(fields or {})
+    config, clip = dict(config or {}), {}
     if dp is not None and dp_mean:  # clipped by the clients; the sum's request (protocols.dp)
-        fields.update(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
+        clip = dict(dp_clip=float(dp.clip), dp_weight_bound=dp.weight_bound)
         dp, spec, _ = strategy.protocol.dp.mean_request(tag, rnd, dp, spec, weighted=True)
-    ask = {"tag": tag, "round": rnd, **fields}
+    ask = ContributeIns(tag, rnd, **clip, config=config)
     sent = strategy.ask("contribute", {k: ask for k in contributors})
     if not sent:
         raise DropoutError(f"every contributor of {tag} was lost: {sorted(strategy.lost)}", tag=tag, round=rnd)
     recipients = strategy.alive(recipients)
     protocol = strategy.protocol
-    length = int(next(iter(sent.values()))["length"])  # the clients' halves run the exchange
+    length = int(next(iter(sent.values())).length)  # the clients' halves run the exchange
     noisy, noise_std = sorted(sent), 0.0
     if dp is not None:  # counted here, noised by each contributor (.dp)
         noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
     run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
     if hasattr(strategy, "note_broadcast"):  # a model broadcast: who missed it is out of sync (FedSpray)
         strategy.note_broadcast(tag, rnd)
-    result = {"length": length, **({"dp_std": noise_std} if dp is not None else {})}
-    strategy.tell("receive", {k: {"tag": tag, "round": rnd, **fields, **result} for k in strategy.alive(recipients)})
+    done = ReceiveIns(tag, rnd, length, dp_std=noise_std if dp is not None else None, **clip, config=config)
+    strategy.tell("receive", {k: done for k in strategy.alive(recipients)})
     return length

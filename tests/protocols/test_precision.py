@@ -172,9 +172,9 @@ def _fedomd(run_small, mode: str, rounds: int = 4):
 
     def recording_receive(req):
         # the batched statistics (protocols.batch): [sum w_k, sum w_k v_k] -> the pooled means
-        if "/stats/" in req["tag"]:
-            out = dense_result(first.rt.half.result(), int(req["length"]))
-            exact = sum(run.logic(k).uploaded[req["tag"]][1] for k in run.runtimes)
+        if "/stats/" in req.tag:
+            out = dense_result(first.rt.half.result(), int(req.length))
+            exact = sum(run.logic(k).uploaded[req.tag][1] for k in run.runtimes)
             stats_errors.append(float(np.abs(out[1:] / out[0] - exact[1:] / exact[0]).max()))
         return receive(req)
 

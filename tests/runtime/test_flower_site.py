@@ -96,7 +96,7 @@ def test_a_site_serves_only_the_public_schedule_of_its_own_clients(planned, tmp_
     site = Site([0], None, tmp_path / "state")
     site.handle("start", 0, strip_data(planned.frames[0]))  # the aggregator asked for attacks=all
     assert site.runtimes[0].cfg.attacks == []
-    assert wire.unpack(site.handle("evaluate", 0, wire.pack({"round": 0})))
+    assert wire.unpack(site.handle("evaluate", 0, wire.pack({})))
     for method, request in (
         ("attack", wire.pack({"what": "keys"})),
         ("weights", wire.pack({})),
@@ -105,7 +105,7 @@ def test_a_site_serves_only_the_public_schedule_of_its_own_clients(planned, tmp_
         with pytest.raises(SiteRefusal, match="does not serve"):
             site.handle(method, 0, request)
     with pytest.raises(SiteRefusal, match="serves clients \\[0\\], not client 2"):
-        site.handle("evaluate", 2, wire.pack({"round": 0}))
+        site.handle("evaluate", 2, wire.pack({}))
     # a checkpoint goes to the site's state folder, whatever path the aggregator names
     outside = tmp_path / "elsewhere" / "client0.pt"
     saved = wire.unpack(site.handle("save", 0, wire.pack({"path": str(outside)})))

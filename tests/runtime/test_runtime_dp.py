@@ -6,6 +6,8 @@ composes the releases as in the golden runs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from support.golden import assert_golden
@@ -64,11 +66,12 @@ def test_a_client_refuses_to_upload_without_noise():
     """A server asking for a noise-free DP release (std 0) gets a refusal, not the clipped values."""
     from protocols import PrivacyBudgetError
     from secure_fgl.runtime.dp import ClientNoise
+    from secure_fgl.runtime.messages import PrivatizeIns
 
-    ask = {"tag": "t", "round": 0, "clip": 1.0, "per_row": False, "integer": False}
+    ask = PrivatizeIns("t", 0, 0.0, clip=1.0, per_row=False, integer=False)
     with pytest.raises(PrivacyBudgetError, match="positive, finite std"):
-        ClientNoise().privatize((np.ones(4),), {**ask, "std": 0.0})
-    noisy = ClientNoise().privatize((np.ones(4),), {**ask, "std": 1e-3})[0]
+        ClientNoise().privatize((np.ones(4),), ask)
+    noisy = ClientNoise().privatize((np.ones(4),), dataclasses.replace(ask, std=1e-3))[0]
     assert np.linalg.norm(noisy) == pytest.approx(1.0, abs=0.01)  # clipped to 1 on the client, then noised
 
 
@@ -138,10 +141,10 @@ def test_dpsgd_noise_is_drawn_by_each_client_and_sized_by_the_driver():
     strategy = make_strategy(cfg, fed, protocol, cfg.options, executor)
     protocol.dp._noise = None  # the driver draws no noise: any draw there would fail
     ask = strategy.local_update_request(0, ENCODER_TAG)
-    assert ask["dpsgd_tag"] == "fedgcn-gap/encoder/dpsgd" and len(ask["dpsgd_std"]) == 2 and min(ask["dpsgd_std"]) > 0
+    assert ask.dpsgd_tag == "fedgcn-gap/encoder/dpsgd" and len(ask.dpsgd_std) == 2 and min(ask.dpsgd_std) > 0
     strategy.train_round(1, ENCODER_TAG)
     assert protocol.dp.accountant.releases("fedgcn-gap/encoder/dpsgd") == 4
     sources = [rt.logic.noise._rng for rt in executor.runtimes.values()]
     assert all(isinstance(s, SecureRandom) for s in sources) and len({id(s) for s in sources}) == len(sources)
     with pytest.raises(PrivacyBudgetError, match="positive, finite std"):  # a client refuses a noise-free step
-        executor.runtimes[0].logic.local_update({**ask, "round": 2, "dpsgd_std": [0.0, 1.0]})
+        executor.runtimes[0].logic.local_update(dataclasses.replace(ask, round=2, dpsgd_std=[0.0, 1.0]))

@@ -22,6 +22,7 @@ from secure_fgl.algorithms.fedgcn.ops import IDS_TAG, ORDER_TAG
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
 from secure_fgl.runtime.executor import LocalExecutor
+from secure_fgl.runtime.messages import FitIns
 from secure_fgl.runtime.ray_executor import _IDLE_HOSTS, RayExecutor
 from secure_fgl.runtime.strategy import EVAL_TAG
 
@@ -161,7 +162,7 @@ def test_silent_actors_time_out_instead_of_hanging():
     strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
     executor.round_timeout = 1e-3
     with pytest.warns(RuntimeWarning, match="no answer within --round-timeout"):
-        strategy.ask("local_update", {k: {"round": 0} for k in range(3)})
+        strategy.ask("local_update", {k: FitIns(0) for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
     executor.shutdown()
 

@@ -18,6 +18,7 @@ import torch
 
 from ...data.federated import ClientSubgraph
 from ...runtime.client import client_frame
+from ...runtime.messages import EvaluateIns, FitIns
 from ...runtime.strategy import EVAL_TAG, Strategy
 from ..base import accuracy_summary
 
@@ -56,12 +57,12 @@ class CentralizedStrategy(Strategy):
     def train_round(self, rnd: int) -> dict:
         """One local update of the single runtime on the whole graph."""
         self.round = rnd
-        done = self.ask("local_update", {0: {"round": rnd}})
+        done = self.ask("local_update", {0: FitIns(rnd)})
         self.check_lost([0], f"round {rnd}")
-        return {"train_loss": float(done[0]["loss"]), "clients_lost": len(self.lost)}
+        return {"train_loss": float(done[0].loss), "clients_lost": len(self.lost)}
 
     def evaluate(self) -> dict:
         """Accuracies of the single model, per original client."""
-        counts = self.ask("evaluate", {0: {}}, record=(EVAL_TAG, "plain"))
+        counts = self.ask("evaluate", {0: EvaluateIns()}, record=(EVAL_TAG, "plain"))
         self.check_lost([0], "the evaluation")
-        return accuracy_summary({int(k): v for k, v in counts[0]["per_client"].items()})
+        return accuracy_summary({int(k): v for k, v in counts[0].counts["per_client"].items()})

@@ -19,8 +19,9 @@ from protocols.dp import clip_mean_value
 
 from ...engine import rng
 from ...models import build_model
-from ...runtime.exchange import dense_result
 from ...runtime.logic import ClientLogic
+from ...runtime.messages import ContributeIns, ContributeRes, FitIns, FitRes, ReceiveIns
+from ...runtime.sums import summed
 
 
 class ModelAveragingLogic(ClientLogic):
@@ -79,11 +80,11 @@ class ModelAveragingLogic(ClientLogic):
             loss = loss + 0.5 * self.prox_mu * (w - self.global_params).pow(2).sum()
         return loss
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """``local_epochs`` optimiser steps on :meth:`step_loss`, each under its keyed generator."""
         if not bool(self.data.train_mask.any()):
-            return {"trained": False, "loss": 0.0}
-        rnd, k = int(req["round"]), self.rt.client_id
+            return FitRes(trained=False, loss=0.0)
+        rnd, k = int(req.round), self.rt.client_id
         self.model.train()
         loss = torch.zeros(())
         for step in range(self.cfg.local_epochs):
@@ -92,44 +93,44 @@ class ModelAveragingLogic(ClientLogic):
                 loss = self.step_loss(rnd, step)
             loss.backward()
             self.optimizer.step()
-        return {"trained": True, "loss": float(loss.detach())}
+        return FitRes(trained=True, loss=float(loss.detach()))
 
     def step_loss(self, rnd: int, step: int) -> torch.Tensor:
         """The objective of local step ``step`` of round ``rnd`` (FedAvg: :meth:`local_loss`)."""
         return self.local_loss(self.model(*self.inputs()))
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Keep the update v = w - w_global as [w_k v, w_k], or clipped and unweighted under DP-FedAvg."""
-        if req["tag"] != self.model_tag:
+        if req.tag != self.model_tag:
             return super().contribute(req)
         update = (parameters_to_vector(self.model.parameters()).detach() - self.global_params).cpu().numpy()
         update = update.astype(np.float64)
-        if req.get("dp_clip") is not None:  # DP-FedAvg: the clipped update, unweighted (protocols.dp)
-            self.keep(req["tag"], clip_mean_value(update, DPRequest(clip=float(req["dp_clip"]))))
-            return {"length": update.size}
+        if req.dp_clip is not None:  # DP-FedAvg: the clipped update, unweighted (protocols.dp)
+            self.keep(req.tag, clip_mean_value(update, DPRequest(clip=float(req.dp_clip))))
+            return ContributeRes(length=update.size)
         w = self.weight()  # the half uploads [w v, w] (protocols.base.weighted_mean)
-        self.keep(req["tag"], np.concatenate([update * w, [w]]))
-        return {"length": update.size + 1}
+        self.keep(req.tag, np.concatenate([update * w, [w]]))
+        return ContributeRes(length=update.size + 1)
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Apply the decoded mean update: w_global += sum_k w_k v_k / sum_k w_k (DP: the noisy sum / the public count).
 
         Raises:
             ValueError: the decoded weights do not sum to a positive number.
         """
-        if req["tag"] != self.model_tag:
+        if req.tag != self.model_tag:
             return super().receive(req)
-        total = dense_result(self.rt.half.result(), int(req["length"]))  # this client's own decoded result
-        self.aggregates[req["tag"]] = (int(req["round"]), total)
-        if "count" in req:  # DP-FedAvg: the noisy sum of clipped updates / the public count
-            mean = total / float(req["count"])
+        total = summed(self, req)  # this client's own decoded result
+        self.aggregates[req.tag] = (int(req.round), total)
+        if req.count is not None:  # DP-FedAvg: the noisy sum of clipped updates / the public count
+            mean = total / float(req.count)
         else:  # [sum w v, sum w]
             if not total[-1] > 0:
-                raise ValueError(f"client {self.rt.client_id}: the weights of {req['tag']} sum to {total[-1]}")
+                raise ValueError(f"client {self.rt.client_id}: the weights of {req.tag} sum to {total[-1]}")
             mean = total[:-1] / total[-1]
         self.global_params = self.global_params + torch.as_tensor(mean, dtype=torch.float32, device=self.rt.device)
         vector_to_parameters(self.global_params.clone(), self.model.parameters())
-        return {}
+        return None
 
     @torch.no_grad()
     def logits(self) -> torch.Tensor:

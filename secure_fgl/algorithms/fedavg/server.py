@@ -8,6 +8,7 @@ from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
 from ...runtime.exchange import plan_dense, run_split
+from ...runtime.messages import ContributeIns, FitIns, ReceiveIns
 from ...runtime.strategy import Strategy
 from ..base import model_dp_request, model_spec, train_loss_of
 
@@ -54,15 +55,15 @@ class ModelAveragingStrategy(Strategy):
         sampled = self.sample_clients(rnd)
         ask = self.local_update_request(rnd, tag)
         done = self.ask("local_update", {k: ask for k in sampled})
-        losses = [r["loss"] for r in done.values() if r["trained"] and "loss" in r]
+        losses = [r.loss for r in done.values() if r.trained and r.loss is not None]
         if self.aggregate_models:
-            contributors = [k for k in sampled if k in self.lost or done[k]["trained"]] or sampled
+            contributors = [k for k in sampled if k in self.lost or done[k].trained] or sampled
             self.aggregate(rnd, contributors, tag)
         return {**train_loss_of(done, losses), "clients_lost": len(self.lost)}
 
-    def local_update_request(self, rnd: int, tag: str | None) -> dict:
+    def local_update_request(self, rnd: int, tag: str | None) -> FitIns:
         """What each sampled client is told to train in round ``rnd`` (the model ``tag`` names)."""
-        return {"round": rnd, **({"model": tag} if tag else {})}
+        return FitIns(rnd, model=tag or None)
 
     def model_dp_request(self, tag: str):
         """Client-level DP-FedAvg on the model exchange when the run's DP scope covers it."""
@@ -82,14 +83,13 @@ class ModelAveragingStrategy(Strategy):
             grid=self.grid_model_mean or self.cfg.model_mean_on_grid,
         )
         dp = self.model_dp_request(tag)
-        ask = {"tag": tag, "round": rnd}
         if dp is not None:  # DP-FedAvg: clipped, unweighted (protocols.dp)
             dp_sum, spec, _ = self.protocol.dp.mean_request(tag, rnd, dp, spec)
-            ask["dp_clip"] = float(dp.clip)
+        ask = ContributeIns(tag, rnd, dp_clip=None if dp is None else float(dp.clip))
         sent = self.ask("contribute", {k: ask for k in contributors})
         if not sent:
             raise DropoutError(f"every contributor of {tag} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
-        length = int(next(iter(sent.values()))["length"])
+        length = int(next(iter(sent.values())).length)
         self.model_size = length - (dp is None)
         noisy, noise_std = sorted(sent), 0.0
         if dp is not None:
@@ -99,8 +99,8 @@ class ModelAveragingStrategy(Strategy):
             plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
         )
         self.note_broadcast(tag, rnd)
-        done = {"tag": tag, "round": rnd, "length": length}
-        self.tell("receive", {k: {**done, **({"count": len(included)} if dp else {})} for k in self.alive()})
+        done = ReceiveIns(tag, rnd, length, count=len(included) if dp else None)
+        self.tell("receive", {k: done for k in self.alive()})
 
     def note_broadcast(self, tag: str, rnd: int) -> None:
         """After a sum under ``tag``: when the schedule binds it (a broadcast), :meth:`note_missed_download`."""

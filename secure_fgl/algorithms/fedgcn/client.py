@@ -15,6 +15,7 @@ from protocols.channel import ChannelKey, associated_data
 
 from ...models.centring import centre_first_layer, own_mean
 from ...runtime.exchange import keep_rows, rows_result
+from ...runtime.messages import ContributeIns, ContributeRes, MessageError, ReceiveIns
 from ..fedavg.client import ModelAveragingLogic
 from ..options import FedGCNOptions
 from .ops import (
@@ -98,33 +99,36 @@ class FedGCNLogic(ModelAveragingLogic):
             return gids.cpu()
         return torch.as_tensor([self.row_of[int(v)] for v in gids.tolist()], dtype=torch.long)
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """FedGCN's pre-training contributions: row-order histogram, row ids, then the partial neighbour sums.
 
         The neighbour-sum rows are sum_{j in N(i), j owned here} [x_j, 1] (Yao et al., NeurIPS 2023), clipped
         per term under DP.
         """
-        c, o, tag = self.data, self.fopts, req["tag"]
+        c, o, tag = self.data, self.fopts, req.tag
         if tag == ORDER_TAG:  # the histogram h[., k] of the own nodes' touch sets
             self.signatures = own_signatures(c, self.rt.far_owner)
             self.channel = ChannelKey(client_party(self.rt.client_id))  # X25519 key from the OS CSPRNG
             masks, counts = np.unique(self.signatures, return_counts=True)
-            return {
-                "masks": masks,
-                "counts": counts.astype(np.int64),
-                "channel_key": np.frombuffer(self.channel.public_bytes, dtype=np.uint8),
-            }
+            return ContributeRes(
+                public={
+                    "masks": masks,
+                    "counts": counts.astype(np.int64),
+                    "channel_key": np.frombuffer(self.channel.public_bytes, dtype=np.uint8),
+                }
+            )
         if tag == IDS_TAG:  # number own nodes; tell each toucher their row ids
             order = np.argsort(c.global_ids.cpu().numpy(), kind="stable")
             rows = np.empty(c.num_nodes, dtype=np.int64)
-            for m, ids in zip(req["masks"].tolist(), np.split(req["rows"], np.cumsum(req["counts"])[:-1])):
+            counts = req.entry("counts")
+            for m, ids in zip(req.entry("masks").tolist(), np.split(req.entry("rows"), np.cumsum(counts)[:-1])):
                 rows[order[self.signatures[order] == m]] = ids
             gids = c.global_ids.cpu().numpy()
             self.row_of = dict(zip(gids.tolist(), rows.tolist()))
             self._relay = {
-                "keys": req["channel_keys"],
-                "run_id": req["run_id"].tobytes(),
-                "session": req["session"].tobytes(),
+                "keys": req.entry("channel_keys"),
+                "run_id": req.entry("run_id").tobytes(),
+                "session": req.entry("session").tobytes(),
             }
             return self._seal_row_ids(gids, rows)
         if tag != TAG:
@@ -132,7 +136,7 @@ class FedGCNLogic(ModelAveragingLogic):
         refusal = self._check_bounds(req)
         if refusal:
             return refusal
-        clip = req.get("dp_clip")  # DP: every term [x_j, 1] clipped to C (protocols.dp)
+        clip = req.dp_clip  # DP: every term [x_j, 1] clipped to C (protocols.dp)
         ids, rows = partial_neighbour_sums(
             c, neighbour_terms(c, o.norm, clip, binary=self.facts.binary_features, seed=self.cfg.seed)
         )
@@ -160,7 +164,7 @@ class FedGCNLogic(ModelAveragingLogic):
         )
         return client_party(peer), r["keys"][peer].tobytes(), r["run_id"], ad
 
-    def _seal_row_ids(self, gids: np.ndarray, rows: np.ndarray) -> dict:
+    def _seal_row_ids(self, gids: np.ndarray, rows: np.ndarray) -> ContributeRes:
         """For each other client j touching own nodes: their ``(global id, row id)`` pairs, sealed for j."""
         me, dest, sealed = self.rt.client_id, [], []
         for j in range(self.facts.num_clients):
@@ -171,54 +175,58 @@ class FedGCNLogic(ModelAveragingLogic):
             peer, key, run_id, ad = self._row_ids_channel(me, j)
             sealed.append(self.channel.seal(peer, key, run_id, pairs, ad))
             dest.append(j)
-        return {
-            "dest": np.asarray(dest, dtype=np.int64),
-            "lengths": np.asarray([len(b) for b in sealed], np.int64),
-            "sealed": np.frombuffer(b"".join(sealed), dtype=np.uint8),
-        }
+        return ContributeRes(
+            public={
+                "dest": np.asarray(dest, dtype=np.int64),
+                "lengths": np.asarray([len(b) for b in sealed], np.int64),
+                "sealed": np.frombuffer(b"".join(sealed), dtype=np.uint8),
+            }
+        )
 
-    def _open_row_ids(self, req: dict) -> None:
+    def _open_row_ids(self, req: ReceiveIns) -> None:
         """Open the row ids each sender sealed for this client (IntegrityError if one does not authenticate)."""
-        me = self.rt.client_id
-        for k, blob in zip(req["senders"].tolist(), np.split(req["sealed"], np.cumsum(req["lengths"])[:-1])):
+        me, sealed = self.rt.client_id, req.entry("sealed")
+        for k, blob in zip(req.entry("senders").tolist(), np.split(sealed, np.cumsum(req.entry("lengths"))[:-1])):
             peer, key, run_id, ad = self._row_ids_channel(k, me)
             pairs = self.channel.open(peer, key, run_id, blob.tobytes(), ad, dict(tag=IDS_TAG, round=0, client=k))
             pairs = np.frombuffer(pairs, dtype="<i8").reshape(-1, 2)
             self.row_of.update(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist()))
 
-    def _check_bounds(self, req: dict) -> dict | None:
+    def _check_bounds(self, req: ContributeIns) -> ContributeRes | None:
         """The owner's check of its own nodes against the public caps (before anything is sent)."""
         c, o = self.data, self.fopts
-        if req["check_degree"]:
+        if req.entry("check_degree"):
             deg = local_degrees(c) - 1
             over = deg[deg > o.degree_cap]
             if over.numel():
-                return {"refused": "degree", "count": int(over.numel()), "largest": int(over.max())}
-        if not (self.facts.binary_features or req.get("dp_clip") is not None):  # DP clips the terms instead
+                return ContributeRes(
+                    public={"refused": "degree", "count": int(over.numel()), "largest": int(over.max())}
+                )
+        if not (self.facts.binary_features or req.dp_clip is not None):  # DP clips the terms instead
             m = float(c.x.abs().max()) if c.x.numel() else 0.0
             if m > o.feature_bound:
-                return {"refused": "feature", "largest": m}
+                return ContributeRes(public={"refused": "feature", "largest": m})
         return None
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Take the decoded neighbour sums (or row ids) and build the training inputs from them."""
-        tag = req["tag"]
+        tag = req.tag
         if tag == IDS_TAG:
             self._open_row_ids(req)
-            return {}
+            return None
         if tag != TAG:
             return super().receive(req)
+        if req.rpb is None or req.noise_std is None:
+            raise MessageError(f"the result of {tag!r} delivered without its rpb and noise_std")
         c, o = self.data, self.fopts
-        half, rpb = self.rt.half, int(req["rpb"])  # this client's own decoded blocks
+        half, rpb = self.rt.half, int(req.rpb)  # this client's own decoded blocks
         if self.cfg.attacks:
             self.decoded = self._block_rows(half.result(), rpb)
         totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
         own_deg = local_degrees(c)
         if self.sent_own is not None:  # DP: post-processing with the client's own data
-            totals = denoise_with_own_data(
-                c, totals, self.sent_own.to(totals), o.norm, noise_std=float(req["noise_std"])
-            )
+            totals = denoise_with_own_data(c, totals, self.sent_own.to(totals), o.norm, noise_std=float(req.noise_std))
             counts = totals[:, -1]
         else:
             counts = totals[:, -1].round()
@@ -230,7 +238,7 @@ class FedGCNLogic(ModelAveragingLogic):
         degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])
         z = normalise(totals, degrees, o.norm).to(torch.float32)
         self._set_inputs(z, propagation_graph(c, o.hops, degrees))
-        return {}
+        return None
 
     def _block_rows(self, blocks: dict, rpb: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row of the decoded ``blocks`` as (node id, total), float32.

@@ -34,7 +34,9 @@ import numpy as np
 from protocols import SERVER, BoundError, client_party
 from protocols.errors import IntegrityError
 
+from ...runtime import wire
 from ...runtime.exchange import run_row_sum
+from ...runtime.messages import ContributeIns, ContributeRes, ReceiveIns
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import FedGCNOptions
 from .ops import (
@@ -123,22 +125,22 @@ class FedGCNStrategy(ModelAveragingStrategy):
         dim = f.num_features + 1
         spec = self.protocol.release_spec(spec, dp)  # a DP sum's public grid (protocols.dp.release_spec)
         rpb = self.protocol.rows_per_block(spec, dim, num_rows, o.layout)
-        ask = {
-            "tag": TAG,
-            "round": 0,
-            "check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on),
-            "rpb": rpb,
-            "num_blocks": -(-num_rows // rpb),
-            "layout": o.layout,
-            "dp_clip": dp_row_clip(o, self.cfg) if dp else None,
-        }
+        ask = ContributeIns(
+            TAG,
+            0,
+            dp_clip=dp_row_clip(o, self.cfg) if dp else None,
+            rpb=rpb,
+            num_blocks=-(-num_rows // rpb),
+            layout=o.layout,
+            config={"check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on)},
+        )
         sent = self.ask("contribute", {k: ask for k in range(K)})
         self.check_lost(range(K), f"the pre-training exchange {TAG}")
         self._refuse(sent)
-        rows_up = {k: int(r["rows_up"]) for k, r in sent.items()}
-        rows_down = {k: int(r["rows_down"]) for k, r in sent.items()}
+        rows_up = {k: int(r.rows_up) for k, r in sent.items()}
+        rows_down = {k: int(r.rows_down) for k, r in sent.items()}
         noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
-        self.tell("receive", {k: {"tag": TAG, "round": 0, "rpb": rpb, "noise_std": noise_std} for k in range(K)})
+        self.tell("receive", {k: ReceiveIns(TAG, 0, rpb=rpb, noise_std=noise_std) for k in range(K)})
         self.check_lost(range(K), f"the delivery of {TAG}")
         self.exchange_rows = num_rows
         self.pretrain = self._pretrain_stats(rows_up, rows_down)
@@ -147,9 +149,12 @@ class FedGCNStrategy(ModelAveragingStrategy):
     def _number_rows(self, rpb: int) -> int:
         """Stage 1 of the module docstring; returns the exchange's number of rows."""
         K = self.num_clients
-        hist = self.ask(
-            "contribute", {k: {"tag": ORDER_TAG, "round": 0} for k in range(K)}, record=(ORDER_TAG, "metadata")
-        )
+        hist = {
+            k: r.public
+            for k, r in self.ask(
+                "contribute", {k: ContributeIns(ORDER_TAG, 0) for k in range(K)}, record=(ORDER_TAG, "metadata")
+            ).items()
+        }
         self.check_lost(range(K), "the row numbering")
         classes = [(int(m), k, int(n)) for k in range(K) for m, n in zip(hist[k]["masks"], hist[k]["counts"])]
         rows, num_rows = layout_from_histogram(
@@ -161,19 +166,21 @@ class FedGCNStrategy(ModelAveragingStrategy):
             "session": np.frombuffer(self.protocol.session, dtype=np.uint8),
         }
         mine = {
-            k: {
-                "tag": IDS_TAG,
-                "round": 0,
-                "masks": hist[k]["masks"],
-                "counts": hist[k]["counts"],
-                "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]]),
-                **channel,
-            }
+            k: ContributeIns(
+                IDS_TAG,
+                0,
+                config={
+                    "masks": hist[k]["masks"],
+                    "counts": hist[k]["counts"],
+                    "rows": np.concatenate([rows[(int(m), k)] for m in hist[k]["masks"]]),
+                    **channel,
+                },
+            )
             for k in range(K)
         }
         for k, r in mine.items():
-            self.record(ORDER_TAG, SERVER, client_party(k), "metadata", len(_frame(r)))
-        told = self.ask("contribute", mine)
+            self.record(ORDER_TAG, SERVER, client_party(k), "metadata", len(wire.pack(r.to_fields())))
+        told = {k: r.public for k, r in self.ask("contribute", mine).items()}
         self.check_lost(range(K), "the row numbering")
         inbox: dict[int, list] = {j: [] for j in range(K)}
         for k, r in told.items():  # the server relays ciphertext it cannot open
@@ -198,21 +205,23 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.tell(
             "receive",
             {
-                j: {
-                    "tag": IDS_TAG,
-                    "round": 0,
-                    "senders": np.asarray([k for k, _ in parts], np.int64),
-                    "lengths": np.asarray([b.size for _, b in parts], np.int64),
-                    "sealed": np.concatenate([b for _, b in parts] or [np.zeros(0, np.uint8)]),
-                }
+                j: ReceiveIns(
+                    IDS_TAG,
+                    0,
+                    config={
+                        "senders": np.asarray([k for k, _ in parts], np.int64),
+                        "lengths": np.asarray([b.size for _, b in parts], np.int64),
+                        "sealed": np.concatenate([b for _, b in parts] or [np.zeros(0, np.uint8)]),
+                    },
+                )
                 for j, parts in inbox.items()
             },
         )
         return num_rows
 
-    def _refuse(self, sent: dict) -> None:
+    def _refuse(self, sent: dict[int, ContributeRes]) -> None:
         """BoundError naming the worst client when an owner refused its own nodes' bounds."""
-        refused = {k: r for k, r in sent.items() if "refused" in r}
+        refused = {k: r.public for k, r in sent.items() if "refused" in r.public}
         if not refused:
             return
         worst = max(refused, key=lambda k: refused[k]["largest"])
@@ -282,9 +291,3 @@ class FedGCNStrategy(ModelAveragingStrategy):
     def load_server_state(self, state: dict) -> None:
         """Restore the state written by :meth:`server_state`."""
         self.pretrain, self.exchange_rows = state["pretrain"], state["exchange_rows"]
-
-
-def _frame(fields: dict) -> bytes:
-    from ...runtime import wire
-
-    return wire.pack(fields)

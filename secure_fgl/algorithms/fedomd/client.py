@@ -11,6 +11,7 @@ import torch
 
 from protocols.batch import batch_means, batch_vector
 
+from ...runtime.messages import ContributeIns, ContributeRes, FitIns, FitRes, ReceiveIns
 from ...runtime.sums import dp_mean_vector, mean_of, offer, summed
 from ..fedavg.client import ModelAveragingLogic
 from ..options import FedOMDOptions
@@ -35,10 +36,10 @@ class FedOMDLogic(ModelAveragingLogic):
         """The orthogonal GCN of FedOMD."""
         return build_ortho_gcn(FedOMDOptions(**options), cfg, facts.num_features, facts.num_classes)
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """FedOMD's local steps (eq. 12): cross-entropy, orthogonality and central-moment-discrepancy terms."""
         if not bool(self.data.train_mask.any()):
-            return {"trained": False, "loss": 0.0}
+            return FitRes(trained=False, loss=0.0)
         loss, terms = train_client(
             self.model,
             self.optimizer,
@@ -48,10 +49,10 @@ class FedOMDLogic(ModelAveragingLogic):
             self.cfg,
             self.global_stats,
             self.orders,
-            int(req["round"]),
+            int(req.round),
             self.rt.client_id,
         )
-        return {"trained": True, "loss": loss, **terms}
+        return FitRes(trained=True, loss=loss, terms=terms)
 
     def _samples(self, rnd: int) -> list[np.ndarray]:
         """This round's hidden features on the statistics' node set, clipped to ``[a, b]`` (computed once)."""
@@ -62,42 +63,43 @@ class FedOMDLogic(ModelAveragingLogic):
             self.pooled = {}
         return self.samples[1]
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Keep this client's hidden-feature statistics of the requested layers (means, central or raw moments)."""
-        if "stage" not in req:
+        if "stage" not in req.config:
             return super().contribute(req)
-        layers = self._samples(int(req["round"]))
-        if req.get("dp_clip") is not None:  # one layer's DP weighted mean (.sums)
-            a = layers[req["layers"][0]]
+        stage, layer_ids = req.entry("stage"), list(req.entry("layers"))
+        layers = self._samples(int(req.round))
+        if req.dp_clip is not None:  # one layer's DP weighted mean (.sums)
+            a = layers[layer_ids[0]]
             value = (
                 local_mean(a)
-                if req["stage"] == "mean"
-                else local_central_moments(a, self.pooled[("mean", req["layers"][0])], self.orders)
+                if stage == "mean"
+                else local_central_moments(a, self.pooled[("mean", layer_ids[0])], self.orders)
             )
             return offer(self, req, dp_mean_vector(value, float(a.shape[0]), req))
         parts = []
-        for l in req["layers"]:
+        for l in layer_ids:
             a = layers[l]
-            if req["stage"] == "mean":
+            if stage == "mean":
                 parts.append(local_mean(a))
-            elif req["stage"] == "moments":
+            elif stage == "moments":
                 parts.append(local_central_moments(a, self.pooled[("mean", l)], self.orders))
             else:  # raw: E[z] and E[z^2..J] as two parts
                 raw = local_raw_moments(a, max(self.orders))
                 parts += [raw[0], raw[1:]]
         return offer(self, req, batch_vector(parts, float(layers[0].shape[0])))
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Store the pooled statistics; under DP they are projected onto the activation bounds."""
-        if "stage" not in req:
+        if "stage" not in req.config:
             return super().receive(req)
-        o, stage, layers = self.fopts, req["stage"], list(req["layers"])
+        o, stage, layers = self.fopts, req.entry("stage"), list(req.entry("layers"))
         d, J = self.cfg.hidden, len(self.orders)
         per_layer = {"mean": [(d,)], "moments": [(J, d)], "raw": [(d,), (J, d)]}[stage]
-        if req.get("dp_clip") is not None:  # one layer's DP weighted mean
-            means = [mean_of(summed(self, req), req["tag"], req).reshape(per_layer[0])]
+        if req.dp_clip is not None:  # one layer's DP weighted mean
+            means = [mean_of(summed(self, req), req.tag, req).reshape(per_layer[0])]
         else:
-            means = batch_means(summed(self, req), per_layer * len(layers), req["tag"], int(req["round"]))
+            means = batch_means(summed(self, req), per_layer * len(layers), req.tag, int(req.round))
         dp_run = bool(self.cfg.dp_epsilon)  # post-processing of the DP path
         for i, l in enumerate(layers):
             if stage == "mean":  # the means-only exchange and DP project them
@@ -128,4 +130,4 @@ class FedOMDLogic(ModelAveragingLogic):
                 )
                 for l in range(num_hidden)
             ]
-        return {}
+        return None

@@ -119,7 +119,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
                 dp_mean=True,
             )
 
-    def ask(self, method: str, requests: dict[int, dict], **kw) -> dict[int, dict]:
+    def ask(self, method: str, requests, **kw) -> dict:
         """:meth:`Strategy.ask`, keeping the loss terms of the round's local updates."""
         responses = super().ask(method, requests, **kw)
         if method == "local_update":  # keep the loss terms of this round's clients
@@ -132,7 +132,7 @@ class FedOMDStrategy(ModelAveragingStrategy):
         if self.fopts.cmd_weight > 0:
             self.exchange_statistics(rnd, self.alive(self.sample_clients(rnd)))
         out = super().train_round(rnd)
-        trained = [r for r in self.updates.values() if r["trained"]]
+        trained = [r for r in self.updates.values() if r.trained]
         for name in TERMS:
-            out[f"{name}_loss"] = float(np.mean([r[name] for r in trained])) if trained else 0.0
+            out[f"{name}_loss"] = float(np.mean([r.terms[name] for r in trained])) if trained else 0.0
         return out

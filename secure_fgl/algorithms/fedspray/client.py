@@ -15,8 +15,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from protocols.base import classwise_result, classwise_vector
 
 from ...runtime.logic import ClientLogic
+from ...runtime.messages import ContributeIns, ContributeRes, EvaluateIns, EvaluateRes, FitIns, FitRes, ReceiveIns
 from ...runtime.sums import dp_mean_vector, mean_of, mean_vector, offer, summed
-from ..base import SPLITS, accuracy
+from ..base import accuracy
 from ..minority import minority_report
 from ..options import FedSprayOptions
 from .ops import DP_PROXY_BOUND, PROXY_SPEC, SprayClient, check_options, first_proxies, keep_absent, new_encoder
@@ -43,24 +44,24 @@ class FedSprayLogic(ClientLogic):
         self.teacher = None
         self.update = self.local_proxies = None
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """One round of FedSpray's local training; keeps the encoder update and the local class proxies."""
         if not bool(self.data.train_mask.any()):
-            return {"trained": False, "loss": 0.0}
+            return FitRes(trained=False, loss=0.0)
         loss, self.update, self.local_proxies = self.part.local_update(
-            self.global_encoder, self.proxies, int(req["round"])
+            self.global_encoder, self.proxies, int(req.round)
         )
-        return {"trained": True, "loss": loss}
+        return FitRes(trained=True, loss=loss)
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Keep the encoder update as a weighted mean, the class-wise proxies, or both in one batch."""
-        tag, N = req["tag"], self.facts.num_nodes
+        tag, N = req.tag, self.facts.num_nodes
         if tag == "fedspray/encoder":
             update, weight = self.update.cpu().numpy(), self.part.encoder_weight(N)
             return offer(
                 self,
                 req,
-                dp_mean_vector(update, weight, req) if req.get("dp_clip") is not None else mean_vector(update, weight),
+                dp_mean_vector(update, weight, req) if req.dp_clip is not None else mean_vector(update, weight),
             )
         if tag == "fedspray/proxies":
             return offer(self, req, self.proxy_upload())
@@ -80,20 +81,20 @@ class FedSprayLogic(ClientLogic):
             self.local_proxies.cpu().numpy().astype(np.float64), self.part.proxy_weights(self.facts.num_nodes)
         )
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Apply the decoded encoder mean and/or class proxies."""
-        tag = req["tag"]
+        tag = req.tag
         if tag == "fedspray/encoder":
             self.apply_encoder(mean_of(summed(self, req), tag, req))
         elif tag == "fedspray/proxies":
-            self.apply_proxies(summed(self, req), max(PROXY_SPEC.tolerance, 3.0 * float(req.get("dp_std", 0.0))))
+            self.apply_proxies(summed(self, req), max(PROXY_SPEC.tolerance, 3.0 * float(req.dp_std or 0.0)))
         elif tag == "fedspray/batch":
             total, C, d = summed(self, req), *self.proxies.shape
-            self.apply_proxies(total[: C * (d + 1)], float(req["tolerance"]))
+            self.apply_proxies(total[: C * (d + 1)], float(req.entry("tolerance")))
             self.apply_encoder(mean_of(total[C * (d + 1) :], tag))
         else:
             return super().receive(req)
-        return {}
+        return None
 
     def apply_encoder(self, mean: np.ndarray) -> None:
         """Add the mean encoder update to the global encoder."""
@@ -115,18 +116,20 @@ class FedSprayLogic(ClientLogic):
         return self.part.logits()
 
     @torch.no_grad()
-    def evaluate(self, req: dict) -> dict:
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
         """Per-split counts, minority-class report and the test accuracy of the global encoder as teacher."""
         logits, c = self.logits(), self.data
         if self.teacher is None:
             self.teacher = copy.deepcopy(self.part.encoder)
         vector_to_parameters(self.global_encoder.clone(), self.teacher.parameters())
         teacher = accuracy(self.part.soft_targets(self.teacher, self.proxies)[0], c.y, c.test_mask)
-        return {
-            **{split: list(accuracy(logits, c.y, getattr(c, f"{split}_mask"))) for split in SPLITS},
-            "minority": minority_report(logits, c, self.facts.num_classes),
-            "teacher": list(teacher),
-        }
+        return EvaluateRes(
+            {
+                **self.split_counts(logits),
+                "minority": minority_report(logits, c, self.facts.num_classes),
+                "teacher": list(teacher),
+            }
+        )
 
     def state_dict(self) -> dict:
         """The local part's state plus the global encoder and proxies."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...runtime.messages import EvaluateIns, FitIns
 from ...runtime.strategy import EVAL_TAG
 from ...runtime.sums import scoped, sum_exchange
 from ..base import accuracy_summary, model_spec
@@ -61,8 +62,8 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
         """Local updates, then the encoder and proxy exchanges (one batched upload when they fit together)."""
         self.round = rnd
         K = self.num_clients
-        done = self.ask("local_update", {k: {"round": rnd} for k in self.sample_clients(rnd)})
-        trained = sorted(k for k, r in done.items() if r["trained"])
+        done = self.ask("local_update", {k: FitIns(rnd) for k in self.sample_clients(rnd)})
+        trained = sorted(k for k, r in done.items() if r.trained)
         if not trained:
             return {"train_loss": 0.0, "clients_lost": len(self.lost)}
         dp, encoder, proxies = dp_request(self.cfg), f"{self.name}/encoder", f"{self.name}/proxies"
@@ -76,15 +77,16 @@ class FedSprayStrategy(MinorityAccuracy, ModelAveragingStrategy):
             self.protocol.transcript.attribute(
                 f"{self.name}/batch", ((proxies, proxy_len), (encoder, length - proxy_len))
             )
-            return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}
+            return {"train_loss": float(np.mean([done[k].loss for k in trained])), "clients_lost": len(self.lost)}
         sum_exchange(self, encoder, rnd, trained, range(K), spec, dp=scoped(self, encoder, dp), dp_mean=True)
         if not self.fopts.ablate_proxy:
             sum_exchange(self, proxies, rnd, trained, range(K), PROXY_SPEC, dp=scoped(self, proxies, dp))
-        return {"train_loss": float(np.mean([done[k]["loss"] for k in trained])), "clients_lost": len(self.lost)}
+        return {"train_loss": float(np.mean([done[k].loss for k in trained])), "clients_lost": len(self.lost)}
 
     def evaluate(self) -> dict:
         """Accuracy summary plus the teacher's test accuracy and the minority-class accuracies."""
-        reports = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        asked = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        reports = {k: r.counts for k, r in asked.items()}
         out = accuracy_summary(reports)
         correct, total = (sum(int(r["teacher"][i]) for r in reports.values()) for i in (0, 1))
         out["teacher_test_acc"] = correct / total if total else 0.0

@@ -15,6 +15,7 @@ import copy
 import torch
 from torch.nn.utils import vector_to_parameters
 
+from ...runtime.messages import FitIns, FitRes
 from ..fedavg.client import ModelAveragingLogic
 from ..options import FGSSLOptions
 from .ops import fgssl_objective, fgssl_rates, fgssl_views
@@ -30,7 +31,7 @@ class FGSSLLogic(ModelAveragingLogic):
         #: the received global model G^g, F^g (frozen, evaluated without dropout)
         self.global_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """Load the global model (the contrastive target), then a FedAvg local update."""
         vector_to_parameters(self.global_params.clone(), self.global_model.parameters())
         return super().local_update(req)

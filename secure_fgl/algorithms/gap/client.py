@@ -13,6 +13,16 @@ import torch
 from ...dpsgd import DPSGD
 from ...models import build_model
 from ...runtime.exchange import keep_rows, rows_result
+from ...runtime.messages import (
+    ContributeIns,
+    ContributeRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    MessageError,
+    ReceiveIns,
+)
 from ..fedavg.client import ModelAveragingLogic
 from ..fedgcn.ops import partial_neighbour_sums
 from ..options import GAPOptions
@@ -85,23 +95,21 @@ class GAPLogic(ModelAveragingLogic):
             raise RuntimeError("fedgcn-gap's encoder and noisy hops must run before the head trains")
         return self._inputs, self.encoder.no_edges
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """Train the encoder or the head; by DP-SGD with this client's noise when the request carries its std.
 
         Raises:
             ValueError: DP-SGD is asked of a run without ``--dpsgd``.
         """
-        stage = self.encoder if req.get("model") == ENCODER_TAG else self
-        if "dpsgd_std" not in req:
+        stage = self.encoder if req.model == ENCODER_TAG else self
+        if req.dpsgd_std is None:
             return self.encoder.local_update(req) if stage is self.encoder else super().local_update(req)
         if self.sgd is None:
             raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
-        c, rnd = self.data, int(req["round"])
+        c, rnd, dp_tag = self.data, int(req.round), str(req.dpsgd_tag)
         if not bool(c.train_mask.any()):
-            return {"trained": False, "loss": 0.0}
-        noises = [
-            lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]
-        ]
+            return FitRes(trained=False, loss=0.0)
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, dp_tag, rnd) for std in req.dpsgd_std]
         x, edge_index = stage.inputs()
         self.sgd.train(
             stage.model,
@@ -116,17 +124,17 @@ class GAPLogic(ModelAveragingLogic):
             noises=noises,
             uniform=self.noise.rng.uniform,
         )
-        return {"trained": True}  # the loss is computed from un-noised gradients: it stays here
+        return FitRes(trained=True)  # the loss is computed from un-noised gradients: it stays here
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Encoder updates, or the partial neighbour sums of the current hop (hop 1 starts from the best encoder)."""
-        tag = req["tag"]
+        tag = req.tag
         if tag == ENCODER_TAG:
             return self.encoder.contribute(req)
         if not tag.startswith(HOP_TAG + "/"):
             return super().contribute(req)
         c = self.data
-        if int(req["hop"]) == 1:  # H_0 from the best encoder
+        if int(req.entry("hop")) == 1:  # H_0 from the best encoder
             check_degree_cap(c, self.gopts.degree_cap, self.rt.client_id)
             bound = self.gopts.degree_bound(self.cfg)
             if bound is not None:  # node level: every own node's term goes to at most D neighbours
@@ -139,28 +147,30 @@ class GAPLogic(ModelAveragingLogic):
         ids, rows = partial_neighbour_sums(self.graph, self.hops[-1])
         return keep_rows(self, tag, ids.cpu().numpy(), rows.cpu().numpy(), c.global_ids.cpu().numpy(), req)
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Take the encoder mean, the best-encoder mark, or a row-normalised aggregated hop."""
-        tag = req["tag"]
+        tag = req.tag
         if tag == ENCODER_TAG:
             return self.encoder.receive(req)
         if tag == BEST_TAG:
             self.best_encoder = copy.deepcopy(self.encoder.model.state_dict())
-            return {}
+            return None
         if not tag.startswith(HOP_TAG + "/"):
             return super().receive(req)
-        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req["rpb"]), self.cfg.hidden)
+        if req.rpb is None:
+            raise MessageError(f"the result of {tag!r} delivered without its rows per block (rpb)")
+        totals = rows_result(self.rt.half, self.data.global_ids.cpu().numpy(), int(req.rpb), self.cfg.hidden)
         self.hops.append(row_normalise(torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)))
         if len(self.hops) == self.gopts.hops + 1:
             self._inputs = torch.cat(self.hops, dim=1).to(torch.float32)
-        return {}
+        return None
 
     @torch.no_grad()
-    def evaluate(self, req: dict) -> dict:
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
         """Counts of the encoder, or of the head and the encoder once the head has inputs."""
-        if req.get("model") == ENCODER_TAG or self._inputs is None:
+        if req.model == ENCODER_TAG or self._inputs is None:
             return self.encoder.evaluate(req)
-        return {"head": super().evaluate(req), "encoder": self.encoder.evaluate(req)}
+        return EvaluateRes({"head": super().evaluate(req).counts, "encoder": self.encoder.evaluate(req).counts})
 
     def state_dict(self) -> dict:
         """Head state plus the encoder, the best encoder and the hop inputs."""

@@ -26,11 +26,14 @@ A step is counted before any client trains (conservative: it counts even if the 
 
 from __future__ import annotations
 
+import dataclasses
+
 from protocols.dp import node_level_sensitivity
 
 from ...dpsgd import noise_contributors, stage_request
 from ...privacy import resolve_unit
 from ...runtime.exchange import run_row_sum
+from ...runtime.messages import ContributeIns, EvaluateIns, FitIns, ReceiveIns
 from ...runtime.strategy import EVAL_TAG
 from ...validation import ConfigError
 from ..base import accuracy_summary
@@ -93,7 +96,7 @@ class GAPStrategy(ModelAveragingStrategy):
         unit = "node" if self.protocol.dp is not None and resolve_unit(self.cfg) == "node" else "sample"
         return {t: unit for t, _ in self.dpsgd.values()}
 
-    def local_update_request(self, rnd: int, tag: str | None) -> dict:
+    def local_update_request(self, rnd: int, tag: str | None) -> FitIns:
         """With ``--dpsgd``: count this round's steps of the stage and tell the clients each step's std."""
         ask = super().local_update_request(rnd, tag)
         stage = self.dpsgd.get(tag or f"{self.name}/model")
@@ -111,7 +114,7 @@ class GAPStrategy(ModelAveragingStrategy):
         std = [
             dp.local_release(dp_tag, rnd * epochs + s, request, contributors=n, sample_rate=q) for s in range(epochs)
         ]
-        return {**ask, "dpsgd_tag": dp_tag, "dpsgd_std": std}
+        return dataclasses.replace(ask, dpsgd_tag=dp_tag, dpsgd_std=std)
 
     def model_dp_request(self, tag: str):
         """No noise on the model exchanges at edge level (they touch no edge) or with ``--dpsgd``.
@@ -129,7 +132,7 @@ class GAPStrategy(ModelAveragingStrategy):
             val = self._encoder_summary()["val_acc"]
             if r == 0 or val > self.encoder_val_acc:
                 self.encoder_val_acc = val
-                self.tell("receive", {k: {"tag": BEST_TAG, "round": r} for k in self.alive()})
+                self.tell("receive", {k: ReceiveIns(BEST_TAG, r) for k in self.alive()})
         self._noisy_hops()
 
     def _noisy_hops(self) -> None:
@@ -138,31 +141,32 @@ class GAPStrategy(ModelAveragingStrategy):
             dp = self.hop_request(h) if self.protocol.dp is not None and self.protocol.dp.config.in_scope(tag) else None
             spec = self.protocol.release_spec(hop_spec(o), dp)  # a DP row sum's public grid, per hop
             rpb = self.protocol.rows_per_block(spec, dim, N, o.layout)
-            ask = {
-                "tag": tag,
-                "round": 0,
-                "hop": h,
-                "rpb": rpb,
-                "num_blocks": -(-N // rpb),
-                "layout": o.layout,
-                "dp_clip": float(dp.clip) if dp else None,
-            }
+            ask = ContributeIns(
+                tag,
+                0,
+                dp_clip=float(dp.clip) if dp else None,
+                rpb=rpb,
+                num_blocks=-(-N // rpb),
+                layout=o.layout,
+                config={"hop": h},
+            )
             sent = self.ask("contribute", {k: ask for k in range(K)})
             self.check_lost(range(K), f"the hop exchange {tag}")
             run_row_sum(self, tag, 0, sent, N, dim, o.layout, spec, rpb, dp)
-            self.tell("receive", {k: {"tag": tag, "round": 0, "rpb": rpb} for k in range(K)})
+            self.tell("receive", {k: ReceiveIns(tag, 0, rpb=rpb) for k in range(K)})
             self.check_lost(range(K), f"the delivery of {tag}")
 
     def _encoder_summary(self) -> dict:
-        counts = self.ask("evaluate", {k: {"model": ENCODER_TAG} for k in self.alive()}, record=(EVAL_TAG, "plain"))
-        return accuracy_summary(counts)
+        ask = EvaluateIns(model=ENCODER_TAG)
+        counts = self.ask("evaluate", {k: ask for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        return accuracy_summary({k: r.counts for k, r in counts.items()})
 
     def evaluate(self) -> dict:
         """Metrics of the head or the encoder, whichever scores higher on all validation nodes."""
-        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
-        head = accuracy_summary({k: r["head"] for k, r in counts.items()})
+        counts = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        head = accuracy_summary({k: r.counts["head"] for k, r in counts.items()})
         self.uses_head = self.gopts.select != "val" or head["val_acc"] >= self.encoder_val_acc
-        return head if self.uses_head else accuracy_summary({k: r["encoder"] for k, r in counts.items()})
+        return head if self.uses_head else accuracy_summary({k: r.counts["encoder"] for k, r in counts.items()})
 
     def final_metrics(self) -> dict:
         """Base metrics plus hops, whether the head is used and the encoder's accuracies."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...runtime.messages import ContributeIns, ContributeRes, ReceiveIns
 from ..graph_level.client import GraphLogic
 
 
@@ -38,22 +39,22 @@ class GCFLLogic(GraphLogic):
             return 1.0 / self.facts.num_clients
         return super().weight(tag)
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Store the cluster's unweighted mean (eq. 4's criterion), else the graph-level results."""
-        if req["tag"] == f"{self.cfg.algorithm}/criterion_mean":
+        if req.tag == f"{self.cfg.algorithm}/criterion_mean":
             self.criterion_mean = self.received_mean(req)
-            return {}
+            return None
         return super().receive(req)
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Report the round's norms in the clear, or keep the update for the similarity exchange."""
-        tag, name = req["tag"], self.cfg.algorithm
+        tag, name = req.tag, self.cfg.algorithm
         if tag == f"{name}/norms":  # one report of every norm of the round (algorithms.gcfl)
-            values = np.array([self.scalar(f"{name}/{part}") for part in req["parts"]], dtype=np.float64)
+            values = np.array([self.scalar(f"{name}/{part}") for part in req.entry("parts")], dtype=np.float64)
             self.keep(tag, values, clear=True)  # the half sends it, signed (protocols/report.py)
-            return {}
+            return ContributeRes()
         if tag == f"{name}/similarity":
             update = self.learner.update().cpu().numpy()
             self.keep(tag, update.astype(np.float64))  # the half sends it to the update-similarity exchange
-            return {"length": update.size}
+            return ContributeRes(length=update.size)
         return super().contribute(req)

@@ -30,6 +30,7 @@ from protocols.batch import report_parts
 from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
 
+from ...runtime.messages import ContributeIns
 from ...runtime.strategy import Strategy
 from ..graph_level.ops import last_round_metrics
 from ..graph_level.server import GraphStrategy
@@ -60,7 +61,7 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
         tag, parts = f"{self.name}/norms", list(self.norm_parts)
         names = [f"{self.name}/{p}" for p in parts]
-        ask = {"tag": tag, "round": rnd, "parts": parts}
+        ask = ContributeIns(tag, rnd, config={"parts": parts})
         clients = [k for c in clusters for k in c]
         self.ask("contribute", {k: ask for k in clients})
         reports = collect_reports(self.protocol, tag, rnd, self.alive(clients), len(parts))
@@ -75,10 +76,10 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         """
         tag = f"{self.name}/similarity"
         # the members' and the decider's halves run the exchange (protocols/pairwise_exchange.py)
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        sent = self.ask("contribute", {k: ContributeIns(tag, rnd) for k in members})
         self.check_lost(members + [int(self.opts.decider)], tag)
         return pairwise_over_halves(
-            self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]]["length"])
+            self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]].length)
         )
 
     # ------------------------------------------------------------------ reporting, checkpoints

@@ -9,8 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 from ...dpsgd import DPSGD
-from ...runtime.exchange import dense_result
 from ...runtime.logic import ClientLogic
+from ...runtime.messages import (
+    AttackIns,
+    ContributeIns,
+    ContributeRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    MessageError,
+    ReceiveIns,
+    StateRes,
+)
+from ...runtime.sums import summed
 from ..grid_mean import grid_contribution, grid_mean_of_sum
 from .ops import GCFLGIN, GraphLearner, initial_shared
 
@@ -34,22 +46,21 @@ class GraphLogic(ClientLogic):
         """Client ``client``'s GIN shape (its public feature dimension and classes), randomly initialised."""
         return GCFLGIN(facts.num_features[client], cfg.hidden, facts.num_classes[client], cfg.num_layers, cfg.dropout)
 
-    def local_update(self, req: dict) -> dict:
+    def local_update(self, req: FitIns) -> FitRes:
         """One local update of the shared layers (by DP-SGD with this client's noise when the request carries its std).
 
         Raises:
             ValueError: DP-SGD is asked of a run without ``--dpsgd``.
         """
-        rnd = int(req["round"])
-        if "dpsgd_std" not in req:
-            return {"trained": True, "loss": self.learner.local_update(rnd, self.prox_mu)}
+        rnd = int(req.round)
+        if req.dpsgd_std is None:
+            return FitRes(trained=True, loss=self.learner.local_update(rnd, self.prox_mu))
         if self.sgd is None:
             raise ValueError(f"client {self.rt.client_id} trains by DP-SGD only in a run with --dpsgd")
-        noises = [
-            lambda size, std=std: self.noise.gaussian(std, size, req["dpsgd_tag"], rnd) for std in req["dpsgd_std"]
-        ]
+        dp_tag = str(req.dpsgd_tag)
+        noises = [lambda size, std=std: self.noise.gaussian(std, size, dp_tag, rnd) for std in req.dpsgd_std]
         self.learner.local_update(rnd, self.prox_mu, self.sgd, noises)
-        return {"trained": True}  # the loss is computed from un-noised gradients: it stays here
+        return FitRes(trained=True)  # the loss is computed from un-noised gradients: it stays here
 
     def weight(self, tag: str) -> float | None:
         """The weight of this client's update in the mean exchanged under ``tag``.
@@ -58,9 +69,9 @@ class GraphLogic(ClientLogic):
         """
         return len(self.data.train) / self.facts.total_train if tag == f"{self.cfg.algorithm}/model" else None
 
-    def contribute(self, req: dict) -> dict:
+    def contribute(self, req: ContributeIns) -> ContributeRes:
         """Keep the weighted update on the public grid for the cluster-mean exchange."""
-        tag, rnd = req["tag"], int(req["round"])
+        tag, rnd = req.tag, int(req.round)
         weight = self.weight(tag)
         if weight is None:
             return super().contribute(req)
@@ -68,43 +79,43 @@ class GraphLogic(ClientLogic):
             self.learner.update().cpu().numpy(), weight, tag=tag, rnd=rnd, client=self.rt.client_id
         )
         self.keep(tag, contribution)
-        return {"length": contribution.size}
+        return ContributeRes(length=contribution.size)
 
-    def receive(self, req: dict) -> dict:
+    def receive(self, req: ReceiveIns) -> None:
         """Store the cluster mean, or apply the stored one when told to.
 
         Raises:
             ValueError: told to apply a mean it never received.
         """
-        tag = req["tag"]
+        tag = req.tag
         if tag == f"{self.cfg.algorithm}/model":
             self.mean = self.received_mean(req)
-            return {}
+            return None
         if tag == f"{self.cfg.algorithm}/apply":
             if self.mean is None:
                 raise ValueError(f"client {self.rt.client_id}: told to apply a cluster mean it never received")
             self.learner.apply_mean(self.mean)
             self.mean = None
-            return {}
+            return None
         return super().receive(req)
 
-    def received_mean(self, req: dict) -> np.ndarray:
+    def received_mean(self, req: ReceiveIns) -> np.ndarray:
         """The mean of this client's decoded grid sum."""
-        return grid_mean_of_sum(dense_result(self.rt.half.result(), int(req["length"])))
+        return grid_mean_of_sum(summed(self, req))
 
-    def evaluate(self, req: dict) -> dict:
+    def evaluate(self, req: EvaluateIns) -> EvaluateRes:
         """The learner's per-split counts."""
-        return self.learner.counts()
+        return EvaluateRes(self.learner.counts())
 
-    def attack_state(self, req: dict) -> dict:
+    def attack_state(self, req: AttackIns) -> StateRes:
         """This client's GIN after the run, for the attack suite.
 
         For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
         layers included) after the run.
         """
-        if req["what"] == "model":
-            return {f"param:{n}": t for n, t in self.learner.model.state_dict().items()}
-        raise ValueError(f"client {self.rt.client_id}: no attack state {req['what']!r} for a graph client")
+        if req.what == "model":
+            return StateRes({f"param:{n}": t for n, t in self.learner.model.state_dict().items()})
+        raise MessageError(f"client {self.rt.client_id}: no attack state {req.what!r} for a graph client")
 
     def state_dict(self) -> dict:
         """The learner's state."""

@@ -20,10 +20,13 @@ the public facts (:class:`~.facts.GraphFacts`: dataset and split sizes of every 
 
 from __future__ import annotations
 
+import dataclasses
+
 from protocols import DropoutError
 
 from ...dpsgd import stage_request
 from ...runtime.exchange import plan_dense, run_split
+from ...runtime.messages import ContributeIns, EvaluateIns, FitIns, ReceiveIns
 from ...runtime.strategy import EVAL_TAG, Strategy
 from ..base import train_loss_of
 from ..fedavg.server import ModelAveragingStrategy
@@ -62,7 +65,7 @@ class GraphStrategy(ModelAveragingStrategy):
         """DP-SGD steps protect one training graph (a sample)."""
         return {self.dpsgd[0]: "sample"} if self.dpsgd is not None else {}
 
-    def local_update_request(self, rnd: int, tag: str | None = None) -> dict:
+    def local_update_request(self, rnd: int, tag: str | None = None) -> FitIns:
         """With ``--dpsgd``: count this round's epochs and tell the clients the noise std.
 
         With ``--dpsgd``: count this round's epochs (one release each: an epoch's batches are
@@ -73,11 +76,11 @@ class GraphStrategy(ModelAveragingStrategy):
             return ask
         dp_tag, request = self.dpsgd
         epochs = self.cfg.local_epochs
-        return {
-            **ask,
-            "dpsgd_tag": dp_tag,
-            "dpsgd_std": [self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)],
-        }
+        return dataclasses.replace(
+            ask,
+            dpsgd_tag=dp_tag,
+            dpsgd_std=[self.protocol.dp.local_release(dp_tag, rnd * epochs + e, request) for e in range(epochs)],
+        )
 
     def train_round(self, rnd: int) -> dict:
         """Local updates of the sampled clients, then the cluster round when models are aggregated."""
@@ -87,7 +90,7 @@ class GraphStrategy(ModelAveragingStrategy):
         done = self.ask("local_update", {k: ask for k in self.sample_clients(rnd)})
         if self.aggregate_models and done:
             self.cluster_round(rnd, sorted(done))
-        losses = [r["loss"] for r in done.values() if "loss" in r]
+        losses = [r.loss for r in done.values() if r.loss is not None]
         return {
             **train_loss_of(done, losses),
             "num_clusters": len(self.clusters),
@@ -110,26 +113,29 @@ class GraphStrategy(ModelAveragingStrategy):
         ``tag``: ``<algorithm>/model`` (FedAvg's weights) unless another mean of updates is meant.
         """
         tag = tag or f"{self.name}/model"
-        sent = self.ask("contribute", {k: {"tag": tag, "round": rnd} for k in members})
+        sent = self.ask("contribute", {k: ContributeIns(tag, rnd) for k in members})
         if not sent:
             raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
         members = sorted(sent)  # a member lost in training is not a contributor
-        length = int(next(iter(sent.values()))["length"])
+        length = int(next(iter(sent.values())).length)
         run_split(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
         self.note_broadcast(tag, rnd)
-        self.tell("receive", {k: {"tag": tag, "round": rnd, "length": length} for k in members})
+        self.tell("receive", {k: ReceiveIns(tag, rnd, length) for k in members})
 
     def apply_mean(self, members: list[int], mean=None) -> None:
         """Tell the members to restart from the cluster mean they received."""
-        self.tell("receive", {k: {"tag": f"{self.name}/apply", "round": self.round} for k in members})
+        self.tell("receive", {k: ReceiveIns(f"{self.name}/apply", self.round) for k in members})
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
         """:func:`~secure_fgl.algorithms.graph_level.graph_summary` of the clients' counts."""
-        counts = self.ask("evaluate", {k: {} for k in self.alive()}, record=(EVAL_TAG, "plain"))
+        counts = self.ask("evaluate", {k: EvaluateIns() for k in self.alive()}, record=(EVAL_TAG, "plain"))
         f = self.facts
         out = graph_summary(
-            [{"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k]} for k in sorted(counts)]
+            [
+                {"client": k, "dataset": f.datasets[k], "num_train": f.num_train[k], **counts[k].counts}
+                for k in sorted(counts)
+            ]
         )
         rows = {r["client"]: r for r in out["per_client"]}
         self.last_eval = [rows.get(k) for k in range(self.num_clients)]
