@@ -3,8 +3,8 @@
 The driver partitions the data (as :func:`secure_fgl.data.load.load_federation` does for every
 run) and hands client ``k`` one set-up frame with its own data only
 (:func:`~.client.client_frame`); from then on the strategy sees :class:`~.facts.PublicFacts`
-and what the clients send.  (A deployment where each machine loads its own partition would
-build the same frame there.)
+and what the clients send.  On Flower the driver loads no data: the sites describe the
+federation and each loads its own partition (:class:`.flower_executor.SiteFederation`).
 """
 
 from __future__ import annotations

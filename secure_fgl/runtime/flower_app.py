@@ -93,10 +93,10 @@ serverapp = ServerApp()
 
 def _exchange(
     grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes], timeout: float
-) -> tuple[dict, dict, int, int]:
+) -> tuple[dict, dict, int, int, int]:
     """Send ``frames[k]`` to client ``k``'s node, one message per node; wait at most ``timeout`` seconds for replies.
 
-    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``.
+    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower messages, Flower bytes down, Flower bytes up)``.
     """
     clients_of: dict[int, list[int]] = {}
     for k in sorted(frames):
@@ -135,7 +135,7 @@ def _exchange(
                 answers[k] = (statuses[str(k)], payloads[k])
             else:
                 lost[k] = "the site's reply has no answer for this client"
-    return answers, lost, down, up
+    return answers, lost, len(messages) + len(replies), down, up
 
 
 def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
@@ -156,7 +156,7 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
             time.sleep(0.2)
             continue
         asked.update(new)
-        answers, _, _, _ = _exchange(
+        answers, *_ = _exchange(
             grid,
             {i: n for i, n in enumerate(new)},
             "hello",
@@ -204,7 +204,7 @@ def relay(grid: Grid, context: Context) -> None:
                 frames[int(k)] = payload[offset : offset + n]
                 offset += n
             unknown = {k: "no SuperNode serves this client" for k in frames if k not in node_of}
-            answers, lost, down, up = _exchange(
+            answers, lost, messages, down, up = _exchange(
                 grid, node_of, op["method"], {k: f for k, f in frames.items() if k not in unknown}, float(op["timeout"])
             )
             order = sorted(answers)
@@ -213,6 +213,7 @@ def relay(grid: Grid, context: Context) -> None:
                 {
                     "answers": [[k, len(answers[k][1]), answers[k][0]] for k in order],
                     "lost": {str(k): why for k, why in {**lost, **unknown}.items()},
+                    "flower_messages": messages,
                     "flower_bytes_down": down,
                     "flower_bytes_up": up,
                 },

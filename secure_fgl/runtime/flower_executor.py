@@ -483,7 +483,7 @@ class FlowerExecutor(Executor):
                     (int(k), SiteError(f"client {k}'s site: {status.get('error')}: {status.get('message')}"))
                 )
         f = self.flower
-        f["messages"] += len(order) + len(answer["answers"])
+        f["messages"] += answer["flower_messages"]
         f["message_bytes_down"] += answer["flower_bytes_down"]
         f["message_bytes_up"] += answer["flower_bytes_up"]
         f["frame_bytes_down"] += sum(len(requests[k]) for k in order)
