@@ -14,6 +14,8 @@
 # organisation's machine: its keys, its data folder, its state.
 set -euo pipefail
 export FLWR_DISABLE_UPDATE_CHECK=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# how often each SuperNode's executor looks for a new ClientApp task (Flower's default: 1 s)
+export FLWR_SUPEREXEC_TASK_POLL_INTERVAL="${FLWR_SUPEREXEC_TASK_POLL_INTERVAL:-0.25}"
 WORK="$(mktemp -d -t secure-fgl-flower-XXXXXX)"
 PORT="${FLOWER_PORT:-39093}"
 DATA="${SECURE_FGL_DATA:-}"

@@ -43,7 +43,14 @@ from .privacy import privacy_section
 from .provenance import now_utc, provenance
 from .results import SCHEMA_VERSION, accuracy_at_chance
 from .run_identity import fingerprint, resolved_config, write_run_file
-from .runtime.build import make_executor, make_run_protocol, make_runtime_protocol, make_strategy, run_transcript
+from .runtime.build import (
+    make_executor,
+    make_run_protocol,
+    make_runtime_protocol,
+    make_strategy,
+    run_transcript,
+    sites_hold_data,
+)
 
 __all__ = ["run_experiment", "load_federation", "make_run_protocol", "DP_LEDGER"]
 
@@ -84,7 +91,8 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
 
 def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, opened: list) -> dict:
     started = provenance()
-    options = preflight(cfg, check_data=fed is None)
+    site_data = fed is None and sites_hold_data(cfg)  # the driver loads no data (docs/deployment.md)
+    options = preflight(cfg, check_data=fed is None and not site_data)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
     device = resolve_device(cfg.device)
@@ -95,7 +103,7 @@ def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, 
     before = {"elapsed": 0.0}  # seconds spent by the sessions before a --resume
 
     t0 = time.perf_counter()
-    if fed is None:
+    if fed is None and not site_data:
         with phases("data", f"loading {cfg.dataset} and partitioning it over {cfg.clients} clients ({cfg.partition})"):
             fed = load_federation(cfg)
     times["data"] = time.perf_counter() - t0
@@ -109,6 +117,8 @@ def _run_experiment(cfg: RunConfig, progress: bool, fed, phases: Phases | None, 
     with phases("startup", "starting Ray and the client runtimes") if cfg.executor == "ray" else nullcontext():
         executor = make_executor(cfg, str(device))
         opened.append(executor)
+        if site_data:  # the public facts and data digests, from the sites
+            fed = executor.federation(cfg)
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor, run_transcript(cfg))
         algo = make_strategy(cfg, fed, protocol, options, executor)
     if cfg.executor == "ray":

@@ -3,8 +3,8 @@
 The driver partitions the data (as :func:`secure_fgl.data.load.load_federation` does for every
 run) and hands client ``k`` one set-up frame with its own data only
 (:func:`~.client.client_frame`); from then on the strategy sees :class:`~.facts.PublicFacts`
-and what the clients send.  (A deployment where each machine loads its own partition would
-build the same frame there.)
+and what the clients send.  On Flower the driver loads no data: the sites describe the
+federation and each loads its own partition (:class:`.flower_executor.SiteFederation`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,15 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
     return executor
 
 
+def sites_hold_data(cfg) -> bool:
+    """Whether the driver of ``cfg`` loads no data: its sites describe the federation (``--executor flower``).
+
+    Not with ``--attacks`` (the attack suite's ground truth is the partitioned data) nor for ``centralized`` (its one
+    runtime gets the whole graph, which no site holds).
+    """
+    return cfg.executor == "flower" and not cfg.attacks and cfg.algorithm != "centralized"
+
+
 def run_transcript(cfg: RunConfig) -> Transcript:
     """The transcript of a run.
 
@@ -105,7 +114,9 @@ def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     setup = protocol.setup.to_bytes() if split_backend(protocol) else None
     cls = get_spec(cfg.algorithm).strategy_class()
-    if isinstance(fed, FederatedGraphDataset):  # graph classification: each client its own graphs
+    if hasattr(fed, "digests"):  # the sites hold the data (.flower_executor.SiteFederation): digests, no data
+        facts, frames = fed.facts, fed.client_frames(cfg, opts, setup)
+    elif isinstance(fed, FederatedGraphDataset):  # graph classification: each client its own graphs
         facts = GraphFacts.of(fed)
         frames = {c.client_id: graph_client_frame(c, cfg, facts, opts, setup) for c in fed.clients}
     else:  # node classification: the strategy's frames

@@ -6,10 +6,12 @@ the site's machine) forwards the message's frame to its site's long-lived client
 'site-socket="..."'`` and returns that process's answer.  The **ServerApp** (launched by the
 SuperLink for ``flwr run``) connects back to the secure-fgl driver (:mod:`.flower_executor`)
 over the local socket named in the run config (``relay-socket``) and turns each of the driver's
-calls into one Flower ``Message`` per addressed client.  Client ``k``'s frame travels as one
-``ArrayRecord`` entry (``stype="raw"``, the frame's bytes unchanged); the method, client and
-timeout as a ``ConfigRecord``.  Both apps import only Flower and the standard library: no
-per-message import of torch.
+calls into one Flower ``Message`` per addressed **site**: a site holding several clients gets
+their frames in one message, so one ``flwr-clientapp`` process serves them all.  Client ``k``'s
+frame travels as the ``ArrayRecord`` entry ``"k"`` (``stype="raw"``, the frame's bytes
+unchanged); the method and timeout as a ``ConfigRecord``, and in the reply each client's status
+(a JSON string).  Both apps import only Flower and the standard library: no per-message import
+of torch.
 
 Relay operations (driver -> ServerApp, :mod:`.local_socket` messages): ``sites`` (find the
 SuperNode serving each client), ``call`` (one stage, every addressed client's frame) and
@@ -34,19 +36,24 @@ MESSAGE_TYPE = "query"
 PULL_INTERVAL = 0.05
 
 
-def pack(header: dict, frame: bytes) -> RecordDict:
-    """A Flower message's content: ``header`` (str/int/float values) and the frame's bytes."""
+def pack(header: dict, frames: dict[int, bytes]) -> RecordDict:
+    """A Flower message's content: ``header`` (str/int/float values) and each client's frame, as it is."""
     return RecordDict(
         {
             "sfgl": ConfigRecord(header),
-            "frame": ArrayRecord({"frame": Array(dtype="uint8", shape=(len(frame),), stype="raw", data=bytes(frame))}),
+            "frames": ArrayRecord(
+                {
+                    str(k): Array(dtype="uint8", shape=(len(frame),), stype="raw", data=bytes(frame))
+                    for k, frame in frames.items()
+                }
+            ),
         }
     )
 
 
-def unpack(content: RecordDict) -> tuple[dict, bytes]:
+def unpack(content: RecordDict) -> tuple[dict, dict[int, bytes]]:
     """Inverse of :func:`pack`."""
-    return dict(content["sfgl"]), content["frame"]["frame"].data
+    return dict(content["sfgl"]), {int(k): array.data for k, array in content["frames"].items()}
 
 
 def message_bytes(message: Message) -> int:
@@ -63,20 +70,21 @@ clientapp = ClientApp()
 
 @clientapp.query()
 def forward(message: Message, context: Context) -> Message:
-    """Hand the frame to this site's client process and reply with its answer."""
+    """Hand each client's frame to this site's client process, in client order; reply with its answers."""
     path = context.node_config.get("site-socket")
     if not path:
         raise ValueError(
             "this SuperNode has no site process: start it with --node-config "
             "'site-socket=\"<the --socket of python -m secure_fgl.runtime.flower_site>\"'"
         )
-    header, frame = unpack(message.content)
-    with local_socket.connect(str(path), float(header["timeout"])) as sock:
-        local_socket.send(sock, {"method": header["method"], "client": int(header["client"])}, frame)
-        answer, payload = local_socket.receive(sock)
-    return Message(
-        pack({k: v for k, v in answer.items() if isinstance(v, (str, int, float, bool))}, payload), reply_to=message
-    )
+    header, frames = unpack(message.content)
+    statuses, payloads = {}, {}
+    for k in sorted(frames):
+        with local_socket.connect(str(path), float(header["timeout"])) as sock:
+            local_socket.send(sock, {"method": header["method"], "client": k}, frames[k])
+            answer, payloads[k] = local_socket.receive(sock)
+        statuses[str(k)] = {n: v for n, v in answer.items() if isinstance(v, (str, int, float, bool))}
+    return Message(pack({"answers": json.dumps(statuses)}, payloads), reply_to=message)
 
 
 # ----------------------------------------------------------------------------------- ServerApp
@@ -85,40 +93,49 @@ serverapp = ServerApp()
 
 def _exchange(
     grid: Grid, node_of: dict[int, int], method: str, frames: dict[int, bytes], timeout: float
-) -> tuple[dict, dict, int, int]:
-    """Send ``frames[k]`` to client ``k``'s node; wait at most ``timeout`` seconds for the replies.
+) -> tuple[dict, dict, int, int, int]:
+    """Send ``frames[k]`` to client ``k``'s node, one message per node; wait at most ``timeout`` seconds for replies.
 
-    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower bytes down, Flower bytes up)``.
+    Returns ``({k: (answer header, payload)}, {k: why lost}, Flower messages, Flower bytes down, Flower bytes up)``.
     """
+    clients_of: dict[int, list[int]] = {}
+    for k in sorted(frames):
+        clients_of.setdefault(node_of[k], []).append(k)
     messages = {
-        k: Message(
-            pack({"method": method, "client": int(k), "timeout": float(timeout)}, frame),
-            dst_node_id=node_of[k],
+        node: Message(
+            pack({"method": method, "timeout": float(timeout)}, {k: frames[k] for k in ks}),
+            dst_node_id=node,
             message_type=MESSAGE_TYPE,
             ttl=max(timeout, 1.0),
         )
-        for k, frame in frames.items()
+        for node, ks in clients_of.items()
     }
     down = sum(message_bytes(m) for m in messages.values())
-    ids = dict(zip(grid.push_messages(messages.values()), messages))
-    pending, replies, up = dict(ids), {}, 0
+    pending = dict(zip(grid.push_messages(messages.values()), messages))
+    replies, up = {}, 0
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
-            k = pending.pop(reply.metadata.reply_to_message_id, None)
-            if k is not None:
-                replies[k] = reply
+            node = pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None:
+                replies[node] = reply
                 up += message_bytes(reply)
         if pending:
             time.sleep(PULL_INTERVAL)
-    lost = {k: f"no answer within {timeout:g} s" for k in pending.values()}
+    lost = {k: f"no answer within {timeout:g} s" for node in pending.values() for k in clients_of[node]}
     answers = {}
-    for k, reply in replies.items():
+    for node, reply in replies.items():
         if reply.has_error():
-            lost[k] = f"the site's ClientApp failed: {reply.error.reason}"
-        else:
-            answers[k] = unpack(reply.content)
-    return answers, lost, down, up
+            lost.update({k: f"the site's ClientApp failed: {reply.error.reason}" for k in clients_of[node]})
+            continue
+        header, payloads = unpack(reply.content)
+        statuses = json.loads(header["answers"])
+        for k in clients_of[node]:
+            if k in payloads and str(k) in statuses:
+                answers[k] = (statuses[str(k)], payloads[k])
+            else:
+                lost[k] = "the site's reply has no answer for this client"
+    return answers, lost, len(messages) + len(replies), down, up
 
 
 def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[int, int], list[int], dict]:
@@ -139,7 +156,7 @@ def _find_sites(grid: Grid, clients: list[int], timeout: float) -> tuple[dict[in
             time.sleep(0.2)
             continue
         asked.update(new)
-        answers, _, _, _ = _exchange(
+        answers, *_ = _exchange(
             grid,
             {i: n for i, n in enumerate(new)},
             "hello",
@@ -187,7 +204,7 @@ def relay(grid: Grid, context: Context) -> None:
                 frames[int(k)] = payload[offset : offset + n]
                 offset += n
             unknown = {k: "no SuperNode serves this client" for k in frames if k not in node_of}
-            answers, lost, down, up = _exchange(
+            answers, lost, messages, down, up = _exchange(
                 grid, node_of, op["method"], {k: f for k, f in frames.items() if k not in unknown}, float(op["timeout"])
             )
             order = sorted(answers)
@@ -196,6 +213,7 @@ def relay(grid: Grid, context: Context) -> None:
                 {
                     "answers": [[k, len(answers[k][1]), answers[k][0]] for k in order],
                     "lost": {str(k): why for k, why in {**lost, **unknown}.items()},
+                    "flower_messages": messages,
                     "flower_bytes_down": down,
                     "flower_bytes_up": up,
                 },

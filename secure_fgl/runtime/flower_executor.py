@@ -16,8 +16,12 @@ request frames, and comes back as the answering clients' response frames: the by
 message objects: metadata, records; without the HTTP/TLS framing) is counted separately
 (:meth:`describe`, ``result.json["runtime"]["flower"]``).
 
-A set-up frame leaves the driver **without the client's data**: its data fields are replaced
-by their digest and the site loads its own partition (:func:`strip_data`, :mod:`.partition`).
+The driver **loads no data**: the sites describe the federation (:meth:`FlowerExecutor.federation`:
+the public facts the strategy needs and each client's data digest, signed by the site's identity
+key), and a set-up frame carries the client's data digest instead of its data; the site loads its
+own partition (:class:`SiteFederation`, :mod:`.partition`).  Only with ``--attacks`` (the attack
+suite's ground truth) or for ``centralized`` (one runtime holding the whole graph) does the driver
+load the data; it then sends each set-up frame without its data fields (:func:`strip_data`).
 With ``--attacks``, an ``attack`` request goes only to the sites that opted in to attack
 simulation (:data:`SOFT`); the attacks needing another client's state fail before anything is
 sent and are reported not applicable, the others run on the aggregator's view.
@@ -38,13 +42,19 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from protocols import ProtocolError
 
 from ..config import ConfigError
 from . import local_socket, wire
 from .executor import Executor
+from .facts import GraphFacts, PublicFacts
 
 #: how long the driver waits for the ServerApp to connect, and for the sites to be found (seconds)
 START_TIMEOUT = 120.0
@@ -217,6 +227,99 @@ def strip_data(frame: bytes) -> bytes:
     return wire.pack({"data_digest": data_digest(data), **f})
 
 
+@dataclass(frozen=True)
+class SiteFederation:
+    """The federation as its sites describe it: the public facts and each client's data digest, no data.
+
+    What the driver of a Flower run holds instead of the partitioned data (:meth:`FlowerExecutor.federation`).
+    """
+
+    facts: PublicFacts | GraphFacts
+    digests: dict[int, str]
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients."""
+        return self.facts.num_clients
+
+    @property
+    def num_classes(self) -> int | None:
+        """Number of classes (node classification; ``None`` for graph classification, where each client has its own)."""
+        return self.facts.num_classes if isinstance(self.facts, PublicFacts) else None
+
+    def client_frames(self, cfg, options: dict, party_setup: bytes | None) -> dict[int, bytes]:
+        """Each client's set-up frame: its data digest instead of its data, which its site loads itself.
+
+        The frame :func:`strip_data` makes of the frame built from the data (:func:`.client.client_frame`,
+        :func:`.graph_data.graph_client_frame`).
+        """
+        setup = {} if party_setup is None else {"party_setup": np.frombuffer(party_setup, dtype=np.uint8)}
+        frames = {}
+        for k, digest in sorted(self.digests.items()):
+            graph = (
+                {
+                    "task": "graph",
+                    "dataset": self.facts.datasets[k],
+                    "num_features": int(self.facts.num_features[k]),
+                    "num_classes": int(self.facts.num_classes[k]),
+                }
+                if isinstance(self.facts, GraphFacts)
+                else {}
+            )
+            frames[k] = wire.pack(
+                {
+                    "data_digest": digest,
+                    **graph,
+                    "client_id": k,
+                    "config": cfg.to_dict(),
+                    "facts": self.facts.to_dict(),
+                    "options": options,
+                    **setup,
+                }
+            )
+        return frames
+
+
+def site_federation(replies: Mapping[int, bytes], identities: Mapping[int, str | None]) -> SiteFederation:
+    """The federation from the sites' ``facts`` replies.
+
+    ``ConfigError`` naming the fix if a reply is not signed by the identity key its site announced
+    (``identities``: client -> fingerprint, ``None`` for a site without its own key) or if the sites'
+    facts differ (their data or secure-fgl versions differ).
+    """
+    from protocols.auth import key_fingerprint
+
+    from .flower_site import FACTS_CONTEXT
+
+    statements = {}
+    for k, raw in sorted(replies.items()):
+        reply = json.loads(raw)
+        if identities.get(k) is not None:
+            public = bytes.fromhex(reply.get("public_key", ""))
+            try:
+                if key_fingerprint(public) != identities[k]:
+                    raise InvalidSignature
+                Ed25519PublicKey.from_public_bytes(public).verify(
+                    bytes.fromhex(reply.get("signature", "")), FACTS_CONTEXT + reply["statement"].encode()
+                )
+            except (InvalidSignature, ValueError):
+                raise ConfigError(
+                    f"--executor flower: client {k}'s facts are not signed by the identity key its site announced"
+                ) from None
+        statements[k] = json.loads(reply["statement"])
+        if statements[k]["client"] != k:
+            raise ConfigError(f"--executor flower: client {k}'s site answered for client {statements[k]['client']}")
+    described = {json.dumps([s["task"], s["facts"]], sort_keys=True) for s in statements.values()}
+    if len(described) != 1:
+        raise ConfigError(
+            "--executor flower: the sites describe different federations (public facts differ): give every "
+            "site the same dataset files and the same secure_fgl version"
+        )
+    first = next(iter(statements.values()))
+    facts = (PublicFacts if first["task"] == "node" else GraphFacts)(**first["facts"])
+    return SiteFederation(facts, {k: s["digest"] for k, s in statements.items()})
+
+
 class FlowerExecutor(Executor):
     """Client runtimes at the sites of a Flower federation (module docstring)."""
 
@@ -244,6 +347,7 @@ class FlowerExecutor(Executor):
         self.clients: list[int] = []
         self.nodes: dict[int, int] = {}  # client -> the node id of its site's SuperNode
         self.attack_sites: set[int] = set()  # clients whose site serves attack-simulation requests
+        self.sites: dict[int, dict] = {}  # client -> what its site announced (hello), once found
         try:
             listener = local_socket.listen(self.folder / "relay" / "relay.sock")
             app = self.folder / "app"
@@ -295,23 +399,25 @@ class FlowerExecutor(Executor):
             self.shutdown()
             raise
 
-    def _start(self, frames: Mapping[int, bytes]) -> None:
-        self.clients = sorted(frames)
-        found, _ = self._relay({"op": "sites", "clients": self.clients, "timeout": self.start_timeout})
+    def find_sites(self, clients: list[int]) -> dict[int, dict]:
+        """Find the site of every client (once); client -> what its site announced (``hello``)."""
+        if self.sites:
+            return self.sites
+        found, _ = self._relay({"op": "sites", "clients": clients, "timeout": self.start_timeout})
         if found["claimed_twice"]:
             raise ConfigError(
                 f"--executor flower: client(s) {found['claimed_twice']} are served by more than one "
                 "site; give each site its own --client"
             )
-        missing = sorted(set(self.clients) - {int(k) for k in found["nodes"]})
+        missing = sorted(set(clients) - {int(k) for k in found["nodes"]})
         if missing:
             raise ConfigError(
                 f"--executor flower: no SuperNode's site serves client(s) {missing} (start each site "
                 "with python -m secure_fgl.runtime.flower_site --client K and its SuperNode with "
                 "--node-config 'site-socket=\"...\"')"
             )
-        self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in frames}
-        sites = {int(k): v for k, v in found["sites"].items() if int(k) in frames}
+        self.nodes = {int(k): n for k, n in found["nodes"].items() if int(k) in clients}
+        sites = {int(k): v for k, v in found["sites"].items() if int(k) in clients}
         check_sites_serve([n for n in self.needs if n not in SOFT], {k: v["serves"] for k, v in sites.items()})
         self.attack_sites = {k for k, v in sites.items() if v["serves"].get("attack")}
         if "attack" in self.needs and len(self.attack_sites) < len(sites):
@@ -321,9 +427,33 @@ class FlowerExecutor(Executor):
                 "the attacks on the aggregator's view; those needing these clients' state are reported "
                 "not applicable",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        check_site_keys(frames, {k: v["identity"] for k, v in sites.items()})
+        self.sites = sites
+        return sites
+
+    def federation(self, cfg) -> SiteFederation:
+        """The run's federation as its sites describe it: the driver loads no data.
+
+        Finds the site of each of ``cfg.clients`` clients and asks each for the public facts and its
+        client's data digest, from the partition it loads from its own data (:func:`site_federation`).
+        On any failure the Flower run is stopped before the error is raised.
+        """
+        try:
+            sites = self.find_sites(list(range(cfg.clients)))
+            request = wire.pack({"config": cfg.to_dict()})
+            replies, lost = self._call("facts", {k: request for k in sorted(sites)})
+            if lost:
+                raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} gave no facts: {lost}")
+            return site_federation(replies, {k: v["identity"] for k, v in sites.items()})
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, frames: Mapping[int, bytes]) -> None:
+        self.clients = sorted(frames)
+        sites = self.find_sites(self.clients)
+        check_site_keys(frames, {k: v["identity"] for k, v in sites.items() if k in frames})
         _, lost = self._call("start", {k: strip_data(f) for k, f in frames.items()})
         if lost:
             raise ConfigError(f"--executor flower: sites of clients {sorted(lost)} did not start: {lost}")
@@ -353,7 +483,7 @@ class FlowerExecutor(Executor):
                     (int(k), SiteError(f"client {k}'s site: {status.get('error')}: {status.get('message')}"))
                 )
         f = self.flower
-        f["messages"] += len(order) + len(answer["answers"])
+        f["messages"] += answer["flower_messages"]
         f["message_bytes_down"] += answer["flower_bytes_down"]
         f["message_bytes_up"] += answer["flower_bytes_up"]
         f["frame_bytes_down"] += sum(len(requests[k]) for k in order)

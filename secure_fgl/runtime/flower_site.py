@@ -10,9 +10,10 @@ model, protocol keys and secrets stay in this one process — and answers the fr
 ``ClientApp`` process forwards over the local socket (:mod:`.flower_app`).  The site, not the
 aggregator, decides:
 
-* **its data**: a set-up frame carries the digest of the partition the run planned, never the
-  data (:mod:`.flower_executor`); the runtime loads the partition from this site's
-  ``--data-root`` (:mod:`.partition`) and refuses one that differs.
+* **its data**: before set-up the driver asks each site for the run's public facts and its
+  client's data digest (``facts``), which the site computes from the partition it loads from its
+  own ``--data-root`` (:mod:`.partition`) and signs with its identity key; the set-up frame then
+  carries that digest, never the data, and the runtime refuses a partition that differs.
 * **what it serves**: the methods of the algorithms' public schedule (:data:`SCHEDULE`) and the
   protocol stages (``half:<stage>``, whose order the protocol half checks).  Attack-simulation
   requests (``attack``: posteriors, own contributions, kept inputs, coalition keys) are refused
@@ -56,6 +57,10 @@ from . import local_socket, wire
 SCHEDULE = frozenset(
     {"local_update", "contribute", "privatize", "receive", "evaluate", "save", "load", "ping", "accepted_keys"}
 )
+
+
+#: what a site's signature over its facts statement is bound to (:meth:`Site.facts`)
+FACTS_CONTEXT = b"secure-fgl/site-facts/v1\0"
 
 
 class SiteRefusal(PermissionError):
@@ -110,6 +115,8 @@ class Site:
             ).encode()
         if client not in self.clients:
             raise SiteRefusal(f"this site serves clients {self.clients}, not client {client}")
+        if method == "facts":  # public, before set-up: what this site's partition tells the strategy
+            return self.facts(client, frame)
         if method == "start":
             from .client import ClientRuntime
 
@@ -129,6 +136,26 @@ class Site:
         if method in ("save", "load"):
             frame = self.own_checkpoint(client, frame)
         return self.runtimes[client].handle(method, frame)
+
+    def facts(self, client: int, frame: bytes) -> bytes:
+        """The public facts of the run's federation and ``client``'s data digest, from this site's own data.
+
+        ``frame`` carries the run's settings; the partition is loaded from this site's ``--data-root``
+        (:func:`.partition.own_facts`).  The statement is signed with ``client``'s identity key
+        when this site holds one (:data:`FACTS_CONTEXT`).
+        """
+        from ..config import RunConfig
+        from .partition import own_facts
+
+        config = dict(wire.unpack(frame)["config"])
+        config["data_root"] = self.data_root
+        statement = json.dumps({"client": client, **own_facts(RunConfig.from_dict(config), client)}, sort_keys=True)
+        reply = {"statement": statement}
+        if self.identities:
+            key = self.identities[client]
+            reply["public_key"] = key.public_bytes.hex()
+            reply["signature"] = key.sign(FACTS_CONTEXT + statement.encode()).hex()
+        return json.dumps(reply).encode()
 
     def own_setup(self, frame: bytes) -> bytes:
         """The set-up frame as this site runs it.

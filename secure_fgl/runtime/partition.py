@@ -10,9 +10,10 @@ only its own subgraph (:func:`own_fields`).  The digest check refuses a partitio
 from the driver's (another dataset file, another version of the code): one error naming the
 fix, not a silently different run.
 
-The driver still partitions the data to learn the public facts and the digests (a simulation:
-one organisation holds every partition); what changes is that a pinned client's data never
-crosses from the driver to its machine.  Clients of one process share one load
+On Ray the driver still partitions the data to learn the public facts and the digests (a
+simulation: one organisation holds every partition); what changes is that a pinned client's data
+never crosses from the driver to its machine.  On Flower the sites report both (:func:`own_facts`)
+and the driver loads no data.  Clients of one process share one load
 (:func:`forget` drops it once their runtimes are built).
 """
 
@@ -70,20 +71,40 @@ def _federation(spec: str):
     return load_federation(RunConfig(**json.loads(spec)))
 
 
+def _loaded(cfg: RunConfig):
+    """The federation of ``cfg``'s data spec, loaded and partitioned in this process (once per spec)."""
+    return _federation(json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True))
+
+
+def _client_fields(fed, client_id: int) -> dict:
+    c = fed.clients[int(client_id)]
+    if hasattr(fed, "graph"):  # node classification: the client's subgraph
+        return data_fields(c, far_owners(fed, c))
+    from .graph_data import graph_fields  # graph classification: the client's own graphs
+
+    return graph_fields(c)
+
+
+def own_facts(cfg: RunConfig, client_id: int) -> dict:
+    """What a site tells the aggregator before set-up: the public facts and its client's data digest.
+
+    The federation's public facts (:class:`~.facts.PublicFacts` or :class:`~.facts.GraphFacts`) and
+    the digest of client ``client_id``'s data fields, from the partition this process loads; JSON values.
+    """
+    from .facts import GraphFacts, PublicFacts
+
+    fed = _loaded(cfg)
+    task = "node" if hasattr(fed, "graph") else "graph"
+    facts = PublicFacts.of(fed) if task == "node" else GraphFacts.of(fed)
+    return {"task": task, "facts": facts.to_dict(), "digest": data_digest(_client_fields(fed, client_id))}
+
+
 def own_fields(cfg: RunConfig, client_id: int, digest: str) -> dict:
     """Client ``client_id``'s data fields, loaded and partitioned in this process.
 
     As numpy arrays (a frame's fields); ``ValueError`` if they are not the data the run planned (``digest``).
     """
-    spec = json.dumps({f: getattr(cfg, f) for f in SPEC_FIELDS}, sort_keys=True)
-    fed = _federation(spec)
-    c = fed.clients[int(client_id)]
-    if hasattr(fed, "graph"):  # node classification: the client's subgraph
-        fields = data_fields(c, far_owners(fed, c))
-    else:  # graph classification: the client's own graphs
-        from .graph_data import graph_fields
-
-        fields = graph_fields(c)
+    fields = _client_fields(_loaded(cfg), client_id)
     if data_digest(fields) != digest:
         raise ValueError(
             f"client {client_id}: the partition of {cfg.dataset} loaded on this machine differs from "

@@ -9,8 +9,12 @@ accuracy and the same protocol bytes per tag; Flower's own framing is counted ap
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,20 +33,21 @@ pytest.importorskip("flwr", reason="the flower extra is not installed: pip insta
 def test_a_frame_crosses_flower_serialisation_unchanged():
     """A frame crosses flower serialisation unchanged.
 
-    In process: a runtime frame packed into a Flower message's content, deflated into Flower's
-    objects and inflated again, is the same bytes; Flower's objects are counted apart from it.
+    In process: the frames of a site's clients packed into one Flower message's content, deflated
+    into Flower's objects and inflated again, are the same bytes; Flower's objects are counted
+    apart from them.
     """
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
     from secure_fgl.runtime import flower_app, wire
 
-    frame = wire.pack({"x": np.arange(100_000, dtype=np.float32), "tag": "fedavg/model"})
-    content = flower_app.pack({"method": "receive", "client": 2, "timeout": 5.0}, frame)
+    frames = {k: wire.pack({"x": np.arange(k * 1000, dtype=np.float32), "tag": "fedavg/model"}) for k in (2, 5)}
+    content = flower_app.pack({"method": "receive", "timeout": 5.0}, frames)
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
-    assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > len(frame)
+    assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > sum(map(len, frames.values()))
     header, carried = flower_app.unpack(inflate_object_from_contents(content.object_id, contents))
-    assert carried == frame and header == {"method": "receive", "client": 2, "timeout": 5.0}
+    assert carried == frames and header == {"method": "receive", "timeout": 5.0}
 
 
 @pytest.fixture
@@ -61,6 +66,7 @@ def federation(tmp_path, monkeypatch, request):
         clients=3,
         tls=tls,
         site_args=(lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)]) if keys else (),
+        sites=2 if "two-sites" in features else None,
     )
     fed.keys, fed.manifest = keys, manifest
     monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
@@ -78,16 +84,25 @@ def same_run(local: dict, flower: dict) -> None:
 
 
 @pytest.mark.parametrize("federation", [("own-keys",)], indirect=True, ids=["site-keys"])
-def test_fedavg_mask_over_flower_is_the_local_run(federation):
+def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_path):
     """Fedavg mask over flower is the local run.
 
     Each site signs with its own identity key, pinned by the manifest built from the sites'
-    public keys (no client key crosses Flower).
+    public keys (no client key crosses Flower).  The driver loads no data: its data folder does
+    not exist and loading is forbidden in its process; the sites describe the federation.
     """
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     cfg = write_manifest(
-        federation.keys, small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60), federation.manifest
+        federation.keys,
+        small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60, data_root=str(tmp_path / "no-data")),
+        federation.manifest,
     )
+
+    def forbidden(*_, **__):
+        raise AssertionError("the driver of a Flower run loaded the data")
+
+    for module in ("secure_fgl.experiment", "secure_fgl.runtime.build", "secure_fgl.runtime.partition"):
+        monkeypatch.setattr(f"{module}.load_federation", forbidden)
     flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
     fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
@@ -233,6 +248,63 @@ def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federati
         small(executor="flower", rounds=2, out=str(tmp_path / "b"), resume=True, **kw), progress=False
     )
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
+
+
+def crash_after_first_checkpoint(cfg, federation, out: Path) -> None:
+    """Run the driver of ``cfg`` as ``secure-fgl run`` and SIGKILL it once its first checkpoint is on disk."""
+    config = out.with_suffix(".json")
+    config.write_text(json.dumps(cfg.to_dict()))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "secure_fgl.cli.main", "run", "--config", str(config), "--quiet"],
+        env=federation.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (out / "checkpoint.pt").exists():
+            assert proc.poll() is None, "the driver exited before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 600 s"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert not (out / "result.json").exists(), "the run finished before the crash"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("federation", [("own-keys", "two-sites")], indirect=True, ids=["site-keys"])
+def test_resume_with_site_held_keys_after_a_driver_crash_is_the_uninterrupted_run(federation, tmp_path):
+    """Resume with site-held keys after a driver crash is the uninterrupted run.
+
+    The sites hold their identity keys (two sites; one holds two clients, whose frames share a
+    Flower message); the driver is killed after round 1's checkpoint and resumed with the same
+    manifest and keys: each site starts its clients again from the manifest it verified and its
+    own checkpoints, and the run ends as the uninterrupted local run.
+    """
+    kw = {"save_best_model": False, "rounds": 2}
+    local = run_experiment(small("fedavg", "mask", executor="local", **kw), progress=False)
+    out = tmp_path / "run"
+    cfg = write_manifest(
+        federation.keys,
+        small("fedavg", "mask", executor="flower", round_timeout=120, out=str(out), **kw),
+        federation.manifest,
+    )
+    crash_after_first_checkpoint(cfg, federation, out)
+    resumed = run_experiment(dataclasses.replace(cfg, resume=True), progress=False)
+    runtime = resumed["runtime"]
+    assert [r["round"] for r in resumed["rounds"]] == [0, 1] and runtime["sites"] == 2
+    assert runtime["flower"]["messages"] < runtime["stats"]["messages"]  # site 0's two clients share messages
+    for key in ("train_loss", "test_acc", "val_acc"):
+        assert [r[key] for r in resumed["rounds"]] == [r[key] for r in local["rounds"]], key
+    assert resumed["final"]["test_acc"] == local["final"]["test_acc"]
+    assert not list(out.glob("clients/*.pt"))  # the checkpoints stayed at the sites
+    held = {k: list((federation.folder / f"site{k % 2}" / "state").glob(f"client{k}.*.pt")) for k in range(3)}
+    assert all(held.values()), held
+    fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
+    for k in range(3):
+        accepted = resumed["key_fingerprints"][f"client{k}"]
+        assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
 
 
 def _matrix() -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ from secure_fgl.runtime.flower_executor import (
     check_site_keys,
     check_sites_serve,
     needs_of,
+    site_federation,
     strip_data,
 )
 from secure_fgl.runtime.flower_site import Site, SiteRefusal, answer
@@ -90,6 +91,71 @@ def test_a_graph_clients_setup_frame_carries_no_graphs_and_the_site_loads_its_ow
     other = wire.pack({**fields, "data_digest": "0" * 64})
     with pytest.raises(ValueError, match="digest mismatch"):
         Site([1], None, tmp_path).handle("start", 1, other)
+
+
+def facts_of(sites: dict, cfg) -> dict[int, bytes]:
+    """Each site's reply to the driver's ``facts`` request for run ``cfg``."""
+    request = wire.pack({"config": cfg.to_dict()})
+    return {k: site.handle("facts", k, request) for k, site in sites.items()}
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "gc-fedavg"])
+def test_the_sites_describe_the_federation_so_the_driver_loads_no_data(algorithm, tmp_path):
+    """The sites describe the federation, so the driver loads no data.
+
+    The public facts the sites report (each from the partition it loads) are those of the
+    driver-loaded federation, and the set-up frames built from them are byte for byte what a
+    driver holding the data would send (its frames without their data); the sites' runtimes start from them.
+    """
+    from support.runs import graph_config
+
+    from secure_fgl.algorithms import get_spec
+    from secure_fgl.runtime.facts import GraphFacts, PublicFacts
+
+    graph = get_spec(algorithm).task == "graph"
+    cfg = (
+        dataclasses.replace(graph_config(algorithm, "mask", rounds=1), clients=3).validate()
+        if graph
+        else small(algorithm, "mask", executor="local", rounds=1).validate()
+    )
+    options, fed = get_spec(algorithm).options(), load_federation(cfg)
+    described = site_federation(facts_of({k: Site([k], None, tmp_path / f"site{k}") for k in range(3)}, cfg), {})
+    assert described.facts == (GraphFacts if graph else PublicFacts).of(fed) and described.num_clients == 3
+    planned, from_sites = FrameKeeper(), FrameKeeper()
+    protocol = make_runtime_protocol(cfg, 3, planned)
+    make_strategy(cfg, fed, protocol, options, planned)
+    make_strategy(cfg, described, protocol, options, from_sites)
+    assert {k: strip_data(f) for k, f in planned.frames.items()} == from_sites.frames
+    here, there = from_sites.runtimes[2].data, planned.runtimes[2].data  # loaded at the site / handed out
+    if graph:
+        assert all(a.x.equal(b.x) for s in ("train", "test") for a, b in zip(getattr(here, s), getattr(there, s)))
+    else:
+        assert here.x.equal(there.x) and here.edge_index.equal(there.edge_index)
+
+
+def test_facts_not_signed_by_the_sites_key_or_that_disagree_are_refused(tmp_path):
+    """Facts not signed by the site's key, or that disagree, are refused.
+
+    A site holding its own key signs its facts: a statement the aggregator's side altered, or
+    signed by another key than the one its site announced, is refused; so are sites describing
+    different federations.
+    """
+    cfg = small("fedavg", "mask", executor="local", rounds=1).validate()
+    keys = {k: SigningKey() for k in range(2)}
+    sites = {k: Site([k], None, tmp_path, identities={k: keys[k]}, manifest=tmp_path / "m.json") for k in range(2)}
+    replies = facts_of(sites, cfg)
+    fingerprints = {k: key.fingerprint for k, key in keys.items()}
+    assert site_federation(replies, fingerprints).digests.keys() == {0, 1}
+    with pytest.raises(ConfigError, match="client 1's facts are not signed by the identity key its site announced"):
+        site_federation(replies, {0: fingerprints[0], 1: SigningKey().fingerprint})
+    altered = json.loads(replies[1])
+    statement = json.loads(altered["statement"])
+    statement["facts"]["num_train"] += 1
+    altered["statement"] = json.dumps(statement, sort_keys=True)
+    with pytest.raises(ConfigError, match="client 1's facts are not signed"):
+        site_federation({**replies, 1: json.dumps(altered).encode()}, fingerprints)
+    with pytest.raises(ConfigError, match="describe different federations"):
+        site_federation({**replies, 1: json.dumps({"statement": altered["statement"]}).encode()}, {})
 
 
 def test_a_site_serves_only_the_public_schedule_of_its_own_clients(planned, tmp_path):

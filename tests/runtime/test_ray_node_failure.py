@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from protocols import DropoutError  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
 from secure_fgl.experiment import load_federation, run_experiment  # noqa: E402
-from secure_fgl.runtime import build, ray_executor  # noqa: E402
+from secure_fgl.runtime import build, placement, ray_executor  # noqa: E402
 from secure_fgl.runtime.ray_executor import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -117,7 +117,7 @@ def killing(cluster, node, method, at_round, made: list | None = None):
             at_round,
             address=cfg.ray_address,
             round_timeout=cfg.round_timeout,
-            client_resources=build.client_resources(cfg),
+            client_resources=placement.client_resources(cfg),
         )
         (made if made is not None else []).append(executor)
         return executor

@@ -1,7 +1,7 @@
 """A Flower federation on 127.0.0.1 for the tests.
 
-One SuperLink, one SuperNode and one site process per client, each a subprocess that :meth:`Federation.close` kills.
-Every wait is bounded.
+One SuperLink, and per site one SuperNode and one site process (holding one or several clients), each a subprocess
+that :meth:`Federation.close` kills. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -26,12 +26,22 @@ def free_port() -> int:
 class Federation:
     """Sites behind their SuperNodes and a SuperLink.
 
-    ``clients`` sites behind their SuperNodes and a SuperLink; ``tls``: a dict of the paths
-    :func:`make_tls` wrote (TLS and SuperNode authentication on), else insecure (tests only).
-    ``site_args``: more arguments of every site process, or a function of the client giving them.
+    ``clients`` clients on ``sites`` sites (default: one each; client ``k`` on site ``k % sites``),
+    each site behind its SuperNode, and a SuperLink; ``tls``: a dict of the paths :func:`make_tls`
+    wrote (TLS and SuperNode authentication on), else insecure (tests only).  ``site_args``: more
+    arguments of every site process, or a function of the client giving them (after its
+    ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.
     """
 
-    def __init__(self, folder: Path, clients: int, tls: dict | None = None, timeout: float = 60.0, site_args=()):
+    def __init__(
+        self,
+        folder: Path,
+        clients: int,
+        tls: dict | None = None,
+        timeout: float = 60.0,
+        site_args=(),
+        sites: int | None = None,
+    ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
         self.env = {
             **os.environ,
@@ -73,20 +83,15 @@ class Federation:
             )
             (self.folder / "superlink.argv").write_text(" ".join(link))
             self.spawn("superlink", link)
-            socks = [self.folder / f"site{k}" / "site.sock" for k in range(clients)]
+            sites = clients if sites is None else sites
+            socks = [self.folder / f"site{k}" / "site.sock" for k in range(sites)]
             for k, sock in enumerate(socks):  # the sites need no SuperLink: they start (import torch) meanwhile
+                held = []
+                for client in range(k, clients, sites):
+                    held += ["--client", str(client), *(site_args(client) if callable(site_args) else site_args)]
                 self.spawn(
                     f"site{k}",
-                    [
-                        sys.executable,
-                        "-m",
-                        "secure_fgl.runtime.flower_site",
-                        "--socket",
-                        str(sock),
-                        "--client",
-                        str(k),
-                        *(site_args(k) if callable(site_args) else site_args),
-                    ],
+                    [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), *held],
                 )
             self.wait_listening(self.port, timeout)
             for k, sock in enumerate(socks):

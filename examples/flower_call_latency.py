@@ -1,0 +1,64 @@
+"""Latency of one executor call over Flower: a SuperLink and one site on 127.0.0.1.
+
+One site holding ``--clients`` clients behind one SuperNode (insecure transport, as in the tests;
+TLS changes the handshake per connection, not the per-call path), then ``--calls`` trivial calls
+(``hello``: no computation at the site), each timed from the driver's side.  Prints JSON: the
+wall time of each call, their mean and the load average.  Needs ``pip install -e ".[flower]"``.
+
+    python examples/flower_call_latency.py --clients 3 --calls 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the test suite's federation on 127.0.0.1
+
+from support.flower import Federation  # noqa: E402
+
+from secure_fgl.runtime.flower_executor import FlowerExecutor  # noqa: E402
+
+
+def main() -> None:
+    """Start the federation, time the calls, print the JSON line, stop everything."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=3, help="clients held by the one site")
+    p.add_argument("--calls", type=int, default=5)
+    args = p.parse_args()
+    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    with tempfile.TemporaryDirectory(prefix="flower-latency-") as folder:
+        federation = Federation(Path(folder), clients=args.clients, sites=1)
+        os.environ["FLWR_HOME"] = federation.env["FLWR_HOME"]
+        try:
+            executor = FlowerExecutor(round_timeout=120)
+            try:
+                clients = list(range(args.clients))
+                executor.find_sites(clients)
+                walls = []
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    answers, lost = executor.call("hello", {k: b"" for k in clients})
+                    if lost or len(answers) != len(clients):
+                        raise RuntimeError(f"clients lost: {lost}")
+                    walls.append(round(time.perf_counter() - t0, 2))
+            finally:
+                executor.shutdown()
+        finally:
+            federation.close()
+    load = [round(x, 1) for x in os.getloadavg()]
+    print(
+        json.dumps(
+            {"clients": args.clients, "call_s": walls, "mean_s": round(sum(walls) / len(walls), 2), "load": load}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
