@@ -30,11 +30,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
 from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf
+from ..plan import ExchangePlan
 from ..transcript import SERVER, Message, client_party
 from . import wire
 from .fixed_point import server_load
@@ -48,7 +50,7 @@ from .seeded import load_seeded, uses_seeded_download
 class _Exchange:
     """What the server's stages share within one exchange (all public)."""
 
-    plan: object
+    plan: ExchangePlan
     ep: EncodingPlan
     context: ServerContext
     bounds: list[tuple[int, int]]
@@ -99,7 +101,7 @@ class CKKSServer(ServerHalf):
                 msg = msg.without_payload()
         if (
             self._streaming is not None
-            and msg.tag == self.plan.tag
+            and msg.tag == cast(ExchangePlan, self.plan).tag
             and msg.kind == "ciphertext"
             and msg.relay != SERVER
         ):
@@ -141,7 +143,7 @@ class CKKSServer(ServerHalf):
             note="key set-up request",
         )
         got = self.call(link, "key_setup", {0: [(request, part)]}, hook=False)
-        where = dict(tag=KEYS_TAG, round=rnd, client=0)
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=rnd, client=0)
         pub = [m for m in got.get(0, []) if m.receiver == SERVER]
         if len(pub) != 1:
             raise DropoutError("client 0 did not answer the key set-up", **where)
@@ -377,7 +379,7 @@ class CKKSServer(ServerHalf):
             else:
                 last = msgs[-1]
                 try:
-                    shape = (sum(int(m.shape[0]) for m in msgs), self.plan.block_len)
+                    shape = (sum(int(m.shape[0]) for m in msgs), cast(ExchangePlan, self.plan).block_len)
                 except (TypeError, ValueError, IndexError):  # a tampered shape: record it as sent
                     shape = last.shape
                 msg = replace(
