@@ -23,12 +23,15 @@ parsed):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .exchange import BlockTable, ExchangeContext
+
+if TYPE_CHECKING:
+    from .plan import ExchangePlan
 
 #: rounds are bound into signed 64-bit fields
 MAX_ROUND = 2**63
@@ -234,7 +237,7 @@ def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> t
 
 
 def check_block_table(
-    ctx: ExchangeContext, client: int, table: BlockTable, num_clients: int
+    ctx: ExchangeContext | ExchangePlan, client: int, table: BlockTable, num_clients: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, values)`` of ``table`` after checking it.
 
