@@ -201,7 +201,7 @@ def row_contribution(item: Any, num_rows: int, tag: str, rnd: int, client: int) 
     return ids, rows
 
 
-def sequence(items: Any, what: str, tag: str, rnd: int) -> list:
+def sequence(items: Any, what: str, tag: str, rnd: int) -> list[Any]:
     """``items`` as a list; it must be a (non-string) sequence."""
     if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise ConfigurationError(f"{what} must be a sequence, got {type(items).__name__}", tag=tag, round=rnd)
@@ -245,7 +245,7 @@ def check_block_table(
     (increasing, in range; every block in the dense layout) and finiteness.  Raises
     :class:`ShapeError` / :class:`NonFiniteError` naming the client; nothing is encrypted.
     """
-    where = dict(tag=ctx.tag, round=ctx.round, client=client)
+    where: dict[str, Any] = dict(tag=ctx.tag, round=ctx.round, client=client)
     if not 0 <= int(client) < num_clients:
         raise ShapeError(f"unknown client id {client}", **where)
     ids, vals = np.asarray(table.ids), np.asarray(table.values)
