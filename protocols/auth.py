@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -47,7 +47,10 @@ from .errors import (
 from .message import SIGNATURE_BYTES, Envelope, body_digest
 from .transcript import party_client
 
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+if TYPE_CHECKING:
+    from .transcript import Message
+
+_RAW: dict[str, Any] = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 class SigningKey:
@@ -75,7 +78,7 @@ class SigningKey:
             serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
 
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the private key as PKCS#8 PEM readable by its owner only.
 
         Write the private key as unencrypted PKCS#8 PEM, readable by its owner only (mode 0600);
@@ -89,7 +92,7 @@ class SigningKey:
             f.write(pem)
 
     @classmethod
-    def load(cls, path) -> SigningKey:
+    def load(cls, path: str | os.PathLike[str]) -> SigningKey:
         """Read a key written by :meth:`save` (an Ed25519 PKCS#8 PEM file)."""
         try:
             with open(path, "rb") as f:
@@ -126,10 +129,10 @@ class KeyRegistry:
     signing: dict[str, bytes] = field(default_factory=dict)
     channel: dict[str, bytes] = field(default_factory=dict)
     #: party -> (its registered key bytes, the loaded verifier): loaded once, not per message
-    _verifiers: dict = field(default_factory=dict, repr=False, compare=False)
+    _verifiers: dict[str, tuple[bytes, Ed25519PublicKey]] = field(default_factory=dict, repr=False, compare=False)
     #: the last signature that verified, as (key, header, signature): a message checked twice by its receiver (first
     #: to adopt its exchange number, then when it is read) is verified once; verification is a function of these
-    _last_verified: tuple | None = field(default=None, repr=False, compare=False)
+    _last_verified: tuple[bytes, bytes, bytes] | None = field(default=None, repr=False, compare=False)
 
     def register(self, party: str, signing_public: bytes, channel_public: bytes | None = None) -> None:
         """Register ``party``'s keys (the server has a signing key only)."""
@@ -172,7 +175,7 @@ class KeyRegistry:
             for p in sorted(self.signing)
         }
 
-    def check_signature(self, party: str, header: bytes, signature: bytes, where: dict) -> None:
+    def check_signature(self, party: str, header: bytes, signature: bytes, where: dict[str, Any]) -> None:
         """Verify ``signature`` over ``header`` under ``party``'s registered signing key.
 
         Raises:
@@ -223,7 +226,13 @@ def sign_public_key(signing: SigningKey, kind: str, run_id: bytes, owner: str, p
 
 
 def check_public_key(
-    registry: KeyRegistry, kind: str, run_id: bytes, owner: str, public_key: bytes, signature: bytes, where: dict
+    registry: KeyRegistry,
+    kind: str,
+    run_id: bytes,
+    owner: str,
+    public_key: bytes,
+    signature: bytes,
+    where: dict[str, Any],
 ) -> None:
     """Refuse a public key its claimed owner did not sign.
 
@@ -251,9 +260,9 @@ def split_auth(auth: Any) -> tuple[bytes, bytes]:
 class ReplayCache:
     """Keys of the messages a receiver has accepted."""
 
-    seen: set = field(default_factory=set)
+    seen: set[tuple[bytes, int, str, str, str, int]] = field(default_factory=set)
 
-    def admit(self, env: Envelope, where: dict) -> None:
+    def admit(self, env: Envelope, where: dict[str, Any]) -> None:
         """Accept ``env`` once; refuse a second message with the same key.
 
         The key is (session, exchange, stage, sender, recipient, part).
@@ -270,7 +279,9 @@ class ReplayCache:
         self.seen.add(key)
 
 
-def verify(msg, expected: dict, registry: KeyRegistry, cache: ReplayCache, where: dict) -> Envelope:
+def verify(
+    msg: Message, expected: dict[str, Any], registry: KeyRegistry, cache: ReplayCache, where: dict[str, Any]
+) -> Envelope:
     """Check a delivered transcript ``Message`` against its signed envelope and the receiver's expectations.
 
     Check a delivered transcript ``Message`` against its signed envelope and what the

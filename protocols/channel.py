@@ -18,6 +18,7 @@ signed by its sender like every other message.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,7 +32,7 @@ from .message import encode_body
 NONCE_BYTES = 12
 TAG_BYTES = 16
 OVERHEAD = NONCE_BYTES + TAG_BYTES
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+_RAW: dict[str, Any] = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 class ChannelKey:
@@ -80,7 +81,9 @@ class ChannelKey:
         nonce = os.urandom(NONCE_BYTES)
         return nonce + self._aead(peer, peer_public, run_id).encrypt(nonce, bytes(plaintext), ad)
 
-    def open(self, peer: str, peer_public: bytes, run_id: bytes, sealed, ad: bytes, where: dict) -> bytes:
+    def open(
+        self, peer: str, peer_public: bytes, run_id: bytes, sealed: object, ad: bytes, where: dict[str, Any]
+    ) -> bytes:
         """Decrypt and authenticate a ciphertext made by :meth:`seal` on ``peer``'s side.
 
         Raises:

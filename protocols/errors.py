@@ -57,6 +57,9 @@ class IntegrityError(ProtocolError):
 class DropoutError(ProtocolError):
     """A client left mid-exchange and its contribution cannot be recovered."""
 
+    #: the clients that dropped (set by the raising server half)
+    clients: tuple[int, ...]
+
 
 class PrivacyBudgetError(ProtocolError):
     """A DP release was requested that the configured budget does not cover."""

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import cast
 
 from .errors import MalformedMessageError
 from .message import SIGNATURE_BYTES, Envelope, decode_body, encode_body, split_message
-from .transcript import Message
+from .transcript import Kind, Message
 
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 #: bytes a bundle adds around its messages: the count, then one length per message
@@ -51,7 +52,7 @@ def message_from_bytes(data: bytes) -> Message:
         env.tag,
         env.sender,
         env.recipient,
-        env.kind,
+        cast(Kind, env.kind),  # any kind a signed header names; receivers check the one they expect
         env.shape,
         len(data),
         env.protocol,
@@ -70,7 +71,7 @@ def pack_bundle(messages: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def unpack_bundle(data: bytes) -> list[memoryview]:
+def unpack_bundle(data: bytes | bytearray | memoryview) -> list[memoryview]:
     """Inverse of :func:`pack_bundle`; strict.  The messages are views into ``data`` (no copy)."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < BUNDLE_HEADER_BYTES:
         raise MalformedMessageError("bundle truncated before its count")

@@ -28,8 +28,9 @@ then draws no client key, and each client half signs with its site's key.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from .exchange import ExchangeContext
 from .link import ClientLink, InProcessLink
 from .manifest import Manifest, canonical_json
 from .message import NONCE_BYTES, SIGNATURE_BYTES, body_digest
-from .party import ClientHalf, PartySetup, ServerHalf, envelope_for
+from .party import ClientHalf, Party, PartySetup, ServerHalf, envelope_for
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound
 from .schedule import PublicSchedule
@@ -81,7 +82,7 @@ class HalvesProtocol(Protocol):
         exchanges: dict[str, tuple[int, int]] | None = None,
         manifest: Manifest | None = None,
         identity: SigningKey | None = None,
-        **base_options,
+        **base_options: Any,
     ):
         super().__init__(num_clients, **base_options)
         #: this session's nonce (os.urandom; a resumed run gets a new session)
@@ -93,10 +94,13 @@ class HalvesProtocol(Protocol):
             {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}, **listing},
         )
         if manifest is None:  # this process plays every site: it draws every party's identity key
-            identities = {SERVER: SigningKey(), **{client_party(k): SigningKey() for k in range(self.num_clients)}}
+            identities: dict[str, SigningKey | None] = {
+                SERVER: SigningKey(),
+                **{client_party(k): SigningKey() for k in range(self.num_clients)},
+            }
             manifest = Manifest.new(
                 self.mode,
-                {p: key.fingerprint for p, key in identities.items()},
+                {p: cast(SigningKey, key).fingerprint for p, key in identities.items()},  # all drawn above
                 self.public_options(),
                 self.security_parameters(),
                 schedule,
@@ -126,11 +130,11 @@ class HalvesProtocol(Protocol):
         self._signing = {k: c.signing for k, c in self.clients.items()}
         self._channel = {k: c.channel for k, c in self.clients.items()}
 
-    def public_options(self) -> dict:
+    def public_options(self) -> dict[str, Any]:
         """Run-level public backend options every client half is built with."""
         return {}
 
-    def security_parameters(self) -> dict:
+    def security_parameters(self) -> dict[str, Any]:
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
         schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
         listed = self.schedule.exchanges
@@ -163,12 +167,12 @@ class HalvesProtocol(Protocol):
 
     # the test hook lives on the server half (every message crosses it)
     @property
-    def intercept(self):
+    def intercept(self) -> Callable[[Message], Message | None] | None:
         """The server half's test hook on outgoing messages (None before the halves exist)."""
         return self.server.intercept if hasattr(self, "server") else None
 
     @intercept.setter
-    def intercept(self, hook):
+    def intercept(self, hook: Callable[[Message], Message | None] | None) -> None:
         if hasattr(self, "server"):
             self.server.intercept = hook
 
@@ -189,7 +193,7 @@ class HalvesProtocol(Protocol):
             self.plan_encoding(ctx),
         )
 
-    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+    def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
         """The backend's encoding parameters for the exchange plan (none by default)."""
         return {}
 
@@ -231,7 +235,7 @@ class HalvesProtocol(Protocol):
         header = envelope_for(msg, self.run_id, self.session, self.exchange, stage, part, digest, length).header_bytes()
         return replace(msg, auth=key.sign(header) + header, nbytes=SIGNATURE_BYTES + 4 + len(header) + length)
 
-    def _party(self, name: str):
+    def _party(self, name: str) -> Party:
         k = party_client(name)
         return self.server if k is None else self.clients[k]
 
@@ -242,10 +246,10 @@ class HalvesProtocol(Protocol):
         where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
         self._party(recipient).check(msg, sender, stage, part, where)
 
-    def accepted_fingerprints(self) -> dict[str, dict]:
+    def accepted_fingerprints(self) -> dict[str, dict[str, dict[str, str]]]:
         """Per in-process client half: the fingerprints of the keys it accepted (its own registry)."""
         return {client_party(k): half.registry.fingerprints() for k, half in sorted(self.clients.items())}
 
-    def client_results(self) -> Mapping[int, dict]:
+    def client_results(self) -> Mapping[int, tuple[int, dict[int, np.ndarray]] | None]:
         """Each client half's last decoded result (for tests)."""
         return {k: c._result for k, c in self.clients.items()}

@@ -89,7 +89,7 @@ class Envelope:
     sender: str
     recipient: str
     kind: str
-    shape: tuple
+    shape: tuple[int, ...]
     digest: bytes
     body_len: int
     body: bytes | None = field(default=None, compare=False)
@@ -225,7 +225,7 @@ def _parse_header(view: bytes) -> Envelope:
     return env
 
 
-def split_message(data: bytes) -> tuple[bytes, bytes, bytes]:
+def split_message(data: bytes | bytearray | memoryview) -> tuple[bytes, bytes, bytes]:
     """``(signature, header, body)`` of a message's wire bytes; MalformedMessageError if truncated."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < SIGNATURE_BYTES + 4:
         raise MalformedMessageError("message truncated before its header")
@@ -257,14 +257,14 @@ def _untext(raw: bytes) -> str:
 
 
 # ---------------------------------------------------------------------- canonical body
-def _pieces(obj: Any) -> list:
+def _pieces(obj: Any) -> list[bytes | memoryview]:
     """The canonical encoding of ``obj`` as a list of byte strings (arrays as views, not copies)."""
-    parts: list = []
+    parts: list[bytes | memoryview] = []
     _encode(obj, parts)
     return parts
 
 
-def _encode(obj: Any, parts: list) -> None:
+def _encode(obj: Any, parts: list[bytes | memoryview]) -> None:
     t = type(obj)
     if t is bytes:  # the common types first, by exact type (no isinstance chain)
         parts.append(b"B" + _U64.pack(len(obj)))
@@ -305,7 +305,7 @@ def _encode(obj: Any, parts: list) -> None:
         a = np.ascontiguousarray(obj)
         d = a.dtype.str.encode()
         parts.append(b"A" + _U32.pack(len(d)) + d + _U32.pack(a.ndim) + b"".join(_U64.pack(s) for s in a.shape))
-        parts.append(memoryview(a).cast("B") if a.size else b"")
+        parts.append(a.data.cast("B") if a.size else b"")
     elif isinstance(obj, (list, tuple)):
         _encode(list(obj), parts)
     elif isinstance(obj, dict):
@@ -318,7 +318,7 @@ def _key_bytes(key: Any) -> bytes:
     """The canonical encoding of a dict key (items are sorted by it)."""
     t = type(key)
     if t is int:
-        b = key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
+        b: bytes = key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
         return b"I" + _U32.pack(len(b)) + b
     return b"".join(_pieces(key))
 
@@ -337,7 +337,7 @@ def body_digest(payload: Any) -> tuple[bytes, int]:
     return h.digest(), n
 
 
-def decode_body(data: bytes) -> Any:
+def decode_body(data: bytes | bytearray | memoryview) -> Any:
     """Inverse of :func:`encode_body`; strict (truncation or trailing bytes raise).
 
     Arrays are
@@ -353,13 +353,13 @@ def decode_body(data: bytes) -> Any:
     return value
 
 
-def _need(data: bytes, pos: int, n: int) -> int:
+def _need(data: memoryview, pos: int, n: int) -> int:
     if n < 0 or pos + n > len(data):
         raise MalformedMessageError("message body truncated")
     return pos + n
 
 
-def _read(data: bytes, pos: int, depth: int):
+def _read(data: memoryview, pos: int, depth: int) -> tuple[Any, int]:
     if depth > 16:
         raise MalformedMessageError("message body nested too deeply")
     end = _need(data, pos, 1)

@@ -111,7 +111,9 @@ def report_vectors(
     return _report_through_halves(protocol, tag, rnd, vectors)
 
 
-def _report_through_halves(protocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _report_through_halves(
+    protocol: HalvesProtocol, tag: str, rnd: int, values: Mapping[int, np.ndarray]
+) -> dict[int, np.ndarray]:
     """The facade plays each reporting client: its half's provider returns its values."""
     for k, v in values.items():
         protocol.clients[int(k)].provider = lambda plan, v=v: plan.dense_table(v)

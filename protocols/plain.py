@@ -14,6 +14,7 @@ summed blocks, which the recipient's half decodes.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -21,7 +22,12 @@ from .errors import BoundError, DropoutError, IntegrityError, ShapeError
 from .halves import HalvesProtocol
 from .link import stream_groups
 from .party import ClientHalf, ServerHalf
-from .transcript import SERVER
+from .plan import ExchangePlan
+from .transcript import SERVER, Message
+
+if TYPE_CHECKING:
+    from .exchange import ValueSpec
+    from .link import ClientLink
 
 #: values per transport block; only the layout granularity (no ciphertext here)
 PLAIN_BLOCK = 4096
@@ -38,7 +44,7 @@ class PlainClient(ClientHalf):
     mode = "plain"
     checks_plans = False  # the server reads every contribution: no sum to protect
 
-    def on_stage(self, stage, inbox):
+    def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Upload this client's blocks unencrypted, then check and deliver the downloaded sums.
 
         Raises:
@@ -47,11 +53,14 @@ class PlainClient(ClientHalf):
         """
         fp = plain_fingerprint(self.setup.num_clients)
         if stage == "upload":
-            if self.id not in self.plan.contributors:
+            if self.id not in cast(ExchangePlan, self.plan).contributors:
                 return []
             table = self.contribution(dense=False)  # lazy row blocks are built in the wire's width
-            wire = np.float64 if self.plan.spec.float64_wire else np.float32
-            payload = {"block_ids": table.ids.astype(np.int32), "values": np.asarray(table.values, dtype=wire)}
+            wire = np.float64 if cast(ExchangePlan, self.plan).spec.float64_wire else np.float32
+            payload: dict[str, np.ndarray] = {
+                "block_ids": table.ids.astype(np.int32),
+                "values": np.asarray(table.values, dtype=wire),
+            }
             _check_wire_range(payload["values"], wire, "contribution", self.where())
             return [self.seal(self.message(SERVER, "plain", table.values.shape, payload, fp), "upload")]
         if stage == "download":
@@ -62,7 +71,7 @@ class PlainClient(ClientHalf):
                     ids, values = np.asarray(p["block_ids"], dtype=np.int64), np.asarray(p["values"])
                 except (KeyError, TypeError) as e:
                     raise IntegrityError(f"malformed download ({e})", **self.where()) from None
-                if values.shape != (ids.size, self.plan.block_len):
+                if values.shape != (ids.size, cast(ExchangePlan, self.plan).block_len):
                     raise ShapeError(f"download of shape {values.shape}", **self.where())
                 self.deliver({int(b): v.astype(np.float64) for b, v in zip(ids, values)})
         return []
@@ -73,7 +82,7 @@ class PlainServer(ServerHalf):
 
     mode = "plain"
 
-    def run(self, plan, link):
+    def run(self, plan: ExchangePlan, link: ClientLink) -> tuple[int, ...]:
         """Run the plain exchange, streaming uploads and downloads client by client.
 
         Uploads are folded into the float64 totals as they arrive and downloads are sent as they
@@ -150,12 +159,12 @@ class PlainProtocol(HalvesProtocol):
     client_half = PlainClient
     server_half = PlainServer
 
-    def block_capacity(self, spec) -> int:
+    def block_capacity(self, spec: ValueSpec) -> int:
         """Values per block of the plain transport."""
         return PLAIN_BLOCK
 
 
-def _check_wire_range(values: np.ndarray, wire, what: str, where: dict) -> None:
+def _check_wire_range(values: np.ndarray, wire: type[np.floating[Any]], what: str, where: dict[str, Any]) -> None:
     """Refuse values the wire format cannot carry.
 
     Finite inputs (checked before) that the cast to ``wire`` turned into inf, or a float64 sum beyond the wire's

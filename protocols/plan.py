@@ -18,6 +18,7 @@ message (:meth:`to_payload` / :meth:`from_payload`, strict).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class ExchangePlan:
     requests: dict[int, np.ndarray]
     spec: ValueSpec = ValueSpec()
     dp_noise_std: float = 0.0
-    encoding: dict = field(default_factory=dict)
+    encoding: dict[str, Any] = field(default_factory=dict)
 
     @property
     def parties(self) -> list[int]:
@@ -77,7 +78,7 @@ class ExchangePlan:
         """A client's own check of its contribution against the plan (before encoding)."""
         ids = np.asarray(table.ids, dtype=np.int64).ravel()
         vals = np.asarray(table.values)
-        where = dict(tag=self.tag, round=self.round, client=client)
+        where: dict[str, Any] = dict(tag=self.tag, round=self.round, client=client)
         if vals.ndim != 2 or vals.shape != (ids.size, self.block_len):
             raise ShapeError(f"contribution blocks must be [{ids.size}, {self.block_len}], got {vals.shape}", **where)
         if ids.size and (np.any(np.diff(ids) <= 0) or ids[0] < 0 or ids[-1] >= self.num_blocks):
@@ -86,7 +87,7 @@ class ExchangePlan:
             raise ShapeError("the dense layout needs every block from every client", **where)
 
     # ------------------------------------------------------------------ wire
-    def to_payload(self) -> dict:
+    def to_payload(self) -> dict[str, Any]:
         """The plan as a plain payload for the wire."""
         return {
             "tag": self.tag,
@@ -103,7 +104,7 @@ class ExchangePlan:
         }
 
     @classmethod
-    def from_payload(cls, p) -> ExchangePlan:
+    def from_payload(cls, p: Any) -> ExchangePlan:
         """Strict inverse of :meth:`to_payload` (MalformedMessageError on anything else)."""
         try:
             spec = ValueSpec(**{f: p["spec"][f] for f in _SPEC_FIELDS})

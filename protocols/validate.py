@@ -23,12 +23,15 @@ parsed):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .exchange import BlockTable, ExchangeContext
+
+if TYPE_CHECKING:
+    from .plan import ExchangePlan
 
 #: rounds are bound into signed 64-bit fields
 MAX_ROUND = 2**63
@@ -198,7 +201,7 @@ def row_contribution(item: Any, num_rows: int, tag: str, rnd: int, client: int) 
     return ids, rows
 
 
-def sequence(items: Any, what: str, tag: str, rnd: int) -> list:
+def sequence(items: Any, what: str, tag: str, rnd: int) -> list[Any]:
     """``items`` as a list; it must be a (non-string) sequence."""
     if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise ConfigurationError(f"{what} must be a sequence, got {type(items).__name__}", tag=tag, round=rnd)
@@ -234,7 +237,7 @@ def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> t
 
 
 def check_block_table(
-    ctx: ExchangeContext, client: int, table: BlockTable, num_clients: int
+    ctx: ExchangeContext | ExchangePlan, client: int, table: BlockTable, num_clients: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, values)`` of ``table`` after checking it.
 
@@ -242,7 +245,7 @@ def check_block_table(
     (increasing, in range; every block in the dense layout) and finiteness.  Raises
     :class:`ShapeError` / :class:`NonFiniteError` naming the client; nothing is encrypted.
     """
-    where = dict(tag=ctx.tag, round=ctx.round, client=client)
+    where: dict[str, Any] = dict(tag=ctx.tag, round=ctx.round, client=client)
     if not 0 <= int(client) < num_clients:
         raise ShapeError(f"unknown client id {client}", **where)
     ids, vals = np.asarray(table.ids), np.asarray(table.values)

@@ -10,6 +10,7 @@ registry, and the manifest's comparison code.
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from .config import RunConfig
 
@@ -105,7 +106,7 @@ def site_keys(cfg: RunConfig) -> dict:
         if not Path(str(path)).is_file():
             raise ConfigError(f"{what} {path} does not exist")
     manifest = Manifest.from_bytes(Path(str(cfg.manifest)).read_bytes())
-    return {"manifest": manifest, "identity": SigningKey.load(cfg.identity_key)}
+    return {"manifest": manifest, "identity": SigningKey.load(cast(str, cfg.identity_key))}  # a file (checked above)
 
 
 def accepted_keys(protocol, executor, hosts) -> dict:

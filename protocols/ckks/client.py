@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import struct
 import time
+from typing import Any, cast
 
 import numpy as np
 import tenseal as ts
 
 from ..errors import BoundError, ConfigurationError, IntegrityError, PackingOverflowError
+from ..exchange import BlockTable
 from ..fixed_point import rounding_rng
-from ..party import ClientHalf, envelope_of
+from ..party import ClientHalf, Provider, envelope_of
+from ..plan import ExchangePlan
 from ..transcript import SERVER, Message
 from ..validate import check_block_table, find_violation
 from . import wire
@@ -51,7 +54,7 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
     size = plan.chain.upload_ciphertext_bytes(encryption)
     for _ in range(8):  # a fresh encryption's size is independent of the data (wire doc)
         if fixed:
-            ct = plan.layout.encrypt(context, plan, values)
+            ct = cast(FixedPointLayout, plan.layout).encrypt(context, plan, values)
         else:
             slots = (plan.layout.pack(values) if plan.layout is not None else np.asarray(values)).tolist()
             ct = client_codec(context, plan.chain, encryption).encrypt(slots, plan.scale)
@@ -63,7 +66,9 @@ def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryp
     )
 
 
-def _ciphertext(plan: EncodingPlan, frame: bytes, seeded: bool, max_uploads: int, where: dict):
+def _ciphertext(
+    plan: EncodingPlan, frame: bytes, seeded: bool, max_uploads: int, where: dict[str, Any]
+) -> bytes | ts.sealapi.Ciphertext:
     """The summed ciphertext of a download frame: SEAL bytes, or re-expanded from ``sum c0`` and seeds."""
     try:
         body = wire.unframe(frame)
@@ -75,9 +80,9 @@ def _ciphertext(plan: EncodingPlan, frame: bytes, seeded: bool, max_uploads: int
 def _decrypt(
     context: ts.Context,
     plan: EncodingPlan,
-    data,
+    data: bytes | ts.sealapi.Ciphertext,
     n: int,
-    where: dict,
+    where: dict[str, Any],
     encryption: str,
     step: float | None = None,
 ) -> np.ndarray:
@@ -115,14 +120,20 @@ class CKKSClient(ClientHalf):
     """
 
     mode = "ckks"
+    # per-exchange state, set by _exchange_state
+    _up_part: int
+    _down_part: int
+    _received: dict[int, np.ndarray]
+    _table: BlockTable | None
+    _rounding: np.random.Generator | None
 
-    def __init__(self, client_id: int, setup: bytes, provider=None):
+    def __init__(self, client_id: int, setup: bytes, provider: Provider | None = None):
         super().__init__(client_id, setup, provider)
         self.keys = ClientKeyRing(self.setup.options["encryption"])
         self.timing: dict[str, float] = {}
-        self._state_exchange = None
+        self._state_exchange: int | None = None
 
-    def on_stage(self, stage, inbox):
+    def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """CKKS client steps: make the key (``key_setup``), send block ids, upload ciphertexts, decrypt the download.
 
         A secret context relayed from client 0 is taken in whatever stage it arrives.
@@ -148,22 +159,22 @@ class CKKSClient(ClientHalf):
 
     def _exchange_state(self) -> None:
         """Per-exchange state: the chunk counters of the streamed stages, the checked table."""
-        p = self.plan
+        p = cast(ExchangePlan, self.plan)
         if self._state_exchange != p.exchange:
             self._state_exchange, self._up_part, self._down_part = p.exchange, 0, 0
             self._received, self._table, self.timing = {}, None, {}
             self._rounding = None
 
-    def _own_table(self, ep: EncodingPlan):
+    def _own_table(self, ep: EncodingPlan) -> BlockTable:
         if self._table is None:
             t0 = time.perf_counter()
             self._table = self._checked_table(ep)
             self.timing["encode_s"] = time.perf_counter() - t0
         return self._table
 
-    def _block_ids(self):
+    def _block_ids(self) -> list[tuple[Message, bytes]]:
         """Sparse layout: the ids of the blocks this client uploads (the documented leak)."""
-        p = self.plan
+        p = cast(ExchangePlan, self.plan)
         if self.id not in p.contributors:
             return []
         ids = np.asarray(self._own_table(plan_from_payload(p.encoding["plan"])).ids, dtype=np.int64)
@@ -178,7 +189,7 @@ class CKKSClient(ClientHalf):
         return [self.seal(msg, "block_ids")]
 
     # ------------------------------------------------------------------ keys
-    def _make_key(self, inbox):
+    def _make_key(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Client 0: make a fresh key pair for the chain the server names.
 
         Client 0: a fresh key pair for the chain the server names; public context to the
@@ -189,7 +200,7 @@ class CKKSClient(ClientHalf):
             raise IntegrityError("expected one key set-up request", client=self.id)
         req = mine[0]
         env = envelope_of(req)
-        where = dict(tag=KEYS_TAG, round=req.round, client=self.id)
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=req.round, client=self.id)
         self.check(req, SERVER, "key_setup", env.part, where)
         chain = (
             plan_from_payload(
@@ -256,7 +267,7 @@ class CKKSClient(ClientHalf):
     def _take_secret(self, m: Message) -> None:
         env = envelope_of(m)
         raw = self.open_relayed(m, "key_setup", env.part, exchange=env.exchange)
-        where = dict(tag=KEYS_TAG, round=m.round, client=self.id)
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=m.round, client=self.id)
         try:
             (n,) = _LEN.unpack_from(raw, 0)
             context = ts.context_from(raw[_LEN.size : _LEN.size + n], n_threads=1)
@@ -265,15 +276,15 @@ class CKKSClient(ClientHalf):
         self.keys.adopt(context, m.fingerprint, len(raw) - _LEN.size)
 
     def _key(self) -> ClientKey:
-        fp = self.plan.encoding["fingerprint"]
+        fp = cast(ExchangePlan, self.plan).encoding["fingerprint"]
         key = self.keys.by_fingerprint(fp)
         if key is None:
             raise IntegrityError(f"no key for the exchange's context fingerprint {fp[:16]}", **self.where())
         return key
 
     # ------------------------------------------------------------------ upload / download
-    def _upload(self):
-        p = self.plan
+    def _upload(self) -> list[tuple[Message, bytes]]:
+        p = cast(ExchangePlan, self.plan)
         if self.id not in p.contributors:
             return []
         ep = plan_from_payload(p.encoding["plan"])
@@ -301,9 +312,9 @@ class CKKSClient(ClientHalf):
         )
         return [self.seal(msg, "upload", part)]
 
-    def _checked_table(self, ep: EncodingPlan):
+    def _checked_table(self, ep: EncodingPlan) -> BlockTable:
         """The contribution, checked against the public plan before anything is encrypted."""
-        p = self.plan
+        p = cast(ExchangePlan, self.plan)
         table = self.contribution(dense=False)  # lazy rows stay lazy: _upload reads them chunk by chunk
         ids, vals = check_block_table(p, self.id, table, self.setup.num_clients)
         lo, hi, offset = per_client_limits(p.spec, p.dp_noise_std, self.setup.num_clients)
@@ -322,8 +333,8 @@ class CKKSClient(ClientHalf):
             )
         return table
 
-    def _download(self, inbox):
-        p = self.plan
+    def _download(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
+        p = cast(ExchangePlan, self.plan)
         if self.id not in p.requests:
             return []
         part = self._down_part
@@ -363,7 +374,7 @@ class CKKSClient(ClientHalf):
                         _MEMO.decrypt(
                             scope,
                             f,
-                            lambda f=f, a=a, b=b: _decrypt(
+                            lambda f=f, a=a, b=b: _decrypt(  # type: ignore[misc]  # mypy: a lambda with default args
                                 key.context,
                                 ep,
                                 _ciphertext(ep, f, seeded, len(p.contributors), where),

@@ -35,8 +35,10 @@ import os
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import tenseal as ts
@@ -54,6 +56,9 @@ from .params import (
     per_client_limits,
 )
 
+if TYPE_CHECKING:
+    from ..exchange import ValueSpec
+
 #: default smallest field width of packed fixed point (2 fields per component on a 60-bit prime)
 DEFAULT_FIELD_BITS = 20
 
@@ -61,7 +66,7 @@ DEFAULT_FIELD_BITS = 20
 def signed_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
     """Largest ``c`` with ``(2^(c-1) + 1/8) 2^s < q_0 / 2``: components hold ``|P| < 2^(c-1)``."""
     q = chain.data_modulus()
-    fits = lambda c: ((1 << (c + 2)) + 1) * (1 << scale_bits) < 4 * q  # noqa: E731  (x8 both sides)
+    fits: Callable[[int], bool] = lambda c: ((1 << (c + 2)) + 1) * (1 << scale_bits) < 4 * q  # noqa: E731  (x8 both sides)
     c = 1
     while c < 52 and fits(c + 1):
         c += 1
@@ -122,7 +127,7 @@ class FixedPointLayout:
         s = math.ceil(carriers.size / 2)
         both = np.zeros(2 * s, dtype=np.int64)
         both[: carriers.size] = carriers
-        return (both[:s].astype(np.float64) + 1j * both[s:].astype(np.float64)).tolist()
+        return cast(list[complex], (both[:s].astype(np.float64) + 1j * both[s:].astype(np.float64)).tolist())
 
     def encrypt(self, context: ts.Context, plan: EncodingPlan, digits: np.ndarray) -> bytes:
         """Serialized SEAL ciphertext of one piece of a block (client side)."""
@@ -152,7 +157,7 @@ class FixedPointLayout:
 
 def plan_fixed_point(
     chain: ChainParams,
-    spec,
+    spec: ValueSpec,
     num_clients: int,
     dp_std: float,
     encryption: str,
@@ -187,7 +192,13 @@ def plan_fixed_point(
         except PackingOverflowError as exc:
             raise PackingOverflowError(str(exc), tag=tag, round=round) from None
         return EncodingPlan(
-            chain, scale_bits, "fixed", 0.0, True, FixedPointLayout(codec, chain.slots, encryption), float(total)
+            chain,
+            scale_bits,
+            "fixed",
+            0.0,
+            True,
+            FixedPointLayout(codec, chain.slots, encryption),  # type: ignore[arg-type]  # duck-types PackingLayout
+            float(total),
         )
     fields = cap // int(field_bits)
     if fields < 1:
@@ -210,7 +221,7 @@ def plan_fixed_point(
         "fixed",
         codec.sum_error,
         False,
-        FixedPointLayout(codec, chain.slots, encryption),
+        FixedPointLayout(codec, chain.slots, encryption),  # type: ignore[arg-type]  # duck-types PackingLayout
         codec.sum_bound,
     )
 
@@ -248,7 +259,7 @@ def _remove(path: str) -> None:
         pass
 
 
-def _to_bytes(obj) -> bytes:
+def _to_bytes(obj: Any) -> bytes:
     path = _scratch_path()
     obj.save(path)
     held = getattr(_scratch, "file", None)
@@ -259,7 +270,7 @@ def _to_bytes(obj) -> bytes:
         return f.read()
 
 
-def _load_into(obj, context, data: bytes):
+def _load_into(obj: Any, context: Any, data: bytes) -> Any:
     path = _scratch_path()
     held = getattr(_scratch, "file", None)
     if held is not None:

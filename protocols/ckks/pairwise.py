@@ -37,6 +37,7 @@ channel-encrypted, and ``ckks-mp`` would remove the single key holder.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import tenseal as ts
@@ -122,7 +123,7 @@ def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: s
         raise ShapeError("uploads differ in their number of ciphertexts", tag=tag, round=rnd)
     results = []
     for a, b in _pairs(len(cts)):
-        prod = None
+        prod: Any = None  # a TenSEAL vector once the first term is in
         for x, y in zip(cts[a], cts[b]):
             term = x * y
             prod = term if prod is None else prod + term

@@ -30,25 +30,32 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf
+from ..plan import ExchangePlan
 from ..transcript import SERVER, Message, client_party
 from . import wire
-from .fixed_point import server_load
+from .fixed_point import SealSum, server_load
 from .keys import ServerContext
 from .params import ChainParams, EncodingPlan
 from .plan_message import KEYS_TAG, chunks, pieces, plan_from_payload
-from .seeded import load_seeded, uses_seeded_download
+from .seeded import SeededSum, load_seeded, uses_seeded_download
+
+if TYPE_CHECKING:
+    from ..link import ClientLink
+    from ..party import PartySetup
+    from ..transcript import Transcript
 
 
 @dataclass
 class _Exchange:
     """What the server's stages share within one exchange (all public)."""
 
-    plan: object
+    plan: ExchangePlan
     ep: EncodingPlan
     context: ServerContext
     bounds: list[tuple[int, int]]
@@ -56,7 +63,7 @@ class _Exchange:
     spans: list[tuple[int, int]]
     contributors: list[int]
     #: the parties the first call of the exchange reaches (every party learns the plan)
-    first_call: dict[int, list] = field(default_factory=dict)
+    first_call: dict[int, list[tuple[Message, int]]] = field(default_factory=dict)
     #: downloads as ``sum c0`` plus the upload seeds (:mod:`.seeded`), else full ciphertexts
     seeded: bool = False
     #: contributors that stopped answering before their first upload
@@ -81,11 +88,11 @@ class CKKSServer(ServerHalf):
     relays_between_clients = True
     relay_stages = frozenset({"key_setup"})
 
-    def __init__(self, setup, transcript=None):
+    def __init__(self, setup: PartySetup, transcript: Transcript | None = None):
         super().__init__(setup, transcript)
         self.contexts: dict[str, ServerContext] = {}
         self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
-        self.last_stats: dict = {}
+        self.last_stats: dict[str, Any] = {}
 
     def record(self, msg: Message) -> None:
         """Record a message, stripping ciphertext payloads the transcript does not keep.
@@ -99,7 +106,7 @@ class CKKSServer(ServerHalf):
                 msg = msg.without_payload()
         if (
             self._streaming is not None
-            and msg.tag == self.plan.tag
+            and msg.tag == cast(ExchangePlan, self.plan).tag
             and msg.kind == "ciphertext"
             and msg.relay != SERVER
         ):
@@ -112,10 +119,10 @@ class CKKSServer(ServerHalf):
             return
         super().record(msg)
 
-    _streaming: dict | None = None
+    _streaming: dict[tuple[str, str], list[Message]] | None = None
 
     # ------------------------------------------------------------------ stage key_setup
-    def ensure_keys(self, chain: ChainParams, link, rnd: int) -> ServerContext:
+    def ensure_keys(self, chain: ChainParams, link: ClientLink, rnd: int) -> ServerContext:
         """The public context of ``chain``: on first use, client 0 makes the key pair."""
         if chain.name in self.contexts:
             return self.contexts[chain.name]
@@ -141,7 +148,7 @@ class CKKSServer(ServerHalf):
             note="key set-up request",
         )
         got = self.call(link, "key_setup", {0: [(request, part)]}, hook=False)
-        where = dict(tag=KEYS_TAG, round=rnd, client=0)
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=rnd, client=0)
         pub = [m for m in got.get(0, []) if m.receiver == SERVER]
         if len(pub) != 1:
             raise DropoutError("client 0 did not answer the key set-up", **where)
@@ -156,7 +163,7 @@ class CKKSServer(ServerHalf):
         return context
 
     # ------------------------------------------------------------------ one exchange
-    def run(self, plan, link):
+    def run(self, plan: ExchangePlan, link: ClientLink) -> tuple[int, ...]:
         """Run one CKKS exchange: collect block ids, add the uploaded ciphertexts, send each recipient its sums.
 
         The server only adds ciphertexts; it never holds the secret key.
@@ -208,7 +215,7 @@ class CKKSServer(ServerHalf):
         return tuple(x.contributors)
 
     # ------------------------------------------------------------------ stage block_ids
-    def collect_block_ids(self, x: _Exchange, link) -> None:
+    def collect_block_ids(self, x: _Exchange, link: ClientLink) -> None:
         """Each contributor's block ids: asked in the sparse layout (every block in the dense one)."""
         plan = x.plan
         if plan.layout != "sparse":
@@ -229,7 +236,7 @@ class CKKSServer(ServerHalf):
         x.contributors = [k for k in x.contributors if k not in x.dropped]
 
     # ------------------------------------------------------------------ stage upload
-    def collect_upload(self, x: _Exchange, link, part: int) -> dict[int, tuple[np.ndarray, list]]:
+    def collect_upload(self, x: _Exchange, link: ClientLink, part: int) -> dict[int, tuple[np.ndarray, list[Any]]]:
         """Collect and check chunk ``part`` of every contributor's upload.
 
         Chunk ``part`` of every contributor's upload, every ciphertext checked and loaded
@@ -276,14 +283,16 @@ class CKKSServer(ServerHalf):
         x.server_s += time.perf_counter() - t
         return loaded
 
-    def add_chunk(self, x: _Exchange, loaded: dict, needed: np.ndarray) -> dict[int, list[bytes]]:
+    def add_chunk(
+        self, x: _Exchange, loaded: dict[int, tuple[np.ndarray, list[Any]]], needed: np.ndarray
+    ) -> dict[int, list[bytes]]:
         """Per needed block id, the sum of the loaded ciphertexts as framed bytes.
 
         Per needed block id, the sum of the loaded ciphertexts (missing clients' public DP
         offsets padded), as framed bytes: block id -> one frame per piece.
         """
         ep, n_pieces, K = x.ep, x.n_pieces, self.setup.num_clients
-        sums: dict[int, list] = {}
+        sums: dict[int, list[Any]] = {}
         counts: dict[int, int] = {}
         for k in x.contributors:
             sel, vecs = loaded[k]
@@ -309,7 +318,7 @@ class CKKSServer(ServerHalf):
         }
 
     # ------------------------------------------------------------------ stage download
-    def send_download(self, x: _Exchange, link, part: int, frames: dict[int, list[bytes]]) -> None:
+    def send_download(self, x: _Exchange, link: ClientLink, part: int, frames: dict[int, list[bytes]]) -> None:
         """Send each recipient its requested blocks of chunk ``part`` in one signed message.
 
         Each recipient's requested blocks of chunk ``part`` in one signed message (an empty
@@ -345,7 +354,7 @@ class CKKSServer(ServerHalf):
         err.clients = tuple(clients)
         return err
 
-    def _load(self, x: _Exchange, frame, client: int, index: int):
+    def _load(self, x: _Exchange, frame: object, client: int, index: int) -> SeededSum | SealSum:
         server, plan = x.context, x.ep
         where = self.where(client)
         expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
@@ -367,7 +376,7 @@ class CKKSServer(ServerHalf):
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc
 
-    def _record_streamed(self, streamed: dict) -> None:
+    def _record_streamed(self, streamed: dict[tuple[str, str], list[Message]]) -> None:
         """One upload (download) Message per client per exchange; large or streamed payloads are stripped."""
         for msgs in streamed.values():
             if len(msgs) == 1:
@@ -377,7 +386,7 @@ class CKKSServer(ServerHalf):
             else:
                 last = msgs[-1]
                 try:
-                    shape = (sum(int(m.shape[0]) for m in msgs), self.plan.block_len)
+                    shape = (sum(int(m.shape[0]) for m in msgs), cast(ExchangePlan, self.plan).block_len)
                 except (TypeError, ValueError, IndexError):  # a tampered shape: record it as sent
                     shape = last.shape
                 msg = replace(

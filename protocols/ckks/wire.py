@@ -49,7 +49,7 @@ def frame(ciphertext: bytes, padded_size: int | None = None, *, allow_larger: bo
     return struct.pack(">I", n) + ciphertext + bytes(size - n)
 
 
-def unframe(data: bytes) -> bytes:
+def unframe(data: bytes | bytearray | memoryview) -> bytes:
     """The ciphertext bytes of a frame; ``ValueError`` if shorter than its length field says."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"a ciphertext frame must be bytes, got {type(data).__name__}")

@@ -9,7 +9,9 @@ before it is used (the protocol and its stages: :mod:`.backend`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
@@ -21,7 +23,8 @@ from ..errors import (
     ThresholdRefusedError,
     UnmaskingRefusedError,
 )
-from ..party import ClientHalf, envelope_of
+from ..party import ClientHalf, Provider, envelope_of
+from ..plan import ExchangePlan
 from ..plan_policy import collusion_bound
 from ..release_commitment import block_leaf, verify
 from ..transcript import SERVER, Message, client_party, party_client
@@ -48,13 +51,16 @@ from .public import (
 from .quantize import FixedPoint
 from .shamir import SHARE_BYTES, Share, split_secret
 
+#: (contributors, threshold): the key of a contributor set's self-mask seed batches
+_BatchKey = tuple[tuple[int, ...], int]
+
 
 @dataclass
 class Participant:
     """Client-side state of one participant for one exchange (its secrets stay here)."""
 
     ids: np.ndarray  # block ids it contributes (sorted)
-    encoded: np.ndarray  # [n_blocks, L] ring elements
+    encoded: np.ndarray | None  # [n_blocks, L] ring elements (freed after the upload)
     common: dict[int, np.ndarray] = field(default_factory=dict)  # peer -> shared block ids
     self_seed: bytes | None = None  # b_k of this exchange
     seeds: dict[int, bytes] = field(default_factory=dict)  # peer -> pairwise seed of this exchange
@@ -70,14 +76,14 @@ class _SelfMaskBatch:
     """
 
     first: int
-    values: list  # bytes (the owner's seeds) or Share (a holder's shares)
+    values: list[Any]  # bytes (the owner's seeds) or Share (a holder's shares)
 
-    def at(self, seq: int):
+    def at(self, seq: int) -> Any:
         """The entry for exchange ``seq``, or ``None`` outside the batch."""
         return self.values[seq - self.first] if self.first <= seq < self.first + len(self.values) else None
 
 
-def _parse_batch(raw: bytes, size: int, ctx, owner: int) -> list[Share]:
+def _parse_batch(raw: bytes, size: int, ctx: ExchangePlan, owner: int) -> list[Share]:
     """A holder's ``size`` Shamir shares of ``owner``'s self-mask seeds from the decrypted channel bytes."""
     n = 4 + SHARE_BYTES
     if size < 1 or len(raw) != size * n:
@@ -95,7 +101,7 @@ SURVIVORS_DOMAIN = b"secure-fgl/mask-survivors/v1"
 
 
 def survivor_statement(
-    run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors, view: bytes = EMPTY_VIEW
+    run_id: bytes, session: bytes, seq: int, tag: str, rnd: int, survivors: Sequence[int], view: bytes = EMPTY_VIEW
 ) -> bytes:
     """The bytes a survivor signs in the consistency round.
 
@@ -116,8 +122,8 @@ def survivor_statement(
 
 
 def _unmask_answer(
-    st: Participant, want_pairwise: list[int], want_self: list[int], ctx, responder: int
-) -> tuple[dict, dict]:
+    st: Participant, want_pairwise: list[int], want_self: list[int], ctx: ExchangePlan, responder: int
+) -> tuple[dict[int, bytes], dict[int, bytes]]:
     """An honest client's answer to the server's unmasking request.
 
     See Bonawitz et al. §4, round Unmasking, with the pairwise seeds of this exchange in place of the dropped clients'
@@ -140,13 +146,15 @@ def _unmask_answer(
     )
 
 
-def _masked(st: Participant, k: int, L: int, dtype, sid: dict, out_keys: tuple[bytes, ...]) -> np.ndarray:
+def _masked(
+    st: Participant, k: int, L: int, dtype: np.dtype, sid: dict[str, bytes], out_keys: tuple[bytes, ...]
+) -> np.ndarray:
     """Client ``k``'s masked upload.
 
     Client ``k``'s upload: ``q(x_k) + sum_j +-PRG(s_kj) + PRG(b_k) + R_k`` mod ``2^b``, with
     ``R_k = P_k - P_{k+1}`` from ``out_keys`` (empty: no output mask; one key: ``P_{k+1} = 0``).
     """
-    y = st.encoded.copy()
+    y: np.ndarray = cast(np.ndarray, st.encoded).copy()
     for j, seed in st.seeds.items():
         c = st.common[j]
         m = ranked_mask(seed, sid["pairwise"], c.size, L, dtype)
@@ -208,7 +216,7 @@ class MaskClient(ClientHalf):
 
     mode = "mask"
 
-    def __init__(self, client_id: int, setup: bytes, provider=None):
+    def __init__(self, client_id: int, setup: bytes, provider: Provider | None = None):
         super().__init__(client_id, setup, provider)
         self.options = self.setup.options
         self.fingerprint = mask_fingerprint(self.setup.num_clients, self.options)
@@ -216,8 +224,8 @@ class MaskClient(ClientHalf):
         self.mask_keys: MaskKeyPair | None = None  # drawn once per run
         self.peer_keys: dict[int, bytes] = {}  # peers' mask public keys (server broadcast)
         #: (contributors, threshold) -> own self-mask seed batch / owner -> this client's shares of it
-        self.own_batches: dict[tuple, _SelfMaskBatch] = {}
-        self.held_batches: dict[tuple, dict[int, _SelfMaskBatch]] = {}
+        self.own_batches: dict[_BatchKey, _SelfMaskBatch] = {}
+        self.held_batches: dict[_BatchKey, dict[int, _SelfMaskBatch]] = {}
         self.state: Participant | None = None
         self.encoding: FixedPoint | None = None
         self._prepared: int | None = None  # exchange whose contribution is encoded
@@ -232,12 +240,17 @@ class MaskClient(ClientHalf):
         self.keep_input = False
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def _exchange_plan(self) -> ExchangePlan:
+        """The plan of the current exchange (set before any of its stages runs)."""
+        return cast(ExchangePlan, self.plan)
+
     def _binding(self) -> ExchangeBinding:
-        p = self.plan
+        p = self._exchange_plan
         return ExchangeBinding(self.setup.run_id, p.exchange, p.tag, p.round)
 
-    def _batch_key(self) -> tuple:
-        return tuple(self.plan.contributors), self._threshold()
+    def _batch_key(self) -> _BatchKey:
+        return tuple(self._exchange_plan.contributors), self._threshold()
 
     def _threshold(self) -> int:
         """The Shamir threshold ``t`` from the run's setup.
@@ -245,7 +258,7 @@ class MaskClient(ClientHalf):
         ``t`` from the run's setup (:func:`shamir_threshold`); a plan naming another is refused,
         as is a ``t`` that breaks ``2t > n + c`` (which also gives ``t > c``).
         """
-        p, c = self.plan, collusion_bound(self.setup).max_colluders
+        p, c = self._exchange_plan, collusion_bound(self.setup).max_colluders
         t = shamir_threshold(len(p.contributors), self.options["threshold"], c)
         planned = p.encoding.get("threshold")
         if planned != t:
@@ -264,7 +277,7 @@ class MaskClient(ClientHalf):
             )
         return t
 
-    def _message(self, kind, shape, payload, note=""):
+    def _message(self, kind: str, shape: tuple[int, ...], payload: Any, note: str = "") -> Message:
         return self.message(SERVER, kind, shape, payload, self.fingerprint, note)
 
     def take_run_material(self, inbox: list[Message]) -> list[Message]:
@@ -318,11 +331,13 @@ class MaskClient(ClientHalf):
             elif m.sender == SERVER and stage == "share_keys":
                 self._take_participants(self.check(m, SERVER, stage, 0, self.where()))
             elif m.sender != SERVER and stage == "share_keys":
-                owner = party_client(m.sender)
+                owner = cast(int, party_client(m.sender))
                 shares = _parse_batch(
-                    self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]), self.plan, owner
+                    self.open_relayed(m, "share_keys"), int(self.options["self_mask_batch"]), self._exchange_plan, owner
                 )
-                self.held_batches.setdefault(self._batch_key(), {})[owner] = _SelfMaskBatch(self.plan.exchange, shares)
+                self.held_batches.setdefault(self._batch_key(), {})[owner] = _SelfMaskBatch(
+                    self._exchange_plan.exchange, shares
+                )
             else:
                 rest.append(m)
         return rest
@@ -338,7 +353,7 @@ class MaskClient(ClientHalf):
         for j, c in common.items():  # a subset of this client's own blocks, with another contributor
             if (
                 j == self.id
-                or j not in self.plan.contributors
+                or j not in self._exchange_plan.contributors
                 or np.any(np.diff(c) <= 0)
                 or not np.isin(c, own, assume_unique=True).all()
             ):
@@ -373,7 +388,7 @@ class MaskClient(ClientHalf):
         if (
             msg.kind != "control"
             or got != sorted(set(got))
-            or not set(got) <= set(self.plan.contributors)
+            or not set(got) <= set(self._exchange_plan.contributors)
             or self.id not in got
         ):
             raise IntegrityError(
@@ -383,7 +398,7 @@ class MaskClient(ClientHalf):
         self._participants = got
 
     # ------------------------------------------------------------------ stages
-    def on_stage(self, stage, inbox):
+    def on_stage(self, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Dispatch ``stage`` to the matching ``stage_<name>`` method.
 
         Raises:
@@ -391,14 +406,14 @@ class MaskClient(ClientHalf):
         """
         if stage == "register":
             return []
-        step = getattr(self, "stage_" + stage, None)
+        step: Callable[[list[Message]], list[tuple[Message, bytes]]] | None = getattr(self, "stage_" + stage, None)
         if step is None:
             raise IntegrityError(f"unknown stage {stage!r}", **self.where())
         if stage != "group_seed":
             self._prepare()
         return step(inbox)
 
-    def stage_group_seed(self, inbox):
+    def stage_group_seed(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Client 0, once per run: ``G`` for every other client over the relayed channel."""
         if self.group_seed is None:
             self.group_seed = new_secret_seed()
@@ -423,7 +438,7 @@ class MaskClient(ClientHalf):
         self.state = Participant(table.ids, encoded)
         self.timing["encode_s"] = time.perf_counter() - t0
 
-    def stage_block_ids(self, inbox):
+    def stage_block_ids(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Send the ids of the blocks this client contributes to (sparse layout)."""
         if self.state is None:
             return []
@@ -434,7 +449,7 @@ class MaskClient(ClientHalf):
             )
         ]
 
-    def stage_advertise_keys(self, inbox):
+    def stage_advertise_keys(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """The mask public key, drawn once per run (its secret key never leaves this client)."""
         self._absorb(inbox)
         if self.state is None:
@@ -451,7 +466,7 @@ class MaskClient(ClientHalf):
             )
         ]
 
-    def stage_share_keys(self, inbox):
+    def stage_share_keys(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Deal a fresh batch of self-mask seeds.
 
         A fresh batch of self-mask seeds for this and the next exchanges of this contributor set,
@@ -465,9 +480,9 @@ class MaskClient(ClientHalf):
         xs = [j + 1 for j in contributors]
         seeds = [new_secret_seed() for _ in range(int(self.options["self_mask_batch"]))]
         shares = [split_secret(b, xs, t) for b in seeds]
-        self.own_batches[(contributors, t)] = _SelfMaskBatch(self.plan.exchange, seeds)
+        self.own_batches[(contributors, t)] = _SelfMaskBatch(self._exchange_plan.exchange, seeds)
         held = self.held_batches.setdefault((contributors, t), {})
-        out, commitments, first = [], {}, self.plan.exchange
+        out, commitments, first = [], {}, self._exchange_plan.exchange
         for j in contributors:
             mine = [sh[j + 1] for sh in shares]
             commitments[j] = b"".join(
@@ -499,7 +514,7 @@ class MaskClient(ClientHalf):
         self.timing["setup_s"] = time.perf_counter() - t0
         return out
 
-    def stage_masked_upload(self, inbox):
+    def stage_masked_upload(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Upload y_k = x_k + PRG(b_k) + sum_j +-PRG(s_kj) mod 2^ring_bits (Bonawitz et al., CCS 2017).
 
         Pairwise masks are drawn over the blocks shared with each peer; the self mask b_k is used when there are at
@@ -514,9 +529,9 @@ class MaskClient(ClientHalf):
         if st is None:
             return []
         t0 = time.perf_counter()
-        seq, key = self.plan.exchange, self._batch_key()
-        participants = self._participants or list(self.plan.contributors)
-        if self.plan.layout == "dense":
+        seq, key = self._exchange_plan.exchange, self._batch_key()
+        participants = self._participants or list(self._exchange_plan.contributors)
+        if self._exchange_plan.layout == "dense":
             st.common = {j: st.ids for j in participants if j != self.id}
         st.common = {j: c for j, c in st.common.items() if j in participants and j != self.id and c.size}
         if len(participants) >= 2:  # Bonawitz self mask b_k (double masking)
@@ -534,16 +549,16 @@ class MaskClient(ClientHalf):
         for j in st.common:
             if j not in self.peer_keys:
                 raise IntegrityError(f"no mask public key of participant {j} was broadcast", **self.where())
-            st.seeds[j] = self.mask_keys.pairwise_seed(self.id, j, self.peer_keys[j], binding)
+            st.seeds[j] = cast(MaskKeyPair, self.mask_keys).pairwise_seed(self.id, j, self.peer_keys[j], binding)
         y = self._upload_words()
         if not self.keep_input:
             st.encoded = None
-        payload = {"block_ids": st.ids.astype(np.int32), "data": self.encoding.to_wire(y)}
+        payload = {"block_ids": st.ids.astype(np.int32), "data": cast(FixedPoint, self.encoding).to_wire(y)}
         self.timing["mask_s"] = time.perf_counter() - t0
         return [self.seal(self._message("masked", y.shape, payload), "masked_upload")]
 
     def _upload_words(self) -> np.ndarray:
-        st, enc, p = self.state, self.encoding, self.plan
+        st, enc, p = cast(Participant, self.state), cast(FixedPoint, self.encoding), self._exchange_plan
         out_keys = (
             ()
             if self.options["reveal_to_server"]
@@ -558,13 +573,13 @@ class MaskClient(ClientHalf):
             raise IntegrityError("no output-mask group seed was received", **self.where())
         return self.group_seed
 
-    def _statement(self, survivors) -> bytes:
-        p = self.plan
+    def _statement(self, survivors: list[int]) -> bytes:
+        p = self._exchange_plan
         return survivor_statement(
             self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors, self.view_digest()
         )
 
-    def stage_consistency(self, inbox):
+    def stage_consistency(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Consistency check: sign the survivor set the server names.
 
         Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
@@ -573,14 +588,14 @@ class MaskClient(ClientHalf):
         """
         if self.state is None:
             return []
-        if self._signed is not None and self._signed[0] == self.plan.exchange:
+        if self._signed is not None and self._signed[0] == self._exchange_plan.exchange:
             raise ConsistencyError("a second consistency round in one exchange: refused", **self.where())
         msg = self._from_server(inbox, "consistency", "control")
         try:
             survivors = [int(k) for k in msg.payload["survivors"]]
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed survivor set ({e})", **self.where()) from None
-        participants, t = self._participants or list(self.plan.contributors), self._threshold()
+        participants, t = self._participants or list(self._exchange_plan.contributors), self._threshold()
         if (
             survivors != sorted(set(survivors))
             or not set(survivors) <= set(participants)
@@ -594,7 +609,7 @@ class MaskClient(ClientHalf):
             )
         statement = self._statement(survivors)
         sig = self.signing.sign(statement)
-        self._signed = (self.plan.exchange, tuple(survivors), statement, sig)
+        self._signed = (self._exchange_plan.exchange, tuple(survivors), statement, sig)
         return [
             self.seal(
                 self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
@@ -602,7 +617,7 @@ class MaskClient(ClientHalf):
             )
         ]
 
-    def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict) -> None:
+    def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict[int, bytes]) -> None:
         """Check the unmasking request against what this client signed.
 
         The unmasking request must name the survivor set this client signed (its self-mask shares)
@@ -610,10 +625,10 @@ class MaskClient(ClientHalf):
         ``t`` survivors over that set -- so no two clients can be asked about different sets.
         """
         where = self.where()
-        if self._signed is None or self._signed[0] != self.plan.exchange:
+        if self._signed is None or self._signed[0] != self._exchange_plan.exchange:
             raise ConsistencyError("an unmasking request before this client signed the survivor set", **where)
         survivors = list(self._signed[1])
-        dropped = [k for k in (self._participants or list(self.plan.contributors)) if k not in survivors]
+        dropped = [k for k in (self._participants or list(self._exchange_plan.contributors)) if k not in survivors]
         if want_self != survivors or want_pairwise != dropped:
             raise ConsistencyError(
                 f"the unmasking request (survivors {want_self}, dropped {want_pairwise}) is not "
@@ -621,7 +636,7 @@ class MaskClient(ClientHalf):
                 **where,
             )
         statement, t = self._statement(survivors), self._threshold()
-        bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+        bound = self.schedule is not None and self.schedule.binds_views(self._exchange_plan.tag)
         if bound and set(signatures) != set(survivors):  # an unsigned survivor's view is unchecked
             raise InconsistentViewError(
                 f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of a "
@@ -647,7 +662,7 @@ class MaskClient(ClientHalf):
                 f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}", **where
             )
 
-    def stage_unmask(self, inbox):
+    def stage_unmask(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Answer the unmasking request.
 
         Step 5, answered once per exchange, after the consistency round: the request names the
@@ -655,9 +670,9 @@ class MaskClient(ClientHalf):
         """
         if self.state is None:
             return []
-        if self._unmasked == self.plan.exchange:
+        if self._unmasked == self._exchange_plan.exchange:
             raise UnmaskingRefusedError("a second unmasking round in one exchange: refused", **self.where())
-        self._unmasked = self.plan.exchange
+        self._unmasked = self._exchange_plan.exchange
         msg = self._from_server(inbox, "unmask", "control")
         try:
             want_pairwise = [int(d) for d in msg.payload["pairwise"]]
@@ -670,7 +685,7 @@ class MaskClient(ClientHalf):
             raise UnmaskingRefusedError(
                 "the server asked for pairwise seeds, but dropout recovery is off", **self.where()
             )
-        seeds, b_part = _unmask_answer(self.state, want_pairwise, want_self, self.plan, self.id)
+        seeds, b_part = _unmask_answer(self.state, want_pairwise, want_self, self._exchange_plan, self.id)
         n = len(seeds) + len(b_part)
         return [
             self.seal(
@@ -684,13 +699,15 @@ class MaskClient(ClientHalf):
             )
         ]
 
-    def _check_release(self, payload: dict, bids: np.ndarray, rows: np.ndarray, enc, included: list[int]) -> None:
+    def _check_release(
+        self, payload: dict[str, Any], bids: np.ndarray, rows: np.ndarray, enc: FixedPoint, included: list[int]
+    ) -> None:
         """Verify this client's blocks against the server's commitment to the whole sum; chain its root.
 
         :mod:`protocols.release_commitment`; InconsistentViewError (nothing delivered) if they are not
         leaves of the committed sum.
         """
-        p = self.plan
+        p = self._exchange_plan
         try:
             root, proof = bytes(payload["release"]["root"]), bytes(payload["release"]["proof"])
         except (KeyError, TypeError, ValueError):
@@ -719,7 +736,7 @@ class MaskClient(ClientHalf):
             )
         self.views.release(p.tag, p.round, root)
 
-    def stage_download(self, inbox):
+    def stage_download(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Check the download against this client's request, remove its output masks and decode the fixed-point sums.
 
         Raises:
@@ -727,7 +744,7 @@ class MaskClient(ClientHalf):
         """
         msg = self._from_server(inbox, "download", "plain" if self.options["reveal_to_server"] else "masked")
         t0 = time.perf_counter()
-        p, L = self.plan, self.plan.block_len
+        p, L = self._exchange_plan, self._exchange_plan.block_len
         enc = self.encoding = FixedPoint(**p.encoding["fixed_point"])
         try:
             bids = np.asarray(msg.payload["block_ids"], dtype=np.int64).ravel()

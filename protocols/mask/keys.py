@@ -38,12 +38,13 @@ import hmac
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from .. import validate
-from ..auth import check_public_key, sign_public_key
+from ..auth import KeyRegistry, SigningKey, check_public_key, sign_public_key
 from ..errors import ConfigurationError, IntegrityError
 from ..message import SIGNATURE_BYTES
 
@@ -53,7 +54,7 @@ SEED_BYTES = 32
 SIGNED_KEY_BYTES = PUBLIC_KEY_BYTES + SIGNATURE_BYTES
 #: the ``kind`` of a mask key in an owner-signed key statement
 KEY_KIND = "mask"
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+_RAW: dict[str, Any] = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class ExchangeBinding:
     tag: str
     round: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.exchange(self.tag, self.round)
         validate.count(self.seq, "the exchange sequence number", self.tag, self.round, minimum=0, maximum=2**63 - 1)
         if not isinstance(self.run_id, bytes):
@@ -117,7 +118,7 @@ class MaskKeyPair:
         A peer key that is not 32 bytes, or a low-order point (all-zero shared secret, which
         ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`.
         """
-        where = dict(tag=binding.tag, round=binding.round, client=peer_id)
+        where: dict[str, Any] = dict(tag=binding.tag, round=binding.round, client=peer_id)
         if not isinstance(peer_public, (bytes, bytearray)):
             raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
         if len(peer_public) != PUBLIC_KEY_BYTES:
@@ -144,7 +145,7 @@ class MaskKeyPair:
         return _hkdf(shared, binding.run_id, info)
 
 
-def signed_mask_key(signing, run_id: bytes, owner: str, public_bytes: bytes) -> bytes:
+def signed_mask_key(signing: SigningKey, run_id: bytes, owner: str, public_bytes: bytes) -> bytes:
     """The mask key as its owner advertises it: ``public_bytes || signature``.
 
     ``public_bytes || signature``: the mask key as its owner advertises it (the signature by
@@ -153,7 +154,9 @@ def signed_mask_key(signing, run_id: bytes, owner: str, public_bytes: bytes) -> 
     return bytes(public_bytes) + sign_public_key(signing, KEY_KIND, run_id, owner, public_bytes)
 
 
-def check_signed_mask_key(registry, run_id: bytes, owner: str, signed, where: dict) -> bytes:
+def check_signed_mask_key(
+    registry: KeyRegistry, run_id: bytes, owner: str, signed: object, where: dict[str, Any]
+) -> bytes:
     """The mask public key of ``owner``, after checking its signature.
 
     The mask public key of ``owner`` from its advertised form, after checking the owner's

@@ -74,7 +74,7 @@ def keystream(key: bytes, sid: bytes, offset: int, nbytes: int) -> memoryview:
     if skip:
         enc.update(_ZEROS[:skip])
     # update_into needs len(data) + 15 bytes of room; encrypt zeros chunk by chunk
-    view = memoryview(np.empty(nbytes + _AES_BLOCK, dtype=np.uint8))  # no zero-fill: fully overwritten
+    view = np.empty(nbytes + _AES_BLOCK, dtype=np.uint8).data  # no zero-fill: fully overwritten
     chunk = len(_ZEROS)
     for i in range(0, nbytes, chunk):
         n = min(chunk, nbytes - i)

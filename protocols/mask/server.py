@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import DropoutError, IntegrityError, ProtocolError, ShapeError, ShareIntegrityError
 from ..link import stream_groups
@@ -38,8 +41,16 @@ from .public import (
 from .quantize import FixedPoint
 from .shamir import Share, combine
 
+if TYPE_CHECKING:
+    from ..link import ClientLink
+    from ..party import PartySetup
+    from ..transcript import Transcript
 
-def _dropout_error(where: dict, clients: list[int], why: str) -> DropoutError:
+#: (contributors, threshold): the key of a contributor set's self-mask seed batches
+_BatchKey = tuple[tuple[int, ...], int]
+
+
+def _dropout_error(where: dict[str, Any], clients: list[int], why: str) -> DropoutError:
     names = ", ".join(str(c) for c in clients)
     err = DropoutError(
         f"client(s) {names} dropped out: {why}; nothing was aggregated. Re-run the exchange "
@@ -71,7 +82,7 @@ class MaskExchange:
     server_s: float = 0.0  # server seconds in checks, sums and recovery
 
     @property
-    def batch_key(self) -> tuple:
+    def batch_key(self) -> _BatchKey:
         """(contributors, threshold): the self-mask seed batches of this contributor set."""
         return tuple(self.contributors), self.t
 
@@ -91,7 +102,7 @@ class MaskServer(ServerHalf):
     relay_stages = frozenset({"group_seed", "share_keys"})
     _NOTES = {"group_seed": "output-mask group seed", "share_keys": "Shamir shares of self-mask seeds"}
 
-    def __init__(self, setup, transcript=None):
+    def __init__(self, setup: PartySetup, transcript: Transcript | None = None):
         super().__init__(setup, transcript)
         self.fingerprint = mask_fingerprint(setup.num_clients, setup.options)
         self.group_seed_sent = False
@@ -99,9 +110,9 @@ class MaskServer(ServerHalf):
         self.mask_public: dict[int, bytes] = {}
         self.keys_sent: dict[int, set[int]] = defaultdict(set)
         #: (contributors, threshold) -> client -> (first exchange, length, holders) of its shared seed batch
-        self.batches: dict[tuple, dict[int, tuple[int, int, frozenset]]] = defaultdict(dict)
+        self.batches: dict[_BatchKey, dict[int, tuple[int, int, frozenset[int]]]] = defaultdict(dict)
         #: (contributors, threshold) -> dealer -> (first exchange, holder -> its share commitments)
-        self.commitments: dict[tuple, dict[int, tuple[int, dict[int, bytes]]]] = defaultdict(dict)
+        self.commitments: dict[_BatchKey, dict[int, tuple[int, dict[int, bytes]]]] = defaultdict(dict)
         #: clients missing in the last exchange -> the stage at which their answer was missing
         self.last_missing: dict[int, str] = {}
         self.last_included: tuple[int, ...] = ()
@@ -115,15 +126,17 @@ class MaskServer(ServerHalf):
             msg = dataclasses.replace(msg, note=note + " (channel-encrypted, relayed by the server)")
         super().record(msg)
 
-    def _msg(self, k, kind, shape, payload, note=""):
+    def _msg(self, k: int, kind: str, shape: tuple[int, ...], payload: Any, note: str = "") -> Message:
         return self.message(k, kind, shape, payload, self.fingerprint, note)
 
-    def _covered(self, key: tuple, k: int, seq: int, participants: list[int]) -> bool:
+    def _covered(self, key: _BatchKey, k: int, seq: int, participants: list[int]) -> bool:
         """``k``'s batch covers exchange ``seq`` and every participant holds a share of it."""
         first, n, holders = self.batches[key].get(k, (0, 0, frozenset()))
         return first <= seq < first + n and holders.issuperset(participants)
 
-    def _take_commitments(self, got, k: int, batch_key: tuple, contributors: list[int]) -> None:
+    def _take_commitments(
+        self, got: dict[int, list[Message]], k: int, batch_key: _BatchKey, contributors: list[int]
+    ) -> None:
         """Keep dealer ``k``'s signed commitments to the shares it dealt.
 
         Dealer ``k``'s signed commitments to the shares it dealt this exchange (one hash per
@@ -137,12 +150,12 @@ class MaskServer(ServerHalf):
             table = None
         if table is None or sorted(table) != list(contributors) or any(len(c) != size for c in table.values()):
             raise IntegrityError("the share commitments are missing or malformed", **self.where(k))
-        self.commitments[batch_key][k] = (self.plan.exchange, table)
+        self.commitments[batch_key][k] = (cast(ExchangePlan, self.plan).exchange, table)
 
-    def _check_share(self, batch_key: tuple, dealer: int, holder: int, share: Share) -> None:
+    def _check_share(self, batch_key: _BatchKey, dealer: int, holder: int, share: Share) -> None:
         """Refuse a revealed share that is not the one ``dealer`` committed to for ``holder``."""
         first, table = self.commitments[batch_key].get(dealer, (None, {}))
-        seq = self.plan.exchange
+        seq = cast(ExchangePlan, self.plan).exchange
         i = None if first is None else seq - first
         expected = table.get(holder, b"")[i * COMMITMENT_BYTES : (i + 1) * COMMITMENT_BYTES] if i is not None else b""
         if share.x != holder + 1 or share_commitment(self.setup.run_id, dealer, seq, share) != expected:
@@ -153,12 +166,12 @@ class MaskServer(ServerHalf):
                 **self.where(holder),
             )
 
-    def _exclude(self, clients) -> None:
+    def _exclude(self, clients: Iterable[int]) -> None:
         """Clients out of this exchange before uploading: what was queued for them is void."""
         for k in clients:
             self._outbox.pop(k, None)
 
-    def run(self, plan, link):
+    def run(self, plan: ExchangePlan, link: ClientLink) -> tuple[int, ...]:
         """Run one masked exchange: share keys, collect masked inputs, check consistency, unmask, send the sums.
 
         Returns the clients whose inputs the sums cover; timing goes to ``last_timing``.
@@ -180,7 +193,7 @@ class MaskServer(ServerHalf):
         return self.last_included
 
     # ------------------------------------------------------------------ stages
-    def stage_setup(self, plan, link) -> MaskExchange:
+    def stage_setup(self, plan: ExchangePlan, link: ClientLink) -> MaskExchange:
         """Setup stage: send the plan and collect the set-up material.
 
         Send the plan; once per run, client 0 deals the output-mask group seed; in the sparse
@@ -207,7 +220,7 @@ class MaskServer(ServerHalf):
             ex.announced = {k: np.arange(plan.num_blocks) for k in contributors}
         return ex
 
-    def _collect_block_ids(self, ex: MaskExchange, link) -> None:
+    def _collect_block_ids(self, ex: MaskExchange, link: ClientLink) -> None:
         """Sparse layout: each contributor's sorted block ids, and per peer the ids two share."""
         plan = ex.plan
         got = self.call(link, "block_ids", {k: [] for k in plan.parties})
@@ -247,7 +260,7 @@ class MaskServer(ServerHalf):
                 "block_ids",
             )
 
-    def stage_advertise_keys(self, ex: MaskExchange, link) -> None:
+    def stage_advertise_keys(self, ex: MaskExchange, link: ClientLink) -> None:
         """AdvertiseKeys: relay each contributor's owner-signed mask key.
 
         AdvertiseKeys: each contributor's owner-signed mask key, once per run (its first
@@ -282,7 +295,7 @@ class MaskServer(ServerHalf):
                 )
                 self.keys_sent[k] |= set(new)
 
-    def stage_share_keys(self, ex: MaskExchange, link) -> None:
+    def stage_share_keys(self, ex: MaskExchange, link: ClientLink) -> None:
         """ShareKeys: relay fresh batches of self-mask seed shares.
 
         ShareKeys: a batch of self-mask seeds from each participant whose batch for this
@@ -296,7 +309,7 @@ class MaskServer(ServerHalf):
             if stale:
                 got = self.call(link, "share_keys", {k: [] for k in stale})
                 for k in stale:
-                    if sorted(party_client(m.receiver) for m in got.get(k, []) if m.relay == SERVER) != [
+                    if sorted(cast(int, party_client(m.receiver)) for m in got.get(k, []) if m.relay == SERVER) != [
                         j for j in ex.contributors if j != k
                     ]:
                         self.last_missing.setdefault(k, "share_keys")
@@ -322,7 +335,7 @@ class MaskServer(ServerHalf):
                     "share_keys",
                 )
 
-    def stage_collect_masked_input(self, ex: MaskExchange, link) -> None:
+    def stage_collect_masked_input(self, ex: MaskExchange, link: ClientLink) -> None:
         """MaskedInputCollection: fold each masked upload into the total.
 
         MaskedInputCollection: each upload is folded into the total as it arrives, client by
@@ -338,6 +351,7 @@ class MaskServer(ServerHalf):
         )  # a block only a dropped client announced stays 0
         ex.total = np.zeros((ex.union.size, ex.plan.block_len), dtype=ex.enc.dtype)
         refused = None
+        got: dict[int, list[Message]] | None
         for group in stream_groups(link, ex.participants):
             try:  # after a refusal the rest still read their bundles (their relayed shares), as in parallel
                 got = self.call(link, "masked_upload", {k: [] for k in group})
@@ -374,7 +388,7 @@ class MaskServer(ServerHalf):
                 "toward them) and dropout recovery is disabled (dropout_recovery=False)",
             )
 
-    def _fold_uploads(self, got, group, ex: MaskExchange) -> float:
+    def _fold_uploads(self, got: dict[int, list[Message]], group: list[int], ex: MaskExchange) -> float:
         """Verify one group's masked uploads and add them into the total.
 
         One group's answers: verify each masked upload and add it into the total (mod ``2^b``); a
@@ -393,11 +407,13 @@ class MaskServer(ServerHalf):
                     f"to the server, got '{msg.kind}'",
                     **where(k),
                 )
-            ex.total[positions(ex.union, ex.announced[k])] += self._read_upload(k, msg, ex.announced[k], ex.enc)
+            cast(np.ndarray, ex.total)[positions(ex.union, ex.announced[k])] += self._read_upload(
+                k, msg, ex.announced[k], ex.enc
+            )
             ex.uploaders.append(k)
         return time.perf_counter() - t0
 
-    def stage_consistency(self, ex: MaskExchange, link) -> None:
+    def stage_consistency(self, ex: MaskExchange, link: ClientLink) -> None:
         """ConsistencyCheck: collect the uploaders' signatures on the survivor set.
 
         ConsistencyCheck (Bonawitz et al. §4, active variant): every uploader signs the survivor
@@ -440,7 +456,7 @@ class MaskServer(ServerHalf):
                 "set (each checks the models the others received, protocols/broadcast_view.py)",
             )
 
-    def stage_unmask(self, ex: MaskExchange, link) -> None:
+    def stage_unmask(self, ex: MaskExchange, link: ClientLink) -> None:
         """Unmasking: remove the self masks and the dropped clients' pairwise masks.
 
         Unmasking: remove each uploader's self mask (from ``t`` shares of its seed, each checked
@@ -448,7 +464,8 @@ class MaskServer(ServerHalf):
         dropped clients (from the survivors' seeds), in place.  The request goes to the clients
         that signed the survivor set, with their signatures.
         """
-        plan, where, t, total, union, announced = self.plan, self.where, ex.t, ex.total, ex.union, ex.announced
+        plan, where, t, union, announced = cast(ExchangePlan, self.plan), self.where, ex.t, ex.union, ex.announced
+        total = cast(np.ndarray, ex.total)
         dropped, uploaders = ex.dropped, ex.uploaders
         L = plan.block_len
         request = {
@@ -523,7 +540,7 @@ class MaskServer(ServerHalf):
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
             total[positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, ex.enc.dtype)
 
-    def stage_download(self, ex: MaskExchange, link) -> None:
+    def stage_download(self, ex: MaskExchange, link: ClientLink) -> None:
         """Delivery: send each recipient its blocks.
 
         Delivery: each recipient gets its blocks, who is included and (sparse, with output
@@ -534,7 +551,8 @@ class MaskServer(ServerHalf):
         included = tuple(ex.uploaders)
         reveal = self.setup.options["reveal_to_server"]
         kind = "plain" if reveal else "masked"
-        last, refused = (None, None), None
+        last: tuple[np.ndarray | None, bytes | None] = (None, None)
+        refused: ProtocolError | None = None
         release = self._release_tree(ex) if self.schedule is not None and self.schedule.releases(plan.tag) else None
         for group in stream_groups(link, plan.requests):
             downloads = {}
@@ -545,9 +563,9 @@ class MaskServer(ServerHalf):
                     if union.size:
                         at = np.minimum(np.searchsorted(union, bids), union.size - 1)
                         hit = union[at] == bids
-                        rows[hit] = ex.total[at[hit]]
+                        rows[hit] = cast(np.ndarray, ex.total)[at[hit]]
                     last = (bids, enc.to_wire(rows))
-                payload = {
+                payload: dict[str, Any] = {
                     "block_ids": bids.astype(np.int32),
                     "data": last[1],
                     "included": np.asarray(included, np.int32),
@@ -575,7 +593,8 @@ class MaskServer(ServerHalf):
         Leaf ``b``: the block's wire bytes and the contributors whose output masks its recipients remove.
         """
         plan, enc, union, included = ex.plan, ex.enc, ex.union, tuple(ex.uploaders)
-        needed = np.unique(np.concatenate([np.asarray(b, np.int64) for b in plan.requests.values()] or [[]]))
+        requested: list[ArrayLike] = [np.asarray(b, np.int64) for b in plan.requests.values()]
+        needed = np.unique(np.concatenate(requested or [[]]))
         sparse = plan.layout == "sparse" and not self.setup.options["reveal_to_server"]
         holds = {k: np.isin(needed, ex.announced[k]) if sparse else np.ones(needed.size, bool) for k in included}
         leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
@@ -583,14 +602,14 @@ class MaskServer(ServerHalf):
             row = np.zeros(plan.block_len, dtype=enc.dtype)  # a block nobody contributed sums to 0
             at = int(np.searchsorted(union, b)) if union.size else 0
             if union.size and at < union.size and union[at] == b:
-                row = ex.total[at]
+                row = cast(np.ndarray, ex.total)[at]
             leaves[b] = block_leaf(b, enc.to_wire(row), [k for k in included if holds[k][i]])
         return tree(leaves)
 
     # ------------------------------------------------------------------ server-side checks
     def _read_upload(self, k: int, msg: Message, ids: np.ndarray, enc: FixedPoint) -> np.ndarray:
         """Parse one masked upload; refuse anything but the announced blocks as ring elements."""
-        where, L = self.where(k), self.plan.block_len
+        where, L = self.where(k), cast(ExchangePlan, self.plan).block_len
         p = msg.payload
         if not isinstance(p, dict) or "data" not in p or "block_ids" not in p:
             raise IntegrityError("masked upload must carry 'block_ids' and 'data'", **where)

@@ -82,7 +82,7 @@ def combine(shares: Iterable[Share], threshold: int) -> bytes:
     Raises ValueError with fewer shares.  With wrong shares the result is garbage:
     callers verify it (e.g. the reconstructed key's public key must match).
     """
-    pts = {}
+    pts: dict[int, int] = {}
     for s in shares:
         pts.setdefault(s.x, s.y)
     if len(pts) < threshold:
