@@ -434,11 +434,11 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
     """Run ``names`` (or ``['all']``) on a finished run.
 
     Args:
-        names: Attack names, or ``['all']`` for every attack that targets the run's algorithm.
-        algo: The finished run's algorithm (server strategy or in-process algorithm).
-        protocol: Its protocol (transcript, keys).
-        fed: Its federation (ground truth for scoring).
-        cfg: Its configuration.
+        names (list[str]): Attack names, or ``['all']`` for every attack that targets the run's algorithm.
+        algo (object): The finished run's algorithm (server strategy or in-process algorithm).
+        protocol (protocols.base.Protocol): Its protocol (transcript, keys).
+        fed (object): Its federation (ground truth for scoring).
+        cfg (secure_fgl.config.RunConfig): Its configuration.
         options: Per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
 
     Returns:

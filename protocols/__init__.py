@@ -33,7 +33,7 @@ def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
     Args:
         mode: A registered backend name (``plain``, ``mask``, ``ckks``, ``ckks-mp``, ...).
         num_clients: The number of clients of the run.
-        **options: Passed to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
+        **options (Any): Passed to the backend (``transcript``, ``dp``, ``seed`` and backend settings).
 
     Returns:
         The backend's :class:`~protocols.base.Protocol`.

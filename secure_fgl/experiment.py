@@ -71,7 +71,7 @@ def run_experiment(cfg: RunConfig, *, progress: bool = True, fed=None, phases: P
     Args:
         cfg: The run's settings.
         progress: Print the progress of each phase.
-        fed: An already loaded federation (its data is then not loaded again).
+        fed (object): An already loaded federation (its data is then not loaded again).
         phases: The timer of the run's phases (default: one made with ``progress``).
 
     Returns:

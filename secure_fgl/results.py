@@ -130,7 +130,7 @@ def load_runs(*paths: str | Path, include_unfinished: bool = False):
         include_unfinished: Keep the runs whose ``status`` is not ``complete``.
 
     Returns:
-        A ``pandas.DataFrame`` with one row per run (:func:`flatten`).
+        runs (pandas.DataFrame): One row per run, its fields flattened by ``flatten``.
 
     Raises:
         ImportError: pandas is not installed.
