@@ -1,6 +1,6 @@
 """The Flower executor on 127.0.0.1.
 
-``--executor flower``: a SuperLink, three SuperNodes and their site processes on 127.0.0.1
+``--executor flower``: a SuperLink, SuperNodes and their site processes on 127.0.0.1
 (subprocesses, killed in the fixture's teardown; insecure transport in the default test, TLS and
 SuperNode authentication in the slow one).  The run through Flower is the local run: the same
 accuracy and the same protocol bytes per tag; Flower's own framing is counted apart.
@@ -83,13 +83,14 @@ def same_run(local: dict, flower: dict) -> None:
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
-@pytest.mark.parametrize("federation", [("own-keys",)], indirect=True, ids=["site-keys"])
+@pytest.mark.parametrize("federation", [("own-keys", "two-sites")], indirect=True, ids=["site-keys"])
 def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_path):
     """Fedavg mask over flower is the local run.
 
-    Each site signs with its own identity key, pinned by the manifest built from the sites'
-    public keys (no client key crosses Flower).  The driver loads no data: its data folder does
-    not exist and loading is forbidden in its process; the sites describe the federation.
+    Three clients on two sites (one site holds two clients); each client signs with its own identity
+    key, pinned by the manifest built from the sites' public keys (no client key crosses Flower).
+    The driver loads no data: its data folder does not exist and loading is forbidden in its
+    process; the sites describe the federation.
     """
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     cfg = write_manifest(
@@ -110,7 +111,7 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_p
         accepted = flower["key_fingerprints"][f"client{k}"]
         assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
     runtime = flower["runtime"]
-    assert runtime["executor"] == "flower" and runtime["sites"] == 3
+    assert runtime["executor"] == "flower" and runtime["sites"] == 2
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
     stats, carried = runtime["stats"], runtime["flower"]
     assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0

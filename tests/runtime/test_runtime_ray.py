@@ -173,7 +173,7 @@ def test_dp_noise_is_added_on_the_actors_and_accounted_as_local():
     DP on Ray: every contributor's runtime, on its actor, noises its own upload (privatize calls
     to the actors); the driver's accountant reports the local executor's privacy section.
     """
-    dp = dict(rounds=2, dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums")
+    dp = dict(rounds=1, dp_epsilon=4.0, dp_exchanges="fedgcn/neighbour_sums")
     local = run_experiment(small("fedgcn", "mask", **dp), progress=False)
     remote = run_experiment(small("fedgcn", "mask", executor="ray", **dp), progress=False)
     assert remote["privacy"] == local["privacy"] and remote["privacy"]["total_epsilon"] == pytest.approx(4.0, rel=1e-2)
