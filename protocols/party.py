@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .broadcast_view import BroadcastViews
+from .broadcast_view import ROUND_BINDING_MODES, BroadcastViews
 from .channel import ChannelKey, associated_data
 from .errors import (
     ClearReportRefusedError,
@@ -371,11 +371,14 @@ class ClientHalf(Party):
         return pack_bundle(out)
 
     def view_digest(self) -> bytes:
-        """The digest of the broadcasts this client received under the current plan's tag.
+        """The digest of what this client received that the current plan's contribution depends on.
 
-        The client binds it into its contribution (:mod:`protocols.broadcast_view`); it is all-zero for other tags.
+        The broadcasts under the plan's tag (a statistic: under every tag), the release commitments and the round's
+        statistics; the client binds it into its contribution (:mod:`protocols.broadcast_view`); all-zero when there
+        is nothing.
         """
-        return self.views.digest(self.plan.tag)
+        statistic = self.schedule is not None and self.schedule.is_statistic(self.plan.tag)
+        return self.views.digest(self.plan.tag, self.plan.round, every_chain=statistic)
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
         """Adopt the exchange number of a verified server message.
@@ -495,6 +498,8 @@ class ClientHalf(Party):
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
             self.views.record(self.plan.tag, self.plan.round, blocks)
+        elif self.schedule is not None and self.schedule.is_statistic(self.plan.tag) and self.mode in ROUND_BINDING_MODES:
+            self.views.record_statistic(self.plan.tag, self.plan.round, blocks)
         self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:

@@ -39,19 +39,25 @@ def public_schedule(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS}
 
 
-#: exchanges whose sum reaches its recipients as different rows, bound by a commitment (mask)
-RELEASE_TAGS = ("fedgcn/neighbour_sums",)
-
-
 def public_roles(cfg: RunConfig) -> dict[str, str]:
     """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
-    from protocols.schedule import BROADCAST, RELEASE
+    from protocols.schedule import BROADCAST, RELEASE, STATISTIC
 
     from .algorithms import get_spec
 
-    roles = {tag: BROADCAST for tag in get_spec(cfg.algorithm).broadcasts_of(cfg)}
-    released = {tag: RELEASE for tag in RELEASE_TAGS if tag in public_exchanges(cfg)}
-    return {**released, **roles}
+    spec = get_spec(cfg.algorithm)
+    return {
+        **{tag: STATISTIC for tag in spec.statistics_of(cfg)},
+        **{tag: RELEASE for tag in spec.releases_of(cfg)},
+        **{tag: BROADCAST for tag in spec.broadcasts_of(cfg)},
+    }
+
+
+def public_groups(cfg: RunConfig) -> list[list[str]]:
+    """The related-input groups of the run's public schedule (:mod:`protocols.schedule`)."""
+    from .algorithms import get_spec
+
+    return get_spec(cfg.algorithm).groups_of(cfg)
 
 
 def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
@@ -79,6 +85,7 @@ def schedule_option(cfg: RunConfig) -> dict:
         "client_fraction": float(cfg.client_fraction),
         "roles": public_roles(cfg),
         "exchanges": public_exchanges(cfg),
+        "groups": public_groups(cfg),
     }
 
 

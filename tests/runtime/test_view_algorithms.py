@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from support.runs import graph_config, small
 
@@ -99,5 +100,50 @@ def test_a_client_that_missed_a_bound_broadcast_sits_out_and_the_next_sum_comple
         assert strategy.out_of_sync == {2} and 2 in protocol.last_included
         strategy.train_round(1)  # without it: with it, refused (InconsistentViewError)
         assert 2 not in protocol.last_included and len(protocol.last_included) == cfg.clients - 1
+    finally:
+        executor.shutdown()
+
+
+def two_sums_server(base: type, tag: str) -> type:
+    """``base`` handing the victim a sum one ring unit larger in its first block, under a commitment of its own.
+
+    The released rows of ``tag`` (fedgcn-gap's hop sums): the others get the honest sum and the
+    honest commitment, the victim a forged sum whose own commitment its rows verify against.
+    """
+
+    class TwoSumsServer(base):
+        forged: bool = False
+
+        def stage_download(self, ex, link):
+            if ex.plan.tag != tag or self.forged:
+                return super().stage_download(ex, link)
+            self.forged = True
+            others = {r: b for r, b in ex.plan.requests.items() if r != VICTIM}
+            super().stage_download(dataclasses.replace(ex, plan=dataclasses.replace(ex.plan, requests=others)), link)
+            forged = ex.total.copy()
+            forged[int(np.searchsorted(ex.union, ex.plan.requests[VICTIM][0]))] += 1
+            victim = dataclasses.replace(ex.plan, requests={VICTIM: ex.plan.requests[VICTIM]})
+            super().stage_download(dataclasses.replace(ex, plan=victim, total=forged), link)
+
+    return TwoSumsServer
+
+
+@pytest.mark.parametrize(("hops", "refused_at"), [(2, "fedgcn-gap/hop/2"), (1, "fedgcn-gap/model")])
+def test_a_hop_sum_forged_for_one_client_is_refused_at_the_next_sum(hops, refused_at):
+    """fedgcn-gap's hop sums are released rows under a commitment; the next hop or the head binds it."""
+    cfg = small("fedgcn-gap", "mask", rounds=1, options={"encoder_rounds": 1, "hops": hops}).validate()
+    assert public_roles(cfg)["fedgcn-gap/hop/1"] == "release"
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, cfg.clients, executor)
+    protocol.server.__class__ = two_sums_server(type(protocol.server), "fedgcn-gap/hop/1")
+    strategy = make_strategy(cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor)
+    try:
+        with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
+            strategy.setup()  # the encoder, then the hops
+            strategy.train_round(0)
+        assert protocol.server.forged
+        assert err.value.tag == refused_at
+        unmasked = [m for m in protocol.transcript.messages if m.tag == refused_at and m.kind == "share"]
+        assert not [m for m in unmasked if m.sender != "server"]
     finally:
         executor.shutdown()
