@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .broadcast_view import ROUND_BINDING_MODES, BroadcastViews
+from .broadcast_view import ROUND_BINDING_MODES, VIEW_BINDING_MODES, BroadcastViews
 from .channel import ChannelKey, associated_data
 from .errors import (
     ClearReportRefusedError,
@@ -346,7 +346,7 @@ class ClientHalf(Party):
                 if self.schedule is not None:  # every mode, every stage: an exchange of the run's algorithm
                     self.schedule.check_listed(planned, self.id)
                 if self.checks_plans and stage != REPORT_STAGE:
-                    self.policy.check(planned)
+                    self.policy.check(planned, self.groups())
                     if self.schedule is not None:
                         self.schedule.check(planned, self.id)
             except PlanRefusedError:
@@ -369,6 +369,18 @@ class ClientHalf(Party):
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """The public schedule's related-input groups this half enforces (``mask``, ``ckks-mp``; plan_policy rule 4)."""
+        if self.schedule is None or self.mode not in VIEW_BINDING_MODES:
+            return {}
+        return self.schedule.groups
+
+    def released_over(self, plan: ExchangePlan, included) -> None:
+        """Report the contributors ``included`` that ``plan``'s sum is released over (plan_policy rule 4)."""
+        group = self.groups().get(plan.tag)
+        if group is not None and self.id in plan.contributors:
+            self.policy.released_over(plan, group, included)
 
     def view_digest(self) -> bytes:
         """The digest of what this client received that the current plan's contribution depends on.

@@ -607,6 +607,7 @@ class MaskClient(ClientHalf):
                 "that includes this client",
                 **self.where(),
             )
+        self.released_over(self._exchange_plan, survivors)  # a related-input group: one set per round
         statement = self._statement(survivors)
         sig = self.signing.sign(statement)
         self._signed = (self._exchange_plan.exchange, tuple(survivors), statement, sig)

@@ -50,9 +50,11 @@ def forging_server(base: type, tag: str) -> type:
     return ShiftedModelServer
 
 
+#: (algorithm, forged tag, options, the tag whose next exchange is refused: FedOMD's statistics are computed on the
+#: model, so they bind it and are refused first)
 CASES = [
     ("fgssl", "fgssl/model", {}),
-    ("fedomd", "fedomd/model", {}),
+    ("fedomd", "fedomd/model", {}, "fedomd/stats/mean"),
     ("fedspray", "fedspray/batch", {}),
     ("fedgcn-gap", "fedgcn-gap/encoder/model", {"encoder_rounds": 2}),
     ("fedgcn-gap", "fedgcn-gap/model", {"encoder_rounds": 1}),
@@ -61,8 +63,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "tag", "options"), CASES, ids=[c[1] for c in CASES])
-def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, tag, options):
+@pytest.mark.parametrize(("algorithm", "tag", "options", "refused"), [(*c, c[1])[:4] for c in CASES], ids=[c[1] for c in CASES])
+def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, tag, options, refused):
     if algorithm.startswith("gc"):
         cfg = graph_config(algorithm, "mask", rounds=2)
     else:
@@ -79,7 +81,7 @@ def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, 
             for rnd in range(cfg.rounds):
                 strategy.train_round(rnd)
         assert protocol.server.forged_round is not None
-        assert (err.value.tag, err.value.round) == (tag, protocol.server.forged_round + 1)
+        assert (err.value.tag, err.value.round) == (refused, protocol.server.forged_round + 1)
     finally:
         executor.shutdown()
 
@@ -145,5 +147,24 @@ def test_a_hop_sum_forged_for_one_client_is_refused_at_the_next_sum(hops, refuse
         assert err.value.tag == refused_at
         unmasked = [m for m in protocol.transcript.messages if m.tag == refused_at and m.kind == "share"]
         assert not [m for m in unmasked if m.sender != "server"]
+    finally:
+        executor.shutdown()
+
+
+def test_a_statistic_sent_to_one_client_alone_is_refused_at_the_rounds_next_sum():
+    """FedOMD's pooled statistics (the schedule's statistic role) are chained into the round's view ``w_r``."""
+    cfg = small("fedomd", "mask", rounds=1).validate()
+    tag = "fedomd/stats/mean"
+    assert public_roles(cfg)[tag] == "statistic"
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, cfg.clients, executor)
+    protocol.server.__class__ = forging_server(type(protocol.server), tag)
+    strategy = make_strategy(cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor)
+    try:
+        with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
+            strategy.train_round(0)
+        assert protocol.server.forged_round == 0
+        assert (err.value.tag, err.value.round) == ("fedomd/stats/moments", 0)
+        assert not [m for m in protocol.transcript.messages if m.tag == err.value.tag and m.kind == "share"]
     finally:
         executor.shutdown()
