@@ -773,7 +773,7 @@ class ServerHalf(Party):
                     wires.append(wire)
             requests[k] = pack_bundle(wires)
         responses = link.call(stage, requests)
-        if stage == "download":
+        if stage in ("download", "release"):  # a result, or (ckks-mp) the commitment its delivery waits for
             self.last_undelivered = tuple(sorted(set(self.last_undelivered) | (set(requests) - set(responses))))
         out = {}
         for k, data in responses.items():
