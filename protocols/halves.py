@@ -90,7 +90,9 @@ class HalvesProtocol(Protocol):
         #: this session's nonce (os.urandom; a resumed run gets a new session)
         self.session = os.urandom(NONCE_BYTES)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
-        listing = {} if exchanges is None else {"exchanges": {t: [int(a), int(b)] for t, (a, b) in exchanges.items()}}
+        listing: dict[str, Any] = {}
+        if exchanges is not None:
+            listing["exchanges"] = {t: [int(a), int(b)] for t, (a, b) in exchanges.items()}
         if groups:
             listing["groups"] = [sorted(str(t) for t in group) for group in groups]
         self.schedule = PublicSchedule.of(
@@ -142,8 +144,10 @@ class HalvesProtocol(Protocol):
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
         schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
         listed = self.schedule.exchanges
-        listing: dict[str, Any] = {} if listed is None else {"exchanges": {t: [a, b] for t, (a, b) in sorted(listed.items())}}
-        groups = sorted(set(self.schedule.groups.values()))
+        listing: dict[str, Any] = (
+            {} if listed is None else {"exchanges": {t: [a, b] for t, (a, b) in sorted(listed.items())}}
+        )
+        groups = sorted({group for of_tag in self.schedule.groups.values() for group in of_tag})
         if groups:
             listing["groups"] = [list(group) for group in groups]
         return {**schedule, "roles": dict(self.schedule.roles), **listing, **self.collusion.to_dict()}

@@ -370,7 +370,7 @@ class ClientHalf(Party):
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
 
-    def groups(self) -> dict[str, tuple[str, ...]]:
+    def groups(self) -> dict[str, tuple[tuple[str, ...], ...]]:
         """The public schedule's related-input groups this half enforces (``mask``, ``ckks-mp``; plan_policy rule 4)."""
         if self.schedule is None or self.mode not in VIEW_BINDING_MODES:
             return {}
@@ -378,9 +378,9 @@ class ClientHalf(Party):
 
     def released_over(self, plan: ExchangePlan, included) -> None:
         """Report the contributors ``included`` that ``plan``'s sum is released over (plan_policy rule 4)."""
-        group = self.groups().get(plan.tag)
-        if group is not None and self.id in plan.contributors:
-            self.policy.released_over(plan, group, included)
+        if self.id in plan.contributors:
+            for group in self.groups().get(plan.tag, ()):
+                self.policy.released_over(plan, group, included)
 
     def view_digest(self) -> bytes:
         """The digest of what this client received that the current plan's contribution depends on.
@@ -510,7 +510,9 @@ class ClientHalf(Party):
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
             self.views.record(self.plan.tag, self.plan.round, blocks)
-        elif self.schedule is not None and self.schedule.is_statistic(self.plan.tag) and self.mode in ROUND_BINDING_MODES:
+        elif (
+            self.schedule is not None and self.schedule.is_statistic(self.plan.tag) and self.mode in ROUND_BINDING_MODES
+        ):
             self.views.record_statistic(self.plan.tag, self.plan.round, blocks)
         self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 

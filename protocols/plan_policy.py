@@ -18,8 +18,8 @@ differ by one client differ by that client's input.  Each client therefore refus
    half's) passes when each half has at least ``min_contributors`` members;
 3. shows it another recipient's request, or names a recipient that is not a client of the run;
 4. (``mask`` and ``ckks-mp``) asks it to contribute, in a round, to a tag of a related-input group
-   of the public schedule (:mod:`protocols.schedule`, ``groups``: FedSpray's batch, encoder and
-   proxies carry one local update) over another contributor set than the one its first
+   of the public schedule (:mod:`protocols.schedule`, ``groups``: FedSpray's batch carries the
+   encoder's vector of one local update, and the proxies') over another contributor set than the one its first
    contribution of the group in that round was released over (:meth:`PlanPolicy.released_over`:
    ``mask``'s signed survivor set, ``ckks-mp``'s uploaders):
    :class:`~protocols.errors.ContributorSetMismatchError`.
@@ -95,8 +95,8 @@ class PlanPolicy:
     #: (round, group) -> (the tag of the group's first contribution, the set it was released over)
     group_sets: dict = field(default_factory=dict)
 
-    def check(self, plan: ExchangePlan, groups: dict[str, tuple[str, ...]] | None = None) -> None:
-        """Refuse ``plan`` (module doc, rules 1-4; ``groups``: tag -> related-input group); record the contribution."""
+    def check(self, plan: ExchangePlan, groups: dict[str, tuple[tuple[str, ...], ...]] | None = None) -> None:
+        """Refuse ``plan`` (module doc, rules 1-4; ``groups``: tag -> its related-input groups); record it."""
         where = dict(tag=plan.tag, round=plan.round, client=self.client)
         if set(plan.requests) - {self.client} or any(not 0 <= r < self.num_clients for r in plan.requests):
             raise RecipientRoleError(
@@ -129,8 +129,7 @@ class PlanPolicy:
                     "sent",
                     **where,
                 )
-        group = (groups or {}).get(plan.tag)
-        if group is not None:
+        for group in (groups or {}).get(plan.tag, ()):
             self.released_over(plan, group, now)
         self.contributed.setdefault(key, []).append(now)
 

@@ -36,11 +36,11 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
   are computed on the models received), and in ``mask`` each one received is chained into the
   round's view ``w_r``, bound into every later contribution of the round
   (:mod:`protocols.broadcast_view`).
-* ``groups``: lists of tags whose exchanges carry related inputs (FedSpray's batch, encoder and
-  proxies: one local update; FedOMD's statistics stages: one weight ``n_k``).  In ``mask`` and
-  ``ckks-mp`` a client contributes to the members of a group in one round only over one
-  contributor set: the set its first contribution of the group was released over (``mask``: the
-  survivor set it signed), else :class:`~protocols.errors.ContributorSetMismatchError`, nothing
+* ``groups``: lists of tags whose exchanges carry the same input (FedSpray's batch holds the
+  encoder's vector of one local update, and the proxies'; a tag may be in several groups).  In
+  ``mask`` and ``ckks-mp`` a client contributes to the members of a group in one round only over
+  one contributor set: the set its first contribution of the group was released over (``mask``:
+  the survivor set it signed), else :class:`~protocols.errors.ContributorSetMismatchError`, nothing
   sent: two sums over sets that differ by one client would difference that client's input
   (:class:`~protocols.plan_policy.PlanPolicy` checks the same for repeats of one tag).
 
@@ -79,8 +79,8 @@ class PublicSchedule:
     roles: dict[str, str] = field(default_factory=dict)
     #: tag -> (first, last) round of its exchanges; ``None``: nothing listed, no tag refused
     exchanges: dict[str, tuple[int, int]] | None = None
-    #: tag -> its related-input group (module docstring), the group's sorted tags
-    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: tag -> the related-input groups it belongs to (module docstring), each the group's sorted tags
+    groups: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
@@ -95,9 +95,7 @@ class PublicSchedule:
             groups = [tuple(sorted(str(t) for t in group)) for group in security.get("groups") or []]
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"malformed exchange listing in the run manifest ({e})") from None
-        group_of = {tag: group for group in groups for tag in group}
-        if sum(len(group) for group in groups) != len(group_of):
-            raise ConfigurationError(f"a tag in two exchange groups {groups} of the run manifest")
+        group_of = {tag: tuple(g for g in groups if tag in g) for group in groups for tag in group}
         return cls(
             int(num_clients),
             int(security.get("sample_seed", 0)),
@@ -147,9 +145,9 @@ class PublicSchedule:
         """
         return self.roles.get(tag) in (BROADCAST, STATISTIC)
 
-    def group_of(self, tag: str) -> tuple[str, ...] | None:
-        """The related-input group of ``tag`` (module docstring); ``None``: in none."""
-        return self.groups.get(tag)
+    def groups_of(self, tag: str) -> tuple[tuple[str, ...], ...]:
+        """The related-input groups of ``tag`` (module docstring); empty: in none."""
+        return self.groups.get(tag, ())
 
     def sample(self, rnd: int) -> list[int]:
         """The clients sampled in round ``rnd`` (a public function of the sample seed)."""

@@ -89,8 +89,8 @@ from ..errors import (
 )
 from ..message import encode_body
 from ..pairwise_exchange import PAIRWISE_SHAPE
-from ..release_commitment import DIGEST_BYTES, leaf, verify
 from ..party import ClientHalf, envelope_of
+from ..release_commitment import DIGEST_BYTES, leaf, verify
 from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption

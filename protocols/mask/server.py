@@ -452,8 +452,8 @@ class MaskServer(ServerHalf):
             raise _dropout_error(
                 self.where(),
                 sorted(self.last_missing),
-                "in an exchange the public schedule marks as a broadcast or statistic every survivor signs the survivor "
-                "set (each checks the models the others received, protocols/broadcast_view.py)",
+                "in an exchange the public schedule marks as a broadcast or statistic every survivor signs the "
+                "survivor set (each checks the models the others received, protocols/broadcast_view.py)",
             )
 
     def stage_unmask(self, ex: MaskExchange, link: ClientLink) -> None:

@@ -19,11 +19,13 @@ from protocols.schedule import BROADCAST
 
 K, VICTIM = 4, 1
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
-ROLES = {"batch": BROADCAST, "encoder": BROADCAST}
+ROLES = {"batch": BROADCAST, "encoder": BROADCAST, "proxies": BROADCAST}
+#: FedSpray's groups: the batch holds the encoder's vector and the proxies' (encoder and proxies share no input)
+GROUPS = (("batch", "encoder"), ("batch", "proxies"))
 X = {k: np.full(5, 0.1 * (k + 1)) for k in range(K)}
 
 
-def _protocol(mode="mask", server_mixin=None, groups=(("batch", "encoder"),)):
+def _protocol(mode="mask", server_mixin=None, groups=GROUPS):
     cls = make_protocol(mode, K).__class__
     if server_mixin is not None:
         server = type(f"Malicious{cls.server_half.__name__}", (server_mixin, cls.server_half), {})
@@ -65,13 +67,19 @@ def test_a_claimed_dropout_in_a_group_member_is_refused_before_unmasking():
     assert not [m for m in proto.transcript.messages if m.tag == "encoder" and m.kind == "share"]
 
 
-def test_group_members_over_one_set_and_other_rounds_complete():
+def test_group_members_over_one_set_tags_in_no_common_group_and_other_rounds_complete():
     proto = _protocol()
-    total = sum(X.values())
+    total, fewer = sum(X.values()), {k: X[k] for k in range(K) if k != VICTIM}
     assert np.allclose(proto.weighted_sum("batch", 0, X, spec=SPEC, recipients=range(K)), total, atol=1e-2)
     assert np.allclose(proto.weighted_sum("encoder", 0, X, spec=SPEC, recipients=range(K)), total, atol=1e-2)
-    fewer = {k: X[k] for k in range(K) if k != VICTIM}
-    assert np.allclose(proto.weighted_sum("encoder", 1, fewer, spec=SPEC, recipients=range(K)), total - X[VICTIM], atol=1e-2)
+    assert np.allclose(
+        proto.weighted_sum("encoder", 1, fewer, spec=SPEC, recipients=range(K)), total - X[VICTIM], atol=1e-2
+    )
+    # encoder and proxies share no input (FedSpray without the batch): a client lost between them is no leak
+    assert np.allclose(proto.weighted_sum("encoder", 2, X, spec=SPEC, recipients=range(K)), total, atol=1e-2)
+    assert np.allclose(
+        proto.weighted_sum("proxies", 2, fewer, spec=SPEC, recipients=range(K)), total - X[VICTIM], atol=1e-2
+    )
 
 
 def test_without_the_group_the_difference_of_two_tags_is_the_victims_input():

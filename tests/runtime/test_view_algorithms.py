@@ -63,7 +63,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "tag", "options", "refused"), [(*c, c[1])[:4] for c in CASES], ids=[c[1] for c in CASES])
+@pytest.mark.parametrize(
+    ("algorithm", "tag", "options", "refused"), [(*c, c[1])[:4] for c in CASES], ids=[c[1] for c in CASES]
+)
 def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, tag, options, refused):
     if algorithm.startswith("gc"):
         cfg = graph_config(algorithm, "mask", rounds=2)
@@ -138,7 +140,9 @@ def test_a_hop_sum_forged_for_one_client_is_refused_at_the_next_sum(hops, refuse
     executor = LocalExecutor()
     protocol = make_runtime_protocol(cfg, cfg.clients, executor)
     protocol.server.__class__ = two_sums_server(type(protocol.server), "fedgcn-gap/hop/1")
-    strategy = make_strategy(cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor)
+    strategy = make_strategy(
+        cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor
+    )
     try:
         with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
             strategy.setup()  # the encoder, then the hops
@@ -159,7 +163,9 @@ def test_a_statistic_sent_to_one_client_alone_is_refused_at_the_rounds_next_sum(
     executor = LocalExecutor()
     protocol = make_runtime_protocol(cfg, cfg.clients, executor)
     protocol.server.__class__ = forging_server(type(protocol.server), tag)
-    strategy = make_strategy(cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor)
+    strategy = make_strategy(
+        cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor
+    )
     try:
         with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
             strategy.train_round(0)

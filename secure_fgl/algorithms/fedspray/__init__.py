@@ -31,7 +31,7 @@ def broadcasts(cfg) -> tuple[str, ...]:
 
 def groups(cfg) -> list[list[str]]:
     """The batch carries the encoder's and the proxies' vectors of one local update: one contributor set per round."""
-    return [[f"{cfg.algorithm}/{part}" for part in ("encoder", "proxies", "batch")]]
+    return [[f"{cfg.algorithm}/batch", f"{cfg.algorithm}/{part}"] for part in ("encoder", "proxies")]
 
 
 SPECS = [
