@@ -141,16 +141,20 @@ NOT_PROTECTED = (
     "a malicious client's own input",
     "a server re-signing a wrong aggregate (no verifiable aggregation)",
     "a crafted model, the same for every client, that leaks one update through the sum (use DP)",
+    "a client's constant inputs (its weight) differenced across rounds whose sets the server shrinks by claimed "
+    "dropouts",
 )
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
     "per sum, a signed consistency round before unmasking that also binds the models each contributor "
-    "received under a broadcast tag); the aggregate is known to any one client",
+    "received under a broadcast tag, the released rows and the round's statistics); the aggregate is known to "
+    "any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag is refused",
+    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag or different "
+    "released rows is refused",
 }
 
 

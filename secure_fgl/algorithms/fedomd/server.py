@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.broadcast_view import ROUND_BINDING_MODES
-
 from ...runtime.sums import scoped, sum_exchange
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import FedOMDOptions
@@ -60,9 +58,6 @@ class FedOMDStrategy(ModelAveragingStrategy):
     def __init__(self, executor, protocol, cfg, facts, options):
         super().__init__(executor, protocol, cfg, facts, options)
         self.fopts = FedOMDOptions(**options)
-        #: (round, clients that missed one of its statistics): bound into the round's later sums in mask
-        #: (protocols.broadcast_view), they sit out the rest of the round
-        self.missed_statistics: tuple[int, set[int]] = (-1, set())
         self.orders = tuple(range(2, self.fopts.cmd_order + 1))
         self.updates: dict[int, dict] = {}
         if protocol.dp is not None and protocol.dp.config.split is None:
@@ -109,8 +104,6 @@ class FedOMDStrategy(ModelAveragingStrategy):
             if self.protocol.dp is not None
             else (None, None)
         )
-        missed: set[int] = set()
-        self.missed_statistics = (rnd, missed)
         for tag, stage, layers, layout in self.stages():
             if layout is not None:
                 self.protocol.transcript.attribute(tag, layout)
@@ -118,20 +111,13 @@ class FedOMDStrategy(ModelAveragingStrategy):
                 self,
                 tag,
                 rnd,
-                [k for k in sampled if k not in missed],
-                [k for k in sampled if k not in missed],
+                sampled,
+                sampled,
                 spec,
                 {"stage": stage, "layers": layers},
                 dp=scoped(self, tag, dp[stage == "moments"]),
                 dp_mean=True,
             )
-            if self.protocol.mode in ROUND_BINDING_MODES:
-                missed.update(self.protocol.server.last_undelivered)
-
-    def sample_clients(self, rnd: int) -> list[int]:
-        """The round's sample, without the clients that missed one of its statistics (they hold another ``w_r``)."""
-        skip = self.missed_statistics[1] if self.missed_statistics[0] == rnd else set()
-        return [k for k in super().sample_clients(rnd) if k not in skip]
 
     def ask(self, method: str, requests, **kw) -> dict:
         """:meth:`Strategy.ask`, keeping the loss terms of the round's local updates."""
