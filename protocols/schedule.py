@@ -13,7 +13,7 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
   directly.)
 * ``sample_seed`` and ``client_fraction``: the round's sample ``S_r``
   (:func:`protocols.client_sampling.sample_clients`);
-* ``roles``: tag -> public role of the exchanges under that tag.  One role is defined,
+* ``roles``: tag -> public role of the exchanges under that tag.  First,
   :data:`BROADCAST`: the exchange of a model every client trains on (FedAvg's ``<algorithm>/model``).
   For a tag with that role a client refuses (nothing is sent) a plan
 
@@ -25,12 +25,14 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
   and binds the digest of every broadcast it received under the tag into what it contributes
   next under it (:mod:`protocols.broadcast_view`), so clients that were sent different models
   cannot complete a sum together.  A second role, :data:`RELEASE`: a sum whose recipients get
-  different rows (FedGCN's pre-training neighbour sums).  In ``mask`` the server sends each
-  recipient a proof that its rows are part of one committed sum; the recipient refuses rows
-  without a valid one (:class:`~protocols.errors.InconsistentViewError`) and binds the commitment
-  into every later contribution (:mod:`protocols.release_commitment`); once it holds one, every
-  survivor must sign the survivor set of a later release (fedgcn-gap's hop ``h + 1``, computed
-  from hop ``h``'s rows).  A third role, :data:`STATISTIC`: a sum every recipient of the round's
+  different rows (FedGCN's pre-training neighbour sums, fedgcn-gap's hop sums).  The server sends
+  each recipient a proof that its rows are part of one committed sum (``mask``: of the blocks'
+  wire bytes; ``ckks-mp``: of the recipients' keyed digests of what they decoded, one stage
+  later); the recipient refuses rows without a valid one
+  (:class:`~protocols.errors.InconsistentViewError`, nothing delivered) and binds the commitment
+  into every later contribution (:mod:`protocols.release_commitment`); in ``mask``, once it holds
+  one, every survivor must sign the survivor set of a later release (fedgcn-gap's hop ``h + 1``,
+  computed from hop ``h``'s rows).  A third role, :data:`STATISTIC`: a sum every recipient of the round's
   sample gets whole and uses in that round only (FedOMD's pooled statistics).  It is checked as a
   broadcast (rules 1 and 2); its contributions bind the client's chains of every broadcast (they
   are computed on the models received), and in ``mask`` each one received is chained into the
