@@ -19,8 +19,8 @@ differ by one client differ by that client's input.  Each client therefore refus
 3. shows it another recipient's request, or names a recipient that is not a client of the run;
 4. (``mask`` and ``ckks-mp``) asks it to contribute, in a round, to a tag of a related-input group
    of the public schedule (:mod:`protocols.schedule`, ``groups``: FedSpray's batch carries the
-   encoder's vector of one local update, and the proxies') over another contributor set than the one its first
-   contribution of the group in that round was released over (:meth:`PlanPolicy.released_over`:
+   encoder's vector of one local update, and the proxies') over another contributor set than the
+   one its first contribution of the group in that round was released over (:meth:`PlanPolicy.released_over`:
    ``mask``'s signed survivor set, ``ckks-mp``'s uploaders):
    :class:`~protocols.errors.ContributorSetMismatchError`.
 
@@ -148,8 +148,8 @@ class PlanPolicy:
             raise ContributorSetMismatchError(
                 f"{plan.tag!r} and {first[0]!r} carry related inputs (one group of the run's public schedule), "
                 f"but this round's {first[0]!r} sum was released over {sorted(first[1])} and this one covers "
-                f"{sorted(now)}: the two sums would difference the clients in one and not the other; refused, "
-                "nothing was sent",
+                f"{sorted(now)}: the two sums would difference the clients in one and not the other; refused "
+                "before anything more of this exchange is sent (upload, survivor-set signature, key-switching share)",
                 tag=plan.tag,
                 round=plan.round,
                 client=self.client,
