@@ -5,7 +5,7 @@ against its dropout policy: a client dropped before its contribution counted is 
 survivors get the exact sum over the clients the server says it included; one dropped after
 (unmask, download) is included but gets no result; past the backend's tolerance (mask: fewer than
 t survivors; ckks-mp: any dropout, n-of-n; t-out-of-n ckks-mp (``ckks-mp:t=3``): more than n - t at
-upload or key switching; every mode: a client missing at key registration; the key dealer of ckks's
+key set-up, upload or key switching; every mode: a client missing at key registration; the key dealer of ckks's
 and mask's set-up) a DropoutError names the missing clients and no client gets a result.
 """
 
@@ -51,10 +51,11 @@ POLICY = {
         "keyswitch": "fatal",
         "download": "undelivered",
     },
-    # t-out-of-n (threshold 3 of 4): an upload's owner gone is left out, a key switcher gone is replaced
+    # t-out-of-n (threshold 3 of 4): a client gone at key set-up or before its upload is left out, a key
+    # switcher gone is replaced
     "ckks-mp:t=3": {
         "register": "fatal",
-        "key_setup": "fatal",
+        "key_setup": "excluded",
         "upload": "excluded",
         "keyswitch": "undelivered",
         "download": "undelivered",
@@ -78,7 +79,7 @@ def tolerance(mode: str, stage: str, n: int) -> int:
     if mode == "mask" and stage != "download":  # Shamir threshold t = n // 2 + 1
         return n - (n // 2 + 1)
     threshold = backend(mode)[1].get("threshold")
-    if threshold is not None and stage in ("upload", "keyswitch"):
+    if threshold is not None and stage in ("key_setup", "upload", "keyswitch"):
         return n - threshold
     return n - 1 if POLICY[mode][stage] == "excluded" else n
 
