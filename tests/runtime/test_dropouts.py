@@ -350,3 +350,24 @@ def test_bench_dropout_column_runs_t_of_n_ckks_mp_up_to_n_minus_t_dropouts():
     assert full["mode"] == recovered["mode"] == "ckks-mp:t=3"
     assert (full["included"], recovered["included"]) == (4, 3)
     assert recovered["bytes_up"] < full["bytes_up"] and recovered["round_cpu_s"] > 0
+
+
+def test_cli_threshold_ckks_mp_runs_on_without_a_client_missing_at_key_set_up(tmp_path, capsys):
+    """Cli threshold ckks-mp runs on without a client missing at key set-up.
+
+    ``--threshold 3`` of 4 clients, client 3 silent at the key set-up: the run finishes on the other three, and
+    ``result.json`` names client 3 lost with the reason; two clients missing there (past n - t) stop the run with a
+    DropoutError naming both, before any round.
+    """
+    run = ["run", "--algorithm", "fedavg", "--mode", "ckks-mp", "--threshold", "3", "--clients", "4", "--quiet"]
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[3\] lost in half:key_setup of round 0"):
+        assert main([*run, "--rounds", "2", "--simulate-dropouts", "3,@key_setup", "--out", str(tmp_path / "ok")]) == 0
+    saved = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert saved["final"]["rounds_run"] == 2 and list(saved["final"]["clients_lost"]) == ["3"]
+    assert "did not finish the ckks-mp key set-up" in saved["final"]["clients_lost"]["3"]
+    assert [c["client"] for c in saved["final"]["per_client"]] == [0, 1, 2]
+    assert saved["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 0, "stage": "key_setup", "clients": [3]}]
+    capsys.readouterr()
+    with pytest.warns(RuntimeWarning, match="did not finish the ckks-mp key set-up"):
+        assert main([*run, "--rounds", "1", "--simulate-dropouts", "2@key_setup", "--out", str(tmp_path / "no")]) != 0
+    assert "client(s) 2, 3 did not send its public keys" in capsys.readouterr().err
