@@ -86,8 +86,8 @@ from . import encoding, encryption
 from .keys import BROADCAST_KEY, RECIPIENT_KEY, key_fingerprint
 from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
-from .threshold import check_finishers
 from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
+from .threshold import check_finishers
 
 KEYS_TAG = "ckks-mp/keys"
 #: tag of the relayed Shamir shares of the t-out-of-n key set-up

@@ -82,7 +82,7 @@ class CKKSMPServer(ServerHalf):
         self.relay_held = self.relay_peak = 0
         self._held_for: dict[int, int] = {}
         #: t-out-of-n: the clients that did not finish the key set-up (at most n - t), never addressed again
-        self.excluded: set[int] = set()
+        self.unfinished: set[int] = set()
 
     def record(self, msg: Message) -> None:
         """Record a message without the sealed Shamir shares' bytes, and payloads above ``keep_payload_bytes``."""
@@ -114,7 +114,7 @@ class CKKSMPServer(ServerHalf):
     def ensure_keys(self, link, rnd: int) -> None:
         """Key set-up, once per run (module docstring, step 1).
 
-        t-out-of-n: a client that misses a step joins :attr:`excluded` and the set-up goes on with the others
+        t-out-of-n: a client that misses a step joins :attr:`unfinished` and the set-up goes on with the others
         (:func:`.threshold.check_finishers`); more than n - t missing: DropoutError naming them.
         """
         if self.fingerprint is not None:
@@ -125,9 +125,10 @@ class CKKSMPServer(ServerHalf):
         request = {k: [(self._key_request(rnd, k, {}, "make your keys"), 0)] for k in range(K)}
         got = self.call(link, "key_setup", request, hook=False)
         t = time.perf_counter()
-        self._exclude([k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]], "its public keys", where)
+        silent = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
+        self._exclude(silent, "its public keys", where)
         broadcast, dealer = None, 0
-        for k in (k for k in range(K) if k not in self.excluded):
+        for k in (k for k in range(K) if k not in self.unfinished):
             mine = [m for m in got[k] if m.receiver == SERVER]
             if len(mine) != 1:
                 raise IntegrityError(f"{len(mine)} key set-up messages where one was expected", client=k, **where)
@@ -142,7 +143,7 @@ class CKKSMPServer(ServerHalf):
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
         del got
         while broadcast is None:  # t-out-of-n: the broadcast key's dealer, client 0, is gone; ask the next client
-            dealer = min(k for k in range(K) if k not in self.excluded)
+            dealer = min(k for k in range(K) if k not in self.unfinished)
             ask = {dealer: [(self._key_request(rnd, dealer, {}, "deal the broadcast key"), DEALER_PART)]}
             answer = self.call(link, "key_setup", ask, hook=False)
             mine = [m for m in answer.get(dealer, []) if m.receiver == SERVER]
@@ -156,7 +157,7 @@ class CKKSMPServer(ServerHalf):
         if self.threshold < K:  # n (n - 1) Shamir shares, n per call
             for offset in range(1, K):
                 self._relay_shares(link, rnd, offset)
-        finishers = [k for k in range(K) if k not in self.excluded]
+        finishers = [k for k in range(K) if k not in self.unfinished]
         if self.threshold < K:
             broadcast.update(finishers=np.array(finishers, dtype=np.int64))
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
@@ -193,12 +194,12 @@ class CKKSMPServer(ServerHalf):
         """Leave ``clients`` out of the rest of the run (t-out-of-n set-up); past n - t missing, DropoutError."""
         if not clients:
             return
-        self.excluded.update(clients)
+        self.unfinished.update(clients)
         for k in clients:  # what was queued for them is never sent
             self._outbox.pop(k, None)
             self.relay_held -= self._held_for.pop(k, 0)
-        if len(self.excluded) > self.setup.num_clients - self.threshold:
-            raise self._missing(sorted(self.excluded), what, **where)
+        if len(self.unfinished) > self.setup.num_clients - self.threshold:
+            raise self._missing(sorted(self.unfinished), what, **where)
 
     def _relay_shares(self, link, rnd: int, offset: int) -> None:
         """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
@@ -218,7 +219,7 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
             for k in range(K)
-            if k not in self.excluded
+            if k not in self.unfinished
         }
         got = self.call(link, "key_setup", ask, hook=False)
         self._exclude([k for k in ask if k not in got], "its Shamir share", where)
@@ -230,9 +231,9 @@ class CKKSMPServer(ServerHalf):
     def forward(self, client: int, msg: Message) -> None:
         """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`).
 
-        Nothing is relayed to a client left out at key set-up (:attr:`excluded`).
+        Nothing is relayed to a client left out at key set-up (:attr:`unfinished`).
         """
-        if client in self.excluded:
+        if client in self.unfinished:
             return
         super().forward(client, msg)
         size = len(self._outbox[client][-1])
@@ -242,17 +243,17 @@ class CKKSMPServer(ServerHalf):
 
     def queue(self, client: int, msg: Message, stage: str, part: int = 0) -> None:
         """Queue ``msg`` for ``client`` (:meth:`ServerHalf.queue`), unless it was left out at key set-up."""
-        if client not in self.excluded:
+        if client not in self.unfinished:
             super().queue(client, msg, stage, part)
 
     def call(self, link, stage, messages, *, hook=True):
         """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it.
 
-        A client left out at key set-up (:attr:`excluded`) is never addressed: it holds no keys of the run (at
+        A client left out at key set-up (:attr:`unfinished`) is never addressed: it holds no keys of the run (at
         ``download``: it got no result, :attr:`last_undelivered`).
         """
-        skipped = set(messages) & self.excluded
-        messages = {k: v for k, v in messages.items() if k not in self.excluded}
+        skipped = set(messages) & self.unfinished
+        messages = {k: v for k, v in messages.items() if k not in self.unfinished}
         for k in messages:  # their queued relays leave in this call's bundles
             self.relay_held -= self._held_for.pop(k, 0)
         got = super().call(link, stage, messages, hook=hook)

@@ -28,6 +28,7 @@ OS CSPRNG (:class:`protocols.csprng.SecureRandom`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def lagrange_coefficient(primes: Sequence[int], active: Sequence[int], me: int) 
     return np.asarray(out, dtype=np.int64)[:, None]
 
 
-def check_finishers(finishers: Sequence[int], me: int, threshold: int, clients: int, where: dict) -> None:
+def check_finishers(finishers: Sequence[int], me: int, threshold: int, clients: int, where: dict[str, Any]) -> None:
     """Refuse a finishing set of the key set-up that cannot serve t-out-of-n key switching.
 
     The clients that finished the set-up, ``F``, must be distinct, sorted clients ``0..clients-1``, ``me`` among them,

@@ -249,11 +249,11 @@ def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
     protocol._begin_exchange(ctx.tag, ctx.round)
     protocol._ensure_registered(ctx.round)
     server = protocol.server
-    left = set(getattr(server, "excluded", ()))
+    left = set(getattr(server, "unfinished", ()))
     try:
         included = server.run(protocol.plan_exchange(ctx), protocol.link)
     finally:  # t-out-of-n ckks-mp: clients that did not finish the key set-up are out of the run
-        gone = set(getattr(server, "excluded", ())) - left
+        gone = set(getattr(server, "unfinished", ())) - left
         if gone and isinstance(protocol.link, RuntimeLink):
             why = "did not finish the ckks-mp key set-up: holds no share of this run's keys (--resume runs it again)"
             protocol.link.on_lost({k: why for k in sorted(gone)}, "half:key_setup")

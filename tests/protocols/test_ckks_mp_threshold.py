@@ -204,7 +204,7 @@ def test_a_client_lost_during_the_share_rotations_is_left_out_for_the_rest_of_th
     assert included == (0, 1, 3) and sorted(got) == [0, 1, 3]
     for total in got.values():
         assert np.array_equal(total, x[0] + x[1] + x[3])
-    assert p.server.excluded == {2} and p.server.last_undelivered == (2,)
+    assert p.server.unfinished == {2} and p.server.last_undelivered == (2,)
     for k in (0, 1, 3):
         assert p.clients[k].finishers == {0, 1, 3} and p.clients[k].keys.dealers == {0, 1, 3}
     assert p.server.relay_held == 0
@@ -228,7 +228,7 @@ def test_the_broadcast_dealer_lost_at_key_set_up_is_replaced_by_the_next_client(
     for k, half in p.clients.items():
         half.provider = lambda plan, v=x[k]: plan.dense_table(v)
     included = run_split(p, plan_dense(p, "t/sum", 0, range(5), range(5), LENGTH, COUNTS))
-    assert included == (2, 3, 4) and p.server.excluded == {0, 1}
+    assert included == (2, 3, 4) and p.server.unfinished == {0, 1}
     for k in (2, 3, 4):
         assert np.array_equal(dense_result(p.clients[k].result(), LENGTH), x[2] + x[3] + x[4])
     asked = [m.receiver for m in p.transcript.messages if m.note == "deal the broadcast key"]

@@ -238,7 +238,8 @@ class FedGCNLogic(ModelAveragingLogic):
             if not torch.equal(counts[: c.num_nodes], own_deg):
                 raise RuntimeError(
                     f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
-                    "local degrees" + (f" without clients {list(left_out)}" if len(left_out) else "")
+                    "local degrees"
+                    + (f" without clients {list(left_out)}" if len(left_out) else "")
                     + " -- a contribution is missing or corrupted"
                 )
         degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])

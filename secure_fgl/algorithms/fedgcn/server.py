@@ -146,8 +146,8 @@ class FedGCNStrategy(ModelAveragingStrategy):
         noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
         left_out = sorted(set(range(K)) - set(self.protocol.last_included))
         no_inputs = sorted(set(left_out) | set(self.protocol.server.last_undelivered) | set(self.lost))
-        extra = {"config": {"left_out": np.asarray(left_out, dtype=np.int64)}} if left_out else {}
-        done = ReceiveIns(TAG, 0, rpb=rpb, noise_std=noise_std, **extra)
+        config = {"left_out": np.asarray(left_out, dtype=np.int64)} if left_out else {}
+        done = ReceiveIns(TAG, 0, rpb=rpb, noise_std=noise_std, config=config)
         self.tell("receive", {k: done for k in range(K) if k not in no_inputs})
         self.exchange_rows = num_rows
         self.pretrain = self._pretrain_stats(rows_up, rows_down)
