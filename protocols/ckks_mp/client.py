@@ -189,6 +189,8 @@ class CKKSMPClient(ClientHalf):
         self._next_offset = 1
         self._setup_relayed: list[Message] = []
         self._dealt_broadcast = False
+        #: the clients whose Shamir share this client was told not to send (they left the set-up)
+        self._skipped: set[int] = set()
         #: the clients that finished the key set-up (t-out-of-n: at least t, named by the server; the only ones an
         #: active set or an uploader set may hold)
         self.finishers = frozenset(range(self.setup.num_clients))
@@ -389,7 +391,8 @@ class CKKSMPClient(ClientHalf):
         """Rotation ``offset`` of the t-out-of-n set-up: this client's Shamir share for client ``(me + offset) mod n``.
 
         The server asks for the offsets 1..n-1 in order, one call each (IntegrityError otherwise), and relays each
-        call's n shares before asking for the next: it never holds more than n of them.
+        call's n shares before asking for the next: it never holds more than n of them.  ``skip``: the recipient left
+        the set-up, so the share is dropped unsent (the finishing set may then not hold it: :meth:`_take_finishers`).
         """
         K = self.setup.num_clients
         to = (self.id + offset) % K
@@ -401,6 +404,9 @@ class CKKSMPClient(ClientHalf):
             )
         self._next_offset += 1
         sigma = self._to_deal.pop(to)
+        if req.payload.get("skip"):  # the recipient left the set-up: its share is never sent
+            self._skipped.add(to)
+            return []
         note = f"Shamir share of s_{self.id}"
         return [self.seal_relayed(to, "key_setup", sigma, note, "", SHARE_PART, THRESHOLD_TAG, req.round)]
 
@@ -445,7 +451,7 @@ class CKKSMPClient(ClientHalf):
         """T-out-of-n: the clients that finished the set-up and the broadcast key's dealer, as the server names them.
 
         Checked (:func:`.threshold.check_finishers`): at least t distinct clients of the run, this one among them,
-        and this client holds a Shamir share from each other one and dealt its own to every client; the shares of
+        and this client holds a Shamir share from each other one and sent its own to each of them; the shares of
         dealers outside them are dropped (they never upload under this run's keys).  Returns the dealer.
         """
         try:
@@ -456,12 +462,14 @@ class CKKSMPClient(ClientHalf):
         K = self.setup.num_clients
         check_finishers(finishers, self.id, self.threshold, K, where)
         missing = sorted(set(finishers) - self.keys.dealers)
+        unsent = sorted(self._skipped & set(finishers))
         dealt = self.id == 0 or self._dealt_broadcast  # this client dealt a broadcast key
-        if missing or self._next_offset != K or not 0 <= dealer < K or (dealer == self.id) != dealt:
+        if missing or unsent or self._next_offset != K or not 0 <= dealer < K or (dealer == self.id) != dealt:
             raise IntegrityError(
                 f"the key set-up ended before this client received a Shamir share from each client that finished it "
-                f"(missing: {missing}) and dealt its own to each (dealt {self._next_offset - 1} of {K - 1}), or "
-                f"with broadcast key dealer {dealer} (client 0, or the client asked to deal it in its place)",
+                f"(missing: {missing}) and dealt its own to each of them (dealt {self._next_offset - 1} of {K - 1}, "
+                f"unsent: {unsent}), or with broadcast key dealer {dealer} (client 0, or the client asked to deal it "
+                "in its place)",
                 **where,
             )
         self.keys.keep_dealers(finishers)

@@ -205,28 +205,28 @@ class CKKSMPServer(ServerHalf):
         """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
 
         The n shares of the previous rotation travel in the same call's bundles, so the server holds at most one
-        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.  A share for a client
-        that left the set-up is dropped (only that client could open it).
+        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.  A client is told to skip
+        its share for a client that left the set-up; one relayed to a client that leaves in the same call is dropped
+        (only that client could open it).
         """
         K, where = self.setup.num_clients, dict(tag=KEYS_TAG, round=rnd)
-        ask = {
-            k: [
-                (
-                    self._key_request(
-                        rnd, k, {"to": (k + offset) % K}, f"send your Shamir share for client {(k + offset) % K}"
-                    ),
-                    ROTATION_PART + offset - 1,
-                )
-            ]
-            for k in range(K)
-            if k not in self.unfinished
-        }
+        ask, expected = {}, {}
+        for k in (k for k in range(K) if k not in self.unfinished):
+            to = (k + offset) % K
+            skip = to in self.unfinished
+            payload = {"to": to, "skip": True} if skip else {"to": to}
+            note = f"skip your Shamir share for client {to} (it left)" if skip else f"send your Shamir share for {to}"
+            ask[k] = [(self._key_request(rnd, k, payload, note), ROTATION_PART + offset - 1)]
+            expected[k] = [] if skip else [(SERVER, THRESHOLD_TAG, client_party(to))]
         got = self.call(link, "key_setup", ask, hook=False)
         self._exclude([k for k in ask if k not in got], "its Shamir share", where)
         for k in (k for k in ask if k in got):
-            to = client_party((k + offset) % K)
-            if [(m.relay, m.tag, m.receiver) for m in got[k]] != [(SERVER, THRESHOLD_TAG, to)]:
-                raise IntegrityError(f"expected one Shamir share for {to} and nothing else", client=k, **where)
+            if [(m.relay, m.tag, m.receiver) for m in got[k]] != expected[k]:
+                raise IntegrityError(
+                    f"expected {len(expected[k])} Shamir share(s) for client {(k + offset) % K} and nothing else",
+                    client=k,
+                    **where,
+                )
 
     def forward(self, client: int, msg: Message) -> None:
         """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`).

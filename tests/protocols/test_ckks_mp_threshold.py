@@ -193,7 +193,8 @@ def test_set_up_streams_n_times_n_minus_1_shares_holding_one_rotation_at_a_time(
 def test_a_client_lost_during_the_share_rotations_is_left_out_for_the_rest_of_the_run():
     """Client 2 answers part 0 and the first rotation, then disconnects: the set-up finishes without it.
 
-    The three finishers hold no share of client 2's secret (it dealt only to client 3 before it vanished), every sum
+    The three finishers hold no share of client 2's secret (it dealt only to client 3 before it vanished), no share is
+    sent for it once it is known gone, every sum
     from then on covers 0, 1 and 3 (client 2 back online is never addressed again), and a second dropout, past
     n - t in all, is a DropoutError naming both.
     """
@@ -205,6 +206,10 @@ def test_a_client_lost_during_the_share_rotations_is_left_out_for_the_rest_of_th
     for total in got.values():
         assert np.array_equal(total, x[0] + x[1] + x[3])
     assert p.server.unfinished == {2} and p.server.last_undelivered == (2,)
+    shares = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
+    assert len(shares) == 9  # 3 x 2 among the finishers, 2 -> 3, and 1 -> 2, 0 -> 2 before it was known gone
+    skipped = [m.receiver for m in p.transcript.messages if m.note.startswith("skip your Shamir share")]
+    assert skipped == [client_party(3)]  # the last rotation: client 3's share for client 2 is never sent
     for k in (0, 1, 3):
         assert p.clients[k].finishers == {0, 1, 3} and p.clients[k].keys.dealers == {0, 1, 3}
     assert p.server.relay_held == 0
