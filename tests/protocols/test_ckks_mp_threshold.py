@@ -17,7 +17,7 @@ import pytest
 from protocols import DropoutError, ValueSpec, make_protocol
 from protocols.ckks_mp import encoding, encryption
 from protocols.ckks_mp.backend import CKKSMPProtocol, params_to_options
-from protocols.ckks_mp.client import THRESHOLD_TAG, CKKSMPClient
+from protocols.ckks_mp.client import ROTATION_PART, THRESHOLD_TAG, CKKSMPClient
 from protocols.ckks_mp.keys import secret_key
 from protocols.ckks_mp.params import MPParams
 from protocols.ckks_mp.server import CKKSMPServer
@@ -309,6 +309,19 @@ class TooFewFinishers(EvilServer):
         return [(msg, part)]
 
 
+class SkipsAFinisher(CKKSMPServer):
+    """In the first rotation the server tells client 0 to skip its share for client 1, which stays in the set-up."""
+
+    def _relay_shares(self, link, rnd, offset):
+        if offset > 1:
+            return super()._relay_shares(link, rnd, offset)
+        ask = {
+            k: [(self._key_request(rnd, k, {"to": (k + 1) % K, "skip": k == 0}, "a rotation"), ROTATION_PART)]
+            for k in range(K)
+        }
+        self.call(link, "key_setup", ask, hook=False)
+
+
 def test_a_server_naming_a_client_outside_the_finishers_or_too_few_of_them_is_refused():
     p = attacked(NamesTheLeftOut)
     p.link = LostAfter(p.link, {3}, "key_setup", calls=1)
@@ -316,6 +329,8 @@ def test_a_server_naming_a_client_outside_the_finishers_or_too_few_of_them_is_re
         exchange(p, inputs())
     with pytest.raises(IntegrityError, match="needs at least t = 3"):
         exchange(attacked(TooFewFinishers), inputs())
+    with pytest.raises(IntegrityError, match=r"unsent: \[1\]"):  # a finisher must hold a share from each other
+        exchange(attacked(SkipsAFinisher), inputs())
 
 
 def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():
