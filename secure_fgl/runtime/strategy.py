@@ -16,8 +16,9 @@ Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor
 clients stay lost for the rest of the run (their process is gone); ``--resume`` restarts every
 client from its last checkpoint.  With halves, a client lost during an exchange is the backend's
 dropout (mask: recovery or :class:`protocols.DropoutError` naming it; plain, ckks: the sum of the
-clients that uploaded) and one lost before it is not a contributor (ckks-mp: every client decrypts, so any lost
-client stops the exchange, named).
+clients that uploaded; ckks-mp with ``--threshold t``: the sum of the uploaders while t clients remain to
+key-switch, else :class:`protocols.DropoutError`; n-out-of-n ckks-mp: every client decrypts, so any lost client
+stops the exchange, named) and one lost before it is not a contributor.
 """
 
 from __future__ import annotations
