@@ -27,9 +27,13 @@ aggregate is the output by design (docs/security.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, RecipientRoleError, RepeatedContributionError, TooFewContributorsError
 from .plan import ExchangePlan
+
+if TYPE_CHECKING:
+    from .party import PartySetup
 
 
 @dataclass(frozen=True)
@@ -58,12 +62,12 @@ class CollusionBound:
             )
         return cls(c, m)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int]:
         """The bound as a plain dict."""
         return {"max_colluders": self.max_colluders, "min_contributors": self.min_contributors}
 
 
-def collusion_bound(setup) -> CollusionBound:
+def collusion_bound(setup: PartySetup) -> CollusionBound:
     """The run's collusion bound from its public setup (the one accessor every half uses)."""
     return setup.collusion
 
@@ -79,11 +83,11 @@ class PlanPolicy:
     num_clients: int
     bound: CollusionBound
     #: (round, tag) -> the contributor sets of the sums this client joined under it
-    contributed: dict = field(default_factory=dict)
+    contributed: dict[tuple[int, str], list[frozenset[int]]] = field(default_factory=dict)
 
     def check(self, plan: ExchangePlan) -> None:
         """Refuse ``plan`` (module doc, rules 1-3); record the contribution it is about to make."""
-        where = dict(tag=plan.tag, round=plan.round, client=self.client)
+        where: dict[str, Any] = dict(tag=plan.tag, round=plan.round, client=self.client)
         if set(plan.requests) - {self.client} or any(not 0 <= r < self.num_clients for r in plan.requests):
             raise RecipientRoleError(
                 "the plan shows this client another recipient's request, or a recipient that "
