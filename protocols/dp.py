@@ -92,8 +92,8 @@ class DPConfig:
     placement:   'local' (every client adds full noise) | 'distributed' (each adds 1/n of
                  the variance; only with protocol modes 'ckks' / 'mask').
     accountant:  'rdp' | 'prv' (Opacus), used for calibration and the report.
-    tags:        tags the run declares; the budget is split evenly over them.
-    split:       optional per-tag relative shares (any positive weights, normalised);
+    tags:        tags the run declares; each gets an equal share of the budget.
+    budget_shares: optional per-tag relative shares of the budget (any positive weights, normalised);
                  overrides ``tags``.  Neither given: the first tag released takes it all.
     scope:       tag prefixes that are privatised (empty: every exchange that asks for DP);
                  e.g. ``('fedgcn/neighbour_sums',)`` noises only FedGCN's one-shot release and
@@ -112,7 +112,7 @@ class DPConfig:
     placement: str = "local"
     accountant: str = "rdp"
     tags: Sequence[str] = ()
-    split: Mapping[str, float] | None = None
+    budget_shares: Mapping[str, float] | None = None
     scope: Sequence[str] = ()
     dropouts: int = 0
     colluders: int = 0
@@ -143,11 +143,13 @@ class DPConfig:
         object.__setattr__(self, "tags", tuple(self.tags))
         if len(set(self.tags)) != len(self.tags):
             raise ConfigurationError(f"DPConfig.tags holds duplicates: {self.tags}")
-        if self.split is not None:
-            split = dict(self.split)
-            if not split or any(not (math.isfinite(v) and v > 0) for v in split.values()):
-                raise ConfigurationError(f"DPConfig.split must map each tag to a positive share, got {self.split!r}")
-            object.__setattr__(self, "split", split)
+        if self.budget_shares is not None:
+            shares = dict(self.budget_shares)
+            if not shares or any(not (math.isfinite(v) and v > 0) for v in shares.values()):
+                raise ConfigurationError(
+                    f"DPConfig.budget_shares must map each tag to a positive share, got {self.budget_shares!r}"
+                )
+            object.__setattr__(self, "budget_shares", shares)
 
 
 # ----------------------------------------------------------------------------- mechanism
@@ -379,7 +381,7 @@ class DPEngine:
         self._noise = SecureRandom()  # OS-keyed; never persisted
         self.accountant = PrivacyAccountant(config.accountant, config.delta)
         self._shares: dict[str, float] = (
-            dict(config.split) if config.split is not None else {t: 1.0 for t in config.tags}
+            dict(config.budget_shares) if config.budget_shares is not None else {t: 1.0 for t in config.tags}
         )
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
@@ -392,10 +394,10 @@ class DPEngine:
 
     # ------------------------------------------------------------------ budget
     def declare(self, *tags: str) -> None:
-        """Declare DP tags of the run (even split with the others); before the first release only."""
-        if self.config.split is not None:
+        """Declare DP tags of the run (equal shares with the others); before the first release only."""
+        if self.config.budget_shares is not None:
             raise ConfigurationError(
-                f"DPConfig.split fixes the tags of the run; add these tags to it instead of declaring {tags}"
+                f"DPConfig.budget_shares fixes the tags of the run; add these tags to it instead of declaring {tags}"
             )
         if self._frozen:
             raise ConfigurationError(
@@ -449,7 +451,7 @@ class DPEngine:
             raise PrivacyBudgetError(
                 f"no DP budget for this tag: the budget of epsilon={self.config.epsilon} is allocated to "
                 f"{sorted(self._shares)}. Declare every DP tag of the run before the first release: "
-                f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
+                f"DPConfig(tags=(...)) or DPConfig(budget_shares={{tag: share}}) or protocol.dp.declare(tag, ...)",
                 tag=tag,
             )
         mech, delta, q = self.calibration_mechanism(discrete, sample_rate < 1), self.config.delta, float(sample_rate)

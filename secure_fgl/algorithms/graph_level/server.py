@@ -54,7 +54,7 @@ class GraphStrategy(ModelAveragingStrategy):
             if options.get("dpsgd")
             else None
         )
-        if self.dpsgd is not None and protocol.dp.config.split is None:
+        if self.dpsgd is not None and protocol.dp.config.budget_shares is None:
             protocol.dp.declare(self.dpsgd[0])
 
     def release_dependencies(self) -> dict[str, set[str]]:
