@@ -21,7 +21,7 @@ specs and refuses parts it cannot merge without changing their values (integer p
 grids); callers then keep separate exchanges.
 
 Clear-text reports (GCFL's norms) batch the same way: :func:`batched_report` sends every report
-tag's value of one stage in one signed message per client (:func:`protocols.pairwise.report_vectors`)
+tag's value of one stage in one signed message per client (:func:`protocols.similarity.report_vectors`)
 and attributes its bytes to the part tags, one entry each.
 
 Byte attribution: the transcript records one message per client under the batch tag and the
@@ -41,7 +41,7 @@ import numpy as np
 from . import validate
 from .errors import ConfigurationError, ShapeError
 from .exchange import ValueSpec
-from .pairwise import report_vectors
+from .similarity import report_vectors
 
 
 def batched_weighted_mean(

@@ -60,11 +60,11 @@ from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
-from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound, PlanPolicy, collusion_bound
 from .report import REPORT_STAGE, client_report
 from .schedule import PublicSchedule
+from .similarity_exchange import SIMILARITY_SHAPE, similarity_client_step
 from .transcript import SERVER, Kind, Message, Transcript, client_party, party_client
 
 if TYPE_CHECKING:
@@ -319,8 +319,8 @@ class ClientHalf(Party):
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
         self.selection = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
-        #: (exchange, secret context) while this client decides a pairwise exchange (ckks)
-        self.pairwise_secret = None
+        #: (exchange, secret context) while this client decides a similarity exchange (ckks)
+        self.similarity_secret = None
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:
@@ -367,8 +367,8 @@ class ClientHalf(Party):
                     **where,
                 )
             out.append(client_report(self)[1])
-        elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
-            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]  # protocols/pairwise_exchange.py
+        elif self.plan is not None and self.plan.encoding.get("shape") == SIMILARITY_SHAPE:
+            out += [wire for _, wire in similarity_client_step(self, stage, inbox)]  # protocols/similarity_exchange.py
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)

@@ -4,7 +4,7 @@ Each client sends the server one float64 (or one short vector of them: a batch o
 :func:`protocols.batch.batched_report`) in the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
-GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
+GCFL+'s gradient-norm series, :mod:`protocols.similarity`): these are the documented leak.  With a
 backend in halves (:mod:`protocols.party`) a report is one exchange of its own:
 
 1. the server half queues each reporting client the exchange's plan (one block of one value);
