@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .base import Protocol
 
 
 @dataclass(frozen=True)
@@ -95,10 +99,10 @@ def backend(name: str) -> BackendInfo:
     return info
 
 
-def backend_class(name: str):
+def backend_class(name: str) -> type[Protocol]:
     """Import and return the Protocol class of backend ``name``."""
     module, _, cls = backend(name).loader.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return cast("type[Protocol]", getattr(importlib.import_module(module), cls))
 
 
 register_backend(
