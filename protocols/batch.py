@@ -35,6 +35,7 @@ byte counts sum to the total.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -43,15 +44,19 @@ from .errors import ConfigurationError, ShapeError
 from .exchange import ValueSpec
 from .similarity import report_vectors
 
+if TYPE_CHECKING:
+    from .base import Protocol
+    from .halves import HalvesProtocol
+
 
 def batched_weighted_mean(
-    protocol,
+    protocol: Protocol,
     tag: str,
     rnd: int,
     parts: Mapping[str, Mapping[int, np.ndarray]],
     weights: Mapping[int, float],
     *,
-    spec=None,
+    spec: ValueSpec | None = None,
     recipients: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The weighted means of every part, from one upload per client (module doc).
@@ -70,7 +75,9 @@ def batched_weighted_mean(
     return dict(zip(parts, batch_means(total, list(shapes.values()), tag, rnd)))
 
 
-def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]):
+def checked_parts(
+    protocol: Protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]
+) -> tuple[list[int], dict[str, tuple[int, ...]], dict[str, dict[int, np.ndarray]]]:
     """Every part's contributions, checked as in an exchange of its own.
 
     Every part's contributions checked by the client-side input checks of an exchange of its own
@@ -80,7 +87,9 @@ def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int,
     """
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
-    clients, shapes, flat = None, {}, {}
+    clients: list[int] | None = None
+    shapes: dict[str, tuple[int, ...]] = {}
+    flat: dict[str, dict[int, np.ndarray]] = {}
     for name, values in parts.items():
         arrays = protocol._dense_inputs(name, rnd, values)
         if clients is None:
@@ -93,11 +102,11 @@ def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int,
             )
         shapes[name] = next(iter(arrays.values())).shape
         flat[name] = arrays
-    return clients, shapes, flat
+    return cast(list[int], clients), shapes, flat  # parts is not empty
 
 
 def batched_sum(
-    protocol,
+    protocol: Protocol,
     tag: str,
     rnd: int,
     parts: Mapping[str, Mapping[int, np.ndarray]],
@@ -120,7 +129,7 @@ def batched_sum(
 
 
 def batched_report(
-    protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
+    protocol: HalvesProtocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
 ) -> dict[str, dict[int, float]]:
     """Every part's clear-text scalar from one report per client.
 
@@ -144,7 +153,7 @@ def batched_report(
 
 
 def report_parts(
-    protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
+    protocol: Protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
 ) -> dict[str, dict[int, float]]:
     """A batched report's vectors split back into its parts.
 

@@ -320,7 +320,7 @@ class ClientHalf(Party):
         self.selection = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
         #: (exchange, secret context) while this client decides a similarity exchange (ckks)
-        self.similarity_secret = None
+        self.similarity_secret: tuple[int, Any] | None = None
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:

@@ -29,13 +29,18 @@ Same leaks as :mod:`protocols.ckks.similarity`: ``d`` plus the server could decr
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .errors import DropoutError, IntegrityError
 from .exchange import ValueSpec
 from .plan import ExchangePlan
-from .transcript import SERVER, client_party
+from .transcript import SERVER, Message, client_party
+
+if TYPE_CHECKING:
+    from .halves import HalvesProtocol
+    from .party import ClientHalf, ServerHalf
 
 __all__ = ["SIMILARITY_SHAPE", "similarity_over_halves", "similarity_client_step"]
 
@@ -43,7 +48,7 @@ __all__ = ["SIMILARITY_SHAPE", "similarity_over_halves", "similarity_client_step
 SIMILARITY_SHAPE = "pairwise"
 
 
-def _answer(server, got: dict, k: int, stage: str, kind: str):
+def _answer(server: ServerHalf, got: dict[int, list[Message]], k: int, stage: str, kind: str) -> Message:
     msg = server.responses(got, k, stage, kind=kind)
     if msg is None:
         raise DropoutError(
@@ -56,10 +61,13 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
     """Cosine similarities of the rows of ``vectors`` (a zero row has similarity 0 to all)."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     unit = vectors / np.maximum(norms, 1e-12)
-    return unit @ unit.T
+    cosines: np.ndarray = unit @ unit.T
+    return cosines
 
 
-def similarity_over_halves(protocol, tag: str, rnd: int, members: list[int], decider: int, length: int) -> np.ndarray:
+def similarity_over_halves(
+    protocol: HalvesProtocol, tag: str, rnd: int, members: list[int], decider: int, length: int
+) -> np.ndarray:
     """Server side: the ``[m, m]`` cosine matrix of the members' vectors.
 
     Server side: the ``[m, m]`` cosine matrix of the members' ``length``-vectors (rows in the
@@ -105,13 +113,13 @@ def similarity_over_halves(protocol, tag: str, rnd: int, members: list[int], dec
     return cosine_from_pairs(values, [bool(u["nonzero"]) for u in uploads])
 
 
-def similarity_client_step(half, stage: str, inbox: list) -> list:
+def similarity_client_step(half: ClientHalf, stage: str, inbox: list[Message]) -> list[tuple[Message, bytes]]:
     """Client side: this half's answer to ``stage`` of a similarity plan.
 
     Client side (:meth:`protocols.party.ClientHalf.handle` under a similarity plan): this
     half's answer to ``stage`` as sealed messages.
     """
-    plan, where = half.plan, half.where()
+    plan, where = cast(ExchangePlan, half.plan), half.where()
     decider = int(plan.encoding["decider"])
     if half.mode == "plain":
         update = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: plan.block_len]
@@ -148,7 +156,7 @@ def similarity_client_step(half, stage: str, inbox: list) -> list:
         return out
     if stage == "upload":
         if half.id == decider:
-            context = half.similarity_secret[1]
+            context = cast("tuple[int, Any]", half.similarity_secret)[1]  # made at key_setup
         else:
             keys = [m for m in inbox if m.sender == client_party(decider)]
             if len(keys) != 1:
@@ -170,11 +178,11 @@ def similarity_client_step(half, stage: str, inbox: list) -> list:
             )
         ]
     if stage == "download" and half.id == decider:
-        msg = [m for m in inbox if m.sender == SERVER]
-        if len(msg) != 1 or half.similarity_secret is None or half.similarity_secret[0] != plan.exchange:
+        pairs = [m for m in inbox if m.sender == SERVER]
+        if len(pairs) != 1 or half.similarity_secret is None or half.similarity_secret[0] != plan.exchange:
             raise IntegrityError("a similarity download without its key set-up or its one server message", **where)
-        half.check(msg[0], SERVER, stage, 0, where)
+        half.check(pairs[0], SERVER, stage, 0, where)
         secret, half.similarity_secret = half.similarity_secret[1], None
-        values = decrypt_pairs(secret, list(msg[0].payload))
+        values = decrypt_pairs(secret, list(pairs[0].payload))
         return [half.seal(half.message(SERVER, "plain", (values.size,), values, ""), stage)]
     raise IntegrityError(f"no similarity step '{stage}' for client {half.id}", **where)
