@@ -495,12 +495,12 @@ class ClientHalf(Party):
         The blocks are cut to :attr:`selection` (:meth:`keep`); on a grid exchange they are rounded back to the
         grid, after checking that the codec landed within its planned quarter step (else the sum is refused).
         """
-        plan = cast(ExchangePlan, self.plan)
-        if plan.spec.grid_bits is not None:
-            blocks = grid_sums(blocks, plan.spec.grid_bits, self.where())
-        if self.schedule is not None and self.schedule.binds_views(plan.tag):
-            self.views.record(plan.tag, plan.round, blocks)
-        self._result = (plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
+        assert self.plan is not None  # a result belongs to the plan under way
+        if self.plan.spec.grid_bits is not None:
+            blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
+        if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+            self.views.record(self.plan.tag, self.plan.round, blocks)
+        self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
         """Verify and decrypt a message a peer relayed through the server.
