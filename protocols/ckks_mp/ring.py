@@ -192,7 +192,7 @@ class RNSRing:
         product: np.ndarray = a_hat * b_hat % self._q(a_hat.shape[-2], 2)
         return product
 
-    def _by_chunks(self, a: np.ndarray, transform: Callable[[np.ndarray, int], None]) -> np.ndarray:
+    def _by_chunks(self, a: np.ndarray, transform: Callable[[np.ndarray, int], object]) -> np.ndarray:
         """Apply ``transform`` to ``a`` ``[..., L, N]`` a few polynomials at a time (about 2 MiB: cache-sized)."""
         lead, (level, n) = a.shape[:-2], a.shape[-2:]
         x = np.array(a, dtype=np.int64).reshape(-1, level, n)
