@@ -35,7 +35,15 @@ this client's answer):
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
                        its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
-                       corrupted share or ciphertext) and decodes
+                       corrupted share or ciphertext) and decodes.  A release (the public schedule's
+                       ``release`` role: rows per recipient) -> the keyed digest of each decoded
+                       block, ``HMAC-SHA256(k_B, exchange || b || values)`` with ``k_B`` derived from
+                       ``s_B`` (every client's, the server's never), delivered only after
+``release``            the root of the server's commitment to every recipient's digests and this
+                       client's proof (:mod:`protocols.release_commitment`) -> nothing; it checks
+                       its digests against the root (InconsistentViewError, nothing delivered) and
+                       chains the root into the digest it binds into every later contribution
+                       (:mod:`protocols.broadcast_view`); every client, recipient or not, chains it
 
 t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.threshold`, Mouchet,
 Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
@@ -55,6 +63,7 @@ with the first request's groups, blocks and uploaders, a new active set and none
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import time
 from dataclasses import dataclass
@@ -62,6 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..auth import check_public_key, sign_public_key
+from ..broadcast_view import EMPTY_VIEW
 from ..ckks.memo import DecryptionMemo
 from ..ckks.params import per_client_limits
 from ..errors import (
@@ -79,6 +89,7 @@ from ..errors import (
 )
 from ..message import encode_body
 from ..party import ClientHalf, envelope_of
+from ..release_commitment import DIGEST_BYTES, leaf, verify
 from ..similarity_exchange import SIMILARITY_SHAPE
 from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
@@ -98,6 +109,8 @@ SHARE_PART = 1
 ROTATION_PART = 2
 #: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts r * groups + g, r: the re-plan)
 READY_PART = (1 << 32) - 1
+#: domain separator of the key of the released blocks' digests (:meth:`CKKSMPClient._release_digest`)
+RELEASE_KEY_DOMAIN = b"secure-fgl/ckks-mp/release-key/v1"
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 #: t-out-of-n adds the active set, the uploaders and which of them uploaded each requested block
@@ -186,6 +199,9 @@ class CKKSMPClient(ClientHalf):
         self._setup_relayed: list[Message] = []
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
+        #: (exchange, decoded blocks) of a release, delivered once its commitment checks (:meth:`_release`)
+        self._released: tuple[int, dict[int, np.ndarray]] | None = None
+        self._release_key: bytes | None = None
 
     def on_stage(self, stage, inbox):
         """Multiparty CKKS client steps: key set-up, block ids, upload, key-switch share, decryption of the download.
@@ -209,6 +225,8 @@ class CKKSMPClient(ClientHalf):
             return self._keyswitch(inbox)
         if stage == "download":
             return self._download(inbox)
+        if stage == "release":
+            return self._release(inbox)
         return []
 
     def _accept_plan(self, msg: Message) -> None:
@@ -589,6 +607,7 @@ class CKKSMPClient(ClientHalf):
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
             uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            self.released_over(self.plan, uploaders.tolist())  # a related-input group: one set per round
             binding = hashlib.sha256(
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
             ).digest()
@@ -782,7 +801,52 @@ class CKKSMPClient(ClientHalf):
             )
         )
         self.timing["download_s"] = time.perf_counter() - t
-        self.deliver({int(b): v for b, v in zip(bids.tolist(), values)})
+        blocks = {int(b): v for b, v in zip(bids.tolist(), values)}
+        if self.schedule is not None and self.schedule.releases(p.tag):  # delivered once the commitment checks
+            self._released = (p.exchange, blocks)
+            digests = b"".join(self._release_digest(b, v) for b, v in blocks.items())
+            msg = self.message(SERVER, "metadata", (len(blocks),), {"digests": digests}, self.fingerprint)
+            return [self.seal(msg, "download")]
+        self.deliver(blocks)
+        return []
+
+    def _release_digest(self, block: int, values: np.ndarray) -> bytes:
+        """``HMAC-SHA256(k_B, exchange || block || values)``: what the server commits to for a released block.
+
+        ``k_B = SHA-256(domain || run || s_B)``: the clients' broadcast secret keys it, so the server cannot test
+        guesses of a block it does not receive (a colluding client can).
+        """
+        if self._release_key is None:
+            self._release_key = hashlib.sha256(
+                RELEASE_KEY_DOMAIN + self.setup.run_id + self.keys.broadcast_secret()
+            ).digest()
+        body = int(self.plan.exchange).to_bytes(8, "big") + int(block).to_bytes(8, "big")
+        return hmac.new(self._release_key, body + np.ascontiguousarray(values, "<f8").tobytes(), "sha256").digest()
+
+    def _release(self, inbox):
+        """Check this client's released blocks against the server's commitment, chain its root, deliver them."""
+        p, where = self.plan, self.where()
+        if self.schedule is None or not self.schedule.releases(p.tag):
+            raise IntegrityError("a release commitment for an exchange the schedule does not release", **where)
+        msg = self._from_server(inbox, "release", where)
+        try:
+            root, proof = bytes(msg.payload["root"]), bytes(msg.payload["proof"])
+        except (KeyError, TypeError, ValueError):
+            root, proof = b"", b""
+        pending = self._released[1] if self._released is not None and self._released[0] == p.exchange else {}
+        if p.requests.get(self.id) is not None and len(p.requests[self.id]) and not pending:
+            raise IntegrityError("a release commitment before this client's download", **where)
+        own = {b: leaf(b, self._release_digest(b, v)) for b, v in pending.items()}
+        if len(root) != DIGEST_BYTES or (own and not verify(root, p.num_blocks, own, proof)):
+            raise InconsistentViewError(
+                "the rows of this released sum are not part of the sum the server committed to (or no commitment "
+                "came with them): the server may be handing different clients different sums; nothing was delivered",
+                **where,
+            )
+        self.views.release(p.tag, p.round, root)
+        self._released = None
+        if p.requests.get(self.id) is not None:
+            self.deliver(pending)
         return []
 
     def _decode(self, ep: Plan, cts: np.ndarray, bids: np.ndarray, lengths: list[int], broadcast: bool) -> np.ndarray:
@@ -812,12 +876,13 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
-                    if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+                    bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+                    if bound or self.view_digest() != EMPTY_VIEW:
                         raise InconsistentViewError(
-                            f"block {b} of a broadcast exchange decrypts with {why}: the clients' key-switching "
-                            "masks did not cancel, so they hold different plans or were sent different "
-                            "broadcasts to train on (model inconsistency), or a share or ciphertext was "
-                            "corrupted; nothing was delivered",
+                            f"block {b} of an exchange bound to what the clients received decrypts with {why}: "
+                            "the clients' key-switching masks did not cancel, so they hold different plans or were "
+                            "sent different broadcasts or released sums to train on (model inconsistency), or a "
+                            "share or ciphertext was corrupted; nothing was delivered",
                             **self.where(),
                         )
                     raise IntegrityError(

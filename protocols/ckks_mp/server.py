@@ -22,6 +22,11 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    ``c0``.
 4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
    ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
+5. ``release`` (a tag the public schedule gives the ``release`` role: different rows per recipient):
+   each recipient answered its download with a keyed digest of every block it decoded; the server
+   commits to them in one Merkle tree (:mod:`protocols.release_commitment`, leaf ``b``: the digest
+   of block ``b``; two recipients reporting different digests of one block: IntegrityError) and
+   sends every client the root, each recipient with its proof (:meth:`CKKSMPServer.release_messages`).
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
 also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in n - 1 rotations of n
@@ -46,6 +51,7 @@ import numpy as np
 
 from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
+from ..release_commitment import DIGEST_BYTES, empty_leaf, leaf, prove, root_of, tree
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
 from .client import KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
@@ -378,7 +384,9 @@ class CKKSMPServer(ServerHalf):
                     0,
                 )
             ]
-        self.call(link, "download", downloads)
+        got = self.call(link, "download", downloads)
+        if self.schedule is not None and self.schedule.releases(plan.tag):
+            self._commit_release(link, got)
         self.last_stats = {
             "server_s": server_s,
             "plan": ep,
@@ -387,6 +395,54 @@ class CKKSMPServer(ServerHalf):
             "replans": replan,
         }
         return tuple(uploaders)
+
+    def _commit_release(self, link, got: dict[int, list[Message]]) -> None:
+        """Stage 5 (module docstring): commit to the recipients' digests of the released rows, send root and proofs."""
+        plan, fp = self.plan, self.fingerprint
+        reports: dict[int, dict[int, bytes]] = {}
+        for r, bids in plan.requests.items():
+            msg = self.responses(got, r, "download", "metadata")
+            if msg is None:
+                continue  # silent at its download (last_undelivered)
+            self.check_envelope(msg, fp, r)
+            digests = (msg.payload or {}).get("digests") if isinstance(msg.payload, dict) else None
+            if not isinstance(digests, (bytes, bytearray)) or len(digests) != DIGEST_BYTES * bids.size:
+                raise IntegrityError("malformed digests of the released rows", **self.where(r))
+            cut = [bytes(digests[i : i + DIGEST_BYTES]) for i in range(0, len(digests), DIGEST_BYTES)]
+            reports[r] = dict(zip(bids.tolist(), cut))
+        messages = self.release_messages(reports)
+        self.call(
+            link,
+            "release",
+            {
+                k: [(self.message(k, "control", (), payload, fp, note="commitment to the released rows"), 0)]
+                for k, payload in messages.items()
+            },
+        )
+
+    def release_messages(self, reports: dict[int, dict[int, bytes]]) -> dict[int, dict]:
+        """Every client's ``release`` payload: the root over the reported digests, a recipient's with its proof.
+
+        Raises:
+            IntegrityError: two recipients report different digests of one block (one of them decoded another
+                sum: a corrupted share or ciphertext).
+        """
+        plan = self.plan
+        leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
+        seen: dict[int, tuple[int, bytes]] = {}
+        for r, digests in sorted(reports.items()):
+            for b, d in digests.items():
+                if b in seen and seen[b][1] != d:
+                    raise IntegrityError(
+                        f"recipients {seen[b][0]} and {r} decoded different values of block {b}", **self.where(r)
+                    )
+                seen[b] = (r, d)
+                leaves[b] = leaf(b, d)
+        levels = tree(leaves)
+        root = root_of(levels)
+        return {
+            k: {"root": root, "proof": prove(levels, sorted(reports.get(k, {})))} for k in range(self.setup.num_clients)
+        }
 
     def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):
         """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).
