@@ -1,7 +1,7 @@
 """What GCFL's clustering statistics tell the server: which clients hold the same kind of data.
 
-The server of GCFL decides the clusters, so it legitimately learns the pairwise cosine
-similarities of the members' updates (:mod:`protocols.pairwise`).  This attack asks how much
+The server of GCFL decides the clusters, so it legitimately learns the cosine
+similarities of every pair of members' updates (:mod:`protocols.similarity`).  This attack asks how much
 that matrix reveals about the clients' *datasets*: for every pair of clients it guesses "same
 dataset" from the similarity, scored by the rank AUC over pairs (chance 0.5; ground truth:
 each client's dataset name).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.pairwise import cosine_matrix
+from protocols.similarity import cosine_matrix
 from protocols.transcript import SERVER, party_client
 
 from .base import Attack, AttackResult, GroundTruth, View, dense_vector, roc_auc

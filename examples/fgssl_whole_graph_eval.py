@@ -43,6 +43,7 @@ from secure_fgl.engine.hooks import load_best_model
 from secure_fgl.experiment import load_federation
 from secure_fgl.models import build_model
 from secure_fgl.report.tables import fmt_stats
+from secure_fgl.validation import current_names
 
 
 @torch.no_grad()
@@ -54,7 +55,8 @@ def evaluate_run(run_dir: Path, data_root: str | None) -> list[dict]:
     """One record per client of the plain run in ``run_dir``."""
     result = json.loads((run_dir / "result.json").read_text())
     method = json.loads((run_dir / "meta.json").read_text())["method"]
-    cfg = RunConfig.from_dict({**result["config"], "data_root": data_root or result["config"]["data_root"]})
+    config = current_names(result["config"])  # a result written before a setting was renamed
+    cfg = RunConfig.from_dict({**config, "data_root": data_root or config["data_root"]})
     fed = load_federation(cfg)
     g = fed.graph
     records = []

@@ -21,7 +21,7 @@ Columns (per setting and method, over ``--seeds``):
   same seed, and the share of clients whose accuracy beats self-train (means over seeds);
 * ``best cached`` -- GCFL/GCFL+ only: the reference code's number (per client, the maximum test
   accuracy over cached cluster models), reported for comparison, not as our result;
-* ``s/run`` and ``MB/run`` (all exchanges) with the pairwise-statistics exchange separately.
+* ``s/run`` and ``MB/run`` (all exchanges) with the similarity-statistics exchange separately.
 
 ckks rows (``--ckks``): GCFL/GCFL+ rerun in ckks on the listed settings; mask rows (``--mask``):
 GCFL+ in mask (GCFL refuses mask); the table says whether the cluster assignments equal plain's on
@@ -125,7 +125,7 @@ PAPER = {
         "GCFL+": (0.7121, -0.0233, "10/13"),
     },
 }
-PAIRWISE_TAGS = ("gcfl/similarity", "gcfl/similarity/keys")
+SIMILARITY_TAGS = ("gcfl/similarity", "gcfl/similarity/keys")
 #: chunk orders (``--order``): graphs shuffled by the seed before chunking, or the reference's file order
 ORDERS = ("shuffled", "file")
 MODES = ("plain", "ckks", "mask")
@@ -227,7 +227,7 @@ def mean_std(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
 
 
-def pairwise_bytes(result: dict) -> int:
+def similarity_bytes(result: dict) -> int:
     per_tag = result["comm"]["per_tag"]
     return sum(
         per_tag[t]["bytes_up"] + per_tag[t]["bytes_down"] + per_tag[t]["bytes_p2p"]
@@ -376,7 +376,7 @@ def table(out: Path, args) -> str:
     ]
     header = (
         "| setting | method | mode | seeds | avg acc [paper] | min gain [paper] | improved [paper] | best cached (ref.) "
-        "| clusters at end | s/run | MB/run | pairwise MB/run |"
+        "| clusters at end | s/run | MB/run | similarity MB/run |"
     )
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for setting, order in ((s, o) for s in SETTINGS for o in ORDERS):
@@ -429,7 +429,7 @@ def table(out: Path, args) -> str:
                             clusters,
                             f"{statistics.mean(r['time']['total'] for r in rs.values()):.0f}",
                             f"{statistics.mean(total_bytes(r) for r in rs.values()) / 1e6:.1f}",
-                            f"{statistics.mean(pairwise_bytes(r) for r in rs.values()) / 1e6:.1f}",
+                            f"{statistics.mean(similarity_bytes(r) for r in rs.values()) / 1e6:.1f}",
                         ]
                     )
                     + " |"

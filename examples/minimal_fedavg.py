@@ -22,7 +22,7 @@ from secure_fgl.algorithms.base import model_spec
 from secure_fgl.algorithms.options import NoOptions
 from secure_fgl.engine import rng
 from secure_fgl.models import build_model
-from secure_fgl.runtime.exchange import dense_result, plan_dense, run_split
+from secure_fgl.runtime.exchange import dense_result, plan_dense, run_server_half
 from secure_fgl.runtime.logic import ClientLogic
 from secure_fgl.runtime.messages import ContributeIns, ContributeRes, FitIns, FitRes, ReceiveIns
 from secure_fgl.runtime.strategy import Strategy
@@ -95,7 +95,7 @@ class FedAvgServer(Strategy):
         sent = self.ask("contribute", {k: ContributeIns(TAG, rnd) for k in clients})  # {k: ContributeRes}
         length = next(iter(sent.values())).length
         spec = model_spec(len(sent), self.num_clients, self.cfg.update_bound, grid=self.cfg.model_mean_on_grid)
-        run_split(self.protocol, plan_dense(self.protocol, TAG, rnd, sorted(sent), clients, length, spec))
+        run_server_half(self.protocol, plan_dense(self.protocol, TAG, rnd, sorted(sent), clients, length, spec))
         self.tell("receive", {k: ReceiveIns(TAG, rnd, length=length) for k in clients})
         return {"train_loss": float(np.mean([r.loss for r in done.values()]))}
 

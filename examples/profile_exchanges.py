@@ -1,7 +1,7 @@
 """CPU time of each exchange of the Cora FedGCN run.
 
 The overhead bench's ``cora-fedgcn`` workload, on the local executor: the protocol halves in the client runtimes,
-every exchange through :func:`secure_fgl.runtime.exchange.run_split`.
+every exchange through :func:`secure_fgl.runtime.exchange.run_server_half`.
 
     python examples/profile_exchanges.py --mode mask --rounds 10 \
         [--profile model|pretrain --profile-out runs/prof/mask-model.prof]
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
 
     profiler = cProfile.Profile(time.process_time) if a.profile else None
     times: list[tuple[str, float]] = []
-    run_split = exchange.run_split
+    run_server_half = exchange.run_server_half
 
     def timed(protocol, ctx):
         on = profiler is not None and ctx.tag.endswith("/model") == (a.profile == "model")
@@ -54,19 +54,19 @@ def main(argv=None) -> None:
         if on:
             profiler.enable()
         try:
-            return run_split(protocol, ctx)
+            return run_server_half(protocol, ctx)
         finally:
             if on:
                 profiler.disable()
             times.append((ctx.tag, 1e3 * (time.process_time() - c0)))
 
-    import secure_fgl.algorithms.fedgcn.server  # noqa: F401  (every runtime module that calls run_split is loaded)
+    import secure_fgl.algorithms.fedgcn.server  # noqa: F401  (every runtime module that calls run_server_half is loaded)
 
     for module in [
         m for name, m in sys.modules.items() if name.startswith(("secure_fgl.runtime", "secure_fgl.algorithms"))
     ]:
-        if getattr(module, "run_split", None) is run_split:
-            module.run_split = timed  # wherever it was imported by name
+        if getattr(module, "run_server_half", None) is run_server_half:
+            module.run_server_half = timed  # wherever it was imported by name
     values = {**workload_config("cora-fedgcn", a.mode, False, None, "local"), "rounds": a.rounds}
     with tempfile.TemporaryDirectory(prefix="profile-") as out:
         cfg = RunConfig.from_dict({**values, "out": out}).validate()

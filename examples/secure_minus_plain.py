@@ -47,6 +47,7 @@ from sweep import read_runs
 
 from secure_fgl.config import RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
+from secure_fgl.validation import current_names
 
 MODES = ("plain", "ckks", "mask", "ckks-mp")
 
@@ -296,7 +297,7 @@ def main(argv=None) -> None:
         else run_all(args)
     )
     text = table(runs)
-    cmds = sorted({command(RunConfig.from_dict(r["config"])) for r in runs} if runs else set())
+    cmds = sorted({command(RunConfig.from_dict(current_names(r["config"]))) for r in runs} if runs else set())
     (Path(args.out) / "table.md").write_text(text + "\n\nRuns:\n\n" + "\n".join(f"    {c}" for c in cmds) + "\n")
     print(text)
     print("\nRuns:")

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import Protocol
 from .errors import (
     BoundError,
@@ -27,7 +29,7 @@ from .transcript import SERVER, Message, Transcript, client_party, party_client
 MODES = modes()
 
 
-def make_protocol(mode: str, num_clients: int, **options) -> Protocol:
+def make_protocol(mode: str, num_clients: int, **options: Any) -> Protocol:
     """Build the protocol object for ``mode`` (a registered backend, :mod:`protocols.registry`).
 
     Args:

@@ -39,6 +39,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -89,13 +90,13 @@ def _prv_eps_error(scale: float) -> float:
     return max(PRV_EPS_ERROR, 1e-3 * float(scale))
 
 
-def _kwargs(mechanism: str, sample_rates: Iterable[float] = (1.0,), scale: float = 0.0) -> dict:
+def _kwargs(mechanism: str, sample_rates: Iterable[float] = (1.0,), scale: float = 0.0) -> dict[str, Any]:
     if mechanism == "prv":
         return {"eps_error": _prv_eps_error(scale)}
     return {"alphas": _ALPHAS_Q1 if all(q == 1.0 for q in sample_rates) else _ALPHAS_SUBSAMPLED}
 
 
-def opacus_options(history: Iterable[tuple[float, float, int]], delta: float, mechanism: str) -> dict:
+def opacus_options(history: Iterable[tuple[float, float, int]], delta: float, mechanism: str) -> dict[str, Any]:
     """The Opacus ``get_epsilon`` keyword arguments that reproduce :func:`epsilon_of` for this history.
 
     The keyword arguments :func:`epsilon_of` passes to Opacus' ``get_epsilon`` for this
@@ -247,7 +248,7 @@ class PrivacyAccountant:
             raise ConfigurationError(f"delta must lie in (0, 1), got {delta}")
         self.delta = float(delta)
         #: tag -> list of [noise_multiplier, sample_rate, steps] runs, in release order
-        self._runs: OrderedDict[str, list[list]] = OrderedDict()
+        self._runs: OrderedDict[str, list[list[Any]]] = OrderedDict()
         self._sensitivity: dict[str, float] = {}
         #: tags with discrete-Gaussian releases: their guarantee is the zCDP (Renyi) one
         self.discrete_tags: set[str] = set()
@@ -324,7 +325,7 @@ class PrivacyAccountant:
         """Epsilon spent by ``tag`` alone, or by the whole run (``tag=None``), at ``delta``."""
         return epsilon_of(self.history(tag), self.delta if delta is None else delta, self.mechanism_for(tag))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Plain-data state (for run checkpoints)."""
         return {
             "mechanism": self.mechanism,
@@ -334,7 +335,7 @@ class PrivacyAccountant:
             "discrete": sorted(self.discrete_tags),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the state written by :meth:`state_dict` (resuming a checkpointed run).
 
         Raises:
@@ -352,7 +353,7 @@ class PrivacyAccountant:
         self._sensitivity = {t: float(v) for t, v in state["sensitivity"].items()}
         self.discrete_tags = set(state.get("discrete", ()))
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         """The privacy report that ``result.json`` stores under ``privacy``.
 
         ``{"delta", "total_epsilon", "per_tag": {tag: {epsilon, releases, noise_multiplier,

@@ -32,7 +32,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -215,7 +215,7 @@ class Protocol(ABC):
             if wscale is None:
                 return (total / len(arrays)).reshape(shape)
             # post-processing: noise must not make the weight total <= 0 (floor = its noise std)
-            denom = max(total[-1], self.dp.last_std) / wscale
+            denom: float = max(total[-1], self.dp.last_std) / wscale
             return (total[:-1] / denom).reshape(shape)
         flat = {k: np.concatenate([a.ravel() * w[k], [w[k]]]) for k, a in arrays.items()}
         total = self._sum_vectors(tag, rnd, flat, spec, recipients, dp)
@@ -274,9 +274,10 @@ class Protocol(ABC):
         if layout not in ("sparse", "dense"):
             raise ConfigurationError(f"layout must be 'sparse' or 'dense', got {layout!r}", tag=tag, round=rnd)
         spec = self.release_spec(spec or ValueSpec(), dp)
-        self.last_readable: Mapping[int, tuple[np.ndarray, np.ndarray]] = {}
-        ids_np, rows_np = {}, {}
-        dim = None
+        self.last_readable: Mapping[int, tuple[np.ndarray, np.ndarray]] | ReadableRows = {}
+        ids_np: dict[int, np.ndarray] = {}
+        rows_np: dict[int, np.ndarray] = {}
+        dim: int | None = None
         for k, item in validate.contributions(contributions, self.num_clients, tag, rnd).items():
             ids, rows = validate.row_contribution(item, num_rows, tag, rnd, k)
             if dim is None:
@@ -288,6 +289,7 @@ class Protocol(ABC):
             if np.unique(ids).size != ids.size:
                 raise ShapeError("row ids must be unique within a contribution", tag=tag, round=rnd, client=k)
             ids_np[k], rows_np[k] = ids, rows
+        assert dim is not None  # validate.contributions refuses an empty mapping
         req_rows = {
             k: validate.row_ids(r, num_rows, tag, rnd, k, "requested row ids")
             for k, r in validate.contributions(requests, self.num_clients, tag, rnd, "requests").items()
@@ -307,7 +309,7 @@ class Protocol(ABC):
         tables = {}
         for k in ids_np:  # dense blocks built chunk by chunk when a backend reads them
             bids = np.arange(num_blocks) if layout == "dense" else np.unique(ids_np[k] // rpb)
-            tables[k] = BlockTable(bids, BlockRows(bids, ids_np[k], rows_np[k], rpb))
+            tables[k] = BlockTable(bids, BlockRows(bids, ids_np[k], rows_np[k], rpb))  # type: ignore[arg-type]  # duck-types ndarray
         req_blocks = {
             k: (np.arange(num_blocks) if layout == "dense" else np.unique(r // rpb)) for k, r in req_rows.items()
         }
@@ -496,7 +498,7 @@ class Protocol(ABC):
         return np.concatenate([first[b] for b in range(num_blocks)])[:length]
 
     @staticmethod
-    def _check_exchange_id(tag, rnd) -> None:
+    def _check_exchange_id(tag: Any, rnd: Any) -> None:
         """The envelope carries the tag as UTF-8 and the round as a signed 64-bit integer."""
         if not isinstance(rnd, (int, np.integer)) or isinstance(rnd, bool) or not 0 <= int(rnd) < 1 << 63:
             raise ConfigurationError(f"round must be an integer in [0, 2^63), got {rnd!r}")
@@ -553,6 +555,6 @@ class Protocol(ABC):
         """
 
     # ------------------------------------------------------------------ reporting
-    def privacy_report(self) -> dict | None:
+    def privacy_report(self) -> dict[str, Any] | None:
         """Epsilon spent per tag and in total (``None`` without DP)."""
         return None if self.dp is None else self.dp.report()

@@ -21,7 +21,7 @@ specs and refuses parts it cannot merge without changing their values (integer p
 grids); callers then keep separate exchanges.
 
 Clear-text reports (GCFL's norms) batch the same way: :func:`batched_report` sends every report
-tag's value of one stage in one signed message per client (:func:`protocols.pairwise.report_vectors`)
+tag's value of one stage in one signed message per client (:func:`protocols.similarity.report_vectors`)
 and attributes its bytes to the part tags, one entry each.
 
 Byte attribution: the transcript records one message per client under the batch tag and the
@@ -35,23 +35,28 @@ byte counts sum to the total.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from . import validate
 from .errors import ConfigurationError, ShapeError
 from .exchange import ValueSpec
-from .pairwise import report_vectors
+from .similarity import report_vectors
+
+if TYPE_CHECKING:
+    from .base import Protocol
+    from .halves import HalvesProtocol
 
 
 def batched_weighted_mean(
-    protocol,
+    protocol: Protocol,
     tag: str,
     rnd: int,
     parts: Mapping[str, Mapping[int, np.ndarray]],
     weights: Mapping[int, float],
     *,
-    spec=None,
+    spec: ValueSpec | None = None,
     recipients: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The weighted means of every part, from one upload per client (module doc).
@@ -70,7 +75,9 @@ def batched_weighted_mean(
     return dict(zip(parts, batch_means(total, list(shapes.values()), tag, rnd)))
 
 
-def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]):
+def checked_parts(
+    protocol: Protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, np.ndarray]]
+) -> tuple[list[int], dict[str, tuple[int, ...]], dict[str, dict[int, np.ndarray]]]:
     """Every part's contributions, checked as in an exchange of its own.
 
     Every part's contributions checked by the client-side input checks of an exchange of its own
@@ -80,7 +87,9 @@ def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int,
     """
     if not parts:
         raise ConfigurationError("a batch needs at least one part", tag=tag, round=rnd)
-    clients, shapes, flat = None, {}, {}
+    clients: list[int] | None = None
+    shapes: dict[str, tuple[int, ...]] = {}
+    flat: dict[str, dict[int, np.ndarray]] = {}
     for name, values in parts.items():
         arrays = protocol._dense_inputs(name, rnd, values)
         if clients is None:
@@ -93,11 +102,11 @@ def checked_parts(protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int,
             )
         shapes[name] = next(iter(arrays.values())).shape
         flat[name] = arrays
-    return clients, shapes, flat
+    return cast(list[int], clients), shapes, flat  # parts is not empty
 
 
 def batched_sum(
-    protocol,
+    protocol: Protocol,
     tag: str,
     rnd: int,
     parts: Mapping[str, Mapping[int, np.ndarray]],
@@ -120,7 +129,7 @@ def batched_sum(
 
 
 def batched_report(
-    protocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
+    protocol: HalvesProtocol, tag: str, rnd: int, parts: Mapping[str, Mapping[int, float]]
 ) -> dict[str, dict[int, float]]:
     """Every part's clear-text scalar from one report per client.
 
@@ -144,7 +153,7 @@ def batched_report(
 
 
 def report_parts(
-    protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
+    protocol: Protocol, tag: str, names: Sequence[str], got: Mapping[int, np.ndarray]
 ) -> dict[str, dict[int, float]]:
     """A batched report's vectors split back into its parts.
 

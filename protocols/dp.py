@@ -47,6 +47,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -92,8 +93,8 @@ class DPConfig:
     placement:   'local' (every client adds full noise) | 'distributed' (each adds 1/n of
                  the variance; only with protocol modes 'ckks' / 'mask').
     accountant:  'rdp' | 'prv' (Opacus), used for calibration and the report.
-    tags:        tags the run declares; the budget is split evenly over them.
-    split:       optional per-tag relative shares (any positive weights, normalised);
+    tags:        tags the run declares; each gets an equal share of the budget.
+    budget_shares: optional per-tag relative shares of the budget (any positive weights, normalised);
                  overrides ``tags``.  Neither given: the first tag released takes it all.
     scope:       tag prefixes that are privatised (empty: every exchange that asks for DP);
                  e.g. ``('fedgcn/neighbour_sums',)`` noises only FedGCN's one-shot release and
@@ -112,7 +113,7 @@ class DPConfig:
     placement: str = "local"
     accountant: str = "rdp"
     tags: Sequence[str] = ()
-    split: Mapping[str, float] | None = None
+    budget_shares: Mapping[str, float] | None = None
     scope: Sequence[str] = ()
     dropouts: int = 0
     colluders: int = 0
@@ -126,7 +127,7 @@ class DPConfig:
         """Whether DP applies to ``tag``: every tag when no scope is set, else tags at or under a scope prefix."""
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "scope", tuple(self.scope))
         if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ConfigurationError(f"DPConfig.epsilon must be a finite number > 0, got {self.epsilon!r}")
@@ -143,11 +144,13 @@ class DPConfig:
         object.__setattr__(self, "tags", tuple(self.tags))
         if len(set(self.tags)) != len(self.tags):
             raise ConfigurationError(f"DPConfig.tags holds duplicates: {self.tags}")
-        if self.split is not None:
-            split = dict(self.split)
-            if not split or any(not (math.isfinite(v) and v > 0) for v in split.values()):
-                raise ConfigurationError(f"DPConfig.split must map each tag to a positive share, got {self.split!r}")
-            object.__setattr__(self, "split", split)
+        if self.budget_shares is not None:
+            shares = dict(self.budget_shares)
+            if not shares or any(not (math.isfinite(v) and v > 0) for v in shares.values()):
+                raise ConfigurationError(
+                    f"DPConfig.budget_shares must map each tag to a positive share, got {self.budget_shares!r}"
+                )
+            object.__setattr__(self, "budget_shares", shares)
 
 
 # ----------------------------------------------------------------------------- mechanism
@@ -159,10 +162,10 @@ def clip_l2(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarray
     """
     x = np.asarray(x, dtype=np.float64)
     if not math.isfinite(bound):
-        return x.copy()
+        return cast(np.ndarray, x.copy())
     norm = float(np.linalg.norm(x))
     if norm <= bound:
-        return x.copy()
+        return cast(np.ndarray, x.copy())
     out = x * (bound / norm * (1.0 - 1e-12))
     return np.trunc(out) if integer else out
 
@@ -171,7 +174,7 @@ def clip_rows(x: np.ndarray, bound: float, *, integer: bool = False) -> np.ndarr
     """Each row (first-axis slice) of ``x`` scaled to L2 norm <= ``bound`` (see :func:`clip_l2`)."""
     x = np.asarray(x, dtype=np.float64)
     if not math.isfinite(bound) or x.size == 0:
-        return x.copy()
+        return cast(np.ndarray, x.copy())
     flat = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(1, 1)
     norms = np.linalg.norm(flat, axis=1)
     scale = np.where(norms > bound, bound / np.maximum(norms, 1e-300) * (1.0 - 1e-12), 1.0)
@@ -218,7 +221,7 @@ def grid_slack(bits: int, contributors: int, entries: int) -> float:
     return float(contributors) * 2.0 ** -int(bits) * math.sqrt(int(entries))
 
 
-def grid_noise(rng: SecureRandom, x: np.ndarray, std, bits: int) -> np.ndarray:
+def grid_noise(rng: SecureRandom, x: np.ndarray, std: float | np.ndarray, bits: int) -> np.ndarray:
     """Round ``x`` at random onto the grid ``2^-bits`` and add discrete Gaussian noise.
 
     ``x`` rounded at random onto the grid ``2^-bits`` (up with probability its fractional part),
@@ -228,7 +231,7 @@ def grid_noise(rng: SecureRandom, x: np.ndarray, std, bits: int) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     steps = np.floor(np.ldexp(x, int(bits)) + rng.uniform(x.shape))
     steps += rng.discrete_gaussian(np.ldexp(np.asarray(std, dtype=np.float64), int(bits)), x.shape)
-    return np.ldexp(steps, -int(bits))
+    return cast(np.ndarray, np.ldexp(steps, -int(bits)))
 
 
 def sum_of_discrete_gaussians_tau(client_std: float, honest: int) -> float:
@@ -254,7 +257,9 @@ def sum_of_discrete_gaussians_epsilon(sensitivity: float, client_std: float, hon
     return math.sqrt(float(sensitivity) ** 2 / (n * float(client_std) ** 2) + tau * int(dim) / 2.0)
 
 
-def gaussian_noise(rng: SecureRandom, std, size, *, integer: bool = False) -> np.ndarray:
+def gaussian_noise(
+    rng: SecureRandom, std: float | np.ndarray, size: int | tuple[int, ...], *, integer: bool = False
+) -> np.ndarray:
     """Continuous or discrete Gaussian noise from the OS-keyed keystream ``rng``.
 
     Continuous N(0, std^2) or, for integer exchanges, discrete N_Z(0, std^2) noise
@@ -283,13 +288,13 @@ def noise_vector(
     """
     v = np.asarray(v, dtype=np.float64).ravel()
     v = (
-        clip_rows(v.reshape(-1, row_len), req.clip, integer=req.integer).ravel()
+        clip_rows(v.reshape(-1, cast(int, row_len)), req.clip, integer=req.integer).ravel()
         if req.per_row
         else clip_l2(v, req.clip, integer=req.integer)
     )
     if not req.integer:
         return grid_noise(rng, v, std, DP_GRID_BITS if grid_bits is None else grid_bits)
-    return v + gaussian_noise(rng, std, v.shape, integer=True)
+    return cast(np.ndarray, v + gaussian_noise(rng, std, v.shape, integer=True))
 
 
 def clip_mean_value(a: np.ndarray, req: DPRequest, nrows: int = 1) -> np.ndarray:
@@ -336,7 +341,7 @@ def noise_rows(
     std = np.asarray(std, dtype=np.float64)[:, None]
     if not req.integer:
         return grid_noise(rng, r, std, DP_GRID_BITS if grid_bits is None else grid_bits)
-    return r + gaussian_noise(rng, std, r.shape, integer=True)
+    return cast(np.ndarray, r + gaussian_noise(rng, std, r.shape, integer=True))
 
 
 # ----------------------------------------------------------------------------- engine
@@ -379,7 +384,7 @@ class DPEngine:
         self._noise = SecureRandom()  # OS-keyed; never persisted
         self.accountant = PrivacyAccountant(config.accountant, config.delta)
         self._shares: dict[str, float] = (
-            dict(config.split) if config.split is not None else {t: 1.0 for t in config.tags}
+            dict(config.budget_shares) if config.budget_shares is not None else {t: 1.0 for t in config.tags}
         )
         self._frozen = False
         self._tags: dict[str, _TagState] = {}
@@ -387,15 +392,15 @@ class DPEngine:
         self._local_step: dict[str, int] = {}  # last step counted per local-release tag
         self._local_shares: dict[str, int] = {}  # clients whose noise shares a local release's sum carries
         #: called with :meth:`state_dict` after every release, before its values leave the client
-        self.on_release: Callable[[dict], None] | None = None
+        self.on_release: Callable[[dict[str, Any]], None] | None = None
         self.replayed_releases = 0  # releases made again after a resume (see load_state_dict)
 
     # ------------------------------------------------------------------ budget
     def declare(self, *tags: str) -> None:
-        """Declare DP tags of the run (even split with the others); before the first release only."""
-        if self.config.split is not None:
+        """Declare DP tags of the run (equal shares with the others); before the first release only."""
+        if self.config.budget_shares is not None:
             raise ConfigurationError(
-                f"DPConfig.split fixes the tags of the run; add these tags to it instead of declaring {tags}"
+                f"DPConfig.budget_shares fixes the tags of the run; add these tags to it instead of declaring {tags}"
             )
         if self._frozen:
             raise ConfigurationError(
@@ -449,7 +454,7 @@ class DPEngine:
             raise PrivacyBudgetError(
                 f"no DP budget for this tag: the budget of epsilon={self.config.epsilon} is allocated to "
                 f"{sorted(self._shares)}. Declare every DP tag of the run before the first release: "
-                f"DPConfig(tags=(...)) or DPConfig(split={{tag: share}}) or protocol.dp.declare(tag, ...)",
+                f"DPConfig(tags=(...)) or DPConfig(budget_shares={{tag: share}}) or protocol.dp.declare(tag, ...)",
                 tag=tag,
             )
         mech, delta, q = self.calibration_mechanism(discrete, sample_rate < 1), self.config.delta, float(sample_rate)
@@ -557,7 +562,7 @@ class DPEngine:
         if self.on_release is not None:
             self.on_release(self.state_dict())
 
-    def _client_std(self, sigma, n) -> np.ndarray:
+    def _client_std(self, sigma: float, n: float | np.ndarray) -> np.ndarray:
         """Per-client noise std given the number of contributors.
 
         ``n`` is a scalar or per row. The std is sigma (local) or sigma / sqrt(max(1, n - dropouts - colluders))
@@ -565,8 +570,8 @@ class DPEngine:
         """
         n = np.asarray(n, dtype=np.float64)
         if self.config.placement == "local":
-            return np.broadcast_to(np.float64(sigma), n.shape).copy()
-        return sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0))
+            return cast(np.ndarray, np.broadcast_to(np.float64(sigma), n.shape).copy())
+        return cast(np.ndarray, sigma / np.sqrt(np.maximum(n - self.config.dropouts - self.config.colluders, 1.0)))
 
     # ------------------------------------------------------------------ local releases
     def local_release(
@@ -703,7 +708,7 @@ class DPEngine:
                 entries,
             ),
         )
-        return std
+        return cast(np.ndarray, std)
 
     def _std_floor(self, bits: int) -> float:
         """Distributed placement: the smallest std of each noise share.
@@ -804,7 +809,7 @@ class DPEngine:
         return flat, dp_sum, spec_sum, wscale
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Plain-data state of the engine.
 
         Plain-data state: allocation, per-tag calibration and release counts, accountant
@@ -822,7 +827,7 @@ class DPEngine:
             "accountant": self.accountant.state_dict(),
         }
 
-    def load_state_dict(self, state: dict, ledger: dict | None = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], ledger: dict[str, Any] | None = None) -> None:
         """Resume from a checkpoint's ``state``.
 
         ``ledger`` is the latest :attr:`on_release`
@@ -838,7 +843,7 @@ class DPEngine:
                     f"checkpoint DP settings {saved} differ from this run's {mine}; resume with the same --dp-* options"
                 )
 
-        def releases(st: dict) -> int:
+        def releases(st: dict[str, Any]) -> int:
             return sum(int(n) for runs in st["accountant"]["runs"].values() for _, _, n in runs)
 
         newest = ledger if ledger is not None and releases(ledger) > releases(state) else state
@@ -859,7 +864,7 @@ class DPEngine:
         """
         return release_spec(spec, dataclasses.replace(req, integer=req.integer or spec.integer), self.config.placement)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         """The accountant's report plus the budget, placement and per-tag calibration."""
         rep = self.accountant.report()
         rep["epsilon_budget"] = self.config.epsilon

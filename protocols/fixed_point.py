@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def to_grid(x: np.ndarray, bits: int) -> np.ndarray:
     return np.ldexp(np.rint(np.ldexp(np.asarray(x, dtype=np.float64), int(bits))), -int(bits))
 
 
-def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict) -> dict[int, np.ndarray]:
+def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict[str, Any]) -> dict[int, np.ndarray]:
     """A recipient's decoded grid blocks rounded back to the grid ``2^-bits``.
 
     A recipient's decoded blocks of a grid exchange rounded back to the grid ``2^-bits``, after
@@ -121,7 +122,7 @@ class FixedPoint:
     integer: bool = False  # integer values: quantum 1, no rounding, exact sums
     grid_bits: int = 0  # with integer: values on the grid 2^-grid_bits (quantum 2^-grid_bits, exact sums)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.width * self.fields > 52:
             raise ValueError("a packed carrier must stay below 2^52 to pass through float64 exactly")
         if self.integer:
@@ -249,7 +250,8 @@ class FixedPoint:
         s = self.carriers_for(q.size)
         grid = np.zeros(self.fields * s, dtype=np.int64)
         grid[: q.size] = q
-        return (grid.reshape(self.fields, s) << self._shifts()).sum(axis=0)
+        carriers: np.ndarray = (grid.reshape(self.fields, s) << self._shifts()).sum(axis=0)
+        return carriers
 
     def unpack(self, carriers: np.ndarray, n: int) -> np.ndarray:
         """int64 carriers -> the n signed digit sums (centred remainders, lowest digit first)."""

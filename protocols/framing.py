@@ -42,7 +42,7 @@ def message_to_bytes(msg: Message) -> bytes:
     return signature + _U32.pack(len(header)) + header + encode_body(msg.payload)
 
 
-def message_from_bytes(data: bytes) -> Message:
+def message_from_bytes(data: bytes | bytearray | memoryview) -> Message:
     """Strict parse of :func:`message_to_bytes`; ``nbytes`` is ``len(data)``."""
     signature, header, body = split_message(data)
     env = Envelope.from_header(header)

@@ -22,7 +22,7 @@ tests and most research use).  A distributed link (Ray actors, gRPC) implements 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from .errors import ProtocolError
@@ -47,14 +47,14 @@ class ClientLink(ABC):
         """
 
 
-def stream_groups(link: ClientLink, clients) -> list[list[int]]:
+def stream_groups(link: ClientLink, clients: Iterable[int]) -> list[list[int]]:
     """The clients of one stage in the groups a server half calls them in.
 
     One at a time over a :attr:`~ClientLink.sequential` link (the server then holds one client's answer at a time,
     not every answer at once), all together over a parallel one.
     """
-    clients = [int(k) for k in clients]
-    return [[k] for k in clients] if getattr(link, "sequential", False) else [clients]
+    members = [int(k) for k in clients]
+    return [[k] for k in members] if getattr(link, "sequential", False) else [members]
 
 
 class InProcessLink(ClientLink):
@@ -71,7 +71,7 @@ class InProcessLink(ClientLink):
     def __init__(self, halves: Mapping[int, ClientHalf]):
         self.halves = dict(halves)
         self._gone: dict[int, str] = {}
-        self._muted: dict[int, frozenset] = {}
+        self._muted: dict[int, frozenset[str]] = {}
         #: (client, stage) -> the answer a muted client gave and the link lost
         self.lost: dict[tuple[int, str], bytes] = {}
 
@@ -79,7 +79,7 @@ class InProcessLink(ClientLink):
         """Client ``client`` stops answering at ``stage`` (and after)."""
         self._gone[int(client)] = stage
 
-    def mute(self, client: int, stages) -> None:
+    def mute(self, client: int, stages: Iterable[str]) -> None:
         """The answers of client ``client`` at ``stages`` are lost in transit."""
         self._muted[int(client)] = frozenset(stages)
 

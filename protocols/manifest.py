@@ -56,7 +56,7 @@ def canonical_json(value: Any) -> bytes:
         raise ConfigurationError(f"a run manifest holds only JSON numbers, strings, lists and maps ({e})") from None
 
 
-def schedule_digest(public_config: dict) -> str:
+def schedule_digest(public_config: dict[str, Any]) -> str:
     """SHA-256 hex of the canonical JSON of the public configuration that fixes the exchange schedule."""
     return hashlib.sha256(canonical_json(public_config)).hexdigest()
 
@@ -68,13 +68,13 @@ class Manifest:
     mode: str
     #: party name ('server', 'client0', ...) -> SHA-256 hex of its Ed25519 identity key
     parties: dict[str, str]
-    options: dict = field(default_factory=dict)
-    security: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    security: dict[str, Any] = field(default_factory=dict)
     schedule: str = ""
     nonce: str = ""
     version: int = MANIFEST_VERSION
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or not self.mode:
             raise ConfigurationError("a run manifest needs a mode")
         if SERVER not in self.parties or client_party(0) not in self.parties:
@@ -102,8 +102,8 @@ class Manifest:
         cls,
         mode: str,
         parties: dict[str, str],
-        options: dict | None = None,
-        security: dict | None = None,
+        options: dict[str, Any] | None = None,
+        security: dict[str, Any] | None = None,
         schedule: str = "",
     ) -> Manifest:
         """A manifest with a fresh random nonce (the OS CSPRNG)."""
@@ -112,7 +112,7 @@ class Manifest:
         )
 
     # ------------------------------------------------------------------ encoding
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The manifest as a plain dict."""
         return {
             "version": self.version,
@@ -192,7 +192,7 @@ class Manifest:
             return self.security[name]
         return self.options.get(name, default)
 
-    def check_setup(self, mode: str, num_clients: int, run_id: bytes, options: dict) -> None:
+    def check_setup(self, mode: str, num_clients: int, run_id: bytes, options: dict[str, Any]) -> None:
         """Refuse a party setup that is not this manifest's run (ConfigurationError naming the field)."""
         for what, got, want in (
             ("mode", mode, self.mode),

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -60,12 +60,15 @@ from .fixed_point import grid_sums, to_grid
 from .framing import message_from_bytes, message_to_bytes, pack_bundle, unpack_bundle
 from .manifest import Manifest
 from .message import NONCE_BYTES, SIGNATURE_BYTES, Envelope, decode_body, encode_body
-from .pairwise_exchange import PAIRWISE_SHAPE, pairwise_client_step
 from .plan import ExchangePlan
 from .plan_policy import CollusionBound, PlanPolicy, collusion_bound
 from .report import REPORT_STAGE, client_report
 from .schedule import PublicSchedule
-from .transcript import SERVER, Message, Transcript, client_party, party_client
+from .similarity_exchange import SIMILARITY_SHAPE, similarity_client_step
+from .transcript import SERVER, Kind, Message, Transcript, client_party, party_client
+
+if TYPE_CHECKING:
+    from .link import ClientLink
 
 #: tag of the once-per-run registration of the clients' public keys
 AUTH_TAG = "auth/keys"
@@ -84,7 +87,7 @@ class PartySetup:
     num_clients: int
     run_id: bytes
     session: bytes
-    options: dict
+    options: dict[str, Any]
     #: the run's collusion bound: c and the minimum contributors every client requires
     collusion: CollusionBound = CollusionBound()
 
@@ -253,7 +256,7 @@ class Party:
         return digest
 
     def check(
-        self, msg: Message, sender: str, stage: str, part: int, where: dict, exchange: int | None = None
+        self, msg: Message, sender: str, stage: str, part: int, where: dict[str, Any], exchange: int | None = None
     ) -> Message:
         """Verify a received message.
 
@@ -278,7 +281,7 @@ class Party:
         return msg
 
     @staticmethod
-    def parse(data: bytes, where: dict) -> list[Message]:
+    def parse(data: bytes, where: dict[str, Any]) -> list[Message]:
         """The messages of a received bundle (strict; errors name ``where``)."""
         try:
             return [message_from_bytes(b) for b in unpack_bundle(data)]
@@ -316,8 +319,8 @@ class ClientHalf(Party):
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
         self.selection = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
-        #: (exchange, secret context) while this client decides a pairwise exchange (ckks)
-        self.pairwise_secret = None
+        #: (exchange, secret context) while this client decides a similarity exchange (ckks)
+        self.similarity_secret: tuple[int, Any] | None = None
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:
@@ -364,8 +367,8 @@ class ClientHalf(Party):
                     **where,
                 )
             out.append(client_report(self)[1])
-        elif self.plan is not None and self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
-            out += [wire for _, wire in pairwise_client_step(self, stage, inbox)]  # protocols/pairwise_exchange.py
+        elif self.plan is not None and self.plan.encoding.get("shape") == SIMILARITY_SHAPE:
+            out += [wire for _, wire in similarity_client_step(self, stage, inbox)]  # protocols/similarity_exchange.py
         else:
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
@@ -376,7 +379,7 @@ class ClientHalf(Party):
             return {}
         return self.schedule.groups
 
-    def released_over(self, plan: ExchangePlan, included) -> None:
+    def released_over(self, plan: ExchangePlan, included: Iterable[int]) -> None:
         """Report the contributors ``included`` that ``plan``'s sum is released over (plan_policy rule 4)."""
         if self.id in plan.contributors:
             for group in self.groups().get(plan.tag, ()):
@@ -389,6 +392,7 @@ class ClientHalf(Party):
         statistics; the client binds it into its contribution (:mod:`protocols.broadcast_view`); all-zero when there
         is nothing.
         """
+        assert self.plan is not None  # called while a plan is under way
         statistic = self.schedule is not None and self.schedule.is_statistic(self.plan.tag)
         return self.views.digest(self.plan.tag, self.plan.round, every_chain=statistic)
 
@@ -438,7 +442,7 @@ class ClientHalf(Party):
         return self._result[1]
 
     # ------------------------------------------------------------------ helpers for backends
-    def where(self) -> dict:
+    def where(self) -> dict[str, Any]:
         """Tag, round and client id of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=self.id)
@@ -447,7 +451,7 @@ class ClientHalf(Party):
         self,
         receiver: str,
         kind: str,
-        shape: tuple,
+        shape: tuple[int, ...],
         payload: Any,
         fingerprint: str,
         note: str = "",
@@ -455,13 +459,13 @@ class ClientHalf(Party):
         round: int | None = None,
     ) -> Message:
         """A message from this client to ``receiver`` in the current exchange (its round and tag unless given)."""
-        p = self.plan
+        p = cast(ExchangePlan, self.plan)
         return Message(
             p.round if round is None else round,
             tag or p.tag,
             self.name,
             receiver,
-            kind,
+            cast(Kind, kind),  # the kinds a backend sends (transcript.Kind)
             tuple(int(s) for s in shape),
             0,
             self.mode,
@@ -478,9 +482,10 @@ class ClientHalf(Party):
         """
         if self.provider is None:
             raise ProtocolError("this client half has no provider of contributions", **self.where())
-        table = self.provider(self.plan)
-        self.plan.check_table(table, self.id)
-        bits = self.plan.spec.grid_bits
+        plan = cast(ExchangePlan, self.plan)
+        table = self.provider(plan)
+        plan.check_table(table, self.id)
+        bits = plan.spec.grid_bits
         values = np.asarray(table.values) if dense or bits is not None else table.values
         if bits is not None:  # the exchange's public grid, in every mode (ValueSpec.grid_bits)
             values = to_grid(values, bits)
@@ -506,6 +511,7 @@ class ClientHalf(Party):
         The blocks are cut to :attr:`selection` (:meth:`keep`); on a grid exchange they are rounded back to the
         grid, after checking that the codec landed within its planned quarter step (else the sum is refused).
         """
+        assert self.plan is not None  # a result belongs to the plan under way
         if self.plan.spec.grid_bits is not None:
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
@@ -550,8 +556,9 @@ class ClientHalf(Party):
     ) -> tuple[Message, bytes]:
         """``secret`` for client ``peer``, channel-encrypted and signed; the server relays it."""
         pb = client_party(peer)
-        tag = tag or self.plan.tag
-        rnd = self.plan.round if round is None else round
+        plan = cast(ExchangePlan, self.plan)
+        tag = tag or plan.tag
+        rnd = plan.round if round is None else round
         ad = associated_data(self.setup.run_id, self.setup.session, self.exchange, rnd, tag, stage, self.name, pb)
         sealed = self.channel.seal(pb, self._peer_channel(pb), self.setup.run_id, secret, ad)
         msg = self.message(
@@ -578,7 +585,7 @@ class ClientHalf(Party):
     # ------------------------------------------------------------------ shared stages
     def _register(self, msg: Message) -> bytes:
         payload = msg.payload if isinstance(msg.payload, dict) else {}
-        where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
+        where: dict[str, Any] = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
         if self.manifest is None:
             if not self.trust_on_first_use:
                 raise ConfigurationError(
@@ -623,7 +630,7 @@ class ClientHalf(Party):
         return self.seal(reply, "register")[1]
 
     def _directory(self, msg: Message) -> None:
-        where = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
+        where: dict[str, Any] = dict(tag=AUTH_TAG, round=msg.round, client=self.id)
         self.check(msg, SERVER, "directory", 0, where)
         try:
             entries = [
@@ -675,7 +682,7 @@ class ServerHalf(Party):
     #: clients send each other messages through the server (they need the key directory)
     relays_between_clients = False
     #: stages whose answers may hold client -> client messages, which the server forwards
-    relay_stages: frozenset = frozenset()
+    relay_stages: frozenset[str] = frozenset()
 
     def __init__(self, setup: PartySetup, transcript: Transcript | None = None):
         super().__init__(SERVER, setup)
@@ -690,7 +697,7 @@ class ServerHalf(Party):
         #: the recipients of the last exchange whose ``download`` went unanswered (they got no result)
         self.last_undelivered: tuple[int, ...] = ()
 
-    def run(self, plan: ExchangePlan, link) -> tuple[int, ...]:
+    def run(self, plan: ExchangePlan, link: ClientLink) -> tuple[int, ...]:
         """Run one exchange over ``link``.
 
         Returns the clients whose contributions the result covers (the recipients decode it in their halves).
@@ -698,7 +705,7 @@ class ServerHalf(Party):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for backends
-    def where(self, client: int | None = None) -> dict:
+    def where(self, client: int | None = None) -> dict[str, Any]:
         """Tag, round and ``client`` of the current exchange, for error messages."""
         p = self.plan
         return dict(tag=p.tag if p else None, round=p.round if p else None, client=client)
@@ -707,20 +714,20 @@ class ServerHalf(Party):
         self,
         receiver: int,
         kind: str,
-        shape: tuple,
+        shape: tuple[int, ...],
         payload: Any,
         fingerprint: str,
         note: str = "",
         tag: str | None = None,
     ) -> Message:
         """A message from the server to client ``receiver`` in the current exchange."""
-        p = self.plan
+        p = cast(ExchangePlan, self.plan)
         return Message(
             p.round,
             tag or p.tag,
             SERVER,
             client_party(receiver),
-            kind,
+            cast(Kind, kind),  # the kinds a backend sends (transcript.Kind)
             tuple(int(s) for s in shape),
             0,
             self.mode,
@@ -729,7 +736,7 @@ class ServerHalf(Party):
             note,
         )
 
-    def begin(self, plan: ExchangePlan, link, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
+    def begin(self, plan: ExchangePlan, link: ClientLink, fingerprint: str, extra: tuple[int, ...] = ()) -> None:
         """Start an exchange.
 
         Register the clients (first time), queue each party's plan (and ``extra`` clients', which take part in a
@@ -755,7 +762,7 @@ class ServerHalf(Party):
         self._outbox.setdefault(client, []).append(message_to_bytes(msg))
 
     def call(
-        self, link, stage: str, messages: dict[int, list[tuple[Message, int]]], *, hook: bool = True
+        self, link: ClientLink, stage: str, messages: dict[int, list[tuple[Message, int]]], *, hook: bool = True
     ) -> dict[int, list[Message]]:
         """Run one stage with the clients in ``messages``.
 
@@ -782,9 +789,10 @@ class ServerHalf(Party):
             msgs = []
             for msg in self.parse(data, self.where(k)):
                 if intercept is not None:
-                    msg = intercept(msg)
-                    if msg is None:
+                    changed = intercept(msg)
+                    if changed is None:
                         continue
+                    msg = changed
                 peer = party_client(msg.receiver)
                 if stage in self.relay_stages and peer is not None and msg.sender == client_party(k):
                     msg = replace(msg, relay=SERVER)  # client -> client: relay it
@@ -798,7 +806,9 @@ class ServerHalf(Party):
         """Put a message that crossed the link in the transcript (a backend may strip payloads)."""
         self.transcript.record(msg)
 
-    def _outgoing(self, msg: Message, stage: str, part: int, intercept=None) -> bytes | None:
+    def _outgoing(
+        self, msg: Message, stage: str, part: int, intercept: Callable[[Message], Message | None] | None = None
+    ) -> bytes | None:
         sealed, wire = self.seal(msg, stage, part)
         if intercept is not None:
             changed = intercept(sealed)
@@ -809,7 +819,7 @@ class ServerHalf(Party):
         self.record(sealed)
         return wire
 
-    def register(self, link, rnd: int, clients) -> None:
+    def register(self, link: ClientLink, rnd: int, clients: Iterable[int]) -> None:
         """Register new clients and exchange identity and channel keys.
 
         The server's identity key to each new client; its identity key and owner-signed channel key
@@ -842,7 +852,7 @@ class ServerHalf(Party):
         }
         replies = self.call(link, "register", msgs, hook=False)  # key set-up precedes any exchange
         for k in new:
-            where = dict(tag=AUTH_TAG, round=rnd, client=k)
+            where: dict[str, Any] = dict(tag=AUTH_TAG, round=rnd, client=k)
             got = [m for m in replies.get(k, []) if m.sender == client_party(k)]
             if len(got) != 1 or not isinstance(got[0].payload, dict):
                 raise DropoutError(f"client {k} did not register its keys", **where)
@@ -907,4 +917,5 @@ class ServerHalf(Party):
 
     def check_envelope(self, msg: Message, fingerprint: str, k: int) -> None:
         """Refuse a message that does not belong to this exchange."""
-        check_exchange_fields(msg, self.mode, fingerprint, self.plan.round, self.plan.tag, k)
+        plan = cast(ExchangePlan, self.plan)
+        check_exchange_fields(msg, self.mode, fingerprint, plan.round, plan.tag, k)

@@ -32,7 +32,9 @@ aggregate is the output by design (docs/security.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ConfigurationError,
@@ -42,6 +44,9 @@ from .errors import (
     TooFewContributorsError,
 )
 from .plan import ExchangePlan
+
+if TYPE_CHECKING:
+    from .party import PartySetup
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,12 @@ class CollusionBound:
             )
         return cls(c, m)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int]:
         """The bound as a plain dict."""
         return {"max_colluders": self.max_colluders, "min_contributors": self.min_contributors}
 
 
-def collusion_bound(setup) -> CollusionBound:
+def collusion_bound(setup: PartySetup) -> CollusionBound:
     """The run's collusion bound from its public setup (the one accessor every half uses)."""
     return setup.collusion
 
@@ -91,13 +96,13 @@ class PlanPolicy:
     num_clients: int
     bound: CollusionBound
     #: (round, tag) -> the contributor sets of the sums this client joined under it
-    contributed: dict = field(default_factory=dict)
+    contributed: dict[tuple[int, str], list[frozenset[int]]] = field(default_factory=dict)
     #: (round, group) -> (the tag of the group's first contribution, the set it was released over)
-    group_sets: dict = field(default_factory=dict)
+    group_sets: dict[tuple[int, tuple[str, ...]], tuple[str, frozenset[int]]] = field(default_factory=dict)
 
     def check(self, plan: ExchangePlan, groups: dict[str, tuple[tuple[str, ...], ...]] | None = None) -> None:
         """Refuse ``plan`` (module doc, rules 1-4; ``groups``: tag -> its related-input groups); record it."""
-        where = dict(tag=plan.tag, round=plan.round, client=self.client)
+        where: dict[str, Any] = dict(tag=plan.tag, round=plan.round, client=self.client)
         if set(plan.requests) - {self.client} or any(not 0 <= r < self.num_clients for r in plan.requests):
             raise RecipientRoleError(
                 "the plan shows this client another recipient's request, or a recipient that "
@@ -133,7 +138,7 @@ class PlanPolicy:
             self.released_over(plan, group, now)
         self.contributed.setdefault(key, []).append(now)
 
-    def released_over(self, plan: ExchangePlan, group: tuple[str, ...], included) -> None:
+    def released_over(self, plan: ExchangePlan, group: tuple[str, ...], included: Iterable[int]) -> None:
         """Rule 4: the contributors ``included`` in ``plan``'s sum, a tag of related-input group ``group``.
 
         The first contribution of the group in the round records its set (first the plan's contributors, then

@@ -118,7 +118,7 @@ class MeanPrecision:
     min_weight_total: float = 1.0
     tolerance: float = FLOAT32_MEAN_TOLERANCE
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("value_bound", "weight_bound", "min_weight_total", "tolerance"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -134,7 +134,7 @@ class MeanPrecision:
         """``eps = delta T_min / (1 + B + delta)``: the sum error that keeps the mean within delta."""
         return self.tolerance * self.min_weight_total / (1.0 + self.value_bound + self.tolerance)
 
-    def spec(self):
+    def spec(self) -> ValueSpec:
         """The :class:`~protocols.base.ValueSpec` of the summed ``[w v, w]`` vector.
 
         A target
@@ -154,7 +154,7 @@ class MeanPrecision:
             f += 1
         return f
 
-    def grid_spec(self, num_contributors: int):
+    def grid_spec(self, num_contributors: int) -> ValueSpec:
         """The :class:`~protocols.base.ValueSpec` of the exact mean on the grid.
 
         The :class:`~protocols.base.ValueSpec` of the exact mean of ``num_contributors`` clients on

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .base import Protocol
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class BackendInfo:
                  readable upload).
     upload_kind: the transcript kind of a client's upload.
     colour:      matplotlib colour of its curves in reports.
-    pairwise:    supports GCFL's pairwise statistics (:mod:`protocols.pairwise`).
+    similarity:  supports GCFL's similarity statistics (:mod:`protocols.similarity`).
     graph_level: runs the graph-classification algorithms (tested there).
     distributed_dp: DP noise may be split across the clients ('distributed' placement): the
                  server never sees a single client's partially-noised value.
@@ -43,7 +47,7 @@ class BackendInfo:
     secure: bool
     upload_kind: str
     colour: str
-    pairwise: bool = False
+    similarity: bool = False
     graph_level: bool = True
     distributed_dp: bool = True
 
@@ -72,9 +76,9 @@ def distributed_dp_modes() -> tuple[str, ...]:
     return tuple(n for n, b in _BACKENDS.items() if b.distributed_dp)
 
 
-def pairwise_modes() -> tuple[str, ...]:
-    """Names of the modes that support pairwise exchanges."""
-    return tuple(n for n, b in _BACKENDS.items() if b.pairwise)
+def similarity_modes() -> tuple[str, ...]:
+    """Names of the modes that support similarity exchanges."""
+    return tuple(n for n, b in _BACKENDS.items() if b.similarity)
 
 
 def graph_level_modes() -> tuple[str, ...]:
@@ -95,10 +99,10 @@ def backend(name: str) -> BackendInfo:
     return info
 
 
-def backend_class(name: str):
+def backend_class(name: str) -> type[Protocol]:
     """Import and return the Protocol class of backend ``name``."""
     module, _, cls = backend(name).loader.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return cast("type[Protocol]", getattr(importlib.import_module(module), cls))
 
 
 register_backend(
@@ -109,7 +113,7 @@ register_backend(
         secure=False,
         upload_kind="plain",
         colour="tab:red",
-        pairwise=True,
+        similarity=True,
         distributed_dp=False,
     )
 )
@@ -122,7 +126,7 @@ register_backend(
         secure=True,
         upload_kind="ciphertext",
         colour="tab:blue",
-        pairwise=True,
+        similarity=True,
     )
 )
 register_backend(

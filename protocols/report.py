@@ -4,7 +4,7 @@ Each client sends the server one float64 (or one short vector of them: a batch o
 :func:`protocols.batch.batched_report`) in the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
-GCFL+'s gradient-norm series, :mod:`protocols.pairwise`): these are the documented leak.  With a
+GCFL+'s gradient-norm series, :mod:`protocols.similarity`): these are the documented leak.  With a
 backend in halves (:mod:`protocols.party`) a report is one exchange of its own:
 
 1. the server half queues each reporting client the exchange's plan (one block of one value);
@@ -19,20 +19,25 @@ A client that does not answer is named in a :class:`~protocols.errors.DropoutErr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from .errors import DropoutError, IntegrityError, NonFiniteError
 from .exchange import ValueSpec
 from .plan import ExchangePlan
-from .transcript import SERVER
+from .transcript import SERVER, Message
+
+if TYPE_CHECKING:
+    from .halves import HalvesProtocol
+    from .party import ClientHalf
 
 __all__ = ["REPORT_STAGE", "collect_reports", "client_report", "report_plan"]
 
 REPORT_STAGE = "report"
 
 
-def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1) -> ExchangePlan:
+def report_plan(protocol: HalvesProtocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1) -> ExchangePlan:
     """The public plan of a report exchange: ``length`` values from each of ``clients``, no recipient."""
     return ExchangePlan(
         tag, rnd, protocol.exchange, "dense", 1, int(length), tuple(sorted(int(k) for k in clients)), {}, ValueSpec()
@@ -40,7 +45,7 @@ def report_plan(protocol, tag: str, rnd: int, clients: Sequence[int], length: in
 
 
 def collect_reports(
-    protocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1
+    protocol: HalvesProtocol, tag: str, rnd: int, clients: Sequence[int], length: int = 1
 ) -> dict[int, float | np.ndarray]:
     """Server side: run one report exchange over ``protocol.link``.
 
@@ -52,7 +57,7 @@ def collect_reports(
     plan = report_plan(protocol, tag, rnd, clients, length)
     server.begin(plan, protocol.link, "")
     got = server.call(protocol.link, REPORT_STAGE, {k: [] for k in plan.contributors})
-    out = {}
+    out: dict[int, float | np.ndarray] = {}
     for k in plan.contributors:
         msg = server.responses(got, k, REPORT_STAGE, kind="plain")
         if msg is None:
@@ -67,13 +72,13 @@ def collect_reports(
     return out
 
 
-def client_report(half) -> tuple:
+def client_report(half: ClientHalf) -> tuple[Message, bytes]:
     """Client side: the provider's value as one signed ``plain`` message.
 
     Client side (:meth:`protocols.party.ClientHalf.handle` at stage ``report``): the provider's
     value(s), checked finite, as one signed ``plain`` message to the server.
     """
-    values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: half.plan.block_len]
+    values = np.asarray(half.contribution().values, dtype=np.float64).ravel()[: cast(ExchangePlan, half.plan).block_len]
     if not np.isfinite(values).all():
         raise NonFiniteError("reported scalar is NaN or inf", **half.where())
     payload = float(values[0]) if values.size == 1 else [float(v) for v in values]

@@ -18,7 +18,11 @@ caller assembles them in request order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, KeysView
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 
 class BlockRows:
@@ -50,7 +54,7 @@ class BlockRows:
     def __len__(self) -> int:
         return int(self.block_ids.size)
 
-    def _dense(self, i0: int, i1: int, dtype=np.float64) -> np.ndarray:
+    def _dense(self, i0: int, i1: int, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
         """Blocks ``i0..i1-1`` as a dense array.
 
         Blocks ``i0..i1-1`` (positions in ``block_ids``) as ``[i1 - i0, rpb * dim]``, built in
@@ -65,27 +69,29 @@ class BlockRows:
             out[pos, ids % self.rpb] = self._rows[self._order[lo:hi]]
         return out.reshape(bids.size, self.rpb * self.dim)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> np.ndarray:
         n = len(self)
         if isinstance(key, slice):
             i0, i1, step = key.indices(n)
-            dense = self._dense(i0, max(i0, i1)) if step == 1 else np.asarray(self)[key]
+            dense: np.ndarray = self._dense(i0, max(i0, i1)) if step == 1 else np.asarray(self)[key]
             return dense
         if isinstance(key, (int, np.integer)):
             i = int(key) + (n if int(key) < 0 else 0)
             if not 0 <= i < n:
                 raise IndexError(f"block {key} out of range for {n} blocks")
-            return self._dense(i, i + 1)[0]
-        return np.asarray(self)[key]
+            block: np.ndarray = self._dense(i, i + 1)[0]
+            return block
+        out: np.ndarray = np.asarray(self)[key]
+        return out
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         for i in range(len(self)):
             yield self[i]
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         return self._dense(0, len(self), np.float64 if dtype is None else dtype)
 
-    def astype(self, dtype) -> np.ndarray:
+    def astype(self, dtype: npt.DTypeLike) -> np.ndarray:
         """The rows as a dense array of ``dtype``."""
         return np.asarray(self, dtype=dtype)
 
@@ -98,7 +104,14 @@ class ReadableRows:
     the recipients share, instead of one dense copy per recipient held at once.
     """
 
-    def __init__(self, received: dict, requested_blocks: dict, rows_per_block: int, dim: int, num_rows: int):
+    def __init__(
+        self,
+        received: dict[int, dict[int, np.ndarray]],
+        requested_blocks: dict[int, np.ndarray],
+        rows_per_block: int,
+        dim: int,
+        num_rows: int,
+    ):
         self._received, self._blocks = received, requested_blocks
         self.rpb, self.dim, self.num_rows = int(rows_per_block), int(dim), int(num_rows)
 
@@ -117,20 +130,20 @@ class ReadableRows:
         del self._blocks[k]
         return value
 
-    def __contains__(self, k) -> bool:
+    def __contains__(self, k: object) -> bool:
         return k in self._blocks
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._blocks)
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def keys(self):
+    def keys(self) -> KeysView[int]:
         """The block ids held."""
         return self._blocks.keys()
 
-    def items(self):
+    def items(self) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
         """(block id, block) pairs, each block read on demand."""
         return ((k, self[k]) for k in self._blocks)
 
@@ -174,7 +187,7 @@ class RowSelection:
             )
         return exact_integers(block.reshape(self.rpb, self.dim)[self._offsets[s:e]].ravel())
 
-    def assemble(self, kept: dict) -> np.ndarray:
+    def assemble(self, kept: dict[int, np.ndarray]) -> np.ndarray:
         """The requested rows, in request order, from the ``kept`` blocks."""
         if not self.rows.size:
             return np.zeros((0, self.dim))

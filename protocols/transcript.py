@@ -49,7 +49,7 @@ class Message:
     sender: str
     receiver: str
     kind: Kind
-    shape: tuple
+    shape: tuple[int, ...]
     nbytes: int
     protocol: str
     fingerprint: str
@@ -63,9 +63,9 @@ class Message:
     #: parsed from (:func:`protocols.framing.message_from_bytes`): the signed digest is checked
     #: against the bytes that arrived.  Valid only for that very payload object: a copy with
     #: another payload drops it (and so cannot keep a stripped payload alive).
-    received: tuple | None = field(default=None, repr=False, compare=False)
+    received: tuple[Any, bytes, int] | None = field(default=None, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.received is not None and self.received[0] is not self.payload:
             object.__setattr__(self, "received", None)
 
@@ -148,7 +148,7 @@ class Transcript:
         seen = {m.tag for m in self.messages}
         return sorted(seen | {part for batch, layout in self.batches.items() if batch in seen for part, _ in layout})
 
-    def comm(self) -> dict:
+    def comm(self) -> dict[str, Any]:
         """Bytes up, down and peer-to-peer, total and per tag.
 
         Bytes up (client->server), down (server->client) and peer-to-peer, total and per tag,
@@ -182,7 +182,7 @@ class Transcript:
 BATCH_SHARED_KEYS = ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down")
 
 
-def apportion_batches(per_tag: dict[str, dict], batches: Mapping[str, tuple[tuple[str, int], ...]]) -> None:
+def apportion_batches(per_tag: dict[str, dict[str, Any]], batches: Mapping[str, tuple[tuple[str, int], ...]]) -> None:
     """Replace each batch tag's counters by its parts' shares.
 
     Replace each batch tag's counters in ``per_tag`` by its parts' shares, in place: in proportion to

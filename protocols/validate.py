@@ -148,7 +148,7 @@ def weight(w: Any, tag: str, rnd: int, client: int) -> float:
     return float(a.item())
 
 
-def count(n: Any, what: str, tag: str, rnd: int, *, minimum: int = 1, maximum: int = 2**62) -> int:
+def count(n: Any, what: str, tag: str | None, rnd: int | None, *, minimum: int = 1, maximum: int = 2**62) -> int:
     """An integer in ``[minimum, maximum]`` (e.g. ``num_rows``)."""
     if not _is_int(n) or not minimum <= int(n) <= maximum:
         raise ConfigurationError(

@@ -15,7 +15,15 @@ from protocols.registry import modes
 
 from .algorithms import algorithm_name
 from .runtime.dropouts import parse_dropouts
-from .validation import ConfigError, check_settings, did_you_mean, match_choice, setting
+from .validation import (
+    RENAMED_SETTINGS,
+    ConfigError,
+    check_settings,
+    did_you_mean,
+    match_choice,
+    renamed_setting_error,
+    setting,
+)
 
 #: optimiser names accepted by ``--optimizer``
 OPTIMIZERS = ("adam", "sgd")
@@ -146,8 +154,10 @@ class RunConfig:
         help="what one DP guarantee protects (default: edge for algorithms with a "
         "neighbour-sum exchange, sample for --dpsgd alone, else client; docs/dp.md)",
     )
-    dp_split: str | None = setting(
-        None, group="privacy", help="'tag=share,...': relative shares of --dp-epsilon per exchange (default even)"
+    dp_budget_share: str | None = setting(
+        None,
+        group="privacy",
+        help="'tag=share,...': each exchange's relative share of --dp-epsilon (default: equal shares)",
     )
     dp_accountant: str = setting(
         "exact",
@@ -337,8 +347,8 @@ class RunConfig:
         )
         if self.dp_exchanges != "all" and self.dp_epsilon is None:
             raise ConfigError("--dp-exchanges selects what DP protects; give --dp-epsilon too")
-        if self.dp_epsilon is None and (self.dp_unit is not None or self.dp_split is not None):
-            raise ConfigError("--dp-unit / --dp-split need --dp-epsilon (the run's total DP budget)")
+        if self.dp_epsilon is None and (self.dp_unit is not None or self.dp_budget_share is not None):
+            raise ConfigError("--dp-unit / --dp-budget-share need --dp-epsilon (the run's total DP budget)")
         if self.fixed_point_bits is not None and self.mode != "ckks":
             raise ConfigError("--fixed-point-bits packs the ckks exchanges; use --mode ckks or omit it")
         if self.ckks_real_slots and (self.mode != "ckks" or self.fixed_point_bits is not None):
@@ -384,9 +394,14 @@ class RunConfig:
         """Build a config from a dict of settings.
 
         Raises:
-            ConfigError: a key is not a setting (the error suggests the nearest one).
+            ConfigError: a key is not a setting (the error suggests the nearest one) or was renamed (the error names
+                the current name; a stored config goes through
+                :func:`~secure_fgl.validation.current_names` first).
         """
         known = {f.name for f in fields(cls)}
+        renamed = sorted(set(d) & set(RENAMED_SETTINGS))
+        if renamed:
+            raise renamed_setting_error(renamed[0])
         unknown = set(d) - known
         if unknown:
             name = sorted(unknown)[0]

@@ -68,9 +68,9 @@ def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
 
 
 def schedule_option(cfg: RunConfig) -> dict:
-    """The public schedule option of a backend split into halves.
+    """The public schedule option of a backend in halves.
 
-    For a backend split into halves (it builds a manifest): the hash of the public schedule, the
+    For a backend in halves (it builds a manifest): the hash of the public schedule, the
     client fraction, the exchange roles and the listing of the run's exchanges every client half
     checks plans against; else ``{}``.
     """

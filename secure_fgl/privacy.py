@@ -19,7 +19,7 @@ touches, the unit its noise covers and its epsilon, and names in ``uncovered`` e
 that breaks the claim (e.g. FedGCN's GCN layers propagate over exact local edges, so under
 an edge-level claim its model exchange must be privatised too, or the claim is false).
 
-Budget (``--dp-epsilon``, ``--dp-split``, ``--dp-accountant``): ``epsilon`` is the total for
+Budget (``--dp-epsilon``, ``--dp-budget-share``, ``--dp-accountant``): ``epsilon`` is the total for
 the run; tags share it as shares of the Gaussian-DP budget ``mu^2`` (:mod:`protocols.dp`,
 "Calibration"), so the run spends what was asked.  The default accountant ``exact`` composes
 the unsampled Gaussian releases exactly (analytic Gaussian of the composed mu).
@@ -88,8 +88,8 @@ def parse_scope(cfg: RunConfig) -> tuple[str, ...]:
     return () if cfg.dp_exchanges == "all" else tuple(t.strip() for t in cfg.dp_exchanges.split(",") if t.strip())
 
 
-def parse_split(text: str | None) -> dict[str, float] | None:
-    """``'tag=share,tag=share'`` -> ``{tag: share}`` (relative weights)."""
+def parse_budget_shares(text: str | None) -> dict[str, float] | None:
+    """``'tag=share,tag=share'`` -> ``{tag: share}`` (each exchange's relative share of the DP budget)."""
     if not text:
         return None
     out = {}
@@ -101,7 +101,7 @@ def parse_split(text: str | None) -> dict[str, float] | None:
             sep = ""
         if not sep or not tag.strip() or not out[tag.strip()] > 0:
             raise ConfigError(
-                f"--dp-split takes tag=share,... with positive shares, got {part!r} "
+                f"--dp-budget-share takes tag=share,... with positive shares, got {part!r} "
                 "(e.g. fedgcn/neighbour_sums=3,fedgcn/model=1)"
             )
     return out
@@ -115,7 +115,7 @@ def dp_config(cfg: RunConfig):
     """The run's :class:`protocols.dp.DPConfig` (``None`` without DP); refuses conflicting settings."""
     if cfg.dp_epsilon is None:
         return None
-    unit, scope, split = resolve_unit(cfg), parse_scope(cfg), parse_split(cfg.dp_split)
+    unit, scope, shares = resolve_unit(cfg), parse_scope(cfg), parse_budget_shares(cfg.dp_budget_share)
     sums = [t for t in row_sum_tags(cfg) if _in_scope(scope, t)]
     if unit == "client" and sums:
         raise ConfigError(
@@ -135,19 +135,19 @@ def dp_config(cfg: RunConfig):
             "algorithm with neighbour sums states their edge/node unit (fedgcn-gap --dpsgd: "
             "--dp-unit edge)"
         )
-    if split is not None:
-        out = [t for t in split if scope and not _in_scope(scope, t)]
+    if shares is not None:
+        out = [t for t in shares if scope and not _in_scope(scope, t)]
         if out:
             raise ConfigError(
-                f"--dp-split names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
-                "without DP; split only privatised exchanges"
+                f"--dp-budget-share names {out[0]}, which --dp-exchanges {cfg.dp_exchanges} leaves "
+                "without DP; give shares to privatised exchanges only"
             )
     return DPConfig(
         epsilon=cfg.dp_epsilon,
         delta=cfg.dp_delta,
         placement=resolve_placement(cfg),
         scope=scope,
-        split=split,
+        budget_shares=shares,
         accountant=cfg.dp_accountant,
         dropouts=cfg.dp_dropouts,
         colluders=cfg.dp_colluders,

@@ -2,7 +2,9 @@
 
 Schema policy (``schema_version = "MAJOR.MINOR"``, file ``secure_fgl/schemas/result.schema.json``):
 the **major** number goes up when a key is removed or renamed or changes meaning or unit; the
-**minor** number when a key is added.  Readers accept any minor version of a major they know.
+**minor** number when a key is added.  Readers accept any minor version of a major they know; this package reads
+1.x files too (2.0 renamed ``config.dp_split`` to ``config.dp_budget_share``; :func:`read_finished` and the run
+identity read the old name as the new one).
 
 >>> from secure_fgl.results import load_runs
 >>> df = load_runs("runs/sweep")            # one row per result.json below the folder
@@ -15,7 +17,7 @@ import json
 from pathlib import Path
 
 #: version of the result.json layout written by this package (policy in the module docstring)
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "2.0"
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
 
 
@@ -111,10 +113,13 @@ def read_finished(*paths: str | Path, include_unfinished: bool = False) -> tuple
     left out unless ``include_unfinished``.
     """
     from .run_identity import is_finished
+    from .validation import current_names
 
     kept, left = [], []
     for path in find_results(*paths):
         result = json.loads(path.read_text())
+        if isinstance(result.get("config"), dict):  # a schema 1.x file: renamed settings under their current names
+            result["config"] = current_names(result["config"])
         (kept if include_unfinished or is_finished(result) else left).append((path, result))
     return kept, [p for p, _ in left]
 

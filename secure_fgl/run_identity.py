@@ -22,6 +22,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from .validation import RENAMED_SETTINGS, current_names
+
 #: RunConfig fields that do not change a run's numbers (where files go, how it is shown, where it runs)
 NOT_IDENTITY = (
     "out",
@@ -58,14 +60,19 @@ def _canonical(value):
 def identity(config: dict) -> dict:
     """The settings of a resolved config that define the experiment.
 
-    ``config`` is ``result.json``'s ``config``, options filled in.
+    ``config`` is ``result.json``'s ``config``, options filled in; a renamed setting is read under its current name.
     """
-    return _canonical({k: v for k, v in config.items() if k not in NOT_IDENTITY})
+    return _canonical({k: v for k, v in current_names(config).items() if k not in NOT_IDENTITY})
 
 
 def fingerprint(config: dict) -> str:
-    """16-hex-digit SHA-256 of the settings that define the experiment (:func:`identity`)."""
-    text = json.dumps(identity(config), sort_keys=True, separators=(",", ":"))
+    """16-hex-digit SHA-256 of the settings that define the experiment (:func:`identity`).
+
+    A renamed setting is hashed under the name it was introduced with, so a rename changes no run's fingerprint.
+    """
+    first_names = {new: old for old, new in RENAMED_SETTINGS.items()}
+    hashed = {first_names.get(k, k): v for k, v in identity(config).items()}
+    text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -22,6 +22,26 @@ class ConfigError(ValueError):
     """A run setting is invalid; the message names the setting and the fix."""
 
 
+#: settings renamed since they were introduced: old name -> current name.  A flag or config-file key with the old
+#: name is refused in one line naming the current one; a stored config (``result.json``, ``run.json``) is read under
+#: the current names (:func:`current_names`).
+RENAMED_SETTINGS = {"dp_split": "dp_budget_share"}
+
+
+def renamed_setting_error(old: str) -> ConfigError:
+    """The one-line answer to the renamed setting ``old`` (its flag and config key)."""
+    new = RENAMED_SETTINGS[old]
+    return ConfigError(
+        f"--{old.replace('_', '-')} (config key {old}) was renamed --{new.replace('_', '-')} (config key {new}); "
+        "same value"
+    )
+
+
+def current_names(stored: dict) -> dict:
+    """A stored config with every renamed setting under its current name (old ``result.json`` files still load)."""
+    return {RENAMED_SETTINGS.get(k, k): v for k, v in stored.items()}
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     *,

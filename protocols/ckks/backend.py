@@ -33,12 +33,13 @@ message before the server reads it and every download.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import tenseal as ts
 
-from ..base import ExchangeContext, ValueSpec
 from ..errors import BoundError, ConfigurationError, PackingOverflowError, ProtocolError
+from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..validate import first_out_of_range
 from .client import CKKSClient
@@ -60,6 +61,12 @@ from .params import (
 from .plan_message import chunks, plan_to_payload
 from .server import CKKSServer
 
+if TYPE_CHECKING:
+    from ..dp import DPConfig
+    from ..link import ClientLink
+    from ..plan import ExchangePlan
+    from ..transcript import Transcript
+
 #: sparse row_sum: a smaller ring is preferred when its bytes per value are at most this much
 #: above the cheapest plan's (packed counts: N=4096 costs 0.15 % more per value than N=8192)
 SPARSE_RING_TOLERANCE = 0.01
@@ -71,10 +78,10 @@ class _KeyView:
     def __init__(self, half: CKKSClient):
         self._ring = half.keys
 
-    def __contains__(self, chain) -> bool:
+    def __contains__(self, chain: ChainParams) -> bool:
         return chain in self._ring
 
-    def get(self, chain) -> ClientKey:
+    def get(self, chain: ChainParams) -> ClientKey:
         return self._ring.get(chain)
 
     def by_fingerprint(self, fingerprint: str) -> ClientKey | None:
@@ -126,20 +133,20 @@ class CKKSProtocol(HalvesProtocol):
         self,
         num_clients: int,
         *,
-        transcript=None,
-        dp=None,
+        transcript: Transcript | None = None,
+        dp: DPConfig | None = None,
         seed: int = 0,
-        packing=True,
-        params=None,
+        packing: bool = True,
+        params: str | ChainParams | None = None,
         encryption: str = "symmetric",
         chunk_bytes: int = 16 << 20,
         keep_payload_bytes: int = 8 << 20,
         audit_sum_bound: bool = False,
         fixed_point_bits: int | None = None,
         exact_fields: bool = True,
-        link=None,
+        link: ClientLink | None = None,
         schedule: str = "",
-        **collusion,
+        **collusion: Any,
     ):
         if packing not in (True, False):
             raise ConfigurationError(f"packing must be True or False, got {packing!r} (BFV packing is not implemented)")
@@ -166,9 +173,9 @@ class CKKSProtocol(HalvesProtocol):
             num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule, **collusion
         )
         #: statistics of the last exchange (bytes, seconds per party, plan) — for benchmarks
-        self.last_stats: dict | None = None
+        self.last_stats: dict[str, Any] | None = None
 
-    def public_options(self) -> dict:
+    def public_options(self) -> dict[str, Any]:
         """Encryption mode (symmetric or asymmetric), transcript payload limit and the public rounding seed."""
         return {
             "encryption": self.encryption,
@@ -178,7 +185,7 @@ class CKKSProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ configuration
     @staticmethod
-    def _resolve_params(params) -> tuple[tuple[ChainParams, ...], int | None]:
+    def _resolve_params(params: object) -> tuple[tuple[ChainParams, ...], int | None]:
         if params is None or params == "auto":
             return ADD_ONLY_CHAINS, None
         if isinstance(params, str):
@@ -195,9 +202,12 @@ class CKKSProtocol(HalvesProtocol):
         check_security(chain)
         return (chain,), (None if chain.data_primes == 1 else REFERENCE_SCALE_BITS)
 
-    def _plans(self, spec: ValueSpec, dp_std: float, tag=None, rnd=None) -> dict[str, EncodingPlan]:
+    def _plans(
+        self, spec: ValueSpec, dp_std: float, tag: str | None = None, rnd: int | None = None
+    ) -> dict[str, EncodingPlan]:
         """Feasible plans per candidate chain; the first candidate's error if none is."""
-        plans, first_error = {}, None
+        plans: dict[str, EncodingPlan] = {}
+        first_error: ProtocolError | None = None
         for chain in self._candidates:
             try:
                 if spec.integer and self.packing and chain.data_primes == 1:
@@ -249,7 +259,7 @@ class CKKSProtocol(HalvesProtocol):
             except ProtocolError as exc:
                 first_error = first_error or exc
         if not plans:
-            raise first_error
+            raise cast(ProtocolError, first_error)  # every candidate failed
         return plans
 
     def plan(self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0) -> EncodingPlan:
@@ -303,7 +313,7 @@ class CKKSProtocol(HalvesProtocol):
     @property
     def _keys(self) -> _KeyView:
         """Client 0's key ring (every client holds the same keys; the coalition attack reads it)."""
-        return _KeyView(self.clients[0])
+        return _KeyView(cast(CKKSClient, self.clients[0]))
 
     @property
     def fingerprint(self) -> str:
@@ -313,16 +323,16 @@ class CKKSProtocol(HalvesProtocol):
     def fingerprint_for(self, chain: ChainParams | str) -> str:
         """Fingerprint of ``chain``'s public context (a chain or a name in ``NAMED_CHAINS``); keys made on first use."""
         chain = NAMED_CHAINS[chain] if isinstance(chain, str) else chain
-        return self.server.ensure_keys(chain, self.link, 0).fingerprint
+        return cast(CKKSServer, self.server).ensure_keys(chain, self.link, 0).fingerprint
 
     def server_context(self, chain: ChainParams | str | None = None) -> ts.Context:
         """The TenSEAL context the server holds (public; for tests and audits)."""
         chain = chain or self._active or self._candidates[0]
         chain = NAMED_CHAINS[chain] if isinstance(chain, str) else chain
-        return self.server.ensure_keys(chain, self.link, 0).context
+        return cast(CKKSServer, self.server).ensure_keys(chain, self.link, 0).context
 
     # ------------------------------------------------------------------ one exchange
-    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+    def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
         """Choose the coefficient-modulus chain and encoding for the exchange and the number of blocks per upload chunk.
 
         With ``audit_sum_bound`` the declared sum bound is checked against the contributions first.
@@ -345,7 +355,8 @@ class CKKSProtocol(HalvesProtocol):
         """
         spec = ctx.spec
         lo, hi, offset = per_client_limits(spec, ctx.dp_noise_std, self.num_clients)
-        packed = plan.layout is not None
+        layout = plan.layout
+        packed = layout is not None
         bad = first_out_of_range(ctx, self.num_clients, lo, hi)
         if bad is not None:
             k, block, entry, v, why = bad
@@ -363,8 +374,10 @@ class CKKSProtocol(HalvesProtocol):
             )
         if not spec.integer or isinstance(plan.layout, FixedPointLayout):
             return
-        if packed:
-            top = (1 << plan.layout.width) - 1 - self.num_clients * offset
+        top: float
+        bottom: float
+        if layout is not None:
+            top = (1 << layout.width) - 1 - self.num_clients * offset
             bottom = -self.num_clients * offset
         else:
             top, bottom = plan.sum_bound, -plan.sum_bound
@@ -373,15 +386,15 @@ class CKKSProtocol(HalvesProtocol):
             for table in ctx.contributions.values():
                 i0, i1 = np.searchsorted(table.ids, [b0, b1])
                 total[np.asarray(table.ids[i0:i1]) - b0] += table.values[i0:i1]
-            bad = np.nonzero((total > top) | (total < bottom))
-            if bad[0].size:
-                b, j = int(bad[0][0]), int(bad[1][0])
+            outside = np.nonzero((total > top) | (total < bottom))
+            if outside[0].size:
+                b, j = int(outside[0][0]), int(outside[1][0])
                 b += b0
                 err = PackingOverflowError if packed else BoundError
                 raise err(
                     f"the {len(ctx.contributions)}-client sum of entry {j} of block {b} is {total[b - b0, j]:g}, "
                     f"outside [{bottom:g}, {top:g}] that the public bound sum_max={spec.sum_max} allows"
-                    + (f": its {plan.layout.width}-bit packed field would carry into the next one" if packed else "")
+                    + (f": its {layout.width}-bit packed field would carry into the next one" if layout else "")
                     + ". Nothing was encrypted. Fix: declare the true bound (e.g. degree cap + 1) "
                     "in ValueSpec.sum_max",
                     tag=ctx.tag,
@@ -390,8 +403,9 @@ class CKKSProtocol(HalvesProtocol):
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         out = super()._aggregate(ctx)
-        plan, ep, srv = self.server.plan, self._last_plan, self.server.last_stats
-        timing = {k: self.clients[k].timing for k in plan.parties}
+        server, clients = cast(CKKSServer, self.server), cast(dict[int, CKKSClient], self.clients)
+        plan, ep, srv = cast("ExchangePlan", server.plan), self._last_plan, server.last_stats
+        timing = {k: clients[k].timing for k in plan.parties}
         step = release_step(ep, ctx.spec)  # the clients' rounding of released float sums
         self.last_stats = {
             "tag": ctx.tag,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import tenseal as ts
@@ -173,7 +174,7 @@ class ClientKeyRing:
         return key
 
 
-def _known_chains():
+def _known_chains() -> Iterable[ChainParams]:
     from .params import NAMED_CHAINS
 
     return NAMED_CHAINS.values()

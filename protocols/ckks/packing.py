@@ -70,7 +70,7 @@ class PackingLayout:
     offset: int = 0  # public per-client DP offset o
     num_clients: int = 1  # K: the recipients subtract K * o
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.width * self.fields > 52:
             raise ValueError("packed slots must stay below 2^52 to pass through float64 exactly")
 
@@ -105,7 +105,8 @@ class PackingLayout:
         grid[:n] = np.rint(v).astype(np.int64)
         grid += self.offset
         packed = np.left_shift(grid.reshape(self.fields, s), self._shifts()).sum(axis=0)
-        return packed.astype(np.float64)
+        carriers: np.ndarray = packed.astype(np.float64)
+        return carriers
 
     def offset_constant(self, missing: int) -> float:
         """One slot value adding ``missing * o`` to every field (server-side padding)."""

@@ -35,10 +35,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..precision import kway_sum_bound, largest_scale_bits
 from .packing import PackingLayout, field_width
+
+if TYPE_CHECKING:
+    from ..exchange import ValueSpec
 
 #: HE standard, classical 128-bit security, ternary secret: max total coeff-modulus bits per N
 MAX_COEFF_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -204,7 +208,7 @@ def noise_bound(
 ) -> float:
     """Bound on |decoded - exact| of a sum of ``num_terms`` fresh ciphertexts (module doc)."""
     fresh = FRESH_NOISE_MODEL[encryption] * math.sqrt(max(1, chain.poly_modulus_degree // 8192))
-    bound = SAFETY * fresh * math.sqrt(max(1, num_terms)) / 2.0**scale_bits
+    bound: float = SAFETY * fresh * math.sqrt(max(1, num_terms)) / 2.0**scale_bits
     if chain.data_primes > 1:
         bound += abs(magnitude) * 2.0**-45
     return bound
@@ -263,7 +267,7 @@ class EncodingPlan:
         return f"{self.chain.describe()} scale 2^{self.scale_bits} {enc}"
 
 
-def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, float, int]:
+def per_client_limits(spec: ValueSpec, dp_std: float, num_clients: int) -> tuple[float, float, int]:
     """Public per-client value range ``[lo, hi]`` and the DP offset (integers only).
 
     Integers: values in ``[0, min(max_abs, sum_max)]``; with DP (integer) noise the range
@@ -281,7 +285,7 @@ def per_client_limits(spec, dp_std: float, num_clients: int) -> tuple[float, flo
     return -(spec.max_abs + tail), spec.max_abs + tail, 0
 
 
-def integer_sum_range(spec, num_clients: int, offset: int) -> int:
+def integer_sum_range(spec: ValueSpec, num_clients: int, offset: int) -> int:
     """Largest value a packed field can hold after the K-way sum.
 
     The range includes the 2 K offset: ``K * hi`` for K contributions that each passed the client check ``<= hi``,
@@ -298,7 +302,7 @@ def integer_sum_range(spec, num_clients: int, offset: int) -> int:
 
 def plan_packed(
     chain: ChainParams,
-    spec,
+    spec: ValueSpec,
     num_clients: int,
     dp_std: float,
     encryption: str,
@@ -332,7 +336,7 @@ def plan_packed(
 
 def plan_float(
     chain: ChainParams,
-    spec,
+    spec: ValueSpec,
     num_clients: int,
     dp_std: float,
     encryption: str,
@@ -382,7 +386,7 @@ def plan_float(
     return EncodingPlan(chain, s, "float", err, bool(spec.integer), None, bound)
 
 
-def release_step(plan: EncodingPlan, spec) -> float | None:
+def release_step(plan: EncodingPlan, spec: ValueSpec) -> float | None:
     """The grid a float exchange's decrypted sums are rounded to before they leave the client.
 
     The largest power of two ``g`` with ``g / 2 <= tolerance - error_bound``, so the released error stays within the
@@ -409,7 +413,7 @@ def choose_chain(plans: dict[str, EncodingPlan], block_len: int | None = None) -
     float precision.
     """
 
-    def cost(p: EncodingPlan):
+    def cost(p: EncodingPlan) -> tuple[float, int, int]:
         per_ct = p.values_per_ciphertext
         nbytes = (
             p.chain.ciphertext_bytes / per_ct

@@ -385,6 +385,7 @@ class CKKSServer(ServerHalf):
                     msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
             else:
                 last = msgs[-1]
+                shape: tuple[int, ...]
                 try:
                     shape = (sum(int(m.shape[0]) for m in msgs), cast(ExchangePlan, self.plan).block_len)
                 except (TypeError, ValueError, IndexError):  # a tampered shape: record it as sent

@@ -60,17 +60,26 @@ the real size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
 import numpy as np
 
 from ..errors import BoundError, ConfigurationError, PackingOverflowError
-from ..exchange import ExchangeContext
+from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..party import envelope_of
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
+from .party import MPClient
 from .sampling import crs_seed, upload_c1
 from .server import CKKSMPServer
+
+if TYPE_CHECKING:
+    from ..dp import DPConfig
+    from ..link import ClientLink
+    from ..transcript import Message, Transcript
 
 __all__ = ["CKKSMPProtocol", "KEYS_TAG"]
 
@@ -101,16 +110,16 @@ class CKKSMPProtocol(HalvesProtocol):
         self,
         num_clients: int,
         *,
-        transcript=None,
-        dp=None,
+        transcript: Transcript | None = None,
+        dp: DPConfig | None = None,
         seed: int = 0,
         params: MPParams | None = None,
         keep_payload_bytes: int = 8 << 20,
         audit_sum_bound: bool = True,
-        link=None,
+        link: ClientLink | None = None,
         schedule: str = "",
         threshold: int | None = None,
-        **collusion,
+        **collusion: Any,
     ):
         self.threshold = int(num_clients if threshold is None else threshold)
         if not 1 <= self.threshold <= num_clients:
@@ -134,22 +143,25 @@ class CKKSMPProtocol(HalvesProtocol):
             num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule, **collusion
         )
         #: statistics of the key set-up and of the last exchange (bytes, seconds) -- for benchmarks
-        self.setup_stats: dict | None = None
-        self.last_stats: dict | None = None
+        self.setup_stats: dict[str, Any] | None = None
+        self.last_stats: dict[str, Any] | None = None
 
-    def public_options(self) -> dict:
+    def public_options(self) -> dict[str, Any]:
         """Ring parameters and transcript payload limit; the threshold t when it is below n."""
-        options = {"params": params_to_options(self.params), "keep_payload_bytes": self.keep_payload_bytes}
+        options: dict[str, Any] = {
+            "params": params_to_options(self.params),
+            "keep_payload_bytes": self.keep_payload_bytes,
+        }
         if self.threshold < self.num_clients:  # n-out-of-n keeps its setup bytes unchanged
             options["threshold"] = self.threshold
         return options
 
     # ------------------------------------------------------------------ plan
-    def plan(self, spec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
+    def plan(self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
         """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients."""
         return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len)
 
-    def block_capacity(self, spec) -> int:
+    def block_capacity(self, spec: ValueSpec) -> int:
         """Values one ciphertext carries for ``spec`` under the current DP noise; N when no plan fits."""
         dp_std = float(getattr(self.dp, "last_std", 0.0) or 0.0) if self.dp is not None else 0.0
         try:
@@ -157,7 +169,7 @@ class CKKSMPProtocol(HalvesProtocol):
         except BoundError:
             return self.params.n  # the exchange raises the error with the exchange named
 
-    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+    def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
         """Plan the exchange's encoding; with ``audit_sum_bound``, integer sums are checked against their bound."""
         ctx.check_requests(self.num_clients)
         plan = plan_exchange(
@@ -194,14 +206,14 @@ class CKKSMPProtocol(HalvesProtocol):
 
     # ------------------------------------------------------------------ facade views
     @property
-    def _clients(self) -> dict:
+    def _clients(self) -> dict[int, MPClient | None]:
         """What each in-process client half holds of the keys.
 
         :class:`.party.MPClient`; the attack suite's coalition reads its colluders'.
         """
-        return {k: half.keys for k, half in self.clients.items()}
+        return {k: cast(CKKSMPClient, half).keys for k, half in self.clients.items()}
 
-    def upload_ciphertexts(self, msg, plan: Plan, blocks=None) -> np.ndarray:
+    def upload_ciphertexts(self, msg: Message, plan: Plan, blocks: Sequence[int] | None = None) -> np.ndarray:
         """The ciphertexts of an upload in the transcript, for attack simulations and tests.
 
         The ciphertexts ``[blocks * pieces, 2, L, N]`` (NTT form) of an upload in the transcript: its ``c0``
@@ -226,17 +238,19 @@ class CKKSMPProtocol(HalvesProtocol):
     @property
     def fingerprint(self) -> str:
         """sha256 of the public context: parameters, CRS seed and broadcast public key."""
-        self.server.ensure_keys(self.link, 0)
-        return self.server.fingerprint
+        server = cast(CKKSMPServer, self.server)
+        server.ensure_keys(self.link, 0)
+        return cast(str, server.fingerprint)  # set by ensure_keys
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
         out = super()._aggregate(ctx)
-        plan, halves = self.server.last_stats["plan"], self.clients
+        server, halves = cast(CKKSMPServer, self.server), cast(dict[int, CKKSMPClient], self.clients)
+        plan = server.last_stats["plan"]
         if self.setup_stats is None and halves:
             comm = self.transcript.comm()["per_tag"][KEYS_TAG]
             self.setup_stats = {
                 "client_s": {k: h.setup_s for k, h in halves.items()},
-                "server_s": self.server.setup_s,
+                "server_s": server.setup_s,
                 "params": self.params.describe(),
                 "bytes_up_per_client": comm["bytes_up"] / self.num_clients,
                 "bytes_down_per_client": comm["bytes_down"] / self.num_clients,
@@ -251,7 +265,7 @@ class CKKSMPProtocol(HalvesProtocol):
             "log_q_switched": self.params.log_q(plan.switch_level),
             "client_upload_s": {k: t.get("upload_s", 0.0) for k, t in timing.items() if k in ctx.contributions},
             "client_download_s": {k: t.get("keyswitch_s", 0.0) + t.get("download_s", 0.0) for k, t in timing.items()},
-            "server_s": self.server.last_stats["server_s"],
+            "server_s": server.last_stats["server_s"],
             "smudging_bits": smudging_bits(self.params, self.num_clients),
             "error_bound": plan.error_bound,
         }

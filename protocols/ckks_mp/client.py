@@ -88,9 +88,9 @@ from ..errors import (
     SmudgingBudgetError,
 )
 from ..message import encode_body
-from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
 from ..release_commitment import DIGEST_BYTES, leaf, verify
+from ..similarity_exchange import SIMILARITY_SHAPE
 from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
@@ -246,17 +246,17 @@ class CKKSMPClient(ClientHalf):
         return []
 
     def _accept_plan(self, msg: Message) -> None:
-        """The base plan checks, then refuse a plan shaped for GCFL's pairwise statistics.
+        """The base plan checks, then refuse a plan shaped for GCFL's similarity statistics.
 
-        The base checks, then refuse a plan shaped for GCFL's pairwise statistics: ``ckks-mp``
+        The base checks, then refuse a plan shaped for GCFL's similarity statistics: ``ckks-mp``
         never runs one, and its steps would encrypt this client's contribution under a key that
         one client (the plan's decider) holds alone, so that the server and that client read it.
         """
         super()._accept_plan(msg)
-        if self.plan.encoding.get("shape") == PAIRWISE_SHAPE:
+        if self.plan.encoding.get("shape") == SIMILARITY_SHAPE:
             self.plan = None
             raise DowngradeError(
-                "a pairwise-statistics plan in ckks-mp: its steps encrypt this client's "
+                "a similarity-statistics plan in ckks-mp: its steps encrypt this client's "
                 "contribution under one client's key; nothing was sent",
                 tag=msg.tag,
                 round=msg.round,

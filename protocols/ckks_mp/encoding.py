@@ -48,7 +48,7 @@ def encode(ring: RNSRing, plan: Plan, fields: np.ndarray) -> np.ndarray:
     """
     n = fields.size
     s = used_coefficients(plan, n)
-    grid = np.full(plan.fields * s, plan.offset, dtype=np.int64)
+    grid: np.ndarray = np.full(plan.fields * s, plan.offset, dtype=np.int64)
     grid[:n] = fields
     grid = grid.reshape(plan.fields, s)
     per_chunk = max(1, 62 // plan.width)

@@ -62,11 +62,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from ..ckks.packing import field_width
 from ..ckks.params import MAX_COEFF_BITS_128, integer_sum_range, per_client_limits
 from ..errors import BoundError, ConfigurationError
 from .ring import RNSRing, ntt_primes
+
+if TYPE_CHECKING:
+    from ..exchange import ValueSpec
 
 #: field values are extracted with int64 arithmetic
 MAX_FIELD_BITS = 62
@@ -118,12 +122,12 @@ class MPParams:
         )
 
 
-def params_to_options(params: MPParams) -> dict:
+def params_to_options(params: MPParams) -> dict[str, int]:
     """The public parameters as a message body (every party builds its ring from them)."""
     return {k: int(v) for k, v in asdict(params).items()}
 
 
-def params_from_options(options) -> MPParams:
+def params_from_options(options: Any) -> MPParams:
     """Strict inverse of :func:`params_to_options`; ConfigurationError on anything else."""
     try:
         params = MPParams(
@@ -246,7 +250,7 @@ def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> 
 
 def plan_exchange(
     params: MPParams,
-    spec,
+    spec: ValueSpec,
     k: int,
     dp_std: float = 0.0,
     block_len: int | None = None,

@@ -15,6 +15,7 @@ the bytes these methods return.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from .keys import KeyPair, key_pair, secret_key
 from .params import MPParams, Plan
 from .ring import RNSRing
 from .threshold import lagrange_coefficient, share_secret
+
+#: a ciphertext's name: (exchange, block, piece)
+Label = tuple[int, int, int]
 
 
 class MPClient:
@@ -37,8 +41,8 @@ class MPClient:
         #: t-out-of-n: dealer i -> this client's Shamir share sigma_{i,me} of s_i (NTT form)
         self._dealt: dict[int, np.ndarray] = {}
         #: ``s_i c1`` of this exchange's uploads, and ``s_B c1`` of its switch to the broadcast key, by label
-        self._uploaded: dict[tuple, np.ndarray] = {}
-        self._broadcast_products: dict[tuple, np.ndarray] = {}
+        self._uploaded: dict[Label, np.ndarray] = {}
+        self._broadcast_products: dict[Label, np.ndarray] = {}
 
     # ------------------------------------------------------------------ public keys
     @property
@@ -54,7 +58,7 @@ class MPClient:
 
     def broadcast_secret(self) -> bytes:
         """Dealer: ``s_B`` as ``N`` signed bytes in {-1, 0, 1} (sent only over the encrypted channel)."""
-        coeffs = self.ring.intt(self._broadcast.s_hat)[0]
+        coeffs: np.ndarray = self.ring.intt(cast(KeyPair, self._broadcast).s_hat)[0]
         q0 = self.ring.primes[0]
         return np.where(coeffs > q0 // 2, coeffs - q0, coeffs).astype(np.int8).tobytes()
 
@@ -79,7 +83,7 @@ class MPClient:
     @property
     def broadcast_pk(self) -> np.ndarray:
         """This client's share p_hat of the collective public key."""
-        return self._broadcast.p_hat
+        return cast(KeyPair, self._broadcast).p_hat
 
     # ------------------------------------------------------------------ threshold shares
     def deal_threshold_shares(self, threshold: int, clients: int) -> dict[int, bytes]:
@@ -124,7 +128,7 @@ class MPClient:
         return self.ring.mul(total, lam)
 
     # ------------------------------------------------------------------ upload
-    def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray, labels: list[tuple]) -> bytes:
+    def encrypt_blocks(self, plan: Plan, rows: np.ndarray, c1_hat: np.ndarray, labels: list[Label]) -> bytes:
         """Encrypt blocks under this client's secret key share.
 
         Blocks ``[m, block_len]`` (validated) -> ``m * pieces`` polynomials ``c0`` under ``s_i`` (coefficient
@@ -145,7 +149,7 @@ class MPClient:
     def _switch_products(
         self,
         c1_hat: np.ndarray,
-        labels: list[tuple],
+        labels: list[Label],
         keyed: np.ndarray,
         threshold: tuple[list[tuple[int, ...]], Sequence[int]] | None,
     ) -> np.ndarray:
@@ -173,7 +177,7 @@ class MPClient:
     def pcks_shares(
         self,
         c1_hat: np.ndarray,
-        labels: list[tuple],
+        labels: list[Label],
         keyed: np.ndarray,
         mask: np.ndarray,
         recipient_pk: np.ndarray,
@@ -201,7 +205,7 @@ class MPClient:
     def cks_shares(
         self,
         c1_hat: np.ndarray,
-        labels: list[tuple],
+        labels: list[Label],
         keyed: np.ndarray,
         mask: np.ndarray,
         smudge_bits: int,
@@ -217,7 +221,7 @@ class MPClient:
         """
         s_b_c1 = None
         if designated:
-            s_b_c1 = encryption.key_product(self.ring, self._broadcast.s_hat, c1_hat)
+            s_b_c1 = encryption.key_product(self.ring, cast(KeyPair, self._broadcast).s_hat, c1_hat)
             self._broadcast_products = dict(zip(labels, s_b_c1))
         share = keyswitch.cks_share(
             self.ring, self._switch_products(c1_hat, labels, keyed, threshold), mask, smudge_bits, s_b_c1
@@ -237,7 +241,7 @@ class MPClient:
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]
 
     def decrypt_broadcast(
-        self, plan: Plan, c0: np.ndarray, labels: list[tuple], c1_of: Callable[[], np.ndarray], lengths: list[int]
+        self, plan: Plan, c0: np.ndarray, labels: list[Label], c1_of: Callable[[], np.ndarray], lengths: list[int]
     ) -> list[tuple[np.ndarray, int, bool]]:
         """Decrypt broadcast downloads ``c0'`` ``[B, L', N]`` with ``s_B`` and the public ``c1``.
 
@@ -249,6 +253,6 @@ class MPClient:
         if all(label in kept for label in labels):
             s_b_c1 = np.stack([kept[label] for label in labels])
         else:
-            s_b_c1 = encryption.key_product(self.ring, self._broadcast.s_hat, c1_of())
+            s_b_c1 = encryption.key_product(self.ring, cast(KeyPair, self._broadcast).s_hat, c1_of())
         plain = encryption.decrypt_broadcast(self.ring, c0, s_b_c1)
         return [encoding.decode(self.ring, plan, p, n) for p, n in zip(plain, lengths)]

@@ -23,6 +23,7 @@ tables: residues mod the first ``L`` primes are a valid element of ``R_{q_0...q_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
@@ -54,7 +55,8 @@ def is_prime(n: int) -> bool:
 @cache
 def ntt_primes(n: int, count: int, below: int = 1 << 31) -> tuple[int, ...]:
     """The ``count`` largest primes ``q < below`` with ``q = 1 (mod 2n)``, descending."""
-    out, q = [], (below - 1) // (2 * n) * (2 * n) + 1
+    out: list[int] = []
+    q = (below - 1) // (2 * n) * (2 * n) + 1
     while len(out) < count:
         if q < 2 * n:
             raise ValueError(f"not enough NTT primes below {below} for N={n}")
@@ -134,7 +136,8 @@ class RNSRing:
     def from_signed(self, x: np.ndarray, level: int) -> np.ndarray:
         """Small signed integer polynomial(s) ``[..., N]`` (|x| < 2^62) -> residues ``[..., L, N]``."""
         x = np.asarray(x, dtype=np.int64)
-        return np.mod(x[..., None, :], self.q[:level])
+        residues: np.ndarray = np.mod(x[..., None, :], self.q[:level])
+        return residues
 
     def from_limbs(self, limbs: np.ndarray, limb_bits: int, shift: int, level: int) -> np.ndarray:
         """``sum_l limbs[l] 2^(limb_bits l) - 2^shift`` (non-negative limbs < 2^31) -> residues.
@@ -186,9 +189,10 @@ class RNSRing:
 
     def mul(self, a_hat: np.ndarray, b_hat: np.ndarray) -> np.ndarray:
         """Slot-wise product of two polynomials in NTT form."""
-        return a_hat * b_hat % self._q(a_hat.shape[-2], 2)
+        product: np.ndarray = a_hat * b_hat % self._q(a_hat.shape[-2], 2)
+        return product
 
-    def _by_chunks(self, a: np.ndarray, transform) -> np.ndarray:
+    def _by_chunks(self, a: np.ndarray, transform: Callable[[np.ndarray, int], object]) -> np.ndarray:
         """Apply ``transform`` to ``a`` ``[..., L, N]`` a few polynomials at a time (about 2 MiB: cache-sized)."""
         lead, (level, n) = a.shape[:-2], a.shape[-2:]
         x = np.array(a, dtype=np.int64).reshape(-1, level, n)

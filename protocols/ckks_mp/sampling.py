@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,7 +64,8 @@ def centered_binomial(shape: tuple[int, ...], eta: int) -> np.ndarray:
     raw = np.frombuffer(os.urandom(count * 2 * nbytes), dtype=np.uint8).reshape(count, 2, nbytes).copy()
     raw[:, :, -1] &= (1 << (eta - 8 * (nbytes - 1))) - 1
     ones = _POPCOUNT[raw].sum(axis=2, dtype=np.int64)
-    return (ones[:, 0] - ones[:, 1]).reshape(shape)
+    centred: np.ndarray = (ones[:, 0] - ones[:, 1]).reshape(shape)
+    return centred
 
 
 def smudging_limbs(shape: tuple[int, ...], bits: int) -> np.ndarray:
@@ -116,7 +118,7 @@ def crs_seed(run_id: bytes) -> bytes:
 
 
 def upload_c1(
-    seed: bytes, session: bytes, exchange: int, blocks, pieces: int, primes: tuple[int, ...], n: int
+    seed: bytes, session: bytes, exchange: int, blocks: Sequence[int], pieces: int, primes: tuple[int, ...], n: int
 ) -> np.ndarray:
     """The public ``c1`` of every piece of the uploaded blocks, expanded from the CRS seed.
 

@@ -35,17 +35,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import ConfigurationError, ShapeError
-from ..exchange import ExchangeContext
+from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
+from ..link import InProcessLink
 from .client import MaskClient, Participant
 from .keys import ExchangeBinding
 from .public import mask_fingerprint, shamir_threshold
 from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .server import MaskServer
+
+if TYPE_CHECKING:
+    from ..dp import DPEngine
+    from ..plan import ExchangePlan
 
 #: values per transport block (the layout granularity of the sparse leak)
 MASK_BLOCK = 4096
@@ -100,7 +106,7 @@ class MaskProtocol(HalvesProtocol):
         threshold: int | None = None,
         block_size: int = MASK_BLOCK,
         self_mask_batch: int = 64,
-        **base_options,
+        **base_options: Any,
     ):
         if ring_bits != "auto" and ring_bits not in RING_BITS:
             raise ConfigurationError(
@@ -130,14 +136,14 @@ class MaskProtocol(HalvesProtocol):
         #: public encoding of the last exchange, and wall-clock seconds per role
         self.last_encoding: FixedPoint | None = None
         self.last_timing: dict[str, float] = {}
-        self.last_stats: dict | None = None
+        self.last_stats: dict[str, Any] | None = None
         #: attack simulations only: keep every client's secrets of the last exchange (its memory),
         #: so that a coalition attack can use what its colluding clients hold; off by default
         self.keep_client_state = False
         self.last_client_state: dict[int, Participant] = {}
         self.last_binding: ExchangeBinding | None = None
 
-    def public_options(self) -> dict:
+    def public_options(self) -> dict[str, Any]:
         """Ring and fixed-point sizes, reveal and dropout switches, Shamir threshold, block size, self-mask batch."""
         return {
             "ring_bits": self.ring_bits,
@@ -158,9 +164,10 @@ class MaskProtocol(HalvesProtocol):
     @property
     def _group_seed(self) -> dict[int, bytes]:
         """Each in-process client's copy of the output-mask group seed (what a colluding client holds)."""
-        return {k: c.group_seed for k, c in self.clients.items() if c.group_seed is not None}
+        halves = cast(dict[int, MaskClient], self.clients)
+        return {k: c.group_seed for k, c in halves.items() if c.group_seed is not None}
 
-    def block_capacity(self, spec) -> int:
+    def block_capacity(self, spec: ValueSpec) -> int:
         """Values per block: the configured ``block_size``."""
         return self.block_size
 
@@ -179,7 +186,7 @@ class MaskProtocol(HalvesProtocol):
         return shamir_threshold(n, self.threshold, self.collusion.max_colluders)
 
     # ------------------------------------------------------------------ one exchange
-    def plan_encoding(self, ctx: ExchangeContext) -> dict:
+    def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
         """Fixed-point encoding, Shamir threshold and the dropouts distributed DP noise was provisioned for."""
         n0 = len(ctx.contributions)
         enc = choose_encoding(
@@ -203,7 +210,7 @@ class MaskProtocol(HalvesProtocol):
         return {
             "fixed_point": dataclasses.asdict(enc),
             "threshold": self.threshold_for(n0),
-            "provisioned_dropouts": float(self.dp.config.dropouts) if distributed else math.inf,
+            "provisioned_dropouts": float(cast("DPEngine", self.dp).config.dropouts) if distributed else math.inf,
         }
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:
@@ -216,44 +223,47 @@ class MaskProtocol(HalvesProtocol):
             raise ConfigurationError(
                 f"drop_clients named {stray}, which do not contribute to this exchange", tag=ctx.tag, round=ctx.round
             )
+        link, server = cast(InProcessLink, self.link), cast(MaskServer, self.server)  # drops: in-process runs only
+        clients = cast(dict[int, MaskClient], self.clients)
         for k, stage in drops.items():
-            self.link.mute(k, _SILENT_AT[stage])
-        for half in self.clients.values():
+            link.mute(k, _SILENT_AT[stage])
+        for half in clients.values():
             half.keep_input = self.keep_client_state
         self.last_client_state = {}
         try:
             result = super()._aggregate(ctx)
         finally:
             for k in drops:
-                self.link.reconnect(k)
-        plan = self.server.plan
+                link.reconnect(k)
+        plan = cast("ExchangePlan", server.plan)
         self.last_binding = ExchangeBinding(self.run_id, plan.exchange, ctx.tag, ctx.round)
-        self.last_included = self.server.last_included
-        self.last_dropped = {k: drops.get(k, stage) for k, stage in self.server.last_missing.items()}
+        self.last_included = server.last_included
+        self.last_dropped = {k: drops.get(k, stage) for k, stage in server.last_missing.items()}
         for k in sorted(drops):  # the upload of a 'late' client arrives after recovery: recorded only
             if drops[k] == "late":
-                for msg in self.server.parse(self.link.lost.pop((k, "masked_upload")), self.server.where(k)):
-                    self.server.record(dataclasses.replace(msg, note="late upload, not aggregated"))
-        halves = {k: self.clients[k] for k in contributors}
+                for msg in server.parse(link.lost.pop((k, "masked_upload")), server.where(k)):
+                    server.record(dataclasses.replace(msg, note="late upload, not aggregated"))
+        halves = {k: clients[k] for k in contributors}
         if self.keep_client_state:
             self.last_client_state = {k: h.state for k, h in halves.items() if h.state is not None}
         self._collect_stats(ctx, halves, plan)
         return result
 
-    def _collect_stats(self, ctx, halves, plan) -> None:
+    def _collect_stats(self, ctx: ExchangeContext, halves: dict[int, MaskClient], plan: ExchangePlan) -> None:
+        clients, server = cast(dict[int, MaskClient], self.clients), cast(MaskServer, self.server)
         timing = {k: h.timing for k, h in halves.items()}
         up = {k: t.get("encode_s", 0.0) + t.get("mask_s", 0.0) for k, t in timing.items() if "mask_s" in t}
-        down = {r: self.clients[r].timing.get("decode_s", 0.0) for r in plan.requests}
+        down = {r: clients[r].timing.get("decode_s", 0.0) for r in plan.requests}
         encode = sum(t.get("encode_s", 0.0) for t in timing.values())
-        setup = self.server.last_timing.get("setup_s", 0.0)
+        setup = server.last_timing.get("setup_s", 0.0)
         self.last_timing = {
             "encode_s": encode,  # all clients, quantise + bound check
             "setup_s": setup,  # metadata, keys, shares (wall clock)
             "client_mask_s": float(np.mean([t.get("mask_s", 0.0) for t in timing.values()])) if timing else 0.0,
-            "server_s": self.server.last_timing.get("server_s", 0.0),  # checks, sum, recovery
+            "server_s": server.last_timing.get("server_s", 0.0),  # checks, sum, recovery
             "recipient_s": float(np.mean(list(down.values()))) if down else 0.0,
         }
-        enc = self.last_encoding
+        enc = cast(FixedPoint, self.last_encoding)  # set by plan_encoding
         self.last_stats = {
             "tag": ctx.tag,
             "round": ctx.round,

@@ -78,7 +78,8 @@ class FixedPoint:
     @property
     def dtype(self) -> np.dtype:
         """The in-memory word of a ring element (wider than the ring for 24, 40, 48, 56 bits)."""
-        return np.dtype(STORAGE_DTYPES[self.ring_bits]).newbyteorder("<")
+        word: np.dtype = np.dtype(STORAGE_DTYPES[self.ring_bits]).newbyteorder("<")
+        return word
 
     @property
     def _signed(self) -> np.dtype:
@@ -171,7 +172,8 @@ class FixedPoint:
         if raw.size != n * self.bytes_per_value:
             raise ValueError(f"{raw.size} bytes do not hold {n} ring elements of {self.bytes_per_value} bytes")
         if width == self.bytes_per_value:
-            return raw.view(self.dtype).reshape(shape).copy()
+            same_width: np.ndarray = raw.view(self.dtype).reshape(shape).copy()
+            return same_width
         words = np.zeros(n, dtype=self.dtype)
         words.view(self._low_bytes())["low"] = raw.view(f"V{self.bytes_per_value}")
         return words.reshape(shape)
@@ -227,7 +229,15 @@ def choose_encoding(
 
 
 def _encoding_for_ring(
-    max_abs, integer, tolerance, num_contributors, ring_bits, dp_noise_std, frac_bits, tag, round
+    max_abs: float,
+    integer: bool,
+    tolerance: float,
+    num_contributors: int,
+    ring_bits: int | str,
+    dp_noise_std: float,
+    frac_bits: int | None,
+    tag: str | None,
+    round: int | None,
 ) -> FixedPoint:
     if ring_bits not in RING_BITS:
         raise ConfigurationError(f"ring_bits must be one of {', '.join(map(str, RING_BITS))}, got {ring_bits}")
@@ -261,7 +271,7 @@ def _encoding_for_ring(
 
     def fits(f: int) -> bool:
         # exact rational check: K * (bound * 2^f + 1/2) < 2^(b-1)
-        return K * (bound * 2.0**f + 0.5) < half * (1 - 2**-50)
+        return bool(K * (bound * 2.0**f + 0.5) < half * (1 - 2**-50))
 
     if frac_bits is None:
         # the shared rule (protocols.precision): K * B * 2^f <= headroom, less K/2 for rounding

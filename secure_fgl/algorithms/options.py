@@ -212,7 +212,7 @@ class GCFLOptions(GraphOptions):
     )
     eps2: float = setting(0.1, min=0, help="... and the largest member update norm is above eps2 (eq. 5)")
     decider: int = setting(
-        0, min=0, unit="client", help="ckks: the client that holds the pairwise key and decrypts the similarity matrix"
+        0, min=0, unit="client", help="ckks: the client that holds the similarity key and decrypts the matrix"
     )
     mean_norm: str = setting(
         "weighted",

@@ -31,7 +31,7 @@ from protocols.link import ClientLink
 from protocols.transcript import SERVER
 
 from ..runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
-from ..runtime.exchange import plan_dense, run_split
+from ..runtime.exchange import plan_dense, run_server_half
 
 
 def default_threshold(clients: int) -> int:
@@ -101,7 +101,7 @@ def replan_row(clients: int, lost: int, threshold: int | None = None, length: in
     spec = ValueSpec(max_abs=1.0)
     ctx = plan_dense(p, "bench/replan", 0, range(clients), range(clients), length, spec)
     cpu = time.process_time()
-    run_split(p, ctx)
+    run_server_half(p, ctx)
     cpu = time.process_time() - cpu
     switch = [m for m in p.transcript.messages if m.tag == ctx.tag and m.receiver == SERVER and m.kind == "share"]
     return {

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from ..algorithms import get_spec
 from ..config import ConfigError, RunConfig, load_config_file
+from ..validation import RENAMED_SETTINGS, renamed_setting_error
 
 
 class UsageError(Exception):
@@ -22,6 +23,8 @@ def _extra_options(extra: list[str]) -> dict:
         if not token.startswith("--") or token == "--":
             raise UsageError(f"unexpected argument {token!r}")
         name, eq, value = token[2:].partition("=")
+        if name.replace("-", "_") in RENAMED_SETTINGS:
+            raise renamed_setting_error(name.replace("-", "_"))
         if not eq:
             if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
                 value, i = extra[i + 1], i + 1

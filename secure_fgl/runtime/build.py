@@ -24,7 +24,7 @@ from ..preflight import preflight
 from ..privacy import dp_config
 from . import wire
 from .dropouts import DropoutSchedule, SimulatedDropouts, parse_dropouts
-from .exchange import RuntimeLink, split_backend
+from .exchange import RuntimeLink, halves_in_runtimes
 from .executor import Executor, LocalExecutor
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client_frame
@@ -89,7 +89,7 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     extra = {"fixed_point_bits": cfg.fixed_point_bits} if cfg.fixed_point_bits is not None else {}
     if cfg.ckks_real_slots:
         extra["exact_fields"] = False
-    if link is not None:  # a backend split into halves, its client halves behind ``link``
+    if link is not None:  # a backend in halves, its client halves behind ``link``
         extra["link"] = link
     if cfg.mode != "plain":  # the public collusion bound every client half checks plans against
         extra.update(max_colluders=cfg.max_colluders, min_contributors=cfg.min_contributors)
@@ -112,7 +112,7 @@ def make_runtime_protocol(cfg, num_clients: int, executor: Executor, transcript=
 def make_strategy(cfg, fed, protocol, options, executor: Executor) -> Strategy:
     """Start one runtime per client on ``executor`` and return the algorithm's server strategy."""
     opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
-    setup = protocol.setup.to_bytes() if split_backend(protocol) else None
+    setup = protocol.setup.to_bytes() if halves_in_runtimes(protocol) else None
     cls = get_spec(cfg.algorithm).strategy_class()
     if hasattr(fed, "digests"):  # the sites hold the data (.flower_executor.SiteFederation): digests, no data
         facts, frames = fed.facts, fed.client_frames(cfg, opts, setup)

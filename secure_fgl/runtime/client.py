@@ -49,7 +49,7 @@ def client_frame(
     """The set-up frame of client ``c``.
 
     Its own data, the owner of the far end of each of its cross edges (a client knows who holds the other end of its
-    edges), the run's settings, the public facts and, for a backend split into halves, its public setup bytes
+    edges), the run's settings, the public facts and, for a backend in halves, its public setup bytes
     (:class:`protocols.party.PartySetup`). ``owner``: the client owning each of ``c``'s nodes, for a runtime that
     holds several clients' nodes (the centralized reference). ``load_own_data``: the digest of that data instead of
     the data, which the runtime loads on its own machine (:mod:`.partition`).
@@ -91,7 +91,7 @@ class ClientRuntime:
         self.owner = torch.from_numpy(f["owner"]) if "owner" in f else None
         self.cfg = RunConfig.from_dict(f["config"])
         self.logic = make_logic(self, f["options"])
-        #: this client's half of a split protocol backend: its keys are generated here
+        #: this client's half of a protocol backend in halves: its keys are generated here
         self.half = None
         if "party_setup" in f:
             self.half = backend_class(self.cfg.mode).client_half(self.client_id, f["party_setup"].tobytes())

@@ -1,14 +1,14 @@
 """Protocol exchanges run by client halves inside the client runtimes.
 
-Backends split into halves, :mod:`protocols.party`.
+Backends in client and server halves, :mod:`protocols.party`.
 
-With a split backend the strategy never holds a contribution: each client runtime builds its
+With a backend in halves the strategy never holds a contribution: each client runtime builds its
 backend's :class:`~protocols.party.ClientHalf` from the run's public setup bytes (its keys are
 generated there), keeps its own contribution, and the server half drives the stages over
 :class:`RuntimeLink` -- the executor -- so only signed message bundles cross.  Steps of one
 exchange:
 
-1. ``contribute`` (split): the client computes its contribution and keeps it, answering only
+1. ``contribute`` (halves): the client computes its contribution and keeps it, answering only
    public facts (the vector length; for a row sum the block ids it asks for, :func:`request_blocks`);
 2. the strategy plans the exchange from public facts (:func:`plan_dense`, :func:`plan_rows`:
    the blocking of :meth:`protocols.base.Protocol._sum_vectors` / :meth:`~protocols.base.Protocol.row_sum`)
@@ -50,10 +50,10 @@ class RuntimeLink(ClientLink):
         return responses
 
 
-def split_backend(protocol) -> bool:
+def halves_in_runtimes(protocol) -> bool:
     """Whether the protocol's client halves live in the runtimes.
 
-    The protocol's client halves live in the runtimes: a split backend built with
+    The protocol's client halves live in the runtimes: a backend in halves built with
     :class:`RuntimeLink` (:func:`~.build.make_runtime_protocol`).
     """
     return isinstance(getattr(protocol, "link", None), RuntimeLink)
@@ -111,9 +111,9 @@ def keep_rows(
     req: ContributeIns,
     whole_blocks: bool = False,
 ) -> ContributeRes:
-    """Client side of a split row sum: keep the rows for the half.
+    """Client side of a row sum in halves: keep the rows for the half.
 
-    Client side of a split row sum: keep ``(ids, rows)`` for the half and answer only public
+    Client side of a row sum in halves: keep ``(ids, rows)`` for the half and answer only public
     facts -- row counts, the blocks it asks for and, under DP, the blocks it uploads (the server
     half learns them in the sparse layout anyway; all of them in the dense layout).  The half keeps
     only the requested rows of each block it decodes (:class:`~protocols.row_blocks.RowSelection`;
@@ -206,7 +206,7 @@ def run_row_sum(
     rpb: int,
     dp=None,
 ) -> float:
-    """Server side of a split row sum whose contributions the clients kept.
+    """Server side of a row sum in halves whose contributions the clients kept.
 
     The clients kept their rows (:func:`keep_rows`) in blocks of ``rpb`` rows (``protocol.rows_per_block``, taken
     before the release): with ``dp`` (a :class:`~protocols.DPRequest`) each uploader first noises its blocks
@@ -220,7 +220,7 @@ def run_row_sum(
         )
         strategy.check_lost(sent, f"the noising of {tag}")
         noise_std = protocol.dp.last_std
-    run_split(
+    run_server_half(
         protocol,
         plan_rows(
             tag,
@@ -239,7 +239,7 @@ def run_row_sum(
     return noise_std
 
 
-def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
+def run_server_half(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
     """Run one exchange's server half over the protocol's link.
 
     Returns the clients whose contributions the result covers (also kept as ``protocol.last_included``).  A client the

@@ -54,7 +54,7 @@ class ClientLogic:
     def __init__(self, runtime, options: dict):
         self.rt, self.opts = runtime, options
         self.cfg, self.facts, self.data = runtime.cfg, runtime.facts, runtime.data
-        #: tag -> the contribution kept for the protocol half (split backends)
+        #: tag -> the contribution kept for the protocol half (backends in halves)
         self.pending: dict[str, tuple] = {}
         #: the kept tags this client sends in the clear (reports); the protocol half refuses a report
         #: plan for any other tag

@@ -9,7 +9,7 @@ Evaluation: every client reports ``(correct, total)`` per split; each report is 
 in the transcript (tag ``eval/counts``, client -> server, its frame's length in bytes), so
 ``comm`` counts it.
 
-Protocol: every backend is split into client and server halves (:mod:`protocols.party`); the
+Protocol: every backend runs as client and server halves (:mod:`protocols.party`); the
 client halves run inside the runtimes (:mod:`.exchange`), the strategy holds the server half.
 
 Dropouts (a client whose runtime died or did not answer in time, :mod:`.executor`): lost
@@ -36,7 +36,7 @@ from protocols.transcript import READABLE_KINDS, Message
 from ..algorithms.base import accuracy_summary
 from . import wire
 from .client import client_frame
-from .exchange import split_backend
+from .exchange import halves_in_runtimes
 from .messages import CheckpointIns, EvaluateIns, RuntimeMessage, WeightsIns, decode_reply, encode_request
 from .partition import far_owners
 from .placement import parse_client_resources
@@ -56,7 +56,7 @@ class Strategy:
         self.round = 0
         #: client -> why it was lost (its runtime died or timed out); never asked again
         self.lost: dict[int, str] = {}
-        if not split_backend(protocol):
+        if not halves_in_runtimes(protocol):
             raise ValueError(
                 "a strategy drives the protocol halves in the client runtimes: build its protocol with "
                 "secure_fgl.runtime.build.make_runtime_protocol"

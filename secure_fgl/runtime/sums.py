@@ -30,7 +30,7 @@ from protocols import DPRequest, DropoutError
 from protocols.dp import weighted_mean_value
 
 from .dp import privatize_dense
-from .exchange import dense_result, plan_dense, run_split
+from .exchange import dense_result, plan_dense, run_server_half
 from .messages import ContributeIns, ContributeRes, MessageError, ReceiveIns
 
 
@@ -121,7 +121,7 @@ def sum_exchange(
     noisy, noise_std = sorted(sent), 0.0
     if dp is not None:  # counted here, noised by each contributor (.dp)
         noisy, noise_std, spec = privatize_dense(strategy, tag, rnd, noisy, length, dp, spec)
-    run_split(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
+    run_server_half(protocol, plan_dense(protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std))
     if hasattr(strategy, "note_broadcast"):  # a model broadcast: who missed it is out of sync (FedSpray)
         strategy.note_broadcast(tag, rnd)
     done = ReceiveIns(tag, rnd, length, dp_std=noise_std if dp is not None else None, **clip, config=config)

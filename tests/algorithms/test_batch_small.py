@@ -16,7 +16,7 @@ from support.runs import fedspray_federation
 from protocols import SERVER, DPRequest, Transcript, ValueSpec, make_protocol
 from protocols.batch import batch_spec, batched_report, batched_sum
 from protocols.errors import BoundError, NonFiniteError, ProtocolError, ShapeError
-from protocols.pairwise import report_scalars
+from protocols.similarity import report_scalars
 from secure_fgl.algorithms.base import model_spec
 from secure_fgl.algorithms.fedspray.ops import PROXY_SPEC, round_spec
 from secure_fgl.algorithms.options import FedSprayOptions

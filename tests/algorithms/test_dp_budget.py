@@ -6,7 +6,7 @@ import pytest
 
 from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import run_experiment
-from secure_fgl.privacy import dp_config, parse_split
+from secure_fgl.privacy import dp_config, parse_budget_shares
 
 TINY = {"num_nodes": 120, "num_features": 12}
 
@@ -46,7 +46,7 @@ def test_client_level_noise_on_a_few_clients_is_flagged():
 
 def test_unprivatised_edge_release_breaks_the_edge_claim():
     """Only the neighbour sums noised: FedGCN's model trains GCN layers over exact local edges."""
-    p = tiny_run(dp_exchanges="fedgcn/neighbour_sums", dp_split="fedgcn/neighbour_sums=1")
+    p = tiny_run(dp_exchanges="fedgcn/neighbour_sums", dp_budget_share="fedgcn/neighbour_sums=1")
     assert not p["claim_holds"] and "fedgcn/model" in p["uncovered"][0]
     assert [r["tag"] for r in p["releases"] if not r["covered"]] == ["fedgcn/model"]
     assert 0.99 * 4.0 <= p["total_epsilon"] <= 4.0  # the whole budget on the one DP tag
@@ -57,15 +57,15 @@ def test_conflicting_settings_are_refused():
         dp_config(RunConfig(dp_epsilon=1.0, dp_unit="client"))
     assert dp_config(RunConfig(dp_epsilon=1.0, dp_unit="client", dp_exchanges="fedgcn/model")) is not None
     with pytest.raises(ConfigError, match="leaves without DP"):
-        dp_config(RunConfig(dp_epsilon=1.0, dp_exchanges="fedgcn/model", dp_split="fedgcn/neighbour_sums=1"))
+        dp_config(RunConfig(dp_epsilon=1.0, dp_exchanges="fedgcn/model", dp_budget_share="fedgcn/neighbour_sums=1"))
     with pytest.raises(ConfigError, match="need --dp-epsilon"):
         RunConfig(dp_unit="edge").validate()
     for unit in ("edge", "node"):  # FedGCN's GCN reads exact edges: its model would need client-level noise
         with pytest.raises(ConfigError, match="use --algorithm fedgcn-gap"):
             dp_config(RunConfig(dp_epsilon=1.0, dp_unit=unit))
     with pytest.raises(ConfigError, match="positive shares"):
-        parse_split("a=1,b")
-    assert parse_split("a=3, b=1") == {"a": 3.0, "b": 1.0}
+        parse_budget_shares("a=1,b")
+    assert parse_budget_shares("a=3, b=1") == {"a": 3.0, "b": 1.0}
 
 
 def test_leakage_matrix_marks_an_at_chance_setting():

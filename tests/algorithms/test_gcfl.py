@@ -1,6 +1,6 @@
-"""GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg and the pairwise exchange.
+"""GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg and the similarity exchange.
 
-GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg, the pairwise
+GCFL / GCFL+: clustering decisions, DTW, per-cluster FedAvg, the similarity
 statistics exchange in plain and ckks, and short end-to-end runs per mode.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from protocols import make_protocol
 from protocols.errors import BoundError, ConfigurationError
-from protocols.pairwise import cosine_matrix, pairwise_cosine
+from protocols.similarity import cosine_matrix, cosine_similarities
 from secure_fgl.algorithms.clustering import bipartition, dtw_distances, should_split
 from secure_fgl.algorithms.gcfl.ops import GCFLServer
 from secure_fgl.algorithms.grid_mean import GRID_BITS, grid_weighted_mean
@@ -210,19 +210,19 @@ def test_grid_mean_is_bit_identical_in_every_mode(num_clients):
         grid_weighted_mean(make_protocol("plain", 2), "t", 0, {0: np.full(3, 0.6), 1: np.zeros(3)}, {0: 0.5, 1: 0.5})
 
 
-def test_secure_pairwise_cosine_equals_plain_within_bound():
-    from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
+def test_secure_cosine_similarities_equal_plain_within_bound():
+    from protocols.ckks.similarity import SIMILARITY_TOLERANCE
 
     rng = np.random.default_rng(5)
     base = rng.normal(size=9000)
     vectors = {k: (base if k % 2 else -base) * 0.01 + rng.normal(size=9000) * 0.005 for k in range(5)}
     vectors[4] = np.zeros(9000)  # a zero update has cosine 0 with everyone
     expect = cosine_matrix(np.stack(list(vectors.values())))
-    plain = pairwise_cosine(make_protocol("plain", 5), "t", 0, vectors)
+    plain = cosine_similarities(make_protocol("plain", 5), "t", 0, vectors)
     np.testing.assert_allclose(plain, expect, atol=1e-12)
     proto = make_protocol("ckks", 5, seed=0)
-    got = pairwise_cosine(proto, "t", 0, vectors, decider=1)
-    assert np.abs(got - expect).max() <= PAIRWISE_TOLERANCE
+    got = cosine_similarities(proto, "t", 0, vectors, decider=1)
+    assert np.abs(got - expect).max() <= SIMILARITY_TOLERANCE
     # the server got ciphertexts only from the members; the decider got only the pair results
     # (one message besides the plan) and sent the evaluation key and the values
     ups = [m for m in proto.transcript.select(tag="t") if m.receiver == "server" and m.sender != "client1"]
@@ -231,9 +231,9 @@ def test_secure_pairwise_cosine_equals_plain_within_bound():
     assert len(to_decider) == 1 and to_decider[0].shape == (10, 1)
     from_decider = proto.transcript.select(tag="t", sender="client1")
     assert sorted(m.kind for m in from_decider if m.receiver == "server") == ["ciphertext", "plain", "public_key"]
-    assert all(h.pairwise_secret is None for h in proto.clients.values())  # the decider dropped its key
+    assert all(h.similarity_secret is None for h in proto.clients.values())  # the decider dropped its key
     with pytest.raises(ConfigurationError, match="ckks"):
-        pairwise_cosine(make_protocol("mask", 5, seed=0), "t", 0, vectors)
+        cosine_similarities(make_protocol("mask", 5, seed=0), "t", 0, vectors)
 
 
 @pytest.mark.parametrize("algorithm,mode", [("gcfl", "ckks"), ("gcflplus", "mask")])
@@ -281,13 +281,13 @@ def test_synthetic_groups():
     assert all(len(c.train) + len(c.val) + len(c.test) == 20 for c in fed.clients)
 
 
-def test_a_pairwise_key_the_decider_did_not_sign_is_refused_before_anything_is_encrypted():
-    """A pairwise key the decider did not sign is refused before anything is encrypted.
+def test_a_similarity_key_the_decider_did_not_sign_is_refused_before_anything_is_encrypted():
+    """A similarity key the decider did not sign is refused before anything is encrypted.
 
     The server swaps the relayed encryption key for one of its own (whose secret it holds):
     every member refuses it (signature), no member uploads a ciphertext.
     """
-    from protocols.ckks.pairwise import make_key_pair
+    from protocols.ckks.similarity import make_key_pair
     from protocols.errors import IntegrityError
 
     proto = make_protocol("ckks", 4, seed=0)
@@ -300,7 +300,7 @@ def test_a_pairwise_key_the_decider_did_not_sign_is_refused_before_anything_is_e
 
     proto.intercept = swap
     with pytest.raises(IntegrityError):
-        pairwise_cosine(proto, "t", 0, {k: np.full(10, 0.1 * (k + 1)) for k in range(4)}, decider=0)
+        cosine_similarities(proto, "t", 0, {k: np.full(10, 0.1 * (k + 1)) for k in range(4)}, decider=0)
     assert not [m for m in proto.transcript.select(tag="t") if m.kind == "ciphertext" and m.receiver == "server"]
 
 
@@ -324,7 +324,7 @@ def test_server_reads_similarity_and_infers_same_dataset_pairs():
     ckks = make_protocol("ckks", 5, seed=0)
     ckks.weighted_mean("gcfl/model", 0, vectors, weights)
     assert server_similarity(View.of(ckks.transcript, "server"), 3000) is None  # ciphertexts only
-    pairwise_cosine(ckks, "gcfl/similarity", 0, vectors, decider=2)
+    cosine_similarities(ckks, "gcfl/similarity", 0, vectors, decider=2)
     clients, sim = server_similarity(View.of(ckks.transcript, "server"), 3000)
     assert clients == list(range(5)) and np.abs(sim - expect).max() < 1e-4
     assert same_dataset_auc(clients, sim, datasets) == 1.0

@@ -1,4 +1,4 @@
-"""Backends split into client and server halves: only bytes cross the link, and what each half holds."""
+"""Backends in client and server halves: only bytes cross the link, and what each half holds."""
 
 from __future__ import annotations
 

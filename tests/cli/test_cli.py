@@ -154,6 +154,11 @@ BAD = [
     (["run", "--dp-delta", "2"], "--dp-delta"),
     (["run", "--dp-clip", "0"], "--dp-clip"),
     (["run", "--dp-exchanges", "fedgcn/neighbour_sums"], "--dp-epsilon"),
+    (["run", "--dp-budget-share", "fedgcn/model=1"], "--dp-epsilon"),
+    # renamed settings: the old flag or config key names the new one
+    (["run", "--dp-epsilon", "4", "--dp-split", "fedgcn/model=1"], "renamed --dp-budget-share"),
+    (["run", "--dp-epsilon", "4", "--dp-split=fedgcn/model=1"], "renamed --dp-budget-share"),
+    (["run", "--config", "{tmp}/renamed.toml"], "renamed --dp-budget-share"),
     (["run", "--keep-largest", "maybe"], "true or false"),
     # algorithm options
     (["run", "--algorithm", "fedavg", "--hops", "2"], "--hops"),
@@ -217,6 +222,7 @@ def bad_files(tmp_path):
     (tmp_path / "syntax.toml").write_text("clients = = 3\n")
     (tmp_path / "wrongtype.toml").write_text("clients = 'ten'\n")
     (tmp_path / "unknown.toml").write_text("lrr = 0.1\n")
+    (tmp_path / "renamed.toml").write_text('dp-epsilon = 4\ndp-split = "fedgcn/model=1"\n')
     (tmp_path / "notes.txt").write_text("clients = 3\n")
     (tmp_path / "list.json").write_text("[1, 2]")
     return tmp_path

@@ -26,7 +26,7 @@ from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError,
 from protocols.party import PartySetup
 from protocols.transcript import SERVER, client_party
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
-from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_split
+from secure_fgl.runtime.exchange import dense_result, plan_dense, plan_rows, rows_table, run_server_half
 
 K, T = 4, 3
 COUNTS = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
@@ -42,7 +42,7 @@ def exchange(p, x, rnd: int = 0, tag: str = "t/sum"):
     """One dense integer sum of every client's vector to every client; returns (included, results)."""
     for k, half in p.clients.items():
         half.provider = lambda plan, v=x[k]: plan.dense_table(v)
-    included = run_split(p, plan_dense(p, tag, rnd, range(K), range(K), LENGTH, COUNTS))
+    included = run_server_half(p, plan_dense(p, tag, rnd, range(K), range(K), LENGTH, COUNTS))
     got = {}
     for k, half in p.clients.items():
         try:
@@ -165,7 +165,7 @@ def test_sparse_row_sum_keys_each_block_to_its_own_uploaders(spec):
         rpb,
     )
     dropped = int(spec[0])
-    assert run_split(p, ctx) == tuple(c for c in range(K) if c != dropped)
+    assert run_server_half(p, ctx) == tuple(c for c in range(K) if c != dropped)
     for r in range(K):  # block r's uploaders are clients r - 1 and r; the dropped one gets nothing
         if r != dropped:
             uploaders = {(r - 1) % K, r} - {dropped}

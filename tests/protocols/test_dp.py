@@ -208,8 +208,8 @@ def test_budget_overrun_raises():
     assert rep["per_tag"]["t"]["releases"] == 2 and rep["total_epsilon"] <= 1.0
 
 
-def test_budget_split_over_declared_tags():
-    """Budget split over declared tags.
+def test_budget_shared_by_declared_tags():
+    """Budget shared by declared tags.
 
     Tags share mu^2 of the run's one Gaussian; with every planned release made the run
     spends the whole epsilon (within 1 %), not the ~70 % an epsilon split left unspent.
@@ -222,7 +222,7 @@ def test_budget_split_over_declared_tags():
     assert eng.noise_multiplier("a") == pytest.approx(2.0 / (mu * 0.5**0.5))
     with pytest.raises(ConfigurationError):
         eng.declare("c")  # allocation frozen at the first release
-    eng2 = engine(2.0, split={"a": 3, "b": 1})
+    eng2 = engine(2.0, budget_shares={"a": 3, "b": 1})
     assert eng2.share("a") == pytest.approx(0.75) and eng2.share("b") == pytest.approx(0.25)
     for _ in range(3):
         eng.privatize_vectors("a", 0, {0: np.zeros(3)}, DPRequest(clip=1.0, releases=4))

@@ -29,7 +29,7 @@ def test_a_cycle_is_found():
 
 
 @pytest.mark.parametrize(
-    "module", ["protocols.dp", "protocols.exchange", "protocols.mask.server", "protocols.pairwise"]
+    "module", ["protocols.dp", "protocols.exchange", "protocols.mask.server", "protocols.similarity"]
 )
 def test_a_module_imports_first_on_its_own(module):
     done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True)

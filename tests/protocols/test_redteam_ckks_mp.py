@@ -238,7 +238,7 @@ def detour_server(base, shape: str):
 
     A server half of ``base`` that, in place of the exchange it was asked to run, asks the victim
     (client 0) for the same contribution through a step that does not hide it: ``pairwise`` (GCFL's
-    pairwise statistics: encrypted under a key the colluding decider, client 2, holds alone) or
+    similarity statistics: encrypted under a key the colluding decider, client 2, holds alone) or
     ``report`` (a scalar report: sent in the clear).  What the server receives is kept in ``stolen``.
     """
 
@@ -275,7 +275,7 @@ def what_the_coalition_reads(p, shape):
     if shape == "pairwise":
         import tenseal as ts
 
-        return np.array(ts.ckks_vector_from(p.clients[2].pairwise_secret[1], stolen["frames"][0]).decrypt()[:8])
+        return np.array(ts.ckks_vector_from(p.clients[2].similarity_secret[1], stolen["frames"][0]).decrypt()[:8])
     return np.asarray(stolen, dtype=float)
 
 

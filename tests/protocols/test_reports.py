@@ -1,6 +1,6 @@
 """Clear-text reports played by the facade.
 
-Clear-text reports (:func:`protocols.pairwise.report_scalars`) played by the facade need the
+Clear-text reports (:func:`protocols.similarity.report_scalars`) played by the facade need the
 client halves in this process; behind a link each client runtime reports its own values.
 """
 
@@ -8,7 +8,7 @@ import pytest
 
 from protocols import ConfigurationError, make_protocol
 from protocols.link import InProcessLink
-from protocols.pairwise import report_scalars
+from protocols.similarity import report_scalars
 
 
 def test_in_process_halves_report_what_they_were_given():

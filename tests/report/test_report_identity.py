@@ -6,6 +6,7 @@ silently overwritten, unfinished runs are left out (and counted) by every reader
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -50,6 +51,24 @@ def _report(out, rounds, *extra):
 
 def _rounds_of(folder):
     return json.loads((folder / "result.json").read_text())["config"]["rounds"]
+
+
+def test_a_schema_1_result_with_dp_split_loads_under_the_new_name_and_keeps_its_fingerprint(tmp_path, capsys):
+    """A schema 1.x ``config.dp_split`` reads as ``dp_budget_share``; the rename changes no fingerprint."""
+    shares = "fedgcn/neighbour_sums=3,fedgcn/model=1"
+    old = {"rounds": 2, "seed": 0, "dp_epsilon": 4.0, "dp_split": shares, "options": {"hops": 1}}
+    new = {"rounds": 2, "seed": 0, "dp_epsilon": 4.0, "dp_budget_share": shares, "options": {"hops": 1}}
+    canonical_1x = {"dp_epsilon": 4.0, "dp_split": shares, "options": {"hops": 1.0}, "rounds": 2.0, "seed": 0.0}
+    written_by_1x = hashlib.sha256(json.dumps(canonical_1x, sort_keys=True, separators=(",", ":")).encode())
+    assert fingerprint(old) == fingerprint(new) == written_by_1x.hexdigest()[:16]
+    assert identity(old) == identity(new) and not differences(old, new)
+    run = tmp_path / "old-run"
+    run.mkdir()
+    result = {"schema_version": "1.2", "status": "complete", "config": old, "final": {"test_acc": 0.5}}
+    (run / "result.json").write_text(json.dumps(result))
+    frame = load_frame(tmp_path)
+    assert frame["config.dp_budget_share"].tolist() == [shares] and "config.dp_split" not in frame
+    assert cli_main(["compare", str(tmp_path)]) == 0 and "old-run" in capsys.readouterr().out
 
 
 def test_fingerprint_ignores_where_files_go_and_names_what_differs():

@@ -23,7 +23,7 @@ from secure_fgl.config import ConfigError, RunConfig
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_executor, make_runtime_protocol, make_strategy
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, DropRule, drop_stages, parse_dropouts
-from secure_fgl.runtime.exchange import dense_result, plan_dense, run_split
+from secure_fgl.runtime.exchange import dense_result, plan_dense, run_server_half
 
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-4)
 LENGTH = 24
@@ -121,7 +121,7 @@ def check_case(mode: str, stage: str, dropped: tuple[int, ...]) -> None:
     survivors = tuple(k for k in range(n) if k not in dropped)
     if len(dropped) > tolerance(mode, stage, n):
         with pytest.raises(DropoutError) as err:
-            run_split(proto, ctx)
+            run_server_half(proto, ctx)
         named = getattr(err.value, "clients", None)
         if named is not None:
             assert set(named) == set(dropped)
@@ -129,7 +129,7 @@ def check_case(mode: str, stage: str, dropped: tuple[int, ...]) -> None:
             assert f"client {min(dropped)} did not" in str(err.value)
         assert delivered(proto) == {}
     else:
-        included = run_split(proto, ctx)
+        included = run_server_half(proto, ctx)
         assert included == (survivors if POLICY[mode][stage] == "excluded" else tuple(range(n)))
         got = delivered(proto)
         assert sorted(got) == list(survivors)
@@ -290,7 +290,7 @@ def test_protocol_a_missed_download_is_known_to_the_server_and_later_sums_withou
         x = {k: rng.uniform(-1, 1, LENGTH) for k in range(n)}
         for k, half in proto.clients.items():
             half.provider = lambda plan, v=x[k]: plan.dense_table(v)
-        included = run_split(proto, plan_dense(proto, "t/model", r, contributors, range(n), LENGTH, SPEC))
+        included = run_server_half(proto, plan_dense(proto, "t/model", r, contributors, range(n), LENGTH, SPEC))
         assert proto.server.last_undelivered == ((3,) if r == 0 else ())
         got = delivered(proto)
         assert sorted(got) == ([0, 1, 2] if r == 0 else list(range(n)))
@@ -298,7 +298,7 @@ def test_protocol_a_missed_download_is_known_to_the_server_and_later_sums_withou
             np.testing.assert_allclose(total, sum(x[k] for k in included), atol=1e-3)
     rnd[0] = 3
     with pytest.raises(InconsistentViewError):
-        run_split(proto, plan_dense(proto, "t/model", 3, range(n), range(n), LENGTH, SPEC))
+        run_server_half(proto, plan_dense(proto, "t/model", 3, range(n), range(n), LENGTH, SPEC))
 
 
 def test_runtime_ckks_mp_a_missed_model_download_stops_the_run_naming_the_client():

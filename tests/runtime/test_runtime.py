@@ -118,8 +118,8 @@ def test_every_algorithm_names_a_client_logic_and_a_server_strategy():
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedgcn"])
-def test_split_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(algorithm):
-    """Split backend halves live in the runtimes and only counted bytes cross.
+def test_backend_halves_live_in_the_runtimes_and_only_counted_bytes_cross(algorithm):
+    """Backend halves live in the runtimes and only counted bytes cross.
 
     plain runs as client/server halves: the driver holds no client half, and the transcript's
     protocol bytes are exactly the messages handed to / returned from the runtimes.

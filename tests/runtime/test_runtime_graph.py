@@ -11,7 +11,7 @@ import pytest
 from support.golden import assert_golden
 from support.runs import ROUNDS, build_graph_run, drive_graph_run, graph_config, reachable_tensors
 
-from protocols.ckks.pairwise import PAIRWISE_TOLERANCE
+from protocols.ckks.similarity import SIMILARITY_TOLERANCE
 from secure_fgl.runtime.executor import LocalExecutor
 
 
@@ -52,7 +52,7 @@ def test_local_executor_gives_the_golden_run(algorithm, mode, request):
         "runtime_graph",
         request.node.name,
         observed,
-        tolerance={"similarity": PAIRWISE_TOLERANCE} if mode == "ckks" else {},
+        tolerance={"similarity": SIMILARITY_TOLERANCE} if mode == "ckks" else {},
     )
     if "gcfl" in algorithm:
         assert {f"{algorithm}/update_norms", f"{algorithm}/mean_norm"} <= set(tb)

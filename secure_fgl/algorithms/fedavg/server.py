@@ -7,7 +7,7 @@ from protocols.broadcast_view import VIEW_BINDING_MODES
 from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
-from ...runtime.exchange import plan_dense, run_split
+from ...runtime.exchange import plan_dense, run_server_half
 from ...runtime.messages import ContributeIns, FitIns, ReceiveIns
 from ...runtime.strategy import Strategy
 from ..base import model_dp_request, model_spec, train_loss_of
@@ -94,7 +94,7 @@ class ModelAveragingStrategy(Strategy):
         noisy, noise_std = sorted(sent), 0.0
         if dp is not None:
             noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
-        included = run_split(
+        included = run_server_half(
             self.protocol,
             plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
         )

@@ -102,8 +102,8 @@ class FedGCNStrategy(ModelAveragingStrategy):
         self.pretrain: dict = {}
         self.exchange_rows = facts.num_nodes
         self.dp_on = self.fopts.hops > 0 and dp_applies(cfg, protocol)
-        if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and protocol.dp.config.split is None:
-            protocol.dp.declare(TAG, f"{self.name}/model")  # an even split of the run's budget
+        if protocol.dp is not None and cfg.dp_epsilon and self.fopts.hops > 0 and not protocol.dp.config.budget_shares:
+            protocol.dp.declare(TAG, f"{self.name}/model")  # equal shares of the run's budget
 
     def release_dependencies(self) -> dict[str, set[str]]:
         """The data each release touches (:mod:`secure_fgl.privacy`)."""

@@ -31,7 +31,7 @@ DP), each stage a DP weighted mean (:func:`~secure_fgl.algorithms.fedomd.stats_d
 client sends ``[w~ clip(v_k), w~ C]`` with ``w~ = n_k / N`` (:func:`.sums.dp_mean_vector`) plus its
 share of the noise, added in its runtime before its half encodes; the driver's accountant counts
 each release (:mod:`.dp`).  The recipients project the noisy mean onto ``[a, b]`` before the
-moments and the noisy moments onto their range (post-processing).  The budget is split evenly over
+moments and the noisy moments onto their range (post-processing).  The budget is shared equally by
 ``fedomd/model`` and the statistics tags.
 
 Per-client randomness (dropout) is :func:`secure_fgl.engine.rng.client_generator`'s.
@@ -60,8 +60,8 @@ class FedOMDStrategy(ModelAveragingStrategy):
         self.fopts = FedOMDOptions(**options)
         self.orders = tuple(range(2, self.fopts.cmd_order + 1))
         self.updates: dict[int, dict] = {}
-        if protocol.dp is not None and protocol.dp.config.split is None:
-            # split the run's budget evenly over every DP exchange of FedOMD
+        if protocol.dp is not None and protocol.dp.config.budget_shares is None:
+            # an equal share of the run's budget for every DP exchange of FedOMD
             protocol.dp.declare(
                 f"{self.name}/model",
                 *(stats_tags(self.name, self.fopts.ortho_layers) if self.fopts.cmd_weight > 0 else []),

@@ -96,9 +96,9 @@ def class_weights(counts: np.ndarray, weighting: str = "ratio", graph_size: int 
 
 
 def declare_dp_exchanges(protocol: Protocol, cfg, name: str, opts: FedSprayOptions) -> None:
-    """With DP on, declare both exchanges (encoder, proxies) so the budget is split between them."""
+    """With DP on, declare both exchanges (encoder, proxies) so each gets a share of the budget."""
     dp = getattr(protocol, "dp", None)
-    if dp is not None and cfg.dp_epsilon and getattr(dp.config, "split", None) is None:
+    if dp is not None and cfg.dp_epsilon and getattr(dp.config, "budget_shares", None) is None:
         dp.declare(f"{name}/encoder", *([] if opts.ablate_proxy else [f"{name}/proxies"]))
 
 

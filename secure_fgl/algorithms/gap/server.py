@@ -85,8 +85,8 @@ class GAPStrategy(ModelAveragingStrategy):
                 ENCODER_TAG: (f"{self.name}/encoder/dpsgd", stage_request(cfg.dp_clip, enc_rounds, epochs)),
                 f"{self.name}/model": (f"{self.name}/dpsgd", stage_request(cfg.dp_clip, cfg.rounds, epochs)),
             }
-        if protocol.dp is not None and protocol.dp.config.split is None:
-            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # an even split
+        if protocol.dp is not None and protocol.dp.config.budget_shares is None:
+            protocol.dp.declare(*self.hop_tags, *(t for t, _ in self.dpsgd.values()))  # equal budget shares
 
     def release_units(self) -> dict[str, str]:
         """DP-SGD steps protect a training node: a sample, or the node itself at node level.

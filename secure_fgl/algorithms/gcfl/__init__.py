@@ -10,7 +10,7 @@ is small and one is large; GCFL+ compares sequences of gradient norms by DTW ins
 
 from __future__ import annotations
 
-from protocols.registry import graph_level_modes, pairwise_modes
+from protocols.registry import graph_level_modes, similarity_modes
 
 from ..graph_level import GCFL_PAPER, cluster_broadcast
 from ..options import GCFLOptions, GCFLPlusOptions
@@ -44,7 +44,7 @@ SPECS = [
         strategy=f"{__name__}.server:GCFLStrategy",
         schedule=schedule,
         broadcasts=cluster_broadcast,
-        modes=pairwise_modes(),
+        modes=similarity_modes(),
         task="graph",
         mode_note="needs inner products of client updates, which --mode {mode} cannot compute: use --mode "
         "ckks (or plain)",

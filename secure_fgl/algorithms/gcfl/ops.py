@@ -22,7 +22,7 @@ Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
 3. when :func:`~secure_fgl.algorithms.clustering.should_split` holds (eq. 4-5, ``|c| > 2``,
    round > 20), the cluster is cut in two by Stoer-Wagner on a similarity matrix --
    GCFL: ``1 + cos(dW_i, dW_j)`` from the update-similarity exchange
-   (the cosine matrix, :mod:`protocols.pairwise`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
+   (the cosine matrix, :mod:`protocols.similarity`); GCFL+: ``max(D) - D`` with ``D`` the DTW distances of the
    members' last ``seq_length`` gradient norms (every client must have that many; all
    sequences restart after a split, as the reference) -- and each half is averaged on its
    own (two more weighted means) instead of ``mean_c``.
@@ -97,7 +97,7 @@ class GCFLServer:
         """Hook: GCFL+ extends its gradient-norm sequences."""
 
     def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
-        """The members' cosine similarity matrix of their updates (:mod:`protocols.pairwise`)."""
+        """The members' cosine similarity matrix of their updates (:mod:`protocols.similarity`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ decisions

@@ -12,10 +12,10 @@ the executor, so the server sees only what the clients send:
   (``<algorithm>/mean_norm``; ``delta_mean`` of eq. 4 is the first member's), its ``||dW_i||``
   (``<algorithm>/update_norms``; eq. 5's ``delta_max``) and, GCFL+, its last gradient norm of the
   shared layers (``<algorithm>/grad_norms``).  The values are in the clear (the documented leak
-  of the decision rule, :mod:`protocols.pairwise`), sent by the client's protocol half as one
+  of the decision rule, :mod:`protocols.similarity`), sent by the client's protocol half as one
   signed message of a report exchange (:mod:`protocols.report`);
 * GCFL's update similarity, the cosine matrix of the members' updates (``<algorithm>/similarity``),
-  only when eq. 4-5 fire: an exchange of the halves (:mod:`protocols.pairwise_exchange`) --
+  only when eq. 4-5 fire: an exchange of the halves (:mod:`protocols.similarity_exchange`) --
   ``plain``: each member's half sends its update;
   ``ckks``: the decider's half (``--decider``) makes a fresh key pair and keeps the secret key,
   each member's half encrypts its normalised update under the key the decider signed, the
@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from protocols.batch import report_parts
-from protocols.pairwise_exchange import pairwise_over_halves
 from protocols.report import collect_reports
+from protocols.similarity_exchange import similarity_over_halves
 
 from ...runtime.messages import ContributeIns
 from ...runtime.strategy import Strategy
@@ -69,16 +69,16 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         return {p: values[n] for p, n in zip(parts, names)}
 
     def update_similarity(self, rnd: int, members: list[int]) -> np.ndarray:
-        """The members' pairwise cosine similarity, computed over their protocol halves with the decider.
+        """The members' cosine similarities, computed over their protocol halves with the decider.
 
         Raises:
             DropoutError: a member or the decider was lost.
         """
         tag = f"{self.name}/similarity"
-        # the members' and the decider's halves run the exchange (protocols/pairwise_exchange.py)
+        # the members' and the decider's halves run the exchange (protocols/similarity_exchange.py)
         sent = self.ask("contribute", {k: ContributeIns(tag, rnd) for k in members})
         self.check_lost(members + [int(self.opts.decider)], tag)
-        return pairwise_over_halves(
+        return similarity_over_halves(
             self.protocol, tag, rnd, members, int(self.opts.decider), int(sent[members[0]].length)
         )
 

@@ -25,7 +25,7 @@ import dataclasses
 from protocols import DropoutError
 
 from ...dpsgd import stage_request
-from ...runtime.exchange import plan_dense, run_split
+from ...runtime.exchange import plan_dense, run_server_half
 from ...runtime.messages import ContributeIns, EvaluateIns, FitIns, ReceiveIns
 from ...runtime.strategy import EVAL_TAG, Strategy
 from ..base import train_loss_of
@@ -54,7 +54,7 @@ class GraphStrategy(ModelAveragingStrategy):
             if options.get("dpsgd")
             else None
         )
-        if self.dpsgd is not None and protocol.dp.config.split is None:
+        if self.dpsgd is not None and protocol.dp.config.budget_shares is None:
             protocol.dp.declare(self.dpsgd[0])
 
     def release_dependencies(self) -> dict[str, set[str]]:
@@ -118,7 +118,7 @@ class GraphStrategy(ModelAveragingStrategy):
             raise DropoutError(f"every member of {members} was lost: {sorted(self.lost)}", tag=tag, round=rnd)
         members = sorted(sent)  # a member lost in training is not a contributor
         length = int(next(iter(sent.values())).length)
-        run_split(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
+        run_server_half(self.protocol, plan_dense(self.protocol, tag, rnd, members, members, length, GRID_SPEC))
         self.note_broadcast(tag, rnd)
         self.tell("receive", {k: ReceiveIns(tag, rnd, length) for k in members})
 

@@ -1,12 +1,12 @@
-"""Cost and accuracy of GCFL's encrypted pairwise-similarity exchange (protocols/ckks/pairwise.py).
+"""Cost and accuracy of GCFL's encrypted similarity exchange (protocols/ckks/similarity.py).
 
 For each K: K random updates of the GCFL GIN's shared size (3 GIN layers, hidden 64: 24,960
-values), one :func:`protocols.pairwise.pairwise_cosine` in ckks.  Prints and writes JSON: key
+values), one :func:`protocols.similarity.cosine_similarities` in ckks.  Prints and writes JSON: key
 the exchange's seconds, its fresh key generation included (wall and this process's CPU: the
 machine is shared), bytes per message kind, and the max |error| against the plaintext cosine
 matrix.
 
-    OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_pairwise_cost.py --clients 10 30 --out runs/gcfl_pairwise.json
+    OMP_NUM_THREADS=1 nice -n 5 python examples/gcfl_similarity_cost.py --clients 10 30 --out runs/gcfl_similarity.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from protocols import make_protocol  # noqa: E402
-from protocols.pairwise import cosine_matrix, pairwise_cosine  # noqa: E402
+from protocols.similarity import cosine_matrix, cosine_similarities  # noqa: E402
 
 SHARED = 3 * 2 * (64 * 64 + 64)
 
@@ -31,9 +31,9 @@ def measure(k: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     updates = {i: rng.normal(size=SHARED) * 0.01 for i in range(k)}
     proto = make_protocol("ckks", k, seed=seed)
-    pairwise_cosine(proto, "warm", 0, {0: updates[0], 1: updates[1]})  # key registration and directory
+    cosine_similarities(proto, "warm", 0, {0: updates[0], 1: updates[1]})  # key registration and directory
     t0, c0 = time.perf_counter(), time.process_time()
-    got = pairwise_cosine(proto, "gcfl/similarity", 1, updates)  # fresh pairwise keys included
+    got = cosine_similarities(proto, "gcfl/similarity", 1, updates)  # fresh similarity keys included
     exchange_s, exchange_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     msgs = proto.transcript.select(tag="gcfl/similarity")
     ups = [m for m in msgs if m.kind == "ciphertext" and m.receiver == "server"]

@@ -1,13 +1,13 @@
-"""Pairwise statistics for clustering.
+"""Similarity statistics for clustering.
 
 Exchange shape 4 of docs/design.md; GCFL, Xie et al., NeurIPS 2021, sec. 4. Whoever decides the clusters learns the
 ``m x m`` cosine-similarity matrix of the members' updates, and the scalars it is told, nothing more.
 
-* :func:`pairwise_cosine` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``, an exchange of the
-  backend's halves (:mod:`protocols.pairwise_exchange`; this function plays the members from
+* :func:`cosine_similarities` -- ``S_ij = <u_i, u_j> / (||u_i|| ||u_j||)``, an exchange of the
+  backend's halves (:mod:`protocols.similarity_exchange`; this function plays the members from
   the dict it is given, a client runtime plays its own).
   ``plain``: each member sends its update in the clear (the plain server reads updates anyway).
-  ``ckks``: :mod:`protocols.ckks.pairwise` -- members upload their normalised updates
+  ``ckks``: :mod:`protocols.ckks.similarity` -- members upload their normalised updates
   encrypted under a fresh key pair of a designated client, the server evaluates the inner
   products homomorphically, the designated client decrypts and returns only the values.
   ``mask``: refused -- additive masks hide each vector but give no inner products.
@@ -27,25 +27,25 @@ from . import validate
 from .errors import ConfigurationError, NonFiniteError, ShapeError
 from .exchange import ArrayLike
 from .halves import HalvesProtocol
-from .pairwise_exchange import cosine_matrix, pairwise_over_halves
-from .registry import pairwise_modes
+from .registry import similarity_modes
 from .report import collect_reports
+from .similarity_exchange import cosine_matrix, similarity_over_halves
 
-__all__ = ["pairwise_cosine", "report_scalars", "report_vectors", "PAIRWISE_MODES", "cosine_matrix"]
+__all__ = ["cosine_similarities", "report_scalars", "report_vectors", "SIMILARITY_MODES", "cosine_matrix"]
 
-#: modes in which :func:`pairwise_cosine` runs
-PAIRWISE_MODES = pairwise_modes()
+#: modes in which :func:`cosine_similarities` runs
+SIMILARITY_MODES = similarity_modes()
 
 
 def _validated(protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike]) -> dict[int, np.ndarray]:
     if len(updates) < 2:
-        raise ShapeError("pairwise statistics need at least two clients", tag=tag, round=rnd)
+        raise ShapeError("similarity statistics need at least two clients", tag=tag, round=rnd)
     return protocol._dense_inputs(
         tag, rnd, {k: validate.real_array(v, tag, rnd, k, "update").ravel() for k, v in updates.items()}
     )
 
 
-def pairwise_cosine(
+def cosine_similarities(
     protocol: HalvesProtocol, tag: str, rnd: int, updates: Mapping[int, ArrayLike], *, decider: int = 0
 ) -> np.ndarray:
     """The ``[m, m]`` cosine matrix of ``updates``.
@@ -53,9 +53,9 @@ def pairwise_cosine(
     Rows are in the order of ``updates``. The matrix is known afterwards to the server (the party that decides the
     clusters).
     """
-    if protocol.mode not in PAIRWISE_MODES:
+    if protocol.mode not in SIMILARITY_MODES:
         raise ConfigurationError(
-            f"pairwise statistics need inner products of updates, which --mode "
+            f"similarity statistics need inner products of updates, which --mode "
             f"{protocol.mode} cannot compute: use --mode ckks",
             tag=tag,
             round=rnd,
@@ -67,7 +67,7 @@ def pairwise_cosine(
     for k in members:  # the facade plays each member: its half's provider returns its update
         protocol.clients[k].provider = lambda plan, v=arrays[k]: plan.dense_table(v)
     try:
-        return pairwise_over_halves(protocol, tag, rnd, members, decider, next(iter(arrays.values())).size)
+        return similarity_over_halves(protocol, tag, rnd, members, decider, next(iter(arrays.values())).size)
     finally:
         for k in members:
             protocol.clients[k].provider = None

@@ -1,14 +1,14 @@
-"""Encrypted pairwise cosine similarities under CKKS.
+"""Encrypted cosine similarities of all pairs under CKKS.
 
-Encrypted pairwise cosine similarities (docs/design.md shape 4, ckks): the server evaluates
+Encrypted cosine similarities of all pairs (docs/design.md shape 4, ckks): the server evaluates
 the inner products of the clients' normalised updates without a secret key, and a
 designated client decrypts only the resulting matrix.
 
-Protocol (one exchange, tag ``T``; the stages and who holds what: :mod:`protocols.pairwise_exchange`;
+Protocol (one exchange, tag ``T``; the stages and who holds what: :mod:`protocols.similarity_exchange`;
 the parties' steps are the functions below):
 
 1. **Keys** (fresh for every exchange): the designated client ``d`` makes a CKKS key pair on
-   :data:`PAIRWISE_CHAIN` with a relinearisation key and Galois (rotation) keys; it sends
+   :data:`SIMILARITY_CHAIN` with a relinearisation key and Galois (rotation) keys; it sends
    the server the evaluation context (public, relinearisation and Galois keys) and every
    other member the encryption context (public key only), signed.  No one but ``d`` can decrypt.
 2. **Upload**: client ``i`` normalises its update ``u_i / ||u_i||`` (entries in [-1, 1]; a
@@ -46,9 +46,9 @@ from ..errors import BoundError, ConfigurationError, ShapeError
 from .params import ChainParams, check_security
 
 __all__ = [
-    "PAIRWISE_CHAIN",
-    "PAIRWISE_SCALE_BITS",
-    "PAIRWISE_TOLERANCE",
+    "SIMILARITY_CHAIN",
+    "SIMILARITY_SCALE_BITS",
+    "SIMILARITY_TOLERANCE",
     "make_key_pair",
     "public_context",
     "encrypt_unit",
@@ -57,27 +57,27 @@ __all__ = [
     "cosine_from_pairs",
 ]
 
-PAIRWISE_CHAIN = ChainParams("pairwise-n8192", 8192, (60, 40, 60))
-PAIRWISE_SCALE_BITS = 40
+SIMILARITY_CHAIN = ChainParams("similarity-n8192", 8192, (60, 40, 60))
+SIMILARITY_SCALE_BITS = 40
 #: largest |error| accepted on a decrypted cosine (checked in tests/algorithms/test_gcfl.py)
-PAIRWISE_TOLERANCE = 1e-4
+SIMILARITY_TOLERANCE = 1e-4
 
 
 def make_key_pair() -> tuple[ts.Context, bytes, bytes]:
-    """Decider: make a key pair on :data:`PAIRWISE_CHAIN` and the contexts the others need.
+    """Decider: make a key pair on :data:`SIMILARITY_CHAIN` and the contexts the others need.
 
-    Decider: a key pair on :data:`PAIRWISE_CHAIN` with relinearisation and Galois keys;
+    Decider: a key pair on :data:`SIMILARITY_CHAIN` with relinearisation and Galois keys;
     ``(secret context, evaluation context bytes for the server, encryption context bytes
     for the other clients)``.  Neither byte string holds the secret key.
     """
-    check_security(PAIRWISE_CHAIN)
+    check_security(SIMILARITY_CHAIN)
     secret = ts.context(
         ts.SCHEME_TYPE.CKKS,
-        PAIRWISE_CHAIN.poly_modulus_degree,
-        coeff_mod_bit_sizes=list(PAIRWISE_CHAIN.coeff_mod_bit_sizes),
+        SIMILARITY_CHAIN.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(SIMILARITY_CHAIN.coeff_mod_bit_sizes),
         n_threads=1,
     )
-    secret.global_scale = 2.0**PAIRWISE_SCALE_BITS
+    secret.global_scale = 2.0**SIMILARITY_SCALE_BITS
     secret.generate_galois_keys()
     evaluation = secret.serialize(
         save_public_key=True, save_secret_key=False, save_galois_keys=True, save_relin_keys=True
@@ -92,7 +92,7 @@ def public_context(data: bytes, tag: str = "", rnd: int = 0) -> ts.Context:
     """A received evaluation or encryption context; refused if it holds a secret key."""
     ctx = ts.context_from(data, n_threads=1)
     if ctx.is_private():
-        raise ConfigurationError("a public pairwise context holds the secret key", tag=tag, round=rnd)
+        raise ConfigurationError("a public similarity context holds the secret key", tag=tag, round=rnd)
     return ctx
 
 
@@ -109,10 +109,10 @@ def encrypt_unit(
     unit = v / norm if norm > 0 else v
     if np.abs(unit).max(initial=0.0) > 1.0 + 1e-9:
         raise BoundError("a normalised update has an entry above 1", tag=tag, round=rnd, client=client)
-    scale = 2.0**PAIRWISE_SCALE_BITS
+    scale = 2.0**SIMILARITY_SCALE_BITS
     return [
         ts.ckks_vector(encryption, piece.tolist(), scale=scale).serialize()
-        for piece in _pieces(unit, PAIRWISE_CHAIN.slots)
+        for piece in _pieces(unit, SIMILARITY_CHAIN.slots)
     ], norm > 0
 
 
@@ -131,9 +131,9 @@ def inner_products(evaluation: ts.Context, uploads: list[list[bytes]], *, tag: s
     return results
 
 
-#: the decider rounds the pair values to this power-of-two grid (half a step <= PAIRWISE_TOLERANCE / 2)
+#: the decider rounds the pair values to this power-of-two grid (half a step <= SIMILARITY_TOLERANCE / 2)
 #: before releasing them, so the CKKS noise of an exact decryption does not leave it (Li-Micciancio)
-RELEASE_STEP = 2.0 ** math.floor(math.log2(PAIRWISE_TOLERANCE))
+RELEASE_STEP = 2.0 ** math.floor(math.log2(SIMILARITY_TOLERANCE))
 
 
 def decrypt_pairs(secret: ts.Context, results: list[bytes]) -> np.ndarray:
