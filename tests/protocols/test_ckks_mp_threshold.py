@@ -232,7 +232,7 @@ def test_the_broadcast_dealer_lost_at_key_set_up_is_replaced_by_the_next_client(
     x = {k: np.full(LENGTH, float(k + 1)) for k in range(5)}
     for k, half in p.clients.items():
         half.provider = lambda plan, v=x[k]: plan.dense_table(v)
-    included = run_split(p, plan_dense(p, "t/sum", 0, range(5), range(5), LENGTH, COUNTS))
+    included = run_server_half(p, plan_dense(p, "t/sum", 0, range(5), range(5), LENGTH, COUNTS))
     assert included == (2, 3, 4) and p.server.unfinished == {0, 1}
     for k in (2, 3, 4):
         assert np.array_equal(dense_result(p.clients[k].result(), LENGTH), x[2] + x[3] + x[4])
