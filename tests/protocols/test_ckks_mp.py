@@ -77,6 +77,21 @@ def test_ntt_product_is_negacyclic_convolution(seed, n_log):
     assert np.array_equal(ring.intt(ring.ntt(ring.from_signed(a, 3))), ring.from_signed(a, 3))
 
 
+@pytest.mark.parametrize("n", [256, 1024])
+def test_ntt_of_a_ring_wider_than_its_transposed_view_is_negacyclic_convolution(n):
+    """Rings past the transposed view's 64 columns run stages in both layouts; the product stays exact."""
+    ring = RNSRing(n, ntt_primes(n, 4))
+    rng = np.random.default_rng(n)
+    a, b = rng.integers(-(10**6), 10**6, n), rng.integers(-50, 50, n)
+    full = np.convolve(a, b)  # |entries| < n 5e7: exact in int64
+    ref = full[:n].copy()
+    ref[: n - 1] -= full[n:]
+    got = ring.intt(ring.mul(ring.ntt(ring.from_signed(a, 4)), ring.ntt(ring.from_signed(b, 4))))
+    assert np.array_equal(got, ring.from_signed(ref, 4))
+    top = np.stack([np.full(n, q - 1) for q in ring.primes])  # the largest residues: the lazy bounds' worst case
+    assert np.array_equal(ring.intt(ring.ntt(top)), top)
+
+
 def test_parameters_meet_128_bit_security_and_refuse_more():
     params = MPParams()
     check_security(params)
