@@ -81,11 +81,11 @@ def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> n
     aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' shares, each
     switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
     """
-    h = shares[0]
-    for share in shares[1:]:
-        h = ring.add(h, share)
-    c0 = ring.rescale(c0, h.shape[-2])
-    return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
+    h = np.zeros(shares[0].shape, dtype=np.int64)
+    h[:, 0] = ring.rescale(c0, h.shape[-2])
+    for share in shares:  # K < 2^32 residues below 2^31 each: one reduction at the end
+        h += share
+    return ring.reduce(h)
 
 
 def cks_share(
@@ -98,11 +98,15 @@ def cks_share(
     for the one client ``d`` that also subtracts it (module docstring).
     """
     batch, level = s_c1.shape[0], s_c1.shape[1]
-    h = ring.add(s_c1, mask)
-    if s_b_c1 is not None:
-        h = ring.sub(h, s_b_c1)
-    e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
-    return ring.add(h, e0)
+    q = ring.q[:level]
+    out = np.empty(s_c1.shape, dtype=np.int64)
+    for rows in ring.batches(batch, level):  # s c1 + z + e0 (+ q - s_B c1): below 4q, one reduction
+        h = s_c1[rows] + mask[rows]
+        h += ring.from_limbs(smudging_limbs((rows.stop - rows.start, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
+        if s_b_c1 is not None:
+            h += q - s_b_c1[rows]
+        out[rows] = ring.reduce(h)
+    return out
 
 
 def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
@@ -111,7 +115,7 @@ def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -
     From the aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' CKS shares,
     each switched down to ``L'`` by its sender.
     """
-    h = shares[0]
-    for share in shares[1:]:
-        h = ring.add(h, share)
-    return ring.add(ring.rescale(c0, h.shape[-2]), h)
+    h = ring.rescale(c0, shares[0].shape[-2])
+    for share in shares:  # K < 2^32 residues below 2^31 each: one reduction at the end
+        h += share
+    return ring.reduce(h)

@@ -229,19 +229,37 @@ class RNSRing:
         all the steps together is below 1 per coefficient.  Each step is one unsigned ``%``:
         ``(x_j + q_j - [x]_{q_l}) q_l^{-1}`` stays below ``2^64``.
         """
-        x = np.array(a, dtype=np.int64)
-        for last in range(x.shape[-2] - 1, level - 1, -1):
-            q_l = self.primes[last]
-            r = x[..., last, :]
-            r = np.where(r > q_l // 2, r - q_l, r)[..., None, :]
-            q = self.q[:last]
-            inv = np.array([pow(q_l, -1, p) for p in self.primes[:last]], dtype=np.int64)[:, None]
-            y = x[..., :last, :] + (q - r)  # in (0, 2 q_j + q_l / 2) < 2^33
-            y *= inv
-            x = _umod(y, q)
-        return x
+        a = np.asarray(a, dtype=np.int64)
+        lead, top = a.shape[:-2], a.shape[-2]
+        flat = a.reshape((-1, top, self.n))
+        out = np.empty((flat.shape[0], level, self.n), dtype=np.int64)
+        for rows in self.batches(flat.shape[0], top):
+            x = flat[rows]
+            for last in range(top - 1, level - 1, -1):
+                q_l = self.primes[last]
+                r = x[:, last, :]
+                r = np.where(r > q_l // 2, r - q_l, r)[:, None, :]
+                q = self.q[:last]
+                inv = np.array([pow(q_l, -1, p) for p in self.primes[:last]], dtype=np.int64)[:, None]
+                y = x[:, :last, :] + (q - r)  # in (0, 2 q_j + q_l / 2) < 2^33
+                y *= inv
+                x = _umod(y, q)
+            out[rows] = x
+        return out.reshape(lead + (level, self.n))
+
+    def batches(self, count: int, level: int) -> list[slice]:
+        """Slices of a batch of ``count`` polynomials ``[L, N]``, about ``_CHUNK_BYTES`` of int64 words each.
+
+        Element-wise work on a cache-sized slice at a time touches no fresh memory for its temporaries.
+        """
+        step = max(1, _CHUNK_BYTES // (level * self.n * 8))
+        return [slice(i, min(i + step, count)) for i in range(0, count, step)]
 
     # ------------------------------------------------------------------ arithmetic
+    def reduce(self, x: np.ndarray) -> np.ndarray:
+        """``x mod q_j`` in place, for non-negative words ``[..., L, N]`` (int64 read as unsigned: below ``2^64``)."""
+        return _umod(x, self._q(x.shape[-2], 2))
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(a + b) mod q_i per RNS limb; inputs reduced."""
         s = np.add(a, b, dtype=np.int64)
