@@ -99,13 +99,17 @@ def to_bytes(polys: np.ndarray) -> bytes:
     return np.ascontiguousarray(polys, dtype="<u4").tobytes()
 
 
-def from_bytes(ring: RNSRing, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    """Parse residues of ``shape`` (``[..., L, N]``); ``ValueError`` naming what is wrong."""
+def from_bytes(ring: RNSRing, data: bytes, shape: tuple[int, ...], *, words: bool = False) -> np.ndarray:
+    """Parse residues of ``shape`` (``[..., L, N]``); ``ValueError`` naming what is wrong.
+
+    int64 residues, or with ``words`` the checked uint32 words themselves (a read-only view of ``data``, no copy:
+    what the server adds into its int64 sums).
+    """
     expected = int(np.prod(shape)) * 4
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != expected:
         got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
         raise ValueError(f"expected {expected} bytes ({shape} uint32 residues), got {got}")
-    words = np.frombuffer(data, dtype="<u4").reshape(shape)
-    if (words >= ring.q[: shape[-2]].astype(np.uint32)).any():
+    residues = np.frombuffer(data, dtype="<u4").reshape(shape)
+    if (residues >= ring.q[: shape[-2]].astype(np.uint32)).any():
         raise ValueError("a residue is not reduced modulo its prime (corrupted bytes)")
-    return words.astype(np.int64)
+    return residues if words else residues.astype(np.int64)

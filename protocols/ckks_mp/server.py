@@ -299,7 +299,7 @@ class CKKSMPServer(ServerHalf):
                     f"upload of shape {tuple(msg.shape)}, expected {(ids.size, plan.block_len)}", **self.where(k)
                 )
             try:
-                uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + c0_shape)
+                uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + c0_shape, words=True)
             except ValueError as exc:
                 raise IntegrityError(f"upload rejected: {exc}", **self.where(k)) from None
         del msgs
@@ -443,7 +443,7 @@ class CKKSMPServer(ServerHalf):
                 self.check_envelope(msg, fp, k)
                 shape = (len(rows) * pieces, *(ct_shape[1:] if to < 0 else ct_shape))  # CKS: one polynomial
                 try:
-                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, shape))
+                    shares[g].append(encryption.from_bytes(self.ring, msg.payload, shape, words=True))
                 except ValueError as exc:
                     raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
         return shares, missing
