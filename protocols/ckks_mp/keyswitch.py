@@ -22,7 +22,8 @@ recipient colluding with the server reads ``s_i c1 + z_i + noise`` per client, w
 meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is uniform), hence
 n-out-of-n.  Shares travel switched down to the plan's level ``L'`` (:mod:`.params`), and the mask is added
 after the switch-down: ``h0_i = round((s_i c1 + p_R u_i + e0_i) / P) + z_i`` with ``z_i`` uniform in ``R_{Q_L'}``,
-which hides the share as before and cancels exactly in the sum (``L'`` primes to expand, not ``L``).  t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
+which hides the share as before and cancels exactly in the sum (``L'`` primes to expand, not ``L``).
+t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
 shares, each with ``lambda_j^A sum_{i in U} sigma_{i,j}`` in place of ``s_i`` (``U``: the block's
 uploaders) and its mask over ``A``; the noise terms are added after that product, unchanged.
 
@@ -88,7 +89,7 @@ def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> n
     switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
     """
     h = np.zeros(shares[0].shape, dtype=np.int64)
-    h[:, 0] = ring.rescale(c0, h.shape[-2])
+    h[:, 0] = ring.rescale(c0, shares[0].shape[-2])
     for share in shares:  # K < 2^32 residues below 2^31 each: one reduction at the end
         h += share
     return ring.reduce(h)

@@ -145,7 +145,7 @@ class RNSRing:
             psi_inv, n_inv = pow(psi, -1, q), pow(n, -1, q)
             fwd.append(_powers(psi, n, q)[rev])  # psi^brv(i): Longa-Naehrig's table
             inv_powers = _powers(psi_inv, n, q)
-            inv.append(inv_powers[: n : 2] if n > 1 else inv_powers[:1])  # omega^-e, e < N / 2
+            inv.append(inv_powers[:n:2] if n > 1 else inv_powers[:1])  # omega^-e, e < N / 2
             twist.append(inv_powers * np.uint64(n_inv) % np.uint64(q))  # N^-1 psi^-k
         self._psi_rev_u = np.stack(fwd)  # [L, N]
         self._twist_u = np.stack(twist)  # [L, N]
