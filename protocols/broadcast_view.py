@@ -30,6 +30,15 @@ the whole sum, which each recipient verified its rows against (:mod:`protocols.r
 the roots are chained into ``u`` (same recursion, domain ``RELEASE_DOMAIN``), and once ``u`` is
 not all-zero the digest a client binds under any tag is
 ``SHA-256(domain || u || v)``, so clients handed different sums cannot complete a later sum together.
+
+A statistic of the round's sample (the schedule's ``statistic`` role: FedOMD's pooled moments)
+is computed on the models received and used in its round only.  Its contributions bind, in place
+of ``v``, the hash of every broadcast chain the client holds (the models it computed them on);
+in ``mask`` each one received is chained into the round's view ``w_r`` (same recursion, domain
+``ROUND_DOMAIN``, restarted each round), and a contribution of round ``r`` binds
+``SHA-256(domain || u || v || w_r)`` once ``w_r`` is set: the victim of a forged statistic is
+refused at the round's next sum (its moments, its model update).  ``ckks-mp`` binds no ``w_r``:
+every client key-switches every exchange, and the clients outside the sample received none.
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ VIEW_DOMAIN = b"secure-fgl/broadcast-view/v1"
 EMPTY_VIEW = bytes(32)
 #: domain separator of the chain of release commitments
 RELEASE_DOMAIN = b"secure-fgl/release-view/v1"
+#: domain separator of a round's chain of statistics
+ROUND_DOMAIN = b"secure-fgl/round-view/v1"
+#: the modes that chain a round's statistics (module docstring)
+ROUND_BINDING_MODES = ("mask",)
 
 
 class BroadcastViews:
@@ -56,13 +69,31 @@ class BroadcastViews:
         self.chains: dict[str, bytes] = {}
         #: ``u``: the chain of the release commitments received (all-zero before the first)
         self.released = EMPTY_VIEW
+        #: ``(r, w_r)``: the chain of the statistics received in round ``r``
+        self.round_view: tuple[int, bytes] | None = None
 
-    def digest(self, tag: str) -> bytes:
-        """What a contribution under ``tag`` binds: ``v`` (all-zero before the first broadcast), with ``u`` once set."""
-        chain = self.chains.get(tag, EMPTY_VIEW)
-        if self.released == EMPTY_VIEW:
+    def digest(self, tag: str, rnd: int | None = None, every_chain: bool = False) -> bytes:
+        """What a contribution under ``tag`` in round ``rnd`` binds (module docstring).
+
+        ``v`` (all-zero before the first broadcast; ``every_chain``: the hash of every chain, for a
+        statistic), with ``u`` and ``w_rnd`` once set.
+        """
+        if every_chain:
+            h = hashlib.sha256(VIEW_DOMAIN)
+            for name, v in sorted(self.chains.items()):
+                h.update(len(name.encode()).to_bytes(4, "big") + name.encode() + v)
+            chain = h.digest()
+        else:
+            chain = self.chains.get(tag, EMPTY_VIEW)
+        w = self.round_view[1] if self.round_view is not None and self.round_view[0] == rnd else None
+        if self.released == EMPTY_VIEW and w is None:
             return chain
-        return hashlib.sha256(VIEW_DOMAIN + self.released + chain).digest()
+        return hashlib.sha256(VIEW_DOMAIN + self.released + chain + (w or b"")).digest()
+
+    def record_statistic(self, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> None:
+        """Chain one received statistic into round ``rnd``'s view ``w_rnd`` (restarted each round)."""
+        before = self.round_view[1] if self.round_view is not None and self.round_view[0] == rnd else EMPTY_VIEW
+        self.round_view = (int(rnd), _chained(ROUND_DOMAIN + before, tag, rnd, blocks))
 
     def release(self, tag: str, rnd: int, root: bytes) -> None:
         """Chain the verified root of a released sum (:mod:`protocols.release_commitment`) into ``u``."""
@@ -72,7 +103,7 @@ class BroadcastViews:
         self.released = h.digest()
 
     def state_dict(self) -> dict[str, Any]:
-        """The chains, for a client's checkpoint (bytes as hex)."""
+        """The chains, for a client's checkpoint (bytes as hex; a round's statistics end with their round)."""
         return {"chains": {t: v.hex() for t, v in sorted(self.chains.items())}, "released": self.released.hex()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -82,8 +113,13 @@ class BroadcastViews:
 
     def record(self, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> None:
         """Chain one received result (block id -> decoded values) into ``tag``'s digest."""
-        h = hashlib.sha256(VIEW_DOMAIN + self.chains.get(tag, EMPTY_VIEW))
-        h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
-        for b in sorted(blocks):
-            h.update(int(b).to_bytes(8, "big") + np.ascontiguousarray(blocks[b], dtype=np.float64).tobytes())
-        self.chains[tag] = h.digest()
+        self.chains[tag] = _chained(VIEW_DOMAIN + self.chains.get(tag, EMPTY_VIEW), tag, rnd, blocks)
+
+
+def _chained(prefix: bytes, tag: str, rnd: int, blocks: dict[int, np.ndarray]) -> bytes:
+    """``SHA-256(prefix || tag || r || ids || values)``, one link of a chain (module docstring)."""
+    h = hashlib.sha256(prefix)
+    h.update(len(tag.encode()).to_bytes(4, "big") + tag.encode() + int(rnd).to_bytes(8, "big", signed=True))
+    for b in sorted(blocks):
+        h.update(int(b).to_bytes(8, "big") + np.ascontiguousarray(blocks[b], dtype=np.float64).tobytes())
+    return h.digest()

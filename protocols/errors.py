@@ -152,6 +152,14 @@ class SampleMismatchError(PlanRefusedError):
     """
 
 
+class ContributorSetMismatchError(PlanRefusedError):
+    """Exchanges of one related-input group in one round sum over different contributor sets.
+
+    Two sums of related inputs (one local update in two tags) over sets that differ by one client
+    would difference that client's input (:mod:`protocols.schedule`, ``groups``).
+    """
+
+
 class UnlistedExchangeError(PlanRefusedError):
     """A plan for a (round, tag) the run's public schedule does not list.
 

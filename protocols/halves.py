@@ -57,8 +57,9 @@ class HalvesProtocol(Protocol):
     (:func:`protocols.manifest.schedule_digest`), recorded in the manifest.
     ``max_colluders`` (c) and ``min_contributors`` (default ``c + 2``): the run's collusion bound,
     public (in the party setup and the manifest); every client half refuses a plan that breaks
-    it (:mod:`protocols.plan_policy`).  ``client_fraction``, ``roles`` (tag -> role) and
-    ``exchanges`` (tag -> first and last round; ``None``: not listed): the public schedule in the
+    it (:mod:`protocols.plan_policy`).  ``client_fraction``, ``roles`` (tag -> role),
+    ``exchanges`` (tag -> first and last round; ``None``: not listed) and ``groups`` (lists of tags
+    with related inputs): the public schedule in the
     manifest, which every client half checks plans against too (:mod:`protocols.schedule`; the
     sampling seed is ``seed``).
     ``manifest`` and ``identity``: a manifest built from the sites' own identity keys
@@ -80,6 +81,7 @@ class HalvesProtocol(Protocol):
         client_fraction: float = 1.0,
         roles: dict[str, str] | None = None,
         exchanges: dict[str, tuple[int, int]] | None = None,
+        groups: list[list[str]] | None = None,
         manifest: Manifest | None = None,
         identity: SigningKey | None = None,
         **base_options: Any,
@@ -88,7 +90,11 @@ class HalvesProtocol(Protocol):
         #: this session's nonce (os.urandom; a resumed run gets a new session)
         self.session = os.urandom(NONCE_BYTES)
         self.collusion = CollusionBound.of(max_colluders, min_contributors)
-        listing = {} if exchanges is None else {"exchanges": {t: [int(a), int(b)] for t, (a, b) in exchanges.items()}}
+        listing: dict[str, Any] = {}
+        if exchanges is not None:
+            listing["exchanges"] = {t: [int(a), int(b)] for t, (a, b) in exchanges.items()}
+        if groups:
+            listing["groups"] = [sorted(str(t) for t in group) for group in groups]
         self.schedule = PublicSchedule.of(
             num_clients,
             {"sample_seed": int(self.seed), "client_fraction": client_fraction, "roles": roles or {}, **listing},
@@ -138,7 +144,12 @@ class HalvesProtocol(Protocol):
         """The manifest's security parameters (those not already among :meth:`public_options`)."""
         schedule = {"sample_seed": self.schedule.sample_seed, "client_fraction": self.schedule.client_fraction}
         listed = self.schedule.exchanges
-        listing = {} if listed is None else {"exchanges": {t: [a, b] for t, (a, b) in sorted(listed.items())}}
+        listing: dict[str, Any] = (
+            {} if listed is None else {"exchanges": {t: [a, b] for t, (a, b) in sorted(listed.items())}}
+        )
+        groups = sorted({group for of_tag in self.schedule.groups.values() for group in of_tag})
+        if groups:
+            listing["groups"] = [list(group) for group in groups]
         return {**schedule, "roles": dict(self.schedule.roles), **listing, **self.collusion.to_dict()}
 
     def client_identity(self, k: int) -> dict[str, bytes]:

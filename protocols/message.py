@@ -62,7 +62,7 @@ STAGES = {
     ),
     "ckks": SHARED_STAGES + ("key_setup", "block_ids", "upload", "download", "report"),
     "plain": SHARED_STAGES + ("block_ids", "upload", "download", "report"),
-    "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "report"),
+    "ckks-mp": SHARED_STAGES + ("key_setup", "block_ids", "upload", "keyswitch", "download", "release", "report"),
 }
 _U32, _U64, _I64 = struct.Struct(">I"), struct.Struct(">Q"), struct.Struct(">q")
 _MAX_FIELD = 1 << 16  # header strings are short; anything longer is garbage

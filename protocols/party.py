@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .auth import KeyRegistry, ReplayCache, SigningKey, check_public_key, sign_public_key, split_auth, verify
-from .broadcast_view import BroadcastViews
+from .broadcast_view import ROUND_BINDING_MODES, VIEW_BINDING_MODES, BroadcastViews
 from .channel import ChannelKey, associated_data
 from .errors import (
     ClearReportRefusedError,
@@ -346,7 +346,7 @@ class ClientHalf(Party):
                 if self.schedule is not None:  # every mode, every stage: an exchange of the run's algorithm
                     self.schedule.check_listed(planned, self.id)
                 if self.checks_plans and stage != REPORT_STAGE:
-                    self.policy.check(planned)
+                    self.policy.check(planned, self.groups())
                     if self.schedule is not None:
                         self.schedule.check(planned, self.id)
             except PlanRefusedError:
@@ -370,12 +370,27 @@ class ClientHalf(Party):
             out += [wire for _, wire in self.on_stage(stage, inbox)]
         return pack_bundle(out)
 
-    def view_digest(self) -> bytes:
-        """The digest of the broadcasts this client received under the current plan's tag.
+    def groups(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """The public schedule's related-input groups this half enforces (``mask``, ``ckks-mp``; plan_policy rule 4)."""
+        if self.schedule is None or self.mode not in VIEW_BINDING_MODES:
+            return {}
+        return self.schedule.groups
 
-        The client binds it into its contribution (:mod:`protocols.broadcast_view`); it is all-zero for other tags.
+    def released_over(self, plan: ExchangePlan, included) -> None:
+        """Report the contributors ``included`` that ``plan``'s sum is released over (plan_policy rule 4)."""
+        if self.id in plan.contributors:
+            for group in self.groups().get(plan.tag, ()):
+                self.policy.released_over(plan, group, included)
+
+    def view_digest(self) -> bytes:
+        """The digest of what this client received that the current plan's contribution depends on.
+
+        The broadcasts under the plan's tag (a statistic: under every tag), the release commitments and the round's
+        statistics; the client binds it into its contribution (:mod:`protocols.broadcast_view`); all-zero when there
+        is nothing.
         """
-        return self.views.digest(self.plan.tag)
+        statistic = self.schedule is not None and self.schedule.is_statistic(self.plan.tag)
+        return self.views.digest(self.plan.tag, self.plan.round, every_chain=statistic)
 
     def _adopt_exchange(self, msg: Message, exchange: int) -> None:
         """Adopt the exchange number of a verified server message.
@@ -495,6 +510,10 @@ class ClientHalf(Party):
             blocks = grid_sums(blocks, self.plan.spec.grid_bits, self.where())
         if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
             self.views.record(self.plan.tag, self.plan.round, blocks)
+        elif (
+            self.schedule is not None and self.schedule.is_statistic(self.plan.tag) and self.mode in ROUND_BINDING_MODES
+        ):
+            self.views.record_statistic(self.plan.tag, self.plan.round, blocks)
         self._result = (self.plan.exchange, {b: self.keep(b, v) for b, v in blocks.items()})
 
     def open_relayed(self, msg: Message, stage: str, part: int = 0, exchange: int | None = None) -> bytes:
@@ -756,7 +775,7 @@ class ServerHalf(Party):
                     wires.append(wire)
             requests[k] = pack_bundle(wires)
         responses = link.call(stage, requests)
-        if stage == "download":
+        if stage in ("download", "release"):  # a result, or (ckks-mp) the commitment its delivery waits for
             self.last_undelivered = tuple(sorted(set(self.last_undelivered) | (set(requests) - set(responses))))
         out = {}
         for k, data in responses.items():

@@ -16,7 +16,13 @@ differ by one client differ by that client's input.  Each client therefore refus
    side must itself be a sum the run allows.  The same set again is refused too (the server could
    leave out a different contributor each time).  GCFL's split round (the cluster's sum, then each
    half's) passes when each half has at least ``min_contributors`` members;
-3. shows it another recipient's request, or names a recipient that is not a client of the run.
+3. shows it another recipient's request, or names a recipient that is not a client of the run;
+4. (``mask`` and ``ckks-mp``) asks it to contribute, in a round, to a tag of a related-input group
+   of the public schedule (:mod:`protocols.schedule`, ``groups``: FedSpray's batch carries the
+   encoder's vector of one local update, and the proxies') over another contributor set than the
+   one its first contribution of the group in that round was released over (:meth:`PlanPolicy.released_over`:
+   ``mask``'s signed survivor set, ``ckks-mp``'s uploaders):
+   :class:`~protocols.errors.ContributorSetMismatchError`.
 
 ``c`` and the minimum are public run parameters (:class:`CollusionBound`, read from the party
 setup by :func:`collusion_bound`), never taken from a plan.  A sum over ``m >= c + 2``
@@ -28,7 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import ConfigurationError, RecipientRoleError, RepeatedContributionError, TooFewContributorsError
+from .errors import (
+    ConfigurationError,
+    ContributorSetMismatchError,
+    RecipientRoleError,
+    RepeatedContributionError,
+    TooFewContributorsError,
+)
 from .plan import ExchangePlan
 
 
@@ -80,9 +92,11 @@ class PlanPolicy:
     bound: CollusionBound
     #: (round, tag) -> the contributor sets of the sums this client joined under it
     contributed: dict = field(default_factory=dict)
+    #: (round, group) -> (the tag of the group's first contribution, the set it was released over)
+    group_sets: dict = field(default_factory=dict)
 
-    def check(self, plan: ExchangePlan) -> None:
-        """Refuse ``plan`` (module doc, rules 1-3); record the contribution it is about to make."""
+    def check(self, plan: ExchangePlan, groups: dict[str, tuple[tuple[str, ...], ...]] | None = None) -> None:
+        """Refuse ``plan`` (module doc, rules 1-4; ``groups``: tag -> its related-input groups); record it."""
         where = dict(tag=plan.tag, round=plan.round, client=self.client)
         if set(plan.requests) - {self.client} or any(not 0 <= r < self.num_clients for r in plan.requests):
             raise RecipientRoleError(
@@ -115,4 +129,28 @@ class PlanPolicy:
                     "sent",
                     **where,
                 )
+        for group in (groups or {}).get(plan.tag, ()):
+            self.released_over(plan, group, now)
         self.contributed.setdefault(key, []).append(now)
+
+    def released_over(self, plan: ExchangePlan, group: tuple[str, ...], included) -> None:
+        """Rule 4: the contributors ``included`` in ``plan``'s sum, a tag of related-input group ``group``.
+
+        The first contribution of the group in the round records its set (first the plan's contributors, then
+        the set its sum was released over, which the backend reports); any other tag of the group in that round
+        must name the same set (ContributorSetMismatchError otherwise, nothing sent).
+        """
+        key, now = (int(plan.round), group), frozenset(int(k) for k in included)
+        first = self.group_sets.get(key)
+        if first is None or first[0] == plan.tag:
+            self.group_sets[key] = (plan.tag, now)
+        elif now != first[1]:
+            raise ContributorSetMismatchError(
+                f"{plan.tag!r} and {first[0]!r} carry related inputs (one group of the run's public schedule), "
+                f"but this round's {first[0]!r} sum was released over {sorted(first[1])} and this one covers "
+                f"{sorted(now)}: the two sums would difference the clients in one and not the other; refused "
+                "before anything more of this exchange is sent (upload, survivor-set signature, key-switching share)",
+                tag=plan.tag,
+                round=plan.round,
+                client=self.client,
+            )

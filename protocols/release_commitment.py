@@ -19,6 +19,11 @@ The leaf's position is its block id, so the tree holds one leaf per block: two r
 block that verify against one root received the same bytes for it; recipients that were given
 different roots are refused in the next sum they share.  Proof size: at most
 ``32 * m * ceil(log2 B)`` bytes for ``m`` own blocks, fewer when they are neighbours.
+
+``ckks-mp`` key-switches each recipient's blocks to its own key, so no two recipients receive the
+same bytes: there leaf ``b`` is :func:`leaf` of the recipients' keyed digest of the values they
+decoded (:meth:`protocols.ckks_mp.client.CKKSMPClient._release_digest`), reported with the download
+and committed to one stage later.
 """
 
 from __future__ import annotations

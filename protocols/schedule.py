@@ -13,7 +13,7 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
   directly.)
 * ``sample_seed`` and ``client_fraction``: the round's sample ``S_r``
   (:func:`protocols.client_sampling.sample_clients`);
-* ``roles``: tag -> public role of the exchanges under that tag.  One role is defined,
+* ``roles``: tag -> public role of the exchanges under that tag.  First,
   :data:`BROADCAST`: the exchange of a model every client trains on (FedAvg's ``<algorithm>/model``).
   For a tag with that role a client refuses (nothing is sent) a plan
 
@@ -25,10 +25,26 @@ The manifest's ``security`` section carries (:mod:`protocols.manifest`):
   and binds the digest of every broadcast it received under the tag into what it contributes
   next under it (:mod:`protocols.broadcast_view`), so clients that were sent different models
   cannot complete a sum together.  A second role, :data:`RELEASE`: a sum whose recipients get
-  different rows (FedGCN's pre-training neighbour sums).  In ``mask`` the server sends each
-  recipient a proof that its rows are part of one committed sum; the recipient refuses rows
-  without a valid one (:class:`~protocols.errors.InconsistentViewError`) and binds the commitment
-  into every later contribution (:mod:`protocols.release_commitment`).
+  different rows (FedGCN's pre-training neighbour sums, fedgcn-gap's hop sums).  The server sends
+  each recipient a proof that its rows are part of one committed sum (``mask``: of the blocks'
+  wire bytes; ``ckks-mp``: of the recipients' keyed digests of what they decoded, one stage
+  later); the recipient refuses rows without a valid one
+  (:class:`~protocols.errors.InconsistentViewError`, nothing delivered) and binds the commitment
+  into every later contribution (:mod:`protocols.release_commitment`); in ``mask``, once it holds
+  one, every survivor must sign the survivor set of a later release (fedgcn-gap's hop ``h + 1``,
+  computed from hop ``h``'s rows).  A third role, :data:`STATISTIC`: a sum every recipient of the round's
+  sample gets whole and uses in that round only (FedOMD's pooled statistics).  It is checked as a
+  broadcast (rules 1 and 2); its contributions bind the client's chains of every broadcast (they
+  are computed on the models received), and in ``mask`` each one received is chained into the
+  round's view ``w_r``, bound into every later contribution of the round
+  (:mod:`protocols.broadcast_view`).
+* ``groups``: lists of tags whose exchanges carry the same input (FedSpray's batch holds the
+  encoder's vector of one local update, and the proxies'; a tag may be in several groups).  In
+  ``mask`` and ``ckks-mp`` a client contributes to the members of a group in one round only over
+  one contributor set: the set its first contribution of the group was released over (``mask``:
+  the survivor set it signed), else :class:`~protocols.errors.ContributorSetMismatchError`, nothing
+  sent: two sums over sets that differ by one client would difference that client's input
+  (:class:`~protocols.plan_policy.PlanPolicy` checks the same for repeats of one tag).
 
 A listed tag without a role is checked by the run-wide rules only (:mod:`protocols.plan_policy`).
 A party without a manifest (trust on first use) has no schedule.
@@ -50,7 +66,9 @@ BROADCAST = "broadcast"
 #: the role of a sum released as different rows to different recipients, bound by the server's
 #: commitment to the whole sum (:mod:`protocols.release_commitment`)
 RELEASE = "release"
-ROLES = (BROADCAST, RELEASE)
+#: the role of a sum the round's sample receives whole and uses in that round only (module docstring)
+STATISTIC = "statistic"
+ROLES = (BROADCAST, RELEASE, STATISTIC)
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,8 @@ class PublicSchedule:
     roles: dict[str, str] = field(default_factory=dict)
     #: tag -> (first, last) round of its exchanges; ``None``: nothing listed, no tag refused
     exchanges: dict[str, tuple[int, int]] | None = None
+    #: tag -> the related-input groups it belongs to (module docstring), each the group's sorted tags
+    groups: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, num_clients: int, security: dict[str, Any]) -> PublicSchedule:
@@ -74,14 +94,17 @@ class PublicSchedule:
         listed = security.get("exchanges")
         try:
             exchanges = None if listed is None else {str(t): (int(a), int(b)) for t, (a, b) in dict(listed).items()}
+            groups = [tuple(sorted(str(t) for t in group)) for group in security.get("groups") or []]
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"malformed exchange listing in the run manifest ({e})") from None
+        group_of = {tag: tuple(g for g in groups if tag in g) for group in groups for tag in group}
         return cls(
             int(num_clients),
             int(security.get("sample_seed", 0)),
             float(security.get("client_fraction", 1.0)),
             roles,
             exchanges,
+            group_of,
         )
 
     def lists(self, tag: str, rnd: int) -> bool:
@@ -112,13 +135,29 @@ class PublicSchedule:
         """Whether contributions under ``tag`` bind the broadcasts received under it."""
         return self.roles.get(tag) == BROADCAST
 
+    def is_statistic(self, tag: str) -> bool:
+        """Whether ``tag``'s sum is a statistic of the round's sample (:data:`STATISTIC`)."""
+        return self.roles.get(tag) == STATISTIC
+
+    def every_survivor_signs(self, tag: str) -> bool:
+        """Whether every survivor signs the survivor set of a ``tag`` exchange (its view is checked).
+
+        A broadcast or a statistic (``mask``, :mod:`protocols.broadcast_view`); a release once
+        the client holds a commitment is checked by the client itself.
+        """
+        return self.roles.get(tag) in (BROADCAST, STATISTIC)
+
+    def groups_of(self, tag: str) -> tuple[tuple[str, ...], ...]:
+        """The related-input groups of ``tag`` (module docstring); empty: in none."""
+        return self.groups.get(tag, ())
+
     def sample(self, rnd: int) -> list[int]:
         """The clients sampled in round ``rnd`` (a public function of the sample seed)."""
         return sample_clients(self.sample_seed, rnd, self.num_clients, self.client_fraction)
 
     def check(self, plan: ExchangePlan, client: int) -> None:
         """Refuse ``plan`` if it breaks the role the schedule gives its tag (module docstring)."""
-        if self.roles.get(plan.tag) != BROADCAST:
+        if self.roles.get(plan.tag) not in (BROADCAST, STATISTIC):
             return
         outside = sorted(set(plan.contributors) - set(self.sample(plan.round)))
         if outside:
@@ -133,7 +172,7 @@ class PublicSchedule:
         own = plan.requests.get(client)
         if own is not None and not np.array_equal(np.sort(own), np.arange(plan.num_blocks)):
             raise ScheduleRoleError(
-                f"the public schedule makes {plan.tag!r} a broadcast (every recipient gets every block), "
+                f"the public schedule makes {plan.tag!r} a {self.roles[plan.tag]} (every recipient gets every block), "
                 f"but this client is sent {np.asarray(own).size} of {plan.num_blocks} blocks: refused",
                 tag=plan.tag,
                 round=plan.round,

@@ -39,19 +39,25 @@ def public_schedule(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS}
 
 
-#: exchanges whose sum reaches its recipients as different rows, bound by a commitment (mask)
-RELEASE_TAGS = ("fedgcn/neighbour_sums",)
-
-
 def public_roles(cfg: RunConfig) -> dict[str, str]:
     """The exchange roles of the run's public schedule (:mod:`protocols.schedule`)."""
-    from protocols.schedule import BROADCAST, RELEASE
+    from protocols.schedule import BROADCAST, RELEASE, STATISTIC
 
     from .algorithms import get_spec
 
-    roles = {tag: BROADCAST for tag in get_spec(cfg.algorithm).broadcasts_of(cfg)}
-    released = {tag: RELEASE for tag in RELEASE_TAGS if tag in public_exchanges(cfg)}
-    return {**released, **roles}
+    spec = get_spec(cfg.algorithm)
+    return {
+        **{tag: STATISTIC for tag in spec.statistics_of(cfg)},
+        **{tag: RELEASE for tag in spec.releases_of(cfg)},
+        **{tag: BROADCAST for tag in spec.broadcasts_of(cfg)},
+    }
+
+
+def public_groups(cfg: RunConfig) -> list[list[str]]:
+    """The related-input groups of the run's public schedule (:mod:`protocols.schedule`)."""
+    from .algorithms import get_spec
+
+    return get_spec(cfg.algorithm).groups_of(cfg)
 
 
 def public_exchanges(cfg: RunConfig) -> dict[str, tuple[int, int]]:
@@ -79,6 +85,7 @@ def schedule_option(cfg: RunConfig) -> dict:
         "client_fraction": float(cfg.client_fraction),
         "roles": public_roles(cfg),
         "exchanges": public_exchanges(cfg),
+        "groups": public_groups(cfg),
     }
 
 
@@ -134,16 +141,20 @@ NOT_PROTECTED = (
     "a malicious client's own input",
     "a server re-signing a wrong aggregate (no verifiable aggregation)",
     "a crafted model, the same for every client, that leaks one update through the sum (use DP)",
+    "a client's constant inputs (its weight) differenced across rounds whose sets the server shrinks by claimed "
+    "dropouts",
 )
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
     "plain": "nothing: the server reads every contribution",
     "mask": "individual inputs hidden from the server plus c clients (c < t, 2t > n + c, >= c + 2 contributors "
     "per sum, a signed consistency round before unmasking that also binds the models each contributor "
-    "received under a broadcast tag); the aggregate is known to any one client",
+    "received under a broadcast tag, the released rows and the round's statistics); the aggregate is known to "
+    "any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag is refused",
+    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag or different "
+    "released rows is refused",
 }
 
 

@@ -35,7 +35,15 @@ this client's answer):
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
                        its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
-                       corrupted share or ciphertext) and decodes
+                       corrupted share or ciphertext) and decodes.  A release (the public schedule's
+                       ``release`` role: rows per recipient) -> the keyed digest of each decoded
+                       block, ``HMAC-SHA256(k_B, exchange || b || values)`` with ``k_B`` derived from
+                       ``s_B`` (every client's, the server's never), delivered only after
+``release``            the root of the server's commitment to every recipient's digests and this
+                       client's proof (:mod:`protocols.release_commitment`) -> nothing; it checks
+                       its digests against the root (InconsistentViewError, nothing delivered) and
+                       chains the root into the digest it binds into every later contribution
+                       (:mod:`protocols.broadcast_view`); every client, recipient or not, chains it
 
 t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.threshold`, Mouchet,
 Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
@@ -55,6 +63,7 @@ with the first request's groups, blocks and uploaders, a new active set and none
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import time
 from dataclasses import dataclass
@@ -62,6 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..auth import check_public_key, sign_public_key
+from ..broadcast_view import EMPTY_VIEW
 from ..ckks.memo import DecryptionMemo
 from ..ckks.params import per_client_limits
 from ..errors import (
@@ -80,6 +90,7 @@ from ..errors import (
 from ..message import encode_body
 from ..pairwise_exchange import PAIRWISE_SHAPE
 from ..party import ClientHalf, envelope_of
+from ..release_commitment import DIGEST_BYTES, leaf, verify
 from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
@@ -87,6 +98,7 @@ from .keys import BROADCAST_KEY, RECIPIENT_KEY, key_fingerprint
 from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
+from .threshold import check_finishers
 
 KEYS_TAG = "ckks-mp/keys"
 #: tag of the relayed Shamir shares of the t-out-of-n key set-up
@@ -96,8 +108,13 @@ SHARE_PART = 1
 #: t-out-of-n set-up: the server's request of part ``ROTATION_PART + r - 1`` asks each client i for its share of
 #: client ``(i + r) mod n`` (r = 1..n-1), so each call relays one share per client, never all at once
 ROTATION_PART = 2
+#: t-out-of-n set-up: the server's request (and the answer) of this part asks a client to deal the broadcast key in
+#: place of client 0, which did not answer the key set-up's first step
+DEALER_PART = (1 << 32) - 2
 #: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts r * groups + g, r: the re-plan)
 READY_PART = (1 << 32) - 1
+#: domain separator of the key of the released blocks' digests (:meth:`CKKSMPClient._release_digest`)
+RELEASE_KEY_DOMAIN = b"secure-fgl/ckks-mp/release-key/v1"
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
 #: t-out-of-n adds the active set, the uploaders and which of them uploaded each requested block
@@ -184,8 +201,17 @@ class CKKSMPClient(ClientHalf):
         self._to_deal: dict[int, bytes] = {}
         self._next_offset = 1
         self._setup_relayed: list[Message] = []
+        self._dealt_broadcast = False
+        #: the clients whose Shamir share this client was told not to send (they left the set-up)
+        self._skipped: set[int] = set()
+        #: the clients that finished the key set-up (t-out-of-n: at least t, named by the server; the only ones an
+        #: active set or an uploader set may hold)
+        self.finishers = frozenset(range(self.setup.num_clients))
         #: t of t-out-of-n key switching (n: every client answers every key switch)
         self.threshold = threshold_of(self.setup)
+        #: (exchange, decoded blocks) of a release, delivered once its commitment checks (:meth:`_release`)
+        self._released: tuple[int, dict[int, np.ndarray]] | None = None
+        self._release_key: bytes | None = None
 
     def on_stage(self, stage, inbox):
         """Multiparty CKKS client steps: key set-up, block ids, upload, key-switch share, decryption of the download.
@@ -197,6 +223,12 @@ class CKKSMPClient(ClientHalf):
             return self._key_setup(inbox)
         if self.plan is None:
             return []
+        if self.keys is not None and not self.fingerprint:
+            raise IntegrityError(
+                "an exchange for a client that did not finish the key set-up: it holds no share of this run's keys "
+                "and cannot rejoin (--resume runs the set-up again with every client)",
+                **self.where(),
+            )
         if self.keys is None or self.plan.encoding.get("fingerprint") != self.fingerprint:
             raise IntegrityError("the exchange names a key this client did not set up", **self.where())
         if self._state[0] != self.plan.exchange:
@@ -209,6 +241,8 @@ class CKKSMPClient(ClientHalf):
             return self._keyswitch(inbox)
         if stage == "download":
             return self._download(inbox)
+        if stage == "release":
+            return self._release(inbox)
         return []
 
     def _accept_plan(self, msg: Message) -> None:
@@ -286,6 +320,8 @@ class CKKSMPClient(ClientHalf):
             if relayed:
                 raise IntegrityError("messages relayed from other clients before key set-up began", **where)
             out = self._make_keys(req, where)
+        elif part == DEALER_PART:
+            out = self._deal_broadcast_key(req, where)
         else:
             if self.keys is None:
                 raise IntegrityError("a key set-up step before this client's key shares", **where)
@@ -308,15 +344,7 @@ class CKKSMPClient(ClientHalf):
         )
         p_r = self.keys.recipient_public_key
         public = {"recipient": p_r, "recipient_sig": self._sign(RECIPIENT_KEY, p_r)}
-        relayed = []
-        if self.id == 0:  # the dealer of the broadcast key
-            p_b = self.keys.make_broadcast_key()
-            public.update(broadcast=p_b, broadcast_sig=self._sign(BROADCAST_KEY, p_b))
-            secret = self.keys.broadcast_secret()
-            relayed = [
-                self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", tag=KEYS_TAG, round=req.round)
-                for k in range(1, self.setup.num_clients)
-            ]
+        relayed = self._broadcast_key(public, req.round) if self.id == 0 else []  # client 0 deals the broadcast key
         if self.threshold < self.setup.num_clients:  # t-out-of-n: sent one per call (_deal_next)
             self._to_deal = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
         msg = Message(
@@ -334,11 +362,55 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "key_setup")] + relayed
 
+    def _broadcast_key(self, public: dict, rnd: int, part: int = 0) -> list:
+        """Deal the broadcast key: ``p_B`` and its signature into ``public``; ``s_B`` sealed for every other client."""
+        p_b = self.keys.make_broadcast_key()
+        public.update(broadcast=p_b, broadcast_sig=self._sign(BROADCAST_KEY, p_b))
+        secret = self.keys.broadcast_secret()
+        return [
+            self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", part, KEYS_TAG, rnd)
+            for k in range(self.setup.num_clients)
+            if k != self.id
+        ]
+
+    def _deal_broadcast_key(self, req: Message, where: dict) -> list:
+        """T-out-of-n: deal the broadcast key in place of client 0, which left the set-up at its first step.
+
+        Only once, after this client's own keys and before any Shamir share rotation (IntegrityError otherwise).
+        Any client may deal it: every client holds ``s_B`` anyway (broadcast blocks go to all of them).
+        """
+        if self.threshold == self.setup.num_clients or self.keys is None or self._next_offset != 1 or self.id == 0:
+            raise IntegrityError(
+                "a request to deal the broadcast key outside t-out-of-n set-up's first steps (or to client 0, "
+                "which deals it at the first step)",
+                **where,
+            )
+        if self._dealt_broadcast:
+            raise IntegrityError("a second request to deal the broadcast key", **where)
+        self._dealt_broadcast = True
+        public: dict = {}
+        relayed = self._broadcast_key(public, req.round, DEALER_PART)
+        msg = Message(
+            req.round,
+            KEYS_TAG,
+            self.name,
+            SERVER,
+            "public_key",
+            (1, self.params.num_primes, self.params.n),
+            0,
+            self.mode,
+            "",
+            public,
+            note="p_B, owner-signed (client 0 left the key set-up)",
+        )
+        return [self.seal(msg, "key_setup", DEALER_PART)] + relayed
+
     def _deal_next(self, req: Message, offset: int, where: dict) -> list:
         """Rotation ``offset`` of the t-out-of-n set-up: this client's Shamir share for client ``(me + offset) mod n``.
 
         The server asks for the offsets 1..n-1 in order, one call each (IntegrityError otherwise), and relays each
-        call's n shares before asking for the next: it never holds more than n of them.
+        call's n shares before asking for the next: it never holds more than n of them.  ``skip``: the recipient left
+        the set-up, so the share is dropped unsent (the finishing set may then not hold it: :meth:`_take_finishers`).
         """
         K = self.setup.num_clients
         to = (self.id + offset) % K
@@ -350,6 +422,9 @@ class CKKSMPClient(ClientHalf):
             )
         self._next_offset += 1
         sigma = self._to_deal.pop(to)
+        if req.payload.get("skip"):  # the recipient left the set-up: its share is never sent
+            self._skipped.add(to)
+            return []
         note = f"Shamir share of s_{self.id}"
         return [self.seal_relayed(to, "key_setup", sigma, note, "", SHARE_PART, THRESHOLD_TAG, req.round)]
 
@@ -361,29 +436,26 @@ class CKKSMPClient(ClientHalf):
             signature = bytes(req.payload["broadcast_sig"])
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed public keys ({e})", **where) from None
-        if self.id:  # the dealer compares p_B with its own key below
+        K = self.setup.num_clients
+        dealer = 0
+        if self.threshold < K:
+            dealer = self._take_finishers(req.payload, where)
+        if self.id != dealer:  # the dealer compares p_B with its own key below
             check_public_key(
-                self.registry, BROADCAST_KEY, self.setup.run_id, client_party(0), pk_bytes, signature, where
+                self.registry, BROADCAST_KEY, self.setup.run_id, client_party(dealer), pk_bytes, signature, where
             )
         fp = key_fingerprint(self.params.describe(), self._seed, pk_bytes)
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
-        K = self.setup.num_clients
-        if self.threshold < K:
-            missing = sorted(set(range(K)) - self.keys.dealers)
-            if missing or self._next_offset != K:
-                raise IntegrityError(
-                    f"the key set-up ended before this client received a Shamir share from each other client "
-                    f"(missing: {missing}) and dealt its own to each (dealt {self._next_offset - 1} of {K - 1})",
-                    **where,
-                )
-        if self.id == 0:
+        if self.id == dealer:
             if not np.array_equal(p_b, self.keys.broadcast_pk):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
         else:
-            if len(relayed) != 1:
+            if len(relayed) != 1 or relayed[0].sender != client_party(dealer):
                 raise IntegrityError(
-                    f"expected the broadcast secret from client 0, got {len(relayed)} messages", **where
+                    f"expected the broadcast secret from client {dealer} alone, got {len(relayed)} messages from "
+                    f"{sorted({m.sender for m in relayed})}",
+                    **where,
                 )
             env = envelope_of(relayed[0])
             secret = self.open_relayed(relayed[0], "key_setup", env.part, exchange=env.exchange)
@@ -392,6 +464,35 @@ class CKKSMPClient(ClientHalf):
             except ValueError as e:
                 raise IntegrityError(f"broadcast key refused: {e}", **where) from None
         self.fingerprint = fp
+
+    def _take_finishers(self, payload: dict, where: dict) -> int:
+        """T-out-of-n: the clients that finished the set-up and the broadcast key's dealer, as the server names them.
+
+        Checked (:func:`.threshold.check_finishers`): at least t distinct clients of the run, this one among them,
+        and this client holds a Shamir share from each other one and sent its own to each of them; the shares of
+        dealers outside them are dropped (they never upload under this run's keys).  Returns the dealer.
+        """
+        try:
+            finishers = [int(k) for k in np.asarray(payload["finishers"], dtype=np.int64).ravel()]
+            dealer = int(payload["dealer"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed finishing set ({e})", **where) from None
+        K = self.setup.num_clients
+        check_finishers(finishers, self.id, self.threshold, K, where)
+        missing = sorted(set(finishers) - self.keys.dealers)
+        unsent = sorted(self._skipped & set(finishers))
+        dealt = self.id == 0 or self._dealt_broadcast  # this client dealt a broadcast key
+        if missing or unsent or self._next_offset != K or not 0 <= dealer < K or (dealer == self.id) != dealt:
+            raise IntegrityError(
+                f"the key set-up ended before this client received a Shamir share from each client that finished it "
+                f"(missing: {missing}) and dealt its own to each of them (dealt {self._next_offset - 1} of {K - 1}, "
+                f"unsent: {unsent}), or with broadcast key dealer {dealer} (client 0, or the client asked to deal it "
+                "in its place)",
+                **where,
+            )
+        self.keys.keep_dealers(finishers)
+        self.finishers = frozenset(finishers)
+        return dealer
 
     def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
         """Open the Shamir shares of ``s_i`` relayed in this call (at most one per other client i, ever)."""
@@ -589,6 +690,7 @@ class CKKSMPClient(ClientHalf):
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
             uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            self.released_over(self.plan, uploaders.tolist())  # a related-input group: one set per round
             binding = hashlib.sha256(
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
             ).digest()
@@ -697,6 +799,13 @@ class CKKSMPClient(ClientHalf):
         strangers = sorted({k for k in active + uploaders if not 0 <= k < K})
         if strangers:
             raise ActiveSetError(f"the request names client(s) {strangers}, not among this run's 0..{K - 1}", **where)
+        unkeyed = sorted(set(active + uploaders) - self.finishers)
+        if unkeyed:
+            raise ActiveSetError(
+                f"the request names client(s) {unkeyed}, which did not finish the key set-up (finishers: "
+                f"{sorted(self.finishers)})",
+                **where,
+            )
         if len(active) != t or len(set(active)) != t or active != sorted(active):
             raise ActiveSetError(
                 f"an active set of {len(set(active))} distinct client(s) {active}: t-out-of-n key switching "
@@ -782,7 +891,52 @@ class CKKSMPClient(ClientHalf):
             )
         )
         self.timing["download_s"] = time.perf_counter() - t
-        self.deliver({int(b): v for b, v in zip(bids.tolist(), values)})
+        blocks = {int(b): v for b, v in zip(bids.tolist(), values)}
+        if self.schedule is not None and self.schedule.releases(p.tag):  # delivered once the commitment checks
+            self._released = (p.exchange, blocks)
+            digests = b"".join(self._release_digest(b, v) for b, v in blocks.items())
+            msg = self.message(SERVER, "metadata", (len(blocks),), {"digests": digests}, self.fingerprint)
+            return [self.seal(msg, "download")]
+        self.deliver(blocks)
+        return []
+
+    def _release_digest(self, block: int, values: np.ndarray) -> bytes:
+        """``HMAC-SHA256(k_B, exchange || block || values)``: what the server commits to for a released block.
+
+        ``k_B = SHA-256(domain || run || s_B)``: the clients' broadcast secret keys it, so the server cannot test
+        guesses of a block it does not receive (a colluding client can).
+        """
+        if self._release_key is None:
+            self._release_key = hashlib.sha256(
+                RELEASE_KEY_DOMAIN + self.setup.run_id + self.keys.broadcast_secret()
+            ).digest()
+        body = int(self.plan.exchange).to_bytes(8, "big") + int(block).to_bytes(8, "big")
+        return hmac.new(self._release_key, body + np.ascontiguousarray(values, "<f8").tobytes(), "sha256").digest()
+
+    def _release(self, inbox):
+        """Check this client's released blocks against the server's commitment, chain its root, deliver them."""
+        p, where = self.plan, self.where()
+        if self.schedule is None or not self.schedule.releases(p.tag):
+            raise IntegrityError("a release commitment for an exchange the schedule does not release", **where)
+        msg = self._from_server(inbox, "release", where)
+        try:
+            root, proof = bytes(msg.payload["root"]), bytes(msg.payload["proof"])
+        except (KeyError, TypeError, ValueError):
+            root, proof = b"", b""
+        pending = self._released[1] if self._released is not None and self._released[0] == p.exchange else {}
+        if p.requests.get(self.id) is not None and len(p.requests[self.id]) and not pending:
+            raise IntegrityError("a release commitment before this client's download", **where)
+        own = {b: leaf(b, self._release_digest(b, v)) for b, v in pending.items()}
+        if len(root) != DIGEST_BYTES or (own and not verify(root, p.num_blocks, own, proof)):
+            raise InconsistentViewError(
+                "the rows of this released sum are not part of the sum the server committed to (or no commitment "
+                "came with them): the server may be handing different clients different sums; nothing was delivered",
+                **where,
+            )
+        self.views.release(p.tag, p.round, root)
+        self._released = None
+        if p.requests.get(self.id) is not None:
+            self.deliver(pending)
         return []
 
     def _decode(self, ep: Plan, cts: np.ndarray, bids: np.ndarray, lengths: list[int], broadcast: bool) -> np.ndarray:
@@ -812,12 +966,13 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
-                    if self.schedule is not None and self.schedule.binds_views(self.plan.tag):
+                    bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+                    if bound or self.view_digest() != EMPTY_VIEW:
                         raise InconsistentViewError(
-                            f"block {b} of a broadcast exchange decrypts with {why}: the clients' key-switching "
-                            "masks did not cancel, so they hold different plans or were sent different "
-                            "broadcasts to train on (model inconsistency), or a share or ciphertext was "
-                            "corrupted; nothing was delivered",
+                            f"block {b} of an exchange bound to what the clients received decrypts with {why}: "
+                            "the clients' key-switching masks did not cancel, so they hold different plans or were "
+                            "sent different broadcasts or released sums to train on (model inconsistency), or a "
+                            "share or ciphertext was corrupted; nothing was delivered",
                             **self.where(),
                         )
                     raise IntegrityError(

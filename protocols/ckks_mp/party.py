@@ -107,6 +107,10 @@ class MPClient:
         """
         self._dealt[int(dealer)] = sigma_hat
 
+    def keep_dealers(self, dealers: Sequence[int]) -> None:
+        """Drop the Shamir shares of every dealer outside ``dealers`` (clients that did not finish the key set-up)."""
+        self._dealt = {d: sigma for d, sigma in self._dealt.items() if d in set(dealers)}
+
     def threshold_key(self, uploaders: Sequence[int], active: Sequence[int]) -> np.ndarray:
         """This client's threshold share of the uploaders' summed secret keys.
 

@@ -22,6 +22,11 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    ``c0``.
 4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
    ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
+5. ``release`` (a tag the public schedule gives the ``release`` role: different rows per recipient):
+   each recipient answered its download with a keyed digest of every block it decoded; the server
+   commits to them in one Merkle tree (:mod:`protocols.release_commitment`, leaf ``b``: the digest
+   of block ``b``; two recipients reporting different digests of one block: IntegrityError) and
+   sends every client the root, each recipient with its proof (:meth:`CKKSMPServer.release_messages`).
 
 t-out-of-n (the public setup's ``threshold`` t < n, :mod:`.threshold`): at key set-up the server
 also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in n - 1 rotations of n
@@ -46,9 +51,10 @@ import numpy as np
 
 from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
+from ..release_commitment import DIGEST_BYTES, empty_leaf, leaf, prove, root_of, tree
 from ..transcript import SERVER, Message, client_party
 from . import encoding, encryption
-from .client import KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
+from .client import DEALER_PART, KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_broadcast, combine_shares
 from .params import params_from_options, plan_exchange, ring_of
@@ -81,6 +87,8 @@ class CKKSMPServer(ServerHalf):
         #: one rotation's n Shamir shares, :meth:`_relay_shares`), and per recipient
         self.relay_held = self.relay_peak = 0
         self._held_for: dict[int, int] = {}
+        #: t-out-of-n: the clients that did not finish the key set-up (at most n - t), never addressed again
+        self.unfinished: set[int] = set()
 
     def record(self, msg: Message) -> None:
         """Record a message without the sealed Shamir shares' bytes, and payloads above ``keep_payload_bytes``."""
@@ -106,142 +114,158 @@ class CKKSMPServer(ServerHalf):
         return err
 
     # ------------------------------------------------------------------ keys
+    def _key_request(self, rnd: int, k: int, payload: dict, note: str, kind="control", shape=(), fp="") -> Message:
+        return Message(rnd, KEYS_TAG, SERVER, client_party(k), kind, shape, 0, self.mode, fp, payload, note=note)
+
     def ensure_keys(self, link, rnd: int) -> None:
-        """Key set-up, once per run (module docstring, step 1)."""
+        """Key set-up, once per run (module docstring, step 1).
+
+        t-out-of-n: a client that misses a step joins :attr:`unfinished` and the set-up goes on with the others
+        (:func:`.threshold.check_finishers`); more than n - t missing: DropoutError naming them.
+        """
         if self.fingerprint is not None:
             return
         K, n, P = self.setup.num_clients, self.params.n, self.params.num_primes
         self.register(link, rnd, range(K))
         where = dict(tag=KEYS_TAG, round=rnd)
-        request = {
-            k: [
-                (
-                    Message(
-                        rnd,
-                        KEYS_TAG,
-                        SERVER,
-                        client_party(k),
-                        "control",
-                        (),
-                        0,
-                        self.mode,
-                        "",
-                        {},
-                        note="make your keys",
-                    ),
-                    0,
-                )
-            ]
-            for k in range(K)
-        }
+        request = {k: [(self._key_request(rnd, k, {}, "make your keys"), 0)] for k in range(K)}
         got = self.call(link, "key_setup", request, hook=False)
         t = time.perf_counter()
-        missing = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
-        if missing:
-            raise self._missing(missing, "its public keys", **where)
-        broadcast = None
-        for k in range(K):
+        silent = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
+        self._exclude(silent, "its public keys", where)
+        broadcast, dealer = None, 0
+        for k in (k for k in range(K) if k not in self.unfinished):
             mine = [m for m in got[k] if m.receiver == SERVER]
             if len(mine) != 1:
                 raise IntegrityError(f"{len(mine)} key set-up messages where one was expected", client=k, **where)
             msg = self.check(mine[0], client_party(k), "key_setup", 0, dict(client=k, **where))
+            if k == 0:
+                broadcast = self._broadcast_key(msg, got[0], 0, where)
             try:
                 key = bytes(msg.payload["recipient"])
                 encryption.from_bytes(self.ring, key, (P, n))
                 self.recipient_pks[k] = (key, bytes(msg.payload["recipient_sig"]))
-                if k == 0:
-                    broadcast = {
-                        "broadcast": bytes(msg.payload["broadcast"]),
-                        "broadcast_sig": bytes(msg.payload["broadcast_sig"]),
-                    }
-                    encryption.from_bytes(self.ring, broadcast["broadcast"], (P, n))
             except (KeyError, TypeError, ValueError) as e:
                 raise IntegrityError(f"malformed public key ({e})", client=k, **where) from None
-        if len([m for m in got[0] if m.relay == SERVER and m.tag == KEYS_TAG]) != K - 1:
-            raise IntegrityError("client 0 did not send the broadcast secret to every other client", client=0, **where)
+        del got
+        while broadcast is None:  # t-out-of-n: the broadcast key's dealer, client 0, is gone; ask the next client
+            dealer = min(k for k in range(K) if k not in self.unfinished)
+            ask = {dealer: [(self._key_request(rnd, dealer, {}, "deal the broadcast key"), DEALER_PART)]}
+            answer = self.call(link, "key_setup", ask, hook=False)
+            mine = [m for m in answer.get(dealer, []) if m.receiver == SERVER]
+            if len(mine) == 1:
+                msg = self.check(mine[0], client_party(dealer), "key_setup", DEALER_PART, dict(client=dealer, **where))
+                broadcast = self._broadcast_key(msg, answer[dealer], dealer, where)
+            elif mine:
+                raise IntegrityError(f"{len(mine)} broadcast keys where one was expected", client=dealer, **where)
+            else:
+                self._exclude([dealer], "the broadcast key it was asked to deal", where)
         if self.threshold < K:  # n (n - 1) Shamir shares, n per call
-            del got
             for offset in range(1, K):
                 self._relay_shares(link, rnd, offset)
+        finishers = [k for k in range(K) if k not in self.unfinished]
+        if self.threshold < K:
+            broadcast.update(finishers=np.array(finishers, dtype=np.int64))
         fp = key_fingerprint(self.params.describe(), crs_seed(self.setup.run_id), broadcast["broadcast"])
         self.setup_s += time.perf_counter() - t
-        keys = {
-            k: [
-                (
-                    Message(
-                        rnd,
-                        KEYS_TAG,
-                        SERVER,
-                        client_party(k),
-                        "public_key",
-                        (1, P, n),
-                        0,
-                        self.mode,
-                        fp,
-                        broadcast,
-                        note="broadcast key p_B, signed by client 0",
-                    ),
-                    1,
-                )
-            ]
-            for k in range(K)
-        }
+        note = f"broadcast key p_B, signed by client {dealer}"
+        keys = {k: [(self._key_request(rnd, k, broadcast, note, "public_key", (1, P, n), fp), 1)] for k in finishers}
         got = self.call(link, "key_setup", keys, hook=False)
-        missing = [k for k in range(K) if k not in got]
-        if missing:
-            raise self._missing(missing, "the key set-up's acknowledgement", **where)
+        self._exclude([k for k in finishers if k not in got], "the key set-up's acknowledgement", where)
         self.fingerprint = fp
+
+    def _broadcast_key(self, msg: Message, answer: list[Message], dealer: int, where: dict) -> dict:
+        """The broadcast key ``p_B`` and its signature in ``dealer``'s checked ``msg``.
+
+        The rest of its ``answer`` must be ``s_B`` sealed for every other client.
+        """
+        K, shape = self.setup.num_clients, (self.params.num_primes, self.params.n)
+        try:
+            broadcast = {
+                "broadcast": bytes(msg.payload["broadcast"]),
+                "broadcast_sig": bytes(msg.payload["broadcast_sig"]),
+            }
+            encryption.from_bytes(self.ring, broadcast["broadcast"], shape)
+        except (KeyError, TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed public key ({e})", client=dealer, **where) from None
+        if len([m for m in answer if m.relay == SERVER and m.tag == KEYS_TAG]) != K - 1:
+            raise IntegrityError(
+                f"client {dealer} did not send the broadcast secret to every other client", client=dealer, **where
+            )
+        if self.threshold < K:
+            broadcast["dealer"] = dealer
+        return broadcast
+
+    def _exclude(self, clients, what: str, where: dict) -> None:
+        """Leave ``clients`` out of the rest of the run (t-out-of-n set-up); past n - t missing, DropoutError."""
+        if not clients:
+            return
+        self.unfinished.update(clients)
+        for k in clients:  # what was queued for them is never sent
+            self._outbox.pop(k, None)
+            self.relay_held -= self._held_for.pop(k, 0)
+        if len(self.unfinished) > self.setup.num_clients - self.threshold:
+            raise self._missing(sorted(self.unfinished), what, **where)
 
     def _relay_shares(self, link, rnd: int, offset: int) -> None:
         """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
 
         The n shares of the previous rotation travel in the same call's bundles, so the server holds at most one
-        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.
+        rotation's n shares (:attr:`relay_peak`), never the n (n - 1) of the whole set-up.  A client is told to skip
+        its share for a client that left the set-up; one relayed to a client that leaves in the same call is dropped
+        (only that client could open it).
         """
         K, where = self.setup.num_clients, dict(tag=KEYS_TAG, round=rnd)
-        ask = {
-            k: [
-                (
-                    Message(
-                        rnd,
-                        KEYS_TAG,
-                        SERVER,
-                        client_party(k),
-                        "control",
-                        (),
-                        0,
-                        self.mode,
-                        "",
-                        {"to": (k + offset) % K},
-                        note=f"send your Shamir share for client {(k + offset) % K}",
-                    ),
-                    ROTATION_PART + offset - 1,
-                )
-            ]
-            for k in range(K)
-        }
+        ask, expected = {}, {}
+        for k in (k for k in range(K) if k not in self.unfinished):
+            to = (k + offset) % K
+            skip = to in self.unfinished
+            payload = {"to": to, "skip": True} if skip else {"to": to}
+            note = f"skip your Shamir share for client {to} (it left)" if skip else f"send your Shamir share for {to}"
+            ask[k] = [(self._key_request(rnd, k, payload, note), ROTATION_PART + offset - 1)]
+            expected[k] = [] if skip else [(SERVER, THRESHOLD_TAG, client_party(to))]
         got = self.call(link, "key_setup", ask, hook=False)
-        missing = [k for k in range(K) if k not in got]
-        if missing:
-            raise self._missing(missing, "its Shamir share", **where)
-        for k in range(K):
-            to = client_party((k + offset) % K)
-            if [(m.relay, m.tag, m.receiver) for m in got[k]] != [(SERVER, THRESHOLD_TAG, to)]:
-                raise IntegrityError(f"expected one Shamir share for {to} and nothing else", client=k, **where)
+        self._exclude([k for k in ask if k not in got], "its Shamir share", where)
+        for k in (k for k in ask if k in got):
+            if [(m.relay, m.tag, m.receiver) for m in got[k]] != expected[k]:
+                raise IntegrityError(
+                    f"expected {len(expected[k])} Shamir share(s) for client {(k + offset) % K} and nothing else",
+                    client=k,
+                    **where,
+                )
 
     def forward(self, client: int, msg: Message) -> None:
-        """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`)."""
+        """Relay ``msg`` to ``client``'s next bundle, counting the relayed bytes held (:attr:`relay_peak`).
+
+        Nothing is relayed to a client left out at key set-up (:attr:`unfinished`).
+        """
+        if client in self.unfinished:
+            return
         super().forward(client, msg)
         size = len(self._outbox[client][-1])
         self._held_for[client] = self._held_for.get(client, 0) + size
         self.relay_held += size
         self.relay_peak = max(self.relay_peak, self.relay_held)
 
+    def queue(self, client: int, msg: Message, stage: str, part: int = 0) -> None:
+        """Queue ``msg`` for ``client`` (:meth:`ServerHalf.queue`), unless it was left out at key set-up."""
+        if client not in self.unfinished:
+            super().queue(client, msg, stage, part)
+
     def call(self, link, stage, messages, *, hook=True):
-        """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it."""
+        """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it.
+
+        A client left out at key set-up (:attr:`unfinished`) is never addressed: it holds no keys of the run (at
+        ``download``: it got no result, :attr:`last_undelivered`).
+        """
+        skipped = set(messages) & self.unfinished
+        messages = {k: v for k, v in messages.items() if k not in self.unfinished}
         for k in messages:  # their queued relays leave in this call's bundles
             self.relay_held -= self._held_for.pop(k, 0)
-        return super().call(link, stage, messages, hook=hook)
+        got = super().call(link, stage, messages, hook=hook)
+        if stage == "download" and skipped:
+            self.last_undelivered = tuple(sorted(set(self.last_undelivered) | skipped))
+        return got
 
     # ------------------------------------------------------------------ one exchange
     def run(self, plan, link):
@@ -381,7 +405,9 @@ class CKKSMPServer(ServerHalf):
                     0,
                 )
             ]
-        self.call(link, "download", downloads)
+        got = self.call(link, "download", downloads)
+        if self.schedule is not None and self.schedule.releases(plan.tag):
+            self._commit_release(link, got)
         self.last_stats = {
             "server_s": server_s,
             "plan": ep,
@@ -390,6 +416,54 @@ class CKKSMPServer(ServerHalf):
             "replans": replan,
         }
         return tuple(uploaders)
+
+    def _commit_release(self, link, got: dict[int, list[Message]]) -> None:
+        """Stage 5 (module docstring): commit to the recipients' digests of the released rows, send root and proofs."""
+        plan, fp = self.plan, self.fingerprint
+        reports: dict[int, dict[int, bytes]] = {}
+        for r, bids in plan.requests.items():
+            msg = self.responses(got, r, "download", "metadata")
+            if msg is None:
+                continue  # silent at its download (last_undelivered)
+            self.check_envelope(msg, fp, r)
+            digests = (msg.payload or {}).get("digests") if isinstance(msg.payload, dict) else None
+            if not isinstance(digests, (bytes, bytearray)) or len(digests) != DIGEST_BYTES * bids.size:
+                raise IntegrityError("malformed digests of the released rows", **self.where(r))
+            cut = [bytes(digests[i : i + DIGEST_BYTES]) for i in range(0, len(digests), DIGEST_BYTES)]
+            reports[r] = dict(zip(bids.tolist(), cut))
+        messages = self.release_messages(reports)
+        self.call(
+            link,
+            "release",
+            {
+                k: [(self.message(k, "control", (), payload, fp, note="commitment to the released rows"), 0)]
+                for k, payload in messages.items()
+            },
+        )
+
+    def release_messages(self, reports: dict[int, dict[int, bytes]]) -> dict[int, dict]:
+        """Every client's ``release`` payload: the root over the reported digests, a recipient's with its proof.
+
+        Raises:
+            IntegrityError: two recipients report different digests of one block (one of them decoded another
+                sum: a corrupted share or ciphertext).
+        """
+        plan = self.plan
+        leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
+        seen: dict[int, tuple[int, bytes]] = {}
+        for r, digests in sorted(reports.items()):
+            for b, d in digests.items():
+                if b in seen and seen[b][1] != d:
+                    raise IntegrityError(
+                        f"recipients {seen[b][0]} and {r} decoded different values of block {b}", **self.where(r)
+                    )
+                seen[b] = (r, d)
+                leaves[b] = leaf(b, d)
+        levels = tree(leaves)
+        root = root_of(levels)
+        return {
+            k: {"root": root, "proof": prove(levels, sorted(reports.get(k, {})))} for k in range(self.setup.num_clients)
+        }
 
     def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):
         """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).

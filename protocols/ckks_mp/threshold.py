@@ -28,10 +28,12 @@ OS CSPRNG (:class:`protocols.csprng.SecureRandom`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..csprng import SecureRandom
+from ..errors import IntegrityError
 from .ring import RNSRing
 
 
@@ -95,3 +97,25 @@ def lagrange_coefficient(primes: Sequence[int], active: Sequence[int], me: int) 
                 den = den * (x - mine) % q
         out.append(num * pow(den, -1, q) % q)
     return np.asarray(out, dtype=np.int64)[:, None]
+
+
+def check_finishers(finishers: Sequence[int], me: int, threshold: int, clients: int, where: dict[str, Any]) -> None:
+    """Refuse a finishing set of the key set-up that cannot serve t-out-of-n key switching.
+
+    The clients that finished the set-up, ``F``, must be distinct, sorted clients ``0..clients-1``, ``me`` among them,
+    and at least ``t`` (an active set is t of them); ``2t > n + c`` (checked on the public setup) then gives any two
+    active sets within ``F`` more than ``c`` common clients, as over all ``n`` (IntegrityError otherwise).
+    """
+    if (
+        len(finishers) < threshold
+        or len(set(finishers)) != len(finishers)
+        or list(finishers) != sorted(finishers)
+        or any(not 0 <= k < clients for k in finishers)
+        or me not in finishers
+    ):
+        raise IntegrityError(
+            f"the server names {list(finishers)} as the clients that finished the key set-up: t-out-of-n needs at "
+            f"least t = {threshold} distinct, sorted clients of the run's 0..{clients - 1}, this one (client {me}) "
+            "among them",
+            **where,
+        )

@@ -607,6 +607,7 @@ class MaskClient(ClientHalf):
                 "that includes this client",
                 **self.where(),
             )
+        self.released_over(self._exchange_plan, survivors)  # a related-input group: one set per round
         statement = self._statement(survivors)
         sig = self.signing.sign(statement)
         self._signed = (self._exchange_plan.exchange, tuple(survivors), statement, sig)
@@ -636,11 +637,12 @@ class MaskClient(ClientHalf):
                 **where,
             )
         statement, t = self._statement(survivors), self._threshold()
-        bound = self.schedule is not None and self.schedule.binds_views(self._exchange_plan.tag)
+        bound = self._binds_view()
         if bound and set(signatures) != set(survivors):  # an unsigned survivor's view is unchecked
             raise InconsistentViewError(
-                f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of a "
-                "broadcast exchange: each survivor's view of the broadcasts is checked before unmasking",
+                f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of an "
+                "exchange bound to the broadcasts, statistics or released sums received: each survivor's view "
+                "is checked before unmasking",
                 **where,
             )
         for k, sig in signatures.items():
@@ -661,6 +663,19 @@ class MaskClient(ClientHalf):
             raise ConsistencyError(
                 f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}", **where
             )
+
+    def _binds_view(self) -> bool:
+        """Whether every survivor's view must be checked before unmasking (:mod:`protocols.schedule`).
+
+        A broadcast or a statistic; a released sum once this client holds an earlier release's
+        commitment (fedgcn-gap's next hop is computed from the last one's rows).
+        """
+        tag = self._exchange_plan.tag
+        if self.schedule is None:
+            return False
+        return self.schedule.every_survivor_signs(tag) or (
+            self.schedule.releases(tag) and self.views.released != EMPTY_VIEW
+        )
 
     def stage_unmask(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
         """Answer the unmasking request.

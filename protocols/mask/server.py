@@ -447,13 +447,13 @@ class MaskServer(ServerHalf):
         if (
             len(ex.signatures) < len(ex.uploaders)
             and self.schedule is not None
-            and self.schedule.binds_views(ex.plan.tag)
+            and self.schedule.every_survivor_signs(ex.plan.tag)
         ):
             raise _dropout_error(
                 self.where(),
                 sorted(self.last_missing),
-                "in an exchange the public schedule marks as a broadcast every survivor signs the survivor "
-                "set (each checks the models the others received, protocols/broadcast_view.py)",
+                "in an exchange the public schedule marks as a broadcast or statistic every survivor signs the "
+                "survivor set (each checks the models the others received, protocols/broadcast_view.py)",
             )
 
     def stage_unmask(self, ex: MaskExchange, link: ClientLink) -> None:

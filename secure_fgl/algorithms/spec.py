@@ -56,7 +56,12 @@ class AlgorithmSpec:
     default :func:`model_every_round`), ``broadcasts`` (``broadcasts(cfg) -> tags``: the listed
     exchanges whose one result every recipient gets whole and trains on, given the schedule's
     ``broadcast`` role so that each client binds the chain of those it received into its next
-    contribution, :mod:`protocols.broadcast_view`; default none).
+    contribution, :mod:`protocols.broadcast_view`; default none), ``releases`` (``releases(cfg) ->
+    tags``: the listed exchanges whose sum reaches its recipients as different rows, given the
+    ``release`` role: bound by a commitment to the whole sum, :mod:`protocols.release_commitment`),
+    ``statistics`` (``statistics(cfg) -> tags``: sums the round's sample receives whole and uses in
+    that round only, the ``statistic`` role) and ``groups`` (``groups(cfg) -> [tags, ...]``: tags whose
+    exchanges carry related inputs, summed over one contributor set per round, :mod:`protocols.schedule`).
     """
 
     name: str
@@ -72,6 +77,9 @@ class AlgorithmSpec:
     mode_note: str = ""
     schedule: Callable | None = None
     broadcasts: Callable | None = None
+    releases: Callable | None = None
+    statistics: Callable | None = None
+    groups: Callable | None = None
 
     def exchanges_of(self, cfg) -> dict[str, tuple[int, int]]:
         """The run's public exchange listing (``schedule``, default :func:`model_every_round`)."""
@@ -79,8 +87,25 @@ class AlgorithmSpec:
 
     def broadcasts_of(self, cfg) -> tuple[str, ...]:
         """The run's broadcast tags (``broadcasts``), those of them the schedule lists."""
+        return self._listed(self.broadcasts, cfg)
+
+    def releases_of(self, cfg) -> tuple[str, ...]:
+        """The run's released-rows tags (``releases``), those of them the schedule lists."""
+        return self._listed(self.releases, cfg)
+
+    def statistics_of(self, cfg) -> tuple[str, ...]:
+        """The run's statistic tags (``statistics``), those of them the schedule lists."""
+        return self._listed(self.statistics, cfg)
+
+    def groups_of(self, cfg) -> list[list[str]]:
+        """The run's related-input groups (``groups``) of at least two listed tags."""
         listed = self.exchanges_of(cfg)
-        return tuple(tag for tag in (self.broadcasts(cfg) if self.broadcasts else ()) if tag in listed)
+        groups = [[tag for tag in group if tag in listed] for group in (self.groups(cfg) if self.groups else [])]
+        return [sorted(group) for group in groups if len(group) > 1]
+
+    def _listed(self, tags_of: Callable | None, cfg) -> tuple[str, ...]:
+        listed = self.exchanges_of(cfg)
+        return tuple(tag for tag in (tags_of(cfg) if tags_of else ()) if tag in listed)
 
     def logic_class(self) -> type:
         """The client logic class, imported on first use."""

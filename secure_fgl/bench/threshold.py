@@ -5,6 +5,10 @@
 shares (count and bytes), one client's bytes sent, the most bytes of relayed messages the server held at once (its
 relay counter, :attr:`protocols.ckks_mp.server.CKKSMPServer.relay_peak`) and the set-up's CPU seconds.
 
+``--setup 10 --setup-lost 1 3 0,`` adds set-up rows with clients silent from the set-up's first call (``WHO`` as in
+``--simulate-dropouts``: a count of the highest ids, or ids with commas; ``0,`` is the broadcast key's dealer): the
+set-up then finishes with the others (the clients that finished it, and its calls, in the row).
+
 ``python -m secure_fgl.bench.threshold --replan 10 --lost 0 1 3`` runs one dense sum after the set-up with ``lost``
 members of the active set disconnecting right after the liveness probe
 (:class:`~secure_fgl.runtime.dropouts.LostAfter`), so that the server re-plans, and prints its bytes up (all, and of
@@ -23,9 +27,10 @@ from protocols import ValueSpec
 from protocols.ckks_mp.backend import CKKSMPProtocol
 from protocols.ckks_mp.client import THRESHOLD_TAG
 from protocols.ckks_mp.server import CKKSMPServer
+from protocols.link import ClientLink
 from protocols.transcript import SERVER
 
-from ..runtime.dropouts import LostAfter
+from ..runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
 from ..runtime.exchange import plan_dense, run_split
 
 
@@ -41,9 +46,16 @@ def _protocol(clients: int, threshold: int | None) -> tuple[CKKSMPProtocol, CKKS
     return p, server
 
 
-def setup_row(clients: int, threshold: int | None = None) -> dict:
-    """One key set-up of ``clients`` clients: the shares relayed and what the server held of them at once."""
+def setup_row(clients: int, threshold: int | None = None, lost: str | None = None) -> dict:
+    """One key set-up of ``clients`` clients: the shares relayed and what the server held of them at once.
+
+    ``lost``: the clients silent from the set-up's first call (``WHO`` of ``--simulate-dropouts``).
+    """
     p, server = _protocol(clients, threshold)
+    calls = CountingLink(p.link)
+    p.link = calls
+    if lost:
+        p.link = DroppingLink(calls, DropoutSchedule(parse_dropouts(f"{lost}@key_setup", clients, "ckks-mp")))
     cpu = time.process_time()
     server.ensure_keys(p.link, 0)
     cpu = time.process_time() - cpu
@@ -54,10 +66,24 @@ def setup_row(clients: int, threshold: int | None = None) -> dict:
         "threshold": p.threshold,
         "shares": len(shares),
         "share_bytes": total,
-        "per_client_sent_bytes": total // clients,
+        "per_client_sent_bytes": total // len({m.sender for m in shares}),
         "server_peak_held_bytes": server.relay_peak,
         "setup_cpu_s": round(cpu, 2),
+        **({"lost": sorted(server.unfinished), "calls": calls.calls} if lost else {"calls": calls.calls}),
     }
+
+
+class CountingLink(ClientLink):
+    """A :class:`~protocols.link.ClientLink` that counts its calls (the set-up's round trips)."""
+
+    def __init__(self, link: ClientLink):
+        self.link, self.calls = link, 0
+        self.sequential = getattr(link, "sequential", False)
+
+    def call(self, stage, requests):
+        """The wrapped link's call, counted."""
+        self.calls += 1
+        return self.link.call(stage, requests)
 
 
 def replan_row(clients: int, lost: int, threshold: int | None = None, length: int = 33157) -> dict:
@@ -94,12 +120,21 @@ def main(argv=None) -> None:
     """Print the rows the command line asks for (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", type=int, nargs="*", default=[], metavar="N", help="client counts of set-up rows")
+    parser.add_argument(
+        "--setup-lost",
+        nargs="*",
+        default=[],
+        metavar="WHO",
+        help="clients silent at set-up (count, or ids with commas)",
+    )
     parser.add_argument("--replan", type=int, default=None, metavar="N", help="client count of the re-plan rows")
     parser.add_argument("--lost", type=int, nargs="+", default=[0, 1], help="members of A lost after the probe")
     parser.add_argument("--threshold", type=int, default=None, help="t (default max(floor(n / 2) + 1, floor(0.7 n)))")
     args = parser.parse_args(argv)
     for n in args.setup:
         print(json.dumps(setup_row(n, args.threshold)), flush=True)
+        for who in args.setup_lost:
+            print(json.dumps(setup_row(n, args.threshold, who)), flush=True)
     for lost in args.lost if args.replan else []:
         print(json.dumps(replan_row(args.replan, lost, args.threshold)), flush=True)
 

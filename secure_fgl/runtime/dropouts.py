@@ -5,8 +5,10 @@ requests are never delivered, so the server half sees exactly what it sees when 
 process dies (:mod:`protocols.link`: a missing answer is a dropout) and the backend decides --
 ``mask`` recovers the survivors' sum when at least ``t`` of them answered, else
 :class:`~protocols.DropoutError` naming the missing clients; shared-key ``ckks`` and ``plain`` sum
-the clients that uploaded; ``ckks-mp`` (n-of-n) stops with DropoutError.  The client rejoins the
-next round.  Evaluation, checkpoints and local training are not protocol stages: a dropped
+the clients that uploaded; ``ckks-mp`` (n-of-n) stops with DropoutError; t-out-of-n ``ckks-mp``
+leaves up to n - t out.  The client rejoins the next round, except one that missed t-out-of-n
+``ckks-mp``'s key set-up: it holds no share of the run's keys and is lost for the rest of the
+run.  Evaluation, checkpoints and local training are not protocol stages: a dropped
 client still answers those (its model missed the round's aggregate).
 
 SPEC is one or more rules separated by ``;``::

@@ -242,11 +242,21 @@ def run_row_sum(
 def run_split(protocol, ctx: ExchangeContext) -> tuple[int, ...]:
     """Run one exchange's server half over the protocol's link.
 
-    Returns the clients whose contributions the result covers (also kept as ``protocol.last_included``).
+    Returns the clients whose contributions the result covers (also kept as ``protocol.last_included``).  A client the
+    server half left out of the run (t-out-of-n ``ckks-mp``: it did not finish the key set-up) is reported lost to the
+    strategy (:meth:`RuntimeLink.on_lost`), so no later step addresses it.
     """
     protocol._begin_exchange(ctx.tag, ctx.round)
     protocol._ensure_registered(ctx.round)
-    included = protocol.server.run(protocol.plan_exchange(ctx), protocol.link)
+    server = protocol.server
+    left = set(getattr(server, "unfinished", ()))
+    try:
+        included = server.run(protocol.plan_exchange(ctx), protocol.link)
+    finally:  # t-out-of-n ckks-mp: clients that did not finish the key set-up are out of the run
+        gone = set(getattr(server, "unfinished", ())) - left
+        if gone and isinstance(protocol.link, RuntimeLink):
+            why = "did not finish the ckks-mp key set-up: holds no share of this run's keys (--resume runs it again)"
+            protocol.link.on_lost({k: why for k in sorted(gone)}, "half:key_setup")
     protocol.transcript.account_plaintext(ctx.tag, *ctx.float32_bytes)
     protocol.last_included = tuple(included)
     return included

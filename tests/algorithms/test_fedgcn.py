@@ -213,6 +213,39 @@ def test_one_hop_second_layer_is_local(fed, make_algo):
         assert int(g.edge_index.max()) < c.num_nodes
 
 
+@pytest.mark.parametrize(
+    "mode,hops,extra",
+    [("mask", 1, {}), ("plain", 2, {}), ("ckks-mp", 1, {"threshold": 4})],
+)
+def test_a_dropout_in_the_pre_training_gives_the_sums_of_the_graph_without_its_nodes(fed, mode, hops, extra, make_algo):
+    """A dropout in the pre-training gives the sums of the graph without its nodes.
+
+    Client 4 drops at its upload: every other client's inputs are D̃'^-1 Ã' X of the subgraph induced by the nodes of
+    clients 0-3 (its own nodes and, at 2 hops, the far ends it still touches), and client 4 sits out the run.
+    """
+    cfg = RunConfig(mode=mode, rounds=2, clients=K, simulate_dropouts="4,@upload:r0", **extra)
+    algo = make_algo(fed, mode, cfg=cfg, hops=hops)
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[4\] lost"):
+        algo.setup()
+    kept = torch.nonzero(fed.owner != 4).ravel()
+    sub = fed.graph.subgraph(kept)
+    ax, deg = full_graph_operator(type("Fed", (), {"graph": sub}))
+    index = torch.full((fed.graph.num_nodes,), -1, dtype=torch.long)
+    index[kept] = torch.arange(kept.numel())
+    for k, c in enumerate(algo.clients[:4]):
+        far_kept = fed.owner[c.cross_edges[1]] != 4
+        rows = requested_rows(type(c)(**{**vars(c), "cross_edges": c.cross_edges[:, far_kept]}), hops)
+        z, graph = algo.client_inputs(k)
+        assert torch.allclose(z.double(), ax[index[rows]] / deg[index[rows], None], atol=1e-6), f"client {k}"
+        assert graph.edge_index.max() < rows.numel()
+    assert algo.final_metrics()["pretrain_dropouts"] == {
+        "left_out": [4],
+        "without_inputs": [4],
+        "graph": "induced by the nodes of clients [0, 1, 2, 3]",
+    }
+    assert list(algo.strategy.lost) == [4]
+
+
 # ----------------------------------------------------------------------------- secure modes
 @pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
 @pytest.mark.parametrize("hops,layout", [(1, "sparse"), (2, "dense")])

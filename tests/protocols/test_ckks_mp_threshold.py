@@ -17,7 +17,7 @@ import pytest
 from protocols import DropoutError, ValueSpec, make_protocol
 from protocols.ckks_mp import encoding, encryption
 from protocols.ckks_mp.backend import CKKSMPProtocol, params_to_options
-from protocols.ckks_mp.client import THRESHOLD_TAG, CKKSMPClient
+from protocols.ckks_mp.client import ROTATION_PART, THRESHOLD_TAG, CKKSMPClient
 from protocols.ckks_mp.keys import secret_key
 from protocols.ckks_mp.params import MPParams
 from protocols.ckks_mp.server import CKKSMPServer
@@ -190,13 +190,55 @@ def test_set_up_streams_n_times_n_minus_1_shares_holding_one_rotation_at_a_time(
     assert p.server.relay_held == 0
 
 
-def test_a_client_lost_during_the_share_rotations_is_a_dropout_error():
-    """Client 2 answers part 0 and the first rotation, then disconnects: the set-up stops naming it."""
+def test_a_client_lost_during_the_share_rotations_is_left_out_for_the_rest_of_the_run():
+    """Client 2 answers part 0 and the first rotation, then disconnects: the set-up finishes without it.
+
+    The three finishers hold no share of client 2's secret (it dealt only to client 3 before it vanished), no share is
+    sent for it once it is known gone, every sum
+    from then on covers 0, 1 and 3 (client 2 back online is never addressed again), and a second dropout, past
+    n - t in all, is a DropoutError naming both.
+    """
     p = make_protocol("ckks-mp", K, threshold=T)
     p.link = LostAfter(p.link, {2}, "key_setup", calls=2)
-    with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its Shamir share") as err:
-        exchange(p, inputs())
-    assert err.value.clients == (2,) and p.server.fingerprint is None
+    x = inputs()
+    included, got = exchange(p, x)
+    assert included == (0, 1, 3) and sorted(got) == [0, 1, 3]
+    for total in got.values():
+        assert np.array_equal(total, x[0] + x[1] + x[3])
+    assert p.server.unfinished == {2} and p.server.last_undelivered == (2,)
+    shares = [m for m in p.transcript.messages if m.tag == THRESHOLD_TAG and m.receiver != SERVER]
+    assert len(shares) == 9  # 3 x 2 among the finishers, 2 -> 3, and 1 -> 2, 0 -> 2 before it was known gone
+    skipped = [m.receiver for m in p.transcript.messages if m.note.startswith("skip your Shamir share")]
+    assert skipped == [client_party(3)]  # the last rotation: client 3's share for client 2 is never sent
+    for k in (0, 1, 3):
+        assert p.clients[k].finishers == {0, 1, 3} and p.clients[k].keys.dealers == {0, 1, 3}
+    assert p.server.relay_held == 0
+    p.link = p.link.link  # client 2 is back: never asked again
+    included, got = exchange(p, x, 1, "t/again")
+    assert included == (0, 1, 3) and sorted(got) == [0, 1, 3]
+    with pytest.raises(DropoutError, match=r"client\(s\) 2, 3 did not send its upload") as err:
+        exchange(dropping(p, "3,@upload"), x, 2, "t/more")
+    assert err.value.clients == (2, 3)
+
+
+def test_the_broadcast_dealer_lost_at_key_set_up_is_replaced_by_the_next_client():
+    """Client 0 (the broadcast key's dealer) never answers, and client 1, asked to deal in its place, is lost too.
+
+    With n = 5 and t = 3 the set-up finishes with 2, 3 and 4, client 2 dealing the broadcast key; their sum is exact.
+    """
+    p = make_protocol("ckks-mp", 5, threshold=3)
+    dealer_gone = DropoutSchedule(parse_dropouts("0,@key_setup", 5, "ckks-mp"))
+    p.link = DroppingLink(LostAfter(p.link, {1}, "key_setup", calls=1), dealer_gone)
+    x = {k: np.full(LENGTH, float(k + 1)) for k in range(5)}
+    for k, half in p.clients.items():
+        half.provider = lambda plan, v=x[k]: plan.dense_table(v)
+    included = run_split(p, plan_dense(p, "t/sum", 0, range(5), range(5), LENGTH, COUNTS))
+    assert included == (2, 3, 4) and p.server.unfinished == {0, 1}
+    for k in (2, 3, 4):
+        assert np.array_equal(dense_result(p.clients[k].result(), LENGTH), x[2] + x[3] + x[4])
+    asked = [m.receiver for m in p.transcript.messages if m.note == "deal the broadcast key"]
+    assert asked == [client_party(1), client_party(2)]
+    assert p.server.fingerprint == p.clients[2].fingerprint == p.clients[4].fingerprint
 
 
 # ------------------------------------------------------------------ a server naming a wrong active set
@@ -247,6 +289,48 @@ def attacked(server_class) -> CKKSMPProtocol:
 def test_a_wrong_active_set_or_uploader_set_is_refused(server, message):
     with pytest.raises(ActiveSetError, match=message):
         exchange(attacked(server), inputs())
+
+
+class NamesTheLeftOut(EvilServer):
+    """Client 3 left the set-up; the server names it among the uploaders of a key switch anyway."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and part == 1:
+            msg = replace(msg, payload={**msg.payload, "uploaders": np.arange(K)})
+        return [(msg, part)]
+
+
+class TooFewFinishers(EvilServer):
+    """The server tells client 0 that only t - 1 clients finished the set-up."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "key_setup" and part == 1 and client == 0:
+            msg = replace(msg, payload={**msg.payload, "finishers": np.array([0, 1])})
+        return [(msg, part)]
+
+
+class SkipsAFinisher(CKKSMPServer):
+    """In the first rotation the server tells client 0 to skip its share for client 1, which stays in the set-up."""
+
+    def _relay_shares(self, link, rnd, offset):
+        if offset > 1:
+            return super()._relay_shares(link, rnd, offset)
+        ask = {
+            k: [(self._key_request(rnd, k, {"to": (k + 1) % K, "skip": k == 0}, "a rotation"), ROTATION_PART)]
+            for k in range(K)
+        }
+        self.call(link, "key_setup", ask, hook=False)
+
+
+def test_a_server_naming_a_client_outside_the_finishers_or_too_few_of_them_is_refused():
+    p = attacked(NamesTheLeftOut)
+    p.link = LostAfter(p.link, {3}, "key_setup", calls=1)
+    with pytest.raises(ActiveSetError, match=r"client\(s\) \[3\], which did not finish the key set-up"):
+        exchange(p, inputs())
+    with pytest.raises(IntegrityError, match="needs at least t = 3"):
+        exchange(attacked(TooFewFinishers), inputs())
+    with pytest.raises(IntegrityError, match=r"unsent: \[1\]"):  # a finisher must hold a share from each other
+        exchange(attacked(SkipsAFinisher), inputs())
 
 
 def test_a_sum_never_covers_fewer_uploaders_than_the_runs_minimum_contributors():

@@ -2,9 +2,12 @@
 
 Each recipient of a ``release`` exchange (different rows of one sum to different clients) checks its blocks against
 the server's Merkle commitment (:mod:`protocols.release_commitment`) and binds the root into every later
-contribution (:mod:`protocols.broadcast_view`).  Malicious server halves (subclasses of the honest mask server)
-hand one client a different sum: with the honest commitment its proof fails; with a commitment of its own the next
-broadcast exchange is refused before anything is unmasked.  Both abort with InconsistentViewError.
+contribution (:mod:`protocols.broadcast_view`).  Malicious server halves (subclasses of the honest mask or ckks-mp
+server) hand one client a different sum: with the honest commitment its proof fails; with a commitment of its own
+the next broadcast exchange is refused before anything is unmasked (mask) or decrypted (ckks-mp).  Both abort with
+InconsistentViewError.  In mask the commitment is over the blocks' wire bytes (every recipient of a block gets the
+same bytes); in ckks-mp each recipient's blocks are key-switched to its own key, so the server commits to the
+recipients' keyed digests of what they decoded, each delivered only once its digests are leaves of the root.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import numpy as np
 import pytest
 
 from protocols import ValueSpec, make_protocol
+from protocols.ckks_mp import encoding, encryption
+from protocols.ckks_mp.params import plan_exchange
 from protocols.errors import InconsistentViewError
 from protocols.release_commitment import block_leaf, empty_leaf, prove, root_of, tree, verify
 from protocols.schedule import BROADCAST, RELEASE
@@ -24,8 +29,8 @@ ROLES = {"sums": RELEASE, "model": BROADCAST}
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
 
 
-def _protocol(server_mixin=None):
-    cls = make_protocol("mask", K).__class__
+def _protocol(server_mixin=None, mode="mask"):
+    cls = make_protocol(mode, K).__class__
     if server_mixin is not None:
         server = type(f"Malicious{cls.server_half.__name__}", (server_mixin, cls.server_half), {})
         cls = type(f"Malicious{cls.__name__}", (cls,), {"server_half": server})
@@ -115,3 +120,73 @@ def test_merkle_proofs_recompute_the_root_only_for_the_committed_leaves():
                 root_of(levels), num, {**{p: leaves[p] for p in own}, first: block_leaf(first, b"forged", [0])}, proof
             )
             assert not verify(root_of(levels), num + 1, {p: leaves[p] for p in own}, proof)
+
+
+def _shifted(server, data: bytes, to: int) -> bytes:
+    """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum."""
+    plan, ring = server.plan, server.ring
+    ep = plan_exchange(server.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
+    unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
+    shifted = unit.copy()
+    shifted[0] = 1
+    delta = ring.rescale(ring.sub(encoding.encode(ring, ep, shifted), encoding.encode(ring, ep, unit)), ep.switch_level)
+    pair = () if to < 0 else (2,)
+    count = len(data) // (4 * int(np.prod(pair or (1,))) * ep.switch_level * ring.n)
+    cts = encryption.from_bytes(ring, data, (count, *pair, ep.switch_level, ring.n)).copy()
+    first = cts[0] if to < 0 else cts[0, 0]
+    first[:] = ring.add(first, delta)
+    return encryption.to_bytes(cts)
+
+
+class ShiftedRowsMPServer:
+    """ckks-mp: shifts the victim's decoded rows by one quantum; commits to the victim's digests apart."""
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "download" and self.schedule.releases(self.plan.tag) and VICTIM in messages:
+            (msg, part), *rest = messages[VICTIM]
+            data = _shifted(self, msg.payload["data"], int(msg.payload["to"]))
+            msg = dataclasses.replace(msg, payload={**msg.payload, "data": data})
+            messages = {**messages, VICTIM: [(msg, part), *rest]}
+        return super().call(link, stage, messages, hook=hook)
+
+    def release_messages(self, reports):
+        victim = {VICTIM: reports.pop(VICTIM)}
+        return {**super().release_messages(reports), VICTIM: super().release_messages(victim)[VICTIM]}
+
+
+class OneCommitmentMPServer(ShiftedRowsMPServer):
+    """ckks-mp: shifts the victim's rows but commits to the others' digests only, sending the victim that root."""
+
+    def release_messages(self, reports):
+        victim = sorted(reports.pop(VICTIM))
+        honest = super(ShiftedRowsMPServer, self).release_messages(reports)
+        levels_root = honest[0]["root"]
+        return {**honest, VICTIM: {"root": levels_root, "proof": b"\0" * 32 * max(1, len(victim))}}
+
+
+def test_ckks_mp_honest_released_rows_verify_and_bind_one_commitment():
+    proto = _protocol(mode="ckks-mp")
+    got, want = _sums(proto)
+    assert all(np.allclose(got[k], want[k], atol=1e-2) for k in range(K))
+    released = {half.views.released for half in proto.clients.values()}
+    assert len(released) == 1 and bytes(32) not in released
+    assert np.allclose(_model(proto), sum(np.full(5, 0.1 * (k + 1)) for k in range(K)), atol=1e-2)
+
+
+def test_ckks_mp_a_different_sum_under_its_own_commitment_aborts_the_next_sum():
+    proto = _protocol(ShiftedRowsMPServer, mode="ckks-mp")
+    got, want = _sums(proto)  # each client's digests verify against the root it was given
+    assert got[VICTIM][0, 0] > got[0][0, 0]  # row 0 (every client's): the victim decoded another sum
+    assert np.array_equal(got[VICTIM][0, 1:], got[0][0, 1:]) and np.array_equal(got[2][0], got[0][0])
+    assert proto.clients[VICTIM].views.released != proto.clients[0].views.released
+    with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+        _model(proto)
+    assert err.value.tag == "model"
+
+
+def test_ckks_mp_rows_outside_the_committed_sum_are_refused():
+    proto = _protocol(OneCommitmentMPServer, mode="ckks-mp")
+    with pytest.raises(InconsistentViewError, match="not part of the sum the server committed to") as err:
+        _sums(proto)
+    assert (err.value.client, err.value.tag) == (VICTIM, "sums")
+    assert proto.clients[VICTIM]._result is None

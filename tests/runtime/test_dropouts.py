@@ -5,7 +5,7 @@ against its dropout policy: a client dropped before its contribution counted is 
 survivors get the exact sum over the clients the server says it included; one dropped after
 (unmask, download) is included but gets no result; past the backend's tolerance (mask: fewer than
 t survivors; ckks-mp: any dropout, n-of-n; t-out-of-n ckks-mp (``ckks-mp:t=3``): more than n - t at
-upload or key switching; every mode: a client missing at key registration; the key dealer of ckks's
+key set-up, upload or key switching; every mode: a client missing at key registration; the key dealer of ckks's
 and mask's set-up) a DropoutError names the missing clients and no client gets a result.
 """
 
@@ -51,10 +51,11 @@ POLICY = {
         "keyswitch": "fatal",
         "download": "undelivered",
     },
-    # t-out-of-n (threshold 3 of 4): an upload's owner gone is left out, a key switcher gone is replaced
+    # t-out-of-n (threshold 3 of 4): a client gone at key set-up or before its upload is left out, a key
+    # switcher gone is replaced
     "ckks-mp:t=3": {
         "register": "fatal",
-        "key_setup": "fatal",
+        "key_setup": "excluded",
         "upload": "excluded",
         "keyswitch": "undelivered",
         "download": "undelivered",
@@ -78,7 +79,7 @@ def tolerance(mode: str, stage: str, n: int) -> int:
     if mode == "mask" and stage != "download":  # Shamir threshold t = n // 2 + 1
         return n - (n // 2 + 1)
     threshold = backend(mode)[1].get("threshold")
-    if threshold is not None and stage in ("upload", "keyswitch"):
+    if threshold is not None and stage in ("key_setup", "upload", "keyswitch"):
         return n - threshold
     return n - 1 if POLICY[mode][stage] == "excluded" else n
 
@@ -149,10 +150,11 @@ def test_the_matrix_covers_every_stage_a_dense_exchange_calls():
     """The matrix covers every stage a dense exchange calls.
 
     Every stage of each mode is in the policy table, except those a dense sum never calls
-    (block ids: the sparse layout; report: a value published in the clear).
+    (block ids: the sparse layout; report: a value published in the clear; release: the commitment
+    to rows released per recipient, tests/protocols/test_release_view.py).
     """
     for mode, policy in POLICY.items():
-        new = set(drop_stages(backend(mode)[0])) - set(policy) - {"block_ids", "report"}
+        new = set(drop_stages(backend(mode)[0])) - set(policy) - {"block_ids", "report", "release"}
         assert not new, f"{mode} has stage(s) {sorted(new)}: add what a dropout there does to POLICY"
 
 
@@ -349,3 +351,24 @@ def test_bench_dropout_column_runs_t_of_n_ckks_mp_up_to_n_minus_t_dropouts():
     assert full["mode"] == recovered["mode"] == "ckks-mp:t=3"
     assert (full["included"], recovered["included"]) == (4, 3)
     assert recovered["bytes_up"] < full["bytes_up"] and recovered["round_cpu_s"] > 0
+
+
+def test_cli_threshold_ckks_mp_runs_on_without_a_client_missing_at_key_set_up(tmp_path, capsys):
+    """Cli threshold ckks-mp runs on without a client missing at key set-up.
+
+    ``--threshold 3`` of 4 clients, client 3 silent at the key set-up: the run finishes on the other three, and
+    ``result.json`` names client 3 lost with the reason; two clients missing there (past n - t) stop the run with a
+    DropoutError naming both, before any round.
+    """
+    run = ["run", "--algorithm", "fedavg", "--mode", "ckks-mp", "--threshold", "3", "--clients", "4", "--quiet"]
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[3\] lost in half:key_setup of round 0"):
+        assert main([*run, "--rounds", "2", "--simulate-dropouts", "3,@key_setup", "--out", str(tmp_path / "ok")]) == 0
+    saved = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert saved["final"]["rounds_run"] == 2 and list(saved["final"]["clients_lost"]) == ["3"]
+    assert "did not finish the ckks-mp key set-up" in saved["final"]["clients_lost"]["3"]
+    assert [c["client"] for c in saved["final"]["per_client"]] == [0, 1, 2]
+    assert saved["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 0, "stage": "key_setup", "clients": [3]}]
+    capsys.readouterr()
+    with pytest.warns(RuntimeWarning, match="did not finish the ckks-mp key set-up"):
+        assert main([*run, "--rounds", "1", "--simulate-dropouts", "2@key_setup", "--out", str(tmp_path / "no")]) != 0
+    assert "client(s) 2, 3 did not send its public keys" in capsys.readouterr().err

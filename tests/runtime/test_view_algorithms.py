@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from support.runs import graph_config, small
 
@@ -49,9 +50,11 @@ def forging_server(base: type, tag: str) -> type:
     return ShiftedModelServer
 
 
+#: (algorithm, forged tag, options, the tag whose next exchange is refused: FedOMD's statistics are computed on the
+#: model, so they bind it and are refused first)
 CASES = [
     ("fgssl", "fgssl/model", {}),
-    ("fedomd", "fedomd/model", {}),
+    ("fedomd", "fedomd/model", {}, "fedomd/stats/mean"),
     ("fedspray", "fedspray/batch", {}),
     ("fedgcn-gap", "fedgcn-gap/encoder/model", {"encoder_rounds": 2}),
     ("fedgcn-gap", "fedgcn-gap/model", {"encoder_rounds": 1}),
@@ -60,8 +63,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "tag", "options"), CASES, ids=[c[1] for c in CASES])
-def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, tag, options):
+@pytest.mark.parametrize(
+    ("algorithm", "tag", "options", "refused"), [(*c, c[1])[:4] for c in CASES], ids=[c[1] for c in CASES]
+)
+def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, tag, options, refused):
     if algorithm.startswith("gc"):
         cfg = graph_config(algorithm, "mask", rounds=2)
     else:
@@ -78,7 +83,7 @@ def test_a_model_sent_to_one_client_alone_is_refused_at_the_next_sum(algorithm, 
             for rnd in range(cfg.rounds):
                 strategy.train_round(rnd)
         assert protocol.server.forged_round is not None
-        assert (err.value.tag, err.value.round) == (tag, protocol.server.forged_round + 1)
+        assert (err.value.tag, err.value.round) == (refused, protocol.server.forged_round + 1)
     finally:
         executor.shutdown()
 
@@ -99,5 +104,73 @@ def test_a_client_that_missed_a_bound_broadcast_sits_out_and_the_next_sum_comple
         assert strategy.out_of_sync == {2} and 2 in protocol.last_included
         strategy.train_round(1)  # without it: with it, refused (InconsistentViewError)
         assert 2 not in protocol.last_included and len(protocol.last_included) == cfg.clients - 1
+    finally:
+        executor.shutdown()
+
+
+def two_sums_server(base: type, tag: str) -> type:
+    """``base`` handing the victim a sum one ring unit larger in its first block, under a commitment of its own.
+
+    The released rows of ``tag`` (fedgcn-gap's hop sums): the others get the honest sum and the
+    honest commitment, the victim a forged sum whose own commitment its rows verify against.
+    """
+
+    class TwoSumsServer(base):
+        forged: bool = False
+
+        def stage_download(self, ex, link):
+            if ex.plan.tag != tag or self.forged:
+                return super().stage_download(ex, link)
+            self.forged = True
+            others = {r: b for r, b in ex.plan.requests.items() if r != VICTIM}
+            super().stage_download(dataclasses.replace(ex, plan=dataclasses.replace(ex.plan, requests=others)), link)
+            forged = ex.total.copy()
+            forged[int(np.searchsorted(ex.union, ex.plan.requests[VICTIM][0]))] += 1
+            victim = dataclasses.replace(ex.plan, requests={VICTIM: ex.plan.requests[VICTIM]})
+            super().stage_download(dataclasses.replace(ex, plan=victim, total=forged), link)
+
+    return TwoSumsServer
+
+
+@pytest.mark.parametrize(("hops", "refused_at"), [(2, "fedgcn-gap/hop/2"), (1, "fedgcn-gap/model")])
+def test_a_hop_sum_forged_for_one_client_is_refused_at_the_next_sum(hops, refused_at):
+    """fedgcn-gap's hop sums are released rows under a commitment; the next hop or the head binds it."""
+    cfg = small("fedgcn-gap", "mask", rounds=1, options={"encoder_rounds": 1, "hops": hops}).validate()
+    assert public_roles(cfg)["fedgcn-gap/hop/1"] == "release"
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, cfg.clients, executor)
+    protocol.server.__class__ = two_sums_server(type(protocol.server), "fedgcn-gap/hop/1")
+    strategy = make_strategy(
+        cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor
+    )
+    try:
+        with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
+            strategy.setup()  # the encoder, then the hops
+            strategy.train_round(0)
+        assert protocol.server.forged
+        assert err.value.tag == refused_at
+        unmasked = [m for m in protocol.transcript.messages if m.tag == refused_at and m.kind == "share"]
+        assert not [m for m in unmasked if m.sender != "server"]
+    finally:
+        executor.shutdown()
+
+
+def test_a_statistic_sent_to_one_client_alone_is_refused_at_the_rounds_next_sum():
+    """FedOMD's pooled statistics (the schedule's statistic role) are chained into the round's view ``w_r``."""
+    cfg = small("fedomd", "mask", rounds=1).validate()
+    tag = "fedomd/stats/mean"
+    assert public_roles(cfg)[tag] == "statistic"
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, cfg.clients, executor)
+    protocol.server.__class__ = forging_server(type(protocol.server), tag)
+    strategy = make_strategy(
+        cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor
+    )
+    try:
+        with pytest.raises(InconsistentViewError, match="signature is not over the survivor set") as err:
+            strategy.train_round(0)
+        assert protocol.server.forged_round == 0
+        assert (err.value.tag, err.value.round) == ("fedomd/stats/moments", 0)
+        assert not [m for m in protocol.transcript.messages if m.tag == err.value.tag and m.kind == "share"]
     finally:
         executor.shutdown()

@@ -23,6 +23,11 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     return {**({"fedgcn/neighbour_sums": (0, 0)} if hops > 0 else {}), **model_every_round(cfg)}
 
 
+def releases(cfg) -> tuple[str, ...]:
+    """The neighbour sums: every client receives the rows of its own nodes, under one commitment."""
+    return ("fedgcn/neighbour_sums",)
+
+
 SPECS = [
     AlgorithmSpec(
         "fedgcn",
@@ -38,5 +43,6 @@ SPECS = [
         strategy=f"{__name__}.server:FedGCNStrategy",
         schedule=schedule,
         broadcasts=model_broadcast,
+        releases=releases,
     ),
 ]

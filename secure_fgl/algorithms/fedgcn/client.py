@@ -34,6 +34,7 @@ from .ops import (
     partial_neighbour_sums,
     propagation_graph,
     requested_rows,
+    without_clients,
 )
 
 
@@ -224,6 +225,10 @@ class FedGCNLogic(ModelAveragingLogic):
             self.decoded = self._block_rows(half.result(), rpb)
         totals = rows_result(half, self.request_rows, rpb, self.facts.num_features + 1)
         totals = torch.as_tensor(totals, dtype=torch.float64, device=self.rt.device)
+        left_out = req.config.get("left_out", ()) if req.config else ()
+        if len(left_out):  # dropouts: the sums of the graph without the left-out clients' nodes
+            c, kept = without_clients(c, self.rt.far_owner, np.asarray(left_out).tolist())
+            totals = totals[kept[: totals.size(0)].to(totals.device)]
         own_deg = local_degrees(c)
         if self.sent_own is not None:  # DP: post-processing with the client's own data
             totals = denoise_with_own_data(c, totals, self.sent_own.to(totals), o.norm, noise_std=float(req.noise_std))
@@ -233,7 +238,9 @@ class FedGCNLogic(ModelAveragingLogic):
             if not torch.equal(counts[: c.num_nodes], own_deg):
                 raise RuntimeError(
                     f"client {self.rt.client_id}: received degrees of its own nodes differ from its "
-                    "local degrees -- a contribution is missing or corrupted"
+                    "local degrees"
+                    + (f" without clients {list(left_out)}" if len(left_out) else "")
+                    + " -- a contribution is missing or corrupted"
                 )
         degrees = torch.cat([own_deg, counts[c.num_nodes :].clamp_min(1.0)])
         z = normalise(totals, degrees, o.norm).to(torch.float32)

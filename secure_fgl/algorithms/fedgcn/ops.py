@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -338,6 +339,22 @@ def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:
     if hops <= 1 or not c.cross_edges.numel():
         return c.global_ids
     return torch.cat([c.global_ids, torch.unique(c.cross_edges[1])])
+
+
+def without_clients(c: ClientSubgraph, far_owner: torch.Tensor, left_out) -> tuple[ClientSubgraph, torch.Tensor]:
+    """Client ``k``'s subgraph in the graph without the nodes of the clients ``left_out``.
+
+    A pre-training exchange that left some contributors out (dropouts) sums ``S'_v = sum_{j in Ñ(v), owner(j) kept}
+    t_j``: FedGCN's sums on the subgraph induced by the kept clients' nodes.  Returns ``c`` without its cross edges to
+    the left-out clients' nodes (so :func:`local_degrees` gives ``d̃'_v``, and :func:`propagation_graph` the induced
+    graph) and a mask over ``requested_rows(c, 2)`` of the rows still in it (own nodes and kept far ends).
+    """
+    gone = torch.as_tensor(sorted(int(j) for j in left_out), dtype=far_owner.dtype, device=far_owner.device)
+    keep = ~torch.isin(far_owner, gone)
+    kept = replace(c, cross_edges=c.cross_edges[:, keep])
+    remote_ids = torch.unique(c.cross_edges[1]) if c.cross_edges.numel() else c.global_ids.new_empty(0)
+    rows = torch.cat([torch.ones(c.num_nodes, dtype=torch.bool), torch.isin(remote_ids, kept.cross_edges[1])])
+    return kept, rows
 
 
 #: the public grid of float pre-training sums (without DP): each contribution is rounded to a multiple

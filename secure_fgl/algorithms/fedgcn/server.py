@@ -22,7 +22,12 @@ The pre-training exchange (:mod:`.ops`), with every party apart:
    checks the degrees of its own nodes, normalises and builds its propagation graph.
 3. Training is FedAvg (:class:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy`) on those inputs.
 
-A lost client stops the pre-training (its rows would be missing): DropoutError naming it.
+Dropouts (``--simulate-dropouts``, a lost client): the backend's policy decides (mask: up to n - t, t-out-of-n
+``ckks-mp``: up to n - t, plain and ``ckks``: any, n-out-of-n ``ckks-mp``: none, a DropoutError).  The sums then omit
+the left-out clients' contributions, so each receiver's inputs are FedGCN's on the subgraph induced by the other
+clients' nodes (exact for ``--norm row`` and ``none``; ``sym`` keeps each neighbour's full-graph ``d̃_j^{-1/2}``), and
+every client without sums (left out, or silent at their delivery) sits out the run; ``result.json``'s
+``pretrain_dropouts`` records both.
 """
 
 from __future__ import annotations
@@ -134,17 +139,37 @@ class FedGCNStrategy(ModelAveragingStrategy):
             layout=o.layout,
             config={"check_degree": degree_cap_needed(self.cfg, self.protocol.mode, self.dp_on)},
         )
-        sent = self.ask("contribute", {k: ask for k in range(K)})
-        self.check_lost(range(K), f"the pre-training exchange {TAG}")
+        sent = self.ask("contribute", {k: ask for k in self.alive(range(K))})
         self._refuse(sent)
         rows_up = {k: int(r.rows_up) for k, r in sent.items()}
         rows_down = {k: int(r.rows_down) for k, r in sent.items()}
         noise_std = run_row_sum(self, TAG, 0, sent, num_rows, dim, o.layout, spec, rpb, dp)
-        self.tell("receive", {k: ReceiveIns(TAG, 0, rpb=rpb, noise_std=noise_std) for k in range(K)})
-        self.check_lost(range(K), f"the delivery of {TAG}")
+        left_out = sorted(set(range(K)) - set(self.protocol.last_included))
+        no_inputs = sorted(set(left_out) | set(self.protocol.server.last_undelivered) | set(self.lost))
+        config = {"left_out": np.asarray(left_out, dtype=np.int64)} if left_out else {}
+        done = ReceiveIns(TAG, 0, rpb=rpb, noise_std=noise_std, config=config)
+        self.tell("receive", {k: done for k in range(K) if k not in no_inputs})
         self.exchange_rows = num_rows
         self.pretrain = self._pretrain_stats(rows_up, rows_down)
         self.pretrain["pretrain_time"] = time.perf_counter() - t0
+        if no_inputs:
+            self._sit_out(left_out, no_inputs)
+
+    def _sit_out(self, left_out: list[int], no_inputs: list[int]) -> None:
+        """After dropouts in the pre-training exchange: record them, and the clients without inputs sit out the run.
+
+        The sums left out the contributions of ``left_out``: each receiver's inputs are FedGCN's on the subgraph
+        induced by the other clients' nodes (:func:`~.ops.without_clients`).  The clients ``no_inputs`` (left out,
+        or without their sums) have nothing to train on: lost for the run.
+        """
+        K = self.num_clients
+        self.pretrain["pretrain_dropouts"] = {
+            "left_out": left_out,
+            "without_inputs": no_inputs,
+            "graph": f"induced by the nodes of clients {[k for k in range(K) if k not in left_out]}",
+        }
+        why = "no FedGCN pre-training sums (a dropout in that exchange): nothing to train on"
+        self.lose({k: why for k in no_inputs if k not in self.lost}, f"the delivery of {TAG}")
 
     def _number_rows(self, rpb: int) -> int:
         """Stage 1 of the module docstring; returns the exchange's number of rows."""

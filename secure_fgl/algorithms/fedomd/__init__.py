@@ -31,6 +31,11 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     return every_round(cfg, *tags)
 
 
+def statistics(cfg) -> tuple[str, ...]:
+    """The statistics exchanges: the round's sample receives them whole and trains on them in that round."""
+    return tuple(tag for tag in schedule(cfg) if tag != f"{cfg.algorithm}/model")
+
+
 SPECS = [
     AlgorithmSpec(
         "fedomd",
@@ -44,5 +49,6 @@ SPECS = [
         strategy=f"{__name__}.server:FedOMDStrategy",
         schedule=schedule,
         broadcasts=model_broadcast,
+        statistics=statistics,
     ),
 ]

@@ -29,6 +29,11 @@ def broadcasts(cfg) -> tuple[str, ...]:
     return tuple(f"{cfg.algorithm}/{part}" for part in ("encoder", "proxies", "batch"))
 
 
+def groups(cfg) -> list[list[str]]:
+    """The batch carries the encoder's and the proxies' vectors of one local update: one contributor set per round."""
+    return [[f"{cfg.algorithm}/batch", f"{cfg.algorithm}/{part}"] for part in ("encoder", "proxies")]
+
+
 SPECS = [
     AlgorithmSpec(
         "fedspray",
@@ -43,5 +48,6 @@ SPECS = [
         strategy=f"{__name__}.server:FedSprayStrategy",
         schedule=schedule,
         broadcasts=broadcasts,
+        groups=groups,
     ),
 ]

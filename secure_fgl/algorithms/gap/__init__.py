@@ -26,6 +26,11 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     return {**encoder, **hops, **every_round(cfg, f"{cfg.algorithm}/model")}
 
 
+def releases(cfg) -> tuple[str, ...]:
+    """Each hop's noisy sums: every client receives the rows of its own nodes, under one commitment."""
+    return tuple(f"fedgcn-gap/hop/{h}" for h in range(1, GAPOptions(**cfg.options).hops + 1))
+
+
 def broadcasts(cfg) -> tuple[str, ...]:
     """The encoder and the head every client receives whole (the hops' rows differ per client: not broadcasts)."""
     return ("fedgcn-gap/encoder/model", f"{cfg.algorithm}/model")
@@ -48,6 +53,7 @@ SPECS = [
         strategy=f"{__name__}.server:GAPStrategy",
         schedule=schedule,
         broadcasts=broadcasts,
+        releases=releases,
     ),
     AlgorithmSpec(
         "gap",
@@ -66,5 +72,6 @@ SPECS = [
         strategy=f"{__name__}.server:GAPStrategy",
         schedule=schedule,
         broadcasts=broadcasts,
+        releases=releases,
     ),
 ]
