@@ -209,11 +209,11 @@ class RNSRing:
         q = self.q[:level]
         out = np.zeros(limbs.shape[1:-1] + (level, self.n), dtype=np.uint64)
         for start in range(0, limbs.shape[0], 3):
+            if start:  # a fourth limb onwards: reduce the sum so far first (then below q + 3 2^62 < 2^64)
+                _umod(out.view(np.int64), q)
             for i in range(start, min(start + 3, limbs.shape[0])):
                 w = np.array([pow(2, limb_bits * i, p) for p in self.primes[:level]], dtype=np.uint64)[:, None]
                 out += limbs[i][..., None, :].astype(np.uint64) * w
-            if start:  # a fourth limb onwards: reduce first (the sum so far is below 2^63)
-                _umod(out.view(np.int64), q)
         sub = np.array([2 * p - pow(2, shift, p) for p in self.primes[:level]], dtype=np.uint64)[:, None]
         out += sub
         return _umod(out.view(np.int64), q)

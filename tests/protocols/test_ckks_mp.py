@@ -92,6 +92,20 @@ def test_ntt_of_a_ring_wider_than_its_transposed_view_is_negacyclic_convolution(
     assert np.array_equal(ring.intt(ring.ntt(top)), top)
 
 
+@pytest.mark.parametrize("limbs", [1, 3, 7])
+def test_big_integers_enter_rns_exactly(limbs):
+    """``from_limbs`` (the smudging noise's way into RNS) equals the Python integer's residues, limbs up to 2^31."""
+    ring = RNSRing(16, ntt_primes(16, 5))
+    rng = np.random.default_rng(limbs)
+    parts = rng.integers(0, 2**31, size=(limbs, 2, 16))
+    shift = 30 * limbs - 3
+    got = ring.from_limbs(parts, 30, shift, 5)
+    for b in range(2):
+        for c in range(16):
+            value = sum(int(parts[i, b, c]) << (30 * i) for i in range(limbs)) - (1 << shift)
+            assert got[b, :, c].tolist() == [value % q for q in ring.primes]
+
+
 def test_parameters_meet_128_bit_security_and_refuse_more():
     params = MPParams()
     check_security(params)
