@@ -221,9 +221,16 @@ def moment_orders(orders: Any, tag: str, rnd: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- encrypted backends, client side
+def _any_fraction(v: np.ndarray, step: int = 1 << 16) -> bool:
+    """Whether a flat array holds a non-integer entry, scanned a cache-sized slice at a time."""
+    return any(not np.array_equal(np.rint(v[i : i + step]), v[i : i + step]) for i in range(0, v.size, step))
+
+
 def find_violation(values: np.ndarray, lo: float, hi: float, integer: bool) -> tuple[int, float, str] | None:
     """First entry of ``values`` outside ``[lo, hi]`` (or non-integer): ``(flat index, value, why)``."""
     v = np.asarray(values).reshape(-1)
+    if v.size and v.min() >= lo and v.max() <= hi and not (integer and _any_fraction(v)):
+        return None  # the common case: two reductions and a cache-sized integrality scan, no index arrays
     if integer:
         bad = np.nonzero(v != np.rint(v))[0]
         if bad.size:

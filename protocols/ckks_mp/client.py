@@ -561,7 +561,7 @@ class CKKSMPClient(ClientHalf):
         prefix = f"{self.setup.session.hex()}/{plan}/{view}/{self.plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
         seeds = self._pair_seeds if active is None else {k: v for k, v in self._pair_seeds.items() if k in active}
-        return pairwise_mask(seeds, self.id, labels, self.params.primes[: ep.level], self.params.n)
+        return pairwise_mask(seeds, self.id, labels, self.params.primes[: ep.switch_level], self.params.n)
 
     # ------------------------------------------------------------------ upload
     def _table(self):

@@ -44,7 +44,8 @@ def encode(ring: RNSRing, plan: Plan, fields: np.ndarray) -> np.ndarray:
     """Non-negative int64 fields (``n <= capacity``) -> plaintext ``Delta m`` in RNS ``[L, N]``.
 
     Fields are first joined into chunks of ``floor(62 / w)`` fields (exact int64 integers), so each
-    prime reduces ``ceil(F / floor(62 / w))`` chunks instead of ``F`` fields.
+    prime reduces ``ceil(F / floor(62 / w))`` chunks instead of ``F`` fields (unsigned reductions: every
+    chunk and product is non-negative and below ``2^64``).
     """
     n = fields.size
     s = used_coefficients(plan, n)
@@ -53,17 +54,20 @@ def encode(ring: RNSRing, plan: Plan, fields: np.ndarray) -> np.ndarray:
     grid = grid.reshape(plan.fields, s)
     per_chunk = max(1, 62 // plan.width)
     starts = range(0, plan.fields, per_chunk)
-    chunks = np.zeros((len(starts), s), dtype=np.int64)
+    chunks = np.zeros((len(starts), 1, s), dtype=np.int64)
     for c, j0 in enumerate(starts):
         for j in range(j0, min(j0 + per_chunk, plan.fields)):
-            chunks[c] |= grid[j] << (plan.width * (j - j0))
+            chunks[c, 0] |= grid[j] << (plan.width * (j - j0))
     primes = ring.primes[: plan.level]
-    q = ring.q[: plan.level]
+    q = ring.q[: plan.level].astype(np.uint64)
     weights = np.array(
-        [[pow(2, plan.width * j0 + plan.scale_bits, p) for p in primes] for j0 in starts], dtype=np.int64
-    )
+        [[pow(2, plan.width * j0 + plan.scale_bits, p) for p in primes] for j0 in starts], dtype=np.uint64
+    )[:, :, None]
     out = np.zeros((plan.level, ring.n), dtype=np.int64)
-    out[:, :s] = (np.mod(chunks[:, None, :], q) * weights[:, :, None] % q).sum(axis=0) % q
+    total = out[:, :s].view(np.uint64)
+    for c in range(len(starts)):  # (chunk mod q) (weight mod q) < 2^62
+        total += chunks[c].view(np.uint64) % q * weights[c] % q
+    total %= q
     return out
 
 

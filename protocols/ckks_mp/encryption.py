@@ -37,19 +37,31 @@ def key_product(ring: RNSRing, s_hat: np.ndarray, c1_hat: np.ndarray) -> np.ndar
     """``s c1`` in coefficient form ``[B, L, N]``.
 
     For the public ``c1_hat`` ``[B, L, N]`` (NTT form) and a key ``s_hat`` ``[L', N]`` or one per ciphertext
-    ``[B, L', N]`` (NTT form, ``L' >= L``): one product and one inverse NTT.
+    ``[B, L', N]`` (NTT form, ``L' >= L``): one product and one inverse NTT, a cache-sized batch at a time.
     """
-    return ring.intt(ring.mul(c1_hat, s_hat[..., : c1_hat.shape[-2], :]))
+    level = c1_hat.shape[-2]
+    s_hat = s_hat[..., :level, :]
+    out = np.empty(c1_hat.shape, dtype=np.int64)
+    for rows in ring.batches(c1_hat.shape[0], level):
+        out[rows] = ring.intt(ring.mul(c1_hat[rows], s_hat if s_hat.ndim == 2 else s_hat[rows]))
+    return out
 
 
 def encrypt(ring: RNSRing, s_c1: np.ndarray, plain: np.ndarray, eta: int) -> np.ndarray:
     """Encrypt plaintexts under a secret key share: ``c0 = e + plain - s c1`` (coefficient form).
 
     ``s_c1`` = :func:`key_product` of the share and the public ``c1``; ``plain`` ``[B, L, N]`` (coefficient form).
+    One reduction per residue: ``plain + (2q - s c1) + e`` lies in ``(0, 3q)`` for ``|e| <= eta < q``.
     """
     batch, level = plain.shape[0], plain.shape[1]
-    e = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
-    return ring.sub(ring.add(e, plain), s_c1)
+    e = centered_binomial((batch, ring.n), eta)
+    q = ring.q[:level]
+    out = np.empty(plain.shape, dtype=np.int64)
+    for rows in ring.batches(batch, level):
+        x = plain[rows] + (2 * q - s_c1[rows])
+        x += e[rows, None, :]
+        out[rows] = ring.reduce(x)
+    return out
 
 
 def decrypt(ring: RNSRing, s_hat: np.ndarray, ct_hat: np.ndarray) -> np.ndarray:
@@ -87,14 +99,17 @@ def to_bytes(polys: np.ndarray) -> bytes:
     return np.ascontiguousarray(polys, dtype="<u4").tobytes()
 
 
-def from_bytes(ring: RNSRing, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    """Parse residues of ``shape`` (``[..., L, N]``); ``ValueError`` naming what is wrong."""
+def from_bytes(ring: RNSRing, data: bytes, shape: tuple[int, ...], *, words: bool = False) -> np.ndarray:
+    """Parse residues of ``shape`` (``[..., L, N]``); ``ValueError`` naming what is wrong.
+
+    int64 residues, or with ``words`` the checked uint32 words themselves (a read-only view of ``data``, no copy:
+    what the server adds into its int64 sums).
+    """
     expected = int(np.prod(shape)) * 4
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != expected:
         got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
         raise ValueError(f"expected {expected} bytes ({shape} uint32 residues), got {got}")
-    arr = np.frombuffer(data, dtype="<u4").astype(np.int64).reshape(shape)
-    q = ring.q[: shape[-2]]
-    if (arr >= q).any():
+    residues = np.frombuffer(data, dtype="<u4").reshape(shape)
+    if (residues >= ring.q[: shape[-2]].astype(np.uint32)).any():
         raise ValueError("a residue is not reduced modulo its prime (corrupted bytes)")
-    return arr
+    return residues if words else residues.astype(np.int64)

@@ -20,7 +20,10 @@ is an RLWE encryption under ``p_R`` (masked by ``p_R u_i``), so the server learn
 recipient colluding with the server reads ``s_i c1 + z_i + noise`` per client, where the uniform
 ``z_i`` hides ``s_i c1`` (which would open client i's upload ``c0_i``) and only the sum is
 meaningful.  A missing share leaves ``s_i c1 + z_i`` uncancelled (the result is uniform), hence
-n-out-of-n.  t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
+n-out-of-n.  Shares travel switched down to the plan's level ``L'`` (:mod:`.params`), and the mask is added
+after the switch-down: ``h0_i = round((s_i c1 + p_R u_i + e0_i) / P) + z_i`` with ``z_i`` uniform in ``R_{Q_L'}``,
+which hides the share as before and cancels exactly in the sum (``L'`` primes to expand, not ``L``).
+t-out-of-n (:mod:`.threshold`): only the ``t`` clients of the active set ``A`` send
 shares, each with ``lambda_j^A sum_{i in U} sigma_{i,j}`` in place of ``s_i`` (``U``: the block's
 uploaders) and its mask over ``A``; the noise terms are added after that product, unchanged.
 
@@ -59,19 +62,23 @@ def pcks_share(
     a_hat: np.ndarray,
     eta: int,
     smudge_bits: int,
+    switch_level: int,
 ) -> np.ndarray:
-    """Client i's public-key switching share.
+    """Client i's public-key switching share, switched down to ``switch_level``.
 
-    Client i's share ``[B, 2, L, N]`` in coefficient form from ``s_c1`` ``[B, L, N]``, its key times each
+    Client i's share ``[B, 2, L', N]`` in coefficient form from ``s_c1`` ``[B, L, N]``, its key times each
     ciphertext's ``c1`` in coefficient form (:func:`.encryption.key_product`; zero rows for blocks client i
-    did not upload), and its masks ``mask`` ``[B, L, N]`` (uniform residues, read in coefficient form).
+    did not upload), and its masks ``mask`` ``[B, L', N]`` (uniform residues at the switch level ``L'``, added after
+    the switch-down: ``h0_i = round((p_R u_i + s_i c1 + e0_i) / P) + z_i``, so they cancel exactly in the sum).
     """
     batch, level = s_c1.shape[0], s_c1.shape[1]
     u_hat = ring.ntt(ring.from_signed(ternary((batch, ring.n)), level))
     e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
     e1 = ring.from_signed(centered_binomial((batch, ring.n), eta), level)
     h = ring.intt(np.stack([ring.mul(p_r_hat[:level], u_hat), ring.mul(a_hat[:level], u_hat)], axis=1))
-    return np.stack([ring.add(ring.add(ring.add(h[:, 0], s_c1), mask), e0), ring.add(h[:, 1], e1)], axis=1)
+    h = ring.rescale(np.stack([ring.add(ring.add(h[:, 0], s_c1), e0), ring.add(h[:, 1], e1)], axis=1), switch_level)
+    h[:, 0] += mask
+    return ring.reduce(h)
 
 
 def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
@@ -81,28 +88,40 @@ def combine_shares(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> n
     aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' shares, each
     switched down to ``L'`` by its sender (:meth:`.ring.RNSRing.rescale`).
     """
-    h = shares[0]
-    for share in shares[1:]:
-        h = ring.add(h, share)
-    c0 = ring.rescale(c0, h.shape[-2])
-    return np.stack([ring.add(c0, h[:, 0]), h[:, 1]], axis=1)
+    h = np.zeros(shares[0].shape, dtype=np.int64)
+    h[:, 0] = ring.rescale(c0, shares[0].shape[-2])
+    for share in shares:  # K < 2^32 residues below 2^31 each: one reduction at the end
+        h += share
+    return ring.reduce(h)
 
 
 def cks_share(
-    ring: RNSRing, s_c1: np.ndarray, mask: np.ndarray, smudge_bits: int, s_b_c1: np.ndarray | None = None
+    ring: RNSRing,
+    s_c1: np.ndarray,
+    mask: np.ndarray,
+    smudge_bits: int,
+    switch_level: int,
+    s_b_c1: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Client i's collective key-switching share to the broadcast key.
+    """Client i's collective key-switching share to the broadcast key, switched down to ``switch_level``.
 
-    ``h_i = s_i c1 + z_i + e0_i`` ``[B, L, N]`` in coefficient form (one polynomial per ciphertext), from
-    ``s_c1`` and ``mask`` as in :func:`pcks_share`: no transform.  ``s_b_c1``: ``s_B c1`` in coefficient form,
-    for the one client ``d`` that also subtracts it (module docstring).
+    ``h_i = round((s_i c1 + e0_i) / P) + z_i`` ``[B, L', N]`` in coefficient form (one polynomial per ciphertext),
+    from ``s_c1`` and ``mask`` as in :func:`pcks_share`: no transform.  ``s_b_c1``: ``s_B c1`` in coefficient form,
+    for the one client ``d`` that also subtracts it before the switch-down (module docstring).
     """
     batch, level = s_c1.shape[0], s_c1.shape[1]
-    h = ring.add(s_c1, mask)
-    if s_b_c1 is not None:
-        h = ring.sub(h, s_b_c1)
-    e0 = ring.from_limbs(smudging_limbs((batch, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level)
-    return ring.add(h, e0)
+    q = ring.q[:level]
+    out = np.empty(mask.shape, dtype=np.int64)
+    for rows in ring.batches(batch, level):  # s c1 + e0 (+ q - s_B c1): below 3q, one reduction
+        h = s_c1[rows] + ring.from_limbs(
+            smudging_limbs((rows.stop - rows.start, ring.n), smudge_bits), LIMB_BITS, smudge_bits, level
+        )
+        if s_b_c1 is not None:
+            h += q - s_b_c1[rows]
+        h = ring.rescale(ring.reduce(h), switch_level)
+        h += mask[rows]
+        out[rows] = ring.reduce(h)
+    return out
 
 
 def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -> np.ndarray:
@@ -111,7 +130,7 @@ def combine_broadcast(ring: RNSRing, c0: np.ndarray, shares: list[np.ndarray]) -
     From the aggregate ``c0`` ``[B, L, N]`` (coefficient form, switched down here) and the clients' CKS shares,
     each switched down to ``L'`` by its sender.
     """
-    h = shares[0]
-    for share in shares[1:]:
-        h = ring.add(h, share)
-    return ring.add(ring.rescale(c0, h.shape[-2]), h)
+    h = ring.rescale(c0, shares[0].shape[-2])
+    for share in shares:  # K < 2^32 residues below 2^31 each: one reduction at the end
+        h += share
+    return ring.reduce(h)

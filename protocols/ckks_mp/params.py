@@ -248,6 +248,32 @@ def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> 
     return ((room - 1) // (1 << scale_bits) + 1).bit_length() - 1
 
 
+@lru_cache(maxsize=256)
+def _cheapest_layout(
+    params: MPParams, k: int, width: int, block_len: int | None
+) -> tuple[int, int, int, int, int, int] | None:
+    """``(L, L', D, F, P, noise)`` of the fewest bytes for ``width``-bit fields (:func:`plan_exchange`), or None.
+
+    Every party plans every exchange, so the search over ``(L, L')`` is done once per distinct input.
+    """
+    base_noise = keyswitch_bound(params, k)
+    best, best_cost = None, None
+    for level in range(1, params.num_primes + 1):
+        for switch in range(1, level + 1):
+            factor = params.modulus(level) // params.modulus(switch)
+            noise = base_noise + (factor * rescale_error(params, k) if switch < level else 0)
+            scale_bits = (4 * noise - 1).bit_length()
+            fields = capacity_bits(params, level, scale_bits, noise) // width
+            if fields < 1 or width > MAX_FIELD_BITS:
+                continue
+            per_ct = fields * params.n
+            units = level + 4 * switch
+            cost = (units / per_ct) if block_len is None else math.ceil(block_len / per_ct) * units
+            if best_cost is None or cost < best_cost - 1e-12:
+                best, best_cost = (level, switch, scale_bits, fields, factor, noise), cost
+    return best
+
+
 def plan_exchange(
     params: MPParams,
     spec: ValueSpec,
@@ -280,36 +306,8 @@ def plan_exchange(
             error = k * 2.0 ** -(frac + 1)
         offset = math.ceil(max(abs(lo), abs(hi)) * 2.0**frac)
         width = field_width(2 * k * offset)
-    best, best_cost = None, None
-    for level in range(1, params.num_primes + 1):
-        for switch in range(1, level + 1):
-            factor = params.modulus(level) // params.modulus(switch)
-            noise = base_noise + (factor * rescale_error(params, k) if switch < level else 0)
-            scale_bits = (4 * noise - 1).bit_length()
-            fields = capacity_bits(params, level, scale_bits, noise) // width
-            if fields < 1 or width > MAX_FIELD_BITS:
-                continue
-            per_ct = fields * params.n
-            units = level + 4 * switch
-            cost = (units / per_ct) if block_len is None else math.ceil(block_len / per_ct) * units
-            if best_cost is None or cost < best_cost - 1e-12:
-                best = Plan(
-                    level,
-                    scale_bits,
-                    frac,
-                    width,
-                    fields,
-                    offset,
-                    k,
-                    noise,
-                    error,
-                    params.n,
-                    bool(spec.integer),
-                    switch,
-                    factor,
-                )
-                best_cost = cost
-    if best is None:
+    layout = _cheapest_layout(params, k, width, block_len)
+    if layout is None:
         top = capacity_bits(params, params.num_primes, (4 * base_noise - 1).bit_length(), base_noise)
         raise BoundError(
             f"a field needs {width} bits (public range of the K={k} sum"
@@ -324,4 +322,7 @@ def plan_exchange(
             tag=tag,
             round=round,
         )
-    return best
+    level, switch, scale_bits, fields, factor, noise = layout
+    return Plan(
+        level, scale_bits, frac, width, fields, offset, k, noise, error, params.n, bool(spec.integer), switch, factor
+    )

@@ -199,8 +199,9 @@ class MPClient:
             self.a_hat,
             self.params.eta,
             smudge_bits,
+            switch_level,
         )
-        return encryption.to_bytes(self.ring.rescale(share, switch_level))
+        return encryption.to_bytes(share)
 
     def cks_shares(
         self,
@@ -224,9 +225,9 @@ class MPClient:
             s_b_c1 = encryption.key_product(self.ring, cast(KeyPair, self._broadcast).s_hat, c1_hat)
             self._broadcast_products = dict(zip(labels, s_b_c1))
         share = keyswitch.cks_share(
-            self.ring, self._switch_products(c1_hat, labels, keyed, threshold), mask, smudge_bits, s_b_c1
+            self.ring, self._switch_products(c1_hat, labels, keyed, threshold), mask, smudge_bits, switch_level, s_b_c1
         )
-        return encryption.to_bytes(self.ring.rescale(share, switch_level))
+        return encryption.to_bytes(share)
 
     # ------------------------------------------------------------------ download
     def decrypt_delivery(

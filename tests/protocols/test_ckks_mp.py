@@ -77,6 +77,35 @@ def test_ntt_product_is_negacyclic_convolution(seed, n_log):
     assert np.array_equal(ring.intt(ring.ntt(ring.from_signed(a, 3))), ring.from_signed(a, 3))
 
 
+@pytest.mark.parametrize("n", [256, 1024])
+def test_ntt_of_a_ring_wider_than_its_transposed_view_is_negacyclic_convolution(n):
+    """Rings past the transposed view's 64 columns run stages in both layouts; the product stays exact."""
+    ring = RNSRing(n, ntt_primes(n, 4))
+    rng = np.random.default_rng(n)
+    a, b = rng.integers(-(10**6), 10**6, n), rng.integers(-50, 50, n)
+    full = np.convolve(a, b)  # |entries| < n 5e7: exact in int64
+    ref = full[:n].copy()
+    ref[: n - 1] -= full[n:]
+    got = ring.intt(ring.mul(ring.ntt(ring.from_signed(a, 4)), ring.ntt(ring.from_signed(b, 4))))
+    assert np.array_equal(got, ring.from_signed(ref, 4))
+    top = np.stack([np.full(n, q - 1) for q in ring.primes])  # the largest residues: the lazy bounds' worst case
+    assert np.array_equal(ring.intt(ring.ntt(top)), top)
+
+
+@pytest.mark.parametrize("limbs", [1, 3, 7])
+def test_big_integers_enter_rns_exactly(limbs):
+    """``from_limbs`` (the smudging noise's way into RNS) equals the Python integer's residues, limbs up to 2^31."""
+    ring = RNSRing(16, ntt_primes(16, 5))
+    rng = np.random.default_rng(limbs)
+    parts = rng.integers(0, 2**31, size=(limbs, 2, 16))
+    shift = 30 * limbs - 3
+    got = ring.from_limbs(parts, 30, shift, 5)
+    for b in range(2):
+        for c in range(16):
+            value = sum(int(parts[i, b, c]) << (30 * i) for i in range(limbs)) - (1 << shift)
+            assert got[b, :, c].tolist() == [value % q for q in ring.primes]
+
+
 def test_parameters_meet_128_bit_security_and_refuse_more():
     params = MPParams()
     check_security(params)
