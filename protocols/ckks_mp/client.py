@@ -66,7 +66,9 @@ import hashlib
 import hmac
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -88,7 +90,8 @@ from ..errors import (
     SmudgingBudgetError,
 )
 from ..message import encode_body
-from ..party import ClientHalf, envelope_of
+from ..party import ClientHalf, PartySetup, Provider, envelope_of
+from ..plan import ExchangePlan
 from ..release_commitment import DIGEST_BYTES, leaf, verify
 from ..similarity_exchange import SIMILARITY_SHAPE
 from ..transcript import SERVER, Message, client_party, party_client
@@ -99,6 +102,11 @@ from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchang
 from .party import MPClient
 from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
 from .threshold import check_finishers
+
+#: a client's reply to one stage: (message, its sealed bytes) each
+_Reply = list[tuple[Message, bytes]]
+#: this exchange's checked contribution: (block ids, values)
+_Table = tuple[np.ndarray, np.ndarray]
 
 KEYS_TAG = "ckks-mp/keys"
 #: tag of the relayed Shamir shares of the t-out-of-n key set-up
@@ -134,7 +142,7 @@ class Replan:
     lost: frozenset[int]
 
 
-def threshold_of(setup) -> int:
+def threshold_of(setup: PartySetup) -> int:
     """The run's key-switching threshold t from its public setup (default n: n-out-of-n).
 
     t-out-of-n needs ``2t > n + c`` (c: the run's colluders): any two active sets then share more than c clients,
@@ -156,7 +164,7 @@ def threshold_of(setup) -> int:
 _MEMO = DecryptionMemo()
 
 
-def common_plan_digest(plan) -> str:
+def common_plan_digest(plan: ExchangePlan) -> str:
     """SHA-256 hex of the part of an exchange plan every client receives alike.
 
     That is everything but the recipients' requests, of which each client sees only its own. It labels the zero-sum
@@ -173,7 +181,7 @@ class CKKSMPClient(ClientHalf):
 
     mode = "ckks-mp"
 
-    def __init__(self, client_id: int, setup: bytes, provider=None):
+    def __init__(self, client_id: int, setup: bytes, provider: Provider | None = None) -> None:
         super().__init__(client_id, setup, provider)
         self.params = params_from_options(self.setup.options["params"])
         self.ring = ring_of(self.params)
@@ -186,7 +194,7 @@ class CKKSMPClient(ClientHalf):
         #: seconds of the key set-up, and per stage of the last exchange (benchmarks)
         self.setup_s = 0.0
         self.timing: dict[str, float] = {}
-        self._state = (None, None)  # (exchange, checked contribution)
+        self._state: tuple[int | None, _Table | None] = (None, None)  # (exchange, checked contribution)
         #: ciphertexts this client key-switched in the run (against MPParams.max_keyswitches)
         self.switched = 0
         #: (exchange, switched to the broadcast key) of this client's last key switch
@@ -213,7 +221,17 @@ class CKKSMPClient(ClientHalf):
         self._released: tuple[int, dict[int, np.ndarray]] | None = None
         self._release_key: bytes | None = None
 
-    def on_stage(self, stage, inbox):
+    @property
+    def _exchange_plan(self) -> ExchangePlan:
+        """The current exchange's plan (:meth:`on_stage` runs an exchange's stages only once one is set)."""
+        return cast(ExchangePlan, self.plan)
+
+    @property
+    def _key_shares(self) -> MPClient:
+        """This client's key shares (made at key set-up, before any step that uses them)."""
+        return cast(MPClient, self.keys)
+
+    def on_stage(self, stage: str, inbox: list[Message]) -> _Reply:
         """Multiparty CKKS client steps: key set-up, block ids, upload, key-switch share, decryption of the download.
 
         Raises:
@@ -245,15 +263,15 @@ class CKKSMPClient(ClientHalf):
             return self._release(inbox)
         return []
 
-    def _accept_plan(self, msg: Message) -> None:
+    def _accept_plan(self, msg: Message) -> ExchangePlan:
         """The base plan checks, then refuse a plan shaped for GCFL's similarity statistics.
 
         The base checks, then refuse a plan shaped for GCFL's similarity statistics: ``ckks-mp``
         never runs one, and its steps would encrypt this client's contribution under a key that
         one client (the plan's decider) holds alone, so that the server and that client read it.
         """
-        super()._accept_plan(msg)
-        if self.plan.encoding.get("shape") == SIMILARITY_SHAPE:
+        plan = super()._accept_plan(msg)
+        if plan.encoding.get("shape") == SIMILARITY_SHAPE:
             self.plan = None
             raise DowngradeError(
                 "a similarity-statistics plan in ckks-mp: its steps encrypt this client's "
@@ -262,8 +280,11 @@ class CKKSMPClient(ClientHalf):
                 round=msg.round,
                 client=self.id,
             )
+        return plan
 
-    def _from_server(self, inbox, stage: str, where: dict, parts: tuple[int, ...] = (0,)) -> Message:
+    def _from_server(
+        self, inbox: list[Message], stage: str, where: dict[str, Any], parts: tuple[int, ...] = (0,)
+    ) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
         if len(mine) != 1:
             raise IntegrityError(f"expected one '{stage}' message from the server, got {len(mine)}", **where)
@@ -274,7 +295,7 @@ class CKKSMPClient(ClientHalf):
 
     def _plan(self) -> Plan:
         """The exchange's encoding, derived from the public plan; it must be the server's."""
-        p = self.plan
+        p = self._exchange_plan
         ep = plan_exchange(
             self.params, p.spec, self.setup.num_clients, p.dp_noise_std, p.block_len, tag=p.tag, round=p.round
         )
@@ -287,19 +308,22 @@ class CKKSMPClient(ClientHalf):
         return ep
 
     def _pieces(self, ep: Plan) -> list[int]:
-        return [min(self.plan.block_len, a + ep.capacity) - a for a in range(0, self.plan.block_len, ep.capacity)]
+        return [
+            min(self._exchange_plan.block_len, a + ep.capacity) - a
+            for a in range(0, self._exchange_plan.block_len, ep.capacity)
+        ]
 
-    def _labels(self, ep: Plan, blocks) -> list[tuple[int, int, int]]:
+    def _labels(self, ep: Plan, blocks: Sequence[int]) -> list[tuple[int, int, int]]:
         """(exchange, block, piece) of each ciphertext of ``blocks``, in the order of :meth:`_c1`."""
         pieces = len(self._pieces(ep))
-        return [(self.plan.exchange, int(b), j) for b in blocks for j in range(pieces)]
+        return [(self._exchange_plan.exchange, int(b), j) for b in blocks for j in range(pieces)]
 
-    def _c1(self, ep: Plan, blocks) -> np.ndarray:
+    def _c1(self, ep: Plan, blocks: Sequence[int]) -> np.ndarray:
         """The public ``c1`` of this exchange's pieces of ``blocks`` (:func:`.sampling.upload_c1`)."""
         return upload_c1(
             self._seed,
             self.setup.session,
-            self.plan.exchange,
+            self._exchange_plan.exchange,
             blocks,
             len(self._pieces(ep)),
             self.params.primes[: ep.level],
@@ -307,8 +331,8 @@ class CKKSMPClient(ClientHalf):
         )
 
     # ------------------------------------------------------------------ keys
-    def _key_setup(self, inbox):
-        where = dict(tag=KEYS_TAG, round=None, client=self.id)
+    def _key_setup(self, inbox: list[Message]) -> _Reply:
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=None, client=self.id)
         req = self._from_server(inbox, "key_setup", where)
         where["round"] = req.round
         if not isinstance(req.payload, dict):
@@ -316,6 +340,7 @@ class CKKSMPClient(ClientHalf):
         t = time.perf_counter()
         part = envelope_of(req).part
         relayed = [m for m in inbox if m.sender != SERVER]
+        out: _Reply
         if part == 0:
             if relayed:
                 raise IntegrityError("messages relayed from other clients before key set-up began", **where)
@@ -338,15 +363,15 @@ class CKKSMPClient(ClientHalf):
     def _sign(self, kind: str, key: bytes) -> bytes:
         return sign_public_key(self.signing, kind, self.setup.run_id, self.name, key)
 
-    def _make_keys(self, req: Message, where: dict):
+    def _make_keys(self, req: Message, where: dict[str, Any]) -> _Reply:
         self.keys = MPClient(
             self.id, self.ring, self.params, common_polynomial(self._seed, self.params.primes, self.params.n)
         )
-        p_r = self.keys.recipient_public_key
+        p_r = self._key_shares.recipient_public_key
         public = {"recipient": p_r, "recipient_sig": self._sign(RECIPIENT_KEY, p_r)}
         relayed = self._broadcast_key(public, req.round) if self.id == 0 else []  # client 0 deals the broadcast key
         if self.threshold < self.setup.num_clients:  # t-out-of-n: sent one per call (_deal_next)
-            self._to_deal = self.keys.deal_threshold_shares(self.threshold, self.setup.num_clients)
+            self._to_deal = self._key_shares.deal_threshold_shares(self.threshold, self.setup.num_clients)
         msg = Message(
             req.round,
             KEYS_TAG,
@@ -362,18 +387,18 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "key_setup")] + relayed
 
-    def _broadcast_key(self, public: dict, rnd: int, part: int = 0) -> list:
+    def _broadcast_key(self, public: dict[str, Any], rnd: int, part: int = 0) -> _Reply:
         """Deal the broadcast key: ``p_B`` and its signature into ``public``; ``s_B`` sealed for every other client."""
-        p_b = self.keys.make_broadcast_key()
+        p_b = self._key_shares.make_broadcast_key()
         public.update(broadcast=p_b, broadcast_sig=self._sign(BROADCAST_KEY, p_b))
-        secret = self.keys.broadcast_secret()
+        secret = self._key_shares.broadcast_secret()
         return [
             self.seal_relayed(k, "key_setup", secret, "broadcast secret s_B", "", part, KEYS_TAG, rnd)
             for k in range(self.setup.num_clients)
             if k != self.id
         ]
 
-    def _deal_broadcast_key(self, req: Message, where: dict) -> list:
+    def _deal_broadcast_key(self, req: Message, where: dict[str, Any]) -> _Reply:
         """T-out-of-n: deal the broadcast key in place of client 0, which left the set-up at its first step.
 
         Only once, after this client's own keys and before any Shamir share rotation (IntegrityError otherwise).
@@ -388,7 +413,7 @@ class CKKSMPClient(ClientHalf):
         if self._dealt_broadcast:
             raise IntegrityError("a second request to deal the broadcast key", **where)
         self._dealt_broadcast = True
-        public: dict = {}
+        public: dict[str, Any] = {}
         relayed = self._broadcast_key(public, req.round, DEALER_PART)
         msg = Message(
             req.round,
@@ -405,7 +430,7 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "key_setup", DEALER_PART)] + relayed
 
-    def _deal_next(self, req: Message, offset: int, where: dict) -> list:
+    def _deal_next(self, req: Message, offset: int, where: dict[str, Any]) -> _Reply:
         """Rotation ``offset`` of the t-out-of-n set-up: this client's Shamir share for client ``(me + offset) mod n``.
 
         The server asks for the offsets 1..n-1 in order, one call each (IntegrityError otherwise), and relays each
@@ -428,7 +453,7 @@ class CKKSMPClient(ClientHalf):
         note = f"Shamir share of s_{self.id}"
         return [self.seal_relayed(to, "key_setup", sigma, note, "", SHARE_PART, THRESHOLD_TAG, req.round)]
 
-    def _take_public_keys(self, req: Message, where: dict) -> None:
+    def _take_public_keys(self, req: Message, where: dict[str, Any]) -> None:
         relayed, self._setup_relayed = self._setup_relayed, []
         try:
             pk_bytes = bytes(req.payload["broadcast"])
@@ -448,7 +473,7 @@ class CKKSMPClient(ClientHalf):
         if req.fingerprint != fp:
             raise IntegrityError("the server's key fingerprint is not that of the seed and broadcast key", **where)
         if self.id == dealer:
-            if not np.array_equal(p_b, self.keys.broadcast_pk):
+            if not np.array_equal(p_b, self._key_shares.broadcast_pk):
                 raise KeySubstitutionError("the server changed the broadcast public key this client dealt", **where)
         else:
             if len(relayed) != 1 or relayed[0].sender != client_party(dealer):
@@ -460,12 +485,12 @@ class CKKSMPClient(ClientHalf):
             env = envelope_of(relayed[0])
             secret = self.open_relayed(relayed[0], "key_setup", env.part, exchange=env.exchange)
             try:
-                self.keys.adopt_broadcast_key(secret, p_b)
+                self._key_shares.adopt_broadcast_key(secret, p_b)
             except ValueError as e:
                 raise IntegrityError(f"broadcast key refused: {e}", **where) from None
         self.fingerprint = fp
 
-    def _take_finishers(self, payload: dict, where: dict) -> int:
+    def _take_finishers(self, payload: dict[str, Any], where: dict[str, Any]) -> int:
         """T-out-of-n: the clients that finished the set-up and the broadcast key's dealer, as the server names them.
 
         Checked (:func:`.threshold.check_finishers`): at least t distinct clients of the run, this one among them,
@@ -479,7 +504,7 @@ class CKKSMPClient(ClientHalf):
             raise IntegrityError(f"malformed finishing set ({e})", **where) from None
         K = self.setup.num_clients
         check_finishers(finishers, self.id, self.threshold, K, where)
-        missing = sorted(set(finishers) - self.keys.dealers)
+        missing = sorted(set(finishers) - self._key_shares.dealers)
         unsent = sorted(self._skipped & set(finishers))
         dealt = self.id == 0 or self._dealt_broadcast  # this client dealt a broadcast key
         if missing or unsent or self._next_offset != K or not 0 <= dealer < K or (dealer == self.id) != dealt:
@@ -490,16 +515,16 @@ class CKKSMPClient(ClientHalf):
                 "in its place)",
                 **where,
             )
-        self.keys.keep_dealers(finishers)
+        self._key_shares.keep_dealers(finishers)
         self.finishers = frozenset(finishers)
         return dealer
 
-    def _take_threshold_shares(self, relayed: list[Message], where: dict) -> None:
+    def _take_threshold_shares(self, relayed: list[Message], where: dict[str, Any]) -> None:
         """Open the Shamir shares of ``s_i`` relayed in this call (at most one per other client i, ever)."""
         K = self.setup.num_clients
         for msg in relayed:
             dealer = party_client(msg.sender)
-            if self.threshold == K or dealer is None or dealer == self.id or dealer in self.keys.dealers:
+            if self.threshold == K or dealer is None or dealer == self.id or dealer in self._key_shares.dealers:
                 raise IntegrityError(
                     f"a Shamir share from {msg.sender} where this client takes one from each other client once "
                     "(t-out-of-n only)",
@@ -511,16 +536,16 @@ class CKKSMPClient(ClientHalf):
                 sigma = encryption.from_bytes(self.ring, secret, (self.params.num_primes, self.params.n))
             except ValueError as e:
                 raise IntegrityError(f"malformed Shamir share from {msg.sender} ({e})", **where) from None
-            self.keys.adopt_threshold_share(party_client(msg.sender), sigma)
+            self._key_shares.adopt_threshold_share(dealer, sigma)
 
-    def _recipient_key(self, to: int, offered: dict, where: dict) -> np.ndarray:
+    def _recipient_key(self, to: int, offered: dict[int, Any], where: dict[str, Any]) -> np.ndarray:
         """Recipient ``to``'s public key ``p_R``, checked.
 
         Recipient ``to``'s ``p_R``: this client's own, one checked before, or one in this request
         signed by ``to``'s identity key (KeySubstitutionError otherwise).
         """
         if to == self.id:
-            return self.keys._own.p_hat
+            return self._key_shares._own.p_hat
         if to in self.recipient_keys:
             return self.recipient_keys[to]
         if not 0 <= to < self.setup.num_clients or to not in offered:
@@ -538,7 +563,9 @@ class CKKSMPClient(ClientHalf):
         self.recipient_keys[to] = p_r
         return p_r
 
-    def _masks(self, ep: Plan, to: int, blocks, active=None, context: str = "") -> np.ndarray:
+    def _masks(
+        self, ep: Plan, to: int, blocks: Sequence[int], active: list[int] | None = None, context: str = ""
+    ) -> np.ndarray:
         """This client's zero-sum masks of the ciphertexts of ``blocks`` switched to ``to``.
 
         One mask per (block, piece) (:func:`.sampling.pairwise_mask`), labelled by the session, the digest of the
@@ -557,17 +584,18 @@ class CKKSMPClient(ClientHalf):
                 if k != self.id
             }
         view = self.view_digest().hex()  # the broadcasts this client trained on (protocols.broadcast_view)
-        plan = f"{common_plan_digest(self.plan)}{context}"
-        prefix = f"{self.setup.session.hex()}/{plan}/{view}/{self.plan.exchange}/{to}"
+        plan = f"{common_plan_digest(self._exchange_plan)}{context}"
+        prefix = f"{self.setup.session.hex()}/{plan}/{view}/{self._exchange_plan.exchange}/{to}"
         labels = [f"{prefix}/{b}/{j}" for b in blocks for j in range(len(self._pieces(ep)))]
         seeds = self._pair_seeds if active is None else {k: v for k, v in self._pair_seeds.items() if k in active}
         return pairwise_mask(seeds, self.id, labels, self.params.primes[: ep.switch_level], self.params.n)
 
     # ------------------------------------------------------------------ upload
-    def _table(self):
+    def _table(self) -> _Table:
         """This exchange's contribution, checked against the public plan before anything is encrypted."""
-        if self._state[1] is None:
-            p, K = self.plan, self.setup.num_clients
+        table = self._state[1]
+        if table is None:
+            p, K = self._exchange_plan, self.setup.num_clients
             ids, vals = check_block_table(p, self.id, self.contribution(), K)
             lo, hi, offset = per_client_limits(p.spec, p.dp_noise_std, K)
             bad = find_violation(vals, lo, hi, p.spec.integer)
@@ -582,11 +610,12 @@ class CKKSMPClient(ClientHalf):
                     "clip the values or declare a larger public bound",
                     **self.where(),
                 )
-            self._state = (p.exchange, (np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=np.float64)))
-        return self._state[1]
+            table = (np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=np.float64))
+            self._state = (p.exchange, table)
+        return table
 
-    def _block_ids(self):
-        if self.id not in self.plan.contributors:
+    def _block_ids(self) -> _Reply:
+        if self.id not in self._exchange_plan.contributors:
             return []
         ids, _ = self._table()
         msg = self.message(
@@ -599,8 +628,8 @@ class CKKSMPClient(ClientHalf):
         )
         return [self.seal(msg, "block_ids")]
 
-    def _upload(self):
-        p = self.plan
+    def _upload(self) -> _Reply:
+        p = self._exchange_plan
         if self.id not in p.contributors:
             return []
         if self._last_upload is not None and self._last_upload >= p.exchange:
@@ -615,7 +644,7 @@ class CKKSMPClient(ClientHalf):
         ep = self._plan()
         ids, vals = self._table()
         t = time.perf_counter()
-        data = self.keys.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()), self._labels(ep, ids.tolist()))
+        data = self._key_shares.encrypt_blocks(ep, vals, self._c1(ep, ids.tolist()), self._labels(ep, ids.tolist()))
         self.timing["upload_s"] = time.perf_counter() - t
         pieces = len(self._pieces(ep))
         msg = self.message(
@@ -629,17 +658,25 @@ class CKKSMPClient(ClientHalf):
         return [self.seal(msg, "upload")]
 
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
-    def _keyswitch(self, inbox):
+    def _keyswitch(self, inbox: list[Message]) -> _Reply:
         where = self.where()
         K = self.setup.num_clients
         t_of_n = self.threshold < K
-        switched = self._last_switch is not None and self._last_switch[0] >= self.plan.exchange
-        answered = self._answered[1] if self._answered is not None and self._answered[0] == self.plan.exchange else None
+        switched = self._last_switch is not None and self._last_switch[0] >= self._exchange_plan.exchange
+        answered = (
+            self._answered[1]
+            if self._answered is not None and self._answered[0] == self._exchange_plan.exchange
+            else None
+        )
         if switched and answered is None:  # n-out-of-n, or a refused request: never a second one
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
         # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
         # (the uploaders then exclude it, checked in _active_set)
-        if self.id in self.plan.contributors and self._last_upload != self.plan.exchange and not t_of_n:
+        if (
+            self.id in self._exchange_plan.contributors
+            and self._last_upload != self._exchange_plan.exchange
+            and not t_of_n
+        ):
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
         # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t)
         req = self._from_server(inbox, "keyswitch", where, tuple(range(2 + K - self.threshold)) if t_of_n else (0,))
@@ -647,7 +684,7 @@ class CKKSMPClient(ClientHalf):
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
         replan = max(envelope_of(req).part - 1, 0)
-        self._last_switch = (self.plan.exchange, False)
+        self._last_switch = (self._exchange_plan.exchange, False)
         ep = self._plan()
         fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
         if not isinstance(req.payload, dict) or set(req.payload) != fields:
@@ -667,7 +704,7 @@ class CKKSMPClient(ClientHalf):
             groups[:, 1].min(initial=0) < 0
             or groups[:, 1].sum() != blocks.size
             or blocks.size
-            and (blocks.min() < 0 or blocks.max() >= self.plan.num_blocks)
+            and (blocks.min() < 0 or blocks.max() >= self._exchange_plan.num_blocks)
         ):
             raise IntegrityError("key-switching groups do not partition blocks of this exchange", **where)
         recipients = groups[:, 0].tolist()
@@ -685,17 +722,19 @@ class CKKSMPClient(ClientHalf):
                 "MPParams.max_keyswitches (a larger smudging noise)",
                 **where,
             )
-        mine = set(self._table()[0].tolist()) if self.id in self.plan.contributors else set()
-        active, context, uploaded = None, "", None
+        mine = set(self._table()[0].tolist()) if self.id in self._exchange_plan.contributors else set()
+        active: list[int] | None = None
+        uploaded: np.ndarray | None = None
+        context = ""
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
             uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
-            self.released_over(self.plan, uploaders.tolist())  # a related-input group: one set per round
+            self.released_over(self._exchange_plan, uploaders.tolist())  # a related-input group: one set per round
             binding = hashlib.sha256(
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
             ).digest()
             answered = self._check_replan(answered, binding, active, where)
-        own_request = sorted(self.plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
+        own_request = sorted(self._exchange_plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
         jobs, start, start_of = [], 0, []
         for to, count in groups.tolist():
             start_of.append(start)
@@ -716,7 +755,7 @@ class CKKSMPClient(ClientHalf):
                         f"{own_request[:8]}: a scoped block may not go to every client",
                         **where,
                     )
-                pk = self.keys.broadcast_pk
+                pk = self._key_shares.broadcast_pk
             else:
                 pk = self._recipient_key(to, offered, where)
             jobs.append((to, bids, pk))
@@ -733,24 +772,28 @@ class CKKSMPClient(ClientHalf):
                 keyed = np.ones(len(bids) * pieces, dtype=bool)
                 rows = uploaded[start_of[g] : start_of[g] + len(bids)]
                 per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
-                threshold = ([u for u in per_block for _ in range(pieces)], active)
+                threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
             masks = self._masks(ep, to, bids, active, context)
             if to < 0:
-                data = self.keys.cks_shares(c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold)
+                data = self._key_shares.cks_shares(
+                    c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
+                )
                 note = "CKS shares to the broadcast key"
             else:
-                data = self.keys.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
+                data = self._key_shares.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
                 note = f"PCKS shares to recipient {to}'s key"
             msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
             out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
         self.switched += total
-        self._last_switch = (self.plan.exchange, recipients == [-1])
+        self._last_switch = (self._exchange_plan.exchange, recipients == [-1])
         if t_of_n:
-            self._answered = (self.plan.exchange, answered)
+            self._answered = (self._exchange_plan.exchange, cast(Replan, answered))  # set by _check_replan
         self.timing["keyswitch_s"] = time.perf_counter() - t
         return out
 
-    def _check_replan(self, answered: Replan | None, binding: bytes, active: list[int], where: dict) -> Replan:
+    def _check_replan(
+        self, answered: Replan | None, binding: bytes, active: list[int], where: dict[str, Any]
+    ) -> Replan:
         """T-out-of-n: refuse a key switch that could release anything but the exchange's one result.
 
         The first request of an exchange fixes its ``binding`` (groups, blocks, uploaders ``U`` and per-block rows:
@@ -778,7 +821,9 @@ class CKKSMPClient(ClientHalf):
         lost = answered.lost.union(*(set(a) - set(active) for a in answered.active_sets))
         return Replan(binding, answered.active_sets + [tuple(active)], frozenset(lost))
 
-    def _active_set(self, payload: dict, blocks: np.ndarray, mine: set, where: dict):
+    def _active_set(
+        self, payload: dict[str, Any], blocks: np.ndarray, mine: set[int], where: dict[str, Any]
+    ) -> tuple[list[int], np.ndarray, str]:
         """The checked active set and uploaders of a t-out-of-n request.
 
         The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
@@ -814,8 +859,8 @@ class CKKSMPClient(ClientHalf):
             )
         if self.id not in active:
             raise ActiveSetError(f"asked to key-switch by an active set {active} without this client", **where)
-        contributors = set(int(k) for k in self.plan.contributors)
-        uploaded_myself = self.id in contributors and self._last_upload == self.plan.exchange
+        contributors = set(int(k) for k in self._exchange_plan.contributors)
+        uploaded_myself = self.id in contributors and self._last_upload == self._exchange_plan.exchange
         missing = contributors - set(uploaders)
         fewest = self.setup.collusion.min_contributors
         if (
@@ -849,8 +894,8 @@ class CKKSMPClient(ClientHalf):
         return active, uploaded, f"/active:{digest}"
 
     # ------------------------------------------------------------------ download
-    def _download(self, inbox):
-        p = self.plan
+    def _download(self, inbox: list[Message]) -> _Reply:
+        p = self._exchange_plan
         if self.id not in p.requests:
             return []
         where = self.where()
@@ -880,7 +925,10 @@ class CKKSMPClient(ClientHalf):
             cts = encryption.from_bytes(self.ring, msg.payload["data"], shape)
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
-        decode = lambda: self._decode(ep, cts, bids, lengths, to < 0)  # noqa: E731
+
+        def decode() -> np.ndarray:
+            return self._decode(ep, cts, bids, lengths, to < 0)
+
         values = (
             decode()
             if to >= 0
@@ -908,14 +956,14 @@ class CKKSMPClient(ClientHalf):
         """
         if self._release_key is None:
             self._release_key = hashlib.sha256(
-                RELEASE_KEY_DOMAIN + self.setup.run_id + self.keys.broadcast_secret()
+                RELEASE_KEY_DOMAIN + self.setup.run_id + self._key_shares.broadcast_secret()
             ).digest()
-        body = int(self.plan.exchange).to_bytes(8, "big") + int(block).to_bytes(8, "big")
+        body = int(self._exchange_plan.exchange).to_bytes(8, "big") + int(block).to_bytes(8, "big")
         return hmac.new(self._release_key, body + np.ascontiguousarray(values, "<f8").tobytes(), "sha256").digest()
 
-    def _release(self, inbox):
+    def _release(self, inbox: list[Message]) -> _Reply:
         """Check this client's released blocks against the server's commitment, chain its root, deliver them."""
-        p, where = self.plan, self.where()
+        p, where = self._exchange_plan, self.where()
         if self.schedule is None or not self.schedule.releases(p.tag):
             raise IntegrityError("a release commitment for an exchange the schedule does not release", **where)
         msg = self._from_server(inbox, "release", where)
@@ -945,16 +993,17 @@ class CKKSMPClient(ClientHalf):
         Returns ``[len(bids), block_len]``. Raises IntegrityError when a residual exceeds the worst-case noise bound
         or a field is out of range.
         """
+        decoded: list[tuple[np.ndarray, int, bool]]
         if not bids.size:
             decoded = []
         elif broadcast:  # c0' only: c1 is the public one this client recomputes
             blocks = bids.tolist()
-            decoded = self.keys.decrypt_broadcast(
+            decoded = self._key_shares.decrypt_broadcast(
                 ep, cts, self._labels(ep, blocks), lambda: self._c1(ep, blocks), lengths * bids.size
             )
         else:
-            decoded = self.keys.decrypt_delivery(ep, cts, lengths * bids.size)
-        out = np.zeros((bids.size, self.plan.block_len))
+            decoded = self._key_shares.decrypt_delivery(ep, cts, lengths * bids.size)
+        out = np.zeros((bids.size, self._exchange_plan.block_len))
         for i, b in enumerate(bids.tolist()):
             parts = []
             for j in range(len(lengths)):
@@ -966,7 +1015,7 @@ class CKKSMPClient(ClientHalf):
                         if residual > ep.noise_bound
                         else "a packed field out of range"
                     )
-                    bound = self.schedule is not None and self.schedule.binds_views(self.plan.tag)
+                    bound = self.schedule is not None and self.schedule.binds_views(self._exchange_plan.tag)
                     if bound or self.view_digest() != EMPTY_VIEW:
                         raise InconsistentViewError(
                             f"block {b} of an exchange bound to what the clients received decrypts with {why}: "

@@ -45,20 +45,33 @@ value of its choosing switched.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import DropoutError, IntegrityError, ShapeError
 from ..party import ServerHalf, envelope_of
+from ..plan import ExchangePlan
 from ..release_commitment import DIGEST_BYTES, empty_leaf, leaf, prove, root_of, tree
-from ..transcript import SERVER, Message, client_party
+from ..transcript import SERVER, Kind, Message, client_party
 from . import encoding, encryption
 from .client import DEALER_PART, KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_broadcast, combine_shares
 from .params import params_from_options, plan_exchange, ring_of
 from .sampling import crs_seed
+
+if TYPE_CHECKING:
+    from ..link import ClientLink
+    from ..party import PartySetup
+    from ..transcript import Transcript
+
+#: client -> [(message, envelope part)]: one stage's requests (:meth:`ServerHalf.call`)
+_Requests = dict[int, list[tuple[Message, int]]]
+#: (recipient, or -1 for the broadcast key; rows of the aggregate): one key-switching group
+_Group = tuple[int, list[int]]
 
 
 class CKKSMPServer(ServerHalf):
@@ -68,7 +81,7 @@ class CKKSMPServer(ServerHalf):
     relays_between_clients = True
     relay_stages = frozenset({"key_setup"})
 
-    def __init__(self, setup, transcript=None):
+    def __init__(self, setup: PartySetup, transcript: Transcript | None = None) -> None:
         super().__init__(setup, transcript)
         self.params = params_from_options(setup.options["params"])
         self.ring = ring_of(self.params)
@@ -78,7 +91,7 @@ class CKKSMPServer(ServerHalf):
         self.recipient_pks: dict[int, tuple[bytes, bytes]] = {}
         self._keys_sent: set[tuple[int, int]] = set()  # (client, recipient) p_R already sent
         self.setup_s = 0.0
-        self.last_stats: dict = {}
+        self.last_stats: dict[str, Any] = {}
         #: t of t-out-of-n key switching (n: every client key-switches)
         self.threshold = threshold_of(setup)
         #: clients whose view of the broadcasts is stale (they missed one): never in an active set
@@ -98,7 +111,7 @@ class CKKSMPServer(ServerHalf):
             msg = replace(msg, payload=None, note=msg.note + "; payload not kept (size)")
         super().record(msg)
 
-    def _missing(self, clients, what: str, **where) -> DropoutError:
+    def _missing(self, clients: Sequence[int], what: str, **where: Any) -> DropoutError:
         K, t = self.setup.num_clients, self.threshold
         need = (
             f"this run's threshold needs {t} of the {K} clients (at most {K - t} missing)"
@@ -108,16 +121,25 @@ class CKKSMPServer(ServerHalf):
         err = DropoutError(
             f"client(s) {', '.join(map(str, clients))} did not send {what}; {need}, so nothing was "
             "delivered. Re-run the exchange without them",
-            **{"client": clients[0], **where},
+            **cast(dict[str, Any], {"client": clients[0], **where}),
         )
         err.clients = tuple(clients)
         return err
 
     # ------------------------------------------------------------------ keys
-    def _key_request(self, rnd: int, k: int, payload: dict, note: str, kind="control", shape=(), fp="") -> Message:
+    def _key_request(
+        self,
+        rnd: int,
+        k: int,
+        payload: dict[str, Any],
+        note: str,
+        kind: Kind = "control",
+        shape: tuple[int, ...] = (),
+        fp: str = "",
+    ) -> Message:
         return Message(rnd, KEYS_TAG, SERVER, client_party(k), kind, shape, 0, self.mode, fp, payload, note=note)
 
-    def ensure_keys(self, link, rnd: int) -> None:
+    def ensure_keys(self, link: ClientLink, rnd: int) -> None:
         """Key set-up, once per run (module docstring, step 1).
 
         t-out-of-n: a client that misses a step joins :attr:`unfinished` and the set-up goes on with the others
@@ -127,13 +149,14 @@ class CKKSMPServer(ServerHalf):
             return
         K, n, P = self.setup.num_clients, self.params.n, self.params.num_primes
         self.register(link, rnd, range(K))
-        where = dict(tag=KEYS_TAG, round=rnd)
+        where: dict[str, Any] = dict(tag=KEYS_TAG, round=rnd)
         request = {k: [(self._key_request(rnd, k, {}, "make your keys"), 0)] for k in range(K)}
         got = self.call(link, "key_setup", request, hook=False)
         t = time.perf_counter()
         silent = [k for k in range(K) if not [m for m in got.get(k, []) if m.receiver == SERVER]]
         self._exclude(silent, "its public keys", where)
-        broadcast, dealer = None, 0
+        broadcast: dict[str, Any] | None = None
+        dealer = 0
         for k in (k for k in range(K) if k not in self.unfinished):
             mine = [m for m in got[k] if m.receiver == SERVER]
             if len(mine) != 1:
@@ -174,14 +197,14 @@ class CKKSMPServer(ServerHalf):
         self._exclude([k for k in finishers if k not in got], "the key set-up's acknowledgement", where)
         self.fingerprint = fp
 
-    def _broadcast_key(self, msg: Message, answer: list[Message], dealer: int, where: dict) -> dict:
+    def _broadcast_key(self, msg: Message, answer: list[Message], dealer: int, where: dict[str, Any]) -> dict[str, Any]:
         """The broadcast key ``p_B`` and its signature in ``dealer``'s checked ``msg``.
 
         The rest of its ``answer`` must be ``s_B`` sealed for every other client.
         """
         K, shape = self.setup.num_clients, (self.params.num_primes, self.params.n)
         try:
-            broadcast = {
+            broadcast: dict[str, Any] = {
                 "broadcast": bytes(msg.payload["broadcast"]),
                 "broadcast_sig": bytes(msg.payload["broadcast_sig"]),
             }
@@ -196,7 +219,7 @@ class CKKSMPServer(ServerHalf):
             broadcast["dealer"] = dealer
         return broadcast
 
-    def _exclude(self, clients, what: str, where: dict) -> None:
+    def _exclude(self, clients: Sequence[int], what: str, where: dict[str, Any]) -> None:
         """Leave ``clients`` out of the rest of the run (t-out-of-n set-up); past n - t missing, DropoutError."""
         if not clients:
             return
@@ -207,7 +230,7 @@ class CKKSMPServer(ServerHalf):
         if len(self.unfinished) > self.setup.num_clients - self.threshold:
             raise self._missing(sorted(self.unfinished), what, **where)
 
-    def _relay_shares(self, link, rnd: int, offset: int) -> None:
+    def _relay_shares(self, link: ClientLink, rnd: int, offset: int) -> None:
         """Rotation ``offset`` of the t-out-of-n set-up: each client i's Shamir share for client ``(i + offset) mod n``.
 
         The n shares of the previous rotation travel in the same call's bundles, so the server holds at most one
@@ -215,8 +238,9 @@ class CKKSMPServer(ServerHalf):
         its share for a client that left the set-up; one relayed to a client that leaves in the same call is dropped
         (only that client could open it).
         """
-        K, where = self.setup.num_clients, dict(tag=KEYS_TAG, round=rnd)
-        ask, expected = {}, {}
+        K, where = self.setup.num_clients, cast(dict[str, Any], dict(tag=KEYS_TAG, round=rnd))
+        ask: _Requests = {}
+        expected: dict[int, list[tuple[str, str, str]]] = {}
         for k in (k for k in range(K) if k not in self.unfinished):
             to = (k + offset) % K
             skip = to in self.unfinished
@@ -252,7 +276,7 @@ class CKKSMPServer(ServerHalf):
         if client not in self.unfinished:
             super().queue(client, msg, stage, part)
 
-    def call(self, link, stage, messages, *, hook=True):
+    def call(self, link: ClientLink, stage: str, messages: _Requests, *, hook: bool = True) -> dict[int, list[Message]]:
         """Run one stage (:meth:`ServerHalf.call`); the relayed messages queued for its clients leave with it.
 
         A client left out at key set-up (:attr:`unfinished`) is never addressed: it holds no keys of the run (at
@@ -268,14 +292,14 @@ class CKKSMPServer(ServerHalf):
         return got
 
     # ------------------------------------------------------------------ one exchange
-    def run(self, plan, link):
+    def run(self, plan: ExchangePlan, link: ClientLink) -> tuple[int, ...]:
         """Run one multiparty CKKS exchange: add the uploads, gather key-switch shares, send the switched sums.
 
         Under a threshold t < n, up to n - t silent clients are tolerated; more raise an error naming them.
         """
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
-        K, fp = self.setup.num_clients, self.fingerprint
+        K, fp = self.setup.num_clients, cast(str, self.fingerprint)  # set by ensure_keys
         ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
         self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
@@ -286,7 +310,7 @@ class CKKSMPServer(ServerHalf):
         contributors = list(plan.contributors)
         server_s = 0.0
 
-        first = {k: [] for k in range(K)}
+        first: _Requests = {k: [] for k in range(K)}
         ids_of: dict[int, np.ndarray] = {}
         if plan.layout == "sparse":  # block ids travel in the clear (documented leak)
             got = self.call(link, "block_ids", first)
@@ -314,8 +338,8 @@ class CKKSMPServer(ServerHalf):
         if len(missing) > K - self.threshold:
             raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
         uploaders = [k for k in contributors if k not in missing]  # t-out-of-n: the rest are dropouts
-        uploads = {}
-        for k, msg in ((k, msgs[k]) for k in uploaders):
+        uploads: dict[int, np.ndarray] = {}
+        for k, msg in ((k, cast(Message, msgs[k])) for k in uploaders):
             self.check_envelope(msg, fp, k)
             ids = ids_of[k]
             if tuple(msg.shape) != (ids.size, plan.block_len):
@@ -332,12 +356,12 @@ class CKKSMPServer(ServerHalf):
         agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)  # coefficient form
         counts = np.zeros(len(needed), dtype=np.int64)
         for k, cts in uploads.items():  # residues below 2^31: K < 2^32 of them add up exactly in int64
-            rows = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
-            if len(rows) == len(needed) == cts.shape[0] and all(d == i for d, i in rows):  # every block, in order
+            placed = [(index[int(b)], i) for i, b in enumerate(ids_of[k].tolist()) if int(b) in index]
+            if len(placed) == len(needed) == cts.shape[0] and all(d == i for d, i in placed):  # every block, in order
                 agg += cts
                 counts += 1
-            elif rows:
-                dst, src = (np.array(x) for x in zip(*rows))
+            elif placed:
+                dst, src = (np.array(x) for x in zip(*placed))
                 agg[dst] += cts[src]
                 counts[dst] += 1
         del uploads
@@ -352,12 +376,14 @@ class CKKSMPServer(ServerHalf):
         rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
         first_rows = next(iter(rows_of.values()))
         if set(rows_of) == set(range(K)) and all(rows == first_rows for rows in rows_of.values()):
-            groups = [(-1, first_rows)]
+            groups: list[_Group] = [(-1, first_rows)]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
-        active, extra, eligible = list(range(K)), {}, []
+        active = list(range(K))
+        extra: dict[str, np.ndarray] = {}
+        eligible: list[int] = []
         if self.threshold < K:
             eligible = self._eligible(link, contributors, uploaders)
             active = eligible[: self.threshold]
@@ -387,7 +413,7 @@ class CKKSMPServer(ServerHalf):
         }
         server_s += time.perf_counter() - t
 
-        downloads = {}
+        downloads: _Requests = {}
         for r, rows in rows_of.items():
             to = -1 if -1 in switched else r
             data = encryption.to_bytes(switched[to]) if rows else b""
@@ -417,9 +443,9 @@ class CKKSMPServer(ServerHalf):
         }
         return tuple(uploaders)
 
-    def _commit_release(self, link, got: dict[int, list[Message]]) -> None:
+    def _commit_release(self, link: ClientLink, got: dict[int, list[Message]]) -> None:
         """Stage 5 (module docstring): commit to the recipients' digests of the released rows, send root and proofs."""
-        plan, fp = self.plan, self.fingerprint
+        plan, fp = cast(ExchangePlan, self.plan), cast(str, self.fingerprint)
         reports: dict[int, dict[int, bytes]] = {}
         for r, bids in plan.requests.items():
             msg = self.responses(got, r, "download", "metadata")
@@ -441,14 +467,14 @@ class CKKSMPServer(ServerHalf):
             },
         )
 
-    def release_messages(self, reports: dict[int, dict[int, bytes]]) -> dict[int, dict]:
+    def release_messages(self, reports: dict[int, dict[int, bytes]]) -> dict[int, dict[str, Any]]:
         """Every client's ``release`` payload: the root over the reported digests, a recipient's with its proof.
 
         Raises:
             IntegrityError: two recipients report different digests of one block (one of them decoded another
                 sum: a corrupted share or ciphertext).
         """
-        plan = self.plan
+        plan = cast(ExchangePlan, self.plan)
         leaves = [empty_leaf(b) for b in range(plan.num_blocks)]
         seen: dict[int, tuple[int, bytes]] = {}
         for r, digests in sorted(reports.items()):
@@ -465,19 +491,28 @@ class CKKSMPServer(ServerHalf):
             k: {"root": root, "proof": prove(levels, sorted(reports.get(k, {})))} for k in range(self.setup.num_clients)
         }
 
-    def _keyswitch(self, link, groups, blocks, active, extra, replan: int, shape: tuple):
+    def _keyswitch(
+        self,
+        link: ClientLink,
+        groups: list[_Group],
+        blocks: np.ndarray,
+        active: list[int],
+        extra: dict[str, np.ndarray],
+        replan: int,
+        shape: tuple[int, ...],
+    ) -> tuple[list[list[np.ndarray]], list[int]]:
         """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).
 
         Returns (the shares per group, the members of ``active`` that did not answer).  t-out-of-n: request part
         ``1 + replan``, answers at parts ``replan * groups + g``; n-out-of-n: part 0.  ``shape``: (pieces, ``c1``'s
         shape after switching down).
         """
-        fp, (pieces, *ct_shape) = self.fingerprint, shape
+        fp, (pieces, *ct_shape) = cast(str, self.fingerprint), shape
         t_of_n = self.threshold < self.setup.num_clients
         table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
         first = replan * len(groups)
         payload = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
-        requests = {}
+        requests: _Requests = {}
         for k in active:
             new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
@@ -498,7 +533,7 @@ class CKKSMPServer(ServerHalf):
             ]
         got = self.call(link, "keyswitch", requests)
         shares: list[list[np.ndarray]] = [[] for _ in groups]
-        missing = []
+        missing: list[int] = []
         for k in active:
             mine = {envelope_of(m).part - first: m for m in got.get(k, []) if m.relay != SERVER}
             if len(mine) < len(groups):
@@ -522,16 +557,23 @@ class CKKSMPServer(ServerHalf):
                     raise IntegrityError(f"key-switching share rejected: {exc}", **self.where(k)) from None
         return shares, missing
 
-    def _eligible(self, link, contributors: list[int], uploaders: list[int]) -> list[int]:
+    def _eligible(self, link: ClientLink, contributors: list[int], uploaders: list[int]) -> list[int]:
         """T-out-of-n: the clients an active set may hold, in the order they answered the probe.
 
         t-out-of-n: probe every client; the responders that uploaded or contribute nothing (a contributor that
         missed its upload is not asked) and are not :attr:`stale`, at least t of them.  The active set is the
         first t; a re-plan takes the next.
         """
-        K, t = self.setup.num_clients, self.threshold
+        K, t, plan = self.setup.num_clients, self.threshold, cast(ExchangePlan, self.plan)
         probe = {
-            k: [(self.message(k, "control", (), {}, self.fingerprint, note="key-switching liveness probe"), 0)]
+            k: [
+                (
+                    self.message(
+                        k, "control", (), {}, cast(str, self.fingerprint), note="key-switching liveness probe"
+                    ),
+                    0,
+                )
+            ]
             for k in range(K)
         }
         got = self.call(link, "keyswitch", probe)
@@ -543,6 +585,6 @@ class CKKSMPServer(ServerHalf):
         if len(eligible) < t:
             absent = [k for k in range(K) if k not in eligible]
             raise self._missing(
-                absent, "an answer to the key-switching probe (or its upload)", tag=self.plan.tag, round=self.plan.round
+                absent, "an answer to the key-switching probe (or its upload)", tag=plan.tag, round=plan.round
             )
         return eligible
