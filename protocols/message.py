@@ -174,18 +174,18 @@ def _parse_header(view: bytes) -> Envelope:
     :class:`Envelope` is immutable, so the same bytes always give the same envelope.  A header that
     fails to parse raises every time (exceptions are not cached).
     """
-    pos, parts = len(MAGIC), []
+    pos, parts, size, unpack = len(MAGIC), [], len(view), _U32.unpack_from
     for _ in range(15):
-        if pos + 4 > len(view):
+        if pos + 4 > size:
             raise MalformedMessageError("envelope header truncated")
-        (n,) = _U32.unpack_from(view, pos)
-        pos += 4
-        if n > _MAX_FIELD or pos + n > len(view):
+        (n,) = unpack(view, pos)
+        end = pos + 4 + n
+        if n > _MAX_FIELD or end > size:
             raise MalformedMessageError(f"envelope field length {n} exceeds the header")
-        parts.append(view[pos : pos + n])
-        pos += n
-    if pos != len(view):
-        raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
+        parts.append(view[pos + 4 : end])
+        pos = end
+    if pos != size:
+        raise MalformedMessageError(f"{size - pos} trailing bytes after the envelope header")
     (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest, body_len) = (
         parts
     )
