@@ -174,9 +174,11 @@ def _unpack_bits(data: bytes, n: int, bits: int) -> np.ndarray:
     buf = np.zeros((-(-n * bits // 64) + 1) * 8, dtype=np.uint8)
     buf[: n * bits // 8] = np.frombuffer(data, dtype=np.uint8)
     words = buf.view("<u8")
-    v = words[word] >> shift
+    v: np.ndarray = words[word] >> shift
     v[carries] |= words[nxt] << back
-    return v & np.uint64((1 << bits) - 1) if bits < 64 else v
+    if bits < 64:
+        v &= np.uint64((1 << bits) - 1)
+    return v
 
 
 def _pack_c0(chain: ChainParams, c0: np.ndarray) -> bytes:

@@ -357,12 +357,11 @@ class CKKSServer(ServerHalf):
     def _load(self, x: _Exchange, frame: object, client: int, index: int) -> SeededSum | SealSum:
         server, plan = x.context, x.ep
         where = self.where(client)
-        size = (
+        expected = wire.HEADER_BYTES + (
             upload_bytes(server.chain)
             if x.seeded
             else server.chain.upload_ciphertext_bytes(self.setup.options["encryption"])
         )
-        expected = size + wire.HEADER_BYTES
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
             size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
             raise IntegrityError(
