@@ -310,6 +310,11 @@ def load_upload(chain: ChainParams, body: bytes, scale: float) -> SeededSum:
     return SeededSum(chain, _unpack_c0(chain, body[SEED_BYTES:]), [seed], scale)
 
 
+def upload_ciphertext(chain: ChainParams, body: bytes, scale: float) -> sealapi.Ciphertext:
+    """The SEAL ciphertext a packed upload carries: its ``c0`` and the expansion of its seed (for a key holder)."""
+    return expand_sum(chain, _K.pack(1) + bytes(body), scale, max_uploads=1)
+
+
 # ---------------------------------------------------------------------- recipient side
 def expand_sum(chain: ChainParams, body: bytes, scale: float, max_uploads: int) -> sealapi.Ciphertext:
     """Recipient side: the full summed ciphertext ``(sum c0, sum expand(seed_i))`` of a seeded download.
