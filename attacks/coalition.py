@@ -140,10 +140,20 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
     from protocols.ckks.fixed_point import client_codec
     from protocols.ckks.keys import context_chain
     from protocols.ckks.params import ChainParams
+    from protocols.ckks.plan_message import plan_from_payload
+    from protocols.ckks.seeded import upload_bytes, upload_ciphertext
 
     if not coalition:
         return {}
     keys = proto._keys if keys is None else keys
+    scales = {  # the public plan's scale per context: a packed upload (seed || c0) does not carry it
+        p.payload["encoding"]["fingerprint"]: plan_from_payload(p.payload["encoding"]["plan"]).scale
+        for p in proto.transcript.view(SERVER)
+        if p.tag == tag
+        and p.round == rnd
+        and isinstance(p.payload, dict)
+        and "fingerprint" in p.payload.get("encoding", {})
+    }
     out = {}
     for m in proto.transcript.view(SERVER):
         if (
@@ -159,7 +169,12 @@ def ckks_break(proto, tag: str, rnd: int, coalition: list[int], keys=None) -> di
                 continue
             chain = ChainParams("coalition", *context_chain(key.context))
             codec = client_codec(key.context, chain, proto.encryption)
-            vals = [codec.decrypt(wire.unframe(f), chain).real for f in m.payload]
+            bodies = [wire.unframe(f) for f in m.payload]
+            cts = [
+                upload_ciphertext(chain, b, scales[m.fingerprint]) if len(b) == upload_bytes(chain) else b
+                for b in bodies
+            ]
+            vals = [codec.decrypt(ct, chain).real for ct in cts]
             out[party_client(m.sender)] = np.concatenate(vals) if vals else np.zeros(0)
     return out
 

@@ -30,6 +30,7 @@ round are reused.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -173,18 +174,18 @@ def _parse_header(view: bytes) -> Envelope:
     :class:`Envelope` is immutable, so the same bytes always give the same envelope.  A header that
     fails to parse raises every time (exceptions are not cached).
     """
-    pos, parts = len(MAGIC), []
+    pos, parts, size, unpack = len(MAGIC), [], len(view), _U32.unpack_from
     for _ in range(15):
-        if pos + 4 > len(view):
+        if pos + 4 > size:
             raise MalformedMessageError("envelope header truncated")
-        (n,) = _U32.unpack_from(view, pos)
-        pos += 4
-        if n > _MAX_FIELD or pos + n > len(view):
+        (n,) = unpack(view, pos)
+        end = pos + 4 + n
+        if n > _MAX_FIELD or end > size:
             raise MalformedMessageError(f"envelope field length {n} exceeds the header")
-        parts.append(view[pos : pos + n])
-        pos += n
-    if pos != len(view):
-        raise MalformedMessageError(f"{len(view) - pos} trailing bytes after the envelope header")
+        parts.append(view[pos + 4 : end])
+        pos = end
+    if pos != size:
+        raise MalformedMessageError(f"{size - pos} trailing bytes after the envelope header")
     (run_id, session, protocol, fp, exch, rnd, tag, stage, part, sender, recipient, kind, shape, digest, body_len) = (
         parts
     )
@@ -320,6 +321,9 @@ def _key_bytes(key: Any) -> bytes:
     if t is int:
         b: bytes = key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
         return b"I" + _U32.pack(len(b)) + b
+    if t is str and len(key) <= _MAX_FIELD:
+        b = _text(key)
+        return b"S" + _U64.pack(len(b)) + b
     return b"".join(_pieces(key))
 
 
@@ -353,58 +357,60 @@ def decode_body(data: bytes | bytearray | memoryview) -> Any:
     return value
 
 
-def _need(data: memoryview, pos: int, n: int) -> int:
-    if n < 0 or pos + n > len(data):
-        raise MalformedMessageError("message body truncated")
-    return pos + n
+_T_NONE, _T_TRUE, _T_FALSE, _T_BYTES, _T_STR, _T_INT, _T_FLOAT, _T_ARRAY, _T_LIST, _T_MAP = b"NTFBSIDALM"
+_MAX_DEPTH = 16
+_UNPACK_U32, _UNPACK_U64 = _U32.unpack_from, _U64.unpack_from
+_UNPACK_F64 = struct.Struct(">d").unpack_from
+
+
+@lru_cache(maxsize=64)
+def _array_dtype(raw: bytes) -> np.dtype:
+    """The numeric dtype an array body names (memoised: a run uses a handful)."""
+    try:
+        dtype = np.dtype(_untext(raw))
+    except TypeError:
+        raise MalformedMessageError("array body has an unknown dtype") from None
+    if dtype.kind not in "biuf":
+        raise MalformedMessageError(f"array body has non-numeric dtype {dtype}")
+    return dtype
+
+
+def _truncated() -> MalformedMessageError:
+    return MalformedMessageError("message body truncated")
 
 
 def _read(data: memoryview, pos: int, depth: int) -> tuple[Any, int]:
-    if depth > 16:
+    """One value of the canonical body at ``pos``: ``(value, position after it)``; strict."""
+    if depth > _MAX_DEPTH:
         raise MalformedMessageError("message body nested too deeply")
-    end = _need(data, pos, 1)
-    t = bytes(data[pos:end])
-    pos = end
-    if t == b"N":
-        return None, pos
-    if t in (b"T", b"F"):
-        return t == b"T", pos
-    if t in (b"B", b"S"):
-        (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
-        end = _need(data, pos + 8, n)
+    size = len(data)
+    if pos >= size:
+        raise _truncated()
+    t = data[pos]
+    pos += 1
+    if t == _T_BYTES or t == _T_STR:
+        if pos + 8 > size:
+            raise _truncated()
+        end = pos + 8 + _UNPACK_U64(data, pos)[0]
+        if end > size:
+            raise _truncated()
         raw = bytes(data[pos + 8 : end])
-        return (raw if t == b"B" else _untext(raw)), end
-    if t == b"I":
-        (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
-        end = _need(data, pos + 4, n)
+        return (raw if t == _T_BYTES else _untext(raw)), end
+    if t == _T_INT:
+        if pos + 4 > size:
+            raise _truncated()
+        end = pos + 4 + _UNPACK_U32(data, pos)[0]
+        if end > size:
+            raise _truncated()
         return int.from_bytes(data[pos + 4 : end], "big", signed=True), end
-    if t == b"D":
-        end = _need(data, pos, 8)
-        return struct.unpack(">d", data[pos:end])[0], end
-    if t == b"A":
-        (n,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
-        end = _need(data, pos + 4, n)
-        try:
-            dtype = np.dtype(_untext(bytes(data[pos + 4 : end])))
-        except TypeError:
-            raise MalformedMessageError("array body has an unknown dtype") from None
-        if dtype.kind not in "biuf":
-            raise MalformedMessageError(f"array body has non-numeric dtype {dtype}")
-        pos = end
-        (ndim,) = _U32.unpack_from(data, _need(data, pos, 4) - 4)
-        if ndim > _MAX_DIMS:
-            raise MalformedMessageError("array body has too many dimensions")
-        end = _need(data, pos + 4, 8 * ndim)
-        shape = tuple(v for (v,) in _U64.iter_unpack(data[pos + 4 : end]))
-        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
-        stop = _need(data, end, size)
-        return np.frombuffer(data[end:stop], dtype=dtype).reshape(shape), stop
-    if t in (b"L", b"M"):
-        (n,) = _U64.unpack_from(data, _need(data, pos, 8) - 8)
+    if t == _T_LIST or t == _T_MAP:
+        if pos + 8 > size:
+            raise _truncated()
+        (n,) = _UNPACK_U64(data, pos)
         pos += 8
-        if n > len(data):
+        if n > size:
             raise MalformedMessageError("message body count exceeds its length")
-        if t == b"L":
+        if t == _T_LIST:
             items = []
             for _ in range(n):
                 v, pos = _read(data, pos, depth + 1)
@@ -419,4 +425,32 @@ def _read(data: memoryview, pos: int, depth: int) -> tuple[Any, int]:
             except TypeError:
                 raise MalformedMessageError("message body has an unhashable dict key") from None
         return out, pos
-    raise MalformedMessageError(f"unknown body type byte {t!r}")
+    if t == _T_ARRAY:
+        if pos + 4 > size:
+            raise _truncated()
+        end = pos + 4 + _UNPACK_U32(data, pos)[0]
+        if end > size:
+            raise _truncated()
+        dtype = _array_dtype(bytes(data[pos + 4 : end]))
+        if end + 4 > size:
+            raise _truncated()
+        (ndim,) = _UNPACK_U32(data, end)
+        if ndim > _MAX_DIMS:
+            raise MalformedMessageError("array body has too many dimensions")
+        start = end + 4 + 8 * ndim
+        if start > size:
+            raise _truncated()
+        shape = struct.unpack_from(f">{ndim}Q", data, end + 4)
+        stop = start + math.prod(shape) * dtype.itemsize
+        if stop > size:
+            raise _truncated()
+        return np.frombuffer(data[start:stop], dtype=dtype).reshape(shape), stop
+    if t == _T_NONE:
+        return None, pos
+    if t == _T_TRUE or t == _T_FALSE:
+        return t == _T_TRUE, pos
+    if t == _T_FLOAT:
+        if pos + 8 > size:
+            raise _truncated()
+        return _UNPACK_F64(data, pos)[0], pos + 8
+    raise MalformedMessageError(f"unknown body type byte {bytes([t])!r}")

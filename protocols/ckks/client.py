@@ -43,21 +43,28 @@ from .keys import ClientKey, ClientKeyRing
 from .memo import DecryptionMemo
 from .params import EncodingPlan, per_client_limits, release_step
 from .plan_message import KEYS_TAG, chunks, pieces, plan_from_payload
-from .seeded import expand_sum, uses_seeded_download
+from .seeded import expand_sum, pack_upload, upload_bytes, uses_seeded_download
 
 _LEN = struct.Struct(">I")
 
 
-def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryption: str) -> bytes:
-    """One framed fresh ciphertext (SEAL's seeded form under symmetric encryption: half the bytes)."""
+def _encrypt(context: ts.Context, plan: EncodingPlan, values: np.ndarray, encryption: str, packed: bool) -> bytes:
+    """One framed fresh ciphertext.
+
+    SEAL's seeded form under symmetric encryption (half the bytes); with ``packed`` (the exchanges whose downloads are
+    seeded, :func:`.seeded.uses_seeded_download`) as the seed and ``c0`` at the primes' widths
+    (:func:`.seeded.pack_upload`), whose size is exact.
+    """
     fixed = isinstance(plan.layout, FixedPointLayout)
-    size = plan.chain.upload_ciphertext_bytes(encryption)
+    size = upload_bytes(plan.chain) if packed else plan.chain.upload_ciphertext_bytes(encryption)
     for _ in range(8):  # a fresh encryption's size is independent of the data (wire doc)
         if fixed:
             ct = cast(FixedPointLayout, plan.layout).encrypt(context, plan, values)
         else:
             slots = (plan.layout.pack(values) if plan.layout is not None else np.asarray(values)).tolist()
             ct = client_codec(context, plan.chain, encryption).encrypt(slots, plan.scale)
+        if packed:
+            ct = pack_upload(plan.chain, ct, plan.scale)
         if len(ct) <= size:
             return wire.frame(ct, size)
     raise ConfigurationError(
@@ -305,7 +312,8 @@ class CKKSClient(ClientHalf):
                 self._rounding = rounding_rng(int(self.setup.options["rounding_seed"]), p.tag, p.round, self.id)
             rows = ep.layout.quantize(rows, self._rounding, p.dp_noise_std > 0)
         encryption = self.keys.encryption
-        frames = [_encrypt(context, ep, row[a:b], encryption) for row in rows for a, b in bounds]
+        packed = uses_seeded_download(p.layout, encryption)
+        frames = [_encrypt(context, ep, row[a:b], encryption, packed) for row in rows for a, b in bounds]
         self.timing["upload_s"] = self.timing.get("upload_s", 0.0) + time.perf_counter() - t0
         msg = self.message(
             SERVER, "ciphertext", (int(i1 - i0), p.block_len), frames, p.encoding["fingerprint"], note=ep.describe()

@@ -1,4 +1,4 @@
-"""Shared-key ckks downloads without the summed ``c1``: ``sum c0_i`` and the K upload seeds.
+"""Shared-key ckks uploads and downloads without ``c1``: ``c0`` at the primes' widths and the PRNG seeds.
 
 Under symmetric encryption a fresh SEAL ciphertext is ``(c0, c1) = (-a s + m + e, a)`` with ``a``
 drawn from a PRNG (SEAL's ``UniformRandomGeneratorInfo``: the PRNG type and a 64-byte seed) and
@@ -14,6 +14,13 @@ ciphertext the server would have summed, so decryption is unchanged; a download 
 full ciphertext.  The seeds are public (``a`` is public in either form), and the recipient learns the
 number of uploads in the sum, which the dense layout (where this form is used) makes public anyway:
 every contributor uploads every block.
+
+An upload travels the same way (:func:`pack_upload`): ``seed || c0``, ``c0`` packed prime by prime at the
+prime's bit width (SEAL's own seeded serialization holds 64-bit words, zstd-compressed); the server reads it
+with :func:`load_upload`, which checks its length, the PRNG type and every coefficient against its prime.  The
+parameters, NTT form and scale are the exchange plan's, so they are not sent.  The packing is lossless: a
+coefficient below a ``b``-bit prime fits ``b`` bits, and value ``i`` of a row occupies bits
+``[i b, (i + 1) b)`` of the little-endian bit stream.
 
 The serialization is SEAL's (4.x), read and written here because ``tenseal.sealapi`` neither loads
 a ciphertext from given polynomials nor exposes a seeded ciphertext's seed:
@@ -132,16 +139,65 @@ def _mod_add(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- bit packing
+@cache
+def _bit_layout(n: int, bits: int) -> tuple[np.ndarray, ...]:
+    """Where each of ``n`` values of ``bits`` bits lies in the packed stream of 64-bit words.
+
+    Value ``i`` occupies stream bits ``[i b, (i + 1) b)``: word ``w_i = floor(i b / 64)`` from bit
+    ``s_i = i b mod 64``, and, where ``s_i + b > 64``, the low bits of word ``w_i + 1``.
+    Returns ``w``, ``s``, the first value of every word (for a reduction), those words, the values
+    that carry into the next word, those next words and the shift back of their high part.
+    """
+    offset = np.arange(n, dtype=np.uint64) * np.uint64(bits)
+    word = (offset >> np.uint64(6)).astype(np.int64)
+    shift = offset & np.uint64(63)
+    starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+    carries = np.flatnonzero(shift + np.uint64(bits) > np.uint64(64))
+    back = np.uint64(64) - shift[carries]
+    return word, shift, starts, word[starts], carries, word[carries] + 1, back
+
+
 def _pack_bits(values: np.ndarray, bits: int) -> bytes:
-    """Words below ``2^bits`` packed at ``bits`` bits each (little-endian bit order)."""
-    planes = np.unpackbits(values.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    return np.packbits(planes[:, :bits], bitorder="little").tobytes()
+    """Words below ``2^bits`` packed at ``bits`` bits each (little-endian bit order, ``n bits / 8`` bytes)."""
+    n = values.size
+    word, shift, starts, first, carries, nxt, back = _bit_layout(n, bits)
+    v = values.astype(np.uint64, copy=False)
+    out = np.zeros(-(-n * bits // 64) + 1, dtype="<u8")
+    out[first] = np.bitwise_or.reduceat(v << shift, starts)  # a word's values share none of its bits
+    out[nxt] |= v[carries] >> back
+    return out.view(np.uint8)[: n * bits // 8].tobytes()
 
 
 def _unpack_bits(data: bytes, n: int, bits: int) -> np.ndarray:
-    planes = np.zeros((n, 64), dtype=np.uint8)
-    planes[:, :bits] = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little").reshape(n, bits)
-    return np.packbits(planes, axis=1, bitorder="little").reshape(-1).view("<u8").astype(np.uint64)
+    """Inverse of :func:`_pack_bits`: ``n`` words of ``bits`` bits from ``n bits / 8`` bytes."""
+    word, shift, _, _, carries, nxt, back = _bit_layout(n, bits)
+    buf = np.zeros((-(-n * bits // 64) + 1) * 8, dtype=np.uint8)
+    buf[: n * bits // 8] = np.frombuffer(data, dtype=np.uint8)
+    words = buf.view("<u8")
+    v: np.ndarray = words[word] >> shift
+    v[carries] |= words[nxt] << back
+    if bits < 64:
+        v &= np.uint64((1 << bits) - 1)
+    return v
+
+
+def _pack_c0(chain: ChainParams, c0: np.ndarray) -> bytes:
+    """``c0`` (``[L, N]``, NTT form) packed prime by prime at the prime's bit width."""
+    _, bits, _ = _primes(chain)
+    return b"".join(_pack_bits(r, b) for r, b in zip(c0, bits))
+
+
+def _unpack_c0(chain: ChainParams, data: bytes) -> np.ndarray:
+    """Inverse of :func:`_pack_c0`; ``ValueError`` if a coefficient is not below its prime."""
+    q, bits, _ = _primes(chain)
+    n, at, rows = chain.poly_modulus_degree, 0, []
+    for b in bits:
+        rows.append(_unpack_bits(data[at : at + n * b // 8], n, b))
+        at += n * b // 8
+    c0 = np.stack(rows)
+    if (c0 >= q).any():
+        raise ValueError("has a coefficient above its prime")
+    return c0
 
 
 def packed_c0_bytes(chain: ChainParams) -> int:
@@ -153,6 +209,11 @@ def packed_c0_bytes(chain: ChainParams) -> int:
 def download_bytes(chain: ChainParams, uploads: int) -> int:
     """Bytes of one seeded download body: the seed count, the seeds and the packed ``sum c0``."""
     return _K.size + SEED_BYTES * uploads + packed_c0_bytes(chain)
+
+
+def upload_bytes(chain: ChainParams) -> int:
+    """Bytes of one packed upload body: the PRNG seed and ``c0`` at the primes' bit widths."""
+    return SEED_BYTES + packed_c0_bytes(chain)
 
 
 # ---------------------------------------------------------------------- server side
@@ -194,8 +255,7 @@ class SeededSum:
 
     def serialize(self) -> bytes:
         """``K || seeds || sum c0`` packed prime by prime at its bit width."""
-        _, bits, _ = _primes(self.chain)
-        return b"".join([_K.pack(len(self.seeds)), *self.seeds, *(_pack_bits(r, b) for r, b in zip(self.c0, bits))])
+        return b"".join([_K.pack(len(self.seeds)), *self.seeds, _pack_c0(self.chain, self.c0)])
 
 
 def load_seeded(chain: ChainParams, data: bytes, scale: float) -> SeededSum:
@@ -226,13 +286,42 @@ def load_seeded(chain: ChainParams, data: bytes, scale: float) -> SeededSum:
     return SeededSum(chain, c0, [seed], scale)
 
 
+def pack_upload(chain: ChainParams, data: bytes, scale: float) -> bytes:
+    """Client side: its seeded SEAL ciphertext as ``seed || c0`` packed prime by prime (:func:`upload_bytes`).
+
+    The ciphertext is read with every check of :func:`load_seeded` (parameters, NTT form, ``scale``); the packed form
+    carries neither, since they are the plan's.
+    """
+    term = load_seeded(chain, data, scale)
+    return term.seeds[0] + _pack_c0(chain, term.c0)
+
+
+def load_upload(chain: ChainParams, body: bytes, scale: float) -> SeededSum:
+    """Server side: a packed upload as a :class:`SeededSum` of one term.
+
+    ``ValueError`` (naming what is wrong) unless it is :func:`upload_bytes` long, names a known PRNG type and every
+    coefficient is below its prime.
+    """
+    if len(body) != upload_bytes(chain):
+        raise ValueError(f"of {len(body)} bytes is not a packed upload of {upload_bytes(chain)} bytes")
+    seed = bytes(body[:SEED_BYTES])
+    if seed[0] not in _PRNG_TYPES:
+        raise ValueError(f"names an unknown PRNG type {seed[0]}")
+    return SeededSum(chain, _unpack_c0(chain, body[SEED_BYTES:]), [seed], scale)
+
+
+def upload_ciphertext(chain: ChainParams, body: bytes, scale: float) -> sealapi.Ciphertext:
+    """The SEAL ciphertext a packed upload carries: its ``c0`` and the expansion of its seed (for a key holder)."""
+    return expand_sum(chain, _K.pack(1) + bytes(body), scale, max_uploads=1)
+
+
 # ---------------------------------------------------------------------- recipient side
 def expand_sum(chain: ChainParams, body: bytes, scale: float, max_uploads: int) -> sealapi.Ciphertext:
     """Recipient side: the full summed ciphertext ``(sum c0, sum expand(seed_i))`` of a seeded download.
 
     ``ValueError`` if the body is malformed or names more than ``max_uploads`` seeds.
     """
-    q, bits, parms_id = _primes(chain)
+    q, _, parms_id = _primes(chain)
     n, L = chain.poly_modulus_degree, q.shape[0]
     if len(body) < _K.size:
         raise ValueError("is truncated")
@@ -240,13 +329,7 @@ def expand_sum(chain: ChainParams, body: bytes, scale: float, max_uploads: int) 
     if not 1 <= k <= max_uploads or len(body) != download_bytes(chain, k):
         raise ValueError(f"of {len(body)} bytes with {k} seeds does not fit 1..{max_uploads} uploads")
     seeds = [body[_K.size + i * SEED_BYTES : _K.size + (i + 1) * SEED_BYTES] for i in range(k)]
-    at, rows = _K.size + k * SEED_BYTES, []
-    for b in bits:
-        rows.append(_unpack_bits(body[at : at + n * b // 8], n, b))
-        at += n * b // 8
-    c0 = np.stack(rows)
-    if (c0 >= q).any():
-        raise ValueError("has a coefficient above its prime")
+    c0 = _unpack_c0(chain, body[_K.size + k * SEED_BYTES :])
     sc, members = _chain_context(chain), _MEMBERS.pack(parms_id, 1, 2, n, L, scale, 1)
     zero = _dyn_array_bytes(np.zeros(n * L, dtype=np.uint64))
     total = None

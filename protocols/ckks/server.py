@@ -43,7 +43,7 @@ from .fixed_point import SealSum, server_load
 from .keys import ServerContext
 from .params import ChainParams, EncodingPlan
 from .plan_message import KEYS_TAG, chunks, pieces, plan_from_payload
-from .seeded import SeededSum, load_seeded, uses_seeded_download
+from .seeded import SeededSum, load_upload, upload_bytes, uses_seeded_download
 
 if TYPE_CHECKING:
     from ..link import ClientLink
@@ -357,7 +357,11 @@ class CKKSServer(ServerHalf):
     def _load(self, x: _Exchange, frame: object, client: int, index: int) -> SeededSum | SealSum:
         server, plan = x.context, x.ep
         where = self.where(client)
-        expected = server.chain.upload_ciphertext_bytes(self.setup.options["encryption"]) + wire.HEADER_BYTES
+        expected = wire.HEADER_BYTES + (
+            upload_bytes(server.chain)
+            if x.seeded
+            else server.chain.upload_ciphertext_bytes(self.setup.options["encryption"])
+        )
         if not isinstance(frame, (bytes, bytearray)) or len(frame) != expected:
             size = len(frame) if isinstance(frame, (bytes, bytearray)) else type(frame).__name__
             raise IntegrityError(
@@ -369,9 +373,9 @@ class CKKSServer(ServerHalf):
             body = wire.unframe(frame)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index}: {exc}", **where) from exc
-        try:  # every encoding travels as a SEAL ciphertext (seeded uploads under symmetric encryption)
+        try:  # packed seed and c0 where downloads are seeded, else a SEAL ciphertext (seeded if symmetric)
             if x.seeded:
-                return load_seeded(server.chain, body, plan.scale)
+                return load_upload(server.chain, body, plan.scale)
             return server_load(server.chain, body, plan.scale)
         except ValueError as exc:
             raise IntegrityError(f"ciphertext {index} {exc}", **where) from exc

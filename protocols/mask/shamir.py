@@ -22,6 +22,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 #: the smallest prime above 2^256
 PRIME = 2**256 + 297
@@ -88,17 +89,29 @@ def combine(shares: Iterable[Share], threshold: int) -> bytes:
     if len(pts) < threshold:
         raise ValueError(f"{len(pts)} distinct shares cannot reconstruct a {threshold}-threshold secret")
     chosen = sorted(pts.items())[:threshold]
-    secret = 0
-    for i, (xi, yi) in enumerate(chosen):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(chosen):
-            if i != j:
-                num = num * (-xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
+    weights = _lagrange_at_zero(tuple(x for x, _ in chosen))
+    secret = sum(y * w for (_, y), w in zip(chosen, weights)) % PRIME
     if secret >= 2 ** (8 * SECRET_BYTES):
         raise ValueError("reconstructed value is not a 32-byte secret: the shares are inconsistent")
     return secret.to_bytes(SECRET_BYTES, "big")
+
+
+@lru_cache(maxsize=256)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """Lagrange weights at 0 for the points ``xs``: ``w_i = prod_{j != i} x_j / (x_j - x_i)`` mod P.
+
+    Public (they depend on the holders' x-coordinates only), so memoised: every self-mask seed of an exchange is
+    reconstructed from the shares of the same holders.
+    """
+    weights = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        weights.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(weights)
 
 
 def _is_probable_prime(n: int, rounds: int = 40) -> bool:

@@ -215,7 +215,7 @@ def _malicious_ckks(m, rng, fz):
     raw = bytearray(wire.unframe(m.payload[0]))
     i = int(rng.integers(len(raw) // 2, len(raw)))
     raw[i] ^= 1 << int(rng.integers(0, 8))
-    framed = wire.frame(bytes(raw), fz.proto._active.upload_ciphertext_bytes(fz.proto.encryption))
+    framed = wire.frame(bytes(raw), len(m.payload[0]) - wire.HEADER_BYTES)  # the size it had
     return fz.proto._seal(dataclasses.replace(m, payload=[framed] + list(m.payload[1:])), "upload", 0)
 
 

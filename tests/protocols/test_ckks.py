@@ -28,7 +28,7 @@ from protocols.ckks import ChainParams, CKKSProtocol, check_security, wire
 from protocols.ckks import params as P
 from protocols.ckks.keys import ServerContext
 from protocols.ckks.packing import PackingLayout, field_width
-from protocols.ckks.seeded import download_bytes
+from protocols.ckks.seeded import download_bytes, upload_bytes
 from protocols.message import encode_body
 from protocols.transcript import SERVER
 
@@ -326,9 +326,9 @@ def test_server_context_is_public_and_cannot_decrypt():
     assert not server.is_private() and not server.has_secret_key()
     assert not server.has_galois_keys() and not server.has_relin_keys()
     up = ck.transcript.select(tag="t", receiver=SERVER)[0]
-    from protocols.ckks.fixed_point import server_load
+    from protocols.ckks.seeded import load_upload
 
-    assert server_load(ck._active, wire.unframe(up.payload[0]), ck._last_plan.scale).ct.size() == 2  # it loads...
+    assert load_upload(ck._active, wire.unframe(up.payload[0]), ck._last_plan.scale).seeds  # it loads...
     with pytest.raises(ValueError, match="public"):
         server.secret_key()  # ...and cannot decrypt
     keymsgs = ck.transcript.select(tag="ckks/keys")
@@ -509,9 +509,9 @@ def test_symmetric_uploads_and_downloads_are_half_ciphertexts(encryption):
         [m for m in ck.transcript.select(tag="t", **who) if m.kind == "ciphertext"][0].payload[0]
         for who in ({"receiver": SERVER}, {"sender": SERVER})
     )
-    assert len(up) == ck._active.upload_ciphertext_bytes(encryption) + wire.HEADER_BYTES
     full = ck._active.padded_ciphertext_bytes
     if encryption == "symmetric":
+        assert len(up) == wire.HEADER_BYTES + upload_bytes(ck._active)  # the seed and c0 at the prime's width
         assert len(down) == wire.HEADER_BYTES + download_bytes(ck._active, 3)
         assert max(len(up), len(down)) < 0.51 * full
     else:
@@ -519,15 +519,16 @@ def test_symmetric_uploads_and_downloads_are_half_ciphertexts(encryption):
 
 
 def test_wrong_scale_refused():
-    ck = make_protocol("ckks", 2, params="n8192")
+    """A SEAL ciphertext at another scale is refused (packed uploads carry no scale: theirs is the plan's)."""
+    ck = make_protocol("ckks", 2, params="n8192", encryption="asymmetric")
 
     def rescaled(m):
         from protocols.ckks.fixed_point import client_codec
 
         key = ck._keys.get(ck._active)
-        ct = client_codec(key.context, ck._active, "symmetric").encrypt([1.0] * 6, 2.0**30)  # a valid size
+        ct = client_codec(key.context, ck._active, "asymmetric").encrypt([1.0] * 6, 2.0**30)  # a valid size
         return ck._seal(
-            replace(m, payload=[wire.frame(ct, ck._active.upload_ciphertext_bytes("symmetric"))]), "upload"
+            replace(m, payload=[wire.frame(ct, ck._active.upload_ciphertext_bytes("asymmetric"))]), "upload"
         )  # signed by its sender: caught by the server's load check
 
     _tamper(ck, 1, rescaled)

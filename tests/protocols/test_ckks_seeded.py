@@ -1,6 +1,7 @@
-"""Shared-key ckks downloads as ``sum c0`` plus the upload seeds (``protocols/ckks/seeded.py``).
+"""Shared-key ckks uploads as ``seed || c0`` and downloads as ``sum c0`` plus the seeds (``protocols/ckks/seeded.py``).
 
-The recipient's re-expanded sum is the server's SEAL sum bit for bit; malformed uploads and downloads are refused
+Packed uploads carry the very ``c0`` and seed of SEAL's ciphertext at every coefficient up to ``q - 1``; the
+recipient's re-expanded sum is the server's SEAL sum bit for bit; malformed uploads and downloads are refused
 (the server by a ``ValueError`` turned into ``IntegrityError``, the recipient by ``IntegrityError``), including a
 download from a server half that adds a seed.
 """
@@ -17,7 +18,18 @@ from protocols import ValueSpec
 from protocols.ckks import CKKSProtocol
 from protocols.ckks import params as P
 from protocols.ckks.fixed_point import _load_into, _to_bytes, seal_context, server_load
-from protocols.ckks.seeded import SEED_BYTES, download_bytes, expand_sum, load_seeded
+from protocols.ckks.seeded import (
+    SEED_BYTES,
+    _pack_bits,
+    _primes,
+    _unpack_bits,
+    download_bytes,
+    expand_sum,
+    load_seeded,
+    load_upload,
+    pack_upload,
+    upload_bytes,
+)
 from protocols.ckks.server import CKKSServer
 from protocols.errors import IntegrityError
 
@@ -57,6 +69,57 @@ def test_expanded_sum_is_the_servers_seal_sum_bit_for_bit():
     want = sum(values)
     want[:10] += 3.0
     np.testing.assert_allclose(sealapi.CKKSEncoder(sc).decode_double(plain), want, atol=1e-2)
+
+
+@pytest.mark.parametrize("chain", sorted(P.ADD_ONLY_CHAINS, key=lambda c: c.name), ids=lambda c: c.name)
+def test_bit_packing_round_trips_at_the_edges_of_every_prime(chain):
+    """Every coefficient in ``[0, q)`` survives the packing at the prime's width, ``q - 1`` and 0 included."""
+    q, bits, _ = _primes(chain)
+    n, rng = chain.poly_modulus_degree, np.random.default_rng(1)
+    for prime, b in zip(q[:, 0], bits):
+        words = rng.integers(0, int(prime), n, dtype=np.uint64)
+        words[::3] = prime - np.uint64(1)  # the top of the range, next to values of every bit pattern
+        words[1::7] = 0
+        packed = _pack_bits(words, b)
+        assert len(packed) == n * b // 8
+        assert np.array_equal(_unpack_bits(packed, n, b), words)
+    full = np.full(8, (1 << 64) - 1, dtype=np.uint64)  # the 64-bit edge of the word packing
+    assert np.array_equal(_unpack_bits(_pack_bits(full, 64), 8, 64), full)
+
+
+def test_packed_upload_carries_the_ciphertext_and_decrypts_exactly():
+    """The packed form is the seed and ``c0`` of SEAL's ciphertext, and the sum decrypts to the exact integers."""
+    sc, secret, uploads, values = _uploads(3)
+    packed = [pack_upload(CHAIN, u, SCALE) for u in uploads]
+    assert all(len(p) == upload_bytes(CHAIN) < 0.95 * len(u) for p, u in zip(packed, uploads))
+    acc = None
+    for p, u in zip(packed, uploads):
+        term, seal_term = load_upload(CHAIN, p, SCALE), load_seeded(CHAIN, u, SCALE)
+        assert term.seeds == seal_term.seeds and np.array_equal(term.c0, seal_term.c0)
+        acc = term if acc is None else acc.add_(term)
+    ct = expand_sum(CHAIN, acc.serialize(), SCALE, max_uploads=3)
+    plain = sealapi.Plaintext()
+    sealapi.Decryptor(sc, secret).decrypt(ct, plain)
+    got = np.asarray(sealapi.CKKSEncoder(sc).decode_double(plain))
+    assert np.array_equal(np.rint(got), sum(values)) and np.abs(got - sum(values)).max() < 1e-3
+
+
+def test_malformed_packed_uploads_are_refused_by_the_server():
+    _, _, uploads, _ = _uploads(1)
+    body = pack_upload(CHAIN, uploads[0], SCALE)
+    high = bytearray(body)
+    high[SEED_BYTES : SEED_BYTES + 8] = b"\xff" * 8  # the first coefficient: all ones, above the prime
+    prng = bytearray(body)
+    prng[0] = 7  # no such PRNG type
+    for data, why in [
+        (high, "above its prime"),
+        (prng, "unknown PRNG type"),
+        (body[:-1], "not a packed upload"),
+        (body + b"\0", "not a packed upload"),
+        (uploads[0], "not a packed upload"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            load_upload(CHAIN, bytes(data), SCALE)
 
 
 def _uncompressed(data: bytes) -> bytearray:
