@@ -239,7 +239,7 @@ def test_silent_actors_time_out_instead_of_hanging():
     cfg = small(rounds=1).validate()
     fed = load_federation(cfg)
     strategy = make_strategy(cfg, fed, make_runtime_protocol(cfg, fed.num_clients, executor), {}, executor)
-    executor.round_timeout = 1e-3
+    executor.round_timeout = 0.0  # ray.wait answers at once (within 1 ms, a warm actor answered)
     with pytest.warns(RuntimeWarning, match="no answer within --round-timeout"):
         strategy.ask("local_update", {k: FitIns(0) for k in range(3)})
     assert sorted(strategy.lost) == [0, 1, 2]
