@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -105,7 +106,13 @@ def _base_type(tp) -> tuple[type, bool]:
 
 def field_type(cls, name: str) -> tuple[type, bool]:
     """The base type of a dataclass field and whether it is optional."""
-    return _base_type(typing.get_type_hints(cls)[name])
+    return _base_type(_type_hints(cls)[name])
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, evaluated once per class (it compiles every annotation string)."""
+    return typing.get_type_hints(cls)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -15,6 +16,19 @@ settings.register_profile("ci", deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection imported (torch, PyG, TenSEAL, the packages) out of the garbage collector's reach.
+
+    Every later full collection -- the runs' ``release_freed_memory`` at each executor shutdown, and Python's own --
+    then walks only the objects the tests made, not the hundreds of thousands the imports made (which live to the
+    end of the session anyway).
+    """
+    if os.environ.get("SUITE3_NOFREEZE"):
+        return
+    gc.collect()
+    gc.freeze()
 
 
 def real_data_root() -> Path | None:
@@ -32,6 +46,16 @@ def data_root() -> Path:
     if root is None:
         pytest.skip("real datasets absent: set SECURE_FGL_DATA to a torch_geometric raw-layout root")
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cached_rdp():
+    """Opacus' sampled-Gaussian RDP memoized for the session (:func:`support.cached.cache_sampled_gaussian_rdp`)."""
+    from support.cached import cache_sampled_gaussian_rdp
+
+    restore = cache_sampled_gaussian_rdp()
+    yield
+    restore()
 
 
 @pytest.fixture(autouse=True)
