@@ -25,8 +25,6 @@ def pytest_collection_finish(session):
     then walks only the objects the tests made, not the hundreds of thousands the imports made (which live to the
     end of the session anyway).
     """
-    if os.environ.get("SUITE3_NOFREEZE"):
-        return
     gc.collect()
     gc.freeze()
 
