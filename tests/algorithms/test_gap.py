@@ -126,3 +126,12 @@ def test_encoder_mu_trains_the_encoder_as_fedprox_trains_the_mlp(run_small):
     fedprox, fedavg = weights("fedprox", {"mu": 5.0}), weights("fedavg", {})
     assert all(torch.allclose(a, b) for a, b in zip(gap, fedprox))
     assert not any(torch.allclose(a, b) for a, b in zip(fedprox, fedavg))  # the term changes the training
+
+
+def test_encoder_mu_with_dpsgd_is_refused_in_one_line():
+    from secure_fgl.preflight import preflight
+    from secure_fgl.validation import ConfigError
+
+    options = {"encoder_mu": 0.1, "dpsgd": True}
+    with pytest.raises(ConfigError, match="--encoder-mu .* drop it with --dpsgd"):
+        preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options=options), check_data=False)
