@@ -275,6 +275,13 @@ class GAPOptions:
     encoder_rounds: int | None = setting(
         None, min=1, unit="rounds", help="FedAvg rounds of the encoder (default: --rounds)"
     )
+    encoder_mu: float = setting(
+        0.0,
+        min=0,
+        unit="weight",
+        help="FedProx proximal term (mu/2) ||w - w_global||^2 on the encoder's local training "
+        "(Li et al., MLSys 2020, eq. 2; for skewed clients); 0: FedAvg",
+    )
     layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
     select: str = setting(
@@ -316,6 +323,8 @@ class GAPOptions:
 
 def check_gap(o: GAPOptions, cfg) -> None:
     """GAP's cross-field rules that need no data (the rest: ``gap.ops.check_gap_options``)."""
+    if o.encoder_mu > 0 and o.dpsgd:
+        raise ConfigError("--encoder-mu adds FedProx's term to the encoder's plain training: drop it with --dpsgd")
     if o.dp_sample_rate < 1 and not o.dpsgd:
         raise ConfigError("--dp-sample-rate samples DP-SGD's batches: add --dpsgd (or drop --dp-sample-rate)")
     if cfg.dp_unit == "node" and not o.dpsgd:

@@ -100,3 +100,38 @@ def test_the_central_reference_is_one_client_on_the_default_executor():
     p = result["privacy"]
     assert p["unit"] == "edge" and 0.99 * 4.0 <= p["total_epsilon"] <= 4.0
     assert [r["tag"] for r in p["releases"] if r["dp"]] == ["fedgcn-gap/hop/1"]
+
+
+def test_encoder_mu_trains_the_encoder_as_fedprox_trains_the_mlp(run_small):
+    """``--encoder-mu`` is FedProx on the encoder: after a round its weights are FedProx-MLP's (same mu, seed, data)."""
+    from torch.nn.utils import parameters_to_vector
+
+    from secure_fgl.algorithms.gap.ops import ENCODER_TAG
+
+    fed = make_federated("sbm", num_clients=3, seed=0, num_nodes=120, num_features=12)
+    base = dict(mode="plain", clients=3, rounds=1, local_epochs=5, seed=0)
+
+    def weights(algorithm, options, encoder=False):
+        run = run_small(RunConfig(algorithm=algorithm, model="mlp", options=options, **base), fed)
+        if encoder:
+            run.strategy.train_round(0, ENCODER_TAG)
+        else:
+            run.train(1)
+        return [
+            parameters_to_vector((run.logic(k).encoder if encoder else run.logic(k)).model.parameters())
+            for k in range(3)
+        ]
+
+    gap = weights("fedgcn-gap", {"hops": 1, "encoder_mu": 5.0}, encoder=True)
+    fedprox, fedavg = weights("fedprox", {"mu": 5.0}), weights("fedavg", {})
+    assert all(torch.allclose(a, b) for a, b in zip(gap, fedprox))
+    assert not any(torch.allclose(a, b) for a, b in zip(fedprox, fedavg))  # the term changes the training
+
+
+def test_encoder_mu_with_dpsgd_is_refused_in_one_line():
+    from secure_fgl.preflight import preflight
+    from secure_fgl.validation import ConfigError
+
+    options = {"encoder_mu": 0.1, "dpsgd": True}
+    with pytest.raises(ConfigError, match="--encoder-mu .* drop it with --dpsgd"):
+        preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options=options), check_data=False)

@@ -43,6 +43,7 @@ class GAPEncoderLogic(ModelAveragingLogic):
     def __init__(self, runtime, options: dict):
         super().__init__(runtime, options)
         self.model_tag = ENCODER_TAG
+        self.prox_mu = GAPOptions(**options).encoder_mu  # FedProx's (mu/2) ||w - w_global||^2, 0: FedAvg
         self.no_edges = torch.empty(2, 0, dtype=torch.long, device=runtime.device)
 
     @staticmethod
