@@ -5,7 +5,7 @@ that :meth:`Federation.close` kills. Every wait is bounded.
 
 The tests' SuperNodes wait :data:`NODE_POLL` seconds instead of Flower's fixed 3 s between two
 empty polls of the SuperLink (and 0.5 s between two looks for a reply): Flower has no option for
-either, so the SuperNode runs with its module's ``time.sleep`` capped (:data:`SUPERNODE`).
+either, so the SuperNode runs with its module's ``time.sleep`` capped (:func:`supernode`).
 Deployments run the stock ``flower-supernode``.
 """
 
@@ -22,16 +22,22 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 #: the tests' SuperNode idle poll (seconds)
 NODE_POLL = 0.3
-#: ``flower-supernode`` with its loop's sleeps capped at :data:`NODE_POLL` (``python -c SUPERNODE ARGS``)
-SUPERNODE = (
-    "import time, types\n"
-    "import flwr.supernode.start_client_internal as node\n"
-    "from flwr.supernode.cli.flower_supernode import flower_supernode\n"
-    "clock = {n: getattr(time, n) for n in dir(time) if not n.startswith('_')}\n"
-    f"clock['sleep'] = lambda s: time.sleep(min(s, {NODE_POLL}))\n"
-    "node.time = types.SimpleNamespace(**clock)\n"
-    "flower_supernode()\n"
-)
+
+
+def supernode(poll: float | None) -> list[str]:
+    """A SuperNode's command: ``flower-supernode``, or (``poll`` seconds) with its loop's sleeps capped at ``poll``."""
+    if poll is None:
+        return [str(BIN / "flower-supernode")]
+    code = (
+        "import time, types\n"
+        "import flwr.supernode.start_client_internal as node\n"
+        "from flwr.supernode.cli.flower_supernode import flower_supernode\n"
+        "clock = {n: getattr(time, n) for n in dir(time) if not n.startswith('_')}\n"
+        f"clock['sleep'] = lambda s: time.sleep(min(s, {float(poll)}))\n"
+        "node.time = types.SimpleNamespace(**clock)\n"
+        "flower_supernode()\n"
+    )
+    return [sys.executable, "-c", code]
 
 
 def free_port() -> int:
@@ -50,6 +56,7 @@ class Federation:
     ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
     site process runs its ClientApp tasks itself (``--clientappio``, SuperNode ``--isolation
     process``), else its SuperNode starts a ``flwr-clientapp`` process per message (Flower's default).
+    ``node_poll``: the SuperNodes' idle poll (:func:`supernode`); ``None``: the stock ``flower-supernode``.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class Federation:
         site_args=(),
         sites: int | None = None,
         resident: bool = True,
+        node_poll: float | None = NODE_POLL,
     ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
         self.env = {
@@ -117,9 +125,7 @@ class Federation:
                 if tls:
                     self.register(tls["node_pub"][k], tls["ca"])
                 node = [
-                    sys.executable,
-                    "-c",
-                    SUPERNODE,
+                    *supernode(node_poll),
                     "--superlink",
                     f"127.0.0.1:{self.port}",
                     "--port",
