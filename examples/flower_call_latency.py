@@ -15,6 +15,7 @@ the tests (default: the stock ``flower-supernode``, 3 s).  Needs ``pip install -
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -31,6 +32,30 @@ from support.flower import Federation  # noqa: E402
 from secure_fgl.runtime.flower_executor import FlowerExecutor  # noqa: E402
 
 
+def adopt_descendants() -> None:
+    """On Linux, reap orphaned descendants here (``PR_SET_CHILD_SUBREAPER``), so that their CPU is counted.
+
+    Flower's executors start processes that outlive their parent's bookkeeping (the ClientApp
+    processes of a killed SuperNode); without this their CPU would be missed.
+    """
+    try:
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def reap(timeout: float = 30.0) -> None:
+    """Wait (at most ``timeout`` seconds) for every exited descendant, so that RUSAGE_CHILDREN holds their CPU."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.1)
+
+
 def main() -> None:
     """Start the federation, time the calls, print the JSON line, stop everything."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,6 +65,7 @@ def main() -> None:
     p.add_argument("--node-poll", type=float, default=None, help="cap the SuperNode's idle poll (seconds)")
     args = p.parse_args()
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    adopt_descendants()
     with tempfile.TemporaryDirectory(prefix="flower-latency-") as folder:
         federation = Federation(
             Path(folder), clients=args.clients, sites=1, resident=not args.flwr_clientapp, node_poll=args.node_poll
@@ -62,6 +88,7 @@ def main() -> None:
         finally:
             federation.close()
     load = [round(x, 1) for x in os.getloadavg()]
+    reap()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
         json.dumps(
