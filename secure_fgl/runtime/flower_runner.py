@@ -38,7 +38,7 @@ def _client(address: str, component: str, token: str | None = None, root_certifi
     from flwr.supercore.retry import RetryInvoker, exponential
     from flwr.supercore.runtime import RuntimeHttpClient
 
-    interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name=component)]
     if token is not None:
         interceptors.append(RuntimeTokenHttpInterceptor(token))
     return RuntimeHttpClient.from_server_address(
