@@ -14,7 +14,7 @@
 # organisation's machine: its keys, its data folder, its state.
 set -euo pipefail
 export FLWR_DISABLE_UPDATE_CHECK=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# how often each SuperNode's executor looks for a new ClientApp task (Flower's default: 1 s)
+# how often the SuperLink's executor looks for a new ServerApp task (Flower's default: 1 s)
 export FLWR_SUPEREXEC_TASK_POLL_INTERVAL="${FLWR_SUPEREXEC_TASK_POLL_INTERVAL:-0.25}"
 WORK="$(mktemp -d -t secure-fgl-flower-XXXXXX)"
 PORT="${FLOWER_PORT:-39093}"
@@ -56,7 +56,7 @@ root-certificates = "$WORK/aggregator/ca.crt"
 TOML
 flower-superlink --host 127.0.0.1 --port "$PORT" --ssl-ca-certfile ca.crt --ssl-certfile superlink.crt \
     --ssl-keyfile superlink.key --enable-supernode-auth --disable-runtime-dependency-installation \
-    --database "$WORK/aggregator/state.db" > superlink.log 2>&1 &
+    > superlink.log 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.2; done
 
@@ -73,7 +73,8 @@ secure-fgl manifest new --config "$CONFIG" "${PARTIES[@]}" --out "$WORK/aggregat
 
 # --- each site: its node key (the public half registered with the SuperLink), its check of the
 #     manifest (and, in a deployment, of its comparison code with the other sites), its client
-#     process holding its clients' identity keys, its SuperNode
+#     process holding its clients' identity keys and running its ClientApp tasks (--clientappio: no
+#     process per message), its SuperNode (--isolation process: it starts no ClientApp process)
 for S in $(seq 0 $((SITES - 1))); do
     SITE="$WORK/site$S"
     cp "$WORK/aggregator/manifest.json" "$SITE/manifest.json"                # sent by the operator
@@ -87,10 +88,10 @@ for S in $(seq 0 $((SITES - 1))); do
     flwr supernode register "$SITE/node.key.pub" deployment > /dev/null     # run by the aggregator
     python -m secure_fgl.runtime.flower_site --socket "$SITE/run/site.sock" "${ARGS[@]}" \
         ${DATA:+--data-root "$DATA"} --state-dir "$SITE/state" \
-        --manifest "$SITE/manifest.json" > "$SITE/site.log" 2>&1 &
+        --manifest "$SITE/manifest.json" --clientappio "127.0.0.1:$((PORT + 10 + S))" > "$SITE/site.log" 2>&1 &
     PIDS+=($!)
     flower-supernode --superlink "127.0.0.1:$PORT" --root-certificates "$WORK/aggregator/ca.crt" \
-        --auth-supernode-private-key "$SITE/node.key" --port $((PORT + 10 + S)) \
+        --auth-supernode-private-key "$SITE/node.key" --port $((PORT + 10 + S)) --isolation process \
         --node-config "site-socket=\"$SITE/run/site.sock\"" > "$SITE/supernode.log" 2>&1 &
     PIDS+=($!)
 done

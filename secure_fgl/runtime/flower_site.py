@@ -278,6 +278,13 @@ def main(argv=None) -> None:
         help="the run manifest this site verified (secure-fgl manifest verify --key KEY --as clientK), "
         "read at each run's set-up",
     )
+    p.add_argument(
+        "--clientappio",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the site's ClientApp tasks in this process (no process per message): the runtime API "
+        "address of this site's SuperNode, started with --isolation process --port PORT",
+    )
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     if (args.identity_key is None) != (args.manifest is None):
@@ -302,6 +309,10 @@ def main(argv=None) -> None:
         args.manifest,
     )
     signal.signal(signal.SIGTERM, _exit)
+    if args.clientappio:
+        from .flower_runner import start
+
+        start(args.clientappio)
     serve(site, args.socket)
 
 

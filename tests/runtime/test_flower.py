@@ -54,8 +54,10 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 def federation(tmp_path, monkeypatch, request):
     """A Flower federation for the settings in ``request.param``.
 
-    ``request.param``: ``tls`` (TLS and SuperNode authentication) and/or ``own-keys`` (each
-    site started with its own identity key and the manifest ``fed.manifest`` it reads at set-up).
+    ``request.param``: ``tls`` (TLS and SuperNode authentication), ``own-keys`` (each site started
+    with its own identity key and the manifest ``fed.manifest`` it reads at set-up), ``two-sites``
+    and/or ``flwr-clientapp`` (Flower's default isolation: a ``flwr-clientapp`` process per
+    message, instead of the site process running its tasks).
     """
     features = getattr(request, "param", ())
     tls = make_tls(tmp_path / "tls", clients=4) if "tls" in features else None  # key 3: unregistered
@@ -67,6 +69,7 @@ def federation(tmp_path, monkeypatch, request):
         tls=tls,
         site_args=(lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)]) if keys else (),
         sites=2 if "two-sites" in features else None,
+        resident="flwr-clientapp" not in features,
     )
     fed.keys, fed.manifest = keys, manifest
     monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
@@ -83,8 +86,34 @@ def same_run(local: dict, flower: dict) -> None:
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
 
 
-@pytest.mark.parametrize("federation", [("own-keys", "two-sites")], indirect=True, ids=["site-keys"])
-def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def keyed_federation(tmp_path_factory):
+    """The default tests' federation, started once for the module.
+
+    Three clients on two sites (site 0 holds clients 0 and 2), each client with its own identity key
+    and the manifest ``fed.manifest`` its site reads at every set-up; each run's ``flwr run`` reuses
+    it.
+    """
+    folder = tmp_path_factory.mktemp("flower")
+    keys = identity_keys(folder / "keys", 3)
+    manifest = folder / "keys" / "manifest.json"
+    fed = Federation(
+        folder,
+        clients=3,
+        sites=2,
+        site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
+    )
+    fed.keys, fed.manifest = keys, manifest
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
+        patch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+        try:
+            yield fed
+        finally:
+            fed.close()
+
+
+def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch, tmp_path):
     """Fedavg mask over flower is the local run.
 
     Three clients on two sites (one site holds two clients); each client signs with its own identity
@@ -92,6 +121,7 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_p
     The driver loads no data: its data folder does not exist and loading is forbidden in its
     process; the sites describe the federation.
     """
+    federation = keyed_federation
     local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     cfg = write_manifest(
         federation.keys,
@@ -128,12 +158,13 @@ def test_fedavg_mask_over_flower_is_the_local_run(federation, monkeypatch, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("federation", [("tls",)], indirect=True, ids=["tls+node-auth"])
+@pytest.mark.parametrize("federation", [("tls", "flwr-clientapp")], indirect=True, ids=["tls+node-auth"])
 def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
     """Fedavg mask over tls with registered supernodes.
 
     TLS on every Flower connection (a CA made here), SuperNode authentication with registered
     keys: an impostor SuperNode with an unregistered key, whose site claims client 0, is not let in.
+    The SuperNodes run Flower's default isolation (a ``flwr-clientapp`` process per message).
     """
     assert "--enable-supernode-auth" in (federation.folder / "superlink.argv").read_text()
     tls, sock = federation.tls, federation.folder / "impostor" / "site.sock"
@@ -166,20 +197,27 @@ def test_fedavg_mask_over_tls_with_registered_supernodes(federation):
     same_run(local, flower)
 
 
-@pytest.mark.slow
-def test_fedgcn_ckks_over_flower_is_the_local_run(federation):
+def test_fedgcn_ckks_over_flower_is_the_local_run(keyed_federation):
     """Fedgcn ckks over flower is the local run.
 
-    FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS: the
-    same protocol bytes per tag; losses equal within CKKS's fresh encryption noise.
+    FedGCN's pre-training exchanges (the row ids relayed as channel ciphertext) and CKKS, on the
+    same federation as the FedAvg run (a second ``flwr run``): the same protocol bytes per tag;
+    losses equal within CKKS's fresh encryption noise, accuracy equal.
     """
     kw = {"options": {"row_order": "signature"}, "rounds": 1}
     local = run_experiment(small("fedgcn", "ckks", executor="local", **kw), progress=False)
-    flower = run_experiment(small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw), progress=False)
+    cfg = write_manifest(
+        keyed_federation.keys,
+        small("fedgcn", "ckks", executor="flower", round_timeout=120, **kw),
+        keyed_federation.manifest,
+    )
+    flower = run_experiment(cfg, progress=False)
     assert [r["train_loss"] for r in flower["rounds"]] == pytest.approx(
         [r["train_loss"] for r in local["rounds"]], abs=1e-4
     )
+    assert flower["final"]["test_acc"] == local["final"]["test_acc"]
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 2
 
 
 @pytest.mark.slow
@@ -337,7 +375,10 @@ def matrix_cfg(algorithm: str, mode: str, **kw):
         from support.runs import graph_config
 
         return dataclasses.replace(graph_config(algorithm, mode, rounds=1, **kw), clients=3).validate()
-    return small(algorithm, mode, rounds=1, **kw)
+    cfg = small(algorithm, mode, rounds=1, **kw)
+    if algorithm == "gap":  # the central reference: one party holding the whole graph
+        return dataclasses.replace(cfg, clients=1).validate()
+    return cfg
 
 
 @pytest.mark.slow

@@ -2,6 +2,11 @@
 
 One SuperLink, and per site one SuperNode and one site process (holding one or several clients), each a subprocess
 that :meth:`Federation.close` kills. Every wait is bounded.
+
+The tests' SuperNodes wait :data:`NODE_POLL` seconds instead of Flower's fixed 3 s between two
+empty polls of the SuperLink (and 0.5 s between two looks for a reply): Flower has no option for
+either, so the SuperNode runs with its module's ``time.sleep`` capped (:func:`supernode`).
+Deployments run the stock ``flower-supernode``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,24 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
+#: the tests' SuperNode idle poll (seconds)
+NODE_POLL = 0.3
+
+
+def supernode(poll: float | None) -> list[str]:
+    """A SuperNode's command: ``flower-supernode``, or (``poll`` seconds) with its loop's sleeps capped at ``poll``."""
+    if poll is None:
+        return [str(BIN / "flower-supernode")]
+    code = (
+        "import time, types\n"
+        "import flwr.supernode.start_client_internal as node\n"
+        "from flwr.supernode.cli.flower_supernode import flower_supernode\n"
+        "clock = {n: getattr(time, n) for n in dir(time) if not n.startswith('_')}\n"
+        f"clock['sleep'] = lambda s: time.sleep(min(s, {float(poll)}))\n"
+        "node.time = types.SimpleNamespace(**clock)\n"
+        "flower_supernode()\n"
+    )
+    return [sys.executable, "-c", code]
 
 
 def free_port() -> int:
@@ -30,7 +53,10 @@ class Federation:
     each site behind its SuperNode, and a SuperLink; ``tls``: a dict of the paths :func:`make_tls`
     wrote (TLS and SuperNode authentication on), else insecure (tests only).  ``site_args``: more
     arguments of every site process, or a function of the client giving them (after its
-    ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.
+    ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
+    site process runs its ClientApp tasks itself (``--clientappio``, SuperNode ``--isolation
+    process``), else its SuperNode starts a ``flwr-clientapp`` process per message (Flower's default).
+    ``node_poll``: the SuperNodes' idle poll (:func:`supernode`); ``None``: the stock ``flower-supernode``.
     """
 
     def __init__(
@@ -41,6 +67,8 @@ class Federation:
         timeout: float = 60.0,
         site_args=(),
         sites: int | None = None,
+        resident: bool = True,
+        node_poll: float | None = NODE_POLL,
     ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
         self.env = {
@@ -65,8 +93,6 @@ class Federation:
                 "--host",
                 "127.0.0.1",
                 "--disable-runtime-dependency-installation",
-                "--database",
-                str(self.folder / "state.db"),
             ]
             link += (
                 [
@@ -85,8 +111,9 @@ class Federation:
             self.spawn("superlink", link)
             sites = clients if sites is None else sites
             socks = [self.folder / f"site{k}" / "site.sock" for k in range(sites)]
+            ports = [free_port() for _ in socks]  # each SuperNode's runtime API
             for k, sock in enumerate(socks):  # the sites need no SuperLink: they start (import torch) meanwhile
-                held = []
+                held = ["--clientappio", f"127.0.0.1:{ports[k]}"] if resident else []
                 for client in range(k, clients, sites):
                     held += ["--client", str(client), *(site_args(client) if callable(site_args) else site_args)]
                 self.spawn(
@@ -98,11 +125,12 @@ class Federation:
                 if tls:
                     self.register(tls["node_pub"][k], tls["ca"])
                 node = [
-                    str(BIN / "flower-supernode"),
+                    *supernode(node_poll),
                     "--superlink",
                     f"127.0.0.1:{self.port}",
                     "--port",
-                    str(free_port()),
+                    str(ports[k]),
+                    *(["--isolation", "process"] if resident else []),
                     "--node-config",
                     f'site-socket="{sock}"',
                     "--max-wait-time",
