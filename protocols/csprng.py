@@ -188,9 +188,11 @@ class SecureRandom:
         whole = (scaled >> 64).astype(np.int64)
         top = (scaled & _WORD).astype(np.uint64)
         alive = np.ones(whole.size, dtype=bool)
-        for j in range(int(whole.max(initial=0))):
-            left = np.flatnonzero(alive & (whole > j))
+        units, left = 0, np.flatnonzero(whole > 0)
+        while left.size:  # each entry stops at its first failure: about log(n) passes, whatever floor(gamma)
             alive[left] = self.bernoulli_exp_minus_one(left.size)
+            units += 1
+            left = left[alive[left] & (whole[left] > units)]
         live = np.flatnonzero(alive)
 
         def next_bits(rows: np.ndarray) -> np.ndarray:  # x 2^64 - top = (num 2^64 - scaled den) / den

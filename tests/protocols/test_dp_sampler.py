@@ -128,3 +128,14 @@ def test_draws_are_a_function_of_the_keystream_only():
     a, b = KeyedStream(key).discrete_gaussian(3.7, 5_000), KeyedStream(key).discrete_gaussian(3.7, 5_000)
     assert np.array_equal(a, b)
     assert not np.array_equal(a, KeyedStream(bytes(32)).discrete_gaussian(3.7, 5_000))
+
+
+def test_a_huge_gamma_costs_passes_per_draw_not_per_unit_of_gamma():
+    """At sigma 1e-4 a proposal of 1 has gamma about 5e7: each entry stops at its first failed exp(-1) draw.
+
+    P[Y != 0] is about ``2 exp(-1 / (2 sigma^2))``, so every sample is 0; with one pass per unit of
+    ``floor(gamma)`` this call would make tens of millions of passes.
+    """
+    assert not SecureRandom().discrete_gaussian(1e-4, 20_000).any()
+    accept = SecureRandom().bernoulli_exp_ratio(np.array([10**9, 0, 1], dtype=object), 10)  # gamma 1e8, 0, 0.1
+    assert not accept[0] and accept[1]
