@@ -54,6 +54,7 @@ import math
 import os
 from collections.abc import Callable
 from fractions import Fraction
+from typing import NoReturn
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -62,6 +63,8 @@ _CHUNK = 1 << 20  # entries per rejection round of the discrete sampler
 #: the exact sampler draws N_Z(0, s^2) with s^2 rounded up onto 2^-VARIANCE_BITS (:func:`exact_variance`)
 VARIANCE_BITS = 48
 _WORD = (1 << 64) - 1
+#: a sample count or shape
+Size = int | tuple[int, ...]
 
 
 class SecureRandom:
@@ -74,31 +77,35 @@ class SecureRandom:
     def __init__(self) -> None:
         self._encryptor = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise TypeError("SecureRandom holds a secret key and is never serialised")
 
     def words(self, n: int) -> np.ndarray:
         """``n`` uniformly random uint64 words (the next 8n keystream bytes)."""
-        return np.frombuffer(self._encryptor.update(bytes(8 * int(n))), dtype="<u8")
+        words: np.ndarray = np.frombuffer(self._encryptor.update(bytes(8 * int(n))), dtype="<u8")
+        return words
 
-    def uniform(self, size) -> np.ndarray:
+    def uniform(self, size: Size) -> np.ndarray:
         """Uniform on the 53-bit grid of [0, 1)."""
         shape = _shape(size)
-        return ((self.words(math.prod(shape)) >> np.uint64(11)) * 2.0**-53).reshape(shape)
+        grid: np.ndarray = (self.words(math.prod(shape)) >> np.uint64(11)) * 2.0**-53
+        return grid.reshape(shape)
 
-    def uniform_open(self, size) -> np.ndarray:
+    def uniform_open(self, size: Size) -> np.ndarray:
         """Uniform on the 53-bit grid shifted by half a step: values in (0, 1), never 0 or 1."""
         shape = _shape(size)
-        return (((self.words(math.prod(shape)) >> np.uint64(11)) + 0.5) * 2.0**-53).reshape(shape)
+        grid: np.ndarray = ((self.words(math.prod(shape)) >> np.uint64(11)) + 0.5) * 2.0**-53
+        return grid.reshape(shape)
 
-    def standard_normal(self, size) -> np.ndarray:
+    def standard_normal(self, size: Size) -> np.ndarray:
         """N(0, 1) samples by Box-Muller on 53-bit open uniforms."""
         shape = _shape(size)
         n = math.prod(shape)
         u1, u2 = self.uniform_open((n,)), self.uniform((n,))
-        return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).reshape(shape)
+        normal: np.ndarray = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+        return normal.reshape(shape)
 
-    def discrete_gaussian(self, sigma, size) -> np.ndarray:
+    def discrete_gaussian(self, sigma: float | np.ndarray, size: Size) -> np.ndarray:
         """Integer-valued discrete Gaussian samples N_Z(0, sigma^2), exact.
 
         Integer-valued N_Z(0, sigma^2) samples (float64 holding integers) by CKS20 Alg. 3 with
@@ -155,7 +162,8 @@ class SecureRandom:
             drawn = self.integers_below(t, todo.size)
 
             def below_drawn(i: np.ndarray, k: int, u: np.ndarray = drawn) -> np.ndarray:  # Bernoulli(U / (t k))
-                return self.integers_below(t * k, i.size) < u[i]
+                below: np.ndarray = self.integers_below(t * k, i.size) < u[i]
+                return below
 
             keep = self._bernoulli_exp_unit(below_drawn, todo.size)
             u, idx = drawn[keep], todo[keep]
@@ -199,7 +207,7 @@ class SecureRandom:
             return np.asarray(numerators[rows] * (1 << 64) - scaled[rows] * denominator, dtype=object)
 
         def over_k(i: np.ndarray, k: int) -> np.ndarray:
-            hit = self.integers_below(k, i.size) == 0
+            hit: np.ndarray = self.integers_below(k, i.size) == 0
             rows = live[i[hit]]
             hit[hit] = self.bernoulli_fraction(top[rows], lambda tie: next_bits(rows[tie]), denominator)
             return hit
@@ -237,7 +245,8 @@ class SecureRandom:
         while bad.size:
             out[bad] = self.words(bad.size) & np.uint64(mask)
             bad = bad[out[bad] >= np.uint64(bound)]
-        return out.astype(np.int64)
+        integers: np.ndarray = out.astype(np.int64)
+        return integers
 
     @staticmethod
     def _bernoulli_exp_unit(bernoulli_over_k: Callable[[np.ndarray, int], np.ndarray], n: int) -> np.ndarray:
@@ -267,5 +276,5 @@ def exact_variance(sigma: float) -> Fraction:
     return Fraction(math.ceil(scaled), 1 << VARIANCE_BITS)
 
 
-def _shape(size) -> tuple[int, ...]:
+def _shape(size: Size) -> tuple[int, ...]:
     return tuple(int(d) for d in np.atleast_1d(size)) if not isinstance(size, tuple) else size
