@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.flower import BIN, Federation, free_port, identity_keys, make_tls, write_manifest
+from support.flower import BIN, Federation, free_port, identity_keys, make_tls, serving, write_manifest
 from support.runs import small
 
 from protocols.auth import SigningKey
@@ -51,7 +51,7 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
 
 
 @pytest.fixture
-def federation(tmp_path, monkeypatch, request):
+def federation(tmp_path, request):
     """A Flower federation for the settings in ``request.param``.
 
     ``request.param``: ``tls`` (TLS and SuperNode authentication), ``own-keys`` (each site started
@@ -72,12 +72,8 @@ def federation(tmp_path, monkeypatch, request):
         resident="flwr-clientapp" not in features,
     )
     fed.keys, fed.manifest = keys, manifest
-    monkeypatch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
-    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
-    try:
+    with serving(fed):
         yield fed
-    finally:
-        fed.close()
 
 
 def same_run(local: dict, flower: dict) -> None:
@@ -104,13 +100,8 @@ def keyed_federation(tmp_path_factory):
         site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
     )
     fed.keys, fed.manifest = keys, manifest
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
-        patch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
-        try:
-            yield fed
-        finally:
-            fed.close()
+    with serving(fed):
+        yield fed
 
 
 def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch, tmp_path):
@@ -359,13 +350,8 @@ def shared_federation(tmp_path_factory):
     Each run starts and stops its runtimes on the same long-lived sites.
     """
     fed = Federation(tmp_path_factory.mktemp("flower-matrix"), clients=3)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FLWR_HOME", fed.env["FLWR_HOME"])
-        patch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
-        try:
-            yield fed
-        finally:
-            fed.close()
+    with serving(fed):
+        yield fed
 
 
 def matrix_cfg(algorithm: str, mode: str, **kw):

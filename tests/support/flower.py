@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -200,6 +202,22 @@ class Federation:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(timeout=10)
+
+
+@contextmanager
+def serving(fed: Federation) -> Iterator[Federation]:
+    """Yield ``fed`` with this process pointed at its Flower home (no update check); close it afterwards."""
+    saved = {k: os.environ.get(k) for k in ("FLWR_HOME", "FLWR_DISABLE_UPDATE_CHECK")}
+    os.environ.update(FLWR_HOME=fed.env["FLWR_HOME"], FLWR_DISABLE_UPDATE_CHECK="1")
+    try:
+        yield fed
+    finally:
+        fed.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def identity_keys(folder: Path, clients: int) -> dict[str, Path]:
