@@ -244,8 +244,9 @@ class MaskClient(ClientHalf):
         self._prepared: int | None = None  # exchange whose contribution is encoded
         self._participants: list[int] | None = None  # the server's list, when it excluded someone
         self._unmasked: int | None = None  # the exchange whose unmasking round it answered
-        #: (exchange, survivor set) this client signed (MACed to every other survivor) in the consistency round
-        self._signed: tuple[int, tuple[int, ...]] | None = None
+        #: (exchange, survivor set, statement) this client signed (MACed to every other survivor) in the
+        #: consistency round
+        self._signed: tuple[int, tuple[int, ...], bytes] | None = None
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
         #: attack simulations only: keep the encoded input after the masked upload is built (by
@@ -629,12 +630,16 @@ class MaskClient(ClientHalf):
             )
         self.released_over(self._exchange_plan, survivors)  # a related-input group: one set per round
         statement = self._statement(survivors)
-        macs = {j: survivor_mac(self._consistency_key(j), self.id, j, statement) for j in survivors if j != self.id}
-        self._signed = (self._exchange_plan.exchange, tuple(survivors))
+        others = [j for j in survivors if j != self.id]
+        macs = b"".join(survivor_mac(self._consistency_key(j), self.id, j, statement) for j in others)
+        self._signed = (self._exchange_plan.exchange, tuple(survivors), statement)
         return [
             self.seal(
                 self._message(
-                    "control", (len(macs), SURVIVOR_MAC_BYTES), {"macs": macs}, "MACs of the survivor set"
+                    "control",
+                    (len(others), SURVIVOR_MAC_BYTES),
+                    {"receivers": np.asarray(others, np.int32), "macs": macs},
+                    "MACs of the survivor set, one per other survivor",
                 ),
                 "consistency",
             )
@@ -660,7 +665,7 @@ class MaskClient(ClientHalf):
                 f"the survivor set {survivors} this client signed",
                 **where,
             )
-        statement, t = self._statement(survivors), self._threshold()
+        statement, t = self._signed[2], self._threshold()
         bound = self._binds_view()
         signed = set(macs) | {self.id}
         if bound and signed != set(survivors):  # an unsigned survivor's view is unchecked
@@ -714,7 +719,11 @@ class MaskClient(ClientHalf):
         try:
             want_pairwise = [int(d) for d in msg.payload["pairwise"]]
             want_self = [int(u) for u in msg.payload["self_mask"]]
-            macs = {int(k): bytes(v) for k, v in msg.payload["macs"].items()}
+            senders = [int(k) for k in msg.payload["mac_senders"]]
+            blob = bytes(msg.payload["macs"])
+            if len(blob) != SURVIVOR_MAC_BYTES * len(senders) or len(set(senders)) != len(senders):
+                raise ValueError(f"{len(blob)} bytes of MACs from {len(senders)} distinct senders")
+            macs = {k: blob[i * SURVIVOR_MAC_BYTES : (i + 1) * SURVIVOR_MAC_BYTES] for i, k in enumerate(senders)}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
         self._check_request(want_pairwise, want_self, macs)

@@ -111,6 +111,8 @@ class MaskKeyPair:
         self.public_bytes = private.public_key().public_bytes(**_RAW)
         #: (peer public key, run id) -> HKDF-Extract of the X25519 output (the DH is done once per peer)
         self._prk: dict[tuple[bytes, bytes], bytes] = {}
+        #: (own id, peer id, peer public key) -> the ordered pair's part of an HKDF info
+        self._pairs: dict[tuple[int, int, bytes], bytes] = {}
         #: (own id, peer id, peer public key, run id) -> the pair's consistency MAC key
         self._mac_keys: dict[tuple[int, int, bytes, bytes], bytes] = {}
 
@@ -152,9 +154,16 @@ class MaskKeyPair:
         return prk
 
     def _pair_info(self, purpose: bytes, own_id: int, peer_id: int, peer_public: bytes, *bound: bytes) -> bytes:
-        """HKDF ``info`` of a pair's key: the purpose, ``bound``, the ordered pair and both public keys."""
-        (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
-        return _join(b"secure_fgl/mask/v1", purpose, *bound, lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
+        """HKDF ``info`` of a pair's key: the purpose, ``bound``, the ordered pair and both public keys.
+
+        ``_join(domain, purpose, *bound, lo, hi, pk_lo, pk_hi)``; the pair's part is joined once per peer.
+        """
+        pair = self._pairs.get((own_id, peer_id, bytes(peer_public)))
+        if pair is None:
+            (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
+            pair = _join(lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
+            self._pairs[(own_id, peer_id, bytes(peer_public))] = pair
+        return _join(b"secure_fgl/mask/v1", purpose, *bound) + pair
 
     def pairwise_seed(self, own_id: int, peer_id: int, peer_public: bytes, binding: ExchangeBinding) -> bytes:
         """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.

@@ -438,16 +438,17 @@ class MaskServer(ServerHalf):
                 continue
             self.check_envelope(msg, self.fingerprint, j)
             try:
-                macs = {int(k): bytes(v) for k, v in msg.payload["macs"].items()}
+                receivers = [int(k) for k in msg.payload["receivers"]]
+                blob = bytes(msg.payload["macs"])
             except (KeyError, TypeError, ValueError, AttributeError):
-                macs = None
+                receivers, blob = [j], b""
             if (
-                macs is None
-                or not set(macs) <= set(ex.uploaders) - {j}
-                or any(len(m) != SURVIVOR_MAC_BYTES for m in macs.values())
+                len(blob) != SURVIVOR_MAC_BYTES * len(receivers)
+                or len(set(receivers)) != len(receivers)
+                or not set(receivers) <= set(ex.uploaders) - {j}
             ):
                 raise IntegrityError("malformed survivor-set MACs: one per other survivor", **self.where(j))
-            ex.macs[j] = macs
+            ex.macs[j] = {k: blob[i * SURVIVOR_MAC_BYTES : (i + 1) * SURVIVOR_MAC_BYTES] for i, k in enumerate(receivers)}
         if len(ex.macs) < ex.t:
             raise _dropout_error(
                 self.where(),
@@ -490,7 +491,7 @@ class MaskServer(ServerHalf):
                             j,
                             "control",
                             (len(dropped) + len(uploaders),),
-                            {**request, "macs": {i: ex.macs[i][j] for i in asked if j in ex.macs[i]}},
+                            {**request, **self._relayed_macs(ex, j)},
                             "unmasking request",
                         ),
                         0,
@@ -556,6 +557,12 @@ class MaskServer(ServerHalf):
             except ValueError as e:
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
             total[positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, ex.enc.dtype)
+
+    @staticmethod
+    def _relayed_macs(ex: MaskExchange, j: int) -> dict[str, Any]:
+        """The survivor-set MACs addressed to ``j``, as its unmasking request carries them (senders ascending)."""
+        senders = [i for i in sorted(ex.macs) if j in ex.macs[i]]
+        return {"mac_senders": np.asarray(senders, np.int32), "macs": b"".join(ex.macs[i][j] for i in senders)}
 
     def stage_download(self, ex: MaskExchange, link: ClientLink) -> None:
         """Delivery: send each recipient its blocks.

@@ -321,7 +321,9 @@ class MacRelayServer(MaskServer):
     def _msg(self, k, kind, shape, payload, note=""):
         if note == "unmasking request" and k == 3 and self.plan.tag == "attack":
             relayed = {"misrouted": self.held[0][1], "reflected": self.held[3][0], "forged": bytes(range(32))}
-            payload = {**payload, "macs": {**payload["macs"], 0: relayed[self.swap]}}
+            senders = [int(i) for i in payload["mac_senders"]]
+            assert senders[0] == 0  # client 0's MAC comes first
+            payload = {**payload, "macs": relayed[self.swap] + payload["macs"][32:]}
         return super()._msg(k, kind, shape, payload, note)
 
 
@@ -364,7 +366,12 @@ class SplitMacServer(MaskServer):
             if note == "survivor set" and k in self.SPLIT:
                 payload = {"survivors": np.asarray([0, 1, 2, 3], np.int32)}
             elif note == "unmasking request":
-                payload = {**payload, "macs": {i: m for i, m in payload["macs"].items() if i in group}}
+                kept = [n for n, i in enumerate(payload["mac_senders"]) if i in group]
+                payload = {
+                    **payload,
+                    "mac_senders": np.asarray(payload["mac_senders"])[kept],
+                    "macs": b"".join(payload["macs"][32 * n : 32 * (n + 1)] for n in kept),
+                }
                 if k in self.SPLIT:
                     payload.update(self_mask=np.asarray([0, 1, 2, 3], np.int32), pairwise=np.asarray([4], np.int32))
         return super()._msg(k, kind, shape, payload, note)
