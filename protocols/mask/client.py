@@ -677,9 +677,7 @@ class MaskClient(ClientHalf):
             )
         for k, mac in macs.items():
             if k not in survivors or k == self.id:
-                raise ConsistencyError(
-                    f"a survivor-set MAC from client {k}, who is not another survivor", **where
-                )
+                raise ConsistencyError(f"a survivor-set MAC from client {k}, who is not another survivor", **where)
             if not hmac.compare_digest(mac, survivor_mac(self._consistency_key(k), k, self.id, statement)):
                 raise (InconsistentViewError if bound else ConsistencyError)(
                     f"client {k}'s pairwise-MAC signature is not over the survivor set {survivors} this client "

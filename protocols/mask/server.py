@@ -448,7 +448,8 @@ class MaskServer(ServerHalf):
                 or not set(receivers) <= set(ex.uploaders) - {j}
             ):
                 raise IntegrityError("malformed survivor-set MACs: one per other survivor", **self.where(j))
-            ex.macs[j] = {k: blob[i * SURVIVOR_MAC_BYTES : (i + 1) * SURVIVOR_MAC_BYTES] for i, k in enumerate(receivers)}
+            n = SURVIVOR_MAC_BYTES
+            ex.macs[j] = {k: blob[i * n : (i + 1) * n] for i, k in enumerate(receivers)}
         if len(ex.macs) < ex.t:
             raise _dropout_error(
                 self.where(),
