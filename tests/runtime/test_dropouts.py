@@ -372,3 +372,45 @@ def test_cli_threshold_ckks_mp_runs_on_without_a_client_missing_at_key_set_up(tm
     with pytest.warns(RuntimeWarning, match="did not finish the ckks-mp key set-up"):
         assert main([*run, "--rounds", "1", "--simulate-dropouts", "2@key_setup", "--out", str(tmp_path / "no")]) != 0
     assert "client(s) 2, 3 did not send its public keys" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode,extra", [("mask", {}), ("ckks-mp", {"threshold": 4})])
+def test_fedgcn_dp_survives_a_pre_training_dropout_within_the_provisioned_dropouts(mode, extra, tmp_path):
+    """FedGCN with DP on its neighbour sums, client 4 of 5 dropped at the pre-training upload.
+
+    Each contributor adds ``sigma / sqrt(max(1, n - d - c))`` of the noise (distributed placement): with
+    ``--dp-dropouts 0`` the survivors' sum would be short of noise, so the exchange is refused naming client 4 and
+    nothing is written; with ``--dp-dropouts 1`` the run completes, ``final.pretrain_dropouts`` records the
+    dropout, client 4 is lost for the run (its data enters no later release) and the sums are one release spending
+    the asked epsilon.
+    """
+    sums = "fedgcn/neighbour_sums"
+    run = dict(
+        algorithm="fedgcn",
+        mode=mode,
+        dataset="sbm",
+        clients=5,
+        rounds=2,
+        synthetic={"num_nodes": 300, "num_features": 40},
+        dp_epsilon=4.0,
+        dp_clip=3.0,
+        dp_exchanges=sums,
+        simulate_dropouts="4,@upload:r0",
+        **extra,
+    )
+    with pytest.raises(DropoutError, match=r"client\(s\) 4 .*short of DP noise \(--dp-dropouts\)") as err:
+        run_experiment(RunConfig(**run, out=str(tmp_path / "short")).validate(), progress=False)
+    assert err.value.clients == (4,) and not (tmp_path / "short" / "result.json").exists()
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[4\] lost"):
+        run_experiment(RunConfig(**run, dp_dropouts=1, out=str(tmp_path / "ok")).validate(), progress=False)
+    saved = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert saved["final"]["pretrain_dropouts"] == {
+        "left_out": [4],
+        "without_inputs": [4],
+        "graph": "induced by the nodes of clients [0, 1, 2, 3]",
+    }
+    assert list(saved["final"]["clients_lost"]) == ["4"] and saved["final"]["rounds_run"] == 2
+    privacy = saved["privacy"]
+    assert privacy["per_tag"][sums]["releases"] == 1 and privacy["coalition"]["dropouts"] == 1
+    assert privacy["total_epsilon"] == privacy["per_tag"][sums]["epsilon"] == pytest.approx(4.0, rel=1e-2)
+    assert privacy["total_epsilon"] <= privacy["epsilon_budget"] == 4.0
