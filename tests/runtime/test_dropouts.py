@@ -414,3 +414,25 @@ def test_fedgcn_dp_survives_a_pre_training_dropout_within_the_provisioned_dropou
     assert privacy["per_tag"][sums]["releases"] == 1 and privacy["coalition"]["dropouts"] == 1
     assert privacy["total_epsilon"] == privacy["per_tag"][sums]["epsilon"] == pytest.approx(4.0, rel=1e-2)
     assert privacy["total_epsilon"] <= privacy["epsilon_budget"] == 4.0
+
+
+@pytest.mark.slow
+def test_simulated_dropouts_over_flower_give_the_local_run(tmp_path):
+    """``--simulate-dropouts`` over ``--executor flower`` is the local run.
+
+    Four clients behind their SuperNodes on 127.0.0.1, client 3 dropped at the masked upload of round 1: the same
+    clients drop at the same stage (recorded alike in ``result.json``), the round is the survivors' sum (mask
+    recovery) and the run's losses, accuracy and protocol bytes equal the local run's.
+    """
+    pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
+    from support.flower import Federation, serving
+
+    local = run_experiment(small("mask", "3,@upload:r1"), progress=False)
+    with serving(Federation(tmp_path, clients=4)):
+        flower = run_experiment(small("mask", "3,@upload:r1", executor="flower", round_timeout=60), progress=False)
+    assert flower["runtime"]["executor"] == "flower"
+    assert flower["runtime"]["simulated_dropouts"] == local["runtime"]["simulated_dropouts"]
+    assert local["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "masked_upload", "clients": [3]}]
+    assert [r["train_loss"] for r in flower["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert flower["final"]["test_acc"] == local["final"]["test_acc"]
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
