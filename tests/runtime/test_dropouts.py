@@ -343,6 +343,15 @@ def test_bench_dropout_column_measures_the_survivors_round():
     assert recovered["bytes_up"] < full["bytes_up"] and recovered["server_s"] > 0
 
 
+def test_bench_run_keeps_the_runs_executor_for_its_statistics():
+    """The runtime bench reads the executor of the run it timed (its statistics, the per-message overhead)."""
+    from secure_fgl.bench import runtime as bench
+
+    s = {"nodes": 200, "features": 8, "rounds": 1}
+    rec = bench.one_run("local", "mask", 3, s, load_federation(bench._config("local", "mask", 3, s, 1)), 1)
+    assert rec["executor_stats"]["messages"] > 0 and rec["per_message_overhead_s"] > 0
+
+
 def test_bench_dropout_column_runs_t_of_n_ckks_mp_up_to_n_minus_t_dropouts():
     from secure_fgl.bench.runtime import dropout_counts, dropout_round
 
