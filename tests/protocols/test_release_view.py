@@ -22,19 +22,21 @@ from protocols.ckks_mp import encoding, encryption
 from protocols.ckks_mp.params import plan_exchange
 from protocols.errors import InconsistentViewError
 from protocols.release_commitment import block_leaf, empty_leaf, prove, root_of, tree, verify
-from protocols.schedule import BROADCAST, RELEASE
+from protocols.schedule import BROADCAST, RELEASE, STATISTIC
 
 K, ROWS, DIM, VICTIM = 4, 8, 3, 1
 ROLES = {"sums": RELEASE, "model": BROADCAST}
+#: FedOMD's shape: a statistic of the round's sample, then the model sum
+STATISTIC_ROLES = {"stats": STATISTIC, "model": BROADCAST}
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
 
 
-def _protocol(server_mixin=None, mode="mask"):
+def _protocol(server_mixin=None, mode="mask", roles=None):
     cls = make_protocol(mode, K).__class__
     if server_mixin is not None:
         server = type(f"Malicious{cls.server_half.__name__}", (server_mixin, cls.server_half), {})
         cls = type(f"Malicious{cls.__name__}", (cls,), {"server_half": server})
-    return cls(K, roles=ROLES)
+    return cls(K, roles=roles or ROLES)
 
 
 def _sums(proto):
@@ -141,8 +143,11 @@ def _shifted(server, data: bytes, to: int) -> bytes:
 class ShiftedRowsMPServer:
     """ckks-mp: shifts the victim's decoded rows by one quantum; commits to the victim's digests apart."""
 
+    #: the tag whose download it shifts for the victim
+    forged = "sums"
+
     def call(self, link, stage, messages, *, hook=True):
-        if stage == "download" and self.schedule.releases(self.plan.tag) and VICTIM in messages:
+        if stage == "download" and self.plan.tag == self.forged and VICTIM in messages:
             (msg, part), *rest = messages[VICTIM]
             data = _shifted(self, msg.payload["data"], int(msg.payload["to"]))
             msg = dataclasses.replace(msg, payload={**msg.payload, "data": data})
@@ -189,4 +194,50 @@ def test_ckks_mp_rows_outside_the_committed_sum_are_refused():
     with pytest.raises(InconsistentViewError, match="not part of the sum the server committed to") as err:
         _sums(proto)
     assert (err.value.client, err.value.tag) == (VICTIM, "sums")
+    assert proto.clients[VICTIM]._result is None
+
+
+def _statistic(proto):
+    """Every client contributes a vector and receives the pooled sum (FedOMD's statistics, every client sampled)."""
+    x = {k: np.linspace(-0.1, 0.1, DIM) * (k + 1) for k in range(K)}
+    return proto.weighted_sum("stats", 0, x, spec=SPEC, recipients=range(K)), sum(x.values())
+
+
+class ShiftedStatisticMPServer(ShiftedRowsMPServer):
+    """ckks-mp: sends the victim a statistic one quantum off (its key-switched copy shifted), committed apart."""
+
+    forged = "stats"
+
+
+class OneStatisticCommitmentMPServer(OneCommitmentMPServer):
+    """ckks-mp: shifts the victim's statistic and sends it the root over the others' digests."""
+
+    forged = "stats"
+
+
+def test_ckks_mp_honest_statistics_verify_and_bind_one_commitment():
+    proto = _protocol(mode="ckks-mp", roles=STATISTIC_ROLES)
+    got, want = _statistic(proto)
+    assert np.allclose(got, want, atol=1e-2)
+    released = {half.views.released for half in proto.clients.values()}
+    assert len(released) == 1 and bytes(32) not in released
+    assert np.allclose(_model(proto), sum(np.full(5, 0.1 * (k + 1)) for k in range(K)), atol=1e-2)
+
+
+def test_ckks_mp_a_statistic_sent_to_one_client_alone_is_refused_at_the_next_sum():
+    """Without the commitment the victim trains on the shifted statistic and the model sum completes."""
+    proto = _protocol(ShiftedStatisticMPServer, mode="ckks-mp", roles=STATISTIC_ROLES)
+    _statistic(proto)  # each client's digests verify against the root it was given
+    with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+        _model(proto)
+    assert err.value.tag == "model"
+    assert all(half._result is None for half in proto.clients.values())  # nothing of the model sum delivered
+    assert proto.clients[VICTIM].views.released != proto.clients[0].views.released
+
+
+def test_ckks_mp_a_statistic_outside_the_committed_sum_is_refused_on_arrival():
+    proto = _protocol(OneStatisticCommitmentMPServer, mode="ckks-mp", roles=STATISTIC_ROLES)
+    with pytest.raises(InconsistentViewError, match="not part of the sum the server committed to") as err:
+        _statistic(proto)
+    assert (err.value.client, err.value.tag) == (VICTIM, "stats")
     assert proto.clients[VICTIM]._result is None
