@@ -20,7 +20,7 @@ import pytest
 from protocols import ValueSpec, make_protocol
 from protocols.ckks_mp import encoding, encryption
 from protocols.ckks_mp.params import plan_exchange
-from protocols.errors import InconsistentViewError
+from protocols.errors import DropoutError, InconsistentViewError
 from protocols.release_commitment import block_leaf, empty_leaf, prove, root_of, tree, verify
 from protocols.schedule import BROADCAST, RELEASE, STATISTIC
 
@@ -241,3 +241,20 @@ def test_ckks_mp_a_statistic_outside_the_committed_sum_is_refused_on_arrival():
         _statistic(proto)
     assert (err.value.client, err.value.tag) == (VICTIM, "stats")
     assert proto.clients[VICTIM]._result is None
+
+
+@pytest.mark.parametrize("exchange", [_sums, _statistic], ids=["release", "statistic"])
+def test_ckks_mp_a_client_silent_at_the_release_stage_is_a_dropout_and_later_sums_are_refused(exchange):
+    """Silent at ``release``: DropoutError naming it, nothing delivered to it; it holds another commitment, so every
+    later exchange it key-switches is refused."""
+    proto = _protocol(mode="ckks-mp", roles=STATISTIC_ROLES if exchange is _statistic else ROLES)
+    proto.link.drop(VICTIM, "release")
+    with pytest.raises(DropoutError, match="no result was delivered") as err:
+        exchange(proto)
+    assert err.value.client == VICTIM and proto.server.last_undelivered == (VICTIM,)
+    assert proto.clients[VICTIM]._result is None and proto.clients[VICTIM].views.released == bytes(32)
+    assert len({proto.clients[k].views.released for k in range(K) if k != VICTIM} - {bytes(32)}) == 1
+    proto.link.reconnect(VICTIM)
+    with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+        _model(proto)
+    assert err.value.tag == "model"
