@@ -17,9 +17,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from support.forgers import ShiftedCommittedMPServer
+
 from protocols import ValueSpec, make_protocol
-from protocols.ckks_mp import encoding, encryption
-from protocols.ckks_mp.params import plan_exchange
 from protocols.errors import DropoutError, InconsistentViewError
 from protocols.release_commitment import block_leaf, empty_leaf, prove, root_of, tree, verify
 from protocols.schedule import BROADCAST, RELEASE, STATISTIC
@@ -124,39 +124,10 @@ def test_merkle_proofs_recompute_the_root_only_for_the_committed_leaves():
             assert not verify(root_of(levels), num + 1, {p: leaves[p] for p in own}, proof)
 
 
-def _shifted(server, data: bytes, to: int) -> bytes:
-    """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum."""
-    plan, ring = server.plan, server.ring
-    ep = plan_exchange(server.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
-    unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
-    shifted = unit.copy()
-    shifted[0] = 1
-    delta = ring.rescale(ring.sub(encoding.encode(ring, ep, shifted), encoding.encode(ring, ep, unit)), ep.switch_level)
-    pair = () if to < 0 else (2,)
-    count = len(data) // (4 * int(np.prod(pair or (1,))) * ep.switch_level * ring.n)
-    cts = encryption.from_bytes(ring, data, (count, *pair, ep.switch_level, ring.n)).copy()
-    first = cts[0] if to < 0 else cts[0, 0]
-    first[:] = ring.add(first, delta)
-    return encryption.to_bytes(cts)
-
-
-class ShiftedRowsMPServer:
+class ShiftedRowsMPServer(ShiftedCommittedMPServer):
     """ckks-mp: shifts the victim's decoded rows by one quantum; commits to the victim's digests apart."""
 
-    #: the tag whose download it shifts for the victim
-    forged = "sums"
-
-    def call(self, link, stage, messages, *, hook=True):
-        if stage == "download" and self.plan.tag == self.forged and VICTIM in messages:
-            (msg, part), *rest = messages[VICTIM]
-            data = _shifted(self, msg.payload["data"], int(msg.payload["to"]))
-            msg = dataclasses.replace(msg, payload={**msg.payload, "data": data})
-            messages = {**messages, VICTIM: [(msg, part), *rest]}
-        return super().call(link, stage, messages, hook=hook)
-
-    def release_messages(self, reports):
-        victim = {VICTIM: reports.pop(VICTIM)}
-        return {**super().release_messages(reports), VICTIM: super().release_messages(victim)[VICTIM]}
+    forged, victim = "sums", VICTIM
 
 
 class OneCommitmentMPServer(ShiftedRowsMPServer):
@@ -164,7 +135,7 @@ class OneCommitmentMPServer(ShiftedRowsMPServer):
 
     def release_messages(self, reports):
         victim = sorted(reports.pop(VICTIM))
-        honest = super(ShiftedRowsMPServer, self).release_messages(reports)
+        honest = super(ShiftedCommittedMPServer, self).release_messages(reports)
         levels_root = honest[0]["root"]
         return {**honest, VICTIM: {"root": levels_root, "proof": b"\0" * 32 * max(1, len(victim))}}
 
