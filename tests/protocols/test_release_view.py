@@ -16,7 +16,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from support.forgers import ShiftedCommittedMPServer
 
 from protocols import ValueSpec, make_protocol
@@ -216,8 +215,10 @@ def test_ckks_mp_a_statistic_outside_the_committed_sum_is_refused_on_arrival():
 
 @pytest.mark.parametrize("exchange", [_sums, _statistic], ids=["release", "statistic"])
 def test_ckks_mp_a_client_silent_at_the_release_stage_is_a_dropout_and_later_sums_are_refused(exchange):
-    """Silent at ``release``: DropoutError naming it, nothing delivered to it; it holds another commitment, so every
-    later exchange it key-switches is refused."""
+    """Silent at ``release``: DropoutError naming it, nothing delivered to it, every later sum refused.
+
+    It holds another commitment than the others, so every later exchange it key-switches fails to decrypt.
+    """
     proto = _protocol(mode="ckks-mp", roles=STATISTIC_ROLES if exchange is _statistic else ROLES)
     proto.link.drop(VICTIM, "release")
     with pytest.raises(DropoutError, match="no result was delivered") as err:
