@@ -21,14 +21,17 @@ the fields -- and takes the narrowest data prime that still satisfies the inequa
 SEAL's actual prime (the largest prime of that size with ``q = 1 mod 2N``), never on its nominal size.
 It is applied where the bytes follow the prime's width: the packed upload and the seeded download
 (:mod:`.seeded`: ``c0`` at the prime's bit width), i.e. symmetric encryption in the dense layout.
-A narrower modulus is only more secure (the 128-bit check, :func:`~.params.check_security`, bounds
-``log2 Q`` from above); a fitted chain is a new parameter set with its own key pair.
+Every party re-checks the inequality on the plan it receives (:func:`check_fits`), so a server that plans a
+prime too narrow for the fields is refused before anything is encrypted.  A narrower modulus is only more
+secure (the 128-bit check, :func:`~.params.check_security`, bounds ``log2 Q`` from above); a fitted chain
+is a new parameter set with its own key pair.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from ..errors import BoundError
 from .fixed_point import FixedPointLayout, signed_capacity_bits
 from .params import ChainParams, EncodingPlan, slot_capacity_bits
 
@@ -67,3 +70,20 @@ def fit_data_prime(plan: EncodingPlan) -> EncodingPlan:
         if capacity_bits(plan, chain) >= need:
             return dataclasses.replace(plan, chain=chain)
     return plan
+
+
+def check_fits(plan: EncodingPlan) -> None:
+    """Refuse a packed plan whose ``F b`` bits exceed its chain's capacity at its scale (module doc).
+
+    Raises:
+        BoundError: the decrypted sums could wrap modulo ``q_0``; nothing is encrypted under such a plan.
+    """
+    if plan.layout is None or plan.chain.data_primes != 1:
+        return
+    need, have = needed_bits(plan), capacity_bits(plan, plan.chain)
+    if have < need:
+        raise BoundError(
+            f"the plan's {plan.layout.fields} x {plan.layout.width}-bit fields need {need} exact bits, but "
+            f"{plan.chain.describe()} holds {have} at scale 2^{plan.scale_bits}: a plan with a scale or packed "
+            "fields past the chain's modulus is refused"
+        )

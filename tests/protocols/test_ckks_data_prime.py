@@ -4,11 +4,13 @@ The fitted plan never undershoots: on SEAL's actual prime, every coefficient of 
 ``q_0 / 2`` (the fields at their public extremes plus the noise bound, the complex slot's ``sqrt(2)`` included), the
 noise bound still rounds exactly, and one bit less would not hold the fields.  Through the whole protocol, sums at
 the extremes of the public bound decrypt exactly on the fitted prime with K at the plan's maximum, and the
-bytes shrink with the prime's width.
+bytes shrink with the prime's width.  A server that plans a prime one bit too narrow for the fields is refused
+by the clients before they encrypt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,11 +18,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from protocols import PackingOverflowError, ValueSpec, make_protocol
+from protocols import BoundError, PackingOverflowError, ValueSpec, make_protocol
+from protocols.ckks import CKKSProtocol
 from protocols.ckks import params as P
 from protocols.ckks.data_prime import fit_data_prime, fitted_chain
 from protocols.ckks.fixed_point import FixedPointLayout, plan_fixed_point
+from protocols.ckks.plan_message import plan_from_payload
 from protocols.ckks.seeded import upload_bytes
+from protocols.ckks.server import CKKSServer
 from protocols.fixed_point import to_grid
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,3 +142,33 @@ def test_sums_at_the_public_extremes_decrypt_exactly_on_the_fitted_prime(k, spec
     assert saved > 0
     for c, nbytes in stats["bytes_up"].items():  # c0 at the fitted prime's width: the bytes shrink by exactly that
         assert named.last_stats["bytes_up"][c] - nbytes == saved
+
+
+def _narrower(chain: P.ChainParams) -> P.ChainParams:
+    return fitted_chain(chain, chain.coeff_mod_bit_sizes[0] - 1)
+
+
+class PrimeNarrowingServer(CKKSServer):
+    """Plans the data prime one bit narrower than the fields need: keys for that chain, and the plan on it."""
+
+    def ensure_keys(self, chain, link, rnd):
+        return super().ensure_keys(_narrower(chain), link, rnd)
+
+    def begin(self, plan, link, fingerprint, extra=()):
+        chain = _narrower(plan_from_payload(plan.encoding["plan"]).chain)
+        payload = {**plan.encoding["plan"], "chain": {**plan.encoding["plan"]["chain"], "name": chain.name}}
+        payload["chain"]["bits"] = np.asarray(chain.coeff_mod_bit_sizes, np.int64)
+        encoding = {**plan.encoding, "plan": payload}
+        super().begin(dataclasses.replace(plan, encoding=encoding), link, fingerprint, extra)
+
+
+def test_a_prime_narrower_than_the_fields_is_refused_before_encryption():
+    class Proto(CKKSProtocol):
+        server_half = PrimeNarrowingServer
+
+    proto, spec = Proto(3), _grid_spec(0, 20)
+    vals = {c: np.full(3000, 0.5) for c in range(3)}
+    assert proto.plan(spec, 3000).encoding == "fixed"  # packed fields (a few values would travel as floats)
+    with pytest.raises(BoundError, match="past the chain's modulus"):
+        proto.weighted_sum("t", 0, vals, spec=spec)
+    assert not [m for m in proto.transcript.messages if m.tag == "t" and m.kind == "ciphertext"]
