@@ -12,7 +12,7 @@ point, :class:`protocols.fixed_point.FixedPoint`; ``log2`` of the sum range for 
     ``(2^(F b) - 1 + 1/8) 2^s < q_0 / 2``              (unsigned fields in the real half)
 
 (:func:`~.fixed_point.signed_capacity_bits`, :func:`~.params.slot_capacity_bits`), so ``log2 q_0`` must
-exceed ``F b + s`` by about one bit (two with the complex slot's ``sqrt(2)``).  The 60-bit prime of
+exceed ``F b + s`` by half a bit (signed) or one bit (unsigned).  The 60-bit prime of
 :data:`~.params.N8192` leaves the rest unused: the Cora FedGCN model mean on its grid needs 38-bit
 fields at ``2^18``, 57 bits of its 60.
 
