@@ -22,7 +22,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    ``c0``.
 4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
    ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
-5. ``release`` (a tag the public schedule gives the ``release`` role: different rows per recipient):
+5. ``release`` (a tag the public schedule gives the ``release`` role, different rows per recipient, or the
+   ``statistic`` role, the round's sample's pooled statistics):
    each recipient answered its download with a keyed digest of every block it decoded; the server
    commits to them in one Merkle tree (:mod:`protocols.release_commitment`, leaf ``b``: the digest
    of block ``b``; two recipients reporting different digests of one block: IntegrityError) and
@@ -443,7 +444,7 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         got = self.call(link, "download", downloads)
-        if self.schedule is not None and self.schedule.releases(plan.tag):
+        if self.schedule is not None and self.schedule.commits_decoded(plan.tag):
             self._commit_release(link, got)
         self.last_stats = {
             "server_s": server_s,
