@@ -177,7 +177,7 @@ class CKKSMPProtocol(HalvesProtocol):
         )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
-        return {"plan": plan.describe()}
+        return {"plan": plan.describe(), "provisioned_dropouts": self.provisioned_dropouts(ctx)}
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:
         """Test aid: check the K-way integer sums in the clear against the plan's field.

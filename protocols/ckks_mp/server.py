@@ -45,6 +45,7 @@ value of its choosing switched.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -338,6 +339,16 @@ class CKKSMPServer(ServerHalf):
         missing = [k for k, msg in msgs.items() if msg is None]
         if len(missing) > K - self.threshold:
             raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
+        provisioned = plan.encoding.get("provisioned_dropouts", math.inf)  # distributed DP: --dp-dropouts
+        if len(missing) > provisioned:
+            err = DropoutError(
+                f"client(s) {', '.join(map(str, missing))} did not send its upload: with distributed DP every client "
+                f"adds a share of the noise variance provisioned for at most {provisioned:g} dropout(s), so a sum "
+                "without them would be short of DP noise (--dp-dropouts); nothing was delivered",
+                **cast(dict[str, Any], {"client": missing[0], "tag": plan.tag, "round": plan.round}),
+            )
+            err.clients = tuple(missing)
+            raise err
         uploaders = [k for k in contributors if k not in missing]  # t-out-of-n: the rest are dropouts
         uploads: dict[int, np.ndarray] = {}
         for k, msg in ((k, cast(Message, msgs[k])) for k in uploaders):
