@@ -70,7 +70,9 @@ from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..party import envelope_of
 from . import encryption
+from ..schedule import BROADCAST
 from .client import KEYS_TAG, CKKSMPClient
+from .keyswitch import broadcast_recipients
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import crs_seed, upload_c1
@@ -157,9 +159,14 @@ class CKKSMPProtocol(HalvesProtocol):
         return options
 
     # ------------------------------------------------------------------ plan
-    def plan(self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
-        """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients."""
-        return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len)
+    def plan(
+        self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0, *, broadcast: bool = False
+    ) -> Plan:
+        """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients.
+
+        ``broadcast``: switched to the broadcast key (CKS, every recipient gets every block), else per recipient.
+        """
+        return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len, broadcast=broadcast)
 
     def block_capacity(self, spec: ValueSpec) -> int:
         """Values one ciphertext carries for ``spec`` under the current DP noise; N when no plan fits."""
@@ -170,14 +177,30 @@ class CKKSMPProtocol(HalvesProtocol):
             return self.params.n  # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
-        """Plan the exchange's encoding; with ``audit_sum_bound``, integer sums are checked against their bound."""
+        """Plan the exchange's switch and moduli; with ``audit_sum_bound``, integer sums are checked against their bound.
+
+        ``plan``: the levels, scale and packing (:func:`.params.plan_exchange`); ``broadcast_to``: the recipients
+        of an exchange switched once to the broadcast key (:func:`.keyswitch.broadcast_recipients`), absent when
+        each recipient's blocks are switched to its own key.  Every client recomputes both (:mod:`.client`).
+        """
         ctx.check_requests(self.num_clients)
+        public = self.schedule.roles.get(ctx.tag) == BROADCAST
+        recipients = broadcast_recipients(ctx.requests, ctx.num_blocks, self.num_clients, public)
         plan = plan_exchange(
-            self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len, tag=ctx.tag, round=ctx.round
+            self.params,
+            ctx.spec,
+            self.num_clients,
+            ctx.dp_noise_std,
+            ctx.block_len,
+            tag=ctx.tag,
+            round=ctx.round,
+            broadcast=recipients is not None,
         )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
-        return {"plan": plan.describe()}
+        if recipients is None:
+            return {"plan": plan.describe()}
+        return {"plan": plan.describe(), "broadcast_to": np.array(recipients, dtype=np.int64)}
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:
         """Test aid: check the K-way integer sums in the clear against the plan's field.

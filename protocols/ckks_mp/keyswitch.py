@@ -48,10 +48,29 @@ the result, so a client only answers for the blocks it receives itself (:mod:`.c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
+
+
+def broadcast_recipients(
+    requests: Mapping[int, np.ndarray], num_blocks: int, num_clients: int, public_to_all: bool
+) -> tuple[int, ...] | None:
+    """The recipients of an exchange switched once to the broadcast key (CKS), or None: one PCKS per recipient.
+
+    CKS when every recipient receives every block and either every client of the run is a recipient or
+    ``public_to_all`` (the public schedule makes the sum a broadcast every client trains on).  Every client holds
+    ``s_B`` and may read a CKS result, so a sum goes to the broadcast key only where every client may read it: a
+    client absent from a broadcast (a dropout) was meant to receive it and holds ``s_B`` anyway.
+    """
+    every = np.arange(num_blocks)
+    if not requests or any(not np.array_equal(np.sort(np.asarray(b)), every) for b in requests.values()):
+        return None
+    recipients = tuple(sorted(int(r) for r in requests))
+    return recipients if public_to_all or recipients == tuple(range(num_clients)) else None
 
 
 def pcks_share(

@@ -300,7 +300,17 @@ class CKKSMPServer(ServerHalf):
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, cast(str, self.fingerprint)  # set by ensure_keys
-        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
+        broadcast = "broadcast_to" in plan.encoding  # the plan's switch (:func:`.keyswitch.broadcast_recipients`)
+        ep = plan_exchange(
+            self.params,
+            plan.spec,
+            K,
+            plan.dp_noise_std,
+            plan.block_len,
+            tag=plan.tag,
+            round=plan.round,
+            broadcast=broadcast,
+        )
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
         self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
         if not plan.requests:
@@ -372,11 +382,10 @@ class CKKSMPServer(ServerHalf):
                     pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
-        # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
+        # keyswitch: one group per recipient key, or one to the broadcast key where the plan says so
         rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
-        first_rows = next(iter(rows_of.values()))
-        if set(rows_of) == set(range(K)) and all(rows == first_rows for rows in rows_of.values()):
-            groups: list[_Group] = [(-1, first_rows)]
+        if broadcast:
+            groups: list[_Group] = [(-1, list(range(len(needed))))]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)

@@ -422,7 +422,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
 
     def noises(p):
         p.weighted_sum("noise", 0, vals, spec=spec)
-        plan = p.plan(spec, block_len=20_000)
+        plan = p.plan(spec, block_len=20_000, broadcast=True)
         shape = (1, plan.switch_level, p.params.n)  # the download: c0' only, switched down
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
         agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
@@ -455,7 +455,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     assert np.abs(e_ct).max() <= k * 21 and seen.std() > 2.0 ** (b - 1)
     monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
     _, seen3 = noises(fresh(k))
-    unsmudged_bound = plan_exchange(MPParams(), spec, k, block_len=20_000).noise_bound - k * 2**b
+    unsmudged_bound = plan_exchange(MPParams(), spec, k, block_len=20_000, broadcast=True).noise_bound - k * 2**b
     assert np.abs(seen3).max() <= unsmudged_bound and seen3.std() < seen.std() / 2
 
 
@@ -546,7 +546,7 @@ def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False
             return None
         data = bytearray(msg.payload)
         word = int.from_bytes(data[:4], "little")
-        new = 0xFFFFFFFF if unreduced else (word + 1) % 2147352577
+        new = 0xFFFFFFFF if unreduced else (word + 2147352577 // 2) % 2147352577  # a valid residue, far off
         data[:4] = new.to_bytes(4, "little")
         env = Envelope.from_header(msg.auth[64:])  # the client itself signs the corrupted share
         return p._seal(replace(msg, payload=bytes(data)), env.stage, env.part)

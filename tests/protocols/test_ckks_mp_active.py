@@ -138,7 +138,7 @@ def test_c1_is_public_fresh_per_exchange_and_block():
     assert not np.array_equal(one[0], upload_c1(seed, s, 2, [0], 1, primes, n)[0])  # two exchanges
     assert np.array_equal(one, upload_c1(seed, s, 1, [0, 1], 1, primes, n))  # recomputable
     # the exchanges' uploads decrypt under the client's own share with exactly that c1
-    plan = p.plan(FLOATS, block_len=8)
+    plan = p.plan(FLOATS, block_len=8, broadcast=True)
     for tag in ("a", "b"):
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER) if m.kind == "ciphertext"
@@ -338,7 +338,7 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
     spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
     p.weighted_sum("v", 0, vals, spec=spec)
-    plan = p.plan(spec, block_len=4000)
+    plan = p.plan(spec, block_len=4000, broadcast=True)
     up = next(
         m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "ciphertext"
     )

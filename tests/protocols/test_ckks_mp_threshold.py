@@ -437,7 +437,7 @@ def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
     spec = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
     exchange(p, x)  # key set-up
     p.weighted_sum("victim", 0, vals, spec=spec)
-    plan = p.plan(spec, block_len=length)
+    plan = p.plan(spec, block_len=length, broadcast=True)
     msg = next(
         m
         for m in p.transcript.select(tag="victim", sender=client_party(victim), receiver=SERVER)
