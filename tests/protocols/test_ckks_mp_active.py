@@ -24,6 +24,7 @@ from protocols.errors import (
     DowngradeError,
     KeySubstitutionError,
     KeySwitchRefusedError,
+    ModulusPlanError,
     RecipientKeyError,
     RepeatedKeySwitchError,
     RepeatedUploadError,
@@ -322,6 +323,90 @@ def test_downgrade_to_the_broadcast_key_is_refused(server, error):
 def test_one_upload_and_one_key_switch_per_exchange(server, error):
     with pytest.raises(error):
         broadcast_exchange(protocol_with(server))
+
+
+# ------------------------------------------------------------------ the modulus plan
+class ChangedPlan(CKKSMPServer):
+    """Sends a plan whose switch or moduli are not the ones the public facts give (:meth:`change`)."""
+
+    def change(self, encoding: dict, honest) -> dict:
+        return encoding
+
+    def run(self, plan, link):
+        from protocols.ckks_mp.params import plan_exchange
+
+        broadcast = "broadcast_to" in plan.encoding
+        honest = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
+        return super().run(replace(plan, encoding=self.change(dict(plan.encoding), honest)), link)
+
+
+class SmallerScale(ChangedPlan):
+    """A scale 2^4 below the plan's: the recipients' decryption margin over the worst-case noise gone."""
+
+    def change(self, encoding, honest):
+        return {**encoding, "plan": replace(honest, scale_bits=honest.scale_bits - 4).describe()}
+
+
+class OtherLevels(ChangedPlan):
+    """One prime more for the uploads and for the shares and downloads than the plan's."""
+
+    def change(self, encoding, honest):
+        other = replace(honest, level=honest.level + 1, switch_level=honest.switch_level + 1)
+        return {**encoding, "plan": other.describe()}
+
+
+class SwitchNotNamed(ChangedPlan):
+    """A broadcast's levels (sized for CKS's smaller rounding) without the switch they were sized for."""
+
+    def change(self, encoding, honest):
+        return {k: v for k, v in encoding.items() if k != "broadcast_to"}
+
+
+class ScopedSizedForTheBroadcastKey(ChangedPlan):
+    """A scoped sum planned as a switch of every block to the broadcast key, which every client holds."""
+
+    def change(self, encoding, honest):
+        cks = replace(honest, broadcast=True)
+        return {**encoding, "plan": cks.describe(), "broadcast_to": np.arange(K)}
+
+
+@pytest.mark.parametrize(
+    "server,exchange,error",
+    [
+        (SmallerScale, broadcast_exchange, ModulusPlanError),
+        (OtherLevels, broadcast_exchange, ModulusPlanError),
+        (OtherLevels, scoped_exchange, ModulusPlanError),
+        (SwitchNotNamed, broadcast_exchange, ModulusPlanError),
+        (ScopedSizedForTheBroadcastKey, scoped_exchange, DowngradeError),
+    ],
+)
+def test_a_plan_with_other_moduli_or_switch_is_refused_before_anything_is_sent(server, exchange, error):
+    """Every client recomputes the exchange's switch and moduli from its public facts and refuses any other.
+
+    Adversary: a server that names levels, a scale or a switch of its own choosing (the client's
+    answer at a level sized for a smaller noise than the switch it then asks for, or a scoped sum
+    readable with the broadcast key).  Refused before any upload leaves a client.
+    """
+    p = protocol_with(server)
+    with pytest.raises(error):
+        exchange(p)
+    assert not [m for m in p.transcript.messages if m.receiver == SERVER and m.kind in ("ciphertext", "share")]
+
+
+class PerRecipientUnderABroadcastPlan(EvilServer):
+    """A broadcast planned (and sized) for the broadcast key, then switched to each recipient's key."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            blocks = np.asarray(msg.payload["blocks"])
+            groups = np.array([[r, blocks.size] for r in range(K)])
+            msg = with_payload(msg, groups=groups, blocks=np.tile(blocks, K))
+        return [(msg, part)]
+
+
+def test_a_switch_other_than_the_planned_one_is_refused():
+    with pytest.raises(RecipientKeyError, match="plan switches every block to the broadcast key"):
+        broadcast_exchange(protocol_with(PerRecipientUnderABroadcastPlan))
 
 
 # ------------------------------------------------------------------ a recipient colluding with the server
