@@ -69,8 +69,8 @@ from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..party import envelope_of
-from . import encryption
 from ..schedule import BROADCAST
+from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .keyswitch import broadcast_recipients
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
@@ -177,7 +177,7 @@ class CKKSMPProtocol(HalvesProtocol):
             return self.params.n  # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
-        """Plan the exchange's switch and moduli; with ``audit_sum_bound``, integer sums are checked against their bound.
+        """Plan the exchange's switch and moduli; with ``audit_sum_bound``, check integer sums against their bound.
 
         ``plan``: the levels, scale and packing (:func:`.params.plan_exchange`); ``broadcast_to``: the recipients
         of an exchange switched once to the broadcast key (:func:`.keyswitch.broadcast_recipients`), absent when

@@ -339,7 +339,8 @@ class CKKSMPClient(ClientHalf):
             recipients = tuple(int(r) for r in np.asarray(p.encoding["broadcast_to"], dtype=np.int64).ravel())
         except (TypeError, ValueError) as e:
             raise ModulusPlanError(f"malformed broadcast recipients ({e})", **where) from None
-        if not recipients or list(recipients) != sorted(set(recipients)) or not 0 <= recipients[0] <= recipients[-1] < K:
+        ordered = list(recipients) == sorted(set(recipients))
+        if not recipients or not ordered or recipients[0] < 0 or recipients[-1] >= K:
             raise ModulusPlanError(
                 f"broadcast recipients {list(recipients)[:8]}: distinct sorted clients of 0..{K - 1} expected", **where
             )
