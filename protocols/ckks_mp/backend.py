@@ -69,7 +69,9 @@ from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..party import envelope_of
+from ..plan import ExchangePlan
 from ..schedule import BROADCAST
+from ..transcript import SERVER
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
 from .keyswitch import broadcast_recipients
@@ -167,6 +169,21 @@ class CKKSMPProtocol(HalvesProtocol):
         ``broadcast``: switched to the broadcast key (CKS, every recipient gets every block), else per recipient.
         """
         return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len, broadcast=broadcast)
+
+    def plan_of(self, tag: str, rnd: int) -> Plan:
+        """The encoding of exchange ``(tag, rnd)`` from the plan the server sent (attack simulations and tests).
+
+        Raises:
+            KeyError: no plan of that exchange is in the transcript.
+        """
+        for msg in self.transcript.select(tag=tag, round=rnd, sender=SERVER):
+            if msg.note == "exchange plan" and isinstance(msg.payload, dict):
+                plan = ExchangePlan.from_payload(msg.payload)
+                broadcast = "broadcast_to" in plan.encoding
+                return plan_exchange(
+                    self.params, plan.spec, self.num_clients, plan.dp_noise_std, plan.block_len, broadcast=broadcast
+                )
+        raise KeyError(f"no plan of exchange {tag!r} in round {rnd} in the transcript")
 
     def block_capacity(self, spec: ValueSpec) -> int:
         """Values one ciphertext carries for ``spec`` under the current DP noise; N when no plan fits."""

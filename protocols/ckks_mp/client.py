@@ -808,12 +808,6 @@ class CKKSMPClient(ClientHalf):
                     f"0..{self.setup.num_clients - 1}",
                     **where,
                 )
-            if to >= 0 and ep.broadcast:
-                raise RecipientKeyError(
-                    f"a key switch to recipient {to} where the plan switches every block to the broadcast key (its "
-                    "levels are sized for that switch's noise)",
-                    **where,
-                )
             if to < 0:
                 if not ep.broadcast or bids != list(range(self._exchange_plan.num_blocks)):
                     raise DowngradeError(
@@ -829,6 +823,12 @@ class CKKSMPClient(ClientHalf):
                 pk = self._key_shares.broadcast_pk
             else:
                 pk = self._recipient_key(to, offered, where)
+                if ep.broadcast:
+                    raise RecipientKeyError(
+                        f"a key switch to recipient {to} where the plan switches every block to the broadcast key "
+                        "(its levels are sized for that switch's noise)",
+                        **where,
+                    )
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, self.setup.num_clients)
         designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)

@@ -400,7 +400,8 @@ class PerRecipientUnderABroadcastPlan(EvilServer):
         if stage == "keyswitch":
             blocks = np.asarray(msg.payload["blocks"])
             groups = np.array([[r, blocks.size] for r in range(K)])
-            msg = with_payload(msg, groups=groups, blocks=np.tile(blocks, K))
+            keys = {r: {"key": key, "sig": sig} for r, (key, sig) in self.recipient_pks.items() if r != client}
+            msg = with_payload(msg, groups=groups, blocks=np.tile(blocks, K), keys=keys)
         return [(msg, part)]
 
 

@@ -125,7 +125,8 @@ def test_merkle_proofs_recompute_the_root_only_for_the_committed_leaves():
 def _shifted(server, data: bytes, to: int) -> bytes:
     """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum."""
     plan, ring = server.plan, server.ring
-    ep = plan_exchange(server.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
+    broadcast = "broadcast_to" in plan.encoding  # the plan's switch
+    ep = plan_exchange(server.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
     unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
     shifted = unit.copy()
     shifted[0] = 1
