@@ -30,10 +30,12 @@ exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` i
 client's partial decryption: its PCKS share, re-encrypted to the recipient's key) and
 ``download``.  The stages are described in :mod:`.client` and :mod:`.server`.  Every exchange:
 
-1. **Plan** (public): :func:`.params.plan_exchange` -- primes ``L``, scale ``2^D`` above the
+1. **Plan** (public): the key switch (:func:`.keyswitch.broadcast_recipients`) and
+   :func:`.params.plan_exchange` for it -- primes ``L`` and ``L'``, scale ``2^D`` above the
    worst-case key-switching noise, field width from the public bounds, fields per
    coefficient; BoundError if the tolerance or the sum range does not fit.  Server and
-   clients derive it from the same public facts; a client refuses a plan naming another.
+   clients derive it from the same public facts; a client refuses a plan naming another
+   (ModulusPlanError).
 2. **Client-side validation before encryption** (in each client half): shapes, finiteness,
    every value in the public range (ShapeError / BoundError naming the client).  Integer
    exchanges played through this facade also audit the K-way sum against the public sum
@@ -45,7 +47,8 @@ client's partial decryption: its PCKS share, re-encrypted to the recipient's key
 4. **Upload** ``c0`` under ``s_i`` (``c1`` public); the server checks every upload, adds per
    block and pads missing clients' public offsets.
 5. **Key switch, scoped per recipient**: to the recipient's own key (PCKS), or once to the
-   broadcast key ``s_B`` when every client receives the same blocks (weighted means, model
+   broadcast key ``s_B`` where the plan names that switch (every recipient gets every block, and every
+   client is a recipient or the public schedule makes the tag a broadcast: weighted means, model
    averages) by collective key switching (CKS: one polynomial per share, a ``c0``-only download),
    which saves a factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
    not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming

@@ -16,6 +16,9 @@ this client's answer):
                        channel (the server relays it and cannot open it)
 ``key_setup`` part 1   ``p_B`` with client 0's signature -> nothing; a client j > 0 checks the
                        signature, opens ``s_B`` and checks that ``p_B + a s_B`` is a small error
+(every stage)          the plan's key switch and moduli, recomputed from the public facts before
+                       anything of the exchange is sent (:meth:`CKKSMPClient._plan`, ModulusPlanError;
+                       a switch to the broadcast key the exchange may not take: DowngradeError)
 ``block_ids``          (sparse layout) -> the ids of the blocks it uploads (the documented leak)
 ``upload``             -> its blocks, checked against the public plan (ShapeError / BoundError
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
@@ -27,13 +30,14 @@ this client's answer):
                        the broadcast key (:mod:`.keyswitch`).  Refused
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
-                       broadcast key only for exactly the blocks this client itself receives
-                       (DowngradeError), one request per exchange (t-out-of-n: re-plans below)
+                       switch is the plan's (a recipient key under a broadcast plan:
+                       RecipientKeyError; the broadcast key under a per-recipient plan or for fewer
+                       than every block: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
                        and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
-                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
+                       the plan names that switch: ``c1`` is public) -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
                        corrupted share or ciphertext) and decodes.  A release (the public schedule's
                        ``release`` role: rows per recipient) -> the keyed digest of each decoded

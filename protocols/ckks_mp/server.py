@@ -13,8 +13,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
 3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
-   aggregate blocks -- one per recipient, or one for all when every client receives the same
-   blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
+   aggregate blocks -- one per recipient, or one for all where the plan names the switch to the
+   broadcast key (``broadcast_to``) -- their block ids, and the owner-signed recipient keys a client
    has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
