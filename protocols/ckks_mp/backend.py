@@ -218,9 +218,10 @@ class CKKSMPProtocol(HalvesProtocol):
         )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
-        if recipients is None:
-            return {"plan": plan.describe()}
-        return {"plan": plan.describe(), "broadcast_to": np.array(recipients, dtype=np.int64)}
+        encoding: dict[str, Any] = {"plan": plan.describe(), "provisioned_dropouts": self.provisioned_dropouts(ctx)}
+        if recipients is not None:
+            encoding["broadcast_to"] = np.array(recipients, dtype=np.int64)
+        return encoding
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:
         """Test aid: check the K-way integer sums in the clear against the plan's field.

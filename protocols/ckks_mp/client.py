@@ -39,8 +39,9 @@ this client's answer):
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
                        the plan names that switch: ``c1`` is public) -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
-                       corrupted share or ciphertext) and decodes.  A release (the public schedule's
-                       ``release`` role: rows per recipient) -> the keyed digest of each decoded
+                       corrupted share or ciphertext) and decodes.  A release or a statistic (the public
+                       schedule's ``release`` role: rows per recipient; ``statistic``: the round's sample,
+                       FedOMD's pooled moments) -> the keyed digest of each decoded
                        block, ``HMAC-SHA256(k_B, exchange || b || values)`` with ``k_B`` derived from
                        ``s_B`` (every client's, the server's never), delivered only after
 ``release``            the root of the server's commitment to every recipient's digests and this
@@ -1011,7 +1012,7 @@ class CKKSMPClient(ClientHalf):
         )
         self.timing["download_s"] = time.perf_counter() - t
         blocks = {int(b): v for b, v in zip(bids.tolist(), values)}
-        if self.schedule is not None and self.schedule.releases(p.tag):  # delivered once the commitment checks
+        if self.schedule is not None and self.schedule.commits_decoded(p.tag):  # delivered once the commitment checks
             self._released = (p.exchange, blocks)
             digests = b"".join(self._release_digest(b, v) for b, v in blocks.items())
             msg = self.message(SERVER, "metadata", (len(blocks),), {"digests": digests}, self.fingerprint)
@@ -1035,8 +1036,11 @@ class CKKSMPClient(ClientHalf):
     def _release(self, inbox: list[Message]) -> _Reply:
         """Check this client's released blocks against the server's commitment, chain its root, deliver them."""
         p, where = self._exchange_plan, self.where()
-        if self.schedule is None or not self.schedule.releases(p.tag):
-            raise IntegrityError("a release commitment for an exchange the schedule does not release", **where)
+        if self.schedule is None or not self.schedule.commits_decoded(p.tag):
+            raise IntegrityError(
+                "a release commitment for an exchange the schedule neither releases nor gives the statistic role",
+                **where,
+            )
         msg = self._from_server(inbox, "release", where)
         try:
             root, proof = bytes(msg.payload["root"]), bytes(msg.payload["proof"])

@@ -22,7 +22,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    ``c0``.
 4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
    ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
-5. ``release`` (a tag the public schedule gives the ``release`` role: different rows per recipient):
+5. ``release`` (a tag the public schedule gives the ``release`` role, different rows per recipient, or the
+   ``statistic`` role, the round's sample's pooled statistics):
    each recipient answered its download with a keyed digest of every block it decoded; the server
    commits to them in one Merkle tree (:mod:`protocols.release_commitment`, leaf ``b``: the digest
    of block ``b``; two recipients reporting different digests of one block: IntegrityError) and
@@ -44,6 +45,7 @@ value of its choosing switched.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -347,6 +349,16 @@ class CKKSMPServer(ServerHalf):
         missing = [k for k, msg in msgs.items() if msg is None]
         if len(missing) > K - self.threshold:
             raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
+        provisioned = plan.encoding.get("provisioned_dropouts", math.inf)  # distributed DP: --dp-dropouts
+        if len(missing) > provisioned:
+            err = DropoutError(
+                f"client(s) {', '.join(map(str, missing))} did not send its upload: with distributed DP every client "
+                f"adds a share of the noise variance provisioned for at most {provisioned:g} dropout(s), so a sum "
+                "without them would be short of DP noise (--dp-dropouts); nothing was delivered",
+                **cast(dict[str, Any], {"client": missing[0], "tag": plan.tag, "round": plan.round}),
+            )
+            err.clients = tuple(missing)
+            raise err
         uploaders = [k for k in contributors if k not in missing]  # t-out-of-n: the rest are dropouts
         uploads: dict[int, np.ndarray] = {}
         for k, msg in ((k, cast(Message, msgs[k])) for k in uploaders):
@@ -441,7 +453,7 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         got = self.call(link, "download", downloads)
-        if self.schedule is not None and self.schedule.releases(plan.tag):
+        if self.schedule is not None and self.schedule.commits_decoded(plan.tag):
             self._commit_release(link, got)
         self.last_stats = {
             "server_s": server_s,
