@@ -43,7 +43,8 @@ PCKS's ``e_R u_i + s_R e1_i`` terms.  What the server holds, ``c0'`` and ``sum_i
 e0_i``, are RLWE samples under ``s_B`` and ``s_S - s_B`` with a fresh uniform ``c1`` and errors at least as wide
 as one honest client's smudging noise (an RLWE error far wider than the standard's, at the same ``N`` and
 ``Q``), and each single share is hidden by its uniform mask ``z_i`` as in PCKS.  Every client may decrypt
-the result, so a client only answers for the blocks it receives itself (:mod:`.client`).
+the result, so a sum goes to the broadcast key only where every client may read it (:func:`broadcast_recipients`),
+and a client answers only where the plan it checked names that switch, for every block (:mod:`.client`).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ multiplied by the ternary recipient key, below ``N`` each), so the recipient mul
 ``P`` and decodes as above with ``B_ks + P E_r`` in place of ``B_ks`` (``2^D >= 4 (B_ks + P
 E_r)``); the fields fit when ``(2^C - 1) Delta + B_ks + P E_r < Q_L / 2``.
 
-The switch is part of the plan.  A **broadcast** exchange (every recipient gets the same blocks,
+The switch is part of the plan.  A **broadcast** exchange (every recipient gets every block,
 switched to the broadcast key, CKS) decrypts ``Delta m + e + sum_i e0_i``: no PCKS terms, so
 ``B_ks = B_ct + K 2^b``, and its rounding is ``E_r = 1 + K + 1`` (``c0``, the K shares, and the
 recipient's own ``s_B c1`` switched down after the product); a **scoped** exchange (PCKS) keeps
