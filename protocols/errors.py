@@ -184,6 +184,16 @@ class ThresholdRefusedError(PlanRefusedError):
     """
 
 
+class ModulusPlanError(PlanRefusedError):
+    """A ckks-mp plan names moduli other than the ones every client computes from the exchange's public facts.
+
+    Its upload level, switch level, scale or packing differ from :func:`protocols.ckks_mp.params.plan_exchange`'s for
+    the exchange's bounds, client count and key switch (to each recipient's key, or to the broadcast key), or its
+    switch is malformed: a server could otherwise have clients answer at a level sized for a smaller noise than
+    the switch it then asks for.
+    """
+
+
 class ShareIntegrityError(IntegrityError):
     """A revealed Shamir share does not match its dealer's signed commitment.
 

@@ -13,8 +13,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
 3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
-   aggregate blocks -- one per recipient, or one for all when every client receives the same
-   blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
+   aggregate blocks -- one per recipient, or one for all where the plan names the switch to the
+   broadcast key (``broadcast_to``) -- their block ids, and the owner-signed recipient keys a client
    has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
@@ -302,7 +302,17 @@ class CKKSMPServer(ServerHalf):
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, cast(str, self.fingerprint)  # set by ensure_keys
-        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
+        broadcast = "broadcast_to" in plan.encoding  # the plan's switch (:func:`.keyswitch.broadcast_recipients`)
+        ep = plan_exchange(
+            self.params,
+            plan.spec,
+            K,
+            plan.dp_noise_std,
+            plan.block_len,
+            tag=plan.tag,
+            round=plan.round,
+            broadcast=broadcast,
+        )
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
         self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
         if not plan.requests:
@@ -384,11 +394,10 @@ class CKKSMPServer(ServerHalf):
                     pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
-        # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
+        # keyswitch: one group per recipient key, or one to the broadcast key where the plan says so
         rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
-        first_rows = next(iter(rows_of.values()))
-        if set(rows_of) == set(range(K)) and all(rows == first_rows for rows in rows_of.values()):
-            groups: list[_Group] = [(-1, first_rows)]
+        if broadcast:
+            groups: list[_Group] = [(-1, list(range(len(needed))))]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)

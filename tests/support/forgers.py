@@ -56,6 +56,7 @@ def shifted_ckks_mp_download(server, data: bytes, to: int) -> bytes:
         plan.block_len,
         tag=plan.tag,
         round=plan.round,
+        broadcast="broadcast_to" in plan.encoding,  # the plan's switch
     )
     unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
     shifted = unit.copy()
