@@ -21,6 +21,7 @@ import pytest
 from support.flower import BIN, Federation, free_port, identity_keys, make_tls, serving, write_manifest
 from support.runs import small
 
+from protocols import DropoutError
 from protocols.auth import SigningKey
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
@@ -87,8 +88,8 @@ def keyed_federation(tmp_path_factory):
     """The default tests' federation, started once for the module.
 
     Three clients on two sites (site 0 holds clients 0 and 2), each client with its own identity key
-    and the manifest ``fed.manifest`` its site reads at every set-up; each run's ``flwr run`` reuses
-    it.
+    and the manifest ``fed.manifest`` its site reads at every set-up, every site opted in to attack
+    simulation; each run's ``flwr run`` reuses it.
     """
     folder = tmp_path_factory.mktemp("flower")
     keys = identity_keys(folder / "keys", 3)
@@ -98,6 +99,7 @@ def keyed_federation(tmp_path_factory):
         clients=3,
         sites=2,
         site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
+        site_flags=["--allow-attack-simulation"],
     )
     fed.keys, fed.manifest = keys, manifest
     with serving(fed):
@@ -110,13 +112,16 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
     Three clients on two sites (one site holds two clients); each client signs with its own identity
     key, pinned by the manifest built from the sites' public keys (no client key crosses Flower).
     The driver loads no data: its data folder does not exist and loading is forbidden in its
-    process; the sites describe the federation.
+    process; the sites describe the federation.  With ``--attacks``: the sites, opted in to
+    attack simulation, report their clients' parts, and the attacks scored on them (the
+    membership candidates, the edges, the owners) give the local run's values.
     """
     federation = keyed_federation
-    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    kw = {"rounds": 1, "attacks": ["membership", "link_posterior"]}
+    local = run_experiment(small("fedavg", "mask", executor="local", **kw), progress=False)
     cfg = write_manifest(
         federation.keys,
-        small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60, data_root=str(tmp_path / "no-data")),
+        small("fedavg", "mask", executor="flower", round_timeout=60, data_root=str(tmp_path / "no-data"), **kw),
         federation.manifest,
     )
 
@@ -127,6 +132,9 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
         monkeypatch.setattr(f"{module}.load_federation", forbidden)
     flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
+    assert [e["name"] for e in flower["attacks"]] == ["transcript_audit", *kw["attacks"]]
+    assert all(e["applicable"] for e in local["attacks"])
+    assert [(e["name"], e["value"]) for e in flower["attacks"]] == [(e["name"], e["value"]) for e in local["attacks"]]
     fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
     for k in range(3):  # what each site's half accepted: the sites' own keys
         accepted = flower["key_fingerprints"][f"client{k}"]
@@ -212,24 +220,22 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(keyed_federation):
 
 
 @pytest.mark.slow
-def test_attacks_over_sites_that_did_not_opt_in_run_on_the_aggregators_view(federation):
-    """Attacks over sites that did not opt in run on the aggregators view.
+def test_attacks_over_sites_that_did_not_opt_in_are_refused_for_want_of_ground_truth(federation):
+    """Attacks over sites that did not opt in are refused for want of ground truth.
 
-    No site serves attack simulation: the run goes on, the attacks that need only what the
-    aggregator saw run as on local (same values), and those needing a client's state are
-    reported not applicable, naming the site's flag.
+    No site serves attack simulation: the run goes on (the local run's), the transcript audit
+    runs on the aggregator's view, and every attack, scored against ground truth no site
+    reported, is reported not applicable, naming the site's flag.
     """
     kw = {"rounds": 1, "attacks": ["all"]}
     local = run_experiment(small("fedavg", "plain", executor="local", **kw), progress=False)
     with pytest.warns(RuntimeWarning, match="take no part in attack simulation"):
         flower = run_experiment(small("fedavg", "plain", executor="flower", round_timeout=60, **kw), progress=False)
     same_run(local, flower)
-    expected = {(e["name"], e.get("observer")): e for e in local["attacks"]}
-    ran = [e for e in flower["attacks"] if e["applicable"]]
-    refused = [e for e in flower["attacks"] if "--allow-attack-simulation" in str(e.get("reason", e.get("error")))]
-    assert len(ran) > 1 and refused and len(ran) + len(refused) == len(flower["attacks"])
-    for e in ran:  # what needs only the aggregator's view (here, plain: the coalition's reading too)
-        assert e["value"] == expected[(e["name"], e.get("observer"))]["value"]
+    audit, *attacks = flower["attacks"]
+    assert audit["name"] == "transcript_audit" and audit["value"] == local["attacks"][0]["value"]
+    assert [e["name"] for e in attacks] == [e["name"] for e in local["attacks"][1:]]
+    assert all(not e["applicable"] and "--allow-attack-simulation" in e["reason"] for e in attacks)
 
 
 class KillingFlowerExecutor(FlowerExecutor):
@@ -260,6 +266,21 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
         executor.shutdown()
     assert [r["clients_lost"] for r in rows] == [1]
     assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_before_its_ckks_upload_stops_the_n_of_n_run_naming_the_client(federation):
+    """A SuperNode killed before its ckks upload stops the n-of-n run naming the client: nothing aggregated."""
+    cfg = small("fedavg", "ckks", executor="flower", rounds=1, round_timeout=40).validate()
+    fed = load_federation(cfg)
+    executor = KillingFlowerExecutor(federation, victim=2, method="half:upload", round_timeout=40)
+    try:
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+        with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage"):
+            strategy.train_round(0)
+    finally:
+        executor.shutdown()
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class Federation:
     each site behind its SuperNode, and a SuperLink; ``tls``: a dict of the paths :func:`make_tls`
     wrote (TLS and SuperNode authentication on), else insecure (tests only).  ``site_args``: more
     arguments of every site process, or a function of the client giving them (after its
-    ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
+    ``--client``); ``site_flags``: arguments of every site process once (e.g. ``--allow-attack-simulation``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
     site process runs its ClientApp tasks itself (``--clientappio``, SuperNode ``--isolation
     process``), else its SuperNode starts a ``flwr-clientapp`` process per message (Flower's default).
     ``node_poll``: the SuperNodes' idle poll (:func:`supernode`); ``None``: the stock ``flower-supernode``.
@@ -68,6 +68,7 @@ class Federation:
         tls: dict | None = None,
         timeout: float = 60.0,
         site_args=(),
+        site_flags=(),
         sites: int | None = None,
         resident: bool = True,
         node_poll: float | None = NODE_POLL,
@@ -120,7 +121,7 @@ class Federation:
                     held += ["--client", str(client), *(site_args(client) if callable(site_args) else site_args)]
                 self.spawn(
                     f"site{k}",
-                    [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), *held],
+                    [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), *held, *site_flags],
                 )
             self.wait_listening(self.port, timeout)
             for k, sock in enumerate(socks):
