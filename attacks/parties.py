@@ -59,7 +59,10 @@ class RuntimeParties:
         return ClientSubgraph(k, **{name: torch.from_numpy(a) for name, a in f.items()})
 
     def own_graphs(self, k: int) -> dict:
-        """Graph client ``k``'s graphs as its runtime reports them (:func:`~secure_fgl.runtime.graph_data.graph_fields`)."""
+        """Graph client ``k``'s graphs as its runtime reports them.
+
+        The arrays of :func:`~secure_fgl.runtime.graph_data.graph_fields`.
+        """
         return self._ask(k, "own_data")
 
     def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -335,8 +335,8 @@ class RunContext:
     def aux_labelled(self, **_):
         """K1 shadow data.
 
-        A seeded 30 % of the nodes (of the reported ones, from the sites' reports) with labels, read in their neighbourhood (features and edges of the graph they live
-        in; only their labels are 'extra').
+        A seeded 30 % of the nodes (of the nodes some client owns, from the sites' reports) with labels, read in
+        their neighbourhood (features and edges of the graph they live in; only their labels are 'extra').
         """
         g = self.fed.graph
         pool = getattr(self.fed, "reported_nodes", None)  # sites' reports: only the nodes some client owns

@@ -372,8 +372,8 @@ class OptInSiteExecutor(SiteExecutor):
 def attacked(cfg, fed, executor=None) -> list[dict]:
     """The attack entries of run ``cfg`` on ``fed`` (the loaded data, or the sites' facts) and ``executor``."""
     from attacks.runner import run_attacks
-    from secure_fgl.runtime.build import start_run
     from secure_fgl.engine.device import seed_everything
+    from secure_fgl.runtime.build import start_run
 
     seed_everything(cfg.seed)
     run = start_run(cfg, fed=fed, executor=executor)
@@ -449,7 +449,8 @@ def test_the_assembled_ground_truth_is_the_partition_over_the_nodes_some_client_
     assert 0 < owned.sum() < owned.size
     reported = assemble(PublicFacts.of(fed), dict(enumerate(fed.clients)), {})
     truth, got = GroundTruth.from_fed(fed), GroundTruth.from_fed(reported)
-    assert np.array_equal(got.owner, truth.owner) and np.array_equal(reported.reported_nodes.numpy(), owned.nonzero()[0])
+    assert np.array_equal(got.owner, truth.owner)
+    assert np.array_equal(reported.reported_nodes.numpy(), owned.nonzero()[0])
     for name in ("x", "y", "train_mask", "test_mask"):
         assert np.array_equal(getattr(got, name)[owned], getattr(truth, name)[owned]), name
     assert not got.x[~owned].any() and (got.y[~owned] == -1).all() and not got.train_mask[~owned].any()

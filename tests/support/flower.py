@@ -55,7 +55,8 @@ class Federation:
     each site behind its SuperNode, and a SuperLink; ``tls``: a dict of the paths :func:`make_tls`
     wrote (TLS and SuperNode authentication on), else insecure (tests only).  ``site_args``: more
     arguments of every site process, or a function of the client giving them (after its
-    ``--client``); ``site_flags``: arguments of every site process once (e.g. ``--allow-attack-simulation``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
+    ``--client``); ``site_flags``: arguments of every site process, given once (e.g.
+    ``--allow-attack-simulation``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
     site process runs its ClientApp tasks itself (``--clientappio``, SuperNode ``--isolation
     process``), else its SuperNode starts a ``flwr-clientapp`` process per message (Flower's default).
     ``node_poll``: the SuperNodes' idle poll (:func:`supernode`); ``None``: the stock ``flower-supernode``.
