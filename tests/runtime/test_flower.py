@@ -269,15 +269,15 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
 
 
 @pytest.mark.slow
-def test_a_supernode_killed_before_its_ckks_upload_stops_the_n_of_n_run_naming_the_client(federation):
-    """A SuperNode killed before its ckks upload stops the n-of-n run naming the client: nothing aggregated."""
-    cfg = small("fedavg", "ckks", executor="flower", rounds=1, round_timeout=40).validate()
+def test_a_supernode_killed_before_its_ckks_mp_upload_stops_the_n_of_n_run_naming_the_client(federation):
+    """A SuperNode killed before its ckks-mp upload stops the n-of-n run naming the client: nothing delivered."""
+    cfg = small("fedavg", "ckks-mp", executor="flower", rounds=1, round_timeout=40).validate()
     fed = load_federation(cfg)
     executor = KillingFlowerExecutor(federation, victim=2, method="half:upload", round_timeout=40)
     try:
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
         strategy = make_strategy(cfg, fed, protocol, {}, executor)
-        with pytest.raises(DropoutError, match=r"client\(s\) 2 did not answer the 'upload' stage"):
+        with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its upload; ckks-mp needs every client"):
             strategy.train_round(0)
     finally:
         executor.shutdown()
