@@ -455,6 +455,9 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
     if hasattr(fed, "digests"):  # the sites hold the data: the ground truth is what they report
         fed = reported_federation(fed, party_access(algo), cfg.dataset)
     unreported = sorted(getattr(fed, "unreported", {}))
+    if unreported:  # why each site reported nothing (not opted in, lost, or its error)
+        why = "; ".join(f"client {k}: {fed.unreported[k]}" for k in unreported)
+        warnings.warn(f"the attack suite has no ground truth for client(s) {unreported}: {why}", stacklevel=2)
     graph_level = not hasattr(fed, "graph")
     selected = resolve_names(names, algorithm, graph_level)
     options = dict(options or {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -301,22 +302,30 @@ def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federati
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
 
 
-def crash_after_first_checkpoint(cfg, federation, out: Path) -> None:
-    """Run the driver of ``cfg`` as ``secure-fgl run`` and SIGKILL it once its first checkpoint is on disk."""
+def crash_after_first_checkpoint(cfg, federation, out: Path, supernode: str | None = None) -> None:
+    """Run the driver of ``cfg`` as ``secure-fgl run`` and SIGKILL it once its first checkpoint is on disk.
+
+    ``supernode``: kill that SuperNode instead, and wait (at most 600 s) for the driver to stop with an error
+    (its output in ``out.log``).
+    """
     config = out.with_suffix(".json")
     config.write_text(json.dumps(cfg.to_dict()))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "secure_fgl.cli.main", "run", "--config", str(config), "--quiet"],
-        env=federation.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(out.with_suffix(".log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "secure_fgl.cli.main", "run", "--config", str(config), "--quiet"],
+            env=federation.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 600
         while not (out / "checkpoint.pt").exists():
             assert proc.poll() is None, "the driver exited before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within 600 s"
             time.sleep(0.05)
+        if supernode is not None:
+            federation.kill(supernode)
+            assert proc.wait(timeout=600) != 0, "the run went on without the killed SuperNode's client"
     finally:
         proc.kill()
         proc.wait(timeout=60)
@@ -356,6 +365,31 @@ def test_resume_with_site_held_keys_after_a_driver_crash_is_the_uninterrupted_ru
     for k in range(3):
         accepted = resumed["key_fingerprints"][f"client{k}"]
         assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
+
+
+@pytest.mark.slow
+def test_resume_after_a_supernode_killed_mid_run_is_the_uninterrupted_run(federation, tmp_path):
+    """Resume after a SuperNode killed mid-run is the uninterrupted run.
+
+    ckks-mp (n-of-n): client 2's SuperNode is killed once round 1's checkpoint is written; round 2
+    cannot complete without it and the driver stops with an error.  The SuperNode started again,
+    ``--resume`` continues from round 1's checkpoints (the driver's and each site's) and ends as
+    the uninterrupted local run.
+    """
+    kw = {"save_best_model": False, "rounds": 2}
+    local = run_experiment(small("fedavg", "ckks-mp", executor="local", **kw), progress=False)
+    out = tmp_path / "run"
+    cfg = small("fedavg", "ckks-mp", executor="flower", round_timeout=60, out=str(out), **kw)
+    crash_after_first_checkpoint(cfg, federation, out, supernode="supernode2")
+    stopped = out.with_suffix(".log").read_text()
+    assert re.search(r"secure-fgl: error: .*client\(s\) 2 did not send .* needs every client", stopped), stopped[-2000:]
+    federation.restart("supernode2")
+    resumed = run_experiment(dataclasses.replace(cfg, resume=True), progress=False)
+    assert [r["round"] for r in resumed["rounds"]] == [0, 1]
+    assert [r["train_loss"] for r in resumed["rounds"]] == pytest.approx(
+        [r["train_loss"] for r in local["rounds"]], abs=1e-4
+    )
+    assert resumed["final"]["test_acc"] == local["final"]["test_acc"]
 
 
 def _matrix() -> list[tuple[str, str]]:

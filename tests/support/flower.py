@@ -75,6 +75,7 @@ class Federation:
         node_poll: float | None = NODE_POLL,
     ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
+        self.argv: dict[str, list[str]] = {}
         self.env = {
             **os.environ,
             "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -151,7 +152,8 @@ class Federation:
             raise
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(self.folder / f"{name}.log", "wb") as log:
+        self.argv[name] = argv
+        with open(self.folder / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True
             )
@@ -162,6 +164,10 @@ class Federation:
         """Kill process ``name`` (e.g. ``supernode2``) and its children at once, as a crash would."""
         os.killpg(self.procs[name].pid, 9)
         self.procs[name].wait(timeout=10)
+
+    def restart(self, name: str) -> None:
+        """Start process ``name`` (killed by :meth:`kill`) again with its command, as its operator would."""
+        self.spawn(name, self.argv[name])
 
     def register(self, public_key: str, ca: str) -> None:
         """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
