@@ -88,7 +88,7 @@ def same_run(local: dict, flower: dict) -> None:
 def keyed_federation(tmp_path_factory):
     """The default tests' federation, started once for the module.
 
-    Three clients on two sites (site 0 holds clients 0 and 2), each client with its own identity key
+    A SuperLink and three SuperNodes, one site each holding one client, each client with its own identity key
     and the manifest ``fed.manifest`` its site reads at every set-up, every site opted in to attack
     simulation; each run's ``flwr run`` reuses it.
     """
@@ -98,7 +98,7 @@ def keyed_federation(tmp_path_factory):
     fed = Federation(
         folder,
         clients=3,
-        sites=2,
+        sites=3,
         site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
         site_flags=["--allow-attack-simulation"],
     )
@@ -110,7 +110,7 @@ def keyed_federation(tmp_path_factory):
 def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch, tmp_path):
     """Fedavg mask over flower is the local run.
 
-    Three clients on two sites (one site holds two clients); each client signs with its own identity
+    Three clients on three sites (three SuperNodes); each client signs with its own identity
     key, pinned by the manifest built from the sites' public keys (no client key crosses Flower).
     The driver loads no data: its data folder does not exist and loading is forbidden in its
     process; the sites describe the federation.  With ``--attacks``: the sites, opted in to
@@ -141,7 +141,7 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
         accepted = flower["key_fingerprints"][f"client{k}"]
         assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
     runtime = flower["runtime"]
-    assert runtime["executor"] == "flower" and runtime["sites"] == 2
+    assert runtime["executor"] == "flower" and runtime["sites"] == 3
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
     stats, carried = runtime["stats"], runtime["flower"]
     assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
@@ -217,7 +217,7 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(keyed_federation):
     )
     assert flower["final"]["test_acc"] == local["final"]["test_acc"]
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
-    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 2
+    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 3
 
 
 @pytest.mark.slow
