@@ -226,6 +226,16 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
     """A second key-switching request in one exchange."""
 
 
+class NoiseAllowanceError(UnmaskingRefusedError, KeySwitchRefusedError):
+    """A client refused to release a sum that misses more contributors than its DP noise allows.
+
+    With distributed DP each of a plan's ``n`` contributors adds a noise share sized so that the sum
+    keeps ``sigma`` when at most ``d`` (``--dp-dropouts``, from the run's own config) are missing; an
+    honest client unmasks (mask) or key-switches (t-out-of-n ckks-mp) only a sum over at least
+    ``n - d`` of them, whatever the server declares dropped.
+    """
+
+
 class ActiveSetError(KeySwitchRefusedError):
     """A t-out-of-n key switch names an active set or uploader set the plan does not allow.
 

@@ -794,6 +794,7 @@ class CKKSMPClient(ClientHalf):
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
             uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            self.check_noise_allowance(uploaders.tolist())  # distributed DP: at most --dp-dropouts missing
             self.released_over(self._exchange_plan, uploaders.tolist())  # a related-input group: one set per round
             binding = hashlib.sha256(
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))

@@ -326,10 +326,8 @@ def test_result_json_records_the_spec_and_the_dropouts(tmp_path):
         == result["runtime"]["simulated_dropouts"]
         == {
             "rules": [{"clients": [2, 3], "stage": "upload", "rounds": "all"}],
-            "dropped": [
-                {"round": 0, "stage": "upload", "clients": [2, 3]},
-                {"round": 1, "stage": "upload", "clients": [2, 3]},
-            ],
+            # out of sync after missing round 0's model, 2 and 3 upload no more (nothing to drop at in round 1)
+            "dropped": [{"round": 0, "stage": "upload", "clients": [2, 3]}],
         }
     )
 
@@ -445,3 +443,32 @@ def test_simulated_dropouts_over_flower_give_the_local_run(tmp_path):
     assert [r["train_loss"] for r in flower["rounds"]] == [r["train_loss"] for r in local["rounds"]]
     assert flower["final"]["test_acc"] == local["final"]["test_acc"]
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+def test_a_client_dropped_at_upload_over_some_rounds_ends_alike_in_every_mode():
+    """A client dropped at upload in rounds 1-2 of 4 ends with the same model in plain, mask and t-of-n ckks-mp.
+
+    Client 3 drops at its upload in round 1 (so it misses that model broadcast too) and would answer
+    again in round 3: in every mode it keeps training its own model, is out of sync from round 1 on
+    and neither contributes to nor receives a later model sum, so every round's loss
+    and every client's final accuracy are the plain run's.  Positive control: without the dropout
+    the plain run's losses differ.
+    """
+    spec = "3,@upload:r1-2"
+    modes = (("plain", "plain", {}), ("mask", "mask", {}), ("ckks-mp:t=3", "ckks-mp", {"threshold": 3}))
+    runs = {name: run_experiment(small(mode, spec, rounds=4, **extra), progress=False) for name, mode, extra in modes}
+    control = run_experiment(small("plain", "3,@upload:r3", rounds=4), progress=False)
+
+    def losses(result):
+        return [r["train_loss"] for r in result["rounds"]]
+
+    def per_client(result):
+        return [(c["client"], c["train_acc"], c["val_acc"], c["test_acc"]) for c in result["final"]["per_client"]]
+
+    plain = runs.pop("plain")
+    # out of sync after round 1, it has no upload of round 2 to drop at
+    assert plain["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "upload", "clients": [3]}]
+    for name, result in runs.items():
+        assert losses(result) == pytest.approx(losses(plain), abs=1e-6), name
+        assert per_client(result) == per_client(plain), name
+    assert losses(control)[1:] != pytest.approx(losses(plain)[1:], abs=1e-6)
