@@ -235,7 +235,7 @@ def ckks_mp_break(proto, tag: str, rnd: int, victim: int, coalition: list[int], 
     from protocols.ckks_mp import encoding, encryption
 
     ring = proto.ring
-    plan = proto.plan(spec, block_len=len(values))
+    plan = proto.plan_of(tag, rnd)
     msg = next(
         m
         for m in proto.transcript.view(SERVER)

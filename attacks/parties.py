@@ -14,8 +14,9 @@ What the *server* observer reads is the server half's transcript (the driver hol
 Declared side knowledge that no single party holds (K1/K2: the global topology, the victim's
 local topology, the labelled auxiliary sample, the membership candidates) and the
 ground truth that *scores* an attack (:class:`~attacks.base.GroundTruth`) are the evaluator's:
-the runner takes them from the driver's partitioned data, never from a runtime, and ground
-truth never enters an attack's ``run``.
+the runner takes them from the driver's partitioned data (on Flower, where the driver holds
+none, from the parts the opted-in sites report: :mod:`attacks.reported`), and ground truth
+never enters an attack's ``run``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ class RuntimeParties:
 
         f = self._ask(k, "own_data")
         return ClientSubgraph(k, **{name: torch.from_numpy(a) for name, a in f.items()})
+
+    def own_graphs(self, k: int) -> dict:
+        """Graph client ``k``'s graphs as its runtime reports them.
+
+        The arrays of :func:`~secure_fgl.runtime.graph_data.graph_fields`.
+        """
+        return self._ask(k, "own_data")
 
     def received(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """``(node ids, totals)`` client ``k`` decrypted in its row exchanges, or None."""

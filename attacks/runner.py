@@ -9,7 +9,9 @@ Each attack gets **only** its observer's :class:`~attacks.base.View` of the tran
 background knowledge it declares.  The runner builds that knowledge here.  What a party holds
 is asked of that party through :mod:`attacks.parties` (``P``: the client's runtime, through the
 executor);
-declared side knowledge and the ground truth come from the driver's partitioned data (``fed``):
+declared side knowledge and the ground truth come from the driver's partitioned data (``fed``;
+on Flower, where the driver loads none, from the parts the opted-in sites report,
+:mod:`attacks.reported`: then ``aux_labelled`` is drawn from the reported nodes):
 
 =================  ==========================================================================
 knowledge          source (what a real party would hold)
@@ -68,6 +70,7 @@ from .graph_property import GraphPropertyInference
 from .model import InfluenceLinkInference, MembershipInference, PosteriorLinkInference
 from .ownership import OwnershipInference, RequestOwnership
 from .parties import party_access
+from .reported import reported_federation
 from .statistics import MomentLabelDistribution, ProxyLabelDistribution
 from .update_labels import UpdateLabelDistribution
 
@@ -332,13 +335,14 @@ class RunContext:
     def aux_labelled(self, **_):
         """K1 shadow data.
 
-        A seeded 30 % of the nodes with labels, read in their neighbourhood (features and edges of the graph they live
-        in; only their labels are 'extra').
+        A seeded 30 % of the nodes (of the nodes some client owns, from the sites' reports) with labels, read in
+        their neighbourhood (features and edges of the graph they live in; only their labels are 'extra').
         """
         g = self.fed.graph
-        n = int(g.num_nodes)
+        pool = getattr(self.fed, "reported_nodes", None)  # sites' reports: only the nodes some client owns
+        n = int(g.num_nodes) if pool is None else int(pool.numel())
         rng = np.random.default_rng([self.seed, 99])
-        ids = np.sort(rng.choice(n, max(1, int(0.3 * n)), replace=False))
+        ids = np.sort(rng.choice(n if pool is None else pool.numpy(), max(1, int(0.3 * n)), replace=False))
         return {"ids": ids, "x": g.x, "y": g.y.cpu().numpy()[ids], "edge_index": g.edge_index}
 
     def hidden_fn(self, **_):
@@ -437,7 +441,9 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
         names (list[str]): Attack names, or ``['all']`` for every attack that targets the run's algorithm.
         algo (object): The finished run's algorithm (server strategy or in-process algorithm).
         protocol (protocols.base.Protocol): Its protocol (transcript, keys).
-        fed (object): Its federation (ground truth for scoring).
+        fed (object): Its federation (ground truth for scoring), or the public facts the sites described
+            (:class:`~secure_fgl.runtime.flower_executor.SiteFederation`): the ground truth is then what the
+            sites report (:mod:`attacks.reported`).
         cfg (secure_fgl.config.RunConfig): Its configuration.
         options: Per-attack keyword options, e.g. ``{'gradient_inversion': {'iterations': 50}}``.
 
@@ -446,6 +452,12 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
         an attack that fails becomes an entry with its error).
     """
     algorithm = getattr(algo, "name", cfg.algorithm)
+    if hasattr(fed, "digests"):  # the sites hold the data: the ground truth is what they report
+        fed = reported_federation(fed, party_access(algo), cfg.dataset)
+    unreported = sorted(getattr(fed, "unreported", {}))
+    if unreported:  # why each site reported nothing (not opted in, lost, or its error)
+        why = "; ".join(f"client {k}: {fed.unreported[k]}" for k in unreported)
+        warnings.warn(f"the attack suite has no ground truth for client(s) {unreported}: {why}", stacklevel=2)
     graph_level = not hasattr(fed, "graph")
     selected = resolve_names(names, algorithm, graph_level)
     options = dict(options or {})
@@ -481,6 +493,19 @@ def run_attacks(names, *, algo, protocol, fed, cfg, options: dict[str, dict] | N
                 _entry(
                     attack.not_applicable(
                         f"targets {', '.join(cls.algorithms or ('node-level runs',))}, not {algorithm}"
+                    ),
+                    0.0,
+                    secure=secure,
+                    audit_passed=audit.passed,
+                )
+            )
+            continue
+        if unreported:
+            entries.append(
+                _entry(
+                    attack.not_applicable(
+                        f"its ground truth needs the data of client(s) {unreported}, whose site(s) reported none "
+                        "(start them with --allow-attack-simulation)"
                     ),
                     0.0,
                     secure=secure,

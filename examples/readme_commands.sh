@@ -7,6 +7,7 @@ set -euo pipefail
 : "${SECURE_FGL_DATA:?set SECURE_FGL_DATA to the dataset folder}"
 SFGL="${SFGL:-secure-fgl}"                  # e.g. SFGL="python -m secure_fgl.cli.main" inside a checkout
 SCRATCH="${1:-$(mktemp -d)}"
+EXAMPLES="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$SCRATCH"
 cd "$SCRATCH"
 SHORT=(--rounds 2 --quiet)
@@ -38,6 +39,7 @@ step $SFGL run --algorithm fedavg --mode mask --clients 3 --executor ray --ray-a
 step ray stop
 step $SFGL run --out runs/main --resume --rounds 3 --quiet
 step $SFGL run --attacks all "${SHORT[@]}" --out runs/attacks
+step bash "$EXAMPLES/flower_local.sh"           # needs the flower extra; a secure FedGCN run of one round
 TAIL=2 step $SFGL run --help
 step $SFGL algorithms
 TAIL=8 step $SFGL algorithms fedgcn

@@ -29,6 +29,7 @@ equal-length blocks with per-recipient block selection.
 from __future__ import annotations
 
 import hashlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -518,6 +519,18 @@ class Protocol(ABC):
         if self.dp is None or dp is None:
             return spec
         return self.dp.release_spec(spec, dp)
+
+    def provisioned_dropouts(self, ctx: ExchangeContext) -> float:
+        """How many contributors may drop out of ``ctx``'s sum after adding their noise share.
+
+        With distributed DP noise each of the n contributors adds ``sigma / sqrt(max(1, n - d - c))``
+        (:mod:`protocols.dp`), sized for ``d = --dp-dropouts``: a sum missing more than d shares would be short of
+        noise. Without distributed noise nothing limits it (``inf``).
+        """
+        config = getattr(self.dp, "config", None)
+        if ctx.dp_noise_std > 0 and getattr(config, "placement", "local") == "distributed":
+            return float(config.dropouts)  # type: ignore[union-attr]
+        return math.inf
 
     def _dp_in_scope(self, tag: str, dp: DPRequest | None) -> DPRequest | None:
         """The DP request if the run has DP and ``tag`` is in its scope, else ``None``."""

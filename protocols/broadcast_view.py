@@ -37,8 +37,9 @@ of ``v``, the hash of every broadcast chain the client holds (the models it comp
 in ``mask`` each one received is chained into the round's view ``w_r`` (same recursion, domain
 ``ROUND_DOMAIN``, restarted each round), and a contribution of round ``r`` binds
 ``SHA-256(domain || u || v || w_r)`` once ``w_r`` is set: the victim of a forged statistic is
-refused at the round's next sum (its moments, its model update).  ``ckks-mp`` binds no ``w_r``:
-every client key-switches every exchange, and the clients outside the sample received none.
+refused at the round's next sum (its moments, its model update).  ``ckks-mp`` binds no ``w_r``
+(every client key-switches every exchange, and the clients outside the sample received none): it
+commits to a statistic as to a release, and every client, sampled or not, chains the root into ``u``.
 """
 
 from __future__ import annotations

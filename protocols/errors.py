@@ -184,6 +184,16 @@ class ThresholdRefusedError(PlanRefusedError):
     """
 
 
+class ModulusPlanError(PlanRefusedError):
+    """A ckks-mp plan names moduli other than the ones every client computes from the exchange's public facts.
+
+    Its upload level, switch level, scale or packing differ from :func:`protocols.ckks_mp.params.plan_exchange`'s for
+    the exchange's bounds, client count and key switch (to each recipient's key, or to the broadcast key), or its
+    switch is malformed: a server could otherwise have clients answer at a level sized for a smaller noise than
+    the switch it then asks for.
+    """
+
+
 class ShareIntegrityError(IntegrityError):
     """A revealed Shamir share does not match its dealer's signed commitment.
 
@@ -214,6 +224,16 @@ class DowngradeError(KeySwitchRefusedError):
 
 class RepeatedKeySwitchError(KeySwitchRefusedError):
     """A second key-switching request in one exchange."""
+
+
+class NoiseAllowanceError(UnmaskingRefusedError, KeySwitchRefusedError):
+    """A client refused to release a sum that misses more contributors than its DP noise allows.
+
+    With distributed DP each of a plan's ``n`` contributors adds a noise share sized so that the sum
+    keeps ``sigma`` when at most ``d`` (``--dp-dropouts``, from the run's own config) are missing; an
+    honest client unmasks (mask) or key-switches (t-out-of-n ckks-mp) only a sum over at least
+    ``n - d`` of them, whatever the server declares dropped.
+    """
 
 
 class ActiveSetError(KeySwitchRefusedError):

@@ -52,6 +52,7 @@ from .errors import (
     IntegrityError,
     KeySubstitutionError,
     MalformedMessageError,
+    NoiseAllowanceError,
     PlanRefusedError,
     ProtocolError,
 )
@@ -315,12 +316,37 @@ class ClientHalf(Party):
         #: :mod:`protocols.report`); a report plan for any other tag is refused
         self.clear_tags: set[str] = set()
         self.plan: ExchangePlan | None = None
+        #: tag -> the most of a sum's contributors that may be missing for its distributed DP noise to
+        #: hold (``--dp-dropouts``), or ``None`` where no distributed noise covers the tag; set by
+        #: whoever builds this half from the run's own config, never from a plan
+        self.dp_allowance: Callable[[str], int | None] = lambda tag: None
         #: the rows of its blocks this client keeps of its next result
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
         self.selection = None
         self._result: tuple[int, dict[int, np.ndarray]] | None = None
         #: (exchange, secret context) while this client decides a similarity exchange (ckks)
         self.similarity_secret: tuple[int, Any] | None = None
+
+    def check_noise_allowance(self, survivors: Iterable[int]) -> None:
+        """Refuse to release the current sum over fewer than ``n - d`` of the plan's ``n`` contributors.
+
+        ``d`` is :attr:`dp_allowance` of the plan's tag: with distributed DP each contributor adds
+        ``sigma / sqrt(max(1, n - d - c))`` (:mod:`protocols.dp`), so a sum over fewer survivors is
+        short of noise, whoever declared the others dropped.
+
+        Raises:
+            NoiseAllowanceError: fewer than ``n - d`` survivors.
+        """
+        plan = cast(ExchangePlan, self.plan)
+        allowed = self.dp_allowance(plan.tag)
+        n, kept = len(plan.contributors), len(set(survivors))
+        if allowed is not None and kept < n - allowed:
+            raise NoiseAllowanceError(
+                f"asked to release a sum over {kept} of the plan's {n} contributors, but the run's distributed "
+                f"DP noise holds with at most {allowed} missing (--dp-dropouts): the sum would be short of "
+                "noise; refused",
+                **self.where(),
+            )
 
     # ------------------------------------------------------------------ transport entry point
     def handle(self, stage: str, request: bytes) -> bytes:

@@ -131,6 +131,15 @@ class PublicSchedule:
         """Whether ``tag``'s sum is released as rows under a commitment (:data:`RELEASE`)."""
         return self.roles.get(tag) == RELEASE
 
+    def commits_decoded(self, tag: str) -> bool:
+        """Whether ``ckks-mp`` delivers ``tag``'s result only under a commitment to what its recipients decoded.
+
+        A :data:`RELEASE` or a :data:`STATISTIC`: each recipient reports a keyed digest of every block it decoded,
+        the server sends every client the root over them (:mod:`protocols.release_commitment`), and every client
+        chains the root into the digest it binds into every later contribution.
+        """
+        return self.roles.get(tag) in (RELEASE, STATISTIC)
+
     def binds_views(self, tag: str) -> bool:
         """Whether contributions under ``tag`` bind the broadcasts received under it."""
         return self.roles.get(tag) == BROADCAST

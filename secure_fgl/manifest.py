@@ -141,8 +141,9 @@ NOT_PROTECTED = (
     "a malicious client's own input",
     "a server re-signing a wrong aggregate (no verifiable aggregation)",
     "a crafted model, the same for every client, that leaks one update through the sum (use DP)",
-    "a client's constant inputs (its weight) differenced across rounds whose sets the server shrinks by claimed "
-    "dropouts",
+    "a client's constant inputs (its weight) differenced across rounds whose contributor sets differ by one client "
+    "(a claimed or real dropout, client sampling): read by any recipient of both sums, so by the server with one "
+    "colluding client (the server alone reads no sum in mask and ckks-mp)",
 )
 #: per mode: what holds against a server that deviates from the protocol with up to c clients
 MODE_CLAIMS = {
@@ -153,8 +154,8 @@ MODE_CLAIMS = {
     "any one client",
     "ckks": "individual inputs hidden from the server alone; the server plus any one client reads every upload",
     "ckks-mp": "the secret key stays shared against the server plus up to n - 1 clients; inputs within the limits "
-    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag or different "
-    "released rows is refused",
+    "of docs/ckks_mp.md; a sum whose contributors received different models under a broadcast tag, different "
+    "released rows or different statistics of the round is refused",
 }
 
 

@@ -11,7 +11,9 @@ and :mod:`.server`.  This facade plans each exchange:
 1. **Plan** (public): from the exchange's :class:`~protocols.base.ValueSpec`, K and the DP
    noise std, :mod:`protocols.ckks.params` picks a one-data-prime chain, the scale and float,
    packed integer or packed fixed-point encoding (:mod:`protocols.ckks.fixed_point`), and checks
-   the error bound (BoundError otherwise).  The plan travels to every party in the exchange's
+   the error bound (BoundError otherwise).  Where ``c0`` travels at the prime's bit width (dense
+   layout, symmetric encryption), a packed plan's data prime is then narrowed to what its fields
+   need (:mod:`.data_prime`).  The plan travels to every party in the exchange's
    ``plan`` message (:mod:`.plan_message`); a client re-checks the chain's security before
    using it.
 2. **Client-side validation, before anything is encrypted** (in each client half); integer
@@ -43,6 +45,7 @@ from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..validate import first_out_of_range
 from .client import CKKSClient
+from .data_prime import fit_data_prime
 from .fixed_point import DEFAULT_FIELD_BITS, FixedPointLayout, plan_fixed_point
 from .keys import ClientKey, ClientKeyRing
 from .params import (
@@ -59,6 +62,7 @@ from .params import (
     release_step,
 )
 from .plan_message import chunks, plan_to_payload
+from .seeded import uses_seeded_download
 from .server import CKKSServer
 
 if TYPE_CHECKING:
@@ -98,8 +102,9 @@ class CKKSProtocol(HalvesProtocol):
                         packed codec; ``False``: one value per slot for every exchange.
     params:             ``None``/``'auto'``: the one-data-prime chains of
                         :data:`~protocols.ckks.params.ADD_ONLY_CHAINS` (N=8192/4096, 60/50/40-bit
-                        data prime), chosen per exchange; a chain name (``'n8192'``, ``'n4096'``,
-                        ``'n8192-q50'``, ...) forces one;
+                        data prime), chosen per exchange, the data prime of a packed dense
+                        exchange narrowed to its fields (:mod:`.data_prime`); a chain name
+                        (``'n8192'``, ``'n4096'``, ``'n8192-q50'``, ...) forces one;
                         ``'default'``: the common N=8192 [60,40,40,60] context, scale 2^40,
                         float encoding (benchmark reference); or a
                         :class:`~protocols.ckks.params.ChainParams`.
@@ -154,6 +159,7 @@ class CKKSProtocol(HalvesProtocol):
         self.packing = bool(packing)
         self.encryption = encryption
         self._candidates, self._fixed_scale = self._resolve_params(params)
+        self._fit_prime = params is None or params == "auto"  # a chain the caller names is used as named
         self._active: ChainParams | None = None
         self.chunk_bytes = int(chunk_bytes)
         self.keep_payload_bytes = int(keep_payload_bytes)
@@ -339,6 +345,8 @@ class CKKSProtocol(HalvesProtocol):
         """
         ctx.check_requests(self.num_clients)
         ep = choose_chain(self._plans(ctx.spec, ctx.dp_noise_std, ctx.tag, ctx.round), ctx.block_len)
+        if self._fit_prime and uses_seeded_download(ctx.layout, self.encryption):
+            ep = fit_data_prime(ep)  # c0 travels at the prime's width: no unused bits
         n_pieces = math.ceil(ctx.block_len / ep.values_per_ciphertext)
         per_chunk = max(1, self.chunk_bytes // max(1, len(ctx.contributions) * n_pieces * ep.chain.ciphertext_bytes))
         if self.audit_sum_bound:

@@ -10,8 +10,8 @@ of these *components* is a carrier of :mod:`protocols.fixed_point`: ``F`` signed
 Plan (:func:`plan_fixed_point`, public): the scale is the smallest ``2^s`` whose noise
 bound (:func:`~protocols.ckks.params.noise_bound`, K ciphertexts) is ``<= 1/8``, so every
 decoded component rounds to its exact integer; a component then holds signed integers of
-``c`` bits, the largest ``c`` with ``(2^(c-1) + 1/8) 2^s < q_0 / 2`` (:func:`signed_capacity_bits`;
-``c = 42`` for a 60-bit prime at 2^18).  ``F = floor(c / b_min)`` fields of ``b = floor(c / F)``
+``c`` bits, the largest ``c`` with ``sqrt(2) (2^(c-1) + 1/8) 2^s < q_0 / 2`` (:func:`signed_capacity_bits`;
+``c = 41`` for a 60-bit prime at 2^18).  ``F = floor(c / b_min)`` fields of ``b = floor(c / F)``
 bits each (``b_min``: the protocol's ``fixed_point_bits``).  The entry bound is the
 exchange's ``ValueSpec.max_abs`` (plus the DP tail, as for float plans) and the sum bound
 ``K B`` (or ``B + K tail`` with ``owner_checked_sum``).  N = 8192, K = 10, ``b_min = 20``:
@@ -64,9 +64,16 @@ DEFAULT_FIELD_BITS = 20
 
 
 def signed_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
-    """Largest ``c`` with ``(2^(c-1) + 1/8) 2^s < q_0 / 2``: components hold ``|P| < 2^(c-1)``."""
+    """Largest ``c`` with ``sqrt(2) (2^(c-1) + 1/8) 2^s < q_0 / 2``: components hold ``|P| < 2^(c-1)``.
+
+    A slot ``z`` with both components below ``2^(c-1) + 1/8`` (the value and the noise bound) has
+    ``|z| < sqrt(2) (2^(c-1) + 1/8)``, and every coefficient of the polynomial that encodes the slots
+    is at most ``max |z|`` (the inverse canonical embedding averages the slots), so no coefficient
+    of the decrypted sum reaches ``q_0 / 2``.
+    """
     q = chain.data_modulus()
-    fits: Callable[[int], bool] = lambda c: ((1 << (c + 2)) + 1) * (1 << scale_bits) < 4 * q  # noqa: E731  (x8 both sides)
+    # x8, then squared: 2 ((2^(c+2) + 1) 2^s)^2 < (4 q)^2
+    fits: Callable[[int], bool] = lambda c: 2 * (((1 << (c + 2)) + 1) << scale_bits) ** 2 < (4 * q) ** 2  # noqa: E731
     c = 1
     while c < 52 and fits(c + 1):
         c += 1

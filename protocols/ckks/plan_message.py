@@ -2,7 +2,8 @@
 
 The server sends the plan (:class:`~.params.EncodingPlan`: chain, scale, encoding, packed layout)
 in the exchange's ``plan`` message; each client parses it strictly and re-checks the chain's
-128-bit security (:func:`.params.check_security`) before using it.  From the plan and the
+128-bit security (:func:`.params.check_security`) and that the packed fields fit the chain's data prime at
+the plan's scale (:func:`.data_prime.check_fits`) before using it.  From the plan and the
 public block length both halves cut every block into the same ciphertext pieces
 (:func:`pieces`) and the exchange into the same streamed chunks of blocks (:func:`chunks`).
 """
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..errors import MalformedMessageError
 from ..fixed_point import FixedPoint
+from .data_prime import check_fits
 from .fixed_point import FixedPointLayout
 from .packing import PackingLayout
 from .params import ChainParams, EncodingPlan, check_security
@@ -60,7 +62,7 @@ def _layout_from_payload(p: dict[str, Any]) -> PackingLayout | FixedPointLayout:
 
 
 def plan_from_payload(p: Any) -> EncodingPlan:
-    """Strict inverse of :func:`plan_to_payload`; the chain must be 128-bit secure."""
+    """Strict inverse of :func:`plan_to_payload`; the chain must be 128-bit secure and hold the packed fields."""
     try:
         c = p["chain"]
         chain = ChainParams(str(c["name"]), int(c["n"]), tuple(int(b) for b in np.asarray(c["bits"]).ravel()))
@@ -77,6 +79,7 @@ def plan_from_payload(p: Any) -> EncodingPlan:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise MalformedMessageError(f"malformed CKKS encoding plan ({e})") from None
     check_security(chain)
+    check_fits(plan)
     return plan
 
 

@@ -30,10 +30,12 @@ exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` i
 client's partial decryption: its PCKS share, re-encrypted to the recipient's key) and
 ``download``.  The stages are described in :mod:`.client` and :mod:`.server`.  Every exchange:
 
-1. **Plan** (public): :func:`.params.plan_exchange` -- primes ``L``, scale ``2^D`` above the
+1. **Plan** (public): the key switch (:func:`.keyswitch.broadcast_recipients`) and
+   :func:`.params.plan_exchange` for it -- primes ``L`` and ``L'``, scale ``2^D`` above the
    worst-case key-switching noise, field width from the public bounds, fields per
    coefficient; BoundError if the tolerance or the sum range does not fit.  Server and
-   clients derive it from the same public facts; a client refuses a plan naming another.
+   clients derive it from the same public facts; a client refuses a plan naming another
+   (ModulusPlanError).
 2. **Client-side validation before encryption** (in each client half): shapes, finiteness,
    every value in the public range (ShapeError / BoundError naming the client).  Integer
    exchanges played through this facade also audit the K-way sum against the public sum
@@ -45,7 +47,8 @@ client's partial decryption: its PCKS share, re-encrypted to the recipient's key
 4. **Upload** ``c0`` under ``s_i`` (``c1`` public); the server checks every upload, adds per
    block and pads missing clients' public offsets.
 5. **Key switch, scoped per recipient**: to the recipient's own key (PCKS), or once to the
-   broadcast key ``s_B`` when every client receives the same blocks (weighted means, model
+   broadcast key ``s_B`` where the plan names that switch (every recipient gets every block, and every
+   client is a recipient or the public schedule makes the tag a broadcast: weighted means, model
    averages) by collective key switching (CKS: one polynomial per share, a ``c0``-only download),
    which saves a factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
    not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming
@@ -69,8 +72,12 @@ from ..errors import BoundError, ConfigurationError, PackingOverflowError
 from ..exchange import ExchangeContext, ValueSpec
 from ..halves import HalvesProtocol
 from ..party import envelope_of
+from ..plan import ExchangePlan
+from ..schedule import BROADCAST
+from ..transcript import SERVER
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
+from .keyswitch import broadcast_recipients
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import crs_seed, upload_c1
@@ -157,9 +164,29 @@ class CKKSMPProtocol(HalvesProtocol):
         return options
 
     # ------------------------------------------------------------------ plan
-    def plan(self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0) -> Plan:
-        """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients."""
-        return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len)
+    def plan(
+        self, spec: ValueSpec, block_len: int | None = None, dp_std: float = 0.0, *, broadcast: bool = False
+    ) -> Plan:
+        """The exchange plan (level, scale, packed fields) for values of ``spec`` summed over all clients.
+
+        ``broadcast``: switched to the broadcast key (CKS, every recipient gets every block), else per recipient.
+        """
+        return plan_exchange(self.params, spec, self.num_clients, dp_std, block_len, broadcast=broadcast)
+
+    def plan_of(self, tag: str, rnd: int) -> Plan:
+        """The encoding of exchange ``(tag, rnd)`` from the plan the server sent (attack simulations and tests).
+
+        Raises:
+            KeyError: no plan of that exchange is in the transcript.
+        """
+        for msg in self.transcript.select(tag=tag, round=rnd, sender=SERVER):
+            if msg.note == "exchange plan" and isinstance(msg.payload, dict):
+                plan = ExchangePlan.from_payload(msg.payload)
+                broadcast = "broadcast_to" in plan.encoding
+                return plan_exchange(
+                    self.params, plan.spec, self.num_clients, plan.dp_noise_std, plan.block_len, broadcast=broadcast
+                )
+        raise KeyError(f"no plan of exchange {tag!r} in round {rnd} in the transcript")
 
     def block_capacity(self, spec: ValueSpec) -> int:
         """Values one ciphertext carries for ``spec`` under the current DP noise; N when no plan fits."""
@@ -170,14 +197,31 @@ class CKKSMPProtocol(HalvesProtocol):
             return self.params.n  # the exchange raises the error with the exchange named
 
     def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
-        """Plan the exchange's encoding; with ``audit_sum_bound``, integer sums are checked against their bound."""
+        """Plan the exchange's switch and moduli; with ``audit_sum_bound``, check integer sums against their bound.
+
+        ``plan``: the levels, scale and packing (:func:`.params.plan_exchange`); ``broadcast_to``: the recipients
+        of an exchange switched once to the broadcast key (:func:`.keyswitch.broadcast_recipients`), absent when
+        each recipient's blocks are switched to its own key.  Every client recomputes both (:mod:`.client`).
+        """
         ctx.check_requests(self.num_clients)
+        public = self.schedule.roles.get(ctx.tag) == BROADCAST
+        recipients = broadcast_recipients(ctx.requests, ctx.num_blocks, self.num_clients, public)
         plan = plan_exchange(
-            self.params, ctx.spec, self.num_clients, ctx.dp_noise_std, ctx.block_len, tag=ctx.tag, round=ctx.round
+            self.params,
+            ctx.spec,
+            self.num_clients,
+            ctx.dp_noise_std,
+            ctx.block_len,
+            tag=ctx.tag,
+            round=ctx.round,
+            broadcast=recipients is not None,
         )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
-        return {"plan": plan.describe()}
+        encoding: dict[str, Any] = {"plan": plan.describe(), "provisioned_dropouts": self.provisioned_dropouts(ctx)}
+        if recipients is not None:
+            encoding["broadcast_to"] = np.array(recipients, dtype=np.int64)
+        return encoding
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:
         """Test aid: check the K-way integer sums in the clear against the plan's field.

@@ -16,6 +16,9 @@ this client's answer):
                        channel (the server relays it and cannot open it)
 ``key_setup`` part 1   ``p_B`` with client 0's signature -> nothing; a client j > 0 checks the
                        signature, opens ``s_B`` and checks that ``p_B + a s_B`` is a small error
+(every stage)          the plan's key switch and moduli, recomputed from the public facts before
+                       anything of the exchange is sent (:meth:`CKKSMPClient._plan`, ModulusPlanError;
+                       a switch to the broadcast key the exchange may not take: DowngradeError)
 ``block_ids``          (sparse layout) -> the ids of the blocks it uploads (the documented leak)
 ``upload``             -> its blocks, checked against the public plan (ShapeError / BoundError
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
@@ -27,16 +30,18 @@ this client's answer):
                        the broadcast key (:mod:`.keyswitch`).  Refused
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
-                       broadcast key only for exactly the blocks this client itself receives
-                       (DowngradeError), one request per exchange (t-out-of-n: re-plans below)
+                       switch is the plan's (a recipient key under a broadcast plan:
+                       RecipientKeyError; the broadcast key under a per-recipient plan or for fewer
+                       than every block: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
                        and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
-                       its key switch was a broadcast: ``c1`` is public) -> nothing; it decrypts,
+                       the plan names that switch: ``c1`` is public) -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
-                       corrupted share or ciphertext) and decodes.  A release (the public schedule's
-                       ``release`` role: rows per recipient) -> the keyed digest of each decoded
+                       corrupted share or ciphertext) and decodes.  A release or a statistic (the public
+                       schedule's ``release`` role: rows per recipient; ``statistic``: the round's sample,
+                       FedOMD's pooled moments) -> the keyed digest of each decoded
                        block, ``HMAC-SHA256(k_B, exchange || b || values)`` with ``k_B`` derived from
                        ``s_B`` (every client's, the server's never), delivered only after
 ``release``            the root of the server's commitment to every recipient's digests and this
@@ -84,6 +89,7 @@ from ..errors import (
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
+    ModulusPlanError,
     RecipientKeyError,
     RepeatedKeySwitchError,
     RepeatedUploadError,
@@ -93,6 +99,7 @@ from ..message import encode_body
 from ..party import ClientHalf, PartySetup, Provider, envelope_of
 from ..plan import ExchangePlan
 from ..release_commitment import DIGEST_BYTES, leaf, verify
+from ..schedule import BROADCAST
 from ..similarity_exchange import SIMILARITY_SHAPE
 from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
@@ -197,8 +204,8 @@ class CKKSMPClient(ClientHalf):
         self._state: tuple[int | None, _Table | None] = (None, None)  # (exchange, checked contribution)
         #: ciphertexts this client key-switched in the run (against MPParams.max_keyswitches)
         self.switched = 0
-        #: (exchange, switched to the broadcast key) of this client's last key switch
-        self._last_switch: tuple[int, bool] | None = None
+        #: the exchange of this client's last key switch
+        self._last_switch: int | None = None
         #: t-out-of-n: (exchange, what this client's key switches of it bound and answered; :meth:`_check_replan`)
         self._answered: tuple[int, Replan] | None = None
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
@@ -252,6 +259,7 @@ class CKKSMPClient(ClientHalf):
         if self._state[0] != self.plan.exchange:
             self._state, self.timing = (self.plan.exchange, None), {}
         if stage == "block_ids":
+            self._plan()  # the switch and moduli are checked before anything is sent
             return self._block_ids()
         if stage == "upload":
             return self._upload()
@@ -294,18 +302,75 @@ class CKKSMPClient(ClientHalf):
         return self.check(mine[0], SERVER, stage, part, where)
 
     def _plan(self) -> Plan:
-        """The exchange's encoding, derived from the public plan; it must be the server's."""
+        """The exchange's switch and moduli, recomputed from the public plan; they must be the server's.
+
+        Checked before this client sends anything of the exchange (ModulusPlanError, or DowngradeError for a switch
+        to the broadcast key the exchange does not allow: :meth:`_broadcast_to`).
+        """
         p = self._exchange_plan
+        broadcast = self._broadcast_to(p) is not None
         ep = plan_exchange(
-            self.params, p.spec, self.setup.num_clients, p.dp_noise_std, p.block_len, tag=p.tag, round=p.round
+            self.params,
+            p.spec,
+            self.setup.num_clients,
+            p.dp_noise_std,
+            p.block_len,
+            tag=p.tag,
+            round=p.round,
+            broadcast=broadcast,
         )
         if ep.describe() != p.encoding.get("plan"):
-            raise IntegrityError(
-                f"the server's encoding {p.encoding.get('plan')!r} is not the one the public "
-                f"bounds give ({ep.describe()})",
+            raise ModulusPlanError(
+                f"the server's plan {p.encoding.get('plan')!r} is not the one this client computes from the "
+                f"exchange's public bounds, its {self.setup.num_clients} clients and its switch ({ep.describe()}): "
+                "refused, nothing was sent",
                 **self.where(),
             )
         return ep
+
+    def _broadcast_to(self, p: ExchangePlan) -> tuple[int, ...] | None:
+        """The recipients of an exchange the plan switches to the broadcast key (CKS), checked; None: PCKS.
+
+        Every client holds ``s_B``, so a CKS result is readable by every client: the plan's recipients must each
+        receive every block (this client checks its own request, DowngradeError), and, unless every client of the
+        run is one of them, the public schedule must make the tag a broadcast every client trains on
+        (DowngradeError); the list must name this client exactly when it has a request (ModulusPlanError).  The
+        list is part of the plan digest that labels the key-switching masks, so every client holds the same one.
+        """
+        if "broadcast_to" not in p.encoding:
+            return None
+        K, where = self.setup.num_clients, self.where()
+        try:
+            recipients = tuple(int(r) for r in np.asarray(p.encoding["broadcast_to"], dtype=np.int64).ravel())
+        except (TypeError, ValueError) as e:
+            raise ModulusPlanError(f"malformed broadcast recipients ({e})", **where) from None
+        ordered = list(recipients) == sorted(set(recipients))
+        if not recipients or not ordered or recipients[0] < 0 or recipients[-1] >= K:
+            raise ModulusPlanError(
+                f"broadcast recipients {list(recipients)[:8]}: distinct sorted clients of 0..{K - 1} expected", **where
+            )
+        if (self.id in recipients) != (self.id in p.requests):
+            raise ModulusPlanError(
+                f"the plan's broadcast recipients {'name' if self.id in recipients else 'omit'} this client, "
+                f"which {'has no' if self.id in recipients else 'has a'} request of its own",
+                **where,
+            )
+        own = p.requests.get(self.id)
+        if own is not None and not np.array_equal(np.sort(own), np.arange(p.num_blocks)):
+            raise DowngradeError(
+                f"a switch to the broadcast key, but this client receives {own.size} of the {p.num_blocks} blocks: "
+                "a scoped block may not go to every client",
+                **where,
+            )
+        public = self.schedule is not None and self.schedule.roles.get(p.tag) == BROADCAST
+        if recipients != tuple(range(K)) and not public:
+            absent = sorted(set(range(K)) - set(recipients))
+            raise DowngradeError(
+                f"a switch to the broadcast key, which every client holds, while client(s) {absent[:8]} receive "
+                f"nothing: only for a tag the public schedule makes a broadcast ({p.tag!r} is not one)",
+                **where,
+            )
+        return recipients
 
     def _pieces(self, ep: Plan) -> list[int]:
         return [
@@ -638,7 +703,7 @@ class CKKSMPClient(ClientHalf):
                 "share the first one's c1 and reveal the difference of the inputs",
                 **self.where(),
             )
-        if self._last_switch is not None and self._last_switch[0] >= p.exchange:
+        if self._last_switch is not None and self._last_switch >= p.exchange:
             raise RepeatedUploadError("an upload after this client's key switch of the exchange", **self.where())
         self._last_upload = p.exchange
         ep = self._plan()
@@ -662,7 +727,7 @@ class CKKSMPClient(ClientHalf):
         where = self.where()
         K = self.setup.num_clients
         t_of_n = self.threshold < K
-        switched = self._last_switch is not None and self._last_switch[0] >= self._exchange_plan.exchange
+        switched = self._last_switch is not None and self._last_switch >= self._exchange_plan.exchange
         answered = (
             self._answered[1]
             if self._answered is not None and self._answered[0] == self._exchange_plan.exchange
@@ -684,7 +749,7 @@ class CKKSMPClient(ClientHalf):
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
         replan = max(envelope_of(req).part - 1, 0)
-        self._last_switch = (self._exchange_plan.exchange, False)
+        self._last_switch = self._exchange_plan.exchange
         ep = self._plan()
         fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
         if not isinstance(req.payload, dict) or set(req.payload) != fields:
@@ -729,6 +794,7 @@ class CKKSMPClient(ClientHalf):
         if t_of_n:
             active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
             uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            self.check_noise_allowance(uploaders.tolist())  # distributed DP: at most --dp-dropouts missing
             self.released_over(self._exchange_plan, uploaders.tolist())  # a related-input group: one set per round
             binding = hashlib.sha256(
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
@@ -749,15 +815,26 @@ class CKKSMPClient(ClientHalf):
                     **where,
                 )
             if to < 0:
-                if sorted(bids) != own_request:
+                if not ep.broadcast or bids != list(range(self._exchange_plan.num_blocks)):
                     raise DowngradeError(
-                        f"blocks {bids[:8]} to the broadcast key, but this client receives "
-                        f"{own_request[:8]}: a scoped block may not go to every client",
+                        f"blocks {bids[:8]} to the broadcast key, but the plan switches "
+                        + (
+                            "every block to the broadcast key"
+                            if ep.broadcast
+                            else f"to each recipient's key (this client receives {own_request[:8]})"
+                        )
+                        + ": a scoped block may not go to every client",
                         **where,
                     )
                 pk = self._key_shares.broadcast_pk
             else:
                 pk = self._recipient_key(to, offered, where)
+                if ep.broadcast:
+                    raise RecipientKeyError(
+                        f"a key switch to recipient {to} where the plan switches every block to the broadcast key "
+                        "(its levels are sized for that switch's noise)",
+                        **where,
+                    )
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, self.setup.num_clients)
         designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
@@ -785,7 +862,6 @@ class CKKSMPClient(ClientHalf):
             msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
             out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
         self.switched += total
-        self._last_switch = (self._exchange_plan.exchange, recipients == [-1])
         if t_of_n:
             self._answered = (self._exchange_plan.exchange, cast(Replan, answered))  # set by _check_replan
         self.timing["keyswitch_s"] = time.perf_counter() - t
@@ -908,15 +984,12 @@ class CKKSMPClient(ClientHalf):
             to = int(msg.payload["to"])
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
-        broadcast = self._last_switch is not None and self._last_switch == (p.exchange, True)
-        switched = self._last_switch is not None and self._last_switch[0] == p.exchange
-        if not switched and self.threshold < self.setup.num_clients and to == -1:
-            broadcast = True  # outside the active set: the t clients that switched checked the broadcast
+        broadcast = ep.broadcast  # the plan's switch, checked by this client (:meth:`_plan`)
         if to != (-1 if broadcast else self.id):
             err = DowngradeError if to == -1 else RecipientKeyError
             raise err(
-                f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where this "
-                f"client's key switch went to {'the broadcast key' if broadcast else 'its own key'}",
+                f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where the "
+                f"plan switches to {'the broadcast key' if broadcast else 'its own key'}",
                 **where,
             )
         # a broadcast download is c0' only (its c1 is public); a scoped one the pair (c0', c1')
@@ -940,7 +1013,7 @@ class CKKSMPClient(ClientHalf):
         )
         self.timing["download_s"] = time.perf_counter() - t
         blocks = {int(b): v for b, v in zip(bids.tolist(), values)}
-        if self.schedule is not None and self.schedule.releases(p.tag):  # delivered once the commitment checks
+        if self.schedule is not None and self.schedule.commits_decoded(p.tag):  # delivered once the commitment checks
             self._released = (p.exchange, blocks)
             digests = b"".join(self._release_digest(b, v) for b, v in blocks.items())
             msg = self.message(SERVER, "metadata", (len(blocks),), {"digests": digests}, self.fingerprint)
@@ -964,8 +1037,11 @@ class CKKSMPClient(ClientHalf):
     def _release(self, inbox: list[Message]) -> _Reply:
         """Check this client's released blocks against the server's commitment, chain its root, deliver them."""
         p, where = self._exchange_plan, self.where()
-        if self.schedule is None or not self.schedule.releases(p.tag):
-            raise IntegrityError("a release commitment for an exchange the schedule does not release", **where)
+        if self.schedule is None or not self.schedule.commits_decoded(p.tag):
+            raise IntegrityError(
+                "a release commitment for an exchange the schedule neither releases nor gives the statistic role",
+                **where,
+            )
         msg = self._from_server(inbox, "release", where)
         try:
             root, proof = bytes(msg.payload["root"]), bytes(msg.payload["proof"])

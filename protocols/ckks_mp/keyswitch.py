@@ -43,15 +43,35 @@ PCKS's ``e_R u_i + s_R e1_i`` terms.  What the server holds, ``c0'`` and ``sum_i
 e0_i``, are RLWE samples under ``s_B`` and ``s_S - s_B`` with a fresh uniform ``c1`` and errors at least as wide
 as one honest client's smudging noise (an RLWE error far wider than the standard's, at the same ``N`` and
 ``Q``), and each single share is hidden by its uniform mask ``z_i`` as in PCKS.  Every client may decrypt
-the result, so a client only answers for the blocks it receives itself (:mod:`.client`).
+the result, so a sum goes to the broadcast key only where every client may read it (:func:`broadcast_recipients`),
+and a client answers only where the plan it checked names that switch, for every block (:mod:`.client`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
+
+
+def broadcast_recipients(
+    requests: Mapping[int, np.ndarray], num_blocks: int, num_clients: int, public_to_all: bool
+) -> tuple[int, ...] | None:
+    """The recipients of an exchange switched once to the broadcast key (CKS), or None: one PCKS per recipient.
+
+    CKS when every recipient receives every block and either every client of the run is a recipient or
+    ``public_to_all`` (the public schedule makes the sum a broadcast every client trains on).  Every client holds
+    ``s_B`` and may read a CKS result, so a sum goes to the broadcast key only where every client may read it: a
+    client absent from a broadcast (a dropout) was meant to receive it and holds ``s_B`` anyway.
+    """
+    every = np.arange(num_blocks)
+    if not requests or any(not np.array_equal(np.sort(np.asarray(b)), every) for b in requests.values()):
+        return None
+    recipients = tuple(sorted(int(r) for r in requests))
+    return recipients if public_to_all or recipients == tuple(range(num_clients)) else None
 
 
 def pcks_share(

@@ -52,9 +52,16 @@ switch level ``Q_L'``.  The rounding adds, per coefficient of the recipient's de
 ``E_r = 1 + K + N K`` (``c0`` and the K shares' ``h0`` each below 1; the K ``h1`` errors
 multiplied by the ternary recipient key, below ``N`` each), so the recipient multiplies by
 ``P`` and decodes as above with ``B_ks + P E_r`` in place of ``B_ks`` (``2^D >= 4 (B_ks + P
-E_r)``); the fields fit when ``(2^C - 1) Delta + B_ks + P E_r < Q_L / 2``.  The planner picks
-``(L, L')`` with the fewest bytes: ``L`` for the upload ``c0``, ``2 L'`` for each share and
-each download.
+E_r)``); the fields fit when ``(2^C - 1) Delta + B_ks + P E_r < Q_L / 2``.
+
+The switch is part of the plan.  A **broadcast** exchange (every recipient gets every block,
+switched to the broadcast key, CKS) decrypts ``Delta m + e + sum_i e0_i``: no PCKS terms, so
+``B_ks = B_ct + K 2^b``, and its rounding is ``E_r = 1 + K + 1`` (``c0``, the K shares, and the
+recipient's own ``s_B c1`` switched down after the product); a **scoped** exchange (PCKS) keeps
+the bounds above.  The planner picks ``(L, L')`` with the fewest bytes: per ciphertext ``L`` for
+the upload ``c0``, and ``2 L'`` (PCKS: a two-polynomial share and download) or ``L'`` (CKS) for
+each share and each download.  The smudging ``b`` depends on ``K`` and ``lambda`` only, never on
+the levels: switching down divides the smudged share as a whole, a public function of it.
 """
 
 from __future__ import annotations
@@ -183,18 +190,22 @@ def smudging_bits(params: MPParams, k: int) -> int:
     return math.ceil(params.keyswitch_lambda + math.log2(params.n * fresh_sum_bound(params, k)))
 
 
-def rescale_error(params: MPParams, k: int) -> int:
+def rescale_error(params: MPParams, k: int, broadcast: bool = False) -> int:
     """Worst-case rounding error ``E_r`` per coefficient that switching down adds.
 
-    ``E_r``: worst-case rounding error per coefficient, in the switched units, that switching
-    ``c0`` and the K shares down adds to the recipient's decryption (module docstring).
+    In the switched units, what switching ``c0`` and the K shares down adds to the recipient's decryption (module
+    docstring): PCKS ``1 + K + N K``; to the broadcast key (``broadcast``, CKS) ``1 + K + 1``.
     """
-    return 1 + k + params.n * k
+    return k + 2 if broadcast else 1 + k + params.n * k
 
 
-def keyswitch_bound(params: MPParams, k: int) -> int:
-    """``B_ks``: worst-case noise a recipient decrypts after public-key switching."""
-    return fresh_sum_bound(params, k) + k * (1 << smudging_bits(params, k)) + 2 * k * params.n * params.eta
+def keyswitch_bound(params: MPParams, k: int, broadcast: bool = False) -> int:
+    """``B_ks``: worst-case noise a recipient decrypts after the key switch.
+
+    PCKS ``B_ct + K 2^b + 2 K N eta``; to the broadcast key (``broadcast``, CKS) ``B_ct + K 2^b``.
+    """
+    pcks = 0 if broadcast else 2 * k * params.n * params.eta
+    return fresh_sum_bound(params, k) + k * (1 << smudging_bits(params, k)) + pcks
 
 
 @dataclass(frozen=True)
@@ -214,6 +225,7 @@ class Plan:
     integer: bool
     switch_level: int  # primes of the key-switching shares and downloads, L' <= L
     switch_factor: int  # P = q_L' ... q_{L-1}, the product of the dropped primes (1: none)
+    broadcast: bool = False  # switched to the broadcast key (CKS) rather than to each recipient's key (PCKS)
 
     @property
     def capacity(self) -> int:
@@ -227,14 +239,15 @@ class Plan:
 
     @property
     def switched_bytes(self) -> int:
-        """One key-switching share or key-switched download (two polynomials at ``L'``)."""
-        return 2 * self.switch_level * self.n * 4
+        """One key-switching share or key-switched download (PCKS two polynomials at ``L'``, CKS one)."""
+        return (1 if self.broadcast else 2) * self.switch_level * self.n * 4
 
     def describe(self) -> str:
-        """Short text form of the level, scale and field packing."""
+        """Short text form of the switch, the levels, the scale and the field packing."""
         kind = "integers" if self.integer else f"fixed-point 2^-{self.frac_bits}"
+        switch = "CKS" if self.broadcast else "PCKS"
         return (
-            f"L={self.level} (shares, downloads L'={self.switch_level}) Delta=2^{self.scale_bits} "
+            f"L={self.level} ({switch} shares, downloads L'={self.switch_level}) Delta=2^{self.scale_bits} "
             f"{self.fields}x{self.width}-bit fields ({kind})"
         )
 
@@ -250,24 +263,24 @@ def capacity_bits(params: MPParams, level: int, scale_bits: int, noise: int) -> 
 
 @lru_cache(maxsize=256)
 def _cheapest_layout(
-    params: MPParams, k: int, width: int, block_len: int | None
+    params: MPParams, k: int, width: int, block_len: int | None, broadcast: bool = False
 ) -> tuple[int, int, int, int, int, int] | None:
     """``(L, L', D, F, P, noise)`` of the fewest bytes for ``width``-bit fields (:func:`plan_exchange`), or None.
 
     Every party plans every exchange, so the search over ``(L, L')`` is done once per distinct input.
     """
-    base_noise = keyswitch_bound(params, k)
+    base_noise = keyswitch_bound(params, k, broadcast)
     best, best_cost = None, None
     for level in range(1, params.num_primes + 1):
         for switch in range(1, level + 1):
             factor = params.modulus(level) // params.modulus(switch)
-            noise = base_noise + (factor * rescale_error(params, k) if switch < level else 0)
+            noise = base_noise + (factor * rescale_error(params, k, broadcast) if switch < level else 0)
             scale_bits = (4 * noise - 1).bit_length()
             fields = capacity_bits(params, level, scale_bits, noise) // width
             if fields < 1 or width > MAX_FIELD_BITS:
                 continue
             per_ct = fields * params.n
-            units = level + 4 * switch
+            units = level + (2 if broadcast else 4) * switch
             cost = (units / per_ct) if block_len is None else math.ceil(block_len / per_ct) * units
             if best_cost is None or cost < best_cost - 1e-12:
                 best, best_cost = (level, switch, scale_bits, fields, factor, noise), cost
@@ -283,14 +296,15 @@ def plan_exchange(
     *,
     tag: str | None = None,
     round: int | None = None,
+    broadcast: bool = False,
 ) -> Plan:
     """The cheapest plan meeting the exchange's bounds.
 
     The fewest bytes for blocks of ``block_len`` values (``None``: per value of an unbounded stream), counting per
-    ciphertext ``L`` for the upload and ``2 L'`` each for a share and a download (module docstring); ties to fewer
-    primes.
+    ciphertext ``L`` for the upload and, for a share and a download each, ``2 L'`` (PCKS) or ``L'`` (``broadcast``:
+    CKS to the broadcast key, with its smaller noise; module docstring); ties to fewer primes.
     """
-    base_noise = keyswitch_bound(params, k)
+    base_noise = keyswitch_bound(params, k, broadcast)
     lo, hi, offset = per_client_limits(spec, dp_std, k)
     if spec.integer:
         frac, error = 0, 0.0
@@ -306,7 +320,7 @@ def plan_exchange(
             error = k * 2.0 ** -(frac + 1)
         offset = math.ceil(max(abs(lo), abs(hi)) * 2.0**frac)
         width = field_width(2 * k * offset)
-    layout = _cheapest_layout(params, k, width, block_len)
+    layout = _cheapest_layout(params, k, width, block_len, broadcast)
     if layout is None:
         top = capacity_bits(params, params.num_primes, (4 * base_noise - 1).bit_length(), base_noise)
         raise BoundError(
@@ -324,5 +338,18 @@ def plan_exchange(
         )
     level, switch, scale_bits, fields, factor, noise = layout
     return Plan(
-        level, scale_bits, frac, width, fields, offset, k, noise, error, params.n, bool(spec.integer), switch, factor
+        level,
+        scale_bits,
+        frac,
+        width,
+        fields,
+        offset,
+        k,
+        noise,
+        error,
+        params.n,
+        bool(spec.integer),
+        switch,
+        factor,
+        broadcast,
     )

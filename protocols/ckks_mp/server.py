@@ -13,8 +13,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
 3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
-   aggregate blocks -- one per recipient, or one for all when every client receives the same
-   blocks (switched to ``p_B``) -- their block ids, and the owner-signed recipient keys a client
+   aggregate blocks -- one per recipient, or one for all where the plan names the switch to the
+   broadcast key (``broadcast_to``) -- their block ids, and the owner-signed recipient keys a client
    has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
@@ -22,7 +22,8 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    ``c0``.
 4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
    ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
-5. ``release`` (a tag the public schedule gives the ``release`` role: different rows per recipient):
+5. ``release`` (a tag the public schedule gives the ``release`` role, different rows per recipient, or the
+   ``statistic`` role, the round's sample's pooled statistics):
    each recipient answered its download with a keyed digest of every block it decoded; the server
    commits to them in one Merkle tree (:mod:`protocols.release_commitment`, leaf ``b``: the digest
    of block ``b``; two recipients reporting different digests of one block: IntegrityError) and
@@ -44,6 +45,7 @@ value of its choosing switched.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -300,7 +302,17 @@ class CKKSMPServer(ServerHalf):
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, cast(str, self.fingerprint)  # set by ensure_keys
-        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
+        broadcast = "broadcast_to" in plan.encoding  # the plan's switch (:func:`.keyswitch.broadcast_recipients`)
+        ep = plan_exchange(
+            self.params,
+            plan.spec,
+            K,
+            plan.dp_noise_std,
+            plan.block_len,
+            tag=plan.tag,
+            round=plan.round,
+            broadcast=broadcast,
+        )
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
         self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
         if not plan.requests:
@@ -337,6 +349,16 @@ class CKKSMPServer(ServerHalf):
         missing = [k for k, msg in msgs.items() if msg is None]
         if len(missing) > K - self.threshold:
             raise self._missing(missing, "its upload", tag=plan.tag, round=plan.round)
+        provisioned = plan.encoding.get("provisioned_dropouts", math.inf)  # distributed DP: --dp-dropouts
+        if len(missing) > provisioned:
+            err = DropoutError(
+                f"client(s) {', '.join(map(str, missing))} did not send its upload: with distributed DP every client "
+                f"adds a share of the noise variance provisioned for at most {provisioned:g} dropout(s), so a sum "
+                "without them would be short of DP noise (--dp-dropouts); nothing was delivered",
+                **cast(dict[str, Any], {"client": missing[0], "tag": plan.tag, "round": plan.round}),
+            )
+            err.clients = tuple(missing)
+            raise err
         uploaders = [k for k in contributors if k not in missing]  # t-out-of-n: the rest are dropouts
         uploads: dict[int, np.ndarray] = {}
         for k, msg in ((k, cast(Message, msgs[k])) for k in uploaders):
@@ -372,11 +394,10 @@ class CKKSMPServer(ServerHalf):
                     pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
-        # keyswitch: one group per recipient key (one for all when every client gets the same blocks)
+        # keyswitch: one group per recipient key, or one to the broadcast key where the plan says so
         rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
-        first_rows = next(iter(rows_of.values()))
-        if set(rows_of) == set(range(K)) and all(rows == first_rows for rows in rows_of.values()):
-            groups: list[_Group] = [(-1, first_rows)]
+        if broadcast:
+            groups: list[_Group] = [(-1, list(range(len(needed))))]
         else:
             groups = [(r, rows) for r, rows in rows_of.items() if rows]
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
@@ -432,7 +453,7 @@ class CKKSMPServer(ServerHalf):
                 )
             ]
         got = self.call(link, "download", downloads)
-        if self.schedule is not None and self.schedule.releases(plan.tag):
+        if self.schedule is not None and self.schedule.commits_decoded(plan.tag):
             self._commit_release(link, got)
         self.last_stats = {
             "server_s": server_s,

@@ -33,7 +33,6 @@ docs/security.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -50,7 +49,6 @@ from .quantize import RING_BITS, FixedPoint, choose_encoding
 from .server import MaskServer
 
 if TYPE_CHECKING:
-    from ..dp import DPEngine
     from ..plan import ExchangePlan
 
 #: values per transport block (the layout granularity of the sparse leak)
@@ -201,16 +199,10 @@ class MaskProtocol(HalvesProtocol):
             round=ctx.round,
         )
         self.last_encoding = enc  # public; set before any message (test hooks read it)
-        distributed = (
-            ctx.dp_noise_std > 0
-            and self.dp is not None
-            and getattr(getattr(self.dp, "config", None), "placement", "local") == "distributed"
-        )
-        # dropouts the distributed DP noise was over-provisioned for (protocols.dp.DPConfig.dropouts)
         return {
             "fixed_point": dataclasses.asdict(enc),
             "threshold": self.threshold_for(n0),
-            "provisioned_dropouts": float(cast("DPEngine", self.dp).config.dropouts) if distributed else math.inf,
+            "provisioned_dropouts": self.provisioned_dropouts(ctx),
         }
 
     def _aggregate(self, ctx: ExchangeContext) -> dict[int, dict[int, np.ndarray]]:

@@ -725,6 +725,7 @@ class MaskClient(ClientHalf):
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
         self._check_request(want_pairwise, want_self, macs)
+        self.check_noise_allowance(want_self)  # distributed DP: at most --dp-dropouts missing
         if want_pairwise and not self.options["dropout_recovery"]:
             raise UnmaskingRefusedError(
                 "the server asked for pairwise seeds, but dropout recovery is off", **self.where()

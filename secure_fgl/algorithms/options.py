@@ -180,7 +180,9 @@ class FedSprayOptions:
     )
     ablate_proxy: bool = setting(False, help="Table 3 ablation: S = 0")
     batch_exchanges: bool = setting(
-        True, help="encoder and proxies in one upload per client per round (protocols.batch; not with DP)"
+        True,
+        help="encoder and proxies in one upload per client per round (protocols.batch; not with DP, nor where "
+        "--update-bound puts the encoder mean on another grid than the proxies, e.g. 1 on the model grid)",
     )
 
 

@@ -47,6 +47,7 @@ from protocols.errors import (
     IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
+    ModulusPlanError,
     PlanRefusedError,
     ProtocolError,
     RepeatedContributionError,
@@ -344,6 +345,29 @@ def _plan_threshold(m, rng, fz):
     return _resigned_plan(m, fz, encoding={**m.payload["encoding"], "threshold": other})
 
 
+def _plan_moduli(m, rng, fz):
+    """The server names other moduli or another key switch for the victim (ckks-mp).
+
+    A scale below the plan's, a switch level one prime off, or the switch to the broadcast key dropped from a
+    broadcast's plan (whose levels are sized for it).
+    """
+    from protocols.ckks_mp.params import plan_exchange
+    from protocols.plan import ExchangePlan
+
+    plan, encoding = ExchangePlan.from_payload(m.payload), dict(m.payload["encoding"])
+    broadcast = "broadcast_to" in encoding
+    ep = plan_exchange(fz.proto.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
+    choice = int(rng.integers(0, 3 if broadcast else 2))
+    if choice == 0:
+        encoding["plan"] = dataclasses.replace(ep, scale_bits=ep.scale_bits - int(rng.integers(1, 9))).describe()
+    elif choice == 1:
+        step = -1 if ep.switch_level > 1 and rng.random() < 0.5 else 1
+        encoding["plan"] = dataclasses.replace(ep, switch_level=ep.switch_level + step).describe()
+    else:
+        del encoding["broadcast_to"]
+    return _resigned_plan(m, fz, encoding=encoding)
+
+
 def _plan_other_request(m, rng, fz):
     """The victim is shown another recipient's request (or one for a client outside the run)."""
     other = int(rng.choice([0, 2, K + int(rng.integers(0, 100))]))
@@ -630,6 +654,7 @@ CASES = [
     Case("plan_contributors", ("mask", "ckks"), True, _is_plan, _plan_contributors, expected=PlanRefusedError),
     Case("plan_recipients", ("mask", "ckks"), True, _is_plan, _plan_other_request, expected=PlanRefusedError),
     Case("plan_threshold", ("mask",), True, _is_plan, _plan_threshold, expected=PlanRefusedError),
+    Case("plan_moduli", ("ckks-mp",), True, _is_plan, _plan_moduli, expected=ModulusPlanError),
     Case(
         "differencing_same_round", ("mask", "ckks"), True, call=_call_differencing, expected=RepeatedContributionError
     ),

@@ -163,29 +163,28 @@ def _ping_overhead(executor, clients: int, calls: int = 5) -> float:
 
 def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int) -> dict:
     """One run; the executor is kept open after it for the ping and the actors' memory."""
+    from .. import experiment
     from ..algorithms import base
-    from ..experiment import run_experiment
-    from ..runtime import build
 
     base.PARAM_BOUND = BENCH_PARAM_BOUND
     kept = {}
-    make = build.make_executor
+    make = experiment.make_executor  # the name run_experiment calls
 
     def keep(cfg, device="cpu"):
         kept["ex"] = make(cfg, device)
         kept["ex"].shutdown, kept["close"] = (lambda: None), kept["ex"].shutdown
         return kept["ex"]
 
-    build.make_executor = keep
+    experiment.make_executor = keep
     load0 = os.getloadavg()[0]
     try:
         with PeakPSS(tree=executor == "ray") as pss:  # local: one process (the idle Ray
             # cluster of other runs is not theirs)
             t0 = time.perf_counter()
-            res = run_experiment(_config(executor, mode, clients, s, ray_cpus), progress=False, fed=fed)
+            res = experiment.run_experiment(_config(executor, mode, clients, s, ray_cpus), progress=False, fed=fed)
             wall = time.perf_counter() - t0
     finally:
-        build.make_executor = make
+        experiment.make_executor = make
     rec = {
         "executor": executor,
         "mode": mode,

@@ -63,10 +63,10 @@ def make_executor(cfg, device: str = "cpu") -> Executor:
 def sites_hold_data(cfg) -> bool:
     """Whether the driver of ``cfg`` loads no data: its sites describe the federation (``--executor flower``).
 
-    Not with ``--attacks`` (the attack suite's ground truth is the partitioned data) nor for ``centralized`` (its one
-    runtime gets the whole graph, which no site holds).
+    With ``--attacks`` too (the attack suite's ground truth is then what the opted-in sites report,
+    :mod:`attacks.reported`); not for ``centralized`` (its one runtime gets the whole graph, which no site holds).
     """
-    return cfg.executor == "flower" and not cfg.attacks and cfg.algorithm != "centralized"
+    return cfg.executor == "flower" and cfg.algorithm != "centralized"
 
 
 def run_transcript(cfg: RunConfig) -> Transcript:

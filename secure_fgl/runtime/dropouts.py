@@ -6,10 +6,12 @@ process dies (:mod:`protocols.link`: a missing answer is a dropout) and the back
 ``mask`` recovers the survivors' sum when at least ``t`` of them answered, else
 :class:`~protocols.DropoutError` naming the missing clients; shared-key ``ckks`` and ``plain`` sum
 the clients that uploaded; ``ckks-mp`` (n-of-n) stops with DropoutError; t-out-of-n ``ckks-mp``
-leaves up to n - t out.  The client rejoins the next round, except one that missed t-out-of-n
+leaves up to n - t out.  The client answers again the next round, except one that missed t-out-of-n
 ``ckks-mp``'s key set-up: it holds no share of the run's keys and is lost for the rest of the
 run.  Evaluation, checkpoints and local training are not protocol stages: a dropped
-client still answers those (its model missed the round's aggregate).
+client still answers those (its model missed the round's aggregate).  One that missed a model
+broadcast is out of sync for the rest of the run, in every mode alike: it trains its own model and
+joins no later model sum (:meth:`~secure_fgl.algorithms.fedavg.server.ModelAveragingStrategy.note_missed_download`).
 
 SPEC is one or more rules separated by ``;``::
 

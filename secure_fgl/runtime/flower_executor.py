@@ -19,12 +19,12 @@ message objects: metadata, records; without the HTTP/TLS framing) is counted sep
 The driver **loads no data**: the sites describe the federation (:meth:`FlowerExecutor.federation`:
 the public facts the strategy needs and each client's data digest, signed by the site's identity
 key), and a set-up frame carries the client's data digest instead of its data; the site loads its
-own partition (:class:`SiteFederation`, :mod:`.partition`).  Only with ``--attacks`` (the attack
-suite's ground truth) or for ``centralized`` (one runtime holding the whole graph) does the driver
-load the data; it then sends each set-up frame without its data fields (:func:`strip_data`).
-With ``--attacks``, an ``attack`` request goes only to the sites that opted in to attack
-simulation (:data:`SOFT`); the attacks needing another client's state fail before anything is
-sent and are reported not applicable, the others run on the aggregator's view.
+own partition (:class:`SiteFederation`, :mod:`.partition`).  Only for ``centralized`` (one runtime
+holding the whole graph) does the driver load the data.  With ``--attacks``, an ``attack`` request
+goes only to the sites that opted in to attack simulation (:data:`SOFT`): they report their
+clients' parts, from which the attack suite assembles its ground truth (:mod:`attacks.reported`);
+a request for a client whose site did not opt in fails before anything is sent, and the attacks
+that need its data or state are reported not applicable.
 A client whose site gives no answer within ``--round-timeout`` (its SuperNode or site process
 died, or is cut off) comes back as lost: the strategy makes it a protocol dropout.  A
 :class:`~protocols.ProtocolError` a site raised is re-raised (the first in client order, after

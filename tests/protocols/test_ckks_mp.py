@@ -17,7 +17,7 @@ from protocols import MODES, BoundError, ConfigurationError, DropoutError, Integ
 from protocols.ckks_mp import MPParams, check_security, encoding, encryption
 from protocols.ckks_mp import backend as mp_backend
 from protocols.ckks_mp import client as mp_client
-from protocols.ckks_mp.params import plan_exchange, ring_of
+from protocols.ckks_mp.params import plan_exchange, ring_of, smudging_bits
 from protocols.ckks_mp.ring import RNSRing, ntt_primes
 from protocols.errors import DigestError
 from protocols.message import Envelope
@@ -142,14 +142,17 @@ def test_smudging_has_a_floor_raised_with_the_run_budget():
     smudging=st.integers(40, 64),
     budget_log=st.integers(0, 40),
     block_len=st.one_of(st.none(), st.integers(1, 50_000)),
+    broadcast=st.booleans(),
 )
-def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len):
+def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging, budget_log, block_len, broadcast):
     """Modulus plan never undershoots.
 
-    Whatever K, field range and smudging, the plan's modulus holds the K-way sum's fields above
-    ``Delta >= 4 B_ks`` without wrapping, ``B_ks`` covering the errors, the smudging and the
-    switch-down's rounding recomputed here from their definitions, at the upload level and at the
-    shares' and downloads' switch level, within the 128-bit bound; or the planner refuses (BoundError).
+    Whatever K, field range, smudging and key switch (PCKS to each recipient's key, or CKS to the
+    broadcast key), the plan's modulus holds the K-way sum's fields above ``Delta >= 4 B_ks`` without
+    wrapping, ``B_ks`` covering the errors, the smudging and the switch-down's rounding recomputed here
+    from their definitions, at the upload level and at the shares' and downloads' switch level, within
+    the 128-bit bound; the smudging hides the upload errors within ``2^-lambda`` per ciphertext whatever
+    the levels; or the planner refuses (BoundError).
     """
     params = MPParams(smudging_lambda=smudging, max_keyswitches=1 << budget_log)
     bound = 2.0**bound_log
@@ -159,16 +162,23 @@ def test_modulus_plan_never_undershoots(k, integer, bound_log, tol_log, smudging
         else ValueSpec(max_abs=bound, tolerance=2.0**tol_log)
     )
     try:
-        plan = plan_exchange(params, spec, k, block_len=block_len)
+        plan = plan_exchange(params, spec, k, block_len=block_len, broadcast=broadcast)
     except BoundError:
         return
     lam = max(smudging, 30 + (params.max_keyswitches - 1).bit_length())
     smudge = lam + (params.n * k * params.eta - 1).bit_length()  # 2^b >= 2^lambda N B_ct
-    b_ks = k * params.eta + k * 2**smudge + 2 * k * params.n * params.eta
+    # the statistical distance of one ciphertext's smudging, N B_ct / 2^(b+1), is within 2^-lambda; the
+    # switch-down divides the smudged share as a whole (a public function of it), so this holds at every level
+    assert smudging_bits(params, k) == smudge and params.n * k * params.eta * 2**lam <= 2 ** (smudge + 1)
+    # PCKS adds e_R u_i + s_R e1_i per share; CKS (the broadcast key s_B, public c1) adds nothing more
+    b_ks = k * params.eta + k * 2**smudge + (0 if broadcast else 2 * k * params.n * params.eta)
     # shares and downloads switched down to L' <= L: divided by the dropped primes P and rounded, which
-    # adds < 1 per summed polynomial and < N per h1 times the ternary key
+    # adds < 1 per summed polynomial (c0, the K shares; CKS: the recipient's own s_B c1) and, PCKS, < N per
+    # h1 times the ternary recipient key
     drop = params.modulus(plan.level) // params.modulus(plan.switch_level)
-    rounding = 0 if plan.switch_level == plan.level else drop * (1 + k + params.n * k)
+    per_unit = k + 2 if broadcast else 1 + k + params.n * k
+    rounding = 0 if plan.switch_level == plan.level else drop * per_unit
+    assert plan.broadcast == broadcast and f"{'CKS' if broadcast else 'PCKS'} shares" in plan.describe()
     assert 1 <= plan.switch_level <= plan.level and plan.switch_factor == drop
     assert plan.noise_bound >= b_ks + rounding
     assert 2**plan.scale_bits >= 4 * plan.noise_bound
@@ -422,7 +432,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
 
     def noises(p):
         p.weighted_sum("noise", 0, vals, spec=spec)
-        plan = p.plan(spec, block_len=20_000)
+        plan = p.plan(spec, block_len=20_000, broadcast=True)
         shape = (1, plan.switch_level, p.params.n)  # the download: c0' only, switched down
         uploads = [_upload_of(p, "noise", c, plan) for c in range(k)]
         agg = np.stack([sum(u[:, 0] for u in uploads) % p.ring.q[: plan.level], uploads[0][:, 1]], axis=1)
@@ -455,7 +465,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
     assert np.abs(e_ct).max() <= k * 21 and seen.std() > 2.0 ** (b - 1)
     monkeypatch.setattr(mp_client, "smudging_bits", lambda params, k: 0)
     _, seen3 = noises(fresh(k))
-    unsmudged_bound = plan_exchange(MPParams(), spec, k, block_len=20_000).noise_bound - k * 2**b
+    unsmudged_bound = plan_exchange(MPParams(), spec, k, block_len=20_000, broadcast=True).noise_bound - k * 2**b
     assert np.abs(seen3).max() <= unsmudged_bound and seen3.std() < seen.std() / 2
 
 
@@ -546,7 +556,7 @@ def _drop(kind: str, sender: int, corrupt: bool = False, unreduced: bool = False
             return None
         data = bytearray(msg.payload)
         word = int.from_bytes(data[:4], "little")
-        new = 0xFFFFFFFF if unreduced else (word + 1) % 2147352577
+        new = 0xFFFFFFFF if unreduced else (word + 2147352577 // 2) % 2147352577  # a valid residue, far off
         data[:4] = new.to_bytes(4, "little")
         env = Envelope.from_header(msg.auth[64:])  # the client itself signs the corrupted share
         return p._seal(replace(msg, payload=bytes(data)), env.stage, env.part)

@@ -24,6 +24,7 @@ from protocols.errors import (
     DowngradeError,
     KeySubstitutionError,
     KeySwitchRefusedError,
+    ModulusPlanError,
     RecipientKeyError,
     RepeatedKeySwitchError,
     RepeatedUploadError,
@@ -138,7 +139,7 @@ def test_c1_is_public_fresh_per_exchange_and_block():
     assert not np.array_equal(one[0], upload_c1(seed, s, 2, [0], 1, primes, n)[0])  # two exchanges
     assert np.array_equal(one, upload_c1(seed, s, 1, [0, 1], 1, primes, n))  # recomputable
     # the exchanges' uploads decrypt under the client's own share with exactly that c1
-    plan = p.plan(FLOATS, block_len=8)
+    plan = p.plan(FLOATS, block_len=8, broadcast=True)
     for tag in ("a", "b"):
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER) if m.kind == "ciphertext"
@@ -324,6 +325,91 @@ def test_one_upload_and_one_key_switch_per_exchange(server, error):
         broadcast_exchange(protocol_with(server))
 
 
+# ------------------------------------------------------------------ the modulus plan
+class ChangedPlan(CKKSMPServer):
+    """Sends a plan whose switch or moduli are not the ones the public facts give (:meth:`change`)."""
+
+    def change(self, encoding: dict, honest) -> dict:
+        return encoding
+
+    def run(self, plan, link):
+        from protocols.ckks_mp.params import plan_exchange
+
+        broadcast = "broadcast_to" in plan.encoding
+        honest = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
+        return super().run(replace(plan, encoding=self.change(dict(plan.encoding), honest)), link)
+
+
+class SmallerScale(ChangedPlan):
+    """A scale 2^4 below the plan's: the recipients' decryption margin over the worst-case noise gone."""
+
+    def change(self, encoding, honest):
+        return {**encoding, "plan": replace(honest, scale_bits=honest.scale_bits - 4).describe()}
+
+
+class OtherLevels(ChangedPlan):
+    """One prime more for the uploads and for the shares and downloads than the plan's."""
+
+    def change(self, encoding, honest):
+        other = replace(honest, level=honest.level + 1, switch_level=honest.switch_level + 1)
+        return {**encoding, "plan": other.describe()}
+
+
+class SwitchNotNamed(ChangedPlan):
+    """A broadcast's levels (sized for CKS's smaller rounding) without the switch they were sized for."""
+
+    def change(self, encoding, honest):
+        return {k: v for k, v in encoding.items() if k != "broadcast_to"}
+
+
+class ScopedSizedForTheBroadcastKey(ChangedPlan):
+    """A scoped sum planned as a switch of every block to the broadcast key, which every client holds."""
+
+    def change(self, encoding, honest):
+        cks = replace(honest, broadcast=True)
+        return {**encoding, "plan": cks.describe(), "broadcast_to": np.arange(K)}
+
+
+@pytest.mark.parametrize(
+    "server,exchange,error",
+    [
+        (SmallerScale, broadcast_exchange, ModulusPlanError),
+        (OtherLevels, broadcast_exchange, ModulusPlanError),
+        (OtherLevels, scoped_exchange, ModulusPlanError),
+        (SwitchNotNamed, broadcast_exchange, ModulusPlanError),
+        (ScopedSizedForTheBroadcastKey, scoped_exchange, DowngradeError),
+    ],
+)
+def test_a_plan_with_other_moduli_or_switch_is_refused_before_anything_is_sent(server, exchange, error):
+    """Every client recomputes the exchange's switch and moduli from its public facts and refuses any other.
+
+    Adversary: a server that names levels, a scale or a switch of its own choosing (the client's
+    answer at a level sized for a smaller noise than the switch it then asks for, or a scoped sum
+    readable with the broadcast key).  Refused before any upload leaves a client.
+    """
+    p = protocol_with(server)
+    with pytest.raises(error):
+        exchange(p)
+    assert not [m for m in p.transcript.messages if m.receiver == SERVER and m.kind in ("ciphertext", "share")]
+
+
+class PerRecipientUnderABroadcastPlan(EvilServer):
+    """A broadcast planned (and sized) for the broadcast key, then switched to each recipient's key."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            blocks = np.asarray(msg.payload["blocks"])
+            groups = np.array([[r, blocks.size] for r in range(K)])
+            keys = {r: {"key": key, "sig": sig} for r, (key, sig) in self.recipient_pks.items() if r != client}
+            msg = with_payload(msg, groups=groups, blocks=np.tile(blocks, K), keys=keys)
+        return [(msg, part)]
+
+
+def test_a_switch_other_than_the_planned_one_is_refused():
+    with pytest.raises(RecipientKeyError, match="plan switches every block to the broadcast key"):
+        broadcast_exchange(protocol_with(PerRecipientUnderABroadcastPlan))
+
+
 # ------------------------------------------------------------------ a recipient colluding with the server
 def test_server_and_a_recipient_cannot_open_one_clients_share():
     """Server and a recipient cannot open one clients share.
@@ -338,7 +424,7 @@ def test_server_and_a_recipient_cannot_open_one_clients_share():
     vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
     spec = ValueSpec(integer=True, max_abs=1, sum_max=K)
     p.weighted_sum("v", 0, vals, spec=spec)
-    plan = p.plan(spec, block_len=4000)
+    plan = p.plan(spec, block_len=4000, broadcast=True)
     up = next(
         m for m in p.transcript.select(tag="v", sender=client_party(1), receiver=SERVER) if m.kind == "ciphertext"
     )

@@ -22,7 +22,13 @@ from protocols.ckks_mp.keys import secret_key
 from protocols.ckks_mp.params import MPParams
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.ckks_mp.threshold import lagrange_coefficient, share_secret
-from protocols.errors import ActiveSetError, ConfigurationError, IntegrityError, RepeatedKeySwitchError
+from protocols.errors import (
+    ActiveSetError,
+    ConfigurationError,
+    DowngradeError,
+    IntegrityError,
+    RepeatedKeySwitchError,
+)
 from protocols.party import PartySetup
 from protocols.transcript import SERVER, client_party
 from secure_fgl.runtime.dropouts import DropoutSchedule, DroppingLink, LostAfter, parse_dropouts
@@ -421,6 +427,61 @@ def test_clients_told_different_uploaders_deliver_noise_not_a_sum():
         exchange(attacked(SplitUploaders), inputs())
 
 
+# ------------------------------------------------------------------ a broadcast to the surviving recipients
+def survivors_sum(p):
+    """Clients 0-2 sum a vector each and receive the sum; client 3 (lost in an earlier round) is absent.
+
+    Returns (the results, the key-switching share messages, the downloads).
+    """
+    x = inputs()
+    for k, half in p.clients.items():
+        half.provider = lambda plan, v=x[k]: plan.dense_table(v)
+    assert run_server_half(dropping(p, "3,@keyswitch"), plan_dense(p, "t/model", 0, range(3), range(3), LENGTH, COUNTS))
+    got = {k: dense_result(p.clients[k].result(), LENGTH) for k in range(3)}
+    assert all(np.array_equal(total, x[0] + x[1] + x[2]) for total in got.values())
+    messages = list(p.transcript.select(tag="t/model"))
+    shares = [m for m in messages if m.kind == "share"]
+    downloads = [m for m in messages if m.sender == SERVER and "key-switched" in m.note]
+    return got, shares, downloads
+
+
+def test_a_broadcast_reaches_its_surviving_recipients_through_one_switch_to_the_broadcast_key():
+    """A schedule broadcast with a client absent goes once to the broadcast key; any other sum per recipient.
+
+    The public schedule makes ``t/model`` a broadcast every client trains on, so the sum may go to
+    ``s_B`` although client 3 receives nothing: it holds ``s_B`` and would have received it.  The t
+    active clients each send one one-polynomial share (CKS) instead of one two-polynomial share per
+    recipient (PCKS), and every recipient decrypts the exact sum.
+    """
+    _, cks, cks_downloads = survivors_sum(make_protocol("ckks-mp", K, threshold=T, roles={"t/model": "broadcast"}))
+    _, pcks, pcks_downloads = survivors_sum(make_protocol("ckks-mp", K, threshold=T))
+    assert len(cks) == T and len(cks_downloads) == 3 and all(m.payload["to"] == -1 for m in cks_downloads)
+    assert len(pcks) == 3 * T and all(m.payload["to"] >= 0 for m in pcks_downloads)
+    assert 3 * sum(m.nbytes for m in cks) < sum(m.nbytes for m in pcks)
+
+
+class BroadcastsToTheSurvivors(CKKSMPServer):
+    """Plans a switch to the broadcast key for the survivors of a sum the schedule does not make a broadcast."""
+
+    def run(self, plan, link):
+        from protocols.ckks_mp.params import plan_exchange
+
+        cks = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=True)
+        recipients = np.array(sorted(plan.requests), dtype=np.int64)
+        encoding = {**plan.encoding, "plan": cks.describe(), "broadcast_to": recipients}
+        return super().run(replace(plan, encoding=encoding), link)
+
+
+def test_a_switch_to_the_broadcast_key_with_non_recipients_needs_the_schedules_broadcast_role():
+    """Without the broadcast role, a sum some client does not receive never goes to a key every client holds.
+
+    Adversary: a server planning the survivors' sum for ``s_B`` so that a colluding client that was
+    no recipient reads it.  Every recipient refuses the plan before its upload.
+    """
+    with pytest.raises(DowngradeError, match=r"client\(s\) \[3\] receive nothing"):
+        survivors_sum(attacked(BroadcastsToTheSurvivors))
+
+
 # ------------------------------------------------------------------ a coalition of t - 1 clients
 def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
     """T minus 1 clients and the server cannot decrypt an upload.
@@ -437,7 +498,7 @@ def test_t_minus_1_clients_and_the_server_cannot_decrypt_an_upload():
     spec = ValueSpec(integer=True, max_abs=50, sum_max=K * 50)
     exchange(p, x)  # key set-up
     p.weighted_sum("victim", 0, vals, spec=spec)
-    plan = p.plan(spec, block_len=length)
+    plan = p.plan(spec, block_len=length, broadcast=True)
     msg = next(
         m
         for m in p.transcript.select(tag="victim", sender=client_party(victim), receiver=SERVER)

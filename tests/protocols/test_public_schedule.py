@@ -195,6 +195,29 @@ def test_a_different_model_stays_refused_after_a_round_without_the_victim(mode, 
     assert err.value.round == refused_in
 
 
+@pytest.mark.parametrize("mode", ["mask", "ckks-mp"])
+def test_no_catch_up_a_client_that_missed_a_broadcast_is_refused_in_a_later_sum(mode):
+    """No backend re-delivers a missed broadcast: the client's chain stays behind and a later sum it joins is refused.
+
+    Round 0: the victim misses its download (DropoutError naming it, recorded as undelivered).  Round 1, the victim
+    back and sampled: refused (mask: at the consistency round; ckks-mp: its key-switching masks do not cancel).
+    """
+    from protocols.errors import DropoutError
+
+    victim = sample_clients(SEED, 1, K, FRACTION)[0]
+    proto = _protocol(mode)
+    proto.link.drop(victim, "download")
+    with pytest.raises(DropoutError, match="no result was delivered") as err:
+        _model_round(proto, 0)
+    assert err.value.client == victim and proto.server.last_undelivered == (victim,)
+    proto.link.reconnect(victim)
+    with pytest.raises(InconsistentViewError) as err:
+        _model_round(proto, 1)
+    assert err.value.round == 1
+    other = next(k for k in range(K) if k != victim)
+    assert proto.clients[victim].views.digest("model") != proto.clients[other].views.digest("model")
+
+
 def test_mask_an_unsigned_survivor_of_a_broadcast_exchange_is_refused():
     proto = _protocol("mask", StaleModelUnsignedServer)
     with pytest.raises(InconsistentViewError, match=f"survivors \\[{VICTIM}\\] did not sign") as err:

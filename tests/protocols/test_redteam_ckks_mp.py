@@ -184,7 +184,7 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
     vals = {c: rng.integers(0, 2, 4000).astype(float) for c in range(K)}
 
     def delivery_correlation(p, tag):
-        plan = p.plan(spec, block_len=4000)
+        plan = p.plan(spec, block_len=4000, broadcast=True)
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2)) if m.kind == "ciphertext"
         )

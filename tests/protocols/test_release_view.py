@@ -16,25 +16,26 @@ import dataclasses
 
 import numpy as np
 import pytest
+from support.forgers import ShiftedCommittedMPServer
 
 from protocols import ValueSpec, make_protocol
-from protocols.ckks_mp import encoding, encryption
-from protocols.ckks_mp.params import plan_exchange
-from protocols.errors import InconsistentViewError
+from protocols.errors import DropoutError, InconsistentViewError
 from protocols.release_commitment import block_leaf, empty_leaf, prove, root_of, tree, verify
-from protocols.schedule import BROADCAST, RELEASE
+from protocols.schedule import BROADCAST, RELEASE, STATISTIC
 
 K, ROWS, DIM, VICTIM = 4, 8, 3, 1
 ROLES = {"sums": RELEASE, "model": BROADCAST}
+#: FedOMD's shape: a statistic of the round's sample, then the model sum
+STATISTIC_ROLES = {"stats": STATISTIC, "model": BROADCAST}
 SPEC = ValueSpec(max_abs=1.0, tolerance=1e-3)
 
 
-def _protocol(server_mixin=None, mode="mask"):
+def _protocol(server_mixin=None, mode="mask", roles=None):
     cls = make_protocol(mode, K).__class__
     if server_mixin is not None:
         server = type(f"Malicious{cls.server_half.__name__}", (server_mixin, cls.server_half), {})
         cls = type(f"Malicious{cls.__name__}", (cls,), {"server_half": server})
-    return cls(K, roles=ROLES)
+    return cls(K, roles=roles or ROLES)
 
 
 def _sums(proto):
@@ -122,36 +123,10 @@ def test_merkle_proofs_recompute_the_root_only_for_the_committed_leaves():
             assert not verify(root_of(levels), num + 1, {p: leaves[p] for p in own}, proof)
 
 
-def _shifted(server, data: bytes, to: int) -> bytes:
-    """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum."""
-    plan, ring = server.plan, server.ring
-    ep = plan_exchange(server.params, plan.spec, K, plan.dp_noise_std, plan.block_len, tag=plan.tag, round=plan.round)
-    unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
-    shifted = unit.copy()
-    shifted[0] = 1
-    delta = ring.rescale(ring.sub(encoding.encode(ring, ep, shifted), encoding.encode(ring, ep, unit)), ep.switch_level)
-    pair = () if to < 0 else (2,)
-    count = len(data) // (4 * int(np.prod(pair or (1,))) * ep.switch_level * ring.n)
-    cts = encryption.from_bytes(ring, data, (count, *pair, ep.switch_level, ring.n)).copy()
-    first = cts[0] if to < 0 else cts[0, 0]
-    first[:] = ring.add(first, delta)
-    return encryption.to_bytes(cts)
-
-
-class ShiftedRowsMPServer:
+class ShiftedRowsMPServer(ShiftedCommittedMPServer):
     """ckks-mp: shifts the victim's decoded rows by one quantum; commits to the victim's digests apart."""
 
-    def call(self, link, stage, messages, *, hook=True):
-        if stage == "download" and self.schedule.releases(self.plan.tag) and VICTIM in messages:
-            (msg, part), *rest = messages[VICTIM]
-            data = _shifted(self, msg.payload["data"], int(msg.payload["to"]))
-            msg = dataclasses.replace(msg, payload={**msg.payload, "data": data})
-            messages = {**messages, VICTIM: [(msg, part), *rest]}
-        return super().call(link, stage, messages, hook=hook)
-
-    def release_messages(self, reports):
-        victim = {VICTIM: reports.pop(VICTIM)}
-        return {**super().release_messages(reports), VICTIM: super().release_messages(victim)[VICTIM]}
+    forged, victim = "sums", VICTIM
 
 
 class OneCommitmentMPServer(ShiftedRowsMPServer):
@@ -159,7 +134,7 @@ class OneCommitmentMPServer(ShiftedRowsMPServer):
 
     def release_messages(self, reports):
         victim = sorted(reports.pop(VICTIM))
-        honest = super(ShiftedRowsMPServer, self).release_messages(reports)
+        honest = super(ShiftedCommittedMPServer, self).release_messages(reports)
         levels_root = honest[0]["root"]
         return {**honest, VICTIM: {"root": levels_root, "proof": b"\0" * 32 * max(1, len(victim))}}
 
@@ -190,3 +165,68 @@ def test_ckks_mp_rows_outside_the_committed_sum_are_refused():
         _sums(proto)
     assert (err.value.client, err.value.tag) == (VICTIM, "sums")
     assert proto.clients[VICTIM]._result is None
+
+
+def _statistic(proto):
+    """Every client contributes a vector and receives the pooled sum (FedOMD's statistics, every client sampled)."""
+    x = {k: np.linspace(-0.1, 0.1, DIM) * (k + 1) for k in range(K)}
+    return proto.weighted_sum("stats", 0, x, spec=SPEC, recipients=range(K)), sum(x.values())
+
+
+class ShiftedStatisticMPServer(ShiftedRowsMPServer):
+    """ckks-mp: sends the victim a statistic one quantum off (its key-switched copy shifted), committed apart."""
+
+    forged = "stats"
+
+
+class OneStatisticCommitmentMPServer(OneCommitmentMPServer):
+    """ckks-mp: shifts the victim's statistic and sends it the root over the others' digests."""
+
+    forged = "stats"
+
+
+def test_ckks_mp_honest_statistics_verify_and_bind_one_commitment():
+    proto = _protocol(mode="ckks-mp", roles=STATISTIC_ROLES)
+    got, want = _statistic(proto)
+    assert np.allclose(got, want, atol=1e-2)
+    released = {half.views.released for half in proto.clients.values()}
+    assert len(released) == 1 and bytes(32) not in released
+    assert np.allclose(_model(proto), sum(np.full(5, 0.1 * (k + 1)) for k in range(K)), atol=1e-2)
+
+
+def test_ckks_mp_a_statistic_sent_to_one_client_alone_is_refused_at_the_next_sum():
+    """Without the commitment the victim trains on the shifted statistic and the model sum completes."""
+    proto = _protocol(ShiftedStatisticMPServer, mode="ckks-mp", roles=STATISTIC_ROLES)
+    _statistic(proto)  # each client's digests verify against the root it was given
+    with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+        _model(proto)
+    assert err.value.tag == "model"
+    assert all(half._result is None for half in proto.clients.values())  # nothing of the model sum delivered
+    assert proto.clients[VICTIM].views.released != proto.clients[0].views.released
+
+
+def test_ckks_mp_a_statistic_outside_the_committed_sum_is_refused_on_arrival():
+    proto = _protocol(OneStatisticCommitmentMPServer, mode="ckks-mp", roles=STATISTIC_ROLES)
+    with pytest.raises(InconsistentViewError, match="not part of the sum the server committed to") as err:
+        _statistic(proto)
+    assert (err.value.client, err.value.tag) == (VICTIM, "stats")
+    assert proto.clients[VICTIM]._result is None
+
+
+@pytest.mark.parametrize("exchange", [_sums, _statistic], ids=["release", "statistic"])
+def test_ckks_mp_a_client_silent_at_the_release_stage_is_a_dropout_and_later_sums_are_refused(exchange):
+    """Silent at ``release``: DropoutError naming it, nothing delivered to it, every later sum refused.
+
+    It holds another commitment than the others, so every later exchange it key-switches fails to decrypt.
+    """
+    proto = _protocol(mode="ckks-mp", roles=STATISTIC_ROLES if exchange is _statistic else ROLES)
+    proto.link.drop(VICTIM, "release")
+    with pytest.raises(DropoutError, match="no result was delivered") as err:
+        exchange(proto)
+    assert err.value.client == VICTIM and proto.server.last_undelivered == (VICTIM,)
+    assert proto.clients[VICTIM]._result is None and proto.clients[VICTIM].views.released == bytes(32)
+    assert len({proto.clients[k].views.released for k in range(K) if k != VICTIM} - {bytes(32)}) == 1
+    proto.link.reconnect(VICTIM)
+    with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+        _model(proto)
+    assert err.value.tag == "model"

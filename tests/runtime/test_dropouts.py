@@ -326,10 +326,8 @@ def test_result_json_records_the_spec_and_the_dropouts(tmp_path):
         == result["runtime"]["simulated_dropouts"]
         == {
             "rules": [{"clients": [2, 3], "stage": "upload", "rounds": "all"}],
-            "dropped": [
-                {"round": 0, "stage": "upload", "clients": [2, 3]},
-                {"round": 1, "stage": "upload", "clients": [2, 3]},
-            ],
+            # out of sync after missing round 0's model, 2 and 3 upload no more (nothing to drop at in round 1)
+            "dropped": [{"round": 0, "stage": "upload", "clients": [2, 3]}],
         }
     )
 
@@ -341,6 +339,15 @@ def test_bench_dropout_column_measures_the_survivors_round():
     full, recovered = (dropout_round("mask", 5, k, features=16, nodes=200) for k in (0, 2))
     assert (full["included"], recovered["included"]) == (5, 3)
     assert recovered["bytes_up"] < full["bytes_up"] and recovered["server_s"] > 0
+
+
+def test_bench_run_keeps_the_runs_executor_for_its_statistics():
+    """The runtime bench reads the executor of the run it timed (its statistics, the per-message overhead)."""
+    from secure_fgl.bench import runtime as bench
+
+    s = {"nodes": 200, "features": 8, "rounds": 1}
+    rec = bench.one_run("local", "mask", 3, s, load_federation(bench._config("local", "mask", 3, s, 1)), 1)
+    assert rec["executor_stats"]["messages"] > 0 and rec["per_message_overhead_s"] > 0
 
 
 def test_bench_dropout_column_runs_t_of_n_ckks_mp_up_to_n_minus_t_dropouts():
@@ -372,3 +379,96 @@ def test_cli_threshold_ckks_mp_runs_on_without_a_client_missing_at_key_set_up(tm
     with pytest.warns(RuntimeWarning, match="did not finish the ckks-mp key set-up"):
         assert main([*run, "--rounds", "1", "--simulate-dropouts", "2@key_setup", "--out", str(tmp_path / "no")]) != 0
     assert "client(s) 2, 3 did not send its public keys" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode,extra", [("mask", {}), ("ckks-mp", {"threshold": 4})])
+def test_fedgcn_dp_survives_a_pre_training_dropout_within_the_provisioned_dropouts(mode, extra, tmp_path):
+    """FedGCN with DP on its neighbour sums, client 4 of 5 dropped at the pre-training upload.
+
+    Each contributor adds ``sigma / sqrt(max(1, n - d - c))`` of the noise (distributed placement): with
+    ``--dp-dropouts 0`` the survivors' sum would be short of noise, so the exchange is refused naming client 4 and
+    nothing is written; with ``--dp-dropouts 1`` the run completes, ``final.pretrain_dropouts`` records the
+    dropout, client 4 is lost for the run (its data enters no later release) and the sums are one release spending
+    the asked epsilon.
+    """
+    sums = "fedgcn/neighbour_sums"
+    run = dict(
+        algorithm="fedgcn",
+        mode=mode,
+        dataset="sbm",
+        clients=5,
+        rounds=2,
+        synthetic={"num_nodes": 300, "num_features": 40},
+        dp_epsilon=4.0,
+        dp_clip=3.0,
+        dp_exchanges=sums,
+        simulate_dropouts="4,@upload:r0",
+        **extra,
+    )
+    with pytest.raises(DropoutError, match=r"client\(s\) 4 .*short of DP noise \(--dp-dropouts\)") as err:
+        run_experiment(RunConfig(**run, out=str(tmp_path / "short")).validate(), progress=False)
+    assert err.value.clients == (4,) and not (tmp_path / "short" / "result.json").exists()
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[4\] lost"):
+        run_experiment(RunConfig(**run, dp_dropouts=1, out=str(tmp_path / "ok")).validate(), progress=False)
+    saved = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert saved["final"]["pretrain_dropouts"] == {
+        "left_out": [4],
+        "without_inputs": [4],
+        "graph": "induced by the nodes of clients [0, 1, 2, 3]",
+    }
+    assert list(saved["final"]["clients_lost"]) == ["4"] and saved["final"]["rounds_run"] == 2
+    privacy = saved["privacy"]
+    assert privacy["per_tag"][sums]["releases"] == 1 and privacy["coalition"]["dropouts"] == 1
+    assert privacy["total_epsilon"] == privacy["per_tag"][sums]["epsilon"] == pytest.approx(4.0, rel=1e-2)
+    assert privacy["total_epsilon"] <= privacy["epsilon_budget"] == 4.0
+
+
+@pytest.mark.slow
+def test_simulated_dropouts_over_flower_give_the_local_run(tmp_path):
+    """``--simulate-dropouts`` over ``--executor flower`` is the local run.
+
+    Four clients behind their SuperNodes on 127.0.0.1, client 3 dropped at the masked upload of round 1: the same
+    clients drop at the same stage (recorded alike in ``result.json``), the round is the survivors' sum (mask
+    recovery) and the run's losses, accuracy and protocol bytes equal the local run's.
+    """
+    pytest.importorskip("flwr", reason="the flower extra is not installed: pip install -e '.[flower]'")
+    from support.flower import Federation, serving
+
+    local = run_experiment(small("mask", "3,@upload:r1"), progress=False)
+    with serving(Federation(tmp_path, clients=4)):
+        flower = run_experiment(small("mask", "3,@upload:r1", executor="flower", round_timeout=60), progress=False)
+    assert flower["runtime"]["executor"] == "flower"
+    assert flower["runtime"]["simulated_dropouts"] == local["runtime"]["simulated_dropouts"]
+    assert local["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "masked_upload", "clients": [3]}]
+    assert [r["train_loss"] for r in flower["rounds"]] == [r["train_loss"] for r in local["rounds"]]
+    assert flower["final"]["test_acc"] == local["final"]["test_acc"]
+    assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
+
+
+def test_a_client_dropped_at_upload_over_some_rounds_ends_alike_in_every_mode():
+    """A client dropped at upload in rounds 1-2 of 4 ends with the same model in plain, mask and t-of-n ckks-mp.
+
+    Client 3 drops at its upload in round 1 (so it misses that model broadcast too) and would answer
+    again in round 3: in every mode it keeps training its own model, is out of sync from round 1 on
+    and neither contributes to nor receives a later model sum, so every round's loss
+    and every client's final accuracy are the plain run's.  Positive control: without the dropout
+    the plain run's losses differ.
+    """
+    spec = "3,@upload:r1-2"
+    modes = (("plain", "plain", {}), ("mask", "mask", {}), ("ckks-mp:t=3", "ckks-mp", {"threshold": 3}))
+    runs = {name: run_experiment(small(mode, spec, rounds=4, **extra), progress=False) for name, mode, extra in modes}
+    control = run_experiment(small("plain", "3,@upload:r3", rounds=4), progress=False)
+
+    def losses(result):
+        return [r["train_loss"] for r in result["rounds"]]
+
+    def per_client(result):
+        return [(c["client"], c["train_acc"], c["val_acc"], c["test_acc"]) for c in result["final"]["per_client"]]
+
+    plain = runs.pop("plain")
+    # out of sync after round 1, it has no upload of round 2 to drop at
+    assert plain["runtime"]["simulated_dropouts"]["dropped"] == [{"round": 1, "stage": "upload", "clients": [3]}]
+    for name, result in runs.items():
+        assert losses(result) == pytest.approx(losses(plain), abs=1e-6), name
+        assert per_client(result) == per_client(plain), name
+    assert losses(control)[1:] != pytest.approx(losses(plain)[1:], abs=1e-6)

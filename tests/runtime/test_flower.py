@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 from support.flower import BIN, Federation, free_port, identity_keys, make_tls, serving, write_manifest
 from support.runs import small
 
+from protocols import DropoutError
 from protocols.auth import SigningKey
 from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.runtime.build import make_runtime_protocol, make_strategy
@@ -86,9 +88,9 @@ def same_run(local: dict, flower: dict) -> None:
 def keyed_federation(tmp_path_factory):
     """The default tests' federation, started once for the module.
 
-    Three clients on two sites (site 0 holds clients 0 and 2), each client with its own identity key
-    and the manifest ``fed.manifest`` its site reads at every set-up; each run's ``flwr run`` reuses
-    it.
+    A SuperLink and three SuperNodes, one site each holding one client, each client with its own identity key
+    and the manifest ``fed.manifest`` its site reads at every set-up, every site opted in to attack
+    simulation; each run's ``flwr run`` reuses it.
     """
     folder = tmp_path_factory.mktemp("flower")
     keys = identity_keys(folder / "keys", 3)
@@ -96,8 +98,9 @@ def keyed_federation(tmp_path_factory):
     fed = Federation(
         folder,
         clients=3,
-        sites=2,
+        sites=3,
         site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
+        site_flags=["--allow-attack-simulation"],
     )
     fed.keys, fed.manifest = keys, manifest
     with serving(fed):
@@ -107,16 +110,19 @@ def keyed_federation(tmp_path_factory):
 def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch, tmp_path):
     """Fedavg mask over flower is the local run.
 
-    Three clients on two sites (one site holds two clients); each client signs with its own identity
+    Three clients on three sites (three SuperNodes); each client signs with its own identity
     key, pinned by the manifest built from the sites' public keys (no client key crosses Flower).
     The driver loads no data: its data folder does not exist and loading is forbidden in its
-    process; the sites describe the federation.
+    process; the sites describe the federation.  With ``--attacks``: the sites, opted in to
+    attack simulation, report their clients' parts, and the attacks scored on them (the
+    membership candidates, the edges, the owners) give the local run's values.
     """
     federation = keyed_federation
-    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
+    kw = {"rounds": 1, "attacks": ["membership", "link_posterior"]}
+    local = run_experiment(small("fedavg", "mask", executor="local", **kw), progress=False)
     cfg = write_manifest(
         federation.keys,
-        small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60, data_root=str(tmp_path / "no-data")),
+        small("fedavg", "mask", executor="flower", round_timeout=60, data_root=str(tmp_path / "no-data"), **kw),
         federation.manifest,
     )
 
@@ -127,12 +133,15 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
         monkeypatch.setattr(f"{module}.load_federation", forbidden)
     flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
+    assert [e["name"] for e in flower["attacks"]] == ["transcript_audit", *kw["attacks"]]
+    assert all(e["applicable"] for e in local["attacks"])
+    assert [(e["name"], e["value"]) for e in flower["attacks"]] == [(e["name"], e["value"]) for e in local["attacks"]]
     fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
     for k in range(3):  # what each site's half accepted: the sites' own keys
         accepted = flower["key_fingerprints"][f"client{k}"]
         assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
     runtime = flower["runtime"]
-    assert runtime["executor"] == "flower" and runtime["sites"] == 2
+    assert runtime["executor"] == "flower" and runtime["sites"] == 3
     # the frames Flower carried are the runtime's, byte for byte; Flower's objects add their own framing
     stats, carried = runtime["stats"], runtime["flower"]
     assert carried["frame_bytes_up"] >= stats["bytes_from_clients"] > 0
@@ -208,28 +217,26 @@ def test_fedgcn_ckks_over_flower_is_the_local_run(keyed_federation):
     )
     assert flower["final"]["test_acc"] == local["final"]["test_acc"]
     assert flower["comm"]["per_tag"] == local["comm"]["per_tag"]
-    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 2
+    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 3
 
 
 @pytest.mark.slow
-def test_attacks_over_sites_that_did_not_opt_in_run_on_the_aggregators_view(federation):
-    """Attacks over sites that did not opt in run on the aggregators view.
+def test_attacks_over_sites_that_did_not_opt_in_are_refused_for_want_of_ground_truth(federation):
+    """Attacks over sites that did not opt in are refused for want of ground truth.
 
-    No site serves attack simulation: the run goes on, the attacks that need only what the
-    aggregator saw run as on local (same values), and those needing a client's state are
-    reported not applicable, naming the site's flag.
+    No site serves attack simulation: the run goes on (the local run's), the transcript audit
+    runs on the aggregator's view, and every attack, scored against ground truth no site
+    reported, is reported not applicable, naming the site's flag.
     """
     kw = {"rounds": 1, "attacks": ["all"]}
     local = run_experiment(small("fedavg", "plain", executor="local", **kw), progress=False)
     with pytest.warns(RuntimeWarning, match="take no part in attack simulation"):
         flower = run_experiment(small("fedavg", "plain", executor="flower", round_timeout=60, **kw), progress=False)
     same_run(local, flower)
-    expected = {(e["name"], e.get("observer")): e for e in local["attacks"]}
-    ran = [e for e in flower["attacks"] if e["applicable"]]
-    refused = [e for e in flower["attacks"] if "--allow-attack-simulation" in str(e.get("reason", e.get("error")))]
-    assert len(ran) > 1 and refused and len(ran) + len(refused) == len(flower["attacks"])
-    for e in ran:  # what needs only the aggregator's view (here, plain: the coalition's reading too)
-        assert e["value"] == expected[(e["name"], e.get("observer"))]["value"]
+    audit, *attacks = flower["attacks"]
+    assert audit["name"] == "transcript_audit" and audit["value"] == local["attacks"][0]["value"]
+    assert [e["name"] for e in attacks] == [e["name"] for e in local["attacks"][1:]]
+    assert all(not e["applicable"] and "--allow-attack-simulation" in e["reason"] for e in attacks)
 
 
 class KillingFlowerExecutor(FlowerExecutor):
@@ -263,6 +270,21 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
 
 
 @pytest.mark.slow
+def test_a_supernode_killed_before_its_ckks_mp_upload_stops_the_n_of_n_run_naming_the_client(federation):
+    """A SuperNode killed before its ckks-mp upload stops the n-of-n run naming the client: nothing delivered."""
+    cfg = small("fedavg", "ckks-mp", executor="flower", rounds=1, round_timeout=40).validate()
+    fed = load_federation(cfg)
+    executor = KillingFlowerExecutor(federation, victim=2, method="half:upload", round_timeout=40)
+    try:
+        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
+        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+        with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its upload; ckks-mp needs every client"):
+            strategy.train_round(0)
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.slow
 def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federation, tmp_path):
     """Resume over flower continues each site from its own checkpoint.
 
@@ -280,22 +302,30 @@ def test_resume_over_flower_continues_each_site_from_its_own_checkpoint(federati
     assert [r["train_loss"] for r in resumed["rounds"]] == [r["train_loss"] for r in full["rounds"]]
 
 
-def crash_after_first_checkpoint(cfg, federation, out: Path) -> None:
-    """Run the driver of ``cfg`` as ``secure-fgl run`` and SIGKILL it once its first checkpoint is on disk."""
+def crash_after_first_checkpoint(cfg, federation, out: Path, supernode: str | None = None) -> None:
+    """Run the driver of ``cfg`` as ``secure-fgl run`` and SIGKILL it once its first checkpoint is on disk.
+
+    ``supernode``: kill that SuperNode instead, and wait (at most 600 s) for the driver to stop with an error
+    (its output in ``out.log``).
+    """
     config = out.with_suffix(".json")
     config.write_text(json.dumps(cfg.to_dict()))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "secure_fgl.cli.main", "run", "--config", str(config), "--quiet"],
-        env=federation.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(out.with_suffix(".log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "secure_fgl.cli.main", "run", "--config", str(config), "--quiet"],
+            env=federation.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 600
         while not (out / "checkpoint.pt").exists():
             assert proc.poll() is None, "the driver exited before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within 600 s"
             time.sleep(0.05)
+        if supernode is not None:
+            federation.kill(supernode)
+            assert proc.wait(timeout=600) != 0, "the run went on without the killed SuperNode's client"
     finally:
         proc.kill()
         proc.wait(timeout=60)
@@ -335,6 +365,31 @@ def test_resume_with_site_held_keys_after_a_driver_crash_is_the_uninterrupted_ru
     for k in range(3):
         accepted = resumed["key_fingerprints"][f"client{k}"]
         assert {p: accepted[p]["signing"] for p in fingerprints} == fingerprints
+
+
+@pytest.mark.slow
+def test_resume_after_a_supernode_killed_mid_run_is_the_uninterrupted_run(federation, tmp_path):
+    """Resume after a SuperNode killed mid-run is the uninterrupted run.
+
+    ckks-mp (n-of-n): client 2's SuperNode is killed once round 1's checkpoint is written; round 2
+    cannot complete without it and the driver stops with an error.  The SuperNode started again,
+    ``--resume`` continues from round 1's checkpoints (the driver's and each site's) and ends as
+    the uninterrupted local run.
+    """
+    kw = {"save_best_model": False, "rounds": 2}
+    local = run_experiment(small("fedavg", "ckks-mp", executor="local", **kw), progress=False)
+    out = tmp_path / "run"
+    cfg = small("fedavg", "ckks-mp", executor="flower", round_timeout=60, out=str(out), **kw)
+    crash_after_first_checkpoint(cfg, federation, out, supernode="supernode2")
+    stopped = out.with_suffix(".log").read_text()
+    assert re.search(r"secure-fgl: error: .*client\(s\) 2 did not send .* needs every client", stopped), stopped[-2000:]
+    federation.restart("supernode2")
+    resumed = run_experiment(dataclasses.replace(cfg, resume=True), progress=False)
+    assert [r["round"] for r in resumed["rounds"]] == [0, 1]
+    assert [r["train_loss"] for r in resumed["rounds"]] == pytest.approx(
+        [r["train_loss"] for r in local["rounds"]], abs=1e-4
+    )
+    assert resumed["final"]["test_acc"] == local["final"]["test_acc"]
 
 
 def _matrix() -> list[tuple[str, str]]:

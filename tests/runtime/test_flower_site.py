@@ -357,3 +357,133 @@ def test_a_site_without_its_own_key_is_named_before_set_up(site_keys, tmp_path):
     site = Site([0], None, tmp_path)  # no key of its own: a set-up frame without a key is refused
     with pytest.raises(SiteRefusal, match="start this site with --identity-key"):
         site.own_setup(frames[0])
+
+
+# ------------------------------------------------------------------ attack ground truth reported by the sites
+class OptInSiteExecutor(SiteExecutor):
+    """:class:`SiteExecutor` that, as the Flower executor, sends ``attack`` requests only to the sites that opted in."""
+
+    def _call(self, method, requests):
+        if method == "attack":
+            check_attack_simulation(requests, {k for k, s in self.sites.items() if s.allow_attack_simulation})
+        return super()._call(method, requests)
+
+
+def attacked(cfg, fed, executor=None) -> list[dict]:
+    """The attack entries of run ``cfg`` on ``fed`` (the loaded data, or the sites' facts) and ``executor``."""
+    from attacks.runner import run_attacks
+    from secure_fgl.engine.device import seed_everything
+    from secure_fgl.runtime.build import start_run
+
+    seed_everything(cfg.seed)
+    run = start_run(cfg, fed=fed, executor=executor)
+    try:
+        run.train()
+        return run_attacks(cfg.attacks, algo=run.strategy, protocol=run.protocol, fed=fed, cfg=cfg)
+    finally:
+        run.executor.shutdown()
+
+
+def sites_of(cfg, root: Path, opted_in=(0, 1, 2)) -> dict:
+    return {k: Site([k], None, root / f"site{k}", allow_attack_simulation=k in opted_in) for k in range(cfg.clients)}
+
+
+@pytest.mark.parametrize(
+    "algorithm,attacks",
+    [
+        ("fedavg", ["update_label_dist", "ownership", "membership", "link_posterior"]),
+        pytest.param("fedgcn", ["fedgcn_ls", "fedgcn_readout", "fedgcn_client_subtraction"], marks=pytest.mark.slow),
+    ],
+)
+def test_attacks_scored_on_the_opted_in_sites_reports_are_the_local_runs(algorithm, attacks, tmp_path):
+    """Attacks scored on the opted-in sites' reports are the local run's.
+
+    The driver holds only the public facts the sites described; every site opted in to attack
+    simulation reports its client's part (``own_data``), from which the runner assembles the
+    ground truth and the background knowledge (the global topology, the labelled 30 % sample,
+    the membership candidates): with every node owned by some client, every attack's value is
+    the one scored on the driver's loaded data.
+    """
+    cfg = small(algorithm, "plain", executor="local", rounds=1, attacks=attacks).validate()
+    local = attacked(cfg, load_federation(cfg))
+    sites = sites_of(cfg, tmp_path)
+    described = site_federation(facts_of(sites, cfg), {})
+    reported = attacked(cfg, described, OptInSiteExecutor(sites))
+    assert [e["name"] for e in reported] == ["transcript_audit", *attacks]
+    assert all(e["applicable"] for e in local)
+    assert [(e["name"], e["value"]) for e in reported] == [(e["name"], e["value"]) for e in local]
+
+
+def test_an_attack_needing_the_data_of_a_site_that_did_not_report_it_is_refused(tmp_path):
+    """An attack needing the data of a site that did not report it is refused, in one line naming the site's flag.
+
+    Site 1 did not opt in: its ``own_data`` request is not sent, its part of the ground truth is
+    missing, and every attack (all are scored against the ground truth) is reported not
+    applicable; the transcript audit, which needs no ground truth, runs.
+    """
+    cfg = small("fedavg", "plain", executor="local", rounds=1, attacks=["ownership", "membership"]).validate()
+    sites = sites_of(cfg, tmp_path, opted_in=(0, 2))
+    with pytest.warns(UserWarning, match=r"no ground truth for client\(s\) \[1\]: client 1: .*takes no part"):
+        entries = attacked(cfg, site_federation(facts_of(sites, cfg), {}), OptInSiteExecutor(sites))
+    assert entries[0]["name"] == "transcript_audit" and entries[0]["applicable"]
+    for e in entries[1:]:
+        assert not e["applicable"] and "error" not in e
+        assert e["reason"] == (
+            "its ground truth needs the data of client(s) [1], whose site(s) reported none "
+            "(start them with --allow-attack-simulation)"
+        )
+
+
+def test_the_assembled_ground_truth_is_the_partition_over_the_nodes_some_client_owns():
+    """The assembled ground truth is the partition over the nodes some client owns.
+
+    A partition that drops nodes (Louvain, the largest communities kept): the owned nodes'
+    features, labels, splits and every edge between them are those of the loaded graph; a node
+    no client owns is in no part (zero features, label -1, no split, no edge).
+    """
+    from attacks.base import GroundTruth
+    from attacks.reported import assemble
+    from secure_fgl.runtime.facts import PublicFacts
+
+    fed = load_federation(small(partition="louvain", keep_largest=True).validate())
+    owned = (fed.owner >= 0).numpy()
+    assert 0 < owned.sum() < owned.size
+    reported = assemble(PublicFacts.of(fed), dict(enumerate(fed.clients)), {})
+    truth, got = GroundTruth.from_fed(fed), GroundTruth.from_fed(reported)
+    assert np.array_equal(got.owner, truth.owner)
+    assert np.array_equal(reported.reported_nodes.numpy(), owned.nonzero()[0])
+    for name in ("x", "y", "train_mask", "test_mask"):
+        assert np.array_equal(getattr(got, name)[owned], getattr(truth, name)[owned]), name
+    assert not got.x[~owned].any() and (got.y[~owned] == -1).all() and not got.train_mask[~owned].any()
+    between_owned = owned[truth.edge_index].all(0)
+    assert np.array_equal(got.edge_index, truth.edge_index[:, between_owned])
+
+
+def test_a_graph_clients_reported_graphs_are_its_partition(tmp_path):
+    """A graph client's reported graphs are its partition: the graph-classification ground truth from the sites."""
+    from support.runs import graph_config
+
+    from attacks.parties import party_access
+    from attacks.reported import reported_federation
+    from secure_fgl.algorithms import get_spec
+    from secure_fgl.runtime.build import start_run
+
+    cfg = dataclasses.replace(graph_config("gc-fedavg", "plain", rounds=1), clients=3, attacks=["all"]).validate()
+    sites = sites_of(cfg, tmp_path)
+    described = site_federation(facts_of(sites, cfg), {})
+    run = start_run(cfg, fed=described, executor=OptInSiteExecutor(sites))
+    try:
+        reported = reported_federation(described, party_access(run.strategy), cfg.dataset)
+    finally:
+        run.executor.shutdown()
+    assert reported.unreported == {} and get_spec(cfg.algorithm).task == "graph"
+    for mine, loaded in zip(reported.clients, load_federation(cfg).clients, strict=True):
+        assert (mine.client_id, mine.num_features, mine.num_classes) == (
+            loaded.client_id,
+            loaded.num_features,
+            loaded.num_classes,
+        )
+        for split in ("train", "val", "test"):
+            assert len(getattr(mine, split)) == len(getattr(loaded, split))
+            for a, b in zip(getattr(mine, split), getattr(loaded, split)):
+                assert a.x.equal(b.x) and a.edge_index.equal(b.edge_index) and int(a.y) == int(b.y)

@@ -24,6 +24,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
 
 from protocols import DropoutError  # noqa: E402
+from secure_fgl import experiment  # noqa: E402
 from secure_fgl.config import RunConfig  # noqa: E402
 from secure_fgl.experiment import load_federation, run_experiment  # noqa: E402
 from secure_fgl.runtime import build, placement, ray_executor  # noqa: E402
@@ -169,7 +170,7 @@ def test_ckks_mp_stops_cleanly_and_resume_continues_from_the_checkpoint(nodes, t
     cluster, _, node_b = nodes
     out = str(tmp_path / "run")
     made: list = []
-    monkeypatch.setattr(build, "make_executor", killing(cluster, node_b, "half:upload", at_round=1, made=made))
+    monkeypatch.setattr(experiment, "make_executor", killing(cluster, node_b, "half:upload", at_round=1, made=made))
     with (
         pytest.warns(RuntimeWarning, match=r"client\(s\) \[3, 4\] lost"),
         pytest.raises(DropoutError, match=r"client\(s\) 3, 4 did not send"),

@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from support.forgers import ShiftedCommittedMPServer
 from support.runs import graph_config, small
 
 from protocols.errors import InconsistentViewError
@@ -172,5 +173,26 @@ def test_a_statistic_sent_to_one_client_alone_is_refused_at_the_rounds_next_sum(
         assert protocol.server.forged_round == 0
         assert (err.value.tag, err.value.round) == ("fedomd/stats/moments", 0)
         assert not [m for m in protocol.transcript.messages if m.tag == err.value.tag and m.kind == "share"]
+    finally:
+        executor.shutdown()
+
+
+def test_ckks_mp_a_statistic_sent_to_one_client_alone_is_refused_at_the_rounds_next_sum():
+    """ckks-mp commits to what the round's sample decoded of each statistic; every client chains the root."""
+    cfg = small("fedomd", "ckks-mp", rounds=1).validate()
+    roles = public_roles(cfg)
+    tag = next(t for t in sorted(roles) if roles[t] == "statistic" and t.endswith("/mean"))
+    executor = LocalExecutor()
+    protocol = make_runtime_protocol(cfg, cfg.clients, executor)
+    base = type(protocol.server)
+    protocol.server.__class__ = type("ShiftedStatisticServer", (ShiftedCommittedMPServer, base), {"forged": tag})
+    strategy = make_strategy(
+        cfg, load_federation(cfg), protocol, get_spec(cfg.algorithm).options(**cfg.options), executor
+    )
+    try:
+        with pytest.raises(InconsistentViewError, match="masks did not cancel") as err:
+            strategy.train_round(0)
+        assert protocol.server.forged_round == 0
+        assert err.value.round == 0 and roles[err.value.tag] == "statistic" and err.value.tag != tag
     finally:
         executor.shutdown()

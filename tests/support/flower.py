@@ -55,7 +55,8 @@ class Federation:
     each site behind its SuperNode, and a SuperLink; ``tls``: a dict of the paths :func:`make_tls`
     wrote (TLS and SuperNode authentication on), else insecure (tests only).  ``site_args``: more
     arguments of every site process, or a function of the client giving them (after its
-    ``--client``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
+    ``--client``); ``site_flags``: arguments of every site process, given once (e.g.
+    ``--allow-attack-simulation``).  Site ``s``'s processes are ``site<s>`` and ``supernode<s>``.  ``resident``: each
     site process runs its ClientApp tasks itself (``--clientappio``, SuperNode ``--isolation
     process``), else its SuperNode starts a ``flwr-clientapp`` process per message (Flower's default).
     ``node_poll``: the SuperNodes' idle poll (:func:`supernode`); ``None``: the stock ``flower-supernode``.
@@ -68,11 +69,13 @@ class Federation:
         tls: dict | None = None,
         timeout: float = 60.0,
         site_args=(),
+        site_flags=(),
         sites: int | None = None,
         resident: bool = True,
         node_poll: float | None = NODE_POLL,
     ):
         self.folder, self.procs, self.port, self.tls = Path(folder), {}, free_port(), tls
+        self.argv: dict[str, list[str]] = {}
         self.env = {
             **os.environ,
             "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -120,7 +123,7 @@ class Federation:
                     held += ["--client", str(client), *(site_args(client) if callable(site_args) else site_args)]
                 self.spawn(
                     f"site{k}",
-                    [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), *held],
+                    [sys.executable, "-m", "secure_fgl.runtime.flower_site", "--socket", str(sock), *held, *site_flags],
                 )
             self.wait_listening(self.port, timeout)
             for k, sock in enumerate(socks):
@@ -149,7 +152,8 @@ class Federation:
             raise
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(self.folder / f"{name}.log", "wb") as log:
+        self.argv[name] = argv
+        with open(self.folder / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True
             )
@@ -160,6 +164,10 @@ class Federation:
         """Kill process ``name`` (e.g. ``supernode2``) and its children at once, as a crash would."""
         os.killpg(self.procs[name].pid, 9)
         self.procs[name].wait(timeout=10)
+
+    def restart(self, name: str) -> None:
+        """Start process ``name`` (killed by :meth:`kill`) again with its command, as its operator would."""
+        self.spawn(name, self.argv[name])
 
     def register(self, public_key: str, ca: str) -> None:
         """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""

@@ -1,11 +1,15 @@
-"""Malicious server halves shared by the tests that attack key distribution."""
+"""Malicious server halves shared by the tests that attack key distribution and the ckks-mp commitments."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
+from protocols.ckks_mp import encoding, encryption
+from protocols.ckks_mp.params import plan_exchange
 from protocols.registry import backend_class
 
 
@@ -35,3 +39,64 @@ def directory_forger(mode: str, *, resign: bool, identity: bool = False):
             return super()._outgoing(msg, stage, part, intercept)
 
     return DirectoryForger
+
+
+def shifted_ckks_mp_download(server, data: bytes, to: int) -> bytes:
+    """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum.
+
+    ``server``: the server half of the exchange under way; ``to``: the download's key (-1: the broadcast key, ``c0'``
+    only; else a recipient's, ``(c0', c1')``).
+    """
+    plan, ring = server.plan, server.ring
+    ep = plan_exchange(
+        server.params,
+        plan.spec,
+        server.setup.num_clients,
+        plan.dp_noise_std,
+        plan.block_len,
+        tag=plan.tag,
+        round=plan.round,
+        broadcast="broadcast_to" in plan.encoding,  # the plan's switch
+    )
+    unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
+    shifted = unit.copy()
+    shifted[0] = 1
+    delta = ring.rescale(ring.sub(encoding.encode(ring, ep, shifted), encoding.encode(ring, ep, unit)), ep.switch_level)
+    pair = () if to < 0 else (2,)
+    count = len(data) // (4 * int(np.prod(pair or (1,))) * ep.switch_level * ring.n)
+    cts = encryption.from_bytes(ring, data, (count, *pair, ep.switch_level, ring.n)).copy()
+    first = cts[0] if to < 0 else cts[0, 0]
+    first[:] = ring.add(first, delta)
+    return encryption.to_bytes(cts)
+
+
+class ShiftedCommittedMPServer:
+    """ckks-mp server mixin: shifts client ``victim``'s download of tag ``forged`` by one quantum, commits apart.
+
+    The victim decodes another value than the other recipients; its keyed digests go into a commitment of their own
+    (the honest server would refuse two recipients' different digests of one block), so each client's digests verify
+    against the root it is sent.  ``forged_round``: the round of the first forged download (forged once).
+    """
+
+    forged = ""
+    victim = 1
+    forged_round: int | None = None
+
+    def call(self, link, stage, messages, *, hook=True):
+        if stage == "download" and self.plan.tag == self.forged and self.victim in messages and self._first():
+            (msg, part), *rest = messages[self.victim]
+            data = shifted_ckks_mp_download(self, msg.payload["data"], int(msg.payload["to"]))
+            msg = replace(msg, payload={**msg.payload, "data": data})
+            messages = {**messages, self.victim: [(msg, part), *rest]}
+        return super().call(link, stage, messages, hook=hook)
+
+    def _first(self) -> bool:
+        if self.forged_round is None:
+            self.forged_round = self.plan.round
+        return self.forged_round == self.plan.round
+
+    def release_messages(self, reports):
+        if self.victim not in reports:
+            return super().release_messages(reports)
+        victim = {self.victim: reports.pop(self.victim)}
+        return {**super().release_messages(reports), self.victim: super().release_messages(victim)[self.victim]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from protocols import DropoutError
-from protocols.broadcast_view import VIEW_BINDING_MODES
 from protocols.client_sampling import sample_clients
 
 from ...runtime.dp import privatize_dense
@@ -31,9 +30,10 @@ class ModelAveragingStrategy(Strategy):
         self.personalized = cfg.algorithm == "local"
         #: clients that missed a model broadcast (not a recipient, or no answer to its download):
         #: the broadcast is the mean update each client adds to its model, so from then on they
-        #: train on another model, and the clients' check of the broadcasts each contributor
-        #: received (:mod:`protocols.broadcast_view`) would refuse every later sum they join; they
-        #: contribute no more (kept in checkpoints)
+        #: train on another model, and (mask, ckks-mp) the clients' check of the broadcasts each
+        #: contributor received (:mod:`protocols.broadcast_view`) would refuse every later sum they
+        #: join.  In every mode alike they keep training their own model when sampled, but
+        #: contribute to and receive no later model sum (kept in checkpoints)
         self.out_of_sync: set[int] = set()
 
     def sample_clients(self, rnd: int) -> list[int]:
@@ -54,7 +54,8 @@ class ModelAveragingStrategy(Strategy):
         self.round = rnd
         sampled = self.sample_clients(rnd)
         ask = self.local_update_request(rnd, tag)
-        done = self.ask("local_update", {k: ask for k in sampled})
+        trainers = sample_clients(self.cfg.seed, rnd, self.num_clients, self.cfg.client_fraction)
+        done = self.ask("local_update", {k: ask for k in trainers})  # out of sync too: its own model
         losses = [r.loss for r in done.values() if r.trained and r.loss is not None]
         if self.aggregate_models:
             contributors = [k for k in sampled if k in self.lost or done[k].trained] or sampled
@@ -94,17 +95,23 @@ class ModelAveragingStrategy(Strategy):
         noisy, noise_std = sorted(sent), 0.0
         if dp is not None:
             noisy, noise_std, spec = privatize_dense(self, tag, rnd, noisy, length, dp_sum, spec)
+        recipients = [k for k in self.alive() if k not in self.out_of_sync]
         included = run_server_half(
             self.protocol,
-            plan_dense(self.protocol, tag, rnd, noisy, self.alive(), length, spec, dp_noise_std=noise_std),
+            plan_dense(self.protocol, tag, rnd, noisy, recipients, length, spec, dp_noise_std=noise_std),
         )
         self.note_broadcast(tag, rnd)
         done = ReceiveIns(tag, rnd, length, count=len(included) if dp else None)
-        self.tell("receive", {k: done for k in self.alive()})
+        self.tell("receive", {k: done for k in self.alive(recipients)})
 
     def note_broadcast(self, tag: str, rnd: int) -> None:
-        """After a sum under ``tag``: when the schedule binds it (a broadcast), :meth:`note_missed_download`."""
-        if self.protocol.mode in VIEW_BINDING_MODES and self.protocol.schedule.binds_views(tag):
+        """After a sum under ``tag``: when the schedule marks it a broadcast, :meth:`note_missed_download`.
+
+        In every mode, so that a dropout means the same in each: the modes that bind the broadcasts
+        (:data:`~protocols.broadcast_view.VIEW_BINDING_MODES`) could not take the client back, and
+        ``plain`` and ``ckks`` do not either.
+        """
+        if self.protocol.schedule.binds_views(tag):
             self.note_missed_download(tag, rnd)
 
     def note_missed_download(self, tag: str, rnd: int) -> None:

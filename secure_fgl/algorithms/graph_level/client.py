@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dpsgd import DPSGD
+from ...runtime.graph_data import graph_fields
 from ...runtime.logic import ClientLogic
 from ...runtime.messages import (
     AttackIns,
@@ -111,10 +112,12 @@ class GraphLogic(ClientLogic):
         """This client's GIN after the run, for the attack suite.
 
         For the attack suite (:mod:`attacks.parties`): ``model``, this client's GIN (private
-        layers included) after the run.
+        layers included) after the run; ``own_data``, its graphs (the set-up frame's arrays).
         """
         if req.what == "model":
             return StateRes({f"param:{n}": t for n, t in self.learner.model.state_dict().items()})
+        if req.what == "own_data":
+            return StateRes(graph_fields(self.data))
         raise MessageError(f"client {self.rt.client_id}: no attack state {req.what!r} for a graph client")
 
     def state_dict(self) -> dict:
