@@ -127,6 +127,13 @@ class DPConfig:
         """Whether DP applies to ``tag``: every tag when no scope is set, else tags at or under a scope prefix."""
         return not self.scope or any(tag == p or tag.startswith(p.rstrip("/") + "/") for p in self.scope)
 
+    def allowed_missing(self, tag: str) -> int | None:
+        """The contributors a sum of ``tag`` may miss for its distributed noise to hold (``dropouts``).
+
+        ``None`` where no distributed noise covers ``tag`` (local placement, or ``tag`` out of scope).
+        """
+        return int(self.dropouts) if self.placement == "distributed" and self.in_scope(tag) else None
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", tuple(self.scope))
         if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):

@@ -129,7 +129,7 @@ class HalvesProtocol(Protocol):
         for k in range(self.num_clients if link is None else 0):
             self.clients[k] = self.client_half(k, setup_bytes)
             self.clients[k].use_manifest(self.manifest, identities[client_party(k)])
-            self.clients[k].dp_allowance = self.dp_allowance
+            self.clients[k].dp_config = getattr(self.dp, "config", None)
         self.link = link if link is not None else InProcessLink(self.clients)
         # the facade's view of the parties' public keys (tests re-sign messages as a party)
         self.registry = self.server.registry
@@ -152,13 +152,6 @@ class HalvesProtocol(Protocol):
         if groups:
             listing["groups"] = [list(group) for group in groups]
         return {**schedule, "roles": dict(self.schedule.roles), **listing, **self.collusion.to_dict()}
-
-    def dp_allowance(self, tag: str) -> int | None:
-        """The in-process client halves' :attr:`ClientHalf.dp_allowance`, from the DP config this run was built with."""
-        config = getattr(self.dp, "config", None)
-        if config is None or config.placement != "distributed" or not config.in_scope(tag):
-            return None
-        return int(config.dropouts)
 
     def client_identity(self, k: int) -> dict[str, bytes]:
         """What the driver hands client ``k``'s runtime directly, beside the public setup.

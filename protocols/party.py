@@ -69,6 +69,7 @@ from .similarity_exchange import SIMILARITY_SHAPE, similarity_client_step
 from .transcript import SERVER, Kind, Message, Transcript, client_party, party_client
 
 if TYPE_CHECKING:
+    from .dp import DPConfig
     from .link import ClientLink
 
 #: tag of the once-per-run registration of the clients' public keys
@@ -316,10 +317,10 @@ class ClientHalf(Party):
         #: :mod:`protocols.report`); a report plan for any other tag is refused
         self.clear_tags: set[str] = set()
         self.plan: ExchangePlan | None = None
-        #: tag -> the most of a sum's contributors that may be missing for its distributed DP noise to
-        #: hold (``--dp-dropouts``), or ``None`` where no distributed noise covers the tag; set by
-        #: whoever builds this half from the run's own config, never from a plan
-        self.dp_allowance: Callable[[str], int | None] = lambda tag: None
+        #: the run's DP configuration (:class:`protocols.dp.DPConfig`; ``None``: no DP), for the
+        #: contributors a sum may miss (:meth:`check_noise_allowance`); set by whoever builds this half
+        #: from the run's own config, never from a plan
+        self.dp_config: DPConfig | None = None
         #: the rows of its blocks this client keeps of its next result
         #: (:class:`protocols.row_blocks.RowSelection`; ``None``: whole blocks)
         self.selection = None
@@ -330,7 +331,7 @@ class ClientHalf(Party):
     def check_noise_allowance(self, survivors: Iterable[int]) -> None:
         """Refuse to release the current sum over fewer than ``n - d`` of the plan's ``n`` contributors.
 
-        ``d`` is :attr:`dp_allowance` of the plan's tag: with distributed DP each contributor adds
+        ``d`` is :attr:`dp_config`'s ``allowed_missing`` of the plan's tag: with distributed DP each contributor adds
         ``sigma / sqrt(max(1, n - d - c))`` (:mod:`protocols.dp`), so a sum over fewer survivors is
         short of noise, whoever declared the others dropped.
 
@@ -338,7 +339,7 @@ class ClientHalf(Party):
             NoiseAllowanceError: fewer than ``n - d`` survivors.
         """
         plan = cast(ExchangePlan, self.plan)
-        allowed = self.dp_allowance(plan.tag)
+        allowed = None if self.dp_config is None else self.dp_config.allowed_missing(plan.tag)
         n, kept = len(plan.contributors), len(set(survivors))
         if allowed is not None and kept < n - allowed:
             raise NoiseAllowanceError(

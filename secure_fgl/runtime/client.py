@@ -26,8 +26,8 @@ from ..config import RunConfig
 from ..data.federated import ClientSubgraph
 from ..engine.checkpoint import from_plain, to_plain
 from ..engine.files import write_bytes_atomic
+from ..privacy import dp_config
 from . import wire
-from .dp import dp_allowance
 from .facts import GraphFacts, PublicFacts
 from .graph_data import graph_client
 from .logic import make_logic
@@ -102,7 +102,7 @@ class ClientRuntime:
             )
             self.half.provider = self.logic.table
             self.half.clear_tags = self.logic.clear_tags
-            self.half.dp_allowance = dp_allowance(self.cfg)
+            self.half.dp_config = dp_config(self.cfg)
             self._chain_initial_model()
 
     def handle(self, method: str, request: bytes) -> bytes:

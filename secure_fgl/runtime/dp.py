@@ -27,7 +27,6 @@ the full sigma and the survivors go on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
@@ -35,21 +34,7 @@ from protocols import DPRequest, DropoutError, PrivacyBudgetError, Protocol
 from protocols.csprng import SecureRandom
 from protocols.dp import gaussian_noise, grid_bits_of, noise_rows, noise_vector
 
-from ..privacy import dp_config
 from .messages import MessageError, PrivatizeIns
-
-
-def dp_allowance(cfg) -> Callable[[str], int | None]:
-    """Tag -> the contributors a sum may miss for the run's distributed noise to hold (``--dp-dropouts``).
-
-    ``None`` for a tag no distributed noise covers.  From the run's own config (``cfg``), which each
-    client holds: its protocol half refuses to release a sum over fewer than ``n - d`` of the
-    plan's ``n`` contributors (:meth:`protocols.party.ClientHalf.check_noise_allowance`).
-    """
-    dp = dp_config(cfg)
-    if dp is None or dp.placement != "distributed":
-        return lambda tag: None
-    return lambda tag: int(dp.dropouts) if dp.in_scope(tag) else None
 
 
 def request_fields(req: DPRequest, spec) -> dict:

@@ -86,7 +86,7 @@ def test_within_the_allowance_or_without_the_clients_check_the_short_sum_is_rele
     within = protocol(mode, victims, dropouts=len(victims))
     unchecked = protocol(mode, victims, dropouts=len(victims) - 1)
     for half in unchecked.clients.values():
-        half.dp_allowance = lambda tag: None
+        half.dp_config = None
     for proto in (within, unchecked):
         assert np.isfinite(weighted_sum(proto)).all()
         assert proto.server.covered == tuple(k for k in range(proto.num_clients) if k not in victims)
@@ -95,10 +95,10 @@ def test_within_the_allowance_or_without_the_clients_check_the_short_sum_is_rele
 def test_each_client_runtime_takes_the_allowance_from_the_runs_own_config():
     """The allowance a client runtime hands its half: ``--dp-dropouts`` for distributed noise in scope, else none."""
     from secure_fgl.config import RunConfig
-    from secure_fgl.runtime.dp import dp_allowance
+    from secure_fgl.privacy import dp_config
 
     run = dict(algorithm="fedavg", dp_epsilon=1.0, dp_dropouts=2, dp_exchanges="fedavg/model")
-    allowance = dp_allowance(RunConfig(mode="mask", **run))
-    assert allowance("fedavg/model") == 2 and allowance("other/sum") is None
-    assert dp_allowance(RunConfig(mode="plain", **run))("fedavg/model") is None  # local noise: full sigma each
-    assert dp_allowance(RunConfig(algorithm="fedavg", mode="mask"))("fedavg/model") is None  # no DP
+    config = dp_config(RunConfig(mode="mask", **run))
+    assert config.allowed_missing("fedavg/model") == 2 and config.allowed_missing("other/sum") is None
+    assert dp_config(RunConfig(mode="plain", **run)).allowed_missing("fedavg/model") is None  # local: full sigma each
+    assert dp_config(RunConfig(algorithm="fedavg", mode="mask")) is None  # no DP
