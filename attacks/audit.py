@@ -6,7 +6,7 @@ Checks, for a run in a secure mode (``ckks``/``mask``):
 
 1. **Kinds.**  Every message the server receives is ``ciphertext``/``masked`` (or a
    ``public_key``, ``metadata``, ``share`` or ``control``: mask's share commitments and
-   survivor-set signatures); a ``plain`` upload fails, and so does any
+   survivor-set MACs); a ``plain`` upload fails, and so does any
    ``secret_key`` reaching the server.
 2. **Sizes.**  Uploads of one exchange (tag, round) have equal sizes across clients unless
    the exchange declares a data-dependent layout (client ``metadata`` messages in the same
@@ -172,7 +172,7 @@ def payload_side_fields(msg: Message) -> list[str]:
                 found.append(f"{path or '<payload>'} (plaintext floats)")
             elif key and SIDE_FIELD.search(key) and _is_number_data(leaf):
                 found.append(f"{path} (named side field)")
-        elif msg.kind in ("metadata", "control"):  # control: share commitments, survivor-set signatures
+        elif msg.kind in ("metadata", "control"):  # control: share commitments, survivor-set MACs
             if _is_float_data(leaf) or (key and SIDE_FIELD.search(key) and _is_number_data(leaf)):
                 found.append(f"{path or '<payload>'} (numbers beyond ids in metadata)")
     return found

@@ -8,6 +8,7 @@ before it is used (the protocol and its stages: :mod:`.backend`).
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from .keys import (
 from .prg import ranked_mask, ring_mask
 from .public import (
     COMMITMENT_BYTES,
+    SURVIVOR_MAC_BYTES,
     mask_fingerprint,
     positions,
     read_words,
@@ -119,6 +121,17 @@ def survivor_statement(
         bytes(view),
     )
     return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
+def survivor_mac(key: bytes, sender: int, receiver: int, statement: bytes) -> bytes:
+    """Survivor ``sender``'s MAC of ``statement`` for survivor ``receiver``.
+
+    ``HMAC-SHA256(k_{sender,receiver}, sender || receiver || statement)`` with the pair's consistency
+    key (:meth:`.keys.MaskKeyPair.consistency_key`): the pairwise-MAC form of a signature of the
+    survivor set (Bonawitz et al. §4, ConsistencyCheck).  The direction is bound, so a MAC is never
+    accepted back by its own sender, nor by any client but ``receiver``.
+    """
+    return hmac.digest(key, int(sender).to_bytes(4, "big") + int(receiver).to_bytes(4, "big") + statement, "sha256")
 
 
 def _unmask_answer(
@@ -231,8 +244,9 @@ class MaskClient(ClientHalf):
         self._prepared: int | None = None  # exchange whose contribution is encoded
         self._participants: list[int] | None = None  # the server's list, when it excluded someone
         self._unmasked: int | None = None  # the exchange whose unmasking round it answered
-        #: (exchange, survivor set, statement, signature) this client signed in the consistency round
-        self._signed: tuple[int, tuple[int, ...], bytes, bytes] | None = None
+        #: (exchange, survivor set, statement) this client signed (MACed to every other survivor) in the
+        #: consistency round
+        self._signed: tuple[int, tuple[int, ...], bytes] | None = None
         #: seconds spent by this client in the last exchange, per step
         self.timing: dict[str, float] = {}
         #: attack simulations only: keep the encoded input after the masked upload is built (by
@@ -579,12 +593,19 @@ class MaskClient(ClientHalf):
             self.setup.run_id, self.setup.session, p.exchange, p.tag, p.round, survivors, self.view_digest()
         )
 
-    def stage_consistency(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
-        """Consistency check: sign the survivor set the server names.
+    def _consistency_key(self, peer: int) -> bytes:
+        """The consistency MAC key this client shares with survivor ``peer`` (from their pinned mask keys)."""
+        if self.mask_keys is None or peer not in self.peer_keys:
+            raise IntegrityError(f"no mask public key of survivor {peer} was broadcast", **self.where())
+        return self.mask_keys.consistency_key(self.id, peer, self.peer_keys[peer], self.setup.run_id)
 
-        Consistency check (Bonawitz et al. §4, active variant), once per exchange: sign the
-        survivor set the server names, if it is a sorted set of at least ``t`` participants that
-        includes this client.
+    def stage_consistency(self, inbox: list[Message]) -> list[tuple[Message, bytes]]:
+        """Consistency check: sign the survivor set the server names, with one MAC per other survivor.
+
+        Consistency check (Bonawitz et al. §4, active variant), once per exchange: if the survivor
+        set the server names is a sorted set of at least ``t`` participants that includes this
+        client, MAC its statement (:func:`survivor_statement`) for each other survivor ``j`` under
+        their pairwise key (:func:`survivor_mac`); the server relays each MAC to its ``j``.
         """
         if self.state is None:
             return []
@@ -609,21 +630,29 @@ class MaskClient(ClientHalf):
             )
         self.released_over(self._exchange_plan, survivors)  # a related-input group: one set per round
         statement = self._statement(survivors)
-        sig = self.signing.sign(statement)
-        self._signed = (self._exchange_plan.exchange, tuple(survivors), statement, sig)
+        others = [j for j in survivors if j != self.id]
+        macs = b"".join(survivor_mac(self._consistency_key(j), self.id, j, statement) for j in others)
+        self._signed = (self._exchange_plan.exchange, tuple(survivors), statement)
         return [
             self.seal(
-                self._message("control", (len(sig),), {"signature": sig}, "signature of the survivor set"),
+                self._message(
+                    "control",
+                    (len(others), SURVIVOR_MAC_BYTES),
+                    {"receivers": np.asarray(others, np.int32), "macs": macs},
+                    "MACs of the survivor set, one per other survivor",
+                ),
                 "consistency",
             )
         ]
 
-    def _check_request(self, want_pairwise: list[int], want_self: list[int], signatures: dict[int, bytes]) -> None:
+    def _check_request(self, want_pairwise: list[int], want_self: list[int], macs: dict[int, bytes]) -> None:
         """Check the unmasking request against what this client signed.
 
         The unmasking request must name the survivor set this client signed (its self-mask shares)
-        and exactly the other participants (their pairwise seeds), with the signatures of at least
-        ``t`` survivors over that set -- so no two clients can be asked about different sets.
+        and exactly the other participants (their pairwise seeds), and carry, from other survivors,
+        MACs to this client over that same set: with this client's own, at least ``t`` (every
+        survivor's where the exchange binds the views) -- so no two clients can be asked about
+        different sets.
         """
         where = self.where()
         if self._signed is None or self._signed[0] != self._exchange_plan.exchange:
@@ -636,33 +665,28 @@ class MaskClient(ClientHalf):
                 f"the survivor set {survivors} this client signed",
                 **where,
             )
-        statement, t = self._statement(survivors), self._threshold()
+        statement, t = self._signed[2], self._threshold()
         bound = self._binds_view()
-        if bound and set(signatures) != set(survivors):  # an unsigned survivor's view is unchecked
+        signed = set(macs) | {self.id}
+        if bound and signed != set(survivors):  # an unsigned survivor's view is unchecked
             raise InconsistentViewError(
-                f"survivors {sorted(set(survivors) - set(signatures))} did not sign the survivor set of an "
+                f"survivors {sorted(set(survivors) - signed)} did not sign the survivor set of an "
                 "exchange bound to the broadcasts, statistics or released sums received: each survivor's view "
                 "is checked before unmasking",
                 **where,
             )
-        for k, sig in signatures.items():
-            if k not in survivors:
-                raise ConsistencyError(f"a survivor-set signature of client {k}, who is not a survivor", **where)
-            if k == self.id and (statement, sig) == self._signed[2:]:
-                continue  # the signature this client itself made over this very statement
-            try:
-                self.registry.check_signature(client_party(k), statement, sig, where)
-            except IntegrityError:
+        for k, mac in macs.items():
+            if k not in survivors or k == self.id:
+                raise ConsistencyError(f"a survivor-set MAC from client {k}, who is not another survivor", **where)
+            if not hmac.compare_digest(mac, survivor_mac(self._consistency_key(k), k, self.id, statement)):
                 raise (InconsistentViewError if bound else ConsistencyError)(
-                    f"client {k}'s signature is not over the survivor set {survivors} this client "
+                    f"client {k}'s pairwise-MAC signature is not over the survivor set {survivors} this client "
                     "signed: the server told clients different survivor sets"
                     + (" or sent them different broadcasts to train on (model inconsistency)" if bound else ""),
                     **where,
-                ) from None
-        if len(signatures) < t:
-            raise ConsistencyError(
-                f"only {len(signatures)} survivors signed the survivor set, fewer than t={t}", **where
-            )
+                )
+        if len(signed) < t:
+            raise ConsistencyError(f"only {len(signed)} survivors signed the survivor set, fewer than t={t}", **where)
 
     def _binds_view(self) -> bool:
         """Whether every survivor's view must be checked before unmasking (:mod:`protocols.schedule`).
@@ -681,7 +705,8 @@ class MaskClient(ClientHalf):
         """Answer the unmasking request.
 
         Step 5, answered once per exchange, after the consistency round: the request names the
-        survivors (self-mask shares) and who dropped (pairwise seeds), with the survivors' signatures.
+        survivors (self-mask shares) and who dropped (pairwise seeds), with the other survivors' MACs
+        to this client over the survivor set.
         """
         if self.state is None:
             return []
@@ -692,10 +717,14 @@ class MaskClient(ClientHalf):
         try:
             want_pairwise = [int(d) for d in msg.payload["pairwise"]]
             want_self = [int(u) for u in msg.payload["self_mask"]]
-            signatures = {int(k): bytes(v) for k, v in msg.payload["signatures"].items()}
+            senders = [int(k) for k in msg.payload["mac_senders"]]
+            blob = bytes(msg.payload["macs"])
+            if len(blob) != SURVIVOR_MAC_BYTES * len(senders) or len(set(senders)) != len(senders):
+                raise ValueError(f"{len(blob)} bytes of MACs from {len(senders)} distinct senders")
+            macs = {k: blob[i * SURVIVOR_MAC_BYTES : (i + 1) * SURVIVOR_MAC_BYTES] for i, k in enumerate(senders)}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed unmasking request ({e})", **self.where()) from None
-        self._check_request(want_pairwise, want_self, signatures)
+        self._check_request(want_pairwise, want_self, macs)
         self.check_noise_allowance(want_self)  # distributed DP: at most --dp-dropouts missing
         if want_pairwise and not self.options["dropout_recovery"]:
             raise UnmaskingRefusedError(

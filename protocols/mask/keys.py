@@ -21,6 +21,11 @@ the server, which relays the public keys, never learns it.  Here:
   (:func:`check_signed_mask_key`), so a server that substitutes a key of its own in the
   broadcast is refused with :class:`~protocols.errors.KeySubstitutionError` before any
   seed is derived from it.
+* The consistency round's MAC key of the pair (:func:`MaskKeyPair.consistency_key`) is HKDF of the
+  same X25519 output with its own ``info`` (purpose ``consistency-mac``, the ordered pair and both
+  public keys), once per run: domain-separated from every pairwise-mask seed, so revealing the
+  seeds of one exchange for dropout recovery reveals nothing of it.  The server, which never holds
+  a mask secret key, can neither compute nor check these MACs.
 * The output-mask key of client id ``k`` is HKDF(group seed, same bindings, ``k``): the key of
   ``P_k``; contributor ``k`` adds ``R_k = P_k - P_{k+1}`` (:mod:`.backend`).  The group seed is
   32 random bytes known to every client and never to the server.
@@ -85,7 +90,17 @@ def _join(*parts: bytes) -> bytes:
 
 def _hkdf(ikm: bytes, salt: bytes, info: bytes) -> bytes:
     """HKDF-SHA256 (RFC 5869) with a 32-byte output: ``HMAC(HMAC(salt, ikm), info || 0x01)``."""
-    return hmac.digest(hmac.digest(salt, ikm, "sha256"), info + b"\x01", "sha256")
+    return _expand(_extract(salt, ikm), info)
+
+
+def _extract(salt: bytes, ikm: bytes) -> bytes:
+    """HKDF-Extract: the pseudorandom key ``PRK = HMAC(salt, ikm)``."""
+    return hmac.digest(salt, ikm, "sha256")
+
+
+def _expand(prk: bytes, info: bytes) -> bytes:
+    """HKDF-Expand to 32 bytes: ``HMAC(PRK, info || 0x01)``."""
+    return hmac.digest(prk, info + b"\x01", "sha256")
 
 
 class MaskKeyPair:
@@ -94,7 +109,12 @@ class MaskKeyPair:
     def __init__(self, private: X25519PrivateKey):
         self._private = private
         self.public_bytes = private.public_key().public_bytes(**_RAW)
-        self._agreed: dict[bytes, bytes] = {}  # peer public key -> X25519 output
+        #: (peer public key, run id) -> HKDF-Extract of the X25519 output (the DH is done once per peer)
+        self._prk: dict[tuple[bytes, bytes], bytes] = {}
+        #: (own id, peer id, peer public key) -> the ordered pair's part of an HKDF info
+        self._pairs: dict[tuple[int, int, bytes], bytes] = {}
+        #: (own id, peer id, peer public key, run id) -> the pair's consistency MAC key
+        self._mac_keys: dict[tuple[int, int, bytes, bytes], bytes] = {}
 
     @classmethod
     def generate(cls) -> MaskKeyPair:
@@ -112,37 +132,62 @@ class MaskKeyPair:
             serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
 
-    def pairwise_seed(self, own_id: int, peer_id: int, peer_public: bytes, binding: ExchangeBinding) -> bytes:
-        """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.
+    def _pair_prk(self, peer_id: int, peer_public: bytes, run_id: bytes, where: dict[str, Any]) -> bytes:
+        """HKDF-Extract(salt = run id, X25519(own secret, peer public)), computed once per peer and run.
 
         A peer key that is not 32 bytes, or a low-order point (all-zero shared secret, which
         ``cryptography`` refuses with ``ValueError``), raises :class:`IntegrityError`.
         """
-        where: dict[str, Any] = dict(tag=binding.tag, round=binding.round, client=peer_id)
         if not isinstance(peer_public, (bytes, bytearray)):
             raise IntegrityError(f"an X25519 public key is bytes, got {type(peer_public).__name__}", **where)
         if len(peer_public) != PUBLIC_KEY_BYTES:
             raise IntegrityError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}", **where)
-        shared = self._agreed.get(bytes(peer_public))
-        if shared is None:
+        prk = self._prk.get((bytes(peer_public), run_id))
+        if prk is None:
             try:
                 shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
             except ValueError:
                 raise IntegrityError(
                     "the peer's X25519 public key is a low-order point (all-zero shared secret): refused", **where
                 ) from None
-            self._agreed[bytes(peer_public)] = shared
-        (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
-        info = _join(
-            b"secure_fgl/mask/v1",
-            b"pairwise-mask",
-            binding.encoded,
-            lo.to_bytes(4, "big"),
-            hi.to_bytes(4, "big"),
-            pk_lo,
-            pk_hi,
-        )
-        return _hkdf(shared, binding.run_id, info)
+            prk = self._prk[(bytes(peer_public), run_id)] = _extract(run_id, shared)
+        return prk
+
+    def _pair_info(self, purpose: bytes, own_id: int, peer_id: int, peer_public: bytes, *bound: bytes) -> bytes:
+        """HKDF ``info`` of a pair's key: the purpose, ``bound``, the ordered pair and both public keys.
+
+        ``_join(domain, purpose, *bound, lo, hi, pk_lo, pk_hi)``; the pair's part is joined once per peer.
+        """
+        pair = self._pairs.get((own_id, peer_id, bytes(peer_public)))
+        if pair is None:
+            (lo, pk_lo), (hi, pk_hi) = sorted([(own_id, self.public_bytes), (peer_id, bytes(peer_public))])
+            pair = _join(lo.to_bytes(4, "big"), hi.to_bytes(4, "big"), pk_lo, pk_hi)
+            self._pairs[(own_id, peer_id, bytes(peer_public))] = pair
+        return _join(b"secure_fgl/mask/v1", purpose, *bound) + pair
+
+    def pairwise_seed(self, own_id: int, peer_id: int, peer_public: bytes, binding: ExchangeBinding) -> bytes:
+        """``s_{own,peer}``: identical for both ends of the pair, unknown to anyone else.
+
+        ``HKDF(X25519(own, peer); salt = run id, info = (pairwise-mask, exchange, pair, keys))``.
+        """
+        where: dict[str, Any] = dict(tag=binding.tag, round=binding.round, client=peer_id)
+        prk = self._pair_prk(peer_id, peer_public, binding.run_id, where)
+        return _expand(prk, self._pair_info(b"pairwise-mask", own_id, peer_id, peer_public, binding.encoded))
+
+    def consistency_key(self, own_id: int, peer_id: int, peer_public: bytes, run_id: bytes) -> bytes:
+        """``k_{own,peer}``: the pair's key of the consistency round's MACs, once per run.
+
+        ``HKDF(X25519(own, peer); salt = run id, info = (consistency-mac, pair, keys))``: the same
+        agreement as the mask seeds under another purpose, so no mask seed reveals it.
+        """
+        cached = (own_id, peer_id, bytes(peer_public), run_id)
+        key = self._mac_keys.get(cached)
+        if key is None:
+            prk = self._pair_prk(peer_id, peer_public, run_id, dict(client=peer_id))
+            key = self._mac_keys[cached] = _expand(
+                prk, self._pair_info(b"consistency-mac", own_id, peer_id, peer_public)
+            )
+        return key
 
 
 def signed_mask_key(signing: SigningKey, run_id: bytes, owner: str, public_bytes: bytes) -> bytes:

@@ -1,7 +1,7 @@
 """What both halves of a mask exchange derive from public data alone.
 
-The run's parameter fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the wire
-format of ring elements and the row positions of a block subset.
+The run's parameter fingerprint, the Shamir threshold, the mask stream ids, a dealer's share commitments, the size
+of a survivor-set MAC, the wire format of ring elements and the row positions of a block subset.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from .shamir import Share
 #: domain separator of a dealer's commitment to one Shamir share
 SHARE_COMMITMENT_DOMAIN = b"secure-fgl/mask-share-commitment/v1"
 COMMITMENT_BYTES = 32
+#: bytes of one consistency-round MAC of the survivor set (HMAC-SHA256, untruncated)
+SURVIVOR_MAC_BYTES = 32
 
 
 def share_commitment(run_id: bytes, dealer: int, seq: int, share: Share) -> bytes:

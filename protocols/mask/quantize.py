@@ -136,7 +136,7 @@ class FixedPoint:
                     client=client,
                 )
         else:
-            q = np.ldexp(x, self.frac_bits)  # exact scaling by 2^f ...
+            q = x * 2.0**self.frac_bits  # exact scaling by 2^f (a power of two, no overflow below the bound) ...
             np.rint(q, out=q)  # ... then round half to even
             q = q.astype(self._signed)
         # |q| < 2^(b-1) / K by construction, so the cast to the signed word is exact; its
@@ -187,9 +187,15 @@ class FixedPoint:
         """
         w = np.asarray(ring_sum, dtype=self.dtype)
         spare = 8 * self.dtype.itemsize - self.ring_bits
-        signed = w.view(self._signed) if spare == 0 else (w << w.dtype.type(spare)).view(self._signed) >> spare
+        if spare == 0:
+            signed = w.view(self._signed)
+        else:
+            signed = (w << w.dtype.type(spare)).view(self._signed)
+            signed >>= spare
         out = signed.astype(np.float64)  # as int64 -> float64 (the read-out term of error_bound)
-        return out if self.integer else np.ldexp(out, -self.frac_bits, out=out)
+        if not self.integer:
+            out *= 2.0**-self.frac_bits  # exact: a power of two
+        return out
 
 
 def choose_encoding(

@@ -31,6 +31,7 @@ from .keys import SEED_BYTES, SIGNED_KEY_BYTES, check_signed_mask_key
 from .prg import ranked_mask
 from .public import (
     COMMITMENT_BYTES,
+    SURVIVOR_MAC_BYTES,
     mask_fingerprint,
     positions,
     read_words,
@@ -78,7 +79,8 @@ class MaskExchange:
     total: np.ndarray | None = None  # [union.size, block_len] sum of the uploads mod 2^b
     uploaders: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # participants whose upload is missing
-    signatures: dict[int, bytes] = field(default_factory=dict)  # survivor -> its signature of the set
+    #: survivor -> its MACs of the survivor set, one per other survivor (receiver -> MAC)
+    macs: dict[int, dict[int, bytes]] = field(default_factory=dict)
     server_s: float = 0.0  # server seconds in checks, sums and recovery
 
     @property
@@ -414,10 +416,11 @@ class MaskServer(ServerHalf):
         return time.perf_counter() - t0
 
     def stage_consistency(self, ex: MaskExchange, link: ClientLink) -> None:
-        """ConsistencyCheck: collect the uploaders' signatures on the survivor set.
+        """ConsistencyCheck: collect the uploaders' MACs of the survivor set.
 
         ConsistencyCheck (Bonawitz et al. §4, active variant): every uploader signs the survivor
-        set; keeps the signatures of those that answered (at least ``t``, else DropoutError).
+        set with one MAC per other uploader (under their pairwise key, which the server does not
+        hold); keeps the MACs of those that answered (at least ``t``, else DropoutError).
         """
         survivors = np.asarray(ex.uploaders, np.int32)
         got = self.call(
@@ -434,18 +437,27 @@ class MaskServer(ServerHalf):
                 self.last_missing.setdefault(j, "consistency")
                 continue
             self.check_envelope(msg, self.fingerprint, j)
-            sig = msg.payload.get("signature") if isinstance(msg.payload, dict) else None
-            if not isinstance(sig, (bytes, bytearray)) or len(sig) != 64:
-                raise IntegrityError("malformed survivor-set signature", **self.where(j))
-            ex.signatures[j] = bytes(sig)
-        if len(ex.signatures) < ex.t:
+            try:
+                receivers = [int(k) for k in msg.payload["receivers"]]
+                blob = bytes(msg.payload["macs"])
+            except (KeyError, TypeError, ValueError, AttributeError):
+                receivers, blob = [j], b""
+            if (
+                len(blob) != SURVIVOR_MAC_BYTES * len(receivers)
+                or len(set(receivers)) != len(receivers)
+                or not set(receivers) <= set(ex.uploaders) - {j}
+            ):
+                raise IntegrityError("malformed survivor-set MACs: one per other survivor", **self.where(j))
+            n = SURVIVOR_MAC_BYTES
+            ex.macs[j] = {k: blob[i * n : (i + 1) * n] for i, k in enumerate(receivers)}
+        if len(ex.macs) < ex.t:
             raise _dropout_error(
                 self.where(),
                 sorted(self.last_missing),
-                f"only {len(ex.signatures)} clients signed the survivor set, fewer than the threshold t={ex.t}",
+                f"only {len(ex.macs)} clients signed the survivor set, fewer than the threshold t={ex.t}",
             )
         if (
-            len(ex.signatures) < len(ex.uploaders)
+            len(ex.macs) < len(ex.uploaders)
             and self.schedule is not None
             and self.schedule.every_survivor_signs(ex.plan.tag)
         ):
@@ -462,23 +474,30 @@ class MaskServer(ServerHalf):
         Unmasking: remove each uploader's self mask (from ``t`` shares of its seed, each checked
         against its dealer's commitment) and the pairwise masks the survivors shared with the
         dropped clients (from the survivors' seeds), in place.  The request goes to the clients
-        that signed the survivor set, with their signatures.
+        that signed the survivor set, each with the MACs the others addressed to it.
         """
         plan, where, t, union, announced = cast(ExchangePlan, self.plan), self.where, ex.t, ex.union, ex.announced
         total = cast(np.ndarray, ex.total)
         dropped, uploaders = ex.dropped, ex.uploaders
         L = plan.block_len
-        request = {
-            "pairwise": np.asarray(dropped, np.int32),
-            "self_mask": np.asarray(uploaders, np.int32),
-            "signatures": ex.signatures,
-        }
-        asked = sorted(ex.signatures)
+        request = {"pairwise": np.asarray(dropped, np.int32), "self_mask": np.asarray(uploaders, np.int32)}
+        asked = sorted(ex.macs)
         got = self.call(
             link,
             "unmask",
             {
-                j: [(self._msg(j, "control", (len(dropped) + len(uploaders),), request, "unmasking request"), 0)]
+                j: [
+                    (
+                        self._msg(
+                            j,
+                            "control",
+                            (len(dropped) + len(uploaders),),
+                            {**request, **self._relayed_macs(ex, j)},
+                            "unmasking request",
+                        ),
+                        0,
+                    )
+                ]
                 for j in asked
             },
         )
@@ -539,6 +558,12 @@ class MaskServer(ServerHalf):
             except ValueError as e:
                 raise IntegrityError(f"cannot reconstruct the self-mask seed: {e}", **where(u)) from None
             total[positions(union, announced[u])] -= ranked_mask(b_u, sid["self"], announced[u].size, L, ex.enc.dtype)
+
+    @staticmethod
+    def _relayed_macs(ex: MaskExchange, j: int) -> dict[str, Any]:
+        """The survivor-set MACs addressed to ``j``, as its unmasking request carries them (senders ascending)."""
+        senders = [i for i in sorted(ex.macs) if j in ex.macs[i]]
+        return {"mac_senders": np.asarray(senders, np.int32), "macs": b"".join(ex.macs[i][j] for i in senders)}
 
     def stage_download(self, ex: MaskExchange, link: ClientLink) -> None:
         """Delivery: send each recipient its blocks.

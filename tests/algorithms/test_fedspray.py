@@ -114,7 +114,7 @@ def test_secure_server_view_hides_ratios_and_absent_classes(mode):
         weights = {k: class_weights(c, "ratio") for k, c in counts.items()}
         align_proxies(protocol, PROXY_TAG, 0, values, weights, torch.zeros(4, 3))
         view = protocol.transcript.view(SERVER)
-        # control messages (mask's share commitments and survivor-set signatures) hold no input
+        # control messages (mask's share commitments and survivor-set MACs) hold no input
         uploads = [
             m for m in view if m.receiver == SERVER and m.tag == PROXY_TAG and m.kind not in ("public_key", "control")
         ]

@@ -305,6 +305,95 @@ def test_split_unmasking_requests_are_refused_by_the_consistency_round():
     assert not [m for m in answers if len(m.payload["pairwise"])]  # no pairwise seed with client 4 left
 
 
+class MacRelayServer(MaskServer):
+    """Keeps the survivor-set MACs of the consistency round and changes what it relays to client 3 as client 0's.
+
+    ``swap``: ``misrouted`` relays the MAC client 0 addressed to client 1, ``reflected`` the one client 3 itself
+    addressed to client 0, ``forged`` 32 random bytes.
+    """
+
+    swap = "misrouted"
+
+    def stage_consistency(self, ex, link):
+        super().stage_consistency(ex, link)
+        self.held = ex.macs
+
+    def _msg(self, k, kind, shape, payload, note=""):
+        if note == "unmasking request" and k == 3 and self.plan.tag == "attack":
+            relayed = {"misrouted": self.held[0][1], "reflected": self.held[3][0], "forged": bytes(range(32))}
+            senders = [int(i) for i in payload["mac_senders"]]
+            assert senders[0] == 0  # client 0's MAC comes first
+            payload = {**payload, "macs": relayed[self.swap] + payload["macs"][32:]}
+        return super()._msg(k, kind, shape, payload, note)
+
+
+def _attack_outcome(proto):
+    """What left the clients in exchange 'attack': their unmasking answers and any download."""
+    msgs = [m for m in proto.transcript.messages if m.tag == "attack"]
+    return [m for m in msgs if m.kind == "share"], [m for m in msgs if m.sender == SERVER and m.kind == "masked"]
+
+
+@pytest.mark.parametrize("swap", ["misrouted", "reflected", "forged"])
+def test_a_survivor_set_mac_relayed_to_the_wrong_client_or_forged_is_refused(swap):
+    """A MAC is bound to its key, its sender and its receiver: the server can only relay it to that receiver."""
+
+    class Proto(MaskProtocol):
+        server_half = type("Server", (MacRelayServer,), {"swap": swap})
+
+    proto = Proto(5)
+    x = _values(5)
+    assert np.allclose(proto.weighted_sum("w", 0, x, spec=SPEC), sum(x.values()), atol=1e-2)
+    with pytest.raises(ConsistencyError, match="client 0's pairwise-MAC signature is not over") as err:
+        proto.weighted_sum("attack", 0, x, spec=SPEC)
+    assert err.value.client == 3
+    answers, downloads = _attack_outcome(proto)
+    assert not [m for m in answers if m.sender == "client3"] and not downloads
+    assert all(half._result is None for half in proto.clients.values())
+
+
+class SplitMacServer(MaskServer):
+    """Tells clients 2 and 3 that client 4 dropped, the others that it survived; relays only the MACs that verify.
+
+    Each group is sent the MACs of its own members alone, so no client sees a MAC over another set: the split
+    must fail on the count, ``t`` MACs over one set.
+    """
+
+    SPLIT = (2, 3)
+
+    def _msg(self, k, kind, shape, payload, note=""):
+        if self.plan.tag == "attack" and note in ("survivor set", "unmasking request"):
+            group = self.SPLIT if k in self.SPLIT else (0, 1, 4)
+            if note == "survivor set" and k in self.SPLIT:
+                payload = {"survivors": np.asarray([0, 1, 2, 3], np.int32)}
+            elif note == "unmasking request":
+                kept = [n for n, i in enumerate(payload["mac_senders"]) if i in group]
+                payload = {
+                    **payload,
+                    "mac_senders": np.asarray(payload["mac_senders"])[kept],
+                    "macs": b"".join(payload["macs"][32 * n : 32 * (n + 1)] for n in kept),
+                }
+                if k in self.SPLIT:
+                    payload.update(self_mask=np.asarray([0, 1, 2, 3], np.int32), pairwise=np.asarray([4], np.int32))
+        return super()._msg(k, kind, shape, payload, note)
+
+
+def test_a_split_survivor_set_gets_fewer_than_t_macs_and_is_refused():
+    """K = 5, t = 3: the group told that client 4 dropped holds 2 MACs over its set, and reveals nothing."""
+
+    class Proto(MaskProtocol):
+        server_half = SplitMacServer
+
+    proto = Proto(5)
+    x = _values(5)
+    with pytest.raises(ConsistencyError, match="only 2 survivors signed the survivor set, fewer than t=3") as err:
+        proto.weighted_sum("attack", 0, x, spec=SPEC)
+    assert err.value.client in SplitMacServer.SPLIT
+    answers, downloads = _attack_outcome(proto)
+    assert not [m for m in answers if len(m.payload["pairwise"])] and not downloads  # no seed with client 4
+    assert not [m for m in answers if m.sender in ("client2", "client3")]
+    assert all(half._result is None for half in proto.clients.values())
+
+
 class IgnoresRefusalServer(MaskServer):
     """Plans client 2 alone for tag 'attack' and, when refused, asks it for its upload anyway."""
 

@@ -149,7 +149,7 @@ class StaleModelUnsignedServer(StaleModelServer):
     def stage_consistency(self, ex, link):
         super().stage_consistency(ex, link)
         if self.plan.round >= 2:
-            ex.signatures.pop(VICTIM, None)
+            ex.macs.pop(VICTIM, None)
 
 
 def _three_rounds(proto):

@@ -318,7 +318,7 @@ def test_unmasking_round_is_answered_once_and_names_only_dropouts():
     view = [m for m in proto.transcript.view(SERVER) if m.tag == "x/u"]
     requests = [m for m in view if m.kind == "control" and m.note == "unmasking request"]
     assert len(requests) == 4 and all(
-        not len(m.payload["pairwise"]) and len(m.payload["signatures"]) == 4 for m in requests
+        not len(m.payload["pairwise"]) and len(m.payload["mac_senders"]) == 3 for m in requests
     )
     answers = [m for m in view if m.kind == "share"]
     assert len(answers) == 4 and all(

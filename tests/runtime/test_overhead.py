@@ -299,7 +299,7 @@ def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tm
 
     model_r, model_f = resumed["comm"]["per_tag"]["fedavg/model"], full["comm"]["per_tag"]["fedavg/model"]
     assert keys("part", True) == 2 * keys("full", True) > 0
-    setup = ("public_key", "control")  # the control uploads: commitments and survivor-set signatures
+    setup = ("public_key", "control")  # the control uploads: commitments and survivor-set MACs
     for key, up in (("bytes_up", True), ("bytes_down", False)):  # relayed shares (p2p): not compared
         assert model_r[key] - keys("part", up, setup) == model_f[key] - keys("full", up, setup)
     assert model_r["plaintext_bytes_up"] == model_f["plaintext_bytes_up"]
