@@ -551,6 +551,18 @@ def test_sites_holding_only_their_exported_parts_give_the_local_run(algorithm, m
     assert trained(cfg, described, SiteExecutor(sites)) == local
 
 
+def test_the_summed_own_counts_are_the_facts_of_a_partition_that_drops_nodes(tmp_path):
+    """The summed own counts are the public facts of a partition that drops nodes (Louvain, the largest kept)."""
+    from secure_fgl.runtime.client_file import export_clients
+    from secure_fgl.runtime.facts import PublicFacts
+
+    cfg = small(partition="louvain", keep_largest=True, rounds=1).validate()
+    fed = load_federation(cfg)
+    assert 0 < int((fed.owner >= 0).sum()) < fed.graph.num_nodes
+    sites = file_sites(dict(enumerate(export_clients(cfg, tmp_path / "parts"))), tmp_path)
+    assert site_federation(facts_of(sites, cfg), {}).facts == PublicFacts.of(fed)
+
+
 def test_a_file_that_is_not_the_runs_partition_is_refused(exported, tmp_path):
     """A file that is not the run's partition, altered, or another client's is refused, in one line naming the fix.
 
