@@ -64,15 +64,16 @@ def export_clients(cfg, out: Path) -> list[Path]:
 
     Node classification only (a graph-classification client's data is its own dataset already).
     """
+    from ..data.graph_build import is_graph_dataset
     from ..data.load import load_federation
     from .facts import PublicFacts
 
-    fed = load_federation(cfg)
-    if not hasattr(fed, "graph"):
+    if is_graph_dataset(cfg.dataset):
         raise ConfigError(
             f"secure-fgl partition export: {cfg.dataset} is a graph-classification dataset; export "
             "partitions node-classification graphs"
         )
+    fed = load_federation(cfg)
     facts = PublicFacts.of(fed).to_dict()
     parts = {c.client_id: data_fields(c, far_owners(fed, c)) for c in fed.clients}
     digests = {k: data_digest(fields) for k, fields in parts.items()}

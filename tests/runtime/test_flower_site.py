@@ -584,6 +584,8 @@ def test_a_file_that_is_not_the_runs_partition_is_refused(exported, tmp_path):
         site.handle("start", 1, other)
     with pytest.raises(ClientFileError, match="carries data, not its digest"):
         site.handle("start", 1, frame.frames[1])
+    with pytest.raises(ConfigError, match="ENZYMES is a graph-classification dataset"):
+        export_clients(dataclasses.replace(cfg, dataset="ENZYMES"), tmp_path / "graphs")
     with pytest.raises(ClientFileError, match="holds client 1's data, not client 2's"):
         Site([2], None, tmp_path, client_data={2: exported[1]})
     # altered: one label changed, the file's record of its digest kept
