@@ -125,9 +125,25 @@ class ClientFile:
             with np.load(path, allow_pickle=False) as archive:
                 arrays = {name: archive[name] for name in archive.files}
             meta = json.loads(arrays.pop("meta").tobytes())
-        except (OSError, ValueError, KeyError) as exc:
-            raise ClientFileError(f"{path} is not a client data file (secure-fgl partition export): {exc}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT or set(arrays) != set(ARRAYS):
+        except OSError as exc:
+            raise ClientFileError(f"cannot read the client data file {path}: {exc}") from None
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ):  # numpy's own message would suggest loading pickles: never
+            raise ClientFileError(
+                f"{path} is not a client data file (secure-fgl partition export writes them; pickles and "
+                "object arrays are refused)"
+            ) from None
+        keys = {"format", "client", "spec", "digest", "partition", "shared", "own"}
+        if (
+            not isinstance(meta, dict)
+            or meta.get("format") != FORMAT
+            or set(meta) != keys
+            or set(arrays) != set(ARRAYS)
+        ):
             raise ClientFileError(f"{path} is not a {FORMAT} file (secure-fgl partition export)")
         fields = {name: arrays[name] for name in ARRAYS}
         if data_digest(fields) != meta["digest"] or own_counts(fields) != meta["own"]:

@@ -356,17 +356,20 @@ def main(argv=None) -> None:
     if args.client_data is not None and len(args.client_data) != len(args.client):
         p.error("give one --client-data per --client, in the same order")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    site = Site(
-        args.client,
-        args.data_root,
-        args.state_dir or args.socket.parent / "state",
-        args.allow_attack_simulation,
-        args.allow_model_export,
-        args.device,
-        identities,
-        args.manifest,
-        None if args.client_data is None else dict(zip(args.client, args.client_data)),
-    )
+    try:
+        site = Site(
+            args.client,
+            args.data_root,
+            args.state_dir or args.socket.parent / "state",
+            args.allow_attack_simulation,
+            args.allow_model_export,
+            args.device,
+            identities,
+            args.manifest,
+            None if args.client_data is None else dict(zip(args.client, args.client_data)),
+        )
+    except ValueError as exc:  # a client data file that is malformed, altered or another client's
+        p.error(str(exc))
     signal.signal(signal.SIGTERM, _exit)
     if args.clientappio:
         from .flower_runner import start
