@@ -17,14 +17,26 @@ from pathlib import Path
 from ..config import RunConfig
 from .layers import config_from_args
 
+#: the run settings that decide a partition, as flags (``synthetic``: config files only); listed here so that
+#: building the parser imports no torch (:data:`secure_fgl.runtime.client_file.FILE_SPEC`)
+PARTITION_FLAGS = (
+    "dataset",
+    "clients",
+    "partition",
+    "beta",
+    "resolution",
+    "keep_largest",
+    "split",
+    "seed",
+    "data_root",
+)
+
 
 def add_partition_parser(sub, add_setting: Callable) -> None:
     """Register ``partition export`` under the ``secure-fgl`` subcommands ``sub``.
 
     ``add_setting(group, cls, field, dest)`` adds one run setting's flag, as ``run`` has it.
     """
-    from ..runtime.client_file import FILE_SPEC
-
     part = sub.add_parser("partition", help="a partitioned dataset's client parts (export)", allow_abbrev=False)
     ps = part.add_subparsers(dest="partition_command", metavar="ACTION", required=True)
     export = ps.add_parser(
@@ -39,9 +51,8 @@ def add_partition_parser(sub, add_setting: Callable) -> None:
     export.add_argument("--config", metavar="FILE", help="a run's config file (its partition settings are used)")
     export.add_argument("--preset", metavar="NAME", default=None, help="a preset the config file and flags override")
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    for name in (*FILE_SPEC, "data_root"):
-        if name != "synthetic":  # config files only, as for run
-            add_setting(export, RunConfig, fields[name], name)
+    for name in PARTITION_FLAGS:
+        add_setting(export, RunConfig, fields[name], name)
     export.add_argument("--out", dest="export_out", required=True, metavar="DIR", help="folder for the files")
 
 

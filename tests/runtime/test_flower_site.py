@@ -494,7 +494,10 @@ def test_a_graph_clients_reported_graphs_are_its_partition(tmp_path):
 def exported(tmp_path_factory) -> dict[int, Path]:
     """Each client's part of the small run's partition, exported with ``secure-fgl partition export``."""
     from secure_fgl.cli.main import main
+    from secure_fgl.cli.partition import PARTITION_FLAGS
+    from secure_fgl.runtime.client_file import FILE_SPEC
 
+    assert {*PARTITION_FLAGS} == {*FILE_SPEC, "data_root"} - {"synthetic"}  # every partition setting has its flag
     folder = tmp_path_factory.mktemp("parts")
     cfg = small()
     (folder / "run.json").write_text(json.dumps({"dataset": cfg.dataset, "synthetic": cfg.synthetic}))
