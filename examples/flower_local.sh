@@ -8,6 +8,8 @@
 #   pip install -e ".[flower]"
 #   bash examples/flower_local.sh [RUN.toml [more secure-fgl run flags]]   # default: FedGCN, mask, Cora, 3 clients, 1 round
 #   FLOWER_SITES=2 bash examples/flower_local.sh run.toml                  # 2 sites holding the clients round-robin
+#   FLOWER_CLIENT_DATA=DIR bash examples/flower_local.sh run.toml          # each site holds only DIR/client<k>.npz
+#                                                                          # (secure-fgl partition export --out DIR)
 #
 # RUN.toml holds the run's settings (the manifest hashes them); the flags after it may only set
 # where the run executes and writes (e.g. --round-timeout).  Each "site" folder stands for one
@@ -19,6 +21,9 @@ export FLWR_SUPEREXEC_TASK_POLL_INTERVAL="${FLWR_SUPEREXEC_TASK_POLL_INTERVAL:-0
 WORK="$(mktemp -d -t secure-fgl-flower-XXXXXX)"
 PORT="${FLOWER_PORT:-39093}"
 DATA="${SECURE_FGL_DATA:-}"
+PARTS="${FLOWER_CLIENT_DATA:+$(realpath "$FLOWER_CLIENT_DATA")}"
+SITE_DATA=()  # where a site reads the dataset from; nothing when it holds only its exported parts
+[ -z "$PARTS" ] && [ -n "$DATA" ] && SITE_DATA=(--data-root "$DATA")
 CONFIG="${1:-}"
 [ $# -gt 0 ] && shift
 if [ -z "$CONFIG" ]; then
@@ -82,12 +87,12 @@ for S in $(seq 0 $((SITES - 1))); do
     for K in $(seq "$S" "$SITES" $((CLIENTS - 1))); do
         secure-fgl manifest verify "$SITE/manifest.json" --config "$CONFIG" --key "$SITE/keys/client$K" \
             --as "client$K" > /dev/null
-        ARGS+=(--client "$K" --identity-key "$SITE/keys/client$K")
+        ARGS+=(--client "$K" --identity-key "$SITE/keys/client$K" ${PARTS:+--client-data "$PARTS/client$K.npz"})
     done
     ssh-keygen -q -t ecdsa -b 384 -N "" -f "$SITE/node.key"
     flwr supernode register "$SITE/node.key.pub" deployment > /dev/null     # run by the aggregator
     python -m secure_fgl.runtime.flower_site --socket "$SITE/run/site.sock" "${ARGS[@]}" \
-        ${DATA:+--data-root "$DATA"} --state-dir "$SITE/state" \
+        "${SITE_DATA[@]}" --state-dir "$SITE/state" \
         --manifest "$SITE/manifest.json" --clientappio "127.0.0.1:$((PORT + 10 + S))" > "$SITE/site.log" 2>&1 &
     PIDS+=($!)
     flower-supernode --superlink "127.0.0.1:$PORT" --root-certificates "$WORK/aggregator/ca.crt" \

@@ -11,6 +11,7 @@
     secure-fgl bench --suite NAME     benchmarks that print measured ratios
     secure-fgl keys new --out DIR     a site's identity key (its fingerprint goes into the run manifest)
     secure-fgl manifest new|verify    the run manifest and the code sites compare before a run
+    secure-fgl partition export       each client's part of a partitioned dataset, one file per client
 
 Every setting is checked before any work starts; bad input prints one line naming the
 problem and the fix and exits with code 2.
@@ -27,6 +28,7 @@ from ..config import ConfigError, RunConfig
 from ..validation import describe, did_you_mean, field_type, flag_name
 from .keys import add_key_parsers, key_command, manifest_command
 from .layers import UsageError, config_from_args
+from .partition import add_partition_parser, partition_command
 
 #: ``run --help`` sections, in order (each RunConfig field names its group)
 GROUPS = ("data", "federation", "model", "training", "privacy", "secure mode", "runtime", "output", "attacks")
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dropout column: ckks-mp's t of t-out-of-n key switching (default n: n-out-of-n, no dropouts)",
     )
     add_key_parsers(sub)
+    add_partition_parser(sub, _add_setting)
     return parser
 
 
@@ -278,6 +281,8 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
             run_fedgcn_bench(args.out, quick=args.quick, data_root=args.data_root)
         return 0
+    if args.command == "partition":
+        return partition_command(args)
     if args.command in ("keys", "manifest"):
         return key_command(args) if args.command == "keys" else manifest_command(args)
     parser.print_help()

@@ -285,7 +285,8 @@ def site_federation(replies: Mapping[int, bytes], identities: Mapping[int, str |
 
     ``ConfigError`` naming the fix if a reply is not signed by the identity key its site announced
     (``identities``: client -> fingerprint, ``None`` for a site without its own key) or if the sites'
-    facts differ (their data or secure-fgl versions differ).
+    facts differ (their data or secure-fgl versions differ).  Sites that hold only their own clients'
+    data files report their own counts, which are summed (:func:`.client_file.summed_facts`).
     """
     from protocols.auth import key_fingerprint
 
@@ -309,6 +310,11 @@ def site_federation(replies: Mapping[int, bytes], identities: Mapping[int, str |
         statements[k] = json.loads(reply["statement"])
         if statements[k]["client"] != k:
             raise ConfigError(f"--executor flower: client {k}'s site answered for client {statements[k]['client']}")
+    digests = {k: s["digest"] for k, s in statements.items()}
+    if any("sums" in s for s in statements.values()):  # sites holding only their own parts (.client_file)
+        from .client_file import summed_facts
+
+        return SiteFederation(PublicFacts(**summed_facts(statements)), digests)
     described = {json.dumps([s["task"], s["facts"]], sort_keys=True) for s in statements.values()}
     if len(described) != 1:
         raise ConfigError(
@@ -317,7 +323,7 @@ def site_federation(replies: Mapping[int, bytes], identities: Mapping[int, str |
         )
     first = next(iter(statements.values()))
     facts = (PublicFacts if first["task"] == "node" else GraphFacts)(**first["facts"])
-    return SiteFederation(facts, {k: s["digest"] for k, s in statements.items()})
+    return SiteFederation(facts, digests)
 
 
 class FlowerExecutor(Executor):

@@ -13,7 +13,11 @@ aggregator, decides:
 * **its data**: before set-up the driver asks each site for the run's public facts and its
   client's data digest (``facts``), which the site computes from the partition it loads from its
   own ``--data-root`` (:mod:`.partition`) and signs with its identity key; the set-up frame then
-  carries that digest, never the data, and the runtime refuses a partition that differs.
+  carries that digest, never the data, and the runtime refuses a partition that differs.  A site
+  started with ``--client-data FILE`` (one per ``--client``: its part exported by ``secure-fgl
+  partition export``, :mod:`.client_file`) never reads the dataset: it reports its own client's
+  counts (the driver sums them) and starts the runtime from the file, refusing a run whose
+  partition settings are not the file's and ``centralized`` (the whole graph in one runtime).
 * **what it serves**: the methods of the algorithms' public schedule (:data:`SCHEDULE`) and the
   protocol stages (``half:<stage>``, whose order the protocol half checks).  Attack-simulation
   requests (``attack``: posteriors, own contributions, kept inputs, coalition keys) are refused
@@ -80,11 +84,13 @@ class Site:
         device: str = "cpu",
         identities: dict | None = None,
         manifest: Path | None = None,
+        client_data: dict | None = None,
     ):
         """Build the site.
 
         ``identities``: client -> this site's :class:`~protocols.auth.SigningKey` for it, and
-        ``manifest`` the path of the run manifest it verified (both or neither).
+        ``manifest`` the path of the run manifest it verified (both or neither).  ``client_data``:
+        client -> the path of its exported data file (every client of the site, or none).
         """
         self.clients = sorted({int(k) for k in clients})
         if (identities is None) != (manifest is None) or (identities and set(identities) != set(self.clients)):
@@ -93,6 +99,16 @@ class Site:
         self.data_root, self.state_dir, self.device = data_root, Path(state_dir), device
         self.allow_attack_simulation, self.allow_model_export = allow_attack_simulation, allow_model_export
         self.runtimes: dict = {}
+        self.files: dict = {}
+        if client_data:
+            from .client_file import ClientFile, ClientFileError
+
+            if set(client_data) != set(self.clients):
+                raise ValueError("a site holding its clients' data files has one per client")
+            self.files = {int(k): ClientFile.load(Path(path)) for k, path in client_data.items()}
+            for k, file in self.files.items():
+                if file.client != k:
+                    raise ClientFileError(f"{client_data[k]} holds client {file.client}'s data, not client {k}'s")
 
     def allowed(self, method: str) -> bool:
         """Whether the site serves ``method``: schedule, protocol stages, and attack or export calls if allowed."""
@@ -149,7 +165,13 @@ class Site:
 
         config = dict(wire.unpack(frame)["config"])
         config["data_root"] = self.data_root
-        statement = json.dumps({"client": client, **own_facts(RunConfig.from_dict(config), client)}, sort_keys=True)
+        cfg = RunConfig.from_dict(config)
+        if client in self.files:  # its own exported part: its own counts, the dataset is not read
+            self.files[client].check_run(cfg)
+            facts = self.files[client].statement()
+        else:
+            facts = own_facts(cfg, client)
+        statement = json.dumps({"client": client, **facts}, sort_keys=True)
         reply = {"statement": statement}
         if self.identities:
             key = self.identities[client]
@@ -180,7 +202,32 @@ class Site:
         if not self.allow_attack_simulation:
             config["attacks"] = []
         f["config"] = config
+        if int(f["client_id"]) in self.files:
+            f.update(self.own_file_data(int(f["client_id"]), f))
         return wire.pack(f)
+
+    def own_file_data(self, client: int, f: dict) -> dict:
+        """The data fields of ``client``'s exported file for set-up frame ``f``, which must name that data.
+
+        :class:`~.client_file.ClientFileError` for a run of another partition, a frame that carries
+        data (the whole graph: ``centralized``) or a digest other than the file's.
+        """
+        from ..config import RunConfig
+        from .client_file import ClientFileError
+
+        file = self.files[client]
+        file.check_run(RunConfig.from_dict(f["config"]))
+        if "data_digest" not in f:
+            raise ClientFileError(
+                f"client {client}: the set-up frame carries data, not its digest; this site holds only its "
+                "own clients' data files (--client-data)"
+            )
+        if f.pop("data_digest") != file.digest:
+            raise ClientFileError(
+                f"client {client}: the run planned other data than its data file holds (digest mismatch); give "
+                "every site its file from one secure-fgl partition export"
+            )
+        return file.fields
 
     def own_checkpoint(self, client: int, frame: bytes) -> bytes:
         """A ``save``/``load`` request pointed at this site's own checkpoint file of ``client``."""
@@ -250,6 +297,15 @@ def main(argv=None) -> None:
         "--data-root", default=None, help="this site's dataset folder (default: $SECURE_FGL_DATA, as for every run)"
     )
     p.add_argument(
+        "--client-data",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a --client's own data file (secure-fgl partition export); one per --client, in the same order: "
+        "the site then never reads the dataset",
+    )
+    p.add_argument(
         "--state-dir",
         type=Path,
         default=None,
@@ -297,17 +353,23 @@ def main(argv=None) -> None:
             p.error("give one --identity-key per --client, in the same order")
         paths = [path / "identity.key" if path.is_dir() else path for path in args.identity_key]
         identities = {k: SigningKey.load(path) for k, path in zip(args.client, paths)}
+    if args.client_data is not None and len(args.client_data) != len(args.client):
+        p.error("give one --client-data per --client, in the same order")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    site = Site(
-        args.client,
-        args.data_root,
-        args.state_dir or args.socket.parent / "state",
-        args.allow_attack_simulation,
-        args.allow_model_export,
-        args.device,
-        identities,
-        args.manifest,
-    )
+    try:
+        site = Site(
+            args.client,
+            args.data_root,
+            args.state_dir or args.socket.parent / "state",
+            args.allow_attack_simulation,
+            args.allow_model_export,
+            args.device,
+            identities,
+            args.manifest,
+            None if args.client_data is None else dict(zip(args.client, args.client_data)),
+        )
+    except ValueError as exc:  # a client data file that is malformed, altered or another client's
+        p.error(str(exc))
     signal.signal(signal.SIGTERM, _exit)
     if args.clientappio:
         from .flower_runner import start

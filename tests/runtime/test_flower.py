@@ -439,3 +439,23 @@ def test_every_algorithm_and_mode_over_flower_is_the_local_run(shared_federation
     assert losses[0] == (losses[1] if exact else pytest.approx(losses[1], abs=1e-4))
     if exact:
         assert flower["final"]["test_acc"] == local["final"]["test_acc"]
+
+
+@pytest.mark.slow
+def test_fedgcn_mask_over_sites_holding_only_their_exported_parts_is_the_local_run(tmp_path):
+    """FedGCN mask over sites holding only their exported parts is the local run.
+
+    Each site process is started with its own client's file (``--client-data``, written by
+    ``secure-fgl partition export``) and no dataset: the pre-training exchanges and a round of
+    training give the local run's losses, accuracy and per-tag protocol bytes.
+    """
+    from secure_fgl.runtime.client_file import export_clients
+
+    cfg = small("fedgcn", "mask", executor="local", rounds=1, save_best_model=False)
+    files = export_clients(cfg.validate(), tmp_path / "parts")
+    local = run_experiment(cfg, progress=False)
+    fed = Federation(tmp_path / "flower", clients=3, site_args=lambda k: ["--client-data", str(files[k])])
+    with serving(fed):
+        flower = run_experiment(dataclasses.replace(cfg, executor="flower", round_timeout=120), progress=False)
+    same_run(local, flower)
+    assert flower["runtime"]["executor"] == "flower" and flower["runtime"]["sites"] == 3

@@ -487,3 +487,130 @@ def test_a_graph_clients_reported_graphs_are_its_partition(tmp_path):
             assert len(getattr(mine, split)) == len(getattr(loaded, split))
             for a, b in zip(getattr(mine, split), getattr(loaded, split)):
                 assert a.x.equal(b.x) and a.edge_index.equal(b.edge_index) and int(a.y) == int(b.y)
+
+
+# ------------------------------------------------------------------ sites holding only their own exported parts
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[int, Path]:
+    """Each client's part of the small run's partition, exported with ``secure-fgl partition export``."""
+    from secure_fgl.cli.main import main
+    from secure_fgl.cli.partition import PARTITION_FLAGS
+    from secure_fgl.runtime.client_file import FILE_SPEC
+
+    assert {*PARTITION_FLAGS} == {*FILE_SPEC, "data_root"} - {"synthetic"}  # every partition setting has its flag
+    folder = tmp_path_factory.mktemp("parts")
+    cfg = small()
+    (folder / "run.json").write_text(json.dumps({"dataset": cfg.dataset, "synthetic": cfg.synthetic}))
+    assert (
+        main(["partition", "export", "--config", str(folder / "run.json"), "--clients", "3", "--out", str(folder)]) == 0
+    )
+    return {k: folder / f"client{k}.npz" for k in range(3)}
+
+
+def trained(cfg, fed=None, executor=None) -> tuple[list, dict, dict]:
+    """Run ``cfg`` (on ``fed`` and ``executor``, default: the loaded data, local): losses, accuracies, per-tag bytes."""
+    from secure_fgl.engine.device import seed_everything
+    from secure_fgl.runtime.build import start_run
+
+    seed_everything(cfg.seed)
+    run = start_run(cfg, fed=fed, executor=executor)
+    try:
+        losses = [row["train_loss"] for row in run.train()]
+        return losses, run.strategy.evaluate(), run.protocol.transcript.comm()["per_tag"]
+    finally:
+        run.executor.shutdown()
+
+
+def file_sites(exported: dict, root: Path) -> dict:
+    return {k: Site([k], None, root / f"site{k}", client_data={k: path}) for k, path in exported.items()}
+
+
+@pytest.mark.parametrize("algorithm,mode", [("fedavg", "mask"), ("fedgcn", "mask")])
+def test_sites_holding_only_their_exported_parts_give_the_local_run(algorithm, mode, exported, tmp_path, monkeypatch):
+    """Sites holding only their exported parts give the local run.
+
+    Each site holds one client's exported file and never loads the dataset (its loader fails if
+    called); the sites report their own counts, whose sums (and the shared facts) are the
+    partition's public facts, and the run gives the local run's losses, accuracies and per-tag
+    protocol bytes on the same seed.
+    """
+    from secure_fgl.runtime import partition
+    from secure_fgl.runtime.facts import PublicFacts
+
+    cfg = small(algorithm, mode, executor="local", rounds=1).validate()
+    local = trained(cfg)
+    partition.forget()
+
+    def no_dataset(*_):
+        raise AssertionError("a site holding its own data file loaded the dataset")
+
+    monkeypatch.setattr(partition, "load_federation", no_dataset)
+    sites = file_sites(exported, tmp_path)
+    replies = facts_of(sites, cfg)
+    owned = [json.loads(json.loads(r)["statement"])["facts"]["num_owned"] for r in replies.values()]
+    assert all(n < 300 for n in owned) and sum(owned) == 300  # each its own count; the driver sums them
+    described = site_federation(replies, {})
+    assert described.facts == PublicFacts.of(load_federation(cfg))
+    assert trained(cfg, described, SiteExecutor(sites)) == local
+
+
+def test_the_summed_own_counts_are_the_facts_of_a_partition_that_drops_nodes(tmp_path):
+    """The summed own counts are the public facts of a partition that drops nodes (Louvain, the largest kept)."""
+    from secure_fgl.runtime.client_file import export_clients
+    from secure_fgl.runtime.facts import PublicFacts
+
+    cfg = small(partition="louvain", keep_largest=True, rounds=1).validate()
+    fed = load_federation(cfg)
+    assert 0 < int((fed.owner >= 0).sum()) < fed.graph.num_nodes
+    sites = file_sites(dict(enumerate(export_clients(cfg, tmp_path / "parts"))), tmp_path)
+    assert site_federation(facts_of(sites, cfg), {}).facts == PublicFacts.of(fed)
+
+
+def test_a_file_that_is_not_the_runs_partition_is_refused(exported, tmp_path):
+    """A file that is not the run's partition, altered, or another client's is refused, in one line naming the fix.
+
+    So are ``centralized`` (the whole graph in one runtime), a set-up frame naming other data, and
+    sites whose files come from different exports or that mix files with the whole dataset.
+    """
+    from secure_fgl.runtime.client_file import ClientFile, ClientFileError, export_clients
+
+    cfg = small("fedavg", "mask", executor="local", rounds=1).validate()
+    site = file_sites({1: exported[1]}, tmp_path)[1]
+    with pytest.raises(ClientFileError, match=r"another partition than the run's: seed 0 \(run: 1\)"):
+        facts_of({1: site}, dataclasses.replace(cfg, seed=1))
+    with pytest.raises(ClientFileError, match="centralized needs the whole graph"):
+        facts_of({1: site}, dataclasses.replace(cfg, algorithm="centralized"))
+    frame = FrameKeeper()
+    make_strategy(cfg, load_federation(cfg), make_runtime_protocol(cfg, 3, frame), {}, frame)
+    other = wire.pack({**wire.unpack(strip_data(frame.frames[1])), "data_digest": "0" * 64})
+    with pytest.raises(ClientFileError, match="digest mismatch"):
+        site.handle("start", 1, other)
+    with pytest.raises(ClientFileError, match="carries data, not its digest"):
+        site.handle("start", 1, frame.frames[1])
+    with pytest.raises(ConfigError, match="ENZYMES is a graph-classification dataset"):
+        export_clients(dataclasses.replace(cfg, dataset="ENZYMES"), tmp_path / "graphs")
+    with pytest.raises(ClientFileError, match="holds client 1's data, not client 2's"):
+        Site([2], None, tmp_path, client_data={2: exported[1]})
+    # altered: one label changed, the file's record of its digest kept
+    with np.load(exported[1], allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    arrays["y"][0] += 1
+    np.savez(tmp_path / "altered.npz", **arrays)
+    with pytest.raises(ClientFileError, match="altered or corrupt"):
+        ClientFile.load(tmp_path / "altered.npz")
+    np.savez(tmp_path / "pickled.npz", **{**arrays, "y": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(ClientFileError, match="not a client data file"):
+        ClientFile.load(tmp_path / "pickled.npz")
+    # the driver: parts of another export (another seed), or some sites reading the whole dataset
+    reseeded = dataclasses.replace(cfg, seed=1)
+    others = export_clients(reseeded, tmp_path / "other")
+    statements = {k: json.loads(r) for k, r in facts_of(file_sites(exported, tmp_path), cfg).items()}
+    foreign = {**statements, 2: {"statement": json.dumps({"client": 2, **ClientFile.load(others[2]).statement()})}}
+    with pytest.raises(ConfigError, match="parts of different partitions"):
+        site_federation({k: json.dumps(s).encode() for k, s in foreign.items()}, {})
+    mixed = {
+        **facts_of(file_sites(exported, tmp_path), cfg),
+        2: Site([2], None, tmp_path).handle("facts", 2, wire.pack({"config": cfg.to_dict()})),
+    }
+    with pytest.raises(ConfigError, match="start every site the same way"):
+        site_federation(mixed, {})
