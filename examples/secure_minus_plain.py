@@ -299,8 +299,10 @@ def table(runs: list[dict]) -> str:
                 ]
                 n = sum(t for _, t in known)
                 column.append(
-                    f"{n - sum(d for d, _ in known)}/{n}"
-                    + ("" if len(known) == len(group) else " (not recorded for all)")
+                    "not recorded"
+                    if not known
+                    else f"{n - sum(d for d, _ in known)}/{n}"
+                    + ("" if len(known) == len(group) else " (not recorded for all seeds)")
                 )
                 notes += [
                     f"- {name}, seed {s['seed']}, {m}, {series.replace('_', ' ')}: round{'s' * (len(o) > 1)} "
