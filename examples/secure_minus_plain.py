@@ -248,7 +248,7 @@ def differing_rounds(p: dict, s: dict, series: str) -> list[int] | None:
 
 
 def table(runs: list[dict]) -> str:
-    """One row per (experiment, rounds), one secure − plain column per mode; then every run off plain's rounds.
+    """One row per (experiment, rounds) in run order, one secure − plain column per mode; then the rounds that differ.
 
     A cell gives the secure − plain test accuracy in points at the best-validation round and at the
     last round, mean over the seeds (max abs); the seeds are named where a mode ran fewer than plain.
@@ -273,7 +273,7 @@ def table(runs: list[dict]) -> str:
         "|---|---|---|---|" + "---|" * (len(modes) + 2),
     ]
     notes = []
-    for name, rounds in sorted({(k[0], k[2]) for k in plain}):
+    for name, rounds in dict.fromkeys((k[0], k[2]) for k in plain):  # in the order they were first run
         ps = sorted((r for (e, _, n), r in plain.items() if (e, n) == (name, rounds)), key=lambda r: r["seed"])
         seeds = [r["seed"] for r in ps]
         cells: list[str] = []
