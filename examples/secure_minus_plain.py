@@ -7,11 +7,13 @@ beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --roun
 ``examples/fedomd_table4.py``'s setting (Louvain parties, its split; at most 1000 rounds with
 patience 200 on the validation accuracy, as that script).
 
-Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there), with the
-test accuracy at the best-validation round and the per-round test accuracies.  The table
-(``OUT/table.md``, printed) gives per (experiment, rounds, mode) the secure-minus-plain accuracy
-in points over the seeds (mean and max |.|) at the best-validation round and at the last round,
-and how many rounds' test accuracies equal plain's exactly ("trajectory").  The command of every run is printed with it.
+Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there, so an interrupted
+grid resumes at its next run), with the test accuracy at the best-validation round, the per-round test
+accuracies and train losses, and its wall and CPU seconds.  The table (``OUT/table.md``, printed)
+gives one row per (experiment, rounds) and one column per secure mode: the secure-minus-plain accuracy
+in points over the seeds (mean and max |.|) at the best-validation round and at the last round, and
+how many rounds' test accuracies and train losses equal plain's exactly; below it, every run's rounds
+that differ.  A cell a mode did not run says so.  The command of every run is printed with it.
 
     python examples/secure_minus_plain.py --out runs/smp                      # full grid, 3 seeds
     python examples/secure_minus_plain.py --seeds 0 --pubmed-seeds 0 --fedspray-rounds 30 \
@@ -21,16 +23,12 @@ and how many rounds' test accuracies equal plain's exactly ("trajectory").  The 
     python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \
         --datasets cora citeseer --betas 1 --seeds 0                           # packed fixed point
 
-With ``--fixed-point-bits`` the ckks runs carry their float exchanges as packed fixed point
-(``--update-bound`` and ``--feature-bound`` are the public bounds it is planned from); they
-are recorded as mode ``ckks-fixedB``.  With ``--grid-model-mean`` every mode averages the
-model on its public grid (recorded as ``<mode>-grid``, compared with the plain runs without it;
-plain-grid and ckks-grid train the same model bit for bit):
-
-    python examples/secure_minus_plain.py --modes plain --datasets cora citeseer --betas 1 \
-        --other-seeds --out runs/smp_grid
-    python examples/secure_minus_plain.py --modes plain ckks --grid-model-mean --update-bound 1 \
-        --datasets cora citeseer --betas 1 --other-seeds --out runs/smp_grid
+At their defaults every mode averages the model (and FedGCN its float neighbour sums) on the same
+public grid, so each secure mode should train plain's model bit for bit.  With ``--fixed-point-bits``
+the ckks runs carry their float exchanges as packed fixed point instead (``--update-bound`` and
+``--feature-bound`` are the public bounds it is planned from); they are recorded as mode
+``ckks-fixedB``.  ``--grid-model-mean`` asks for the grid explicitly, sized by ``--update-bound``
+(recorded as ``<mode>-grid``).
 """
 
 from __future__ import annotations
@@ -189,7 +187,7 @@ def run_all(args) -> list[dict]:
         if fkey not in feds:
             feds.clear()  # one federation in memory at a time
             feds[fkey] = load_federation(cfg)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = run_experiment(cfg, progress=False, fed=feds[fkey])
         row = {
             "experiment": name,
@@ -199,7 +197,9 @@ def run_all(args) -> list[dict]:
             "test_acc": res["final"]["test_acc"],
             "best_round": res["final"]["best_round"],
             "trajectory": [r["test_acc"] for r in res["rounds"]],
+            "train_loss": [r["train_loss"] for r in res["rounds"]],
             "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0,
             "config": cfg.to_dict(),
             "commit": commit,
             "upload_ratio": {
@@ -212,41 +212,114 @@ def run_all(args) -> list[dict]:
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(
-            f"{name} seed {seed} {label(cfg)}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s), upload / "
+            f"{name} seed {seed} {label(cfg)}: test {row['test_acc']:.4f} ({row['seconds']:.0f} s, "
+            f"{row['cpu_seconds']:.0f} s CPU), upload / "
             f"float32: {row['upload_ratio']}",
             flush=True,
         )
     return list(done.values())
 
 
+def mode_order(mode: str) -> tuple[int, str]:
+    """Sort key: the modes in ``MODES`` order, their variants (``ckks-grid``, ...) after them."""
+    return (MODES.index(mode) if mode in MODES else len(MODES), mode)
+
+
+def spans(rounds: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``'3-5, 9'``."""
+    out: list[str] = []
+    for r in rounds:
+        if out and r == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def differing_rounds(p: dict, s: dict, series: str) -> list[int] | None:
+    """The rounds (0-based) whose ``series`` differs from plain's (a round only one run has counts).
+
+    None where a run did not record ``series``.
+    """
+    if series not in p or series not in s:
+        return None
+    pt, st = p[series], s[series]
+    return [i for i in range(max(len(pt), len(st))) if i >= min(len(pt), len(st)) or pt[i] != st[i]]
+
+
 def table(runs: list[dict]) -> str:
+    """One row per (experiment, rounds) in run order, one secure − plain column per mode; then the rounds that differ.
+
+    A cell gives the secure − plain test accuracy in points at the best-validation round and at the
+    last round, mean over the seeds (max abs); the seeds are named where a mode ran fewer than plain.
+    """
     plain = {(r["experiment"], r["seed"], r["rounds"]): r for r in runs if r["mode"] == "plain"}
-    lines = [
-        "| experiment | rounds (run) | mode | seeds | plain acc (mean) | secure − plain, points: mean (max abs) "
-        "| last round: plain acc, secure − plain | rounds with test acc equal to plain's |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    groups: dict[tuple, list] = {}
+    modes = sorted({r["mode"] for r in runs if r["mode"] != "plain"}, key=mode_order)
+    pairs: dict[tuple, list] = {}
     for r in runs:
         p = plain.get((r["experiment"], r["seed"], r["rounds"]))
         if r["mode"] != "plain" and p is not None:
-            groups.setdefault((r["experiment"], r["rounds"], r["mode"]), []).append((p, r))
+            pairs.setdefault((r["experiment"], r["rounds"], r["mode"]), []).append((p, r))
 
-    def points(pairs, acc):
-        d = [100 * (acc(s) - acc(p)) for p, s in pairs]
+    def points(group: list, acc) -> str:
+        d = [100 * (acc(s) - acc(p)) for p, s in group]
         return f"{statistics.mean(d):+.2f} ({max(abs(x) for x in d):.2f})"
 
-    for (name, rounds, mode), pairs in sorted(groups.items()):
-        eq = sum(sum(a == b for a, b in zip(p["trajectory"], s["trajectory"])) for p, s in pairs)
-        tot = sum(max(len(p["trajectory"]), len(s["trajectory"])) for p, s in pairs)
-        ran = sorted({len(x["trajectory"]) for pair in pairs for x in pair})
-        ran = f"{rounds}" if ran == [rounds] else f"{rounds} ({ran[0]}-{ran[-1]})"
-        last = statistics.mean(p["trajectory"][-1] for p, _ in pairs)
+    lines = [
+        "| experiment | rounds | seeds | plain acc: best val / last |"
+        + "".join(f" {m} − plain: best val / last |" for m in modes)
+        + f" rounds with test acc equal to plain's ({', '.join(modes)}) |"
+        + f" rounds with train loss equal to plain's, bit for bit ({', '.join(modes)}) |",
+        "|---|---|---|---|" + "---|" * (len(modes) + 2),
+    ]
+    notes = []
+    for name, rounds in dict.fromkeys((k[0], k[2]) for k in plain):  # in the order they were first run
+        ps = sorted((r for (e, _, n), r in plain.items() if (e, n) == (name, rounds)), key=lambda r: r["seed"])
+        seeds = [r["seed"] for r in ps]
+        cells: list[str] = []
+        equal: dict[str, list[str]] = {"trajectory": [], "train_loss": []}
+        for m in modes:
+            group = sorted(pairs.get((name, rounds, m), []), key=lambda ps_: ps_[1]["seed"])
+            if not group:
+                cells.append("not run")
+                for column in equal.values():
+                    column.append("-")
+                continue
+            ran = [s["seed"] for _, s in group]
+            cells.append(
+                f"{points(group, lambda r: r['test_acc'])} / {points(group, lambda r: r['trajectory'][-1])}"
+                + ("" if ran == seeds else f" (seed{'s' * (len(ran) > 1)} {','.join(map(str, ran))} only)")
+            )
+            for series, column in equal.items():
+                off = [differing_rounds(p, s, series) for p, s in group]
+                known = [
+                    (len(o), max(len(p["trajectory"]), len(s["trajectory"])))
+                    for (p, s), o in zip(group, off)
+                    if o is not None
+                ]
+                n = sum(t for _, t in known)
+                column.append(
+                    "not recorded"
+                    if not known
+                    else f"{n - sum(d for d, _ in known)}/{n}"
+                    + ("" if len(known) == len(group) else " (not recorded for all seeds)")
+                )
+                notes += [
+                    f"- {name}, seed {s['seed']}, {m}, {series.replace('_', ' ')}: round{'s' * (len(o) > 1)} "
+                    f"{spans(o)} (plain ran {len(p['trajectory'])} rounds, {m} {len(s['trajectory'])})"
+                    for (p, s), o in zip(group, off)
+                    if o
+                ]
+        plain_acc = statistics.mean(r["test_acc"] for r in ps)
+        plain_last = statistics.mean(r["trajectory"][-1] for r in ps)
         lines.append(
-            f"| {name} | {ran} | {mode} | {','.join(str(p['seed']) for p, _ in pairs)} | "
-            f"{statistics.mean(p['test_acc'] for p, _ in pairs):.4f} | {points(pairs, lambda r: r['test_acc'])} | "
-            f"{last:.4f}, {points(pairs, lambda r: r['trajectory'][-1])} | {eq}/{tot} |"
+            f"| {name} | {rounds} | {','.join(map(str, seeds))} | {plain_acc:.4f} / {plain_last:.4f} | "
+            + " | ".join(cells)
+            + "".join(f" | {', '.join(column)}" for column in equal.values())
+            + " |"
         )
+    lines += ["", "Rounds (0-based) whose test accuracy (trajectory) or train loss differs from plain's:", ""]
+    lines += notes or ["- none"]
     return "\n".join(lines)
 
 
@@ -268,7 +341,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
     ap.add_argument("--fedomd-rounds", type=int, default=1000, help="0: skip FedOMD")
     ap.add_argument("--fedomd-patience", type=int, default=200, help="FedOMD early stopping (fedomd_table4.py: 200)")
-    ap.add_argument("--modes", nargs="+", default=["plain", "ckks", "mask"], choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--fixed-point-bits", type=int, default=None, help="ckks runs: packed fixed point")
     ap.add_argument(
         "--update-bound",
@@ -279,8 +352,8 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--grid-model-mean",
         action="store_true",
-        help="every mode: the model mean on its public grid (ckks: exact integer fields); "
-        "recorded as mode <mode>-grid and compared with the plain runs off the grid",
+        help="every mode: the model mean on its public grid, sized by --update-bound (the default "
+        "grid without it); recorded as mode <mode>-grid",
     )
     ap.add_argument(
         "--feature-bound", type=float, default=None, help="with --fixed-point-bits: FedGCN's public feature bound"

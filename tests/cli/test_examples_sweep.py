@@ -117,3 +117,33 @@ def test_exchange_exactness_script_compares_every_received_total(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["x", "--table-only", "--out", str(out)])
     ex.main()
     assert "| sbm | 1 | 0 | mask | integer fields | 0.0e+00 | yes |" in capsys.readouterr().out
+
+
+def test_secure_minus_plain_table_has_a_column_per_mode_and_names_the_rounds_that_differ():
+    from secure_minus_plain import table
+
+    def run(mode, seed, acc, loss):
+        return dict(experiment="E", rounds=3, mode=mode, seed=seed, test_acc=acc[-1], trajectory=acc, train_loss=loss)
+
+    runs = [
+        run("plain", 0, [0.5, 0.6, 0.7], [1.0, 0.9, 0.8]),
+        run("plain", 1, [0.5, 0.6, 0.8], [1.0, 0.9, 0.7]),
+        run("mask", 0, [0.5, 0.6, 0.7], [1.0, 0.9, 0.8]),
+        run("mask", 1, [0.5, 0.6, 0.8], [1.0, 0.9, 0.7]),
+        run("ckks", 0, [0.5, 0.6, 0.7], [1.0, 0.9000001, 0.8]),  # one round's loss off plain's, accuracy equal
+        {**run("ckks-mp", 0, [0.5, 0.61, 0.72], [1.0, 0.9, 0.8]), "trajectory": [0.5, 0.61, 0.72]},
+    ]
+    del runs[-1]["train_loss"]  # a run without losses recorded
+    lines = table(runs).splitlines()
+    header, row = lines[0].split(" | "), lines[2].split(" | ")
+    assert header[4:7] == [
+        "ckks − plain: best val / last",
+        "mask − plain: best val / last",
+        "ckks-mp − plain: best val / last",
+    ]
+    assert row[5] == "+0.00 (0.00) / +0.00 (0.00)"  # mask, both seeds
+    assert row[4] == "+0.00 (0.00) / +0.00 (0.00) (seed 0 only)"
+    assert row[6].startswith("+2.00 (2.00)")
+    assert row[7] == "3/3, 6/6, 1/3" and row[8].rstrip(" |") == "2/3, 6/6, not recorded"
+    assert "- E, seed 0, ckks, train loss: round 1 (plain ran 3 rounds, ckks 3)" in lines
+    assert "- E, seed 0, ckks-mp, trajectory: rounds 1-2 (plain ran 3 rounds, ckks-mp 3)" in lines
