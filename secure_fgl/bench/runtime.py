@@ -23,7 +23,8 @@ once; its actors are reused between runs (emptied of the last run's runtimes and
 alone; Ray's is the driver's plus every process it started (actors, raylet, GCS).
 
 Model exchange bound: the runs plan the model exchange with ``|parameter| <= 10``
-(:data:`BENCH_PARAM_BOUND`, a public bound each client checks) instead of the library's 100:
+(:data:`BENCH_PARAM_BOUND` as the runs' ``update_bound``, a public bound each client checks) instead of the
+default 100:
 with 100, ckks refuses K = 100 clients (its error bound for sums up to 1e4 exceeds the float32
 tolerance of :func:`~secure_fgl.algorithms.base.model_precision`).
 
@@ -146,6 +147,7 @@ def _config(executor: str, mode: str, clients: int, s: dict, ray_cpus: int):
         executor=executor,
         ray_num_cpus=ray_cpus,
         save_best_model=False,
+        update_bound=BENCH_PARAM_BOUND,
         synthetic={"num_nodes": s["nodes"], "num_features": s["features"]},
     ).validate()
 
@@ -164,9 +166,7 @@ def _ping_overhead(executor, clients: int, calls: int = 5) -> float:
 def one_run(executor: str, mode: str, clients: int, s: dict, fed, ray_cpus: int) -> dict:
     """One run; the executor is kept open after it for the ping and the actors' memory."""
     from .. import experiment
-    from ..algorithms import base
 
-    base.PARAM_BOUND = BENCH_PARAM_BOUND
     kept = {}
     make = experiment.make_executor  # the name run_experiment calls
 
