@@ -8,6 +8,7 @@ accuracy and the same protocol bytes per tag; Flower's own framing is counted ap
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -252,19 +253,25 @@ class KillingFlowerExecutor(FlowerExecutor):
         return super()._call(method, requests)
 
 
-@pytest.mark.slow
-def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(federation):
-    cfg = small("fedavg", "mask", executor="flower", rounds=1, round_timeout=40).validate()
+@contextlib.contextmanager
+def supernode_killed_at(federation, mode: str, method: str):
+    """FedAvg in ``mode`` whose SuperNode 2 is killed when ``method`` is called: yields (protocol, strategy)."""
+    cfg = small("fedavg", mode, executor="flower", rounds=1, round_timeout=40).validate()
     fed = load_federation(cfg)
-    executor = KillingFlowerExecutor(federation, victim=2, method="half:masked_upload", round_timeout=40)
+    executor = KillingFlowerExecutor(federation, victim=2, method=method, round_timeout=40)
     try:
         protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
-        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+        yield protocol, make_strategy(cfg, fed, protocol, {}, executor)
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(federation):
+    with supernode_killed_at(federation, "mask", "half:masked_upload") as (protocol, strategy):
         # Flower reports the message undeliverable (or the site silent until --round-timeout)
         with pytest.warns(RuntimeWarning, match=r"client\(s\) \[2\] lost in half:masked_upload of round \d+"):
             rows = [strategy.train_round(0)]
-    finally:
-        executor.shutdown()
     assert [r["clients_lost"] for r in rows] == [1]
     assert protocol.last_included == (0, 1)  # the survivors' sum, by mask recovery
 
@@ -272,16 +279,9 @@ def test_a_supernode_killed_inside_the_mask_exchange_is_a_dropout_with_recovery(
 @pytest.mark.slow
 def test_a_supernode_killed_before_its_ckks_mp_upload_stops_the_n_of_n_run_naming_the_client(federation):
     """A SuperNode killed before its ckks-mp upload stops the n-of-n run naming the client: nothing delivered."""
-    cfg = small("fedavg", "ckks-mp", executor="flower", rounds=1, round_timeout=40).validate()
-    fed = load_federation(cfg)
-    executor = KillingFlowerExecutor(federation, victim=2, method="half:upload", round_timeout=40)
-    try:
-        protocol = make_runtime_protocol(cfg, fed.num_clients, executor)
-        strategy = make_strategy(cfg, fed, protocol, {}, executor)
+    with supernode_killed_at(federation, "ckks-mp", "half:upload") as (_, strategy):
         with pytest.raises(DropoutError, match=r"client\(s\) 2 did not send its upload; ckks-mp needs every client"):
             strategy.train_round(0)
-    finally:
-        executor.shutdown()
 
 
 @pytest.mark.slow
