@@ -9,8 +9,9 @@ within the exchange tolerance in ckks.  Every wait is bounded.
 from __future__ import annotations
 
 import json
-import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,32 +46,25 @@ def args(mode: str, out: Path, config: Path, *extra: str) -> list[str]:
 
 
 def crash_after_first_checkpoint(argv: list[str], out: Path) -> None:
-    """Run the CLI in a forked copy of this process and SIGKILL it as soon as its first checkpoint is on disk.
+    """Run the CLI in a new interpreter and SIGKILL it as soon as its first checkpoint is on disk.
 
-    A fork rather than a new interpreter: the driver starts with torch already imported.
+    A new interpreter rather than a fork of the pytest worker: a fork copies whatever threads and
+    locks earlier tests left in the worker (Ray, OpenMP) and can hang before its first round.
     """
-    pid = os.fork()
-    if pid == 0:  # the driver: never returns into pytest
-        status = 1
-        try:
-            quiet = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(quiet, 1)
-            os.dup2(quiet, 2)
-            status = main(argv)
-        finally:
-            os._exit(status)
-    reaped = False
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from secure_fgl.cli.main import main; sys.exit(main(sys.argv[1:]))", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + WAIT_S
         while not (out / "checkpoint.pt").exists():
-            reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
-            assert not reaped, "the driver exited before its first checkpoint"
+            assert driver.poll() is None, "the driver exited before its first checkpoint"
             assert time.monotonic() < deadline, f"no checkpoint within {WAIT_S:g} s"
             time.sleep(0.01)
-    finally:  # the crash (or the cleanup of a failed wait); a killed child stays a zombie until reaped here
-        if not reaped:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+    finally:  # the crash (or the cleanup of a failed wait)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=WAIT_S)
     assert not (out / "result.json").exists(), "the run finished before the crash"
 
 
