@@ -1,6 +1,6 @@
 r"""`secure-fgl report`: run (or resume) a privacy/utility sweep, then write the report.
 
-Example:
+For example,
 
     secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \
         --dp-epsilons inf,8,4,2,1 --seeds 3 --rounds 50 --out runs/report
