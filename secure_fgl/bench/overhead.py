@@ -73,8 +73,6 @@ VARIANTS = {
 #: where the parties run unless ``--executor`` says otherwise: one client runtime per client (the
 #: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
 EXECUTOR = "local"
-#: tags that are key set-up or identity registration, not data (no float32 baseline)
-KEY_TAG_SUFFIX = "/keys"
 
 
 def workload_config(
