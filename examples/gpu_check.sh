@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU checks in one call, on a CUDA machine that receives a copy of this working tree: the
 # gpu-marked tests, the overhead bench on CUDA, the FedGCN runs that need more memory than the 2-core
-# CI machine has (2-hop on BIG, plain beside mask), and GCFL's mix setting (Table 4, 13 clients, one process per method).  Everything stops at END seconds.
+# CI machine has (2-hop on BIG, plain beside mask), and GCFL's mix setting (Table 4, 13 clients, one
+# process per method).  Everything stops at END seconds.
 # Results come back as $OUT/runs.jsonl (examples/fedgcn_amazon_coauthor.py rows), $OUT/gpu_check.tgz
 # (logs, the bench JSON, a memory trace) and $OUT/gc_<method>.tgz (each GCFL run's folder: result.json,
 # or its checkpoint.pt when the deadline stopped it: rerun the same examples/gcfl_tables.py command
