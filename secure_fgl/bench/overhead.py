@@ -368,9 +368,9 @@ def main(argv=None) -> None:
     """Command line of the overhead benchmark (``secure-fgl bench --suite overhead``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="runs/bench")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
+    ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    ap.add_argument("--data-root", default=None, help="dataset folder (default: $SECURE_FGL_DATA)")
     ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")
