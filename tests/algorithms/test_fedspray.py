@@ -54,10 +54,7 @@ def _tolerance(mode: str) -> float:
 # --------------------------------------------------------------------------- eq. 15
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_proxy_alignment_equals_plaintext_ratio_weighted_mean(mode):
-    try:
-        protocol = _shared_protocol(mode)
-    except (ImportError, NotImplementedError) as e:
-        pytest.skip(f"{mode} backend not available yet: {e}")
+    protocol = _shared_protocol(mode)
 
     @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
     @given(C=st.integers(2, 5), d=st.integers(1, 6), data=st.data())
