@@ -1,4 +1,4 @@
-"""Transcript audit (attack survey A17).
+"""Transcript audit.
 
 What each party saw, and whether a secure mode hides every individual contribution from the server.
 

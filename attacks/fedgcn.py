@@ -1,4 +1,4 @@
-r"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums (attack survey A1, A2).
+r"""Attacks on FedGCN's pre-training exchange of neighbour-feature sums.
 
 FedGCN (Yao et al., NeurIPS 2023) has client ``k`` upload, for every global row ``i`` it
 touches, ``S_k[i] = sum_{j in N(i) ∩ V_k} x_j`` (closed neighbourhood ``N[i]`` when the
@@ -300,7 +300,7 @@ def _bit_auc(scores: list[np.ndarray], bits: list[np.ndarray], limit_rows: int =
     return None if np.isnan(v) else v
 
 
-# ----------------------------------------------------------------------------- A1 server readout
+# ----------------------------------------------------------------------------- server readout
 def _readable_uploads(attack, view: View, pub: Mapping[str, Any]):
     """The neighbour-sum uploads the observer can read, or a not-applicable result.
 
@@ -384,7 +384,7 @@ class NeighbourSumReadout(Attack):
         return res
 
 
-# ----------------------------------------------------------------------------- A2 LS inversion
+# ----------------------------------------------------------------------------- LS inversion
 class NeighbourSumInversion(Attack):
     """Server with the topology (K2) solves ``S_k = B_k X_k`` by least squares per client."""
 
@@ -482,7 +482,7 @@ class NeighbourSumInversion(Attack):
         return res
 
 
-# ----------------------------------------------------------------------------- A1 client side
+# ----------------------------------------------------------------------------- client side
 def own_degrees(own) -> np.ndarray:
     """``deg + 1`` of the client's own nodes, from its local and cross edges."""
     g = own.global_ids.cpu().numpy().astype(np.int64)

@@ -1,4 +1,4 @@
-"""Gradient inversion against model-update exchanges (attack survey A8, A9, A10, A13).
+"""Gradient inversion against model-update exchanges.
 
 The victim client ``v`` uploads ``[w_v * Delta_v, w_v]`` (``Protocol.weighted_mean``), where
 ``Delta_v`` is its local update on its subgraph.  The attacker knows the model architecture
@@ -13,7 +13,7 @@ is over-represented among the victim's training labels).  The simulated update i
 surrogate); the real local training (dropout, several epochs, persistent Adam state) differs,
 so numbers on full runs are lower bounds of what a stronger attacker gets.
 
-An analytic support test (A9) needs no optimisation: the first-layer weight column of a word no
+An analytic support test needs no optimisation: the first-layer weight column of a word no
 victim node holds receives no data gradient, so its update is parallel to the weight column
 (SGD + L2) or ``-lr sign(W)`` per local step (Adam + L2); the score is the column update's
 deviation from that (:func:`support_scores`).  ``update_rule='auto'`` follows the run's public
@@ -24,7 +24,7 @@ deviation from that (:func:`support_scores`).  ``update_rule='auto'`` follows th
   read (secure modes: the server holds no readable aggregate, clients do).
 * :class:`IsolatedGradientInversion` -- a coalition of the other ``K - 1`` clients (or the one
   other client when ``K = 2``) subtracts its own uploads from the aggregate and isolates the
-  victim's update exactly (A13), then inverts it.
+  victim's update exactly, then inverts it.
 """
 
 from __future__ import annotations
@@ -479,7 +479,7 @@ class AggregateGradientInversion(GradientInversion):
 
 
 class IsolatedGradientInversion(GradientInversion):
-    """A coalition of clients subtracts its own uploads from the aggregate (A13).
+    """A coalition of clients subtracts its own uploads from the aggregate.
 
     With all other ``K - 1`` clients (or the single other one when ``K = 2``) the victim's weighted update is isolated
     exactly, then inverted.

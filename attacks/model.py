@@ -1,4 +1,4 @@
-"""Attacks on the released model (attack survey A14, A15).
+"""Attacks on the released model.
 
 They are unchanged by secure aggregation, since every client decrypts the model it then deploys.
 

@@ -1,4 +1,4 @@
-"""Label-distribution inference from exchanged statistics (attack survey A7).
+"""Label-distribution inference from exchanged statistics.
 
 * :class:`ProxyLabelDistribution` -- FedSpray's class-proxy exchange
   (``Protocol.classwise_mean``, tag ``fedspray/proxies``): each client sends

@@ -1,23 +1,23 @@
 #!/bin/bash
-# The device checks in one call, for a session that is lent a GPU machine (the tool library's
-# `device`): the gpu-marked tests, the overhead bench on CUDA, the FedGCN
-# runs that need more memory than the 2-core CI machine has (2-hop on BIG, plain beside mask), and
-# GCFL's mix setting (Table 4, 13 clients, one process per method).  Everything stops at END seconds.
+# The GPU checks in one call, on a CUDA machine that receives a copy of this working tree: the
+# gpu-marked tests, the overhead bench on CUDA, the FedGCN runs that need more memory than the 2-core
+# CI machine has (2-hop on BIG, plain beside mask), and GCFL's mix setting (Table 4, 13 clients, one
+# process per method).  Everything stops at END seconds.
 # Results come back as $OUT/runs.jsonl (examples/fedgcn_amazon_coauthor.py rows), $OUT/gpu_check.tgz
 # (logs, the bench JSON, a memory trace) and $OUT/gc_<method>.tgz (each GCFL run's folder: result.json,
 # or its checkpoint.pt when the deadline stopped it: rerun the same examples/gcfl_tables.py command
 # beside it, here, to finish it).
 #
-# Prepare here (both folders are ignored; name them in `carry`):
+# Prepare here (both folders are git-ignored; copy them to the GPU machine with the tree):
 #   echo /.whl/ >> .git/info/exclude; echo /.data/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl tenseal==0.3.18 opacus==1.6.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 dtaidistance==2.5.1
-#   mkdir -p .data/_archives && cp -r ../shared/datasets/{CS,Physics,Cora} .data/
-#   cp ../shared/datasets/_archives/COLLAB.tar.xz .data/_archives/
-#   (cd ../shared/datasets && tar cJf - MUTAG BZR COX2 DHFR PTC_MR AIDS NCI1 ENZYMES DD PROTEINS \
+#   mkdir -p .data/_archives && cp -r "$SECURE_FGL_DATA"/{CS,Physics,Cora} .data/
+#   cp "$SECURE_FGL_DATA"/_archives/COLLAB.tar.xz .data/_archives/
+#   (cd "$SECURE_FGL_DATA" && tar cJf - MUTAG BZR COX2 DHFR PTC_MR AIDS NCI1 ENZYMES DD PROTEINS \
 #     IMDB-BINARY IMDB-MULTI) > .data/tu.tar.xz        # the TU text files travel compressed (64 MiB limit)
-# Run (device tool): command `END=560 bash examples/gpu_check.sh`, carry [".data", ".whl"], timeout_s 595.
+# Run there: `END=560 OUT=<results folder> bash examples/gpu_check.sh` (END: seconds it may take in all).
 # Dry run here: DEV=cpu ROUNDS=2 GC_ROUNDS=2 BIG=cora END=240 OUT="$(mktemp -d)" bash examples/gpu_check.sh
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 DEV=${DEV:-cuda}; ROUNDS=${ROUNDS:-100}; GC_ROUNDS=${GC_ROUNDS:-200}; BIG=${BIG:-physics}; END=${END:-495}

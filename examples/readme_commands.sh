@@ -32,7 +32,7 @@ step $SFGL run --mode ckks-mp --clients 10 --threshold 7 "${SHORT[@]}" --out run
 step $SFGL run --config run.toml --quiet --out runs/config
 step $SFGL run --executor local --mode mask "${SHORT[@]}" --out runs/local
 step $SFGL run --executor ray --ray-num-cpus 2 --ray-workers 2 --mode ckks "${SHORT[@]}" --out runs/ray
-# the README's two-machine walkthrough on one machine: one node declaring both sites
+# docs/runtime.md's two-machine walkthrough on one machine: one node declaring both sites
 step ray start --head --port=6390 --num-cpus=2 --include-dashboard=false --resources '{"site_a": 1, "site_b": 1}'
 step $SFGL run --algorithm fedavg --mode mask --clients 3 --executor ray --ray-address auto \
     --ray-client-resources "site_a:0,1;site_b:2" "${SHORT[@]}" --out runs/ray-pinned

@@ -258,10 +258,6 @@ class HalvesProtocol(Protocol):
         where = dict(tag=tag, round=rnd, client=party_client(recipient if sender == SERVER else sender))
         self._party(recipient).check(msg, sender, stage, part, where)
 
-    def accepted_fingerprints(self) -> dict[str, dict[str, dict[str, str]]]:
-        """Per in-process client half: the fingerprints of the keys it accepted (its own registry)."""
-        return {client_party(k): half.registry.fingerprints() for k, half in sorted(self.clients.items())}
-
     def client_results(self) -> Mapping[int, tuple[int, dict[int, np.ndarray]] | None]:
         """Each client half's last decoded result (for tests)."""
         return {k: c._result for k, c in self.clients.items()}

@@ -145,7 +145,7 @@ register_backend(
         "ckks-mp",
         "protocols.ckks_mp:CKKSMPProtocol",
         "multiparty CKKS (Mouchet et al. 2021): each client holds only a share of the secret key, decryption needs "
-        "every client and is key-switched to each recipient; use --layout dense for FedGCN",
+        "every client (any t with --threshold t) and is key-switched to each recipient; use --layout dense for FedGCN",
         secure=True,
         upload_kind="ciphertext",
         colour="tab:purple",

@@ -42,7 +42,6 @@ from .validation import ConfigError
 if TYPE_CHECKING:
     from .config import RunConfig
 
-UNITS = ("edge", "node", "client", "sample")
 #: the units a release privatised at a given unit also protects
 COVERS = {
     "client": {"client", "node", "edge", "sample"},

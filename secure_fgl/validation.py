@@ -215,5 +215,8 @@ def describe(f: dataclasses.Field, tp: type | None = None) -> str:
         if f.default is not dataclasses.MISSING
         else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
     )
-    parts.append(f"(default: {'none' if default in (None, '', [], {}) else default})")
+    if default not in (None, "", [], {}):
+        parts.append(f"(default: {default})")
+    elif "default" not in (meta.get("help") or ""):  # a help text that explains its own default keeps it
+        parts.append("(default: none)")
     return " ".join(p for p in parts if p)

@@ -226,11 +226,11 @@ def max_float_scale_bits(chain: ChainParams, sum_bound: float) -> int:
 def slot_capacity_bits(chain: ChainParams, scale_bits: int) -> int:
     """Exact unsigned bits per slot: largest C with ``(2^C - 1 + 1/8) * 2^s < q_0 / 2``.
 
-    For a 60-bit q_0 this is ``59 - s`` (the brief's rule) as long as ``2^s`` exceeds the
+    For a 60-bit q_0 this is ``59 - s`` as long as ``2^s`` exceeds the
     distance of q_0 from 2^60; computed exactly from SEAL's prime, never assumed.
     """
     if chain.data_primes != 1:
-        return 48  # SEAL's double-precision encoder caps exact integers near 2^48 (research §2)
+        return 48  # SEAL's double-precision encoder caps exact integers near 2^48
     q = chain.data_modulus()
     c = 0
     # compare 8 * (2^C - 7/8) * 2^s < 4 q   <=>   (2^(C+3) - 7) * 2^s < 4 q

@@ -360,9 +360,9 @@ def run_fedgcn_bench(out_dir, quick: bool = False, data_root=None, sizes=None, p
 def main(argv=None) -> None:
     """Command line of the FedGCN benchmark (``python -m secure_fgl.bench.fedgcn``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
+    ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    ap.add_argument("--data-root", default=None, help="dataset folder (default: $SECURE_FGL_DATA)")
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale sizes (default 1e4 1e5 1e6)")
     ap.add_argument("--parts", nargs="+", default=["cora", "scale"], choices=["cora", "scale"])
     a = ap.parse_args(argv)

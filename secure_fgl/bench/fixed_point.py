@@ -178,7 +178,7 @@ def features_part(
 def main(argv=None) -> None:
     """Command line of the fixed-point benchmark; writes ``OUT/fixed_point.json``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench_fixed")
+    ap.add_argument("--out", default="runs/bench_fixed", help="folder the results are written to")
     ap.add_argument("--parts", nargs="+", default=["models", "features"], choices=["models", "features"])
     ap.add_argument("--datasets", nargs="+", default=["pubmed", "amazon-photo", "coauthor-cs"])
     ap.add_argument("--row-orders", nargs="+", default=["given", "signature"], choices=["given", "signature"])
@@ -186,7 +186,7 @@ def main(argv=None) -> None:
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     ap.add_argument("--update-bound", type=float, default=1.0)
     ap.add_argument("--feature-bound", type=float, default=1.3, help="public clip of real-valued features")
-    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--data-root", default=None, help="dataset folder (default: $SECURE_FGL_DATA)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     res = {"update_bound": a.update_bound, "feature_bound": a.feature_bound}

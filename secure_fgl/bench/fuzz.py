@@ -919,8 +919,8 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", type=int, default=20000)
-    ap.add_argument("--out", default="runs/bench")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", type=int, default=20000, help="number of tampered messages")
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the tampering cases")
     a = ap.parse_args()
     run_fuzz_bench(a.out, a.cases, a.seed)

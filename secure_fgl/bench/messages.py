@@ -89,5 +89,5 @@ def run_message_bench(out_dir: str, floats: int = 1_000_000, clients: int = 10) 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
     run_message_bench(ap.parse_args().out)

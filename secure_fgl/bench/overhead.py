@@ -73,8 +73,6 @@ VARIANTS = {
 #: where the parties run unless ``--executor`` says otherwise: one client runtime per client (the
 #: ``local`` executor: only signed bytes between the parties, each client's protocol half in its runtime)
 EXECUTOR = "local"
-#: tags that are key set-up or identity registration, not data (no float32 baseline)
-KEY_TAG_SUFFIX = "/keys"
 
 
 def workload_config(
@@ -370,9 +368,9 @@ def main(argv=None) -> None:
     """Command line of the overhead benchmark (``secure-fgl bench --suite overhead``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="runs/bench")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
+    ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    ap.add_argument("--data-root", default=None, help="dataset folder (default: $SECURE_FGL_DATA)")
     ap.add_argument("--workloads", nargs="*", default=None, choices=list(WORKLOADS))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=["plain", "mask", "ckks", "ckks-mp", *VARIANTS])
     ap.add_argument("--sizes", nargs="*", type=int, default=None, help="scale points (nodes); none: skip")

@@ -385,9 +385,9 @@ def _print_last(records) -> None:
 def main(argv=None) -> None:
     """Command line of the protocol benchmark."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="runs/bench")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--clients", type=int, default=K_DEFAULT)
+    ap.add_argument("--out", default="runs/bench", help="folder the results are written to")
+    ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    ap.add_argument("--clients", type=int, default=K_DEFAULT, help="number of clients")
     ap.add_argument("--backends", default=None, help="comma-separated subset")
     a = ap.parse_args(argv)
     run_protocol_bench(

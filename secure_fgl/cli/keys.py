@@ -31,7 +31,7 @@ def add_key_parsers(sub) -> None:
     new = ks.add_parser("new", help="make an identity key; prints its fingerprint", allow_abbrev=False)
     new.add_argument("--out", required=True, metavar="DIR", help=f"folder for {KEY_FILE} (0600) and {PUB_FILE}")
     show = ks.add_parser("show", help="print a key file's fingerprint", allow_abbrev=False)
-    show.add_argument("path", metavar="DIR|FILE")
+    show.add_argument("path", metavar="DIR|FILE", help="a key folder (secure-fgl keys new --out) or a key file")
 
     man = sub.add_parser("manifest", help="the run manifest (new, verify)", allow_abbrev=False)
     ms = man.add_subparsers(dest="manifest_command", metavar="ACTION", required=True)
@@ -47,11 +47,11 @@ def add_key_parsers(sub) -> None:
     )
     mnew.add_argument("--out", required=True, metavar="FILE", help="where to write the manifest (JSON)")
     ver = ms.add_parser("verify", help="check a manifest and print the code to compare", allow_abbrev=False)
-    ver.add_argument("manifest", metavar="FILE")
+    ver.add_argument("manifest", metavar="FILE", help="the manifest (secure-fgl manifest new --out)")
     ver.add_argument(
         "--config", metavar="FILE", default=None, help="recompute options and schedule from this config and compare"
     )
-    ver.add_argument("--preset", metavar="NAME", default=None)
+    ver.add_argument("--preset", metavar="NAME", default=None, help="a preset the config file overrides")
     ver.add_argument(
         "--party",
         action="append",
@@ -64,7 +64,7 @@ def add_key_parsers(sub) -> None:
 
 
 def key_command(args: argparse.Namespace) -> int:
-    """``secure-fgl key``: make a site's identity key (``new``, never overwriting one) or print a key's fingerprint."""
+    """``secure-fgl keys``: make a site's identity key (``new``, never overwriting one) or print a key's fingerprint."""
     from protocols.auth import SigningKey
 
     if args.keys_command == "new":

@@ -1,4 +1,4 @@
-"""The ``secure-fgl`` command.
+"""The `secure-fgl` command.
 
     secure-fgl run [flags]            one experiment (no flags: the main job, secure FedGCN on the built-in graph)
     secure-fgl run --preset NAME      a paper's setting (flags override it)
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -108,29 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run_parser(sub)
     algos = sub.add_parser("algorithms", help="list algorithms, or describe one", allow_abbrev=False)
-    algos.add_argument("name", nargs="?")
+    algos.add_argument("name", nargs="?", help="an algorithm to describe (omit: list them all)")
     sub.add_parser("attacks", help="list the attacks", allow_abbrev=False)
     sub.add_parser("modes", help="list the secure modes", allow_abbrev=False)
     sub.add_parser(
         "datasets", help="list datasets and whether their files are present", allow_abbrev=False
-    ).add_argument("--data-root", dest="data_root", default=None)
+    ).add_argument("--data-root", dest="data_root", default=None, help="dataset folder (as run --data-root)")
     compare = sub.add_parser("compare", help="table of finished runs", allow_abbrev=False)
-    compare.add_argument("runs", nargs="+", metavar="DIR")
+    compare.add_argument("runs", nargs="+", metavar="DIR", help="run folders, or folders searched for them")
     compare.add_argument(
         "--include-unfinished",
         action="store_true",
         help="also show runs that did not finish (status other than complete)",
     )
     plot = sub.add_parser("plot", help="draw one run's curves", allow_abbrev=False)
-    plot.add_argument("run", metavar="RUN")
+    plot.add_argument("run", metavar="RUN", help="a run folder or its result.json")
     plot.add_argument("--out", default=None, help="PNG path (default RUN/curves.png)")
     sub.add_parser("report", help="privacy/utility sweep and report (secure-fgl report --help)", add_help=False)
     bench = sub.add_parser("bench", help="benchmarks (print measured ratios)", allow_abbrev=False)
     bench.add_argument("--suite", required=True, choices=["protocols", "fedgcn", "fuzz", "overhead", "runtime"])
     bench.add_argument("--cases", type=int, default=20000, help="fuzz suite: number of tampered messages")
-    bench.add_argument("--out", default="runs/bench")
+    bench.add_argument("--out", default="runs/bench", help="folder the results are written to (default runs/bench)")
     bench.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
-    bench.add_argument("--data-root", dest="data_root", default=None)
+    bench.add_argument("--data-root", dest="data_root", default=None, help="dataset folder (as run --data-root)")
     bench.add_argument("--device", default="cpu", help="overhead suite: where the workloads train (cpu | cuda | auto)")
     runtime = bench.add_argument_group("runtime suite (override the full grid)")
     runtime.add_argument("--clients", type=int, nargs="+", default=None, help="client counts K")
@@ -142,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=["ckks", "mask"],
         help="secure modes (ckks-mp: the dropout column only)",
     )
-    runtime.add_argument("--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"])
+    runtime.add_argument(
+        "--executors", nargs="+", choices=["local", "ray"], default=["local", "ray"], help="executors to compare"
+    )
     runtime.add_argument(
         "--repeats",
         type=int,
@@ -333,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `secure-fgl attacks | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
     except Exception as e:
         if not isinstance(e, _user_errors()):
             raise

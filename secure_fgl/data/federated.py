@@ -45,17 +45,6 @@ class ClientSubgraph:
         """Number of nodes the client owns."""
         return int(self.global_ids.numel())
 
-    def to_data(self) -> Data:
-        """The local subgraph as a torch_geometric ``Data`` (cross edges dropped)."""
-        return Data(
-            x=self.x,
-            y=self.y,
-            edge_index=self.edge_index,
-            train_mask=self.train_mask,
-            val_mask=self.val_mask,
-            test_mask=self.test_mask,
-        )
-
 
 @dataclass
 class FederatedGraph:

@@ -1,18 +1,18 @@
-r"""``secure-fgl report``: run (or resume) a privacy/utility sweep, then write the report.
+r"""`secure-fgl report`: run (or resume) a privacy/utility sweep, then write the report.
 
-Example::
+For example,
 
     secure-fgl report --algorithms fedgcn,fedavg --datasets sbm --modes plain,ckks,mask \
         --dp-epsilons inf,8,4,2,1 --seeds 3 --rounds 50 --out runs/report
 
-``--seeds N`` runs seeds ``0..N-1`` (or give a list, ``--seeds 0,3,7``).  A finished run is
+`--seeds N` runs seeds 0..N-1 (or give a list, `--seeds 0,3,7`).  A finished run is
 reused only when its settings (the fingerprint of its full resolved config) equal the asked ones,
 so the same command after an interruption goes on where it stopped, and a sweep with other
 settings into the same --out runs into new folders instead of mixing runs.  The plan (runs,
-attacks, an estimate from past runs) is printed first; ``--dry-run`` prints it only.
-``--no-run`` only re-renders the report from the run files.  ``--config FILE`` reads the
-sweep from a file: a run config's keys plus a ``[grid]`` table (:func:`.sweep.spec_from_file`;
-example: ``secure_fgl/configs/dp-gap-tradeoff.toml``).
+attacks, an estimate from past runs) is printed first; `--dry-run` prints it only.
+`--no-run` only re-renders the report from the run files.  `--config FILE` reads the
+sweep from a file: a run config's keys plus a `[grid]` table (example:
+`secure_fgl/configs/dp-gap-tradeoff.toml`).
 """
 
 from __future__ import annotations
@@ -55,16 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default=None, help="number of seeds (0..N-1) or a comma-separated list (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="training rounds per run")
     p.add_argument("--clients", type=int, default=None, help="number of clients")
-    p.add_argument("--partition", default=None, help="dirichlet | louvain | iid")
+    p.add_argument("--partition", default=None, help="how nodes are split over clients (as run --partition)")
     p.add_argument("--beta", type=float, default=None, help="Dirichlet concentration")
-    p.add_argument("--dp-placement", default=None, help="local | distributed")
+    p.add_argument("--dp-placement", default=None, help="auto | local | distributed (as run --dp-placement)")
     p.add_argument("--attacks", default=None, help="'all' (default), 'none' or a comma-separated list of attacks")
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--data-root", default=None, help="dataset folder (as run --data-root)")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N | mps (as run --device)")
     p.add_argument("--synthetic", default=None, help="JSON kwargs of the synthetic generator")
     p.add_argument("--options", default=None, help='JSON per-algorithm options, e.g. \'{"fedgcn": {"hops": 1}}\'')
     p.add_argument("--out", default="runs/report", help="sweep folder (run folders + report)")
-    p.add_argument("--title", default="secure_fgl privacy/utility report")
+    p.add_argument("--title", default="secure_fgl privacy/utility report", help="the report's title")
     p.add_argument("--no-run", action="store_true", help="only render the report from existing runs")
     p.add_argument("--dry-run", action="store_true", help="print the plan (runs, attacks, estimated time) only")
     p.add_argument(

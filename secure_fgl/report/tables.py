@@ -1,11 +1,10 @@
 """Tables of the report, computed only from run files (``result.json``).
 
 * :func:`leakage_matrix` -- attacks x settings (mode, DP epsilon) with a chance column and the
-  test accuracy in the last row (attack survey sec. 6, Table L).  A cell is ``mean ± std`` over
+  test accuracy in the last row.  A cell is ``mean ± std`` over
   seeds; an attack that could read nothing is ``n/a`` -- ``n/a (chance)`` when the run's
   transcript audit passed, the only case in which a secure-mode result is called "at chance".
-* :func:`utility_table` -- accuracy, time, bytes up/down and epsilon spent per exchange
-  (Table U).
+* :func:`utility_table` -- accuracy, time, bytes up/down and epsilon spent per exchange.
 * :func:`settings_of_runs` -- the settings the runs actually hold: common to all, or per cell.
 * :func:`audit_table`, :func:`error_table`, :func:`attack_table`, :func:`code_table`.
 
@@ -492,7 +491,7 @@ def audit_table(results: list[dict]) -> Table:
 
 
 def audit_exchange_table(results: list[dict]) -> Table:
-    """Table T of the survey: per mode and exchange, kinds uploaded, sizes, data dependence."""
+    """Per mode and exchange: kinds uploaded, sizes, data dependence."""
     header = [
         "mode",
         "exchange",

@@ -341,7 +341,7 @@ def main(argv=None) -> None:
         help="run the site's ClientApp tasks in this process (no process per message): the runtime API "
         "address of this site's SuperNode, started with --isolation process --port PORT",
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="where this site trains: cpu | cuda | cuda:N | mps (default: cpu)")
     args = p.parse_args(argv)
     if (args.identity_key is None) != (args.manifest is None):
         p.error("--identity-key and --manifest go together")

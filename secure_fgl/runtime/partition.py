@@ -11,8 +11,8 @@ from the driver's (another dataset file, another version of the code): one error
 fix, not a silently different run.
 
 On Ray the driver still partitions the data to learn the public facts and the digests (a
-simulation: one organisation holds every partition); what changes is that a pinned client's data
-never crosses from the driver to its machine.  On Flower the sites report both (:func:`own_facts`)
+simulation: one organisation holds every partition), but a pinned client's data never crosses
+from the driver to its machine.  On Flower the sites report both (:func:`own_facts`)
 and the driver loads no data.  Clients of one process share one load
 (:func:`forget` drops it once their runtimes are built).
 """

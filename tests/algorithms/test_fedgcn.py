@@ -39,19 +39,6 @@ K = 5
 SUMS = "fedgcn/neighbour_sums"
 
 
-def _importable(mod: str) -> str | None:
-    try:
-        __import__(mod)
-        return None
-    except Exception as e:  # noqa: BLE001 - any import failure means the backend is not ready
-        return f"{mod} not importable yet: {type(e).__name__}: {e}"
-
-
-def secure_mode(mode: str):
-    reason = _importable(f"protocols.{mode}")
-    return pytest.param(mode, marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
-
-
 @pytest.fixture(scope="module")
 def fed():
     """Binary-feature SBM, K clients (Dirichlet label skew)."""
@@ -247,7 +234,7 @@ def test_a_dropout_in_the_pre_training_gives_the_sums_of_the_graph_without_its_n
 
 
 # ----------------------------------------------------------------------------- secure modes
-@pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["ckks", "mask"])
 @pytest.mark.parametrize("hops,layout", [(1, "sparse"), (2, "dense")])
 def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout, make_algo):
     """Binary features: packed integer sums come back exactly equal to the plaintext ones."""
@@ -263,7 +250,7 @@ def test_secure_totals_equal_plain_exactly(fed, mode, hops, layout, make_algo):
     assert ups and all(m.kind != "plain" for m in ups)
 
 
-@pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["ckks", "mask"])
 def test_count_features_travel_as_exact_integer_sums(fed_counts, mode, make_algo):
     """Count features travel as exact integer sums.
 
@@ -311,7 +298,7 @@ def test_client_runtimes_send_count_features_as_exact_integer_sums(fed_counts):
     assert [r["train_loss"] for r in runs["ckks"]["rounds"]] == [r["train_loss"] for r in runs["plain"]["rounds"]]
 
 
-@pytest.mark.parametrize("mode", [secure_mode("ckks"), secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["ckks", "mask"])
 def test_secure_float_features_close_to_plain(fed_float, mode, make_algo):
     """Float features (and norm='sym' on them) use the float encoding: within tolerance."""
     plain = make_algo(fed_float, "plain", hops=2, norm="sym")
@@ -337,7 +324,7 @@ def test_zero_hop_equals_fedavg(fed, run_small):
 
 
 # ----------------------------------------------------------------------------- bounds
-@pytest.mark.parametrize("mode", [secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["mask"])
 def test_degree_above_cap_is_refused_loudly_naming_the_maximum_over_all_clients(fed, mode, make_algo):
     algo = make_algo(fed, mode, hops=1, degree_cap=2)
     largest = max(fed_degrees(c) for c in algo.clients)
@@ -381,7 +368,6 @@ def test_option_validation(make_algo):
 
 
 # ----------------------------------------------------------------------------- DP
-@pytest.mark.skipif(_importable("protocols.dp") is not None, reason=_importable("protocols.dp") or "")
 def test_dp_noise_has_the_stated_scale(make_algo):
     """DP noise has the stated scale.
 
@@ -415,7 +401,7 @@ def test_dp_noise_has_the_stated_scale(make_algo):
 
 
 # ----------------------------------------------------------------------------- end to end
-@pytest.mark.parametrize("mode", ["plain", secure_mode("ckks"), secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["plain", "ckks", "mask"])
 def test_end_to_end_run(mode, tmp_path):
     cfg = RunConfig(
         algorithm="fedgcn",
@@ -463,7 +449,7 @@ def _upload_bytes(algo) -> int:
     return sum(m.nbytes for m in algo.protocol.transcript.select(tag=TAG) if m.receiver == "server")
 
 
-@pytest.mark.parametrize("mode", ["plain", secure_mode("ckks"), secure_mode("mask")])
+@pytest.mark.parametrize("mode", ["plain", "ckks", "mask"])
 @pytest.mark.parametrize("hops", [1, 2])
 def test_signature_row_order_keeps_sums_and_cuts_upload(fed_wide, mode, hops, make_algo):
     """Signature row order keeps sums and cuts upload.

@@ -29,13 +29,6 @@ BATCH_TAG = "fedspray/batch"
 UNREADABLE = {"ciphertext", "masked", "share"}
 
 
-def _protocol_or_skip(mode: str, num_clients: int = K, **kw):
-    try:
-        return make_protocol(mode, num_clients, **kw)
-    except (ImportError, NotImplementedError) as e:  # backend still being written
-        pytest.skip(f"{mode} backend not available yet: {e}")
-
-
 @functools.cache
 def _shared_protocol(mode: str):
     """One protocol per mode for the property test (key set-up once); rounds stay unique."""
@@ -61,10 +54,7 @@ def _tolerance(mode: str) -> float:
 # --------------------------------------------------------------------------- eq. 15
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_proxy_alignment_equals_plaintext_ratio_weighted_mean(mode):
-    try:
-        protocol = _shared_protocol(mode)
-    except (ImportError, NotImplementedError) as e:
-        pytest.skip(f"{mode} backend not available yet: {e}")
+    protocol = _shared_protocol(mode)
 
     @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
     @given(C=st.integers(2, 5), d=st.integers(1, 6), data=st.data())
@@ -110,7 +100,7 @@ def test_secure_server_view_hides_ratios_and_absent_classes(mode):
     values, full, gappy = _two_presence_patterns()
     sigs = []
     for counts in (full, gappy):
-        protocol = _protocol_or_skip(mode, transcript=Transcript(keep_payloads="all"))
+        protocol = make_protocol(mode, K, transcript=Transcript(keep_payloads="all"))
         weights = {k: class_weights(c, "ratio") for k, c in counts.items()}
         align_proxies(protocol, PROXY_TAG, 0, values, weights, torch.zeros(4, 3))
         view = protocol.transcript.view(SERVER)
@@ -262,8 +252,6 @@ def _cfg(mode, **kw):
 
 @pytest.mark.parametrize("mode", ("plain",) + SECURE)
 def test_end_to_end(mode, tmp_path):
-    if mode != "plain":
-        _protocol_or_skip(mode, 3)
     result = run_experiment(_cfg(mode, out=str(tmp_path)), progress=False)
     final = result["final"]
     assert 0 <= final["test_acc"] <= 1 and 0 <= final["minority_acc"] <= 1
@@ -302,9 +290,6 @@ def test_resume_continues_every_client_and_the_minority_tracker(tmp_path):
 
 @pytest.mark.parametrize("mode", ("plain", "mask"))
 def test_end_to_end_with_dp(mode):
-    pytest.importorskip("protocols.dp")
-    if mode != "plain":
-        _protocol_or_skip(mode, 3)
     result = run_experiment(_cfg(mode, rounds=2, dp_epsilon=8.0, dp_clip=1.0), progress=False)
     per_tag = result["privacy"]["per_tag"]
     assert {"fedspray/encoder", PROXY_TAG} <= set(per_tag)

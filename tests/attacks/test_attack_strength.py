@@ -19,7 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from attacks.base import GroundTruth, View, roc_auc
 from attacks.gradient import GradientInversion, support_scores
 from attacks.model import InfluenceLinkInference, PosteriorLinkInference
-from protocols import PlainProtocol, make_protocol
+from protocols import PlainProtocol
 from secure_fgl.models import build_model
 
 
@@ -202,10 +202,6 @@ def test_coalition_isolates_the_victim_in_a_masked_run_with_the_runs_optimizer()
     mask: the server reads nothing (at chance by the audit); the other clients subtract their
     own uploads from the aggregate they decoded and invert the victim's SGD update.
     """
-    try:
-        make_protocol("mask", 3)
-    except Exception as e:
-        pytest.skip(f"mask unavailable: {e}")
     by = _run(mode="mask", optimizer="sgd", lr=0.5, attacks=["gradient_inversion", "gradient_inversion_isolated"])
     server, iso = by["gradient_inversion"], by["gradient_inversion_isolated"]
     assert not server["applicable"] and server["at_chance"] is True
@@ -359,10 +355,6 @@ def test_fedgcn_sparse_requests_reveal_ownership_and_dense_hides_it(layout):
     mask, 2 rows per block: in the sparse layout each client's download requests name the
     blocks of its own nodes, so the server places nodes well above chance; dense is at chance.
     """
-    try:
-        make_protocol("mask", 3)
-    except Exception as e:
-        pytest.skip(f"mask unavailable: {e}")
     from secure_fgl.config import RunConfig
     from secure_fgl.experiment import run_experiment
 

@@ -1,42 +1,21 @@
 """The GPU path: runs only where CUDA is available, skipped with a reason otherwise.
 
 Training and the attacks' model fits run on ``--device auto``'s device; data move there once
-(each client runtime's own data) and each exchange brings the clients' updates to the host
-once, through one pinned buffer (:func:`secure_fgl.engine.host.to_host`).
+(each client runtime's own data) and each client brings its own update to the host for the exchange.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from secure_fgl.config import RunConfig
-from secure_fgl.engine.host import to_host
 from secure_fgl.experiment import run_experiment
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
     not CUDA, reason="no CUDA device (torch.cuda.is_available() is false): the gpu tests run on a machine with a GPU"
 )
-
-
-def test_to_host_on_cpu_returns_views_of_the_vectors():
-    vecs = {0: torch.arange(4.0), 3: torch.ones(4)}
-    host = to_host(vecs)
-    assert set(host) == {0, 3} and np.array_equal(host[0], np.arange(4.0))
-    assert np.shares_memory(host[3], vecs[3].numpy())  # no copy on the CPU
-
-
-@pytest.mark.gpu
-@needs_cuda
-def test_to_host_copies_once_into_pinned_memory():
-    vecs = {k: torch.randn(1000, device="cuda") for k in range(3)}
-    host = to_host(vecs)
-    for k, v in vecs.items():
-        assert np.array_equal(host[k], v.cpu().numpy())
-    base = host[0].base if host[0].base is not None else host[0]
-    assert torch.from_numpy(base).is_pinned()
 
 
 @pytest.mark.gpu

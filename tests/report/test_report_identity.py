@@ -84,7 +84,7 @@ def test_fingerprint_ignores_where_files_go_and_names_what_differs():
 def test_a_sweep_with_other_settings_into_the_same_out_never_mixes_runs(tmp_path, capsys):
     """A sweep with other settings into the same out never mixes runs.
 
-    The issue's scenario: an interrupted sweep (one run stopped during its attacks), then a
+    The scenario: an interrupted sweep (one run stopped during its attacks), then a
     sweep with other rounds into the same --out.
     """
     out = tmp_path / "rep"

@@ -37,8 +37,9 @@ per edge (:func:`protocols.dp.edge_level_sensitivity`), ``sqrt(D + 1) C`` per no
 post-processes the noisy sums with the client's own data.
 
 Row numbering of the sparse layout (``row_order``): ``'given'`` (node ids), ``'signature'`` (rows
-grouped by the set ``S(v)`` of clients touching them, :func:`exchange_numbering`), ``'owner'``
-(rows grouped by recipient, :func:`recipient_numbering`).
+grouped by the set ``S(v)`` of clients touching them), ``'owner'`` (rows grouped by recipient); the server
+numbers them from the clients' touch-set histograms
+(:func:`~secure_fgl.algorithms.fedgcn.server.layout_from_histogram`).
 """
 
 from __future__ import annotations
@@ -252,30 +253,6 @@ def segment_blocks(masks: np.ndarray, rpb: int, max_work: int = SEGMENT_DP_MAX_W
     return pos
 
 
-def exchange_numbering(
-    clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int
-) -> tuple[np.ndarray, int]:
-    """The exchange row id of every global node under ``row_order='signature'``.
-
-    ``row_order='signature'`` (module docstring): exchange row id of every global node and
-    the exchange's number of rows (``>= num_nodes``: partly empty blocks).
-
-    Order: reflected-Gray rank of ``S(v)``, then owner, then the owner's own order (here its
-    global ids); then :func:`segment_blocks`.  Everything but the owners' private order is a
-    function of the public class counts ``h[S, k]`` and ``rpb``.  With a single block
-    (``rpb >= num_nodes``) the given numbering is kept.
-    """
-    if rpb >= num_nodes:
-        return np.arange(num_nodes, dtype=np.int64), int(num_nodes)
-    masks = touch_signatures(clients, owner, num_nodes)
-    own = owner.detach().cpu().numpy()
-    order = np.lexsort((np.arange(num_nodes), own, _inverse_gray(masks)))
-    pos = segment_blocks(masks[order], rpb)
-    perm = np.empty(num_nodes, dtype=np.int64)
-    perm[order] = pos
-    return perm, int(pos.max()) + 1 if pos.size else 0
-
-
 def denoise_with_own_data(
     c: ClientSubgraph, totals: torch.Tensor, sent_own: torch.Tensor, norm: str, noise_std: float = 0.0
 ) -> torch.Tensor:
@@ -308,30 +285,6 @@ def denoise_with_own_data(
     out = totals.clone()
     out[:n] = exact_own + remote
     return out
-
-
-def recipient_numbering(
-    clients: list[ClientSubgraph], owner: torch.Tensor, num_nodes: int, rpb: int, hops: int
-) -> tuple[np.ndarray, int]:
-    """``row_order='owner'``: exchange row id of every global node and the exchange's number of rows.
-
-    Rows are grouped by their set of recipients -- the owner at 1 hop; at 2 hops also
-    every client with an edge to the node, i.e. ``S(v)`` -- and every group starts a new block,
-    so no block holds rows of two different recipient sets: a client decrypts only rows it
-    asked for (and padding).  Inside a group, nodes follow the reflected-Gray rank of ``S(v)``
-    (rows touched by the same clients share blocks), then their global id.
-    """
-    masks = touch_signatures(clients, owner, num_nodes)
-    group = owner.detach().cpu().numpy().astype(np.int64) if hops <= 1 else masks
-    order = np.lexsort((np.arange(num_nodes), _inverse_gray(masks), group))
-    g = group[order]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if num_nodes else np.zeros(0, np.int64)
-    sizes = np.diff(np.r_[starts, num_nodes])
-    padded = -(-sizes // rpb) * rpb
-    first_row = np.r_[0, np.cumsum(padded)[:-1]]
-    perm = np.empty(num_nodes, dtype=np.int64)
-    perm[order] = np.repeat(first_row - starts, sizes) + np.arange(num_nodes)
-    return perm, int(padded.sum())
 
 
 def requested_rows(c: ClientSubgraph, hops: int) -> torch.Tensor:

@@ -5,9 +5,7 @@ The pre-training exchange (:mod:`.ops`), with every party apart:
 1. ``--row-order signature|owner`` only: each client publishes the histogram of its own nodes'
    touch sets, ``h[S, k]`` = #own nodes ``v`` with ``S(v) = S`` (tag ``fedgcn/row_order``,
    client -> server, recorded).  The server numbers the rows from ``h`` and the public rows per
-   block alone (:func:`layout_from_histogram`: the order and block cuts of
-   :func:`~secure_fgl.algorithms.fedgcn.ops.exchange_numbering` /
-   :func:`~secure_fgl.algorithms.fedgcn.ops.recipient_numbering`) and sends each owner the row ids of
+   block alone (:func:`layout_from_histogram`) and sends each owner the row ids of
    its classes (server -> client); the owner numbers its own nodes of a class in its private
    order (global id), then tells each other client ``j`` of ``S(v)`` the row id of ``v``
    (tag ``fedgcn/row_ids``, client -> client, relayed by the server and recorded) over the

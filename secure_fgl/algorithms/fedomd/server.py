@@ -9,9 +9,9 @@ The round of :mod:`secure_fgl.algorithms.fedomd` with every party apart:
 
    * ``--batch-stats`` (default): stage ``fedomd/stats/mean`` carries every layer's mean, stage
      ``fedomd/stats/moments`` every layer's central moments about the pooled means
-     (:func:`~secure_fgl.algorithms.fedomd.stats_batch.batched_central_moments`);
+     (:mod:`~secure_fgl.algorithms.fedomd.stats_batch`);
    * ``--raw-moments``: one stage ``fedomd/stats/raw`` with every layer's raw moments, central ones
-     by the binomial expansion (:func:`~secure_fgl.algorithms.fedomd.stats_batch.one_stage_raw_moments`);
+     by the binomial expansion (:func:`~secure_fgl.algorithms.fedomd.stats_batch.central_from_raw`);
    * ``--batch-stats false``: per layer ``fedomd/hidden<l>/mean`` then ``.../moments``
      (:meth:`protocols.base.Protocol.central_moments`; ``--cmd-order 1``: the means only, projected
      onto ``[a, b]``).
