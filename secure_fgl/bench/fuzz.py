@@ -351,11 +351,12 @@ def _plan_moduli(m, rng, fz):
     A scale below the plan's, a switch level one prime off, or the switch to the broadcast key dropped from a
     broadcast's plan (whose levels are sized for it).
     """
+    from protocols.ckks_mp.keyswitch import planned_broadcast_blocks
     from protocols.ckks_mp.params import plan_exchange
     from protocols.plan import ExchangePlan
 
     plan, encoding = ExchangePlan.from_payload(m.payload), dict(m.payload["encoding"])
-    broadcast = "broadcast_to" in encoding
+    broadcast = planned_broadcast_blocks(encoding, plan.num_blocks).size == plan.num_blocks
     ep = plan_exchange(fz.proto.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
     choice = int(rng.integers(0, 3 if broadcast else 2))
     if choice == 0:
@@ -364,7 +365,7 @@ def _plan_moduli(m, rng, fz):
         step = -1 if ep.switch_level > 1 and rng.random() < 0.5 else 1
         encoding["plan"] = dataclasses.replace(ep, switch_level=ep.switch_level + step).describe()
     else:
-        del encoding["broadcast_to"]
+        del encoding["broadcast_blocks"], encoding["broadcast_to"]
     return _resigned_plan(m, fz, encoding=encoding)
 
 
