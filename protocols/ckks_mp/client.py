@@ -836,6 +836,7 @@ class CKKSMPClient(ClientHalf):
                     )
                 pk = self._key_shares.broadcast_pk
             else:
+                pk = self._recipient_key(to, offered, where)
                 twice = sorted(set(bids) & set(shared))
                 if twice:
                     raise RecipientKeyError(
@@ -843,7 +844,6 @@ class CKKSMPClient(ClientHalf):
                         "broadcast key" + (" (its levels are sized for that switch's noise)" if ep.broadcast else ""),
                         **where,
                     )
-                pk = self._recipient_key(to, offered, where)
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, self.setup.num_clients)
         designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)

@@ -91,17 +91,22 @@ def _is_download(m) -> bool:
     )
 
 
+def _bytes_field(payload: dict) -> str:
+    """The payload's ciphertext field: ``data``, or a ckks-mp download's ``broadcast`` when it carries no ``data``."""
+    return "broadcast" if "broadcast" in payload and not payload.get("data") else "data"
+
+
 def _payload_bytes(m) -> bytes:
     if isinstance(m.payload, (bytes, bytearray)):
         return bytes(m.payload)
-    return m.payload["data"] if isinstance(m.payload, dict) else m.payload[0]
+    return m.payload[_bytes_field(m.payload)] if isinstance(m.payload, dict) else m.payload[0]
 
 
 def _with_payload_bytes(m, data: bytes):
     if isinstance(m.payload, (bytes, bytearray)):
         return dataclasses.replace(m, payload=data)
     if isinstance(m.payload, dict):
-        return dataclasses.replace(m, payload={**m.payload, "data": data})
+        return dataclasses.replace(m, payload={**m.payload, _bytes_field(m.payload): data})
     return dataclasses.replace(m, payload=[data] + list(m.payload[1:]))
 
 
@@ -154,9 +159,7 @@ def _tamper_download(m, rng, fz):
                 return old
     if choice == 1:
         return dataclasses.replace(m, auth=_flip(m.auth, rng))
-    if isinstance(m.payload, dict):  # mask: a bit of the ring elements' wire bytes
-        return dataclasses.replace(m, payload={**m.payload, "data": _flip(m.payload["data"], rng)})
-    return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
+    return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))  # mask: a bit of the ring elements' wire bytes
 
 
 def _stage(m) -> str:
