@@ -30,7 +30,7 @@ exchanging signed messages as bytes over a :class:`~protocols.link.ClientLink` i
 client's partial decryption: its PCKS share, re-encrypted to the recipient's key) and
 ``download``.  The stages are described in :mod:`.client` and :mod:`.server`.  Every exchange:
 
-1. **Plan** (public): the key switch (:func:`.keyswitch.broadcast_recipients`) and
+1. **Plan** (public): the key switch of each block (:func:`.keyswitch.broadcast_blocks`) and
    :func:`.params.plan_exchange` for it -- primes ``L`` and ``L'``, scale ``2^D`` above the
    worst-case key-switching noise, field width from the public bounds, fields per
    coefficient; BoundError if the tolerance or the sum range does not fit.  Server and
@@ -46,12 +46,12 @@ client's partial decryption: its PCKS share, re-encrypted to the recipient's key
    ``--resume`` a new protocol object runs the key set-up again.
 4. **Upload** ``c0`` under ``s_i`` (``c1`` public); the server checks every upload, adds per
    block and pads missing clients' public offsets.
-5. **Key switch, scoped per recipient**: to the recipient's own key (PCKS), or once to the
-   broadcast key ``s_B`` where the plan names that switch (every recipient gets every block, and every
+5. **Key switch, chosen per block**: each block to its recipient's own key (PCKS), or once to the
+   broadcast key ``s_B`` where the plan names that switch for the block (every recipient gets it, and every
    client is a recipient or the public schedule makes the tag a broadcast: weighted means, model
    averages) by collective key switching (CKS: one polynomial per share, a ``c0``-only download),
-   which saves a factor K in share bytes.  Each client computes ``c1`` itself and refuses a request it must
-   not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming
+   which saves a factor K in share bytes for those blocks.  Each client computes ``c1`` itself and
+   refuses a request it must not answer (:mod:`.client`).  n-out-of-n: a missing share aborts with DropoutError naming
    the client; a malformed one with IntegrityError.
 6. **Recipients decrypt** in their halves; a residual above the worst-case noise bound or a
    field out of range raises IntegrityError (a corrupted share or ciphertext).
@@ -77,7 +77,7 @@ from ..schedule import BROADCAST
 from ..transcript import SERVER
 from . import encryption
 from .client import KEYS_TAG, CKKSMPClient
-from .keyswitch import broadcast_recipients
+from .keyswitch import broadcast_blocks, planned_broadcast_blocks
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import crs_seed, upload_c1
@@ -182,7 +182,8 @@ class CKKSMPProtocol(HalvesProtocol):
         for msg in self.transcript.select(tag=tag, round=rnd, sender=SERVER):
             if msg.note == "exchange plan" and isinstance(msg.payload, dict):
                 plan = ExchangePlan.from_payload(msg.payload)
-                broadcast = "broadcast_to" in plan.encoding
+                cks = planned_broadcast_blocks(plan.encoding, plan.num_blocks)
+                broadcast = cks.size == plan.num_blocks
                 return plan_exchange(
                     self.params, plan.spec, self.num_clients, plan.dp_noise_std, plan.block_len, broadcast=broadcast
                 )
@@ -199,13 +200,14 @@ class CKKSMPProtocol(HalvesProtocol):
     def plan_encoding(self, ctx: ExchangeContext) -> dict[str, Any]:
         """Plan the exchange's switch and moduli; with ``audit_sum_bound``, check integer sums against their bound.
 
-        ``plan``: the levels, scale and packing (:func:`.params.plan_exchange`); ``broadcast_to``: the recipients
-        of an exchange switched once to the broadcast key (:func:`.keyswitch.broadcast_recipients`), absent when
-        each recipient's blocks are switched to its own key.  Every client recomputes both (:mod:`.client`).
+        ``plan``: the levels, scale and packing (:func:`.params.plan_exchange`), sized for CKS's noise when every
+        block goes to the broadcast key and for PCKS's otherwise; ``broadcast_blocks``: the blocks switched to the
+        broadcast key (:func:`.keyswitch.broadcast_blocks`) and ``broadcast_to`` the exchange's recipients, both
+        absent when every block is switched to its recipients' keys.  Every client checks both (:mod:`.client`).
         """
         ctx.check_requests(self.num_clients)
         public = self.schedule.roles.get(ctx.tag) == BROADCAST
-        recipients = broadcast_recipients(ctx.requests, ctx.num_blocks, self.num_clients, public)
+        cks = broadcast_blocks(ctx.requests, ctx.num_blocks, self.num_clients, public)
         plan = plan_exchange(
             self.params,
             ctx.spec,
@@ -214,13 +216,14 @@ class CKKSMPProtocol(HalvesProtocol):
             ctx.block_len,
             tag=ctx.tag,
             round=ctx.round,
-            broadcast=recipients is not None,
+            broadcast=cks.size == ctx.num_blocks,
         )
         if ctx.spec.integer and self.audit_sum_bound and all(t is not None for t in ctx.contributions.values()):
             self._audit_sum(ctx, plan)
         encoding: dict[str, Any] = {"plan": plan.describe(), "provisioned_dropouts": self.provisioned_dropouts(ctx)}
-        if recipients is not None:
-            encoding["broadcast_to"] = np.array(recipients, dtype=np.int64)
+        if cks.size:
+            encoding["broadcast_blocks"] = cks
+            encoding["broadcast_to"] = np.array(sorted(int(r) for r in ctx.requests), dtype=np.int64)
         return encoding
 
     def _audit_sum(self, ctx: ExchangeContext, plan: Plan) -> None:

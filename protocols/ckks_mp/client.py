@@ -16,9 +16,10 @@ this client's answer):
                        channel (the server relays it and cannot open it)
 ``key_setup`` part 1   ``p_B`` with client 0's signature -> nothing; a client j > 0 checks the
                        signature, opens ``s_B`` and checks that ``p_B + a s_B`` is a small error
-(every stage)          the plan's key switch and moduli, recomputed from the public facts before
+(every stage)          the plan's key switch per block and moduli, checked against the public facts before
                        anything of the exchange is sent (:meth:`CKKSMPClient._plan`, ModulusPlanError;
-                       a switch to the broadcast key the exchange may not take: DowngradeError)
+                       a block switched to the broadcast key that this client does not receive, or any
+                       for a client with no request outside a public broadcast: DowngradeError)
 ``block_ids``          (sparse layout) -> the ids of the blocks it uploads (the documented leak)
 ``upload``             -> its blocks, checked against the public plan (ShapeError / BoundError
                        naming it; nothing encrypted), encrypted under its own share ``s_i`` with
@@ -29,15 +30,15 @@ this client's answer):
                        recipient's key (Mouchet et al. 2021, Protocol 5), CKS (one polynomial) to
                        the broadcast key (:mod:`.keyswitch`).  Refused
                        (:class:`~protocols.errors.KeySwitchRefusedError`) unless: every recipient
-                       key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), the
-                       switch is the plan's (a recipient key under a broadcast plan:
-                       RecipientKeyError; the broadcast key under a per-recipient plan or for fewer
-                       than every block: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
+                       key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), each
+                       block's switch is the plan's (a recipient key for a block the plan switches to
+                       the broadcast key: RecipientKeyError; the broadcast key for any other set of
+                       blocks than the plan's: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
                        and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
                        (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
-``download``           its blocks, switched to its own key (or ``c0'`` only, switched to ``s_B``, when
-                       the plan names that switch: ``c1`` is public) -> nothing; it decrypts,
+``download``           its blocks: ``c0'`` only for the plan's blocks switched to ``s_B`` (``c1`` is
+                       public), ``(c0', c1')`` switched to its own key for the others -> nothing; it decrypts,
                        checks the residual against the worst-case noise bound (IntegrityError: a
                        corrupted share or ciphertext) and decodes.  A release or a statistic (the public
                        schedule's ``release`` role: rows per recipient; ``statistic``: the round's sample,
@@ -105,6 +106,7 @@ from ..transcript import SERVER, Message, client_party, party_client
 from ..validate import check_block_table, find_violation
 from . import encoding, encryption
 from .keys import BROADCAST_KEY, RECIPIENT_KEY, key_fingerprint
+from .keyswitch import planned_broadcast_blocks
 from .params import TOTAL_DISTANCE_BITS, Plan, params_from_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import common_polynomial, crs_seed, pairwise_mask, upload_c1
@@ -304,11 +306,12 @@ class CKKSMPClient(ClientHalf):
     def _plan(self) -> Plan:
         """The exchange's switch and moduli, recomputed from the public plan; they must be the server's.
 
-        Checked before this client sends anything of the exchange (ModulusPlanError, or DowngradeError for a switch
-        to the broadcast key the exchange does not allow: :meth:`_broadcast_to`).
+        Checked before this client sends anything of the exchange (ModulusPlanError, or DowngradeError for a block
+        switched to the broadcast key that the exchange does not allow: :meth:`_broadcast_blocks`).  The levels are
+        sized for CKS's noise when every block goes to the broadcast key, else for PCKS's (the larger).
         """
         p = self._exchange_plan
-        broadcast = self._broadcast_to(p) is not None
+        broadcast = self._broadcast_blocks(p).size == p.num_blocks
         ep = plan_exchange(
             self.params,
             p.spec,
@@ -328,26 +331,32 @@ class CKKSMPClient(ClientHalf):
             )
         return ep
 
-    def _broadcast_to(self, p: ExchangePlan) -> tuple[int, ...] | None:
-        """The recipients of an exchange the plan switches to the broadcast key (CKS), checked; None: PCKS.
+    def _broadcast_blocks(self, p: ExchangePlan) -> np.ndarray:
+        """The blocks the plan switches to the broadcast key (CKS), checked; every other block: PCKS.
 
-        Every client holds ``s_B``, so a CKS result is readable by every client: the plan's recipients must each
-        receive every block (this client checks its own request, DowngradeError), and, unless every client of the
-        run is one of them, the public schedule must make the tag a broadcast every client trains on
-        (DowngradeError); the list must name this client exactly when it has a request (ModulusPlanError).  The
-        list is part of the plan digest that labels the key-switching masks, so every client holds the same one.
+        Every client holds ``s_B``, so a CKS block is readable by every client.  The plan names the CKS blocks
+        (``broadcast_blocks``) and the exchange's recipients (``broadcast_to``, present with them): this client must
+        receive each CKS block (DowngradeError naming the blocks it does not receive), the recipients must name it
+        exactly when it has a request (ModulusPlanError), and unless every client of the run is a recipient the public
+        schedule must make the tag a broadcast every client trains on (DowngradeError).  Both lists are part of the
+        plan digest that labels the key-switching masks (:func:`common_plan_digest`), so the masks cancel only if every
+        client holds the same lists, and each honest client checked them against its own request: no block reaches the
+        broadcast key unless every honest client receives it.
         """
-        if "broadcast_to" not in p.encoding:
-            return None
         K, where = self.setup.num_clients, self.where()
         try:
-            recipients = tuple(int(r) for r in np.asarray(p.encoding["broadcast_to"], dtype=np.int64).ravel())
+            blocks = planned_broadcast_blocks(p.encoding, p.num_blocks)
+            recipients = tuple(int(r) for r in np.asarray(p.encoding.get("broadcast_to", ()), dtype=np.int64).ravel())
         except (TypeError, ValueError) as e:
-            raise ModulusPlanError(f"malformed broadcast recipients ({e})", **where) from None
+            raise ModulusPlanError(f"malformed switch to the broadcast key ({e})", **where) from None
+        if not blocks.size and not recipients:
+            return blocks
         ordered = list(recipients) == sorted(set(recipients))
-        if not recipients or not ordered or recipients[0] < 0 or recipients[-1] >= K:
+        if not blocks.size or not recipients or not ordered or recipients[0] < 0 or recipients[-1] >= K:
             raise ModulusPlanError(
-                f"broadcast recipients {list(recipients)[:8]}: distinct sorted clients of 0..{K - 1} expected", **where
+                f"broadcast blocks {blocks[:8].tolist()} and recipients {list(recipients)[:8]}: both or neither, the "
+                f"recipients distinct sorted clients of 0..{K - 1}",
+                **where,
             )
         if (self.id in recipients) != (self.id in p.requests):
             raise ModulusPlanError(
@@ -356,21 +365,23 @@ class CKKSMPClient(ClientHalf):
                 **where,
             )
         own = p.requests.get(self.id)
-        if own is not None and not np.array_equal(np.sort(own), np.arange(p.num_blocks)):
+        unseen = np.setdiff1d(blocks, own) if own is not None else np.zeros(0, dtype=np.int64)
+        if unseen.size:
             raise DowngradeError(
-                f"a switch to the broadcast key, but this client receives {own.size} of the {p.num_blocks} blocks: "
-                "a scoped block may not go to every client",
+                f"block(s) {unseen[:8].tolist()} switched to the broadcast key, which every client holds, but this "
+                "client does not receive them: a block goes to the broadcast key only when every recipient receives it",
                 **where,
             )
         public = self.schedule is not None and self.schedule.roles.get(p.tag) == BROADCAST
         if recipients != tuple(range(K)) and not public:
             absent = sorted(set(range(K)) - set(recipients))
             raise DowngradeError(
-                f"a switch to the broadcast key, which every client holds, while client(s) {absent[:8]} receive "
-                f"nothing: only for a tag the public schedule makes a broadcast ({p.tag!r} is not one)",
+                f"block(s) {blocks[:8].tolist()} switched to the broadcast key, which every client holds, while "
+                f"client(s) {absent[:8]} receive nothing: only for a tag the public schedule makes a broadcast "
+                f"({p.tag!r} is not one)",
                 **where,
             )
-        return recipients
+        return blocks
 
     def _pieces(self, ep: Plan) -> list[int]:
         return [
@@ -773,9 +784,9 @@ class CKKSMPClient(ClientHalf):
         ):
             raise IntegrityError("key-switching groups do not partition blocks of this exchange", **where)
         recipients = groups[:, 0].tolist()
-        if len(set(recipients)) != len(recipients) or (-1 in recipients and len(recipients) > 1):
+        if len(set(recipients)) != len(recipients):
             raise RepeatedKeySwitchError(
-                f"key-switching groups {recipients}: one per recipient, and the broadcast key only alone", **where
+                f"key-switching groups {recipients}: one per recipient and at most one to the broadcast key", **where
             )
         pieces = len(self._pieces(ep))
         total = int(groups[:, 1].sum()) * pieces
@@ -800,7 +811,7 @@ class CKKSMPClient(ClientHalf):
                 b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
             ).digest()
             answered = self._check_replan(answered, binding, active, where)
-        own_request = sorted(self._exchange_plan.requests.get(self.id, np.zeros(0, dtype=np.int64)).tolist())
+        shared = self._broadcast_blocks(self._exchange_plan).tolist()  # checked by _plan
         jobs, start, start_of = [], 0, []
         for to, count in groups.tolist():
             start_of.append(start)
@@ -815,24 +826,22 @@ class CKKSMPClient(ClientHalf):
                     **where,
                 )
             if to < 0:
-                if not ep.broadcast or bids != list(range(self._exchange_plan.num_blocks)):
+                if bids != shared:
+                    scoped = sorted(set(bids) - set(shared))
                     raise DowngradeError(
-                        f"blocks {bids[:8]} to the broadcast key, but the plan switches "
-                        + (
-                            "every block to the broadcast key"
-                            if ep.broadcast
-                            else f"to each recipient's key (this client receives {own_request[:8]})"
-                        )
-                        + ": a scoped block may not go to every client",
+                        f"blocks {bids[:8]} to the broadcast key, but the plan switches exactly {shared[:8]} "
+                        f"({len(shared)} blocks) to it"
+                        + (f": block(s) {scoped[:8]} are scoped and may not go to every client" if scoped else ""),
                         **where,
                     )
                 pk = self._key_shares.broadcast_pk
             else:
                 pk = self._recipient_key(to, offered, where)
-                if ep.broadcast:
+                twice = sorted(set(bids) & set(shared))
+                if twice:
                     raise RecipientKeyError(
-                        f"a key switch to recipient {to} where the plan switches every block to the broadcast key "
-                        "(its levels are sized for that switch's noise)",
+                        f"a key switch of block(s) {twice[:8]} to recipient {to} where the plan switches them to the "
+                        "broadcast key" + (" (its levels are sized for that switch's noise)" if ep.broadcast else ""),
                         **where,
                     )
             jobs.append((to, bids, pk))
@@ -984,35 +993,38 @@ class CKKSMPClient(ClientHalf):
             to = int(msg.payload["to"])
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
-        broadcast = ep.broadcast  # the plan's switch, checked by this client (:meth:`_plan`)
-        if to != (-1 if broadcast else self.id):
+        if to != self.id:
             err = DowngradeError if to == -1 else RecipientKeyError
             raise err(
-                f"a download switched to {'the broadcast key' if to == -1 else f'client {to}'} where the "
-                f"plan switches to {'the broadcast key' if broadcast else 'its own key'}",
+                f"a download addressed to {'the broadcast key' if to == -1 else f'client {to}'}: each recipient's "
+                "download carries the plan's broadcast blocks as c0' and its other blocks switched to its own key",
                 **where,
             )
-        # a broadcast download is c0' only (its c1 is public); a scoped one the pair (c0', c1')
-        shape = (bids.size * len(lengths),) + ((ep.switch_level,) if to == -1 else (2, ep.switch_level)) + (ep.n,)
+        # the plan's broadcast blocks: c0' only (their c1 is public); this client's other blocks: the pair (c0', c1')
+        shared = self._broadcast_blocks(p)  # checked by _plan: all of them among this client's blocks
+        scoped = bids[~np.isin(bids, shared)]
+        pieces = len(lengths)
         try:
-            cts = encryption.from_bytes(self.ring, msg.payload["data"], shape)
+            c0 = encryption.from_bytes(
+                self.ring, msg.payload["broadcast"], (shared.size * pieces, ep.switch_level, ep.n)
+            )
+            pairs = encryption.from_bytes(
+                self.ring, msg.payload["data"], (scoped.size * pieces, 2, ep.switch_level, ep.n)
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise IntegrityError(f"malformed download ({e})", **where) from None
-
-        def decode() -> np.ndarray:
-            return self._decode(ep, cts, bids, lengths, to < 0)
-
-        values = (
-            decode()
-            if to >= 0
-            else _MEMO.decrypt(
-                (self.fingerprint, self.setup.run_id, self.setup.session, p.exchange, bids.tobytes()),
-                bytes(msg.payload["data"]),
-                decode,
+        values: dict[int, np.ndarray] = {}
+        if shared.size:
+            decoded = _MEMO.decrypt(
+                (self.fingerprint, self.setup.run_id, self.setup.session, p.exchange, shared.tobytes()),
+                bytes(msg.payload["broadcast"]),
+                lambda: self._decode(ep, c0, shared, lengths, True),
             )
-        )
+            values.update(zip(shared.tolist(), decoded))
+        if scoped.size:
+            values.update(zip(scoped.tolist(), self._decode(ep, pairs, scoped, lengths, False)))
         self.timing["download_s"] = time.perf_counter() - t
-        blocks = {int(b): v for b, v in zip(bids.tolist(), values)}
+        blocks = {int(b): values[int(b)] for b in bids.tolist()}
         if self.schedule is not None and self.schedule.commits_decoded(p.tag):  # delivered once the commitment checks
             self._released = (p.exchange, blocks)
             digests = b"".join(self._release_digest(b, v) for b, v in blocks.items())

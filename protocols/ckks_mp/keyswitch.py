@@ -43,8 +43,11 @@ PCKS's ``e_R u_i + s_R e1_i`` terms.  What the server holds, ``c0'`` and ``sum_i
 e0_i``, are RLWE samples under ``s_B`` and ``s_S - s_B`` with a fresh uniform ``c1`` and errors at least as wide
 as one honest client's smudging noise (an RLWE error far wider than the standard's, at the same ``N`` and
 ``Q``), and each single share is hidden by its uniform mask ``z_i`` as in PCKS.  Every client may decrypt
-the result, so a sum goes to the broadcast key only where every client may read it (:func:`broadcast_recipients`),
-and a client answers only where the plan it checked names that switch, for every block (:mod:`.client`).
+the result, so a block goes to the broadcast key only where every client may read it (:func:`broadcast_blocks`).
+
+The switch is chosen per block: one exchange may send its blocks every client receives to the broadcast key (one CKS
+share per client for all of them) and each recipient's other blocks to its own key (PCKS, one share per client and
+recipient).  A client answers only the switch the plan it checked names for each block (:mod:`.client`).
 """
 
 from __future__ import annotations
@@ -57,21 +60,39 @@ from .ring import RNSRing
 from .sampling import LIMB_BITS, centered_binomial, smudging_limbs, ternary
 
 
-def broadcast_recipients(
+def broadcast_blocks(
     requests: Mapping[int, np.ndarray], num_blocks: int, num_clients: int, public_to_all: bool
-) -> tuple[int, ...] | None:
-    """The recipients of an exchange switched once to the broadcast key (CKS), or None: one PCKS per recipient.
+) -> np.ndarray:
+    """The blocks of an exchange switched to the broadcast key (CKS), sorted; every other requested block: PCKS.
 
-    CKS when every recipient receives every block and either every client of the run is a recipient or
-    ``public_to_all`` (the public schedule makes the sum a broadcast every client trains on).  Every client holds
-    ``s_B`` and may read a CKS result, so a sum goes to the broadcast key only where every client may read it: a
-    client absent from a broadcast (a dropout) was meant to receive it and holds ``s_B`` anyway.
+    Block ``b`` goes to the broadcast key when every recipient receives it and either every client of the run is a
+    recipient or ``public_to_all`` (the public schedule makes the sum a broadcast every client trains on); each
+    recipient's other blocks are switched to its own key.  Every client holds ``s_B`` and may read a CKS result, so a
+    block goes to the broadcast key only where every client may read it: a client absent from a broadcast (a
+    dropout) was meant to receive it and holds ``s_B`` anyway.
     """
-    every = np.arange(num_blocks)
-    if not requests or any(not np.array_equal(np.sort(np.asarray(b)), every) for b in requests.values()):
-        return None
-    recipients = tuple(sorted(int(r) for r in requests))
-    return recipients if public_to_all or recipients == tuple(range(num_clients)) else None
+    none = np.zeros(0, dtype=np.int64)
+    if not requests or not (public_to_all or sorted(int(r) for r in requests) == list(range(num_clients))):
+        return none
+    received = np.zeros(num_blocks, dtype=np.int64)
+    for bids in requests.values():
+        received[np.unique(np.asarray(bids, dtype=np.int64))] += 1
+    return np.flatnonzero(received == len(requests)).astype(np.int64)
+
+
+def planned_broadcast_blocks(encoding: Mapping[str, object], num_blocks: int) -> np.ndarray:
+    """The plan's blocks switched to the broadcast key (its ``broadcast_blocks``; none when absent), checked.
+
+    Raises:
+        ValueError: not distinct sorted block ids of the exchange.
+    """
+    try:
+        blocks = np.asarray(encoding.get("broadcast_blocks", ()), dtype=np.int64).ravel()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"malformed broadcast blocks ({e})") from None
+    if blocks.size and (blocks[0] < 0 or blocks[-1] >= num_blocks or (np.diff(blocks) <= 0).any()):
+        raise ValueError(f"broadcast blocks {blocks[:8].tolist()}: distinct sorted blocks of 0..{num_blocks - 1}")
+    return blocks
 
 
 def pcks_share(

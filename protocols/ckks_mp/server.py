@@ -13,15 +13,16 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    (envelope, shape, every residue reduced) before any is added; blocks fewer than K clients
    uploaded get the missing clients' public offsets.
 3. ``keyswitch`` (every client when decryption is n-out-of-n; t-out-of-n below): the groups of
-   aggregate blocks -- one per recipient, or one for all where the plan names the switch to the
-   broadcast key (``broadcast_to``) -- their block ids, and the owner-signed recipient keys a client
-   has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
+   aggregate blocks -- one for the blocks the plan switches to the broadcast key (``broadcast_blocks``: those
+   every client receives), one per recipient for its other blocks -- their block ids, and the owner-signed
+   recipient keys a client has not seen yet; back one share per group, computed on the ``c1`` each client recomputes
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
    DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to
    ``c0``.
-4. ``download``: each recipient gets only its blocks, switched to its key: ``(c0', c1')``, or only
-   ``c0'`` when switched to the broadcast key (its ``c1`` is the public one).
+4. ``download``: each recipient gets only its blocks: ``c0'`` of the exchange's blocks switched to the broadcast key
+   (its ``c1`` is the public one; the same bytes for every recipient) and ``(c0', c1')`` of its other blocks, switched
+   to its own key.
 5. ``release`` (a tag the public schedule gives the ``release`` role, different rows per recipient, or the
    ``statistic`` role, the round's sample's pooled statistics):
    each recipient answered its download with a keyed digest of every block it decoded; the server
@@ -61,7 +62,7 @@ from ..transcript import SERVER, Kind, Message, client_party
 from . import encoding, encryption
 from .client import DEALER_PART, KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
 from .keys import key_fingerprint
-from .keyswitch import combine_broadcast, combine_shares
+from .keyswitch import combine_broadcast, combine_shares, planned_broadcast_blocks
 from .params import params_from_options, plan_exchange, ring_of
 from .sampling import crs_seed
 
@@ -302,7 +303,7 @@ class CKKSMPServer(ServerHalf):
         self.plan, self.exchange = plan, plan.exchange
         self.ensure_keys(link, plan.round)
         K, fp = self.setup.num_clients, cast(str, self.fingerprint)  # set by ensure_keys
-        broadcast = "broadcast_to" in plan.encoding  # the plan's switch (:func:`.keyswitch.broadcast_recipients`)
+        cks = planned_broadcast_blocks(plan.encoding, plan.num_blocks)  # (:func:`.keyswitch.broadcast_blocks`)
         ep = plan_exchange(
             self.params,
             plan.spec,
@@ -311,7 +312,7 @@ class CKKSMPServer(ServerHalf):
             plan.block_len,
             tag=plan.tag,
             round=plan.round,
-            broadcast=broadcast,
+            broadcast=cks.size == plan.num_blocks,
         )
         plan = replace(plan, encoding={**plan.encoding, "fingerprint": fp})
         self.begin(plan, link, fp, extra=tuple(range(K)))  # every client key-switches
@@ -394,12 +395,13 @@ class CKKSMPServer(ServerHalf):
                     pad = encoding.offset_plaintext(self.ring, ep, b - a, int(K - counts[i]))
                     agg[i, j] = self.ring.add(agg[i, j], pad)
 
-        # keyswitch: one group per recipient key, or one to the broadcast key where the plan says so
-        rows_of = {int(r): [index[int(b)] for b in bids.tolist()] for r, bids in plan.requests.items()}
-        if broadcast:
-            groups: list[_Group] = [(-1, list(range(len(needed))))]
-        else:
-            groups = [(r, rows) for r, rows in rows_of.items() if rows]
+        # keyswitch: one group to the broadcast key for the plan's broadcast blocks, one per recipient for the rest
+        shared = set(cks.tolist())
+        rows_of = {
+            int(r): [index[int(b)] for b in bids.tolist() if int(b) not in shared] for r, bids in plan.requests.items()
+        }
+        groups: list[_Group] = [(-1, [index[b] for b in cks.tolist()])] if cks.size else []
+        groups += [(r, rows) for r, rows in rows_of.items() if rows]
         blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
         active = list(range(K))
@@ -434,20 +436,20 @@ class CKKSMPServer(ServerHalf):
         }
         server_s += time.perf_counter() - t
 
+        shared_data = encryption.to_bytes(switched[-1]) if cks.size else b""
         downloads: _Requests = {}
         for r, rows in rows_of.items():
-            to = -1 if -1 in switched else r
-            data = encryption.to_bytes(switched[to]) if rows else b""
-            label = "the broadcast key" if to < 0 else f"recipient {r}'s key"
+            data = encryption.to_bytes(switched[r]) if rows else b""
             downloads[r] = [
                 (
                     self.message(
                         r,
                         "ciphertext",
-                        (len(rows), pieces),
-                        {"to": to, "data": data},
+                        (cks.size + len(rows), pieces),
+                        {"to": r, "data": data, "broadcast": shared_data},
                         fp,
-                        note=f"aggregate blocks key-switched to {label}",
+                        note=f"aggregate blocks key-switched: {cks.size} to the broadcast key, {len(rows)} to "
+                        f"recipient {r}'s key",
                     ),
                     0,
                 )

@@ -91,17 +91,22 @@ def _is_download(m) -> bool:
     )
 
 
+def _bytes_field(payload: dict) -> str:
+    """The payload's ciphertext field: ``data``, or a ckks-mp download's ``broadcast`` when it carries no ``data``."""
+    return "broadcast" if "broadcast" in payload and not payload.get("data") else "data"
+
+
 def _payload_bytes(m) -> bytes:
     if isinstance(m.payload, (bytes, bytearray)):
         return bytes(m.payload)
-    return m.payload["data"] if isinstance(m.payload, dict) else m.payload[0]
+    return m.payload[_bytes_field(m.payload)] if isinstance(m.payload, dict) else m.payload[0]
 
 
 def _with_payload_bytes(m, data: bytes):
     if isinstance(m.payload, (bytes, bytearray)):
         return dataclasses.replace(m, payload=data)
     if isinstance(m.payload, dict):
-        return dataclasses.replace(m, payload={**m.payload, "data": data})
+        return dataclasses.replace(m, payload={**m.payload, _bytes_field(m.payload): data})
     return dataclasses.replace(m, payload=[data] + list(m.payload[1:]))
 
 
@@ -154,9 +159,7 @@ def _tamper_download(m, rng, fz):
                 return old
     if choice == 1:
         return dataclasses.replace(m, auth=_flip(m.auth, rng))
-    if isinstance(m.payload, dict):  # mask: a bit of the ring elements' wire bytes
-        return dataclasses.replace(m, payload={**m.payload, "data": _flip(m.payload["data"], rng)})
-    return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))
+    return _with_payload_bytes(m, _flip(_payload_bytes(m), rng))  # mask: a bit of the ring elements' wire bytes
 
 
 def _stage(m) -> str:
@@ -351,11 +354,12 @@ def _plan_moduli(m, rng, fz):
     A scale below the plan's, a switch level one prime off, or the switch to the broadcast key dropped from a
     broadcast's plan (whose levels are sized for it).
     """
+    from protocols.ckks_mp.keyswitch import planned_broadcast_blocks
     from protocols.ckks_mp.params import plan_exchange
     from protocols.plan import ExchangePlan
 
     plan, encoding = ExchangePlan.from_payload(m.payload), dict(m.payload["encoding"])
-    broadcast = "broadcast_to" in encoding
+    broadcast = planned_broadcast_blocks(encoding, plan.num_blocks).size == plan.num_blocks
     ep = plan_exchange(fz.proto.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
     choice = int(rng.integers(0, 3 if broadcast else 2))
     if choice == 0:
@@ -364,7 +368,7 @@ def _plan_moduli(m, rng, fz):
         step = -1 if ep.switch_level > 1 and rng.random() < 0.5 else 1
         encoding["plan"] = dataclasses.replace(ep, switch_level=ep.switch_level + step).describe()
     else:
-        del encoding["broadcast_to"]
+        del encoding["broadcast_blocks"], encoding["broadcast_to"]
     return _resigned_plan(m, fz, encoding=encoding)
 
 

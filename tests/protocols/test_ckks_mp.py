@@ -442,7 +442,7 @@ def test_recipient_noise_does_not_depend_on_the_secret(monkeypatch):
             for m in p.transcript.select(tag="noise", sender=SERVER, receiver=client_party(0))
             if "key-switched" in m.note
         ][0]
-        out = encryption.from_bytes(p.ring, down.payload["data"], shape)
+        out = encryption.from_bytes(p.ring, down.payload["broadcast"], shape)
 
         def residual(decrypted, factor=1):
             """Distance from the Delta grid in the uploads' units (a switched-down download times P)."""
@@ -475,7 +475,7 @@ def test_broadcast_exchanges_switch_once_scoped_ones_per_recipient():
     p.weighted_mean("bcast", 0, {c: np.ones(4) for c in range(k)}, spec=ValueSpec(max_abs=1))
     shares = [m for m in p.transcript.select(tag="bcast") if m.kind == "share"]
     downs = [m for m in p.transcript.select(tag="bcast") if "key-switched" in m.note]
-    assert len(shares) == k and all(m.payload["to"] == -1 for m in downs)
+    assert len(shares) == k and all(m.payload["broadcast"] and not m.payload["data"] for m in downs)
     spec = ValueSpec(integer=True, max_abs=1, sum_max=k)
     rpb = p.rows_per_block(spec, 2, 10**7)
     rows = np.arange(k) * rpb  # one row in each of k blocks
@@ -503,7 +503,7 @@ def test_broadcast_blocks_travel_as_one_polynomial_at_the_switch_level():
     shares = [m for m in p.transcript.select(tag="cks") if m.kind == "share"]
     downs = [m for m in p.transcript.select(tag="cks") if "key-switched" in m.note]
     assert len(shares) == k and {len(m.payload) for m in shares} == {one_poly}
-    assert len(downs) == k and {len(m.payload["data"]) for m in downs} == {one_poly}
+    assert len(downs) == k and {len(m.payload["broadcast"]) for m in downs} == {one_poly}
 
 
 @settings(max_examples=6, deadline=None)
@@ -599,7 +599,7 @@ def test_message_changed_in_transit_is_refused(stage):
         ):
             return msg
         if isinstance(msg.payload, dict):  # the c1 or key-switched ciphertexts inside
-            name = "c1" if "c1" in msg.payload else "data"
+            name = next(key for key in ("c1", "data", "broadcast") if msg.payload.get(key))
             return replace(
                 msg, payload={**msg.payload, name: bytes([msg.payload[name][0] ^ 1]) + msg.payload[name][1:]}
             )

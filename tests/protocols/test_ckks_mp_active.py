@@ -22,6 +22,7 @@ from protocols.ckks_mp.sampling import crs_seed, upload_c1
 from protocols.ckks_mp.server import CKKSMPServer
 from protocols.errors import (
     DowngradeError,
+    IntegrityError,
     KeySubstitutionError,
     KeySwitchRefusedError,
     ModulusPlanError,
@@ -335,7 +336,7 @@ class ChangedPlan(CKKSMPServer):
     def run(self, plan, link):
         from protocols.ckks_mp.params import plan_exchange
 
-        broadcast = "broadcast_to" in plan.encoding
+        broadcast = "broadcast_blocks" in plan.encoding  # these tests' exchanges switch every block alike
         honest = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=broadcast)
         return super().run(replace(plan, encoding=self.change(dict(plan.encoding), honest)), link)
 
@@ -359,7 +360,7 @@ class SwitchNotNamed(ChangedPlan):
     """A broadcast's levels (sized for CKS's smaller rounding) without the switch they were sized for."""
 
     def change(self, encoding, honest):
-        return {k: v for k, v in encoding.items() if k != "broadcast_to"}
+        return {k: v for k, v in encoding.items() if k not in ("broadcast_blocks", "broadcast_to")}
 
 
 class ScopedSizedForTheBroadcastKey(ChangedPlan):
@@ -367,7 +368,7 @@ class ScopedSizedForTheBroadcastKey(ChangedPlan):
 
     def change(self, encoding, honest):
         cks = replace(honest, broadcast=True)
-        return {**encoding, "plan": cks.describe(), "broadcast_to": np.arange(K)}
+        return {**encoding, "plan": cks.describe(), "broadcast_blocks": np.arange(K), "broadcast_to": np.arange(K)}
 
 
 @pytest.mark.parametrize(
@@ -406,7 +407,7 @@ class PerRecipientUnderABroadcastPlan(EvilServer):
 
 
 def test_a_switch_other_than_the_planned_one_is_refused():
-    with pytest.raises(RecipientKeyError, match="plan switches every block to the broadcast key"):
+    with pytest.raises(RecipientKeyError, match="plan switches them to the broadcast key"):
         broadcast_exchange(protocol_with(PerRecipientUnderABroadcastPlan))
 
 
@@ -547,3 +548,160 @@ class KeySwitchFirst(CKKSMPServer):
 def test_key_switch_before_the_upload_is_refused():
     with pytest.raises(KeySwitchRefusedError, match="before this client's upload"):
         broadcast_exchange(protocol_with(KeySwitchFirst))
+
+
+# ------------------------------------------------------------------ the switch chosen per block
+SHARED = 2  # blocks 0..SHARED-1 go to every client; block SHARED + c to client c only
+
+
+def mixed_exchange(p, tag="mixed"):
+    """A sparse row sum with ``SHARED`` blocks every client receives and one block per client that only it receives.
+
+    Returns (the results per recipient, the exact sums per recipient).
+    """
+    rpb = p.rows_per_block(COUNTS, 2, 10**7)
+    rows = np.arange(SHARED + K) * rpb  # one row in each block
+    values = {c: np.arange(2 * rows.size).reshape(rows.size, 2) % 2 * (c % 2) for c in range(K)}
+    requests = {c: np.concatenate([rows[:SHARED], rows[SHARED + c : SHARED + c + 1]]) for c in range(K)}
+    got = p.row_sum(
+        tag,
+        0,
+        {c: (rows, values[c].astype(float)) for c in range(K)},
+        requests,
+        (SHARED + K) * rpb,
+        layout="sparse",
+        spec=COUNTS,
+    )
+    total = sum(values.values())
+    index = {int(r): i for i, r in enumerate(rows)}
+    return got, {c: total[[index[int(r)] for r in requests[c]]] for c in range(K)}
+
+
+def test_blocks_every_client_receives_go_to_the_broadcast_key_the_others_per_recipient():
+    """One exchange, both switches: the shared blocks by CKS (one share per client), each client's own by PCKS.
+
+    Every recipient decrypts exactly the plain sum of each of its blocks; its download carries the shared blocks as
+    ``c0'`` (the same bytes for every recipient) and its own block switched to its key.
+    """
+    p = CKKSMPProtocol(K)
+    got, exact = mixed_exchange(p)
+    assert all(np.array_equal(got[c], exact[c]) for c in range(K))
+    plan = next(m for m in p.transcript.select(tag="mixed", sender=SERVER) if m.note == "exchange plan").payload
+    assert plan["encoding"]["broadcast_blocks"].tolist() == list(range(SHARED))
+    requests = [m for m in p.transcript.select(tag="mixed", sender=SERVER) if m.note.startswith("block ids to key")]
+    assert len(requests) == K and all(
+        m.payload["groups"].tolist() == [[-1, SHARED]] + [[r, 1] for r in range(K)] for m in requests
+    )
+    shares = [m for m in p.transcript.select(tag="mixed") if m.kind == "share"]
+    assert len(shares) == K * (1 + K)  # per client: one CKS share, one PCKS share per recipient's own block
+    downloads = [m for m in p.transcript.select(tag="mixed", sender=SERVER) if "key-switched" in m.note]
+    assert len({m.payload["broadcast"] for m in downloads}) == 1
+    ep = p.plan_of("mixed", 0)
+    assert all(len(m.payload["data"]) == 2 * ep.switch_level * ep.n * 4 for m in downloads)
+
+
+def test_each_recipient_decrypts_only_its_own_scoped_block():
+    """A scoped block of a mixed exchange opens under its recipient's key only.
+
+    Client 0's block (switched to its key) decrypted with client 1's recipient key or with the broadcast key that every
+    client holds: residual above the worst-case noise bound (uniform, the decryption is refused); with client 0's key:
+    within it.
+    """
+    p = CKKSMPProtocol(K)
+    mixed_exchange(p)
+    ep = p.plan_of("mixed", 0)
+    down = next(
+        m for m in p.transcript.select(tag="mixed", sender=SERVER, receiver=client_party(0)) if "key-switched" in m.note
+    )
+    pair = encryption.from_bytes(p.ring, down.payload["data"], (1, 2, ep.switch_level, ep.n))
+    keys = p._clients
+
+    def residual(s_hat):
+        plain = encryption.decrypt_switched(p.ring, s_hat, pair)
+        return encoding.decode(p.ring, ep, plain[0], 2)[1]
+
+    assert residual(keys[0]._own.s_hat) <= ep.noise_bound
+    assert residual(keys[1]._own.s_hat) > ep.noise_bound  # refused as corrupted: a uniform residual
+    assert residual(keys[1]._broadcast.s_hat) > ep.noise_bound
+
+
+class PartialBlockAsBroadcast(CKKSMPServer):
+    """Plans block ``SHARED`` (client 0's alone) for the broadcast key too, so that every client could read it."""
+
+    def run(self, plan, link):
+        from protocols.ckks_mp.params import plan_exchange
+
+        shared = np.arange(SHARED + 1)
+        ep = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len)  # still mixed: PCKS-sized
+        encoding = {**plan.encoding, "plan": ep.describe(), "broadcast_blocks": shared}
+        return super().run(replace(plan, encoding=encoding), link)
+
+
+def test_a_block_some_client_does_not_receive_planned_for_the_broadcast_key_is_refused():
+    """Adversary: a server planning a block only client 0 receives for the broadcast key, which every client holds.
+
+    Clients 1 and 2 do not receive that block and refuse the plan before anything of the exchange is sent.
+    """
+    p = protocol_with(PartialBlockAsBroadcast)
+    with pytest.raises(DowngradeError, match=rf"block\(s\) \[{SHARED}\] switched to the broadcast key"):
+        mixed_exchange(p)
+    assert not [m for m in p.transcript.messages if m.receiver == SERVER and m.kind in ("ciphertext", "share")]
+
+
+class ScopedBlockInTheBroadcastGroup(EvilServer):
+    """The honest plan, then a key-switching request that moves client 0's own block into the broadcast group."""
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch":
+            shared = list(range(SHARED)) + [SHARED]
+            rest = [b for b in np.asarray(msg.payload["blocks"]).tolist() if b not in shared]
+            groups = [[-1, len(shared)]] + [[r, n] for r, n in msg.payload["groups"].tolist() if r not in (-1, 0)]
+            msg = with_payload(msg, groups=np.array(groups), blocks=np.array(shared + rest))
+        return [(msg, part)]
+
+
+def test_a_scoped_block_in_the_broadcast_group_is_refused():
+    with pytest.raises(DowngradeError, match=rf"block\(s\) \[{SHARED}\] are scoped"):
+        mixed_exchange(protocol_with(ScopedBlockInTheBroadcastGroup))
+
+
+class SplitBroadcastLists(EvilServer):
+    """Tells client 2 another list of broadcast blocks than the others, each list valid for its holder.
+
+    Blocks 0 and 1 reach every client: clients 0 and 1 hold a plan switching block 1 to the broadcast key (block 0
+    to each recipient's key), client 2 one switching block 0 (and block 1 per recipient), and each is asked for the
+    switch its plan names.  Each client's own checks pass; the plans differ, so the masks (labelled by the digest of
+    the plan each client holds) do not cancel.
+    """
+
+    victim = 2
+
+    def run(self, plan, link):
+        return super().run(replace(plan, encoding={**plan.encoding, "broadcast_blocks": np.array([1])}), link)
+
+    def begin(self, plan, link, fingerprint, extra=()):
+        self.plan, self.exchange = plan, plan.exchange
+        parties = sorted(set(plan.parties) | set(extra))
+        self.register(link, plan.round, parties)
+        for k in parties:
+            told = plan
+            if k == self.victim:
+                told = replace(plan, encoding={**plan.encoding, "broadcast_blocks": np.array([0])})
+            msg = self.message(k, "control", (), told.for_client(k).to_payload(), fingerprint, note="exchange plan")
+            self.queue(k, msg, "plan")
+
+    def tamper(self, stage, client, msg, part):
+        if stage == "keyswitch" and client == self.victim:
+            blocks = np.asarray(msg.payload["blocks"]).copy()
+            blocks[blocks == 1], blocks[blocks == 0] = -7, 1
+            blocks[blocks == -7] = 0
+            msg = with_payload(msg, blocks=blocks)
+        return [(msg, part)]
+
+
+def test_clients_told_different_broadcast_blocks_deliver_nothing():
+    """A plan digest mismatch: clients holding different lists of broadcast blocks get a refusal, never a sum."""
+    p = protocol_with(SplitBroadcastLists)
+    with pytest.raises(IntegrityError, match="corrupted; nothing was delivered"):
+        mixed_exchange(p)
+    assert all(r is None for r in p.client_results().values())

@@ -455,8 +455,8 @@ def test_a_broadcast_reaches_its_surviving_recipients_through_one_switch_to_the_
     """
     _, cks, cks_downloads = survivors_sum(make_protocol("ckks-mp", K, threshold=T, roles={"t/model": "broadcast"}))
     _, pcks, pcks_downloads = survivors_sum(make_protocol("ckks-mp", K, threshold=T))
-    assert len(cks) == T and len(cks_downloads) == 3 and all(m.payload["to"] == -1 for m in cks_downloads)
-    assert len(pcks) == 3 * T and all(m.payload["to"] >= 0 for m in pcks_downloads)
+    assert len(cks) == T and len(cks_downloads) == 3 and all(not m.payload["data"] for m in cks_downloads)
+    assert len(pcks) == 3 * T and all(m.payload["data"] and not m.payload["broadcast"] for m in pcks_downloads)
     assert 3 * sum(m.nbytes for m in cks) < sum(m.nbytes for m in pcks)
 
 
@@ -468,7 +468,8 @@ class BroadcastsToTheSurvivors(CKKSMPServer):
 
         cks = plan_exchange(self.params, plan.spec, K, plan.dp_noise_std, plan.block_len, broadcast=True)
         recipients = np.array(sorted(plan.requests), dtype=np.int64)
-        encoding = {**plan.encoding, "plan": cks.describe(), "broadcast_to": recipients}
+        every = np.arange(plan.num_blocks)
+        encoding = {**plan.encoding, "plan": cks.describe(), "broadcast_blocks": every, "broadcast_to": recipients}
         return super().run(replace(plan, encoding=encoding), link)
 
 

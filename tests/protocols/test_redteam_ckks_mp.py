@@ -188,7 +188,7 @@ def test_key_switching_a_subset_of_the_uploads_gives_noise():
         msg = next(
             m for m in p.transcript.select(tag=tag, sender=SERVER, receiver=client_party(2)) if m.kind == "ciphertext"
         )
-        c0 = encryption.from_bytes(p.ring, msg.payload["data"], (1, plan.switch_level, p.params.n))  # c0' only
+        c0 = encryption.from_bytes(p.ring, msg.payload["broadcast"], (1, plan.switch_level, p.params.n))  # c0' only
         upload = next(
             m for m in p.transcript.select(tag=tag, sender=client_party(0), receiver=SERVER) if m.kind == "ciphertext"
         )

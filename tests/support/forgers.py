@@ -9,6 +9,7 @@ import numpy as np
 from protocols.auth import SigningKey, sign_public_key
 from protocols.channel import ChannelKey
 from protocols.ckks_mp import encoding, encryption
+from protocols.ckks_mp.keyswitch import planned_broadcast_blocks
 from protocols.ckks_mp.params import plan_exchange
 from protocols.registry import backend_class
 
@@ -41,13 +42,14 @@ def directory_forger(mode: str, *, resign: bool, identity: bool = False):
     return DirectoryForger
 
 
-def shifted_ckks_mp_download(server, data: bytes, to: int) -> bytes:
+def shifted_ckks_mp_download(server, payload: dict) -> dict:
     """A ckks-mp download whose first field decodes one quantum larger: a valid ciphertext of another sum.
 
-    ``server``: the server half of the exchange under way; ``to``: the download's key (-1: the broadcast key, ``c0'``
-    only; else a recipient's, ``(c0', c1')``).
+    ``server``: the server half of the exchange under way; ``payload``: the download's (``broadcast``: ``c0'`` of the
+    blocks switched to the broadcast key, shifted when there are any; else ``data``, ``(c0', c1')`` per block).
     """
     plan, ring = server.plan, server.ring
+    cks = planned_broadcast_blocks(plan.encoding, plan.num_blocks)  # the plan's switch per block
     ep = plan_exchange(
         server.params,
         plan.spec,
@@ -56,18 +58,20 @@ def shifted_ckks_mp_download(server, data: bytes, to: int) -> bytes:
         plan.block_len,
         tag=plan.tag,
         round=plan.round,
-        broadcast="broadcast_to" in plan.encoding,  # the plan's switch
+        broadcast=cks.size == plan.num_blocks,
     )
     unit = np.zeros(min(plan.block_len, ep.capacity), dtype=np.int64)
     shifted = unit.copy()
     shifted[0] = 1
     delta = ring.rescale(ring.sub(encoding.encode(ring, ep, shifted), encoding.encode(ring, ep, unit)), ep.switch_level)
-    pair = () if to < 0 else (2,)
+    field = "broadcast" if cks.size else "data"
+    pair = () if cks.size else (2,)
+    data = payload[field]
     count = len(data) // (4 * int(np.prod(pair or (1,))) * ep.switch_level * ring.n)
     cts = encryption.from_bytes(ring, data, (count, *pair, ep.switch_level, ring.n)).copy()
-    first = cts[0] if to < 0 else cts[0, 0]
+    first = cts[0] if cks.size else cts[0, 0]
     first[:] = ring.add(first, delta)
-    return encryption.to_bytes(cts)
+    return {**payload, field: encryption.to_bytes(cts)}
 
 
 class ShiftedCommittedMPServer:
@@ -85,8 +89,7 @@ class ShiftedCommittedMPServer:
     def call(self, link, stage, messages, *, hook=True):
         if stage == "download" and self.plan.tag == self.forged and self.victim in messages and self._first():
             (msg, part), *rest = messages[self.victim]
-            data = shifted_ckks_mp_download(self, msg.payload["data"], int(msg.payload["to"]))
-            msg = replace(msg, payload={**msg.payload, "data": data})
+            msg = replace(msg, payload=shifted_ckks_mp_download(self, msg.payload))
             messages = {**messages, self.victim: [(msg, part), *rest]}
         return super().call(link, stage, messages, hook=hook)
 
