@@ -69,6 +69,7 @@ class WandbLogger:
         """Put the run's outcome in the summary and close the run."""
         self.run.summary.update({**outcome(result), "status": result.get("status")})
         self.run.finish()
+        require("wandb").teardown()  # waits for W&B's service to write the run out (finish alone may not)
 
 
 class MLflowLogger:
