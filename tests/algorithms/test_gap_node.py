@@ -181,6 +181,7 @@ def test_noise_free_node_level_dpsgd_learns_what_non_private_training_learns():
     [
         ({"algorithm": "gap", "clients": 1, "options": {"hops": 1}}, "add --dpsgd"),
         ({"algorithm": "fedgcn-gap", "clients": 3, "options": {"dpsgd": True}}, "--mode mask"),
+        ({"algorithm": "gap", "clients": 1, "options": {"hops": 1, "dpsgd_lr": 1.0}}, "--dpsgd-lr .* add --dpsgd"),
     ],
 )
 def test_node_level_gap_refuses_what_it_cannot_protect_before_work_starts(change, says):
