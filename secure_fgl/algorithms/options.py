@@ -8,6 +8,7 @@ An algorithm names its Options class (and its cross-field check, if any) in its
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..privacy import dp_config
@@ -20,6 +21,9 @@ ROW_ORDERS = ("given", "signature", "owner")
 NORMS = ("row", "sym", "none")
 #: GAP's default out-degree bound under node-level DP (each node's embedding enters at most this many sums)
 NODE_MAX_DEGREE = 10
+#: the DP-SGD steps' learning rate under node-level DP (plain SGD on the noisy mean of per-node gradients clipped to
+#: --dp-clip; chosen on Cora's and PubMed's validation nodes)
+NODE_DPSGD_LR = 5.0
 
 
 @dataclass
@@ -295,8 +299,8 @@ class GAPOptions:
         False,
         help="train the encoder and the head by DP-SGD (a training node is a record; "
         "clip --dp-clip; shares --dp-epsilon with the hops); in ckks/mask with "
-        "--local-epochs 1 --optimizer sgd each step's noise is split over the "
-        "clients inside the secure model mean",
+        "--local-epochs 1 and plain SGD (--optimizer sgd, --dpsgd-lr, or --dp-unit node) each step's "
+        "noise is split over the clients inside the secure model mean",
     )
     dp_sample_rate: float = setting(
         1.0,
@@ -316,6 +320,26 @@ class GAPOptions:
         f"{NODE_MAX_DEGREE}; off otherwise)",
     )
 
+    dpsgd_lr: float | None = setting(
+        None,
+        min=0,
+        min_exclusive=True,
+        help="--dpsgd: learning rate of the DP-SGD steps, plain SGD on the noisy mean of gradients "
+        "clipped to --dp-clip (a step moves at most lr x --dp-clip before noise; default under "
+        f"--dp-unit node: {NODE_DPSGD_LR:g}; otherwise --optimizer and --lr)",
+    )
+
+    def dpsgd_settings(self, cfg):
+        """The run's settings as its DP-SGD steps use them: plain SGD at the DP-SGD learning rate in force.
+
+        ``--dpsgd-lr``, else the default under ``--dp-unit node``; ``cfg`` itself (``--optimizer``, ``--lr``)
+        when neither applies.
+        """
+        lr = self.dpsgd_lr if self.dpsgd_lr is not None else (NODE_DPSGD_LR if cfg.dp_unit == "node" else None)
+        if not self.dpsgd or lr is None:
+            return cfg
+        return dataclasses.replace(cfg, optimizer="sgd", lr=float(lr), momentum=0.0)
+
     def degree_bound(self, cfg) -> int | None:
         """The out-degree bound D in force: ``--max-degree``, else the default under ``--dp-unit node``."""
         if self.max_degree is not None:
@@ -327,6 +351,8 @@ def check_gap(o: GAPOptions, cfg) -> None:
     """GAP's cross-field rules that need no data (the rest: ``gap.ops.check_gap_options``)."""
     if o.encoder_mu > 0 and o.dpsgd:
         raise ConfigError("--encoder-mu adds FedProx's term to the encoder's plain training: drop it with --dpsgd")
+    if o.dpsgd_lr is not None and not o.dpsgd:
+        raise ConfigError("--dpsgd-lr is the learning rate of DP-SGD's steps: add --dpsgd (or drop --dpsgd-lr)")
     if o.dp_sample_rate < 1 and not o.dpsgd:
         raise ConfigError("--dp-sample-rate samples DP-SGD's batches: add --dpsgd (or drop --dp-sample-rate)")
     if cfg.dp_unit == "node" and not o.dpsgd:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -59,6 +60,36 @@ def test_an_edge_free_model_gets_the_same_clipped_sum_from_its_training_rows_alo
     rows, loss_rows = sgd.clipped_sum(model, x, torch.empty(2, 0, dtype=torch.long), y, mask)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, rows))
     assert torch.isclose(loss_whole, loss_rows)
+
+
+def test_a_noise_free_step_is_one_sgd_step_on_the_mean_of_the_clipped_gradients():
+    """Without noise: ``w <- w - lr sum_i clip(g_i) / |T|``, with the one-node-at-a-time reference gradients."""
+    torch.manual_seed(2)
+    model = build_model("mlp", 6, 8, 3, num_layers=2, dropout=0.0)
+    x, y, mask = torch.randn(30, 6) * 5, torch.randint(0, 3, (30,)), torch.rand(30) < 0.5
+    ref = per_node_grads(model, x, y, mask)
+    clip, lr = 0.5 * float(ref.norm(dim=1).median()), 0.3
+    expected = torch.cat([p.detach().flatten() for p in model.parameters()])
+    expected -= lr * (ref * (clip / ref.norm(dim=1)).clamp(max=1.0)[:, None]).sum(0) / int(mask.sum())
+    DPSGD(clip).step(model, torch.optim.SGD(model.parameters(), lr=lr), np.zeros, x, None, y, mask)
+    assert torch.allclose(torch.cat([p.detach().flatten() for p in model.parameters()]), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("sample_rate", [1.0, 0.25])
+def test_a_steps_noise_is_sigma_over_the_expected_batch(sample_rate):
+    """A step's gradient is ``(clipped sum + N(0, sigma^2 I)) / (q |T|)``: its noise has std ``sigma / (q |T|)``."""
+    torch.manual_seed(3)
+    model = build_model("mlp", 40, 64, 3, num_layers=2, dropout=0.0)
+    x, y, mask = torch.randn(50, 40), torch.randint(0, 3, (50,)), torch.ones(50, dtype=torch.bool)
+    sigma, gen, sgd = 3.0, np.random.default_rng(0), DPSGD(1.0, sample_rate)
+
+    def gradient(noise) -> torch.Tensor:
+        """The gradient one step sets (lr 0: the model stays); every node is drawn (u = 0), yet q |T| divides."""
+        sgd.step(model, torch.optim.SGD(model.parameters(), lr=0.0), noise, x, None, y, mask, np.zeros)
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    noise = gradient(lambda size: gen.normal(0.0, sigma, size)) - gradient(np.zeros)
+    assert float(noise.std()) == pytest.approx(sigma / (sample_rate * 50), rel=0.03)
 
 
 def test_noise_is_fresh_and_steps_of_all_clients_count_once():

@@ -37,7 +37,18 @@ from .ops import (
 )
 
 
-class GAPEncoderLogic(ModelAveragingLogic):
+class DPSGDOptimizer(ModelAveragingLogic):
+    """A stage's optimiser: plain SGD at the DP-SGD learning rate when one is in force, else ``--optimizer``."""
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """``SGD(lr, weight_decay)`` of :meth:`GAPOptions.dpsgd_settings`, or the run's optimiser."""
+        cfg = GAPOptions(**self.opts).dpsgd_settings(self.cfg)
+        if cfg is self.cfg:
+            return super().make_optimizer()
+        return torch.optim.SGD(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class GAPEncoderLogic(DPSGDOptimizer):
     """Stage 1 on the client: the feature-only MLP of ``--algorithm fedavg --model mlp``, no edges."""
 
     def __init__(self, runtime, options: dict):
@@ -58,7 +69,7 @@ class GAPEncoderLogic(ModelAveragingLogic):
         return self.data.x, self.no_edges
 
 
-class GAPLogic(ModelAveragingLogic):
+class GAPLogic(DPSGDOptimizer):
     """FedGCN-GAP's client: the encoder (:class:`GAPEncoderLogic`), the hops, the head (module docstring)."""
 
     def __init__(self, runtime, options: dict):

@@ -105,7 +105,7 @@ class GAPStrategy(ModelAveragingStrategy):
         dp_tag, request = stage
         epochs, dp = self.cfg.local_epochs, self.protocol.dp
         n = noise_contributors(
-            self.cfg,
+            self.gopts.dpsgd_settings(self.cfg),
             dp.config.placement,
             self.facts.num_trainers,
             self.model_dp_request(tag or f"{self.name}/model") is not None,
