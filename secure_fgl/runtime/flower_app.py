@@ -32,10 +32,10 @@ from . import local_socket
 
 #: the Flower message type every secure-fgl request travels as
 MESSAGE_TYPE = "query"
-#: the relay asks the SuperLink for replies after 0.01 s, then every 1.5 times longer, at most every
-#: :data:`PULL_INTERVAL` seconds (each ask costs the SuperLink a query: a stage's replies take from a
-#: fraction of a second to many seconds)
-PULL_INTERVAL = 0.25
+#: the relay asks the SuperLink for replies after :data:`FIRST_PULL` seconds, then every 1.5 times longer, at
+#: most every :data:`PULL_INTERVAL` seconds (each ask costs the SuperLink a query: a stage's replies take from a
+#: fraction of a second, a SuperNode's poll and its site's answer, to many seconds)
+FIRST_PULL, PULL_INTERVAL = 0.05, 0.25
 
 
 def pack(header: dict, frames: dict[int, bytes]) -> RecordDict:
@@ -114,7 +114,7 @@ def _exchange(
     }
     down = sum(message_bytes(m) for m in messages.values())
     pending = dict(zip(grid.push_messages(messages.values()), messages))
-    replies, up, wait = {}, 0, 0.01
+    replies, up, wait = {}, 0, FIRST_PULL
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
