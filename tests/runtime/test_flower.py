@@ -46,6 +46,7 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
     from secure_fgl.runtime import flower_app, wire
 
     frames = {k: wire.pack({"x": np.arange(k * 1000, dtype=np.float32), "tag": "fedavg/model"}) for k in (2, 5)}
+    frames[7] = wire.pack({"x": np.arange(2_000_000, dtype=np.float32)})  # 8 MB: above Flower's 5 MB array chunks
     content = flower_app.pack({"method": "receive", "timeout": 5.0}, frames)
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
     assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > sum(map(len, frames.values()))
