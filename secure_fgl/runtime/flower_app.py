@@ -7,11 +7,10 @@ the site's machine) forwards the message's frame to its site's long-lived client
 SuperLink for ``flwr run``) connects back to the secure-fgl driver (:mod:`.flower_executor`)
 over the local socket named in the run config (``relay-socket``) and turns each of the driver's
 calls into one Flower ``Message`` per addressed **site**: a site holding several clients gets
-their frames in one message, so one ``flwr-clientapp`` process serves them all.  Client ``k``'s
-frame travels as the ``ArrayRecord`` entry ``"k"`` (``stype="raw"``, the frame's bytes
-unchanged); the method and timeout as a ``ConfigRecord``, and in the reply each client's status
-(a JSON string).  Both apps import only Flower and the standard library: no per-message import
-of torch.
+their frames in one message, so one ``flwr-clientapp`` process serves them all.  A message's
+content is one ``ConfigRecord``: the method and timeout, and client ``k``'s frame as the ``bytes``
+entry ``"frame/<k>"`` (unchanged); in the reply, each client's status (a JSON string) and answer.
+Both apps import only Flower and the standard library: no per-message import of torch.
 
 Relay operations (driver -> ServerApp, :mod:`.local_socket` messages): ``sites`` (find the
 SuperNode serving each client), ``call`` (one stage, every addressed client's frame) and
@@ -23,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
@@ -32,30 +31,30 @@ from . import local_socket
 
 #: the Flower message type every secure-fgl request travels as
 MESSAGE_TYPE = "query"
-#: the relay asks the SuperLink for replies after 0.01 s, then every 1.5 times longer, at most every
-#: :data:`PULL_INTERVAL` seconds (each ask costs the SuperLink a query: a stage's replies take from a
-#: fraction of a second to many seconds)
-PULL_INTERVAL = 0.25
+#: the relay asks the SuperLink for replies after :data:`FIRST_PULL` seconds, then every 1.5 times longer, at
+#: most every :data:`PULL_INTERVAL` seconds (each ask costs the SuperLink a query: a stage's replies take from a
+#: fraction of a second, a SuperNode's poll and its site's answer, to many seconds)
+FIRST_PULL, PULL_INTERVAL = 0.05, 0.25
+
+
+#: the prefix of a client's frame among the ``ConfigRecord``'s entries (``"frame/<k>"``)
+FRAME = "frame/"
 
 
 def pack(header: dict, frames: dict[int, bytes]) -> RecordDict:
-    """A Flower message's content: ``header`` (str/int/float values) and each client's frame, as it is."""
-    return RecordDict(
-        {
-            "sfgl": ConfigRecord(header),
-            "frames": ArrayRecord(
-                {
-                    str(k): Array(dtype="uint8", shape=(len(frame),), stype="raw", data=bytes(frame))
-                    for k, frame in frames.items()
-                }
-            ),
-        }
-    )
+    """A Flower message's content: one ``ConfigRecord`` of ``header`` (str/int/float values) and each client's frame.
+
+    Client ``k``'s frame is the ``bytes`` entry ``"frame/<k>"``, as it is: two Flower objects per message (an
+    ``ArrayRecord`` would add three, each one more request to push and to pull).
+    """
+    return RecordDict({"sfgl": ConfigRecord({**header, **{f"{FRAME}{k}": bytes(f) for k, f in frames.items()}})})
 
 
 def unpack(content: RecordDict) -> tuple[dict, dict[int, bytes]]:
     """Inverse of :func:`pack`."""
-    return dict(content["sfgl"]), {int(k): array.data for k, array in content["frames"].items()}
+    record = content["sfgl"]
+    frames = {int(n[len(FRAME) :]): v for n, v in record.items() if n.startswith(FRAME)}
+    return {n: v for n, v in record.items() if not n.startswith(FRAME)}, frames
 
 
 def message_bytes(message: Message) -> int:
@@ -114,7 +113,7 @@ def _exchange(
     }
     down = sum(message_bytes(m) for m in messages.values())
     pending = dict(zip(grid.push_messages(messages.values()), messages))
-    replies, up, wait = {}, 0, 0.01
+    replies, up, wait = {}, 0, FIRST_PULL
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         time.sleep(min(wait, max(0.0, deadline - time.monotonic())))

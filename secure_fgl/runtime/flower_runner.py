@@ -20,7 +20,7 @@ import threading
 from logging import ERROR
 
 #: how often an idle executor asks its SuperNode for a task (seconds)
-POLL_INTERVAL = 0.1
+POLL_INTERVAL = 0.25
 #: a task's heartbeat period (seconds; Flower expects one within 30 s)
 HEARTBEAT_INTERVAL = 10.0
 #: how long one call to the SuperNode is retried while it is unreachable (seconds)

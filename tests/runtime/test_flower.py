@@ -46,6 +46,7 @@ def test_a_frame_crosses_flower_serialisation_unchanged():
     from secure_fgl.runtime import flower_app, wire
 
     frames = {k: wire.pack({"x": np.arange(k * 1000, dtype=np.float32), "tag": "fedavg/model"}) for k in (2, 5)}
+    frames[7] = wire.pack({"x": np.arange(2_000_000, dtype=np.float32)})  # 8 MB: above Flower's 5 MB array chunks
     content = flower_app.pack({"method": "receive", "timeout": 5.0}, frames)
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
     assert flower_app.message_bytes(content) == sum(map(len, contents.values())) > sum(map(len, frames.values()))
@@ -58,9 +59,9 @@ def federation(tmp_path, request):
     """A Flower federation for the settings in ``request.param``.
 
     ``request.param``: ``tls`` (TLS and SuperNode authentication), ``own-keys`` (each site started
-    with its own identity key and the manifest ``fed.manifest`` it reads at set-up), ``two-sites``
-    and/or ``flwr-clientapp`` (Flower's default isolation: a ``flwr-clientapp`` process per
-    message, instead of the site process running its tasks).
+    with its own identity key and the manifest ``fed.manifest`` it reads at set-up), ``two-sites``,
+    ``attack-simulation`` (every site opted in) and/or ``flwr-clientapp`` (Flower's default isolation:
+    a ``flwr-clientapp`` process per message, instead of the site process running its tasks).
     """
     features = getattr(request, "param", ())
     tls = make_tls(tmp_path / "tls", clients=4) if "tls" in features else None  # key 3: unregistered
@@ -71,6 +72,7 @@ def federation(tmp_path, request):
         clients=3,
         tls=tls,
         site_args=(lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)]) if keys else (),
+        site_flags=["--allow-attack-simulation"] if "attack-simulation" in features else (),
         sites=2 if "two-sites" in features else None,
         resident="flwr-clientapp" not in features,
     )
@@ -90,8 +92,7 @@ def keyed_federation(tmp_path_factory):
     """The default tests' federation, started once for the module.
 
     A SuperLink and three SuperNodes, one site each holding one client, each client with its own identity key
-    and the manifest ``fed.manifest`` its site reads at every set-up, every site opted in to attack
-    simulation; each run's ``flwr run`` reuses it.
+    and the manifest ``fed.manifest`` its site reads at every set-up; each run's ``flwr run`` reuses it.
     """
     folder = tmp_path_factory.mktemp("flower")
     keys = identity_keys(folder / "keys", 3)
@@ -101,11 +102,20 @@ def keyed_federation(tmp_path_factory):
         clients=3,
         sites=3,
         site_args=lambda k: ["--identity-key", str(keys[f"client{k}"]), "--manifest", str(manifest)],
-        site_flags=["--allow-attack-simulation"],
     )
     fed.keys, fed.manifest = keys, manifest
     with serving(fed):
         yield fed
+
+
+def forbid_loading_data(monkeypatch) -> None:
+    """Make loading the data fail in this process (the driver's)."""
+
+    def forbidden(*_, **__):
+        raise AssertionError("the driver of a Flower run loaded the data")
+
+    for module in ("secure_fgl.experiment", "secure_fgl.runtime.build", "secure_fgl.runtime.partition"):
+        monkeypatch.setattr(f"{module}.load_federation", forbidden)
 
 
 def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch, tmp_path):
@@ -114,29 +124,19 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
     Three clients on three sites (three SuperNodes); each client signs with its own identity
     key, pinned by the manifest built from the sites' public keys (no client key crosses Flower).
     The driver loads no data: its data folder does not exist and loading is forbidden in its
-    process; the sites describe the federation.  With ``--attacks``: the sites, opted in to
-    attack simulation, report their clients' parts, and the attacks scored on them (the
-    membership candidates, the edges, the owners) give the local run's values.
+    process; the sites describe the federation.
     """
     federation = keyed_federation
-    kw = {"rounds": 1, "attacks": ["membership", "link_posterior"]}
-    local = run_experiment(small("fedavg", "mask", executor="local", **kw), progress=False)
+    local = run_experiment(small("fedavg", "mask", executor="local", rounds=1), progress=False)
     cfg = write_manifest(
         federation.keys,
-        small("fedavg", "mask", executor="flower", round_timeout=60, data_root=str(tmp_path / "no-data"), **kw),
+        small("fedavg", "mask", executor="flower", rounds=1, round_timeout=60, data_root=str(tmp_path / "no-data")),
         federation.manifest,
     )
 
-    def forbidden(*_, **__):
-        raise AssertionError("the driver of a Flower run loaded the data")
-
-    for module in ("secure_fgl.experiment", "secure_fgl.runtime.build", "secure_fgl.runtime.partition"):
-        monkeypatch.setattr(f"{module}.load_federation", forbidden)
+    forbid_loading_data(monkeypatch)
     flower = run_experiment(cfg, progress=False)
     same_run(local, flower)
-    assert [e["name"] for e in flower["attacks"]] == ["transcript_audit", *kw["attacks"]]
-    assert all(e["applicable"] for e in local["attacks"])
-    assert [(e["name"], e["value"]) for e in flower["attacks"]] == [(e["name"], e["value"]) for e in local["attacks"]]
     fingerprints = {p: SigningKey.load(d / "identity.key").fingerprint for p, d in federation.keys.items()}
     for k in range(3):  # what each site's half accepted: the sites' own keys
         accepted = flower["key_fingerprints"][f"client{k}"]
@@ -156,6 +156,31 @@ def test_fedavg_mask_over_flower_is_the_local_run(keyed_federation, monkeypatch,
         )
         > 0
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("federation", [("own-keys", "attack-simulation")], indirect=True, ids=["opted-in"])
+def test_attacks_scored_on_the_opted_in_sites_reports_over_flower_are_the_local_runs(federation, monkeypatch):
+    """Attacks scored on the opted-in sites' reports over Flower are the local run's.
+
+    Three sites holding their clients' identity keys, every one opted in to attack simulation;
+    the driver loads no data.  With ``--attacks``: the sites report their clients' parts, and the
+    attacks scored on them (the membership candidates, the edges, the owners) give the local run's values.
+    """
+    kw = {"rounds": 1, "attacks": ["membership", "link_posterior"]}
+    local = run_experiment(small("fedavg", "mask", executor="local", **kw), progress=False)
+    no_data = str(federation.folder / "no-data")
+    cfg = write_manifest(
+        federation.keys,
+        small("fedavg", "mask", executor="flower", round_timeout=60, data_root=no_data, **kw),
+        federation.manifest,
+    )
+    forbid_loading_data(monkeypatch)
+    flower = run_experiment(cfg, progress=False)
+    same_run(local, flower)
+    assert [e["name"] for e in flower["attacks"]] == ["transcript_audit", *kw["attacks"]]
+    assert all(e["applicable"] for e in local["attacks"])
+    assert [(e["name"], e["value"]) for e in flower["attacks"]] == [(e["name"], e["value"]) for e in local["attacks"]]
 
 
 @pytest.mark.slow

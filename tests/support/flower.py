@@ -4,8 +4,9 @@ One SuperLink, and per site one SuperNode and one site process (holding one or s
 that :meth:`Federation.close` kills. Every wait is bounded.
 
 The tests' SuperNodes wait :data:`NODE_POLL` seconds instead of Flower's fixed 3 s between two
-empty polls of the SuperLink (and 0.5 s between two looks for a reply): Flower has no option for
-either, so the SuperNode runs with its module's ``time.sleep`` capped (:func:`supernode`).
+empty polls of the SuperLink, and :data:`NODE_BUSY_WAIT` instead of 0.5 s between two looks for a
+reply in their own memory: Flower has no option for either, so the SuperNode runs with its
+module's ``time.sleep`` capped (:func:`supernode`).
 Deployments run the stock ``flower-supernode``.
 """
 
@@ -24,10 +25,17 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 #: the tests' SuperNode idle poll (seconds)
 NODE_POLL = 0.3
+#: the tests' SuperNode's look at its own state for a reply, while a ClientApp task runs (seconds)
+NODE_BUSY_WAIT = 0.02
 
 
 def supernode(poll: float | None) -> list[str]:
-    """A SuperNode's command: ``flower-supernode``, or (``poll`` seconds) with its loop's sleeps capped at ``poll``."""
+    """A SuperNode's command: ``flower-supernode``, or one whose loop waits less.
+
+    With ``poll`` (seconds): its idle wait (3 s between two empty polls of the SuperLink) capped at
+    ``poll``, and its waits for a reply it is about to receive (0.5 s between two looks at its own
+    in-memory state, no request) capped at :data:`NODE_BUSY_WAIT`.
+    """
     if poll is None:
         return [str(BIN / "flower-supernode")]
     code = (
@@ -35,7 +43,7 @@ def supernode(poll: float | None) -> list[str]:
         "import flwr.supernode.start_client_internal as node\n"
         "from flwr.supernode.cli.flower_supernode import flower_supernode\n"
         "clock = {n: getattr(time, n) for n in dir(time) if not n.startswith('_')}\n"
-        f"clock['sleep'] = lambda s: time.sleep(min(s, {float(poll)}))\n"
+        f"clock['sleep'] = lambda s: time.sleep(min(s, {float(poll)} if s >= 3 else {NODE_BUSY_WAIT}))\n"
         "node.time = types.SimpleNamespace(**clock)\n"
         "flower_supernode()\n"
     )
@@ -82,7 +90,7 @@ class Federation:
             "FLWR_HOME": str(self.folder / "flwr-home"),
             "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             "OMP_NUM_THREADS": "1",
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5",
         }
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
