@@ -288,6 +288,13 @@ class GAPOptions:
         help="FedProx proximal term (mu/2) ||w - w_global||^2 on the encoder's local training "
         "(Li et al., MLSys 2020, eq. 2; for skewed clients); 0: FedAvg",
     )
+    head_local_epochs: int | None = setting(
+        None,
+        min=1,
+        unit="epochs",
+        help="local epochs of each head round (default: --local-epochs); with --rounds R the head "
+        "is checked on validation R times",
+    )
     layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
     select: str = setting(
@@ -353,6 +360,8 @@ def check_gap(o: GAPOptions, cfg) -> None:
         raise ConfigError("--encoder-mu adds FedProx's term to the encoder's plain training: drop it with --dpsgd")
     if o.dpsgd_lr is not None and not o.dpsgd:
         raise ConfigError("--dpsgd-lr is the learning rate of DP-SGD's steps: add --dpsgd (or drop --dpsgd-lr)")
+    if o.head_local_epochs is not None and o.dpsgd:
+        raise ConfigError("--head-local-epochs sets the head's plain training: drop it with --dpsgd (--local-epochs)")
     if o.dp_sample_rate < 1 and not o.dpsgd:
         raise ConfigError("--dp-sample-rate samples DP-SGD's batches: add --dpsgd (or drop --dp-sample-rate)")
     if cfg.dp_unit == "node" and not o.dpsgd:

@@ -135,3 +135,47 @@ def test_encoder_mu_with_dpsgd_is_refused_in_one_line():
     options = {"encoder_mu": 0.1, "dpsgd": True}
     with pytest.raises(ConfigError, match="--encoder-mu .* drop it with --dpsgd"):
         preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options=options), check_data=False)
+
+
+def test_head_local_epochs_sets_the_head_steps_and_leaves_the_encoder(run_small):
+    """``--head-local-epochs`` sets the head's optimiser steps per round; the encoder keeps ``--local-epochs``."""
+    from torch.nn.utils import parameters_to_vector
+
+    fed = make_federated("sbm", num_clients=3, seed=0, num_nodes=120, num_features=12)
+    base = dict(mode="plain", clients=3, rounds=2, local_epochs=3, seed=0)
+
+    def adam_steps(optimizer) -> int:
+        return int(max(float(s["step"]) for s in optimizer.state.values()))
+
+    def one_head_round(**options):
+        """Adam steps of the heads and of the encoders, the encoders' and the heads' weights after one head round."""
+        run = run_small(RunConfig(algorithm="fedgcn-gap", model="mlp", options={"hops": 1, **options}, **base), fed)
+        run.strategy.setup()
+        run.strategy.train_round(0)
+        logics = [run.logic(k) for k in range(3)]
+        assert all(lg.data.train_mask.any() for lg in logics)
+        return (
+            {adam_steps(lg.optimizer) for lg in logics},
+            {adam_steps(lg.encoder.optimizer) for lg in logics},
+            [parameters_to_vector(lg.encoder.model.parameters()) for lg in logics],
+            [parameters_to_vector(lg.model.parameters()) for lg in logics],
+        )
+
+    head_steps, encoder_steps, encoders, heads = one_head_round()
+    assert head_steps == {3} and encoder_steps == {2 * 3}  # default: --local-epochs for both stages
+    same = one_head_round(head_local_epochs=3)
+    assert same[:2] == (head_steps, encoder_steps)
+    assert all(torch.equal(a, b) for a, b in zip(encoders + heads, same[2] + same[3]))
+    one_steps, one_encoder_steps, one_encoders, one_heads = one_head_round(head_local_epochs=1)
+    assert one_steps == {1} and one_encoder_steps == {2 * 3}
+    assert all(torch.equal(a, b) for a, b in zip(encoders, one_encoders))  # the encoder and its hops unchanged
+    assert not any(torch.allclose(a, b) for a, b in zip(heads, one_heads))
+
+
+def test_head_local_epochs_with_dpsgd_is_refused_in_one_line():
+    from secure_fgl.preflight import preflight
+    from secure_fgl.validation import ConfigError
+
+    options = {"head_local_epochs": 1, "dpsgd": True}
+    with pytest.raises(ConfigError, match="--head-local-epochs .* drop it with --dpsgd"):
+        preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options=options), check_data=False)

@@ -70,3 +70,28 @@ def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(n
     for cfg in runs:
         options = preflight(cfg, check_data=False)
         assert cfg.hidden == 64 and (cfg.algorithm == "fedavg" or options.hops == 1)
+
+
+def test_central_reference_trains_and_selects_on_the_federated_schedule(tmp_path):
+    """The central sweep's GAP runs have the federated GAP runs' epochs and validation checks per stage.
+
+    Each round ends with one validation check and the best round is kept, so equal encoder rounds, head
+    rounds and local epochs give both sides the same training and the same selection (the matched rule).
+    """
+    from pathlib import Path
+
+    import secure_fgl
+    from secure_fgl.algorithms.options import GAPOptions
+    from secure_fgl.report.sweep import spec_from_file
+
+    def schedules(name: str, algorithm: str) -> set[tuple]:
+        spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
+        gap = [cfg for _, cfg in spec.runs(tmp_path / name) if cfg.algorithm == algorithm]
+        assert gap
+        return {
+            (GAPOptions(**c.options).encoder_rounds or c.rounds, c.rounds, c.local_epochs, c.hidden, c.dropout, c.lr)
+            for c in gap
+        }
+
+    central = schedules("dp-gap-central-cora.toml", "gap")
+    assert len(central) == 1 and central == schedules("dp-gap-federated-cora.toml", "fedgcn-gap")

@@ -87,13 +87,17 @@ class ModelAveragingLogic(ClientLogic):
         rnd, k = int(req.round), self.rt.client_id
         self.model.train()
         loss = torch.zeros(())
-        for step in range(self.cfg.local_epochs):
+        for step in range(self.local_epochs()):
             self.optimizer.zero_grad()
             with rng.using(rng.client_generator(self.cfg.seed, rnd, k, step)):
                 loss = self.step_loss(rnd, step)
             loss.backward()
             self.optimizer.step()
         return FitRes(trained=True, loss=float(loss.detach()))
+
+    def local_epochs(self) -> int:
+        """Optimiser steps of one local update (``--local-epochs``)."""
+        return self.cfg.local_epochs
 
     def step_loss(self, rnd: int, step: int) -> torch.Tensor:
         """The objective of local step ``step`` of round ``rnd`` (FedAvg: :meth:`local_loss`)."""

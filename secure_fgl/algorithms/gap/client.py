@@ -97,6 +97,10 @@ class GAPLogic(DPSGDOptimizer):
             dropout=cfg.dropout,
         )
 
+    def local_epochs(self) -> int:
+        """The head's local epochs per round: ``--head-local-epochs``, else ``--local-epochs``."""
+        return self.gopts.head_local_epochs or self.cfg.local_epochs
+
     def inputs(self):
         """The concatenated normalised hops, the head's input.
 
