@@ -240,9 +240,9 @@ def privacy_section(cfg: RunConfig, algo, protocol) -> dict | None:
             covered = unit in COVERS[local_units[tag]] or not (deps & PROTECTS[unit])
             if shares == 1 and rep["placement"] == "distributed" and getattr(algo, "dpsgd_secure_mean", False):
                 warnings.append(
-                    f"{tag}: each client adds all of each DP-SGD step's noise (several local steps, "
-                    "Adam or momentum, or client sampling); --local-epochs 1 --optimizer sgd lets the "
-                    "secure model mean carry it, split over the clients' noise shares"
+                    f"{tag}: each client adds all of each DP-SGD step's noise (several local steps or "
+                    "client sampling); --local-epochs 1 lets the secure model mean carry it, split over "
+                    "the clients' noise shares"
                 )
         elif tag in per_tag:
             t = per_tag[tag]

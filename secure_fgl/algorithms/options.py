@@ -21,9 +21,9 @@ ROW_ORDERS = ("given", "signature", "owner")
 NORMS = ("row", "sym", "none")
 #: GAP's default out-degree bound under node-level DP (each node's embedding enters at most this many sums)
 NODE_MAX_DEGREE = 10
-#: the DP-SGD steps' learning rate under node-level DP (plain SGD on the noisy mean of per-node gradients clipped to
-#: --dp-clip; chosen on Cora's and PubMed's validation nodes)
-NODE_DPSGD_LR = 5.0
+#: the DP-SGD steps' default learning rate, node- and sample-level (plain SGD on the noisy mean of per-node gradients
+#: clipped to --dp-clip; chosen on Cora's, PubMed's and the built-in graph's validation nodes)
+DPSGD_LR = 5.0
 
 
 @dataclass
@@ -305,9 +305,8 @@ class GAPOptions:
     dpsgd: bool = setting(
         False,
         help="train the encoder and the head by DP-SGD (a training node is a record; "
-        "clip --dp-clip; shares --dp-epsilon with the hops); in ckks/mask with "
-        "--local-epochs 1 and plain SGD (--optimizer sgd, --dpsgd-lr, or --dp-unit node) each step's "
-        "noise is split over the clients inside the secure model mean",
+        "clip --dp-clip; shares --dp-epsilon with the hops; plain SGD at --dpsgd-lr); in ckks/mask with "
+        "--local-epochs 1 each step's noise is split over the clients inside the secure model mean",
     )
     dp_sample_rate: float = setting(
         1.0,
@@ -332,19 +331,18 @@ class GAPOptions:
         min=0,
         min_exclusive=True,
         help="--dpsgd: learning rate of the DP-SGD steps, plain SGD on the noisy mean of gradients "
-        "clipped to --dp-clip (a step moves at most lr x --dp-clip before noise; default under "
-        f"--dp-unit node: {NODE_DPSGD_LR:g}; otherwise --optimizer and --lr)",
+        "clipped to --dp-clip, whatever --optimizer and --lr say (a step moves at most lr x --dp-clip "
+        f"before noise; default {DPSGD_LR:g})",
     )
 
     def dpsgd_settings(self, cfg):
-        """The run's settings as its DP-SGD steps use them: plain SGD at the DP-SGD learning rate in force.
+        """The run's settings as its DP-SGD steps use them: plain SGD at ``--dpsgd-lr`` (default ``DPSGD_LR``).
 
-        ``--dpsgd-lr``, else the default under ``--dp-unit node``; ``cfg`` itself (``--optimizer``, ``--lr``)
-        when neither applies.
+        ``cfg`` itself without ``--dpsgd``.
         """
-        lr = self.dpsgd_lr if self.dpsgd_lr is not None else (NODE_DPSGD_LR if cfg.dp_unit == "node" else None)
-        if not self.dpsgd or lr is None:
+        if not self.dpsgd:
             return cfg
+        lr = DPSGD_LR if self.dpsgd_lr is None else self.dpsgd_lr
         return dataclasses.replace(cfg, optimizer="sgd", lr=float(lr), momentum=0.0)
 
     def degree_bound(self, cfg) -> int | None:

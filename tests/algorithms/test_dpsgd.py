@@ -279,3 +279,21 @@ def test_graph_classification_dp_needs_dpsgd():
             RunConfig(algorithm="gc-fedavg", dataset="synthetic-graphs", clients=4, rounds=1, options={"dpsgd": True}),
             progress=False,
         )
+
+
+@pytest.mark.parametrize("unit", [None, "sample", "node"])
+def test_dpsgd_steps_are_plain_sgd_at_the_dpsgd_lr_at_every_unit(unit):
+    """Whatever ``--optimizer``/``--lr`` say (Adam at 0.01 by default), DP-SGD steps are plain SGD at ``--dpsgd-lr``.
+
+    So a secure run with one local epoch splits each step's noise over its clients (Adam would make every client add
+    all of it), and the clipped mean moves at the DP-SGD rate, not the run's.
+    """
+    from secure_fgl.algorithms.options import DPSGD_LR, GAPOptions
+    from secure_fgl.dpsgd import noise_contributors
+
+    cfg = RunConfig(algorithm="fedgcn-gap", mode="mask", local_epochs=1, dp_unit=unit)
+    step = GAPOptions(dpsgd=True).dpsgd_settings(cfg)
+    assert (step.optimizer, step.lr, step.momentum) == ("sgd", DPSGD_LR, 0.0) and cfg.optimizer == "adam"
+    assert noise_contributors(step, "distributed", 10, False) == 10
+    assert GAPOptions(dpsgd=True, dpsgd_lr=0.5).dpsgd_settings(cfg).lr == 0.5
+    assert GAPOptions().dpsgd_settings(cfg) is cfg
