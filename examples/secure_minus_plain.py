@@ -5,7 +5,9 @@ beta 1 and 10000, the released code's setting (``--optimizer sgd --lr 0.5 --roun
 --local-epochs 3``, as ``examples/fedgcn_table2.py``); FedSpray (GCN backbone) on PubMed with
 ``examples/fedspray_table2.py``'s setting (7 Louvain clients, its split); FedOMD on Cora with
 ``examples/fedomd_table4.py``'s setting (Louvain parties, its split; at most 1000 rounds with
-patience 200 on the validation accuracy, as that script).
+patience 200 on the validation accuracy, as that script).  ``--algorithms fedspray fedomd`` puts those two
+on the FedGCN grid instead: each in its own setting (FedSpray 7 clients, FedOMD 5 parties, their splits and
+optimisers; ``--fedspray-rounds`` / ``--fedomd-rounds``), its clients drawn by the Dirichlet partition.
 
 Each finished run is appended to ``OUT/runs.jsonl`` (a rerun skips what is there, so an interrupted
 grid resumes at its next run), with the test accuracy at the best-validation round, the per-round test
@@ -20,6 +22,8 @@ that differ.  A cell a mode did not run says so.  The command of every run is pr
         --fedomd-rounds 50                                                     # reduced
     python examples/secure_minus_plain.py --algorithms fedavg --rounds 50 --betas 1 \
         --other-seeds                                                          # FedAvg grid, reduced
+    python examples/secure_minus_plain.py --algorithms fedspray fedomd --fedspray-rounds 30 \
+        --fedomd-rounds 30 --other-seeds                                       # FedSpray / FedOMD grid
     python examples/secure_minus_plain.py --modes plain ckks --fixed-point-bits 20 --update-bound 1 \
         --datasets cora citeseer --betas 1 --seeds 0                           # packed fixed point
 
@@ -48,6 +52,8 @@ from secure_fgl.experiment import load_federation, run_experiment
 from secure_fgl.validation import current_names
 
 MODES = ("plain", "ckks", "mask", "ckks-mp")
+#: --algorithms: the experiment name of each on the --datasets x --betas grid
+GRID_NAMES = {"fedgcn": "FedGCN 1-hop", "fedavg": "FedAvg", "fedspray": "FedSpray", "fedomd": "FedOMD"}
 
 
 def fedgcn(dataset: str, beta: float, seed: int, mode: str, args, algorithm: str = "fedgcn") -> RunConfig:
@@ -68,10 +74,18 @@ def fedgcn(dataset: str, beta: float, seed: int, mode: str, args, algorithm: str
     )
 
 
-def fedspray(seed: int, mode: str, args) -> RunConfig:
-    return RunConfig(
+def dirichlet(cfg: RunConfig, dataset: str, beta: float | None) -> RunConfig:
+    """``cfg`` on ``dataset``; with ``beta``, its clients drawn by the Dirichlet partition of concentration ``beta``."""
+    cfg.dataset = dataset
+    if beta is not None:
+        cfg.partition, cfg.beta, cfg.keep_largest = "dirichlet", beta, False
+    return cfg
+
+
+def fedspray(seed: int, mode: str, args, dataset: str = "pubmed", beta: float | None = None) -> RunConfig:
+    """FedSpray (GCN backbone, its split, 7 clients): its paper's Louvain communities, or ``dirichlet(beta)``."""
+    cfg = RunConfig(
         algorithm="fedspray",
-        dataset="pubmed",
         clients=7,
         mode=mode,
         partition="louvain",
@@ -82,13 +96,14 @@ def fedspray(seed: int, mode: str, args) -> RunConfig:
         data_root=args.data_root,
         options={"backbone": "gcn"},
     )
+    return dirichlet(cfg, dataset, beta)
 
 
-def fedomd(seed: int, mode: str, args) -> RunConfig:
-    return RunConfig(
+def fedomd(seed: int, mode: str, args, dataset: str = "cora", beta: float | None = None) -> RunConfig:
+    """FedOMD (its model, optimiser and split, 5 parties): Louvain communities, or ``dirichlet(beta)``."""
+    cfg = RunConfig(
         algorithm="fedomd",
         model="gcn",
-        dataset="cora",
         clients=5,
         mode=mode,
         partition="louvain",
@@ -105,6 +120,7 @@ def fedomd(seed: int, mode: str, args) -> RunConfig:
         seed=seed,
         data_root=args.data_root,
     )
+    return dirichlet(cfg, dataset, beta)
 
 
 def packed(cfg: RunConfig, args) -> RunConfig:
@@ -143,8 +159,13 @@ def _grid(args) -> list[tuple[str, int, RunConfig]]:
         for beta in args.betas:
             for seed in seeds:
                 for algo in args.algorithms:
-                    name = f"FedGCN 1-hop {ds} β={beta:g}" if algo == "fedgcn" else f"FedAvg {ds} β={beta:g}"
-                    jobs += [(name, seed, fedgcn(ds, beta, seed, m, args, algo)) for m in MODES]
+                    name = f"{GRID_NAMES[algo]} {ds} β={beta:g}"
+                    if algo in ("fedgcn", "fedavg"):
+                        jobs += [(name, seed, fedgcn(ds, beta, seed, m, args, algo)) for m in MODES]
+                    elif algo == "fedspray":
+                        jobs += [(name, seed, fedspray(seed, m, args, ds, beta)) for m in MODES]
+                    else:
+                        jobs += [(name, seed, fedomd(seed, m, args, ds, beta)) for m in MODES]
     for seed in args.other_seeds:
         if args.fedspray_rounds:
             jobs += [("FedSpray pubmed", seed, fedspray(seed, m, args)) for m in MODES]
@@ -323,7 +344,8 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's command line."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", nargs="*", default=["cora", "citeseer", "pubmed"])
     ap.add_argument("--betas", nargs="+", type=float, default=[1.0, 10000.0])
@@ -334,8 +356,10 @@ def main(argv=None) -> None:
         "--algorithms",
         nargs="+",
         default=["fedgcn"],
-        choices=["fedgcn", "fedavg"],
-        help="on the --datasets grid: FedGCN 1-hop and/or FedAvg (the same setting)",
+        choices=list(GRID_NAMES),
+        help="on the --datasets x --betas grid (Dirichlet beta): FedGCN 1-hop and FedAvg in the released "
+        "code's setting (10 clients, --rounds), FedSpray (7 clients, --fedspray-rounds) and FedOMD (5 parties, "
+        "--fedomd-rounds) in their own",
     )
     ap.add_argument("--other-seeds", nargs="*", type=int, default=[0], help="FedSpray / FedOMD seeds")
     ap.add_argument("--fedspray-rounds", type=int, default=300, help="0: skip FedSpray")
@@ -362,7 +386,11 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table-only", action="store_true", help="print the table of OUT/runs.jsonl, run nothing")
     ap.add_argument("--out", default="runs/secure_minus_plain")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     runs = (
         [json.loads(x) for x in (Path(args.out) / "runs.jsonl").read_text().splitlines()]

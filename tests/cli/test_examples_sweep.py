@@ -147,3 +147,24 @@ def test_secure_minus_plain_table_has_a_column_per_mode_and_names_the_rounds_tha
     assert row[7] == "3/3, 6/6, 1/3" and row[8].rstrip(" |") == "2/3, 6/6, not recorded"
     assert "- E, seed 0, ckks, train loss: round 1 (plain ran 3 rounds, ckks 3)" in lines
     assert "- E, seed 0, ckks-mp, trajectory: rounds 1-2 (plain ran 3 rounds, ckks-mp 3)" in lines
+
+
+def test_secure_minus_plain_puts_fedspray_and_fedomd_on_the_dirichlet_grid_in_their_own_settings():
+    from secure_minus_plain import build_parser, plan
+
+    args = build_parser().parse_args(
+        "--algorithms fedspray fedomd --datasets cora --betas 1 --seeds 0 --other-seeds "
+        "--fedspray-rounds 4 --fedomd-rounds 6 --modes plain ckks".split()
+    )
+    jobs = plan(args)
+    assert [(name, cfg.mode) for name, _, cfg in jobs] == [
+        ("FedSpray cora β=1", "plain"),
+        ("FedSpray cora β=1", "ckks"),
+        ("FedOMD cora β=1", "plain"),
+        ("FedOMD cora β=1", "ckks"),
+    ]
+    spray, omd = jobs[0][2], jobs[2][2]
+    for cfg in (spray, omd):
+        assert (cfg.dataset, cfg.partition, cfg.beta, cfg.keep_largest) == ("cora", "dirichlet", 1.0, False)
+    assert (spray.clients, spray.split, spray.rounds, spray.options) == (7, "fedspray", 4, {"backbone": "gcn"})
+    assert (omd.clients, omd.split, omd.rounds, omd.lr) == (5, "fedomd", 6, 0.01)
