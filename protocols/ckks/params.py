@@ -386,6 +386,21 @@ def plan_float(
     return EncodingPlan(chain, s, "float", err, bool(spec.integer), None, bound)
 
 
+def carries_float(spec: ValueSpec, num_clients: int, encryption: str = "symmetric") -> bool:
+    """Whether :func:`plan_float` carries ``spec`` among ``num_clients`` on one of the default chains.
+
+    The default chains are :data:`ADD_ONLY_CHAINS` (the ``ckks`` mode's ``params="auto"``), without DP noise: a
+    pure function of public facts, for callers that choose a public grid every mode can carry.
+    """
+    for chain in ADD_ONLY_CHAINS:
+        try:
+            plan_float(chain, spec, num_clients, 0.0, encryption)
+        except BoundError:
+            continue
+        return True
+    return False
+
+
 def release_step(plan: EncodingPlan, spec: ValueSpec) -> float | None:
     """The grid a float exchange's decrypted sums are rounded to before they leave the client.
 

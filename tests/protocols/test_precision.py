@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from support.cached import cached_protocol
 
 from protocols import BoundError, PackingOverflowError, ValueSpec, make_protocol
-from protocols.precision import FLOAT32_MEAN_TOLERANCE, MeanPrecision, kway_sum_bound, largest_scale_bits
+from protocols.precision import (
+    FLOAT32_MEAN_TOLERANCE,
+    MeanPrecision,
+    grid_tolerance,
+    kway_sum_bound,
+    largest_scale_bits,
+)
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -295,3 +301,54 @@ def test_ckks_carries_fedomd_grids_for_many_clients(num_clients):
         model_spec(num_clients, num_clients, grid=True),
     ):
         assert ckks.plan(spec, 1000).error_bound <= spec.tolerance == 2.0 ** -(spec.grid_bits + 2)
+
+
+@pytest.mark.parametrize("num_clients", [3, 5, 8, 9, 10, 17, 20])
+def test_every_mode_plans_fedomd_statistics_for_every_node_count(num_clients):
+    """Every mode plans fedomd statistics for every node count.
+
+    The statistics' grid bits and CKKS's scale both step with N: for N = 248 (K = 9, 10, 17), 3327 (CiteSeer,
+    K = 10), 4096 (K = 8) and 19717 (PubMed, K = 10) the CKKS planner refused ``grid_tolerance``'s grid.
+    ``stats_grid_spec`` coarsens exactly those grids by the smallest power of two CKKS carries; every grid CKKS
+    carried is unchanged (the same spec as before), and ckks, mask and ckks-mp plan the one grid every mode uses.
+    """
+    from dataclasses import replace
+
+    from protocols.mask.quantize import choose_encoding
+    from secure_fgl.algorithms.fedomd.ops import FedOMDOptions, stats_grid_spec, stats_precision
+
+    ckks, mask = make_protocol("ckks", num_clients), make_protocol("mask", num_clients)
+    ckks_mp = make_protocol("ckks-mp", num_clients)
+
+    def ckks_plans(spec):
+        try:
+            return ckks.plan(spec, 1000).error_bound <= spec.tolerance
+        except BoundError:
+            return False
+
+    opts, orders, refused = FedOMDOptions(), (2, 3, 4, 5), []
+    for nodes in (248, 2708, 3327, 4096, 19717):
+        plan = stats_precision(opts, orders, nodes, 1.0)
+        target = grid_tolerance(plan.tolerance, num_clients)
+        old = replace(plan, tolerance=target).grid_spec(num_clients)  # grid_tolerance's grid alone (the rule before)
+        spec = stats_grid_spec(opts, orders, nodes, num_clients, num_clients)
+        if ckks_plans(old):
+            assert spec == old, (nodes, num_clients)
+        else:  # coarsened by the smallest power of two that CKKS carries
+            refused.append(nodes)
+            j = next(
+                j for j in range(1, 8) if ckks_plans(replace(plan, tolerance=target * 2.0**j).grid_spec(num_clients))
+            )
+            assert spec == replace(plan, tolerance=target * 2.0**j).grid_spec(num_clients), (nodes, num_clients)
+        assert ckks_plans(spec), (nodes, num_clients)
+        ckks_mp.plan(spec, 1000)  # raises BoundError where it cannot
+        enc = choose_encoding(
+            max_abs=spec.max_abs,
+            integer=False,
+            tolerance=spec.tolerance,
+            num_contributors=num_clients,
+            ring_bits=mask.ring_bits,
+            frac_bits=mask.frac_bits,
+        )
+        assert enc.error_bound <= spec.tolerance
+    assert bool(refused) == (num_clients in (8, 9, 10, 17)), refused

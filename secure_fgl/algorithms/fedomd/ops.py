@@ -44,6 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from protocols import DPRequest, ValueSpec
+from protocols.ckks.params import carries_float
 from protocols.precision import MeanPrecision, grid_tolerance
 
 from ...engine import rng
@@ -218,10 +219,19 @@ def stats_grid_spec(
 
     :func:`stats_precision` exact on its public grid (:meth:`protocols.precision.MeanPrecision.grid_spec`; past ten
     clients the target is coarsened by :func:`protocols.precision.grid_tolerance`), so every mode pools the same
-    statistics bit for bit.
+    statistics bit for bit.  The grid's bits and CKKS's scale (a power of two from the public sum bound) both step
+    with N, so for some N and K the CKKS noise on the K-way sum exceeds the grid's quarter step by less than 2x;
+    there the target is coarsened by the smallest power of two ``2^j`` for which the shared-key CKKS float plan
+    carries the grid (:func:`protocols.ckks.params.carries_float`): ``delta_K 2^j``, ``j = 0`` wherever the grid was
+    carried already.  A pure function of N, K, the orders and the options, applied in every mode.
     """
     plan = stats_precision(opts, orders, node_total, min(1.0, num_contributors / max(1, num_clients)))
-    return replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients)).grid_spec(num_contributors)
+    plan = replace(plan, tolerance=grid_tolerance(plan.tolerance, num_clients))
+    spec = plan.grid_spec(num_contributors)
+    while not carries_float(spec, num_clients) and spec.grid_bits:
+        plan = replace(plan, tolerance=2.0 * plan.tolerance)
+        spec = plan.grid_spec(num_contributors)
+    return spec
 
 
 __all__ = ["FedOMDOptions", "GlobalStats"]
