@@ -373,7 +373,7 @@ class CKKSMPServer(ServerHalf):
                 uploads[k] = encryption.from_bytes(self.ring, msg.payload, (ids.size, pieces) + c0_shape, words=True)
             except ValueError as exc:
                 raise IntegrityError(f"upload rejected: {exc}", **self.where(k)) from None
-        del msgs
+        del msgs, got  # the upload bundles: ``uploads`` views them until added below
         needed = sorted({int(b) for bids in plan.requests.values() for b in bids.tolist()})
         index = {b: i for i, b in enumerate(needed)}
         agg = np.zeros((len(needed), pieces) + c0_shape, dtype=np.int64)  # coefficient form
@@ -428,18 +428,18 @@ class CKKSMPServer(ServerHalf):
                 sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
             )
         t = time.perf_counter()
-        switched = {
-            to: (combine_broadcast if to < 0 else combine_shares)(
-                self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g]
-            )
-            for g, (to, rows) in enumerate(groups)
-        }
+        switched: dict[int, bytes] = {}  # each group's sum as wire bytes, its shares released once combined
+        for g, (to, rows) in enumerate(groups):
+            combine = combine_broadcast if to < 0 else combine_shares
+            switched[to] = encryption.to_bytes(combine(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g]))
+            shares[g] = []
+        del shares, agg  # the share bundles (the shares view them) and the aggregate, before the downloads
         server_s += time.perf_counter() - t
 
-        shared_data = encryption.to_bytes(switched[-1]) if cks.size else b""
+        shared_data = switched.pop(-1, b"")
         downloads: _Requests = {}
         for r, rows in rows_of.items():
-            data = encryption.to_bytes(switched[r]) if rows else b""
+            data = switched.pop(r, b"")
             downloads[r] = [
                 (
                     self.message(
