@@ -849,27 +849,32 @@ class CKKSMPClient(ClientHalf):
         designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
         t = time.perf_counter()
         out = []
-        for g, (to, bids, pk) in enumerate(jobs):
-            c1, labels = self._c1(ep, bids), self._labels(ep, bids)
-            if uploaded is None:  # s_i c1 only for the blocks this client uploaded
-                keyed = np.repeat([b in mine for b in bids], pieces)
-                threshold = None
-            else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
-                keyed = np.ones(len(bids) * pieces, dtype=bool)
-                rows = uploaded[start_of[g] : start_of[g] + len(bids)]
-                per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
-                threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
-            masks = self._masks(ep, to, bids, active, context)
-            if to < 0:
-                data = self._key_shares.cks_shares(
-                    c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
-                )
-                note = "CKS shares to the broadcast key"
-            else:
-                data = self._key_shares.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
-                note = f"PCKS shares to recipient {to}'s key"
-            msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
-            out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
+        try:
+            for g, (to, bids, pk) in enumerate(jobs):
+                c1, labels = self._c1(ep, bids), self._labels(ep, bids)
+                if uploaded is None:  # s_i c1 only for the blocks this client uploaded
+                    keyed = np.repeat([b in mine for b in bids], pieces)
+                    threshold = None
+                else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
+                    keyed = np.ones(len(bids) * pieces, dtype=bool)
+                    rows = uploaded[start_of[g] : start_of[g] + len(bids)]
+                    per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
+                    threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
+                masks = self._masks(ep, to, bids, active, context)
+                if to < 0:
+                    data = self._key_shares.cks_shares(
+                        c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
+                    )
+                    note = "CKS shares to the broadcast key"
+                else:
+                    data = self._key_shares.pcks_shares(
+                        c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold
+                    )
+                    note = f"PCKS shares to recipient {to}'s key"
+                msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
+                out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
+        finally:  # one key switch per exchange: the products kept from the upload go with it
+            self._key_shares.forget_upload()
         self.switched += total
         if t_of_n:
             self._answered = (self._exchange_plan.exchange, cast(Replan, answered))  # set by _check_replan

@@ -157,9 +157,10 @@ class MPClient:
 
         n-out-of-n: ``s_i c1`` for the ``keyed`` ciphertexts (those of blocks this client uploaded; kept from
         its upload where the label matches, else computed), 0 for the rest; t-out-of-n: each ciphertext's
-        :meth:`threshold_key` times its ``c1``.  The kept products are dropped: one key switch per exchange.
+        :meth:`threshold_key` times its ``c1``.  The kept products serve every group of the exchange's key switch
+        and are dropped after it (:meth:`forget_upload`).
         """
-        kept, self._uploaded = self._uploaded, {}
+        kept = self._uploaded
         if threshold is not None:
             uploaders, active = threshold
             keys = {u: self.threshold_key(u, active) for u in sorted(set(uploaders))}
@@ -173,6 +174,10 @@ class MPClient:
             if k and label in kept:
                 out[i] = kept[label]
         return out
+
+    def forget_upload(self) -> None:
+        """Drop the ``s_i c1`` products kept from this client's upload (its key switch of the exchange is done)."""
+        self._uploaded = {}
 
     def pcks_shares(
         self,
