@@ -59,3 +59,16 @@ def test_shares_are_released_before_the_downloads():
     assert server.share_bytes > 0
     # the shares (K per switched sum) are gone; what remains is at most the sums themselves
     assert server.at_download < server.at_shares - server.share_bytes / 2
+
+
+def test_upload_key_products_serve_every_group_and_go_with_the_key_switch():
+    # blocks read by two recipients each: every client answers several per-recipient groups from one upload
+    p = CKKSMPProtocol(K, transcript=Transcript(keep_payloads="none"))
+    rpb = p.rows_per_block(COUNTS, 2, 10**7)
+    rows = np.arange(K) * rpb
+    requests = {c: np.sort(rows[[c, (c + 1) % K]]) for c in range(K)}
+    out = p.row_sum(
+        "shared", 0, {c: (rows, np.ones((K, 2))) for c in range(K)}, requests, K * rpb, layout="sparse", spec=COUNTS
+    )
+    assert all(np.array_equal(out[c], np.full((2, 2), K)) for c in range(K))
+    assert all(not half.keys._uploaded for half in p.clients.values())  # dropped once the key switch ended
