@@ -237,11 +237,6 @@ class Plan:
         """One upload ``c0`` (residues as uint32)."""
         return self.level * self.n * 4
 
-    @property
-    def switched_bytes(self) -> int:
-        """One key-switching share or key-switched download (PCKS two polynomials at ``L'``, CKS one)."""
-        return (1 if self.broadcast else 2) * self.switch_level * self.n * 4
-
     def describe(self) -> str:
         """Short text form of the switch, the levels, the scale and the field packing."""
         kind = "integers" if self.integer else f"fixed-point 2^-{self.frac_bits}"
