@@ -32,7 +32,7 @@ Alg. 3; :func:`grid_noise`).  The sum of n such shares with L2 sensitivity Delta
 :func:`sum_of_discrete_gaussians_epsilon`); rounding adds at most ``n 2^-f sqrt(entries)`` to the
 sensitivity (:func:`grid_slack`).
 
-Sensitivities (add/remove-one adjacency): client level Delta = C (:func:`client_level_sensitivity`);
+Sensitivities (add/remove-one adjacency): client level Delta = C (the clip);
 FedGCN neighbour sums, rows clipped to C: edge level sqrt(2) C (:func:`edge_level_sensitivity`), node
 level with degree cap D, sqrt(D + 1) C (:func:`node_level_sensitivity`); ``weighted_mean`` with
 weights sends ``[w~ clip(v), w~ C]``, w~ = min(w, W)/W: Delta = sqrt(2) C.
@@ -68,11 +68,6 @@ DP_GRID_BITS = 24
 
 
 # ----------------------------------------------------------------------------- sensitivities
-def client_level_sensitivity(clip: float) -> float:
-    """Add/remove one client whose contribution is clipped to ``clip``: Delta = C."""
-    return float(clip)
-
-
 def edge_level_sensitivity(clip: float) -> float:
     """FedGCN S = (A+I)X, feature rows clipped to C, one undirected edge: Delta = sqrt(2) C."""
     return math.sqrt(2.0) * float(clip)
