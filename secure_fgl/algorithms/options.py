@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..privacy import dp_config
+from ..privacy import dp_config, resolve_unit
 from ..validation import ConfigError, setting
 
 #: FedGCN's choices: pre-training hops, row-sum layouts, sparse row numberings, first-layer normalisations
@@ -295,6 +295,12 @@ class GAPOptions:
         help="local epochs of each head round (default: --local-epochs); with --rounds R the head "
         "is checked on validation R times",
     )
+    center_embeddings: bool = setting(
+        False,
+        help="subtract the mean of the row-normalised embeddings over all nodes of the graph (a secure "
+        "weighted mean of the clients' own means: features only, no edge-level budget) and "
+        "row-normalise again before the noisy hops; edge level only",
+    )
     layout: str = setting("sparse", choices=("sparse", "dense"), help="row-sum layout of the hop exchanges")
     degree_cap: int = setting(254, min=1, unit="edges", help="public degree bound (bounds the sums' values)")
     select: str = setting(
@@ -356,6 +362,11 @@ def check_gap(o: GAPOptions, cfg) -> None:
     """GAP's cross-field rules that need no data (the rest: ``gap.ops.check_gap_options``)."""
     if o.encoder_mu > 0 and o.dpsgd:
         raise ConfigError("--encoder-mu adds FedProx's term to the encoder's plain training: drop it with --dpsgd")
+    if o.center_embeddings and (o.dpsgd or (cfg.dp_epsilon is not None and resolve_unit(cfg) != "edge")):
+        raise ConfigError(
+            "--center-embeddings releases the mean embedding of all nodes exactly (it reads node features): "
+            "edge-level DP only; drop it with --dpsgd or --dp-unit node|client|sample"
+        )
     if o.dpsgd_lr is not None and not o.dpsgd:
         raise ConfigError("--dpsgd-lr is the learning rate of DP-SGD's steps: add --dpsgd (or drop --dpsgd-lr)")
     if o.head_local_epochs is not None and o.dpsgd:

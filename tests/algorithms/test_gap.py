@@ -179,3 +179,51 @@ def test_head_local_epochs_with_dpsgd_is_refused_in_one_line():
     options = {"head_local_epochs": 1, "dpsgd": True}
     with pytest.raises(ConfigError, match="--head-local-epochs .* drop it with --dpsgd"):
         preflight(RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, options=options), check_data=False)
+
+
+def test_center_embeddings_subtracts_the_mean_unit_embedding_of_every_node(run_small):
+    """``--center-embeddings``: each client's ``H_0``: its unit embeddings minus the mean over all nodes, renormalised.
+
+    The mean comes from the secure weighted mean of the clients' own means (mask); it is checked against the mean
+    of every node's unit embedding computed here in one place.  At edge level the exchange is no DP release: the
+    budget goes to the hop sum only, and the mean touches no edge.
+    """
+    from secure_fgl.algorithms.gap.ops import MEAN_TAG, row_normalise
+    from secure_fgl.experiment import run_experiment
+
+    fed = make_federated("sbm", num_clients=3, seed=0, num_nodes=120, num_features=12)
+    options = {"hops": 1, "center_embeddings": True}
+    run = run_small(RunConfig(algorithm="fedgcn-gap", mode="mask", clients=3, rounds=2, seed=0, options=options), fed)
+    run.strategy.setup()
+    logics = [run.logic(k) for k in range(3)]
+    units = [lg.unit_embeddings() for lg in logics]
+    mean = torch.cat(units).mean(0)
+    assert mean.norm() > 0.1  # ReLU embeddings share a direction: the centring is not vacuous
+    for lg, u in zip(logics, units):
+        assert torch.allclose(lg.embedding_mean, mean, atol=1e-6)
+        assert torch.allclose(lg.hops[0], row_normalise(u - mean), atol=1e-5)
+
+    cfg = RunConfig(
+        algorithm="fedgcn-gap",
+        mode="plain",
+        clients=3,
+        rounds=1,
+        dp_epsilon=2.0,
+        synthetic={"num_nodes": 120, "num_features": 12},
+        options=options,
+    )
+    p = run_experiment(cfg, progress=False)["privacy"]
+    assert p["claim_holds"] and 0.99 * 2.0 <= p["total_epsilon"] <= 2.0
+    assert [r["tag"] for r in p["releases"] if r["dp"]] == ["fedgcn-gap/hop/1"]
+    assert any(r["tag"] == MEAN_TAG and "edges" not in r["touches"] for r in p["releases"])
+
+
+@pytest.mark.parametrize(("unit", "dpsgd"), [(None, True), ("node", True), ("client", False)])
+def test_center_embeddings_beyond_edge_level_is_refused_in_one_line(unit, dpsgd):
+    from secure_fgl.preflight import preflight
+    from secure_fgl.validation import ConfigError
+
+    options = {"center_embeddings": True, "dpsgd": dpsgd}
+    cfg = RunConfig(algorithm="fedgcn-gap", dp_epsilon=4.0, dp_unit=unit, options=options)
+    with pytest.raises(ConfigError, match="--center-embeddings .* edge-level DP only"):
+        preflight(cfg, check_data=False)

@@ -73,10 +73,11 @@ def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(n
 
 
 def test_central_reference_trains_and_selects_on_the_federated_schedule(tmp_path):
-    """The central sweep's GAP runs have the federated GAP runs' epochs and validation checks per stage.
+    """The central sweep's GAP runs have the federated GAP runs' epochs, validation checks and module settings.
 
     Each round ends with one validation check and the best round is kept, so equal encoder rounds, head
-    rounds and local epochs give both sides the same training and the same selection (the matched rule).
+    rounds and local epochs give both sides the same training and the same selection (the matched rule);
+    the encoder's proximal term and the centring of its embeddings are the same modules on both sides.
     """
     from pathlib import Path
 
@@ -88,9 +89,11 @@ def test_central_reference_trains_and_selects_on_the_federated_schedule(tmp_path
         spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
         gap = [cfg for _, cfg in spec.runs(tmp_path / name) if cfg.algorithm == algorithm]
         assert gap
+        options = [GAPOptions(**c.options) for c in gap]
         return {
-            (GAPOptions(**c.options).encoder_rounds or c.rounds, c.rounds, c.local_epochs, c.hidden, c.dropout, c.lr)
-            for c in gap
+            (o.encoder_rounds or c.rounds, c.rounds, c.local_epochs, c.hidden, c.dropout, c.lr)
+            + (o.encoder_mu, o.center_embeddings, o.head_local_epochs)
+            for o, c in zip(options, gap)
         }
 
     central = schedules("dp-gap-central-cora.toml", "gap")

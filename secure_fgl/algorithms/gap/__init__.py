@@ -22,6 +22,8 @@ def schedule(cfg) -> dict[str, tuple[int, int]]:
     """The encoder's rounds, each hop's noisy sums once in round 0, then the head every round."""
     o = GAPOptions(**cfg.options)
     encoder = {"fedgcn-gap/encoder/model": (0, int(o.encoder_rounds or cfg.rounds) - 1)}
+    if o.center_embeddings:
+        encoder["fedgcn-gap/encoder/mean"] = (0, 0)
     hops = {f"fedgcn-gap/hop/{h}": (0, 0) for h in range(1, o.hops + 1)}
     return {**encoder, **hops, **every_round(cfg, f"{cfg.algorithm}/model")}
 
@@ -32,8 +34,9 @@ def releases(cfg) -> tuple[str, ...]:
 
 
 def broadcasts(cfg) -> tuple[str, ...]:
-    """The encoder and the head every client receives whole (the hops' rows differ per client: not broadcasts)."""
-    return ("fedgcn-gap/encoder/model", f"{cfg.algorithm}/model")
+    """The encoder, its mean embedding and the head every client receives whole (the hops' rows differ per client)."""
+    mean = ("fedgcn-gap/encoder/mean",) if GAPOptions(**cfg.options).center_embeddings else ()
+    return ("fedgcn-gap/encoder/model", *mean, f"{cfg.algorithm}/model")
 
 
 SPECS = [

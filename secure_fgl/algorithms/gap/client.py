@@ -23,6 +23,7 @@ from ...runtime.messages import (
     MessageError,
     ReceiveIns,
 )
+from ...runtime.sums import mean_vector, summed
 from ..fedavg.client import ModelAveragingLogic
 from ..fedgcn.ops import partial_neighbour_sums
 from ..options import GAPOptions
@@ -30,6 +31,7 @@ from .ops import (
     BEST_TAG,
     ENCODER_TAG,
     HOP_TAG,
+    MEAN_TAG,
     bound_out_degree,
     check_degree_cap,
     degree_generator,
@@ -79,6 +81,8 @@ class GAPLogic(DPSGDOptimizer):
         self.encoder.pending, self.encoder.noise = self.pending, self.noise  # one protocol half, one noise source
         self.best_encoder: dict | None = None
         self.hops: list[torch.Tensor] = []
+        #: ``--center-embeddings``: the mean unit embedding over all nodes, subtracted before the hops
+        self.embedding_mean: torch.Tensor | None = None
         self._inputs: torch.Tensor | None = None
         #: the graph the hops sum over: the client's own, or its out-degree-bounded sample (node level)
         self.graph = self.data
@@ -147,6 +151,10 @@ class GAPLogic(DPSGDOptimizer):
         tag = req.tag
         if tag == ENCODER_TAG:
             return self.encoder.contribute(req)
+        if tag == MEAN_TAG:  # [w_k m_k, w_k]: this client's mean unit embedding, weight n_k / N
+            units = self.unit_embeddings()
+            self.keep(tag, mean_vector(units.mean(0).cpu().numpy(), self.data.num_nodes / self.facts.num_nodes))
+            return ContributeRes(length=units.shape[1] + 1)
         if not tag.startswith(HOP_TAG + "/"):
             return super().contribute(req)
         c = self.data
@@ -155,11 +163,8 @@ class GAPLogic(DPSGDOptimizer):
             bound = self.gopts.degree_bound(self.cfg)
             if bound is not None:  # node level: every own node's term goes to at most D neighbours
                 self.graph = bound_out_degree(c, bound, degree_generator(self.cfg.seed, self.rt.client_id))
-            if self.best_encoder is not None:
-                self.encoder.model.load_state_dict(self.best_encoder)
-            self.encoder.model.eval()
-            with torch.no_grad():
-                self.hops = [row_normalise(self.encoder.model.embed(c.x, self.encoder.no_edges).to(torch.float64))]
+            units = self.unit_embeddings()
+            self.hops = [units if self.embedding_mean is None else row_normalise(units - self.embedding_mean)]
         ids, rows = partial_neighbour_sums(self.graph, self.hops[-1])
         return keep_rows(self, tag, ids.cpu().numpy(), rows.cpu().numpy(), c.global_ids.cpu().numpy(), req)
 
@@ -171,6 +176,10 @@ class GAPLogic(DPSGDOptimizer):
         if tag == BEST_TAG:
             self.best_encoder = copy.deepcopy(self.encoder.model.state_dict())
             return None
+        if tag == MEAN_TAG:  # m = sum_k w_k m_k / sum_k w_k
+            total = summed(self, req)
+            self.embedding_mean = torch.as_tensor(total[:-1] / total[-1], dtype=torch.float64, device=self.rt.device)
+            return None
         if not tag.startswith(HOP_TAG + "/"):
             return super().receive(req)
         if req.rpb is None:
@@ -180,6 +189,14 @@ class GAPLogic(DPSGDOptimizer):
         if len(self.hops) == self.gopts.hops + 1:
             self._inputs = torch.cat(self.hops, dim=1).to(torch.float32)
         return None
+
+    @torch.no_grad()
+    def unit_embeddings(self) -> torch.Tensor:
+        """``E(x) / ||E(x)||`` of this client's nodes by the best encoder (loaded first)."""
+        if self.best_encoder is not None:
+            self.encoder.model.load_state_dict(self.best_encoder)
+        self.encoder.model.eval()
+        return row_normalise(self.encoder.model.embed(self.data.x, self.encoder.no_edges).to(torch.float64))
 
     @torch.no_grad()
     def evaluate(self, req: EvaluateIns) -> EvaluateRes:
@@ -194,6 +211,7 @@ class GAPLogic(DPSGDOptimizer):
             **super().state_dict(),
             "encoder": self.encoder.state_dict(),
             "best_encoder": self.best_encoder,
+            "embedding_mean": self.embedding_mean,
             "inputs": self._inputs,
         }
 
@@ -202,3 +220,4 @@ class GAPLogic(DPSGDOptimizer):
         super().load_state_dict(state)
         self.encoder.load_state_dict(state["encoder"])
         self.best_encoder, self._inputs = state["best_encoder"], state["inputs"]
+        self.embedding_mean = state.get("embedding_mean")

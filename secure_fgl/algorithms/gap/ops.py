@@ -14,7 +14,12 @@ Three stages, the only edge-dependent values being noisy sums:
    accuracy are kept.  ``E(x)`` is its last hidden layer.  No edge enters, so under edge-level
    DP it costs no budget.
 2. **Aggregation** (the private part).  ``H_0 = E(x) / ||E(x)||`` (row-normalised: every row
-   has norm 1).  For hop ``h = 1..K``, client ``k`` contributes for every node ``v`` it knows
+   has norm 1); with ``--center-embeddings``, ``H_0 = (U - 1 m^T) / ||U - 1 m^T||`` where
+   ``U = E(x) / ||E(x)||`` and ``m = (1/N) sum_v U_v`` over all ``N`` nodes of the graph, the
+   weighted mean of the clients' own means (tag ``fedgcn-gap/encoder/mean``, weights
+   ``n_k / N``; the unit rows of ReLU embeddings share a common direction, which this removes);
+   ``m`` reads features only (and the encoder), so at edge level it costs no budget.  For hop
+   ``h = 1..K``, client ``k`` contributes for every node ``v`` it knows
    ``P^{(k)}_v = sum_{j in V_k} Ã_vj H_{h-1, j}`` (:func:`~secure_fgl.algorithms.fedgcn.ops.partial_neighbour_sums`,
    ``Ã = A + I``), the protocol adds them with edge-level Gaussian noise
    (tag ``fedgcn-gap/hop/h``, one release each, composed by the run's accountant):
@@ -71,6 +76,8 @@ from ..options import GAPOptions
 HOP_TAG = "fedgcn-gap/hop"
 #: the encoder's FedAvg exchange
 ENCODER_TAG = "fedgcn-gap/encoder/model"
+#: the mean of the row-normalised embeddings over all nodes (``--center-embeddings``)
+MEAN_TAG = "fedgcn-gap/encoder/mean"
 #: server -> client control: "keep your current encoder, the best so far"
 BEST_TAG = "fedgcn-gap/encoder/best"
 SELECT = ("val", "head")
@@ -89,6 +96,7 @@ def release_dependencies_of(name: str, dpsgd: bool = False) -> dict[str, set[str
     return {
         HOP_TAG: {"features", "labels", "edges"},
         ENCODER_TAG: models,  # gap (central) runs fedgcn-gap's exchanges under its own name
+        MEAN_TAG: {"features", "labels"},  # the encoder's embeddings of every node: no edge
         f"{name}/encoder/dpsgd": {"features", "labels"},
         f"{name}/encoder": models,
         f"{name}/model": models,

@@ -7,7 +7,9 @@ The three stages of :mod:`secure_fgl.algorithms.gap` with every party apart:
    (``eval/counts``) and, when the federation's validation accuracy improves, the server tells
    every client to keep its current encoder as the best (a one-bit control message).
 2. **Noisy hops**: each client loads its best encoder, embeds its own nodes
-   (``H_0 = E(x)/||E(x)||``), checks its degrees against ``--degree-cap``, and for hop ``h``
+   (``H_0 = E(x)/||E(x)||``; with ``--center-embeddings`` first the weighted mean of the clients'
+   mean unit embeddings, tag ``fedgcn-gap/encoder/mean``, is subtracted and the rows normalised
+   again), checks its degrees against ``--degree-cap``, and for hop ``h``
    contributes its partial sums ``P^{(k)} = sum_{j in V_k} Ã_vj H_{h-1,j}`` through the row-sum
    exchange (tag ``fedgcn-gap/hop/h``); under DP it adds its share of the edge-level noise itself
    (:mod:`.dp`) and the driver's accountant counts each hop.  Each client receives the
@@ -39,7 +41,16 @@ from ...validation import ConfigError
 from ..base import accuracy_summary
 from ..fedavg.server import ModelAveragingStrategy
 from ..options import GAPOptions
-from .ops import BEST_TAG, ENCODER_TAG, HOP_TAG, check_gap_options, hop_dp_request, hop_spec, release_dependencies_of
+from .ops import (
+    BEST_TAG,
+    ENCODER_TAG,
+    HOP_TAG,
+    MEAN_TAG,
+    check_gap_options,
+    hop_dp_request,
+    hop_spec,
+    release_dependencies_of,
+)
 
 
 class GAPStrategy(ModelAveragingStrategy):
@@ -133,6 +144,8 @@ class GAPStrategy(ModelAveragingStrategy):
             if r == 0 or val > self.encoder_val_acc:
                 self.encoder_val_acc = val
                 self.tell("receive", {k: ReceiveIns(BEST_TAG, r) for k in self.alive()})
+        if self.gopts.center_embeddings:  # the weighted mean of the clients' mean unit embeddings
+            self.aggregate(0, self.alive(), MEAN_TAG)
         self._noisy_hops()
 
     def _noisy_hops(self) -> None:
