@@ -29,7 +29,7 @@ baseline of :mod:`protocols.baseline` (the same number in every mode), per run a
 Scale points (:func:`secure_fgl.bench.fedgcn.scale_part`, each in a fresh process): the secure
 FedGCN pre-training (ckks, sparse layout, 10 clients) on synthetic graphs -- SBMs with binary
 features (1e5 nodes x 64, 1e6 nodes / 4M edges x 16; ckks packed) and an ogbn-arxiv-sized
-contextual SBM (169k nodes, 1.17M edges, 128 Gaussian features; ckks float): time, bytes, peak
+contextual SBM (169k nodes, 1.17M edges, 128 Gaussian features; ckks, its float sums on the public grid): time, bytes, peak
 RSS, ns per (edge x feature).
 
 Writes ``OUT/overhead.json``: a list of records ``{workload, mode, wall_s, wall_ratio_to_plain,
@@ -223,7 +223,7 @@ def medians(records: list[dict]) -> list[dict]:
 
 
 #: ogbn-arxiv's shape (169,343 nodes, 1,166,243 edges, 128 float features, 40 classes) as a
-#: contextual SBM with Gaussian features (ckks float encoding)
+#: contextual SBM with Gaussian features (ckks; its float sums travel on the public grid)
 ARXIV_SHAPE = (169_343, 128, ("csbm", {"avg_degree": 2 * 1_166_243 / 169_343, "num_classes": 40}))
 
 
