@@ -63,6 +63,7 @@ def test_gap_states_the_edge_level_claim_of_its_hop_releases(tmp_path):
         "dp-gap-federated-cora.toml",
         "dp-gap-central-citeseer.toml",
         "dp-gap-federated-citeseer.toml",
+        "dp-gap-central-pubmed.toml",
     ],
 )
 def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(name, tmp_path):
