@@ -56,7 +56,16 @@ def test_gap_states_the_edge_level_claim_of_its_hop_releases(tmp_path):
     assert [r["tag"] for r in touching_edges] == ["fedgcn-gap/hop/1"] and touching_edges[0]["dp"]
 
 
-@pytest.mark.parametrize("name", ["dp-gap-central-cora.toml", "dp-gap-federated-cora.toml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dp-gap-central-cora.toml",
+        "dp-gap-federated-cora.toml",
+        "dp-gap-central-citeseer.toml",
+        "dp-gap-federated-citeseer.toml",
+        "dp-gap-central-pubmed.toml",
+    ],
+)
 def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(name, tmp_path):
     """Every run the two sweep files plan passes preflight (no data loaded), with the same width and hops."""
     from pathlib import Path
@@ -72,7 +81,8 @@ def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(n
         assert cfg.hidden == 64 and (cfg.algorithm == "fedavg" or options.hops == 1)
 
 
-def test_central_reference_trains_and_selects_on_the_federated_schedule(tmp_path):
+@pytest.mark.parametrize("dataset", ["cora", "citeseer"])
+def test_central_reference_trains_and_selects_on_the_federated_schedule(dataset, tmp_path):
     """The central sweep's GAP runs have the federated GAP runs' epochs, validation checks and module settings.
 
     Each round ends with one validation check and the best round is kept, so equal encoder rounds, head
@@ -96,5 +106,5 @@ def test_central_reference_trains_and_selects_on_the_federated_schedule(tmp_path
             for o, c in zip(options, gap)
         }
 
-    central = schedules("dp-gap-central-cora.toml", "gap")
-    assert len(central) == 1 and central == schedules("dp-gap-federated-cora.toml", "fedgcn-gap")
+    central = schedules(f"dp-gap-central-{dataset}.toml", "gap")
+    assert len(central) == 1 and central == schedules(f"dp-gap-federated-{dataset}.toml", "fedgcn-gap")
