@@ -835,7 +835,7 @@ class CKKSMPClient(ClientHalf):
             answered = self._check_replan(answered, binding, active, where)
         if switch is None:
             planned = self._groups(req.payload[PLANNED_FIELD], where) if not t_of_n else (groups, blocks)
-            switch = _Switch(p.exchange, self._check_planned(ep, *planned, where))
+            switch = _Switch(p.exchange, self._check_planned(ep, *planned, offered, where))
             total = sum(len(bids) for bids in switch.planned.values()) * pieces
             if self.switched + total > self.params.max_keyswitches:
                 raise SmudgingBudgetError(
@@ -939,12 +939,13 @@ class CKKSMPClient(ClientHalf):
         return groups, blocks
 
     def _check_planned(
-        self, ep: Plan, groups: np.ndarray, blocks: np.ndarray, where: dict[str, Any]
+        self, ep: Plan, groups: np.ndarray, blocks: np.ndarray, offered: dict[int, Any], where: dict[str, Any]
     ) -> dict[int, frozenset[int]]:
         """The exchange's planned switch (key -> blocks), checked against the plan's switch per block.
 
-        The broadcast key's group must hold exactly the plan's broadcast blocks (DowngradeError) and no recipient's
-        group one of them (RecipientKeyError); no block twice in a group (RepeatedKeySwitchError).
+        Every recipient's key is its owner's signed ``p_R`` (:meth:`_recipient_key`, from ``offered`` or checked
+        before); the broadcast key's group must hold exactly the plan's broadcast blocks (DowngradeError) and no
+        recipient's group one of them (RecipientKeyError); no block twice in a group (RepeatedKeySwitchError).
         """
         shared = self._broadcast_blocks(self._exchange_plan).tolist()  # checked by _plan
         planned: dict[int, frozenset[int]] = {}
@@ -962,6 +963,8 @@ class CKKSMPClient(ClientHalf):
                     + (f": block(s) {scoped[:8]} are scoped and may not go to every client" if scoped else ""),
                     **where,
                 )
+            if to >= 0:
+                self._recipient_key(to, offered, where)
             twice = sorted(set(bids) & set(shared)) if to >= 0 else []
             if twice:
                 raise RecipientKeyError(

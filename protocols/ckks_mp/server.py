@@ -563,8 +563,9 @@ class CKKSMPServer(ServerHalf):
         if planned is not None:
             payload["planned"] = planned
         requests: _Requests = {}
-        for k in active:
-            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
+        named = planned["groups"][:, 0].tolist() if planned is not None else [r for r, _ in groups]
+        for k in active:  # the first batch: every planned recipient's key
+            new = [r for r in named if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
             keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
             requests[k] = [
