@@ -33,9 +33,12 @@ this client's answer):
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), each
                        block's switch is the plan's (a recipient key for a block the plan switches to
                        the broadcast key: RecipientKeyError; the broadcast key for any other set of
-                       blocks than the plan's: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
-                       and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
-                       (SmudgingBudgetError), after this client's own upload; a request carrying
+                       blocks than the plan's: DowngradeError), one planned switch per exchange (t-out-of-n:
+                       re-plans below) and one group per recipient (RepeatedKeySwitchError); n-out-of-n, in the server's
+                       batches: the first names the planned switch, checked whole, and each batch holds only
+                       planned (key, block) pairs not switched before (UnplannedKeySwitchError,
+                       RepeatedKeySwitchError; a download before the whole plan: IntegrityError), within the
+                       run's smudging budget (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks: ``c0'`` only for the plan's blocks switched to ``s_B`` (``c1`` is
                        public), ``(c0', c1')`` switched to its own key for the others -> nothing; it decrypts,

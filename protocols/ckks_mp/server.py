@@ -19,7 +19,9 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
    DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to
-   ``c0``.
+   ``c0``.  n-out-of-n: in batches of at most ``keyswitch_batch_bytes`` of shares from all clients
+   (:func:`batches_of`), the first naming the whole planned switch; each batch's shares are combined and
+   dropped before the next is asked for.
 4. ``download``: each recipient gets only its blocks: ``c0'`` of the exchange's blocks switched to the broadcast key
    (its ``c1`` is the public one; the same bytes for every recipient) and ``(c0', c1')`` of its other blocks, switched
    to its own key.
