@@ -226,6 +226,10 @@ class RepeatedKeySwitchError(KeySwitchRefusedError):
     """A second key-switching request in one exchange."""
 
 
+class UnplannedKeySwitchError(KeySwitchRefusedError):
+    """A ckks-mp key-switching batch holds a (key, block) pair the exchange's planned switch does not."""
+
+
 class NoiseAllowanceError(UnmaskingRefusedError, KeySwitchRefusedError):
     """A client refused to release a sum that misses more contributors than its DP noise allows.
 

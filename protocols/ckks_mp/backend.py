@@ -81,7 +81,7 @@ from .keyswitch import broadcast_blocks, planned_broadcast_blocks
 from .params import MPParams, Plan, check_security, params_to_options, plan_exchange, ring_of, smudging_bits
 from .party import MPClient
 from .sampling import crs_seed, upload_c1
-from .server import CKKSMPServer
+from .server import KEYSWITCH_BATCH_BYTES, CKKSMPServer
 
 if TYPE_CHECKING:
     from ..dp import DPConfig
@@ -103,6 +103,9 @@ class CKKSMPProtocol(HalvesProtocol):
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
     link:               the transport to the client halves (default: in-process halves).
+    keyswitch_batch_bytes: n-out-of-n: the most key-switching share bytes (all clients' together) the
+                        server asks for in one call (default 256 MiB); an exchange's key switch
+                        takes as many calls as its shares need (:func:`.server.batches_of`).
     threshold:          t of t-out-of-n key switching (:mod:`.threshold`; default n, i.e.
                         n-out-of-n): any t clients can key-switch, so t clients together hold the
                         key (the collusion bound on the key drops from n - 1 to t - 1).
@@ -126,6 +129,7 @@ class CKKSMPProtocol(HalvesProtocol):
         link: ClientLink | None = None,
         schedule: str = "",
         threshold: int | None = None,
+        keyswitch_batch_bytes: int = KEYSWITCH_BATCH_BYTES,
         **collusion: Any,
     ):
         self.threshold = int(num_clients if threshold is None else threshold)
@@ -145,6 +149,12 @@ class CKKSMPProtocol(HalvesProtocol):
         check_security(self.params)
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(keep_payload_bytes)
+        if keyswitch_batch_bytes < 1:
+            raise ConfigurationError(
+                f"keyswitch_batch_bytes {keyswitch_batch_bytes}: the share bytes of one key-switching batch must be "
+                "positive (default 256 MiB)"
+            )
+        self.keyswitch_batch_bytes = int(keyswitch_batch_bytes)
         self.audit_sum_bound = bool(audit_sum_bound)
         super().__init__(
             num_clients, transcript=transcript, dp=dp, seed=seed, link=link, schedule=schedule, **collusion
@@ -154,13 +164,15 @@ class CKKSMPProtocol(HalvesProtocol):
         self.last_stats: dict[str, Any] | None = None
 
     def public_options(self) -> dict[str, Any]:
-        """Ring parameters and transcript payload limit; the threshold t when it is below n."""
+        """Ring parameters, transcript payload limit; the threshold t below n, a batch bound but the default."""
         options: dict[str, Any] = {
             "params": params_to_options(self.params),
             "keep_payload_bytes": self.keep_payload_bytes,
         }
         if self.threshold < self.num_clients:  # n-out-of-n keeps its setup bytes unchanged
             options["threshold"] = self.threshold
+        if self.keyswitch_batch_bytes != KEYSWITCH_BATCH_BYTES:  # so does the default batch bound
+            options["keyswitch_batch_bytes"] = self.keyswitch_batch_bytes
         return options
 
     # ------------------------------------------------------------------ plan

@@ -33,9 +33,12 @@ this client's answer):
                        key is its owner's signed ``p_R`` (KeySubstitutionError otherwise), each
                        block's switch is the plan's (a recipient key for a block the plan switches to
                        the broadcast key: RecipientKeyError; the broadcast key for any other set of
-                       blocks than the plan's: DowngradeError), one request per exchange (t-out-of-n: re-plans below)
-                       and one group per recipient (RepeatedKeySwitchError), within the run's smudging budget
-                       (SmudgingBudgetError), after this client's own upload; a request carrying
+                       blocks than the plan's: DowngradeError), one planned switch per exchange (t-out-of-n:
+                       re-plans below) and one group per recipient (RepeatedKeySwitchError); n-out-of-n, in the server's
+                       batches: the first names the planned switch, checked whole, and each batch holds only
+                       planned (key, block) pairs not switched before (UnplannedKeySwitchError,
+                       RepeatedKeySwitchError; a download before the whole plan: IntegrityError), within the
+                       run's smudging budget (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks: ``c0'`` only for the plan's blocks switched to ``s_B`` (``c1`` is
                        public), ``(c0', c1')`` switched to its own key for the others -> nothing; it decrypts,
@@ -73,7 +76,7 @@ import hmac
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -95,6 +98,7 @@ from ..errors import (
     RepeatedKeySwitchError,
     RepeatedUploadError,
     SmudgingBudgetError,
+    UnplannedKeySwitchError,
 )
 from ..message import encode_body
 from ..party import ClientHalf, PartySetup, Provider, envelope_of
@@ -134,6 +138,8 @@ READY_PART = (1 << 32) - 1
 RELEASE_KEY_DOMAIN = b"secure-fgl/ckks-mp/release-key/v1"
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
+#: the field of an exchange's first n-out-of-n key-switching batch that names its planned switch (groups, blocks)
+PLANNED_FIELD = "planned"
 #: t-out-of-n adds the active set, the uploaders and which of them uploaded each requested block
 THRESHOLD_FIELDS = KEYSWITCH_FIELDS | {"active", "uploaders", "uploaded"}
 
@@ -149,6 +155,27 @@ class Replan:
     binding: bytes
     active_sets: list[tuple[int, ...]]
     lost: frozenset[int]
+
+
+@dataclass
+class _Switch:
+    """A client's n-out-of-n key switch of one exchange, answered in the server's batches.
+
+    ``planned``: each key's blocks (-1: the broadcast key; else a recipient), named by the first batch and checked
+    whole; ``done``: the blocks switched so far; ``batches``: the batches answered (the next one's part); ``groups``:
+    the groups answered (the next batch's first share part).
+    """
+
+    exchange: int
+    planned: dict[int, frozenset[int]]
+    done: dict[int, set[int]] = field(default_factory=dict)
+    batches: int = 0
+    groups: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every planned block switched to its key (the union of the batches is the planned switch)."""
+        return all(self.done.get(to, set()) == set(bids) for to, bids in self.planned.items())
 
 
 def threshold_of(setup: PartySetup) -> int:
@@ -210,6 +237,8 @@ class CKKSMPClient(ClientHalf):
         self._last_switch: int | None = None
         #: t-out-of-n: (exchange, what this client's key switches of it bound and answered; :meth:`_check_replan`)
         self._answered: tuple[int, Replan] | None = None
+        #: n-out-of-n: the key switch of the current exchange over its batches (:meth:`_switch_batch`)
+        self._switch: _Switch | None = None
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
         self._pair_seeds: dict[int, bytes] | None = None
@@ -736,45 +765,160 @@ class CKKSMPClient(ClientHalf):
     # ------------------------------------------------------------------ partial decryption (PCKS shares)
     def _keyswitch(self, inbox: list[Message]) -> _Reply:
         where = self.where()
-        K = self.setup.num_clients
+        K, p = self.setup.num_clients, self._exchange_plan
         t_of_n = self.threshold < K
-        switched = self._last_switch is not None and self._last_switch >= self._exchange_plan.exchange
-        answered = (
-            self._answered[1]
-            if self._answered is not None and self._answered[0] == self._exchange_plan.exchange
-            else None
-        )
-        if switched and answered is None:  # n-out-of-n, or a refused request: never a second one
+        switched = self._last_switch is not None and self._last_switch >= p.exchange
+        answered = self._answered[1] if self._answered is not None and self._answered[0] == p.exchange else None
+        switch = self._switch if self._switch is not None and self._switch.exchange == p.exchange else None
+        if switched and answered is None and switch is None:  # n-out-of-n, or a refused request: never a second one
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
+        if switch is not None and switch.complete:
+            raise RepeatedKeySwitchError(
+                "a key-switching batch after this client switched every block of the exchange's planned switch",
+                **where,
+            )
         # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
         # (the uploaders then exclude it, checked in _active_set)
-        if (
-            self.id in self._exchange_plan.contributors
-            and self._last_upload != self._exchange_plan.exchange
-            and not t_of_n
-        ):
+        if self.id in p.contributors and self._last_upload != p.exchange and not t_of_n:
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
-        # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t)
-        req = self._from_server(inbox, "keyswitch", where, tuple(range(2 + K - self.threshold)) if t_of_n else (0,))
+        # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t);
+        # n-out-of-n: part b is the exchange's batch b, in order
+        parts = tuple(range(2 + K - self.threshold)) if t_of_n else (switch.batches if switch is not None else 0,)
+        req = self._from_server(inbox, "keyswitch", where, parts)
         if t_of_n and envelope_of(req).part == 0:  # the liveness probe: answer it, commit to nothing
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
-        replan = max(envelope_of(req).part - 1, 0)
-        self._last_switch = self._exchange_plan.exchange
+        self._last_switch = p.exchange
+        try:
+            return self._switch_batch(req, switch, answered, where)
+        except BaseException:  # a refused batch ends the exchange's key switch for this client
+            self._switch = None
+            self._key_shares.forget_upload()
+            raise
+
+    def _switch_batch(
+        self, req: Message, switch: _Switch | None, answered: Replan | None, where: dict[str, Any]
+    ) -> _Reply:
+        """Answer one key-switching request: check it against the exchange's planned switch, compute the shares.
+
+        n-out-of-n: the first batch names the planned switch (``planned``: every key's blocks), checked whole; each
+        batch must hold only planned (key, block) pairs not switched before (UnplannedKeySwitchError,
+        RepeatedKeySwitchError), so the union of the batches is at most the planned switch, and a batch after it is
+        complete is refused.  t-out-of-n: one request is the whole switch (re-plans: :meth:`_check_replan`).
+        """
+        K, p = self.setup.num_clients, self._exchange_plan
+        t_of_n = self.threshold < K
         ep = self._plan()
-        fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS
+        fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS | ({PLANNED_FIELD} if switch is None else set())
         if not isinstance(req.payload, dict) or set(req.payload) != fields:
             got = sorted(req.payload) if isinstance(req.payload, dict) else type(req.payload).__name__
             raise KeySwitchRefusedError(
-                f"a key-switching request with fields {got}, expected "
-                f"{sorted(fields)}: clients compute every c1 themselves",
+                f"a key-switching request with fields {got}, expected {sorted(fields)}: clients compute every c1 "
+                "themselves, and only the first batch of an exchange names its planned switch",
                 **where,
             )
+        groups, blocks = self._groups(req.payload, where)
         try:
-            groups = np.asarray(req.payload["groups"], dtype=np.int64).reshape(-1, 2)
-            blocks = np.asarray(req.payload["blocks"], dtype=np.int64).ravel()
             offered = {int(r): v for r, v in dict(req.payload["keys"]).items()}
         except (TypeError, ValueError, AttributeError) as e:
+            raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
+        pieces = len(self._pieces(ep))
+        mine = set(self._table()[0].tolist()) if self.id in p.contributors else set()
+        active: list[int] | None = None
+        uploaded: np.ndarray | None = None
+        context = ""
+        if t_of_n:
+            active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
+            uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
+            self.check_noise_allowance(uploaders.tolist())  # distributed DP: at most --dp-dropouts missing
+            self.released_over(p, uploaders.tolist())  # a related-input group: one set per round
+            binding = hashlib.sha256(
+                b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
+            ).digest()
+            answered = self._check_replan(answered, binding, active, where)
+        if switch is None:
+            planned = self._groups(req.payload[PLANNED_FIELD], where) if not t_of_n else (groups, blocks)
+            switch = _Switch(p.exchange, self._check_planned(ep, *planned, offered, where))
+            total = sum(len(bids) for bids in switch.planned.values()) * pieces
+            if self.switched + total > self.params.max_keyswitches:
+                raise SmudgingBudgetError(
+                    f"{total} more key-switched ciphertexts would exceed this run's budget of "
+                    f"{self.params.max_keyswitches} ({self.switched} done), past which the "
+                    f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
+                    "MPParams.max_keyswitches (a larger smudging noise)",
+                    **where,
+                )
+        jobs, start, start_of = [], 0, []
+        for to, count in groups.tolist():
+            start_of.append(start)
+            bids = blocks[start : start + count].tolist()
+            start += count
+            key = "the broadcast key" if to < 0 else f"recipient {to}'s key"
+            if len(set(bids)) != len(bids):
+                raise RepeatedKeySwitchError(f"a block switched twice to {key} in one batch", **where)
+            unplanned = sorted(set(bids) - switch.planned.get(to, frozenset()))
+            if unplanned:
+                raise UnplannedKeySwitchError(
+                    f"a batch switches block(s) {unplanned[:8]} to {key}, which the exchange's planned switch does "
+                    "not: a batch may only hold (key, block) pairs of the plan named by the first batch",
+                    **where,
+                )
+            again = sorted(set(bids) & switch.done.get(to, set()))
+            if again:
+                raise RepeatedKeySwitchError(
+                    f"block(s) {again[:8]} switched to {key} again in a later batch of this exchange", **where
+                )
+            pk = self._key_shares.broadcast_pk if to < 0 else self._recipient_key(to, offered, where)
+            jobs.append((to, bids, pk))
+        smudge = smudging_bits(self.params, K)
+        designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
+        first = int(envelope_of(req).part - 1) * len(jobs) if t_of_n else switch.groups  # the shares' parts
+        t = time.perf_counter()
+        out = []
+        for g, (to, bids, pk) in enumerate(jobs):
+            c1, labels = self._c1(ep, bids), self._labels(ep, bids)
+            if uploaded is None:  # s_i c1 only for the blocks this client uploaded
+                keyed = np.repeat([b in mine for b in bids], pieces)
+                threshold = None
+            else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
+                keyed = np.ones(len(bids) * pieces, dtype=bool)
+                rows = uploaded[start_of[g] : start_of[g] + len(bids)]
+                per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
+                threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
+            masks = self._masks(ep, to, bids, active, context)
+            if to < 0:
+                data = self._key_shares.cks_shares(
+                    c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
+                )
+                note = "CKS shares to the broadcast key"
+            else:
+                data = self._key_shares.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
+                note = f"PCKS shares to recipient {to}'s key"
+            msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
+            out.append(self.seal(msg, "keyswitch", first + g))
+            switch.done.setdefault(to, set()).update(bids)
+        self.switched += int(groups[:, 1].sum()) * pieces
+        switch.batches += 1
+        switch.groups += len(jobs)
+        if t_of_n:
+            self._answered = (p.exchange, cast(Replan, answered))  # set by _check_replan
+        else:
+            self._switch = switch
+        if t_of_n or switch.complete:  # the products kept from the upload go with the exchange's key switch
+            self._key_shares.forget_upload()
+        self.timing["keyswitch_s"] = self.timing.get("keyswitch_s", 0.0) + time.perf_counter() - t
+        return out
+
+    def _groups(self, table: Any, where: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """A request's groups ``[(key, count)]`` and the blocks they partition, checked.
+
+        Keys: -1 (the broadcast key) or a client, at most one group each; blocks of this exchange (IntegrityError,
+        RecipientKeyError, RepeatedKeySwitchError).
+        """
+        try:
+            groups = np.asarray(table["groups"], dtype=np.int64).reshape(-1, 2)
+            blocks = np.asarray(table["blocks"], dtype=np.int64).ravel()
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
         if (
             groups[:, 1].min(initial=0) < 0
@@ -788,98 +932,51 @@ class CKKSMPClient(ClientHalf):
             raise RepeatedKeySwitchError(
                 f"key-switching groups {recipients}: one per recipient and at most one to the broadcast key", **where
             )
-        pieces = len(self._pieces(ep))
-        total = int(groups[:, 1].sum()) * pieces
-        if self.switched + total > self.params.max_keyswitches:
-            raise SmudgingBudgetError(
-                f"{total} more key-switched ciphertexts would exceed this run's budget of "
-                f"{self.params.max_keyswitches} ({self.switched} done), past which the "
-                f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
-                "MPParams.max_keyswitches (a larger smudging noise)",
+        strangers = [to for to in recipients if not -1 <= to < self.setup.num_clients]
+        if strangers:
+            raise RecipientKeyError(
+                f"a key switch to recipient {strangers[0]}: the broadcast key is -1, clients are "
+                f"0..{self.setup.num_clients - 1}",
                 **where,
             )
-        mine = set(self._table()[0].tolist()) if self.id in self._exchange_plan.contributors else set()
-        active: list[int] | None = None
-        uploaded: np.ndarray | None = None
-        context = ""
-        if t_of_n:
-            active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
-            uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
-            self.check_noise_allowance(uploaders.tolist())  # distributed DP: at most --dp-dropouts missing
-            self.released_over(self._exchange_plan, uploaders.tolist())  # a related-input group: one set per round
-            binding = hashlib.sha256(
-                b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
-            ).digest()
-            answered = self._check_replan(answered, binding, active, where)
+        return groups, blocks
+
+    def _check_planned(
+        self, ep: Plan, groups: np.ndarray, blocks: np.ndarray, offered: dict[int, Any], where: dict[str, Any]
+    ) -> dict[int, frozenset[int]]:
+        """The exchange's planned switch (key -> blocks), checked against the plan's switch per block.
+
+        Every recipient's key is its owner's signed ``p_R`` (:meth:`_recipient_key`, from ``offered`` or checked
+        before); the broadcast key's group must hold exactly the plan's broadcast blocks (DowngradeError) and no
+        recipient's group one of them (RecipientKeyError); no block twice in a group (RepeatedKeySwitchError).
+        """
         shared = self._broadcast_blocks(self._exchange_plan).tolist()  # checked by _plan
-        jobs, start, start_of = [], 0, []
+        planned: dict[int, frozenset[int]] = {}
+        start = 0
         for to, count in groups.tolist():
-            start_of.append(start)
             bids = blocks[start : start + count].tolist()
             start += count
             if len(set(bids)) != len(bids):
                 raise RepeatedKeySwitchError(f"a block switched twice to one key in group {to}", **where)
-            if to < -1:
-                raise RecipientKeyError(
-                    f"a key switch to recipient {to}: the broadcast key is -1, clients are "
-                    f"0..{self.setup.num_clients - 1}",
+            if to < 0 and bids != shared:
+                scoped = sorted(set(bids) - set(shared))
+                raise DowngradeError(
+                    f"blocks {bids[:8]} to the broadcast key, but the plan switches exactly {shared[:8]} "
+                    f"({len(shared)} blocks) to it"
+                    + (f": block(s) {scoped[:8]} are scoped and may not go to every client" if scoped else ""),
                     **where,
                 )
-            if to < 0:
-                if bids != shared:
-                    scoped = sorted(set(bids) - set(shared))
-                    raise DowngradeError(
-                        f"blocks {bids[:8]} to the broadcast key, but the plan switches exactly {shared[:8]} "
-                        f"({len(shared)} blocks) to it"
-                        + (f": block(s) {scoped[:8]} are scoped and may not go to every client" if scoped else ""),
-                        **where,
-                    )
-                pk = self._key_shares.broadcast_pk
-            else:
-                pk = self._recipient_key(to, offered, where)
-                twice = sorted(set(bids) & set(shared))
-                if twice:
-                    raise RecipientKeyError(
-                        f"a key switch of block(s) {twice[:8]} to recipient {to} where the plan switches them to the "
-                        "broadcast key" + (" (its levels are sized for that switch's noise)" if ep.broadcast else ""),
-                        **where,
-                    )
-            jobs.append((to, bids, pk))
-        smudge = smudging_bits(self.params, self.setup.num_clients)
-        designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
-        t = time.perf_counter()
-        out = []
-        try:
-            for g, (to, bids, pk) in enumerate(jobs):
-                c1, labels = self._c1(ep, bids), self._labels(ep, bids)
-                if uploaded is None:  # s_i c1 only for the blocks this client uploaded
-                    keyed = np.repeat([b in mine for b in bids], pieces)
-                    threshold = None
-                else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
-                    keyed = np.ones(len(bids) * pieces, dtype=bool)
-                    rows = uploaded[start_of[g] : start_of[g] + len(bids)]
-                    per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
-                    threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
-                masks = self._masks(ep, to, bids, active, context)
-                if to < 0:
-                    data = self._key_shares.cks_shares(
-                        c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
-                    )
-                    note = "CKS shares to the broadcast key"
-                else:
-                    data = self._key_shares.pcks_shares(
-                        c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold
-                    )
-                    note = f"PCKS shares to recipient {to}'s key"
-                msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
-                out.append(self.seal(msg, "keyswitch", replan * len(jobs) + g))
-        finally:  # one key switch per exchange: the products kept from the upload go with it
-            self._key_shares.forget_upload()
-        self.switched += total
-        if t_of_n:
-            self._answered = (self._exchange_plan.exchange, cast(Replan, answered))  # set by _check_replan
-        self.timing["keyswitch_s"] = time.perf_counter() - t
-        return out
+            if to >= 0:
+                self._recipient_key(to, offered, where)
+            twice = sorted(set(bids) & set(shared)) if to >= 0 else []
+            if twice:
+                raise RecipientKeyError(
+                    f"a key switch of block(s) {twice[:8]} to recipient {to} where the plan switches them to the "
+                    "broadcast key" + (" (its levels are sized for that switch's noise)" if ep.broadcast else ""),
+                    **where,
+                )
+            planned[to] = frozenset(bids)
+        return planned
 
     def _check_replan(
         self, answered: Replan | None, binding: bytes, active: list[int], where: dict[str, Any]
@@ -990,6 +1087,11 @@ class CKKSMPClient(ClientHalf):
             return []
         where = self.where()
         msg = self._from_server(inbox, "download", where)
+        unfinished = self._switch is None or self._switch.exchange != p.exchange or not self._switch.complete
+        if self.threshold == self.setup.num_clients and unfinished:
+            raise IntegrityError(
+                "a download before this client switched every block of the exchange's planned switch", **where
+            )
         ep = self._plan()
         lengths = self._pieces(ep)
         bids = p.requests[self.id]

@@ -40,7 +40,7 @@ class MPClient:
         self._broadcast: KeyPair | None = None  # s_B: every client's, the server's never
         #: t-out-of-n: dealer i -> this client's Shamir share sigma_{i,me} of s_i (NTT form)
         self._dealt: dict[int, np.ndarray] = {}
-        #: ``s_i c1`` of this exchange's uploads, and ``s_B c1`` of its switch to the broadcast key, by label
+        #: ``s_i c1`` of this exchange's uploads, and ``s_B c1`` of its switch to the broadcast key, by label (uint32)
         self._uploaded: dict[Label, np.ndarray] = {}
         self._broadcast_products: dict[Label, np.ndarray] = {}
 
@@ -142,7 +142,7 @@ class MPClient:
             return b""
         plain = np.stack([encoding.encode(self.ring, plan, encoding.quantize(p, plan)) for p in pieces])
         s_c1 = encryption.key_product(self.ring, self._share, c1_hat)
-        self._uploaded = dict(zip(labels, s_c1))
+        self._uploaded = dict(zip(labels, s_c1.astype(np.uint32)))  # residues below 2^32: half the memory
         return encryption.to_bytes(encryption.encrypt(self.ring, s_c1, plain, self.params.eta))
 
     # ------------------------------------------------------------------ key switching
@@ -228,7 +228,9 @@ class MPClient:
         s_b_c1 = None
         if designated:
             s_b_c1 = encryption.key_product(self.ring, cast(KeyPair, self._broadcast).s_hat, c1_hat)
-            self._broadcast_products = dict(zip(labels, s_b_c1))
+            exchange = labels[0][0] if labels else None  # the exchange's batches add up; an older one's go
+            kept = {label: p for label, p in self._broadcast_products.items() if label[0] == exchange}
+            self._broadcast_products = {**kept, **dict(zip(labels, s_b_c1.astype(np.uint32)))}
         share = keyswitch.cks_share(
             self.ring, self._switch_products(c1_hat, labels, keyed, threshold), mask, smudge_bits, switch_level, s_b_c1
         )
@@ -257,7 +259,7 @@ class MPClient:
         """
         kept, self._broadcast_products = self._broadcast_products, {}
         if all(label in kept for label in labels):
-            s_b_c1 = np.stack([kept[label] for label in labels])
+            s_b_c1 = np.stack([kept[label] for label in labels]).astype(np.int64)
         else:
             s_b_c1 = encryption.key_product(self.ring, cast(KeyPair, self._broadcast).s_hat, c1_of())
         plain = encryption.decrypt_broadcast(self.ring, c0, s_b_c1)

@@ -19,7 +19,9 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
    DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to
-   ``c0``.
+   ``c0``.  n-out-of-n: in batches of at most ``keyswitch_batch_bytes`` of shares from all clients
+   (:func:`batches_of`), the first naming the whole planned switch; each batch's shares are combined and
+   dropped before the next is asked for.
 4. ``download``: each recipient gets only its blocks: ``c0'`` of the exchange's blocks switched to the broadcast key
    (its ``c1`` is the public one; the same bytes for every recipient) and ``(c0', c1')`` of its other blocks, switched
    to its own key.
@@ -48,7 +50,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -73,6 +75,8 @@ if TYPE_CHECKING:
 
 #: client -> [(message, envelope part)]: one stage's requests (:meth:`ServerHalf.call`)
 _Requests = dict[int, list[tuple[Message, int]]]
+#: n-out-of-n: default bound on the share bytes of one key-switching batch, all clients' together
+KEYSWITCH_BATCH_BYTES = 256 << 20
 #: (recipient, or -1 for the broadcast key; rows of the aggregate): one key-switching group
 _Group = tuple[int, list[int]]
 
@@ -89,6 +93,8 @@ class CKKSMPServer(ServerHalf):
         self.params = params_from_options(setup.options["params"])
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
+        #: n-out-of-n: the most share bytes (all clients') of one key-switching batch (:func:`batches_of`)
+        self.batch_bytes = int(setup.options.get("keyswitch_batch_bytes", KEYSWITCH_BATCH_BYTES))
         self.fingerprint: str | None = None
         #: recipient -> (its p_R bytes, its owner's signature), forwarded verbatim
         self.recipient_pks: dict[int, tuple[bytes, bytes]] = {}
@@ -402,44 +408,60 @@ class CKKSMPServer(ServerHalf):
         }
         groups: list[_Group] = [(-1, [index[b] for b in cks.tolist()])] if cks.size else []
         groups += [(r, rows) for r, rows in rows_of.items() if rows]
-        blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
         server_s += time.perf_counter() - t
         active = list(range(K))
         extra: dict[str, np.ndarray] = {}
         eligible: list[int] = []
-        if self.threshold < K:
+        if self.threshold < K:  # one request holds the whole switch (its re-plans repeat it)
             eligible = self._eligible(link, contributors, uploaders)
             active = eligible[: self.threshold]
+            blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
             table_of = np.zeros((blocks.size, K), dtype=np.uint8)
             for k in uploaders:
                 table_of[:, k] = np.isin(blocks, ids_of[k])
             extra = {"uploaders": np.array(uploaders, dtype=np.int64), "uploaded": table_of}
+            batches = [groups]
+        else:  # n-out-of-n: batches of at most batch_bytes of shares from all K clients
+            row_bytes = pieces * ep.switch_level * ep.n * 4 * K  # one CKS row's shares; PCKS: twice that
+            batches = batches_of(groups, lambda to: row_bytes * (1 if to < 0 else 2), self.batch_bytes)
+        switched: dict[int, list[bytes]] = {}  # each group's sum as wire bytes, its shares released once combined
         lost: list[int] = []
-        for replan in range(K - self.threshold + 1):  # t-out-of-n: re-plan without a lost member of A
-            shares, missing = self._keyswitch(link, groups, blocks, active, extra, replan, (pieces,) + ct_shape)
-            if not missing:
-                break
-            lost += missing
-            active = [k for k in eligible if k not in lost][: self.threshold]
-            if len(active) < self.threshold:
-                break
-        if missing:
-            raise self._missing(
-                sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+        answered = 0  # groups answered in earlier batches (their shares' envelope parts)
+        for b, batch in enumerate(batches):
+            planned = (
+                {"groups": _table(groups), "blocks": _blocks(groups, needed)}
+                if b == 0 and K == self.threshold
+                else None
             )
-        t = time.perf_counter()
-        switched: dict[int, bytes] = {}  # each group's sum as wire bytes, its shares released once combined
-        for g, (to, rows) in enumerate(groups):
-            combine = combine_broadcast if to < 0 else combine_shares
-            switched[to] = encryption.to_bytes(combine(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g]))
-            shares[g] = []
-        del shares, agg  # the share bundles (the shares view them) and the aggregate, before the downloads
-        server_s += time.perf_counter() - t
+            for replan in range(K - self.threshold + 1):  # t-out-of-n: re-plan without a lost member of A
+                shares, missing = self._keyswitch(
+                    link, batch, needed, active, extra, (b, replan, answered), (pieces,) + ct_shape, planned
+                )
+                if not missing:
+                    break
+                lost += missing
+                active = [k for k in eligible if k not in lost][: self.threshold]
+                if len(active) < self.threshold:
+                    break
+            if missing:
+                raise self._missing(
+                    sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+                )
+            t = time.perf_counter()
+            for g, (to, rows) in enumerate(batch):
+                combine = combine_broadcast if to < 0 else combine_shares
+                part = combine(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
+                switched.setdefault(to, []).append(encryption.to_bytes(part))
+                shares[g] = []
+            del shares  # the batch's share bundles (the shares view them), before the next batch
+            answered += len(batch)
+            server_s += time.perf_counter() - t
+        del agg  # the aggregate, before the downloads
 
-        shared_data = switched.pop(-1, b"")
+        shared_data = b"".join(switched.pop(-1, []))
         downloads: _Requests = {}
         for r, rows in rows_of.items():
-            data = switched.pop(r, b"")
+            data = b"".join(switched.pop(r, []))
             downloads[r] = [
                 (
                     self.message(
@@ -463,6 +485,7 @@ class CKKSMPServer(ServerHalf):
             "active": tuple(active),
             "lost": tuple(sorted(lost)),
             "replans": replan,
+            "keyswitch_batches": len(batches),
         }
         return tuple(uploaders)
 
@@ -518,26 +541,33 @@ class CKKSMPServer(ServerHalf):
         self,
         link: ClientLink,
         groups: list[_Group],
-        blocks: np.ndarray,
+        needed: list[int],
         active: list[int],
         extra: dict[str, np.ndarray],
-        replan: int,
+        attempt: tuple[int, int, int],
         shape: tuple[int, ...],
+        planned: dict[str, np.ndarray] | None,
     ) -> tuple[list[list[np.ndarray]], list[int]]:
-        """Ask the active set ``active`` for its key-switching shares (re-plan ``replan`` of the exchange).
+        """Ask the active set ``active`` for its key-switching shares of one batch of ``groups``.
 
-        Returns (the shares per group, the members of ``active`` that did not answer).  t-out-of-n: request part
-        ``1 + replan``, answers at parts ``replan * groups + g``; n-out-of-n: part 0.  ``shape``: (pieces, ``c1``'s
-        shape after switching down).
+        ``attempt``: (batch, re-plan, groups answered in earlier batches).  Returns (the shares per group, the
+        members of ``active`` that did not answer).  n-out-of-n: batch b's request at part b, its answers from part
+        ``answered``, and the first batch carries the exchange's ``planned`` switch; t-out-of-n (one batch): request
+        part ``1 + replan``, answers at parts ``replan * groups + g``.  ``needed``: the block of each aggregate row;
+        ``shape``: (pieces, ``c1``'s shape after switching down).
         """
         fp, (pieces, *ct_shape) = cast(str, self.fingerprint), shape
+        batch, replan, answered = attempt
         t_of_n = self.threshold < self.setup.num_clients
-        table = np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
-        first = replan * len(groups)
-        payload = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
+        table, blocks = _table(groups), _blocks(groups, needed)
+        first = replan * len(groups) if t_of_n else answered
+        payload: dict[str, Any] = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
+        if planned is not None:
+            payload["planned"] = planned
         requests: _Requests = {}
-        for k in active:
-            new = [r for r, _ in groups if r >= 0 and r != k and (k, r) not in self._keys_sent]
+        named = planned["groups"][:, 0].tolist() if planned is not None else [r for r, _ in groups]
+        for k in active:  # the first batch: every planned recipient's key
+            new = [r for r in named if r >= 0 and r != k and (k, r) not in self._keys_sent]
             self._keys_sent.update((k, r) for r in new)
             keys = {r: {"key": self.recipient_pks[r][0], "sig": self.recipient_pks[r][1]} for r in new}
             requests[k] = [
@@ -549,9 +579,10 @@ class CKKSMPServer(ServerHalf):
                         {"groups": table, "blocks": blocks, "keys": keys, **payload},
                         fp,
                         note="block ids to key-switch, per recipient key"
-                        + (f" (re-plan {replan}: active set {active})" if replan else ""),
+                        + (f" (re-plan {replan}: active set {active})" if replan else "")
+                        + (f" (batch {batch})" if not t_of_n else ""),
                     ),
-                    1 + replan if t_of_n else 0,
+                    1 + replan if t_of_n else batch,
                 )
             ]
         got = self.call(link, "keyswitch", requests)
@@ -611,3 +642,38 @@ class CKKSMPServer(ServerHalf):
                 absent, "an answer to the key-switching probe (or its upload)", tag=plan.tag, round=plan.round
             )
         return eligible
+
+
+def _table(groups: list[_Group]) -> np.ndarray:
+    """``[(key, rows)]`` of key-switching groups (key -1: the broadcast key)."""
+    return np.array([(to, len(rows)) for to, rows in groups], dtype=np.int64).reshape(-1, 2)
+
+
+def _blocks(groups: list[_Group], needed: list[int]) -> np.ndarray:
+    """The block ids of the groups' aggregate rows, in order."""
+    return np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
+
+
+def batches_of(groups: list[_Group], row_bytes: Callable[[int], int], bound: int) -> list[list[_Group]]:
+    """Cut key-switching groups, in order, into batches of at most ``bound`` share bytes each.
+
+    ``row_bytes(key)``: the bytes of one aggregate row's shares (all clients') to that key.  A group larger than the
+    room left is split across batches; a row larger than ``bound`` travels alone.  At least one (possibly empty)
+    batch.
+    """
+    out: list[list[_Group]] = []
+    batch: list[_Group] = []
+    size = 0
+    for to, rows in groups:
+        per, start = row_bytes(to), 0
+        while start < len(rows):
+            room = (bound - size) // per
+            if room <= 0 and batch:
+                out.append(batch)
+                batch, size = [], 0
+                continue
+            chunk = rows[start : start + max(room, 1)]
+            batch.append((to, chunk))
+            size += len(chunk) * per
+            start += len(chunk)
+    return out + [batch] if batch or not out else out

@@ -258,7 +258,14 @@ def _forged_key_switch(m, rng, fz):
     else:
         body["groups"] = np.array([[-1, len(body["blocks"]) + 1]])
         body["blocks"] = np.append(body["blocks"], int(np.max(body["blocks"], initial=0)) + 1)
-    return fz.proto._seal(dataclasses.replace(m, payload=body), "keyswitch")
+    return fz.proto._seal(dataclasses.replace(m, payload=_as_planned(body)), "keyswitch")
+
+
+def _as_planned(body: dict) -> dict:
+    """A key-switching request whose planned switch (its first batch's) names the request's own groups and blocks."""
+    if "planned" not in body:
+        return body
+    return {**body, "planned": {"groups": body["groups"], "blocks": body["blocks"]}}
 
 
 def _substituted_recipient_key(m, rng, fz):
@@ -274,7 +281,7 @@ def _substituted_recipient_key(m, rng, fz):
         "groups": np.array([[2, len(m.payload["blocks"])]]),
         "keys": {2: {"key": key, "sig": bytes(rng.integers(0, 256, 64, dtype=np.uint8))}},
     }
-    return fz.proto._seal(dataclasses.replace(m, payload=body), "keyswitch")
+    return fz.proto._seal(dataclasses.replace(m, payload=_as_planned(body)), "keyswitch")
 
 
 def _call_nonfinite(fz, rng):

@@ -82,6 +82,14 @@ def with_payload(msg, **changes):
     return replace(msg, payload={**msg.payload, **changes})
 
 
+def with_switch(msg, **changes):
+    """A key-switching request changed, its planned switch (first batch) changed alike: the client checks that plan."""
+    msg = with_payload(msg, **changes)
+    if "planned" in msg.payload:
+        msg = with_payload(msg, planned={"groups": msg.payload["groups"], "blocks": msg.payload["blocks"]})
+    return msg
+
+
 # ------------------------------------------------------------------ forged and adaptive c1
 class ForgedC1(EvilServer):
     """A key-switching request with a forged ``c1``.
@@ -280,7 +288,7 @@ class Downgrade(EvilServer):
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch":
             blocks = np.asarray(msg.payload["blocks"])
-            msg = with_payload(msg, groups=np.array([[-1, blocks.size]]), keys={})
+            msg = with_switch(msg, groups=np.array([[-1, blocks.size]]), keys={})
         return [(msg, part)]
 
 
@@ -402,7 +410,7 @@ class PerRecipientUnderABroadcastPlan(EvilServer):
             blocks = np.asarray(msg.payload["blocks"])
             groups = np.array([[r, blocks.size] for r in range(K)])
             keys = {r: {"key": key, "sig": sig} for r, (key, sig) in self.recipient_pks.items() if r != client}
-            msg = with_payload(msg, groups=groups, blocks=np.tile(blocks, K), keys=keys)
+            msg = with_switch(msg, groups=groups, blocks=np.tile(blocks, K), keys=keys)
         return [(msg, part)]
 
 
@@ -656,7 +664,7 @@ class ScopedBlockInTheBroadcastGroup(EvilServer):
             shared = list(range(SHARED)) + [SHARED]
             rest = [b for b in np.asarray(msg.payload["blocks"]).tolist() if b not in shared]
             groups = [[-1, len(shared)]] + [[r, n] for r, n in msg.payload["groups"].tolist() if r not in (-1, 0)]
-            msg = with_payload(msg, groups=np.array(groups), blocks=np.array(shared + rest))
+            msg = with_switch(msg, groups=np.array(groups), blocks=np.array(shared + rest))
         return [(msg, part)]
 
 
@@ -695,7 +703,7 @@ class SplitBroadcastLists(EvilServer):
             blocks = np.asarray(msg.payload["blocks"]).copy()
             blocks[blocks == 1], blocks[blocks == 0] = -7, 1
             blocks[blocks == -7] = 0
-            msg = with_payload(msg, blocks=blocks)
+            msg = with_switch(msg, blocks=blocks)
         return [(msg, part)]
 
 

@@ -359,10 +359,12 @@ class Replan(EvilServer):
     again: tuple[int, ...] = (0, 1, 3)
     change = staticmethod(lambda extra: extra)
 
-    def _keyswitch(self, link, groups, blocks, active, extra, replan, shape):
-        got = super()._keyswitch(link, groups, blocks, active, extra, replan, shape)
+    def _keyswitch(self, link, groups, needed, active, extra, attempt, shape, planned):
+        got = super()._keyswitch(link, groups, needed, active, extra, attempt, shape, planned)
+        batch, replan, answered = attempt
         if replan == 0:
-            super()._keyswitch(link, groups, blocks, list(self.again), self.change(extra), 1, shape)
+            again = (batch, 1, answered)
+            super()._keyswitch(link, groups, needed, list(self.again), self.change(extra), again, shape, planned)
         return got
 
 
