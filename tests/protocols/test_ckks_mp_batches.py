@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from support.ckks_mp import mixed_exchange as support_mixed_exchange
 
 from protocols import ValueSpec
 from protocols.ckks_mp.backend import CKKSMPProtocol
@@ -25,23 +26,8 @@ SHARED = 2  # blocks 0..SHARED-1 go to every client (broadcast key); block SHARE
 
 
 def mixed_exchange(p):
-    """Blocks every client receives and one block per client: (results per recipient, exact sums per recipient)."""
-    rpb = p.rows_per_block(COUNTS, 2, 10**7)
-    rows = np.arange(SHARED + K) * rpb  # one row in each block
-    values = {c: (np.arange(2 * rows.size).reshape(rows.size, 2) + c) % 2 for c in range(K)}
-    requests = {c: np.concatenate([rows[:SHARED], rows[SHARED + c : SHARED + c + 1]]) for c in range(K)}
-    got = p.row_sum(
-        "mixed",
-        0,
-        {c: (rows, values[c].astype(float)) for c in range(K)},
-        requests,
-        (SHARED + K) * rpb,
-        layout="sparse",
-        spec=COUNTS,
-    )
-    total = sum(values.values())
-    index = {int(r): i for i, r in enumerate(rows)}
-    return got, {c: total[[index[int(r)] for r in requests[c]]] for c in range(K)}
+    """:func:`support.ckks_mp.mixed_exchange` with this file's clients and shared blocks."""
+    return support_mixed_exchange(p, COUNTS, K, SHARED)
 
 
 def protocol_with(server_class=CKKSMPServer, batch_bytes=1) -> CKKSMPProtocol:
