@@ -1,7 +1,7 @@
 """Scalar reports through a backend's halves.
 
 Each client sends the server one float64 (or one short vector of them: a batch of several report tags,
-:func:`protocols.batch.batched_report`) in the clear, signed by its half (stage ``report``).
+:func:`protocols.batch.report_parts`) in the clear, signed by its half (stage ``report``).
 
 GCFL's decision rule needs values additive HE cannot hide from the decider (eq. 5's maximum,
 GCFL+'s gradient-norm series, :mod:`protocols.similarity`): these are the documented leak.  With a

@@ -226,6 +226,14 @@ class RunConfig:
         "the key: the collusion bound drops from n - 1 to t - 1) and up to n - t may drop out; "
         "needs 2t > n + max-colluders (default n: n-out-of-n; docs/ckks_mp.md)",
     )
+    keyswitch_batch_mb: int | None = setting(
+        None,
+        group="secure mode",
+        min=1,
+        unit="MiB",
+        help="ckks-mp: the most key-switching share bytes (all clients' together) the server asks for in "
+        "one call, which bounds the key switch's memory (default 256; docs/ckks_mp.md)",
+    )
     manifest: str | None = setting(
         None,
         group="secure mode",
@@ -372,6 +380,8 @@ class RunConfig:
                     f"{self.max_colluders}: t-out-of-n needs 2t > n + c, i.e. --threshold >= "
                     f"{(self.clients + self.max_colluders) // 2 + 1} (docs/ckks_mp.md)"
                 )
+        if self.keyswitch_batch_mb is not None and self.mode != "ckks-mp":
+            raise ConfigError("--keyswitch-batch-mb bounds ckks-mp's key-switch batches; use --mode ckks-mp or omit it")
         if self.simulate_dropouts is not None:
             parse_dropouts(self.simulate_dropouts, self.clients, self.mode, self.rounds)
         if (self.manifest is None) != (self.identity_key is None):

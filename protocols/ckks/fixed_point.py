@@ -237,6 +237,14 @@ def plan_fixed_point(
 _scratch = threading.local()
 
 
+class _ScratchDescriptor:
+    """The descriptor of a thread's unlinked scratch file, closed when the thread's storage goes or at exit."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
+
+
 def _scratch_path() -> str:
     """A per-thread scratch file (sealapi saves and loads through paths only).
 
@@ -251,7 +259,7 @@ def _scratch_path() -> str:
         fd, path = tempfile.mkstemp(prefix="sfgl-ckks-", dir=base)
         if os.path.isdir("/proc/self/fd"):
             os.unlink(path)
-            _scratch.file, path = os.fdopen(fd, "rb"), f"/proc/self/fd/{fd}"  # closed when the thread ends
+            _scratch.file, path = _ScratchDescriptor(fd), f"/proc/self/fd/{fd}"
         else:
             os.close(fd)
             atexit.register(_remove, path)
@@ -271,7 +279,7 @@ def _to_bytes(obj: Any) -> bytes:
     obj.save(path)
     held = getattr(_scratch, "file", None)
     if held is not None:  # the scratch file's own descriptor: no open per call
-        fd = held.fileno()
+        fd = held.fd
         return os.pread(fd, os.fstat(fd).st_size, 0)
     with open(path, "rb") as f:
         return f.read()
@@ -281,7 +289,7 @@ def _load_into(obj: Any, context: Any, data: bytes) -> Any:
     path = _scratch_path()
     held = getattr(_scratch, "file", None)
     if held is not None:
-        fd = held.fileno()
+        fd = held.fd
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
     else:

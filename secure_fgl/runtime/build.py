@@ -96,6 +96,8 @@ def make_run_protocol(cfg: RunConfig, num_clients: int, transcript: Transcript |
     extra.update(schedule_option(cfg))  # the manifest's hash of the public schedule
     if cfg.threshold is not None:  # ckks-mp t-out-of-n
         extra["threshold"] = cfg.threshold
+    if cfg.keyswitch_batch_mb is not None:  # ckks-mp's bound on one key-switch call (bytes of shares)
+        extra["keyswitch_batch_bytes"] = cfg.keyswitch_batch_mb << 20
     extra.update(options)
     extra.update(site_keys(cfg))  # the sites' manifest and the server's key (--manifest), if given
     return make_protocol(cfg.mode, num_clients, transcript=transcript, dp=dp_config(cfg), seed=cfg.seed, **extra)

@@ -94,6 +94,31 @@ def test_optional_numeric_flags_are_parsed_as_numbers():
     assert cfg.patience == 3 and cfg.options["dp_row_clip"] == 4.5
 
 
+def test_keyswitch_batch_flag_and_config_key_reach_the_ckks_mp_protocol(tmp_path):
+    """``--keyswitch-batch-mb`` (config key ``keyswitch-batch-mb``) sets the protocol's ``keyswitch_batch_bytes``.
+
+    Unset, the protocol keeps its default and its public options (the setup's bytes) do not name it.
+    """
+    from protocols.ckks_mp.backend import KEYSWITCH_BATCH_BYTES
+    from secure_fgl.runtime.build import make_run_protocol
+
+    (tmp_path / "run.toml").write_text("mode = 'ckks-mp'\nclients = 3\nkeyswitch-batch-mb = 8\n")
+    runs = {
+        "flag": ["run", "--mode", "ckks-mp", "--clients", "3", "--keyswitch-batch-mb", "64"],
+        "config": ["run", "--config", str(tmp_path / "run.toml")],
+        "unset": ["run", "--mode", "ckks-mp", "--clients", "3"],
+    }
+    protocols = {}
+    for name, argv in runs.items():
+        cfg = config_from_args(*build_parser().parse_known_args(argv))
+        protocols[name] = make_run_protocol(cfg, cfg.clients)
+    assert protocols["flag"].keyswitch_batch_bytes == 64 << 20
+    assert protocols["flag"].public_options()["keyswitch_batch_bytes"] == 64 << 20
+    assert protocols["config"].keyswitch_batch_bytes == 8 << 20
+    assert protocols["unset"].keyswitch_batch_bytes == KEYSWITCH_BATCH_BYTES
+    assert "keyswitch_batch_bytes" not in protocols["unset"].public_options()
+
+
 def test_datasets_lists_every_dataset(data_root, capsys):
     assert main(["datasets", "--data-root", str(data_root)]) == 0
     out = capsys.readouterr().out
@@ -183,6 +208,8 @@ BAD = [
     (["run", "--algorithm", "gcfl", "--eps1", "-1"], "--eps1"),
     (["run", "--algorithm", "gcflplus", "--seq-length", "0"], "--seq-length"),
     (["run", "--algorithm", "gcfl", "--mode", "mask"], "--mode ckks"),
+    (["run", "--mode", "mask", "--keyswitch-batch-mb", "64"], "use --mode ckks-mp"),
+    (["run", "--mode", "ckks-mp", "--keyswitch-batch-mb", "0"], "--keyswitch-batch-mb"),
     (["run", "--algorithm", "gcfl", "--dataset", "cora"], "graph-classification dataset"),
     # folders, files, leftovers
     (["run", "--resume"], "--resume"),

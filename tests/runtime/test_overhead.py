@@ -82,42 +82,6 @@ def test_resume_refuses_a_side_file_that_does_not_match_the_checkpoint(tmp_path,
 
 
 # ----------------------------------------------------------------------------- batched small exchanges
-from protocols.batch import batched_weighted_mean  # noqa: E402
-
-
-def _parts(rng, K=3):
-    return {"x/a/mean": {k: rng.random(5) for k in range(K)}, "x/b/mean": {k: rng.random((2, 4)) for k in range(K)}}
-
-
-@pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
-def test_batched_weighted_means_equal_the_unbatched_ones(mode):
-    rng = np.random.default_rng(0)
-    parts, weights = _parts(rng), {0: 3.0, 1: 1.0, 2: 5.0}
-    got = batched_weighted_mean(make_protocol(mode, 3), "x/stats", 0, parts, weights)
-    separate = make_protocol(mode, 3)
-    for tag, values in parts.items():
-        np.testing.assert_allclose(got[tag], separate.weighted_mean(tag, 0, values, weights), rtol=0, atol=1e-6)
-        assert got[tag].shape == next(iter(values.values())).shape
-
-
-@pytest.mark.parametrize("mode", ("plain", "mask", "ckks"))
-def test_batch_attribution_per_tag_sums_to_the_total(mode):
-    rng = np.random.default_rng(1)
-    proto = make_protocol(mode, 3)
-    for r in range(2):
-        batched_weighted_mean(proto, "x/stats", r, _parts(rng), {0: 1.0, 1: 2.0, 2: 3.0})
-    proto.weighted_mean("x/model", 0, {k: rng.random(7) for k in range(3)})
-    comm = proto.transcript.comm()
-    assert "x/stats" not in comm["per_tag"] and {"x/a/mean", "x/b/mean"} <= set(comm["per_tag"])
-    assert {"x/a/mean", "x/b/mean"} <= set(proto.transcript.tags())
-    for key in ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down"):
-        assert sum(v.get(key, 0) for v in comm["per_tag"].values()) == comm[key]
-    a, b = comm["per_tag"]["x/a/mean"], comm["per_tag"]["x/b/mean"]
-    assert 0 < a["bytes_up"] < b["bytes_up"] and a["batched_in"] == "x/stats"  # 5 of 13 entries vs 8
-    # the float32 baseline: 3 clients x 2 rounds x (1 + 5 + 8) entries x 4 bytes, split 5 : 8 (+ weight)
-    assert a["plaintext_bytes_up"] + b["plaintext_bytes_up"] == 3 * 2 * 14 * 4
-
-
 def _fedomd_stats(run_small, mode: str, **options):
     """Client 0's pooled statistics after one FedOMD round over the runtimes, and the uploads of them."""
     from secure_fgl.config import RunConfig
@@ -158,7 +122,11 @@ def test_fedomd_batched_statistics_equal_the_per_layer_exchanges(mode, run_small
         for j in x.moments:
             torch.testing.assert_close(x.moments[j], y.moments[j], rtol=0, atol=1e-6)
     assert len(b_ups) == 2 * 3 and len(l_ups) == 4 * 3  # 2 stages (x 2 layers) x 3 clients
-    assert set(tb.comm()["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
+    comm = tb.comm()
+    assert set(comm["per_tag"]) >= {"fedomd/hidden1/mean", "fedomd/hidden2/moments"}
+    assert comm["per_tag"]["fedomd/hidden1/mean"]["batched_in"] == "fedomd/stats/mean"
+    for key in ("bytes_up", "bytes_down", "bytes_p2p", "plaintext_bytes_up", "plaintext_bytes_down"):
+        assert sum(v.get(key, 0) for v in comm["per_tag"].values()) == comm[key]
 
 
 def test_fedomd_one_stage_raw_moments_match_within_the_stated_trade(run_small):
@@ -246,19 +214,6 @@ def test_row_sum_streams_blocks_and_readable_rows_hold_the_requested_totals(mode
         rows, totals = proto.last_readable[k]
         assert set(req) <= set(rows) and rows.max() < num_rows
         np.testing.assert_allclose(totals, exact[rows], atol=1e-6)
-
-
-def test_batched_means_meet_the_mean_precision_plan_in_ckks():
-    from protocols.precision import MeanPrecision
-
-    rng = np.random.default_rng(4)
-    plan = MeanPrecision(value_bound=1.0, weight_bound=300.0, min_weight_total=300.0, tolerance=2.0**-40)
-    weights = {0: 100.0, 1: 120.0, 2: 80.0}
-    parts = {"s/a/mean": {k: rng.random(6) for k in range(3)}, "s/b/moments": {k: rng.random((3, 6)) for k in range(3)}}
-    got = batched_weighted_mean(make_protocol("ckks", 3), "s/stats", 0, parts, weights, spec=plan.spec())
-    for tag, values in parts.items():
-        exact = sum(weights[k] * values[k] for k in weights) / sum(weights.values())
-        assert np.abs(got[tag] - exact).max() <= plan.tolerance
 
 
 def test_a_resumed_mask_run_reports_the_communication_of_an_uninterrupted_one(tmp_path):

@@ -108,7 +108,7 @@ def round_spec(
     """The spec of one upload per client carrying both exchanges of a round.
 
     The upload has tag ``<name>/batch``: ``[a^(k) * S^(k), a^(k), w_k dw_k, w_k]``
-    (:func:`protocols.batch.batched_sum`). ``None`` where they stay separate: DP on (each release keeps its own
+    (:mod:`protocols.batch`). ``None`` where they stay separate: DP on (each release keeps its own
     clip), ``S = 0``, ``batch_exchanges`` off, or specs that cannot share an encoding. With the encoder mean on its
     public grid (``ckks`` by default, ``--grid-model-mean``) the proxies take the grid the same rule gives their own
     bound (:func:`~secure_fgl.algorithms.base.model_spec` at ``PARAM_BOUND``; class totals planned as 1, as

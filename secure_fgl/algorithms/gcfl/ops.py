@@ -15,7 +15,7 @@ Clusters start as one.  Each round, for every cluster ``c`` of members ``i``:
    whose result only the members learn and which only eq. 4 reads;
 2. once every cluster's mean is out, each client sends ONE clear-text report carrying its
    ``||dW_i||``, the norm of its cluster's mean and (GCFL+) its gradient norm (batch tag
-   ``<algorithm>/norms``, :func:`protocols.batch.batched_report`; the transcript attributes its bytes
+   ``<algorithm>/norms``, :func:`protocols.batch.report_parts`; the transcript attributes its bytes
    to ``<algorithm>/update_norms``, ``/mean_norm``, ``/grad_norms``): ``delta_mean = ||mean_c||`` as
    the first member reports it (every member decoded the same mean), ``delta_max`` the members'
    largest ``||dW_i||`` (eq. 5);

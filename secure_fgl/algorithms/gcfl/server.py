@@ -58,7 +58,7 @@ class GCFLStrategy(GraphStrategy, GCFLServer):
         self.exchange_mean(rnd, members, tag=f"{self.name}/criterion_mean")
 
     def round_norms(self, rnd: int, clusters: list[list[int]], means=None) -> dict[str, dict[int, float]]:
-        """Every client's norms in one clear-text report (:func:`protocols.batch.batched_report`)."""
+        """Every client's norms in one clear-text report, split into the part tags (:mod:`protocols.batch`)."""
         tag, parts = f"{self.name}/norms", list(self.norm_parts)
         names = [f"{self.name}/{p}" for p in parts]
         ask = ContributeIns(tag, rnd, config={"parts": parts})
