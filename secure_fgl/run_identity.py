@@ -6,7 +6,10 @@ rounds, mode, DP, seed and attacks.  Settings that only say where files go or ho
 shown (``out``, ``resume``, ``log``, ``save_best_model``, ``data_root``) and where the work runs
 (``device``, the Ray placement, ``round_timeout``) are not part of it.
 
-    fingerprint = SHA-256(canonical JSON of identity(config))[:16]
+    fingerprint = SHA-256(canonical JSON of identity(config) without the settings at their default)[:16]
+
+A setting at its current default is left out of the hash, so adding a setting (whose default keeps the old
+behaviour) changes no stored run's fingerprint; the fingerprint is always recomputed from the stored config.
 
 The package version and git commit are recorded beside the fingerprint (``run.json`` in the run
 folder, ``result.json``): a run made by other code keeps its identity -- a reader is warned, it is
@@ -17,6 +20,7 @@ one and the run finished; ``secure-fgl run --out`` refuses a finished folder wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -65,13 +69,30 @@ def identity(config: dict) -> dict:
     return _canonical({k: v for k, v in current_names(config).items() if k not in NOT_IDENTITY})
 
 
-def fingerprint(config: dict) -> str:
-    """16-hex-digit SHA-256 of the settings that define the experiment (:func:`identity`).
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict:
+    """Every RunConfig setting's default, canonical (:func:`_canonical`)."""
+    from .config import RunConfig
 
-    A renamed setting is hashed under the name it was introduced with, so a rename changes no run's fingerprint.
+    out = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _canonical(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _canonical(f.default_factory())
+    return out
+
+
+def fingerprint(config: dict) -> str:
+    """16-hex-digit SHA-256 of the settings that define the experiment (:func:`identity`), defaults left out.
+
+    A setting equal to its current default is not hashed (a config written before the setting existed hashes the
+    same), and a renamed setting is hashed under the name it was introduced with: neither an added setting nor a
+    rename changes a run's fingerprint.
     """
     first_names = {new: old for old, new in RENAMED_SETTINGS.items()}
-    hashed = {first_names.get(k, k): v for k, v in identity(config).items()}
+    defaults = _defaults()
+    hashed = {first_names.get(k, k): v for k, v in identity(config).items() if k not in defaults or v != defaults[k]}
     text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -138,7 +159,7 @@ def stored_run(out_dir: str | Path) -> dict | None:
             status = data.get("status") if name == "result.json" else "started"
             return {
                 "config": config,
-                "fingerprint": data.get("config_fingerprint") or fingerprint(config),
+                "fingerprint": fingerprint(config),
                 "finished": is_finished(data) if name == "result.json" else False,
                 "status": status,
                 "secure_fgl_version": data.get("secure_fgl_version"),

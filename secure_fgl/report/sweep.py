@@ -365,7 +365,7 @@ def load_runs(
             counts["unfinished"] += 1
             continue
         expected = (fingerprints or {}).get(p.parent.name)
-        if expected and (r.get("config_fingerprint") or fingerprint(r.get("config") or {})) != expected:
+        if expected and fingerprint(r.get("config") or {}) != expected:
             counts["other_settings"] += 1
             continue
         r["_run_id"] = p.parent.name

@@ -13,9 +13,11 @@ import shutil
 import pytest
 
 from secure_fgl.cli.main import main as cli_main
+from secure_fgl.config import RunConfig
 from secure_fgl.report.cli import main as report_main
+from secure_fgl.report.sweep import resolve
 from secure_fgl.results import load_runs as load_frame
-from secure_fgl.run_identity import differences, fingerprint, identity
+from secure_fgl.run_identity import differences, fingerprint, identity, stored_run
 
 SYNTH = json.dumps({"num_nodes": 120, "num_features": 20, "avg_degree": 4})
 
@@ -58,9 +60,9 @@ def test_a_schema_1_result_with_dp_split_loads_under_the_new_name_and_keeps_its_
     shares = "fedgcn/neighbour_sums=3,fedgcn/model=1"
     old = {"rounds": 2, "seed": 0, "dp_epsilon": 4.0, "dp_split": shares, "options": {"hops": 1}}
     new = {"rounds": 2, "seed": 0, "dp_epsilon": 4.0, "dp_budget_share": shares, "options": {"hops": 1}}
-    canonical_1x = {"dp_epsilon": 4.0, "dp_split": shares, "options": {"hops": 1.0}, "rounds": 2.0, "seed": 0.0}
-    written_by_1x = hashlib.sha256(json.dumps(canonical_1x, sort_keys=True, separators=(",", ":")).encode())
-    assert fingerprint(old) == fingerprint(new) == written_by_1x.hexdigest()[:16]
+    hashed = {"dp_epsilon": 4.0, "dp_split": shares, "options": {"hops": 1.0}, "rounds": 2.0}  # seed 0: the default
+    under_first_name = hashlib.sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
+    assert fingerprint(old) == fingerprint(new) == under_first_name.hexdigest()[:16]
     assert identity(old) == identity(new) and not differences(old, new)
     run = tmp_path / "old-run"
     run.mkdir()
@@ -69,6 +71,19 @@ def test_a_schema_1_result_with_dp_split_loads_under_the_new_name_and_keeps_its_
     frame = load_frame(tmp_path)
     assert frame["config.dp_budget_share"].tolist() == [shares] and "config.dp_split" not in frame
     assert cli_main(["compare", str(tmp_path)]) == 0 and "old-run" in capsys.readouterr().out
+
+
+def test_a_setting_added_later_at_its_default_keeps_the_stored_fingerprint(tmp_path):
+    """A config written before a setting existed hashes as one with the setting at its default."""
+    full = resolve(RunConfig(rounds=2, clients=3))
+    before = {k: v for k, v in full.items() if k != "keyswitch_batch_mb"}
+    assert full["keyswitch_batch_mb"] is None and fingerprint(before) == fingerprint(full)
+    assert fingerprint({**full, "keyswitch_batch_mb": 64}) != fingerprint(full)
+    run = tmp_path / "old-run"
+    run.mkdir()
+    stale = {"status": "complete", "config": before, "config_fingerprint": "0" * 16}
+    (run / "result.json").write_text(json.dumps(stale))
+    assert stored_run(run)["fingerprint"] == fingerprint(full)  # recomputed from the stored config
 
 
 def test_fingerprint_ignores_where_files_go_and_names_what_differs():
