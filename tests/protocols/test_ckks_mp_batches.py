@@ -1,9 +1,10 @@
 """Ckks-mp's key switch in bounded batches, and the clients' check that the batches make up one planned switch.
 
-The server asks for an exchange's key-switching shares in batches whose share bytes (all clients') stay within
-``keyswitch_batch_bytes``; the first batch names the exchange's planned switch (every key's blocks), which each
-client checks whole, and every batch must hold only planned (key, block) pairs not switched before.  Each attack is a
-malicious server half (a subclass of the honest one) and ends in a specific ProtocolError at an honest client.
+The server asks for an exchange's key-switching shares in batches whose share bytes (all clients'; t-out-of-n: the
+active set's) stay within ``keyswitch_batch_bytes``; the first batch names the exchange's planned switch (every key's
+blocks; t-out-of-n also its uploaders), which each client checks whole, and every batch must hold only planned (key,
+block) pairs not switched before, t-out-of-n from the active set that opened the switch.  Each attack is a malicious
+server half (a subclass of the honest one) and ends in a specific ProtocolError at an honest client.
 """
 
 from __future__ import annotations
@@ -237,6 +238,22 @@ def test_a_threshold_key_switch_in_batches_gives_the_one_call_result():
         for p in (whole, batched)
     ]
     assert downloads[0] == downloads[1]
+
+
+def test_threshold_batches_are_cut_for_the_active_sets_share_bytes():
+    """The bound counts the shares of the t clients asked, not of all K.
+
+    A bound of two broadcast rows' shares from t clients (= one recipient row's, PCKS being twice CKS) holds the
+    broadcast group in one batch and each recipient's row in one; counted for K clients it would split them all.
+    """
+    whole = threshold_protocol(batch_bytes=256 << 20)
+    mixed_exchange(whole)
+    cks = next(m for m in whole.transcript.select(tag="mixed") if m.kind == "share")  # a client's first: CKS
+    row = len(cks.payload) // SHARED  # one client's CKS share of one aggregate row
+    batched = threshold_protocol(batch_bytes=2 * row * T)
+    got, exact = mixed_exchange(batched)
+    assert all(np.array_equal(got[c], exact[c]) for c in range(K))
+    assert [m.payload["groups"].tolist() for m in requests_of(batched)] == [[[-1, 2]], [[0, 1]], [[1, 1]], [[2, 1]]]
 
 
 def test_a_batched_threshold_key_switch_survives_n_minus_t_silent_clients():
