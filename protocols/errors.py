@@ -245,7 +245,8 @@ class ActiveSetError(KeySwitchRefusedError):
 
     A t-out-of-n ckks-mp key switch names an active set that is not exactly ``t`` distinct
     clients of the run including this one, or an uploader set the plan does not allow (a
-    non-contributor, this client's own upload misreported, more uploads missing than n - t).
+    non-contributor, this client's own upload misreported, more uploads missing than n - t, one
+    block with two uploader sets), or a batch names another active set than its switch's.
     """
 
 

@@ -103,9 +103,10 @@ class CKKSMPProtocol(HalvesProtocol):
     audit_sum_bound:    check integer K-way sums against the public bound before encrypting
                         (only where this facade holds every contribution).
     link:               the transport to the client halves (default: in-process halves).
-    keyswitch_batch_bytes: n-out-of-n: the most key-switching share bytes (all clients' together) the
-                        server asks for in one call (default 256 MiB); an exchange's key switch
-                        takes as many calls as its shares need (:func:`.server.batches_of`).
+    keyswitch_batch_bytes: the most key-switching share bytes (all clients' together; t-out-of-n: the
+                        active set's) the server asks for in one call (default 256 MiB); an
+                        exchange's key switch takes as many calls as its shares need
+                        (:func:`.server.batches_of`).
     threshold:          t of t-out-of-n key switching (:mod:`.threshold`; default n, i.e.
                         n-out-of-n): any t clients can key-switch, so t clients together hold the
                         key (the collusion bound on the key drops from n - 1 to t - 1).

@@ -34,10 +34,10 @@ this client's answer):
                        block's switch is the plan's (a recipient key for a block the plan switches to
                        the broadcast key: RecipientKeyError; the broadcast key for any other set of
                        blocks than the plan's: DowngradeError), one planned switch per exchange (t-out-of-n:
-                       re-plans below) and one group per recipient (RepeatedKeySwitchError); n-out-of-n, in the server's
-                       batches: the first names the planned switch, checked whole, and each batch holds only
-                       planned (key, block) pairs not switched before (UnplannedKeySwitchError,
-                       RepeatedKeySwitchError; a download before the whole plan: IntegrityError), within the
+                       re-plans below) and one group per recipient (RepeatedKeySwitchError); in the server's
+                       batches, at increasing parts: the first names the planned switch, checked whole, and each
+                       batch holds only planned (key, block) pairs not switched before (UnplannedKeySwitchError,
+                       RepeatedKeySwitchError; n-out-of-n, a download before the whole plan: IntegrityError), within the
                        run's smudging budget (SmudgingBudgetError), after this client's own upload; a request carrying
                        anything else (a ``c1``) is refused
 ``download``           its blocks: ``c0'`` only for the plan's blocks switched to ``s_B`` (``c1`` is
@@ -58,15 +58,18 @@ t-out-of-n (the public setup's ``threshold`` t < n, with ``2t > n + c``; :mod:`.
 Bertrand, Hubaux, J. Cryptology 2023): at ``key_setup`` part 0 each client also deals Shamir shares
 of ``s_i``; at part ``1 + r`` (r = 1..n-1, in order) it sends the one for client ``(me + r) mod n`` on
 the channel and opens the ones relayed to it; at part 1 it must hold one from every other client.
-``keyswitch`` part 0 is a liveness probe (answered with an empty signed message); part 1 names the
-active set ``A`` and the uploaders ``U`` (per block), and only the ``t`` clients of ``A`` answer, each
-with ``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
+``keyswitch`` part 0 is a liveness probe (answered with an empty signed message); the batches follow at
+parts 1, 2, ..., each naming the active set ``A``, the first also the planned switch with the uploaders
+``U`` and which of them uploaded each planned block; only the ``t`` clients of ``A`` answer, each with
+``lambda_me^A sum_{i in U_b} sigma_{i,me}`` as its key and masks over ``A``.  Refused
 (:class:`~protocols.errors.ActiveSetError`) unless ``A`` is exactly t distinct clients of the run
 including this one, ``U`` lies within the plan's contributors with at most n - t of them missing,
-and ``U`` names this client's own upload exactly; the mask labels hold a digest of ``A`` and ``U``.
-Part ``1 + r`` (r >= 1) is the server's r-th re-plan after a member of ``A`` was lost: answered only
-with the first request's groups, blocks and uploaders, a new active set and none of the lost
-(:meth:`CKKSMPClient._check_replan`, RepeatedKeySwitchError).
+``U`` names this client's own upload exactly, a block's uploaders are the same in every group, and every
+batch names the ``A`` of the request that opened the switch; the mask labels hold a digest of ``A`` and
+``U``.  A request naming the planned switch again is the server's re-plan after a member of ``A`` was lost
+(the batches left, asked of a new ``A``): answered only with the first request's planned switch and
+uploaders, a new active set and none of the lost (:meth:`CKKSMPClient._check_replan`,
+RepeatedKeySwitchError).
 """
 
 from __future__ import annotations
@@ -132,16 +135,30 @@ ROTATION_PART = 2
 #: t-out-of-n set-up: the server's request (and the answer) of this part asks a client to deal the broadcast key in
 #: place of client 0, which did not answer the key set-up's first step
 DEALER_PART = (1 << 32) - 2
-#: envelope part of a client's answer to the t-out-of-n liveness probe (shares use parts r * groups + g, r: the re-plan)
+#: envelope part of a client's answer to the t-out-of-n liveness probe (shares: :func:`share_part`)
 READY_PART = (1 << 32) - 1
 #: domain separator of the key of the released blocks' digests (:meth:`CKKSMPClient._release_digest`)
 RELEASE_KEY_DOMAIN = b"secure-fgl/ckks-mp/release-key/v1"
 #: the fields of a key-switching request (a ``c1`` is never one: clients compute it)
 KEYSWITCH_FIELDS = frozenset({"groups", "blocks", "keys"})
-#: the field of an exchange's first n-out-of-n key-switching batch that names its planned switch (groups, blocks)
+#: t-out-of-n: the field of every key-switching request naming the active set
+ACTIVE_FIELD = "active"
+#: the field of the request that opens an exchange's key switch (its first batch; t-out-of-n: also a re-plan's) and
+#: names its planned switch
 PLANNED_FIELD = "planned"
-#: t-out-of-n adds the active set, the uploaders and which of them uploaded each requested block
-THRESHOLD_FIELDS = KEYSWITCH_FIELDS | {"active", "uploaders", "uploaded"}
+#: the fields of a planned switch: its groups and blocks; t-out-of-n adds the uploaders and which of them uploaded
+#: each planned block
+PLANNED_FIELDS = frozenset({"groups", "blocks"})
+THRESHOLD_PLANNED_FIELDS = PLANNED_FIELDS | {"uploaders", "uploaded"}
+
+
+def share_part(request: int, group: int, clients: int) -> int:
+    """The envelope part of a client's key-switching share of ``group`` in the request of part ``request``.
+
+    ``request * (clients + 1) + group``: a request holds at most one group per key (the broadcast key and each
+    client), so no two shares of an exchange's key switch, over its batches and re-plans, share a part.
+    """
+    return request * (clients + 1) + group
 
 
 @dataclass(frozen=True)
@@ -159,18 +176,23 @@ class Replan:
 
 @dataclass
 class _Switch:
-    """A client's n-out-of-n key switch of one exchange, answered in the server's batches.
+    """A client's key switch of one exchange, answered in the server's batches (:meth:`CKKSMPClient._switch_batch`).
 
-    ``planned``: each key's blocks (-1: the broadcast key; else a recipient), named by the first batch and checked
-    whole; ``done``: the blocks switched so far; ``batches``: the batches answered (the next one's part); ``groups``:
-    the groups answered (the next batch's first share part).
+    ``planned``: each key's blocks (-1: the broadcast key; else a recipient), named by the request that opened the
+    switch and checked whole; ``done``: the blocks switched since; ``part``: the envelope part of the last request
+    answered (the next one's must be larger).  t-out-of-n (a re-plan opens a new switch): ``active``: the active set
+    the opening request named, the same for every batch until a re-plan; ``uploaders``: each planned block's
+    uploaders; ``context``: the masks' label context; ``replan``: what the exchange's (re-)plans bound and answered.
     """
 
     exchange: int
     planned: dict[int, frozenset[int]]
+    part: int
     done: dict[int, set[int]] = field(default_factory=dict)
-    batches: int = 0
-    groups: int = 0
+    active: tuple[int, ...] | None = None
+    uploaders: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    context: str = ""
+    replan: Replan | None = None
 
     @property
     def complete(self) -> bool:
@@ -235,9 +257,7 @@ class CKKSMPClient(ClientHalf):
         self.switched = 0
         #: the exchange of this client's last key switch
         self._last_switch: int | None = None
-        #: t-out-of-n: (exchange, what this client's key switches of it bound and answered; :meth:`_check_replan`)
-        self._answered: tuple[int, Replan] | None = None
-        #: n-out-of-n: the key switch of the current exchange over its batches (:meth:`_switch_batch`)
+        #: the key switch of the current exchange over its batches (:meth:`_switch_batch`)
         self._switch: _Switch | None = None
         #: the exchange of this client's last upload (one upload per exchange number: c1 is per exchange)
         self._last_upload: int | None = None
@@ -322,14 +342,15 @@ class CKKSMPClient(ClientHalf):
         return plan
 
     def _from_server(
-        self, inbox: list[Message], stage: str, where: dict[str, Any], parts: tuple[int, ...] = (0,)
+        self, inbox: list[Message], stage: str, where: dict[str, Any], parts: Sequence[int] = (0,)
     ) -> Message:
         mine = [m for m in inbox if m.sender == SERVER]
         if len(mine) != 1:
             raise IntegrityError(f"expected one '{stage}' message from the server, got {len(mine)}", **where)
         part = envelope_of(mine[0]).part
         if stage != "key_setup" and part not in parts:
-            raise IntegrityError(f"a '{stage}' message of part {part}, expected one of {list(parts)}", **where)
+            expected = list(parts) if len(parts) < 8 else f"{parts[0]}..{parts[-1]}"
+            raise IntegrityError(f"a '{stage}' message of part {part}, expected one of {expected}", **where)
         return self.check(mine[0], SERVER, stage, part, where)
 
     def _plan(self) -> Plan:
@@ -768,53 +789,55 @@ class CKKSMPClient(ClientHalf):
         K, p = self.setup.num_clients, self._exchange_plan
         t_of_n = self.threshold < K
         switched = self._last_switch is not None and self._last_switch >= p.exchange
-        answered = self._answered[1] if self._answered is not None and self._answered[0] == p.exchange else None
         switch = self._switch if self._switch is not None and self._switch.exchange == p.exchange else None
-        if switched and answered is None and switch is None:  # n-out-of-n, or a refused request: never a second one
+        if switched and switch is None:  # a refused request ends the exchange's key switch: never a second one
             raise RepeatedKeySwitchError("a second key-switching request in this exchange", **where)
-        if switch is not None and switch.complete:
-            raise RepeatedKeySwitchError(
-                "a key-switching batch after this client switched every block of the exchange's planned switch",
-                **where,
-            )
         # t-out-of-n: a contributor that missed its upload may still key-switch the others' uploads
         # (the uploaders then exclude it, checked in _active_set)
         if self.id in p.contributors and self._last_upload != p.exchange and not t_of_n:
             raise KeySwitchRefusedError("a key-switching request before this client's upload of the exchange", **where)
-        # t-out-of-n: part 0 is the probe, part 1 + r the r-th re-plan of the active set (r <= n - t);
-        # n-out-of-n: part b is the exchange's batch b, in order
-        parts = tuple(range(2 + K - self.threshold)) if t_of_n else (switch.batches if switch is not None else 0,)
-        req = self._from_server(inbox, "keyswitch", where, parts)
-        if t_of_n and envelope_of(req).part == 0:  # the liveness probe: answer it, commit to nothing
+        parts = [envelope_of(m).part for m in inbox if m.sender == SERVER]
+        if switch is not None and parts and min(parts) <= switch.part:
+            raise RepeatedKeySwitchError(
+                f"a key-switching request of part {min(parts)} after this client answered part {switch.part} of the "
+                "exchange: each request of a key switch comes once, in order",
+                **where,
+            )
+        # parts below DEALER_PART / (n + 1): the shares' parts (:func:`share_part`) stay below the set-up's
+        req = self._from_server(inbox, "keyswitch", where, range(DEALER_PART // (K + 1)))
+        if t_of_n and envelope_of(req).part == 0:  # the liveness probe (before any request): commit to nothing
             msg = self.message(SERVER, "control", (), {}, self.fingerprint, note="ready to key-switch")
             return [self.seal(msg, "keyswitch", READY_PART)]
         self._last_switch = p.exchange
         try:
-            return self._switch_batch(req, switch, answered, where)
+            return self._switch_batch(req, switch, where)
         except BaseException:  # a refused batch ends the exchange's key switch for this client
             self._switch = None
             self._key_shares.forget_upload()
             raise
 
-    def _switch_batch(
-        self, req: Message, switch: _Switch | None, answered: Replan | None, where: dict[str, Any]
-    ) -> _Reply:
-        """Answer one key-switching request: check it against the exchange's planned switch, compute the shares.
+    def _switch_batch(self, req: Message, switch: _Switch | None, where: dict[str, Any]) -> _Reply:
+        """Answer one key-switching request (one batch): check it against the exchange's planned switch, compute shares.
 
-        n-out-of-n: the first batch names the planned switch (``planned``: every key's blocks), checked whole; each
-        batch must hold only planned (key, block) pairs not switched before (UnplannedKeySwitchError,
-        RepeatedKeySwitchError), so the union of the batches is at most the planned switch, and a batch after it is
-        complete is refused.  t-out-of-n: one request is the whole switch (re-plans: :meth:`_check_replan`).
+        The request that opens the switch (the first batch) names the planned switch (``planned``: every key's blocks;
+        t-out-of-n also the uploaders and each block's), checked whole (:meth:`_open_switch`); every batch must hold
+        only planned (key, block) pairs not switched before (UnplannedKeySwitchError, RepeatedKeySwitchError), so the
+        union of the batches is at most the planned switch, and a batch after it is complete is refused.  t-out-of-n:
+        every batch names the active set the opening request named (ActiveSetError otherwise); only a re-plan, which
+        names the planned switch again, changes it (:meth:`_check_replan`).
         """
         K, p = self.setup.num_clients, self._exchange_plan
         t_of_n = self.threshold < K
         ep = self._plan()
-        fields = THRESHOLD_FIELDS if t_of_n else KEYSWITCH_FIELDS | ({PLANNED_FIELD} if switch is None else set())
-        if not isinstance(req.payload, dict) or set(req.payload) != fields:
+        fields = KEYSWITCH_FIELDS | ({ACTIVE_FIELD} if t_of_n else set())
+        opening = fields | {PLANNED_FIELD}
+        allowed = [opening] if switch is None else [fields, opening] if t_of_n else [fields]
+        if not isinstance(req.payload, dict) or set(req.payload) not in allowed:
             got = sorted(req.payload) if isinstance(req.payload, dict) else type(req.payload).__name__
             raise KeySwitchRefusedError(
-                f"a key-switching request with fields {got}, expected {sorted(fields)}: clients compute every c1 "
-                "themselves, and only the first batch of an exchange names its planned switch",
+                f"a key-switching request with fields {got}, expected {sorted(allowed[0])}: clients compute every c1 "
+                "themselves, and only the first batch of an exchange names its planned switch (t-out-of-n: also the "
+                "first of a re-plan)",
                 **where,
             )
         groups, blocks = self._groups(req.payload, where)
@@ -822,35 +845,27 @@ class CKKSMPClient(ClientHalf):
             offered = {int(r): v for r, v in dict(req.payload["keys"]).items()}
         except (TypeError, ValueError, AttributeError) as e:
             raise IntegrityError(f"malformed key-switching request ({e})", **where) from None
-        pieces = len(self._pieces(ep))
-        mine = set(self._table()[0].tolist()) if self.id in p.contributors else set()
-        active: list[int] | None = None
-        uploaded: np.ndarray | None = None
-        context = ""
-        if t_of_n:
-            active, uploaded, context = self._active_set(req.payload, blocks, mine, where)
-            uploaders = np.asarray(req.payload["uploaders"], dtype="<i8").ravel()
-            self.check_noise_allowance(uploaders.tolist())  # distributed DP: at most --dp-dropouts missing
-            self.released_over(p, uploaders.tolist())  # a related-input group: one set per round
-            binding = hashlib.sha256(
-                b"/".join(x.astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
-            ).digest()
-            answered = self._check_replan(answered, binding, active, where)
-        if switch is None:
-            planned = self._groups(req.payload[PLANNED_FIELD], where) if not t_of_n else (groups, blocks)
-            switch = _Switch(p.exchange, self._check_planned(ep, *planned, offered, where))
-            total = sum(len(bids) for bids in switch.planned.values()) * pieces
-            if self.switched + total > self.params.max_keyswitches:
-                raise SmudgingBudgetError(
-                    f"{total} more key-switched ciphertexts would exceed this run's budget of "
-                    f"{self.params.max_keyswitches} ({self.switched} done), past which the "
-                    f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
-                    "MPParams.max_keyswitches (a larger smudging noise)",
+        part = int(envelope_of(req).part)
+        if PLANNED_FIELD in req.payload:
+            switch = self._open_switch(ep, req.payload, switch, offered, part, where)
+        else:
+            switch = cast(_Switch, switch)  # a request without the planned switch continues one (fields above)
+            named = self._named_active(req.payload, where) if t_of_n else None
+            if named is not None and tuple(named) != switch.active:
+                raise ActiveSetError(
+                    f"a batch names active set {named}, but this key switch's (re-)plan named "
+                    f"{list(switch.active or ())}: the active set is fixed for a switch's batches (other Lagrange "
+                    "weights on the same uploads), and only a re-plan, naming the planned switch again, changes it",
                     **where,
                 )
-        jobs, start, start_of = [], 0, []
+            if switch.complete:
+                raise RepeatedKeySwitchError(
+                    "a key-switching batch after this client switched every block of the exchange's planned switch",
+                    **where,
+                )
+        pieces = len(self._pieces(ep))
+        jobs, start = [], 0
         for to, count in groups.tolist():
-            start_of.append(start)
             bids = blocks[start : start + count].tolist()
             start += count
             key = "the broadcast key" if to < 0 else f"recipient {to}'s key"
@@ -871,21 +886,20 @@ class CKKSMPClient(ClientHalf):
             pk = self._key_shares.broadcast_pk if to < 0 else self._recipient_key(to, offered, where)
             jobs.append((to, bids, pk))
         smudge = smudging_bits(self.params, K)
+        active = list(switch.active) if switch.active is not None else None
         designated = self.id == (min(active) if active is not None else 0)  # subtracts s_B c1 (CKS)
-        first = int(envelope_of(req).part - 1) * len(jobs) if t_of_n else switch.groups  # the shares' parts
+        mine = set(self._table()[0].tolist()) if self.id in p.contributors else set()
         t = time.perf_counter()
         out = []
         for g, (to, bids, pk) in enumerate(jobs):
             c1, labels = self._c1(ep, bids), self._labels(ep, bids)
-            if uploaded is None:  # s_i c1 only for the blocks this client uploaded
+            if active is None:  # s_i c1 only for the blocks this client uploaded
                 keyed = np.repeat([b in mine for b in bids], pieces)
                 threshold = None
             else:  # each ciphertext's key: the Lagrange-weighted shares of its block's uploaders
                 keyed = np.ones(len(bids) * pieces, dtype=bool)
-                rows = uploaded[start_of[g] : start_of[g] + len(bids)]
-                per_block = [tuple(np.nonzero(row)[0].tolist()) for row in rows]
-                threshold = ([u for u in per_block for _ in range(pieces)], cast(list[int], active))
-            masks = self._masks(ep, to, bids, active, context)
+                threshold = ([switch.uploaders[b] for b in bids for _ in range(pieces)], active)
+            masks = self._masks(ep, to, bids, active, switch.context)
             if to < 0:
                 data = self._key_shares.cks_shares(
                     c1, labels, keyed, masks, smudge, ep.switch_level, designated, threshold
@@ -895,19 +909,69 @@ class CKKSMPClient(ClientHalf):
                 data = self._key_shares.pcks_shares(c1, labels, keyed, masks, pk, smudge, ep.switch_level, threshold)
                 note = f"PCKS shares to recipient {to}'s key"
             msg = self.message(SERVER, "share", (len(bids) * pieces,), data, self.fingerprint, note=note)
-            out.append(self.seal(msg, "keyswitch", first + g))
+            out.append(self.seal(msg, "keyswitch", share_part(part, g, K)))
             switch.done.setdefault(to, set()).update(bids)
         self.switched += int(groups[:, 1].sum()) * pieces
-        switch.batches += 1
-        switch.groups += len(jobs)
-        if t_of_n:
-            self._answered = (p.exchange, cast(Replan, answered))  # set by _check_replan
-        else:
-            self._switch = switch
+        switch.part = part
+        self._switch = switch
         if t_of_n or switch.complete:  # the products kept from the upload go with the exchange's key switch
             self._key_shares.forget_upload()
         self.timing["keyswitch_s"] = self.timing.get("keyswitch_s", 0.0) + time.perf_counter() - t
         return out
+
+    def _open_switch(
+        self,
+        ep: Plan,
+        payload: dict[str, Any],
+        previous: _Switch | None,
+        offered: dict[int, Any],
+        part: int,
+        where: dict[str, Any],
+    ) -> _Switch:
+        """The key switch a request naming the planned switch opens, checked whole before any share is computed.
+
+        The planned switch (:meth:`_check_planned`) within the run's smudging budget (SmudgingBudgetError);
+        t-out-of-n also the active set and the uploaders (:meth:`_active_set`) and the re-plan rules against the
+        exchange's earlier (re-)plans (:meth:`_check_replan`).
+        """
+        K, p = self.setup.num_clients, self._exchange_plan
+        t_of_n = self.threshold < K
+        planned = payload[PLANNED_FIELD]
+        fields = THRESHOLD_PLANNED_FIELDS if t_of_n else PLANNED_FIELDS
+        if not isinstance(planned, dict) or set(planned) != fields:
+            got = sorted(planned) if isinstance(planned, dict) else type(planned).__name__
+            raise KeySwitchRefusedError(f"a planned switch with fields {got}, expected {sorted(fields)}", **where)
+        groups, blocks = self._groups(planned, where)
+        switch = _Switch(p.exchange, self._check_planned(ep, groups, blocks, offered, where), part)
+        if t_of_n:
+            mine = set(self._table()[0].tolist()) if self.id in p.contributors else set()
+            active, uploaders, uploaded = self._active_set(payload, blocks, mine, where)
+            self.check_noise_allowance(uploaders)  # distributed DP: at most --dp-dropouts missing
+            self.released_over(p, uploaders)  # a related-input group: one set per round
+            binding = hashlib.sha256(
+                b"/".join(np.asarray(x).astype("<i8").tobytes() for x in (groups, blocks, uploaders, uploaded))
+            ).digest()
+            switch.replan = self._check_replan(previous.replan if previous else None, binding, active, where)
+            switch.active = tuple(active)
+            switch.uploaders = {b: tuple(np.nonzero(row)[0].tolist()) for b, row in zip(blocks.tolist(), uploaded)}
+            digest = hashlib.sha256(
+                np.asarray(active, dtype="<i8").tobytes()
+                + b"/"
+                + np.asarray(uploaders, dtype="<i8").tobytes()
+                + b"/"
+                + uploaded.tobytes()
+            ).hexdigest()
+            switch.context = f"/active:{digest}"
+        total = sum(len(bids) for bids in switch.planned.values()) * len(self._pieces(ep))
+        if self.switched + total > self.params.max_keyswitches:
+            raise SmudgingBudgetError(
+                f"{total} more key-switched ciphertexts would exceed this run's budget of "
+                f"{self.params.max_keyswitches} ({self.switched} done), past which the "
+                f"smudging's total distance exceeds 2^-{TOTAL_DISTANCE_BITS}. Fix: raise "
+                "MPParams.max_keyswitches (a larger smudging noise)",
+                **where,
+            )
+        return switch
 
     def _groups(self, table: Any, where: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A request's groups ``[(key, count)]`` and the blocks they partition, checked.
@@ -983,12 +1047,13 @@ class CKKSMPClient(ClientHalf):
     ) -> Replan:
         """T-out-of-n: refuse a key switch that could release anything but the exchange's one result.
 
-        The first request of an exchange fixes its ``binding`` (groups, blocks, uploaders ``U`` and per-block rows:
-        everything that decides what the shares decrypt to).  A later one -- the server re-planning after a member of
-        the active set was lost -- is answered only with the same binding, an active set not answered before, and
-        none of the clients an earlier active set lost (RepeatedKeySwitchError otherwise): every answer then releases
-        the same ``s_U c1`` under fresh masks and smudging, and each re-plan leaves out at least one more client, so
-        there are at most ``n - t`` of them.  Returns the updated record.
+        The request that opens the exchange's key switch fixes its ``binding`` (the planned switch's groups, blocks,
+        uploaders ``U`` and per-block rows: everything that decides what the shares decrypt to).  A later opening --
+        the server re-planning the batches left after a member of the active set was lost -- is answered only with
+        the same binding, an active set not answered before, and none of the clients an earlier active set lost
+        (RepeatedKeySwitchError otherwise): every answer then releases the same ``s_U c1`` under fresh masks and
+        smudging, and each re-plan leaves out at least one more client, so there are at most ``n - t`` of them.
+        Returns the updated record.
         """
         if answered is None:
             return Replan(binding, [tuple(active)], frozenset())
@@ -1008,26 +1073,33 @@ class CKKSMPClient(ClientHalf):
         lost = answered.lost.union(*(set(a) - set(active) for a in answered.active_sets))
         return Replan(binding, answered.active_sets + [tuple(active)], frozenset(lost))
 
+    def _named_active(self, payload: dict[str, Any], where: dict[str, Any]) -> list[int]:
+        """The active set a t-out-of-n request names (IntegrityError when malformed)."""
+        try:
+            return [int(k) for k in np.asarray(payload[ACTIVE_FIELD], dtype=np.int64).ravel()]
+        except (TypeError, ValueError) as e:
+            raise IntegrityError(f"malformed active set ({e})", **where) from None
+
     def _active_set(
         self, payload: dict[str, Any], blocks: np.ndarray, mine: set[int], where: dict[str, Any]
-    ) -> tuple[list[int], np.ndarray, str]:
-        """The checked active set and uploaders of a t-out-of-n request.
+    ) -> tuple[list[int], list[int], np.ndarray]:
+        """The checked active set, uploaders and per-block uploaders of a t-out-of-n request opening a switch.
 
-        The active set ``A`` and the uploaders of a t-out-of-n request, checked (ActiveSetError):
-        ``A`` exactly t distinct clients of the run, this one among them; ``U`` within the plan's
-        contributors, at most n - t of them missing and at least the run's minimum contributors
-        (a server declaring honest uploads dropped cannot shrink a sum below it), this client in
-        ``U`` exactly when it uploaded;
-        ``uploaded`` (one row per requested block, one column per client) within ``U`` and, for this
-        client, exactly its own blocks.  Returns (A, uploaded rows, the masks' label context).
+        The active set ``A`` (the request's) and the uploaders ``U`` and their rows (its planned switch's), checked
+        (ActiveSetError): ``A`` exactly t distinct clients of the run, this one among them; ``U`` within the plan's
+        contributors, at most n - t of them missing and at least the run's minimum contributors (a server declaring
+        honest uploads dropped cannot shrink a sum below it), this client in ``U`` exactly when it uploaded;
+        ``uploaded`` (one row per planned block, one column per client) within ``U``, for this client exactly its own
+        blocks, and one row per block wherever it appears (two rows would key-switch two sums of one block, to two
+        recipients, whose difference is an uploader's input).  Returns (A, U, uploaded).
         """
         K, t = self.setup.num_clients, self.threshold
+        active = self._named_active(payload, where)
         try:
-            active = [int(k) for k in np.asarray(payload["active"], dtype=np.int64).ravel()]
-            uploaders = [int(k) for k in np.asarray(payload["uploaders"], dtype=np.int64).ravel()]
-            uploaded = np.asarray(payload["uploaded"], dtype=np.uint8).reshape(blocks.size, K)
+            uploaders = [int(k) for k in np.asarray(payload[PLANNED_FIELD]["uploaders"], dtype=np.int64).ravel()]
+            uploaded = np.asarray(payload[PLANNED_FIELD]["uploaded"], dtype=np.uint8).reshape(blocks.size, K)
         except (TypeError, ValueError) as e:
-            raise IntegrityError(f"malformed active set or uploaders ({e})", **where) from None
+            raise IntegrityError(f"malformed uploaders ({e})", **where) from None
         strangers = sorted({k for k in active + uploaders if not 0 <= k < K})
         if strangers:
             raise ActiveSetError(f"the request names client(s) {strangers}, not among this run's 0..{K - 1}", **where)
@@ -1071,14 +1143,15 @@ class CKKSMPClient(ClientHalf):
                 "the per-block uploaders name a client outside the uploaders, or misreport this client's own blocks",
                 **where,
             )
-        digest = hashlib.sha256(
-            np.asarray(active, dtype="<i8").tobytes()
-            + b"/"
-            + np.asarray(uploaders, dtype="<i8").tobytes()
-            + b"/"
-            + uploaded.tobytes()
-        ).hexdigest()
-        return active, uploaded, f"/active:{digest}"
+        row_of: dict[int, bytes] = {}
+        for b, row in zip(blocks.tolist(), uploaded):
+            if row_of.setdefault(b, row.tobytes()) != row.tobytes():
+                raise ActiveSetError(
+                    f"block {b} named with two different sets of uploaders (in two groups): two sums of one block, "
+                    "whose difference is an uploader's input",
+                    **where,
+                )
+        return active, uploaders, uploaded
 
     # ------------------------------------------------------------------ download
     def _download(self, inbox: list[Message]) -> _Reply:

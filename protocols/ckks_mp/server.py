@@ -19,9 +19,9 @@ It holds public material only -- the CRS seed, every ``p_i``, ``p_R``, ``p_B``, 
    itself: a PCKS share ``(h0_i, h1_i)`` per ciphertext to a recipient's key, a CKS share ``h_i``
    (one polynomial) to the broadcast key (:mod:`.keyswitch`).  A client that does not answer:
    DropoutError naming it (n-out-of-n: ``s`` needs every ``s_i``).  The server adds the K shares to
-   ``c0``.  n-out-of-n: in batches of at most ``keyswitch_batch_bytes`` of shares from all clients
-   (:func:`batches_of`), the first naming the whole planned switch; each batch's shares are combined and
-   dropped before the next is asked for.
+   ``c0``.  In batches of at most ``keyswitch_batch_bytes`` of shares from all clients (t-out-of-n: from
+   the active set; :func:`batches_of`), the first naming the whole planned switch; each batch's shares are
+   combined and dropped before the next is asked for.
 4. ``download``: each recipient gets only its blocks: ``c0'`` of the exchange's blocks switched to the broadcast key
    (its ``c1`` is the public one; the same bytes for every recipient) and ``(c0', c1')`` of its other blocks, switched
    to its own key.
@@ -37,9 +37,10 @@ also relays every client's n - 1 Shamir shares (channel-encrypted), streamed in 
 shares each (:meth:`CKKSMPServer._relay_shares`); at upload up to n - t missing contributors are
 left out (more: DropoutError naming them); ``keyswitch`` starts with a liveness probe of every
 client, the active set ``A`` is the first t responders among the uploaders and the clients that
-contribute nothing, and only ``A`` is asked, with ``A``, the uploaders ``U`` and a per-block table of
-who uploaded what; a member of ``A`` that does not answer is replaced by the next responder in a
-re-plan with the same request (fewer than t responders left: DropoutError naming the missing clients).
+contribute nothing, and only ``A`` is asked, every batch naming ``A``, the first with the planned switch's
+uploaders ``U`` and a per-block table of who uploaded what; a member of ``A`` that does not answer a batch
+is replaced by the next responder in a re-plan, which names the planned switch again and asks the batches
+left (fewer than t responders left: DropoutError naming the missing clients).
 
 What a server that deviates can and cannot do is in :mod:`.client` (the refusals) and
 ``docs/ckks_mp.md``: it never sends a ``c1``, so it cannot have a key share's product with a
@@ -62,7 +63,7 @@ from ..plan import ExchangePlan
 from ..release_commitment import DIGEST_BYTES, empty_leaf, leaf, prove, root_of, tree
 from ..transcript import SERVER, Kind, Message, client_party
 from . import encoding, encryption
-from .client import DEALER_PART, KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, threshold_of
+from .client import DEALER_PART, KEYS_TAG, READY_PART, ROTATION_PART, THRESHOLD_TAG, share_part, threshold_of
 from .keys import key_fingerprint
 from .keyswitch import combine_broadcast, combine_shares, planned_broadcast_blocks
 from .params import params_from_options, plan_exchange, ring_of
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
 
 #: client -> [(message, envelope part)]: one stage's requests (:meth:`ServerHalf.call`)
 _Requests = dict[int, list[tuple[Message, int]]]
-#: n-out-of-n: default bound on the share bytes of one key-switching batch, all clients' together
+#: default bound on the share bytes of one key-switching batch, all active clients' together
 KEYSWITCH_BATCH_BYTES = 256 << 20
 #: (recipient, or -1 for the broadcast key; rows of the aggregate): one key-switching group
 _Group = tuple[int, list[int]]
@@ -93,7 +94,7 @@ class CKKSMPServer(ServerHalf):
         self.params = params_from_options(setup.options["params"])
         self.ring = ring_of(self.params)
         self.keep_payload_bytes = int(setup.options["keep_payload_bytes"])
-        #: n-out-of-n: the most share bytes (all clients') of one key-switching batch (:func:`batches_of`)
+        #: the most share bytes (all active clients') of one key-switching batch (:func:`batches_of`)
         self.batch_bytes = int(setup.options.get("keyswitch_batch_bytes", KEYSWITCH_BATCH_BYTES))
         self.fingerprint: str | None = None
         #: recipient -> (its p_R bytes, its owner's signature), forwarded verbatim
@@ -410,51 +411,44 @@ class CKKSMPServer(ServerHalf):
         groups += [(r, rows) for r, rows in rows_of.items() if rows]
         server_s += time.perf_counter() - t
         active = list(range(K))
-        extra: dict[str, np.ndarray] = {}
         eligible: list[int] = []
-        if self.threshold < K:  # one request holds the whole switch (its re-plans repeat it)
+        planned: dict[str, np.ndarray] = {"groups": _table(groups), "blocks": _blocks(groups, needed)}
+        if self.threshold < K:  # the active set, the uploaders and which of them uploaded each planned block
             eligible = self._eligible(link, contributors, uploaders)
             active = eligible[: self.threshold]
-            blocks = np.array([needed[i] for _, rows in groups for i in rows], dtype=np.int64)
-            table_of = np.zeros((blocks.size, K), dtype=np.uint8)
+            table_of = np.zeros((planned["blocks"].size, K), dtype=np.uint8)
             for k in uploaders:
-                table_of[:, k] = np.isin(blocks, ids_of[k])
-            extra = {"uploaders": np.array(uploaders, dtype=np.int64), "uploaded": table_of}
-            batches = [groups]
-        else:  # n-out-of-n: batches of at most batch_bytes of shares from all K clients
-            row_bytes = pieces * ep.switch_level * ep.n * 4 * K  # one CKS row's shares; PCKS: twice that
-            batches = batches_of(groups, lambda to: row_bytes * (1 if to < 0 else 2), self.batch_bytes)
+                table_of[:, k] = np.isin(planned["blocks"], ids_of[k])
+            planned.update(uploaders=np.array(uploaders, dtype=np.int64), uploaded=table_of)
+        row_bytes = pieces * ep.switch_level * ep.n * 4 * len(active)  # one CKS row's shares; PCKS: twice that
+        batches = batches_of(groups, lambda to: row_bytes * (1 if to < 0 else 2), self.batch_bytes)
         switched: dict[int, list[bytes]] = {}  # each group's sum as wire bytes, its shares released once combined
         lost: list[int] = []
-        answered = 0  # groups answered in earlier batches (their shares' envelope parts)
-        for b, batch in enumerate(batches):
-            planned = (
-                {"groups": _table(groups), "blocks": _blocks(groups, needed)}
-                if b == 0 and K == self.threshold
-                else None
+        replan = b = 0
+        part = int(self.threshold < K)  # the next request's envelope part (t-out-of-n: part 0 is the probe)
+        opening = True  # the next request opens a (re-)plan: it names the planned switch
+        while b < len(batches):
+            shares, missing = self._keyswitch(
+                link, batches[b], needed, active, (b, replan, part), (pieces,) + ct_shape, planned if opening else None
             )
-            for replan in range(K - self.threshold + 1):  # t-out-of-n: re-plan without a lost member of A
-                shares, missing = self._keyswitch(
-                    link, batch, needed, active, extra, (b, replan, answered), (pieces,) + ct_shape, planned
-                )
-                if not missing:
-                    break
+            part += 1
+            if missing:  # t-out-of-n: re-plan the batches left without the lost (n-out-of-n: none is left to ask)
                 lost += missing
                 active = [k for k in eligible if k not in lost][: self.threshold]
                 if len(active) < self.threshold:
-                    break
-            if missing:
-                raise self._missing(
-                    sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
-                )
+                    raise self._missing(
+                        sorted(lost), "its key-switching (partial decryption) shares", tag=plan.tag, round=plan.round
+                    )
+                replan, opening = replan + 1, True
+                continue
             t = time.perf_counter()
-            for g, (to, rows) in enumerate(batch):
+            for g, (to, rows) in enumerate(batches[b]):
                 combine = combine_broadcast if to < 0 else combine_shares
-                part = combine(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
-                switched.setdefault(to, []).append(encryption.to_bytes(part))
+                part_sum = combine(self.ring, agg[rows].reshape((-1,) + c0_shape), shares[g])
+                switched.setdefault(to, []).append(encryption.to_bytes(part_sum))
                 shares[g] = []
             del shares  # the batch's share bundles (the shares view them), before the next batch
-            answered += len(batch)
+            opening, b = False, b + 1
             server_s += time.perf_counter() - t
         del agg  # the aggregate, before the downloads
 
@@ -486,6 +480,7 @@ class CKKSMPServer(ServerHalf):
             "lost": tuple(sorted(lost)),
             "replans": replan,
             "keyswitch_batches": len(batches),
+            "keyswitch_requests": part - int(self.threshold < K),
         }
         return tuple(uploaders)
 
@@ -543,25 +538,23 @@ class CKKSMPServer(ServerHalf):
         groups: list[_Group],
         needed: list[int],
         active: list[int],
-        extra: dict[str, np.ndarray],
         attempt: tuple[int, int, int],
         shape: tuple[int, ...],
         planned: dict[str, np.ndarray] | None,
     ) -> tuple[list[list[np.ndarray]], list[int]]:
         """Ask the active set ``active`` for its key-switching shares of one batch of ``groups``.
 
-        ``attempt``: (batch, re-plan, groups answered in earlier batches).  Returns (the shares per group, the
-        members of ``active`` that did not answer).  n-out-of-n: batch b's request at part b, its answers from part
-        ``answered``, and the first batch carries the exchange's ``planned`` switch; t-out-of-n (one batch): request
-        part ``1 + replan``, answers at parts ``replan * groups + g``.  ``needed``: the block of each aggregate row;
-        ``shape``: (pieces, ``c1``'s shape after switching down).
+        ``attempt``: (batch, re-plan, the request's envelope part); the shares come at :func:`.client.share_part`.
+        ``planned``: the exchange's planned switch, sent with the first batch of the switch (t-out-of-n: of each
+        re-plan), with every planned recipient's key a member has not been sent.  t-out-of-n: every request names
+        ``active``.  Returns (the shares per group, the members of ``active`` that did not answer).  ``needed``: the
+        block of each aggregate row; ``shape``: (pieces, ``c1``'s shape after switching down).
         """
-        fp, (pieces, *ct_shape) = cast(str, self.fingerprint), shape
-        batch, replan, answered = attempt
-        t_of_n = self.threshold < self.setup.num_clients
+        K, fp, (pieces, *ct_shape) = self.setup.num_clients, cast(str, self.fingerprint), shape
+        batch, replan, part = attempt
         table, blocks = _table(groups), _blocks(groups, needed)
-        first = replan * len(groups) if t_of_n else answered
-        payload: dict[str, Any] = {**extra, "active": np.array(active, dtype=np.int64)} if t_of_n else {}
+        first = share_part(part, 0, K)
+        payload: dict[str, Any] = {"active": np.array(active, dtype=np.int64)} if self.threshold < K else {}
         if planned is not None:
             payload["planned"] = planned
         requests: _Requests = {}
@@ -578,11 +571,10 @@ class CKKSMPServer(ServerHalf):
                         (len(groups), 2),
                         {"groups": table, "blocks": blocks, "keys": keys, **payload},
                         fp,
-                        note="block ids to key-switch, per recipient key"
-                        + (f" (re-plan {replan}: active set {active})" if replan else "")
-                        + (f" (batch {batch})" if not t_of_n else ""),
+                        note=f"block ids to key-switch, per recipient key (batch {batch})"
+                        + (f" (re-plan {replan}: active set {active})" if replan else ""),
                     ),
-                    1 + replan if t_of_n else batch,
+                    part,
                 )
             ]
         got = self.call(link, "keyswitch", requests)

@@ -261,13 +261,19 @@ class EvilServer(CKKSMPServer):
         return super().call(link, stage, messages, hook=hook)
 
 
+def changed(payload: dict, **fields) -> dict:
+    """A key-switching request with ``fields`` replaced: ``active`` in the request, the others in its planned switch."""
+    planned = {**payload["planned"], **{k: v for k, v in fields.items() if k != "active"}}
+    return {**payload, **{k: v for k, v in fields.items() if k == "active"}, "planned": planned}
+
+
 def request_changer(**changes):
-    """A server that rewrites fields of the t-out-of-n key-switching request (part 1)."""
+    """A server that rewrites fields of the t-out-of-n key-switching request opening the switch (part 1)."""
 
     class Changed(EvilServer):
         def tamper(self, stage, client, msg, part):
             if stage == "keyswitch" and part == 1:
-                msg = replace(msg, payload={**msg.payload, **{k: f(msg.payload) for k, f in changes.items()}})
+                msg = replace(msg, payload=changed(msg.payload, **{k: f(msg.payload) for k, f in changes.items()}))
             return [(msg, part)]
 
     return Changed
@@ -302,7 +308,7 @@ class NamesTheLeftOut(EvilServer):
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and part == 1:
-            msg = replace(msg, payload={**msg.payload, "uploaders": np.arange(K)})
+            msg = replace(msg, payload=changed(msg.payload, uploaders=np.arange(K)))
         return [(msg, part)]
 
 
@@ -359,20 +365,20 @@ class Replan(EvilServer):
     again: tuple[int, ...] = (0, 1, 3)
     change = staticmethod(lambda extra: extra)
 
-    def _keyswitch(self, link, groups, needed, active, extra, attempt, shape, planned):
-        got = super()._keyswitch(link, groups, needed, active, extra, attempt, shape, planned)
-        batch, replan, answered = attempt
+    def _keyswitch(self, link, groups, needed, active, attempt, shape, planned):
+        got = super()._keyswitch(link, groups, needed, active, attempt, shape, planned)
+        batch, replan, part = attempt
         if replan == 0:
-            again = (batch, 1, answered)
-            super()._keyswitch(link, groups, needed, list(self.again), self.change(extra), again, shape, planned)
+            again = (batch, 1, part + 1)
+            super()._keyswitch(link, groups, needed, list(self.again), again, shape, self.change(planned))
         return got
 
 
-def without_3(extra):
+def without_3(planned):
     """The uploaders without client 3: a second sum, whose difference from the first is client 3's input."""
-    uploaded = np.array(extra["uploaded"])
+    uploaded = np.array(planned["uploaded"])
     uploaded[:, 3] = 0
-    return {**extra, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded}
+    return {**planned, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded}
 
 
 @pytest.mark.parametrize(
@@ -418,9 +424,7 @@ class SplitUploaders(EvilServer):
 
     def tamper(self, stage, client, msg, part):
         if stage == "keyswitch" and part == 1 and client == 2:
-            uploaded = np.array(msg.payload["uploaded"])
-            uploaded[:, 3] = 0
-            msg = replace(msg, payload={**msg.payload, "uploaders": np.array([0, 1, 2]), "uploaded": uploaded})
+            msg = replace(msg, payload={**msg.payload, "planned": without_3(msg.payload["planned"])})
         return [(msg, part)]
 
 
