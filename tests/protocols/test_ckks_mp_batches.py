@@ -55,6 +55,15 @@ def requests_of(p, client=0):
     ]
 
 
+def switched_downloads(protocol):
+    """(receiver, data blocks, broadcast blocks) of each key-switched download of the ``mixed`` exchange."""
+    return sorted(
+        (m.receiver, len(m.payload["data"]), len(m.payload["broadcast"]))
+        for m in protocol.transcript.select(tag="mixed", sender=SERVER)
+        if "key-switched" in m.note
+    )
+
+
 def test_a_key_switch_in_batches_gives_the_one_call_result():
     """One row per batch: the sums decrypt exactly and the downloads are those of one call, byte for byte.
 
@@ -70,15 +79,7 @@ def test_a_key_switch_in_batches_gives_the_one_call_result():
     assert "planned" in batches[0].payload and not any("planned" in m.payload for m in batches[1:])
     assert batches[0].payload["planned"]["groups"].tolist() == requests_of(whole)[0].payload["groups"].tolist()
     assert batched.server.last_stats["keyswitch_batches"] == 5
-    downloads = [
-        sorted(
-            (m.receiver, len(m.payload["data"]), len(m.payload["broadcast"]))
-            for m in p.transcript.select(tag="mixed", sender=SERVER)
-            if "key-switched" in m.note
-        )
-        for p in (whole, batched)
-    ]
-    assert downloads[0] == downloads[1]
+    assert switched_downloads(whole) == switched_downloads(batched)
     assert all(not half.keys._uploaded for half in batched.clients.values())  # dropped after the last batch
 
 
@@ -229,15 +230,7 @@ def test_a_threshold_key_switch_in_batches_gives_the_one_call_result():
     assert not any("planned" in m.payload for m in batches[1:])
     stats = batched.server.last_stats
     assert stats["keyswitch_batches"] == stats["keyswitch_requests"] == 5 and stats["active"] == (0, 1)
-    downloads = [
-        sorted(
-            (m.receiver, len(m.payload["data"]), len(m.payload["broadcast"]))
-            for m in p.transcript.select(tag="mixed", sender=SERVER)
-            if "key-switched" in m.note
-        )
-        for p in (whole, batched)
-    ]
-    assert downloads[0] == downloads[1]
+    assert switched_downloads(whole) == switched_downloads(batched)
 
 
 def test_threshold_batches_are_cut_for_the_active_sets_share_bytes():
