@@ -80,7 +80,7 @@ def test_shipped_dp_sweep_files_run_every_mode_with_attacks_in_the_central_refer
     from secure_fgl.preflight import preflight
 
     spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
-    assert set(spec.modes) == {"plain", "mask", "ckks"} and spec.attacks and len(spec.seeds) == 3
+    assert set(spec.modes) == {"plain", "mask", "ckks"} and spec.attacks and len(spec.seeds) == 5
     assert spec.algorithm_epsilons["fedavg"] == [None]
     (central,) = spec.references
 
