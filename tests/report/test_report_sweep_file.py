@@ -66,12 +66,34 @@ def test_sweep_file_refuses_grid_flags_and_run_only_keys(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["dp-gap-tradeoff.toml", "dp-gap-tradeoff-cora-large-eps.toml"])
-def test_shipped_dp_sweep_files_parse_with_a_converging_schedule(name):
-    """The report's sweep files load; 20 local epochs a round (5 left Cora's federated MLP and GAP unconverged)."""
+def test_shipped_dp_sweep_files_run_every_mode_with_attacks_in_the_central_references_setting(name, tmp_path):
+    """The trade-off files: every mode with attacks, on the schedule and modules of their central reference.
+
+    Their fedgcn-gap runs have the central GAP sweep's encoder and head rounds, local epochs, width and
+    module settings (one noisy hop, FedProx encoder, centred embeddings), so the reference curve drawn on
+    each panel differs from them only by the federation; every planned run passes preflight.
+    """
     from pathlib import Path
 
     import secure_fgl
+    from secure_fgl.algorithms.options import GAPOptions
+    from secure_fgl.preflight import preflight
 
     spec = spec_from_file(Path(secure_fgl.__file__).parent / "configs" / name)
-    assert "fedgcn-gap" in spec.algorithms and spec.config["local_epochs"] == 20 and len(spec.seeds) == 3
+    assert set(spec.modes) == {"plain", "mask", "ckks"} and spec.attacks and len(spec.seeds) == 5
     assert spec.algorithm_epsilons["fedavg"] == [None]
+    (central,) = spec.references
+
+    def schedule(runs: list) -> set[tuple]:
+        options = [GAPOptions(**c.options) for c in runs]
+        return {
+            (o.encoder_rounds or c.rounds, c.rounds, c.local_epochs, c.hidden)
+            + (o.hops, o.encoder_mu, o.center_embeddings)
+            for o, c in zip(options, runs)
+        }
+
+    runs = [cfg for _, cfg in spec.own_runs(tmp_path)]
+    for cfg in runs:
+        preflight(cfg, check_data=False)
+    gap = [cfg for cfg in runs if cfg.algorithm == "fedgcn-gap"]
+    assert gap and schedule(gap) == schedule([cfg for _, cfg in central.runs(tmp_path) if cfg.algorithm == "gap"])
