@@ -64,6 +64,7 @@ def test_gap_states_the_edge_level_claim_of_its_hop_releases(tmp_path):
         "dp-gap-central-citeseer.toml",
         "dp-gap-federated-citeseer.toml",
         "dp-gap-central-pubmed.toml",
+        "dp-gap-federated-pubmed.toml",
     ],
 )
 def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(name, tmp_path):
@@ -81,7 +82,7 @@ def test_shipped_central_and_federated_sweep_files_plan_runs_preflight_accepts(n
         assert cfg.hidden == 64 and (cfg.algorithm == "fedavg" or options.hops == 1)
 
 
-@pytest.mark.parametrize("dataset", ["cora", "citeseer"])
+@pytest.mark.parametrize("dataset", ["cora", "citeseer", "pubmed"])
 def test_central_reference_trains_and_selects_on_the_federated_schedule(dataset, tmp_path):
     """The central sweep's GAP runs have the federated GAP runs' epochs, validation checks and module settings.
 
