@@ -97,8 +97,10 @@ def grid_sums(blocks: dict[int, np.ndarray], bits: int, where: dict[str, Any]) -
 def rounding_rng(seed: int, tag: str, rnd: int, client: int) -> np.random.Generator:
     """The rounding randomness of one client in one exchange, from the run seed (public), so runs reproduce.
 
-    It protects nothing: DP noise is drawn from the CSPRNG and added before rounding,
-    so rounding is post-processing of the private release (:mod:`protocols.csprng`).
+    It protects nothing: keys, masks and DP noise come from the CSPRNG (:mod:`protocols.csprng`), and the
+    DP guarantee holds for every value of the rounding's uniforms (each moves two inputs apart by less
+    than one grid step, which the noise's sensitivity includes: :func:`protocols.dp.grid_slack`), so
+    they need not be secret.
     """
     return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(tag.encode()), int(rnd), int(client)]))
 
